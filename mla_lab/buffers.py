@@ -1,0 +1,228 @@
+"""The padded Q-concat workspace and its byte accounting.
+
+vLLM PR #53878 (``vllm/v1/attention/backends/mla/flashmla_sparse.py``) allocates the Q-concat workspace with
+``q_concat_heads = ceil(num_heads / prefill_padding) * prefill_padding`` heads when the KV cache is bf16, and with
+``num_heads`` heads when it is fp8 (the fp8 path does not use the bf16 sparse prefill kernel's padding).
+``prefill_padding`` is 128 on Blackwell (capability family 100) and 64 otherwise (:mod:`mla_lab.arch`).
+
+Byte accounting here allocates nothing. All sizes are bytes; Q is bf16 (2 bytes), ``head_size`` 576
+(kv_lora_rank 512 + qk_rope_head_dim 64), kernel output ``d_v`` 512, kernel lse and max_logits fp32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from .arch import GPUArch, get_arch
+from .models import ModelConfig, normalize_kv_cache_dtype
+
+__all__ = [
+    "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
+    "kv_tokens_lost",
+]
+
+MIB = 1024**2
+BF16_BYTES = 2
+FP32_BYTES = 4
+STRATEGIES = ("unfused", "fused", "kernel_native")
+
+
+def _check_pos_int(name: str, value, allow_zero: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        kind = "non-negative" if allow_zero else "positive"
+        raise ValueError(f"{name}={value!r} must be a {kind} int")
+    return value
+
+
+def _padding_of(arch: str | GPUArch | int) -> int:
+    if isinstance(arch, int) and not isinstance(arch, bool):
+        if arch not in (64, 128):
+            raise ValueError(f"prefill_padding={arch!r} must be 64 or 128")
+        return arch
+    return get_arch(arch).prefill_padding
+
+
+def padded_num_heads(num_heads: int, arch: str | GPUArch | int = "hopper", kv_cache_dtype: str = "bf16") -> int:
+    """Heads of the Q-concat workspace (``q_concat_heads``), vLLM's rule exactly.
+
+    Args:
+        num_heads: attention heads on this rank (``num_attention_heads // tp``), > 0.
+        arch: arch name/alias, a :class:`GPUArch`, or the ``prefill_padding`` itself (64 or 128).
+        kv_cache_dtype: ``"bf16"`` (also ``auto``/``bfloat16``) pads; ``"fp8"`` (also ``fp8_ds_mla``) does not.
+
+    Returns:
+        ``ceil(num_heads / prefill_padding) * prefill_padding`` for bf16, ``num_heads`` for fp8.
+
+    Raises:
+        ValueError: num_heads not a positive int; unknown arch; unsupported kv_cache_dtype.
+    """
+    _check_pos_int("num_heads", num_heads)
+    padding = _padding_of(arch)
+    if normalize_kv_cache_dtype(kv_cache_dtype) == "fp8":
+        return num_heads
+    return math.ceil(num_heads / padding) * padding
+
+
+def kv_tokens_lost(extra_bytes: int, model: ModelConfig, kv_cache_dtype: str = "bf16",
+                   include_indexer: bool = True) -> float:
+    """``extra_bytes`` of workspace expressed as KV-cache tokens that no longer fit on one rank."""
+    return extra_bytes / model.kv_cache_bytes_per_token(kv_cache_dtype, include_indexer)
+
+
+@dataclass(frozen=True)
+class MemoryAccount:
+    """Bytes one rank spends on the sparse-prefill Q path for one strategy (one layer's workspace; vLLM shares the
+    workspace across layers, so it is allocated once per rank).
+
+    Attributes:
+        strategy: ``unfused`` | ``fused`` | ``kernel_native``.
+        num_heads: real heads per rank (H); q_concat_heads: workspace heads; kernel_heads: h_q the kernel runs at.
+        persistent_bytes: the Q-concat workspace, ``max_num_batched_tokens * q_concat_heads * head_size * 2``.
+        step_transient_bytes: allocated and freed inside one step of ``num_tokens`` tokens by the Q path itself:
+            the unfused pad tensor ``T * kernel_heads * head_size * 2`` (0 when no padding is needed).
+        kernel_out_bytes: kernel output + lse + max_logits at ``kernel_heads``: ``T*h*(d_v*2 + 2*4)``.
+        peak_bytes: persistent + step_transient + kernel_out (the Q path's high-water mark in a step).
+    """
+
+    strategy: str
+    num_heads: int
+    q_concat_heads: int
+    kernel_heads: int
+    max_num_batched_tokens: int
+    num_tokens: int
+    head_size: int
+    d_v: int
+    persistent_bytes: int
+    step_transient_bytes: int
+    kernel_out_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.persistent_bytes + self.step_transient_bytes + self.kernel_out_bytes
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["peak_bytes"] = self.peak_bytes
+        return d
+
+
+def memory_account(
+    strategy: str,
+    num_heads: int,
+    max_num_batched_tokens: int,
+    arch: str | GPUArch | int = "hopper",
+    kv_cache_dtype: str = "bf16",
+    num_tokens: int | None = None,
+    head_size: int = 576,
+    d_v: int = 512,
+) -> MemoryAccount:
+    """Exact byte accounting for one strategy, allocating nothing.
+
+    Args:
+        strategy: ``"unfused"`` (vLLM before PR #53878: H-head workspace, then a fresh ``(T, H', head_size)`` pad
+            tensor each call), ``"fused"`` (the PR: H'-head workspace, no pad tensor) or ``"kernel_native"``
+            (modelled: a kernel that takes H heads; H-head workspace, no pad tensor, output at H heads).
+        num_heads: real heads per rank (H).
+        max_num_batched_tokens: workspace rows, > 0.
+        arch, kv_cache_dtype: as in :func:`padded_num_heads`.
+        num_tokens: tokens in the step (T), 0 <= T <= max_num_batched_tokens; default max_num_batched_tokens.
+        head_size: q/k head size (576 = kv_lora_rank 512 + qk_rope_head_dim 64); d_v: output head dim (512).
+
+    Raises:
+        ValueError: unknown strategy; non-positive sizes; num_tokens out of range; as :func:`padded_num_heads`.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not known; allowed: {list(STRATEGIES)}")
+    _check_pos_int("max_num_batched_tokens", max_num_batched_tokens)
+    _check_pos_int("head_size", head_size)
+    _check_pos_int("d_v", d_v)
+    T = max_num_batched_tokens if num_tokens is None else num_tokens
+    _check_pos_int("num_tokens", T, allow_zero=True)
+    if T > max_num_batched_tokens:
+        raise ValueError(f"num_tokens={T} exceeds max_num_batched_tokens={max_num_batched_tokens}")
+    hp = padded_num_heads(num_heads, arch, kv_cache_dtype)
+    dt = normalize_kv_cache_dtype(kv_cache_dtype)
+    # bf16: the kernel runs at the padded head count in both real strategies. fp8: no Q padding in the workspace.
+    kernel_heads = hp
+    if strategy == "unfused":
+        q_heads = num_heads
+        transient = T * hp * head_size * BF16_BYTES if (hp != num_heads and dt == "bf16") else 0
+    elif strategy == "fused":
+        q_heads = hp
+        transient = 0
+    else:
+        q_heads = num_heads
+        kernel_heads = num_heads
+        transient = 0
+    return MemoryAccount(
+        strategy=strategy,
+        num_heads=num_heads,
+        q_concat_heads=q_heads,
+        kernel_heads=kernel_heads,
+        max_num_batched_tokens=max_num_batched_tokens,
+        num_tokens=T,
+        head_size=head_size,
+        d_v=d_v,
+        persistent_bytes=max_num_batched_tokens * q_heads * head_size * BF16_BYTES,
+        step_transient_bytes=transient,
+        kernel_out_bytes=T * kernel_heads * (d_v * BF16_BYTES + 2 * FP32_BYTES),
+    )
+
+
+class QConcatWorkspace:
+    """A ``(max_num_batched_tokens, q_concat_heads, head_size)`` buffer allocated once; hands out ``[:T]`` views.
+
+    The real heads occupy ``[:, :num_heads]``; heads ``num_heads..q_concat_heads-1`` are never written by
+    :func:`mla_lab.kernels.concat_mla_q` and hold whatever the allocator gave (``torch.empty``), as in vLLM.
+
+    Args:
+        max_num_batched_tokens: rows, > 0.
+        num_heads: real heads per rank, > 0.
+        arch, kv_cache_dtype: decide ``q_concat_heads`` (:func:`padded_num_heads`). Pass ``pad=False`` to get an
+            unpadded (``num_heads``) workspace, as the unfused strategy uses.
+        head_size: 576 (kv_lora_rank 512 + qk_rope_head_dim 64).
+        device, dtype: torch device and dtype (bf16 by default; fp16 also accepted).
+
+    Raises:
+        ValueError: as :func:`padded_num_heads`; dtype not bf16/fp16.
+    """
+
+    def __init__(self, max_num_batched_tokens: int, num_heads: int, arch="hopper", kv_cache_dtype: str = "bf16",
+                 head_size: int = 576, device="cpu", dtype=None, pad: bool = True):
+        import torch
+
+        _check_pos_int("max_num_batched_tokens", max_num_batched_tokens)
+        _check_pos_int("head_size", head_size)
+        dtype = torch.bfloat16 if dtype is None else dtype
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise ValueError(f"dtype={dtype} is not supported; allowed: torch.bfloat16, torch.float16")
+        self.num_heads = num_heads
+        self.q_concat_heads = padded_num_heads(num_heads, arch, kv_cache_dtype) if pad else num_heads
+        _check_pos_int("num_heads", num_heads)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.head_size = head_size
+        self.buffer = torch.empty((max_num_batched_tokens, self.q_concat_heads, head_size), dtype=dtype, device=device)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: ``max_num_batched_tokens * q_concat_heads * head_size * element_size``."""
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def view(self, num_tokens: int):
+        """The first ``num_tokens`` rows, ``[T, q_concat_heads, head_size]`` (a view, no copy).
+
+        Raises:
+            ValueError: num_tokens negative, not an int, or larger than max_num_batched_tokens.
+        """
+        _check_pos_int("num_tokens", num_tokens, allow_zero=True)
+        if num_tokens > self.max_num_batched_tokens:
+            raise ValueError(
+                f"num_tokens={num_tokens} exceeds the workspace's max_num_batched_tokens={self.max_num_batched_tokens}"
+            )
+        return self.buffer[:num_tokens]
+
+    def __repr__(self) -> str:
+        return (f"QConcatWorkspace(max_num_batched_tokens={self.max_num_batched_tokens}, num_heads={self.num_heads}, "
+                f"q_concat_heads={self.q_concat_heads}, head_size={self.head_size}, dtype={self.buffer.dtype}, "
+                f"device={self.buffer.device}, {self.nbytes / MIB:.1f} MiB)")

@@ -1,0 +1,177 @@
+"""MLA model geometry read from Hugging Face ``config.json`` files under ``data/models/<name>/``.
+
+Field names are the HF ones (``num_attention_heads``, ``kv_lora_rank``, ...). Derived quantities are those the
+absorbed-MLA sparse prefill kernel sees: ``head_size = kv_lora_rank + qk_rope_head_dim`` (576 for GLM-5 and
+DeepSeek-V3.2) and ``d_v = kv_lora_rank`` (512).
+
+KV-cache layout assumed (per token, per layer, per rank; the latent cache is replicated on every TP rank because
+MLA has a single latent KV head, as in vLLM):
+
+- ``bf16``: ``head_size * 2`` bytes = 1152 B (vLLM MLA cache, ``auto``/bf16 dtype).
+- ``fp8`` (``fp8_ds_mla``): 656 B = 512 fp8 NoPE bytes + 4 fp32 scales (16 B) + 64 bf16 RoPE values (128 B)
+  (FlashMLA README "FP8 KV cache" format, used by vLLM's FlashMLA sparse backend).
+- DSA indexer key cache (``include_indexer=True``): ``index_head_dim`` fp8 bytes + one fp32 scale per 128 values
+  = 132 B for index_head_dim 128 (vLLM ``DeepseekV32IndexerCache``), present for both dtypes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+__all__ = ["ModelConfig", "load_model", "model_names", "models_dir", "KV_CACHE_DTYPES"]
+
+KV_CACHE_DTYPES = ("bf16", "fp8")
+_DTYPE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_ds_mla": "fp8",
+                  "fp8_e4m3": "fp8"}
+
+REQUIRED_FIELDS = (
+    "num_attention_heads", "num_hidden_layers", "hidden_size", "q_lora_rank", "kv_lora_rank",
+    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_topk", "index_n_heads", "index_head_dim",
+    "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+    "intermediate_size", "vocab_size",
+)
+
+
+def models_dir() -> Path:
+    """``data/models`` of the repository this package sits in (override with env ``MLA_LAB_DATA``)."""
+    import os
+
+    root = os.environ.get("MLA_LAB_DATA")
+    base = Path(root) if root else Path(__file__).resolve().parent.parent / "data"
+    return base / "models"
+
+
+def normalize_kv_cache_dtype(kv_cache_dtype: str) -> str:
+    """Map vLLM spellings (``auto``, ``bfloat16``, ``fp8_ds_mla``...) to ``"bf16"`` or ``"fp8"``.
+
+    Raises:
+        ValueError: unknown dtype; the message lists the accepted spellings.
+    """
+    key = str(kv_cache_dtype).strip().lower()
+    if key not in _DTYPE_ALIASES:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; allowed: {sorted(_DTYPE_ALIASES)}")
+    return _DTYPE_ALIASES[key]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Geometry of one sparse-MLA model (HF config.json field names)."""
+
+    name: str
+    num_attention_heads: int
+    num_hidden_layers: int
+    hidden_size: int
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    index_topk: int
+    index_n_heads: int
+    index_head_dim: int
+    first_k_dense_replace: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    intermediate_size: int
+    vocab_size: int
+    n_shared_experts: int = 1
+
+    @property
+    def head_size(self) -> int:
+        """Absorbed-MLA q/k head size seen by the sparse kernel: kv_lora_rank + qk_rope_head_dim (576)."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def d_v(self) -> int:
+        """Value / output head dim seen by the sparse kernel: kv_lora_rank (512)."""
+        return self.kv_lora_rank
+
+    @property
+    def topk(self) -> int:
+        """Sparse attention keys per query token (``index_topk``)."""
+        return self.index_topk
+
+    def heads_per_rank(self, tp: int) -> int:
+        """Attention heads one TP rank holds: ``num_attention_heads // tp``.
+
+        Raises:
+            ValueError: ``tp`` is not a positive int dividing ``num_attention_heads``.
+        """
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
+            raise ValueError(f"tp={tp!r} must be a positive int")
+        if self.num_attention_heads % tp:
+            divisors = [d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]
+            raise ValueError(
+                f"tp={tp} does not divide num_attention_heads={self.num_attention_heads} of model {self.name!r}; "
+                f"allowed tp: {divisors}"
+            )
+        return self.num_attention_heads // tp
+
+    def kv_cache_bytes_per_token_layer(self, kv_cache_dtype: str = "bf16", include_indexer: bool = True) -> int:
+        """KV-cache bytes per token per layer on one rank (layout in the module docstring)."""
+        dt = normalize_kv_cache_dtype(kv_cache_dtype)
+        if dt == "bf16":
+            b = self.head_size * 2
+        else:
+            b = self.kv_lora_rank + 4 * 4 + self.qk_rope_head_dim * 2
+        if include_indexer:
+            b += self.index_head_dim + 4 * math.ceil(self.index_head_dim / 128)
+        return b
+
+    def kv_cache_bytes_per_token(self, kv_cache_dtype: str = "bf16", include_indexer: bool = True) -> int:
+        """KV-cache bytes per token on one rank, all ``num_hidden_layers`` layers (MLA latent cache is replicated
+        across TP ranks, so this does not depend on TP)."""
+        return self.num_hidden_layers * self.kv_cache_bytes_per_token_layer(kv_cache_dtype, include_indexer)
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d.update(head_size=self.head_size, d_v=self.d_v)
+        return d
+
+
+def model_names() -> list[str]:
+    """Models with a ``config.json`` under :func:`models_dir`."""
+    d = models_dir()
+    return sorted(p.parent.name for p in d.glob("*/config.json")) if d.is_dir() else []
+
+
+def load_model(name: str | ModelConfig, path: str | Path | None = None) -> ModelConfig:
+    """Read ``data/models/<name>/config.json`` (or ``path``) into a :class:`ModelConfig`.
+
+    Raises:
+        ValueError: unknown model name (lists the known ones); malformed JSON; a required field missing or not a
+            positive int (names the field and the file).
+    """
+    if isinstance(name, ModelConfig):
+        return name
+    if path is None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"model={name!r} must be a non-empty str; allowed: {model_names()}")
+        path = models_dir() / name.strip().lower() / "config.json"
+        if not path.is_file():
+            raise ValueError(f"model={name!r} is not known (no {path}); allowed: {model_names()}")
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"config.json path={str(path)!r} does not exist")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"config.json {path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"config.json {path} must hold a JSON object, got {type(raw).__name__}")
+    kwargs = {}
+    for key in REQUIRED_FIELDS + ("n_shared_experts",):
+        if key not in raw:
+            if key == "n_shared_experts":
+                continue
+            raise ValueError(f"config.json {path} is missing required field {key!r}")
+        v = raw[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v == 0 and key != "n_shared_experts"
+                                                                        and key != "first_k_dense_replace"):
+            raise ValueError(f"config.json {path}: field {key!r}={v!r} must be a positive int")
+        kwargs[key] = v
+    return ModelConfig(name=str(name) if isinstance(name, str) else path.parent.name, **kwargs)
