@@ -1,0 +1,122 @@
+"""Prefill workloads and chunked-prefill scheduling (which prompt tokens run in which engine step).
+
+Scheduling rule (vLLM v1 with chunked prefill, all prompts arriving together, FCFS): each step takes up to
+``max_num_batched_tokens`` prompt tokens, continuing the oldest unfinished prompt first and starting the next
+prompts in order, at most ``concurrency`` prompts in flight. A prompt's first token is produced at the end of the
+step that processes its last prompt token, so its TTFT is the sum of the step times up to and including that step
+(queueing included; decode steps of finished prompts are ignored since they are cheap next to prefill steps and the
+PR's benchmark generates only after prefill).
+
+Causal sparse attention: the token at position ``p`` of its prompt attends to ``min(p + 1, topk)`` keys (the DSA
+indexer picks at most ``index_topk`` of the ``p + 1`` visible keys), which is the ``topk_length`` FlashMLA sees.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Workload", "Step", "schedule", "sum_topk_lengths", "steps_to_first_token"]
+
+
+def _pos_int(name, v):
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ValueError(f"{name}={v!r} must be a positive int")
+    return v
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``num_prompts`` prompts of ``prompt_len`` tokens, ``concurrency`` in flight (default: all).
+
+    The seed benchmark of vLLM PR #53878: 32 prompts x 1024 input tokens at concurrency 32.
+    """
+
+    prompt_len: int
+    num_prompts: int = 1
+    concurrency: int | None = None
+
+    def __post_init__(self):
+        _pos_int("prompt_len", self.prompt_len)
+        _pos_int("num_prompts", self.num_prompts)
+        if self.concurrency is not None:
+            _pos_int("concurrency", self.concurrency)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_len * self.num_prompts
+
+
+@dataclass
+class Step:
+    """One engine step: ``chunks`` is a list of ``(prompt_id, start_pos, num_tokens)``."""
+
+    chunks: list = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c[2] for c in self.chunks)
+
+    def finished_prompts(self, prompt_len: int) -> list[int]:
+        """Prompts whose last token is in this step."""
+        return [pid for pid, start, n in self.chunks if start + n == prompt_len]
+
+
+def schedule(workload: Workload, max_num_batched_tokens: int) -> list[Step]:
+    """Split the workload into chunked-prefill steps (rule in the module docstring).
+
+    Raises:
+        ValueError: max_num_batched_tokens not a positive int.
+    """
+    _pos_int("max_num_batched_tokens", max_num_batched_tokens)
+    conc = workload.concurrency or workload.num_prompts
+    L = workload.prompt_len
+    done_pos = [0] * workload.num_prompts
+    next_new = 0
+    active: list[int] = []
+    steps: list[Step] = []
+    while True:
+        budget = max_num_batched_tokens
+        step = Step()
+        # continue in-flight prompts first (oldest first), then admit new ones
+        while budget > 0:
+            pid = next((p for p in active if done_pos[p] < L and not any(c[0] == p for c in step.chunks)), None)
+            if pid is None:
+                if next_new < workload.num_prompts and len(active) < conc:
+                    active.append(next_new)
+                    next_new += 1
+                    continue
+                break
+            n = min(budget, L - done_pos[pid])
+            step.chunks.append((pid, done_pos[pid], n))
+            done_pos[pid] += n
+            budget -= n
+        if not step.chunks:
+            break
+        steps.append(step)
+        active = [p for p in active if done_pos[p] < L]
+    return steps
+
+
+def sum_topk_lengths(start: int, n: int, topk: int) -> int:
+    """Sum over positions ``p in [start, start + n)`` of ``min(p + 1, topk)``: keys attended by a causal chunk."""
+    if n <= 0:
+        return 0
+    end = start + n  # positions start..end-1, counts p+1 in start+1..end
+    lo, hi = start + 1, end
+    # part below or at topk: sum of lo..min(hi, topk)
+    s = 0
+    a_hi = min(hi, topk)
+    if a_hi >= lo:
+        s += (lo + a_hi) * (a_hi - lo + 1) // 2
+    b_lo = max(lo, topk + 1)
+    if hi >= b_lo:
+        s += topk * (hi - b_lo + 1)
+    return s
+
+
+def steps_to_first_token(prompt_len: int, max_num_batched_tokens: int) -> int:
+    """Steps a lone prompt needs before its first token: ``ceil(prompt_len / max_num_batched_tokens)``."""
+    _pos_int("prompt_len", prompt_len)
+    _pos_int("max_num_batched_tokens", max_num_batched_tokens)
+    return math.ceil(prompt_len / max_num_batched_tokens)
