@@ -1,0 +1,237 @@
+"""FlashMLA sparse prefill (``flash_mla.flash_mla_sparse_fwd``): provider detection, contract check, call.
+
+The ``flash_mla`` module comes from one of several distributions (FACTS.md section 2):
+
+- ``tokenspeed-flashmla`` (cp312 wheels built against specific torch versions; sm90a + sm100f kernels),
+- ``sgl-flash-mla`` 1.0.0 (abi3; current kernels on sm100, the sm90 kernel only through ``use_legacy=True``),
+- a source build of deepseek-ai/FlashMLA (no distribution metadata, or ``flash-mla``).
+
+The contract enforced by :func:`validate_sparse_prefill_inputs` is FlashMLA's ``csrc/api/sparse_fwd.h``
+(``sparse_attn_prefill_interface``: ndim, dtype, shape, d_qk, d_v, h_q, device, last-dim-contiguous checks) plus the
+kernels' ``topk % B_TOPK == 0`` check (B_TOPK 128 for the sm90 kernel, 64 for the sm100 head-64 kernel), so that a
+violation raises a ``ValueError`` that names the rule, the argument and the value instead of a ``RuntimeError`` (or
+a device fault) from inside the extension.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+
+__all__ = ["flash_mla_info", "validate_sparse_prefill_inputs", "flash_mla_sparse_prefill", "KNOWN_PROVIDERS",
+           "SUPPORTED_D_QK", "SUPPORTED_D_V"]
+
+KNOWN_PROVIDERS = ("tokenspeed-flashmla", "sgl-flash-mla", "flash-mla", "flash_mla")
+#: FlashMLA csrc/api/sparse_fwd.h: ``TORCH_CHECK(d_qk == 576 || d_qk == 512)`` and ``TORCH_CHECK(d_v == 512)``.
+SUPPORTED_D_QK = (576, 512)
+SUPPORTED_D_V = (512,)
+#: FlashMLA sparse prefill kernels' B_TOPK ("topk (%d) mod B_TOPK (%d) must be 0"): 128 on sm90, 64 on sm100.
+_TOPK_MULTIPLE = {9: 128, 10: 64}
+#: h_q the kernels are dispatched for (sparse_fwd.h: ``h_q == 64`` -> HEAD_64, ``h_q == 128`` -> HEAD_128, else
+#: "Unsupported h_q"). vLLM pads to 64 on Hopper and 128 on Blackwell (FACTS.md section 1).
+_HEADS = {9: (64, 128), 10: (64, 128)}
+
+
+def _provider_of_module() -> tuple[str, str]:
+    """``(provider, version)`` of the imported ``flash_mla``: the distribution that installed it, else ``source``."""
+    from importlib import metadata
+
+    import flash_mla
+
+    dists: list[str] = []
+    try:
+        dists = list(metadata.packages_distributions().get("flash_mla", []))
+    except Exception:  # pragma: no cover - very old importlib.metadata
+        dists = []
+    # Prefer a known provider name; packages_distributions may return the dist's own spelling.
+    norm = {d.lower().replace("_", "-"): d for d in dists}
+    for name in KNOWN_PROVIDERS:
+        key = name.replace("_", "-")
+        if key in norm:
+            try:
+                return key, metadata.version(norm[key])
+            except metadata.PackageNotFoundError:  # pragma: no cover
+                pass
+    if dists:
+        try:
+            return dists[0], metadata.version(dists[0])
+        except metadata.PackageNotFoundError:  # pragma: no cover
+            pass
+    return "source", str(getattr(flash_mla, "__version__", "unknown"))
+
+
+@functools.lru_cache(maxsize=1)
+def flash_mla_info() -> dict:
+    """What ``flash_mla`` provides here (cached; importing it loads a large CUDA extension).
+
+    Returns:
+        dict with ``available`` (bool: ``flash_mla`` imported and has ``flash_mla_sparse_fwd``), ``provider``
+        (``tokenspeed-flashmla`` | ``sgl-flash-mla`` | ``flash-mla`` | ``source`` | None), ``version`` (str or None),
+        ``has_sparse_fwd``, ``takes_topk_length``, ``takes_use_legacy`` (bools, from the function's signature),
+        ``signature`` (str or None), ``reason`` (why unavailable, else None).
+    """
+    info = {"available": False, "provider": None, "version": None, "has_sparse_fwd": False,
+            "takes_topk_length": False, "takes_use_legacy": False, "signature": None, "reason": None}
+    try:
+        import flash_mla
+    except Exception as e:  # ImportError, or an OSError/undefined symbol from a wheel built for another torch
+        info["reason"] = f"import flash_mla failed: {type(e).__name__}: {e}"
+        return info
+    try:
+        info["provider"], info["version"] = _provider_of_module()
+    except Exception as e:  # pragma: no cover
+        info["provider"], info["version"] = "unknown", f"unknown ({type(e).__name__})"
+    fn = getattr(flash_mla, "flash_mla_sparse_fwd", None)
+    if fn is None:
+        info["reason"] = f"flash_mla ({info['provider']}=={info['version']}) has no flash_mla_sparse_fwd"
+        return info
+    info["has_sparse_fwd"] = True
+    try:
+        sig = inspect.signature(fn)
+        info["signature"] = str(sig)
+        info["takes_topk_length"] = "topk_length" in sig.parameters
+        info["takes_use_legacy"] = "use_legacy" in sig.parameters
+    except (TypeError, ValueError):  # pragma: no cover - a builtin without a signature
+        info["takes_topk_length"] = True
+    info["available"] = True
+    return info
+
+
+def _fail(rule: str, arg: str, value) -> ValueError:
+    return ValueError(f"flash_mla_sparse_fwd contract: {rule}; got {arg}={value}")
+
+
+def validate_sparse_prefill_inputs(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    d_v: int,
+    arch_capability: tuple[int, int],
+) -> None:
+    """Check FlashMLA's sparse-prefill contract; raise ``ValueError`` naming the rule, the argument and the value.
+
+    Rules (FlashMLA ``csrc/api/sparse_fwd.h`` and the sparse prefill kernels):
+
+    - architecture: capability major 9 (sm90a) or 10 (sm100f);
+    - ``q``: 3-D ``[s_q, h_q, d_qk]``, bf16, last dim contiguous; ``d_qk`` in (576, 512); ``h_q`` 64 or 128
+      (on sm90 the kernel runs ``h_q / 64`` head groups; the dispatcher accepts 64 and 128 only);
+    - ``kv``: ``[s_kv, 1, d_qk]`` (or ``[s_kv, d_qk]``, viewed as such), bf16, ``h_kv == 1``, same ``d_qk``;
+    - ``indices``: ``[s_q, 1, topk]`` (or ``[s_q, topk]``), int32, ``s_q`` matching ``q``; ``topk`` a positive
+      multiple of 128 on sm90, of 64 on sm100;
+    - ``topk_length``: None or ``[s_q]`` int32;
+    - ``d_v`` == 512;
+    - all tensors on one device.
+
+    Args:
+        arch_capability: ``(major, minor)`` of the GPU that will run the kernel (``torch.cuda.get_device_capability``).
+
+    Raises:
+        ValueError: the first violated rule.
+    """
+    cap = tuple(arch_capability)
+    if cap[0] not in _TOPK_MULTIPLE:
+        raise _fail("the GPU must be sm90 (Hopper) or sm100 (Blackwell), capability major 9 or 10",
+                    "arch_capability", cap)
+    if not isinstance(q, torch.Tensor) or q.dim() != 3:
+        raise _fail("q must be a 3-D tensor [s_q, h_q, d_qk]", "q.shape", tuple(getattr(q, "shape", ())))
+    if q.dtype != torch.bfloat16:
+        raise _fail("q must be bfloat16", "q.dtype", q.dtype)
+    s_q, h_q, d_qk = q.shape
+    if d_qk not in SUPPORTED_D_QK:
+        raise _fail(f"d_qk (q.shape[-1]) must be one of {SUPPORTED_D_QK}", "q.shape", tuple(q.shape))
+    allowed_h = _HEADS[cap[0]]
+    if h_q not in allowed_h:
+        rule = (f"h_q must be one of {allowed_h} on sm{cap[0]}0 (pad the heads: vLLM prefill_padding)")
+        raise _fail(rule, "q.shape[1] (h_q)", h_q)
+    if q.stride(-1) != 1:
+        raise _fail("q's last dim must be contiguous (stride 1)", "q.stride()", q.stride())
+    if d_v not in SUPPORTED_D_V:
+        raise _fail(f"d_v must be one of {SUPPORTED_D_V}", "d_v", d_v)
+
+    if not isinstance(kv, torch.Tensor) or kv.dim() not in (2, 3):
+        raise _fail("kv must be [s_kv, 1, d_qk] (or [s_kv, d_qk])", "kv.shape", tuple(getattr(kv, "shape", ())))
+    if kv.dim() == 3 and kv.shape[1] != 1:
+        raise _fail("kv must have h_kv == 1 (kv.shape[1])", "kv.shape", tuple(kv.shape))
+    if kv.shape[-1] != d_qk:
+        raise _fail(f"kv.shape[-1] must equal q's d_qk={d_qk}", "kv.shape", tuple(kv.shape))
+    if kv.dtype != torch.bfloat16:
+        raise _fail("kv must be bfloat16", "kv.dtype", kv.dtype)
+    if kv.stride(-1) != 1:
+        raise _fail("kv's last dim must be contiguous (stride 1)", "kv.stride()", kv.stride())
+
+    if not isinstance(indices, torch.Tensor) or indices.dim() not in (2, 3):
+        raise _fail("indices must be [s_q, 1, topk] (or [s_q, topk])", "indices.shape",
+                    tuple(getattr(indices, "shape", ())))
+    if indices.dtype != torch.int32:
+        raise _fail("indices must be int32", "indices.dtype", indices.dtype)
+    if indices.dim() == 3 and indices.shape[1] != 1:
+        raise _fail("indices must be [s_q, 1, topk] (h_kv == 1)", "indices.shape", tuple(indices.shape))
+    if indices.shape[0] != s_q:
+        raise _fail(f"indices.shape[0] must equal q's s_q={s_q}", "indices.shape", tuple(indices.shape))
+    topk = indices.shape[-1]
+    mult = _TOPK_MULTIPLE[cap[0]]
+    if topk <= 0 or topk % mult:
+        raise _fail(f"topk (indices.shape[-1]) must be a positive multiple of {mult} on sm{cap[0]}0",
+                    "indices.shape", tuple(indices.shape))
+    if indices.stride(-1) != 1:
+        raise _fail("indices' last dim must be contiguous (stride 1)", "indices.stride()", indices.stride())
+
+    if topk_length is not None:
+        if not isinstance(topk_length, torch.Tensor) or topk_length.dim() != 1 or topk_length.shape[0] != s_q:
+            raise _fail(f"topk_length must be a 1-D tensor [s_q={s_q}]", "topk_length.shape",
+                        tuple(getattr(topk_length, "shape", ())))
+        if topk_length.dtype != torch.int32:
+            raise _fail("topk_length must be int32", "topk_length.dtype", topk_length.dtype)
+
+    devices = {"q": q.device, "kv": kv.device, "indices": indices.device}
+    if topk_length is not None:
+        devices["topk_length"] = topk_length.device
+    if len(set(devices.values())) != 1:
+        raise _fail("all tensors must be on one device", "devices", {k: str(v) for k, v in devices.items()})
+
+
+def flash_mla_sparse_prefill(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int = 512,
+    topk_length: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Validate, then call ``flash_mla_sparse_fwd(q, kv.view(-1, 1, d_qk), indices.view(s_q, 1, -1), sm_scale,
+    d_v=d_v, topk_length=topk_length)`` as vLLM's ``_bf16_flash_mla_kernel`` does.
+
+    On sm90 with a provider whose function takes ``use_legacy`` (sgl-flash-mla 1.0.0), passes ``use_legacy=True``.
+
+    Returns:
+        ``(out [s_q, h_q, 512] bf16, max_logits [s_q, h_q] fp32, lse [s_q, h_q] fp32)``.
+
+    Raises:
+        RuntimeError: ``flash_mla`` unavailable (the message carries :func:`flash_mla_info`'s reason), or the
+            provider's function lacks ``topk_length`` while one was given.
+        ValueError: a contract violation (:func:`validate_sparse_prefill_inputs`), or tensors not on CUDA.
+    """
+    info = flash_mla_info()
+    if not info["available"]:
+        raise RuntimeError(f"flash_mla backend unavailable: {info['reason']}")
+    if q.device.type != "cuda":
+        raise ValueError(f"flash_mla needs CUDA tensors; got q.device={q.device}")
+    cap = torch.cuda.get_device_capability(q.device)
+    validate_sparse_prefill_inputs(q, kv, indices, topk_length, d_v, cap)
+    import flash_mla
+
+    s_q, _, d_qk = q.shape
+    kwargs = {"d_v": d_v}
+    if topk_length is not None:
+        if not info["takes_topk_length"]:
+            raise RuntimeError(f"{info['provider']}=={info['version']} flash_mla_sparse_fwd takes no topk_length "
+                               f"(signature {info['signature']})")
+        kwargs["topk_length"] = topk_length
+    if info["takes_use_legacy"] and cap[0] == 9:
+        kwargs["use_legacy"] = True
+    res = flash_mla.flash_mla_sparse_fwd(q, kv.view(-1, 1, d_qk), indices.view(s_q, 1, -1), sm_scale, **kwargs)
+    out, max_logits, lse = res[0], res[1], res[2]
+    return out, max_logits, lse
