@@ -1,0 +1,115 @@
+"""The two real ways to feed FlashMLA's sparse prefill kernel fewer than 64/128 heads, run on real tensors.
+
+- ``unfused`` (vLLM before PR #53878): ``concat_mla_q`` into an ``H``-head workspace; then, on every layer call, a
+  fresh ``(T, H', 576)`` tensor is allocated, its padded heads zeroed (``q.new_zeros``, as current vLLM does for
+  the remaining padded path) and the real heads copied in; the kernel runs at ``H'`` heads; the output is sliced
+  back to ``H``.
+- ``fused`` (the PR): ``concat_mla_q`` writes the real heads straight into a workspace allocated once with ``H'``
+  heads (:class:`~mla_lab.buffers.QConcatWorkspace`); the kernel gets the ``[:T]`` view and ``actual_num_heads=H``.
+  Padded heads hold whatever the allocator gave (vLLM leaves them uninitialized); pass ``zero_padding=True`` to
+  have the concat zero them in the same pass.
+
+Both return the attention output for the real heads, ``[T, H, d_v]`` bf16, which must be identical.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .buffers import QConcatWorkspace, padded_num_heads
+from .kernels import concat_mla_q, sparse_mla_prefill
+
+__all__ = ["PrefillStrategy", "UnfusedStrategy", "FusedStrategy", "make_strategy", "REAL_STRATEGIES"]
+
+REAL_STRATEGIES = ("unfused", "fused")
+
+
+@dataclass
+class PrefillStrategy:
+    """Common state: ``num_heads`` real heads, ``max_num_batched_tokens`` rows, ``arch``/``kv_cache_dtype`` for the
+    padding rule, head_size 576 (kv_lora_rank 512 + qk_rope_head_dim 64), device and dtype of the workspace."""
+
+    num_heads: int
+    max_num_batched_tokens: int
+    arch: str = "hopper"
+    kv_cache_dtype: str = "bf16"
+    head_size: int = 576
+    device: str = "cpu"
+    dtype: object = None
+    kernel_backend: str = "auto"
+    concat_backend: str = "auto"
+
+    name = "base"
+    pad_workspace = False
+
+    def __post_init__(self):
+        self.workspace = QConcatWorkspace(self.max_num_batched_tokens, self.num_heads, self.arch,
+                                          self.kv_cache_dtype, self.head_size, self.device, self.dtype,
+                                          pad=self.pad_workspace)
+
+    @property
+    def padded_heads(self) -> int:
+        return padded_num_heads(self.num_heads, self.arch, self.kv_cache_dtype)
+
+    def __call__(self, ql_nope, q_pe, kv, indices, sm_scale: float, topk_length=None):
+        """Run the prefill attention path.
+
+        Args:
+            ql_nope: ``[T, H, 512]`` bf16 (``H = num_heads``); q_pe: ``[T, H, 64]`` bf16; strided token/head dims ok.
+            kv: ``[s_kv, 1, 576]`` bf16 latent cache; indices: ``[T, 1, topk]`` int32 (-1 = invalid);
+            sm_scale: softmax scale; topk_length: optional ``[T]`` int32.
+
+        Returns:
+            ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads.
+        """
+        raise NotImplementedError
+
+
+class UnfusedStrategy(PrefillStrategy):
+    name = "unfused"
+
+    def __call__(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length=None):
+        T = ql_nope.shape[0]
+        q = self.workspace.view(T)
+        concat_mla_q(ql_nope, q_pe, q, backend=self.concat_backend)
+        hp = self.padded_heads
+        if hp > self.num_heads:
+            q_padded = q.new_zeros((T, hp, self.head_size))
+            q_padded[:, : self.num_heads] = q
+            q = q_padded
+        out, _, lse = sparse_mla_prefill(q, kv, indices, sm_scale, topk_length=topk_length,
+                                         actual_num_heads=self.num_heads, backend=self.kernel_backend)
+        return out, lse
+
+
+class FusedStrategy(PrefillStrategy):
+    name = "fused"
+    pad_workspace = True
+    zero_padding: bool = False
+
+    def __call__(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length=None):
+        T = ql_nope.shape[0]
+        q = self.workspace.view(T)
+        concat_mla_q(ql_nope, q_pe, q, zero_padding=self.zero_padding, backend=self.concat_backend)
+        out, _, lse = sparse_mla_prefill(q, kv, indices, sm_scale, topk_length=topk_length,
+                                         actual_num_heads=self.num_heads, backend=self.kernel_backend)
+        return out, lse
+
+
+def make_strategy(name: str, **kwargs) -> PrefillStrategy:
+    """Build ``unfused`` or ``fused`` (``zero_padding=True`` only for fused); kwargs as :class:`PrefillStrategy`.
+
+    Raises:
+        ValueError: unknown name (``kernel_native`` is modelled only: no kernel takes the real head count).
+    """
+    zero_padding = kwargs.pop("zero_padding", False)
+    if name == "unfused":
+        if zero_padding:
+            raise ValueError("zero_padding=True applies only to strategy='fused'")
+        return UnfusedStrategy(**kwargs)
+    if name == "fused":
+        s = FusedStrategy(**kwargs)
+        s.zero_padding = bool(zero_padding)
+        return s
+    raise ValueError(f"strategy={name!r} cannot be run on tensors; allowed: {list(REAL_STRATEGIES)} "
+                     "('kernel_native' is modelled only)")
