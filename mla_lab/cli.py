@@ -14,7 +14,6 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOK = REPO / "notebooks" / "padding_sweep.ipynb"
-KERNEL_NAME = "python3"
 
 
 class CLIError(Exception):
@@ -45,7 +44,7 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
 
 
 def run_notebook(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> Path:
-    """Execute ``notebook`` with papermill (kernel ``python3``, per-cell ``timeout`` seconds), write the executed
+    """Execute ``notebook`` with papermill (kernel ``mla-lab``, this interpreter, per-cell ``timeout`` seconds), write the executed
     copy and an HTML export with inputs hidden into ``report_dir``. Returns the HTML path.
 
     Raises:
@@ -63,12 +62,15 @@ def run_notebook(params: dict, notebook: Path, report_name: str, timeout: int, c
     if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
         raise CLIError(f"notebook {notebook} has no cell tagged 'parameters'; papermill cannot inject parameters")
     validate_params(params)  # fail before starting a kernel
+    from .kernelspec import ensure_kernel
+
+    kernel = ensure_kernel()
     report_dir = Path(params.get("report_dir", "reports"))
     report_dir = report_dir if report_dir.is_absolute() else cwd / report_dir
     report_dir.mkdir(parents=True, exist_ok=True)
     executed = report_dir / f"{report_name}.ipynb"
     try:
-        pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=KERNEL_NAME,
+        pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel,
                             execution_timeout=timeout, progress_bar=False, cwd=str(cwd), log_output=False)
     except pm.PapermillExecutionError as e:
         raise CLIError(f"notebook cell {e.exec_count} failed: {e.ename}: {e.evalue} "

@@ -1,0 +1,34 @@
+# The two commands of the README: `make report` (main job) and `make test` (tests).
+# Both create their own virtual environment in .venv from nothing but python3.
+PYTHON ?= python3
+VENV   ?= .venv
+# The CPU build of torch; on a GPU machine use its own torch (see README "Running on a GPU").
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+
+.PHONY: report test lab venv clean-venv
+
+$(VENV)/.stamp: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[lab,dev]"
+	$(PY) -m mla_lab.kernelspec
+	touch $@
+
+venv: $(VENV)/.stamp
+
+## main job: run the sweep notebook through papermill and publish reports/
+report: $(VENV)/.stamp
+	$(VENV)/bin/mla-lab sweep $(ARGS)
+
+## tests (CPU; GPU tests are skipped with the reason)
+test: $(VENV)/.stamp
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+## JupyterLab on the notebooks
+lab: $(VENV)/.stamp
+	$(VENV)/bin/jupyter lab notebooks/
+
+clean-venv:
+	rm -rf $(VENV)

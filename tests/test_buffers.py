@@ -1,0 +1,92 @@
+"""Padding rule and byte accounting (vLLM PR #53878 rule; FACTS.md section 1 arithmetic)."""
+
+import pytest
+import torch
+
+from mla_lab.buffers import MIB, QConcatWorkspace, kv_tokens_lost, memory_account, padded_num_heads
+from mla_lab.models import load_model
+
+
+@pytest.mark.parametrize(
+    "num_heads,arch,expected",
+    [(8, "hopper", 64), (16, "hopper", 64), (32, "hopper", 64), (64, "hopper", 64), (96, "hopper", 128),
+     (128, "hopper", 128), (1, "h100", 64), (65, "h20", 128), (8, "blackwell", 128), (64, "b200", 128),
+     (128, "b200", 128), (129, "b200", 256), (16, 64, 64), (16, 128, 128)],
+)
+def test_padding_rule_bf16(num_heads, arch, expected):
+    assert padded_num_heads(num_heads, arch, "bf16") == expected
+
+
+@pytest.mark.parametrize("num_heads", [1, 8, 16, 32, 64, 96, 128])
+@pytest.mark.parametrize("arch", ["hopper", "blackwell"])
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_ds_mla"])
+def test_padding_rule_fp8_unchanged(num_heads, arch, dtype):
+    assert padded_num_heads(num_heads, arch, dtype) == num_heads
+
+
+def test_seed_workspace_difference_is_1008_mib():
+    glm = load_model("glm-5")
+    H = glm.heads_per_rank(8)
+    fused = memory_account("fused", H, 16384, "hopper", "bf16")
+    unfused = memory_account("unfused", H, 16384, "hopper", "bf16")
+    diff = fused.persistent_bytes - unfused.persistent_bytes
+    assert diff == 16384 * (64 - 8) * 576 * 2 == 1_056_964_608
+    assert diff / MIB == 1008
+    # the unfused pad tensor allocated per step is the full padded tensor
+    assert unfused.step_transient_bytes == 16384 * 64 * 576 * 2
+    assert fused.step_transient_bytes == 0
+
+
+def test_fp8_difference_is_zero_and_blackwell_pads_to_128():
+    f = memory_account("fused", 8, 16384, "hopper", "fp8")
+    u = memory_account("unfused", 8, 16384, "hopper", "fp8")
+    assert f.persistent_bytes - u.persistent_bytes == 0
+    assert u.step_transient_bytes == 0
+    b = memory_account("fused", 8, 16384, "blackwell", "bf16")
+    assert b.q_concat_heads == 128
+    assert b.persistent_bytes == 16384 * 128 * 576 * 2
+
+
+def test_kernel_native_keeps_real_heads():
+    k = memory_account("kernel_native", 8, 1024, "hopper")
+    assert k.q_concat_heads == 8 and k.kernel_heads == 8 and k.step_transient_bytes == 0
+    assert k.kernel_out_bytes == 1024 * 8 * (512 * 2 + 8)
+
+
+def test_kv_tokens_lost_matches_layout():
+    glm = load_model("glm-5")
+    per_tok = 78 * (1152 + 132)
+    assert glm.kv_cache_bytes_per_token("bf16") == per_tok
+    assert kv_tokens_lost(1_056_964_608, glm) == pytest.approx(1_056_964_608 / per_tok)
+
+
+def test_workspace_views_and_bytes():
+    ws = QConcatWorkspace(32, 8, "hopper", "bf16")
+    assert ws.buffer.shape == (32, 64, 576) and ws.buffer.dtype == torch.bfloat16
+    assert ws.nbytes == 32 * 64 * 576 * 2
+    v = ws.view(5)
+    assert v.shape == (5, 64, 576) and v.data_ptr() == ws.buffer.data_ptr()
+    assert ws.view(0).shape[0] == 0
+    with pytest.raises(ValueError, match=r"num_tokens=33 exceeds the workspace's max_num_batched_tokens=32"):
+        ws.view(33)
+    with pytest.raises(ValueError, match=r"num_tokens=-1 must be a non-negative int"):
+        ws.view(-1)
+    assert QConcatWorkspace(4, 8, pad=False).buffer.shape == (4, 8, 576)
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: padded_num_heads(0), r"num_heads=0 must be a positive int"),
+        (lambda: padded_num_heads(8, "a100"), r"arch='a100' is not a known GPU architecture; allowed: \["),
+        (lambda: padded_num_heads(8, "hopper", "int4"), r"kv_cache_dtype='int4' is not supported; allowed"),
+        (lambda: padded_num_heads(8, 96), r"prefill_padding=96 must be 64 or 128"),
+        (lambda: memory_account("padded", 8, 16), r"strategy='padded' is not known; allowed"),
+        (lambda: memory_account("fused", 8, 0), r"max_num_batched_tokens=0 must be a positive int"),
+        (lambda: memory_account("fused", 8, 16, num_tokens=17), r"num_tokens=17 exceeds max_num_batched_tokens=16"),
+        (lambda: QConcatWorkspace(16, 8, dtype=torch.float32), r"dtype=torch.float32 is not supported"),
+    ],
+)
+def test_bad_input_messages(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()

@@ -1,0 +1,76 @@
+"""The sweep notebook executed by papermill (through the CLI) on a tiny grid: data file, chart, HTML."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "mla_lab.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_cli_runs_notebook_on_tiny_grid(tmp_path):
+    r = _cli("sweep", "-p", "models", "[glm-5]", "-p", "tp_sizes", "[8]", "-p", "prompt_lens", "[1024]",
+             "-p", "max_num_batched_tokens", "[16384]", "-p", "device", "cpu",
+             "-p", "store_dir", str(tmp_path / "st"), "-p", "data_file", str(tmp_path / "sweep.csv"),
+             "-p", "report_dir", str(tmp_path / "rep"), "--report-name", "tiny", cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import pandas as pd
+
+    df = pd.read_csv(tmp_path / "sweep.csv")
+    assert set(df["strategy"]) == {"unfused", "fused", "kernel_native"} and len(df) == 6
+    assert (df["source"] == "modelled").all()
+    html = (tmp_path / "rep" / "tiny.html").read_text()
+    assert "data:image/png;base64" in html and "Memory vs TTFT" in html
+    assert (tmp_path / "rep" / "padding_sweep.png").stat().st_size > 10_000
+    nb = json.loads((tmp_path / "rep" / "tiny.ipynb").read_text())
+    assert any("injected-parameters" in c["metadata"].get("tags", []) for c in nb["cells"])
+
+
+def test_cli_rejects_unknown_parameter_before_running(tmp_path):
+    r = _cli("sweep", "-p", "tp_size", "[8]", "-p", "report_dir", str(tmp_path), cwd=REPO)
+    assert r.returncode == 2
+    assert "unknown sweep parameter(s) ['tp_size']" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_cli_params_file_errors(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("- just\n- a list\n")
+    r = _cli("sweep", "-f", str(f), cwd=REPO)
+    assert r.returncode == 1 and "must hold a mapping" in r.stderr
+    r = _cli("sweep", "-f", str(tmp_path / "missing.yaml"), cwd=REPO)
+    assert r.returncode == 1 and "no such file" in r.stderr
+
+
+def test_notebook_without_parameters_cell_is_refused(tmp_path):
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / "padding_sweep.ipynb", as_version=4)
+    for c in nb.cells:
+        c.metadata.pop("tags", None)
+    p = tmp_path / "noparams.ipynb"
+    nbformat.write(nb, p)
+    r = _cli("sweep", "--notebook", str(p), "-p", "report_dir", str(tmp_path), cwd=REPO)
+    assert r.returncode == 1 and "has no cell tagged 'parameters'" in r.stderr
+
+
+def test_failing_cell_reports_its_error_not_a_traceback_wall(tmp_path):
+    import nbformat
+
+    nb = nbformat.read(REPO / "notebooks" / "padding_sweep.ipynb", as_version=4)
+    nb.cells.insert(2, nbformat.v4.new_code_cell("raise RuntimeError('boom from cell')"))
+    p = tmp_path / "fails.ipynb"
+    nbformat.write(nb, p)
+    r = _cli("sweep", "--notebook", str(p), "-p", "report_dir", str(tmp_path / "rep"), "-p", "store_dir",
+             str(tmp_path / "st"), "-p", "data_file", str(tmp_path / "d.csv"), cwd=REPO)
+    assert r.returncode == 1
+    assert "failed: RuntimeError: boom from cell" in r.stderr
+    assert r.stderr.count("\n") < 5

@@ -1,0 +1,63 @@
+"""Chunked-prefill scheduling, causal topk sums and the attention-path cost model."""
+
+import pytest
+
+from mla_lab.costmodel import attention_path_ms, attention_path_ops, default_calibration
+from mla_lab.models import load_model
+from mla_lab.workload import Workload, schedule, steps_to_first_token, sum_topk_lengths
+
+
+def test_schedule_seed_workload():
+    steps = schedule(Workload(1024, 32, 32), 16384)
+    assert len(steps) == 2 and all(s.num_tokens == 16384 for s in steps)
+    assert sorted(p for s in steps for p in s.finished_prompts(1024)) == list(range(32))
+
+
+def test_schedule_long_prompt_chunks_and_concurrency():
+    steps = schedule(Workload(8192, 2, 1), 3000)
+    # concurrency 1: prompt 0 takes ceil(8192/3000)=3 steps, but the last one only has 2192 tokens, prompt 1 can't join
+    assert [s.num_tokens for s in steps] == [3000, 3000, 2192, 3000, 3000, 2192]
+    steps = schedule(Workload(8192, 2, 2), 3000)
+    assert [s.num_tokens for s in steps] == [3000, 3000, 3000, 3000, 3000, 1384]
+    assert steps_to_first_token(8192, 3000) == 3
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens=0 must be a positive int"):
+        schedule(Workload(8, 1), 0)
+    with pytest.raises(ValueError, match=r"prompt_len=0 must be a positive int"):
+        Workload(0)
+
+
+@pytest.mark.parametrize("start,n,topk", [(0, 1, 4), (0, 10, 4), (3, 7, 4), (100, 50, 2048), (0, 5000, 2048),
+                                          (2040, 20, 2048), (0, 0, 8)])
+def test_sum_topk_lengths_matches_loop(start, n, topk):
+    assert sum_topk_lengths(start, n, topk) == sum(min(p + 1, topk) for p in range(start, start + n))
+
+
+def test_attention_path_ops_bytes():
+    glm = load_model("glm-5")
+    T = 16384
+    u = attention_path_ops(glm, 8, "h200", "unfused", T)
+    f = attention_path_ops(glm, 8, "h200", "fused", T)
+    k = attention_path_ops(glm, 8, "h200", "kernel_native", T)
+    assert u["concat"]["bytes"] == f["concat"]["bytes"] == 2 * T * 8 * 576 * 2
+    assert u["pad"]["bytes"] == T * 64 * 1152 + 2 * T * 8 * 1152
+    assert "pad" not in f and "pad" not in k and "out_slice" not in k
+    assert u["kernel"]["flops"] == 2 * T * 2048 * 64 * (576 + 512) == k["kernel"]["flops"]
+    assert u["out_slice"]["bytes"] == 2 * T * 8 * 512 * 2
+    # fp8 KV cache: no padding anywhere
+    assert "pad" not in attention_path_ops(glm, 8, "h200", "unfused", T, kv_cache_dtype="fp8")
+    # no padding needed at 64 heads on Hopper
+    assert "pad" not in attention_path_ops(glm, 1, "h200", "unfused", T)
+
+
+def test_calibration_reproduces_reference_kernel_time():
+    cal = default_calibration()
+    assert set(cal.eff) == {"concat", "pad", "kernel", "out_slice"}
+    assert all(0 < v < 1 for v in cal.eff.values())
+    glm = load_model("glm-5")
+    t = attention_path_ms(glm, 8, "h200", "unfused", 16384, calibration=cal)
+    # FACTS.md s5: 7.82 ms kernel, 0.534 ms pad at T=16384, 8 -> 64; median fit is within 10%
+    assert t["kernel"] == pytest.approx(7.82, rel=0.1)
+    assert t["pad"] == pytest.approx(0.534, rel=0.1)
+    tf = attention_path_ms(glm, 8, "h200", "fused", 16384, calibration=cal)
+    assert tf["total"] < t["total"]
+    assert t["total"] - tf["total"] == pytest.approx(t["pad"])
