@@ -35,16 +35,20 @@ def _require_cuda():
     return torch
 
 
-def make_step_inputs(model, tp: int, step: Step, prompt_len: int, seed: int = 0, full_topk: bool = False):
+def make_step_inputs(model, tp: int, step: Step, prompt_len: int, seed: int = 0, full_topk: bool = False,
+                     device: str = "cuda"):
     """Random inputs for one step on the GPU: ``ql_nope [T,H,512]``, ``q_pe [T,H,64]`` (strided like vLLM), ``kv
     [s_kv,1,576]`` (one region of ``prompt_len`` keys per prompt in the step), ``indices [T,1,topk]`` int32 and
     ``topk_length [T]`` int32 (``None`` when ``full_topk``: every token uses all topk random keys)."""
-    torch = _require_cuda()
-    g = torch.Generator(device="cuda").manual_seed(seed)
+    import torch
+
+    if device == "cuda":
+        _require_cuda()
+    g = torch.Generator(device=device).manual_seed(seed)
     H = model.heads_per_rank(tp)
     T = step.num_tokens
     topk = model.topk
-    dev = "cuda"
+    dev = device
     ql_nope = torch.randn(H, T, model.kv_lora_rank, device=dev, dtype=torch.bfloat16, generator=g).transpose(0, 1)
     q_full = torch.randn(T, H, model.qk_nope_head_dim + model.qk_rope_head_dim, device=dev, dtype=torch.bfloat16,
                          generator=g)
@@ -66,19 +70,20 @@ def make_step_inputs(model, tp: int, step: Step, prompt_len: int, seed: int = 0,
 
 
 def time_attention_path(model, tp: int, step: Step, prompt_len: int, arch_name: str, full_topk: bool = False,
-                        seed: int = 0) -> dict:
+                        seed: int = 0, device: str = "cuda") -> dict:
     """Median ms per op and per strategy total for one layer call, and peak extra bytes per strategy.
 
     Returns ``{"unfused": {"concat": ms, "pad": ms, "kernel": ms, "out_slice": ms, "total": ms, "peak_bytes": B},
     "fused": {...}, "kernel_backend": name}``.
     """
-    _require_cuda()
+    if device == "cuda":
+        _require_cuda()
     H = model.heads_per_rank(tp)
     Hp = padded_num_heads(H, arch_name, "bf16")
     T = step.num_tokens
-    ql_nope, q_pe, kv, idx, tl = make_step_inputs(model, tp, step, prompt_len, seed, full_topk)
+    ql_nope, q_pe, kv, idx, tl = make_step_inputs(model, tp, step, prompt_len, seed, full_topk, device)
     sm_scale = 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
-    res = {name: _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl, sm_scale)
+    res = {name: _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl, sm_scale, device)
            for name in ("unfused", "fused")}
     from .kernels import last_backend
 
@@ -87,16 +92,34 @@ def time_attention_path(model, tp: int, step: Step, prompt_len: int, arch_name: 
     return res
 
 
-def _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl, sm_scale) -> dict:
-    """Per-op and end-to-end medians (ms) and the call's peak extra bytes for one strategy."""
+def _cpu_median_ms(fn, warmup=0, rep=0, return_mode="median", n: int = 3) -> float:
+    """Median wall time (ms) of ``n`` calls: the CPU stand-in for do_bench (dry runs of the benchmark logic only)."""
+    import statistics
+    import time
+
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl, sm_scale, device="cuda") -> dict:
+    """Per-op and end-to-end medians (ms) and the call's peak extra bytes for one strategy (on ``device="cpu"`` a
+    dry run: wall-clock medians and no memory statistics)."""
     import torch
-    from triton.testing import do_bench
+
+    if device == "cuda":
+        from triton.testing import do_bench
+    else:
+        do_bench = _cpu_median_ms
 
     from .kernels import concat_mla_q, sparse_mla_prefill
     from .strategies import make_strategy
 
     bench = dict(warmup=25, rep=100, return_mode="median")
-    strat = make_strategy(name, num_heads=H, max_num_batched_tokens=T, arch=arch_name, device="cuda")
+    strat = make_strategy(name, num_heads=H, max_num_batched_tokens=T, arch=arch_name, device=device)
     q = strat.workspace.view(T)
     ops = {"concat": do_bench(lambda: concat_mla_q(ql_nope, q_pe, q), **bench)}
     concat_mla_q(ql_nope, q_pe, q)
@@ -117,6 +140,10 @@ def _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl,
         ops["out_slice"] = do_bench(lambda: out.contiguous(), **bench)
     ops["total"] = do_bench(lambda: strat(ql_nope, q_pe, kv, idx, sm_scale, tl)[0].contiguous(), **bench)
     qk = out = None  # free before the peak-memory call
+    ops["workspace_bytes"] = strat.workspace.nbytes
+    if device != "cuda":
+        ops["peak_bytes"] = None
+        return ops
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -124,7 +151,6 @@ def _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl,
     o = o.contiguous()
     torch.cuda.synchronize()
     ops["peak_bytes"] = torch.cuda.max_memory_allocated() - before
-    ops["workspace_bytes"] = strat.workspace.nbytes
     return ops
 
 

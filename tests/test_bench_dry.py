@@ -1,0 +1,47 @@
+"""The measurement code's logic, dry-run on CPU with a small model (timings here mean nothing; shapes, ops and
+bookkeeping are what is checked). The real run is on a GPU: benchmarks/bench_attention.py."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from mla_lab.bench import _analytic_call_peak, make_step_inputs, time_attention_path
+from mla_lab.models import load_model
+from mla_lab.workload import Step
+
+
+@pytest.fixture
+def small_glm():
+    return dataclasses.replace(load_model("glm-5"), index_topk=64)
+
+
+def test_step_inputs_are_causal_and_strided(small_glm):
+    step = Step([(0, 0, 40), (1, 10, 30)])
+    ql, qpe, kv, idx, tl = make_step_inputs(small_glm, 8, step, prompt_len=40, device="cpu")
+    assert ql.shape == (70, 8, 512) and not ql.is_contiguous() and ql.stride(-1) == 1
+    assert qpe.shape == (70, 8, 64) and not qpe.is_contiguous()
+    assert kv.shape == (80, 1, 576) and idx.shape == (70, 1, 64) and idx.dtype == torch.int32
+    pos = torch.cat([torch.arange(0, 40), torch.arange(10, 40)])
+    assert torch.equal(tl, torch.clamp(pos + 1, max=64).to(torch.int32))
+    base = torch.cat([torch.zeros(40, dtype=torch.long), torch.full((30,), 40)])
+    for i in range(70):
+        used = idx[i, 0, : tl[i]].long()
+        assert ((used >= base[i]) & (used <= base[i] + pos[i])).all()  # only its own prompt, causally
+
+
+def test_time_attention_path_dry_run(small_glm):
+    res = time_attention_path(small_glm, 8, Step([(0, 0, 16)]), 16, "hopper", device="cpu")
+    assert set(res["unfused"]) >= {"concat", "pad", "kernel", "out_slice", "total", "workspace_bytes"}
+    assert "pad" not in res["fused"]
+    assert res["fused"]["workspace_bytes"] == 16 * 64 * 576 * 2
+    assert res["unfused"]["workspace_bytes"] == 16 * 8 * 576 * 2
+    assert res["kernel_backend"] == "reference"
+
+
+def test_analytic_call_peak():
+    glm = load_model("glm-5")
+    T = 4096
+    kernel_out = T * 64 * (512 * 2 + 8)
+    assert _analytic_call_peak("unfused", 8, T, "hopper", T, glm) == T * 64 * 1152 + kernel_out
+    assert _analytic_call_peak("fused", 8, T, "hopper", T, glm) == kernel_out + T * 8 * 512 * 2
