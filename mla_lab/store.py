@@ -3,8 +3,13 @@
 Layout: ``<root>/points/<key>.json`` where ``key`` hashes the point's parameters and the code version
 (:func:`code_version`). A point file is written to a temporary file in the same folder and moved into place with
 ``os.replace`` (atomic on POSIX), so a killed sweep leaves either the whole point or nothing. A re-run skips points
-whose file exists (same parameters, same code) unless ``force``; rows never duplicate because a point owns exactly
-one file. Failed points are stored too, with ``status="failed"`` and the reason, so reports can show them.
+stored with ``status="ok"`` (same parameters, same code) unless ``force``; rows never duplicate because a point owns
+exactly one file. Failed points are stored too, with ``status="failed"`` and the reason, so reports can show them; a
+re-run retries them (and recomputes a point file that cannot be read), overwriting the file in place.
+
+Temporary files are named ``.<key>.<host>.<pid>.<random>.tmp``: they never match ``*.json``, so a write cut short by
+a kill is never read as a point, and :meth:`ResultStore.clean_stale_tmp` removes those left by dead processes of
+this host.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import functools
 import hashlib
 import json
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 
@@ -49,17 +56,51 @@ class ResultStore:
         self.root = Path(root)
         self.points = self.root / "points"
         self.points.mkdir(parents=True, exist_ok=True)
+        self.corrupt: list[str] = []
 
     def path(self, key: str) -> Path:
         return self.points / f"{key}.json"
 
     def has(self, key: str) -> bool:
+        """A file for ``key`` exists (whatever its status; see :meth:`status`)."""
         return self.path(key).is_file()
+
+    def status(self, key: str) -> str | None:
+        """``"ok"`` / ``"failed"`` (the stored point's status), or None when no readable point file exists."""
+        try:
+            payload = json.loads(self.path(key).read_text())
+        except (OSError, ValueError):
+            return None
+        return payload.get("status") if isinstance(payload, dict) else None
+
+    def completed(self, key: str) -> bool:
+        """The point is stored with ``status == "ok"`` (what a resumed sweep skips)."""
+        return self.status(key) == "ok"
+
+    def tmp_files(self) -> list[Path]:
+        """Temporary files in the points folder (writes in progress, or cut short by a kill)."""
+        return sorted(self.points.glob(".*.tmp"))
+
+    def clean_stale_tmp(self) -> list[Path]:
+        """Remove temporary files left by processes of this host that no longer run (a killed sweep); files of live
+        processes and of other hosts are kept. Returns the removed paths."""
+        host = _host()
+        removed = []
+        for p in self.tmp_files():
+            m = re.match(r"^\.[0-9a-f]+\.(?P<host>[^.]+)\.(?P<pid>\d+)\.", p.name)
+            if not m or m["host"] != host or _pid_alive(int(m["pid"])):
+                continue
+            try:
+                p.unlink()
+                removed.append(p)
+            except FileNotFoundError:  # another process cleaned it
+                pass
+        return removed
 
     def write(self, key: str, point: dict, rows: list[dict], status: str = "ok", reason: str = "") -> Path:
         """Atomically store one point's rows (all strategies together)."""
         payload = {"key": key, "point": point, "status": status, "reason": reason, "rows": rows}
-        fd, tmp = tempfile.mkstemp(dir=self.points, prefix=f".{key}.", suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=self.points, prefix=f".{key}.{_host()}.{os.getpid()}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(payload, f, default=str)
@@ -83,7 +124,7 @@ class ResultStore:
                 continue
             try:
                 out.append(json.loads(p.read_text()))
-            except (json.JSONDecodeError, OSError):
+            except (json.JSONDecodeError, OSError, UnicodeDecodeError):
                 self.corrupt.append(str(p))
         return out
 
@@ -97,3 +138,18 @@ class ResultStore:
                 rows.append({**payload["point"], "status": payload["status"], "reason": payload["reason"],
                              "point_key": payload["key"]})
         return rows
+
+
+def _host() -> str:
+    """This host's name, reduced to characters safe in a file name without dots."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", socket.gethostname()) or "host"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True

@@ -209,9 +209,11 @@ def _resolve_device(device: str) -> str:
 def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None) -> "object":
     """Run (or resume) the sweep; returns a pandas DataFrame of every stored row of this grid.
 
-    Each point is written atomically when it completes; points already stored for this code version are skipped
-    unless ``params.force``. A point that raises is stored as ``status="failed"`` with the reason and the sweep goes
-    on. ``measure_fn(point) -> rows`` adds measured rows on a GPU (default :func:`mla_lab.bench.measure_point`).
+    Each point is written atomically when it completes; points already stored with ``status="ok"`` for this code
+    version are skipped unless ``params.force``. A point that raises is stored as ``status="failed"`` with the reason
+    and the sweep goes on; a later run retries failed points (an OOM on a shared GPU may not recur). Progress (points
+    done / total, elapsed, ETA) goes to stderr when ``progress``. ``measure_fn(point) -> rows`` adds measured rows on
+    a GPU (default :func:`mla_lab.bench.measure_point`).
     """
     import pandas as pd
 
@@ -228,13 +230,19 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None
             tasks.append((pt, "measured"))
     keys, t0, done = [], time.time(), 0
     todo = [(pt, mode, point_key({**pt, "mode": mode}, version)) for pt, mode in tasks]
-    n_skip = sum(1 for _, _, k in todo if store.has(k) and not params.force)
+    store.clean_stale_tmp()  # writes cut short by a killed sweep (never visible as points)
+    status = {k: store.status(k) for _, _, k in todo}
+    skip = {k for k, st in status.items() if st == "ok" and not params.force}
+    n_failed = sum(1 for k, st in status.items() if st == "failed" and not params.force)
+    n_unreadable = sum(1 for k in status if status[k] is None and store.has(k))
     if progress:
-        print(f"[mla-lab] {len(todo)} point(s), {n_skip} already stored, code {version}, device {device}",
+        extra = (f", {n_failed} failed before (retried)" if n_failed else "") + \
+                (f", {n_unreadable} unreadable (recomputed)" if n_unreadable else "")
+        print(f"[mla-lab] {len(todo)} point(s), {len(skip)} already stored{extra}, code {version}, device {device}",
               file=sys.stderr, flush=True)
     for i, (pt, mode, key) in enumerate(todo, 1):
         keys.append(key)
-        if store.has(key) and not params.force:
+        if key in skip:
             continue
         try:
             if mode == "modelled":
@@ -255,9 +263,10 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None
                 print(f"[mla-lab] point failed ({reason})", file=sys.stderr, flush=True)
         done += 1
         if progress:
+            # ETA from the points computed in this run, over those still to compute (stored points are skipped)
             el = time.time() - t0
-            left = len(todo) - i
-            eta = el / done * left if done else 0.0
+            left = len(todo) - len(skip) - done
+            eta = el / done * left
             print(f"[mla-lab] {i}/{len(todo)} points  elapsed {el:.1f}s  ETA {eta:.1f}s", file=sys.stderr,
                   flush=True)
     df = pd.DataFrame(store.rows(keys))
