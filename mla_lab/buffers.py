@@ -140,7 +140,8 @@ def memory_account(
     T = max_num_batched_tokens if num_tokens is None else num_tokens
     _check_pos_int("num_tokens", T, allow_zero=True)
     if T > max_num_batched_tokens:
-        raise ValueError(f"num_tokens={T} exceeds max_num_batched_tokens={max_num_batched_tokens}")
+        raise ValueError(f"num_tokens={T} exceeds max_num_batched_tokens={max_num_batched_tokens}; "
+                         f"allowed: 0..{max_num_batched_tokens}")
     hp = padded_num_heads(num_heads, arch, kv_cache_dtype)
     dt = normalize_kv_cache_dtype(kv_cache_dtype)
     # bf16: the kernel runs at the padded head count in both real strategies. fp8: no Q padding in the workspace.
@@ -218,7 +219,8 @@ class QConcatWorkspace:
         _check_pos_int("num_tokens", num_tokens, allow_zero=True)
         if num_tokens > self.max_num_batched_tokens:
             raise ValueError(
-                f"num_tokens={num_tokens} exceeds the workspace's max_num_batched_tokens={self.max_num_batched_tokens}"
+                f"num_tokens={num_tokens} exceeds the workspace's max_num_batched_tokens={self.max_num_batched_tokens}; "
+                f"allowed: 0..{self.max_num_batched_tokens}"
             )
         return self.buffer[:num_tokens]
 

@@ -66,8 +66,11 @@ def schedule(workload: Workload, max_num_batched_tokens: int) -> list[Step]:
     """Split the workload into chunked-prefill steps (rule in the module docstring).
 
     Raises:
-        ValueError: max_num_batched_tokens not a positive int.
+        ValueError: workload not a :class:`Workload`; max_num_batched_tokens not a positive int.
     """
+    if not isinstance(workload, Workload):
+        raise ValueError(f"workload={workload!r} must be a Workload(prompt_len, num_prompts, concurrency), "
+                         f"got {type(workload).__name__}")
     _pos_int("max_num_batched_tokens", max_num_batched_tokens)
     conc = workload.concurrency or workload.num_prompts
     L = workload.prompt_len
