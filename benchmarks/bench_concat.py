@@ -4,6 +4,8 @@ For T x H (H' = padded_num_heads(H, 'hopper')) it times, with ``triton.testing.d
 (warm-up, L2 cleared before every repetition, CUDA events):
 
 - ``triton``             the lab's Triton kernel into ``out[T, H', 576]`` (real heads only),
+- ``triton_v1``          GPU run 1's kernel (16 rows x 4 warps, load/store/load/store order), for A/B,
+- ``triton_unpadded``    the kernel into an unpadded ``[T, H, 576]`` buffer (isolates the gapped-write cost),
 - ``triton_zero_pad``    the same kernel also zeroing heads H..H'-1,
 - ``torch_cat``          ``torch.cat([ql_nope, q_pe], -1, out=buf)`` into an H-head buffer (vLLM before the PR),
 - ``two_copy``           two ``copy_`` into ``out[:, :H, :512]`` and ``out[:, :H, 512:]`` (the padded view),
@@ -13,7 +15,9 @@ For T x H (H' = padded_num_heads(H, 'hopper')) it times, with ``triton.testing.d
 
 Bytes: ``effective = 2 * T * H * 576 * elem`` (read + write of the real heads); ``moved`` adds the zero writes of
 the padded heads for ``triton_zero_pad``. GB/s = bytes / time (1e9); ``pct_of_copy`` = GB/s / d2d_copy GB/s at the
-same byte count. ``--tune`` also sweeps the kernel's (block_rows, num_warps) at every shape.
+same byte count. Every method is timed twice: ``eager`` (the call as a program makes it; includes the host launch
+cost whenever the host is slower than the GPU's L2 clear between repetitions) and ``graph`` (one call captured in a
+CUDA graph and replayed: device time). ``--tune`` also sweeps kernel variants (``TUNE_CONFIGS``) at every shape.
 
 Inputs are fresh random tensors (never zeros); every Triton variant is checked bitwise against torch.cat on a
 NaN-poisoned output before it is timed. Writes a CSV (``--out``, default ``data/measured/h200/concat_bench.csv``)
@@ -40,7 +44,14 @@ from mla_lab.provenance import provenance  # noqa: E402
 DEFAULT_T = (1024, 4096, 16384, 32768)
 DEFAULT_H = (8, 16, 32, 64, 128)
 DEVICE = "cuda"  # module-level so a CPU smoke test (Triton interpreter) can swap it
-TUNE_CONFIGS = [(br, nw) for br in (4, 8, 16, 32, 64) for nw in (2, 4, 8)]
+# (variant, block_rows, num_warps, loads_first, streaming): v1 = load/store/load/store order (GPU run 1's kernel),
+# v2 = both loads before the stores, v2s = v2 with streaming cache hints.
+TUNE_CONFIGS = (
+    [("v1", 16, 4, False, False), ("v1", 4, 4, False, False)]
+    + [("v2", br, nw, True, False) for br, nw in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4),
+                                                   (8, 8), (16, 4), (16, 8), (32, 8)]]
+    + [("v2s", br, 4, True, True) for br in (4, 8, 16)]
+)
 
 
 def _sync():
@@ -69,7 +80,30 @@ def _check(a, b, out, zero_padding, fn):
         raise RuntimeError(f"Triton concat result wrong at T={a.shape[0]} H={H} zero_padding={zero_padding}")
 
 
-def bench_shape(T, H, dtype, do_bench, warmup, rep, tune):
+def _graphed(fn):
+    """Capture one call of ``fn`` in a CUDA graph; return the replay function (device time without host launch
+    cost, which do_bench's eager timing includes whenever the host is slower than the L2 clear before each rep)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g.replay, g
+
+
+def _timer(fn, timing, do_bench, warmup, rep):
+    if timing == "graph":
+        replay, g = _graphed(fn)
+        ms = do_bench(replay, warmup=warmup, rep=rep, return_mode="median")
+        del g
+        return ms
+    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def bench_shape(T, H, dtype, do_bench, warmup, rep, tune, timings=("eager", "graph")):
     Hp = padded_num_heads(H, "hopper")
     dev = DEVICE
     es = torch.empty((), dtype=dtype).element_size()
@@ -86,49 +120,99 @@ def bench_shape(T, H, dtype, do_bench, warmup, rep, tune):
         out[:, :H, :512].copy_(x)
         out[:, :H, 512:].copy_(y)
 
+    v1 = dict(block_rows=16, num_warps=4, loads_first=False, streaming=False)
+    v2 = dict(block_rows=DEFAULT_BLOCK_ROWS, num_warps=DEFAULT_NUM_WARPS, loads_first=True, streaming=False)
+    # name: (fn, writes padding, layout, triton config or None)
     methods = {
-        "triton": (lambda: concat_mla_q(a, b, out, backend="triton"), False, "contiguous"),
-        "triton_zero_pad": (lambda: concat_mla_q(a, b, out, zero_padding=True, backend="triton"), True, "contiguous"),
-        "torch_cat": (lambda: torch.cat([a, b], dim=-1, out=buf), False, "contiguous"),
-        "two_copy": (lambda: two_copy(a, b), False, "contiguous"),
-        "triton_vllm_layout": (lambda: concat_mla_q(av, bv, out, backend="triton"), False, "vllm"),
-        "two_copy_vllm_layout": (lambda: two_copy(av, bv), False, "vllm"),
-        "d2d_copy": (lambda: dst.copy_(src), False, "contiguous"),
+        "triton": (lambda: concat_mla_q(a, b, out, backend="triton"), False, "contiguous", v2),
+        "triton_v1": (lambda: concat_mla_q_triton(a, b, out, **v1), False, "contiguous", v1),
+        # same kernel into an unpadded [T, H, 576] buffer: separates the cost of the gapped writes (H of H' heads)
+        "triton_unpadded": (lambda: concat_mla_q(a, b, buf, backend="triton"), False, "contiguous", v2),
+        "triton_zero_pad": (lambda: concat_mla_q(a, b, out, zero_padding=True, backend="triton"), True,
+                            "contiguous", v2),
+        "torch_cat": (lambda: torch.cat([a, b], dim=-1, out=buf), False, "contiguous", None),
+        "two_copy": (lambda: two_copy(a, b), False, "contiguous", None),
+        "triton_vllm_layout": (lambda: concat_mla_q(av, bv, out, backend="triton"), False, "vllm", v2),
+        "two_copy_vllm_layout": (lambda: two_copy(av, bv), False, "vllm", None),
+        "d2d_copy": (lambda: dst.copy_(src), False, "contiguous", None),
     }
     _check(a, b, out, False, methods["triton"][0])
+    _check(a, b, out, False, methods["triton_v1"][0])
     _check(a, b, out, True, methods["triton_zero_pad"][0])
+    _check(a, b, buf, False, methods["triton_unpadded"][0])
     _check(av, bv, out, False, methods["triton_vllm_layout"][0])
     # fill the padded heads with random data again so no timed run sees zeros there
     out.copy_(torch.randn_like(out))
 
     eff = 2 * T * H * 576 * es
-    times = {m: do_bench(fn, warmup=warmup, rep=rep, return_mode="median") for m, (fn, _, _) in methods.items()}
-    copy_gbps = eff / (times["d2d_copy"] * 1e-3) / 1e9
     rows = []
-    for m, (_, zp, layout) in methods.items():
-        ms = times[m]
-        moved = eff + (T * (Hp - H) * 576 * es if zp else 0)
-        gbps = eff / (ms * 1e-3) / 1e9
-        rows.append(dict(
-            T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method=m, layout=layout,
-            block_rows=DEFAULT_BLOCK_ROWS if m.startswith("triton") else None,
-            num_warps=DEFAULT_NUM_WARPS if m.startswith("triton") else None,
-            ms=ms, bytes_effective=eff, bytes_moved=moved, gbps_effective=gbps,
-            gbps_moved=moved / (ms * 1e-3) / 1e9, copy_gbps_same_bytes=copy_gbps,
-            pct_of_copy=100.0 * gbps / copy_gbps,
-        ))
+    for timing in timings:
+        times = {m: _timer(fn, timing, do_bench, warmup, rep) for m, (fn, _, _, _) in methods.items()}
+        copy_gbps = eff / (times["d2d_copy"] * 1e-3) / 1e9
+        for m, (_, zp, layout, cfg) in methods.items():
+            ms = times[m]
+            moved = eff + (T * (Hp - H) * 576 * es if zp else 0)
+            gbps = eff / (ms * 1e-3) / 1e9
+            rows.append(dict(
+                T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method=m, layout=layout, timing=timing,
+                block_rows=cfg["block_rows"] if cfg else None, num_warps=cfg["num_warps"] if cfg else None,
+                loads_first=cfg["loads_first"] if cfg else None, streaming=cfg["streaming"] if cfg else None,
+                ms=ms, bytes_effective=eff, bytes_moved=moved, gbps_effective=gbps,
+                gbps_moved=moved / (ms * 1e-3) / 1e9, copy_gbps_same_bytes=copy_gbps,
+                pct_of_copy=100.0 * gbps / copy_gbps,
+            ))
     tune_rows = []
     if tune:
-        for br, nw in TUNE_CONFIGS:
-            fn = lambda br=br, nw=nw: concat_mla_q_triton(a, b, out, block_rows=br, num_warps=nw)  # noqa: E731
+        copy_ms = _timer(methods["d2d_copy"][0], "graph", do_bench, warmup, rep)
+        copy_gbps = eff / (copy_ms * 1e-3) / 1e9
+        for name, br, nw, lf, st in TUNE_CONFIGS:
+            fn = lambda br=br, nw=nw, lf=lf, st=st: concat_mla_q_triton(  # noqa: E731
+                a, b, out, block_rows=br, num_warps=nw, loads_first=lf, streaming=st)
             _check(a, b, out, False, fn)
             out.copy_(torch.randn_like(out))
-            ms = do_bench(fn, warmup=max(5, warmup // 2), rep=max(20, rep // 2), return_mode="median")
+            ms = _timer(fn, "graph", do_bench, max(5, warmup // 2), max(20, rep // 2))
             gbps = eff / (ms * 1e-3) / 1e9
-            tune_rows.append(dict(T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method="triton",
-                                  block_rows=br, num_warps=nw, ms=ms, bytes_effective=eff, gbps_effective=gbps,
-                                  copy_gbps_same_bytes=copy_gbps, pct_of_copy=100.0 * gbps / copy_gbps))
+            tune_rows.append(dict(T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), variant=name,
+                                  block_rows=br, num_warps=nw, loads_first=lf, streaming=st, timing="graph", ms=ms,
+                                  bytes_effective=eff, gbps_effective=gbps, copy_gbps_same_bytes=copy_gbps,
+                                  pct_of_copy=100.0 * gbps / copy_gbps))
     return rows, tune_rows  # the tensors die with this frame; the caller empties the allocator cache
+
+
+def host_launch_cost(n=2000):
+    """Host microseconds per call, back to back without sync, on a tiny problem (T=16, H=8 -> 64), where the
+    device time per call (a few us) is below the host cost, so wall time / n is the host's launch cost."""
+    import time
+
+    a = torch.randn(16, 8, 512, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(16, 8, 64, device=DEVICE, dtype=torch.bfloat16)
+    out = torch.empty(16, 64, 576, device=DEVICE, dtype=torch.bfloat16)
+    buf = torch.empty(16, 8, 576, device=DEVICE, dtype=torch.bfloat16)
+    src = torch.randn(16 * 8 * 576, device=DEVICE, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+
+    def two_copy():
+        out[:, :8, :512].copy_(a)
+        out[:, :8, 512:].copy_(b)
+
+    fns = {
+        "concat_mla_q(api, triton)": lambda: concat_mla_q(a, b, out, backend="triton"),
+        "concat_mla_q_triton(direct)": lambda: concat_mla_q_triton(a, b, out),
+        "torch_cat": lambda: torch.cat([a, b], dim=-1, out=buf),
+        "two_copy": two_copy,
+        "d2d_copy": lambda: dst.copy_(src),
+    }
+    res = {}
+    for name, fn in fns.items():
+        for _ in range(50):
+            fn()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _sync()
+        res[name] = (time.perf_counter() - t0) / n * 1e6
+    return res
 
 
 def big_copy_gbps(do_bench, nbytes=4 * 1024**3):
@@ -142,8 +226,9 @@ def big_copy_gbps(do_bench, nbytes=4 * 1024**3):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(REPO / "data/measured/h200/concat_bench.csv"))
-    ap.add_argument("--tune-out", default=None, help="CSV for the (block_rows, num_warps) sweep (with --tune)")
-    ap.add_argument("--tune", action="store_true", help="also sweep the Triton kernel's block shape per shape")
+    ap.add_argument("--tune-out", default=None, help="CSV for the kernel-variant sweep (with --tune)")
+    ap.add_argument("--tune", action="store_true", help="also sweep the Triton kernel's variants (TUNE_CONFIGS) "
+                    "per shape, timed through CUDA graphs")
     ap.add_argument("--T", type=int, nargs="+", default=list(DEFAULT_T))
     ap.add_argument("--H", type=int, nargs="+", default=list(DEFAULT_H))
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
@@ -161,6 +246,9 @@ def main(argv=None) -> int:
     ceiling, ceiling_ms = big_copy_gbps(do_bench)
     _free()
     print(f"device-to-device copy, 4 GiB: {ceiling:.0f} GB/s (read+write), {ceiling_ms:.3f} ms", flush=True)
+    host = host_launch_cost()
+    print("host launch cost, us per call (T=16, back to back): "
+          + ", ".join(f"{k} {v:.1f}" for k, v in host.items()), flush=True)
     rows, tune_rows = [], []
     for T in args.T:
         for H in args.H:
@@ -168,11 +256,17 @@ def main(argv=None) -> int:
             _free()
             rows += r
             tune_rows += tr
-            tri = next(x for x in r if x["method"] == "triton")
-            print(f"T={T:6d} H={H:4d} H'={tri['Hp']:4d}  triton {tri['ms'] * 1e3:8.1f} us "
-                  f"{tri['gbps_effective']:7.0f} GB/s {tri['pct_of_copy']:5.1f}% of copy", flush=True)
+            msg = []
+            for x in r:
+                if x["method"] == "triton":
+                    msg.append(f"{x['timing']} {x['ms'] * 1e3:7.1f} us {x['gbps_effective']:5.0f} GB/s "
+                               f"{x['pct_of_copy']:5.1f}%")
+            print(f"T={T:6d} H={H:4d} H'={r[0]['Hp']:4d}  triton: " + " | ".join(msg), flush=True)
     prov = provenance("measured")
     df = pd.DataFrame(rows)
+    for name, us_ in host.items():
+        df = pd.concat([df, pd.DataFrame([dict(T=16, H=8, Hp=64, dtype="bfloat16", method=name,
+                                               timing="host_per_call", ms=us_ * 1e-3)])], ignore_index=True)
     df["big_copy_gbps"] = ceiling
     df["predicted_ms_at_big_copy"] = df["bytes_effective"] / (ceiling * 1e9) * 1e3
     for k, v in prov.items():
@@ -180,26 +274,26 @@ def main(argv=None) -> int:
     outp = Path(args.out)
     outp.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(outp, index=False)
+    pd.set_option("display.width", 250)
     if tune_rows:
         tdf = pd.DataFrame(tune_rows)
         for k, v in prov.items():
             tdf[k] = v
         tpath = Path(args.tune_out) if args.tune_out else outp.with_name(outp.stem + "_tune.csv")
         tdf.to_csv(tpath, index=False)
-        best = tdf.loc[tdf.groupby(["T", "H"])["ms"].idxmin(), ["T", "H", "block_rows", "num_warps", "gbps_effective",
-                                                               "pct_of_copy"]]
-        print("\nbest (block_rows, num_warps) per shape:")
-        print(best.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
-    pd.set_option("display.width", 200)
-    gb = df.pivot_table(index=["T", "H", "Hp"], columns="method", values="gbps_effective")
-    pct = df.pivot_table(index=["T", "H", "Hp"], columns="method", values="pct_of_copy")
-    us = df.pivot_table(index=["T", "H", "Hp"], columns="method", values="ms") * 1e3
-    print(f"\nmedian time, us ({prov['device']}, torch {prov['torch']}, triton {prov['triton']}):")
-    print(us.to_string(float_format=lambda x: f"{x:.1f}"))
-    print("\neffective GB/s (real-head bytes read + written):")
-    print(gb.to_string(float_format=lambda x: f"{x:.0f}"))
-    print("\n% of a device-to-device copy of the same bytes:")
-    print(pct.drop(columns=["d2d_copy"]).to_string(float_format=lambda x: f"{x:.1f}"))
+        tdf["cfg"] = (tdf["variant"] + ":" + tdf["block_rows"].astype(str) + "x" + tdf["num_warps"].astype(str))
+        piv = tdf.pivot_table(index=["T", "H"], columns="cfg", values="pct_of_copy", sort=False)
+        print("\nsweep (CUDA-graph timing), % of the same-byte copy:")
+        print(piv.to_string(float_format=lambda x: f"{x:.1f}"))
+    main_df = df[df["timing"].isin(["eager", "graph"])]
+    for timing in ("graph", "eager"):
+        d = main_df[main_df["timing"] == timing]
+        us = d.pivot_table(index=["T", "H", "Hp"], columns="method", values="ms", sort=False) * 1e3
+        pct = d.pivot_table(index=["T", "H", "Hp"], columns="method", values="pct_of_copy", sort=False)
+        print(f"\n[{timing}] median us ({prov['device']}, torch {prov['torch']}, triton {prov['triton']}):")
+        print(us.to_string(float_format=lambda x: f"{x:.1f}"))
+        print(f"[{timing}] % of a device-to-device copy of the same bytes (effective bytes):")
+        print(pct.drop(columns=["d2d_copy"]).to_string(float_format=lambda x: f"{x:.1f}"))
     print(f"\nwrote {outp}")
     return 0
 

@@ -65,7 +65,23 @@ def _shape(t) -> tuple:
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
+def _concat_fast_ok(a, b, o) -> bool:
+    """The common valid case with few attribute reads (this op runs once per layer per step; the detailed checks
+    below only run when this says no, to find the rule that failed)."""
+    try:
+        sa, sb, so = a.shape, b.shape, o.shape
+        dt = a.dtype
+        return (len(sa) == 3 and len(sb) == 3 and len(so) == 3 and sa[2] == D_NOPE and sb[2] == D_PE
+                and so[2] == D_QK and sa[0] == sb[0] == so[0] and sa[1] == sb[1] and so[1] >= sa[1]
+                and (dt is torch.bfloat16 or dt is torch.float16) and b.dtype is dt and o.dtype is dt
+                and a.stride(2) == 1 and b.stride(2) == 1 and o.stride(2) == 1 and a.device == b.device == o.device)
+    except (AttributeError, TypeError):
+        return False
+
+
 def _validate_concat(ql_nope, q_pe, out) -> None:
+    if _concat_fast_ok(ql_nope, q_pe, out):
+        return
     for name, t in (("ql_nope", ql_nope), ("q_pe", q_pe), ("out", out)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -95,10 +111,11 @@ def _validate_concat(ql_nope, q_pe, out) -> None:
                          f"q_pe.device={q_pe.device}, out.device={out.device}")
 
 
+_TRITON_OK, _TRITON_WHY = triton_available()
+
+
 def _concat_backend(backend: str, device: torch.device) -> str:
-    if backend not in CONCAT_BACKENDS:
-        raise ValueError(f"backend={backend!r} is not known; allowed: {list(CONCAT_BACKENDS)}")
-    ok, why = triton_available()
+    ok, why = _TRITON_OK, _TRITON_WHY
     if backend == "auto":
         return "triton" if (ok and device.type == "cuda") else "torch"
     if backend == "triton":
@@ -107,7 +124,10 @@ def _concat_backend(backend: str, device: torch.device) -> str:
         if device.type != "cuda" and not triton_interpreting():
             raise ValueError(f"backend='triton' needs CUDA tensors (or TRITON_INTERPRET=1 for the CPU interpreter); "
                              f"got device={device}")
-    return backend
+        return backend
+    if backend == "torch":
+        return backend
+    raise ValueError(f"backend={backend!r} is not known; allowed: {list(CONCAT_BACKENDS)}")
 
 
 def concat_mla_q(

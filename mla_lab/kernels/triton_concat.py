@@ -1,6 +1,6 @@
 """Triton kernel for vLLM's ``concat_mla_q``: ``[T,H,512]`` + ``[T,H,64]`` -> first ``H`` heads of ``[T,H',576]``.
 
-Design (v1; predictions and measurements in ``docs/perf-notes.md``):
+Design (v2; v1 and the measurements that led here are in ``docs/perf-notes.md``):
 
 - The ``T*H`` (token, head) pairs are flattened into *rows*; one program copies ``BLOCK_R`` consecutive rows.
   A row is 512 + 64 elements (1152 bytes in bf16/fp16), so one program moves ``BLOCK_R * 1152`` bytes each way.
@@ -10,7 +10,10 @@ Design (v1; predictions and measurements in ``docs/perf-notes.md``):
 - The only mask is per row (a tail block when ``BLOCK_R`` does not divide the row count, or the padded heads with
   ``zero_padding``); it is constant along the contiguous dim, so it does not break vectorisation. When the row
   count is a multiple of ``BLOCK_R`` and no padding is written, the kernel is compiled without any mask.
-- All offsets are int64 (``T * H' * 576`` exceeds 2**31 at T = 131072, H' = 64).
+- Both tiles are loaded before either is stored (v2; v1 did load/store/load/store, which the compiler cannot
+  reorder because ``out`` might alias an input, so each program paid two memory round trips).
+- Row indices are int32 (int64 only if ``T * H'`` nears 2**31); all element offsets are int64 (``T * H' * 576``
+  exceeds 2**31 at T = 131072, H' = 64).
 - ``zero_padding=True`` runs over the ``T*H'`` rows of ``out`` instead: rows of padded heads load nothing (masked)
   and store zeros, in the same launch.
 
@@ -38,9 +41,10 @@ __all__ = ["triton_available", "triton_interpreting", "concat_mla_q_triton", "DE
 D_NOPE = 512
 D_PE = 64
 
-#: Rows ((token, head) pairs) per program and warps per program. Chosen before measuring (v1): 16 rows = 18 KiB
-#: read + 18 KiB written per program, 4 warps = 128 threads -> 8 x 16-byte vectors per thread per tile pass.
-DEFAULT_BLOCK_ROWS = 16
+#: Rows ((token, head) pairs) per program and warps per program. v1 used 16 rows / 4 warps (chosen before
+#: measuring); the H200 sweep of GPU run 1 (docs/perf-notes.md) found 4 rows / 4 warps fastest or within noise of
+#: the fastest at every shape with T >= 4096, so v2 uses that: 4.5 KiB read + 4.5 KiB written per program.
+DEFAULT_BLOCK_ROWS = 4
 DEFAULT_NUM_WARPS = 4
 
 
@@ -71,35 +75,57 @@ if triton is not None:
         n_rows, rows_per_token, real_heads,
         nope_st, nope_sh, pe_st, pe_sh, out_st, out_sh,
         D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, BLOCK_R: tl.constexpr,
-        ZERO_PAD: tl.constexpr, EVEN_ROWS: tl.constexpr,
+        ZERO_PAD: tl.constexpr, EVEN_ROWS: tl.constexpr, ROWS_I64: tl.constexpr,
+        LOADS_FIRST: tl.constexpr, LOAD_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,
     ):
-        pid = tl.program_id(0).to(tl.int64)
-        rows = pid * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)  # [BLOCK_R] int64
+        pid = tl.program_id(0)
+        if ROWS_I64:  # only when T * rows_per_token (+ a block) does not fit in int32
+            rows = pid.to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R).to(tl.int64)
+        else:
+            rows = pid * BLOCK_R + tl.arange(0, BLOCK_R)
         tok = rows // rows_per_token
         head = rows - tok * rows_per_token
+        tok64 = tok.to(tl.int64)  # element offsets exceed 2**31 at T = 131072, H' = 64
+        head64 = head.to(tl.int64)
         cn = tl.arange(0, D_NOPE_C)
         cp = tl.arange(0, D_PE_C)
 
-        src_n = nope_ptr + (tok * nope_st + head * nope_sh)[:, None] + cn[None, :]
-        src_p = pe_ptr + (tok * pe_st + head * pe_sh)[:, None] + cp[None, :]
-        o_row = (tok * out_st + head * out_sh)[:, None]
+        src_n = nope_ptr + (tok64 * nope_st + head64 * nope_sh)[:, None] + cn[None, :]
+        src_p = pe_ptr + (tok64 * pe_st + head64 * pe_sh)[:, None] + cp[None, :]
+        o_row = (tok64 * out_st + head64 * out_sh)[:, None]
         dst_n = out_ptr + o_row + cn[None, :]
         dst_p = out_ptr + o_row + D_NOPE_C + cp[None, :]
 
         if ZERO_PAD:
             in_rows = rows < n_rows
             real = in_rows & (head < real_heads)
-            vn = tl.load(src_n, mask=real[:, None], other=0.0)
-            vp = tl.load(src_p, mask=real[:, None], other=0.0)
-            tl.store(dst_n, vn, mask=in_rows[:, None])
-            tl.store(dst_p, vp, mask=in_rows[:, None])
+            vn = tl.load(src_n, mask=real[:, None], other=0.0, eviction_policy=LOAD_EVICT)
+            vp = tl.load(src_p, mask=real[:, None], other=0.0, eviction_policy=LOAD_EVICT)
+            tl.store(dst_n, vn, mask=in_rows[:, None], cache_modifier=STORE_CACHE)
+            tl.store(dst_p, vp, mask=in_rows[:, None], cache_modifier=STORE_CACHE)
         elif EVEN_ROWS:
-            tl.store(dst_n, tl.load(src_n))
-            tl.store(dst_p, tl.load(src_p))
+            if LOADS_FIRST:
+                # Both loads are issued before either store: out may alias nothing we read, but the compiler
+                # cannot know that, so load -> store -> load -> store would cost two memory round trips.
+                vn = tl.load(src_n, eviction_policy=LOAD_EVICT)
+                vp = tl.load(src_p, eviction_policy=LOAD_EVICT)
+                tl.store(dst_n, vn, cache_modifier=STORE_CACHE)
+                tl.store(dst_p, vp, cache_modifier=STORE_CACHE)
+            else:  # v1 order, kept for the A/B measurement in benchmarks/bench_concat.py
+                tl.store(dst_n, tl.load(src_n, eviction_policy=LOAD_EVICT), cache_modifier=STORE_CACHE)
+                tl.store(dst_p, tl.load(src_p, eviction_policy=LOAD_EVICT), cache_modifier=STORE_CACHE)
         else:
             in_rows = (rows < n_rows)[:, None]
-            tl.store(dst_n, tl.load(src_n, mask=in_rows), mask=in_rows)
-            tl.store(dst_p, tl.load(src_p, mask=in_rows), mask=in_rows)
+            if LOADS_FIRST:
+                vn = tl.load(src_n, mask=in_rows, eviction_policy=LOAD_EVICT)
+                vp = tl.load(src_p, mask=in_rows, eviction_policy=LOAD_EVICT)
+                tl.store(dst_n, vn, mask=in_rows, cache_modifier=STORE_CACHE)
+                tl.store(dst_p, vp, mask=in_rows, cache_modifier=STORE_CACHE)
+            else:
+                tl.store(dst_n, tl.load(src_n, mask=in_rows, eviction_policy=LOAD_EVICT), mask=in_rows,
+                         cache_modifier=STORE_CACHE)
+                tl.store(dst_p, tl.load(src_p, mask=in_rows, eviction_policy=LOAD_EVICT), mask=in_rows,
+                         cache_modifier=STORE_CACHE)
 
 
 def concat_mla_q_triton(
@@ -109,6 +135,8 @@ def concat_mla_q_triton(
     zero_padding: bool = False,
     block_rows: int = DEFAULT_BLOCK_ROWS,
     num_warps: int = DEFAULT_NUM_WARPS,
+    loads_first: bool = True,
+    streaming: bool = False,
 ) -> torch.Tensor:
     """Launch the kernel (no validation: :func:`mla_lab.kernels.concat_mla_q` validates).
 
@@ -119,6 +147,9 @@ def concat_mla_q_triton(
         block_rows: (token, head) rows per program, a power of two (tuning knob; default
             :data:`DEFAULT_BLOCK_ROWS`).
         num_warps: warps per program (tuning knob; default :data:`DEFAULT_NUM_WARPS`).
+        loads_first: issue both tile loads before the stores (v2, default); False = v1 order (load, store, load,
+            store), kept for A/B measurements.
+        streaming: cache hints for data touched once (loads ``evict_first``, stores ``.cs``); off by default.
 
     Returns:
         ``out``. ``T == 0`` launches nothing.
@@ -135,12 +166,15 @@ def concat_mla_q_triton(
     if n_rows == 0:
         return out
     grid = (triton.cdiv(n_rows, block_rows),)
+    rows_i64 = n_rows + block_rows >= 2**31
     _concat_mla_q_kernel[grid](
         ql_nope, q_pe, out,
         n_rows, rows_per_token, H,
         ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1),
         D_NOPE_C=D_NOPE, D_PE_C=D_PE, BLOCK_R=block_rows,
-        ZERO_PAD=bool(zero_padding) and Hp > H, EVEN_ROWS=(n_rows % block_rows == 0),
+        ZERO_PAD=bool(zero_padding) and Hp > H, EVEN_ROWS=(n_rows % block_rows == 0), ROWS_I64=rows_i64,
+        LOADS_FIRST=bool(loads_first), LOAD_EVICT="evict_first" if streaming else "",
+        STORE_CACHE=".cs" if streaming else "",
         num_warps=num_warps,
     )
     return out
