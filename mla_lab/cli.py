@@ -1,19 +1,29 @@
 """``mla-lab`` command line: run the papermill-parameterized sweep notebook and publish it as HTML.
 
     mla-lab sweep [-f params.yaml] [-p name value ...] [--notebook PATH] [--report-name NAME] [--timeout S]
+    mla-lab index [--report-dir DIR]
 
 Parameters are validated before any kernel starts (unknown names, wrong types, empty grids are errors: papermill
 itself would silently inject them). ``-p`` values are parsed as YAML (``-p tp_sizes "[1, 8]"``, ``-p force true``).
+Every sweep run publishes its own report under ``<report_dir>/runs/`` and refreshes the latest copy
+(``<report_dir>/<report-name>.html``) and the index (``<report_dir>/index.html``); layout in :mod:`mla_lab.site`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime as _dt
+import json
+import shutil
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOK = REPO / "notebooks" / "padding_sweep.ipynb"
+# Injected by the CLI, not sweep parameters (a user passing them gets the unknown-parameter error).
+CLI_PARAMETERS = ("figure_dir", "run_id")
 
 
 class CLIError(Exception):
@@ -43,17 +53,28 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
     return raw
 
 
-def run_notebook(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> Path:
-    """Execute ``notebook`` with papermill (kernel ``mla-lab``, this interpreter, per-cell ``timeout`` seconds), write the executed
-    copy and an HTML export with inputs hidden into ``report_dir``. Returns the HTML path.
+def _resolve(p: str, cwd: Path) -> Path:
+    path = Path(p)
+    return path if path.is_absolute() else cwd / path
+
+
+def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> dict:
+    """Execute ``notebook`` with papermill (kernel ``mla-lab``, this interpreter, per-cell ``timeout`` seconds) as a
+    new run, export it to HTML with inputs hidden, and publish it: the run's own files under
+    ``<report_dir>/runs/<run_id>.*``, the latest copy ``<report_dir>/<report_name>.html`` and the index.
+
+    Returns ``{"run_id", "run_html", "html", "index", "figures"}`` (paths).
 
     Raises:
         CLIError: the notebook is missing or has no cell tagged ``parameters``; a cell failed (its error is named).
+        ValueError: invalid sweep parameters (before any kernel starts).
     """
     import nbformat
     import papermill as pm
-    from nbconvert import HTMLExporter
 
+    from . import site
+    from .provenance import git_commit
+    from .store import code_version
     from .sweep import validate_params
 
     if not notebook.is_file():
@@ -61,25 +82,64 @@ def run_notebook(params: dict, notebook: Path, report_name: str, timeout: int, c
     nb = nbformat.read(notebook, as_version=4)
     if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
         raise CLIError(f"notebook {notebook} has no cell tagged 'parameters'; papermill cannot inject parameters")
-    validate_params(params)  # fail before starting a kernel
+    validated = dataclasses.asdict(validate_params(params))  # fail before starting a kernel
     from .kernelspec import ensure_kernel
 
     kernel = ensure_kernel()
-    report_dir = Path(params.get("report_dir", "reports"))
-    report_dir = report_dir if report_dir.is_absolute() else cwd / report_dir
-    report_dir.mkdir(parents=True, exist_ok=True)
-    executed = report_dir / f"{report_name}.ipynb"
+    report_dir = _resolve(validated["report_dir"], cwd)
+    runs_dir = report_dir / site.RUNS_DIR
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    started = _dt.datetime.now(_dt.timezone.utc)
+    run_id = site.new_run_id(runs_dir, {**validated, "notebook": notebook.name}, started)
+    figure_dir = runs_dir / run_id
+    executed = runs_dir / f"{run_id}.ipynb"
+    t0 = time.time()
     try:
-        pm.execute_notebook(str(notebook), str(executed), parameters=params, kernel_name=kernel,
-                            execution_timeout=timeout, progress_bar=False, cwd=str(cwd), log_output=False)
+        pm.execute_notebook(str(notebook), str(executed),
+                            parameters={**params, "figure_dir": str(figure_dir), "run_id": run_id},
+                            kernel_name=kernel, execution_timeout=timeout, progress_bar=False, cwd=str(cwd),
+                            log_output=False, stderr_file=sys.stderr)  # the sweep's progress, live
     except pm.PapermillExecutionError as e:
         raise CLIError(f"notebook cell {e.exec_count} failed: {e.ename}: {e.evalue} "
                        f"(executed copy with the traceback: {executed})") from None
-    html, _ = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True).from_filename(
-        str(executed))
-    out = report_dir / f"{report_name}.html"
-    out.write_text(html)
-    return out
+    duration = time.time() - t0
+    run_html = runs_dir / f"{run_id}.html"
+    run_html.write_text(site.notebook_to_html(executed, f"mla_lab {report_name} {run_id}"))
+    meta = {"run_id": run_id, "report_name": report_name, "created_utc": started.isoformat(timespec="seconds"),
+            "duration_s": round(duration, 1), "notebook": notebook.name, "params": validated,
+            "params_hash": site.params_hash(validated), "git_commit": git_commit(), "code_version": code_version(),
+            "html": f"{site.RUNS_DIR}/{run_id}.html", "ipynb": f"{site.RUNS_DIR}/{run_id}.ipynb"}
+    data_file = _resolve(validated["data_file"], cwd)
+    if data_file.is_file():
+        shutil.copyfile(data_file, runs_dir / f"{run_id}.csv")
+        meta["csv"] = f"{site.RUNS_DIR}/{run_id}.csv"
+    figures = {}
+    if figure_dir.is_dir():
+        for png in sorted(figure_dir.glob("*.png")):
+            if png.with_suffix(".svg").is_file():
+                figures[png.stem] = {"png": f"{site.RUNS_DIR}/{run_id}/{png.name}",
+                                     "svg": f"{site.RUNS_DIR}/{run_id}/{png.stem}.svg"}
+        prov = figure_dir / "provenance.json"
+        if prov.is_file():
+            meta["provenance"] = json.loads(prov.read_text())
+    meta["figures"] = figures
+    site.write_json_atomic(runs_dir / f"{run_id}.json", meta)
+    latest = site.publish_latest(report_dir, report_name, run_id)
+    index = site.build_index(report_dir, report_name)
+    return {"run_id": run_id, "run_html": run_html, "html": latest.get("html", run_html), "index": index,
+            "figures": figure_dir}
+
+
+def run_notebook(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> Path:
+    """:func:`publish` and return the latest report's HTML path (kept for callers of the first version)."""
+    return publish(params, notebook, report_name, timeout, cwd)["html"]
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,20 +149,31 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("-f", "--params-file", action="append", default=[], help="YAML file of parameters")
     sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     sw.add_argument("--notebook", default=str(DEFAULT_NOTEBOOK))
-    sw.add_argument("--report-name", default="padding_sweep", help="basename of the report files")
+    sw.add_argument("--report-name", default="padding_sweep", help="basename of the latest report's files")
     sw.add_argument("--timeout", type=int, default=600, help="per-cell execution timeout, seconds")
     sw.add_argument("--force", action="store_true", help="recompute points already stored")
+    ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
+    ix.add_argument("--report-dir", default="reports")
+    ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
     args = ap.parse_args(argv)
+    if args.cmd == "index":
+        from .site import build_index, list_runs
+
+        out = build_index(Path(args.report_dir), args.report_name)
+        print(f"mla-lab: index of {len(list_runs(args.report_dir))} report(s) written to {_rel(out)}")
+        return 0
     try:
         params = _load_params(args.params_file, args.param)
         if args.force:
             params["force"] = True
         # relative paths resolve against the directory the command runs in
-        html = run_notebook(params, Path(args.notebook), args.report_name, args.timeout, Path.cwd())
+        res = publish(params, Path(args.notebook), args.report_name, args.timeout, Path.cwd())
     except (CLIError, ValueError) as e:
         print(f"mla-lab: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1
-    print(f"mla-lab: report written to {html}")
+    print(f"mla-lab: report written to {_rel(res['html'])}")
+    print(f"mla-lab: this run: {_rel(res['run_html'])} (figures as PNG + SVG in {_rel(res['figures'])}/)")
+    print(f"mla-lab: index of all published reports: {_rel(res['index'])}")
     return 0
 
 

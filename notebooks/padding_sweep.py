@@ -5,10 +5,12 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (mla_lab)
 #     language: python
-#     name: python3
+#     name: mla-lab
 # ---
 
 # %% [markdown]
@@ -16,9 +18,9 @@
 #
 # vLLM PR #53878 allocates the sparse-MLA prefill Q-concat workspace already padded to the 64 (Hopper) or 128
 # (Blackwell) heads FlashMLA's sparse kernel needs, instead of copying the real heads into a fresh padded tensor on
-# every layer call. This notebook prices that trade for every grid point: **memory** (exact bytes, analytic) and
-# **TTFT** (modelled from the arch specs and a calibration, or measured on a GPU when one is present). Every row
-# says which (`source` column) and carries its provenance.
+# every layer call. This report prices that trade for every grid point: **memory** (exact bytes, analytic) and
+# **TTFT** (modelled from the arch specs and a calibration, or measured on a GPU). Every row says which (`source`
+# column) and carries its provenance; the banner below sums it up.
 
 # %% tags=["parameters"]
 models = ["glm-5", "deepseek-v3.2"]
@@ -36,16 +38,57 @@ data_file = "data/padding_sweep.csv"
 report_dir = "reports"
 check_equivalence = True
 force = False
+# Set by `mla-lab sweep` (not sweep parameters): where this run's figures go, and the run's id.
+figure_dir = None  # None: <report_dir>/figures
+run_id = None
 
-# %%
+# %% tags=["remove-output"]
+from pathlib import Path
+
 import pandas as pd
-from IPython.display import Markdown, display
+from IPython.display import HTML, Markdown, display
 
 from mla_lab import report, sweep
 
-params = sweep.validate_params({k: globals()[k] for k in sweep.DEFAULTS})
-df = sweep.run_sweep(params)
-display(Markdown(report.provenance_banner(df)))
+params = sweep.validate_params({k: v for k, v in globals().items() if k in sweep.DEFAULTS})
+figs = Path(figure_dir) if figure_dir else Path(report_dir) / "figures"
+saved = {}  # figure name -> PNG and SVG paths
+df = sweep.run_sweep(params)  # progress goes to the terminal; the HTML report leaves this cell's output out
+
+# %%
+measured = report.measured_for(params)
+both = report.combine(df, measured)
+report.save_provenance(both, figs, run_id=run_id)
+display(HTML(report.provenance_html(both, run_id)))
+
+# %% [markdown]
+# ## The seed setup: reported vs ours
+# vLLM PR #53878's benchmark (GLM-5 geometry, TP 8, Hopper, bf16 KV cache, `--max-num-batched-tokens 16384`,
+# 32 prompts x 1024 tokens at concurrency 32) next to this lab's numbers for the same setup.
+
+# %%
+display(HTML(report.html_table(report.seed_setup_table(df, measured))))
+
+# %% [markdown]
+# ## Memory vs TTFT
+# x: extra persistent Q workspace per rank compared with unfused (MiB). y: TTFT change compared with unfused (%).
+# Hollow markers are modelled, filled are measured. The red staircase is the Pareto frontier of the strategies that
+# exist (unfused, fused): the configurations that buy the most TTFT per MiB.
+
+# %%
+saved["memory_vs_ttft"] = report.publish_figure(report.plot_memory_vs_ttft(both), "memory_vs_ttft", figs)
+
+# %% [markdown]
+# ## Per TP size: TTFT change and extra memory
+
+# %%
+saved["tp_bars"] = report.publish_figure(report.plot_tp_bars(both), "tp_bars", figs)
+
+# %% [markdown]
+# ## TTFT change over heads per rank x prompt length
+
+# %%
+saved["ttft_heatmap"] = report.publish_figure(report.plot_heatmap(both), "ttft_heatmap", figs)
 
 # %% [markdown]
 # ## Fused == unfused on the real heads
@@ -56,29 +99,14 @@ display(Markdown(report.provenance_banner(df)))
 if check_equivalence:
     checks = pd.DataFrame([sweep.equivalence_check(num_heads=h, arch=a) for h, a in [(8, "hopper"), (16, "hopper"),
                                                                                      (32, "hopper"), (8, "blackwell")]])
-    display(checks)
+    display(HTML(report.html_table(checks)))
     assert checks["equal"].all(), "fused and unfused disagree on the real heads"
 
 # %% [markdown]
-# ## Memory vs TTFT
-# x: extra persistent Q workspace per rank compared with unfused (MiB). y: TTFT change compared with unfused (%).
-# Hollow markers are modelled, filled are measured. The `ttft_scope` column says what the TTFT covers.
+# ## Table (largest TP and max_num_batched_tokens of the grid)
 
 # %%
-from pathlib import Path
-
-measured = report.load_measured()
-both = pd.concat([df, measured], ignore_index=True) if len(measured) else df
-fig = report.plot_memory_vs_ttft(both)
-Path(report_dir).mkdir(parents=True, exist_ok=True)
-fig.savefig(Path(report_dir) / "padding_sweep.png", dpi=110)
-fig.savefig(Path(report_dir) / "padding_sweep.svg")
-
-# %% [markdown]
-# ## Table (TP 8 and the largest max_num_batched_tokens)
-
-# %%
-display(report.summary_table(df, tp=max(tp_sizes), max_num_batched_tokens=max(max_num_batched_tokens)))
+display(HTML(report.summary_html(both, tp=max(tp_sizes), max_num_batched_tokens=max(max_num_batched_tokens))))
 
 # %% [markdown]
 # ## Failed points
@@ -87,4 +115,4 @@ display(report.summary_table(df, tp=max(tp_sizes), max_num_batched_tokens=max(ma
 # %%
 failed = report.failed_points(df)
 display(failed if len(failed) else Markdown("No failed points."))
-print(f"{len(df)} rows written to {data_file}")
+print(f"{len(df)} rows written to {data_file}; figures (PNG + SVG) in {figs}")

@@ -28,8 +28,8 @@ def test_cli_runs_notebook_on_tiny_grid(tmp_path):
     assert set(df["strategy"]) == {"unfused", "fused", "kernel_native"} and len(df) == 6
     assert (df["source"] == "modelled").all()
     html = (tmp_path / "rep" / "tiny.html").read_text()
-    assert "data:image/png;base64" in html and "Memory vs TTFT" in html
-    assert (tmp_path / "rep" / "padding_sweep.png").stat().st_size > 10_000
+    assert html.count('src="data:image/png;base64') == 3 and "Memory vs TTFT" in html  # the three figures
+    assert (tmp_path / "rep" / "tiny.png").stat().st_size > 10_000  # headline chart beside the latest HTML
     nb = json.loads((tmp_path / "rep" / "tiny.ipynb").read_text())
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in nb["cells"])
 

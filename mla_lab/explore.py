@@ -1,0 +1,338 @@
+"""Interactive exploration of one configuration: the logic behind ``notebooks/explore.ipynb``.
+
+:func:`explore_point` prices one selection (model, TP, arch, max_num_batched_tokens, KV-cache dtype, prompt length,
+number of prompts, strategy) with the analytic model -- padded head count and workspace bytes from
+:func:`mla_lab.buffers.memory_account`, TTFT per strategy from :func:`mla_lab.ttft.predict_ttft` -- and picks the
+measured rows of ``data/measured`` that match the selection. :class:`Explorer` wraps it in ipywidgets controls
+whose changes re-render the outputs in place (no cell re-runs). Everything the widgets show is in the dict that
+:meth:`Explorer.update` returns, so tests drive it headless.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import io
+
+from .arch import ARCHS, get_arch
+from .buffers import MIB, STRATEGIES, kv_tokens_lost, memory_account, padded_num_heads
+from .models import KV_CACHE_DTYPES, load_model, model_names
+from .workload import Workload
+
+__all__ = ["explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS", "CONTROL_OPTIONS"]
+
+# Columns a measured row must agree on to be shown beside the modelled numbers of a selection.
+MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len", "num_prompts")
+CONTROL_OPTIONS = {
+    "max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536],
+    "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
+    "num_prompts": (1, 256),
+}
+_STRAT_COLORS = {"unfused": "#7f7f7f", "fused": "#1f77b4", "kernel_native": "#2ca02c"}
+
+
+def tp_options(model: str) -> list[int]:
+    """TP sizes offered for ``model``: powers of two up to 64 that divide its ``num_attention_heads``."""
+    heads = load_model(model).num_attention_heads
+    return [tp for tp in (1, 2, 4, 8, 16, 32, 64) if heads % tp == 0]
+
+
+@functools.lru_cache(maxsize=512)
+def _ttft(model: str, tp: int, arch: str, mbt: int, kv: str, prompt_len: int, num_prompts: int, strategy: str):
+    from .ttft import predict_ttft
+
+    r = predict_ttft(model, tp, arch, Workload(prompt_len, num_prompts), mbt, strategy, kv)
+    return r["ttft_ms_mean"], r["ttft_ms_max"], r["num_steps"], r["scope"]
+
+
+def _match_measured(measured, sel: dict):
+    """Rows of ``measured`` agreeing with ``sel`` on every :data:`MATCH_KEYS` column the frame has."""
+    if measured is None or len(measured) == 0:
+        return None
+    d = measured
+    if "status" in d.columns:
+        d = d[d["status"].fillna("ok") == "ok"]
+    for k in MATCH_KEYS:
+        if k in d.columns:
+            d = d[d[k].astype(str) == str(sel[k])]
+    return d.reset_index(drop=True) if len(d) else None
+
+
+def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batched_tokens: int = 16384,
+                  kv_cache_dtype: str = "bf16", prompt_len: int = 1024, num_prompts: int = 32,
+                  strategy: str = "fused", measured=None) -> dict:
+    """Price one selection with the analytic model (instant) and attach matching measured rows.
+
+    Args:
+        model, tp, arch, max_num_batched_tokens, kv_cache_dtype, prompt_len, num_prompts: the selection (all
+            prompts arrive together; concurrency = num_prompts, as in the PR's benchmark).
+        strategy: the strategy whose workspace the headline numbers describe (TTFT is given for every strategy).
+        measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.load_measured`) or None.
+
+    Returns:
+        dict with ``num_heads`` (per rank), ``prefill_padding``, ``padded_heads`` (the workspace heads vLLM's rule
+        gives: H' for bf16, H for fp8), ``workspace_bytes``/``workspace_mib`` (persistent Q workspace of
+        ``strategy``), ``extra_bytes``/``extra_mib`` (vs unfused), ``kv_tokens_lost``, ``per_strategy`` (list of
+        dicts: strategy, persistent_bytes, workspace_mib, peak_bytes, ttft_ms, ttft_ms_max, ttft_change_pct,
+        measured_ttft_ms or None), ``ttft_scope``, ``num_steps``, ``measured`` (matching rows or None) and
+        ``selection``.
+
+    Raises:
+        ValueError: anything the model, arch, padding or TTFT functions reject (e.g. TP not dividing the heads).
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not known; allowed: {list(STRATEGIES)}")
+    m = load_model(model)
+    a = get_arch(arch)
+    H = m.heads_per_rank(tp)
+    sel = {"model": model, "tp": tp, "arch": a.name, "max_num_batched_tokens": max_num_batched_tokens,
+           "kv_cache_dtype": kv_cache_dtype, "prompt_len": prompt_len, "num_prompts": num_prompts,
+           "strategy": strategy}
+    meas = _match_measured(measured, sel)
+    accounts = {s: memory_account(s, H, max_num_batched_tokens, a, kv_cache_dtype, head_size=m.head_size, d_v=m.d_v)
+                for s in STRATEGIES}
+    base_bytes = accounts["unfused"].persistent_bytes
+    rows, base_ttft = [], None
+    scope, steps = None, None
+    for s in STRATEGIES:
+        ttft, ttft_max, steps, scope = _ttft(model, tp, a.name, max_num_batched_tokens, kv_cache_dtype, prompt_len,
+                                             num_prompts, s)
+        if s == "unfused":
+            base_ttft = ttft
+        mrow = None
+        if meas is not None and "strategy" in meas.columns and "ttft_ms" in meas.columns:
+            ms = meas[meas["strategy"] == s]["ttft_ms"].dropna()
+            mrow = float(ms.median()) if len(ms) else None
+        acc = accounts[s]
+        rows.append({"strategy": s, "q_concat_heads": acc.q_concat_heads, "kernel_heads": acc.kernel_heads,
+                     "persistent_bytes": acc.persistent_bytes, "workspace_mib": acc.persistent_bytes / MIB,
+                     "extra_mib": (acc.persistent_bytes - base_bytes) / MIB, "peak_bytes": acc.peak_bytes,
+                     "ttft_ms": ttft, "ttft_ms_max": ttft_max, "measured_ttft_ms": mrow})
+    for r in rows:
+        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] - base_ttft) / base_ttft
+    chosen = accounts[strategy]
+    extra = chosen.persistent_bytes - base_bytes
+    return {
+        "selection": sel,
+        "num_heads": H,
+        "prefill_padding": a.prefill_padding,
+        "padded_heads": padded_num_heads(H, a, kv_cache_dtype),
+        "workspace_bytes": chosen.persistent_bytes,
+        "workspace_mib": chosen.persistent_bytes / MIB,
+        "extra_bytes": extra,
+        "extra_mib": extra / MIB,
+        "kv_tokens_lost": kv_tokens_lost(extra, m, kv_cache_dtype),
+        "per_strategy": rows,
+        "ttft_scope": scope,
+        "num_steps": steps,
+        "measured": meas,
+    }
+
+
+def render_chart(result: dict, dpi: int = 90) -> bytes:
+    """PNG bytes of a two-panel chart: persistent Q workspace (MiB) and TTFT (ms) per strategy; the selected
+    strategy is outlined, measured TTFTs (when present) are black diamonds beside the modelled bars."""
+    from matplotlib.figure import Figure
+
+    rows = result["per_strategy"]
+    chosen = result["selection"]["strategy"]
+    names = [r["strategy"] for r in rows]
+    colors = [_STRAT_COLORS.get(n, "k") for n in names]
+    fig = Figure(figsize=(7.4, 2.8), dpi=dpi, layout="constrained")
+    ax_m, ax_t = fig.subplots(1, 2)
+    x = list(range(len(rows)))
+    lw = [2.4 if n == chosen else 0.0 for n in names]
+    ax_m.bar(x, [r["workspace_mib"] for r in rows], color=colors, edgecolor="black", linewidth=lw)
+    ax_m.set_title("persistent Q workspace per rank", fontsize=10)
+    ax_m.set_ylabel("MiB")
+    ax_t.bar(x, [r["ttft_ms"] for r in rows], color=colors, edgecolor="black", linewidth=lw, label="modelled")
+    mx = [(i, r["measured_ttft_ms"]) for i, r in enumerate(rows) if r["measured_ttft_ms"] is not None]
+    if mx:
+        ax_t.plot([i + 0.3 for i, _ in mx], [v for _, v in mx], "D", color="black", ms=7, label="measured")
+        ax_t.legend(fontsize=8, loc="lower right")
+    ax_t.set_title(f"mean TTFT ({result['ttft_scope']}, modelled)", fontsize=10)
+    ax_t.set_ylabel("ms")
+    for ax in (ax_m, ax_t):
+        ax.set_xticks(x, names, fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def _fmt_int(n) -> str:
+    return f"{int(round(n)):,}"
+
+
+def summary_html(result: dict) -> str:
+    """The headline numbers and the per-strategy table of :func:`explore_point` as HTML."""
+    sel = result["selection"]
+    e = html.escape
+    head = (f"<b>{e(sel['model'])}</b>, TP {sel['tp']}, {e(sel['arch'])} (prefill_padding {result['prefill_padding']}),"
+            f" {e(sel['kv_cache_dtype'])} KV cache, max_num_batched_tokens {_fmt_int(sel['max_num_batched_tokens'])},"
+            f" {sel['num_prompts']} x {_fmt_int(sel['prompt_len'])}-token prompts")
+    facts = [
+        ("heads per rank -> padded heads", f"{result['num_heads']} -> {result['padded_heads']}"),
+        (f"Q workspace ({e(sel['strategy'])})",
+         f"{_fmt_int(result['workspace_bytes'])} B = {result['workspace_mib']:.1f} MiB"),
+        ("extra vs unfused", f"{_fmt_int(result['extra_bytes'])} B = {result['extra_mib']:.1f} MiB"),
+        ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"])),
+        ("chunked-prefill steps", str(result["num_steps"])),
+    ]
+    facts_html = "".join(f"<tr><td>{k}</td><td style='text-align:right'><b>{v}</b></td></tr>" for k, v in facts)
+    cells = []
+    for r in result["per_strategy"]:
+        meas = "-" if r["measured_ttft_ms"] is None else f"{r['measured_ttft_ms']:.2f}"
+        style = " style='font-weight:bold;background:#eef4fb'" if r["strategy"] == sel["strategy"] else ""
+        cells.append(f"<tr{style}><td>{e(r['strategy'])}</td><td>{r['q_concat_heads']}</td>"
+                     f"<td>{r['workspace_mib']:.1f}</td><td>{r['ttft_ms']:.2f}</td>"
+                     f"<td>{r['ttft_change_pct']:+.2f}%</td><td>{meas}</td></tr>")
+    table = ("<table><tr><th>strategy</th><th>workspace heads</th><th>workspace MiB</th>"
+             "<th>TTFT ms (modelled)</th><th>vs unfused</th><th>TTFT ms (measured)</th></tr>"
+             + "".join(cells) + "</table>")
+    note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.ttft.predict_ttft);"
+            " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
+    return f"<div>{head}<table>{facts_html}</table>{table}{note}</div>"
+
+
+def measured_html(result: dict) -> str:
+    """The measured rows matching the selection (with their provenance), or a line saying there are none."""
+    meas = result["measured"]
+    if meas is None or len(meas) == 0:
+        return ("<i>No measured rows in data/measured for this selection: the numbers above are modelled.</i>")
+    cols = [c for c in ("strategy", "ttft_ms", "ttft_change_pct", "extra_persistent_mib", "peak_bytes", "device",
+                        "torch", "flash_mla", "git_commit", "timestamp", "file") if c in meas.columns]
+    return f"<b>Measured rows for this selection ({len(meas)})</b>" + meas[cols].to_html(index=False, float_format=
+                                                                                          lambda v: f"{v:.2f}")
+
+
+class Explorer:
+    """ipywidgets controls + outputs around :func:`explore_point`; every control change calls :meth:`update`.
+
+    Args:
+        measured: DataFrame of measured rows; default :func:`mla_lab.report.load_measured` (``data/measured``).
+        **initial: initial control values (names as :func:`explore_point`'s arguments).
+
+    Attributes:
+        controls: dict name -> widget; summary, measured_out: HTML widgets; chart: Image widget (PNG);
+        result: the last :func:`explore_point` dict (or None after an error); error: the last error message or "".
+        widget: the assembled VBox (displaying the Explorer displays it).
+    """
+
+    def __init__(self, measured=None, **initial):
+        import ipywidgets as W
+
+        if measured is None:
+            from .report import load_measured
+
+            measured = load_measured()
+        self.measured = measured
+        models = model_names()
+        model = initial.get("model", "glm-5" if "glm-5" in models else models[0])
+        style = {"description_width": "170px"}
+        lay = W.Layout(width="420px")
+        self.controls = {
+            "model": W.Dropdown(options=models, value=model, description="model", style=style, layout=lay),
+            "tp": W.Dropdown(options=tp_options(model), value=initial.get("tp", 8), description="TP size",
+                             style=style, layout=lay),
+            "arch": W.Dropdown(options=sorted(ARCHS), value=get_arch(initial.get("arch", "h200")).name,
+                               description="GPU architecture", style=style, layout=lay),
+            "max_num_batched_tokens": W.SelectionSlider(
+                options=CONTROL_OPTIONS["max_num_batched_tokens"], value=initial.get("max_num_batched_tokens", 16384),
+                description="max_num_batched_tokens", continuous_update=False, style=style, layout=lay),
+            "kv_cache_dtype": W.ToggleButtons(options=list(KV_CACHE_DTYPES), value=initial.get("kv_cache_dtype", "bf16"),
+                                              description="KV-cache dtype", style=style),
+            "prompt_len": W.SelectionSlider(options=CONTROL_OPTIONS["prompt_len"], value=initial.get("prompt_len", 1024),
+                                            description="prompt length", continuous_update=False, style=style,
+                                            layout=lay),
+            "num_prompts": W.BoundedIntText(value=initial.get("num_prompts", 32), min=CONTROL_OPTIONS["num_prompts"][0],
+                                            max=CONTROL_OPTIONS["num_prompts"][1], description="num_prompts",
+                                            style=style, layout=lay),
+            "strategy": W.ToggleButtons(options=list(STRATEGIES), value=initial.get("strategy", "fused"),
+                                        description="strategy", style=style),
+        }
+        self.summary = W.HTML()
+        self.chart = W.Image(format="png")
+        self.measured_out = W.HTML()
+        self.result: dict | None = None
+        self.error = ""
+        self._hold = False
+        self.controls["model"].observe(self._on_model, names="value")
+        for name, c in self.controls.items():
+            if name != "model":
+                c.observe(self._on_change, names="value")
+        self.widget = W.VBox([W.HBox([W.VBox(list(self.controls.values())[:4]),
+                                      W.VBox(list(self.controls.values())[4:])]),
+                              self.summary, self.chart, self.measured_out])
+        self.update()
+
+    def values(self) -> dict:
+        """The current control values (the arguments of :func:`explore_point`)."""
+        return {k: c.value for k, c in self.controls.items()}
+
+    def _on_model(self, change):
+        tp = self.controls["tp"]
+        opts = tp_options(change["new"])
+        outer = self._hold
+        self._hold = True
+        try:
+            keep = tp.value if tp.value in opts else (8 if 8 in opts else opts[-1])
+            tp.options = opts
+            tp.value = keep
+        finally:
+            self._hold = outer
+        if not outer:
+            self.update()
+
+    def _on_change(self, change):
+        if not self._hold:
+            self.update()
+
+    def set(self, **values) -> dict:
+        """Set several controls as a user would (a model change re-offers TP sizes), then render once; returns
+        :attr:`result`.
+
+        Raises:
+            ValueError: an unknown control name, or a value its widget does not offer.
+        """
+        unknown = sorted(set(values) - set(self.controls))
+        if unknown:
+            raise ValueError(f"unknown control(s) {unknown}; allowed: {list(self.controls)}")
+        self._hold = True
+        try:
+            if "model" in values:
+                self.controls["model"].value = values.pop("model")  # its observer re-offers the TP sizes
+            for k, v in values.items():
+                opts = getattr(self.controls[k], "options", None)
+                if opts is not None and v not in opts:
+                    raise ValueError(f"{k}={v!r} is not offered; allowed: {list(opts)}")
+                self.controls[k].value = v
+        except Exception as e:  # traitlets raises TraitError for out-of-range values
+            if isinstance(e, ValueError):
+                raise
+            raise ValueError(f"cannot set {values}: {e}") from None
+        finally:
+            self._hold = False
+        self.update()
+        return self.result
+
+    def update(self) -> dict | None:
+        """Recompute from the controls and re-render the outputs in place. A rejected selection is shown as an error
+        message (``error``) instead of raising."""
+        try:
+            self.result = explore_point(**self.values(), measured=self.measured)
+            self.error = ""
+        except ValueError as e:
+            self.result, self.error = None, str(e)
+            self.summary.value = f"<b style='color:#b00'>Cannot price this selection:</b> {html.escape(self.error)}"
+            self.chart.value = b""
+            self.measured_out.value = ""
+            return None
+        self.summary.value = summary_html(self.result)
+        self.chart.value = render_chart(self.result)
+        self.measured_out.value = measured_html(self.result)
+        return self.result
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
