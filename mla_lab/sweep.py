@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .arch import detect_arch, get_arch
+from .arch import detect_arch, get_arch  # noqa: F401 (detect_arch: looked up here by executors.LocalExecutor)
 from .buffers import MIB, STRATEGIES, kv_tokens_lost, memory_account
 from .models import load_model, normalize_kv_cache_dtype
 from .provenance import provenance
@@ -44,6 +44,10 @@ class SweepParams:
         store_dir: where point files go; data_file: the tidy CSV written at the end; report_dir: charts.
         check_equivalence: run fused and unfused on small CPU shapes and compare outputs.
         force: recompute points already stored.
+        executor: ``local`` (points in this process, the default) or ``ray`` (points as Ray tasks:
+            :mod:`mla_lab.executors`; needs the ``ray`` extra).
+        ray_address: Ray cluster to join with ``executor="ray"`` (``auto``, ``host:6379``, ``ray://host:10001``);
+            null starts a local Ray instance.
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
@@ -61,6 +65,8 @@ class SweepParams:
     report_dir: str = "reports"
     check_equivalence: bool = True
     force: bool = False
+    executor: str = "local"
+    ray_address: str | None = None
 
 
 DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
@@ -123,7 +129,24 @@ def validate_params(raw: dict) -> SweepParams:
     for k in ("check_equivalence", "force"):
         if not isinstance(p[k], bool):
             raise ValueError(f"{k}={p[k]!r} must be true or false")
+    _validate_executor(p)
     return SweepParams(**p)
+
+
+def _validate_executor(p: dict) -> None:
+    from .executors import EXECUTORS, RAY_INSTALL_HINT, ray_available
+
+    if p["executor"] not in EXECUTORS:
+        raise ValueError(f"executor={p['executor']!r} is not allowed; allowed: {list(EXECUTORS)}")
+    addr = p["ray_address"]
+    if addr is not None and (not isinstance(addr, str) or not addr.strip()):
+        raise ValueError(f"ray_address={addr!r} must be a Ray address string (auto, host:6379, ray://host:10001) "
+                         "or null")
+    if addr is not None and p["executor"] != "ray":
+        raise ValueError(f"ray_address={addr!r} is only used with executor='ray' (executor={p['executor']!r})")
+    if p["executor"] == "ray" and not ray_available():
+        raise ValueError(f"executor='ray' needs the optional ray package, which is not installed here; install it "
+                         f"with {RAY_INSTALL_HINT}")
 
 
 def expand_grid(params: SweepParams) -> list[dict]:
@@ -206,7 +229,7 @@ def _resolve_device(device: str) -> str:
     return device
 
 
-def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None) -> "object":
+def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None, executor=None) -> "object":
     """Run (or resume) the sweep; returns a pandas DataFrame of every stored row of this grid.
 
     Each point is written atomically when it completes; points already stored with ``status="ok"`` for this code
@@ -214,21 +237,39 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None
     and the sweep goes on; a later run retries failed points (an OOM on a shared GPU may not recur). Progress (points
     done / total, elapsed, ETA) goes to stderr when ``progress``. ``measure_fn(point) -> rows`` adds measured rows on
     a GPU (default :func:`mla_lab.bench.measure_point`).
+
+    Points run on ``params.executor`` (:mod:`mla_lab.executors`: ``local`` in this process, or ``ray`` tasks on
+    ``params.ray_address``), or on ``executor`` when given (an executor object the caller owns and closes). Either
+    way this process writes every point to the store as it completes (same keys, no duplicates, failures recorded).
     """
-    import pandas as pd
+    from .executors import make_executor
 
     if isinstance(params, dict):
         params = validate_params(params)
     store = ResultStore(_abs(params.store_dir))
-    device = _resolve_device(params.device)
-    gpu = detect_arch() if device == "cuda" else None
+    own = executor is None
+    ex = make_executor(params.executor, address=params.ray_address) if own else executor
+    try:
+        return _run_points(params, store, ex, progress, measure_fn)
+    finally:
+        if own:
+            ex.close()
+
+
+def _run_points(params: SweepParams, store: ResultStore, ex, progress: bool, measure_fn) -> "object":
+    import pandas as pd
+
+    from .executors import PointTask
+
+    device = ex.resolve_device(params.device)
+    gpu = ex.detect_gpu() if device == "cuda" else None
     version = code_version()
     tasks = []
     for pt in expand_grid(params):
         tasks.append((pt, "modelled"))
         if gpu and gpu["arch"] and get_arch(pt["arch"]).family == get_arch(gpu["arch"]).family:
             tasks.append((pt, "measured"))
-    keys, t0, done = [], time.time(), 0
+    t0, done = time.time(), 0
     todo = [(pt, mode, point_key({**pt, "mode": mode}, version)) for pt, mode in tasks]
     store.clean_stale_tmp()  # writes cut short by a killed sweep (never visible as points)
     status = {k: store.status(k) for _, _, k in todo}
@@ -240,23 +281,23 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None
                 (f", {n_unreadable} unreadable (recomputed)" if n_unreadable else "")
         print(f"[mla-lab] {len(todo)} point(s), {len(skip)} already stored{extra}, code {version}, device {device}",
               file=sys.stderr, flush=True)
-    for i, (pt, mode, key) in enumerate(todo, 1):
-        keys.append(key)
-        if key in skip:
-            continue
+        if ex.name != "local":
+            print(f"[mla-lab] executor {ex.describe()}", file=sys.stderr, flush=True)
+    keys = [key for _, _, key in todo]
+    run = [PointTask(pt, mode, key) for pt, mode, key in todo if key not in skip]
+    # results arrive as points complete (grid order for local, completion order for ray); this process writes them
+    for res in ex.run(run, measure_fn=measure_fn, driver_version=version):
+        pt, mode, key = res.task.point, res.task.mode, res.task.key
         try:
-            if mode == "modelled":
-                rows = price_point(pt)
-            else:
-                if measure_fn is None:
-                    from .bench import measure_point as measure_fn
-                rows = measure_fn(pt)
+            if res.error is not None:
+                raise _PointError(res.error)
+            rows = res.rows
             for r in rows:
                 r["point_key"] = key
                 r["code_version"] = version
             store.write(key, {**pt, "mode": mode}, rows)
         except Exception as e:  # recorded, not fatal: the sweep goes on
-            reason = f"{type(e).__name__}: {e}"
+            reason = str(e) if isinstance(e, _PointError) else f"{type(e).__name__}: {e}"
             store.write(key, {**pt, "mode": mode, "source": mode, "code_version": version}, [], status="failed",
                         reason=reason)
             if progress:
@@ -267,8 +308,8 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None
             el = time.time() - t0
             left = len(todo) - len(skip) - done
             eta = el / done * left
-            print(f"[mla-lab] {i}/{len(todo)} points  elapsed {el:.1f}s  ETA {eta:.1f}s", file=sys.stderr,
-                  flush=True)
+            print(f"[mla-lab] {len(skip) + done}/{len(todo)} points  elapsed {el:.1f}s  ETA {eta:.1f}s",
+                  file=sys.stderr, flush=True)
     df = pd.DataFrame(store.rows(keys))
     out = _abs(params.data_file)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -276,6 +317,10 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, measure_fn=None
     df.to_csv(tmp, index=False)
     tmp.replace(out)
     return df
+
+
+class _PointError(Exception):
+    """A point's own error as the executor reported it (``"<ExceptionType>: <message>"``)."""
 
 
 def _abs(p: str) -> Path:

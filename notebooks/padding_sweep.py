@@ -38,6 +38,8 @@ data_file = "data/padding_sweep.csv"
 report_dir = "reports"
 check_equivalence = True
 force = False
+executor = "local"  # "local" (this kernel) or "ray" (Ray tasks; pip install 'mla_lab[ray]')
+ray_address = None  # with executor="ray": None starts a local Ray instance; "auto" / "host:6379" joins a cluster
 # Set by `mla-lab sweep` (not sweep parameters): where this run's figures go, and the run's id.
 figure_dir = None  # None: <report_dir>/figures
 run_id = None

@@ -8,7 +8,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 # pip name -> conda-forge name where they differ
-CONDA_NAMES = {"torch": "pytorch"}
+CONDA_NAMES = {"torch": "pytorch", "ray": "ray-core"}
 PIP_ONLY = {"tokenspeed-flashmla"}  # not on conda-forge: listed in the environment's pip section
 
 

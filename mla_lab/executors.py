@@ -1,0 +1,317 @@
+"""Where sweep points run: in this process (``local``, the default) or as Ray tasks (``ray``), on a local Ray
+instance or an existing cluster.
+
+The driver (:func:`mla_lab.sweep.run_sweep`) owns the store: an executor only computes rows and hands each finished
+point back, as it finishes, to the driver, which writes it with :meth:`mla_lab.store.ResultStore.write` (atomic,
+one file per point key, so the same keys, no duplicates and per-point failures whatever the executor). Workers never
+touch the store.
+
+- :class:`LocalExecutor`: the in-process loop, points in grid order (the behaviour before executors existed).
+- :class:`RayExecutor`: one ``ray.remote`` task per point, ``num_gpus=0`` for modelled points and ``num_gpus=1``
+  (``gpus_per_measured``) for measured ones, each measured task in a fresh worker process (Ray's ``max_calls=1``
+  for GPU tasks: the CUDA context and caching allocator of one point never leak into the next). Results stream
+  back with ``ray.wait`` in completion order, at most ``max_in_flight`` tasks submitted at once.
+
+A point that raises in a worker comes back as an error string ``"<ExceptionType>: <message>"`` (the same text as
+in the local loop); a task Ray itself loses (worker killed, node gone) comes back as the Ray error's type and
+message. A worker whose :func:`mla_lab.store.code_version` differs from the driver's (an out-of-date install on a
+cluster node) fails its point instead of storing rows under the driver's key.
+
+Ray stays optional: importing this module (or :mod:`mla_lab`) never imports ray; :func:`make_executor` with
+``"ray"`` raises an ImportError naming the extra to install when ray is missing.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+__all__ = ["EXECUTORS", "PointTask", "PointResult", "compute_point", "LocalExecutor", "RayExecutor",
+           "make_executor", "ray_available", "RAY_INSTALL_HINT"]
+
+EXECUTORS = ("local", "ray")
+RAY_INSTALL_HINT = "pip install 'mla_lab[ray]' (or: pip install 'ray>=2.9')"
+
+
+@dataclass(frozen=True)
+class PointTask:
+    """One unit of work: a grid point, its mode (``modelled`` | ``measured``) and its store key."""
+
+    point: dict
+    mode: str
+    key: str
+
+
+@dataclass
+class PointResult:
+    """What came back for one task: ``rows`` (``status == "ok"``) or ``error`` (``status == "failed"``)."""
+
+    task: PointTask
+    rows: list = field(default_factory=list)
+    error: str | None = None
+    host: str = ""
+    seconds: float = 0.0
+
+    @property
+    def status(self) -> str:
+        return "failed" if self.error is not None else "ok"
+
+
+def compute_point(point: dict, mode: str, measure_fn: Callable | None = None, driver_version: str | None = None
+                  ) -> dict:
+    """Compute one point's rows where this runs (the driver for ``local``, a Ray worker for ``ray``).
+
+    Never raises for a point's own error: returns ``{"rows", "error", "host", "seconds", "code_version"}`` with
+    ``error = "<ExceptionType>: <message>"`` (None when it worked). ``driver_version``: the driver's
+    :func:`~mla_lab.store.code_version`; a different version here fails the point.
+    """
+    from .store import code_version
+
+    t0 = time.perf_counter()
+    version = code_version()
+    out = {"rows": [], "error": None, "host": socket.gethostname(), "code_version": version}
+    try:
+        if driver_version is not None and version != driver_version:
+            raise RuntimeError(f"worker on {out['host']} runs mla_lab code {version}, the driver {driver_version}: "
+                               "install the driver's commit on every node (or pass runtime_env working_dir)")
+        if mode == "modelled":
+            from .sweep import price_point
+
+            out["rows"] = price_point(point)
+        elif mode == "measured":
+            if measure_fn is None:
+                from .bench import measure_point as measure_fn
+            out["rows"] = measure_fn(point)
+        else:
+            raise ValueError(f"mode={mode!r} is not known; allowed: ['modelled', 'measured']")
+    except Exception as e:  # recorded by the driver, not fatal
+        out["rows"], out["error"] = [], f"{type(e).__name__}: {e}"
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _result(task: PointTask, out: dict) -> PointResult:
+    return PointResult(task, rows=out["rows"], error=out["error"], host=out["host"], seconds=out["seconds"])
+
+
+class LocalExecutor:
+    """Points in this process, one after the other, in the order given (the default)."""
+
+    name = "local"
+
+    def resolve_device(self, device: str) -> str:
+        """``auto`` -> ``cuda`` when torch sees a GPU here, else ``cpu``; ``cuda`` without a GPU is a ValueError."""
+        from .sweep import _resolve_device
+
+        return _resolve_device(device)
+
+    def detect_gpu(self) -> dict | None:
+        """:func:`mla_lab.arch.detect_arch` of this process's GPU (looked up through :mod:`mla_lab.sweep`, where it
+        was called before executors existed)."""
+        from .sweep import detect_arch
+
+        return detect_arch()
+
+    def run(self, tasks: Iterable[PointTask], measure_fn: Callable | None = None,
+            driver_version: str | None = None) -> Iterator[PointResult]:
+        # driver_version is not checked: this process is the driver, its code is the driver's by definition
+        for t in tasks:
+            yield _result(t, compute_point(t.point, t.mode, measure_fn))
+
+    def describe(self) -> str:
+        return "local (in-process)"
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def ray_available() -> bool:
+    """ray can be imported here (checked without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("ray") is not None
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError(f"executor='ray' needs the optional ray package, which is not installed here ({e}); "
+                          f"install it with {RAY_INSTALL_HINT}") from None
+    return ray
+
+
+class RayExecutor:
+    """Points as Ray tasks on a local Ray instance or an existing cluster.
+
+    Args:
+        address: ``None`` starts (or reuses) a local Ray instance; ``"auto"`` or ``"ray://host:10001"`` /
+            ``"host:6379"`` joins an existing cluster (``ray start --head`` on the head node). If Ray is already
+            initialized in this process (e.g. by the notebook), it is reused as is and ``address`` is ignored.
+        num_cpus: CPUs of a *local* instance this executor starts (None: all of this machine's).
+        gpus_per_measured: ``num_gpus`` of a measured task (1: the lab measures one rank's share on one GPU).
+        cpus_per_task: ``num_cpus`` of every task (modelled tasks hold no GPU).
+        max_in_flight: tasks submitted but not yet collected (None: 2 x the cluster's CPUs + GPUs, at least 4).
+        max_retries: Ray re-runs of a task whose worker died (a point's own exception is never retried: it comes
+            back as the point's error). Ray's own default is 3; 1 here, so a crashing kernel costs two tries.
+        runtime_env: passed to ``ray.init`` (e.g. ``{"working_dir": "."}`` to ship this checkout to the nodes).
+        init_kwargs: more ``ray.init`` keyword arguments (``include_dashboard=False`` is the default here).
+
+    The executor shuts Ray down in :meth:`close` only if it started it.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None, num_cpus: int | None = None, gpus_per_measured: float = 1,
+                 cpus_per_task: float = 1, max_in_flight: int | None = None, max_retries: int = 1,
+                 runtime_env: dict | None = None, **init_kwargs):
+        self.ray = _import_ray()
+        if gpus_per_measured <= 0:
+            raise ValueError(f"gpus_per_measured={gpus_per_measured!r} must be > 0 (a measured point needs a GPU)")
+        self.address = address
+        self.num_cpus = num_cpus
+        self.gpus_per_measured = gpus_per_measured
+        self.cpus_per_task = cpus_per_task
+        self.max_in_flight = max_in_flight
+        self.max_retries = max_retries
+        self.runtime_env = runtime_env
+        self.init_kwargs = {"include_dashboard": False, "logging_level": "warning", **init_kwargs}
+        self._started = False
+        self._fns = None
+
+    # ------------------------------------------------------------------------------------------------ lifecycle
+    def _ensure_init(self):
+        ray = self.ray
+        if not ray.is_initialized():
+            kw = dict(self.init_kwargs)
+            if self.runtime_env is not None:
+                kw["runtime_env"] = self.runtime_env
+            if self.address is None and self.num_cpus is not None:
+                kw["num_cpus"] = self.num_cpus
+            ray.init(address=self.address, **kw)
+            self._started = True
+        if self._fns is None:
+            self._fns = {
+                "modelled": ray.remote(num_cpus=self.cpus_per_task, num_gpus=0,
+                                       max_retries=self.max_retries)(compute_point),
+                # num_gpus > 0: Ray runs each in a fresh worker (max_calls=1), explicit here
+                "measured": ray.remote(num_cpus=self.cpus_per_task, num_gpus=self.gpus_per_measured, max_calls=1,
+                                       max_retries=self.max_retries)(compute_point),
+            }
+        return ray
+
+    def close(self) -> None:
+        if self._started and self.ray.is_initialized():
+            self.ray.shutdown()
+        self._started = False
+        self._fns = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def resources(self) -> dict:
+        """The cluster's total resources (``CPU``, ``GPU``, ...)."""
+        return dict(self._ensure_init().cluster_resources())
+
+    def describe(self) -> str:
+        r = self.resources()
+        return f"ray ({self.address or 'local'}: {r.get('CPU', 0):g} CPU, {r.get('GPU', 0):g} GPU)"
+
+    # ------------------------------------------------------------------------------------------------ devices
+    def resolve_device(self, device: str) -> str:
+        """``auto`` -> ``cuda`` when the cluster has GPUs, else ``cpu``; ``cuda`` on a GPU-less cluster raises."""
+        gpus = self.resources().get("GPU", 0)
+        if device == "auto":
+            return "cuda" if gpus > 0 else "cpu"
+        if device == "cuda" and gpus <= 0:
+            raise ValueError("device='cuda' but the Ray cluster has no GPU resources; use device='auto' or 'cpu'")
+        return device
+
+    def detect_gpu(self, timeout_s: float = 600) -> dict | None:
+        """:func:`mla_lab.arch.detect_arch` as seen by a task holding one GPU (the cluster's GPUs are assumed to be
+        of one kind: measured rows are labelled with this arch)."""
+        ray = self._ensure_init()
+        fn = ray.remote(num_cpus=0, num_gpus=self.gpus_per_measured, max_calls=1)(_detect_arch_task)
+        return ray.get(fn.remote(), timeout=timeout_s)
+
+    # ------------------------------------------------------------------------------------------------ run
+    def run(self, tasks: Iterable[PointTask], measure_fn: Callable | None = None,
+            driver_version: str | None = None) -> Iterator[PointResult]:
+        """Submit the tasks (at most ``max_in_flight`` at once) and yield each result as it completes. On an
+        exception in the consumer (Ctrl-C) the tasks still pending are cancelled."""
+        ray = self._ensure_init()
+        queue = list(tasks)
+        if not queue:
+            return
+        limit = self.max_in_flight
+        if limit is None:
+            r = ray.cluster_resources()
+            limit = max(4, int(2 * (r.get("CPU", 0) + r.get("GPU", 0))))
+        mf = ray.put(measure_fn) if measure_fn is not None else None
+        pending: dict = {}
+        nxt = 0
+        try:
+            while nxt < len(queue) or pending:
+                while nxt < len(queue) and len(pending) < limit:
+                    t = queue[nxt]
+                    fn = self._fns.get(t.mode, self._fns["modelled"])
+                    pending[fn.remote(t.point, t.mode, mf, driver_version)] = t
+                    nxt += 1
+                ready, _ = ray.wait(list(pending), num_returns=1)
+                for ref in ready:
+                    t = pending.pop(ref)
+                    try:
+                        out = ray.get(ref)
+                    except Exception as e:  # the task itself was lost (worker died, node gone, cancelled)
+                        out = {"rows": [], "error": f"{type(e).__name__}: {_short(e)}", "host": "", "seconds": 0.0}
+                    yield _result(t, out)
+        finally:
+            for ref in pending:
+                try:
+                    ray.cancel(ref, force=True)
+                except Exception:
+                    pass
+
+
+def _detect_arch_task():
+    from mla_lab.arch import detect_arch
+
+    return detect_arch()
+
+
+def _short(e: Exception, limit: int = 2000) -> str:
+    s = str(e).strip()
+    return s if len(s) <= limit else s[:limit] + " ..."
+
+
+def make_executor(name: str = "local", address: str | None = None, **kwargs):
+    """Build an executor by name.
+
+    Args:
+        name: ``"local"`` (default) or ``"ray"``.
+        address: Ray cluster address (``ray`` only; None = local Ray instance).
+        kwargs: :class:`RayExecutor` options.
+
+    Raises:
+        ValueError: unknown name, or ``address``/options given for ``local``.
+        ImportError: ``"ray"`` while ray is not installed (names the extra to install).
+    """
+    if name == "local":
+        if address is not None or kwargs:
+            raise ValueError(f"executor='local' takes no address or options (got address={address!r}, {kwargs}); "
+                             "use executor='ray' for a Ray cluster")
+        return LocalExecutor()
+    if name == "ray":
+        return RayExecutor(address=address, **kwargs)
+    raise ValueError(f"executor={name!r} is not known; allowed: {list(EXECUTORS)}")
