@@ -41,11 +41,13 @@ __all__ = ["triton_available", "triton_interpreting", "concat_mla_q_triton", "DE
 D_NOPE = 512
 D_PE = 64
 
-#: Rows ((token, head) pairs) per program and warps per program. v1 used 16 rows / 4 warps (chosen before
-#: measuring); the H200 sweep of GPU run 1 (docs/perf-notes.md) found 4 rows / 4 warps fastest or within noise of
-#: the fastest at every shape with T >= 4096, so v2 uses that: 4.5 KiB read + 4.5 KiB written per program.
-DEFAULT_BLOCK_ROWS = 4
-DEFAULT_NUM_WARPS = 4
+#: Rows ((token, head) pairs) per program and warps per program. v1: 16 rows / 4 warps (chosen before measuring).
+#: GPU run 1's sweep -> 4 rows / 4 warps (v2 as measured in run 2's main table). GPU run 2's sweep of 17 variants at
+#: all 20 shapes (data/measured/h200/concat_bench_tune.csv) found 2 rows / 1 warp faster than 4 x 4 at each of the
+#: 15 shapes with T >= 4096 (by 0.6-1.9 points of the copy ceiling; 91.4-100% of it), so that is the default now:
+#: 2.25 KiB read + 2.25 KiB written per 32-thread program. See docs/perf-notes.md.
+DEFAULT_BLOCK_ROWS = 2
+DEFAULT_NUM_WARPS = 1
 
 
 def triton_available() -> tuple[bool, str | None]:
