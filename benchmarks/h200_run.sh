@@ -5,7 +5,7 @@
 set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
     .whl/tokenspeed_flashmla*.whl .whl/lab/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg JUPYTER_PATH=/tmp/site/share/jupyter  # nbconvert templates of the --target install
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch, triton, flash_mla; print(torch.__version__, triton.__version__, flash_mla.__file__)"
 python3 -c "from mla_lab.kernels import flash_mla_info; print(flash_mla_info())"

@@ -230,11 +230,17 @@ def measure_point(point: dict) -> list[dict]:
 
 
 def _analytic_call_peak(strategy: str, H: int, mbt: int, arch, T: int, model) -> int:
-    """Analytic extra bytes of one measured layer call at step size T: the pad tensor lives until the kernel has
-    run (pad + kernel outputs), then the real-head output is copied out (kernel outputs + contiguous copy)."""
+    """Analytic extra bytes of one measured layer call (``out[:, :H].contiguous()`` included) at step size T.
+
+    While the kernel runs, the pad tensor (unfused only) and the kernel's out ``[T,H',d_v]`` bf16, max_logits and lse
+    ``[T,H']`` fp32 are alive; the caller drops max_logits and lse, then copies the real heads out of the full
+    ``out`` (no copy when ``H' == H``: the slice is the whole, already contiguous tensor). Peak = the larger phase.
+    """
     acc = memory_account(strategy, H, mbt, arch, "bf16", num_tokens=T)
-    out_copy = T * H * model.d_v * 2
-    return max(acc.step_transient_bytes + acc.kernel_out_bytes, acc.kernel_out_bytes + out_copy)
+    kh = acc.kernel_heads
+    during_kernel = acc.step_transient_bytes + acc.kernel_out_bytes
+    during_copy = T * kh * model.d_v * 2 + T * H * model.d_v * 2 if kh > H else 0
+    return max(during_kernel, during_copy)
 
 
 def _per_step_attention(mod: dict) -> list[dict]:

@@ -44,4 +44,7 @@ def test_analytic_call_peak():
     T = 4096
     kernel_out = T * 64 * (512 * 2 + 8)
     assert _analytic_call_peak("unfused", 8, T, "hopper", T, glm) == T * 64 * 1152 + kernel_out
-    assert _analytic_call_peak("fused", 8, T, "hopper", T, glm) == kernel_out + T * 8 * 512 * 2
+    # fused: the copy phase (full out + real-head copy; max_logits and lse already dropped) is the larger one
+    assert _analytic_call_peak("fused", 8, T, "hopper", T, glm) == T * 64 * 512 * 2 + T * 8 * 512 * 2
+    # no padding (64 heads on Hopper): the slice is the whole tensor, no copy; peak = kernel outputs
+    assert _analytic_call_peak("unfused", 64, T, "hopper", T, glm) == T * 64 * (512 * 2 + 8)
