@@ -14,6 +14,7 @@ Every row carries :func:`mla_lab.provenance.provenance` ``("measured")`` columns
 
 from __future__ import annotations
 
+import json
 import math
 
 from .arch import detect_arch, get_arch
@@ -154,6 +155,77 @@ def _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl,
     return ops
 
 
+def ttft_with_measured_attention(point: dict, step_attention_ms: list[float], strategy: str,
+                                 calibration=None) -> dict:
+    """TTFT of a sweep point from the current TTFT model (:func:`mla_lab.ttft.predict_ttft`, default scope) with each
+    step's modelled attention path replaced by the measured one.
+
+    Args:
+        point: sweep point (model, tp, arch, max_num_batched_tokens, prompt_len, num_prompts, concurrency).
+        step_attention_ms: measured attention path per layer for every step, ms (len = number of steps).
+        strategy: ``unfused`` | ``fused``.
+
+    Returns ``{"ttft_ms", "ttft_ms_max", "ttft_ms_list", "scope"}`` (scope names the model scope and says the
+    attention path is measured).
+
+    Raises:
+        ValueError: ``step_attention_ms`` does not have one entry per step.
+    """
+    from .ttft import predict_ttft
+
+    model = load_model(point["model"])
+    wl = Workload(point["prompt_len"], point["num_prompts"], point["concurrency"])
+    steps = schedule(wl, point["max_num_batched_tokens"])
+    if len(step_attention_ms) != len(steps):
+        raise ValueError(f"step_attention_ms has {len(step_attention_ms)} entries; the workload has {len(steps)} "
+                         "steps")
+    mod = predict_ttft(model, point["tp"], point["arch"], wl, point["max_num_batched_tokens"], strategy,
+                       point.get("kv_cache_dtype", "bf16"), calibration)
+    mod_attn = [sum(v for k, v in ops.items() if k in OPS) for ops in _per_step_attention(mod)]
+    elapsed, ttfts = 0.0, []
+    for st, step_ms, ma, me in zip(steps, mod["step_ms"], mod_attn, step_attention_ms):
+        elapsed += step_ms - ma + me * model.num_hidden_layers
+        ttfts.extend([elapsed] * len(st.finished_prompts(point["prompt_len"])))
+    return {"ttft_ms": sum(ttfts) / len(ttfts), "ttft_ms_max": max(ttfts), "ttft_ms_list": ttfts,
+            "scope": f"{mod['scope']} (attention path measured)"}
+
+
+def recompute_measured_ttft(df):
+    """Re-derive the TTFT columns of measured sweep rows with the current TTFT model (the measured attention path
+    per step, ``attn_path_ms_steps``, stays as measured). Rows without the per-step list fall back to
+    ``attn_path_ms_step0`` only when every step of their workload has the same shape (same chunk positions), else
+    they are left unchanged and marked in ``ttft_note``. Returns a new DataFrame."""
+    import pandas as pd
+
+    out = df.copy()
+    if out.empty or "source" not in out.columns:
+        return out
+    out["ttft_note"] = out.get("ttft_note", pd.Series([""] * len(out), index=out.index)).fillna("")
+    for i, r in out[(out["source"] == "measured") & (out.get("status", "ok") == "ok")].iterrows():
+        point = {k: r[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "num_prompts",
+                                   "concurrency", "kv_cache_dtype")}
+        for k in ("tp", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency"):
+            point[k] = int(point[k])
+        steps = schedule(Workload(point["prompt_len"], point["num_prompts"], point["concurrency"]),
+                         point["max_num_batched_tokens"])
+        if isinstance(r.get("attn_path_ms_steps"), str) and r["attn_path_ms_steps"]:
+            meas = json.loads(r["attn_path_ms_steps"])
+        elif len({_step_signature(s, point["prompt_len"]) for s in steps}) == 1:
+            meas = [float(r["attn_path_ms_step0"])] * len(steps)
+        else:
+            out.at[i, "ttft_note"] = "steps differ and only step 0 was stored: TTFT left as measured then"
+            continue
+        t = ttft_with_measured_attention(point, meas, r["strategy"])
+        out.at[i, "ttft_ms"], out.at[i, "ttft_ms_max"], out.at[i, "ttft_scope"] = t["ttft_ms"], t["ttft_ms_max"], \
+            t["scope"]
+    meas_rows = out[out["source"] == "measured"]
+    for _, g in meas_rows.groupby(["model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype"]):
+        base = g[g["strategy"] == "unfused"]["ttft_ms"]
+        if len(base) == 1:
+            out.loc[g.index, "ttft_change_pct"] = 100.0 * (g["ttft_ms"] - base.iloc[0]) / base.iloc[0]
+    return out
+
+
 def _step_signature(step: Step, prompt_len: int) -> tuple:
     return tuple((s, n) for _, s, n in step.chunks)
 
@@ -169,8 +241,6 @@ def measure_point(point: dict) -> list[dict]:
         RuntimeError: no CUDA GPU; ValueError: the point's arch family differs from the running GPU's.
     """
     _require_cuda()
-    from .ttft import predict_ttft
-
     gpu = detect_arch()
     arch = get_arch(point["arch"])
     if gpu["prefill_padding"] != arch.prefill_padding:
@@ -195,15 +265,9 @@ def measure_point(point: dict) -> list[dict]:
     base_ttft = None
     base_mem = memory_account("unfused", H, mbt, arch, "bf16")
     for name in ("unfused", "fused"):
-        mod = predict_ttft(model, tp, arch, wl, mbt, name, "bf16")
-        mod_attn = [sum(v for k, v in ops.items() if k in OPS) for ops in _per_step_attention(mod)]
-        meas_attn = [m[name]["total"] * model.num_hidden_layers for m in per_step]
-        # replace the modelled attention path of each step with the measured one
-        elapsed, ttfts = 0.0, []
-        for st, step_ms, ma, me in zip(steps, mod["step_ms"], mod_attn, meas_attn):
-            elapsed += step_ms - ma + me
-            ttfts.extend([elapsed] * len(st.finished_prompts(L)))
-        ttft = sum(ttfts) / len(ttfts)
+        meas = [m[name]["total"] for m in per_step]
+        t = ttft_with_measured_attention(point, meas, name)
+        ttft, ttfts = t["ttft_ms"], t["ttft_ms_list"]
         if name == "unfused":
             base_ttft = ttft
         mem = memory_account(name, H, mbt, arch, "bf16")
@@ -216,10 +280,12 @@ def measure_point(point: dict) -> list[dict]:
             step_transient_bytes=mem.step_transient_bytes, kernel_out_bytes=mem.kernel_out_bytes,
             peak_bytes=mem.peak_bytes, extra_persistent_bytes=extra, extra_persistent_mib=extra / MIB,
             kv_tokens_lost=kv_tokens_lost(extra, model, "bf16"), ttft_ms=ttft, ttft_ms_max=max(ttfts),
-            num_steps=len(steps), ttft_scope=f"{mod['scope']} with measured attention path",
-            attn_path_ms_step0=first["total"], measured_peak_extra_bytes=first["peak_bytes"],
+            num_steps=len(steps), ttft_scope=t["scope"],
+            attn_path_ms_step0=first["total"], attn_path_ms_steps=json.dumps([round(x, 6) for x in meas]),
+            measured_peak_extra_bytes=first["peak_bytes"],
             analytic_peak_extra_bytes=_analytic_call_peak(name, H, mbt, arch, steps[0].num_tokens, model),
-            kernel_backend=per_step[0]["kernel_backend"], concat_backend=per_step[0]["concat_backend"], model_arch=arch.name, status="ok", reason="",
+            kernel_backend=per_step[0]["kernel_backend"], concat_backend=per_step[0]["concat_backend"],
+            model_arch=arch.name, status="ok", reason="",
             **{f"{op}_ms_step0": first.get(op, 0.0) for op in OPS},
         )
         row.update(prov)

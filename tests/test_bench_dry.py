@@ -48,3 +48,25 @@ def test_analytic_call_peak():
     assert _analytic_call_peak("fused", 8, T, "hopper", T, glm) == T * 64 * 512 * 2 + T * 8 * 512 * 2
     # no padding (64 heads on Hopper): the slice is the whole tensor, no copy; peak = kernel outputs
     assert _analytic_call_peak("unfused", 64, T, "hopper", T, glm) == T * 64 * (512 * 2 + 8)
+
+
+def test_measured_ttft_recombination_replaces_attention_path():
+    from mla_lab.bench import ttft_with_measured_attention
+    from mla_lab.ttft import predict_ttft
+    from mla_lab.workload import Workload, schedule
+
+    point = dict(model="glm-5", tp=8, arch="h200", max_num_batched_tokens=16384, prompt_len=1024, num_prompts=32,
+                 concurrency=32, kv_cache_dtype="bf16")
+    mod = predict_ttft("glm-5", 8, "h200", Workload(1024, 32, 32), 16384, "fused")
+    attn = [sum(v for k, v in ops.items() if k in ("concat", "pad", "kernel", "out_slice"))
+            for ops in mod["step_ops_ms"]]
+    n = len(schedule(Workload(1024, 32, 32), 16384))
+    # measured attention equal to the modelled one (per layer) reproduces the model's TTFT
+    same = ttft_with_measured_attention(point, [a / 78 for a in attn], "fused")
+    assert same["ttft_ms"] == pytest.approx(mod["ttft_ms_mean"], rel=1e-9)
+    # 1 ms more per layer per step adds 78 ms per step before each prompt's first token
+    plus = ttft_with_measured_attention(point, [a / 78 + 1.0 for a in attn], "fused")
+    assert plus["ttft_ms_max"] == pytest.approx(mod["ttft_ms_max"] + 78.0 * n, rel=1e-9)
+    assert "attention path measured" in plus["scope"]
+    with pytest.raises(ValueError, match="entries; the workload has"):
+        ttft_with_measured_attention(point, [1.0], "fused")
