@@ -64,6 +64,7 @@ def log(*a):
 # ------------------------------------------------------------------------------------------- Triton kernels
 # Defined lazily (after TRITON_INTERPRET is set for --dry-run).
 K = {}
+BROKEN: set = set()  # Triton kernels that failed their check: their ops are skipped
 
 
 def _define_kernels():
@@ -156,7 +157,7 @@ def mqa_logits(q, k, w, out, interp=False):
     return out
 
 
-def check_kernels(dev, dtype, interp):
+def check_kernels(dev, dtype, interp, with_mqa=True):
     """Compare the Triton kernels with torch on fresh random inputs (poisoned outputs). Returns [(name, err)]."""
     import torch
 
@@ -177,6 +178,8 @@ def check_kernels(dev, dtype, interp):
     silu_mul(xx, o)
     ref = torch.nn.functional.silu(xx[:, :70].float()) * xx[:, 70:].float()
     res.append(("silu_mul", float((o.float() - ref).norm() / ref.norm()), 0.0))
+    if not with_mqa:
+        return res
     T, NH, D = 40, 4, 32
     q = torch.randn(T, NH, D, device=dev, dtype=dtype, generator=g)
     kk = torch.randn(T, D, device=dev, dtype=dtype, generator=g)
@@ -216,7 +219,7 @@ class Timer:
 
 OPS_COLS = ["model", "tp", "moe_parallel", "ep", "T", "op", "op_class", "impl", "impl_detail", "dims", "dtype",
             "flops", "bytes", "ms", "status"]
-E2E_COLS = ["model", "tp", "moe_parallel", "ep", "T", "layer_kind", "strategy", "mode", "ms", "kernel_included",
+E2E_COLS = ["model", "tp", "moe_parallel", "ep", "T", "layer_kind", "strategy", "mode", "ms", "excluded_ops",
             "impl_detail", "status"]
 EXTRAS_COLS = ["experiment", "model", "tp", "T", "H", "Hp", "name", "ms", "flops", "bytes", "value", "unit", "note"]
 
@@ -352,6 +355,8 @@ class Layer:
             ov = out.view(T, H, m.v_head_dim).transpose(0, 1)
             return lambda: torch.bmm(x, self.W_UV, out=ov)
         if impl == "mqa_logits":
+            if "mqa_logits" in BROKEN:
+                return None
             q = rnd(T, m.index_n_heads, m.index_head_dim)
             k = rnd(T, m.index_head_dim)
             w = torch.rand(T, m.index_n_heads, device=dev, dtype=torch.float32)
@@ -419,6 +424,8 @@ class Layer:
             act = torch.empty(e_loc * M_e, two_i // 2, device=dev, dtype=dt)
             kloc = pairs // T
         have_kernel = self.kernel_fn is not None
+        have_mqa = "mqa_logits" not in BROKEN
+        excluded = [n for n, ok in (("kernel", have_kernel), ("idx_logits", have_mqa)) if not ok]
 
         def layer():
             rmsnorm(x, self.norm_w[h], xn, residual=res)
@@ -432,7 +439,8 @@ class Layer:
             iq = F.linear(qa_n, W["idx_wq_b"]).view(T, nih, dih)
             ik = F.linear(xn, W["idx_wk"])
             iw = F.linear(xn, W["idx_weights_proj"]).float()
-            mqa_logits(iq, ik, iw, logits, self.interp)
+            if have_mqa:
+                mqa_logits(iq, ik, iw, logits, self.interp)
             torch.topk(logits, kk, dim=-1, sorted=False)
             if strategy == "unfused":
                 buf = self.ws_unfused[:T]
@@ -471,7 +479,7 @@ class Layer:
                 F.linear(a, W["shared_down"])
             return routed
 
-        return layer, have_kernel
+        return layer, excluded
 
 
 def cuda_graphed(fn):
@@ -764,7 +772,7 @@ def fit_and_validate(out_dir, arch, prov_fit, models_by_name):
                   out_slice_copy=False)
         ops = [op for op in layer_ops(model, int(r["tp"]), arch, r["strategy"], int(r["T"]), **kw)
                if op.impl and not op.is_comm and op.name != "lm_head"
-               and (r.get("kernel_included") == "1" or op.name != "kernel")]
+               and op.name not in (r.get("excluded_ops") or "").split(";")]
         for split, c in [("in_sample", cal)] + ([("leave_model_out", held[r["model"]])] if r["model"] in held else []):
             pred = sum(op_time_ms(op, arch, c) for op in ops)
             lvl = "layer" if r.get("mode", "eager") == "eager" else "layer_graph"
@@ -899,12 +907,24 @@ def main(argv=None):
     sink_ops = CsvSink(out / OPS_CSV, prov, OPS_COLS)
     sink_e2e = CsvSink(out / E2E_CSV, prov, E2E_COLS)
     sink_x = CsvSink(out / EXTRAS_CSV, prov, EXTRAS_COLS)
-    for name, e, e2 in check_kernels(dev, dtype, interp):
+    try:
+        checks = check_kernels(dev, dtype, interp)
+    except Exception as e:
+        log(f"kernel checks raised {type(e).__name__}: {e}\n{traceback.format_exc()}")
+        checks = [("mqa_logits", float("nan"), 1.0)]
+        try:  # the simple kernels alone
+            checks = check_kernels(dev, dtype, interp, with_mqa=False) + checks
+        except Exception as e2:
+            raise SystemExit(f"Triton norm/silu kernels fail: {e2}") from None
+    for name, e, e2 in checks:
         tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
         ok = e < tol and e2 < tol
         sink_x.write({"experiment": "correctness", "name": name, "value": e, "note": f"aux={e2} tol={tol} ok={ok}"})
         log(f"check {name}: rel err {e:.2e} aux {e2:.2e} ok={ok}")
-        if not ok:
+        if not ok and name == "mqa_logits":
+            BROKEN.add("mqa_logits")
+            log("mqa_logits is wrong or failed: the idx_logits op is not timed and is left out of the e2e layer")
+        elif not ok:
             raise SystemExit(f"Triton kernel {name} is wrong (rel err {e}); refusing to time it")
 
     if args.dry_run:
@@ -993,20 +1013,20 @@ def main(argv=None):
                                     break
                                 st = "ok"
                                 try:
-                                    fn, have_k = layer.e2e(T, strategy, kind, var)
+                                    fn, excl = layer.e2e(T, strategy, kind, var)
                                     fn()
                                     if mode == "graph":
                                         fn = cuda_graphed(fn)
                                     ms = timer(fn)
                                     del fn
                                 except Exception as e:
-                                    ms, have_k, st = float("nan"), False, f"error {type(e).__name__}: {str(e)[:150]}"
+                                    ms, excl, st = float("nan"), [], f"error {type(e).__name__}: {str(e)[:150]}"
                                     log(f"e2e {kind} {strategy} {mode} {mname} tp={tp} T={T}: {st}")
                                     if gpu:
                                         torch.cuda.empty_cache()
                                 sink_e2e.write({"model": mname, "tp": tp, "moe_parallel": par, "ep": ep, "T": T,
                                                 "layer_kind": kind, "strategy": strategy, "mode": mode, "ms": ms,
-                                                "kernel_included": int(bool(have_k)),
+                                                "excluded_ops": ";".join(excl),
                                                 "impl_detail": f"{kernel_detail}; {concat_detail}", "status": st})
                 log(f"{mname} tp={tp} T={T}: {sink_ops.n} op rows, {sink_e2e.n} e2e rows")
             del layer
