@@ -26,9 +26,9 @@ report: $(VENV)/.stamp
 test: $(VENV)/.stamp
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-## JupyterLab on the notebooks
+## JupyterLab on notebooks/, opening the interactive explorer (LAB_ARGS: e.g. --no-browser --ip=0.0.0.0)
 lab: $(VENV)/.stamp
-	$(VENV)/bin/jupyter lab notebooks/
+	$(VENV)/bin/jupyter lab notebooks/explore.ipynb $(LAB_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -2,6 +2,7 @@
 
     mla-lab sweep [-f params.yaml] [-p name value ...] [--notebook PATH] [--report-name NAME] [--timeout S]
     mla-lab index [--report-dir DIR]
+    mla-lab check-report [HTML ...]     (headless Chromium: figures loaded and not blank, no JavaScript error)
 
 Parameters are validated before any kernel starts (unknown names, wrong types, empty grids are errors: papermill
 itself would silently inject them). ``-p`` values are parsed as YAML (``-p tp_sizes "[1, 8]"``, ``-p force true``).
@@ -155,7 +156,27 @@ def main(argv: list[str] | None = None) -> int:
     ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
     ix.add_argument("--report-dir", default="reports")
     ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
+    ck = sub.add_parser("check-report", help="render reports in headless Chromium: every figure loaded and not "
+                                             "blank, no JavaScript error")
+    ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"])
     args = ap.parse_args(argv)
+    if args.cmd == "check-report":
+        from .site import check_in_browser
+
+        bad = 0
+        for h in args.html:
+            try:
+                r = check_in_browser(h)
+            except RuntimeError as e:
+                print(f"mla-lab: error: {e}", file=sys.stderr)
+                return 1
+            inks = ", ".join(f"{100 * i['ink']:.1f}%" for i in r["images"])
+            print(f"mla-lab: {h}: {'ok' if r['ok'] else 'FAILED'} ({len(r['images'])} figure(s), non-background "
+                  f"pixels {inks or '-'}; screenshot {_rel(r['screenshot'])})")
+            for p in r["problems"]:
+                print(f"  - {p}")
+            bad += not r["ok"]
+        return 1 if bad else 0
     if args.cmd == "index":
         from .site import build_index, list_runs
 

@@ -138,19 +138,24 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
     chosen = result["selection"]["strategy"]
     names = [r["strategy"] for r in rows]
     colors = [_STRAT_COLORS.get(n, "k") for n in names]
-    fig = Figure(figsize=(7.4, 2.8), dpi=dpi, layout="constrained")
+    fig = Figure(figsize=(7.6, 3.0), dpi=dpi, layout="constrained")
     ax_m, ax_t = fig.subplots(1, 2)
     x = list(range(len(rows)))
     lw = [2.4 if n == chosen else 0.0 for n in names]
-    ax_m.bar(x, [r["workspace_mib"] for r in rows], color=colors, edgecolor="black", linewidth=lw)
-    ax_m.set_title("persistent Q workspace per rank", fontsize=10)
+    bars = ax_m.bar(x, [r["workspace_mib"] for r in rows], color=colors, edgecolor="black", linewidth=lw)
+    ax_m.bar_label(bars, labels=[f"{r['workspace_mib']:.0f}" for r in rows], fontsize=8, padding=2)
+    ax_m.margins(y=0.18)
+    ax_m.set_title("persistent Q workspace per rank\n(exact bytes)", fontsize=9.5)
     ax_m.set_ylabel("MiB")
-    ax_t.bar(x, [r["ttft_ms"] for r in rows], color=colors, edgecolor="black", linewidth=lw, label="modelled")
+    bars = ax_t.bar(x, [r["ttft_ms"] for r in rows], color=colors, edgecolor="black", linewidth=lw, label="modelled")
+    ax_t.bar_label(bars, labels=[f"{r['ttft_ms']:.0f} ({r['ttft_change_pct']:+.0f}%)" if r["strategy"] != "unfused"
+                                 else f"{r['ttft_ms']:.0f}" for r in rows], fontsize=8, padding=2)
+    ax_t.margins(y=0.18)
     mx = [(i, r["measured_ttft_ms"]) for i, r in enumerate(rows) if r["measured_ttft_ms"] is not None]
     if mx:
-        ax_t.plot([i + 0.3 for i, _ in mx], [v for _, v in mx], "D", color="black", ms=7, label="measured")
-        ax_t.legend(fontsize=8, loc="lower right")
-    ax_t.set_title(f"mean TTFT ({result['ttft_scope']}, modelled)", fontsize=10)
+        ax_t.plot([i + 0.32 for i, _ in mx], [v for _, v in mx], "D", color="black", ms=7)
+    ax_t.set_title(f"mean TTFT, scope {result['ttft_scope']}\n(bars modelled" + (", \u25c6 measured)" if mx else ")"),
+                   fontsize=9.5)
     ax_t.set_ylabel("ms")
     for ax in (ax_m, ax_t):
         ax.set_xticks(x, names, fontsize=9)
@@ -173,27 +178,28 @@ def summary_html(result: dict) -> str:
             f" {e(sel['kv_cache_dtype'])} KV cache, max_num_batched_tokens {_fmt_int(sel['max_num_batched_tokens'])},"
             f" {sel['num_prompts']} x {_fmt_int(sel['prompt_len'])}-token prompts")
     facts = [
-        ("heads per rank -> padded heads", f"{result['num_heads']} -> {result['padded_heads']}"),
+        ("heads per rank → padded heads", f"{result['num_heads']} → {result['padded_heads']}"),
         (f"Q workspace ({e(sel['strategy'])})",
          f"{_fmt_int(result['workspace_bytes'])} B = {result['workspace_mib']:.1f} MiB"),
         ("extra vs unfused", f"{_fmt_int(result['extra_bytes'])} B = {result['extra_mib']:.1f} MiB"),
         ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"])),
         ("chunked-prefill steps", str(result["num_steps"])),
     ]
-    facts_html = "".join(f"<tr><td>{k}</td><td style='text-align:right'><b>{v}</b></td></tr>" for k, v in facts)
+    td = "style='padding:2px 12px 2px 0'"
+    facts_html = "".join(f"<tr><td {td}>{k}</td><td style='text-align:right'><b>{v}</b></td></tr>" for k, v in facts)
     cells = []
     for r in result["per_strategy"]:
         meas = "-" if r["measured_ttft_ms"] is None else f"{r['measured_ttft_ms']:.2f}"
         style = " style='font-weight:bold;background:#eef4fb'" if r["strategy"] == sel["strategy"] else ""
-        cells.append(f"<tr{style}><td>{e(r['strategy'])}</td><td>{r['q_concat_heads']}</td>"
-                     f"<td>{r['workspace_mib']:.1f}</td><td>{r['ttft_ms']:.2f}</td>"
-                     f"<td>{r['ttft_change_pct']:+.2f}%</td><td>{meas}</td></tr>")
-    table = ("<table><tr><th>strategy</th><th>workspace heads</th><th>workspace MiB</th>"
-             "<th>TTFT ms (modelled)</th><th>vs unfused</th><th>TTFT ms (measured)</th></tr>"
-             + "".join(cells) + "</table>")
+        cells.append(f"<tr{style}>" + "".join(f"<td {td}>{v}</td>" for v in (
+            e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['ttft_ms']:.2f}",
+            f"{r['ttft_change_pct']:+.2f}%", meas)) + "</tr>")
+    heads = ("strategy", "workspace heads", "workspace MiB", "TTFT ms (modelled)", "vs unfused", "TTFT ms (measured)")
+    table = ("<table style='border-collapse:collapse;margin-top:6px'><tr>"
+             + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
     note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.ttft.predict_ttft);"
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
-    return f"<div>{head}<table>{facts_html}</table>{table}{note}</div>"
+    return f"<div>{head}<table style='margin-top:6px'>{facts_html}</table>{table}{note}</div>"
 
 
 def measured_html(result: dict) -> str:
@@ -230,8 +236,9 @@ class Explorer:
         self.measured = measured
         models = model_names()
         model = initial.get("model", "glm-5" if "glm-5" in models else models[0])
-        style = {"description_width": "170px"}
-        lay = W.Layout(width="420px")
+        style = {"description_width": "150px"}
+        tstyle = {"button_width": "110px"}
+        lay = W.Layout(width="480px")
         self.controls = {
             "model": W.Dropdown(options=models, value=model, description="model", style=style, layout=lay),
             "tp": W.Dropdown(options=tp_options(model), value=initial.get("tp", 8), description="TP size",
@@ -240,17 +247,18 @@ class Explorer:
                                description="GPU architecture", style=style, layout=lay),
             "max_num_batched_tokens": W.SelectionSlider(
                 options=CONTROL_OPTIONS["max_num_batched_tokens"], value=initial.get("max_num_batched_tokens", 16384),
-                description="max_num_batched_tokens", continuous_update=False, style=style, layout=lay),
+                description="max batched tokens", continuous_update=False, style=style, layout=lay,
+                tooltip="vLLM --max-num-batched-tokens: the chunk size and the workspace rows"),
             "kv_cache_dtype": W.ToggleButtons(options=list(KV_CACHE_DTYPES), value=initial.get("kv_cache_dtype", "bf16"),
-                                              description="KV-cache dtype", style=style),
+                                              style=tstyle),
             "prompt_len": W.SelectionSlider(options=CONTROL_OPTIONS["prompt_len"], value=initial.get("prompt_len", 1024),
                                             description="prompt length", continuous_update=False, style=style,
                                             layout=lay),
             "num_prompts": W.BoundedIntText(value=initial.get("num_prompts", 32), min=CONTROL_OPTIONS["num_prompts"][0],
-                                            max=CONTROL_OPTIONS["num_prompts"][1], description="num_prompts",
-                                            style=style, layout=lay),
+                                            max=CONTROL_OPTIONS["num_prompts"][1], description="prompts (all at once)",
+                                            style=style, layout=W.Layout(width="260px")),
             "strategy": W.ToggleButtons(options=list(STRATEGIES), value=initial.get("strategy", "fused"),
-                                        description="strategy", style=style),
+                                        style=tstyle),
         }
         self.summary = W.HTML()
         self.chart = W.Image(format="png")
@@ -262,9 +270,12 @@ class Explorer:
         for name, c in self.controls.items():
             if name != "model":
                 c.observe(self._on_change, names="value")
-        self.widget = W.VBox([W.HBox([W.VBox(list(self.controls.values())[:4]),
-                                      W.VBox(list(self.controls.values())[4:])]),
-                              self.summary, self.chart, self.measured_out])
+        def labelled(text, w):  # ToggleButtons' own description wraps above the buttons; a fixed label does not
+            return W.HBox([W.HTML(f"<div style='width:150px;text-align:right;padding-right:8px'>{text}</div>"), w])
+
+        rows = [labelled("KV-cache dtype", c) if k == "kv_cache_dtype" else labelled("strategy", c)
+                if k == "strategy" else c for k, c in self.controls.items()]
+        self.widget = W.VBox([*rows, self.summary, self.chart, self.measured_out])
         self.update()
 
     def values(self) -> dict:

@@ -75,12 +75,18 @@ def measured_for(params, root: str | Path | None = None):
 
 
 def combine(modelled, measured=None):
-    """Modelled sweep rows and measured rows in one frame (measured may be None or empty)."""
+    """The sweep's rows and measured rows in one frame (measured may be None or empty). A measured row that the
+    sweep already holds (same point_key, strategy, source and timestamp: e.g. a committed copy of this very run) is
+    kept once."""
     import pandas as pd
 
     if measured is None or len(measured) == 0:
         return modelled.copy()
-    return pd.concat([modelled, measured], ignore_index=True)
+    both = pd.concat([modelled, measured], ignore_index=True)
+    key = [c for c in ("point_key", "strategy", "source", "timestamp") if c in both.columns]
+    if len(key) == 4:
+        both = both.drop_duplicates(subset=key, keep="first").reset_index(drop=True)
+    return both
 
 
 def _ok(df):
@@ -176,12 +182,24 @@ def provenance_html(df, run_id: str | None = None) -> str:
                     "every TTFT below is modelled. Running the sweep on a GPU (device=auto) adds measured rows.</li>")
     if "modelled" in src:
         m = src["modelled"]
-        rows.append(f"<li><b>Modelled: {m['rows']} rows</b> (hollow markers). Memory: exact bytes "
-                    f"(<code>mla_lab.buffers.memory_account</code>). TTFT: <code>mla_lab.ttft.predict_ttft</code>, "
-                    f"scope {line(m, ('ttft_scope',))}; calibration {line(m, ('calibration',))}; arch cards "
-                    f"{line(m, ('archs',))} (datasheet rates; non-H200 cards reuse the H200 efficiencies). "
-                    f"Computed on {line(m, ('device', 'torch'), named=True)} at commit {line(m, ('git_commit',))}, code version "
-                    f"{line(m, ('code_version',))}, {e(' .. '.join(m.get('time_range', [])))}.</li>")
+        bits = [f"<b>Modelled: {m['rows']} rows</b> (hollow markers). Memory: exact bytes "
+                "(<code>mla_lab.buffers.memory_account</code>). TTFT: <code>mla_lab.ttft.predict_ttft</code>"]
+        if "ttft_scope" in m:
+            bits.append(f", scope {line(m, ('ttft_scope',))}")
+        if "calibration" in m:
+            bits.append(f"; calibration {line(m, ('calibration',))}")
+        bits.append(f"; arch cards {line(m, ('archs',))} (datasheet rates; non-H200 cards reuse the H200 "
+                    "efficiencies).")
+        where = line(m, ("device", "torch"), named=True)
+        if where:
+            bits.append(f" Computed on {where}")
+        if "git_commit" in m:
+            bits.append(f" at commit {line(m, ('git_commit',))}")
+        if "code_version" in m:
+            bits.append(f", code version {line(m, ('code_version',))}")
+        if m.get("time_range"):
+            bits.append(f", {e(' .. '.join(m['time_range']))}")
+        rows.append("<li>" + "".join(bits) + ".</li>")
     for other in sorted(set(src) - {"measured", "modelled"}):
         rows.append(f"<li><b>{e(other)}: {src[other]['rows']} rows</b>.</li>")
     rid = f" &middot; run <code>{e(run_id)}</code>" if run_id else ""
@@ -290,15 +308,25 @@ def plot_memory_vs_ttft(df, x: str = "extra_persistent_mib", y: str = "ttft_chan
             front = front.drop_duplicates(subset=[x, y])
             ax.step(front[x], front[y], where="post", color="#d62728", lw=1.4, zorder=2, alpha=0.9)
             ax.scatter(front[x], front[y], s=150, facecolors="none", edgecolors="#d62728", linewidths=1.6, zorder=5)
-            for i, (_, r) in enumerate(front.iterrows()):
+            keys = []
+            for _, r in front.iterrows():
                 if r[x] == 0 and r[y] == 0:
                     continue  # the unfused baseline: every config's unfused point sits at (0, 0)
-                ax.annotate(_short(r), (r[x], r[y]), textcoords="offset points", xytext=(8, -12 - 9 * (i % 2)),
-                            fontsize=7.5, color="#d62728")
+                k = len(keys) + 1
+                ax.annotate(str(k), (r[x], r[y]), textcoords="offset points", xytext=(7, 5 if k % 2 else -13),
+                            fontsize=8.5, fontweight="bold", color="#d62728")
+                src_tag = " (measured)" if str(r.get("source", "")) == "measured" else ""
+                keys.append(f"{k}: {_short(r)}{src_tag}")
+        else:
+            keys = []
         ax.axhline(0, color="k", lw=0.6)
         pad = sub["prefill_padding"].dropna() if "prefill_padding" in sub.columns else []
         ax.set_title(f"{a} (prefill_padding {int(pad.iloc[0]) if len(pad) else '?'})")
-        ax.set_xlabel("extra Q workspace per rank vs unfused [MiB]")
+        label = "extra Q workspace per rank vs unfused [MiB]"
+        if keys:  # the frontier's configurations, numbered as on the plot (L prompt length, B batched tokens)
+            lines = ["   ".join(keys[i:i + 3]) for i in range(0, len(keys), 3)]
+            label += "\nPareto frontier:  " + "\n".join(lines)
+        ax.set_xlabel(label, fontsize=9)
         ax.grid(alpha=0.3)
         ax.set_axisbelow(True)
     axes[0].set_ylabel("TTFT change vs unfused [%]")
@@ -354,7 +382,8 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
                 ax_t.bar_label(bars, labels=[("" if v != v else f"{v:.0f}") for v in vals], fontsize=7, padding=2)
                 gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
                 for t, v in gm.groupby("tp")["ttft_change_pct"].median().items():
-                    ax_t.plot(xs[tps.index(t)], v, "D", color="black", ms=5, zorder=4)
+                    ax_t.plot(xs[tps.index(t)], v, "D", markerfacecolor=col, markeredgecolor="black", ms=6,
+                              zorder=4)
             g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == "fused")].set_index("tp")
             xs = [i + (mi - (nb - 1) / 2) * (0.8 / nb) for i, _ in enumerate(tps)]
             vals = [g["extra_persistent_mib"].get(t, float("nan")) for t in tps]
@@ -384,7 +413,8 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
     handles = [Patch(facecolor=_MODEL_COLORS[i % len(_MODEL_COLORS)], label=m) for i, m in enumerate(models)]
     handles += [Patch(facecolor="#999", edgecolor="#555", label="fused (modelled)"),
                 Patch(facecolor="white", edgecolor="#555", hatch="///", label="kernel_native (modelled bound)"),
-                Line2D([], [], ls="", marker="D", color="black", label="measured")]
+                Line2D([], [], ls="", marker="D", markerfacecolor="#999", markeredgecolor="black",
+                       label="measured (model colour)")]
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8.5, frameon=False)
     fig.suptitle(f"Per TP size, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt}, "
                  f"{int(d['num_prompts'].iloc[0]) if len(d) and 'num_prompts' in d.columns else '?'} x {L}-token "

@@ -1,0 +1,126 @@
+"""The published site: each sweep run gets its own report (never overwritten), the latest copy, figures as PNG + SVG
+beside the HTML, and reports/index.html listing every run with date, parameters and provenance."""
+
+import datetime as dt
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mla_lab import site
+
+REPO = Path(__file__).resolve().parent.parent
+FIGURES = {"memory_vs_ttft", "tp_bars", "ttft_heatmap"}
+
+
+def _sweep(tmp: Path, *extra):
+    args = ["sweep", "-p", "models", "[glm-5]", "-p", "tp_sizes", "[8]", "-p", "prompt_lens", "[1024]",
+            "-p", "max_num_batched_tokens", "[16384]", "-p", "device", "cpu", "-p", "check_equivalence", "false",
+            "-p", "store_dir", "st", "-p", "data_file", "rows.csv", *extra]
+    return subprocess.run([sys.executable, "-m", "mla_lab.cli", *args], cwd=tmp, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two sweep runs into one report_dir (relative paths: resolved against the command's directory)."""
+    tmp = tmp_path_factory.mktemp("site")
+    r1 = _sweep(tmp, "-p", "archs", "[h200]")
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    r2 = _sweep(tmp, "-p", "archs", "[b200]")
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    return tmp, r1, r2
+
+
+@pytest.mark.slow
+def test_each_run_has_its_own_report_and_figures(two_runs):
+    tmp, r1, r2 = two_runs
+    runs = tmp / "reports" / "runs"
+    metas = sorted(runs.glob("*.json"))
+    assert len(metas) == 2
+    ids = [json.loads(p.read_text())["run_id"] for p in metas]
+    for rid in ids:
+        assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}(-\d+)?", rid)
+        html = (runs / f"{rid}.html").read_text()
+        assert html.count('src="data:image/png;base64') == 3  # figures embedded: the HTML stands alone
+        assert "cdnjs" not in html and "<script src=" not in html  # nothing fetched from the network
+        assert "points  elapsed" not in html  # the sweep's progress log is left out of the report
+        assert "Provenance" in html and "The seed setup: reported vs ours" in html
+        for name in FIGURES:
+            assert (runs / rid / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
+            assert "<svg" in (runs / rid / f"{name}.svg").read_text()[:500]
+        assert (runs / f"{rid}.ipynb").is_file() and (runs / f"{rid}.csv").is_file()
+    # different parameters -> different hash part; the two reports differ (h200 vs b200)
+    assert ids[0].split("-")[2] != ids[1].split("-")[2]
+    for p in metas:
+        m = json.loads(p.read_text())
+        arch, other = m["params"]["archs"][0], {"h200": "b200", "b200": "h200"}[m["params"]["archs"][0]]
+        html = (runs / f"{m['run_id']}.html").read_text()
+        assert f"arch = {arch}" in html and f"arch = {other}" not in html  # the summary table's caption
+    # the terminal got the progress and the three paths
+    assert "[mla-lab] 1/1 points" in r1.stderr
+    assert "report written to reports/padding_sweep.html" in r1.stdout and "reports/index.html" in r1.stdout
+
+
+@pytest.mark.slow
+def test_latest_copy_is_the_last_run(two_runs):
+    tmp, _, r2 = two_runs
+    rep = tmp / "reports"
+    last = json.loads(max((rep / "runs").glob("*.json"), key=lambda p: json.loads(p.read_text())["created_utc"]
+                          + p.name).read_text())
+    assert (rep / "padding_sweep.html").read_text() == (rep / last["html"]).read_text()
+    assert "'b200'" in json.dumps(last["params"]["archs"]).replace('"', "'")
+    for name in FIGURES:
+        assert (rep / "padding_sweep" / f"{name}.png").read_bytes() == (rep / "runs" / last["run_id"] /
+                                                                        f"{name}.png").read_bytes()
+    assert (rep / "padding_sweep.png").read_bytes() == (rep / "padding_sweep" / "memory_vs_ttft.png").read_bytes()
+    assert (rep / "padding_sweep.svg").is_file()
+
+
+@pytest.mark.slow
+def test_index_lists_every_run_with_date_parameters_provenance(two_runs):
+    tmp, _, _ = two_runs
+    rep = tmp / "reports"
+    index = (rep / "index.html").read_text()
+    metas = [json.loads(p.read_text()) for p in (rep / "runs").glob("*.json")]
+    assert index.count("<tr><td>") == 2
+    for m in metas:
+        assert f"href='{m['html']}'" in index
+        assert m["created_utc"].replace("T", " ").replace("+00:00", " UTC") in index
+        assert m["provenance"]["sources"]["modelled"]["rows"] == 3  # 1 point x 3 strategies
+        for name in FIGURES:
+            assert f"href='{m['figures'][name]['png']}'" in index and f"href='{m['figures'][name]['svg']}'" in index
+    assert "archs: <code>h200</code>" in index and "archs: <code>b200</code>" in index
+    assert "<b>measured</b>: none" in index and "<b>modelled</b> 3 rows (TTFT scope attention_path" in index
+    assert "href='padding_sweep.html'" in index
+    # newest first
+    dates = re.findall(r"<tr><td>([^<]+)<", index)
+    assert dates == sorted(dates, reverse=True)
+    # rebuilding from the run files gives the same page
+    before = index
+    r = subprocess.run([sys.executable, "-m", "mla_lab.cli", "index"], cwd=tmp, capture_output=True, text=True)
+    assert r.returncode == 0 and "index of 2 report(s)" in r.stdout
+    assert (rep / "index.html").read_text() == before
+
+
+def test_run_ids_never_collide(tmp_path):
+    now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
+    a = site.new_run_id(tmp_path, {"x": 1}, now)
+    assert a == f"20261130-120000-{site.params_hash({'x': 1})}"
+    (tmp_path / f"{a}.html").write_text("x")
+    b = site.new_run_id(tmp_path, {"x": 1}, now)
+    assert b == f"{a}-2"
+    assert site.new_run_id(tmp_path, {"x": 2}, now) != a
+    assert site.params_hash({"a": 1, "b": 2}) == site.params_hash({"b": 2, "a": 1})
+
+
+def test_index_without_runs_says_so(tmp_path):
+    out = site.build_index(tmp_path)
+    assert "No published reports yet" in out.read_text()
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "broken.json").write_text("{not json")
+    (tmp_path / "runs" / "orphan.json").write_text(json.dumps({"run_id": "orphan"}))  # its HTML is missing
+    assert site.list_runs(tmp_path) == []
