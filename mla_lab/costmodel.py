@@ -112,6 +112,12 @@ def _op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size: int = 5
     raise ValueError(f"op={op!r} is not known; allowed: {list(OP_NAMES)}")
 
 
+def _nonneg_int(name: str, v) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"{name}={v!r} must be a non-negative int")
+    return v
+
+
 def attention_path_ops(
     model: ModelConfig,
     tp: int,
@@ -131,9 +137,16 @@ def attention_path_ops(
         sum_topk: keys attended summed over the step's tokens (default ``T * index_topk``: full topk).
     """
     from .buffers import STRATEGIES
+    from .models import load_model
 
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not known; allowed: {list(STRATEGIES)}")
+    model = load_model(model)
+    _nonneg_int("num_tokens", num_tokens)
+    if sum_topk is not None:
+        _nonneg_int("sum_topk", sum_topk)
+        if sum_topk > num_tokens * model.topk:
+            raise ValueError(f"sum_topk={sum_topk} exceeds num_tokens * index_topk = {num_tokens * model.topk}")
     arch = get_arch(arch)
     H = model.heads_per_rank(tp)
     Hp = padded_num_heads(H, arch, kv_cache_dtype)
@@ -167,13 +180,18 @@ def attention_path_ms(
         step: a :class:`~mla_lab.workload.Step` (causal topk_length per chunk when ``causal``) or a token count
             (full topk for every token).
     """
+    from .models import load_model
+
     cal = calibration or default_calibration()
     arch = get_arch(arch)
+    model = load_model(model)
+    if not isinstance(step, Step):
+        _nonneg_int("step", step)
     if isinstance(step, Step):
         T = step.num_tokens
         st = (sum(sum_topk_lengths(s, n, model.topk) for _, s, n in step.chunks) if causal else T * model.topk)
     else:
-        T, st = int(step), int(step) * model.topk
+        T, st = step, step * model.topk
     ops = attention_path_ops(model, tp, arch, strategy, T, st, kv_cache_dtype)
     out = {}
     for op, w in ops.items():

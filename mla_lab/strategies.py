@@ -51,6 +51,12 @@ class PrefillStrategy:
     def padded_heads(self) -> int:
         return padded_num_heads(self.num_heads, self.arch, self.kv_cache_dtype)
 
+    def _check_heads(self, ql_nope, q_pe):
+        for name, t in (("ql_nope", ql_nope), ("q_pe", q_pe)):
+            if getattr(t, "dim", lambda: 0)() != 3 or t.shape[1] != self.num_heads:
+                raise ValueError(f"{name}.shape={tuple(getattr(t, 'shape', ()))} must be [T, num_heads={self.num_heads}, "
+                                 f"{512 if name == 'ql_nope' else 64}] for this strategy")
+
     def __call__(self, ql_nope, q_pe, kv, indices, sm_scale: float, topk_length=None):
         """Run the prefill attention path.
 
@@ -61,6 +67,10 @@ class PrefillStrategy:
 
         Returns:
             ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads.
+
+        Raises:
+            ValueError: ql_nope/q_pe do not hold ``num_heads`` heads; T exceeds the workspace; as
+                :func:`mla_lab.kernels.concat_mla_q` and :func:`mla_lab.kernels.sparse_mla_prefill`.
         """
         raise NotImplementedError
 
@@ -69,6 +79,7 @@ class UnfusedStrategy(PrefillStrategy):
     name = "unfused"
 
     def __call__(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length=None):
+        self._check_heads(ql_nope, q_pe)
         T = ql_nope.shape[0]
         q = self.workspace.view(T)
         concat_mla_q(ql_nope, q_pe, q, backend=self.concat_backend)
@@ -88,6 +99,7 @@ class FusedStrategy(PrefillStrategy):
     zero_padding: bool = False
 
     def __call__(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length=None):
+        self._check_heads(ql_nope, q_pe)
         T = ql_nope.shape[0]
         q = self.workspace.view(T)
         concat_mla_q(ql_nope, q_pe, q, zero_padding=self.zero_padding, backend=self.concat_backend)
