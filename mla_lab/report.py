@@ -37,10 +37,13 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv"):
     """Measured sweep rows under ``data/measured`` (recursively): every ``pattern`` file that has the sweep's
     columns (model, tp, arch, strategy, source, max_num_batched_tokens, prompt_len, ttft_ms), keeping rows whose
     ``source`` is ``measured``; a ``file`` column says where each row came from. Other CSVs there (kernel
-    benchmarks) are ignored. Empty DataFrame if none."""
+    benchmarks) are ignored. Empty DataFrame if none. ``root`` defaults to env ``MLA_LAB_MEASURED``, else the
+    repository's ``data/measured``."""
+    import os
+
     import pandas as pd
 
-    root = Path(root) if root else REPO / "data" / "measured"
+    root = Path(root) if root else Path(os.environ.get("MLA_LAB_MEASURED") or REPO / "data" / "measured")
     frames = []
     for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
         try:

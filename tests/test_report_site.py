@@ -3,11 +3,13 @@ beside the HTML, and reports/index.html listing every run with date, parameters 
 
 import datetime as dt
 import json
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from mla_lab import site
@@ -16,21 +18,40 @@ REPO = Path(__file__).resolve().parent.parent
 FIGURES = {"memory_vs_ttft", "tp_bars", "ttft_heatmap"}
 
 
-def _sweep(tmp: Path, *extra):
+def _sweep(tmp: Path, *extra, measured: Path):
     args = ["sweep", "-p", "models", "[glm-5]", "-p", "tp_sizes", "[8]", "-p", "prompt_lens", "[1024]",
             "-p", "max_num_batched_tokens", "[16384]", "-p", "device", "cpu", "-p", "check_equivalence", "false",
             "-p", "store_dir", "st", "-p", "data_file", "rows.csv", *extra]
+    env = {**os.environ, "MLA_LAB_MEASURED": str(measured)}
     return subprocess.run([sys.executable, "-m", "mla_lab.cli", *args], cwd=tmp, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=env)
+
+
+def _measured_rows(path: Path):
+    """Test-only rows shaped like a GPU sweep's measured rows for the h200 point of the grid (never under data/)."""
+    import pandas as pd
+
+    from mla_lab.sweep import price_point
+
+    pt = {"model": "glm-5", "tp": 8, "arch": "h200", "max_num_batched_tokens": 16384, "prompt_len": 1024,
+          "kv_cache_dtype": "bf16", "num_prompts": 32, "concurrency": 32, "strategies": ["fused"]}
+    d = pd.DataFrame(price_point(pt))
+    d = d.assign(source="measured", device="NVIDIA H200 (test row)", git_commit="feedc0ffee00", point_key="m1",
+                 timestamp="2026-11-30T00:00:00+00:00")
+    path.mkdir(parents=True)
+    d.to_csv(path / "padding_sweep.csv", index=False)
+    return d
 
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
-    """Two sweep runs into one report_dir (relative paths: resolved against the command's directory)."""
+    """Two sweep runs into one report_dir (relative paths: resolved against the command's directory): h200 with
+    measured rows beside it, then b200 (no measured rows for that arch)."""
     tmp = tmp_path_factory.mktemp("site")
-    r1 = _sweep(tmp, "-p", "archs", "[h200]")
+    _measured_rows(tmp / "measured" / "h200")
+    r1 = _sweep(tmp, "-p", "archs", "[h200]", measured=tmp / "measured")
     assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = _sweep(tmp, "-p", "archs", "[b200]")
+    r2 = _sweep(tmp, "-p", "archs", "[b200]", measured=tmp / "measured")
     assert r2.returncode == 0, r2.stderr[-3000:]
     return tmp, r1, r2
 
@@ -60,6 +81,9 @@ def test_each_run_has_its_own_report_and_figures(two_runs):
         arch, other = m["params"]["archs"][0], {"h200": "b200", "b200": "h200"}[m["params"]["archs"][0]]
         html = (runs / f"{m['run_id']}.html").read_text()
         assert f"arch = {arch}" in html and f"arch = {other}" not in html  # the summary table's caption
+        # the provenance banner: measured rows (test rows for the h200 point) named with their GPU, or none
+        assert ("Measured: 2 rows" in html and "NVIDIA H200 (test row)" in html) if arch == "h200" else \
+            ("Measured: none." in html)
     # the terminal got the progress and the three paths
     assert "[mla-lab] 1/1 points" in r1.stderr
     assert "report written to reports/padding_sweep.html" in r1.stdout and "reports/index.html" in r1.stdout
@@ -94,7 +118,15 @@ def test_index_lists_every_run_with_date_parameters_provenance(two_runs):
         for name in FIGURES:
             assert f"href='{m['figures'][name]['png']}'" in index and f"href='{m['figures'][name]['svg']}'" in index
     assert "archs: <code>h200</code>" in index and "archs: <code>b200</code>" in index
-    assert "<b>measured</b>: none" in index and "<b>modelled</b> 3 rows (TTFT scope attention_path" in index
+    scope = pd.read_csv(tmp / "rows.csv")["ttft_scope"].iloc[0]
+    assert index.count(f"<b>modelled</b> 3 rows (TTFT scope {scope}") == 2
+    by_arch = {m["params"]["archs"][0]: m for m in metas}
+    # the h200 run shows the measured rows of its point (2 strategies), with their GPU and commit; b200 has none
+    assert by_arch["h200"]["provenance"]["sources"]["measured"]["rows"] == 2
+    assert by_arch["h200"]["provenance"]["sources"]["measured"]["device"] == ["NVIDIA H200 (test row)"]
+    assert "measured" not in by_arch["b200"]["provenance"]["sources"]
+    assert "<b>measured</b> 2 rows on NVIDIA H200 (test row)" in index and "commit feedc0ffee00" in index
+    assert "<b>measured</b>: none" in index
     assert "href='padding_sweep.html'" in index
     # newest first
     dates = re.findall(r"<tr><td>([^<]+)<", index)
