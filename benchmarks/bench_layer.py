@@ -65,6 +65,7 @@ def log(*a):
 # Defined lazily (after TRITON_INTERPRET is set for --dry-run).
 K = {}
 BROKEN: set = set()  # Triton kernels that failed their check: their ops are skipped
+PAD_FILL = "zero"  # what the fused workspace's padded heads hold (--fused-pad-fill)
 
 
 def _define_kernels():
@@ -298,6 +299,11 @@ class Layer:
         self.ws_fused = torch.empty(max_T, self.Hp, 576, device=dev, dtype=dtype)
         self.ws_unfused.normal_()
         self.ws_fused.normal_()
+        # vLLM never writes heads H..H'-1 of the fused workspace: they keep what the fresh allocation held (zeros
+        # from a new cudaMalloc segment, most likely), and the unfused pad tensor is zeroed on every call. The first
+        # H200 run left them random here (see docs/ttft-model.md: the kernel may run faster on zero operands).
+        if PAD_FILL == "zero":
+            self.ws_fused[:, H:].zero_()
         self.s_kv = max(max_T, 2 * m.topk)
         self.kv = torch.randn(self.s_kv, 1, 576, device=dev, dtype=dtype)
         self.sm_scale = 1.0 / math.sqrt(dn + dr)
@@ -482,6 +488,38 @@ class Layer:
         return layer, excluded
 
 
+def paired_ab(fa, fb, n, dev):
+    """Time ``fa`` and ``fb`` alternately ``n`` times each (order flipped every pair, L2 flushed before each call),
+    so that clock and thermal drift hit both alike. Returns (median a, median b, median of a-b, IQR of a-b) in ms."""
+    import statistics
+
+    import torch
+
+    fa()
+    fb()
+    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device=dev) if dev == "cuda" else None
+    ta, tb = [], []
+    for i in range(n):
+        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+            f = fa if which == 0 else fb
+            if dev == "cuda":
+                flush.zero_()
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                f()
+                e.record()
+                torch.cuda.synchronize()
+                t = s.elapsed_time(e)
+            else:
+                t0 = time.perf_counter()
+                f()
+                t = (time.perf_counter() - t0) * 1e3
+            (ta if which == 0 else tb).append(t)
+    d = sorted(a - b for a, b in zip(ta, tb))
+    q = statistics.quantiles(d, n=4) if len(d) >= 2 else [d[0], d[0], d[0]]
+    return statistics.median(ta), statistics.median(tb), statistics.median(d), q[2] - q[0]
+
+
 def cuda_graphed(fn):
     """Capture ``fn`` in a CUDA graph (removes CPU launch gaps); returns the replay callable."""
     import torch
@@ -503,7 +541,7 @@ def cuda_graphed(fn):
 
 def run_extras(sink, *a):
     """Each experiment guarded on its own: one failing does not lose the others."""
-    for fn in (_extras_ceilings, _extras_wuv, _extras_peak_memory, _extras_causal_kernel):
+    for fn in (_extras_ceilings, _extras_wuv, _extras_peak_memory, _extras_causal_kernel, _extras_pad_values):
         try:
             fn(sink, *a)
             log(f"{fn.__name__} done")
@@ -714,6 +752,34 @@ def fp8_gemm_rows(sink_ops, timer, dev, model, arch, T_list, deadline):
                             "ms": ms, "status": st})
 
 
+def _extras_pad_values(sink, timer, dev, dtype, kernel_fn, concat_fn, models, arch, interp, max_T_seed, deadline):
+    """Does the sparse kernel's time depend on what the padded heads hold (zeros vs random vs real-heads copies)?"""
+    import torch
+
+    from mla_lab.buffers import padded_num_heads
+
+    if kernel_fn is None:
+        return
+    model = models[0][1]
+    gpu = dev == "cuda"
+    tp = 8 if gpu else 2
+    H = model.heads_per_rank(tp)
+    Hp = padded_num_heads(H, arch, "bf16")
+    for T in ((4096, max_T_seed) if gpu else (max_T_seed,)):
+        kv = torch.randn(max(T, 2 * model.topk), 1, 576, device=dev, dtype=dtype)
+        idx = torch.randint(0, kv.shape[0], (T, 1, model.topk), device=dev, dtype=torch.int32)
+        base = torch.randn(T, Hp, 576, device=dev, dtype=dtype)
+        for fill in ("random", "zero", "nan"):
+            q = base.clone()
+            if fill == "zero":
+                q[:, H:].zero_()
+            elif fill == "nan":
+                q[:, H:] = float("nan")
+            ms = timer(lambda q=q, kv=kv, idx=idx: kernel_fn(q, kv, idx, 1.0 / 16))
+            sink.write({"experiment": "kernel_pad_values", "model": models[0][0], "tp": tp, "T": T, "H": H, "Hp": Hp,
+                        "name": fill, "ms": ms, "note": "padded heads H..H'-1 filled with this; real heads random"})
+
+
 # ------------------------------------------------------------------------------------------------- fit
 
 
@@ -724,7 +790,7 @@ def _read(path):
         return list(csv.DictReader(f))
 
 
-def fit_and_validate(out_dir, arch, prov_fit, models_by_name):
+def fit_and_validate(out_dir, arch, prov_fit, models_by_name, cal_path=None):
     """Fit efficiencies from layer_ops.csv, write h200_ops.csv and layer_validation.csv; print the MAPE table."""
     from mla_lab.layer_model import (
         fit_calibration,
@@ -742,7 +808,7 @@ def fit_and_validate(out_dir, arch, prov_fit, models_by_name):
         log("no op rows to fit")
         return None
     cal, report = fit_calibration(rows, arch, name=f"{CAL_CSV} (measured on {rows[0].get('device', '?')})")
-    write_calibration_csv(report, out_dir / CAL_CSV, prov_fit)
+    write_calibration_csv(report, Path(cal_path) if cal_path else out_dir / CAL_CSV, prov_fit)
     val = []
 
     def add(level, split, r, meas, pred, name, cls):
@@ -775,12 +841,13 @@ def fit_and_validate(out_dir, arch, prov_fit, models_by_name):
                and op.name not in (r.get("excluded_ops") or "").split(";")]
         for split, c in [("in_sample", cal)] + ([("leave_model_out", held[r["model"]])] if r["model"] in held else []):
             pred = sum(op_time_ms(op, arch, c) for op in ops)
-            lvl = "layer" if r.get("mode", "eager") == "eager" else "layer_graph"
+            mode = r.get("mode") or "eager"
+            lvl = "layer" if mode == "eager" else f"layer_{mode}"
             add(lvl, split, r, float(r["ms"]), pred, f"{r['layer_kind']}_{r['strategy']}", lvl)
     # fused-vs-unfused difference per layer: measured vs predicted (ms, unfused minus fused)
     pairs = {}
     for v in val:
-        if v["level"] in ("layer", "layer_graph") and v["split"] == "in_sample":
+        if v["level"].startswith("layer") and not v["level"].endswith("delta") and v["split"] == "in_sample":
             kind, strat = v["name"].rsplit("_", 1)
             pairs.setdefault((v["model"], v["tp"], v["moe_parallel"], v["T"], kind, v["level"]), {})[strat] = v
     for (mdl, tp, par, T, kind, lvl), d in pairs.items():
@@ -811,7 +878,7 @@ def fit_and_validate(out_dir, arch, prov_fit, models_by_name):
         log(f"  {k[0]:5s} {k[1]:15s} {k[2]:16s} n={len(a):3d} MAPE={sum(a) / len(a):6.1f}% max={max(a):6.1f}%")
     for rp in report:
         log(f"  eff {rp['kind']:9s} {rp['op_class']:16s} flops={rp['eff_flops']:.3f} bytes={rp['eff_bytes']:.3f} "
-            f"floor={rp['floor_us']}us n={rp['n']} mape={rp['mape_pct']:.1f}%")
+            f"overhead={rp['floor_us']}us ({rp['overhead_mode']}) n={rp['n']} mape={rp['mape_pct']:.1f}%")
     return cal
 
 
@@ -828,12 +895,19 @@ def main(argv=None):
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop measuring after this many seconds")
     ap.add_argument("--warmup", type=float, default=20.0, help="do_bench warm-up (ms)")
     ap.add_argument("--rep", type=float, default=60.0, help="do_bench repetition time (ms)")
-    ap.add_argument("--fit-only", default=None, help="refit from the CSVs in this dir (writes there)")
+    ap.add_argument("--fit-only", default=None, help="refit from the CSVs in this dir (writes the validation there)")
+    ap.add_argument("--cal-out", default=None, help="with --fit-only: where to write h200_ops.csv (default: the dir)")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--fused-pad-fill", choices=("zero", "random"), default="zero",
+                    help="padded heads of the fused workspace (the first H200 run used random)")
+    ap.add_argument("--pairs", type=int, default=0,
+                    help="interleaved unfused/fused e2e pairs per config (0: off; the first H200 run had none)")
     ap.add_argument("--no-flash-mla", action="store_true", help="do not import flash_mla (kernel op skipped)")
     args = ap.parse_args(argv)
     if args.dry_run:
         os.environ["TRITON_INTERPRET"] = "1"
+    global PAD_FILL
+    PAD_FILL = args.fused_pad_fill
     import torch
 
     from mla_lab.arch import get_arch
@@ -851,7 +925,8 @@ def main(argv=None):
         # the fitted efficiencies inherit the provenance of the measurements they come from
         prov = ({k: ops_rows[0][k] for k in PROVENANCE_COLUMNS if k in ops_rows[0]} if ops_rows
                 else provenance("modelled"))
-        fit_and_validate(args.fit_only, arch, prov, models)
+        prov["fit_commit"] = provenance("modelled")["git_commit"]
+        fit_and_validate(args.fit_only, arch, prov, models, args.cal_out)
         return 0
     gpu = torch.cuda.is_available() and not args.dry_run
     dev = "cuda" if gpu else "cpu"
@@ -1028,6 +1103,28 @@ def main(argv=None):
                                                 "layer_kind": kind, "strategy": strategy, "mode": mode, "ms": ms,
                                                 "excluded_ops": ";".join(excl),
                                                 "impl_detail": f"{kernel_detail}; {concat_detail}", "status": st})
+                        # unfused and fused interleaved: the difference with drift cancelled (also where H == H',
+                        # where both run the same code: a null control for the noise)
+                        if args.pairs and time.time() < deadline and not (par == "ep" and tp != max(tps)):
+                            try:
+                                fu, excl = layer.e2e(T, "unfused", kind, var)
+                                ff, _ = layer.e2e(T, "fused", kind, var)
+                                mu, mf, dmed, diqr = paired_ab(fu, ff, args.pairs, dev)
+                                del fu, ff
+                                for strategy, ms in (("unfused", mu), ("fused", mf)):
+                                    sink_e2e.write({"model": mname, "tp": tp, "moe_parallel": par, "ep": ep, "T": T,
+                                                    "layer_kind": kind, "strategy": strategy, "mode": "paired",
+                                                    "ms": ms, "excluded_ops": ";".join(excl),
+                                                    "impl_detail": f"{kernel_detail}; {concat_detail}",
+                                                    "status": "ok"})
+                                sink_x.write({"experiment": "e2e_paired_delta", "model": mname, "tp": tp, "T": T,
+                                              "H": layer.H, "Hp": layer.Hp, "name": f"{kind}_{par}", "ms": dmed,
+                                              "value": diqr, "unit": "ms: median(unfused - fused); value: IQR",
+                                              "note": f"{args.pairs} interleaved pairs"})
+                            except Exception as e:
+                                log(f"paired {kind} {mname} tp={tp} T={T}: {type(e).__name__}: {e}")
+                                if gpu:
+                                    torch.cuda.empty_cache()
                 log(f"{mname} tp={tp} T={T}: {sink_ops.n} op rows, {sink_e2e.n} e2e rows")
             del layer
             if gpu:
@@ -1035,7 +1132,7 @@ def main(argv=None):
     log(f"measuring done at {time.time() - T0:.0f}s")
     mb = {n: m for n, m in models}
     try:
-        fit_and_validate(out, arch, provenance("measured"), mb)
+        fit_and_validate(out, arch, {**provenance("measured"), "fit_commit": prov["git_commit"]}, mb)
     except Exception as e:
         log(f"fit failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
     (out / "bench_layer_log.txt").write_text("\n".join(LOG) + "\n")

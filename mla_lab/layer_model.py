@@ -61,8 +61,10 @@ absorbed W_UK / W_UV (vLLM dequantizes ``kv_b_proj`` into bf16 copies), the rout
 embedding and LM head stay bf16. The indexer's MQA logits are priced at bf16 (``indexer_dtype``), which is what
 ``benchmarks/bench_layer.py`` measures (a Triton kernel); vLLM runs DeepGEMM's fp8 ``fp8_mqa_logits`` there.
 
-Time of an op (:func:`op_time_ms`): ``max(FLOPs / (peak x eff_flops), bytes / (HBM BW x eff_bytes), floor)`` with
-the efficiencies and the floor (a per-launch minimum, which the roofline alone lacks for tiny ops) per op class from
+Time of an op (:func:`op_time_ms`): the roofline ``max(FLOPs / (peak x eff_flops), bytes / (HBM BW x eff_bytes))``
+combined with a per-op overhead that the roofline alone lacks for small ops — as a floor, ``max(roofline,
+overhead)``, or added, ``overhead + roofline`` (a fixed launch, ramp-up and tail cost), whichever fits the class's
+measurements better (:class:`ClassEff` ``mode``) — with the efficiencies and overhead per op class from
 an :class:`OpsCalibration` (``data/calibration/h200_ops.csv``, fitted by :func:`fit_calibration` from measurements
 on one H200; other GPUs reuse the H200 efficiencies against their own datasheet rates, an assumption). The
 attention-path ops are timed by :func:`mla_lab.costmodel.attention_path_ms` with the calibration's ``attention``
@@ -271,7 +273,7 @@ def layer_ops(
     moe_parallel: str = "tp",
     ep_size: int | None = None,
     ep_comm: str = "all_reduce",
-    out_slice_copy: bool = True,
+    out_slice_copy: bool = False,
     causal: bool = True,
     context: int | None = None,
     indexer_dtype: str = "bf16",
@@ -288,8 +290,10 @@ def layer_ops(
         weight_dtype: ``bf16`` (2 B) or ``fp8`` (1 B, fp8 GEMM rate) for the quantized linears.
         moe_parallel: ``tp`` (every expert sharded over TP) or ``ep`` (``ep_size`` ranks hold whole experts,
             default ``ep_size = tp``); ep_comm: ``all_reduce`` (vLLM TP+EP, DP=1) or ``all_to_all``.
-        out_slice_copy: keep costmodel's ``out_slice`` op (a ``.contiguous()`` copy of ``out[:, :H]``); False when
-            the W_UV bmm reads the strided view directly (see docs/ttft-model.md for the measurement).
+        out_slice_copy: keep costmodel's ``out_slice`` op (a ``.contiguous()`` copy of ``out[:, :H]``). Default
+            False: vLLM hands the ``[:, :H]`` view to the W_UV bmm, and on the H200 ``torch.bmm`` read that strided
+            view with the same cuBLAS kernel, no extra allocation and the same time as a contiguous input
+            (``data/measured/h200/layer_extras.csv``, experiment ``w_uv_slice``; docs/ttft-model.md).
         causal, context: as :func:`step_stats`.
         indexer_dtype: ``bf16`` or ``fp8`` q/k of the indexer logits (fp8 at 2x the bf16 rate, 1 B per value).
 
@@ -438,15 +442,24 @@ def step_ops(model: ModelConfig | str, tp: int, arch: str | GPUArch, strategy: s
 # --------------------------------------------------------------------------------------------- calibration
 
 
+OVERHEAD_MODES = ("max", "add")
+
+
 @dataclass(frozen=True)
 class ClassEff:
-    """Efficiencies of one op class: fraction of peak FLOP/s and of HBM bandwidth, and a per-op floor (us)."""
+    """Efficiencies of one op class: fraction of peak FLOP/s and of HBM bandwidth, and a per-op overhead (us).
+
+    ``mode`` says how the overhead enters: ``max`` (a floor: ``max(roofline, floor)``) or ``add`` (a fixed launch,
+    ramp-up and tail cost on top of the streaming time: ``floor + roofline``); the fit picks, per class, the one
+    with the lower error on the measurements.
+    """
 
     eff_flops: float
     eff_bytes: float
     floor_us: float = 0.0
     n: int = 0
     mape_pct: float | None = None
+    mode: str = "max"
 
 
 _DEFAULT_EFF = {
@@ -542,7 +555,10 @@ def load_ops_calibration(path: str | Path | None = None) -> OpsCalibration:
             if r["kind"] == "attention":
                 attn[r["op_class"]] = ef if r["op_class"] == "kernel" else eb
             else:
-                classes[r["op_class"]] = ClassEff(ef, eb, fl, int(float(r.get("n") or 0)), mape)
+                mode = r.get("overhead_mode") or "max"
+                if mode not in OVERHEAD_MODES:
+                    raise ValueError(f"{path}: overhead_mode={mode!r} not valid; allowed: {list(OVERHEAD_MODES)}")
+                classes[r["op_class"]] = ClassEff(ef, eb, fl, int(float(r.get("n") or 0)), mape, mode)
             device = r.get("device", device)
     cal = OpsCalibration(classes, Calibration(eff=attn, name=f"{path.name} attention", arch="h200"),
                          f"{path.name} (measured on {device})", "h200")
@@ -551,7 +567,11 @@ def load_ops_calibration(path: str | Path | None = None) -> OpsCalibration:
 
 
 def _grid_fit(flops, nbytes, ms, peak_f, peak_b, with_floor=True):
-    """Minimise mean |pred - meas| / meas over a grid of (eff_flops, eff_bytes, floor). Returns (ef, eb, fl, mape)."""
+    """Minimise mean |pred - meas| / meas over a grid of (eff_flops, eff_bytes, overhead, mode).
+
+    Returns ``(eff_flops, eff_bytes, overhead_us, mape_pct, mode)``; ``mode`` ``max`` (overhead as a floor) or
+    ``add`` (overhead added to the roofline time).
+    """
     import numpy as np
 
     F = np.asarray(flops, float)[:, None, None]
@@ -560,14 +580,16 @@ def _grid_fit(flops, nbytes, ms, peak_f, peak_b, with_floor=True):
     g = np.geomspace(0.01, 1.5, 91)
     floors = [0.0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50] if with_floor else [0.0]
     tmax = np.maximum(F / (peak_f * g[None, :, None]) * 1e3, B / (peak_b * g[None, None, :]) * 1e3)
-    best = (np.inf, 0, 0, 0.0)
-    for fl in floors:
-        err = np.mean(np.abs(np.maximum(tmax, fl * 1e-3) - M) / M, axis=0)
-        i = np.unravel_index(np.argmin(err), err.shape)
-        if err[i] < best[0] - 1e-12:
-            best = (float(err[i]), i[0], i[1], fl)
-    e, i0, i1, fl = best
-    return float(g[i0]), float(g[i1]), float(fl), e * 100
+    best = (np.inf, 0, 0, 0.0, "max")
+    for mode in OVERHEAD_MODES if with_floor else ("max",):
+        for fl in floors:
+            pred = np.maximum(tmax, fl * 1e-3) if mode == "max" else tmax + fl * 1e-3
+            err = np.mean(np.abs(pred - M) / M, axis=0)
+            i = np.unravel_index(np.argmin(err), err.shape)
+            if err[i] < best[0] - 1e-12:
+                best = (float(err[i]), i[0], i[1], fl, mode)
+    e, i0, i1, fl, mode = best
+    return float(g[i0]), float(g[i1]), float(fl), e * 100, mode
 
 
 def fit_calibration(rows: list[dict], arch: str | GPUArch = "h200", name: str = "fit") -> tuple[OpsCalibration, list]:
@@ -608,28 +630,29 @@ def fit_calibration(rows: list[dict], arch: str | GPUArch = "h200", name: str = 
         if cls.startswith("attn_"):
             op = cls[5:]
             if op == "kernel":
-                ef, _, _, mape = _grid_fit(F, [0.0] * len(F), M, peak_f, peak_b, with_floor=False)
+                ef, _, _, mape, _ = _grid_fit(F, [0.0] * len(F), M, peak_f, peak_b, with_floor=False)
                 eb = 1.0
             else:
-                _, eb, _, mape = _grid_fit([0.0] * len(B), B, M, peak_f, peak_b, with_floor=False)
+                _, eb, _, mape, _ = _grid_fit([0.0] * len(B), B, M, peak_f, peak_b, with_floor=False)
                 ef = 1.0
             attn[op] = ef if op == "kernel" else eb
             report.append({"kind": "attention", "op_class": op, "eff_flops": ef, "eff_bytes": eb, "floor_us": 0.0,
-                           "n": len(rs), "mape_pct": mape})
+                           "overhead_mode": "max", "n": len(rs), "mape_pct": mape})
             continue
         if cls in COMM_CLASSES:
             continue
-        ef, eb, fl, mape = _grid_fit(F, B, M, peak_f, peak_b)
-        classes[cls] = ClassEff(ef, eb, fl, len(rs), mape)
+        ef, eb, fl, mape, mode = _grid_fit(F, B, M, peak_f, peak_b)
+        classes[cls] = ClassEff(ef, eb, fl, len(rs), mape, mode)
         report.append({"kind": "class", "op_class": cls, "eff_flops": ef, "eff_bytes": eb, "floor_us": fl,
-                       "n": len(rs), "mape_pct": mape})
+                       "overhead_mode": mode, "n": len(rs), "mape_pct": mape})
     cal = OpsCalibration(classes, Calibration(eff=attn, name=f"{name} attention", arch=arch.name), name, arch.name)
     return cal, report
 
 
 def write_calibration_csv(report: list[dict], path: str | Path, provenance_cols: dict) -> None:
     """Write the fit report with provenance columns (one row per class / attention op)."""
-    cols = ["kind", "op_class", "eff_flops", "eff_bytes", "floor_us", "n", "mape_pct"] + list(provenance_cols)
+    cols = ["kind", "op_class", "eff_flops", "eff_bytes", "floor_us", "overhead_mode", "n", "mape_pct"] + \
+        list(provenance_cols)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
@@ -655,7 +678,9 @@ def op_time_ms(op: LayerOp, arch: str | GPUArch, calibration: OpsCalibration | N
     e = cal.eff(op.op_class)
     peak = arch.bf16_tflops * 1e12 * (FP8_PEAK_FACTOR if op.dtype == "fp8" else 1.0)
     t = max(op.flops / (peak * e.eff_flops), op.bytes / (arch.hbm_gbps * 1e9 * e.eff_bytes)) * 1e3
-    return max(t, e.floor_us * 1e-3) if (op.flops or op.bytes) else 0.0
+    if not (op.flops or op.bytes):
+        return 0.0
+    return t + e.floor_us * 1e-3 if e.mode == "add" else max(t, e.floor_us * 1e-3)
 
 
 def comm_time_ms(kind: str, nbytes: float, tp: int, arch: str | GPUArch, calibration: OpsCalibration | None = None,
@@ -715,7 +740,7 @@ def layer_time_ms(model, tp, arch, strategy, step, calibration=None, **kw) -> di
 
 def _check_attention_consistency(model, tp, arch, strategy, step, kw, cal, out):
     """The attention ops priced here must equal costmodel.attention_path_ms (guards against drift)."""
-    if kw.get("out_slice_copy", True) is False:
+    if not kw.get("out_slice_copy", False):
         return
     ref = attention_path_ms(model, tp, arch, strategy, step if isinstance(step, Step) else int(step),
                             kw.get("kv_cache_dtype", "bf16"), cal.attention, kw.get("causal", True))

@@ -139,14 +139,15 @@ def test_attention_ops_match_costmodel():
     cal = default_ops_calibration()
     st = Step([(0, 0, 1024), (1, 0, 1024), (2, 512, 512)])
     for strategy in ("unfused", "fused", "kernel_native"):
-        lt = layer_time_ms(GLM, 8, "h200", strategy, st, cal)
+        lt = layer_time_ms(GLM, 8, "h200", strategy, st, cal, out_slice_copy=True)
         ref = attention_path_ms(GLM, 8, "h200", strategy, st, "bf16", cal.attention)
         for k, v in ref.items():
             if k != "total":
                 assert math.isclose(lt[k], v, rel_tol=1e-12)
         assert math.isclose(lt["attention_path"], ref["total"], rel_tol=1e-12)
-    # out_slice_copy=False drops costmodel's out_slice op
-    assert "out_slice" not in layer_time_ms(GLM, 8, "h200", "fused", 4096, cal, out_slice_copy=False)
+    # out_slice_copy=False (the default: the W_UV bmm reads the strided view, measured) drops costmodel's out_slice
+    assert "out_slice" not in layer_time_ms(GLM, 8, "h200", "fused", 4096, cal)
+    assert "out_slice" in layer_time_ms(GLM, 8, "h200", "fused", 4096, cal, out_slice_copy=True)
 
 
 def test_step_stats_causal():
@@ -180,6 +181,10 @@ def test_monotone_and_strategy_order():
         assert t > prev
         prev = t
     u, f, k = (step_time_ms(GLM, 8, "h200", s, 16384, cal)["total"] for s in ("unfused", "fused", "kernel_native"))
+    # without the output-slice copy (measured: the W_UV bmm reads the strided view) kernel_native only saves memory
+    assert u > f and math.isclose(f, k, rel_tol=1e-12)
+    u, f, k = (step_time_ms(GLM, 8, "h200", s, 16384, cal, out_slice_copy=True)["total"]
+               for s in ("unfused", "fused", "kernel_native"))
     assert u > f > k
     # fp8 KV cache: no padding, the strategies cost the same
     u8, f8 = (step_time_ms(GLM, 8, "h200", s, 16384, cal, kv_cache_dtype="fp8")["total"] for s in ("unfused", "fused"))
