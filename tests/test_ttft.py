@@ -129,3 +129,20 @@ def test_memory_tradeoff_seed():
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_seed_reproduction_numbers_are_computed():
+    from mla_lab.ttft import SEED, seed_reproduction
+
+    r = seed_reproduction(calibration=CAL)
+    assert r["analytic_extra_mib"] == 1008.0 and r["reported_extra_mib"] == 132785 - 131753 == 1032
+    full, attn = r["predicted"]["full_layer"], r["predicted"]["attention_path"]
+    assert full["num_steps"] == 2
+    # the same absolute saving over a larger denominator: full_layer's relative change is the smaller one
+    assert attn["delta_pct"]["fused"] < full["delta_pct"]["fused"] < 0
+    assert math.isclose(full["delta_ms"]["fused"], attn["delta_ms"]["fused"], rel_tol=1e-9)
+    assert SEED["reported_ttft_change_pct"] == -9.5
+    if "absent" not in r["anchored"]:
+        # anchoring on the measured pad / seed-step kernel changes the efficiencies, not the workload
+        assert r["anchored"]["full_layer"]["num_steps"] == 2
+        assert r["anchored"]["notes"]["pad_ms_measured"] > 0

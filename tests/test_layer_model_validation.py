@@ -1,0 +1,65 @@
+"""The committed H200 measurements against the current model: a regression guard on the model's formulas.
+
+``data/measured/h200/layer_e2e.csv`` holds the synthetic per-rank layer timed end to end on one H200
+(``benchmarks/bench_layer.py``); ``data/calibration/h200_ops.csv`` the efficiencies fitted on the per-op rows.
+Re-predicting every layer with the current code must stay within the issue's 10% MAPE target.
+"""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from mla_lab.layer_model import layer_ops, load_ops_calibration, op_time_ms, predict_measured_op_ms
+from mla_lab.models import load_model
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+E2E = DATA / "measured" / "h200" / "layer_e2e.csv"
+OPS = DATA / "measured" / "h200" / "layer_ops.csv"
+CAL = DATA / "calibration" / "h200_ops.csv"
+pytestmark = pytest.mark.skipif(not (E2E.is_file() and CAL.is_file()), reason="no committed H200 calibration data")
+
+
+def _rows(p):
+    with open(p, newline="") as f:
+        return [r for r in csv.DictReader(f) if r["status"] == "ok"]
+
+
+def test_calibration_is_measured():
+    cal = load_ops_calibration(CAL)
+    assert "H200" in cal.name
+    with open(CAL, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["source"] == "measured" and r["device"] == "NVIDIA H200" for r in rows)
+
+
+def test_layer_mape_within_target():
+    cal = load_ops_calibration(CAL)
+    models = {n: load_model(n) for n in ("glm-5", "deepseek-v3.2")}
+    apes = []
+    for r in _rows(E2E):
+        if (r.get("mode") or "eager") != "eager":
+            continue
+        excl = set((r.get("excluded_ops") or "").split(";"))
+        ops = [op for op in layer_ops(models[r["model"]], int(r["tp"]), "h200", r["strategy"], int(r["T"]),
+                                      layer_kind=r["layer_kind"], moe_parallel=r["moe_parallel"],
+                                      ep_size=int(r["ep"]))
+               if op.impl and not op.is_comm and op.name not in excl]
+        pred = sum(op_time_ms(op, "h200", cal) for op in ops)
+        apes.append(abs(pred - float(r["ms"])) / float(r["ms"]) * 100)
+    assert len(apes) >= 100
+    assert sum(apes) / len(apes) <= 10.0
+
+
+def test_op_classes_mape():
+    """Per-op-class MAPE of the fit (in sample). The big classes meet the 10% target; the rest are bounded so a
+    regression shows (docs/ttft-model.md lists each class and why some miss)."""
+    cal = load_ops_calibration(CAL)
+    by: dict = {}
+    for r in _rows(OPS):
+        by.setdefault(r["op_class"], []).append(abs(predict_measured_op_ms(r, "h200", cal) - float(r["ms"]))
+                                                / float(r["ms"]) * 100)
+    mape = {k: sum(v) / len(v) for k, v in by.items()}
+    for cls in ("gemm", "moe_gemm", "bmm", "attn_kernel", "attn_pad", "norm", "elementwise"):
+        assert mape[cls] <= 10.0, (cls, mape[cls])
+    assert all(v <= 30.0 for v in mape.values()), mape
