@@ -169,7 +169,8 @@ def build_index(report_dir: str | Path, latest_name: str = "padding_sweep") -> P
     for m in runs:
         rid = m["run_id"]
         p = m.get("params") or {}
-        params = "<br>".join(f"{k}: <code>{e(_fmt_val(p[k]))}</code>" for k in _GRID_KEYS if k in p)
+        params = "<br>".join(f"{k}: <code>{e('= num_prompts' if k == 'concurrency' and p[k] is None else _fmt_val(p[k]))}"
+                             "</code>" for k in _GRID_KEYS if k in p)
         figs = m.get("figures") or {}
         thumb = ""
         if "memory_vs_ttft" in figs:
@@ -199,7 +200,7 @@ body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
 table {{ border-collapse: collapse; width: 100%; font-size: 13px; }}
 th, td {{ border: 1px solid #ccc; padding: 6px 8px; vertical-align: top; text-align: left; }}
 th {{ background: #eef3f8; }}
-td.params {{ white-space: nowrap; }}
+td.params, td:first-child {{ white-space: nowrap; }}
 code {{ font-size: 12px; }}
 img.thumb {{ width: 260px; border: 1px solid #ddd; }}
 </style></head><body>
