@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--report-name", default="padding_sweep", help="basename of the latest report's files")
     sw.add_argument("--timeout", type=int, default=600, help="per-cell execution timeout, seconds")
     sw.add_argument("--force", action="store_true", help="recompute points already stored")
+    sw.add_argument("--executor", choices=["local", "ray"], default=None,
+                    help="where grid points run (= -p executor; ray needs pip install 'mla_lab[ray]')")
+    sw.add_argument("--address", default=None, help="Ray cluster address with --executor ray (= -p ray_address)")
     ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
     ix.add_argument("--report-dir", default="reports")
     ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
@@ -187,6 +190,10 @@ def main(argv: list[str] | None = None) -> int:
         params = _load_params(args.params_file, args.param)
         if args.force:
             params["force"] = True
+        if args.executor is not None:
+            params["executor"] = args.executor
+        if args.address is not None:
+            params["ray_address"] = args.address
         # relative paths resolve against the directory the command runs in
         res = publish(params, Path(args.notebook), args.report_name, args.timeout, Path.cwd())
     except (CLIError, ValueError) as e:

@@ -202,3 +202,30 @@ def test_local_executor_is_the_default():
     assert isinstance(make_executor(p.executor), LocalExecutor)
     with pytest.raises(ValueError, match="executor='local' takes no address"):
         make_executor("local", address="auto")
+
+
+# ------------------------------------------------------------------------------------------------ papermill front door
+
+def _cli(*args, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "mla_lab.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.mark.slow
+def test_cli_notebook_fans_out_on_ray(tmp_path):
+    _need_ray()
+    r = _cli("sweep", "--executor", "ray", "-p", "models", "[glm-5]", "-p", "tp_sizes", "[4, 8]", "-p", "archs",
+             "[h200]", "-p", "prompt_lens", "[1024]", "-p", "max_num_batched_tokens", "[16384]", "-p", "device", "cpu",
+             "-p", "check_equivalence", "false", "-p", "store_dir", str(tmp_path / "st"), "-p", "data_file",
+             str(tmp_path / "s.csv"), "-p", "report_dir", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    df = pd.read_csv(tmp_path / "s.csv")
+    assert len(df) == 2 * 3 and (df["status"] == "ok").all()
+    executed = next((tmp_path / "rep" / "runs").glob("*.ipynb")).read_text()
+    assert "[mla-lab] executor ray (local:" in executed  # the notebook's sweep ran on Ray
+    assert "executor = \\\"ray\\\"" in executed  # injected by papermill
+
+
+def test_cli_address_without_ray_executor_is_refused(tmp_path):
+    r = _cli("sweep", "--address", "auto", "-p", "report_dir", str(tmp_path))
+    assert r.returncode == 2 and "ray_address='auto' is only used with executor='ray'" in r.stderr
