@@ -208,8 +208,12 @@ def recompute_measured_ttft(df):
             point[k] = int(point[k])
         steps = schedule(Workload(point["prompt_len"], point["num_prompts"], point["concurrency"]),
                          point["max_num_batched_tokens"])
+        step0 = r.get("attn_path_ms_step0")
         if isinstance(r.get("attn_path_ms_steps"), str) and r["attn_path_ms_steps"]:
             meas = json.loads(r["attn_path_ms_steps"])
+        elif step0 is None or pd.isna(step0):
+            out.at[i, "ttft_note"] = "no measured attention path stored: TTFT left as measured then"
+            continue
         elif len({_step_signature(s, point["prompt_len"]) for s in steps}) == 1:
             meas = [float(r["attn_path_ms_step0"])] * len(steps)
         else:

@@ -37,7 +37,8 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv"):
     """Measured sweep rows under ``data/measured`` (recursively): every ``pattern`` file that has the sweep's
     columns (model, tp, arch, strategy, source, max_num_batched_tokens, prompt_len, ttft_ms), keeping rows whose
     ``source`` is ``measured``; a ``file`` column says where each row came from. Other CSVs there (kernel
-    benchmarks) are ignored. Empty DataFrame if none. ``root`` defaults to env ``MLA_LAB_MEASURED``, else the
+    benchmarks) are ignored. TTFT columns are re-derived with the current TTFT model around the measured attention
+    path (:func:`mla_lab.bench.recompute_measured_ttft`). Empty DataFrame if none. ``root`` defaults to env ``MLA_LAB_MEASURED``, else the
     repository's ``data/measured``."""
     import os
 
@@ -56,7 +57,12 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv"):
         if len(df):
             df["file"] = str(p.relative_to(root))
             frames.append(df)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if not frames:
+        return pd.DataFrame()
+    from .bench import recompute_measured_ttft
+
+    # the attention path is measured; the rest of TTFT comes from the current model, so re-derive it here
+    return recompute_measured_ttft(pd.concat(frames, ignore_index=True))
 
 
 def measured_for(params, root: str | Path | None = None):
