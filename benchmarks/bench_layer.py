@@ -19,10 +19,15 @@ repetition, CUDA events; random bf16 weights and inputs scaled 1/sqrt(K), never 
    buffer + ``new_zeros`` pad + copy + kernel + ``out[:, :H]`` (a view, as vLLM) ; fused = concat into the padded
    workspace + kernel + the same view — for the MoE layer (TP-sharded experts; EP at tp=8) and the dense layer.
    No communication (one GPU); the model's prediction for these rows leaves comm and modelled-only ops out.
+   ``mode``: ``eager``; ``graph`` (CUDA-graph replay, T <= 4096); ``paired`` (``--pairs N``: the two strategies
+   timed alternately N times, drift cancelled; the median paired difference goes to ``layer_extras.csv``). The
+   fused workspace's padded heads hold zeros (``--fused-pad-fill``; the first H200 run, before this option, had
+   random values there while the unfused pad tensor is zeros).
 3. ``layer_extras.csv``: copy and matmul ceilings; whether the W_UV bmm copies the ``[:, :H]`` slice (time on the
    strided view vs on a contiguous copy, kernels launched, extra memory); peak memory per strategy with
    ``torch.cuda.reset_peak_memory_stats`` against :func:`mla_lab.buffers.memory_account`; the sparse kernel with
-   causal ``topk_length`` (the seed step: 16 prompts x 1024 tokens; one 4096-token prompt).
+   causal ``topk_length`` (the seed step: 16 prompts x 1024 tokens; one 4096-token prompt); the kernel with the
+   padded heads zero / random / NaN (``kernel_pad_values``, added after the first run).
 4. ``h200_ops.csv``: the efficiencies fitted by :func:`mla_lab.layer_model.fit_calibration`, and
    ``layer_validation.csv``: predicted vs measured per op and per layer, in-sample and leave-one-model-out.
 

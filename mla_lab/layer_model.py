@@ -96,7 +96,7 @@ __all__ = [
     "LayerOp", "StepStats", "ClassEff", "OpsCalibration", "OP_CLASSES", "COMM_CLASSES", "WEIGHT_DTYPES",
     "step_stats", "layer_ops", "step_ops", "op_time_ms", "comm_time_ms", "layer_time_ms", "step_time_ms",
     "default_ops_calibration", "load_ops_calibration", "fit_calibration", "write_calibration_csv",
-    "weights_bytes_per_rank", "activation_peak_bytes", "predict_measured_op_ms",
+    "weights_bytes_per_rank", "activation_peak_bytes", "predict_measured_op_ms", "OVERHEAD_MODES",
 ]
 
 BF16 = 2
@@ -166,7 +166,7 @@ class LayerOp:
                 "dtype": self.dtype}
 
 
-def _gemm(name, M, K, N, wbytes, dtype, impl="linear", weight_dtype_bytes=None) -> LayerOp:
+def _gemm(name, M, K, N, wbytes, dtype, impl="linear") -> LayerOp:
     """``[M, K] @ [K, N]``: 2MKN FLOPs; weights K*N*wbytes (+ fp32 block scales for fp8); activations bf16 in/out."""
     w = K * N * wbytes
     if wbytes == 1:
