@@ -6,8 +6,9 @@
   back to ``H``.
 - ``fused`` (the PR): ``concat_mla_q`` writes the real heads straight into a workspace allocated once with ``H'``
   heads (:class:`~mla_lab.buffers.QConcatWorkspace`); the kernel gets the ``[:T]`` view and ``actual_num_heads=H``.
-  Padded heads hold whatever the allocator gave (vLLM leaves them uninitialized); pass ``zero_padding=True`` to
-  have the concat zero them in the same pass.
+  The workspace is zeroed once at allocation (:class:`~mla_lab.buffers.QConcatWorkspace` ``zero_init``), so its
+  padded heads stay zero (vLLM leaves them uninitialized; the kernel's time depends on their contents, see
+  buffers); pass ``zero_padding=True`` to have the concat zero them on every call instead.
 
 Both return the attention output for the real heads, ``[T, H, d_v]`` bf16, which must be identical.
 """

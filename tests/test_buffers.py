@@ -90,3 +90,15 @@ def test_workspace_views_and_bytes():
 def test_bad_input_messages(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_workspace_zero_init_keeps_padded_heads_zero_through_concat():
+    from mla_lab.kernels import concat_mla_q
+
+    ws = QConcatWorkspace(6, 8, "hopper", "bf16")
+    assert torch.count_nonzero(ws.buffer) == 0
+    q = ws.view(6)
+    concat_mla_q(torch.randn(6, 8, 512).bfloat16(), torch.randn(6, 8, 64).bfloat16(), q, backend="torch")
+    assert torch.count_nonzero(q[:, 8:]) == 0 and torch.count_nonzero(q[:, :8]) > 0
+    raw = QConcatWorkspace(6, 8, "hopper", "bf16", zero_init=False)
+    assert raw.buffer.shape == ws.buffer.shape
