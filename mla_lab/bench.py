@@ -18,7 +18,7 @@ import json
 import math
 
 from .arch import detect_arch, get_arch
-from .buffers import MIB, kv_tokens_lost, memory_account, padded_num_heads
+from .buffers import memory_account, padded_num_heads
 from .models import load_model
 from .provenance import provenance
 from .workload import Step, Workload, schedule
@@ -264,39 +264,26 @@ def measure_point(point: dict) -> list[dict]:
         if sig not in cache:
             cache[sig] = time_attention_path(model, tp, st, L, arch.name)
         per_step.append(cache[sig])
+    from .sweep import add_ttft_change, memory_columns
+
     prov = provenance("measured")
     rows = []
-    base_ttft = None
-    base_mem = memory_account("unfused", H, mbt, arch, "bf16")
     for name in ("unfused", "fused"):
         meas = [m[name]["total"] for m in per_step]
         t = ttft_with_measured_attention(point, meas, name)
-        ttft, ttfts = t["ttft_ms"], t["ttft_ms_list"]
-        if name == "unfused":
-            base_ttft = ttft
-        mem = memory_account(name, H, mbt, arch, "bf16")
-        extra = mem.persistent_bytes - base_mem.persistent_bytes
         first = per_step[0][name]
-        row = {k: v for k, v in point.items() if k not in ("strategies", "mode")}
+        row = memory_columns(point, name)
         row.update(
-            strategy=name, family=arch.family, sm=arch.sm, prefill_padding=arch.prefill_padding, num_heads=H,
-            q_concat_heads=mem.q_concat_heads, kernel_heads=mem.kernel_heads, persistent_bytes=mem.persistent_bytes,
-            step_transient_bytes=mem.step_transient_bytes, kernel_out_bytes=mem.kernel_out_bytes,
-            peak_bytes=mem.peak_bytes, extra_persistent_bytes=extra, extra_persistent_mib=extra / MIB,
-            kv_tokens_lost=kv_tokens_lost(extra, model, "bf16"), ttft_ms=ttft, ttft_ms_max=max(ttfts),
-            num_steps=len(steps), ttft_scope=t["scope"],
+            ttft_ms=t["ttft_ms"], ttft_ms_max=t["ttft_ms_max"], num_steps=len(steps), ttft_scope=t["scope"],
             attn_path_ms_step0=first["total"], attn_path_ms_steps=json.dumps([round(x, 6) for x in meas]),
             measured_peak_extra_bytes=first["peak_bytes"],
             analytic_peak_extra_bytes=_analytic_call_peak(name, H, mbt, arch, steps[0].num_tokens, model),
             kernel_backend=per_step[0]["kernel_backend"], concat_backend=per_step[0]["concat_backend"],
-            model_arch=arch.name, status="ok", reason="",
             **{f"{op}_ms_step0": first.get(op, 0.0) for op in OPS},
         )
         row.update(prov)
         rows.append(row)
-    for r in rows:
-        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] - base_ttft) / base_ttft
-    return rows
+    return add_ttft_change(rows)
 
 
 def _analytic_call_peak(strategy: str, H: int, mbt: int, arch, T: int, model) -> int:

@@ -169,6 +169,41 @@ def expand_grid(params: SweepParams) -> list[dict]:
     return out
 
 
+def memory_columns(point: dict, strategy: str) -> dict:
+    """The columns every sweep row has, modelled or measured: the point's parameters, the strategy, heads per rank
+    and the exact byte accounting (:func:`mla_lab.buffers.memory_account`), the extra persistent workspace against
+    ``unfused`` in bytes, MiB and KV-cache tokens lost per rank.
+
+    Raises:
+        ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
+    """
+    model = load_model(point["model"])
+    arch = get_arch(point["arch"])
+    H = model.heads_per_rank(point["tp"])
+    mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
+    mem = memory_account(strategy, H, mbt, arch, kv, head_size=model.head_size, d_v=model.d_v)
+    base = memory_account("unfused", H, mbt, arch, kv, head_size=model.head_size, d_v=model.d_v)
+    extra = mem.persistent_bytes - base.persistent_bytes
+    row = {k: v for k, v in point.items() if k not in ("strategies", "mode")}
+    row.update(
+        strategy=strategy, family=arch.family, sm=arch.sm, prefill_padding=arch.prefill_padding, num_heads=H,
+        q_concat_heads=mem.q_concat_heads, kernel_heads=mem.kernel_heads,
+        persistent_bytes=mem.persistent_bytes, step_transient_bytes=mem.step_transient_bytes,
+        kernel_out_bytes=mem.kernel_out_bytes, peak_bytes=mem.peak_bytes,
+        extra_persistent_bytes=extra, extra_persistent_mib=extra / MIB,
+        kv_tokens_lost=kv_tokens_lost(extra, model, kv), model_arch=arch.name, status="ok", reason="",
+    )
+    return row
+
+
+def add_ttft_change(rows: list[dict]) -> list[dict]:
+    """Set ``ttft_change_pct`` of every row against the point's ``unfused`` row (in place; returns ``rows``)."""
+    base = next(r["ttft_ms"] for r in rows if r["strategy"] == "unfused")
+    for r in rows:
+        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] - base) / base
+    return rows
+
+
 def price_point(point: dict, calibration=None) -> list[dict]:
     """Modelled rows (one per strategy) for one grid point: exact memory, modelled TTFT.
 
@@ -179,38 +214,23 @@ def price_point(point: dict, calibration=None) -> list[dict]:
 
     model = load_model(point["model"])
     arch = get_arch(point["arch"])
-    H = model.heads_per_rank(point["tp"])
     wl = Workload(point["prompt_len"], point["num_prompts"], point["concurrency"])
     strategies = list(dict.fromkeys(["unfused"] + list(point["strategies"])))
     mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
     prov = provenance("modelled")
-    base_mem = memory_account("unfused", H, mbt, arch, kv, head_size=model.head_size, d_v=model.d_v)
-    rows, base_ttft = [], None
+    rows = []
     for s in strategies:
-        mem = memory_account(s, H, mbt, arch, kv, head_size=model.head_size, d_v=model.d_v)
         t = predict_ttft(model, point["tp"], arch, wl, mbt, s, kv, calibration)
-        if s == "unfused":
-            base_ttft = t["ttft_ms_mean"]
-        extra = mem.persistent_bytes - base_mem.persistent_bytes
-        row = {k: v for k, v in point.items() if k != "strategies"}
+        row = memory_columns(point, s)
         row.update(
-            strategy=s, family=arch.family, sm=arch.sm, prefill_padding=arch.prefill_padding, num_heads=H,
-            q_concat_heads=mem.q_concat_heads, kernel_heads=mem.kernel_heads,
-            persistent_bytes=mem.persistent_bytes, step_transient_bytes=mem.step_transient_bytes,
-            kernel_out_bytes=mem.kernel_out_bytes, peak_bytes=mem.peak_bytes,
-            extra_persistent_bytes=extra, extra_persistent_mib=extra / MIB,
-            kv_tokens_lost=kv_tokens_lost(extra, model, kv),
             ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=t["num_steps"],
             ttft_scope=t["scope"],
             **{f"{op}_ms": t["ops_ms"].get(op, 0.0) for op in ("concat", "pad", "kernel", "out_slice")},
             calibration=getattr(calibration, "name", None) or _default_cal_name(),
-            model_arch=arch.name, status="ok", reason="",
         )
         row.update(prov)
         rows.append(row)
-    for r in rows:
-        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] - base_ttft) / base_ttft
-    return rows
+    return add_ttft_change(rows)
 
 
 def _default_cal_name() -> str:

@@ -70,3 +70,40 @@ def test_measured_ttft_recombination_replaces_attention_path():
     assert "attention path measured" in plus["scope"]
     with pytest.raises(ValueError, match="entries; the workload has"):
         ttft_with_measured_attention(point, [1.0], "fused")
+
+
+def test_measure_point_rows_with_stubbed_timings(monkeypatch):
+    """measure_point's bookkeeping on CPU: the GPU timing is replaced by fixed numbers; the rows must carry the
+    exact memory columns of the modelled rows, the measured attention path and measured provenance."""
+    import mla_lab.bench as bench
+    from mla_lab.sweep import expand_grid, price_point, validate_params
+
+    calls = []
+
+    def fake_time(model, tp, step, prompt_len, arch_name, full_topk=False, seed=0, device="cuda"):
+        calls.append(step.num_tokens)
+        return {"unfused": {"concat": 0.1, "pad": 0.5, "kernel": 7.0, "out_slice": 0.2, "total": 7.8,
+                            "peak_bytes": 123, "workspace_bytes": 1},
+                "fused": {"concat": 0.1, "kernel": 7.0, "out_slice": 0.2, "total": 7.3, "peak_bytes": 100,
+                          "workspace_bytes": 2},
+                "kernel_backend": "flash_mla", "concat_backend": "triton"}
+
+    monkeypatch.setattr(bench, "_require_cuda", lambda: None)
+    monkeypatch.setattr(bench, "detect_arch", lambda: {"device": "stub H200", "prefill_padding": 64})
+    monkeypatch.setattr(bench, "time_attention_path", fake_time)
+    pt = expand_grid(validate_params(dict(models=["glm-5"], tp_sizes=[8], archs=["h200"],
+                                          max_num_batched_tokens=[16384], prompt_lens=[1024], device="cpu")))[0]
+    rows = {r["strategy"]: r for r in bench.measure_point(pt)}
+    assert calls == [16384]  # two identical steps, measured once
+    modelled = {r["strategy"]: r for r in price_point(pt)}
+    for s in ("unfused", "fused"):
+        for col in ("q_concat_heads", "persistent_bytes", "extra_persistent_bytes", "kv_tokens_lost", "num_heads"):
+            assert rows[s][col] == modelled[s][col]
+        assert rows[s]["source"] == "measured" and rows[s]["kernel_backend"] == "flash_mla"
+    assert rows["fused"]["extra_persistent_bytes"] == 1_056_964_608
+    # 0.5 ms per layer per step less, 78 layers, both prompts' groups see 1 or 2 steps: mean saving 1.5 * 39 ms
+    saving = rows["unfused"]["ttft_ms"] - rows["fused"]["ttft_ms"]
+    assert saving == pytest.approx(0.5 * 78 * 1.5)
+    assert rows["fused"]["ttft_change_pct"] < 0 == rows["unfused"]["ttft_change_pct"]
+    with pytest.raises(ValueError, match="only the bf16 path is measured"):
+        bench.measure_point(dict(pt, kv_cache_dtype="fp8"))
