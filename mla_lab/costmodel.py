@@ -26,6 +26,11 @@ timings in ``data/calibration/h200_reference.csv`` (FACTS.md section 5: do_bench
 2.11.0+cu130, driver 580.159.04). Other architectures reuse the H200 efficiencies, which is an assumption the rows
 state (``calibration`` column).
 
+``out_slice`` is priced here as FACTS.md section 5 measured it, but vLLM's consumer (the W_UV bmm) reads the strided
+``out[:, :H]`` view without a copy (measured on an H200: same time, 0 extra bytes;
+``data/measured/h200/layer_extras.csv``, experiment ``w_uv_slice``), so the ``full_layer`` TTFT scope of
+:mod:`mla_lab.layer_model` leaves it out by default (``out_slice_copy=False``).
+
 fp8 KV cache: the Q workspace is not padded (vLLM), so no pad op and identical strategies; the kernel term then
 stands for vLLM's FP8 path at the same padded head count, which this first-order model does not distinguish.
 """
