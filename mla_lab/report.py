@@ -588,3 +588,89 @@ def html_table(df, caption: str | None = None) -> str:
     if caption:
         sty = sty.set_caption(caption)
     return sty.format(precision=2).to_html()
+
+
+# ---------------------------------------------------------------------------------------- model validation, TP=2
+
+_OP_CLASS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                    "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31"]
+
+
+def _measured_root() -> Path:
+    import os
+
+    return Path(os.environ.get("MLA_LAB_MEASURED") or REPO / "data" / "measured")
+
+
+def load_validation(root: str | Path | None = None):
+    """The TTFT model's predicted-vs-measured rows (every ``layer_validation.csv`` under ``root``, default env
+    ``MLA_LAB_MEASURED`` or ``data/measured``; a ``run`` column names the folder). Empty DataFrame if none."""
+    import pandas as pd
+
+    root = Path(root) if root else _measured_root()
+    frames = []
+    for p in sorted(root.rglob("layer_validation.csv")) if root.is_dir() else []:
+        v = pd.read_csv(p)
+        v["run"] = str(p.parent.relative_to(root)) if p.parent != root else "."
+        frames.append(v)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def validation_table(v):
+    """MAPE (%) per level and op class, in sample and leave-one-model-out, with the number of rows."""
+    if v is None or not len(v):
+        return v
+    g = v.groupby(["run", "level", "op_class", "split"])["ape_pct"].agg(["count", "mean", "max"]).reset_index()
+    g = g.rename(columns={"count": "n", "mean": "MAPE_pct", "max": "max_APE_pct"})
+    return g.round({"MAPE_pct": 1, "max_APE_pct": 1})
+
+
+def plot_validation(v):
+    """Predicted vs measured (log-log, in-sample fit): ops coloured by class (left), whole layers (right: eager,
+    CUDA graph, interleaved pairs). The diagonal is a perfect model; MAPE per group in the legend."""
+    import numpy as np
+
+    fig = _figure((13, 5.6))
+    ax_op, ax_layer = fig.subplots(1, 2)
+    ins = v[v["split"] == "in_sample"]
+    ops = ins[ins["level"] == "op"]
+    for i, (cls, g) in enumerate(ops.groupby("op_class")):
+        ax_op.scatter(g["measured_ms"], g["predicted_ms"], s=14, alpha=0.75,
+                      color=_OP_CLASS_COLORS[i % len(_OP_CLASS_COLORS)],
+                      label=f"{cls} (n={len(g)}, MAPE {g['ape_pct'].mean():.1f}%)")
+    layers = ins[ins["level"].isin(["layer", "layer_graph", "layer_paired"])]
+    for (lvl, run), g in layers.groupby(["level", "run"]):
+        ax_layer.scatter(g["measured_ms"], g["predicted_ms"], s=22, alpha=0.8,
+                         label=f"{lvl} [{run}] (n={len(g)}, MAPE {g['ape_pct'].mean():.1f}%)")
+    for ax, title in ((ax_op, "per op (one rank, real shapes)"), (ax_layer, "whole decoder layer (one rank)")):
+        lo, hi = ax.get_xlim()[0], ax.get_xlim()[1]
+        vals = np.array([c for c in ax.collections for c in c.get_offsets().ravel()]) if ax.collections else None
+        if vals is not None and vals.size:
+            lo, hi = max(vals[vals > 0].min() * 0.7, 1e-4), vals.max() * 1.4
+        ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("measured [ms] (H200)")
+        ax.set_ylabel("predicted [ms] (TTFT model)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.suptitle("TTFT model vs H200 measurements (modelled vs measured; in-sample calibration)")
+    return fig
+
+
+def tp2_table(path: str | Path | None = None):
+    """Real TP=2 (two H200s, NCCL) vs the one-GPU simulation of a rank plus the modelled all-reduce, from
+    ``data/measured/h200x2/tp2_attention.csv``: slowest rank per (model, T, strategy). Empty if not measured."""
+    import pandas as pd
+
+    path = Path(path) if path else _measured_root() / "h200x2" / "tp2_attention.csv"
+    if not path.is_file():
+        return pd.DataFrame()
+    d = pd.read_csv(path)
+    tp = d[d["run"] == "tp"].sort_values("block_ms").groupby(["model", "T", "strategy"]).tail(1)
+    cols = ["model", "T", "strategy", "num_heads", "block_ms", "compute_ms", "sim_compute_ms", "allreduce_ms",
+            "allreduce_model_ms", "time_error_pct", "compute_error_pct", "peak_extra_bytes", "sim_peak_extra_bytes",
+            "mem_error_pct", "device", "git_commit"]
+    out = tp[[c for c in cols if c in tp.columns]].sort_values(["model", "T", "strategy"]).reset_index(drop=True)
+    return out.round(3)

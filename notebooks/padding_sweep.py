@@ -93,6 +93,30 @@ saved["tp_bars"] = report.publish_figure(report.plot_tp_bars(both), "tp_bars", f
 saved["ttft_heatmap"] = report.publish_figure(report.plot_heatmap(both), "ttft_heatmap", figs)
 
 # %% [markdown]
+# ## Validation of the TTFT model (measured on an H200)
+# The TTFT model (`mla_lab.layer_model`, `mla_lab.ttft`) prices every op of a decoder layer on one rank; its
+# efficiencies were fitted on an H200 (`data/calibration/h200_ops.csv`). Predicted vs measured per op and per layer;
+# the table gives the MAPE per op class (in sample, and leaving one model out). Details: `docs/ttft-model.md`.
+
+# %%
+val = report.load_validation()
+if len(val):
+    saved["validation"] = report.publish_figure(report.plot_validation(val), "validation", figs)
+    display(HTML(report.html_table(report.validation_table(val))))
+else:
+    display(Markdown("No validation measurements under `data/measured`."))
+
+# %% [markdown]
+# ## Real TP=2 vs the one-GPU simulation (measured on 2 H200s)
+# The lab simulates TP by giving one GPU a rank's share of heads. Two H200s running the attention block at TP=2
+# (heads split, latent KV replicated, o_proj all-reduce over NCCL) against that simulation plus the modelled
+# all-reduce: slowest rank per configuration. Details: `docs/scaling.md`.
+
+# %%
+tp2 = report.tp2_table()
+display(HTML(report.html_table(tp2)) if len(tp2) else Markdown("No TP=2 measurements under `data/measured`."))
+
+# %% [markdown]
 # ## Fused == unfused on the real heads
 # Both strategies run on small random CPU inputs (invalid indices, causal `topk_length`, one row with no valid
 # index); the fused workspace's padded heads are poisoned with NaN first.

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from mla_lab import report
 from mla_lab.site import check_in_browser, find_chromium
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -49,7 +50,8 @@ def test_published_report_renders_with_every_figure(chromium, published, tmp_pat
     assert res["errors"] == [], res["errors"]
     assert res["problems"] == [], res["problems"]
     assert res["ok"]
-    assert len(res["images"]) == 3  # memory vs TTFT, per-TP bars, heatmap
+    # memory vs TTFT, per-TP bars, heatmap, and the model-validation figure when data/measured holds validation rows
+    assert len(res["images"]) == 3 + bool(len(report.load_validation()))
     for im in res["images"]:
         assert im["complete"] and im["naturalWidth"] > 500 and im["naturalHeight"] > 300
         assert im["width"] > 300 and im["ink"] > 0.02, im  # drawn on screen with visible content
@@ -65,7 +67,7 @@ def test_index_and_run_report_render(chromium, published, tmp_path):
     run_html = next((published / "runs").glob("*.html"))
     res = check_in_browser(run_html, screenshot=tmp_path / "run.png", chromium=chromium)
     assert res["ok"], res["problems"]
-    assert len(res["images"]) == 3
+    assert len(res["images"]) == 3 + bool(len(report.load_validation()))
 
 
 def _png(color, size=(400, 300), line=False) -> str:

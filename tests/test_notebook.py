@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from mla_lab import report
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -28,7 +30,8 @@ def test_cli_runs_notebook_on_tiny_grid(tmp_path):
     assert set(df["strategy"]) == {"unfused", "fused", "kernel_native"} and len(df) == 6
     assert (df["source"] == "modelled").all()
     html = (tmp_path / "rep" / "tiny.html").read_text()
-    assert html.count('src="data:image/png;base64') == 3 and "Memory vs TTFT" in html  # the three figures
+    n_fig = 3 + bool(len(report.load_validation()))  # + the validation figure when data/measured has its rows
+    assert html.count('src="data:image/png;base64') == n_fig and "Memory vs TTFT" in html
     assert (tmp_path / "rep" / "tiny.png").stat().st_size > 10_000  # headline chart beside the latest HTML
     nb = json.loads((tmp_path / "rep" / "tiny.ipynb").read_text())
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in nb["cells"])
