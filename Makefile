@@ -28,7 +28,7 @@ test: $(VENV)/.stamp
 
 ## JupyterLab on notebooks/, opening the interactive explorer (LAB_ARGS: e.g. --no-browser --ip=0.0.0.0)
 lab: $(VENV)/.stamp
-	$(VENV)/bin/jupyter lab notebooks/explore.ipynb $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab notebooks/explore.ipynb $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

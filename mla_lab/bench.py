@@ -179,8 +179,10 @@ def ttft_with_measured_attention(point: dict, step_attention_ms: list[float], st
     if len(step_attention_ms) != len(steps):
         raise ValueError(f"step_attention_ms has {len(step_attention_ms)} entries; the workload has {len(steps)} "
                          "steps")
+    from .sweep import layer_kw
+
     mod = predict_ttft(model, point["tp"], point["arch"], wl, point["max_num_batched_tokens"], strategy,
-                       point.get("kv_cache_dtype", "bf16"), calibration)
+                       point.get("kv_cache_dtype", "bf16"), calibration, **layer_kw(point))
     mod_attn = [sum(v for k, v in ops.items() if k in OPS) for ops in _per_step_attention(mod)]
     elapsed, ttfts = 0.0, []
     for st, step_ms, ma, me in zip(steps, mod["step_ms"], mod_attn, step_attention_ms):
@@ -190,9 +192,10 @@ def ttft_with_measured_attention(point: dict, step_attention_ms: list[float], st
             "scope": f"{mod['scope']} (attention path measured)"}
 
 
-def recompute_measured_ttft(df):
+def recompute_measured_ttft(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
     """Re-derive the TTFT columns of measured sweep rows with the current TTFT model (the measured attention path
-    per step, ``attn_path_ms_steps``, stays as measured). Rows without the per-step list fall back to
+    per step, ``attn_path_ms_steps``, stays as measured). ``weight_dtype`` / ``moe_parallel`` set the model's layer
+    options for every row (default: the row's own columns, else the sweep defaults); the rows record them. Rows without the per-step list fall back to
     ``attn_path_ms_step0`` only when every step of their workload has the same shape (same chunk positions), else
     they are left unchanged and marked in ``ttft_note``. Returns a new DataFrame."""
     import pandas as pd
@@ -206,6 +209,13 @@ def recompute_measured_ttft(df):
                                    "concurrency", "kv_cache_dtype")}
         for k in ("tp", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency"):
             point[k] = int(point[k])
+        for k, v in (("weight_dtype", weight_dtype), ("moe_parallel", moe_parallel)):
+            row_v = r.get(k)
+            point[k] = v or (row_v if isinstance(row_v, str) and row_v else None)
+        from .sweep import layer_kw
+
+        point.update(layer_kw(point))
+        out.at[i, "weight_dtype"], out.at[i, "moe_parallel"] = point["weight_dtype"], point["moe_parallel"]
         steps = schedule(Workload(point["prompt_len"], point["num_prompts"], point["concurrency"]),
                          point["max_num_batched_tokens"])
         step0 = r.get("attn_path_ms_step0")

@@ -103,6 +103,12 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
     except pm.PapermillExecutionError as e:
         raise CLIError(f"notebook cell {e.exec_count} failed: {e.ename}: {e.evalue} "
                        f"(executed copy with the traceback: {executed})") from None
+    except Exception as e:  # nbclient's CellTimeoutError, a dead kernel: one line, not a traceback wall
+        if type(e).__name__ in ("CellTimeoutError", "DeadKernelError", "TimeoutError"):
+            raise CLIError(f"notebook run stopped: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                           f"(--timeout {timeout} s is per cell and the whole sweep runs in one cell; points "
+                           f"finished so far are stored and a re-run resumes)") from None
+        raise
     duration = time.time() - t0
     run_html = runs_dir / f"{run_id}.html"
     run_html.write_text(site.notebook_to_html(executed, f"mla_lab {report_name} {run_id}"))
@@ -151,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
     sw.add_argument("--notebook", default=str(DEFAULT_NOTEBOOK))
     sw.add_argument("--report-name", default="padding_sweep", help="basename of the latest report's files")
-    sw.add_argument("--timeout", type=int, default=600, help="per-cell execution timeout, seconds")
+    sw.add_argument("--timeout", type=int, default=3600,
+                    help="per-cell execution timeout, seconds (the sweep itself runs in one cell)")
     sw.add_argument("--force", action="store_true", help="recompute points already stored")
     sw.add_argument("--executor", choices=["local", "ray"], default=None,
                     help="where grid points run (= -p executor; ray needs pip install 'mla_lab[ray]')")
@@ -199,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     except (CLIError, ValueError) as e:
         print(f"mla-lab: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, ValueError) else 1
+    except KeyboardInterrupt:
+        print("mla-lab: interrupted; every point finished so far is stored (one file per point) and the same "
+              "command resumes from them", file=sys.stderr)
+        return 130
     print(f"mla-lab: report written to {_rel(res['html'])}")
     print(f"mla-lab: this run: {_rel(res['run_html'])} (figures as PNG + SVG in {_rel(res['figures'])}/)")
     print(f"mla-lab: index of all published reports: {_rel(res['index'])}")

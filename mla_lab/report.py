@@ -33,7 +33,8 @@ SEED_REPORTED = {"ttft_change_pct": -9.5, "throughput_change_pct": 6.0, "peak_mi
 
 
 # ----------------------------------------------------------------------------------------------------- data
-def load_measured(root: str | Path | None = None, pattern: str = "*.csv"):
+def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
+                  moe_parallel: str | None = None):
     """Measured sweep rows under ``data/measured`` (recursively): every ``pattern`` file that has the sweep's
     columns (model, tp, arch, strategy, source, max_num_batched_tokens, prompt_len, ttft_ms), keeping rows whose
     ``source`` is ``measured``; a ``file`` column says where each row came from. Other CSVs there (kernel
@@ -62,7 +63,7 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv"):
     from .bench import recompute_measured_ttft
 
     # the attention path is measured; the rest of TTFT comes from the current model, so re-derive it here
-    return recompute_measured_ttft(pd.concat(frames, ignore_index=True))
+    return recompute_measured_ttft(pd.concat(frames, ignore_index=True), weight_dtype, moe_parallel)
 
 
 def measured_for(params, root: str | Path | None = None):
@@ -70,7 +71,7 @@ def measured_for(params, root: str | Path | None = None):
     same models, TP sizes, archs (aliases resolved), max_num_batched_tokens, prompt lengths and KV-cache dtypes."""
     from .arch import get_arch
 
-    m = load_measured(root)
+    m = load_measured(root, weight_dtype=params.weight_dtype, moe_parallel=params.moe_parallel)
     if len(m) == 0:
         return m
     keep = {"model": set(params.models), "tp": set(params.tp_sizes),
@@ -531,22 +532,30 @@ def seed_setup_table(df=None, measured=None):
     t_f, t_k = val(mod, "fused", "ttft_change_pct"), val(mod, "kernel_native", "ttft_change_pct")
     x_b = val(mod, "fused", "extra_persistent_bytes")
     rep = SEED_REPORTED
+    wd = str(mod["weight_dtype"].iloc[0]) if "weight_dtype" in mod.columns else "fp8"
+    mp = str(mod["moe_parallel"].iloc[0]) if "moe_parallel" in mod.columns else "ep"
+    pk_u, pk_f = val(meas, "unfused", "measured_peak_extra_bytes"), val(meas, "fused", "measured_peak_extra_bytes")
     rows = [
         ("setup", "GLM-5.2-FP8, TP8 + EP, Hopper, bf16 KV, --max-num-batched-tokens 16384, 32 x 1024 in / 128 out, "
-                  "concurrency 32", "GLM-5 geometry, TP8, h200 card, bf16 KV, 16384, 32 x 1024 at concurrency 32",
-         "-", "GPU model not named in the PR; prefill_padding 64 says not Blackwell"),
+                  "concurrency 32", f"GLM-5 geometry, TP8, h200 card, bf16 KV, 16384, 32 x 1024 at concurrency 32, "
+                                    f"{wd} weights, experts '{mp}'",
+         "-" if meas is None or not len(meas) else "the same point on one H200 (a rank's share of heads)",
+         "GPU model not named in the PR; prefill_padding 64 says not Blackwell"),
         ("heads per rank -> workspace heads", "8 -> 64", f"{int(mod['num_heads'].iloc[0])} -> "
          f"{int(mod[mod['strategy'] == 'fused']['q_concat_heads'].iloc[0])}", "-", "vLLM's padding rule"),
         ("TTFT change, fused vs unfused", f"{rep['ttft_change_pct']:+.1f}%", f(t_f, "{:+.1f}%"),
          f(val(meas, "fused", "ttft_change_pct"), "{:+.1f}%"),
-         f"ours: TTFT scope '{scope}'" + (" (attention path only: a lower bound on TTFT, so it overstates the "
-                                          "relative change)" if scope == "attention_path" else "")),
+         f"modelled: TTFT scope '{scope}'" + (" (attention path only: a lower bound on TTFT, so it overstates the "
+                                              "relative change)" if scope == "attention_path" else "")
+         + "; measured: the attention path timed on the GPU per step, the rest of the layer from the same model"),
         ("TTFT change, kernel_native bound", "-", f(t_k, "{:+.1f}%"), "-", "modelled: a kernel taking the real heads"),
         ("extra memory per GPU", f"+{rep['extra_peak_mib']} MiB peak ({rep['peak_mib_before']} -> "
                                  f"{rep['peak_mib_after']} MiB)",
          "-" if x_b is None else f"+{x_b / 2**20:.0f} MiB persistent ({int(x_b):,} B)",
-         f(val(meas, "fused", "extra_persistent_mib"), "+{:.0f} MiB"),
-         "ours is the Q workspace alone; the PR's peak also moves with allocator rounding and other buffers"),
+         "-" if pk_u is None or pk_f is None else
+         f"layer call peak {pk_u / 2**20:.0f} MiB (unfused) vs {pk_f / 2**20:.0f} MiB (fused), on top of the workspace",
+         "ours is the Q workspace alone (allocation size, exact); the PR's peak also moves with allocator rounding "
+         "and other buffers. Per call, fused allocates no pad tensor, so its transient peak is lower"),
         ("total token throughput", f"{rep['throughput_change_pct']:+.0f}%", "not modelled", "-", ""),
     ]
     return pd.DataFrame(rows, columns=["quantity", "PR #53878 (reported)", "ours (modelled)", "ours (measured)",

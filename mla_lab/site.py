@@ -47,15 +47,22 @@ def params_hash(params: dict) -> str:
 
 
 def new_run_id(runs_dir: str | Path, params: dict, now: _dt.datetime | None = None) -> str:
-    """A run id not yet used in ``runs_dir``: ``<UTC yyyymmdd-HHMMSS>-<params_hash>`` (+ ``-N`` if taken)."""
+    """A run id not yet used in ``runs_dir``: ``<UTC yyyymmdd-HHMMSS>-<params_hash>`` (+ ``-N`` if taken), claimed by
+    creating its figure folder ``runs_dir/<id>`` (exclusive), so concurrent runs never share an id."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
     base = f"{now:%Y%m%d-%H%M%S}-{params_hash(params)}"
     runs = Path(runs_dir)
+    runs.mkdir(parents=True, exist_ok=True)
     rid, n = base, 1
-    while any(runs.glob(f"{rid}.*")) or (runs / rid).exists():
+    while True:
+        if not any(runs.glob(f"{rid}.*")):
+            try:
+                (runs / rid).mkdir()  # atomic claim: two runs started in the same second get different ids
+                return rid
+            except FileExistsError:
+                pass
         n += 1
         rid = f"{base}-{n}"
-    return rid
 
 
 def write_json_atomic(path: Path, data) -> None:

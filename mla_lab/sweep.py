@@ -48,6 +48,10 @@ class SweepParams:
             :mod:`mla_lab.executors`; needs the ``ray`` extra).
         ray_address: Ray cluster to join with ``executor="ray"`` (``auto``, ``host:6379``, ``ray://host:10001``);
             null starts a local Ray instance.
+        weight_dtype: ``fp8`` (default: the PR ran GLM-5.2-FP8, and DeepSeek-V3.2 ships fp8 weights) or ``bf16``;
+            moe_parallel: ``ep`` (default: expert parallelism over the TP ranks, vLLM ``-ep`` as in the PR) or
+            ``tp`` (every expert sharded over TP). Both enter the TTFT model (:mod:`mla_lab.layer_model`) and the
+            KV-capacity columns; bf16 weights of these models do not fit an H200 at TP <= 8.
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
@@ -67,6 +71,8 @@ class SweepParams:
     force: bool = False
     executor: str = "local"
     ray_address: str | None = None
+    weight_dtype: str = "fp8"
+    moe_parallel: str = "ep"
 
 
 DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
@@ -129,6 +135,9 @@ def validate_params(raw: dict) -> SweepParams:
     for k in ("check_equivalence", "force"):
         if not isinstance(p[k], bool):
             raise ValueError(f"{k}={p[k]!r} must be true or false")
+    for k, allowed in (("weight_dtype", ("fp8", "bf16")), ("moe_parallel", ("ep", "tp"))):
+        if p[k] not in allowed:
+            raise ValueError(f"{k}={p[k]!r} is not allowed; allowed: {list(allowed)}")
     _validate_executor(p)
     return SweepParams(**p)
 
@@ -158,6 +167,7 @@ def expand_grid(params: SweepParams) -> list[dict]:
         pts.append({"model": m, "tp": tp, "arch": get_arch(a).name, "max_num_batched_tokens": mbt,
                     "prompt_len": L, "kv_cache_dtype": kv, "num_prompts": params.num_prompts,
                     "concurrency": params.concurrency or params.num_prompts,
+                    "weight_dtype": params.weight_dtype, "moe_parallel": params.moe_parallel,
                     "strategies": list(params.strategies)})
     # de-duplicate (aliases may map two names to one card)
     seen, out = set(), []
@@ -196,6 +206,13 @@ def memory_columns(point: dict, strategy: str) -> dict:
     return row
 
 
+def layer_kw(point: dict) -> dict:
+    """The TTFT model's layer options of a point (weight dtype, MoE parallelism; defaults of :class:`SweepParams`
+    for points stored before these existed)."""
+    return {"weight_dtype": point.get("weight_dtype") or DEFAULTS["weight_dtype"],
+            "moe_parallel": point.get("moe_parallel") or DEFAULTS["moe_parallel"]}
+
+
 def add_ttft_change(rows: list[dict]) -> list[dict]:
     """Set ``ttft_change_pct`` of every row against the point's ``unfused`` row (in place; returns ``rows``)."""
     base = next(r["ttft_ms"] for r in rows if r["strategy"] == "unfused")
@@ -210,7 +227,7 @@ def price_point(point: dict, calibration=None) -> list[dict]:
     Raises:
         ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
     """
-    from .ttft import predict_ttft
+    from .ttft import memory_tradeoff, predict_ttft
 
     model = load_model(point["model"])
     arch = get_arch(point["arch"])
@@ -218,15 +235,20 @@ def price_point(point: dict, calibration=None) -> list[dict]:
     strategies = list(dict.fromkeys(["unfused"] + list(point["strategies"])))
     mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
     prov = provenance("modelled")
+    kw = layer_kw(point)
+    cap = memory_tradeoff(model, point["tp"], arch, mbt, kv, **kw)
     rows = []
     for s in strategies:
-        t = predict_ttft(model, point["tp"], arch, wl, mbt, s, kv, calibration)
+        t = predict_ttft(model, point["tp"], arch, wl, mbt, s, kv, calibration, **kw)
         row = memory_columns(point, s)
         row.update(
             ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=t["num_steps"],
             ttft_scope=t["scope"],
             **{f"{op}_ms": t["ops_ms"].get(op, 0.0) for op in ("concat", "pad", "kernel", "out_slice")},
-            calibration=getattr(calibration, "name", None) or _default_cal_name(),
+            calibration=t.get("calibration") or getattr(calibration, "name", None) or _default_cal_name(),
+            kv_capacity_tokens=cap["kv_capacity_tokens"],
+            kv_capacity_pct_lost=cap["strategies"][s]["kv_capacity_pct_lost"],
+            weights_bytes_per_rank=cap["weights_bytes"], fits_in_memory=bool(cap["fits"]),
         )
         row.update(prov)
         rows.append(row)

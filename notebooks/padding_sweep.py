@@ -38,8 +38,11 @@ data_file = "data/padding_sweep.csv"
 report_dir = "reports"
 check_equivalence = True
 force = False
+weight_dtype = "fp8"  # TTFT model: "fp8" (as the PR's GLM-5.2-FP8) or "bf16" weights
+moe_parallel = "ep"  # TTFT model: "ep" (experts over the TP ranks, vLLM -ep) or "tp" (every expert TP-sharded)
 executor = "local"  # "local" (this kernel) or "ray" (Ray tasks; pip install 'mla_lab[ray]')
-ray_address = None  # with executor="ray": None starts a local Ray instance; "auto" / "host:6379" joins a cluster
+# with executor="ray": None starts a local Ray instance; "auto" or "host:6379" joins a cluster
+ray_address = None
 # Set by `mla-lab sweep` (not sweep parameters): where this run's figures go, and the run's id.
 figure_dir = None  # None: <report_dir>/figures
 run_id = None
@@ -56,6 +59,7 @@ params = sweep.validate_params({k: v for k, v in globals().items() if k in sweep
 figs = Path(figure_dir) if figure_dir else Path(report_dir) / "figures"
 saved = {}  # figure name -> PNG and SVG paths
 df = sweep.run_sweep(params)  # progress goes to the terminal; the HTML report leaves this cell's output out
+kv_shown = params.kv_cache_dtype[0]  # the figures show one KV-cache dtype: the first of the grid
 
 # %%
 measured = report.measured_for(params)
@@ -78,19 +82,27 @@ display(HTML(report.html_table(report.seed_setup_table(df, measured))))
 # exist (unfused, fused): the configurations that buy the most TTFT per MiB.
 
 # %%
-saved["memory_vs_ttft"] = report.publish_figure(report.plot_memory_vs_ttft(both), "memory_vs_ttft", figs)
+has_ok = len(report._ok(both)) > 0
+if has_ok:
+    saved["memory_vs_ttft"] = report.publish_figure(report.plot_memory_vs_ttft(both, kv_cache_dtype=kv_shown),
+                                                    "memory_vs_ttft", figs)
+else:
+    display(Markdown("**No grid point could be priced**: see *Failed points* below for each reason."))
 
 # %% [markdown]
 # ## Per TP size: TTFT change and extra memory
 
 # %%
-saved["tp_bars"] = report.publish_figure(report.plot_tp_bars(both), "tp_bars", figs)
+if has_ok:
+    saved["tp_bars"] = report.publish_figure(report.plot_tp_bars(both, kv_cache_dtype=kv_shown), "tp_bars", figs)
 
 # %% [markdown]
 # ## TTFT change over heads per rank x prompt length
 
 # %%
-saved["ttft_heatmap"] = report.publish_figure(report.plot_heatmap(both), "ttft_heatmap", figs)
+if has_ok:
+    saved["ttft_heatmap"] = report.publish_figure(report.plot_heatmap(both, kv_cache_dtype=kv_shown),
+                                                  "ttft_heatmap", figs)
 
 # %% [markdown]
 # ## Validation of the TTFT model (measured on an H200)
@@ -132,7 +144,9 @@ if check_equivalence:
 # ## Table (largest TP and max_num_batched_tokens of the grid)
 
 # %%
-display(HTML(report.summary_html(both, tp=max(tp_sizes), max_num_batched_tokens=max(max_num_batched_tokens))))
+if has_ok:
+    display(HTML(report.summary_html(both, tp=max(params.tp_sizes),
+                                     max_num_batched_tokens=max(params.max_num_batched_tokens))))
 
 # %% [markdown]
 # ## Failed points

@@ -57,7 +57,10 @@ def test_measured_ttft_recombination_replaces_attention_path():
 
     point = dict(model="glm-5", tp=8, arch="h200", max_num_batched_tokens=16384, prompt_len=1024, num_prompts=32,
                  concurrency=32, kv_cache_dtype="bf16")
-    mod = predict_ttft("glm-5", 8, "h200", Workload(1024, 32, 32), 16384, "fused")
+    from mla_lab.sweep import layer_kw
+
+    mod = predict_ttft("glm-5", 8, "h200", Workload(1024, 32, 32), 16384, "fused", **layer_kw(point))
+    assert layer_kw(point) == {"weight_dtype": "fp8", "moe_parallel": "ep"}  # the sweep's defaults
     attn = [sum(v for k, v in ops.items() if k in ("concat", "pad", "kernel", "out_slice"))
             for ops in mod["step_ops_ms"]]
     n = len(schedule(Workload(1024, 32, 32), 16384))

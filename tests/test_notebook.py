@@ -77,3 +77,24 @@ def test_failing_cell_reports_its_error_not_a_traceback_wall(tmp_path):
     assert r.returncode == 1
     assert "failed: RuntimeError: boom from cell" in r.stderr
     assert r.stderr.count("\n") < 5
+
+
+@pytest.mark.slow
+def test_sweep_where_every_point_fails_still_publishes_the_failures(tmp_path):
+    r = _cli("sweep", "-p", "models", "[glm-5]", "-p", "tp_sizes", "[3]", "-p", "archs", "[h200]",
+             "-p", "store_dir", str(tmp_path / "st"), "-p", "data_file", str(tmp_path / "d.csv"),
+             "-p", "report_dir", str(tmp_path / "rep"), "--report-name", "allfail", cwd=REPO)
+    assert r.returncode == 0, r.stderr[-2000:]
+    html = (tmp_path / "rep" / "allfail.html").read_text()
+    assert "No grid point could be priced" in html
+    assert "tp=3 does not divide num_attention_heads=64" in html
+
+
+def test_concurrent_runs_get_distinct_run_ids(tmp_path):
+    import datetime as dt
+
+    from mla_lab import site
+
+    now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
+    ids = {site.new_run_id(tmp_path, {"a": 1}, now) for _ in range(3)}
+    assert len(ids) == 3 and all((tmp_path / i).is_dir() for i in ids)

@@ -121,14 +121,20 @@ def test_seed_table_takes_measured_rows(modelled):
     meas = _fake_measured(seedish)
     t = report.seed_setup_table(modelled, meas).set_index("quantity")
     assert t.loc["TTFT change, fused vs unfused", "ours (measured)"] == "-7.2%"
-    assert t.loc["extra memory per GPU", "ours (measured)"] == "+1008 MiB"
+    # the fake measured rows carry no per-call peak: nothing measured to show for memory
+    assert t.loc["extra memory per GPU", "ours (measured)"] == "-"
+    meas = meas.assign(measured_peak_extra_bytes=[2184 * 2**20 if s == "unfused" else 1152 * 2**20
+                                                  for s in meas["strategy"]])
+    t = report.seed_setup_table(modelled, meas).set_index("quantity")
+    assert t.loc["extra memory per GPU", "ours (measured)"] == \
+        "layer call peak 2184 MiB (unfused) vs 1152 MiB (fused), on top of the workspace"
 
 
 def test_provenance_banner_names_gpu_software_and_model(modelled):
     html = report.provenance_html(modelled, "run-1")
     assert "Measured: none." in html and f"Modelled: {len(modelled)} rows" in html
     assert f"scope <code>{modelled['ttft_scope'].iloc[0]}</code>" in html
-    assert "h200_reference.csv" in html and "run-1" in html
+    assert str(modelled["calibration"].iloc[0]).split(" ")[0] in html and "run-1" in html
     meas = _fake_measured(modelled, arch="h200", tp=8)
     html = report.provenance_html(report.combine(modelled, meas))
     assert f"Measured: {len(meas)} rows" in html
