@@ -154,5 +154,5 @@ if has_ok:
 
 # %%
 failed = report.failed_points(df)
-display(failed if len(failed) else Markdown("No failed points."))
+display(HTML(report.html_table(failed)) if len(failed) else Markdown("No failed points."))
 print(f"{len(df)} rows written to {data_file}; figures (PNG + SVG) in {figs}")
