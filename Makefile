@@ -11,7 +11,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q $(TORCH_SPEC)
 	$(PY) -m pip install -q -e ".[lab,dev]"
 	$(PY) -m mla_lab.kernelspec
 	touch $@
