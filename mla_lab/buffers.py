@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
 
@@ -28,11 +29,7 @@ FP32_BYTES = 4
 STRATEGIES = ("unfused", "fused", "kernel_native")
 
 
-def _check_pos_int(name: str, value, allow_zero: bool = False) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
-        kind = "non-negative" if allow_zero else "positive"
-        raise ValueError(f"{name}={value!r} must be a {kind} int")
-    return value
+_check_pos_int = check_int
 
 
 def _padding_of(arch: str | GPUArch | int) -> int:

@@ -41,6 +41,7 @@ import csv
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .buffers import padded_num_heads
 from .models import ModelConfig, normalize_kv_cache_dtype
@@ -118,9 +119,7 @@ def _op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size: int = 5
 
 
 def _nonneg_int(name: str, v) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"{name}={v!r} must be a non-negative int")
-    return v
+    return check_int(name, v, allow_zero=True)
 
 
 def attention_path_ops(

@@ -86,6 +86,7 @@ import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .buffers import STRATEGIES, padded_num_heads
 from .costmodel import Calibration, attention_path_ms, attention_path_ops, default_calibration
@@ -118,10 +119,7 @@ def _err(name, value, allowed) -> ValueError:
     return ValueError(f"{name}={value!r} is not valid; allowed: {allowed}")
 
 
-def _pos_int(name, v, allow_zero=False):
-    if isinstance(v, bool) or not isinstance(v, int) or v < (0 if allow_zero else 1):
-        raise ValueError(f"{name}={v!r} must be a {'non-negative' if allow_zero else 'positive'} int")
-    return v
+_pos_int = check_int
 
 
 # ------------------------------------------------------------------------------------------------------ ops

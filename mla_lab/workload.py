@@ -16,13 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ._validate import check_int
+
 __all__ = ["Workload", "Step", "schedule", "sum_topk_lengths", "steps_to_first_token"]
 
 
-def _pos_int(name, v):
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValueError(f"{name}={v!r} must be a positive int")
-    return v
+_pos_int = check_int
 
 
 @dataclass(frozen=True)
