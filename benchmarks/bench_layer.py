@@ -727,7 +727,7 @@ def fp8_gemm_rows(sink_ops, timer, dev, model, arch, T_list, deadline):
     """fp8 GEMMs (torch._scaled_mm, per-tensor scales) at the model's TP8 per-rank GEMM shapes."""
     import torch
 
-    from mla_lab.layer_model import layer_ops
+    from mla_lab.model.ops import layer_ops
 
     if dev != "cuda":
         return
@@ -797,13 +797,9 @@ def _read(path):
 
 def fit_and_validate(out_dir, arch, prov_fit, models_by_name, cal_path=None):
     """Fit efficiencies from layer_ops.csv, write h200_ops.csv and layer_validation.csv; print the MAPE table."""
-    from mla_lab.layer_model import (
-        fit_calibration,
-        layer_ops,
-        op_time_ms,
-        predict_measured_op_ms,
-        write_calibration_csv,
-    )
+    from mla_lab.model.calibration import fit_calibration, write_calibration_csv
+    from mla_lab.model.ops import layer_ops
+    from mla_lab.model.timing import op_time_ms, predict_measured_op_ms
 
     out_dir = Path(out_dir)
     rows = [r for r in _read(out_dir / OPS_CSV) if r.get("status") == "ok"]
@@ -916,7 +912,7 @@ def main(argv=None):
     import torch
 
     from mla_lab.arch import get_arch
-    from mla_lab.layer_model import layer_ops
+    from mla_lab.model.ops import layer_ops
     from mla_lab.models import load_model
     from mla_lab.provenance import provenance
 

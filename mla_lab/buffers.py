@@ -20,7 +20,7 @@ from .models import ModelConfig, normalize_kv_cache_dtype
 
 __all__ = [
     "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
-    "kv_tokens_lost",
+    "kv_tokens_lost", "check_strategy", "call_peak_bytes",
 ]
 
 MIB = 1024**2
@@ -29,7 +29,17 @@ FP32_BYTES = 4
 STRATEGIES = ("unfused", "fused", "kernel_native")
 
 
-_check_pos_int = check_int
+
+
+def check_strategy(strategy: str) -> str:
+    """``strategy`` if it is one of :data:`STRATEGIES`.
+
+    Raises:
+        ValueError: naming the value and the allowed names.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not known; allowed: {list(STRATEGIES)}")
+    return strategy
 
 
 def _padding_of(arch: str | GPUArch | int) -> int:
@@ -54,7 +64,7 @@ def padded_num_heads(num_heads: int, arch: str | GPUArch | int = "hopper", kv_ca
     Raises:
         ValueError: num_heads not a positive int; unknown arch; unsupported kv_cache_dtype.
     """
-    _check_pos_int("num_heads", num_heads)
+    check_int("num_heads", num_heads)
     padding = _padding_of(arch)
     if normalize_kv_cache_dtype(kv_cache_dtype) == "fp8":
         return num_heads
@@ -129,13 +139,12 @@ def memory_account(
     Raises:
         ValueError: unknown strategy; non-positive sizes; num_tokens out of range; as :func:`padded_num_heads`.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not known; allowed: {list(STRATEGIES)}")
-    _check_pos_int("max_num_batched_tokens", max_num_batched_tokens)
-    _check_pos_int("head_size", head_size)
-    _check_pos_int("d_v", d_v)
+    check_strategy(strategy)
+    check_int("max_num_batched_tokens", max_num_batched_tokens)
+    check_int("head_size", head_size)
+    check_int("d_v", d_v)
     T = max_num_batched_tokens if num_tokens is None else num_tokens
-    _check_pos_int("num_tokens", T, allow_zero=True)
+    check_int("num_tokens", T, allow_zero=True)
     if T > max_num_batched_tokens:
         raise ValueError(f"num_tokens={T} exceeds max_num_batched_tokens={max_num_batched_tokens}; "
                          f"allowed: 0..{max_num_batched_tokens}")
@@ -196,14 +205,14 @@ class QConcatWorkspace:
                  head_size: int = 576, device="cpu", dtype=None, pad: bool = True, zero_init: bool = True):
         import torch
 
-        _check_pos_int("max_num_batched_tokens", max_num_batched_tokens)
-        _check_pos_int("head_size", head_size)
+        check_int("max_num_batched_tokens", max_num_batched_tokens)
+        check_int("head_size", head_size)
         dtype = torch.bfloat16 if dtype is None else dtype
         if dtype not in (torch.bfloat16, torch.float16):
             raise ValueError(f"dtype={dtype} is not supported; allowed: torch.bfloat16, torch.float16")
         self.num_heads = num_heads
         self.q_concat_heads = padded_num_heads(num_heads, arch, kv_cache_dtype) if pad else num_heads
-        _check_pos_int("num_heads", num_heads)
+        check_int("num_heads", num_heads)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.head_size = head_size
         alloc = torch.zeros if zero_init else torch.empty
@@ -220,7 +229,7 @@ class QConcatWorkspace:
         Raises:
             ValueError: num_tokens negative, not an int, or larger than max_num_batched_tokens.
         """
-        _check_pos_int("num_tokens", num_tokens, allow_zero=True)
+        check_int("num_tokens", num_tokens, allow_zero=True)
         if num_tokens > self.max_num_batched_tokens:
             raise ValueError(
                 f"num_tokens={num_tokens} exceeds the workspace's max_num_batched_tokens={self.max_num_batched_tokens}; "
@@ -232,3 +241,21 @@ class QConcatWorkspace:
         return (f"QConcatWorkspace(max_num_batched_tokens={self.max_num_batched_tokens}, num_heads={self.num_heads}, "
                 f"q_concat_heads={self.q_concat_heads}, head_size={self.head_size}, dtype={self.buffer.dtype}, "
                 f"device={self.buffer.device}, {self.nbytes / MIB:.1f} MiB)")
+
+
+def call_peak_bytes(strategy: str, num_heads: int, max_num_batched_tokens: int, arch: str | GPUArch, num_tokens: int,
+                    model: ModelConfig) -> int:
+    """Analytic extra bytes of one measured layer call of the attention path (``out[:, :H].contiguous()`` included)
+    at step size ``num_tokens``: what ``torch.cuda.max_memory_allocated`` should add above the inputs and workspace.
+
+    While the kernel runs, the pad tensor (``unfused`` only) and the kernel's ``out [T, H', d_v]`` bf16,
+    ``max_logits`` and ``lse [T, H']`` fp32 are alive; the caller drops max_logits and lse, then copies the real
+    heads out of the full ``out`` (no copy when ``H' == H``: the slice is the whole, already contiguous tensor). The
+    peak is the larger phase (bytes).
+    """
+    acc = memory_account(strategy, num_heads, max_num_batched_tokens, arch, "bf16", num_tokens=num_tokens)
+    kh = acc.kernel_heads
+    T = num_tokens
+    during_kernel = acc.step_transient_bytes + acc.kernel_out_bytes
+    during_copy = T * kh * model.d_v * BF16_BYTES + T * num_heads * model.d_v * BF16_BYTES if kh > num_heads else 0
+    return max(during_kernel, during_copy)

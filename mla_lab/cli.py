@@ -21,8 +21,15 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DEFAULT_NOTEBOOK = REPO / "notebooks" / "padding_sweep.ipynb"
+from .paths import notebooks_dir
+from .provenance import git_commit
+from .report import site
+from .sweep.params import validate_params
+from .sweep.run import plan_sweep
+from .sweep.store import code_version
+
+DEFAULT_NOTEBOOK = notebooks_dir() / "padding_sweep.ipynb"
+LAB_EXTRA_HINT = "pip install -e '.[lab]' (papermill, nbconvert, matplotlib, ipykernel)"
 # Injected by the CLI, not sweep parameters (a user passing them gets the unknown-parameter error).
 CLI_PARAMETERS = ("figure_dir", "run_id")
 
@@ -59,6 +66,19 @@ def _resolve(p: str, cwd: Path) -> Path:
     return path if path.is_absolute() else cwd / path
 
 
+def _require_lab_extra() -> None:
+    """One line naming the extra to install when the notebook toolchain is missing.
+
+    Raises:
+        CLIError: papermill, nbformat, nbconvert or matplotlib does not import.
+    """
+    import importlib.util
+
+    missing = [m for m in ("papermill", "nbformat", "nbconvert", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise CLIError(f"mla-lab sweep needs the 'lab' extra ({', '.join(missing)} not installed): {LAB_EXTRA_HINT}")
+
+
 def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> dict:
     """Execute ``notebook`` with papermill (kernel ``mla-lab``, this interpreter, per-cell ``timeout`` seconds) as a
     new run, export it to HTML with inputs hidden, and publish it: the run's own files under
@@ -70,13 +90,9 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
         CLIError: the notebook is missing or has no cell tagged ``parameters``; a cell failed (its error is named).
         ValueError: invalid sweep parameters (before any kernel starts).
     """
+    _require_lab_extra()
     import nbformat
     import papermill as pm
-
-    from . import site
-    from .provenance import git_commit
-    from .store import code_version
-    from .sweep import validate_params
 
     if not notebook.is_file():
         raise CLIError(f"--notebook {notebook}: no such notebook")
@@ -137,11 +153,6 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
             "figures": figure_dir}
 
 
-def run_notebook(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> Path:
-    """:func:`publish` and return the latest report's HTML path (kept for callers of the first version)."""
-    return publish(params, notebook, report_name, timeout, cwd)["html"]
-
-
 def _rel(p: Path) -> str:
     try:
         return str(p.relative_to(Path.cwd()))
@@ -163,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--executor", choices=["local", "ray"], default=None,
                     help="where grid points run (= -p executor; ray needs pip install 'mla_lab[ray]')")
     sw.add_argument("--address", default=None, help="Ray cluster address with --executor ray (= -p ray_address)")
+    sw.add_argument("--dry-run", action="store_true",
+                    help="print the grid, the point count and what is already stored; run nothing")
+    sw.add_argument("--overwrite", action="store_true",
+                    help="allow data_file to replace an existing file the lab did not write")
     ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
     ix.add_argument("--report-dir", default="reports")
     ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
@@ -171,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"])
     args = ap.parse_args(argv)
     if args.cmd == "check-report":
-        from .site import check_in_browser
+        from .report.browser import check_in_browser
 
         bad = 0
         for h in args.html:
@@ -188,19 +203,30 @@ def main(argv: list[str] | None = None) -> int:
             bad += not r["ok"]
         return 1 if bad else 0
     if args.cmd == "index":
-        from .site import build_index, list_runs
-
-        out = build_index(Path(args.report_dir), args.report_name)
-        print(f"mla-lab: index of {len(list_runs(args.report_dir))} report(s) written to {_rel(out)}")
+        try:
+            out = site.build_index(Path(args.report_dir), args.report_name)
+        except (OSError, ValueError) as e:
+            print(f"mla-lab: error: --report-dir {args.report_dir}: {getattr(e, 'strerror', None) or e}",
+                  file=sys.stderr)
+            return 2
+        print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {_rel(out)}")
         return 0
     try:
         params = _load_params(args.params_file, args.param)
         if args.force:
             params["force"] = True
+        if args.overwrite:
+            params["overwrite"] = True
         if args.executor is not None:
             params["executor"] = args.executor
         if args.address is not None:
             params["ray_address"] = args.address
+        if args.timeout <= 0:
+            raise ValueError(f"--timeout={args.timeout} must be a positive number of seconds")
+        if args.dry_run:
+            plan = plan_sweep(params)
+            print(json.dumps(plan, indent=1))
+            return 0
         # relative paths resolve against the directory the command runs in
         res = publish(params, Path(args.notebook), args.report_name, args.timeout, Path.cwd())
     except (CLIError, ValueError) as e:

@@ -2,7 +2,7 @@
 
 :func:`explore_point` prices one selection (model, TP, arch, max_num_batched_tokens, KV-cache dtype, prompt length,
 number of prompts, strategy) with the analytic model -- padded head count and workspace bytes from
-:func:`mla_lab.buffers.memory_account`, TTFT per strategy from :func:`mla_lab.ttft.predict_ttft` -- and picks the
+:func:`mla_lab.buffers.memory_account`, TTFT per strategy from :func:`mla_lab.sweep.rows.modelled_rows` -- and picks the
 measured rows of ``data/measured`` that match the selection. :class:`Explorer` wraps it in ipywidgets controls
 whose changes re-render the outputs in place (no cell re-runs). Everything the widgets show is in the dict that
 :meth:`Explorer.update` returns, so tests drive it headless.
@@ -15,20 +15,23 @@ import html
 import io
 
 from .arch import ARCHS, get_arch
-from .buffers import MIB, STRATEGIES, kv_tokens_lost, memory_account, padded_num_heads
+from .buffers import MIB, STRATEGIES, check_strategy
 from .models import KV_CACHE_DTYPES, load_model, model_names
-from .workload import Workload
+from .report.data import load_measured
+from .report.figures import STRATEGY_COLORS
+from .sweep.params import DEFAULTS, expand_grid, validate_params
+from .sweep.rows import modelled_rows
 
 __all__ = ["explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS", "CONTROL_OPTIONS"]
 
 # Columns a measured row must agree on to be shown beside the modelled numbers of a selection.
-MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len", "num_prompts")
+MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len", "num_prompts",
+              "concurrency", "weight_dtype", "moe_parallel")
 CONTROL_OPTIONS = {
     "max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536],
     "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
     "num_prompts": (1, 256),
 }
-_STRAT_COLORS = {"unfused": "#7f7f7f", "fused": "#1f77b4", "kernel_native": "#2ca02c"}
 
 
 def tp_options(model: str) -> list[int]:
@@ -38,11 +41,9 @@ def tp_options(model: str) -> list[int]:
 
 
 @functools.lru_cache(maxsize=512)
-def _ttft(model: str, tp: int, arch: str, mbt: int, kv: str, prompt_len: int, num_prompts: int, strategy: str):
-    from .ttft import predict_ttft
-
-    r = predict_ttft(model, tp, arch, Workload(prompt_len, num_prompts), mbt, strategy, kv)
-    return r["ttft_ms_mean"], r["ttft_ms_max"], r["num_steps"], r["scope"]
+def _rows(point_items: tuple) -> tuple:
+    """The sweep's own rows for one selection (cached: the controls revisit selections)."""
+    return tuple(modelled_rows(dict(point_items)))
 
 
 def _match_measured(measured, sel: dict):
@@ -60,71 +61,71 @@ def _match_measured(measured, sel: dict):
 
 def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batched_tokens: int = 16384,
                   kv_cache_dtype: str = "bf16", prompt_len: int = 1024, num_prompts: int = 32,
-                  strategy: str = "fused", measured=None) -> dict:
-    """Price one selection with the analytic model (instant) and attach matching measured rows.
+                  concurrency: int | None = None, weight_dtype: str = DEFAULTS["weight_dtype"],
+                  moe_parallel: str = DEFAULTS["moe_parallel"], strategy: str = "fused", measured=None) -> dict:
+    """Price one selection through the sweep's row builder (:func:`mla_lab.sweep.rows.modelled_rows`: the same
+    numbers the sweep and the report show) and attach matching measured rows.
 
     Args:
-        model, tp, arch, max_num_batched_tokens, kv_cache_dtype, prompt_len, num_prompts: the selection (all
-            prompts arrive together; concurrency = num_prompts, as in the PR's benchmark).
+        model, tp, arch, max_num_batched_tokens, kv_cache_dtype, prompt_len, num_prompts, concurrency (None =
+            num_prompts), weight_dtype, moe_parallel: the selection, as the sweep's parameters
+            (:class:`mla_lab.sweep.params.SweepParams`).
         strategy: the strategy whose workspace the headline numbers describe (TTFT is given for every strategy).
-        measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.load_measured`) or None.
+        measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.data.load_measured`) or None.
 
     Returns:
         dict with ``num_heads`` (per rank), ``prefill_padding``, ``padded_heads`` (the workspace heads vLLM's rule
         gives: H' for bf16, H for fp8), ``workspace_bytes``/``workspace_mib`` (persistent Q workspace of
         ``strategy``), ``extra_bytes``/``extra_mib`` (vs unfused), ``kv_tokens_lost``, ``per_strategy`` (list of
         dicts: strategy, persistent_bytes, workspace_mib, peak_bytes, ttft_ms, ttft_ms_max, ttft_change_pct,
-        measured_ttft_ms or None), ``ttft_scope``, ``num_steps``, ``measured`` (matching rows or None) and
-        ``selection``.
+        measured_ttft_ms or None), ``ttft_scope``, ``num_steps``, ``fits_in_memory``, ``fit_reason``,
+        ``measured`` (matching rows or None) and ``selection``.
 
     Raises:
-        ValueError: anything the model, arch, padding or TTFT functions reject (e.g. TP not dividing the heads).
+        ValueError: anything the sweep's parameter check or the row builder rejects (e.g. TP not dividing the
+            heads), with the sweep's message.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not known; allowed: {list(STRATEGIES)}")
-    m = load_model(model)
-    a = get_arch(arch)
-    H = m.heads_per_rank(tp)
-    sel = {"model": model, "tp": tp, "arch": a.name, "max_num_batched_tokens": max_num_batched_tokens,
-           "kv_cache_dtype": kv_cache_dtype, "prompt_len": prompt_len, "num_prompts": num_prompts,
-           "strategy": strategy}
+    params = validate_params({"models": [model], "tp_sizes": [tp], "archs": [arch],
+                              "max_num_batched_tokens": [max_num_batched_tokens], "prompt_lens": [prompt_len],
+                              "kv_cache_dtype": kv_cache_dtype, "num_prompts": num_prompts,
+                              "concurrency": concurrency, "weight_dtype": weight_dtype,
+                              "moe_parallel": moe_parallel, "strategies": list(STRATEGIES)})
+    check_strategy(strategy)
+    (point,) = expand_grid(params)
+    rows = [dict(r) for r in _rows(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in point.items()))]
+    by = {r["strategy"]: r for r in rows}
+    sel = {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
+                                 "num_prompts", "concurrency", "weight_dtype", "moe_parallel")}
+    sel["strategy"] = strategy
     meas = _match_measured(measured, sel)
-    accounts = {s: memory_account(s, H, max_num_batched_tokens, a, kv_cache_dtype, head_size=m.head_size, d_v=m.d_v)
-                for s in STRATEGIES}
-    base_bytes = accounts["unfused"].persistent_bytes
-    rows, base_ttft = [], None
-    scope, steps = None, None
+    per = []
     for s in STRATEGIES:
-        ttft, ttft_max, steps, scope = _ttft(model, tp, a.name, max_num_batched_tokens, kv_cache_dtype, prompt_len,
-                                             num_prompts, s)
-        if s == "unfused":
-            base_ttft = ttft
+        r = by[s]
         mrow = None
         if meas is not None and "strategy" in meas.columns and "ttft_ms" in meas.columns:
             ms = meas[meas["strategy"] == s]["ttft_ms"].dropna()
             mrow = float(ms.median()) if len(ms) else None
-        acc = accounts[s]
-        rows.append({"strategy": s, "q_concat_heads": acc.q_concat_heads, "kernel_heads": acc.kernel_heads,
-                     "persistent_bytes": acc.persistent_bytes, "workspace_mib": acc.persistent_bytes / MIB,
-                     "extra_mib": (acc.persistent_bytes - base_bytes) / MIB, "peak_bytes": acc.peak_bytes,
-                     "ttft_ms": ttft, "ttft_ms_max": ttft_max, "measured_ttft_ms": mrow})
-    for r in rows:
-        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] - base_ttft) / base_ttft
-    chosen = accounts[strategy]
-    extra = chosen.persistent_bytes - base_bytes
+        per.append({"strategy": s, "q_concat_heads": r["q_concat_heads"], "kernel_heads": r["kernel_heads"],
+                    "persistent_bytes": r["persistent_bytes"], "workspace_mib": r["persistent_bytes"] / MIB,
+                    "extra_mib": r["extra_persistent_mib"], "peak_bytes": r["peak_bytes"], "ttft_ms": r["ttft_ms"],
+                    "ttft_ms_max": r["ttft_ms_max"], "ttft_change_pct": r["ttft_change_pct"],
+                    "measured_ttft_ms": mrow})
+    chosen = by[strategy]
     return {
         "selection": sel,
-        "num_heads": H,
-        "prefill_padding": a.prefill_padding,
-        "padded_heads": padded_num_heads(H, a, kv_cache_dtype),
-        "workspace_bytes": chosen.persistent_bytes,
-        "workspace_mib": chosen.persistent_bytes / MIB,
-        "extra_bytes": extra,
-        "extra_mib": extra / MIB,
-        "kv_tokens_lost": kv_tokens_lost(extra, m, kv_cache_dtype),
-        "per_strategy": rows,
-        "ttft_scope": scope,
-        "num_steps": steps,
+        "num_heads": chosen["num_heads"],
+        "prefill_padding": chosen["prefill_padding"],
+        "padded_heads": chosen["q_concat_heads"],
+        "workspace_bytes": chosen["persistent_bytes"],
+        "workspace_mib": chosen["persistent_bytes"] / MIB,
+        "extra_bytes": chosen["extra_persistent_bytes"],
+        "extra_mib": chosen["extra_persistent_mib"],
+        "kv_tokens_lost": chosen["kv_tokens_lost"],
+        "per_strategy": per,
+        "ttft_scope": chosen["ttft_scope"],
+        "num_steps": chosen["num_steps"],
+        "fits_in_memory": chosen["fits_in_memory"],
+        "fit_reason": chosen["fit_reason"],
         "measured": meas,
     }
 
@@ -137,7 +138,7 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
     rows = result["per_strategy"]
     chosen = result["selection"]["strategy"]
     names = [r["strategy"] for r in rows]
-    colors = [_STRAT_COLORS.get(n, "k") for n in names]
+    colors = [STRATEGY_COLORS.get(n, "k") for n in names]
     fig = Figure(figsize=(7.6, 3.0), dpi=dpi, layout="constrained")
     ax_m, ax_t = fig.subplots(1, 2)
     x = list(range(len(rows)))
@@ -197,7 +198,7 @@ def summary_html(result: dict) -> str:
     heads = ("strategy", "workspace heads", "workspace MiB", "TTFT ms (modelled)", "vs unfused", "TTFT ms (measured)")
     table = ("<table style='border-collapse:collapse;margin-top:6px'><tr>"
              + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
-    note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.ttft.predict_ttft);"
+    note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.modelled_rows);"
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
     return f"<div>{head}<table style='margin-top:6px'>{facts_html}</table>{table}{note}</div>"
 
@@ -217,7 +218,7 @@ class Explorer:
     """ipywidgets controls + outputs around :func:`explore_point`; every control change calls :meth:`update`.
 
     Args:
-        measured: DataFrame of measured rows; default :func:`mla_lab.report.load_measured` (``data/measured``).
+        measured: DataFrame of measured rows; default :func:`mla_lab.report.data.load_measured` (``data/measured``).
         **initial: initial control values (names as :func:`explore_point`'s arguments).
 
     Attributes:
@@ -230,8 +231,6 @@ class Explorer:
         import ipywidgets as W
 
         if measured is None:
-            from .report import load_measured
-
             measured = load_measured()
         self.measured = measured
         models = model_names()
@@ -257,6 +256,15 @@ class Explorer:
             "num_prompts": W.BoundedIntText(value=initial.get("num_prompts", 32), min=CONTROL_OPTIONS["num_prompts"][0],
                                             max=CONTROL_OPTIONS["num_prompts"][1], description="prompts (all at once)",
                                             style=style, layout=W.Layout(width="260px")),
+            "concurrency": W.BoundedIntText(value=initial.get("concurrency") or initial.get("num_prompts", 32),
+                                            min=1, max=CONTROL_OPTIONS["num_prompts"][1],
+                                            description="concurrency", style=style, layout=W.Layout(width="260px")),
+            "weight_dtype": W.ToggleButtons(options=["fp8", "bf16"], value=initial.get("weight_dtype",
+                                                                                     DEFAULTS["weight_dtype"]),
+                                            style=tstyle),
+            "moe_parallel": W.ToggleButtons(options=["ep", "tp"], value=initial.get("moe_parallel",
+                                                                                 DEFAULTS["moe_parallel"]),
+                                            style=tstyle),
             "strategy": W.ToggleButtons(options=list(STRATEGIES), value=initial.get("strategy", "fused"),
                                         style=tstyle),
         }
@@ -266,6 +274,8 @@ class Explorer:
         self.result: dict | None = None
         self.error = ""
         self._hold = False
+        self.controls["concurrency"].max = self.controls["num_prompts"].value
+        self.controls["num_prompts"].observe(self._on_num_prompts, names="value")
         self.controls["model"].observe(self._on_model, names="value")
         for name, c in self.controls.items():
             if name != "model":
@@ -273,8 +283,9 @@ class Explorer:
         def labelled(text, w):  # ToggleButtons' own description wraps above the buttons; a fixed label does not
             return W.HBox([W.HTML(f"<div style='width:150px;text-align:right;padding-right:8px'>{text}</div>"), w])
 
-        rows = [labelled("KV-cache dtype", c) if k == "kv_cache_dtype" else labelled("strategy", c)
-                if k == "strategy" else c for k, c in self.controls.items()]
+        labels = {"kv_cache_dtype": "KV-cache dtype", "strategy": "strategy", "weight_dtype": "weight dtype",
+                  "moe_parallel": "MoE layout (ep: -ep)"}
+        rows = [labelled(labels[k], c) if k in labels else c for k, c in self.controls.items()]
         self.widget = W.VBox([*rows, self.summary, self.chart, self.measured_out])
         self.update()
 
@@ -284,7 +295,11 @@ class Explorer:
 
     def _on_model(self, change):
         tp = self.controls["tp"]
-        opts = tp_options(change["new"])
+        try:
+            opts = tp_options(change["new"])
+        except ValueError as e:  # a broken config.json: say so instead of keeping the last model's numbers
+            self._show_error(str(e))
+            return
         outer = self._hold
         self._hold = True
         try:
@@ -295,6 +310,19 @@ class Explorer:
             self._hold = outer
         if not outer:
             self.update()
+
+    def _on_num_prompts(self, change):
+        # concurrency never exceeds the prompts (vllm bench serve's limit); the widget clamps its value
+        outer = self._hold
+        self._hold = True
+        try:
+            c = self.controls["concurrency"]
+            was_all = c.value == change["old"]
+            c.max = change["new"]
+            if was_all:
+                c.value = change["new"]
+        finally:
+            self._hold = outer
 
     def _on_change(self, change):
         if not self._hold:
@@ -335,15 +363,18 @@ class Explorer:
             self.result = explore_point(**self.values(), measured=self.measured)
             self.error = ""
         except ValueError as e:
-            self.result, self.error = None, str(e)
-            self.summary.value = f"<b style='color:#b00'>Cannot price this selection:</b> {html.escape(self.error)}"
-            self.chart.value = b""
-            self.measured_out.value = ""
+            self._show_error(str(e))
             return None
         self.summary.value = summary_html(self.result)
         self.chart.value = render_chart(self.result)
         self.measured_out.value = measured_html(self.result)
         return self.result
+
+    def _show_error(self, message: str) -> None:
+        self.result, self.error = None, message
+        self.summary.value = f"<b style='color:#b00'>Cannot price this selection:</b> {html.escape(message)}"
+        self.chart.value = b""
+        self.measured_out.value = ""
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

@@ -21,7 +21,9 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-__all__ = ["ModelConfig", "load_model", "model_names", "models_dir", "KV_CACHE_DTYPES"]
+from .paths import models_dir
+
+__all__ = ["ModelConfig", "load_model", "model_names", "model_config_path", "models_dir", "KV_CACHE_DTYPES"]
 
 KV_CACHE_DTYPES = ("bf16", "fp8")
 _DTYPE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_ds_mla": "fp8",
@@ -35,13 +37,6 @@ REQUIRED_FIELDS = (
 )
 
 
-def models_dir() -> Path:
-    """``data/models`` of the repository this package sits in (override with env ``MLA_LAB_DATA``)."""
-    import os
-
-    root = os.environ.get("MLA_LAB_DATA")
-    base = Path(root) if root else Path(__file__).resolve().parent.parent / "data"
-    return base / "models"
 
 
 def normalize_kv_cache_dtype(kv_cache_dtype: str) -> str:
@@ -139,6 +134,22 @@ def model_names() -> list[str]:
     return sorted(p.parent.name for p in d.glob("*/config.json")) if d.is_dir() else []
 
 
+def model_config_path(name: str) -> Path:
+    """``config.json`` of the model folder whose name matches ``name`` case-insensitively.
+
+    Raises:
+        ValueError: not a non-empty str, or no such folder (lists the known models).
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"model={name!r} must be a non-empty str; allowed: {model_names()}")
+    key = name.strip().lower()
+    for known in model_names():
+        if known.lower() == key:
+            return models_dir() / known / "config.json"
+    raise ValueError(f"model={name!r} is not known (no {models_dir() / key / 'config.json'}); allowed: "
+                     f"{model_names()}")
+
+
 def load_model(name: str | ModelConfig, path: str | Path | None = None) -> ModelConfig:
     """Read ``data/models/<name>/config.json`` (or ``path``) into a :class:`ModelConfig`.
 
@@ -148,12 +159,10 @@ def load_model(name: str | ModelConfig, path: str | Path | None = None) -> Model
     """
     if isinstance(name, ModelConfig):
         return name
+    canonical = None
     if path is None:
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"model={name!r} must be a non-empty str; allowed: {model_names()}")
-        path = models_dir() / name.strip().lower() / "config.json"
-        if not path.is_file():
-            raise ValueError(f"model={name!r} is not known (no {path}); allowed: {model_names()}")
+        path = model_config_path(name)
+        canonical = path.parent.name  # the folder's own spelling: names are normalised once, here
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"config.json path={str(path)!r} does not exist")
@@ -174,4 +183,4 @@ def load_model(name: str | ModelConfig, path: str | Path | None = None) -> Model
                                                                         and key != "first_k_dense_replace"):
             raise ValueError(f"config.json {path}: field {key!r}={v!r} must be a positive int")
         kwargs[key] = v
-    return ModelConfig(name=str(name) if isinstance(name, str) else path.parent.name, **kwargs)
+    return ModelConfig(name=canonical or (str(name) if isinstance(name, str) else path.parent.name), **kwargs)

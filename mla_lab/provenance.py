@@ -10,14 +10,14 @@ from __future__ import annotations
 import datetime as _dt
 import functools
 import subprocess
-from pathlib import Path
+
+from .paths import REPO_ROOT
 
 __all__ = ["provenance", "git_commit", "software_versions", "flash_mla_version", "PROVENANCE_COLUMNS"]
 
 PROVENANCE_COLUMNS = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit",
                       "timestamp")
 SOURCES = ("measured", "modelled")
-_REPO = Path(__file__).resolve().parent.parent
 
 
 @functools.lru_cache(maxsize=1)
@@ -29,11 +29,11 @@ def git_commit() -> str:
     if os.environ.get("MLA_LAB_COMMIT"):
         return os.environ["MLA_LAB_COMMIT"]
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=_REPO, capture_output=True, text=True,
+        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
                              timeout=10)
         if sha.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=_REPO,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
                                capture_output=True, text=True, timeout=10)
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):

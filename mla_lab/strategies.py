@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from .buffers import QConcatWorkspace, padded_num_heads
 from .kernels import concat_mla_q, sparse_mla_prefill
 
-__all__ = ["PrefillStrategy", "UnfusedStrategy", "FusedStrategy", "make_strategy", "REAL_STRATEGIES"]
+__all__ = ["PrefillStrategy", "UnfusedStrategy", "FusedStrategy", "make_strategy", "REAL_STRATEGIES", "equivalence_check"]
 
 REAL_STRATEGIES = ("unfused", "fused")
 
@@ -126,3 +126,37 @@ def make_strategy(name: str, **kwargs) -> PrefillStrategy:
         return s
     raise ValueError(f"strategy={name!r} cannot be run on tensors; allowed: {list(REAL_STRATEGIES)} "
                      "('kernel_native' is modelled only)")
+
+
+def equivalence_check(num_heads: int = 8, arch: str = "hopper", num_tokens: int = 24, s_kv: int = 96,
+                      topk: int = 32, seed: int = 0, device: str = "cpu") -> dict:
+    """Run ``unfused`` and ``fused`` on the same random inputs (with invalid indices and causal topk_length) and
+    compare their real-head outputs and lse. Padded heads of the fused workspace are poisoned with NaN first, so a
+    leak from uninitialized heads would show.
+
+    Returns ``{"num_heads", "padded_heads", "max_abs_diff_out", "max_abs_diff_lse", "equal"}`` (``equal`` is exact
+    equality, NaN-aware for the +inf lse of empty rows).
+    """
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    T = num_tokens
+    ql_nope = torch.randn(T, num_heads, 512, generator=g).to(torch.bfloat16).to(device)
+    q_pe = torch.randn(T, num_heads, 64, generator=g).to(torch.bfloat16).to(device)
+    kv = torch.randn(s_kv, 1, 576, generator=g).to(torch.bfloat16).to(device)
+    idx = torch.randint(-1, s_kv + 8, (T, 1, topk), generator=g, dtype=torch.int32).to(device)
+    idx[0] = -1  # a row with no valid index
+    topk_length = torch.clamp(torch.arange(1, T + 1, dtype=torch.int32), max=topk).to(device)
+    kw = dict(num_heads=num_heads, max_num_batched_tokens=T, arch=arch, device=device)
+    unf = make_strategy("unfused", **kw)
+    fus = make_strategy("fused", **kw)
+    fus.workspace.buffer.fill_(float("nan"))
+    sm_scale = 576 ** -0.5
+    out_u, lse_u = unf(ql_nope, q_pe, kv, idx, sm_scale, topk_length)
+    out_f, lse_f = fus(ql_nope, q_pe, kv, idx, sm_scale, topk_length)
+    d_out = (out_u.float() - out_f.float()).abs().max().item()
+    finite = torch.isfinite(lse_u)
+    d_lse = (lse_u[finite] - lse_f[finite]).abs().max().item() if finite.any() else 0.0
+    equal = bool(torch.equal(out_u, out_f) and torch.equal(torch.isinf(lse_u), torch.isinf(lse_f)) and d_lse == 0.0)
+    return {"num_heads": num_heads, "padded_heads": fus.padded_heads, "max_abs_diff_out": d_out,
+            "max_abs_diff_lse": d_lse, "equal": equal}

@@ -17,10 +17,10 @@
 # # Explore one configuration: padded Q workspace, memory and TTFT
 #
 # Pick a model, TP size, GPU architecture, `max_num_batched_tokens`, KV-cache dtype, prompt length, number of
-# prompts and strategy. The numbers and the chart below update in place as you change a control (no cell to
+# prompts, concurrency, weight dtype, MoE layout and strategy (every sweep parameter that changes a number). The numbers and the chart below update in place as you change a control (no cell to
 # re-run): heads per rank and the padded head count vLLM's rule gives, the Q workspace in bytes and MiB, the extra
 # memory as KV-cache tokens lost per rank, and the modelled TTFT of every strategy. The model is analytic
-# (`mla_lab.buffers.memory_account`, `mla_lab.ttft.predict_ttft`), so it answers instantly; where
+# (`mla_lab.buffers.memory_account`, `mla_lab.sweep.rows.modelled_rows`), so it answers instantly; where
 # `data/measured/` holds measured rows for the selection, they are shown beside it.
 
 # %% tags=["parameters"]
@@ -32,13 +32,17 @@ max_num_batched_tokens = 16384
 kv_cache_dtype = "bf16"
 prompt_len = 1024
 num_prompts = 32
+concurrency = 32
+weight_dtype = "fp8"
+moe_parallel = "ep"
 strategy = "fused"
 
 # %%
 from mla_lab.explore import Explorer
 
 explorer = Explorer(model=model, tp=tp, arch=arch, max_num_batched_tokens=max_num_batched_tokens,
-                    kv_cache_dtype=kv_cache_dtype, prompt_len=prompt_len, num_prompts=num_prompts, strategy=strategy)
+                    kv_cache_dtype=kv_cache_dtype, prompt_len=prompt_len, num_prompts=num_prompts,
+                    concurrency=concurrency, weight_dtype=weight_dtype, moe_parallel=moe_parallel, strategy=strategy)
 explorer
 
 # %% [markdown]

@@ -38,6 +38,7 @@ data_file = "data/padding_sweep.csv"
 report_dir = "reports"
 check_equivalence = True
 force = False
+overwrite = False  # True: data_file may replace an existing file the lab did not write
 weight_dtype = "fp8"  # TTFT model: "fp8" (as the PR's GLM-5.2-FP8) or "bf16" weights
 moe_parallel = "ep"  # TTFT model: "ep" (experts over the TP ranks, vLLM -ep) or "tp" (every expert TP-sharded)
 executor = "local"  # "local" (this kernel) or "ray" (Ray tasks; pip install 'mla_lab[ray]')
@@ -54,6 +55,7 @@ import pandas as pd
 from IPython.display import HTML, Markdown, display
 
 from mla_lab import report, sweep
+from mla_lab.strategies import equivalence_check
 
 params = sweep.validate_params({k: v for k, v in globals().items() if k in sweep.DEFAULTS})
 figs = Path(figure_dir) if figure_dir else Path(report_dir) / "figures"
@@ -82,7 +84,7 @@ display(HTML(report.html_table(report.seed_setup_table(df, measured))))
 # exist (unfused, fused): the configurations that buy the most TTFT per MiB.
 
 # %%
-has_ok = len(report._ok(both)) > 0
+has_ok = len(report.ok_rows(both)) > 0
 if has_ok:
     saved["memory_vs_ttft"] = report.publish_figure(report.plot_memory_vs_ttft(both, kv_cache_dtype=kv_shown),
                                                     "memory_vs_ttft", figs)
@@ -106,7 +108,7 @@ if has_ok:
 
 # %% [markdown]
 # ## Validation of the TTFT model (measured on an H200)
-# The TTFT model (`mla_lab.layer_model`, `mla_lab.ttft`) prices every op of a decoder layer on one rank; its
+# The TTFT model (`mla_lab.model`) prices every op of a decoder layer on one rank; its
 # efficiencies were fitted on an H200 (`data/calibration/h200_ops.csv`). Predicted vs measured per op and per layer;
 # the table gives the MAPE per op class (in sample, and leaving one model out). Details: `docs/ttft-model.md`.
 
@@ -135,7 +137,7 @@ display(HTML(report.html_table(tp2)) if len(tp2) else Markdown("No TP=2 measurem
 
 # %%
 if check_equivalence:
-    checks = pd.DataFrame([sweep.equivalence_check(num_heads=h, arch=a) for h, a in [(8, "hopper"), (16, "hopper"),
+    checks = pd.DataFrame([equivalence_check(num_heads=h, arch=a) for h, a in [(8, "hopper"), (16, "hopper"),
                                                                                      (32, "hopper"), (8, "blackwell")]])
     display(HTML(report.html_table(checks)))
     assert checks["equal"].all(), "fused and unfused disagree on the real heads"

@@ -26,13 +26,14 @@ import torch
 
 from mla_lab.arch import get_arch
 from mla_lab.buffers import QConcatWorkspace, memory_account, padded_num_heads
-from mla_lab.costmodel import attention_path_ms, attention_path_ops
+from mla_lab.model.ops import attention_path_ops
+from mla_lab.model.timing import attention_path_ms
 from mla_lab.kernels import concat_mla_q, sparse_mla_prefill
 from mla_lab.kernels.flashmla import validate_sparse_prefill_inputs
 from mla_lab.models import load_model, models_dir, normalize_kv_cache_dtype
 from mla_lab.strategies import make_strategy
 from mla_lab.sweep import run_sweep, validate_params
-from mla_lab.ttft import predict_ttft
+from mla_lab.model.ttft import predict_ttft
 from mla_lab.workload import Workload, schedule
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,6 +134,7 @@ def _strategy_too_many_tokens():
 ARCHS = r"allowed: \[.*'b200'.*'h200'.*'hopper'.*\]"
 KV_ALLOWED = r"allowed: \['auto', 'bf16', 'bfloat16', 'fp8', 'fp8_ds_mla', 'fp8_e4m3'\]"
 GLM = load_model("glm-5")
+H200 = get_arch("h200")
 t_ = torch.zeros
 
 # ---------------------------------------------------------------------------------------------------- the table
@@ -166,11 +168,11 @@ CASES = [
      lambda c: make_strategy("fused", num_heads=8, max_num_batched_tokens=4)(
          torch.randn(4, 4, 512).bfloat16(), torch.randn(4, 4, 64).bfloat16(), None, None, 1.0), ValueError,
      r"ql_nope.shape=\(4, 4, 512\) must be \[T, num_heads=8, 512\]"),
-    ("costmodel_negative_step", lambda c: attention_path_ms("glm-5", 8, "h200", "fused", -1), ValueError,
+    ("costmodel_negative_step", lambda c: attention_path_ms(GLM, 8, H200, "fused", -1), ValueError,
      r"step=-1 must be a non-negative int"),
-    ("costmodel_float_step", lambda c: attention_path_ms("glm-5", 8, "h200", "fused", 1.7), ValueError,
+    ("costmodel_float_step", lambda c: attention_path_ms(GLM, 8, H200, "fused", 1.7), ValueError,
      r"step=1.7 must be a non-negative int"),
-    ("costmodel_sum_topk_too_big", lambda c: attention_path_ops("glm-5", 8, "h200", "fused", 4, 4 * 2048 + 1),
+    ("costmodel_sum_topk_too_big", lambda c: attention_path_ops(GLM, 8, H200, "fused", 4, 4 * 2048 + 1),
      ValueError, r"sum_topk=8193 exceeds num_tokens \* index_topk = 8192"),
     ("heads_zero_strategy", lambda c: make_strategy("fused", num_heads=0, max_num_batched_tokens=4), ValueError,
      r"num_heads=0 must be a positive int"),

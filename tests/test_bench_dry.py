@@ -52,7 +52,7 @@ def test_analytic_call_peak():
 
 def test_measured_ttft_recombination_replaces_attention_path():
     from mla_lab.bench import ttft_with_measured_attention
-    from mla_lab.ttft import predict_ttft
+    from mla_lab.model.ttft import predict_ttft
     from mla_lab.workload import Workload, schedule
 
     point = dict(model="glm-5", tp=8, arch="h200", max_num_batched_tokens=16384, prompt_len=1024, num_prompts=32,
@@ -79,7 +79,8 @@ def test_measure_point_rows_with_stubbed_timings(monkeypatch):
     """measure_point's bookkeeping on CPU: the GPU timing is replaced by fixed numbers; the rows must carry the
     exact memory columns of the modelled rows, the measured attention path and measured provenance."""
     import mla_lab.bench as bench
-    from mla_lab.sweep import expand_grid, price_point, validate_params
+    from mla_lab.sweep import expand_grid, validate_params
+from mla_lab.sweep.rows import modelled_rows as price_point
 
     calls = []
 

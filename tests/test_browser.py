@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from mla_lab import report
-from mla_lab.site import check_in_browser, find_chromium
+from mla_lab.report.browser import check_in_browser, find_chromium
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

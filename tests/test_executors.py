@@ -19,9 +19,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mla_lab.executors import LocalExecutor, RayExecutor, make_executor, ray_available
+from mla_lab.sweep.executors import LocalExecutor, RayExecutor, make_executor, ray_available
 from mla_lab.provenance import PROVENANCE_COLUMNS
-from mla_lab.store import ResultStore
+from mla_lab.sweep.store import ResultStore
 from mla_lab.sweep import expand_grid, run_sweep, validate_params
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,7 +173,7 @@ def test_importing_mla_lab_never_imports_ray():
 
 
 def test_missing_ray_gives_clear_errors(monkeypatch):
-    import mla_lab.executors as ex_mod
+    import mla_lab.sweep.executors as ex_mod
 
     monkeypatch.setattr(ex_mod, "ray_available", lambda: False)
     with pytest.raises(ValueError, match=r"executor='ray' needs the optional ray package.*mla_lab\[ray\]"):
@@ -189,7 +189,7 @@ def test_missing_ray_gives_clear_errors(monkeypatch):
     ({"executor": "ray", "ray_address": 6379}, r"ray_address=6379 must be a Ray address string"),
 ])
 def test_executor_params_errors(raw, match, monkeypatch):
-    import mla_lab.executors as ex_mod
+    import mla_lab.sweep.executors as ex_mod
 
     monkeypatch.setattr(ex_mod, "ray_available", lambda: True)
     with pytest.raises(ValueError, match=match):

@@ -4,26 +4,18 @@ import math
 
 import pytest
 
-from mla_lab.costmodel import attention_path_ms
-from mla_lab.layer_model import (
-    ClassEff,
-    OpsCalibration,
-    comm_time_ms,
-    default_ops_calibration,
-    fit_calibration,
-    layer_ops,
-    layer_time_ms,
-    load_ops_calibration,
-    op_time_ms,
-    step_ops,
-    step_stats,
-    step_time_ms,
-    weights_bytes_per_rank,
-    write_calibration_csv,
-)
+from mla_lab.arch import get_arch
+from mla_lab.model.calibration import Calibration as OpsCalibration
+from mla_lab.model.calibration import ClassEff, fit_calibration, write_calibration_csv
+from mla_lab.model.calibration import load_calibration as load_ops_calibration
+from mla_lab.model.calibration import uncalibrated as default_ops_calibration
+from mla_lab.model.memory import weights_bytes_per_rank
+from mla_lab.model.ops import layer_ops, step_ops, step_stats
+from mla_lab.model.timing import attention_path_ms, comm_time_ms, layer_time_ms, op_time_ms, step_time_ms
 from mla_lab.models import load_model
 from mla_lab.workload import Step
 
+H200, H800 = get_arch("h200"), get_arch("h800")
 GLM = load_model("glm-5")
 DSV = load_model("deepseek-v3.2")
 
@@ -35,7 +27,7 @@ def _ops(*a, **k):
 def test_glm5_tp8_moe_layer_counts_by_hand():
     # GLM-5: hidden 6144, q_lora 2048, kv_lora 512, d_nope 192, d_rope 64, d_v 256, 64 heads -> TP8: H = 8.
     T = 1024
-    ops = _ops(GLM, 8, "h200", "fused", T)
+    ops = _ops(GLM, 8, H200, "fused", T)
     # q_a_proj: [1024 x 6144] @ [6144 x 2048]: 2*1024*6144*2048 FLOPs; weight 6144*2048*2 B; act (in+out)*2 B
     assert ops["q_a_proj"].flops == 2 * 1024 * 6144 * 2048 == 25_769_803_776
     assert ops["q_a_proj"].weight_bytes == 6144 * 2048 * 2 == 25_165_824
@@ -62,7 +54,7 @@ def test_glm5_tp8_moe_layer_counts_by_hand():
     assert ops["kernel"].flops == 2 * 1024 * 2048 * 64 * 1088 == 292_057_776_128
     # concat: read + write of the real heads, 2 * 1024 * 8 * 576 * 2 B; fused has no pad op
     assert ops["concat"].bytes == 2 * 1024 * 8 * 576 * 2 == 18_874_368
-    assert "pad" not in ops and "pad" in _ops(GLM, 8, "h200", "unfused", T)
+    assert "pad" not in ops and "pad" in _ops(GLM, 8, H200, "unfused", T)
     # MoE, experts TP-sharded: 1024*8 = 8192 token-expert pairs, I/tp = 2048/8 = 256 -> gate_up N = 512
     assert ops["moe_gate_up"].dims == {"E": 256, "M": 32.0, "K": 6144, "N": 512}
     assert ops["moe_gate_up"].flops == 2 * 8192 * 6144 * 512 == 51_539_607_552
@@ -78,13 +70,13 @@ def test_glm5_tp8_moe_layer_counts_by_hand():
 
 def test_dense_layer_and_ep_shapes():
     T = 4096
-    d = _ops(GLM, 8, "h200", "fused", T, layer_kind="dense")
+    d = _ops(GLM, 8, H200, "fused", T, layer_kind="dense")
     # dense MLP: intermediate 12288 / 8 = 1536 per rank; gate_up N = 3072
     assert d["mlp_gate_up"].dims == {"M": 4096, "K": 6144, "N": 3072}
     assert d["mlp_down"].flops == 2 * 4096 * 1536 * 6144
     assert "moe_gate_up" not in d and "mlp_allreduce" in d
-    tpo = _ops(GLM, 8, "h200", "fused", T)
-    ep = _ops(GLM, 8, "h200", "fused", T, moe_parallel="ep")
+    tpo = _ops(GLM, 8, H200, "fused", T)
+    ep = _ops(GLM, 8, H200, "fused", T, moe_parallel="ep")
     # EP8: 256/8 = 32 whole experts per rank, T*k/8 = 4096 pairs routed to them, 128 tokens each, N = 2*2048
     assert ep["moe_gate_up"].dims == {"E": 32, "M": 128.0, "K": 6144, "N": 4096}
     # balanced routing: TP-sharded and EP do the same FLOPs per rank and hold the same expert bytes
@@ -92,15 +84,15 @@ def test_dense_layer_and_ep_shapes():
     assert math.isclose(ep["moe_gate_up"].weight_bytes, tpo["moe_gate_up"].weight_bytes, rel_tol=1e-9)
     # EP with the default all-reduce: one all-reduce after the MoE, as vLLM TP+EP (DP=1)
     assert "moe_allreduce" in ep
-    a2a = _ops(GLM, 8, "h200", "fused", T, moe_parallel="ep", ep_comm="all_to_all")
+    a2a = _ops(GLM, 8, H200, "fused", T, moe_parallel="ep", ep_comm="all_to_all")
     assert "moe_dispatch" in a2a and "moe_allreduce" not in a2a
     # dispatch: each rank sends its T/8 tokens x 8 experts x hidden x 2 B
     assert a2a["moe_dispatch"].comm_bytes == 4096 / 8 * 8 * 6144 * 2
 
 
 def test_fp8_weights_halve_weight_bytes_and_use_fp8_rate():
-    b = _ops(DSV, 8, "h200", "fused", 1024)
-    f = _ops(DSV, 8, "h200", "fused", 1024, weight_dtype="fp8")
+    b = _ops(DSV, 8, H200, "fused", 1024)
+    f = _ops(DSV, 8, H200, "fused", 1024, weight_dtype="fp8")
     K, N = 7168, 1536  # q_a_proj of DeepSeek-V3.2
     assert b["q_a_proj"].weight_bytes == K * N * 2
     assert f["q_a_proj"].weight_bytes == K * N + math.ceil(K / 128) * math.ceil(N / 128) * 4
@@ -109,11 +101,11 @@ def test_fp8_weights_halve_weight_bytes_and_use_fp8_rate():
     assert f["w_uk_bmm"].weight_bytes == b["w_uk_bmm"].weight_bytes
     assert f["router"].dtype == "bf16" and f["idx_weights_proj"].dtype == "bf16"
     cal = default_ops_calibration()
-    big_b = _ops(DSV, 1, "h200", "fused", 16384)["q_a_proj"]
-    big_f = _ops(DSV, 1, "h200", "fused", 16384, weight_dtype="fp8")["q_a_proj"]
+    big_b = _ops(DSV, 1, H200, "fused", 16384)["q_a_proj"]
+    big_f = _ops(DSV, 1, H200, "fused", 16384, weight_dtype="fp8")["q_a_proj"]
     # compute-bound GEMM: the fp8 rate is 2x, so with equal efficiencies the time halves
-    cal_eq = OpsCalibration({**cal.classes, "gemm_fp8": cal.eff("gemm")}, cal.attention)
-    assert math.isclose(op_time_ms(big_f, "h200", cal_eq), op_time_ms(big_b, "h200", cal_eq) / 2, rel_tol=1e-6)
+    cal_eq = OpsCalibration({**cal.classes, "gemm_fp8": cal.eff("gemm")}, cal)
+    assert math.isclose(op_time_ms(big_f, H200, cal_eq), op_time_ms(big_b, H200, cal_eq) / 2, rel_tol=1e-6)
 
 
 def test_allreduce_term():
@@ -121,16 +113,16 @@ def test_allreduce_term():
     B = 16384 * 6144 * 2
     # ring: 2*(8-1)/8 * B bytes per direction at 900/2 GB/s * 0.8
     want = 2 * 7 / 8 * B / (450e9 * 0.8) * 1e3
-    assert math.isclose(comm_time_ms("allreduce", B, 8, "h200", cal), want, rel_tol=1e-12)
+    assert math.isclose(comm_time_ms("allreduce", B, 8, H200, cal), want, rel_tol=1e-12)
     assert math.isclose(want, 352_321_536 / 3.6e11 * 1e3, rel_tol=1e-12)  # 0.9787 ms
     # H800 has 400 GB/s NVLink: 2.25x slower
-    assert math.isclose(comm_time_ms("allreduce", B, 8, "h800", cal), want * 900 / 400, rel_tol=1e-12)
-    assert comm_time_ms("allreduce", B, 1, "h200", cal) == 0.0
+    assert math.isclose(comm_time_ms("allreduce", B, 8, H800, cal), want * 900 / 400, rel_tol=1e-12)
+    assert comm_time_ms("allreduce", B, 1, H200, cal) == 0.0
     lat = cal.with_comm(comm_latency_us=10.0)
-    assert math.isclose(comm_time_ms("allreduce", B, 8, "h200", lat), want + 0.010, rel_tol=1e-12)
+    assert math.isclose(comm_time_ms("allreduce", B, 8, H200, lat), want + 0.010, rel_tol=1e-12)
     # no collectives at TP1
-    assert not [op for op in layer_ops(GLM, 1, "h200", "fused", 1024) if op.is_comm]
-    t = layer_time_ms(GLM, 8, "h200", "fused", 16384, cal)
+    assert not [op for op in layer_ops(GLM, 1, H200, "fused", 1024) if op.is_comm]
+    t = layer_time_ms(GLM, 8, H200, "fused", 16384, cal)
     assert math.isclose(t["attn_allreduce"], want, rel_tol=1e-12)
     assert math.isclose(t["comm"], 2 * want, rel_tol=1e-12)
 
@@ -139,15 +131,15 @@ def test_attention_ops_match_costmodel():
     cal = default_ops_calibration()
     st = Step([(0, 0, 1024), (1, 0, 1024), (2, 512, 512)])
     for strategy in ("unfused", "fused", "kernel_native"):
-        lt = layer_time_ms(GLM, 8, "h200", strategy, st, cal, out_slice_copy=True)
-        ref = attention_path_ms(GLM, 8, "h200", strategy, st, "bf16", cal.attention)
+        lt = layer_time_ms(GLM, 8, H200, strategy, st, cal, out_slice_copy=True)
+        ref = attention_path_ms(GLM, 8, H200, strategy, st, "bf16", cal)
         for k, v in ref.items():
             if k != "total":
                 assert math.isclose(lt[k], v, rel_tol=1e-12)
         assert math.isclose(lt["attention_path"], ref["total"], rel_tol=1e-12)
     # out_slice_copy=False (the default: the W_UV bmm reads the strided view, measured) drops costmodel's out_slice
-    assert "out_slice" not in layer_time_ms(GLM, 8, "h200", "fused", 4096, cal)
-    assert "out_slice" in layer_time_ms(GLM, 8, "h200", "fused", 4096, cal, out_slice_copy=True)
+    assert "out_slice" not in layer_time_ms(GLM, 8, H200, "fused", 4096, cal)
+    assert "out_slice" in layer_time_ms(GLM, 8, H200, "fused", 4096, cal, out_slice_copy=True)
 
 
 def test_step_stats_causal():
@@ -163,7 +155,7 @@ def test_step_stats_causal():
 
 def test_step_ops_counts_layers_and_lm_head():
     st = Step([(i, 0, 1024) for i in range(16)])
-    ops = step_ops(GLM, 8, "h200", "fused", st)
+    ops = step_ops(GLM, 8, H200, "fused", st)
     counts: dict = {}
     for op, c in ops:
         counts[op.name] = counts.get(op.name, 0) + c
@@ -177,24 +169,24 @@ def test_monotone_and_strategy_order():
     cal = default_ops_calibration()
     prev = 0.0
     for T in (512, 1024, 4096, 16384):
-        t = step_time_ms(GLM, 8, "h200", "fused", T, cal)["total"]
+        t = step_time_ms(GLM, 8, H200, "fused", T, cal)["total"]
         assert t > prev
         prev = t
-    u, f, k = (step_time_ms(GLM, 8, "h200", s, 16384, cal)["total"] for s in ("unfused", "fused", "kernel_native"))
+    u, f, k = (step_time_ms(GLM, 8, H200, s, 16384, cal)["total"] for s in ("unfused", "fused", "kernel_native"))
     # without the output-slice copy (measured: the W_UV bmm reads the strided view) kernel_native only saves memory
     assert u > f and math.isclose(f, k, rel_tol=1e-12)
-    u, f, k = (step_time_ms(GLM, 8, "h200", s, 16384, cal, out_slice_copy=True)["total"]
+    u, f, k = (step_time_ms(GLM, 8, H200, s, 16384, cal, out_slice_copy=True)["total"]
                for s in ("unfused", "fused", "kernel_native"))
     assert u > f > k
     # fp8 KV cache: no padding, the strategies cost the same
-    u8, f8 = (step_time_ms(GLM, 8, "h200", s, 16384, cal, kv_cache_dtype="fp8")["total"] for s in ("unfused", "fused"))
+    u8, f8 = (step_time_ms(GLM, 8, H200, s, 16384, cal, kv_cache_dtype="fp8")["total"] for s in ("unfused", "fused"))
     assert math.isclose(u8, f8, rel_tol=1e-12)
 
 
 def test_fit_recovers_synthetic_efficiencies():
     from mla_lab.arch import get_arch
 
-    arch = get_arch("h200")
+    arch = H200
     true = {"gemm": (0.7, 0.8, 5.0), "norm": (1.0, 0.6, 3.0)}
     rows = []
     for cls, (ef, eb, fl) in true.items():
@@ -216,7 +208,7 @@ def test_fit_recovers_synthetic_efficiencies():
 def test_calibration_csv_roundtrip(tmp_path):
     cal, report = fit_calibration([{"op_class": "gemm", "flops": 2e12, "bytes": 1e8, "ms": 4.0},
                                    {"op_class": "gemm", "flops": 2e11, "bytes": 1e8, "ms": 0.4},
-                                   {"op_class": "attn_pad", "flops": 0, "bytes": 1e9, "ms": 0.4}], "h200")
+                                   {"op_class": "attn_pad", "flops": 0, "bytes": 1e9, "ms": 0.4}], H200)
     p = tmp_path / "cal.csv"
     write_calibration_csv(report, p, {"source": "measured", "device": "test"})
     back = load_ops_calibration(p)
@@ -250,7 +242,7 @@ def test_weights_per_rank():
     (dict(ep_comm="ring"), r"ep_comm='ring'.*allowed: \['all_reduce', 'all_to_all'\]"),
 ])
 def test_bad_input(kw, match):
-    args = dict(model=GLM, tp=8, arch="h200", strategy="fused", step=1024)
+    args = dict(model=GLM, tp=8, arch=H200, strategy="fused", step=1024)
     args.update(kw)
     with pytest.raises(ValueError, match=match):
         layer_ops(**args)
@@ -260,9 +252,9 @@ def test_bad_calibration_and_comm():
     with pytest.raises(ValueError, match=r"comm_efficiency=1.5 must be a number in \(0, 1\]"):
         default_ops_calibration().with_comm(comm_efficiency=1.5)
     with pytest.raises(ValueError, match=r"kind='broadcast'.*allowed: \['allreduce', 'all_to_all', 'allgather'\]"):
-        comm_time_ms("broadcast", 100, 8, "h200")
-    with pytest.raises(ValueError, match=r"calibration=.*must be an OpsCalibration"):
-        layer_time_ms(GLM, 8, "h200", "fused", 1024, calibration="h200")
+        comm_time_ms("broadcast", 100, 8, H200)
+    with pytest.raises(ValueError, match=r"calibration=.*must be a mla_lab.model.Calibration"):
+        layer_time_ms(GLM, 8, H200, "fused", 1024, calibration="h200")
     cal = OpsCalibration({"gemm": ClassEff(0.5, 0.5)}, default_ops_calibration().attention)
     with pytest.raises(ValueError, match=r"no efficiency for op_class='norm'"):
         cal.eff("norm")

@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from mla_lab.layer_model import layer_ops, load_ops_calibration, op_time_ms, predict_measured_op_ms
+from mla_lab.arch import get_arch
+from mla_lab.model.calibration import load_calibration as load_ops_calibration
+from mla_lab.model.ops import layer_ops
+from mla_lab.model.timing import op_time_ms, predict_measured_op_ms
 from mla_lab.models import load_model
 
+H200 = get_arch("h200")
 DATA = Path(__file__).resolve().parent.parent / "data"
 E2E = DATA / "measured" / "h200" / "layer_e2e.csv"
 OPS = DATA / "measured" / "h200" / "layer_ops.csv"
@@ -41,11 +45,11 @@ def test_layer_mape_within_target():
         if (r.get("mode") or "eager") != "eager":
             continue
         excl = set((r.get("excluded_ops") or "").split(";"))
-        ops = [op for op in layer_ops(models[r["model"]], int(r["tp"]), "h200", r["strategy"], int(r["T"]),
+        ops = [op for op in layer_ops(models[r["model"]], int(r["tp"]), H200, r["strategy"], int(r["T"]),
                                       layer_kind=r["layer_kind"], moe_parallel=r["moe_parallel"],
                                       ep_size=int(r["ep"]))
                if op.impl and not op.is_comm and op.name not in excl]
-        pred = sum(op_time_ms(op, "h200", cal) for op in ops)
+        pred = sum(op_time_ms(op, H200, cal) for op in ops)
         apes.append(abs(pred - float(r["ms"])) / float(r["ms"]) * 100)
     assert len(apes) >= 100
     assert sum(apes) / len(apes) <= 10.0
@@ -57,7 +61,7 @@ def test_op_classes_mape():
     cal = load_ops_calibration(CAL)
     by: dict = {}
     for r in _rows(OPS):
-        by.setdefault(r["op_class"], []).append(abs(predict_measured_op_ms(r, "h200", cal) - float(r["ms"]))
+        by.setdefault(r["op_class"], []).append(abs(predict_measured_op_ms(r, H200, cal) - float(r["ms"]))
                                                 / float(r["ms"]) * 100)
     mape = {k: sum(v) / len(v) for k, v in by.items()}
     for cls in ("gemm", "moe_gemm", "bmm", "attn_kernel", "attn_pad", "norm", "elementwise"):

@@ -93,7 +93,7 @@ def test_sweep_where_every_point_fails_still_publishes_the_failures(tmp_path):
 def test_concurrent_runs_get_distinct_run_ids(tmp_path):
     import datetime as dt
 
-    from mla_lab import site
+    from mla_lab.report import site
 
     now = dt.datetime(2026, 11, 30, 12, 0, 0, tzinfo=dt.timezone.utc)
     ids = {site.new_run_id(tmp_path, {"a": 1}, now) for _ in range(3)}

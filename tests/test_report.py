@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from mla_lab import report
-from mla_lab.sweep import expand_grid, price_point, validate_params
+from mla_lab.sweep import expand_grid, validate_params
+from mla_lab.sweep.rows import modelled_rows as price_point
 
 GRID = dict(models=["glm-5", "deepseek-v3.2"], tp_sizes=[2, 8], archs=["h200", "b200"],
             max_num_batched_tokens=[16384], prompt_lens=[1024, 8192], device="cpu")
@@ -184,7 +185,7 @@ def test_report_module_leaves_the_matplotlib_backend_alone():
     import sys
 
     code = ("import matplotlib; b = matplotlib.get_backend(); import mla_lab.report as r, pandas as pd; "
-            "from mla_lab.sweep import price_point; "
+            "from mla_lab.sweep.rows import modelled_rows as price_point; "
             "r.plot_heatmap(pd.DataFrame(price_point({'model': 'glm-5', 'tp': 8, 'arch': 'h200', "
             "'max_num_batched_tokens': 16384, 'prompt_len': 1024, 'kv_cache_dtype': 'bf16', 'num_prompts': 4, "
             "'concurrency': 4, 'strategies': ['fused']}))); "

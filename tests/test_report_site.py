@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mla_lab import site
+from mla_lab.report import site
 
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = {"memory_vs_ttft", "tp_bars", "ttft_heatmap"}
@@ -31,7 +31,7 @@ def _measured_rows(path: Path):
     """Test-only rows shaped like a GPU sweep's measured rows for the h200 point of the grid (never under data/)."""
     import pandas as pd
 
-    from mla_lab.sweep import price_point
+    from mla_lab.sweep.rows import modelled_rows as price_point
 
     pt = {"model": "glm-5", "tp": 8, "arch": "h200", "max_num_batched_tokens": 16384, "prompt_len": 1024,
           "kv_cache_dtype": "bf16", "num_prompts": 32, "concurrency": 32, "strategies": ["fused"]}

@@ -27,8 +27,8 @@ import pandas as pd
 import pytest
 
 import mla_lab.sweep as sweep_mod
-from mla_lab.report import failed_points
-from mla_lab.store import ResultStore
+from mla_lab.report.data import failed_points
+from mla_lab.sweep.store import ResultStore
 from mla_lab.sweep import expand_grid, run_sweep, validate_params
 
 REPO = Path(__file__).resolve().parent.parent

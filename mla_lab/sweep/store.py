@@ -23,23 +23,32 @@ import socket
 import tempfile
 from pathlib import Path
 
-__all__ = ["ResultStore", "code_version", "point_key"]
+from ..paths import REPO_ROOT
 
-_PKG = Path(__file__).resolve().parent
+__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest"]
+
+_PKG = REPO_ROOT / "mla_lab"
 
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
-    """SHA-256 (12 hex) over the package's ``.py`` sources and ``data/calibration`` files: changes whenever code or
-    calibration that produce rows change, not on docs-only commits."""
+    """SHA-256 (12 hex) over the package's ``.py`` sources: changes whenever code that produces rows changes, not
+    on docs-only commits. The input files a point reads are hashed per point (:func:`inputs_digest`)."""
     h = hashlib.sha256()
-    files = sorted(_PKG.rglob("*.py"))
-    cal = _PKG.parent / "data" / "calibration"
-    if cal.is_dir():
-        files += sorted(p for p in cal.rglob("*") if p.is_file())
-    for p in files:
-        h.update(str(p.relative_to(_PKG.parent)).encode())
+    for p in sorted(_PKG.rglob("*.py")):
+        h.update(str(p.relative_to(REPO_ROOT)).encode())
         h.update(p.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def inputs_digest(paths) -> str:
+    """SHA-256 (12 hex) over the names and contents of the input files a point reads (model config.json, the
+    calibration CSVs, measured data it splices in): editing any of them changes the point's key, so no stale row
+    is reused. Missing files hash as absent."""
+    h = hashlib.sha256()
+    for p in sorted({Path(x) for x in paths}, key=str):
+        h.update(p.name.encode())
+        h.update(p.read_bytes() if p.is_file() else b"<absent>")
     return h.hexdigest()[:12]
 
 
@@ -96,6 +105,48 @@ class ResultStore:
             except FileNotFoundError:  # another process cleaned it
                 pass
         return removed
+
+    def claim_path(self, key: str) -> Path:
+        return self.points / f"{key}.claim"
+
+    def claim(self, key: str) -> bool:
+        """Claim ``key`` for this process (``O_CREAT | O_EXCL``: exactly one of several sweeps on one store wins).
+
+        A claim left by a dead process of this host is taken over. Returns True when this process holds the claim.
+        """
+        p = self.claim_path(key)
+        for _ in range(2):
+            try:
+                fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if self.claim_alive(key):
+                    return False
+                try:
+                    p.unlink()
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{_host()} {os.getpid()}\n")
+            return True
+        return False
+
+    def claim_alive(self, key: str) -> bool:
+        """A claim file for ``key`` exists and its process still runs (claims of other hosts count as alive)."""
+        try:
+            host, pid = self.claim_path(key).read_text().split()
+        except (OSError, ValueError):
+            return False
+        if host != _host():
+            return True
+        return int(pid) == os.getpid() or _pid_alive(int(pid))
+
+    def release(self, key: str) -> None:
+        """Drop this process's claim on ``key`` (no error if absent)."""
+        try:
+            self.claim_path(key).unlink()
+        except FileNotFoundError:
+            pass
 
     def write(self, key: str, point: dict, rows: list[dict], status: str = "ok", reason: str = "") -> Path:
         """Atomically store one point's rows (all strategies together)."""

@@ -1,8 +1,10 @@
 """Where sweep points run: in this process (``local``, the default) or as Ray tasks (``ray``), on a local Ray
 instance or an existing cluster.
 
-The driver (:func:`mla_lab.sweep.run_sweep`) owns the store: an executor only computes rows and hands each finished
-point back, as it finishes, to the driver, which writes it with :meth:`mla_lab.store.ResultStore.write` (atomic,
+The driver (:func:`mla_lab.sweep.run.run_sweep`) owns the store: an executor only computes rows — with the compute
+function the driver gives it (:func:`mla_lab.sweep.rows.compute_rows`: ``(point, mode) -> rows``) — and hands each
+finished point back, as it finishes, to the driver, which writes it with
+:meth:`mla_lab.sweep.store.ResultStore.write` (atomic,
 one file per point key, so the same keys, no duplicates and per-point failures whatever the executor). Workers never
 touch the store.
 
@@ -14,7 +16,7 @@ touch the store.
 
 A point that raises in a worker comes back as an error string ``"<ExceptionType>: <message>"`` (the same text as
 in the local loop); a task Ray itself loses (worker killed, node gone) comes back as the Ray error's type and
-message. A worker whose :func:`mla_lab.store.code_version` differs from the driver's (an out-of-date install on a
+message. A worker whose :func:`mla_lab.sweep.store.code_version` differs from the driver's (an out-of-date install on a
 cluster node) fails its point instead of storing rows under the driver's key.
 
 Ray stays optional: importing this module (or :mod:`mla_lab`) never imports ray; :func:`make_executor` with
@@ -27,6 +29,9 @@ import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
+
+from ..arch import detect_arch
+from .store import code_version
 
 __all__ = ["EXECUTORS", "PointTask", "PointResult", "compute_point", "LocalExecutor", "RayExecutor",
            "make_executor", "ray_available", "RAY_INSTALL_HINT"]
@@ -59,16 +64,21 @@ class PointResult:
         return "failed" if self.error is not None else "ok"
 
 
-def compute_point(point: dict, mode: str, measure_fn: Callable | None = None, driver_version: str | None = None
-                  ) -> dict:
+ComputeFn = Callable[[dict, str], list]
+
+
+def compute_point(point: dict, mode: str, compute_fn: ComputeFn, driver_version: str | None = None) -> dict:
     """Compute one point's rows where this runs (the driver for ``local``, a Ray worker for ``ray``).
 
-    Never raises for a point's own error: returns ``{"rows", "error", "host", "seconds", "code_version"}`` with
-    ``error = "<ExceptionType>: <message>"`` (None when it worked). ``driver_version``: the driver's
-    :func:`~mla_lab.store.code_version`; a different version here fails the point.
-    """
-    from .store import code_version
+    Args:
+        point, mode: the grid point and ``modelled`` | ``measured``.
+        compute_fn: ``(point, mode) -> rows`` (picklable for Ray: a module-level function).
+        driver_version: the driver's :func:`~mla_lab.sweep.store.code_version`; a different version here fails the
+            point.
 
+    Never raises for a point's own error: returns ``{"rows", "error", "host", "seconds", "code_version"}`` with
+    ``error = "<ExceptionType>: <message>"`` (None when it worked).
+    """
     t0 = time.perf_counter()
     version = code_version()
     out = {"rows": [], "error": None, "host": socket.gethostname(), "code_version": version}
@@ -76,20 +86,26 @@ def compute_point(point: dict, mode: str, measure_fn: Callable | None = None, dr
         if driver_version is not None and version != driver_version:
             raise RuntimeError(f"worker on {out['host']} runs mla_lab code {version}, the driver {driver_version}: "
                                "install the driver's commit on every node (or pass runtime_env working_dir)")
-        if mode == "modelled":
-            from .sweep import price_point
-
-            out["rows"] = price_point(point)
-        elif mode == "measured":
-            if measure_fn is None:
-                from .bench import measure_point as measure_fn
-            out["rows"] = measure_fn(point)
-        else:
-            raise ValueError(f"mode={mode!r} is not known; allowed: ['modelled', 'measured']")
+        out["rows"] = compute_fn(point, mode)
     except Exception as e:  # recorded by the driver, not fatal
         out["rows"], out["error"] = [], f"{type(e).__name__}: {e}"
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``/``cuda`` as given.
+
+    Raises:
+        ValueError: ``cuda`` while torch sees no CUDA GPU (before any point runs).
+    """
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no CUDA GPU; allowed here: 'auto' or 'cpu'")
+    return device
 
 
 def _result(task: PointTask, out: dict) -> PointResult:
@@ -103,22 +119,17 @@ class LocalExecutor:
 
     def resolve_device(self, device: str) -> str:
         """``auto`` -> ``cuda`` when torch sees a GPU here, else ``cpu``; ``cuda`` without a GPU is a ValueError."""
-        from .sweep import _resolve_device
-
-        return _resolve_device(device)
+        return resolve_device(device)
 
     def detect_gpu(self) -> dict | None:
-        """:func:`mla_lab.arch.detect_arch` of this process's GPU (looked up through :mod:`mla_lab.sweep`, where it
-        was called before executors existed)."""
-        from .sweep import detect_arch
-
+        """:func:`mla_lab.arch.detect_arch` of this process's GPU."""
         return detect_arch()
 
-    def run(self, tasks: Iterable[PointTask], measure_fn: Callable | None = None,
-            driver_version: str | None = None) -> Iterator[PointResult]:
+    def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
+            ) -> Iterator[PointResult]:
         # driver_version is not checked: this process is the driver, its code is the driver's by definition
         for t in tasks:
-            yield _result(t, compute_point(t.point, t.mode, measure_fn))
+            yield _result(t, compute_point(t.point, t.mode, compute_fn))
 
     def describe(self) -> str:
         return "local (in-process)"
@@ -246,8 +257,8 @@ class RayExecutor:
         return ray.get(fn.remote(), timeout=timeout_s)
 
     # ------------------------------------------------------------------------------------------------ run
-    def run(self, tasks: Iterable[PointTask], measure_fn: Callable | None = None,
-            driver_version: str | None = None) -> Iterator[PointResult]:
+    def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
+            ) -> Iterator[PointResult]:
         """Submit the tasks (at most ``max_in_flight`` at once) and yield each result as it completes. On an
         exception in the consumer (Ctrl-C) the tasks still pending are cancelled."""
         ray = self._ensure_init()
@@ -258,7 +269,7 @@ class RayExecutor:
         if limit is None:
             r = ray.cluster_resources()
             limit = max(4, int(2 * (r.get("CPU", 0) + r.get("GPU", 0))))
-        mf = ray.put(measure_fn) if measure_fn is not None else None
+        cf = ray.put(compute_fn)
         pending: dict = {}
         nxt = 0
         try:
@@ -266,7 +277,7 @@ class RayExecutor:
                 while nxt < len(queue) and len(pending) < limit:
                     t = queue[nxt]
                     fn = self._fns.get(t.mode, self._fns["modelled"])
-                    pending[fn.remote(t.point, t.mode, mf, driver_version)] = t
+                    pending[fn.remote(t.point, t.mode, cf, driver_version)] = t
                     nxt += 1
                 ready, _ = ray.wait(list(pending), num_returns=1)
                 for ref in ready:
@@ -285,8 +296,6 @@ class RayExecutor:
 
 
 def _detect_arch_task():
-    from mla_lab.arch import detect_arch
-
     return detect_arch()
 
 

@@ -1,0 +1,303 @@
+"""Experiments beside the layer runner (:mod:`.layer`): ceilings, the W_UV slice, peak memory per strategy, the
+sparse kernel with causal ``topk_length`` and with different padded-head contents, and fp8 GEMMs.
+
+Each experiment is a generator of ``layer_extras.csv`` rows (columns :data:`.layer.EXTRAS_COLUMNS`; fp8 GEMMs:
+``layer_ops.csv`` rows, :data:`.layer.OPS_COLUMNS`) taking what it needs as arguments: a
+:class:`~.layer.MeasureSettings` (device, dtype, timer budgets, deadline), the :class:`~.layer.Implementations`
+(sparse kernel, Q concat), the models as ``[(name, ModelConfig)]``, the :class:`~mla_lab.arch.GPUArch` and the
+largest step ``max_T``. Rows are yielded as they are measured, so a caller writing them out loses nothing when a
+later measurement fails. :func:`run_extras` runs the five ``layer_extras`` experiments, each guarded on its own.
+
+- :func:`ceilings`: a device-to-device copy (``2^28`` elements; GB/s read + write) and an ``s^3`` matmul (``s`` 8192;
+  TFLOP/s) — what the byte and FLOP ops are measured against.
+- :func:`w_uv_slice`: does the W_UV bmm copy the ``out[:, :H]`` slice of the kernel output? Time on the strided
+  view vs on contiguous copies, the CUDA kernels launched (``torch.profiler``) and the peak extra bytes of the call.
+- :func:`peak_memory`: the attention path alone per strategy, persistent workspace allocated inside the window,
+  ``torch.cuda.max_memory_allocated`` against :func:`mla_lab.buffers.memory_account` (GPU with a kernel only).
+- :func:`causal_kernel`: the sparse kernel with causal ``topk_length`` (the seed step: 16 prompts x 1024 tokens;
+  one 4096-token prompt; full topk at 16384).
+- :func:`pad_values`: the sparse kernel with the padded heads zero / random / NaN (real heads random).
+- :func:`fp8_gemm_rows`: ``torch._scaled_mm`` (per-tensor scales) at the model's TP8 per-rank fp8 GEMM shapes.
+
+On CPU (dry runs) the shapes shrink (``tp`` 2, tiny cases) and the GPU-only parts (memory statistics, profiler,
+fp8) are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import traceback
+from typing import Callable, Iterator
+
+import torch
+
+from ..arch import GPUArch
+from ..buffers import MIB, memory_account, padded_num_heads
+from ..model.ops import layer_ops
+from ..models import ModelConfig
+from ..workload import sum_topk_lengths
+from .layer import Implementations, MeasureSettings
+
+__all__ = ["ceilings", "w_uv_slice", "peak_memory", "causal_kernel", "pad_values", "run_extras", "fp8_gemm_rows"]
+
+
+def ceilings(settings: MeasureSettings) -> Iterator[dict]:
+    """Copy and matmul ceilings: ``d2d_copy`` (``bytes`` read + written, GB/s) and ``matmul_<s>^3`` (TFLOP/s)."""
+    device, dtype = settings.device, settings.dtype
+    n = (1 << 28) if settings.gpu else (1 << 16)
+    a = torch.randn(n, device=device, dtype=dtype)
+    b = torch.empty_like(a)
+    ms = settings.median_ms(lambda: b.copy_(a))
+    nbytes = 2 * a.numel() * a.element_size()
+    yield {"experiment": "ceiling", "name": "d2d_copy", "ms": ms, "bytes": nbytes, "value": nbytes / ms / 1e6,
+           "unit": "GB/s (read+write)"}
+    s = 8192 if settings.gpu else 128
+    a = torch.randn(s, s, device=device, dtype=dtype)
+    b = torch.randn(s, s, device=device, dtype=dtype)
+    ms = settings.median_ms(lambda: a @ b)
+    yield {"experiment": "ceiling", "name": f"matmul_{s}^3", "ms": ms, "flops": 2 * s**3,
+           "value": 2 * s**3 / ms / 1e9, "unit": "TFLOP/s"}
+
+
+def _w_uv_variants(view, W, out_view, contiguous, batch_contiguous) -> dict:
+    """The W_UV bmm five ways: on vLLM's strided ``out[:, :H]`` view into a transposed output view, into a fresh
+    output, from a contiguous copy (made beforehand), from a batch-major contiguous copy, and copying inside."""
+    return {
+        "bmm_view_out_view": lambda: torch.bmm(view.transpose(0, 1), W, out=out_view),
+        "bmm_view": lambda: torch.bmm(view.transpose(0, 1), W),
+        "bmm_contig_input": lambda: torch.bmm(contiguous.transpose(0, 1), W, out=out_view),
+        "bmm_batch_contig_input": lambda: torch.bmm(batch_contiguous, W, out=out_view),
+        "contiguous_then_bmm": lambda: torch.bmm(view.contiguous().transpose(0, 1), W, out=out_view),
+    }
+
+
+def w_uv_slice(settings: MeasureSettings, models: list[tuple[str, ModelConfig]], arch: GPUArch,
+               max_T: int) -> Iterator[dict]:
+    """W_UV: does the bmm copy the ``[:, :H]`` slice? Per model and tp (8 and 4; CPU: 2), at ``T = max_T``, five
+    variants (``bmm_view_out_view`` as vLLM, ``bmm_view``, ``bmm_contig_input``, ``bmm_batch_contig_input``,
+    ``contiguous_then_bmm``): the median ``ms``, the call's peak extra bytes (``value``, GPU) and the CUDA
+    kernels launched (``note``, GPU)."""
+    device, dtype = settings.device, settings.dtype
+    for model_name, model in models:
+        for tp in (8, 4) if settings.gpu else (2,):
+            H = model.heads_per_rank(tp)
+            Hp = padded_num_heads(H, arch, "bf16")
+            T = max_T
+            d_v = model.v_head_dim
+            attention = torch.randn(T, Hp, 512, device=device, dtype=dtype)
+            W = torch.randn(H, 512, d_v, device=device, dtype=dtype) / math.sqrt(512)
+            view = attention[:, :H]
+            out = torch.empty(T, H * d_v, device=device, dtype=dtype)
+            out_view = out.view(T, H, d_v).transpose(0, 1)
+            contiguous = view.contiguous()
+            batch_contiguous = view.transpose(0, 1).contiguous()
+            variants = _w_uv_variants(view, W, out_view, contiguous, batch_contiguous)
+            for variant_name, fn in variants.items():
+                ms = settings.median_ms(fn)
+                extra_bytes = None
+                kernels = ""
+                if settings.gpu:
+                    torch.cuda.synchronize()
+                    base = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
+                    fn()
+                    torch.cuda.synchronize()
+                    extra_bytes = torch.cuda.max_memory_allocated() - base
+                    try:
+                        from torch.profiler import ProfilerActivity, profile
+
+                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                            fn()
+                            torch.cuda.synchronize()
+                        kernels = "|".join(sorted({e.key[:60] for e in prof.key_averages()
+                                                   if e.device_type.name == "CUDA" or "cuda" in str(e.device_type).lower()}))
+                    except Exception as e:  # profiler optional
+                        kernels = f"profiler failed: {type(e).__name__}"
+                yield {"experiment": "w_uv_slice", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
+                       "name": variant_name, "ms": ms, "value": extra_bytes, "unit": "peak extra bytes during call",
+                       "note": f"view.is_contiguous()={view.is_contiguous()}; "
+                               f"transpose contiguous={view.transpose(0, 1).is_contiguous()}; kernels={kernels}"}
+            del attention, W, out, contiguous, batch_contiguous, variants
+
+
+def peak_memory(settings: MeasureSettings, implementations: Implementations, models: list[tuple[str, ModelConfig]],
+                arch: GPUArch, max_T: int) -> Iterator[dict]:
+    """Peak memory per strategy: the attention path alone at ``T = max_T``, tp 8, persistent workspace allocated
+    inside the measured window. ``value`` the measured peak above the baseline (bytes), ``bytes`` the
+    :func:`~mla_lab.buffers.memory_account` peak; the note has what is held after the step. GPU with a kernel
+    only (else a ``note`` row saying the kernel is missing, or nothing)."""
+    device, dtype = settings.device, settings.dtype
+    kernel, concat = implementations.kernel, implementations.concat
+    if kernel is None:
+        yield {"experiment": "note", "name": "flash_mla", "note": "flash_mla not importable: kernel skipped"}
+    for model_name, model in models:
+        tp = 8 if settings.gpu else 2
+        H = model.heads_per_rank(tp)
+        Hp = padded_num_heads(H, arch, "bf16")
+        T = max_T
+        if not settings.gpu or kernel is None:
+            continue
+        for strategy in ("unfused", "fused"):
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            ql_nope = torch.randn(T, H, 512, device=device, dtype=dtype)
+            q_pe = torch.randn(T, H, 64, device=device, dtype=dtype)
+            kv = torch.randn(max(T, 4096), 1, 576, device=device, dtype=dtype)
+            indices = torch.randint(0, kv.shape[0], (T, 1, model.topk), device=device, dtype=torch.int32)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            if strategy == "unfused":
+                workspace = torch.empty(max_T, H, 576, device=device, dtype=dtype)
+                concat(ql_nope, q_pe, workspace[:T])
+                qk = workspace[:T].new_zeros((T, Hp, 576))
+                qk[:, :H] = workspace[:T]
+            else:
+                workspace = torch.empty(max_T, Hp, 576, device=device, dtype=dtype)
+                qk = workspace[:T]
+                concat(ql_nope, q_pe, qk)
+            out = kernel(qk, kv, indices, 1.0 / 16)
+            del qk
+            o = out[:, :H]  # noqa: F841  (a view: vLLM's slice)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+            persistent = torch.cuda.memory_allocated() - base
+            account = memory_account(strategy, H, max_T, arch, "bf16", T)
+            yield {"experiment": "peak_memory", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
+                   "name": strategy, "value": peak, "bytes": account.peak_bytes,
+                   "unit": "bytes (measured peak above baseline; 'bytes' = memory_account peak_bytes)",
+                   "note": f"held after step {persistent} B ({persistent / MIB:.1f} MiB); "
+                           f"account persistent {account.persistent_bytes / MIB:.1f} MiB transient "
+                           f"{account.step_transient_bytes / MIB:.1f} MiB kernel_out "
+                           f"{account.kernel_out_bytes / MIB:.1f} MiB"}
+            del workspace, out, o, ql_nope, q_pe, kv, indices
+
+
+def causal_kernel(settings: MeasureSettings, implementations: Implementations,
+                  models: list[tuple[str, ModelConfig]], arch: GPUArch) -> Iterator[dict]:
+    """The sparse kernel with causal ``topk_length`` (first model, tp 8; CPU: tp 2): ``seed_16x1024`` (16 prompts
+    x 1024 tokens in one 16384-token step), ``one_prompt_4096``, ``full_topk_16384`` (random indices, no
+    ``topk_length``). ``flops`` = 2 sum(topk_length) H' (576 + 512); ``value`` = sum(topk_length). Nothing
+    without a kernel."""
+    device, dtype, kernel = settings.device, settings.dtype, implementations.kernel
+    if kernel is None:
+        return
+    for model_name, model in models[:1]:
+        tp = 8 if settings.gpu else 2
+        H = model.heads_per_rank(tp)
+        Hp = padded_num_heads(H, arch, "bf16")
+        cases = ([("seed_16x1024", 16384, 1024), ("one_prompt_4096", 4096, 4096), ("full_topk_16384", 16384, 0)]
+                 if settings.gpu else [("tiny", 256, 64), ("tiny_full", 256, 0)])
+        for name, T, prompt_len in cases:
+            q = torch.randn(T, Hp, 576, device=device, dtype=dtype)
+            s_kv = max(T, 4096) if settings.gpu else max(T, 2 * model.topk)
+            kv = torch.randn(s_kv, 1, 576, device=device, dtype=dtype)
+            topk = model.topk
+            if prompt_len:
+                position = torch.arange(T, device=device) % prompt_len
+                topk_length = torch.clamp(position + 1, max=topk).to(torch.int32)
+                # token at position p of its prompt attends keys of its own prompt start..start+p
+                start = (torch.arange(T, device=device) // prompt_len) * prompt_len
+                offsets = torch.arange(topk, device=device)
+                indices = (start[:, None] + offsets[None, :]).to(torch.int32)
+                indices = torch.where(offsets[None, :] < topk_length[:, None], indices,
+                                      torch.full_like(indices, -1)).view(T, 1, topk)
+                sum_topk = sum(sum_topk_lengths(0, min(prompt_len, T - s), topk) for s in range(0, T, prompt_len))
+            else:
+                topk_length = None
+                indices = torch.randint(0, s_kv, (T, 1, topk), device=device, dtype=torch.int32)
+                sum_topk = T * topk
+            ms = settings.median_ms(lambda q=q, kv=kv, indices=indices, topk_length=topk_length: kernel(
+                q, kv, indices, 1.0 / 16, topk_length=topk_length))
+            yield {"experiment": "kernel_topk_length", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
+                   "name": name, "ms": ms, "flops": 2 * sum_topk * Hp * (576 + 512), "value": sum_topk,
+                   "unit": "sum(topk_length)"}
+            del q, kv, indices
+
+
+def pad_values(settings: MeasureSettings, implementations: Implementations, models: list[tuple[str, ModelConfig]],
+               arch: GPUArch, max_T: int) -> Iterator[dict]:
+    """Does the sparse kernel's time depend on what the padded heads hold? First model, tp 8 (CPU: 2), T 4096 and
+    ``max_T`` (CPU: ``max_T``): the same random real heads with the padded heads ``random``, ``zero``, ``nan``.
+    Nothing without a kernel."""
+    device, dtype, kernel = settings.device, settings.dtype, implementations.kernel
+    if kernel is None:
+        return
+    model_name, model = models[0]
+    tp = 8 if settings.gpu else 2
+    H = model.heads_per_rank(tp)
+    Hp = padded_num_heads(H, arch, "bf16")
+    for T in ((4096, max_T) if settings.gpu else (max_T,)):
+        kv = torch.randn(max(T, 2 * model.topk), 1, 576, device=device, dtype=dtype)
+        indices = torch.randint(0, kv.shape[0], (T, 1, model.topk), device=device, dtype=torch.int32)
+        base = torch.randn(T, Hp, 576, device=device, dtype=dtype)
+        for fill in ("random", "zero", "nan"):
+            q = base.clone()
+            if fill == "zero":
+                q[:, H:].zero_()
+            elif fill == "nan":
+                q[:, H:] = float("nan")
+            ms = settings.median_ms(lambda q=q, kv=kv, indices=indices: kernel(q, kv, indices, 1.0 / 16))
+            yield {"experiment": "kernel_pad_values", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
+                   "name": fill, "ms": ms, "note": "padded heads H..H'-1 filled with this; real heads random"}
+
+
+def run_extras(sink, settings: MeasureSettings, implementations: Implementations,
+               models: list[tuple[str, ModelConfig]], arch: GPUArch, max_T: int,
+               log: Callable[[str], None] = print) -> None:
+    """The five ``layer_extras`` experiments in order (:func:`ceilings`, :func:`w_uv_slice`, :func:`peak_memory`,
+    :func:`causal_kernel`, :func:`pad_values`), rows written to ``sink`` (``write(row)``) as they come. Each is
+    guarded on its own: one failing logs its traceback, writes an ``error`` row naming it and does not lose the
+    others."""
+    experiments = (
+        ("ceilings", lambda: ceilings(settings)),
+        ("w_uv_slice", lambda: w_uv_slice(settings, models, arch, max_T)),
+        ("peak_memory", lambda: peak_memory(settings, implementations, models, arch, max_T)),
+        ("causal_kernel", lambda: causal_kernel(settings, implementations, models, arch)),
+        ("pad_values", lambda: pad_values(settings, implementations, models, arch, max_T)),
+    )
+    for name, experiment in experiments:
+        try:
+            for row in experiment():
+                sink.write(row)
+            log(f"{name} done")
+        except Exception as e:
+            log(f"{name} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            sink.write({"experiment": "error", "name": name, "note": f"{type(e).__name__}: {str(e)[:200]}"})
+
+
+def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, tokens: list[int]) -> Iterator[dict]:
+    """fp8 GEMMs (``torch._scaled_mm``, per-tensor scales, bf16 out) at the model's TP8 per-rank GEMM shapes
+    (:func:`~mla_lab.model.ops.layer_ops` with fp8 weights under expert parallelism) for each T in ``tokens``;
+    each (M, K, N) once, shapes not divisible by 16 skipped. Yields ``layer_ops.csv`` rows (op class
+    ``gemm_fp8``; a failing shape gets ``ms`` NaN and an ``error`` status). GPU only (nothing on CPU); stops at
+    the deadline."""
+    if not settings.gpu:
+        return
+    device = settings.device
+    seen = set()
+    for T in tokens:
+        for op in layer_ops(model, 8, arch, "fused", T, weight_dtype="fp8", moe_parallel="ep"):
+            if op.op_class != "gemm_fp8" or settings.out_of_time():
+                continue
+            dims = op.dims
+            key = (dims["M"], dims["K"], dims["N"])
+            if key in seen or dims["N"] % 16 or dims["K"] % 16:
+                continue
+            seen.add(key)
+            try:
+                a = torch.randn(dims["M"], dims["K"], device=device).to(torch.float8_e4m3fn)
+                b = torch.randn(dims["N"], dims["K"], device=device).to(torch.float8_e4m3fn)
+                one = torch.tensor(1.0, device=device)
+
+                def fn(a=a, b=b, one=one):
+                    return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+                fn()
+                ms = settings.median_ms(fn)
+                status = "ok"
+            except Exception as e:
+                ms, status = float("nan"), f"error {type(e).__name__}: {str(e)[:100]}"
+            yield {"model": model.name, "tp": 8, "moe_parallel": "ep", "ep": 8, "T": T, "op": op.name,
+                   "op_class": "gemm_fp8", "impl": "scaled_mm", "impl_detail": "torch._scaled_mm per-tensor",
+                   "dims": op.to_dict()["dims"], "dtype": "fp8", "flops": op.flops, "bytes": op.bytes,
+                   "ms": ms, "status": status}

@@ -1,0 +1,132 @@
+"""The lab's one timer: medians of repeated calls, eager or CUDA-graph replay, and interleaved repeats.
+
+- :func:`median_ms` — one callable: on CUDA ``triton.testing.do_bench(..., return_mode="median")`` (CUDA events,
+  warm-up, L2 flush between calls); on CPU (dry runs of measurement logic, never reported as GPU numbers) the
+  median of ``n`` wall-clock calls.
+- :func:`graphed` — capture a callable in a CUDA graph (removes CPU launch gaps); returns the replay callable.
+- :func:`interleaved` — several callables timed round-robin ``repeats`` times (order rotated each round, L2 flushed
+  before each call), so clock, power and thermal drift hit all alike; returns every sample per callable.
+- :func:`summarize` — median, IQR and a bootstrap-free 95 % interval of the median (order statistics) of samples.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Callable, Sequence
+
+__all__ = ["median_ms", "graphed", "interleaved", "summarize", "cuda_ms"]
+
+
+def median_ms(fn: Callable[[], object], device: str = "cuda", warmup: int = 25, rep: int = 100, n_cpu: int = 3,
+              graph: bool = False) -> float:
+    """Median time (ms) of ``fn``.
+
+    Args:
+        fn: the call to time (no arguments).
+        device: ``cuda`` (do_bench) or ``cpu`` (wall clock, ``n_cpu`` calls after one warm-up call).
+        warmup, rep: do_bench's warm-up and repetition budgets (ms).
+        graph: time the CUDA-graph replay of ``fn`` instead (CUDA only).
+    """
+    if device != "cuda":
+        fn()
+        ts = []
+        for _ in range(n_cpu):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(ts)
+    from triton.testing import do_bench
+
+    f = graphed(fn) if graph else fn
+    return float(do_bench(f, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """Capture ``fn`` in a CUDA graph after two warm-up calls on a side stream; returns the replay callable (the
+    graph object is kept alive by the closure)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+
+    def replay():
+        g.replay()
+
+    replay.graph = g
+    return replay
+
+
+def cuda_ms(fn: Callable[[], object], flush=None) -> float:
+    """One call of ``fn`` timed with CUDA events (ms); ``flush`` (a tensor) is zeroed first to evict L2."""
+    import torch
+
+    if flush is not None:
+        flush.zero_()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b)
+
+
+def interleaved(fns: dict, repeats: int = 7, device: str = "cuda", inner: int = 1) -> dict:
+    """Time each callable of ``fns`` ``repeats`` times, round-robin with the order rotated every round.
+
+    Args:
+        fns: ``{name: callable}``.
+        repeats: rounds (>= 1); each round times every callable once (``inner`` calls averaged per sample).
+        device: ``cuda`` (CUDA events, L2 flushed before each sample) or ``cpu`` (wall clock).
+        inner: calls per sample (the sample is their mean), for calls much shorter than the event resolution.
+
+    Returns:
+        ``{name: [ms, ...]}`` in round order.
+    """
+    names = list(fns)
+    flush = None
+    if device == "cuda":
+        import torch
+
+        flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device="cuda")
+    for f in fns.values():  # warm-up
+        f()
+    out = {n: [] for n in names}
+    for r in range(repeats):
+        k = r % len(names)
+        for n in names[k:] + names[:k]:
+            f = fns[n]
+            if device == "cuda":
+                def many(f=f):
+                    for _ in range(inner):
+                        f()
+                out[n].append(cuda_ms(many, flush) / inner)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    f()
+                out[n].append((time.perf_counter() - t0) * 1e3 / inner)
+    return out
+
+
+def summarize(samples: Sequence[float]) -> dict:
+    """``{"median", "q1", "q3", "iqr", "ci_lo", "ci_hi", "n"}`` of samples (ms). The 95 % interval of the median is
+    distribution-free: the order statistics ``n/2 -+ 1.96 sqrt(n)/2`` (clamped to the sample range)."""
+    xs = sorted(float(x) for x in samples)
+    n = len(xs)
+    if n == 0:
+        raise ValueError("samples=[] must hold at least one value")
+    med = statistics.median(xs)
+    q1, q3 = (statistics.quantiles(xs, n=4)[0], statistics.quantiles(xs, n=4)[2]) if n >= 2 else (xs[0], xs[0])
+    half = 1.96 * math.sqrt(n) / 2
+    lo = xs[max(0, int(math.floor(n / 2 - half)))]
+    hi = xs[min(n - 1, int(math.ceil(n / 2 + half)) - 1)] if n > 1 else xs[0]
+    return {"median": med, "q1": q1, "q3": q3, "iqr": q3 - q1, "ci_lo": lo, "ci_hi": hi, "n": n}

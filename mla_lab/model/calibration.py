@@ -1,0 +1,310 @@
+"""The lab's one calibration type: per op-class efficiencies, attention-path efficiencies, comm assumptions.
+
+An op's modelled time (:func:`mla_lab.model.timing.op_time_ms`) is a roofline against the GPU's datasheet rates
+(:mod:`mla_lab.arch`) scaled by the efficiencies held here:
+
+- ``classes``: ``{op_class: ClassEff}`` for the layer's roofline classes (``gemm``, ``moe_gemm``, ``bmm``, ``norm``,
+  ...), each with a per-op overhead (floor or added, :class:`ClassEff`).
+- ``attention``: ``{op: eff}`` for the attention-path ops (``concat``, ``pad``, ``kernel``, ``out_slice``): the
+  kernel's fraction of dense bf16 TFLOP/s, the byte ops' fraction of HBM bandwidth.
+- ``comm_efficiency`` / ``comm_latency_us``: the ring-collective assumptions (not measured: 0.8, 0).
+
+Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibration_dir`):
+
+- ``h200_ops.csv``: the fit of :func:`fit_calibration` over the op rows measured on one H200 by
+  ``benchmarks/bench_layer.py`` (kinds ``class`` and ``attention``, with provenance columns). The default.
+- ``h200_reference.csv``: reference timings of the attention path on one H200 (do_bench medians, torch
+  2.11.0+cu130, driver 580.159.04, 2026-11-30); :func:`attention_from_reference` fits one efficiency per op from
+  it. Used for the attention ops when ``h200_ops.csv`` is absent.
+
+Other GPUs reuse the H200 efficiencies against their own datasheet rates — an assumption every modelled row states
+in its ``calibration`` column.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..arch import GPUArch, get_arch
+from ..paths import calibration_dir
+from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
+
+__all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "load_calibration",
+           "uncalibrated", "attention_from_reference", "fit_calibration", "write_calibration_csv", "resolve_calibration"]
+
+OVERHEAD_MODES = ("max", "add")
+
+@dataclass(frozen=True)
+class ClassEff:
+    """Efficiencies of one op class: fraction of peak FLOP/s and of HBM bandwidth, and a per-op overhead (us).
+
+    ``mode`` says how the overhead enters: ``max`` (a floor: ``max(roofline, floor)``) or ``add`` (a fixed launch,
+    ramp-up and tail cost on top of the streaming time: ``floor + roofline``); the fit picks, per class, the one
+    with the lower error on the measurements.
+    """
+
+    eff_flops: float
+    eff_bytes: float
+    floor_us: float = 0.0
+    n: int = 0
+    mape_pct: float | None = None
+    mode: str = "max"
+
+_DEFAULT_EFF = {
+    # First-order guesses used only when no calibration file exists (labelled "uncalibrated-defaults").
+    "gemm": ClassEff(0.75, 0.85, 5.0), "gemm_fp8": ClassEff(0.6, 0.85, 5.0),
+    "moe_gemm": ClassEff(0.65, 0.8, 5.0), "moe_gemm_fp8": ClassEff(0.5, 0.8, 5.0),
+    "bmm": ClassEff(0.6, 0.8, 5.0), "norm": ClassEff(1.0, 0.7, 3.0), "elementwise": ClassEff(1.0, 0.7, 3.0),
+    "indexer_logits": ClassEff(0.4, 0.8, 5.0), "topk": ClassEff(1.0, 0.3, 5.0), "reduce": ClassEff(1.0, 0.7, 3.0),
+}
+
+#: Classes with no measurement of their own borrow another's efficiencies.
+_FALLBACK = {"gemm_fp8": "gemm", "moe_gemm": "gemm", "moe_gemm_fp8": "gemm_fp8", "reduce": "elementwise",
+             "bmm": "gemm", "norm": "elementwise", "topk": "elementwise", "indexer_logits": "gemm"}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Efficiencies and assumptions the cost model prices ops with (the only calibration type).
+
+    Attributes:
+        classes: ``{op_class: ClassEff}`` (roofline classes; missing classes borrow via ``_FALLBACK``).
+        attention: ``{op: eff}`` for ``concat``/``pad``/``kernel``/``out_slice`` (fractions of HBM GB/s for the
+            byte ops, of dense bf16 TFLOP/s for ``kernel``).
+        name: where the numbers came from (file and GPU); shown in every modelled row.
+        arch: the GPU the efficiencies were measured on.
+        comm_efficiency: fraction of per-direction NVLink bandwidth a ring collective reaches (assumption 0.8).
+        comm_latency_us: fixed cost per collective (assumption 0).
+    """
+
+    classes: dict = field(default_factory=dict)
+    attention: dict = field(default_factory=dict)
+    name: str = "uncalibrated-defaults"
+    arch: str = "h200"
+    comm_efficiency: float = 0.8
+    comm_latency_us: float = 0.0
+
+    def eff(self, op_class: str) -> ClassEff:
+        """The :class:`ClassEff` of a roofline class (following ``_FALLBACK`` for classes never measured).
+
+        Raises:
+            ValueError: no efficiency for the class or any fallback.
+        """
+        seen = set()
+        c = op_class
+        while c not in self.classes:
+            if c in seen or c not in _FALLBACK:
+                raise ValueError(f"calibration {self.name!r} has no efficiency for op_class={op_class!r}; "
+                                 f"has {sorted(self.classes)}")
+            seen.add(c)
+            c = _FALLBACK[c]
+        return self.classes[c]
+
+    def attention_eff(self, op: str) -> float:
+        """Efficiency of an attention-path op. Raises ValueError when the calibration has none."""
+        if op not in self.attention:
+            raise ValueError(f"calibration {self.name!r} has no efficiency for op={op!r}; has {sorted(self.attention)}")
+        return self.attention[op]
+
+    def with_attention(self, name: str | None = None, **eff) -> "Calibration":
+        """A copy with some attention efficiencies replaced (e.g. re-anchored on measurements)."""
+        return replace(self, attention={**self.attention, **eff}, name=name or self.name)
+
+    def with_comm(self, comm_efficiency: float | None = None, comm_latency_us: float | None = None):
+        """A copy with other comm assumptions. Raises ValueError outside (0, 1] / below 0."""
+        ce = self.comm_efficiency if comm_efficiency is None else comm_efficiency
+        cl = self.comm_latency_us if comm_latency_us is None else comm_latency_us
+        if isinstance(ce, bool) or not (isinstance(ce, (int, float)) and 0 < ce <= 1):
+            raise ValueError(f"comm_efficiency={ce!r} must be a number in (0, 1]")
+        if isinstance(cl, bool) or not (isinstance(cl, (int, float)) and cl >= 0):
+            raise ValueError(f"comm_latency_us={cl!r} must be a non-negative number")
+        return replace(self, comm_efficiency=float(ce), comm_latency_us=float(cl))
+
+
+def _ref_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if not r["op"].startswith("#")]
+
+
+def attention_from_reference(path: str | Path | None = None) -> tuple[dict, str]:
+    """One efficiency per attention op from reference timings: the median over each op's rows of achieved /
+    datasheet rate. The CSV has columns ``op, T, num_heads, padded_heads, topk, ms, arch, source``; the work is
+    recomputed with :func:`mla_lab.model.ops.attention_op_work`, so the fit and the model agree by construction.
+
+    Returns ``({op: eff}, name)``.
+    """
+    path = Path(path) if path else calibration_dir() / "h200_reference.csv"
+    rows = _ref_rows(path)
+    ratios: dict[str, list[float]] = {}
+    arch = get_arch(rows[0]["arch"] if rows else "h200")
+    for r in rows:
+        op, T, H, Hp, topk, ms = (r["op"], int(r["T"]), int(r["num_heads"]), int(r["padded_heads"]),
+                                  int(r["topk"]), float(r["ms"]))
+        work = attention_op_work(op, T, H, Hp, T * topk)
+        peak = arch.bf16_tflops * 1e12 if op == "kernel" else arch.hbm_gbps * 1e9
+        ratios.setdefault(op, []).append(work / (ms * 1e-3) / peak)
+    eff = {op: sorted(v)[len(v) // 2] for op, v in ratios.items()}
+    return eff, f"{path.name} ({rows[0]['source'] if rows else 'empty'})"
+
+
+def uncalibrated() -> Calibration:
+    """First-order efficiencies with no measurement behind them, plus the reference-fitted attention ops."""
+    att, name = attention_from_reference()
+    return Calibration(dict(_DEFAULT_EFF), att, f"uncalibrated-defaults; attention from {name}", "h200")
+
+
+_LOADED: dict = {}
+
+
+def load_calibration(path: str | Path | None = None) -> Calibration:
+    """The calibration in ``path`` (default ``data/calibration/h200_ops.csv``; :func:`uncalibrated` when that
+    default file does not exist). Cached per (path, mtime).
+
+    Raises:
+        ValueError: an explicit ``path`` that does not exist; a malformed row (names the file and the row).
+    """
+    default = path is None
+    path = Path(path) if path is not None else calibration_dir() / "h200_ops.csv"
+    if not path.is_file():
+        if not default:
+            raise ValueError(f"calibration path={str(path)!r} does not exist")
+        return uncalibrated()
+    key = (str(path), path.stat().st_mtime)
+    if key in _LOADED:
+        return _LOADED[key]
+    classes = dict(_DEFAULT_EFF)
+    attn, _ = attention_from_reference()
+    device = "h200"
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            try:
+                ef, eb, fl = float(r["eff_flops"]), float(r["eff_bytes"]), float(r["floor_us"])
+            except (KeyError, ValueError) as e:
+                raise ValueError(f"{path}: bad calibration row {r}: {e}") from None
+            if ef <= 0 or eb <= 0 or fl < 0:
+                raise ValueError(f"{path}: efficiencies must be > 0 and floor >= 0, got row {r}")
+            mape = float(r["mape_pct"]) if r.get("mape_pct") not in (None, "", "nan") else None
+            if r["kind"] == "attention":
+                attn[r["op_class"]] = ef if r["op_class"] == "kernel" else eb
+            else:
+                mode = r.get("overhead_mode") or "max"
+                if mode not in OVERHEAD_MODES:
+                    raise ValueError(f"{path}: overhead_mode={mode!r} not valid; allowed: {list(OVERHEAD_MODES)}")
+                classes[r["op_class"]] = ClassEff(ef, eb, fl, int(float(r.get("n") or 0)), mape, mode)
+            device = r.get("device", device)
+    cal = Calibration(classes, attn, f"{path.name} (measured on {device})", "h200")
+    _LOADED[key] = cal
+    return cal
+
+
+def default_calibration() -> Calibration:
+    """The committed calibration (:func:`load_calibration` with no path)."""
+    return load_calibration()
+
+
+def resolve_calibration(calibration) -> Calibration:
+    """``None`` -> :func:`default_calibration`; a :class:`Calibration` as is.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if calibration is None:
+        return default_calibration()
+    if isinstance(calibration, Calibration):
+        return calibration
+    raise ValueError(f"calibration={calibration!r} must be a mla_lab.model.Calibration or None")
+
+
+def _grid_fit(flops, nbytes, ms, peak_f, peak_b, with_floor=True):
+    """Minimise mean |pred - meas| / meas over a grid of (eff_flops, eff_bytes, overhead, mode).
+
+    Returns ``(eff_flops, eff_bytes, overhead_us, mape_pct, mode)``; ``mode`` ``max`` (overhead as a floor) or
+    ``add`` (overhead added to the roofline time).
+    """
+    import numpy as np
+
+    F = np.asarray(flops, float)[:, None, None]
+    B = np.asarray(nbytes, float)[:, None, None]
+    M = np.asarray(ms, float)[:, None, None]
+    g = np.geomspace(0.01, 1.5, 91)
+    floors = [0.0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50] if with_floor else [0.0]
+    tmax = np.maximum(F / (peak_f * g[None, :, None]) * 1e3, B / (peak_b * g[None, None, :]) * 1e3)
+    best = (np.inf, 0, 0, 0.0, "max")
+    for mode in OVERHEAD_MODES if with_floor else ("max",):
+        for fl in floors:
+            pred = np.maximum(tmax, fl * 1e-3) if mode == "max" else tmax + fl * 1e-3
+            err = np.mean(np.abs(pred - M) / M, axis=0)
+            i = np.unravel_index(np.argmin(err), err.shape)
+            if err[i] < best[0] - 1e-12:
+                best = (float(err[i]), i[0], i[1], fl, mode)
+    e, i0, i1, fl, mode = best
+    return float(g[i0]), float(g[i1]), float(fl), e * 100, mode
+
+
+def fit_calibration(rows: list[dict], arch: str | GPUArch = "h200", name: str = "fit") -> tuple[Calibration, list]:
+    """Fit per-class efficiencies from measured op rows.
+
+    Each row needs ``op_class``, ``flops``, ``bytes``, ``ms`` (measured median) and, for attention ops
+    (``op_class`` ``attn_<op>``), their costmodel work in ``flops`` (kernel) or ``bytes``. Rows with ``ms`` <= 0
+    or missing are ignored. Roofline classes get ``(eff_flops, eff_bytes, floor_us)`` minimising the mean absolute
+    percentage error (grid search); attention ops one efficiency each (costmodel has no floor). A class whose rows
+    are all on one side of the ridge gets the other efficiency from the grid's best tie (it does not matter for
+    those rows); use with care outside the measured shapes.
+
+    Returns:
+        ``(calibration, report)``: report is a list of dicts ``{kind, op_class, eff_flops, eff_bytes, floor_us, n,
+        mape_pct}``.
+    """
+    arch = get_arch(arch)
+    by: dict[str, list] = {}
+    for r in rows:
+        try:
+            ms = float(r["ms"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if not ms > 0:
+            continue
+        by.setdefault(r["op_class"], []).append((float(r.get("flops") or 0), float(r.get("bytes") or 0), ms,
+                                                  r.get("dtype", "bf16")))
+    classes = dict(_DEFAULT_EFF)
+    attn, _ = attention_from_reference()
+    report = []
+    for cls, rs in sorted(by.items()):
+        F = [x[0] for x in rs]
+        B = [x[1] for x in rs]
+        M = [x[2] for x in rs]
+        fp8 = rs[0][3] == "fp8"
+        peak_f = arch.bf16_tflops * 1e12 * (FP8_PEAK_FACTOR if fp8 else 1.0)
+        peak_b = arch.hbm_gbps * 1e9
+        if cls.startswith("attn_"):
+            op = cls[5:]
+            if op == "kernel":
+                ef, _, _, mape, _ = _grid_fit(F, [0.0] * len(F), M, peak_f, peak_b, with_floor=False)
+                eb = 1.0
+            else:
+                _, eb, _, mape, _ = _grid_fit([0.0] * len(B), B, M, peak_f, peak_b, with_floor=False)
+                ef = 1.0
+            attn[op] = ef if op == "kernel" else eb
+            report.append({"kind": "attention", "op_class": op, "eff_flops": ef, "eff_bytes": eb, "floor_us": 0.0,
+                           "overhead_mode": "max", "n": len(rs), "mape_pct": mape})
+            continue
+        if cls in COMM_CLASSES:
+            continue
+        ef, eb, fl, mape, mode = _grid_fit(F, B, M, peak_f, peak_b)
+        classes[cls] = ClassEff(ef, eb, fl, len(rs), mape, mode)
+        report.append({"kind": "class", "op_class": cls, "eff_flops": ef, "eff_bytes": eb, "floor_us": fl,
+                       "overhead_mode": mode, "n": len(rs), "mape_pct": mape})
+    cal = Calibration(classes, attn, name, arch.name)
+    return cal, report
+
+def write_calibration_csv(report: list[dict], path: str | Path, provenance_cols: dict) -> None:
+    """Write the fit report with provenance columns (one row per class / attention op)."""
+    cols = ["kind", "op_class", "eff_flops", "eff_bytes", "floor_us", "overhead_mode", "n", "mape_pct"] + \
+        list(provenance_cols)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in report:
+            w.writerow({**r, **provenance_cols})

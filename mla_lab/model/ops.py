@@ -1,0 +1,475 @@
+"""Per-rank ops of one decoder layer of a sparse-MLA (DSA) MoE model for one prefill step, and their modelled time.
+
+For an engine step of ``T`` tokens on one tensor-parallel rank (``tp`` ranks, ``H = num_attention_heads // tp``
+heads per rank) :func:`layer_ops` lists every op with its real per-rank shape, FLOPs and bytes (weights plus
+activations read and written, counted once each: a lower bound on traffic), in the order vLLM runs them
+(``vllm/model_executor/models/deepseek_v2.py`` with the FlashMLA sparse backend):
+
+============================  ======================================  ===========================================
+op                            per-rank shape (GEMM ``M x K -> N``)    class / notes
+============================  ======================================  ===========================================
+input_norm                    fused residual add + RMSNorm, T x h     norm (reads x, residual; writes both)
+q_a_proj                      T x h -> q_lora_rank                    gemm, replicated (vLLM fuses q_a and kv_a)
+q_a_norm                      RMSNorm T x q_lora_rank                 norm
+q_b_proj                      T x q_lora_rank -> H*(d_nope+d_rope)    gemm, column-parallel
+kv_a_proj                     T x h -> kv_lora_rank + d_rope          gemm, replicated
+kv_a_norm                     RMSNorm T x kv_lora_rank                norm
+rope_cache                    rope on q_pe/k_pe, KV-cache write       elementwise (modelled only, not measured)
+w_uk_bmm                      H x [T x d_nope] @ [d_nope x 512]       bmm, absorbed W_UK (bf16 weights)
+idx_wq_b                      T x q_lora_rank -> n_ih*d_ih            gemm, replicated (DSA indexer)
+idx_wk                        T x h -> d_ih                           gemm, replicated
+idx_weights_proj              T x h -> n_ih                           gemm, replicated, bf16 (not quantized)
+idx_prep                      k norm, rope, fp8 quant, cache write    elementwise (modelled only)
+idx_logits                    sum_visible x n_ih x d_ih               indexer_logits: weighted-ReLU MQA logits,
+                                                                      fp32 logits written for visible keys
+idx_topk                      top-``index_topk`` of each row          topk
+concat / pad / kernel /       :func:`attention_path_ops`              attention path per strategy (class
+out_slice                                                             ``attn_<op>``)
+w_uv_bmm                      H x [T x 512] @ [512 x d_v]             bmm, absorbed W_UV (bf16 weights)
+o_proj                        T x H*d_v -> h                          gemm, row-parallel
+attn_allreduce                T x h bf16                              comm (ring all-reduce over NVLink)
+post_attn_norm                fused add + RMSNorm T x h               norm
+dense layers (first ``first_k_dense_replace``):
+mlp_gate_up / mlp_act /       T x h -> 2*I/tp, SiLU*mul, I/tp -> h    gemm / elementwise / gemm, + mlp_allreduce
+mlp_down
+MoE layers (the rest):
+router                        T x h -> n_routed_experts               gemm, replicated, bf16
+router_topk                   grouped top-k                           elementwise (modelled only)
+moe_gate_up / moe_act /       E_loc experts x M_e tokens each         moe_gemm / elementwise / moe_gemm
+moe_down                      (balanced routing, M_e = T*k/E)
+moe_combine                   sum of the k expert outputs per token   reduce
+shared_gate_up/act/down       T x h -> 2*n_s*I_moe/tp ...             gemm / elementwise / gemm (TP-sharded)
+moe_allreduce                 T x h bf16 (routed + shared, one)       comm; or all-to-all with ``ep_comm``
+============================  ======================================  ===========================================
+
+Per step (not per layer, :func:`step_ops`): vocab-parallel embedding (gather + all-reduce), final norm and the LM
+head. Logits: vLLM v1 computes them for the last scheduled token of every request in the step (partial prefills
+included, their samples discarded), so the LM head GEMM has ``M = number of chunks in the step`` rows; the
+``[M, vocab/tp]`` fp32 logits are gathered to rank 0.
+
+Expert parallelism (``moe_parallel="ep"``, vLLM ``--enable-expert-parallel`` with DP = 1, as in the PR's benchmark):
+each rank holds ``n_routed_experts / ep_size`` whole experts and computes, for all ``T`` (replicated) tokens, the
+``T * k / ep_size`` token-expert pairs routed to them; the routed and shared outputs are summed and all-reduced over
+TP exactly as without EP (``ep_comm="all_reduce"``). ``ep_comm="all_to_all"`` models a DeepEP-style dispatch and
+combine instead (each rank dispatches its ``T/ep`` token share, ``k`` copies, ``(ep-1)/ep`` of them remote, and an
+all-gather restores the replicated hidden state for the next TP attention) — an option, not what the PR ran.
+
+Dtypes: activations bf16 (2 B). Linear weights ``weight_dtype`` bf16 (2 B) or fp8 (1 B + one fp32 scale per
+128x128 block; GLM-5.2-FP8 / DeepSeek-V3.2 ship fp8 block-quantized linears, and their GEMMs run at the fp8 tensor
+rate, taken as 2x the dense bf16 rate from the same datasheets: H100/H200 1979, B200 4500 TFLOP/s dense fp8). The
+absorbed W_UK / W_UV (vLLM dequantizes ``kv_b_proj`` into bf16 copies), the router, ``idx_weights_proj``, norms,
+embedding and LM head stay bf16. The indexer's MQA logits are priced at bf16 (``indexer_dtype``), which is what
+``benchmarks/bench_layer.py`` measures (a Triton kernel); vLLM runs DeepGEMM's fp8 ``fp8_mqa_logits`` there.
+
+The attention path of each strategy (class ``attn_<op>``, :func:`attention_path_ops`), per layer, per rank, for
+one engine step of ``T`` tokens (``H`` real heads, ``H'`` padded heads, head_size 576, d_v 512, bf16 = 2 bytes):
+
+Per layer, per rank, for one engine step of ``T`` tokens (``H`` real heads, ``H'`` padded heads, head_size 576,
+d_v 512, bf16 = 2 bytes):
+
+================  ===================================================  ==============================
+op                bytes / FLOPs                                        strategies
+================  ===================================================  ==============================
+``concat``        read + write of the real heads: ``2*T*H*576*2`` B    all
+``pad``           zero-fill ``T*H'*576*2`` B + copy real heads          unfused (bf16 cache, H' > H)
+                  ``2*T*H*576*2`` B (vLLM ``q.new_zeros`` + copy)
+``kernel``        ``2 * sum(topk_length) * H' * (576 + 512)`` FLOP     all (kernel_native too: see below)
+                  (FlashMLA README FLOP count)
+``out_slice``     ``out[:, :H].contiguous()``: ``2*T*H*512*2`` B       unfused, fused (not kernel_native)
+================  ===================================================  ==============================
+
+``kernel_native`` (modelled bound, a kernel that takes the real head count and pads inside, as FlashAttention #2883
+does with TMA on sm100): no padded workspace, no pad, no output slice; its kernel time is the padded kernel's,
+because on sm90 each token's query heads form the M dimension of a 64-row wgmma tile and tokens cannot share a tile
+(each has its own index list), so 8 real heads still cost 64-row MMAs. At very small T this is pessimistic if a
+native kernel could skip the padded rows' softmax work; that part is small next to the MMAs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .._validate import check_int
+from ..arch import GPUArch
+from ..buffers import check_strategy, padded_num_heads
+from ..models import ModelConfig, normalize_kv_cache_dtype
+from ..workload import Step, sum_topk_lengths
+
+__all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
+           "ATTN_OPS", "OP_CLASSES", "COMM_CLASSES", "WEIGHT_DTYPES", "MOE_PARALLEL", "EP_COMM", "LAYER_KINDS", "FP8_PEAK_FACTOR"]
+
+BF16 = 2
+
+FP32 = 4
+
+WEIGHT_DTYPES = {"bf16": 2, "fp8": 1}
+COMM_CLASSES = ("allreduce", "all_to_all", "allgather")
+
+#: Classes priced by the roofline-with-overhead formula; attention-path ops have class ``attn_<op>``.
+OP_CLASSES = ("gemm", "gemm_fp8", "moe_gemm", "moe_gemm_fp8", "bmm", "norm", "elementwise", "indexer_logits",
+              "topk", "reduce")
+
+MOE_PARALLEL = ("tp", "ep")
+
+EP_COMM = ("all_reduce", "all_to_all")
+
+LAYER_KINDS = ("moe", "dense")
+
+FP8_PEAK_FACTOR = 2.0  # dense fp8 / dense bf16 tensor rate on Hopper and Blackwell datasheets (H200 1979/989)
+
+def _err(name, value, allowed) -> ValueError:
+    return ValueError(f"{name}={value!r} is not valid; allowed: {allowed}")
+
+@dataclass(frozen=True)
+class LayerOp:
+    """One op of a layer (or of the step) on one rank.
+
+    Attributes:
+        name: op name (``q_a_proj``...); op_class: efficiency class (:data:`OP_CLASSES`, ``attn_<op>`` for the
+            attention path, or a :data:`COMM_CLASSES` entry).
+        flops: floating-point operations; weight_bytes / act_bytes: bytes of weights and of activations read plus
+            written; comm_bytes: for comm ops, the message size (bytes each rank holds before the collective).
+        dims: the per-rank shape (``M``, ``K``, ``N``, ``B`` ...), used by the benchmark to run the op.
+        impl: how ``benchmarks/bench_layer.py`` measures the op (None: modelled only, never measured).
+        dtype: compute dtype of the op (``bf16``/``fp8``).
+    """
+
+    name: str
+    op_class: str
+    flops: float = 0.0
+    weight_bytes: float = 0.0
+    act_bytes: float = 0.0
+    comm_bytes: float = 0.0
+    dims: dict = field(default_factory=dict)
+    impl: str | None = None
+    dtype: str = "bf16"
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.act_bytes
+
+    @property
+    def is_comm(self) -> bool:
+        return self.op_class in COMM_CLASSES
+
+    def to_dict(self) -> dict:
+        return {"op": self.name, "op_class": self.op_class, "flops": self.flops, "weight_bytes": self.weight_bytes,
+                "act_bytes": self.act_bytes, "bytes": self.bytes, "comm_bytes": self.comm_bytes,
+                "dims": ";".join(f"{k}={v}" for k, v in self.dims.items()), "impl": self.impl or "",
+                "dtype": self.dtype}
+
+def _gemm(name, M, K, N, wbytes, dtype, impl="linear") -> LayerOp:
+    """``[M, K] @ [K, N]``: 2MKN FLOPs; weights K*N*wbytes (+ fp32 block scales for fp8); activations bf16 in/out."""
+    w = K * N * wbytes
+    if wbytes == 1:
+        w += math.ceil(K / 128) * math.ceil(N / 128) * FP32
+    cls = "gemm_fp8" if dtype == "fp8" else "gemm"
+    return LayerOp(name, cls, flops=2.0 * M * K * N, weight_bytes=w, act_bytes=(M * K + M * N) * BF16,
+                   dims={"M": M, "K": K, "N": N}, impl=impl, dtype=dtype)
+
+def _norm(name, M, N, fused_add) -> LayerOp:
+    """RMSNorm over N (bf16): reads x (and the residual when fused with the add), writes out (and the residual)."""
+    passes = 4 if fused_add else 2
+    return LayerOp(name, "norm", flops=0.0, weight_bytes=N * BF16, act_bytes=passes * M * N * BF16,
+                   dims={"M": M, "N": N, "fused_add": int(fused_add)}, impl="rmsnorm_add" if fused_add else "rmsnorm")
+
+def _silu_mul(name, M, N) -> LayerOp:
+    """SiLU(gate) * up: reads ``M x 2N``, writes ``M x N`` (bf16)."""
+    return LayerOp(name, "elementwise", act_bytes=3 * M * N * BF16, dims={"M": M, "N": N}, impl="silu_mul")
+
+def _comm(name, cls, nbytes) -> LayerOp:
+    return LayerOp(name, cls, comm_bytes=nbytes, dims={"bytes": nbytes}, impl=None)
+
+@dataclass(frozen=True)
+class StepStats:
+    """What a step's shape means for the attention and the indexer.
+
+    Attributes:
+        num_tokens: T. sum_topk: sparse-attention keys summed over the step's tokens (FlashMLA ``topk_length``).
+        sum_visible: keys visible to the indexer summed over tokens (token at position p sees ``min(p+1, context)``).
+        keys_read: indexer keys read, one pass per chunk over its ``start + n`` visible keys (capped by context).
+        num_seqs: chunks (requests) in the step: the LM head rows.
+    """
+
+    num_tokens: int
+    sum_topk: int
+    sum_visible: int
+    keys_read: int
+    num_seqs: int
+
+def step_stats(model: ModelConfig, step: Step | int, causal: bool = True, context: int | None = None) -> StepStats:
+    """Token counts of a step.
+
+    ``step`` a :class:`~mla_lab.workload.Step`: each chunk ``(pid, start, n)`` contributes ``sum min(p+1, topk)``
+    attention keys (``causal``; else ``n * topk``) and ``sum min(p+1, context)`` indexer keys over its positions.
+    ``step`` an int T: the benchmark's synthetic step — the sparse kernel at full topk for every token (as
+    :func:`attention_path_ops` does for an int) and the indexer over one causal prompt of T tokens.
+
+    Raises:
+        ValueError: T not a non-negative int, context not a positive int.
+    """
+    if context is not None:
+        check_int("context", context)
+    big = context if context is not None else 1 << 62
+    if isinstance(step, Step):
+        T = step.num_tokens
+        st = sum(sum_topk_lengths(s, n, model.topk) if causal else n * model.topk for _, s, n in step.chunks)
+        sv = sum(sum_topk_lengths(s, n, big) for _, s, n in step.chunks)
+        kr = sum(min(s + n, big) for _, s, n in step.chunks)
+        return StepStats(T, st, sv, kr, len(step.chunks))
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"step={step!r} must be a non-negative int (a token count) or a Step")
+    T = check_int("step", step, allow_zero=True)
+    return StepStats(T, T * model.topk, sum_topk_lengths(0, T, big), min(T, big), 1 if T else 0)
+
+def _check_common(model, tp, strategy, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise _err("weight_dtype", weight_dtype, list(WEIGHT_DTYPES))
+    if moe_parallel not in MOE_PARALLEL:
+        raise _err("moe_parallel", moe_parallel, list(MOE_PARALLEL))
+    if ep_comm not in EP_COMM:
+        raise _err("ep_comm", ep_comm, list(EP_COMM))
+    if layer_kind not in LAYER_KINDS:
+        raise _err("layer_kind", layer_kind, list(LAYER_KINDS))
+    H = model.heads_per_rank(tp)
+    ep = tp if ep_size is None else ep_size
+    if moe_parallel == "ep":
+        check_int("ep_size", ep)
+        if model.n_routed_experts % ep:
+            divs = [d for d in range(1, model.n_routed_experts + 1) if model.n_routed_experts % d == 0]
+            raise ValueError(f"ep_size={ep} does not divide n_routed_experts={model.n_routed_experts}; allowed: {divs}")
+    for nm, size in (("intermediate_size", model.intermediate_size),
+                     ("moe_intermediate_size", model.moe_intermediate_size)):
+        if size % tp:
+            raise ValueError(f"tp={tp} does not divide {nm}={size} of model {model.name!r}")
+    return H, ep
+
+def layer_ops(
+    model: ModelConfig,
+    tp: int,
+    arch: GPUArch,
+    strategy: str,
+    step: Step | int,
+    layer_kind: str = "moe",
+    kv_cache_dtype: str = "bf16",
+    weight_dtype: str = "bf16",
+    moe_parallel: str = "tp",
+    ep_size: int | None = None,
+    ep_comm: str = "all_reduce",
+    out_slice_copy: bool = False,
+    causal: bool = True,
+    context: int | None = None,
+    indexer_dtype: str = "bf16",
+) -> list[LayerOp]:
+    """Every op of one decoder layer on one rank for one step (table in the module docstring).
+
+    Args:
+        model: a :class:`~mla_lab.models.ModelConfig`; tp: tensor-parallel size (divides num_attention_heads and the MLP sizes).
+        arch: a :class:`~mla_lab.arch.GPUArch`; gives the padded head count of the attention path (vLLM rule).
+        strategy: a name of :data:`mla_lab.buffers.STRATEGIES` (its attention path: :func:`attention_path_ops`).
+        step: a :class:`~mla_lab.workload.Step` or a token count (see :func:`step_stats`).
+        layer_kind: ``moe`` or ``dense`` (the first ``first_k_dense_replace`` layers).
+        kv_cache_dtype: bf16 / fp8 (padding rule, KV-cache write bytes).
+        weight_dtype: ``bf16`` (2 B) or ``fp8`` (1 B, fp8 GEMM rate) for the quantized linears.
+        moe_parallel: ``tp`` (every expert sharded over TP) or ``ep`` (``ep_size`` ranks hold whole experts,
+            default ``ep_size = tp``); ep_comm: ``all_reduce`` (vLLM TP+EP, DP=1) or ``all_to_all``.
+        out_slice_copy: keep the ``out_slice`` op (a ``.contiguous()`` copy of ``out[:, :H]``). Default
+            False: vLLM hands the ``[:, :H]`` view to the W_UV bmm, and on the H200 ``torch.bmm`` read that strided
+            view with the same cuBLAS kernel, no extra allocation and the same time as a contiguous input
+            (``data/measured/h200/layer_extras.csv``, experiment ``w_uv_slice``; docs/ttft-model.md).
+        causal, context: as :func:`step_stats`.
+        indexer_dtype: ``bf16`` or ``fp8`` q/k of the indexer logits (fp8 at 2x the bf16 rate, 1 B per value).
+
+    Raises:
+        ValueError: any argument outside its allowed values (message names it, its value and what is allowed).
+    """
+    H, ep = _check_common(model, tp, strategy, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
+    if indexer_dtype not in ("bf16", "fp8"):
+        raise _err("indexer_dtype", indexer_dtype, ["bf16", "fp8"])
+    kvd = normalize_kv_cache_dtype(kv_cache_dtype)
+    ss = step_stats(model, step, causal, context)
+    T = ss.num_tokens
+    wb = WEIGHT_DTYPES[weight_dtype]
+    wd = weight_dtype
+    h, qr, kr = model.hidden_size, model.q_lora_rank, model.kv_lora_rank
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    nih, dih = model.index_n_heads, model.index_head_dim
+    ops: list[LayerOp] = [
+        _norm("input_norm", T, h, True),
+        _gemm("q_a_proj", T, h, qr, wb, wd),
+        _norm("q_a_norm", T, qr, False),
+        _gemm("q_b_proj", T, qr, H * (dn + dr), wb, wd),
+        _gemm("kv_a_proj", T, h, kr + dr, wb, wd),
+        _norm("kv_a_norm", T, kr, False),
+        LayerOp("rope_cache", "elementwise",
+                act_bytes=(2 * T * H * dr + T * (kr + dr)) * BF16
+                + T * model.kv_cache_bytes_per_token_layer(kvd, include_indexer=False),
+                dims={"T": T, "H": H}, impl=None),
+        LayerOp("w_uk_bmm", "bmm", flops=2.0 * H * T * dn * kr, weight_bytes=H * dn * kr * BF16,
+                act_bytes=(T * H * dn + T * H * kr) * BF16, dims={"B": H, "M": T, "K": dn, "N": kr}, impl="bmm_uk"),
+        _gemm("idx_wq_b", T, qr, nih * dih, wb, wd),
+        _gemm("idx_wk", T, h, dih, wb, wd),
+        _gemm("idx_weights_proj", T, h, nih, BF16, "bf16"),
+        LayerOp("idx_prep", "elementwise",
+                act_bytes=T * nih * dih * (BF16 + 1) + T * dih * (BF16 + 1) + T * (dih + FP32 * math.ceil(dih / 128)),
+                dims={"T": T}, impl=None),
+    ]
+    ib = BF16 if indexer_dtype == "bf16" else 1
+    ops.append(LayerOp(
+        "idx_logits", "indexer_logits", flops=2.0 * ss.sum_visible * nih * dih,
+        act_bytes=T * nih * dih * ib + ss.keys_read * dih * ib + T * nih * FP32 + ss.sum_visible * FP32,
+        dims={"T": T, "NH": nih, "D": dih, "sum_visible": ss.sum_visible, "keys": ss.keys_read},
+        impl="mqa_logits", dtype=indexer_dtype))
+    ops.append(LayerOp(
+        "idx_topk", "topk", act_bytes=ss.sum_visible * FP32 + T * model.topk * FP32,
+        dims={"T": T, "keys": ss.keys_read, "k": model.topk}, impl="topk"))
+    ops += [op for op in attention_path_ops(model, tp, arch, strategy, T, ss.sum_topk, kv_cache_dtype)
+            if op.name != "out_slice" or out_slice_copy]
+    ops += [
+        LayerOp("w_uv_bmm", "bmm", flops=2.0 * H * T * kr * dv, weight_bytes=H * kr * dv * BF16,
+                act_bytes=(T * H * kr + T * H * dv) * BF16, dims={"B": H, "M": T, "K": kr, "N": dv}, impl="bmm_uv"),
+        _gemm("o_proj", T, H * dv, h, wb, wd),
+    ]
+    if tp > 1:
+        ops.append(_comm("attn_allreduce", "allreduce", T * h * BF16))
+    ops.append(_norm("post_attn_norm", T, h, True))
+    if layer_kind == "dense":
+        i_loc = model.intermediate_size // tp
+        ops += [_gemm("mlp_gate_up", T, h, 2 * i_loc, wb, wd), _silu_mul("mlp_act", T, i_loc),
+                _gemm("mlp_down", T, i_loc, h, wb, wd)]
+        if tp > 1:
+            ops.append(_comm("mlp_allreduce", "allreduce", T * h * BF16))
+        return ops
+    E, k, im = model.n_routed_experts, model.num_experts_per_tok, model.moe_intermediate_size
+    if moe_parallel == "tp":
+        e_loc, i_loc, pairs = E, im // tp, T * k
+    else:
+        e_loc, i_loc, pairs = E // ep, im, T * k / ep
+    m_e = pairs / e_loc  # balanced routing: tokens per local expert
+    # weights of the local experts that receive at least one token (uniform random routing, expectation)
+    touched = e_loc * (1.0 - (1.0 - 1.0 / E) ** (T * k)) if T else 0.0
+    mcls = "moe_gemm_fp8" if wd == "fp8" else "moe_gemm"
+
+    def moe_gemm(name, K, N):
+        w = K * N * wb + (math.ceil(K / 128) * math.ceil(N / 128) * FP32 if wb == 1 else 0)
+        return LayerOp(name, mcls, flops=2.0 * pairs * K * N, weight_bytes=touched * w,
+                       act_bytes=pairs * (K + N) * BF16, dims={"E": e_loc, "M": m_e, "K": K, "N": N},
+                       impl="moe_bmm", dtype=wd)
+
+    ns_i = model.n_shared_experts * im // tp
+    ops += [
+        _gemm("router", T, h, E, BF16, "bf16"),
+        LayerOp("router_topk", "elementwise", act_bytes=T * E * FP32 + T * k * (FP32 + 4), dims={"T": T}, impl=None),
+        moe_gemm("moe_gate_up", h, 2 * i_loc),
+        LayerOp("moe_act", "elementwise", act_bytes=3 * pairs * i_loc * BF16, dims={"M": m_e * e_loc, "N": i_loc},
+                impl="silu_mul"),
+        moe_gemm("moe_down", i_loc, h),
+        LayerOp("moe_combine", "reduce", act_bytes=(pairs + T) * h * BF16,
+                dims={"T": T, "k": pairs / T if T else 0, "N": h}, impl="moe_sum"),
+    ]
+    if ns_i:
+        ops += [_gemm("shared_gate_up", T, h, 2 * ns_i, wb, wd), _silu_mul("shared_act", T, ns_i),
+                _gemm("shared_down", T, ns_i, h, wb, wd)]
+    if moe_parallel == "ep" and ep_comm == "all_to_all" and ep > 1:
+        share = T / ep * k * h * BF16
+        ops += [_comm("moe_dispatch", "all_to_all", share), _comm("moe_combine_a2a", "all_to_all", share),
+                _comm("moe_allgather", "allgather", T * h * BF16)]
+        if tp > 1 and ns_i:
+            ops.append(_comm("shared_allreduce", "allreduce", T * h * BF16))
+    elif tp > 1:
+        ops.append(_comm("moe_allreduce", "allreduce", T * h * BF16))
+    return ops
+
+def step_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
+             **kw) -> list[tuple[LayerOp, int]]:
+    """All ops of one engine step on one rank as ``(op, count)``: the dense layers' ops x first_k_dense_replace,
+    the MoE layers' ops x the rest, and the embedding, final norm, LM head and logits gather once.
+
+    Keyword arguments are those of :func:`layer_ops` (``layer_kind`` excluded).
+    """
+    if "layer_kind" in kw:
+        raise ValueError("layer_kind=... is chosen per layer by step_ops; allowed: omit it")
+    ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
+    T, h, V = ss.num_tokens, model.hidden_size, model.vocab_size
+    n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
+    n_moe = model.num_hidden_layers - n_dense
+    out: list[tuple[LayerOp, int]] = []
+    if n_dense:
+        out += [(op, n_dense) for op in layer_ops(model, tp, arch, strategy, step, layer_kind="dense", **kw)]
+    if n_moe:
+        out += [(op, n_moe) for op in layer_ops(model, tp, arch, strategy, step, layer_kind="moe", **kw)]
+    if V % tp:
+        raise ValueError(f"tp={tp} does not divide vocab_size={V}")
+    R = ss.num_seqs
+    out += [
+        (LayerOp("embedding", "elementwise", act_bytes=T * h * BF16 / tp + T * h * BF16 + T * 8,
+                 dims={"T": T, "N": h}, impl=None), 1),
+        (_norm("final_norm", T, h, True), 1),
+        (_gemm("lm_head", R, h, V // tp, BF16, "bf16"), 1),
+    ]
+    if tp > 1:
+        out += [(_comm("embed_allreduce", "allreduce", T * h * BF16), 1),
+                (_comm("logits_gather", "allgather", R * V * FP32), 1)]
+    return out
+
+
+ATTN_OPS = ("concat", "pad", "kernel", "out_slice")
+
+
+def attention_op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size: int = 576, d_v: int = 512) -> float:
+    """Bytes (``concat``, ``pad``, ``out_slice``) or FLOPs (``kernel``) of one attention-path op (table above).
+
+    Raises:
+        ValueError: unknown op.
+    """
+    if op == "concat":
+        return 2 * T * H * head_size * 2
+    if op == "pad":
+        return T * Hp * head_size * 2 + 2 * T * H * head_size * 2
+    if op == "out_slice":
+        return 2 * T * H * d_v * 2
+    if op == "kernel":
+        return 2 * sum_topk * Hp * (head_size + d_v)
+    raise ValueError(f"op={op!r} is not known; allowed: {list(ATTN_OPS)}")
+
+
+def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, num_tokens: int,
+                       sum_topk: int | None = None, kv_cache_dtype: str = "bf16") -> list[LayerOp]:
+    """The attention-path ops of one layer, one rank, one step, for ``strategy`` (absent ops omitted).
+
+    Args:
+        model, tp: give ``H = num_attention_heads // tp``; arch: gives ``H'`` (vLLM's padding rule).
+        strategy: a name of :data:`mla_lab.buffers.STRATEGIES`.
+        num_tokens: T of the step; sum_topk: keys attended summed over the step's tokens (default
+            ``T * index_topk``: full topk).
+
+    Raises:
+        ValueError: unknown strategy; negative token counts; ``sum_topk > T * index_topk``.
+    """
+    check_strategy(strategy)
+    check_int("num_tokens", num_tokens, allow_zero=True)
+    if sum_topk is not None:
+        check_int("sum_topk", sum_topk, allow_zero=True)
+        if sum_topk > num_tokens * model.topk:
+            raise ValueError(f"sum_topk={sum_topk} exceeds num_tokens * index_topk = {num_tokens * model.topk}")
+    H = model.heads_per_rank(tp)
+    Hp = padded_num_heads(H, arch, kv_cache_dtype)
+    T = num_tokens
+    st = T * model.topk if sum_topk is None else sum_topk
+    dims = {"T": T, "H": H, "Hp": Hp, "sum_topk": st}
+
+    def op(name, kind):
+        w = attention_op_work(name, T, H, Hp, st, model.head_size, model.d_v)
+        return LayerOp(name, f"attn_{name}", flops=w if kind == "flops" else 0.0,
+                       act_bytes=w if kind == "bytes" else 0.0, dims=dims, impl=f"attn_{name}")
+
+    ops = [op("concat", "bytes")]
+    if strategy == "unfused" and normalize_kv_cache_dtype(kv_cache_dtype) == "bf16" and Hp > H:
+        ops.append(op("pad", "bytes"))
+    # kernel_native pads inside the kernel: on sm90 the wgmma tile is 64 query rows per token and each token has its
+    # own index list, so a kernel taking 8 real heads still issues 64-row MMAs; its time is the padded kernel's.
+    ops.append(op("kernel", "flops"))
+    if strategy != "kernel_native" and Hp > H:
+        ops.append(op("out_slice", "bytes"))
+    return ops

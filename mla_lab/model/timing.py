@@ -1,0 +1,127 @@
+"""Modelled time of ops, layers and steps: the lab's one roofline and its one collective model.
+
+Time of an op (:func:`op_time_ms`): the roofline ``max(FLOPs / (peak x eff_flops), bytes / (HBM BW x eff_bytes))``
+combined with a per-op overhead the roofline alone lacks for small ops — as a floor, ``max(roofline, overhead)``, or
+added, ``overhead + roofline`` (:class:`~mla_lab.model.calibration.ClassEff` ``mode``). Attention-path ops
+(class ``attn_<op>``) are the same roofline with one efficiency each and no overhead: the kernel against dense bf16
+TFLOP/s, the byte ops against HBM GB/s. Peaks are the datasheet figures of :mod:`mla_lab.arch`; fp8 GEMMs run at
+:data:`~mla_lab.model.ops.FP8_PEAK_FACTOR` x the bf16 rate.
+
+Collectives (:func:`comm_time_ms`, the only all-reduce model; ``mla_lab.measure.tp`` compares a real TP=2 run with
+it): ring all-reduce of ``B`` bytes moves ``2 (n-1)/n x B`` per rank in each direction; time = that /
+(``nvlink_gbps / 2`` x ``comm_efficiency``) + ``comm_latency_us``. ``nvlink_gbps`` is the datasheet figure for both
+directions together, so one direction gets half (450 GB/s on H100/H200). ``comm_efficiency`` 0.8 and latency 0
+are assumptions (:class:`~mla_lab.model.calibration.Calibration`); NVLink SHARP all-reduce is not modelled.
+
+All functions take :class:`~mla_lab.models.ModelConfig` / :class:`~mla_lab.arch.GPUArch` objects (names are
+resolved by the public entry points in :mod:`mla_lab.model.ttft`).
+"""
+
+from __future__ import annotations
+
+from .._validate import check_int
+from ..arch import GPUArch
+from ..models import ModelConfig
+from ..workload import Step
+from .calibration import COMM_CLASSES, Calibration, resolve_calibration
+from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, layer_ops, step_ops, step_stats
+
+__all__ = ["op_time_ms", "comm_time_ms", "layer_time_ms", "step_time_ms", "attention_path_ms",
+           "predict_measured_op_ms"]
+
+
+def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = None, tp: int = 1) -> float:
+    """Modelled time of one op (ms): the roofline of the module docstring; comm ops through :func:`comm_time_ms`
+    (they need ``tp``)."""
+    cal = resolve_calibration(calibration)
+    if op.is_comm:
+        return comm_time_ms(op.op_class, op.comm_bytes, tp, arch, cal)
+    if not (op.flops or op.bytes):
+        return 0.0
+    if op.op_class.startswith("attn_"):
+        e = cal.attention_eff(op.op_class[5:])
+        if op.flops:
+            return op.flops / (arch.bf16_tflops * 1e12 * e) * 1e3
+        return op.bytes / (arch.hbm_gbps * 1e9 * e) * 1e3
+    e = cal.eff(op.op_class)
+    peak = arch.bf16_tflops * 1e12 * (FP8_PEAK_FACTOR if op.dtype == "fp8" else 1.0)
+    t = max(op.flops / (peak * e.eff_flops), op.bytes / (arch.hbm_gbps * 1e9 * e.eff_bytes)) * 1e3
+    return t + e.floor_us * 1e-3 if e.mode == "add" else max(t, e.floor_us * 1e-3)
+
+
+def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: Calibration | None = None,
+                 group: int | None = None) -> float:
+    """Time (ms) of a collective over ``group`` ranks (default ``tp``) on NVLink.
+
+    - ``allreduce`` (ring): each rank sends and receives ``2 (n-1)/n x nbytes``.
+    - ``allgather`` (ring): ``(n-1)/n x nbytes`` (``nbytes`` is the gathered size).
+    - ``all_to_all``: ``nbytes`` is what one rank sends (already the remote share).
+
+    Raises:
+        ValueError: group not a positive int; unknown kind.
+    """
+    cal = resolve_calibration(calibration)
+    n = tp if group is None else group
+    check_int("tp", n)
+    if kind not in COMM_CLASSES:
+        raise ValueError(f"kind={kind!r} is not valid; allowed: {list(COMM_CLASSES)}")
+    if n == 1 or nbytes <= 0:
+        return 0.0
+    moved = {"allreduce": 2.0 * (n - 1) / n * nbytes, "allgather": (n - 1) / n * nbytes,
+             "all_to_all": nbytes}[kind]
+    bw = arch.nvlink_gbps / 2 * 1e9 * cal.comm_efficiency
+    return moved / bw * 1e3 + cal.comm_latency_us * 1e-3
+
+
+def attention_path_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
+                      kv_cache_dtype: str = "bf16", calibration: Calibration | None = None,
+                      causal: bool = True) -> dict:
+    """Modelled time (ms) per attention-path op and ``total`` for one layer, one rank, one step.
+
+    ``step`` a :class:`~mla_lab.workload.Step` (causal topk_length per chunk when ``causal``) or a token count (full
+    topk for every token). Priced by :func:`op_time_ms`, the same formula the layer uses.
+    """
+    ss = step_stats(model, step, causal)
+    out = {op.name: op_time_ms(op, arch, calibration)
+           for op in attention_path_ops(model, tp, arch, strategy, ss.num_tokens, ss.sum_topk, kv_cache_dtype)}
+    out["total"] = sum(out.values())
+    return out
+
+
+def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
+                  calibration: Calibration | None = None, **kw) -> dict:
+    """Modelled ms per op of one layer (``{op: ms}``) plus ``total``, ``attention_path`` and ``comm``. Keyword
+    arguments as :func:`~mla_lab.model.ops.layer_ops`."""
+    cal = resolve_calibration(calibration)
+    out: dict = {}
+    comm = 0.0
+    for op in layer_ops(model, tp, arch, strategy, step, **kw):
+        out[op.name] = op_time_ms(op, arch, cal, tp)
+        comm += out[op.name] if op.is_comm else 0.0
+    total = sum(out.values())
+    out["attention_path"] = sum(out.get(a, 0.0) for a in ATTN_OPS)
+    out["comm"] = comm
+    out["total"] = total
+    return out
+
+
+def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
+                 calibration: Calibration | None = None, **kw) -> dict:
+    """Modelled ms of one engine step on one rank, all layers: ``total``, ``by_op`` (ms summed over layers),
+    ``attention_path``, ``comm``. Keyword arguments as :func:`~mla_lab.model.ops.layer_ops`."""
+    cal = resolve_calibration(calibration)
+    by: dict = {}
+    comm = 0.0
+    for op, count in step_ops(model, tp, arch, strategy, step, **kw):
+        t = op_time_ms(op, arch, cal, tp) * count
+        by[op.name] = by.get(op.name, 0.0) + t
+        comm += t if op.is_comm else 0.0
+    attn = sum(by.get(a, 0.0) for a in ATTN_OPS)
+    return {"total": sum(by.values()), "by_op": by, "attention_path": attn, "comm": comm}
+
+
+def predict_measured_op_ms(row: dict, arch: GPUArch, calibration: Calibration | None = None) -> float:
+    """Model prediction for a measured op row (``op_class``, ``flops``, ``bytes``, ``dtype``)."""
+    op = LayerOp(row.get("op", "?"), row["op_class"], flops=float(row.get("flops") or 0),
+                 act_bytes=float(row.get("bytes") or 0), dtype=row.get("dtype") or "bf16")
+    return op_time_ms(op, arch, calibration)

@@ -1,0 +1,51 @@
+"""Where the lab's files live: the repository root and its ``data/`` folders, resolved once.
+
+Environment overrides (read on every call, so tests and CI can point elsewhere):
+
+- ``MLA_LAB_DATA``: the ``data/`` folder (model configs under ``models/``, ``calibration/``, ``measured/``).
+- ``MLA_LAB_MEASURED``: the measured-data folder only (default ``<data>/measured``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "notebooks_dir", "resolve"]
+
+#: The repository this package sits in (``mla_lab/..``).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def data_dir() -> Path:
+    """``data/`` of the repository, or env ``MLA_LAB_DATA``."""
+    root = os.environ.get("MLA_LAB_DATA")
+    return Path(root) if root else REPO_ROOT / "data"
+
+
+def models_dir() -> Path:
+    """``<data>/models``: one folder per model holding an HF ``config.json``."""
+    return data_dir() / "models"
+
+
+def calibration_dir() -> Path:
+    """``<data>/calibration``: the fitted calibration CSVs."""
+    return data_dir() / "calibration"
+
+
+def measured_dir(gpu: str | None = None) -> Path:
+    """``<data>/measured`` (env ``MLA_LAB_MEASURED`` overrides), or its ``gpu`` subfolder."""
+    root = os.environ.get("MLA_LAB_MEASURED")
+    base = Path(root) if root else data_dir() / "measured"
+    return base / gpu if gpu else base
+
+
+def notebooks_dir() -> Path:
+    """``notebooks/`` of the repository."""
+    return REPO_ROOT / "notebooks"
+
+
+def resolve(p: str | Path) -> Path:
+    """A user-given path: absolute as given, relative to the current directory otherwise."""
+    path = Path(p)
+    return path if path.is_absolute() else Path.cwd() / path

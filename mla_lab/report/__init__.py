@@ -1,0 +1,34 @@
+"""The report: its data, figures, tables, the published site and the browser check.
+
+- :mod:`.data` — measured and modelled rows, validation data, failed points.
+- :mod:`.figures` — matplotlib figures (no pyplot state), published as PNG + SVG.
+- :mod:`.tables` — pandas tables and their HTML.
+- :mod:`.site` — the ``reports/`` site: per-run reports, latest copy, index.
+- :mod:`.browser` — headless Chromium check of a published page.
+"""
+
+from .data import combine, failed_points, load_measured, load_validation, measured_for, ok_rows, pick
+from .figures import (
+    pareto_front,
+    plot_heatmap,
+    plot_memory_vs_ttft,
+    plot_tp_bars,
+    plot_validation,
+    publish_figure,
+)
+from .tables import (
+    html_table,
+    provenance_html,
+    provenance_summary,
+    save_provenance,
+    seed_setup_table,
+    summary_html,
+    summary_table,
+    tp2_table,
+    validation_table,
+)
+
+__all__ = ["combine", "failed_points", "load_measured", "load_validation", "measured_for", "ok_rows", "pick",
+           "pareto_front", "plot_heatmap", "plot_memory_vs_ttft", "plot_tp_bars", "plot_validation",
+           "publish_figure", "html_table", "provenance_html", "provenance_summary", "save_provenance",
+           "seed_setup_table", "summary_html", "summary_table", "tp2_table", "validation_table"]

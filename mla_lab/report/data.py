@@ -1,0 +1,110 @@
+"""Where the report's rows come from: the sweep CSV, measured rows under ``data/measured`` (re-priced with the
+current model through :func:`mla_lab.sweep.rows.reprice_measured_rows`), validation tables, failed points."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..arch import get_arch
+from ..paths import measured_dir
+from ..sweep.rows import reprice_measured_rows
+
+__all__ = ["load_measured", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
+
+
+# Columns a measured file must have to be read as sweep rows.
+_SWEEP_COLUMNS = {"model", "tp", "arch", "strategy", "source", "max_num_batched_tokens", "prompt_len", "ttft_ms"}
+
+# ----------------------------------------------------------------------------------------------------- data
+def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
+                  moe_parallel: str | None = None):
+    """Measured sweep rows under ``data/measured`` (recursively): every ``pattern`` file that has the sweep's
+    columns (model, tp, arch, strategy, source, max_num_batched_tokens, prompt_len, ttft_ms), keeping rows whose
+    ``source`` is ``measured``; a ``file`` column says where each row came from. Other CSVs there (kernel
+    benchmarks) are ignored. TTFT columns are re-derived with the current TTFT model around the measured attention
+    path (:func:`mla_lab.sweep.rows.reprice_measured_rows`). Empty DataFrame if none. ``root`` defaults to env ``MLA_LAB_MEASURED``, else the
+    repository's ``data/measured``."""
+    import pandas as pd
+
+    root = Path(root) if root else measured_dir()
+    frames = []
+    for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
+        try:
+            df = pd.read_csv(p)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+            continue
+        if not _SWEEP_COLUMNS <= set(df.columns):
+            continue
+        df = df[df["source"] == "measured"].copy()
+        if len(df):
+            df["file"] = str(p.relative_to(root))
+            frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+
+    # the attention path is measured; the rest of TTFT comes from the current model, so re-derive it here
+    return reprice_measured_rows(pd.concat(frames, ignore_index=True), weight_dtype, moe_parallel)
+
+def measured_for(params, root: str | Path | None = None):
+    """:func:`load_measured` rows that lie on the sweep grid of ``params`` (a :class:`mla_lab.sweep.SweepParams`):
+    same models, TP sizes, archs (aliases resolved), max_num_batched_tokens, prompt lengths and KV-cache dtypes."""
+
+    m = load_measured(root, weight_dtype=params.weight_dtype, moe_parallel=params.moe_parallel)
+    if len(m) == 0:
+        return m
+    keep = {"model": set(params.models), "tp": set(params.tp_sizes),
+            "arch": {get_arch(a).name for a in params.archs},
+            "max_num_batched_tokens": set(params.max_num_batched_tokens), "prompt_len": set(params.prompt_lens),
+            "kv_cache_dtype": set(params.kv_cache_dtype)}
+    for k, allowed in keep.items():
+        if k in m.columns:
+            m = m[m[k].astype(str).isin({str(v) for v in allowed})]
+    return m.reset_index(drop=True)
+
+def combine(modelled, measured=None):
+    """The sweep's rows and measured rows in one frame (measured may be None or empty). A measured row that the
+    sweep already holds (same point_key, strategy, source and timestamp: e.g. a committed copy of this very run) is
+    kept once."""
+    import pandas as pd
+
+    if measured is None or len(measured) == 0:
+        return modelled.copy()
+    both = pd.concat([modelled, measured], ignore_index=True)
+    key = [c for c in ("point_key", "strategy", "source", "timestamp") if c in both.columns]
+    if len(key) == 4:
+        both = both.drop_duplicates(subset=key, keep="first").reset_index(drop=True)
+    return both
+
+def ok_rows(df):
+    return df[df["status"].fillna("ok") == "ok"] if "status" in df.columns else df
+
+def pick(values, preferred):
+    """``preferred`` if it is among ``values``, else the largest value (used to choose the slice a chart shows)."""
+    vals = sorted({v for v in values if v == v})
+    if not vals:
+        return None
+    return preferred if preferred in vals else vals[-1]
+
+def failed_points(df):
+    """Rows of points that failed (status != ok), with their reason."""
+    if "status" not in df.columns:
+        return df.iloc[0:0]
+    cols = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "source",
+                        "status", "reason") if c in df.columns]
+    return df[df["status"].fillna("ok") != "ok"][cols]
+
+def _measured_root() -> Path:
+    return measured_dir()
+
+def load_validation(root: str | Path | None = None):
+    """The TTFT model's predicted-vs-measured rows (every ``layer_validation.csv`` under ``root``, default env
+    ``MLA_LAB_MEASURED`` or ``data/measured``; a ``run`` column names the folder). Empty DataFrame if none."""
+    import pandas as pd
+
+    root = Path(root) if root else _measured_root()
+    frames = []
+    for p in sorted(root.rglob("layer_validation.csv")) if root.is_dir() else []:
+        v = pd.read_csv(p)
+        v["run"] = str(p.parent.relative_to(root)) if p.parent != root else "."
+        frames.append(v)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -1,0 +1,232 @@
+"""The report's tables (pandas DataFrames and their HTML): provenance, the seed setup (the PR's numbers beside the
+lab's), the summary, the model validation, the TP=2 check."""
+
+from __future__ import annotations
+
+import html as _html
+import json
+from pathlib import Path
+
+from ..seed import SEED, SEED_REPORTED, seed_point
+from ..sweep.rows import modelled_rows
+from .data import ok_rows, _measured_root
+
+__all__ = ["provenance_summary", "provenance_html", "save_provenance", "seed_setup_table", "summary_table",
+           "summary_html", "html_table", "validation_table", "tp2_table"]
+
+
+_PROV_KEYS = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit")
+
+# ----------------------------------------------------------------------------------------------- provenance
+def _uniq(g, col) -> list[str]:
+    if col not in g.columns:
+        return []
+    return sorted({str(v) for v in g[col].dropna().unique() if str(v) not in ("", "nan")})
+
+def provenance_summary(df) -> dict:
+    """Per source (``measured``/``modelled``): row count, devices and software, commits, time range, and for modelled
+    rows the TTFT scope, calibration and arch cards. JSON-serialisable (it goes into the report index)."""
+    out = {"rows": int(len(df)) if df is not None else 0, "sources": {}}
+    if df is None or len(df) == 0 or "source" not in df.columns:
+        return out
+    for src, g in df.groupby("source"):
+        s = {"rows": int(len(g))}
+        for k in _PROV_KEYS + ("code_version", "file"):
+            v = _uniq(g, k)
+            if v:
+                s[k] = v
+        ts = _uniq(g, "timestamp")
+        if ts:
+            s["time_range"] = [ts[0], ts[-1]]
+        if src == "modelled":
+            for k in ("ttft_scope", "calibration", "model_arch"):
+                v = _uniq(g, k)
+                if v:
+                    s[k] = v
+        s["archs"] = _uniq(g, "arch")
+        s["models"] = _uniq(g, "model")
+        out["sources"][str(src)] = s
+    return out
+
+def provenance_html(df, run_id: str | None = None) -> str:
+    """The report's provenance banner (HTML): which rows are measured, on what GPU and software at which commit;
+    which are modelled, by which TTFT model and calibration."""
+    summ = provenance_summary(df)
+    e = _html.escape
+
+    def line(s, keys, named=False):
+        return "; ".join((f"{k} " if named else "") + f"<code>{e(', '.join(s[k]))}</code>" for k in keys if k in s)
+
+    src = summ["sources"]
+    rows = []
+    if "measured" in src:
+        m = src["measured"]
+        rows.append(f"<li><b>Measured: {m['rows']} rows</b> (filled markers) on "
+                    f"{line(m, ('device', 'sm', 'driver', 'cuda', 'torch', 'triton', 'flash_mla'), named=True)}; "
+                    f"commit {line(m, ('git_commit',))}; time {e(' .. '.join(m.get('time_range', [])))}; "
+                    f"files {line(m, ('file',))}.</li>")
+    else:
+        rows.append("<li><b>Measured: none.</b> No measured rows under <code>data/measured/</code> match this grid; "
+                    "every TTFT below is modelled. Running the sweep on a GPU (device=auto) adds measured rows.</li>")
+    if "modelled" in src:
+        m = src["modelled"]
+        bits = [f"<b>Modelled: {m['rows']} rows</b> (hollow markers). Memory: exact bytes "
+                "(<code>mla_lab.buffers.memory_account</code>). TTFT: <code>mla_lab.ttft.predict_ttft</code>"]
+        if "ttft_scope" in m:
+            bits.append(f", scope {line(m, ('ttft_scope',))}")
+        if "calibration" in m:
+            bits.append(f"; calibration {line(m, ('calibration',))}")
+        bits.append(f"; arch cards {line(m, ('archs',))} (datasheet rates; non-H200 cards reuse the H200 "
+                    "efficiencies).")
+        where = line(m, ("device", "torch"), named=True)
+        if where:
+            bits.append(f" Computed on {where}")
+        if "git_commit" in m:
+            bits.append(f" at commit {line(m, ('git_commit',))}")
+        if "code_version" in m:
+            bits.append(f", code version {line(m, ('code_version',))}")
+        if m.get("time_range"):
+            bits.append(f", {e(' .. '.join(m['time_range']))}")
+        rows.append("<li>" + "".join(bits) + ".</li>")
+    for other in sorted(set(src) - {"measured", "modelled"}):
+        rows.append(f"<li><b>{e(other)}: {src[other]['rows']} rows</b>.</li>")
+    rid = f" &middot; run <code>{e(run_id)}</code>" if run_id else ""
+    return ("<div style='border:2px solid #1f77b4;border-radius:6px;padding:8px 14px;background:#f3f8fd;"
+            f"margin:8px 0'><b>Provenance</b>{rid}<ul style='margin:4px 0'>{''.join(rows)}</ul></div>")
+
+def save_provenance(df, figure_dir: str | Path, **extra) -> Path:
+    """Write :func:`provenance_summary` (plus ``extra``) to ``<figure_dir>/provenance.json`` for the report index."""
+    d = Path(figure_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / "provenance.json"
+    p.write_text(json.dumps({**provenance_summary(df), **extra}, indent=1, default=str))
+    return p
+
+# ---------------------------------------------------------------------------------------------------- tables
+def seed_setup_table(df=None, measured=None):
+    """The seed's setup (vLLM PR #53878 benchmark: GLM-5 TP8, Hopper, bf16 KV cache, max_num_batched_tokens 16384,
+    32 prompts x 1024 tokens at concurrency 32): reported numbers beside ours.
+
+    Ours (modelled) comes from ``df`` when it holds the seed point, else it is priced now with
+    :func:`mla_lab.sweep.rows.modelled_rows`; ours (measured) from matching measured rows, if any.
+    """
+    import pandas as pd
+
+    def sel(d):
+        if d is None or len(d) == 0:
+            return d.iloc[0:0] if d is not None else None
+        d = ok_rows(d)
+        for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts"):
+            if k in d.columns:
+                d = d[d[k].astype(str) == str(SEED[k])]
+        return d
+
+    mod = sel(df)
+    if mod is not None and "source" in mod.columns:
+        mod = mod[mod["source"] != "measured"]
+    if mod is None or len(mod) == 0 or not {"fused", "unfused"} <= set(mod["strategy"]):
+        mod = pd.DataFrame(modelled_rows(seed_point(strategies=["unfused", "fused", "kernel_native"])))
+    meas = sel(measured)
+    if meas is not None and "source" in meas.columns:
+        meas = meas[meas["source"] == "measured"]
+
+    def val(d, s, col):
+        if d is None or len(d) == 0 or col not in d.columns:
+            return None
+        v = d[d["strategy"] == s][col].dropna()
+        return float(v.median()) if len(v) else None
+
+    def f(v, fmt):
+        return "-" if v is None else fmt.format(v)
+
+    scope = ", ".join(map(str, mod["ttft_scope"].dropna().unique())) if "ttft_scope" in mod.columns else "?"
+    t_f, t_k = val(mod, "fused", "ttft_change_pct"), val(mod, "kernel_native", "ttft_change_pct")
+    x_b = val(mod, "fused", "extra_persistent_bytes")
+    rep = SEED_REPORTED
+    wd = str(mod["weight_dtype"].iloc[0]) if "weight_dtype" in mod.columns else "fp8"
+    mp = str(mod["moe_parallel"].iloc[0]) if "moe_parallel" in mod.columns else "ep"
+    pk_u, pk_f = val(meas, "unfused", "measured_peak_extra_bytes"), val(meas, "fused", "measured_peak_extra_bytes")
+    rows = [
+        ("setup", "GLM-5.2-FP8, TP8 + EP, Hopper, bf16 KV, --max-num-batched-tokens 16384, 32 x 1024 in / 128 out, "
+                  "concurrency 32", f"GLM-5 geometry, TP8, h200 card, bf16 KV, 16384, 32 x 1024 at concurrency 32, "
+                                    f"{wd} weights, experts '{mp}'",
+         "-" if meas is None or not len(meas) else "the same point on one H200 (a rank's share of heads)",
+         "GPU model not named in the PR; prefill_padding 64 says not Blackwell"),
+        ("heads per rank -> workspace heads", "8 -> 64", f"{int(mod['num_heads'].iloc[0])} -> "
+         f"{int(mod[mod['strategy'] == 'fused']['q_concat_heads'].iloc[0])}", "-", "vLLM's padding rule"),
+        ("TTFT change, fused vs unfused", f"{rep['ttft_change_pct']:+.1f}%", f(t_f, "{:+.1f}%"),
+         f(val(meas, "fused", "ttft_change_pct"), "{:+.1f}%"),
+         f"modelled: TTFT scope '{scope}'" + (" (attention path only: a lower bound on TTFT, so it overstates the "
+                                              "relative change)" if scope == "attention_path" else "")
+         + "; measured: the attention path timed on the GPU per step, the rest of the layer from the same model"),
+        ("TTFT change, kernel_native bound", "-", f(t_k, "{:+.1f}%"), "-", "modelled: a kernel taking the real heads"),
+        ("extra memory per GPU", f"+{rep['extra_peak_mib']} MiB peak ({rep['peak_mib_before']} -> "
+                                 f"{rep['peak_mib_after']} MiB)",
+         "-" if x_b is None else f"+{x_b / 2**20:.0f} MiB persistent ({int(x_b):,} B)",
+         "-" if pk_u is None or pk_f is None else
+         f"layer call peak {pk_u / 2**20:.0f} MiB (unfused) vs {pk_f / 2**20:.0f} MiB (fused), on top of the workspace",
+         "ours is the Q workspace alone (allocation size, exact); the PR's peak also moves with allocator rounding "
+         "and other buffers. Per call, fused allocates no pad tensor, so its transient peak is lower"),
+        ("total token throughput", f"{rep['throughput_change_pct']:+.0f}%", "not modelled", "-", ""),
+    ]
+    return pd.DataFrame(rows, columns=["quantity", "PR #53878 (reported)", "ours (modelled)", "ours (measured)",
+                                       "note"])
+
+
+def summary_table(df, tp=None, max_num_batched_tokens=None, compact: bool = False):
+    """Table: per (model, tp, arch, max_num_batched_tokens, prompt_len, strategy) the heads, extra MiB,
+    KV tokens lost, TTFT ms and change %, source. ``compact`` drops the columns that hold a single value (see
+    :func:`constant_columns` for what they were)."""
+    d = ok_rows(df)
+    if tp is not None:
+        d = d[d["tp"] == tp]
+    if max_num_batched_tokens is not None:
+        d = d[d["max_num_batched_tokens"] == max_num_batched_tokens]
+    cols = ["model", "tp", "arch", "kv_cache_dtype", "max_num_batched_tokens", "prompt_len", "strategy", "num_heads",
+            "q_concat_heads", "extra_persistent_mib", "kv_tokens_lost", "ttft_ms", "ttft_change_pct", "ttft_scope",
+            "source"]
+    cols = [c for c in cols if c in d.columns]
+    out = d[cols].sort_values(cols[:7]).reset_index(drop=True)
+    out = out.round({"extra_persistent_mib": 1, "kv_tokens_lost": 0, "ttft_ms": 2, "ttft_change_pct": 2})
+    if compact and len(out) > 1:
+        out = out[[c for c in out.columns if out[c].nunique(dropna=False) > 1 or c in ("model", "strategy")]]
+    return out
+
+def summary_html(df, tp=None, max_num_batched_tokens=None) -> str:
+    """:func:`summary_table` as a compact HTML table whose caption names the values shared by every row."""
+    full = summary_table(df, tp, max_num_batched_tokens)
+    table = summary_table(df, tp, max_num_batched_tokens, compact=True)
+    shared = ", ".join(f"{c} = {full[c].iloc[0]}" for c in full.columns if c not in table.columns and len(full))
+    return html_table(table, caption=f"Every row: {shared}." if shared else None)
+
+def html_table(df, caption: str | None = None) -> str:
+    """A left-aligned HTML table without the index (for the report)."""
+    sty = df.style.hide(axis="index").set_properties(**{"text-align": "left"}).set_table_styles(
+        [{"selector": "th", "props": [("text-align", "left")]}])
+    if caption:
+        sty = sty.set_caption(caption)
+    return sty.format(precision=2).to_html()
+
+def validation_table(v):
+    """MAPE (%) per level and op class, in sample and leave-one-model-out, with the number of rows."""
+    if v is None or not len(v):
+        return v
+    g = v.groupby(["run", "level", "op_class", "split"])["ape_pct"].agg(["count", "mean", "max"]).reset_index()
+    g = g.rename(columns={"count": "n", "mean": "MAPE_pct", "max": "max_APE_pct"})
+    return g.round({"MAPE_pct": 1, "max_APE_pct": 1})
+
+def tp2_table(path: str | Path | None = None):
+    """Real TP=2 (two H200s, NCCL) vs the one-GPU simulation of a rank plus the modelled all-reduce, from
+    ``data/measured/h200x2/tp2_attention.csv``: slowest rank per (model, T, strategy). Empty if not measured."""
+    import pandas as pd
+
+    path = Path(path) if path else _measured_root() / "h200x2" / "tp2_attention.csv"
+    if not path.is_file():
+        return pd.DataFrame()
+    d = pd.read_csv(path)
+    tp = d[d["run"] == "tp"].sort_values("block_ms").groupby(["model", "T", "strategy"]).tail(1)
+    cols = ["model", "T", "strategy", "num_heads", "block_ms", "compute_ms", "sim_compute_ms", "allreduce_ms",
+            "allreduce_model_ms", "time_error_pct", "compute_error_pct", "peak_extra_bytes", "sim_peak_extra_bytes",
+            "mem_error_pct", "device", "git_commit"]
+    out = tp[[c for c in cols if c in tp.columns]].sort_values(["model", "T", "strategy"]).reset_index(drop=True)
+    return out.round(3)

@@ -1,0 +1,172 @@
+"""Sweep parameters: the schema (names, defaults, types), their validation, and the grid they span.
+
+The notebook's ``parameters`` cell, ``-p``/``-f`` of the CLI and YAML files all hold these names; every value is
+checked here before any point runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+
+from ..arch import get_arch
+from ..buffers import STRATEGIES
+from ..models import load_model, normalize_kv_cache_dtype
+from .executors import EXECUTORS, RAY_INSTALL_HINT, ray_available
+from .store import point_key
+
+__all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid"]
+
+
+@dataclass
+class SweepParams:
+    """Sweep parameters (the notebook's ``parameters`` cell holds the same names).
+
+    Attributes:
+        models: model names under ``data/models`` (``glm-5``, ``deepseek-v3.2``).
+        tp_sizes: TP sizes; each must divide every model's num_attention_heads (else the point fails, recorded).
+        archs: arch names or aliases (``h200``, ``b200``, ``hopper``, ``blackwell``...).
+        max_num_batched_tokens: chunk sizes (vLLM ``--max-num-batched-tokens``), also the workspace rows.
+        prompt_lens: prompt lengths in tokens.
+        kv_cache_dtype: ``bf16`` or ``fp8`` (or a list of both).
+        num_prompts, concurrency: the workload (default: the PR's 32 prompts at concurrency 32).
+        strategies: subset of ``unfused``, ``fused``, ``kernel_native`` (``unfused`` always priced: the baseline).
+        device: ``auto`` (GPU if torch sees one, else CPU), ``cpu`` (modelled only) or ``cuda`` (measure; error if no
+            GPU). Measured rows are produced only for archs whose family matches the running GPU.
+        store_dir: where point files go; data_file: the tidy CSV written at the end; report_dir: charts.
+        check_equivalence: run fused and unfused on small CPU shapes and compare outputs.
+        force: recompute points already stored.
+        overwrite: let ``data_file`` replace an existing file the lab did not write (default False: refused).
+        executor: ``local`` (points in this process, the default) or ``ray`` (points as Ray tasks:
+            :mod:`mla_lab.sweep.executors`; needs the ``ray`` extra).
+        ray_address: Ray cluster to join with ``executor="ray"`` (``auto``, ``host:6379``, ``ray://host:10001``);
+            null starts a local Ray instance.
+        weight_dtype: ``fp8`` (default: the PR ran GLM-5.2-FP8, and DeepSeek-V3.2 ships fp8 weights) or ``bf16``;
+            moe_parallel: ``ep`` (default: expert parallelism over the TP ranks, vLLM ``-ep`` as in the PR) or
+            ``tp`` (every expert sharded over TP). Both enter the TTFT model (:mod:`mla_lab.model`) and the
+            KV-capacity columns; bf16 weights of these models do not fit an H200 at TP <= 8.
+    """
+
+    models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
+    tp_sizes: list = field(default_factory=lambda: [1, 2, 4, 8])
+    archs: list = field(default_factory=lambda: ["h200", "b200"])
+    max_num_batched_tokens: list = field(default_factory=lambda: [8192, 16384])
+    prompt_lens: list = field(default_factory=lambda: [1024, 8192])
+    kv_cache_dtype: object = "bf16"
+    num_prompts: int = 32
+    concurrency: int | None = None
+    strategies: list = field(default_factory=lambda: list(STRATEGIES))
+    device: str = "auto"
+    store_dir: str = "data/sweeps/padding_sweep"
+    data_file: str = "data/padding_sweep.csv"
+    report_dir: str = "reports"
+    check_equivalence: bool = True
+    force: bool = False
+    overwrite: bool = False
+    executor: str = "local"
+    ray_address: str | None = None
+    weight_dtype: str = "fp8"
+    moe_parallel: str = "ep"
+
+DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+            for f in dataclasses.fields(SweepParams)}
+
+_LIST_INT = ("tp_sizes", "max_num_batched_tokens", "prompt_lens")
+
+_LIST_STR = ("models", "archs", "strategies")
+
+def validate_params(raw: dict) -> SweepParams:
+    """Check names and types of sweep parameters (from YAML, ``-p`` pairs or the notebook) and build
+    :class:`SweepParams`.
+
+    Raises:
+        ValueError: an unknown key (lists the allowed ones), a wrong type, an empty list (an empty grid), or a value
+            the lab does not know (unknown model/arch/strategy/dtype/device), each naming the key and the value.
+    """
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
+    p = dict(DEFAULTS)
+    p.update(raw)
+    for k in _LIST_INT + _LIST_STR:
+        v = p[k]
+        if isinstance(v, (str, int)) and not isinstance(v, bool):
+            v = [v]
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"{k}={v!r} must be a list")
+        if not v:
+            raise ValueError(f"{k}=[] gives an empty grid; give at least one value")
+        want = int if k in _LIST_INT else str
+        for x in v:
+            if isinstance(x, bool) or not isinstance(x, want):
+                raise ValueError(f"{k} holds {x!r} ({type(x).__name__}); every entry must be {want.__name__}")
+            if want is int and x <= 0:
+                raise ValueError(f"{k} holds {x!r}; every entry must be a positive int")
+        p[k] = list(v)
+    kv = p["kv_cache_dtype"]
+    kv = [kv] if isinstance(kv, str) else kv
+    if not isinstance(kv, (list, tuple)) or not kv:
+        raise ValueError(f"kv_cache_dtype={p['kv_cache_dtype']!r} must be 'bf16', 'fp8' or a non-empty list of them")
+    p["kv_cache_dtype"] = [normalize_kv_cache_dtype(x) for x in kv]
+    p["models"] = list(dict.fromkeys(load_model(m).name for m in p["models"]))  # case-insensitive, normalised once
+    for a in p["archs"]:
+        get_arch(a)
+    for s in p["strategies"]:
+        if s not in STRATEGIES:
+            raise ValueError(f"strategies holds {s!r}; allowed: {list(STRATEGIES)}")
+    for k in ("num_prompts",):
+        if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
+            raise ValueError(f"{k}={p[k]!r} must be a positive int")
+    if p["concurrency"] is not None and (isinstance(p["concurrency"], bool) or not isinstance(p["concurrency"], int)
+                                         or p["concurrency"] <= 0):
+        raise ValueError(f"concurrency={p['concurrency']!r} must be a positive int or null")
+    if p["concurrency"] is not None and p["concurrency"] > p["num_prompts"]:
+        raise ValueError(f"concurrency={p['concurrency']!r} exceeds num_prompts={p['num_prompts']!r}; allowed: "
+                         f"1..{p['num_prompts']} or null (= num_prompts)")
+    if p["device"] not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"device={p['device']!r} is not allowed; allowed: ['auto', 'cpu', 'cuda']")
+    for k in ("store_dir", "data_file", "report_dir"):
+        if not isinstance(p[k], str) or not p[k]:
+            raise ValueError(f"{k}={p[k]!r} must be a non-empty path string")
+    for k in ("check_equivalence", "force", "overwrite"):
+        if not isinstance(p[k], bool):
+            raise ValueError(f"{k}={p[k]!r} must be true or false")
+    for k, allowed in (("weight_dtype", ("fp8", "bf16")), ("moe_parallel", ("ep", "tp"))):
+        if p[k] not in allowed:
+            raise ValueError(f"{k}={p[k]!r} is not allowed; allowed: {list(allowed)}")
+    _validate_executor(p)
+    return SweepParams(**p)
+
+def _validate_executor(p: dict) -> None:
+    if p["executor"] not in EXECUTORS:
+        raise ValueError(f"executor={p['executor']!r} is not allowed; allowed: {list(EXECUTORS)}")
+    addr = p["ray_address"]
+    if addr is not None and (not isinstance(addr, str) or not addr.strip()):
+        raise ValueError(f"ray_address={addr!r} must be a Ray address string (auto, host:6379, ray://host:10001) "
+                         "or null")
+    if addr is not None and p["executor"] != "ray":
+        raise ValueError(f"ray_address={addr!r} is only used with executor='ray' (executor={p['executor']!r})")
+    if p["executor"] == "ray" and not ray_available():
+        raise ValueError(f"executor='ray' needs the optional ray package, which is not installed here; install it "
+                         f"with {RAY_INSTALL_HINT}")
+
+def expand_grid(params: SweepParams) -> list[dict]:
+    """Every grid point as a dict (canonical names: arch resolved to its card)."""
+    pts = []
+    for m, tp, a, mbt, L, kv in itertools.product(params.models, params.tp_sizes, params.archs,
+                                                   params.max_num_batched_tokens, params.prompt_lens,
+                                                   params.kv_cache_dtype):
+        pts.append({"model": m, "tp": tp, "arch": get_arch(a).name, "max_num_batched_tokens": mbt,
+                    "prompt_len": L, "kv_cache_dtype": kv, "num_prompts": params.num_prompts,
+                    "concurrency": params.concurrency or params.num_prompts,
+                    "weight_dtype": params.weight_dtype, "moe_parallel": params.moe_parallel,
+                    "strategies": list(params.strategies)})
+    # de-duplicate (aliases may map two names to one card)
+    seen, out = set(), []
+    for p in pts:
+        k = point_key(p, "")
+        if k not in seen:
+            seen.add(k)
+            out.append(p)
+    return out

@@ -1,0 +1,254 @@
+"""THE row builder: every sweep row, modelled or measured, is made here (and only here).
+
+A row is one (grid point, strategy): the point's parameters, the exact byte accounting of the Q path
+(:func:`mla_lab.buffers.memory_account`), the KV-cache budget (:func:`mla_lab.model.memory.memory_tradeoff`),
+whether the deployment fits, TTFT (modelled by :func:`mla_lab.model.ttft.predict_ttft`, or with the attention path
+measured by :func:`mla_lab.measure.attention.time_attention_path` spliced in), the change against ``unfused``, and
+provenance columns (:func:`mla_lab.provenance.provenance`).
+
+The explorer, the report and the sweep all price through :func:`modelled_rows`, so they give the same number.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..arch import GPUArch, detect_arch, get_arch
+from ..buffers import MIB, call_peak_bytes, kv_tokens_lost, memory_account
+from ..models import ModelConfig, load_model, model_config_path
+from ..paths import calibration_dir
+from ..provenance import provenance
+from ..measure.attention import time_attention_path
+from ..model.calibration import resolve_calibration
+from ..model.memory import memory_tradeoff
+from ..model.ttft import predict_ttft
+from ..workload import Workload, schedule
+
+__all__ = ["layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
+           "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS"]
+
+MODES = ("modelled", "measured")
+#: The TTFT model's layer options when a point does not give them (the sweep's defaults: the PR ran
+#: GLM-5.2-FP8 with ``-ep``).
+LAYER_OPTION_DEFAULTS = {"weight_dtype": "fp8", "moe_parallel": "ep"}
+ATTENTION_OPS = ("concat", "pad", "kernel", "out_slice")
+
+
+def layer_options(point: dict) -> dict:
+    """The TTFT model's layer options of a point (weight dtype, MoE parallelism; :data:`LAYER_OPTION_DEFAULTS` for
+    points stored before these existed)."""
+    return {k: point.get(k) or v for k, v in LAYER_OPTION_DEFAULTS.items()}
+
+
+def point_inputs(point: dict) -> list:
+    """The input files a point's rows depend on (their contents enter the point key): the model's
+    ``config.json`` and every calibration CSV."""
+    files = [model_config_path(point["model"])]
+    d = calibration_dir()
+    if d.is_dir():
+        files += sorted(p for p in d.glob("*.csv"))
+    return files
+
+
+def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch) -> dict:
+    """The columns every row has, modelled or measured: the point's parameters, the strategy, heads per rank and
+    the exact byte accounting, the extra persistent workspace against ``unfused`` in bytes, MiB and KV-cache tokens
+    lost per rank.
+
+    Raises:
+        ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
+    """
+    H = model.heads_per_rank(point["tp"])
+    mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
+    mem = memory_account(strategy, H, mbt, arch, kv, head_size=model.head_size, d_v=model.d_v)
+    base = memory_account("unfused", H, mbt, arch, kv, head_size=model.head_size, d_v=model.d_v)
+    extra = mem.persistent_bytes - base.persistent_bytes
+    row = {k: v for k, v in point.items() if k not in ("strategies", "mode")}
+    row.update(
+        model=model.name, strategy=strategy, family=arch.family, sm=arch.sm, prefill_padding=arch.prefill_padding,
+        num_heads=H, q_concat_heads=mem.q_concat_heads, kernel_heads=mem.kernel_heads,
+        persistent_bytes=mem.persistent_bytes, step_transient_bytes=mem.step_transient_bytes,
+        kernel_out_bytes=mem.kernel_out_bytes, peak_bytes=mem.peak_bytes,
+        extra_persistent_bytes=extra, extra_persistent_mib=extra / MIB,
+        kv_tokens_lost=kv_tokens_lost(extra, model, kv), model_arch=arch.name, status="ok", reason="",
+    )
+    return row
+
+
+def _capacity_columns(cap: dict, strategy: str, point: dict) -> dict:
+    """KV capacity (never negative) and whether the deployment fits, with the reason when it does not."""
+    raw = cap["kv_capacity_tokens"]
+    reasons = []
+    if cap["kv_budget_bytes"] + cap["strategies"]["unfused"]["persistent_bytes"] <= 0 or raw <= 0:
+        reasons.append(f"weights ({cap['weights_bytes'] / 2**30:.1f} GiB per rank) and activations leave no KV "
+                       f"cache at gpu_memory_utilization {cap['gpu_memory_utilization']}")
+    else:
+        need = point["concurrency"] * point["prompt_len"]
+        left = raw - cap["strategies"][strategy]["kv_tokens_lost"]
+        if point["prompt_len"] > left:
+            reasons.append(f"one prompt of {point['prompt_len']} tokens exceeds the KV capacity of {int(left)} tokens")
+        elif need > left:
+            reasons.append(f"the workload needs {need} KV tokens in flight (concurrency {point['concurrency']} x "
+                           f"{point['prompt_len']}); capacity {int(left)}")
+    return {"kv_capacity_tokens": max(0.0, raw),
+            "kv_capacity_pct_lost": cap["strategies"][strategy]["kv_capacity_pct_lost"] if raw > 0 else float("nan"),
+            "weights_bytes_per_rank": cap["weights_bytes"], "fits_in_memory": not reasons,
+            "fit_reason": "; ".join(reasons)}
+
+
+def add_ttft_change(rows: list[dict]) -> list[dict]:
+    """Set ``ttft_change_pct`` of every row against the point's ``unfused`` row (in place; returns ``rows``)."""
+    base = next(r["ttft_ms"] for r in rows if r["strategy"] == "unfused")
+    for r in rows:
+        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] - base) / base
+    return rows
+
+
+def _resolve(point: dict) -> tuple[ModelConfig, GPUArch, Workload]:
+    model, arch = load_model(point["model"]), get_arch(point["arch"])
+    return model, arch, Workload(point["prompt_len"], point["num_prompts"], point["concurrency"])
+
+
+def modelled_rows(point: dict, calibration=None) -> list[dict]:
+    """Modelled rows (one per strategy, ``unfused`` always first: the baseline) for one grid point.
+
+    Raises:
+        ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
+    """
+    model, arch, wl = _resolve(point)
+    cal = resolve_calibration(calibration)
+    strategies = list(dict.fromkeys(["unfused"] + list(point["strategies"])))
+    mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
+    prov = provenance("modelled")
+    kw = layer_options(point)
+    cap = memory_tradeoff(model, point["tp"], arch, mbt, kv, **kw)
+    rows = []
+    for s in strategies:
+        t = predict_ttft(model, point["tp"], arch, wl, mbt, s, kv, cal, **kw)
+        row = memory_columns(point, s, model, arch)
+        row.update(
+            ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=t["num_steps"],
+            ttft_scope=t["scope"], **{f"{op}_ms": t["ops_ms"].get(op, 0.0) for op in ATTENTION_OPS},
+            calibration=t["calibration"], **_capacity_columns(cap, s, point), **kw,
+        )
+        row.update(prov)
+        rows.append(row)
+    return add_ttft_change(rows)
+
+
+def _step_signature(step) -> tuple:
+    return tuple((s, n) for _, s, n in step.chunks)
+
+
+def measured_rows(point: dict, calibration=None) -> list[dict]:
+    """Measured rows (unfused, fused) for one grid point on the running GPU.
+
+    The attention path is measured for every distinct step of the point's workload (identical steps once); TTFT is
+    the modelled TTFT with each step's attention-path ops replaced by the measured ones (``ttft_scope`` says so).
+
+    Raises:
+        RuntimeError: no CUDA GPU; ValueError: the point's arch family differs from the running GPU's, or the KV
+            cache is not bf16 (only that path is measured).
+    """
+    gpu = detect_arch()
+    model, arch, wl = _resolve(point)
+    if gpu["capability"] is None:
+        raise RuntimeError("measurement needs a CUDA GPU; torch sees none (use device='cpu' for modelled rows)")
+    if gpu["prefill_padding"] != arch.prefill_padding:
+        raise ValueError(f"arch={point['arch']!r} (prefill_padding {arch.prefill_padding}) cannot be measured on "
+                         f"{gpu['device']} (prefill_padding {gpu['prefill_padding']})")
+    if point["kv_cache_dtype"] != "bf16":
+        raise ValueError(f"kv_cache_dtype={point['kv_cache_dtype']!r}: only the bf16 path is measured")
+    tp, mbt, L = point["tp"], point["max_num_batched_tokens"], point["prompt_len"]
+    H = model.heads_per_rank(tp)
+    steps = schedule(wl, mbt)
+    cache: dict = {}
+    per_step = []
+    for st in steps:
+        sig = _step_signature(st)
+        if sig not in cache:
+            cache[sig] = time_attention_path(model, tp, st, L, arch.name)
+        per_step.append(cache[sig])
+    prov = provenance("measured")
+    kw = layer_options(point)
+    cap = memory_tradeoff(model, tp, arch, mbt, point["kv_cache_dtype"], **kw)
+    rows = []
+    for name in ("unfused", "fused"):
+        attention_ms = [m[name]["total"] for m in per_step]
+        t = predict_ttft(model, tp, arch, wl, mbt, name, "bf16", calibration, attention_override_ms=attention_ms,
+                         **kw)
+        first = per_step[0][name]
+        row = memory_columns(point, name, model, arch)
+        row.update(
+            ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=len(steps), ttft_scope=t["scope"],
+            attn_path_ms_step0=first["total"], attn_path_ms_steps=json.dumps([round(x, 6) for x in attention_ms]),
+            measured_peak_extra_bytes=first["peak_bytes"],
+            analytic_peak_extra_bytes=call_peak_bytes(name, H, mbt, arch, steps[0].num_tokens, model),
+            kernel_backend=per_step[0]["kernel_backend"], concat_backend=per_step[0]["concat_backend"],
+            calibration=t["calibration"], **_capacity_columns(cap, name, point), **kw,
+            **{f"{op}_ms_step0": first.get(op, 0.0) for op in ATTENTION_OPS},
+        )
+        row.update(prov)
+        rows.append(row)
+    return add_ttft_change(rows)
+
+
+def compute_rows(point: dict, mode: str) -> list[dict]:
+    """The compute function the executors run: :func:`modelled_rows` or :func:`measured_rows`.
+
+    Raises:
+        ValueError: unknown mode.
+    """
+    if mode == "modelled":
+        return modelled_rows(point)
+    if mode == "measured":
+        return measured_rows(point)
+    raise ValueError(f"mode={mode!r} is not known; allowed: {list(MODES)}")
+
+
+def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
+    """Re-derive the TTFT columns of measured rows with the current model (the measured attention path per step,
+    ``attn_path_ms_steps``, stays as measured). ``weight_dtype`` / ``moe_parallel`` set the layer options for every
+    row (default: the row's own columns, else :data:`LAYER_OPTION_DEFAULTS`); the rows record them. Rows without the
+    per-step list fall back to ``attn_path_ms_step0`` only when every step of their workload has the same shape,
+    else they are left unchanged and marked in ``ttft_note``. Returns a new DataFrame."""
+    import pandas as pd
+
+    out = df.copy()
+    if out.empty or "source" not in out.columns:
+        return out
+    out["ttft_note"] = out.get("ttft_note", pd.Series([""] * len(out), index=out.index)).fillna("")
+    status = out["status"] if "status" in out.columns else "ok"
+    for i, r in out[(out["source"] == "measured") & (status == "ok")].iterrows():
+        point = {k: r[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "num_prompts",
+                                   "concurrency", "kv_cache_dtype")}
+        for k in ("tp", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency"):
+            point[k] = int(point[k])
+        for k, v in (("weight_dtype", weight_dtype), ("moe_parallel", moe_parallel)):
+            row_v = r.get(k)
+            point[k] = v or (row_v if isinstance(row_v, str) and row_v else None)
+        point.update(layer_options(point))
+        out.at[i, "weight_dtype"], out.at[i, "moe_parallel"] = point["weight_dtype"], point["moe_parallel"]
+        model, arch, wl = _resolve(point)
+        steps = schedule(wl, point["max_num_batched_tokens"])
+        step0 = r.get("attn_path_ms_step0")
+        if isinstance(r.get("attn_path_ms_steps"), str) and r["attn_path_ms_steps"]:
+            attention_ms = json.loads(r["attn_path_ms_steps"])
+        elif step0 is None or pd.isna(step0):
+            out.at[i, "ttft_note"] = "no measured attention path stored: TTFT left as measured then"
+            continue
+        elif len({_step_signature(s) for s in steps}) == 1:
+            attention_ms = [float(step0)] * len(steps)
+        else:
+            out.at[i, "ttft_note"] = "steps differ and only step 0 was stored: TTFT left as measured then"
+            continue
+        t = predict_ttft(model, point["tp"], arch, wl, point["max_num_batched_tokens"], r["strategy"],
+                         point["kv_cache_dtype"], attention_override_ms=attention_ms, **layer_options(point))
+        out.at[i, "ttft_ms"], out.at[i, "ttft_ms_max"], out.at[i, "ttft_scope"] = \
+            t["ttft_ms_mean"], t["ttft_ms_max"], t["scope"]
+    measured = out[out["source"] == "measured"]
+    for _, g in measured.groupby(["model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype"]):
+        base = g[g["strategy"] == "unfused"]["ttft_ms"]
+        if len(base) == 1:
+            out.loc[g.index, "ttft_change_pct"] = 100.0 * (g["ttft_ms"] - base.iloc[0]) / base.iloc[0]
+    return out

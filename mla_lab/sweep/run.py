@@ -1,0 +1,189 @@
+"""Run (or resume) a sweep: expand the grid, skip what is stored, compute the rest on an executor, write the CSV.
+
+The notebook ``notebooks/padding_sweep.ipynb`` is the front door; everything it does lives in this package.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ..arch import get_arch
+from ..paths import resolve
+from .executors import PointTask, make_executor
+from .params import SweepParams, expand_grid, validate_params
+from .rows import compute_rows, point_inputs
+from .store import ResultStore, code_version, inputs_digest, point_key
+
+__all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK"]
+
+#: Columns whose presence in a CSV's header says the lab wrote it (so it may be replaced).
+LAB_CSV_MARK = ("point_key", "strategy", "code_version")
+
+
+class _PointError(Exception):
+    """A point's own error as the executor reported it (``"<ExceptionType>: <message>"``)."""
+
+
+def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
+    """The absolute path of an output CSV the lab may write.
+
+    Raises:
+        ValueError: the path is a directory; or an existing file whose header is not a lab CSV (so the lab did not
+            write it) and ``overwrite`` is False; or its folder cannot be created. One line, naming the path and
+            the fix.
+    """
+    out = resolve(path)
+    if out.is_dir():
+        raise ValueError(f"data_file={str(path)!r} is a directory; give a file path such as "
+                         f"{str(Path(path) / 'padding_sweep.csv')!r}")
+    if out.exists() and not overwrite:
+        try:
+            with open(out, errors="replace") as f:
+                header = f.readline()
+        except OSError as e:
+            raise ValueError(f"data_file={str(path)!r} cannot be read ({e.strerror}); choose another path") from None
+        if not all(c in header.split(",") for c in LAB_CSV_MARK):
+            raise ValueError(f"data_file={str(path)!r} exists and was not written by mla_lab; choose another path "
+                             "or pass --overwrite")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"data_file={str(path)!r}: its folder cannot be created ({e.strerror}); choose a writable "
+                         "path") from None
+    return out
+
+
+def _tasks(params: SweepParams, gpu: dict | None) -> list[tuple[dict, str, str]]:
+    version = code_version()
+    out = []
+    for pt in expand_grid(params):
+        digest = inputs_digest(point_inputs(pt))
+        modes = ["modelled"]
+        if gpu and gpu["arch"] and get_arch(pt["arch"]).family == get_arch(gpu["arch"]).family:
+            modes.append("measured")
+        for mode in modes:
+            out.append((pt, mode, point_key({**pt, "mode": mode}, f"{version}|{digest}")))
+    return out
+
+
+def plan_sweep(params: SweepParams | dict) -> dict:
+    """What a sweep would do, running nothing (``mla-lab sweep --dry-run``): the grid, the point count, how many are
+    already stored for this code and these inputs, and where outputs go."""
+    if isinstance(params, dict):
+        params = validate_params(params)
+    store = ResultStore(resolve(params.store_dir))
+    todo = _tasks(params, None)
+    stored = sum(1 for _, _, k in todo if store.completed(k))
+    return {"points": len(todo), "stored": stored, "to_compute": len(todo) - stored,
+            "grid": {k: getattr(params, k) for k in ("models", "tp_sizes", "archs", "max_num_batched_tokens",
+                                                        "prompt_lens", "kv_cache_dtype", "strategies")},
+            "store_dir": str(store.root), "data_file": str(resolve(params.data_file)),
+            "note": "modelled points only; measured points are added on a GPU of the grid's family"}
+
+
+def run_sweep(params: SweepParams | dict, progress: bool = True, compute_fn=None, executor=None,
+              claim_wait_s: float = 3600.0):
+    """Run (or resume) the sweep; returns a pandas DataFrame of every stored row of this grid.
+
+    Each point is written atomically when it completes; points already stored with ``status="ok"`` for this code
+    version and these input files (model config, calibration: :func:`mla_lab.sweep.rows.point_inputs`) are skipped
+    unless ``params.force``. A point that raises is stored as ``status="failed"`` with the reason and the sweep goes
+    on; a later run retries failed points. A point another live sweep on the same store has claimed is left to it
+    and waited for (at most ``claim_wait_s``), so two sweeps on one store compute each point once. Progress goes to
+    stderr when ``progress``. ``compute_fn(point, mode) -> rows`` defaults to
+    :func:`mla_lab.sweep.rows.compute_rows`.
+
+    Raises:
+        ValueError: bad parameters or an output path the lab may not write (:func:`check_output_file`), before any
+            point runs.
+    """
+    if isinstance(params, dict):
+        params = validate_params(params)
+    out = check_output_file(params.data_file, params.overwrite)
+    store = ResultStore(resolve(params.store_dir))
+    own = executor is None
+    ex = make_executor(params.executor, address=params.ray_address) if own else executor
+    try:
+        return _run_points(params, store, ex, progress, compute_fn or compute_rows, out, claim_wait_s)
+    finally:
+        if own:
+            ex.close()
+
+
+def _log(progress: bool, msg: str) -> None:
+    if progress:
+        print(f"[mla-lab] {msg}", file=sys.stderr, flush=True)
+
+
+def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s: float):
+    import pandas as pd
+
+    device = ex.resolve_device(params.device)
+    gpu = ex.detect_gpu() if device == "cuda" else None
+    version = code_version()
+    todo = _tasks(params, gpu)
+    store.clean_stale_tmp()  # writes cut short by a killed sweep (never visible as points)
+    status = {k: store.status(k) for _, _, k in todo}
+    skip = {k for k, st in status.items() if st == "ok" and not params.force}
+    n_failed = sum(1 for k, st in status.items() if st == "failed" and not params.force)
+    extra = f", {n_failed} failed before (retried)" if n_failed else ""
+    _log(progress, f"{len(todo)} point(s), {len(skip)} already stored{extra}, code {version}, device {device}")
+    if ex.name != "local":
+        _log(progress, f"executor {ex.describe()}")
+    keys = [key for _, _, key in todo]
+    mine, theirs = [], []
+    for pt, mode, key in todo:
+        if key in skip:
+            continue
+        (mine if store.claim(key) else theirs).append(PointTask(pt, mode, key))
+    if theirs:
+        _log(progress, f"{len(theirs)} point(s) claimed by another sweep on this store: left to it")
+    t0, done = time.time(), 0
+    try:
+        for res in ex.run(mine, compute_fn, driver_version=version):
+            _store_result(store, res, version, progress)
+            done += 1
+            el = time.time() - t0
+            _log(progress, f"{len(skip) + done}/{len(todo)} points  elapsed {el:.1f}s  "
+                           f"ETA {el / done * (len(mine) - done):.1f}s")
+    finally:
+        for t in mine:
+            store.release(t.key)
+    _wait_for_claims(store, theirs, ex, compute_fn, version, progress, claim_wait_s)
+    df = pd.DataFrame(store.rows(keys))
+    tmp = out.with_name(f".{out.name}.tmp")  # beside the target, inside its folder
+    df.to_csv(tmp, index=False)
+    tmp.replace(out)
+    return df
+
+
+def _store_result(store, res, version, progress) -> None:
+    pt, mode, key = res.task.point, res.task.mode, res.task.key
+    try:
+        if res.error is not None:
+            raise _PointError(res.error)
+        for r in res.rows:
+            r["point_key"] = key
+            r["code_version"] = version
+        store.write(key, {**pt, "mode": mode}, res.rows)
+    except Exception as e:  # recorded, not fatal: the sweep goes on
+        reason = str(e) if isinstance(e, _PointError) else f"{type(e).__name__}: {e}"
+        store.write(key, {**pt, "mode": mode, "source": mode, "code_version": version}, [], status="failed",
+                    reason=reason)
+        _log(progress, f"point failed ({reason})")
+
+
+def _wait_for_claims(store, tasks, ex, compute_fn, version, progress, wait_s) -> None:
+    """Wait until points claimed by other sweeps are stored; compute those whose claimer died."""
+    deadline = time.time() + wait_s
+    left = list(tasks)
+    while left and time.time() < deadline:
+        orphans = [t for t in left if not store.has(t.key) and not store.claim_alive(t.key) and store.claim(t.key)]
+        for res in ex.run(orphans, compute_fn, driver_version=version):
+            _store_result(store, res, version, progress)
+            store.release(res.task.key)
+        left = [t for t in left if not store.has(t.key)]
+        if left:
+            time.sleep(0.2)
