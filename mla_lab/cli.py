@@ -21,9 +21,11 @@ import sys
 import time
 from pathlib import Path
 
+from .kernelspec import ensure_kernel
 from .paths import notebooks_dir
 from .provenance import git_commit
 from .report import site
+from .report.browser import check_in_browser
 from .sweep.params import validate_params
 from .sweep.run import plan_sweep
 from .sweep.store import code_version
@@ -100,8 +102,6 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
     if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
         raise CLIError(f"notebook {notebook} has no cell tagged 'parameters'; papermill cannot inject parameters")
     validated = dataclasses.asdict(validate_params(params))  # fail before starting a kernel
-    from .kernelspec import ensure_kernel
-
     kernel = ensure_kernel()
     report_dir = _resolve(validated["report_dir"], cwd)
     runs_dir = report_dir / site.RUNS_DIR
@@ -186,8 +186,6 @@ def main(argv: list[str] | None = None) -> int:
     ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"])
     args = ap.parse_args(argv)
     if args.cmd == "check-report":
-        from .report.browser import check_in_browser
-
         bad = 0
         for h in args.html:
             try:

@@ -61,8 +61,9 @@ def _match_measured(measured, sel: dict):
 
 def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batched_tokens: int = 16384,
                   kv_cache_dtype: str = "bf16", prompt_len: int = 1024, num_prompts: int = 32,
-                  concurrency: int | None = None, weight_dtype: str = DEFAULTS["weight_dtype"],
-                  moe_parallel: str = DEFAULTS["moe_parallel"], strategy: str = "fused", measured=None) -> dict:
+                  strategy: str = "fused", measured=None, concurrency: int | None = None,
+                  weight_dtype: str = DEFAULTS["weight_dtype"], moe_parallel: str = DEFAULTS["moe_parallel"]
+                  ) -> dict:
     """Price one selection through the sweep's row builder (:func:`mla_lab.sweep.rows.modelled_rows`: the same
     numbers the sweep and the report show) and attach matching measured rows.
 

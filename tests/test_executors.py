@@ -116,8 +116,13 @@ class _FakeH200Ray(RayExecutor):
         return {**info, "arch": "h200", "prefill_padding": 64}
 
 
-def _fake_measure(point):
-    """Stand-in for bench.measure_point: where did it run, with which GPU ids?"""
+def _fake_measure(point, mode="measured"):
+    """Stand-in for the measured rows (mla_lab.sweep.rows.measured_rows): where did it run, with which GPU ids?
+    Modelled points go to the real row builder."""
+    if mode == "modelled":
+        from mla_lab.sweep.rows import compute_rows
+
+        return compute_rows(point, mode)
     import os
 
     import ray
@@ -134,7 +139,7 @@ def test_measured_points_hold_one_gpu_each_and_failures_are_recorded(ray_session
     params = _params(tmp_path, "m", models=["glm-5"], tp_sizes=[4, 8], device="cuda")
     with _FakeH200Ray() as ex:
         assert ex.resolve_device("auto") == "cuda"  # the cluster declares a GPU
-        df = run_sweep(params, progress=False, measure_fn=_fake_measure, executor=ex)
+        df = run_sweep(params, progress=False, compute_fn=_fake_measure, executor=ex)
     meas = df[df["source"] == "measured"]
     # hopper-family archs only (h200), 2 TP x 2 prompt lengths = 4 measured points, one failed
     assert set(meas["arch"]) == {"h200"}
@@ -148,7 +153,11 @@ def test_measured_points_hold_one_gpu_each_and_failures_are_recorded(ray_session
     assert len(mod) == 2 * 2 * 2 * 3 and (mod["status"] == "ok").all()
 
 
-def _die(point):
+def _die(point, mode="measured"):
+    if mode == "modelled":
+        from mla_lab.sweep.rows import compute_rows
+
+        return compute_rows(point, mode)
     os._exit(3)
 
 
@@ -157,7 +166,7 @@ def test_lost_task_is_recorded_not_fatal(ray_session, tmp_path):
     params = _params(tmp_path, "d", models=["glm-5"], tp_sizes=[8], archs=["h200"], prompt_lens=[1024],
                      device="cuda")
     with _FakeH200Ray(max_retries=0) as ex:
-        df = run_sweep(params, progress=False, measure_fn=_die, executor=ex)
+        df = run_sweep(params, progress=False, compute_fn=_die, executor=ex)
     bad = df[df["status"] == "failed"]
     assert len(bad) == 1 and "Error" in bad.iloc[0]["reason"].split(":")[0]  # Ray's own error type, e.g. WorkerCrashedError
     assert (df[df["status"] == "ok"]["source"] == "modelled").all()
@@ -166,7 +175,7 @@ def test_lost_task_is_recorded_not_fatal(ray_session, tmp_path):
 # ------------------------------------------------------------------------------------------------ optional ray
 
 def test_importing_mla_lab_never_imports_ray():
-    code = ("import sys, mla_lab, mla_lab.sweep, mla_lab.executors, mla_lab.cli; "
+    code = ("import sys, mla_lab, mla_lab.sweep, mla_lab.sweep.executors, mla_lab.cli; "
             "mla_lab.sweep.validate_params({}); assert 'ray' not in sys.modules, 'ray imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]

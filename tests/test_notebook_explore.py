@@ -26,13 +26,54 @@ def test_explore_point_seed_setup_numbers():
     assert r["kv_tokens_lost"] == pytest.approx(1_056_964_608 / m.kv_cache_bytes_per_token("bf16"))
     by = {x["strategy"]: x for x in r["per_strategy"]}
     for s in ("unfused", "fused", "kernel_native"):
-        want = predict_ttft("glm-5", 8, "h200", Workload(1024, 32), 16384, s, "bf16")
+        # the explorer prices with the sweep's defaults (fp8 weights, experts over the ranks: the PR's setup)
+        want = predict_ttft("glm-5", 8, "h200", Workload(1024, 32), 16384, s, "bf16", weight_dtype="fp8",
+                            moe_parallel="ep")
         assert by[s]["ttft_ms"] == pytest.approx(want["ttft_ms_mean"])
         assert by[s]["persistent_bytes"] == memory_account(s, 8, 16384, "h200", "bf16").persistent_bytes
     assert by["unfused"]["ttft_change_pct"] == 0.0
     assert by["fused"]["ttft_change_pct"] == pytest.approx(
         100 * (by["fused"]["ttft_ms"] / by["unfused"]["ttft_ms"] - 1))
     assert r["measured"] is None
+
+
+def test_explorer_and_report_agree_on_the_seed_setup():
+    """Issue 10: one pricing path. The PR's setup priced by the explorer, by the report's seed table and by the
+    sweep's row builder gives the same TTFT change (to 0.01 percentage points)."""
+    from mla_lab.report.tables import seed_setup_table
+    from mla_lab.seed import SEED, seed_point
+    from mla_lab.sweep.rows import modelled_rows
+
+    e = explore_point(SEED["model"], SEED["tp"], SEED["arch"], SEED["max_num_batched_tokens"],
+                      SEED["kv_cache_dtype"], SEED["prompt_len"], SEED["num_prompts"], "fused",
+                      concurrency=SEED["concurrency"], weight_dtype=SEED["weight_dtype"],
+                      moe_parallel=SEED["moe_parallel"])
+    explorer = {x["strategy"]: x["ttft_change_pct"] for x in e["per_strategy"]}["fused"]
+    sweep = {r["strategy"]: r["ttft_change_pct"] for r in modelled_rows(seed_point(strategies=["fused"]))}["fused"]
+    table = seed_setup_table()
+    cell = table.set_index("quantity").loc["TTFT change, fused vs unfused", "ours (modelled)"]
+    assert abs(explorer - sweep) < 0.01
+    assert cell == f"{sweep:+.1f}%"
+    # and the explorer's defaults are the sweep's: no control is left out
+    assert explore_point()["per_strategy"][1]["ttft_change_pct"] == pytest.approx(explorer, abs=0.01)
+
+
+def test_explorer_has_a_control_for_every_sweep_parameter_that_changes_a_number():
+    from mla_lab.sweep.params import DEFAULTS
+
+    ex = Explorer(measured=NO_MEASURED)
+    # sweep parameter -> explorer control (grid lists map to one value each); the rest do not change numbers
+    grid = {"models": "model", "tp_sizes": "tp", "archs": "arch", "max_num_batched_tokens": "max_num_batched_tokens",
+            "prompt_lens": "prompt_len", "kv_cache_dtype": "kv_cache_dtype", "num_prompts": "num_prompts",
+            "concurrency": "concurrency", "weight_dtype": "weight_dtype", "moe_parallel": "moe_parallel",
+            "strategies": "strategy"}
+    no_number = {"device", "store_dir", "data_file", "report_dir", "check_equivalence", "force", "overwrite",
+                 "executor", "ray_address"}
+    assert set(DEFAULTS) == set(grid) | no_number
+    assert set(grid.values()) <= set(ex.controls)
+    before = ex.result["per_strategy"][1]["ttft_ms"]
+    after = ex.set(weight_dtype="bf16", moe_parallel="tp")
+    assert after is None or after["per_strategy"][1]["ttft_ms"] != before
 
 
 @pytest.mark.parametrize("arch,kv,padded,extra_mib", [("b200", "bf16", 128, 16384 * 120 * 1152 / MIB),

@@ -26,7 +26,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import mla_lab.sweep as sweep_mod
+import mla_lab.sweep.rows as rows_mod
+import mla_lab.sweep.run as sweep_mod
 from mla_lab.report.data import failed_points
 from mla_lab.sweep.store import ResultStore
 from mla_lab.sweep import expand_grid, run_sweep, validate_params
@@ -43,14 +44,14 @@ KEY_COLS = ["point_key", "model", "tp", "arch", "max_num_batched_tokens", "promp
 
 CHILD = textwrap.dedent("""
     import json, sys, time
-    import mla_lab.sweep as s
+    import mla_lab.sweep.run as s, mla_lab.sweep.rows as r
     params, delay, hang_after = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
     s.code_version = lambda: {version!r}
-    real_price = s.price_point
+    real_price = r.modelled_rows
     def slow_price(pt, *a, **k):
         time.sleep(delay)
         return real_price(pt, *a, **k)
-    s.price_point = slow_price
+    r.modelled_rows = slow_price
     if hang_after >= 0:
         real_dump, n = json.dump, [0]
         def half_dump(obj, f, **kw):
@@ -103,13 +104,13 @@ def _sorted_keys(df: pd.DataFrame) -> pd.DataFrame:
 def pinned(monkeypatch):
     monkeypatch.setattr(sweep_mod, "code_version", lambda: VERSION)
     calls = []
-    real = sweep_mod.price_point
+    real = rows_mod.modelled_rows
 
     def counting(pt, *a, **k):
         calls.append(pt)
         return real(pt, *a, **k)
 
-    monkeypatch.setattr(sweep_mod, "price_point", counting)
+    monkeypatch.setattr(rows_mod, "modelled_rows", counting)
     return calls
 
 
@@ -203,7 +204,7 @@ def test_injected_failure_is_recorded_others_complete_and_retry_fixes_it(tmp_pat
     monkeypatch.setattr(sweep_mod, "code_version", lambda: VERSION)
     params = _params(tmp_path, "st", models=["glm-5"], max_num_batched_tokens=[16384])  # 8 points
     n = len(expand_grid(validate_params(params)))
-    real = sweep_mod.price_point
+    real = rows_mod.modelled_rows
     calls = []
 
     def flaky(pt, *a, **k):
@@ -212,7 +213,7 @@ def test_injected_failure_is_recorded_others_complete_and_retry_fixes_it(tmp_pat
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB (injected)")
         return real(pt, *a, **k)
 
-    monkeypatch.setattr(sweep_mod, "price_point", flaky)
+    monkeypatch.setattr(rows_mod, "modelled_rows", flaky)
     df = run_sweep(params, progress=True)
     err = capsys.readouterr().err
     assert len(calls) == n
@@ -232,7 +233,7 @@ def test_injected_failure_is_recorded_others_complete_and_retry_fixes_it(tmp_pat
 
     # re-run without the fault: only the failed point is retried (an OOM on a shared GPU may not recur)
     counted = []
-    monkeypatch.setattr(sweep_mod, "price_point", lambda pt, *a, **k: counted.append(pt) or real(pt, *a, **k))
+    monkeypatch.setattr(rows_mod, "modelled_rows", lambda pt, *a, **k: counted.append(pt) or real(pt, *a, **k))
     df2 = run_sweep(params, progress=True)
     err2 = capsys.readouterr().err
     assert f"{n - 1} already stored, 1 failed before (retried)" in err2

@@ -105,9 +105,21 @@ def test_normalized_last_arrival_is_num_prompts_over_rate(rate):
     assert t[-1] == pytest.approx(37 / rate, rel=1e-12)
 
 
-def test_unnormalized_arrivals_are_the_cumulative_delays():
-    b = BenchConfig(num_prompts=20, request_rate=2.0, seed=5, normalize_arrivals=False)
-    np.testing.assert_array_equal(arrival_times(b), np.cumsum(sample_intervals(b)))
+def _legacy_get_request_times(n, rate, burstiness, seed):
+    """The older benchmark_serving.py get_request, restated: yield a request, then sleep one gamma draw."""
+    np.random.seed(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += np.random.gamma(shape=burstiness, scale=1.0 / (rate * burstiness))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("burstiness", BURSTINESS)
+def test_unnormalized_arrivals_are_the_legacy_generator(burstiness):
+    b = BenchConfig(num_prompts=20, request_rate=2.0, burstiness=burstiness, seed=5, normalize_arrivals=False)
+    np.testing.assert_allclose(arrival_times(b), _legacy_get_request_times(20, 2.0, burstiness, 5), rtol=1e-12)
+    assert arrival_times(b)[0] == 0.0
 
 
 def test_infinite_rate_sends_everything_at_zero():

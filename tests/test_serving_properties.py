@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mla_lab.serving import BenchConfig, LinearStepPricer, PreemptionRequired, SchedulerConfig, simulate
+from mla_lab.serving.step import cudagraph_capture_sizes
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 PRICER = LinearStepPricer(per_token_ms=0.01, per_step_ms=1.0, per_decode_ctx_ms=1e-4, eager_step_ms=0.5)
@@ -66,7 +67,12 @@ def _check(res):
         assert len(step.decode) <= sched.max_num_seqs
         assert s.num_running <= sched.max_num_seqs
         assert 0 <= s.kv_used_blocks <= sched.num_blocks
-        assert step.cuda_graph == (step.kind == "decode" and step.cudagraph_mode == "FULL")
+        uniform = all(c.num_tokens == 1 for c in step.prefill_chunks)  # vLLM: max_query_len == 1
+        assert step.cuda_graph == (step.cudagraph_mode == "FULL")
+        assert step.cudagraph_mode == ("NONE" if step.num_tokens > cudagraph_capture_sizes(sched.max_num_seqs)[-1]
+                                       else "FULL" if uniform else "PIECEWISE")
+        if step.cudagraph_num_tokens is not None:
+            assert step.num_tokens <= step.cudagraph_num_tokens
         for c in step.prefill_chunks:
             assert c.num_tokens >= 1
             if sched.long_prefill_token_threshold:

@@ -214,6 +214,15 @@ def test_launch_modes_of_the_hand_worked_trace(kw, modes):
     assert [s.cuda_graph for s in steps] == [m == "FULL" for m in modes]
 
 
+def test_one_token_prefill_chunks_count_as_a_uniform_batch():
+    # vLLM decides "uniform decode" by query lengths (max_query_len == 1, num_tokens == num_reqs): step 2 of the
+    # budget-2 trace (r0's decode + r1[0:1]) replays the full graph although a prefill chunk is in it.
+    steps = schedule_all(_cfg(max_num_batched_tokens=2), [(2, 3)] * 3)
+    assert [(s.kind, s.cudagraph_mode) for s in steps[:3]] == [("prefill", "PIECEWISE"), ("mixed", "FULL"),
+                                                                ("mixed", "FULL")]
+    assert steps[1].cuda_graph and steps[1].cudagraph_num_tokens == 2
+
+
 def test_schedule_twice_without_update_is_refused():
     s = Scheduler(_cfg())
     s.add_request(0, 10, 2)

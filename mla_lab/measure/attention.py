@@ -26,9 +26,7 @@ from ..strategies import make_strategy
 from ..workload import Step
 from .timer import median_ms
 
-__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check", "ATTENTION_OPS"]
-
-ATTENTION_OPS = ("concat", "pad", "kernel", "out_slice")
+__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check"]
 
 
 def _require_cuda():

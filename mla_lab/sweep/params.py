@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from ..arch import get_arch
 from ..buffers import STRATEGIES
 from ..models import load_model, normalize_kv_cache_dtype
-from .executors import EXECUTORS, RAY_INSTALL_HINT, ray_available
+from . import executors
+from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
 
 __all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid"]
@@ -113,7 +114,7 @@ def validate_params(raw: dict) -> SweepParams:
     for a in p["archs"]:
         get_arch(a)
     for s in p["strategies"]:
-        if s not in STRATEGIES:
+        if s not in STRATEGIES:  # the list's own message: "strategies holds ..."
             raise ValueError(f"strategies holds {s!r}; allowed: {list(STRATEGIES)}")
     for k in ("num_prompts",):
         if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
@@ -147,7 +148,7 @@ def _validate_executor(p: dict) -> None:
                          "or null")
     if addr is not None and p["executor"] != "ray":
         raise ValueError(f"ray_address={addr!r} is only used with executor='ray' (executor={p['executor']!r})")
-    if p["executor"] == "ray" and not ray_available():
+    if p["executor"] == "ray" and not executors.ray_available():
         raise ValueError(f"executor='ray' needs the optional ray package, which is not installed here; install it "
                          f"with {RAY_INSTALL_HINT}")
 

@@ -21,6 +21,7 @@ from ..provenance import provenance
 from ..measure.attention import time_attention_path
 from ..model.calibration import resolve_calibration
 from ..model.memory import memory_tradeoff
+from ..model.ops import ATTN_OPS
 from ..model.ttft import predict_ttft
 from ..workload import Workload, schedule
 
@@ -31,7 +32,6 @@ MODES = ("modelled", "measured")
 #: The TTFT model's layer options when a point does not give them (the sweep's defaults: the PR ran
 #: GLM-5.2-FP8 with ``-ep``).
 LAYER_OPTION_DEFAULTS = {"weight_dtype": "fp8", "moe_parallel": "ep"}
-ATTENTION_OPS = ("concat", "pad", "kernel", "out_slice")
 
 
 def layer_options(point: dict) -> dict:
@@ -128,7 +128,7 @@ def modelled_rows(point: dict, calibration=None) -> list[dict]:
         row = memory_columns(point, s, model, arch)
         row.update(
             ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=t["num_steps"],
-            ttft_scope=t["scope"], **{f"{op}_ms": t["ops_ms"].get(op, 0.0) for op in ATTENTION_OPS},
+            ttft_scope=t["scope"], **{f"{op}_ms": t["ops_ms"].get(op, 0.0) for op in ATTN_OPS},
             calibration=t["calibration"], **_capacity_columns(cap, s, point), **kw,
         )
         row.update(prov)
@@ -186,7 +186,7 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
             analytic_peak_extra_bytes=call_peak_bytes(name, H, mbt, arch, steps[0].num_tokens, model),
             kernel_backend=per_step[0]["kernel_backend"], concat_backend=per_step[0]["concat_backend"],
             calibration=t["calibration"], **_capacity_columns(cap, name, point), **kw,
-            **{f"{op}_ms_step0": first.get(op, 0.0) for op in ATTENTION_OPS},
+            **{f"{op}_ms_step0": first.get(op, 0.0) for op in ATTN_OPS},
         )
         row.update(prov)
         rows.append(row)

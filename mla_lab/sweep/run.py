@@ -44,7 +44,7 @@ def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
                 header = f.readline()
         except OSError as e:
             raise ValueError(f"data_file={str(path)!r} cannot be read ({e.strerror}); choose another path") from None
-        if not all(c in header.split(",") for c in LAB_CSV_MARK):
+        if not all(c in header.strip().split(",") for c in LAB_CSV_MARK):
             raise ValueError(f"data_file={str(path)!r} exists and was not written by mla_lab; choose another path "
                              "or pass --overwrite")
     try:

@@ -1,0 +1,253 @@
+"""The metrics ``vllm bench serve`` prints, computed from per-request timestamps, with vLLM's names.
+
+Definitions read in ``vllm/benchmarks/serve.py`` (``calculate_metrics`` and ``benchmark``, vllm-project/vllm @
+009e6d4a) and ``vllm/benchmarks/lib/endpoint_request_func.py`` (@ 02cfb534):
+
+- per request, with ``st`` the send time (after the client-side semaphore): ``ttft`` = first token - ``st``;
+  ``itl`` = the list of gaps between consecutive tokens; ``latency`` (E2EL) = last token - ``st``;
+  ``tpot`` = ``(latency - ttft) / (output_len - 1)``, only for ``output_len > 1`` (TPOT excludes the first token);
+- ``duration``: benchmark wall time (here: from t = 0, when ``get_request`` starts, to the last token);
+- ``request_throughput`` = completed / duration; ``output_throughput`` = total output tokens / duration;
+  ``total_token_throughput`` = (total input + total output tokens) / duration (req/s, tok/s);
+- for each of ttft, tpot, itl, e2el: ``mean_*_ms``, ``median_*_ms``, ``std_*_ms`` (``np.std``, population) and
+  ``p<P>_*_ms`` for each requested percentile (``np.percentile``, linear; vLLM's ``--metric-percentiles``
+  default is 99); ITLs are pooled over all requests, TPOTs are one per request; an empty list gives 0 (vLLM's
+  ``np.mean(x or 0)``);
+- ``max_concurrent_requests``: peak of the sweep over half-open ``[start, start + latency)`` intervals;
+  ``max_output_tokens_per_s``: most tokens in a one-second bucket counted from the first send;
+- with ``max_concurrency`` set, also ``client_queue_time`` stats (send - arrival) and, when the request rate is
+  finite, ``e2el_including_client_queue`` stats, as ``serve.py`` reports them.
+
+``vllm bench serve`` prints only ttft, tpot and itl percentiles by default (``--percentile-metrics``); e2el is
+computed here too. Every request of the simulation succeeds (``failed`` = 0).
+
+Run ``python -m mla_lab.serving.metrics`` for the 2-request example of the tests.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._checks import check_float, check_int, check_int_or_none
+
+__all__ = ["RequestRecord", "bench_metrics", "compare", "format_metrics", "LATENCY_METRICS"]
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One finished request: lengths in tokens, times in seconds from the benchmark start.
+
+    ``arrival_s``: when the client got it; ``send_s``: when it was sent (semaphore acquired);
+    ``token_times_s``: when each output token reached the client (non-decreasing, ``output_len`` of them).
+
+    Raises:
+        ValueError: no tokens, token count != ``output_len``, decreasing times, a token before ``send_s`` or a send
+            before ``arrival_s``.
+    """
+
+    req_id: int
+    input_len: int
+    output_len: int
+    arrival_s: float
+    send_s: float
+    token_times_s: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        check_int("input_len", self.input_len)
+        check_int("output_len", self.output_len)
+        check_float("arrival_s", self.arrival_s, low=0.0, low_inclusive=True)
+        check_float("send_s", self.send_s, low=self.arrival_s, low_inclusive=True)
+        ts = tuple(float(t) for t in self.token_times_s)
+        object.__setattr__(self, "token_times_s", ts)
+        if len(ts) != self.output_len:
+            raise ValueError(f"token_times_s has {len(ts)} entries; it must have output_len={self.output_len}")
+        if ts[0] < self.send_s or any(b < a for a, b in zip(ts, ts[1:])):
+            raise ValueError(f"token_times_s={ts!r} must be non-decreasing and >= send_s={self.send_s}")
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token (s), from the send."""
+        return self.token_times_s[0] - self.send_s
+
+    @property
+    def e2el_s(self) -> float:
+        """End-to-end latency (s): last token - send (vLLM's ``latency``)."""
+        return self.token_times_s[-1] - self.send_s
+
+    @property
+    def itl_s(self) -> tuple[float, ...]:
+        """Inter-token latencies (s): one per gap, ``output_len - 1`` of them."""
+        ts = self.token_times_s
+        return tuple(b - a for a, b in zip(ts, ts[1:]))
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token excluding the first (s); None for ``output_len == 1``."""
+        return (self.e2el_s - self.ttft_s) / (self.output_len - 1) if self.output_len > 1 else None
+
+    @property
+    def client_queue_s(self) -> float:
+        """Client-side wait for the concurrency semaphore (s): send - arrival."""
+        return self.send_s - self.arrival_s
+
+
+def _p_word(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _stats(name: str, values_s: list[float], percentiles: Sequence[float], out: dict) -> None:
+    v = values_s or 0  # vLLM: np.mean(x or 0)
+    out[f"mean_{name}_ms"] = float(np.mean(v)) * 1000
+    out[f"median_{name}_ms"] = float(np.median(v)) * 1000
+    out[f"std_{name}_ms"] = float(np.std(v)) * 1000
+    for p in percentiles:
+        out[f"p{_p_word(p)}_{name}_ms"] = float(np.percentile(v, p)) * 1000
+
+
+def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = None,
+                  percentiles: Sequence[float] = (99,), max_concurrency: int | None = None,
+                  request_rate: float = math.inf) -> dict[str, float]:
+    """The result dict of ``vllm bench serve`` (its key names) for finished ``records``.
+
+    ``duration_s`` defaults to the last token time (the benchmark starts at t = 0). Units: ``duration`` s,
+    ``*_throughput`` req/s or tok/s, ``*_ms`` ms, token counts in tokens.
+
+    Raises:
+        ValueError: no records, a record that is not a :class:`RequestRecord`, ``duration_s`` <= 0 or before the
+            last token, a percentile outside [0, 100].
+    """
+    if not records:
+        raise ValueError("records=[] must hold at least one RequestRecord")
+    for r in records:
+        if not isinstance(r, RequestRecord):
+            raise ValueError(f"records must hold RequestRecord objects, got {type(r).__name__}")
+    last = max(r.token_times_s[-1] for r in records)
+    if duration_s is None:
+        duration_s = last
+    check_float("duration_s", duration_s, low=0.0)
+    if duration_s < last:
+        raise ValueError(f"duration_s={duration_s!r} must be >= the last token time {last}")
+    for p in percentiles:
+        check_float("percentile", p, low=0.0, low_inclusive=True, high=100.0, high_inclusive=True)
+    check_int_or_none("max_concurrency", max_concurrency)
+
+    total_in = sum(r.input_len for r in records)
+    total_out = sum(r.output_len for r in records)
+    out: dict[str, float] = {
+        "duration": float(duration_s),
+        "completed": len(records),
+        "failed": 0,
+        "total_input_tokens": total_in,
+        "total_output_tokens": total_out,
+        "request_throughput": len(records) / duration_s,
+        "output_throughput": total_out / duration_s,
+        "total_token_throughput": (total_in + total_out) / duration_s,
+    }
+    # peak output tokens in one-second buckets and peak concurrency (serve.py calculate_metrics)
+    t0 = min(r.send_s for r in records)
+    end = max(r.send_s + r.e2el_s for r in records)
+    buckets = np.zeros(int(np.ceil(end - t0)) + 1)
+    for r in records:
+        for t in r.token_times_s:
+            b = int(t - t0)
+            if 0 <= b < len(buckets):
+                buckets[b] += 1
+    events = sorted([(r.send_s, 1) for r in records] + [(r.send_s + r.e2el_s, -1) for r in records])
+    cur = peak = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    out["max_output_tokens_per_s"] = float(buckets.max())
+    out["max_concurrent_requests"] = peak
+
+    _stats("ttft", [r.ttft_s for r in records], percentiles, out)
+    _stats("tpot", [r.tpot_s for r in records if r.tpot_s is not None], percentiles, out)
+    _stats("itl", [g for r in records for g in r.itl_s], percentiles, out)
+    _stats("e2el", [r.e2el_s for r in records], percentiles, out)
+    if max_concurrency is not None:
+        _stats("client_queue_time", [r.client_queue_s for r in records], percentiles, out)
+        if not math.isinf(request_rate):
+            _stats("e2el_including_client_queue", [r.e2el_s + r.client_queue_s for r in records], percentiles,
+                   out)
+    return out
+
+
+def _as_metrics(x) -> Mapping[str, float]:
+    m = getattr(x, "metrics", x)
+    if not isinstance(m, Mapping):
+        raise ValueError(f"compare() takes metrics dicts or ServingResult objects, got {type(x).__name__}")
+    return m
+
+
+def compare(a, b) -> dict[str, float]:
+    """Percent change of every numeric metric from ``a`` (baseline) to ``b``: ``(b - a) / a * 100``.
+
+    ``a`` and ``b`` are metrics dicts or objects with a ``.metrics`` dict (a ``ServingResult``). A key whose
+    baseline is 0 gives 0.0 when ``b`` is 0 too, else ``nan``. Keys present in only one side are left out.
+
+    Raises:
+        ValueError: an argument that is neither.
+    """
+    ma, mb = _as_metrics(a), _as_metrics(b)
+    out: dict[str, float] = {}
+    for k, va in ma.items():
+        vb = mb.get(k)
+        if vb is None or isinstance(va, bool) or not isinstance(va, (int, float)) or not isinstance(vb, (int, float)):
+            continue
+        out[k] = (0.0 if vb == 0 else math.nan) if va == 0 else (vb - va) / va * 100.0
+    return out
+
+
+_LABELS = [("completed", "Successful requests:", "d"), ("failed", "Failed requests:", "d"),
+           ("duration", "Benchmark duration (s):", ".2f"), ("total_input_tokens", "Total input tokens:", "d"),
+           ("total_output_tokens", "Total generated tokens:", "d"),
+           ("request_throughput", "Request throughput (req/s):", ".2f"),
+           ("output_throughput", "Output token throughput (tok/s):", ".2f"),
+           ("max_output_tokens_per_s", "Peak output token throughput (tok/s):", ".2f"),
+           ("max_concurrent_requests", "Peak concurrent requests:", ".2f"),
+           ("total_token_throughput", "Total token throughput (tok/s):", ".2f")]
+_HEADERS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+            "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency"),
+            "client_queue_time": ("Client Queue Time", "Client-side Queueing"),
+            "e2el_including_client_queue": ("E2EL incl. Client Queue", "Queue-inclusive End-to-end Latency")}
+
+
+def format_metrics(metrics: Mapping[str, float], title: str = " Serving Benchmark Result ") -> str:
+    """The metrics as ``vllm bench serve`` lays them out (``{:<40} {:<10.2f}`` lines)."""
+    lines = ["{s:{c}^{n}}".format(s=title, n=50, c="=")]
+    for key, label, fmt in _LABELS:
+        if key in metrics:
+            lines.append("{:<40} {:<10{f}}".format(label, metrics[key], f=fmt))
+    for name, (short, header) in _HEADERS.items():
+        if f"mean_{name}_ms" not in metrics:
+            continue
+        lines.append("{s:{c}^{n}}".format(s=header, n=50, c="-"))
+        lines.append("{:<40} {:<10.2f}".format(f"Mean {short} (ms):", metrics[f"mean_{name}_ms"]))
+        lines.append("{:<40} {:<10.2f}".format(f"Median {short} (ms):", metrics[f"median_{name}_ms"]))
+        for k in metrics:
+            if k.startswith("p") and k.endswith(f"_{name}_ms") and k[1:-len(name) - 4].replace(".", "").isdigit():
+                lines.append("{:<40} {:<10.2f}".format(f"P{k[1:-len(name) - 4]} {short} (ms):", metrics[k]))
+    lines.append("=" * 50)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Demo: the tests' hand-computed 2-request run."""
+    recs = [RequestRecord(0, 100, 3, 0.0, 0.0, (0.010, 0.030, 0.060)),
+            RequestRecord(1, 200, 2, 0.0, 0.020, (0.050, 0.070))]
+    m = bench_metrics(recs)
+    print(format_metrics(m))
+    faster = [RequestRecord(0, 100, 3, 0.0, 0.0, (0.009, 0.027, 0.054)),
+              RequestRecord(1, 200, 2, 0.0, 0.020, (0.047, 0.065))]
+    ch = compare(m, bench_metrics(faster))
+    print("change (%):", {k: round(ch[k], 2) for k in ("mean_ttft_ms", "mean_tpot_ms", "total_token_throughput")})
+
+
+if __name__ == "__main__":
+    main()

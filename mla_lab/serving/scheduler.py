@@ -1,0 +1,337 @@
+"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off).
+
+Read in ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, vllm-project/vllm @ 00024d31) and
+``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager.allocate_slots``, @ 003df296). Each step:
+
+1. **Running requests first**, in the order they were admitted, within the token budget
+   ``max_num_batched_tokens``: a request that has finished its prompt gets its one decode token, one still in
+   its prompt gets the rest of it (capped by ``long_prefill_token_threshold`` when > 0, and by the budget left).
+   vLLM has no separate "decode phase": a request gets ``num_tokens - num_computed_tokens`` tokens.
+2. **Then waiting requests**, in arrival order, while budget is left and fewer than ``max_num_seqs`` requests are
+   running: the head of the queue gets ``min(prompt_len, threshold, budget left)`` prompt tokens (chunked
+   prefill); if the KV cache cannot hold them the head waits and so does everyone behind it (FCFS ``break``).
+3. **KV blocks** of ``block_size`` tokens are allocated per request as its tokens are scheduled: after a step a
+   request holds ``ceil(num_computed_tokens / block_size)`` blocks; ``kv_capacity_tokens // block_size`` blocks
+   exist. A finished request frees its blocks before the next step. A request's peak footprint is
+   ``prompt_len + output_len - 1`` tokens (its last output token is sampled, never fed back).
+
+Tokens: the step that computes a prompt's last position samples the request's first output token; every later
+step with its decode token samples one more; after ``output_len`` tokens it finishes (``--ignore-eos``).
+
+**No preemption** (vLLM preempts the most recently admitted running request, recompute-style, when a running
+request cannot get a block). Two honest ways to stay out of that regime, ``kv_admission``:
+
+- ``"reserve"`` (default): a waiting request is admitted only when its whole peak footprint fits in the blocks
+  not yet promised to admitted requests; blocks are still allocated lazily, but a running request can never run
+  out, so no preemption is ever needed. Identical to vLLM whenever vLLM would not preempt *and* would not have
+  admitted a request earlier; under KV pressure it admits later than vLLM (conservative).
+- ``"lazy"``: admission exactly as vLLM (only the scheduled chunk's blocks must be free); when a running request
+  cannot get its next block, the step where vLLM would preempt, :class:`PreemptionRequired` is raised.
+
+Not modelled: prefix caching (off, as in the PR's benchmark: ``--no-enable-prefix-caching``), preemption,
+speculative decoding, async scheduling (it overlaps CPU scheduling with the GPU step but schedules the same
+tokens), the admission watermark and ``full_sequence_must_fit`` gate of newer ``allocate_slots``, priority
+scheduling, ``max_model_len`` checks.
+
+``block_size`` defaults to 16, vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE`` (``vllm/config/cache.py`` @ 002f10e0);
+the FlashMLA sparse backend supports only 64 (``FlashMLASparseBackend.get_supported_kernel_block_sizes``), so
+pass ``block_size=64`` for the PR's setup.
+
+Run ``python -m mla_lab.serving.scheduler`` for the hand-worked trace of the tests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from ._checks import check_bool, check_int, check_int_or_none, check_option
+from .step import DecodeToken, PrefillChunk, Step, cudagraph_capture_sizes, launch_mode
+
+__all__ = ["SchedulerConfig", "Scheduler", "TokenEvent", "PreemptionRequired", "schedule_all", "KV_ADMISSIONS"]
+
+KV_ADMISSIONS = ("reserve", "lazy")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class PreemptionRequired(RuntimeError):
+    """Raised in ``kv_admission="lazy"`` mode at the step where vLLM would preempt a request (not modelled)."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Engine limits (tokens unless noted).
+
+    - ``max_num_batched_tokens``: token budget of one step (``--max-num-batched-tokens``);
+    - ``max_num_seqs``: most running requests (``--max-num-seqs``);
+    - ``kv_capacity_tokens``: KV-cache capacity in tokens (from the memory model); ``// block_size`` blocks;
+    - ``block_size``: tokens per KV block (vLLM default 16; FlashMLA sparse needs 64);
+    - ``long_prefill_token_threshold``: cap on one request's prefill tokens per step, 0 = off (vLLM's meaning);
+    - ``kv_admission``: ``"reserve"`` or ``"lazy"`` (module docstring);
+    - ``enforce_eager``: no CUDA graphs (``--enforce-eager``);
+    - ``max_cudagraph_capture_size``: largest capture size, None = vLLM's ``min(2 * max_num_seqs, 512)``.
+
+    Raises:
+        ValueError: one line naming the field, its value and what is allowed (also for
+            ``kv_capacity_tokens < block_size``: not even one block).
+    """
+
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    kv_capacity_tokens: int
+    block_size: int = 16
+    long_prefill_token_threshold: int = 0
+    kv_admission: str = "reserve"
+    enforce_eager: bool = False
+    max_cudagraph_capture_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        check_int("max_num_seqs", self.max_num_seqs)
+        check_int("kv_capacity_tokens", self.kv_capacity_tokens)
+        check_int("block_size", self.block_size)
+        if self.kv_capacity_tokens < self.block_size:
+            raise ValueError(f"kv_capacity_tokens={self.kv_capacity_tokens!r} must be >= block_size="
+                             f"{self.block_size} (at least one KV block)")
+        check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, allow_zero=True)
+        check_option("kv_admission", self.kv_admission, KV_ADMISSIONS)
+        check_bool("enforce_eager", self.enforce_eager)
+        check_int_or_none("max_cudagraph_capture_size", self.max_cudagraph_capture_size)
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks available (``kv_capacity_tokens // block_size``)."""
+        return self.kv_capacity_tokens // self.block_size
+
+    def footprint_blocks(self, prompt_len: int, output_len: int) -> int:
+        """Blocks a request holds at its peak: ``ceil((prompt_len + output_len - 1) / block_size)``."""
+        return _cdiv(prompt_len + output_len - 1, self.block_size)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """An output token sampled at the end of a step: ``index`` 0 is the first token; ``finished`` on the last."""
+
+    req_id: int
+    index: int
+    finished: bool
+
+
+@dataclass
+class _Req:
+    req_id: int
+    prompt_len: int
+    output_len: int
+    num_computed: int = 0
+    num_output: int = 0
+    blocks: int = 0
+    reserved: int = 0
+
+    @property
+    def num_tokens(self) -> int:  # prompt + sampled output tokens (vLLM's request.num_tokens)
+        return self.prompt_len + self.num_output
+
+
+@dataclass
+class Scheduler:
+    """Stateful scheduler: :meth:`add_request`, then alternately :meth:`schedule` and :meth:`update_from_step`.
+
+    Raises (from the methods): ``ValueError`` for a request that can never fit the KV cache or a duplicate id;
+    ``RuntimeError`` when ``schedule`` is called twice without ``update_from_step``; :class:`PreemptionRequired`
+    in ``"lazy"`` mode where vLLM would preempt.
+    """
+
+    config: SchedulerConfig
+    waiting: deque = field(default_factory=deque, init=False)
+    running: list = field(default_factory=list, init=False)
+    used_blocks: int = field(default=0, init=False)
+    reserved_blocks: int = field(default=0, init=False)
+    last_kv_wait: bool = field(default=False, init=False)
+    _known: set = field(default_factory=set, init=False)
+    _pending: Step | None = field(default=None, init=False)
+    _capture: tuple = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.config, SchedulerConfig):
+            raise ValueError(f"config={self.config!r} must be a SchedulerConfig")
+        c = self.config
+        self._capture = cudagraph_capture_sizes(c.max_num_seqs, c.max_cudagraph_capture_size)
+
+    # ----------------------------------------------------------------------------------------------- requests
+    def check_fits(self, req_id: int, prompt_len: int, output_len: int) -> None:
+        """Raise ``ValueError`` if the request's peak footprint exceeds the whole KV cache."""
+        c = self.config
+        need = c.footprint_blocks(prompt_len, output_len)
+        if need > c.num_blocks:
+            raise ValueError(f"request {req_id} needs {need} KV blocks ({prompt_len + output_len - 1} tokens = "
+                             f"prompt {prompt_len} + output {output_len} - 1) but kv_capacity_tokens="
+                             f"{c.kv_capacity_tokens} holds {c.num_blocks} blocks of {c.block_size}; it can never "
+                             "run (raise kv_capacity_tokens or shorten the request)")
+
+    def add_request(self, req_id: int, prompt_len: int, output_len: int) -> None:
+        """Append a request to the waiting queue (FCFS). Lengths in tokens, both >= 1.
+
+        Raises:
+            ValueError: bad lengths, duplicate ``req_id``, or a request that can never fit the KV cache.
+        """
+        check_int("req_id", req_id, allow_zero=True)
+        check_int("prompt_len", prompt_len)
+        check_int("output_len", output_len)
+        if req_id in self._known:
+            raise ValueError(f"req_id={req_id!r} was already added; ids must be unique")
+        self.check_fits(req_id, prompt_len, output_len)
+        self._known.add(req_id)
+        self.waiting.append(_Req(req_id, prompt_len, output_len))
+
+    @property
+    def has_unfinished(self) -> bool:
+        """True while a request is waiting or running."""
+        return bool(self.waiting or self.running)
+
+    # ----------------------------------------------------------------------------------------------- one step
+    def _chunk_cap(self, n: int) -> int:
+        t = self.config.long_prefill_token_threshold
+        return t if 0 < t < n else n
+
+    def schedule(self) -> Step | None:
+        """Build the next step (module docstring) and advance the scheduled requests' computed tokens.
+
+        Returns None when nothing can run (no request waiting or running). Sets :attr:`last_kv_wait` when the
+        head of the waiting queue had budget and a free slot but waited for KV blocks.
+        """
+        if self._pending is not None:
+            raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
+        c = self.config
+        budget = c.max_num_batched_tokens
+        decode: list[DecodeToken] = []
+        chunks: list[PrefillChunk] = []
+        self.last_kv_wait = False
+
+        for req in self.running:
+            if budget <= 0:
+                break
+            n = req.num_tokens - req.num_computed
+            if n <= 0:  # cannot happen without PP / async scheduling; kept for safety
+                continue
+            n = min(self._chunk_cap(n), budget)
+            need = _cdiv(req.num_computed + n, c.block_size) - req.blocks
+            if need > c.num_blocks - self.used_blocks:
+                raise PreemptionRequired(
+                    f"request {req.req_id} needs {need} more KV block(s) with {c.num_blocks - self.used_blocks} free "
+                    f"of {c.num_blocks}: vLLM would preempt a running request here, which is not modelled; use "
+                    "kv_admission='reserve' or more kv_capacity_tokens")
+            req.blocks += need
+            self.used_blocks += need
+            if req.num_computed >= req.prompt_len:
+                decode.append(DecodeToken(req.req_id, req.num_computed + 1))
+            else:
+                chunks.append(PrefillChunk(req.req_id, req.num_computed, n))
+            req.num_computed += n
+            budget -= n
+
+        while self.waiting and budget > 0:
+            if len(self.running) >= c.max_num_seqs:
+                break
+            req = self.waiting[0]
+            n = min(self._chunk_cap(req.prompt_len), budget)
+            need = _cdiv(n, c.block_size)
+            if c.kv_admission == "reserve":
+                promise = c.footprint_blocks(req.prompt_len, req.output_len)
+                if self.reserved_blocks + promise > c.num_blocks:
+                    self.last_kv_wait = True
+                    break
+                req.reserved = promise
+                self.reserved_blocks += promise
+            elif need > c.num_blocks - self.used_blocks:
+                self.last_kv_wait = True
+                break
+            self.waiting.popleft()
+            self.running.append(req)
+            req.blocks = need
+            self.used_blocks += need
+            chunks.append(PrefillChunk(req.req_id, 0, n))
+            req.num_computed = n
+            budget -= n
+
+        if not decode and not chunks:
+            return None
+        mode, padded = launch_mode(tuple(decode), tuple(chunks), self._capture, c.enforce_eager)
+        step = Step(tuple(decode), tuple(chunks), mode, padded)
+        self._pending = step
+        return step
+
+    def update_from_step(self, step: Step) -> list[TokenEvent]:
+        """Apply a scheduled step: sample tokens, finish requests, free their KV blocks.
+
+        Returns the tokens sampled at the end of the step, in scheduling order (decode first, then chunks).
+
+        Raises:
+            RuntimeError: ``step`` is not the step :meth:`schedule` returned last.
+        """
+        if step is not self._pending:
+            raise RuntimeError("update_from_step() must get the step schedule() returned last")
+        self._pending = None
+        by_id = {r.req_id: r for r in self.running}
+        events: list[TokenEvent] = []
+        ids = [d.req_id for d in step.decode] + [ch.req_id for ch in step.prefill_chunks]
+        for rid in ids:
+            req = by_id[rid]
+            if req.num_computed < req.num_tokens:  # a prompt chunk that does not reach the prompt's end
+                continue
+            req.num_output += 1
+            done = req.num_output == req.output_len
+            events.append(TokenEvent(rid, req.num_output - 1, done))
+            if done:
+                self.used_blocks -= req.blocks
+                self.reserved_blocks -= req.reserved
+                req.blocks = req.reserved = 0
+        finished = {e.req_id for e in events if e.finished}
+        if finished:
+            self.running = [r for r in self.running if r.req_id not in finished]
+        return events
+
+
+def schedule_all(config: SchedulerConfig, requests: list[tuple[int, int]]) -> list[Step]:
+    """All steps for ``requests`` = ``[(prompt_len, output_len), ...]`` (ids 0, 1, ...) all waiting at the start.
+
+    Raises:
+        ValueError / PreemptionRequired: as :class:`Scheduler`.
+    """
+    s = Scheduler(config)
+    for i, (p, o) in enumerate(requests):
+        s.add_request(i, p, o)
+    steps = []
+    while s.has_unfinished:
+        step = s.schedule()
+        if step is None:  # pragma: no cover - impossible: a running request always gets a token
+            raise RuntimeError("scheduler made no progress")
+        s.update_from_step(step)
+        steps.append(step)
+    return steps
+
+
+def _describe(step: Step) -> str:
+    dec = " ".join(f"r{d.req_id}@{d.context_len}" for d in step.decode)
+    pre = " ".join(f"r{c.req_id}[{c.start}:{c.end}]" for c in step.prefill_chunks)
+    return (f"{step.kind:8s} {step.num_tokens:5d} tok  {step.cudagraph_mode:9s} decode: {dec or '-':24s} "
+            f"prefill: {pre or '-'}")
+
+
+def main() -> None:
+    """Demo: the tests' hand-worked trace (3 x 1500-token prompts, output 3, budget 2048) and a KV wait."""
+    cfg = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, kv_capacity_tokens=1 << 20)
+    print("3 x 1500-token prompts, output 3, max_num_batched_tokens 2048:")
+    for i, st in enumerate(schedule_all(cfg, [(1500, 3)] * 3), 1):
+        print(f"  step {i}: {_describe(st)}")
+    tight = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256, kv_capacity_tokens=3200)
+    print(f"same requests, KV cache {tight.kv_capacity_tokens} tokens ({tight.num_blocks} blocks; a request peaks at "
+          f"{tight.footprint_blocks(1500, 3)}), kv_admission='reserve':")
+    for i, st in enumerate(schedule_all(tight, [(1500, 3)] * 3), 1):
+        print(f"  step {i}: {_describe(st)}")
+
+
+if __name__ == "__main__":
+    main()

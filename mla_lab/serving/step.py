@@ -1,0 +1,145 @@
+"""One engine step of a vLLM v1 serving run: which tokens it computes and how it is launched.
+
+A :class:`Step` is what the scheduler hands the model runner and what a pricer turns into milliseconds:
+
+- ``decode``: one :class:`DecodeToken` per running request that has finished its prompt (query length 1);
+  ``context_len`` is the number of KV entries that token attends to, itself included (= its position + 1);
+- ``prefill_chunks``: one :class:`PrefillChunk` per request still in its prompt: positions
+  ``[start, start + num_tokens)`` of that prompt (chunked prefill);
+- ``cudagraph_mode``: how vLLM launches the step under its default ``FULL_AND_PIECEWISE`` mode
+  (``docs/design/cuda_graphs.md``, vllm-project/vllm @ 0045689b): ``"FULL"`` for a uniform decode batch up to
+  the largest capture size, because the FlashMLA sparse backend declares
+  ``AttentionCGSupport.UNIFORM_BATCH`` (``vllm/v1/attention/backends/mla/flashmla_sparse.py``,
+  ``FlashMLASparseMetadataBuilder._cudagraph_support``, @ 008a0c31); ``"PIECEWISE"`` for prefill and mixed
+  batches up to the largest capture size (attention eager, the rest in graphs); ``"NONE"`` (eager) above it or
+  with ``enforce_eager``. "Uniform decode" is decided by query lengths alone, as in
+  ``vllm/v1/worker/gpu_model_runner.py``: ``max_query_len == 1 and num_scheduled_tokens == num_reqs``; so a step
+  whose only prefill work is 1-token chunks (a prompt's last token, or a budget of 1 left) is uniform too, and
+  runs as a full graph although its ``kind`` is ``"mixed"`` or ``"prefill"``.
+- ``cudagraph_num_tokens``: the capture size the batch is padded to when a graph runs (``None`` when eager).
+
+Capture sizes follow the docstring of ``VllmConfig._set_cudagraph_sizes`` (``vllm/config/vllm.py``):
+``max = min(max_num_seqs * 2, 512)``; sizes ``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, kept
+``<= max``.
+
+Run ``python -m mla_lab.serving.step`` for a demo.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["PrefillChunk", "DecodeToken", "Step", "StepPricer", "cudagraph_capture_sizes", "CUDAGRAPH_MODES"]
+
+CUDAGRAPH_MODES = ("FULL", "PIECEWISE", "NONE")
+
+
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Prompt positions ``[start, start + num_tokens)`` of request ``req_id`` computed in one step (tokens)."""
+
+    req_id: int
+    start: int
+    num_tokens: int
+
+    @property
+    def end(self) -> int:
+        """One past the last prompt position of the chunk (tokens)."""
+        return self.start + self.num_tokens
+
+
+@dataclass(frozen=True)
+class DecodeToken:
+    """One decode token of request ``req_id``; it attends to ``context_len`` KV entries, itself included."""
+
+    req_id: int
+    context_len: int
+
+
+@dataclass(frozen=True)
+class Step:
+    """The tokens one engine step computes (see the module docstring).
+
+    ``decode`` and ``prefill_chunks`` are tuples in scheduling order. ``kind`` is ``"decode"`` (no prefill
+    chunk), ``"prefill"`` (no decode token) or ``"mixed"``; ``cuda_graph`` is True only for ``"FULL"`` (a uniform
+    batch, every request one query token, run as one full CUDA graph, attention included).
+    """
+
+    decode: tuple[DecodeToken, ...] = ()
+    prefill_chunks: tuple[PrefillChunk, ...] = ()
+    cudagraph_mode: str = "NONE"
+    cudagraph_num_tokens: int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed by the step (decode tokens + prefill chunk tokens), before any CUDA-graph padding."""
+        return len(self.decode) + sum(c.num_tokens for c in self.prefill_chunks)
+
+    @property
+    def num_reqs(self) -> int:
+        """Requests scheduled in the step."""
+        return len(self.decode) + len(self.prefill_chunks)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        """Tokens of the prefill chunks."""
+        return sum(c.num_tokens for c in self.prefill_chunks)
+
+    @property
+    def kind(self) -> str:
+        """``"prefill"``, ``"decode"`` or ``"mixed"`` (an empty step is never built)."""
+        if not self.prefill_chunks:
+            return "decode"
+        return "mixed" if self.decode else "prefill"
+
+    @property
+    def cuda_graph(self) -> bool:
+        """True when the whole step, attention included, replays a full CUDA graph (uniform batch: every request
+        has one query token)."""
+        return self.cudagraph_mode == "FULL"
+
+
+StepPricer = Callable[[Step], float]
+"""A pricer: the step's duration in milliseconds (finite, > 0)."""
+
+
+def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: int | None = None) -> tuple[int, ...]:
+    """vLLM's default CUDA-graph capture sizes (tokens) for ``max_num_seqs``; ``max_capture_size`` overrides the
+    default ``min(max_num_seqs * 2, 512)``."""
+    top = min(max_num_seqs * 2, 512) if max_capture_size is None else max_capture_size
+    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
+    return tuple(s for s in sizes if s <= top)
+
+
+def launch_mode(decode: tuple[DecodeToken, ...], prefill_chunks: tuple[PrefillChunk, ...],
+                capture_sizes: tuple[int, ...], enforce_eager: bool) -> tuple[str, int | None]:
+    """(cudagraph_mode, padded tokens) of a batch under ``FULL_AND_PIECEWISE`` (module docstring)."""
+    n = len(decode) + sum(c.num_tokens for c in prefill_chunks)
+    if enforce_eager or not capture_sizes or n > capture_sizes[-1]:
+        return "NONE", None
+    padded = capture_sizes[bisect.bisect_left(capture_sizes, n)]
+    uniform = all(c.num_tokens == 1 for c in prefill_chunks)  # max_query_len == 1 and num_tokens == num_reqs
+    return ("FULL" if uniform else "PIECEWISE"), padded
+
+
+def main() -> None:
+    """Demo: the three kinds of step and their launch mode (max_num_seqs 256 -> capture sizes up to 512)."""
+    sizes = cudagraph_capture_sizes(256)
+    print(f"capture sizes (max_num_seqs=256): {len(sizes)} sizes, {sizes[:6]} ... {sizes[-3:]}")
+    cases = {
+        "decode x5": ((DecodeToken(0, 1030), DecodeToken(1, 1025), DecodeToken(2, 1100), DecodeToken(3, 1030),
+                       DecodeToken(4, 1030)), ()),
+        "prefill 1024": ((), (PrefillChunk(5, 0, 1024),)),
+        "mixed 1 + 300": ((DecodeToken(0, 1031),), (PrefillChunk(6, 0, 300),)),
+    }
+    for name, (dec, pre) in cases.items():
+        mode, padded = launch_mode(dec, pre, sizes, enforce_eager=False)
+        s = Step(dec, pre, mode, padded)
+        print(f"{name:14s} kind={s.kind:8s} tokens={s.num_tokens:5d} mode={s.cudagraph_mode:9s} "
+              f"padded={s.cudagraph_num_tokens} cuda_graph={s.cuda_graph}")
+
+
+if __name__ == "__main__":
+    main()

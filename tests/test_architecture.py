@@ -1,0 +1,159 @@
+"""The package's layering (issue 10): an import graph built from the sources (ast), checked against the stack.
+
+Stack, top to bottom; a module may import modules of its own unit or of units strictly below it, never above,
+never a sibling unit on the same layer, and nothing in a circle:
+
+    mla_lab (package root), cli, explore
+    report
+    sweep
+    measure, serving
+    model
+    strategies
+    kernels, buffers
+    models, arch, workload, seed, provenance, kernelspec
+    paths, _validate
+
+Function-local imports are only for optional heavy dependencies (torch.cuda paths, triton, flash_mla, ray,
+ipywidgets, matplotlib, papermill, the browser library): a function-local import of a module of this package fails.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "mla_lab"
+
+STACK = [
+    ("mla_lab", "cli", "explore"),
+    ("report",),
+    ("sweep",),
+    ("measure", "serving"),
+    ("model",),
+    ("strategies",),
+    ("kernels", "buffers"),
+    ("models", "arch", "workload", "seed", "provenance", "kernelspec"),
+    ("paths", "_validate"),
+]
+LAYER = {unit: i for i, units in enumerate(STACK) for unit in units}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return "mla_lab" if len(parts) == 1 else parts[1]
+
+
+def _resolve(module: str, is_pkg: bool, node: ast.ImportFrom | ast.Import) -> list[str]:
+    """Absolute mla_lab module names an import statement refers to (other packages dropped)."""
+    out = []
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name == "mla_lab" or a.name.startswith("mla_lab.")]
+    if node.level:
+        base = module.split(".")
+        if not is_pkg:
+            base = base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if not (target == "mla_lab" or target.startswith("mla_lab.")):
+        return []
+    for a in node.names:  # "from . import executors" names a submodule
+        sub = f"{target}.{a.name}"
+        out.append(sub if _exists(sub) else target)
+    return out
+
+
+def _exists(module: str) -> bool:
+    p = PKG.parent.joinpath(*module.split("."))
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def _graph():
+    top_level, local = {}, []
+    for path in sorted(PKG.rglob("*.py")):
+        module = _module_name(path)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        is_pkg = path.name == "__init__.py"
+        edges = set()
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            targets = _resolve(module, is_pkg, node)
+            edges.update(t for t in targets if t != module)
+        # function-local imports: imports whose nearest enclosing scope is a function
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)) and _resolve(module, is_pkg, node):
+                        local.append(f"{path.relative_to(PKG.parent)}:{node.lineno} ({fn.name})")
+        top_level[module] = edges
+    return top_level, local
+
+
+GRAPH, LOCAL_IMPORTS = _graph()
+
+
+def test_every_unit_is_on_the_stack():
+    units = {_unit(m) for m in GRAPH}
+    assert units <= set(LAYER), sorted(units - set(LAYER))
+
+
+def test_no_import_goes_up_or_sideways():
+    bad = []
+    for module, targets in GRAPH.items():
+        src = _unit(module)
+        for t in targets:
+            dst = _unit(t)
+            if dst == src:
+                continue
+            if LAYER[dst] <= LAYER[src]:
+                bad.append(f"{module} -> {t} ({src} is on layer {LAYER[src]}, {dst} on layer {LAYER[dst]})")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle():
+    color: dict = {}
+    cycles = []
+
+    def visit(m, stack):
+        color[m] = 1
+        for t in sorted(GRAPH.get(m, ())):
+            if t not in GRAPH:
+                continue
+            if color.get(t) == 1:
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif color.get(t) is None:
+                visit(t, stack + [t])
+        color[m] = 2
+
+    for m in sorted(GRAPH):
+        if color.get(m) is None:
+            visit(m, [m])
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_function_local_import_of_the_package():
+    assert not LOCAL_IMPORTS, "function-local imports of mla_lab modules:\n" + "\n".join(LOCAL_IMPORTS)
+
+
+@pytest.mark.parametrize("src,bad_line", [
+    ("model", "from ..sweep import rows"),  # up the stack
+    ("measure", "from ..serving import simulate"),  # sideways
+])
+def test_the_checks_catch_a_planted_violation(src, bad_line):
+    """The layering check is not vacuous: a planted upward or sideways import is reported."""
+    module = f"mla_lab.{src}.planted"
+    node = ast.parse(bad_line).body[0]
+    targets = _resolve(module, False, node)
+    assert targets and all(LAYER[_unit(t)] <= LAYER[src] for t in targets)

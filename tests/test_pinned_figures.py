@@ -1,0 +1,54 @@
+"""Issue 10's guard: after the restructure the committed data re-derive the same figures as before.
+
+``tests/data/pinned_before_restructure.json`` holds what the lab computed from the committed ``data/`` at commit
+4d0e9e4, before the package was restructured: the seed reproduction (full-layer, attention-path and anchored TTFT
+changes, TTFT ms, extra MiB, KV tokens lost and capacity), the measured seed rows (attention path measured, the rest
+modelled) and every row of the model-validation MAPE table. The same code paths today must give the same numbers.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mla_lab.model.ttft import seed_reproduction
+from mla_lab.report.data import load_measured, load_validation
+from mla_lab.report.tables import validation_table
+
+PINNED = json.loads((Path(__file__).parent / "data" / "pinned_before_restructure.json").read_text())
+
+
+def test_seed_reproduction_figures_unchanged():
+    r = seed_reproduction()
+    for s, v in PINNED["seed_full_layer_delta_pct"].items():
+        assert r["predicted"]["full_layer"]["delta_pct"][s] == pytest.approx(v, abs=1e-9)
+    for s, v in PINNED["seed_attention_path_delta_pct"].items():
+        assert r["predicted"]["attention_path"]["delta_pct"][s] == pytest.approx(v, abs=1e-9)
+    for s, v in PINNED["seed_anchored_delta_pct"].items():
+        assert r["anchored"]["full_layer"]["delta_pct"][s] == pytest.approx(v, abs=1e-9)
+    for s, v in PINNED["seed_ttft_ms_full_layer"].items():
+        assert r["predicted"]["full_layer"]["ttft_ms"][s] == pytest.approx(v, rel=1e-12)
+    assert r["analytic_extra_mib"] == PINNED["extra_mib"] == 1008.0
+    assert r["memory"]["strategies"]["fused"]["kv_tokens_lost"] == pytest.approx(PINNED["kv_tokens_lost"])
+    assert r["memory"]["kv_capacity_tokens"] == pytest.approx(PINNED["kv_capacity_tokens"])
+
+
+def test_measured_seed_rows_unchanged():
+    m = load_measured()
+    sub = m[(m.model == "glm-5") & (m.tp == 8) & (m.max_num_batched_tokens == 16384) & (m.prompt_len == 1024)]
+    got = {r["strategy"]: (r["ttft_ms"], r["ttft_change_pct"]) for _, r in sub.iterrows()}
+    for want in PINNED["measured_seed_rows"]:
+        ttft, change = got[want["strategy"]]
+        assert ttft == pytest.approx(want["ttft_ms"], rel=1e-9)
+        assert change == pytest.approx(want["ttft_change_pct"], abs=1e-9)
+
+
+def test_validation_mape_table_unchanged():
+    t = validation_table(load_validation())
+    got = {(r["run"], r["level"], r["op_class"], r["split"]): r for r in t.to_dict(orient="records")}
+    assert len(got) == len(PINNED["validation"])
+    for want in PINNED["validation"]:
+        row = got[(want["run"], want["level"], want["op_class"], want["split"])]
+        assert row["n"] == want["n"]
+        assert row["MAPE_pct"] == pytest.approx(want["MAPE_pct"], abs=1e-9)
+        assert row["max_APE_pct"] == pytest.approx(want["max_APE_pct"], abs=1e-9)
