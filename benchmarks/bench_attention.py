@@ -3,7 +3,9 @@
 For GLM-5 and DeepSeek-V3.2 at TP {1,2,4,8} (heads per rank) and T {1024, 4096, 16384} tokens in one step, with
 causal prompts (one prompt of T tokens, token i sees min(i+1, topk) keys: topk_length) and with full topk (random
 indices over s_kv = max(T, topk), no topk_length): per-op medians (concat, pad, kernel, out_slice), the end-to-end
-call, and the call's peak extra memory against the analytic accounting. Also the NaN-padding leak check.
+call, and the call's peak extra memory against the analytic accounting (:func:`mla_lab.buffers.call_peak_bytes`).
+Also the NaN-padding leak check. The measuring is :mod:`mla_lab.measure.attention` (:func:`time_attention_path`,
+:func:`nan_padding_check`); this script loops over the grid and writes the tables.
 
 Prints a table and writes ``data/measured/<gpu>/attention_path.csv`` (``--out`` to change), every row labelled
 ``measured`` with provenance. Usage::
@@ -33,9 +35,10 @@ def main(argv=None) -> int:
     import torch
 
     from mla_lab.arch import detect_arch
-    from mla_lab.bench import _analytic_call_peak, nan_padding_check, time_attention_path
-    from mla_lab.buffers import padded_num_heads
+    from mla_lab.buffers import call_peak_bytes, padded_num_heads
+    from mla_lab.measure.attention import nan_padding_check, time_attention_path
     from mla_lab.models import load_model
+    from mla_lab.paths import measured_dir
     from mla_lab.provenance import provenance
     from mla_lab.workload import Step
 
@@ -62,7 +65,7 @@ def main(argv=None) -> int:
                             "strategy": s, **{f"{k}_ms": r.get(k, 0.0) for k in ("concat", "pad", "kernel",
                                                                                   "out_slice", "total")},
                             "peak_extra_bytes": r["peak_bytes"],
-                            "analytic_peak_extra_bytes": _analytic_call_peak(s, H, T, arch, T, model),
+                            "analytic_peak_extra_bytes": call_peak_bytes(s, H, T, arch, T, model),
                             "workspace_bytes": r["workspace_bytes"], "kernel_backend": res["kernel_backend"],
                             "concat_backend": res["concat_backend"], "arch": arch, **prov,
                         })
@@ -76,7 +79,7 @@ def main(argv=None) -> int:
     print(piv.round(3).to_string())
     print(df[["model", "tp", "T", "topk_mode", "strategy", "peak_extra_bytes", "analytic_peak_extra_bytes",
               "peak_diff_bytes"]].to_string())
-    out = Path(args.out) if args.out else REPO / "data" / "measured" / (arch or "gpu") / "attention_path.csv"
+    out = Path(args.out) if args.out else measured_dir(arch or "gpu") / "attention_path.csv"
     out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(out, index=False)
     leak = pd.DataFrame([nan_padding_check(m, tp=model_tp, T=4096, prompt_len=4096, arch_name=arch)

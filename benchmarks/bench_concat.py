@@ -1,10 +1,9 @@
 """Benchmark the Q concat into a head-padded workspace on a CUDA GPU (vLLM PR #53878's concat_mla_q step).
 
-For T x H (H' = padded_num_heads(H, 'hopper')) it times, with ``triton.testing.do_bench(..., return_mode="median")``
-(warm-up, L2 cleared before every repetition, CUDA events):
+For T x H (H' = padded_num_heads(H, 'hopper')) it times, with :func:`mla_lab.measure.timer.median_ms`
+(``triton.testing.do_bench(..., return_mode="median")``: warm-up, L2 cleared before every repetition, CUDA events):
 
 - ``triton``             the lab's Triton kernel into ``out[T, H', 576]`` (real heads only),
-- ``triton_v1``          GPU run 1's kernel (16 rows x 4 warps, load/store/load/store order), for A/B,
 - ``triton_unpadded``    the kernel into an unpadded ``[T, H, 576]`` buffer (isolates the gapped-write cost),
 - ``triton_zero_pad``    the same kernel also zeroing heads H..H'-1,
 - ``torch_cat``          ``torch.cat([ql_nope, q_pe], -1, out=buf)`` into an H-head buffer (vLLM before the PR),
@@ -17,7 +16,9 @@ Bytes: ``effective = 2 * T * H * 576 * elem`` (read + write of the real heads); 
 the padded heads for ``triton_zero_pad``. GB/s = bytes / time (1e9); ``pct_of_copy`` = GB/s / d2d_copy GB/s at the
 same byte count. Every method is timed twice: ``eager`` (the call as a program makes it; includes the host launch
 cost whenever the host is slower than the GPU's L2 clear between repetitions) and ``graph`` (one call captured in a
-CUDA graph and replayed: device time). ``--tune`` also sweeps kernel variants (``TUNE_CONFIGS``) at every shape.
+CUDA graph and replayed, :func:`mla_lab.measure.timer.graphed`: device time). ``--tune`` also sweeps kernel variants
+(``TUNE_CONFIGS``) at every shape. (GPU run 1's v1 kernel, load/store/load/store order, is gone from the lab; its A/B
+rows stay in ``data/measured/h200/concat_bench_run1_v1*.csv``.)
 
 Inputs are fresh random tensors (never zeros); every Triton variant is checked bitwise against torch.cat on a
 NaN-poisoned output before it is timed. Writes a CSV (``--out``, default ``data/measured/h200/concat_bench.csv``)
@@ -39,18 +40,19 @@ if str(REPO) not in sys.path:
 from mla_lab.buffers import padded_num_heads  # noqa: E402
 from mla_lab.kernels import concat_mla_q  # noqa: E402
 from mla_lab.kernels.triton_concat import DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS, concat_mla_q_triton  # noqa: E402
+from mla_lab.measure.timer import median_ms  # noqa: E402
+from mla_lab.paths import measured_dir  # noqa: E402
 from mla_lab.provenance import provenance  # noqa: E402
 
 DEFAULT_T = (1024, 4096, 16384, 32768)
 DEFAULT_H = (8, 16, 32, 64, 128)
 DEVICE = "cuda"  # module-level so a CPU smoke test (Triton interpreter) can swap it
-# (variant, block_rows, num_warps, loads_first, streaming): v1 = load/store/load/store order (GPU run 1's kernel),
-# v2 = both loads before the stores, v2s = v2 with streaming cache hints.
+# (variant, block_rows, num_warps, streaming): v2 = both loads before the stores (the kernel), v2s = v2 with streaming
+# cache hints.
 TUNE_CONFIGS = (
-    [("v1", 16, 4, False, False), ("v1", 4, 4, False, False)]
-    + [("v2", br, nw, True, False) for br, nw in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4),
-                                                   (8, 8), (16, 4), (16, 8), (32, 8)]]
-    + [("v2s", br, 4, True, True) for br in (4, 8, 16)]
+    [("v2", br, nw, False) for br, nw in [(1, 1), (2, 1), (2, 2), (4, 1), (4, 2), (4, 4), (8, 2), (8, 4), (8, 8),
+                                          (16, 4), (16, 8), (32, 8)]]
+    + [("v2s", br, 4, True) for br in (4, 8, 16)]
 )
 
 
@@ -80,30 +82,14 @@ def _check(a, b, out, zero_padding, fn):
         raise RuntimeError(f"Triton concat result wrong at T={a.shape[0]} H={H} zero_padding={zero_padding}")
 
 
-def _graphed(fn):
-    """Capture one call of ``fn`` in a CUDA graph; return the replay function (device time without host launch
-    cost, which do_bench's eager timing includes whenever the host is slower than the L2 clear before each rep)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g.replay, g
+def _median_ms(fn, timing, warmup, rep):
+    """Median ms of ``fn``: ``eager`` (the call as a program makes it) or ``graph`` (one call captured in a CUDA
+    graph and replayed: device time without the host launch cost, which the eager timing includes whenever the host
+    is slower than the L2 clear before each repetition)."""
+    return median_ms(fn, device=DEVICE, warmup=warmup, rep=rep, graph=timing == "graph")
 
 
-def _timer(fn, timing, do_bench, warmup, rep):
-    if timing == "graph":
-        replay, g = _graphed(fn)
-        ms = do_bench(replay, warmup=warmup, rep=rep, return_mode="median")
-        del g
-        return ms
-    return do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-
-
-def bench_shape(T, H, dtype, do_bench, warmup, rep, tune, timings=("eager", "graph")):
+def bench_shape(T, H, dtype, warmup, rep, tune, timings=("eager", "graph")):
     Hp = padded_num_heads(H, "hopper")
     dev = DEVICE
     es = torch.empty((), dtype=dtype).element_size()
@@ -120,12 +106,10 @@ def bench_shape(T, H, dtype, do_bench, warmup, rep, tune, timings=("eager", "gra
         out[:, :H, :512].copy_(x)
         out[:, :H, 512:].copy_(y)
 
-    v1 = dict(block_rows=16, num_warps=4, loads_first=False, streaming=False)
-    v2 = dict(block_rows=DEFAULT_BLOCK_ROWS, num_warps=DEFAULT_NUM_WARPS, loads_first=True, streaming=False)
+    v2 = dict(block_rows=DEFAULT_BLOCK_ROWS, num_warps=DEFAULT_NUM_WARPS, streaming=False)
     # name: (fn, writes padding, layout, triton config or None)
     methods = {
         "triton": (lambda: concat_mla_q(a, b, out, backend="triton"), False, "contiguous", v2),
-        "triton_v1": (lambda: concat_mla_q_triton(a, b, out, **v1), False, "contiguous", v1),
         # same kernel into an unpadded [T, H, 576] buffer: separates the cost of the gapped writes (H of H' heads)
         "triton_unpadded": (lambda: concat_mla_q(a, b, buf, backend="triton"), False, "contiguous", v2),
         "triton_zero_pad": (lambda: concat_mla_q(a, b, out, zero_padding=True, backend="triton"), True,
@@ -137,7 +121,6 @@ def bench_shape(T, H, dtype, do_bench, warmup, rep, tune, timings=("eager", "gra
         "d2d_copy": (lambda: dst.copy_(src), False, "contiguous", None),
     }
     _check(a, b, out, False, methods["triton"][0])
-    _check(a, b, out, False, methods["triton_v1"][0])
     _check(a, b, out, True, methods["triton_zero_pad"][0])
     _check(a, b, buf, False, methods["triton_unpadded"][0])
     _check(av, bv, out, False, methods["triton_vllm_layout"][0])
@@ -147,7 +130,7 @@ def bench_shape(T, H, dtype, do_bench, warmup, rep, tune, timings=("eager", "gra
     eff = 2 * T * H * 576 * es
     rows = []
     for timing in timings:
-        times = {m: _timer(fn, timing, do_bench, warmup, rep) for m, (fn, _, _, _) in methods.items()}
+        times = {m: _median_ms(fn, timing, warmup, rep) for m, (fn, _, _, _) in methods.items()}
         copy_gbps = eff / (times["d2d_copy"] * 1e-3) / 1e9
         for m, (_, zp, layout, cfg) in methods.items():
             ms = times[m]
@@ -156,24 +139,24 @@ def bench_shape(T, H, dtype, do_bench, warmup, rep, tune, timings=("eager", "gra
             rows.append(dict(
                 T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method=m, layout=layout, timing=timing,
                 block_rows=cfg["block_rows"] if cfg else None, num_warps=cfg["num_warps"] if cfg else None,
-                loads_first=cfg["loads_first"] if cfg else None, streaming=cfg["streaming"] if cfg else None,
+                streaming=cfg["streaming"] if cfg else None,
                 ms=ms, bytes_effective=eff, bytes_moved=moved, gbps_effective=gbps,
                 gbps_moved=moved / (ms * 1e-3) / 1e9, copy_gbps_same_bytes=copy_gbps,
                 pct_of_copy=100.0 * gbps / copy_gbps,
             ))
     tune_rows = []
     if tune:
-        copy_ms = _timer(methods["d2d_copy"][0], "graph", do_bench, warmup, rep)
+        copy_ms = _median_ms(methods["d2d_copy"][0], "graph", warmup, rep)
         copy_gbps = eff / (copy_ms * 1e-3) / 1e9
-        for name, br, nw, lf, st in TUNE_CONFIGS:
-            fn = lambda br=br, nw=nw, lf=lf, st=st: concat_mla_q_triton(  # noqa: E731
-                a, b, out, block_rows=br, num_warps=nw, loads_first=lf, streaming=st)
+        for name, br, nw, st in TUNE_CONFIGS:
+            fn = lambda br=br, nw=nw, st=st: concat_mla_q_triton(  # noqa: E731
+                a, b, out, block_rows=br, num_warps=nw, streaming=st)
             _check(a, b, out, False, fn)
             out.copy_(torch.randn_like(out))
-            ms = _timer(fn, "graph", do_bench, max(5, warmup // 2), max(20, rep // 2))
+            ms = _median_ms(fn, "graph", max(5, warmup // 2), max(20, rep // 2))
             gbps = eff / (ms * 1e-3) / 1e9
             tune_rows.append(dict(T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), variant=name,
-                                  block_rows=br, num_warps=nw, loads_first=lf, streaming=st, timing="graph", ms=ms,
+                                  block_rows=br, num_warps=nw, streaming=st, timing="graph", ms=ms,
                                   bytes_effective=eff, gbps_effective=gbps, copy_gbps_same_bytes=copy_gbps,
                                   pct_of_copy=100.0 * gbps / copy_gbps))
     return rows, tune_rows  # the tensors die with this frame; the caller empties the allocator cache
@@ -215,17 +198,17 @@ def host_launch_cost(n=2000):
     return res
 
 
-def big_copy_gbps(do_bench, nbytes=4 * 1024**3):
+def big_copy_gbps(nbytes=4 * 1024**3):
     """Bandwidth of one large device-to-device copy (bytes read + written), the asymptotic ceiling."""
     src = torch.randn(nbytes // 2, device=DEVICE, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
+    ms = median_ms(lambda: dst.copy_(src), device=DEVICE, warmup=25, rep=200)
     return 2 * nbytes / (ms * 1e-3) / 1e9, ms
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(REPO / "data/measured/h200/concat_bench.csv"))
+    ap.add_argument("--out", default=str(measured_dir("h200") / "concat_bench.csv"))
     ap.add_argument("--tune-out", default=None, help="CSV for the kernel-variant sweep (with --tune)")
     ap.add_argument("--tune", action="store_true", help="also sweep the Triton kernel's variants (TUNE_CONFIGS) "
                     "per shape, timed through CUDA graphs")
@@ -239,11 +222,10 @@ def main(argv=None) -> int:
         print("bench_concat: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     import pandas as pd
-    from triton.testing import do_bench
 
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     torch.manual_seed(0)
-    ceiling, ceiling_ms = big_copy_gbps(do_bench)
+    ceiling, ceiling_ms = big_copy_gbps()
     _free()
     print(f"device-to-device copy, 4 GiB: {ceiling:.0f} GB/s (read+write), {ceiling_ms:.3f} ms", flush=True)
     host = host_launch_cost()
@@ -252,7 +234,7 @@ def main(argv=None) -> int:
     rows, tune_rows = [], []
     for T in args.T:
         for H in args.H:
-            r, tr = bench_shape(T, H, dtype, do_bench, args.warmup, args.rep, args.tune)
+            r, tr = bench_shape(T, H, dtype, args.warmup, args.rep, args.tune)
             _free()
             rows += r
             tune_rows += tr

@@ -5,7 +5,9 @@ For GLM-5 (64 heads -> 32 per rank, padded to 64 on Hopper) and DeepSeek-V3.2 (1
 T in {4096, 16384} (one causal prompt), strategies unfused and fused: per rank the attention path, W_UV bmm,
 row-parallel o_proj (random bf16 weights) and the all-reduce of the [T, hidden] output; medians of --iters calls
 after --warmup (CUDA events), peak memory per call, device memory used (NCCL buffers included). Logic and columns:
-:mod:`mla_lab.tp_check`. NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
+:mod:`mla_lab.measure.tp` (the TP benchmark harness; the all-reduce model term is
+:func:`mla_lab.model.timing.comm_time_ms` at the ideal ring). NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
+TORCH_SYMM_MEM_DISABLE_MULTICAST=1).
 
 Writes ``data/measured/<arch>x2/tp2_attention.csv`` (``--out`` to change; every row ``measured`` with provenance)
 and prints the comparison table. Expected run time on 2 H200s: about 1-2 minutes (process start, NCCL init,
@@ -47,11 +49,12 @@ def main(argv=None) -> int:
 
     from mla_lab.arch import detect_arch
     from mla_lab.kernels import flash_mla_info
-    from mla_lab.tp_check import SAFE_ENV, TPCheckConfig, run_tp_check, summary_table, tiny_overrides
+    from mla_lab.measure.tp import SAFE_ENV, TPBenchmarkConfig, run_tp_benchmark, summary_table, tiny_overrides
+    from mla_lab.paths import measured_dir
 
     t0 = time.time()
     if args.cpu_dry_run:
-        cfg = TPCheckConfig(models=args.models, tokens=[16], tp=args.tp, strategies=args.strategies, device="cpu",
+        cfg = TPBenchmarkConfig(models=args.models, tokens=[16], tp=args.tp, strategies=args.strategies, device="cpu",
                             warmup=1, iters=3, kernel_backend="reference", concat_backend="torch",
                             model_overrides=tiny_overrides())
         arch = "cpu"
@@ -68,13 +71,13 @@ def main(argv=None) -> int:
             return 2
         gpu = detect_arch()
         arch = gpu["arch"] or ("b200" if gpu["prefill_padding"] == 128 else "h200")
-        cfg = TPCheckConfig(models=args.models, tokens=args.tokens, tp=args.tp, strategies=args.strategies,
+        cfg = TPBenchmarkConfig(models=args.models, tokens=args.tokens, tp=args.tp, strategies=args.strategies,
                             arch=arch, device="cuda", warmup=args.warmup, iters=args.iters,
                             kernel_backend=args.kernel_backend, concat_backend=args.concat_backend)
         print(f"{n} x {gpu['device']} ({arch}); flash_mla {info.get('provider')} {info.get('version')}; "
               f"env {SAFE_ENV}", flush=True)
-    df = run_tp_check(cfg)
-    out = Path(args.out) if args.out else (REPO / "data" / "measured" / f"{arch}x{args.tp}" / "tp2_attention.csv")
+    df = run_tp_benchmark(cfg)
+    out = Path(args.out) if args.out else (measured_dir(f"{arch}x{args.tp}") / "tp2_attention.csv")
     if args.cpu_dry_run and not args.out:
         out = Path("/tmp") / "tp2_attention_cpu_dry_run.csv"  # never mix a dry run into data/measured
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,6 +43,9 @@ class GPUArch:
         bf16_tflops: dense (non-sparse) bf16 tensor-core rate, TFLOP/s (datasheet).
         nvlink_gbps: NVLink bandwidth per GPU, GB/s, both directions together (datasheet).
         source: where the figures come from.
+        sparse_prefill_tflops: FlashMLA's published sparse-prefill rate on this GPU, TFLOP/s (FlashMLA README:
+            "up to 640 TFLOP/s on H800, 1450 on B200"); the cost model prices the Blackwell kernel with it
+            instead of H200 efficiencies (None: use the calibration).
     """
 
     name: str
@@ -54,6 +57,7 @@ class GPUArch:
     bf16_tflops: float
     nvlink_gbps: float
     source: str
+    sparse_prefill_tflops: float | None = None
 
     @property
     def sm(self) -> str:
@@ -93,7 +97,8 @@ ARCHS: dict[str, GPUArch] = {
         GPUArch("h200", "NVIDIA H200", "hopper", (9, 0), 141, 4800, 989, 900, "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
         GPUArch("h800", "NVIDIA H800", "hopper", (9, 0), 80, 3350, 989, 400, "NVIDIA H800 datasheet (SXM)"),
         GPUArch("h20", "NVIDIA H20", "hopper", (9, 0), 96, 4000, 148, 900, "NVIDIA H20 product brief"),
-        GPUArch("b200", "NVIDIA B200", "blackwell", (10, 0), 180, 8000, 2250, 1800, "NVIDIA HGX/DGX B200 datasheet"),
+        GPUArch("b200", "NVIDIA B200", "blackwell", (10, 0), 180, 8000, 2250, 1800, "NVIDIA HGX/DGX B200 datasheet",
+                sparse_prefill_tflops=1450),
     )
 }
 

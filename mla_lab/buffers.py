@@ -17,29 +17,48 @@ from dataclasses import asdict, dataclass
 from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
+from .placement import Strategy, canonical_names, parse_strategy, resolve_strategy
 
 __all__ = [
     "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
-    "kv_tokens_lost", "check_strategy", "call_peak_bytes",
+    "kv_tokens_lost", "check_strategy", "call_peak_bytes", "shared_workspace_other_bytes",
 ]
 
 MIB = 1024**2
 BF16_BYTES = 2
 FP32_BYTES = 4
-STRATEGIES = ("unfused", "fused", "kernel_native")
+#: Every fixed canonical strategy (:mod:`mla_lab.placement`); ``subchunk:<S>`` takes any positive S.
+STRATEGIES = tuple(n for n in canonical_names() if "<" not in n)
 
 
 
 
-def check_strategy(strategy: str) -> str:
-    """``strategy`` if it is one of :data:`STRATEGIES`.
+def check_strategy(strategy: str) -> Strategy:
+    """The :class:`~mla_lab.placement.Strategy` of a canonical name, alias or preset
+    (:func:`mla_lab.placement.resolve_strategy`: ``unfused`` -> ``per_call_empty:zeros``, ``fused`` ->
+    ``private_workspace``).
 
     Raises:
         ValueError: naming the value and the allowed names.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r} is not known; allowed: {list(STRATEGIES)}")
-    return strategy
+    return parse_strategy(resolve_strategy(strategy))
+
+
+def shared_workspace_other_bytes(model: ModelConfig, tp: int, max_num_batched_tokens: int,
+                                 moe_parallel: str = "ep") -> int:
+    """Bytes the shared workspace holds for its other users at ``max_num_batched_tokens`` tokens: the fused-MoE
+    modular kernel's two scratch buffers, taken simultaneously from vLLM's workspace manager
+    (``vllm/v1/worker/workspace.py``), sized as vLLM's DeepGEMM experts ask for them
+    (``vllm/model_executor/layers/fused_moe``: ``workspace13 = (M*topk, max(N/2, K))``,
+    ``workspace2 = (M*topk, max(N, K))``, bf16; ``M`` tokens, ``N = 2 x`` the local intermediate size, ``K`` the
+    hidden size). The indexer's K-gather scratch is smaller and not added. An estimate of the largest other user;
+    pass ``shared_workspace_bytes`` to the row builder to override it.
+    """
+    tp = check_int("tp", tp)
+    inter = model.moe_intermediate_size if moe_parallel == "ep" else model.moe_intermediate_size // tp
+    m = max_num_batched_tokens * model.num_experts_per_tok
+    n, k = 2 * inter, model.hidden_size
+    return m * (max(n // 2, k) + max(n, k)) * BF16_BYTES
 
 
 def _padding_of(arch: str | GPUArch | int) -> int:
@@ -83,13 +102,20 @@ class MemoryAccount:
     workspace across layers, so it is allocated once per rank).
 
     Attributes:
-        strategy: ``unfused`` | ``fused`` | ``kernel_native``.
+        strategy: canonical strategy name (:mod:`mla_lab.placement`).
         num_heads: real heads per rank (H); q_concat_heads: workspace heads; kernel_heads: h_q the kernel runs at.
-        persistent_bytes: the Q-concat workspace, ``max_num_batched_tokens * q_concat_heads * head_size * 2``.
-        step_transient_bytes: allocated and freed inside one step of ``num_tokens`` tokens by the Q path itself:
-            the unfused pad tensor ``T * kernel_heads * head_size * 2`` (0 when no padding is needed).
-        kernel_out_bytes: kernel output + lse + max_logits at ``kernel_heads``: ``T*h*(d_v*2 + 2*4)``.
-        peak_bytes: persistent + step_transient + kernel_out (the Q path's high-water mark in a step).
+        persistent_bytes: what the Q path holds for the engine's life, budgeted before the KV cache is sized (it
+            costs KV tokens): the Q-concat buffer ``rows * q_concat_heads * head_size * 2`` (rows =
+            max_num_batched_tokens, or S for ``subchunk``); for ``shared_workspace`` the unpadded buffer plus what
+            the padded one adds beyond the shared workspace's other users (``shared_other_bytes``).
+        step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``
+            placements with padding; else 0).
+        kernel_out_bytes: kernel output + lse + max_logits alive at once: ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
+            (for ``subchunk``: two chunks' outputs, the next allocated before the previous is freed, plus the
+            delivered ``[T, H, d_v]`` output).
+        call_transient_bytes: the unbudgeted transient peak of one layer call: step_transient + kernel_out (vLLM's
+            profile run does not run the sparse kernel, so none of it is counted when the KV cache is sized).
+        peak_bytes: persistent + call_transient (the Q path's high-water mark in a step).
     """
 
     strategy: str
@@ -105,12 +131,17 @@ class MemoryAccount:
     kernel_out_bytes: int
 
     @property
+    def call_transient_bytes(self) -> int:
+        return self.step_transient_bytes + self.kernel_out_bytes
+
+    @property
     def peak_bytes(self) -> int:
-        return self.persistent_bytes + self.step_transient_bytes + self.kernel_out_bytes
+        return self.persistent_bytes + self.call_transient_bytes
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["peak_bytes"] = self.peak_bytes
+        d["call_transient_bytes"] = self.call_transient_bytes
         return d
 
 
@@ -123,57 +154,64 @@ def memory_account(
     num_tokens: int | None = None,
     head_size: int = 576,
     d_v: int = 512,
+    shared_other_bytes: int = 0,
 ) -> MemoryAccount:
     """Exact byte accounting for one strategy, allocating nothing.
 
     Args:
-        strategy: ``"unfused"`` (vLLM before PR #53878: H-head workspace, then a fresh ``(T, H', head_size)`` pad
-            tensor each call), ``"fused"`` (the PR: H'-head workspace, no pad tensor) or ``"kernel_native"``
-            (modelled: a kernel that takes H heads; H-head workspace, no pad tensor, output at H heads).
+        strategy: a canonical strategy name (:func:`mla_lab.placement.parse_strategy`).
         num_heads: real heads per rank (H).
         max_num_batched_tokens: workspace rows, > 0.
-        arch, kv_cache_dtype: as in :func:`padded_num_heads`.
+        arch, kv_cache_dtype: as in :func:`padded_num_heads` (fp8 KV cache: no padding, every strategy the same Q).
         num_tokens: tokens in the step (T), 0 <= T <= max_num_batched_tokens; default max_num_batched_tokens.
         head_size: q/k head size (576 = kv_lora_rank 512 + qk_rope_head_dim 64); d_v: output head dim (512).
+        shared_other_bytes: the shared workspace's size from its other users (``shared_workspace`` only; see
+            :func:`shared_workspace_other_bytes`).
 
     Raises:
         ValueError: unknown strategy; non-positive sizes; num_tokens out of range; as :func:`padded_num_heads`.
     """
-    check_strategy(strategy)
+    st = check_strategy(strategy)
     check_int("max_num_batched_tokens", max_num_batched_tokens)
     check_int("head_size", head_size)
     check_int("d_v", d_v)
+    check_int("shared_other_bytes", shared_other_bytes, allow_zero=True)
     T = max_num_batched_tokens if num_tokens is None else num_tokens
     check_int("num_tokens", T, allow_zero=True)
     if T > max_num_batched_tokens:
         raise ValueError(f"num_tokens={T} exceeds max_num_batched_tokens={max_num_batched_tokens}; "
                          f"allowed: 0..{max_num_batched_tokens}")
-    hp = padded_num_heads(num_heads, arch, kv_cache_dtype)
-    dt = normalize_kv_cache_dtype(kv_cache_dtype)
-    # bf16: the kernel runs at the padded head count in both real strategies. fp8: no Q padding in the workspace.
-    kernel_heads = hp
-    if strategy == "unfused":
-        q_heads = num_heads
-        transient = T * hp * head_size * BF16_BYTES if (hp != num_heads and dt == "bf16") else 0
-    elif strategy == "fused":
+    H = num_heads
+    hp = padded_num_heads(H, arch, kv_cache_dtype)
+    padded = hp != H and normalize_kv_cache_dtype(kv_cache_dtype) == "bf16"
+    row = head_size * BF16_BYTES
+    out_per_token = d_v * BF16_BYTES + 2 * FP32_BYTES
+    unpadded = max_num_batched_tokens * H * row
+    kernel_heads, q_heads, transient = hp, H, 0
+    kernel_out = T * hp * out_per_token
+    if st.per_call_pad:
+        persistent = unpadded
+        transient = T * hp * row if padded else 0
+    elif st.placement == "private_workspace":
+        q_heads, persistent = hp, max_num_batched_tokens * hp * row
+    elif st.placement == "shared_workspace":
         q_heads = hp
-        transient = 0
-    else:
-        q_heads = num_heads
-        kernel_heads = num_heads
-        transient = 0
+        persistent = unpadded + max(0, max_num_batched_tokens * hp * row - shared_other_bytes)
+    elif st.placement == "subchunk":
+        q_heads = hp
+        S = min(st.rows, max_num_batched_tokens)
+        persistent = S * hp * row if padded else unpadded
+        if padded:
+            n_chunks = -(-T // S) if T else 0
+            kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + T * H * d_v * BF16_BYTES
+    else:  # kernel_native
+        kernel_heads = H
+        persistent = unpadded
+        kernel_out = T * H * out_per_token
     return MemoryAccount(
-        strategy=strategy,
-        num_heads=num_heads,
-        q_concat_heads=q_heads,
-        kernel_heads=kernel_heads,
-        max_num_batched_tokens=max_num_batched_tokens,
-        num_tokens=T,
-        head_size=head_size,
-        d_v=d_v,
-        persistent_bytes=max_num_batched_tokens * q_heads * head_size * BF16_BYTES,
-        step_transient_bytes=transient,
-        kernel_out_bytes=T * kernel_heads * (d_v * BF16_BYTES + 2 * FP32_BYTES),
+        strategy=st.name, num_heads=H, q_concat_heads=q_heads if padded else H, kernel_heads=kernel_heads,
+        max_num_batched_tokens=max_num_batched_tokens, num_tokens=T, head_size=head_size, d_v=d_v,
+        persistent_bytes=persistent, step_transient_bytes=transient, kernel_out_bytes=kernel_out,
     )
 
 

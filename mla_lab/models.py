@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from ._validate import check_int
 from .paths import models_dir
 
 __all__ = ["ModelConfig", "load_model", "model_names", "model_config_path", "models_dir", "KV_CACHE_DTYPES"]
@@ -74,6 +75,18 @@ class ModelConfig:
     intermediate_size: int
     vocab_size: int
     n_shared_experts: int = 1
+    index_topk_freq: int = 1
+
+    @property
+    def indexer_layers(self) -> tuple[int, ...]:
+        """Layers that run their own DSA indexer (the others reuse the previous indexer layer's top-k indices).
+
+        ``index_topk_freq`` 1 (GLM-5, DeepSeek-V3.2): every layer. ``index_topk_freq`` f > 1 (GLM-5.2's IndexShare,
+        f = 4): layer ``i`` has an indexer when ``max(i - 2, 0) % f == 0`` — layers 0, 1, 2, 6, 10, ... as vLLM's
+        ``vllm/model_executor/models/deepseek_v2.py`` notes for GLM-5.2 (IndexCache, arXiv 2603.12201).
+        """
+        f = self.index_topk_freq
+        return tuple(i for i in range(self.num_hidden_layers) if f == 1 or max(i - 2, 0) % f == 0)
 
     @property
     def head_size(self) -> int:
@@ -96,8 +109,7 @@ class ModelConfig:
         Raises:
             ValueError: ``tp`` is not a positive int dividing ``num_attention_heads``.
         """
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp <= 0:
-            raise ValueError(f"tp={tp!r} must be a positive int")
+        tp = check_int("tp", tp)
         if self.num_attention_heads % tp:
             divisors = [d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]
             raise ValueError(
@@ -118,14 +130,22 @@ class ModelConfig:
         return b
 
     def kv_cache_bytes_per_token(self, kv_cache_dtype: str = "bf16", include_indexer: bool = True) -> int:
-        """KV-cache bytes per token on one rank, all ``num_hidden_layers`` layers (MLA latent cache is replicated
-        across TP ranks, so this does not depend on TP)."""
-        return self.num_hidden_layers * self.kv_cache_bytes_per_token_layer(kv_cache_dtype, include_indexer)
+        """KV-cache bytes per token on one rank, all ``num_hidden_layers`` layers: the MLA latent cache on every
+        layer, the indexer's key cache on :attr:`indexer_layers` only (the MLA latent cache is replicated across TP
+        ranks, so this does not depend on TP)."""
+        latent = self.kv_cache_bytes_per_token_layer(kv_cache_dtype, include_indexer=False)
+        full = self.kv_cache_bytes_per_token_layer(kv_cache_dtype, include_indexer)
+        n_idx = len(self.indexer_layers)
+        return self.num_hidden_layers * latent + n_idx * (full - latent)
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d.update(head_size=self.head_size, d_v=self.d_v)
         return d
+
+
+#: Fields read when present (defaults: ``n_shared_experts`` 1, ``index_topk_freq`` 1).
+OPTIONAL_FIELDS = ("n_shared_experts", "index_topk_freq")
 
 
 def model_names() -> list[str]:
@@ -173,9 +193,9 @@ def load_model(name: str | ModelConfig, path: str | Path | None = None) -> Model
     if not isinstance(raw, dict):
         raise ValueError(f"config.json {path} must hold a JSON object, got {type(raw).__name__}")
     kwargs = {}
-    for key in REQUIRED_FIELDS + ("n_shared_experts",):
+    for key in REQUIRED_FIELDS + OPTIONAL_FIELDS:
         if key not in raw:
-            if key == "n_shared_experts":
+            if key in OPTIONAL_FIELDS:
                 continue
             raise ValueError(f"config.json {path} is missing required field {key!r}")
         v = raw[key]

@@ -1,52 +1,101 @@
-"""The two real ways to feed FlashMLA's sparse prefill kernel fewer than 64/128 heads, run on real tensors.
+"""Every real strategy (:mod:`mla_lab.placement`) on tensors, and the check that they all give the same output.
 
-- ``unfused`` (vLLM before PR #53878): ``concat_mla_q`` into an ``H``-head workspace; then, on every layer call, a
-  fresh ``(T, H', 576)`` tensor is allocated, its padded heads zeroed (``q.new_zeros``, as current vLLM does for
-  the remaining padded path) and the real heads copied in; the kernel runs at ``H'`` heads; the output is sliced
-  back to ``H``.
-- ``fused`` (the PR): ``concat_mla_q`` writes the real heads straight into a workspace allocated once with ``H'``
-  heads (:class:`~mla_lab.buffers.QConcatWorkspace`); the kernel gets the ``[:T]`` view and ``actual_num_heads=H``.
-  The workspace is zeroed once at allocation (:class:`~mla_lab.buffers.QConcatWorkspace` ``zero_init``), so its
-  padded heads stay zero (vLLM leaves them uninitialized; the kernel's time depends on their contents, see
-  buffers); pass ``zero_padding=True`` to have the concat zero them on every call instead.
+One class, :class:`PaddedQPath`, runs the sparse-MLA prefill attention path of a strategy on real tensors (torch
+reference kernel on CPU, FlashMLA on a GPU; :mod:`mla_lab.kernels` holds the shape/dtype contract):
 
-Both return the attention output for the real heads, ``[T, H, d_v]`` bf16, which must be identical.
+- ``per_call_empty``: ``concat_mla_q`` into an ``H``-head workspace, then per call ``q.new_empty((T, H', 576))`` with
+  the real heads copied in. What the padded heads hold is set explicitly so that runs are reproducible: ``zeros``
+  (the allocator's block only ever held the pad) or ``stale`` (:func:`stale_fill`, the block held activations).
+- ``per_call_zeros``: the same with ``q.new_zeros`` (SGLang).
+- ``private_workspace``: ``concat_mla_q`` writes the real heads into an ``H'``-head workspace zeroed once
+  (``zero_once``); the kernel gets the ``[:T]`` view and ``actual_num_heads=H`` (vLLM PR #53878).
+- ``shared_workspace``: the same buffer, its padded heads holding another user's scratch (:func:`stale_fill` at
+  construction, ``none``) or zeroed by the concat on every call (``zero_per_call``; vLLM after PR #56902).
+- ``subchunk:<S>``: a zeroed ``(S, H', 576)`` workspace; per chunk of S tokens the concat writes the chunk's real
+  heads, the kernel runs, and the chunk's ``out[:, :H]`` is copied into the step's ``[T, H, 512]`` output.
+
+All return the real heads' output ``[T, H, 512]`` bf16 and lse ``[T, H]`` fp32, which must be bit-identical
+(:func:`equivalence_check`). ``kernel_native`` is modelled only: no kernel takes the real head count.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import torch
 
 from .buffers import QConcatWorkspace, padded_num_heads
 from .kernels import concat_mla_q, sparse_mla_prefill
+from .placement import ALIASES, PRESETS, Strategy, expand_strategies, parse_strategy
 
-__all__ = ["PrefillStrategy", "UnfusedStrategy", "FusedStrategy", "make_strategy", "REAL_STRATEGIES", "equivalence_check"]
+__all__ = ["PaddedQPath", "make_strategy", "stale_fill", "equivalence_check", "REAL_STRATEGIES",
+           "real_strategies"]
 
-REAL_STRATEGIES = ("unfused", "fused")
+
+def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
+    """Canonical names of every strategy that runs on tensors (every engine preset's members but
+    ``kernel_native``, the zero policies, and ``subchunk:<S>`` for ``subchunk_rows``)."""
+    names = [n for members in PRESETS.values() for n in members if n != "kernel_native"]
+    names += ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in subchunk_rows]
+    return list(dict.fromkeys(names))
 
 
-@dataclass
-class PrefillStrategy:
-    """Common state: ``num_heads`` real heads, ``max_num_batched_tokens`` rows, ``arch``/``kv_cache_dtype`` for the
-    padding rule, head_size 576 (kv_lora_rank 512 + qk_rope_head_dim 64), device and dtype of the workspace."""
+#: The real strategies of the default equivalence check.
+REAL_STRATEGIES = tuple(real_strategies())
 
-    num_heads: int
-    max_num_batched_tokens: int
-    arch: str = "hopper"
-    kv_cache_dtype: str = "bf16"
-    head_size: int = 576
-    device: str = "cpu"
-    dtype: object = None
-    kernel_backend: str = "auto"
-    concat_backend: str = "auto"
 
-    name = "base"
-    pad_workspace = False
+def stale_fill(t: torch.Tensor, seed: int = 1234) -> torch.Tensor:
+    """Fill ``t`` in place with the lab's stand-in for stale data: N(0, 1) values (seeded), the scale of the
+    normalised activations and MoE intermediates that share the workspace. On an H200 the kernel ran as slowly with
+    N(0, 1) padded heads as with copies of the real heads (2.56 vs 2.63 ms at the seed shape). Returns ``t``."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype))
+    return t
 
-    def __post_init__(self):
-        self.workspace = QConcatWorkspace(self.max_num_batched_tokens, self.num_heads, self.arch,
-                                          self.kv_cache_dtype, self.head_size, self.device, self.dtype,
-                                          pad=self.pad_workspace)
+
+class PaddedQPath:
+    """The attention path of one strategy: Q concat, padding as the strategy does it, sparse kernel, real heads out.
+
+    Args:
+        strategy: a canonical name, preset member or alias (:func:`make_strategy` resolves aliases).
+        num_heads: real heads per rank (H); max_num_batched_tokens: rows of the step buffers.
+        arch, kv_cache_dtype: the padding rule (:func:`mla_lab.buffers.padded_num_heads`).
+        head_size: 576 (kv_lora_rank 512 + qk_rope_head_dim 64); device, dtype: of the workspace (bf16 default).
+        kernel_backend, concat_backend: as :func:`mla_lab.kernels.sparse_mla_prefill` / ``concat_mla_q``.
+        fill_stale: how ``stale`` padded heads are filled (default :func:`stale_fill`; the equivalence check passes
+            a NaN fill).
+        reuse_pad_block: ``per_call_empty`` only: take the pad tensor from one block filled once with the content
+            (what the caching allocator hands ``new_empty`` back each call: no GPU work) instead of filling a fresh
+            tensor per call. Measurements use it, so the timed path holds only what the engine runs.
+
+    Raises:
+        ValueError: ``kernel_native`` (modelled only) or an unknown strategy; as the workspace.
+    """
+
+    def __init__(self, strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch="hopper",
+                 kv_cache_dtype: str = "bf16", head_size: int = 576, device="cpu", dtype=None,
+                 kernel_backend: str = "auto", concat_backend: str = "auto", fill_stale=None,
+                 reuse_pad_block: bool = False):
+        self.spec = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
+        if self.spec.placement == "kernel_native":
+            raise ValueError(f"strategy={self.spec.name!r} cannot be run on tensors; allowed: "
+                             f"{list(REAL_STRATEGIES)} ('kernel_native' is modelled only)")
+        self.name = self.spec.name
+        self.num_heads = num_heads
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.arch, self.kv_cache_dtype, self.head_size = arch, kv_cache_dtype, head_size
+        self.kernel_backend, self.concat_backend = kernel_backend, concat_backend
+        self.fill_stale = fill_stale or stale_fill
+        rows = min(self.spec.rows, max_num_batched_tokens) if self.spec.placement == "subchunk" else \
+            max_num_batched_tokens
+        self.workspace = QConcatWorkspace(rows, num_heads, arch, kv_cache_dtype, head_size, device, dtype,
+                                          pad=self.spec.pre_padded, zero_init=True)
+        if self.spec.placement == "shared_workspace" and self.padded_heads > num_heads:
+            self.fill_stale(self.workspace.buffer[:, num_heads:])  # another user's scratch in the padded heads
+        self._pad_block = None
+        if reuse_pad_block and self.spec.placement == "per_call_empty" and self.padded_heads > num_heads:
+            block = torch.empty((max_num_batched_tokens, self.padded_heads, head_size),
+                                dtype=self.workspace.buffer.dtype, device=device)
+            block.zero_() if self.spec.content == "zeros" else self.fill_stale(block)
+            self._pad_block = block
 
     @property
     def padded_heads(self) -> int:
@@ -58,8 +107,13 @@ class PrefillStrategy:
                 raise ValueError(f"{name}.shape={tuple(getattr(t, 'shape', ()))} must be [T, num_heads={self.num_heads}, "
                                  f"{512 if name == 'ql_nope' else 64}] for this strategy")
 
+    def _kernel(self, q, kv, indices, sm_scale, topk_length):
+        out, _, lse = sparse_mla_prefill(q, kv, indices, sm_scale, topk_length=topk_length,
+                                         actual_num_heads=self.num_heads, backend=self.kernel_backend)
+        return out, lse
+
     def __call__(self, ql_nope, q_pe, kv, indices, sm_scale: float, topk_length=None):
-        """Run the prefill attention path.
+        """Run the attention path of one layer call.
 
         Args:
             ql_nope: ``[T, H, 512]`` bf16 (``H = num_heads``); q_pe: ``[T, H, 64]`` bf16; strided token/head dims ok.
@@ -67,78 +121,81 @@ class PrefillStrategy:
             sm_scale: softmax scale; topk_length: optional ``[T]`` int32.
 
         Returns:
-            ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads.
+            ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads (views of the kernel's padded outputs,
+            as vLLM hands them on; ``subchunk`` returns the step's own ``[T, H, 512]`` buffer).
 
         Raises:
-            ValueError: ql_nope/q_pe do not hold ``num_heads`` heads; T exceeds the workspace; as
-                :func:`mla_lab.kernels.concat_mla_q` and :func:`mla_lab.kernels.sparse_mla_prefill`.
+            ValueError: ql_nope/q_pe do not hold ``num_heads`` heads; T exceeds the workspace (not for
+                ``subchunk``); as :func:`mla_lab.kernels.concat_mla_q` and :func:`mla_lab.kernels.sparse_mla_prefill`.
         """
-        raise NotImplementedError
-
-
-class UnfusedStrategy(PrefillStrategy):
-    name = "unfused"
-
-    def __call__(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length=None):
         self._check_heads(ql_nope, q_pe)
         T = ql_nope.shape[0]
+        H, hp, p = self.num_heads, self.padded_heads, self.spec.placement
+        if p == "subchunk":
+            return self._subchunked(ql_nope, q_pe, kv, indices, sm_scale, topk_length)
         q = self.workspace.view(T)
-        concat_mla_q(ql_nope, q_pe, q, backend=self.concat_backend)
-        hp = self.padded_heads
-        if hp > self.num_heads:
-            q_padded = q.new_zeros((T, hp, self.head_size))
-            q_padded[:, : self.num_heads] = q
+        concat_mla_q(ql_nope, q_pe, q, zero_padding=self.spec.concat_zeroes_padding, backend=self.concat_backend)
+        if self.spec.per_call_pad and hp > H:
+            if p == "per_call_zeros":
+                q_padded = q.new_zeros((T, hp, self.head_size))
+            elif self._pad_block is not None:
+                q_padded = self._pad_block[:T]
+            else:
+                q_padded = q.new_empty((T, hp, self.head_size))
+                pad = q_padded[:, H:]
+                pad.zero_() if self.spec.content == "zeros" else self.fill_stale(pad)
+            q_padded[:, :H] = q
             q = q_padded
-        out, _, lse = sparse_mla_prefill(q, kv, indices, sm_scale, topk_length=topk_length,
-                                         actual_num_heads=self.num_heads, backend=self.kernel_backend)
+        return self._kernel(q, kv, indices, sm_scale, topk_length)
+
+    def _subchunked(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length):
+        T, H = ql_nope.shape[0], self.num_heads
+        S = self.workspace.max_num_batched_tokens
+        out = torch.empty((T, H, 512), dtype=ql_nope.dtype, device=ql_nope.device)
+        lse = torch.empty((T, H), dtype=torch.float32, device=ql_nope.device)
+        for s in range(0, T, S):
+            n = min(S, T - s)
+            q = self.workspace.view(n)
+            concat_mla_q(ql_nope[s:s + n], q_pe[s:s + n], q, backend=self.concat_backend)
+            tl = None if topk_length is None else topk_length[s:s + n]
+            o, lse_chunk = self._kernel(q, kv, indices[s:s + n], sm_scale, tl)
+            out[s:s + n] = o
+            lse[s:s + n] = lse_chunk
         return out, lse
 
 
-class FusedStrategy(PrefillStrategy):
-    name = "fused"
-    pad_workspace = True
-    zero_padding: bool = False
-
-    def __call__(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length=None):
-        self._check_heads(ql_nope, q_pe)
-        T = ql_nope.shape[0]
-        q = self.workspace.view(T)
-        concat_mla_q(ql_nope, q_pe, q, zero_padding=self.zero_padding, backend=self.concat_backend)
-        out, _, lse = sparse_mla_prefill(q, kv, indices, sm_scale, topk_length=topk_length,
-                                         actual_num_heads=self.num_heads, backend=self.kernel_backend)
-        return out, lse
-
-
-def make_strategy(name: str, **kwargs) -> PrefillStrategy:
-    """Build ``unfused`` or ``fused`` (``zero_padding=True`` only for fused); kwargs as :class:`PrefillStrategy`.
+def make_strategy(name: str, **kwargs) -> PaddedQPath:
+    """A :class:`PaddedQPath` for a canonical name or an alias (``unfused`` -> ``per_call_empty:zeros``, the
+    zero end of vLLM before PR #53878; ``fused`` -> ``private_workspace``). ``zero_padding=True`` with ``fused``
+    or ``private_workspace`` gives ``shared_workspace:zero_per_call``'s concat on a private workspace (kept for the
+    first version's callers). kwargs as :class:`PaddedQPath`.
 
     Raises:
-        ValueError: unknown name (``kernel_native`` is modelled only: no kernel takes the real head count).
+        ValueError: unknown name; ``kernel_native`` (modelled only); zero_padding with a per-call placement.
     """
     zero_padding = kwargs.pop("zero_padding", False)
-    if name == "unfused":
-        if zero_padding:
-            raise ValueError("zero_padding=True applies only to strategy='fused'")
-        return UnfusedStrategy(**kwargs)
-    if name == "fused":
-        s = FusedStrategy(**kwargs)
-        s.zero_padding = bool(zero_padding)
-        return s
-    raise ValueError(f"strategy={name!r} cannot be run on tensors; allowed: {list(REAL_STRATEGIES)} "
-                     "('kernel_native' is modelled only)")
+    if name == "kernel_native":
+        raise ValueError(f"strategy='kernel_native' cannot be run on tensors; allowed: {list(REAL_STRATEGIES)} "
+                         "('kernel_native' is modelled only)")
+    canonical = expand_strategies([name])[0] if name in ALIASES or name in PRESETS else parse_strategy(name).name
+    path = PaddedQPath(canonical, **kwargs)
+    if zero_padding:
+        if not path.spec.pre_padded:
+            raise ValueError(f"zero_padding=True applies only to pre-padded workspaces, not strategy={name!r}")
+        path.spec = Strategy(path.spec.placement, "zeros", "zero_per_call", path.spec.rows)
+    return path
 
 
 def equivalence_check(num_heads: int = 8, arch: str = "hopper", num_tokens: int = 24, s_kv: int = 96,
-                      topk: int = 32, seed: int = 0, device: str = "cpu") -> dict:
-    """Run ``unfused`` and ``fused`` on the same random inputs (with invalid indices and causal topk_length) and
-    compare their real-head outputs and lse. Padded heads of the fused workspace are poisoned with NaN first, so a
-    leak from uninitialized heads would show.
+                      topk: int = 32, seed: int = 0, device: str = "cpu", strategies=None) -> dict:
+    """Run every real strategy on the same random inputs (with invalid indices and causal topk_length) and compare
+    their real-head outputs and lse with ``per_call_zeros``'s. The padded heads of every pre-padded workspace are
+    poisoned with NaN first (and ``per_call_empty:stale`` pads with NaN), so a leak from the padded heads would show.
 
-    Returns ``{"num_heads", "padded_heads", "max_abs_diff_out", "max_abs_diff_lse", "equal"}`` (``equal`` is exact
-    equality, NaN-aware for the +inf lse of empty rows).
+    Returns ``{"num_heads", "padded_heads", "strategies", "max_abs_diff_out", "max_abs_diff_lse", "equal",
+    "per_strategy": {name: bool}}`` (``equal``: exact equality for every strategy, NaN-aware for the +inf lse of
+    empty rows).
     """
-    import torch
-
     g = torch.Generator(device="cpu").manual_seed(seed)
     T = num_tokens
     ql_nope = torch.randn(T, num_heads, 512, generator=g).to(torch.bfloat16).to(device)
@@ -148,15 +205,21 @@ def equivalence_check(num_heads: int = 8, arch: str = "hopper", num_tokens: int 
     idx[0] = -1  # a row with no valid index
     topk_length = torch.clamp(torch.arange(1, T + 1, dtype=torch.int32), max=topk).to(device)
     kw = dict(num_heads=num_heads, max_num_batched_tokens=T, arch=arch, device=device)
-    unf = make_strategy("unfused", **kw)
-    fus = make_strategy("fused", **kw)
-    fus.workspace.buffer.fill_(float("nan"))
     sm_scale = 576 ** -0.5
-    out_u, lse_u = unf(ql_nope, q_pe, kv, idx, sm_scale, topk_length)
-    out_f, lse_f = fus(ql_nope, q_pe, kv, idx, sm_scale, topk_length)
-    d_out = (out_u.float() - out_f.float()).abs().max().item()
-    finite = torch.isfinite(lse_u)
-    d_lse = (lse_u[finite] - lse_f[finite]).abs().max().item() if finite.any() else 0.0
-    equal = bool(torch.equal(out_u, out_f) and torch.equal(torch.isinf(lse_u), torch.isinf(lse_f)) and d_lse == 0.0)
-    return {"num_heads": num_heads, "padded_heads": fus.padded_heads, "max_abs_diff_out": d_out,
-            "max_abs_diff_lse": d_lse, "equal": equal}
+    ref_out, ref_lse = PaddedQPath("per_call_zeros", **kw)(ql_nope, q_pe, kv, idx, sm_scale, topk_length)
+    names = list(strategies) if strategies is not None else list(REAL_STRATEGIES)
+    d_out = d_lse = 0.0
+    per = {}
+    for name in names:
+        path = PaddedQPath(name, **kw, fill_stale=lambda t: t.fill_(float("nan")))
+        if path.spec.pre_padded and path.padded_heads > num_heads:
+            path.workspace.buffer[:, num_heads:].fill_(float("nan"))
+        out, lse = path(ql_nope, q_pe, kv, idx, sm_scale, topk_length)
+        finite = torch.isfinite(ref_lse)
+        d_out = max(d_out, (ref_out.float() - out.float()).abs().nan_to_num(float("inf")).max().item())
+        d_lse = max(d_lse, (ref_lse[finite] - lse[finite]).abs().nan_to_num(float("inf")).max().item()
+                    if finite.any() else 0.0)
+        per[name] = bool(torch.equal(ref_out, out) and torch.equal(torch.isinf(ref_lse), torch.isinf(lse))
+                         and torch.equal(ref_lse[finite], lse[finite]))
+    return {"num_heads": num_heads, "padded_heads": padded_num_heads(num_heads, arch), "strategies": names,
+            "max_abs_diff_out": d_out, "max_abs_diff_lse": d_lse, "equal": all(per.values()), "per_strategy": per}

@@ -10,7 +10,7 @@ never a sibling unit on the same layer, and nothing in a circle:
     model
     strategies
     kernels, buffers
-    models, arch, workload, seed, provenance, kernelspec
+    models, arch, workload, seed, provenance, kernelspec, placement
     paths, _validate
 
 Function-local imports are only for optional heavy dependencies (torch.cuda paths, triton, flash_mla, ray,
@@ -34,7 +34,7 @@ STACK = [
     ("model",),
     ("strategies",),
     ("kernels", "buffers"),
-    ("models", "arch", "workload", "seed", "provenance", "kernelspec"),
+    ("models", "arch", "workload", "seed", "provenance", "kernelspec", "placement"),
     ("paths", "_validate"),
 ]
 LAYER = {unit: i for i, units in enumerate(STACK) for unit in units}

@@ -35,13 +35,13 @@ def _case_grid():
             for zp in (False, True):
                 grid.append((f"{dt}-{layout}-zp{int(zp)}", dict(T=5, H=4, Hp=8, dtype=dt, layout=layout,
                                                                zero_padding=zp, block_rows=None)))
-    # tuning knobs the benchmark sweeps (block_rows, v1 load/store order, streaming cache hints); T*H = 72 rows
-    # also exercises EVEN_ROWS both ways (72 % 16 != 0, 72 % 4 == 0)
-    for br, lf, st in [(1, True, False), (4, False, False), (16, False, False), (16, True, True), (64, True, False)]:
+    # tuning knobs the benchmark sweeps (block_rows, streaming cache hints); T*H = 72 rows also exercises EVEN_ROWS
+    # both ways (72 % 16 != 0, 72 % 4 == 0)
+    for br, st in [(1, False), (4, False), (16, False), (16, True), (64, False)]:
         for zp in (False, True):
-            grid.append((f"block{br}-lf{int(lf)}-st{int(st)}-zp{int(zp)}",
+            grid.append((f"block{br}-st{int(st)}-zp{int(zp)}",
                          dict(T=9, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=zp, block_rows=br,
-                              loads_first=lf, streaming=st)))
+                              streaming=st)))
     grid.append(("T0", dict(T=0, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=True, block_rows=None)))
     return grid
 
@@ -90,8 +90,7 @@ def _worker(inp: str, outp: str) -> None:
                 backend = last_backend("concat_mla_q")
             else:
                 concat_mla_q_triton(a, b, out, zero_padding=c["spec"]["zero_padding"],
-                                    block_rows=c["spec"]["block_rows"], loads_first=c["spec"]["loads_first"],
-                                    streaming=c["spec"]["streaming"])
+                                    block_rows=c["spec"]["block_rows"], streaming=c["spec"]["streaming"])
                 backend = "triton"
             results[cid] = {"out": out, "backend": backend, "error": None}
             if "ws" in c:  # shares storage with out (one torch.save), so it shows what the kernel wrote

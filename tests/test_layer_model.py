@@ -54,7 +54,7 @@ def test_glm5_tp8_moe_layer_counts_by_hand():
     assert ops["kernel"].flops == 2 * 1024 * 2048 * 64 * 1088 == 292_057_776_128
     # concat: read + write of the real heads, 2 * 1024 * 8 * 576 * 2 B; fused has no pad op
     assert ops["concat"].bytes == 2 * 1024 * 8 * 576 * 2 == 18_874_368
-    assert "pad" not in ops and "pad" in _ops(GLM, 8, H200, "unfused", T)
+    assert "pad" not in ops and "pad" in _ops(GLM, 8, H200, "per_call_zeros", T) and "pad_copy" in _ops(GLM, 8, H200, "unfused", T)
     # MoE, experts TP-sharded: 1024*8 = 8192 token-expert pairs, I/tp = 2048/8 = 256 -> gate_up N = 512
     assert ops["moe_gate_up"].dims == {"E": 256, "M": 32.0, "K": 6144, "N": 512}
     assert ops["moe_gate_up"].flops == 2 * 8192 * 6144 * 512 == 51_539_607_552
@@ -231,7 +231,7 @@ def test_weights_per_rank():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(strategy="padded"), r"strategy='padded'.*allowed: \['unfused', 'fused', 'kernel_native'\]"),
+    (dict(strategy="padded"), r"strategy='padded' is not known; allowed: \['per_call_empty:zeros'.*aliases \['unfused', 'fused'\]"),
     (dict(weight_dtype="int4"), r"weight_dtype='int4'.*allowed: \['bf16', 'fp8'\]"),
     (dict(moe_parallel="dp"), r"moe_parallel='dp'.*allowed: \['tp', 'ep'\]"),
     (dict(layer_kind="mlp"), r"layer_kind='mlp'.*allowed: \['moe', 'dense'\]"),

@@ -1,4 +1,4 @@
-"""The TP=2 attention-block check (mla_lab.tp_check) run on CPU: two gloo processes on tiny shapes with the reference
+"""The TP=2 attention-block benchmark harness (mla_lab.measure.tp) run on CPU: two gloo processes on tiny shapes with the reference
 kernel, plus the one-process simulation. Timings on CPU mean nothing; what is checked is the sharding (the
 all-reduced output equals the unsharded block), the rows and columns the GPU run writes, the comparison formulas and
 the NVLink-multicast-off environment. The GPU run: benchmarks/tp2_attention.py on two H200s."""
@@ -12,20 +12,22 @@ import pandas as pd
 import pytest
 import torch
 
-from mla_lab.strategies import make_strategy
-from mla_lab.tp_check import (
+from mla_lab.arch import get_arch
+from mla_lab.measure.tp import (
     SAFE_ENV,
-    TPCheckConfig,
+    TPBenchmarkConfig,
     _model,
     _sm_scale,
-    allreduce_model_ms,
     block_forward,
     compare,
+    ideal_ring_calibration,
     make_block_inputs,
-    run_tp_check,
+    run_tp_benchmark,
     summary_table,
     tiny_overrides,
 )
+from mla_lab.model.timing import comm_time_ms
+from mla_lab.strategies import make_strategy
 
 T = 16
 MODELS = ["glm-5", "deepseek-v3.2"]
@@ -34,9 +36,9 @@ MODELS = ["glm-5", "deepseek-v3.2"]
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
-    cfg = TPCheckConfig(models=MODELS, tokens=[T], device="cpu", warmup=1, iters=2, model_overrides=tiny_overrides(),
+    cfg = TPBenchmarkConfig(models=MODELS, tokens=[T], device="cpu", warmup=1, iters=2, model_overrides=tiny_overrides(),
                         save_outputs=True)
-    return run_tp_check(cfg, out_dir=out), out
+    return run_tp_benchmark(cfg, out_dir=out), out
 
 
 def _y(out, run, model, strategy, rank):
@@ -60,6 +62,8 @@ def test_rows_and_columns(run):
         assert (df[c] > 0).all()
     assert (tp["allreduce_ms"] > 0).all() and sim["allreduce_ms"].isna().all()
     assert (sim["block_ms"] == sim["compute_ms"]).all()
+    for value in df["allreduce_model_ms"]:  # the cost model's ideal ring, tiny hidden 64, TP 2, h200 by default
+        assert math.isclose(value, allreduce_model_ms(T, 64, 2, "h200"))
     assert tp["time_error_pct"].notna().all() and sim["time_error_pct"].isna().all()
     s = summary_table(df)
     assert len(s) == 4 and {"time_err_%", "compute_err_%", "mem_err_%"} <= set(s.columns)
@@ -95,11 +99,17 @@ def test_all_reduced_output_equals_the_unsharded_block(run):
         assert y_full.abs().max() > 0
 
 
+def allreduce_model_ms(T, hidden, tp, arch_name):
+    """What the harness's ``allreduce_model_ms`` column holds: the cost model's all-reduce at the ideal ring."""
+    return comm_time_ms("allreduce", T * hidden * 2, tp, get_arch(arch_name), ideal_ring_calibration())
+
+
 def test_allreduce_model():
     # GLM-5 hidden 6144, T 16384, TP 2 on H200 NVLink (900 GB/s both directions): 1 x 201326592 B / 450 GB/s
-    assert math.isclose(allreduce_model_ms(16384, 6144, 2, 900), 16384 * 6144 * 2 / 450e9 * 1e3)
-    assert math.isclose(allreduce_model_ms(1000, 1000, 8, 900), 2 * 7 / 8 * 1000 * 1000 * 2 / 450e9 * 1e3)
-    assert allreduce_model_ms(1000, 1000, 1, 900) == 0.0
+    assert get_arch("h200").nvlink_gbps == 900
+    assert math.isclose(allreduce_model_ms(16384, 6144, 2, "h200"), 16384 * 6144 * 2 / 450e9 * 1e3)
+    assert math.isclose(allreduce_model_ms(1000, 1000, 8, "h200"), 2 * 7 / 8 * 1000 * 1000 * 2 / 450e9 * 1e3)
+    assert allreduce_model_ms(1000, 1000, 1, "h200") == 0.0
 
 
 def test_compare_formulas():
@@ -135,9 +145,9 @@ def test_inputs_are_sharded_by_head_and_replicated_kv():
 
 def test_bad_config_is_refused_before_spawning():
     with pytest.raises(ValueError, match="tp=3 does not divide"):
-        run_tp_check(TPCheckConfig(models=["glm-5"], tp=3, device="cpu"))
+        run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], tp=3, device="cpu"))
     with pytest.raises(ValueError, match="strategies holds 'kernel_native'"):
-        run_tp_check(TPCheckConfig(strategies=["kernel_native"], device="cpu"))
+        run_tp_benchmark(TPBenchmarkConfig(strategies=["kernel_native"], device="cpu"))
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="tp=2 needs 2 GPUs; torch sees 0"):
-            run_tp_check(TPCheckConfig(models=["glm-5"], device="cuda"))
+            run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], device="cuda"))

@@ -43,8 +43,8 @@ def test_attention_path_ops_bytes():
     def work(*a, **k):
         return {op.name: {"bytes": op.act_bytes, "flops": op.flops} for op in attention_path_ops(*a, **k)}
 
-    u = work(glm, 8, H200, "unfused", T)
-    f = work(glm, 8, H200, "fused", T)
+    u = work(glm, 8, H200, "per_call_zeros", T)
+    f = work(glm, 8, H200, "private_workspace", T)
     k = work(glm, 8, H200, "kernel_native", T)
     assert u["concat"]["bytes"] == f["concat"]["bytes"] == 2 * T * 8 * 576 * 2
     assert u["pad"]["bytes"] == T * 64 * 1152 + 2 * T * 8 * 1152
@@ -52,20 +52,20 @@ def test_attention_path_ops_bytes():
     assert u["kernel"]["flops"] == 2 * T * 2048 * 64 * (576 + 512) == k["kernel"]["flops"]
     assert u["out_slice"]["bytes"] == 2 * T * 8 * 512 * 2
     # fp8 KV cache: no padding anywhere
-    assert "pad" not in work(glm, 8, H200, "unfused", T, kv_cache_dtype="fp8")
+    assert "pad" not in work(glm, 8, H200, "per_call_zeros", T, kv_cache_dtype="fp8")
     # no padding needed at 64 heads on Hopper
-    assert "pad" not in work(glm, 1, H200, "unfused", T)
+    assert "pad" not in work(glm, 1, H200, "per_call_zeros", T)
 
 
 def test_calibration_reproduces_reference_kernel_time():
     cal = uncalibrated()  # attention efficiencies fitted from data/calibration/h200_reference.csv alone
-    assert set(cal.attention) == {"concat", "pad", "kernel", "out_slice"}
+    assert set(cal.attention) == {"concat", "pad", "pad_copy", "kernel", "out_slice"}
     assert all(0 < v < 1 for v in cal.attention.values())
     glm = load_model("glm-5")
-    t = attention_path_ms(glm, 8, H200, "unfused", 16384, calibration=cal)
+    t = attention_path_ms(glm, 8, H200, "per_call_zeros", 16384, calibration=cal)
     # FACTS.md s5: 7.82 ms kernel, 0.534 ms pad at T=16384, 8 -> 64; median fit is within 10%
     assert t["kernel"] == pytest.approx(7.82, rel=0.1)
     assert t["pad"] == pytest.approx(0.534, rel=0.1)
-    tf = attention_path_ms(glm, 8, H200, "fused", 16384, calibration=cal)
+    tf = attention_path_ms(glm, 8, H200, "private_workspace", 16384, calibration=cal)
     assert tf["total"] < t["total"]
     assert t["total"] - tf["total"] == pytest.approx(t["pad"])

@@ -11,7 +11,8 @@ Design (v2; v1 and the measurements that led here are in ``docs/perf-notes.md``)
   ``zero_padding``); it is constant along the contiguous dim, so it does not break vectorisation. When the row
   count is a multiple of ``BLOCK_R`` and no padding is written, the kernel is compiled without any mask.
 - Both tiles are loaded before either is stored (v2; v1 did load/store/load/store, which the compiler cannot
-  reorder because ``out`` might alias an input, so each program paid two memory round trips).
+  reorder because ``out`` might alias an input, so each program paid two memory round trips; v1 is gone, its
+  measurements stay in ``docs/perf-notes.md`` and ``data/measured/h200/concat_bench_run1_v1*.csv``).
 - Row indices are int32 (int64 only if ``T * H'`` nears 2**31); all element offsets are int64 (``T * H' * 576``
   exceeds 2**31 at T = 131072, H' = 64).
 - ``zero_padding=True`` runs over the ``T*H'`` rows of ``out`` instead: rows of padded heads load nothing (masked)
@@ -78,7 +79,7 @@ if triton is not None:
         nope_st, nope_sh, pe_st, pe_sh, out_st, out_sh,
         D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, BLOCK_R: tl.constexpr,
         ZERO_PAD: tl.constexpr, EVEN_ROWS: tl.constexpr, ROWS_I64: tl.constexpr,
-        LOADS_FIRST: tl.constexpr, LOAD_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,
+        LOAD_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,
     ):
         pid = tl.program_id(0)
         if ROWS_I64:  # only when T * rows_per_token (+ a block) does not fit in int32
@@ -106,28 +107,18 @@ if triton is not None:
             tl.store(dst_n, vn, mask=in_rows[:, None], cache_modifier=STORE_CACHE)
             tl.store(dst_p, vp, mask=in_rows[:, None], cache_modifier=STORE_CACHE)
         elif EVEN_ROWS:
-            if LOADS_FIRST:
-                # Both loads are issued before either store: out may alias nothing we read, but the compiler
-                # cannot know that, so load -> store -> load -> store would cost two memory round trips.
-                vn = tl.load(src_n, eviction_policy=LOAD_EVICT)
-                vp = tl.load(src_p, eviction_policy=LOAD_EVICT)
-                tl.store(dst_n, vn, cache_modifier=STORE_CACHE)
-                tl.store(dst_p, vp, cache_modifier=STORE_CACHE)
-            else:  # v1 order, kept for the A/B measurement in benchmarks/bench_concat.py
-                tl.store(dst_n, tl.load(src_n, eviction_policy=LOAD_EVICT), cache_modifier=STORE_CACHE)
-                tl.store(dst_p, tl.load(src_p, eviction_policy=LOAD_EVICT), cache_modifier=STORE_CACHE)
+            # Both loads are issued before either store: out may alias nothing we read, but the compiler
+            # cannot know that, so load -> store -> load -> store would cost two memory round trips.
+            vn = tl.load(src_n, eviction_policy=LOAD_EVICT)
+            vp = tl.load(src_p, eviction_policy=LOAD_EVICT)
+            tl.store(dst_n, vn, cache_modifier=STORE_CACHE)
+            tl.store(dst_p, vp, cache_modifier=STORE_CACHE)
         else:
             in_rows = (rows < n_rows)[:, None]
-            if LOADS_FIRST:
-                vn = tl.load(src_n, mask=in_rows, eviction_policy=LOAD_EVICT)
-                vp = tl.load(src_p, mask=in_rows, eviction_policy=LOAD_EVICT)
-                tl.store(dst_n, vn, mask=in_rows, cache_modifier=STORE_CACHE)
-                tl.store(dst_p, vp, mask=in_rows, cache_modifier=STORE_CACHE)
-            else:
-                tl.store(dst_n, tl.load(src_n, mask=in_rows, eviction_policy=LOAD_EVICT), mask=in_rows,
-                         cache_modifier=STORE_CACHE)
-                tl.store(dst_p, tl.load(src_p, mask=in_rows, eviction_policy=LOAD_EVICT), mask=in_rows,
-                         cache_modifier=STORE_CACHE)
+            vn = tl.load(src_n, mask=in_rows, eviction_policy=LOAD_EVICT)
+            vp = tl.load(src_p, mask=in_rows, eviction_policy=LOAD_EVICT)
+            tl.store(dst_n, vn, mask=in_rows, cache_modifier=STORE_CACHE)
+            tl.store(dst_p, vp, mask=in_rows, cache_modifier=STORE_CACHE)
 
 
 def concat_mla_q_triton(
@@ -137,7 +128,6 @@ def concat_mla_q_triton(
     zero_padding: bool = False,
     block_rows: int = DEFAULT_BLOCK_ROWS,
     num_warps: int = DEFAULT_NUM_WARPS,
-    loads_first: bool = True,
     streaming: bool = False,
 ) -> torch.Tensor:
     """Launch the kernel (no validation: :func:`mla_lab.kernels.concat_mla_q` validates).
@@ -149,8 +139,6 @@ def concat_mla_q_triton(
         block_rows: (token, head) rows per program, a power of two (tuning knob; default
             :data:`DEFAULT_BLOCK_ROWS`).
         num_warps: warps per program (tuning knob; default :data:`DEFAULT_NUM_WARPS`).
-        loads_first: issue both tile loads before the stores (v2, default); False = v1 order (load, store, load,
-            store), kept for A/B measurements.
         streaming: cache hints for data touched once (loads ``evict_first``, stores ``.cs``); off by default.
 
     Returns:
@@ -175,7 +163,7 @@ def concat_mla_q_triton(
         ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1),
         D_NOPE_C=D_NOPE, D_PE_C=D_PE, BLOCK_R=block_rows,
         ZERO_PAD=bool(zero_padding) and Hp > H, EVEN_ROWS=(n_rows % block_rows == 0), ROWS_I64=rows_i64,
-        LOADS_FIRST=bool(loads_first), LOAD_EVICT="evict_first" if streaming else "",
+        LOAD_EVICT="evict_first" if streaming else "",
         STORE_CACHE=".cs" if streaming else "",
         num_warps=num_warps,
     )

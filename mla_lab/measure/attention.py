@@ -19,14 +19,13 @@ import math
 
 import torch
 
-from ..buffers import padded_num_heads
-from ..kernels import concat_mla_q, last_backend, sparse_mla_prefill
+from ..kernels import last_backend
 from ..models import ModelConfig, load_model
-from ..strategies import make_strategy
+from ..strategies import PaddedQPath, make_strategy
 from ..workload import Step
-from .timer import median_ms
+from .timer import interleaved, summarize
 
-__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check"]
+__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check", "MEASURED_STRATEGIES"]
 
 
 def _require_cuda():
@@ -69,66 +68,63 @@ def make_step_inputs(model, tp: int, step: Step, prompt_len: int, seed: int = 0,
         tl = torch.clamp(visible, max=topk).to(torch.int32)
     return ql_nope, q_pe, kv, idx.to(torch.int32).view(T, 1, topk), tl
 
-def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int, arch_name: str, full_topk: bool = False,
-                        seed: int = 0, device: str = "cuda") -> dict:
-    """Median ms per op and per strategy total for one layer call, and peak extra bytes per strategy.
+#: Strategies measured by default: both ends of vLLM before PR #53878, the PR, after PR #56902 (and with the concat
+#: zeroing the padded heads), SGLang and a sub-chunked workspace.
+MEASURED_STRATEGIES = ("per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "shared_workspace:none",
+                       "shared_workspace:zero_per_call", "per_call_zeros", "subchunk:4096")
 
-    Returns ``{"unfused": {"concat": ms, "pad": ms, "kernel": ms, "out_slice": ms, "total": ms, "peak_bytes": B},
-    "fused": {...}, "kernel_backend": name}``.
+
+def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int, arch_name: str,
+                        strategies=MEASURED_STRATEGIES, full_topk: bool = False, seed: int = 0,
+                        device: str = "cuda", repeats: int = 7) -> dict:
+    """The attention path of one layer call per strategy, timed interleaved, and each strategy's call peak.
+
+    Every strategy runs as :class:`mla_lab.strategies.PaddedQPath` on the same inputs. ``repeats`` rounds of
+    :func:`mla_lab.measure.timer.interleaved` (order rotated each round, L2 flushed before each sample) give each
+    strategy its samples; ``per_call_empty`` takes its pad tensor from a block filled once with its content (what
+    the caching allocator hands back, no GPU work). The call peak (bytes above what was allocated before the call)
+    comes from one further call with a fresh ``new_empty`` tensor, as the engine allocates it.
+
+    Returns:
+        ``{name: {"total": median ms, "samples": [ms, ...], "q1", "q3", "ci_lo", "ci_hi", "peak_bytes",
+        "workspace_bytes"}, "kernel_backend", "concat_backend", "repeats"}`` (``peak_bytes`` None on CPU).
+
+    Raises:
+        RuntimeError: ``device="cuda"`` without a GPU; ValueError: an unknown strategy or ``kernel_native``.
     """
     if device == "cuda":
         _require_cuda()
     H = model.heads_per_rank(tp)
-    Hp = padded_num_heads(H, arch_name, "bf16")
     T = step.num_tokens
     ql_nope, q_pe, kv, idx, tl = make_step_inputs(model, tp, step, prompt_len, seed, full_topk, device)
     sm_scale = 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
-    res = {name: _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl, sm_scale, device)
-           for name in ("unfused", "fused")}
+    kw = dict(num_heads=H, max_num_batched_tokens=T, arch=arch_name, device=device)
+    paths = {name: PaddedQPath(name, **kw, reuse_pad_block=True) for name in strategies}
+    samples = interleaved({n: (lambda p=p: p(ql_nope, q_pe, kv, idx, sm_scale, tl)) for n, p in paths.items()},
+                          repeats=repeats, device=device)
+    res: dict = {}
+    for name, path in paths.items():
+        r = summarize(samples[name])
+        res[name] = {"total": r["median"], "samples": samples[name], "q1": r["q1"], "q3": r["q3"],
+                     "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"], "workspace_bytes": path.workspace.nbytes,
+                     "peak_bytes": None}
+    del paths
+    if device == "cuda":
+        for name in strategies:
+            path = PaddedQPath(name, **kw)  # per_call_empty allocates its pad per call here, as vLLM does
+            path(ql_nope, q_pe, kv, idx, sm_scale, tl)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            before = torch.cuda.memory_allocated()
+            out = path(ql_nope, q_pe, kv, idx, sm_scale, tl)
+            torch.cuda.synchronize()
+            res[name]["peak_bytes"] = torch.cuda.max_memory_allocated() - before
+            del out, path
     res["kernel_backend"] = str(last_backend("sparse_mla_prefill"))
     res["concat_backend"] = str(last_backend("concat_mla_q"))
+    res["repeats"] = repeats
     return res
 
-def _time_strategy(name, model, H, Hp, T, arch_name, ql_nope, q_pe, kv, idx, tl, sm_scale, device="cuda") -> dict:
-    """Per-op and end-to-end medians (ms) and the call's peak extra bytes for one strategy (on ``device="cpu"`` a
-    dry run: wall-clock medians and no memory statistics)."""
-
-
-    def do_bench(fn):
-        return median_ms(fn, device=device)
-
-    strat = make_strategy(name, num_heads=H, max_num_batched_tokens=T, arch=arch_name, device=device)
-    q = strat.workspace.view(T)
-    ops = {"concat": do_bench(lambda: concat_mla_q(ql_nope, q_pe, q))}
-    concat_mla_q(ql_nope, q_pe, q)
-    qk = q  # fused: the workspace already holds Hp heads
-
-    def pad():
-        qp = q.new_zeros((T, Hp, model.head_size))
-        qp[:, :H] = q
-        return qp
-
-    if name == "unfused" and Hp > H:
-        ops["pad"] = do_bench(pad)
-        qk = pad()
-    out, _, _ = sparse_mla_prefill(qk, kv, idx, sm_scale, topk_length=tl, actual_num_heads=H)
-    ops["kernel"] = do_bench(lambda: sparse_mla_prefill(qk, kv, idx, sm_scale, topk_length=tl, actual_num_heads=H))
-    if Hp > H:
-        ops["out_slice"] = do_bench(lambda: out.contiguous())
-    ops["total"] = do_bench(lambda: strat(ql_nope, q_pe, kv, idx, sm_scale, tl)[0].contiguous())
-    qk = out = None  # free before the peak-memory call
-    ops["workspace_bytes"] = strat.workspace.nbytes
-    if device != "cuda":
-        ops["peak_bytes"] = None
-        return ops
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    o, _ = strat(ql_nope, q_pe, kv, idx, sm_scale, tl)
-    o = o.contiguous()
-    torch.cuda.synchronize()
-    ops["peak_bytes"] = torch.cuda.max_memory_allocated() - before
-    return ops
 
 def nan_padding_check(model_name: str = "glm-5", tp: int = 8, T: int = 4096, prompt_len: int = 4096,
                       arch_name: str = "hopper") -> dict:

@@ -4,10 +4,9 @@ to end, on one GPU (or on CPU through the Triton interpreter, to check the logic
 What is here (the measurements that calibrate and validate :mod:`mla_lab.model`; ``benchmarks/bench_layer.py`` is
 the command line over it, :mod:`.layer_experiments` the extra experiments, :mod:`.validate` the fit):
 
-- Triton kernels for the ops torch has no single kernel for, defined on first use (:func:`triton_kernels`, so that
-  ``TRITON_INTERPRET=1`` set by a dry run before that first use takes effect): :func:`rmsnorm` (optionally fused
-  with the residual add), :func:`silu_mul` and :func:`mqa_logits` (the DSA indexer's weighted-ReLU MQA logits
-  over one causal prompt). :func:`check_kernels` compares them with torch; :func:`run_kernel_checks` records the
+- Triton kernels for the ops torch has no single kernel for, defined on first use (:func:`triton_kernels`):
+  :func:`rmsnorm` (optionally fused with the residual add), :func:`silu_mul` and :func:`mqa_logits` (the DSA
+  indexer's weighted-ReLU MQA logits over one causal prompt). :func:`check_kernels` compares them with torch; :func:`run_kernel_checks` records the
   comparison and says which kernels are too wrong to time.
 - :class:`Layer`: random bf16 weights (scaled ``1/sqrt(K)``, never zeros) and buffers of one per-rank layer
   (model, tp, MoE variants), :meth:`Layer.runner` (a closure running one op on prepared inputs) and
@@ -30,6 +29,10 @@ strided ``q_nope`` view; W_UV reading ``out[:, :H]`` and writing a transposed vi
 H-head buffer (unfused) or the padded workspace (fused); ``attn_pad`` ``new_zeros`` + copy; ``attn_kernel`` the
 sparse prefill at full topk, random indices over ``s_kv = max(max_T, 2 topk)`` keys; ``attn_out_slice``
 ``out[:, :H].contiguous()``.
+
+CPU runs go through Triton's interpreter: set ``TRITON_INTERPRET=1`` *before this module is imported* (it imports
+:mod:`mla_lab.kernels`, which imports triton, and triton decorates its own library functions such as ``tl.sum`` at
+import; ``benchmarks/bench_layer.py --dry-run`` and ``tests/test_measure_layer.py`` do so).
 
 Timing: :func:`mla_lab.measure.timer.median_ms` (do_bench medians on CUDA: warm-up, L2 flushed before every
 repetition, CUDA events; CPU: wall-clock median, meaningless as GPU numbers), :func:`mla_lab.measure.timer.graphed`
@@ -56,6 +59,7 @@ from ..kernels import concat_mla_q
 from ..kernels.reference import concat_mla_q_torch, sparse_mla_prefill_ref
 from ..model.ops import LayerOp, layer_ops
 from ..models import ModelConfig
+from ..placement import measured_as
 from .timer import interleaved, median_ms, summarize
 
 __all__ = [
@@ -91,9 +95,9 @@ PAD_FILLS = ("zero", "random")
 
 @functools.cache
 def triton_kernels():
-    """The three Triton kernels, decorated on the first call (so ``TRITON_INTERPRET=1``, set by a CPU dry run
-    before that call, makes them run through Triton's interpreter). Returns a namespace with ``rmsnorm``,
-    ``silu_mul``, ``mqa_logits`` (``triton.jit`` functions; launch them through the wrappers below).
+    """The three Triton kernels, decorated on the first call (interpreted when ``TRITON_INTERPRET=1`` was set before
+    triton was imported: see the module docstring). Returns a namespace with ``rmsnorm``, ``silu_mul``,
+    ``mqa_logits`` (``triton.jit`` functions; launch them through the wrappers below).
 
     Raises:
         ImportError: triton is not installed.
@@ -737,7 +741,7 @@ def ops_to_time(model: ModelConfig, tp: int, arch: GPUArch, T: int, variant: tup
     ops = {}
     for kind in layer_kinds(variant):
         for strategy in ("unfused", "fused"):
-            for op in layer_ops(model, tp, arch, strategy, T, layer_kind=kind, moe_parallel=parallel, ep_size=ep):
+            for op in layer_ops(model, tp, arch, measured_as(strategy), T, layer_kind=kind, moe_parallel=parallel, ep_size=ep):
                 if op.impl and not op.is_comm:
                     concat_strategy = strategy if op.name == "concat" else None
                     ops[(op.name, concat_strategy)] = op

@@ -35,6 +35,7 @@ from ..arch import GPUArch
 from ..buffers import MIB, memory_account, padded_num_heads
 from ..model.ops import layer_ops
 from ..models import ModelConfig
+from ..placement import measured_as
 from ..workload import sum_topk_lengths
 from .layer import Implementations, MeasureSettings
 
@@ -162,7 +163,7 @@ def peak_memory(settings: MeasureSettings, implementations: Implementations, mod
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - base
             persistent = torch.cuda.memory_allocated() - base
-            account = memory_account(strategy, H, max_T, arch, "bf16", T)
+            account = memory_account(measured_as(strategy), H, max_T, arch, "bf16", T)
             yield {"experiment": "peak_memory", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
                    "name": strategy, "value": peak, "bytes": account.peak_bytes,
                    "unit": "bytes (measured peak above baseline; 'bytes' = memory_account peak_bytes)",

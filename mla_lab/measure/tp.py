@@ -1,4 +1,5 @@
-"""Real tensor parallelism for the sparse-MLA attention block, to check the lab's single-GPU simulation of TP.
+"""The TP benchmark harness: the sparse-MLA attention block really sharded over ``tp`` processes, against the
+lab's single-GPU simulation of TP and the cost model's all-reduce.
 
 The lab prices TP by giving one GPU one rank's share of the heads (``num_attention_heads / tp``). This module runs
 the attention block really sharded, one process per GPU, and the simulation with the same code:
@@ -12,13 +13,16 @@ the attention block really sharded, one process per GPU, and the simulation with
   ``[T, hidden]`` bf16 output over the ranks, as vLLM's ``RowParallelLinear`` does.
 - **sim run** (``world_size = 1``, no process group): one process runs rank 0's share (``H`` heads) through the
   same function; the all-reduce is skipped. This is what the lab's single-GPU measurements do.
-- **all-reduce model**: a ring all-reduce of ``B = T x hidden x 2`` bytes sends (and receives) ``2 (tp-1)/tp x B``
-  bytes per rank; time = that / (``nvlink_gbps / 2``) with :func:`mla_lab.arch.get_arch` ``(arch).nvlink_gbps`` the
-  datasheet NVLink bandwidth of both directions together (so ``/ 2`` per direction; no efficiency factor, no
-  latency: a lower bound; ``mla_lab.layer_model`` uses 0.8 efficiency plus a latency term).
+- **all-reduce model**: the cost model's one collective model, :func:`mla_lab.model.timing.comm_time_ms`
+  ``("allreduce", B, tp, arch, calibration)`` for ``B = T x hidden x 2`` bytes: a ring all-reduce sends (and
+  receives) ``2 (tp-1)/tp x B`` bytes per rank; time = that / (``nvlink_gbps / 2`` x ``comm_efficiency``) +
+  ``comm_latency_us``, with :func:`mla_lab.arch.get_arch` ``(arch).nvlink_gbps`` the datasheet NVLink bandwidth of
+  both directions together (so ``/ 2`` per direction). Priced with :func:`ideal_ring_calibration`
+  (``comm_efficiency`` 1, latency 0: the ideal ring, a lower bound, the same numbers this harness has always
+  reported; the TTFT model's default assumes 0.8, :class:`mla_lab.model.calibration.Calibration`).
 
 Per (model, T, strategy) and rank it measures, after ``warmup`` calls, the median of ``iters`` calls (CUDA events on
-GPU, wall clock on CPU) of: the attention path alone (``attn_ms``), the block without the all-reduce
+GPU, :func:`mla_lab.measure.timer.cuda_ms`; wall clock on CPU) of: the attention path alone (``attn_ms``), the block without the all-reduce
 (``compute_ms``), the whole block (``block_ms``), and, once per (model, T), an all-reduce of a ``[T, hidden]`` bf16
 tensor alone (``allreduce_ms``); every timed call starts after a barrier of all ranks. Memory (CUDA only): bytes
 allocated by inputs, weights and workspace (``allocated_bytes``), the block call's peak on top of them
@@ -36,7 +40,8 @@ Shared machines: NVLink multicast stays off. :data:`SAFE_ENV` (``NCCL_NVLS_ENABL
 before ``init_process_group``; rows record the values in force.
 
 The logic runs on CPU (gloo, ``device="cpu"``, the reference kernel, tiny shapes through ``model_overrides``):
-``tests/test_tp_check.py``. The GPU run: ``benchmarks/tp2_attention.py``.
+``tests/test_tp_check.py``. The GPU run: ``benchmarks/tp2_attention.py``. This module returns measurements
+(rows of timings and bytes per rank); it builds no sweep rows.
 """
 
 from __future__ import annotations
@@ -52,15 +57,27 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["SAFE_ENV", "TPCheckConfig", "make_block_inputs", "block_forward", "allreduce_model_ms", "run_tp_check",
-           "compare", "summary_table", "tiny_overrides"]
+import torch
+
+from ..arch import get_arch
+from ..buffers import padded_num_heads
+from ..kernels import last_backend
+from ..model.calibration import Calibration, default_calibration
+from ..model.timing import comm_time_ms
+from ..models import load_model
+from ..provenance import provenance
+from ..strategies import REAL_STRATEGIES, make_strategy
+from .timer import cuda_ms
+
+__all__ = ["SAFE_ENV", "TPBenchmarkConfig", "make_block_inputs", "block_forward", "ideal_ring_calibration",
+           "run_tp_benchmark", "compare", "summary_table", "tiny_overrides"]
 
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
 BF16_BYTES = 2
 
 
 @dataclass
-class TPCheckConfig:
+class TPBenchmarkConfig:
     """What to run.
 
     Attributes:
@@ -101,10 +118,8 @@ def tiny_overrides() -> dict:
 
 
 def _model(name: str, overrides: dict):
-    from .models import load_model
-
-    m = load_model(name)
-    return dataclasses.replace(m, **overrides) if overrides else m
+    model = load_model(name)
+    return dataclasses.replace(model, **overrides) if overrides else model
 
 
 def _sm_scale(model) -> float:
@@ -121,8 +136,6 @@ def make_block_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: 
     v_head_dim]`` and ``w_o [hidden, H v_head_dim]`` (``o_proj``'s input columns of these heads).
     Concatenating the shards of ranks ``0..tp-1`` along heads gives the unsharded block's inputs.
     """
-    import torch
-
     H = model.heads_per_rank(tp)
     topk = model.topk
     gs = torch.Generator(device=device).manual_seed(seed)
@@ -158,8 +171,6 @@ def block_forward(strategy, inp: dict, sm_scale: float, world_size: int = 1, par
     Returns:
         ``[T, H, 512]`` for ``"attn"``, else ``[T, hidden]`` bf16.
     """
-    import torch
-
     o, _ = strategy(inp["ql_nope"], inp["q_pe"], inp["kv"], inp["indices"], sm_scale, inp["topk_length"])
     if parts == "attn":
         return o
@@ -174,13 +185,12 @@ def block_forward(strategy, inp: dict, sm_scale: float, world_size: int = 1, par
     return y
 
 
-def allreduce_model_ms(T: int, hidden: int, tp: int, nvlink_gbps: float) -> float:
-    """Ring all-reduce time of a ``[T, hidden]`` bf16 tensor: ``2 (tp-1)/tp x T x hidden x 2`` bytes per rank and
-    direction over ``nvlink_gbps / 2`` GB/s (datasheet, both directions summed); 0 for ``tp == 1``."""
-    if tp <= 1:
-        return 0.0
-    nbytes = 2 * (tp - 1) / tp * T * hidden * BF16_BYTES
-    return nbytes / (nvlink_gbps / 2 * 1e9) * 1e3
+def ideal_ring_calibration() -> Calibration:
+    """The committed calibration with the ideal ring: ``comm_efficiency`` 1, ``comm_latency_us`` 0. With it
+    :func:`mla_lab.model.timing.comm_time_ms` ``("allreduce", T x hidden x 2, tp, arch, ...)`` is ``2 (tp-1)/tp x
+    T x hidden x 2`` bytes over ``nvlink_gbps / 2`` GB/s (0 for ``tp == 1``): a lower bound, what the
+    ``allreduce_model_ms`` column has always held."""
+    return default_calibration().with_comm(comm_efficiency=1.0, comm_latency_us=0.0)
 
 
 # ---------------------------------------------------------------------------------------------------- workers
@@ -192,8 +202,6 @@ def _free_port() -> int:
 
 
 def _sync(device: str, world_size: int) -> None:
-    import torch
-
     if world_size > 1:
         import torch.distributed as dist
 
@@ -202,37 +210,27 @@ def _sync(device: str, world_size: int) -> None:
         torch.cuda.synchronize()
 
 
-def _median_ms(fn, device: str, world_size: int, warmup: int, iters: int) -> float:
-    """Median ms of ``iters`` calls after ``warmup``; every call starts after a barrier of all ranks."""
-    import torch
-
+def _barrier_median_ms(fn, device: str, world_size: int, warmup: int, iters: int) -> float:
+    """Median ms of ``iters`` calls after ``warmup``; every call starts after a barrier of all ranks and is timed on
+    its own (:func:`mla_lab.measure.timer.cuda_ms` on CUDA; wall clock on CPU, a dry run of the logic)."""
     for _ in range(warmup):
         fn()
     _sync(device, world_size)
-    ts = []
+    times = []
     for _ in range(iters):
         _sync(device, world_size)
         if device == "cuda":
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
+            times.append(cuda_ms(fn))
         else:
             t0 = time.perf_counter()
             fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
 
 
-def _worker(rank: int, world_size: int, run: str, cfg: TPCheckConfig, out_dir: str, port: int) -> None:
+def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_dir: str, port: int) -> None:
     """One process: rank ``rank`` of ``world_size`` (``run="tp"``) or the one-process simulation (``run="sim"``)."""
     os.environ.update(SAFE_ENV)  # before any process group / NCCL communicator exists
-    import torch
-
-    from .arch import get_arch
-
     device = cfg.device
     dev = device
     if device == "cuda":
@@ -247,9 +245,10 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPCheckConfig, out_dir: s
         dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",
                                 **kw)
     arch = get_arch(cfg.arch or "h200")
+    calibration = ideal_ring_calibration()
     rows = []
     try:
-        _worker_cases(rank, world_size, run, cfg, out_dir, device, dev, backend, arch, rows)
+        _worker_cases(rank, world_size, run, cfg, out_dir, device, dev, backend, arch, calibration, rows)
     except BaseException:
         # no barrier here: the other ranks may sit in a collective; mp.spawn ends them when this one exits
         (Path(out_dir) / f"rows_{run}_r{rank}.json").write_text(json.dumps(rows))
@@ -262,10 +261,8 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPCheckConfig, out_dir: s
         dist.destroy_process_group()
 
 
-def _worker_cases(rank, world_size, run, cfg, out_dir, device, dev, backend, arch, rows) -> None:
+def _worker_cases(rank, world_size, run, cfg, out_dir, device, dev, backend, arch, calibration, rows) -> None:
     """Every (model, T, strategy) of ``cfg`` on this rank; rows appended to ``rows`` as they complete."""
-    import torch
-
     for name in cfg.models:
         model = _model(name, cfg.model_overrides)
         for T in cfg.tokens:
@@ -275,11 +272,11 @@ def _worker_cases(rank, world_size, run, cfg, out_dir, device, dev, backend, arc
                 import torch.distributed as dist
 
                 buf = torch.zeros(T, model.hidden_size, device=dev, dtype=torch.bfloat16)
-                ar_ms = _median_ms(lambda b=buf: dist.all_reduce(b), device, world_size, cfg.warmup, cfg.iters)
+                ar_ms = _barrier_median_ms(lambda b=buf: dist.all_reduce(b), device, world_size, cfg.warmup, cfg.iters)
                 del buf
             for s in cfg.strategies:
                 row = _measure_strategy(s, model, name, T, inp, rank, world_size, run, cfg, out_dir, device, dev,
-                                        backend, arch)
+                                        backend, arch, calibration)
                 row["allreduce_ms"] = ar_ms
                 rows.append(row)
                 _sync(device, world_size)
@@ -288,14 +285,8 @@ def _worker_cases(rank, world_size, run, cfg, out_dir, device, dev, backend, arc
                 torch.cuda.empty_cache()
 
 
-def _measure_strategy(s, model, name, T, inp, rank, world_size, run, cfg, out_dir, device, dev, backend, arch
-                      ) -> dict:
-    import torch
-
-    from .buffers import padded_num_heads
-    from .kernels import last_backend
-    from .strategies import make_strategy
-
+def _measure_strategy(s, model, name, T, inp, rank, world_size, run, cfg, out_dir, device, dev, backend, arch,
+                      calibration) -> dict:
     H = inp["num_heads"]
     sm = _sm_scale(model)
     strat = make_strategy(s, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
@@ -310,12 +301,12 @@ def _measure_strategy(s, model, name, T, inp, rank, world_size, run, cfg, out_di
         torch.save(y.cpu(), Path(out_dir) / f"y_{run}_{name}_{T}_{s}_r{rank}.pt")
     del y
     for parts in ("attn", "compute", "block") if world_size > 1 else ("attn", "compute"):
-        row[f"{parts}_ms"] = _median_ms(lambda p=parts: block_forward(strat, inp, sm, world_size, p),  # noqa: B023
-                                        device, world_size, cfg.warmup, cfg.iters)
+        row[f"{parts}_ms"] = _barrier_median_ms(lambda p=parts: block_forward(strat, inp, sm, world_size, p),
+                                                device, world_size, cfg.warmup, cfg.iters)
     if world_size == 1:  # nothing to reduce: the simulation's block is its compute
         row["block_ms"] = row["compute_ms"]
     row["allreduce_bytes"] = T * model.hidden_size * BF16_BYTES
-    row["allreduce_model_ms"] = allreduce_model_ms(T, model.hidden_size, cfg.tp, arch.nvlink_gbps)
+    row["allreduce_model_ms"] = comm_time_ms("allreduce", row["allreduce_bytes"], cfg.tp, arch, calibration)
     row["kernel_backend"] = str(last_backend("sparse_mla_prefill"))
     row["concat_backend"] = str(last_backend("concat_mla_q"))
     row.update(_memory(device, strat, inp, sm, world_size))
@@ -326,8 +317,6 @@ def _memory(device: str, strat, inp, sm: float, world_size: int) -> dict:
     """Allocated bytes before the call, the call's peak on top, device-level used bytes (CUDA only)."""
     if device != "cuda":
         return {"allocated_bytes": None, "peak_extra_bytes": None, "device_used_bytes": None}
-    import torch
-
     _sync(device, world_size)
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -341,7 +330,7 @@ def _memory(device: str, strat, inp, sm: float, world_size: int) -> dict:
 
 # ---------------------------------------------------------------------------------------------------- driver
 
-def run_tp_check(cfg: TPCheckConfig, out_dir: str | Path | None = None) -> "object":
+def run_tp_benchmark(cfg: TPBenchmarkConfig, out_dir: str | Path | None = None) -> "object":
     """Spawn the tp run (``cfg.tp`` processes) and the sim run (1 process); returns a DataFrame of every rank's rows
     with :func:`mla_lab.provenance.provenance` ``("measured")`` columns and the :func:`compare` columns.
 
@@ -350,15 +339,11 @@ def run_tp_check(cfg: TPCheckConfig, out_dir: str | Path | None = None) -> "obje
         ValueError: tp not dividing a model's heads; unknown strategy/run.
     """
     import pandas as pd
-    import torch
     import torch.multiprocessing as mp
 
-    from .provenance import provenance
-    from .strategies import REAL_STRATEGIES
-
     for s in cfg.strategies:
-        if s not in REAL_STRATEGIES:
-            raise ValueError(f"strategies holds {s!r}; allowed: {list(REAL_STRATEGIES)}")
+        if s not in ("unfused", "fused") and s not in REAL_STRATEGIES:
+            raise ValueError(f"strategies holds {s!r}; allowed: {['unfused', 'fused', *REAL_STRATEGIES]}")
     for r in cfg.runs:
         if r not in ("tp", "sim"):
             raise ValueError(f"runs holds {r!r}; allowed: ['tp', 'sim']")

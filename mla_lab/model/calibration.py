@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ..arch import GPUArch, get_arch
 from ..paths import calibration_dir
+from .content import ContentModel, load_content_model
 from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 
 __all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "load_calibration",
@@ -77,6 +78,12 @@ class Calibration:
         arch: the GPU the efficiencies were measured on.
         comm_efficiency: fraction of per-direction NVLink bandwidth a ring collective reaches (assumption 0.8).
         comm_latency_us: fixed cost per collective (assumption 0).
+        content: the padded-head content factor (:class:`~mla_lab.model.content.ContentModel`, fitted on an H200)
+            or None when no fit exists (stale content then costs nothing extra, and rows say the factor is absent).
+
+    Attention entries beyond the four ops: ``pad_copy`` (a copy into a ``new_empty`` pad tensor), ``chunk_out``
+    (the sub-chunk's ``out[:, :H]`` copy; the ``out_slice`` efficiency unless measured) and
+    ``chunk_overhead_us`` (a fixed cost per sub-chunk, us; 0 unless measured).
     """
 
     classes: dict = field(default_factory=dict)
@@ -85,6 +92,7 @@ class Calibration:
     arch: str = "h200"
     comm_efficiency: float = 0.8
     comm_latency_us: float = 0.0
+    content: ContentModel | None = None
 
     def eff(self, op_class: str) -> ClassEff:
         """The :class:`ClassEff` of a roofline class (following ``_FALLBACK`` for classes never measured).
@@ -104,6 +112,10 @@ class Calibration:
 
     def attention_eff(self, op: str) -> float:
         """Efficiency of an attention-path op. Raises ValueError when the calibration has none."""
+        if op == "chunk_out" and op not in self.attention:
+            return self.attention_eff("out_slice")
+        if op == "chunk_overhead_us" and op not in self.attention:
+            return 0.0
         if op not in self.attention:
             raise ValueError(f"calibration {self.name!r} has no efficiency for op={op!r}; has {sorted(self.attention)}")
         return self.attention[op]
@@ -152,7 +164,8 @@ def attention_from_reference(path: str | Path | None = None) -> tuple[dict, str]
 def uncalibrated() -> Calibration:
     """First-order efficiencies with no measurement behind them, plus the reference-fitted attention ops."""
     att, name = attention_from_reference()
-    return Calibration(dict(_DEFAULT_EFF), att, f"uncalibrated-defaults; attention from {name}", "h200")
+    return Calibration(dict(_DEFAULT_EFF), att, f"uncalibrated-defaults; attention from {name}", "h200",
+                       content=load_content_model())
 
 
 _LOADED: dict = {}
@@ -187,14 +200,15 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
                 raise ValueError(f"{path}: efficiencies must be > 0 and floor >= 0, got row {r}")
             mape = float(r["mape_pct"]) if r.get("mape_pct") not in (None, "", "nan") else None
             if r["kind"] == "attention":
-                attn[r["op_class"]] = ef if r["op_class"] == "kernel" else eb
+                attn[r["op_class"]] = ef if r["op_class"] == "kernel" else (fl if r["op_class"] ==
+                                                                            "chunk_overhead_us" else eb)
             else:
                 mode = r.get("overhead_mode") or "max"
                 if mode not in OVERHEAD_MODES:
                     raise ValueError(f"{path}: overhead_mode={mode!r} not valid; allowed: {list(OVERHEAD_MODES)}")
                 classes[r["op_class"]] = ClassEff(ef, eb, fl, int(float(r.get("n") or 0)), mape, mode)
             device = r.get("device", device)
-    cal = Calibration(classes, attn, f"{path.name} (measured on {device})", "h200")
+    cal = Calibration(classes, attn, f"{path.name} (measured on {device})", "h200", content=load_content_model())
     _LOADED[key] = cal
     return cal
 

@@ -12,7 +12,8 @@ import math
 
 from .._validate import check_int
 from ..arch import GPUArch
-from ..buffers import MIB, STRATEGIES, memory_account, padded_num_heads
+from ..buffers import MIB, STRATEGIES, memory_account, padded_num_heads, shared_workspace_other_bytes
+from ..placement import BASELINE, expand_strategies
 from ..models import ModelConfig, normalize_kv_cache_dtype
 from .ops import BF16, FP32, WEIGHT_DTYPES, _check_common
 
@@ -78,13 +79,15 @@ def memory_tradeoff(
     ep_size: int | None = None,
     total_memory_bytes: int | None = None,
     include_indexer: bool = True,
+    strategies=None,
+    shared_workspace_bytes: int | None = None,
 ) -> dict:
     """The persistent Q-workspace bytes of each strategy as KV-cache tokens lost per rank and % of KV capacity.
 
     KV budget per rank = ``total_memory x gpu_memory_utilization`` (vLLM's rule, default 0.9) minus the weights one
     rank holds (:func:`weights_bytes_per_rank`, counted from the config at ``weight_dtype``)
     minus the profile-run activation peak (:func:`activation_peak_bytes`, an estimate) minus
-    the *unfused* workspace (the baseline). ``total_memory`` defaults to the datasheet HBM (decimal GB; the H200
+    the baseline's Q-concat buffer (:data:`mla_lab.placement.BASELINE`). ``total_memory`` defaults to the datasheet HBM (decimal GB; the H200
     reports 143771 MiB to nvidia-smi, pass ``total_memory_bytes`` to use that). Capacity in tokens = budget /
     :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token` (latent cache + indexer keys, all layers; the
     MLA latent cache is replicated on every TP rank). The workspace is shared by all layers (one per rank), so its
@@ -100,6 +103,10 @@ def memory_tradeoff(
         "kv_capacity_tokens", "kv_budget_bytes", "weights_bytes", "activation_bytes", "kv_bytes_per_token",
         "fits"}`` plus the assumptions.
 
+    ``strategies``: canonical names, presets or aliases (default every fixed canonical strategy);
+    ``shared_workspace_bytes``: the shared workspace's size from its other users (default
+    :func:`mla_lab.buffers.shared_workspace_other_bytes`, the fused-MoE scratch at ``max_num_batched_tokens``).
+
     Raises:
         ValueError: gpu_memory_utilization outside (0, 1]; as the functions it calls.
     """
@@ -114,8 +121,14 @@ def memory_tradeoff(
     weights = weights_bytes_per_rank(model, tp, weight_dtype, moe_parallel, ep_size)
     act = activation_peak_bytes(model, tp, max_num_batched_tokens, moe_parallel, ep_size)
     per_tok = model.kv_cache_bytes_per_token(kv_cache_dtype, include_indexer)
-    accounts = {s: memory_account(s, H, max_num_batched_tokens, arch, kv_cache_dtype) for s in STRATEGIES}
-    base_ws = accounts["unfused"].persistent_bytes
+    names = expand_strategies(strategies if strategies is not None else STRATEGIES)
+    shared = shared_workspace_other_bytes(model, tp, max_num_batched_tokens, moe_parallel) \
+        if shared_workspace_bytes is None else check_int("shared_workspace_bytes", shared_workspace_bytes,
+                                                         allow_zero=True)
+    kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=shared)
+    accounts = {s: memory_account(s, H, max_num_batched_tokens, arch, kv_cache_dtype, **kw)
+                for s in dict.fromkeys([BASELINE] + names)}
+    base_ws = accounts[BASELINE].persistent_bytes
     budget = total * gpu_memory_utilization - weights - act - base_ws
     capacity = budget / per_tok
     out = {}
@@ -125,7 +138,8 @@ def memory_tradeoff(
         out[s] = {"persistent_bytes": a.persistent_bytes, "extra_bytes": extra, "extra_mib": extra / MIB,
                   "kv_tokens_lost": lost,
                   "kv_capacity_pct_lost": (lost / capacity * 100) if capacity > 0 else float("nan"),
-                  "step_transient_bytes": a.step_transient_bytes}
+                  "step_transient_bytes": a.step_transient_bytes,
+                  "call_transient_bytes": a.call_transient_bytes}
     return {
         "strategies": out,
         "num_heads": H,
@@ -137,6 +151,7 @@ def memory_tradeoff(
         "kv_bytes_per_token": per_tok,
         "total_memory_bytes": total,
         "gpu_memory_utilization": gpu_memory_utilization,
+        "shared_workspace_bytes": shared,
         "fits": budget > 0,
         "assumptions": ("KV budget = total x gpu_memory_utilization - weights (config count at weight_dtype) - "
                         "activation estimate - unfused workspace; CUDA graphs, NCCL buffers and other non-torch "

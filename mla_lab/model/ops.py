@@ -261,6 +261,7 @@ def layer_ops(
     causal: bool = True,
     context: int | None = None,
     indexer_dtype: str = "bf16",
+    with_indexer: bool = True,
 ) -> list[LayerOp]:
     """Every op of one decoder layer on one rank for one step (table in the module docstring).
 
@@ -280,6 +281,8 @@ def layer_ops(
             (``data/measured/h200/layer_extras.csv``, experiment ``w_uv_slice``; docs/ttft-model.md).
         causal, context: as :func:`step_stats`.
         indexer_dtype: ``bf16`` or ``fp8`` q/k of the indexer logits (fp8 at 2x the bf16 rate, 1 B per value).
+        with_indexer: the layer runs its own DSA indexer (``idx_*`` ops); False for the layers of an IndexShare
+            model that reuse another layer's top-k (:attr:`mla_lab.models.ModelConfig.indexer_layers`).
 
     Raises:
         ValueError: any argument outside its allowed values (message names it, its value and what is allowed).
@@ -308,22 +311,23 @@ def layer_ops(
                 dims={"T": T, "H": H}, impl=None),
         LayerOp("w_uk_bmm", "bmm", flops=2.0 * H * T * dn * kr, weight_bytes=H * dn * kr * BF16,
                 act_bytes=(T * H * dn + T * H * kr) * BF16, dims={"B": H, "M": T, "K": dn, "N": kr}, impl="bmm_uk"),
-        _gemm("idx_wq_b", T, qr, nih * dih, wb, wd),
-        _gemm("idx_wk", T, h, dih, wb, wd),
-        _gemm("idx_weights_proj", T, h, nih, BF16, "bf16"),
-        LayerOp("idx_prep", "elementwise",
-                act_bytes=T * nih * dih * (BF16 + 1) + T * dih * (BF16 + 1) + T * (dih + FP32 * math.ceil(dih / 128)),
-                dims={"T": T}, impl=None),
     ]
-    ib = BF16 if indexer_dtype == "bf16" else 1
-    ops.append(LayerOp(
-        "idx_logits", "indexer_logits", flops=2.0 * ss.sum_visible * nih * dih,
-        act_bytes=T * nih * dih * ib + ss.keys_read * dih * ib + T * nih * FP32 + ss.sum_visible * FP32,
-        dims={"T": T, "NH": nih, "D": dih, "sum_visible": ss.sum_visible, "keys": ss.keys_read},
-        impl="mqa_logits", dtype=indexer_dtype))
-    ops.append(LayerOp(
-        "idx_topk", "topk", act_bytes=ss.sum_visible * FP32 + T * model.topk * FP32,
-        dims={"T": T, "keys": ss.keys_read, "k": model.topk}, impl="topk"))
+    if with_indexer:
+        ib = BF16 if indexer_dtype == "bf16" else 1
+        ops += [
+            _gemm("idx_wq_b", T, qr, nih * dih, wb, wd),
+            _gemm("idx_wk", T, h, dih, wb, wd),
+            _gemm("idx_weights_proj", T, h, nih, BF16, "bf16"),
+            LayerOp("idx_prep", "elementwise",
+                    act_bytes=T * nih * dih * (BF16 + 1) + T * dih * (BF16 + 1)
+                    + T * (dih + FP32 * math.ceil(dih / 128)), dims={"T": T}, impl=None),
+            LayerOp("idx_logits", "indexer_logits", flops=2.0 * ss.sum_visible * nih * dih,
+                    act_bytes=T * nih * dih * ib + ss.keys_read * dih * ib + T * nih * FP32 + ss.sum_visible * FP32,
+                    dims={"T": T, "NH": nih, "D": dih, "sum_visible": ss.sum_visible, "keys": ss.keys_read},
+                    impl="mqa_logits", dtype=indexer_dtype),
+            LayerOp("idx_topk", "topk", act_bytes=ss.sum_visible * FP32 + T * model.topk * FP32,
+                    dims={"T": T, "keys": ss.keys_read, "k": model.topk}, impl="topk"),
+        ]
     ops += [op for op in attention_path_ops(model, tp, arch, strategy, T, ss.sum_topk, kv_cache_dtype)
             if op.name != "out_slice" or out_slice_copy]
     ops += [
@@ -383,8 +387,10 @@ def layer_ops(
 
 def step_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
              **kw) -> list[tuple[LayerOp, int]]:
-    """All ops of one engine step on one rank as ``(op, count)``: the dense layers' ops x first_k_dense_replace,
-    the MoE layers' ops x the rest, and the embedding, final norm, LM head and logits gather once.
+    """All ops of one engine step on one rank as ``(op, count)``: each kind of layer (dense for the first
+    ``first_k_dense_replace``, MoE for the rest; with or without its own indexer,
+    :attr:`~mla_lab.models.ModelConfig.indexer_layers`) x its count, and the embedding, final norm, LM head and
+    logits gather once.
 
     Keyword arguments are those of :func:`layer_ops` (``layer_kind`` excluded).
     """
@@ -393,12 +399,14 @@ def step_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: St
     ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
     T, h, V = ss.num_tokens, model.hidden_size, model.vocab_size
     n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
-    n_moe = model.num_hidden_layers - n_dense
+    with_idx = set(model.indexer_layers)
+    counts: dict[tuple[str, bool], int] = {}
+    for i in range(model.num_hidden_layers):
+        key = ("dense" if i < n_dense else "moe", i in with_idx)
+        counts[key] = counts.get(key, 0) + 1
     out: list[tuple[LayerOp, int]] = []
-    if n_dense:
-        out += [(op, n_dense) for op in layer_ops(model, tp, arch, strategy, step, layer_kind="dense", **kw)]
-    if n_moe:
-        out += [(op, n_moe) for op in layer_ops(model, tp, arch, strategy, step, layer_kind="moe", **kw)]
+    for (kind, idx), n in sorted(counts.items(), key=lambda kv: (kv[0][0] != "dense", not kv[0][1])):
+        out += [(op, n) for op in layer_ops(model, tp, arch, strategy, step, layer_kind=kind, with_indexer=idx, **kw)]
     if V % tp:
         raise ValueError(f"tp={tp} does not divide vocab_size={V}")
     R = ss.num_seqs
@@ -414,40 +422,53 @@ def step_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: St
     return out
 
 
-ATTN_OPS = ("concat", "pad", "kernel", "out_slice")
+ATTN_OPS = ("concat", "pad", "pad_copy", "kernel", "out_slice", "chunk_out", "chunk_overhead")
 
 
 def attention_op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size: int = 576, d_v: int = 512) -> float:
-    """Bytes (``concat``, ``pad``, ``out_slice``) or FLOPs (``kernel``) of one attention-path op (table above).
+    """Bytes (byte ops) or FLOPs (``kernel``) of one attention-path op (table above); ``chunk_overhead`` is priced
+    per chunk and has no work.
 
     Raises:
         ValueError: unknown op.
     """
+    row = head_size * 2
     if op == "concat":
-        return 2 * T * H * head_size * 2
+        return 2 * T * H * row
+    if op == "concat_zero_padding":  # the concat also writes zeros into the padded heads (zero_padding=True)
+        return 2 * T * H * row + T * (Hp - H) * row
     if op == "pad":
-        return T * Hp * head_size * 2 + 2 * T * H * head_size * 2
-    if op == "out_slice":
+        return T * Hp * row + 2 * T * H * row
+    if op == "pad_copy":
+        return 2 * T * H * row
+    if op in ("out_slice", "chunk_out"):
         return 2 * T * H * d_v * 2
     if op == "kernel":
         return 2 * sum_topk * Hp * (head_size + d_v)
-    raise ValueError(f"op={op!r} is not known; allowed: {list(ATTN_OPS)}")
+    raise ValueError(f"op={op!r} is not known; allowed: {list(ATTN_OPS) + ['concat_zero_padding']}")
 
 
 def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, num_tokens: int,
                        sum_topk: int | None = None, kv_cache_dtype: str = "bf16") -> list[LayerOp]:
     """The attention-path ops of one layer, one rank, one step, for ``strategy`` (absent ops omitted).
 
+    ``concat`` (all; with the padded heads' zeros for ``zero_per_call``), ``pad`` (``per_call_zeros``: zero fill
+    + copy), ``pad_copy`` (``per_call_empty``: copy into a ``new_empty`` tensor), ``kernel`` (its ``dims`` carry
+    ``content``: what the padded heads hold, priced by :mod:`mla_lab.model.content`), ``out_slice`` (a
+    ``.contiguous()`` of ``out[:, :H]``; the layer keeps it only with ``out_slice_copy``), and for
+    ``subchunk:<S>`` ``chunk_out`` (each chunk's ``out[:, :H]`` copied into the step's output) and
+    ``chunk_overhead`` (a fixed cost per chunk, ``dims["chunks"]``).
+
     Args:
         model, tp: give ``H = num_attention_heads // tp``; arch: gives ``H'`` (vLLM's padding rule).
-        strategy: a name of :data:`mla_lab.buffers.STRATEGIES`.
+        strategy: a canonical strategy name (:mod:`mla_lab.placement`).
         num_tokens: T of the step; sum_topk: keys attended summed over the step's tokens (default
             ``T * index_topk``: full topk).
 
     Raises:
         ValueError: unknown strategy; negative token counts; ``sum_topk > T * index_topk``.
     """
-    check_strategy(strategy)
+    spec = check_strategy(strategy)
     check_int("num_tokens", num_tokens, allow_zero=True)
     if sum_topk is not None:
         check_int("sum_topk", sum_topk, allow_zero=True)
@@ -455,21 +476,30 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str
             raise ValueError(f"sum_topk={sum_topk} exceeds num_tokens * index_topk = {num_tokens * model.topk}")
     H = model.heads_per_rank(tp)
     Hp = padded_num_heads(H, arch, kv_cache_dtype)
+    padded = Hp > H and normalize_kv_cache_dtype(kv_cache_dtype) == "bf16"
     T = num_tokens
     st = T * model.topk if sum_topk is None else sum_topk
     dims = {"T": T, "H": H, "Hp": Hp, "sum_topk": st}
 
-    def op(name, kind):
-        w = attention_op_work(name, T, H, Hp, st, model.head_size, model.d_v)
+    def op(name, kind, work_of=None, **extra):
+        w = attention_op_work(work_of or name, T, H, Hp, st, model.head_size, model.d_v)
         return LayerOp(name, f"attn_{name}", flops=w if kind == "flops" else 0.0,
-                       act_bytes=w if kind == "bytes" else 0.0, dims=dims, impl=f"attn_{name}")
+                       act_bytes=w if kind == "bytes" else 0.0, dims={**dims, **extra}, impl=f"attn_{name}")
 
-    ops = [op("concat", "bytes")]
-    if strategy == "unfused" and normalize_kv_cache_dtype(kv_cache_dtype) == "bf16" and Hp > H:
+    zero_pad = padded and spec.concat_zeroes_padding
+    ops = [op("concat", "bytes", "concat_zero_padding" if zero_pad else None)]
+    if padded and spec.placement == "per_call_zeros":
         ops.append(op("pad", "bytes"))
+    if padded and spec.placement == "per_call_empty":
+        ops.append(op("pad_copy", "bytes"))
     # kernel_native pads inside the kernel: on sm90 the wgmma tile is 64 query rows per token and each token has its
     # own index list, so a kernel taking 8 real heads still issues 64-row MMAs; its time is the padded kernel's.
-    ops.append(op("kernel", "flops"))
-    if strategy != "kernel_native" and Hp > H:
+    ops.append(op("kernel", "flops", content=spec.content if padded else "zeros"))
+    if padded and spec.placement == "subchunk":
+        chunks = -(-T // spec.rows) if T else 0
+        ops.append(op("chunk_out", "bytes"))
+        ops.append(LayerOp("chunk_overhead", "attn_chunk_overhead", dims={**dims, "chunks": chunks},
+                           impl="attn_chunk_overhead"))
+    if spec.placement != "kernel_native" and Hp > H:
         ops.append(op("out_slice", "bytes"))
     return ops

@@ -26,7 +26,7 @@ from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, resolve_calibration
 from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, layer_ops, step_ops, step_stats
 
-__all__ = ["op_time_ms", "comm_time_ms", "layer_time_ms", "step_time_ms", "attention_path_ms",
+__all__ = ["op_time_ms", "comm_time_ms", "kernel_rate_tflops", "layer_time_ms", "step_time_ms", "attention_path_ms",
            "predict_measured_op_ms"]
 
 
@@ -36,17 +36,36 @@ def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = Non
     cal = resolve_calibration(calibration)
     if op.is_comm:
         return comm_time_ms(op.op_class, op.comm_bytes, tp, arch, cal)
+    if op.op_class == "attn_chunk_overhead":
+        return op.dims.get("chunks", 0) * cal.attention_eff("chunk_overhead_us") * 1e-3
     if not (op.flops or op.bytes):
         return 0.0
     if op.op_class.startswith("attn_"):
-        e = cal.attention_eff(op.op_class[5:])
-        if op.flops:
-            return op.flops / (arch.bf16_tflops * 1e12 * e) * 1e3
-        return op.bytes / (arch.hbm_gbps * 1e9 * e) * 1e3
+        return _attention_ms(op, arch, cal)
     e = cal.eff(op.op_class)
     peak = arch.bf16_tflops * 1e12 * (FP8_PEAK_FACTOR if op.dtype == "fp8" else 1.0)
     t = max(op.flops / (peak * e.eff_flops), op.bytes / (arch.hbm_gbps * 1e9 * e.eff_bytes)) * 1e3
     return t + e.floor_us * 1e-3 if e.mode == "add" else max(t, e.floor_us * 1e-3)
+
+
+def kernel_rate_tflops(arch: GPUArch, calibration: Calibration) -> tuple[float, str]:
+    """The sparse kernel's achieved TFLOP/s on ``arch`` and where the figure comes from: on Hopper the calibrated
+    fraction of the datasheet rate (measured on an H200); on Blackwell FlashMLA's published B200 figure
+    (:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`, FlashMLA README: 1450 TFLOP/s sparse prefill on B200)."""
+    if arch.family == "blackwell" and arch.sparse_prefill_tflops:
+        return arch.sparse_prefill_tflops, "FlashMLA README B200 figure"
+    return arch.bf16_tflops * calibration.attention_eff("kernel"), f"calibrated ({calibration.name})"
+
+
+def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
+    name = op.op_class[5:]
+    if name == "kernel":
+        rate, _ = kernel_rate_tflops(arch, cal)
+        t = op.flops / (rate * 1e12) * 1e3
+        if op.dims.get("content") == "stale" and cal.content is not None:
+            t *= cal.content.factor(op.dims["H"], op.dims["Hp"], t)
+        return t
+    return op.bytes / (arch.hbm_gbps * 1e9 * cal.attention_eff(name)) * 1e3
 
 
 def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: Calibration | None = None,

@@ -15,9 +15,11 @@ Scopes:
   — the part the strategies change plus the attention kernel; a lower bound on TTFT that overstates the *relative*
   change.
 
-Strategies (:data:`mla_lab.buffers.STRATEGIES`): ``unfused`` (vLLM before PR #53878), ``fused`` (the PR), and
-``kernel_native`` (modelled bound: a kernel taking the real head count; :mod:`mla_lab.model.ops` says why its
-kernel time is the padded kernel's).
+Strategies: placement x padded-head content (:mod:`mla_lab.placement`): vLLM before PR #53878 (``new_empty`` pad
+per call, zeros or stale), at the PR (private pre-padded workspace), after PR #56902 (shared workspace, stale),
+SGLang (``new_zeros`` per call), sub-chunked workspaces, and ``kernel_native`` (modelled bound: a kernel taking the
+real head count; :mod:`mla_lab.model.ops` says why its kernel time is the padded kernel's). Changes are taken
+against :data:`mla_lab.placement.BASELINE` unless a baseline is given.
 
 Names (model, arch) are resolved here, once; everything below takes objects.
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 import csv
 
 from ..arch import GPUArch, get_arch
-from ..buffers import STRATEGIES, check_strategy
+from ..placement import BASELINE, PRESETS, expand_strategies, resolve_strategy
 from ..models import ModelConfig, load_model
 from ..paths import measured_dir
 from ..seed import SEED, SEED_REPORTED
@@ -40,7 +42,7 @@ from .memory import memory_tradeoff
 from .ops import ATTN_OPS, attention_op_work
 from .timing import attention_path_ms, step_time_ms
 
-__all__ = ["predict_ttft", "compare_strategies", "seed_reproduction", "SCOPES", "resolve"]
+__all__ = ["predict_ttft", "compare_strategies", "seed_reproduction", "SCOPES", "resolve", "SEED_STRATEGIES"]
 
 SCOPES = ("full_layer", "attention_path")
 
@@ -68,7 +70,7 @@ def predict_ttft(
     Args:
         model, tp, arch: model config or name, tensor-parallel size, GPU (object or name).
         workload: prompts (length, count, concurrency); max_num_batched_tokens: the chunked-prefill token budget.
-        strategy: a name of :data:`mla_lab.buffers.STRATEGIES`.
+        strategy: a canonical strategy, alias or preset (:func:`mla_lab.placement.resolve_strategy`).
         kv_cache_dtype: ``bf16`` (pads Q to the kernel's head multiple) or ``fp8`` (no padding).
         calibration: ``None`` (the committed calibration) or a :class:`~mla_lab.model.calibration.Calibration`.
         scope: ``full_layer`` (default) or ``attention_path``.
@@ -91,7 +93,7 @@ def predict_ttft(
     """
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not known; allowed: {list(SCOPES)}")
-    check_strategy(strategy)
+    strategy = resolve_strategy(strategy)
     if not isinstance(workload, Workload):
         raise ValueError(f"workload={workload!r} must be a mla_lab.workload.Workload")
     model, arch = resolve(model, arch)
@@ -144,18 +146,29 @@ def predict_ttft(
     }
 
 
+#: The strategies the seed reproduction prices: every engine preset's members, the zero policy of the shared
+#: workspace and the sub-chunk sizes.
+SEED_STRATEGIES = tuple(expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call", "subchunk:1024",
+                                                           "subchunk:2048", "subchunk:4096", "subchunk:8192"]))
+
+
 def compare_strategies(model, tp, arch, workload, max_num_batched_tokens, kv_cache_dtype="bf16", calibration=None,
-                       scope="full_layer", strategies=STRATEGIES, **layer_kw) -> dict:
-    """:func:`predict_ttft` for each strategy, plus ``delta_pct[s]`` = mean TTFT change of ``s`` vs ``unfused`` (%)
-    and ``delta_ms[s]``. Returns ``{"results": {s: dict}, "delta_pct": {...}, "delta_ms": {...}}``."""
-    for s in strategies:
-        check_strategy(s)
+                       scope="full_layer", strategies=SEED_STRATEGIES, baseline=BASELINE, **layer_kw) -> dict:
+    """:func:`predict_ttft` for each strategy (presets and aliases expanded), plus ``delta_pct[s]`` = mean TTFT
+    change of ``s`` vs ``baseline`` (%) and ``delta_ms[s]``. Returns ``{"results": {s: dict}, "delta_pct": {...},
+    "delta_ms": {...}, "baseline": name}``.
+
+    Raises:
+        ValueError: an unknown strategy name; as :func:`predict_ttft`.
+    """
+    names = expand_strategies(strategies)
+    base_name = resolve_strategy(baseline)
     model, arch = resolve(model, arch)
     res = {s: predict_ttft(model, tp, arch, workload, max_num_batched_tokens, s, kv_cache_dtype, calibration, scope,
                            **dict(layer_kw))
-           for s in dict.fromkeys(("unfused",) + tuple(strategies))}
-    base = res["unfused"]["ttft_ms_mean"]
-    return {"results": res,
+           for s in dict.fromkeys([base_name] + names)}
+    base = res[base_name]["ttft_ms_mean"]
+    return {"results": res, "baseline": base_name,
             "delta_ms": {s: r["ttft_ms_mean"] - base for s, r in res.items()},
             "delta_pct": {s: (r["ttft_ms_mean"] - base) / base * 100 for s, r in res.items()}}
 
@@ -183,11 +196,14 @@ def _anchored_attention(cal: Calibration, mdir):
     return acal, {"pad_ms_measured": pad_ms, "kernel_ms_measured_seed_step": k_ms}
 
 
-def seed_reproduction(calibration: Calibration | None = None, measured: str | None = None, **layer_kw) -> dict:
-    """The PR's benchmark (:data:`mla_lab.seed.SEED`) through the model: predicted mean-TTFT change of ``fused``
-    (and ``kernel_native``) vs ``unfused`` in both scopes, the memory trade, and a variant whose pad and kernel
-    efficiencies are re-anchored on the H200 measurements at the seed's own shapes (``measured``: a folder, default
-    :func:`mla_lab.paths.measured_dir` ``("h200")``).
+def seed_reproduction(calibration: Calibration | None = None, measured: str | None = None,
+                      strategies=SEED_STRATEGIES, baseline: str = BASELINE, model: str | None = None,
+                      **layer_kw) -> dict:
+    """The PR's benchmark (:data:`mla_lab.seed.SEED`) through the model: predicted mean-TTFT change of every
+    strategy vs ``baseline`` in both scopes, the memory trade, and a variant whose pad and kernel efficiencies are
+    re-anchored on the H200 measurements at the seed's own shapes (``measured``: a folder, default
+    :func:`mla_lab.paths.measured_dir` ``("h200")``). ``model`` replaces the seed's GLM-5 geometry (e.g.
+    ``glm-5.2``).
 
     Returns a dict with ``predicted`` (scope -> summary), ``anchored`` (same, or the reason it is absent),
     ``memory`` (:func:`~mla_lab.model.memory.memory_tradeoff`), ``analytic_extra_mib`` and the reported numbers.
@@ -195,30 +211,33 @@ def seed_reproduction(calibration: Calibration | None = None, measured: str | No
     from pathlib import Path
 
     cal = resolve_calibration(calibration)
-    model, arch = resolve(SEED["model"], SEED["arch"])
+    model, arch = resolve(model or SEED["model"], SEED["arch"])
     wl = Workload(SEED["prompt_len"], SEED["num_prompts"], SEED["concurrency"])
     args = (model, SEED["tp"], arch, wl, SEED["max_num_batched_tokens"], SEED["kv_cache_dtype"])
     kw = {"weight_dtype": SEED["weight_dtype"], "moe_parallel": SEED["moe_parallel"], **layer_kw}
+    cmp = dict(strategies=strategies, baseline=baseline)
 
     def summary(c):
-        r = c["results"]
+        r, b = c["results"], c["baseline"]
         return {"ttft_ms": {s: v["ttft_ms_mean"] for s, v in r.items()}, "delta_ms": c["delta_ms"],
-                "delta_pct": c["delta_pct"], "num_steps": r["unfused"]["num_steps"],
-                "step_ms_unfused": r["unfused"]["step_ms"], "ops_ms_unfused": r["unfused"]["ops_ms"],
-                "calibration": r["unfused"]["calibration"]}
+                "delta_pct": c["delta_pct"], "num_steps": r[b]["num_steps"], "baseline": b,
+                "step_ms_baseline": r[b]["step_ms"], "ops_ms_baseline": r[b]["ops_ms"],
+                "calibration": r[b]["calibration"]}
 
-    out = {"seed": SEED, "reported": SEED_REPORTED, "predicted": {
-        "full_layer": summary(compare_strategies(*args, calibration=cal, scope="full_layer", **kw)),
-        "attention_path": summary(compare_strategies(*args, calibration=cal, scope="attention_path")),
+    out = {"seed": SEED, "reported": SEED_REPORTED, "model": model.name, "predicted": {
+        "full_layer": summary(compare_strategies(*args, calibration=cal, scope="full_layer", **cmp, **kw)),
+        "attention_path": summary(compare_strategies(*args, calibration=cal, scope="attention_path", **cmp)),
     }}
     acal, notes = _anchored_attention(cal, Path(measured) if measured else measured_dir("h200"))
     if acal is None:
         out["anchored"] = {"absent": notes}
     else:
-        out["anchored"] = {"notes": notes, "full_layer": summary(compare_strategies(*args, calibration=acal, **kw))}
+        out["anchored"] = {"notes": notes,
+                           "full_layer": summary(compare_strategies(*args, calibration=acal, **cmp, **kw))}
     mem = memory_tradeoff(model, SEED["tp"], arch, SEED["max_num_batched_tokens"], SEED["kv_cache_dtype"],
-                          weight_dtype=SEED["weight_dtype"], moe_parallel=SEED["moe_parallel"])
+                          weight_dtype=SEED["weight_dtype"], moe_parallel=SEED["moe_parallel"],
+                          strategies=list(strategies) + [baseline])
     out["memory"] = mem
-    out["analytic_extra_mib"] = mem["strategies"]["fused"]["extra_mib"]
+    out["analytic_extra_mib"] = mem["strategies"]["private_workspace"]["extra_mib"]
     out["reported_extra_mib"] = SEED_REPORTED["extra_peak_mib"]
     return out

@@ -11,13 +11,17 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..arch import get_arch
-from ..buffers import STRATEGIES
+from ..placement import PRESETS, SUBCHUNK_ROWS, expand_strategies
 from ..models import load_model, normalize_kv_cache_dtype
 from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
 
-__all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid"]
+__all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid", "DEFAULT_STRATEGIES"]
+
+#: The sweep's default strategies: every engine preset (:data:`mla_lab.placement.PRESETS`), the shared workspace
+#: with the concat zeroing its padded heads, and the sub-chunked workspace at :data:`~mla_lab.placement.SUBCHUNK_ROWS`.
+DEFAULT_STRATEGIES = [*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS)]
 
 
 @dataclass
@@ -32,7 +36,13 @@ class SweepParams:
         prompt_lens: prompt lengths in tokens.
         kv_cache_dtype: ``bf16`` or ``fp8`` (or a list of both).
         num_prompts, concurrency: the workload (default: the PR's 32 prompts at concurrency 32).
-        strategies: subset of ``unfused``, ``fused``, ``kernel_native`` (``unfused`` always priced: the baseline).
+        strategies: engine presets (``vllm-pre-53878``, ``vllm-53878``, ``vllm-56902``, ``sglang``,
+            ``kernel-native``), canonical strategies (``private_workspace``, ``subchunk:4096``... :mod:`mla_lab.placement`)
+            or the first version's ``unfused`` / ``fused`` (aliases of vllm-pre-53878 / vllm-53878); expanded to
+            canonical names. The baseline (``per_call_empty:zeros``) is always priced.
+        num_runs: interleaved repeats of each measured strategy (>= 5 for an interval; default 7).
+        shared_workspace_bytes: the shared workspace's size from its other users (null: the fused-MoE scratch at
+            max_num_batched_tokens, :func:`mla_lab.buffers.shared_workspace_other_bytes`).
         device: ``auto`` (GPU if torch sees one, else CPU), ``cpu`` (modelled only) or ``cuda`` (measure; error if no
             GPU). Measured rows are produced only for archs whose family matches the running GPU.
         store_dir: where point files go; data_file: the tidy CSV written at the end; report_dir: charts.
@@ -57,7 +67,7 @@ class SweepParams:
     kv_cache_dtype: object = "bf16"
     num_prompts: int = 32
     concurrency: int | None = None
-    strategies: list = field(default_factory=lambda: list(STRATEGIES))
+    strategies: list = field(default_factory=lambda: list(DEFAULT_STRATEGIES))
     device: str = "auto"
     store_dir: str = "data/sweeps/padding_sweep"
     data_file: str = "data/padding_sweep.csv"
@@ -69,6 +79,8 @@ class SweepParams:
     ray_address: str | None = None
     weight_dtype: str = "fp8"
     moe_parallel: str = "ep"
+    num_runs: int = 7
+    shared_workspace_bytes: int | None = None
 
 DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
             for f in dataclasses.fields(SweepParams)}
@@ -113,10 +125,11 @@ def validate_params(raw: dict) -> SweepParams:
     p["models"] = list(dict.fromkeys(load_model(m).name for m in p["models"]))  # case-insensitive, normalised once
     for a in p["archs"]:
         get_arch(a)
-    for s in p["strategies"]:
-        if s not in STRATEGIES:  # the list's own message: "strategies holds ..."
-            raise ValueError(f"strategies holds {s!r}; allowed: {list(STRATEGIES)}")
-    for k in ("num_prompts",):
+    try:
+        p["strategies"] = expand_strategies(p["strategies"])
+    except ValueError as e:
+        raise ValueError(f"strategies holds a name the lab does not know: {e}") from None
+    for k in ("num_prompts", "num_runs"):
         if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
             raise ValueError(f"{k}={p[k]!r} must be a positive int")
     if p["concurrency"] is not None and (isinstance(p["concurrency"], bool) or not isinstance(p["concurrency"], int)
@@ -125,6 +138,9 @@ def validate_params(raw: dict) -> SweepParams:
     if p["concurrency"] is not None and p["concurrency"] > p["num_prompts"]:
         raise ValueError(f"concurrency={p['concurrency']!r} exceeds num_prompts={p['num_prompts']!r}; allowed: "
                          f"1..{p['num_prompts']} or null (= num_prompts)")
+    sw = p["shared_workspace_bytes"]
+    if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int) or sw < 0):
+        raise ValueError(f"shared_workspace_bytes={sw!r} must be a non-negative int (bytes) or null")
     if p["device"] not in ("auto", "cpu", "cuda"):
         raise ValueError(f"device={p['device']!r} is not allowed; allowed: ['auto', 'cpu', 'cuda']")
     for k in ("store_dir", "data_file", "report_dir"):
@@ -162,7 +178,8 @@ def expand_grid(params: SweepParams) -> list[dict]:
                     "prompt_len": L, "kv_cache_dtype": kv, "num_prompts": params.num_prompts,
                     "concurrency": params.concurrency or params.num_prompts,
                     "weight_dtype": params.weight_dtype, "moe_parallel": params.moe_parallel,
-                    "strategies": list(params.strategies)})
+                    "strategies": list(params.strategies), "num_runs": params.num_runs,
+                    "shared_workspace_bytes": params.shared_workspace_bytes})
     # de-duplicate (aliases may map two names to one card)
     seen, out = set(), []
     for p in pts:

@@ -19,16 +19,20 @@ from ..models import ModelConfig, load_model, model_config_path
 from ..paths import calibration_dir
 from ..provenance import provenance
 from ..measure.attention import time_attention_path
+from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
 from ..model.memory import memory_tradeoff
 from ..model.ops import ATTN_OPS
+from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
+from ..placement import BASELINE, LEGACY_MEASURED, expand_strategies, parse_strategy, preset_of
 from ..workload import Workload, schedule
 
 __all__ = ["layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
            "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS"]
 
 MODES = ("modelled", "measured")
+
 #: The TTFT model's layer options when a point does not give them (the sweep's defaults: the PR ran
 #: GLM-5.2-FP8 with ``-ep``).
 LAYER_OPTION_DEFAULTS = {"weight_dtype": "fp8", "moe_parallel": "ep"}
@@ -50,27 +54,39 @@ def point_inputs(point: dict) -> list:
     return files
 
 
-def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch) -> dict:
-    """The columns every row has, modelled or measured: the point's parameters, the strategy, heads per rank and
-    the exact byte accounting, the extra persistent workspace against ``unfused`` in bytes, MiB and KV-cache tokens
-    lost per rank.
+def strategy_columns(name: str) -> dict:
+    """What a canonical strategy is: its engine preset, placement, padded-head content, zero policy, sub-chunk rows."""
+    spec = parse_strategy(name)
+    return {"strategy": spec.name, "preset": preset_of(spec.name), "placement": spec.placement,
+            "content": spec.content, "zero_policy": spec.zero_policy or "", "subchunk_rows": spec.rows or 0}
+
+
+def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch, cap: dict) -> dict:
+    """The columns every row has, modelled or measured: the point's parameters, the strategy, heads per rank,
+    the Q path's bytes split into budgeted persistent bytes (they cost KV tokens) and the unbudgeted transient peak
+    of one layer call (vLLM's profile run does not run the sparse kernel), the extra persistent bytes against
+    :data:`mla_lab.placement.BASELINE` in bytes, MiB and KV-cache tokens lost per rank.
 
     Raises:
         ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
     """
     H = model.heads_per_rank(point["tp"])
     mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
-    mem = memory_account(strategy, H, mbt, arch, kv, head_size=model.head_size, d_v=model.d_v)
-    base = memory_account("unfused", H, mbt, arch, kv, head_size=model.head_size, d_v=model.d_v)
+    kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=cap["shared_workspace_bytes"])
+    mem = memory_account(strategy, H, mbt, arch, kv, **kw)
+    base = memory_account(BASELINE, H, mbt, arch, kv, **kw)
     extra = mem.persistent_bytes - base.persistent_bytes
     row = {k: v for k, v in point.items() if k not in ("strategies", "mode")}
     row.update(
-        model=model.name, strategy=strategy, family=arch.family, sm=arch.sm, prefill_padding=arch.prefill_padding,
-        num_heads=H, q_concat_heads=mem.q_concat_heads, kernel_heads=mem.kernel_heads,
-        persistent_bytes=mem.persistent_bytes, step_transient_bytes=mem.step_transient_bytes,
-        kernel_out_bytes=mem.kernel_out_bytes, peak_bytes=mem.peak_bytes,
+        model=model.name, **strategy_columns(strategy), family=arch.family, sm=arch.sm,
+        prefill_padding=arch.prefill_padding, num_heads=H, q_concat_heads=mem.q_concat_heads,
+        kernel_heads=mem.kernel_heads, persistent_bytes=mem.persistent_bytes,
+        persistent_mib=mem.persistent_bytes / MIB, step_transient_bytes=mem.step_transient_bytes,
+        kernel_out_bytes=mem.kernel_out_bytes, call_transient_bytes=mem.call_transient_bytes,
+        call_transient_mib=mem.call_transient_bytes / MIB, peak_bytes=mem.peak_bytes,
         extra_persistent_bytes=extra, extra_persistent_mib=extra / MIB,
-        kv_tokens_lost=kv_tokens_lost(extra, model, kv), model_arch=arch.name, status="ok", reason="",
+        kv_tokens_lost=kv_tokens_lost(extra, model, kv), shared_workspace_bytes=cap["shared_workspace_bytes"],
+        model_arch=arch.name, status="ok", reason="",
     )
     return row
 
@@ -79,7 +95,7 @@ def _capacity_columns(cap: dict, strategy: str, point: dict) -> dict:
     """KV capacity (never negative) and whether the deployment fits, with the reason when it does not."""
     raw = cap["kv_capacity_tokens"]
     reasons = []
-    if cap["kv_budget_bytes"] + cap["strategies"]["unfused"]["persistent_bytes"] <= 0 or raw <= 0:
+    if raw <= 0:
         reasons.append(f"weights ({cap['weights_bytes'] / 2**30:.1f} GiB per rank) and activations leave no KV "
                        f"cache at gpu_memory_utilization {cap['gpu_memory_utilization']}")
     else:
@@ -97,10 +113,12 @@ def _capacity_columns(cap: dict, strategy: str, point: dict) -> dict:
 
 
 def add_ttft_change(rows: list[dict]) -> list[dict]:
-    """Set ``ttft_change_pct`` of every row against the point's ``unfused`` row (in place; returns ``rows``)."""
-    base = next(r["ttft_ms"] for r in rows if r["strategy"] == "unfused")
+    """Set ``ttft_change_pct`` of every row against the point's :data:`mla_lab.placement.BASELINE` row (in place;
+    returns ``rows``)."""
+    base = next(r["ttft_ms"] for r in rows if r["strategy"] == BASELINE)
     for r in rows:
         r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] - base) / base
+        r["baseline"] = BASELINE
     return rows
 
 
@@ -109,27 +127,45 @@ def _resolve(point: dict) -> tuple[ModelConfig, GPUArch, Workload]:
     return model, arch, Workload(point["prompt_len"], point["num_prompts"], point["concurrency"])
 
 
+def _capacity(point: dict, model, arch, names) -> dict:
+    return memory_tradeoff(model, point["tp"], arch, point["max_num_batched_tokens"], point["kv_cache_dtype"],
+                           strategies=names, shared_workspace_bytes=point.get("shared_workspace_bytes"),
+                           **layer_options(point))
+
+
+def _content_note(strategy: str, arch: GPUArch, cal) -> str:
+    if parse_strategy(strategy).content != "stale":
+        return ""
+    if cal.content is None:
+        return "stale content not priced: no content-factor fit in data/calibration"
+    if arch.family != "hopper":
+        return f"content factor measured on an H200 ({cal.content.name}); the {arch.sm} factor is unmeasured"
+    return f"content factor {cal.content.name}"
+
+
 def modelled_rows(point: dict, calibration=None) -> list[dict]:
-    """Modelled rows (one per strategy, ``unfused`` always first: the baseline) for one grid point.
+    """Modelled rows (one per strategy, :data:`mla_lab.placement.BASELINE` always first) for one grid point.
 
     Raises:
         ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
     """
     model, arch, wl = _resolve(point)
     cal = resolve_calibration(calibration)
-    strategies = list(dict.fromkeys(["unfused"] + list(point["strategies"])))
+    names = expand_strategies([BASELINE] + list(point["strategies"]))
     mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
     prov = provenance("modelled")
     kw = layer_options(point)
-    cap = memory_tradeoff(model, point["tp"], arch, mbt, kv, **kw)
+    cap = _capacity(point, model, arch, names)
+    rate, rate_source = kernel_rate_tflops(arch, cal)
     rows = []
-    for s in strategies:
+    for s in names:
         t = predict_ttft(model, point["tp"], arch, wl, mbt, s, kv, cal, **kw)
-        row = memory_columns(point, s, model, arch)
+        row = memory_columns(point, s, model, arch, cap)
         row.update(
             ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=t["num_steps"],
             ttft_scope=t["scope"], **{f"{op}_ms": t["ops_ms"].get(op, 0.0) for op in ATTN_OPS},
-            calibration=t["calibration"], **_capacity_columns(cap, s, point), **kw,
+            calibration=t["calibration"], kernel_rate_source=rate_source, content_note=_content_note(s, arch, cal),
+            **_capacity_columns(cap, s, point), **kw,
         )
         row.update(prov)
         rows.append(row)
@@ -140,11 +176,25 @@ def _step_signature(step) -> tuple:
     return tuple((s, n) for _, s, n in step.chunks)
 
 
-def measured_rows(point: dict, calibration=None) -> list[dict]:
-    """Measured rows (unfused, fused) for one grid point on the running GPU.
+def _ttft_from_attention(modelled: dict, steps, prompt_len: int, layers: int, attention_ms) -> float:
+    """Mean TTFT (ms) of a modelled run with each step's attention path replaced by ``attention_ms[i]`` per layer."""
+    elapsed, ttfts = 0.0, []
+    for st, step_ms, ops, a in zip(steps, modelled["step_ms"], modelled["step_ops_ms"], attention_ms):
+        rest = step_ms - sum(v for k, v in ops.items() if k in ATTN_OPS)
+        elapsed += rest + a * layers
+        ttfts.extend([elapsed] * len(st.finished_prompts(prompt_len)))
+    return sum(ttfts) / len(ttfts)
 
-    The attention path is measured for every distinct step of the point's workload (identical steps once); TTFT is
-    the modelled TTFT with each step's attention-path ops replaced by the measured ones (``ttft_scope`` says so).
+
+def measured_rows(point: dict, calibration=None) -> list[dict]:
+    """Measured rows for one grid point on the running GPU: every real strategy of the point (and the baseline).
+
+    The attention path is measured for every distinct step of the point's workload (identical steps once),
+    ``num_runs`` interleaved rounds per strategy (:func:`mla_lab.measure.attention.time_attention_path`); TTFT is
+    the modelled TTFT with each step's attention path replaced by the measured median (``ttft_scope`` says so).
+    Each round also gives a TTFT, so rows carry the TTFT's 95 % interval (``ttft_ms_ci_lo/hi``) and the change's
+    interval from the rounds paired with the baseline's (``ttft_change_ci_lo/hi``); ``change_measurable`` is False
+    when that interval holds 0.
 
     Raises:
         RuntimeError: no CUDA GPU; ValueError: the point's arch family differs from the running GPU's, or the KV
@@ -160,6 +210,8 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     if point["kv_cache_dtype"] != "bf16":
         raise ValueError(f"kv_cache_dtype={point['kv_cache_dtype']!r}: only the bf16 path is measured")
     tp, mbt, L = point["tp"], point["max_num_batched_tokens"], point["prompt_len"]
+    names = [n for n in expand_strategies([BASELINE] + list(point["strategies"])) if n != "kernel_native"]
+    runs = int(point.get("num_runs") or 7)
     H = model.heads_per_rank(tp)
     steps = schedule(wl, mbt)
     cache: dict = {}
@@ -167,26 +219,37 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     for st in steps:
         sig = _step_signature(st)
         if sig not in cache:
-            cache[sig] = time_attention_path(model, tp, st, L, arch.name)
+            cache[sig] = time_attention_path(model, tp, st, L, arch.name, strategies=names, repeats=runs)
         per_step.append(cache[sig])
     prov = provenance("measured")
     kw = layer_options(point)
-    cap = memory_tradeoff(model, tp, arch, mbt, point["kv_cache_dtype"], **kw)
+    cap = _capacity(point, model, arch, names)
+    cal = resolve_calibration(calibration)
+    modelled = {n: predict_ttft(model, tp, arch, wl, mbt, n, "bf16", cal, **kw) for n in names}
+    round_ttft = {n: [_ttft_from_attention(modelled[n], steps, L, model.num_hidden_layers,
+                                           [m[n]["samples"][r] for m in per_step]) for r in range(runs)]
+                  for n in names}
     rows = []
-    for name in ("unfused", "fused"):
-        attention_ms = [m[name]["total"] for m in per_step]
-        t = predict_ttft(model, tp, arch, wl, mbt, name, "bf16", calibration, attention_override_ms=attention_ms,
-                         **kw)
+    for name in names:
+        medians = [m[name]["total"] for m in per_step]
+        ttft = _ttft_from_attention(modelled[name], steps, L, model.num_hidden_layers, medians)
+        t_ci = summarize(round_ttft[name])
+        change = [100.0 * (a - b) / b for a, b in zip(round_ttft[name], round_ttft[BASELINE])]
+        c_ci = summarize(change)
         first = per_step[0][name]
-        row = memory_columns(point, name, model, arch)
+        row = memory_columns(point, name, model, arch, cap)
         row.update(
-            ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=len(steps), ttft_scope=t["scope"],
-            attn_path_ms_step0=first["total"], attn_path_ms_steps=json.dumps([round(x, 6) for x in attention_ms]),
+            ttft_ms=ttft, ttft_ms_max=None, num_steps=len(steps),
+            ttft_scope=f"{modelled[name]['scope']} (attention path measured)",
+            ttft_ms_ci_lo=t_ci["ci_lo"], ttft_ms_ci_hi=t_ci["ci_hi"], ttft_change_ci_lo=c_ci["ci_lo"],
+            ttft_change_ci_hi=c_ci["ci_hi"], change_measurable=not (c_ci["ci_lo"] <= 0 <= c_ci["ci_hi"]),
+            num_runs=runs, attn_path_ms_step0=first["total"], attn_path_q1_step0=first["q1"],
+            attn_path_q3_step0=first["q3"], attn_path_ms_steps=json.dumps([round(x, 6) for x in medians]),
+            attn_path_samples_step0=json.dumps([round(x, 6) for x in first["samples"]]),
             measured_peak_extra_bytes=first["peak_bytes"],
             analytic_peak_extra_bytes=call_peak_bytes(name, H, mbt, arch, steps[0].num_tokens, model),
             kernel_backend=per_step[0]["kernel_backend"], concat_backend=per_step[0]["concat_backend"],
-            calibration=t["calibration"], **_capacity_columns(cap, name, point), **kw,
-            **{f"{op}_ms_step0": first.get(op, 0.0) for op in ATTN_OPS},
+            calibration=modelled[name]["calibration"], **_capacity_columns(cap, name, point), **kw,
         )
         row.update(prov)
         rows.append(row)
@@ -211,13 +274,28 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
     ``attn_path_ms_steps``, stays as measured). ``weight_dtype`` / ``moe_parallel`` set the layer options for every
     row (default: the row's own columns, else :data:`LAYER_OPTION_DEFAULTS`); the rows record them. Rows without the
     per-step list fall back to ``attn_path_ms_step0`` only when every step of their workload has the same shape,
-    else they are left unchanged and marked in ``ttft_note``. Returns a new DataFrame."""
+    else they are left unchanged and marked in ``ttft_note``.
+
+    Rows of the first version (no ``placement`` column) name what was measured then: ``unfused`` was a
+    ``new_zeros`` pad per call and ``fused`` a zero-initialised private workspace; they are relabelled
+    ``per_call_zeros`` and ``private_workspace`` (``legacy_strategy`` keeps the old name), and their change is
+    taken against ``per_call_zeros``, the baseline they were measured with. Returns a new DataFrame."""
     import pandas as pd
 
     out = df.copy()
     if out.empty or "source" not in out.columns:
         return out
     out["ttft_note"] = out.get("ttft_note", pd.Series([""] * len(out), index=out.index)).fillna("")
+    legacy = out["placement"].isna() if "placement" in out.columns else pd.Series(True, index=out.index)
+    if legacy.any():
+        out["legacy_strategy"] = out.get("legacy_strategy", pd.Series([""] * len(out), index=out.index))
+        old = out.loc[legacy, "strategy"]
+        out.loc[legacy, "legacy_strategy"] = old
+        out.loc[legacy, "strategy"] = old.map(LEGACY_MEASURED).fillna(old)
+        for col, f in (("preset", preset_of), ("placement", lambda n: parse_strategy(n).placement),
+                       ("content", lambda n: parse_strategy(n).content)):
+            out.loc[legacy, col] = out.loc[legacy, "strategy"].map(f)
+        out.loc[legacy, "baseline"] = "per_call_zeros"
     status = out["status"] if "status" in out.columns else "ok"
     for i, r in out[(out["source"] == "measured") & (status == "ok")].iterrows():
         point = {k: r[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "num_prompts",
@@ -246,9 +324,13 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
                          point["kv_cache_dtype"], attention_override_ms=attention_ms, **layer_options(point))
         out.at[i, "ttft_ms"], out.at[i, "ttft_ms_max"], out.at[i, "ttft_scope"] = \
             t["ttft_ms_mean"], t["ttft_ms_max"], t["scope"]
+    if "baseline" not in out.columns:
+        out["baseline"] = BASELINE
     measured = out[out["source"] == "measured"]
-    for _, g in measured.groupby(["model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype"]):
-        base = g[g["strategy"] == "unfused"]["ttft_ms"]
+    keys = ["model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "baseline"]
+    for _, g in measured.groupby(keys, dropna=False):
+        base_name = g["baseline"].iloc[0] if isinstance(g["baseline"].iloc[0], str) else BASELINE
+        base = g[g["strategy"] == base_name]["ttft_ms"]
         if len(base) == 1:
             out.loc[g.index, "ttft_change_pct"] = 100.0 * (g["ttft_ms"] - base.iloc[0]) / base.iloc[0]
     return out

@@ -1,0 +1,982 @@
+"""GPU round 2, serving / decode: per-rank decode layer time with the bf16 sparse kernel's 64-head padding.
+
+``benchmarks/bench_layer.py``'s ``Layer.e2e`` models one causal prompt of T tokens (indexer logits [T, T], full
+top-k, random indices); a decode batch of B tokens each with its own context c does not map onto it (its
+indexer reads c cached keys per token, its kernel sees topk_length = min(c, 2048) keys of the token's own
+request). So this script builds a decode layer of its own from bench_layer's pieces: ``Layer``'s weights (q/kv
+projections, W_UK / W_UV, indexer projections, o_proj, router, EP experts, shared expert), its Triton RMSNorm
+and SiLU*mul kernels, its causal indexer kernel (prefill part of mixed steps) and ``cuda_graphed``; plus a
+decode indexer-logits Triton kernel defined here (B x c, no causal mask) and the lab's ``concat_mla_q``. The
+sparse kernel is ``flash_mla.flash_mla_sparse_fwd`` (vLLM sends every token of a bf16-KV-cache step through it,
+decode included: FACTS.md section 6).
+
+Decode layer per rank (MoE layer, TP8 attention, experts EP8, no communication, KV-cache write and RoPE not
+timed): input RMSNorm (fused add) -> q_a_proj -> RMSNorm -> q_b_proj; kv_a_proj -> RMSNorm; W_UK bmm; indexer q /
+k / weights projections, decode logits over the request's c cached indexer keys, top-k (k = min(c, 2048)),
+local -> global slot indices; attention (strategy): ``unfused`` = concat into an [B, H, 576] buffer +
+``new_zeros((B, 64, 576))`` + copy, ``fused`` = concat into the zero-initialised padded workspace; FlashMLA
+sparse kernel (topk_length = min(c, 2048), indices from the top-k above); W_UV bmm on ``out[:, :H]`` (a view);
+o_proj; RMSNorm; router; routed experts as ``bmm`` over the *active* local experts (expected distinct experts hit
+by B x 8 routed pairs among 256, EP8 -> 32 local; tokens per active expert = ceil(pairs / active)); SiLU*mul;
+down bmm; sum; shared expert (TP-sharded).
+
+Outputs (CSV rows appended as measured; provenance columns on each):
+- ``decode_layer.csv``: the layer per (model, B, c, strategy, mode): ``eager`` and ``graph`` (CUDA-graph replay,
+  as vLLM's UNIFORM_BATCH full graphs); mixed steps (a prefill chunk of 2048 or 8192 tokens of one new prompt +
+  32 decode tokens at context 4096), eager (vLLM runs mixed batches piecewise, attention eager).
+- ``decode_attn.csv``: the attention path alone (concat [+ pad] + kernel) per (model, B, c, strategy), eager
+  and graph.
+- ``decode_ops.csv``: every op of the decode layer alone (graph replay of ``--op-inner`` back-to-back calls,
+  device time per call), per (model, B) and, for the ops that depend on it, per c.
+>= 5 repeats, strategies interleaved (order flipped every repeat). ``--smoke``: tiny model on CPU (Triton
+interpreter, float32, reference kernel) or GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+for p in (str(REPO), str(HERE)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+T0 = time.time()
+D_NOPE, D_PE, D_QK, D_V, HP = 512, 64, 576, 512, 64
+
+
+def log(*a):
+    print(f"[{time.time() - T0:7.1f}s] " + " ".join(str(x) for x in a), flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ provenance
+
+
+def provenance_cols(kern_info):
+    import torch
+
+    p = {}
+    try:
+        from mla_lab.provenance import provenance
+
+        p = provenance("measured")
+    except Exception as e:
+        log(f"mla_lab.provenance unavailable ({type(e).__name__}: {e}); provenance from torch/nvml")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    sm = "sm%d%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else "none"
+    driver = p.get("driver", "none")
+    if driver in ("none", None):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            driver = driver.decode() if isinstance(driver, bytes) else driver
+        except Exception:
+            driver = "none"
+    try:
+        import triton
+
+        tv = triton.__version__
+    except Exception:
+        tv = "none"
+    fm = (f"{kern_info.get('provider')}=={kern_info.get('version')}" if kern_info.get("available")
+          else f"none ({kern_info.get('reason')})")
+    return {"source": "measured", "gpu": gpu, "sm": sm, "driver": driver, "cuda": str(torch.version.cuda),
+            "torch": torch.__version__, "triton": tv, "flash_mla": fm,
+            "git_commit": os.environ.get("MLA_LAB_COMMIT") or p.get("git_commit", "unknown"),
+            "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+class Sink:
+    def __init__(self, path, cols, prov):
+        self.path, self.prov, self.n = Path(path), prov, 0
+        self.cols = list(cols) + [c for c in prov if c not in cols]
+        with open(self.path, "w", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.cols).writeheader()
+
+    def write(self, row):
+        bad = set(row) - set(self.cols)
+        if bad:
+            raise KeyError(f"unknown columns {sorted(bad)} for {self.path.name}")
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.cols).writerow({**row, **self.prov})
+        self.n += 1
+
+
+class Sampler:
+    """NVML every ``period`` s in a thread: SM clock (MHz), power (W), temperature (C), clock-event reasons."""
+
+    def __init__(self, period=0.02):
+        self.ok, self.samples, self.why = False, [], ""
+        self.period, self._stop = period, threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+            fid = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", None)
+            self._pw = lambda: pynvml.nvmlDeviceGetPowerUsage(self.h) / 1000.0
+            if fid is not None:
+                try:
+                    v = pynvml.nvmlDeviceGetFieldValues(self.h, [fid])[0]
+                    if getattr(v, "nvmlReturn", 0) == 0 and v.value.uiVal > 0:
+                        self._pw = lambda: pynvml.nvmlDeviceGetFieldValues(self.h, [fid])[0].value.uiVal / 1000.0
+                except Exception:
+                    pass
+            self.ok = True
+        except Exception as e:
+            self.why = f"{type(e).__name__}: {e}"
+            return
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        nv, h = self.nv, self.h
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            try:
+                self.samples.append((t, nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), self._pw(),
+                                     nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
+            except Exception:
+                pass
+            self._stop.wait(self.period)
+
+    def window(self, t0, t1):
+        s = [x for x in self.samples[-4000:] if t0 <= x[0] <= t1]
+        if not s:
+            return {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0}
+        return {"sm_clock_mhz": statistics.median(x[1] for x in s),
+                "power_w": round(statistics.median(x[2] for x in s), 1),
+                "temp_c": statistics.median(x[3] for x in s), "n_samples": len(s)}
+
+    def stop(self):
+        self._stop.set()
+
+
+# --------------------------------------------------------------------------------------------------- timing
+
+
+def _q(xs, p):
+    xs = sorted(xs)
+    k = (len(xs) - 1) * p
+    lo = int(math.floor(k))
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def sync(dev):
+    import torch
+
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed_window(fn, n, sampler, dev, per=1):
+    """n calls of ``fn``; per-call CUDA-event times (divided by ``per`` when fn runs an op ``per`` times)."""
+    import torch
+
+    ts = []
+    if dev == "cuda":
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for s, e in ev:
+            s.record()
+            fn()
+            e.record()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        ts = [s.elapsed_time(e) / per for s, e in ev]
+    else:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - a) * 1e3 / per)
+        t1 = time.perf_counter()
+    out = {"n_calls": n, "ms_median": statistics.median(ts), "ms_mean": statistics.fmean(ts), "ms_p10": _q(ts, .1),
+           "ms_p90": _q(ts, .9), "window_s": round(t1 - t0, 4)}
+    out.update(sampler.window(t0, t1) if sampler.ok else {"sm_clock_mhz": "", "power_w": "", "temp_c": "",
+                                                           "n_samples": 0})
+    return out
+
+
+def est_ms(fn, dev, k=3):
+    import torch
+
+    fn()
+    sync(dev)
+    if dev == "cuda":
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(k):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        return s.elapsed_time(e) / k
+    a = time.perf_counter()
+    for _ in range(k):
+        fn()
+    return (time.perf_counter() - a) * 1e3 / k
+
+
+def graph_of(fn, inner=1):
+    """CUDA graph of ``inner`` back-to-back calls of ``fn`` (warm-up on a side stream first); returns replay."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    torch.cuda.synchronize()
+    return g.replay, g
+
+
+# ------------------------------------------------------------------------------------------------- kernels
+
+DEC = {}
+
+
+def define_decode_logits():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dec_logits_kernel(q_ptr, k_ptr, w_ptr, o_ptr, C, sq_b, sq_h, sk_b, sk_s, sw_b, so_b,
+                          NH: tl.constexpr, NHP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
+        # logits[b, s] = sum_h w[b, h] * relu(q[b, h, :] . k[b, s, :]) over the request's C cached keys
+        b = tl.program_id(0).to(tl.int64)
+        n0 = tl.program_id(1) * BN
+        offs_h = tl.arange(0, NHP)
+        offs_d = tl.arange(0, D)
+        offs_n = n0 + tl.arange(0, BN)
+        hm = offs_h < NH
+        nm = offs_n < C
+        q = tl.load(q_ptr + b * sq_b + offs_h[:, None] * sq_h + offs_d[None, :], mask=hm[:, None], other=0.0)
+        k = tl.load(k_ptr + b * sk_b + offs_n[:, None] * sk_s + offs_d[None, :], mask=nm[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        w = tl.load(w_ptr + b * sw_b + offs_h, mask=hm, other=0.0)
+        acc = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+        tl.store(o_ptr + b * so_b + offs_n, acc, mask=nm)
+
+    DEC["k"] = dec_logits_kernel
+    DEC["triton"] = triton
+
+
+def decode_logits(q, kc, w, out, interp=False):
+    """q [B, NH, D], kc [B, C, D] (the requests' cached indexer keys), w [B, NH] fp32 -> out [B, C] fp32."""
+    triton = DEC["triton"]
+    B, NH, D = q.shape
+    C = kc.shape[1]
+    BN = 16 if interp else 64
+    NHP = max(16, triton.next_power_of_2(NH))
+    DEC["k"][(B, triton.cdiv(C, BN))](q, kc, w, out, C, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
+                                      w.stride(0), out.stride(0), NH=NH, NHP=NHP, D=D, BN=BN,
+                                      **({} if interp else {"num_warps": 4}))
+    return out
+
+
+class Kernels:
+    def __init__(self, dev):
+        import torch
+
+        self.dev, self.torch = dev, torch
+        self.info, self.K, self._fm = {"available": False, "reason": "not probed"}, None, None
+        try:
+            from mla_lab import kernels as K
+
+            self.K, self.info = K, K.flash_mla_info()
+            self.concat_impl = "mla_lab.kernels.concat_mla_q(" + ("triton" if dev == "cuda" else "torch") + ")"
+        except Exception as e:
+            log(f"mla_lab.kernels import failed ({type(e).__name__}: {e}); torch copy_ concat")
+            self.concat_impl = "torch copy_ (fallback)"
+        if dev == "cuda":
+            import flash_mla
+
+            self._fm = flash_mla.flash_mla_sparse_fwd
+            self.kernel_impl = "flash_mla.flash_mla_sparse_fwd"
+        else:
+            self.kernel_impl = "mla_lab.kernels.sparse_mla_prefill(reference)"
+
+    def concat(self, qn, qp, out):
+        if self.K is not None and qn.dtype in (self.torch.bfloat16, self.torch.float16):
+            return self.K.concat_mla_q(qn, qp, out, backend="triton" if self.dev == "cuda" else "torch")
+        H = qn.shape[1]
+        out[:, :H, :D_NOPE].copy_(qn)
+        out[:, :H, D_NOPE:].copy_(qp)
+        return out
+
+    def kernel(self, q, kv, idx, sm, topk_length=None):
+        if self._fm is not None:
+            return self._fm(q, kv, idx, sm, d_v=D_V, topk_length=topk_length)[0]
+        return self.K.sparse_mla_prefill(q, kv, idx, sm, d_v=D_V, topk_length=topk_length,
+                                         backend="reference")[0].to(q.dtype)
+
+
+# ----------------------------------------------------------------------------------------------- the layer
+
+
+def active_experts(B_tokens, model, ep):
+    """Expected distinct local experts hit by B x k routed pairs (uniform routing), and tokens per active one."""
+    E, k = model.n_routed_experts, model.num_experts_per_tok
+    e_loc = E // ep
+    pairs = max(1, round(B_tokens * k / ep))
+    n_act = e_loc * (1 - (1 - 1 / E) ** (B_tokens * k))
+    n_act = max(1, min(e_loc, int(round(n_act))))
+    return n_act, math.ceil(pairs / n_act), pairs
+
+
+
+# ---------------------------------------------------------------------------- bench_layer's pieces (adapter)
+
+#: HF config.json values (FACTS.md section 3), used only if mla_lab.models cannot be imported at the moment.
+FALLBACK_MODELS = {
+    "glm-5": dict(num_attention_heads=64, hidden_size=6144, q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192,
+                  qk_rope_head_dim=64, v_head_dim=256, index_topk=2048, index_n_heads=32, index_head_dim=128,
+                  n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, intermediate_size=12288,
+                  n_shared_experts=1),
+    "deepseek-v3.2": dict(num_attention_heads=128, hidden_size=7168, q_lora_rank=1536, kv_lora_rank=512,
+                          qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, index_topk=2048,
+                          index_n_heads=64, index_head_dim=128, n_routed_experts=256, num_experts_per_tok=8,
+                          moe_intermediate_size=2048, intermediate_size=18432, n_shared_experts=1),
+    "tiny": dict(num_attention_heads=16, hidden_size=256, q_lora_rank=128, kv_lora_rank=512, qk_nope_head_dim=64,
+                 qk_rope_head_dim=64, v_head_dim=64, index_topk=128, index_n_heads=4, index_head_dim=32,
+                 n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=64, intermediate_size=256,
+                 n_shared_experts=1),
+}
+
+
+class FallbackModel(SimpleNamespace):
+    @property
+    def topk(self):
+        return self.index_topk
+
+    def heads_per_rank(self, tp):
+        return self.num_attention_heads // tp
+
+
+def get_model(name, kit=None):
+    if name == "tiny" and kit is not None and kit.tiny_model is not None:
+        try:
+            return kit.tiny_model()
+        except Exception as e:
+            log(f"tiny_model() failed ({type(e).__name__}: {e}); fallback config")
+    elif name != "tiny":
+        try:
+            from mla_lab.models import load_model
+
+            return load_model(name)
+        except Exception as e:
+            log(f"load_model({name!r}) failed ({type(e).__name__}: {e}); FACTS.md config values")
+    return FallbackModel(name=name, **FALLBACK_MODELS[name])
+
+
+def _attr(o, *names):
+    for n in names:
+        if hasattr(o, n):
+            return getattr(o, n)
+    raise AttributeError(f"{type(o).__name__} has none of {names}")
+
+
+class Kit:
+    """bench_layer's Layer (weights) and Triton rmsnorm / silu_mul / mqa_logits, whichever API the tree has now
+    (bench_layer module functions, or mla_lab.measure.layer re-exported by bench_layer); torch fallbacks when
+    neither imports (recorded in ``layer_impl``)."""
+
+    def __init__(self):
+        self.Layer, self.tiny_model, self.impl = None, None, ""
+        try:
+            import bench_layer as BL
+
+            mod = sys.modules.get(BL.Layer.__module__, BL)
+            if hasattr(BL, "_define_kernels"):
+                BL._define_kernels()
+            src = BL if hasattr(BL, "rmsnorm") else mod
+            self.rmsnorm, self.silu_mul, self.mqa_logits = src.rmsnorm, src.silu_mul, src.mqa_logits
+            self.tiny_model = getattr(BL, "tiny_model", None) or getattr(mod, "tiny_model", None)
+            self.Layer = BL.Layer
+            self.impl = f"{BL.Layer.__module__}.Layer weights; {src.__name__} Triton rmsnorm/silu_mul/mqa_logits"
+        except Exception as e:
+            log(f"bench_layer pieces unavailable ({type(e).__name__}: {e}); own weights, torch norm/silu, "
+                f"non-causal indexer logits for the prefill part")
+            self.rmsnorm, self.silu_mul, self.mqa_logits = _rmsnorm_torch, _silu_mul_torch, _mqa_fallback
+            self.impl = "fallback: own weights, torch rms_norm/silu, decode_logits kernel for prefill logits"
+
+
+def _rmsnorm_torch(x, w, out, residual=None, eps=1e-6):
+    import torch
+
+    s = x.float() + residual.float() if residual is not None else x.float()
+    if residual is not None:
+        residual.copy_(s)
+    out.copy_(s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * w.float())
+    return out
+
+
+def _silu_mul_torch(x, out):
+    import torch.nn.functional as F
+
+    N = x.shape[1] // 2
+    out.copy_(F.silu(x[:, :N].float()) * x[:, N:].float())
+    return out
+
+
+def _mqa_fallback(q, k, w, out, interp=False):
+    # all P keys for every prompt token (no causal mask; about twice the causal work): timing stand-in only
+    return decode_logits(q, k.unsqueeze(0).expand(q.shape[0], -1, -1), w, out, interp)
+
+
+class LayerWeights:
+    """The weights and Q workspaces of one per-rank layer: bench_layer's Layer (either API), or the same tensors
+    built here."""
+
+    def __init__(self, kit, model, tp, ep, dev, dtype, max_T, interp):
+        import torch
+
+        self.H = model.heads_per_rank(tp)
+        if kit.Layer is not None:
+            try:
+                L = kit.Layer(model, tp, HP, dev, dtype, max_T, None, None, interp, [("ep", ep)])
+                self.H, self.Hp = L.H, L.Hp
+                self.W = _attr(L, "weights", "W")
+                self.norm = _attr(L, "norm_weights", "norm_w")
+                self.moe = _attr(L, "moe_weights", "moe")[("ep", ep)]
+                self.W_UK, self.W_UV = L.W_UK, L.W_UV
+                self.ws_unfused = _attr(L, "workspace_unfused", "ws_unfused")
+                self.ws_fused = _attr(L, "workspace_fused", "ws_fused")
+                self.rnd = _attr(L, "random_tensor", "rnd")
+                self.impl = kit.impl
+                self._L = L
+                if float(self.ws_fused[:, self.H:].abs().max()) != 0.0:
+                    self.ws_fused[:, self.H:].zero_()
+                return
+            except Exception as e:
+                log(f"Layer construction failed ({type(e).__name__}: {e}); own weights")
+
+        def rnd(*shape, k=None):
+            return (torch.randn(*shape, device=dev, dtype=dtype) / math.sqrt(k or shape[-1])).contiguous()
+
+        m, H = model, self.H
+        self.Hp = HP
+        h, qr, kr = m.hidden_size, m.q_lora_rank, m.kv_lora_rank
+        dn, dr, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
+        self.W = {"q_a_proj": rnd(qr, h), "q_b_proj": rnd(H * (dn + dr), qr), "kv_a_proj": rnd(kr + dr, h),
+                  "idx_wq_b": rnd(m.index_n_heads * m.index_head_dim, qr), "idx_wk": rnd(m.index_head_dim, h),
+                  "idx_weights_proj": rnd(m.index_n_heads, h), "o_proj": rnd(h, H * dv),
+                  "router": rnd(m.n_routed_experts, h)}
+        ns = m.n_shared_experts * m.moe_intermediate_size // tp
+        if ns:
+            self.W["shared_gate_up"], self.W["shared_down"] = rnd(2 * ns, h), rnd(h, ns)
+        self.W_UK, self.W_UV = rnd(H, dn, kr, k=dn), rnd(H, kr, dv, k=kr)
+        self.norm = {n: (1 + 0.1 * torch.randn(n, device=dev)).to(dtype) for n in {h, qr, kr}}
+        e_loc = m.n_routed_experts // ep
+        self.moe = (rnd(e_loc, 2 * m.moe_intermediate_size, h), rnd(e_loc, h, m.moe_intermediate_size))
+        self.ws_unfused = torch.randn(max_T, H, D_QK, device=dev, dtype=dtype)
+        self.ws_fused = torch.zeros(max_T, HP, D_QK, device=dev, dtype=dtype)
+        self.rnd = rnd
+        self.impl = kit.impl + "; own weights (Layer failed)"
+
+
+class DecodeLayer:
+    """One per-rank MoE decode layer over a shared weight set (bench_layer.Layer's) and shared KV caches."""
+
+    def __init__(self, kit, model, tp, ep, dev, dtype, kern, max_T, max_rows, interp):
+        import torch
+
+        self.torch, self.kit, self.m, self.tp, self.ep = torch, kit, model, tp, ep
+        self.dev, self.dtype, self.kern, self.interp = dev, dtype, kern, interp
+        self.L = L = LayerWeights(kit, model, tp, ep, dev, dtype, max_T, interp)
+        self.layer_impl = L.impl
+        self.H, self.Hp = L.H, L.Hp
+        assert self.Hp == HP, (self.H, self.Hp)
+        g = torch.Generator(device=dev).manual_seed(5)
+        # the KV cache (MLA latent, 576 per token) and the indexer key cache of all requests, [rows, ...]
+        self.kv_all = torch.randn(max_rows, 1, D_QK, device=dev, dtype=dtype, generator=g)
+        self.ik_all = torch.randn(max_rows, model.index_head_dim, device=dev, dtype=dtype, generator=g)
+        self.sm = D_QK ** -0.5
+        self.g = g
+
+    def state(self, Bd, c, P=0):
+        """Inputs and buffers for a step of P prefill tokens (one new prompt, kv rows 0..P-1) + Bd decode tokens
+        with context c each (request b's cached rows P + b*c .. P + b*c + c - 1)."""
+        torch, m, L, dev, dt = self.torch, self.m, self.L, self.dev, self.dtype
+        T = P + Bd
+        h, qr, kr = m.hidden_size, m.q_lora_rank, m.kv_lora_rank
+        S = SimpleNamespace(T=T, Bd=Bd, c=c, P=P)
+        S.x = L.rnd(T, h, k=1)
+        S.res = L.rnd(T, h, k=1)
+        S.xn = torch.empty_like(S.x)
+        S.yn = torch.empty_like(S.x)
+        S.qa_n = torch.empty(T, qr, device=dev, dtype=dt)
+        S.kvn = torch.empty(T, kr, device=dev, dtype=dt)
+        S.attn = torch.empty(T, self.H * m.v_head_dim, device=dev, dtype=dt)
+        S.k_dec = min(c, m.topk) if Bd else 0
+        rows = P + Bd * c
+        S.kv = self.kv_all[:rows]
+        if Bd:
+            S.kc = self.ik_all[P:P + Bd * c].view(Bd, c, -1)
+            S.logits = torch.empty(Bd, c, device=dev, dtype=torch.float32)
+            S.base = (P + torch.arange(Bd, device=dev, dtype=torch.int64) * c)
+        if P:
+            S.logits_p = torch.full((P, P), float("-inf"), device=dev, dtype=torch.float32)
+        width = m.topk if P else S.k_dec
+        parts_i, parts_l = [], []
+        if P:  # one causal prompt of P tokens: the last min(p+1, topk) keys
+            p = torch.arange(P, device=dev)
+            tl_ = torch.clamp(p + 1, max=m.topk)
+            ar = torch.arange(width, device=dev)
+            ii = (p + 1 - tl_)[:, None] + ar[None, :]
+            parts_i.append(torch.where(ar[None, :] < tl_[:, None], ii, torch.full_like(ii, -1)))
+            parts_l.append(tl_)
+        if Bd:  # random distinct keys of the request's own context (what a top-k over random logits gives)
+            loc = torch.rand(Bd, c, device=dev, generator=self.g).topk(S.k_dec, dim=-1).indices
+            ii = loc + S.base[:, None]
+            if width > S.k_dec:
+                ii = torch.cat([ii, torch.full((Bd, width - S.k_dec), -1, device=dev, dtype=ii.dtype)], 1)
+            parts_i.append(ii)
+            parts_l.append(torch.full((Bd,), S.k_dec, device=dev, dtype=torch.int64))
+        S.idx_fixed = torch.cat(parts_i, 0).to(torch.int32).view(T, 1, width).contiguous()
+        S.topk_length = torch.cat(parts_l, 0).to(torch.int32).contiguous()
+        # MoE: active local experts
+        n_act, M_e, pairs = active_experts(T, m, self.ep)
+        w13, w2 = L.moe
+        S.n_act, S.M_e, S.pairs = n_act, M_e, pairs
+        S.w13a, S.w2a = w13[:n_act], w2[:n_act]
+        S.xe = L.rnd(n_act, M_e, h, k=1)
+        S.act = torch.empty(n_act * M_e, w13.shape[1] // 2, device=dev, dtype=dt)
+        S.kloc = max(1, pairs // T)
+        S.pairs_used = S.kloc * T
+        if "shared_gate_up" in L.W:
+            S.sh_a = torch.empty(T, L.W["shared_gate_up"].shape[0] // 2, device=dev, dtype=dt)
+        return S
+
+    def steps(self, S, strategy, use_topk_indices=True):
+        """[(name, fn, c_dependent)] of the layer; running them in order is the layer."""
+        import torch.nn.functional as F
+
+        torch, BL, m, L, kern = self.torch, self.kit, self.m, self.L, self.kern
+        W, nw = L.W, L.norm
+        T, Bd, P = S.T, S.Bd, S.P
+        H, Hp = self.H, self.Hp
+        h, qr, kr = m.hidden_size, m.q_lora_rank, m.kv_lora_rank
+        dn, dv, nih, dih = m.qk_nope_head_dim, m.v_head_dim, m.index_n_heads, m.index_head_dim
+        interp = self.interp
+        st = []
+
+        def add(name, dep=False):
+            def deco(f):
+                st.append((name, f, dep))
+                return f
+            return deco
+
+        @add("input_norm")
+        def _():
+            BL.rmsnorm(S.x, nw[h], S.xn, residual=S.res)
+
+        @add("q_a_proj")
+        def _():
+            S.qa = F.linear(S.xn, W["q_a_proj"])
+
+        @add("q_a_norm")
+        def _():
+            BL.rmsnorm(S.qa, nw[qr], S.qa_n)
+
+        @add("q_b_proj")
+        def _():
+            S.q = F.linear(S.qa_n, W["q_b_proj"]).view(T, H, -1)
+
+        @add("kv_a_proj")
+        def _():
+            S.kva = F.linear(S.xn, W["kv_a_proj"])
+
+        @add("kv_a_norm")
+        def _():
+            BL.rmsnorm(S.kva[:, :kr], nw[kr], S.kvn)
+
+        @add("w_uk_bmm")
+        def _():
+            S.ql_nope = torch.bmm(S.q[..., :dn].transpose(0, 1), L.W_UK).transpose(0, 1)
+
+        @add("idx_q_proj")
+        def _():
+            S.iq = F.linear(S.qa_n, W["idx_wq_b"]).view(T, nih, dih)
+
+        @add("idx_k_proj")
+        def _():
+            S.ik = F.linear(S.xn, W["idx_wk"])
+
+        @add("idx_weights_proj")
+        def _():
+            S.iw = F.linear(S.xn, W["idx_weights_proj"]).float()
+
+        if P:
+            @add("idx_logits_prefill", True)
+            def _():
+                BL.mqa_logits(S.iq[:P], S.ik[:P], S.iw[:P], S.logits_p, interp)
+
+            @add("idx_topk_prefill", True)
+            def _():
+                S.tk_p = torch.topk(S.logits_p, min(P, m.topk), dim=-1, sorted=False).indices
+        if Bd:
+            @add("idx_logits_decode", True)
+            def _():
+                decode_logits(S.iq[P:], S.kc, S.iw[P:], S.logits, interp)
+
+            @add("idx_topk_decode", True)
+            def _():
+                S.tk = torch.topk(S.logits, S.k_dec, dim=-1, sorted=False).indices
+
+            @add("idx_to_global", True)
+            def _():
+                S.gidx_t = (S.tk + S.base[:, None]).to(torch.int32).view(Bd, 1, S.k_dec)
+        # attention path
+        if strategy == "unfused":
+            buf = L.ws_unfused[:T]
+
+            @add("concat_unfused")
+            def _():
+                kern.concat(S.ql_nope, S.q[..., dn:], buf)
+
+            @add("pad_new_zeros_copy")
+            def _():
+                qk = buf.new_zeros((T, Hp, D_QK))
+                qk[:, :H] = buf
+                S.qk = qk
+        else:
+            ws = L.ws_fused[:T]
+
+            @add("concat_fused")
+            def _():
+                kern.concat(S.ql_nope, S.q[..., dn:], ws)
+                S.qk = ws
+
+        # pure decode: the kernel reads the indexer's top-k (global slots); mixed steps and the attention path
+        # alone read the fixed indices built in state() (same pattern)
+        topk_idx = use_topk_indices and Bd and not P
+
+        @add("sparse_kernel", True)
+        def _():
+            S.o = kern.kernel(S.qk, S.kv, S.gidx_t if topk_idx else S.idx_fixed, self.sm, S.topk_length)[:, :H]
+
+        @add("w_uv_bmm")
+        def _():
+            torch.bmm(S.o.transpose(0, 1), L.W_UV, out=S.attn.view(T, H, dv).transpose(0, 1))
+
+        @add("o_proj")
+        def _():
+            S.y = F.linear(S.attn, W["o_proj"])
+
+        @add("post_attn_norm")
+        def _():
+            BL.rmsnorm(S.y, nw[h], S.yn, residual=S.res)
+
+        @add("router")
+        def _():
+            S.rl = F.linear(S.yn, W["router"])
+
+        @add("moe_gate_up")
+        def _():
+            S.h1 = torch.bmm(S.xe, S.w13a.transpose(1, 2))
+
+        @add("moe_silu_mul")
+        def _():
+            BL.silu_mul(S.h1.view(S.n_act * S.M_e, -1), S.act)
+
+        @add("moe_down")
+        def _():
+            S.h2 = torch.bmm(S.act.view(S.n_act, S.M_e, -1), S.w2a.transpose(1, 2))
+
+        @add("moe_sum")
+        def _():
+            S.routed = S.h2.view(-1, h)[: S.pairs_used].view(T, S.kloc, h).sum(1)
+
+        if "shared_gate_up" in W:
+            @add("shared_gate_up")
+            def _():
+                S.g = F.linear(S.yn, W["shared_gate_up"])
+
+            @add("shared_silu_mul")
+            def _():
+                BL.silu_mul(S.g, S.sh_a)
+
+            @add("shared_down")
+            def _():
+                S.sh = F.linear(S.sh_a, W["shared_down"])
+        return st
+
+
+def as_fn(steps, names=None):
+    fs = [f for n, f, _ in steps if names is None or n in names]
+
+    def run():
+        for f in fs:
+            f()
+    return run
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+LAYER_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "prefill_tokens", "decode_tokens",
+              "T_total", "topk_length_decode", "strategy", "mode", "repeat", "order", "n_calls", "ms_median",
+              "ms_mean", "ms_p10", "ms_p90", "window_s", "n_act_experts", "tokens_per_expert", "sm_clock_mhz",
+              "power_w", "temp_c", "n_samples", "layer_impl", "concat_impl", "kernel_impl", "status", "notes"]
+OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "c_dependent",
+            "repeat", "inner", "ms", "status"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--models", default="glm-5,deepseek-v3.2")
+    ap.add_argument("--tp", type=int, default=8)
+    ap.add_argument("--batches", default="1,4,16,64,128,256")
+    ap.add_argument("--contexts", default="1024,4096,8192")
+    ap.add_argument("--mixed-prefill", default="2048,8192")
+    ap.add_argument("--mixed-decode", type=int, default=32)
+    ap.add_argument("--mixed-context", type=int, default=4096)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--window-ms", type=float, default=15.0)
+    ap.add_argument("--op-inner", type=int, default=10)
+    ap.add_argument("--op-repeats", type=int, default=5)
+    ap.add_argument("--no-ops", action="store_true", help="skip the per-op table")
+    ap.add_argument("--budget-s", type=float, default=160.0)
+    args = ap.parse_args(argv)
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu" and not args.smoke:
+        ap.error("no CUDA GPU: use --smoke on CPU")
+    interp = dev == "cpu"
+    if interp:
+        os.environ["TRITON_INTERPRET"] = "1"
+    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
+    kit = Kit()
+    define_decode_logits()
+    kern = Kernels(dev)
+    prov = provenance_cols(kern.info)
+    sampler = Sampler(0.02)
+    out = Path(args.out) if args.out else (Path("/tmp/bench_decode_smoke") if args.smoke
+                                           else REPO / "data/measured/h200/round2")
+    out.mkdir(parents=True, exist_ok=True)
+    log(f"device={prov['gpu']} torch={prov['torch']} triton={prov['triton']} flash_mla={prov['flash_mla']} "
+        f"commit={prov['git_commit']} concat={kern.concat_impl} kernel={kern.kernel_impl} "
+        f"nvml={'ok' if sampler.ok else sampler.why}")
+    deadline = T0 + args.budget_s
+    if args.smoke:
+        models = [("tiny", get_model("tiny", kit))]
+        tp, Bs, Cs, Ps, mdec, mctx = 2, [1, 4], [128, 256], [64], 4, 128
+        args.repeats, args.op_repeats, args.window_ms, args.op_inner = 2, 2, 1.0, 2
+    else:
+        models = [(n, get_model(n)) for n in args.models.split(",")]
+        tp = args.tp
+        Bs = [int(x) for x in args.batches.split(",")]
+        Cs = [int(x) for x in args.contexts.split(",")]
+        Ps = [int(x) for x in args.mixed_prefill.split(",") if x]
+        mdec, mctx = args.mixed_decode, args.mixed_context
+    sink_l = Sink(out / "decode_layer.csv", LAYER_COLS, prov)
+    sink_a = Sink(out / "decode_attn.csv", LAYER_COLS, prov)
+    sink_o = Sink(out / "decode_ops.csv", OPS_COLS, prov)
+    # correctness of the decode logits kernel (fresh random inputs, poisoned output)
+    g = torch.Generator(device=dev).manual_seed(int(time.time()) % 1000)
+    for NH in (4, 32, 64):
+        q = torch.randn(3, NH, 128 if not interp else 32, device=dev, dtype=dtype, generator=g)
+        kc = torch.randn(3, 200, q.shape[2], device=dev, dtype=dtype, generator=g)
+        w = torch.rand(3, NH, device=dev, generator=g)
+        o = torch.full((3, 200), float("nan"), device=dev)
+        decode_logits(q, kc, w, o, interp)
+        ref = (torch.relu(torch.einsum("bhd,bsd->bhs", q.double(), kc.double())) * w.double()[:, :, None]).sum(1)
+        err = float((o.double() - ref).norm() / ref.norm())
+        log(f"decode_logits check NH={NH}: rel err {err:.2e}")
+        if not err < 2e-2:
+            raise SystemExit(f"decode_logits wrong (rel err {err}); refusing to time")
+    ep = tp
+    for mname, model in models:
+        if time.time() > deadline:
+            break
+        max_T = max([max(Bs)] + [P + mdec for P in Ps])
+        max_rows = max(max(Bs) * max(Cs), max([P + mdec * mctx for P in Ps] or [0]))
+        try:
+            DL = DecodeLayer(kit, model, tp, ep, dev, dtype, kern, max_T, max_rows, interp)
+        except Exception as e:
+            log(f"{mname}: layer setup failed {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            continue
+        base = {"model": mname, "tp": tp, "ep": ep, "H": DL.H, "Hp": DL.Hp}
+        log(f"{mname}: H={DL.H} -> {DL.Hp}, kv rows {max_rows}; {DL.layer_impl}")
+        op_done = set()
+        for B in Bs:
+            for c in Cs:
+                if time.time() > deadline:
+                    log(f"deadline before {mname} B={B} c={c}")
+                    break
+                try:
+                    S = DL.state(B, c)
+                    cfg = {**base, "batch": B, "context": c, "prefill_tokens": 0, "decode_tokens": B, "T_total": B,
+                           "topk_length_decode": S.k_dec, "n_act_experts": S.n_act, "tokens_per_expert": S.M_e,
+                           "layer_impl": DL.layer_impl, "concat_impl": kern.concat_impl,
+                           "kernel_impl": kern.kernel_impl}
+                    fns = {}
+                    for strat in ("unfused", "fused"):
+                        st = DL.steps(S, strat)
+                        lay = as_fn(st)
+                        att_names = {"concat_unfused", "pad_new_zeros_copy", "concat_fused", "sparse_kernel"}
+                        lay()  # populate the state
+                        # the attention path alone reads the fixed indices (same pattern as the top-k gives)
+                        att = as_fn([(n, f, d) for n, f, d in DL.steps(S, strat, use_topk_indices=False)
+                                     if n in att_names])
+                        fns[(strat, "layer", "eager")] = lay
+                        fns[(strat, "attn", "eager")] = att
+                        if dev == "cuda":
+                            for kind, f in (("layer", lay), ("attn", att)):
+                                try:
+                                    rep, gr = graph_of(f)
+                                    fns[(strat, kind, "graph")] = rep
+                                    fns[(strat, kind, "graph_obj")] = gr
+                                except Exception as e:
+                                    log(f"graph capture {mname} B={B} c={c} {strat} {kind}: {type(e).__name__}: {e}")
+                                    torch.cuda.synchronize()
+                        fns[(strat, "steps")] = st
+                    fns[("unfused", "attn", "eager")]()
+                    o1 = S.o.clone()
+                    fns[("fused", "attn", "eager")]()
+                    sync(dev)
+                    cfg["notes"] = (f"attention output unfused vs fused: max_abs_diff "
+                                    f"{float((o1.float() - S.o.float()).abs().max())}")
+                    del o1
+                    n_of = {}
+                    for key, f in list(fns.items()):
+                        if len(key) == 3 and key[2] in ("eager", "graph"):
+                            n_of[key] = max(3, min(200, int(round(args.window_ms / max(est_ms(f, dev), 1e-3)))))
+                    for r in range(args.repeats):
+                        order = ("unfused", "fused") if r % 2 == 0 else ("fused", "unfused")
+                        for o, strat in enumerate(order):
+                            for kind, sink in (("layer", sink_l), ("attn", sink_a)):
+                                for mode in ("eager", "graph"):
+                                    f = fns.get((strat, kind, mode))
+                                    if f is None:
+                                        continue
+                                    res = timed_window(f, n_of[(strat, kind, mode)], sampler, dev)
+                                    sink.write({"experiment": f"decode_{kind}", **cfg, "strategy": strat,
+                                                "mode": mode, "repeat": r, "order": o, **res, "status": "ok"})
+                    # per-op device times (graph of `inner` calls), c-independent ops once per B
+                    if not args.no_ops:
+                        for strat in ("unfused", "fused"):
+                            for name, f, dep in fns[(strat, "steps")]:
+                                shared = name not in ("concat_unfused", "pad_new_zeros_copy", "concat_fused")
+                                key = (B, name if shared else f"{name}", c if dep else None)
+                                if key in op_done or time.time() > deadline:
+                                    continue
+                                op_done.add(key)
+                                try:
+                                    if dev == "cuda":
+                                        rep, gr = graph_of(f, args.op_inner)
+                                    else:
+                                        rep, gr = (lambda f=f: [f() for _ in range(args.op_inner)]), None
+                                    for r in range(args.op_repeats):
+                                        res = timed_window(rep, 1, sampler, dev, per=args.op_inner)
+                                        sink_o.write({"experiment": "decode_op", **base, "batch": B,
+                                                      "context": c if dep else "", "op": name,
+                                                      "strategy": "" if shared else strat, "c_dependent": dep,
+                                                      "repeat": r, "inner": args.op_inner, "ms": res["ms_median"],
+                                                      "status": "ok"})
+                                    del rep, gr
+                                except Exception as e:
+                                    sink_o.write({"experiment": "decode_op", **base, "batch": B, "op": name,
+                                                  "status": f"error {type(e).__name__}: {str(e)[:150]}"})
+                    log(f"{mname} B={B} c={c}: done ({sink_l.n} layer rows, {sink_o.n} op rows)")
+                    del fns, S
+                except Exception as e:
+                    log(f"{mname} B={B} c={c} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                    sink_l.write({**base, "experiment": "decode_layer", "batch": B, "context": c,
+                                  "status": f"error {type(e).__name__}: {str(e)[:200]}"})
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+        # mixed steps: a prefill chunk + decode tokens, eager (vLLM: piecewise graphs, attention eager)
+        for P in Ps:
+            if time.time() > deadline:
+                log(f"deadline before mixed {mname} P={P}")
+                break
+            try:
+                S = DL.state(mdec, mctx, P=P)
+                cfg = {**base, "batch": mdec, "context": mctx, "prefill_tokens": P, "decode_tokens": mdec,
+                       "T_total": P + mdec, "topk_length_decode": S.k_dec, "n_act_experts": S.n_act,
+                       "tokens_per_expert": S.M_e, "layer_impl": DL.layer_impl, "concat_impl": kern.concat_impl,
+                       "kernel_impl": kern.kernel_impl,
+                       "notes": "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; "
+                                "kernel reads fixed indices; indexer top-k computed, not used"}
+                fns = {}
+                for strat in ("unfused", "fused"):
+                    st = DL.steps(S, strat)
+                    lay = as_fn(st)
+                    lay()
+                    att = as_fn([(n, f, d) for n, f, d in st if n in {"concat_unfused", "pad_new_zeros_copy",
+                                                                       "concat_fused", "sparse_kernel"}])
+                    fns[(strat, "layer")] = lay
+                    fns[(strat, "attn")] = att
+                n_of = {k: max(3, min(100, int(round(args.window_ms * 2 / max(est_ms(f, dev), 1e-3)))))
+                        for k, f in fns.items()}
+                for r in range(args.repeats):
+                    order = ("unfused", "fused") if r % 2 == 0 else ("fused", "unfused")
+                    for o, strat in enumerate(order):
+                        for kind, sink in (("layer", sink_l), ("attn", sink_a)):
+                            res = timed_window(fns[(strat, kind)], n_of[(strat, kind)], sampler, dev)
+                            sink.write({"experiment": f"mixed_{kind}", **cfg, "strategy": strat, "mode": "eager",
+                                        "repeat": r, "order": o, **res, "status": "ok"})
+                log(f"{mname} mixed P={P}+{mdec}x{mctx}: done")
+                del fns, S
+            except Exception as e:
+                log(f"{mname} mixed P={P} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                sink_l.write({**base, "experiment": "mixed_layer", "prefill_tokens": P,
+                              "status": f"error {type(e).__name__}: {str(e)[:200]}"})
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+        del DL
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    sampler.stop()
+    summary(out)
+    log(f"bench_decode done in {time.time() - T0:.0f}s -> {out}")
+    return 0
+
+
+def summary(out):
+    try:
+        import pandas as pd
+    except Exception:
+        return
+    pd.set_option("display.width", 220)
+    pd.set_option("display.max_rows", 300)
+    for name in ("decode_layer.csv", "decode_attn.csv"):
+        f = out / name
+        if not f.exists():
+            continue
+        d = pd.read_csv(f)
+        d = d[d.status == "ok"]
+        if not len(d):
+            continue
+        p = d.pivot_table(index=["model", "experiment", "batch", "context", "prefill_tokens"],
+                          columns=["mode", "strategy"], values="ms_median", aggfunc="median")
+        print(f"{name} (median ms over repeats):\n" + p.round(4).to_string())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,928 @@
+"""GPU round 2, engines: padded-head content factor, engine attention-path presets, sub-chunking, NaN check.
+
+Three experiments on one GPU (FlashMLA sparse prefill, head_size 576 = 512 + 64, d_v 512, padded heads H' = 64,
+bf16, sm_scale = 576**-0.5); each writes one tidy CSV, a row per repeat, appended as it is measured (a kill
+loses nothing measured):
+
+1. ``content.csv`` ("content factor"): the FlashMLA kernel alone with the padded heads H..63 holding zeros vs
+   stale (``content_fill``: N(0,1), the same distribution as the real heads and the kv, standing for activations
+   that a shared workspace held before), for H in {8, 16, 32} real heads of 64, T in {1024, 4096, 16384} and three
+   top-k patterns: ``causal_1024`` / ``causal_8192`` (T/L prompts of L tokens, token at position p of its prompt
+   sees the last min(p+1, 2048) keys of its own prompt, topk_length = min(p+1, 2048), s_kv = T; for T < 8192
+   ``causal_8192`` becomes one prompt of T tokens (prompt_len = T), and at T = 1024 it is the same shape as
+   ``causal_1024`` and is skipped) and ``full_2048`` (random topk 2048 over s_kv 32768, no topk_length). Modes:
+   ``alone`` (kernel calls back to back) and ``interleaved`` (each kernel call followed by a bf16 GEMM
+   [T, 6144] x [6144, 4096]; only the kernel is timed, CUDA events around it). Repeats alternate zeros/stale
+   (order flipped every repeat). Each row: median (and mean, p10, p90) per-call kernel time of one window, and
+   the median SM clock / board power / temperature read by NVML every ~20 ms during that window.
+2. ``presets.csv`` ("engine presets", "subchunk"): the attention path of one layer call (concat + pad + kernel +
+   output handling) as each engine or variant does it, at the seed shape (16 causal 1024-token prompts,
+   T = 16384) and at full topk (T = 16384, random topk 2048 over s_kv 32768), GLM-5 TP8 (8 -> 64 heads) and
+   DeepSeek-V3.2 TP8 (16 -> 64), >= 7 repeats interleaved across presets, with the call's peak memory above the
+   pre-call baseline (``torch.cuda.max_memory_allocated``), the persistent bytes the preset keeps, what the padded
+   heads held (read once after each window) and the real heads' max abs difference against the private
+   zero-initialised workspace call. Presets in :data:`PRESET_DOC`.
+3. ``nan.csv``: padded heads NaN in the workspace -> are the real heads identical to the zero-padded call?
+
+``--smoke``: tiny shapes (CPU: torch concat and the reference kernel; GPU: the real kernels) in seconds.
+Provenance columns on every row: gpu, sm, driver, cuda, torch, triton, flash_mla (provider==version from
+``mla_lab.kernels.flash_mla_info()``), git_commit (env ``MLA_LAB_COMMIT``), date_utc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+T0 = time.time()
+D_NOPE, D_PE, D_QK, D_V = 512, 64, 576, 512
+HP = 64  # Hopper prefill_padding (vLLM flashmla_sparse.py)
+TOPK = 2048
+
+PRESET_DOC = {
+    "per_call_empty_zeros": "concat into [T,H,576]; q.new_empty((T,64,576)) + copy of the real heads; the cached "
+                            "block held zeros (allocated zeroed and freed before the window) - pre-PR vLLM, block "
+                            "only ever used for this pad",
+    "per_call_empty_stale": "as per_call_empty_zeros but the cached block held N(0,1) (a same-size tensor filled "
+                            "and freed before the window) - pre-PR vLLM with the block reused by other tensors",
+    "per_call_zeros": "concat into [T,H,576]; q.new_zeros((T,64,576)) + copy (SGLang)",
+    "private_workspace_zeros": "zeroed (T,64,576) workspace; concat writes the real heads (zero_padding=False) - "
+                               "PR #53878 with a private workspace",
+    "shared_workspace_stale": "workspace whose padded heads hold N(0,1) (fused-MoE scratch), zero_padding=False - "
+                              "PR #53878 after vLLM #56902",
+    "shared_workspace_zero_per_call": "stale workspace, concat with zero_padding=True every call",
+    "subchunk": "zeroed (S,64,576) workspace; per chunk of S tokens: concat into ws[:n], kernel, copy out[:, :H] "
+                "into a preallocated [T,H,512], chunk output freed before the next chunk",
+    "subchunk_views": "as subchunk, per-chunk out[:, :H] views handed to the consumer (no copy; the views keep "
+                      "every chunk's padded output alive until the call returns)",
+    "subchunk_2stream": "as subchunk with two (S,64,576) workspaces: chunk i+1's concat on a second stream while "
+                        "chunk i's kernel runs",
+}
+
+
+def log(*a):
+    print(f"[{time.time() - T0:7.1f}s] " + " ".join(str(x) for x in a), flush=True)
+
+
+# ------------------------------------------------------------------------------------------------ provenance
+
+
+def provenance_cols(kern_info):
+    import torch
+
+    p = {}
+    try:
+        from mla_lab.provenance import provenance
+
+        p = provenance("measured")
+    except Exception as e:  # the package is being restructured: fall back to what torch says
+        log(f"mla_lab.provenance unavailable ({type(e).__name__}: {e}); provenance from torch/nvml")
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    sm = "sm%d%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else "none"
+    driver = p.get("driver", "none")
+    if driver in ("none", None):
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            driver = pynvml.nvmlSystemGetDriverVersion()
+            driver = driver.decode() if isinstance(driver, bytes) else driver
+        except Exception:
+            driver = "none"
+    try:
+        import triton
+
+        tv = triton.__version__
+    except Exception:
+        tv = "none"
+    fm = (f"{kern_info.get('provider')}=={kern_info.get('version')}" if kern_info.get("available")
+          else f"none ({kern_info.get('reason')})")
+    return {"source": "measured", "gpu": gpu, "sm": sm, "driver": driver, "cuda": str(torch.version.cuda),
+            "torch": torch.__version__, "triton": tv, "flash_mla": fm,
+            "git_commit": os.environ.get("MLA_LAB_COMMIT") or p.get("git_commit", "unknown"),
+            "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+class Sink:
+    """Append rows to a CSV as they come (fixed columns + provenance)."""
+
+    def __init__(self, path, cols, prov):
+        self.path, self.prov, self.n = Path(path), prov, 0
+        self.cols = list(cols) + [c for c in prov if c not in cols]
+        with open(self.path, "w", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.cols).writeheader()
+
+    def write(self, row):
+        bad = set(row) - set(self.cols)
+        if bad:
+            raise KeyError(f"unknown columns {sorted(bad)} for {self.path.name}")
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.cols).writerow({**row, **self.prov})
+        self.n += 1
+
+
+# ----------------------------------------------------------------------------------------------- NVML sampler
+
+
+class Sampler:
+    """Background thread reading SM clock (MHz), board power (W), temperature and clock-event reasons every
+    ``period`` s. ``window(t0, t1)`` gives medians over the samples taken between two perf_counter times."""
+
+    def __init__(self, period=0.02):
+        self.ok, self.samples, self.power_kind, self.why = False, [], "none", ""
+        self.period, self._stop = period, threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nv = pynvml
+            idx = 0
+            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+            if vis and vis.split(",")[0].isdigit():
+                idx = int(vis.split(",")[0])
+            self.h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+            self._power = self._probe_power()
+            self._reasons = self._probe_reasons()
+            self.ok = True
+        except Exception as e:
+            self.why = f"{type(e).__name__}: {e}"
+            return
+        self.th = threading.Thread(target=self._loop, daemon=True)
+        self.th.start()
+
+    def _probe_power(self):
+        nv, h = self.nv, self.h
+        fid = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+        if fid is not None:
+            try:
+                v = nv.nvmlDeviceGetFieldValues(h, [fid])[0]
+                if getattr(v, "nvmlReturn", 0) == 0 and v.value.uiVal > 0:
+                    self.power_kind = "instant (NVML_FI_DEV_POWER_INSTANT)"
+
+                    def f():
+                        r = nv.nvmlDeviceGetFieldValues(h, [fid])[0]
+                        return r.value.uiVal / 1000.0 if getattr(r, "nvmlReturn", 0) == 0 else float("nan")
+                    return f
+            except Exception:
+                pass
+        self.power_kind = "nvmlDeviceGetPowerUsage (may be a ~1 s average)"
+        return lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0
+
+    def _probe_reasons(self):
+        nv, h = self.nv, self.h
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            fn = getattr(nv, name, None)
+            if fn is not None:
+                try:
+                    fn(h)
+                    return lambda fn=fn: int(fn(h))
+                except Exception:
+                    continue
+        return lambda: -1
+
+    def _loop(self):
+        nv, h = self.nv, self.h
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            try:
+                clk = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
+                pw = self._power()
+                tmp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
+                rs = self._reasons()
+                self.samples.append((t, clk, pw, tmp, rs))
+            except Exception:
+                pass
+            self._stop.wait(self.period)
+
+    def window(self, t0, t1):
+        s = [x for x in self.samples[-4000:] if t0 <= x[0] <= t1]
+        if not s:
+            return {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0, "clock_event_reasons": ""}
+        rs = [x[4] for x in s]
+        mode = max(set(rs), key=rs.count)
+        return {"sm_clock_mhz": statistics.median(x[1] for x in s), "power_w": round(statistics.median(x[2] for x in s), 1),
+                "temp_c": statistics.median(x[3] for x in s), "n_samples": len(s),
+                "clock_event_reasons": hex(mode) if mode >= 0 else ""}
+
+    def now(self):
+        return self.samples[-1] if self.samples else None
+
+    def stop(self):
+        self._stop.set()
+
+
+# ------------------------------------------------------------------------------------------------- kernels
+
+
+class Kernels:
+    """concat (the lab's Triton concat_mla_q on CUDA, its torch backend on CPU) and the sparse kernel
+    (flash_mla_sparse_fwd called directly, as vLLM does, on CUDA; the lab's reference on CPU)."""
+
+    def __init__(self, dev):
+        import torch
+
+        self.dev, self.torch = dev, torch
+        self.info = {"available": False, "reason": "not probed"}
+        self.concat_impl = self.kernel_impl = "none"
+        try:
+            from mla_lab import kernels as K
+
+            self.K = K
+            self.info = K.flash_mla_info()
+            self.concat_impl = "mla_lab.kernels.concat_mla_q(" + ("triton" if dev == "cuda" else "torch") + ")"
+        except Exception as e:
+            log(f"mla_lab.kernels import failed ({type(e).__name__}: {e}); torch copy_ concat, direct flash_mla")
+            self.K = None
+            self.concat_impl = "torch copy_ (fallback)"
+        self._fm = None
+        if dev == "cuda":
+            try:
+                import flash_mla
+
+                self._fm = flash_mla.flash_mla_sparse_fwd
+                self.kernel_impl = "flash_mla.flash_mla_sparse_fwd"
+                if not self.info.get("available"):
+                    self.info = {"available": True, "provider": "flash_mla", "version":
+                                 getattr(flash_mla, "__version__", "unknown"), "reason": None}
+            except Exception as e:
+                raise SystemExit(f"flash_mla not importable on CUDA: {type(e).__name__}: {e}") from None
+        else:
+            self.kernel_impl = "mla_lab.kernels.sparse_mla_prefill(reference)"
+
+    def concat(self, qn, qp, out, zero_padding=False):
+        if self.K is not None:
+            return self.K.concat_mla_q(qn, qp, out, zero_padding=zero_padding,
+                                       backend="triton" if self.dev == "cuda" else "torch")
+        H = qn.shape[1]
+        out[:, :H, :D_NOPE].copy_(qn)
+        out[:, :H, D_NOPE:].copy_(qp)
+        if zero_padding:
+            out[:, H:].zero_()
+        return out
+
+    def kernel(self, q, kv, idx, sm_scale, topk_length=None):
+        """Full padded output [T, 64, 512] (the caller slices [:, :H], a view, as vLLM)."""
+        if self._fm is not None:
+            return self._fm(q, kv, idx, sm_scale, d_v=D_V, topk_length=topk_length)[0]
+        if self.K is None:
+            raise RuntimeError("no kernel: mla_lab.kernels missing and not on CUDA")
+        return self.K.sparse_mla_prefill(q, kv, idx, sm_scale, d_v=D_V, topk_length=topk_length,
+                                         backend="reference")[0].to(q.dtype)
+
+
+# --------------------------------------------------------------------------------------------------- timing
+
+
+def _q(xs, p):
+    xs = sorted(xs)
+    if len(xs) == 1:
+        return xs[0]
+    k = (len(xs) - 1) * p
+    lo = int(math.floor(k))
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def timed_window(fn, n, sampler, dev, after=None):
+    """Run ``fn`` n times; per-call times from CUDA events around ``fn`` only (``after`` runs untimed after each
+    call, e.g. the interleaved GEMM). Returns stats + the NVML medians over the window."""
+    import torch
+
+    ts = []
+    if dev == "cuda":
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        r = None
+        for s, e in ev:
+            r = None  # noqa: F841  (drop the previous output before the next call allocates)
+            s.record()
+            r = fn()
+            e.record()
+            if after is not None:
+                after()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        ts = [s.elapsed_time(e) for s, e in ev]
+        del r
+    else:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - a) * 1e3)
+            if after is not None:
+                after()
+        t1 = time.perf_counter()
+    out = {"n_calls": n, "ms_median": statistics.median(ts), "ms_mean": statistics.fmean(ts),
+           "ms_p10": _q(ts, 0.1), "ms_p90": _q(ts, 0.9), "window_s": round(t1 - t0, 4)}
+    out.update(sampler.window(t0, t1) if sampler.ok else
+               {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0, "clock_event_reasons": ""})
+    return out
+
+
+def sync(dev):
+    import torch
+
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def est_ms(fn, dev, k=3):
+    import torch
+
+    fn()
+    sync(dev)
+    if dev == "cuda":
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(k):
+            fn()
+        e.record()
+        torch.cuda.synchronize()
+        return s.elapsed_time(e) / k
+    a = time.perf_counter()
+    for _ in range(k):
+        fn()
+    return (time.perf_counter() - a) * 1e3 / k
+
+
+# ------------------------------------------------------------------------------------------------- inputs
+
+
+def causal_indices(T, L, topk, dev):
+    """T // L prompts of L tokens (the last one shorter if L does not divide T): token at position p of its prompt
+    attends to the last min(p+1, topk) keys of its own prompt (kv row = global token index). Returns
+    (indices [T,1,topk] int32 with -1 past topk_length, topk_length [T] int32, sum of topk_length)."""
+    import torch
+
+    g = torch.arange(T, device=dev)
+    start = (g // L) * L
+    p = g - start
+    tl = torch.clamp(p + 1, max=topk)
+    first = start + p + 1 - tl
+    ar = torch.arange(topk, device=dev)
+    idx = first[:, None] + ar[None, :]
+    idx = torch.where(ar[None, :] < tl[:, None], idx, torch.full_like(idx, -1))
+    return idx.to(torch.int32).view(T, 1, topk).contiguous(), tl.to(torch.int32).contiguous(), int(tl.sum())
+
+
+def make_pattern(pattern, T, dev, gen, topk=TOPK, s_kv_full=32768):
+    """-> (s_kv, indices, topk_length or None, sum_topk, prompt_len)."""
+    import torch
+
+    if pattern.startswith("causal_"):
+        L = min(int(pattern.split("_")[1]), T)
+        idx, tl, st = causal_indices(T, L, topk, dev)
+        return T, idx, tl, st, L
+    idx = torch.randint(0, s_kv_full, (T, 1, topk), device=dev, dtype=torch.int32, generator=gen)
+    return s_kv_full, idx, None, T * topk, 0
+
+
+# --------------------------------------------------------------------------------------- 1. content factor
+
+CONTENT_COLS = ["experiment", "shape_id", "H", "Hp", "T", "pattern", "prompt_len", "s_kv", "topk", "sum_topk",
+                "content", "content_fill", "mode", "repeat", "order_in_pair", "n_calls", "ms_median", "ms_mean",
+                "ms_p10", "ms_p90", "window_s", "tflops", "gemm_shape", "sm_clock_mhz", "power_w", "temp_c",
+                "n_samples", "clock_event_reasons", "power_kind", "out_equal", "kernel_impl", "status"]
+
+
+def run_content(sink, kern, dev, dtype, sampler, args, deadline):
+    import torch
+
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    if args.smoke:
+        Ts, Hs, pats, topk, skv_full = [128], [8], ["causal_128", "causal_8192", "full_2048"], 128, 1024
+    else:
+        Ts, Hs, pats, topk, skv_full = [16384, 4096, 1024], [8, 16, 32], ["causal_1024", "causal_8192",
+                                                                          "full_2048"], TOPK, 32768
+    modes = [m for m in args.modes.split(",") if m]
+    sm_scale = D_QK ** -0.5
+    fill = "randn N(0,1), same distribution as the real heads and kv (stands for activations)"
+    shape_id = 0
+    gemm = {}
+    seen = set()
+    gk, gn = (256, 256) if args.smoke else (6144, 4096)
+    for T in Ts:
+        for H in Hs:
+            for pat in pats:
+                if time.time() > deadline:
+                    log(f"content: deadline reached before T={T} H={H} {pat}")
+                    return
+                L = int(pat.split("_")[1]) if pat.startswith("causal_") else 0
+                if L:  # causal_8192 at T = 1024 is causal_1024 again (prompt_len = min(L, T)): skipped
+                    if (T, H, min(L, T)) in seen:
+                        continue
+                    seen.add((T, H, min(L, T)))
+                shape_id += 1
+                try:
+                    s_kv, idx, tl, st, plen = make_pattern(pat, T, dev, gen, topk, skv_full)
+                    kv = torch.randn(s_kv, 1, D_QK, device=dev, dtype=dtype, generator=gen)
+                    qz = torch.randn(T, HP, D_QK, device=dev, dtype=dtype, generator=gen)
+                    qs = qz.clone()
+                    qz[:, H:].zero_()
+                    # the stale fill is an independent N(0,1) draw (qs keeps its own random padded heads)
+                    qs[:, H:].normal_(generator=gen)
+                    qs[:, :H] = qz[:, :H]
+                    fz = lambda qz=qz, kv=kv, idx=idx, tl=tl: kern.kernel(qz, kv, idx, sm_scale, tl)  # noqa: E731
+                    fs = lambda qs=qs, kv=kv, idx=idx, tl=tl: kern.kernel(qs, kv, idx, sm_scale, tl)  # noqa: E731
+                    oz, os_ = fz(), fs()
+                    sync(dev)
+                    eq = bool(torch.equal(oz[:, :H], os_[:, :H]))
+                    del oz, os_
+                    if "interleaved" in modes and T not in gemm:
+                        ga = torch.randn(T, gk, device=dev, dtype=dtype, generator=gen) / gk ** 0.5
+                        gb = torch.randn(gk, gn, device=dev, dtype=dtype, generator=gen)
+                        gc = torch.empty(T, gn, device=dev, dtype=dtype)
+                        gemm = {T: (ga, gb, gc)}
+                    ms1 = est_ms(fz, dev)
+                    n = max(args.min_calls, min(args.max_calls, int(round(args.window_ms / max(ms1, 1e-3)))))
+                    for mode in modes:
+                        after = None
+                        gshape = ""
+                        if mode == "interleaved":
+                            ga, gb, gc = gemm[T]
+                            after = lambda ga=ga, gb=gb, gc=gc: torch.mm(ga, gb, out=gc)  # noqa: E731
+                            gshape = f"[{T},{gk}]x[{gk},{gn}] bf16"
+                        # warm-up window per mode (both contents), untimed
+                        timed_window(fz, max(2, n // 4), sampler, dev, after)
+                        timed_window(fs, max(2, n // 4), sampler, dev, after)
+                        for r in range(args.repeats):
+                            order = ("zeros", "stale") if r % 2 == 0 else ("stale", "zeros")
+                            for k, content in enumerate(order):
+                                res = timed_window(fz if content == "zeros" else fs, n, sampler, dev, after)
+                                sink.write({"experiment": "content_factor", "shape_id": shape_id, "H": H, "Hp": HP,
+                                            "T": T, "pattern": pat, "prompt_len": plen, "s_kv": s_kv,
+                                            "topk": topk, "sum_topk": st, "content": content,
+                                            "content_fill": "zeros" if content == "zeros" else fill,
+                                            "mode": mode, "repeat": r, "order_in_pair": k, **res,
+                                            "tflops": 2 * st * HP * (D_QK + D_V) / (res["ms_median"] * 1e9),
+                                            "gemm_shape": gshape, "power_kind": sampler.power_kind,
+                                            "out_equal": eq, "kernel_impl": kern.kernel_impl, "status": "ok"})
+                    log(f"content T={T} H={H} {pat}: n={n} est {ms1:.3f} ms, real heads equal={eq}")
+                    del qz, qs, kv, idx, tl, fz, fs
+                except Exception as e:
+                    log(f"content T={T} H={H} {pat} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+                    sink.write({"experiment": "content_factor", "shape_id": shape_id, "H": H, "T": T,
+                                "pattern": pat, "status": f"error {type(e).__name__}: {str(e)[:200]}"})
+                if dev == "cuda":
+                    torch.cuda.empty_cache()
+    gemm.clear()
+
+
+# ------------------------------------------------------------------------------------------- 2. presets
+
+PRESET_COLS = ["experiment", "model", "tp", "H", "Hp", "pattern", "T", "s_kv", "sum_topk", "preset", "S",
+               "n_chunks", "repeat", "order", "n_calls", "ms_median", "ms_mean", "ms_p10", "ms_p90", "window_s",
+               "call_peak_bytes", "call_peak_mib", "persistent_bytes", "persistent_mib", "max_abs_diff",
+               "bit_identical", "pad_absmax", "sm_clock_mhz", "power_w", "temp_c", "n_samples",
+               "clock_event_reasons", "concat_impl", "kernel_impl", "description", "status"]
+
+
+class Presets:
+    """The attention path of one layer call per preset; ``fn(check)`` runs it once and returns the real heads'
+    output (a tensor, a list of views, or the preallocated [T,H,512]); with a dict ``check`` it also stores the
+    largest |value| in the padded heads of the q that the kernel read (``pad_absmax``)."""
+
+    def __init__(self, kern, dev, dtype, H, T, pattern, sub_S, two_stream_S, gen, topk, skv_full):
+        import torch
+
+        self.torch, self.k, self.dev, self.dtype, self.H, self.T = torch, kern, dev, dtype, H, T
+        self.s_kv, self.idx, self.tl, self.sum_topk, _ = make_pattern(pattern, T, dev, gen, topk, skv_full)
+        self.kv = torch.randn(self.s_kv, 1, D_QK, device=dev, dtype=dtype, generator=gen)
+        self.qn = torch.randn(T, H, D_NOPE, device=dev, dtype=dtype, generator=gen)
+        self.qp = torch.randn(T, H, D_PE, device=dev, dtype=dtype, generator=gen)
+        self.sm = D_QK ** -0.5
+        self.buf = torch.empty(T, H, D_QK, device=dev, dtype=dtype)  # the unfused H-head concat buffer
+        self.ws_priv = torch.zeros(T, HP, D_QK, device=dev, dtype=dtype)
+        self.ws_shared = torch.randn(T, HP, D_QK, device=dev, dtype=dtype, generator=gen)
+        self.ws_shared2 = torch.randn(T, HP, D_QK, device=dev, dtype=dtype, generator=gen)
+        self.out_full = torch.empty(T, H, D_V, device=dev, dtype=dtype)
+        self.sub = {S: torch.zeros(S, HP, D_QK, device=dev, dtype=dtype) for S in sub_S}
+        self.sub2 = {S: (torch.zeros(S, HP, D_QK, device=dev, dtype=dtype),
+                         torch.zeros(S, HP, D_QK, device=dev, dtype=dtype)) for S in two_stream_S}
+        self.side = torch.cuda.Stream() if dev == "cuda" else None
+        self.gen = gen
+        el = 2  # bf16
+        self.bytes_buf = T * H * D_QK * el
+        self.bytes_ws = T * HP * D_QK * el
+        self.bytes_out = T * H * D_V * el
+
+    # ---- helpers
+    def _kernel(self, q, lo=0, hi=None):
+        hi = self.T if hi is None else hi
+        tl = self.tl[lo:hi] if self.tl is not None else None
+        return self.k.kernel(q, self.kv, self.idx[lo:hi], self.sm, tl)
+
+    def _absmax(self, t, check):
+        if check is not None:
+            check["pad_absmax"] = float(t.float().abs().max()) if t.numel() else 0.0
+
+    # ---- presets: (fn, prep, persistent_bytes, S, n_chunks)
+    def build(self, name, S=None):
+        torch, H, T = self.torch, self.H, self.T
+        k = self.k
+        if name in ("per_call_empty_zeros", "per_call_empty_stale", "per_call_zeros"):
+            zeros = name == "per_call_zeros"
+
+            def fn(check=None):
+                k.concat(self.qn, self.qp, self.buf)
+                q = self.buf.new_zeros((T, HP, D_QK)) if zeros else self.buf.new_empty((T, HP, D_QK))
+                q[:, :H] = self.buf
+                self._absmax(q[:, H:], check)
+                return self._kernel(q)[:, :H]
+
+            prep = None
+            if name == "per_call_empty_zeros":
+                def prep():
+                    self._empty_cache()
+                    z = torch.zeros(T, HP, D_QK, device=self.dev, dtype=self.dtype)
+                    del z
+            elif name == "per_call_empty_stale":
+                def prep():
+                    self._empty_cache()
+                    z = torch.empty(T, HP, D_QK, device=self.dev, dtype=self.dtype)
+                    z.normal_(generator=self.gen)
+                    del z
+            return fn, prep, self.bytes_buf, None, 1
+        if name in ("private_workspace_zeros", "shared_workspace_stale", "shared_workspace_zero_per_call"):
+            ws = {"private_workspace_zeros": self.ws_priv, "shared_workspace_stale": self.ws_shared,
+                  "shared_workspace_zero_per_call": self.ws_shared2}[name]
+            zp = name == "shared_workspace_zero_per_call"
+
+            def fn(check=None):
+                q = ws[:T]
+                k.concat(self.qn, self.qp, q, zero_padding=zp)
+                self._absmax(q[:, H:], check)
+                return self._kernel(q)[:, :H]
+
+            prep = None
+            if zp:  # the shared workspace was scribbled on by other users since the last call
+                def prep():
+                    self.ws_shared2[:, H:].normal_(generator=self.gen)
+            return fn, prep, self.bytes_ws, None, 1
+        if name in ("subchunk", "subchunk_views"):
+            ws = self.sub[S]
+            views = name == "subchunk_views"
+            chunks = [(lo, min(lo + S, T)) for lo in range(0, T, S)]
+
+            def fn(check=None):
+                res = []
+                for lo, hi in chunks:
+                    n = hi - lo
+                    q = ws[:n]
+                    k.concat(self.qn[lo:hi], self.qp[lo:hi], q)
+                    if check is not None and lo == 0:
+                        self._absmax(q[:, H:], check)
+                    o = self._kernel(q, lo, hi)
+                    if views:
+                        res.append(o[:, :H])
+                    else:
+                        self.out_full[lo:hi].copy_(o[:, :H])
+                    del o  # the chunk's padded output is freed before the next chunk's kernel allocates its own
+                return res if views else self.out_full
+
+            pers = S * HP * D_QK * 2 + (0 if views else self.bytes_out)
+            return fn, None, pers, S, len(chunks)
+        if name == "subchunk_2stream":
+            wa, wb = self.sub2[S]
+            chunks = [(lo, min(lo + S, T)) for lo in range(0, T, S)]
+            torch_ = torch
+            nc = len(chunks)
+            if self.dev == "cuda":
+                evc = [torch_.cuda.Event() for _ in range(nc)]
+                evk = [torch_.cuda.Event() for _ in range(nc)]
+            side = self.side
+
+            def fn(check=None):
+                wss = (wa, wb)
+                if self.dev != "cuda":  # no streams: sequential
+                    for i, (lo, hi) in enumerate(chunks):
+                        q = wss[i % 2][: hi - lo]
+                        k.concat(self.qn[lo:hi], self.qp[lo:hi], q)
+                        o = self._kernel(q, lo, hi)
+                        self.out_full[lo:hi].copy_(o[:, :H])
+                    return self.out_full
+                main = torch_.cuda.current_stream()
+                side.wait_stream(main)
+                with torch_.cuda.stream(side):
+                    lo, hi = chunks[0]
+                    k.concat(self.qn[lo:hi], self.qp[lo:hi], wa[: hi - lo])
+                    evc[0].record(side)
+                for i, (lo, hi) in enumerate(chunks):
+                    q = wss[i % 2][: hi - lo]
+                    main.wait_event(evc[i])
+                    if check is not None and i == 0:
+                        self._absmax(q[:, H:], check)
+                    o = self._kernel(q, lo, hi)
+                    evk[i].record(main)
+                    if i + 1 < nc:
+                        lo2, hi2 = chunks[i + 1]
+                        with torch_.cuda.stream(side):
+                            if i >= 1:
+                                side.wait_event(evk[i - 1])  # ws of chunk i+1 was read by kernel i-1
+                            k.concat(self.qn[lo2:hi2], self.qp[lo2:hi2], wss[(i + 1) % 2][: hi2 - lo2])
+                            evc[i + 1].record(side)
+                    self.out_full[lo:hi].copy_(o[:, :H])
+                    del o
+                return self.out_full
+
+            return fn, None, 2 * S * HP * D_QK * 2 + self.bytes_out, S, nc
+        raise ValueError(name)
+
+    def _empty_cache(self):
+        if self.dev == "cuda":
+            self.torch.cuda.synchronize()
+            self.torch.cuda.empty_cache()
+
+
+def _as_tensor(res):
+    import torch
+
+    if isinstance(res, list):
+        return torch.cat(res, 0)
+    return res
+
+
+def call_peak(fn, dev):
+    """Peak bytes allocated during one call above what was allocated before it (outputs kept alive count)."""
+    import torch
+
+    if dev != "cuda":
+        return "", None
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    r = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del r
+    return peak, None
+
+
+def run_presets(sink, kern, dev, dtype, sampler, args, deadline):
+    import torch
+
+    from_models = [("glm-5", 8), ("deepseek-v3.2", 8)]
+    H_of = {}
+    try:
+        from mla_lab.models import load_model
+
+        for m, tp in from_models:
+            H_of[m] = load_model(m).heads_per_rank(tp)
+    except Exception as e:
+        log(f"load_model unavailable ({type(e).__name__}: {e}); config values from FACTS.md section 3")
+        H_of = {"glm-5": 64 // 8, "deepseek-v3.2": 128 // 8}
+    if args.smoke:
+        T, sub_S, two_S, topk, skv_full = 256, [128, 256], [128], 128, 1024
+        pats = [("seed", "causal_128"), ("full", "full_2048")]
+    else:
+        T, sub_S, two_S, topk, skv_full = 16384, [1024, 2048, 4096, 8192, 16384], [2048, 4096], TOPK, 32768
+        pats = [("seed", "causal_1024"), ("full", "full_2048")]
+    gen = torch.Generator(device=dev).manual_seed(99)
+    for mname, tp in from_models:
+        H = H_of[mname]
+        for pname, pat in pats:
+            if time.time() > deadline:
+                log(f"presets: deadline reached before {mname} {pname}")
+                return
+            try:
+                P = Presets(kern, dev, dtype, H, T, pat, sub_S, two_S, gen, topk, skv_full)
+            except Exception as e:
+                log(f"presets {mname} {pname}: setup failed {type(e).__name__}: {e}")
+                continue
+            names = [("per_call_empty_zeros", None), ("per_call_empty_stale", None), ("per_call_zeros", None),
+                     ("private_workspace_zeros", None), ("shared_workspace_stale", None),
+                     ("shared_workspace_zero_per_call", None)]
+            names += [("subchunk", S) for S in sub_S] + [("subchunk_views", S) for S in sub_S]
+            names += [("subchunk_2stream", S) for S in two_S]
+            built = {}
+            # reference: the private zero workspace call
+            ref_fn = P.build("private_workspace_zeros")[0]
+            ref = ref_fn().clone()
+            sync(dev)
+            for nm, S in names:
+                try:
+                    fn, prep, pers, S_, nch = P.build(nm, S)
+                    if prep:
+                        prep()
+                    chk = {}
+                    res = fn(chk)
+                    r = _as_tensor(res)
+                    sync(dev)
+                    d = float((r.float() - ref.float()).abs().max())
+                    ident = bool(torch.equal(r, ref))
+                    del r, res
+                    if prep:
+                        prep()
+                    peak, _ = call_peak(fn, dev)
+                    ms1 = est_ms(fn, dev, k=2)
+                    n = max(3, min(60, int(round(args.preset_window_ms / max(ms1, 1e-3)))))
+                    built[(nm, S)] = dict(fn=fn, prep=prep, pers=pers, nch=nch, diff=d, ident=ident, peak=peak,
+                                          n=n, pad0=chk.get("pad_absmax"))
+                except Exception as e:
+                    log(f"preset {mname} {pname} {nm} S={S} failed to build/check: {type(e).__name__}: {e}\n"
+                        f"{traceback.format_exc()}")
+                    sink.write({"experiment": "preset", "model": mname, "tp": tp, "H": H, "Hp": HP, "pattern": pname,
+                                "T": T, "preset": nm, "S": S or "", "status": f"error {type(e).__name__}: "
+                                f"{str(e)[:200]}"})
+                    if dev == "cuda":
+                        torch.cuda.empty_cache()
+            keys = list(built)
+            for r in range(args.preset_repeats):
+                if time.time() > deadline:
+                    log(f"presets {mname} {pname}: deadline after {r} repeats")
+                    break
+                rot = keys[r % len(keys):] + keys[: r % len(keys)]
+                if r % 2:
+                    rot = rot[::-1]
+                for o, key in enumerate(rot):
+                    b = built[key]
+                    nm, S = key
+                    try:
+                        if b["prep"]:
+                            b["prep"]()
+                        b["fn"]()  # warm-up call after the prep (allocator blocks, clocks)
+                        res = timed_window(b["fn"], b["n"], sampler, dev)
+                        chk = {}
+                        rr = b["fn"](chk)
+                        del rr
+                        st = "ok"
+                    except Exception as e:
+                        res, chk, st = {}, {}, f"error {type(e).__name__}: {str(e)[:200]}"
+                        log(f"preset {mname} {pname} {nm} S={S} rep {r}: {st}")
+                    sink.write({"experiment": "preset", "model": mname, "tp": tp, "H": H, "Hp": HP, "pattern": pname,
+                                "T": T, "s_kv": P.s_kv, "sum_topk": P.sum_topk, "preset": nm, "S": S or "",
+                                "n_chunks": b["nch"], "repeat": r, "order": o, **res,
+                                "call_peak_bytes": b["peak"],
+                                "call_peak_mib": round(b["peak"] / 2**20, 2) if b["peak"] != "" else "",
+                                "persistent_bytes": b["pers"], "persistent_mib": round(b["pers"] / 2**20, 2),
+                                "max_abs_diff": b["diff"], "bit_identical": b["ident"],
+                                "pad_absmax": chk.get("pad_absmax", ""), "concat_impl": kern.concat_impl,
+                                "kernel_impl": kern.kernel_impl, "description": PRESET_DOC[nm], "status": st})
+                log(f"presets {mname} {pname}: repeat {r} done")
+            summ = {}
+            for key, b in built.items():
+                summ[key] = b["diff"]
+            log(f"presets {mname} {pname}: max_abs_diff {max(summ.values()) if summ else 'n/a'}; "
+                f"peaks MiB " + ", ".join(f"{k[0]}{'' if k[1] is None else k[1]}="
+                                          f"{(b['peak'] / 2**20 if b['peak'] != '' else float('nan')):.0f}"
+                                          for k, b in built.items()))
+            del P, built, ref, ref_fn
+            if dev == "cuda":
+                torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------------- 3. NaN
+
+NAN_COLS = ["experiment", "model", "tp", "H", "Hp", "pattern", "T", "pad_fill", "max_abs_diff", "bit_identical",
+            "real_heads_nonfinite", "ms_zeros", "ms_fill", "status"]
+
+
+def run_nan(sink, kern, dev, dtype, sampler, args):
+    import torch
+
+    gen = torch.Generator(device=dev).manual_seed(7)
+    T, topk, skv_full = (256, 128, 1024) if args.smoke else (16384, TOPK, 32768)
+    pat = "causal_128" if args.smoke else "causal_1024"
+    for mname, H in (("glm-5", 8), ("deepseek-v3.2", 16)):
+        try:
+            s_kv, idx, tl, st, _ = make_pattern(pat, T, dev, gen, topk, skv_full)
+            kv = torch.randn(s_kv, 1, D_QK, device=dev, dtype=dtype, generator=gen)
+            q = torch.randn(T, HP, D_QK, device=dev, dtype=dtype, generator=gen)
+            q[:, H:].zero_()
+            ref = kern.kernel(q, kv, idx, D_QK ** -0.5, tl)[:, :H].clone()
+            mz = est_ms(lambda q=q, kv=kv, idx=idx, tl=tl: kern.kernel(q, kv, idx, D_QK ** -0.5, tl), dev)
+            for fill in ("nan", "inf"):
+                q[:, H:] = float("nan") if fill == "nan" else float("inf")
+                o = kern.kernel(q, kv, idx, D_QK ** -0.5, tl)[:, :H]
+                sync(dev)
+                mf = est_ms(lambda q=q, kv=kv, idx=idx, tl=tl: kern.kernel(q, kv, idx, D_QK ** -0.5, tl), dev)
+                d = float((o.float() - ref.float()).abs().max())
+                sink.write({"experiment": "nan_padding", "model": mname, "tp": 8, "H": H, "Hp": HP,
+                            "pattern": pat, "T": T, "pad_fill": fill, "max_abs_diff": d,
+                            "bit_identical": bool(torch.equal(o, ref)),
+                            "real_heads_nonfinite": int((~torch.isfinite(o)).sum()), "ms_zeros": mz, "ms_fill": mf,
+                            "status": "ok"})
+                log(f"nan check {mname} {fill}: max_abs_diff {d} identical {bool(torch.equal(o, ref))}")
+            del q, kv, idx, ref
+        except Exception as e:
+            log(f"nan check {mname} failed: {type(e).__name__}: {e}")
+            sink.write({"experiment": "nan_padding", "model": mname, "status": f"error {type(e).__name__}: {e}"})
+
+
+# ---------------------------------------------------------------------------------------------------- main
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="output folder (default data/measured/h200/round2, smoke: /tmp)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, seconds (CPU or GPU)")
+    ap.add_argument("--parts", default="nan,presets,content", help="which experiments, in this order")
+    ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new work after this many seconds")
+    ap.add_argument("--presets-budget-s", type=float, default=90.0, help="deadline of the presets part (from start)")
+    ap.add_argument("--repeats", type=int, default=5, help="content: repeats per (shape, content, mode)")
+    ap.add_argument("--preset-repeats", type=int, default=7)
+    ap.add_argument("--modes", default="alone,interleaved")
+    ap.add_argument("--window-ms", type=float, default=120.0, help="content: kernel time per window")
+    ap.add_argument("--preset-window-ms", type=float, default=50.0)
+    ap.add_argument("--min-calls", type=int, default=5)
+    ap.add_argument("--max-calls", type=int, default=300)
+    args = ap.parse_args(argv)
+    import torch
+
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu" and not args.smoke:
+        ap.error("no CUDA GPU: use --smoke on CPU")
+    if args.smoke:
+        args.repeats, args.preset_repeats = min(args.repeats, 2), min(args.preset_repeats, 2)
+        args.window_ms, args.preset_window_ms, args.min_calls, args.max_calls = 5.0, 5.0, 2, 4
+    dtype = torch.bfloat16
+    out = Path(args.out) if args.out else (Path("/tmp/bench_engines_smoke") if args.smoke
+                                           else REPO / "data/measured/h200/round2")
+    out.mkdir(parents=True, exist_ok=True)
+    kern = Kernels(dev)
+    prov = provenance_cols(kern.info)
+    sampler = Sampler(0.02)
+    log(f"device={prov['gpu']} driver={prov['driver']} torch={prov['torch']} triton={prov['triton']} "
+        f"flash_mla={prov['flash_mla']} commit={prov['git_commit']}; concat={kern.concat_impl} "
+        f"kernel={kern.kernel_impl}; nvml={'ok, power ' + sampler.power_kind if sampler.ok else sampler.why}")
+    if sampler.ok:
+        time.sleep(0.1)
+        log(f"idle sample (t, sm MHz, W, C, reasons): {sampler.now()}")
+    deadline = T0 + args.budget_s
+    parts = [p for p in args.parts.split(",") if p]
+    for part in parts:
+        if time.time() > deadline:
+            log(f"budget reached before {part}")
+            break
+        try:
+            if part == "nan":
+                run_nan(Sink(out / "nan.csv", NAN_COLS, prov), kern, dev, dtype, sampler, args)
+            elif part == "presets":
+                run_presets(Sink(out / "presets.csv", PRESET_COLS, prov), kern, dev, dtype, sampler, args,
+                            min(deadline, T0 + args.presets_budget_s))
+            elif part == "content":
+                run_content(Sink(out / "content.csv", CONTENT_COLS, prov), kern, dev, dtype, sampler, args,
+                            deadline)
+            else:
+                raise ValueError(f"unknown part {part!r}")
+            log(f"{part} done")
+        except Exception as e:
+            log(f"{part} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+    sampler.stop()
+    summary(out, args)
+    log(f"bench_engines done in {time.time() - T0:.0f}s -> {out}")
+    return 0
+
+
+def summary(out, args):
+    """Short tables for the log (the device reply carries the end of the output)."""
+    try:
+        import pandas as pd
+    except Exception:
+        return
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_rows", 200)
+    f = out / "content.csv"
+    if f.exists():
+        d = pd.read_csv(f)
+        d = d[d.status == "ok"]
+        if len(d):
+            p = d.pivot_table(index=["T", "H", "pattern", "mode"], columns="content", values="ms_median",
+                              aggfunc="median")
+            if {"zeros", "stale"} <= set(p.columns):
+                p["ratio"] = p["stale"] / p["zeros"]
+            c = d.pivot_table(index=["T", "H", "pattern", "mode"], columns="content", values="sm_clock_mhz",
+                              aggfunc="median")
+            p = p.join(c.add_suffix("_mhz"))
+            print("content factor (median ms of window medians; stale/zeros):\n" + p.round(3).to_string())
+    f = out / "presets.csv"
+    if f.exists():
+        d = pd.read_csv(f)
+        d = d[d.status == "ok"]
+        if len(d):
+            d["S"] = d["S"].fillna(0).astype(int)
+            g = d.groupby(["model", "pattern", "preset", "S"]).agg(
+                ms=("ms_median", "median"), q1=("ms_median", lambda x: x.quantile(0.25)),
+                q3=("ms_median", lambda x: x.quantile(0.75)), peak_mib=("call_peak_mib", "max"),
+                pers_mib=("persistent_mib", "max"), diff=("max_abs_diff", "max"), pad=("pad_absmax", "max"),
+                mhz=("sm_clock_mhz", "median"), n=("repeat", "count"))
+            print("presets (median over repeats of window medians, ms):\n" + g.round(3).to_string())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

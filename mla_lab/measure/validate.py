@@ -1,0 +1,172 @@
+"""Fit the cost model's efficiencies on measured op rows and validate it: per op, per layer, per fused-vs-unfused
+difference, in sample and leave one model out.
+
+Inputs are the three CSVs one run of ``benchmarks/bench_layer.py`` writes (:mod:`.layer`: ``layer_ops.csv``,
+``layer_e2e.csv``, ``layer_extras.csv``). Outputs:
+
+- the calibration CSV (``h200_ops.csv``): :func:`mla_lab.model.calibration.fit_calibration` over the ``ok`` op rows,
+  written by :func:`mla_lab.model.calibration.write_calibration_csv` with the measurements' provenance (and the
+  commit that fitted them, ``fit_commit``);
+- ``layer_validation.csv`` (:func:`validation_rows`, columns :data:`VALIDATION_COLUMNS` + provenance with
+  ``source`` ``modelled``): measured vs predicted ms and the absolute percentage error, at levels
+
+  - ``op``: every op row against :func:`mla_lab.model.timing.predict_measured_op_ms`; split ``in_sample`` (the fit
+    over all rows) and, with more than one model, ``leave_model_out`` (the fit over the other models' rows);
+  - ``layer`` / ``layer_<mode>`` (``graph``, ``paired``): each end-to-end layer against the sum of its measured
+    ops' predictions (:func:`mla_lab.model.ops.layer_ops` with ``out_slice_copy=False``, the layer's
+    ``excluded_ops``, ``lm_head`` and communication left out: one GPU, no comm);
+  - ``layer_delta`` / ``layer_<mode>_delta``: the unfused-minus-fused difference per layer (``ape_pct`` relative to
+    the measured difference; NaN when it is 0);
+  - ``extra``: the sparse kernel with causal ``topk_length`` (``kernel_topk_length`` rows) against FLOPs at the
+    fitted kernel efficiency.
+
+:func:`mape_summary` gives the per-(level, split, class) MAPE table the run prints.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Callable
+
+from ..arch import GPUArch
+from ..model.calibration import Calibration, fit_calibration, write_calibration_csv
+from ..model.ops import layer_ops
+from ..model.timing import op_time_ms, predict_measured_op_ms
+from ..models import ModelConfig
+from ..placement import measured_as
+from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV, read_rows
+
+__all__ = ["VALIDATION_COLUMNS", "leave_one_model_out", "validation_rows", "mape_summary", "fit_and_validate"]
+
+#: Columns of ``layer_validation.csv`` before the provenance columns.
+VALIDATION_COLUMNS = ["level", "split", "model", "tp", "moe_parallel", "T", "name", "op_class", "measured_ms",
+                      "predicted_ms", "ape_pct"]
+
+
+def leave_one_model_out(op_rows: list[dict], arch: GPUArch) -> dict[str, Calibration]:
+    """``{model: calibration fitted on the other models' op rows}``; empty with fewer than two models."""
+    names = sorted({r["model"] for r in op_rows})
+    if len(names) < 2:
+        return {}
+    return {name: fit_calibration([r for r in op_rows if r["model"] != name], arch, name=f"without {name}")[0]
+            for name in names}
+
+
+def _row(level, split, source, measured_ms, predicted_ms, name, op_class) -> dict:
+    return {"level": level, "split": split, "model": source.get("model"), "tp": source.get("tp"),
+            "moe_parallel": source.get("moe_parallel", ""), "T": source.get("T"), "name": name, "op_class": op_class,
+            "measured_ms": measured_ms, "predicted_ms": predicted_ms,
+            "ape_pct": abs(predicted_ms - measured_ms) / measured_ms * 100}
+
+
+def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list[dict], arch: GPUArch,
+                    models_by_name: dict[str, ModelConfig], calibration: Calibration,
+                    held_out: dict[str, Calibration] | None = None) -> list[dict]:
+    """Measured vs predicted rows at every level of the module docstring (columns :data:`VALIDATION_COLUMNS`).
+
+    Args:
+        op_rows, e2e_rows: ``layer_ops.csv`` / ``layer_e2e.csv`` rows with status ``ok`` (strings, as read).
+        extras_rows: ``layer_extras.csv`` rows (only ``kernel_topk_length`` ones with an ``ms`` are used).
+        models_by_name: configs of the models the e2e rows name (rows of other models are skipped).
+        calibration: the in-sample fit; held_out: :func:`leave_one_model_out` (``leave_model_out`` rows).
+    """
+    held_out = held_out or {}
+    rows = [_row("op", "in_sample", r, float(r["ms"]), predict_measured_op_ms(r, arch, calibration), r["op"],
+                 r["op_class"]) for r in op_rows]
+    for name, held_calibration in held_out.items():
+        rows += [_row("op", "leave_model_out", r, float(r["ms"]), predict_measured_op_ms(r, arch, held_calibration),
+                      r["op"], r["op_class"]) for r in op_rows if r["model"] == name]
+    # per layer: sum of the measured ops' predictions vs the end-to-end measurement
+    for r in e2e_rows:
+        model = models_by_name.get(r["model"])
+        if model is None:
+            continue
+        excluded = (r.get("excluded_ops") or "").split(";")
+        ops = [op for op in layer_ops(model, int(r["tp"]), arch, measured_as(r["strategy"]), int(r["T"]),
+                                      layer_kind=r["layer_kind"], moe_parallel=r["moe_parallel"],
+                                      ep_size=int(r["ep"]), out_slice_copy=False)
+               if op.impl and not op.is_comm and op.name != "lm_head" and op.name not in excluded]
+        splits = [("in_sample", calibration)] + ([("leave_model_out", held_out[r["model"]])]
+                                                  if r["model"] in held_out else [])
+        mode = r.get("mode") or "eager"
+        level = "layer" if mode == "eager" else f"layer_{mode}"
+        for split, split_calibration in splits:
+            predicted = sum(op_time_ms(op, arch, split_calibration) for op in ops)
+            rows.append(_row(level, split, r, float(r["ms"]), predicted, f"{r['layer_kind']}_{r['strategy']}", level))
+    # fused-vs-unfused difference per layer: measured vs predicted (ms, unfused minus fused)
+    by_layer: dict = {}
+    for v in rows:
+        if v["level"].startswith("layer") and v["split"] == "in_sample":
+            kind, strategy = v["name"].rsplit("_", 1)
+            key = (v["model"], v["tp"], v["moe_parallel"], v["T"], kind, v["level"])
+            by_layer.setdefault(key, {})[strategy] = v
+    for (model_name, tp, parallel, T, kind, level), strategies in by_layer.items():
+        if "unfused" in strategies and "fused" in strategies:
+            measured = strategies["unfused"]["measured_ms"] - strategies["fused"]["measured_ms"]
+            predicted = strategies["unfused"]["predicted_ms"] - strategies["fused"]["predicted_ms"]
+            rows.append({"level": level + "_delta", "split": "in_sample", "model": model_name, "tp": tp,
+                         "moe_parallel": parallel, "T": T, "name": f"{kind}_unfused_minus_fused", "op_class": "delta",
+                         "measured_ms": measured, "predicted_ms": predicted,
+                         "ape_pct": abs(predicted - measured) / abs(measured) * 100 if measured else float("nan")})
+    kernel_eff = calibration.attention.get("kernel")
+    for r in extras_rows:
+        if r.get("experiment") == "kernel_topk_length" and r.get("ms"):
+            predicted = float(r["flops"]) / (arch.bf16_tflops * 1e12 * kernel_eff) * 1e3
+            rows.append(_row("extra", "in_sample", r, float(r["ms"]), predicted, r["name"], "attn_kernel"))
+    return rows
+
+
+def mape_summary(rows: list[dict]) -> dict[tuple[str, str, str], tuple[int, float, float]]:
+    """``{(level, split, op_class): (n, MAPE %, max APE %)}`` of :func:`validation_rows`, keys sorted."""
+    apes: dict = {}
+    for v in rows:
+        apes.setdefault((v["level"], v["split"], v["op_class"]), []).append(v["ape_pct"])
+    return {k: (len(a), sum(a) / len(a), max(a)) for k, a in sorted(apes.items())}
+
+
+def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, models_by_name: dict[str, ModelConfig],
+                     calibration_path: str | Path | None = None,
+                     log: Callable[[str], None] = print) -> Calibration | None:
+    """Fit efficiencies from ``out_dir/layer_ops.csv``, write the calibration CSV (``calibration_path``, default
+    ``out_dir/h200_ops.csv``) and ``out_dir/layer_validation.csv``; log the MAPE table and the fitted
+    efficiencies.
+
+    Args:
+        out_dir: folder holding a run's ``layer_ops.csv``, ``layer_e2e.csv``, ``layer_extras.csv``.
+        arch: the GPU the rows were measured on (its datasheet peaks).
+        fit_provenance: provenance columns of the calibration rows (the measurements'; ``fit_commit`` added by
+            the caller); the validation rows get them with ``source`` ``modelled``.
+        models_by_name: configs of the models the rows name.
+
+    Returns:
+        The in-sample :class:`~mla_lab.model.calibration.Calibration`, or None (nothing written) when there is no
+        ``ok`` op row.
+    """
+    out_dir = Path(out_dir)
+    op_rows = [r for r in read_rows(out_dir / OPS_CSV) if r.get("status") == "ok"]
+    e2e_rows = [r for r in read_rows(out_dir / E2E_CSV) if r.get("status") == "ok"]
+    extras_rows = read_rows(out_dir / EXTRAS_CSV)
+    if not op_rows:
+        log("no op rows to fit")
+        return None
+    calibration, report = fit_calibration(op_rows, arch,
+                                          name=f"{CALIBRATION_CSV} (measured on {op_rows[0].get('device', '?')})")
+    write_calibration_csv(report, Path(calibration_path) if calibration_path else out_dir / CALIBRATION_CSV,
+                          fit_provenance)
+    rows = validation_rows(op_rows, e2e_rows, extras_rows, arch, models_by_name, calibration,
+                           leave_one_model_out(op_rows, arch))
+    validation_provenance = {**fit_provenance, "source": "modelled"}
+    with open(out_dir / VALIDATION_CSV, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) + list(validation_provenance))
+        writer.writeheader()
+        for v in rows:
+            writer.writerow({**v, **validation_provenance})
+    log("MAPE per op class (level, split, class: n, MAPE %, max APE %):")
+    for (level, split, op_class), (n, mape, worst) in mape_summary(rows).items():
+        log(f"  {level:5s} {split:15s} {op_class:16s} n={n:3d} MAPE={mape:6.1f}% max={worst:6.1f}%")
+    for fitted in report:
+        log(f"  eff {fitted['kind']:9s} {fitted['op_class']:16s} flops={fitted['eff_flops']:.3f} "
+            f"bytes={fitted['eff_bytes']:.3f} overhead={fitted['floor_us']}us ({fitted['overhead_mode']}) "
+            f"n={fitted['n']} mape={fitted['mape_pct']:.1f}%")
+    return calibration

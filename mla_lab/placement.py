@@ -1,0 +1,206 @@
+"""Strategies as the engines run them: where the padded Q lives (placement) x what its padded heads hold (content).
+
+FlashMLA's sparse prefill kernel takes 64 or 128 query heads (``csrc/api/sparse_fwd.h``); a TP rank holds fewer, so
+the Q of ``H`` real heads is padded to ``H'`` (:func:`mla_lab.buffers.padded_num_heads`). A strategy is:
+
+==================  =============================================================================================
+placement           where the padded ``[T, H', 576]`` Q lives
+==================  =============================================================================================
+``per_call_empty``  a fresh ``q.new_empty((T, H', 576))`` per layer call, real heads copied in (vLLM before PR
+                    #53878, ``_bf16_flash_mla_kernel``, stored pre-PR commit 60191e18); padded heads hold whatever the
+                    caching allocator's block held: zeros if only the pad ever used it, stale data otherwise
+``per_call_zeros``  ``q.new_zeros(...)`` + copy per call (SGLang ``_forward_flashmla_sparse``); zeros, paid per call
+``private_workspace``  a ``(max_num_batched_tokens, H', 576)`` workspace of its own, ``concat_mla_q`` writing the real
+                    heads into it (vLLM at PR #53878: constructor-time view, never written: zeros)
+``shared_workspace``   the same shape as a view into the workspace shared with the fused-MoE and indexer scratch
+                    (vLLM after PR #56902): the padded heads hold that scratch (stale) unless the concat zeroes them
+``subchunk``        a zeroed ``(S, H', 576)`` workspace; the step's tokens go through the kernel ``S`` at a time (no
+                    engine does this; the lab's proposal, issue 12)
+``kernel_native``   modelled bound: a kernel that takes the real head count (no padded buffer, no pad copy)
+==================  =============================================================================================
+
+Content (what the padded heads hold while the kernel runs): ``zeros`` or ``stale`` (non-zero data: the kernel's
+time depends on it, power-limited clocks; :mod:`mla_lab.model.content`). Zero policy of a pre-padded workspace:
+``zero_once`` (zeroed at allocation), ``zero_per_call`` (the concat writes zeros into the padded heads,
+``concat_mla_q(..., zero_padding=True)``), ``none`` (left as the workspace's other users leave them).
+
+Canonical names (:func:`parse_strategy`): ``per_call_empty:zeros``, ``per_call_empty:stale``, ``per_call_zeros``,
+``private_workspace``, ``shared_workspace:none``, ``shared_workspace:zero_per_call``, ``subchunk:<S>``,
+``kernel_native``. Engine presets (:data:`PRESETS`) and the first version's names (:data:`ALIASES`) expand to them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._validate import check_int
+
+__all__ = ["Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
+           "parse_strategy", "expand_strategies", "resolve_strategy", "preset_of", "LEGACY_MEASURED", "measured_as", "BASELINE", "SUBCHUNK_ROWS", "canonical_names"]
+
+PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
+              "kernel_native")
+CONTENTS = ("zeros", "stale")
+ZERO_POLICIES = ("zero_once", "zero_per_call", "none")
+#: Sub-chunk sizes the sweep prices by default (rows of the padded workspace).
+SUBCHUNK_ROWS = (1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to feed the kernel its padded heads.
+
+    Attributes:
+        placement: one of :data:`PLACEMENTS`.
+        content: what the padded heads hold during the kernel (:data:`CONTENTS`).
+        zero_policy: for pre-padded workspaces (:data:`ZERO_POLICIES`), else None.
+        rows: workspace rows ``S`` of ``subchunk``, else None.
+    """
+
+    placement: str
+    content: str
+    zero_policy: str | None = None
+    rows: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The canonical name (:func:`parse_strategy` round-trips it)."""
+        p = self.placement
+        if p == "per_call_empty":
+            return f"per_call_empty:{self.content}"
+        if p == "shared_workspace":
+            return f"shared_workspace:{self.zero_policy}"
+        if p == "subchunk":
+            return f"subchunk:{self.rows}"
+        return p
+
+    @property
+    def pre_padded(self) -> bool:
+        """The padded Q is a workspace the concat writes into (no per-call pad tensor, no pad copy)."""
+        return self.placement in ("private_workspace", "shared_workspace", "subchunk")
+
+    @property
+    def per_call_pad(self) -> bool:
+        """A pad tensor is allocated and the real heads copied in on every layer call."""
+        return self.placement in ("per_call_empty", "per_call_zeros")
+
+    @property
+    def concat_zeroes_padding(self) -> bool:
+        """The concat writes zeros into the padded heads on every call (``zero_padding=True``)."""
+        return self.zero_policy == "zero_per_call"
+
+
+def _fixed(placement, content, zero_policy=None, rows=None) -> Strategy:
+    return Strategy(placement, content, zero_policy, rows)
+
+
+_FIXED = {
+    "per_call_empty:zeros": _fixed("per_call_empty", "zeros"),
+    "per_call_empty:stale": _fixed("per_call_empty", "stale"),
+    "per_call_zeros": _fixed("per_call_zeros", "zeros"),
+    "private_workspace": _fixed("private_workspace", "zeros", "zero_once"),
+    "shared_workspace:none": _fixed("shared_workspace", "stale", "none"),
+    "shared_workspace:zero_per_call": _fixed("shared_workspace", "zeros", "zero_per_call"),
+    "kernel_native": _fixed("kernel_native", "zeros"),
+}
+
+#: Engine presets -> canonical strategies (two names = the range the engine can be in).
+PRESETS = {
+    "vllm-pre-53878": ("per_call_empty:zeros", "per_call_empty:stale"),
+    "vllm-53878": ("private_workspace",),
+    "vllm-56902": ("shared_workspace:none",),
+    "sglang": ("per_call_zeros",),
+    "kernel-native": ("kernel_native",),
+}
+#: Where each preset's behaviour is written down.
+PRESET_SOURCES = {
+    "vllm-pre-53878": "vLLM flashmla_sparse.py before PR #53878 (commit 60191e18): q.new_empty + copy per call; "
+                      "padded heads hold the caching allocator's block (zeros if only the pad used it, else stale)",
+    "vllm-53878": "vLLM PR #53878 (merged 2026-08-26): pre-padded Q-concat workspace, constructor-time view, never "
+                  "written (fresh memory: zeros)",
+    "vllm-56902": "vLLM PR #56902 (merged 2026-09-14): Q-concat view from the workspace shared with fused-MoE and "
+                  "indexer scratch on every call (stale padded heads; persistent extra ~0 when that workspace is "
+                  "larger)",
+    "sglang": "SGLang _forward_flashmla_sparse: q_all.new_zeros(...) + copy per call",
+    "kernel-native": "modelled bound: a kernel taking the real head count (no engine ships one for sm90)",
+}
+#: The first version's names, kept so existing parameter files and data keep working.
+ALIASES = {"unfused": "vllm-pre-53878", "fused": "vllm-53878"}
+#: What the first version's *measurements* labelled ``unfused`` / ``fused`` ran: a ``new_zeros`` pad per call and a
+#: zero-initialised private workspace (measured rows and the layer runner keep those labels).
+LEGACY_MEASURED = {"unfused": "per_call_zeros", "fused": "private_workspace"}
+
+
+def measured_as(name: str) -> str:
+    """The canonical strategy a measured row's label stands for (the first version's labels mapped by
+    :data:`LEGACY_MEASURED`, others as :func:`resolve_strategy`)."""
+    return LEGACY_MEASURED.get(name) or resolve_strategy(name)
+
+
+#: The row every TTFT change is taken against: vLLM before the PR with zero padded heads (the favourable end of
+#: its range; the stale end is a row of its own).
+BASELINE = "per_call_empty:zeros"
+
+
+def parse_strategy(name: str) -> Strategy:
+    """A canonical strategy name -> :class:`Strategy`.
+
+    Raises:
+        ValueError: an unknown name, or ``subchunk:<S>`` with S not a positive int (names what is allowed).
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"strategy={name!r} must be a str; allowed: {canonical_names()}")
+    if name in _FIXED:
+        return _FIXED[name]
+    if name.startswith("subchunk:"):
+        raw = name.split(":", 1)[1]
+        try:
+            rows = int(raw)
+        except ValueError:
+            raise ValueError(f"strategy={name!r}: subchunk rows {raw!r} must be a positive int "
+                             "(e.g. subchunk:4096)") from None
+        check_int("subchunk rows", rows)
+        return _fixed("subchunk", "zeros", "zero_once", rows)
+    raise ValueError(f"strategy={name!r} is not known; allowed: {canonical_names()}, presets {list(PRESETS)} "
+                     f"or aliases {list(ALIASES)}")
+
+
+def canonical_names() -> list[str]:
+    """Every fixed canonical name plus the ``subchunk:<S>`` pattern."""
+    return list(_FIXED) + ["subchunk:<S>"]
+
+
+def expand_strategies(names) -> list[str]:
+    """Presets, aliases and canonical names -> canonical names (order kept, duplicates dropped).
+
+    Raises:
+        ValueError: as :func:`parse_strategy`.
+    """
+    out = []
+    for n in names:
+        n = ALIASES.get(n, n)
+        if n == "kernel_native":
+            n = "kernel-native"
+        if n in PRESETS:
+            out += list(PRESETS[n])
+        else:
+            out.append(parse_strategy(n).name)
+    return list(dict.fromkeys(out))
+
+
+def resolve_strategy(name: str) -> str:
+    """One canonical name for a canonical name, an alias or a preset (a two-member preset gives its first member,
+    the zeros end of its range: ``unfused`` / ``vllm-pre-53878`` -> ``per_call_empty:zeros``).
+
+    Raises:
+        ValueError: as :func:`parse_strategy`.
+    """
+    return expand_strategies([name])[0]
+
+
+def preset_of(name: str) -> str:
+    """The engine preset a canonical strategy belongs to ("" for the lab's own, e.g. ``subchunk:4096``)."""
+    for preset, members in PRESETS.items():
+        if name in members:
+            return preset
+    return ""
