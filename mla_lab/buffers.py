@@ -203,7 +203,8 @@ def memory_account(
         persistent = S * hp * row if padded else unpadded
         if padded:
             n_chunks = -(-T // S) if T else 0
-            kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + T * H * d_v * BF16_BYTES
+            delivered = 0 if st.handoff == "views" else T * H * d_v * BF16_BYTES
+            kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + delivered
     else:  # kernel_native
         kernel_heads = H
         persistent = unpadded

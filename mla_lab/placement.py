@@ -25,7 +25,8 @@ time depends on it, power-limited clocks; :mod:`mla_lab.model.content`). Zero po
 ``concat_mla_q(..., zero_padding=True)``), ``none`` (left as the workspace's other users leave them).
 
 Canonical names (:func:`parse_strategy`): ``per_call_empty:zeros``, ``per_call_empty:stale``, ``per_call_zeros``,
-``private_workspace``, ``shared_workspace:none``, ``shared_workspace:zero_per_call``, ``subchunk:<S>``,
+``private_workspace``, ``shared_workspace:none``, ``shared_workspace:zero_per_call``, ``subchunk:<S>`` (each
+chunk's output copied into the step's), ``subchunk:<S>:views`` (the consumer runs per chunk on views),
 ``kernel_native``. Engine presets (:data:`PRESETS`) and the first version's names (:data:`ALIASES`) expand to them.
 """
 
@@ -55,12 +56,16 @@ class Strategy:
         content: what the padded heads hold during the kernel (:data:`CONTENTS`).
         zero_policy: for pre-padded workspaces (:data:`ZERO_POLICIES`), else None.
         rows: workspace rows ``S`` of ``subchunk``, else None.
+        handoff: ``subchunk`` only: ``copy`` (each chunk's ``out[:, :H]`` copied into the step's ``[T, H, 512]``
+            output) or ``views`` (the consumer, the W_UV bmm, runs per chunk on the chunk's view: no copy, one more
+            launch per chunk).
     """
 
     placement: str
     content: str
     zero_policy: str | None = None
     rows: int | None = None
+    handoff: str | None = None
 
     @property
     def name(self) -> str:
@@ -71,7 +76,7 @@ class Strategy:
         if p == "shared_workspace":
             return f"shared_workspace:{self.zero_policy}"
         if p == "subchunk":
-            return f"subchunk:{self.rows}"
+            return f"subchunk:{self.rows}" + (":views" if self.handoff == "views" else "")
         return p
 
     @property
@@ -153,21 +158,26 @@ def parse_strategy(name: str) -> Strategy:
     if name in _FIXED:
         return _FIXED[name]
     if name.startswith("subchunk:"):
-        raw = name.split(":", 1)[1]
+        parts = name.split(":")
+        raw = parts[1]
         try:
             rows = int(raw)
         except ValueError:
             raise ValueError(f"strategy={name!r}: subchunk rows {raw!r} must be a positive int "
-                             "(e.g. subchunk:4096)") from None
+                             "(e.g. subchunk:4096 or subchunk:4096:views)") from None
         check_int("subchunk rows", rows)
-        return _fixed("subchunk", "zeros", "zero_once", rows)
+        if len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("copy", "views")):
+            raise ValueError(f"strategy={name!r}: the subchunk hand-off must be 'copy' (default) or 'views' "
+                             "(e.g. subchunk:4096:views)")
+        handoff = parts[2] if len(parts) == 3 else "copy"
+        return Strategy("subchunk", "zeros", "zero_once", rows, handoff)
     raise ValueError(f"strategy={name!r} is not known; allowed: {canonical_names()}, presets {list(PRESETS)} "
                      f"or aliases {list(ALIASES)}")
 
 
 def canonical_names() -> list[str]:
     """Every fixed canonical name plus the ``subchunk:<S>`` pattern."""
-    return list(_FIXED) + ["subchunk:<S>"]
+    return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views"]
 
 
 def expand_strategies(names) -> list[str]:

@@ -35,6 +35,7 @@ def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
     ``kernel_native``, the zero policies, and ``subchunk:<S>`` for ``subchunk_rows``)."""
     names = [n for members in PRESETS.values() for n in members if n != "kernel_native"]
     names += ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in subchunk_rows]
+    names += [f"subchunk:{subchunk_rows[-1]}:views"]
     return list(dict.fromkeys(names))
 
 
@@ -112,13 +113,15 @@ class PaddedQPath:
                                          actual_num_heads=self.num_heads, backend=self.kernel_backend)
         return out, lse
 
-    def __call__(self, ql_nope, q_pe, kv, indices, sm_scale: float, topk_length=None):
+    def __call__(self, ql_nope, q_pe, kv, indices, sm_scale: float, topk_length=None, consumer=None):
         """Run the attention path of one layer call.
 
         Args:
             ql_nope: ``[T, H, 512]`` bf16 (``H = num_heads``); q_pe: ``[T, H, 64]`` bf16; strided token/head dims ok.
             kv: ``[s_kv, 1, 576]`` bf16 latent cache; indices: ``[T, 1, topk]`` int32 (-1 = invalid);
             sm_scale: softmax scale; topk_length: optional ``[T]`` int32.
+            consumer: ``subchunk:<S>:views`` only: called as ``consumer(start, out_view, lse_view)`` for each chunk
+                (the W_UV bmm would run there); without it the views are gathered into a ``[T, H, 512]`` output.
 
         Returns:
             ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads (views of the kernel's padded outputs,
@@ -132,7 +135,7 @@ class PaddedQPath:
         T = ql_nope.shape[0]
         H, hp, p = self.num_heads, self.padded_heads, self.spec.placement
         if p == "subchunk":
-            return self._subchunked(ql_nope, q_pe, kv, indices, sm_scale, topk_length)
+            return self._subchunked(ql_nope, q_pe, kv, indices, sm_scale, topk_length, consumer)
         q = self.workspace.view(T)
         concat_mla_q(ql_nope, q_pe, q, zero_padding=self.spec.concat_zeroes_padding, backend=self.concat_backend)
         if self.spec.per_call_pad and hp > H:
@@ -148,19 +151,24 @@ class PaddedQPath:
             q = q_padded
         return self._kernel(q, kv, indices, sm_scale, topk_length)
 
-    def _subchunked(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length):
+    def _subchunked(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length, consumer=None):
         T, H = ql_nope.shape[0], self.num_heads
         S = self.workspace.max_num_batched_tokens
-        out = torch.empty((T, H, 512), dtype=ql_nope.dtype, device=ql_nope.device)
-        lse = torch.empty((T, H), dtype=torch.float32, device=ql_nope.device)
+        out = lse = None
+        if consumer is None:
+            out = torch.empty((T, H, 512), dtype=ql_nope.dtype, device=ql_nope.device)
+            lse = torch.empty((T, H), dtype=torch.float32, device=ql_nope.device)
         for s in range(0, T, S):
             n = min(S, T - s)
             q = self.workspace.view(n)
             concat_mla_q(ql_nope[s:s + n], q_pe[s:s + n], q, backend=self.concat_backend)
             tl = None if topk_length is None else topk_length[s:s + n]
             o, lse_chunk = self._kernel(q, kv, indices[s:s + n], sm_scale, tl)
-            out[s:s + n] = o
-            lse[s:s + n] = lse_chunk
+            if consumer is not None:
+                consumer(s, o, lse_chunk)
+            else:
+                out[s:s + n] = o
+                lse[s:s + n] = lse_chunk
         return out, lse
 
 

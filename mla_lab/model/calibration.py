@@ -33,7 +33,8 @@ from .content import ContentModel, load_content_model
 from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 
 __all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "load_calibration",
-           "uncalibrated", "attention_from_reference", "fit_calibration", "write_calibration_csv", "resolve_calibration"]
+           "uncalibrated", "attention_from_reference", "fit_calibration", "write_calibration_csv", "resolve_calibration",
+           "fit_subchunk_overhead", "load_subchunk_overhead", "SUBCHUNK_CSV"]
 
 OVERHEAD_MODES = ("max", "add")
 
@@ -208,9 +209,50 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
                     raise ValueError(f"{path}: overhead_mode={mode!r} not valid; allowed: {list(OVERHEAD_MODES)}")
                 classes[r["op_class"]] = ClassEff(ef, eb, fl, int(float(r.get("n") or 0)), mape, mode)
             device = r.get("device", device)
+    overhead = load_subchunk_overhead()
+    if overhead is not None:
+        attn["chunk_overhead_us"] = overhead
     cal = Calibration(classes, attn, f"{path.name} (measured on {device})", "h200", content=load_content_model())
     _LOADED[key] = cal
     return cal
+
+
+SUBCHUNK_CSV = "h200_subchunk.csv"
+
+
+def load_subchunk_overhead(path: str | Path | None = None) -> float | None:
+    """The fitted fixed cost per extra sub-chunk (us) from ``data/calibration/h200_subchunk.csv``, or None.
+
+    Raises:
+        ValueError: a malformed file (names it).
+    """
+    p = Path(path) if path else calibration_dir() / SUBCHUNK_CSV
+    if not p.is_file():
+        return None
+    with open(p, newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        return float(rows[0]["chunk_overhead_us"])
+    except (IndexError, KeyError, ValueError) as e:
+        raise ValueError(f"{p}: not a sub-chunk overhead fit ({e})") from None
+
+
+def fit_subchunk_overhead(rows: list[dict]) -> tuple[float, float]:
+    """Least-squares cost per extra chunk (us, through the origin) from rows ``{"extra_chunks": n - 1,
+    "extra_ms": t(n) - t(1)}`` of one sub-chunked attention path at several S. Returns ``(us, mean abs residual
+    us)``.
+
+    Raises:
+        ValueError: no row with extra chunks.
+    """
+    xs = [float(r["extra_chunks"]) for r in rows]
+    ys = [float(r["extra_ms"]) for r in rows]
+    den = sum(x * x for x in xs)
+    if den == 0:
+        raise ValueError("rows hold no sub-chunked run with more than one chunk")
+    c = sum(x * y for x, y in zip(xs, ys)) / den
+    resid = sum(abs(y - c * x) for x, y in zip(xs, ys)) / len(xs)
+    return c * 1e3, resid * 1e3
 
 
 def default_calibration() -> Calibration:

@@ -456,8 +456,9 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str
     + copy), ``pad_copy`` (``per_call_empty``: copy into a ``new_empty`` tensor), ``kernel`` (its ``dims`` carry
     ``content``: what the padded heads hold, priced by :mod:`mla_lab.model.content`), ``out_slice`` (a
     ``.contiguous()`` of ``out[:, :H]``; the layer keeps it only with ``out_slice_copy``), and for
-    ``subchunk:<S>`` ``chunk_out`` (each chunk's ``out[:, :H]`` copied into the step's output) and
-    ``chunk_overhead`` (a fixed cost per chunk, ``dims["chunks"]``).
+    ``subchunk:<S>`` ``chunk_out`` (each chunk's ``out[:, :H]`` copied into the step's output; not with
+    ``:views``) and ``chunk_overhead`` (a fixed cost per chunk after the first, ``dims["chunks"]``; with ``:views``
+    also one consumer launch per extra chunk, ``dims["consumer_launches"]``).
 
     Args:
         model, tp: give ``H = num_attention_heads // tp``; arch: gives ``H'`` (vLLM's padding rule).
@@ -497,8 +498,13 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str
     ops.append(op("kernel", "flops", content=spec.content if padded else "zeros"))
     if padded and spec.placement == "subchunk":
         chunks = -(-T // spec.rows) if T else 0
-        ops.append(op("chunk_out", "bytes"))
-        ops.append(LayerOp("chunk_overhead", "attn_chunk_overhead", dims={**dims, "chunks": chunks},
+        if spec.handoff != "views":
+            ops.append(op("chunk_out", "bytes"))
+        # every chunk after the first costs its own launches and kernel tail; with views the consumer (W_UV bmm)
+        # also runs once per chunk
+        ops.append(LayerOp("chunk_overhead", "attn_chunk_overhead",
+                           dims={**dims, "chunks": max(0, chunks - 1),
+                                 "consumer_launches": max(0, chunks - 1) if spec.handoff == "views" else 0},
                            impl="attn_chunk_overhead"))
     if spec.placement != "kernel_native" and Hp > H:
         ops.append(op("out_slice", "bytes"))

@@ -37,7 +37,9 @@ def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = Non
     if op.is_comm:
         return comm_time_ms(op.op_class, op.comm_bytes, tp, arch, cal)
     if op.op_class == "attn_chunk_overhead":
-        return op.dims.get("chunks", 0) * cal.attention_eff("chunk_overhead_us") * 1e-3
+        # per extra chunk: the measured launch-and-tail cost; per extra consumer launch: the bmm class's overhead
+        return (op.dims.get("chunks", 0) * cal.attention_eff("chunk_overhead_us")
+                + op.dims.get("consumer_launches", 0) * cal.eff("bmm").floor_us) * 1e-3
     if not (op.flops or op.bytes):
         return 0.0
     if op.op_class.startswith("attn_"):
