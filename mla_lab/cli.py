@@ -1,6 +1,7 @@
 """``mla-lab`` command line: run the papermill-parameterized sweep notebook and publish it as HTML.
 
     mla-lab sweep [-f params.yaml] [-p name value ...] [--notebook PATH] [--report-name NAME] [--timeout S]
+    mla-lab advise [--model M --tp N --arch A --max-num-batched-tokens T --prompt-len L --memory-budget-mib X]
     mla-lab index [--report-dir DIR]
     mla-lab check-report [HTML ...]     (headless Chromium: figures loaded and not blank, no JavaScript error)
 
@@ -26,6 +27,8 @@ from .paths import notebooks_dir
 from .provenance import git_commit
 from .report import site
 from .report.browser import check_in_browser
+from .report.data import load_measured
+from .sweep.advise import advise, format_advice
 from .sweep.params import validate_params
 from .sweep.run import plan_sweep
 from .sweep.store import code_version
@@ -178,6 +181,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="print the grid, the point count and what is already stored; run nothing")
     sw.add_argument("--overwrite", action="store_true",
                     help="allow data_file to replace an existing file the lab did not write")
+    ad = sub.add_parser("advise", help="for one deployment and a memory budget: the strategy (and S) with the "
+                                       "lowest TTFT, ranked alternatives, what does not fit")
+    ad.add_argument("--model", default="glm-5")
+    ad.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=8)
+    ad.add_argument("--arch", default="h200")
+    ad.add_argument("--max-num-batched-tokens", type=int, default=16384)
+    ad.add_argument("--prompt-len", "--random-input-len", dest="prompt_len", type=int, default=1024)
+    ad.add_argument("--kv-cache-dtype", default="bf16")
+    ad.add_argument("--num-prompts", type=int, default=32)
+    ad.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=int, default=None)
+    ad.add_argument("--weight-dtype", default="fp8", choices=["fp8", "bf16"])
+    ad.add_argument("--moe-parallel", default="ep", choices=["ep", "tp"])
+    ad.add_argument("--memory-budget-mib", type=float, default=None, help="most persistent extra MiB per rank")
+    ad.add_argument("--memory-budget-tokens", type=float, default=None, help="most KV-cache tokens lost per rank")
+    ad.add_argument("--no-measured", action="store_true", help="use modelled TTFT only (ignore data/measured)")
+    ad.add_argument("--json", action="store_true", help="print the result as JSON")
     ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
     ix.add_argument("--report-dir", default="reports")
     ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
@@ -200,6 +219,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  - {p}")
             bad += not r["ok"]
         return 1 if bad else 0
+    if args.cmd == "advise":
+        try:
+            measured = None if args.no_measured else load_measured()
+            res = advise(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
+                         args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
+                         args.moe_parallel, args.memory_budget_mib, args.memory_budget_tokens, measured=measured)
+        except ValueError as e:
+            print(f"mla-lab: error: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(res, indent=1, default=str) if args.json else format_advice(res))
+        return 0
     if args.cmd == "index":
         try:
             out = site.build_index(Path(args.report_dir), args.report_name)

@@ -16,13 +16,18 @@ import io
 
 from .arch import ARCHS, get_arch
 from .buffers import MIB, STRATEGIES, check_strategy
+from .placement import BASELINE
 from .models import KV_CACHE_DTYPES, load_model, model_names
 from .report.data import load_measured
 from .report.figures import STRATEGY_COLORS
+from .sweep.advise import advise, format_advice
 from .sweep.params import DEFAULTS, expand_grid, validate_params
 from .sweep.rows import modelled_rows
 
-__all__ = ["explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS", "CONTROL_OPTIONS"]
+#: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
+EXPLORER_STRATEGIES = (*STRATEGIES, "subchunk:4096", "subchunk:4096:views")
+
+__all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS", "CONTROL_OPTIONS"]
 
 # Columns a measured row must agree on to be shown beside the modelled numbers of a selection.
 MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len", "num_prompts",
@@ -61,7 +66,7 @@ def _match_measured(measured, sel: dict):
 
 def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batched_tokens: int = 16384,
                   kv_cache_dtype: str = "bf16", prompt_len: int = 1024, num_prompts: int = 32,
-                  strategy: str = "fused", measured=None, concurrency: int | None = None,
+                  strategy: str = "private_workspace", measured=None, concurrency: int | None = None,
                   weight_dtype: str = DEFAULTS["weight_dtype"], moe_parallel: str = DEFAULTS["moe_parallel"]
                   ) -> dict:
     """Price one selection through the sweep's row builder (:func:`mla_lab.sweep.rows.modelled_rows`: the same
@@ -77,7 +82,7 @@ def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num
     Returns:
         dict with ``num_heads`` (per rank), ``prefill_padding``, ``padded_heads`` (the workspace heads vLLM's rule
         gives: H' for bf16, H for fp8), ``workspace_bytes``/``workspace_mib`` (persistent Q workspace of
-        ``strategy``), ``extra_bytes``/``extra_mib`` (vs unfused), ``kv_tokens_lost``, ``per_strategy`` (list of
+        ``strategy``), ``extra_bytes``/``extra_mib`` (vs the baseline, ``per_call_empty:zeros``), ``kv_tokens_lost``, ``per_strategy`` (list of
         dicts: strategy, persistent_bytes, workspace_mib, peak_bytes, ttft_ms, ttft_ms_max, ttft_change_pct,
         measured_ttft_ms or None), ``ttft_scope``, ``num_steps``, ``fits_in_memory``, ``fit_reason``,
         ``measured`` (matching rows or None) and ``selection``.
@@ -90,8 +95,8 @@ def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num
                               "max_num_batched_tokens": [max_num_batched_tokens], "prompt_lens": [prompt_len],
                               "kv_cache_dtype": kv_cache_dtype, "num_prompts": num_prompts,
                               "concurrency": concurrency, "weight_dtype": weight_dtype,
-                              "moe_parallel": moe_parallel, "strategies": list(STRATEGIES)})
-    check_strategy(strategy)
+                              "moe_parallel": moe_parallel, "strategies": list(EXPLORER_STRATEGIES)})
+    strategy = check_strategy(strategy).name
     (point,) = expand_grid(params)
     rows = [dict(r) for r in _rows(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in point.items()))]
     by = {r["strategy"]: r for r in rows}
@@ -100,7 +105,7 @@ def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num
     sel["strategy"] = strategy
     meas = _match_measured(measured, sel)
     per = []
-    for s in STRATEGIES:
+    for s in EXPLORER_STRATEGIES:
         r = by[s]
         mrow = None
         if meas is not None and "strategy" in meas.columns and "ttft_ms" in meas.columns:
@@ -150,7 +155,7 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
     ax_m.set_title("persistent Q workspace per rank\n(exact bytes)", fontsize=9.5)
     ax_m.set_ylabel("MiB")
     bars = ax_t.bar(x, [r["ttft_ms"] for r in rows], color=colors, edgecolor="black", linewidth=lw, label="modelled")
-    ax_t.bar_label(bars, labels=[f"{r['ttft_ms']:.0f} ({r['ttft_change_pct']:+.0f}%)" if r["strategy"] != "unfused"
+    ax_t.bar_label(bars, labels=[f"{r['ttft_ms']:.0f} ({r['ttft_change_pct']:+.0f}%)" if r["strategy"] != BASELINE
                                  else f"{r['ttft_ms']:.0f}" for r in rows], fontsize=8, padding=2)
     ax_t.margins(y=0.18)
     mx = [(i, r["measured_ttft_ms"]) for i, r in enumerate(rows) if r["measured_ttft_ms"] is not None]
@@ -183,7 +188,7 @@ def summary_html(result: dict) -> str:
         ("heads per rank → padded heads", f"{result['num_heads']} → {result['padded_heads']}"),
         (f"Q workspace ({e(sel['strategy'])})",
          f"{_fmt_int(result['workspace_bytes'])} B = {result['workspace_mib']:.1f} MiB"),
-        ("extra vs unfused", f"{_fmt_int(result['extra_bytes'])} B = {result['extra_mib']:.1f} MiB"),
+        (f"extra vs {BASELINE}", f"{_fmt_int(result['extra_bytes'])} B = {result['extra_mib']:.1f} MiB"),
         ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"])),
         ("chunked-prefill steps", str(result["num_steps"])),
     ]
@@ -196,7 +201,7 @@ def summary_html(result: dict) -> str:
         cells.append(f"<tr{style}>" + "".join(f"<td {td}>{v}</td>" for v in (
             e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['ttft_ms']:.2f}",
             f"{r['ttft_change_pct']:+.2f}%", meas)) + "</tr>")
-    heads = ("strategy", "workspace heads", "workspace MiB", "TTFT ms (modelled)", "vs unfused", "TTFT ms (measured)")
+    heads = ("strategy", "workspace heads", "workspace MiB", "TTFT ms (modelled)", f"vs {BASELINE}", "TTFT ms (measured)")
     table = ("<table style='border-collapse:collapse;margin-top:6px'><tr>"
              + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
     note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.modelled_rows);"
@@ -266,12 +271,18 @@ class Explorer:
             "moe_parallel": W.ToggleButtons(options=["ep", "tp"], value=initial.get("moe_parallel",
                                                                                  DEFAULTS["moe_parallel"]),
                                             style=tstyle),
-            "strategy": W.ToggleButtons(options=list(STRATEGIES), value=initial.get("strategy", "fused"),
-                                        style=tstyle),
+            "strategy": W.Dropdown(options=list(EXPLORER_STRATEGIES),
+                                   value=check_strategy(initial.get("strategy", "private_workspace")).name,
+                                   description="strategy", style=style, layout=lay),
+            "memory_budget_mib": W.BoundedFloatText(value=initial.get("memory_budget_mib", 300.0), min=0,
+                                                    max=1e6, step=50, description="advise: budget MiB",
+                                                    style=style, layout=W.Layout(width="260px")),
         }
         self.summary = W.HTML()
         self.chart = W.Image(format="png")
         self.measured_out = W.HTML()
+        self.advice_out = W.HTML()
+        self.advice: dict | None = None
         self.result: dict | None = None
         self.error = ""
         self._hold = False
@@ -287,7 +298,7 @@ class Explorer:
         labels = {"kv_cache_dtype": "KV-cache dtype", "strategy": "strategy", "weight_dtype": "weight dtype",
                   "moe_parallel": "MoE layout (ep: -ep)"}
         rows = [labelled(labels[k], c) if k in labels else c for k, c in self.controls.items()]
-        self.widget = W.VBox([*rows, self.summary, self.chart, self.measured_out])
+        self.widget = W.VBox([*rows, self.summary, self.chart, self.measured_out, self.advice_out])
         self.update()
 
     def values(self) -> dict:
@@ -361,7 +372,9 @@ class Explorer:
         """Recompute from the controls and re-render the outputs in place. A rejected selection is shown as an error
         message (``error``) instead of raising."""
         try:
-            self.result = explore_point(**self.values(), measured=self.measured)
+            v = self.values()
+            v.pop("memory_budget_mib")
+            self.result = explore_point(**v, measured=self.measured)
             self.error = ""
         except ValueError as e:
             self._show_error(str(e))
@@ -369,13 +382,28 @@ class Explorer:
         self.summary.value = summary_html(self.result)
         self.chart.value = render_chart(self.result)
         self.measured_out.value = measured_html(self.result)
+        self.advice_out.value = self._advise()
         return self.result
+
+    def _advise(self) -> str:
+        """The advice panel: :func:`mla_lab.sweep.advise.advise` for the selected deployment and budget."""
+        v = self.values()
+        try:
+            self.advice = advise(v["model"], v["tp"], v["arch"], v["max_num_batched_tokens"], v["prompt_len"],
+                                 v["kv_cache_dtype"], v["num_prompts"], v["concurrency"], v["weight_dtype"],
+                                 v["moe_parallel"], memory_budget_mib=v["memory_budget_mib"],
+                                 measured=self.measured)
+        except ValueError as e:
+            self.advice = None
+            return f"<b>Advice:</b> {html.escape(str(e))}"
+        return "<b>Advice</b><pre>" + html.escape(format_advice(self.advice)) + "</pre>"
 
     def _show_error(self, message: str) -> None:
         self.result, self.error = None, message
         self.summary.value = f"<b style='color:#b00'>Cannot price this selection:</b> {html.escape(message)}"
         self.chart.value = b""
         self.measured_out.value = ""
+        self.advice_out.value = ""
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

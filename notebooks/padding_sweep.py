@@ -31,7 +31,11 @@ prompt_lens = [1024, 8192]
 kv_cache_dtype = "bf16"
 num_prompts = 32
 concurrency = None
-strategies = ["vllm-pre-53878", "vllm-53878", "vllm-56902", "sglang", "kernel-native", "shared_workspace:zero_per_call", "subchunk:1024", "subchunk:2048", "subchunk:4096", "subchunk:8192"]
+# engine presets (vllm-pre-53878, vllm-53878, vllm-56902, sglang, kernel-native), the shared workspace zeroed per
+# call, and the sub-chunked workspace at S rows (":views": the consumer takes per-chunk views); see mla_lab.placement
+strategies = ["vllm-pre-53878", "vllm-53878", "vllm-56902", "sglang", "kernel-native",
+              "shared_workspace:zero_per_call", "subchunk:1024", "subchunk:2048", "subchunk:4096", "subchunk:8192",
+              "subchunk:1024:views", "subchunk:2048:views", "subchunk:4096:views", "subchunk:8192:views"]
 device = "auto"
 store_dir = "data/sweeps/padding_sweep"
 data_file = "data/padding_sweep.csv"
@@ -72,36 +76,53 @@ report.save_provenance(both, figs, run_id=run_id)
 display(HTML(report.provenance_html(both, run_id)))
 
 # %% [markdown]
-# ## The seed setup: reported vs ours
-# vLLM PR #53878's benchmark (GLM-5 geometry, TP 8, Hopper, bf16 KV cache, `--max-num-batched-tokens 16384`,
-# 32 prompts x 1024 tokens at concurrency 32) next to this lab's numbers for the same setup.
+# ## The PR's numbers, answered
+# vLLM PR #53878's benchmark (TP 8, Hopper, bf16 KV cache, `--max-num-batched-tokens 16384`, 32 prompts x 1024
+# tokens at concurrency 32) for GLM-5's geometry and GLM-5.2's (an indexer on 21 of 78 layers). A strategy is where
+# the padded Q lives x what its padded heads hold: vLLM before the PR padded with `new_empty` per call (zeros or
+# stale), at the PR with a private workspace (zeros), after PR #56902 with the shared workspace (stale); SGLang pads
+# with `new_zeros` per call. Modelled, and with the attention path measured on an H200 (95 % intervals of
+# interleaved rounds; the rest of the step modelled).
 
 # %%
+display(HTML(report.html_table(report.seed_answer_table())))
+display(Markdown("\n".join(f"- {line}" for line in report.seed_sentences())))
 display(HTML(report.html_table(report.seed_setup_table(df, measured))))
 
 # %% [markdown]
-# ## Memory vs TTFT
-# x: extra persistent Q workspace per rank compared with unfused (MiB). y: TTFT change compared with unfused (%).
-# Hollow markers are modelled, filled are measured. The red staircase is the Pareto frontier of the strategies that
-# exist (unfused, fused): the configurations that buy the most TTFT per MiB.
+# ## Memory vs TTFT, one panel per deployment
+# x: persistent extra Q memory per rank against vLLM before the PR (MiB; persistent bytes are budgeted and cost
+# KV-cache tokens). y: TTFT change against vLLM before the PR with zero padded heads (%). Hollow markers are
+# modelled; filled markers with error bars are measured. The orange and pink lines are the sub-chunked workspace
+# at S rows (copy out / views to the consumer); the red staircase is that deployment's Pareto frontier
+# (kernel-native is a bound, never on it). Deployments whose weights or workload do not fit say so.
 
 # %%
 has_ok = len(report.ok_rows(both)) > 0
 if has_ok:
-    saved["memory_vs_ttft"] = report.publish_figure(report.plot_memory_vs_ttft(both, kv_cache_dtype=kv_shown),
-                                                    "memory_vs_ttft", figs)
+    for i, fig in enumerate(report.plot_frontier_grid(both, kv_cache_dtype=kv_shown)):
+        saved[f"frontier_{i + 1}"] = report.publish_figure(fig, f"frontier_{i + 1}", figs)
 else:
     display(Markdown("**No grid point could be priced**: see *Failed points* below for each reason."))
 
 # %% [markdown]
-# ## Per TP size: TTFT change and extra memory
+# ## Advice for the PR's deployment
+# `mla-lab advise` for the seed deployment under a 300 MiB budget of persistent extra memory: the strategy with the
+# lowest TTFT that fits, the ranked alternatives and what the budget excludes.
+
+# %%
+advice = sweep.advise(memory_budget_mib=300, measured=measured)
+display(Markdown("```\n" + sweep.format_advice(advice) + "\n```"))
+
+# %% [markdown]
+# ## Per TP size: TTFT change and extra memory of vLLM #53878
 
 # %%
 if has_ok:
     saved["tp_bars"] = report.publish_figure(report.plot_tp_bars(both, kv_cache_dtype=kv_shown), "tp_bars", figs)
 
 # %% [markdown]
-# ## TTFT change over heads per rank x prompt length
+# ## TTFT change of vLLM #53878 over heads per rank x prompt length
 
 # %%
 if has_ok:
@@ -133,16 +154,17 @@ tp2 = report.tp2_table()
 display(HTML(report.html_table(tp2)) if len(tp2) else Markdown("No TP=2 measurements under `data/measured`."))
 
 # %% [markdown]
-# ## Fused == unfused on the real heads
-# Both strategies run on small random CPU inputs (invalid indices, causal `topk_length`, one row with no valid
-# index); the fused workspace's padded heads are poisoned with NaN first.
+# ## Every strategy gives the same real heads
+# Every real strategy runs on small random CPU inputs (invalid indices, causal `topk_length`, one row with no
+# valid index) and is compared bit for bit with a `new_zeros` pad; padded heads are poisoned with NaN first.
 
 # %%
 if check_equivalence:
-    checks = pd.DataFrame([equivalence_check(num_heads=h, arch=a) for h, a in [(8, "hopper"), (16, "hopper"),
-                                                                                     (32, "hopper"), (8, "blackwell")]])
+    checks = pd.DataFrame([{k: v for k, v in equivalence_check(num_heads=h, arch=a).items() if k != "per_strategy"}
+                           for h, a in [(8, "hopper"), (16, "hopper"), (32, "hopper"), (8, "blackwell")]])
+    checks["strategies"] = checks["strategies"].map(len)
     display(HTML(report.html_table(checks)))
-    assert checks["equal"].all(), "fused and unfused disagree on the real heads"
+    assert checks["equal"].all(), "a strategy's real heads differ from the reference"
 
 # %% [markdown]
 # ## Table (largest TP and max_num_batched_tokens of the grid)

@@ -1,12 +1,15 @@
-"""The published report rendered in headless Chromium: every figure loaded and is not blank on screen (screenshot
-pixel check), and no JavaScript error occurred. Also shows the check fails on a blank figure, a broken image and a
-script error.
+"""The published report rendered in headless Chromium (playwright driving the system binary): every figure loaded
+and is not blank on screen (screenshot pixel check), and no JavaScript error or failed request occurred. Also shows
+the check fails on a blank figure, a broken image, a script error, a network load and a clipped SVG legend/title;
+and that a figure with a clipped legend or title is refused when it is published (checked on the Figure itself,
+:func:`mla_lab.report.layout_check.figure_clipping`; no browser needed).
 
-Chromium: Debian's `chromium` package (`.ci/run` installs it). Without it the tests are skipped, except in CI
-(CI=true), where they fail.
+Chromium: Debian's `chromium` package (`.ci/run` installs it); playwright: the `lab` extra. Without either the
+browser tests are skipped, except in CI (CI=true), where they fail.
 """
 
 import base64
+import importlib.util
 import io
 import os
 import subprocess
@@ -15,7 +18,9 @@ import sys
 import pytest
 
 from mla_lab import report
-from mla_lab.report.browser import check_in_browser, find_chromium
+from mla_lab.report import figures
+from mla_lab.report.browser import PLAYWRIGHT_HINT, PROTECTED_DIRS, check_in_browser, find_chromium
+from mla_lab.report.layout_check import figure_clipping
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
@@ -23,9 +28,13 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 @pytest.fixture(scope="module")
 def chromium():
     path = find_chromium()
-    if path:
+    msg = None
+    if not path:
+        msg = "no Chromium on PATH (apt-get update && apt-get install -y chromium)"
+    elif importlib.util.find_spec("playwright") is None:
+        msg = f"playwright is not installed ({PLAYWRIGHT_HINT})"
+    if msg is None:
         return path
-    msg = "no Chromium on PATH (apt-get update && apt-get install -y chromium)"
     if IN_CI:
         pytest.fail(f"{msg}; CI=true, so the browser check must run")
     pytest.skip(f"{msg}; outside CI this test is skipped")
@@ -107,3 +116,109 @@ def test_a_clean_page_passes(chromium, tmp_path):
                     "<script>console.log('fine');</script></body></html>")
     res = check_in_browser(page, screenshot=tmp_path / "good.png", chromium=chromium)
     assert res["ok"] and res["problems"] == [] and len(res["images"]) == 1
+
+
+def test_network_loads_are_blocked_and_reported(chromium, tmp_path):
+    """A self-contained report loads nothing from the network: a remote image is aborted and named."""
+    page = tmp_path / "net.html"
+    page.write_text(f"<!DOCTYPE html><html><body><img alt='fig' src=\"{_png('white', line=True)}\">"
+                    "<img alt='remote' src='https://example.invalid/fig.png' width='300' height='200'></body></html>")
+    res = check_in_browser(page, screenshot=tmp_path / "net.png", chromium=chromium)
+    assert not res["ok"]
+    assert any("request failed: https://example.invalid/fig.png" in e for e in res["errors"]), res["errors"]
+    assert "image 2 (remote) did not load" in "\n".join(res["problems"])
+
+
+def test_screenshot_goes_to_a_temp_folder_never_beside_the_page(chromium, tmp_path):
+    page = tmp_path / "p.html"
+    page.write_text(f"<!DOCTYPE html><html><body><img alt='fig' src=\"{_png('white', line=True)}\"></body></html>")
+    res = check_in_browser(page, chromium=chromium)
+    assert res["ok"], res["problems"]
+    assert res["screenshot"].is_file() and res["screenshot"].parent != tmp_path
+    assert list(tmp_path.iterdir()) == [page]  # nothing written beside the checked page
+    with pytest.raises(RuntimeError, match="inside the committed report folder"):
+        check_in_browser(page, screenshot=PROTECTED_DIRS[0] / "x.png", chromium=chromium)
+    assert not (PROTECTED_DIRS[0] / "x.png").exists()
+
+
+# ------------------------------------------------------------------------- clipped legends and titles (issue 12)
+
+
+def _clipped_figure(kind: str):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 4))  # no layout engine, saved without bbox_inches="tight": outside means cut off
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0, 1], label="private_workspace")
+    ax.plot([0, 1], [1, 0], label="per_call_empty:zeros")
+    if kind in ("legend", "both"):
+        ax.legend(bbox_to_anchor=(1.3, 1), loc="upper left", title="strategy")
+    else:
+        ax.legend()
+    ax.set_title("GLM-5 TP8 on H200", y=1.5 if kind in ("title", "both") else 1.0)
+    if kind == "suptitle":
+        fig.suptitle("memory vs TTFT", y=1.2)
+    if kind == "figlegend":
+        fig.legend(bbox_to_anchor=(0.5, -0.2), loc="upper center")
+    return fig
+
+
+def _normal_figure():
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4), layout="constrained")
+    axs = fig.subplots(1, 2)
+    for ax in axs:
+        ax.plot([0, 1], [0, 1], label="private_workspace")
+        ax.set_title("H200")
+    axs[1].legend(bbox_to_anchor=(1.02, 1), loc="upper left")  # outside the axes, but the layout makes room
+    fig.suptitle("memory vs TTFT per deployment")
+    return fig
+
+
+@pytest.mark.parametrize("kind,artist,side", [
+    ("legend", "axes 1 legend 'strategy'", "right"),
+    ("title", "axes 1 title 'GLM-5 TP8 on H200'", "top"),
+    ("suptitle", "suptitle 'memory vs TTFT'", "top"),
+    ("figlegend", "figure legend", "bottom"),
+])
+def test_figure_clipping_names_the_clipped_artist(kind, artist, side):
+    problems = figure_clipping(_clipped_figure(kind))
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{artist} is clipped: ") and f"past the {side} edge" in problems[0]
+
+
+def test_figure_clipping_passes_a_normal_figure_and_keeps_its_canvas():
+    fig = _normal_figure()
+    canvas = fig.canvas
+    assert figure_clipping(fig) == []
+    assert fig.canvas is canvas
+
+
+def test_publish_figure_refuses_a_clipped_legend_and_title(tmp_path):
+    """The deliberately clipped figure (legend at bbox_to_anchor=(1.3, 1), title far above) is not published; a
+    normal one is."""
+    with pytest.raises(ValueError) as ei:
+        figures.publish_figure(_clipped_figure("both"), "clipped", tmp_path / "figs", show=False)
+    msg = str(ei.value)
+    assert msg.startswith("figure 'clipped': ")
+    assert "axes 1 legend 'strategy' is clipped" in msg and "axes 1 title 'GLM-5 TP8 on H200' is clipped" in msg
+    assert not (tmp_path / "figs").exists()  # nothing written
+    out = figures.publish_figure(_normal_figure(), "normal", tmp_path / "figs", show=False)
+    assert out["png"].is_file() and out["svg"].is_file()
+
+
+def test_the_browser_check_catches_a_clipped_svg(chromium, tmp_path):
+    """The same clipping seen in the browser on the published SVG (opened as the page, and inline in a page)."""
+    bad, good = tmp_path / "clipped.svg", tmp_path / "normal.svg"
+    _clipped_figure("both").savefig(bad, format="svg")  # what a figure saved behind publish_figure's back shows
+    _normal_figure().savefig(good, format="svg")
+    res = check_in_browser(bad, screenshot=tmp_path / "bad.png", chromium=chromium)
+    probs = "\n".join(res["problems"])
+    assert not res["ok"] and "legend_1" in probs and "past the right edge" in probs and "past the top edge" in probs
+    assert check_in_browser(good, screenshot=tmp_path / "good.png", chromium=chromium)["problems"] == []
+    page = tmp_path / "inline.html"
+    page.write_text("<!DOCTYPE html><html><body><p>figure</p><svg" + bad.read_text().split("<svg", 1)[1]
+                    + "</body></html>")
+    res = check_in_browser(page, screenshot=tmp_path / "inline.png", chromium=chromium)
+    assert any(p.startswith("svg 1 is clipped: legend_1") for p in res["problems"]), res["problems"]

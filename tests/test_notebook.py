@@ -27,11 +27,17 @@ def test_cli_runs_notebook_on_tiny_grid(tmp_path):
     import pandas as pd
 
     df = pd.read_csv(tmp_path / "sweep.csv")
-    assert set(df["strategy"]) == {"unfused", "fused", "kernel_native"} and len(df) == 6
+    from mla_lab.sweep.params import DEFAULT_STRATEGIES
+    from mla_lab.placement import expand_strategies
+
+    want = set(expand_strategies(["per_call_empty:zeros"] + DEFAULT_STRATEGIES))
+    assert set(df["strategy"]) == want and len(df) == 2 * len(want)  # 2 archs x every default strategy
     assert (df["source"] == "modelled").all()
     html = (tmp_path / "rep" / "tiny.html").read_text()
     n_fig = 3 + bool(len(report.load_validation()))  # + the validation figure when data/measured has its rows
-    assert html.count('src="data:image/png;base64') == n_fig and "Memory vs TTFT" in html
+    assert html.count('src="data:image/png;base64') == n_fig and "Memory vs TTFT, one panel per deployment" in html
+    assert "The PR&#x27;s numbers, answered" in html or "The PR's numbers, answered" in html
+    assert "Advice for the PR" in html
     assert (tmp_path / "rep" / "tiny.png").stat().st_size > 10_000  # headline chart beside the latest HTML
     nb = json.loads((tmp_path / "rep" / "tiny.ipynb").read_text())
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in nb["cells"])

@@ -25,15 +25,15 @@ def test_explore_point_seed_setup_numbers():
     m = load_model("glm-5")
     assert r["kv_tokens_lost"] == pytest.approx(1_056_964_608 / m.kv_cache_bytes_per_token("bf16"))
     by = {x["strategy"]: x for x in r["per_strategy"]}
-    for s in ("unfused", "fused", "kernel_native"):
+    for s in ("per_call_empty:zeros", "private_workspace", "kernel_native"):
         # the explorer prices with the sweep's defaults (fp8 weights, experts over the ranks: the PR's setup)
         want = predict_ttft("glm-5", 8, "h200", Workload(1024, 32), 16384, s, "bf16", weight_dtype="fp8",
                             moe_parallel="ep")
         assert by[s]["ttft_ms"] == pytest.approx(want["ttft_ms_mean"])
         assert by[s]["persistent_bytes"] == memory_account(s, 8, 16384, "h200", "bf16").persistent_bytes
-    assert by["unfused"]["ttft_change_pct"] == 0.0
-    assert by["fused"]["ttft_change_pct"] == pytest.approx(
-        100 * (by["fused"]["ttft_ms"] / by["unfused"]["ttft_ms"] - 1))
+    assert by["per_call_empty:zeros"]["ttft_change_pct"] == 0.0
+    assert by["private_workspace"]["ttft_change_pct"] == pytest.approx(
+        100 * (by["private_workspace"]["ttft_ms"] / by["per_call_empty:zeros"]["ttft_ms"] - 1))
     assert r["measured"] is None
 
 
@@ -48,14 +48,17 @@ def test_explorer_and_report_agree_on_the_seed_setup():
                       SEED["kv_cache_dtype"], SEED["prompt_len"], SEED["num_prompts"], "fused",
                       concurrency=SEED["concurrency"], weight_dtype=SEED["weight_dtype"],
                       moe_parallel=SEED["moe_parallel"])
-    explorer = {x["strategy"]: x["ttft_change_pct"] for x in e["per_strategy"]}["fused"]
-    sweep = {r["strategy"]: r["ttft_change_pct"] for r in modelled_rows(seed_point(strategies=["fused"]))}["fused"]
+    explorer = {x["strategy"]: x["ttft_change_pct"] for x in e["per_strategy"]}["private_workspace"]
+    sweep = {r["strategy"]: r["ttft_change_pct"]
+             for r in modelled_rows(seed_point(strategies=["fused"]))}["private_workspace"]
     table = seed_setup_table()
-    cell = table.set_index("quantity").loc["TTFT change, fused vs unfused", "ours (modelled)"]
+    cell = table.set_index("quantity").loc["TTFT change, vLLM #53878 vs vLLM before it (zero padded heads)",
+                                           "ours (modelled)"]
     assert abs(explorer - sweep) < 0.01
     assert cell == f"{sweep:+.1f}%"
     # and the explorer's defaults are the sweep's: no control is left out
-    assert explore_point()["per_strategy"][1]["ttft_change_pct"] == pytest.approx(explorer, abs=0.01)
+    assert {x["strategy"]: x["ttft_change_pct"] for x in explore_point()["per_strategy"]}["private_workspace"] \
+        == pytest.approx(explorer, abs=0.01)
 
 
 def test_explorer_has_a_control_for_every_sweep_parameter_that_changes_a_number():
@@ -68,12 +71,14 @@ def test_explorer_has_a_control_for_every_sweep_parameter_that_changes_a_number(
             "concurrency": "concurrency", "weight_dtype": "weight_dtype", "moe_parallel": "moe_parallel",
             "strategies": "strategy"}
     no_number = {"device", "store_dir", "data_file", "report_dir", "check_equivalence", "force", "overwrite",
-                 "executor", "ray_address"}
+                 "executor", "ray_address", "num_runs", "shared_workspace_bytes"}
     assert set(DEFAULTS) == set(grid) | no_number
     assert set(grid.values()) <= set(ex.controls)
     before = ex.result["per_strategy"][1]["ttft_ms"]
     after = ex.set(weight_dtype="bf16", moe_parallel="tp")
     assert after is None or after["per_strategy"][1]["ttft_ms"] != before
+    # the advice panel answers for the same deployment
+    assert ex.advice is None or ex.advice["deployment"]["weight_dtype"] == "bf16"
 
 
 @pytest.mark.parametrize("arch,kv,padded,extra_mib", [("b200", "bf16", 128, 16384 * 120 * 1152 / MIB),
@@ -110,10 +115,10 @@ def test_widget_changes_update_outputs_without_rerunning():
     assert ex.chart.value != png_seed
     ex.controls["kv_cache_dtype"].value = "fp8"
     assert ex.result["padded_heads"] == 16 and ex.result["extra_bytes"] == 0
-    ex.controls["strategy"].value = "unfused"
+    ex.controls["strategy"].value = "per_call_empty:zeros"
     assert ex.result["workspace_bytes"] == 16384 * 16 * 1152
-    bold = re.findall(r"<tr style='font-weight:bold[^']*'><td[^>]*>(\w+)<", ex.summary.value)
-    assert bold == ["unfused"]  # the selected strategy's row stands out
+    bold = re.findall(r"<tr style='font-weight:bold[^']*'><td[^>]*>([\w:]+)<", ex.summary.value)
+    assert bold == ["per_call_empty:zeros"]  # the selected strategy's row stands out
 
 
 def test_set_several_controls_and_model_change_keeps_a_valid_tp():
@@ -143,11 +148,12 @@ def test_measured_rows_for_the_selection_are_shown_beside_the_model():
     rows = [dict(model="glm-5", tp=8, arch="h200", max_num_batched_tokens=16384, kv_cache_dtype="bf16",
                  prompt_len=1024, num_prompts=32, strategy=s, ttft_ms=t, source="measured", device="NVIDIA H200",
                  git_commit="abc123", file="h200/padding_sweep.csv", status="ok")
-            for s, t in (("unfused", 400.0), ("fused", 362.0))]
+            for s, t in (("per_call_empty:zeros", 400.0), ("private_workspace", 362.0))]
     rows.append(dict(rows[0], tp=4, ttft_ms=1.0))  # another selection: not shown
     ex = Explorer(measured=pd.DataFrame(rows))
     by = {x["strategy"]: x for x in ex.result["per_strategy"]}
-    assert by["unfused"]["measured_ttft_ms"] == 400.0 and by["fused"]["measured_ttft_ms"] == 362.0
+    assert by["per_call_empty:zeros"]["measured_ttft_ms"] == 400.0
+    assert by["private_workspace"]["measured_ttft_ms"] == 362.0
     assert by["kernel_native"]["measured_ttft_ms"] is None
     assert len(ex.result["measured"]) == 2
     assert "Measured rows for this selection (2)" in ex.measured_out.value and "NVIDIA H200" in ex.measured_out.value

@@ -23,13 +23,16 @@ def modelled():
     return pd.DataFrame(rows)
 
 
+PR, BASE = "private_workspace", "per_call_empty:zeros"
+
+
 def _fake_measured(modelled, **match):
-    """Rows shaped like measured sweep rows (source=measured, GPU provenance), derived from modelled ones with a
-    different TTFT so a test can tell them apart. Test data only: never written under data/."""
+    """Rows shaped like measured sweep rows (source=measured, GPU provenance, change intervals), derived from
+    modelled ones with a different TTFT so a test can tell them apart. Test data only: never written under data/."""
     d = modelled
     for k, v in match.items():
         d = d[d[k] == v]
-    m = d[d["strategy"].isin(["unfused", "fused"])].copy()
+    m = d[d["strategy"].isin([BASE, PR])].copy()
     m["source"] = "measured"
     m["device"] = "NVIDIA H200"
     m["torch"] = "2.11.0+cu130"
@@ -37,42 +40,56 @@ def _fake_measured(modelled, **match):
     m["git_commit"] = "abc123def456"
     m["timestamp"] = "2026-11-30T12:00:00+00:00"
     m["ttft_ms"] = m["ttft_ms"] * 1.1
-    m.loc[m["strategy"] == "fused", "ttft_change_pct"] = -7.25
+    m.loc[m["strategy"] == PR, "ttft_change_pct"] = -7.25
+    m["ttft_change_ci_lo"] = m["ttft_change_pct"] - 0.5
+    m["ttft_change_ci_hi"] = m["ttft_change_pct"] + 0.5
     return m.reset_index(drop=True)
 
 
-def test_pareto_front_minimises_both():
-    x = [0, 100, 100, 200, 50, float("nan"), 0]
-    y = [0, -10, -5, -20, 5, -99, 0]
-    # (0,0) twice: ties both kept; (100,-5) dominated by (100,-10); (50,5) dominated by (0,0); NaN never on it
-    assert report.pareto_front(x, y) == [True, True, False, True, False, False, True]
+def test_frontier_minimises_both():
+    from mla_lab.sweep.advise import frontier
+
+    pts = [(0, 0), (100, -10), (100, -5), (200, -20), (50, 5), (0, 0)]
+    # (100,-5) dominated by (100,-10); (50,5) by (0,0); the second (0,0) is a tie: the first copy is kept
+    assert frontier(pts) == [True, True, False, True, False, False]
 
 
-def test_memory_vs_ttft_marks_the_frontier_and_measured_points(modelled):
+def test_frontier_grid_one_panel_per_deployment(modelled):
     meas = _fake_measured(modelled, arch="h200", tp=8, prompt_len=1024)
-    fig = report.plot_memory_vs_ttft(report.combine(modelled, meas))
-    axes = [ax for ax in fig.axes if ax.get_title()]
-    assert [ax.get_title() for ax in axes] == ["b200 (prefill_padding 128)", "h200 (prefill_padding 64)"]
-    for ax, arch in zip(axes, ["b200", "h200"]):
-        d = report.combine(modelled, meas)
-        d = d[(d["arch"] == arch) & d["strategy"].isin(["unfused", "fused"])]
-        mask = report.pareto_front(d["extra_persistent_mib"], d["ttft_change_pct"])
-        want = sorted(set(zip(d[mask]["extra_persistent_mib"], d[mask]["ttft_change_pct"])))
-        step = [ln for ln in ax.lines if ln.get_color() == "#d62728"]
-        assert len(step) == 1
-        got = sorted(set(zip(step[0].get_xdata(), step[0].get_ydata())))
-        assert len(got) == len(want) >= 2
-        assert [v for p in got for v in p] == pytest.approx([v for p in want for v in p])
-        # every frontier point beyond the baseline is numbered; the x label names each number's configuration
-        n = len([p for p in want if p != (0.0, 0.0)])
-        assert [t.get_text() for t in ax.texts] == [str(k) for k in range(1, n + 1)]
-        key = ax.get_xlabel().split("Pareto frontier:")[1]
-        assert [int(k) for k in re.findall(r"(\d+): (?:GLM-5|DSV3\.2) TP\d+ L\d+k B\d+k", key)] == list(range(1, n + 1))
-    # the measured points are drawn filled on the h200 panel (facecolor alpha 1), modelled ones hollow
-    filled = [c for c in axes[1].collections if len(c.get_offsets()) and c.get_facecolors().size
-              and c.get_facecolors()[0][3] > 0 and c.get_sizes()[0] < 100]
-    assert sum(len(c.get_offsets()) for c in filled) == len(meas)
-    assert "measured (filled)" in [t.get_text() for t in fig.legends[0].get_texts()]
+    both = report.combine(modelled, meas)
+    figs = report.plot_frontier_grid(both)
+    deployments = modelled.groupby(["model", "tp", "arch", "max_num_batched_tokens", "prompt_len"]).ngroups
+    panels = [ax for f in figs for ax in f.axes if ax.get_visible() and ax.get_title()]
+    assert len(panels) == deployments == 16 and len(figs) == 2  # 9 panels per figure, wrapped 3 wide
+    by_title = {ax.get_title(): ax for ax in panels}
+    # a deployment whose weights do not fit shows why and draws no point
+    tp2 = [t for t in by_title if "DSV3.2 TP2 h200" in t][0]
+    assert "does not fit" in by_title[tp2].texts[0].get_text() and not by_title[tp2].collections
+    # the seed deployment: the frontier is the red staircase through runnable strategies that fit
+    seed = by_title[[t for t in by_title if t.startswith("GLM-5 TP8 h200 L1k")][0]]
+    step = [ln for ln in seed.lines if ln.get_color() == "#d62728"]
+    assert len(step) == 1
+    rows = modelled[(modelled["model"] == "glm-5") & (modelled["tp"] == 8) & (modelled["arch"] == "h200")
+                    & (modelled["prompt_len"] == 1024) & (modelled["strategy"] != "kernel_native")]
+    from mla_lab.sweep.advise import frontier
+
+    on = frontier(list(zip(rows["extra_persistent_mib"], rows["ttft_change_pct"])))
+    want = sorted(zip(rows[on]["extra_persistent_mib"], rows[on]["ttft_change_pct"]))
+    got = sorted(set(zip(step[0].get_xdata(), step[0].get_ydata())))
+    assert [v for p in got for v in p] == pytest.approx([v for p in want for v in p])
+    # measured points carry error bars (the change's interval)
+    bars = [c for c in seed.containers if c.__class__.__name__ == "ErrorbarContainer"]
+    assert len(bars) == len(meas[(meas["model"] == "glm-5")])
+    labels = [t.get_text() for t in figs[0].legends[0].get_texts()]
+    assert "vLLM #53878 (private workspace)" in labels and "this deployment's Pareto frontier" in labels
+
+
+def test_figures_have_no_clipped_legend_or_title(modelled, tmp_path):
+    for i, fig in enumerate(report.plot_frontier_grid(modelled)):
+        report.publish_figure(fig, f"grid{i}", tmp_path, show=False)  # raises on a clipped legend or title
+    one = modelled[(modelled["model"] == "glm-5") & (modelled["tp"] == 8) & (modelled["arch"] == "h200")
+                   & (modelled["prompt_len"] == 1024)]
+    report.publish_figure(report.plot_frontier_grid(one)[0], "one", tmp_path, show=False)
 
 
 def test_tp_bars_values_and_measured_diamonds(modelled):
@@ -80,9 +97,9 @@ def test_tp_bars_values_and_measured_diamonds(modelled):
     fig = report.plot_tp_bars(report.combine(modelled, meas))
     assert "max_num_batched_tokens 16384" in fig._suptitle.get_text() and "1024-token" in fig._suptitle.get_text()
     ax_by_title = {ax.get_title(): ax for ax in fig.axes}
-    mem = ax_by_title["h200: extra Q workspace of fused"]
+    mem = ax_by_title["h200: extra Q workspace of vLLM #53878"]
     heights = sorted(round(p.get_height(), 1) for p in mem.patches)
-    # fused extra MiB at 16384 tokens on Hopper: GLM-5 TP2 (32->64) 576, TP8 (8->64) 1008; DSV3.2 TP2 (64) 0,
+    # PR extra MiB at 16384 tokens on Hopper: GLM-5 TP2 (32->64) 576, TP8 (8->64) 1008; DSV3.2 TP2 (64) 0,
     # TP8 (16->64) 864
     assert heights == [0.0, 576.0, 864.0, 1008.0]
     ttft = ax_by_title["h200: TTFT change"]
@@ -98,22 +115,26 @@ def test_heatmap_cells_are_the_modelled_changes(modelled):
     grid = ax.images[0].get_array()
     rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert rows == ["H=8 (glm-5)", "H=16 (deepseek-v3.2)", "H=32 (glm-5)", "H=64 (deepseek-v3.2)"]
-    d = modelled[(modelled["arch"] == "h200") & (modelled["strategy"] == "fused")]
+    d = modelled[(modelled["arch"] == "h200") & (modelled["strategy"] == PR)]
     want = d[(d["model"] == "glm-5") & (d["tp"] == 8) & (d["prompt_len"] == 8192)]["ttft_change_pct"].iloc[0]
     assert grid[0, 1] == pytest.approx(want)
     assert grid[3, 0] == pytest.approx(0.0)  # 64 heads per rank: nothing to pad on Hopper
     assert f"{want:+.1f}%" in [t.get_text() for t in ax.texts]
 
 
+ROW = "TTFT change, vLLM #53878 vs vLLM before it (zero padded heads)"
+
+
 def test_seed_table_reported_vs_ours():
     t = report.seed_setup_table(None).set_index("quantity")  # priced on the spot
     assert t.loc["heads per rank -> workspace heads", "ours (modelled)"] == "8 -> 64"
-    assert t.loc["TTFT change, fused vs unfused", "PR #53878 (reported)"] == "-9.5%"
+    assert t.loc[ROW, "PR #53878 (reported)"] == "-9.5%"
     assert "+1032 MiB peak (131753 -> 132785 MiB)" == t.loc["extra memory per GPU", "PR #53878 (reported)"]
     assert t.loc["extra memory per GPU", "ours (modelled)"] == "+1008 MiB persistent (1,056,964,608 B)"
-    assert t.loc["TTFT change, fused vs unfused", "ours (measured)"] == "-"
-    ttft = float(t.loc["TTFT change, fused vs unfused", "ours (modelled)"].rstrip("%"))
+    assert t.loc[ROW, "ours (measured)"] == "-"
+    ttft = float(t.loc[ROW, "ours (modelled)"].rstrip("%"))
     assert ttft < 0
+    assert "1032 vs 2184 MiB" in t.loc["extra memory per GPU", "note"]  # the unbudgeted per-call peaks
 
 
 def test_seed_table_takes_measured_rows(modelled):
@@ -121,14 +142,31 @@ def test_seed_table_takes_measured_rows(modelled):
                        & (modelled["prompt_len"] == 1024)]
     meas = _fake_measured(seedish)
     t = report.seed_setup_table(modelled, meas).set_index("quantity")
-    assert t.loc["TTFT change, fused vs unfused", "ours (measured)"] == "-7.2%"
+    assert t.loc[ROW, "ours (measured)"] == "-7.2%"
     # the fake measured rows carry no per-call peak: nothing measured to show for memory
     assert t.loc["extra memory per GPU", "ours (measured)"] == "-"
-    meas = meas.assign(measured_peak_extra_bytes=[2184 * 2**20 if s == "unfused" else 1152 * 2**20
+    meas = meas.assign(measured_peak_extra_bytes=[2184 * 2**20 if s == BASE else 1152 * 2**20
                                                   for s in meas["strategy"]])
     t = report.seed_setup_table(modelled, meas).set_index("quantity")
     assert t.loc["extra memory per GPU", "ours (measured)"] == \
-        "layer call peak 2184 MiB (unfused) vs 1152 MiB (fused), on top of the workspace"
+        "layer call peak 2184 MiB (before) vs 1152 MiB (PR), on top of the workspace"
+
+
+def test_seed_answer_compares_the_engines():
+    rows = report.seed_answer()
+    by = {(r["model"], r["strategy"], r["against"]): r for r in rows}
+    pr = by[("glm-5", "private_workspace", "per_call_empty:zeros")]
+    assert pr["modelled_pct"] < 0 and pr["extra_persistent_mib"] == 1008.0 and pr["against_extra_persistent_mib"] == 0
+    assert pr["call_transient_mib"] == 1032.0 and pr["against_call_transient_mib"] == 2184.0
+    # stale padded heads make the baseline slower, so the PR gains more against it
+    stale = by[("glm-5", "private_workspace", "per_call_empty:stale")]
+    assert stale["modelled_pct"] < pr["modelled_pct"]
+    # GLM-5.2 (indexer on 21 of 78 layers): a shorter step, so the same saving is a larger share
+    assert by[("glm-5.2", "private_workspace", "per_call_empty:zeros")]["modelled_pct"] < pr["modelled_pct"]
+    if pr["measured_pct"] is not None:  # the committed H200 measurements are read
+        assert pr["measured_lo"] <= pr["measured_pct"] <= pr["measured_hi"] and pr["rounds"] >= 5
+    text = " ".join(report.seed_sentences(rows))
+    assert "-9.5 %" in text and "Not reproducible here" in text
 
 
 def test_provenance_banner_names_gpu_software_and_model(modelled):

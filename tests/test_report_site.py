@@ -15,13 +15,14 @@ import pytest
 from mla_lab.report import site
 
 REPO = Path(__file__).resolve().parent.parent
-FIGURES = {"memory_vs_ttft", "tp_bars", "ttft_heatmap"}
+FIGURES = {"frontier_1", "tp_bars", "ttft_heatmap"}
+N_STRATEGIES = 3  # the fixture's sweeps price unfused (both ends of vllm-pre-53878) and fused
 
 
 def _sweep(tmp: Path, *extra, measured: Path):
     args = ["sweep", "-p", "models", "[glm-5]", "-p", "tp_sizes", "[8]", "-p", "prompt_lens", "[1024]",
             "-p", "max_num_batched_tokens", "[16384]", "-p", "device", "cpu", "-p", "check_equivalence", "false",
-            "-p", "store_dir", "st", "-p", "data_file", "rows.csv", *extra]
+            "-p", "strategies", "[unfused, fused]", "-p", "store_dir", "st", "-p", "data_file", "rows.csv", *extra]
     env = {**os.environ, "MLA_LAB_MEASURED": str(measured)}
     return subprocess.run([sys.executable, "-m", "mla_lab.cli", *args], cwd=tmp, capture_output=True, text=True,
                           timeout=600, env=env)
@@ -69,7 +70,7 @@ def test_each_run_has_its_own_report_and_figures(two_runs):
         assert html.count('src="data:image/png;base64') == 3  # figures embedded: the HTML stands alone
         assert "cdnjs" not in html and "<script src=" not in html  # nothing fetched from the network
         assert "points  elapsed" not in html  # the sweep's progress log is left out of the report
-        assert "Provenance" in html and "The seed setup: reported vs ours" in html
+        assert "Provenance" in html and "numbers, answered" in html
         for name in FIGURES:
             assert (runs / rid / f"{name}.png").read_bytes()[:4] == b"\x89PNG"
             assert "<svg" in (runs / rid / f"{name}.svg").read_text()[:500]
@@ -100,7 +101,7 @@ def test_latest_copy_is_the_last_run(two_runs):
     for name in FIGURES:
         assert (rep / "padding_sweep" / f"{name}.png").read_bytes() == (rep / "runs" / last["run_id"] /
                                                                         f"{name}.png").read_bytes()
-    assert (rep / "padding_sweep.png").read_bytes() == (rep / "padding_sweep" / "memory_vs_ttft.png").read_bytes()
+    assert (rep / "padding_sweep.png").read_bytes() == (rep / "padding_sweep" / "frontier_1.png").read_bytes()
     assert (rep / "padding_sweep.svg").is_file()
 
 
@@ -114,7 +115,7 @@ def test_index_lists_every_run_with_date_parameters_provenance(two_runs):
     for m in metas:
         assert f"href='{m['html']}'" in index
         assert m["created_utc"].replace("T", " ").replace("+00:00", " UTC") in index
-        assert m["provenance"]["sources"]["modelled"]["rows"] == 3  # 1 point x 3 strategies
+        assert m["provenance"]["sources"]["modelled"]["rows"] == N_STRATEGIES  # 1 point x every strategy
         for name in FIGURES:
             assert f"href='{m['figures'][name]['png']}'" in index and f"href='{m['figures'][name]['svg']}'" in index
     assert "archs: <code>h200</code>" in index and "archs: <code>b200</code>" in index

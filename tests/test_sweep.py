@@ -8,6 +8,7 @@ from mla_lab.sweep import expand_grid, run_sweep, validate_params
 from mla_lab.sweep.rows import modelled_rows as price_point
 
 TINY = dict(models=["glm-5"], tp_sizes=[8], archs=["h200", "b200"], max_num_batched_tokens=[16384],
+            strategies=["unfused", "fused", "kernel_native"],
             prompt_lens=[1024], device="cpu")
 
 
@@ -19,19 +20,22 @@ def test_default_grid_size():
 def test_seed_point_rows():
     pt = expand_grid(validate_params(TINY))[0]
     rows = {r["strategy"]: r for r in price_point(pt)}
-    assert rows["fused"]["extra_persistent_bytes"] == 1_056_964_608
-    assert rows["fused"]["extra_persistent_mib"] == 1008
-    assert rows["unfused"]["extra_persistent_bytes"] == 0
-    assert rows["fused"]["q_concat_heads"] == 64 and rows["unfused"]["q_concat_heads"] == 8
-    assert rows["fused"]["ttft_ms"] < rows["unfused"]["ttft_ms"]
-    assert rows["unfused"]["ttft_change_pct"] == 0
+    fused, unfused = rows["private_workspace"], rows["per_call_empty:zeros"]  # the aliases' canonical names
+    assert fused["extra_persistent_bytes"] == 1_056_964_608
+    assert fused["extra_persistent_mib"] == 1008
+    assert unfused["extra_persistent_bytes"] == 0
+    assert fused["q_concat_heads"] == 64 and unfused["q_concat_heads"] == 8
+    assert fused["ttft_ms"] < unfused["ttft_ms"]
+    assert unfused["ttft_change_pct"] == 0
+    assert fused["preset"] == "vllm-53878" and unfused["preset"] == "vllm-pre-53878"
+    assert rows["per_call_empty:stale"]["ttft_ms"] > unfused["ttft_ms"]  # stale padded heads cost kernel time
     assert all(r["source"] == "modelled" and r["git_commit"] for r in rows.values())
 
 
 def test_run_sweep_resumes_without_duplicates(tmp_path):
     params = dict(TINY, store_dir=str(tmp_path / "st"), data_file=str(tmp_path / "out.csv"))
     df1 = run_sweep(params, progress=False)
-    assert len(df1) == 2 * 3  # 2 archs x 3 strategies
+    assert len(df1) == 2 * 4  # 2 archs x 4 strategies (unfused -> both ends of vllm-pre-53878)
     assert (tmp_path / "out.csv").is_file()
     files = sorted((tmp_path / "st" / "points").glob("*.json"))
     assert len(files) == 2
@@ -50,7 +54,7 @@ def test_failed_point_is_recorded_and_sweep_goes_on(tmp_path):
     failed = df[df["status"] == "failed"]
     assert len(failed) == 1 and failed.iloc[0]["tp"] == 3
     assert "tp=3 does not divide num_attention_heads=64" in failed.iloc[0]["reason"]
-    assert (df[df["status"] == "ok"]["tp"] == 8).all() and len(df[df["status"] == "ok"]) == 3
+    assert (df[df["status"] == "ok"]["tp"] == 8).all() and len(df[df["status"] == "ok"]) == 4
 
 
 @pytest.mark.parametrize(

@@ -9,13 +9,14 @@
 
 from .data import combine, failed_points, load_measured, load_validation, measured_for, ok_rows, pick
 from .figures import (
-    pareto_front,
+    plot_deployment,
+    plot_frontier_grid,
     plot_heatmap,
-    plot_memory_vs_ttft,
     plot_tp_bars,
     plot_validation,
     publish_figure,
 )
+from .seed_answer import seed_answer, seed_answer_table, seed_sentences
 from .tables import (
     html_table,
     provenance_html,
@@ -29,6 +30,7 @@ from .tables import (
 )
 
 __all__ = ["combine", "failed_points", "load_measured", "load_validation", "measured_for", "ok_rows", "pick",
-           "pareto_front", "plot_heatmap", "plot_memory_vs_ttft", "plot_tp_bars", "plot_validation",
+           "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars", "plot_validation",
            "publish_figure", "html_table", "provenance_html", "provenance_summary", "save_provenance",
-           "seed_setup_table", "summary_html", "summary_table", "tp2_table", "validation_table"]
+           "seed_setup_table", "summary_html", "summary_table", "tp2_table", "validation_table", "seed_answer",
+           "seed_answer_table", "seed_sentences"]

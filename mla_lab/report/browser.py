@@ -1,21 +1,78 @@
-"""Headless-browser check of published reports (system Chromium)."""
+"""Headless-browser check of published reports: playwright driving the system Chromium (no browser download).
+
+:func:`check_in_browser` opens a page as a reader would (1280 px wide, scale 1), listens to the page's ``console``,
+``pageerror`` and ``requestfailed`` events, waits for every image, takes a full-page screenshot and checks every
+``<img>``: loaded, visible, not blank on screen. Network requests (http, https, ws) are aborted and reported: a
+published report is self-contained.
+
+The screenshot goes to a temporary folder unless a path is given, never beside the checked page (the committed
+report under ``reports/h200/`` stays as committed).
+
+Clipped legends and titles are checked where the figure is made (:mod:`mla_lab.report.layout_check`, called by
+:func:`mla_lab.report.figures.publish_figure`): a PNG on the page no longer knows where its legend was. On an SVG
+(inline in the page, or a published ``.svg`` opened as the page) the browser checks it too: a matplotlib
+``legend_*`` or ``text_*`` group reaching more than 1 px past the SVG's box is reported as clipped.
+"""
 
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
-__all__ = ["find_chromium", "check_in_browser"]
+from ..paths import REPO_ROOT
 
-# ------------------------------------------------------------------------------------------- browser check
+__all__ = ["find_chromium", "check_in_browser", "CHROMIUM_NAMES", "CHROMIUM_ARGS", "PLAYWRIGHT_HINT"]
+
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
 
-CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--disable-dev-shm-usage", "--hide-scrollbars", "--mute-audio")
+#: Extra command-line flags of the headless system Chromium (playwright adds ``--headless`` itself).
+CHROMIUM_ARGS = ("--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--hide-scrollbars", "--mute-audio")
+
+PLAYWRIGHT_HINT = "pip install -e '.[lab]' (playwright; the system Chromium is used, no `playwright install`)"
+
+#: Folders a screenshot is never written into (tracked, committed reports).
+PROTECTED_DIRS = (REPO_ROOT / "reports" / "h200",)
+
+_IMAGES_JS = """async () => {
+  await Promise.all(Array.from(document.images).map(i => i.complete ? null :
+      new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })));
+  const de = document.documentElement;
+  const svgDoc = de.tagName.toLowerCase() === 'svg';
+  const box = svgDoc ? de.getBoundingClientRect() : null;
+  return {
+    svg_document: svgDoc,
+    width: svgDoc ? box.width : Math.max(de.scrollWidth, document.body ? document.body.scrollWidth : 0),
+    height: svgDoc ? box.height : Math.max(de.scrollHeight, document.body ? document.body.scrollHeight : 0),
+    title: document.title,
+    images: Array.from(document.images).map(i => {
+      const r = i.getBoundingClientRect();
+      return {src: i.currentSrc.slice(0, 80), alt: i.alt, complete: i.complete, naturalWidth: i.naturalWidth,
+              naturalHeight: i.naturalHeight, x: r.left + window.scrollX, y: r.top + window.scrollY,
+              width: r.width, height: r.height};
+    }),
+    // matplotlib SVGs (inline, or the page itself): legend and text groups reaching past the SVG's box are clipped
+    svgs: Array.from(document.querySelectorAll('svg')).filter(s => !s.parentElement || !s.parentElement.closest('svg'))
+      .map((s, k) => {
+        const b = s.getBoundingClientRect();
+        const clipped = Array.from(s.querySelectorAll('g[id^="legend_"], g[id^="text_"]'))
+          .filter(g => !(g.parentElement && g.parentElement.closest('g[id^="legend_"]'))).map(g => {
+          const r = g.getBoundingClientRect();
+          const out = {left: b.left - r.left, right: r.right - b.right, top: b.top - r.top,
+                       bottom: r.bottom - b.bottom};
+          const sides = Object.entries(out).filter(([_, v]) => v > 1 && r.width > 0 && r.height > 0)
+            .map(([side, v]) => `${Math.round(v)} px past the ${side}`);
+          return sides.length ? `${g.id}: ${sides.join(', ')} edge` : null;
+        }).filter(x => x);
+        return {index: k + 1, width: b.width, height: b.height, clipped: clipped};
+      }),
+  };
+}"""
+
 
 def find_chromium() -> str | None:
     """Path of a Chromium/Chrome binary (env ``CHROMIUM`` first, then the usual names on PATH), or None."""
@@ -28,130 +85,6 @@ def find_chromium() -> str | None:
             return p
     return None
 
-class _CDP:
-    """Chrome DevTools Protocol over ``--remote-debugging-pipe`` (fd 3: commands in, fd 4: messages out, each JSON
-    message ends with a NUL byte). Stdlib only."""
-
-    def __init__(self, binary: str, user_data_dir: str, timeout: float):
-        import subprocess
-        import threading
-
-        self.timeout = timeout
-        cmd_r, self._cmd_w = os.pipe()
-        self._res_r, res_w = os.pipe()
-
-        def child_fds():  # runs in the child before exec: put the pipe ends where Chromium expects them
-            import fcntl
-
-            hi_r, hi_w = fcntl.fcntl(cmd_r, fcntl.F_DUPFD, 10), fcntl.fcntl(res_w, fcntl.F_DUPFD, 10)
-            os.dup2(hi_r, 3)  # dup2 to another fd number clears close-on-exec
-            os.dup2(hi_w, 4)
-
-        self.proc = subprocess.Popen([binary, *CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}",
-                                      "--remote-debugging-pipe", "about:blank"], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=False,
-                                     preexec_fn=child_fds)
-        os.close(cmd_r)
-        os.close(res_w)
-        self._next = 0
-        self._msgs: list[dict] = []
-        self._cv = threading.Condition()
-        self._eof = False
-        self._stderr = b""
-        threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._drain_stderr, daemon=True).start()
-
-    def _drain_stderr(self):
-        for line in self.proc.stderr:
-            self._stderr = (self._stderr + line)[-4000:]
-
-    def _read(self):
-        buf = b""
-        while True:
-            chunk = os.read(self._res_r, 1 << 16)
-            if not chunk:
-                break
-            buf += chunk
-            while b"\0" in buf:
-                raw, buf = buf.split(b"\0", 1)
-                with self._cv:
-                    self._msgs.append(json.loads(raw))
-                    self._cv.notify_all()
-        with self._cv:
-            self._eof = True
-            self._cv.notify_all()
-
-    def _wait(self, pred, what: str):
-        import time
-
-        end = time.time() + self.timeout
-        with self._cv:
-            while True:
-                for i, m in enumerate(self._msgs):
-                    if pred(m):
-                        return self._msgs.pop(i)
-                left = end - time.time()
-                if left <= 0 or self._eof:
-                    err = self._stderr.decode(errors="replace")[-1500:]
-                    raise RuntimeError(f"chromium: no {what} within {self.timeout:.0f} s"
-                                       f"{' (browser exited)' if self._eof else ''}; stderr tail: {err}")
-                self._cv.wait(min(left, 0.5))
-
-    def send(self, method: str, params: dict | None = None, session: str | None = None) -> dict:
-        self._next += 1
-        mid = self._next
-        msg = {"id": mid, "method": method, "params": params or {}}
-        if session:
-            msg["sessionId"] = session
-        os.write(self._cmd_w, json.dumps(msg).encode() + b"\0")
-        r = self._wait(lambda m: m.get("id") == mid, f"reply to {method}")
-        if "error" in r:
-            raise RuntimeError(f"chromium: {method} failed: {r['error']}")
-        return r.get("result", {})
-
-    def events(self) -> list[dict]:
-        with self._cv:
-            ev = [m for m in self._msgs if "method" in m]
-            self._msgs = [m for m in self._msgs if "method" not in m]
-        return ev
-
-    def wait_event(self, method: str, session: str) -> dict:
-        return self._wait(lambda m: m.get("method") == method and m.get("sessionId") == session, f"{method} event")
-
-    def close(self):
-        import subprocess
-
-        try:
-            self.send("Browser.close")
-        except (RuntimeError, OSError):
-            pass
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        for fd in (self._cmd_w, self._res_r):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-_IMAGES_JS = """(async () => {
-  await Promise.all(Array.from(document.images).map(i => i.complete ? null :
-      new Promise(r => { i.addEventListener('load', r); i.addEventListener('error', r); })));
-  const de = document.documentElement;
-  return {
-    width: Math.max(de.scrollWidth, document.body ? document.body.scrollWidth : 0),
-    height: Math.max(de.scrollHeight, document.body ? document.body.scrollHeight : 0),
-    title: document.title,
-    images: Array.from(document.images).map(i => {
-      const r = i.getBoundingClientRect();
-      return {src: i.currentSrc.slice(0, 80), alt: i.alt, complete: i.complete, naturalWidth: i.naturalWidth,
-              naturalHeight: i.naturalHeight, x: r.left + window.scrollX, y: r.top + window.scrollY,
-              width: r.width, height: r.height};
-    }),
-  };
-})()"""
 
 def _ink_fraction(img) -> float:
     """Fraction of pixels differing (max channel difference > 40) from the most common colour of ``img``."""
@@ -163,23 +96,93 @@ def _ink_fraction(img) -> float:
     ink = sum(n for n, c in colors if max(abs(c[k] - bg[k]) for k in range(3)) > 40)
     return ink / (rgb.width * rgb.height)
 
+
+def _screenshot_path(html_path: Path, screenshot) -> Path:
+    if screenshot is None:
+        d = Path(tempfile.gettempdir()) / "mla-lab-check"
+        d.mkdir(parents=True, exist_ok=True)
+        return d / f"{html_path.stem}.screenshot.png"
+    out = Path(screenshot).resolve()
+    for p in PROTECTED_DIRS:
+        if out.is_relative_to(p.resolve()):
+            raise RuntimeError(f"screenshot={str(screenshot)!r} is inside the committed report folder {p}; give a "
+                               "path elsewhere (default: a temporary folder)")
+    return out
+
+
+def _render(binary: str, uri: str, width: int, timeout: float) -> tuple[dict, bytes, list[str]]:
+    """Open ``uri`` in headless Chromium; returns (page info with images, full-page PNG, errors seen)."""
+    try:
+        from playwright.sync_api import Error as PlaywrightError
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise RuntimeError(f"the browser check needs playwright, which is not installed: {PLAYWRIGHT_HINT}") from None
+    errors: list[str] = []
+    failed_urls: set[str] = set()
+    console: list[tuple[str, str]] = []
+
+    def on_console(msg):
+        if msg.type in ("error", "assert"):
+            loc = (msg.location or {}).get("url", "")
+            console.append((msg.text, loc))
+
+    def on_request_failed(req):
+        failed_urls.add(req.url)
+        errors.append(f"request failed: {req.url} ({req.failure or 'unknown error'})")
+
+    def block_network(route):
+        route.abort("blockedbyclient")
+
+    try:
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=binary, args=list(CHROMIUM_ARGS), timeout=timeout * 1000)
+            try:
+                page = browser.new_page(viewport={"width": width, "height": 900}, device_scale_factor=1)
+                page.set_default_timeout(timeout * 1000)
+                page.on("console", on_console)
+                page.on("pageerror", lambda exc: errors.append(f"JS exception: {exc}"))
+                page.on("requestfailed", on_request_failed)
+                for pattern in ("http://**/*", "https://**/*", "ws://**/*", "wss://**/*"):
+                    page.route(pattern, block_network)
+                page.goto(uri, wait_until="load")
+                info = page.evaluate(_IMAGES_JS)
+                if info["svg_document"]:  # an .svg opened as the page: no scrolling document to capture in full
+                    page.set_viewport_size({"width": max(width, int(info["width"]) + 1),
+                                            "height": max(1, min(int(info["height"]) + 1, 30000))})
+                png = page.screenshot(full_page=not info["svg_document"], type="png")
+                info = page.evaluate(_IMAGES_JS)  # boxes as in the full-page screenshot
+            finally:
+                browser.close()
+    except PlaywrightError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RuntimeError(f"chromium ({binary}) via playwright: {first}") from None
+    for text, loc in console:
+        if text.startswith("Failed to load resource") and loc in failed_urls:
+            continue  # the same failure as its requestfailed event
+        errors.append(f"console.error: {text}" + (f" ({loc})" if loc and loc not in text else ""))
+    return info, png, errors
+
+
 def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None, min_ink: float = 0.01,
                      width: int = 1280, timeout: float = 60.0, chromium: str | None = None) -> dict:
-    """Render ``html_path`` in headless Chromium and check it as a reader would see it.
+    """Render ``html_path`` in headless Chromium (playwright, system binary) and check it as a reader would see it.
 
     Checks: every ``<img>`` finished loading with a non-zero natural size and a visible box; in a full-page
     screenshot, each image's box has at least ``min_ink`` of its pixels differing from its dominant (background)
-    colour (a blank or single-colour figure fails); no JavaScript exception, ``console.error`` or browser error log
-    entry (e.g. a resource that failed to load) occurred.
+    colour (a blank or single-colour figure fails); no JavaScript exception (``pageerror``), ``console.error``
+    or failed request (``requestfailed``: a missing file, a blocked network load) occurred; no legend or text of an
+    SVG (inline, or ``html_path`` itself a matplotlib ``.svg``) reaches past the SVG's box.
+
+    The screenshot is written to ``screenshot`` or, by default, ``<tmp>/mla-lab-check/<page>.screenshot.png``;
+    never into the committed ``reports/h200/``.
 
     Returns ``{"ok", "problems" (list of str), "images" (list of dicts with "ink"), "errors" (list of str),
     "screenshot" (path), "page" ({width, height, title})}``.
 
     Raises:
-        RuntimeError: no Chromium found, or the browser did not answer.
+        RuntimeError: no Chromium found, playwright not installed, the page missing, or the browser failed.
     """
-    import base64
-    import tempfile
+    import asyncio
 
     from PIL import Image
 
@@ -190,54 +193,23 @@ def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None
     html_path = Path(html_path).resolve()
     if not html_path.is_file():
         raise RuntimeError(f"{html_path}: no such file")
-    problems, errors = [], []
-    with tempfile.TemporaryDirectory(prefix="mla-lab-chromium-") as profile:
-        cdp = _CDP(binary, profile, timeout)
-        try:
-            target = cdp.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-            sess = cdp.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-            for dom in ("Page", "Runtime", "Log"):
-                cdp.send(f"{dom}.enable", session=sess)
-            cdp.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 900, "deviceScaleFactor": 1,
-                                                            "mobile": False}, session=sess)
-            cdp.events()  # drop what about:blank produced
-            nav = cdp.send("Page.navigate", {"url": html_path.as_uri()}, session=sess)
-            if nav.get("errorText"):
-                problems.append(f"navigation failed: {nav['errorText']}")
-            cdp.wait_event("Page.loadEventFired", sess)
-            info = cdp.send("Runtime.evaluate", {"expression": _IMAGES_JS, "awaitPromise": True,
-                                                 "returnByValue": True}, session=sess)["result"]["value"]
-            full_h = int(min(max(info["height"], 1), 30000))
-            full_w = int(max(info["width"], width))
-            cdp.send("Emulation.setDeviceMetricsOverride", {"width": full_w, "height": full_h,
-                                                            "deviceScaleFactor": 1, "mobile": False}, session=sess)
-            info = cdp.send("Runtime.evaluate", {"expression": _IMAGES_JS, "awaitPromise": True,
-                                                 "returnByValue": True}, session=sess)["result"]["value"]
-            shot = cdp.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True,
-                                                       "clip": {"x": 0, "y": 0, "width": full_w, "height": full_h,
-                                                                "scale": 1}}, session=sess)
-            for ev in cdp.events():
-                if ev.get("sessionId") != sess:
-                    continue
-                p = ev.get("params", {})
-                if ev["method"] == "Runtime.exceptionThrown":
-                    d = p.get("exceptionDetails", {})
-                    errors.append("JS exception: " + (d.get("exception", {}).get("description") or d.get("text", "")))
-                elif ev["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                    errors.append("console.error: " + " ".join(str(a.get("value", a.get("description", "")))
-                                                               for a in p.get("args", [])))
-                elif ev["method"] == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
-                    e = p["entry"]
-                    errors.append(f"browser log ({e.get('source')}): {e.get('text')} {e.get('url', '')}".strip())
-        finally:
-            cdp.close()
-    png = base64.b64decode(shot["data"])
-    if screenshot is None:
-        screenshot = html_path.with_suffix(".screenshot.png")
-    screenshot = Path(screenshot)
-    screenshot.write_bytes(png)
+    shot_path = _screenshot_path(html_path, screenshot)
+    try:
+        asyncio.get_running_loop()
+        in_loop = True
+    except RuntimeError:
+        in_loop = False
+    if in_loop:  # playwright's sync API refuses to run inside an event loop (a Jupyter kernel): use a thread
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            info, png, errors = pool.submit(_render, binary, html_path.as_uri(), width, timeout).result()
+    else:
+        info, png, errors = _render(binary, html_path.as_uri(), width, timeout)
+    shot_path.parent.mkdir(parents=True, exist_ok=True)
+    shot_path.write_bytes(png)
     page = Image.open(io.BytesIO(png))
-    images = []
+    problems, images = [], []
     for i, im in enumerate(info["images"]):
         im = dict(im)
         label = f"image {i + 1} ({im['alt'] or im['src'][:40]})"
@@ -254,6 +226,9 @@ def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None
                 problems.append(f"{label} looks blank on screen: {100 * im['ink']:.2f}% non-background pixels "
                                 f"(< {100 * min_ink:.1f}%)")
         images.append(im)
+    for sv in info.get("svgs", []):
+        for c in sv["clipped"]:
+            problems.append(f"svg {sv['index']} is clipped: {c} of its {sv['width']:.0f} x {sv['height']:.0f} px box")
     problems += errors
     return {"ok": not problems, "problems": problems, "images": images, "errors": errors,
-            "screenshot": screenshot, "page": {k: info[k] for k in ("width", "height", "title")}}
+            "screenshot": shot_path, "page": {k: info[k] for k in ("width", "height", "title")}}

@@ -9,24 +9,33 @@ and shows the PNG in the notebook, which is what nbconvert embeds in the HTML re
 from __future__ import annotations
 
 import io
+import textwrap
 from pathlib import Path
 
 from ..seed import SEED
+from ..sweep.advise import frontier
 from .data import ok_rows, pick
+from .layout_check import figure_clipping
 
-__all__ = ["publish_figure", "pareto_front", "plot_memory_vs_ttft", "plot_tp_bars", "plot_heatmap",
-           "plot_validation", "STRATEGY_COLORS", "MODEL_COLORS", "MODEL_MARKERS"]
+__all__ = ["publish_figure", "plot_frontier_grid", "plot_deployment", "plot_tp_bars", "plot_heatmap",
+           "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style", "model_style",
+           "PR_STRATEGY"]
 
-_STRAT_COLORS = {"unfused": "#7f7f7f", "fused": "#1f77b4", "kernel_native": "#2ca02c"}
-
-_MODEL_COLORS = ["#d95f02", "#7570b3", "#1b9e77", "#e7298a", "#66a61e", "#e6ab02"]
-
-_MODEL_MARKERS = ["o", "s", "^", "D", "v", "P"]
-
-STRATEGY_COLORS, MODEL_COLORS, MODEL_MARKERS = _STRAT_COLORS, _MODEL_COLORS, _MODEL_MARKERS
 
 
 # --------------------------------------------------------------------------------------------------- figures
+def _suptitle(fig, text: str, fontsize: float = 10.0) -> None:
+    """A figure title wrapped to the figure's width (about 11 characters per inch at 10 pt), so it never runs past
+    the figure's edges (the layout check of :func:`publish_figure` would refuse it)."""
+    chars = max(20, int(fig.get_figwidth() * 11 * 10.0 / fontsize))
+    fig.suptitle(textwrap.fill(text, width=chars), fontsize=fontsize)
+
+
+def _legend_columns(fig, n: int, per_inch: float = 2.6) -> int:
+    """Legend columns that fit the figure's width (about ``per_inch`` inches per entry)."""
+    return max(1, min(n, int(fig.get_figwidth() / per_inch)))
+
+
 def _figure(figsize):
     from matplotlib.figure import Figure
 
@@ -36,7 +45,14 @@ def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110
     """Save ``fig`` as ``<figure_dir>/<name>.png`` and ``.svg`` and (``show``) display the PNG in the notebook.
 
     Returns ``{"png": path, "svg": path}`` (paths None when ``figure_dir`` is None: display only).
+
+    Raises:
+        ValueError: a legend or title lies outside the figure (it would be cut off in the PNG and SVG), naming
+            the artist (:func:`mla_lab.report.layout_check.figure_clipping`); nothing is written.
     """
+    clipped = figure_clipping(fig)
+    if clipped:
+        raise ValueError(f"figure {name!r}: " + "; ".join(clipped))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     png = buf.getvalue()
@@ -54,112 +70,168 @@ def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110
         display(Image(data=png, format="png"))
     return out
 
-def pareto_front(x, y) -> list[bool]:
-    """Mask of the points no other point dominates when both ``x`` and ``y`` are to be minimised (a point is
-    dominated by one with x' <= x and y' <= y, one of them strictly). Ties keep every copy. NaN is never on it."""
-    pts = list(zip(list(x), list(y)))
-    mask = []
-    for i, (xi, yi) in enumerate(pts):
-        if xi != xi or yi != yi:
-            mask.append(False)
-            continue
-        dom = any((xj <= xi and yj <= yi and (xj < xi or yj < yi)) for j, (xj, yj) in enumerate(pts)
-                  if j != i and xj == xj and yj == yj)
-        mask.append(not dom)
-    return mask
-
 def _short(row) -> str:
     m = str(row["model"]).replace("deepseek-v3.2", "DSV3.2").replace("glm-5", "GLM-5")
     L = int(row["prompt_len"])
     mbt = int(row["max_num_batched_tokens"])
     k = lambda v: f"{v // 1024}k" if v % 1024 == 0 else str(v)  # noqa: E731
-    return f"{m} TP{int(row['tp'])} L{k(L)} B{k(mbt)}"
+    return f"{m} TP{int(row['tp'])} {row['arch']} L{k(L)} B{k(mbt)} {row.get('kv_cache_dtype', '')}"
 
-def plot_memory_vs_ttft(df, x: str = "extra_persistent_mib", y: str = "ttft_change_pct", kv_cache_dtype="bf16",
-                        title: str | None = None, frontier_strategies=("unfused", "fused")):
-    """Scatter of extra Q workspace per rank (x, MiB vs unfused) against TTFT change vs unfused (y, %), one panel
-    per arch; colour = strategy, marker = model, hollow = modelled, filled = measured. The Pareto frontier (least
-    memory for a given TTFT change) over the ``frontier_strategies`` points is drawn as a step line and its points
-    are ringed and labelled (model, TP, prompt length L, max_num_batched_tokens B). ``kernel_native`` is left off
-    the frontier by default: it is a modelled bound for a kernel that does not exist. Points that need no padding
-    (``q_concat_heads == num_heads``: both strategies run the same code) enter the frontier at 0 % change, since a
-    measured difference there is noise.
 
-    Returns the matplotlib Figure.
+#: Colour and marker of every strategy, fixed across all reports (sub-chunk sizes share their family's style and
+#: are drawn as the S curve).
+STRATEGY_STYLE = {
+    "per_call_empty:zeros": ("#7f7f7f", "o", "vLLM pre-#53878 (new_empty, zeros)"),
+    "per_call_empty:stale": ("#4d4d4d", "X", "vLLM pre-#53878 (new_empty, stale)"),
+    "per_call_zeros": ("#d62728", "v", "SGLang (new_zeros per call)"),
+    "private_workspace": ("#1f77b4", "s", "vLLM #53878 (private workspace)"),
+    "shared_workspace:none": ("#9467bd", "D", "vLLM #56902 (shared workspace, stale)"),
+    "shared_workspace:zero_per_call": ("#8c564b", "P", "shared workspace + zero per call"),
+    "kernel_native": ("#2ca02c", "*", "kernel-native (modelled bound)"),
+    "subchunk": ("#ff7f0e", "^", "sub-chunk S (copy out)"),
+    "subchunk_views": ("#e377c2", "<", "sub-chunk S (views to consumer)"),
+}
+#: Colour and marker of every model, fixed across all reports (unknown models get the rest in name order).
+MODEL_STYLE = {"glm-5": ("#d95f02", "o"), "glm-5.2": ("#e6ab02", "P"), "deepseek-v3.2": ("#7570b3", "s")}
+_SPARE = [("#1b9e77", "^"), ("#e7298a", "D"), ("#66a61e", "v")]
+#: The PR's strategy (vLLM #53878) in the per-TP and heatmap charts.
+PR_STRATEGY = "private_workspace"
+DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
+
+
+def strategy_style(name: str) -> tuple[str, str, str]:
+    """``(colour, marker, label)`` of a canonical strategy name."""
+    if name.startswith("subchunk:"):
+        return STRATEGY_STYLE["subchunk_views" if name.endswith(":views") else "subchunk"]
+    return STRATEGY_STYLE.get(name, ("#000000", "o", name))
+
+
+def model_style(name: str, known=()) -> tuple[str, str]:
+    """``(colour, marker)`` of a model name (fixed for the lab's models)."""
+    if name in MODEL_STYLE:
+        return MODEL_STYLE[name]
+    others = sorted(m for m in set(known) | {name} if m not in MODEL_STYLE)
+    return _SPARE[others.index(name) % len(_SPARE)]
+
+
+def _deployment_rows(df):
+    """Rows grouped per deployment (:data:`DEPLOYMENT_KEYS`), in sorted order."""
+    d = ok_rows(df)
+    keys = [k for k in DEPLOYMENT_KEYS if k in d.columns]
+    return [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in d.groupby(keys, sort=True)]
+
+
+def plot_deployment(ax, rows, title: str | None = None) -> None:
+    """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
+    %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured (95 %
+    interval of the change from paired rounds), the S curves through the sub-chunk sizes, and the deployment's own
+    Pareto frontier over the runnable strategies that fit (kernel_native is a bound, never on it). A deployment
+    whose weights or workload do not fit shows its reason and no points."""
+    r0 = rows.iloc[0]
+    ax.set_title(title or _short(r0), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.set_axisbelow(True)
+    if "fits_in_memory" in rows.columns and not bool(rows["fits_in_memory"].astype(bool).any()):
+        reason = str(rows["fit_reason"].iloc[0]) if "fit_reason" in rows.columns else "does not fit"
+        ax.text(0.5, 0.5, "does not fit:\n" + "\n".join(reason[i:i + 38] for i in range(0, min(len(reason), 152), 38)),
+                ha="center", va="center", transform=ax.transAxes, fontsize=8, color="#b00")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        return
+    src = rows["source"] if "source" in rows.columns else None
+    modelled = rows[src != "measured"] if src is not None else rows
+    measured = rows[src == "measured"] if src is not None else rows.iloc[0:0]
+    for family, end in (("subchunk", ""), ("subchunk_views", ":views")):
+        sc = modelled[modelled["strategy"].str.startswith("subchunk:")
+                      & (modelled["strategy"].str.endswith(":views") == bool(end))]
+        if len(sc):
+            sc = sc.sort_values("subchunk_rows")
+            col, mk, _ = STRATEGY_STYLE[family]
+            ax.plot(sc["extra_persistent_mib"], sc["ttft_change_pct"], "-", color=col, lw=1.0, alpha=0.8)
+            for _, r in sc.iterrows():
+                ax.annotate(f"{int(r['subchunk_rows']) // 1024 or r['subchunk_rows']}"
+                            f"{'k' if int(r['subchunk_rows']) >= 1024 else ''}",
+                            (r["extra_persistent_mib"], r["ttft_change_pct"]), fontsize=6.5, color=col,
+                            textcoords="offset points", xytext=(3, 3))
+    for _, r in modelled.iterrows():
+        col, mk, _ = strategy_style(r["strategy"])
+        ax.scatter([r["extra_persistent_mib"]], [r["ttft_change_pct"]], marker=mk, s=42, facecolors="none",
+                   edgecolors=col, linewidths=1.3, zorder=3)
+    for _, r in measured.iterrows():
+        col, mk, _ = strategy_style(r["strategy"])
+        lo, hi = r.get("ttft_change_ci_lo"), r.get("ttft_change_ci_hi")
+        y = r["ttft_change_pct"]
+        err = None
+        if lo == lo and hi == hi and lo is not None and hi is not None:
+            err = [[max(0.0, y - lo)], [max(0.0, hi - y)]]
+        ax.errorbar([r["extra_persistent_mib"]], [y], yerr=err, fmt=mk, color=col, mec="black", mew=0.7, ms=6.5,
+                    capsize=2.5, zorder=4, elinewidth=1.0)
+    fits = modelled
+    if "fits_in_memory" in fits.columns:
+        fits = fits[fits["fits_in_memory"].astype(bool)]
+    fits = fits[fits["placement"] != "kernel_native"] if "placement" in fits.columns else fits
+    if len(fits):
+        on = frontier(list(zip(fits["extra_persistent_mib"], fits["ttft_change_pct"])))
+        front = fits[on].sort_values("extra_persistent_mib")
+        ax.step(front["extra_persistent_mib"], front["ttft_change_pct"], where="post", color="#d62728", lw=1.2,
+                alpha=0.7, zorder=2)
+    ax.axhline(0, color="k", lw=0.6)
+
+
+def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16") -> list:
+    """Every deployment of ``df`` as its own panel (:func:`plot_deployment`), faceted ``ncols`` wide and wrapped,
+    at most ``per_page`` panels per figure (more deployments give more figures), one legend per figure below the
+    panels. Colours and markers are fixed per strategy (:data:`STRATEGY_STYLE`) across all reports.
+
+    Returns a list of matplotlib Figures (empty when there is no row).
     """
     from matplotlib.lines import Line2D
 
     d = ok_rows(df)
-    if "kv_cache_dtype" in d.columns and kv_cache_dtype:
+    if kv_cache_dtype and "kv_cache_dtype" in d.columns:
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
-    d = d.dropna(subset=[x, y])
-    archs = sorted(d["arch"].dropna().unique()) or ["-"]
-    models = sorted(d["model"].dropna().unique())
-    fig = _figure((6.4 * len(archs), 5.6))
-    axes = fig.subplots(1, len(archs), squeeze=False, sharey=True)[0]
-    for ax, a in zip(axes, archs):
-        sub = d[d["arch"] == a]
-        src = sub["source"] if "source" in sub.columns else None
-        for (s, m), g in sub.groupby(["strategy", "model"]):
-            mk = _MODEL_MARKERS[models.index(m) % len(_MODEL_MARKERS)]
-            col = _STRAT_COLORS.get(s, "k")
-            meas = (g["source"] == "measured") if src is not None else g[x] != g[x]
-            ax.scatter(g.loc[~meas, x], g.loc[~meas, y], marker=mk, s=40, facecolors="none", edgecolors=col,
-                       linewidths=1.3, zorder=3)
-            if meas.any():
-                ax.scatter(g.loc[meas, x], g.loc[meas, y], marker=mk, s=52, facecolors=col, edgecolors="black",
-                           linewidths=0.8, zorder=4)
-        fr = sub[sub["strategy"].isin(frontier_strategies)].copy()
-        if {"q_concat_heads", "num_heads"} <= set(fr.columns):
-            # where no padding is needed the two strategies run the same code: a measured difference there is
-            # run-to-run noise, not a gain, so such points enter the frontier at the baseline
-            fr.loc[fr["q_concat_heads"] == fr["num_heads"], y] = 0.0
-        if len(fr):
-            mask = pareto_front(fr[x], fr[y])
-            front = fr[mask].sort_values([x, y])
-            front = front.drop_duplicates(subset=[x, y])
-            ax.step(front[x], front[y], where="post", color="#d62728", lw=1.4, zorder=2, alpha=0.9)
-            ax.scatter(front[x], front[y], s=150, facecolors="none", edgecolors="#d62728", linewidths=1.6, zorder=5)
-            keys = []
-            for _, r in front.iterrows():
-                if r[x] == 0 and r[y] == 0:
-                    continue  # the unfused baseline: every config's unfused point sits at (0, 0)
-                k = len(keys) + 1
-                ax.annotate(str(k), (r[x], r[y]), textcoords="offset points", xytext=(7, 5 if k % 2 else -13),
-                            fontsize=8.5, fontweight="bold", color="#d62728")
-                src_tag = " (measured)" if str(r.get("source", "")) == "measured" else ""
-                keys.append(f"{k}: {_short(r)}{src_tag}")
-        else:
-            keys = []
-        ax.axhline(0, color="k", lw=0.6)
-        pad = sub["prefill_padding"].dropna() if "prefill_padding" in sub.columns else []
-        ax.set_title(f"{a} (prefill_padding {int(pad.iloc[0]) if len(pad) else '?'})")
-        label = "extra Q workspace per rank vs unfused [MiB]"
-        if keys:  # the frontier's configurations, numbered as on the plot (L prompt length, B batched tokens)
-            lines = ["   ".join(keys[i:i + 2]) for i in range(0, len(keys), 2)]
-            label += "\nPareto frontier:  " + "\n".join(lines)
-        ax.set_xlabel(label, fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.set_axisbelow(True)
-    axes[0].set_ylabel("TTFT change vs unfused [%]")
-    handles = [Line2D([], [], ls="", marker="s", markersize=9, markerfacecolor=c, markeredgecolor=c, label=s)
-               for s, c in _STRAT_COLORS.items() if s in set(d["strategy"])]
-    handles += [Line2D([], [], ls="", marker=_MODEL_MARKERS[i % len(_MODEL_MARKERS)], markersize=8,
-                       markerfacecolor="none", markeredgecolor="k", label=m) for i, m in enumerate(models)]
-    handles += [Line2D([], [], ls="", marker="o", markersize=8, markerfacecolor="none", markeredgecolor="k",
-                       label="modelled (hollow)"),
-                Line2D([], [], ls="", marker="o", markersize=8, markerfacecolor="k", markeredgecolor="k",
-                       label="measured (filled)"),
-                Line2D([], [], color="#d62728", marker="o", markerfacecolor="none", markersize=10,
-                       label=f"Pareto frontier ({' + '.join(frontier_strategies)})")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)), fontsize=8.5, frameon=False)
-    fig.suptitle(title or f"Memory vs TTFT per strategy and architecture ({kv_cache_dtype} KV cache)")
-    return fig
+    deps = _deployment_rows(d)
+    figs = []
+    for start in range(0, len(deps), per_page):
+        page = deps[start:start + per_page]
+        nc = min(ncols, len(page))
+        nr = -(-len(page) // nc)
+        width = max(7.0, 4.3 * nc)  # room for the legend and title even for one panel
+        fig = _figure((width, 3.3 * nr + 1.6))
+        axes = fig.subplots(nr, nc, squeeze=False)
+        for ax, (_, rows) in zip(axes.flat, page):
+            plot_deployment(ax, rows)
+        for ax in list(axes.flat)[len(page):]:
+            ax.set_visible(False)
+        for ax in axes[:, 0]:
+            ax.set_ylabel("TTFT change [%]", fontsize=8.5)
+        for ax in axes[-1, :]:
+            ax.set_xlabel("persistent extra MiB per rank", fontsize=8.5)
+        present = set(d["strategy"])
+        handles = [Line2D([], [], ls="", marker=mk, markerfacecolor="none", markeredgecolor=col, markersize=7,
+                          label=label)
+                   for key, (col, mk, label) in STRATEGY_STYLE.items()
+                   if any(strategy_style(s)[2] == label for s in present)]
+        handles += [Line2D([], [], ls="", marker="o", markerfacecolor="#999", markeredgecolor="black",
+                           label="measured (interval)"),
+                    Line2D([], [], color="#d62728", lw=1.2, label="this deployment's Pareto frontier")]
+        fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))),
+                   fontsize=7.5, frameon=False)
+        title = ("Memory vs TTFT per deployment, changes vs vLLM before PR #53878 with zero padded heads"
+                 f"{'' if len(deps) <= per_page else f' ({start // per_page + 1}/{-(-len(deps) // per_page)})'}")
+        _suptitle(fig, title)
+        figs.append(fig)
+    return figs
+
+
+STRATEGY_COLORS = {k: v[0] for k, v in STRATEGY_STYLE.items()}
+
 
 def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int | None = None,
                  kv_cache_dtype: str = "bf16"):
-    """Per TP size: TTFT change vs unfused (fused solid, kernel_native hatched) and extra Q workspace per rank of
-    fused, one row per arch, bars coloured by model. Modelled bars; measured values of the same cells are black
+    """Per TP size: TTFT change vs the baseline (:data:`mla_lab.placement.BASELINE`) of vLLM #53878
+    (:data:`PR_STRATEGY`, solid) and kernel_native (hatched), and extra Q workspace per rank of vLLM #53878, one
+    row per arch, bars coloured by model. Modelled bars; measured values of the same cells are black
     diamonds. The slice shown defaults to the seed's max_num_batched_tokens 16384 and prompt length 1024 (else the
     largest in the data); the title says which."""
     from matplotlib.lines import Line2D
@@ -183,19 +255,19 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
     for row, a in enumerate(archs):
         ax_t, ax_m = axes[row]
         for mi, m in enumerate(models):
-            col = _MODEL_COLORS[mi % len(_MODEL_COLORS)]
-            for si, s in enumerate(("fused", "kernel_native")):
+            col = model_style(m, models)[0]
+            for si, s in enumerate((PR_STRATEGY, "kernel_native")):
                 g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == s)].set_index("tp")
                 xs = [i + (mi * 2 + si - nb + 0.5) * w for i, _ in enumerate(tps)]
                 vals = [g["ttft_change_pct"].get(t, float("nan")) for t in tps]
-                bars = ax_t.bar(xs, vals, w, color=col if s == "fused" else "white", edgecolor=col,
-                                hatch=None if s == "fused" else "///", linewidth=1.0)
+                bars = ax_t.bar(xs, vals, w, color=col if s == PR_STRATEGY else "white", edgecolor=col,
+                                hatch=None if s == PR_STRATEGY else "///", linewidth=1.0)
                 ax_t.bar_label(bars, labels=[("" if v != v else f"{v:.0f}") for v in vals], fontsize=7, padding=2)
                 gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
                 for t, v in gm.groupby("tp")["ttft_change_pct"].median().items():
                     ax_t.plot(xs[tps.index(t)], v, "D", markerfacecolor=col, markeredgecolor="black", ms=6,
                               zorder=4)
-            g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == "fused")].set_index("tp")
+            g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == PR_STRATEGY)].set_index("tp")
             xs = [i + (mi - (nb - 1) / 2) * (0.8 / nb) for i, _ in enumerate(tps)]
             vals = [g["extra_persistent_mib"].get(t, float("nan")) for t in tps]
             bars = ax_m.bar(xs, vals, 0.8 / nb, color=col)
@@ -216,25 +288,26 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
         lo, hi = ax_t.get_ylim()
         span = max(hi - lo, 1.0)
         ax_t.set_ylim(min(lo, 0) - 0.08 * span, max(hi, 0) + 0.1 * span)  # room for the value labels
-        ax_t.set_ylabel("TTFT change vs unfused [%]")
+        ax_t.set_ylabel("TTFT change vs baseline [%]")
         ax_t.set_title(f"{a}: TTFT change", fontsize=10)
-        ax_m.set_ylabel("extra MiB per rank (fused)")
-        ax_m.set_title(f"{a}: extra Q workspace of fused", fontsize=10)
+        ax_m.set_ylabel("extra MiB per rank (vLLM #53878)")
+        ax_m.set_title(f"{a}: extra Q workspace of vLLM #53878", fontsize=10)
         ax_m.margins(y=0.15)
-    handles = [Patch(facecolor=_MODEL_COLORS[i % len(_MODEL_COLORS)], label=m) for i, m in enumerate(models)]
-    handles += [Patch(facecolor="#999", edgecolor="#555", label="fused (modelled)"),
+    handles = [Patch(facecolor=model_style(m, models)[0], label=m) for m in models]
+    handles += [Patch(facecolor="#999", edgecolor="#555", label="vLLM #53878 (modelled)"),
                 Patch(facecolor="white", edgecolor="#555", hatch="///", label="kernel_native (modelled bound)"),
                 Line2D([], [], ls="", marker="D", markerfacecolor="#999", markeredgecolor="black",
                        label="measured (model colour)")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8.5, frameon=False)
-    fig.suptitle(f"Per TP size, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt}, "
+    fig.legend(handles=handles, loc="outside lower center", ncol=_legend_columns(fig, len(handles)), fontsize=8.5,
+               frameon=False)
+    _suptitle(fig, f"Per TP size, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt}, "
                  f"{int(d['num_prompts'].iloc[0]) if len(d) and 'num_prompts' in d.columns else '?'} x {L}-token "
                  "prompts (H = heads per rank per model)")
     return fig
 
-def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = "fused",
+def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = PR_STRATEGY,
                  kv_cache_dtype: str = "bf16"):
-    """Heatmap of TTFT change of ``strategy`` vs unfused (%) over heads per rank (rows, labelled with the model)
+    """Heatmap of TTFT change of ``strategy`` vs the baseline (%) over heads per rank (rows, labelled with the model)
     x prompt length (columns), one panel per arch, at one max_num_batched_tokens (default 16384, else the largest).
     Cells show the modelled value; a measured value of the same cell is added as ``m: x%``."""
     import numpy as np
@@ -277,8 +350,8 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     axes[0].set_yticks(range(len(ykeys)), [f"H={h} ({m})" for h, m in ykeys])
     axes[0].set_ylabel("heads per rank")
     if im is not None:
-        fig.colorbar(im, ax=list(axes), label=f"TTFT change of {strategy} vs unfused [%]", shrink=0.9)
-    fig.suptitle(f"TTFT change of {strategy} vs unfused, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt} "
+        fig.colorbar(im, ax=list(axes), label=f"TTFT change of {strategy} vs baseline [%]", shrink=0.9)
+    _suptitle(fig, f"TTFT change of {strategy} vs baseline, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt} "
                  "(modelled; 'm:' = measured)", fontsize=10.5)
     return fig
 
@@ -315,5 +388,5 @@ def plot_validation(v):
         ax.set_title(title)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle("TTFT model vs H200 measurements (modelled vs measured; in-sample calibration)")
+    _suptitle(fig, "TTFT model vs H200 measurements (modelled vs measured; in-sample calibration)")
     return fig

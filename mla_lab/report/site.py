@@ -111,7 +111,7 @@ def publish_latest(report_dir: Path, report_name: str, run_id: str) -> dict:
             if p.suffix in (".png", ".svg"):
                 shutil.copyfile(p, figs_dst / p.name)
         for ext in ("png", "svg"):  # the headline chart beside the latest HTML
-            p = figs_src / f"memory_vs_ttft.{ext}"
+            p = figs_src / f"frontier_1.{ext}"
             if p.is_file():
                 shutil.copyfile(p, report_dir / f"{report_name}.{ext}")
         out["figures"] = figs_dst
@@ -171,9 +171,9 @@ def build_index(report_dir: str | Path, latest_name: str = "padding_sweep") -> P
                              "</code>" for k in _GRID_KEYS if k in p)
         figs = m.get("figures") or {}
         thumb = ""
-        if "memory_vs_ttft" in figs:
-            thumb = (f"<a href='{e(figs['memory_vs_ttft']['png'])}'><img class='thumb' alt='memory vs TTFT, run "
-                     f"{e(rid)}' src='{e(figs['memory_vs_ttft']['png'])}'></a><br>")
+        if "frontier_1" in figs:
+            thumb = (f"<a href='{e(figs['frontier_1']['png'])}'><img class='thumb' alt='memory vs TTFT, run "
+                     f"{e(rid)}' src='{e(figs['frontier_1']['png'])}'></a><br>")
         flinks = "<br>".join(f"{e(n)}: <a href='{e(f['png'])}'>PNG</a> <a href='{e(f['svg'])}'>SVG</a>"
                              for n, f in sorted(figs.items()))
         data = " &middot; ".join(f"<a href='{e(m[k])}'>{lbl}</a>" for k, lbl in (("csv", "rows (CSV)"),

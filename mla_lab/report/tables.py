@@ -7,6 +7,7 @@ import html as _html
 import json
 from pathlib import Path
 
+from ..placement import BASELINE
 from ..seed import SEED, SEED_REPORTED, seed_point
 from ..sweep.rows import modelled_rows
 from .data import ok_rows, _measured_root
@@ -103,6 +104,10 @@ def save_provenance(df, figure_dir: str | Path, **extra) -> Path:
     return p
 
 # ---------------------------------------------------------------------------------------------------- tables
+#: The PR's strategy (vLLM #53878's private pre-padded workspace).
+PR = "private_workspace"
+
+
 def seed_setup_table(df=None, measured=None):
     """The seed's setup (vLLM PR #53878 benchmark: GLM-5 TP8, Hopper, bf16 KV cache, max_num_batched_tokens 16384,
     32 prompts x 1024 tokens at concurrency 32): reported numbers beside ours.
@@ -124,8 +129,8 @@ def seed_setup_table(df=None, measured=None):
     mod = sel(df)
     if mod is not None and "source" in mod.columns:
         mod = mod[mod["source"] != "measured"]
-    if mod is None or len(mod) == 0 or not {"fused", "unfused"} <= set(mod["strategy"]):
-        mod = pd.DataFrame(modelled_rows(seed_point(strategies=["unfused", "fused", "kernel_native"])))
+    if mod is None or len(mod) == 0 or not {PR, BASELINE} <= set(mod["strategy"]):
+        mod = pd.DataFrame(modelled_rows(seed_point(strategies=[BASELINE, PR, "kernel_native"])))
     meas = sel(measured)
     if meas is not None and "source" in meas.columns:
         meas = meas[meas["source"] == "measured"]
@@ -140,12 +145,13 @@ def seed_setup_table(df=None, measured=None):
         return "-" if v is None else fmt.format(v)
 
     scope = ", ".join(map(str, mod["ttft_scope"].dropna().unique())) if "ttft_scope" in mod.columns else "?"
-    t_f, t_k = val(mod, "fused", "ttft_change_pct"), val(mod, "kernel_native", "ttft_change_pct")
-    x_b = val(mod, "fused", "extra_persistent_bytes")
+    t_f, t_k = val(mod, PR, "ttft_change_pct"), val(mod, "kernel_native", "ttft_change_pct")
+    x_b = val(mod, PR, "extra_persistent_bytes")
+    tr_u, tr_f = val(mod, BASELINE, "call_transient_bytes"), val(mod, PR, "call_transient_bytes")
     rep = SEED_REPORTED
     wd = str(mod["weight_dtype"].iloc[0]) if "weight_dtype" in mod.columns else "fp8"
     mp = str(mod["moe_parallel"].iloc[0]) if "moe_parallel" in mod.columns else "ep"
-    pk_u, pk_f = val(meas, "unfused", "measured_peak_extra_bytes"), val(meas, "fused", "measured_peak_extra_bytes")
+    pk_u, pk_f = val(meas, BASELINE, "measured_peak_extra_bytes"), val(meas, PR, "measured_peak_extra_bytes")
     rows = [
         ("setup", "GLM-5.2-FP8, TP8 + EP, Hopper, bf16 KV, --max-num-batched-tokens 16384, 32 x 1024 in / 128 out, "
                   "concurrency 32", f"GLM-5 geometry, TP8, h200 card, bf16 KV, 16384, 32 x 1024 at concurrency 32, "
@@ -153,9 +159,9 @@ def seed_setup_table(df=None, measured=None):
          "-" if meas is None or not len(meas) else "the same point on one H200 (a rank's share of heads)",
          "GPU model not named in the PR; prefill_padding 64 says not Blackwell"),
         ("heads per rank -> workspace heads", "8 -> 64", f"{int(mod['num_heads'].iloc[0])} -> "
-         f"{int(mod[mod['strategy'] == 'fused']['q_concat_heads'].iloc[0])}", "-", "vLLM's padding rule"),
-        ("TTFT change, fused vs unfused", f"{rep['ttft_change_pct']:+.1f}%", f(t_f, "{:+.1f}%"),
-         f(val(meas, "fused", "ttft_change_pct"), "{:+.1f}%"),
+         f"{int(mod[mod['strategy'] == PR]['q_concat_heads'].iloc[0])}", "-", "vLLM's padding rule"),
+        ("TTFT change, vLLM #53878 vs vLLM before it (zero padded heads)", f"{rep['ttft_change_pct']:+.1f}%",
+         f(t_f, "{:+.1f}%"), f(val(meas, PR, "ttft_change_pct"), "{:+.1f}%"),
          f"modelled: TTFT scope '{scope}'" + (" (attention path only: a lower bound on TTFT, so it overstates the "
                                               "relative change)" if scope == "attention_path" else "")
          + "; measured: the attention path timed on the GPU per step, the rest of the layer from the same model"),
@@ -164,9 +170,10 @@ def seed_setup_table(df=None, measured=None):
                                  f"{rep['peak_mib_after']} MiB)",
          "-" if x_b is None else f"+{x_b / 2**20:.0f} MiB persistent ({int(x_b):,} B)",
          "-" if pk_u is None or pk_f is None else
-         f"layer call peak {pk_u / 2**20:.0f} MiB (unfused) vs {pk_f / 2**20:.0f} MiB (fused), on top of the workspace",
+         f"layer call peak {pk_u / 2**20:.0f} MiB (before) vs {pk_f / 2**20:.0f} MiB (PR), on top of the workspace",
          "ours is the Q workspace alone (allocation size, exact); the PR's peak also moves with allocator rounding "
-         "and other buffers. Per call, fused allocates no pad tensor, so its transient peak is lower"),
+         "and other buffers. Per call, the PR allocates no pad tensor: its unbudgeted transient peak is "
+         + ("-" if tr_u is None else f"{tr_f / 2**20:.0f} vs {tr_u / 2**20:.0f} MiB")),
         ("total token throughput", f"{rep['throughput_change_pct']:+.0f}%", "not modelled", "-", ""),
     ]
     return pd.DataFrame(rows, columns=["quantity", "PR #53878 (reported)", "ours (modelled)", "ours (measured)",

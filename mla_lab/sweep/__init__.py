@@ -7,9 +7,10 @@
 - :mod:`.run` — the run loop (resume, claims, CSV).
 """
 
+from .advise import advise, format_advice
 from .params import DEFAULTS, SweepParams, expand_grid, validate_params
 from .rows import compute_rows, measured_rows, modelled_rows, reprice_measured_rows
 from .run import plan_sweep, run_sweep
 
-__all__ = ["DEFAULTS", "SweepParams", "expand_grid", "validate_params", "compute_rows", "measured_rows",
+__all__ = ["advise", "format_advice", "DEFAULTS", "SweepParams", "expand_grid", "validate_params", "compute_rows", "measured_rows",
            "modelled_rows", "reprice_measured_rows", "plan_sweep", "run_sweep"]

@@ -11,7 +11,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..arch import get_arch
-from ..placement import PRESETS, SUBCHUNK_ROWS, expand_strategies
+from ..placement import ALIASES, PRESETS, SUBCHUNK_ROWS, canonical_names, expand_strategies
 from ..models import load_model, normalize_kv_cache_dtype
 from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
@@ -21,7 +21,8 @@ __all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid", "DEFAULT
 
 #: The sweep's default strategies: every engine preset (:data:`mla_lab.placement.PRESETS`), the shared workspace
 #: with the concat zeroing its padded heads, and the sub-chunked workspace at :data:`~mla_lab.placement.SUBCHUNK_ROWS`.
-DEFAULT_STRATEGIES = [*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS)]
+DEFAULT_STRATEGIES = [*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
+                      *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS)]
 
 
 @dataclass
@@ -125,10 +126,13 @@ def validate_params(raw: dict) -> SweepParams:
     p["models"] = list(dict.fromkeys(load_model(m).name for m in p["models"]))  # case-insensitive, normalised once
     for a in p["archs"]:
         get_arch(a)
-    try:
-        p["strategies"] = expand_strategies(p["strategies"])
-    except ValueError as e:
-        raise ValueError(f"strategies holds a name the lab does not know: {e}") from None
+    for name in p["strategies"]:
+        try:
+            expand_strategies([name])
+        except ValueError:
+            raise ValueError(f"strategies holds {name!r}; allowed: canonical strategies {canonical_names()}, "
+                             f"presets {list(PRESETS)} or aliases {list(ALIASES)}") from None
+    p["strategies"] = expand_strategies(p["strategies"])
     for k in ("num_prompts", "num_runs"):
         if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
             raise ValueError(f"{k}={p[k]!r} must be a positive int")

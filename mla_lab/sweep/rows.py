@@ -29,7 +29,8 @@ from ..placement import BASELINE, LEGACY_MEASURED, expand_strategies, parse_stra
 from ..workload import Workload, schedule
 
 __all__ = ["layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
-           "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS"]
+           "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
+           "strategy_columns"]
 
 MODES = ("modelled", "measured")
 
@@ -176,7 +177,7 @@ def _step_signature(step) -> tuple:
     return tuple((s, n) for _, s, n in step.chunks)
 
 
-def _ttft_from_attention(modelled: dict, steps, prompt_len: int, layers: int, attention_ms) -> float:
+def ttft_with_attention(modelled: dict, steps, prompt_len: int, layers: int, attention_ms) -> float:
     """Mean TTFT (ms) of a modelled run with each step's attention path replaced by ``attention_ms[i]`` per layer."""
     elapsed, ttfts = 0.0, []
     for st, step_ms, ops, a in zip(steps, modelled["step_ms"], modelled["step_ops_ms"], attention_ms):
@@ -226,13 +227,13 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     cap = _capacity(point, model, arch, names)
     cal = resolve_calibration(calibration)
     modelled = {n: predict_ttft(model, tp, arch, wl, mbt, n, "bf16", cal, **kw) for n in names}
-    round_ttft = {n: [_ttft_from_attention(modelled[n], steps, L, model.num_hidden_layers,
+    round_ttft = {n: [ttft_with_attention(modelled[n], steps, L, model.num_hidden_layers,
                                            [m[n]["samples"][r] for m in per_step]) for r in range(runs)]
                   for n in names}
     rows = []
     for name in names:
         medians = [m[name]["total"] for m in per_step]
-        ttft = _ttft_from_attention(modelled[name], steps, L, model.num_hidden_layers, medians)
+        ttft = ttft_with_attention(modelled[name], steps, L, model.num_hidden_layers, medians)
         t_ci = summarize(round_ttft[name])
         change = [100.0 * (a - b) / b for a, b in zip(round_ttft[name], round_ttft[BASELINE])]
         c_ci = summarize(change)

@@ -1,0 +1,82 @@
+"""Is anything a reader needs cut off at the figure's edge? Legends and titles checked on the drawn Figure.
+
+A figure saved without ``bbox_inches="tight"`` keeps only what lies inside the figure's box: a legend anchored
+outside the axes (``bbox_to_anchor=(1.3, 1)``) or a title pushed above the top is silently cut in the PNG and SVG.
+:func:`figure_clipping` draws the figure with the Agg renderer (its layout engine runs, as in ``savefig``) and
+returns one line per legend, axes title, figure suptitle or sub-figure title whose window extent leaves the
+figure's box by more than ``tol_px`` pixels. :func:`mla_lab.report.figures.publish_figure` refuses such a figure.
+"""
+
+from __future__ import annotations
+
+__all__ = ["figure_clipping", "TOLERANCE_PX"]
+
+#: How far (pixels at the figure's dpi) an artist's box may leave the figure's box before it counts as clipped.
+TOLERANCE_PX = 1.0
+
+
+def _text_ok(t) -> bool:
+    return t is not None and t.get_visible() and bool(t.get_text().strip())
+
+
+def _artists(fig):
+    """(label, artist) for every legend and title of ``fig``, its axes and sub-figures."""
+    out = []
+
+    def walk(f, where):
+        sup = getattr(f, "_suptitle", None)
+        if _text_ok(sup):
+            out.append((f"{where}suptitle {sup.get_text()!r}", sup))
+        for lg in getattr(f, "legends", []):
+            if lg.get_visible():
+                out.append((f"{where or 'figure '}legend", lg))
+        for i, ax in enumerate(f.axes):
+            if not ax.get_visible():
+                continue
+            name = f"{where}axes {i + 1}"
+            for loc in ("left", "center", "right"):
+                t = ax._left_title if loc == "left" else ax.title if loc == "center" else ax._right_title
+                if _text_ok(t):
+                    out.append((f"{name} title {t.get_text()!r}", t))
+            lg = ax.get_legend()
+            if lg is not None and lg.get_visible():
+                title = lg.get_title().get_text()
+                out.append((f"{name} legend" + (f" {title!r}" if title else ""), lg))
+        for j, sf in enumerate(getattr(f, "subfigs", [])):
+            walk(sf, f"{where}subfigure {j + 1} ")
+
+    walk(fig, "")
+    # axes of sub-figures are listed in fig.axes too: keep the first (most specific) label of each artist
+    seen, uniq = set(), []
+    for label, a in sorted(out, key=lambda x: -x[0].count("subfigure")):
+        if id(a) not in seen:
+            seen.add(id(a))
+            uniq.append((label, a))
+    return uniq
+
+
+def figure_clipping(fig, tol_px: float = TOLERANCE_PX) -> list[str]:
+    """Lines naming every legend or title of ``fig`` that lies (partly) outside the figure, [] when none does.
+
+    Each line names the artist, how many pixels it sticks out on which side, and the fix. The figure is drawn once
+    with the Agg renderer (its canvas is restored afterwards).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    old = fig.canvas
+    canvas = FigureCanvasAgg(fig)
+    try:
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        W, H = fig.bbox.width, fig.bbox.height
+        problems = []
+        for label, artist in _artists(fig):
+            bb = artist.get_window_extent(renderer)
+            out = {"left": -bb.x0, "right": bb.x1 - W, "bottom": -bb.y0, "top": bb.y1 - H}
+            sides = [f"{px:.0f} px past the {side}" for side, px in out.items() if px > tol_px]
+            if sides:
+                problems.append(f"{label} is clipped: {', '.join(sides)} edge of the {W:.0f} x {H:.0f} px figure "
+                                "(move it inside, or make room: layout='constrained', fig.subplots_adjust)")
+        return problems
+    finally:
+        fig.set_canvas(old)

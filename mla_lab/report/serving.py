@@ -1,0 +1,189 @@
+"""The report's serving section: the PR's benchmark as ``vllm bench serve`` prints it, per strategy, and a
+request-rate curve (all **modelled**: :func:`mla_lab.serving.engine_pricer.serve_benchmark`).
+
+- :func:`serving_table`: every metric ``vllm bench serve`` prints (its labels), per strategy and engine preset,
+  the change vs the baseline and, for the PR's strategy, the PR's reported change (TTFT -9.5 %, total token
+  throughput +6 %: :data:`mla_lab.seed.SEED_REPORTED`).
+- :func:`rate_curve`: the benchmark at several request rates (Poisson arrivals, seeded), one row per
+  (strategy, rate).
+- :func:`plot_rate_curve`: TTFT p50 / p99 and total token throughput against the request rate, one line per
+  strategy (a :class:`matplotlib.figure.Figure`, no pyplot, constrained layout, legend inside the figure).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pandas as pd
+
+from ..placement import BASELINE, preset_of
+from ..seed import SEED_REPORTED
+from ..serving.client import BenchConfig
+from ..serving.engine_pricer import PR_BENCH, serve_benchmark
+from .figures import strategy_style
+
+__all__ = ["serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY", "REPORTED_CHANGE",
+           "SERVING_TABLE_COLUMNS", "RATE_CURVE_BENCH"]
+
+#: What ``vllm bench serve`` prints, in its order and with its labels (``vllm/benchmarks/serve.py``; the latency
+#: blocks for its default ``--percentile-metrics ttft,tpot,itl`` and ``--metric-percentiles 99``).
+PRINTED_METRICS = (
+    ("completed", "Successful requests"), ("failed", "Failed requests"),
+    ("duration", "Benchmark duration (s)"), ("total_input_tokens", "Total input tokens"),
+    ("total_output_tokens", "Total generated tokens"), ("request_throughput", "Request throughput (req/s)"),
+    ("output_throughput", "Output token throughput (tok/s)"),
+    ("max_output_tokens_per_s", "Peak output token throughput (tok/s)"),
+    ("max_concurrent_requests", "Peak concurrent requests"),
+    ("total_token_throughput", "Total token throughput (tok/s)"),
+    ("mean_ttft_ms", "Mean TTFT (ms)"), ("median_ttft_ms", "Median TTFT (ms)"), ("p99_ttft_ms", "P99 TTFT (ms)"),
+    ("mean_tpot_ms", "Mean TPOT (ms)"), ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
+    ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"),
+)
+#: The strategy the PR introduced (vLLM #53878: a private pre-padded workspace).
+PR_STRATEGY = "private_workspace"
+#: The PR's reported changes, by metric (the PR says "TTFT": taken as the mean, the first TTFT line printed).
+REPORTED_CHANGE = {"mean_ttft_ms": SEED_REPORTED["ttft_change_pct"],
+                   "total_token_throughput": SEED_REPORTED["throughput_change_pct"]}
+SERVING_TABLE_COLUMNS = ("model", "tp", "arch", "strategy", "preset", "metric", "label", "value", "baseline",
+                         "change_pct", "reported_change_pct", "source")
+#: The rate curve's default workload: the PR's prompt shape, more prompts, no client-side concurrency limit.
+RATE_CURVE_BENCH = BenchConfig(num_prompts=64, random_input_len=1024, random_output_len=128, seed=0)
+
+
+def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
+    """The metrics of a :func:`~mla_lab.serving.engine_pricer.serve_benchmark` result as a table.
+
+    Long form (default): one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS` — ``value``, the
+    baseline's ``baseline``, ``change_pct`` ((value - baseline) / baseline x 100) and ``reported_change_pct`` (the
+    PR's figure, only on the PR strategy's ``mean_ttft_ms`` and ``total_token_throughput`` rows, else NaN);
+    ``source`` is ``modelled``. ``wide=True``: one row per metric label, columns ``(strategy, "value" |
+    "change %")`` plus ``("PR #53878 reported", "change %")``.
+
+    Raises:
+        ValueError: ``result`` is not a serve_benchmark result.
+    """
+    if not isinstance(result, dict) or "strategies" not in result or "baseline" not in result:
+        raise ValueError("result must be the dict mla_lab.serving.engine_pricer.serve_benchmark returns")
+    dep = result.get("deployment", {})
+    base = result["strategies"][result["baseline"]]["metrics"]
+    rows = []
+    for s, r in result["strategies"].items():
+        m = r["metrics"]
+        for key, label in PRINTED_METRICS:
+            if key not in m:
+                continue
+            b = base.get(key)
+            ch = r["change_pct"].get(key, math.nan)
+            rep = REPORTED_CHANGE.get(key, math.nan) if s == PR_STRATEGY else math.nan
+            rows.append({"model": dep.get("model"), "tp": dep.get("tp"), "arch": dep.get("arch"), "strategy": s,
+                         "preset": r.get("preset") or preset_of(s), "metric": key, "label": label,
+                         "value": float(m[key]), "baseline": float(b) if b is not None else math.nan,
+                         "change_pct": ch, "reported_change_pct": rep, "source": "modelled"})
+    df = pd.DataFrame(rows, columns=list(SERVING_TABLE_COLUMNS))
+    if not wide:
+        return df
+    order = [label for _, label in PRINTED_METRICS if label in set(df["label"])]
+    val = df.pivot(index="label", columns="strategy", values="value").reindex(order)
+    chg = df.pivot(index="label", columns="strategy", values="change_pct").reindex(order)
+    cols = {}
+    for s in result["strategies"]:
+        cols[(s, "value")] = val[s]
+        cols[(s, "change %")] = chg[s]
+    rep = df[df["strategy"] == PR_STRATEGY].set_index("label")["reported_change_pct"].reindex(order)
+    cols[("PR #53878 reported", "change %")] = rep
+    out = pd.DataFrame(cols)
+    out.columns = pd.MultiIndex.from_tuples(out.columns)
+    return out
+
+
+def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | None = None,
+               max_num_batched_tokens: int = 16384, baseline: str = BASELINE, **serve_kw) -> pd.DataFrame:
+    """:func:`~mla_lab.serving.engine_pricer.serve_benchmark` at each request rate (req/s; ``inf`` = all at t = 0)
+    of ``rates``, ``bench`` (default :data:`RATE_CURVE_BENCH`) with its ``request_rate`` replaced.
+
+    Returns one row per (strategy, rate): ``model, tp, arch, strategy, preset, request_rate``, every metric of the
+    run (``vllm bench serve`` names) and ``change_<metric>_pct`` vs ``baseline`` at the same rate for
+    ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms``, ``mean_tpot_ms``, ``mean_itl_ms`` and
+    ``total_token_throughput``; ``source`` ``modelled``.
+
+    Raises:
+        ValueError: no rates, a rate that is not > 0; as serve_benchmark.
+    """
+    rates = list(rates)
+    if not rates:
+        raise ValueError("rates=[] must hold at least one request rate (req/s, > 0; inf allowed)")
+    for r in rates:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
+            raise ValueError(f"rate={r!r} must be a number > 0 (req/s; float('inf') = every request at t = 0)")
+    bench = bench if bench is not None else RATE_CURVE_BENCH
+    rows = []
+    for rate in rates:
+        res = serve_benchmark(model, tp, arch, strategies, replace(bench, request_rate=float(rate)),
+                              max_num_batched_tokens, baseline=baseline, **serve_kw)
+        dep = res["deployment"]
+        for s, r in res["strategies"].items():
+            row = {"model": dep["model"], "tp": dep["tp"], "arch": dep["arch"], "strategy": s, "preset": r["preset"],
+                   "request_rate": float(rate), **{k: v for k, v in r["metrics"].items()}}
+            for k in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
+                      "total_token_throughput"):
+                row[f"change_{k}_pct"] = r["change_pct"].get(k, math.nan)
+            row["source"] = "modelled"
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _rate_label(r: float) -> str:
+    return "inf" if math.isinf(r) else (f"{r:g}")
+
+
+def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4.2)):
+    """TTFT p50 (solid) and p99 (dashed), and total token throughput, against the request rate, one colour per
+    strategy, for the one deployment of ``df`` (:func:`rate_curve`'s rows). Rates are evenly spaced categories
+    (``inf`` last). Returns a :class:`matplotlib.figure.Figure` (constrained layout, the legend below the axes
+    inside the figure).
+
+    Raises:
+        ValueError: an empty frame, missing columns, or rows of more than one deployment.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    need = {"strategy", "request_rate", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput"}
+    if not isinstance(df, pd.DataFrame) or df.empty or not need <= set(df.columns):
+        raise ValueError(f"df must be rate_curve()'s non-empty DataFrame with columns {sorted(need)}")
+    deps = df[[c for c in ("model", "tp", "arch") if c in df.columns]].drop_duplicates()
+    if len(deps) > 1:
+        raise ValueError(f"df holds {len(deps)} deployments; plot one at a time (filter by model, tp, arch)")
+    rates = sorted(df["request_rate"].unique(), key=lambda r: (math.isinf(r), r))
+    pos = {r: i for i, r in enumerate(rates)}
+    fig = Figure(figsize=figsize, layout="constrained")
+    ax_t, ax_p = fig.subplots(1, 2)
+    strategies = list(dict.fromkeys(df["strategy"]))
+    for s in strategies:
+        d = df[df["strategy"] == s].sort_values("request_rate", key=lambda c: c.map(pos))
+        colour, marker, name = strategy_style(s)
+        x = [pos[r] for r in d["request_rate"]]
+        ax_t.plot(x, d["median_ttft_ms"], color=colour, marker=marker, ls="-", label=f"{name} p50")
+        ax_t.plot(x, d["p99_ttft_ms"], color=colour, marker=marker, ls="--", label=f"{name} p99")
+        ax_p.plot(x, d["total_token_throughput"], color=colour, marker=marker, ls="-", label=name)
+    for ax in (ax_t, ax_p):
+        ax.set_xticks(range(len(rates)), [_rate_label(r) for r in rates])
+        ax.set_xlabel("request rate (req/s)")
+        ax.grid(alpha=0.3)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("TTFT (ms, log scale)")
+    ax_t.set_title("TTFT p50 (solid) and p99 (dashed)", fontsize=9)
+    ax_p.set_ylabel("total token throughput (tok/s)")
+    ax_p.set_title("total token throughput", fontsize=9)
+    if title is None and len(deps):
+        r0 = df.iloc[0]
+        title = (f"{r0.get('model', '')} TP{r0.get('tp', '')} {r0.get('arch', '')}: vllm bench serve vs request rate "
+                 "(modelled)")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    handles = [Line2D([], [], color=strategy_style(s)[0], marker=strategy_style(s)[1], label=strategy_style(s)[2])
+               for s in strategies]
+    handles += [Line2D([], [], color="0.3", ls="-", label="p50"), Line2D([], [], color="0.3", ls="--", label="p99")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=8, frameon=False)
+    return fig

@@ -1,0 +1,187 @@
+"""``mla-lab advise``: for one deployment and a memory budget, the strategy (and S) with the lowest TTFT.
+
+A deployment is (model, TP, GPU, max_num_batched_tokens, prompt length, KV-cache dtype, workload, weight dtype,
+MoE layout). :func:`advise` prices every candidate strategy for it through the row builder
+(:func:`mla_lab.sweep.rows.modelled_rows`: every engine preset, the shared workspace zeroed per call, and the
+sub-chunked workspace at every power-of-two S up to max_num_batched_tokens, with both hand-offs), replaces a
+modelled TTFT by a measured one where ``measured`` rows exist for the deployment, drops every candidate that does
+not fit (weights or the workload's KV tokens: never a recommendation), applies the budget (persistent extra MiB
+per rank, or KV-cache tokens lost), and ranks the rest by TTFT. The deployment's Pareto frontier over (persistent
+extra MiB, TTFT) is marked.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..placement import BASELINE, PRESETS, expand_strategies
+from .params import expand_grid, validate_params
+from .rows import modelled_rows
+
+__all__ = ["advise", "candidate_strategies", "frontier", "format_advice"]
+
+
+def candidate_strategies(max_num_batched_tokens: int) -> list[str]:
+    """Every strategy :func:`advise` weighs: the presets' members, ``shared_workspace:zero_per_call`` and
+    ``subchunk:S`` / ``subchunk:S:views`` for S = 512, 1024, ... below max_num_batched_tokens."""
+    names = expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"])
+    s = 512
+    while s < max_num_batched_tokens:
+        names += [f"subchunk:{s}", f"subchunk:{s}:views"]
+        s *= 2
+    return names
+
+
+def frontier(points: list[tuple[float, float]]) -> list[bool]:
+    """Pareto frontier of ``(memory, ttft)`` points, both minimised: a point is on it when no other point has
+    memory <= and ttft <= with one strictly smaller. Ties (same memory and TTFT) keep the first."""
+    on = []
+    for i, (m, t) in enumerate(points):
+        dominated = any((m2 <= m and t2 <= t and (m2 < m or t2 < t)) or (m2 == m and t2 == t and j < i)
+                        for j, (m2, t2) in enumerate(points) if j != i)
+        on.append(not dominated)
+    return on
+
+
+def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batched_tokens: int = 16384,
+           prompt_len: int = 1024, kv_cache_dtype: str = "bf16", num_prompts: int = 32,
+           concurrency: int | None = None, weight_dtype: str = "fp8", moe_parallel: str = "ep",
+           memory_budget_mib: float | None = None, memory_budget_tokens: float | None = None,
+           strategies=None, measured=None) -> dict:
+    """The ranked strategies for one deployment under a memory budget.
+
+    Args:
+        model ... moe_parallel: the deployment, as the sweep's parameters (:class:`mla_lab.sweep.params.SweepParams`).
+        memory_budget_mib: most persistent extra MiB per rank the strategy may add over the baseline (None: no
+            limit); memory_budget_tokens: most KV-cache tokens it may cost (None: no limit). Both may be given.
+        strategies: candidates (default :func:`candidate_strategies`).
+        measured: a DataFrame of measured rows (``mla_lab.report.data.load_measured``); where one matches the
+            deployment and a strategy, its TTFT replaces the modelled one and ``ttft_source`` says ``measured``.
+
+    Returns:
+        ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
+        reason], "frontier": [strategy names]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
+        :data:`mla_lab.placement.BASELINE`), extra_persistent_mib, call_transient_mib, kv_tokens_lost,
+        ttft_source (measured | modelled), memory_source (exact), on_frontier.
+
+    Raises:
+        ValueError: a bad deployment parameter (the sweep's message); a negative budget; a deployment whose
+            weights or workload do not fit at all (the reason).
+    """
+    for name, v in (("memory_budget_mib", memory_budget_mib), ("memory_budget_tokens", memory_budget_tokens)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
+                              or math.isnan(v)):
+            raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
+    cands = list(strategies) if strategies is not None else candidate_strategies(max_num_batched_tokens)
+    params = validate_params({"models": [model], "tp_sizes": [tp], "archs": [arch],
+                              "max_num_batched_tokens": [max_num_batched_tokens], "prompt_lens": [prompt_len],
+                              "kv_cache_dtype": kv_cache_dtype, "num_prompts": num_prompts,
+                              "concurrency": concurrency, "weight_dtype": weight_dtype,
+                              "moe_parallel": moe_parallel, "strategies": cands})
+    (point,) = expand_grid(params)
+    rows = modelled_rows(point)
+    base = next(r for r in rows if r["strategy"] == BASELINE)
+    if not base["fits_in_memory"]:
+        raise ValueError(f"this deployment does not fit: {base['fit_reason']}; no strategy can be recommended")
+    _splice_measured(rows, point, measured)
+    excluded, kept, bounds = [], [], []
+    for r in rows:
+        reason = ""
+        if r["placement"] == "kernel_native":
+            bounds.append(_summary(r, "a modelled bound: no engine ships a kernel taking the real head count"))
+            continue
+        if not r["fits_in_memory"]:
+            reason = r["fit_reason"]
+        elif memory_budget_mib is not None and r["extra_persistent_mib"] > memory_budget_mib + 1e-9:
+            reason = f"extra {r['extra_persistent_mib']:.0f} MiB > budget {memory_budget_mib:g} MiB"
+        elif memory_budget_tokens is not None and r["kv_tokens_lost"] > memory_budget_tokens + 1e-9:
+            reason = f"{r['kv_tokens_lost']:.0f} KV tokens lost > budget {memory_budget_tokens:g}"
+        (excluded if reason else kept).append(_summary(r, reason))
+    fits = [_summary(r, "") for r in rows if r["fits_in_memory"] and r["placement"] != "kernel_native"]
+    on = frontier([(s["extra_persistent_mib"], s["ttft_ms"]) for s in fits])
+    front = [s["strategy"] for s, f in zip(fits, on) if f]
+    for s in kept + excluded + bounds:
+        s["on_frontier"] = s["strategy"] in front
+    kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
+    return {"deployment": {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len",
+                                                 "kv_cache_dtype", "num_prompts", "concurrency", "weight_dtype",
+                                                 "moe_parallel")},
+            "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
+            "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
+            "bounds": bounds,
+            "frontier": front, "baseline": BASELINE,
+            "note": "TTFT modelled (full_layer scope, calibration in each row) unless ttft_source says measured; "
+                    "memory exact (byte accounting)"}
+
+
+def _summary(r: dict, reason: str) -> dict:
+    return {"strategy": r["strategy"], "preset": r["preset"], "ttft_ms": r["ttft_ms"],
+            "ttft_change_pct": r["ttft_change_pct"], "extra_persistent_mib": r["extra_persistent_mib"],
+            "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": r["kv_tokens_lost"],
+            "ttft_source": r.get("ttft_source", "modelled"), "memory_source": "exact", "reason": reason,
+            "ttft_change_ci_lo": r.get("ttft_change_ci_lo"), "ttft_change_ci_hi": r.get("ttft_change_ci_hi")}
+
+
+def _splice_measured(rows: list[dict], point: dict, measured) -> None:
+    if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
+        return
+    d = measured
+    for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts"):
+        if k in d.columns:
+            d = d[d[k].astype(str) == str(point[k])]
+    if "baseline" in d.columns:
+        d = d[d["baseline"].fillna("") == BASELINE]  # changes against the same baseline only
+    by = {s: g for s, g in d.groupby("strategy")}
+    if BASELINE not in by or "ttft_ms" not in d.columns:
+        return
+    base = float(by[BASELINE]["ttft_ms"].median())
+    for r in rows:
+        g = by.get(r["strategy"])
+        if g is None:
+            continue
+        r["ttft_ms"] = float(g["ttft_ms"].median())
+        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] / base - 1)
+        for c in ("ttft_change_ci_lo", "ttft_change_ci_hi"):
+            if c in g.columns:
+                r[c] = float(g[c].median())
+        r["ttft_source"] = "measured (attention path), rest modelled"
+
+
+def format_advice(result: dict) -> str:
+    """The advice as a terminal table (recommendation first, then the alternatives, then what was excluded)."""
+    d = result["deployment"]
+    b = result["budget"]
+    head = (f"deployment: {d['model']} TP{d['tp']} {d['arch']} max_num_batched_tokens {d['max_num_batched_tokens']} "
+            f"prompt_len {d['prompt_len']} {d['kv_cache_dtype']} KV, {d['num_prompts']} prompts at concurrency "
+            f"{d['concurrency']}, {d['weight_dtype']} weights, experts {d['moe_parallel']}\n"
+            f"budget: {b['memory_budget_mib'] if b['memory_budget_mib'] is not None else 'unlimited'} MiB, "
+            f"{b['memory_budget_tokens'] if b['memory_budget_tokens'] is not None else 'unlimited'} KV tokens; "
+            f"changes vs {result['baseline']}")
+    widths = (32, 15, 9, 8, 10, 10, 10, 12, 8)
+    titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "extra MiB", "call MiB", "KV lost", "TTFT is",
+              "frontier")
+
+    def line(vals):
+        return "  ".join(str(v)[:w].ljust(w) for v, w in zip(vals, widths))
+
+    def fmt(s):
+        return [s["strategy"], s["preset"] or "-", f"{s['ttft_ms']:.1f}", f"{s['ttft_change_pct']:+.2f}",
+                f"{s['extra_persistent_mib']:+.0f}", f"{s['call_transient_mib']:.0f}", f"{s['kv_tokens_lost']:.0f}",
+                s["ttft_source"].split(" ")[0], "yes" if s["on_frontier"] else ""]
+
+    out = [head, ""]
+    rec = result["recommendation"]
+    out.append("recommended:" if rec else "no strategy fits this budget")
+    out.append(line(titles))
+    if rec:
+        out.append(line(fmt(rec)))
+        if result["alternatives"]:
+            out.append("alternatives (by TTFT):")
+            out += [line(fmt(s)) for s in result["alternatives"]]
+    if result["excluded"]:
+        out.append("excluded:")
+        out += [f"  {s['strategy']}: {s['reason']}" for s in result["excluded"]]
+    for s in result.get("bounds", []):
+        out.append(f"bound (not a recommendation): {s['strategy']} {s['ttft_change_pct']:+.2f} % ({s['reason']})")
+    out.append(result["note"])
+    return "\n".join(out)

@@ -1,0 +1,110 @@
+"""The report's serving section (mla_lab.report.serving): the table of vllm bench serve metrics per strategy and
+the request-rate curve (CPU, a few seconds)."""
+
+import math
+
+import pandas as pd
+import pytest
+
+from mla_lab.report.serving import (
+    PR_STRATEGY,
+    PRINTED_METRICS,
+    SERVING_TABLE_COLUMNS,
+    plot_rate_curve,
+    rate_curve,
+    serving_table,
+)
+from mla_lab.seed import SEED_REPORTED
+from mla_lab.serving.client import BenchConfig
+from mla_lab.serving.engine_pricer import PR_BENCH, serve_benchmark
+
+SMALL = BenchConfig(num_prompts=8, random_input_len=256, random_output_len=8, seed=0)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return serve_benchmark("glm-5", 8, "h200", ["vllm-pre-53878", "vllm-53878", "sglang"], PR_BENCH, 16384)
+
+
+@pytest.fixture(scope="module")
+def curve():
+    return rate_curve("glm-5", 8, "h200", ["vllm-53878", "sglang"], [2.0, math.inf], bench=SMALL)
+
+
+def test_serving_table_has_every_printed_metric_per_strategy(result):
+    t = serving_table(result)
+    assert tuple(t.columns) == SERVING_TABLE_COLUMNS
+    assert set(t["strategy"]) == set(result["strategies"])
+    for s in result["strategies"]:
+        assert list(t[t["strategy"] == s]["metric"]) == [k for k, _ in PRINTED_METRICS]
+    assert (t["source"] == "modelled").all()
+    base = t[t["strategy"] == result["baseline"]]
+    assert (base["change_pct"] == 0).all()
+    ok = t["baseline"] != 0
+    recomputed = (t.loc[ok, "value"] - t.loc[ok, "baseline"]) / t.loc[ok, "baseline"] * 100
+    assert recomputed.to_numpy() == pytest.approx(t.loc[ok, "change_pct"].to_numpy(), abs=1e-9)
+    rep = t.dropna(subset=["reported_change_pct"])
+    assert set(rep["strategy"]) == {PR_STRATEGY}
+    assert dict(zip(rep["metric"], rep["reported_change_pct"])) == {
+        "mean_ttft_ms": SEED_REPORTED["ttft_change_pct"],
+        "total_token_throughput": SEED_REPORTED["throughput_change_pct"]}
+    assert set(t["preset"]) == {"vllm-pre-53878", "vllm-53878", "sglang"}
+
+
+def test_serving_table_wide_form(result):
+    w = serving_table(result, wide=True)
+    assert list(w.index) == [label for _, label in PRINTED_METRICS]
+    assert ("PR #53878 reported", "change %") in w.columns
+    assert (PR_STRATEGY, "value") in w.columns and (PR_STRATEGY, "change %") in w.columns
+    assert w.loc["Mean TTFT (ms)", ("PR #53878 reported", "change %")] == SEED_REPORTED["ttft_change_pct"]
+
+
+def test_serving_table_refuses_other_input():
+    with pytest.raises(ValueError, match="serve_benchmark"):
+        serving_table({"rows": []})
+
+
+def test_rate_curve_rows(curve):
+    assert isinstance(curve, pd.DataFrame)
+    assert len(curve) == 3 * 2  # baseline + two strategies, two rates
+    assert set(curve["request_rate"]) == {2.0, math.inf}
+    for c in ("strategy", "preset", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput",
+              "change_mean_ttft_ms_pct", "source"):
+        assert c in curve.columns
+    assert (curve["completed"] == 8).all()
+    assert (curve[curve["strategy"] == "per_call_empty:zeros"]["change_mean_ttft_ms_pct"] == 0).all()
+
+
+def test_rate_curve_refuses_bad_rates():
+    for bad in ([], [0.0], [-1], [True]):
+        with pytest.raises(ValueError, match="rate"):
+            rate_curve("glm-5", 8, "h200", ["vllm-53878"], bad, bench=SMALL)
+
+
+def test_rate_curve_figure_has_its_lines(curve):
+    from matplotlib.figure import Figure
+
+    fig = plot_rate_curve(curve)
+    assert isinstance(fig, Figure)
+    assert type(fig.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
+    ax_t, ax_p = fig.axes
+    n = curve["strategy"].nunique()
+    assert len(ax_t.get_lines()) == 2 * n  # p50 and p99 per strategy
+    assert len(ax_p.get_lines()) == n
+    for line in ax_t.get_lines() + ax_p.get_lines():
+        assert len(line.get_xdata()) == 2
+    assert [t.get_text() for t in ax_t.get_xticklabels()] == ["2", "inf"]
+    assert fig.legends
+    try:
+        from mla_lab.report.layout_check import figure_clipping
+    except ImportError:  # pragma: no cover - the layout check lives in another change
+        return
+    assert figure_clipping(fig) == []
+
+
+def test_plot_rate_curve_refuses_two_deployments(curve):
+    two = pd.concat([curve, curve.assign(tp=4)])
+    with pytest.raises(ValueError, match="deployments"):
+        plot_rate_curve(two)
+    with pytest.raises(ValueError, match="columns"):
+        plot_rate_curve(pd.DataFrame())
