@@ -198,13 +198,14 @@ def memory_account(
         q_heads = hp
         persistent = unpadded + max(0, max_num_batched_tokens * hp * row - shared_other_bytes)
     elif st.placement == "subchunk":
+        # chunked whether or not heads are padded (the path runs the same code): an S-row workspace, two chunks'
+        # kernel outputs alive at once, and (copy hand-off) the step's [T, H, d_v] output and [T, H] lse
         q_heads = hp
         S = min(st.rows, max_num_batched_tokens)
-        persistent = S * hp * row if padded else unpadded
-        if padded:
-            n_chunks = -(-T // S) if T else 0
-            delivered = 0 if st.handoff == "views" else T * H * d_v * BF16_BYTES
-            kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + delivered
+        persistent = S * hp * row
+        n_chunks = -(-T // S) if T else 0
+        delivered = 0 if st.handoff == "views" else T * H * (d_v * BF16_BYTES + FP32_BYTES)
+        kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + delivered
     else:  # kernel_native
         kernel_heads = H
         persistent = unpadded
@@ -284,17 +285,11 @@ class QConcatWorkspace:
 
 def call_peak_bytes(strategy: str, num_heads: int, max_num_batched_tokens: int, arch: str | GPUArch, num_tokens: int,
                     model: ModelConfig) -> int:
-    """Analytic extra bytes of one measured layer call of the attention path (``out[:, :H].contiguous()`` included)
-    at step size ``num_tokens``: what ``torch.cuda.max_memory_allocated`` should add above the inputs and workspace.
-
-    While the kernel runs, the pad tensor (``unfused`` only) and the kernel's ``out [T, H', d_v]`` bf16,
-    ``max_logits`` and ``lse [T, H']`` fp32 are alive; the caller drops max_logits and lse, then copies the real
-    heads out of the full ``out`` (no copy when ``H' == H``: the slice is the whole, already contiguous tensor). The
-    peak is the larger phase (bytes).
-    """
-    acc = memory_account(strategy, num_heads, max_num_batched_tokens, arch, "bf16", num_tokens=num_tokens)
-    kh = acc.kernel_heads
-    T = num_tokens
-    during_kernel = acc.step_transient_bytes + acc.kernel_out_bytes
-    during_copy = T * kh * model.d_v * BF16_BYTES + T * num_heads * model.d_v * BF16_BYTES if kh > num_heads else 0
-    return max(during_kernel, during_copy)
+    """Analytic extra bytes of one measured layer call of the attention path at step size ``num_tokens``: what
+    ``torch.cuda.max_memory_allocated`` should add above the inputs and the persistent workspace — the call's
+    transient peak (:attr:`MemoryAccount.call_transient_bytes`: the per-call pad tensor and the kernel's padded
+    ``out [T, H', d_v]`` bf16 with ``max_logits`` / ``lse [T, H']`` fp32, handed on as views; for ``subchunk`` two
+    chunks' outputs and the step's output). Bytes."""
+    acc = memory_account(strategy, num_heads, max_num_batched_tokens, arch, "bf16", num_tokens=num_tokens,
+                         head_size=model.head_size, d_v=model.d_v)
+    return acc.call_transient_bytes

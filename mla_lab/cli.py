@@ -39,6 +39,14 @@ LAB_EXTRA_HINT = "pip install -e '.[lab]' (papermill, nbconvert, matplotlib, ipy
 CLI_PARAMETERS = ("figure_dir", "run_id")
 
 
+#: ``mla-lab sweep`` flags with vLLM's spellings -> sweep parameter (README "vLLM spellings").
+VLLM_FLAGS = (("--tensor-parallel-size", "tp_sizes"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
+              ("--max-num-seqs", "max_num_seqs"), ("--kv-cache-dtype", "kv_cache_dtype"),
+              ("--gpu-memory-utilization", "gpu_memory_utilization"), ("--num-prompts", "num_prompts"),
+              ("--random-input-len", "prompt_lens"), ("--random-output-len", "output_len"),
+              ("--max-concurrency", "concurrency"), ("--request-rate", "request_rate"))
+
+
 class CLIError(Exception):
     pass
 
@@ -177,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--executor", choices=["local", "ray"], default=None,
                     help="where grid points run (= -p executor; ray needs pip install 'mla_lab[ray]')")
     sw.add_argument("--address", default=None, help="Ray cluster address with --executor ray (= -p ray_address)")
+    for flag, name in VLLM_FLAGS:
+        sw.add_argument(flag, dest=f"vllm_{name}", default=None, metavar="VALUE",
+                        help=f"vLLM spelling of -p {name} (a YAML value: 8 or [4, 8])")
     sw.add_argument("--dry-run", action="store_true",
                     help="print the grid, the point count and what is already stored; run nothing")
     sw.add_argument("--overwrite", action="store_true",
@@ -245,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             params["force"] = True
         if args.overwrite:
             params["overwrite"] = True
+        for _, name in VLLM_FLAGS:
+            v = getattr(args, f"vllm_{name}")
+            if v is not None:
+                params[name] = _load_params([], [[name, v]])[name]
         if args.executor is not None:
             params["executor"] = args.executor
         if args.address is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +29,7 @@ import pytest
 
 import mla_lab.sweep.rows as rows_mod
 import mla_lab.sweep.run as sweep_mod
+from mla_lab.placement import BASELINE, expand_strategies
 from mla_lab.report.data import failed_points
 from mla_lab.sweep.store import ResultStore
 from mla_lab.sweep import expand_grid, run_sweep, validate_params
@@ -35,9 +37,10 @@ from mla_lab.sweep import expand_grid, run_sweep, validate_params
 REPO = Path(__file__).resolve().parent.parent
 VERSION = "resume-test"
 GRID = dict(models=["glm-5", "deepseek-v3.2"], tp_sizes=[1, 2, 4, 8], archs=["h200", "b200"],
-            max_num_batched_tokens=[8192, 16384], prompt_lens=[1024], device="cpu")  # 32 points
+            max_num_batched_tokens=[8192, 16384], prompt_lens=[1024], device="cpu",
+            strategies=["vllm-53878", "sglang"])  # 32 points
 N_POINTS = 2 * 4 * 2 * 2
-N_STRATEGIES = 3
+N_STRATEGIES = len(expand_strategies([BASELINE, *GRID["strategies"]]))  # the baseline is always priced
 KEY_COLS = ["point_key", "model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "strategy",
             "status", "num_heads", "q_concat_heads", "persistent_bytes", "step_transient_bytes", "extra_persistent_bytes",
             "ttft_ms", "ttft_change_pct", "code_version"]
@@ -255,3 +258,49 @@ def test_progress_shows_done_total_and_eta(tmp_path, capsys):
     run_sweep(params, progress=True)
     err = capsys.readouterr().err
     assert "2 point(s), 2 already stored" in err and "/2 points" not in err
+
+
+def _data_copy(tmp: Path) -> Path:
+    """A copy of data/models and data/calibration (what a point reads) for MLA_LAB_DATA."""
+    data = tmp / "data"
+    shutil.copytree(REPO / "data" / "models", data / "models")
+    if (REPO / "data" / "calibration").is_dir():
+        shutil.copytree(REPO / "data" / "calibration", data / "calibration")
+    return data
+
+
+def test_editing_an_input_file_changes_the_point_key_and_the_rerun_recomputes(tmp_path, pinned, monkeypatch,
+                                                                                capsys):
+    """Issue 14, stale results: edit the model's config.json (64 -> 128 heads) and re-run: the point is recomputed
+    (not "1 already stored") and the CSV says 16 heads per rank; editing a calibration CSV does the same; an
+    unchanged re-run computes nothing."""
+    data = _data_copy(tmp_path)
+    monkeypatch.setenv("MLA_LAB_DATA", str(data))
+    params = _params(tmp_path, "st", models=["glm-5"], tp_sizes=[8], archs=["h200"], max_num_batched_tokens=[16384])
+    df1 = run_sweep(params, progress=False)
+    assert len(pinned) == 1 and set(df1["num_heads"]) == {8}
+    key1 = set(df1["point_key"])
+
+    pinned.clear()
+    run_sweep(params, progress=True)
+    assert pinned == [] and "1 point(s), 1 already stored" in capsys.readouterr().err
+
+    cfg_path = data / "models" / "glm-5" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["num_attention_heads"] = 128
+    cfg_path.write_text(json.dumps(cfg, indent=2))
+    df2 = run_sweep(params, progress=True)
+    assert "1 point(s), 0 already stored" in capsys.readouterr().err
+    assert len(pinned) == 1
+    assert set(df2["num_heads"]) == {16} and set(df2["point_key"]).isdisjoint(key1)
+    csv = pd.read_csv(params["data_file"])
+    assert set(csv["num_heads"]) == {16}  # the CSV of this grid holds the current config's rows only
+
+    cal = sorted((data / "calibration").glob("*.csv"))
+    if not cal:
+        pytest.skip("no calibration CSV in data/ to edit")
+    pinned.clear()
+    with open(cal[0], "a") as f:
+        f.write("\n")  # any byte of a file the point reads
+    df3 = run_sweep(params, progress=False)
+    assert len(pinned) == 1 and set(df3["point_key"]).isdisjoint(set(df2["point_key"]))

@@ -100,8 +100,13 @@ def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int
     sm_scale = 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
     kw = dict(num_heads=H, max_num_batched_tokens=T, arch=arch_name, device=device)
     paths = {name: PaddedQPath(name, **kw, reuse_pad_block=True) for name in strategies}
-    samples = interleaved({n: (lambda p=p: p(ql_nope, q_pe, kv, idx, sm_scale, tl)) for n, p in paths.items()},
-                          repeats=repeats, device=device)
+    def consumer_of(path):
+        # ``subchunk:<S>:views`` hands each chunk's view to the consumer (the W_UV bmm, timed by the layer model):
+        # the attention path itself ends there, without gathering the chunks
+        return (lambda s, o, lse: None) if path.spec.handoff == "views" else None
+
+    samples = interleaved({n: (lambda p=p: p(ql_nope, q_pe, kv, idx, sm_scale, tl, consumer=consumer_of(p)))
+                           for n, p in paths.items()}, repeats=repeats, device=device)
     res: dict = {}
     for name, path in paths.items():
         r = summarize(samples[name])
@@ -112,11 +117,11 @@ def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int
     if device == "cuda":
         for name in strategies:
             path = PaddedQPath(name, **kw)  # per_call_empty allocates its pad per call here, as vLLM does
-            path(ql_nope, q_pe, kv, idx, sm_scale, tl)
+            path(ql_nope, q_pe, kv, idx, sm_scale, tl, consumer=consumer_of(path))
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
-            out = path(ql_nope, q_pe, kv, idx, sm_scale, tl)
+            out = path(ql_nope, q_pe, kv, idx, sm_scale, tl, consumer=consumer_of(path))
             torch.cuda.synchronize()
             res[name]["peak_bytes"] = torch.cuda.max_memory_allocated() - before
             del out, path

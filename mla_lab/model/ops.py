@@ -496,7 +496,7 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str
     # kernel_native pads inside the kernel: on sm90 the wgmma tile is 64 query rows per token and each token has its
     # own index list, so a kernel taking 8 real heads still issues 64-row MMAs; its time is the padded kernel's.
     ops.append(op("kernel", "flops", content=spec.content if padded else "zeros"))
-    if padded and spec.placement == "subchunk":
+    if spec.placement == "subchunk":
         chunks = -(-T // spec.rows) if T else 0
         if spec.handoff != "views":
             ops.append(op("chunk_out", "bytes"))

@@ -19,8 +19,9 @@ def _text_ok(t) -> bool:
     return t is not None and t.get_visible() and bool(t.get_text().strip())
 
 
-def _artists(fig):
-    """(label, artist) for every legend and title of ``fig``, its axes and sub-figures."""
+def _artists(fig, axis_labels: bool = False):
+    """(label, artist) for every legend and title of ``fig``, its axes and sub-figures (and, with
+    ``axis_labels``, every axis label: x/y labels of each axes, colour bars included)."""
     out = []
 
     def walk(f, where):
@@ -38,6 +39,10 @@ def _artists(fig):
                 t = ax._left_title if loc == "left" else ax.title if loc == "center" else ax._right_title
                 if _text_ok(t):
                     out.append((f"{name} title {t.get_text()!r}", t))
+            if axis_labels:
+                for axis in (ax.xaxis, ax.yaxis):
+                    if _text_ok(axis.label):
+                        out.append((f"{name} {axis.axis_name}label {axis.label.get_text()!r}", axis.label))
             lg = ax.get_legend()
             if lg is not None and lg.get_visible():
                 title = lg.get_title().get_text()
@@ -46,6 +51,11 @@ def _artists(fig):
             walk(sf, f"{where}subfigure {j + 1} ")
 
     walk(fig, "")
+    if axis_labels:
+        for attr, what in (("_supxlabel", "supxlabel"), ("_supylabel", "supylabel")):
+            t = getattr(fig, attr, None)
+            if _text_ok(t):
+                out.append((f"{what} {t.get_text()!r}", t))
     # axes of sub-figures are listed in fig.axes too: keep the first (most specific) label of each artist
     seen, uniq = set(), []
     for label, a in sorted(out, key=lambda x: -x[0].count("subfigure")):
@@ -55,8 +65,9 @@ def _artists(fig):
     return uniq
 
 
-def figure_clipping(fig, tol_px: float = TOLERANCE_PX) -> list[str]:
-    """Lines naming every legend or title of ``fig`` that lies (partly) outside the figure, [] when none does.
+def figure_clipping(fig, tol_px: float = TOLERANCE_PX, axis_labels: bool = False) -> list[str]:
+    """Lines naming every legend or title of ``fig`` that lies (partly) outside the figure, [] when none does;
+    ``axis_labels`` adds the axis labels (colour-bar labels included).
 
     Each line names the artist, how many pixels it sticks out on which side, and the fix. The figure is drawn once
     with the Agg renderer (its canvas is restored afterwards).
@@ -70,7 +81,7 @@ def figure_clipping(fig, tol_px: float = TOLERANCE_PX) -> list[str]:
         renderer = canvas.get_renderer()
         W, H = fig.bbox.width, fig.bbox.height
         problems = []
-        for label, artist in _artists(fig):
+        for label, artist in _artists(fig, axis_labels):
             bb = artist.get_window_extent(renderer)
             out = {"left": -bb.x0, "right": bb.x1 - W, "bottom": -bb.y0, "top": bb.y1 - H}
             sides = [f"{px:.0f} px past the {side}" for side, px in out.items() if px > tol_px]

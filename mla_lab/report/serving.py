@@ -20,7 +20,7 @@ import pandas as pd
 from ..placement import BASELINE, preset_of
 from ..seed import SEED_REPORTED
 from ..serving.client import BenchConfig
-from ..serving.engine_pricer import PR_BENCH, serve_benchmark
+from ..serving.engine_pricer import serve_benchmark
 from .figures import strategy_style
 
 __all__ = ["serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY", "REPORTED_CHANGE",

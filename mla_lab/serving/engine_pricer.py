@@ -65,8 +65,12 @@ from ..workload import Step as WorkStep
 from .client import BenchConfig
 from .metrics import compare
 from .scheduler import SchedulerConfig
-from .simulate import simulate
 from .step import Step
+
+# The event loop through the package's lazy export (the function ``simulate``): importing the submodule
+# ``.simulate`` directly would make ``mla_lab.serving.simulate`` the module for every later
+# ``from mla_lab.serving import simulate`` (a submodule and an export share that name in serving/__init__.py).
+from . import simulate as _simulate  # noqa: E402,I001  isort: skip
 
 __all__ = ["EnginePricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
            "layer_decode_ms", "to_workload_step", "serve_benchmark", "DECODE_CSV", "EXCLUDED_FROM_MEASURED",
@@ -503,7 +507,7 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
                                 kv_capacity_tokens=int(cap), block_size=block_size, kv_admission=kv_admission,
                                 enforce_eager=enforce_eager)
         pricer = EnginePricer(model_obj, tp, arch_obj, s, cal, weight_dtype, moe_parallel, dcal, kv_cache_dtype)
-        res = simulate(bench, sched, pricer, percentiles=percentiles)
+        res = getattr(_simulate, "simulate", _simulate)(bench, sched, pricer, percentiles=percentiles)
         launches: dict = {}
         for rec in res.steps:
             k = f"{rec.step.kind}:{rec.step.cudagraph_mode}"
@@ -521,3 +525,21 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
                            "kv_admission": kv_admission, "enforce_eager": enforce_eager},
             "bench": asdict(bench), "calibration": cal.name, "decode_calibration": dcal.name,
             "notes": list(MODELLED_NOTES)}
+
+
+def main() -> None:
+    """Demo: the PR's benchmark on GLM-5 TP8 H200 (fp8 weights, EP, bf16 KV cache) per engine preset."""
+    res = serve_benchmark("glm-5", 8, "h200", ["vllm-pre-53878", "vllm-53878", "vllm-56902", "sglang"], PR_BENCH,
+                          16384)
+    print(f"baseline {res['baseline']}; decode calibration {res['decode_calibration']}")
+    keys = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "total_token_throughput")
+    for s, r in res["strategies"].items():
+        m, c = r["metrics"], r["change_pct"]
+        print(f"{s:24s} {r['preset']:15s} " + "  ".join(f"{k.replace('_ms', '')} {m[k]:8.1f} ({c[k]:+.2f} %)"
+                                                        for k in keys))
+    for n in res["notes"]:
+        print("-", n)
+
+
+if __name__ == "__main__":
+    main()

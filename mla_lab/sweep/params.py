@@ -17,7 +17,8 @@ from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
 
-__all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid", "DEFAULT_STRATEGIES"]
+__all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid", "DEFAULT_STRATEGIES", "VLLM_ALIASES",
+           "normalize_names"]
 
 #: The sweep's default strategies: every engine preset (:data:`mla_lab.placement.PRESETS`), the shared workspace
 #: with the concat zeroing its padded heads, and the sub-chunked workspace at :data:`~mla_lab.placement.SUBCHUNK_ROWS`.
@@ -44,6 +45,11 @@ class SweepParams:
         num_runs: interleaved repeats of each measured strategy (>= 5 for an interval; default 7).
         shared_workspace_bytes: the shared workspace's size from its other users (null: the fused-MoE scratch at
             max_num_batched_tokens, :func:`mla_lab.buffers.shared_workspace_other_bytes`).
+        gpu_memory_utilization: vLLM's ``--gpu-memory-utilization`` (the KV-cache budget, default 0.9).
+        output_len, max_num_seqs, request_rate: the serving simulation's ``--random-output-len`` (128),
+            ``--max-num-seqs`` (256) and ``--request-rate`` (``inf`` or requests/s) for the report's serving section.
+
+    vLLM's spellings are accepted as aliases (:data:`VLLM_ALIASES`), with dashes or underscores.
         device: ``auto`` (GPU if torch sees one, else CPU), ``cpu`` (modelled only) or ``cuda`` (measure; error if no
             GPU). Measured rows are produced only for archs whose family matches the running GPU.
         store_dir: where point files go; data_file: the tidy CSV written at the end; report_dir: charts.
@@ -82,6 +88,10 @@ class SweepParams:
     moe_parallel: str = "ep"
     num_runs: int = 7
     shared_workspace_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    output_len: int = 128
+    max_num_seqs: int = 256
+    request_rate: object = "inf"
 
 DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
             for f in dataclasses.fields(SweepParams)}
@@ -89,6 +99,32 @@ DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses
 _LIST_INT = ("tp_sizes", "max_num_batched_tokens", "prompt_lens")
 
 _LIST_STR = ("models", "archs", "strategies")
+
+#: vLLM's names (``vllm serve`` / ``vllm bench serve``) -> the sweep's.
+VLLM_ALIASES = {
+    "tensor_parallel_size": "tp_sizes", "max_num_batched_tokens": "max_num_batched_tokens",
+    "kv_cache_dtype": "kv_cache_dtype", "gpu_memory_utilization": "gpu_memory_utilization",
+    "num_prompts": "num_prompts", "random_input_len": "prompt_lens", "random_output_len": "output_len",
+    "max_concurrency": "concurrency", "request_rate": "request_rate", "max_num_seqs": "max_num_seqs",
+}
+
+
+def normalize_names(raw: dict) -> dict:
+    """Parameter names with vLLM's spellings (``tensor-parallel-size``, ``max_concurrency`` ...) mapped to the
+    sweep's (:data:`VLLM_ALIASES`); dashes read as underscores.
+
+    Raises:
+        ValueError: a name given twice (once under each spelling).
+    """
+    out: dict = {}
+    for k, v in raw.items():
+        key = str(k).replace("-", "_")
+        key = VLLM_ALIASES.get(key, key)
+        if key in out:
+            raise ValueError(f"parameter {key!r} is given twice (as {k!r} and another spelling); allowed: once")
+        out[key] = v
+    return out
+
 
 def validate_params(raw: dict) -> SweepParams:
     """Check names and types of sweep parameters (from YAML, ``-p`` pairs or the notebook) and build
@@ -98,6 +134,7 @@ def validate_params(raw: dict) -> SweepParams:
         ValueError: an unknown key (lists the allowed ones), a wrong type, an empty list (an empty grid), or a value
             the lab does not know (unknown model/arch/strategy/dtype/device), each naming the key and the value.
     """
+    raw = normalize_names(raw)
     unknown = sorted(set(raw) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
@@ -142,6 +179,15 @@ def validate_params(raw: dict) -> SweepParams:
     if p["concurrency"] is not None and p["concurrency"] > p["num_prompts"]:
         raise ValueError(f"concurrency={p['concurrency']!r} exceeds num_prompts={p['num_prompts']!r}; allowed: "
                          f"1..{p['num_prompts']} or null (= num_prompts)")
+    g = p["gpu_memory_utilization"]
+    if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
+        raise ValueError(f"gpu_memory_utilization={g!r} must be a number in (0, 1]")
+    for k in ("output_len", "max_num_seqs"):
+        if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
+            raise ValueError(f"{k}={p[k]!r} must be a positive int")
+    rate = p["request_rate"]
+    if not (rate == "inf" or (not isinstance(rate, bool) and isinstance(rate, (int, float)) and rate > 0)):
+        raise ValueError(f"request_rate={rate!r} must be 'inf' or a positive number of requests per second")
     sw = p["shared_workspace_bytes"]
     if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int) or sw < 0):
         raise ValueError(f"shared_workspace_bytes={sw!r} must be a non-negative int (bytes) or null")
@@ -183,7 +229,8 @@ def expand_grid(params: SweepParams) -> list[dict]:
                     "concurrency": params.concurrency or params.num_prompts,
                     "weight_dtype": params.weight_dtype, "moe_parallel": params.moe_parallel,
                     "strategies": list(params.strategies), "num_runs": params.num_runs,
-                    "shared_workspace_bytes": params.shared_workspace_bytes})
+                    "shared_workspace_bytes": params.shared_workspace_bytes,
+                    "gpu_memory_utilization": params.gpu_memory_utilization})
     # de-duplicate (aliases may map two names to one card)
     seen, out = set(), []
     for p in pts:

@@ -130,8 +130,8 @@ def _resolve(point: dict) -> tuple[ModelConfig, GPUArch, Workload]:
 
 def _capacity(point: dict, model, arch, names) -> dict:
     return memory_tradeoff(model, point["tp"], arch, point["max_num_batched_tokens"], point["kv_cache_dtype"],
-                           strategies=names, shared_workspace_bytes=point.get("shared_workspace_bytes"),
-                           **layer_options(point))
+                           point.get("gpu_memory_utilization") or 0.9, strategies=names,
+                           shared_workspace_bytes=point.get("shared_workspace_bytes"), **layer_options(point))
 
 
 def _content_note(strategy: str, arch: GPUArch, cal) -> str:

@@ -1,0 +1,59 @@
+"""Test-suite policy: GPU tests may not skip on a GPU run, and which tests are too slow for `make test-fast`.
+
+- ``MLA_LAB_REQUIRE_GPU=1`` (a GPU machine's run, e.g. ``benchmarks/h200_run.sh``): every skip of a test marked
+  ``gpu`` — no CUDA, no flash_mla provider, a capability the test cannot use — is reported as a failure with the
+  skip's reason, so a GPU run cannot pass by skipping its GPU tests.
+- ``slow``: tests that take more than a few seconds on a 2-core CPU. A test file may mark its own; the files and
+  tests listed in :data:`SLOW` (notebook runs through papermill, a local Ray instance, the published report in
+  Chromium, the Triton CPU interpreter) are marked here. ``make test-fast`` runs ``-m "not slow"``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REQUIRE_GPU_ENV = "MLA_LAB_REQUIRE_GPU"
+
+#: Node-id prefixes marked ``slow`` (a file: every test in it). Times: 2-core CPU, the whole suite's --durations.
+SLOW = (
+    "tests/test_executors.py",  # a local Ray instance per test (7-25 s)
+    "tests/test_notebook.py",  # papermill runs of the sweep notebook (3-16 s each)
+    "tests/test_notebook_explore.py",  # the explorer notebook in a kernel (4 s)
+    "tests/test_report_site.py",  # publishes reports through the CLI (8 s setup)
+    "tests/test_tp_check.py",  # gloo TP=2 ranks (14 s setup)
+    "tests/test_measure_layer.py::test_triton_kernels_match_torch",  # Triton interpreter (17 s)
+    "tests/test_kernels_triton_interp.py",  # Triton interpreter (6 s first compile)
+    "tests/test_fault_injection.py",  # a 2000-point sweep killed and resumed
+    "tests/test_store_claims.py",  # two sweep processes on one store
+    "tests/test_bad_input.py::test_bad_input[cli_",  # the CLI in a subprocess (2-3 s each)
+    "tests/test_resume.py::test_sigkill",  # a sweep subprocess killed and resumed
+    "tests/test_browser.py::test_published_report_renders_with_every_figure",
+    "tests/test_browser.py::test_index_and_run_report_render",
+)
+
+
+def require_gpu() -> bool:
+    """``MLA_LAB_REQUIRE_GPU`` is set to a true value (1, true, yes)."""
+    return os.environ.get(REQUIRE_GPU_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.nodeid.startswith(p) for p in SLOW) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if not (rep.skipped and require_gpu() and item.get_closest_marker("gpu") is not None):
+        return
+    if hasattr(rep, "wasxfail"):
+        return
+    reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else str(rep.longrepr)
+    reason = reason.removeprefix("Skipped: ")
+    rep.outcome = "failed"
+    rep.longrepr = (f"{REQUIRE_GPU_ENV}=1: this gpu test may not skip; it was skipped because: {reason}")

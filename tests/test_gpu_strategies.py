@@ -1,0 +1,53 @@
+"""Every real strategy on a GPU (FlashMLA): real heads bit-identical to a ``new_zeros`` pad, NaN in the padded heads
+never leaking, and the measured call peak of the per-call and pre-padded placements equal to the byte accounting.
+
+Marked ``gpu``: skipped on a machine without CUDA or without a ``flash_mla`` provider (with the reason); with
+``MLA_LAB_REQUIRE_GPU=1`` a skip is a failure (tests/conftest.py). The GPU run is recorded in docs/perf-notes.md.
+"""
+
+import pytest
+import torch
+
+from mla_lab.buffers import call_peak_bytes
+from mla_lab.kernels import flash_mla_info, last_backend
+from mla_lab.models import load_model
+from mla_lab.strategies import equivalence_check
+from mla_lab.workload import Step
+
+CUDA = torch.cuda.is_available()
+FLASH = flash_mla_info()
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not CUDA, reason="torch.cuda.is_available() is False: no CUDA GPU on this machine"),
+    pytest.mark.skipif(CUDA and not FLASH.get("available"), reason=f"no flash_mla provider: {FLASH.get('reason')}"),
+]
+
+HEADS = (8, 16, 32)
+
+
+@pytest.mark.parametrize("num_heads", HEADS)
+def test_every_real_strategy_gives_the_same_real_heads_on_flash_mla(num_heads):
+    # topk a multiple of 128 (sm90 B_TOPK), s_kv above it, causal topk_length with one empty row
+    r = equivalence_check(num_heads=num_heads, arch="hopper", num_tokens=300, s_kv=512, topk=128, device="cuda")
+    assert last_backend("sparse_mla_prefill") == "flash_mla"
+    assert r["equal"], r["per_strategy"]
+
+
+def test_measured_call_peak_equals_the_byte_accounting():
+    from mla_lab.measure.attention import time_attention_path
+
+    model = load_model("glm-5")
+    T = 4096
+    step = Step([(0, 0, T)])
+    names = ("per_call_empty:zeros", "per_call_zeros", "private_workspace", "shared_workspace:none")
+    res = time_attention_path(model, 8, step, T, "h200", strategies=names, repeats=3)
+    assert res["kernel_backend"] == "flash_mla"
+    for name in names:
+        got = res[name]["peak_bytes"]
+        assert len(res[name]["samples"]) == 3, name
+        # the call hands on views of the kernel's padded outputs (no copy): the pad tensor of a per-call placement
+        # plus out [T, 64, 512] bf16 and lse / max_logits [T, 64] fp32 (mla_lab.buffers.memory_account)
+        kernel_out = T * 64 * (512 * 2 + 8)
+        expected = kernel_out + (T * 64 * 1152 if name.startswith("per_call") else 0)
+        assert got == expected, (name, got, expected)
+        assert call_peak_bytes(name, 8, T, "h200", T, model) == expected
