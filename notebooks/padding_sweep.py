@@ -65,7 +65,12 @@ import pandas as pd
 from IPython.display import HTML, Markdown, display
 
 from mla_lab import report, sweep
+from mla_lab.placement import PRESETS
+from mla_lab.report.serving import plot_rate_curve, rate_curve, serving_table
+from mla_lab.serving import serve_benchmark
 from mla_lab.strategies import equivalence_check
+
+ENGINE_PRESETS = list(PRESETS)
 
 params = sweep.validate_params({k: v for k, v in globals().items() if k in sweep.DEFAULTS})
 figs = Path(figure_dir) if figure_dir else Path(report_dir) / "figures"
@@ -91,7 +96,23 @@ display(HTML(report.provenance_html(both, run_id)))
 # %%
 display(HTML(report.html_table(report.seed_answer_table())))
 display(Markdown("\n".join(f"- {line}" for line in report.seed_sentences())))
-display(HTML(report.html_table(report.seed_setup_table(df, measured))))
+served = {m: serve_benchmark(m, 8, "h200", ENGINE_PRESETS) for m in ("glm-5", "glm-5.2")}
+display(HTML(report.html_table(report.seed_setup_table(df, measured, serving=served["glm-5"]))))
+
+# %% [markdown]
+# ## Serving: the PR's benchmark as `vllm bench serve` reports it
+# A step-level simulation of vLLM v1 serving the PR's benchmark (32 prompts x 1024 in / 128 out, max concurrency
+# 32, request rate inf, `--max-num-batched-tokens 16384`, block size 64): chunked prefill, decode steps through the
+# same padded kernel (bf16 KV cache; uniform decode batches as CUDA graphs, mixed steps eager), each step priced by
+# the lab's cost model with the decode terms fitted on the H200 (`data/calibration/h200_decode.csv`). Modelled.
+# Then TTFT and throughput against the request rate for GLM-5 TP8.
+
+# %%
+for m, r in served.items():
+    display(Markdown(f"**{m}**"))
+    display(HTML(report.html_table(serving_table(r, wide=True))))
+curve = rate_curve("glm-5", 8, "h200", ["vllm-pre-53878", "vllm-53878", "vllm-56902"], [1, 4, 16, float("inf")])
+saved["rate_curve"] = report.publish_figure(plot_rate_curve(curve), "rate_curve", figs)
 
 # %% [markdown]
 # ## Memory vs TTFT, one panel per deployment
@@ -106,6 +127,10 @@ has_ok = len(report.ok_rows(both)) > 0
 if has_ok:
     for i, fig in enumerate(report.plot_frontier_grid(both, kv_cache_dtype=kv_shown)):
         saved[f"frontier_{i + 1}"] = report.publish_figure(fig, f"frontier_{i + 1}", figs)
+    unfit = report.not_fitting(both, kv_cache_dtype=kv_shown)
+    if len(unfit):
+        display(Markdown(f"**{len(unfit)} deployment(s) do not fit** (never a result, no panel):"))
+        display(HTML(report.html_table(unfit)))
 else:
     display(Markdown("**No grid point could be priced**: see *Failed points* below for each reason."))
 

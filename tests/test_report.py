@@ -57,7 +57,7 @@ def test_frontier_minimises_both():
 def test_frontier_grid_one_panel_per_deployment(modelled):
     meas = _fake_measured(modelled, arch="h200", tp=8, prompt_len=1024)
     both = report.combine(modelled, meas)
-    figs = report.plot_frontier_grid(both)
+    figs = report.plot_frontier_grid(both, include_not_fitting=True)
     deployments = modelled.groupby(["model", "tp", "arch", "max_num_batched_tokens", "prompt_len"]).ngroups
     panels = [ax for f in figs for ax in f.axes if ax.get_visible() and ax.get_title()]
     assert len(panels) == deployments == 16 and len(figs) == 2  # 9 panels per figure, wrapped 3 wide
@@ -65,6 +65,11 @@ def test_frontier_grid_one_panel_per_deployment(modelled):
     # a deployment whose weights do not fit shows why and draws no point
     tp2 = [t for t in by_title if "DSV3.2 TP2 h200" in t][0]
     assert "does not fit" in by_title[tp2].texts[0].get_text() and not by_title[tp2].collections
+    # by default such deployments get no panel and are listed instead
+    unfit = report.not_fitting(both)
+    fitting = [ax for f in report.plot_frontier_grid(both) for ax in f.axes if ax.get_visible() and ax.get_title()]
+    assert len(fitting) == deployments - len(unfit) and len(unfit) >= 4
+    assert all("does not fit" not in "".join(t.get_text() for t in ax.texts) for ax in fitting)
     # the seed deployment: the frontier is the red staircase through runnable strategies that fit
     seed = by_title[[t for t in by_title if t.startswith("GLM-5 TP8 h200 L1k")][0]]
     step = [ln for ln in seed.lines if ln.get_color() == "#d62728"]

@@ -9,6 +9,7 @@
 
 from .data import combine, failed_points, load_measured, load_validation, measured_for, ok_rows, pick
 from .figures import (
+    not_fitting,
     plot_deployment,
     plot_frontier_grid,
     plot_heatmap,
@@ -30,7 +31,7 @@ from .tables import (
 )
 
 __all__ = ["combine", "failed_points", "load_measured", "load_validation", "measured_for", "ok_rows", "pick",
-           "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars", "plot_validation",
+           "not_fitting", "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars", "plot_validation",
            "publish_figure", "html_table", "provenance_html", "provenance_summary", "save_provenance",
            "seed_setup_table", "summary_html", "summary_table", "tp2_table", "validation_table", "seed_answer",
            "seed_answer_table", "seed_sentences"]

@@ -21,7 +21,7 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
     """Measured sweep rows under ``data/measured`` (recursively): every ``pattern`` file that has the sweep's
     columns (model, tp, arch, strategy, source, max_num_batched_tokens, prompt_len, ttft_ms), keeping rows whose
     ``source`` is ``measured``; a ``file`` column says where each row came from. Other CSVs there (kernel
-    benchmarks) are ignored. TTFT columns are re-derived with the current TTFT model around the measured attention
+    benchmarks) are ignored, and so are folders named ``archive`` (superseded runs). TTFT columns are re-derived with the current TTFT model around the measured attention
     path (:func:`mla_lab.sweep.rows.reprice_measured_rows`). Empty DataFrame if none. ``root`` defaults to env ``MLA_LAB_MEASURED``, else the
     repository's ``data/measured``."""
     import pandas as pd
@@ -29,6 +29,8 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
     root = Path(root) if root else measured_dir()
     frames = []
     for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
+        if "archive" in p.relative_to(root).parts[:-1]:
+            continue  # superseded runs, kept for the record (read them by passing their folder as root)
         try:
             df = pd.read_csv(p)
         except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):

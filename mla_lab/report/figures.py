@@ -17,7 +17,7 @@ from ..sweep.advise import frontier
 from .data import ok_rows, pick
 from .layout_check import figure_clipping
 
-__all__ = ["publish_figure", "plot_frontier_grid", "plot_deployment", "plot_tp_bars", "plot_heatmap",
+__all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "plot_deployment", "plot_tp_bars", "plot_heatmap",
            "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style", "model_style",
            "PR_STRATEGY"]
 
@@ -178,10 +178,27 @@ def plot_deployment(ax, rows, title: str | None = None) -> None:
     ax.axhline(0, color="k", lw=0.6)
 
 
-def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16") -> list:
-    """Every deployment of ``df`` as its own panel (:func:`plot_deployment`), faceted ``ncols`` wide and wrapped,
-    at most ``per_page`` panels per figure (more deployments give more figures), one legend per figure below the
-    panels. Colours and markers are fixed per strategy (:data:`STRATEGY_STYLE`) across all reports.
+def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
+    """The deployments of ``df`` whose weights or workload do not fit, with the reason (a pandas DataFrame): they
+    are never a result, so :func:`plot_frontier_grid` leaves them out and the report lists them."""
+    import pandas as pd
+
+    d = ok_rows(df)
+    if kv_cache_dtype and "kv_cache_dtype" in d.columns:
+        d = d[d["kv_cache_dtype"] == kv_cache_dtype]
+    out = []
+    for dep, rows in _deployment_rows(d):
+        if "fits_in_memory" in rows.columns and not bool(rows["fits_in_memory"].astype(bool).any()):
+            out.append({**dep, "reason": str(rows["fit_reason"].iloc[0]) if "fit_reason" in rows.columns else ""})
+    return pd.DataFrame(out)
+
+
+def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
+                       include_not_fitting: bool = False) -> list:
+    """Every deployment of ``df`` that fits as its own panel (:func:`plot_deployment`), faceted ``ncols`` wide and
+    wrapped, at most ``per_page`` panels per figure (more deployments give more figures), one legend per figure
+    below the panels. Colours and markers are fixed per strategy (:data:`STRATEGY_STYLE`) across all reports.
+    Deployments that do not fit are left out (:func:`not_fitting` lists them) unless ``include_not_fitting``.
 
     Returns a list of matplotlib Figures (empty when there is no row).
     """
@@ -191,6 +208,9 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
     deps = _deployment_rows(d)
+    if not include_not_fitting:
+        deps = [(k, g) for k, g in deps if "fits_in_memory" not in g.columns
+                or bool(g["fits_in_memory"].astype(bool).any())]
     figs = []
     for start in range(0, len(deps), per_page):
         page = deps[start:start + per_page]

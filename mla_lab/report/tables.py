@@ -108,9 +108,12 @@ def save_provenance(df, figure_dir: str | Path, **extra) -> Path:
 PR = "private_workspace"
 
 
-def seed_setup_table(df=None, measured=None):
+def seed_setup_table(df=None, measured=None, serving=None):
     """The seed's setup (vLLM PR #53878 benchmark: GLM-5 TP8, Hopper, bf16 KV cache, max_num_batched_tokens 16384,
     32 prompts x 1024 tokens at concurrency 32): reported numbers beside ours.
+
+    ``serving``: a :func:`mla_lab.serving.serve_benchmark` result for the seed deployment; it fills the total
+    token throughput row (modelled, the step-level simulation of ``vllm bench serve``).
 
     Ours (modelled) comes from ``df`` when it holds the seed point, else it is priced now with
     :func:`mla_lab.sweep.rows.modelled_rows`; ours (measured) from matching measured rows, if any.
@@ -174,7 +177,11 @@ def seed_setup_table(df=None, measured=None):
          "ours is the Q workspace alone (allocation size, exact); the PR's peak also moves with allocator rounding "
          "and other buffers. Per call, the PR allocates no pad tensor: its unbudgeted transient peak is "
          + ("-" if tr_u is None else f"{tr_f / 2**20:.0f} vs {tr_u / 2**20:.0f} MiB")),
-        ("total token throughput", f"{rep['throughput_change_pct']:+.0f}%", "not modelled", "-", ""),
+        ("total token throughput", f"{rep['throughput_change_pct']:+.0f}%",
+         "not modelled" if not serving or PR not in serving["strategies"] else
+         f"{serving['strategies'][PR]['change_pct']['total_token_throughput']:+.1f}%", "-",
+         "" if not serving else "modelled: a step-level simulation of vllm bench serve (32 x 1024 in / 128 out, "
+         "concurrency 32), decode steps through the same padded kernel (mla_lab.serving)"),
     ]
     return pd.DataFrame(rows, columns=["quantity", "PR #53878 (reported)", "ours (modelled)", "ours (measured)",
                                        "note"])

@@ -22,28 +22,15 @@ Example::
 
 from __future__ import annotations
 
-import importlib
+from .client import BenchConfig, ClientRequest
+from .engine_pricer import PR_BENCH, EnginePricer, load_decode_calibration, serve_benchmark
+from .metrics import RequestRecord, bench_metrics, compare, format_metrics
+from .pricing import ConstantPricer, LinearStepPricer, make_pricer
+from .scheduler import PreemptionRequired, SchedulerConfig
+from .simulate import ServingResult, StepRecord, simulate
+from .step import DecodeToken, PrefillChunk, Step, StepPricer
 
-# Lazy exports (PEP 562), so that ``python -m mla_lab.serving.<module>`` runs a module that the package has not
-# imported yet.
-_EXPORTS = {
-    "BenchConfig": "client", "ClientRequest": "client",
-    "RequestRecord": "metrics", "bench_metrics": "metrics", "compare": "metrics", "format_metrics": "metrics",
-    "ConstantPricer": "pricing", "LinearStepPricer": "pricing", "make_pricer": "pricing",
-    "PreemptionRequired": "scheduler", "SchedulerConfig": "scheduler",
-    "ServingResult": "simulate", "StepRecord": "simulate", "simulate": "simulate",
-    "DecodeToken": "step", "PrefillChunk": "step", "Step": "step", "StepPricer": "step",
-}
-__all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__all__ = ["BenchConfig", "ClientRequest", "RequestRecord", "bench_metrics", "compare", "format_metrics",
+           "ConstantPricer", "LinearStepPricer", "make_pricer", "PreemptionRequired", "SchedulerConfig",
+           "ServingResult", "StepRecord", "simulate", "DecodeToken", "PrefillChunk", "Step", "StepPricer",
+           "EnginePricer", "serve_benchmark", "load_decode_calibration", "PR_BENCH"]

@@ -65,12 +65,8 @@ from ..workload import Step as WorkStep
 from .client import BenchConfig
 from .metrics import compare
 from .scheduler import SchedulerConfig
+from .simulate import simulate
 from .step import Step
-
-# The event loop through the package's lazy export (the function ``simulate``): importing the submodule
-# ``.simulate`` directly would make ``mla_lab.serving.simulate`` the module for every later
-# ``from mla_lab.serving import simulate`` (a submodule and an export share that name in serving/__init__.py).
-from . import simulate as _simulate  # noqa: E402,I001  isort: skip
 
 __all__ = ["EnginePricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
            "layer_decode_ms", "to_workload_step", "serve_benchmark", "DECODE_CSV", "EXCLUDED_FROM_MEASURED",
@@ -507,7 +503,7 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
                                 kv_capacity_tokens=int(cap), block_size=block_size, kv_admission=kv_admission,
                                 enforce_eager=enforce_eager)
         pricer = EnginePricer(model_obj, tp, arch_obj, s, cal, weight_dtype, moe_parallel, dcal, kv_cache_dtype)
-        res = getattr(_simulate, "simulate", _simulate)(bench, sched, pricer, percentiles=percentiles)
+        res = simulate(bench, sched, pricer, percentiles=percentiles)
         launches: dict = {}
         for rec in res.steps:
             k = f"{rec.step.kind}:{rec.step.cudagraph_mode}"

@@ -5,7 +5,9 @@ The notebook ``notebooks/padding_sweep.ipynb`` is the front door; everything it 
 
 from __future__ import annotations
 
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -125,6 +127,7 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
     version = code_version()
     todo = _tasks(params, gpu)
     store.clean_stale_tmp()  # writes cut short by a killed sweep (never visible as points)
+    store.clean_stale_claims()  # claims of a killed sweep
     status = {k: store.status(k) for _, _, k in todo}
     skip = {k for k, st in status.items() if st == "ok" and not params.force}
     n_failed = sum(1 for k, st in status.items() if st == "failed" and not params.force)
@@ -137,7 +140,13 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
     for pt, mode, key in todo:
         if key in skip:
             continue
-        (mine if store.claim(key) else theirs).append(PointTask(pt, mode, key))
+        if not store.claim(key):
+            theirs.append(PointTask(pt, mode, key))
+        elif not params.force and store.completed(key):  # stored by another sweep since the look above
+            store.release(key)
+            skip.add(key)
+        else:
+            mine.append(PointTask(pt, mode, key))
     if theirs:
         _log(progress, f"{len(theirs)} point(s) claimed by another sweep on this store: left to it")
     t0, done = time.time(), 0
@@ -153,9 +162,16 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
             store.release(t.key)
     _wait_for_claims(store, theirs, ex, compute_fn, version, progress, claim_wait_s)
     df = pd.DataFrame(store.rows(keys))
-    tmp = out.with_name(f".{out.name}.tmp")  # beside the target, inside its folder
-    df.to_csv(tmp, index=False)
-    tmp.replace(out)
+    # beside the target, inside its folder; a name of this process's own (two sweeps may write one data_file)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            df.to_csv(f, index=False)
+        os.replace(tmp, out)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     return df
 
 
@@ -180,10 +196,24 @@ def _wait_for_claims(store, tasks, ex, compute_fn, version, progress, wait_s) ->
     deadline = time.time() + wait_s
     left = list(tasks)
     while left and time.time() < deadline:
-        orphans = [t for t in left if not store.has(t.key) and not store.claim_alive(t.key) and store.claim(t.key)]
-        for res in ex.run(orphans, compute_fn, driver_version=version):
-            _store_result(store, res, version, progress)
-            store.release(res.task.key)
+        orphans = []
+        for t in left:
+            if store.has(t.key) or store.claim_alive(t.key) or not store.claim(t.key):
+                continue
+            if store.has(t.key):  # stored (and released) between the look and the claim
+                store.release(t.key)
+                continue
+            orphans.append(t)
+        if orphans:
+            _log(progress, f"{len(orphans)} point(s) claimed by a sweep that died: computing them here")
+        try:
+            for res in ex.run(orphans, compute_fn, driver_version=version):
+                _store_result(store, res, version, progress)
+                store.release(res.task.key)
+        finally:
+            for t in orphans:
+                store.release(t.key)
         left = [t for t in left if not store.has(t.key)]
         if left:
             time.sleep(0.2)
+    store.clean_stale_claims()

@@ -110,43 +110,81 @@ class ResultStore:
         return self.points / f"{key}.claim"
 
     def claim(self, key: str) -> bool:
-        """Claim ``key`` for this process (``O_CREAT | O_EXCL``: exactly one of several sweeps on one store wins).
+        """Claim ``key`` for this process: exactly one of several sweeps on one store wins.
 
-        A claim left by a dead process of this host is taken over. Returns True when this process holds the claim.
+        The claim file (``<key>.claim``: host and pid) is written in full to a temporary file and then hard-linked
+        into place (``os.link`` fails when the name exists), so no sweep ever sees a claim without its owner. A claim
+        left by a dead process of this host is taken over, under a store-wide lock so that two sweeps taking over
+        the same claim cannot remove each other's new one. Returns True when this process holds the claim.
         """
         p = self.claim_path(key)
-        for _ in range(2):
+        fd, tmp = tempfile.mkstemp(dir=self.points, prefix=f".{key}.{_host()}.{os.getpid()}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(_claim_text())
+            for _ in range(2):
+                try:
+                    os.link(tmp, p)
+                    return True
+                except FileExistsError:
+                    pass
+                if not self._remove_dead_claim(key):
+                    return False
+            return False
+        finally:
+            os.unlink(tmp)
+
+    def _remove_dead_claim(self, key: str) -> bool:
+        """Under the store's claim lock: remove ``key``'s claim if its owner is dead (or the claim is gone). Returns
+        False when a live process holds it."""
+        import fcntl
+
+        with open(self.points / ".claims.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                fd = os.open(p, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
                 if self.claim_alive(key):
                     return False
-                try:
-                    p.unlink()
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{_host()} {os.getpid()}\n")
+                self.claim_path(key).unlink()
+            except FileNotFoundError:
+                pass
             return True
-        return False
 
     def claim_alive(self, key: str) -> bool:
         """A claim file for ``key`` exists and its process still runs (claims of other hosts count as alive)."""
         try:
-            host, pid = self.claim_path(key).read_text().split()
-        except (OSError, ValueError):
+            owner = _claim_owner(self.claim_path(key).read_text())
+        except OSError:
             return False
+        if owner is None:
+            return False
+        host, pid = owner
         if host != _host():
             return True
-        return int(pid) == os.getpid() or _pid_alive(int(pid))
+        return pid == os.getpid() or _pid_alive(pid)
 
     def release(self, key: str) -> None:
-        """Drop this process's claim on ``key`` (no error if absent)."""
+        """Drop this process's claim on ``key`` (no error if absent; a claim another process holds is kept)."""
         try:
-            self.claim_path(key).unlink()
+            if _claim_owner(self.claim_path(key).read_text()) == (_host(), os.getpid()):
+                self.claim_path(key).unlink()
         except FileNotFoundError:
             pass
+
+    def clean_stale_claims(self) -> list[Path]:
+        """Remove claim files left by processes of this host that no longer run (a killed sweep: its points are
+        either stored or computed again by whoever claims them next). Returns the removed paths."""
+        removed = []
+        for p in sorted(self.points.glob("*.claim")):
+            key = p.name[: -len(".claim")]
+            try:
+                owner = _claim_owner(p.read_text())
+            except FileNotFoundError:
+                continue
+            if owner is not None and owner[0] != _host():
+                continue  # another host's: its liveness cannot be seen from here
+            if not self.claim_alive(key) and self._remove_dead_claim(key):
+                removed.append(p)
+        return removed
 
     def write(self, key: str, point: dict, rows: list[dict], status: str = "ok", reason: str = "") -> Path:
         """Atomically store one point's rows (all strategies together)."""
@@ -189,6 +227,18 @@ class ResultStore:
                 rows.append({**payload["point"], "status": payload["status"], "reason": payload["reason"],
                              "point_key": payload["key"]})
         return rows
+
+
+def _claim_text() -> str:
+    return f"{_host()} {os.getpid()}\n"
+
+
+def _claim_owner(text: str) -> tuple[str, int] | None:
+    """(host, pid) of a claim file's text, or None when it is not a claim (a file of an older layout, cut short)."""
+    parts = text.split()
+    if len(parts) != 2 or not parts[1].isdigit():
+        return None
+    return parts[0], int(parts[1])
 
 
 def _host() -> str:

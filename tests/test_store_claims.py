@@ -1,0 +1,218 @@
+"""Two sweeps on one store (issue 14): per-point claim files (``ResultStore.claim``) make each point computed once,
+and both sweeps finish with one row set per point.
+
+The sweeps run as child processes (``python -c``) that pin the code version (so that edits to the package by other
+people while the test runs cannot change the point keys) and wrap ``mla_lab.sweep.rows.modelled_rows`` in the child
+only: every computation drops a marker file (one per computation, named by the point) and sleeps a little, so the
+two sweeps overlap. Counting the markers counts the computations.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import mla_lab.sweep.rows as rows_mod
+import mla_lab.sweep.run as run_mod
+from mla_lab.placement import BASELINE, expand_strategies
+from mla_lab.sweep import expand_grid, run_sweep, validate_params
+from mla_lab.sweep.store import ResultStore
+
+VERSION = "claims-test"
+GRID = dict(models=["glm-5", "deepseek-v3.2"], tp_sizes=[2, 4, 8], archs=["h200", "b200"],
+            max_num_batched_tokens=[8192, 16384], prompt_lens=[1024, 4096], strategies=["vllm-53878"],
+            device="cpu")  # 48 points
+N_POINTS = 2 * 3 * 2 * 2 * 2
+N_STRATEGIES = len(expand_strategies([BASELINE, *GRID["strategies"]]))
+ID_COLS = ["model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "strategy"]
+KEY_COLS = ["point_key", *ID_COLS, "status", "num_heads", "persistent_bytes", "ttft_ms", "ttft_change_pct"]
+
+CHILD = textwrap.dedent("""
+    import hashlib, json, os, sys, time, uuid
+    from pathlib import Path
+    import mla_lab.sweep.run as s, mla_lab.sweep.rows as r
+    params, markers, delay, go = json.loads(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
+    s.code_version = lambda: {version!r}
+    real = r.modelled_rows
+    def counted(pt, *a, **k):
+        name = hashlib.sha1(json.dumps(pt, sort_keys=True).encode()).hexdigest()[:16]
+        (markers / f"{{name}}.{{os.getpid()}}.{{uuid.uuid4().hex[:8]}}").write_text(json.dumps(pt))
+        time.sleep(delay)
+        return real(pt, *a, **k)
+    r.modelled_rows = counted
+    while not go.exists():
+        time.sleep(0.01)
+    s.run_sweep(params, progress=True)
+""").format(version=VERSION)
+
+
+def _params(tmp: Path, csv: str) -> dict:
+    return dict(GRID, store_dir=str(tmp / "store"), data_file=str(tmp / csv), report_dir=str(tmp / "rep"))
+
+
+def _start(tmp: Path, params: dict, name: str, delay: float, go: Path) -> subprocess.Popen:
+    markers = tmp / "markers"
+    markers.mkdir(exist_ok=True)
+    err = open(tmp / f"{name}.err", "w")
+    return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(params), str(markers), str(delay), str(go)],
+                            cwd=tmp, stdout=subprocess.DEVNULL, stderr=err)
+
+
+def _wait(procs, timeout=240):
+    t0 = time.time()
+    for p in procs:
+        try:
+            p.wait(timeout=max(1, timeout - (time.time() - t0)))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+
+
+def _computations(tmp: Path) -> Counter:
+    """Computations per point (marker files grouped by the point's hash)."""
+    return Counter(p.name.split(".")[0] for p in (tmp / "markers").iterdir())
+
+
+def _by_pid(tmp: Path) -> Counter:
+    return Counter(p.name.split(".")[1] for p in (tmp / "markers").iterdir())
+
+
+def _one_row_set_per_point(df: pd.DataFrame) -> None:
+    assert df["point_key"].nunique() == N_POINTS
+    assert (df.groupby("point_key").size() == N_STRATEGIES).all()
+    assert not df.duplicated(ID_COLS).any()
+    assert (df["status"] == "ok").all()
+
+
+def _sorted(df: pd.DataFrame) -> pd.DataFrame:
+    return df[KEY_COLS].sort_values(["point_key", "strategy"]).reset_index(drop=True)
+
+
+def _store_is_clean(tmp: Path) -> None:
+    store = ResultStore(tmp / "store")
+    assert len(list(store.points.glob("*.json"))) == N_POINTS
+    assert list(store.points.glob("*.claim")) == [], "claims left behind"
+    assert store.tmp_files() == []
+    assert all(p["status"] == "ok" for p in store.load())
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One sweep alone on its own store (same pinned code version)."""
+    tmp = tmp_path_factory.mktemp("ref")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(run_mod, "code_version", lambda: VERSION)
+    try:
+        df = run_sweep(_params(tmp, "ref.csv"), progress=False)
+    finally:
+        mp.undo()
+    _one_row_set_per_point(df)
+    return df
+
+
+def test_grid_size():
+    assert len(expand_grid(validate_params(GRID))) == N_POINTS
+
+
+@pytest.mark.parametrize("same_csv", [True, False], ids=["same_data_file", "own_data_files"])
+def test_two_sweeps_started_together_compute_each_point_once(same_csv, tmp_path, reference):
+    go = tmp_path / "go"
+    pa, pb = _params(tmp_path, "rows.csv" if same_csv else "a.csv"), _params(tmp_path, "rows.csv" if same_csv
+                                                                                else "b.csv")
+    procs = [_start(tmp_path, pa, "a", 0.03, go), _start(tmp_path, pb, "b", 0.03, go)]
+    time.sleep(1.0)  # both imported and waiting
+    go.write_text("go")
+    _wait(procs)
+    errs = {n: (tmp_path / f"{n}.err").read_text() for n in "ab"}
+    assert [p.returncode for p in procs] == [0, 0], errs
+    per_point = _computations(tmp_path)
+    assert len(per_point) == N_POINTS and set(per_point.values()) == {1}, per_point.most_common(3)
+    _store_is_clean(tmp_path)
+    for csv in {pa["data_file"], pb["data_file"]}:
+        df = pd.read_csv(csv)
+        _one_row_set_per_point(df)
+        pd.testing.assert_frame_equal(_sorted(df), _sorted(reference), check_dtype=False)
+    assert not list(tmp_path.glob(".*.tmp")), "a CSV temp file was left behind"
+    # the second sweep said it left the first's points to it (whichever started claiming second)
+    assert any("claimed by another sweep on this store: left to it" in e for e in errs.values()), errs
+
+
+def test_a_sweep_started_later_waits_for_the_first_and_computes_nothing(tmp_path, reference):
+    go = tmp_path / "go"
+    go.write_text("go")
+    first = _start(tmp_path, _params(tmp_path, "a.csv"), "a", 0.05, go)
+    store = ResultStore(tmp_path / "store")
+    t0 = time.time()
+    while len(list(store.points.glob("*.json"))) < 5:
+        assert first.poll() is None and time.time() - t0 < 120, "first sweep ended or hung"
+        time.sleep(0.02)
+    second = _start(tmp_path, _params(tmp_path, "b.csv"), "b", 0.05, go)
+    _wait([first, second])
+    assert [first.returncode, second.returncode] == [0, 0], (tmp_path / "b.err").read_text()
+    assert len(_by_pid(tmp_path)) == 1 and _by_pid(tmp_path)[str(first.pid)] == N_POINTS  # all by the first
+    err_b = (tmp_path / "b.err").read_text()
+    assert "claimed by another sweep on this store: left to it" in err_b
+    _store_is_clean(tmp_path)
+    for csv in ("a.csv", "b.csv"):
+        pd.testing.assert_frame_equal(_sorted(pd.read_csv(tmp_path / csv)), _sorted(reference), check_dtype=False)
+
+
+def test_when_the_claiming_sweep_dies_the_waiting_one_takes_over(tmp_path, reference):
+    """The first sweep is SIGKILLed while the second waits for its claims: the second computes the orphans (the
+    dead one's claims are taken over), each point is stored once, at most the point in flight is computed twice."""
+    go = tmp_path / "go"
+    go.write_text("go")
+    first = _start(tmp_path, _params(tmp_path, "a.csv"), "a", 0.05, go)
+    store = ResultStore(tmp_path / "store")
+    t0 = time.time()
+    while len(list(store.points.glob("*.json"))) < 5:
+        assert first.poll() is None and time.time() - t0 < 120
+        time.sleep(0.02)
+    second = _start(tmp_path, _params(tmp_path, "b.csv"), "b", 0.01, go)
+    while "claimed by another sweep" not in (tmp_path / "b.err").read_text():
+        assert second.poll() is None and time.time() - t0 < 120, (tmp_path / "b.err").read_text()
+        time.sleep(0.02)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(timeout=30)
+    _wait([second])
+    assert second.returncode == 0, (tmp_path / "b.err").read_text()
+    per_point = _computations(tmp_path)
+    assert len(per_point) == N_POINTS
+    assert sum(1 for n in per_point.values() if n > 1) <= 1 and max(per_point.values()) <= 2
+    _store_is_clean(tmp_path)
+    pd.testing.assert_frame_equal(_sorted(pd.read_csv(tmp_path / "b.csv")), _sorted(reference), check_dtype=False)
+
+
+def test_a_point_stored_after_the_status_snapshot_is_not_recomputed(tmp_path, monkeypatch):
+    """The race the claims must close: another sweep stores a point (and drops its claim) between this sweep's
+    look at the store and its claim on the point. Modelled here by a status snapshot that sees nothing stored."""
+    monkeypatch.setattr(run_mod, "code_version", lambda: VERSION)
+    params = dict(_params(tmp_path, "rows.csv"), models=["glm-5"], tp_sizes=[8], max_num_batched_tokens=[16384],
+                  prompt_lens=[1024])  # 2 points
+    run_sweep(params, progress=False)  # "the other sweep": everything stored, claims released
+    calls = []
+    real = rows_mod.modelled_rows
+    monkeypatch.setattr(rows_mod, "modelled_rows", lambda pt, *a, **k: calls.append(pt) or real(pt, *a, **k))
+    real_status, seen = ResultStore.status, []
+
+    def stale_status(self, key):  # the first look at each key: not stored yet
+        if key not in seen:
+            seen.append(key)
+            return None
+        return real_status(self, key)
+
+    monkeypatch.setattr(ResultStore, "status", stale_status)
+    df = run_sweep(params, progress=False)
+    assert calls == [], "a point already stored by another sweep was computed again"
+    assert df["point_key"].nunique() == 2 and (df["status"] == "ok").all()
