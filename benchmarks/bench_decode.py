@@ -8,7 +8,7 @@ projections, W_UK / W_UV, indexer projections, o_proj, router, EP experts, share
 and SiLU*mul kernels, its causal indexer kernel (prefill part of mixed steps) and ``cuda_graphed``; plus a
 decode indexer-logits Triton kernel defined here (B x c, no causal mask) and the lab's ``concat_mla_q``. The
 sparse kernel is ``flash_mla.flash_mla_sparse_fwd`` (vLLM sends every token of a bf16-KV-cache step through it,
-decode included: FACTS.md section 6).
+decode included: vLLM mla_attention.py sends every token down the sparse path).
 
 Decode layer per rank (MoE layer, TP8 attention, experts EP8, no communication, KV-cache write and RoPE not
 timed): input RMSNorm (fused add) -> q_a_proj -> RMSNorm -> q_b_proj; kv_a_proj -> RMSNorm; W_UK bmm; indexer q /
@@ -347,7 +347,7 @@ def active_experts(B_tokens, model, ep):
 
 # ---------------------------------------------------------------------------- bench_layer's pieces (adapter)
 
-#: HF config.json values (FACTS.md section 3), used only if mla_lab.models cannot be imported at the moment.
+#: HF config.json values (zai-org/GLM-5, deepseek-ai/DeepSeek-V3.2), used only if mla_lab.models cannot be imported at the moment.
 FALLBACK_MODELS = {
     "glm-5": dict(num_attention_heads=64, hidden_size=6144, q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192,
                   qk_rope_head_dim=64, v_head_dim=256, index_topk=2048, index_n_heads=32, index_head_dim=128,
@@ -385,7 +385,7 @@ def get_model(name, kit=None):
 
             return load_model(name)
         except Exception as e:
-            log(f"load_model({name!r}) failed ({type(e).__name__}: {e}); FACTS.md config values")
+            log(f"load_model({name!r}) failed ({type(e).__name__}: {e}); config.json values")
     return FallbackModel(name=name, **FALLBACK_MODELS[name])
 
 

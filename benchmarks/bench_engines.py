@@ -684,7 +684,7 @@ def run_presets(sink, kern, dev, dtype, sampler, args, deadline):
         for m, tp in from_models:
             H_of[m] = load_model(m).heads_per_rank(tp)
     except Exception as e:
-        log(f"load_model unavailable ({type(e).__name__}: {e}); config values from FACTS.md section 3")
+        log(f"load_model unavailable ({type(e).__name__}: {e}); config values from the HF config.json files")
         H_of = {"glm-5": 64 // 8, "deepseek-v3.2": 128 // 8}
     if args.smoke:
         T, sub_S, two_S, topk, skv_full = 256, [128, 256], [128], 128, 1024

@@ -8,7 +8,7 @@
 Parameters are validated before any kernel starts (unknown names, wrong types, empty grids are errors: papermill
 itself would silently inject them). ``-p`` values are parsed as YAML (``-p tp_sizes "[1, 8]"``, ``-p force true``).
 Every sweep run publishes its own report under ``<report_dir>/runs/`` and refreshes the latest copy
-(``<report_dir>/<report-name>.html``) and the index (``<report_dir>/index.html``); layout in :mod:`mla_lab.site`.
+(``<report_dir>/<report-name>.html``) and the index (``<report_dir>/index.html``); layout in :mod:`mla_lab.report.site`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Padding rule and byte accounting (vLLM PR #53878 rule; FACTS.md section 1 arithmetic)."""
+"""Padding rule and byte accounting (vLLM PR #53878 rule; its workspace arithmetic)."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Model configs (data/models, FACTS.md section 3) and arch specs."""
+"""Model configs (data/models: HF config.json values) and arch specs."""
 
 import json
 

@@ -101,7 +101,7 @@ def test_workspace_nbytes(H, arch, kv, mbt, pad, dtype, head_size):
 
 
 def test_seed_value_is_an_instance_of_the_property():
-    # FACTS.md s1: 16384 x (64 - 8) x 1152 B = 1008 MiB
+    # vLLM PR #53878's workspace: 16384 x (64 - 8) x 1152 B = 1008 MiB
     f = memory_account("fused", 8, 16384, "h200", "bf16")
     u = memory_account("unfused", 8, 16384, "h200", "bf16")
     assert (f.persistent_bytes - u.persistent_bytes) / MIB == 1008

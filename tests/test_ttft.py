@@ -94,7 +94,7 @@ def test_layer_options_pass_through():
 def test_memory_tradeoff_seed():
     m = memory_tradeoff(GLM, 8, H200, 16384, "bf16", weight_dtype="fp8", moe_parallel="ep")
     f = m["strategies"]["private_workspace"]
-    # 16384 x (64 - 8) x 576 x 2 B = 1,056,964,608 B = 1008 MiB (FACTS.md section 1)
+    # 16384 x (64 - 8) x 576 x 2 B = 1,056,964,608 B = 1008 MiB (vLLM PR #53878's workspace)
     assert f["extra_bytes"] == 16384 * 56 * 1152 == 1_056_964_608 and f["extra_mib"] == 1008.0
     # per token: 78 layers x (1152 B latent + 132 B indexer key) = 100152 B
     assert m["kv_bytes_per_token"] == 78 * (1152 + 132) == 100_152

@@ -63,7 +63,7 @@ def test_calibration_reproduces_reference_kernel_time():
     assert all(0 < v < 1 for v in cal.attention.values())
     glm = load_model("glm-5")
     t = attention_path_ms(glm, 8, H200, "per_call_zeros", 16384, calibration=cal)
-    # FACTS.md s5: 7.82 ms kernel, 0.534 ms pad at T=16384, 8 -> 64; median fit is within 10%
+    # one H200, 2026-11-30 (data/calibration/h200_reference.csv): 7.82 ms kernel, 0.534 ms pad at T=16384, 8 -> 64; median fit is within 10%
     assert t["kernel"] == pytest.approx(7.82, rel=0.1)
     assert t["pad"] == pytest.approx(0.534, rel=0.1)
     tf = attention_path_ms(glm, 8, H200, "private_workspace", 16384, calibration=cal)

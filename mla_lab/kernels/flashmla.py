@@ -1,6 +1,6 @@
 """FlashMLA sparse prefill (``flash_mla.flash_mla_sparse_fwd``): provider detection, contract check, call.
 
-The ``flash_mla`` module comes from one of several distributions (FACTS.md section 2):
+The ``flash_mla`` module comes from one of several distributions (FlashMLA README; the distributions' PyPI pages):
 
 - ``tokenspeed-flashmla`` (cp312 wheels built against specific torch versions; sm90a + sm100f kernels),
 - ``sgl-flash-mla`` 1.0.0 (abi3; current kernels on sm100, the sm90 kernel only through ``use_legacy=True``),
@@ -30,7 +30,7 @@ SUPPORTED_D_V = (512,)
 #: FlashMLA sparse prefill kernels' B_TOPK ("topk (%d) mod B_TOPK (%d) must be 0"): 128 on sm90, 64 on sm100.
 _TOPK_MULTIPLE = {9: 128, 10: 64}
 #: h_q the kernels are dispatched for (sparse_fwd.h: ``h_q == 64`` -> HEAD_64, ``h_q == 128`` -> HEAD_128, else
-#: "Unsupported h_q"). vLLM pads to 64 on Hopper and 128 on Blackwell (FACTS.md section 1).
+#: "Unsupported h_q"). vLLM pads to 64 on Hopper and 128 on Blackwell (vLLM flashmla_sparse.py, PR #53878).
 _HEADS = {9: (64, 128), 10: (64, 128)}
 
 
