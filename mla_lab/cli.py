@@ -29,8 +29,9 @@ from .report import site
 from .report.browser import check_in_browser
 from .report.data import load_measured
 from .sweep.advise import advise, format_advice
-from .sweep.params import validate_params
-from .sweep.run import plan_sweep
+from .sweep.executors import resolve_device
+from .sweep.params import check_tp_sizes, validate_params
+from .sweep.run import check_output_file, plan_sweep
 from .sweep.store import code_version
 
 DEFAULT_NOTEBOOK = notebooks_dir() / "padding_sweep.ipynb"
@@ -112,11 +113,19 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
     nb = nbformat.read(notebook, as_version=4)
     if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
         raise CLIError(f"notebook {notebook} has no cell tagged 'parameters'; papermill cannot inject parameters")
-    validated = dataclasses.asdict(validate_params(params))  # fail before starting a kernel
+    checked = validate_params(params)  # fail before starting a kernel
+    check_tp_sizes(checked)
+    validated = dataclasses.asdict(checked)
+    check_output_file(validated["data_file"], validated["overwrite"])  # refused before the kernel (cwd-relative)
+    resolve_device(validated["device"])  # device='cuda' without a GPU: refused before the kernel
     kernel = ensure_kernel()
     report_dir = _resolve(validated["report_dir"], cwd)
     runs_dir = report_dir / site.RUNS_DIR
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        runs_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(f"report_dir={validated['report_dir']!r} cannot hold reports ({e.strerror}: {e.filename}); "
+                       "choose a writable folder") from None
     started = _dt.datetime.now(_dt.timezone.utc)
     run_id = site.new_run_id(runs_dir, {**validated, "notebook": notebook.name}, started)
     figure_dir = runs_dir / run_id
@@ -161,7 +170,21 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
     latest = site.publish_latest(report_dir, report_name, run_id)
     index = site.build_index(report_dir, report_name)
     return {"run_id": run_id, "run_html": run_html, "html": latest.get("html", run_html), "index": index,
-            "figures": figure_dir}
+            "figures": figure_dir, "csv": data_file}
+
+
+def _failed_points(csv_path) -> tuple[int, int] | None:
+    """``(failed points, points)`` of a sweep CSV, or None when it cannot be read."""
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(csv_path)
+    except (OSError, ValueError, TypeError):
+        return None
+    if "point_key" not in df.columns or "status" not in df.columns:
+        return None
+    by = df.groupby("point_key")["status"].apply(lambda s: bool((s == "failed").all()))
+    return int(by.sum()), int(len(by))
 
 
 def _rel(p: Path) -> str:
@@ -279,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         print("mla-lab: interrupted; every point finished so far is stored (one file per point) and the same "
               "command resumes from them", file=sys.stderr)
         return 130
+    failed = _failed_points(res.get("csv"))
+    if failed is not None and failed[0] == failed[1] and failed[1] > 0:
+        print(f"mla-lab: error: every point failed ({failed[1]} points; the report lists each reason: "
+              f"{_rel(res['html'])})", file=sys.stderr)
+        return 1
     print(f"mla-lab: report written to {_rel(res['html'])}")
     print(f"mla-lab: this run: {_rel(res['run_html'])} (figures as PNG + SVG in {_rel(res['figures'])}/)")
     print(f"mla-lab: index of all published reports: {_rel(res['index'])}")

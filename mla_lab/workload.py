@@ -40,6 +40,9 @@ class Workload:
         _pos_int("num_prompts", self.num_prompts)
         if self.concurrency is not None:
             _pos_int("concurrency", self.concurrency)
+            if self.concurrency > self.num_prompts:
+                raise ValueError(f"concurrency={self.concurrency} exceeds num_prompts={self.num_prompts}; allowed: "
+                                 f"1..{self.num_prompts} or None (= num_prompts)")
 
     @property
     def total_tokens(self) -> int:

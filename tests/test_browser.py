@@ -17,7 +17,6 @@ import sys
 
 import pytest
 
-from mla_lab import report
 from mla_lab.report import figures
 from mla_lab.report.browser import PLAYWRIGHT_HINT, PROTECTED_DIRS, check_in_browser, find_chromium
 from mla_lab.report.layout_check import figure_clipping
@@ -53,14 +52,22 @@ def published(tmp_path_factory):
     return tmp / "reports"
 
 
+def _published_pngs(reports) -> list:
+    """The PNG figures of the (one) published run, each with its SVG beside it."""
+    pngs = sorted((reports / "runs").glob("*/*.png"))
+    assert pngs and all(p.with_suffix(".svg").is_file() for p in pngs)
+    return pngs
+
+
 @pytest.mark.slow
 def test_published_report_renders_with_every_figure(chromium, published, tmp_path):
     res = check_in_browser(published / "padding_sweep.html", screenshot=tmp_path / "report.png", chromium=chromium)
     assert res["errors"] == [], res["errors"]
     assert res["problems"] == [], res["problems"]
     assert res["ok"]
-    # memory vs TTFT, per-TP bars, heatmap, and the model-validation figure when data/measured holds validation rows
-    assert len(res["images"]) == 3 + bool(len(report.load_validation()))
+    # every figure the run published (PNG + SVG in runs/<run id>/) is on the page: frontier pages, per-TP bars,
+    # heatmap, rate curve, model validation...
+    assert len(res["images"]) == len(_published_pngs(published)) >= 3
     for im in res["images"]:
         assert im["complete"] and im["naturalWidth"] > 500 and im["naturalHeight"] > 300
         assert im["width"] > 300 and im["ink"] > 0.02, im  # drawn on screen with visible content
@@ -76,7 +83,7 @@ def test_index_and_run_report_render(chromium, published, tmp_path):
     run_html = next((published / "runs").glob("*.html"))
     res = check_in_browser(run_html, screenshot=tmp_path / "run.png", chromium=chromium)
     assert res["ok"], res["problems"]
-    assert len(res["images"]) == 3 + bool(len(report.load_validation()))
+    assert len(res["images"]) == len(_published_pngs(published))
 
 
 def _png(color, size=(400, 300), line=False) -> str:
@@ -110,6 +117,7 @@ def test_the_check_catches_blank_and_broken_figures_and_script_errors(chromium, 
     assert any("missing-figure.png" in e for e in res["errors"])  # the failed load, from the browser log
 
 
+@pytest.mark.slow  # Chromium start (1-4 s); the blank/broken/script-error check stays in test-fast
 def test_a_clean_page_passes(chromium, tmp_path):
     page = tmp_path / "good.html"
     page.write_text(f"<!DOCTYPE html><html><body><img alt='fig' src=\"{_png('white', line=True)}\">"
@@ -118,6 +126,7 @@ def test_a_clean_page_passes(chromium, tmp_path):
     assert res["ok"] and res["problems"] == [] and len(res["images"]) == 1
 
 
+@pytest.mark.slow  # Chromium start (1-4 s); the blank/broken/script-error check stays in test-fast
 def test_network_loads_are_blocked_and_reported(chromium, tmp_path):
     """A self-contained report loads nothing from the network: a remote image is aborted and named."""
     page = tmp_path / "net.html"
@@ -129,6 +138,7 @@ def test_network_loads_are_blocked_and_reported(chromium, tmp_path):
     assert "image 2 (remote) did not load" in "\n".join(res["problems"])
 
 
+@pytest.mark.slow  # Chromium start (1-4 s); the blank/broken/script-error check stays in test-fast
 def test_screenshot_goes_to_a_temp_folder_never_beside_the_page(chromium, tmp_path):
     page = tmp_path / "p.html"
     page.write_text(f"<!DOCTYPE html><html><body><img alt='fig' src=\"{_png('white', line=True)}\"></body></html>")
@@ -195,6 +205,21 @@ def test_figure_clipping_passes_a_normal_figure_and_keeps_its_canvas():
     assert fig.canvas is canvas
 
 
+def test_figure_clipping_of_axis_labels_on_request():
+    """Axis labels (a colour bar's included) are checked with ``axis_labels=True``: a colour-bar label longer than
+    the figure is tall is cut at both ends."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 2.5), layout="constrained")
+    ax = fig.add_subplot()
+    cb = fig.colorbar(ax.imshow([[1.0, 2.0]]), ax=ax)
+    cb.set_label("TTFT change of private_workspace vs baseline [%]")
+    assert figure_clipping(fig) == []  # legends and titles only: fine
+    (line,) = figure_clipping(fig, axis_labels=True)
+    assert line.startswith("axes 2 ylabel 'TTFT change of private_workspace vs baseline [%]' is clipped: ")
+    assert "past the bottom" in line and "past the top" in line
+
+
 def test_publish_figure_refuses_a_clipped_legend_and_title(tmp_path):
     """The deliberately clipped figure (legend at bbox_to_anchor=(1.3, 1), title far above) is not published; a
     normal one is."""
@@ -208,6 +233,7 @@ def test_publish_figure_refuses_a_clipped_legend_and_title(tmp_path):
     assert out["png"].is_file() and out["svg"].is_file()
 
 
+@pytest.mark.slow  # Chromium start (1-4 s); the blank/broken/script-error check stays in test-fast
 def test_the_browser_check_catches_a_clipped_svg(chromium, tmp_path):
     """The same clipping seen in the browser on the published SVG (opened as the page, and inline in a page)."""
     bad, good = tmp_path / "clipped.svg", tmp_path / "normal.svg"

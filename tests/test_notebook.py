@@ -12,9 +12,11 @@ from mla_lab import report
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _cli(*args, cwd):
+def _cli(*args, cwd, env=None):
+    import os
+
     return subprocess.run([sys.executable, "-m", "mla_lab.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env={**os.environ, **(env or {})})
 
 
 @pytest.mark.slow
@@ -87,13 +89,24 @@ def test_failing_cell_reports_its_error_not_a_traceback_wall(tmp_path):
 
 @pytest.mark.slow
 def test_sweep_where_every_point_fails_still_publishes_the_failures(tmp_path):
-    r = _cli("sweep", "-p", "models", "[glm-5]", "-p", "tp_sizes", "[3]", "-p", "archs", "[h200]",
+    # a model whose MLP does not shard over TP8 (heads do): every point fails when it is priced, not before
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(REPO / "data" / "models", data / "models")
+    shutil.copytree(REPO / "data" / "calibration", data / "calibration")
+    cfg = json.loads((data / "models" / "glm-5" / "config.json").read_text())
+    (data / "models" / "odd").mkdir()
+    (data / "models" / "odd" / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=12290)))
+    env_data = {"MLA_LAB_DATA": str(data)}
+    r = _cli("sweep", "-p", "models", "[odd]", "-p", "tp_sizes", "[8]", "-p", "archs", "[h200]",
              "-p", "store_dir", str(tmp_path / "st"), "-p", "data_file", str(tmp_path / "d.csv"),
-             "-p", "report_dir", str(tmp_path / "rep"), "--report-name", "allfail", cwd=REPO)
-    assert r.returncode == 0, r.stderr[-2000:]
+             "-p", "report_dir", str(tmp_path / "rep"), "--report-name", "allfail", cwd=REPO, env=env_data)
+    assert r.returncode == 1, r.stderr[-2000:]  # published, and the exit code says nothing was priced
+    assert "every point failed" in r.stderr
     html = (tmp_path / "rep" / "allfail.html").read_text()
     assert "No grid point could be priced" in html
-    assert "tp=3 does not divide num_attention_heads=64" in html
+    assert "tp=8 does not divide intermediate_size=12290" in html
 
 
 def test_concurrent_runs_get_distinct_run_ids(tmp_path):

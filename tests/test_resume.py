@@ -31,8 +31,8 @@ import mla_lab.sweep.rows as rows_mod
 import mla_lab.sweep.run as sweep_mod
 from mla_lab.placement import BASELINE, expand_strategies
 from mla_lab.report.data import failed_points
-from mla_lab.sweep.store import ResultStore
 from mla_lab.sweep import expand_grid, run_sweep, validate_params
+from mla_lab.sweep.store import ResultStore
 
 REPO = Path(__file__).resolve().parent.parent
 VERSION = "resume-test"

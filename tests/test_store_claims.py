@@ -216,3 +216,31 @@ def test_a_point_stored_after_the_status_snapshot_is_not_recomputed(tmp_path, mo
     df = run_sweep(params, progress=False)
     assert calls == [], "a point already stored by another sweep was computed again"
     assert df["point_key"].nunique() == 2 and (df["status"] == "ok").all()
+
+
+def test_claim_primitives(tmp_path):
+    """A claim is visible only whole (host and pid), a live one is never taken, a dead one is taken over, a claim
+    another process holds survives release, and stale claims of dead processes are cleaned."""
+    store = ResultStore(tmp_path / "store")
+    assert store.claim("k1") and store.claim_path("k1").read_text().split()[1] == str(os.getpid())
+    assert store.claim("k1") is False and store.claim_alive("k1")  # held (by this very process): not claimed twice
+    assert store.tmp_files() == []  # the claim's temporary file is gone
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    host = store.claim_path("k1").read_text().split()[0]
+    store.claim_path("k2").write_text(f"{host} {dead_pid}\n")  # left by a killed sweep
+    store.claim_path("k3").write_text(f"{host} 1\n")  # pid 1 runs: alive, someone else's
+    store.claim_path("k4").write_text("")  # an empty file (older layout, cut short): not a live claim
+    store.claim_path("k5").write_text(f"other-host {dead_pid}\n")  # another host's: alive as far as we know
+    assert not store.claim_alive("k2") and store.claim_alive("k3") and not store.claim_alive("k4")
+    assert store.claim_alive("k5")
+    assert store.claim("k2") and store.claim_path("k2").read_text().split()[1] == str(os.getpid())
+    assert not store.claim("k3") and not store.claim("k5")
+    store.release("k3")
+    assert store.claim_path("k3").exists()  # not ours: kept
+    store.release("k1")
+    assert not store.claim_path("k1").exists()
+    store.claim_path("k6").write_text(f"{host} {dead_pid}\n")
+    removed = {p.name for p in store.clean_stale_claims()}
+    assert removed == {"k4.claim", "k6.claim"}
+    assert {p.name for p in store.points.glob("*.claim")} == {"k2.claim", "k3.claim", "k5.claim"}

@@ -192,6 +192,8 @@ def _validate_prefill_common(q, kv, indices, sm_scale, d_v, topk_length, actual_
         raise ValueError(f"kv.shape[-1] must equal q.shape[-1]={d_qk}; got kv.shape={_shape(kv)}")
     if kv.dtype != q.dtype:
         raise ValueError(f"kv.dtype must equal q.dtype={q.dtype}; got kv.dtype={kv.dtype}")
+    if kv.shape[0] < 1:
+        raise ValueError(f"s_kv (kv.shape[0]) must be >= 1: there is no key to attend to; got kv.shape={_shape(kv)}")
     if not isinstance(indices, torch.Tensor) or indices.dim() not in (2, 3):
         raise ValueError(f"indices must be [s_q, 1, topk] or [s_q, topk]; got indices.shape={_shape(indices)}")
     if indices.dim() == 3 and indices.shape[1] != 1:
@@ -210,6 +212,12 @@ def _validate_prefill_common(q, kv, indices, sm_scale, d_v, topk_length, actual_
                              f"{_shape(topk_length)}")
         if topk_length.dtype != torch.int32:
             raise ValueError(f"topk_length.dtype must be torch.int32; got {topk_length.dtype}")
+        topk = indices.shape[-1]
+        # values are checked for CPU tensors only: on a GPU the check would synchronise every layer call
+        if topk_length.device.type == "cpu" and topk_length.numel():
+            lo, hi = int(topk_length.min()), int(topk_length.max())
+            if lo < 0 or hi > topk:
+                raise ValueError(f"topk_length values must lie in [0, topk={topk}]; got min {lo}, max {hi}")
     if actual_num_heads is not None:
         if isinstance(actual_num_heads, bool) or not isinstance(actual_num_heads, int) or \
                 not (1 <= actual_num_heads <= h_q):

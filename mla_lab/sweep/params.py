@@ -17,7 +17,7 @@ from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
 
-__all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid", "DEFAULT_STRATEGIES", "VLLM_ALIASES",
+__all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid", "check_tp_sizes", "DEFAULT_STRATEGIES", "VLLM_ALIASES",
            "normalize_names"]
 
 #: The sweep's default strategies: every engine preset (:data:`mla_lab.placement.PRESETS`), the shared workspace
@@ -217,6 +217,19 @@ def _validate_executor(p: dict) -> None:
     if p["executor"] == "ray" and not executors.ray_available():
         raise ValueError(f"executor='ray' needs the optional ray package, which is not installed here; install it "
                          f"with {RAY_INSTALL_HINT}")
+
+def check_tp_sizes(params: SweepParams) -> None:
+    """Refuse a grid with a (model, TP) pair whose TP does not divide the model's heads (the CLI calls this before
+    the notebook starts; the library's :func:`mla_lab.sweep.run.run_sweep` records such points as failed instead).
+
+    Raises:
+        ValueError: the model's message (names the TP, the heads and the allowed TP sizes).
+    """
+    for m in params.models:
+        model = load_model(m)
+        for tp in params.tp_sizes:
+            model.heads_per_rank(tp)
+
 
 def expand_grid(params: SweepParams) -> list[dict]:
     """Every grid point as a dict (canonical names: arch resolved to its card)."""
