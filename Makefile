@@ -6,7 +6,7 @@ VENV   ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: report test lab venv clean-venv
+.PHONY: report test test-fast test-gpu lab venv clean-venv
 
 $(VENV)/.stamp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,15 @@ report: $(VENV)/.stamp
 ## tests (CPU; GPU tests are skipped with the reason)
 test: $(VENV)/.stamp
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+## the fast subset (<= 45 s on 2 cores): everything not marked slow; tests/conftest.py lists the slow files
+## (papermill notebook runs, Ray, the published report in Chromium, the Triton interpreter, the kill/resume runs)
+test-fast: $(VENV)/.stamp
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+## on a GPU machine: the GPU tests only, and a skip (no CUDA, no flash_mla) is a failure (MLA_LAB_REQUIRE_GPU=1)
+test-gpu: $(VENV)/.stamp
+	MLA_LAB_REQUIRE_GPU=1 $(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 ## JupyterLab on notebooks/, opening the interactive explorer (LAB_ARGS: e.g. --no-browser --ip=0.0.0.0)
 lab: $(VENV)/.stamp
