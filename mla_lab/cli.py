@@ -211,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     for flag, name in VLLM_FLAGS:
         sw.add_argument(flag, dest=f"vllm_{name}", default=None, metavar="VALUE",
                         help=f"vLLM spelling of -p {name} (a YAML value: 8 or [4, 8])")
+    sw.add_argument("--num-runs", type=int, default=None,
+                    help="interleaved repeats of each measured strategy on a GPU (= -p num_runs; default 7)")
     sw.add_argument("--dry-run", action="store_true",
                     help="print the grid, the point count and what is already stored; run nothing")
     sw.add_argument("--overwrite", action="store_true",
@@ -279,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             params["force"] = True
         if args.overwrite:
             params["overwrite"] = True
+        if args.num_runs is not None:
+            params["num_runs"] = args.num_runs
         for _, name in VLLM_FLAGS:
             v = getattr(args, f"vllm_{name}")
             if v is not None:
