@@ -67,14 +67,14 @@ def _match_measured(measured, sel: dict):
 def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batched_tokens: int = 16384,
                   kv_cache_dtype: str = "bf16", prompt_len: int = 1024, num_prompts: int = 32,
                   strategy: str = "private_workspace", measured=None, concurrency: int | None = None,
-                  weight_dtype: str = DEFAULTS["weight_dtype"], moe_parallel: str = DEFAULTS["moe_parallel"]
-                  ) -> dict:
+                  weight_dtype: str = DEFAULTS["weight_dtype"], moe_parallel: str = DEFAULTS["moe_parallel"],
+                  gpu_memory_utilization: float = DEFAULTS["gpu_memory_utilization"]) -> dict:
     """Price one selection through the sweep's row builder (:func:`mla_lab.sweep.rows.modelled_rows`: the same
     numbers the sweep and the report show) and attach matching measured rows.
 
     Args:
         model, tp, arch, max_num_batched_tokens, kv_cache_dtype, prompt_len, num_prompts, concurrency (None =
-            num_prompts), weight_dtype, moe_parallel: the selection, as the sweep's parameters
+            num_prompts), weight_dtype, moe_parallel, gpu_memory_utilization (the KV-cache budget): the selection, as the sweep's parameters
             (:class:`mla_lab.sweep.params.SweepParams`).
         strategy: the strategy whose workspace the headline numbers describe (TTFT is given for every strategy).
         measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.data.load_measured`) or None.
@@ -95,7 +95,8 @@ def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num
                               "max_num_batched_tokens": [max_num_batched_tokens], "prompt_lens": [prompt_len],
                               "kv_cache_dtype": kv_cache_dtype, "num_prompts": num_prompts,
                               "concurrency": concurrency, "weight_dtype": weight_dtype,
-                              "moe_parallel": moe_parallel, "strategies": list(EXPLORER_STRATEGIES)})
+                              "moe_parallel": moe_parallel, "strategies": list(EXPLORER_STRATEGIES),
+                              "gpu_memory_utilization": gpu_memory_utilization})
     strategy = check_strategy(strategy).name
     (point,) = expand_grid(params)
     rows = [dict(r) for r in _rows(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in point.items()))]
@@ -274,6 +275,9 @@ class Explorer:
             "strategy": W.Dropdown(options=list(EXPLORER_STRATEGIES),
                                    value=check_strategy(initial.get("strategy", "private_workspace")).name,
                                    description="strategy", style=style, layout=lay),
+            "gpu_memory_utilization": W.BoundedFloatText(value=initial.get("gpu_memory_utilization", 0.9), min=0.05,
+                                                         max=1.0, step=0.05, description="GPU memory utilization",
+                                                         style=style, layout=W.Layout(width="260px")),
             "memory_budget_mib": W.BoundedFloatText(value=initial.get("memory_budget_mib", 300.0), min=0,
                                                     max=1e6, step=50, description="advise: budget MiB",
                                                     style=style, layout=W.Layout(width="260px")),
@@ -392,7 +396,7 @@ class Explorer:
             self.advice = advise(v["model"], v["tp"], v["arch"], v["max_num_batched_tokens"], v["prompt_len"],
                                  v["kv_cache_dtype"], v["num_prompts"], v["concurrency"], v["weight_dtype"],
                                  v["moe_parallel"], memory_budget_mib=v["memory_budget_mib"],
-                                 measured=self.measured)
+                                 measured=self.measured, gpu_memory_utilization=v["gpu_memory_utilization"])
         except ValueError as e:
             self.advice = None
             return f"<b>Advice:</b> {html.escape(str(e))}"

@@ -4,8 +4,8 @@
   ``gpu`` — no CUDA, no flash_mla provider, a capability the test cannot use — is reported as a failure with the
   skip's reason, so a GPU run cannot pass by skipping its GPU tests.
 - ``slow``: tests that take more than a few seconds on a 2-core CPU. A test file may mark its own; the files and
-  tests listed in :data:`SLOW` (notebook runs through papermill, a local Ray instance, the published report in
-  Chromium, the Triton CPU interpreter) are marked here. ``make test-fast`` runs ``-m "not slow"``.
+  tests listed in :data:`SLOW` and every test using a fixture of :data:`SLOW_FIXTURES` (notebook runs through
+  papermill, a local Ray instance, the published report in Chromium, the Triton CPU interpreter) are marked here. ``make test-fast`` runs ``-m "not slow"``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ SLOW = (
     "tests/test_notebook_explore.py",  # the explorer notebook in a kernel (4 s)
     "tests/test_report_site.py",  # publishes reports through the CLI (8 s setup)
     "tests/test_tp_check.py",  # gloo TP=2 ranks (14 s setup)
-    "tests/test_measure_layer.py::test_triton_kernels_match_torch",  # Triton interpreter (17 s)
-    "tests/test_measure_layer.py::test_check_kernels_and_their_rows",  # the same fixture (22 s setup)
     "tests/test_properties.py::test_concat_real_heads_equal_inputs_padded_heads_untouched",  # hypothesis (6 s)
     "tests/test_kernels_triton_interp.py",  # Triton interpreter (6 s first compile)
     "tests/test_fault_injection.py",  # a 2000-point sweep killed and resumed
@@ -36,6 +34,12 @@ SLOW = (
 )
 
 
+#: Fixtures whose setup alone takes more than a few seconds: every test using one is marked ``slow``.
+SLOW_FIXTURES = (
+    "worker_results",  # tests/test_measure_layer.py: the layer runner in a worker under the Triton interpreter (13-22 s)
+)
+
+
 def require_gpu() -> bool:
     """``MLA_LAB_REQUIRE_GPU`` is set to a true value (1, true, yes)."""
     return os.environ.get(REQUIRE_GPU_ENV, "").strip().lower() in ("1", "true", "yes")
@@ -43,7 +47,9 @@ def require_gpu() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.nodeid.startswith(p) for p in SLOW) and item.get_closest_marker("slow") is None:
+        slow = any(item.nodeid.startswith(p) for p in SLOW) or \
+            bool(set(getattr(item, "fixturenames", ())) & set(SLOW_FIXTURES))
+        if slow and item.get_closest_marker("slow") is None:
             item.add_marker(pytest.mark.slow)
 
 

@@ -36,7 +36,8 @@ def test_cli_runs_notebook_on_tiny_grid(tmp_path):
     assert set(df["strategy"]) == want and len(df) == 2 * len(want)  # 2 archs x every default strategy
     assert (df["source"] == "modelled").all()
     html = (tmp_path / "rep" / "tiny.html").read_text()
-    n_fig = 3 + bool(len(report.load_validation()))  # + the validation figure when data/measured has its rows
+    # frontier page, TP bars, heatmap, serving rate curve, + the validation figure when data/measured has its rows
+    n_fig = 4 + bool(len(report.load_validation()))
     assert html.count('src="data:image/png;base64') == n_fig and "Memory vs TTFT, one panel per deployment" in html
     assert "The PR&#x27;s numbers, answered" in html or "The PR's numbers, answered" in html
     assert "Advice for the PR" in html

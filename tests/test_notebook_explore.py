@@ -69,9 +69,11 @@ def test_explorer_has_a_control_for_every_sweep_parameter_that_changes_a_number(
     grid = {"models": "model", "tp_sizes": "tp", "archs": "arch", "max_num_batched_tokens": "max_num_batched_tokens",
             "prompt_lens": "prompt_len", "kv_cache_dtype": "kv_cache_dtype", "num_prompts": "num_prompts",
             "concurrency": "concurrency", "weight_dtype": "weight_dtype", "moe_parallel": "moe_parallel",
-            "strategies": "strategy"}
+            "strategies": "strategy", "gpu_memory_utilization": "gpu_memory_utilization"}
     no_number = {"device", "store_dir", "data_file", "report_dir", "check_equivalence", "force", "overwrite",
-                 "executor", "ray_address", "num_runs", "shared_workspace_bytes"}
+                 "executor", "ray_address", "num_runs", "shared_workspace_bytes",
+                 # the serving section's inputs: they change no number the explorer shows
+                 "output_len", "max_num_seqs", "request_rate"}
     assert set(DEFAULTS) == set(grid) | no_number
     assert set(grid.values()) <= set(ex.controls)
     before = ex.result["per_strategy"][1]["ttft_ms"]

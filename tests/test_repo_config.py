@@ -125,6 +125,7 @@ def _run_policy(tmp_path: Path, env_value: str | None, *args: str) -> subprocess
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow  # a pytest subprocess (1 s); the MLA_LAB_REQUIRE_GPU check stays in test-fast
 def test_gpu_skips_are_skips_by_default(tmp_path):
     r = _run_policy(tmp_path, None)
     assert r.returncode == 0, r.stdout
@@ -142,6 +143,7 @@ def test_require_gpu_turns_every_gpu_skip_into_a_failure_with_the_reason(tmp_pat
     assert re.search(r"SKIPPED \[1\] tests/test_policy.py:\d+: an ordinary skip", out)  # not a gpu test: stays
 
 
+@pytest.mark.slow  # a pytest subprocess (1 s); the MLA_LAB_REQUIRE_GPU check stays in test-fast
 def test_unregistered_marker_is_an_error(tmp_path):
     (tmp_path / "suite" / "tests").mkdir(parents=True)
     (tmp_path / "suite" / "tests" / "test_typo.py").write_text("import pytest\n\n@pytest.mark.gpuu\ndef test_x():\n"
@@ -150,6 +152,7 @@ def test_unregistered_marker_is_an_error(tmp_path):
     assert r.returncode != 0 and "'gpuu' not found in `markers` configuration option" in r.stdout + r.stderr
 
 
+@pytest.mark.slow  # a pytest subprocess (1 s); the MLA_LAB_REQUIRE_GPU check stays in test-fast
 def test_slow_deselection(tmp_path):
     r = _run_policy(tmp_path, None, "-m", "not slow")
     assert r.returncode == 0 and "1 deselected" in r.stdout, r.stdout

@@ -15,7 +15,7 @@ import pytest
 from mla_lab.report import site
 
 REPO = Path(__file__).resolve().parent.parent
-FIGURES = {"frontier_1", "tp_bars", "ttft_heatmap"}
+FIGURES = {"frontier_1", "tp_bars", "ttft_heatmap", "rate_curve"}
 N_STRATEGIES = 3  # the fixture's sweeps price unfused (both ends of vllm-pre-53878) and fused
 
 
@@ -67,7 +67,7 @@ def test_each_run_has_its_own_report_and_figures(two_runs):
     for rid in ids:
         assert re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{8}(-\d+)?", rid)
         html = (runs / f"{rid}.html").read_text()
-        assert html.count('src="data:image/png;base64') == 3  # figures embedded: the HTML stands alone
+        assert html.count('src="data:image/png;base64') == len(FIGURES)  # embedded: the HTML stands alone
         assert "cdnjs" not in html and "<script src=" not in html  # nothing fetched from the network
         assert "points  elapsed" not in html  # the sweep's progress log is left out of the report
         assert "Provenance" in html and "numbers, answered" in html

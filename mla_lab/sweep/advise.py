@@ -47,7 +47,7 @@ def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batche
            prompt_len: int = 1024, kv_cache_dtype: str = "bf16", num_prompts: int = 32,
            concurrency: int | None = None, weight_dtype: str = "fp8", moe_parallel: str = "ep",
            memory_budget_mib: float | None = None, memory_budget_tokens: float | None = None,
-           strategies=None, measured=None) -> dict:
+           strategies=None, measured=None, gpu_memory_utilization: float = 0.9) -> dict:
     """The ranked strategies for one deployment under a memory budget.
 
     Args:
@@ -55,6 +55,7 @@ def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batche
         memory_budget_mib: most persistent extra MiB per rank the strategy may add over the baseline (None: no
             limit); memory_budget_tokens: most KV-cache tokens it may cost (None: no limit). Both may be given.
         strategies: candidates (default :func:`candidate_strategies`).
+        gpu_memory_utilization: vLLM's KV-cache budget fraction (0.9).
         measured: a DataFrame of measured rows (``mla_lab.report.data.load_measured``); where one matches the
             deployment and a strategy, its TTFT replaces the modelled one and ``ttft_source`` says ``measured``.
 
@@ -77,7 +78,8 @@ def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batche
                               "max_num_batched_tokens": [max_num_batched_tokens], "prompt_lens": [prompt_len],
                               "kv_cache_dtype": kv_cache_dtype, "num_prompts": num_prompts,
                               "concurrency": concurrency, "weight_dtype": weight_dtype,
-                              "moe_parallel": moe_parallel, "strategies": cands})
+                              "moe_parallel": moe_parallel, "strategies": cands,
+                              "gpu_memory_utilization": gpu_memory_utilization})
     (point,) = expand_grid(params)
     rows = modelled_rows(point)
     base = next(r for r in rows if r["strategy"] == BASELINE)
