@@ -27,8 +27,10 @@ from mla_lab.sweep import expand_grid, run_sweep, validate_params
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"
 # 2 models x 3 TP (tp=3 fails for both: a failing point per model) x 2 archs x 2 prompt lengths = 24 points
+# strategies: the PR and the bound; with the baseline, which is always priced, 3 rows per point
 GRID = dict(models=["glm-5", "deepseek-v3.2"], tp_sizes=[3, 4, 8], archs=["h200", "b200"],
-            max_num_batched_tokens=[16384], prompt_lens=[1024, 8192], device="cpu")
+            max_num_batched_tokens=[16384], prompt_lens=[1024, 8192], device="cpu",
+            strategies=["fused", "kernel_native"])
 
 
 def _need_ray():
@@ -225,7 +227,8 @@ def test_cli_notebook_fans_out_on_ray(tmp_path):
     _need_ray()
     r = _cli("sweep", "--executor", "ray", "-p", "models", "[glm-5]", "-p", "tp_sizes", "[4, 8]", "-p", "archs",
              "[h200]", "-p", "prompt_lens", "[1024]", "-p", "max_num_batched_tokens", "[16384]", "-p", "device", "cpu",
-             "-p", "check_equivalence", "false", "-p", "store_dir", str(tmp_path / "st"), "-p", "data_file",
+             "-p", "check_equivalence", "false", "-p", "strategies", "[fused, kernel_native]",
+             "-p", "store_dir", str(tmp_path / "st"), "-p", "data_file",
              str(tmp_path / "s.csv"), "-p", "report_dir", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stderr[-3000:]
     df = pd.read_csv(tmp_path / "s.csv")
