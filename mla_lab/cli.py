@@ -270,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             out = site.build_index(Path(args.report_dir), args.report_name)
         except (OSError, ValueError) as e:
-            print(f"mla-lab: error: --report-dir {args.report_dir}: {getattr(e, 'strerror', None) or e}",
+            what = "is a file, not a folder" if Path(args.report_dir).is_file() else \
+                (getattr(e, "strerror", None) or str(e))
+            print(f"mla-lab: error: --report-dir {args.report_dir}: {what}; give the folder the reports are in",
                   file=sys.stderr)
             return 2
         print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {_rel(out)}")

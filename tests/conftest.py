@@ -24,6 +24,7 @@ SLOW = (
     "tests/test_report_site.py",  # publishes reports through the CLI (8 s setup)
     "tests/test_tp_check.py",  # gloo TP=2 ranks (14 s setup)
     "tests/test_properties.py::test_concat_real_heads_equal_inputs_padded_heads_untouched",  # hypothesis (6 s)
+    "tests/test_report.py::test_report_module_leaves_the_matplotlib_backend_alone",  # a python subprocess (2.5 s)
     "tests/test_kernels_triton_interp.py",  # Triton interpreter (6 s first compile)
     "tests/test_fault_injection.py",  # a 2000-point sweep killed and resumed
     "tests/test_store_claims.py",  # two sweep processes on one store

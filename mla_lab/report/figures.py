@@ -370,7 +370,7 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     axes[0].set_yticks(range(len(ykeys)), [f"H={h} ({m})" for h, m in ykeys])
     axes[0].set_ylabel("heads per rank")
     if im is not None:
-        fig.colorbar(im, ax=list(axes), label=f"TTFT change of {strategy} vs baseline [%]", shrink=0.9)
+        fig.colorbar(im, ax=list(axes), label="TTFT change [%]", shrink=0.9)  # the strategy: in the title
     _suptitle(fig, f"TTFT change of {strategy} vs baseline, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt} "
                  "(modelled; 'm:' = measured)", fontsize=10.5)
     return fig

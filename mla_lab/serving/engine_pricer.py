@@ -92,7 +92,7 @@ MODELLED_NOTES = (
     "Every number is modelled: a step-level simulation of vllm bench serve (random dataset, --ignore-eos) against "
     "vLLM v1's scheduler (mla_lab.serving), each step priced by the lab's cost model (mla_lab.model.timing."
     "step_time_ms, committed calibration) plus the decode calibration fitted on H200 decode measurements.",
-    "Decode tokens go through the same padded bf16 sparse kernel as prefill (FACTS section 6), so per-call pad "
+    "Decode tokens go through the same padded bf16 sparse kernel as prefill (vLLM mla_attention.py: sparse impls send every token down the MQA path), so per-call pad "
     "strategies pay their pad on every decode step too; with an fp8 KV cache nothing is padded and the strategies "
     "price alike.",
     "Uniform decode batches run as full CUDA graphs (GPU time only); prefill and mixed steps are priced eagerly "

@@ -8,7 +8,7 @@ A pricer is any callable ``StepPricer = Callable[[Step], float]`` returning the 
   DeepSeek-V3.2), causally: a prompt token at position ``p`` sees ``min(p + 1, topk)`` keys
   (:func:`prefill_topk_lengths`), a decode token with context ``c`` sees ``min(c, topk)``
   (:func:`decode_topk_length`). With a bf16 KV cache vLLM sends every token of the step, decode included, through
-  the same padded ``flash_mla_sparse_fwd`` call (lab FACTS section 6), so :func:`step_topk_lengths` gives the one
+  the same padded ``flash_mla_sparse_fwd`` call (vLLM mla_attention.py sends every token down the sparse path), so :func:`step_topk_lengths` gives the one
   ``topk_length`` vector of that call (decodes first: vLLM reorders the batch decode-first);
 - :class:`LinearStepPricer`, a simple explicit reference pricer for tests and demos (its coefficients are
   illustrative, not calibrated);

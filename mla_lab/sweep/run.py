@@ -52,7 +52,9 @@ def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"data_file={str(path)!r}: its folder cannot be created ({e.strerror}); choose a writable "
+        blocker = next((q for q in [out.parent, *out.parent.parents] if q.is_file()), None)
+        why = f"{blocker} is a file, not a folder" if blocker else e.strerror
+        raise ValueError(f"data_file={str(path)!r}: its folder cannot be created ({why}); choose a writable "
                          "path") from None
     return out
 
