@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     ad.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=int, default=None)
     ad.add_argument("--weight-dtype", default="fp8", choices=["fp8", "bf16"])
     ad.add_argument("--moe-parallel", default="ep", choices=["ep", "tp"])
+    ad.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's KV-cache budget fraction")
     ad.add_argument("--memory-budget-mib", type=float, default=None, help="most persistent extra MiB per rank")
     ad.add_argument("--memory-budget-tokens", type=float, default=None, help="most KV-cache tokens lost per rank")
     ad.add_argument("--no-measured", action="store_true", help="use modelled TTFT only (ignore data/measured)")
@@ -260,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
             measured = None if args.no_measured else load_measured()
             res = advise(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
                          args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
-                         args.moe_parallel, args.memory_budget_mib, args.memory_budget_tokens, measured=measured)
+                         args.moe_parallel, args.memory_budget_mib, args.memory_budget_tokens, measured=measured,
+                         gpu_memory_utilization=args.gpu_memory_utilization)
         except ValueError as e:
             print(f"mla-lab: error: {e}", file=sys.stderr)
             return 2
@@ -295,8 +297,12 @@ def main(argv: list[str] | None = None) -> int:
             params["ray_address"] = args.address
         if args.timeout <= 0:
             raise ValueError(f"--timeout={args.timeout} must be a positive number of seconds")
-        if args.dry_run:
-            plan = plan_sweep(params)
+        if args.dry_run:  # the same refusals as a run, before anything is planned
+            checked = validate_params(params)
+            check_tp_sizes(checked)
+            check_output_file(checked.data_file, checked.overwrite)
+            resolve_device(checked.device)
+            plan = plan_sweep(checked)
             print(json.dumps(plan, indent=1))
             return 0
         # relative paths resolve against the directory the command runs in

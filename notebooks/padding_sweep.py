@@ -66,7 +66,7 @@ from IPython.display import HTML, Markdown, display
 
 from mla_lab import report, sweep
 from mla_lab.placement import PRESETS
-from mla_lab.report.serving import plot_rate_curve, rate_curve, serving_table
+from mla_lab.report.serving import plot_rate_curve, rate_curve, serving_display_table
 from mla_lab.serving import serve_benchmark
 from mla_lab.strategies import equivalence_check
 
@@ -110,7 +110,7 @@ display(HTML(report.html_table(report.seed_setup_table(df, measured, serving=ser
 # %%
 for m, r in served.items():
     display(Markdown(f"**{m}**"))
-    display(HTML(report.html_table(serving_table(r, wide=True))))
+    display(HTML(report.html_table(serving_display_table(r))))
 curve = rate_curve("glm-5", 8, "h200", ["vllm-pre-53878", "vllm-53878", "vllm-56902"], [1, 4, 16, float("inf")])
 saved["rate_curve"] = report.publish_figure(plot_rate_curve(curve), "rate_curve", figs)
 

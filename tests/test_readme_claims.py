@@ -45,8 +45,8 @@ def test_modelled_ttft_changes(seed_rows):
 
 def test_measured_ttft_change_and_attention_path(measured_seed):
     pr, base = measured_seed.loc["private_workspace"], measured_seed.loc["per_call_empty:zeros"]
-    _in_readme(f"{pr['ttft_change_pct']:+.1f} % [{pr['ttft_change_ci_lo']:+.1f}, {pr['ttft_change_ci_hi']:+.1f}] "
-               f"({int(pr['num_runs'])} interleaved rounds)")
+    _in_readme(f"{pr['ttft_change_pct']:+.2f} % [{pr['ttft_change_ci_lo']:+.2f}, {pr['ttft_change_ci_hi']:+.2f}] "
+               f"(measured sweep, {int(pr['num_runs'])} interleaved rounds)")
     _in_readme(f"({base['attn_path_ms_step0']:.3f} -> {pr['attn_path_ms_step0']:.3f} ms measured)")
     _in_readme(f"0.16 ms copy per layer call")
     assert round(base["attn_path_ms_step0"] - pr["attn_path_ms_step0"], 2) == 0.16
@@ -54,9 +54,12 @@ def test_measured_ttft_change_and_attention_path(measured_seed):
     _in_readme(f"{100 * (pr['ttft_ms'] / stale['ttft_ms'] - 1):+.1f} % (this sweep)")
 
 
-def test_round2_stale_change(seed_rows):
+def test_round2_changes(seed_rows):
     r = seed_rows[("glm-5", "private_workspace", "per_call_empty:stale")]
     _in_readme(f"{r['measured_pct']:+.1f} % [{r['measured_lo']:+.1f}, {r['measured_hi']:+.1f}] (round 2)")
+    z = seed_rows[("glm-5", "private_workspace", "per_call_empty:zeros")]
+    _in_readme(f"{z['measured_pct']:+.1f} % [{z['measured_lo']:+.1f}, {z['measured_hi']:+.1f}] (round 2, "
+               f"{z['rounds']} rounds)")
 
 
 def test_memory_figures(measured_seed):

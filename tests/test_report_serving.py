@@ -108,3 +108,14 @@ def test_plot_rate_curve_refuses_two_deployments(curve):
         plot_rate_curve(two)
     with pytest.raises(ValueError, match="columns"):
         plot_rate_curve(pd.DataFrame())
+
+
+def test_serving_display_table_names_every_metric_and_prints_no_nan(result):
+    from mla_lab.report import html_table
+    from mla_lab.report.serving import serving_display_table
+
+    t = serving_display_table(result)
+    assert list(t.iloc[:, 0]) == [label for _, label in PRINTED_METRICS]
+    html = html_table(t)
+    assert "Mean TTFT (ms)" in html and "nan" not in html.lower().replace("nano", "")
+    assert t.columns[-1] == "PR #53878 reported, change %"

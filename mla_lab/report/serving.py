@@ -23,7 +23,7 @@ from ..serving.client import BenchConfig
 from ..serving.engine_pricer import serve_benchmark
 from .figures import strategy_style
 
-__all__ = ["serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY", "REPORTED_CHANGE",
+__all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY", "REPORTED_CHANGE",
            "SERVING_TABLE_COLUMNS", "RATE_CURVE_BENCH"]
 
 #: What ``vllm bench serve`` prints, in its order and with its labels (``vllm/benchmarks/serve.py``; the latency
@@ -95,6 +95,16 @@ def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
     out = pd.DataFrame(cols)
     out.columns = pd.MultiIndex.from_tuples(out.columns)
     return out
+
+
+def serving_display_table(result: dict) -> pd.DataFrame:
+    """:func:`serving_table` (wide) for the report: the metric names as the first column, flat column names, the
+    PR's reported change only where it reported one (blank elsewhere)."""
+    w = serving_table(result, wide=True)
+    flat = pd.DataFrame({f"{a}, {b}": w[(a, b)] for a, b in w.columns})
+    flat = flat.astype(object).where(flat.notna(), "")
+    flat.insert(0, "metric (vllm bench serve; modelled)", list(w.index))
+    return flat.reset_index(drop=True)
 
 
 def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | None = None,

@@ -57,13 +57,15 @@ def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batche
         strategies: candidates (default :func:`candidate_strategies`).
         gpu_memory_utilization: vLLM's KV-cache budget fraction (0.9).
         measured: a DataFrame of measured rows (``mla_lab.report.data.load_measured``); where one matches the
-            deployment and a strategy, its TTFT replaces the modelled one and ``ttft_source`` says ``measured``.
+            deployment and a strategy, its change against the same baseline and interval are attached
+            (``measured_change_pct``, ``measured_ci_lo``, ``measured_ci_hi``).
 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
         reason], "frontier": [strategy names]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
         :data:`mla_lab.placement.BASELINE`), extra_persistent_mib, call_transient_mib, kv_tokens_lost,
-        ttft_source (measured | modelled), memory_source (exact), on_frontier.
+        ttft_source (modelled), measured_change_pct / measured_ci_lo / measured_ci_hi (or None),
+        memory_source (exact), on_frontier.
 
     Raises:
         ValueError: a bad deployment parameter (the sweep's message); a negative budget; a deployment whose
@@ -112,16 +114,19 @@ def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batche
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
             "bounds": bounds,
             "frontier": front, "baseline": BASELINE,
-            "note": "TTFT modelled (full_layer scope, calibration in each row) unless ttft_source says measured; "
-                    "memory exact (byte accounting)"}
+            "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
+                    "change with the attention path timed on an H200 (rest modelled) and its 95 % interval, where "
+                    "measured; memory exact (byte accounting); a negative extra = a workspace smaller than the "
+                    "baseline's unpadded Q buffer"}
 
 
 def _summary(r: dict, reason: str) -> dict:
     return {"strategy": r["strategy"], "preset": r["preset"], "ttft_ms": r["ttft_ms"],
             "ttft_change_pct": r["ttft_change_pct"], "extra_persistent_mib": r["extra_persistent_mib"],
-            "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": r["kv_tokens_lost"],
-            "ttft_source": r.get("ttft_source", "modelled"), "memory_source": "exact", "reason": reason,
-            "ttft_change_ci_lo": r.get("ttft_change_ci_lo"), "ttft_change_ci_hi": r.get("ttft_change_ci_hi")}
+            "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": round(r["kv_tokens_lost"]),
+            "ttft_source": "modelled", "memory_source": "exact", "reason": reason,
+            "measured_change_pct": r.get("measured_change_pct"), "measured_ci_lo": r.get("measured_ci_lo"),
+            "measured_ci_hi": r.get("measured_ci_hi")}
 
 
 def _splice_measured(rows: list[dict], point: dict, measured) -> None:
@@ -141,12 +146,10 @@ def _splice_measured(rows: list[dict], point: dict, measured) -> None:
         g = by.get(r["strategy"])
         if g is None:
             continue
-        r["ttft_ms"] = float(g["ttft_ms"].median())
-        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] / base - 1)
-        for c in ("ttft_change_ci_lo", "ttft_change_ci_hi"):
-            if c in g.columns:
-                r[c] = float(g[c].median())
-        r["ttft_source"] = "measured (attention path), rest modelled"
+        r["measured_change_pct"] = 100.0 * (float(g["ttft_ms"].median()) / base - 1)
+        for c, key in (("ttft_change_ci_lo", "measured_ci_lo"), ("ttft_change_ci_hi", "measured_ci_hi")):
+            if c in g.columns and g[c].notna().any():
+                r[key] = float(g[c].median())
 
 
 def format_advice(result: dict) -> str:
@@ -159,17 +162,24 @@ def format_advice(result: dict) -> str:
             f"budget: {b['memory_budget_mib'] if b['memory_budget_mib'] is not None else 'unlimited'} MiB, "
             f"{b['memory_budget_tokens'] if b['memory_budget_tokens'] is not None else 'unlimited'} KV tokens; "
             f"changes vs {result['baseline']}")
-    widths = (32, 15, 9, 8, 10, 10, 10, 12, 8)
-    titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "extra MiB", "call MiB", "KV lost", "TTFT is",
-              "frontier")
+    widths = (30, 15, 9, 8, 10, 9, 9, 22, 8)
+    titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "extra MiB", "call MiB", "KV lost",
+              "measured dTTFT [95%]", "frontier")
 
     def line(vals):
         return "  ".join(str(v)[:w].ljust(w) for v, w in zip(vals, widths))
 
+    def measured(s):
+        if s.get("measured_change_pct") is None:
+            return "-"
+        lo, hi = s.get("measured_ci_lo"), s.get("measured_ci_hi")
+        ci = f" [{lo:+.2f}, {hi:+.2f}]" if lo is not None and hi is not None else ""
+        return f"{s['measured_change_pct']:+.2f}{ci}"
+
     def fmt(s):
         return [s["strategy"], s["preset"] or "-", f"{s['ttft_ms']:.1f}", f"{s['ttft_change_pct']:+.2f}",
                 f"{s['extra_persistent_mib']:+.0f}", f"{s['call_transient_mib']:.0f}", f"{s['kv_tokens_lost']:.0f}",
-                s["ttft_source"].split(" ")[0], "yes" if s["on_frontier"] else ""]
+                measured(s), "yes" if s["on_frontier"] else ""]
 
     out = [head, ""]
     rec = result["recommendation"]
