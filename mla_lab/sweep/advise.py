@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+from .._validate import check_int
 from ..placement import BASELINE, PRESETS, expand_strategies
 from .params import expand_grid, validate_params
 from .rows import modelled_rows
@@ -75,6 +76,9 @@ def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batche
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
                               or math.isnan(v)):
             raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
+    for name, v in (("tp", tp), ("max_num_batched_tokens", max_num_batched_tokens), ("prompt_len", prompt_len),
+                    ("num_prompts", num_prompts)):
+        check_int(name, v)  # named as the caller (and the CLI flag) names it, before the grid's own checks
     cands = list(strategies) if strategies is not None else candidate_strategies(max_num_batched_tokens)
     params = validate_params({"models": [model], "tp_sizes": [tp], "archs": [arch],
                               "max_num_batched_tokens": [max_num_batched_tokens], "prompt_lens": [prompt_len],
