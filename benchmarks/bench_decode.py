@@ -35,13 +35,10 @@ interpreter, float32, reference kernel) or GPU.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as _dt
 import math
 import os
 import statistics
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -52,6 +49,8 @@ REPO = HERE.parent
 for p in (str(REPO), str(HERE)):
     if p not in sys.path:
         sys.path.insert(0, p)
+
+from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance  # noqa: E402
 
 T0 = time.time()
 D_NOPE, D_PE, D_QK, D_V, HP = 512, 64, 576, 512, 64
@@ -64,105 +63,10 @@ def log(*a):
 # ------------------------------------------------------------------------------------------------ provenance
 
 
-def provenance_cols(kern_info):
-    import torch
-
-    p = {}
-    try:
-        from mla_lab.provenance import provenance
-
-        p = provenance("measured")
-    except Exception as e:
-        log(f"mla_lab.provenance unavailable ({type(e).__name__}: {e}); provenance from torch/nvml")
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    sm = "sm%d%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else "none"
-    driver = p.get("driver", "none")
-    if driver in ("none", None):
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            driver = driver.decode() if isinstance(driver, bytes) else driver
-        except Exception:
-            driver = "none"
-    try:
-        import triton
-
-        tv = triton.__version__
-    except Exception:
-        tv = "none"
-    fm = (f"{kern_info.get('provider')}=={kern_info.get('version')}" if kern_info.get("available")
-          else f"none ({kern_info.get('reason')})")
-    return {"source": "measured", "gpu": gpu, "sm": sm, "driver": driver, "cuda": str(torch.version.cuda),
-            "torch": torch.__version__, "triton": tv, "flash_mla": fm,
-            "git_commit": os.environ.get("MLA_LAB_COMMIT") or p.get("git_commit", "unknown"),
-            "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-class Sink:
-    def __init__(self, path, cols, prov):
-        self.path, self.prov, self.n = Path(path), prov, 0
-        self.cols = list(cols) + [c for c in prov if c not in cols]
-        with open(self.path, "w", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.cols).writeheader()
-
-    def write(self, row):
-        bad = set(row) - set(self.cols)
-        if bad:
-            raise KeyError(f"unknown columns {sorted(bad)} for {self.path.name}")
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.cols).writerow({**row, **self.prov})
-        self.n += 1
 
 
-class Sampler:
-    """NVML every ``period`` s in a thread: SM clock (MHz), power (W), temperature (C), clock-event reasons."""
-
-    def __init__(self, period=0.02):
-        self.ok, self.samples, self.why = False, [], ""
-        self.period, self._stop = period, threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-            fid = getattr(pynvml, "NVML_FI_DEV_POWER_INSTANT", None)
-            self._pw = lambda: pynvml.nvmlDeviceGetPowerUsage(self.h) / 1000.0
-            if fid is not None:
-                try:
-                    v = pynvml.nvmlDeviceGetFieldValues(self.h, [fid])[0]
-                    if getattr(v, "nvmlReturn", 0) == 0 and v.value.uiVal > 0:
-                        self._pw = lambda: pynvml.nvmlDeviceGetFieldValues(self.h, [fid])[0].value.uiVal / 1000.0
-                except Exception:
-                    pass
-            self.ok = True
-        except Exception as e:
-            self.why = f"{type(e).__name__}: {e}"
-            return
-        threading.Thread(target=self._loop, daemon=True).start()
-
-    def _loop(self):
-        nv, h = self.nv, self.h
-        while not self._stop.is_set():
-            t = time.perf_counter()
-            try:
-                self.samples.append((t, nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), self._pw(),
-                                     nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)))
-            except Exception:
-                pass
-            self._stop.wait(self.period)
-
-    def window(self, t0, t1):
-        s = [x for x in self.samples[-4000:] if t0 <= x[0] <= t1]
-        if not s:
-            return {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0}
-        return {"sm_clock_mhz": statistics.median(x[1] for x in s),
-                "power_w": round(statistics.median(x[2] for x in s), 1),
-                "temp_c": statistics.median(x[3] for x in s), "n_samples": len(s)}
-
-    def stop(self):
-        self._stop.set()
 
 
 # --------------------------------------------------------------------------------------------------- timing
@@ -208,8 +112,8 @@ def timed_window(fn, n, sampler, dev, per=1):
         t1 = time.perf_counter()
     out = {"n_calls": n, "ms_median": statistics.median(ts), "ms_mean": statistics.fmean(ts), "ms_p10": _q(ts, .1),
            "ms_p90": _q(ts, .9), "window_s": round(t1 - t0, 4)}
-    out.update(sampler.window(t0, t1) if sampler.ok else {"sm_clock_mhz": "", "power_w": "", "temp_c": "",
-                                                           "n_samples": 0})
+    out.update(sampler.window(t0, t1, reasons=False) if sampler.ok else
+               {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0})
     return out
 
 
@@ -772,8 +676,8 @@ def main(argv=None):
     kit = Kit()
     define_decode_logits()
     kern = Kernels(dev)
-    prov = provenance_cols(kern.info)
-    sampler = Sampler(0.02)
+    prov = bench_provenance(kern.info)
+    sampler = NvmlSampler(0.02)
     out = Path(args.out) if args.out else (Path("/tmp/bench_decode_smoke") if args.smoke
                                            else REPO / "data/measured/h200/round2")
     out.mkdir(parents=True, exist_ok=True)
@@ -792,9 +696,9 @@ def main(argv=None):
         Cs = [int(x) for x in args.contexts.split(",")]
         Ps = [int(x) for x in args.mixed_prefill.split(",") if x]
         mdec, mctx = args.mixed_decode, args.mixed_context
-    sink_l = Sink(out / "decode_layer.csv", LAYER_COLS, prov)
-    sink_a = Sink(out / "decode_attn.csv", LAYER_COLS, prov)
-    sink_o = Sink(out / "decode_ops.csv", OPS_COLS, prov)
+    sink_l = CsvSink(out / "decode_layer.csv", LAYER_COLS, prov)
+    sink_a = CsvSink(out / "decode_attn.csv", LAYER_COLS, prov)
+    sink_o = CsvSink(out / "decode_ops.csv", OPS_COLS, prov)
     # correctness of the decode logits kernel (fresh random inputs, poisoned output)
     g = torch.Generator(device=dev).manual_seed(int(time.time()) % 1000)
     for NH in (4, 32, 64):

@@ -32,13 +32,9 @@ Provenance columns on every row: gpu, sm, driver, cuda, torch, triton, flash_mla
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as _dt
 import math
-import os
 import statistics
 import sys
-import threading
 import time
 import traceback
 from pathlib import Path
@@ -46,6 +42,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance  # noqa: E402
 
 T0 = time.time()
 D_NOPE, D_PE, D_QK, D_V = 512, 64, 576, 512
@@ -80,148 +78,13 @@ def log(*a):
 # ------------------------------------------------------------------------------------------------ provenance
 
 
-def provenance_cols(kern_info):
-    import torch
-
-    p = {}
-    try:
-        from mla_lab.provenance import provenance
-
-        p = provenance("measured")
-    except Exception as e:  # the package is being restructured: fall back to what torch says
-        log(f"mla_lab.provenance unavailable ({type(e).__name__}: {e}); provenance from torch/nvml")
-    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    sm = "sm%d%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else "none"
-    driver = p.get("driver", "none")
-    if driver in ("none", None):
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            driver = pynvml.nvmlSystemGetDriverVersion()
-            driver = driver.decode() if isinstance(driver, bytes) else driver
-        except Exception:
-            driver = "none"
-    try:
-        import triton
-
-        tv = triton.__version__
-    except Exception:
-        tv = "none"
-    fm = (f"{kern_info.get('provider')}=={kern_info.get('version')}" if kern_info.get("available")
-          else f"none ({kern_info.get('reason')})")
-    return {"source": "measured", "gpu": gpu, "sm": sm, "driver": driver, "cuda": str(torch.version.cuda),
-            "torch": torch.__version__, "triton": tv, "flash_mla": fm,
-            "git_commit": os.environ.get("MLA_LAB_COMMIT") or p.get("git_commit", "unknown"),
-            "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-class Sink:
-    """Append rows to a CSV as they come (fixed columns + provenance)."""
-
-    def __init__(self, path, cols, prov):
-        self.path, self.prov, self.n = Path(path), prov, 0
-        self.cols = list(cols) + [c for c in prov if c not in cols]
-        with open(self.path, "w", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.cols).writeheader()
-
-    def write(self, row):
-        bad = set(row) - set(self.cols)
-        if bad:
-            raise KeyError(f"unknown columns {sorted(bad)} for {self.path.name}")
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.cols).writerow({**row, **self.prov})
-        self.n += 1
 
 
 # ----------------------------------------------------------------------------------------------- NVML sampler
 
 
-class Sampler:
-    """Background thread reading SM clock (MHz), board power (W), temperature and clock-event reasons every
-    ``period`` s. ``window(t0, t1)`` gives medians over the samples taken between two perf_counter times."""
-
-    def __init__(self, period=0.02):
-        self.ok, self.samples, self.power_kind, self.why = False, [], "none", ""
-        self.period, self._stop = period, threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nv = pynvml
-            idx = 0
-            vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-            if vis and vis.split(",")[0].isdigit():
-                idx = int(vis.split(",")[0])
-            self.h = pynvml.nvmlDeviceGetHandleByIndex(idx)
-            self._power = self._probe_power()
-            self._reasons = self._probe_reasons()
-            self.ok = True
-        except Exception as e:
-            self.why = f"{type(e).__name__}: {e}"
-            return
-        self.th = threading.Thread(target=self._loop, daemon=True)
-        self.th.start()
-
-    def _probe_power(self):
-        nv, h = self.nv, self.h
-        fid = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
-        if fid is not None:
-            try:
-                v = nv.nvmlDeviceGetFieldValues(h, [fid])[0]
-                if getattr(v, "nvmlReturn", 0) == 0 and v.value.uiVal > 0:
-                    self.power_kind = "instant (NVML_FI_DEV_POWER_INSTANT)"
-
-                    def f():
-                        r = nv.nvmlDeviceGetFieldValues(h, [fid])[0]
-                        return r.value.uiVal / 1000.0 if getattr(r, "nvmlReturn", 0) == 0 else float("nan")
-                    return f
-            except Exception:
-                pass
-        self.power_kind = "nvmlDeviceGetPowerUsage (may be a ~1 s average)"
-        return lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0
-
-    def _probe_reasons(self):
-        nv, h = self.nv, self.h
-        for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
-            fn = getattr(nv, name, None)
-            if fn is not None:
-                try:
-                    fn(h)
-                    return lambda fn=fn: int(fn(h))
-                except Exception:
-                    continue
-        return lambda: -1
-
-    def _loop(self):
-        nv, h = self.nv, self.h
-        while not self._stop.is_set():
-            t = time.perf_counter()
-            try:
-                clk = nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)
-                pw = self._power()
-                tmp = nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU)
-                rs = self._reasons()
-                self.samples.append((t, clk, pw, tmp, rs))
-            except Exception:
-                pass
-            self._stop.wait(self.period)
-
-    def window(self, t0, t1):
-        s = [x for x in self.samples[-4000:] if t0 <= x[0] <= t1]
-        if not s:
-            return {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0, "clock_event_reasons": ""}
-        rs = [x[4] for x in s]
-        mode = max(set(rs), key=rs.count)
-        return {"sm_clock_mhz": statistics.median(x[1] for x in s), "power_w": round(statistics.median(x[2] for x in s), 1),
-                "temp_c": statistics.median(x[3] for x in s), "n_samples": len(s),
-                "clock_event_reasons": hex(mode) if mode >= 0 else ""}
-
-    def now(self):
-        return self.samples[-1] if self.samples else None
-
-    def stop(self):
-        self._stop.set()
 
 
 # ------------------------------------------------------------------------------------------------- kernels
@@ -855,8 +718,8 @@ def main(argv=None):
                                            else REPO / "data/measured/h200/round2")
     out.mkdir(parents=True, exist_ok=True)
     kern = Kernels(dev)
-    prov = provenance_cols(kern.info)
-    sampler = Sampler(0.02)
+    prov = bench_provenance(kern.info)
+    sampler = NvmlSampler(0.02)
     log(f"device={prov['gpu']} driver={prov['driver']} torch={prov['torch']} triton={prov['triton']} "
         f"flash_mla={prov['flash_mla']} commit={prov['git_commit']}; concat={kern.concat_impl} "
         f"kernel={kern.kernel_impl}; nvml={'ok, power ' + sampler.power_kind if sampler.ok else sampler.why}")
@@ -871,12 +734,12 @@ def main(argv=None):
             break
         try:
             if part == "nan":
-                run_nan(Sink(out / "nan.csv", NAN_COLS, prov), kern, dev, dtype, sampler, args)
+                run_nan(CsvSink(out / "nan.csv", NAN_COLS, prov), kern, dev, dtype, sampler, args)
             elif part == "presets":
-                run_presets(Sink(out / "presets.csv", PRESET_COLS, prov), kern, dev, dtype, sampler, args,
+                run_presets(CsvSink(out / "presets.csv", PRESET_COLS, prov), kern, dev, dtype, sampler, args,
                             min(deadline, T0 + args.presets_budget_s))
             elif part == "content":
-                run_content(Sink(out / "content.csv", CONTENT_COLS, prov), kern, dev, dtype, sampler, args,
+                run_content(CsvSink(out / "content.csv", CONTENT_COLS, prov), kern, dev, dtype, sampler, args,
                             deadline)
             else:
                 raise ValueError(f"unknown part {part!r}")

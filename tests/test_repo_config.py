@@ -206,8 +206,8 @@ def test_sweep_without_the_lab_extra_says_which_extra_in_one_line(tmp_path):
 
 
 def test_examples_cite_public_sources_not_a_private_facts_file():
-    """Citations name public sources (vLLM PR #53878, flashmla_sparse.py, FlashMLA's README), never a FACTS.md that
-    is not in the repository."""
+    """Citations name public sources (vLLM PR #53878, flashmla_sparse.py, FlashMLA's README), never a private
+    notes file that is not in the repository."""
     for p in sorted((REPO / "examples").rglob("*")):
         if p.is_file():
             assert "FACTS" not in p.read_text(), p
