@@ -51,6 +51,7 @@ for p in (str(REPO), str(HERE)):
         sys.path.insert(0, p)
 
 from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance  # noqa: E402
+from mla_lab.measure.timer import graphed  # noqa: E402
 
 T0 = time.time()
 D_NOPE, D_PE, D_QK, D_V, HP = 512, 64, 576, 512, 64
@@ -134,24 +135,6 @@ def est_ms(fn, dev, k=3):
     for _ in range(k):
         fn()
     return (time.perf_counter() - a) * 1e3 / k
-
-
-def graph_of(fn, inner=1):
-    """CUDA graph of ``inner`` back-to-back calls of ``fn`` (warm-up on a side stream first); returns replay."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-    torch.cuda.synchronize()
-    return g.replay, g
 
 
 # ------------------------------------------------------------------------------------------------- kernels
@@ -751,7 +734,8 @@ def main(argv=None):
                         if dev == "cuda":
                             for kind, f in (("layer", lay), ("attn", att)):
                                 try:
-                                    rep, gr = graph_of(f)
+                                    rep = graphed(f)
+                                    gr = rep.graph
                                     fns[(strat, kind, "graph")] = rep
                                     fns[(strat, kind, "graph_obj")] = gr
                                 except Exception as e:
@@ -791,7 +775,8 @@ def main(argv=None):
                                 op_done.add(key)
                                 try:
                                     if dev == "cuda":
-                                        rep, gr = graph_of(f, args.op_inner)
+                                        rep = graphed(f, args.op_inner)
+                                        gr = rep.graph
                                     else:
                                         rep, gr = (lambda f=f: [f() for _ in range(args.op_inner)]), None
                                     for r in range(args.op_repeats):

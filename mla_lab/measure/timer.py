@@ -43,9 +43,9 @@ def median_ms(fn: Callable[[], object], device: str = "cuda", warmup: int = 25, 
     return float(do_bench(f, warmup=warmup, rep=rep, return_mode="median"))
 
 
-def graphed(fn: Callable[[], object]) -> Callable[[], None]:
-    """Capture ``fn`` in a CUDA graph after two warm-up calls on a side stream; returns the replay callable (the
-    graph object is kept alive by the closure)."""
+def graphed(fn: Callable[[], object], inner: int = 1) -> Callable[[], None]:
+    """Capture ``inner`` back-to-back calls of ``fn`` in one CUDA graph after two warm-up calls on a side stream;
+    returns the replay callable (the graph object is kept alive by the closure and exposed as ``replay.graph``)."""
     import torch
 
     s = torch.cuda.Stream()
@@ -56,7 +56,8 @@ def graphed(fn: Callable[[], object]) -> Callable[[], None]:
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(inner):
+            fn()
 
     def replay():
         g.replay()
