@@ -244,3 +244,32 @@ def test_claim_primitives(tmp_path):
     removed = {p.name for p in store.clean_stale_claims()}
     assert removed == {"k4.claim", "k6.claim"}
     assert {p.name for p in store.points.glob("*.claim")} == {"k2.claim", "k3.claim", "k5.claim"}
+
+
+def test_a_write_cut_short_by_a_sweep_killed_mid_run_is_cleaned_by_the_sweep_that_outlives_it(tmp_path, monkeypatch):
+    """The race of the SIGKILL test made deterministic: a sweep holds every claim and dies mid-write (its temporary
+    file left behind) while this sweep waits for its claims; this sweep takes the points over and leaves no
+    temporary file (the start-up clean ran while the other was still alive)."""
+    import threading
+
+    monkeypatch.setattr(run_mod, "code_version", lambda: VERSION)
+    params = dict(_params(tmp_path, "rows.csv"), models=["glm-5"], tp_sizes=[8], max_num_batched_tokens=[16384],
+                  prompt_lens=[1024])  # 2 points
+    store = ResultStore(tmp_path / "store")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert store.claim("probe")
+        host = store.claim_path("probe").read_text().split()[0]
+        store.release("probe")
+        keys = [k for _, _, k in run_mod._tasks(validate_params(params), None)]
+        for k in keys:
+            store.claim_path(k).write_text(f"{host} {other.pid}\n")
+        cut = store.points / f".{keys[0]}.{host}.{other.pid}.abc123.tmp"
+        cut.write_text('{"key": ')  # a point write cut short by the kill
+        threading.Timer(1.0, lambda: (other.kill(), other.wait())).start()  # reaped: no longer a live pid
+        df = run_sweep(params, progress=False)
+    finally:
+        other.kill()
+        other.wait()
+    assert df["point_key"].nunique() == 2 and (df["status"] == "ok").all()
+    assert store.tmp_files() == [] and list(store.points.glob("*.claim")) == []

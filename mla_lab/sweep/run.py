@@ -218,4 +218,5 @@ def _wait_for_claims(store, tasks, ex, compute_fn, version, progress, wait_s) ->
         left = [t for t in left if not store.has(t.key)]
         if left:
             time.sleep(0.2)
+    store.clean_stale_tmp()  # a sweep killed while this one ran may have died mid-write
     store.clean_stale_claims()
