@@ -7,12 +7,17 @@ An op's modelled time (:func:`mla_lab.model.timing.op_time_ms`) is a roofline ag
   ...), each with a per-op overhead (floor or added, :class:`ClassEff`).
 - ``attention``: ``{op: eff}`` for the attention-path ops (``concat``, ``pad``, ``kernel``, ``out_slice``): the
   kernel's fraction of dense bf16 TFLOP/s, the byte ops' fraction of HBM bandwidth.
-- ``comm_efficiency`` / ``comm_latency_us``: the ring-collective assumptions (not measured: 0.8, 0).
+- ``comm_efficiency`` / ``comm_latency_us``: the ring-collective assumptions (not measured: 0.8, 0), used for
+  every collective and world size without a measurement.
+- ``comm``: the measured all-reduce fits by world size (:mod:`mla_lab.model.comm`), which replace the assumption
+  for an all-reduce over a world size that was measured.
 
 Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibration_dir`):
 
 - ``h200_ops.csv``: the fit of :func:`fit_calibration` over the op rows measured on one H200 by
   ``benchmarks/bench_layer.py`` (kinds ``class`` and ``attention``, with provenance columns). The default.
+- ``h200_comm.csv``: the all-reduce fits per world size (:func:`mla_lab.model.comm.fit_comm` over the NCCL runs
+  under ``data/measured/h200x<n>/``; ``benchmarks/fit_comm.py``).
 - ``h200_reference.csv``: reference timings of the attention path on one H200 (do_bench medians, torch
   2.11.0+cu130, driver 580.159.04, 2026-11-30); :func:`attention_from_reference` fits one efficiency per op from
   it. Used for the attention ops when ``h200_ops.csv`` is absent.
@@ -29,6 +34,7 @@ from pathlib import Path
 
 from ..arch import GPUArch, get_arch
 from ..paths import calibration_dir
+from .comm import CommModel, load_comm_model
 from .content import ContentModel, load_content_model
 from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 
@@ -79,6 +85,8 @@ class Calibration:
         arch: the GPU the efficiencies were measured on.
         comm_efficiency: fraction of per-direction NVLink bandwidth a ring collective reaches (assumption 0.8).
         comm_latency_us: fixed cost per collective (assumption 0).
+        comm: measured all-reduce fits by world size (:class:`~mla_lab.model.comm.CommModel`) or None; where one
+            exists for a world size it prices that world size's all-reduce instead of the assumption.
         content: the padded-head content factor (:class:`~mla_lab.model.content.ContentModel`, fitted on an H200)
             or None when no fit exists (stale content then costs nothing extra, and rows say the factor is absent).
 
@@ -94,6 +102,17 @@ class Calibration:
     comm_efficiency: float = 0.8
     comm_latency_us: float = 0.0
     content: ContentModel | None = None
+    comm: CommModel | None = None
+
+    def comm_source(self, world_size: int, kind: str = "allreduce") -> str:
+        """What prices a collective of ``kind`` over ``world_size`` ranks: ``measured fit tp=N (file)`` or
+        ``assumption: ring at <eff> x NVLink per direction, latency <us> us``; ``none`` for one rank."""
+        if int(world_size) <= 1:
+            return "none"
+        if kind == "allreduce" and self.comm is not None and self.comm.fit_for(world_size) is not None:
+            return self.comm.source(world_size)
+        return (f"assumption: ring at {self.comm_efficiency:g} x NVLink per direction, "
+                f"latency {self.comm_latency_us:g} us")
 
     def eff(self, op_class: str) -> ClassEff:
         """The :class:`ClassEff` of a roofline class (following ``_FALLBACK`` for classes never measured).
@@ -126,14 +145,15 @@ class Calibration:
         return replace(self, attention={**self.attention, **eff}, name=name or self.name)
 
     def with_comm(self, comm_efficiency: float | None = None, comm_latency_us: float | None = None):
-        """A copy with other comm assumptions. Raises ValueError outside (0, 1] / below 0."""
+        """A copy with other comm assumptions, applied to every world size: the measured all-reduce fits are dropped
+        (``comm=None``), so what is asked for is what is priced. Raises ValueError outside (0, 1] / below 0."""
         ce = self.comm_efficiency if comm_efficiency is None else comm_efficiency
         cl = self.comm_latency_us if comm_latency_us is None else comm_latency_us
         if isinstance(ce, bool) or not (isinstance(ce, (int, float)) and 0 < ce <= 1):
             raise ValueError(f"comm_efficiency={ce!r} must be a number in (0, 1]")
         if isinstance(cl, bool) or not (isinstance(cl, (int, float)) and cl >= 0):
             raise ValueError(f"comm_latency_us={cl!r} must be a non-negative number")
-        return replace(self, comm_efficiency=float(ce), comm_latency_us=float(cl))
+        return replace(self, comm_efficiency=float(ce), comm_latency_us=float(cl), comm=None)
 
 
 def _ref_rows(path: Path) -> list[dict]:
@@ -166,7 +186,7 @@ def uncalibrated() -> Calibration:
     """First-order efficiencies with no measurement behind them, plus the reference-fitted attention ops."""
     att, name = attention_from_reference()
     return Calibration(dict(_DEFAULT_EFF), att, f"uncalibrated-defaults; attention from {name}", "h200",
-                       content=load_content_model())
+                       content=load_content_model(), comm=load_comm_model())
 
 
 _LOADED: dict = {}
@@ -212,7 +232,8 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
     overhead = load_subchunk_overhead()
     if overhead is not None:
         attn["chunk_overhead_us"] = overhead
-    cal = Calibration(classes, attn, f"{path.name} (measured on {device})", "h200", content=load_content_model())
+    cal = Calibration(classes, attn, f"{path.name} (measured on {device})", "h200", content=load_content_model(),
+                      comm=load_comm_model())
     _LOADED[key] = cal
     return cal
 

@@ -13,8 +13,8 @@ import math
 from .._validate import check_int
 from ..arch import GPUArch
 from ..buffers import MIB, STRATEGIES, memory_account, padded_num_heads, shared_workspace_other_bytes
-from ..placement import BASELINE, expand_strategies
 from ..models import ModelConfig, normalize_kv_cache_dtype
+from ..placement import BASELINE, expand_strategies
 from .ops import BF16, FP32, WEIGHT_DTYPES, _check_common
 
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION"]

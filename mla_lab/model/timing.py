@@ -11,7 +11,9 @@ Collectives (:func:`comm_time_ms`, the only all-reduce model; ``mla_lab.measure.
 it): ring all-reduce of ``B`` bytes moves ``2 (n-1)/n x B`` per rank in each direction; time = that /
 (``nvlink_gbps / 2`` x ``comm_efficiency``) + ``comm_latency_us``. ``nvlink_gbps`` is the datasheet figure for both
 directions together, so one direction gets half (450 GB/s on H100/H200). ``comm_efficiency`` 0.8 and latency 0
-are assumptions (:class:`~mla_lab.model.calibration.Calibration`); NVLink SHARP all-reduce is not modelled.
+are assumptions (:class:`~mla_lab.model.calibration.Calibration`), used wherever nothing was measured; an all-reduce
+over a world size that was measured is priced by its fit instead (:mod:`mla_lab.model.comm`: latency + bandwidth,
+same ring formula). NVLink SHARP all-reduce is not modelled.
 
 All functions take :class:`~mla_lab.models.ModelConfig` / :class:`~mla_lab.arch.GPUArch` objects (names are
 resolved by the public entry points in :mod:`mla_lab.model.ttft`).
@@ -74,7 +76,8 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
                  group: int | None = None) -> float:
     """Time (ms) of a collective over ``group`` ranks (default ``tp``) on NVLink.
 
-    - ``allreduce`` (ring): each rank sends and receives ``2 (n-1)/n x nbytes``.
+    - ``allreduce`` (ring): each rank sends and receives ``2 (n-1)/n x nbytes``; priced by the measured fit of
+      world size ``n`` when ``calibration.comm`` has one (:mod:`mla_lab.model.comm`), else by the assumption.
     - ``allgather`` (ring): ``(n-1)/n x nbytes`` (``nbytes`` is the gathered size).
     - ``all_to_all``: ``nbytes`` is what one rank sends (already the remote share).
 
@@ -88,6 +91,9 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
         raise ValueError(f"kind={kind!r} is not valid; allowed: {list(COMM_CLASSES)}")
     if n == 1 or nbytes <= 0:
         return 0.0
+    fit = cal.comm.fit_for(n) if (kind == "allreduce" and cal.comm is not None) else None
+    if fit is not None:
+        return fit.time_ms(nbytes)
     moved = {"allreduce": 2.0 * (n - 1) / n * nbytes, "allgather": (n - 1) / n * nbytes,
              "all_to_all": nbytes}[kind]
     bw = arch.nvlink_gbps / 2 * 1e9 * cal.comm_efficiency

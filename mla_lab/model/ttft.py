@@ -32,9 +32,9 @@ from __future__ import annotations
 import csv
 
 from ..arch import GPUArch, get_arch
-from ..placement import BASELINE, PRESETS, expand_strategies, resolve_strategy
 from ..models import ModelConfig, load_model
 from ..paths import measured_dir
+from ..placement import BASELINE, PRESETS, expand_strategies, resolve_strategy
 from ..seed import SEED, SEED_REPORTED
 from ..workload import Workload, schedule
 from .calibration import Calibration, resolve_calibration
@@ -85,7 +85,8 @@ def predict_ttft(
         ``ttft_ms_mean``, ``ttft_ms_max`` (ms, over prompts), ``num_steps``, ``step_ms`` (list), ``ops_ms`` (ms per
         op summed over steps and layers), ``scope``; plus ``ttft_ms_list`` (per prompt, in finishing order),
         ``step_ops_ms`` (per step, ms per op over all layers), ``strategy``, ``attention_path_ms`` and ``comm_ms``
-        (summed over steps), ``calibration`` (its name), ``source`` (``modelled``).
+        (summed over steps), ``calibration`` (its name), ``comm_source`` (what priced the all-reduces:
+        :meth:`~mla_lab.model.calibration.Calibration.comm_source`), ``source`` (``modelled``).
 
     Raises:
         ValueError: unknown scope or strategy; layer options given with ``scope="attention_path"``; anything the
@@ -142,7 +143,7 @@ def predict_ttft(
         "step_ms": step_ms, "ops_ms": ops_ms,
         "scope": scope + (" (attention path measured)" if attention_override_ms is not None else ""), "ttft_ms_list": ttfts, "step_ops_ms": step_ops_ms,
         "strategy": strategy, "attention_path_ms": attn_total, "comm_ms": comm_total, "calibration": cal.name,
-        "source": "modelled",
+        "comm_source": cal.comm_source(tp) if scope == "full_layer" else "none", "source": "modelled",
     }
 
 

@@ -15,9 +15,6 @@ import json
 
 from ..arch import GPUArch, detect_arch, get_arch
 from ..buffers import MIB, call_peak_bytes, kv_tokens_lost, memory_account
-from ..models import ModelConfig, load_model, model_config_path
-from ..paths import calibration_dir
-from ..provenance import provenance
 from ..measure.attention import time_attention_path
 from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
@@ -25,7 +22,10 @@ from ..model.memory import memory_tradeoff
 from ..model.ops import ATTN_OPS
 from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
+from ..models import ModelConfig, load_model, model_config_path
+from ..paths import calibration_dir
 from ..placement import BASELINE, LEGACY_MEASURED, expand_strategies, parse_strategy, preset_of
+from ..provenance import provenance
 from ..workload import Workload, schedule
 
 __all__ = ["layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
@@ -165,7 +165,7 @@ def modelled_rows(point: dict, calibration=None) -> list[dict]:
         row.update(
             ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=t["num_steps"],
             ttft_scope=t["scope"], **{f"{op}_ms": t["ops_ms"].get(op, 0.0) for op in ATTN_OPS},
-            calibration=t["calibration"], kernel_rate_source=rate_source, content_note=_content_note(s, arch, cal),
+            calibration=t["calibration"], comm_source=t["comm_source"], kernel_rate_source=rate_source, content_note=_content_note(s, arch, cal),
             **_capacity_columns(cap, s, point), **kw,
         )
         row.update(prov)
@@ -250,7 +250,7 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
             measured_peak_extra_bytes=first["peak_bytes"],
             analytic_peak_extra_bytes=call_peak_bytes(name, H, mbt, arch, steps[0].num_tokens, model),
             kernel_backend=per_step[0]["kernel_backend"], concat_backend=per_step[0]["concat_backend"],
-            calibration=modelled[name]["calibration"], **_capacity_columns(cap, name, point), **kw,
+            calibration=modelled[name]["calibration"], comm_source=modelled[name]["comm_source"], **_capacity_columns(cap, name, point), **kw,
         )
         row.update(prov)
         rows.append(row)
