@@ -103,7 +103,10 @@ def test_extrapolation_scales_the_ring_factor_and_says_so():
     e = extrapolated(m, 8)
     B = 64 * 2**20
     assert e.time_ms(B) == pytest.approx(20e-3 + 2 * 7 / 8 * B / 300e9 * 1e3)
-    assert "extrapolated from tp=2" in e.name and e.mape_pct is None
+    assert "extrapolated from the tp=2 fit" in e.name and "not measured at tp=8" in e.name and e.mape_pct is None
+    cal = default_calibration().with_comm_fit(e)
+    assert cal.comm_source(8) == e.name and cal.comm_source(2).startswith("measured fit tp=2")
+    assert comm_time_ms("allreduce", B, 8, H200, cal) == pytest.approx(e.time_ms(B))
     with pytest.raises(ValueError, match="from_world_size=4 was not measured"):
         extrapolated(m, 8, from_world_size=4)
     with pytest.raises(ValueError, match="no measured all-reduce fit"):

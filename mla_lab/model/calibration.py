@@ -114,6 +114,15 @@ class Calibration:
         return (f"assumption: ring at {self.comm_efficiency:g} x NVLink per direction, "
                 f"latency {self.comm_latency_us:g} us")
 
+    def with_comm_fit(self, fit, name: str | None = None) -> "Calibration":
+        """A copy whose all-reduce over ``fit.world_size`` ranks is priced by ``fit`` (a
+        :class:`~mla_lab.model.comm.CommFit`, e.g. :func:`mla_lab.model.comm.extrapolated`); other world sizes
+        unchanged."""
+        fits = dict(self.comm.fits) if self.comm is not None else {}
+        fits[fit.world_size] = fit
+        comm = CommModel(fits, self.comm.name if self.comm is not None else "")
+        return replace(self, comm=comm, name=name or self.name)
+
     def eff(self, op_class: str) -> ClassEff:
         """The :class:`ClassEff` of a roofline class (following ``_FALLBACK`` for classes never measured).
 

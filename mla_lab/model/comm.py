@@ -63,6 +63,7 @@ class CommFit:
         mape_pct: in-sample MAPE over the rank rows; loo_mape_pct: leave-one-size-out MAPE (None with < 3 sizes);
         max_ape_pct: the worst in-sample row.
         name: where the rows came from (files, GPU).
+        measured: False for :func:`extrapolated` fits (priced at a world size that was not measured).
     """
 
     world_size: int
@@ -76,6 +77,7 @@ class CommFit:
     loo_mape_pct: float | None = None
     max_ape_pct: float | None = None
     name: str = ""
+    measured: bool = True
 
     def time_ms(self, nbytes: float, world_size: int | None = None) -> float:
         """Modelled ms of an all-reduce of ``nbytes`` bytes (at this fit's world size unless ``world_size``)."""
@@ -101,7 +103,9 @@ class CommModel:
     def source(self, world_size: int) -> str:
         """``measured fit tp=N (file)`` or ``assumption`` — what prices an all-reduce over ``world_size`` ranks."""
         f = self.fit_for(world_size)
-        return f"measured fit tp={f.world_size} ({self.name})" if f else "assumption"
+        if f is None:
+            return "assumption"
+        return f"measured fit tp={f.world_size} ({self.name})" if f.measured else f.name
 
 
 def extrapolated(model: CommModel, world_size: int, from_world_size: int | None = None) -> CommFit:
@@ -118,7 +122,8 @@ def extrapolated(model: CommModel, world_size: int, from_world_size: int | None 
         raise ValueError(f"from_world_size={from_world_size!r} was not measured; measured: {sorted(model.fits)}")
     f = model.fits[src]
     return CommFit(int(world_size), f.latency_us, f.bw_gbps, f.n, f.n_sizes, f.min_bytes, f.max_bytes, None, None,
-                   None, f"extrapolated from tp={src} ({model.name})")
+                   None, f"extrapolated from the tp={src} fit ({model.name}), not measured at tp={int(world_size)}",
+                   measured=False)
 
 
 def _solve(rows) -> tuple[float, float]:

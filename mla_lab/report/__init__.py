@@ -17,7 +17,7 @@ from .figures import (
     plot_validation,
     publish_figure,
 )
-from .seed_answer import seed_answer, seed_answer_table, seed_sentences
+from .seed_answer import seed_answer, seed_answer_table, seed_comm_sensitivity, seed_sentences
 from .tables import (
     html_table,
     provenance_html,
@@ -26,12 +26,12 @@ from .tables import (
     seed_setup_table,
     summary_html,
     summary_table,
-    tp2_table,
     validation_table,
 )
+from .tp_ranks import comm_fit_table, tp_rank_table, tp_status_table
 
 __all__ = ["combine", "failed_points", "load_measured", "load_validation", "measured_for", "ok_rows", "pick",
            "not_fitting", "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars", "plot_validation",
            "publish_figure", "html_table", "provenance_html", "provenance_summary", "save_provenance",
-           "seed_setup_table", "summary_html", "summary_table", "tp2_table", "validation_table", "seed_answer",
-           "seed_answer_table", "seed_sentences"]
+           "seed_setup_table", "summary_html", "summary_table", "tp_status_table", "tp_rank_table", "comm_fit_table",
+           "seed_comm_sensitivity", "validation_table", "seed_answer", "seed_answer_table", "seed_sentences"]

@@ -21,6 +21,8 @@ from pathlib import Path
 from ..arch import get_arch
 from ..buffers import MIB, memory_account, shared_workspace_other_bytes
 from ..measure.timer import summarize
+from ..model.calibration import resolve_calibration
+from ..model.comm import extrapolated
 from ..model.ttft import predict_ttft
 from ..models import load_model
 from ..paths import measured_dir
@@ -28,7 +30,8 @@ from ..seed import SEED, SEED_REPORTED
 from ..sweep.rows import ttft_with_attention
 from ..workload import Workload, schedule
 
-__all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "COMPARISONS", "PRESET_FILE_NAMES"]
+__all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sensitivity", "COMPARISONS",
+           "PRESET_FILE_NAMES"]
 
 #: (label, strategy, against) of the seed answer.
 COMPARISONS = (
@@ -62,8 +65,11 @@ def _measured_seed_samples(path: Path | None) -> dict:
     return out
 
 
-def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = None) -> list[dict]:
-    """One dict per (model geometry, comparison): ``modelled_pct``, ``measured_pct`` with ``measured_lo`` /
+def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = None, calibration=None) -> list[dict]:
+    """One dict per (model geometry, comparison), priced with ``calibration`` (``None``: the committed one):
+    ``modelled_pct``, ``ttft_ms`` / ``against_ttft_ms`` (modelled mean TTFT, ms), ``against_run_ms`` (the
+    reference's whole run: the last prompt's TTFT, ms) and ``comm_ms`` (its all-reduces over the whole run, ms,
+    one rank), ``comm_source``, ``measured_pct`` with ``measured_lo`` /
     ``measured_hi`` (95 % interval of the paired rounds; None without measurements), and the memory of the strategy
     and its reference: ``extra_persistent_mib`` (budgeted, costs KV tokens) and ``call_transient_mib`` (unbudgeted
     per-call peak) of both."""
@@ -78,7 +84,7 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
         H = model.heads_per_rank(tp)
         steps = schedule(wl, mbt)
         names = {s for _, a, b in COMPARISONS for s in (a, b)}
-        modelled = {s: predict_ttft(model, tp, arch, wl, mbt, s, "bf16", **kw) for s in names}
+        modelled = {s: predict_ttft(model, tp, arch, wl, mbt, s, "bf16", calibration, **kw) for s in names}
         shared = shared_workspace_other_bytes(model, tp, mbt, SEED["moe_parallel"])
         mem = {s: memory_account(s, H, mbt, arch, "bf16", shared_other_bytes=shared) for s in names}
         base_persistent = memory_account("per_call_empty:zeros", H, mbt, arch, "bf16").persistent_bytes
@@ -90,6 +96,9 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
         for label, s, ref in COMPARISONS:
             m_pct = 100.0 * (modelled[s]["ttft_ms_mean"] / modelled[ref]["ttft_ms_mean"] - 1)
             row = {"model": name, "comparison": label, "strategy": s, "against": ref, "modelled_pct": m_pct,
+                   "ttft_ms": modelled[s]["ttft_ms_mean"], "against_ttft_ms": modelled[ref]["ttft_ms_mean"],
+                   "comm_ms": modelled[ref]["comm_ms"], "against_run_ms": modelled[ref]["ttft_ms_max"],
+                   "comm_source": modelled[ref]["comm_source"],
                    "measured_pct": None, "measured_lo": None, "measured_hi": None, "rounds": 0,
                    "extra_persistent_mib": (mem[s].persistent_bytes - base_persistent) / MIB,
                    "against_extra_persistent_mib": (mem[ref].persistent_bytes - base_persistent) / MIB,
@@ -180,3 +189,40 @@ def seed_sentences(rows=None) -> list[str]:
                "peak-memory figure (+1032 MiB includes allocator rounding and buffers the lab does not model; the "
                "lab's +1008 MiB is the workspace alone, exact).")
     return out
+
+
+def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = None):
+    """The seed answer under each all-reduce term the lab can defend at the PR's TP (pandas DataFrame, one row per
+    (model geometry, comm term)): the committed calibration's (a measured TP=8 fit if one exists, else the
+    assumption), the ideal ring (``comm_efficiency`` 1, no latency: a lower bound), and, while TP=8 is unmeasured,
+    the largest measured world size's fit extrapolated to TP=8 (:func:`mla_lab.model.comm.extrapolated`).
+
+    Columns: ``model``, ``comm term``, ``priced by`` (:meth:`~mla_lab.model.calibration.Calibration.comm_source`),
+    ``all-reduce ms`` (the run's all-reduces, one rank, vLLM before the PR), ``share of run %`` (of the whole
+    run, the last prompt's TTFT), ``TTFT before the PR ms`` (mean over prompts, modelled), and the PR's TTFT change against vLLM before it with zero and with stale padded
+    heads, modelled and with the attention path measured (``%``)."""
+    import pandas as pd
+
+    base = resolve_calibration(None)
+    tp = SEED["tp"]
+    terms = [("committed calibration", base)]
+    if base.comm is not None and base.comm.fits and base.comm.fit_for(tp) is None:
+        e = extrapolated(base.comm, tp)
+        terms.append((f"tp={max(base.comm.fits)} fit extrapolated to tp={tp}", base.with_comm_fit(e)))
+    terms.append(("ideal ring (lower bound)", base.with_comm(comm_efficiency=1.0, comm_latency_us=0.0)))
+    out = []
+    for label, cal in terms:
+        rows = seed_answer(models, presets_csv, calibration=cal)
+        for name in models:
+            pr = {r["against"]: r for r in rows if r["model"] == name and r["strategy"] == "private_workspace"}
+            z, st = pr["per_call_empty:zeros"], pr["per_call_empty:stale"]
+            out.append({
+                "model": name, "comm term": label, "priced by": z["comm_source"], "all-reduce ms": z["comm_ms"],
+                "share of run %": 100 * z["comm_ms"] / z["against_run_ms"],
+                "TTFT before the PR ms": z["against_ttft_ms"],
+                "PR vs before, zeros, modelled %": z["modelled_pct"],
+                "PR vs before, zeros, attention measured %": z["measured_pct"],
+                "PR vs before, stale, modelled %": st["modelled_pct"],
+                "PR vs before, stale, attention measured %": st["measured_pct"],
+            })
+    return pd.DataFrame(out)

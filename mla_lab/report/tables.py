@@ -1,5 +1,5 @@
 """The report's tables (pandas DataFrames and their HTML): provenance, the seed setup (the PR's numbers beside the
-lab's), the summary, the model validation, the TP=2 check."""
+lab's), the summary, the model validation. The TP runs: :mod:`.tp_ranks`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 from ..placement import BASELINE
 from ..seed import SEED, SEED_REPORTED, seed_point
 from ..sweep.rows import modelled_rows
-from .data import ok_rows, _measured_root
+from .data import ok_rows
 
 __all__ = ["provenance_summary", "provenance_html", "save_provenance", "seed_setup_table", "summary_table",
-           "summary_html", "html_table", "validation_table", "tp2_table"]
+           "summary_html", "html_table", "validation_table"]
 
 
 _PROV_KEYS = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit")
@@ -238,19 +238,3 @@ def validation_table(v, include_unpaired_deltas: bool = False):
     g = v.groupby(["run", "level", "op_class", "split"])["ape_pct"].agg(["count", "mean", "max"]).reset_index()
     g = g.rename(columns={"count": "n", "mean": "MAPE_pct", "max": "max_APE_pct"})
     return g.round({"MAPE_pct": 1, "max_APE_pct": 1})
-
-def tp2_table(path: str | Path | None = None):
-    """Real TP=2 (two H200s, NCCL) vs the one-GPU simulation of a rank plus the modelled all-reduce, from
-    ``data/measured/h200x2/tp2_attention.csv``: slowest rank per (model, T, strategy). Empty if not measured."""
-    import pandas as pd
-
-    path = Path(path) if path else _measured_root() / "h200x2" / "tp2_attention.csv"
-    if not path.is_file():
-        return pd.DataFrame()
-    d = pd.read_csv(path)
-    tp = d[d["run"] == "tp"].sort_values("block_ms").groupby(["model", "T", "strategy"]).tail(1)
-    cols = ["model", "T", "strategy", "num_heads", "block_ms", "compute_ms", "sim_compute_ms", "allreduce_ms",
-            "allreduce_model_ms", "time_error_pct", "compute_error_pct", "peak_extra_bytes", "sim_peak_extra_bytes",
-            "mem_error_pct", "device", "git_commit"]
-    out = tp[[c for c in cols if c in tp.columns]].sort_values(["model", "T", "strategy"]).reset_index(drop=True)
-    return out.round(3)

@@ -1,0 +1,147 @@
+"""Real TP ranks against the lab's one-GPU simulation, and the all-reduce term, at TP 2, 4 and 8.
+
+The lab prices TP by giving one GPU one rank's share (:mod:`mla_lab.measure.tp`). These tables put every real rank
+of the committed NCCL runs beside that simulation plus the cost model's all-reduce:
+
+- :func:`tp_status_table`: per world size, what was measured (file, ranks, configurations) or that nothing was.
+- :func:`tp_rank_table`: one row per (world size, model, T, block, strategy, rank): the real rank's block, compute
+  (no all-reduce) and all-reduce times, the simulation's compute, the all-reduce the committed calibration prices
+  (:func:`mla_lab.model.timing.comm_time_ms`: the measured fit of that world size where one exists, else the
+  assumption; column ``comm_source``) and the errors, peak memory of the call (torch) and NCCL's own memory.
+- :func:`comm_fit_table`: per world size, the all-reduce fit (latency, bandwidth, error) or the assumption, and
+  the assumption's error against what was measured.
+
+Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``benchmarks/tp_block.py``) and the older
+``data/measured/h200x2/tp2_attention.csv`` (``benchmarks/tp2_attention.py``, attention block only).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..arch import get_arch
+from ..model.calibration import resolve_calibration
+from ..model.comm import measured_allreduce_rows
+from ..model.timing import comm_time_ms
+from .data import _measured_root
+
+__all__ = ["WORLD_SIZES", "load_tp_runs", "tp_status_table", "tp_rank_table", "comm_fit_table"]
+
+#: The world sizes the report asks for (the PR's TP=8, and the steps to it).
+WORLD_SIZES = (2, 4, 8)
+FILES = ("tp_block.csv", "tp2_attention.csv")
+MIB = 2**20
+
+
+def _files(n: int, gpu: str, root: Path | None) -> list[Path]:
+    d = (root or _measured_root()) / f"{gpu}x{n}"
+    return [d / f for f in FILES if (d / f).is_file()]
+
+
+def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
+    """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (``attention``
+    where the file has no block column). Empty DataFrame when nothing was measured."""
+    import pandas as pd
+
+    parts = []
+    for n in world_sizes:
+        for f in _files(n, gpu, Path(root) if root else None):
+            d = pd.read_csv(f)
+            if "block" not in d.columns:
+                d["block"] = "attention"
+            d["file"] = f"{f.parent.name}/{f.name}"
+            parts.append(d)
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
+    """One row per world size: ``measured`` (yes/no), ``files``, ``ranks``, ``configurations`` (distinct (model, T,
+    block, strategy)), ``blocks``, ``device``, ``git_commit``, or the plain reason nothing is there."""
+    import pandas as pd
+
+    runs = load_tp_runs(world_sizes, gpu, root)
+    out = []
+    for n in world_sizes:
+        d = runs[(runs["run"] == "tp") & (runs["world_size"] == n)] if len(runs) else runs
+        if not len(d):
+            out.append({"TP": n, "measured": "no", "files": "-", "ranks": 0, "configurations": 0, "blocks": "-",
+                        "device": "-", "git_commit": "-",
+                        "note": f"not measured: needs {n} GPUs of one host (benchmarks/tp_block.py --tp {n})"})
+            continue
+        out.append({"TP": n, "measured": "yes", "files": ", ".join(sorted(d["file"].unique())),
+                    "ranks": int(d["rank"].nunique()),
+                    "configurations": int(d.groupby(["model", "T", "block", "strategy"]).ngroups),
+                    "blocks": ", ".join(sorted(d["block"].unique())), "device": ", ".join(sorted(d["device"].unique())),
+                    "git_commit": ", ".join(sorted(d["git_commit"].astype(str).unique())), "note": ""})
+    return pd.DataFrame(out)
+
+
+def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None, calibration=None):
+    """Every real rank beside the simulation plus the modelled all-reduce (one row per rank; module docstring).
+
+    Columns: ``TP``, ``model``, ``T``, ``block``, ``strategy``, ``rank``, ``heads/rank``, ``block_ms``,
+    ``compute_ms``, ``allreduce_ms`` (measured alone), ``sim_compute_ms``, ``model_allreduce_ms``,
+    ``comm_source``, ``compute_err_%`` (sim vs this rank's compute), ``block_err_%`` ((sim compute + modelled
+    all-reduce) vs this rank's block), ``allreduce_err_%``, ``peak_MiB`` / ``sim_peak_MiB`` (the call's peak over
+    what was allocated before it), ``nccl_MiB`` (device memory the allocator does not see, over the simulation's),
+    ``file``."""
+    import pandas as pd
+
+    runs = load_tp_runs(world_sizes, gpu, root)
+    if not len(runs):
+        return pd.DataFrame()
+    cal = resolve_calibration(calibration)
+    arch = get_arch(gpu)
+    keys = ["tp", "model", "T", "block", "strategy"]  # a sim row has world_size 1 and the tp it simulates
+    runs = runs.drop(columns=[c for c in runs.columns if c.startswith("sim_")])
+    sim = runs[runs["run"] == "sim"]
+    sim = sim.groupby(keys, as_index=False).agg(sim_compute_ms=("compute_ms", "median"),
+                                                sim_peak=("peak_extra_bytes", "max"),
+                                                sim_used=("device_used_bytes", "max"))
+    tp = runs[runs["run"] == "tp"].merge(sim, on=keys, how="left")
+    tp["model_allreduce_ms"] = [comm_time_ms("allreduce", b, int(n), arch, cal)
+                                for b, n in zip(tp["allreduce_bytes"], tp["world_size"])]
+    tp["comm_source"] = [cal.comm_source(int(n)) for n in tp["world_size"]]
+    nccl = (pd.to_numeric(tp["nccl_bytes"], errors="coerce") if "nccl_bytes" in tp
+            else pd.to_numeric(tp["device_used_bytes"], errors="coerce") - pd.to_numeric(tp["sim_used"],
+                                                                                         errors="coerce"))
+    out = pd.DataFrame({
+        "TP": tp["world_size"], "model": tp["model"], "T": tp["T"], "block": tp["block"], "strategy": tp["strategy"],
+        "rank": tp["rank"], "heads/rank": tp["num_heads"], "block_ms": tp["block_ms"], "compute_ms": tp["compute_ms"],
+        "allreduce_ms": tp["allreduce_ms"], "sim_compute_ms": tp["sim_compute_ms"],
+        "model_allreduce_ms": tp["model_allreduce_ms"], "comm_source": tp["comm_source"],
+        "compute_err_%": 100 * (tp["sim_compute_ms"] - tp["compute_ms"]) / tp["compute_ms"],
+        "block_err_%": 100 * (tp["sim_compute_ms"] + tp["model_allreduce_ms"] - tp["block_ms"]) / tp["block_ms"],
+        "allreduce_err_%": 100 * (tp["model_allreduce_ms"] - tp["allreduce_ms"]) / tp["allreduce_ms"],
+        "peak_MiB": pd.to_numeric(tp["peak_extra_bytes"], errors="coerce") / MIB,
+        "sim_peak_MiB": pd.to_numeric(tp["sim_peak"], errors="coerce") / MIB,
+        "nccl_MiB": nccl / MIB, "file": tp["file"],
+    })
+    return out.sort_values(["TP", "model", "T", "block", "strategy", "rank"]).reset_index(drop=True)
+
+
+def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200", root: str | Path | None = None):
+    """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` /
+    ``sizes`` / ``MAPE %`` / ``leave-one-size-out MAPE %`` where measured, and ``assumption error %``: the mean
+    error of the assumption (``comm_efficiency``, ``comm_latency_us`` of the calibration) against the measured
+    rows of that world size (blank when none)."""
+    import pandas as pd
+
+    cal = resolve_calibration(calibration)
+    arch = get_arch(gpu)
+    assumed = cal.with_comm(cal.comm_efficiency, cal.comm_latency_us)
+    rows, _ = measured_allreduce_rows(gpu, root)
+    out = []
+    for n in world_sizes:
+        fit = cal.comm.fit_for(n) if cal.comm is not None else None
+        mine = [r for r in rows if int(r["world_size"]) == n]
+        err = (sum(abs(comm_time_ms("allreduce", r["nbytes"], n, arch, assumed) - r["ms"]) / r["ms"] for r in mine)
+               / len(mine) * 100) if mine else None
+        out.append({"TP": n, "priced by": cal.comm_source(n),
+                    "latency_us": fit.latency_us if fit else cal.comm_latency_us,
+                    "bw_gbps": fit.bw_gbps if fit else arch.nvlink_gbps / 2 * cal.comm_efficiency,
+                    "sizes": f"{fit.n_sizes} ({fit.min_bytes / MIB:.0f}-{fit.max_bytes / MIB:.0f} MiB)" if fit else "-",
+                    "rank rows": len(mine), "MAPE %": fit.mape_pct if fit else None,
+                    "leave-one-size-out MAPE %": fit.loo_mape_pct if fit else None,
+                    "assumption error %": err})
+    return pd.DataFrame(out)

@@ -1,0 +1,91 @@
+"""The report's TP section (mla_lab.report.tp_ranks, seed_comm_sensitivity) recomputed from the committed NCCL runs:
+data/measured/h200x2/tp2_attention.csv (TP=2, 2 H200s) and data/calibration/h200_comm.csv. TP 4 and 8 were not
+measured; the tables must say so rather than show a number."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from mla_lab.model.calibration import default_calibration
+from mla_lab.paths import measured_dir
+from mla_lab.report.seed_answer import seed_comm_sensitivity
+from mla_lab.report.tp_ranks import comm_fit_table, load_tp_runs, tp_rank_table, tp_status_table
+
+TP2 = measured_dir("h200x2") / "tp2_attention.csv"
+
+
+def test_status_names_what_was_measured_and_what_was_not():
+    t = tp_status_table().set_index("TP")
+    assert t.loc[2, "measured"] == "yes" and t.loc[2, "files"] == "h200x2/tp2_attention.csv"
+    assert t.loc[2, "ranks"] == 2 and t.loc[2, "configurations"] == 8  # 2 models x 2 T x 2 strategies
+    for n in (4, 8):
+        if (measured_dir(f"h200x{n}") / "tp_block.csv").is_file():
+            continue  # measured since: the status must say yes (checked by the synthetic test below)
+        assert t.loc[n, "measured"] == "no" and t.loc[n, "ranks"] == 0
+        assert f"needs {n} GPUs" in t.loc[n, "note"]
+
+
+def test_every_rank_is_reported_and_the_errors_follow_from_the_raw_columns():
+    raw = pd.read_csv(TP2)
+    t = tp_rank_table()
+    t2 = t[t["TP"] == 2]
+    assert len(t2) == (raw["run"] == "tp").sum() == 16 and sorted(t2["rank"].unique()) == [0, 1]
+    for _, r in t2.iterrows():
+        same = (raw["model"] == r["model"]) & (raw["T"] == r["T"]) & (raw["strategy"] == r["strategy"])
+        sim = raw[same & (raw["run"] == "sim")]
+        rank = raw[same & (raw["run"] == "tp") & (raw["rank"] == r["rank"])]
+        assert r["sim_compute_ms"] == sim["compute_ms"].iloc[0]
+        assert r["compute_err_%"] == pytest.approx(100 * (sim["compute_ms"].iloc[0] / rank["compute_ms"].iloc[0] - 1))
+        assert r["block_ms"] == rank["block_ms"].iloc[0] and r["allreduce_ms"] == rank["allreduce_ms"].iloc[0]
+        assert r["peak_MiB"] == r["sim_peak_MiB"]  # the simulation's call peak equals the real rank's, to the byte
+    # README figures: per-rank compute error, block error with the TP=2 all-reduce fit, NCCL's own memory
+    assert round(t2["compute_err_%"].min(), 1) == -1.5 and round(t2["compute_err_%"].max(), 1) == 9.7
+    assert round(t2["block_err_%"].min(), 1) == -3.2 and round(t2["block_err_%"].max(), 1) == 4.8
+    assert round(t2["nccl_MiB"].min()) == 840 and round(t2["nccl_MiB"].max()) == 854
+    assert t2["comm_source"].str.startswith("measured fit tp=2").all()
+
+
+def test_comm_fit_table_gives_the_fit_at_tp2_and_the_assumption_elsewhere():
+    t = comm_fit_table().set_index("TP")
+    assert t.loc[2, "priced by"].startswith("measured fit tp=2")
+    assert round(t.loc[2, "bw_gbps"]) == 286 and round(t.loc[2, "latency_us"]) == 65
+    assert round(t.loc[2, "assumption error %"]) == 34  # the 0.8 x 450 GB/s ring, no latency, against TP=2
+    if default_calibration().comm.fit_for(8) is None:
+        assert t.loc[8, "priced by"].startswith("assumption") and t.loc[8, "rank rows"] == 0
+        assert pd.isna(t.loc[8, "MAPE %"]) and t.loc[8, "bw_gbps"] == pytest.approx(360.0)
+
+
+def test_seed_change_under_each_comm_term():
+    s = seed_comm_sensitivity(models=("glm-5",)).set_index("comm term")
+    col = "PR vs before, zeros, modelled %"
+    assert round(s.loc["committed calibration", col], 1) == -2.0
+    assert round(s.loc["ideal ring (lower bound)", col], 1) == -2.1
+    ext = "tp=2 fit extrapolated to tp=8"
+    if ext in s.index:  # while TP=8 is unmeasured
+        assert round(s.loc[ext, col], 1) == -1.9
+        assert "not measured at tp=8" in s.loc[ext, "priced by"]
+        assert round(s.loc[ext, "all-reduce ms"]) == 407 and round(s.loc["committed calibration", "all-reduce ms"]) == 307
+    # a slower all-reduce makes the denominator larger and the PR's relative change smaller
+    order = s.sort_values("all-reduce ms")[col]
+    assert list(order) == sorted(order)
+
+
+def test_a_tp8_run_is_picked_up_per_rank(tmp_path):
+    """A tp_block.csv under h200x8 (benchmarks/tp_block.py's file) shows as measured, with all 8 ranks."""
+    d = tmp_path / "h200x8"
+    d.mkdir()
+    rows = []
+    for run, ranks, ws in (("tp", range(8), 8), ("sim", [0], 1)):
+        for rank in ranks:
+            rows.append({"run": run, "rank": rank, "world_size": ws, "tp": 8, "model": "glm-5", "T": 4096,
+                         "block": "attention", "strategy": "vllm-53878", "num_heads": 8, "block_ms": 2.0 + rank / 100,
+                         "compute_ms": 1.8, "allreduce_ms": 0.2 if run == "tp" else None, "allreduce_bytes": 4096 * 6144 * 2,
+                         "peak_extra_bytes": 100, "device_used_bytes": 1000, "nccl_bytes": 7 * 2**20 if run == "tp" else None,
+                         "device": "NVIDIA H200", "git_commit": "abc"})
+    pd.DataFrame(rows).to_csv(d / "tp_block.csv", index=False)
+    st = tp_status_table(root=tmp_path).set_index("TP")
+    assert st.loc[8, "measured"] == "yes" and st.loc[8, "ranks"] == 8 and st.loc[2, "measured"] == "no"
+    t = tp_rank_table(root=tmp_path)
+    assert list(t["rank"]) == list(range(8)) and (t["nccl_MiB"] == 7).all()
+    assert len(load_tp_runs(root=tmp_path)) == 9
