@@ -66,6 +66,7 @@ def test_seed_change_under_each_comm_term():
         assert round(s.loc[ext, col], 1) == -1.9
         assert "not measured at tp=8" in s.loc[ext, "priced by"]
         assert round(s.loc[ext, "all-reduce ms"]) == 407 and round(s.loc["committed calibration", "all-reduce ms"]) == 307
+    assert round(s.loc["ideal ring (lower bound)", "all-reduce ms"]) == 246
     # a slower all-reduce makes the denominator larger and the PR's relative change smaller
     order = s.sort_values("all-reduce ms")[col]
     assert list(order) == sorted(order)
