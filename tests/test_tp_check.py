@@ -1,7 +1,9 @@
-"""The TP=2 attention-block benchmark harness (mla_lab.measure.tp) run on CPU: two gloo processes on tiny shapes with the reference
-kernel, plus the one-process simulation. Timings on CPU mean nothing; what is checked is the sharding (the
-all-reduced output equals the unsharded block), the rows and columns the GPU run writes, the comparison formulas and
-the NVLink-multicast-off environment. The GPU run: benchmarks/tp2_attention.py on two H200s."""
+"""The TP benchmark harness (mla_lab.measure.tp) run on CPU: four gloo processes (TP = EP = 4) on tiny shapes with
+the reference kernel, plus the one-process simulation of rank 0's share. Timings on CPU mean nothing; what is
+checked is the sharding (the all-reduced attention and MoE outputs equal the unsharded blocks), every rank's rows,
+the all-reduce rows and their columns, the comparison formulas, the memory columns (None on CPU) and the
+NVLink-multicast-off environment; bad configs are refused before anything is spawned. The GPU run:
+benchmarks/tp_block.py (benchmarks/h200x8_run.sh on 8 H200s); the GPU tests at the end need CUDA."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ import torch
 
 from mla_lab.arch import get_arch
 from mla_lab.measure.tp import (
+    ALLREDUCE_COLUMNS,
+    BLOCK_COLUMNS,
+    COMPARE_COLUMNS,
+    MOE_OPS,
     SAFE_ENV,
     TPBenchmarkConfig,
     _model,
@@ -22,81 +28,205 @@ from mla_lab.measure.tp import (
     compare,
     ideal_ring_calibration,
     make_block_inputs,
+    make_moe_inputs,
+    merge_shards,
+    moe_forward,
+    moe_routing,
+    resolve_strategies,
     run_tp_benchmark,
     summary_table,
     tiny_overrides,
 )
+from mla_lab.model.ops import layer_ops
 from mla_lab.model.timing import comm_time_ms
-from mla_lab.strategies import make_strategy
+from mla_lab.provenance import PROVENANCE_COLUMNS
+from mla_lab.strategies import REAL_STRATEGIES, make_strategy
 
 T = 16
+TP = 4
 MODELS = ["glm-5", "deepseek-v3.2"]
+STRATEGIES = ["unfused", "fused"]
+AR_MIB = [0.25, 1]
+AR_TOKENS = [16, 64]
+
+
+def bf16_sum_atol(partials) -> float:
+    """Bound on |sharded - unsharded| for a sum of ``n`` bf16 partials: each partial is rounded once (unit
+    roundoff 2^-8 of bf16's 8-bit significand), the bf16 all-reduce rounds after each of its ``n - 1`` adds, the
+    unsharded block rounds once: at most ``2 n x 2^-8 x max |partial|`` (the partial sums stay below ``n`` times
+    the largest partial; the factor keeps the bound simple)."""
+    n = len(partials)
+    return 2 * n * 2**-8 * max(p.float().abs().max().item() for p in partials)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tp")
-    cfg = TPBenchmarkConfig(models=MODELS, tokens=[T], device="cpu", warmup=1, iters=2, model_overrides=tiny_overrides(),
-                        save_outputs=True)
+    cfg = TPBenchmarkConfig(models=MODELS, tokens=[T], tp=TP, blocks=["attention", "moe"], strategies=STRATEGIES,
+                            device="cpu", warmup=1, iters=2, model_overrides=tiny_overrides(), save_outputs=True,
+                            allreduce_tokens=AR_TOKENS, allreduce_mib=AR_MIB)
     return run_tp_benchmark(cfg, out_dir=out), out
 
 
-def _y(out, run, model, strategy, rank):
-    return torch.load(out / f"y_{run}_{model}_{T}_{strategy}_r{rank}.pt")
+def _y(out, run, block, model, strategy, rank):
+    return torch.load(out / f"y_{run}_{block}_{model}_{T}_{strategy}_r{rank}.pt")
 
 
 @pytest.mark.slow
-def test_rows_and_columns(run):
-    df, _ = run
-    assert len(df) == 2 * 2 * 3  # models x strategies x (tp rank 0, tp rank 1, sim rank 0)
+def test_block_rows_every_rank_and_columns(run):
+    df = run[0].blocks
+    assert list(df.columns) == BLOCK_COLUMNS + COMPARE_COLUMNS + list(PROVENANCE_COLUMNS)
+    cases = len(MODELS) * (len(STRATEGIES) + 1)  # attention strategies + the moe block
+    assert len(df) == cases * (TP + 1)  # every tp rank + the sim
     tp, sim = df[df["run"] == "tp"], df[df["run"] == "sim"]
-    assert sorted(tp["rank"].unique()) == [0, 1] and list(sim["rank"].unique()) == [0]
-    assert (tp["world_size"] == 2).all() and (tp["dist_backend"] == "gloo").all()
-    assert (sim["world_size"] == 1).all() and (sim["dist_backend"] == "none").all()
-    assert (df["num_heads"] == 2).all() and (df["padded_heads"] == 64).all()  # 4 heads / TP 2, hopper padding
-    assert (df["kernel_backend"] == "reference").all()
+    for _, g in tp.groupby(["model", "block", "strategy"]):
+        assert sorted(g["rank"]) == list(range(TP))  # every rank reported, not only the slowest
+    assert list(sim["rank"].unique()) == [0] and (sim["world_size"] == 1).all()
+    assert (tp["world_size"] == TP).all() and (tp["dist_backend"] == "gloo").all() and (df["tp"] == TP).all()
+    assert (sim["dist_backend"] == "none").all()
+    att, moe = df[df["block"] == "attention"], df[df["block"] == "moe"]
+    assert (att["num_heads"] == 2).all() and (att["padded_heads"] == 64).all()  # 8 heads / TP 4, hopper padding
+    assert (att["kernel_backend"] == "reference").all()
+    assert (moe["strategy"] == "none").all() and (moe["experts_per_rank"] == 2).all()  # 8 experts / EP 4
+    assert (moe["shared_intermediate_per_rank"] == 8).all() and moe["attn_ms"].isna().all()
+    # the routed pairs over the ranks are all T x k pairs, each routed once
+    for _, g in moe[moe["run"] == "tp"].groupby("model"):
+        assert g["routed_pairs"].sum() == T * 2
     for k, v in SAFE_ENV.items():  # NVLink multicast off in every worker
         assert (df[k].astype(str) == v).all()
+    assert SAFE_ENV["NVSHMEM_DISABLE_NVLS"] == "1"
     assert (df["source"] == "measured").all() and (df["device"] == "cpu").all() and df["git_commit"].all()
-    for c in ("attn_ms", "compute_ms", "block_ms"):
+    for c in ("compute_ms", "block_ms", "block_ms_min", "block_ms_max"):
         assert (df[c] > 0).all()
+    assert (att["attn_ms"] > 0).all()
     assert (tp["allreduce_ms"] > 0).all() and sim["allreduce_ms"].isna().all()
     assert (sim["block_ms"] == sim["compute_ms"]).all()
-    for value in df["allreduce_model_ms"]:  # the cost model's ideal ring, tiny hidden 64, TP 2, h200 by default
-        assert math.isclose(value, allreduce_model_ms(T, 64, 2, "h200"))
+    for c in ("allocated_bytes", "peak_extra_bytes", "device_used_bytes", "torch_reserved_bytes", "nccl_bytes",
+              "untracked_growth_bytes", "device_index"):
+        assert df[c].isna().all(), c  # CUDA only
+    for value in df["allreduce_model_ms"]:  # the cost model's ideal ring, tiny hidden 64, TP 4, h200 by default
+        assert math.isclose(value, allreduce_model_ms(T, 64, TP, "h200"))
     assert tp["time_error_pct"].notna().all() and sim["time_error_pct"].isna().all()
     s = summary_table(df)
-    assert len(s) == 4 and {"time_err_%", "compute_err_%", "mem_err_%"} <= set(s.columns)
+    assert len(s) == len(MODELS) * (len(STRATEGIES) + 1) and (s["ranks"] == TP).all()
+    assert {"block_ms_min", "block_ms_median", "block_ms_max", "slowest_rank", "time_err_%", "compute_err_%",
+            "mem_err_%", "nccl_MiB"} <= set(s.columns)
+    for _, r in s.iterrows():
+        g = tp[(tp["model"] == r["model"]) & (tp["block"] == r["block"]) & (tp["strategy"] == r["strategy"])]
+        assert r["block_ms_max"] == g["block_ms"].max() and r["block_ms_min"] == g["block_ms"].min()
+        assert g.loc[g["block_ms"].idxmax(), "rank"] == r["slowest_rank"]
 
 
 @pytest.mark.slow
-def test_all_reduced_output_equals_the_unsharded_block(run):
-    _, out = run
+def test_allreduce_rows(run):
+    ar = run[0].allreduce
+    assert list(ar.columns) == ALLREDUCE_COLUMNS + list(PROVENANCE_COLUMNS)
+    tokens = sorted(set(AR_TOKENS) | {T})
+    assert len(ar) == TP * (len(AR_MIB) + len(tokens))  # both tiny models have hidden 64: one set of T rows
+    for _, g in ar.groupby("nbytes"):
+        assert sorted(g["rank"]) == list(range(TP))
+    sweep, sized = ar[ar["T"].isna()], ar[ar["T"].notna()]
+    assert sweep["hidden_size"].isna().all()
+    assert sorted(sweep["nbytes"].unique()) == [int(m * 2**20) for m in AR_MIB]
+    assert sorted(sized["T"].unique()) == tokens and (sized["hidden_size"] == 64).all()
+    assert (sized["nbytes"] == sized["T"] * 64 * 2).all()
+    assert ((ar["ms_min"] <= ar["ms_p25"]) & (ar["ms_p25"] <= ar["ms"]) & (ar["ms"] <= ar["ms_p75"])
+            & (ar["ms_p75"] <= ar["ms_max"])).all()
+    assert (ar["iters"] == 2).all() and (ar["warmup"] == 1).all() and (ar["world_size"] == TP).all()
+    assert (ar["dist_backend"] == "gloo").all()
+    for k, v in SAFE_ENV.items():
+        assert (ar[k].astype(str) == v).all()
+
+
+@pytest.mark.slow
+def test_all_reduced_attention_equals_the_unsharded_block(run):
+    """Each rank's partial o_proj output is rounded to bf16 before the (bf16) all-reduce, the unsharded block
+    rounds once after one fp32-accumulated GEMM over all heads: they agree within :func:`bf16_sum_atol`, not
+    exactly; the reduced output is bit-identical on every rank."""
+    out = run[1]
     for name in MODELS:
         model = _model(name, tiny_overrides())
         sm = _sm_scale(model)
-        shards = [make_block_inputs(model, 2, r, T, seed=0) for r in range(2)]
-        # sharded by hand in this process: sum of the two ranks' partial o_proj outputs
+        shards = [make_block_inputs(model, TP, r, T, seed=0) for r in range(TP)]
         partial = [block_forward(make_strategy("fused", num_heads=2, max_num_batched_tokens=T), s, sm, 1)
                    for s in shards]
-        # unsharded: all 4 heads on one "rank" (TP=1), the shards concatenated along heads
-        full = {k: torch.cat([s[k] for s in shards], dim=1 if k in ("ql_nope", "q_pe", "w_o") else 0)
-                for k in ("ql_nope", "q_pe", "w_uv", "w_o")}
-        full.update({k: shards[0][k] for k in ("kv", "indices", "topk_length")}, num_heads=4)
-        for k in ("kv", "indices", "topk_length"):  # replicated inputs really are the same on both ranks
-            assert torch.equal(shards[0][k], shards[1][k])
-        y_full = block_forward(make_strategy("unfused", num_heads=4, max_num_batched_tokens=T), full, sm, 1)
-        for strategy in ("unfused", "fused"):
-            y0, y1 = _y(out, "tp", name, strategy, 0), _y(out, "tp", name, strategy, 1)
-            assert y0.shape == (T, model.hidden_size) and y0.dtype == torch.bfloat16
-            assert torch.equal(y0, y1)  # every rank holds the reduced output
-            torch.testing.assert_close(y0, (partial[0].float() + partial[1].float()).to(torch.bfloat16),
-                                       rtol=1.6e-2, atol=1e-3)
-            torch.testing.assert_close(y0.float(), y_full.float(), rtol=3e-2, atol=3e-3)
+        full = merge_shards("attention", shards)
+        assert full["num_heads"] == 8 and full["ql_nope"].shape == (T, 8, 512)
+        for k in ("kv", "indices", "topk_length"):  # replicated inputs really are the same on every rank
+            assert all(torch.equal(shards[0][k], s[k]) for s in shards)
+        y_full = block_forward(make_strategy("unfused", num_heads=8, max_num_batched_tokens=T), full, sm, 1)
+        psum = sum(p.float() for p in partial)
+        for strategy in STRATEGIES:
+            ys = [_y(out, "tp", "attention", name, strategy, r) for r in range(TP)]
+            assert ys[0].shape == (T, model.hidden_size) and ys[0].dtype == torch.bfloat16
+            assert all(torch.equal(ys[0], y) for y in ys)  # every rank holds the reduced output
+            atol = bf16_sum_atol(partial)
+            torch.testing.assert_close(ys[0].float(), psum, rtol=0, atol=atol)
+            torch.testing.assert_close(ys[0].float(), y_full.float(), rtol=0, atol=atol)
             # the simulation = rank 0's share, no all-reduce
-            torch.testing.assert_close(_y(out, "sim", name, strategy, 0), partial[0], rtol=1.6e-2, atol=1e-3)
-        assert torch.equal(_y(out, "tp", name, "fused", 0), _y(out, "tp", name, "unfused", 0))
+            torch.testing.assert_close(_y(out, "sim", "attention", name, strategy, 0), partial[0], rtol=1.6e-2,
+                                       atol=1e-3)
+        assert torch.equal(_y(out, "tp", "attention", name, "fused", 0),
+                           _y(out, "tp", "attention", name, "unfused", 0))
         assert y_full.abs().max() > 0
+
+
+@pytest.mark.slow
+def test_all_reduced_moe_equals_the_unsharded_moe(run):
+    """Same tolerance as attention (:func:`bf16_sum_atol`): every rank's partial (its experts' pairs + its shared
+    shard, summed in fp32) is rounded to bf16 once before the bf16 all-reduce, the unsharded MoE once at the end;
+    routing is identical because the router and x are replicated."""
+    out = run[1]
+    for name in MODELS:
+        model = _model(name, tiny_overrides())
+        shards = [make_moe_inputs(model, TP, r, T, seed=0) for r in range(TP)]
+        for k in ("x", "w_router"):
+            assert all(torch.equal(shards[0][k], s[k]) for s in shards)
+        assert [s["expert_start"] for s in shards] == [0, 2, 4, 6]
+        full = merge_shards("moe", shards)
+        assert full["w13"].shape == (8, 64, 64) and full["w2"].shape == (8, 64, 32)
+        assert full["w_sh13"].shape == (64, 64) and full["w_sh2"].shape == (64, 32)
+        y_full = moe_forward(full)
+        partial = [moe_forward(s) for s in shards]
+        # the routed pairs of the ranks partition the unsharded block's pairs
+        assert sum(len(moe_routing(s)[0]) for s in shards) == len(moe_routing(full)[0]) == T * 2
+        ys = [_y(out, "tp", "moe", name, "none", r) for r in range(TP)]
+        assert ys[0].shape == (T, 64) and ys[0].dtype == torch.bfloat16
+        assert all(torch.equal(ys[0], y) for y in ys)
+        atol = bf16_sum_atol(partial)
+        torch.testing.assert_close(ys[0].float(), sum(p.float() for p in partial), rtol=0, atol=atol)
+        torch.testing.assert_close(ys[0].float(), y_full.float(), rtol=0, atol=atol)
+        assert torch.equal(_y(out, "sim", "moe", name, "none", 0), partial[0])
+        assert y_full.abs().max() > 0.1
+
+
+def test_moe_matches_a_dense_reference_and_the_cost_model_op_list():
+    """moe_forward on the unsharded tiny block equals a per-token dense loop (router sigmoid, top-k renormalised,
+    SiLU*mul experts, shared expert), and MOE_OPS is what layer_ops prices after post_attn_norm under EP."""
+    model = _model("glm-5", tiny_overrides())
+    inp = make_moe_inputs(model, 1, 0, 8, seed=5)
+    x = inp["x"].float()
+    scores = (x @ inp["w_router"].float().T).sigmoid()
+    ref = torch.zeros(8, 64)
+    i_s = inp["w_sh13"].shape[0] // 2
+
+    def mlp(v, w13, w2, inter):
+        g = v @ w13.float().T
+        return (torch.nn.functional.silu(g[:inter]) * g[inter:]) @ w2.float().T
+
+    for t in range(8):
+        w, ids = torch.topk(scores[t], 2)
+        w = w / w.sum()
+        ref[t] = sum(w[j] * mlp(x[t], inp["w13"][ids[j]], inp["w2"][ids[j]], 32) for j in range(2))
+        ref[t] += mlp(x[t], inp["w_sh13"], inp["w_sh2"], i_s)
+    torch.testing.assert_close(moe_forward(inp).float(), ref, rtol=3e-2, atol=3e-2)
+    ops = layer_ops(_model("glm-5", {}), 8, get_arch("h200"), "fused", 1024, moe_parallel="ep")
+    names = [op.name for op in ops]
+    assert tuple(names[names.index("post_attn_norm") + 1:]) == MOE_OPS
+    ep_inp = make_moe_inputs(model, 4, 3, 8)
+    dims = {op.name: op.dims for op in layer_ops(model, 4, get_arch("h200"), "fused", 8, moe_parallel="ep")}
+    assert dims["moe_gate_up"]["E"] == ep_inp["num_local_experts"] == 2
+    assert dims["moe_gate_up"]["N"] == ep_inp["w13"].shape[1] and dims["shared_down"]["K"] == ep_inp["w_sh2"].shape[1]
 
 
 def allreduce_model_ms(T, hidden, tp, arch_name):
@@ -112,14 +242,17 @@ def test_allreduce_model():
     assert allreduce_model_ms(1000, 1000, 1, "h200") == 0.0
 
 
-def test_compare_formulas():
-    base = dict(model="m", T=8, strategy="fused", num_heads=4, allreduce_model_ms=0.5, device_used_bytes=None)
+def test_compare_formulas_keep_every_rank():
+    base = dict(model="m", T=8, tp=2, world_size=2, block="attention", strategy="fused", num_heads=4,
+                allreduce_model_ms=0.5, device_used_bytes=None, nccl_bytes=None)
     df = pd.DataFrame([
         dict(base, run="tp", rank=0, compute_ms=2.0, block_ms=3.0, allreduce_ms=1.0, peak_extra_bytes=100),
-        dict(base, run="tp", rank=1, compute_ms=2.5, block_ms=3.0, allreduce_ms=1.0, peak_extra_bytes=100),
-        dict(base, run="sim", rank=0, compute_ms=2.2, block_ms=2.2, allreduce_ms=None, peak_extra_bytes=110),
+        dict(base, run="tp", rank=1, compute_ms=2.5, block_ms=3.5, allreduce_ms=1.0, peak_extra_bytes=100),
+        dict(base, run="sim", rank=0, world_size=1, compute_ms=2.2, block_ms=2.2, allreduce_ms=None,
+             peak_extra_bytes=110),
     ])
     c = compare(df)
+    assert len(c) == 3
     tp0 = c[(c["run"] == "tp") & (c["rank"] == 0)].iloc[0]
     assert math.isclose(tp0["time_error_pct"], 100 * (2.2 + 0.5 - 3.0) / 3.0)
     assert math.isclose(tp0["compute_error_pct"], 100 * (2.2 - 2.0) / 2.0)
@@ -127,27 +260,129 @@ def test_compare_formulas():
     assert math.isclose(tp0["mem_error_pct"], 10.0)
     assert c[c["run"] == "sim"]["time_error_pct"].isna().all()
     s = summary_table(c).iloc[0]
-    assert s["tp_block_ms"] == 3.0 and s["tp_compute_ms"] == 2.5  # the slowest rank
+    assert s["block_ms_max"] == 3.5 and s["block_ms_min"] == 3.0 and s["block_ms_median"] == 3.25
+    assert s["slowest_rank"] == 1 and s["compute_ms_max"] == 2.5 and s["ranks"] == 2
     assert math.isclose(s["compute_err_%"], 100 * (2.2 - 2.5) / 2.5)
+    assert math.isclose(s["time_err_%"], 100 * (2.2 + 0.5 - 3.5) / 3.5)
+    # the TP=2 file written before blocks existed (no block column) still compares
+    old = compare(df.drop(columns=["block", "world_size"]))
+    assert math.isclose(old.iloc[0]["time_error_pct"], tp0["time_error_pct"])
+    assert len(summary_table(old)) == 1
 
 
-def test_inputs_are_sharded_by_head_and_replicated_kv():
+def test_inputs_are_sharded_and_replicated():
     model = dataclasses.replace(_model("glm-5", tiny_overrides()))
     a, b = (make_block_inputs(model, 2, r, 24, seed=3) for r in range(2))
-    assert a["ql_nope"].shape == (24, 2, 512) and a["ql_nope"].stride(-1) == 1 and not a["ql_nope"].is_contiguous()
-    assert a["q_pe"].shape == (24, 2, 64) and a["w_uv"].shape == (2, 512, 16) and a["w_o"].shape == (64, 32)
+    assert a["ql_nope"].shape == (24, 4, 512) and a["ql_nope"].stride(-1) == 1 and not a["ql_nope"].is_contiguous()
+    assert a["q_pe"].shape == (24, 4, 64) and a["w_uv"].shape == (4, 512, 16) and a["w_o"].shape == (64, 64)
     assert not torch.equal(a["ql_nope"], b["ql_nope"]) and torch.equal(a["kv"], b["kv"])
     tl = a["topk_length"]
     assert torch.equal(tl, torch.clamp(torch.arange(1, 25), max=32).to(torch.int32))
     for i in range(24):  # causal: token i draws among keys 0..i
         assert (a["indices"][i, 0] <= i).all() and (a["indices"][i, 0] >= 0).all()
+    m0, m1 = (make_moe_inputs(model, 8, r, 24, seed=3) for r in (0, 7))
+    assert m0["w13"].shape == (1, 64, 64) and m0["w_sh13"].shape == (8, 64) and m0["w_sh2"].shape == (64, 4)
+    assert m1["expert_start"] == 7 and torch.equal(m0["x"], m1["x"]) and not torch.equal(m0["w13"], m1["w13"])
+    assert all(t.dtype == torch.bfloat16 for t in (m0["x"], m0["w_router"], m0["w13"], m0["w2"], m0["w_sh2"]))
+
+
+def test_strategies_resolve():
+    assert resolve_strategies(["unfused", "fused", "vllm-pre-53878", "sglang", "subchunk:7"]) == [
+        "unfused", "fused", "per_call_empty:zeros", "per_call_empty:stale", "per_call_zeros", "subchunk:7"]
+    assert resolve_strategies(list(REAL_STRATEGIES)) == list(REAL_STRATEGIES)
+    for bad in ("kernel_native", "kernel-native", "nope"):
+        with pytest.raises(ValueError, match=f"strategies holds '{bad}'"):
+            resolve_strategies([bad])
 
 
 def test_bad_config_is_refused_before_spawning():
-    with pytest.raises(ValueError, match="tp=3 does not divide"):
+    tiny = tiny_overrides()
+    with pytest.raises(ValueError, match="tp=3 does not divide num_attention_heads"):
         run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], tp=3, device="cpu"))
+    with pytest.raises(ValueError, match=r"tp=16 \(ep = tp\) does not divide n_routed_experts=8"):
+        run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], tp=16, blocks=["moe"], device="cpu",
+                                           model_overrides=dict(tiny, num_attention_heads=16)))
+    with pytest.raises(ValueError, match="tp=3 .* does not divide n_routed_experts=256"):
+        run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], tp=3, blocks=["moe"], device="cpu"))
+    with pytest.raises(ValueError, match="blocks holds 'mlp'"):
+        run_tp_benchmark(TPBenchmarkConfig(blocks=["mlp"], device="cpu"))
+    with pytest.raises(ValueError, match="runs holds 'both'"):
+        run_tp_benchmark(TPBenchmarkConfig(runs=["both"], device="cpu"))
     with pytest.raises(ValueError, match="strategies holds 'kernel_native'"):
         run_tp_benchmark(TPBenchmarkConfig(strategies=["kernel_native"], device="cpu"))
+    with pytest.raises(ValueError, match="tp=1 with runs holding 'tp'"):
+        run_tp_benchmark(TPBenchmarkConfig(tp=1, device="cpu"))
+    with pytest.raises(ValueError, match="allreduce_mib holds 0"):
+        run_tp_benchmark(TPBenchmarkConfig(allreduce_mib=[0], device="cpu"))
     if not torch.cuda.is_available():
-        with pytest.raises(RuntimeError, match="tp=2 needs 2 GPUs; torch sees 0"):
-            run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], device="cuda"))
+        with pytest.raises(RuntimeError, match="tp=8 needs 8 GPUs; torch sees 0"):
+            run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], tp=8, device="cuda"))
+        # the sim alone needs one GPU, not tp of them
+        with pytest.raises(RuntimeError, match="needs a GPU; torch sees 0"):
+            run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], tp=8, runs=["sim"], device="cuda"))
+
+
+# ------------------------------------------------------------------------------------------------ GPU
+
+CUDA = torch.cuda.is_available()
+NGPU = torch.cuda.device_count() if CUDA else 0
+
+
+def _flash():
+    from mla_lab.kernels import flash_mla_info
+
+    return flash_mla_info()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="torch.cuda.is_available() is False: no CUDA GPU on this machine")
+def test_gpu_sim_of_a_tp8_share_runs_on_one_gpu(tmp_path):
+    """The sim of a TP-8 share (GLM-5: 8 heads, 32 experts, shared shard 256) at its real shapes on GPU 0 alone."""
+    info = _flash()
+    if not info.get("available"):
+        pytest.skip(f"no flash_mla provider: {info.get('reason')}")
+    cfg = TPBenchmarkConfig(models=["glm-5"], tokens=[1024], tp=8, blocks=["attention", "moe"],
+                            strategies=["fused"], runs=["sim"], warmup=1, iters=3)
+    r = run_tp_benchmark(cfg, out_dir=tmp_path)
+    df = r.blocks
+    assert len(df) == 2 and (df["run"] == "sim").all() and (df["device_index"] == 0).all() and r.allreduce.empty
+    att, moe = df[df["block"] == "attention"].iloc[0], df[df["block"] == "moe"].iloc[0]
+    assert att["num_heads"] == 8 and att["padded_heads"] == 64 and att["kernel_backend"] == "flash_mla"
+    assert moe["experts_per_rank"] == 32 and moe["shared_intermediate_per_rank"] == 256
+    assert 0 < moe["routed_pairs"] <= 1024 * 8
+    for c in ("allocated_bytes", "peak_extra_bytes", "device_used_bytes", "torch_reserved_bytes"):
+        assert (df[c] > 0).all(), c
+    assert df["nccl_bytes"].notna().all() and (df["nccl_bytes"].abs() < 64 * 2**20).all()  # no communicator
+    assert (df["block_ms"] > 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(NGPU < 2, reason=f"needs >= 2 CUDA GPUs for a NCCL run; torch sees {NGPU}")
+def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
+    """A NCCL run over the largest of 8 / 4 / 2 GPUs present, tiny shapes (8 heads, 8 experts), reference kernel:
+    rank r on GPU r, NCCL's memory seen, the reduced outputs equal the unsharded blocks (bf16 tolerance)."""
+    tp = max(n for n in (2, 4, 8) if n <= NGPU)
+    cfg = TPBenchmarkConfig(models=["glm-5"], tokens=[T], tp=tp, blocks=["attention", "moe"], strategies=["fused"],
+                            warmup=1, iters=3, kernel_backend="reference", concat_backend="torch",
+                            model_overrides=tiny_overrides(), save_outputs=True, allreduce_tokens=[T],
+                            allreduce_mib=[1])
+    r = run_tp_benchmark(cfg, out_dir=tmp_path)
+    tpr = r.blocks[r.blocks["run"] == "tp"]
+    assert sorted(tpr["rank"].unique()) == list(range(tp)) and (tpr["device_index"] == tpr["rank"]).all()
+    assert (tpr["dist_backend"] == "nccl").all() and (tpr["nccl_bytes"] > 0).all()
+    assert len(r.allreduce) == 2 * tp and (r.allreduce["dist_backend"] == "nccl").all()
+    model = _model("glm-5", tiny_overrides())
+    att = [make_block_inputs(model, tp, k, T) for k in range(tp)]
+    moe = [make_moe_inputs(model, tp, k, T) for k in range(tp)]
+    y_att = block_forward(make_strategy("fused", num_heads=8, max_num_batched_tokens=T), merge_shards("attention", att),
+                          _sm_scale(model), 1)
+    y_moe = moe_forward(merge_shards("moe", moe))
+    sm = _sm_scale(model)
+    partial = {"attention": [block_forward(make_strategy("fused", num_heads=8 // tp, max_num_batched_tokens=T), a, sm,
+                                           1) for a in att],
+               "moe": [moe_forward(m) for m in moe]}
+    for block, ref, s in (("attention", y_att, "fused"), ("moe", y_moe, "none")):
+        atol = 2 * bf16_sum_atol(partial[block])  # x2: GPU vs CPU GEMM rounding of the reference on top
+        for k in range(tp):
+            y = torch.load(tmp_path / f"y_tp_{block}_glm-5_{T}_{s}_r{k}.pt")
+            torch.testing.assert_close(y.float(), ref.float(), rtol=0, atol=atol)

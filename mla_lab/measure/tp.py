@@ -1,47 +1,95 @@
-"""The TP benchmark harness: the sparse-MLA attention block really sharded over ``tp`` processes, against the
-lab's single-GPU simulation of TP and the cost model's all-reduce.
+"""The TP benchmark harness: the sparse-MLA attention block and the MoE block (expert parallelism) really sharded
+over ``tp`` processes (one per GPU), against the lab's one-GPU simulation of one rank's share and the cost model's
+all-reduce; plus the all-reduce alone, per rank, at the block sizes and over a bytes sweep.
 
-The lab prices TP by giving one GPU one rank's share of the heads (``num_attention_heads / tp``). This module runs
-the attention block really sharded, one process per GPU, and the simulation with the same code:
+The lab prices TP by giving one GPU one rank's share (``num_attention_heads / tp`` heads; ``n_routed_experts / ep``
+experts). This module runs the blocks really sharded, one process per GPU, and the simulation with the same code.
+World sizes 2, 4, 8 (any ``tp`` dividing the shapes): rank ``r`` runs on GPU ``r`` (``cuda:r``), so a TP=4 run on an
+8-GPU machine uses GPUs 0-3; the sim run uses GPU 0.
 
-- **tp run** (``world_size = tp``, NCCL on GPUs, gloo on CPU): rank ``r`` holds heads ``[r H, (r+1) H)`` with
-  ``H = num_attention_heads / tp`` (their ``ql_nope``/``q_pe``, their ``W_UV`` slice and their input columns of
-  ``o_proj``), the latent KV cache, indices and ``topk_length`` replicated (same seed on every rank). Per rank: the
-  attention path of a strategy (:mod:`mla_lab.strategies`: ``unfused`` or ``fused``; concat, pad, sparse prefill,
-  slice), then ``W_UV`` (``bmm [H, T, 512] x [H, 512, v_head_dim]``), then the row-parallel ``o_proj``
-  (``[T, H v_head_dim] x [H v_head_dim, hidden]``, random bf16 weights), then an all-reduce (sum) of the
-  ``[T, hidden]`` bf16 output over the ranks, as vLLM's ``RowParallelLinear`` does.
-- **sim run** (``world_size = 1``, no process group): one process runs rank 0's share (``H`` heads) through the
-  same function; the all-reduce is skipped. This is what the lab's single-GPU measurements do.
-- **all-reduce model**: the cost model's one collective model, :func:`mla_lab.model.timing.comm_time_ms`
-  ``("allreduce", B, tp, arch, calibration)`` for ``B = T x hidden x 2`` bytes: a ring all-reduce sends (and
-  receives) ``2 (tp-1)/tp x B`` bytes per rank; time = that / (``nvlink_gbps / 2`` x ``comm_efficiency``) +
-  ``comm_latency_us``, with :func:`mla_lab.arch.get_arch` ``(arch).nvlink_gbps`` the datasheet NVLink bandwidth of
-  both directions together (so ``/ 2`` per direction). Priced with :func:`ideal_ring_calibration`
-  (``comm_efficiency`` 1, latency 0: the ideal ring, a lower bound, the same numbers this harness has always
-  reported; the TTFT model's default assumes 0.8, :class:`mla_lab.model.calibration.Calibration`).
+Blocks (:data:`BLOCKS`), per rank, for one causal prompt of ``T`` tokens:
 
-Per (model, T, strategy) and rank it measures, after ``warmup`` calls, the median of ``iters`` calls (CUDA events on
-GPU, :func:`mla_lab.measure.timer.cuda_ms`; wall clock on CPU) of: the attention path alone (``attn_ms``), the block without the all-reduce
-(``compute_ms``), the whole block (``block_ms``), and, once per (model, T), an all-reduce of a ``[T, hidden]`` bf16
-tensor alone (``allreduce_ms``); every timed call starts after a barrier of all ranks. Memory (CUDA only): bytes
-allocated by inputs, weights and workspace (``allocated_bytes``), the block call's peak on top of them
-(``peak_extra_bytes``, ``reset_peak_memory_stats`` / ``max_memory_allocated``), and the device's used memory
-(``device_used_bytes`` from ``cudaMemGetInfo``: it also holds the CUDA context and NCCL's buffers, which the caching
-allocator's statistics do not see).
+- ``attention``: rank ``r`` holds heads ``[r H, (r+1) H)`` with ``H = num_attention_heads / tp`` (their
+  ``ql_nope``/``q_pe``, their ``W_UV`` slice and their input columns of ``o_proj``); the latent KV cache, indices
+  and ``topk_length`` replicated (same seed on every rank). Per rank: the attention path of a strategy (any of
+  :data:`mla_lab.strategies.REAL_STRATEGIES`, a preset of :data:`mla_lab.placement.PRESETS` but ``kernel-native``
+  (expanded into its members), ``subchunk:<S>``, or the aliases ``unfused`` = ``per_call_empty:zeros`` and
+  ``fused`` = ``private_workspace``), then ``W_UV`` (``bmm [H, T, 512] x [H, 512, v_head_dim]``), then the
+  row-parallel ``o_proj`` (``[T, H v_head_dim] x [H v_head_dim, hidden]``), then one all-reduce (sum) of the
+  ``[T, hidden]`` bf16 output, as vLLM's ``RowParallelLinear`` does.
+- ``moe``: vLLM TP + EP with DP = 1 (``--enable-expert-parallel``, ``ep = tp``): every rank sees all ``T`` tokens
+  (``x [T, hidden]`` bf16, replicated); the router (``[n_routed_experts, hidden]`` bf16, replicated: same weights,
+  same seed) gives logits ``[T, E]``, scored with a sigmoid in fp32 and routed top-``num_experts_per_tok`` with the
+  selected scores renormalised (``scoring_func: sigmoid``, ``norm_topk_prob: true`` in the DeepSeek-V3 / GLM-5
+  ``config.json``; the grouped top-k limit and the scalar ``routed_scaling_factor`` are left out: neither changes
+  the work). Rank ``r`` holds whole experts ``[r E/ep, (r+1) E/ep)`` (``w13 [E/ep, 2 I, hidden]``, ``w2 [E/ep,
+  hidden, I]``, ``I = moe_intermediate_size``) and computes the contributions of the token-expert pairs routed to
+  them: gate_up GEMM, SiLU * mul, down GEMM, weighted by the router weight, summed per token (fp32, then bf16);
+  the shared experts are TP-sharded over the intermediate dim (``n_shared_experts I / tp`` per rank, gate and up
+  halves sharded alike, as vLLM's ``MergedColumnParallelLinear``; ``down`` row-parallel); routed + shared are
+  summed and ONE all-reduce (sum) of the ``[T, hidden]`` bf16 output follows. The per-rank op list is
+  :data:`MOE_OPS`, the ops :func:`mla_lab.model.ops.layer_ops` prices for a MoE layer under ``moe_parallel="ep"``
+  (``ep_comm="all_reduce"``). Because the routing comes from the replicated router, the sum over ranks equals the
+  unsharded MoE (``tests/test_tp_check.py``). The routed GEMMs are a loop of per-expert ``F.linear`` calls over
+  the tokens routed to each local expert (one host sync per call for the counts), not vLLM's Triton ``fused_moe``:
+  the times are those of this torch implementation. Weights are bf16 (fp8 block-quantized experts, which the
+  released checkpoints ship, are not needed to check the sharding and are not run); per rank at GLM-5 /
+  DeepSeek-V3.2 shapes the experts take ``3 (E/ep) I hidden x 2`` bytes (GLM-5, ep 2: 9.7 GB; DeepSeek-V3.2, ep 2:
+  11.3 GB).
 
-:func:`compare` joins each tp-run row with the sim row of the same (model, T, strategy) and gives the simulation
-error: ``time_error_pct`` = (sim ``compute_ms`` + modelled all-reduce - tp ``block_ms``) / tp ``block_ms``,
-``compute_error_pct`` (sim vs tp ``compute_ms``), ``allreduce_model_error_pct`` and ``mem_error_pct`` (peak extra
-bytes).
+Runs (:data:`RUNS`):
+
+- ``tp`` (``world_size = tp``, NCCL on GPUs, gloo on CPU): every rank ``r`` of ``0..tp-1``; needs ``tp`` GPUs.
+- ``sim`` (``world_size = 1``, no process group): one process runs rank 0's share of a TP-``tp`` run (``H`` heads;
+  experts ``[0, E/tp)`` and shared shard 0) through the same function on ONE GPU; the all-reduce is skipped. This
+  is what the lab's single-GPU measurements do, and it runs on a one-GPU machine for any ``tp``.
+
+Timing: after ``warmup`` calls, ``iters`` calls each started after a barrier of all ranks (``dist.barrier`` then
+``torch.cuda.synchronize``) and timed on its own (CUDA events, :func:`mla_lab.measure.timer.cuda_ms`; wall clock on
+CPU, a dry run of the logic; ms).
+
+Block rows (:data:`BLOCK_COLUMNS`, one per (run, rank, model, T, block, strategy); the moe block's ``strategy`` is
+``"none"``): ``attn_ms`` (attention path alone; empty for moe), ``compute_ms`` (the block without the all-reduce),
+``block_ms`` (median; ``block_ms_min`` / ``block_ms_max`` too), ``allreduce_ms`` (the all-reduce of a ``[T,
+hidden]`` bf16 tensor alone, this rank), ``allreduce_bytes`` (``T hidden 2``), ``allreduce_model_ms`` (below),
+``routed_pairs`` (moe: token-expert pairs routed to this rank's experts, the real routing imbalance). Memory (CUDA
+only, else empty): ``allocated_bytes`` (torch bytes allocated by inputs, weights and workspace before the call),
+``peak_extra_bytes`` (the block call's peak on top: ``reset_peak_memory_stats`` / ``max_memory_allocated``),
+``device_used_bytes`` (``cudaMemGetInfo``: total - free, right after that call), ``torch_reserved_bytes``
+(``torch.cuda.memory_reserved()`` at the same point), ``nccl_bytes`` (NCCL's own memory, which the caching
+allocator does not see: the growth of ``used - reserved`` from a point after the CUDA context exists but before
+``init_process_group`` to a point after the first collectives (a barrier and a 1 MiB bf16 all-reduce); one value
+per rank, on every row of the rank; on the sim run the same growth with no communicator, a control near 0) and
+``untracked_growth_bytes`` (the growth of ``used - reserved`` from the same starting point to the row's
+measurement: NCCL's buffers connected later, kernel modules loaded, cuBLAS handles).
+
+All-reduce rows (:data:`ALLREDUCE_COLUMNS`, tp run only, one per (world_size, rank, nbytes)): a bf16 all-reduce
+(sum, in place) of ``[T, hidden_size]`` for ``T`` in ``allreduce_tokens`` (and the block ``tokens``) and each
+model's ``hidden_size``, and of ``nbytes = MiB x 2^20`` for ``MiB`` in ``allreduce_mib`` (``T`` and
+``hidden_size`` empty); ``ms`` the median of ``iters`` calls, ``ms_min``, ``ms_max``, ``ms_p25``, ``ms_p75``
+(linear-interpolated quantiles); these are what a latency + bandwidth fit of the comm model takes.
+
+All-reduce model: the cost model's one collective model, :func:`mla_lab.model.timing.comm_time_ms`
+``("allreduce", B, tp, arch, calibration)`` for ``B = T x hidden x 2`` bytes: a ring all-reduce sends (and receives)
+``2 (tp-1)/tp x B`` bytes per rank; time = that / (``nvlink_gbps / 2`` x ``comm_efficiency``) + ``comm_latency_us``,
+with :func:`mla_lab.arch.get_arch` ``(arch).nvlink_gbps`` the datasheet NVLink bandwidth of both directions
+together (so ``/ 2`` per direction). Priced with :func:`ideal_ring_calibration` (``comm_efficiency`` 1, latency 0:
+the ideal ring, a lower bound; the TTFT model's default assumes 0.8, :class:`mla_lab.model.calibration.Calibration`).
+
+:func:`compare` keeps every rank's row and joins each tp-run row with the sim row of the same (tp, model, T, block,
+strategy): ``time_error_pct`` = (sim ``compute_ms`` + modelled all-reduce - tp ``block_ms``) / tp ``block_ms``,
+``compute_error_pct`` (sim vs tp ``compute_ms``), ``allreduce_model_error_pct``, ``mem_error_pct`` (peak extra
+bytes), ``device_used_diff_bytes``. :func:`summary_table` gives per (world_size, model, T, block, strategy) the
+min / median / max over ranks, the slowest rank, the sim and the errors.
 
 Shared machines: NVLink multicast stays off. :data:`SAFE_ENV` (``NCCL_NVLS_ENABLE=0``,
-``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``) is set in the parent before the workers are spawned and again in each worker
-before ``init_process_group``; rows record the values in force.
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``) is set in the parent before the workers are
+spawned and again in each worker before ``init_process_group``; rows record the values in force.
 
-The logic runs on CPU (gloo, ``device="cpu"``, the reference kernel, tiny shapes through ``model_overrides``):
-``tests/test_tp_check.py``. The GPU run: ``benchmarks/tp2_attention.py``. This module returns measurements
-(rows of timings and bytes per rank); it builds no sweep rows.
+The logic runs on CPU (gloo, ``device="cpu"``, the reference kernel, tiny shapes through ``model_overrides``,
+:func:`tiny_overrides`): ``tests/test_tp_check.py``. The GPU run: ``benchmarks/tp_block.py`` (``--tp 2/4/8``;
+``benchmarks/h200x8_run.sh`` on an 8-GPU machine). This module returns measurements (rows of timings and bytes per
+rank); it builds no sweep rows.
 """
 
 from __future__ import annotations
@@ -58,6 +106,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from ..arch import get_arch
 from ..buffers import padded_num_heads
@@ -65,15 +114,49 @@ from ..kernels import last_backend
 from ..model.calibration import Calibration, default_calibration
 from ..model.timing import comm_time_ms
 from ..models import load_model
-from ..provenance import provenance
+from ..placement import ALIASES, PRESETS, parse_strategy
+from ..provenance import PROVENANCE_COLUMNS, provenance
 from ..strategies import REAL_STRATEGIES, make_strategy
 from .timer import cuda_ms
 
-__all__ = ["SAFE_ENV", "TPBenchmarkConfig", "make_block_inputs", "block_forward", "ideal_ring_calibration",
-           "run_tp_benchmark", "compare", "summary_table", "tiny_overrides"]
+__all__ = ["SAFE_ENV", "BLOCKS", "RUNS", "MOE_OPS", "BLOCK_COLUMNS", "ALLREDUCE_COLUMNS", "COMPARE_COLUMNS",
+           "TPBenchmarkConfig", "TPBenchmarkResult", "make_block_inputs", "make_moe_inputs", "merge_shards",
+           "block_forward", "moe_forward", "moe_routing", "ideal_ring_calibration", "resolve_strategies",
+           "check_config", "run_tp_benchmark", "compare", "summary_table", "tiny_overrides"]
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+#: NVLink multicast off (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS): shared machines.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 BF16_BYTES = 2
+MIB = 2**20
+BLOCKS = ("attention", "moe")
+RUNS = ("tp", "sim")
+#: The per-rank ops of the moe block, in order: those :func:`mla_lab.model.ops.layer_ops` lists for a MoE layer
+#: after ``post_attn_norm`` under ``moe_parallel="ep"`` (``ep_comm="all_reduce"``, ``tp > 1``, shared experts).
+MOE_OPS = ("router", "router_topk", "moe_gate_up", "moe_act", "moe_down", "moe_combine", "shared_gate_up",
+           "shared_act", "shared_down", "moe_allreduce")
+
+#: Columns of a block row (then :data:`COMPARE_COLUMNS`, then :data:`mla_lab.provenance.PROVENANCE_COLUMNS`).
+BLOCK_COLUMNS = [
+    "run", "rank", "world_size", "device_index", "dist_backend", "model", "tp", "T", "block", "strategy",
+    "num_heads", "padded_heads", "hidden_size", "v_head_dim", "topk", "n_routed_experts", "experts_per_rank",
+    "num_experts_per_tok", "moe_intermediate_size", "shared_intermediate_per_rank", "routed_pairs", "arch",
+    "nvlink_gbps", "workspace_bytes", *SAFE_ENV, "warmup", "iters", "attn_ms", "compute_ms", "block_ms",
+    "block_ms_min", "block_ms_max", "allreduce_ms", "allreduce_bytes", "allreduce_model_ms", "kernel_backend",
+    "concat_backend", "allocated_bytes", "peak_extra_bytes", "device_used_bytes", "torch_reserved_bytes",
+    "nccl_bytes", "untracked_growth_bytes",
+]
+_INT_COLUMNS = ("rank", "world_size", "device_index", "tp", "T", "num_heads", "padded_heads", "hidden_size",
+                "v_head_dim", "topk", "n_routed_experts", "experts_per_rank", "num_experts_per_tok",
+                "moe_intermediate_size", "shared_intermediate_per_rank", "routed_pairs", "workspace_bytes", "warmup",
+                "iters", "allreduce_bytes", "allocated_bytes", "peak_extra_bytes", "device_used_bytes",
+                "torch_reserved_bytes", "nccl_bytes", "untracked_growth_bytes")
+#: Columns :func:`compare` adds to the block rows.
+COMPARE_COLUMNS = ["sim_compute_ms", "sim_peak_extra_bytes", "sim_device_used_bytes", "time_error_pct",
+                   "compute_error_pct", "allreduce_model_error_pct", "mem_error_pct", "device_used_diff_bytes"]
+#: Columns of an all-reduce row (then :data:`mla_lab.provenance.PROVENANCE_COLUMNS`); ``T``, ``hidden_size``
+#: empty for the bytes sweep. The comm-model fit reads these names.
+ALLREDUCE_COLUMNS = ["world_size", "rank", "nbytes", "T", "hidden_size", "ms", "ms_min", "ms_max", "ms_p25",
+                     "ms_p75", "iters", "warmup", "dist_backend", *SAFE_ENV]
 
 
 @dataclass
@@ -82,22 +165,28 @@ class TPBenchmarkConfig:
 
     Attributes:
         models: model names (``data/models``).
-        tokens: step sizes ``T`` (one causal prompt of ``T`` tokens: token ``i`` sees ``min(i + 1, topk)`` keys).
-        tp: TP size of the real run (= number of processes / GPUs) and of the simulated share.
-        strategies: ``unfused`` and/or ``fused``.
-        arch: arch card for the padding rule and the all-reduce model (``None``: the running GPU's, else h200).
+        tokens: step sizes ``T`` of the blocks (one causal prompt of ``T`` tokens: token ``i`` sees
+            ``min(i + 1, topk)`` keys).
+        tp: TP size of the real run (= number of processes / GPUs, ranks on GPUs ``0..tp-1``) and of the share the
+            sim run simulates (``ep = tp`` for the moe block).
+        blocks: of :data:`BLOCKS`.
+        strategies: attention strategies (:func:`resolve_strategies`); the moe block has none.
+        arch: arch card for the padding rule and the all-reduce model (``None``: h200).
         device: ``cuda`` (NCCL, one GPU per rank) or ``cpu`` (gloo; a dry run of the logic).
-        warmup, iters: calls before timing, timed calls (median).
+        warmup, iters: calls before timing, timed calls (median and spread).
         kernel_backend, concat_backend: passed to the strategies (``auto``: FlashMLA / Triton on a GPU).
         seed: inputs' seed.
         model_overrides: ``ModelConfig`` fields to replace (tiny CPU shapes; see :func:`tiny_overrides`).
         save_outputs: also save each rank's block output (``.pt``, for the CPU correctness test).
-        runs: which runs: ``tp`` (sharded) and/or ``sim`` (one rank's share on one device).
+        runs: of :data:`RUNS`: ``tp`` (sharded) and/or ``sim`` (one rank's share on one device).
+        allreduce_tokens: ``T`` of the all-reduce rows at ``[T, hidden]`` (with ``tokens``, for each model's hidden).
+        allreduce_mib: sizes of the all-reduce bytes sweep, MiB (2^20 bytes; fractions allowed); ``[]``: none.
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
     tokens: list = field(default_factory=lambda: [4096, 16384])
     tp: int = 2
+    blocks: list = field(default_factory=lambda: ["attention"])
     strategies: list = field(default_factory=lambda: ["unfused", "fused"])
     arch: str | None = None
     device: str = "cuda"
@@ -109,12 +198,26 @@ class TPBenchmarkConfig:
     model_overrides: dict = field(default_factory=dict)
     save_outputs: bool = False
     runs: list = field(default_factory=lambda: ["tp", "sim"])
+    allreduce_tokens: list = field(default_factory=lambda: [1024, 4096, 16384])
+    allreduce_mib: list = field(default_factory=lambda: [1, 4, 16, 64, 256])
+
+
+@dataclass
+class TPBenchmarkResult:
+    """What :func:`run_tp_benchmark` returns: ``blocks`` (DataFrame, :data:`BLOCK_COLUMNS` +
+    :data:`COMPARE_COLUMNS` + provenance, one row per rank) and ``allreduce`` (DataFrame, :data:`ALLREDUCE_COLUMNS`
+    + provenance; empty without a tp run)."""
+
+    blocks: object
+    allreduce: object
 
 
 def tiny_overrides() -> dict:
-    """ModelConfig fields for a CPU dry run: 4 heads (2 per rank at TP=2), hidden 64, v_head_dim 16, topk 32 (the
-    absorbed head size stays 576 = 512 + 64, as the kernels require)."""
-    return {"num_attention_heads": 4, "hidden_size": 64, "v_head_dim": 16, "index_topk": 32}
+    """ModelConfig fields for a CPU dry run: 8 heads (2 per rank at TP=4, 4 at TP=2), hidden 64, v_head_dim 16,
+    topk 32 (the absorbed head size stays 576 = 512 + 64, as the kernels require); MoE: 8 routed experts (2 per rank
+    at EP=4), 2 per token, moe_intermediate_size 32, one shared expert (8 of its 32 per rank at TP=4)."""
+    return {"num_attention_heads": 8, "hidden_size": 64, "v_head_dim": 16, "index_topk": 32,
+            "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1}
 
 
 def _model(name: str, overrides: dict):
@@ -126,6 +229,17 @@ def _sm_scale(model) -> float:
     return 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
 
 
+def _generators(seed: int, rank: int, device: str):
+    gs = torch.Generator(device=device).manual_seed(seed)
+    gr = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 1 + rank)
+    return gs, gr
+
+
+def _randn(*shape, fan_in: int, generator, device) -> torch.Tensor:
+    """bf16 ``N(0, 1) / sqrt(fan_in)`` drawn in bf16 (no fp32 copy of large expert weights)."""
+    return torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=generator).div_(math.sqrt(fan_in))
+
+
 def make_block_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
     """Inputs and weights of rank ``rank``'s share of one attention block (all bf16 but the int32 indices).
 
@@ -134,12 +248,15 @@ def make_block_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: 
     (generator seeded with ``seed``, ``rank``): ``ql_nope [T, H, 512]`` (head-major strides, like the transposed
     W_UK bmm output in vLLM), ``q_pe [T, H, 64]`` (a slice of a ``[T, H, qk_nope + 64]`` tensor), ``w_uv [H, 512,
     v_head_dim]`` and ``w_o [hidden, H v_head_dim]`` (``o_proj``'s input columns of these heads).
-    Concatenating the shards of ranks ``0..tp-1`` along heads gives the unsharded block's inputs.
+    Concatenating the shards of ranks ``0..tp-1`` along heads gives the unsharded block's inputs
+    (:func:`merge_shards`).
+
+    Raises:
+        ValueError: ``tp`` does not divide ``num_attention_heads``.
     """
     H = model.heads_per_rank(tp)
     topk = model.topk
-    gs = torch.Generator(device=device).manual_seed(seed)
-    gr = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 1 + rank)
+    gs, gr = _generators(seed, rank, device)
     s_kv = max(T, topk)
     kv = torch.randn(s_kv, 1, model.head_size, device=device, dtype=torch.bfloat16, generator=gs)
     visible = torch.arange(1, T + 1, device=device)
@@ -159,11 +276,85 @@ def make_block_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: 
             "w_o": w_o, "num_heads": H}
 
 
+def _check_moe_split(model, tp: int) -> None:
+    E, inter = model.n_routed_experts, model.n_shared_experts * model.moe_intermediate_size
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise ValueError(f"tp={tp!r} must be a positive int")
+    if E % tp:
+        divs = [d for d in range(1, E + 1) if E % d == 0]
+        raise ValueError(f"tp={tp} (ep = tp) does not divide n_routed_experts={E} of model {model.name!r}; "
+                         f"allowed tp: {divs}")
+    if inter % tp:
+        raise ValueError(f"tp={tp} does not divide the shared experts' intermediate size {inter} "
+                         f"(n_shared_experts x moe_intermediate_size) of model {model.name!r}")
+
+
+def make_moe_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
+    """Inputs and weights of rank ``rank``'s share of one MoE block under EP = TP = ``tp`` (all bf16).
+
+    Replicated (generator seeded with ``seed``): ``x [T, hidden]`` (N(0, 1): the normalised hidden state) and the
+    router ``w_router [n_routed_experts, hidden]``. Sharded (generator seeded with ``seed``, ``rank``): the local
+    experts ``w13 [E/tp, 2 I, hidden]`` (gate rows ``[:I]``, up rows ``[I:]``) and ``w2 [E/tp, hidden, I]``
+    (``I = moe_intermediate_size``), and the shared experts' shard ``w_sh13 [2 I_s, hidden]`` (gate ``[:I_s]``, up
+    ``[I_s:]``) and ``w_sh2 [hidden, I_s]`` with ``I_s = n_shared_experts I / tp``. Weights are ``N(0, 1) /
+    sqrt(fan_in)``. Also ``expert_start = rank E/tp``, ``num_local_experts``, ``top_k`` (``num_experts_per_tok``).
+
+    Raises:
+        ValueError: ``tp`` does not divide ``n_routed_experts`` or the shared intermediate size.
+    """
+    _check_moe_split(model, tp)
+    E, k, inter, h = model.n_routed_experts, model.num_experts_per_tok, model.moe_intermediate_size, model.hidden_size
+    e_loc = E // tp
+    i_s = model.n_shared_experts * inter // tp
+    gs, gr = _generators(seed, rank, device)
+    x = torch.randn(T, h, device=device, dtype=torch.bfloat16, generator=gs)
+    w_router = _randn(E, h, fan_in=h, generator=gs, device=device)
+    w13 = torch.empty(e_loc, 2 * inter, h, device=device, dtype=torch.bfloat16)
+    w2 = torch.empty(e_loc, h, inter, device=device, dtype=torch.bfloat16)
+    for e in range(e_loc):  # one expert at a time: no large temporaries
+        w13[e] = _randn(2 * inter, h, fan_in=h, generator=gr, device=device)
+        w2[e] = _randn(h, inter, fan_in=inter, generator=gr, device=device)
+    w_sh13 = _randn(2 * i_s, h, fan_in=h, generator=gr, device=device)
+    w_sh2 = _randn(h, i_s, fan_in=model.n_shared_experts * inter, generator=gr, device=device)
+    return {"x": x, "w_router": w_router, "w13": w13, "w2": w2, "w_sh13": w_sh13, "w_sh2": w_sh2,
+            "expert_start": rank * e_loc, "num_local_experts": e_loc, "top_k": k}
+
+
+def merge_shards(block: str, shards: list) -> dict:
+    """The unsharded block's inputs from the shards of ranks ``0..tp-1`` (in rank order), for checking that the
+    sum over ranks equals the unsharded block.
+
+    ``attention``: ``ql_nope`` / ``q_pe`` / ``w_o`` concatenated along heads (dim 1), ``w_uv`` along dim 0; the
+    replicated ``kv`` / ``indices`` / ``topk_length`` of rank 0. ``moe``: ``w13`` / ``w2`` concatenated along the
+    expert dim, the shared gate and up halves each concatenated, ``w_sh2`` along its input dim; ``x`` and the router
+    of rank 0; ``expert_start`` 0.
+
+    Raises:
+        ValueError: unknown block.
+    """
+    s0 = shards[0]
+    if block == "attention":
+        full = {k: torch.cat([s[k] for s in shards], dim=1 if k in ("ql_nope", "q_pe", "w_o") else 0)
+                for k in ("ql_nope", "q_pe", "w_uv", "w_o")}
+        full.update({k: s0[k] for k in ("kv", "indices", "topk_length")})
+        full["num_heads"] = sum(s["num_heads"] for s in shards)
+        return full
+    if block == "moe":
+        i_s = s0["w_sh13"].shape[0] // 2
+        gate = torch.cat([s["w_sh13"][:i_s] for s in shards])
+        up = torch.cat([s["w_sh13"][i_s:] for s in shards])
+        return {"x": s0["x"], "w_router": s0["w_router"], "w13": torch.cat([s["w13"] for s in shards]),
+                "w2": torch.cat([s["w2"] for s in shards]), "w_sh13": torch.cat([gate, up]),
+                "w_sh2": torch.cat([s["w_sh2"] for s in shards], dim=1), "expert_start": 0,
+                "num_local_experts": sum(s["num_local_experts"] for s in shards), "top_k": s0["top_k"]}
+    raise ValueError(f"block={block!r}; allowed: {list(BLOCKS)}")
+
+
 def block_forward(strategy, inp: dict, sm_scale: float, world_size: int = 1, parts: str = "block"):
     """One rank's attention block: strategy (attention path) -> W_UV bmm -> row-parallel o_proj -> all-reduce.
 
     Args:
-        strategy: a :class:`mla_lab.strategies.PrefillStrategy` built for ``inp["num_heads"]`` heads.
+        strategy: a :class:`mla_lab.strategies.PaddedQPath` built for ``inp["num_heads"]`` heads.
         inp: :func:`make_block_inputs`.
         world_size: > 1: sum the ``[T, hidden]`` output over the default process group (in place).
         parts: ``"attn"`` (attention path only), ``"compute"`` (no all-reduce) or ``"block"`` (everything).
@@ -177,11 +368,75 @@ def block_forward(strategy, inp: dict, sm_scale: float, world_size: int = 1, par
     T, H = o.shape[0], o.shape[1]
     x = torch.bmm(o.transpose(0, 1), inp["w_uv"])  # [H, T, v_head_dim]
     x = x.transpose(0, 1).reshape(T, H * inp["w_uv"].shape[-1])
-    y = torch.nn.functional.linear(x, inp["w_o"])  # [T, hidden]: this rank's partial sum
+    y = F.linear(x, inp["w_o"])  # [T, hidden]: this rank's partial sum
     if parts == "block" and world_size > 1:
         import torch.distributed as dist
 
         dist.all_reduce(y)
+    return y
+
+
+def moe_routing(inp: dict):
+    """Router and top-k of the moe block (:data:`MOE_OPS` ``router``, ``router_topk``) restricted to this rank's
+    experts: returns ``(tokens [P] int64, local_expert [P] int64, weight [P] fp32, counts)`` for the ``P``
+    token-expert pairs routed to experts ``[expert_start, expert_start + num_local_experts)``, sorted by local
+    expert, and ``counts`` (a list: pairs per local expert). Scores: ``sigmoid(x @ w_router^T)`` in fp32, top
+    ``top_k``, renormalised over the selected ``top_k``."""
+    logits = F.linear(inp["x"], inp["w_router"])  # [T, E] bf16
+    scores = logits.float().sigmoid()
+    top_w, top_i = torch.topk(scores, inp["top_k"], dim=-1)
+    top_w = top_w / top_w.sum(dim=-1, keepdim=True)
+    e0, n = inp["expert_start"], inp["num_local_experts"]
+    local = (top_i >= e0) & (top_i < e0 + n)
+    tok, slot = local.nonzero(as_tuple=True)
+    eid = top_i[tok, slot] - e0
+    order = torch.argsort(eid, stable=True)
+    tok, slot, eid = tok[order], slot[order], eid[order]
+    counts = torch.bincount(eid, minlength=n).tolist()  # host sync: the per-expert loop needs the counts
+    return tok, eid, top_w[tok, slot], counts
+
+
+def moe_forward(inp: dict, world_size: int = 1, parts: str = "block") -> torch.Tensor:
+    """One rank's MoE block under EP (ops :data:`MOE_OPS`): routing (:func:`moe_routing`), per local expert
+    ``gate_up = x_e @ w13[e]^T`` ``[n_e, 2 I]``, ``a = silu(gate) * up`` ``[n_e, I]``, ``down = a @ w2[e]^T``
+    ``[n_e, hidden]`` times the router weight, summed per token in fp32; the shared shard ``silu(x W_g^T) * (x
+    W_u^T) @ w_sh2^T`` added; cast to bf16; then (``parts="block"``, ``world_size > 1``) one all-reduce (sum) over
+    the default process group, in place.
+
+    Args:
+        inp: :func:`make_moe_inputs` (or :func:`merge_shards` ``("moe", ...)``: the unsharded block).
+        parts: ``"compute"`` (no all-reduce) or ``"block"``.
+
+    Returns:
+        ``[T, hidden]`` bf16.
+    """
+    x = inp["x"]
+    T, h = x.shape
+    tok, eid, weight, counts = moe_routing(inp)
+    w13, w2 = inp["w13"], inp["w2"]
+    inter = w2.shape[-1]
+    xs = x.index_select(0, tok)  # the token gather vLLM's fused_moe folds into its GEMM
+    routed = torch.empty(tok.numel(), h, device=x.device, dtype=torch.bfloat16)
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            g = F.linear(xs[start:start + c], w13[e])  # moe_gate_up
+            a = F.silu(g[:, :inter]) * g[:, inter:]  # moe_act
+            d = F.linear(a, w2[e])  # moe_down
+            routed[start:start + c] = (d.float() * weight[start:start + c, None]).to(torch.bfloat16)
+            start += c
+    y = torch.zeros(T, h, device=x.device, dtype=torch.float32)
+    y.index_add_(0, tok, routed.float())  # moe_combine
+    i_s = inp["w_sh13"].shape[0] // 2
+    if i_s:
+        g = F.linear(x, inp["w_sh13"])  # shared_gate_up
+        a = F.silu(g[:, :i_s]) * g[:, i_s:]  # shared_act
+        y += F.linear(a, inp["w_sh2"]).float()  # shared_down
+    y = y.to(torch.bfloat16)
+    if parts == "block" and world_size > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(y)  # moe_allreduce
     return y
 
 
@@ -191,6 +446,34 @@ def ideal_ring_calibration() -> Calibration:
     T x hidden x 2`` bytes over ``nvlink_gbps / 2`` GB/s (0 for ``tp == 1``): a lower bound, what the
     ``allreduce_model_ms`` column has always held."""
     return default_calibration().with_comm(comm_efficiency=1.0, comm_latency_us=0.0)
+
+
+def resolve_strategies(names) -> list[str]:
+    """Attention strategies as run: the aliases ``unfused`` / ``fused`` kept by name, a preset of
+    :data:`mla_lab.placement.PRESETS` expanded into its members, canonical names as given (``subchunk:<S>`` any
+    positive S); duplicates dropped, order kept.
+
+    Raises:
+        ValueError: ``kernel_native`` / ``kernel-native`` (modelled only) or an unknown name (lists the allowed).
+    """
+    allowed = ["unfused", "fused", *REAL_STRATEGIES, *[p for p in PRESETS if "kernel_native" not in PRESETS[p]]]
+    out = []
+    for s in names:
+        if s in ALIASES:
+            out.append(s)
+            continue
+        members = PRESETS.get(s, (s,))
+        for m in members:
+            ok = m != "kernel_native"
+            if ok and m not in REAL_STRATEGIES:
+                try:
+                    ok = parse_strategy(m).placement != "kernel_native"
+                except ValueError:
+                    ok = False
+            if not ok:
+                raise ValueError(f"strategies holds {s!r}; allowed: {allowed} (and subchunk:<S>)")
+            out.append(m)
+    return list(dict.fromkeys(out))
 
 
 # ---------------------------------------------------------------------------------------------------- workers
@@ -210,8 +493,8 @@ def _sync(device: str, world_size: int) -> None:
         torch.cuda.synchronize()
 
 
-def _barrier_median_ms(fn, device: str, world_size: int, warmup: int, iters: int) -> float:
-    """Median ms of ``iters`` calls after ``warmup``; every call starts after a barrier of all ranks and is timed on
+def _barrier_times_ms(fn, device: str, world_size: int, warmup: int, iters: int) -> list[float]:
+    """``iters`` times (ms) after ``warmup`` calls; every call starts after a barrier of all ranks and is timed on
     its own (:func:`mla_lab.measure.timer.cuda_ms` on CUDA; wall clock on CPU, a dry run of the logic)."""
     for _ in range(warmup):
         fn()
@@ -225,17 +508,38 @@ def _barrier_median_ms(fn, device: str, world_size: int, warmup: int, iters: int
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _untracked(device: str):
+    """Device used bytes not held by torch's caching allocator: ``total - free - memory_reserved`` (CUDA), or None."""
+    if device != "cuda":
+        return None
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    return total - free - torch.cuda.memory_reserved()
 
 
 def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_dir: str, port: int) -> None:
-    """One process: rank ``rank`` of ``world_size`` (``run="tp"``) or the one-process simulation (``run="sim"``)."""
+    """One process: rank ``rank`` of ``world_size`` (``run="tp"``) or the one-process simulation (``run="sim"``);
+    rank ``r`` on GPU ``r``."""
     os.environ.update(SAFE_ENV)  # before any process group / NCCL communicator exists
     device = cfg.device
     dev = device
+    base = None
     if device == "cuda":
         torch.cuda.set_device(rank)
         dev = f"cuda:{rank}"
+        torch.zeros(1, device=dev)  # the CUDA context exists from here
+        base = _untracked(device)
     backend = None
     if world_size > 1:
         import torch.distributed as dist
@@ -244,16 +548,27 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_di
         kw = {"device_id": torch.device(dev)} if device == "cuda" else {}
         dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",
                                 **kw)
-    arch = get_arch(cfg.arch or "h200")
-    calibration = ideal_ring_calibration()
-    rows = []
-    try:
-        _worker_cases(rank, world_size, run, cfg, out_dir, device, dev, backend, arch, calibration, rows)
-    except BaseException:
-        # no barrier here: the other ranks may sit in a collective; mp.spawn ends them when this one exits
+        dist.barrier()
+        dist.all_reduce(torch.zeros(MIB // BF16_BYTES, device=dev, dtype=torch.bfloat16))  # the first collectives
+        _sync(device, world_size)
+    after = _untracked(device)
+    ctx = {"rank": rank, "world_size": world_size, "run": run, "device": device, "dev": dev, "backend": backend,
+           "device_index": rank if device == "cuda" else None, "base_untracked": base,
+           "nccl_bytes": None if base is None else after - base, "arch": get_arch(cfg.arch or "h200"),
+           "calibration": ideal_ring_calibration()}
+    rows, ar_rows = [], []
+
+    def dump():
         (Path(out_dir) / f"rows_{run}_r{rank}.json").write_text(json.dumps(rows))
+        (Path(out_dir) / f"allreduce_{run}_r{rank}.json").write_text(json.dumps(ar_rows))
+
+    try:
+        ar_ms = _worker_allreduce(cfg, ctx, ar_rows) if world_size > 1 else {}
+        _worker_cases(cfg, ctx, out_dir, ar_ms, rows)
+    except BaseException:
+        dump()  # no barrier here: the other ranks may sit in a collective; mp.spawn ends them when this one exits
         raise
-    (Path(out_dir) / f"rows_{run}_r{rank}.json").write_text(json.dumps(rows))
+    dump()
     if world_size > 1:
         import torch.distributed as dist
 
@@ -261,98 +576,198 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_di
         dist.destroy_process_group()
 
 
-def _worker_cases(rank, world_size, run, cfg, out_dir, device, dev, backend, arch, calibration, rows) -> None:
-    """Every (model, T, strategy) of ``cfg`` on this rank; rows appended to ``rows`` as they complete."""
+def _allreduce_row(ctx, cfg, nbytes, T, hidden, times) -> dict:
+    return {"world_size": ctx["world_size"], "rank": ctx["rank"], "nbytes": nbytes, "T": T, "hidden_size": hidden,
+            "ms": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
+            "ms_p25": _quantile(times, 0.25), "ms_p75": _quantile(times, 0.75), "iters": cfg.iters,
+            "warmup": cfg.warmup, "dist_backend": ctx["backend"], **{k: os.environ.get(k, "") for k in SAFE_ENV}}
+
+
+def _worker_allreduce(cfg, ctx, ar_rows) -> dict:
+    """The all-reduce alone: the bytes sweep, then ``[T, hidden]`` for every T and model hidden size. Returns
+    ``{(T, hidden): median ms}`` for the block rows."""
+    import torch.distributed as dist
+
+    device, dev, ws = ctx["device"], ctx["dev"], ctx["world_size"]
+
+    def timed(numel):
+        buf = torch.zeros(numel, device=dev, dtype=torch.bfloat16)
+        return _barrier_times_ms(lambda: dist.all_reduce(buf), device, ws, cfg.warmup, cfg.iters)
+
+    for mib in cfg.allreduce_mib:
+        nbytes = int(round(mib * MIB)) // BF16_BYTES * BF16_BYTES
+        ar_rows.append(_allreduce_row(ctx, cfg, nbytes, None, None, timed(nbytes // BF16_BYTES)))
+    hiddens = list(dict.fromkeys(_model(m, cfg.model_overrides).hidden_size for m in cfg.models))
+    out = {}
+    for hidden in hiddens:
+        for T in sorted(set(cfg.allreduce_tokens) | set(cfg.tokens)):
+            times = timed(T * hidden)
+            ar_rows.append(_allreduce_row(ctx, cfg, T * hidden * BF16_BYTES, T, hidden, times))
+            out[(T, hidden)] = statistics.median(times)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def _worker_cases(cfg, ctx, out_dir, ar_ms, rows) -> None:
+    """Every (model, T, block, strategy) of ``cfg`` on this rank; rows appended to ``rows`` as they complete."""
+    device, dev, rank, ws = ctx["device"], ctx["dev"], ctx["rank"], ctx["world_size"]
+    strategies = resolve_strategies(cfg.strategies)
     for name in cfg.models:
         model = _model(name, cfg.model_overrides)
         for T in cfg.tokens:
-            inp = make_block_inputs(model, cfg.tp, rank, T, cfg.seed, dev)
-            ar_ms = None
-            if world_size > 1:
-                import torch.distributed as dist
-
-                buf = torch.zeros(T, model.hidden_size, device=dev, dtype=torch.bfloat16)
-                ar_ms = _barrier_median_ms(lambda b=buf: dist.all_reduce(b), device, world_size, cfg.warmup, cfg.iters)
-                del buf
-            for s in cfg.strategies:
-                row = _measure_strategy(s, model, name, T, inp, rank, world_size, run, cfg, out_dir, device, dev,
-                                        backend, arch, calibration)
-                row["allreduce_ms"] = ar_ms
-                rows.append(row)
-                _sync(device, world_size)
-            del inp
-            if device == "cuda":
-                torch.cuda.empty_cache()
+            for block in cfg.blocks:
+                if block == "attention":
+                    inp = make_block_inputs(model, cfg.tp, rank, T, cfg.seed, dev)
+                    cases = strategies
+                else:
+                    inp = make_moe_inputs(model, cfg.tp, rank, T, cfg.seed, dev)
+                    cases = ["none"]
+                for s in cases:
+                    row = _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir)
+                    row["allreduce_ms"] = ar_ms.get((T, model.hidden_size))
+                    rows.append(row)
+                    _sync(device, ws)
+                del inp
+                if device == "cuda":
+                    torch.cuda.empty_cache()
 
 
-def _measure_strategy(s, model, name, T, inp, rank, world_size, run, cfg, out_dir, device, dev, backend, arch,
-                      calibration) -> dict:
-    H = inp["num_heads"]
-    sm = _sm_scale(model)
-    strat = make_strategy(s, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
-                          kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend)
-    row = {"run": run, "rank": rank, "world_size": world_size, "dist_backend": backend or "none", "model": name,
-           "tp": cfg.tp, "T": T, "strategy": s, "num_heads": H, "padded_heads": padded_num_heads(H, arch.name, "bf16"),
-           "hidden_size": model.hidden_size, "v_head_dim": model.v_head_dim, "topk": model.topk, "arch": arch.name,
-           "nvlink_gbps": arch.nvlink_gbps, "workspace_bytes": strat.workspace.nbytes,
-           **{k: os.environ.get(k, "") for k in SAFE_ENV}}
-    y = block_forward(strat, inp, sm, world_size)  # first call (JIT compile, allocator warm-up)
+def _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir) -> dict:
+    device, dev, rank, ws, arch = ctx["device"], ctx["dev"], ctx["rank"], ctx["world_size"], ctx["arch"]
+    row = {c: None for c in BLOCK_COLUMNS}
+    row.update({"run": ctx["run"], "rank": rank, "world_size": ws, "device_index": ctx["device_index"],
+                "dist_backend": ctx["backend"] or "none", "model": name, "tp": cfg.tp, "T": T, "block": block,
+                "strategy": s, "hidden_size": model.hidden_size, "arch": arch.name, "nvlink_gbps": arch.nvlink_gbps,
+                "warmup": cfg.warmup, "iters": cfg.iters, "nccl_bytes": ctx["nccl_bytes"],
+                **{k: os.environ.get(k, "") for k in SAFE_ENV}})
+    if block == "attention":
+        H = inp["num_heads"]
+        sm = _sm_scale(model)
+        strat = make_strategy(s, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
+                              kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend)
+        row.update(num_heads=H, padded_heads=padded_num_heads(H, arch.name, "bf16"), v_head_dim=model.v_head_dim,
+                   topk=model.topk, workspace_bytes=strat.workspace.nbytes)
+
+        def fn(parts="block"):
+            return block_forward(strat, inp, sm, ws, parts)
+        parts_timed = ("attn", "compute", "block")
+    else:
+        E = model.n_routed_experts
+        row.update(n_routed_experts=E, experts_per_rank=inp["num_local_experts"],
+                   num_experts_per_tok=model.num_experts_per_tok, moe_intermediate_size=model.moe_intermediate_size,
+                   shared_intermediate_per_rank=inp["w_sh13"].shape[0] // 2,
+                   routed_pairs=int(moe_routing(inp)[0].numel()))
+
+        def fn(parts="block"):
+            return moe_forward(inp, ws, parts)
+        parts_timed = ("compute", "block")
+    y = fn()  # first call (JIT compile, allocator warm-up)
     if cfg.save_outputs:
-        torch.save(y.cpu(), Path(out_dir) / f"y_{run}_{name}_{T}_{s}_r{rank}.pt")
+        torch.save(y.cpu(), Path(out_dir) / f"y_{ctx['run']}_{block}_{name}_{T}_{s}_r{rank}.pt")
     del y
-    for parts in ("attn", "compute", "block") if world_size > 1 else ("attn", "compute"):
-        row[f"{parts}_ms"] = _barrier_median_ms(lambda p=parts: block_forward(strat, inp, sm, world_size, p),
-                                                device, world_size, cfg.warmup, cfg.iters)
-    if world_size == 1:  # nothing to reduce: the simulation's block is its compute
+    for parts in parts_timed if ws > 1 else [p for p in parts_timed if p != "block"]:
+        times = _barrier_times_ms(lambda p=parts: fn(p), device, ws, cfg.warmup, cfg.iters)
+        row[f"{parts}_ms"] = statistics.median(times)
+        if parts == "block" or (ws == 1 and parts == "compute"):
+            row["block_ms_min"], row["block_ms_max"] = min(times), max(times)
+    if ws == 1:  # nothing to reduce: the simulation's block is its compute
         row["block_ms"] = row["compute_ms"]
     row["allreduce_bytes"] = T * model.hidden_size * BF16_BYTES
-    row["allreduce_model_ms"] = comm_time_ms("allreduce", row["allreduce_bytes"], cfg.tp, arch, calibration)
-    row["kernel_backend"] = str(last_backend("sparse_mla_prefill"))
-    row["concat_backend"] = str(last_backend("concat_mla_q"))
-    row.update(_memory(device, strat, inp, sm, world_size))
+    row["allreduce_model_ms"] = comm_time_ms("allreduce", row["allreduce_bytes"], cfg.tp, arch, ctx["calibration"])
+    if block == "attention":
+        row["kernel_backend"] = str(last_backend("sparse_mla_prefill"))
+        row["concat_backend"] = str(last_backend("concat_mla_q"))
+    row.update(_memory(device, ws, fn, ctx["base_untracked"]))
     return row
 
 
-def _memory(device: str, strat, inp, sm: float, world_size: int) -> dict:
-    """Allocated bytes before the call, the call's peak on top, device-level used bytes (CUDA only)."""
+def _memory(device: str, world_size: int, fn, base) -> dict:
+    """Allocated bytes before the call, the call's peak on top, device used / torch reserved bytes after it and the
+    growth of the bytes torch does not hold (CUDA only; None on CPU)."""
     if device != "cuda":
-        return {"allocated_bytes": None, "peak_extra_bytes": None, "device_used_bytes": None}
+        return {"allocated_bytes": None, "peak_extra_bytes": None, "device_used_bytes": None,
+                "torch_reserved_bytes": None, "untracked_growth_bytes": None}
     _sync(device, world_size)
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    y = block_forward(strat, inp, sm, world_size)
+    y = fn()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     free, total = torch.cuda.mem_get_info()
+    reserved = torch.cuda.memory_reserved()
     del y
-    return {"allocated_bytes": before, "peak_extra_bytes": peak, "device_used_bytes": total - free}
+    return {"allocated_bytes": before, "peak_extra_bytes": peak, "device_used_bytes": total - free,
+            "torch_reserved_bytes": reserved,
+            "untracked_growth_bytes": None if base is None else total - free - reserved - base}
 
 
 # ---------------------------------------------------------------------------------------------------- driver
 
-def run_tp_benchmark(cfg: TPBenchmarkConfig, out_dir: str | Path | None = None) -> "object":
-    """Spawn the tp run (``cfg.tp`` processes) and the sim run (1 process); returns a DataFrame of every rank's rows
-    with :func:`mla_lab.provenance.provenance` ``("measured")`` columns and the :func:`compare` columns.
+def check_config(cfg: TPBenchmarkConfig) -> None:
+    """Refuse a config before any process is spawned.
 
     Raises:
-        RuntimeError: ``device="cuda"`` with fewer than ``cfg.tp`` GPUs; a worker failed (its exception).
-        ValueError: tp not dividing a model's heads; unknown strategy/run.
+        ValueError: unknown block / run / device / strategy; ``tp`` not a positive int, below 2 with a tp run, or
+            not dividing a model's heads (attention) or routed experts / shared intermediate size (moe); bad
+            warmup / iters / tokens / all-reduce sizes.
+        RuntimeError: ``device="cuda"`` with fewer than ``tp`` GPUs when ``runs`` holds ``tp``, or no GPU at all.
+    """
+    for b in cfg.blocks:
+        if b not in BLOCKS:
+            raise ValueError(f"blocks holds {b!r}; allowed: {list(BLOCKS)}")
+    if not cfg.blocks:
+        raise ValueError(f"blocks is empty; allowed: {list(BLOCKS)}")
+    for r in cfg.runs:
+        if r not in RUNS:
+            raise ValueError(f"runs holds {r!r}; allowed: {list(RUNS)}")
+    if cfg.device not in ("cuda", "cpu"):
+        raise ValueError(f"device={cfg.device!r}; allowed: ['cuda', 'cpu']")
+    if not isinstance(cfg.tp, int) or isinstance(cfg.tp, bool) or cfg.tp < 1:
+        raise ValueError(f"tp={cfg.tp!r} must be a positive int")
+    if "tp" in cfg.runs and cfg.tp < 2:
+        raise ValueError(f"tp={cfg.tp} with runs holding 'tp': nothing to shard (use runs=['sim'])")
+    for name, v, lo in (("warmup", cfg.warmup, 0), ("iters", cfg.iters, 1)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+            raise ValueError(f"{name}={v!r} must be an int >= {lo}")
+    for T in [*cfg.tokens, *cfg.allreduce_tokens]:
+        if not isinstance(T, int) or isinstance(T, bool) or T < 1:
+            raise ValueError(f"tokens / allreduce_tokens hold {T!r}; each must be a positive int")
+    for m in cfg.allreduce_mib:
+        if not isinstance(m, (int, float)) or isinstance(m, bool) or not m * MIB >= BF16_BYTES:
+            raise ValueError(f"allreduce_mib holds {m!r}; each must be a number of MiB >= {BF16_BYTES / MIB}")
+    if "attention" in cfg.blocks:
+        resolve_strategies(cfg.strategies)
+    for m in cfg.models:
+        model = _model(m, cfg.model_overrides)
+        if "attention" in cfg.blocks:
+            model.heads_per_rank(cfg.tp)
+        if "moe" in cfg.blocks:
+            _check_moe_split(model, cfg.tp)
+    if cfg.device == "cuda":
+        n = torch.cuda.device_count()
+        if "tp" in cfg.runs and n < cfg.tp:
+            raise RuntimeError(f"tp={cfg.tp} needs {cfg.tp} GPUs; torch sees {n} (runs=['sim'] needs one)")
+        if n < 1:
+            raise RuntimeError("device='cuda' needs a GPU; torch sees 0")
+
+
+def run_tp_benchmark(cfg: TPBenchmarkConfig, out_dir: str | Path | None = None) -> TPBenchmarkResult:
+    """Spawn the tp run (``cfg.tp`` processes, rank ``r`` on GPU ``r``) and/or the sim run (1 process, GPU 0);
+    returns a :class:`TPBenchmarkResult`: every rank's block rows (with :func:`mla_lab.provenance.provenance`
+    ``("measured")`` columns and the :func:`compare` columns) and the all-reduce rows.
+
+    Args:
+        out_dir: where the workers leave their rows (and outputs with ``save_outputs``); a temp dir by default.
+
+    Raises:
+        ValueError, RuntimeError: as :func:`check_config` (before anything is spawned); a worker failed (its
+            exception, through ``torch.multiprocessing.spawn``).
     """
     import pandas as pd
     import torch.multiprocessing as mp
 
-    for s in cfg.strategies:
-        if s not in ("unfused", "fused") and s not in REAL_STRATEGIES:
-            raise ValueError(f"strategies holds {s!r}; allowed: {['unfused', 'fused', *REAL_STRATEGIES]}")
-    for r in cfg.runs:
-        if r not in ("tp", "sim"):
-            raise ValueError(f"runs holds {r!r}; allowed: ['tp', 'sim']")
-    if cfg.device not in ("cuda", "cpu"):
-        raise ValueError(f"device={cfg.device!r}; allowed: ['cuda', 'cpu']")
-    for m in cfg.models:
-        _model(m, cfg.model_overrides).heads_per_rank(cfg.tp)  # ValueError early, not in a worker
-    if cfg.device == "cuda" and torch.cuda.device_count() < cfg.tp:
-        raise RuntimeError(f"tp={cfg.tp} needs {cfg.tp} GPUs; torch sees {torch.cuda.device_count()}")
+    check_config(cfg)
     os.environ.update(SAFE_ENV)  # inherited by the spawned workers
     with tempfile.TemporaryDirectory(prefix="tp_check_") as tmp:
         work = Path(out_dir) if out_dir is not None else Path(tmp)
@@ -361,76 +776,105 @@ def run_tp_benchmark(cfg: TPBenchmarkConfig, out_dir: str | Path | None = None) 
             mp.spawn(_worker, args=(cfg.tp, "tp", cfg, str(work), _free_port()), nprocs=cfg.tp, join=True)
         if "sim" in cfg.runs:
             mp.spawn(_worker, args=(1, "sim", cfg, str(work), _free_port()), nprocs=1, join=True)
-        rows = []
+        rows, ar_rows = [], []
         for f in sorted(work.glob("rows_*.json")):
             rows.extend(json.loads(f.read_text()))
-    df = pd.DataFrame(rows)
+        for f in sorted(work.glob("allreduce_*.json")):
+            ar_rows.extend(json.loads(f.read_text()))
     prov = provenance("measured")
     if cfg.device == "cpu":  # a dry run of the logic: say where it ran
         prov.update(device="cpu", sm="none", driver="none", cuda="none")
-    for k, v in prov.items():
-        df[k] = v
-    return compare(df)
+    blocks = pd.DataFrame(rows, columns=BLOCK_COLUMNS)
+    allreduce = pd.DataFrame(ar_rows, columns=ALLREDUCE_COLUMNS)
+    for df, cols in ((blocks, _INT_COLUMNS), (allreduce, ("world_size", "rank", "nbytes", "T", "hidden_size",
+                                                           "iters", "warmup"))):
+        for c in cols:  # ints with gaps (moe rows have no heads, the bytes sweep no T) stay ints, not floats
+            df[c] = pd.to_numeric(df[c]).astype("Int64")
+    blocks = compare(blocks)
+    for df in (blocks, allreduce):
+        for k in PROVENANCE_COLUMNS:
+            df[k] = prov.get(k, "none")
+    return TPBenchmarkResult(blocks=blocks, allreduce=allreduce)
 
 
 def compare(df):
-    """Add the simulation-error columns to the tp-run rows (sim rows get NaN): ``sim_compute_ms``,
-    ``sim_peak_extra_bytes``, ``sim_device_used_bytes``, ``time_error_pct``, ``compute_error_pct``,
-    ``allreduce_model_error_pct``, ``mem_error_pct``, ``device_used_diff_bytes`` (tp - sim: NCCL's buffers and
-    the rest of what the allocator does not see)."""
+    """Add :data:`COMPARE_COLUMNS` to the tp-run rows (sim rows get NaN), every rank's row kept: ``sim_compute_ms``,
+    ``sim_peak_extra_bytes``, ``sim_device_used_bytes`` (the sim row of the same tp, model, T, block, strategy;
+    key columns missing from ``df``, as in the TP=2 file written before blocks existed, are left out of the key),
+    ``time_error_pct``, ``compute_error_pct``, ``allreduce_model_error_pct``, ``mem_error_pct`` (%),
+    ``device_used_diff_bytes`` (tp - sim: NCCL's buffers and the rest of what the allocator does not see)."""
     import numpy as np
     import pandas as pd
 
     df = df.copy()
-    keys = ["model", "T", "strategy"]
-    sim = df[df["run"] == "sim"][keys + ["compute_ms", "peak_extra_bytes", "device_used_bytes"]].rename(
-        columns={"compute_ms": "sim_compute_ms", "peak_extra_bytes": "sim_peak_extra_bytes",
-                 "device_used_bytes": "sim_device_used_bytes"})
-    for c in ("sim_compute_ms", "sim_peak_extra_bytes", "sim_device_used_bytes"):
-        if c in df:
-            df = df.drop(columns=c)
+    keys = [k for k in ("tp", "model", "T", "block", "strategy") if k in df.columns]
+    sim_cols = {"compute_ms": "sim_compute_ms", "peak_extra_bytes": "sim_peak_extra_bytes",
+                "device_used_bytes": "sim_device_used_bytes"}
+    sim = df[df["run"] == "sim"][keys + list(sim_cols)].rename(columns=sim_cols).drop_duplicates(keys)
+    df = df.drop(columns=[c for c in COMPARE_COLUMNS if c in df])
     out = df.merge(sim, on=keys, how="left")
     tp = out["run"] == "tp"
 
+    def num(c):
+        return pd.to_numeric(out[c], errors="coerce") if c in out else pd.Series(np.nan, index=out.index)
+
     def pct(a, b):
-        a, b = pd.to_numeric(a, errors="coerce"), pd.to_numeric(b, errors="coerce")
         return (100.0 * (a - b) / b).where(tp & (b > 0))
 
-    out["time_error_pct"] = pct(out["sim_compute_ms"] + out["allreduce_model_ms"], out["block_ms"])
-    out["compute_error_pct"] = pct(out["sim_compute_ms"], out["compute_ms"])
-    out["allreduce_model_error_pct"] = pct(out["allreduce_model_ms"], out["allreduce_ms"])
-    out["mem_error_pct"] = pct(out["sim_peak_extra_bytes"], out["peak_extra_bytes"])
-    out["device_used_diff_bytes"] = (pd.to_numeric(out["device_used_bytes"], errors="coerce")
-                                     - pd.to_numeric(out["sim_device_used_bytes"], errors="coerce")).where(tp)
-    for c in ("sim_compute_ms", "sim_peak_extra_bytes", "sim_device_used_bytes"):
-        out[c] = out[c].where(tp, np.nan)
+    out["time_error_pct"] = pct(num("sim_compute_ms") + num("allreduce_model_ms"), num("block_ms"))
+    out["compute_error_pct"] = pct(num("sim_compute_ms"), num("compute_ms"))
+    out["allreduce_model_error_pct"] = pct(num("allreduce_model_ms"), num("allreduce_ms"))
+    out["mem_error_pct"] = pct(num("sim_peak_extra_bytes"), num("peak_extra_bytes"))
+    out["device_used_diff_bytes"] = (num("device_used_bytes") - num("sim_device_used_bytes")).where(tp)
+    for c in sim_cols.values():
+        out[c] = num(c).where(tp, np.nan)
     return out
 
 
 def summary_table(df):
-    """One line per (model, T, strategy): the slowest tp rank's block/compute/all-reduce times, the sim, the model
-    and the errors (ms, MiB, %)."""
+    """One line per (world_size, model, T, block, strategy) of the tp run: over the ranks, the min / median / max
+    of ``block_ms`` and ``compute_ms``, the median / max of ``allreduce_ms``, the slowest rank (by ``block_ms``);
+    the sim's compute, the modelled all-reduce, their sum and its error against the slowest rank (%), the compute
+    error against the slowest rank's compute (%), peak memory (MiB: max over ranks vs sim), NCCL's bytes (MiB, max
+    over ranks) and the routed pairs per rank (moe: min / max). ms, MiB, %; empty without tp rows."""
     import pandas as pd
 
-    tp = df[df["run"] == "tp"]
+    if "block" not in df:
+        df = df.assign(block="attention")
+    if "world_size" not in df:
+        df = df.assign(world_size=df["tp"])
+    tp = df[df["run"] == "tp"].copy()
     if tp.empty:
         return pd.DataFrame()
-    g = tp.groupby(["model", "T", "strategy"], sort=False)
+    for c in ("block_ms", "compute_ms", "allreduce_ms", "peak_extra_bytes", "sim_peak_extra_bytes", "nccl_bytes",
+              "routed_pairs", "num_heads", "experts_per_rank", "sim_compute_ms", "allreduce_model_ms"):
+        tp[c] = pd.to_numeric(tp[c], errors="coerce") if c in tp else float("nan")
+    keys = ["world_size", "model", "T", "block", "strategy"]
+    g = tp.groupby(keys, sort=False, dropna=False)
     t = pd.DataFrame({
+        "ranks": g["rank"].nunique(),
         "heads/rank": g["num_heads"].first(),
-        "tp_block_ms": g["block_ms"].max(),
-        "tp_compute_ms": g["compute_ms"].max(),
-        "tp_allreduce_ms": g["allreduce_ms"].max(),
+        "experts/rank": g["experts_per_rank"].first(),
+        "block_ms_min": g["block_ms"].min(),
+        "block_ms_median": g["block_ms"].median(),
+        "block_ms_max": g["block_ms"].max(),
+        "slowest_rank": tp.loc[g["block_ms"].idxmax(), keys + ["rank"]].set_index(keys)["rank"],
+        "compute_ms_min": g["compute_ms"].min(),
+        "compute_ms_median": g["compute_ms"].median(),
+        "compute_ms_max": g["compute_ms"].max(),
+        "allreduce_ms_median": g["allreduce_ms"].median(),
+        "allreduce_ms_max": g["allreduce_ms"].max(),
         "sim_compute_ms": g["sim_compute_ms"].first(),
         "model_allreduce_ms": g["allreduce_model_ms"].first(),
     })
     t["sim+model_ms"] = t["sim_compute_ms"] + t["model_allreduce_ms"]
-    t["time_err_%"] = 100 * (t["sim+model_ms"] - t["tp_block_ms"]) / t["tp_block_ms"]
-    t["compute_err_%"] = 100 * (t["sim_compute_ms"] - t["tp_compute_ms"]) / t["tp_compute_ms"]
-    peak = pd.to_numeric(g["peak_extra_bytes"].max(), errors="coerce")
-    sim_peak = pd.to_numeric(g["sim_peak_extra_bytes"].first(), errors="coerce")
-    t["tp_peak_MiB"] = peak / 2**20
-    t["sim_peak_MiB"] = sim_peak / 2**20
+    t["time_err_%"] = 100 * (t["sim+model_ms"] - t["block_ms_max"]) / t["block_ms_max"]
+    t["compute_err_%"] = 100 * (t["sim_compute_ms"] - t["compute_ms_max"]) / t["compute_ms_max"]
+    peak, sim_peak = g["peak_extra_bytes"].max(), g["sim_peak_extra_bytes"].first()
+    t["tp_peak_MiB"] = peak / MIB
+    t["sim_peak_MiB"] = sim_peak / MIB
     t["mem_err_%"] = 100 * (sim_peak - peak) / peak
-    t["nccl_etc_MiB"] = pd.to_numeric(g["device_used_diff_bytes"].max(), errors="coerce") / 2**20
+    t["nccl_MiB"] = g["nccl_bytes"].max() / MIB
+    t["routed_pairs_min"] = g["routed_pairs"].min()
+    t["routed_pairs_max"] = g["routed_pairs"].max()
     return t.reset_index()
