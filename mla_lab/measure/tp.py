@@ -14,7 +14,9 @@ Blocks (:data:`BLOCKS`), per rank, for one causal prompt of ``T`` tokens:
   and ``topk_length`` replicated (same seed on every rank). Per rank: the attention path of a strategy (any of
   :data:`mla_lab.strategies.REAL_STRATEGIES`, a preset of :data:`mla_lab.placement.PRESETS` but ``kernel-native``
   (expanded into its members), ``subchunk:<S>``, or the aliases ``unfused`` = ``per_call_empty:zeros`` and
-  ``fused`` = ``private_workspace``), then ``W_UV`` (``bmm [H, T, 512] x [H, 512, v_head_dim]``), then the
+  ``fused`` = ``private_workspace``; ``per_call_empty`` takes its pad from one block filled once,
+  ``reuse_pad_block=True`` as in :mod:`mla_lab.measure.attention`, so the timed path holds only what the engine
+  runs), then ``W_UV`` (``bmm [H, T, 512] x [H, 512, v_head_dim]``), then the
   row-parallel ``o_proj`` (``[T, H v_head_dim] x [H v_head_dim, hidden]``), then one all-reduce (sum) of the
   ``[T, hidden]`` bf16 output, as vLLM's ``RowParallelLinear`` does.
 - ``moe``: vLLM TP + EP with DP = 1 (``--enable-expert-parallel``, ``ep = tp``): every rank sees all ``T`` tokens
@@ -645,7 +647,8 @@ def _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir) -> dict:
         H = inp["num_heads"]
         sm = _sm_scale(model)
         strat = make_strategy(s, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
-                              kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend)
+                              kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend,
+                              reuse_pad_block=True)  # a stale pad filled once, as mla_lab.measure.attention times it
         row.update(num_heads=H, padded_heads=padded_num_heads(H, arch.name, "bf16"), v_head_dim=model.v_head_dim,
                    topk=model.topk, workspace_bytes=strat.workspace.nbytes)
 
