@@ -16,8 +16,8 @@ import io
 
 from .arch import ARCHS, get_arch
 from .buffers import MIB, STRATEGIES, check_strategy
-from .placement import BASELINE
 from .models import KV_CACHE_DTYPES, load_model, model_names
+from .placement import BASELINE
 from .report.data import load_measured
 from .report.figures import STRATEGY_COLORS
 from .sweep.advise import advise, format_advice

@@ -19,10 +19,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mla_lab.sweep.executors import LocalExecutor, RayExecutor, make_executor, ray_available
 from mla_lab.provenance import PROVENANCE_COLUMNS
-from mla_lab.sweep.store import ResultStore
 from mla_lab.sweep import expand_grid, run_sweep, validate_params
+from mla_lab.sweep.executors import LocalExecutor, RayExecutor, make_executor, ray_available
+from mla_lab.sweep.store import ResultStore
 
 REPO = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() == "true"

@@ -184,7 +184,6 @@ def test_monotone_and_strategy_order():
 
 
 def test_fit_recovers_synthetic_efficiencies():
-    from mla_lab.arch import get_arch
 
     arch = H200
     true = {"gemm": (0.7, 0.8, 5.0), "norm": (1.0, 0.6, 3.0)}

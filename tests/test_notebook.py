@@ -29,8 +29,8 @@ def test_cli_runs_notebook_on_tiny_grid(tmp_path):
     import pandas as pd
 
     df = pd.read_csv(tmp_path / "sweep.csv")
-    from mla_lab.sweep.params import DEFAULT_STRATEGIES
     from mla_lab.placement import expand_strategies
+    from mla_lab.sweep.params import DEFAULT_STRATEGIES
 
     want = set(expand_strategies(["per_call_empty:zeros"] + DEFAULT_STRATEGIES))
     assert set(df["strategy"]) == want and len(df) == 2 * len(want)  # 2 archs x every default strategy

@@ -9,8 +9,8 @@ import pytest
 
 from mla_lab.buffers import MIB, memory_account
 from mla_lab.explore import Explorer, explore_point, tp_options
-from mla_lab.models import load_model
 from mla_lab.model.ttft import predict_ttft
+from mla_lab.models import load_model
 from mla_lab.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent

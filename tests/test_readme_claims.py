@@ -48,7 +48,7 @@ def test_measured_ttft_change_and_attention_path(measured_seed):
     _in_readme(f"{pr['ttft_change_pct']:+.2f} % [{pr['ttft_change_ci_lo']:+.2f}, {pr['ttft_change_ci_hi']:+.2f}] "
                f"(measured sweep, {int(pr['num_runs'])} interleaved rounds)")
     _in_readme(f"({base['attn_path_ms_step0']:.3f} -> {pr['attn_path_ms_step0']:.3f} ms measured)")
-    _in_readme(f"0.16 ms copy per layer call")
+    _in_readme("0.16 ms copy per layer call")
     assert round(base["attn_path_ms_step0"] - pr["attn_path_ms_step0"], 2) == 0.16
     stale = measured_seed.loc["per_call_empty:stale"]
     _in_readme(f"{100 * (pr['ttft_ms'] / stale['ttft_ms'] - 1):+.1f} % (this sweep)")

@@ -1,7 +1,6 @@
 """Report building blocks: Pareto frontier, figures (with measured rows beside modelled), seed table, provenance,
 measured-data loading, figure files."""
 
-import re
 from pathlib import Path
 
 import pandas as pd

@@ -2,10 +2,10 @@
 
 import pytest
 
-from mla_lab.sweep.store import ResultStore, point_key
 from mla_lab.strategies import equivalence_check
 from mla_lab.sweep import expand_grid, run_sweep, validate_params
 from mla_lab.sweep.rows import modelled_rows as price_point
+from mla_lab.sweep.store import ResultStore, point_key
 
 TINY = dict(models=["glm-5"], tp_sizes=[8], archs=["h200", "b200"], max_num_batched_tokens=[16384],
             strategies=["unfused", "fused", "kernel_native"],

@@ -6,10 +6,10 @@ import pytest
 
 from mla_lab.arch import get_arch
 from mla_lab.model.calibration import uncalibrated as default_ops_calibration
-from mla_lab.model.timing import step_time_ms
-from mla_lab.models import load_model
 from mla_lab.model.memory import memory_tradeoff
+from mla_lab.model.timing import step_time_ms
 from mla_lab.model.ttft import SCOPES, compare_strategies, predict_ttft
+from mla_lab.models import load_model
 from mla_lab.workload import Workload, schedule
 
 H200 = get_arch("h200")

@@ -11,8 +11,8 @@ import itertools
 from dataclasses import dataclass, field
 
 from ..arch import get_arch
-from ..placement import ALIASES, PRESETS, SUBCHUNK_ROWS, canonical_names, expand_strategies
 from ..models import load_model, normalize_kv_cache_dtype
+from ..placement import ALIASES, PRESETS, SUBCHUNK_ROWS, canonical_names, expand_strategies
 from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
