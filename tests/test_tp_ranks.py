@@ -24,6 +24,8 @@ def test_status_names_what_was_measured_and_what_was_not():
             continue  # measured since: the status must say yes (checked by the synthetic test below)
         assert t.loc[n, "measured"] == "no" and t.loc[n, "ranks"] == 0
         assert f"needs {n} GPUs" in t.loc[n, "note"]
+        if (measured_dir("h200") / f"tp{n}_sim_block.csv").is_file():
+            assert f"h200/tp{n}_sim_block.csv" in t.loc[n, "note"]
 
 
 def test_every_rank_is_reported_and_the_errors_follow_from_the_raw_columns():

@@ -12,7 +12,9 @@ of the committed NCCL runs beside that simulation plus the cost model's all-redu
   the assumption's error against what was measured.
 
 Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``benchmarks/tp_block.py``) and the older
-``data/measured/h200x2/tp2_attention.csv`` (``benchmarks/tp2_attention.py``, attention block only).
+``data/measured/h200x2/tp2_attention.csv`` (written by this harness's first version, attention block only); the
+one-GPU simulation of a TP-N share alone, before any N-GPU run: ``data/measured/<gpu>/tp<N>_sim_block.csv``
+(``benchmarks/tp_block.py --runs sim``), named in the status table.
 """
 
 from __future__ import annotations
@@ -63,10 +65,13 @@ def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path
     out = []
     for n in world_sizes:
         d = runs[(runs["run"] == "tp") & (runs["world_size"] == n)] if len(runs) else runs
+        sim_only = (Path(root) if root else _measured_root()) / gpu / f"tp{n}_sim_block.csv"
         if not len(d):
+            note = f"not measured: needs {n} GPUs of one host (benchmarks/tp_block.py --tp {n})"
+            if sim_only.is_file():
+                note += f"; the one-GPU simulation of its share is measured ({gpu}/{sim_only.name})"
             out.append({"TP": n, "measured": "no", "files": "-", "ranks": 0, "configurations": 0, "blocks": "-",
-                        "device": "-", "git_commit": "-",
-                        "note": f"not measured: needs {n} GPUs of one host (benchmarks/tp_block.py --tp {n})"})
+                        "device": "-", "git_commit": "-", "note": note})
             continue
         out.append({"TP": n, "measured": "yes", "files": ", ".join(sorted(d["file"].unique())),
                     "ranks": int(d["rank"].nunique()),
