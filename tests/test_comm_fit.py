@@ -105,7 +105,7 @@ def test_extrapolation_scales_the_ring_factor_and_says_so():
     assert e.time_ms(B) == pytest.approx(20e-3 + 2 * 7 / 8 * B / 300e9 * 1e3)
     assert "extrapolated from the tp=2 fit" in e.name and "not measured at tp=8" in e.name and e.mape_pct is None
     cal = default_calibration().with_comm_fit(e)
-    assert cal.comm_source(8) == e.name and cal.comm_source(2).startswith("measured fit tp=2")
+    assert cal.comm_source(8).startswith(e.name) and cal.comm_source(2).startswith("measured fit tp=2")
     assert comm_time_ms("allreduce", B, 8, H200, cal) == pytest.approx(e.time_ms(B))
     with pytest.raises(ValueError, match="from_world_size=4 was not measured"):
         extrapolated(m, 8, from_world_size=4)
@@ -137,3 +137,20 @@ def test_measured_rows_take_each_rank_once_per_size(tmp_path):
     rows, files = measured_allreduce_rows("h200", tmp_path)
     assert len(rows) == 4 * len(SIZES) and files == [str(d / "allreduce.csv")]
     assert {r["rank"] for r in rows} == {0, 1, 2, 3}
+
+
+def test_the_fit_prices_only_sizes_near_what_was_measured():
+    """A latency fitted on 48-224 MiB all-reduces is not applied to a decode step's 0.4 MiB one (or to 10 GiB): the
+    assumption prices sizes outside [min / 2, max x 2] of the measured range, and the row's comm_source says so."""
+    cal = default_calibration()
+    fit = cal.comm.fit_for(2)
+    lo, hi = fit.min_bytes / 2, fit.max_bytes * 2
+    assumed = cal.with_comm(cal.comm_efficiency, cal.comm_latency_us)
+    small, big = 32 * 6144 * 2, 20 * fit.max_bytes
+    for nb in (small, lo * 0.99, hi * 1.01, big):
+        assert cal.comm_fit(2, nb) is None
+        assert comm_time_ms("allreduce", nb, 2, H200, cal) == pytest.approx(comm_time_ms("allreduce", nb, 2, H200, assumed))
+    for nb in (lo, fit.min_bytes, fit.max_bytes, hi):
+        assert cal.comm_fit(2, nb) is fit
+        assert comm_time_ms("allreduce", nb, 2, H200, cal) == pytest.approx(fit.time_ms(nb))
+    assert "for 24-448 MiB" in cal.comm_source(2) and cal.comm_source(2).endswith("outside")

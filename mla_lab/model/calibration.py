@@ -43,6 +43,9 @@ __all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "
            "fit_subchunk_overhead", "load_subchunk_overhead", "SUBCHUNK_CSV"]
 
 OVERHEAD_MODES = ("max", "add")
+#: A measured all-reduce fit prices sizes within [min_bytes / F, max_bytes x F] of what was measured (F = 2).
+COMM_FIT_RANGE_FACTOR = 2.0
+MIB = 2**20
 
 @dataclass(frozen=True)
 class ClassEff:
@@ -104,15 +107,30 @@ class Calibration:
     content: ContentModel | None = None
     comm: CommModel | None = None
 
+    def comm_fit(self, world_size: int, nbytes: float, kind: str = "allreduce"):
+        """The measured fit that prices this collective, or None (the assumption prices it): an all-reduce over a
+        world size with a fit, of a size within the fit's measured range widened by :data:`COMM_FIT_RANGE_FACTOR`
+        each way. A latency fitted on 48-224 MiB says nothing about a 0.4 MiB decode all-reduce, so outside the
+        range the assumption stays."""
+        fit = self.comm.fit_for(world_size) if (kind == "allreduce" and self.comm is not None) else None
+        if fit is None:
+            return None
+        lo, hi = fit.min_bytes / COMM_FIT_RANGE_FACTOR, fit.max_bytes * COMM_FIT_RANGE_FACTOR
+        return fit if lo <= nbytes <= hi else None
+
     def comm_source(self, world_size: int, kind: str = "allreduce") -> str:
-        """What prices a collective of ``kind`` over ``world_size`` ranks: ``measured fit tp=N (file)`` or
-        ``assumption: ring at <eff> x NVLink per direction, latency <us> us``; ``none`` for one rank."""
+        """What prices a collective of ``kind`` over ``world_size`` ranks: ``measured fit tp=N (file) for
+        <lo>-<hi> MiB, assumption outside`` or ``assumption: ring at <eff> x NVLink per direction, latency <us>
+        us``; ``none`` for one rank."""
         if int(world_size) <= 1:
             return "none"
-        if kind == "allreduce" and self.comm is not None and self.comm.fit_for(world_size) is not None:
-            return self.comm.source(world_size)
-        return (f"assumption: ring at {self.comm_efficiency:g} x NVLink per direction, "
-                f"latency {self.comm_latency_us:g} us")
+        assumption = (f"assumption: ring at {self.comm_efficiency:g} x NVLink per direction, "
+                      f"latency {self.comm_latency_us:g} us")
+        fit = self.comm.fit_for(world_size) if (kind == "allreduce" and self.comm is not None) else None
+        if fit is None:
+            return assumption
+        lo, hi = fit.min_bytes / COMM_FIT_RANGE_FACTOR / MIB, fit.max_bytes * COMM_FIT_RANGE_FACTOR / MIB
+        return f"{self.comm.source(world_size)} for {lo:.0f}-{hi:.0f} MiB, {assumption} outside"
 
     def with_comm_fit(self, fit, name: str | None = None) -> "Calibration":
         """A copy whose all-reduce over ``fit.world_size`` ranks is priced by ``fit`` (a

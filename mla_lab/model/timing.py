@@ -77,7 +77,8 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
     """Time (ms) of a collective over ``group`` ranks (default ``tp``) on NVLink.
 
     - ``allreduce`` (ring): each rank sends and receives ``2 (n-1)/n x nbytes``; priced by the measured fit of
-      world size ``n`` when ``calibration.comm`` has one (:mod:`mla_lab.model.comm`), else by the assumption.
+      world size ``n`` when ``calibration.comm`` has one and ``nbytes`` lies in its measured range
+      (:meth:`~mla_lab.model.calibration.Calibration.comm_fit`), else by the assumption.
     - ``allgather`` (ring): ``(n-1)/n x nbytes`` (``nbytes`` is the gathered size).
     - ``all_to_all``: ``nbytes`` is what one rank sends (already the remote share).
 
@@ -91,7 +92,7 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
         raise ValueError(f"kind={kind!r} is not valid; allowed: {list(COMM_CLASSES)}")
     if n == 1 or nbytes <= 0:
         return 0.0
-    fit = cal.comm.fit_for(n) if (kind == "allreduce" and cal.comm is not None) else None
+    fit = cal.comm_fit(n, nbytes, kind)
     if fit is not None:
         return fit.time_ms(nbytes)
     moved = {"allreduce": 2.0 * (n - 1) / n * nbytes, "allgather": (n - 1) / n * nbytes,
