@@ -154,3 +154,168 @@ def test_the_fit_prices_only_sizes_near_what_was_measured():
         assert cal.comm_fit(2, nb) is fit
         assert comm_time_ms("allreduce", nb, 2, H200, cal) == pytest.approx(fit.time_ms(nb))
     assert "for 24-448 MiB" in cal.comm_source(2) and cal.comm_source(2).endswith("outside")
+
+
+# --- bad input: one clear ValueError naming the value, nothing silently rounded or turned into NaN ------------------
+
+
+@pytest.mark.parametrize("ms", [math.inf, math.nan, "abc"])
+def test_fit_refuses_non_finite_or_non_numeric_times(ms):
+    rows = _rows(2, 20.0, 300.0)
+    rows[0] = dict(rows[0], ms=ms)
+    with pytest.raises(ValueError, match=r"rows\[0\] ms=.* allowed: a finite number"):
+        fit_comm(rows)
+
+
+@pytest.mark.parametrize("ws", [2.5, "2", None])
+def test_fit_refuses_a_non_integer_world_size(ws):
+    """2.5 used to be truncated to a 'measured fit tp=2'."""
+    with pytest.raises(ValueError, match=r"rows\[0\] world_size=.* allowed: an integer number of ranks"):
+        fit_comm([dict(r, world_size=ws) for r in _rows(2, 20.0, 300.0)])
+
+
+@pytest.mark.parametrize("rows", [None, [1, 2], [{"world_size": 2, "ms": 0.1}]])
+def test_fit_refuses_rows_that_are_not_row_dicts(rows):
+    with pytest.raises(ValueError, match="rows"):
+        fit_comm(rows)
+
+
+def test_one_rank_rows_are_ignored_and_no_rows_give_no_fit():
+    assert fit_comm([]).fits == {} and fit_comm(_rows(1, 20.0, 300.0)).fits == {}
+
+
+def test_world_size_is_never_rounded_to_a_measured_one():
+    m = fit_comm(_rows(2, 20.0, 300.0))
+    for bad in (2.5, "2", 0, -1, math.nan):
+        with pytest.raises(ValueError, match="world_size=.*not valid"):
+            m.fit_for(bad)
+    assert m.fit_for(2.0) is m.fits[2] and m.fit_for(8) is None
+    with pytest.raises(ValueError, match="world_size=0"):  # 0 used to mean "this fit's own world size"
+        m.fits[2].time_ms(2**20, 0)
+    assert m.fits[2].time_ms(2**20, 1) == 0.0
+    for bad in (1, 0, -1, "8", 8.5):
+        with pytest.raises(ValueError, match="world_size=.*allowed: an integer number of ranks >= 2"):
+            extrapolated(m, bad)
+    with pytest.raises(ValueError, match="bw_gbps=0"):
+        ring_allreduce_ms(2**20, 2, 0, 1.0)
+    with pytest.raises(ValueError, match="bw_gbps=-5"):
+        ring_allreduce_ms(2**20, 2, -5, 1.0)
+
+
+@pytest.mark.parametrize("text,match", [
+    ("", "missing column"), ("a,b\n1,2\n", "missing column"),
+    ("{H}\n2,nan,286,8,4,1,2,3,4,5\n", "latency_us >= 0"), ("{H}\n2,65,inf,8,4,1,2,3,4,5\n", "bw_gbps > 0"),
+    ("{H}\n2,65,286,8,4,1,2,3,4,5\n2,10,100,8,4,1,2,3,4,5\n", "two fit rows"), ("{H}\n2,65\n", "bad all-reduce fit row"),
+    ("{H}\n2,65,286,8,4,5,2,3,4,5\n", "min_bytes"),
+])
+def test_malformed_fit_file_is_refused(tmp_path, text, match):
+    from mla_lab.model.comm import FIT_COLUMNS
+
+    p = tmp_path / COMM_CSV
+    p.write_text(text.replace("{H}", ",".join(FIT_COLUMNS)))
+    with pytest.raises(ValueError, match=match):
+        load_comm_model(p)
+    with pytest.raises(ValueError, match="is a folder"):
+        load_comm_model(tmp_path)
+
+
+def _ar_dir(tmp_path, text, n=4, name="allreduce.csv"):
+    d = tmp_path / f"h200x{n}"
+    d.mkdir(exist_ok=True)
+    (d / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize("text,match", [
+    ("", "not a readable CSV"),
+    ("world_size,rank,nbytes\n4,0,100\n", r"missing column\(s\) \['ms'\]"),
+    ("world_size,rank,nbytes,ms\n4,0,1048576,abc\n", "row 2 ms='abc'"),
+    ("world_size,rank,nbytes,ms\n4,0,xyz,0.1\n", "row 2 nbytes='xyz'"),
+    ("world_size,rank,nbytes,ms\n4,0,1048576,inf\n", "row 2 ms=inf"),
+    ("world_size,rank,nbytes,ms\n4,0,1048576,-0.1\n", "row 2 ms=-0.1"),
+    ("world_size,rank,nbytes,ms\n4.5,0,1048576,0.1\n", r"world_size=4.5 .*allowed: 4 \(the folder is h200x4\)"),
+    ("world_size,rank,nbytes,ms\n8,0,1048576,0.1\n", "world_size=8 .*the folder is h200x4"),
+    ("world_size,rank,nbytes,ms\n1,0,1048576,0.1\n", "world_size=1 "),
+    ("world_size,rank,nbytes,ms\n4,7,1048576,0.1\n", r"rank=7 .*\[0, 4\)"),
+    ("world_size,rank,nbytes,ms,dist_backend\n4,0,1048576,0.1,gloo\n", "dist_backend \\['gloo'\\]"),
+])
+def test_malformed_measured_allreduce_file_is_refused_with_its_name(tmp_path, text, match):
+    root = _ar_dir(tmp_path, text)
+    with pytest.raises(ValueError, match="allreduce.csv: .*" + match):
+        measured_allreduce_rows("h200", root)
+
+
+def test_measured_root_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="is not a folder"):
+        measured_allreduce_rows("h200", tmp_path / "f")
+    assert measured_allreduce_rows("h200", tmp_path / "absent") == ([], [])
+
+
+def test_write_never_overwrites_a_file_the_lab_did_not_write(tmp_path):
+    from mla_lab.model.comm import write_comm_model
+
+    m = fit_comm(_rows(2, 20.0, 300.0))
+    foreign = tmp_path / "notes.csv"
+    foreign.write_text("hello\n")
+    with pytest.raises(ValueError, match="exists and is not an all-reduce fit file"):
+        write_comm_model(m, foreign, {})
+    assert foreign.read_text() == "hello\n"
+    with pytest.raises(ValueError, match="is a folder"):
+        write_comm_model(m, tmp_path, {})
+    new = tmp_path / "new" / "sub" / COMM_CSV  # a missing folder is created
+    write_comm_model(m, new, {"source": "measured"})
+    write_comm_model(m, new, {"source": "measured"})  # its own file: replaced
+    assert load_comm_model(new).fits[2].bw_gbps == pytest.approx(300.0)
+    assert sorted(p.name for p in new.parent.iterdir()) == [COMM_CSV]  # no temporary file left
+
+
+# --- benchmarks/fit_comm.py ------------------------------------------------------------------------------------------
+
+
+def _fit_comm_main(argv):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fit_comm_script", calibration_dir().parent.parent / "benchmarks"
+                                                  / "fit_comm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main(argv)
+
+
+def _one_line_refusal(capsys, argv, match):
+    assert _fit_comm_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("fit_comm: ") and "Traceback" not in err, err
+    assert __import__("re").search(match, err), err
+
+
+def test_fit_comm_script_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys):
+    foreign = tmp_path / "foreign.csv"
+    foreign.write_text("hello\n")
+    _one_line_refusal(capsys, ["--out", str(foreign)], "--out .*foreign.csv' exists and is not an all-reduce fit")
+    assert foreign.read_text() == "hello\n"
+    _one_line_refusal(capsys, ["--out", str(tmp_path)], "--out .* is a folder")
+    _one_line_refusal(capsys, ["--measured-dir", str(tmp_path / "absent"), "--out", str(tmp_path / "o.csv")],
+                      "--measured-dir .*absent' is not an existing folder")
+    _one_line_refusal(capsys, ["--measured-dir", str(foreign), "--out", str(tmp_path / "o.csv")],
+                      "--measured-dir .* is not an existing folder")
+    _one_line_refusal(capsys, ["--measured-dir", str(tmp_path), "--out", str(tmp_path / "o.csv")],
+                      "no all-reduce rows under")
+    for gpu in ("*", "", "hopper", "bogus"):
+        _one_line_refusal(capsys, ["--gpu", gpu, "--out", str(tmp_path / "o.csv")],
+                          __import__("re").escape(f"--gpu '{gpu}' is not valid"))
+    (tmp_path / "m").mkdir()
+    bad = _ar_dir(tmp_path / "m", "", n=4)
+    _one_line_refusal(capsys, ["--measured-dir", str(bad), "--out", str(tmp_path / "o.csv")], "not a readable CSV")
+    (bad / "h200x4" / "allreduce.csv").write_text("world_size,rank,nbytes,ms\n1,0,1048576,0.1\n")
+    _one_line_refusal(capsys, ["--measured-dir", str(bad), "--out", str(tmp_path / "o.csv")], "world_size=1 ")
+    assert not (tmp_path / "o.csv").exists()
+
+
+def test_fit_comm_script_labels_measured_and_modelled(tmp_path, capsys):
+    out = tmp_path / "sub" / "fit.csv"
+    assert _fit_comm_main(["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "measured_ms" in text and "fit_ms (modelled)" in text and "fit of measured rows" in text
+    assert load_comm_model(out).fits[2].bw_gbps == pytest.approx(load_comm_model().fits[2].bw_gbps)

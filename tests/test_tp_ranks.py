@@ -92,3 +92,35 @@ def test_a_tp8_run_is_picked_up_per_rank(tmp_path):
     t = tp_rank_table(root=tmp_path)
     assert list(t["rank"]) == list(range(8)) and (t["nccl_MiB"] == 7).all()
     assert len(load_tp_runs(root=tmp_path)) == 9
+
+
+@pytest.mark.parametrize("fn", [tp_status_table, tp_rank_table, comm_fit_table])
+@pytest.mark.parametrize("bad", [[0], [-1], ["2"], [2.5], [True], None])
+def test_bad_world_sizes_are_refused_not_read_as_not_measured(fn, bad):
+    """["2"] used to give TP=2 "not measured" (a str never equals the int column), [0] "needs 0 GPUs"."""
+    with pytest.raises(ValueError, match=r"world_sizes=.* is not valid; allowed: a list of integer world sizes >= 2"):
+        fn(world_sizes=bad)
+
+
+@pytest.mark.parametrize("fn", [tp_status_table, tp_rank_table, comm_fit_table])
+def test_bad_gpu_is_refused(fn):
+    with pytest.raises(ValueError, match="bogus"):
+        fn(gpu="bogus")
+    with pytest.raises(ValueError, match="gpu='hopper' is not valid"):  # an alias is not a folder prefix
+        fn(gpu="hopper")
+
+
+def test_world_sizes_accept_integral_numbers():
+    assert list(tp_status_table(world_sizes=[2.0])["TP"]) == [2]
+    assert tp_status_table(world_sizes=[2.0]).loc[0, "measured"] == "yes"
+    assert list(tp_status_table(world_sizes=8)["TP"]) == [8]
+
+
+@pytest.mark.parametrize("text,match", [("", "not a readable CSV"), ("a,b\n1,2\n", r"missing column\(s\)")])
+def test_a_foreign_tp_block_file_is_named(tmp_path, text, match):
+    d = tmp_path / "h200x4"
+    d.mkdir()
+    (d / "tp_block.csv").write_text(text)
+    for fn in (tp_status_table, tp_rank_table, load_tp_runs):
+        with pytest.raises(ValueError, match="h200x4/tp_block.csv: " + match):
+            fn(root=tmp_path)

@@ -31,21 +31,53 @@ from __future__ import annotations
 
 import csv
 import math
+import numbers
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..paths import REPO_ROOT, calibration_dir, measured_dir
 
 __all__ = ["CommFit", "CommModel", "COMM_CSV", "fit_comm", "ring_allreduce_ms", "load_comm_model",
-           "write_comm_model", "measured_allreduce_rows", "extrapolated"]
+           "write_comm_model", "check_comm_out", "measured_allreduce_rows", "extrapolated"]
 
 COMM_CSV = "h200_comm.csv"
 FIT_COLUMNS = ["world_size", "latency_us", "bw_gbps", "n", "n_sizes", "min_bytes", "max_bytes", "mape_pct",
                "loo_mape_pct", "max_ape_pct"]
+#: The columns :func:`measured_allreduce_rows` needs in ``allreduce.csv`` / ``tp2_attention.csv``.
+ALLREDUCE_NEEDED = ("world_size", "rank", "nbytes", "ms")
+LEGACY_NEEDED = ("run", "world_size", "rank", "allreduce_bytes", "allreduce_ms")
+
+
+def _world_size(v, name: str = "world_size", lo: int = 2) -> int:
+    """``v`` as an int number of ranks >= ``lo`` (an int or an integral float; not a str or bool), else ValueError
+    naming ``name``, the value and what is allowed."""
+    f = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+    if not (math.isfinite(f) and f == int(f) and int(f) >= lo):
+        raise ValueError(f"{name}={v!r} is not valid; allowed: an integer number of ranks >= {lo}")
+    return int(f)
+
+
+def _positive(v, name: str) -> float:
+    """``v`` as a finite float > 0, else ValueError naming ``name``."""
+    f = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+    if not (math.isfinite(f) and f > 0):
+        raise ValueError(f"{name}={v!r} is not valid; allowed: a finite number > 0")
+    return f
 
 
 def ring_allreduce_ms(nbytes: float, world_size: int, bw_gbps: float, latency_us: float) -> float:
-    """``latency_us x 1e-3 + 2 (n-1)/n x nbytes / (bw_gbps x 1e9) x 1e3`` ms (0 for one rank or no bytes)."""
+    """``latency_us x 1e-3 + 2 (n-1)/n x nbytes / (bw_gbps x 1e9) x 1e3`` ms (0 for one rank or no bytes).
+
+    Raises:
+        ValueError: ``world_size`` not an integer >= 1; ``bw_gbps`` not a finite number > 0; ``latency_us`` not a
+            finite number >= 0 (each message names the argument, its value and what is allowed).
+    """
+    world_size = _world_size(world_size, "world_size", lo=1)
+    bw_gbps = _positive(bw_gbps, "bw_gbps")
+    if isinstance(latency_us, bool) or not (isinstance(latency_us, numbers.Real) and math.isfinite(latency_us)
+                                            and latency_us >= 0):
+        raise ValueError(f"latency_us={latency_us!r} is not valid; allowed: a finite number >= 0")
     if world_size <= 1 or nbytes <= 0:
         return 0.0
     return latency_us * 1e-3 + 2.0 * (world_size - 1) / world_size * nbytes / (bw_gbps * 1e9) * 1e3
@@ -80,8 +112,13 @@ class CommFit:
     measured: bool = True
 
     def time_ms(self, nbytes: float, world_size: int | None = None) -> float:
-        """Modelled ms of an all-reduce of ``nbytes`` bytes (at this fit's world size unless ``world_size``)."""
-        return ring_allreduce_ms(nbytes, world_size or self.world_size, self.bw_gbps, self.latency_us)
+        """Modelled ms of an all-reduce of ``nbytes`` bytes (at this fit's world size unless ``world_size``).
+
+        Raises:
+            ValueError: ``world_size`` given and not an integer >= 1 (:func:`ring_allreduce_ms`).
+        """
+        n = self.world_size if world_size is None else world_size
+        return ring_allreduce_ms(nbytes, n, self.bw_gbps, self.latency_us)
 
 
 @dataclass(frozen=True)
@@ -97,8 +134,13 @@ class CommModel:
     name: str = ""
 
     def fit_for(self, world_size: int) -> CommFit | None:
-        """The fit measured at ``world_size``, or None (the assumption then prices it)."""
-        return self.fits.get(int(world_size))
+        """The fit measured at ``world_size``, or None (the assumption then prices it).
+
+        Raises:
+            ValueError: ``world_size`` not an integer >= 1 (an int or integral float; ``2.5`` or ``"8"`` is refused,
+                not rounded to a measured world size).
+        """
+        return self.fits.get(_world_size(world_size, "world_size", lo=1))
 
     def source(self, world_size: int) -> str:
         """``measured fit tp=N (file)`` or ``assumption`` — what prices an all-reduce over ``world_size`` ranks."""
@@ -113,16 +155,18 @@ def extrapolated(model: CommModel, world_size: int, from_world_size: int | None 
     ``2 (n-1)/n`` factor at the new ``n``, latency and bandwidth unchanged. Sensitivity only (module docstring).
 
     Raises:
-        ValueError: no fit in ``model``; ``from_world_size`` not measured.
+        ValueError: no fit in ``model``; ``world_size`` not an integer >= 2; ``from_world_size`` not an integer
+            or not measured.
     """
+    world_size = _world_size(world_size, "world_size")
     if not model.fits:
         raise ValueError("no measured all-reduce fit to extrapolate from")
-    src = max(model.fits) if from_world_size is None else int(from_world_size)
+    src = max(model.fits) if from_world_size is None else _world_size(from_world_size, "from_world_size")
     if src not in model.fits:
         raise ValueError(f"from_world_size={from_world_size!r} was not measured; measured: {sorted(model.fits)}")
     f = model.fits[src]
-    return CommFit(int(world_size), f.latency_us, f.bw_gbps, f.n, f.n_sizes, f.min_bytes, f.max_bytes, None, None,
-                   None, f"extrapolated from the tp={src} fit ({model.name}), not measured at tp={int(world_size)}",
+    return CommFit(world_size, f.latency_us, f.bw_gbps, f.n, f.n_sizes, f.min_bytes, f.max_bytes, None, None,
+                   None, f"extrapolated from the tp={src} fit ({model.name}), not measured at tp={world_size}",
                    measured=False)
 
 
@@ -149,15 +193,34 @@ def fit_comm(rows: list[dict], name: str = "") -> CommModel:
 
     Args:
         rows: dicts ``{"world_size": n, "rank": r, "nbytes": B, "ms": median ms}``, one per rank and size
-            (:func:`measured_allreduce_rows`). Rows with ``n < 2`` or ``ms <= 0`` are ignored.
+            (:func:`measured_allreduce_rows`); ``n`` an integer (int or integral float), ``nbytes`` and ``ms``
+            finite numbers. Rows with ``n < 2``, ``ms <= 0`` or ``nbytes <= 0`` are ignored.
         name: recorded in each fit.
 
     Returns:
-        :class:`CommModel`; a world size with a single size gets a bandwidth-only fit (latency 0).
+        :class:`CommModel` (no fits when no row is kept); a world size with a single size gets a bandwidth-only
+        fit (latency 0).
+
+    Raises:
+        ValueError: ``rows`` not a list of dicts; a row missing one of those keys, or with a world size that is not
+            an integer, or ``nbytes`` / ``ms`` not a finite number (the message names the row).
     """
+    if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
+        raise ValueError(f"rows={rows!r:.80} is not valid; allowed: a list of dicts with keys {list(ALLREDUCE_NEEDED)}")
     by: dict[int, list] = {}
-    for r in rows:
-        n, ms, nb = int(r["world_size"]), float(r["ms"]), float(r["nbytes"])
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict) or any(k not in r for k in ("world_size", "nbytes", "ms")):
+            raise ValueError(f"rows[{i}]={r!r:.120} is not valid; allowed: a dict with keys world_size, nbytes, ms")
+        try:
+            n = _world_size(r["world_size"], f"rows[{i}] world_size", lo=0)
+            ms, nb = (float(r[k]) if isinstance(r[k], numbers.Real) and not isinstance(r[k], bool) else math.nan
+                      for k in ("ms", "nbytes"))
+        except ValueError:
+            raise ValueError(f"rows[{i}] world_size={r['world_size']!r} is not valid; allowed: an integer number "
+                             "of ranks") from None
+        for k, v in (("ms", ms), ("nbytes", nb)):
+            if not math.isfinite(v):
+                raise ValueError(f"rows[{i}] {k}={r[k]!r} is not valid; allowed: a finite number")
         if n >= 2 and ms > 0 and nb > 0:
             by.setdefault(n, []).append((2.0 * (n - 1) / n * nb, ms, nb))
     fits = {}
@@ -181,27 +244,82 @@ def fit_comm(rows: list[dict], name: str = "") -> CommModel:
 def measured_allreduce_rows(gpu: str = "h200", root: str | Path | None = None) -> tuple[list[dict], list[str]]:
     """Every rank's measured all-reduce median under ``<root>/<gpu>x<n>/`` (default :func:`mla_lab.paths.measured_dir`
     ``()``), from ``allreduce.csv`` and ``tp2_attention.csv`` (module docstring). Returns ``(rows, files)``; rows
-    ``{"world_size", "rank", "nbytes", "ms", "file"}``, one per (file, world size, rank, bytes)."""
+    ``{"world_size", "rank", "nbytes", "ms", "file"}``, one per (file, world size, rank, bytes); ``([], [])`` when
+    no such folder holds either file.
+
+    Raises:
+        ValueError: ``root`` exists and is not a folder; a file that cannot be read as CSV or lacks a needed column
+            (:data:`ALLREDUCE_NEEDED`, :data:`LEGACY_NEEDED`); a row (``run == "tp"`` in the older file) whose
+            ``world_size`` is not the ``<n>`` of its folder, whose ``rank`` is not in ``[0, n)``, whose bytes are not
+            a number > 0 or whose ms is not a finite number > 0; rows of a ``dist_backend`` other than ``nccl`` (a
+            ``--cpu-dry-run`` on gloo is not an NVLink all-reduce). Each message names the file.
+    """
     import pandas as pd
 
     root = Path(root) if root is not None else measured_dir()
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"measured dir {str(root)!r} is not a folder; allowed: a folder holding <gpu>x<n>/ folders")
     rows, files = [], []
     for d in sorted(root.glob(f"{gpu}x*")):
+        n_dir = d.name[len(gpu) + 1:]
+        if not (d.is_dir() and n_dir.isdigit()):
+            continue
         ar, legacy = d / "allreduce.csv", d / "tp2_attention.csv"
-        if ar.is_file():
-            t = pd.read_csv(ar)
-            t = t[pd.to_numeric(t["ms"], errors="coerce") > 0]
-            g = t.groupby(["world_size", "rank", "nbytes"], as_index=False)["ms"].median()
-            files.append(_shown(ar))
-            rows += [dict(r, file=files[-1]) for r in g.to_dict("records")]
-        if legacy.is_file():
-            t = pd.read_csv(legacy)
-            t = t[(t["run"] == "tp") & (pd.to_numeric(t["allreduce_ms"], errors="coerce") > 0)]
-            g = (t.groupby(["world_size", "rank", "allreduce_bytes"], as_index=False)["allreduce_ms"].first()
-                 .rename(columns={"allreduce_bytes": "nbytes", "allreduce_ms": "ms"}))
-            files.append(_shown(legacy))
+        for path, need, b_col, ms_col in ((ar, ALLREDUCE_NEEDED, "nbytes", "ms"),
+                                          (legacy, LEGACY_NEEDED, "allreduce_bytes", "allreduce_ms")):
+            if not path.is_file():
+                continue
+            t = _read_allreduce_csv(path, need)
+            if path is legacy:
+                t = t[t["run"].astype(str) == "tp"]
+            _check_allreduce_rows(t, path, int(n_dir), b_col, ms_col)
+            t = t.assign(**{c: pd.to_numeric(t[c]) for c in ("world_size", "rank", b_col, ms_col)})
+            g = t.groupby(["world_size", "rank", b_col], as_index=False)[ms_col]
+            # allreduce.csv: one row per (rank, bytes) per sweep, the median of several; the older file repeats
+            # one all-reduce per (model, T) on each strategy's row: the first
+            g = (g.median() if path is ar else g.first()).rename(columns={b_col: "nbytes", ms_col: "ms"})
+            files.append(_shown(path))
             rows += [dict(r, file=files[-1]) for r in g.to_dict("records")]
     return rows, files
+
+
+def _read_allreduce_csv(path: Path, need):
+    import pandas as pd
+
+    try:
+        t = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable CSV ({type(e).__name__}: {str(e).strip()[:120]}); allowed: the "
+                         "all-reduce rows benchmarks/tp_block.py writes") from None
+    missing = [c for c in need if c not in t.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}; allowed: a file with columns {list(need)} (what "
+                         "benchmarks/tp_block.py writes)")
+    return t
+
+
+def _check_allreduce_rows(t, path: Path, n_dir: int, b_col: str, ms_col: str) -> None:
+    import pandas as pd
+
+    num = {c: pd.to_numeric(t[c], errors="coerce") for c in ("world_size", "rank", b_col, ms_col)}
+    bad = [
+        ("world_size", num["world_size"] != n_dir, f"{n_dir} (the folder is {path.parent.name})"),
+        ("rank", ~((num["rank"] >= 0) & (num["rank"] < n_dir) & (num["rank"] % 1 == 0)), f"an integer in [0, {n_dir})"),
+        (b_col, ~((num[b_col] > 0) & num[b_col].abs().lt(float("inf"))), "a finite number > 0"),
+        (ms_col, ~((num[ms_col] > 0) & num[ms_col].abs().lt(float("inf"))), "a finite number > 0"),
+    ]
+    for col, mask, allowed in bad:
+        if mask.any():
+            i = mask.to_numpy().nonzero()[0][0]
+            v = t[col].iloc[i]
+            v = v.item() if hasattr(v, "item") else v  # numpy scalar -> its Python value (plain repr)
+            raise ValueError(f"{path}: row {int(t.index[i]) + 2} {col}={v!r} is not valid; allowed: "
+                             f"{allowed}")
+    if "dist_backend" in t.columns:
+        other = sorted({str(v) for v in t["dist_backend"].dropna()} - {"nccl"})
+        if other:
+            raise ValueError(f"{path}: dist_backend {other} is not an NVLink all-reduce (a --cpu-dry-run?); allowed: "
+                             "nccl rows only")
 
 
 def _shown(p: Path) -> str:
@@ -210,14 +328,53 @@ def _shown(p: Path) -> str:
     return str(p.relative_to(REPO_ROOT)) if REPO_ROOT in p.parents else str(p)
 
 
+def check_comm_out(path: str | Path) -> Path:
+    """``path`` as a place :func:`write_comm_model` may write: not a folder, and not an existing file whose header
+    does not start with :data:`FIT_COLUMNS` (a file this lab did not write as a fit is never overwritten). Its
+    folder need not exist (it is created on writing).
+
+    Raises:
+        ValueError: either case; the message names the path and what is allowed.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"out={str(p)!r} is a folder; allowed: a CSV file path (e.g. data/calibration/{COMM_CSV})")
+    if p.exists():
+        try:
+            with open(p, newline="") as f:
+                head = next(csv.reader(f), [])
+        except (OSError, UnicodeDecodeError, csv.Error):
+            head = []
+        if head[:len(FIT_COLUMNS)] != FIT_COLUMNS:
+            raise ValueError(f"out={str(p)!r} exists and is not an all-reduce fit file (its header is not "
+                             f"{FIT_COLUMNS[:3]}...); refusing to overwrite it; allowed: a new path or a fit file")
+    return p
+
+
 def write_comm_model(model: CommModel, path: str | Path, provenance_cols: dict) -> None:
-    """Write one row per world size (:data:`FIT_COLUMNS`) plus ``provenance_cols``."""
+    """Write one row per world size (:data:`FIT_COLUMNS`) plus ``provenance_cols``, through a temporary file in
+    the same folder (created if missing) renamed over ``path``, so a failed write leaves the old file whole.
+
+    Raises:
+        ValueError: ``path`` refused by :func:`check_comm_out`; the folder cannot be created.
+    """
+    p = check_comm_out(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"out={str(p)!r}: its folder cannot be created ({e.strerror}); allowed: a writable path") from None
     cols = FIT_COLUMNS + [c for c in provenance_cols if c not in FIT_COLUMNS]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        for _n, fit in sorted(model.fits.items()):
-            w.writerow({**{c: getattr(fit, c) for c in FIT_COLUMNS}, **provenance_cols})
+    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            for _n, fit in sorted(model.fits.items()):
+                w.writerow({**{c: getattr(fit, c) for c in FIT_COLUMNS}, **provenance_cols})
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _num(v):
@@ -225,25 +382,39 @@ def _num(v):
 
 
 def load_comm_model(path: str | Path | None = None) -> CommModel | None:
-    """The fits in ``path`` (default ``data/calibration/h200_comm.csv``), or None when the file does not exist.
+    """The fits in ``path`` (default ``data/calibration/h200_comm.csv``), or None when the file does not exist; a
+    file with the header and no rows gives a :class:`CommModel` without fits (the assumption everywhere).
 
     Raises:
-        ValueError: a malformed row (names the file and the row), latency < 0 or bandwidth <= 0.
+        ValueError: ``path`` is a folder; the file lacks a column of :data:`FIT_COLUMNS`; a malformed row (names
+            the file and the row): world size not an integer >= 2 or listed twice, latency not finite and >= 0,
+            bandwidth not finite and > 0, ``min_bytes`` not > 0 or above ``max_bytes``.
     """
     p = Path(path) if path else calibration_dir() / COMM_CSV
+    if p.is_dir():
+        raise ValueError(f"all-reduce fit path={str(p)!r} is a folder; allowed: a CSV file ({COMM_CSV})")
     if not p.is_file():
         return None
     fits = {}
-    with open(p, newline="") as f:
-        for r in csv.DictReader(f):
+    with open(p, newline="", errors="replace") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in FIT_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{p}: missing column(s) {missing}; allowed: a file written by benchmarks/fit_comm.py")
+        for r in reader:
             try:
                 n, lat, bw = int(r["world_size"]), float(r["latency_us"]), float(r["bw_gbps"])
                 fit = CommFit(n, lat, bw, int(float(r["n"])), int(float(r["n_sizes"])), float(r["min_bytes"]),
                               float(r["max_bytes"]), _num(r["mape_pct"]), _num(r["loo_mape_pct"]),
-                              _num(r["max_ape_pct"]), r.get("data_files", ""))
-            except (KeyError, ValueError) as e:
+                              _num(r["max_ape_pct"]), r.get("data_files", "") or "")
+            except (KeyError, ValueError, TypeError) as e:
                 raise ValueError(f"{p}: bad all-reduce fit row {r}: {e}") from None
-            if n < 2 or lat < 0 or bw <= 0:
-                raise ValueError(f"{p}: world_size must be >= 2, latency_us >= 0 and bw_gbps > 0, got row {r}")
+            if not (n >= 2 and math.isfinite(lat) and lat >= 0 and math.isfinite(bw) and bw > 0):
+                raise ValueError(f"{p}: world_size must be >= 2, latency_us >= 0 and bw_gbps > 0 (both finite), "
+                                 f"got row {r}")
+            if not (0 < fit.min_bytes <= fit.max_bytes < math.inf):
+                raise ValueError(f"{p}: min_bytes must be > 0 and <= max_bytes, got row {r}")
+            if n in fits:
+                raise ValueError(f"{p}: world_size {n} has two fit rows; allowed: one row per world size")
             fits[n] = fit
     return CommModel(fits, p.name)

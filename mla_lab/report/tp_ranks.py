@@ -35,6 +35,34 @@ FILES = ("tp_block.csv", "tp2_attention.csv")
 MIB = 2**20
 
 
+REQUIRED = ("run", "world_size", "rank", "model", "T", "strategy")
+
+
+def _world_sizes(world_sizes) -> list[int]:
+    """``world_sizes`` as a list of ints >= 2, else ValueError naming the argument, the value and what is allowed
+    (``"8"`` or ``2.5`` would match no measured run and read as "not measured")."""
+    vals = [world_sizes] if isinstance(world_sizes, (int, float, str)) else world_sizes
+    try:
+        vals = list(vals)
+    except TypeError:
+        vals = None
+    if vals is None or any(isinstance(n, bool) or not isinstance(n, int) and not (isinstance(n, float) and
+                                                                                    n.is_integer()) or n < 2
+                           for n in vals):
+        raise ValueError(f"world_sizes={world_sizes!r} is not valid; allowed: a list of integer world sizes >= 2, "
+                         f"e.g. {list(WORLD_SIZES)}")
+    return [int(n) for n in vals]
+
+
+def _gpu(gpu) -> str:
+    """The folder prefix of ``gpu`` (a lab arch name, :func:`mla_lab.arch.get_arch`), else ValueError."""
+    name = get_arch(gpu).name.lower()
+    if str(gpu).strip().lower() != name:
+        raise ValueError(f"gpu={gpu!r} is not valid; allowed: a GPU name as the measured folders spell it, e.g. "
+                         f"{name!r}")
+    return name
+
+
 def _files(n: int, gpu: str, root: Path | None) -> list[Path]:
     d = (root or _measured_root()) / f"{gpu}x{n}"
     return [d / f for f in FILES if (d / f).is_file()]
@@ -42,13 +70,26 @@ def _files(n: int, gpu: str, root: Path | None) -> list[Path]:
 
 def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
     """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (``attention``
-    where the file has no block column). Empty DataFrame when nothing was measured."""
+    where the file has no block column). Empty DataFrame when nothing was measured.
+
+    Raises:
+        ValueError: ``world_sizes`` not a list of integers >= 2; ``gpu`` not a lab GPU name; a ``tp_block.csv`` /
+            ``tp2_attention.csv`` that cannot be read or lacks a column of :data:`REQUIRED` (names the file).
+    """
     import pandas as pd
 
+    world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
     parts = []
     for n in world_sizes:
         for f in _files(n, gpu, Path(root) if root else None):
-            d = pd.read_csv(f)
+            try:
+                d = pd.read_csv(f)
+            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+                raise ValueError(f"{f}: not a readable CSV ({type(e).__name__}); allowed: what "
+                                 "benchmarks/tp_block.py writes") from None
+            missing = [c for c in REQUIRED if c not in d.columns]
+            if missing:
+                raise ValueError(f"{f}: missing column(s) {missing}; allowed: a file benchmarks/tp_block.py wrote")
             if "block" not in d.columns:
                 d["block"] = "attention"
             d["file"] = f"{f.parent.name}/{f.name}"
@@ -58,9 +99,14 @@ def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | 
 
 def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
     """One row per world size: ``measured`` (yes/no), ``files``, ``ranks``, ``configurations`` (distinct (model, T,
-    block, strategy)), ``blocks``, ``device``, ``git_commit``, or the plain reason nothing is there."""
+    block, strategy)), ``blocks``, ``device``, ``git_commit``, or the plain reason nothing is there.
+
+    Raises:
+        ValueError: as :func:`load_tp_runs` (bad ``world_sizes`` / ``gpu``, an unreadable or foreign run file).
+    """
     import pandas as pd
 
+    world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
     runs = load_tp_runs(world_sizes, gpu, root)
     out = []
     for n in world_sizes:
@@ -89,7 +135,12 @@ def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path |
     ``comm_source``, ``compute_err_%`` (sim vs this rank's compute), ``block_err_%`` ((sim compute + modelled
     all-reduce) vs this rank's block), ``allreduce_err_%``, ``peak_MiB`` / ``sim_peak_MiB`` (the call's peak over
     what was allocated before it), ``nccl_MiB`` (device memory the allocator does not see, over the simulation's),
-    ``file``."""
+    ``file``. Measured: ``block_ms``, ``compute_ms``, ``allreduce_ms``, ``sim_*``, ``peak_MiB``, ``nccl_MiB``;
+    modelled: ``model_allreduce_ms`` (priced by ``comm_source``).
+
+    Raises:
+        ValueError: as :func:`load_tp_runs`.
+    """
     import pandas as pd
 
     runs = load_tp_runs(world_sizes, gpu, root)
@@ -129,9 +180,15 @@ def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200",
     """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` /
     ``sizes`` / ``MAPE %`` / ``leave-one-size-out MAPE %`` where measured, and ``assumption error %``: the mean
     error of the assumption (``comm_efficiency``, ``comm_latency_us`` of the calibration) against the measured
-    rows of that world size (blank when none)."""
+    rows of that world size (blank when none).
+
+    Raises:
+        ValueError: bad ``world_sizes`` / ``gpu`` (:func:`load_tp_runs`); a malformed measured all-reduce file
+            (:func:`mla_lab.model.comm.measured_allreduce_rows`).
+    """
     import pandas as pd
 
+    world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
     cal = resolve_calibration(calibration)
     arch = get_arch(gpu)
     assumed = cal.with_comm(cal.comm_efficiency, cal.comm_latency_us)
