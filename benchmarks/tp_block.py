@@ -13,7 +13,11 @@ sim) and ``.../allreduce.csv`` (all-reduce rows); with ``--runs sim`` alone (a o
 model as each model's run completes (a failure later keeps them). A file that exists and does not carry this
 script's header (columns :data:`mla_lab.measure.tp.BLOCK_COLUMNS` / ``ALLREDUCE_COLUMNS`` + provenance) was not
 written by it: the script refuses to overwrite it and exits 2 before running anything (the TP=2 evidence
-``data/measured/h200x2/tp2_attention.csv`` has another name and is never touched). Usage::
+``data/measured/h200x2/tp2_attention.csv`` has another name and is never touched). ``--out`` that is an existing
+file, or a folder that cannot be created, is refused likewise. A ``--cpu-dry-run`` never writes under
+``data/measured`` (its gloo rows would replace GPU evidence under the same header; default ``/tmp/tp_block_cpu_dry_run``)
+and uses its own tiny sizes, but ``--tokens``, ``--iters``, ``--warmup`` and the all-reduce sizes are still checked.
+Every refusal is one line on stderr, exit status 2. Usage::
 
     python benchmarks/tp_block.py --tp 8                      # 8 GPUs, flash_mla installed
     python benchmarks/tp_block.py --tp 8 --runs sim           # the TP-8 share on one GPU
@@ -95,9 +99,21 @@ def main(argv=None) -> int:
     from mla_lab.paths import measured_dir
     from mla_lab.provenance import PROVENANCE_COLUMNS
 
+    def refuse(msg: str) -> int:
+        print(f"tp_block: {msg}", file=sys.stderr)
+        return 2
+
     t0 = time.time()
     common = dict(tp=args.tp, blocks=args.blocks, strategies=args.strategies, runs=args.runs)
     if args.cpu_dry_run:
+        # the dry run replaces these by tiny sizes; a bad value is still refused rather than silently ignored
+        asked = TPBenchmarkConfig(models=args.models, tokens=args.tokens, device="cpu", warmup=args.warmup,
+                                  iters=args.iters, allreduce_tokens=args.allreduce_tokens,
+                                  allreduce_mib=args.allreduce_mib, model_overrides=tiny_overrides(), **common)
+        try:
+            check_config(asked)
+        except (ValueError, RuntimeError) as e:
+            return refuse(f"{e} (--cpu-dry-run: the tiny models, 8 heads and 8 experts each)")
         cfg = TPBenchmarkConfig(models=args.models, tokens=[16], device="cpu", warmup=1, iters=3,
                                 kernel_backend="reference", concat_backend="torch", model_overrides=tiny_overrides(),
                                 allreduce_tokens=[16, 64], allreduce_mib=[0.25, 1], **common)
@@ -131,6 +147,13 @@ def main(argv=None) -> int:
     sim_only = args.runs == ["sim"]
     if args.out:
         out = Path(args.out)
+        if out.exists() and not out.is_dir():
+            return refuse(f"--out {args.out!r} is an existing file; allowed: a folder (new or holding this script's "
+                          "CSVs)")
+        measured_root = measured_dir().resolve()
+        if args.cpu_dry_run and (out.resolve() == measured_root or measured_root in out.resolve().parents):
+            return refuse(f"--out {args.out!r} is under {measured_root}: a --cpu-dry-run (gloo, tiny shapes) never "
+                          "writes there; allowed: a folder outside it, e.g. /tmp/x")
     elif args.cpu_dry_run:
         out = Path("/tmp") / "tp_block_cpu_dry_run"  # never mix a dry run into data/measured
     else:
@@ -149,7 +172,10 @@ def main(argv=None) -> int:
             print(f"tp_block: {path} exists and was not written by tp_block.py (its header differs); refusing to "
                   "overwrite it: pass another --out", file=sys.stderr)
             return 2
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return refuse(f"--out {str(out)!r} cannot be created ({e.strerror}); allowed: a writable folder")
 
     import dataclasses
 

@@ -386,3 +386,68 @@ def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
         for k in range(tp):
             y = torch.load(tmp_path / f"y_tp_{block}_glm-5_{T}_{s}_r{k}.pt")
             torch.testing.assert_close(y.float(), ref.float(), rtol=0, atol=atol)
+
+
+# ------------------------------------------------------------------------------- benchmarks/tp_block.py bad input
+
+
+def _tp_block_main():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "tp_block.py"
+    spec = importlib.util.spec_from_file_location("tp_block_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+@pytest.fixture
+def no_spawn(monkeypatch):
+    """A refusal must come before anything is spawned: running the benchmark fails the test."""
+    import mla_lab.measure.tp as tp_mod
+
+    def boom(*a, **k):
+        raise AssertionError("run_tp_benchmark was called: the bad input was not refused first")
+
+    monkeypatch.setattr(tp_mod, "run_tp_benchmark", boom)
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--tokens", "0"], "tokens / allreduce_tokens hold 0"),
+    (["--tokens", "-5"], "hold -5"),
+    (["--iters", "0"], "iters=0 must be an int >= 1"),
+    (["--warmup", "-1"], "warmup=-1"),
+    (["--allreduce-mib", "-1"], "allreduce_mib holds -1.0"),
+    (["--allreduce-tokens", "0"], "hold 0"),
+    (["--tp", "3"], r"tp=3 does not divide .*--cpu-dry-run: the tiny models"),
+])
+def test_tp_block_dry_run_checks_the_flags_it_replaces(no_spawn, capsys, extra, match):
+    """--tokens 0 / --iters 0 ... used to be accepted silently by a dry run (it swaps in tiny sizes)."""
+    assert _tp_block_main()(["--cpu-dry-run", "--tp", "4", "--out", "/tmp/unused_tp_block_out", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("tp_block: "), err
+    assert __import__("re").search(match, err), err
+
+
+def test_tp_block_refuses_an_out_that_is_a_file_or_under_data_measured(no_spawn, capsys, tmp_path):
+    from mla_lab.paths import measured_dir
+
+    f = tmp_path / "foreign.csv"
+    f.write_text("foreign\n")
+    main = _tp_block_main()
+    assert main(["--cpu-dry-run", "--tp", "4", "--out", str(f)]) == 2  # was FileExistsError from mkdir
+    assert "is an existing file" in capsys.readouterr().err and f.read_text() == "foreign\n"
+    for out in (measured_dir(), measured_dir() / "h200x4"):  # a dry run's rows would replace GPU evidence
+        assert main(["--cpu-dry-run", "--tp", "4", "--out", str(out)]) == 2
+        assert "never writes there" in capsys.readouterr().err
+    assert not (measured_dir() / "h200x4").exists() or (measured_dir() / "h200x4" / "tp_block.csv").is_file()
+    (tmp_path / "ro").write_text("")
+    assert main(["--cpu-dry-run", "--tp", "4", "--out", str(tmp_path / "ro" / "sub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cannot be created" in err, err
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "tp_block.csv").write_text("a,b\n")
+    assert main(["--cpu-dry-run", "--tp", "4", "--out", str(d)]) == 2
+    assert "was not written by tp_block.py" in capsys.readouterr().err and (d / "tp_block.csv").read_text() == "a,b\n"
