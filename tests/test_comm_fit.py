@@ -319,3 +319,21 @@ def test_fit_comm_script_labels_measured_and_modelled(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "measured_ms" in text and "fit_ms (modelled)" in text and "fit of measured rows" in text
     assert load_comm_model(out).fits[2].bw_gbps == pytest.approx(load_comm_model().fits[2].bw_gbps)
+
+
+def test_an_h200_fit_never_prices_another_gpu():
+    """The TP=2 fit was measured on H200s: a B200 (NVLink 5) all-reduce stays priced by the assumption and says so."""
+    cal = default_calibration()
+    b200 = get_arch("b200")
+    B = 16384 * 6144 * 2
+    assert cal.comm_fit(2, B, arch=H200) is cal.comm.fit_for(2) and cal.comm_fit(2, B, arch=b200) is None
+    assumed = cal.with_comm(cal.comm_efficiency, cal.comm_latency_us)
+    assert comm_time_ms("allreduce", B, 2, b200, cal) == pytest.approx(comm_time_ms("allreduce", B, 2, b200, assumed))
+    assert cal.comm_source(2, arch="b200").startswith("assumption")
+    assert cal.comm_source(2, arch="h200").startswith("measured fit tp=2")
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "8", None])
+def test_comm_source_refuses_a_world_size_that_is_not_a_positive_int(bad):
+    with pytest.raises(ValueError, match="world_size"):
+        default_calibration().comm_source(bad)

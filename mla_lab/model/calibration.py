@@ -32,6 +32,7 @@ import csv
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .._validate import check_int
 from ..arch import GPUArch, get_arch
 from ..paths import calibration_dir
 from .comm import CommModel, load_comm_model
@@ -107,26 +108,44 @@ class Calibration:
     content: ContentModel | None = None
     comm: CommModel | None = None
 
-    def comm_fit(self, world_size: int, nbytes: float, kind: str = "allreduce"):
+    def comm_fit_for(self, world_size: int, kind: str = "allreduce", arch=None):
+        """The measured fit of ``world_size`` on ``arch`` whatever the size (:meth:`comm_fit` adds the size
+        range), or None. Raises ValueError: world_size not a positive int; unknown arch."""
+        check_int("world_size", world_size)
+        name = arch.name if isinstance(arch, GPUArch) else (arch or self.arch)
+        if kind != "allreduce" or self.comm is None or get_arch(name).name != get_arch(self.arch).name:
+            return None  # a fit measured on one GPU (self.arch) says nothing measured about another's NVLink
+        return self.comm.fit_for(world_size)
+
+    def comm_fit(self, world_size: int, nbytes: float, kind: str = "allreduce", arch=None):
         """The measured fit that prices this collective, or None (the assumption prices it): an all-reduce over a
-        world size with a fit, of a size within the fit's measured range widened by :data:`COMM_FIT_RANGE_FACTOR`
-        each way. A latency fitted on 48-224 MiB says nothing about a 0.4 MiB decode all-reduce, so outside the
-        range the assumption stays."""
-        fit = self.comm.fit_for(world_size) if (kind == "allreduce" and self.comm is not None) else None
+        world size with a fit, on the GPU the fit was measured on (``arch``: name or
+        :class:`~mla_lab.arch.GPUArch`; default this calibration's ``arch``), of a size within the fit's measured
+        range widened by :data:`COMM_FIT_RANGE_FACTOR` each way. A latency fitted on 48-224 MiB says nothing about
+        a 0.4 MiB decode all-reduce, and an H200 fit nothing about a B200's NVLink, so there the assumption stays.
+
+        Raises:
+            ValueError: world_size not a positive int; unknown arch.
+        """
+        fit = self.comm_fit_for(world_size, kind, arch)
         if fit is None:
             return None
         lo, hi = fit.min_bytes / COMM_FIT_RANGE_FACTOR, fit.max_bytes * COMM_FIT_RANGE_FACTOR
         return fit if lo <= nbytes <= hi else None
 
-    def comm_source(self, world_size: int, kind: str = "allreduce") -> str:
-        """What prices a collective of ``kind`` over ``world_size`` ranks: ``measured fit tp=N (file) for
-        <lo>-<hi> MiB, assumption outside`` or ``assumption: ring at <eff> x NVLink per direction, latency <us>
-        us``; ``none`` for one rank."""
-        if int(world_size) <= 1:
+    def comm_source(self, world_size: int, kind: str = "allreduce", arch=None) -> str:
+        """What prices a collective of ``kind`` over ``world_size`` ranks on ``arch`` (as :meth:`comm_fit`):
+        ``measured fit tp=N (file) for <lo>-<hi> MiB, assumption outside`` or ``assumption: ring at <eff> x NVLink
+        per direction, latency <us> us``; ``none`` for one rank.
+
+        Raises:
+            ValueError: world_size not a positive int; unknown arch.
+        """
+        fit = self.comm_fit_for(world_size, kind, arch)
+        if world_size == 1:
             return "none"
         assumption = (f"assumption: ring at {self.comm_efficiency:g} x NVLink per direction, "
                       f"latency {self.comm_latency_us:g} us")
-        fit = self.comm.fit_for(world_size) if (kind == "allreduce" and self.comm is not None) else None
         if fit is None:
             return assumption
         lo, hi = fit.min_bytes / COMM_FIT_RANGE_FACTOR / MIB, fit.max_bytes * COMM_FIT_RANGE_FACTOR / MIB

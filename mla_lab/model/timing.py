@@ -92,7 +92,7 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
         raise ValueError(f"kind={kind!r} is not valid; allowed: {list(COMM_CLASSES)}")
     if n == 1 or nbytes <= 0:
         return 0.0
-    fit = cal.comm_fit(n, nbytes, kind)
+    fit = cal.comm_fit(n, nbytes, kind, arch)
     if fit is not None:
         return fit.time_ms(nbytes)
     moved = {"allreduce": 2.0 * (n - 1) / n * nbytes, "allgather": (n - 1) / n * nbytes,

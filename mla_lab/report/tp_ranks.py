@@ -157,7 +157,7 @@ def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path |
     tp = runs[runs["run"] == "tp"].merge(sim, on=keys, how="left")
     tp["model_allreduce_ms"] = [comm_time_ms("allreduce", b, int(n), arch, cal)
                                 for b, n in zip(tp["allreduce_bytes"], tp["world_size"])]
-    tp["comm_source"] = [cal.comm_source(int(n)) for n in tp["world_size"]]
+    tp["comm_source"] = [cal.comm_source(int(n), arch=arch) for n in tp["world_size"]]
     nccl = (pd.to_numeric(tp["nccl_bytes"], errors="coerce") if "nccl_bytes" in tp
             else pd.to_numeric(tp["device_used_bytes"], errors="coerce") - pd.to_numeric(tp["sim_used"],
                                                                                          errors="coerce"))
@@ -195,11 +195,11 @@ def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200",
     rows, _ = measured_allreduce_rows(gpu, root)
     out = []
     for n in world_sizes:
-        fit = cal.comm.fit_for(n) if cal.comm is not None else None
+        fit = cal.comm_fit_for(n, arch=arch)
         mine = [r for r in rows if int(r["world_size"]) == n]
         err = (sum(abs(comm_time_ms("allreduce", r["nbytes"], n, arch, assumed) - r["ms"]) / r["ms"] for r in mine)
                / len(mine) * 100) if mine else None
-        out.append({"TP": n, "priced by": cal.comm_source(n),
+        out.append({"TP": n, "priced by": cal.comm_source(n, arch=arch),
                     "latency_us": fit.latency_us if fit else cal.comm_latency_us,
                     "bw_gbps": fit.bw_gbps if fit else arch.nvlink_gbps / 2 * cal.comm_efficiency,
                     "sizes": f"{fit.n_sizes} ({fit.min_bytes / MIB:.0f}-{fit.max_bytes / MIB:.0f} MiB)" if fit else "-",
