@@ -13,7 +13,7 @@ from mla_lab.buffers import memory_account, shared_workspace_other_bytes
 from mla_lab.models import load_model
 from mla_lab.placement import ALIASES, PRESETS, expand_strategies, parse_strategy, preset_of
 from mla_lab.strategies import PaddedQPath, equivalence_check
-from mla_lab.sweep.advise import advise, frontier
+from mla_lab.sweep.advise import advise, format_advice, frontier
 
 MIB = 2**20
 GLM, GLM52, DSV = load_model("glm-5"), load_model("glm-5.2"), load_model("deepseek-v3.2")
@@ -147,6 +147,13 @@ def test_advice_never_picks_a_non_fitting_point_and_its_frontier_is_monotone(mod
     assert all(b < a for a, b in zip(ttfts, ttfts[1:]))  # more memory on the frontier always buys TTFT
     if rec:
         assert rec["ttft_ms"] == min(s["ttft_ms"] for s in chosen) and math.isfinite(rec["ttft_change_pct"])
+
+
+def test_advice_says_what_priced_the_all_reduce():
+    """TP=8 was never measured: the advice says its all-reduce is the assumption (text and JSON)."""
+    r = advise("glm-5", 8, "h200", 16384, 1024)
+    assert r["comm_source"].startswith("assumption: ring at 0.8")
+    assert f"all-reduce priced by: {r['comm_source']}" in format_advice(r)
 
 
 def test_advise_the_issues_example_and_refuses_what_does_not_fit():

@@ -118,6 +118,7 @@ def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batche
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
             "bounds": bounds,
             "frontier": front, "baseline": BASELINE,
+            "comm_source": rows[0].get("comm_source", "") if rows else "",
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
                     "change with the attention path timed on an H200 (rest modelled) and its 95 % interval, where "
                     "measured; memory exact (byte accounting); a negative extra = a workspace smaller than the "
@@ -199,5 +200,7 @@ def format_advice(result: dict) -> str:
         out += [f"  {s['strategy']}: {s['reason']}" for s in result["excluded"]]
     for s in result.get("bounds", []):
         out.append(f"bound (not a recommendation): {s['strategy']} {s['ttft_change_pct']:+.2f} % ({s['reason']})")
+    if result.get("comm_source"):
+        out.append(f"all-reduce priced by: {result['comm_source']}")
     out.append(result["note"])
     return "\n".join(out)
