@@ -75,6 +75,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel-backend", default="auto", choices=["auto", "flash_mla", "reference"],
                     help="reference on a GPU gathers [T, topk, 576] per call: only for small --tokens")
     ap.add_argument("--concat-backend", default="auto", choices=["auto", "triton", "torch"])
+    ap.add_argument("--moe-impl", default="auto", choices=["auto", "grouped_mm", "loop"],
+                    help="routed experts: two torch._grouped_mm calls (auto on sm90+) or a GEMM pair per expert")
     ap.add_argument("--out", default=None, help="output folder (default data/measured/<arch>x<tp> or <arch>)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="gloo on CPU, tiny shapes (8 heads, hidden 64, 8 experts), reference kernel: the logic only")
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
         cfg = TPBenchmarkConfig(models=args.models, tokens=args.tokens, arch=arch, device="cuda",
                                 warmup=args.warmup, iters=args.iters, kernel_backend=args.kernel_backend,
                                 concat_backend=args.concat_backend, allreduce_tokens=args.allreduce_tokens,
-                                allreduce_mib=args.allreduce_mib, **common)
+                                allreduce_mib=args.allreduce_mib, moe_impl=args.moe_impl, **common)
         print(f"{n} x {gpu['device']} ({arch}); flash_mla {info.get('provider')} {info.get('version')}; "
               f"env {SAFE_ENV}", flush=True)
     try:

@@ -32,6 +32,7 @@ from mla_lab.measure.tp import (
     merge_shards,
     moe_forward,
     moe_routing,
+    resolve_moe_impl,
     resolve_strategies,
     run_tp_benchmark,
     summary_table,
@@ -451,3 +452,29 @@ def test_tp_block_refuses_an_out_that_is_a_file_or_under_data_measured(no_spawn,
     (d / "tp_block.csv").write_text("a,b\n")
     assert main(["--cpu-dry-run", "--tp", "4", "--out", str(d)]) == 2
     assert "was not written by tp_block.py" in capsys.readouterr().err and (d / "tp_block.csv").read_text() == "a,b\n"
+
+
+def test_moe_impl_resolution_and_refusals():
+    assert resolve_moe_impl("auto", "cpu") == "loop" and resolve_moe_impl("loop", "cpu") == "loop"
+    with pytest.raises(ValueError, match="moe_impl='grouped_mm' needs torch._grouped_mm on a CUDA sm90"):
+        resolve_moe_impl("grouped_mm", "cpu")
+    with pytest.raises(ValueError, match=r"moe_impl='fused'; allowed: \['auto', 'grouped_mm', 'loop'\]"):
+        resolve_moe_impl("fused", "cpu")
+    with pytest.raises(ValueError, match="moe_impl='grouped_mm' needs device='cuda'"):
+        run_tp_benchmark(TPBenchmarkConfig(models=["glm-5"], tp=8, blocks=["moe"], runs=["sim"], device="cpu",
+                                           moe_impl="grouped_mm"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="torch.cuda.is_available() is False: no CUDA GPU on this machine")
+def test_gpu_grouped_mm_moe_equals_the_per_expert_loop():
+    """The two torch._grouped_mm calls give the per-expert loop's output (GLM-5's TP-8 share at its real shapes:
+    32 experts, hidden 6144, intermediate 2048) within bf16 rounding of the [T, hidden] sum."""
+    model = _model("glm-5", {})
+    inp = make_moe_inputs(model, 8, 3, 1024, device="cuda")
+    assert resolve_moe_impl("auto", "cuda") == "grouped_mm"
+    y_loop = moe_forward(inp, 1, "compute", "loop")
+    y_grouped = moe_forward(inp, 1, "compute", "grouped_mm")
+    scale = y_loop.float().abs().max().item()
+    torch.testing.assert_close(y_grouped.float(), y_loop.float(), rtol=0, atol=4 * 2**-8 * scale)
+    assert (y_grouped.float() - y_loop.float()).abs().mean().item() < 2**-8 * scale

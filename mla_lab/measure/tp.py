@@ -123,7 +123,8 @@ from .timer import cuda_ms
 
 __all__ = ["SAFE_ENV", "BLOCKS", "RUNS", "MOE_OPS", "BLOCK_COLUMNS", "ALLREDUCE_COLUMNS", "COMPARE_COLUMNS",
            "TPBenchmarkConfig", "TPBenchmarkResult", "make_block_inputs", "make_moe_inputs", "merge_shards",
-           "block_forward", "moe_forward", "moe_routing", "ideal_ring_calibration", "resolve_strategies",
+           "block_forward", "moe_forward", "moe_routing", "ideal_ring_calibration", "resolve_strategies", "MOE_IMPLS",
+           "resolve_moe_impl",
            "check_config", "run_tp_benchmark", "compare", "summary_table", "tiny_overrides"]
 
 #: NVLink multicast off (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS): shared machines.
@@ -137,6 +138,9 @@ RUNS = ("tp", "sim")
 MOE_OPS = ("router", "router_topk", "moe_gate_up", "moe_act", "moe_down", "moe_combine", "shared_gate_up",
            "shared_act", "shared_down", "moe_allreduce")
 
+#: Implementations of the moe block's routed-expert GEMMs (:func:`moe_forward`).
+MOE_IMPLS = ("auto", "grouped_mm", "loop")
+
 #: Columns of a block row (then :data:`COMPARE_COLUMNS`, then :data:`mla_lab.provenance.PROVENANCE_COLUMNS`).
 BLOCK_COLUMNS = [
     "run", "rank", "world_size", "device_index", "dist_backend", "model", "tp", "T", "block", "strategy",
@@ -144,7 +148,7 @@ BLOCK_COLUMNS = [
     "num_experts_per_tok", "moe_intermediate_size", "shared_intermediate_per_rank", "routed_pairs", "arch",
     "nvlink_gbps", "workspace_bytes", *SAFE_ENV, "warmup", "iters", "attn_ms", "compute_ms", "block_ms",
     "block_ms_min", "block_ms_max", "allreduce_ms", "allreduce_bytes", "allreduce_model_ms", "kernel_backend",
-    "concat_backend", "allocated_bytes", "peak_extra_bytes", "device_used_bytes", "torch_reserved_bytes",
+    "concat_backend", "moe_impl", "allocated_bytes", "peak_extra_bytes", "device_used_bytes", "torch_reserved_bytes",
     "nccl_bytes", "untracked_growth_bytes",
 ]
 _INT_COLUMNS = ("rank", "world_size", "device_index", "tp", "T", "num_heads", "padded_heads", "hidden_size",
@@ -183,6 +187,9 @@ class TPBenchmarkConfig:
         runs: of :data:`RUNS`: ``tp`` (sharded) and/or ``sim`` (one rank's share on one device).
         allreduce_tokens: ``T`` of the all-reduce rows at ``[T, hidden]`` (with ``tokens``, for each model's hidden).
         allreduce_mib: sizes of the all-reduce bytes sweep, MiB (2^20 bytes; fractions allowed); ``[]``: none.
+        moe_impl: the routed experts' GEMMs (:data:`MOE_IMPLS`): ``grouped_mm`` (``torch._grouped_mm``, two
+            launches for all local experts, no host sync after routing; CUDA sm90+), ``loop`` (one GEMM pair per
+            expert, counts on the host) or ``auto`` (grouped_mm where available, else loop).
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
@@ -196,6 +203,7 @@ class TPBenchmarkConfig:
     iters: int = 20
     kernel_backend: str = "auto"
     concat_backend: str = "auto"
+    moe_impl: str = "auto"
     seed: int = 0
     model_overrides: dict = field(default_factory=dict)
     save_outputs: bool = False
@@ -378,11 +386,12 @@ def block_forward(strategy, inp: dict, sm_scale: float, world_size: int = 1, par
     return y
 
 
-def moe_routing(inp: dict):
+def moe_routing(inp: dict, as_tensor: bool = False):
     """Router and top-k of the moe block (:data:`MOE_OPS` ``router``, ``router_topk``) restricted to this rank's
     experts: returns ``(tokens [P] int64, local_expert [P] int64, weight [P] fp32, counts)`` for the ``P``
     token-expert pairs routed to experts ``[expert_start, expert_start + num_local_experts)``, sorted by local
-    expert, and ``counts`` (a list: pairs per local expert). Scores: ``sigmoid(x @ w_router^T)`` in fp32, top
+    expert, and ``counts`` (pairs per local expert: a list, a host sync; ``as_tensor``: an int64 ``[n]`` tensor on
+    the device). Scores: ``sigmoid(x @ w_router^T)`` in fp32, top
     ``top_k``, renormalised over the selected ``top_k``."""
     logits = F.linear(inp["x"], inp["w_router"])  # [T, E] bf16
     scores = logits.float().sigmoid()
@@ -394,11 +403,52 @@ def moe_routing(inp: dict):
     eid = top_i[tok, slot] - e0
     order = torch.argsort(eid, stable=True)
     tok, slot, eid = tok[order], slot[order], eid[order]
-    counts = torch.bincount(eid, minlength=n).tolist()  # host sync: the per-expert loop needs the counts
-    return tok, eid, top_w[tok, slot], counts
+    counts = torch.bincount(eid, minlength=n)
+    return tok, eid, top_w[tok, slot], (counts if as_tensor else counts.tolist())
 
 
-def moe_forward(inp: dict, world_size: int = 1, parts: str = "block") -> torch.Tensor:
+def resolve_moe_impl(impl: str, device) -> str:
+    """``auto`` -> ``grouped_mm`` on a CUDA device of compute capability >= 9.0 whose torch has
+    ``torch._grouped_mm``, else ``loop``; ``grouped_mm`` / ``loop`` as given.
+
+    Raises:
+        ValueError: ``impl`` not in :data:`MOE_IMPLS`; ``grouped_mm`` where it is not available.
+    """
+    if impl not in MOE_IMPLS:
+        raise ValueError(f"moe_impl={impl!r}; allowed: {list(MOE_IMPLS)}")
+    dev = torch.device(device)
+    ok = (dev.type == "cuda" and hasattr(torch, "_grouped_mm")
+          and torch.cuda.get_device_capability(dev) >= (9, 0))
+    if impl == "grouped_mm" and not ok:
+        raise ValueError(f"moe_impl='grouped_mm' needs torch._grouped_mm on a CUDA sm90+ device; device={device!s}")
+    return impl if impl != "auto" else ("grouped_mm" if ok else "loop")
+
+
+def _routed_loop(xs, w13, w2, counts):
+    inter = w2.shape[-1]
+    out = torch.empty(xs.shape[0], w2.shape[1], device=xs.device, dtype=torch.bfloat16)
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            g = F.linear(xs[start:start + c], w13[e])  # moe_gate_up
+            a = F.silu(g[:, :inter]) * g[:, inter:]  # moe_act
+            out[start:start + c] = F.linear(a, w2[e])  # moe_down
+            start += c
+    return out
+
+
+def _routed_grouped(xs, w13, w2, counts):
+    """All local experts in two ``torch._grouped_mm`` calls over the pairs sorted by expert (``offs``: the end row
+    of each expert's group, int32 on the device): ``[P, hidden] x [E, hidden, 2 I] -> [P, 2 I]``, SiLU*mul, ``[P, I]
+    x [E, I, hidden] -> [P, hidden]``. The weights' transposes are column-major views, as the op requires."""
+    inter = w2.shape[-1]
+    offs = torch.cumsum(counts, 0).to(torch.int32)
+    g = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)  # moe_gate_up
+    a = (F.silu(g[:, :inter]) * g[:, inter:]).contiguous()  # moe_act
+    return torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)  # moe_down
+
+
+def moe_forward(inp: dict, world_size: int = 1, parts: str = "block", impl: str = "loop") -> torch.Tensor:
     """One rank's MoE block under EP (ops :data:`MOE_OPS`): routing (:func:`moe_routing`), per local expert
     ``gate_up = x_e @ w13[e]^T`` ``[n_e, 2 I]``, ``a = silu(gate) * up`` ``[n_e, I]``, ``down = a @ w2[e]^T``
     ``[n_e, hidden]`` times the router weight, summed per token in fp32; the shared shard ``silu(x W_g^T) * (x
@@ -408,25 +458,23 @@ def moe_forward(inp: dict, world_size: int = 1, parts: str = "block") -> torch.T
     Args:
         inp: :func:`make_moe_inputs` (or :func:`merge_shards` ``("moe", ...)``: the unsharded block).
         parts: ``"compute"`` (no all-reduce) or ``"block"``.
+        impl: the routed experts' GEMMs, :func:`resolve_moe_impl` (``loop``: one GEMM pair per expert;
+            ``grouped_mm``: two grouped GEMMs, as vLLM's fused_moe does in one kernel per GEMM; bf16 either way).
 
     Returns:
         ``[T, hidden]`` bf16.
+
+    Raises:
+        ValueError: as :func:`resolve_moe_impl`.
     """
     x = inp["x"]
     T, h = x.shape
-    tok, eid, weight, counts = moe_routing(inp)
-    w13, w2 = inp["w13"], inp["w2"]
-    inter = w2.shape[-1]
+    impl = resolve_moe_impl(impl, x.device)
+    tok, eid, weight, counts = moe_routing(inp, as_tensor=impl == "grouped_mm")
     xs = x.index_select(0, tok)  # the token gather vLLM's fused_moe folds into its GEMM
-    routed = torch.empty(tok.numel(), h, device=x.device, dtype=torch.bfloat16)
-    start = 0
-    for e, c in enumerate(counts):
-        if c:
-            g = F.linear(xs[start:start + c], w13[e])  # moe_gate_up
-            a = F.silu(g[:, :inter]) * g[:, inter:]  # moe_act
-            d = F.linear(a, w2[e])  # moe_down
-            routed[start:start + c] = (d.float() * weight[start:start + c, None]).to(torch.bfloat16)
-            start += c
+    run = _routed_grouped if impl == "grouped_mm" else _routed_loop
+    d = run(xs, inp["w13"], inp["w2"], counts)
+    routed = (d.float() * weight[:, None]).to(torch.bfloat16)
     y = torch.zeros(T, h, device=x.device, dtype=torch.float32)
     y.index_add_(0, tok, routed.float())  # moe_combine
     i_s = inp["w_sh13"].shape[0] // 2
@@ -660,10 +708,10 @@ def _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir) -> dict:
         row.update(n_routed_experts=E, experts_per_rank=inp["num_local_experts"],
                    num_experts_per_tok=model.num_experts_per_tok, moe_intermediate_size=model.moe_intermediate_size,
                    shared_intermediate_per_rank=inp["w_sh13"].shape[0] // 2,
-                   routed_pairs=int(moe_routing(inp)[0].numel()))
+                   routed_pairs=int(moe_routing(inp)[0].numel()), moe_impl=resolve_moe_impl(cfg.moe_impl, dev))
 
         def fn(parts="block"):
-            return moe_forward(inp, ws, parts)
+            return moe_forward(inp, ws, parts, row["moe_impl"])
         parts_timed = ("compute", "block")
     y = fn()  # first call (JIT compile, allocator warm-up)
     if cfg.save_outputs:
@@ -741,6 +789,11 @@ def check_config(cfg: TPBenchmarkConfig) -> None:
             raise ValueError(f"allreduce_mib holds {m!r}; each must be a number of MiB >= {BF16_BYTES / MIB}")
     if "attention" in cfg.blocks:
         resolve_strategies(cfg.strategies)
+    if cfg.moe_impl not in MOE_IMPLS:
+        raise ValueError(f"moe_impl={cfg.moe_impl!r}; allowed: {list(MOE_IMPLS)}")
+    if cfg.moe_impl == "grouped_mm" and cfg.device != "cuda":
+        raise ValueError("moe_impl='grouped_mm' needs device='cuda' (torch._grouped_mm on sm90+); allowed on "
+                         "cpu: ['auto', 'loop']")
     for m in cfg.models:
         model = _model(m, cfg.model_overrides)
         if "attention" in cfg.blocks:
