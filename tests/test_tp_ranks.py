@@ -124,3 +124,26 @@ def test_a_foreign_tp_block_file_is_named(tmp_path, text, match):
     for fn in (tp_status_table, tp_rank_table, load_tp_runs):
         with pytest.raises(ValueError, match="h200x4/tp_block.csv: " + match):
             fn(root=tmp_path)
+
+
+def test_one_gpu_shares_of_tp8_and_tp4_as_docs_state():
+    """docs/scaling.md's figures of the one-GPU simulation of the TP-8 / TP-4 shares (no real TP-8 run yet)."""
+    s8 = pd.read_csv(measured_dir("h200") / "tp8_sim_block.csv")
+    s4 = pd.read_csv(measured_dir("h200") / "tp4_sim_block.csv")
+    loop = pd.read_csv(measured_dir("h200") / "tp8_sim_moe_loop.csv")
+    assert (s8["run"] == "sim").all() and (s8["tp"] == 8).all() and (s4["tp"] == 4).all()
+    assert set(s8.loc[s8["block"] == "moe", "moe_impl"]) == {"grouped_mm"} and set(loop["moe_impl"]) == {"loop"}
+
+    def att(d, model, T, col):
+        g = d[(d["block"] == "attention") & (d["model"] == model) & (d["T"] == T)][col]
+        return round(g.min(), 2), round(g.max(), 2)
+
+    assert att(s8, "glm-5", 16384, "attn_ms") == (6.88, 7.86) and att(s4, "glm-5", 16384, "attn_ms") == (7.11, 8.09)
+    assert att(s8, "glm-5", 4096, "compute_ms") == (1.67, 1.84) and att(s8, "glm-5", 16384, "compute_ms") == (7.66, 8.6)
+
+    def moe(d, model, T):
+        return round(d[(d["block"] == "moe") & (d["model"] == model) & (d["T"] == T)]["compute_ms"].iloc[0], 2)
+
+    assert (moe(s8, "glm-5", 4096), moe(s8, "glm-5", 16384)) == (2.44, 5.92)
+    assert (moe(s4, "glm-5", 4096), moe(s4, "glm-5", 16384)) == (3.64, 10.08)
+    assert (moe(loop, "glm-5", 4096), moe(loop, "glm-5", 16384)) == (5.26, 7.6)
