@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -183,24 +184,36 @@ def main(argv=None) -> int:
 
     import pandas as pd
 
+    # rows go to <file>.partial as each model completes; the files are replaced only when every model is done, so a
+    # failure keeps both the earlier file (untouched) and this run's rows so far (the .partial)
+    partial = {path: path.with_name(path.name + ".partial") for path in headers}
     sinks, blocks, ars = {}, [], []
-    for i, name in enumerate(cfg.models):
-        # one model per spawn: its rows are on disk before the next model runs; the bytes sweep once
-        sub = dataclasses.replace(cfg, models=[name], allreduce_mib=cfg.allreduce_mib if i == 0 else [])
-        res = run_tp_benchmark(sub)
-        prov = {k: res.blocks[k].iloc[0] for k in PROVENANCE_COLUMNS} if len(res.blocks) else {}
-        if not sinks:
-            sinks["blocks"] = CsvSink(block_path, block_cols, prov)
-            if ar_path is not None:
-                sinks["allreduce"] = CsvSink(ar_path, ALLREDUCE_COLUMNS, prov)
-        for key, df, cols in (("blocks", res.blocks, block_cols), ("allreduce", res.allreduce, ALLREDUCE_COLUMNS)):
-            if key in sinks:
-                for rec in df[cols].to_dict("records"):
-                    sinks[key].write({k: _blank(v) for k, v in rec.items()})
-        blocks.append(res.blocks)
-        ars.append(res.allreduce)
-        print(f"[{time.time() - t0:6.0f}s] {name}: {len(res.blocks)} block rows, {len(res.allreduce)} all-reduce rows",
-              flush=True)
+    try:
+        for i, name in enumerate(cfg.models):
+            # one model per spawn: its rows are on disk before the next model runs; the bytes sweep once
+            sub = dataclasses.replace(cfg, models=[name], allreduce_mib=cfg.allreduce_mib if i == 0 else [])
+            res = run_tp_benchmark(sub)
+            prov = {k: res.blocks[k].iloc[0] for k in PROVENANCE_COLUMNS} if len(res.blocks) else {}
+            if not sinks:
+                sinks["blocks"] = CsvSink(partial[block_path], block_cols, prov)
+                if ar_path is not None:
+                    sinks["allreduce"] = CsvSink(partial[ar_path], ALLREDUCE_COLUMNS, prov)
+            for key, df, cols in (("blocks", res.blocks, block_cols), ("allreduce", res.allreduce, ALLREDUCE_COLUMNS)):
+                if key in sinks:
+                    for rec in df[cols].to_dict("records"):
+                        sinks[key].write({k: _blank(v) for k, v in rec.items()})
+            blocks.append(res.blocks)
+            ars.append(res.allreduce)
+            print(f"[{time.time() - t0:6.0f}s] {name}: {len(res.blocks)} block rows, {len(res.allreduce)} all-reduce "
+                  "rows", flush=True)
+    except BaseException as e:
+        kept = [str(p) for p in partial.values() if p.exists()]
+        print(f"tp_block: stopped at {type(e).__name__}: {e}; rows so far kept in {kept or 'nothing'}; "
+              f"{', '.join(str(p) for p in headers)} left as they were", file=sys.stderr)
+        raise
+    for path, tmp in partial.items():
+        if tmp.exists():
+            os.replace(tmp, path)
     df, ar = pd.concat(blocks, ignore_index=True), pd.concat(ars, ignore_index=True)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 40)

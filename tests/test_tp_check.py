@@ -478,3 +478,38 @@ def test_gpu_grouped_mm_moe_equals_the_per_expert_loop():
     scale = y_loop.float().abs().max().item()
     torch.testing.assert_close(y_grouped.float(), y_loop.float(), rtol=0, atol=4 * 2**-8 * scale)
     assert (y_grouped.float() - y_loop.float()).abs().mean().item() < 2**-8 * scale
+
+
+def test_tp_block_failure_keeps_the_earlier_file_and_the_rows_so_far(monkeypatch, tmp_path, capsys):
+    """Re-running into its own folder: the earlier tp_block.csv is replaced only when every model is done; a run
+    that fails at the second model leaves it byte for byte and keeps the first model's rows in a .partial file."""
+    import mla_lab.measure.tp as tp_mod
+    from mla_lab.measure.tp import TPBenchmarkResult
+
+    cols = BLOCK_COLUMNS + COMPARE_COLUMNS + list(PROVENANCE_COLUMNS)
+    calls = []
+
+    def fake(cfg, out_dir=None, fail_on=None):
+        name = cfg.models[0]
+        calls.append(name)
+        if name == fail_on:
+            raise RuntimeError("a worker failed")
+        row = {c: None for c in cols}
+        row.update(run="sim", rank=0, world_size=1, tp=cfg.tp, model=name, T=16, block="attention", strategy="fused",
+                   num_heads=2, compute_ms=1.0 + len(calls), block_ms=1.0, attn_ms=0.5, source="measured")
+        return TPBenchmarkResult(pd.DataFrame([row], columns=cols),
+                                 pd.DataFrame(columns=ALLREDUCE_COLUMNS + list(PROVENANCE_COLUMNS)))
+
+    main = _tp_block_main()
+    out = tmp_path / "o"
+    monkeypatch.setattr(tp_mod, "run_tp_benchmark", fake)
+    assert main(["--cpu-dry-run", "--tp", "4", "--out", str(out)]) == 0
+    first = (out / "tp_block.csv").read_bytes()
+    assert not list(out.glob("*.partial"))
+    monkeypatch.setattr(tp_mod, "run_tp_benchmark", lambda cfg, out_dir=None: fake(cfg, fail_on="deepseek-v3.2"))
+    with pytest.raises(RuntimeError, match="a worker failed"):
+        main(["--cpu-dry-run", "--tp", "4", "--out", str(out)])
+    assert (out / "tp_block.csv").read_bytes() == first
+    kept = pd.read_csv(out / "tp_block.csv.partial")
+    assert list(kept["model"]) == ["glm-5"]
+    assert "rows so far kept in" in capsys.readouterr().err
