@@ -10,7 +10,8 @@ TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).
 Writes, with ``--runs tp`` (and ``sim``): ``data/measured/<arch>x<tp>/tp_block.csv`` (block rows, every rank and the
 sim) and ``.../allreduce.csv`` (all-reduce rows); with ``--runs sim`` alone (a one-GPU machine):
 ``data/measured/<arch>/tp<N>_sim_block.csv``. ``--out DIR`` puts the same file names in DIR. Rows are written per
-model as each model's run completes (a failure later keeps them). A file that exists and does not carry this
+model as each model's run completes, to ``<file>.partial``; the files are replaced when every model is done, so a
+failure later keeps both the earlier file and this run's rows so far. A file that exists and does not carry this
 script's header (columns :data:`mla_lab.measure.tp.BLOCK_COLUMNS` / ``ALLREDUCE_COLUMNS`` + provenance) was not
 written by it: the script refuses to overwrite it and exits 2 before running anything (the TP=2 evidence
 ``data/measured/h200x2/tp2_attention.csv`` has another name and is never touched). ``--out`` that is an existing
