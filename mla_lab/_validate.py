@@ -26,3 +26,20 @@ def check_choice(name: str, value, allowed) -> object:
     if value not in allowed:
         raise ValueError(f"{name}={value!r} is not allowed; allowed: {list(allowed)}")
     return value
+
+
+def read_csv_checked(path, need, writer: str):
+    """``pandas.read_csv(path)`` that names the file in one ``ValueError`` line when it is not a readable CSV or
+    lacks a column of ``need`` (``writer``: what writes such files, for the "allowed" part of the message)."""
+    import pandas as pd
+
+    try:
+        t = pd.read_csv(path)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a readable CSV ({type(e).__name__}: {str(e).strip()[:120]}); allowed: what "
+                         f"{writer} writes") from None
+    missing = [c for c in need if c not in t.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {missing}; allowed: a file with columns {list(need)} (what "
+                         f"{writer} writes)")
+    return t

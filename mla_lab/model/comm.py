@@ -36,6 +36,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .._validate import read_csv_checked
 from ..paths import REPO_ROOT, calibration_dir, measured_dir
 
 __all__ = ["CommFit", "CommModel", "COMM_CSV", "fit_comm", "ring_allreduce_ms", "load_comm_model",
@@ -269,7 +270,7 @@ def measured_allreduce_rows(gpu: str = "h200", root: str | Path | None = None) -
                                           (legacy, LEGACY_NEEDED, "allreduce_bytes", "allreduce_ms")):
             if not path.is_file():
                 continue
-            t = _read_allreduce_csv(path, need)
+            t = read_csv_checked(path, need, "benchmarks/tp_block.py")
             if path is legacy:
                 t = t[t["run"].astype(str) == "tp"]
             _check_allreduce_rows(t, path, int(n_dir), b_col, ms_col)
@@ -281,21 +282,6 @@ def measured_allreduce_rows(gpu: str = "h200", root: str | Path | None = None) -
             files.append(_shown(path))
             rows += [dict(r, file=files[-1]) for r in g.to_dict("records")]
     return rows, files
-
-
-def _read_allreduce_csv(path: Path, need):
-    import pandas as pd
-
-    try:
-        t = pd.read_csv(path)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a readable CSV ({type(e).__name__}: {str(e).strip()[:120]}); allowed: the "
-                         "all-reduce rows benchmarks/tp_block.py writes") from None
-    missing = [c for c in need if c not in t.columns]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; allowed: a file with columns {list(need)} (what "
-                         "benchmarks/tp_block.py writes)")
-    return t
 
 
 def _check_allreduce_rows(t, path: Path, n_dir: int, b_col: str, ms_col: str) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .._validate import read_csv_checked
 from ..arch import get_arch
 from ..model.calibration import resolve_calibration
 from ..model.comm import measured_allreduce_rows
@@ -82,14 +83,7 @@ def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | 
     parts = []
     for n in world_sizes:
         for f in _files(n, gpu, Path(root) if root else None):
-            try:
-                d = pd.read_csv(f)
-            except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-                raise ValueError(f"{f}: not a readable CSV ({type(e).__name__}); allowed: what "
-                                 "benchmarks/tp_block.py writes") from None
-            missing = [c for c in REQUIRED if c not in d.columns]
-            if missing:
-                raise ValueError(f"{f}: missing column(s) {missing}; allowed: a file benchmarks/tp_block.py wrote")
+            d = read_csv_checked(f, REQUIRED, "benchmarks/tp_block.py")
             if "block" not in d.columns:
                 d["block"] = "attention"
             d["file"] = f"{f.parent.name}/{f.name}"
