@@ -148,15 +148,21 @@ def test_two_sweeps_started_together_compute_each_point_once(same_csv, tmp_path,
     assert any("claimed by another sweep on this store: left to it" in e for e in errs.values()), errs
 
 
-def test_a_sweep_started_later_waits_for_the_first_and_computes_nothing(tmp_path, reference):
-    go = tmp_path / "go"
-    go.write_text("go")
+def _first_sweep_with_points(tmp_path, go, n: int = 5):
+    """Start sweep ``a`` and return ``(process, store)`` once it has stored ``n`` points (it must still run)."""
     first = _start(tmp_path, _params(tmp_path, "a.csv"), "a", 0.05, go)
     store = ResultStore(tmp_path / "store")
     t0 = time.time()
-    while len(list(store.points.glob("*.json"))) < 5:
+    while len(list(store.points.glob("*.json"))) < n:
         assert first.poll() is None and time.time() - t0 < 120, "first sweep ended or hung"
         time.sleep(0.02)
+    return first, store
+
+
+def test_a_sweep_started_later_waits_for_the_first_and_computes_nothing(tmp_path, reference):
+    go = tmp_path / "go"
+    go.write_text("go")
+    first, store = _first_sweep_with_points(tmp_path, go)
     second = _start(tmp_path, _params(tmp_path, "b.csv"), "b", 0.05, go)
     _wait([first, second])
     assert [first.returncode, second.returncode] == [0, 0], (tmp_path / "b.err").read_text()
@@ -173,13 +179,9 @@ def test_when_the_claiming_sweep_dies_the_waiting_one_takes_over(tmp_path, refer
     dead one's claims are taken over), each point is stored once, at most the point in flight is computed twice."""
     go = tmp_path / "go"
     go.write_text("go")
-    first = _start(tmp_path, _params(tmp_path, "a.csv"), "a", 0.05, go)
-    store = ResultStore(tmp_path / "store")
-    t0 = time.time()
-    while len(list(store.points.glob("*.json"))) < 5:
-        assert first.poll() is None and time.time() - t0 < 120
-        time.sleep(0.02)
+    first, store = _first_sweep_with_points(tmp_path, go)
     second = _start(tmp_path, _params(tmp_path, "b.csv"), "b", 0.01, go)
+    t0 = time.time()
     while "claimed by another sweep" not in (tmp_path / "b.err").read_text():
         assert second.poll() is None and time.time() - t0 < 120, (tmp_path / "b.err").read_text()
         time.sleep(0.02)
