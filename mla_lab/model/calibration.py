@@ -48,6 +48,11 @@ OVERHEAD_MODES = ("max", "add")
 COMM_FIT_RANGE_FACTOR = 2.0
 MIB = 2**20
 
+
+def _priced_range(fit) -> tuple[float, float]:
+    """The sizes (bytes) a measured all-reduce fit prices: its measured range widened by the factor each way."""
+    return fit.min_bytes / COMM_FIT_RANGE_FACTOR, fit.max_bytes * COMM_FIT_RANGE_FACTOR
+
 @dataclass(frozen=True)
 class ClassEff:
     """Efficiencies of one op class: fraction of peak FLOP/s and of HBM bandwidth, and a per-op overhead (us).
@@ -130,7 +135,7 @@ class Calibration:
         fit = self.comm_fit_for(world_size, kind, arch)
         if fit is None:
             return None
-        lo, hi = fit.min_bytes / COMM_FIT_RANGE_FACTOR, fit.max_bytes * COMM_FIT_RANGE_FACTOR
+        lo, hi = _priced_range(fit)
         return fit if lo <= nbytes <= hi else None
 
     def comm_source(self, world_size: int, kind: str = "allreduce", arch=None) -> str:
@@ -148,8 +153,8 @@ class Calibration:
                       f"latency {self.comm_latency_us:g} us")
         if fit is None:
             return assumption
-        lo, hi = fit.min_bytes / COMM_FIT_RANGE_FACTOR / MIB, fit.max_bytes * COMM_FIT_RANGE_FACTOR / MIB
-        return f"{self.comm.source(world_size)} for {lo:.0f}-{hi:.0f} MiB, {assumption} outside"
+        lo, hi = _priced_range(fit)
+        return f"{self.comm.source(world_size)} for {lo / MIB:.0f}-{hi / MIB:.0f} MiB, {assumption} outside"
 
     def with_comm_fit(self, fit, name: str | None = None) -> "Calibration":
         """A copy whose all-reduce over ``fit.world_size`` ranks is priced by ``fit`` (a
