@@ -8,9 +8,9 @@ never a sibling unit on the same layer, and nothing in a circle:
     sweep
     measure, serving
     model
-    strategies
-    kernels, buffers
-    models, arch, workload, seed, provenance, kernelspec, placement
+    strategies, seed
+    kernels, buffers, deployment
+    models, arch, workload, provenance, kernelspec, placement, routes
     paths, _validate
 
 Function-local imports are only for optional heavy dependencies (torch.cuda paths, triton, flash_mla, ray,
@@ -34,7 +34,7 @@ STACK = [
     ("model",),
     ("strategies",),
     ("kernels", "buffers"),
-    ("models", "arch", "workload", "seed", "provenance", "kernelspec", "placement"),
+    ("models", "arch", "workload", "seed", "provenance", "kernelspec", "placement", "routes"),
     ("paths", "_validate"),
 ]
 LAYER = {unit: i for i, units in enumerate(STACK) for unit in units}

@@ -1,0 +1,276 @@
+"""Which attention route an engine takes, per model, prompt length and phase (a foundation module: pure rules).
+
+A sparse-MLA (DSA) layer can compute the same attention in several ways. The lab names four **routes**:
+
+=================  ==========================================================================================
+route              what runs (per layer, per rank, ``H`` real heads)
+=================  ==========================================================================================
+``sparse-mqa``     FlashMLA ``flash_mla_sparse_fwd`` on absorbed Q (head_size 576, d_v 512), padded to 64/128
+                   heads: the padded path the placements of :mod:`mla_lab.placement` feed (vLLM
+                   ``FLASHMLA_SPARSE``, ``vllm/v1/attention/backends/mla/flashmla_sparse.py``; SGLang
+                   ``flashmla_sparse``)
+``fa3-sparse``     FlashAttention-3 varlen with ``q_v`` and the top-k indices as a page-size-1 block table, the
+                   real heads: no concat, no padded Q, no padded output (vLLM ``FLASH_ATTN_MLA_SPARSE``, PR
+                   #46189, merged 2026-06-19, ``vllm/v1/attention/backends/mla/flashattn_mla_sparse.py``;
+                   SGLang's ``fa3`` decode backend)
+``mha-dense``      dense causal MHA (FlashAttention varlen) on the un-absorbed Q and the K/V up-projected by
+                   ``kv_b_proj`` (qk head dim ``qk_nope + qk_rope``, v ``v_head_dim``); the indexer's top-k is
+                   skipped (vLLM #47327, merged 2026-07-01, and #51298; SGLang ``_forward_standard_mha``, PR #11892)
+``mha-masked``     the same MHA with a mask built from the top-k indices (vLLM #48770, merged 2026-07-15, after the
+                   DeepSeek-V3.2 paper's "masked MHA mode to simulate DSA"; GLM-5 dims admitted by #53785 with a
+                   FlashAttention ``mask_mod`` kernel and a 128 MiB workspace guard)
+=================  ==========================================================================================
+
+**Semantic equivalence.** ``sparse-mqa``, ``fa3-sparse`` and ``mha-masked`` attend exactly the top-k keys the
+indexer chose, at any length. ``mha-dense`` attends every earlier key: it equals sparse attention only when top-k
+selects every earlier token, i.e. when the sequence (context + prompt so far) has ``seq_len <= topk``. For a
+longer sequence dense MHA is an approximation (SGLang PR #30258: "Above 2048: approximation", recall drops past a
+model-dependent length), so :func:`check_route` refuses it there.
+
+**Engine rules** (:data:`ENGINE_RULES`, one :class:`EngineRule` each, with the file / PR it follows):
+
+- ``vllm`` for DeepSeek-V3.2 on vLLM's registered MLA layer (``vllm/model_executor/models/deepseek_v2.py`` +
+  the sparse backend): when *every* prefill of the batch has ``seq_len <= topk`` -> ``mha-dense`` (#47327,
+  "subject to a q_len threshold" whose value the lab does not model: pure prefills only), else the sparse backend's
+  route. Masked MHA (#48770) is routed by a backend- and TP-specific threshold table behind an FA4 ``mask_mod``
+  kernel; the lab does not place it on sm90 presets and prices it as a modelled alternative.
+- ``vllm`` for GLM-5 / GLM-5.2: the NVIDIA DeepSeek-V3.2 attention wrapper (``DeepseekV32Attention``,
+  ``vllm/models/deepseek_v32/attention.py``) only calls ``forward_mqa`` and declares itself MQA-only (vLLM #52512,
+  merged 2026-08-16, "Do not use Dense MHA for GLM-5.2"): every prefill takes the sparse backend's route. This is
+  why the PR #53878 benchmark (1024-token prompts) goes through the padded kernel at all. (#53785 later admitted
+  the GLM-5 head dims, 256/256, to the backend's masked-MHA route; the wrapper's MQA-only declaration is what the
+  PR's benchmark ran under.)
+- the sparse backend's route: ``FLASHMLA_SPARSE`` -> ``sparse-mqa`` (prefill and, with a bf16 KV cache, decode:
+  ``mla_attention.py`` sends all tokens down the MQA path); ``FLASH_ATTN_MLA_SPARSE`` -> ``fa3-sparse`` (vLLM's
+  Hopper default for head size 576; it precedes ``FLASHMLA_SPARSE`` in the sm90 sparse priority list, vLLM issue
+  #56564, which is why the PR's server forces ``--attention-backend FLASHMLA_SPARSE``).
+- ``sglang`` default H200 route (sgl-project/sglang ``docs/basic_usage/deepseek_v32.md``, PR #12868 text: "For short
+  prefill sequences (default threshold: 2048 tokens), the NSA backend uses standard MHA automatically ... On H200
+  (SM90) this path uses the FlashAttention variable-length kernel", MHA_ONE_SHOT; ``dsa_backend.py`` /
+  ``nsa_backend.py``; PR #11892): prefill with ``seq_len <= 2048`` (``SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD``,
+  a KV length) -> ``mha-dense``; longer -> ``sparse-mqa`` (``_forward_flashmla_sparse``: ``new_zeros`` + copy per
+  call); decode -> ``fa3-sparse`` (``nsa_decode_backend`` ``fa3``). ``sglang-flashmla-sparse`` forces the padded
+  route for every prefill. The 2048 threshold equals ``index_topk`` of both models, so the dense route is exact;
+  a threshold above ``topk`` is refused.
+
+This module knows no geometry beyond what the caller passes (model name, ``topk``): it sits on the lowest package
+layer and imports only :mod:`mla_lab._validate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._validate import check_int
+
+__all__ = ["ROUTES", "PHASES", "ENGINES", "SPARSE_BACKENDS", "ROUTE_SOURCES", "EngineRule", "RouteChoice",
+           "ENGINE_RULES", "engine_rule", "check_route", "route_for", "route_table", "model_family",
+           "is_equivalent", "SGLANG_DENSE_KV_LEN_THRESHOLD"]
+
+ROUTES = ("sparse-mqa", "fa3-sparse", "mha-dense", "mha-masked")
+PHASES = ("prefill", "decode")
+ENGINES = ("vllm", "sglang")
+#: vLLM sparse-MLA backends (``--attention-backend``) and the route each runs for MQA tokens.
+SPARSE_BACKENDS = {"FLASHMLA_SPARSE": "sparse-mqa", "FLASH_ATTN_MLA_SPARSE": "fa3-sparse"}
+#: SGLang's default dense-MHA KV-length threshold (docs/basic_usage/deepseek_v32.md: 2048 tokens).
+SGLANG_DENSE_KV_LEN_THRESHOLD = 2048
+
+ROUTE_SOURCES = {
+    "sparse-mqa": "FlashMLA flash_mla_sparse_fwd, h_q padded to 64/128 (csrc/api/sparse_fwd.h); vLLM "
+                  "vllm/v1/attention/backends/mla/flashmla_sparse.py",
+    "fa3-sparse": "vLLM FLASH_ATTN_MLA_SPARSE (PR #46189, merged 2026-06-19), "
+                  "vllm/v1/attention/backends/mla/flashattn_mla_sparse.py: FA3 varlen, q_v, top-k indices as a "
+                  "page-size-1 block table, real heads",
+    "mha-dense": "vLLM PR #47327 (merged 2026-07-01): dense causal MHA via FlashAttention varlen on kv_b_proj "
+                 "up-projected K/V when every prefill has seq_len <= topk; SGLang PR #11892 _forward_standard_mha",
+    "mha-masked": "vLLM PR #48770 (merged 2026-07-15): masked MHA (top-k mask) for longer pure prefills; GLM-5 "
+                  "dims by PR #53785 (FlashAttention mask_mod, 128 MiB workspace guard)",
+}
+
+_NOT_EQUIVALENT = ("dense causal MHA attends every earlier key; sparse attention attends the top-k only, so they "
+                   "agree only when seq_len <= topk (DeepSeek-V3.2 paper, masked MHA 'to simulate DSA'; SGLang PR "
+                   "#30258: 'Above 2048: approximation')")
+
+
+def model_family(model_name: str) -> str:
+    """``deepseek`` (DeepSeek-V3.2 and its variants) or ``glm`` (GLM-5, GLM-5.x: ``GlmMoeDsaForCausalLM``).
+
+    Raises:
+        ValueError: a name of neither family.
+    """
+    if not isinstance(model_name, str):
+        raise ValueError(f"model={model_name!r} must be a str naming a DeepSeek-V3.2 or GLM-5 model")
+    n = model_name.lower()
+    if "deepseek" in n:
+        return "deepseek"
+    if "glm" in n:
+        return "glm"
+    raise ValueError(f"model={model_name!r} has no route rule; allowed: a DeepSeek-V3.2 or GLM-5/GLM-5.x name")
+
+
+def is_equivalent(route: str, seq_len: int, topk: int) -> bool:
+    """Whether ``route`` computes the same attention as the model's sparse attention for a sequence of
+    ``seq_len`` keys (context + the prompt's tokens) and ``topk`` (``index_topk``).
+
+    Raises:
+        ValueError: unknown route; seq_len / topk not positive ints.
+    """
+    _check_route_name(route)
+    check_int("seq_len", seq_len)
+    check_int("topk", topk)
+    return route != "mha-dense" or seq_len <= topk
+
+
+def check_route(route: str, model_name: str, seq_len: int, topk: int) -> str:
+    """``route`` if it is semantically equivalent for ``model_name`` at ``seq_len``; else ValueError.
+
+    Raises:
+        ValueError: unknown route; ``mha-dense`` for ``seq_len > topk`` (names the model, the length and the
+            source); bad ints.
+    """
+    model_family(model_name)
+    if not is_equivalent(route, seq_len, topk):
+        raise ValueError(f"route='mha-dense' is refused for model={model_name!r} at seq_len={seq_len}: "
+                         f"not equivalent above topk={topk} ({_NOT_EQUIVALENT}); allowed: seq_len <= {topk}, "
+                         f"or routes {[r for r in ROUTES if r != 'mha-dense']}")
+    return route
+
+
+def _check_route_name(route: str) -> None:
+    if route not in ROUTES:
+        raise ValueError(f"route={route!r} is not valid; allowed: {list(ROUTES)}")
+
+
+@dataclass(frozen=True)
+class RouteChoice:
+    """The route one engine takes for one batch: ``route`` (:data:`ROUTES`), ``reason`` (the rule that fired) and
+    ``source`` (file / PR)."""
+
+    route: str
+    reason: str
+    source: str
+
+
+@dataclass(frozen=True)
+class EngineRule:
+    """How one engine configuration routes sparse-MLA attention.
+
+    Attributes:
+        name: the rule's name (``vllm-flashmla``, ``vllm-fa3``, ``sglang``, ``sglang-flashmla-sparse``).
+        engine: ``vllm`` or ``sglang``.
+        backend_route: the route of MQA tokens (prefill that takes no dense route; decode): ``sparse-mqa`` or
+            ``fa3-sparse``.
+        decode_route: the route of decode tokens.
+        dense_kv_len_threshold: prefills whose seq_len (context + prompt) is at most this go to ``mha-dense``
+            (``"topk"``: the model's ``index_topk``; 0: never).
+        dense_models: model families allowed the dense route (the others are MQA-only).
+        all_prefills: True when the dense route needs *every* prefill of the batch under the threshold (vLLM
+            #47327); False when it is decided per request (SGLang's per-batch KV-length check is on the batch's
+            longest sequence, the same thing for a batch of one length).
+        source: files and PRs the rule follows.
+    """
+
+    name: str
+    engine: str
+    backend_route: str
+    decode_route: str
+    dense_kv_len_threshold: int | str
+    dense_models: tuple
+    all_prefills: bool
+    source: str
+
+    def dense_threshold(self, topk: int) -> int:
+        """The dense route's seq_len threshold for a model with ``topk`` (0: no dense route)."""
+        return topk if self.dense_kv_len_threshold == "topk" else int(self.dense_kv_len_threshold)
+
+
+_VLLM_SRC = ("vLLM PR #47327 (dense MHA when every prefill has seq_len <= topk; DeepSeek-V3.2 on the registered "
+             "MLA layer), PR #52512 (merged 2026-08-16: the NVIDIA DeepseekV32Attention wrapper GLM-5/5.2 run "
+             "through is MQA-only)")
+ENGINE_RULES = {
+    "vllm-flashmla": EngineRule(
+        "vllm-flashmla", "vllm", "sparse-mqa", "sparse-mqa", "topk", ("deepseek",), True,
+        _VLLM_SRC + "; --attention-backend FLASHMLA_SPARSE: flashmla_sparse.py, bf16 KV cache decode also padded "
+        "(mla_attention.py sends all tokens down the MQA path)"),
+    "vllm-fa3": EngineRule(
+        "vllm-fa3", "vllm", "fa3-sparse", "fa3-sparse", "topk", ("deepseek",), True,
+        _VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py), vLLM's sm90 default for head "
+        "size 576 (sparse priority list quoted in vLLM issue #56564)"),
+    "sglang": EngineRule(
+        "sglang", "sglang", "sparse-mqa", "fa3-sparse", SGLANG_DENSE_KV_LEN_THRESHOLD, ("deepseek", "glm"), False,
+        "sgl-project/sglang docs/basic_usage/deepseek_v32.md (PR #12868: dense MHA below 2048 tokens, FlashAttention "
+        "varlen on H200, MHA_ONE_SHOT), PR #11892 (_forward_standard_mha), dsa_backend.py "
+        "(_forward_flashmla_sparse: new_zeros + copy per call; decode backend fa3)"),
+    "sglang-flashmla-sparse": EngineRule(
+        "sglang-flashmla-sparse", "sglang", "sparse-mqa", "sparse-mqa", 0, (), False,
+        "SGLang with the padded route forced for every prefill and decode (nsa prefill/decode backend "
+        "flashmla_sparse; _forward_flashmla_sparse new_zeros + copy per call)"),
+}
+
+
+def engine_rule(name: str) -> EngineRule:
+    """The :class:`EngineRule` named ``name``. Raises ValueError naming the allowed rules."""
+    if name not in ENGINE_RULES:
+        raise ValueError(f"engine rule={name!r} is not valid; allowed: {list(ENGINE_RULES)}")
+    return ENGINE_RULES[name]
+
+
+def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "prefill",
+              seq_lens=None) -> RouteChoice:
+    """The route ``rule`` takes for a batch of ``model_name`` (``topk`` = ``index_topk``).
+
+    Args:
+        rule: a name of :data:`ENGINE_RULES` or an :class:`EngineRule`.
+        model_name: decides the family (:func:`model_family`): GLM is MQA-only on vLLM (#52512).
+        topk: the model's ``index_topk`` (2048 for GLM-5 and DeepSeek-V3.2).
+        phase: ``prefill`` or ``decode``.
+        seq_lens: prefill only: each prefill's seq_len (context + its tokens so far, i.e. the keys its last token
+            sees); an int for a batch of one length.
+
+    Returns:
+        A :class:`RouteChoice`; the dense route is chosen only where it is equivalent (:func:`is_equivalent`).
+
+    Raises:
+        ValueError: unknown rule / phase / model; prefill without ``seq_lens``; a length not a positive int; a rule
+            whose dense threshold exceeds ``topk`` (that route would not be equivalent).
+    """
+    r = rule if isinstance(rule, EngineRule) else engine_rule(rule)
+    fam = model_family(model_name)
+    check_int("topk", topk)
+    if phase not in PHASES:
+        raise ValueError(f"phase={phase!r} is not valid; allowed: {list(PHASES)}")
+    if phase == "decode":
+        return RouteChoice(r.decode_route, f"{r.name}: decode tokens take {r.decode_route}", r.source)
+    if seq_lens is None:
+        raise ValueError("seq_lens=None: a prefill route needs each prefill's seq_len (an int or a list of ints)")
+    lens = [seq_lens] if isinstance(seq_lens, int) and not isinstance(seq_lens, bool) else list(seq_lens)
+    if not lens:
+        raise ValueError("seq_lens=[] is empty; allowed: at least one positive int")
+    for s in lens:
+        check_int("seq_len", s)
+    thr = r.dense_threshold(topk)
+    if thr > topk:
+        raise ValueError(f"rule {r.name!r} has dense_kv_len_threshold={thr} > topk={topk}: dense MHA would not be "
+                         f"equivalent ({_NOT_EQUIVALENT}); allowed: a threshold <= topk")
+    if fam not in r.dense_models or thr == 0:
+        why = ("MQA-only attention wrapper (vLLM #52512)" if r.engine == "vllm" and fam == "glm"
+               else "no dense route in this configuration")
+        return RouteChoice(r.backend_route, f"{r.name}: {model_name} prefill takes {r.backend_route} ({why})",
+                           r.source)
+    longest = max(lens)
+    if longest <= thr:
+        return RouteChoice("mha-dense", f"{r.name}: every prefill has seq_len <= {thr} (longest {longest})",
+                           r.source)
+    scope = "every prefill" if r.all_prefills else "the batch's longest prefill"
+    return RouteChoice(r.backend_route, f"{r.name}: {scope} not under seq_len {thr} (longest {longest}): "
+                       f"{r.backend_route}", r.source)
+
+
+def route_table(rule: str | EngineRule, model_name: str, topk: int, prompt_lens=(512, 1024, 2048, 4096, 8192)):
+    """``[{prompt_len, prefill_route, decode_route}]`` for single-length batches of fresh prompts (no prefix
+    cache: seq_len = prompt_len). Raises as :func:`route_for`."""
+    out = []
+    for L in prompt_lens:
+        out.append({"prompt_len": L, "prefill_route": route_for(rule, model_name, topk, "prefill", L).route,
+                    "decode_route": route_for(rule, model_name, topk, "decode").route})
+    return out
