@@ -28,9 +28,20 @@ request cannot get a block). Two honest ways to stay out of that regime, ``kv_ad
 - ``"lazy"``: admission exactly as vLLM (only the scheduled chunk's blocks must be free); when a running request
   cannot get its next block, the step where vLLM would preempt, :class:`PreemptionRequired` is raised.
 
+**Async scheduling** (``async_scheduling=True``; on by default in vLLM v1: ``vllm/config/scheduler.py``
+``async_scheduling: bool | None = None``, which ``vllm/config/vllm.py`` turns into True unless an incompatible
+option is set): the engine core keeps a batch queue of two
+(``EngineCore.step_with_batch_queue``, ``vllm/v1/engine/core.py`` @ 00080ee1) and schedules step N+1 right after
+submitting step N, before step N's outputs exist, with "output placeholders" for the tokens step N will sample
+(vllm-project/vllm PR #19970). The tokens scheduled are the same as without it (placeholders stand for the
+sampled tokens; with ``--ignore-eos`` a request's length is known), so this class builds the same steps; what
+changes is *when* a step is built: a request that reaches the engine core while step N runs joins step N+2, not
+N+1. That timing lives in :func:`mla_lab.serving.simulate.simulate`; the flag is carried here because it is an
+engine setting. Not modelled under async: blocks of a request finishing in step N are freed one step later
+(matters only under KV pressure).
+
 Not modelled: prefix caching (off, as in the PR's benchmark: ``--no-enable-prefix-caching``), preemption,
-speculative decoding, async scheduling (it overlaps CPU scheduling with the GPU step but schedules the same
-tokens), the admission watermark and ``full_sequence_must_fit`` gate of newer ``allocate_slots``, priority
+speculative decoding, the admission watermark and ``full_sequence_must_fit`` gate of newer ``allocate_slots``, priority
 scheduling, ``max_model_len`` checks.
 
 ``block_size`` defaults to 16, vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE`` (``vllm/config/cache.py`` @ 002f10e0);
@@ -72,7 +83,10 @@ class SchedulerConfig:
     - ``long_prefill_token_threshold``: cap on one request's prefill tokens per step, 0 = off (vLLM's meaning);
     - ``kv_admission``: ``"reserve"`` or ``"lazy"`` (module docstring);
     - ``enforce_eager``: no CUDA graphs (``--enforce-eager``);
-    - ``max_cudagraph_capture_size``: largest capture size, None = vLLM's ``min(2 * max_num_seqs, 512)``.
+    - ``max_cudagraph_capture_size``: largest capture size, None = vLLM's ``min(2 * max_num_seqs, 512)``;
+    - ``async_scheduling``: vLLM's ``--async-scheduling`` (module docstring). vLLM's default is on; the default
+      here is off so that runs with arrivals spread over time (finite ``request_rate``) keep the lab's earlier
+      numbers; with every request at t = 0 the two give the same run.
 
     Raises:
         ValueError: one line naming the field, its value and what is allowed (also for
@@ -87,6 +101,7 @@ class SchedulerConfig:
     kv_admission: str = "reserve"
     enforce_eager: bool = False
     max_cudagraph_capture_size: int | None = None
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         check_int("max_num_batched_tokens", self.max_num_batched_tokens)
@@ -100,6 +115,7 @@ class SchedulerConfig:
         check_option("kv_admission", self.kv_admission, KV_ADMISSIONS)
         check_bool("enforce_eager", self.enforce_eager)
         check_int_or_none("max_cudagraph_capture_size", self.max_cudagraph_capture_size)
+        check_bool("async_scheduling", self.async_scheduling)
 
     @property
     def num_blocks(self) -> int:
