@@ -1,6 +1,7 @@
 """Calibrate and validate the per-rank layer model (:mod:`mla_lab.model`) on a GPU.
 
-The command line over :mod:`mla_lab.measure.layer` (the runner, its Triton kernels and the loops),
+The command line over :mod:`mla_lab.measure.layer` (the layer), :mod:`mla_lab.measure.layer_runs` (the loops),
+:mod:`mla_lab.measure.triton_ops` (its Triton kernels),
 :mod:`mla_lab.measure.layer_experiments` (the extras) and :mod:`mla_lab.measure.validate` (the fit). What it
 measures (:func:`mla_lab.measure.timer.median_ms`: ``triton.testing.do_bench(..., return_mode="median")``, warm-up,
 L2 flushed before every repetition, CUDA events; random bf16 weights and inputs scaled 1/sqrt(K), never zeros):
@@ -9,18 +10,21 @@ L2 flushed before every repetition, CUDA events; random bf16 weights and inputs 
    shape, for each model x TP x T (and the MoE ops again under expert parallelism, ep = tp), each unique shape once
    (implementations: :mod:`mla_lab.measure.layer`), and fp8 GEMMs (``torch._scaled_mm``, per-tensor scales) at the
    first model's TP8 shapes.
-2. ``layer_e2e.csv``: the synthetic per-rank layer end to end, per strategy — unfused = concat into an H-head
-   buffer + ``new_zeros`` pad + copy + kernel + ``out[:, :H]`` (a view, as vLLM) ; fused = concat into the padded
-   workspace + kernel + the same view — for the MoE layer (TP-sharded experts; EP at the largest tp) and the dense
-   layer. No communication (one GPU); the model's prediction for these rows leaves comm and modelled-only ops out.
-   ``mode``: ``eager``; ``graph`` (CUDA-graph replay, T <= 4096); ``paired`` (``--pairs N``: the two strategies
-   timed alternately N times, drift cancelled; the median paired difference goes to ``layer_extras.csv``). The
-   fused workspace's padded heads hold zeros (``--fused-pad-fill``; the first H200 run, before this option, had
-   random values there while the unfused pad tensor is zeros).
+2. ``layer_e2e.csv``: the synthetic per-rank layer end to end, per strategy (``--strategies``, default
+   ``per_call_zeros,private_workspace``: what the first version's rows call ``unfused`` / ``fused``) —
+   ``per_call_zeros`` = concat into an H-head buffer + ``new_zeros`` pad + copy + kernel + ``out[:, :H]`` (a view,
+   as vLLM); ``private_workspace`` = concat into the padded workspace + kernel + the same view; ``per_call_empty``
+   takes its pad from a block holding its content — for the MoE layer (TP-sharded experts; EP at the largest tp)
+   and the dense layer. No communication (one GPU); the model's prediction for these rows leaves comm and
+   modelled-only ops out. ``mode``: ``eager``; ``graph`` (CUDA-graph replay, T <= 4096); ``paired`` (``--pairs
+   N``: the first two strategies timed alternately N times, drift cancelled; the median paired difference goes to
+   ``layer_extras.csv``). The private workspace's padded heads hold zeros (``--workspace-content``; the first H200
+   run, before this option, had stale N(0, 1) values there while the per-call pad is zeros); every row records
+   its ``strategy`` and ``content``.
 3. ``layer_extras.csv``: the Triton kernels' correctness checks; copy and matmul ceilings; whether the W_UV bmm
    copies the ``[:, :H]`` slice; peak memory per strategy against :func:`mla_lab.buffers.memory_account`; the
    sparse kernel with causal ``topk_length`` (the seed step: 16 prompts x 1024 tokens; one 4096-token prompt); the
-   kernel with the padded heads zero / random / NaN (:mod:`mla_lab.measure.layer_experiments`).
+   kernel with the padded heads zeros / stale / NaN (:mod:`mla_lab.measure.layer_experiments`).
 4. ``h200_ops.csv``: the efficiencies fitted by :func:`mla_lab.model.calibration.fit_calibration`, and
    ``layer_validation.csv``: predicted vs measured per op and per layer, in-sample and leave-one-model-out
    (:func:`mla_lab.measure.validate.fit_and_validate`).
@@ -42,29 +46,9 @@ import sys
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 DRY_RUN_OUT = Path("/tmp/bench_layer_dry")
-
-#: Names other scripts take from this one (``benchmarks/bench_decode.py``: ``import bench_layer``), resolved on first
-#: access. Lazily, because :mod:`mla_lab.measure.layer` imports triton (through :mod:`mla_lab.kernels`), and a CPU
-#: run must set ``TRITON_INTERPRET=1`` before triton is imported. ``cuda_graphed`` is
-#: :func:`mla_lab.measure.timer.graphed` under its old name.
-_REEXPORTS = {"Layer": ("mla_lab.measure.layer", "Layer"), "tiny_model": ("mla_lab.measure.layer", "tiny_model"),
-              "rmsnorm": ("mla_lab.measure.layer", "rmsnorm"), "silu_mul": ("mla_lab.measure.layer", "silu_mul"),
-              "mqa_logits": ("mla_lab.measure.layer", "mqa_logits"),
-              "cuda_graphed": ("mla_lab.measure.timer", "graphed")}
-
-
-def __getattr__(name):
-    if name not in _REEXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    module_name, attribute = _REEXPORTS[name]
-    return getattr(importlib.import_module(module_name), attribute)
+#: ``--fused-pad-fill`` (the first version's flag) -> ``--workspace-content``.
+_LEGACY_PAD_FILL = {"zero": "zeros", "random": "stale"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -80,10 +64,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--fit-only", default=None, help="refit from the CSVs in this dir (writes the validation there)")
     ap.add_argument("--cal-out", default=None, help="with --fit-only: where to write h200_ops.csv (default: the dir)")
     ap.add_argument("--skip-e2e", action="store_true")
-    ap.add_argument("--fused-pad-fill", choices=("zero", "random"), default="zero",
-                    help="padded heads of the fused workspace (the first H200 run used random)")
+    ap.add_argument("--workspace-content", choices=("zeros", "stale"), default=None,
+                    help="padded heads of the private workspace (default zeros; the first H200 run had stale)")
+    ap.add_argument("--fused-pad-fill", choices=tuple(_LEGACY_PAD_FILL), default=None,
+                    help="the first version's name of --workspace-content (zero = zeros, random = stale)")
+    ap.add_argument("--strategies", default="per_call_zeros,private_workspace",
+                    help="layer strategies (mla_lab.placement names; placements per_call_zeros, per_call_empty, "
+                         "private_workspace)")
     ap.add_argument("--pairs", type=int, default=0,
-                    help="interleaved unfused/fused e2e pairs per config (0: off; the first H200 run had none)")
+                    help="interleaved e2e pairs of the first two strategies per config (0: off; the first H200 run "
+                         "had none)")
     ap.add_argument("--no-flash-mla", action="store_true", help="do not import flash_mla (kernel op skipped)")
     return ap
 
@@ -91,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
+    if args.fused_pad_fill and args.workspace_content and _LEGACY_PAD_FILL[args.fused_pad_fill] != args.workspace_content:
+        ap.error(f"--fused-pad-fill {args.fused_pad_fill} contradicts --workspace-content {args.workspace_content}")
+    content = args.workspace_content or _LEGACY_PAD_FILL.get(args.fused_pad_fill, "zeros")
     if args.dry_run:  # before triton is imported (by mla_lab.measure.layer, through mla_lab.kernels)
         if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1":
             raise SystemExit("--dry-run: triton was imported before TRITON_INTERPRET=1 could be set; run this script "
@@ -103,20 +96,22 @@ def main(argv=None) -> int:
         OPS_CSV,
         KernelCheckError,
         MeasureSettings,
-        RunLog,
-        open_sinks,
-        read_rows,
+        layer_strategies,
         run_kernel_checks,
-        run_layer_benchmark,
         select_implementations,
         tiny_model,
     )
     from mla_lab.measure.layer_experiments import fp8_gemm_rows, run_extras
+    from mla_lab.measure.layer_runs import RunLog, open_sinks, read_rows, run_layer_benchmark
     from mla_lab.measure.validate import fit_and_validate
     from mla_lab.models import load_model
     from mla_lab.paths import data_dir
     from mla_lab.provenance import PROVENANCE_COLUMNS, provenance
 
+    try:
+        strategies = layer_strategies([s for s in args.strategies.split(",") if s])
+    except ValueError as e:
+        ap.error(f"--strategies {args.strategies}: {e}")
     log = RunLog()
     arch = get_arch("h200")
     if args.fit_only:
@@ -133,7 +128,7 @@ def main(argv=None) -> int:
         ap.error("no CUDA GPU: use --dry-run on CPU (or --fit-only DIR)")
     settings = MeasureSettings(device="cuda" if gpu else "cpu", dtype=torch.bfloat16 if gpu else torch.float32,
                                interpret=not gpu, warmup_ms=args.warmup, rep_ms=args.rep,
-                               deadline=log.start + args.budget_s, pad_fill=args.fused_pad_fill)
+                               deadline=log.start + args.budget_s, content=content)
     out = Path(args.out) if args.out else (DRY_RUN_OUT if args.dry_run else data_dir())
     measured_provenance = provenance("measured")
     log(f"device={measured_provenance['device']} torch={measured_provenance['torch']} triton={measured_provenance['triton']} flash_mla={measured_provenance['flash_mla']} "
@@ -167,7 +162,7 @@ def main(argv=None) -> int:
         except Exception as e:
             log(f"fp8 gemms failed: {type(e).__name__}: {e}")
     run_layer_benchmark(models, tps, tokens, arch, settings, implementations, sinks, log, pairs=args.pairs,
-                        skip_e2e=args.skip_e2e)
+                        skip_e2e=args.skip_e2e, strategies=strategies)
     log(f"measuring done at {log.elapsed():.0f}s")
     try:
         fit_and_validate(out, arch, {**provenance("measured"), "fit_commit": measured_provenance["git_commit"]}, dict(models),

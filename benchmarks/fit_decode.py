@@ -98,7 +98,7 @@ def op_rows(ops_df) -> list[dict]:
         strat = measured_as(r.strategy or "fused")
         m = _model(r.model)
         ops = {op.name: op for op in layer_ops(m, TP, H200, strat, decode_ws(int(r.batch), int(r.context)),
-                                               layer_kind="moe", moe_parallel="ep", ep_size=EP)}
+                                               layer_kind="moe", weight_dtype="bf16", moe_parallel="ep", ep_size=EP)}
         op = ops[OP_NAMES.get(r.op, r.op)]
         rows.append({"model": r.model, "B": int(r.batch), "c": int(r.context), "op": op.name, "measured_op": r.op,
                      "cls": op.op_class, "obj": op, "us": float(r.ms) * 1e3})
@@ -294,8 +294,8 @@ def prefill_crosscheck(cal, dcal, path) -> dict:
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
     for r in rows:
         excl = set((r.get("excluded_ops") or "").split(";"))
-        ops = [op for op in layer_ops(_model(r["model"]), int(r["tp"]), H200, r["strategy"], int(r["T"]),
-                                      layer_kind=r["layer_kind"], moe_parallel=r["moe_parallel"],
+        ops = [op for op in layer_ops(_model(r["model"]), int(r["tp"]), H200, measured_as(r["strategy"]), int(r["T"]),
+                                      layer_kind=r["layer_kind"], weight_dtype="bf16", moe_parallel=r["moe_parallel"],
                                       ep_size=int(r["ep"])) if op.impl and not op.is_comm and op.name not in excl]
         old = sum(op_time_ms(op, H200, cal) for op in ops)
         new = sum(op_time_ms(op, H200, g) for op in ops)

@@ -1,4 +1,5 @@
-"""The layer runner (:mod:`mla_lab.measure.layer`) on CPU: a tiny model, float32, the Triton interpreter, the torch
+"""The layer runner (:mod:`mla_lab.measure.layer`, its runs :mod:`mla_lab.measure.layer_runs`, the Triton stand-ins
+:mod:`mla_lab.measure.triton_ops`) on CPU: a tiny model, float32, the Triton interpreter, the torch
 reference sparse kernel. Timings on CPU mean nothing; what is checked is that the Triton kernels compute what torch
 computes, that every op the runner times runs at the shape the cost model gives it, that the fused and unfused
 layers give the same output, that the measurement loops write the rows the GPU run writes (positive ms), and that
@@ -25,7 +26,9 @@ import pytest
 import torch
 
 from mla_lab.arch import get_arch
-from mla_lab.measure.layer import CALIBRATION_CSV, OPS_CSV, VALIDATION_CSV, moe_variants, ops_to_time, tiny_model
+from mla_lab.measure.layer import CALIBRATION_CSV, LAYER_STRATEGIES, OPS_CSV, VALIDATION_CSV, tiny_model
+from mla_lab.measure.layer_runs import moe_variants, ops_to_time
+from mla_lab.placement import parse_strategy
 
 T = 8
 TP = 2
@@ -37,21 +40,9 @@ def _worker(out_path: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     import tempfile
 
-    from mla_lab.measure.layer import (
-        Layer,
-        MeasureSettings,
-        RowList,
-        check_kernels,
-        measure_ops,
-        mqa_logits,
-        open_sinks,
-        paired_timing,
-        rmsnorm,
-        run_kernel_checks,
-        run_layer_benchmark,
-        select_implementations,
-        silu_mul,
-    )
+    from mla_lab.measure.layer import Layer, MeasureSettings, run_kernel_checks, select_implementations
+    from mla_lab.measure.layer_runs import RowList, measure_ops, open_sinks, paired_timing, run_layer_benchmark
+    from mla_lab.measure.triton_ops import check_kernels, mqa_logits, rmsnorm, silu_mul
     from mla_lab.measure.validate import fit_and_validate
 
     arch = get_arch("h200")
@@ -101,18 +92,25 @@ def _worker(out_path: str) -> None:
             shapes[(variant, name, concat_strategy)] = None if result is None else tuple(result.shape)
     res["op_shapes"] = shapes
 
-    # the whole layer per kind and strategy, same random inputs for both strategies; fused workspace padded with
-    # zeros (default) and with random values
+    # the whole layer per kind and strategy, same random inputs for every strategy; the private workspace padded
+    # with zeros (default) and with stale (N(0, 1)) values; per_call_empty's pad block holds its own content
     outputs = {}
-    for pad_fill in ("zero", "random"):
+    e2e_strategies = [*LAYER_STRATEGIES, parse_strategy("per_call_empty:stale")]
+    for content in ("zeros", "stale"):
         torch.manual_seed(7)
         padded = Layer(model, TP, arch, "cpu", torch.float32, T, implementations.kernel, implementations.concat, True,
-                       moe_variants(TP), pad_fill=pad_fill)
+                       moe_variants(TP), content=content)
         for kind, variant in (("dense", ("tp", 1)), ("moe", ("tp", 1)), ("moe", ("ep", TP))):
-            for strategy in ("unfused", "fused"):
+            for strategy in e2e_strategies:
                 torch.manual_seed(11)
                 fn, excluded = padded.e2e(T, strategy, kind, variant)
-                outputs[(pad_fill, kind, variant, strategy)] = (fn(), excluded)
+                outputs[(content, kind, variant, strategy.name)] = (fn(), excluded)
+    res["e2e_contents"] = {s.name: padded.content_of(s) for s in e2e_strategies}
+    try:
+        padded.e2e(T, "fused", "dense", ("tp", 1))
+        res["e2e_refuses_names"] = ""
+    except ValueError as e:
+        res["e2e_refuses_names"] = str(e)
     res["e2e"] = outputs
     res["padded_heads_fused"] = (padded.workspace_fused[:, padded.H:].abs().sum().item(), padded.H, padded.Hp)
 
@@ -206,8 +204,8 @@ def test_runner_runs_every_op_at_its_modelled_shape(worker_results):
         for (name, concat_strategy), op in ops_to_time(model, TP, arch, T, variant).items():
             key = (variant, name, concat_strategy)
             expected_keys.add(key)
-            if op.impl == "attn_concat":  # the buffer it wrote: H heads unfused, H' (padded) fused
-                heads = op.dims["H"] if concat_strategy == "unfused" else op.dims["Hp"]
+            if op.impl == "attn_concat":  # the buffer it wrote: H heads for a per-call pad, H' (padded) workspace
+                heads = op.dims["H"] if concat_strategy.per_call_pad else op.dims["Hp"]
                 assert shapes[key] == (T, heads, 576), key
             else:
                 assert shapes[key] == _expected_shape(op, T), (key, op.dims)
@@ -216,20 +214,35 @@ def test_runner_runs_every_op_at_its_modelled_shape(worker_results):
     assert worker_results["implementations"] == ("reference (CPU dry run)", "torch two copy_ (mla_lab.kernels.reference)")
 
 
-def test_fused_and_unfused_layers_give_the_same_output(worker_results):
+def test_every_strategy_gives_the_same_layer_output(worker_results):
     outputs = worker_results["e2e"]
     model = tiny_model()
-    for pad_fill in ("zero", "random"):  # what the fused workspace's padded heads hold never reaches the output
-        unfused, excluded = outputs[(pad_fill, "dense", ("tp", 1), "unfused")]
-        fused, _ = outputs[(pad_fill, "dense", ("tp", 1), "fused")]
-        assert unfused.shape == (T, model.hidden_size) and unfused.dtype == torch.float32
-        assert excluded == [] and unfused.abs().max() > 0 and not unfused.isnan().any()
-        assert torch.equal(unfused, fused)
+    for content in ("zeros", "stale"):  # what the padded heads hold never reaches the output
+        pad, excluded = outputs[(content, "dense", ("tp", 1), "per_call_zeros")]
+        assert pad.shape == (T, model.hidden_size) and pad.dtype == torch.float32
+        assert excluded == [] and pad.abs().max() > 0 and not pad.isnan().any()
+        for name in ("private_workspace", "per_call_empty:stale"):
+            assert torch.equal(pad, outputs[(content, "dense", ("tp", 1), name)][0]), name
         for variant in (("tp", 1), ("ep", TP)):
-            out, _ = outputs[(pad_fill, "moe", variant, "fused")]
+            out, _ = outputs[(content, "moe", variant, "private_workspace")]
             assert out.shape == (T, model.hidden_size) and not out.isnan().any()
     total, H, Hp = worker_results["padded_heads_fused"]
-    assert (H, Hp) == (8, 64) and total > 0  # the last layer built had random padded heads
+    assert (H, Hp) == (8, 64) and total > 0  # the last layer built had stale padded heads
+    assert worker_results["e2e_contents"] == {"per_call_zeros": "zeros", "private_workspace": "stale",
+                                              "per_call_empty:stale": "stale"}
+    assert "must be a mla_lab.placement.Strategy" in worker_results["e2e_refuses_names"]
+
+
+def test_layer_strategies_parse_names_at_the_door():
+    from mla_lab.measure.layer import layer_strategies
+
+    assert [s.name for s in layer_strategies(["unfused", "private_workspace", "per_call_zeros"])] == [
+        "per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "per_call_zeros"]
+    assert layer_strategies(LAYER_STRATEGIES) == LAYER_STRATEGIES
+    with pytest.raises(ValueError, match=r"strategy='shared_workspace:none': the layer runs placements"):
+        layer_strategies(["vllm-56902"])
+    with pytest.raises(ValueError, match="strategy='nope' is not known"):
+        layer_strategies(["nope"])
 
 
 def test_layer_benchmark_rows(worker_results):
@@ -242,13 +255,16 @@ def test_layer_benchmark_rows(worker_results):
     concat = [r for r in ops if r["op"] == "concat"]
     assert sorted(r["impl_detail"].rsplit(" into ", 1)[1] for r in concat) == ["H-head buffer", "padded workspace"]
     # eager (no CUDA graphs on CPU) and paired, per kind and strategy; EP at the largest (only) TP
-    modes = {(r["layer_kind"], r["moe_parallel"], r["strategy"], r["mode"]) for r in e2e}
-    assert modes == {(k, p, s, m) for k, p in (("moe", "tp"), ("dense", "tp"), ("moe", "ep"))
-                     for s in ("unfused", "fused") for m in ("eager", "paired")}
+    modes = {(r["layer_kind"], r["moe_parallel"], r["strategy"], r["content"], r["mode"]) for r in e2e}
+    assert modes == {(k, p, s, "zeros", m) for k, p in (("moe", "tp"), ("dense", "tp"), ("moe", "ep"))
+                     for s in ("per_call_zeros", "private_workspace") for m in ("eager", "paired")}
+    assert {r["content"] for r in ops if r["impl"] == "attn_kernel"} == {"zeros"}
+    assert {r["content"] for r in ops if r["impl"] != "attn_kernel"} == {""}
     assert len(e2e) == 12 and all(r["status"] == "ok" and float(r["ms"]) > 0 for r in e2e)
     deltas = [r for r in extras if r["experiment"] == "e2e_paired_delta"]
     assert sorted(r["name"] for r in deltas) == ["dense_tp", "moe_ep", "moe_tp"]
     assert all(r["note"] == "1 interleaved pairs" and r["H"] == "8" and r["Hp"] == "64" for r in deltas)
+    assert all(r["unit"] == "ms: median(per_call_zeros - private_workspace); value: IQR" for r in deltas)
     # each unique shape once (post_attn_norm has input_norm's shape), nothing past the deadline
     assert worker_results["measure_ops_passes"] == [29, 0] and worker_results["deadline_rows"] == 0
     a_ms, b_ms, difference_ms, iqr_ms = worker_results["paired"]
@@ -285,10 +301,23 @@ def test_fit_reproduces_the_committed_validation(tmp_path):
         with open(path, newline="") as f:
             return [[r[c] for c in columns] for r in csv.DictReader(f)]
 
+    def same(got_rows, want_rows):
+        """Row for row: text cells equal, numeric cells within 1e-9 relative (a refit may differ in the 16th
+        digit: float sums in another order)."""
+        assert len(got_rows) == len(want_rows)
+        for g_row, w_row in zip(got_rows, want_rows):
+            for g, w in zip(g_row, w_row):
+                try:
+                    gf, wf = float(g), float(w)
+                except ValueError:
+                    assert g == w, (g_row, w_row)
+                    continue
+                assert gf == pytest.approx(wf, rel=1e-9, abs=1e-12, nan_ok=True), (g_row, w_row)
+
     got = rows(tmp_path / VALIDATION_CSV, VALIDATION_COLUMNS)
-    assert got == rows(measured / VALIDATION_CSV, VALIDATION_COLUMNS)
+    same(got, rows(measured / VALIDATION_CSV, VALIDATION_COLUMNS))
     fit_columns = ["kind", "op_class", "eff_flops", "eff_bytes", "floor_us", "overhead_mode", "n", "mape_pct"]
-    assert rows(tmp_path / CALIBRATION_CSV, fit_columns) == rows(DATA / "calibration" / CALIBRATION_CSV, fit_columns)
+    same(rows(tmp_path / CALIBRATION_CSV, fit_columns), rows(DATA / "calibration" / CALIBRATION_CSV, fit_columns))
     summary = mape_summary([dict(zip(VALIDATION_COLUMNS, r), ape_pct=float(r[-1])) for r in got])
     n, mape, _ = summary[("layer", "in_sample", "layer")]
     assert n >= 100 and mape <= 10.0  # the issue's 10 % target for the layer

@@ -35,9 +35,8 @@ from ..arch import GPUArch
 from ..buffers import MIB, memory_account, padded_num_heads
 from ..model.ops import layer_ops
 from ..models import ModelConfig
-from ..placement import measured_as
 from ..workload import sum_topk_lengths
-from .layer import Implementations, MeasureSettings
+from .layer import LAYER_STRATEGIES, Implementations, MeasureSettings
 
 __all__ = ["ceilings", "w_uv_slice", "peak_memory", "causal_kernel", "pad_values", "run_extras", "fp8_gemm_rows"]
 
@@ -138,7 +137,7 @@ def peak_memory(settings: MeasureSettings, implementations: Implementations, mod
         T = max_T
         if not settings.gpu or kernel is None:
             continue
-        for strategy in ("unfused", "fused"):
+        for strategy in LAYER_STRATEGIES:  # per_call_zeros (a new_zeros pad per call), private_workspace
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             ql_nope = torch.randn(T, H, 512, device=device, dtype=dtype)
@@ -148,7 +147,7 @@ def peak_memory(settings: MeasureSettings, implementations: Implementations, mod
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            if strategy == "unfused":
+            if strategy.per_call_pad:
                 workspace = torch.empty(max_T, H, 576, device=device, dtype=dtype)
                 concat(ql_nope, q_pe, workspace[:T])
                 qk = workspace[:T].new_zeros((T, Hp, 576))
@@ -163,9 +162,9 @@ def peak_memory(settings: MeasureSettings, implementations: Implementations, mod
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - base
             persistent = torch.cuda.memory_allocated() - base
-            account = memory_account(measured_as(strategy), H, max_T, arch, "bf16", T)
+            account = memory_account(strategy.name, H, max_T, arch, "bf16", T)
             yield {"experiment": "peak_memory", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
-                   "name": strategy, "value": peak, "bytes": account.peak_bytes,
+                   "name": strategy.name, "content": "zeros", "value": peak, "bytes": account.peak_bytes,
                    "unit": "bytes (measured peak above baseline; 'bytes' = memory_account peak_bytes)",
                    "note": f"held after step {persistent} B ({persistent / MIB:.1f} MiB); "
                            f"account persistent {account.persistent_bytes / MIB:.1f} MiB transient "
@@ -212,14 +211,15 @@ def causal_kernel(settings: MeasureSettings, implementations: Implementations,
                 q, kv, indices, 1.0 / 16, topk_length=topk_length))
             yield {"experiment": "kernel_topk_length", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
                    "name": name, "ms": ms, "flops": 2 * sum_topk * Hp * (576 + 512), "value": sum_topk,
-                   "unit": "sum(topk_length)"}
+                   "unit": "sum(topk_length)", "content": "stale"}  # q all N(0, 1), padded heads too
             del q, kv, indices
 
 
 def pad_values(settings: MeasureSettings, implementations: Implementations, models: list[tuple[str, ModelConfig]],
                arch: GPUArch, max_T: int) -> Iterator[dict]:
     """Does the sparse kernel's time depend on what the padded heads hold? First model, tp 8 (CPU: 2), T 4096 and
-    ``max_T`` (CPU: ``max_T``): the same random real heads with the padded heads ``random``, ``zero``, ``nan``.
+    ``max_T`` (CPU: ``max_T``): the same random real heads with the padded heads ``stale`` (N(0, 1)), ``zeros``,
+    ``nan`` (rows before the shared vocabulary named the first two ``random`` / ``zero``).
     Nothing without a kernel."""
     device, dtype, kernel = settings.device, settings.dtype, implementations.kernel
     if kernel is None:
@@ -232,15 +232,17 @@ def pad_values(settings: MeasureSettings, implementations: Implementations, mode
         kv = torch.randn(max(T, 2 * model.topk), 1, 576, device=device, dtype=dtype)
         indices = torch.randint(0, kv.shape[0], (T, 1, model.topk), device=device, dtype=torch.int32)
         base = torch.randn(T, Hp, 576, device=device, dtype=dtype)
-        for fill in ("random", "zero", "nan"):
+        for fill in ("stale", "zeros", "nan"):
             q = base.clone()
-            if fill == "zero":
+            if fill == "zeros":
                 q[:, H:].zero_()
             elif fill == "nan":
                 q[:, H:] = float("nan")
             ms = settings.median_ms(lambda q=q, kv=kv, indices=indices: kernel(q, kv, indices, 1.0 / 16))
             yield {"experiment": "kernel_pad_values", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
-                   "name": fill, "ms": ms, "note": "padded heads H..H'-1 filled with this; real heads random"}
+                   "name": fill, "ms": ms, "content": fill if fill != "nan" else "",
+                   "note": "padded heads H..H'-1 filled with this (stale: N(0, 1); nan: a poison check, no "
+                           "content); real heads random"}
 
 
 def run_extras(sink, settings: MeasureSettings, implementations: Implementations,
@@ -278,7 +280,7 @@ def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, 
     device = settings.device
     seen = set()
     for T in tokens:
-        for op in layer_ops(model, 8, arch, "fused", T, weight_dtype="fp8", moe_parallel="ep"):
+        for op in layer_ops(model, 8, arch, "private_workspace", T, weight_dtype="fp8", moe_parallel="ep"):
             if op.op_class != "gemm_fp8" or settings.out_of_time():
                 continue
             dims = op.dims
@@ -301,4 +303,4 @@ def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, 
             yield {"model": model.name, "tp": 8, "moe_parallel": "ep", "ep": 8, "T": T, "op": op.name,
                    "op_class": "gemm_fp8", "impl": "scaled_mm", "impl_detail": "torch._scaled_mm per-tensor",
                    "dims": op.to_dict()["dims"], "dtype": "fp8", "flops": op.flops, "bytes": op.bytes,
-                   "ms": ms, "status": status}
+                   "ms": ms, "content": "", "status": status}

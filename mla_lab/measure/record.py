@@ -3,11 +3,11 @@
 - :func:`bench_provenance` — the provenance columns of a benchmark row (GPU, driver, CUDA, torch, triton, the
   FlashMLA provider, commit, date).
 - :class:`CsvSink` — rows appended to a CSV as they are measured (fixed columns, provenance on every row), so a
-  benchmark cut short by its deadline keeps what it had.
+  benchmark cut short by its deadline keeps what it had (the package's one sink: the layer runs use it too).
 - :class:`NvmlSampler` — a background thread reading the SM clock (MHz), board power (W), temperature and the
   clock-event reasons every ``period`` s; :meth:`NvmlSampler.window` gives medians over a timed window.
 
-Used by ``benchmarks/bench_engines.py`` and ``benchmarks/bench_decode.py``.
+Used by :mod:`.layer_runs`, ``benchmarks/bench_engines.py``, ``benchmarks/bench_decode.py`` and ``benchmarks/tp_block.py``.
 """
 
 from __future__ import annotations
@@ -60,20 +60,34 @@ def bench_provenance(kern_info: dict) -> dict:
 
 
 class CsvSink:
-    """Append rows to a CSV as they come (fixed columns + provenance)."""
+    """Append rows to a CSV as they come: fixed columns, then the provenance columns not among them, provenance
+    values on every row; a column a row leaves out is written empty. The one sink of the package (the layer runs,
+    ``benchmarks/*.py``).
 
-    def __init__(self, path, cols, prov):
-        self.path, self.prov, self.n = Path(path), prov, 0
-        self.cols = list(cols) + [c for c in prov if c not in cols]
+    The file is created (header only) at construction, replacing an older one (callers check that they wrote it:
+    ``benchmarks/tp_block.py`` writes to ``.partial`` files first); ``n`` counts rows written.
+
+    Args:
+        path: the CSV file; columns: its measurement columns, in order; provenance: ``{column: value}`` added to
+            every row (:func:`bench_provenance`, :func:`mla_lab.provenance.provenance`).
+
+    Raises:
+        ValueError: (``write``) a row with a column that is not in the file's header (names them).
+    """
+
+    def __init__(self, path: str | Path, columns, provenance: dict):
+        self.path, self.provenance, self.n = Path(path), dict(provenance), 0
+        self.columns = list(columns) + [c for c in self.provenance if c not in columns]
         with open(self.path, "w", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.cols).writeheader()
+            csv.DictWriter(f, fieldnames=self.columns).writeheader()
 
-    def write(self, row):
-        bad = set(row) - set(self.cols)
+    def write(self, row: dict) -> None:
+        bad = set(row) - set(self.columns)
         if bad:
-            raise KeyError(f"unknown columns {sorted(bad)} for {self.path.name}")
+            raise ValueError(f"row has columns {sorted(bad)} not in {self.path.name}'s header; allowed: "
+                             f"{self.columns}")
         with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.cols).writerow({**row, **self.prov})
+            csv.DictWriter(f, fieldnames=self.columns).writerow({**row, **self.provenance})
         self.n += 1
 
 

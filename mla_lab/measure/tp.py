@@ -7,37 +7,14 @@ experts). This module runs the blocks really sharded, one process per GPU, and t
 World sizes 2, 4, 8 (any ``tp`` dividing the shapes): rank ``r`` runs on GPU ``r`` (``cuda:r``), so a TP=4 run on an
 8-GPU machine uses GPUs 0-3; the sim run uses GPU 0.
 
-Blocks (:data:`BLOCKS`), per rank, for one causal prompt of ``T`` tokens:
-
-- ``attention``: rank ``r`` holds heads ``[r H, (r+1) H)`` with ``H = num_attention_heads / tp`` (their
-  ``ql_nope``/``q_pe``, their ``W_UV`` slice and their input columns of ``o_proj``); the latent KV cache, indices
-  and ``topk_length`` replicated (same seed on every rank). Per rank: the attention path of a strategy (any of
-  :data:`mla_lab.strategies.REAL_STRATEGIES`, a preset of :data:`mla_lab.placement.PRESETS` but ``kernel-native``
-  (expanded into its members), ``subchunk:<S>``, or the aliases ``unfused`` = ``per_call_empty:zeros`` and
-  ``fused`` = ``private_workspace``; ``per_call_empty`` takes its pad from one block filled once,
-  ``reuse_pad_block=True`` as in :mod:`mla_lab.measure.attention`, so the timed path holds only what the engine
-  runs), then ``W_UV`` (``bmm [H, T, 512] x [H, 512, v_head_dim]``), then the
-  row-parallel ``o_proj`` (``[T, H v_head_dim] x [H v_head_dim, hidden]``), then one all-reduce (sum) of the
-  ``[T, hidden]`` bf16 output, as vLLM's ``RowParallelLinear`` does.
-- ``moe``: vLLM TP + EP with DP = 1 (``--enable-expert-parallel``, ``ep = tp``): every rank sees all ``T`` tokens
-  (``x [T, hidden]`` bf16, replicated); the router (``[n_routed_experts, hidden]`` bf16, replicated: same weights,
-  same seed) gives logits ``[T, E]``, scored with a sigmoid in fp32 and routed top-``num_experts_per_tok`` with the
-  selected scores renormalised (``scoring_func: sigmoid``, ``norm_topk_prob: true`` in the DeepSeek-V3 / GLM-5
-  ``config.json``; the grouped top-k limit and the scalar ``routed_scaling_factor`` are left out: neither changes
-  the work). Rank ``r`` holds whole experts ``[r E/ep, (r+1) E/ep)`` (``w13 [E/ep, 2 I, hidden]``, ``w2 [E/ep,
-  hidden, I]``, ``I = moe_intermediate_size``) and computes the contributions of the token-expert pairs routed to
-  them: gate_up GEMM, SiLU * mul, down GEMM, weighted by the router weight, summed per token (fp32, then bf16);
-  the shared experts are TP-sharded over the intermediate dim (``n_shared_experts I / tp`` per rank, gate and up
-  halves sharded alike, as vLLM's ``MergedColumnParallelLinear``; ``down`` row-parallel); routed + shared are
-  summed and ONE all-reduce (sum) of the ``[T, hidden]`` bf16 output follows. The per-rank op list is
-  :data:`MOE_OPS`, the ops :func:`mla_lab.model.ops.layer_ops` prices for a MoE layer under ``moe_parallel="ep"``
-  (``ep_comm="all_reduce"``). Because the routing comes from the replicated router, the sum over ranks equals the
-  unsharded MoE (``tests/test_tp_check.py``). The routed GEMMs are a loop of per-expert ``F.linear`` calls over
-  the tokens routed to each local expert (one host sync per call for the counts), not vLLM's Triton ``fused_moe``:
-  the times are those of this torch implementation. Weights are bf16 (fp8 block-quantized experts, which the
-  released checkpoints ship, are not needed to check the sharding and are not run); per rank at GLM-5 /
-  DeepSeek-V3.2 shapes the experts take ``3 (E/ep) I hidden x 2`` bytes (GLM-5, ep 2: 9.7 GB; DeepSeek-V3.2, ep 2:
-  11.3 GB).
+Blocks (:data:`BLOCKS`; inputs, shapes and the per-rank forward: :mod:`mla_lab.measure.tp_blocks`): ``attention``
+(rank ``r``'s heads through the attention path of a :class:`mla_lab.placement.Strategy`, ``W_UV``, the row-parallel
+``o_proj`` and one all-reduce of the ``[T, hidden]`` bf16 output) and ``moe`` (vLLM TP + EP with DP = 1: the
+replicated router, this rank's whole experts and shared-expert shard, one all-reduce). Strategies are named at the
+door (:func:`resolve_strategies`: canonical names, presets, the aliases ``unfused`` = vLLM before PR #53878 and
+``fused`` = ``private_workspace``, as :func:`mla_lab.placement.expand` reads them everywhere) and travel below it
+as :class:`~mla_lab.placement.Strategy` objects; rows record the canonical ``strategy`` and the ``content`` of its
+padded heads (``zeros`` / ``stale``; empty for the moe block).
 
 Runs (:data:`RUNS`):
 
@@ -96,7 +73,6 @@ rank); it builds no sweep rows.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -108,18 +84,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from ..arch import get_arch
 from ..buffers import padded_num_heads
 from ..kernels import last_backend
 from ..model.calibration import Calibration, default_calibration
 from ..model.timing import comm_time_ms
-from ..models import load_model
-from ..placement import ALIASES, PRESETS, parse_strategy
+from ..placement import Strategy, expand
 from ..provenance import PROVENANCE_COLUMNS, provenance
-from ..strategies import REAL_STRATEGIES, make_strategy
+from ..strategies import PaddedQPath
 from .timer import cuda_ms
+from .tp_blocks import (
+    BF16_BYTES,
+    BLOCKS,
+    MOE_IMPLS,
+    MOE_OPS,
+    _check_moe_split,
+    _model,
+    _sm_scale,
+    block_forward,
+    make_block_inputs,
+    make_moe_inputs,
+    merge_shards,
+    moe_forward,
+    moe_routing,
+    resolve_moe_impl,
+    tiny_overrides,
+)
 
 __all__ = ["SAFE_ENV", "BLOCKS", "RUNS", "MOE_OPS", "BLOCK_COLUMNS", "ALLREDUCE_COLUMNS", "COMPARE_COLUMNS",
            "TPBenchmarkConfig", "TPBenchmarkResult", "make_block_inputs", "make_moe_inputs", "merge_shards",
@@ -129,21 +120,12 @@ __all__ = ["SAFE_ENV", "BLOCKS", "RUNS", "MOE_OPS", "BLOCK_COLUMNS", "ALLREDUCE_
 
 #: NVLink multicast off (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS): shared machines.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-BF16_BYTES = 2
 MIB = 2**20
-BLOCKS = ("attention", "moe")
 RUNS = ("tp", "sim")
-#: The per-rank ops of the moe block, in order: those :func:`mla_lab.model.ops.layer_ops` lists for a MoE layer
-#: after ``post_attn_norm`` under ``moe_parallel="ep"`` (``ep_comm="all_reduce"``, ``tp > 1``, shared experts).
-MOE_OPS = ("router", "router_topk", "moe_gate_up", "moe_act", "moe_down", "moe_combine", "shared_gate_up",
-           "shared_act", "shared_down", "moe_allreduce")
-
-#: Implementations of the moe block's routed-expert GEMMs (:func:`moe_forward`).
-MOE_IMPLS = ("auto", "grouped_mm", "loop")
 
 #: Columns of a block row (then :data:`COMPARE_COLUMNS`, then :data:`mla_lab.provenance.PROVENANCE_COLUMNS`).
 BLOCK_COLUMNS = [
-    "run", "rank", "world_size", "device_index", "dist_backend", "model", "tp", "T", "block", "strategy",
+    "run", "rank", "world_size", "device_index", "dist_backend", "model", "tp", "T", "block", "strategy", "content",
     "num_heads", "padded_heads", "hidden_size", "v_head_dim", "topk", "n_routed_experts", "experts_per_rank",
     "num_experts_per_tok", "moe_intermediate_size", "shared_intermediate_per_rank", "routed_pairs", "arch",
     "nvlink_gbps", "workspace_bytes", *SAFE_ENV, "warmup", "iters", "attn_ms", "compute_ms", "block_ms",
@@ -222,273 +204,6 @@ class TPBenchmarkResult:
     allreduce: object
 
 
-def tiny_overrides() -> dict:
-    """ModelConfig fields for a CPU dry run: 8 heads (2 per rank at TP=4, 4 at TP=2), hidden 64, v_head_dim 16,
-    topk 32 (the absorbed head size stays 576 = 512 + 64, as the kernels require); MoE: 8 routed experts (2 per rank
-    at EP=4), 2 per token, moe_intermediate_size 32, one shared expert (8 of its 32 per rank at TP=4)."""
-    return {"num_attention_heads": 8, "hidden_size": 64, "v_head_dim": 16, "index_topk": 32,
-            "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1}
-
-
-def _model(name: str, overrides: dict):
-    model = load_model(name)
-    return dataclasses.replace(model, **overrides) if overrides else model
-
-
-def _sm_scale(model) -> float:
-    return 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
-
-
-def _generators(seed: int, rank: int, device: str):
-    gs = torch.Generator(device=device).manual_seed(seed)
-    gr = torch.Generator(device=device).manual_seed(seed * 1_000_003 + 1 + rank)
-    return gs, gr
-
-
-def _randn(*shape, fan_in: int, generator, device) -> torch.Tensor:
-    """bf16 ``N(0, 1) / sqrt(fan_in)`` drawn in bf16 (no fp32 copy of large expert weights)."""
-    return torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=generator).div_(math.sqrt(fan_in))
-
-
-def make_block_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
-    """Inputs and weights of rank ``rank``'s share of one attention block (all bf16 but the int32 indices).
-
-    Replicated on every rank (generator seeded with ``seed``): ``kv [s_kv, 1, 576]`` (``s_kv = max(T, topk)``),
-    ``indices [T, 1, topk]`` (causal: token ``i`` draws among keys ``0..i``) and ``topk_length [T]``. Sharded
-    (generator seeded with ``seed``, ``rank``): ``ql_nope [T, H, 512]`` (head-major strides, like the transposed
-    W_UK bmm output in vLLM), ``q_pe [T, H, 64]`` (a slice of a ``[T, H, qk_nope + 64]`` tensor), ``w_uv [H, 512,
-    v_head_dim]`` and ``w_o [hidden, H v_head_dim]`` (``o_proj``'s input columns of these heads).
-    Concatenating the shards of ranks ``0..tp-1`` along heads gives the unsharded block's inputs
-    (:func:`merge_shards`).
-
-    Raises:
-        ValueError: ``tp`` does not divide ``num_attention_heads``.
-    """
-    H = model.heads_per_rank(tp)
-    topk = model.topk
-    gs, gr = _generators(seed, rank, device)
-    s_kv = max(T, topk)
-    kv = torch.randn(s_kv, 1, model.head_size, device=device, dtype=torch.bfloat16, generator=gs)
-    visible = torch.arange(1, T + 1, device=device)
-    r = torch.rand(T, topk, device=device, generator=gs)
-    idx = (r * visible[:, None]).long().to(torch.int32).view(T, 1, topk)
-    tl = torch.clamp(visible, max=topk).to(torch.int32)
-    del r
-    ql_nope = torch.randn(H, T, model.kv_lora_rank, device=device, dtype=torch.bfloat16, generator=gr).transpose(0, 1)
-    q_full = torch.randn(T, H, model.qk_nope_head_dim + model.qk_rope_head_dim, device=device,
-                         dtype=torch.bfloat16, generator=gr)
-    q_pe = q_full[..., model.qk_nope_head_dim:]
-    w_uv = (torch.randn(H, model.kv_lora_rank, model.v_head_dim, device=device, generator=gr)
-            / math.sqrt(model.kv_lora_rank)).to(torch.bfloat16)
-    w_o = (torch.randn(model.hidden_size, H * model.v_head_dim, device=device, generator=gr)
-           / math.sqrt(model.num_attention_heads * model.v_head_dim)).to(torch.bfloat16)
-    return {"ql_nope": ql_nope, "q_pe": q_pe, "kv": kv, "indices": idx, "topk_length": tl, "w_uv": w_uv,
-            "w_o": w_o, "num_heads": H}
-
-
-def _check_moe_split(model, tp: int) -> None:
-    E, inter = model.n_routed_experts, model.n_shared_experts * model.moe_intermediate_size
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ValueError(f"tp={tp!r} must be a positive int")
-    if E % tp:
-        divs = [d for d in range(1, E + 1) if E % d == 0]
-        raise ValueError(f"tp={tp} (ep = tp) does not divide n_routed_experts={E} of model {model.name!r}; "
-                         f"allowed tp: {divs}")
-    if inter % tp:
-        raise ValueError(f"tp={tp} does not divide the shared experts' intermediate size {inter} "
-                         f"(n_shared_experts x moe_intermediate_size) of model {model.name!r}")
-
-
-def make_moe_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
-    """Inputs and weights of rank ``rank``'s share of one MoE block under EP = TP = ``tp`` (all bf16).
-
-    Replicated (generator seeded with ``seed``): ``x [T, hidden]`` (N(0, 1): the normalised hidden state) and the
-    router ``w_router [n_routed_experts, hidden]``. Sharded (generator seeded with ``seed``, ``rank``): the local
-    experts ``w13 [E/tp, 2 I, hidden]`` (gate rows ``[:I]``, up rows ``[I:]``) and ``w2 [E/tp, hidden, I]``
-    (``I = moe_intermediate_size``), and the shared experts' shard ``w_sh13 [2 I_s, hidden]`` (gate ``[:I_s]``, up
-    ``[I_s:]``) and ``w_sh2 [hidden, I_s]`` with ``I_s = n_shared_experts I / tp``. Weights are ``N(0, 1) /
-    sqrt(fan_in)``. Also ``expert_start = rank E/tp``, ``num_local_experts``, ``top_k`` (``num_experts_per_tok``).
-
-    Raises:
-        ValueError: ``tp`` does not divide ``n_routed_experts`` or the shared intermediate size.
-    """
-    _check_moe_split(model, tp)
-    E, k, inter, h = model.n_routed_experts, model.num_experts_per_tok, model.moe_intermediate_size, model.hidden_size
-    e_loc = E // tp
-    i_s = model.n_shared_experts * inter // tp
-    gs, gr = _generators(seed, rank, device)
-    x = torch.randn(T, h, device=device, dtype=torch.bfloat16, generator=gs)
-    w_router = _randn(E, h, fan_in=h, generator=gs, device=device)
-    w13 = torch.empty(e_loc, 2 * inter, h, device=device, dtype=torch.bfloat16)
-    w2 = torch.empty(e_loc, h, inter, device=device, dtype=torch.bfloat16)
-    for e in range(e_loc):  # one expert at a time: no large temporaries
-        w13[e] = _randn(2 * inter, h, fan_in=h, generator=gr, device=device)
-        w2[e] = _randn(h, inter, fan_in=inter, generator=gr, device=device)
-    w_sh13 = _randn(2 * i_s, h, fan_in=h, generator=gr, device=device)
-    w_sh2 = _randn(h, i_s, fan_in=model.n_shared_experts * inter, generator=gr, device=device)
-    return {"x": x, "w_router": w_router, "w13": w13, "w2": w2, "w_sh13": w_sh13, "w_sh2": w_sh2,
-            "expert_start": rank * e_loc, "num_local_experts": e_loc, "top_k": k}
-
-
-def merge_shards(block: str, shards: list) -> dict:
-    """The unsharded block's inputs from the shards of ranks ``0..tp-1`` (in rank order), for checking that the
-    sum over ranks equals the unsharded block.
-
-    ``attention``: ``ql_nope`` / ``q_pe`` / ``w_o`` concatenated along heads (dim 1), ``w_uv`` along dim 0; the
-    replicated ``kv`` / ``indices`` / ``topk_length`` of rank 0. ``moe``: ``w13`` / ``w2`` concatenated along the
-    expert dim, the shared gate and up halves each concatenated, ``w_sh2`` along its input dim; ``x`` and the router
-    of rank 0; ``expert_start`` 0.
-
-    Raises:
-        ValueError: unknown block.
-    """
-    s0 = shards[0]
-    if block == "attention":
-        full = {k: torch.cat([s[k] for s in shards], dim=1 if k in ("ql_nope", "q_pe", "w_o") else 0)
-                for k in ("ql_nope", "q_pe", "w_uv", "w_o")}
-        full.update({k: s0[k] for k in ("kv", "indices", "topk_length")})
-        full["num_heads"] = sum(s["num_heads"] for s in shards)
-        return full
-    if block == "moe":
-        i_s = s0["w_sh13"].shape[0] // 2
-        gate = torch.cat([s["w_sh13"][:i_s] for s in shards])
-        up = torch.cat([s["w_sh13"][i_s:] for s in shards])
-        return {"x": s0["x"], "w_router": s0["w_router"], "w13": torch.cat([s["w13"] for s in shards]),
-                "w2": torch.cat([s["w2"] for s in shards]), "w_sh13": torch.cat([gate, up]),
-                "w_sh2": torch.cat([s["w_sh2"] for s in shards], dim=1), "expert_start": 0,
-                "num_local_experts": sum(s["num_local_experts"] for s in shards), "top_k": s0["top_k"]}
-    raise ValueError(f"block={block!r}; allowed: {list(BLOCKS)}")
-
-
-def block_forward(strategy, inp: dict, sm_scale: float, world_size: int = 1, parts: str = "block"):
-    """One rank's attention block: strategy (attention path) -> W_UV bmm -> row-parallel o_proj -> all-reduce.
-
-    Args:
-        strategy: a :class:`mla_lab.strategies.PaddedQPath` built for ``inp["num_heads"]`` heads.
-        inp: :func:`make_block_inputs`.
-        world_size: > 1: sum the ``[T, hidden]`` output over the default process group (in place).
-        parts: ``"attn"`` (attention path only), ``"compute"`` (no all-reduce) or ``"block"`` (everything).
-
-    Returns:
-        ``[T, H, 512]`` for ``"attn"``, else ``[T, hidden]`` bf16.
-    """
-    o, _ = strategy(inp["ql_nope"], inp["q_pe"], inp["kv"], inp["indices"], sm_scale, inp["topk_length"])
-    if parts == "attn":
-        return o
-    T, H = o.shape[0], o.shape[1]
-    x = torch.bmm(o.transpose(0, 1), inp["w_uv"])  # [H, T, v_head_dim]
-    x = x.transpose(0, 1).reshape(T, H * inp["w_uv"].shape[-1])
-    y = F.linear(x, inp["w_o"])  # [T, hidden]: this rank's partial sum
-    if parts == "block" and world_size > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(y)
-    return y
-
-
-def moe_routing(inp: dict, as_tensor: bool = False):
-    """Router and top-k of the moe block (:data:`MOE_OPS` ``router``, ``router_topk``) restricted to this rank's
-    experts: returns ``(tokens [P] int64, local_expert [P] int64, weight [P] fp32, counts)`` for the ``P``
-    token-expert pairs routed to experts ``[expert_start, expert_start + num_local_experts)``, sorted by local
-    expert, and ``counts`` (pairs per local expert: a list, a host sync; ``as_tensor``: an int64 ``[n]`` tensor on
-    the device). Scores: ``sigmoid(x @ w_router^T)`` in fp32, top
-    ``top_k``, renormalised over the selected ``top_k``."""
-    logits = F.linear(inp["x"], inp["w_router"])  # [T, E] bf16
-    scores = logits.float().sigmoid()
-    top_w, top_i = torch.topk(scores, inp["top_k"], dim=-1)
-    top_w = top_w / top_w.sum(dim=-1, keepdim=True)
-    e0, n = inp["expert_start"], inp["num_local_experts"]
-    local = (top_i >= e0) & (top_i < e0 + n)
-    tok, slot = local.nonzero(as_tuple=True)
-    eid = top_i[tok, slot] - e0
-    order = torch.argsort(eid, stable=True)
-    tok, slot, eid = tok[order], slot[order], eid[order]
-    counts = torch.bincount(eid, minlength=n)
-    return tok, eid, top_w[tok, slot], (counts if as_tensor else counts.tolist())
-
-
-def resolve_moe_impl(impl: str, device) -> str:
-    """``auto`` -> ``grouped_mm`` on a CUDA device of compute capability >= 9.0 whose torch has
-    ``torch._grouped_mm``, else ``loop``; ``grouped_mm`` / ``loop`` as given.
-
-    Raises:
-        ValueError: ``impl`` not in :data:`MOE_IMPLS`; ``grouped_mm`` where it is not available.
-    """
-    if impl not in MOE_IMPLS:
-        raise ValueError(f"moe_impl={impl!r}; allowed: {list(MOE_IMPLS)}")
-    dev = torch.device(device)
-    ok = (dev.type == "cuda" and hasattr(torch, "_grouped_mm")
-          and torch.cuda.get_device_capability(dev) >= (9, 0))
-    if impl == "grouped_mm" and not ok:
-        raise ValueError(f"moe_impl='grouped_mm' needs torch._grouped_mm on a CUDA sm90+ device; device={device!s}")
-    return impl if impl != "auto" else ("grouped_mm" if ok else "loop")
-
-
-def _routed_loop(xs, w13, w2, counts):
-    inter = w2.shape[-1]
-    out = torch.empty(xs.shape[0], w2.shape[1], device=xs.device, dtype=torch.bfloat16)
-    start = 0
-    for e, c in enumerate(counts):
-        if c:
-            g = F.linear(xs[start:start + c], w13[e])  # moe_gate_up
-            a = F.silu(g[:, :inter]) * g[:, inter:]  # moe_act
-            out[start:start + c] = F.linear(a, w2[e])  # moe_down
-            start += c
-    return out
-
-
-def _routed_grouped(xs, w13, w2, counts):
-    """All local experts in two ``torch._grouped_mm`` calls over the pairs sorted by expert (``offs``: the end row
-    of each expert's group, int32 on the device): ``[P, hidden] x [E, hidden, 2 I] -> [P, 2 I]``, SiLU*mul, ``[P, I]
-    x [E, I, hidden] -> [P, hidden]``. The weights' transposes are column-major views, as the op requires."""
-    inter = w2.shape[-1]
-    offs = torch.cumsum(counts, 0).to(torch.int32)
-    g = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)  # moe_gate_up
-    a = (F.silu(g[:, :inter]) * g[:, inter:]).contiguous()  # moe_act
-    return torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)  # moe_down
-
-
-def moe_forward(inp: dict, world_size: int = 1, parts: str = "block", impl: str = "loop") -> torch.Tensor:
-    """One rank's MoE block under EP (ops :data:`MOE_OPS`): routing (:func:`moe_routing`), per local expert
-    ``gate_up = x_e @ w13[e]^T`` ``[n_e, 2 I]``, ``a = silu(gate) * up`` ``[n_e, I]``, ``down = a @ w2[e]^T``
-    ``[n_e, hidden]`` times the router weight, summed per token in fp32; the shared shard ``silu(x W_g^T) * (x
-    W_u^T) @ w_sh2^T`` added; cast to bf16; then (``parts="block"``, ``world_size > 1``) one all-reduce (sum) over
-    the default process group, in place.
-
-    Args:
-        inp: :func:`make_moe_inputs` (or :func:`merge_shards` ``("moe", ...)``: the unsharded block).
-        parts: ``"compute"`` (no all-reduce) or ``"block"``.
-        impl: the routed experts' GEMMs, :func:`resolve_moe_impl` (``loop``: one GEMM pair per expert;
-            ``grouped_mm``: two grouped GEMMs, as vLLM's fused_moe does in one kernel per GEMM; bf16 either way).
-
-    Returns:
-        ``[T, hidden]`` bf16.
-
-    Raises:
-        ValueError: as :func:`resolve_moe_impl`.
-    """
-    x = inp["x"]
-    T, h = x.shape
-    impl = resolve_moe_impl(impl, x.device)
-    tok, eid, weight, counts = moe_routing(inp, as_tensor=impl == "grouped_mm")
-    xs = x.index_select(0, tok)  # the token gather vLLM's fused_moe folds into its GEMM
-    run = _routed_grouped if impl == "grouped_mm" else _routed_loop
-    d = run(xs, inp["w13"], inp["w2"], counts)
-    routed = (d.float() * weight[:, None]).to(torch.bfloat16)
-    y = torch.zeros(T, h, device=x.device, dtype=torch.float32)
-    y.index_add_(0, tok, routed.float())  # moe_combine
-    i_s = inp["w_sh13"].shape[0] // 2
-    if i_s:
-        g = F.linear(x, inp["w_sh13"])  # shared_gate_up
-        a = F.silu(g[:, :i_s]) * g[:, i_s:]  # shared_act
-        y += F.linear(a, inp["w_sh2"]).float()  # shared_down
-    y = y.to(torch.bfloat16)
-    if parts == "block" and world_size > 1:
-        import torch.distributed as dist
-
-        dist.all_reduce(y)  # moe_allreduce
-    return y
-
 
 def ideal_ring_calibration() -> Calibration:
     """The committed calibration with the ideal ring: ``comm_efficiency`` 1, ``comm_latency_us`` 0. With it
@@ -498,31 +213,24 @@ def ideal_ring_calibration() -> Calibration:
     return default_calibration().with_comm(comm_efficiency=1.0, comm_latency_us=0.0)
 
 
-def resolve_strategies(names) -> list[str]:
-    """Attention strategies as run: the aliases ``unfused`` / ``fused`` kept by name, a preset of
-    :data:`mla_lab.placement.PRESETS` expanded into its members, canonical names as given (``subchunk:<S>`` any
-    positive S); duplicates dropped, order kept.
+def resolve_strategies(names) -> list[Strategy]:
+    """The door for the attention strategies: canonical names, presets of :data:`mla_lab.placement.PRESETS` but
+    ``kernel-native`` (expanded into their members), ``subchunk:<S>`` (any positive S), the aliases (``unfused`` =
+    vLLM before PR #53878, ``per_call_empty:zeros`` and ``:stale``; ``fused`` = ``private_workspace``) or
+    :class:`~mla_lab.placement.Strategy` objects -> Strategy objects, as :func:`mla_lab.placement.expand` reads them
+    (duplicates dropped, order kept).
 
     Raises:
-        ValueError: ``kernel_native`` / ``kernel-native`` (modelled only) or an unknown name (lists the allowed).
+        ValueError: ``kernel_native`` / ``kernel-native`` (modelled only) or an unknown name (says what is allowed).
     """
-    allowed = ["unfused", "fused", *REAL_STRATEGIES, *[p for p in PRESETS if "kernel_native" not in PRESETS[p]]]
     out = []
-    for s in names:
-        if s in ALIASES:
-            out.append(s)
-            continue
-        members = PRESETS.get(s, (s,))
-        for m in members:
-            ok = m != "kernel_native"
-            if ok and m not in REAL_STRATEGIES:
-                try:
-                    ok = parse_strategy(m).placement != "kernel_native"
-                except ValueError:
-                    ok = False
-            if not ok:
-                raise ValueError(f"strategies holds {s!r}; allowed: {allowed} (and subchunk:<S>)")
-            out.append(m)
+    for name in names:
+        for strategy in expand([name]):
+            if strategy.placement == "kernel_native":
+                raise ValueError(f"strategies holds {name!r}: kernel_native is modelled only (no kernel takes the "
+                                 "real head count); allowed: the other canonical names, presets, unfused / fused, "
+                                 "subchunk:<S>")
+            out.append(strategy)
     return list(dict.fromkeys(out))
 
 
@@ -672,7 +380,7 @@ def _worker_cases(cfg, ctx, out_dir, ar_ms, rows) -> None:
                     cases = strategies
                 else:
                     inp = make_moe_inputs(model, cfg.tp, rank, T, cfg.seed, dev)
-                    cases = ["none"]
+                    cases = [None]
                 for s in cases:
                     row = _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir)
                     row["allreduce_ms"] = ar_ms.get((T, model.hidden_size))
@@ -683,20 +391,21 @@ def _worker_cases(cfg, ctx, out_dir, ar_ms, rows) -> None:
                     torch.cuda.empty_cache()
 
 
-def _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir) -> dict:
+def _measure_case(block, strategy: Strategy | None, model, name, T, inp, cfg, ctx, out_dir) -> dict:
     device, dev, rank, ws, arch = ctx["device"], ctx["dev"], ctx["rank"], ctx["world_size"], ctx["arch"]
     row = {c: None for c in BLOCK_COLUMNS}
     row.update({"run": ctx["run"], "rank": rank, "world_size": ws, "device_index": ctx["device_index"],
                 "dist_backend": ctx["backend"] or "none", "model": name, "tp": cfg.tp, "T": T, "block": block,
-                "strategy": s, "hidden_size": model.hidden_size, "arch": arch.name, "nvlink_gbps": arch.nvlink_gbps,
+                "strategy": strategy.name if strategy else "none", "content": strategy.content if strategy else "",
+                "hidden_size": model.hidden_size, "arch": arch.name, "nvlink_gbps": arch.nvlink_gbps,
                 "warmup": cfg.warmup, "iters": cfg.iters, "nccl_bytes": ctx["nccl_bytes"],
                 **{k: os.environ.get(k, "") for k in SAFE_ENV}})
     if block == "attention":
         H = inp["num_heads"]
         sm = _sm_scale(model)
-        strat = make_strategy(s, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
-                              kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend,
-                              reuse_pad_block=True)  # a stale pad filled once, as mla_lab.measure.attention times it
+        strat = PaddedQPath(strategy, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
+                            kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend,
+                            reuse_pad_block=True)  # a pad block filled once, as mla_lab.measure.attention times it
         row.update(num_heads=H, padded_heads=padded_num_heads(H, arch.name, "bf16"), v_head_dim=model.v_head_dim,
                    topk=model.topk, workspace_bytes=strat.workspace.nbytes)
 
@@ -715,7 +424,7 @@ def _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir) -> dict:
         parts_timed = ("compute", "block")
     y = fn()  # first call (JIT compile, allocator warm-up)
     if cfg.save_outputs:
-        torch.save(y.cpu(), Path(out_dir) / f"y_{ctx['run']}_{block}_{name}_{T}_{s}_r{rank}.pt")
+        torch.save(y.cpu(), Path(out_dir) / f"y_{ctx['run']}_{block}_{name}_{T}_{row['strategy']}_r{rank}.pt")
     del y
     for parts in parts_timed if ws > 1 else [p for p in parts_timed if p != "block"]:
         times = _barrier_times_ms(lambda p=parts: fn(p), device, ws, cfg.warmup, cfg.iters)

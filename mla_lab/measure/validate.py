@@ -15,8 +15,9 @@ Inputs are the three CSVs one run of ``benchmarks/bench_layer.py`` writes (:mod:
   - ``layer`` / ``layer_<mode>`` (``graph``, ``paired``): each end-to-end layer against the sum of its measured
     ops' predictions (:func:`mla_lab.model.ops.layer_ops` with ``out_slice_copy=False``, the layer's
     ``excluded_ops``, ``lm_head`` and communication left out: one GPU, no comm);
-  - ``layer_delta`` / ``layer_<mode>_delta``: the unfused-minus-fused difference per layer (``ape_pct`` relative to
-    the measured difference; NaN when it is 0);
+  - ``layer_delta`` / ``layer_<mode>_delta``: the ``per_call_zeros``-minus-``private_workspace`` difference per
+    layer (the first version's rows label them ``unfused`` / ``fused``: :func:`mla_lab.placement.measured_as`;
+    ``ape_pct`` relative to the measured difference; NaN when it is 0);
   - ``extra``: the sparse kernel with causal ``topk_length`` (``kernel_topk_length`` rows) against FLOPs at the
     fitted kernel efficiency.
 
@@ -35,7 +36,8 @@ from ..model.ops import layer_ops
 from ..model.timing import op_time_ms, predict_measured_op_ms
 from ..models import ModelConfig
 from ..placement import measured_as
-from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV, read_rows
+from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV
+from .layer_runs import read_rows
 
 __all__ = ["VALIDATION_COLUMNS", "leave_one_model_out", "validation_rows", "mape_summary", "fit_and_validate"]
 
@@ -77,14 +79,18 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
     for name, held_calibration in held_out.items():
         rows += [_row("op", "leave_model_out", r, float(r["ms"]), predict_measured_op_ms(r, arch, held_calibration),
                       r["op"], r["op_class"]) for r in op_rows if r["model"] == name]
-    # per layer: sum of the measured ops' predictions vs the end-to-end measurement
+    # per layer: sum of the measured ops' predictions vs the end-to-end measurement; the strategy label read at the
+    # door (the first version's unfused / fused rows: what they ran, measured_as)
+    by_layer: dict = {}
     for r in e2e_rows:
         model = models_by_name.get(r["model"])
         if model is None:
             continue
         excluded = (r.get("excluded_ops") or "").split(";")
-        ops = [op for op in layer_ops(model, int(r["tp"]), arch, measured_as(r["strategy"]), int(r["T"]),
-                                      layer_kind=r["layer_kind"], moe_parallel=r["moe_parallel"],
+        strategy = measured_as(r["strategy"])
+        ops = [op for op in layer_ops(model, int(r["tp"]), arch, strategy, int(r["T"]),
+                                      layer_kind=r["layer_kind"], weight_dtype="bf16",  # the runner's weights
+                                      moe_parallel=r["moe_parallel"],
                                       ep_size=int(r["ep"]), out_slice_copy=False)
                if op.impl and not op.is_comm and op.name != "lm_head" and op.name not in excluded]
         splits = [("in_sample", calibration)] + ([("leave_model_out", held_out[r["model"]])]
@@ -94,19 +100,19 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
         for split, split_calibration in splits:
             predicted = sum(op_time_ms(op, arch, split_calibration) for op in ops)
             rows.append(_row(level, split, r, float(r["ms"]), predicted, f"{r['layer_kind']}_{r['strategy']}", level))
-    # fused-vs-unfused difference per layer: measured vs predicted (ms, unfused minus fused)
-    by_layer: dict = {}
-    for v in rows:
-        if v["level"].startswith("layer") and v["split"] == "in_sample":
-            kind, strategy = v["name"].rsplit("_", 1)
-            key = (v["model"], v["tp"], v["moe_parallel"], v["T"], kind, v["level"])
-            by_layer.setdefault(key, {})[strategy] = v
+            if split == "in_sample":
+                key = (rows[-1]["model"], rows[-1]["tp"], rows[-1]["moe_parallel"], rows[-1]["T"], r["layer_kind"],
+                       level)
+                by_layer.setdefault(key, {})[strategy] = (r["strategy"], rows[-1])
+    # per-call pad vs private workspace per layer: measured vs predicted (ms, pad minus workspace)
     for (model_name, tp, parallel, T, kind, level), strategies in by_layer.items():
-        if "unfused" in strategies and "fused" in strategies:
-            measured = strategies["unfused"]["measured_ms"] - strategies["fused"]["measured_ms"]
-            predicted = strategies["unfused"]["predicted_ms"] - strategies["fused"]["predicted_ms"]
+        if "per_call_zeros" in strategies and "private_workspace" in strategies:
+            (label_a, a), (label_b, b) = strategies["per_call_zeros"], strategies["private_workspace"]
+            measured = a["measured_ms"] - b["measured_ms"]
+            predicted = a["predicted_ms"] - b["predicted_ms"]
             rows.append({"level": level + "_delta", "split": "in_sample", "model": model_name, "tp": tp,
-                         "moe_parallel": parallel, "T": T, "name": f"{kind}_unfused_minus_fused", "op_class": "delta",
+                         "moe_parallel": parallel, "T": T, "name": f"{kind}_{label_a}_minus_{label_b}",
+                         "op_class": "delta",
                          "measured_ms": measured, "predicted_ms": predicted,
                          "ape_pct": abs(predicted - measured) / abs(measured) * 100 if measured else float("nan")})
     kernel_eff = calibration.attention.get("kernel")

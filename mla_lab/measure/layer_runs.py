@@ -1,0 +1,334 @@
+"""The layer runs: the measurement loops over :class:`mla_lab.measure.layer.Layer`, the sinks they write to and the
+run's log.
+
+- :func:`measure_ops`, :func:`measure_layers`, :func:`measure_layer_pairs`, :func:`run_layer_benchmark`: the
+  measurement loops; they yield or write rows of measurements (the columns :data:`~mla_lab.measure.layer.OPS_COLUMNS`,
+  :data:`~mla_lab.measure.layer.E2E_COLUMNS`, :data:`~mla_lab.measure.layer.EXTRAS_COLUMNS`), never sweep rows.
+  Strategies travel as :class:`mla_lab.placement.Strategy` (default :data:`~mla_lab.measure.layer.LAYER_STRATEGIES`;
+  names are parsed at the door, :func:`~mla_lab.measure.layer.layer_strategies`); every ``layer_e2e.csv`` row
+  records its canonical ``strategy`` and the ``content`` of its padded heads.
+- :func:`paired_timing` (two callables timed alternately), :func:`moe_variants`, :func:`layer_kinds`,
+  :func:`ops_to_time`.
+- :func:`open_sinks` (:class:`mla_lab.measure.record.CsvSink` s: rows appended as they are measured, so a killed
+  run loses nothing measured), :class:`RowList` (in memory), :func:`read_rows`, :class:`RunLog` (timestamped
+  progress lines, kept for the run's log file).
+"""
+
+from __future__ import annotations
+
+import csv
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, NamedTuple, Sequence
+
+import torch
+
+from ..arch import GPUArch
+from ..model.ops import layer_ops
+from ..models import ModelConfig
+from ..placement import Strategy
+from .layer import (
+    E2E_COLUMNS,
+    E2E_CSV,
+    EXTRAS_COLUMNS,
+    EXTRAS_CSV,
+    LAYER_STRATEGIES,
+    OPS_COLUMNS,
+    OPS_CSV,
+    Implementations,
+    Layer,
+    MeasureSettings,
+)
+from .record import CsvSink
+from .timer import interleaved, summarize
+
+__all__ = ["PairedTiming", "paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops",
+           "measure_layers", "measure_layer_pairs", "run_layer_benchmark", "RowList", "LayerSinks", "open_sinks",
+           "read_rows", "RunLog"]
+
+
+class PairedTiming(NamedTuple):
+    """Medians (ms) of two callables timed alternately, and the median and IQR of their per-pair difference."""
+
+    a_ms: float
+    b_ms: float
+    difference_ms: float
+    difference_iqr_ms: float
+
+
+def paired_timing(fa: Callable[[], object], fb: Callable[[], object], pairs: int, device: str) -> PairedTiming:
+    """Time ``fa`` and ``fb`` alternately ``pairs`` times each (order flipped every pair, L2 flushed before each
+    call on CUDA: :func:`mla_lab.measure.timer.interleaved`), so that clock and thermal drift hit both alike.
+    The difference of pair ``i`` is ``a_i - b_i``."""
+    samples = interleaved({"a": fa, "b": fb}, repeats=pairs, device=device)
+    differences = summarize([a - b for a, b in zip(samples["a"], samples["b"])])
+    return PairedTiming(summarize(samples["a"])["median"], summarize(samples["b"])["median"],
+                        differences["median"], differences["iqr"])
+
+
+# ------------------------------------------------------------------------------------------------ the loops
+
+
+def moe_variants(tp: int) -> list[tuple[str, int]]:
+    """MoE layouts measured at ``tp``: TP-sharded experts, and expert parallelism over the TP group (ep = tp)."""
+    return [("tp", 1)] + ([("ep", tp)] if tp > 1 else [])
+
+
+def layer_kinds(variant: tuple[str, int]) -> tuple[str, ...]:
+    """Layer kinds measured end to end under a MoE variant: ``moe`` and ``dense`` under TP-sharded experts (the
+    dense layer has no experts, so once), ``moe`` alone under expert parallelism."""
+    return ("moe", "dense") if variant[0] == "tp" else ("moe",)
+
+
+def ops_to_time(model: ModelConfig, tp: int, arch: GPUArch, T: int, variant: tuple[str, int],
+                strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> dict:
+    """The measurable ops of ``strategies`` and both layer kinds (``moe``; ``dense`` under TP-sharded experts)
+    at ``T`` tokens: ``{(op name, concat Strategy or None): LayerOp}``, each op once (``concat`` once per
+    strategy: it writes a different buffer); communication and modelled-only ops left out. Under ``ep`` only the
+    ``moe_*`` ops (the rest is the same as under ``tp``)."""
+    parallel, ep = variant
+    ops = {}
+    for kind in layer_kinds(variant):
+        for strategy in strategies:
+            for op in layer_ops(model, tp, arch, strategy, T, layer_kind=kind, weight_dtype="bf16",  # bf16 weights
+                                moe_parallel=parallel, ep_size=ep):
+                if op.impl and not op.is_comm:
+                    concat_strategy = strategy if op.name == "concat" else None
+                    ops[(op.name, concat_strategy)] = op
+    if parallel == "ep":
+        ops = {key: op for key, op in ops.items() if key[0].startswith("moe_")}
+    return ops
+
+
+def measure_ops(layer: Layer, model_name: str, T: int, variant: tuple[str, int], arch: GPUArch,
+                settings: MeasureSettings, implementations: Implementations, measured: dict,
+                log: Callable[[str], None] = print,
+                strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> Iterator[dict]:
+    """Time every op of :func:`ops_to_time` once per unique shape; yield one ``layer_ops.csv`` row each (its
+    ``content``: what the padded heads held for the ops that read them, ``attn_kernel``; empty for the others).
+
+    ``measured`` (``{shape key: ms or None}``, shared by the caller across tp and T) skips shapes already timed.
+    An op that raises gets ``ms`` NaN and status ``error <type>: <message>``; the loop goes on. Stops at the
+    deadline.
+    """
+    parallel, ep = variant
+    tp = layer.tp
+    for (op_name, concat_strategy), op in ops_to_time(layer.model, tp, arch, T, variant, strategies).items():
+        if settings.out_of_time():
+            break
+        shape = (tuple(sorted(op.dims.items())) if op.op_class != "attn_kernel" else (op.dims["T"], op.dims["Hp"]))
+        buffer = None if concat_strategy is None else ("heads" if concat_strategy.per_call_pad else "padded")
+        key = (model_name, op.impl, buffer, shape, parallel if op.impl == "moe_bmm" else None)
+        if key in measured:
+            continue
+        status = "ok"
+        try:
+            fn = layer.runner(op, T, variant=concat_strategy or (variant if op.impl == "moe_bmm" else None))
+            if fn is None:
+                measured[key] = None
+                continue
+            fn()
+            ms = settings.median_ms(fn)
+            del fn
+        except Exception as e:
+            ms, status = float("nan"), f"error {type(e).__name__}: {str(e)[:150]}"
+            log(f"op {op_name} {model_name} tp={tp} T={T}: {status}")
+            if settings.gpu:
+                torch.cuda.empty_cache()
+        measured[key] = ms
+        detail = {"attn_concat": implementations.concat_detail,
+                  "attn_kernel": implementations.kernel_detail}.get(op.op_class, "")
+        if concat_strategy:
+            detail += f" into {'H-head buffer' if concat_strategy.per_call_pad else 'padded workspace'}"
+        yield {"model": model_name, "tp": tp, "moe_parallel": parallel, "ep": ep, "T": T, "op": op_name,
+               "op_class": op.op_class, "impl": op.impl, "impl_detail": detail, "dims": op.to_dict()["dims"],
+               "dtype": op.dtype, "flops": op.flops, "bytes": op.bytes, "ms": ms,
+               "content": layer.content if op.impl == "attn_kernel" else "", "status": status}
+
+
+def measure_layers(layer: Layer, model_name: str, T: int, variant: tuple[str, int], kind: str,
+                   settings: MeasureSettings, implementations: Implementations,
+                   log: Callable[[str], None] = print,
+                   strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> Iterator[dict]:
+    """Time the whole layer of ``kind`` (:meth:`Layer.e2e`) per strategy; yield ``layer_e2e.csv`` rows
+    (``strategy`` the canonical name, ``content`` :meth:`Layer.content_of`).
+
+    Modes: ``eager``, and on a GPU for ``T <= 4096`` also ``graph`` (CUDA-graph replay). A failing call gets
+    ``ms`` NaN and an ``error`` status. Stops at the deadline.
+    """
+    parallel, ep = variant
+    detail = f"{implementations.kernel_detail}; {implementations.concat_detail}"
+    for strategy in strategies:
+        for mode in ["eager"] + (["graph"] if settings.gpu and T <= 4096 else []):
+            if settings.out_of_time():
+                break
+            status = "ok"
+            try:
+                fn, excluded = layer.e2e(T, strategy, kind, variant)
+                fn()
+                ms = settings.median_ms(fn, graph=mode == "graph")
+                del fn
+            except Exception as e:
+                ms, excluded, status = float("nan"), [], f"error {type(e).__name__}: {str(e)[:150]}"
+                log(f"e2e {kind} {strategy.name} {mode} {model_name} tp={layer.tp} T={T}: {status}")
+                if settings.gpu:
+                    torch.cuda.empty_cache()
+            yield {"model": model_name, "tp": layer.tp, "moe_parallel": parallel, "ep": ep, "T": T,
+                   "layer_kind": kind, "strategy": strategy.name, "content": layer.content_of(strategy),
+                   "mode": mode, "ms": ms, "excluded_ops": ";".join(excluded), "impl_detail": detail,
+                   "status": status}
+
+
+def measure_layer_pairs(layer: Layer, model_name: str, T: int, variant: tuple[str, int], kind: str, pairs: int,
+                        settings: MeasureSettings, implementations: Implementations,
+                        strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> tuple[list[dict], dict]:
+    """The layers of the first two ``strategies`` (``a``, ``b``: per-call pad then workspace by default) timed
+    alternately (:func:`paired_timing`): the difference with drift cancelled (also where ``H == H'``, where both
+    run the same code: a null control for the noise).
+
+    Returns ``(two layer_e2e.csv rows with mode "paired", one layer_extras.csv row "e2e_paired_delta")``; the
+    extras row's ``ms`` is the median of ``a - b`` and its ``value`` that difference's IQR.
+
+    Raises:
+        ValueError: fewer than two strategies.
+    """
+    if len(strategies) < 2:
+        raise ValueError(f"strategies={[s.name for s in strategies]}: pairs need two")
+    a, b = strategies[:2]
+    parallel, ep = variant
+    fa, excluded = layer.e2e(T, a, kind, variant)
+    fb, _ = layer.e2e(T, b, kind, variant)
+    timing = paired_timing(fa, fb, pairs, settings.device)
+    del fa, fb
+    detail = f"{implementations.kernel_detail}; {implementations.concat_detail}"
+    layer_rows = [{"model": model_name, "tp": layer.tp, "moe_parallel": parallel, "ep": ep, "T": T,
+                   "layer_kind": kind, "strategy": strategy.name, "content": layer.content_of(strategy),
+                   "mode": "paired", "ms": ms, "excluded_ops": ";".join(excluded), "impl_detail": detail,
+                   "status": "ok"}
+                  for strategy, ms in ((a, timing.a_ms), (b, timing.b_ms))]
+    delta_row = {"experiment": "e2e_paired_delta", "model": model_name, "tp": layer.tp, "T": T, "H": layer.H,
+                 "Hp": layer.Hp, "name": f"{kind}_{parallel}", "ms": timing.difference_ms,
+                 "value": timing.difference_iqr_ms, "unit": f"ms: median({a.name} - {b.name}); value: IQR",
+                 "content": layer.content_of(b), "note": f"{pairs} interleaved pairs"}
+    return layer_rows, delta_row
+
+
+def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], tokens: list[int], arch: GPUArch,
+                        settings: MeasureSettings, implementations: Implementations, sinks: "LayerSinks",
+                        log: Callable[[str], None] = print, pairs: int = 0, skip_e2e: bool = False,
+                        strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> None:
+    """Every model x TP x T: the ops (:func:`measure_ops`, each unique shape once over the whole run) and, unless
+    ``skip_e2e``, per layer kind the layer end to end (:func:`measure_layers`; under ``ep`` only at the largest
+    TP) then, with ``pairs`` > 0, its interleaved pairs of the first two ``strategies`` (:func:`measure_layer_pairs`). One :class:`Layer` per (model, tp), sized
+    for ``max(tokens)``. Rows go to ``sinks`` as they are measured. Failures are logged and skipped (a failed
+    allocation skips that (model, tp)); the deadline stops the run.
+    """
+    max_T = max(tokens)
+    measured: dict = {}
+    for tp in tps:
+        for model_name, model in models:
+            if settings.out_of_time():
+                log(f"budget reached before {model_name} tp={tp}")
+                break
+            variants = moe_variants(tp)
+            try:
+                layer = Layer(model, tp, arch, settings.device, settings.dtype, max_T, implementations.kernel,
+                              implementations.concat, settings.interpret, variants, content=settings.content,
+                              disabled_kernels=settings.disabled_kernels)
+            except Exception as e:
+                log(f"alloc failed {model_name} tp={tp}: {type(e).__name__}: {e}")
+                if settings.gpu:
+                    torch.cuda.empty_cache()
+                continue
+            for T in tokens:
+                for variant in variants:
+                    for row in measure_ops(layer, model_name, T, variant, arch, settings, implementations, measured,
+                                           log, strategies):
+                        sinks.ops.write(row)
+                    if skip_e2e or (variant[0] == "ep" and tp != max(tps)):
+                        continue
+                    for kind in layer_kinds(variant):
+                        for row in measure_layers(layer, model_name, T, variant, kind, settings, implementations,
+                                                  log, strategies):
+                            sinks.e2e.write(row)
+                        if not pairs or len(strategies) < 2 or settings.out_of_time():
+                            continue
+                        try:
+                            layer_rows, delta_row = measure_layer_pairs(layer, model_name, T, variant, kind, pairs,
+                                                                        settings, implementations, strategies)
+                        except Exception as e:
+                            log(f"paired {kind} {model_name} tp={tp} T={T}: {type(e).__name__}: {e}")
+                            if settings.gpu:
+                                torch.cuda.empty_cache()
+                            continue
+                        for row in layer_rows:
+                            sinks.e2e.write(row)
+                        sinks.extras.write(delta_row)
+                log(f"{model_name} tp={tp} T={T}: {sinks.ops.n} op rows, {sinks.e2e.n} e2e rows")
+            del layer
+            if settings.gpu:
+                torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------------------------------------ rows, log
+
+
+class RowList(list):
+    """A sink that keeps rows in memory (``write`` appends; ``n`` the count): for tests and notebooks."""
+
+    def write(self, row: dict) -> None:
+        self.append(dict(row))
+
+    @property
+    def n(self) -> int:
+        return len(self)
+
+
+@dataclass
+class LayerSinks:
+    """Where a run's rows go: ``ops`` (``layer_ops.csv``), ``e2e`` (``layer_e2e.csv``), ``extras``
+    (``layer_extras.csv``); anything with ``write(row)`` and ``n``."""
+
+    ops: object
+    e2e: object
+    extras: object
+
+
+def open_sinks(out_dir: str | Path, provenance: dict) -> LayerSinks:
+    """:class:`CsvSink` s for the three files in ``out_dir`` (created), every row carrying ``provenance``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return LayerSinks(CsvSink(out_dir / OPS_CSV, OPS_COLUMNS, provenance),
+                      CsvSink(out_dir / E2E_CSV, E2E_COLUMNS, provenance),
+                      CsvSink(out_dir / EXTRAS_CSV, EXTRAS_COLUMNS, provenance))
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The rows of a CSV as dicts of strings; ``[]`` when the file does not exist."""
+    if not Path(path).exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+class RunLog:
+    """Progress lines stamped with the seconds since ``start`` (default: now), printed as they come (``echo``) and
+    kept in ``lines`` for the run's log file (:meth:`write`). Call it like ``print``."""
+
+    def __init__(self, start: float | None = None, echo: bool = True):
+        self.start = time.time() if start is None else start
+        self.echo = echo
+        self.lines: list[str] = []
+
+    def __call__(self, *parts) -> None:
+        line = f"[{self.elapsed():7.1f}s] " + " ".join(str(p) for p in parts)
+        self.lines.append(line)
+        if self.echo:
+            print(line, flush=True)
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text("\n".join(self.lines) + "\n")
