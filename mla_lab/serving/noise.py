@@ -1,0 +1,502 @@
+"""Run-to-run noise of one ``vllm bench serve`` run: a seeded Monte-Carlo over what varies between two runs of the
+same build (issue 20), and the distribution of the change between two builds. Everything here is **modelled**.
+
+One simulated run (:func:`mla_lab.serving.simulate.simulate`) gets, on top of the GPU time its pricer gives:
+
+- **arrival at the engine core** (:class:`ArrivalModel`): the API server handles the requests one after another
+  (HTTP, pydantic, tokenisation on a one-thread executor, hand-off to the engine core over ZMQ), so the k-th
+  request sent reaches the engine core ``first_ms + sum of k service times`` after the send (a single-server
+  queue over the client's arrival times); each service time is gamma-distributed with mean ``per_request_ms``
+  and coefficient of variation ``cv``;
+- **async scheduling** (``SchedulerConfig.async_scheduling``, on by default in vLLM v1): a request reaching the
+  engine core while step N runs joins step N+2, so the arrival spread decides how the 32 prompts split over steps;
+- **per-step CPU time** ``cpu_step_ms`` (scheduling, input preparation, sampling bookkeeping, output handling in
+  the engine core), hidden behind the previous step's GPU time under async scheduling;
+- **token delivery** ``output_delay_ms`` (detokenisation and streaming in the API server process, HTTP);
+- **step-time noise**: every step's GPU time times ``exp(N(0, run_sigma))`` (one draw per run: clocks, power and
+  thermal state, the server process; shared by all its steps) times ``exp(N(0, step_sigma))`` (one draw per step);
+- **the cold first large step**: ``cold_extra_ms`` (gamma, mean ``cold_extra_ms``, sd ``cold_sd_ms``) added to the
+  first step of at least ``cold_min_tokens`` tokens of the run (the benchmark's ready check is one 1024-token
+  request, so the first 16384-token step is the first of its size since start-up).
+
+The defaults and their sources (cited, assumed or measured) are in :data:`COMPONENTS` and ``docs/serving.md``;
+:func:`load_cold_start` reads the H200 measurements (``data/measured/h200/round3/cold_start.csv``, schema in its
+docstring: the columns ``benchmarks/round3.py --parts cold`` writes) and :meth:`NoiseConfig.with_measurements`
+puts them in.
+
+Speed: GPU times are priced once per distinct step (:class:`CachedPricer`; the key is the step's shape, not its
+request ids) and the noise is applied multiplicatively to the cached value.
+
+Example::
+
+    res = run_noise(PR_BENCH, sched, pricer_before, pricer_pr, num_runs=400, seed=0)
+    res.band("mean_ttft_ms", "change")           # 95 % band of the change (%), PR vs before, one run each
+    res.percentile_of("mean_ttft_ms", -9.5)      # where the PR's -9.5 % falls in it (percentile)
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from ._checks import check_float, check_int
+from .client import BenchConfig, arrival_times
+from .pricing import LinearStepPricer
+from .scheduler import SchedulerConfig
+from .simulate import ServingResult, simulate
+from .step import Step, StepPricer
+
+__all__ = ["ArrivalModel", "NoiseConfig", "CachedPricer", "NoiseResult", "run_noise", "simulate_once",
+           "load_cold_start", "COMPONENTS", "METRICS", "COLD_START_COLUMNS"]
+
+#: The metrics ``vllm bench serve`` prints (its result-dict names) that the Monte-Carlo keeps.
+METRICS = ("duration", "request_throughput", "output_throughput", "total_token_throughput",
+           "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+           "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms")
+
+#: Every component of the absolute run: default, unit, status (cited / assumed / measured) and source.
+COMPONENTS = {
+    "async_scheduling": dict(
+        value=True, unit="bool", status="cited",
+        source="vllm/config/scheduler.py `async_scheduling: bool | None = None`, set True by vllm/config/vllm.py "
+               "unless an incompatible option is set (the PR's server sets none); EngineCore.step_with_batch_queue "
+               "(vllm/v1/engine/core.py @ 00080ee1) schedules step N+1 right after submitting step N; vLLM PR #19970"),
+    "cpu_step_ms": dict(
+        value=2.0, unit="ms/step", status="assumed",
+        source="assumed 2 ms, bracketed by cited figures: ~4 ms GPU bubble per decode step in vLLM v0 (vLLM RFC "
+               "#6854), v0 output processing 3.4 ms per step at batch 32 on Llama-3-70B 4xH100 (RFC #6913), a whole "
+               "V1 decode step of Llama-3.2-1B at 2.73 ms TPOT (vLLM PR #17866: an upper bound on V1's CPU time at "
+               "small batch); hidden behind the GPU time under async scheduling"),
+    "output_delay_ms": dict(
+        value=1.0, unit="ms", status="assumed",
+        source="assumed: detokenisation and SSE streaming of a step's 32 tokens in the API server process (off the "
+               "engine's critical path in V1: vLLM V1 blog, 2025-01-24), plus the client's parsing"),
+    "arrival_first_ms": dict(
+        value=3.0, unit="ms", status="assumed",
+        source="assumed: HTTP, request validation, tokenisation of the first prompt and the ZMQ hand-off"),
+    "arrival_per_request_ms": dict(
+        value=1.4, unit="ms/request", status="cited",
+        source="vLLM PR #19334 (before its micro-batching): 100 concurrent /v1/completions of 10,000 tokens took "
+               "1.338 s on one tokenizer thread (ThreadPoolExecutor(max_workers=1), quoted in vLLM issue #25301): "
+               "1.34 ms per 1,000 tokens, 1.37 ms for a 1024-token prompt (a different tokenizer and host CPU)"),
+    "arrival_cv": dict(
+        value=0.5, unit="1", status="assumed",
+        source="assumed coefficient of variation of one request's service time in the API server"),
+    "run_sigma": dict(
+        value=0.02, unit="1 (log sd)", status="measured proxy",
+        source="between-process spread of the seed attention path on the lab's H200 (four fresh processes of "
+               "benchmarks/measured_sweep.py --quick --num-runs 11, commit c361fcf, lab issue 20): relative sd "
+               "2.5 % (vllm-53878: 2.61/2.51/2.48/2.60 ms) and 1.7 % (vllm-pre-53878: 2.70/2.65/2.64/2.74 ms); "
+               "applied to the whole step"),
+    "step_sigma": dict(
+        value=0.01, unit="1 (log sd)", status="assumed",
+        source="assumed within-process step-to-step spread, until step_spread.csv (benchmarks/round3.py) gives it"),
+    "cold_extra_ms": dict(
+        value=20.0, unit="ms", status="assumed",
+        source="assumed: first 16384-token step since start-up (caching-allocator growth: two extra segments on the "
+               "first step only, measured on the lab's H200; first-touch and clock effects), until cold_start.csv "
+               "(benchmarks/round3.py --parts cold) gives it"),
+    "cold_sd_ms": dict(value=20.0, unit="ms", status="assumed", source="assumed run-to-run sd of the cold extra"),
+    "cold_min_tokens": dict(
+        value=8192, unit="tokens", status="assumed",
+        source="assumed: a step this large is the first of its size since start-up (the ready check is one "
+               "1024-token request)"),
+}
+
+
+def _gamma(rng: np.random.Generator, mean: float, sd: float) -> float:
+    """One gamma draw of ``mean`` and ``sd`` (``mean`` itself when ``rng`` is None or ``sd`` is 0)."""
+    if rng is None or sd == 0.0 or mean == 0.0:
+        return mean
+    k = (mean / sd) ** 2
+    return float(rng.gamma(shape=k, scale=mean / k))
+
+
+@dataclass(frozen=True)
+class ArrivalModel:
+    """The API server's hand-off as a single-server queue (module docstring). Times in ms.
+
+    Raises:
+        ValueError: a negative or non-finite field, one line naming it.
+    """
+
+    first_ms: float = COMPONENTS["arrival_first_ms"]["value"]
+    per_request_ms: float = COMPONENTS["arrival_per_request_ms"]["value"]
+    cv: float = COMPONENTS["arrival_cv"]["value"]
+
+    def __post_init__(self) -> None:
+        for k in ("first_ms", "per_request_ms", "cv"):
+            check_float(k, getattr(self, k), low=0.0, low_inclusive=True)
+
+    def delays_s(self, arrivals_s: Sequence[float], rng: np.random.Generator | None = None) -> np.ndarray:
+        """Per request (in the order given), seconds from its arrival at the client to the engine core.
+
+        Request ``k`` (in arrival order, ties by position) leaves the server at
+        ``done_k = max(arrival_k + first, done_{k-1}) + service_k``; ``service_k`` is ``per_request_ms`` when
+        ``rng`` is None, else a gamma draw of that mean and sd ``cv * per_request_ms``. Exact when the client's
+        concurrency limit never holds a request back (send = arrival), as in the PR's benchmark.
+        """
+        a = np.asarray(arrivals_s, dtype=np.float64)
+        order = np.argsort(a, kind="stable")
+        out = np.empty_like(a)
+        done = -math.inf
+        first, mean, sd = self.first_ms / 1e3, self.per_request_ms / 1e3, self.cv * self.per_request_ms / 1e3
+        for i in order:
+            done = max(a[i] + first, done) + _gamma(rng, mean, sd)
+            out[i] = done - a[i]
+        return out
+
+
+@dataclass(frozen=True)
+class NoiseConfig:
+    """What varies between two runs of one build, and the absolute run's components (module docstring).
+
+    Fields (defaults from :data:`COMPONENTS`): ``arrival`` (:class:`ArrivalModel`), ``cpu_step_ms`` (ms),
+    ``output_delay_ms`` (ms), ``run_sigma`` / ``step_sigma`` (log-normal sd of the per-run and per-step GPU-time
+    factors), ``cold_extra_ms`` / ``cold_sd_ms`` (ms), ``cold_min_tokens`` (tokens), ``sources`` (component ->
+    status and source, for the record; :meth:`with_measurements` updates it).
+
+    Raises:
+        ValueError: a negative or non-finite field, one line naming it.
+    """
+
+    arrival: ArrivalModel = field(default_factory=ArrivalModel)
+    cpu_step_ms: float = COMPONENTS["cpu_step_ms"]["value"]
+    output_delay_ms: float = COMPONENTS["output_delay_ms"]["value"]
+    run_sigma: float = COMPONENTS["run_sigma"]["value"]
+    step_sigma: float = COMPONENTS["step_sigma"]["value"]
+    cold_extra_ms: float = COMPONENTS["cold_extra_ms"]["value"]
+    cold_sd_ms: float = COMPONENTS["cold_sd_ms"]["value"]
+    cold_min_tokens: int = COMPONENTS["cold_min_tokens"]["value"]
+    sources: dict = field(default_factory=lambda: {k: {"status": v["status"], "source": v["source"]}
+                                                   for k, v in COMPONENTS.items()})
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arrival, ArrivalModel):
+            raise ValueError(f"arrival={self.arrival!r} must be an ArrivalModel")
+        for k in ("cpu_step_ms", "output_delay_ms", "run_sigma", "step_sigma", "cold_extra_ms", "cold_sd_ms"):
+            check_float(k, getattr(self, k), low=0.0, low_inclusive=True)
+        check_int("cold_min_tokens", self.cold_min_tokens)
+
+    def without_noise(self) -> NoiseConfig:
+        """The same components at their means: no arrival jitter, no step-time noise, a fixed cold extra."""
+        return replace(self, arrival=replace(self.arrival, cv=0.0), run_sigma=0.0, step_sigma=0.0, cold_sd_ms=0.0)
+
+    @classmethod
+    def none(cls) -> NoiseConfig:
+        """Nothing at all: every request at the engine when sent, no CPU time, no delay, no noise, no cold step
+        (with async scheduling off, :func:`simulate_once` is then the lab's original :func:`simulate`)."""
+        return cls(arrival=ArrivalModel(0.0, 0.0, 0.0), cpu_step_ms=0.0, output_delay_ms=0.0, run_sigma=0.0,
+                   step_sigma=0.0, cold_extra_ms=0.0, cold_sd_ms=0.0)
+
+    def with_measurements(self, measured: dict) -> NoiseConfig:
+        """A copy with the values :func:`load_cold_start` returned (its ``values``), marked measured."""
+        vals = dict(measured.get("values", {}))
+        src = {k: dict(v) for k, v in self.sources.items()}
+        for k in vals:
+            src[k] = {"status": "measured", "source": measured.get("source", "cold_start.csv")}
+        return replace(self, sources=src, **vals)
+
+    def record(self) -> dict:
+        """Every field as plain data, with each component's status and source."""
+        d = asdict(self)
+        d.pop("sources")
+        return {"values": d, "sources": self.sources}
+
+
+# ------------------------------------------------------------------------------------------ pricing
+def step_key(step: Step) -> tuple:
+    """What a pricer can see of a step, without request ids: launch mode, padded size, decode contexts and prefill
+    chunks ``(start, num_tokens)``, in order."""
+    return (step.cudagraph_mode, step.cudagraph_num_tokens, tuple(d.context_len for d in step.decode),
+            tuple((c.start, c.num_tokens) for c in step.prefill_chunks))
+
+
+class CachedPricer:
+    """``pricer`` priced once per distinct :func:`step_key` (a pricer that depends only on what the key holds,
+    as :class:`~mla_lab.serving.EnginePricer` and the pricers of :mod:`~mla_lab.serving.pricing` do).
+    ``hits`` / ``misses`` count the look-ups."""
+
+    def __init__(self, pricer: StepPricer):
+        if not callable(pricer):
+            raise ValueError(f"pricer={pricer!r} must be callable as pricer(step) -> ms")
+        self.pricer = pricer
+        self.cache: dict = {}
+        self.hits = self.misses = 0
+
+    def __call__(self, step: Step) -> float:
+        k = step_key(step)
+        v = self.cache.get(k)
+        if v is None:
+            v = self.cache[k] = float(self.pricer(step))
+            self.misses += 1
+        else:
+            self.hits += 1
+        return v
+
+
+class _RunPricer:
+    """One run's step times: the cached GPU time x the run factor x a per-step factor, + the cold extra once."""
+
+    def __init__(self, base: StepPricer, noise: NoiseConfig, rng: np.random.Generator | None):
+        self.base, self.noise, self.rng = base, noise, rng
+        self.run_factor = math.exp(rng.normal(0.0, noise.run_sigma)) if rng is not None and noise.run_sigma else 1.0
+        self.cold_ms = _gamma(rng, noise.cold_extra_ms, noise.cold_sd_ms)
+        self.cold_done = False
+
+    def __call__(self, step: Step) -> float:
+        ms = self.base(step) * self.run_factor
+        if self.rng is not None and self.noise.step_sigma:
+            ms *= math.exp(self.rng.normal(0.0, self.noise.step_sigma))
+        if not self.cold_done and step.num_tokens >= self.noise.cold_min_tokens:
+            self.cold_done = True
+            ms += self.cold_ms
+        return ms
+
+
+def simulate_once(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer, noise: NoiseConfig,
+                  rng: np.random.Generator | None = None, percentiles: Sequence[float] = (99,)) -> ServingResult:
+    """One simulated run with ``noise``'s components; ``rng=None`` takes every random quantity at its mean (the
+    deterministic run). ``pricer`` gives GPU ms per step (wrap it in :class:`CachedPricer` for speed).
+
+    Raises:
+        ValueError: as :func:`~mla_lab.serving.simulate.simulate`; ``noise`` not a :class:`NoiseConfig`.
+    """
+    if not isinstance(noise, NoiseConfig):
+        raise ValueError(f"noise={noise!r} must be a NoiseConfig")
+    delays = noise.arrival.delays_s(arrival_times(bench), rng)
+    return simulate(bench, sched, _RunPricer(pricer, noise, rng), percentiles=percentiles,
+                    engine_delay_s=list(delays), cpu_step_ms=noise.cpu_step_ms,
+                    output_delay_s=noise.output_delay_ms / 1e3)
+
+
+# ------------------------------------------------------------------------------------------ the Monte-Carlo
+@dataclass(frozen=True)
+class NoiseResult:
+    """What :func:`run_noise` returns.
+
+    ``a`` / ``b``: per metric of :data:`METRICS`, a float64 array of ``num_runs`` values (one simulated run of
+    each build per draw; the two builds' runs are independent draws); ``change``: per metric, ``(b - a) / a *
+    100`` run by run (%); ``deterministic_a`` / ``deterministic_b``: the metrics of the run with every random
+    quantity at its mean; ``identical``: True when ``b`` is a second run of build A (A vs A').
+    """
+
+    a: dict
+    b: dict
+    change: dict
+    deterministic_a: dict
+    deterministic_b: dict
+    num_runs: int
+    seed: int
+    noise: NoiseConfig
+    identical: bool
+    cache: dict
+
+    def _values(self, metric: str, which: str) -> np.ndarray:
+        src = {"a": self.a, "b": self.b, "change": self.change}
+        if which not in src:
+            raise ValueError(f"which={which!r} must be one of ['a', 'b', 'change']")
+        if metric not in src[which]:
+            raise ValueError(f"metric={metric!r} must be one of {list(METRICS)}")
+        return src[which][metric]
+
+    def quantiles(self, metric: str, which: str = "change", qs: Sequence[float] = (2.5, 50, 97.5)) -> list[float]:
+        """Percentiles ``qs`` (0-100, ``np.percentile`` linear) of ``metric`` in ``which`` (a, b or change)."""
+        return [float(x) for x in np.percentile(self._values(metric, which), list(qs))]
+
+    def band(self, metric: str, which: str = "change", level: float = 95.0) -> tuple[float, float]:
+        """The central ``level`` % band of ``metric`` in ``which``: one run's spread."""
+        check_float("level", level, low=0.0, high=100.0)
+        lo, hi = self.quantiles(metric, which, ((100 - level) / 2, (100 + level) / 2))
+        return lo, hi
+
+    def percentile_of(self, metric: str, value: float, which: str = "change") -> float:
+        """Where ``value`` falls in the distribution of ``metric`` in ``which``: the percent of runs below it
+        (ties count half). E.g. ``percentile_of("mean_ttft_ms", -9.5)`` for the PR's -9.5 % TTFT."""
+        v = self._values(metric, which)
+        x = check_float("value", value, low=-math.inf)
+        return float(100.0 * (np.sum(v < x) + 0.5 * np.sum(v == x)) / len(v))
+
+    def table(self, metrics: Sequence[str] = METRICS) -> list[dict]:
+        """One row per metric: deterministic a / b, 2.5 / 50 / 97.5 percentiles of a, b and the change."""
+        rows = []
+        for m in metrics:
+            row = {"metric": m, "deterministic_a": self.deterministic_a[m], "deterministic_b": self.deterministic_b[m]}
+            for w in ("a", "b", "change"):
+                lo, med, hi = self.quantiles(m, w)
+                row.update({f"{w}_p2.5": lo, f"{w}_p50": med, f"{w}_p97.5": hi})
+            rows.append(row)
+        return rows
+
+
+def _rng(seed: int, build: int, run: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, build, run])))
+
+
+def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, pricer_b: StepPricer | None = None,
+              *, sched_b: SchedulerConfig | None = None, num_runs: int = 200, seed: int = 0,
+              noise: NoiseConfig | None = None, percentiles: Sequence[float] = (99,)) -> NoiseResult:
+    """Monte-Carlo of ``num_runs`` single ``vllm bench serve`` runs of build A (``pricer_a`` on ``sched``) and of
+    build B (``pricer_b`` on ``sched_b``; ``pricer_b=None``: a second, independent run of build A, the identical-
+    builds case A vs A'). Run ``i`` of build ``j`` draws from ``SeedSequence([seed, j, i])``: reproducible, and
+    independent of ``num_runs``. Each pricer is wrapped in one :class:`CachedPricer` for all its runs.
+
+    Raises:
+        ValueError: ``num_runs`` < 2, a bad seed, ``noise`` of the wrong type, as :func:`simulate_once`.
+    """
+    check_int("num_runs", num_runs)
+    if num_runs < 2:
+        raise ValueError(f"num_runs={num_runs!r} must be an int >= 2")
+    check_int("seed", seed, allow_zero=True)
+    noise = NoiseConfig() if noise is None else noise
+    if not isinstance(noise, NoiseConfig):
+        raise ValueError(f"noise={noise!r} must be a NoiseConfig")
+    identical = pricer_b is None
+    ca = CachedPricer(pricer_a)
+    cb = ca if identical else CachedPricer(pricer_b)
+    sb = sched if sched_b is None else sched_b
+    keep = list(METRICS)
+    out = {0: {m: np.empty(num_runs) for m in keep}, 1: {m: np.empty(num_runs) for m in keep}}
+    for j, (pr, sc) in enumerate(((ca, sched), (cb, sb))):
+        for i in range(num_runs):
+            m = simulate_once(bench, sc, pr, noise, _rng(seed, j, i), percentiles).metrics
+            for k in keep:
+                out[j][k][i] = m[k]
+    det_a = simulate_once(bench, sched, ca, noise, None, percentiles).metrics
+    det_b = simulate_once(bench, sb, cb, noise, None, percentiles).metrics
+    change = {k: (out[1][k] - out[0][k]) / out[0][k] * 100.0 for k in keep}
+    cache = {"a": {"hits": ca.hits, "misses": ca.misses}, "b": {"hits": cb.hits, "misses": cb.misses}}
+    return NoiseResult(out[0], out[1], change, {k: det_a[k] for k in keep}, {k: det_b[k] for k in keep},
+                       num_runs, seed, noise, identical, cache)
+
+
+# ------------------------------------------------------------------------------------------ H200 measurements
+#: Required columns of ``cold_start.csv`` as ``benchmarks/round3.py --parts cold`` writes it (one row per fresh
+#: process, case and call); see :func:`load_cold_start`.
+COLD_START_COLUMNS = ("process", "what", "call", "wall_ms", "gpu_ms", "steady_wall_ms", "steady_gpu_ms", "T")
+_LAYER_PARTS = ("attention_block:", "moe_block:")
+
+
+def _num(p: Path, n: int, c: str, v) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{p} line {n}: {c}={v!r} must be a number") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{p} line {n}: {c}={v!r} must be finite")
+    return x
+
+
+def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min_tokens: int = 8192) -> dict:
+    """The noise parameters measured on the H200 from ``cold_start.csv`` (and ``step_spread.csv`` beside it), as
+    ``benchmarks/round3.py --parts cold`` writes them (``data/measured/h200/round3/``).
+
+    ``cold_start.csv``: one row per fresh ``process``, case ``what`` and ``call`` (1, 2, 3: the first calls of that
+    shape in the process): ``wall_ms`` (host wall until the GPU finished) and ``gpu_ms`` (CUDA events) of the call,
+    ``steady_wall_ms`` / ``steady_gpu_ms`` (medians of the later calls), ``T`` (tokens); other columns (provenance)
+    are ignored. ``step_spread.csv`` (optional): ``process``, ``what``, ``sample``, ``gpu_ms`` of every steady call.
+
+    The layer is ``attention_block:*`` + ``moe_block:*`` (the TP harness's blocks, one of each) when both are
+    there, else the ``attention_path:*`` cases (attention only). Rows with ``T < min_tokens`` are left out. Per
+    process, summed over the layer's cases:
+
+    - ``cold_extra_ms``: mean over processes of ``wall(call 2) - steady_wall``. Call 2, not call 1: vLLM's start-up
+      profile run already ran one step of ``max_num_batched_tokens`` (the fresh process's call 1, with its
+      one-time costs: JIT, library handles, allocator growth); the benchmark's first large step is the next one of
+      that size. Once per step, not per layer (what it measures is paid once). ``cold_call1_ms`` (the upper bound)
+      is returned beside it, not used;
+    - ``cold_sd_ms``: sd over processes (ddof 1; >= 2 processes);
+    - ``run_sigma``: sd over processes of ``log(steady_gpu)`` (ddof 1; >= 2 processes);
+    - ``step_sigma``: median over processes of ``sd(gpu) / median(gpu)`` of the layer's steady samples in
+      ``step_spread.csv`` (the cases summed sample by sample); not set without that file.
+
+    Returns:
+        ``{"values": {NoiseConfig field: value}, "cold_call1_ms": float, "source": str, "cases": [...],
+        "num_processes": int}``.
+
+    Raises:
+        ValueError: the file is missing, a required column is missing, a value is not a finite number, or no
+            usable row is left; one line naming the file, the line and the column.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
+                         f"{', '.join(COLD_START_COLUMNS)}) from benchmarks/round3.py --parts cold")
+    check_int("min_tokens", min_tokens)
+    with open(p, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLD_START_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
+        rows = []
+        for n, r in enumerate(reader, start=2):
+            row = {"what": r["what"]}
+            for c in COLD_START_COLUMNS:
+                if c != "what":
+                    row[c] = _num(p, n, c, r[c])
+            if row["T"] >= min_tokens:
+                rows.append(row)
+    whats = sorted({r["what"] for r in rows})
+    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
+             if any(w.startswith(pre) for w in whats)]
+    if len(layer) < len(_LAYER_PARTS):
+        layer = [w for w in whats if w.startswith("attention_path:")][:1]
+    if not layer:
+        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
+    by: dict = {}
+    for r in rows:
+        if r["what"] in layer:
+            by.setdefault(r["process"], {}).setdefault(r["what"], {})[int(r["call"])] = r
+    procs = {k: v for k, v in by.items() if all(w in v and 1 in v[w] and 2 in v[w] for w in layer)}
+    if not procs:
+        raise ValueError(f"{p}: no process has calls 1 and 2 of every case of {layer}")
+    cold2 = [sum(v[w][2]["wall_ms"] - v[w][2]["steady_wall_ms"] for w in layer) for v in procs.values()]
+    cold1 = [sum(v[w][1]["wall_ms"] - v[w][1]["steady_wall_ms"] for w in layer) for v in procs.values()]
+    steady = [sum(v[w][1]["steady_gpu_ms"] for w in layer) for v in procs.values()]
+    vals: dict = {"cold_extra_ms": max(0.0, float(np.mean(cold2)))}
+    if len(procs) >= 2:
+        vals["cold_sd_ms"] = float(np.std(cold2, ddof=1))
+        vals["run_sigma"] = float(np.std(np.log(steady), ddof=1))
+    sp = Path(spread_path) if spread_path is not None else p.with_name("step_spread.csv")
+    if sp.is_file():
+        samples: dict = {}
+        with open(sp, newline="") as f:
+            for n, r in enumerate(csv.DictReader(f), start=2):
+                if r.get("what") in layer:
+                    key = (_num(sp, n, "process", r.get("process")), _num(sp, n, "sample", r.get("sample")))
+                    samples[key] = samples.get(key, 0.0) + _num(sp, n, "gpu_ms", r.get("gpu_ms"))
+        per: dict = {}
+        for (proc, _), v in samples.items():
+            per.setdefault(proc, []).append(v)
+        rel = [float(np.std(v, ddof=1) / np.median(v)) for v in per.values() if len(v) >= 2]
+        if rel:
+            vals["step_sigma"] = float(np.median(rel))
+    return {"values": vals, "cold_call1_ms": float(np.mean(cold1)), "cases": layer, "num_processes": len(procs),
+            "source": f"{p.name}{' + ' + sp.name if sp.is_file() else ''} (cases {' + '.join(layer)}, "
+                      f"{len(procs)} fresh process(es))"}
+
+
+def main() -> None:
+    """Demo: identical builds vs a build 2 % faster per step, with an illustrative linear pricer (not the lab's
+    cost model; ``benchmarks/predict_pr53878.py`` runs the lab's)."""
+    bench = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
+    sched = SchedulerConfig(max_num_batched_tokens=16384, max_num_seqs=256, kv_capacity_tokens=270_000,
+                            block_size=64, async_scheduling=True)
+    a = LinearStepPricer(per_token_ms=0.05, per_step_ms=25.0)
+    b = LinearStepPricer(per_token_ms=0.049, per_step_ms=24.5)
+    for name, res in (("A vs A'", run_noise(bench, sched, a, num_runs=100)),
+                      ("A vs B (2 % faster)", run_noise(bench, sched, a, b, num_runs=100))):
+        print(name)
+        for m in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput"):
+            lo, hi = res.band(m)
+            print(f"  {m:24s} change 95 % band [{lo:+.2f}, {hi:+.2f}] %, -9.5 % at percentile "
+                  f"{res.percentile_of(m, -9.5):.1f}")
+
+
+if __name__ == "__main__":
+    main()
