@@ -5,6 +5,9 @@
   output, leave the padded heads untouched.
 - :func:`sparse_mla_prefill_ref`: the math of FlashMLA's ``flash_mla_sparse_fwd`` as its ``tests/ref.py``
   (``ref_sparse_attn_fwd``) defines it, computed in fp32, processed in token chunks so memory stays bounded.
+- :func:`mha_causal_varlen_ref`: dense causal multi-head attention over variable-length sequences (the math of
+  FlashAttention's ``flash_attn_varlen_func(..., causal=True)``, bottom-right aligned causal mask), the ``mha-dense``
+  route of vLLM #47327 / SGLang ``_forward_standard_mha`` on K/V up-projected by ``kv_b_proj``; fp32.
 
 Neither function validates its arguments beyond what it needs to run; :mod:`mla_lab.kernels` (the public API)
 checks the contract and raises ``ValueError`` with the rule, the argument and the value.
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["concat_mla_q_torch", "sparse_mla_prefill_ref", "default_chunk_tokens", "D_NOPE", "D_PE", "D_QK"]
+__all__ = ["concat_mla_q_torch", "sparse_mla_prefill_ref", "mha_causal_varlen_ref", "default_chunk_tokens", "D_NOPE", "D_PE", "D_QK"]
 
 #: Widths of absorbed MLA Q: ``kv_lora_rank`` (512) + ``qk_rope_head_dim`` (64) = head_size 576
 #: (vLLM ``flashmla_sparse.py``; GLM-5 and DeepSeek-V3.2 config.json).
@@ -145,3 +148,46 @@ def sparse_mla_prefill_ref(
         out[start:stop] = o.to(torch.bfloat16)
         lse[start:stop] = lse_for_o
     return out, max_logits, lse
+
+
+def mha_causal_varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
+                          sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense causal MHA over packed variable-length sequences, in fp32 (FlashAttention varlen semantics).
+
+    Sequence ``b`` has queries ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` (``n_b`` of them) and keys/values
+    ``k, v[cu_seqlens_k[b]:cu_seqlens_k[b+1]]`` (``s_b >= n_b``: a context of ``s_b - n_b`` earlier tokens plus the
+    queries' own). Query ``i`` of the sequence sits at position ``s_b - n_b + i`` and attends keys ``0..s_b - n_b +
+    i`` (causal, aligned bottom-right as ``flash_attn_varlen_func(causal=True)``):
+    ``P = q . k^T * sm_scale``; ``lse = logsumexp(P)`` (natural log); ``out = softmax(P) @ v``.
+
+    Args:
+        q: ``[T, H, d_qk]``; k: ``[Tk, H, d_qk]``; v: ``[Tk, H, d_v]`` (any float dtype; computed in fp32).
+        cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int offsets (lists or tensors), starting at 0, non-decreasing.
+        sm_scale: softmax scale (``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)`` in vLLM's MLA).
+
+    Returns:
+        ``(out [T, H, d_v] fp32, lse [T, H] fp32)``; a sequence with no query contributes nothing.
+
+    No validation here (shapes must agree; ``n_b <= s_b``).
+    """
+    cq = [int(x) for x in cu_seqlens_q]
+    ck = [int(x) for x in cu_seqlens_k]
+    T, H, _ = q.shape
+    out = torch.zeros((T, H, v.shape[-1]), dtype=torch.float32, device=q.device)
+    lse = torch.zeros((T, H), dtype=torch.float32, device=q.device)
+    for b in range(len(cq) - 1):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        n, s = q1 - q0, k1 - k0
+        if n == 0:
+            continue
+        qb = q[q0:q1].float().transpose(0, 1)  # [H, n, d_qk]
+        kb = k[k0:k1].float().transpose(0, 1)  # [H, s, d_qk]
+        vb = v[k0:k1].float().transpose(0, 1)  # [H, s, d_v]
+        P = torch.matmul(qb, kb.transpose(1, 2)) * sm_scale  # [H, n, s]
+        pos = torch.arange(n, device=q.device).unsqueeze(1) + (s - n)
+        P.masked_fill_(torch.arange(s, device=q.device).unsqueeze(0) > pos, float("-inf"))
+        row_lse = torch.logsumexp(P, dim=-1)  # [H, n]
+        o = torch.matmul(torch.exp(P - row_lse.unsqueeze(-1)), vb)  # [H, n, d_v]
+        out[q0:q1] = o.transpose(0, 1)
+        lse[q0:q1] = row_lse.transpose(0, 1)
+    return out, lse

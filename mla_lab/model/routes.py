@@ -1,0 +1,473 @@
+"""What each attention route (:mod:`mla_lab.routes`) costs per layer and per step on one rank (modelled numbers).
+
+Per rank: ``H = num_attention_heads // tp`` real heads, ``H'`` the padded heads of FlashMLA, ``d_nope`` / ``d_rope``
+/ ``d_v`` the un-absorbed head dims (``qk_nope_head_dim`` / ``qk_rope_head_dim`` / ``v_head_dim``: GLM-5 192 / 64 /
+256, DeepSeek-V3.2 128 / 64 / 128, config.json), ``L = kv_lora_rank`` (512), bf16 = 2 B. For a step of chunks
+``(start, n)``: ``T = sum n`` query tokens, ``Tk = sum (start + n)`` keys up-projected, ``K_c = sum_p (p + 1)`` the
+causal keys (every earlier key), ``K_s = sum_p min(p + 1, topk)`` the sparse keys.
+
+(a) **Dense causal MHA** (``mha-dense``; op ``mha_attn``, class ``mha_attn``):
+    FLOPs ``2 * H * K_c * (d_qk + d_v)`` with ``d_qk = d_nope + d_rope`` (QK^T and PV over the causal half;
+    FlashAttention's own count); bytes ``T*H*d_qk*2`` (Q) + ``Tk*H*(d_qk + d_v)*2`` (K, V once from HBM; tile
+    re-reads hit L2) + ``T*H*d_v*2`` (O) + ``T*H*4`` (lse).
+(b) **Up-projection** ``kv_b_proj`` (class ``gemm``/``gemm_fp8``): ``[Tk, L] @ [L, H*(d_nope + d_v)]``, FLOPs
+    ``2*Tk*L*H*(d_nope + d_v)``, reads the latent ``Tk*L*2`` and the weights, writes ``Tk*H*(d_nope+d_v)*2``; then
+    ``k_concat`` (class ``elementwise``): ``k = cat(k_nope, k_pe broadcast)``, reads ``Tk*(H*d_nope + d_rope)*2``,
+    writes ``Tk*H*d_qk*2`` (vLLM ``forward_mha``; SGLang ``_forward_standard_mha``). The dense route removes the
+    absorbed ``w_uk_bmm`` / ``w_uv_bmm``, the sparse attention path and the indexer's logits and top-k (vLLM
+    #51298 skips the top-k for dense-MHA layers; SGLang PR #30258: "skipping the indexer GEMM + top-k"); the
+    indexer's projections and K-cache write stay (decode needs the cache).
+    **Extra transient memory** (:func:`mha_transient_bytes`): the up-projected ``kv`` ``Tk*H*(d_nope+d_v)*2`` and
+    ``k`` ``Tk*H*d_qk*2`` of the step, alive during the layer's attention. Not budgeted by vLLM's KV-cache sizing:
+    ``profile_run`` runs the model with ``attn_metadata=None``, so no attention route runs while profiling (the same
+    rule that leaves FlashMLA's padded output unbudgeted).
+(c) **Masked MHA** (``mha-masked``, vLLM #48770 / #53785, modelled and labelled so: no kernel for it was run):
+    the dense MHA's FLOPs and bytes over the causal keys (an element-wise ``mask_mod`` skips no causal tile: an
+    assumption) plus the mask, a ``[n, start + n]`` bit mask per chunk built from the top-k indices (#53785's 128
+    MiB workspace guard fits exactly one 32K x 32K pure prefill: 32768^2 bits), written once and read once
+    (op ``mask``, class ``elementwise``); the top-k stays (the mask needs it).
+(d) **FA3 sparse, real heads** (``fa3-sparse``; vLLM ``FLASH_ATTN_MLA_SPARSE``): real-head FLOPs
+    ``2 * K_s * H * (576 + 512)`` (reported), gathered KV ``K_s * 576 * 2`` B per step (each token's CTA gathers
+    its own top-k rows once and every real head reuses them: MQA; rows shared between tokens come from L2, so HBM
+    sees each KV row about once), real-head Q reads ``T*H*576*2`` and output writes ``T*H*(512*2 + 4)`` (out,
+    lse), no padded bytes. Time: FA3 with ``max_seqlen_q = 1`` puts one token's ``H`` heads in the M dimension of
+    a 64-row wgmma tile (tokens cannot share a tile: each has its own block table), so its per-key MMA issue is
+    the padded kernel's at ``H' = ceil(H/64)*64``, and its gather is the same per token as FlashMLA's 64-head CTA:
+    the model charges the padded kernel's per-key term (fitted below) and only the real heads' per-token bytes.
+    This is an assumption until a native-head kernel is measured; a kernel that packed several tokens' heads into
+    one tile would be faster (bounded below by the real-head FLOPs).
+(e) **Padded FlashMLA kernel roofline** (``sparse-mqa``; :class:`PaddedKernelFit`): time =
+    ``F' / (peak * eff_flops) + B_tok / (HBM * eff_bytes)`` with ``F' = 2*K_s*H'*(576+512)`` (every padded head's
+    MMAs) and ``B_tok = T*H'*(576*2 + 512*2 + 2*4)`` (padded Q read, padded out [T, H', 512] bf16, lse and
+    max_logits [T, H'] fp32 written). The gather bytes ``K_s*(H'/64)*576*2`` (one gather per 64-head CTA) are
+    proportional to ``F'`` in every shape FlashMLA accepts, so the per-key term covers MMAs and gathers together;
+    the fit cannot separate them. Fitted by least squares (relative error) on the committed H200 kernel rows
+    (:func:`padded_kernel_rows`): zero padded heads only (stale content is the content model's factor).
+
+Efficiencies come from the committed calibration (:mod:`mla_lab.model.calibration`): ``kv_b_proj`` / ``k_concat``
+/ ``mask`` as their classes; ``mha_attn`` by its own class when a calibration has one (fit it from measured rows
+with :func:`mla_lab.model.calibration.fit_calibration`), else the **assumption** that a FlashAttention-class dense
+kernel reaches the FlashMLA kernel's calibrated fraction of the bf16 peak, with the ``gemm`` class's byte
+efficiency and overhead (rows say which, :func:`mha_pricing_source`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .._validate import check_int
+from ..arch import GPUArch, get_arch
+from ..buffers import check_strategy
+from ..models import ModelConfig
+from ..paths import calibration_dir, measured_dir
+from ..routes import ROUTES, check_route
+from ..workload import Step, sum_topk_lengths
+from .calibration import Calibration, ClassEff, resolve_calibration
+from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _gemm, layer_ops, step_ops, step_stats
+from .timing import op_time_ms
+
+__all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
+           "masked_mha_ops", "mha_transient_bytes", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
+           "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "mha_pricing_source",
+           "route_layer_ops", "route_layer_time_ms", "route_step_time_ms", "route_op_time_ms",
+           "DROPPED_BY_DENSE", "KERNEL_MODELS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
+
+BF16 = 2
+FP32 = 4
+#: Absorbed-MLA widths the sparse kernels see: head_size 576 (kv_lora_rank 512 + rope 64) and d_v 512.
+D_QK_ABSORBED = 576
+D_V_ABSORBED = 512
+#: Layer ops the dense MHA routes replace or skip (see the module docstring).
+DROPPED_BY_DENSE = ("w_uk_bmm", "w_uv_bmm", "idx_logits", "idx_topk") + ATTN_OPS
+MHA_CLASS = "mha_attn"
+#: Ops :func:`mla_lab.model.ops.step_ops` adds once per step (not per layer).
+STEP_OPS = ("embedding", "final_norm", "lm_head", "embed_allreduce", "logits_gather")
+
+
+@dataclass(frozen=True)
+class RouteStats:
+    """Token counts of a step for the routes: ``T`` query tokens, ``Tk`` keys up-projected (``sum start + n``),
+    ``K_c`` causal keys (``sum_p p + 1``), ``K_s`` sparse keys (``sum_p min(p + 1, topk)``), ``mask_bits``
+    (``sum n * (start + n)``), ``max_seq_len`` (longest chunk's ``start + n``)."""
+
+    T: int
+    Tk: int
+    K_c: int
+    K_s: int
+    mask_bits: int
+    max_seq_len: int
+
+
+def route_stats(model: ModelConfig, step: Step | int) -> RouteStats:
+    """:class:`RouteStats` of a :class:`~mla_lab.workload.Step` (or an int T: one fresh causal prompt of T tokens).
+
+    Raises:
+        ValueError: T not a positive int.
+    """
+    if not isinstance(step, Step):
+        T = check_int("step", step)
+        step = Step([(0, 0, T)])
+    big = 1 << 62
+    chunks = step.chunks
+    return RouteStats(
+        T=sum(n for _, _, n in chunks), Tk=sum(s + n for _, s, n in chunks),
+        K_c=sum(sum_topk_lengths(s, n, big) for _, s, n in chunks),
+        K_s=sum(sum_topk_lengths(s, n, model.topk) for _, s, n in chunks),
+        mask_bits=sum(n * (s + n) for _, s, n in chunks), max_seq_len=max((s + n for _, s, n in chunks), default=0))
+
+
+def mha_attention_op(model: ModelConfig, tp: int, rs: RouteStats) -> LayerOp:
+    """(a): dense causal MHA with ``H`` real heads over ``K_c`` keys (module docstring)."""
+    H = model.heads_per_rank(tp)
+    dqk = model.qk_nope_head_dim + model.qk_rope_head_dim
+    dv = model.v_head_dim
+    flops = 2.0 * H * rs.K_c * (dqk + dv)
+    act = (rs.T * H * dqk + rs.Tk * H * (dqk + dv) + rs.T * H * dv) * BF16 + rs.T * H * FP32
+    return LayerOp("mha_attn", MHA_CLASS, flops=flops, act_bytes=act,
+                   dims={"T": rs.T, "Tk": rs.Tk, "H": H, "d_qk": dqk, "d_v": dv, "causal_keys": rs.K_c},
+                   impl="flash_attn_varlen causal")
+
+
+def up_projection_ops(model: ModelConfig, tp: int, rs: RouteStats, weight_dtype: str = "bf16") -> list[LayerOp]:
+    """(b): ``kv_b_proj`` GEMM of the step's ``Tk`` latent rows and the ``k_concat`` (module docstring).
+
+    Raises:
+        ValueError: weight_dtype not bf16/fp8.
+    """
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype={weight_dtype!r} is not valid; allowed: {list(WEIGHT_DTYPES)}")
+    H = model.heads_per_rank(tp)
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    proj = _gemm("kv_b_proj", rs.Tk, model.kv_lora_rank, H * (dn + dv), WEIGHT_DTYPES[weight_dtype], weight_dtype)
+    cat = LayerOp("k_concat", "elementwise", act_bytes=(rs.Tk * (H * dn + dr) + rs.Tk * H * (dn + dr)) * BF16,
+                  dims={"Tk": rs.Tk, "H": H, "d_nope": dn, "d_rope": dr}, impl="torch.cat k_nope, k_pe")
+    return [proj, cat]
+
+
+def mask_op(rs: RouteStats) -> LayerOp:
+    """(c): the masked MHA's bit mask, written once and read once (an assumption on its implementation)."""
+    return LayerOp("mask", "elementwise", act_bytes=2 * math.ceil(rs.mask_bits / 8),
+                   dims={"bits": rs.mask_bits}, impl=None)
+
+
+def mha_dense_ops(model: ModelConfig, tp: int, step: Step | int, weight_dtype: str = "bf16") -> list[LayerOp]:
+    """The ops the ``mha-dense`` route adds to a layer: ``kv_b_proj``, ``k_concat``, ``mha_attn``.
+
+    Raises:
+        ValueError: a chunk with ``start + n > topk`` (dense MHA is not equivalent there, :mod:`mla_lab.routes`).
+    """
+    rs = route_stats(model, step)
+    check_route("mha-dense", model.name, max(rs.max_seq_len, 1), model.topk)
+    return up_projection_ops(model, tp, rs, weight_dtype) + [mha_attention_op(model, tp, rs)]
+
+
+def masked_mha_ops(model: ModelConfig, tp: int, step: Step | int, weight_dtype: str = "bf16") -> list[LayerOp]:
+    """The ops the ``mha-masked`` route adds: the dense route's plus ``mask`` (modelled; no kernel run)."""
+    rs = route_stats(model, step)
+    return up_projection_ops(model, tp, rs, weight_dtype) + [mha_attention_op(model, tp, rs), mask_op(rs)]
+
+
+def mha_transient_bytes(model: ModelConfig, tp: int, step: Step | int) -> dict:
+    """Transient bytes of the dense routes for one layer call: ``kv_up`` (``Tk*H*(d_nope+d_v)*2``), ``k``
+    (``Tk*H*d_qk*2``), ``out`` (``T*H*d_v*2`` + lse ``T*H*4``), ``total``, and ``budgeted`` False (vLLM's
+    profile run executes no attention route: module docstring)."""
+    rs = route_stats(model, step)
+    H = model.heads_per_rank(tp)
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    d = {"kv_up": rs.Tk * H * (dn + dv) * BF16, "k": rs.Tk * H * (dn + dr) * BF16,
+         "out": rs.T * H * dv * BF16 + rs.T * H * FP32}
+    d["total"] = sum(d.values())
+    d["budgeted"] = False
+    return d
+
+
+def padded_kernel_terms(T: int, Hp: int, sum_topk: int, H_out: int | None = None) -> dict:
+    """(e): the padded kernel's terms: ``flops`` ``2*K_s*H'*(576+512)``, ``gather_bytes`` ``K_s*ceil(H'/64)*1152``,
+    ``q_bytes`` ``T*H_out*1152``, ``out_bytes`` ``T*H_out*(512*2 + 2*4)`` (out, lse, max_logits), ``tok_bytes``
+    (q + out). ``H_out`` = heads whose Q is read and output written (default ``Hp``: FlashMLA writes all)."""
+    Hq = Hp if H_out is None else H_out
+    return {"flops": 2.0 * sum_topk * Hp * (D_QK_ABSORBED + D_V_ABSORBED),
+            "gather_bytes": float(sum_topk) * math.ceil(Hp / 64) * D_QK_ABSORBED * BF16,
+            "q_bytes": float(T) * Hq * D_QK_ABSORBED * BF16,
+            "out_bytes": float(T) * Hq * (D_V_ABSORBED * BF16 + 2 * FP32),
+            "tok_bytes": float(T) * Hq * (D_QK_ABSORBED * BF16 + D_V_ABSORBED * BF16 + 2 * FP32)}
+
+
+@dataclass(frozen=True)
+class PaddedKernelFit:
+    """``t = flops / (peak * eff_flops) + tok_bytes / (HBM * eff_bytes)`` (module docstring, (e)), fitted on an
+    H200. ``mape_pct`` / ``max_err_pct`` in sample; ``oos`` ``{source: MAPE %}`` when each source file's rows are
+    predicted by a fit on the others; ``flop_only_mape_pct`` the lab's FLOP-only kernel model on the same rows."""
+
+    eff_flops: float
+    eff_bytes: float
+    arch: str
+    n: int
+    mape_pct: float
+    max_err_pct: float
+    oos: dict
+    flop_only_mape_pct: float
+    name: str
+
+    def time_ms(self, T: int, Hp: int, sum_topk: int, H_out: int | None = None, arch=None) -> float:
+        """Modelled kernel ms; ``H_out`` < ``Hp`` prices a kernel that reads Q and writes output for ``H_out``
+        heads only, with the padded kernel's per-key term (fa3-sparse / kernel-native)."""
+        a = get_arch(arch or self.arch)
+        t = padded_kernel_terms(T, Hp, sum_topk, H_out)
+        return (t["flops"] / (a.bf16_tflops * 1e12 * self.eff_flops)
+                + t["tok_bytes"] / (a.hbm_gbps * 1e9 * self.eff_bytes)) * 1e3
+
+    def bytes_ms(self, nbytes: float, arch=None) -> float:
+        """Time (ms) of ``nbytes`` of the kernel's per-token traffic at the fitted byte efficiency."""
+        return nbytes / (get_arch(arch or self.arch).hbm_gbps * 1e9 * self.eff_bytes) * 1e3
+
+
+def padded_kernel_rows(root: str | Path | None = None) -> list[dict]:
+    """The committed H200 FlashMLA kernel rows with zero padded heads, as ``{T, H, Hp, sum_topk, ms, source}``:
+    ``round2/content.csv`` (``content == zeros``, ``mode == alone``; median of the repeats per shape),
+    ``layer_ops.csv`` (op ``kernel``), ``attention_path.csv`` (strategy ``fused``; causal = one prompt of T tokens)
+    and ``data/calibration/h200_reference.csv`` (op ``kernel``, full topk)."""
+    d = Path(root) if root else measured_dir("h200")
+    out: list[dict] = []
+    groups: dict = {}
+    p = d / "round2" / "content.csv"
+    if p.is_file():
+        for r in csv.DictReader(open(p, newline="")):
+            if r.get("content") == "zeros" and r.get("mode") == "alone" and r.get("status") == "ok":
+                k = (int(r["T"]), int(r["H"]), int(r["Hp"]), int(r["sum_topk"]))
+                groups.setdefault(k, []).append(float(r["ms_median"]))
+    for (T, H, Hp, S), v in sorted(groups.items()):
+        v = sorted(v)
+        out.append({"T": T, "H": H, "Hp": Hp, "sum_topk": S, "ms": v[len(v) // 2], "source": "round2/content.csv"})
+    p = d / "layer_ops.csv"
+    if p.is_file():
+        for r in csv.DictReader(open(p, newline="")):
+            if r.get("op") == "kernel" and r.get("status", "ok") == "ok":
+                dims = dict(x.split("=") for x in r["dims"].split(";"))
+                out.append({"T": int(dims["T"]), "H": int(dims["H"]), "Hp": int(dims["Hp"]),
+                            "sum_topk": int(dims["sum_topk"]), "ms": float(r["ms"]), "source": "layer_ops.csv"})
+    p = d / "attention_path.csv"
+    if p.is_file():
+        for r in csv.DictReader(open(p, newline="")):
+            if r.get("strategy") == "fused":
+                T = int(r["T"])
+                S = sum_topk_lengths(0, T, 2048) if r["topk_mode"] == "causal" else T * 2048
+                out.append({"T": T, "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]), "sum_topk": S,
+                            "ms": float(r["kernel_ms"]), "source": "attention_path.csv"})
+    p = calibration_dir() / "h200_reference.csv"
+    if p.is_file() and root is None:
+        for r in csv.DictReader(open(p, newline="")):
+            if r["op"] == "kernel":
+                T = int(r["T"])
+                out.append({"T": T, "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]),
+                            "sum_topk": T * int(r["topk"]), "ms": float(r["ms"]), "source": "h200_reference.csv"})
+    return out
+
+
+def _lstsq2(rows, arch: GPUArch):
+    """Relative-error least squares of ``ms = x0 * flops + x1 * tok_bytes``; returns (eff_flops, eff_bytes)."""
+    import numpy as np
+
+    A = np.array([[padded_kernel_terms(r["T"], r["Hp"], r["sum_topk"])[k] for k in ("flops", "tok_bytes")]
+                  for r in rows], float)
+    m = np.array([r["ms"] * 1e-3 for r in rows], float)
+    x, *_ = np.linalg.lstsq(A / m[:, None], np.ones(len(m)), rcond=None)
+    if (x <= 0).any():
+        raise ValueError(f"padded-kernel fit gave a non-positive coefficient {x.tolist()}; rows do not span the "
+                         "flops and per-token-bytes terms")
+    return 1.0 / (x[0] * arch.bf16_tflops * 1e12), 1.0 / (x[1] * arch.hbm_gbps * 1e9)
+
+
+def fit_padded_kernel(rows: list[dict], arch: str = "h200", calibration: Calibration | None = None,
+                      name: str = "fit") -> PaddedKernelFit:
+    """Fit :class:`PaddedKernelFit` to kernel rows (``T, Hp, sum_topk, ms``, optional ``source``); the error of
+    the lab's FLOP-only kernel model (``calibration``'s ``kernel`` efficiency) on the same rows is reported beside.
+
+    Raises:
+        ValueError: fewer than 3 rows; a non-positive fitted coefficient.
+    """
+    if len(rows) < 3:
+        raise ValueError(f"rows has {len(rows)} kernel rows; allowed: at least 3")
+    a = get_arch(arch)
+    cal = resolve_calibration(calibration)
+    ef, eb = _lstsq2(rows, a)
+    fit = PaddedKernelFit(ef, eb, a.name, len(rows), 0.0, 0.0, {}, 0.0, name)
+    errs = [abs(fit.time_ms(r["T"], r["Hp"], r["sum_topk"]) - r["ms"]) / r["ms"] for r in rows]
+    rate = a.bf16_tflops * 1e12 * cal.attention_eff("kernel")
+    fo = [abs(padded_kernel_terms(r["T"], r["Hp"], r["sum_topk"])["flops"] / rate * 1e3 - r["ms"]) / r["ms"]
+          for r in rows]
+    oos = {}
+    for src in sorted({r.get("source", "") for r in rows}):
+        train = [r for r in rows if r.get("source", "") != src]
+        test = [r for r in rows if r.get("source", "") == src]
+        if len(train) >= 3 and test:
+            try:
+                f2 = replace(fit, eff_flops=_lstsq2(train, a)[0], eff_bytes=_lstsq2(train, a)[1])
+            except ValueError:
+                continue
+            oos[src] = 100 * sum(abs(f2.time_ms(r["T"], r["Hp"], r["sum_topk"]) - r["ms"]) / r["ms"]
+                                 for r in test) / len(test)
+    return replace(fit, mape_pct=100 * sum(errs) / len(errs), max_err_pct=100 * max(errs), oos=oos,
+                   flop_only_mape_pct=100 * sum(fo) / len(fo))
+
+
+_FIT_CACHE: dict = {}
+
+
+def default_padded_kernel_fit() -> PaddedKernelFit:
+    """The fit on the committed H200 rows (:func:`padded_kernel_rows`), cached."""
+    if "h200" not in _FIT_CACHE:
+        _FIT_CACHE["h200"] = fit_padded_kernel(padded_kernel_rows(), "h200",
+                                               name="padded-kernel roofline fitted on the committed H200 rows")
+    return _FIT_CACHE["h200"]
+
+
+def fa3_sparse_terms(model: ModelConfig, tp: int, T: int, sum_topk: int) -> dict:
+    """(d): the FA3 sparse kernel's work with the real heads: ``flops`` (real-head), ``gather_bytes``, ``q_bytes``,
+    ``out_bytes`` (out + lse, real heads), ``padded_bytes`` 0, ``tile_heads`` (the wgmma M the MMAs issue at)."""
+    H = model.heads_per_rank(tp)
+    return {"flops": 2.0 * sum_topk * H * (D_QK_ABSORBED + D_V_ABSORBED),
+            "gather_bytes": float(sum_topk) * D_QK_ABSORBED * BF16,
+            "q_bytes": float(T) * H * D_QK_ABSORBED * BF16,
+            "out_bytes": float(T) * H * (D_V_ABSORBED * BF16 + FP32),
+            "padded_bytes": 0.0, "tile_heads": math.ceil(H / 64) * 64}
+
+
+def mha_pricing_source(calibration: Calibration | None = None) -> str:
+    """What prices the dense MHA kernel: ``measured class mha_attn (<calibration>)`` or the assumption."""
+    cal = resolve_calibration(calibration)
+    if MHA_CLASS in cal.classes:
+        return f"measured class {MHA_CLASS} ({cal.name})"
+    return (f"assumption: FlashAttention-class dense kernel at the FlashMLA kernel's calibrated "
+            f"{cal.attention_eff('kernel'):.3f} of bf16 peak, gemm byte efficiency and overhead ({cal.name})")
+
+
+def _with_mha_class(cal: Calibration) -> Calibration:
+    if MHA_CLASS in cal.classes:
+        return cal
+    g = cal.eff("gemm")
+    eff = ClassEff(cal.attention_eff("kernel"), g.eff_bytes, g.floor_us, 0, None, g.mode)
+    return replace(cal, classes={**cal.classes, MHA_CLASS: eff})
+
+
+KERNEL_MODELS = ("roofline", "calibrated")
+
+
+def route_op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = None, tp: int = 1,
+                     kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline") -> float:
+    """Modelled ms of one op of a route's layer.
+
+    - ``fa3_kernel``: the padded-kernel fit's per-key term at the wgmma tile's heads plus the real heads' per-token
+      bytes (module docstring, (d));
+    - the padded sparse ``kernel`` (class ``attn_kernel``): with ``kernel_model="roofline"`` the fit (e) (its
+      per-token bytes at ``H'``, or at ``H`` for ``kernel_native``, which writes no padded output), times the
+      content factor when the padded heads are stale; with ``"calibrated"`` the lab's FLOP-only kernel model
+      (:func:`mla_lab.model.timing.op_time_ms`);
+    - ``mha_attn`` by its class or the stated assumption (:func:`mha_pricing_source`);
+    - every other op by :func:`mla_lab.model.timing.op_time_ms`.
+
+    Raises:
+        ValueError: kernel_model not in :data:`KERNEL_MODELS`.
+    """
+    if kernel_model not in KERNEL_MODELS:
+        raise ValueError(f"kernel_model={kernel_model!r} is not valid; allowed: {list(KERNEL_MODELS)}")
+    cal = resolve_calibration(calibration)
+    d = op.dims
+    if op.op_class == "fa3_kernel":
+        fit = kernel_fit or default_padded_kernel_fit()
+        return fit.time_ms(d["T"], d["tile_heads"], d["sum_topk"], H_out=d["H"], arch=arch.name)
+    if op.op_class == "attn_kernel" and kernel_model == "roofline":
+        fit = kernel_fit or default_padded_kernel_fit()
+        h_out = d["H"] if d.get("native") else d["Hp"]
+        t = fit.time_ms(d["T"], d["Hp"], d["sum_topk"], H_out=h_out, arch=arch.name)
+        if d.get("content") == "stale" and cal.content is not None:
+            t *= cal.content.factor(d["H"], d["Hp"], t)
+        return t
+    if op.op_class == MHA_CLASS:
+        return op_time_ms(op, arch, _with_mha_class(cal), tp)
+    return op_time_ms(op, arch, cal, tp)
+
+
+def route_layer_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
+                    strategy: str = "private_workspace", **kw) -> list[LayerOp]:
+    """Every op of one layer on one rank for ``route``: :func:`mla_lab.model.ops.layer_ops` of ``strategy`` for
+    ``sparse-mqa``; for ``fa3-sparse`` the attention path replaced by one ``fa3_kernel`` op (no concat, no padded
+    tensor, no output slice); for ``mha-dense`` / ``mha-masked`` the ops of :data:`DROPPED_BY_DENSE` replaced by
+    the MHA ops (``mha-masked`` keeps the indexer's top-k: its mask needs it). Keyword arguments as ``layer_ops``.
+
+    Raises:
+        ValueError: unknown route; ``mha-dense`` where not equivalent; as ``layer_ops``.
+    """
+    if route not in ROUTES:
+        raise ValueError(f"route={route!r} is not valid; allowed: {list(ROUTES)}")
+    ops = layer_ops(model, tp, arch, strategy, step, **kw)
+    if route == "sparse-mqa":
+        if check_strategy(strategy).placement == "kernel_native":
+            ops = [replace(op, dims={**op.dims, "native": 1}) if op.name == "kernel" else op for op in ops]
+        return ops
+    ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
+    wd = kw.get("weight_dtype", "bf16")
+    if route == "fa3-sparse":
+        H = model.heads_per_rank(tp)
+        t = fa3_sparse_terms(model, tp, ss.num_tokens, ss.sum_topk)
+        new = LayerOp("fa3_kernel", "fa3_kernel", flops=t["flops"],
+                      act_bytes=t["gather_bytes"] + t["q_bytes"] + t["out_bytes"],
+                      dims={"T": ss.num_tokens, "H": H, "tile_heads": t["tile_heads"], "sum_topk": ss.sum_topk},
+                      impl="flash_attn_varlen_func fa_version=3 q_v, block_table=top-k (modelled)")
+        i = next(k for k, op in enumerate(ops) if op.name in ATTN_OPS)
+        rest = [op for op in ops if op.name not in ATTN_OPS]
+        return rest[:i] + [new] + rest[i:]
+    add = mha_dense_ops(model, tp, step, wd) if route == "mha-dense" else masked_mha_ops(model, tp, step, wd)
+    drop = set(DROPPED_BY_DENSE) - ({"idx_topk", "idx_logits"} if route == "mha-masked" else set())
+    i = next(k for k, op in enumerate(ops) if op.name == "w_uk_bmm")
+    kept = [op for op in ops if op.name not in drop]
+    j = sum(1 for op in ops[:i] if op.name not in drop)
+    return kept[:j] + add + kept[j:]
+
+
+def route_layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
+                        strategy: str = "private_workspace", calibration: Calibration | None = None,
+                        kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline", **kw) -> dict:
+    """``{op: ms}`` of one layer on ``route`` plus ``total``, ``attention`` (the route's attention ops: the
+    sparse path, ``fa3_kernel``, or ``kv_b_proj + k_concat + mha_attn (+ mask)``; the absorbed bmms are layer ops)
+    and ``comm``."""
+    out: dict = {}
+    comm = 0.0
+    for op in route_layer_ops(model, tp, arch, route, step, strategy, **kw):
+        out[op.name] = route_op_time_ms(op, arch, calibration, tp, kernel_fit, kernel_model)
+        comm += out[op.name] if op.is_comm else 0.0
+    att = set(ATTN_OPS) | {"fa3_kernel", "kv_b_proj", "k_concat", "mha_attn", "mask"}
+    out["attention"] = sum(v for k, v in out.items() if k in att)
+    out["comm"] = comm
+    out["total"] = sum(v for k, v in out.items() if k not in ("attention", "comm"))
+    return out
+
+
+def route_step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
+                       strategy: str = "private_workspace", calibration: Calibration | None = None,
+                       kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline", **kw) -> dict:
+    """Modelled ms of one engine step on ``route``: every layer (dense / MoE, with or without its own indexer, as
+    :func:`mla_lab.model.ops.step_ops` counts them) plus the step's embedding, final norm and LM head.
+    Returns ``total``, ``attention`` (summed over layers), ``per_layer`` (``{(kind, with_indexer): dict}``)."""
+    cal = resolve_calibration(calibration)
+    n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
+    with_idx = set(model.indexer_layers)
+    counts: dict = {}
+    for i in range(model.num_hidden_layers):
+        key = ("dense" if i < n_dense else "moe", i in with_idx)
+        counts[key] = counts.get(key, 0) + 1
+    total = attn = 0.0
+    per = {}
+    for (kind, idx), n in counts.items():
+        d = route_layer_time_ms(model, tp, arch, route, step, strategy, cal, kernel_fit, kernel_model, layer_kind=kind,
+                                with_indexer=idx, **kw)
+        per[(kind, idx)] = d
+        total += n * d["total"]
+        attn += n * d["attention"]
+    for op, c in step_ops(model, tp, arch, strategy, step, **kw):
+        if op.name in STEP_OPS:
+            total += c * op_time_ms(op, arch, cal, tp)
+    return {"total": total, "attention": attn, "per_layer": per, "mha_pricing": mha_pricing_source(cal)}
