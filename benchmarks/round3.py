@@ -186,25 +186,28 @@ class ChunkLoop:
     def __init__(self, H, Hp, S, n_ws, T):
         self.H, self.S, self.T = H, S, T
         self.ws = [torch.zeros(S, Hp, 576, dtype=torch.bfloat16, device="cuda") for _ in range(n_ws)]
-        self.streams = [torch.cuda.current_stream()] if n_ws == 1 else [torch.cuda.Stream() for _ in range(n_ws)]
+        # one workspace: the caller's (capturing) stream; two: side streams forked from it and joined back
+        self.streams = [] if n_ws == 1 else [torch.cuda.Stream() for _ in range(n_ws)]
         self.bounds = [(s, min(s + S, T)) for s in range(0, T, S)]
 
+    def _chunk(self, i, a, b, ql, qpe, kv, idx, sm, tl):
+        q = self.ws[i % len(self.ws)][: b - a]
+        concat_mla_q(ql[a:b], qpe[a:b], q)
+        sparse_mla_prefill(q, kv, idx[a:b], sm, topk_length=None if tl is None else tl[a:b], actual_num_heads=self.H)
+
     def __call__(self, ql, qpe, kv, idx, sm, tl):
+        if not self.streams:
+            for i, (a, b) in enumerate(self.bounds):
+                self._chunk(i, a, b, ql, qpe, kv, idx, sm, tl)
+            return
         main = torch.cuda.current_stream()
-        n = len(self.streams)
-        if n > 1:
-            for s in self.streams:
-                s.wait_stream(main)
+        for s in self.streams:
+            s.wait_stream(main)
         for i, (a, b) in enumerate(self.bounds):
-            s = self.streams[i % n]
-            with torch.cuda.stream(s):
-                q = self.ws[i % n][: b - a]
-                concat_mla_q(ql[a:b], qpe[a:b], q)
-                sparse_mla_prefill(q, kv, idx[a:b], sm, topk_length=None if tl is None else tl[a:b],
-                                   actual_num_heads=self.H)
-        if n > 1:
-            for s in self.streams:
-                main.wait_stream(s)
+            with torch.cuda.stream(self.streams[i % len(self.streams)]):
+                self._chunk(i, a, b, ql, qpe, kv, idx, sm, tl)
+        for s in self.streams:
+            main.wait_stream(s)
 
 
 def part_subgraph(sink: Sink, repeats: int) -> None:
@@ -556,22 +559,25 @@ def part_content(sink: Sink, rounds: int, smoke: bool) -> None:
 
     def run_step(content):
         p = paths[content]
-        evs = [[torch.cuda.Event(enable_timing=True) for _ in range(3)] for _ in range(layers)]
+        evs = [[torch.cuda.Event(enable_timing=True) for _ in range(5)] for _ in range(layers)]
         for i in range(layers):
-            e0, e1, e2 = evs[i]
+            e0, e1, e2, e3, e4 = evs[i]
             e0.record()
-            qkv = F.linear(hid, w_qa)
-            F.linear(qkv[:, : m.q_lora_rank], w_qb)
+            qkv = F.linear(hid, w_qa)  # fused q_a + kv_a (+ k_pe)
+            F.linear(qkv[:, : m.q_lora_rank], w_qb)  # q_b
             e1.record()
-            block_forward(p, blk, sm, parts="compute")  # concat, FlashMLA, W_UV, o_proj
+            o, _ = p(blk["ql_nope"], blk["q_pe"], blk["kv"], blk["indices"], sm, blk["topk_length"])  # concat+kernel
             e2.record()
+            x = torch.bmm(o.transpose(0, 1), blk["w_uv"]).transpose(0, 1).reshape(SEED_T, -1)  # W_UV
+            F.linear(x, blk["w_o"])  # o_proj
+            e3.record()
             moe_forward(moe, parts="compute", impl="grouped_mm")
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        end.synchronize()
-        attn = sum(evs[i][1].elapsed_time(evs[i][2]) for i in range(layers))
-        total = evs[0][0].elapsed_time(end)
-        return total, attn
+            e4.record()
+        e4.synchronize()
+        parts = {k: sum(evs[i][j].elapsed_time(evs[i][j + 1]) for i in range(layers))
+                 for j, k in enumerate(("proj_ms", "attn_path_ms", "post_ms", "moe_ms"))}
+        total = evs[0][0].elapsed_time(evs[-1][4])
+        return total, parts
 
     run_step("zeros")
     run_step("stale")  # warm-up both
@@ -580,21 +586,35 @@ def part_content(sink: Sink, rounds: int, smoke: bool) -> None:
             order = ("zeros", "stale") if r % 2 == 0 else ("stale", "zeros")
             for c in order:
                 t0 = time.perf_counter()
-                total, attn = run_step(c)
+                total, parts = run_step(c)
                 t1 = time.perf_counter()
                 clk, pw = nv.window(t0, t1)
                 sink.write("content_loop.csv", {"content": c, "round": r, "layers": layers, "T": SEED_T,
                                                 "num_heads": H, "step_ms": round(total, 4),
-                                                "attention_block_ms": round(attn, 4),
-                                                "rest_ms": round(total - attn, 4), "sm_clock_mhz": clk,
-                                                "power_w": pw, "nvml_samples": len(nv.samples)})
-                log(f"content r{r} {c}: step {total:.1f} ms, attention blocks {attn:.1f}, rest {total - attn:.1f}, "
-                    f"SM {clk} MHz, {pw} W")
+                                                **{k: round(v, 4) for k, v in parts.items()},
+                                                "sm_clock_mhz": clk, "power_w": pw,
+                                                "nvml_samples": len(nv.samples)})
+                log(f"content r{r} {c}: step {total:.1f} ms, " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+                    + f", SM {clk} MHz, {pw} W")
     del blk, moe, paths
     torch.cuda.empty_cache()
 
 
 # ----------------------------------------------------------------------------------------------------------- main
+
+
+def _stale_fill_on_gpu() -> None:
+    """The lab's stale stand-in (N(0, 1), seeded) drawn on the tensor's device instead of on the CPU: the same
+    distribution, seconds less per [16384, 56, 576] fill (mla_lab.strategies.stale_fill draws on the CPU)."""
+    import mla_lab.strategies as st
+
+    def fill(t, seed: int = 1234):
+        g = torch.Generator(device=t.device).manual_seed(seed)
+        t.copy_(torch.randn(t.shape, generator=g, device=t.device, dtype=torch.float32).to(t.dtype))
+        return t
+
+    st.stale_fill = fill
+
 
 
 def main(argv=None) -> int:
@@ -611,6 +631,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    _stale_fill_on_gpu()
     prov = provenance("measured")
     sink = Sink(out, prov, a.process)
     reps = 3 if a.smoke else a.repeats
