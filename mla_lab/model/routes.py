@@ -217,8 +217,8 @@ class PaddedKernelFit:
         heads only, with the padded kernel's per-key term (fa3-sparse / kernel-native)."""
         a = get_arch(arch or self.arch)
         t = padded_kernel_terms(T, Hp, sum_topk, H_out)
-        return (t["flops"] / (a.bf16_tflops * 1e12 * self.eff_flops)
-                + t["tok_bytes"] / (a.hbm_gbps * 1e9 * self.eff_bytes)) * 1e3
+        return float((t["flops"] / (a.bf16_tflops * 1e12 * self.eff_flops)
+                      + t["tok_bytes"] / (a.hbm_gbps * 1e9 * self.eff_bytes)) * 1e3)
 
     def bytes_ms(self, nbytes: float, arch=None) -> float:
         """Time (ms) of ``nbytes`` of the kernel's per-token traffic at the fitted byte efficiency."""
@@ -278,7 +278,7 @@ def _lstsq2(rows, arch: GPUArch):
     if (x <= 0).any():
         raise ValueError(f"padded-kernel fit gave a non-positive coefficient {x.tolist()}; rows do not span the "
                          "flops and per-token-bytes terms")
-    return 1.0 / (x[0] * arch.bf16_tflops * 1e12), 1.0 / (x[1] * arch.hbm_gbps * 1e9)
+    return float(1.0 / (x[0] * arch.bf16_tflops * 1e12)), float(1.0 / (x[1] * arch.hbm_gbps * 1e9))
 
 
 def fit_padded_kernel(rows: list[dict], arch: str = "h200", calibration: Calibration | None = None,
@@ -310,8 +310,8 @@ def fit_padded_kernel(rows: list[dict], arch: str = "h200", calibration: Calibra
                 continue
             oos[src] = 100 * sum(abs(f2.time_ms(r["T"], r["Hp"], r["sum_topk"]) - r["ms"]) / r["ms"]
                                  for r in test) / len(test)
-    return replace(fit, mape_pct=100 * sum(errs) / len(errs), max_err_pct=100 * max(errs), oos=oos,
-                   flop_only_mape_pct=100 * sum(fo) / len(fo))
+    return replace(fit, mape_pct=float(100 * sum(errs) / len(errs)), max_err_pct=float(100 * max(errs)),
+                   oos={k: float(v) for k, v in oos.items()}, flop_only_mape_pct=float(100 * sum(fo) / len(fo)))
 
 
 _FIT_CACHE: dict = {}
