@@ -2,56 +2,59 @@
 
     mla-lab sweep [-f params.yaml] [-p name value ...] [--notebook PATH] [--report-name NAME] [--timeout S]
     mla-lab advise [--model M --tp N --arch A --max-num-batched-tokens T --prompt-len L --memory-budget-mib X]
+    mla-lab serve [--model M --tensor-parallel-size N --random-input-len L --num-prompts P ... --json]
     mla-lab index [--report-dir DIR]
     mla-lab check-report [HTML ...]     (headless Chromium: figures loaded and not blank, no JavaScript error)
 
-Parameters are validated before any kernel starts (unknown names, wrong types, empty grids are errors: papermill
-itself would silently inject them). ``-p`` values are parsed as YAML (``-p tp_sizes "[1, 8]"``, ``-p force true``).
-Every sweep run publishes its own report under ``<report_dir>/runs/`` and refreshes the latest copy
+Every door refuses bad input in one line (``mla-lab: error: <argument>=<value> ...; allowed: ...``, exit 2) before
+anything is priced or written: the cheap checks (:mod:`mla_lab.cli_doors`: integer ranges with stated upper bounds,
+the number of engine steps a run would price, weights and the workload's KV tokens) come first. Parameters are
+validated before any kernel starts (unknown names, wrong types, empty grids are errors: papermill itself would
+silently inject them). ``-p`` values are parsed as YAML (``-p tp_sizes "[1, 8]"``, ``-p force true``). Every sweep
+run publishes its own report under ``<report_dir>/runs/`` and refreshes the latest copy
 (``<report_dir>/<report-name>.html``) and the index (``<report_dir>/index.html``); layout in :mod:`mla_lab.report.site`.
+
+Imports are lazy: ``mla-lab --help`` and ``mla-lab sweep --dry-run`` load neither torch nor pandas (README
+"Command timings").
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import datetime as _dt
 import json
-import shutil
+import os
 import sys
-import time
 from pathlib import Path
 
-from .kernelspec import ensure_kernel
-from .paths import notebooks_dir
-from .provenance import git_commit
-from .report import site
-from .report.browser import check_in_browser
-from .report.data import load_measured
-from .sweep.advise import advise, format_advice
-from .sweep.executors import resolve_device
-from .sweep.params import check_tp_sizes, validate_params
-from .sweep.run import check_output_file, plan_sweep
-from .sweep.store import code_version
+from . import cli_doors as doors
+from .cli_doors import DoorError
 
-DEFAULT_NOTEBOOK = notebooks_dir() / "padding_sweep.ipynb"
 LAB_EXTRA_HINT = "pip install -e '.[lab]' (papermill, nbconvert, matplotlib, ipykernel)"
 # Injected by the CLI, not sweep parameters (a user passing them gets the unknown-parameter error).
 CLI_PARAMETERS = ("figure_dir", "run_id")
-
-
 #: ``mla-lab sweep`` flags with vLLM's spellings -> sweep parameter (README "vLLM spellings").
-VLLM_FLAGS = (("--tensor-parallel-size", "tp_sizes"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
-              ("--max-num-seqs", "max_num_seqs"), ("--kv-cache-dtype", "kv_cache_dtype"),
-              ("--gpu-memory-utilization", "gpu_memory_utilization"), ("--num-prompts", "num_prompts"),
-              ("--random-input-len", "prompt_lens"), ("--random-output-len", "output_len"),
-              ("--max-concurrency", "concurrency"), ("--request-rate", "request_rate"))
+VLLM_FLAGS = doors.VLLM_FLAGS
+
+
+def _default_notebook() -> Path:
+    from .paths import notebooks_dir
+
+    return notebooks_dir() / "padding_sweep.ipynb"
 
 
 class CLIError(Exception):
-    pass
+    """A run failure or a bad file (exit 1), one line."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``mla-lab: error: <what>; see mla-lab <cmd> --help`` (exit 2)."""
+
+    def error(self, message: str):  # noqa: D401 - argparse's hook
+        msg = " ".join(str(message).split())
+        self.exit(2, f"mla-lab: error: {msg} (see {self.prog} --help)\n")
+
+
+# ----------------------------------------------------------------------------------------------------- sweep
 def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
     import yaml
 
@@ -61,9 +64,12 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
         if not path.is_file():
             raise CLIError(f"-f {f}: no such file")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            data = yaml.safe_load(path.read_text())
+        except UnicodeDecodeError:
+            raise CLIError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
         except yaml.YAMLError as e:
-            raise CLIError(f"-f {f}: not valid YAML: {e}") from None
+            raise CLIError(f"-f {f}: not valid YAML: {' '.join(str(e).split())}") from None
+        data = {} if data is None else data
         if not isinstance(data, dict):
             raise CLIError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
         raw.update(data)
@@ -71,7 +77,7 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
         try:
             raw[name] = yaml.safe_load(value)
         except yaml.YAMLError as e:
-            raise CLIError(f"-p {name} {value!r}: not a valid YAML value: {e}") from None
+            raise CLIError(f"-p {name} {value!r}: not a valid YAML value: {' '.join(str(e).split())}") from None
     return raw
 
 
@@ -93,10 +99,27 @@ def _require_lab_extra() -> None:
         raise CLIError(f"mla-lab sweep needs the 'lab' extra ({', '.join(missing)} not installed): {LAB_EXTRA_HINT}")
 
 
+def _check_notebook(notebook: Path) -> None:
+    import nbformat
+
+    if not notebook.is_file():
+        raise CLIError(f"--notebook {notebook}: no such notebook")
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+    except Exception as e:  # nbformat raises several types for a file that is not a notebook
+        raise CLIError(f"--notebook {notebook}: not a readable .ipynb ({type(e).__name__}); allowed: a Jupyter "
+                       "notebook with a cell tagged 'parameters'") from None
+    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
+        raise CLIError(f"notebook {notebook} has no cell tagged 'parameters'; papermill cannot inject parameters")
+
+
 def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> dict:
     """Execute ``notebook`` with papermill (kernel ``mla-lab``, this interpreter, per-cell ``timeout`` seconds) as a
     new run, export it to HTML with inputs hidden, and publish it: the run's own files under
     ``<report_dir>/runs/<run_id>.*``, the latest copy ``<report_dir>/<report_name>.html`` and the index.
+
+    ``params`` must have passed :func:`mla_lab.cli_doors.check_sweep` (the CLI does it first); papermill's progress
+    bar is on when stderr is a terminal.
 
     Returns ``{"run_id", "run_html", "html", "index", "figures"}`` (paths).
 
@@ -104,15 +127,23 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
         CLIError: the notebook is missing or has no cell tagged ``parameters``; a cell failed (its error is named).
         ValueError: invalid sweep parameters (before any kernel starts).
     """
+    import dataclasses
+    import datetime as _dt
+    import shutil
+    import time
+
     _require_lab_extra()
-    import nbformat
+    _check_notebook(notebook)
     import papermill as pm
 
-    if not notebook.is_file():
-        raise CLIError(f"--notebook {notebook}: no such notebook")
-    nb = nbformat.read(notebook, as_version=4)
-    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb.cells):
-        raise CLIError(f"notebook {notebook} has no cell tagged 'parameters'; papermill cannot inject parameters")
+    from .kernelspec import ensure_kernel
+    from .provenance import git_commit
+    from .report import site
+    from .sweep.executors import resolve_device
+    from .sweep.params import check_tp_sizes, validate_params
+    from .sweep.run import check_output_file
+    from .sweep.store import code_version
+
     checked = validate_params(params)  # fail before starting a kernel
     check_tp_sizes(checked)
     validated = dataclasses.asdict(checked)
@@ -134,10 +165,10 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
     try:
         pm.execute_notebook(str(notebook), str(executed),
                             parameters={**params, "figure_dir": str(figure_dir), "run_id": run_id},
-                            kernel_name=kernel, execution_timeout=timeout, progress_bar=False, cwd=str(cwd),
-                            log_output=False, stderr_file=sys.stderr)  # the sweep's progress, live
+                            kernel_name=kernel, execution_timeout=timeout, progress_bar=sys.stderr.isatty(),
+                            cwd=str(cwd), log_output=False, stderr_file=sys.stderr)  # the sweep's progress, live
     except pm.PapermillExecutionError as e:
-        raise CLIError(f"notebook cell {e.exec_count} failed: {e.ename}: {e.evalue} "
+        raise CLIError(f"notebook cell {e.exec_count} failed: {e.ename}: {' '.join(str(e.evalue).split())} "
                        f"(executed copy with the traceback: {executed})") from None
     except Exception as e:  # nbclient's CellTimeoutError, a dead kernel: one line, not a traceback wall
         if type(e).__name__ in ("CellTimeoutError", "DeadKernelError", "TimeoutError"):
@@ -189,131 +220,41 @@ def _failed_points(csv_path) -> tuple[int, int] | None:
 
 def _rel(p: Path) -> str:
     try:
-        return str(p.relative_to(Path.cwd()))
+        return str(Path(p).relative_to(Path.cwd()))
     except ValueError:
         return str(p)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mla-lab", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sw = sub.add_parser("sweep", help="run the padding sweep notebook through papermill and publish HTML")
-    sw.add_argument("-f", "--params-file", action="append", default=[], help="YAML file of parameters")
-    sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
-    sw.add_argument("--notebook", default=str(DEFAULT_NOTEBOOK))
-    sw.add_argument("--report-name", default="padding_sweep", help="basename of the latest report's files")
-    sw.add_argument("--timeout", type=int, default=3600,
-                    help="per-cell execution timeout, seconds (the sweep itself runs in one cell)")
-    sw.add_argument("--force", action="store_true", help="recompute points already stored")
-    sw.add_argument("--executor", choices=["local", "ray"], default=None,
-                    help="where grid points run (= -p executor; ray needs pip install 'mla_lab[ray]')")
-    sw.add_argument("--address", default=None, help="Ray cluster address with --executor ray (= -p ray_address)")
+def _sweep_params(args) -> dict:
+    """The sweep's parameters from -f files, -p pairs and the flags, names normalised to the sweep's; a flag and
+    its -p/-f twin with different values are refused (:func:`mla_lab.cli_doors.merge_flags`)."""
+    params = _load_params(args.params_file, args.param)
+    flags: dict = {}
     for flag, name in VLLM_FLAGS:
-        sw.add_argument(flag, dest=f"vllm_{name}", default=None, metavar="VALUE",
-                        help=f"vLLM spelling of -p {name} (a YAML value: 8 or [4, 8])")
-    sw.add_argument("--num-runs", type=int, default=None,
-                    help="interleaved repeats of each measured strategy on a GPU (= -p num_runs; default 7)")
-    sw.add_argument("--dry-run", action="store_true",
-                    help="print the grid, the point count and what is already stored; run nothing")
-    sw.add_argument("--overwrite", action="store_true",
-                    help="allow data_file to replace an existing file the lab did not write")
-    ad = sub.add_parser("advise", help="for one deployment and a memory budget: the strategy (and S) with the "
-                                       "lowest TTFT, ranked alternatives, what does not fit")
-    ad.add_argument("--model", default="glm-5")
-    ad.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=8)
-    ad.add_argument("--arch", default="h200")
-    ad.add_argument("--max-num-batched-tokens", type=int, default=16384)
-    ad.add_argument("--prompt-len", "--random-input-len", dest="prompt_len", type=int, default=1024)
-    ad.add_argument("--kv-cache-dtype", default="bf16")
-    ad.add_argument("--num-prompts", type=int, default=32)
-    ad.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=int, default=None)
-    ad.add_argument("--weight-dtype", default="fp8", choices=["fp8", "bf16"])
-    ad.add_argument("--moe-parallel", default="ep", choices=["ep", "tp"])
-    ad.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="vLLM's KV-cache budget fraction")
-    ad.add_argument("--memory-budget-mib", type=float, default=None, help="most persistent extra MiB per rank")
-    ad.add_argument("--memory-budget-tokens", type=float, default=None, help="most KV-cache tokens lost per rank")
-    ad.add_argument("--no-measured", action="store_true", help="use modelled TTFT only (ignore data/measured)")
-    ad.add_argument("--json", action="store_true", help="print the result as JSON")
-    ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
-    ix.add_argument("--report-dir", default="reports")
-    ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
-    ck = sub.add_parser("check-report", help="render reports in headless Chromium: every figure loaded and not "
-                                             "blank, no JavaScript error")
-    ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"])
-    args = ap.parse_args(argv)
-    if args.cmd == "check-report":
-        bad = 0
-        for h in args.html:
-            try:
-                r = check_in_browser(h)
-            except RuntimeError as e:
-                print(f"mla-lab: error: {e}", file=sys.stderr)
-                return 1
-            inks = ", ".join(f"{100 * i['ink']:.1f}%" for i in r["images"])
-            print(f"mla-lab: {h}: {'ok' if r['ok'] else 'FAILED'} ({len(r['images'])} figure(s), non-background "
-                  f"pixels {inks or '-'}; screenshot {_rel(r['screenshot'])})")
-            for p in r["problems"]:
-                print(f"  - {p}")
-            bad += not r["ok"]
-        return 1 if bad else 0
-    if args.cmd == "advise":
-        try:
-            measured = None if args.no_measured else load_measured()
-            res = advise(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
-                         args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
-                         args.moe_parallel, args.memory_budget_mib, args.memory_budget_tokens, measured=measured,
-                         gpu_memory_utilization=args.gpu_memory_utilization)
-        except ValueError as e:
-            print(f"mla-lab: error: {e}", file=sys.stderr)
-            return 2
-        print(json.dumps(res, indent=1, default=str) if args.json else format_advice(res))
+        v = getattr(args, f"vllm_{name}")
+        if v is not None:
+            flags[name] = (flag, _load_params([], [[name, v]])[name])
+    for attr, name, flag in (("force", "force", "--force"), ("overwrite", "overwrite", "--overwrite")):
+        if getattr(args, attr):
+            flags[name] = (flag, True)
+    for attr, name, flag in (("num_runs", "num_runs", "--num-runs"), ("executor", "executor", "--executor"),
+                             ("address", "ray_address", "--address"), ("seed", "seed", "--seed")):
+        v = getattr(args, attr)
+        if v is not None:
+            flags[name] = (flag, v)
+    return doors.merge_flags(params, flags)
+
+
+def _cmd_sweep(args) -> int:
+    doors.check_report_name(args.report_name)
+    params = _sweep_params(args)
+    doors.check_sweep(params)  # bounds, step counts and paths: O(1), before anything is priced or written
+    if args.dry_run:  # the same refusals as a run, before anything is planned; nothing is created
+        plan = doors.plan_without_writing(params)
+        print(json.dumps(plan, indent=1))
         return 0
-    if args.cmd == "index":
-        try:
-            out = site.build_index(Path(args.report_dir), args.report_name)
-        except (OSError, ValueError) as e:
-            what = "is a file, not a folder" if Path(args.report_dir).is_file() else \
-                (getattr(e, "strerror", None) or str(e))
-            print(f"mla-lab: error: --report-dir {args.report_dir}: {what}; give the folder the reports are in",
-                  file=sys.stderr)
-            return 2
-        print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {_rel(out)}")
-        return 0
-    try:
-        params = _load_params(args.params_file, args.param)
-        if args.force:
-            params["force"] = True
-        if args.overwrite:
-            params["overwrite"] = True
-        if args.num_runs is not None:
-            params["num_runs"] = args.num_runs
-        for _, name in VLLM_FLAGS:
-            v = getattr(args, f"vllm_{name}")
-            if v is not None:
-                params[name] = _load_params([], [[name, v]])[name]
-        if args.executor is not None:
-            params["executor"] = args.executor
-        if args.address is not None:
-            params["ray_address"] = args.address
-        if args.timeout <= 0:
-            raise ValueError(f"--timeout={args.timeout} must be a positive number of seconds")
-        if args.dry_run:  # the same refusals as a run, before anything is planned
-            checked = validate_params(params)
-            check_tp_sizes(checked)
-            check_output_file(checked.data_file, checked.overwrite)
-            resolve_device(checked.device)
-            plan = plan_sweep(checked)
-            print(json.dumps(plan, indent=1))
-            return 0
-        # relative paths resolve against the directory the command runs in
-        res = publish(params, Path(args.notebook), args.report_name, args.timeout, Path.cwd())
-    except (CLIError, ValueError) as e:
-        print(f"mla-lab: error: {e}", file=sys.stderr)
-        return 2 if isinstance(e, ValueError) else 1
-    except KeyboardInterrupt:
-        print("mla-lab: interrupted; every point finished so far is stored (one file per point) and the same "
-              "command resumes from them", file=sys.stderr)
-        return 130
+    # relative paths resolve against the directory the command runs in
+    res = publish(params, Path(args.notebook), args.report_name, args.timeout, Path.cwd())
     failed = _failed_points(res.get("csv"))
     if failed is not None and failed[0] == failed[1] and failed[1] > 0:
         print(f"mla-lab: error: every point failed ({failed[1]} points; the report lists each reason: "
@@ -323,6 +264,207 @@ def main(argv: list[str] | None = None) -> int:
     print(f"mla-lab: this run: {_rel(res['run_html'])} (figures as PNG + SVG in {_rel(res['figures'])}/)")
     print(f"mla-lab: index of all published reports: {_rel(res['index'])}")
     return 0
+
+
+# ----------------------------------------------------------------------------------------------------- advise
+def _cmd_advise(args) -> int:
+    for flag, v in (("--random-output-len", args.random_output_len), ("--request-rate", args.request_rate)):
+        if v is not None:
+            raise DoorError(f"{flag}={v!r} is not used by advise: it ranks strategies by the modelled TTFT of the "
+                            "prefill, which neither the output length nor the request rate changes; allowed: omit "
+                            "it here, or use 'mla-lab serve' (the vllm bench serve simulation) with it")
+    doors.check_deployment(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
+                           args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
+                           args.moe_parallel, args.gpu_memory_utilization, strategies=None)
+    from .sweep.advise import advise, format_advice
+
+    measured = None
+    if not args.no_measured:
+        from .report.data import load_measured_cached
+
+        measured = load_measured_cached()
+    res = advise(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
+                 args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
+                 args.moe_parallel, args.memory_budget_mib, args.memory_budget_tokens, measured=measured,
+                 gpu_memory_utilization=args.gpu_memory_utilization)
+    print(json.dumps(res, indent=1, default=str) if args.json else format_advice(res))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- serve
+def _cmd_serve(args) -> int:
+    strategies = doors.check_strategies(args.strategies)
+    doors.check_serve(args)
+    from .serving import BenchConfig, serve_benchmark
+
+    bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.random_input_len,
+                        random_output_len=args.random_output_len, request_rate=args.request_rate,
+                        max_concurrency=args.max_concurrency, seed=args.seed)
+    kw = dict(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
+              gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
+              weight_dtype=args.weight_dtype, moe_parallel=args.moe_parallel)
+    res = serve_benchmark(args.model, args.tensor_parallel_size, args.arch, strategies, bench, **kw)
+    runs = None
+    if args.num_runs > 1:
+        runs = doors.serve_noise_runs(args, strategies, bench, kw)
+    out = doors.serve_summary(res, runs)
+    print(json.dumps(out, indent=1, default=str) if args.json else doors.format_serve(out))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- index
+def _cmd_index(args) -> int:
+    from .report import site
+
+    rd = Path(args.report_dir)
+    blocker = doors.file_in_the_way(rd)
+    if blocker is not None:
+        raise DoorError(f"--report-dir {args.report_dir}: {blocker} is a file, not a folder; give the folder the "
+                        "reports are in")
+    doors.check_report_name(args.report_name)
+    try:
+        out = site.build_index(rd, args.report_name)
+    except (OSError, ValueError) as e:
+        what = getattr(e, "strerror", None) or str(e)
+        raise DoorError(f"--report-dir {args.report_dir}: {what}; give the folder the reports are in") from None
+    print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {_rel(out)}")
+    return 0
+
+
+def _cmd_check_report(args) -> int:
+    from .report.browser import check_in_browser
+
+    bad = 0
+    for h in args.html:
+        try:
+            r = check_in_browser(h)
+        except RuntimeError as e:
+            raise CLIError(str(e)) from None
+        inks = ", ".join(f"{100 * i['ink']:.1f}%" for i in r["images"])
+        print(f"mla-lab: {h}: {'ok' if r['ok'] else 'FAILED'} ({len(r['images'])} figure(s), non-background "
+              f"pixels {inks or '-'}; screenshot {_rel(r['screenshot'])})")
+        for p in r["problems"]:
+            print(f"  - {p}")
+        bad += not r["ok"]
+    return 1 if bad else 0
+
+
+# ----------------------------------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mla-lab`` argument parser (every integer flag bounded: :data:`mla_lab.cli_doors.BOUNDS`)."""
+    B = doors.arg_type
+    ap = _Parser(prog="mla-lab", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+    sw = sub.add_parser("sweep", help="run the padding sweep notebook through papermill and publish HTML")
+    sw.add_argument("-f", "--params-file", action="append", default=[], help="YAML file of parameters")
+    sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                    help="one sweep parameter as a YAML value (-p tp_sizes '[4, 8]'; list: --help-params)")
+    sw.add_argument("--notebook", default=None, help="the notebook to run (default notebooks/padding_sweep.ipynb)")
+    sw.add_argument("--report-name", default="padding_sweep",
+                    help="basename of the latest report's files (letters, digits, '.', '_', '-'; no folders)")
+    sw.add_argument("--timeout", type=B("timeout"), default=3600,
+                    help="per-cell execution timeout, seconds (the sweep itself runs in one cell)")
+    sw.add_argument("--force", action="store_true", help="recompute points already stored")
+    sw.add_argument("--executor", choices=["local", "ray"], default=None,
+                    help="where grid points run (= -p executor; ray needs pip install 'mla_lab[ray]')")
+    sw.add_argument("--address", default=None, help="Ray cluster address with --executor ray (= -p ray_address)")
+    for flag, name in VLLM_FLAGS:
+        sw.add_argument(flag, dest=f"vllm_{name}", default=None, metavar="VALUE",
+                        help=f"vLLM spelling of -p {name} (a YAML value: 8 or [4, 8])")
+    sw.add_argument("--num-runs", type=B("num_runs"), default=None,
+                    help="interleaved repeats of each measured strategy on a GPU (= -p num_runs; default 7)")
+    sw.add_argument("--seed", type=B("seed"), default=None,
+                    help="vllm bench serve --seed of the report's serving simulation (= -p seed; default 0)")
+    sw.add_argument("--dry-run", action="store_true",
+                    help="print the grid, the point count and what is already stored; run nothing, write nothing")
+    sw.add_argument("--overwrite", action="store_true",
+                    help="allow data_file to replace an existing file the lab did not write")
+    ad = sub.add_parser("advise", help="for one deployment and a memory budget: the strategy (and S) with the "
+                                       "lowest TTFT, ranked alternatives, what does not fit")
+    _deployment_flags(ad, tp_flags=("--tp", "--tensor-parallel-size"), tp_dest="tp")
+    ad.add_argument("--prompt-len", "--random-input-len", dest="prompt_len", type=B("prompt_len"), default=1024)
+    ad.add_argument("--num-prompts", type=B("num_prompts"), default=32)
+    ad.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=B("concurrency"), default=None)
+    ad.add_argument("--memory-budget-mib", type=doors.budget_type("--memory-budget-mib"), default=None,
+                    help="most persistent extra MiB per rank")
+    ad.add_argument("--memory-budget-tokens", type=doors.budget_type("--memory-budget-tokens"), default=None,
+                    help="most KV-cache tokens lost per rank")
+    ad.add_argument("--random-output-len", default=None, help=argparse.SUPPRESS)  # refused with a reason
+    ad.add_argument("--request-rate", default=None, help=argparse.SUPPRESS)  # refused with a reason
+    ad.add_argument("--no-measured", action="store_true", help="use modelled TTFT only (ignore data/measured)")
+    ad.add_argument("--json", action="store_true", help="print the result as JSON")
+    sv = sub.add_parser("serve", help="the vllm bench serve simulation for one deployment: every metric per "
+                                      "strategy and its change vs the baseline (modelled)")
+    _deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"), tp_dest="tensor_parallel_size")
+    sv.add_argument("--random-input-len", "--prompt-len", dest="random_input_len", type=B("prompt_len"),
+                    default=1024)
+    sv.add_argument("--random-output-len", type=B("output_len"), default=128)
+    sv.add_argument("--num-prompts", type=B("num_prompts"), default=32)
+    sv.add_argument("--max-concurrency", type=B("concurrency"), default=None)
+    sv.add_argument("--request-rate", type=doors.rate_type, default=float("inf"),
+                    help="requests/s (inf: every request at t = 0, vLLM's default)")
+    sv.add_argument("--max-num-seqs", type=B("max_num_seqs"), default=256)
+    sv.add_argument("--seed", type=B("seed"), default=0, help="vllm bench serve --seed (arrival times)")
+    sv.add_argument("--num-runs", type=B("num_runs"), default=1,
+                    help="noise Monte-Carlo runs per strategy (mla_lab.serving.noise); 1 = one deterministic run")
+    sv.add_argument("--strategies", nargs="+", default=["vllm-pre-53878", "vllm-53878", "vllm-56902"],
+                    help="presets or canonical strategies (the baseline is always run)")
+    sv.add_argument("--json", action="store_true", help="print the result as JSON")
+    ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
+    ix.add_argument("--report-dir", default="reports")
+    ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
+    ck = sub.add_parser("check-report", help="render reports in headless Chromium: every figure loaded and not "
+                                             "blank, no JavaScript error, nothing wider than the window")
+    ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"])
+    return ap
+
+
+def _deployment_flags(p, tp_flags, tp_dest) -> None:
+    B = doors.arg_type
+    p.add_argument("--model", default="glm-5")
+    p.add_argument(*tp_flags, dest=tp_dest, type=B("tp"), default=8)
+    p.add_argument("--arch", default="h200")
+    p.add_argument("--max-num-batched-tokens", type=B("max_num_batched_tokens"), default=16384)
+    p.add_argument("--kv-cache-dtype", default="bf16")
+    p.add_argument("--weight-dtype", default="fp8", choices=["fp8", "bf16"])
+    p.add_argument("--moe-parallel", default="ep", choices=["ep", "tp"])
+    p.add_argument("--gpu-memory-utilization", type=doors.fraction_type, default=0.9,
+                   help="vLLM's KV-cache budget fraction, in (0, 1]")
+
+
+_COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "index": _cmd_index,
+             "check-report": _cmd_check_report}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (0 ok, 1 a run failure, 2 bad input, 130 interrupted).
+
+    Every failure is one line on stderr (``MLA_LAB_TRACEBACK=1`` re-raises unexpected errors with their traceback).
+    """
+    try:
+        args = build_parser().parse_args(argv)
+        if getattr(args, "notebook", "") is None:
+            args.notebook = str(_default_notebook())
+        return _COMMANDS[args.cmd](args)
+    except (DoorError, ValueError) as e:
+        print(f"mla-lab: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except CLIError as e:
+        print(f"mla-lab: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mla-lab: interrupted; every point finished so far is stored (one file per point) and the same "
+              "command resumes from them", file=sys.stderr)
+        return 130
+    except (OSError, OverflowError, MemoryError, RecursionError) as e:
+        if os.environ.get("MLA_LAB_TRACEBACK"):
+            raise
+        print(f"mla-lab: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

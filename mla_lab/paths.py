@@ -4,6 +4,8 @@ Environment overrides (read on every call, so tests and CI can point elsewhere):
 
 - ``MLA_LAB_DATA``: the ``data/`` folder (model configs under ``models/``, ``calibration/``, ``measured/``).
 - ``MLA_LAB_MEASURED``: the measured-data folder only (default ``<data>/measured``).
+- ``MLA_LAB_CACHE``: where the lab caches derived data keyed by the digest of its inputs (default
+  ``<data>/sweeps/.cache``, an output folder the lab owns; git ignores ``data/sweeps/``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "notebooks_dir", "resolve"]
+__all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "notebooks_dir", "cache_dir",
+           "resolve"]
 
 #: The repository this package sits in (``mla_lab/..``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +41,13 @@ def measured_dir(gpu: str | None = None) -> Path:
     root = os.environ.get("MLA_LAB_MEASURED")
     base = Path(root) if root else data_dir() / "measured"
     return base / gpu if gpu else base
+
+
+def cache_dir() -> Path:
+    """``<data>/sweeps/.cache`` (env ``MLA_LAB_CACHE`` overrides): derived data, each file named by the digest of
+    what it was derived from (safe to delete: it is rebuilt on the next use)."""
+    root = os.environ.get("MLA_LAB_CACHE")
+    return Path(root) if root else data_dir() / "sweeps" / ".cache"
 
 
 def notebooks_dir() -> Path:

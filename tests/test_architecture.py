@@ -14,7 +14,9 @@ never a sibling unit on the same layer, and nothing in a circle:
     paths, _validate
 
 Function-local imports are only for optional heavy dependencies (torch.cuda paths, triton, flash_mla, ray,
-ipywidgets, matplotlib, papermill, the browser library): a function-local import of a module of this package fails.
+ipywidgets, matplotlib, papermill, the browser library): a function-local import of a module of this package fails,
+except in the command line (``cli``, ``cli_doors``: nothing imports them, so their lazy imports cannot hide a circle;
+``mla-lab --help`` must not load torch, issue 22). Function-local imports still count as edges of the graph.
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ PKG = Path(__file__).resolve().parent.parent / "mla_lab"
 
 STACK = [
     ("mla_lab", "cli", "explore"),
-    ("report",),
+    ("report", "cli_doors"),
     ("sweep",),
     ("measure", "serving"),
     ("model",),
-    ("strategies",),
-    ("kernels", "buffers"),
-    ("models", "arch", "workload", "seed", "provenance", "kernelspec", "placement", "routes"),
+    ("strategies", "seed"),
+    ("kernels", "buffers", "deployment"),
+    ("models", "arch", "workload", "provenance", "kernelspec", "placement", "routes"),
     ("paths", "_validate"),
 ]
+#: Modules allowed function-local imports of the package (the CLI's lazy imports; issue 22).
+LAZY_OK = {"mla_lab.cli", "mla_lab.cli_doors"}
 LAYER = {unit: i for i, units in enumerate(STACK) for unit in units}
 
 
@@ -92,7 +96,7 @@ def _graph():
             targets = _resolve(module, is_pkg, node)
             edges.update(t for t in targets if t != module)
         # function-local imports: imports whose nearest enclosing scope is a function
-        for fn in ast.walk(tree):
+        for fn in ast.walk(tree) if module not in LAZY_OK else ():
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for node in ast.walk(fn):
                     if isinstance(node, (ast.Import, ast.ImportFrom)) and _resolve(module, is_pkg, node):

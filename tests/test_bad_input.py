@@ -538,7 +538,7 @@ CASES = [
     ("cmd_check_report_missing_page", lambda c: _cmd(c, "check-report", "nope.html"), CLIFailed,
      r"^exit 1: mla-lab: error: (.*/nope\.html: no such file|no Chromium found .*)$"),
     ("cmd_unknown_subcommand", lambda c: _cmd(c, "advice"), CLIFailed,
-     r"^exit 2: usage: mla-lab .*error: argument cmd: invalid choice: 'advice'"),
+     r"^exit 2: mla-lab: error: argument cmd: invalid choice: 'advice' \(choose from [^\n]*\) \(see mla-lab --help\)$"),
     # --- the CLI in a subprocess, cases that reach the notebook when the CLI does not refuse them itself
     ("cli_report_dir_is_a_file", lambda c: _cli(c, pairs=[("report_dir", str(_file_under(c)))]), CLIFailed,
      r"^exit [12]: mla-lab: error: report_dir='.*/afile'[^\n]*$"),

@@ -5,33 +5,37 @@
 - :mod:`.tables` — pandas tables and their HTML.
 - :mod:`.site` — the ``reports/`` site: per-run reports, latest copy, index.
 - :mod:`.browser` — headless Chromium check of a published page.
+
+The names below are loaded on first use (PEP 562): ``import mla_lab.report.site`` does not load pandas or
+matplotlib (the CLI's ``index`` and ``--help`` stay fast, issue 22).
 """
 
-from .data import combine, failed_points, load_measured, load_validation, measured_for, ok_rows, pick
-from .figures import (
-    not_fitting,
-    plot_deployment,
-    plot_frontier_grid,
-    plot_heatmap,
-    plot_tp_bars,
-    plot_validation,
-    publish_figure,
-)
-from .seed_answer import seed_answer, seed_answer_table, seed_comm_sensitivity, seed_sentences
-from .tables import (
-    html_table,
-    provenance_html,
-    provenance_summary,
-    save_provenance,
-    seed_setup_table,
-    summary_html,
-    summary_table,
-    validation_table,
-)
-from .tp_ranks import comm_fit_table, tp_rank_table, tp_status_table
+from __future__ import annotations
 
-__all__ = ["combine", "failed_points", "load_measured", "load_validation", "measured_for", "ok_rows", "pick",
-           "not_fitting", "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars", "plot_validation",
-           "publish_figure", "html_table", "provenance_html", "provenance_summary", "save_provenance",
-           "seed_setup_table", "summary_html", "summary_table", "tp_status_table", "tp_rank_table", "comm_fit_table",
-           "seed_comm_sensitivity", "validation_table", "seed_answer", "seed_answer_table", "seed_sentences"]
+import importlib
+
+#: public name -> the submodule that defines it.
+_WHERE = {
+    **dict.fromkeys(("combine", "failed_points", "load_measured", "load_measured_cached", "load_validation",
+                     "measured_for", "ok_rows", "pick"), "data"),
+    **dict.fromkeys(("not_fitting", "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars",
+                     "plot_validation", "publish_figure"), "figures"),
+    **dict.fromkeys(("seed_answer", "seed_answer_table", "seed_comm_sensitivity", "seed_sentences"), "seed_answer"),
+    **dict.fromkeys(("html_table", "provenance_html", "provenance_summary", "save_provenance", "seed_setup_table",
+                     "summary_html", "summary_table", "validation_table"), "tables"),
+    **dict.fromkeys(("comm_fit_table", "tp_rank_table", "tp_status_table"), "tp_ranks"),
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

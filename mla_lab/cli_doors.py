@@ -1,0 +1,480 @@
+"""The CLI's doors: every check that can be made in O(1) before anything is priced, planned or written.
+
+Each refusal is one :class:`DoorError` (a ``ValueError``) line naming the argument, the value and what is allowed;
+the CLI prints it and exits 2. Checks run cheapest first:
+
+1. integer and float ranges, each with a stated upper bound and its reason (:data:`BOUNDS`);
+2. how many engine steps a run would price (:data:`MAX_PRICED_STEPS` per sweep point / advise,
+   :data:`MAX_SERVE_STEPS` per serving strategy), from the token counts alone;
+3. vLLM's own engine rule ``max_num_batched_tokens >= max_num_seqs`` (``vllm/config/scheduler.py``,
+   ``SchedulerConfig._verify_args``);
+4. whether the weights fit and the workload's KV tokens fit the KV cache (:func:`mla_lab.model.memory.memory_tradeoff`,
+   the same rule as the row builder's ``fits_in_memory``) — for ``advise`` and ``serve``; a sweep records
+   non-fitting points as rows with their reason instead;
+5. paths: a file where a folder must be (or under one), a report name with a folder in it.
+
+Nothing here creates a file or a folder: ``--dry-run`` plans against a temporary store when the real one does not
+exist yet (:func:`plan_without_writing`).
+
+Imports of the lab's heavier modules are function-local on purpose (``mla-lab --help`` loads none of them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from pathlib import Path
+
+__all__ = ["DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_GRID_POINTS", "VLLM_FLAGS",
+           "arg_type", "budget_type", "fraction_type", "rate_type", "merge_flags", "check_sweep",
+           "check_deployment", "check_serve", "check_strategies", "check_report_name", "file_in_the_way",
+           "plan_without_writing", "serve_summary", "format_serve", "serve_noise_runs"]
+
+
+class DoorError(ValueError):
+    """One line: ``<argument>=<value> ...; allowed: ...``."""
+
+
+#: ``name -> (lowest, highest, why the highest)``: every integer the CLI takes, its flag and its -p name.
+BOUNDS = {
+    "tp": (1, 1024, "no sparse-MLA model has more attention heads than 1024 to shard"),
+    "max_num_batched_tokens": (1, 2**20, "2**20 = 1,048,576 tokens per step: above any served context "
+                                         "(GLM-5 and DeepSeek-V3.2: <= 202,752)"),
+    "prompt_len": (1, 2**20, "2**20 = 1,048,576 tokens: above the context of every model the lab knows "
+                             "(GLM-5 and DeepSeek-V3.2: <= 202,752)"),
+    "output_len": (1, 2**20, "2**20 tokens: above the context of every model the lab knows"),
+    "num_prompts": (1, 100_000, "100x vllm bench serve's default of 1000; the simulation keeps one record per "
+                                "request"),
+    "concurrency": (1, 100_000, "at most num_prompts, itself at most 100,000"),
+    "max_num_seqs": (1, 65_536, "256x vLLM's default of 256"),
+    "num_runs": (1, 1000, "each run repeats every strategy; 1000 is past any useful interval"),
+    "seed": (0, 2**32 - 1, "numpy's RandomState takes seeds in [0, 2**32 - 1]"),
+    "timeout": (1, 7 * 86400, "one week per cell"),
+    "shared_workspace_bytes": (0, 2**40, "1 TiB: above any GPU's memory"),
+}
+#: -p names holding a list of ints, and the bound each entry takes.
+_LIST_BOUNDS = {"tp_sizes": "tp", "max_num_batched_tokens": "max_num_batched_tokens", "prompt_lens": "prompt_len"}
+#: -p names holding one int.
+_SCALAR_BOUNDS = {"num_prompts": "num_prompts", "concurrency": "concurrency", "output_len": "output_len",
+                  "max_num_seqs": "max_num_seqs", "num_runs": "num_runs", "seed": "seed",
+                  "shared_workspace_bytes": "shared_workspace_bytes"}
+#: The most prefill steps one sweep point or one advise call prices (the row builder prices every step of the
+#: schedule for every strategy, ~1-2 ms each on a 2-core machine: 2048 steps ~ a minute for advise's candidates).
+MAX_PRICED_STEPS = 2048
+#: The most engine steps (prefill + decode) one serving strategy simulates (~2.5 ms each: 50,000 ~ 2 minutes).
+MAX_SERVE_STEPS = 50_000
+#: The most points one sweep grid may hold, and the most entries one grid list may hold.
+MAX_GRID_POINTS = 4096
+MAX_LIST_LEN = 64
+#: ``mla-lab sweep`` flags with vLLM's spellings -> sweep parameter (README "vLLM spellings").
+VLLM_FLAGS = (("--tensor-parallel-size", "tp_sizes"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
+              ("--max-num-seqs", "max_num_seqs"), ("--kv-cache-dtype", "kv_cache_dtype"),
+              ("--gpu-memory-utilization", "gpu_memory_utilization"), ("--num-prompts", "num_prompts"),
+              ("--random-input-len", "prompt_lens"), ("--random-output-len", "output_len"),
+              ("--max-concurrency", "concurrency"), ("--request-rate", "request_rate"))
+#: vLLM's requirement on the engine limits (``vllm/config/scheduler.py``, ``SchedulerConfig._verify_args``).
+VLLM_MBT_RULE = "vLLM requires max_num_batched_tokens >= max_num_seqs (vllm/config/scheduler.py)"
+_REPORT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def _short(v, n: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def check_bounded_int(name: str, value, label: str | None = None) -> int:
+    """``value`` as an int within :data:`BOUNDS` ``[name]``; ``label`` names it in the message (a flag).
+
+    Raises:
+        DoorError: not an int (bool refused), or outside the bounds (the reason of the upper one stated).
+    """
+    lo, hi, why = BOUNDS[name]
+    label = label or name
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DoorError(f"{label}={_short(value)} must be an int in [{lo}, {hi:,}]")
+    if not lo <= value <= hi:
+        raise DoorError(f"{label}={_short(value)} is out of range; allowed: {lo}..{hi:,} ({why})")
+    return value
+
+
+def arg_type(name: str):
+    """An argparse ``type=`` for an integer flag bounded by :data:`BOUNDS` ``[name]``."""
+    lo, hi, why = BOUNDS[name]
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text.strip().replace("_", ""), 10)
+        except (ValueError, AttributeError):
+            raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: {lo}..{hi:,}") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: {lo}..{hi:,} ({why})")
+        return v
+
+    parse.__name__ = name
+    return parse
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{_short(text)} is not a number") from None
+
+
+def budget_type(flag: str):
+    """argparse ``type=`` for a memory budget: a finite number >= 0."""
+
+    def parse(text: str) -> float:
+        v = _float(text)
+        if not (math.isfinite(v) and v >= 0):
+            raise argparse.ArgumentTypeError(f"{_short(text)} must be a finite number >= 0 (omit it: no limit)")
+        return v
+
+    parse.__name__ = flag
+    return parse
+
+
+def fraction_type(text: str) -> float:
+    """argparse ``type=`` for ``--gpu-memory-utilization``: a number in (0, 1]."""
+    v = _float(text)
+    if not 0 < v <= 1:
+        raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: a number in (0, 1]")
+    return v
+
+
+def rate_type(text: str) -> float:
+    """argparse ``type=`` for ``--request-rate``: requests/s > 0, or ``inf``."""
+    v = _float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"{_short(text)} must be > 0 requests/s, or inf (every request at t = 0)")
+    return v
+
+
+# ----------------------------------------------------------------------------------------------------- sweep
+def merge_flags(params: dict, flags: dict) -> dict:
+    """``params`` (from -f / -p, any spelling) with the CLI's flags added, names normalised to the sweep's.
+
+    ``flags``: ``{sweep name: (flag, value)}``.
+
+    Raises:
+        DoorError: a flag and its -p/-f twin given with different values (``--tensor-parallel-size 8`` and
+            ``-p tp_sizes '[4]'``); a name given twice under two spellings.
+    """
+    from .sweep.params import normalize_names
+
+    out = normalize_names(params)
+    for name, (flag, value) in flags.items():
+        if name in out and _as_list(out[name]) != _as_list(value):
+            raise DoorError(f"{flag} {_short(value)} conflicts with -p/-f {name}={_short(out[name])}; allowed: one "
+                            "of the two, or the same value in both")
+        out[name] = value
+    return out
+
+
+def _as_list(v):
+    return list(v) if isinstance(v, (list, tuple)) else [v]
+
+
+def check_sweep(params: dict) -> None:
+    """The sweep's cheap checks on normalised parameters (names as :func:`merge_flags` returns), then the sweep's
+    own validation (:func:`mla_lab.sweep.params.validate_params`, :func:`~mla_lab.sweep.params.check_tp_sizes`).
+
+    Raises:
+        DoorError / ValueError: one line (bounds, list lengths, grid size, steps per point, vLLM's engine rule, a
+            file where a folder must be).
+    """
+    from .sweep.params import DEFAULTS, check_tp_sizes, validate_params
+
+    unknown = sorted(set(params) - set(DEFAULTS))
+    if unknown:
+        raise DoorError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
+    for name, bound in _SCALAR_BOUNDS.items():
+        v = params.get(name)
+        if isinstance(v, int) and not isinstance(v, bool):
+            check_bounded_int(bound, v, name)
+    sizes = 1
+    for name in ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_lens", "kv_cache_dtype",
+                 "strategies"):
+        v = params.get(name)
+        if isinstance(v, (list, tuple)):
+            if len(v) > MAX_LIST_LEN:
+                raise DoorError(f"{name} holds {len(v)} entries; allowed: at most {MAX_LIST_LEN}")
+            sizes *= max(len(v), 1)
+            if name in _LIST_BOUNDS:
+                for x in v:
+                    if isinstance(x, int) and not isinstance(x, bool):
+                        check_bounded_int(_LIST_BOUNDS[name], x, f"{name} entry")
+        elif name in _LIST_BOUNDS and isinstance(v, int) and not isinstance(v, bool):
+            check_bounded_int(_LIST_BOUNDS[name], v, name)
+    if sizes > MAX_GRID_POINTS:
+        raise DoorError(f"the grid spans {sizes:,} points; allowed: at most {MAX_GRID_POINTS:,} per sweep (split it)")
+    for k in ("store_dir", "data_file", "report_dir"):
+        v = params.get(k)
+        if isinstance(v, str) and v:
+            _check_path(k, v, folder=(k != "data_file"))
+    checked = validate_params(params)
+    check_tp_sizes(checked)
+    for mbt in checked.max_num_batched_tokens:
+        if mbt < checked.max_num_seqs:
+            raise DoorError(f"max_num_batched_tokens={mbt} is below max_num_seqs={checked.max_num_seqs}; allowed: "
+                            f">= max_num_seqs ({VLLM_MBT_RULE})")
+        for L in checked.prompt_lens:
+            _check_steps(checked.num_prompts, L, mbt, "sweep point")
+
+
+def _check_steps(num_prompts: int, prompt_len: int, mbt: int, what: str) -> None:
+    steps = math.ceil(num_prompts * prompt_len / mbt)
+    if steps > MAX_PRICED_STEPS:
+        raise DoorError(f"num_prompts={num_prompts} x prompt_len={prompt_len} at max_num_batched_tokens={mbt} is "
+                        f"{steps:,} prefill steps to price per strategy for one {what}; allowed: at most "
+                        f"{MAX_PRICED_STEPS:,} (fewer prompts, shorter prompts or a larger max_num_batched_tokens)")
+
+
+def file_in_the_way(path: str | Path) -> Path | None:
+    """The path itself or its nearest existing ancestor when that is a file (so no folder can be made there)."""
+    p = Path(path).expanduser().absolute()
+    for q in [p, *p.parents]:
+        if q.exists():
+            return q if not q.is_dir() else None
+    return None
+
+
+def _check_path(name: str, value: str, folder: bool) -> None:
+    p = Path(value)
+    if "\x00" in value:
+        raise DoorError(f"{name}={_short(value)} holds a NUL byte; allowed: a path")
+    blocker = file_in_the_way(p if folder else p.parent)
+    if blocker is not None:
+        where = "is a file" if blocker == Path(p if folder else p.parent).expanduser().absolute() else \
+            f"lies under {blocker}, a file"
+        raise DoorError(f"{name}={value!r} {where}; allowed: a folder (created when the run starts)"
+                        if folder else f"{name}={value!r}: its folder {where}; allowed: a path in a folder")
+
+
+def check_report_name(name: str) -> str:
+    """``--report-name``: a file basename (letters, digits, ``.``, ``_``, ``-``), no folder.
+
+    Raises:
+        DoorError: anything else (``sub/dir``, empty, ``..``).
+    """
+    if not isinstance(name, str) or not _REPORT_NAME.match(name) or name.endswith((".html", ".ipynb")):
+        raise DoorError(f"--report-name={_short(name)} is not allowed; allowed: a basename of letters, digits, '.', "
+                        "'_' and '-' (at most 100, no folder, no extension), e.g. padding_sweep")
+    return name
+
+
+def plan_without_writing(params: dict) -> dict:
+    """:func:`mla_lab.sweep.run.plan_sweep` of ``params`` without creating a file or a folder: the output file's
+    checks are made without making its folder, and a store that does not exist yet is planned in a temporary one
+    (so ``stored`` is 0), then reported at its real path.
+
+    Raises:
+        ValueError: as :func:`mla_lab.sweep.run.check_output_file` and ``plan_sweep``.
+    """
+    import dataclasses
+    import tempfile
+
+    from .paths import resolve
+    from .sweep.executors import resolve_device
+    from .sweep.params import validate_params
+    from .sweep.run import check_output_file, plan_sweep
+
+    checked = validate_params(params)
+    if checked.device == "cuda":
+        resolve_device(checked.device)
+    out = resolve(checked.data_file)
+    if out.parent.is_dir():
+        check_output_file(checked.data_file, checked.overwrite)  # its folder exists: nothing is made
+    elif out.is_dir():
+        check_output_file(checked.data_file, checked.overwrite)
+    store = resolve(checked.store_dir)
+    if store.is_dir():
+        plan = plan_sweep(checked)
+    else:
+        with tempfile.TemporaryDirectory(prefix="mla-lab-dry-run-") as tmp:
+            plan = plan_sweep(dataclasses.replace(checked, store_dir=str(Path(tmp) / "store")))
+        plan["store_dir"] = str(store)
+        plan["store_exists"] = False
+    plan["params"] = dataclasses.asdict(checked)  # every parameter the run would get, after validation
+    return plan
+
+
+# ----------------------------------------------------------------------------------------------------- advise/serve
+def check_strategies(names) -> list[str]:
+    """Canonical names of ``names`` (presets, aliases, canonical strategies).
+
+    Raises:
+        DoorError: an unknown name (the allowed ones listed).
+    """
+    from .placement import ALIASES, PRESETS, canonical_names, expand_strategies
+
+    out = []
+    for n in names:
+        try:
+            out += expand_strategies([n])
+        except ValueError:
+            raise DoorError(f"--strategies holds {_short(n)}; allowed: presets {list(PRESETS)}, aliases "
+                            f"{list(ALIASES)} or canonical strategies {canonical_names()}") from None
+    return list(dict.fromkeys(out))
+
+
+def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cache_dtype, num_prompts,
+                     concurrency, weight_dtype, moe_parallel, gpu_memory_utilization, strategies=None,
+                     output_len: int = 0, max_num_seqs: int | None = None, workload_in_flight: bool = True) -> dict:
+    """O(1) checks of one deployment before any step is priced; returns :func:`memory_tradeoff`'s result.
+
+    ``workload_in_flight``: the workload's ``concurrency x prompt_len`` tokens must fit the KV cache at once (advise
+    and the row builder price it so); False (serve): one request (``prompt_len + output_len``) must fit, the
+    scheduler queues the rest.
+
+    Raises:
+        DoorError / ValueError: an unknown model/arch/dtype, a TP that does not divide the heads, concurrency above
+            num_prompts, too many steps to price, vLLM's engine rule, weights that do not fit, a workload whose KV
+            tokens do not fit.
+    """
+    from .arch import get_arch
+    from .model.memory import memory_tradeoff
+    from .models import load_model, normalize_kv_cache_dtype
+    from .placement import BASELINE
+
+    m, a = load_model(model), get_arch(arch)
+    kv = normalize_kv_cache_dtype(kv_cache_dtype)
+    m.heads_per_rank(tp)
+    conc = concurrency if concurrency is not None else num_prompts
+    if conc > num_prompts:
+        raise DoorError(f"concurrency={conc} exceeds num_prompts={num_prompts}; allowed: 1..{num_prompts} or omit it "
+                        "(= num_prompts)")
+    if max_num_seqs is not None and max_num_batched_tokens < max_num_seqs:
+        raise DoorError(f"max_num_batched_tokens={max_num_batched_tokens} is below max_num_seqs={max_num_seqs}; "
+                        f"allowed: >= max_num_seqs ({VLLM_MBT_RULE})")
+    if max_num_seqs is None and max_num_batched_tokens < 256:
+        raise DoorError(f"max_num_batched_tokens={max_num_batched_tokens} is below vLLM's default max_num_seqs=256; "
+                        f"allowed: >= 256 ({VLLM_MBT_RULE})")
+    if workload_in_flight:
+        _check_steps(num_prompts, prompt_len, max_num_batched_tokens, "deployment")
+    mem = memory_tradeoff(m, tp, a, max_num_batched_tokens, kv, gpu_memory_utilization=gpu_memory_utilization,
+                          weight_dtype=weight_dtype, moe_parallel=moe_parallel, strategies=[BASELINE])
+    cap = mem["kv_capacity_tokens"]
+    where = f"{m.name} TP{tp} {a.name} ({weight_dtype} weights, experts {moe_parallel})"
+    if not cap > 0:
+        raise DoorError(f"this deployment does not fit: {where}: weights "
+                        f"({mem['weights_bytes'] / 2**30:.1f} GiB per rank) and activations leave no KV cache at "
+                        f"gpu_memory_utilization {gpu_memory_utilization}; allowed: a deployment whose weights fit "
+                        "(a larger TP, fp8 weights, a higher --gpu-memory-utilization)")
+    need = conc * prompt_len if workload_in_flight else prompt_len + output_len
+    if need > cap:
+        what = (f"the workload needs {need:,} KV tokens in flight (concurrency {conc} x {prompt_len})"
+                if workload_in_flight else f"one request needs {need:,} KV tokens ({prompt_len} + {output_len})")
+        raise DoorError(f"this deployment does not fit: {where}: {what}; KV capacity {int(cap):,} tokens; allowed: "
+                        "fewer tokens in flight, a larger TP or a higher --gpu-memory-utilization")
+    return mem
+
+
+def check_serve(args) -> None:
+    """:func:`check_deployment` for ``mla-lab serve`` plus its step bound (prefill + decode steps per strategy)."""
+    conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
+    check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
+                     args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
+                     args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
+                     max_num_seqs=args.max_num_seqs, workload_in_flight=False)
+    lanes = min(conc, args.max_num_seqs)
+    steps = math.ceil(args.num_prompts * args.random_input_len / args.max_num_batched_tokens) + \
+        math.ceil(args.num_prompts / lanes) * args.random_output_len
+    if steps > MAX_SERVE_STEPS:
+        raise DoorError(f"--num-prompts {args.num_prompts} x (--random-input-len {args.random_input_len}, "
+                        f"--random-output-len {args.random_output_len}) at concurrency {lanes} is about {steps:,} "
+                        f"engine steps per strategy; allowed: at most {MAX_SERVE_STEPS:,} (fewer prompts or output "
+                        "tokens, or more concurrency)")
+    if args.num_runs > 1 and _noise_module() is None:
+        raise DoorError(f"--num-runs={args.num_runs} needs the noise Monte-Carlo (mla_lab.serving.noise), which this "
+                        "checkout does not have; allowed: 1 (one deterministic simulation)")
+
+
+def _noise_module():
+    import importlib.util
+
+    if importlib.util.find_spec("mla_lab.serving.noise") is None:
+        return None
+    from .serving import noise  # noqa: F401 - optional until it lands
+
+    return noise
+
+
+def serve_noise_runs(args, strategies, bench, kw):
+    """``--num-runs N`` through :mod:`mla_lab.serving.noise` (per strategy, each metric's interval)."""
+    noise = _noise_module()
+    fn = getattr(noise, "serve_benchmark_noise", None) or getattr(noise, "monte_carlo", None)
+    if fn is None:
+        raise DoorError(f"--num-runs={args.num_runs}: mla_lab.serving.noise has no Monte-Carlo entry point; allowed: 1")
+    return fn(args.model, args.tensor_parallel_size, args.arch, strategies, bench, num_runs=args.num_runs, **kw)
+
+
+#: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.
+SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
+                 ("request_throughput", "Request throughput (req/s)"),
+                 ("output_throughput", "Output token throughput (tok/s)"),
+                 ("total_token_throughput", "Total token throughput (tok/s)"),
+                 ("mean_ttft_ms", "Mean TTFT (ms)"), ("median_ttft_ms", "Median TTFT (ms)"),
+                 ("p99_ttft_ms", "P99 TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
+                 ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
+                 ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"))
+
+
+def serve_summary(res: dict, runs=None) -> dict:
+    """A JSON-able view of a ``serve_benchmark`` result: per strategy every metric, its change vs the baseline,
+    the KV capacity, KV tokens lost and % of capacity beside the extra MiB (``runs``: the noise Monte-Carlo's
+    result, attached as given)."""
+    strategies = {}
+    base_cap = res["strategies"][res["baseline"]]["kv_capacity_tokens"]
+    for s, r in res["strategies"].items():
+        strategies[s] = {"preset": r["preset"], "metrics": {k: float(v) for k, v in r["metrics"].items()},
+                         "change_pct": {k: float(v) for k, v in r["change_pct"].items()},
+                         "kv_capacity_tokens": int(r["kv_capacity_tokens"]),
+                         "kv_tokens_lost": round(float(r["kv_tokens_lost"])),
+                         "kv_capacity_pct_lost": 100.0 * float(r["kv_tokens_lost"]) / base_cap
+                         if base_cap > 0 else float("nan"),
+                         "extra_mib": float(r["extra_mib"]), "num_steps": int(r["num_steps"])}
+    out = {"deployment": res["deployment"], "bench": res["bench"], "baseline": res["baseline"],
+           "strategies": strategies, "source": "modelled", "notes": res.get("notes", [])}
+    if runs is not None:
+        out["noise"] = runs
+    return out
+
+
+def format_serve(out: dict) -> str:
+    """The serving result as a terminal table: one row per metric, the baseline's value, then each strategy's
+    change in percent (one decimal... two: the changes are small), then each strategy's memory cost."""
+    d, b = out["deployment"], out["bench"]
+    base = out["baseline"]
+    others = [s for s in out["strategies"] if s != base]
+    rate = b["request_rate"]
+    head = [f"vllm bench serve (modelled): {d['model']} TP{d['tp']} {d['arch']}, max_num_batched_tokens "
+            f"{d['max_num_batched_tokens']}, max_num_seqs {d['max_num_seqs']}, {d['kv_cache_dtype']} KV, "
+            f"{d['weight_dtype']} weights, experts {d['moe_parallel']}",
+            f"workload: {b['num_prompts']} prompts, input {b['random_input_len']}, output {b['random_output_len']}, "
+            f"max concurrency {b['max_concurrency'] or 'unlimited'}, request rate "
+            f"{'inf' if math.isinf(rate) else f'{rate:g}/s'}, seed {b['seed']}", ""]
+    w0, w = 32, 16
+    names = [out["strategies"][s]["preset"] or s for s in others]
+    lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n[:w - 1]:>{w}}" for n in names),
+             f"{'':<{w0}}{'value':>{w}}" + "".join(f"{'change %':>{w}}" for _ in names)]
+    bm = out["strategies"][base]["metrics"]
+    for k, label in SERVE_METRICS:
+        if k not in bm:
+            continue
+        v = bm[k]
+        row = f"{label:<{w0}}" + (f"{v:>{w},.0f}" if float(v).is_integer() and k == "completed" else f"{v:>{w},.2f}")
+        for s in others:
+            c = out["strategies"][s]["change_pct"].get(k, float("nan"))
+            row += f"{c:>+{w}.2f}" if c == c else f"{'-':>{w}}"
+        lines.append(row)
+    lines.append(f"baseline: {base}; changes are (strategy - baseline) / baseline x 100")
+    lines.append("")
+    lines.append("memory per rank vs the baseline (persistent workspace):")
+    for s in others:
+        r = out["strategies"][s]
+        lines.append(f"  {(r['preset'] or s):<16} {s:<28} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
+                     f"tokens lost ({r['kv_capacity_pct_lost']:.1f} % of KV capacity)")
+    lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")
+    return "\n".join(head + lines)
