@@ -6,6 +6,10 @@
 - ``slow``: tests that take more than a few seconds on a 2-core CPU. A test file may mark its own; the files and
   tests listed in :data:`SLOW` and every test using a fixture of :data:`SLOW_FIXTURES` (notebook runs through
   papermill, a local Ray instance, the published report in Chromium, the Triton CPU interpreter) are marked here. ``make test-fast`` runs ``-m "not slow"``.
+- The fast-test guard: a test *not* marked ``slow`` whose call (the test body, not its fixtures' setup) takes more
+  than :data:`FAST_LIMIT_S` seconds of wall time fails, naming its time, so ``make test-fast`` stays fast: mark it
+  ``slow`` (here or in its file) or make it faster. ``MLA_LAB_FAST_LIMIT_S`` sets another limit (seconds; ``0``
+  turns the guard off, e.g. on a machine so loaded that every test runs several times slower than on 2 idle cores).
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import os
 import pytest
 
 REQUIRE_GPU_ENV = "MLA_LAB_REQUIRE_GPU"
+FAST_LIMIT_ENV = "MLA_LAB_FAST_LIMIT_S"
+#: Wall seconds a test not marked ``slow`` may take in its call phase (``make test-fast`` <= 45 s on 2 idle cores).
+FAST_LIMIT_S = 10.0
 
 #: Node-id prefixes marked ``slow`` (a file: every test in it). Times: 2-core CPU, the whole suite's --durations.
 SLOW = (
@@ -46,6 +53,20 @@ def require_gpu() -> bool:
     return os.environ.get(REQUIRE_GPU_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+def fast_limit_s() -> float:
+    """The fast-test guard's limit in seconds (``MLA_LAB_FAST_LIMIT_S``, else :data:`FAST_LIMIT_S`); 0: no guard."""
+    raw = os.environ.get(FAST_LIMIT_ENV, "").strip()
+    if not raw:
+        return FAST_LIMIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{FAST_LIMIT_ENV}={raw!r} must be a number of seconds (0 turns the guard off)") from None
+    if value < 0:
+        raise pytest.UsageError(f"{FAST_LIMIT_ENV}={raw!r} must be >= 0 (0 turns the guard off)")
+    return value
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         slow = any(item.nodeid.startswith(p) for p in SLOW) or \
@@ -58,6 +79,14 @@ def pytest_collection_modifyitems(config, items):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
+    limit = fast_limit_s()
+    if (rep.when == "call" and rep.passed and limit > 0 and call.duration > limit
+            and item.get_closest_marker("slow") is None):
+        rep.outcome = "failed"
+        rep.longrepr = (f"not marked slow but took {call.duration:.1f} s (wall) > {limit:g} s, the fast-test limit "
+                        f"of tests/conftest.py: mark it slow (tests/conftest.py SLOW, or @pytest.mark.slow) or make "
+                        f"it faster ({FAST_LIMIT_ENV}=0 turns the guard off)")
+        return
     if not (rep.skipped and require_gpu() and item.get_closest_marker("gpu") is not None):
         return
     if hasattr(rep, "wasxfail"):

@@ -109,18 +109,20 @@ def test_slow_one():
 '''
 
 
-def _run_policy(tmp_path: Path, env_value: str | None, *args: str) -> subprocess.CompletedProcess:
-    """pytest on a small suite that uses this repository's conftest.py and markers."""
+def _run_policy(tmp_path: Path, env_value: str | None, *args: str, tests: str = _POLICY_TESTS,
+                extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """pytest on a small suite (``tests``) that uses this repository's conftest.py and markers."""
     d = tmp_path / "suite"
     (d / "tests").mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "tests" / "conftest.py", d / "tests" / "conftest.py")
-    (d / "tests" / "test_policy.py").write_text(_POLICY_TESTS)
+    (d / "tests" / "test_policy.py").write_text(tests)
     ini = PYPROJECT["tool"]["pytest"]["ini_options"]
     markers = "\n".join(f"    {m}" for m in ini["markers"])
     (d / "pytest.ini").write_text(f"[pytest]\ntestpaths = tests\naddopts = {ini['addopts']}\nmarkers =\n{markers}\n")
-    env = {k: v for k, v in __import__("os").environ.items() if k != "MLA_LAB_REQUIRE_GPU"}
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("MLA_LAB_REQUIRE_GPU", FAST_LIMIT_ENV)}
     if env_value is not None:
         env["MLA_LAB_REQUIRE_GPU"] = env_value
+    env.update(extra_env or {})
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=d, env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -156,6 +158,54 @@ def test_unregistered_marker_is_an_error(tmp_path):
 def test_slow_deselection(tmp_path):
     r = _run_policy(tmp_path, None, "-m", "not slow")
     assert r.returncode == 0 and "1 deselected" in r.stdout, r.stdout
+
+
+FAST_LIMIT_ENV = "MLA_LAB_FAST_LIMIT_S"
+_GUARD_TESTS = '''
+import time
+
+import pytest
+
+@pytest.fixture
+def slow_setup():
+    time.sleep(1.0)
+
+def test_quick():
+    pass
+
+def test_body_over_the_limit():
+    time.sleep(1.0)
+
+@pytest.mark.slow
+def test_slow_one_may_take_long():
+    time.sleep(1.0)
+
+def test_setup_time_is_not_counted(slow_setup):
+    pass
+'''
+
+
+def test_fast_guard_fails_a_test_not_marked_slow_whose_call_is_over_the_limit(tmp_path):
+    """The guard of tests/conftest.py at a 0.4 s limit: the 1 s body not marked slow fails with its time; a slow
+    test and a slow fixture setup do not."""
+    r = _run_policy(tmp_path, None, tests=_GUARD_TESTS, extra_env={FAST_LIMIT_ENV: "0.4"})
+    out = r.stdout
+    assert r.returncode == 1 and re.search(r"\b1 failed, 3 passed\b", out), out
+    assert re.search(r"FAILED tests/test_policy.py::test_body_over_the_limit", out), out
+    assert re.search(r"not marked slow but took \d+\.\d s \(wall\) > 0.4 s, the fast-test limit", out), out
+
+
+@pytest.mark.slow  # two pytest subprocesses (2-3 s)
+def test_fast_guard_off_and_bad_limit(tmp_path):
+    r = _run_policy(tmp_path, None, tests=_GUARD_TESTS, extra_env={FAST_LIMIT_ENV: "0"})
+    assert r.returncode == 0 and re.search(r"\b4 passed\b", r.stdout), r.stdout
+    r = _run_policy(tmp_path, None, tests=_GUARD_TESTS, extra_env={FAST_LIMIT_ENV: "ten"})
+    assert r.returncode != 0 and "MLA_LAB_FAST_LIMIT_S='ten' must be a number of seconds" in r.stdout + r.stderr
+
+
+def test_fast_guard_default_is_10_s():
+    text = (REPO / "tests" / "conftest.py").read_text()
+    assert re.search(r"^FAST_LIMIT_S = 10\.0$", text, flags=re.M)
 
 
 # ------------------------------------------------------------------------------------------------ install

@@ -3,8 +3,14 @@ and both sweeps finish with one row set per point.
 
 The sweeps run as child processes (``python -c``) that pin the code version (so that edits to the package by other
 people while the test runs cannot change the point keys) and wrap ``mla_lab.sweep.rows.modelled_rows`` in the child
-only: every computation drops a marker file (one per computation, named by the point) and sleeps a little, so the
-two sweeps overlap. Counting the markers counts the computations.
+only: every computation drops a marker file (one per computation, named by the point) and sleeps a little. Counting
+the markers counts the computations.
+
+No test depends on which process is faster (a loaded machine may start one child seconds after the other): the
+overlap the tests need is made by files, not by time. ``barrier`` makes each child, once it has claimed its points
+and before it computes any, wait until the other child has claimed too (so each sees the other's claims);
+``hold_after=n`` makes a child stop before its (n+1)-th computation, its claims held, until the test writes the
+``release`` file (or kills it).
 """
 
 from __future__ import annotations
@@ -40,18 +46,41 @@ KEY_COLS = ["point_key", *ID_COLS, "status", "num_heads", "persistent_bytes", "t
 CHILD = textwrap.dedent("""
     import hashlib, json, os, sys, time, uuid
     from pathlib import Path
-    import mla_lab.sweep.run as s, mla_lab.sweep.rows as r
-    params, markers, delay, go = json.loads(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
+    import mla_lab.sweep.run as s, mla_lab.sweep.rows as r, mla_lab.sweep.executors as ex
+    params, cfg = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    markers, go = Path(cfg["markers"]), Path(cfg["go"])
     s.code_version = lambda: {version!r}
+
+    def wait_for(pred, what, timeout=300):
+        t0 = time.time()
+        while not pred():
+            if time.time() - t0 > timeout:
+                sys.exit(f"test child: timed out waiting for {{what}}")
+            time.sleep(0.01)
+
     real = r.modelled_rows
+    n = [0]
     def counted(pt, *a, **k):
+        if cfg["hold_after"] is not None and n[0] == cfg["hold_after"]:
+            Path(cfg["holding"]).write_text("holding")
+            wait_for(Path(cfg["release"]).exists, "the release file")
+        n[0] += 1
         name = hashlib.sha1(json.dumps(pt, sort_keys=True).encode()).hexdigest()[:16]
         (markers / f"{{name}}.{{os.getpid()}}.{{uuid.uuid4().hex[:8]}}").write_text(json.dumps(pt))
-        time.sleep(delay)
+        time.sleep(cfg["delay"])
         return real(pt, *a, **k)
     r.modelled_rows = counted
-    while not go.exists():
-        time.sleep(0.01)
+
+    if cfg["barrier"]:  # every claim of this sweep is taken before it first calls the executor's run
+        barrier, real_run, first = Path(cfg["barrier"]), ex.LocalExecutor.run, [True]
+        def run_after_barrier(self, *a, **k):
+            if first[0]:
+                first[0] = False
+                (barrier / str(os.getpid())).write_text("claimed")
+                wait_for(lambda: len(list(barrier.iterdir())) >= cfg["barrier_n"], "the other sweep's claims")
+            return real_run(self, *a, **k)
+        ex.LocalExecutor.run = run_after_barrier
+    wait_for(go.exists, "the go file")
     s.run_sweep(params, progress=True)
 """).format(version=VERSION)
 
@@ -60,15 +89,37 @@ def _params(tmp: Path, csv: str) -> dict:
     return dict(GRID, store_dir=str(tmp / "store"), data_file=str(tmp / csv), report_dir=str(tmp / "rep"))
 
 
-def _start(tmp: Path, params: dict, name: str, delay: float, go: Path) -> subprocess.Popen:
+def _start(tmp: Path, params: dict, name: str, delay: float, go: Path, barrier: int = 0,
+           hold_after: int | None = None) -> subprocess.Popen:
+    """A sweep child (see the module docstring): ``barrier=n`` waits for n children's claims before computing;
+    ``hold_after=n`` stops before the (n+1)-th computation until ``tmp/release`` exists (``tmp/<name>.holding``
+    says it stopped)."""
     markers = tmp / "markers"
     markers.mkdir(exist_ok=True)
-    err = open(tmp / f"{name}.err", "w")
-    return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(params), str(markers), str(delay), str(go)],
-                            cwd=tmp, stdout=subprocess.DEVNULL, stderr=err)
+    cfg = {"markers": str(markers), "go": str(go), "delay": delay, "hold_after": hold_after,
+           "holding": str(tmp / f"{name}.holding"), "release": str(tmp / "release"),
+           "barrier": str(tmp / "barrier") if barrier else None, "barrier_n": barrier}
+    if barrier:
+        (tmp / "barrier").mkdir(exist_ok=True)
+    with open(tmp / f"{name}.err", "w") as err:
+        return subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(params), json.dumps(cfg)],
+                                cwd=tmp, stdout=subprocess.DEVNULL, stderr=err)
 
 
-def _wait(procs, timeout=240):
+def _wait_until(pred, procs, what: str, timeout: float = 300) -> None:
+    """Poll ``pred`` until true; fail (killing ``procs``) if one of them exits first or after ``timeout`` s."""
+    t0 = time.time()
+    while not pred():
+        ended = [p for p in procs if p.poll() is not None]
+        if ended or time.time() - t0 > timeout:
+            for p in procs:
+                p.kill()
+            raise AssertionError(f"waiting for {what}: " + (f"a child ended (rc {ended[0].returncode})" if ended
+                                                              else f"timed out after {timeout} s"))
+        time.sleep(0.02)
+
+
+def _wait(procs, timeout=300):
     t0 = time.time()
     for p in procs:
         try:
@@ -130,9 +181,8 @@ def test_two_sweeps_started_together_compute_each_point_once(same_csv, tmp_path,
     go = tmp_path / "go"
     pa, pb = _params(tmp_path, "rows.csv" if same_csv else "a.csv"), _params(tmp_path, "rows.csv" if same_csv
                                                                                 else "b.csv")
-    procs = [_start(tmp_path, pa, "a", 0.03, go), _start(tmp_path, pb, "b", 0.03, go)]
-    time.sleep(1.0)  # both imported and waiting
-    go.write_text("go")
+    procs = [_start(tmp_path, pa, "a", 0.03, go, barrier=2), _start(tmp_path, pb, "b", 0.03, go, barrier=2)]
+    go.write_text("go")  # both start claiming when ready; neither computes before both have claimed
     _wait(procs)
     errs = {n: (tmp_path / f"{n}.err").read_text() for n in "ab"}
     assert [p.returncode for p in procs] == [0, 0], errs
@@ -144,18 +194,17 @@ def test_two_sweeps_started_together_compute_each_point_once(same_csv, tmp_path,
         _one_row_set_per_point(df)
         pd.testing.assert_frame_equal(_sorted(df), _sorted(reference), check_dtype=False)
     assert not list(tmp_path.glob(".*.tmp")), "a CSV temp file was left behind"
-    # the second sweep said it left the first's points to it (whichever started claiming second)
+    # a sweep said it left the other's points to it (every point was claimed by one of them while the other tried)
     assert any("claimed by another sweep on this store: left to it" in e for e in errs.values()), errs
 
 
 def _first_sweep_with_points(tmp_path, go, n: int = 5):
-    """Start sweep ``a`` and return ``(process, store)`` once it has stored ``n`` points (it must still run)."""
-    first = _start(tmp_path, _params(tmp_path, "a.csv"), "a", 0.05, go)
+    """Start sweep ``a`` and return ``(process, store)`` once it has stored ``n`` points and stopped before the next
+    one, every other point still claimed by it: it goes on when the test writes ``tmp_path/release``."""
+    first = _start(tmp_path, _params(tmp_path, "a.csv"), "a", 0.01, go, hold_after=n)
     store = ResultStore(tmp_path / "store")
-    t0 = time.time()
-    while len(list(store.points.glob("*.json"))) < n:
-        assert first.poll() is None and time.time() - t0 < 120, "first sweep ended or hung"
-        time.sleep(0.02)
+    _wait_until(lambda: (tmp_path / "a.holding").exists(), [first], f"the first sweep to store {n} points and stop")
+    assert len(list(store.points.glob("*.json"))) == n
     return first, store
 
 
@@ -163,7 +212,10 @@ def test_a_sweep_started_later_waits_for_the_first_and_computes_nothing(tmp_path
     go = tmp_path / "go"
     go.write_text("go")
     first, store = _first_sweep_with_points(tmp_path, go)
-    second = _start(tmp_path, _params(tmp_path, "b.csv"), "b", 0.05, go)
+    second = _start(tmp_path, _params(tmp_path, "b.csv"), "b", 0.01, go)
+    _wait_until(lambda: "claimed by another sweep" in (tmp_path / "b.err").read_text(), [first, second],
+                "the second sweep to find the first's claims")
+    (tmp_path / "release").write_text("go on")
     _wait([first, second])
     assert [first.returncode, second.returncode] == [0, 0], (tmp_path / "b.err").read_text()
     assert len(_by_pid(tmp_path)) == 1 and _by_pid(tmp_path)[str(first.pid)] == N_POINTS  # all by the first
@@ -175,23 +227,23 @@ def test_a_sweep_started_later_waits_for_the_first_and_computes_nothing(tmp_path
 
 
 def test_when_the_claiming_sweep_dies_the_waiting_one_takes_over(tmp_path, reference):
-    """The first sweep is SIGKILLed while the second waits for its claims: the second computes the orphans (the
-    dead one's claims are taken over), each point is stored once, at most the point in flight is computed twice."""
+    """The first sweep is SIGKILLed (stopped before its 6th point, its claims held) while the second waits for its
+    claims: the second computes the orphans (the dead one's claims are taken over), each point is computed and
+    stored once."""
     go = tmp_path / "go"
     go.write_text("go")
     first, store = _first_sweep_with_points(tmp_path, go)
     second = _start(tmp_path, _params(tmp_path, "b.csv"), "b", 0.01, go)
-    t0 = time.time()
-    while "claimed by another sweep" not in (tmp_path / "b.err").read_text():
-        assert second.poll() is None and time.time() - t0 < 120, (tmp_path / "b.err").read_text()
-        time.sleep(0.02)
+    _wait_until(lambda: "claimed by another sweep" in (tmp_path / "b.err").read_text(), [first, second],
+                "the second sweep to find the first's claims")
     os.kill(first.pid, signal.SIGKILL)
     first.wait(timeout=30)
     _wait([second])
     assert second.returncode == 0, (tmp_path / "b.err").read_text()
     per_point = _computations(tmp_path)
-    assert len(per_point) == N_POINTS
-    assert sum(1 for n in per_point.values() if n > 1) <= 1 and max(per_point.values()) <= 2
+    assert len(per_point) == N_POINTS and set(per_point.values()) == {1}, per_point.most_common(3)
+    assert _by_pid(tmp_path) == {str(first.pid): 5, str(second.pid): N_POINTS - 5}
+    assert "claimed by a sweep that died: computing them here" in (tmp_path / "b.err").read_text()
     _store_is_clean(tmp_path)
     pd.testing.assert_frame_equal(_sorted(pd.read_csv(tmp_path / "b.csv")), _sorted(reference), check_dtype=False)
 
