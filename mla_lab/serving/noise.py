@@ -203,10 +203,25 @@ class NoiseConfig:
         return replace(self, sources=src, **vals)
 
     def record(self) -> dict:
-        """Every field as plain data, with each component's status and source."""
+        """Every field as plain data, with each component's status and source (:meth:`from_record` inverts it)."""
         d = asdict(self)
         d.pop("sources")
         return {"values": d, "sources": self.sources}
+
+    @classmethod
+    def from_record(cls, rec: dict) -> NoiseConfig:
+        """The :class:`NoiseConfig` that :meth:`record` wrote (e.g. read back from a prediction file).
+
+        Raises:
+            ValueError: not such a record, or a value out of range (as the constructor).
+        """
+        if not isinstance(rec, dict) or not isinstance(rec.get("values"), dict):
+            raise ValueError("rec must be a dict with a 'values' dict, as NoiseConfig.record() writes it")
+        v = dict(rec["values"])
+        arr = v.pop("arrival", {})
+        if not isinstance(arr, dict):
+            raise ValueError(f"rec['values']['arrival']={arr!r} must be a dict of ArrivalModel fields")
+        return cls(arrival=ArrivalModel(**arr), sources=dict(rec.get("sources", {})), **v)
 
 
 # ------------------------------------------------------------------------------------------ pricing

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR), issue 20. Modelled, not
+measured; no coefficient is fitted to any end-to-end figure of that run.
+
+The run predicted: server ``vllm serve zai-org/GLM-5.2-FP8 --tensor-parallel-size 8 -ep --max-num-batched-tokens
+16384 --attention-backend FLASHMLA_SPARSE --no-enable-prefix-caching --gpu-memory-utilization 0.9`` (bf16 KV cache,
+MTP off, async scheduling at vLLM's default: on) on 8 H200; client ``vllm bench serve --dataset-name random
+--random-input-len 1024 --random-output-len 128 --num-prompts 32 --max-concurrency 32 --request-rate inf
+--ignore-eos --seed 12345``.
+
+How: each step priced by the lab's cost model (``mla_lab.serving.EnginePricer``, committed calibration, the pre-PR
+strategy ``per_call_empty:zeros``: ``new_empty`` pad whose block held zeros; ``per_call_empty:stale`` beside it),
+KV capacity from the memory model (``serve_benchmark``), the components of ``mla_lab.serving.noise`` (API-server
+arrival queue, async scheduling, per-step CPU time, token delivery, cold first large step, step-time noise), and
+``--num-runs`` seeded Monte-Carlo runs for each metric's single-run 95 % band. If
+``data/measured/h200/round3/cold_start.csv`` exists (``benchmarks/round3.py --parts cold``), its cold-step and
+spread figures replace the assumed ones (recorded in the output). The same runs give the distribution of the
+change between two builds (identical builds, and the PR's private workspace vs before it) per TTFT statistic.
+
+Writes ``data/validation/pr53878_main_prediction.json`` (``--out``); refuses to overwrite a file the lab did not
+write (one without ``"produced_by": "benchmarks/predict_pr53878.py"``).
+
+    python benchmarks/predict_pr53878.py [--num-runs 1000] [--seed 0] [--out PATH] [--no-measurements]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from mla_lab.paths import REPO_ROOT, calibration_dir, measured_dir, models_dir
+from mla_lab.provenance import git_commit
+from mla_lab.serving import PR_BENCH, BenchConfig, EnginePricer, SchedulerConfig, serve_benchmark
+from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
+
+PRODUCED_BY = "benchmarks/predict_pr53878.py"
+OUT = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
+MODEL, TP, ARCH = "glm-5.2", 8, "h200"
+BEFORE, ALT_BEFORE, PR = "per_call_empty:zeros", "per_call_empty:stale", "private_workspace"
+MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, BLOCK_SIZE = 16384, 256, 64
+#: the PR's client: PR_BENCH with the PR's --seed (lengths are fixed at range ratio 0, so the seed changes nothing)
+BENCH = replace(PR_BENCH, seed=12345)
+PREDICTED = {"duration": "s", "request_throughput": "req/s", "output_throughput": "tok/s",
+             "total_token_throughput": "tok/s", "mean_ttft_ms": "ms", "median_ttft_ms": "ms", "p99_ttft_ms": "ms",
+             "mean_tpot_ms": "ms", "median_tpot_ms": "ms", "p99_tpot_ms": "ms", "mean_itl_ms": "ms"}
+TTFT_STATS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms")
+REPORTED = {"mean_ttft_ms": -9.5, "median_ttft_ms": -9.5, "p99_ttft_ms": -9.5, "total_token_throughput": 6.0,
+            "output_throughput": 6.0}
+COLD_CSV = measured_dir("h200") / "round3" / "cold_start.csv"
+
+
+def _sha256(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(p.resolve().relative_to(REPO_ROOT))
+    except ValueError:
+        return str(p)
+
+
+def deployment(bench: BenchConfig = BENCH) -> dict:
+    """KV capacity per strategy from the memory model and the engine limits (SchedulerConfig per strategy)."""
+    r = serve_benchmark(MODEL, TP, ARCH, [BEFORE, ALT_BEFORE, PR], bench, MAX_NUM_BATCHED_TOKENS,
+                        max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE)
+    out = {}
+    for s in (BEFORE, ALT_BEFORE, PR):
+        cap = r["strategies"][s]["kv_capacity_tokens"]
+        out[s] = {"kv_capacity_tokens": cap,
+                  "sched": SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE,
+                                           async_scheduling=True),
+                  "lab_metrics": r["strategies"][s]["metrics"]}
+    return {"strategies": out, "calibration": r["calibration"], "decode_calibration": r["decode_calibration"]}
+
+
+def noise_config(use_measurements: bool = True) -> tuple[NoiseConfig, dict | None]:
+    """The defaults of mla_lab.serving.noise, with the H200 cold-start figures when the CSV exists."""
+    nc = NoiseConfig()
+    if use_measurements and COLD_CSV.is_file():
+        m = load_cold_start(COLD_CSV)
+        return nc.with_measurements(m), m
+    return nc, None
+
+
+def what_moved(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseConfig) -> list[dict]:
+    """Deterministic runs adding one component at a time, from the lab's earlier model to the prediction."""
+    steps = [("lab's earlier model (all at the engine at t = 0, GPU time only)", NoiseConfig.none(), False),
+             ("+ API-server arrival queue (mean service times)",
+              replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0)), False),
+             ("+ async scheduling", replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0)), True),
+             ("+ per-step CPU time", replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0),
+                                             cpu_step_ms=noise.cpu_step_ms), True),
+             ("+ token delivery delay", replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0),
+                                                cpu_step_ms=noise.cpu_step_ms,
+                                                output_delay_ms=noise.output_delay_ms), True),
+             ("+ cold first large step (mean) = the prediction's deterministic run", noise.without_noise(), True)]
+    rows = []
+    for label, nc, asy in steps:
+        m = simulate_once(bench, replace(sched, async_scheduling=asy), pricer, nc, None).metrics
+        rows.append({"step": label, **{k: m[k] for k in ("duration", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                                                          "mean_tpot_ms", "output_throughput")}})
+    return rows
+
+
+def sensitivity(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseConfig, num_runs: int,
+                seed: int) -> list[dict]:
+    """The identical-builds 95 % band of each TTFT statistic's change with one source of noise at a time."""
+    quiet = noise.without_noise()
+    cases = [("arrival jitter only", replace(quiet, arrival=noise.arrival)),
+             ("per-run GPU-time factor only", replace(quiet, run_sigma=noise.run_sigma)),
+             ("per-step GPU-time noise only", replace(quiet, step_sigma=noise.step_sigma)),
+             ("cold first step spread only", replace(quiet, cold_sd_ms=noise.cold_sd_ms)),
+             ("all", noise)]
+    rows = []
+    for label, nc in cases:
+        r = run_noise(bench, sched, pricer, num_runs=num_runs, seed=seed, noise=nc)
+        rows.append({"noise": label, **{k: list(r.band(k)) for k in TTFT_STATS + ("total_token_throughput",)}})
+    return rows
+
+
+def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True) -> dict:
+    """The prediction as a JSON-ready dict (module docstring)."""
+    dep = deployment()
+    noise, measured = noise_config(use_measurements)
+    st = dep["strategies"]
+    pricers = {s: CachedPricer(EnginePricer(MODEL, TP, ARCH, s)) for s in st}
+    ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
+    prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
+                     num_runs=num_runs, seed=seed, noise=noise)
+    alt = simulate_once(BENCH, st[ALT_BEFORE]["sched"], pricers[ALT_BEFORE], noise.without_noise()).metrics
+    prediction = {}
+    for k, unit in PREDICTED.items():
+        lo, med, hi = ident.quantiles(k, "a")
+        prediction[k] = {"deterministic": ident.deterministic_a[k], "median": med, "band95": [lo, hi], "unit": unit,
+                         "alt_before_stale_deterministic": alt[k], "lab_earlier_model": st[BEFORE]["lab_metrics"][k]}
+    changes = {}
+    for k in TTFT_STATS + ("duration", "total_token_throughput", "output_throughput", "mean_tpot_ms"):
+        row = {"identical_builds": {"band95": list(ident.band(k)), "median": ident.quantiles(k)[1]},
+               "pr_vs_before": {"band95": list(prvs.band(k)), "median": prvs.quantiles(k)[1],
+                                "deterministic": (prvs.deterministic_b[k] - prvs.deterministic_a[k])
+                                / prvs.deterministic_a[k] * 100}}
+        if k in REPORTED:
+            v = REPORTED[k]
+            row["reported_by_pr"] = v
+            row["identical_builds"]["percentile_of_reported"] = ident.percentile_of(k, v)
+            row["pr_vs_before"]["percentile_of_reported"] = prvs.percentile_of(k, v)
+        changes[k] = row
+    cal_files = sorted(calibration_dir().glob("*.csv")) + [models_dir() / MODEL / "config.json"]
+    if measured is not None:
+        cal_files.append(COLD_CSV)
+        if (COLD_CSV.with_name("step_spread.csv")).is_file():
+            cal_files.append(COLD_CSV.with_name("step_spread.csv"))
+    return {
+        "what": "prediction of vLLM PR #53878's 'main' run (vLLM before the PR), modelled; fitted to no end-to-end "
+                "figure of that run",
+        "produced_by": PRODUCED_BY,
+        "command": f"python {PRODUCED_BY} --num-runs {num_runs} --seed {seed}"
+                   + ("" if use_measurements else " --no-measurements"),
+        "git_commit": git_commit(),
+        "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "deployment": {"model": "zai-org/GLM-5.2-FP8 (data/models/glm-5.2)", "tp": TP, "moe_parallel": "ep",
+                       "gpu": "H200", "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                       "max_num_seqs": MAX_NUM_SEQS, "block_size": BLOCK_SIZE, "kv_cache_dtype": "bf16",
+                       "weight_dtype": "fp8", "gpu_memory_utilization": 0.9, "async_scheduling": True,
+                       "strategy_before": BEFORE, "strategy_pr": PR,
+                       "kv_capacity_tokens": {s: v["kv_capacity_tokens"] for s, v in st.items()}},
+        "bench": {"num_prompts": BENCH.num_prompts, "random_input_len": BENCH.random_input_len,
+                  "random_output_len": BENCH.random_output_len, "max_concurrency": BENCH.max_concurrency,
+                  "request_rate": "inf", "ignore_eos": True, "seed": BENCH.seed},
+        "calibration": {"layer": dep["calibration"], "decode": dep["decode_calibration"]},
+        "calibration_files": [{"path": _rel(p), "sha256": _sha256(p)} for p in cal_files if p.is_file()],
+        "measurements_used": None if measured is None else {k: v for k, v in measured.items()},
+        "noise": noise.record(),
+        "num_runs": num_runs, "seed": seed,
+        "prediction": prediction,
+        "what_moved_it": what_moved(BENCH, st[BEFORE]["sched"], pricers[BEFORE], noise),
+        "change_distribution": changes,
+        "band_sensitivity": sensitivity(BENCH, st[BEFORE]["sched"], pricers[BEFORE], noise, min(num_runs, 300), seed),
+        "notes": [
+            "band95: the central 95 % of single runs of the Monte-Carlo (one build, one run each); deterministic: "
+            "the run with every random quantity at its mean; median: the Monte-Carlo median.",
+            "The two builds' runs are independent draws; change = (PR - before) / before * 100 per pair of runs.",
+            "Not modelled: MTP, expert load imbalance, all-reduce latency at decode sizes (the ring model with "
+            "latency 0), fp8 MoE GEMMs at decode sizes (uncalibrated 0.8 of HBM), CUDA-graph batch padding, "
+            "PIECEWISE graphs (priced eager).",
+        ],
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--num-runs", type=int, default=1000, help="Monte-Carlo runs per build (>= 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--no-measurements", action="store_true", help="ignore cold_start.csv (assumed defaults only)")
+    a = ap.parse_args(argv)
+    if a.num_runs < 2:
+        print(f"--num-runs={a.num_runs} must be an int >= 2", file=sys.stderr)
+        return 2
+    if a.seed < 0:
+        print(f"--seed={a.seed} must be an int >= 0", file=sys.stderr)
+        return 2
+    out = Path(a.out)
+    if out.is_dir():
+        print(f"--out={a.out!r} is a folder; it must be a .json file path", file=sys.stderr)
+        return 2
+    if out.exists():
+        try:
+            ours = json.loads(out.read_text()).get("produced_by") == PRODUCED_BY
+        except (ValueError, AttributeError):
+            ours = False
+        if not ours:
+            print(f"--out={a.out!r} exists and was not written by {PRODUCED_BY}; refusing to overwrite it",
+                  file=sys.stderr)
+            return 2
+    res = predict(a.num_runs, a.seed, not a.no_measurements)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    p = res["prediction"]
+    for k in PREDICTED:
+        lo, hi = p[k]["band95"]
+        print(f"{k:24s} {p[k]['deterministic']:10.2f} {p[k]['unit']:6s} 95 % [{lo:.2f}, {hi:.2f}]")
+    for k, row in res["change_distribution"].items():
+        i, q = row["identical_builds"], row["pr_vs_before"]
+        extra = (f"; reported {row['reported_by_pr']:+.1f} % at percentile {i['percentile_of_reported']:.2f} (A vs A') "
+                 f"/ {q['percentile_of_reported']:.2f} (PR vs before)" if "reported_by_pr" in row else "")
+        print(f"change {k:22s} A vs A' [{i['band95'][0]:+.2f}, {i['band95'][1]:+.2f}] %, PR vs before "
+              f"[{q['band95'][0]:+.2f}, {q['band95'][1]:+.2f}] % (det {q['deterministic']:+.2f}){extra}")
+    print(f"-> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
