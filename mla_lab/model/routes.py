@@ -73,7 +73,7 @@ __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops",
            "masked_mha_ops", "mha_transient_bytes", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
            "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "mha_pricing_source",
            "route_layer_ops", "route_layer_time_ms", "route_step_time_ms", "route_op_time_ms",
-           "DROPPED_BY_DENSE", "KERNEL_MODELS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
+           "prompt_len_step", "attention_by_prompt_len", "DROPPED_BY_DENSE", "KERNEL_MODELS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
 
 BF16 = 2
 FP32 = 4
@@ -405,7 +405,8 @@ def route_layer_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, step
         raise ValueError(f"route={route!r} is not valid; allowed: {list(ROUTES)}")
     ops = layer_ops(model, tp, arch, strategy, step, **kw)
     if route == "sparse-mqa":
-        if check_strategy(strategy).placement == "kernel_native":
+        spec = strategy if hasattr(strategy, "placement") else check_strategy(strategy)
+        if spec.placement == "kernel_native":
             ops = [replace(op, dims={**op.dims, "native": 1}) if op.name == "kernel" else op for op in ops]
         return ops
     ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
@@ -471,3 +472,34 @@ def route_step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, s
         if op.name in STEP_OPS:
             total += c * op_time_ms(op, arch, cal, tp)
     return {"total": total, "attention": attn, "per_layer": per, "mha_pricing": mha_pricing_source(cal)}
+
+
+def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Step:
+    """The step that finishes prompts of ``prompt_len`` tokens in a full ``max_num_batched_tokens`` budget:
+    ``budget // prompt_len`` whole fresh prompts when one fits, else the prompt's last chunk (``start =
+    prompt_len - budget``, chunked prefill). Raises ValueError on non-positive ints."""
+    L = check_int("prompt_len", prompt_len)
+    B = check_int("max_num_batched_tokens", max_num_batched_tokens)
+    if L <= B:
+        return Step([(i, 0, L) for i in range(B // L)])
+    return Step([(0, L - B, B)])
+
+
+def attention_by_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, prompt_lens, max_num_batched_tokens: int =
+                            16384, strategy: str = "private_workspace", calibration: Calibration | None = None,
+                            kernel_fit: PaddedKernelFit | None = None, **kw) -> list[dict]:
+    """Per prompt length (:func:`prompt_len_step`), the modelled attention ms of one layer call on every route
+    (``None`` where the route is not equivalent: ``mha-dense`` above ``topk``) and the layer total per route.
+    Keyword arguments as :func:`mla_lab.model.ops.layer_ops` (``weight_dtype``, ``moe_parallel`` ...)."""
+    out = []
+    for L in prompt_lens:
+        step = prompt_len_step(L, max_num_batched_tokens)
+        row: dict = {"prompt_len": L, "num_tokens": step.num_tokens}
+        for r in ROUTES:
+            if r == "mha-dense" and L > model.topk:
+                row[f"{r}_attention_ms"] = row[f"{r}_layer_ms"] = None
+                continue
+            d = route_layer_time_ms(model, tp, arch, r, step, strategy, calibration, kernel_fit, **kw)
+            row[f"{r}_attention_ms"], row[f"{r}_layer_ms"] = d["attention"], d["total"]
+        out.append(row)
+    return out
