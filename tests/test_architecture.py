@@ -10,7 +10,8 @@ never a sibling unit on the same layer, and nothing in a circle:
     model
     strategies, seed
     kernels, buffers, deployment
-    models, arch, workload, provenance, kernelspec, placement, routes
+    models, arch, workload, provenance, kernelspec, placement
+    routes (engine route rules: placement's presets name their routes)
     paths, _validate
 
 Function-local imports are only for optional heavy dependencies (torch.cuda paths, triton, flash_mla, ray,
@@ -36,7 +37,8 @@ STACK = [
     ("model",),
     ("strategies", "seed"),
     ("kernels", "buffers", "deployment"),
-    ("models", "arch", "workload", "provenance", "kernelspec", "placement", "routes"),
+    ("models", "arch", "workload", "provenance", "kernelspec", "placement"),
+    ("routes",),
     ("paths", "_validate"),
 ]
 #: Modules allowed function-local imports of the package (the CLI's lazy imports; issue 22).
