@@ -124,6 +124,22 @@ def sensitivity(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: Noise
     return rows
 
 
+def code_commit() -> dict:
+    """The last commit of the code that makes the prediction, and whether that code differs from it (the shared
+    tree's other files may be dirty; ``git_commit`` says so)."""
+    import subprocess
+
+    paths = ["mla_lab/serving", "mla_lab/model", "benchmarks/predict_pr53878.py", "data/calibration", "data/models"]
+    try:
+        sha = subprocess.run(["git", "log", "-1", "--format=%H", "--", *paths], cwd=REPO_ROOT, capture_output=True,
+                             text=True, timeout=20).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *paths], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=20).stdout.strip()
+        return {"commit": sha or "unknown", "paths": paths, "clean": not dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "paths": paths, "clean": False}
+
+
 def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True) -> dict:
     """The prediction as a JSON-ready dict (module docstring)."""
     dep = deployment()
@@ -163,6 +179,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True) 
         "command": f"python {PRODUCED_BY} --num-runs {num_runs} --seed {seed}"
                    + ("" if use_measurements else " --no-measurements"),
         "git_commit": git_commit(),
+        "code_commit": code_commit(),
         "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "deployment": {"model": "zai-org/GLM-5.2-FP8 (data/models/glm-5.2)", "tp": TP, "moe_parallel": "ep",
                        "gpu": "H200", "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,

@@ -231,3 +231,19 @@ def test_schedule_twice_without_update_is_refused():
         s.schedule()
     s.update_from_step(st)
     assert s.schedule().decode == (D(0, 11),)
+
+
+def test_pr_benchmark_headline_schedule_carries_decode_tokens_and_spills_prompt_32_into_a_third_step():
+    # vLLM PR #53878's benchmark, every request at t = 0: 32 x 1024 / 128, budget 16384 (issue 20: "prompt 32
+    # spills into a third step", with the decode tokens of the requests already past their prompts)
+    cfg = SchedulerConfig(max_num_batched_tokens=16384, max_num_seqs=256, kv_capacity_tokens=300_000, block_size=64)
+    steps = schedule_all(cfg, [(1024, 128)] * 32)
+    s0, s1, s2 = steps[:3]
+    assert (len(s0.decode), [c.req_id for c in s0.prefill_chunks]) == (0, list(range(16)))
+    assert [d.req_id for d in s1.decode] == list(range(16)) and {d.context_len for d in s1.decode} == {1025}
+    assert [(c.req_id, c.start, c.num_tokens) for c in s1.prefill_chunks][-1] == (31, 0, 1008)
+    assert s1.num_tokens == 16384
+    assert len(s2.decode) == 31 and [(c.req_id, c.start, c.num_tokens) for c in s2.prefill_chunks] == [(31, 1008, 16)]
+    assert (s2.num_tokens, s2.cudagraph_mode) == (47, "PIECEWISE")
+    assert all(s.kind == "decode" and s.cudagraph_mode == "FULL" for s in steps[3:])
+    assert len(steps) == 3 + 127

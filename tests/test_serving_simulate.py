@@ -3,6 +3,7 @@ jumps, and the change between two pricers. Times are worked out by hand from con
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from mla_lab.serving import (
@@ -144,3 +145,62 @@ def test_steps_are_back_to_back_unless_the_engine_idles_and_kv_stays_within_capa
     assert gaps > 0  # this workload does idle (20 req/s against ~10 ms requests)
     assert all(s.kv_used_blocks <= s.kv_num_blocks == 64 for s in res.steps)
     assert res.metrics["completed"] == 10
+
+
+# ------------------------------------------------------------------------------------------ async scheduling (issue 20)
+def _two_requests(delay_ms: float, out0: int = 3):
+    reqs = [ClientRequest(0, 0.0, 100, out0), ClientRequest(1, 0.0, 100, 3)]
+    return reqs, {0: 0.0, 1: delay_ms / 1e3}
+
+
+@pytest.mark.parametrize("use_async, r1_first_token_ms, step2", [(False, 20.0, (1, 1)), (True, 30.0, (1, 0))])
+def test_async_scheduling_delays_a_late_arrival_by_one_step(use_async, r1_first_token_ms, step2):
+    # r1 reaches the engine core at 5 ms, while step 1 (r0's prompt, 0-10 ms) runs. Without async scheduling step 2
+    # is built at 10 ms and takes r1's prompt; with it, step 2 was built when step 1 started (t = 0), so it is r0's
+    # decode alone and r1 joins step 3 (20-30 ms): one step later.
+    reqs, delays = _two_requests(5.0)
+    sched = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, kv_capacity_tokens=1 << 20,
+                            async_scheduling=use_async)
+    res = simulate(BenchConfig(num_prompts=2, random_input_len=100, random_output_len=3), sched,
+                   ConstantPricer(STEP_MS), requests=reqs, engine_delay_s=delays)
+    s2 = res.steps[1].step
+    assert (len(s2.decode), len(s2.prefill_chunks)) == step2
+    assert _ms(res.requests[0].token_times_s) == [10.0, 20.0, 30.0]
+    assert _ms(res.requests[1].token_times_s)[0] == r1_first_token_ms
+    assert res.requests[1].ttft_s * 1000 == pytest.approx(r1_first_token_ms)  # TTFT counts from the send (t = 0)
+    assert res.engine_arrival_s == {0: 0.0, 1: 0.005}
+
+
+def test_async_step_with_nothing_to_run_at_its_build_time_is_built_when_the_previous_step_ends():
+    # r0 has one output token: after step 1 nothing of it is left. At step 1's start (t = 0) nothing else is at the
+    # engine, so vLLM blocks on step 1 and schedules at 10 ms, when r1 (arrived at 5 ms) is there.
+    reqs, delays = _two_requests(5.0, out0=1)
+    sched = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, kv_capacity_tokens=1 << 20,
+                            async_scheduling=True)
+    res = simulate(BenchConfig(num_prompts=2, random_input_len=100, random_output_len=3), sched,
+                   ConstantPricer(STEP_MS), requests=reqs, engine_delay_s=delays)
+    assert [round(s.start_s * 1000, 9) for s in res.steps] == [0.0, 10.0, 20.0, 30.0]
+    assert _ms(res.requests[1].token_times_s) == [20.0, 30.0, 40.0]
+
+
+@pytest.mark.parametrize("use_async, durations", [(False, [12.0, 12.0, 12.0]), (True, [12.0, 10.0, 10.0])])
+def test_cpu_step_time_adds_without_async_and_overlaps_with_it(use_async, durations):
+    # one request, output 3, 10 ms of GPU per step, 2 ms of CPU: sync 10 + 2 every step; async max(10, 2) except
+    # the first step after an idle engine (nothing to overlap with)
+    sched = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, kv_capacity_tokens=1 << 20,
+                            async_scheduling=use_async)
+    res = simulate(BenchConfig(num_prompts=1, random_input_len=100, random_output_len=3), sched,
+                   ConstantPricer(STEP_MS), cpu_step_ms=2.0, output_delay_s=0.001)
+    assert [s.duration_ms for s in res.steps] == pytest.approx(durations)
+    ends = np.cumsum(durations)
+    assert _ms(res.requests[0].token_times_s) == pytest.approx(list(ends + 1.0))  # + 1 ms delivery
+
+
+def test_all_at_t0_async_gives_the_same_run_as_sync():
+    bench = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=16, max_concurrency=32)
+    kw = dict(max_num_batched_tokens=16384, max_num_seqs=256, kv_capacity_tokens=300_000, block_size=64)
+    pricer = LinearStepPricer(per_token_ms=0.03, per_step_ms=9.0)
+    a = simulate(bench, SchedulerConfig(**kw), pricer)
+    b = simulate(bench, SchedulerConfig(**kw, async_scheduling=True), pricer)
+    assert a.metrics == b.metrics
+    assert [s.step for s in a.steps] == [s.step for s in b.steps]
