@@ -168,6 +168,11 @@ class EngineRule:
             #47327); False when it is decided per request (SGLang's per-batch KV-length check is on the batch's
             longest sequence, the same thing for a batch of one length).
         source: files and PRs the rule follows.
+        decode_query_len_threshold: requests whose query length (new tokens this step) is at most this are handled
+            as decodes (vLLM's ``reorder_batch_threshold``) and take ``decode_route`` whatever their seq_len: 1024
+            for ``FLASH_ATTN_MLA_SPARSE`` (``flashattn_mla_sparse.py`` at commit 0299fca7:
+            ``_init_reorder_batch_threshold(1024, supports_spec_as_decode=True)``), 1 otherwise (vLLM's default:
+            only single-token requests are decodes; not re-checked for ``flashmla_sparse.py`` at the PR's date).
     """
 
     name: str
@@ -178,6 +183,7 @@ class EngineRule:
     dense_models: tuple
     all_prefills: bool
     source: str
+    decode_query_len_threshold: int = 1
 
     def dense_threshold(self, topk: int) -> int:
         """The dense route's seq_len threshold for a model with ``topk`` (0: no dense route)."""
@@ -194,8 +200,9 @@ ENGINE_RULES = {
         "(mla_attention.py sends all tokens down the MQA path)"),
     "vllm-fa3": EngineRule(
         "vllm-fa3", "vllm", "fa3-sparse", "fa3-sparse", "topk", ("deepseek",), True,
-        _VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py), vLLM's sm90 default for head "
-        "size 576 (sparse priority list quoted in vLLM issue #56564)"),
+        _VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py at 0299fca7: FA3 varlen, q=q_rope, "
+        "q_v=q_nope, max_seqlen_q=1, block_table=top-k indices; requests of <= 1024 query tokens handled as "
+        "decodes), vLLM's sm90 default for head size 576 (sparse priority list quoted in vLLM issue #56564)", 1024),
     "sglang": EngineRule(
         "sglang", "sglang", "sparse-mqa", "fa3-sparse", SGLANG_DENSE_KV_LEN_THRESHOLD, ("deepseek", "glm"), False,
         "sgl-project/sglang docs/basic_usage/deepseek_v32.md (PR #12868: dense MHA below 2048 tokens, FlashAttention "
@@ -216,7 +223,7 @@ def engine_rule(name: str) -> EngineRule:
 
 
 def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "prefill",
-              seq_lens=None) -> RouteChoice:
+              seq_lens=None, query_lens=None) -> RouteChoice:
     """The route ``rule`` takes for a batch of ``model_name`` (``topk`` = ``index_topk``).
 
     Args:
@@ -226,6 +233,8 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         phase: ``prefill`` or ``decode``.
         seq_lens: prefill only: each prefill's seq_len (context + its tokens so far, i.e. the keys its last token
             sees); an int for a batch of one length.
+        query_lens: each request's new tokens this step (default ``seq_lens``: fresh prompts, no context); requests
+            at or below the rule's ``decode_query_len_threshold`` are handled as decodes.
 
     Returns:
         A :class:`RouteChoice`; the dense route is chosen only where it is equivalent (:func:`is_equivalent`).
@@ -248,6 +257,19 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         raise ValueError("seq_lens=[] is empty; allowed: at least one positive int")
     for s in lens:
         check_int("seq_len", s)
+    qlens = lens if query_lens is None else (
+        [query_lens] if isinstance(query_lens, int) and not isinstance(query_lens, bool) else list(query_lens))
+    if len(qlens) != len(lens):
+        raise ValueError(f"query_lens has {len(qlens)} entries for {len(lens)} seq_lens; allowed: one per request")
+    for q, s in zip(qlens, lens):
+        check_int("query_len", q)
+        if q > s:
+            raise ValueError(f"query_len={q} exceeds its seq_len={s}; allowed: query_len <= seq_len")
+    prefills = [s for q, s in zip(qlens, lens) if q > r.decode_query_len_threshold]
+    if not prefills:
+        return RouteChoice(r.decode_route, f"{r.name}: every request has <= {r.decode_query_len_threshold} query "
+                           f"tokens, handled as decodes: {r.decode_route}", r.source)
+    lens = prefills
     thr = r.dense_threshold(topk)
     if thr > topk:
         raise ValueError(f"rule {r.name!r} has dense_kv_len_threshold={thr} > topk={topk}: dense MHA would not be "
@@ -271,6 +293,6 @@ def route_table(rule: str | EngineRule, model_name: str, topk: int, prompt_lens=
     cache: seq_len = prompt_len). Raises as :func:`route_for`."""
     out = []
     for L in prompt_lens:
-        out.append({"prompt_len": L, "prefill_route": route_for(rule, model_name, topk, "prefill", L).route,
+        out.append({"prompt_len": L, "prefill_route": route_for(rule, model_name, topk, "prefill", L, L).route,
                     "decode_route": route_for(rule, model_name, topk, "decode").route})
     return out

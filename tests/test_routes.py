@@ -24,7 +24,10 @@ TOPK = 2048  # index_topk of GLM-5 and DeepSeek-V3.2 (config.json)
     ("vllm-flashmla", "deepseek-v3.2", 2048, "mha-dense"),
     ("vllm-flashmla", "deepseek-v3.2", 2049, "sparse-mqa"),
     ("vllm-fa3", "deepseek-v3.2", 4096, "fa3-sparse"),
-    ("vllm-fa3", "deepseek-v3.2", 512, "mha-dense"),
+    # FLASH_ATTN_MLA_SPARSE handles requests of <= 1024 query tokens as decodes (MQA): no dense route at 1024
+    ("vllm-fa3", "deepseek-v3.2", 1024, "fa3-sparse"),
+    ("vllm-fa3", "deepseek-v3.2", 1025, "mha-dense"),
+    ("vllm-fa3", "deepseek-v3.2", 2048, "mha-dense"),
     # vLLM, GLM-5/5.2: MQA-only wrapper (#52512), short prompts too
     ("vllm-flashmla", "glm-5.2", 1024, "sparse-mqa"),
     ("vllm-flashmla", "glm-5", 512, "sparse-mqa"),
@@ -52,6 +55,17 @@ def test_vllm_dense_needs_every_prefill_short():
     """#47327: one prefill longer than topk sends the whole batch to the sparse route."""
     assert route_for("vllm-flashmla", "deepseek-v3.2", TOPK, "prefill", [1024] * 15).route == "mha-dense"
     assert route_for("vllm-flashmla", "deepseek-v3.2", TOPK, "prefill", [1024] * 15 + [3000]).route == "sparse-mqa"
+
+
+def test_query_len_threshold_and_context():
+    """A chunk of 512 new tokens after 1536 of context: a decode-class request on FA3 sparse, a prefill on FlashMLA."""
+    assert route_for("vllm-fa3", "deepseek-v3.2", TOPK, "prefill", 2048, 512).route == "fa3-sparse"
+    assert route_for("vllm-flashmla", "deepseek-v3.2", TOPK, "prefill", 2048, 512).route == "mha-dense"
+    assert route_for("vllm-flashmla", "deepseek-v3.2", TOPK, "prefill", 4096, 512).route == "sparse-mqa"
+    with pytest.raises(ValueError, match="query_len=600 exceeds its seq_len=500"):
+        route_for("sglang", "glm-5", TOPK, "prefill", 500, 600)
+    with pytest.raises(ValueError, match="query_lens has 1 entries for 2 seq_lens"):
+        route_for("sglang", "glm-5", TOPK, "prefill", [500, 600], [10])
 
 
 def test_dense_route_only_where_equivalent():
