@@ -62,22 +62,22 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
     for f in files or []:
         path = Path(f)
         if not path.is_file():
-            raise CLIError(f"-f {f}: no such file")
+            raise DoorError(f"-f {f}: no such file; allowed: a YAML file of sweep parameters")
         try:
             data = yaml.safe_load(path.read_text())
         except UnicodeDecodeError:
-            raise CLIError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
+            raise DoorError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
         except yaml.YAMLError as e:
-            raise CLIError(f"-f {f}: not valid YAML: {' '.join(str(e).split())}") from None
+            raise DoorError(f"-f {f}: not valid YAML: {' '.join(str(e).split())}") from None
         data = {} if data is None else data
         if not isinstance(data, dict):
-            raise CLIError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
+            raise DoorError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
         raw.update(data)
     for name, value in pairs or []:
         try:
             raw[name] = yaml.safe_load(value)
         except yaml.YAMLError as e:
-            raise CLIError(f"-p {name} {value!r}: not a valid YAML value: {' '.join(str(e).split())}") from None
+            raise DoorError(f"-p {name} {value!r}: not a valid YAML value: {' '.join(str(e).split())}") from None
     return raw
 
 

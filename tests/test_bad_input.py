@@ -39,6 +39,7 @@ import torch
 from mla_lab import cli
 from mla_lab.arch import get_arch
 from mla_lab.buffers import QConcatWorkspace, memory_account, padded_num_heads
+from mla_lab.deployment import Deployment
 from mla_lab.kernels import concat_mla_q, sparse_mla_prefill
 from mla_lab.kernels.flashmla import validate_sparse_prefill_inputs
 from mla_lab.model.ops import attention_path_ops
@@ -260,7 +261,7 @@ CASES = [
     ("tp_not_dividing_heads", lambda c: GLM.heads_per_rank(3), ValueError,
      r"tp=3 does not divide num_attention_heads=64 of model 'glm-5'; allowed tp: \[1, 2, 4, 8, 16, 32, 64\]"),
     ("tp_not_dividing_deepseek_ttft",
-     lambda c: predict_ttft("deepseek-v3.2", 6, "h200", Workload(1024), 16384, "fused"), ValueError,
+     lambda c: Deployment.seed(model="deepseek-v3.2", tp=6), ValueError,
      r"tp=6 does not divide num_attention_heads=128 of model 'deepseek-v3.2'; allowed tp: \[1, 2, 4, 8, 16, 32, "
      r"64, 128\]"),
     ("tp_zero", lambda c: GLM.heads_per_rank(0), ValueError, r"tp=0 must be a positive int"),
@@ -269,22 +270,22 @@ CASES = [
     ("heads_zero", lambda c: padded_num_heads(0, "hopper"), ValueError, r"num_heads=0 must be a positive int"),
     ("heads_negative_workspace", lambda c: QConcatWorkspace(16, -1), ValueError,
      r"num_heads=-1 must be a positive int"),
-    ("heads_zero_memory_account", lambda c: memory_account("fused", 0, 16384), ValueError,
+    ("heads_zero_memory_account", lambda c: memory_account("private_workspace", 0, 16384), ValueError,
      r"num_heads=0 must be a positive int"),
     ("strategy_input_heads_mismatch",
      lambda c: make_strategy("fused", num_heads=8, max_num_batched_tokens=4)(
          torch.randn(4, 4, 512).bfloat16(), torch.randn(4, 4, 64).bfloat16(), None, None, 1.0), ValueError,
      r"ql_nope.shape=\(4, 4, 512\) must be \[T, num_heads=8, 512\]"),
-    ("costmodel_negative_step", lambda c: attention_path_ms(GLM, 8, H200, "fused", -1), ValueError,
+    ("costmodel_negative_step", lambda c: attention_path_ms(GLM, 8, H200, "private_workspace", -1), ValueError,
      r"step=-1 must be a non-negative int"),
-    ("costmodel_float_step", lambda c: attention_path_ms(GLM, 8, H200, "fused", 1.7), ValueError,
+    ("costmodel_float_step", lambda c: attention_path_ms(GLM, 8, H200, "private_workspace", 1.7), ValueError,
      r"step=1.7 must be a non-negative int"),
-    ("costmodel_sum_topk_too_big", lambda c: attention_path_ops(GLM, 8, H200, "fused", 4, 4 * 2048 + 1),
+    ("costmodel_sum_topk_too_big", lambda c: attention_path_ops(GLM, 8, H200, "private_workspace", 4, 4 * 2048 + 1),
      ValueError, r"sum_topk=8193 exceeds num_tokens \* index_topk = 8192"),
     ("heads_zero_strategy", lambda c: make_strategy("fused", num_heads=0, max_num_batched_tokens=4), ValueError,
      r"num_heads=0 must be a positive int"),
     # --- max_num_batched_tokens and T
-    ("mbt_zero_memory_account", lambda c: memory_account("fused", 8, 0), ValueError,
+    ("mbt_zero_memory_account", lambda c: memory_account("private_workspace", 8, 0), ValueError,
      r"max_num_batched_tokens=0 must be a positive int"),
     ("mbt_negative_workspace", lambda c: QConcatWorkspace(-16, 8), ValueError,
      r"max_num_batched_tokens=-16 must be a positive int"),
@@ -294,7 +295,7 @@ CASES = [
      r"num_tokens=17 exceeds the workspace's max_num_batched_tokens=16; allowed: 0\.\.16"),
     ("T_negative_workspace", lambda c: QConcatWorkspace(16, 8).view(-1), ValueError,
      r"num_tokens=-1 must be a non-negative int"),
-    ("T_over_memory_account", lambda c: memory_account("unfused", 8, 16, num_tokens=17), ValueError,
+    ("T_over_memory_account", lambda c: memory_account("per_call_empty:zeros", 8, 16, num_tokens=17), ValueError,
      r"num_tokens=17 exceeds max_num_batched_tokens=16; allowed: 0\.\.16"),
     ("T_over_strategy_workspace", lambda c: _strategy_too_many_tokens(), ValueError,
      r"num_tokens=5 exceeds the workspace's max_num_batched_tokens=4; allowed: 0\.\.4"),
@@ -306,7 +307,7 @@ CASES = [
      r"kv_cache_dtype='int8' is not supported; " + KV_ALLOWED),
     ("kv_dtype_padded_heads", lambda c: padded_num_heads(8, "hopper", "fp4"), ValueError,
      r"kv_cache_dtype='fp4' is not supported; " + KV_ALLOWED),
-    ("kv_dtype_memory_account", lambda c: memory_account("fused", 8, 16, kv_cache_dtype="fp16"), ValueError,
+    ("kv_dtype_memory_account", lambda c: memory_account("private_workspace", 8, 16, kv_cache_dtype="fp16"), ValueError,
      r"kv_cache_dtype='fp16' is not supported; " + KV_ALLOWED),
     ("workspace_dtype_fp32", lambda c: QConcatWorkspace(16, 8, dtype=torch.float32), ValueError,
      r"dtype=torch.float32 is not supported; allowed: torch.bfloat16, torch.float16"),
@@ -439,7 +440,7 @@ CASES = [
     ("cli_p_wrong_type", lambda c: _cli(c, pairs=[("tp_sizes", "[eight]")]), CLIFailed,
      r"^exit 2: mla-lab: error: tp_sizes holds 'eight' \(str\); every entry must be int$"),
     ("cli_yaml_malformed", lambda c: _cli(c, "models: [glm-5\n"), CLIFailed,
-     r"^exit 1: mla-lab: error: -f .*params.yaml: not valid YAML: "),
+     r"^exit 2: mla-lab: error: -f .*params.yaml: not valid YAML: "),
 
     # ================================================================ issue 14 ("No stale, no clobbered, no silent")
     # --- workload and sweep values that used to be stored as given or priced as if runnable
@@ -522,11 +523,11 @@ CASES = [
     ("cmd_model_unknown", lambda c: _cmd_sweep(c, "-p", "models", "[gpt-2]"), CLIFailed,
      r"^exit 2: mla-lab: error: model='gpt-2' is not known \(no .*\); " + MODELS + "$"),
     ("cmd_p_bad_yaml", lambda c: _cmd_sweep(c, "-p", "tp_sizes", "[8"), CLIFailed,
-     r"^exit 1: mla-lab: error: -p tp_sizes '\[8': not a valid YAML value: "),
+     r"^exit 2: mla-lab: error: -p tp_sizes '\[8': not a valid YAML value: "),
     ("cmd_f_missing", lambda c: _cmd_sweep(c, "-f", "nope.yaml"), CLIFailed,
-     r"^exit 1: mla-lab: error: -f nope\.yaml: no such file$"),
+     r"^exit 2: mla-lab: error: -f nope\.yaml: no such file; allowed: a YAML file of sweep parameters$"),
     ("cmd_f_not_a_mapping", lambda c: (c.tmp / "list.yaml").write_text("- 1\n- 2\n") and _cmd_sweep(c, "-f", "list.yaml"),
-     CLIFailed, r"^exit 1: mla-lab: error: -f list\.yaml: must hold a mapping of parameter names to values, got list$"),
+     CLIFailed, r"^exit 2: mla-lab: error: -f list\.yaml: must hold a mapping of parameter names to values, got list$"),
     ("cmd_address_without_ray", lambda c: _cmd_sweep(c, "--address", "auto"), CLIFailed,
      r"^exit 2: mla-lab: error: ray_address='auto' is only used with executor='ray' \(executor='local'\)$"),
     ("cmd_dry_run_bad_tp", lambda c: _cmd_sweep(c, "--dry-run", "-p", "tp_sizes", "[0]"), CLIFailed,
@@ -580,14 +581,14 @@ CASES = [
     ("workload_prompt_len_float", lambda c: Workload(1024.0), ValueError, r"^prompt_len=1024\.0 must be a positive int$"),
     ("workload_prompt_len_str", lambda c: Workload("1024"), ValueError, r"^prompt_len='1024' must be a positive int$"),
     ("ttft_weight_dtype_unknown",
-     lambda c: predict_ttft("glm-5", 8, "h200", Workload(1024), 16384, "private_workspace", weight_dtype="fp4"),
-     ValueError, r"^weight_dtype='fp4' is not valid; allowed: \['bf16', 'fp8'\]$"),
+     lambda c: Deployment.seed(weight_dtype="fp4"),
+     ValueError, r"^weight_dtype='fp4' is not allowed; allowed: \['bf16', 'fp8'\]$"),
     ("ttft_moe_parallel_unknown",
-     lambda c: predict_ttft("glm-5", 8, "h200", Workload(1024), 16384, "private_workspace", moe_parallel="dp"),
-     ValueError, r"^moe_parallel='dp' is not valid; allowed: \['tp', 'ep'\]$"),
-    ("ttft_mbt_zero", lambda c: predict_ttft("glm-5", 8, "h200", Workload(1024), 0, "private_workspace"), ValueError,
+     lambda c: Deployment.seed(moe_parallel="dp"),
+     ValueError, r"^moe_parallel='dp' is not allowed; allowed: \['ep', 'tp'\]$"),
+    ("ttft_mbt_zero", lambda c: Deployment.seed(max_num_batched_tokens=0), ValueError,
      r"^max_num_batched_tokens=0 must be a positive int$"),
-    ("ttft_strategy_unknown", lambda c: predict_ttft("glm-5", 8, "h200", Workload(1024), 16384, "padded"), ValueError,
+    ("ttft_strategy_unknown", lambda c: predict_ttft(Deployment.seed(), "padded"), ValueError,
      r"^strategy='padded' is not known; " + STRATEGIES),
     # --- model configs and names
     ("model_empty_name", lambda c: load_model(""), ValueError, r"^model='' must be a non-empty str; " + MODELS),
