@@ -125,3 +125,34 @@ def test_route_layer_times_order_at_the_seed():
         route_layer_ops(GLM, 8, H200, "dense", SEED_STEP, weight_dtype="fp8", moe_parallel="ep")
     with pytest.raises(ValueError, match="kernel_model='x' is not valid"):
         route_layer_time_ms(GLM, 8, H200, "sparse-mqa", SEED_STEP, kernel_model="x", **kw)
+
+
+def test_masked_mha_crossover_is_bracketed_and_grows_with_tp():
+    """Masked MHA's keys grow as L^2, the sparse path's as L * topk: sparse MQA wins past a prompt length, and at
+    TP8 (8 real heads padded to 64) later than at TP4 (16 of 64): the padding makes sparse MQA dearer per real head.
+    Bracketed by direct evaluation on both sides (not by the bisection alone)."""
+    from mla_lab.model.routes import crossover_prompt_len, prompt_len_step
+
+    kw = dict(weight_dtype="fp8", moe_parallel="ep")
+    x8 = crossover_prompt_len(GLM, 8, H200, **kw)
+    x4 = crossover_prompt_len(GLM, 4, H200, **kw)
+    assert 16384 < x8 < 131072 and x4 < x8
+
+    def attn(route, L):
+        return route_layer_time_ms(GLM, 8, H200, route, prompt_len_step(L), **kw)["attention"]
+
+    assert attn("mha-masked", x8 - 1) <= attn("sparse-mqa", x8 - 1)
+    assert attn("mha-masked", x8) > attn("sparse-mqa", x8)
+    with pytest.raises(ValueError, match="lo=10 must be below hi=5"):
+        crossover_prompt_len(GLM, 8, H200, lo=10, hi=5, **kw)
+
+
+def test_route_transient_bytes():
+    from mla_lab.model.routes import route_transient_bytes
+
+    fa3 = route_transient_bytes(GLM, 8, "fa3-sparse", SEED_STEP)
+    assert fa3["total"] == 16384 * 8 * (512 * 2 + 4)  # real heads only: no [T, 64, 512] padded output
+    dense = route_transient_bytes(GLM, 8, "mha-dense", SEED_STEP)
+    assert dense["total"] == 16384 * 8 * (448 * 2 + 256 * 2 + 256 * 2 + 4) and dense["budgeted"] is False
+    with pytest.raises(ValueError, match="route='sparse-mqa' is not valid here"):
+        route_transient_bytes(GLM, 8, "sparse-mqa", SEED_STEP)

@@ -73,7 +73,7 @@ __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops",
            "masked_mha_ops", "mha_transient_bytes", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
            "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "mha_pricing_source",
            "route_layer_ops", "route_layer_time_ms", "route_step_time_ms", "route_op_time_ms",
-           "prompt_len_step", "attention_by_prompt_len", "DROPPED_BY_DENSE", "KERNEL_MODELS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
+           "prompt_len_step", "attention_by_prompt_len", "crossover_prompt_len", "route_transient_bytes", "DROPPED_BY_DENSE", "KERNEL_MODELS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
 
 BF16 = 2
 FP32 = 4
@@ -503,3 +503,65 @@ def attention_by_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, prompt_l
             row[f"{r}_attention_ms"], row[f"{r}_layer_ms"] = d["attention"], d["total"]
         out.append(row)
     return out
+
+
+def crossover_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, route: str = "mha-masked",
+                         against: str = "sparse-mqa", lo: int = 1024, hi: int = 1 << 20,
+                         max_num_batched_tokens: int = 16384, strategy: str = "private_workspace",
+                         what: str = "attention", calibration: Calibration | None = None, **kw) -> int | None:
+    """The shortest prompt length in ``[lo, hi]`` at which ``against`` is modelled faster than ``route`` (``what``:
+    ``attention`` or ``total`` of one layer call of :func:`prompt_len_step`), by bisection (the difference grows
+    with the prompt length for the MHA routes: their keys grow as L^2, the sparse keys as L * topk). None when
+    ``route`` is faster over the whole range; ``lo`` when ``against`` already wins there.
+
+    Raises:
+        ValueError: unknown route or ``what``; ``lo >= hi``.
+    """
+    for name, r in (("route", route), ("against", against)):
+        if r not in ROUTES:
+            raise ValueError(f"{name}={r!r} is not valid; allowed: {list(ROUTES)}")
+    if what not in ("attention", "total"):
+        raise ValueError(f"what={what!r} is not valid; allowed: ['attention', 'total']")
+    check_int("lo", lo)
+    check_int("hi", hi)
+    if lo >= hi:
+        raise ValueError(f"lo={lo} must be below hi={hi}")
+
+    def margin(L: int) -> float:
+        step = prompt_len_step(L, max_num_batched_tokens)
+        a = route_layer_time_ms(model, tp, arch, route, step, strategy, calibration, **kw)[what]
+        b = route_layer_time_ms(model, tp, arch, against, step, strategy, calibration, **kw)[what]
+        return a - b  # > 0: `against` wins
+
+    if margin(lo) > 0:
+        return lo
+    if margin(hi) <= 0:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if margin(mid) > 0 else (mid, hi)
+    return hi
+
+
+def route_transient_bytes(model: ModelConfig, tp: int, route: str, step: Step | int) -> dict:
+    """Unbudgeted transient bytes of one layer call for the routes that need no padded-Q strategy: ``mha-dense`` /
+    ``mha-masked`` (:func:`mha_transient_bytes`, plus the mask for ``mha-masked``) and ``fa3-sparse`` (``out [T, H,
+    512]`` bf16 + lse ``[T, H]`` fp32: real heads only). ``sparse-mqa`` depends on the strategy
+    (:func:`mla_lab.buffers.memory_account`) and is refused here.
+
+    Raises:
+        ValueError: ``sparse-mqa`` or an unknown route.
+    """
+    if route == "fa3-sparse":
+        rs = route_stats(model, step)
+        H = model.heads_per_rank(tp)
+        out = rs.T * H * (D_V_ABSORBED * BF16 + FP32)
+        return {"out": out, "total": out, "budgeted": False}
+    if route in ("mha-dense", "mha-masked"):
+        d = mha_transient_bytes(model, tp, step)
+        if route == "mha-masked":
+            d["mask"] = math.ceil(route_stats(model, step).mask_bits / 8)
+            d["total"] += d["mask"]
+        return d
+    raise ValueError(f"route={route!r} is not valid here; allowed: ['fa3-sparse', 'mha-dense', 'mha-masked'] "
+                     "(sparse-mqa: mla_lab.buffers.memory_account of its strategy)")
