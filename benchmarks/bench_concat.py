@@ -33,16 +33,12 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from mla_lab.buffers import padded_num_heads  # noqa: E402
-from mla_lab.kernels import concat_mla_q  # noqa: E402
-from mla_lab.kernels.triton_concat import DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS, concat_mla_q_triton  # noqa: E402
-from mla_lab.measure.timer import median_ms  # noqa: E402
-from mla_lab.paths import measured_dir  # noqa: E402
-from mla_lab.provenance import provenance  # noqa: E402
+from mla_lab.buffers import padded_num_heads
+from mla_lab.kernels import concat_mla_q
+from mla_lab.kernels.triton_concat import DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS, concat_mla_q_triton
+from mla_lab.measure.timer import median_ms
+from mla_lab.paths import measured_dir
+from mla_lab.provenance import provenance
 
 DEFAULT_T = (1024, 4096, 16384, 32768)
 DEFAULT_H = (8, 16, 32, 64, 128)

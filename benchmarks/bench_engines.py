@@ -21,7 +21,10 @@ loses nothing measured):
    DeepSeek-V3.2 TP8 (16 -> 64), >= 7 repeats interleaved across presets, with the call's peak memory above the
    pre-call baseline (``torch.cuda.max_memory_allocated``), the persistent bytes the preset keeps, what the padded
    heads held (read once after each window) and the real heads' max abs difference against the private
-   zero-initialised workspace call. Presets in :data:`PRESET_DOC`.
+   zero-initialised workspace call. Presets in :data:`PRESET_DOC`: each label is a strategy of
+   :mod:`mla_lab.placement` (``BENCH_PRESET_LABELS``, ``subchunk:S``, ``subchunk:S:views``) run by
+   :class:`mla_lab.strategies.PaddedQPath` (rows carry ``strategy`` and ``content``), except ``subchunk_2stream``,
+   a variant of this script's own; ``persistent_bytes`` is the strategy's workspace.
 3. ``nan.csv``: padded heads NaN in the workspace -> are the real heads identical to the zero-padded call?
 
 ``--smoke``: tiny shapes (CPU: torch concat and the reference kernel; GPU: the real kernels) in seconds.
@@ -32,18 +35,17 @@ Provenance columns on every row: gpu, sm, driver, cuda, torch, triton, flash_mla
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance  # noqa: E402
+from mla_lab.kernels import last_backend
+from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance
+from mla_lab.measure.timer import est_ms, timed_window
+from mla_lab.paths import REPO_ROOT as REPO
+from mla_lab.placement import BENCH_PRESET_LABELS, parse_strategy
+from mla_lab.strategies import PaddedQPath
 
 T0 = time.time()
 D_NOPE, D_PE, D_QK, D_V = 512, 64, 576, 512
@@ -63,9 +65,9 @@ PRESET_DOC = {
                               "PR #53878 after vLLM #56902",
     "shared_workspace_zero_per_call": "stale workspace, concat with zero_padding=True every call",
     "subchunk": "zeroed (S,64,576) workspace; per chunk of S tokens: concat into ws[:n], kernel, copy out[:, :H] "
-                "into a preallocated [T,H,512], chunk output freed before the next chunk",
+                "into the step's [T,H,512] output (allocated per call) - mla_lab.strategies subchunk:S",
     "subchunk_views": "as subchunk, per-chunk out[:, :H] views handed to the consumer (no copy; the views keep "
-                      "every chunk's padded output alive until the call returns)",
+                      "every chunk's padded output alive until the call returns) - subchunk:S:views",
     "subchunk_2stream": "as subchunk with two (S,64,576) workspaces: chunk i+1's concat on a second stream while "
                         "chunk i's kernel runs",
 }
@@ -149,78 +151,11 @@ class Kernels:
 # --------------------------------------------------------------------------------------------------- timing
 
 
-def _q(xs, p):
-    xs = sorted(xs)
-    if len(xs) == 1:
-        return xs[0]
-    k = (len(xs) - 1) * p
-    lo = int(math.floor(k))
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
-def timed_window(fn, n, sampler, dev, after=None):
-    """Run ``fn`` n times; per-call times from CUDA events around ``fn`` only (``after`` runs untimed after each
-    call, e.g. the interleaved GEMM). Returns stats + the NVML medians over the window."""
-    import torch
-
-    ts = []
+def _sync(dev):
     if dev == "cuda":
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        import torch
+
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        r = None
-        for s, e in ev:
-            r = None  # noqa: F841  (drop the previous output before the next call allocates)
-            s.record()
-            r = fn()
-            e.record()
-            if after is not None:
-                after()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        ts = [s.elapsed_time(e) for s, e in ev]
-        del r
-    else:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            a = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - a) * 1e3)
-            if after is not None:
-                after()
-        t1 = time.perf_counter()
-    out = {"n_calls": n, "ms_median": statistics.median(ts), "ms_mean": statistics.fmean(ts),
-           "ms_p10": _q(ts, 0.1), "ms_p90": _q(ts, 0.9), "window_s": round(t1 - t0, 4)}
-    out.update(sampler.window(t0, t1) if sampler.ok else
-               {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0, "clock_event_reasons": ""})
-    return out
-
-
-def sync(dev):
-    import torch
-
-    if dev == "cuda":
-        torch.cuda.synchronize()
-
-
-def est_ms(fn, dev, k=3):
-    import torch
-
-    fn()
-    sync(dev)
-    if dev == "cuda":
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(k):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        return s.elapsed_time(e) / k
-    a = time.perf_counter()
-    for _ in range(k):
-        fn()
-    return (time.perf_counter() - a) * 1e3 / k
 
 
 # ------------------------------------------------------------------------------------------------- inputs
@@ -303,7 +238,7 @@ def run_content(sink, kern, dev, dtype, sampler, args, deadline):
                     fz = lambda qz=qz, kv=kv, idx=idx, tl=tl: kern.kernel(qz, kv, idx, sm_scale, tl)  # noqa: E731
                     fs = lambda qs=qs, kv=kv, idx=idx, tl=tl: kern.kernel(qs, kv, idx, sm_scale, tl)  # noqa: E731
                     oz, os_ = fz(), fs()
-                    sync(dev)
+                    _sync(dev)
                     eq = bool(torch.equal(oz[:, :H], os_[:, :H]))
                     del oz, os_
                     if "interleaved" in modes and T not in gemm:
@@ -321,12 +256,12 @@ def run_content(sink, kern, dev, dtype, sampler, args, deadline):
                             after = lambda ga=ga, gb=gb, gc=gc: torch.mm(ga, gb, out=gc)  # noqa: E731
                             gshape = f"[{T},{gk}]x[{gk},{gn}] bf16"
                         # warm-up window per mode (both contents), untimed
-                        timed_window(fz, max(2, n // 4), sampler, dev, after)
-                        timed_window(fs, max(2, n // 4), sampler, dev, after)
+                        timed_window(fz, max(2, n // 4), dev, sampler, after)
+                        timed_window(fs, max(2, n // 4), dev, sampler, after)
                         for r in range(args.repeats):
                             order = ("zeros", "stale") if r % 2 == 0 else ("stale", "zeros")
                             for k, content in enumerate(order):
-                                res = timed_window(fz if content == "zeros" else fs, n, sampler, dev, after)
+                                res = timed_window(fz if content == "zeros" else fs, n, dev, sampler, after)
                                 sink.write({"experiment": "content_factor", "shape_id": shape_id, "H": H, "Hp": HP,
                                             "T": T, "pattern": pat, "prompt_len": plen, "s_kv": s_kv,
                                             "topk": topk, "sum_topk": st, "content": content,
@@ -348,17 +283,33 @@ def run_content(sink, kern, dev, dtype, sampler, args, deadline):
 
 # ------------------------------------------------------------------------------------------- 2. presets
 
-PRESET_COLS = ["experiment", "model", "tp", "H", "Hp", "pattern", "T", "s_kv", "sum_topk", "preset", "S",
+PRESET_COLS = ["experiment", "model", "tp", "H", "Hp", "pattern", "T", "s_kv", "sum_topk", "preset", "strategy",
+               "content", "S",
                "n_chunks", "repeat", "order", "n_calls", "ms_median", "ms_mean", "ms_p10", "ms_p90", "window_s",
                "call_peak_bytes", "call_peak_mib", "persistent_bytes", "persistent_mib", "max_abs_diff",
                "bit_identical", "pad_absmax", "sm_clock_mhz", "power_w", "temp_c", "n_samples",
                "clock_event_reasons", "concat_impl", "kernel_impl", "description", "status"]
 
 
+def _keep(t):
+    """``fill_stale`` that leaves the pad as the caching allocator hands it (``new_empty``, no fill)."""
+    return t
+
+
 class Presets:
-    """The attention path of one layer call per preset; ``fn(check)`` runs it once and returns the real heads'
-    output (a tensor, a list of views, or the preallocated [T,H,512]); with a dict ``check`` it also stores the
-    largest |value| in the padded heads of the q that the kernel read (``pad_absmax``)."""
+    """The attention path of one layer call per preset label (:data:`mla_lab.placement.BENCH_PRESET_LABELS`), built
+    from :class:`mla_lab.strategies.PaddedQPath` of the label's :class:`~mla_lab.placement.Strategy`, plus
+    ``subchunk_2stream`` (a lab variant no engine or strategy has: two sub-chunk workspaces, chunk i+1's concat on a
+    second stream while chunk i's kernel runs). ``build(name, S)`` gives ``(fn, prep, persistent_bytes, S,
+    n_chunks, strategy)``; ``fn(check)`` runs the call once and returns the real heads' output (a tensor, a list of
+    views or the step's [T, H, 512]); with a dict ``check`` it also stores the largest |value| in the padded heads
+    of the first q the kernel read (``pad_absmax``).
+
+    ``per_call_empty`` runs with its pad as ``new_empty`` hands it (no fill): the ``prep`` before each window frees
+    a same-size block holding zeros (``per_call_empty_zeros``) or N(0, 1) (``per_call_empty_stale``), which is what
+    vLLM before PR #53878 gets from the caching allocator. The shared workspace's padded heads hold N(0, 1) (the
+    fused-MoE scratch), re-scribbled before each window for ``shared_workspace_zero_per_call``.
+    """
 
     def __init__(self, kern, dev, dtype, H, T, pattern, sub_S, two_stream_S, gen, topk, skv_full):
         import torch
@@ -369,20 +320,12 @@ class Presets:
         self.qn = torch.randn(T, H, D_NOPE, device=dev, dtype=dtype, generator=gen)
         self.qp = torch.randn(T, H, D_PE, device=dev, dtype=dtype, generator=gen)
         self.sm = D_QK ** -0.5
-        self.buf = torch.empty(T, H, D_QK, device=dev, dtype=dtype)  # the unfused H-head concat buffer
-        self.ws_priv = torch.zeros(T, HP, D_QK, device=dev, dtype=dtype)
-        self.ws_shared = torch.randn(T, HP, D_QK, device=dev, dtype=dtype, generator=gen)
-        self.ws_shared2 = torch.randn(T, HP, D_QK, device=dev, dtype=dtype, generator=gen)
         self.out_full = torch.empty(T, H, D_V, device=dev, dtype=dtype)
-        self.sub = {S: torch.zeros(S, HP, D_QK, device=dev, dtype=dtype) for S in sub_S}
         self.sub2 = {S: (torch.zeros(S, HP, D_QK, device=dev, dtype=dtype),
                          torch.zeros(S, HP, D_QK, device=dev, dtype=dtype)) for S in two_stream_S}
         self.side = torch.cuda.Stream() if dev == "cuda" else None
         self.gen = gen
-        el = 2  # bf16
-        self.bytes_buf = T * H * D_QK * el
-        self.bytes_ws = T * HP * D_QK * el
-        self.bytes_out = T * H * D_V * el
+        self.bytes_out = T * H * D_V * 2  # bf16
 
     # ---- helpers
     def _kernel(self, q, lo=0, hi=None):
@@ -394,81 +337,74 @@ class Presets:
         if check is not None:
             check["pad_absmax"] = float(t.float().abs().max()) if t.numel() else 0.0
 
-    # ---- presets: (fn, prep, persistent_bytes, S, n_chunks)
+    def strategy(self, name, S=None):
+        """The canonical strategy a preset label runs (``subchunk`` / ``subchunk_views`` take ``S``)."""
+        if name == "subchunk":
+            return parse_strategy(f"subchunk:{S}")
+        if name == "subchunk_views":
+            return parse_strategy(f"subchunk:{S}:views")
+        if name == "subchunk_2stream":
+            return None
+        return parse_strategy(BENCH_PRESET_LABELS[name])
+
+    def _path(self, strategy):
+        spec = parse_strategy("per_call_empty:stale") if strategy.placement == "per_call_empty" else strategy
+        path = PaddedQPath(spec, num_heads=self.H, max_num_batched_tokens=self.T, arch="hopper", device=self.dev,
+                           dtype=self.dtype, kernel_backend="auto", concat_backend="auto",
+                           fill_stale=_keep if strategy.placement == "per_call_empty"
+                           else (lambda t: t.normal_(generator=self.gen)))
+        if path.padded_heads != HP:
+            raise ValueError(f"H={self.H}: padded to {path.padded_heads} heads, the bench assumes {HP}")
+        return path
+
     def build(self, name, S=None):
         torch, H, T = self.torch, self.H, self.T
-        k = self.k
-        if name in ("per_call_empty_zeros", "per_call_empty_stale", "per_call_zeros"):
-            zeros = name == "per_call_zeros"
+        strategy = self.strategy(name, S)
+        if strategy is not None:
+            path = self._path(strategy)
+            views = strategy.handoff == "views"
+            kernel = path._kernel
 
             def fn(check=None):
-                k.concat(self.qn, self.qp, self.buf)
-                q = self.buf.new_zeros((T, HP, D_QK)) if zeros else self.buf.new_empty((T, HP, D_QK))
-                q[:, :H] = self.buf
-                self._absmax(q[:, H:], check)
-                return self._kernel(q)[:, :H]
+                if check is not None:  # instrument the first kernel call: what its padded heads held
+                    def spy(q, *a):
+                        if "pad_absmax" not in check:
+                            self._absmax(q[:, H:], check)
+                        return kernel(q, *a)
+                    path._kernel = spy
+                try:
+                    if views:
+                        res = []
+                        path(self.qn, self.qp, self.kv, self.idx, self.sm, self.tl,
+                             consumer=lambda start, o, lse: res.append(o))
+                        return res
+                    return path(self.qn, self.qp, self.kv, self.idx, self.sm, self.tl)[0]
+                finally:
+                    path._kernel = kernel
 
             prep = None
-            if name == "per_call_empty_zeros":
-                def prep():
-                    self._empty_cache()
-                    z = torch.zeros(T, HP, D_QK, device=self.dev, dtype=self.dtype)
-                    del z
-            elif name == "per_call_empty_stale":
+            if name in ("per_call_empty_zeros", "per_call_empty_stale"):
+                stale = name == "per_call_empty_stale"
+
                 def prep():
                     self._empty_cache()
                     z = torch.empty(T, HP, D_QK, device=self.dev, dtype=self.dtype)
-                    z.normal_(generator=self.gen)
+                    z.normal_(generator=self.gen) if stale else z.zero_()
                     del z
-            return fn, prep, self.bytes_buf, None, 1
-        if name in ("private_workspace_zeros", "shared_workspace_stale", "shared_workspace_zero_per_call"):
-            ws = {"private_workspace_zeros": self.ws_priv, "shared_workspace_stale": self.ws_shared,
-                  "shared_workspace_zero_per_call": self.ws_shared2}[name]
-            zp = name == "shared_workspace_zero_per_call"
-
-            def fn(check=None):
-                q = ws[:T]
-                k.concat(self.qn, self.qp, q, zero_padding=zp)
-                self._absmax(q[:, H:], check)
-                return self._kernel(q)[:, :H]
-
-            prep = None
-            if zp:  # the shared workspace was scribbled on by other users since the last call
+            elif strategy.concat_zeroes_padding:  # the shared workspace was scribbled on since the last call
                 def prep():
-                    self.ws_shared2[:, H:].normal_(generator=self.gen)
-            return fn, prep, self.bytes_ws, None, 1
-        if name in ("subchunk", "subchunk_views"):
-            ws = self.sub[S]
-            views = name == "subchunk_views"
-            chunks = [(lo, min(lo + S, T)) for lo in range(0, T, S)]
-
-            def fn(check=None):
-                res = []
-                for lo, hi in chunks:
-                    n = hi - lo
-                    q = ws[:n]
-                    k.concat(self.qn[lo:hi], self.qp[lo:hi], q)
-                    if check is not None and lo == 0:
-                        self._absmax(q[:, H:], check)
-                    o = self._kernel(q, lo, hi)
-                    if views:
-                        res.append(o[:, :H])
-                    else:
-                        self.out_full[lo:hi].copy_(o[:, :H])
-                    del o  # the chunk's padded output is freed before the next chunk's kernel allocates its own
-                return res if views else self.out_full
-
-            pers = S * HP * D_QK * 2 + (0 if views else self.bytes_out)
-            return fn, None, pers, S, len(chunks)
+                    path.workspace.buffer[:, H:].normal_(generator=self.gen)
+            n_chunks = -(-T // strategy.rows) if strategy.placement == "subchunk" else 1
+            return fn, prep, path.workspace.nbytes, S, n_chunks, strategy
         if name == "subchunk_2stream":
             wa, wb = self.sub2[S]
             chunks = [(lo, min(lo + S, T)) for lo in range(0, T, S)]
-            torch_ = torch
             nc = len(chunks)
             if self.dev == "cuda":
-                evc = [torch_.cuda.Event() for _ in range(nc)]
-                evk = [torch_.cuda.Event() for _ in range(nc)]
+                evc = [torch.cuda.Event() for _ in range(nc)]
+                evk = [torch.cuda.Event() for _ in range(nc)]
             side = self.side
+            k = self.k
 
             def fn(check=None):
                 wss = (wa, wb)
@@ -476,12 +412,14 @@ class Presets:
                     for i, (lo, hi) in enumerate(chunks):
                         q = wss[i % 2][: hi - lo]
                         k.concat(self.qn[lo:hi], self.qp[lo:hi], q)
+                        if check is not None and i == 0:
+                            self._absmax(q[:, H:], check)
                         o = self._kernel(q, lo, hi)
                         self.out_full[lo:hi].copy_(o[:, :H])
                     return self.out_full
-                main = torch_.cuda.current_stream()
+                main = torch.cuda.current_stream()
                 side.wait_stream(main)
-                with torch_.cuda.stream(side):
+                with torch.cuda.stream(side):
                     lo, hi = chunks[0]
                     k.concat(self.qn[lo:hi], self.qp[lo:hi], wa[: hi - lo])
                     evc[0].record(side)
@@ -494,7 +432,7 @@ class Presets:
                     evk[i].record(main)
                     if i + 1 < nc:
                         lo2, hi2 = chunks[i + 1]
-                        with torch_.cuda.stream(side):
+                        with torch.cuda.stream(side):
                             if i >= 1:
                                 side.wait_event(evk[i - 1])  # ws of chunk i+1 was read by kernel i-1
                             k.concat(self.qn[lo2:hi2], self.qp[lo2:hi2], wss[(i + 1) % 2][: hi2 - lo2])
@@ -503,13 +441,22 @@ class Presets:
                     del o
                 return self.out_full
 
-            return fn, None, 2 * S * HP * D_QK * 2 + self.bytes_out, S, nc
-        raise ValueError(name)
+            return fn, None, 2 * S * HP * D_QK * 2 + self.bytes_out, S, nc, None
+        raise ValueError(f"preset={name!r}; allowed: {list(BENCH_PRESET_LABELS)} + subchunk, subchunk_views, "
+                         "subchunk_2stream")
 
     def _empty_cache(self):
         if self.dev == "cuda":
             self.torch.cuda.synchronize()
             self.torch.cuda.empty_cache()
+
+
+def _content(label, strategy):
+    """What the padded heads hold in a preset row: the allocator block's content for ``per_call_empty`` (set by
+    the prep), the strategy's otherwise (``subchunk_2stream``: zeroed workspaces)."""
+    if label in ("per_call_empty_zeros", "per_call_empty_stale"):
+        return label.rsplit("_", 1)[1]
+    return strategy.content if strategy is not None else "zeros"
 
 
 def _as_tensor(res):
@@ -576,16 +523,16 @@ def run_presets(sink, kern, dev, dtype, sampler, args, deadline):
             # reference: the private zero workspace call
             ref_fn = P.build("private_workspace_zeros")[0]
             ref = ref_fn().clone()
-            sync(dev)
+            _sync(dev)
             for nm, S in names:
                 try:
-                    fn, prep, pers, S_, nch = P.build(nm, S)
+                    fn, prep, pers, S_, nch, strategy = P.build(nm, S)
                     if prep:
                         prep()
                     chk = {}
                     res = fn(chk)
                     r = _as_tensor(res)
-                    sync(dev)
+                    _sync(dev)
                     d = float((r.float() - ref.float()).abs().max())
                     ident = bool(torch.equal(r, ref))
                     del r, res
@@ -594,8 +541,12 @@ def run_presets(sink, kern, dev, dtype, sampler, args, deadline):
                     peak, _ = call_peak(fn, dev)
                     ms1 = est_ms(fn, dev, k=2)
                     n = max(3, min(60, int(round(args.preset_window_ms / max(ms1, 1e-3)))))
+                    impls = ((kern.concat_impl, kern.kernel_impl) if strategy is None else
+                             (f"mla_lab.kernels.concat_mla_q({last_backend('concat_mla_q')})",
+                              f"mla_lab.kernels.sparse_mla_prefill({last_backend('sparse_mla_prefill')})"))
                     built[(nm, S)] = dict(fn=fn, prep=prep, pers=pers, nch=nch, diff=d, ident=ident, peak=peak,
-                                          n=n, pad0=chk.get("pad_absmax"))
+                                          n=n, pad0=chk.get("pad_absmax"), impls=impls,
+                                          strategy=strategy.name if strategy else "", content=_content(nm, strategy))
                 except Exception as e:
                     log(f"preset {mname} {pname} {nm} S={S} failed to build/check: {type(e).__name__}: {e}\n"
                         f"{traceback.format_exc()}")
@@ -619,7 +570,7 @@ def run_presets(sink, kern, dev, dtype, sampler, args, deadline):
                         if b["prep"]:
                             b["prep"]()
                         b["fn"]()  # warm-up call after the prep (allocator blocks, clocks)
-                        res = timed_window(b["fn"], b["n"], sampler, dev)
+                        res = timed_window(b["fn"], b["n"], dev, sampler)
                         chk = {}
                         rr = b["fn"](chk)
                         del rr
@@ -628,14 +579,15 @@ def run_presets(sink, kern, dev, dtype, sampler, args, deadline):
                         res, chk, st = {}, {}, f"error {type(e).__name__}: {str(e)[:200]}"
                         log(f"preset {mname} {pname} {nm} S={S} rep {r}: {st}")
                     sink.write({"experiment": "preset", "model": mname, "tp": tp, "H": H, "Hp": HP, "pattern": pname,
-                                "T": T, "s_kv": P.s_kv, "sum_topk": P.sum_topk, "preset": nm, "S": S or "",
+                                "T": T, "s_kv": P.s_kv, "sum_topk": P.sum_topk, "preset": nm,
+                                "strategy": b["strategy"], "content": b["content"], "S": S or "",
                                 "n_chunks": b["nch"], "repeat": r, "order": o, **res,
                                 "call_peak_bytes": b["peak"],
                                 "call_peak_mib": round(b["peak"] / 2**20, 2) if b["peak"] != "" else "",
                                 "persistent_bytes": b["pers"], "persistent_mib": round(b["pers"] / 2**20, 2),
                                 "max_abs_diff": b["diff"], "bit_identical": b["ident"],
-                                "pad_absmax": chk.get("pad_absmax", ""), "concat_impl": kern.concat_impl,
-                                "kernel_impl": kern.kernel_impl, "description": PRESET_DOC[nm], "status": st})
+                                "pad_absmax": chk.get("pad_absmax", ""), "concat_impl": b["impls"][0],
+                                "kernel_impl": b["impls"][1], "description": PRESET_DOC[nm], "status": st})
                 log(f"presets {mname} {pname}: repeat {r} done")
             summ = {}
             for key, b in built.items():
@@ -672,7 +624,7 @@ def run_nan(sink, kern, dev, dtype, sampler, args):
             for fill in ("nan", "inf"):
                 q[:, H:] = float("nan") if fill == "nan" else float("inf")
                 o = kern.kernel(q, kv, idx, D_QK ** -0.5, tl)[:, :H]
-                sync(dev)
+                _sync(dev)
                 mf = est_ms(lambda q=q, kv=kv, idx=idx, tl=tl: kern.kernel(q, kv, idx, D_QK ** -0.5, tl), dev)
                 d = float((o.float() - ref.float()).abs().max())
                 sink.write({"experiment": "nan_padding", "model": mname, "tp": 8, "H": H, "Hp": HP,

@@ -21,17 +21,15 @@ import argparse
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from mla_lab.arch import ARCHS, get_arch  # noqa: E402
-from mla_lab.model.comm import (  # noqa: E402
+from mla_lab.arch import ARCHS, get_arch
+from mla_lab.model.comm import (
     check_comm_out,
     fit_comm,
     measured_allreduce_rows,
     write_comm_model,
 )
-from mla_lab.paths import calibration_dir, measured_dir  # noqa: E402
+from mla_lab.paths import REPO_ROOT as REPO
+from mla_lab.paths import calibration_dir, measured_dir
 
 PROVENANCE = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp",
               "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")

@@ -35,26 +35,24 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from mla_lab.arch import get_arch  # noqa: E402
-from mla_lab.model.calibration import ClassEff, load_calibration  # noqa: E402
-from mla_lab.model.ops import layer_ops  # noqa: E402
-from mla_lab.model.timing import op_time_ms  # noqa: E402
-from mla_lab.models import load_model  # noqa: E402
-from mla_lab.paths import calibration_dir  # noqa: E402
-from mla_lab.placement import measured_as  # noqa: E402
-from mla_lab.serving.engine_pricer import (  # noqa: E402
+from mla_lab.arch import get_arch
+from mla_lab.model.calibration import ClassEff, load_calibration
+from mla_lab.model.ops import layer_ops
+from mla_lab.model.timing import op_time_ms
+from mla_lab.models import load_model
+from mla_lab.paths import REPO_ROOT as REPO
+from mla_lab.paths import calibration_dir
+from mla_lab.placement import measured_as
+from mla_lab.serving.engine_pricer import (
     DECODE_CSV,
     DecodeCalibration,
     KernelDecode,
     layer_decode_ms,
     write_decode_calibration,
 )
-from mla_lab.workload import Step as WorkStep  # noqa: E402
+from mla_lab.workload import Step as WorkStep
 
 PROVENANCE = ("source", "gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
 H200 = get_arch("h200")

@@ -13,17 +13,14 @@
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import csv  # noqa: E402
-
-from mla_lab.model.calibration import SUBCHUNK_CSV, fit_subchunk_overhead  # noqa: E402
-from mla_lab.model.content import CONTENT_CSV, fit_content_factor, write_content_model  # noqa: E402
-from mla_lab.paths import calibration_dir  # noqa: E402
+from mla_lab.model.calibration import SUBCHUNK_CSV, fit_subchunk_overhead
+from mla_lab.model.content import CONTENT_CSV, fit_content_factor, write_content_model
+from mla_lab.paths import REPO_ROOT as REPO
+from mla_lab.paths import calibration_dir
 
 PROVENANCE = ("gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
 

@@ -14,12 +14,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from mla_lab.sweep import run_sweep  # noqa: E402
+from mla_lab.sweep import run_sweep
 
 GRID = dict(models=["glm-5", "deepseek-v3.2"], tp_sizes=[4, 8], archs=["h200"],
             max_num_batched_tokens=[8192, 16384], prompt_lens=[1024, 8192])

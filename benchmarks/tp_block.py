@@ -38,9 +38,6 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 #: The default attention strategies: the members of the engine presets that run on tensors (vLLM before PR
 #: #53878 with zero and stale pads, #53878, #56902 without and with its per-call zeroing, SGLang), ``unfused`` and
 #: ``fused`` by their alias names as in the TP=2 file (they are per_call_empty:zeros and private_workspace).

@@ -16,7 +16,7 @@ from mla_lab.report.serving import (
 )
 from mla_lab.seed import SEED_REPORTED
 from mla_lab.serving.client import BenchConfig
-from mla_lab.serving.engine_pricer import PR_BENCH, serve_benchmark
+from mla_lab.serving.benchmark import PR_BENCH, serve_benchmark
 
 SMALL = BenchConfig(num_prompts=8, random_input_len=256, random_output_len=8, seed=0)
 

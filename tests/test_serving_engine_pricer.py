@@ -1,5 +1,6 @@
-"""The cost model as a serving pricer (mla_lab.serving.engine_pricer): hand-checkable steps, the decode fit's
-committed validation, and the PR's benchmark end to end (CPU, a few seconds)."""
+"""The cost model as a serving pricer (mla_lab.serving.engine_pricer), its decode calibration
+(mla_lab.model.decode_calibration) and the benchmark per strategy (mla_lab.serving.benchmark): hand-checkable steps,
+the decode fit's committed validation, and the PR's benchmark end to end (CPU, a few seconds)."""
 
 import csv
 import math
@@ -14,17 +15,11 @@ from mla_lab.model.ops import attention_path_ops, step_ops, step_stats
 from mla_lab.model.timing import op_time_ms, step_time_ms
 from mla_lab.models import load_model
 from mla_lab.placement import BASELINE, measured_as
-from mla_lab.serving.engine_pricer import (
-    DECODE_CSV,
-    PR_BENCH,
-    EnginePricer,
-    layer_decode_ms,
-    load_decode_calibration,
-    serve_benchmark,
-    to_workload_step,
-    write_decode_calibration,
-)
+from mla_lab.model.decode_calibration import DECODE_CSV, load_decode_calibration, write_decode_calibration
+from mla_lab.serving.benchmark import PR_BENCH, serve_benchmark
+from mla_lab.serving.engine_pricer import EnginePricer, _Parts, layer_decode_ms
 from mla_lab.serving.step import DecodeToken, PrefillChunk, Step
+from mla_lab.workload import Step as WorkStep
 from mla_lab.workload import sum_topk_lengths
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -46,9 +41,15 @@ def pricer():
 
 # ------------------------------------------------------------------------------------------ step conversion
 def test_a_decode_token_is_the_chunk_ending_at_its_context():
-    s = Step((DecodeToken(7, 1500), DecodeToken(8, 5000)), (PrefillChunk(3, 100, 50),), "PIECEWISE", 56)
-    ws = to_workload_step(s)
-    assert ws.chunks == [(7, 1499, 1), (8, 4999, 1), (3, 100, 50)]
+    """The pricer's conversion (shared with the decode fit): decode tokens first, each ``(req, c - 1, 1)``, then the
+    prefill chunks ``(req, start, n)`` (requests renumbered apart)."""
+    from mla_lab.model.calibration import resolve_calibration
+
+    parts = _Parts(GLM, 8, H200, "private_workspace", [(3, 100, 50)], [1500, 5000], resolve_calibration(None), DCAL,
+                   dict(kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="ep", ep_size=None))
+    ws = parts.ws
+    assert [(s, n) for _, s, n in ws.chunks] == [(1499, 1), (4999, 1), (100, 50)]
+    assert len({r for r, _, _ in ws.chunks}) == 3
     st = step_stats(GLM, ws)
     # a decode token attends min(c, topk) keys and its indexer sees c keys
     assert st.sum_topk == 1500 + 2048 + sum_topk_lengths(100, 50, 2048)
@@ -78,7 +79,7 @@ def test_decode_only_step_runs_as_a_graph_without_the_eager_term(pricer):
 
 
 def test_launches_counted_once_per_op_of_every_layer(pricer):
-    expect = sum(n for _, n in step_ops(GLM, 8, H200, "private_workspace", to_workload_step(decode_step(1, 10)),
+    expect = sum(n for _, n in step_ops(GLM, 8, H200, "private_workspace", WorkStep([(0, 9, 1)]),
                                         kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="ep"))
     assert pricer.n_ops == expect and expect > GLM.num_hidden_layers * 20
 
@@ -112,7 +113,7 @@ def test_per_call_pad_costs_on_decode_steps_with_bf16_kv_only():
 def test_prefill_only_step_keeps_the_layer_model_for_the_decode_terms(pricer):
     s = Step((), (PrefillChunk(0, 0, 1024), PrefillChunk(1, 0, 1024)), "NONE", None)
     r = pricer.price(s)
-    base = step_time_ms(GLM, 8, H200, "private_workspace", to_workload_step(s), pricer.gcal,
+    base = step_time_ms(GLM, 8, H200, "private_workspace", WorkStep([(0, 0, 1024), (1, 0, 1024)]), pricer.gcal,
                         kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="ep")
     for op in ("idx_logits", "idx_topk", "kernel"):
         assert r["by_op"][op] == pytest.approx(base["by_op"][op], rel=1e-12)

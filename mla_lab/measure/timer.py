@@ -7,6 +7,10 @@
 - :func:`interleaved` — several callables timed round-robin ``repeats`` times (order rotated each round, L2 flushed
   before each call), so clock, power and thermal drift hit all alike; returns every sample per callable.
 - :func:`summarize` — median, IQR and a bootstrap-free 95 % interval of the median (order statistics) of samples.
+- :func:`timed_window` — ``n`` back-to-back calls, each timed on its own (CUDA events around the call alone), with
+  the NVML readings of the window (:class:`mla_lab.measure.record.NvmlSampler`): the round-2 benchmarks' timer.
+- :func:`est_ms` — a quick estimate of one call (mean of ``k`` after one warm-up), to size a window.
+- :func:`quantile` — linear-interpolated quantile of samples.
 """
 
 from __future__ import annotations
@@ -16,7 +20,12 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-__all__ = ["median_ms", "graphed", "interleaved", "summarize", "cuda_ms"]
+__all__ = ["median_ms", "graphed", "interleaved", "summarize", "cuda_ms", "timed_window", "est_ms", "quantile",
+           "WINDOW_COLUMNS"]
+
+#: Keys of a :func:`timed_window` result (``clock_event_reasons`` only with ``reasons=True``).
+WINDOW_COLUMNS = ["n_calls", "ms_median", "ms_mean", "ms_p10", "ms_p90", "window_s", "sm_clock_mhz", "power_w",
+                  "temp_c", "n_samples", "clock_event_reasons"]
 
 
 def median_ms(fn: Callable[[], object], device: str = "cuda", warmup: int = 25, rep: int = 100, n_cpu: int = 3,
@@ -131,3 +140,109 @@ def summarize(samples: Sequence[float]) -> dict:
     lo = xs[max(0, int(math.floor(n / 2 - half)))]
     hi = xs[min(n - 1, int(math.ceil(n / 2 + half)) - 1)] if n > 1 else xs[0]
     return {"median": med, "q1": q1, "q3": q3, "iqr": q3 - q1, "ci_lo": lo, "ci_hi": hi, "n": n}
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``xs``, linear interpolation between order statistics (numpy's default).
+
+    Raises:
+        ValueError: ``xs`` is empty.
+    """
+    s = sorted(float(x) for x in xs)
+    if not s:
+        raise ValueError("xs=[] must hold at least one value")
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def est_ms(fn: Callable[[], object], device: str = "cuda", k: int = 3) -> float:
+    """Mean time (ms) of ``k`` back-to-back calls of ``fn`` after one warm-up call: CUDA events around all ``k`` on
+    CUDA, wall clock on CPU. A rough figure to size a :func:`timed_window`, not a measurement to report."""
+    fn()
+    _sync(device)
+    if device == "cuda":
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(k):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) / k
+    t0 = time.perf_counter()
+    for _ in range(k):
+        fn()
+    return (time.perf_counter() - t0) * 1e3 / k
+
+
+def timed_window(fn: Callable[[], object], n: int, device: str = "cuda", sampler=None,
+                 after: Callable[[], object] | None = None, per: int = 1, reasons: bool = True) -> dict:
+    """``n`` calls of ``fn``, each timed on its own: CUDA events around ``fn`` alone on CUDA (all events read after
+    one synchronize at the end, so the calls run back to back), wall clock on CPU (a dry run of the logic).
+
+    Args:
+        fn: the call (its previous result is dropped before the next call allocates, so a window holds one output).
+        n: calls (>= 1).
+        device: ``cuda`` or ``cpu``.
+        sampler: an :class:`mla_lab.measure.record.NvmlSampler` (or None): its medians over the window are added.
+        after: run untimed after each call (e.g. a GEMM interleaved between kernel calls).
+        per: ``fn`` runs the op ``per`` times: per-call times are divided by it.
+        reasons: include ``clock_event_reasons`` (the most frequent NVML clock-event bitmask, hex).
+
+    Returns:
+        ``{"n_calls", "ms_median", "ms_mean", "ms_p10", "ms_p90" (ms per call), "window_s" (wall s), "sm_clock_mhz",
+        "power_w", "temp_c", "n_samples"[, "clock_event_reasons"]}`` (:data:`WINDOW_COLUMNS`; NVML fields empty
+        strings and ``n_samples`` 0 without a working sampler).
+
+    Raises:
+        ValueError: ``n`` or ``per`` below 1.
+    """
+    if not isinstance(n, int) or n < 1 or not isinstance(per, int) or per < 1:
+        raise ValueError(f"n={n!r}, per={per!r}: both must be ints >= 1")
+    ts = []
+    if device == "cuda":
+        import torch
+
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = None
+        for start, end in events:
+            result = None  # noqa: F841  (drop the previous output before the next call allocates)
+            start.record()
+            result = fn()
+            end.record()
+            if after is not None:
+                after()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        del result
+        ts = [start.elapsed_time(end) / per for start, end in events]
+    else:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            a = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - a) * 1e3 / per)
+            if after is not None:
+                after()
+        t1 = time.perf_counter()
+    out = {"n_calls": n, "ms_median": statistics.median(ts), "ms_mean": statistics.fmean(ts),
+           "ms_p10": quantile(ts, 0.1), "ms_p90": quantile(ts, 0.9), "window_s": round(t1 - t0, 4)}
+    if sampler is not None and getattr(sampler, "ok", False):
+        out.update(sampler.window(t0, t1, reasons=reasons))
+    else:
+        out.update({"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0})
+        if reasons:
+            out["clock_event_reasons"] = ""
+    return out

@@ -93,7 +93,7 @@ from ..model.timing import comm_time_ms
 from ..placement import Strategy, expand
 from ..provenance import PROVENANCE_COLUMNS, provenance
 from ..strategies import PaddedQPath
-from .timer import cuda_ms
+from .timer import cuda_ms, quantile
 from .tp_blocks import (
     BF16_BYTES,
     BLOCKS,
@@ -269,14 +269,6 @@ def _barrier_times_ms(fn, device: str, world_size: int, warmup: int, iters: int)
     return times
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def _untracked(device: str):
     """Device used bytes not held by torch's caching allocator: ``total - free - memory_reserved`` (CUDA), or None."""
     if device != "cuda":
@@ -337,7 +329,7 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_di
 def _allreduce_row(ctx, cfg, nbytes, T, hidden, times) -> dict:
     return {"world_size": ctx["world_size"], "rank": ctx["rank"], "nbytes": nbytes, "T": T, "hidden_size": hidden,
             "ms": statistics.median(times), "ms_min": min(times), "ms_max": max(times),
-            "ms_p25": _quantile(times, 0.25), "ms_p75": _quantile(times, 0.75), "iters": cfg.iters,
+            "ms_p25": quantile(times, 0.25), "ms_p75": quantile(times, 0.75), "iters": cfg.iters,
             "warmup": cfg.warmup, "dist_backend": ctx["backend"], **{k: os.environ.get(k, "") for k in SAFE_ENV}}
 
 

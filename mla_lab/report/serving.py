@@ -1,5 +1,5 @@
 """The report's serving section: the PR's benchmark as ``vllm bench serve`` prints it, per strategy, and a
-request-rate curve (all **modelled**: :func:`mla_lab.serving.engine_pricer.serve_benchmark`).
+request-rate curve (all **modelled**: :func:`mla_lab.serving.benchmark.serve_benchmark`).
 
 - :func:`serving_table`: every metric ``vllm bench serve`` prints (its labels), per strategy and engine preset,
   the change vs the baseline and, for the PR's strategy, the PR's reported change (TTFT -9.5 %, total token
@@ -20,7 +20,7 @@ import pandas as pd
 from ..placement import BASELINE, preset_of
 from ..seed import SEED_REPORTED
 from ..serving.client import BenchConfig
-from ..serving.engine_pricer import serve_benchmark
+from ..serving.benchmark import serve_benchmark
 from .figures import strategy_style
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY", "REPORTED_CHANGE",
@@ -52,7 +52,7 @@ RATE_CURVE_BENCH = BenchConfig(num_prompts=64, random_input_len=1024, random_out
 
 
 def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
-    """The metrics of a :func:`~mla_lab.serving.engine_pricer.serve_benchmark` result as a table.
+    """The metrics of a :func:`~mla_lab.serving.benchmark.serve_benchmark` result as a table.
 
     Long form (default): one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS` — ``value``, the
     baseline's ``baseline``, ``change_pct`` ((value - baseline) / baseline x 100) and ``reported_change_pct`` (the
@@ -109,7 +109,7 @@ def serving_display_table(result: dict) -> pd.DataFrame:
 
 def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | None = None,
                max_num_batched_tokens: int = 16384, baseline: str = BASELINE, **serve_kw) -> pd.DataFrame:
-    """:func:`~mla_lab.serving.engine_pricer.serve_benchmark` at each request rate (req/s; ``inf`` = all at t = 0)
+    """:func:`~mla_lab.serving.benchmark.serve_benchmark` at each request rate (req/s; ``inf`` = all at t = 0)
     of ``rates``, ``bench`` (default :data:`RATE_CURVE_BENCH`) with its ``request_rate`` replaced.
 
     Returns one row per (strategy, rate): ``model, tp, arch, strategy, preset, request_rate``, every metric of the

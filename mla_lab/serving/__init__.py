@@ -7,7 +7,9 @@ One concept per module, each with a runnable ``main()`` demo (``python -m mla_la
 - :mod:`~mla_lab.serving.scheduler` vLLM v1's scheduler: :class:`SchedulerConfig`, ``Scheduler``;
 - :mod:`~mla_lab.serving.simulate` the event loop: :func:`simulate` -> :class:`ServingResult`;
 - :mod:`~mla_lab.serving.metrics` the metrics ``vllm bench serve`` prints, :func:`compare`;
-- :mod:`~mla_lab.serving.pricing` pricers (Step -> ms): :class:`LinearStepPricer`, :func:`make_pricer`.
+- :mod:`~mla_lab.serving.pricing` pricers (Step -> ms): :class:`LinearStepPricer`, :func:`make_pricer`;
+- :mod:`~mla_lab.serving.engine_pricer` the lab's cost model as a pricer: :class:`EnginePricer`;
+- :mod:`~mla_lab.serving.benchmark` the benchmark per strategy: :func:`serve_benchmark`, :data:`PR_BENCH`.
 
 Example::
 
@@ -23,7 +25,8 @@ Example::
 from __future__ import annotations
 
 from .client import BenchConfig, ClientRequest
-from .engine_pricer import PR_BENCH, EnginePricer, load_decode_calibration, serve_benchmark
+from .benchmark import PR_BENCH, serve_benchmark
+from .engine_pricer import EnginePricer, load_decode_calibration
 from .metrics import RequestRecord, bench_metrics, compare, format_metrics
 from .pricing import ConstantPricer, LinearStepPricer, make_pricer
 from .scheduler import PreemptionRequired, SchedulerConfig

@@ -34,9 +34,7 @@ import numpy as np
 
 from ._checks import check_float, check_int, check_int_or_none
 
-__all__ = ["RequestRecord", "bench_metrics", "compare", "format_metrics", "LATENCY_METRICS"]
-
-LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+__all__ = ["RequestRecord", "bench_metrics", "compare", "format_metrics"]
 
 
 @dataclass(frozen=True)

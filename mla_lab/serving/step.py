@@ -31,9 +31,7 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PrefillChunk", "DecodeToken", "Step", "StepPricer", "cudagraph_capture_sizes", "CUDAGRAPH_MODES"]
-
-CUDAGRAPH_MODES = ("FULL", "PIECEWISE", "NONE")
+__all__ = ["PrefillChunk", "DecodeToken", "Step", "StepPricer", "cudagraph_capture_sizes"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,212 @@
+"""The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200.
+
+The cost model's :class:`~mla_lab.model.calibration.Calibration` holds the per-class efficiencies fitted on prefill
+shapes (``data/calibration/h200_ops.csv``); :class:`DecodeCalibration` adds what decode-sized steps need, fitted on
+the H200 decode measurements (``data/measured/h200/round2/decode_*.csv``, ``benchmarks/fit_decode.py`` ->
+``data/calibration/h200_decode.csv``). The pricer that uses it is :class:`mla_lab.serving.engine_pricer.EnginePricer`.
+
+- **GPU time of small ops** (:attr:`DecodeCalibration.graph_floors`): the committed per-class overheads were fitted
+  on eagerly launched ops, where the host's launch cost shows up as a floor (5-15 us); replayed inside a CUDA graph
+  the same kernels cost 2-6 us. Each roofline class gets its graph-replay overhead
+  (:meth:`DecodeCalibration.graph_calibration`; its efficiencies stay the committed ones); the attention-path byte
+  ops (concat, pad, ...) get a fixed cost per kernel launched (:attr:`~DecodeCalibration.attn_floor_us`).
+- **The decode indexer** (:attr:`~DecodeCalibration.idx_decode`): a bandwidth-bound scan of the request's cached
+  indexer keys (a :class:`~mla_lab.model.calibration.ClassEff`).
+- **The decode top-k** (:attr:`~DecodeCalibration.topk_decode`, :meth:`~DecodeCalibration.topk_ms`):
+  ``f + a * c_max + b * sum(c)`` us for ``torch.topk`` over ``[B, c]``.
+- **The sparse kernel at decode** (:class:`KernelDecode`): ``a + (lat^p + flop^p + kv^p)^(1/p)`` with ``lat =
+  us_per_key x max(topk_length)`` (one CTA's walk over its keys), ``flop`` the layer model's roofline and ``kv``
+  the KV rows read at ``eff_bytes`` of HBM bandwidth.
+- **A per-layer fixed cost** (:attr:`~DecodeCalibration.layer_fixed_us`) and **the launch model**
+  (:attr:`~DecodeCalibration.host_us_per_op`, :attr:`~DecodeCalibration.eager_gap_us`,
+  :attr:`~DecodeCalibration.eager_form`).
+
+Stored as one CSV row per parameter (:func:`write_decode_calibration`, :func:`load_decode_calibration`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..arch import GPUArch
+from ..paths import calibration_dir
+from .calibration import Calibration, ClassEff
+
+__all__ = ["DECODE_CSV", "KernelDecode", "DecodeCalibration", "write_decode_calibration", "load_decode_calibration"]
+
+#: The committed decode calibration's file name (in :func:`mla_lab.paths.calibration_dir`).
+DECODE_CSV = "h200_decode.csv"
+
+
+@dataclass(frozen=True)
+class KernelDecode:
+    """The sparse kernel on decode tokens: ``a_us + (lat^p + flop^p + kv^p)^(1/p)`` us (module docstring).
+
+    Attributes:
+        a_us: fixed cost per call (us); us_per_key: one CTA's time per key of its ``topk_length`` (us);
+        eff_bytes: fraction of HBM bandwidth the KV-row reads reach; p: the norm combining the three terms.
+    """
+
+    a_us: float
+    us_per_key: float
+    eff_bytes: float
+    p: float
+
+    def ms(self, flop_ms: float, max_keys: int, sum_keys: int, row_bytes: int, arch: GPUArch) -> float:
+        """Kernel time (ms) for decode tokens with ``max_keys`` / ``sum_keys`` keys and the flop roofline ``flop_ms``."""
+        if sum_keys <= 0:
+            return flop_ms
+        lat = self.us_per_key * max_keys
+        kv = sum_keys * row_bytes / (arch.hbm_gbps * 1e9 * self.eff_bytes) * 1e6
+        fl = flop_ms * 1e3
+        return (self.a_us + (lat ** self.p + fl ** self.p + kv ** self.p) ** (1.0 / self.p)) * 1e-3
+
+
+@dataclass(frozen=True)
+class DecodeCalibration:
+    """What the layer model lacks at decode batch sizes, fitted on one H200 (module docstring).
+
+    Attributes:
+        graph_floors: ``{op_class: (overhead_us, mode)}`` of each roofline class replayed in a CUDA graph (mode
+            ``max`` or ``add`` as :class:`~mla_lab.model.calibration.ClassEff`); classes not listed borrow their
+            bf16 twin's (``gemm_fp8`` <- ``gemm``, ``moe_gemm_fp8`` <- ``moe_gemm``) or keep the committed floor.
+        attn_floor_us: fixed cost per kernel of the attention-path byte ops (us).
+        idx_decode: the indexer-logits class for decode tokens (a :class:`ClassEff`).
+        topk_decode: ``(f_us, us_per_key_row, us_per_key_batch)`` of the decode top-k.
+        kernel_decode: :class:`KernelDecode`.
+        layer_fixed_us: fixed cost per layer (us), GPU time.
+        host_us_per_op: host launch cost per op in eager steps (us); eager_gap_us: idle GPU gap per op (us).
+        eager_form: ``max`` (host floor only), ``add`` (gaps only) or ``max+add``; documents the fit's choice.
+        name: where the fit came from; fit: MAPE figures of the fit (``{key: pct}``); provenance: copied columns.
+    """
+
+    graph_floors: dict
+    attn_floor_us: dict
+    idx_decode: ClassEff
+    topk_decode: tuple
+    kernel_decode: KernelDecode
+    layer_fixed_us: float = 0.0
+    host_us_per_op: float = 0.0
+    eager_gap_us: float = 0.0
+    eager_form: str = "max+add"
+    name: str = "uncalibrated"
+    fit: dict = field(default_factory=dict)
+    provenance: dict = field(default_factory=dict)
+
+    def graph_calibration(self, cal: Calibration) -> Calibration:
+        """``cal`` with every roofline class's overhead replaced by its graph-replay overhead."""
+        classes = dict(cal.classes)
+        twins = {"gemm_fp8": "gemm", "moe_gemm_fp8": "moe_gemm"}
+        for cls in set(classes) | set(self.graph_floors) | set(twins):
+            src = cls if cls in self.graph_floors else twins.get(cls)
+            if src not in self.graph_floors:
+                continue
+            base = classes.get(cls) or cal.eff(cls)
+            fl, mode = self.graph_floors[src]
+            classes[cls] = replace(base, floor_us=float(fl), mode=mode)
+        return replace(cal, classes=classes, name=f"{cal.name} + graph overheads ({self.name})")
+
+    def topk_ms(self, max_ctx: int, sum_ctx: int) -> float:
+        """Decode top-k time (ms) of a batch whose longest context is ``max_ctx`` and whose contexts sum to
+        ``sum_ctx``."""
+        if sum_ctx <= 0:
+            return 0.0
+        f, a, b = self.topk_decode
+        return (f + a * max_ctx + b * sum_ctx) * 1e-3
+
+
+_PARAMS = ("graph_floor", "attn_floor", "idx_decode", "topk_decode", "kernel_decode", "layer", "launch", "fit")
+
+
+def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenance: dict | None = None) -> Path:
+    """Write ``dcal`` as one CSV row per parameter (``group, key, value, mode, unit, meaning``) with the
+    ``provenance`` columns on every row. Returns the path."""
+    path = Path(path)
+    prov = dict(provenance if provenance is not None else dcal.provenance)
+    rows = []
+
+    def add(group, key, value, unit, meaning, mode=""):
+        rows.append({"group": group, "key": key, "value": repr(float(value)), "mode": mode, "unit": unit,
+                     "meaning": meaning})
+
+    for cls, (fl, mode) in sorted(dcal.graph_floors.items()):
+        add("graph_floor", cls, fl, "us", "per-op overhead of the class replayed in a CUDA graph", mode)
+    for op, us in sorted(dcal.attn_floor_us.items()):
+        add("attn_floor", op, us, "us", "fixed cost per kernel of the attention-path byte op")
+    e = dcal.idx_decode
+    add("idx_decode", "eff_flops", e.eff_flops, "fraction", "indexer logits of decode tokens: of dense bf16 TFLOP/s")
+    add("idx_decode", "eff_bytes", e.eff_bytes, "fraction", "indexer logits of decode tokens: of HBM GB/s")
+    add("idx_decode", "floor_us", e.floor_us, "us", "indexer logits of decode tokens: overhead", e.mode)
+    for k, v, u in zip(("f_us", "us_per_key_row", "us_per_key_batch"), dcal.topk_decode, ("us", "us/key", "us/key")):
+        add("topk_decode", k, v, u, "decode top-k: f + a * max(c) + b * sum(c)")
+    kd = dcal.kernel_decode
+    for k in ("a_us", "us_per_key", "eff_bytes", "p"):
+        add("kernel_decode", k, getattr(kd, k), {"a_us": "us", "us_per_key": "us/key", "eff_bytes": "fraction",
+                                                  "p": "1"}[k], "sparse kernel on decode tokens (KernelDecode)")
+    add("layer", "layer_fixed_us", dcal.layer_fixed_us, "us", "fixed GPU cost per layer")
+    add("launch", "host_us_per_op", dcal.host_us_per_op, "us", "eager: host launch cost per op", dcal.eager_form)
+    add("launch", "eager_gap_us", dcal.eager_gap_us, "us", "eager: idle GPU gap per op", dcal.eager_form)
+    for k, v in sorted(dcal.fit.items()):
+        add("fit", k, v, "%", "validation MAPE (decode_validation.csv)")
+    cols = ["group", "key", "value", "mode", "unit", "meaning"] + [k for k in prov if k not in
+                                                                    ("group", "key", "value", "mode", "unit")]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, **prov})
+    return path
+
+
+_LOADED: dict = {}
+
+
+def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration:
+    """The decode calibration in ``path`` (default ``data/calibration/h200_decode.csv``, written by
+    ``benchmarks/fit_decode.py``). Cached per (path, mtime).
+
+    Raises:
+        ValueError: the file does not exist (says how to make it) or a row is malformed (names the file and row).
+    """
+    p = Path(path) if path is not None else calibration_dir() / DECODE_CSV
+    if not p.is_file():
+        raise ValueError(f"decode calibration path={str(p)!r} does not exist; run `python benchmarks/fit_decode.py` "
+                         "to fit it from data/measured/h200/round2/decode_layer.csv")
+    key = (str(p), p.stat().st_mtime)
+    if key in _LOADED:
+        return _LOADED[key]
+    with open(p, newline="") as f:
+        rows = list(csv.DictReader(f))
+    vals: dict = {}
+    modes: dict = {}
+    try:
+        for r in rows:
+            if r["group"] not in _PARAMS:
+                raise ValueError(f"group={r['group']!r} not one of {list(_PARAMS)}")
+            v = float(r["value"])
+            if not math.isfinite(v):
+                raise ValueError(f"value {r['value']!r} is not finite")
+            vals[(r["group"], r["key"])] = v
+            modes[(r["group"], r["key"])] = r.get("mode") or ""
+        floors = {k: (v, modes[(g, k)] or "add") for (g, k), v in vals.items() if g == "graph_floor"}
+        attn = {k: v for (g, k), v in vals.items() if g == "attn_floor"}
+        idx = ClassEff(vals[("idx_decode", "eff_flops")], vals[("idx_decode", "eff_bytes")],
+                       vals[("idx_decode", "floor_us")], mode=modes[("idx_decode", "floor_us")] or "add")
+        topk = tuple(vals[("topk_decode", k)] for k in ("f_us", "us_per_key_row", "us_per_key_batch"))
+        kd = KernelDecode(*(vals[("kernel_decode", k)] for k in ("a_us", "us_per_key", "eff_bytes", "p")))
+        fit = {k: v for (g, k), v in vals.items() if g == "fit"}
+        prov_keys = [c for c in (rows[0] if rows else {}) if c not in ("group", "key", "value", "mode", "unit",
+                                                                       "meaning")]
+        prov = {c: rows[0][c] for c in prov_keys}
+        dcal = DecodeCalibration(floors, attn, idx, topk, kd, vals[("layer", "layer_fixed_us")],
+                                 vals[("launch", "host_us_per_op")], vals[("launch", "eager_gap_us")],
+                                 modes[("launch", "host_us_per_op")] or "max+add",
+                                 f"{p.name} (measured on {prov.get('device') or prov.get('gpu') or '?'})", fit, prov)
+    except (KeyError, ValueError, TypeError) as e:
+        raise ValueError(f"{p}: not a decode calibration ({type(e).__name__}: {e})") from None
+    _LOADED[key] = dcal
+    return dcal
