@@ -24,8 +24,8 @@ Example::
 
 from __future__ import annotations
 
-from .client import BenchConfig, ClientRequest
 from .benchmark import PR_BENCH, serve_benchmark
+from .client import BenchConfig, ClientRequest
 from .engine_pricer import EnginePricer, load_decode_calibration
 from .metrics import RequestRecord, bench_metrics, compare, format_metrics
 from .pricing import ConstantPricer, LinearStepPricer, make_pricer
