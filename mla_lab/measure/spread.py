@@ -95,8 +95,7 @@ def paired_change(df, keys, column: str, a: str, b: str, value: str = "ms") -> d
             raise ValueError(f"{column}={v!r} has no rows; it has {sorted(df[column].astype(str).unique())}")
     med = df.groupby(keys + [column, "process"])[value].median()
     out = {}
-    groups = [()] if not keys else sorted({k if isinstance(k, tuple) else (k,) for k in
-                                           df.groupby(keys).groups})
+    groups = [()] if not keys else sorted(set(df[keys].itertuples(index=False, name=None)))
     for key in groups:
         sel = med.loc[key] if key else med
         pa, pb = sel.xs(a, level=column), sel.xs(b, level=column)
