@@ -1,11 +1,13 @@
 """GPU round 2, serving / decode: per-rank decode layer time with the bf16 sparse kernel's 64-head padding.
 
-``benchmarks/bench_layer.py``'s ``Layer.e2e`` models one causal prompt of T tokens (indexer logits [T, T], full
+:meth:`mla_lab.measure.layer.Layer.e2e` models one causal prompt of T tokens (indexer logits [T, T], full
 top-k, random indices); a decode batch of B tokens each with its own context c does not map onto it (its
 indexer reads c cached keys per token, its kernel sees topk_length = min(c, 2048) keys of the token's own
-request). So this script builds a decode layer of its own from bench_layer's pieces: ``Layer``'s weights (q/kv
-projections, W_UK / W_UV, indexer projections, o_proj, router, EP experts, shared expert), its Triton RMSNorm
-and SiLU*mul kernels, its causal indexer kernel (prefill part of mixed steps) and ``cuda_graphed``; plus a
+request). So this script builds a decode layer of its own from the package's pieces:
+:class:`mla_lab.measure.layer.Layer`'s weights (q/kv projections, W_UK / W_UV, indexer projections, o_proj,
+router, EP experts, shared expert), the Triton RMSNorm and SiLU*mul kernels and the causal indexer kernel
+(prefill part of mixed steps) of :mod:`mla_lab.measure.triton_ops`, :func:`mla_lab.measure.timer.graphed` and
+:func:`~mla_lab.measure.timer.timed_window`; plus a
 decode indexer-logits Triton kernel defined here (B x c, no causal mask) and the lab's ``concat_mla_q``. The
 sparse kernel is ``flash_mla.flash_mla_sparse_fwd`` (vLLM sends every token of a bf16-KV-cache step through it,
 decode included: vLLM mla_attention.py sends every token down the sparse path).
@@ -13,14 +15,16 @@ decode included: vLLM mla_attention.py sends every token down the sparse path).
 Decode layer per rank (MoE layer, TP8 attention, experts EP8, no communication, KV-cache write and RoPE not
 timed): input RMSNorm (fused add) -> q_a_proj -> RMSNorm -> q_b_proj; kv_a_proj -> RMSNorm; W_UK bmm; indexer q /
 k / weights projections, decode logits over the request's c cached indexer keys, top-k (k = min(c, 2048)),
-local -> global slot indices; attention (strategy): ``unfused`` = concat into an [B, H, 576] buffer +
-``new_zeros((B, 64, 576))`` + copy, ``fused`` = concat into the zero-initialised padded workspace; FlashMLA
+local -> global slot indices; attention (strategy, :data:`STRATEGIES`): ``per_call_zeros`` = concat into an
+[B, H, 576] buffer + ``new_zeros((B, 64, 576))`` + copy (the first version's rows: ``unfused``),
+``private_workspace`` = concat into the zero-initialised padded workspace (``fused``); FlashMLA
 sparse kernel (topk_length = min(c, 2048), indices from the top-k above); W_UV bmm on ``out[:, :H]`` (a view);
 o_proj; RMSNorm; router; routed experts as ``bmm`` over the *active* local experts (expected distinct experts hit
 by B x 8 routed pairs among 256, EP8 -> 32 local; tokens per active expert = ceil(pairs / active)); SiLU*mul;
 down bmm; sum; shared expert (TP-sharded).
 
-Outputs (CSV rows appended as measured; provenance columns on each):
+Outputs (CSV rows appended as measured; provenance columns on each; ``strategy`` canonical, ``content`` what the
+padded heads held, zeros for both paths):
 - ``decode_layer.csv``: the layer per (model, B, c, strategy, mode): ``eager`` and ``graph`` (CUDA-graph replay,
   as vLLM's UNIFORM_BATCH full graphs); mixed steps (a prefill chunk of 2048 or 8192 tokens of one new prompt +
   32 decode tokens at context 4096), eager (vLLM runs mixed batches piecewise, attention eager).
@@ -37,104 +41,33 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-for p in (str(REPO), str(HERE)):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance  # noqa: E402
-from mla_lab.measure.timer import graphed  # noqa: E402
+from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance
+from mla_lab.measure.timer import est_ms, graphed, timed_window
+from mla_lab.paths import REPO_ROOT as REPO
+from mla_lab.placement import parse_strategy
 
 T0 = time.time()
 D_NOPE, D_PE, D_QK, D_V, HP = 512, 64, 576, 512, 64
+#: The attention paths timed: a new_zeros pad per call, the private padded workspace (the first version's rows
+#: label them unfused / fused: mla_lab.placement.measured_as).
+STRATEGIES = ("per_call_zeros", "private_workspace")
 
 
 def log(*a):
     print(f"[{time.time() - T0:7.1f}s] " + " ".join(str(x) for x in a), flush=True)
 
 
-# ------------------------------------------------------------------------------------------------ provenance
-
-
-
-
-
-
-
-
-# --------------------------------------------------------------------------------------------------- timing
-
-
-def _q(xs, p):
-    xs = sorted(xs)
-    k = (len(xs) - 1) * p
-    lo = int(math.floor(k))
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def sync(dev):
-    import torch
-
     if dev == "cuda":
+        import torch
+
         torch.cuda.synchronize()
-
-
-def timed_window(fn, n, sampler, dev, per=1):
-    """n calls of ``fn``; per-call CUDA-event times (divided by ``per`` when fn runs an op ``per`` times)."""
-    import torch
-
-    ts = []
-    if dev == "cuda":
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for s, e in ev:
-            s.record()
-            fn()
-            e.record()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        ts = [s.elapsed_time(e) / per for s, e in ev]
-    else:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            a = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - a) * 1e3 / per)
-        t1 = time.perf_counter()
-    out = {"n_calls": n, "ms_median": statistics.median(ts), "ms_mean": statistics.fmean(ts), "ms_p10": _q(ts, .1),
-           "ms_p90": _q(ts, .9), "window_s": round(t1 - t0, 4)}
-    out.update(sampler.window(t0, t1, reasons=False) if sampler.ok else
-               {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": 0})
-    return out
-
-
-def est_ms(fn, dev, k=3):
-    import torch
-
-    fn()
-    sync(dev)
-    if dev == "cuda":
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(k):
-            fn()
-        e.record()
-        torch.cuda.synchronize()
-        return s.elapsed_time(e) / k
-    a = time.perf_counter()
-    for _ in range(k):
-        fn()
-    return (time.perf_counter() - a) * 1e3 / k
 
 
 # ------------------------------------------------------------------------------------------------- kernels
@@ -232,154 +165,36 @@ def active_experts(B_tokens, model, ep):
 
 
 
-# ---------------------------------------------------------------------------- bench_layer's pieces (adapter)
-
-#: HF config.json values (zai-org/GLM-5, deepseek-ai/DeepSeek-V3.2), used only if mla_lab.models cannot be imported at the moment.
-FALLBACK_MODELS = {
-    "glm-5": dict(num_attention_heads=64, hidden_size=6144, q_lora_rank=2048, kv_lora_rank=512, qk_nope_head_dim=192,
-                  qk_rope_head_dim=64, v_head_dim=256, index_topk=2048, index_n_heads=32, index_head_dim=128,
-                  n_routed_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048, intermediate_size=12288,
-                  n_shared_experts=1),
-    "deepseek-v3.2": dict(num_attention_heads=128, hidden_size=7168, q_lora_rank=1536, kv_lora_rank=512,
-                          qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, index_topk=2048,
-                          index_n_heads=64, index_head_dim=128, n_routed_experts=256, num_experts_per_tok=8,
-                          moe_intermediate_size=2048, intermediate_size=18432, n_shared_experts=1),
-    "tiny": dict(num_attention_heads=16, hidden_size=256, q_lora_rank=128, kv_lora_rank=512, qk_nope_head_dim=64,
-                 qk_rope_head_dim=64, v_head_dim=64, index_topk=128, index_n_heads=4, index_head_dim=32,
-                 n_routed_experts=16, num_experts_per_tok=4, moe_intermediate_size=64, intermediate_size=256,
-                 n_shared_experts=1),
-}
+# ------------------------------------------------------------------------------------- the package's pieces
 
 
-class FallbackModel(SimpleNamespace):
-    @property
-    def topk(self):
-        return self.index_topk
+def package():
+    """The package's layer pieces, imported after ``TRITON_INTERPRET`` is set (CPU runs; triton reads it at import):
+    ``Layer``, ``tiny_model``, ``rmsnorm``, ``silu_mul``, ``mqa_logits``, ``load_model``."""
+    from mla_lab.measure.layer import Layer, tiny_model
+    from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
+    from mla_lab.models import load_model
 
-    def heads_per_rank(self, tp):
-        return self.num_attention_heads // tp
-
-
-def get_model(name, kit=None):
-    if name == "tiny" and kit is not None and kit.tiny_model is not None:
-        try:
-            return kit.tiny_model()
-        except Exception as e:
-            log(f"tiny_model() failed ({type(e).__name__}: {e}); fallback config")
-    elif name != "tiny":
-        try:
-            from mla_lab.models import load_model
-
-            return load_model(name)
-        except Exception as e:
-            log(f"load_model({name!r}) failed ({type(e).__name__}: {e}); config.json values")
-    return FallbackModel(name=name, **FALLBACK_MODELS[name])
-
-
-def _attr(o, *names):
-    for n in names:
-        if hasattr(o, n):
-            return getattr(o, n)
-    raise AttributeError(f"{type(o).__name__} has none of {names}")
-
-
-class Kit:
-    """bench_layer's Layer (weights) and Triton rmsnorm / silu_mul / mqa_logits, whichever API the tree has now
-    (bench_layer module functions, or mla_lab.measure.layer re-exported by bench_layer); torch fallbacks when
-    neither imports (recorded in ``layer_impl``)."""
-
-    def __init__(self):
-        self.Layer, self.tiny_model, self.impl = None, None, ""
-        try:
-            import bench_layer as BL
-
-            mod = sys.modules.get(BL.Layer.__module__, BL)
-            if hasattr(BL, "_define_kernels"):
-                BL._define_kernels()
-            src = BL if hasattr(BL, "rmsnorm") else mod
-            self.rmsnorm, self.silu_mul, self.mqa_logits = src.rmsnorm, src.silu_mul, src.mqa_logits
-            self.tiny_model = getattr(BL, "tiny_model", None) or getattr(mod, "tiny_model", None)
-            self.Layer = BL.Layer
-            self.impl = f"{BL.Layer.__module__}.Layer weights; {src.__name__} Triton rmsnorm/silu_mul/mqa_logits"
-        except Exception as e:
-            log(f"bench_layer pieces unavailable ({type(e).__name__}: {e}); own weights, torch norm/silu, "
-                f"non-causal indexer logits for the prefill part")
-            self.rmsnorm, self.silu_mul, self.mqa_logits = _rmsnorm_torch, _silu_mul_torch, _mqa_fallback
-            self.impl = "fallback: own weights, torch rms_norm/silu, decode_logits kernel for prefill logits"
-
-
-def _rmsnorm_torch(x, w, out, residual=None, eps=1e-6):
-    import torch
-
-    s = x.float() + residual.float() if residual is not None else x.float()
-    if residual is not None:
-        residual.copy_(s)
-    out.copy_(s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * w.float())
-    return out
-
-
-def _silu_mul_torch(x, out):
-    import torch.nn.functional as F
-
-    N = x.shape[1] // 2
-    out.copy_(F.silu(x[:, :N].float()) * x[:, N:].float())
-    return out
-
-
-def _mqa_fallback(q, k, w, out, interp=False):
-    # all P keys for every prompt token (no causal mask; about twice the causal work): timing stand-in only
-    return decode_logits(q, k.unsqueeze(0).expand(q.shape[0], -1, -1), w, out, interp)
+    return SimpleNamespace(Layer=Layer, tiny_model=tiny_model, rmsnorm=rmsnorm, silu_mul=silu_mul,
+                           mqa_logits=mqa_logits, load_model=load_model,
+                           impl="mla_lab.measure.layer.Layer weights; mla_lab.measure.triton_ops "
+                                "rmsnorm/silu_mul/mqa_logits")
 
 
 class LayerWeights:
-    """The weights and Q workspaces of one per-rank layer: bench_layer's Layer (either API), or the same tensors
-    built here."""
+    """The weights and Q workspaces of one per-rank layer (:class:`mla_lab.measure.layer.Layer`, EP experts; the
+    private workspace's padded heads zero)."""
 
     def __init__(self, kit, model, tp, ep, dev, dtype, max_T, interp):
-        import torch
-
-        self.H = model.heads_per_rank(tp)
-        if kit.Layer is not None:
-            try:
-                L = kit.Layer(model, tp, HP, dev, dtype, max_T, None, None, interp, [("ep", ep)])
-                self.H, self.Hp = L.H, L.Hp
-                self.W = _attr(L, "weights", "W")
-                self.norm = _attr(L, "norm_weights", "norm_w")
-                self.moe = _attr(L, "moe_weights", "moe")[("ep", ep)]
-                self.W_UK, self.W_UV = L.W_UK, L.W_UV
-                self.ws_unfused = _attr(L, "workspace_unfused", "ws_unfused")
-                self.ws_fused = _attr(L, "workspace_fused", "ws_fused")
-                self.rnd = _attr(L, "random_tensor", "rnd")
-                self.impl = kit.impl
-                self._L = L
-                if float(self.ws_fused[:, self.H:].abs().max()) != 0.0:
-                    self.ws_fused[:, self.H:].zero_()
-                return
-            except Exception as e:
-                log(f"Layer construction failed ({type(e).__name__}: {e}); own weights")
-
-        def rnd(*shape, k=None):
-            return (torch.randn(*shape, device=dev, dtype=dtype) / math.sqrt(k or shape[-1])).contiguous()
-
-        m, H = model, self.H
-        self.Hp = HP
-        h, qr, kr = m.hidden_size, m.q_lora_rank, m.kv_lora_rank
-        dn, dr, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
-        self.W = {"q_a_proj": rnd(qr, h), "q_b_proj": rnd(H * (dn + dr), qr), "kv_a_proj": rnd(kr + dr, h),
-                  "idx_wq_b": rnd(m.index_n_heads * m.index_head_dim, qr), "idx_wk": rnd(m.index_head_dim, h),
-                  "idx_weights_proj": rnd(m.index_n_heads, h), "o_proj": rnd(h, H * dv),
-                  "router": rnd(m.n_routed_experts, h)}
-        ns = m.n_shared_experts * m.moe_intermediate_size // tp
-        if ns:
-            self.W["shared_gate_up"], self.W["shared_down"] = rnd(2 * ns, h), rnd(h, ns)
-        self.W_UK, self.W_UV = rnd(H, dn, kr, k=dn), rnd(H, kr, dv, k=kr)
-        self.norm = {n: (1 + 0.1 * torch.randn(n, device=dev)).to(dtype) for n in {h, qr, kr}}
-        e_loc = m.n_routed_experts // ep
-        self.moe = (rnd(e_loc, 2 * m.moe_intermediate_size, h), rnd(e_loc, h, m.moe_intermediate_size))
-        self.ws_unfused = torch.randn(max_T, H, D_QK, device=dev, dtype=dtype)
-        self.ws_fused = torch.zeros(max_T, HP, D_QK, device=dev, dtype=dtype)
-        self.rnd = rnd
-        self.impl = kit.impl + "; own weights (Layer failed)"
+        L = kit.Layer(model, tp, "h200", dev, dtype, max_T, None, None, interp, [("ep", ep)], content="zeros")
+        self.H, self.Hp = L.H, L.Hp
+        self.W, self.norm = L.weights, L.norm_weights
+        self.moe = L.moe_weights[("ep", ep)]
+        self.W_UK, self.W_UV = L.W_UK, L.W_UV
+        self.ws_unfused, self.ws_fused = L.workspace_unfused, L.workspace_fused
+        self.rnd = L.random_tensor
+        self.impl = kit.impl
+        self._L = L
 
 
 class DecodeLayer:
@@ -535,7 +350,7 @@ class DecodeLayer:
             def _():
                 S.gidx_t = (S.tk + S.base[:, None]).to(torch.int32).view(Bd, 1, S.k_dec)
         # attention path
-        if strategy == "unfused":
+        if parse_strategy(strategy).per_call_pad:
             buf = L.ws_unfused[:T]
 
             @add("concat_unfused")
@@ -622,10 +437,11 @@ def as_fn(steps, names=None):
 # ---------------------------------------------------------------------------------------------------- main
 
 LAYER_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "prefill_tokens", "decode_tokens",
-              "T_total", "topk_length_decode", "strategy", "mode", "repeat", "order", "n_calls", "ms_median",
+              "T_total", "topk_length_decode", "strategy", "content", "mode", "repeat", "order", "n_calls", "ms_median",
               "ms_mean", "ms_p10", "ms_p90", "window_s", "n_act_experts", "tokens_per_expert", "sm_clock_mhz",
               "power_w", "temp_c", "n_samples", "layer_impl", "concat_impl", "kernel_impl", "status", "notes"]
-OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "c_dependent",
+OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "content",
+            "c_dependent",
             "repeat", "inner", "ms", "status"]
 
 
@@ -656,7 +472,7 @@ def main(argv=None):
     if interp:
         os.environ["TRITON_INTERPRET"] = "1"
     dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    kit = Kit()
+    kit = package()
     define_decode_logits()
     kern = Kernels(dev)
     prov = bench_provenance(kern.info)
@@ -669,11 +485,11 @@ def main(argv=None):
         f"nvml={'ok' if sampler.ok else sampler.why}")
     deadline = T0 + args.budget_s
     if args.smoke:
-        models = [("tiny", get_model("tiny", kit))]
+        models = [("tiny", kit.tiny_model())]
         tp, Bs, Cs, Ps, mdec, mctx = 2, [1, 4], [128, 256], [64], 4, 128
         args.repeats, args.op_repeats, args.window_ms, args.op_inner = 2, 2, 1.0, 2
     else:
-        models = [(n, get_model(n)) for n in args.models.split(",")]
+        models = [(n, kit.load_model(n)) for n in args.models.split(",")]
         tp = args.tp
         Bs = [int(x) for x in args.batches.split(",")]
         Cs = [int(x) for x in args.contexts.split(",")]
@@ -721,7 +537,7 @@ def main(argv=None):
                            "layer_impl": DL.layer_impl, "concat_impl": kern.concat_impl,
                            "kernel_impl": kern.kernel_impl}
                     fns = {}
-                    for strat in ("unfused", "fused"):
+                    for strat in STRATEGIES:
                         st = DL.steps(S, strat)
                         lay = as_fn(st)
                         att_names = {"concat_unfused", "pad_new_zeros_copy", "concat_fused", "sparse_kernel"}
@@ -742,11 +558,11 @@ def main(argv=None):
                                     log(f"graph capture {mname} B={B} c={c} {strat} {kind}: {type(e).__name__}: {e}")
                                     torch.cuda.synchronize()
                         fns[(strat, "steps")] = st
-                    fns[("unfused", "attn", "eager")]()
+                    fns[(STRATEGIES[0], "attn", "eager")]()
                     o1 = S.o.clone()
-                    fns[("fused", "attn", "eager")]()
+                    fns[(STRATEGIES[1], "attn", "eager")]()
                     sync(dev)
-                    cfg["notes"] = (f"attention output unfused vs fused: max_abs_diff "
+                    cfg["notes"] = (f"attention output {STRATEGIES[0]} vs {STRATEGIES[1]}: max_abs_diff "
                                     f"{float((o1.float() - S.o.float()).abs().max())}")
                     del o1
                     n_of = {}
@@ -754,19 +570,19 @@ def main(argv=None):
                         if len(key) == 3 and key[2] in ("eager", "graph"):
                             n_of[key] = max(3, min(200, int(round(args.window_ms / max(est_ms(f, dev), 1e-3)))))
                     for r in range(args.repeats):
-                        order = ("unfused", "fused") if r % 2 == 0 else ("fused", "unfused")
+                        order = STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]
                         for o, strat in enumerate(order):
                             for kind, sink in (("layer", sink_l), ("attn", sink_a)):
                                 for mode in ("eager", "graph"):
                                     f = fns.get((strat, kind, mode))
                                     if f is None:
                                         continue
-                                    res = timed_window(f, n_of[(strat, kind, mode)], sampler, dev)
-                                    sink.write({"experiment": f"decode_{kind}", **cfg, "strategy": strat,
+                                    res = timed_window(f, n_of[(strat, kind, mode)], dev, sampler, reasons=False)
+                                    sink.write({"experiment": f"decode_{kind}", **cfg, "strategy": strat, "content": "zeros",
                                                 "mode": mode, "repeat": r, "order": o, **res, "status": "ok"})
                     # per-op device times (graph of `inner` calls), c-independent ops once per B
                     if not args.no_ops:
-                        for strat in ("unfused", "fused"):
+                        for strat in STRATEGIES:
                             for name, f, dep in fns[(strat, "steps")]:
                                 shared = name not in ("concat_unfused", "pad_new_zeros_copy", "concat_fused")
                                 key = (B, name if shared else f"{name}", c if dep else None)
@@ -780,10 +596,12 @@ def main(argv=None):
                                     else:
                                         rep, gr = (lambda f=f: [f() for _ in range(args.op_inner)]), None
                                     for r in range(args.op_repeats):
-                                        res = timed_window(rep, 1, sampler, dev, per=args.op_inner)
+                                        res = timed_window(rep, 1, dev, sampler, per=args.op_inner, reasons=False)
                                         sink_o.write({"experiment": "decode_op", **base, "batch": B,
                                                       "context": c if dep else "", "op": name,
-                                                      "strategy": "" if shared else strat, "c_dependent": dep,
+                                                      "strategy": "" if shared else strat,
+                                                      "content": "zeros" if not shared or name == "sparse_kernel"
+                                                      else "", "c_dependent": dep,
                                                       "repeat": r, "inner": args.op_inner, "ms": res["ms_median"],
                                                       "status": "ok"})
                                     del rep, gr
@@ -813,7 +631,7 @@ def main(argv=None):
                        "notes": "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; "
                                 "kernel reads fixed indices; indexer top-k computed, not used"}
                 fns = {}
-                for strat in ("unfused", "fused"):
+                for strat in STRATEGIES:
                     st = DL.steps(S, strat)
                     lay = as_fn(st)
                     lay()
@@ -824,11 +642,12 @@ def main(argv=None):
                 n_of = {k: max(3, min(100, int(round(args.window_ms * 2 / max(est_ms(f, dev), 1e-3)))))
                         for k, f in fns.items()}
                 for r in range(args.repeats):
-                    order = ("unfused", "fused") if r % 2 == 0 else ("fused", "unfused")
+                    order = STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]
                     for o, strat in enumerate(order):
                         for kind, sink in (("layer", sink_l), ("attn", sink_a)):
-                            res = timed_window(fns[(strat, kind)], n_of[(strat, kind)], sampler, dev)
-                            sink.write({"experiment": f"mixed_{kind}", **cfg, "strategy": strat, "mode": "eager",
+                            res = timed_window(fns[(strat, kind)], n_of[(strat, kind)], dev, sampler, reasons=False)
+                            sink.write({"experiment": f"mixed_{kind}", **cfg, "strategy": strat, "content": "zeros",
+                                        "mode": "eager",
                                         "repeat": r, "order": o, **res, "status": "ok"})
                 log(f"{mname} mixed P={P}+{mdec}x{mctx}: done")
                 del fns, S
