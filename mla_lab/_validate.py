@@ -17,17 +17,6 @@ def check_int(name: str, value, allow_zero: bool = False) -> int:
     return int(value)
 
 
-def check_choice(name: str, value, allowed) -> object:
-    """Return ``value`` if it is one of ``allowed``.
-
-    Raises:
-        ValueError: ``"<name>=<value> is not allowed; allowed: [...]"``.
-    """
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not allowed; allowed: {list(allowed)}")
-    return value
-
-
 def read_csv_checked(path, need, writer: str):
     """``pandas.read_csv(path)`` that names the file in one ``ValueError`` line when it is not a readable CSV or
     lacks a column of ``need`` (``writer``: what writes such files, for the "allowed" part of the message)."""

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
-from .placement import Strategy, canonical_names, parse_strategy, resolve_strategy
+from .placement import Strategy, as_strategy, fixed_strategies, parse_strategy, resolve_strategy
 
 __all__ = [
     "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
@@ -27,16 +27,17 @@ __all__ = [
 MIB = 1024**2
 BF16_BYTES = 2
 FP32_BYTES = 4
-#: Every fixed canonical strategy (:mod:`mla_lab.placement`); ``subchunk:<S>`` takes any positive S.
-STRATEGIES = tuple(n for n in canonical_names() if "<" not in n)
+#: Every fixed canonical strategy (:func:`mla_lab.placement.fixed_strategies`); ``subchunk:<S>`` takes any positive S.
+STRATEGIES = tuple(fixed_strategies())
 
 
 
 
-def check_strategy(strategy: str) -> Strategy:
-    """The :class:`~mla_lab.placement.Strategy` of a canonical name, alias or preset
+def check_strategy(strategy) -> Strategy:
+    """The door's reading of one strategy name (kept for callers that take user input): the
+    :class:`~mla_lab.placement.Strategy` of a canonical name, alias or preset
     (:func:`mla_lab.placement.resolve_strategy`: ``unfused`` -> ``per_call_empty:zeros``, ``fused`` ->
-    ``private_workspace``).
+    ``private_workspace``). The functions of this module take a Strategy (or a canonical name) instead.
 
     Raises:
         ValueError: naming the value and the allowed names.
@@ -45,16 +46,21 @@ def check_strategy(strategy: str) -> Strategy:
 
 
 def shared_workspace_other_bytes(model: ModelConfig, tp: int, max_num_batched_tokens: int,
-                                 moe_parallel: str = "ep") -> int:
+                                 moe_parallel: str) -> int:
     """Bytes the shared workspace holds for its other users at ``max_num_batched_tokens`` tokens: the fused-MoE
     modular kernel's two scratch buffers, taken simultaneously from vLLM's workspace manager
     (``vllm/v1/worker/workspace.py``), sized as vLLM's DeepGEMM experts ask for them
     (``vllm/model_executor/layers/fused_moe``: ``workspace13 = (M*topk, max(N/2, K))``,
     ``workspace2 = (M*topk, max(N, K))``, bf16; ``M`` tokens, ``N = 2 x`` the local intermediate size, ``K`` the
     hidden size). The indexer's K-gather scratch is smaller and not added. An estimate of the largest other user;
-    pass ``shared_workspace_bytes`` to the row builder to override it.
+    pass ``shared_workspace_bytes`` to the row builder to override it. ``moe_parallel`` (``ep`` / ``tp``, no default)
+    sets the local intermediate size.
+
+    Raises:
+        ValueError: moe_parallel not ``ep`` / ``tp``.
     """
-    tp = check_int("tp", tp)
+    if moe_parallel not in ("ep", "tp"):
+        raise ValueError(f"moe_parallel={moe_parallel!r} is not allowed; allowed: ['ep', 'tp']")
     inter = model.moe_intermediate_size if moe_parallel == "ep" else model.moe_intermediate_size // tp
     m = max_num_batched_tokens * model.num_experts_per_tok
     n, k = 2 * inter, model.hidden_size
@@ -146,7 +152,7 @@ class MemoryAccount:
 
 
 def memory_account(
-    strategy: str,
+    strategy: Strategy | str,
     num_heads: int,
     max_num_batched_tokens: int,
     arch: str | GPUArch | int = "hopper",
@@ -159,7 +165,8 @@ def memory_account(
     """Exact byte accounting for one strategy, allocating nothing.
 
     Args:
-        strategy: a canonical strategy name (:func:`mla_lab.placement.parse_strategy`).
+        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (:func:`mla_lab.placement.parse_strategy`;
+            presets and aliases are read at the door, :func:`mla_lab.placement.expand`).
         num_heads: real heads per rank (H).
         max_num_batched_tokens: workspace rows, > 0.
         arch, kv_cache_dtype: as in :func:`padded_num_heads` (fp8 KV cache: no padding, every strategy the same Q).
@@ -171,7 +178,7 @@ def memory_account(
     Raises:
         ValueError: unknown strategy; non-positive sizes; num_tokens out of range; as :func:`padded_num_heads`.
     """
-    st = check_strategy(strategy)
+    st = as_strategy(strategy)
     check_int("max_num_batched_tokens", max_num_batched_tokens)
     check_int("head_size", head_size)
     check_int("d_v", d_v)
@@ -283,7 +290,7 @@ class QConcatWorkspace:
                 f"device={self.buffer.device}, {self.nbytes / MIB:.1f} MiB)")
 
 
-def call_peak_bytes(strategy: str, num_heads: int, max_num_batched_tokens: int, arch: str | GPUArch, num_tokens: int,
+def call_peak_bytes(strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch: str | GPUArch, num_tokens: int,
                     model: ModelConfig) -> int:
     """Analytic extra bytes of one measured layer call of the attention path at step size ``num_tokens``: what
     ``torch.cuda.max_memory_allocated`` should add above the inputs and the persistent workspace — the call's

@@ -1,7 +1,7 @@
 """Interactive exploration of one configuration: the logic behind ``notebooks/explore.ipynb``.
 
-:func:`explore_point` prices one selection (model, TP, arch, max_num_batched_tokens, KV-cache dtype, prompt length,
-number of prompts, strategy) with the analytic model -- padded head count and workspace bytes from
+:func:`explore_point` prices one :class:`~mla_lab.deployment.Deployment` (model, TP, arch, max_num_batched_tokens,
+KV-cache dtype, weight dtype, MoE layout, workload) and a strategy with the analytic model -- padded head count and workspace bytes from
 :func:`mla_lab.buffers.memory_account`, TTFT per strategy from :func:`mla_lab.sweep.rows.modelled_rows` -- and picks the
 measured rows of ``data/measured`` that match the selection. :class:`Explorer` wraps it in ipywidgets controls
 whose changes re-render the outputs in place (no cell re-runs). Everything the widgets show is in the dict that
@@ -15,19 +15,22 @@ import html
 import io
 
 from .arch import ARCHS, get_arch
-from .buffers import MIB, STRATEGIES, check_strategy
+from .buffers import MIB
+from .deployment import MOE_PARALLEL, WEIGHT_DTYPES, Deployment
 from .models import KV_CACHE_DTYPES, load_model, model_names
-from .placement import BASELINE
+from .placement import BASELINE, EXPLORER_STRATEGIES, PR_STRATEGY, resolve_strategy
 from .report.data import load_measured
 from .report.figures import STRATEGY_COLORS
+from .seed import SEED_DEPLOYMENT
 from .sweep.advise import advise, format_advice
-from .sweep.params import DEFAULTS, expand_grid, validate_params
 from .sweep.rows import modelled_rows
 
-#: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
-EXPLORER_STRATEGIES = (*STRATEGIES, "subchunk:4096", "subchunk:4096:views")
+#: The controls that make the deployment (:meth:`mla_lab.deployment.Deployment.of` arguments).
+DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
+                       "num_prompts", "concurrency", "weight_dtype", "moe_parallel", "gpu_memory_utilization")
 
-__all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS", "CONTROL_OPTIONS"]
+__all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS",
+           "CONTROL_OPTIONS", "DEPLOYMENT_CONTROLS"]
 
 # Columns a measured row must agree on to be shown beside the modelled numbers of a selection.
 MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len", "num_prompts",
@@ -46,9 +49,10 @@ def tp_options(model: str) -> list[int]:
 
 
 @functools.lru_cache(maxsize=512)
-def _rows(point_items: tuple) -> tuple:
-    """The sweep's own rows for one selection (cached: the controls revisit selections)."""
-    return tuple(modelled_rows(dict(point_items)))
+def _rows(deployment: Deployment) -> tuple:
+    """The sweep's own rows for one deployment (cached: the controls revisit selections)."""
+    point = deployment.to_point(strategies=list(EXPLORER_STRATEGIES), shared_workspace_bytes=None, num_runs=7)
+    return tuple(modelled_rows(point, deployment=deployment))
 
 
 def _match_measured(measured, sel: dict):
@@ -64,19 +68,14 @@ def _match_measured(measured, sel: dict):
     return d.reset_index(drop=True) if len(d) else None
 
 
-def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batched_tokens: int = 16384,
-                  kv_cache_dtype: str = "bf16", prompt_len: int = 1024, num_prompts: int = 32,
-                  strategy: str = "private_workspace", measured=None, concurrency: int | None = None,
-                  weight_dtype: str = DEFAULTS["weight_dtype"], moe_parallel: str = DEFAULTS["moe_parallel"],
-                  gpu_memory_utilization: float = DEFAULTS["gpu_memory_utilization"]) -> dict:
-    """Price one selection through the sweep's row builder (:func:`mla_lab.sweep.rows.modelled_rows`: the same
-    numbers the sweep and the report show) and attach matching measured rows.
+def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_STRATEGY, measured=None) -> dict:
+    """Price one deployment through the sweep's row builder (:func:`mla_lab.sweep.rows.modelled_rows`: the same
+    numbers the sweep and the report show) and attach matching measured rows. The explorer's pricing function.
 
     Args:
-        model, tp, arch, max_num_batched_tokens, kv_cache_dtype, prompt_len, num_prompts, concurrency (None =
-            num_prompts), weight_dtype, moe_parallel, gpu_memory_utilization (the KV-cache budget): the selection, as the sweep's parameters
-            (:class:`mla_lab.sweep.params.SweepParams`).
-        strategy: the strategy whose workspace the headline numbers describe (TTFT is given for every strategy).
+        deployment: a :class:`~mla_lab.deployment.Deployment` (default: the seed, vLLM PR #53878's benchmark).
+        strategy: the strategy whose workspace the headline numbers describe (a door name: canonical, preset or
+            alias; TTFT is given for every strategy of :data:`EXPLORER_STRATEGIES`).
         measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.data.load_measured`) or None.
 
     Returns:
@@ -88,18 +87,14 @@ def explore_point(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num
         ``measured`` (matching rows or None) and ``selection``.
 
     Raises:
-        ValueError: anything the sweep's parameter check or the row builder rejects (e.g. TP not dividing the
-            heads), with the sweep's message.
+        ValueError: not a Deployment; an unknown strategy; anything the row builder rejects.
     """
-    params = validate_params({"models": [model], "tp_sizes": [tp], "archs": [arch],
-                              "max_num_batched_tokens": [max_num_batched_tokens], "prompt_lens": [prompt_len],
-                              "kv_cache_dtype": kv_cache_dtype, "num_prompts": num_prompts,
-                              "concurrency": concurrency, "weight_dtype": weight_dtype,
-                              "moe_parallel": moe_parallel, "strategies": list(EXPLORER_STRATEGIES),
-                              "gpu_memory_utilization": gpu_memory_utilization})
-    strategy = check_strategy(strategy).name
-    (point,) = expand_grid(params)
-    rows = [dict(r) for r in _rows(tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in point.items()))]
+    if not isinstance(deployment, Deployment):
+        raise ValueError(f"deployment={deployment!r} must be a mla_lab.deployment.Deployment (Deployment.of(...) "
+                         "or Deployment.seed())")
+    strategy = resolve_strategy(strategy)
+    point = deployment.to_point()
+    rows = [dict(r) for r in _rows(deployment)]
     by = {r["strategy"]: r for r in rows}
     sel = {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
                                  "num_prompts", "concurrency", "weight_dtype", "moe_parallel")}
@@ -226,11 +221,12 @@ class Explorer:
 
     Args:
         measured: DataFrame of measured rows; default :func:`mla_lab.report.data.load_measured` (``data/measured``).
-        **initial: initial control values (names as :func:`explore_point`'s arguments).
+        **initial: initial control values (:data:`DEPLOYMENT_CONTROLS`, ``strategy``, ``memory_budget_mib``).
 
     Attributes:
         controls: dict name -> widget; summary, measured_out: HTML widgets; chart: Image widget (PNG);
-        result: the last :func:`explore_point` dict (or None after an error); error: the last error message or "".
+        deployment: the last valid :class:`~mla_lab.deployment.Deployment`; result: the last :func:`explore_point`
+        dict (or None after an error); error: the last error message or "".
         widget: the assembled VBox (displaying the Explorer displays it).
     """
 
@@ -266,14 +262,14 @@ class Explorer:
             "concurrency": W.BoundedIntText(value=initial.get("concurrency") or initial.get("num_prompts", 32),
                                             min=1, max=CONTROL_OPTIONS["num_prompts"][1],
                                             description="concurrency", style=style, layout=W.Layout(width="260px")),
-            "weight_dtype": W.ToggleButtons(options=["fp8", "bf16"], value=initial.get("weight_dtype",
-                                                                                     DEFAULTS["weight_dtype"]),
+            "weight_dtype": W.ToggleButtons(options=sorted(WEIGHT_DTYPES, reverse=True),
+                                            value=initial.get("weight_dtype", SEED_DEPLOYMENT.weight_dtype),
                                             style=tstyle),
-            "moe_parallel": W.ToggleButtons(options=["ep", "tp"], value=initial.get("moe_parallel",
-                                                                                 DEFAULTS["moe_parallel"]),
+            "moe_parallel": W.ToggleButtons(options=list(MOE_PARALLEL),
+                                            value=initial.get("moe_parallel", SEED_DEPLOYMENT.moe_parallel),
                                             style=tstyle),
             "strategy": W.Dropdown(options=list(EXPLORER_STRATEGIES),
-                                   value=check_strategy(initial.get("strategy", "private_workspace")).name,
+                                   value=resolve_strategy(initial.get("strategy", PR_STRATEGY)),
                                    description="strategy", style=style, layout=lay),
             "gpu_memory_utilization": W.BoundedFloatText(value=initial.get("gpu_memory_utilization", 0.9), min=0.05,
                                                          max=1.0, step=0.05, description="GPU memory utilization",
@@ -287,6 +283,7 @@ class Explorer:
         self.measured_out = W.HTML()
         self.advice_out = W.HTML()
         self.advice: dict | None = None
+        self.deployment: Deployment | None = None
         self.result: dict | None = None
         self.error = ""
         self._hold = False
@@ -306,7 +303,7 @@ class Explorer:
         self.update()
 
     def values(self) -> dict:
-        """The current control values (the arguments of :func:`explore_point`)."""
+        """The current control values (:data:`DEPLOYMENT_CONTROLS`, ``strategy`` and ``memory_budget_mib``)."""
         return {k: c.value for k, c in self.controls.items()}
 
     def _on_model(self, change):
@@ -376,9 +373,8 @@ class Explorer:
         """Recompute from the controls and re-render the outputs in place. A rejected selection is shown as an error
         message (``error``) instead of raising."""
         try:
-            v = self.values()
-            v.pop("memory_budget_mib")
-            self.result = explore_point(**v, measured=self.measured)
+            self.deployment = self._deployment()
+            self.result = explore_point(self.deployment, self.controls["strategy"].value, measured=self.measured)
             self.error = ""
         except ValueError as e:
             self._show_error(str(e))
@@ -389,14 +385,16 @@ class Explorer:
         self.advice_out.value = self._advise()
         return self.result
 
+    def _deployment(self) -> Deployment:
+        """The controls' deployment (the door: :meth:`mla_lab.deployment.Deployment.of`)."""
+        v = self.values()
+        return Deployment.of(**{k: v[k] for k in DEPLOYMENT_CONTROLS})
+
     def _advise(self) -> str:
         """The advice panel: :func:`mla_lab.sweep.advise.advise` for the selected deployment and budget."""
-        v = self.values()
         try:
-            self.advice = advise(v["model"], v["tp"], v["arch"], v["max_num_batched_tokens"], v["prompt_len"],
-                                 v["kv_cache_dtype"], v["num_prompts"], v["concurrency"], v["weight_dtype"],
-                                 v["moe_parallel"], memory_budget_mib=v["memory_budget_mib"],
-                                 measured=self.measured, gpu_memory_utilization=v["gpu_memory_utilization"])
+            self.advice = advise(self.deployment, memory_budget_mib=self.values()["memory_budget_mib"],
+                                 measured=self.measured)
         except ValueError as e:
             self.advice = None
             return f"<b>Advice:</b> {html.escape(str(e))}"

@@ -37,7 +37,10 @@ from dataclasses import dataclass
 from ._validate import check_int
 
 __all__ = ["Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
-           "parse_strategy", "expand_strategies", "resolve_strategy", "preset_of", "LEGACY_MEASURED", "measured_as", "BASELINE", "SUBCHUNK_ROWS", "canonical_names"]
+           "parse_strategy", "as_strategy", "expand", "expand_strategies", "resolve_strategy", "preset_of",
+           "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY", "SUBCHUNK_ROWS", "canonical_names",
+           "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES", "EXPLORER_STRATEGIES", "real_strategies",
+           "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
               "kernel_native")
@@ -66,6 +69,9 @@ class Strategy:
     zero_policy: str | None = None
     rows: int | None = None
     handoff: str | None = None
+
+    def __str__(self) -> str:
+        return self.name
 
     @property
     def name(self) -> str:
@@ -148,13 +154,20 @@ BASELINE = "per_call_empty:zeros"
 
 
 def parse_strategy(name: str) -> Strategy:
-    """A canonical strategy name -> :class:`Strategy`.
+    """A canonical strategy name -> :class:`Strategy` (a :class:`Strategy` is returned as it is).
+
+    Presets (``vllm-53878``) and the first version's aliases (``unfused`` / ``fused``) are *not* canonical names:
+    they are read at the door (parameters, CLI, legacy rows) by :func:`expand` / :func:`resolve_strategy` /
+    :func:`measured_as`, and everything below takes the :class:`Strategy` those give.
 
     Raises:
-        ValueError: an unknown name, or ``subchunk:<S>`` with S not a positive int (names what is allowed).
+        ValueError: an unknown name (a preset or alias says where it is accepted), or ``subchunk:<S>`` with S not a
+            positive int (names what is allowed).
     """
+    if isinstance(name, Strategy):
+        return name
     if not isinstance(name, str):
-        raise ValueError(f"strategy={name!r} must be a str; allowed: {canonical_names()}")
+        raise ValueError(f"strategy={name!r} must be a str or a Strategy; allowed: {canonical_names()}")
     if name in _FIXED:
         return _FIXED[name]
     if name.startswith("subchunk:"):
@@ -171,8 +184,16 @@ def parse_strategy(name: str) -> Strategy:
                              "(e.g. subchunk:4096:views)")
         handoff = parts[2] if len(parts) == 3 else "copy"
         return Strategy("subchunk", "zeros", "zero_once", rows, handoff)
+    if name in PRESETS or name in ALIASES or name == "kernel-native":
+        raise ValueError(f"strategy={name!r} is a preset or alias, read only at the door (parameters, CLI, legacy "
+                         f"rows: mla_lab.placement.expand / resolve_strategy); allowed here: {canonical_names()}")
     raise ValueError(f"strategy={name!r} is not known; allowed: {canonical_names()}, presets {list(PRESETS)} "
                      f"or aliases {list(ALIASES)}")
+
+
+#: Below the door a strategy is a :class:`Strategy`; this is :func:`parse_strategy` under the name the cost model's
+#: functions use for "a Strategy, or a canonical name of one".
+as_strategy = parse_strategy
 
 
 def canonical_names() -> list[str]:
@@ -180,32 +201,50 @@ def canonical_names() -> list[str]:
     return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views"]
 
 
-def expand_strategies(names) -> list[str]:
-    """Presets, aliases and canonical names -> canonical names (order kept, duplicates dropped).
+def _door_name(n) -> list[str]:
+    if isinstance(n, Strategy):
+        return [n.name]
+    n = ALIASES.get(n, n)
+    if n == "kernel_native":
+        n = "kernel-native"
+    if n in PRESETS:
+        return list(PRESETS[n])
+    return [parse_strategy(n).name]
+
+
+def expand(names) -> list[Strategy]:
+    """The door: presets, aliases (``unfused`` / ``fused``), canonical names or :class:`Strategy` objects ->
+    :class:`Strategy` objects (presets expanded to their members, order kept, duplicates dropped). A single str is
+    one name.
 
     Raises:
-        ValueError: as :func:`parse_strategy`.
+        ValueError: as :func:`parse_strategy` (names the bad entry and what is allowed).
     """
-    out = []
+    if isinstance(names, (str, Strategy)):
+        names = [names]
+    out: list[str] = []
     for n in names:
-        n = ALIASES.get(n, n)
-        if n == "kernel_native":
-            n = "kernel-native"
-        if n in PRESETS:
-            out += list(PRESETS[n])
-        else:
-            out.append(parse_strategy(n).name)
-    return list(dict.fromkeys(out))
+        out += _door_name(n)
+    return [parse_strategy(n) for n in dict.fromkeys(out)]
 
 
-def resolve_strategy(name: str) -> str:
-    """One canonical name for a canonical name, an alias or a preset (a two-member preset gives its first member,
-    the zeros end of its range: ``unfused`` / ``vllm-pre-53878`` -> ``per_call_empty:zeros``).
+def expand_strategies(names) -> list[str]:
+    """:func:`expand` as canonical names (the form rows, CSV columns and dict keys carry).
 
     Raises:
         ValueError: as :func:`parse_strategy`.
     """
-    return expand_strategies([name])[0]
+    return [s.name for s in expand(names)]
+
+
+def resolve_strategy(name) -> str:
+    """One canonical name for a canonical name, an alias, a preset or a :class:`Strategy` (a two-member preset gives
+    its first member, the zeros end of its range: ``unfused`` / ``vllm-pre-53878`` -> ``per_call_empty:zeros``).
+
+    Raises:
+        ValueError: as :func:`parse_strategy`.
+    """
+    return _door_name(name)[0]
 
 
 def preset_of(name: str) -> str:
@@ -214,3 +253,62 @@ def preset_of(name: str) -> str:
         if name in members:
             return preset
     return ""
+
+
+#: vLLM PR #53878's strategy: the pre-padded private workspace.
+PR_STRATEGY = "private_workspace"
+
+
+def fixed_strategies() -> list[str]:
+    """Every fixed canonical name (``subchunk:<S>`` takes any positive S and is not listed)."""
+    return list(_FIXED)
+
+
+#: What the seed's model comparison prices (:func:`mla_lab.model.ttft.compare_strategies` default): every engine
+#: preset's members, the shared workspace zeroed per call and the sub-chunk sizes of :data:`SUBCHUNK_ROWS`.
+SEED_STRATEGIES = tuple(expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"]
+                                          + [f"subchunk:{s}" for s in SUBCHUNK_ROWS]))
+
+#: The sweep's default ``strategies`` parameter: every engine preset, the shared workspace with the concat zeroing
+#: its padded heads, and the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with both hand-offs (door names).
+SWEEP_STRATEGIES = (*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
+                    *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS))
+
+#: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
+EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
+
+
+def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
+    """Canonical names of every strategy that runs on tensors (every engine preset's members but
+    ``kernel_native``, the zero policies, and ``subchunk:<S>`` for ``subchunk_rows``, the last also with views)."""
+    names = [n for members in PRESETS.values() for n in members if parse_strategy(n).placement != "kernel_native"]
+    names += ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in subchunk_rows]
+    names += [f"subchunk:{subchunk_rows[-1]}:views"]
+    return list(dict.fromkeys(names))
+
+
+def advise_candidates(max_num_batched_tokens: int) -> list[str]:
+    """Every strategy ``mla-lab advise`` weighs: the presets' members, ``shared_workspace:zero_per_call`` and
+    ``subchunk:S`` / ``subchunk:S:views`` for S = 512, 1024, ... below ``max_num_batched_tokens``."""
+    names = expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"])
+    s = 512
+    while s < max_num_batched_tokens:
+        names += [f"subchunk:{s}", f"subchunk:{s}:views"]
+        s *= 2
+    return names
+
+
+#: (label, strategy, against) of the seed answer (:mod:`mla_lab.report.seed_answer`).
+SEED_COMPARISONS = (
+    ("vLLM #53878 vs vLLM before it, padded heads zeros", "private_workspace", "per_call_empty:zeros"),
+    ("vLLM #53878 vs vLLM before it, padded heads stale", "private_workspace", "per_call_empty:stale"),
+    ("vLLM #56902 (shared workspace, stale) vs vLLM #53878", "shared_workspace:none", "private_workspace"),
+    ("SGLang (new_zeros per call) vs vLLM #53878", "per_call_zeros", "private_workspace"),
+    ("vLLM #53878 vs a new_zeros pad per call (the lab's first baseline)", "private_workspace", "per_call_zeros"),
+)
+
+#: ``preset`` labels of ``benchmarks/bench_engines.py`` rows -> canonical strategies (a door for those files).
+BENCH_PRESET_LABELS = {"per_call_empty_zeros": "per_call_empty:zeros", "per_call_empty_stale": "per_call_empty:stale",
+                       "per_call_zeros": "per_call_zeros", "private_workspace_zeros": "private_workspace",
+                       "shared_workspace_stale": "shared_workspace:none",
+                       "shared_workspace_zero_per_call": "shared_workspace:zero_per_call"}

@@ -1,22 +1,27 @@
-"""vLLM PR #53878's benchmark — the lab's seed setup — written once.
+"""vLLM PR #53878's benchmark — the lab's seed setup — as :meth:`mla_lab.deployment.Deployment.seed` builds it.
 
 Source: vLLM PR #53878 "[Perf][GLM5.2] Fuse sparse MLA Q concatenation with head padding" (merged 2026-08-26):
 ``vllm serve zai-org/GLM-5.2-FP8 --tensor-parallel-size 8 -ep --max-num-batched-tokens 16384
 --attention-backend FLASHMLA_SPARSE --no-enable-prefix-caching --max-model-len 131072`` (bf16 KV cache) on Hopper,
 driven by ``vllm bench serve`` with the random dataset, 1024 input / 128 output tokens, 32 prompts, max
 concurrency 32. Reported: TTFT -9.5 %, total token throughput +6 %, peak memory 131753 -> 132785 MiB per GPU.
+
+The deployment is written once, in :data:`mla_lab.deployment.SEED_ARGS`; :data:`SEED` is the same in the sweep's
+flat parameter names, derived from :meth:`~mla_lab.deployment.Deployment.seed`.
 """
 
 from __future__ import annotations
 
-__all__ = ["SEED", "SEED_REPORTED", "seed_point"]
+from .deployment import Deployment
 
-#: The PR's deployment and workload, in the sweep's parameter names.
-SEED = {
-    "model": "glm-5", "tp": 8, "arch": "h200", "max_num_batched_tokens": 16384, "prompt_len": 1024,
-    "output_len": 128, "num_prompts": 32, "concurrency": 32, "kv_cache_dtype": "bf16", "weight_dtype": "fp8",
-    "moe_parallel": "ep",
-}
+__all__ = ["SEED", "SEED_REPORTED", "seed_point", "SEED_DEPLOYMENT"]
+
+#: The PR's deployment (validated).
+SEED_DEPLOYMENT = Deployment.seed()
+#: The PR's deployment and workload, in the sweep's parameter names (derived from :data:`SEED_DEPLOYMENT`).
+SEED = {k: SEED_DEPLOYMENT.args()[k] for k in (
+    "model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "output_len", "num_prompts", "concurrency",
+    "kv_cache_dtype", "weight_dtype", "moe_parallel", "gpu_memory_utilization")}
 
 #: What the PR reported (per GPU). ``analytic_extra_bytes`` = 16384 x (64 - 8) x 576 x 2 B, the padded heads of
 #: the workspace (vLLM flashmla_sparse.py workspace shape ``(max_num_batched_tokens, q_concat_heads, 576)``).
@@ -28,6 +33,6 @@ SEED_REPORTED = {
 
 def seed_point(**overrides) -> dict:
     """The seed setup as a sweep point (``strategies`` added by the caller), with ``overrides`` applied."""
-    p = {k: v for k, v in SEED.items() if k != "output_len"}
+    p = SEED_DEPLOYMENT.to_point()
     p.update(overrides)
     return p

@@ -24,19 +24,10 @@ import torch
 
 from .buffers import QConcatWorkspace, padded_num_heads
 from .kernels import concat_mla_q, sparse_mla_prefill
-from .placement import ALIASES, PRESETS, Strategy, expand_strategies, parse_strategy
+from .placement import Strategy, parse_strategy, real_strategies, resolve_strategy
 
 __all__ = ["PaddedQPath", "make_strategy", "stale_fill", "equivalence_check", "REAL_STRATEGIES",
            "real_strategies"]
-
-
-def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
-    """Canonical names of every strategy that runs on tensors (every engine preset's members but
-    ``kernel_native``, the zero policies, and ``subchunk:<S>`` for ``subchunk_rows``)."""
-    names = [n for members in PRESETS.values() for n in members if n != "kernel_native"]
-    names += ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in subchunk_rows]
-    names += [f"subchunk:{subchunk_rows[-1]}:views"]
-    return list(dict.fromkeys(names))
 
 
 #: The real strategies of the default equivalence check.
@@ -75,7 +66,7 @@ class PaddedQPath:
                  kv_cache_dtype: str = "bf16", head_size: int = 576, device="cpu", dtype=None,
                  kernel_backend: str = "auto", concat_backend: str = "auto", fill_stale=None,
                  reuse_pad_block: bool = False):
-        self.spec = strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
+        self.spec = parse_strategy(strategy)
         if self.spec.placement == "kernel_native":
             raise ValueError(f"strategy={self.spec.name!r} cannot be run on tensors; allowed: "
                              f"{list(REAL_STRATEGIES)} ('kernel_native' is modelled only)")
@@ -182,10 +173,10 @@ def make_strategy(name: str, **kwargs) -> PaddedQPath:
         ValueError: unknown name; ``kernel_native`` (modelled only); zero_padding with a per-call placement.
     """
     zero_padding = kwargs.pop("zero_padding", False)
-    if name == "kernel_native":
-        raise ValueError(f"strategy='kernel_native' cannot be run on tensors; allowed: {list(REAL_STRATEGIES)} "
+    canonical = resolve_strategy(name)  # the door: presets and the first version's aliases are read here
+    if parse_strategy(canonical).placement == "kernel_native":
+        raise ValueError(f"strategy={name!r} cannot be run on tensors; allowed: {list(REAL_STRATEGIES)} "
                          "('kernel_native' is modelled only)")
-    canonical = expand_strategies([name])[0] if name in ALIASES or name in PRESETS else parse_strategy(name).name
     path = PaddedQPath(canonical, **kwargs)
     if zero_padding:
         if not path.spec.pre_padded:

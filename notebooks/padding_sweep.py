@@ -65,6 +65,7 @@ import pandas as pd
 from IPython.display import HTML, Markdown, display
 
 from mla_lab import report, sweep
+from mla_lab.deployment import Deployment
 from mla_lab.placement import PRESETS
 from mla_lab.report.serving import plot_rate_curve, rate_curve, serving_display_table
 from mla_lab.serving import serve_benchmark
@@ -140,7 +141,7 @@ else:
 # lowest TTFT that fits, the ranked alternatives and what the budget excludes.
 
 # %%
-advice = sweep.advise(memory_budget_mib=300, measured=measured)
+advice = sweep.advise(Deployment.seed(), memory_budget_mib=300, measured=measured)
 display(Markdown("```\n" + sweep.format_advice(advice) + "\n```"))
 
 # %% [markdown]

@@ -50,30 +50,30 @@ def test_call_peak_bytes():
     glm = load_model("glm-5")
     T = 4096
     kernel_out = T * 64 * (512 * 2 + 8)
-    assert call_peak_bytes("unfused", 8, T, "hopper", T, glm) == T * 64 * 1152 + kernel_out
+    assert call_peak_bytes("per_call_empty:zeros", 8, T, "hopper", T, glm) == T * 64 * 1152 + kernel_out
     # fused: the kernel's padded outputs, handed on as views (the consumer copies nothing; on an H200 the measured
     # peak of the seed call is this to the byte: data/measured/h200/padding_sweep.csv)
-    assert call_peak_bytes("fused", 8, T, "hopper", T, glm) == kernel_out
+    assert call_peak_bytes("private_workspace", 8, T, "hopper", T, glm) == kernel_out
     # sub-chunks of 1024 rows: two chunks' outputs alive at once, plus the step's own output and lse
     assert call_peak_bytes("subchunk:1024", 8, T, "hopper", T, glm) == 2 * 1024 * 64 * (512 * 2 + 8) + T * 8 * 1028
     # no padding (64 heads on Hopper): the slice is the whole tensor, no copy; peak = kernel outputs
-    assert call_peak_bytes("unfused", 64, T, "hopper", T, glm) == T * 64 * (512 * 2 + 8)
+    assert call_peak_bytes("per_call_empty:zeros", 64, T, "hopper", T, glm) == T * 64 * (512 * 2 + 8)
 
 
 def test_measured_ttft_recombination_replaces_attention_path():
     from mla_lab.model.ttft import predict_ttft
-    from mla_lab.sweep.rows import layer_options
+    from mla_lab.sweep.rows import layer_options, point_deployment
     from mla_lab.workload import Workload, schedule
 
     point = dict(model="glm-5", tp=8, arch="h200", max_num_batched_tokens=16384, prompt_len=1024, num_prompts=32,
                  concurrency=32, kv_cache_dtype="bf16")
     workload = Workload(1024, 32, 32)
+    deployment = point_deployment(point)  # a point stored without the layer options: the sweep's defaults
 
     def with_measured_attention(step_attention_ms):
-        return predict_ttft("glm-5", 8, "h200", workload, 16384, "fused", attention_override_ms=step_attention_ms,
-                            **layer_options(point))
+        return predict_ttft(deployment, "private_workspace", attention_override_ms=step_attention_ms)
 
-    modelled = predict_ttft("glm-5", 8, "h200", workload, 16384, "fused", **layer_options(point))
+    modelled = predict_ttft(deployment, "private_workspace")
     assert layer_options(point) == {"weight_dtype": "fp8", "moe_parallel": "ep"}  # the sweep's defaults
     attn = [sum(v for k, v in ops.items() if k in ("concat", "pad", "kernel", "out_slice"))
             for ops in modelled["step_ops_ms"]]

@@ -27,8 +27,8 @@ def test_padding_rule_fp8_unchanged(num_heads, arch, dtype):
 def test_seed_workspace_difference_is_1008_mib():
     glm = load_model("glm-5")
     H = glm.heads_per_rank(8)
-    fused = memory_account("fused", H, 16384, "hopper", "bf16")
-    unfused = memory_account("unfused", H, 16384, "hopper", "bf16")
+    fused = memory_account("private_workspace", H, 16384, "hopper", "bf16")
+    unfused = memory_account("per_call_empty:zeros", H, 16384, "hopper", "bf16")
     diff = fused.persistent_bytes - unfused.persistent_bytes
     assert diff == 16384 * (64 - 8) * 576 * 2 == 1_056_964_608
     assert diff / MIB == 1008
@@ -38,11 +38,11 @@ def test_seed_workspace_difference_is_1008_mib():
 
 
 def test_fp8_difference_is_zero_and_blackwell_pads_to_128():
-    f = memory_account("fused", 8, 16384, "hopper", "fp8")
-    u = memory_account("unfused", 8, 16384, "hopper", "fp8")
+    f = memory_account("private_workspace", 8, 16384, "hopper", "fp8")
+    u = memory_account("per_call_empty:zeros", 8, 16384, "hopper", "fp8")
     assert f.persistent_bytes - u.persistent_bytes == 0
     assert u.step_transient_bytes == 0
-    b = memory_account("fused", 8, 16384, "blackwell", "bf16")
+    b = memory_account("private_workspace", 8, 16384, "blackwell", "bf16")
     assert b.q_concat_heads == 128
     assert b.persistent_bytes == 16384 * 128 * 576 * 2
 
@@ -82,8 +82,8 @@ def test_workspace_views_and_bytes():
         (lambda: padded_num_heads(8, "hopper", "int4"), r"kv_cache_dtype='int4' is not supported; allowed"),
         (lambda: padded_num_heads(8, 96), r"prefill_padding=96 must be 64 or 128"),
         (lambda: memory_account("padded", 8, 16), r"strategy='padded' is not known; allowed"),
-        (lambda: memory_account("fused", 8, 0), r"max_num_batched_tokens=0 must be a positive int"),
-        (lambda: memory_account("fused", 8, 16, num_tokens=17), r"num_tokens=17 exceeds max_num_batched_tokens=16"),
+        (lambda: memory_account("private_workspace", 8, 0), r"max_num_batched_tokens=0 must be a positive int"),
+        (lambda: memory_account("private_workspace", 8, 16, num_tokens=17), r"num_tokens=17 exceeds max_num_batched_tokens=16"),
         (lambda: QConcatWorkspace(16, 8, dtype=torch.float32), r"dtype=torch.float32 is not supported"),
     ],
 )

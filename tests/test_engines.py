@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from mla_lab.arch import get_arch
 from mla_lab.buffers import memory_account, shared_workspace_other_bytes
+from mla_lab.deployment import Deployment
 from mla_lab.models import load_model
 from mla_lab.placement import ALIASES, PRESETS, expand_strategies, parse_strategy, preset_of
 from mla_lab.strategies import PaddedQPath, equivalence_check
@@ -128,7 +129,8 @@ def test_frontier_is_monotone_and_drops_dominated_points():
 def test_advice_never_picks_a_non_fitting_point_and_its_frontier_is_monotone(model, tp, arch, mbt, prompt_len,
                                                                               budget):
     try:
-        r = advise(model, tp, arch, mbt, prompt_len, memory_budget_mib=budget)
+        d = Deployment.seed(model=model, tp=tp, arch=arch, max_num_batched_tokens=mbt, prompt_len=prompt_len)
+        r = advise(d, memory_budget_mib=budget)
     except ValueError as e:
         assert "does not fit" in str(e)  # the whole deployment: refused, never recommended
         return
@@ -151,16 +153,19 @@ def test_advice_never_picks_a_non_fitting_point_and_its_frontier_is_monotone(mod
 
 def test_advice_says_what_priced_the_all_reduce():
     """TP=8 was never measured: the advice says its all-reduce is the assumption (text and JSON)."""
-    r = advise("glm-5", 8, "h200", 16384, 1024)
+    r = advise(Deployment.seed())
     assert r["comm_source"].startswith("assumption: ring at 0.8")
     assert f"all-reduce priced by: {r['comm_source']}" in format_advice(r)
 
 
 def test_advise_the_issues_example_and_refuses_what_does_not_fit():
-    r = advise("glm-5", 8, "h200", 16384, 1024, memory_budget_mib=300)
+    r = advise(Deployment.seed(), memory_budget_mib=300)
     assert r["recommendation"]["extra_persistent_mib"] <= 300
     assert any(s["strategy"] == "private_workspace" and "budget" in s["reason"] for s in r["excluded"])
     with pytest.raises(ValueError, match="does not fit"):
-        advise("deepseek-v3.2", 2, "h200", 16384, 1024)
+        advise(Deployment.seed(model="deepseek-v3.2", tp=2))
     with pytest.raises(ValueError, match=r"memory_budget_mib=-1 must be a non-negative number"):
-        advise(memory_budget_mib=-1)
+        advise(Deployment.seed(), memory_budget_mib=-1)
+    # the older positional form is read at the door, with no default weight dtype or MoE layout
+    with pytest.raises(ValueError, match=r"advise\(model, ...\) needs \['weight_dtype', 'moe_parallel'\]"):
+        advise("glm-5", 8, "h200", 16384, 1024, "bf16")

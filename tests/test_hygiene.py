@@ -142,9 +142,7 @@ def test_sweep_notebook_parameters_match_the_sweep():
 
 
 def test_explore_notebook_parameters_are_explorer_arguments():
-    import inspect
-
-    from mla_lab.explore import explore_point
+    from mla_lab.explore import DEPLOYMENT_CONTROLS
 
     params = _parameters(NOTEBOOKS / "explore.ipynb")
-    assert set(params) <= set(inspect.signature(explore_point).parameters)
+    assert set(params) <= set(DEPLOYMENT_CONTROLS) | {"strategy", "memory_budget_mib"}

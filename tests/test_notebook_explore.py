@@ -8,17 +8,17 @@ import pandas as pd
 import pytest
 
 from mla_lab.buffers import MIB, memory_account
+from mla_lab.deployment import Deployment
 from mla_lab.explore import Explorer, explore_point, tp_options
 from mla_lab.model.ttft import predict_ttft
 from mla_lab.models import load_model
-from mla_lab.workload import Workload
 
 REPO = Path(__file__).resolve().parent.parent
 NO_MEASURED = pd.DataFrame()
 
 
 def test_explore_point_seed_setup_numbers():
-    r = explore_point("glm-5", 8, "h200", 16384, "bf16", 1024, 32, "fused")
+    r = explore_point(Deployment.seed(), "fused")
     assert (r["num_heads"], r["padded_heads"], r["prefill_padding"]) == (8, 64, 64)
     assert r["workspace_bytes"] == 16384 * 64 * 576 * 2
     assert r["extra_bytes"] == 1_056_964_608 and r["extra_mib"] == 1008.0
@@ -26,9 +26,8 @@ def test_explore_point_seed_setup_numbers():
     assert r["kv_tokens_lost"] == pytest.approx(1_056_964_608 / m.kv_cache_bytes_per_token("bf16"))
     by = {x["strategy"]: x for x in r["per_strategy"]}
     for s in ("per_call_empty:zeros", "private_workspace", "kernel_native"):
-        # the explorer prices with the sweep's defaults (fp8 weights, experts over the ranks: the PR's setup)
-        want = predict_ttft("glm-5", 8, "h200", Workload(1024, 32), 16384, s, "bf16", weight_dtype="fp8",
-                            moe_parallel="ep")
+        # the explorer prices the deployment it is given (the seed: fp8 weights, experts over the ranks)
+        want = predict_ttft(Deployment.seed(), s)
         assert by[s]["ttft_ms"] == pytest.approx(want["ttft_ms_mean"])
         assert by[s]["persistent_bytes"] == memory_account(s, 8, 16384, "h200", "bf16").persistent_bytes
     assert by["per_call_empty:zeros"]["ttft_change_pct"] == 0.0
@@ -44,10 +43,7 @@ def test_explorer_and_report_agree_on_the_seed_setup():
     from mla_lab.seed import SEED, seed_point
     from mla_lab.sweep.rows import modelled_rows
 
-    e = explore_point(SEED["model"], SEED["tp"], SEED["arch"], SEED["max_num_batched_tokens"],
-                      SEED["kv_cache_dtype"], SEED["prompt_len"], SEED["num_prompts"], "fused",
-                      concurrency=SEED["concurrency"], weight_dtype=SEED["weight_dtype"],
-                      moe_parallel=SEED["moe_parallel"])
+    e = explore_point(Deployment.of(**SEED), "fused")
     explorer = {x["strategy"]: x["ttft_change_pct"] for x in e["per_strategy"]}["private_workspace"]
     sweep = {r["strategy"]: r["ttft_change_pct"]
              for r in modelled_rows(seed_point(strategies=["fused"]))}["private_workspace"]
@@ -56,7 +52,7 @@ def test_explorer_and_report_agree_on_the_seed_setup():
                                            "ours (modelled)"]
     assert abs(explorer - sweep) < 0.01
     assert cell == f"{sweep:+.1f}%"
-    # and the explorer's defaults are the sweep's: no control is left out
+    # and the explorer's default deployment is the seed
     assert {x["strategy"]: x["ttft_change_pct"] for x in explore_point()["per_strategy"]}["private_workspace"] \
         == pytest.approx(explorer, abs=0.01)
 
@@ -86,13 +82,15 @@ def test_explorer_has_a_control_for_every_sweep_parameter_that_changes_a_number(
 @pytest.mark.parametrize("arch,kv,padded,extra_mib", [("b200", "bf16", 128, 16384 * 120 * 1152 / MIB),
                                                       ("h200", "fp8", 8, 0.0), ("h20", "bf16", 64, 1008.0)])
 def test_explore_point_arch_and_dtype(arch, kv, padded, extra_mib):
-    r = explore_point("glm-5", 8, arch, 16384, kv, 1024, 32, "fused")
+    r = explore_point(Deployment.seed(arch=arch, kv_cache_dtype=kv), "fused")
     assert r["padded_heads"] == padded and r["extra_mib"] == pytest.approx(extra_mib)
 
 
 def test_explore_point_rejects_what_the_library_rejects():
     with pytest.raises(ValueError, match="does not divide num_attention_heads"):
-        explore_point("glm-5", 3)
+        explore_point(Deployment.seed(tp=3))
+    with pytest.raises(ValueError, match="must be a mla_lab.deployment.Deployment"):
+        explore_point("glm-5")
     with pytest.raises(ValueError, match="strategy='padded'"):
         explore_point(strategy="padded")
 

@@ -6,12 +6,18 @@ changes, TTFT ms, extra MiB, KV tokens lost and capacity), the measured seed row
 modelled) and every row of the model-validation MAPE table. The same code paths today must give the same numbers.
 """
 
+import csv
 import json
 from pathlib import Path
 
 import pytest
 
-from mla_lab.model.ttft import seed_reproduction
+from mla_lab.deployment import Deployment
+from mla_lab.model.calibration import resolve_calibration
+from mla_lab.model.memory import memory_tradeoff
+from mla_lab.model.ops import attention_op_work
+from mla_lab.model.ttft import compare_strategies
+from mla_lab.paths import measured_dir
 from mla_lab.report.data import load_measured, load_validation
 from mla_lab.report.tables import validation_table
 
@@ -21,19 +27,43 @@ PINNED = json.loads((Path(__file__).parent / "data" / "pinned_before_restructure
 THEN = {"unfused": "per_call_zeros", "fused": "private_workspace", "kernel_native": "kernel_native"}
 
 
-def test_seed_reproduction_figures_unchanged():
-    r = seed_reproduction(strategies=("private_workspace", "kernel_native"), baseline="per_call_zeros")
+def _anchored(cal, d: Deployment):
+    """The calibration with the pad and kernel efficiencies re-anchored on the H200 measurements at the seed's own
+    shapes (what the deleted ``seed_reproduction`` called its anchored variant; docs/ttft-model.md's table): the pad
+    op at T=16384, H=8 (``layer_ops.csv``) and the sparse kernel on the seed step with causal topk_length
+    (``layer_extras.csv``, ``seed_16x1024``)."""
+    mdir = measured_dir("h200")
+    with open(mdir / "layer_ops.csv") as f:
+        pad = [r for r in csv.DictReader(f) if r["op"] == "pad" and r["model"] == "glm-5" and r["tp"] == "8"
+               and r["T"] == "16384" and r["status"] == "ok"]
+    with open(mdir / "layer_extras.csv") as f:
+        ker = [r for r in csv.DictReader(f) if r["experiment"] == "kernel_topk_length"
+               and r["name"] == "seed_16x1024" and r["ms"]]
+    pad_ms, k_ms = float(pad[0]["ms"]), float(ker[0]["ms"])
+    return cal.with_attention(
+        name="anchored at the seed shapes",
+        pad=attention_op_work("pad", 16384, 8, 64, 0) / (pad_ms * 1e-3) / (d.arch.hbm_gbps * 1e9),
+        kernel=float(ker[0]["flops"]) / (k_ms * 1e-3) / (d.arch.bf16_tflops * 1e12))
+
+
+def test_seed_figures_unchanged():
+    seed = Deployment.seed()
+    kw = dict(strategies=("private_workspace", "kernel_native"), baseline="per_call_zeros")
+    full = compare_strategies(seed, **kw)
+    attn = compare_strategies(seed, scope="attention_path", **kw)
+    anchored = compare_strategies(seed, calibration=_anchored(resolve_calibration(None), seed), **kw)
     for s, v in PINNED["seed_full_layer_delta_pct"].items():
-        assert r["predicted"]["full_layer"]["delta_pct"][THEN[s]] == pytest.approx(v, abs=1e-9)
+        assert full["delta_pct"][THEN[s]] == pytest.approx(v, abs=1e-9)
     for s, v in PINNED["seed_attention_path_delta_pct"].items():
-        assert r["predicted"]["attention_path"]["delta_pct"][THEN[s]] == pytest.approx(v, abs=1e-9)
+        assert attn["delta_pct"][THEN[s]] == pytest.approx(v, abs=1e-9)
     for s, v in PINNED["seed_anchored_delta_pct"].items():
-        assert r["anchored"]["full_layer"]["delta_pct"][THEN[s]] == pytest.approx(v, abs=1e-9)
+        assert anchored["delta_pct"][THEN[s]] == pytest.approx(v, abs=1e-9)
     for s, v in PINNED["seed_ttft_ms_full_layer"].items():
-        assert r["predicted"]["full_layer"]["ttft_ms"][THEN[s]] == pytest.approx(v, rel=1e-12)
-    assert r["analytic_extra_mib"] == PINNED["extra_mib"] == 1008.0
-    assert r["memory"]["strategies"]["private_workspace"]["kv_tokens_lost"] == pytest.approx(PINNED["kv_tokens_lost"])
-    assert r["memory"]["kv_capacity_tokens"] == pytest.approx(PINNED["kv_capacity_tokens"])
+        assert full["results"][THEN[s]]["ttft_ms_mean"] == pytest.approx(v, rel=1e-12)
+    mem = memory_tradeoff(seed, strategies=["private_workspace", "kernel_native", "per_call_zeros"])
+    assert mem["strategies"]["private_workspace"]["extra_mib"] == PINNED["extra_mib"] == 1008.0
+    assert mem["strategies"]["private_workspace"]["kv_tokens_lost"] == pytest.approx(PINNED["kv_tokens_lost"])
+    assert mem["kv_capacity_tokens"] == pytest.approx(PINNED["kv_capacity_tokens"])
 
 
 def test_measured_seed_rows_unchanged():

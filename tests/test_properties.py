@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from mla_lab.arch import ARCHS, get_arch
 from mla_lab.buffers import MIB, QConcatWorkspace, memory_account, padded_num_heads
 from mla_lab.kernels import concat_mla_q
+from mla_lab.placement import resolve_strategy
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 ARCH_NAMES = sorted(ARCHS) + ["hopper", "blackwell", "sm90", "sm100"]
@@ -62,7 +63,7 @@ def test_fp8_is_never_padded(H, arch, kv):
 def test_memory_account_bytes(H, arch, kv, mbt, T_frac, head_size, d_v):
     T = int(T_frac * mbt)
     hp = padded_num_heads(H, arch, kv)
-    acc = {s: memory_account(s, H, mbt, arch, kv, num_tokens=T, head_size=head_size, d_v=d_v)
+    acc = {s: memory_account(resolve_strategy(s), H, mbt, arch, kv, num_tokens=T, head_size=head_size, d_v=d_v)
            for s in ("unfused", "fused", "kernel_native")}
     u, f, k = acc["unfused"], acc["fused"], acc["kernel_native"]
     # persistent: the Q-concat workspace, rows x heads x head_size x 2 bytes (bf16)
@@ -93,7 +94,7 @@ def test_workspace_nbytes(H, arch, kv, mbt, pad, dtype, head_size):
     assert ws.q_concat_heads == heads_expected
     assert tuple(ws.buffer.shape) == (mbt, heads_expected, head_size)
     assert ws.nbytes == mbt * heads_expected * head_size * 2
-    strategy = "fused" if pad else "unfused"
+    strategy = "private_workspace" if pad else "per_call_empty:zeros"
     assert ws.nbytes == memory_account(strategy, H, mbt, arch, kv, head_size=head_size).persistent_bytes
     T = mbt // 2
     assert tuple(ws.view(T).shape) == (T, heads_expected, head_size)
@@ -102,8 +103,8 @@ def test_workspace_nbytes(H, arch, kv, mbt, pad, dtype, head_size):
 
 def test_seed_value_is_an_instance_of_the_property():
     # vLLM PR #53878's workspace: 16384 x (64 - 8) x 1152 B = 1008 MiB
-    f = memory_account("fused", 8, 16384, "h200", "bf16")
-    u = memory_account("unfused", 8, 16384, "h200", "bf16")
+    f = memory_account("private_workspace", 8, 16384, "h200", "bf16")
+    u = memory_account("per_call_empty:zeros", 8, 16384, "h200", "bf16")
     assert (f.persistent_bytes - u.persistent_bytes) / MIB == 1008
     assert math.ceil(8 / 64) * 64 == padded_num_heads(8, "h200") == 64
 

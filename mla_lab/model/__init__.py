@@ -6,17 +6,16 @@ One concept per module, imports flowing down:
 - :mod:`.calibration` — the one :class:`~.calibration.Calibration` type (all CSVs under ``data/calibration``).
 - :mod:`.timing` — the one roofline (:func:`~.timing.op_time_ms`) and the one collective model.
 - :mod:`.memory` — weights, activations, KV-cache budget per rank.
-- :mod:`.ttft` — workload -> TTFT, strategy comparison, the seed reproduction (public entry points; they resolve
-  model and arch names).
+- :mod:`.ttft` — a :class:`~mla_lab.deployment.Deployment` -> TTFT, strategy comparison (public entry points).
 """
 
 from .calibration import Calibration, ClassEff, default_calibration, fit_calibration, load_calibration
 from .memory import activation_peak_bytes, memory_tradeoff, weights_bytes_per_rank
 from .ops import LayerOp, attention_path_ops, layer_ops, step_ops, step_stats
 from .timing import attention_path_ms, comm_time_ms, layer_time_ms, op_time_ms, step_time_ms
-from .ttft import SCOPES, compare_strategies, predict_ttft, seed_reproduction
+from .ttft import SCOPES, compare_strategies, predict_ttft
 
 __all__ = ["Calibration", "ClassEff", "default_calibration", "fit_calibration", "load_calibration",
            "activation_peak_bytes", "memory_tradeoff", "weights_bytes_per_rank", "LayerOp", "attention_path_ops",
            "layer_ops", "step_ops", "step_stats", "attention_path_ms", "comm_time_ms", "layer_time_ms",
-           "op_time_ms", "step_time_ms", "SCOPES", "compare_strategies", "predict_ttft", "seed_reproduction"]
+           "op_time_ms", "step_time_ms", "SCOPES", "compare_strategies", "predict_ttft"]

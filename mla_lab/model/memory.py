@@ -13,16 +13,14 @@ import math
 from .._validate import check_int
 from ..arch import GPUArch
 from ..buffers import MIB, STRATEGIES, memory_account, padded_num_heads, shared_workspace_other_bytes
-from ..models import ModelConfig, normalize_kv_cache_dtype
-from ..placement import BASELINE, expand_strategies
+from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
+from ..models import ModelConfig
+from ..placement import BASELINE, expand
 from .ops import BF16, FP32, WEIGHT_DTYPES, _check_common
 
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION"]
 
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
-
-
-def weights_bytes_per_rank(model: ModelConfig, tp: int, weight_dtype: str = "bf16", moe_parallel: str = "tp",
+def weights_bytes_per_rank(model: ModelConfig, tp: int, weight_dtype: str, moe_parallel: str,
                            ep_size: int | None = None) -> int:
     """Estimated weight bytes one rank holds (vLLM layout).
 
@@ -31,9 +29,13 @@ def weights_bytes_per_rank(model: ModelConfig, tp: int, weight_dtype: str = "bf1
     (1/tp each under TP; ``E/ep`` whole experts under EP) + shared experts (1/tp); embedding and LM head (1/tp each).
     Linears in ``weight_dtype`` (fp8: 1 B + fp32 scale per 128x128 block); norms, router, embedding, LM head,
     ``idx_weights_proj`` and the W_UK/W_UV copies bf16. The MTP layer is not counted (vLLM loads it only for
-    speculative decoding).
+    speculative decoding). ``weight_dtype`` (``bf16`` / ``fp8``) and ``moe_parallel`` (``tp`` / ``ep``) have no
+    default.
+
+    Raises:
+        ValueError: a dtype, layout or size outside what is allowed (names it).
     """
-    H, ep = _check_common(model, tp, "fused", weight_dtype, moe_parallel, ep_size, "all_reduce", "moe")
+    H, ep = _check_common(model, tp, weight_dtype, moe_parallel, ep_size, "all_reduce", "moe")
     wb = WEIGHT_DTYPES[weight_dtype]
 
     def lin(K, N):
@@ -54,13 +56,14 @@ def weights_bytes_per_rank(model: ModelConfig, tp: int, weight_dtype: str = "bf1
     emb = 2 * (model.vocab_size // tp) * h * BF16 + h * BF16
     return int(model.num_hidden_layers * attn + n_dense * dense + n_moe * moe + emb)
 
+
 def activation_peak_bytes(model: ModelConfig, tp: int, max_num_batched_tokens: int,
-                          moe_parallel: str = "tp", ep_size: int | None = None) -> int:
+                          moe_parallel: str, ep_size: int | None = None) -> int:
     """Rough peak of transient activations in a profile run at ``max_num_batched_tokens`` (what vLLM's memory
     profiling subtracts before sizing the KV cache), taken as the fused-MoE intermediate caches
     ``T x k x (2 I_loc + I_loc + h)`` bf16 plus four ``T x h`` bf16 hidden/residual buffers. An estimate, not a
     measurement; the attention-path buffers of each strategy are accounted separately (buffers.memory_account)."""
-    H, ep = _check_common(model, tp, "fused", "bf16", moe_parallel, ep_size, "all_reduce", "moe")
+    H, ep = _check_common(model, tp, "bf16", moe_parallel, ep_size, "all_reduce", "moe")
     T = check_int("max_num_batched_tokens", max_num_batched_tokens)
     k, h = model.num_experts_per_tok, model.hidden_size
     i_loc = model.moe_intermediate_size // tp if moe_parallel == "tp" else model.moe_intermediate_size
@@ -68,14 +71,15 @@ def activation_peak_bytes(model: ModelConfig, tp: int, max_num_batched_tokens: i
 
 
 def memory_tradeoff(
-    model: ModelConfig,
-    tp: int,
-    arch: GPUArch,
-    max_num_batched_tokens: int,
-    kv_cache_dtype: str = "bf16",
-    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-    weight_dtype: str = "bf16",
-    moe_parallel: str = "tp",
+    deployment: Deployment | ModelConfig,
+    tp: int | None = None,
+    arch: GPUArch | None = None,
+    max_num_batched_tokens: int | None = None,
+    kv_cache_dtype: str | None = None,
+    gpu_memory_utilization: float | None = None,
+    *,
+    weight_dtype: str | None = None,
+    moe_parallel: str | None = None,
     ep_size: int | None = None,
     total_memory_bytes: int | None = None,
     include_indexer: bool = True,
@@ -103,25 +107,51 @@ def memory_tradeoff(
         "kv_capacity_tokens", "kv_budget_bytes", "weights_bytes", "activation_bytes", "kv_bytes_per_token",
         "fits"}`` plus the assumptions.
 
-    ``strategies``: canonical names, presets or aliases (default every fixed canonical strategy);
+    ``deployment``: a :class:`~mla_lab.deployment.Deployment` (model, tp, arch, max_num_batched_tokens, KV dtype,
+    weight dtype, MoE layout and gpu_memory_utilization from it; the positional arguments after it must be left
+    out). The older form ``memory_tradeoff(model, tp, arch, max_num_batched_tokens, kv_cache_dtype,
+    gpu_memory_utilization, weight_dtype=..., moe_parallel=...)`` is kept for the serving benchmark; there
+    ``weight_dtype`` and ``moe_parallel`` are required (no default), ``gpu_memory_utilization`` defaults to 0.9.
+    ``strategies``: :class:`~mla_lab.placement.Strategy` objects or door names (presets, aliases; default every
+    fixed canonical strategy);
     ``shared_workspace_bytes``: the shared workspace's size from its other users (default
     :func:`mla_lab.buffers.shared_workspace_other_bytes`, the fused-MoE scratch at ``max_num_batched_tokens``).
 
     Raises:
-        ValueError: gpu_memory_utilization outside (0, 1]; as the functions it calls.
+        ValueError: a Deployment given with positional deployment arguments; the older form without
+            weight_dtype / moe_parallel; as :meth:`mla_lab.deployment.Deployment.of` and the functions it calls.
     """
-    if isinstance(gpu_memory_utilization, bool) or not isinstance(gpu_memory_utilization, (int, float)) \
-            or not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization={gpu_memory_utilization!r} must be a number in (0, 1]")
-    normalize_kv_cache_dtype(kv_cache_dtype)
-    H = model.heads_per_rank(tp)
+    if isinstance(deployment, Deployment):
+        given = {k: v for k, v in (("tp", tp), ("arch", arch), ("max_num_batched_tokens", max_num_batched_tokens),
+                                   ("kv_cache_dtype", kv_cache_dtype),
+                                   ("gpu_memory_utilization", gpu_memory_utilization),
+                                   ("weight_dtype", weight_dtype), ("moe_parallel", moe_parallel)) if v is not None}
+        if given:
+            raise ValueError(f"memory_tradeoff(deployment, ...) got {sorted(given)} as well; allowed: none of them "
+                             "(the Deployment carries them; Deployment.replace(...) changes one)")
+        d = deployment
+    else:
+        missing = [k for k, v in (("weight_dtype", weight_dtype), ("moe_parallel", moe_parallel)) if v is None]
+        if missing:
+            raise ValueError(f"memory_tradeoff(model, ...) needs {missing} (no default: nothing is priced as bf16 "
+                             "or TP-sharded by accident); allowed: weight_dtype 'bf16'/'fp8', moe_parallel 'ep'/'tp',"
+                             " or pass a mla_lab.deployment.Deployment")
+        d = Deployment.of(model=deployment, tp=tp, arch=arch, max_num_batched_tokens=max_num_batched_tokens,
+                          kv_cache_dtype=kv_cache_dtype if kv_cache_dtype is not None else "bf16",
+                          weight_dtype=weight_dtype, moe_parallel=moe_parallel, prompt_len=1,
+                          gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
+                          else gpu_memory_utilization)
+    model, tp, arch, max_num_batched_tokens = d.model, d.tp, d.arch, d.max_num_batched_tokens
+    kv_cache_dtype, gpu_memory_utilization = d.kv_cache_dtype, d.gpu_memory_utilization
+    weight_dtype, moe_parallel = d.weight_dtype, d.moe_parallel
+    H = d.num_heads
     total = arch.hbm_gb * 1e9 if total_memory_bytes is None else total_memory_bytes
     if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 0:
         raise ValueError(f"total_memory_bytes={total_memory_bytes!r} must be a positive number")
     weights = weights_bytes_per_rank(model, tp, weight_dtype, moe_parallel, ep_size)
     act = activation_peak_bytes(model, tp, max_num_batched_tokens, moe_parallel, ep_size)
     per_tok = model.kv_cache_bytes_per_token(kv_cache_dtype, include_indexer)
-    names = expand_strategies(strategies if strategies is not None else STRATEGIES)
+    names = [st.name for st in expand(strategies if strategies is not None else STRATEGIES)]
     shared = shared_workspace_other_bytes(model, tp, max_num_batched_tokens, moe_parallel) \
         if shared_workspace_bytes is None else check_int("shared_workspace_bytes", shared_workspace_bytes,
                                                          allow_zero=True)

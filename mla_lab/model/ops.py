@@ -71,11 +71,11 @@ d_v 512, bf16 = 2 bytes):
 op                bytes / FLOPs                                        strategies
 ================  ===================================================  ==============================
 ``concat``        read + write of the real heads: ``2*T*H*576*2`` B    all
-``pad``           zero-fill ``T*H'*576*2`` B + copy real heads          unfused (bf16 cache, H' > H)
-                  ``2*T*H*576*2`` B (vLLM ``q.new_zeros`` + copy)
+``pad``           zero-fill ``T*H'*576*2`` B + copy real heads          per_call_zeros (bf16 cache, H' > H)
+                  ``2*T*H*576*2`` B (SGLang ``q.new_zeros`` + copy)
 ``kernel``        ``2 * sum(topk_length) * H' * (576 + 512)`` FLOP     all (kernel_native too: see below)
                   (FlashMLA README FLOP count)
-``out_slice``     ``out[:, :H].contiguous()``: ``2*T*H*512*2`` B       unfused, fused (not kernel_native)
+``out_slice``     ``out[:, :H].contiguous()``: ``2*T*H*512*2`` B       all with H' > H but kernel_native
 ================  ===================================================  ==============================
 
 ``kernel_native`` (modelled bound, a kernel that takes the real head count and pads inside, as FlashAttention #2883
@@ -92,8 +92,9 @@ from dataclasses import dataclass, field
 
 from .._validate import check_int
 from ..arch import GPUArch
-from ..buffers import check_strategy, padded_num_heads
+from ..buffers import padded_num_heads
 from ..models import ModelConfig, normalize_kv_cache_dtype
+from ..placement import Strategy, as_strategy
 from ..workload import Step, sum_topk_lengths
 
 __all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
@@ -223,7 +224,7 @@ def step_stats(model: ModelConfig, step: Step | int, causal: bool = True, contex
     T = check_int("step", step, allow_zero=True)
     return StepStats(T, T * model.topk, sum_topk_lengths(0, T, big), min(T, big), 1 if T else 0)
 
-def _check_common(model, tp, strategy, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
+def _check_common(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
     if weight_dtype not in WEIGHT_DTYPES:
         raise _err("weight_dtype", weight_dtype, list(WEIGHT_DTYPES))
     if moe_parallel not in MOE_PARALLEL:
@@ -249,12 +250,13 @@ def layer_ops(
     model: ModelConfig,
     tp: int,
     arch: GPUArch,
-    strategy: str,
+    strategy: Strategy | str,
     step: Step | int,
     layer_kind: str = "moe",
     kv_cache_dtype: str = "bf16",
-    weight_dtype: str = "bf16",
-    moe_parallel: str = "tp",
+    *,
+    weight_dtype: str,
+    moe_parallel: str,
     ep_size: int | None = None,
     ep_comm: str = "all_reduce",
     out_slice_copy: bool = False,
@@ -268,13 +270,15 @@ def layer_ops(
     Args:
         model: a :class:`~mla_lab.models.ModelConfig`; tp: tensor-parallel size (divides num_attention_heads and the MLP sizes).
         arch: a :class:`~mla_lab.arch.GPUArch`; gives the padded head count of the attention path (vLLM rule).
-        strategy: a name of :data:`mla_lab.buffers.STRATEGIES` (its attention path: :func:`attention_path_ops`).
+        strategy: a :class:`~mla_lab.placement.Strategy` (or a canonical name; presets and aliases are read at the
+            door, :func:`mla_lab.placement.expand`); its attention path: :func:`attention_path_ops`.
         step: a :class:`~mla_lab.workload.Step` or a token count (see :func:`step_stats`).
         layer_kind: ``moe`` or ``dense`` (the first ``first_k_dense_replace`` layers).
         kv_cache_dtype: bf16 / fp8 (padding rule, KV-cache write bytes).
-        weight_dtype: ``bf16`` (2 B) or ``fp8`` (1 B, fp8 GEMM rate) for the quantized linears.
+        weight_dtype: ``bf16`` (2 B) or ``fp8`` (1 B, fp8 GEMM rate) for the quantized linears; required, no
+            default (a :class:`~mla_lab.deployment.Deployment` carries it).
         moe_parallel: ``tp`` (every expert sharded over TP) or ``ep`` (``ep_size`` ranks hold whole experts,
-            default ``ep_size = tp``); ep_comm: ``all_reduce`` (vLLM TP+EP, DP=1) or ``all_to_all``.
+            default ``ep_size = tp``); required, no default; ep_comm: ``all_reduce`` (vLLM TP+EP, DP=1) or ``all_to_all``.
         out_slice_copy: keep the ``out_slice`` op (a ``.contiguous()`` copy of ``out[:, :H]``). Default
             False: vLLM hands the ``[:, :H]`` view to the W_UV bmm, and on the H200 ``torch.bmm`` read that strided
             view with the same cuBLAS kernel, no extra allocation and the same time as a contiguous input
@@ -287,7 +291,8 @@ def layer_ops(
     Raises:
         ValueError: any argument outside its allowed values (message names it, its value and what is allowed).
     """
-    H, ep = _check_common(model, tp, strategy, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
+    strategy = as_strategy(strategy)
+    H, ep = _check_common(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
     if indexer_dtype not in ("bf16", "fp8"):
         raise _err("indexer_dtype", indexer_dtype, ["bf16", "fp8"])
     kvd = normalize_kv_cache_dtype(kv_cache_dtype)
@@ -385,15 +390,17 @@ def layer_ops(
         ops.append(_comm("moe_allreduce", "allreduce", T * h * BF16))
     return ops
 
-def step_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
+def step_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
              **kw) -> list[tuple[LayerOp, int]]:
     """All ops of one engine step on one rank as ``(op, count)``: each kind of layer (dense for the first
     ``first_k_dense_replace``, MoE for the rest; with or without its own indexer,
     :attr:`~mla_lab.models.ModelConfig.indexer_layers`) x its count, and the embedding, final norm, LM head and
     logits gather once.
 
-    Keyword arguments are those of :func:`layer_ops` (``layer_kind`` excluded).
+    Keyword arguments are those of :func:`layer_ops` (``layer_kind`` excluded; ``weight_dtype`` and
+    ``moe_parallel`` required).
     """
+    strategy = as_strategy(strategy)
     if "layer_kind" in kw:
         raise ValueError("layer_kind=... is chosen per layer by step_ops; allowed: omit it")
     ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
@@ -448,7 +455,7 @@ def attention_op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size
     raise ValueError(f"op={op!r} is not known; allowed: {list(ATTN_OPS) + ['concat_zero_padding']}")
 
 
-def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, num_tokens: int,
+def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, num_tokens: int,
                        sum_topk: int | None = None, kv_cache_dtype: str = "bf16") -> list[LayerOp]:
     """The attention-path ops of one layer, one rank, one step, for ``strategy`` (absent ops omitted).
 
@@ -462,14 +469,14 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: str
 
     Args:
         model, tp: give ``H = num_attention_heads // tp``; arch: gives ``H'`` (vLLM's padding rule).
-        strategy: a canonical strategy name (:mod:`mla_lab.placement`).
+        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (:func:`mla_lab.placement.as_strategy`).
         num_tokens: T of the step; sum_topk: keys attended summed over the step's tokens (default
             ``T * index_topk``: full topk).
 
     Raises:
         ValueError: unknown strategy; negative token counts; ``sum_topk > T * index_topk``.
     """
-    spec = check_strategy(strategy)
+    spec = as_strategy(strategy)
     check_int("num_tokens", num_tokens, allow_zero=True)
     if sum_topk is not None:
         check_int("sum_topk", sum_topk, allow_zero=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 from .._validate import check_int
 from ..arch import GPUArch
 from ..models import ModelConfig
+from ..placement import Strategy
 from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, resolve_calibration
 from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, layer_ops, step_ops, step_stats
@@ -101,7 +102,7 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
     return moved / bw * 1e3 + cal.comm_latency_us * 1e-3
 
 
-def attention_path_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
+def attention_path_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
                       kv_cache_dtype: str = "bf16", calibration: Calibration | None = None,
                       causal: bool = True) -> dict:
     """Modelled time (ms) per attention-path op and ``total`` for one layer, one rank, one step.
@@ -116,10 +117,10 @@ def attention_path_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: str,
     return out
 
 
-def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
+def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
                   calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ms per op of one layer (``{op: ms}``) plus ``total``, ``attention_path`` and ``comm``. Keyword
-    arguments as :func:`~mla_lab.model.ops.layer_ops`."""
+    arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required)."""
     cal = resolve_calibration(calibration)
     out: dict = {}
     comm = 0.0
@@ -133,10 +134,11 @@ def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, ste
     return out
 
 
-def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: str, step: Step | int,
+def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
                  calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ms of one engine step on one rank, all layers: ``total``, ``by_op`` (ms summed over layers),
-    ``attention_path``, ``comm``. Keyword arguments as :func:`~mla_lab.model.ops.layer_ops`."""
+    ``attention_path``, ``comm``. Keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and
+    ``moe_parallel`` required)."""
     cal = resolve_calibration(calibration)
     by: dict = {}
     comm = 0.0

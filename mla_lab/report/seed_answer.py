@@ -1,6 +1,6 @@
 """The PR's three numbers, answered: TTFT, throughput and memory of vLLM PR #53878 beside the lab's.
 
-:func:`seed_answer` prices the PR's benchmark (:data:`mla_lab.seed.SEED`: 32 x 1024-token prompts at concurrency
+:func:`seed_answer` prices the PR's benchmark (:meth:`mla_lab.deployment.Deployment.seed`: 32 x 1024-token prompts at concurrency
 32, max_num_batched_tokens 16384, TP8 on Hopper, bf16 KV cache, fp8 weights with expert parallelism) for GLM-5's
 geometry and GLM-5.2's (an indexer on 21 of 78 layers) and compares:
 
@@ -18,34 +18,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..arch import get_arch
 from ..buffers import MIB, memory_account, shared_workspace_other_bytes
+from ..deployment import Deployment
 from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
 from ..model.comm import extrapolated
 from ..model.ttft import predict_ttft
-from ..models import load_model
 from ..paths import measured_dir
-from ..seed import SEED, SEED_REPORTED
+from ..placement import BASELINE, BENCH_PRESET_LABELS, PR_STRATEGY, SEED_COMPARISONS, parse_strategy
+from ..seed import SEED_REPORTED
 from ..sweep.rows import ttft_with_attention
-from ..workload import Workload, schedule
+from ..workload import schedule
 
 __all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sensitivity", "COMPARISONS",
            "PRESET_FILE_NAMES"]
 
-#: (label, strategy, against) of the seed answer.
-COMPARISONS = (
-    ("vLLM #53878 vs vLLM before it, padded heads zeros", "private_workspace", "per_call_empty:zeros"),
-    ("vLLM #53878 vs vLLM before it, padded heads stale", "private_workspace", "per_call_empty:stale"),
-    ("vLLM #56902 (shared workspace, stale) vs vLLM #53878", "shared_workspace:none", "private_workspace"),
-    ("SGLang (new_zeros per call) vs vLLM #53878", "per_call_zeros", "private_workspace"),
-    ("vLLM #53878 vs a new_zeros pad per call (the lab's first baseline)", "private_workspace", "per_call_zeros"),
-)
-#: ``preset`` labels of benchmarks/bench_engines.py -> canonical strategies.
-PRESET_FILE_NAMES = {"per_call_empty_zeros": "per_call_empty:zeros", "per_call_empty_stale": "per_call_empty:stale",
-                     "per_call_zeros": "per_call_zeros", "private_workspace_zeros": "private_workspace",
-                     "shared_workspace_stale": "shared_workspace:none",
-                     "shared_workspace_zero_per_call": "shared_workspace:zero_per_call"}
+#: (label, strategy, against) of the seed answer (:data:`mla_lab.placement.SEED_COMPARISONS`).
+COMPARISONS = SEED_COMPARISONS
+#: ``preset`` labels of benchmarks/bench_engines.py -> canonical strategies
+#: (:data:`mla_lab.placement.BENCH_PRESET_LABELS`).
+PRESET_FILE_NAMES = BENCH_PRESET_LABELS
 
 
 def _measured_seed_samples(path: Path | None) -> dict:
@@ -73,25 +65,23 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
     ``measured_hi`` (95 % interval of the paired rounds; None without measurements), and the memory of the strategy
     and its reference: ``extra_persistent_mib`` (budgeted, costs KV tokens) and ``call_transient_mib`` (unbudgeted
     per-call peak) of both."""
-    arch = get_arch(SEED["arch"])
     samples = _measured_seed_samples(Path(presets_csv) if presets_csv else None)
-    wl = Workload(SEED["prompt_len"], SEED["num_prompts"], SEED["concurrency"])
-    mbt, tp = SEED["max_num_batched_tokens"], SEED["tp"]
-    kw = {"weight_dtype": SEED["weight_dtype"], "moe_parallel": SEED["moe_parallel"]}
     out = []
     for name in models:
-        model = load_model(name)
-        H = model.heads_per_rank(tp)
-        steps = schedule(wl, mbt)
+        d = Deployment.seed(model=name)
+        model, arch, mbt, tp = d.model, d.arch, d.max_num_batched_tokens, d.tp
+        H = d.num_heads
+        steps = schedule(d.workload, mbt)
         names = {s for _, a, b in COMPARISONS for s in (a, b)}
-        modelled = {s: predict_ttft(model, tp, arch, wl, mbt, s, "bf16", calibration, **kw) for s in names}
-        shared = shared_workspace_other_bytes(model, tp, mbt, SEED["moe_parallel"])
-        mem = {s: memory_account(s, H, mbt, arch, "bf16", shared_other_bytes=shared) for s in names}
-        base_persistent = memory_account("per_call_empty:zeros", H, mbt, arch, "bf16").persistent_bytes
+        modelled = {s: predict_ttft(d, parse_strategy(s), calibration) for s in names}
+        shared = shared_workspace_other_bytes(model, tp, mbt, d.moe_parallel)
+        mem = {s: memory_account(parse_strategy(s), H, mbt, arch, d.kv_cache_dtype, shared_other_bytes=shared)
+               for s in names}
+        base_persistent = memory_account(parse_strategy(BASELINE), H, mbt, arch, d.kv_cache_dtype).persistent_bytes
         rounds = {}
         for s in names:
             if s in samples:
-                rounds[s] = [ttft_with_attention(modelled[s], steps, SEED["prompt_len"], model.num_hidden_layers,
+                rounds[s] = [ttft_with_attention(modelled[s], steps, d.prompt_len, model.num_hidden_layers,
                                                  [x] * len(steps)) for x in samples[s]]
         for label, s, ref in COMPARISONS:
             m_pct = 100.0 * (modelled[s]["ttft_ms_mean"] / modelled[ref]["ttft_ms_mean"] - 1)
@@ -108,9 +98,9 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
                 n = min(len(rounds[s]), len(rounds[ref]))
                 ch = [100.0 * (a / b - 1) for a, b in zip(rounds[s][:n], rounds[ref][:n])]
                 med = [sorted(samples[s])[len(samples[s]) // 2], sorted(samples[ref])[len(samples[ref]) // 2]]
-                t_s = ttft_with_attention(modelled[s], steps, SEED["prompt_len"], model.num_hidden_layers,
+                t_s = ttft_with_attention(modelled[s], steps, d.prompt_len, model.num_hidden_layers,
                                           [med[0]] * len(steps))
-                t_r = ttft_with_attention(modelled[ref], steps, SEED["prompt_len"], model.num_hidden_layers,
+                t_r = ttft_with_attention(modelled[ref], steps, d.prompt_len, model.num_hidden_layers,
                                           [med[1]] * len(steps))
                 ci = summarize(ch)
                 row.update(measured_pct=100.0 * (t_s / t_r - 1), measured_lo=ci["ci_lo"], measured_hi=ci["ci_hi"],
@@ -140,8 +130,8 @@ def seed_answer_table(rows=None):
         "call transient MiB (strategy / against)":
             f"{r['call_transient_mib']:.0f} / {r['against_call_transient_mib']:.0f}",
         "PR #53878 reported": (f"TTFT {SEED_REPORTED['ttft_change_pct']:+.1f} %, +{SEED_REPORTED['extra_peak_mib']} "
-                               "MiB peak" if r["strategy"] == "private_workspace" and
-                               r["against"].startswith("per_call_empty") else "-"),
+                               "MiB peak" if r["strategy"] == PR_STRATEGY and
+                               parse_strategy(r["against"]).placement == "per_call_empty" else "-"),
     } for r in rows])
 
 
@@ -151,12 +141,12 @@ def seed_sentences(rows=None) -> list[str]:
     rows = seed_answer() if rows is None else rows
     target = SEED_REPORTED["ttft_change_pct"]
     out = []
-    pr = [r for r in rows if r["strategy"] == "private_workspace"]
+    pr = [r for r in rows if r["strategy"] == PR_STRATEGY]
     best = min(pr, key=lambda r: r["modelled_pct"])
     reach = [r for r in pr if r["modelled_pct"] <= target or (r["measured_lo"] is not None and
                                                                r["measured_lo"] <= target)]
     for r in pr:
-        if r["against"].startswith("per_call_empty"):
+        if parse_strategy(r["against"]).placement == "per_call_empty":
             m = "" if r["measured_pct"] is None else (f", measured attention path {r['measured_pct']:+.1f} % "
                                                       f"[{r['measured_lo']:+.1f}, {r['measured_hi']:+.1f}]")
             out.append(f"{r['model']}: the PR's change against vLLM before it ({r['against']}) is "
@@ -165,7 +155,7 @@ def seed_sentences(rows=None) -> list[str]:
         out.append("Assumptions that reach the reported change: " + "; ".join(
             f"{r['model']} against {r['against']}" for r in reach) + ".")
     else:
-        vllm = [r for r in pr if r["against"] == "per_call_empty:zeros" and r["model"] == best["model"]][0]
+        vllm = [r for r in pr if r["against"] == BASELINE and r["model"] == best["model"]][0]
         k = target / vllm["modelled_pct"] if vllm["modelled_pct"] < 0 else float("inf")
         shrink = vllm["modelled_pct"] / target
         out.append(f"No combination the lab prices reaches {target:+.1f} %: the largest modelled gain is "
@@ -204,7 +194,7 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
     import pandas as pd
 
     base = resolve_calibration(None)
-    tp = SEED["tp"]
+    tp = Deployment.seed().tp
     terms = [("committed calibration", base)]
     if base.comm is not None and base.comm.fits and base.comm.fit_for(tp) is None:
         e = extrapolated(base.comm, tp)
@@ -214,8 +204,9 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
     for label, cal in terms:
         rows = seed_answer(models, presets_csv, calibration=cal)
         for name in models:
-            pr = {r["against"]: r for r in rows if r["model"] == name and r["strategy"] == "private_workspace"}
-            z, st = pr["per_call_empty:zeros"], pr["per_call_empty:stale"]
+            pr = {parse_strategy(r["against"]): r for r in rows if r["model"] == name and r["strategy"] == PR_STRATEGY}
+            z, st = (next(r for s, r in pr.items() if s.placement == "per_call_empty" and s.content == c)
+                     for c in ("zeros", "stale"))
             out.append({
                 "model": name, "comm term": label, "priced by": z["comm_source"], "all-reduce ms": z["comm_ms"],
                 "share of run %": 100 * z["comm_ms"] / z["against_run_ms"],

@@ -1,7 +1,8 @@
 """``mla-lab advise``: for one deployment and a memory budget, the strategy (and S) with the lowest TTFT.
 
-A deployment is (model, TP, GPU, max_num_batched_tokens, prompt length, KV-cache dtype, workload, weight dtype,
-MoE layout). :func:`advise` prices every candidate strategy for it through the row builder
+A deployment is a :class:`~mla_lab.deployment.Deployment` (model, TP, GPU, max_num_batched_tokens, prompt length,
+KV-cache dtype, workload, weight dtype, MoE layout, gpu_memory_utilization), validated at its door.
+:func:`advise` prices every candidate strategy for it through the row builder
 (:func:`mla_lab.sweep.rows.modelled_rows`: every engine preset, the shared workspace zeroed per call, and the
 sub-chunked workspace at every power-of-two S up to max_num_batched_tokens, with both hand-offs), replaces a
 modelled TTFT by a measured one where ``measured`` rows exist for the deployment, drops every candidate that does
@@ -14,23 +15,16 @@ from __future__ import annotations
 
 import math
 
-from .._validate import check_int
-from ..placement import BASELINE, PRESETS, expand_strategies
-from .params import expand_grid, validate_params
+from ..deployment import Deployment
+from ..placement import BASELINE, advise_candidates, expand_strategies
 from .rows import modelled_rows
 
 __all__ = ["advise", "candidate_strategies", "frontier", "format_advice"]
 
 
 def candidate_strategies(max_num_batched_tokens: int) -> list[str]:
-    """Every strategy :func:`advise` weighs: the presets' members, ``shared_workspace:zero_per_call`` and
-    ``subchunk:S`` / ``subchunk:S:views`` for S = 512, 1024, ... below max_num_batched_tokens."""
-    names = expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"])
-    s = 512
-    while s < max_num_batched_tokens:
-        names += [f"subchunk:{s}", f"subchunk:{s}:views"]
-        s *= 2
-    return names
+    """Every strategy :func:`advise` weighs (:func:`mla_lab.placement.advise_candidates`)."""
+    return advise_candidates(max_num_batched_tokens)
 
 
 def frontier(points: list[tuple[float, float]]) -> list[bool]:
@@ -44,19 +38,56 @@ def frontier(points: list[tuple[float, float]]) -> list[bool]:
     return on
 
 
-def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batched_tokens: int = 16384,
-           prompt_len: int = 1024, kv_cache_dtype: str = "bf16", num_prompts: int = 32,
-           concurrency: int | None = None, weight_dtype: str = "fp8", moe_parallel: str = "ep",
-           memory_budget_mib: float | None = None, memory_budget_tokens: float | None = None,
-           strategies=None, measured=None, gpu_memory_utilization: float = 0.9) -> dict:
+#: The older positional form of :func:`advise` (the deployment's parameters one by one, then the budgets).
+LEGACY_ARGS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts",
+               "concurrency", "weight_dtype", "moe_parallel", "memory_budget_mib", "memory_budget_tokens")
+
+
+def _door(deployment, args, kw) -> tuple[Deployment, dict]:
+    """A Deployment, or the older positional/keyword form read into one (the door: validated once, here)."""
+    budgets = {k: kw.pop(k) for k in ("memory_budget_mib", "memory_budget_tokens") if k in kw}
+    if isinstance(deployment, Deployment):
+        if args or kw:
+            raise ValueError(f"advise(deployment, ...) got deployment arguments {sorted(kw) or list(args)} as well; "
+                             "allowed: none (the Deployment carries them; Deployment.replace(...) changes one)")
+        return deployment, budgets
+    if len(args) + 1 > len(LEGACY_ARGS):
+        raise ValueError(f"advise() takes at most {len(LEGACY_ARGS)} positional arguments; allowed: "
+                         f"{list(LEGACY_ARGS)}")
+    given = dict(zip(LEGACY_ARGS, (deployment, *args)))
+    for k in ("memory_budget_mib", "memory_budget_tokens"):
+        if k in given:
+            budgets[k] = given.pop(k)
+    clash = sorted(set(given) & set(kw))
+    if clash:
+        raise ValueError(f"advise() got {clash} both positionally and by name; allowed: once")
+    given.update(kw)
+    missing = [k for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype",
+                           "weight_dtype", "moe_parallel") if k not in given]
+    if missing:
+        raise ValueError(f"advise(model, ...) needs {missing} (no default: nothing is priced as bf16 or TP-sharded "
+                         "by accident); allowed: those arguments, or a mla_lab.deployment.Deployment "
+                         "(Deployment.seed() for vLLM PR #53878's benchmark)")
+    unknown = sorted(set(given) - set(LEGACY_ARGS) - {"gpu_memory_utilization"})
+    if unknown:
+        raise ValueError(f"advise() got unknown argument(s) {unknown}; allowed: {list(LEGACY_ARGS)}, "
+                         "gpu_memory_utilization, strategies, measured")
+    return Deployment.of(**given), budgets
+
+
+def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) -> dict:
     """The ranked strategies for one deployment under a memory budget.
 
     Args:
-        model ... moe_parallel: the deployment, as the sweep's parameters (:class:`mla_lab.sweep.params.SweepParams`).
-        memory_budget_mib: most persistent extra MiB per rank the strategy may add over the baseline (None: no
-            limit); memory_budget_tokens: most KV-cache tokens it may cost (None: no limit). Both may be given.
-        strategies: candidates (default :func:`candidate_strategies`).
-        gpu_memory_utilization: vLLM's KV-cache budget fraction (0.9).
+        deployment: a :class:`~mla_lab.deployment.Deployment`. The older form (``advise(model, tp, arch,
+            max_num_batched_tokens, prompt_len, kv_cache_dtype, num_prompts, concurrency, weight_dtype,
+            moe_parallel, ...)``, :data:`LEGACY_ARGS`, or those names as keywords with ``gpu_memory_utilization``) is
+            read into one by :meth:`Deployment.of <mla_lab.deployment.Deployment.of>`: ``weight_dtype`` and
+            ``moe_parallel`` must then be given (no default).
+        memory_budget_mib (keyword): most persistent extra MiB per rank the strategy may add over the baseline
+            (None: no limit); memory_budget_tokens (keyword): most KV-cache tokens it may cost (None: no limit).
+            Both may be given.
+        strategies: candidates (door names; default :func:`candidate_strategies`).
         measured: a DataFrame of measured rows (``mla_lab.report.data.load_measured``); where one matches the
             deployment and a strategy, its change against the same baseline and interval are attached
             (``measured_change_pct``, ``measured_ci_lo``, ``measured_ci_hi``).
@@ -69,25 +100,20 @@ def advise(model: str = "glm-5", tp: int = 8, arch: str = "h200", max_num_batche
         memory_source (exact), on_frontier.
 
     Raises:
-        ValueError: a bad deployment parameter (the sweep's message); a negative budget; a deployment whose
-            weights or workload do not fit at all (the reason).
+        ValueError: a bad deployment argument (:meth:`~mla_lab.deployment.Deployment.of`'s message); a negative
+            budget; a deployment whose weights or workload do not fit at all (the reason).
     """
+    d, budgets = _door(deployment, args, dict(kw))
+    memory_budget_mib = budgets.get("memory_budget_mib")
+    memory_budget_tokens = budgets.get("memory_budget_tokens")
     for name, v in (("memory_budget_mib", memory_budget_mib), ("memory_budget_tokens", memory_budget_tokens)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
                               or math.isnan(v)):
             raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
-    for name, v in (("tp", tp), ("max_num_batched_tokens", max_num_batched_tokens), ("prompt_len", prompt_len),
-                    ("num_prompts", num_prompts)):
-        check_int(name, v)  # named as the caller (and the CLI flag) names it, before the grid's own checks
-    cands = list(strategies) if strategies is not None else candidate_strategies(max_num_batched_tokens)
-    params = validate_params({"models": [model], "tp_sizes": [tp], "archs": [arch],
-                              "max_num_batched_tokens": [max_num_batched_tokens], "prompt_lens": [prompt_len],
-                              "kv_cache_dtype": kv_cache_dtype, "num_prompts": num_prompts,
-                              "concurrency": concurrency, "weight_dtype": weight_dtype,
-                              "moe_parallel": moe_parallel, "strategies": cands,
-                              "gpu_memory_utilization": gpu_memory_utilization})
-    (point,) = expand_grid(params)
-    rows = modelled_rows(point)
+    cands = expand_strategies(strategies if strategies is not None
+                              else candidate_strategies(d.max_num_batched_tokens))
+    point = d.to_point(strategies=cands, shared_workspace_bytes=None, num_runs=7)
+    rows = modelled_rows(point, deployment=d)
     base = next(r for r in rows if r["strategy"] == BASELINE)
     if not base["fits_in_memory"]:
         raise ValueError(f"this deployment does not fit: {base['fit_reason']}; no strategy can be recommended")

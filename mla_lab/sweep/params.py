@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..arch import get_arch
 from ..models import load_model, normalize_kv_cache_dtype
-from ..placement import ALIASES, PRESETS, SUBCHUNK_ROWS, canonical_names, expand_strategies
+from ..placement import ALIASES, PRESETS, SWEEP_STRATEGIES, canonical_names, expand_strategies
 from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
@@ -20,10 +20,10 @@ from .store import point_key
 __all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid", "check_tp_sizes", "DEFAULT_STRATEGIES", "VLLM_ALIASES",
            "normalize_names"]
 
-#: The sweep's default strategies: every engine preset (:data:`mla_lab.placement.PRESETS`), the shared workspace
-#: with the concat zeroing its padded heads, and the sub-chunked workspace at :data:`~mla_lab.placement.SUBCHUNK_ROWS`.
-DEFAULT_STRATEGIES = [*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
-                      *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS)]
+#: The sweep's default strategies (:data:`mla_lab.placement.SWEEP_STRATEGIES`): every engine preset, the shared
+#: workspace with the concat zeroing its padded heads, and the sub-chunked workspace at
+#: :data:`~mla_lab.placement.SUBCHUNK_ROWS`.
+DEFAULT_STRATEGIES = list(SWEEP_STRATEGIES)
 
 
 @dataclass

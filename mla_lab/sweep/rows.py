@@ -2,7 +2,8 @@
 
 A row is one (grid point, strategy): the point's parameters, the exact byte accounting of the Q path
 (:func:`mla_lab.buffers.memory_account`), the KV-cache budget (:func:`mla_lab.model.memory.memory_tradeoff`),
-whether the deployment fits, TTFT (modelled by :func:`mla_lab.model.ttft.predict_ttft`, or with the attention path
+whether the deployment fits (the point's :class:`~mla_lab.deployment.Deployment`, :func:`point_deployment`), TTFT
+(modelled by :func:`mla_lab.model.ttft.predict_ttft`, or with the attention path
 measured by :func:`mla_lab.measure.attention.time_attention_path` spliced in), the change against ``unfused``, and
 provenance columns (:func:`mla_lab.provenance.provenance`).
 
@@ -13,8 +14,9 @@ from __future__ import annotations
 
 import json
 
-from ..arch import GPUArch, detect_arch, get_arch
+from ..arch import GPUArch, detect_arch
 from ..buffers import MIB, call_peak_bytes, kv_tokens_lost, memory_account
+from ..deployment import Deployment
 from ..measure.attention import time_attention_path
 from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
@@ -22,15 +24,15 @@ from ..model.memory import memory_tradeoff
 from ..model.ops import ATTN_OPS
 from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
-from ..models import ModelConfig, load_model, model_config_path
+from ..models import ModelConfig, model_config_path
 from ..paths import calibration_dir
-from ..placement import BASELINE, LEGACY_MEASURED, expand_strategies, parse_strategy, preset_of
+from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, parse_strategy, preset_of
 from ..provenance import provenance
-from ..workload import Workload, schedule
+from ..workload import schedule
 
 __all__ = ["layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
            "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
-           "strategy_columns"]
+           "strategy_columns", "point_deployment"]
 
 MODES = ("modelled", "measured")
 
@@ -123,15 +125,18 @@ def add_ttft_change(rows: list[dict]) -> list[dict]:
     return rows
 
 
-def _resolve(point: dict) -> tuple[ModelConfig, GPUArch, Workload]:
-    model, arch = load_model(point["model"]), get_arch(point["arch"])
-    return model, arch, Workload(point["prompt_len"], point["num_prompts"], point["concurrency"])
+def point_deployment(point: dict) -> Deployment:
+    """The door for a sweep point: its :class:`~mla_lab.deployment.Deployment` (points stored before
+    ``weight_dtype`` / ``moe_parallel`` existed get :data:`LAYER_OPTION_DEFAULTS`, the PR's fp8 / ep).
+
+    Raises:
+        ValueError: as :meth:`mla_lab.deployment.Deployment.of`.
+    """
+    return Deployment.from_point({**point, **layer_options(point)})
 
 
-def _capacity(point: dict, model, arch, names) -> dict:
-    return memory_tradeoff(model, point["tp"], arch, point["max_num_batched_tokens"], point["kv_cache_dtype"],
-                           point.get("gpu_memory_utilization") or 0.9, strategies=names,
-                           shared_workspace_bytes=point.get("shared_workspace_bytes"), **layer_options(point))
+def _capacity(point: dict, d: Deployment, names) -> dict:
+    return memory_tradeoff(d, strategies=names, shared_workspace_bytes=point.get("shared_workspace_bytes"))
 
 
 def _content_note(strategy: str, arch: GPUArch, cal) -> str:
@@ -144,23 +149,31 @@ def _content_note(strategy: str, arch: GPUArch, cal) -> str:
     return f"content factor {cal.content.name}"
 
 
-def modelled_rows(point: dict, calibration=None) -> list[dict]:
+def modelled_rows(point: dict, calibration=None, deployment: Deployment | None = None) -> list[dict]:
     """Modelled rows (one per strategy, :data:`mla_lab.placement.BASELINE` always first) for one grid point.
 
+    ``deployment``: the point's :class:`~mla_lab.deployment.Deployment` when the caller already holds it (advise,
+    the explorer: validated at their door); default :func:`point_deployment` (``point`` then needs the keys
+    of :meth:`~mla_lab.deployment.Deployment.from_point`). ``point`` gives ``strategies`` and
+    ``shared_workspace_bytes``.
+
     Raises:
-        ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
+        ValueError: as :meth:`mla_lab.deployment.Deployment.of` and the model/padding functions.
     """
-    model, arch, wl = _resolve(point)
+    d = deployment if deployment is not None else point_deployment(point)
+    model, arch = d.model, d.arch
+    point = {**point, **d.to_point()}
     cal = resolve_calibration(calibration)
-    names = expand_strategies([BASELINE] + list(point["strategies"]))
-    mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
+    strategies = expand([BASELINE] + list(point["strategies"]))
+    names = [st.name for st in strategies]
     prov = provenance("modelled")
-    kw = layer_options(point)
-    cap = _capacity(point, model, arch, names)
+    kw = {"weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel}
+    cap = _capacity(point, d, names)
     rate, rate_source = kernel_rate_tflops(arch, cal)
     rows = []
-    for s in names:
-        t = predict_ttft(model, point["tp"], arch, wl, mbt, s, kv, cal, **kw)
+    for st in strategies:
+        s = st.name
+        t = predict_ttft(d, st, cal)
         row = memory_columns(point, s, model, arch, cap)
         row.update(
             ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=t["num_steps"],
@@ -202,7 +215,8 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
             cache is not bf16 (only that path is measured).
     """
     gpu = detect_arch()
-    model, arch, wl = _resolve(point)
+    d = point_deployment(point)
+    model, arch, wl = d.model, d.arch, d.workload
     if gpu["capability"] is None:
         raise RuntimeError("measurement needs a CUDA GPU; torch sees none (use device='cpu' for modelled rows)")
     if gpu["prefill_padding"] != arch.prefill_padding:
@@ -223,10 +237,10 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
             cache[sig] = time_attention_path(model, tp, st, L, arch.name, strategies=names, repeats=runs)
         per_step.append(cache[sig])
     prov = provenance("measured")
-    kw = layer_options(point)
-    cap = _capacity(point, model, arch, names)
+    kw = {"weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel}
+    cap = _capacity(point, d, names)
     cal = resolve_calibration(calibration)
-    modelled = {n: predict_ttft(model, tp, arch, wl, mbt, n, "bf16", cal, **kw) for n in names}
+    modelled = {n: predict_ttft(d, n, cal) for n in names}
     round_ttft = {n: [ttft_with_attention(modelled[n], steps, L, model.num_hidden_layers,
                                            [m[n]["samples"][r] for m in per_step]) for r in range(runs)]
                   for n in names}
@@ -308,8 +322,8 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
             point[k] = v or (row_v if isinstance(row_v, str) and row_v else None)
         point.update(layer_options(point))
         out.at[i, "weight_dtype"], out.at[i, "moe_parallel"] = point["weight_dtype"], point["moe_parallel"]
-        model, arch, wl = _resolve(point)
-        steps = schedule(wl, point["max_num_batched_tokens"])
+        d = point_deployment(point)
+        steps = schedule(d.workload, d.max_num_batched_tokens)
         step0 = r.get("attn_path_ms_step0")
         if isinstance(r.get("attn_path_ms_steps"), str) and r["attn_path_ms_steps"]:
             attention_ms = json.loads(r["attn_path_ms_steps"])
@@ -321,8 +335,7 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
         else:
             out.at[i, "ttft_note"] = "steps differ and only step 0 was stored: TTFT left as measured then"
             continue
-        t = predict_ttft(model, point["tp"], arch, wl, point["max_num_batched_tokens"], r["strategy"],
-                         point["kv_cache_dtype"], attention_override_ms=attention_ms, **layer_options(point))
+        t = predict_ttft(d, r["strategy"], attention_override_ms=attention_ms)
         out.at[i, "ttft_ms"], out.at[i, "ttft_ms_max"], out.at[i, "ttft_scope"] = \
             t["ttft_ms_mean"], t["ttft_ms_max"], t["scope"]
     if "baseline" not in out.columns:

@@ -1,0 +1,254 @@
+"""One deployment, validated once: model geometry, GPU, TP, engine limits, dtypes, MoE layout and the workload.
+
+A :class:`Deployment` is what ``vllm serve`` + ``vllm bench serve`` fix for one benchmark run, in vLLM's spellings:
+
+==========================  ==================================================================================
+field                       meaning (vLLM flag)
+==========================  ==================================================================================
+``model``                   :class:`~mla_lab.models.ModelConfig` (the HF ``config.json`` under ``data/models``)
+``arch``                    :class:`~mla_lab.arch.GPUArch` (datasheet figures, ``prefill_padding``)
+``tp``                      ``--tensor-parallel-size``; divides ``num_attention_heads``, the MLP sizes and the
+                            vocabulary, and (``moe_parallel="ep"``) ``n_routed_experts``
+``max_num_batched_tokens``  ``--max-num-batched-tokens`` (the chunked-prefill budget and the workspace rows)
+``kv_cache_dtype``          ``--kv-cache-dtype``: ``bf16`` (``auto``) or ``fp8`` (``fp8_ds_mla``)
+``weight_dtype``            ``bf16`` or ``fp8`` linears (GLM-5.2-FP8 / DeepSeek-V3.2 ship fp8 block-quantized)
+``moe_parallel``            ``ep`` (``--enable-expert-parallel``: whole experts per rank) or ``tp`` (every expert
+                            sharded over the TP ranks)
+``gpu_memory_utilization``  ``--gpu-memory-utilization`` (the KV-cache budget fraction, vLLM default 0.9)
+``workload``                :class:`~mla_lab.workload.Workload`: ``--random-input-len`` (prompt_len),
+                            ``--num-prompts``, ``--max-concurrency``
+``output_len``              ``--random-output-len`` (vllm bench serve's default 128)
+==========================  ==================================================================================
+
+Validation happens once, in :meth:`Deployment.of` (and :meth:`Deployment.seed`, which goes through it): names are
+resolved to objects, dtypes normalised, TP checked against every size it must divide. Everything below the door
+(the cost model, memory, advise, the explorer) takes the object and re-checks nothing. There is no default for
+``weight_dtype`` or ``moe_parallel``: a caller says which, or starts from :meth:`Deployment.seed`.
+
+The seed (:meth:`Deployment.seed`) is vLLM PR #53878's benchmark ("[Perf][GLM5.2] Fuse sparse MLA Q concatenation
+with head padding", merged 2026-08-26): ``vllm serve zai-org/GLM-5.2-FP8 --tensor-parallel-size 8 -ep
+--max-num-batched-tokens 16384 --attention-backend FLASHMLA_SPARSE --no-enable-prefix-caching --max-model-len
+131072`` (bf16 KV cache) on Hopper, driven by ``vllm bench serve`` with the random dataset, 1024 input / 128 output
+tokens, 32 prompts, max concurrency 32. The lab prices it with GLM-5's geometry (``glm-5``) on an H200 unless told
+otherwise (``Deployment.seed(model="glm-5.2")``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass
+
+from ._validate import check_int
+from .arch import GPUArch, arch_names, get_arch
+from .models import ModelConfig, load_model, normalize_kv_cache_dtype
+from .workload import Workload
+
+__all__ = ["Deployment", "WEIGHT_DTYPES", "MOE_PARALLEL", "SEED_ARGS", "DEFAULT_GPU_MEMORY_UTILIZATION",
+           "DEFAULT_OUTPUT_LEN"]
+
+#: Linear-weight dtypes the cost model prices (bytes per value: bf16 2, fp8 1 + fp32 block scales).
+WEIGHT_DTYPES = ("bf16", "fp8")
+#: MoE layouts: ``ep`` (vLLM ``--enable-expert-parallel``, DP = 1: ``n_routed_experts / tp`` whole experts per
+#: rank) or ``tp`` (every expert's intermediate dim sharded over the TP ranks).
+MOE_PARALLEL = ("ep", "tp")
+#: vLLM's default ``--gpu-memory-utilization``.
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+#: ``vllm bench serve``'s default ``--random-output-len``.
+DEFAULT_OUTPUT_LEN = 128
+
+#: vLLM PR #53878's benchmark as :meth:`Deployment.of` arguments (the module docstring gives the command).
+SEED_ARGS = {
+    "model": "glm-5", "tp": 8, "arch": "h200", "max_num_batched_tokens": 16384, "kv_cache_dtype": "bf16",
+    "weight_dtype": "fp8", "moe_parallel": "ep", "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
+    "prompt_len": 1024, "output_len": 128, "num_prompts": 32, "concurrency": 32,
+}
+
+
+def _choice(name: str, value, allowed) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise ValueError(f"{name}={value!r} is not allowed; allowed: {list(allowed)}")
+    return value
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _check_tp(model: ModelConfig, tp, moe_parallel: str) -> int:
+    """``tp`` as an int that divides every size a TP rank splits (one message naming the first it does not)."""
+    tp = check_int("tp", tp)
+    sizes = [("num_attention_heads", model.num_attention_heads), ("intermediate_size", model.intermediate_size),
+             ("moe_intermediate_size", model.moe_intermediate_size), ("vocab_size", model.vocab_size)]
+    if moe_parallel == "ep":
+        sizes.append(("n_routed_experts", model.n_routed_experts))
+    ok = [d for d in _divisors(model.num_attention_heads) if all(s % d == 0 for _, s in sizes)]
+    for field_name, size in sizes:
+        if size % tp:
+            raise ValueError(f"tp={tp} does not divide {field_name}={size} of model {model.name!r}"
+                             f"{' (moe_parallel=ep)' if field_name == 'n_routed_experts' else ''}; allowed tp: {ok}")
+    return tp
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One engine deployment and its benchmark workload (fields: module docstring). Build it with :meth:`of` or
+    :meth:`seed`; the constructor does not validate.
+
+    Attributes:
+        model: :class:`~mla_lab.models.ModelConfig`; arch: :class:`~mla_lab.arch.GPUArch`; tp: int.
+        max_num_batched_tokens: int (tokens); kv_cache_dtype: ``bf16`` / ``fp8``; weight_dtype: ``bf16`` / ``fp8``;
+        moe_parallel: ``ep`` / ``tp``; gpu_memory_utilization: float in (0, 1]; workload: a
+        :class:`~mla_lab.workload.Workload` (its ``concurrency`` resolved: never None); output_len: int (tokens).
+    """
+
+    model: ModelConfig
+    arch: GPUArch
+    tp: int
+    max_num_batched_tokens: int
+    kv_cache_dtype: str
+    weight_dtype: str
+    moe_parallel: str
+    gpu_memory_utilization: float
+    workload: Workload
+    output_len: int = DEFAULT_OUTPUT_LEN
+
+    # ------------------------------------------------------------------------------------------------ the door
+    @classmethod
+    def of(cls, *, model: str | ModelConfig, tp: int, arch: str | GPUArch, max_num_batched_tokens: int,
+           kv_cache_dtype: str, weight_dtype: str, moe_parallel: str, prompt_len: int, num_prompts: int = 1,
+           concurrency: int | None = None, output_len: int = DEFAULT_OUTPUT_LEN,
+           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> Deployment:
+        """Validate and build a deployment (every argument keyword-only; names resolved here, once).
+
+        Args:
+            model: a model name under ``data/models`` (case-insensitive) or a ModelConfig.
+            tp: TP size (divides num_attention_heads, intermediate_size, moe_intermediate_size, vocab_size and,
+                under ``ep``, n_routed_experts).
+            arch: a GPU name or alias (:func:`mla_lab.arch.arch_names`) or a GPUArch.
+            max_num_batched_tokens: positive int. kv_cache_dtype: vLLM spellings (``auto``, ``bf16``, ``fp8``,
+                ``fp8_ds_mla``...), normalised to ``bf16`` / ``fp8``.
+            weight_dtype: ``bf16`` or ``fp8`` (no default). moe_parallel: ``ep`` or ``tp`` (no default).
+            prompt_len, num_prompts: positive ints; concurrency: 1..num_prompts or None (= num_prompts).
+            output_len: positive int (default 128, vllm bench serve's). gpu_memory_utilization: in (0, 1] (0.9).
+
+        Raises:
+            ValueError: one line naming the first bad argument, its value and what is allowed.
+        """
+        model = load_model(model)
+        if not isinstance(arch, GPUArch):
+            if not isinstance(arch, str):
+                raise ValueError(f"arch={arch!r} must be a str; allowed: {arch_names()}")
+            arch = get_arch(arch)
+        weight_dtype = _choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
+        moe_parallel = _choice("moe_parallel", moe_parallel, MOE_PARALLEL)
+        tp = _check_tp(model, tp, moe_parallel)
+        mbt = check_int("max_num_batched_tokens", max_num_batched_tokens)
+        kv = normalize_kv_cache_dtype(kv_cache_dtype)
+        g = gpu_memory_utilization
+        if isinstance(g, bool) or not isinstance(g, numbers.Real) or not 0 < g <= 1:
+            raise ValueError(f"gpu_memory_utilization={g!r} must be a number in (0, 1]")
+        output_len = check_int("output_len", output_len)
+        num_prompts = check_int("num_prompts", num_prompts)
+        wl = Workload(check_int("prompt_len", prompt_len), num_prompts,
+                      num_prompts if concurrency is None else check_int("concurrency", concurrency))
+        return cls(model, arch, tp, mbt, kv, weight_dtype, moe_parallel, float(g), wl, output_len)
+
+    @classmethod
+    def seed(cls, **overrides) -> Deployment:
+        """vLLM PR #53878's benchmark (:data:`SEED_ARGS`; module docstring), with ``overrides`` (names as
+        :meth:`of`) applied, e.g. ``Deployment.seed(model="glm-5.2")``.
+
+        Raises:
+            ValueError: an unknown override name (lists the allowed), or as :meth:`of`.
+        """
+        unknown = sorted(set(overrides) - set(SEED_ARGS))
+        if unknown:
+            raise ValueError(f"Deployment.seed() got unknown argument(s) {unknown}; allowed: {sorted(SEED_ARGS)}")
+        return cls.of(**{**SEED_ARGS, **overrides})
+
+    @classmethod
+    def from_point(cls, point: dict) -> Deployment:
+        """A sweep point (``mla_lab.sweep.params.expand_grid``: the same names flat) as a deployment. Points stored
+        before ``weight_dtype`` / ``moe_parallel`` existed must have them filled in by the caller.
+
+        Raises:
+            ValueError: as :meth:`of`; a missing key (names it).
+        """
+        need = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "weight_dtype", "moe_parallel",
+                "prompt_len")
+        missing = [k for k in need if point.get(k) is None]
+        if missing:
+            raise ValueError(f"point lacks {missing}; allowed: a point with {list(need)}")
+        kw = {k: point[k] for k in need}
+        for k in ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization"):
+            if point.get(k) is not None:
+                kw[k] = point[k]
+        return cls.of(**kw)
+
+    # --------------------------------------------------------------------------------------------- derived
+    def replace(self, **changes) -> Deployment:
+        """A copy with some :meth:`of` arguments changed, validated again (e.g. ``d.replace(tp=4)``).
+
+        Raises:
+            ValueError: as :meth:`of`.
+        """
+        return Deployment.of(**{**self.args(), **changes})
+
+    def args(self) -> dict:
+        """The :meth:`of` arguments that rebuild this deployment (model and arch as their names)."""
+        wl = self.workload
+        return {"model": self.model.name, "tp": self.tp, "arch": self.arch.name,
+                "max_num_batched_tokens": self.max_num_batched_tokens, "kv_cache_dtype": self.kv_cache_dtype,
+                "weight_dtype": self.weight_dtype, "moe_parallel": self.moe_parallel,
+                "gpu_memory_utilization": self.gpu_memory_utilization, "prompt_len": wl.prompt_len,
+                "output_len": self.output_len, "num_prompts": wl.num_prompts, "concurrency": wl.concurrency}
+
+    def to_point(self, **extra) -> dict:
+        """The deployment as a flat sweep point (the sweep's parameter names), ``extra`` keys added (e.g.
+        ``strategies=[...]``); ``output_len`` is left out, as the sweep's points leave it."""
+        p = {k: v for k, v in self.args().items() if k != "output_len"}
+        p.update(extra)
+        return p
+
+    @property
+    def prompt_len(self) -> int:
+        return self.workload.prompt_len
+
+    @property
+    def num_prompts(self) -> int:
+        return self.workload.num_prompts
+
+    @property
+    def concurrency(self) -> int:
+        return self.workload.concurrency
+
+    @property
+    def num_heads(self) -> int:
+        """Attention heads per rank: ``num_attention_heads // tp``."""
+        return self.model.num_attention_heads // self.tp
+
+    @property
+    def ep_size(self) -> int | None:
+        """Expert-parallel size (``tp`` under ``ep``, None under ``tp``)."""
+        return self.tp if self.moe_parallel == "ep" else None
+
+    @property
+    def layer_options(self) -> dict:
+        """The dtype and MoE-layout options the layer model takes (``weight_dtype``, ``moe_parallel``,
+        ``kv_cache_dtype``)."""
+        return {"kv_cache_dtype": self.kv_cache_dtype, "weight_dtype": self.weight_dtype,
+                "moe_parallel": self.moe_parallel}
+
+    def describe(self) -> str:
+        """One line: ``glm-5 TP8 h200, max_num_batched_tokens 16384, bf16 KV, fp8 weights, experts ep, 32 x
+        1024-token prompts (128 out) at concurrency 32, gpu_memory_utilization 0.9``."""
+        wl = self.workload
+        return (f"{self.model.name} TP{self.tp} {self.arch.name}, max_num_batched_tokens "
+                f"{self.max_num_batched_tokens}, {self.kv_cache_dtype} KV, {self.weight_dtype} weights, experts "
+                f"{self.moe_parallel}, {wl.num_prompts} x {wl.prompt_len}-token prompts ({self.output_len} out) at "
+                f"concurrency {wl.concurrency}, gpu_memory_utilization {self.gpu_memory_utilization:g}")
+
+
+#: Field names, for callers that iterate over them.
+FIELDS = tuple(f.name for f in dataclasses.fields(Deployment))
