@@ -8,6 +8,11 @@ The parent builds the cases (fresh random inputs, strided views, NaN-poisoned ou
 ``torch.save`` (which keeps strides and shared storages); the worker runs the kernel and saves the outputs back;
 each parametrized test then checks one case here. The interpreter handles bf16 and fp16 CPU tensors (checked:
 both dtypes are in the grid below), so no dtype substitution is needed.
+
+Both kernel variants (``v2`` rows, ``v3`` token runs) run every case, through the API, the direct launch and the
+launcher hot path (:func:`mla_lab.kernels.make_concat_launcher`; under the interpreter its ``jit`` path). A second
+worker runs vLLM's own ``tests/kernels/test_concat_mla_q.py`` cases (vllm-project/vllm, commit 0ce15f9d) ported to
+both variants, with exact (bitwise) compares, plus the padded-workspace twist (H' > H, poisoned padded heads).
 """
 
 from __future__ import annotations
@@ -24,25 +29,46 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def _case_grid():
-    """(id, spec) pairs; spec: T, H, Hp, dtype, layout, zero_padding, block_rows (None = API default)."""
+    """(id, spec) pairs; spec: T, H, Hp, dtype, layout, zero_padding, variant, mode, cfg (kernel knobs or None)."""
     grid = []
-    for dt in DTYPES:
-        for T, H, Hp in [(1, 1, 1), (3, 5, 8), (5, 1, 64), (3, 8, 64), (4, 16, 16), (1, 3, 128)]:
+    for variant in ("v2", "v3"):
+        for dt in DTYPES:
+            for T, H, Hp in [(1, 1, 1), (3, 5, 8), (5, 1, 64), (3, 8, 64), (4, 16, 16), (1, 3, 128)]:
+                for zp in (False, True):
+                    grid.append((f"{variant}-{dt}-T{T}-H{H}-Hp{Hp}-zp{int(zp)}",
+                                 dict(T=T, H=H, Hp=Hp, dtype=dt, layout="contig", zero_padding=zp, variant=variant,
+                                      mode="api", cfg=None)))
+            for layout in ("slices", "transposed", "odd_stride", "out_slice"):
+                for zp in (False, True):
+                    grid.append((f"{variant}-{dt}-{layout}-zp{int(zp)}",
+                                 dict(T=5, H=4, Hp=8, dtype=dt, layout=layout, zero_padding=zp, variant=variant,
+                                      mode="api", cfg=None)))
+        # the launcher hot path: made, inputs changed in place, called again (it must relaunch, not replay a result)
+        for T, H, Hp, layout in [(3, 8, 64, "contig"), (5, 4, 8, "transposed"), (5, 4, 8, "out_slice"),
+                                 (0, 8, 64, "contig")]:
             for zp in (False, True):
-                grid.append((f"{dt}-T{T}-H{H}-Hp{Hp}-zp{int(zp)}", dict(T=T, H=H, Hp=Hp, dtype=dt, layout="contig",
-                                                                       zero_padding=zp, block_rows=None)))
-        for layout in ("slices", "transposed", "odd_stride", "out_slice"):
-            for zp in (False, True):
-                grid.append((f"{dt}-{layout}-zp{int(zp)}", dict(T=5, H=4, Hp=8, dtype=dt, layout=layout,
-                                                               zero_padding=zp, block_rows=None)))
-    # tuning knobs the benchmark sweeps (block_rows, streaming cache hints); T*H = 72 rows also exercises EVEN_ROWS
-    # both ways (72 % 16 != 0, 72 % 4 == 0)
+                grid.append((f"{variant}-launcher-T{T}-H{H}-Hp{Hp}-{layout}-zp{int(zp)}",
+                             dict(T=T, H=H, Hp=Hp, dtype="bf16", layout=layout, zero_padding=zp, variant=variant,
+                                  mode="launcher", cfg=None)))
+    # v2 tuning knobs the benchmark sweeps (block_rows, streaming cache hints); T*H = 72 rows also exercises
+    # EVEN_ROWS both ways (72 % 16 != 0, 72 % 4 == 0)
     for br, st in [(1, False), (4, False), (16, False), (16, True), (64, False)]:
         for zp in (False, True):
-            grid.append((f"block{br}-st{int(st)}-zp{int(zp)}",
-                         dict(T=9, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=zp, block_rows=br,
-                              streaming=st)))
-    grid.append(("T0", dict(T=0, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=True, block_rows=None)))
+            grid.append((f"v2-block{br}-st{int(st)}-zp{int(zp)}",
+                         dict(T=9, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=zp, variant="v2",
+                              mode="direct", cfg=dict(block_rows=br, streaming=st))))
+    # v3 knobs: tiles of several tokens, head runs that do not divide H or H' (masked), one tile per program, many
+    # tiles per program (the hand pipeline), streaming hints, and warps
+    for bt, bh, ht, nw, st in [(1, 1, 1, 1, False), (2, 4, 3, 1, False), (4, 2, 4, 2, False), (1, 8, 1, 4, False),
+                               (8, 16, 1, 1, False), (1, 2, 8, 1, True), (2, 1, 5, 1, False)]:
+        for zp in (False, True):
+            grid.append((f"v3-bt{bt}-bh{bh}-ht{ht}-w{nw}-st{int(st)}-zp{int(zp)}",
+                         dict(T=9, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=zp, variant="v3",
+                              mode="direct", cfg=dict(block_t=bt, block_h=bh, head_tiles=ht, num_warps=nw,
+                                                      streaming=st))))
+    for variant in ("v2", "v3"):
+        grid.append((f"{variant}-T0", dict(T=0, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=True,
+                                           variant=variant, mode="api", cfg=None)))
     return grid
 
 
@@ -74,10 +100,29 @@ def _make(spec, seed):
     return a, b, out, ws
 
 
+def _run_case(spec, a, b, out):
+    """Run one case in the worker; returns (backend, launcher path or None, the inputs of the last call)."""
+    from mla_lab.kernels import concat_mla_q, last_backend, make_concat_launcher
+    from mla_lab.kernels.triton_concat import concat_mla_q_triton
+
+    zp, variant, cfg = spec["zero_padding"], spec["variant"], spec["cfg"] or {}
+    if spec["mode"] == "api":
+        concat_mla_q(a, b, out, zero_padding=zp, backend="triton", variant=variant)
+        return last_backend("concat_mla_q"), None
+    if spec["mode"] == "direct":
+        concat_mla_q_triton(a, b, out, zero_padding=zp, variant=variant, **cfg)
+        return "triton", None
+    launcher = make_concat_launcher(a, b, out, zero_padding=zp, backend="triton", variant=variant, **cfg)
+    out.fill_(float("nan"))  # the poison again (the make call wrote out once), then new inputs in place
+    a.neg_()
+    b.neg_()
+    assert launcher() is out
+    return last_backend("concat_mla_q"), launcher.path
+
+
 def _worker(inp: str, outp: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    from mla_lab.kernels import concat_mla_q, last_backend
-    from mla_lab.kernels.triton_concat import concat_mla_q_triton, triton_interpreting
+    from mla_lab.kernels.triton_concat import triton_interpreting
 
     assert triton_interpreting()
     cases = torch.load(inp)
@@ -85,19 +130,23 @@ def _worker(inp: str, outp: str) -> None:
     for cid, c in cases.items():
         a, b, out = c["a"], c["b"], c["out"]
         try:
-            if c["spec"]["block_rows"] is None:
-                concat_mla_q(a, b, out, zero_padding=c["spec"]["zero_padding"], backend="triton")
-                backend = last_backend("concat_mla_q")
-            else:
-                concat_mla_q_triton(a, b, out, zero_padding=c["spec"]["zero_padding"],
-                                    block_rows=c["spec"]["block_rows"], streaming=c["spec"]["streaming"])
-                backend = "triton"
-            results[cid] = {"out": out, "backend": backend, "error": None}
+            backend, path = _run_case(c["spec"], a, b, out)
+            results[cid] = {"out": out, "a": a, "b": b, "backend": backend, "path": path, "error": None}
             if "ws" in c:  # shares storage with out (one torch.save), so it shows what the kernel wrote
                 results[cid]["ws"] = c["ws"]
         except Exception as e:  # reported per case by the parent
             results[cid] = {"out": None, "backend": None, "error": f"{type(e).__name__}: {e}"}
     torch.save(results, outp)
+
+
+def _run_worker(d: Path, cases: dict) -> dict:
+    torch.save(cases, d / "in.pt")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(d / "in.pt"),
+                           str(d / "out.pt")], env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        pytest.fail(f"triton interpreter worker failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return torch.load(d / "out.pt")
 
 
 @pytest.fixture(scope="module")
@@ -109,13 +158,7 @@ def interp_results(tmp_path_factory):
         cases[cid] = {"spec": spec, "a": a, "b": b, "out": out}
         if ws is not None:
             cases[cid]["ws"] = ws
-    torch.save(cases, d / "in.pt")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(d / "in.pt"),
-                           str(d / "out.pt")], env=env, capture_output=True, text=True, timeout=300)
-    if proc.returncode != 0:
-        pytest.fail(f"triton interpreter worker failed (rc {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return cases, torch.load(d / "out.pt")
+    return cases, _run_worker(d, cases)
 
 
 def _bits(t):
@@ -128,7 +171,12 @@ def test_triton_interp_matches_torch(interp_results, cid):
     c, r = cases[cid], results[cid]
     assert r["error"] is None, r["error"]
     assert r["backend"] == "triton"
-    a, b, before, out = c["a"], c["b"], c["out"], r["out"]
+    if c["spec"]["mode"] == "launcher":  # the interpreter has no compiled handle: the jit path; T = 0 launches nothing
+        assert r["path"] == ("noop" if c["spec"]["T"] == 0 else "jit")
+    # inputs as the last call saw them (the launcher cases negate them in place before relaunching)
+    a, b, before, out = r["a"], r["b"], c["out"], r["out"]
+    if c["spec"]["mode"] == "launcher" and a.numel():
+        assert torch.equal(_bits(a), _bits(-c["a"])), "the launcher case did not change its inputs"
     H = a.shape[1]
     assert out.shape == before.shape and out.stride() == before.stride()
     expect = torch.cat([a, b], dim=-1)
@@ -145,6 +193,95 @@ def test_triton_interp_matches_torch(interp_results, cid):
         outside = torch.ones(ws.shape[:2], dtype=torch.bool)
         outside[:T, 1 : Hp + 1] = False
         assert ws[outside].isnan().all(), "kernel wrote outside the out view"
+
+
+# ------------------------------------------------------------------------------------ vLLM's test_concat_mla_q.py
+# Ported from vllm-project/vllm tests/kernels/test_concat_mla_q.py (commit 0ce15f9d): NUM_TOKENS, NUM_HEADS = [128],
+# both dtypes; contiguous, transposed nope (the bmm output's transpose), split rope (q_pe a [.., 192] split),
+# zero tokens, bit-pattern preservation. vLLM compares with assert_close(atol=0, rtol=0); here bitwise. Each case
+# runs for both variants; T >= 16 uses larger blocks (constexpr knobs, same kernel code) to keep the interpreter's
+# per-program cost down, T <= 4 the defaults.
+VLLM_NUM_TOKENS = [1, 4, 16, 64, 128]
+VLLM_NUM_HEADS = 128
+BIG_CFG = {"v2": {"block_rows": 2048}, "v3": {"block_t": 16, "block_h": 64, "head_tiles": 2}}
+
+
+def _vllm_cases():
+    cases = []
+    for variant in ("v2", "v3"):
+        for dt in DTYPES:
+            for T in VLLM_NUM_TOKENS:
+                for kind in ("contiguous", "transposed_nope", "split_rope"):
+                    if kind == "transposed_nope" and T == 1:  # vLLM: [t for t in NUM_TOKENS if t > 1]
+                        continue
+                    cases.append((f"{variant}-{dt}-{kind}-T{T}", dict(variant=variant, dtype=dt, kind=kind, T=T)))
+        cases.append((f"{variant}-zero_tokens", dict(variant=variant, dtype="bf16", kind="zero_tokens", T=0)))
+        for T in (1, 64):
+            cases.append((f"{variant}-values_preserved-T{T}", dict(variant=variant, dtype="bf16",
+                                                                   kind="values_preserved", T=T)))
+        # the padded-workspace twist: the same inputs into the first H heads of [T, 64, 576] (poisoned), GLM-5 TP8
+        for T, H in ((16, 8), (64, 16)):
+            for zp in (False, True):
+                cases.append((f"{variant}-padded-T{T}-H{H}-zp{int(zp)}",
+                              dict(variant=variant, dtype="bf16", kind="padded", T=T, H=H, zp=zp)))
+    return cases
+
+
+VLLM_CASES = _vllm_cases()
+
+
+def _vllm_make(spec, seed):
+    g = torch.Generator().manual_seed(seed)
+    T, dtype, kind = spec["T"], DTYPES[spec["dtype"]], spec["kind"]
+    H = spec.get("H", VLLM_NUM_HEADS)
+    Hp = 64 if kind == "padded" else H
+    if kind == "transposed_nope":
+        a = torch.randn(H, T, 512, generator=g).to(dtype).transpose(0, 1)
+        assert not a.is_contiguous()
+        b = torch.randn(T, H, 64, generator=g).to(dtype)
+    elif kind == "split_rope":
+        _, b = torch.randn(T, H, 128 + 64, generator=g).to(dtype).split([128, 64], dim=-1)
+        assert b.stride(1) == 192 and b.stride(2) == 1
+        a = torch.randn(T, H, 512, generator=g).to(dtype)
+    elif kind == "values_preserved":  # every int16 bit pattern in order (NaN and inf patterns included)
+        a = torch.arange(T * H * 512, dtype=torch.int16).view(T, H, 512).view(torch.bfloat16)
+        b = torch.arange(T * H * 64, dtype=torch.int16).view(T, H, 64).view(torch.bfloat16)
+    else:
+        a = torch.randn(T, H, 512, generator=g).to(dtype)
+        b = torch.randn(T, H, 64, generator=g).to(dtype)
+    out = torch.full((T, Hp, 576), float("nan"), dtype=dtype)
+    return a, b, out
+
+
+@pytest.fixture(scope="module")
+def vllm_results(tmp_path_factory):
+    d = tmp_path_factory.mktemp("triton_interp_vllm")
+    cases = {}
+    for i, (cid, spec) in enumerate(VLLM_CASES):
+        a, b, out = _vllm_make(spec, seed=42 + i)
+        cfg = BIG_CFG[spec["variant"]] if spec["T"] >= 16 else None
+        run_spec = dict(zero_padding=spec.get("zp", False), variant=spec["variant"], mode="direct" if cfg else "api",
+                        cfg=cfg)
+        cases[cid] = {"spec": run_spec, "a": a, "b": b, "out": out}
+    return cases, _run_worker(d, cases)
+
+
+@pytest.mark.parametrize("cid", [c[0] for c in VLLM_CASES])
+def test_vllm_concat_mla_q_cases(vllm_results, cid):
+    cases, results = vllm_results
+    c, r = cases[cid], results[cid]
+    assert r["error"] is None, r["error"]
+    a, b, before, out = c["a"], c["b"], c["out"], r["out"]
+    H, Hp = a.shape[1], out.shape[1]
+    assert torch.equal(_bits(out[:, :H, :512]), _bits(a)), "ql_nope part differs (bitwise)"
+    assert torch.equal(_bits(out[:, :H, 512:]), _bits(b)), "q_pe part differs (bitwise)"
+    if "values_preserved" in cid:  # vLLM's own check: the raw int16 patterns
+        assert torch.equal(out.view(torch.int16)[..., :512], torch.arange(a.numel(), dtype=torch.int16).view(a.shape))
+    if Hp > H:
+        if c["spec"]["zero_padding"]:
+            assert torch.equal(_bits(out[:, H:]), torch.zeros_like(_bits(out[:, H:]))), "padding not zeroed"
+        else:
+            assert torch.equal(_bits(out[:, H:]), _bits(before[:, H:])), "padded heads were touched"
 
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--worker":

@@ -5,6 +5,8 @@ Public API:
 - :func:`concat_mla_q` — vLLM's ``concat_mla_q`` op (``vllm/v1/attention/backends/mla/flashmla_sparse.py``,
   PR #53878): ``ql_nope [T,H,512]`` and ``q_pe [T,H,64]`` into the first ``H`` heads of ``out [T,H',576]``.
   Backends: ``triton`` (:mod:`.triton_concat`) and ``torch`` (:mod:`.reference`).
+- :func:`make_concat_launcher` — the same op's hot path: validate once, return a callable that relaunches the compiled
+  Triton kernel with no per-call checks (CUDA-graph capturable), or the torch op on CPU.
 - :func:`sparse_mla_prefill` — FlashMLA's ``flash_mla_sparse_fwd`` on a head-padded ``q``, output sliced back to
   the real heads as vLLM's ``_bf16_flash_mla_kernel`` does. Backends: ``flash_mla`` (:mod:`.flashmla`) and
   ``reference`` (FlashMLA ``tests/ref.py`` math, :func:`.reference.sparse_mla_prefill_ref`).
@@ -22,10 +24,19 @@ import torch
 
 from .flashmla import flash_mla_info, flash_mla_sparse_prefill, validate_sparse_prefill_inputs
 from .reference import D_NOPE, D_PE, D_QK, concat_mla_q_torch, sparse_mla_prefill_ref
-from .triton_concat import concat_mla_q_triton, triton_available, triton_interpreting
+from .triton_concat import DEFAULT_VARIANT as CONCAT_DEFAULT_VARIANT
+from .triton_concat import VARIANTS as CONCAT_VARIANTS
+from .triton_concat import (
+    ConcatLauncher,
+    concat_mla_q_triton,
+    make_concat_launcher_triton,
+    triton_available,
+    triton_interpreting,
+)
 
 __all__ = [
-    "concat_mla_q", "sparse_mla_prefill", "last_backend", "flash_mla_info", "validate_sparse_prefill_inputs",
+    "concat_mla_q", "make_concat_launcher", "ConcatLauncher", "CONCAT_VARIANTS", "CONCAT_DEFAULT_VARIANT",
+    "sparse_mla_prefill", "last_backend", "flash_mla_info", "validate_sparse_prefill_inputs",
     "concat_mla_q_torch", "sparse_mla_prefill_ref", "triton_available", "CONCAT_BACKENDS", "PREFILL_BACKENDS",
     "CONCAT_DTYPES", "D_NOPE", "D_PE", "D_QK",
 ]
@@ -137,6 +148,7 @@ def concat_mla_q(
     *,
     zero_padding: bool = False,
     backend: str = "auto",
+    variant: str | None = None,
 ) -> torch.Tensor:
     """Write ``ql_nope`` and ``q_pe`` into the first ``H`` heads of ``out`` (vLLM ``concat_mla_q`` semantics).
 
@@ -152,6 +164,8 @@ def concat_mla_q(
             last dim contiguous. Written in place.
         zero_padding: also zero heads ``H..H'-1`` (default False: vLLM behaviour, padded heads untouched).
         backend: ``"auto"`` (Triton for CUDA tensors when triton imports, else torch), ``"triton"`` or ``"torch"``.
+        variant: the Triton kernel variant, ``"v2"`` or ``"v3"`` (:mod:`.triton_concat`); None =
+            :data:`CONCAT_DEFAULT_VARIANT`. Ignored by the torch backend.
 
     Returns:
         ``out``. :func:`last_backend` ``("concat_mla_q")`` tells which backend ran.
@@ -160,18 +174,74 @@ def concat_mla_q(
         ValueError: a tensor not 3-D; last dims not 512/64/576; T or H mismatch between the inputs; ``out.shape[0]``
             != T or ``out.shape[1]`` < H; dtype not fp16/bf16 or not all equal; a last dim not contiguous; tensors on
             different devices; unknown backend; ``"triton"`` requested without triton or on CPU tensors outside
-            the Triton interpreter. Each message names the argument, its value and what is allowed.
+            the Triton interpreter; unknown ``variant``. Each message names the argument, its value and what is
+            allowed.
     """
     _validate_concat(ql_nope, q_pe, out)
     which = _concat_backend(backend, out.device)
+    if variant is None:
+        variant = CONCAT_DEFAULT_VARIANT
+    elif variant not in CONCAT_VARIANTS:
+        raise ValueError(f"variant={variant!r} is not known; allowed: {list(CONCAT_VARIANTS)} or None")
     if which == "triton":
-        concat_mla_q_triton(ql_nope, q_pe, out, zero_padding=zero_padding)
+        concat_mla_q_triton(ql_nope, q_pe, out, zero_padding=zero_padding, variant=variant)
     else:
         concat_mla_q_torch(ql_nope, q_pe, out)
         if zero_padding and out.shape[1] > ql_nope.shape[1] and out.shape[0] > 0:
             out[:, ql_nope.shape[1]:].zero_()
     _LAST["concat_mla_q"] = which
     return out
+
+
+def make_concat_launcher(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    zero_padding: bool = False,
+    backend: str = "auto",
+    variant: str | None = None,
+    **config,
+):
+    """Validate once and return a no-argument callable that performs this :func:`concat_mla_q` call again.
+
+    The checks of :func:`concat_mla_q` run here, at the door; the callable does no per-call Python checks. With the
+    Triton backend it is a :class:`ConcatLauncher` (``.path``: ``"compiled"`` = the compiled kernel's launcher
+    called directly, ``"jit"`` = ``kernel[grid]`` with precomputed arguments, e.g. under the interpreter); make it
+    before ``torch.cuda.graph`` capture (it compiles and writes ``out`` once) and it can be captured. It is bound to
+    these three tensors (pointers, shapes, strides): when they change, make a new one. With the torch backend it
+    is a closure over :func:`concat_mla_q` with ``backend="torch"`` (no fast path to offer).
+
+    Args:
+        ql_nope, q_pe, out, zero_padding, backend, variant: as :func:`concat_mla_q`.
+        **config: Triton kernel knobs passed to :func:`.triton_concat.make_concat_launcher_triton`
+            (``block_rows``, ``num_warps``, ``streaming``, ``block_t``, ``block_h``, ``head_tiles``).
+
+    Returns:
+        a callable returning ``out``; ``out`` holds the result once on return.
+
+    Raises:
+        ValueError: every rule of :func:`concat_mla_q`; an unknown config key.
+    """
+    _validate_concat(ql_nope, q_pe, out)
+    which = _concat_backend(backend, out.device)
+    if variant is None:
+        variant = CONCAT_DEFAULT_VARIANT
+    elif variant not in CONCAT_VARIANTS:
+        raise ValueError(f"variant={variant!r} is not known; allowed: {list(CONCAT_VARIANTS)} or None")
+    if which == "triton":
+        launcher = make_concat_launcher_triton(ql_nope, q_pe, out, zero_padding=zero_padding, variant=variant,
+                                               **config)
+    else:
+        if config:
+            raise ValueError(f"config {sorted(config)} applies to the triton backend only; got backend={which!r}")
+
+        def launcher():
+            return concat_mla_q(ql_nope, q_pe, out, zero_padding=zero_padding, backend="torch")
+
+        launcher()
+    _LAST["concat_mla_q"] = which
+    return launcher
 
 
 # --------------------------------------------------------------------------------------------- sparse_mla_prefill

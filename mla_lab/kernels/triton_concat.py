@@ -1,24 +1,54 @@
-"""Triton kernel for vLLM's ``concat_mla_q``: ``[T,H,512]`` + ``[T,H,64]`` -> first ``H`` heads of ``[T,H',576]``.
+"""Triton kernels for vLLM's ``concat_mla_q``: ``[T,H,512]`` + ``[T,H,64]`` -> first ``H`` heads of ``[T,H',576]``.
 
-Design (v2; v1 and the measurements that led here are in ``docs/perf-notes.md``):
+Two variants, selectable for the A/B (``variant=``; the measurements that led here are in ``docs/perf-notes.md``):
 
-- The ``T*H`` (token, head) pairs are flattened into *rows*; one program copies ``BLOCK_R`` consecutive rows.
-  A row is 512 + 64 elements (1152 bytes in bf16/fp16), so one program moves ``BLOCK_R * 1152`` bytes each way.
-- Each row is handled as two power-of-two tiles, ``[BLOCK_R, 512]`` and ``[BLOCK_R, 64]``: no column masks, and
-  with strides that are multiples of 8 elements (Triton specialises integer arguments divisible by 16) the loads
-  and stores are 16-byte vectors.
-- The only mask is per row (a tail block when ``BLOCK_R`` does not divide the row count, or the padded heads with
-  ``zero_padding``); it is constant along the contiguous dim, so it does not break vectorisation. When the row
-  count is a multiple of ``BLOCK_R`` and no padding is written, the kernel is compiled without any mask.
-- Both tiles are loaded before either is stored (v2; v1 did load/store/load/store, which the compiler cannot
-  reorder because ``out`` might alias an input, so each program paid two memory round trips; v1 is gone, its
-  measurements stay in ``docs/perf-notes.md`` and ``data/measured/h200/concat_bench_run1_v1*.csv``).
-- Row indices are int32 (int64 only if ``T * H'`` nears 2**31); all element offsets are int64 (``T * H' * 576``
-  exceeds 2**31 at T = 131072, H' = 64).
-- ``zero_padding=True`` runs over the ``T*H'`` rows of ``out`` instead: rows of padded heads load nothing (masked)
-  and store zeros, in the same launch.
+**v2 (``"v2"``, the default; "rows")** — the ``T*H`` (token, head) pairs are flattened into *rows*; one program copies
+``BLOCK_R`` consecutive rows (default 2 rows x 1 warp, from GPU run 2's sweep).
 
-Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the same kernel runs on CPU tensors through
+- A row is 512 + 64 elements (1152 bytes in bf16/fp16), handled as two power-of-two tiles ``[BLOCK_R, 512]`` and
+  ``[BLOCK_R, 64]``: no column masks, and with strides that are multiples of 8 elements (Triton specialises integer
+  arguments divisible by 16) the loads and stores are 16-byte vectors.
+- The only mask is per row (tail block, or the padded heads with ``zero_padding``); it is constant along the
+  contiguous dim, so it does not break vectorisation. Without a tail and without padding: no mask at all.
+- Both tiles are loaded before either is stored (v1 did load/store/load/store, which the compiler cannot reorder
+  because ``out`` might alias an input, so each program paid two memory round trips; v1 is gone, its measurements
+  stay in ``docs/perf-notes.md`` and ``data/measured/h200/concat_bench_run1_v1*.csv``).
+- Row indices int32 (int64 only if ``T * H'`` nears 2**31); element offsets int64 (``T * H' * 576`` exceeds 2**31
+  at T = 131072, H' = 64).
+
+**v3 (``"v3"``; "token runs", designed for the gapped write into the padded workspace)** — one program owns one
+token block and a *run of consecutive heads* (by default all ``H`` real heads of one token, i.e. one contiguous
+``H * 1152``-byte run of ``out``; 9 KiB at H = 8, 18 KiB at H = 16), walked in ``HEAD_TILES`` tiles of ``BLOCK_H``
+heads x ``BLOCK_T`` tokens:
+
+- The grid is 1-D, ``program -> (token block, head run)`` with the run count a ``constexpr`` (the divide is a
+  multiply-shift), and adjacent programs write adjacent runs. Inside a program the head index is
+  ``run * BLOCK_H * HEAD_TILES + i * BLOCK_H + arange``: no runtime div/mod per row (v2 divides every row index by
+  the runtime head count).
+- Software pipelining by hand: tile ``i + 1`` is loaded before tile ``i`` is stored (the order as written, which
+  the compiler keeps: it cannot prove ``out`` does not alias the inputs), so a warp has two tiles in flight
+  (2 x 2 rows x 36 B per thread at the 2 x 1-warp default, v2 2 x 1 has one).
+- Same 16-byte vectors and row-only masks as v2 (masks only on a token tail or a head run past ``H``/``H'``).
+- Why it should help the padded workspace (prediction, to be checked on the H200; docs/perf-notes.md
+  "Round 3: concat"): with v2 a program writes 2.25 KiB and ~4000 resident programs spread over ~1000 tokens of
+  72 KiB stride each (H' = 64) at once; with v3 each program writes its token's whole run in sequence, so the writes
+  that reach DRAM close together in time cover whole 9-18 KiB runs (fewer DRAM pages open per byte written, and
+  fewer partially written L2/TLB ranges). Predicted: 96-98 % of the same-byte device copy at T >= 4096, H 8/16
+  (v2: 93.0-95.4 %), bounded above by the unpadded-output figure (97.8-98.8 %: the part of the gap not caused by
+  the gaps — two input streams, the tail wave — is not addressed).
+
+``zero_padding=True`` (both variants) runs over the ``H'`` heads of ``out``: padded heads load nothing (masked) and
+store zeros, in the same launch.
+
+**Launch cost.** :func:`make_concat_launcher_triton` plans once (grid, strides, constexprs), compiles and launches
+once, then returns a callable that calls the compiled kernel's launcher directly (``CompiledKernel.run`` with the
+same arguments Triton 3.3+'s ``JITFunction.run`` passes it: grid, current stream, function handle, packed metadata,
+hooks, then every kernel argument in signature order). That skips Triton's per-call binder/specialisation/cache-key
+work and the lab's checks; it is CUDA-graph capturable (it queries the current stream on every call). Under the
+interpreter, or when the compiled handle is not usable, it falls back to ``kernel[grid](...)`` with the precomputed
+arguments (``launcher.path`` says which).
+
+Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the same kernels run on CPU tensors through
 Triton's interpreter; the lab's CPU tests use that.
 """
 
@@ -36,19 +66,31 @@ except Exception as e:  # pragma: no cover
     tl = None
     _TRITON_IMPORT_ERROR = f"{type(e).__name__}: {e}"
 
-__all__ = ["triton_available", "triton_interpreting", "concat_mla_q_triton", "DEFAULT_BLOCK_ROWS",
-           "DEFAULT_NUM_WARPS"]
+__all__ = ["triton_available", "triton_interpreting", "concat_mla_q_triton", "make_concat_launcher_triton",
+           "ConcatLauncher", "VARIANTS", "DEFAULT_VARIANT", "DEFAULT_BLOCK_ROWS", "DEFAULT_NUM_WARPS",
+           "v3_config"]
 
 D_NOPE = 512
 D_PE = 64
 
-#: Rows ((token, head) pairs) per program and warps per program. v1: 16 rows / 4 warps (chosen before measuring).
+#: Kernel variants (see the module docstring). v2 stays the default until the H200 A/B (docs/perf-notes.md).
+VARIANTS = ("v2", "v3")
+DEFAULT_VARIANT = "v2"
+
+#: v2: rows ((token, head) pairs) per program and warps per program. v1: 16 rows / 4 warps (chosen before measuring).
 #: GPU run 1's sweep -> 4 rows / 4 warps (v2 as measured in run 2's main table). GPU run 2's sweep of 17 variants at
 #: all 20 shapes (data/measured/h200/concat_bench_tune.csv) found 2 rows / 1 warp faster than 4 x 4 at each of the
 #: 15 shapes with T >= 4096 (by 0.6-1.9 points of the copy ceiling; 91.4-100% of it), so that is the default now:
 #: 2.25 KiB read + 2.25 KiB written per 32-thread program. See docs/perf-notes.md.
 DEFAULT_BLOCK_ROWS = 2
 DEFAULT_NUM_WARPS = 1
+
+#: v3 defaults: a tile of 1 token x 2 heads (the per-warp tile size that won v2's sweep: 2 rows per warp), up to
+#: 8 tiles per program (a run of up to 16 heads: one whole token at H <= 16), 1 warp.
+V3_BLOCK_T = 1
+V3_BLOCK_H = 2
+V3_MAX_HEAD_TILES = 8
+V3_NUM_WARPS = 1
 
 
 def triton_available() -> tuple[bool, str | None]:
@@ -68,6 +110,37 @@ def triton_interpreting() -> bool:
         import os
 
         return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _pow2(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+def v3_config(H: int, heads_written: int, block_t: int | None = None, block_h: int | None = None,
+              head_tiles: int | None = None, num_warps: int | None = None) -> dict:
+    """v3 launch configuration for ``H`` real heads and ``heads_written`` (H, or H' with ``zero_padding``).
+
+    None fields take the defaults (:data:`V3_BLOCK_T`, :data:`V3_BLOCK_H`, ``head_tiles`` = enough tiles to cover
+    ``heads_written`` capped at :data:`V3_MAX_HEAD_TILES`, :data:`V3_NUM_WARPS`).
+
+    Returns:
+        ``{"block_t", "block_h", "head_tiles", "num_warps", "num_runs"}``; ``num_runs`` = head runs per token
+        block (``ceil(heads_written / (block_h * head_tiles))``).
+
+    Raises:
+        ValueError: ``block_t``/``block_h``/``num_warps`` not a power of two, or ``head_tiles`` < 1.
+    """
+    bt = V3_BLOCK_T if block_t is None else int(block_t)
+    bh = V3_BLOCK_H if block_h is None else int(block_h)
+    nw = V3_NUM_WARPS if num_warps is None else int(num_warps)
+    for name, v in (("block_t", bt), ("block_h", bh), ("num_warps", nw)):
+        if not _pow2(v):
+            raise ValueError(f"{name} must be a power of two >= 1; got {name}={v}")
+    ht = min(V3_MAX_HEAD_TILES, -(-max(1, heads_written) // bh)) if head_tiles is None else int(head_tiles)
+    if ht < 1:
+        raise ValueError(f"head_tiles must be >= 1; got head_tiles={ht}")
+    return {"block_t": bt, "block_h": bh, "head_tiles": ht, "num_warps": nw,
+            "num_runs": -(-max(1, heads_written) // (bh * ht))}
 
 
 if triton is not None:
@@ -120,51 +193,263 @@ if triton is not None:
             tl.store(dst_n, vn, mask=in_rows, cache_modifier=STORE_CACHE)
             tl.store(dst_p, vp, mask=in_rows, cache_modifier=STORE_CACHE)
 
+    @triton.jit
+    def _v3_load(nope_ptr, pe_ptr, tok, head, T, real_heads, nope_st, nope_sh, pe_st, pe_sh,
+                 D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, USE_MASK: tl.constexpr, LOAD_EVICT: tl.constexpr):
+        tok64 = tok.to(tl.int64)
+        head64 = head.to(tl.int64)
+        src_n = nope_ptr + (tok64 * nope_st + head64 * nope_sh)[:, None] + tl.arange(0, D_NOPE_C)[None, :]
+        src_p = pe_ptr + (tok64 * pe_st + head64 * pe_sh)[:, None] + tl.arange(0, D_PE_C)[None, :]
+        if USE_MASK:
+            ok = ((tok < T) & (head < real_heads))[:, None]
+            vn = tl.load(src_n, mask=ok, other=0.0, eviction_policy=LOAD_EVICT)
+            vp = tl.load(src_p, mask=ok, other=0.0, eviction_policy=LOAD_EVICT)
+        else:
+            vn = tl.load(src_n, eviction_policy=LOAD_EVICT)
+            vp = tl.load(src_p, eviction_policy=LOAD_EVICT)
+        return vn, vp
+
+    @triton.jit
+    def _v3_store(out_ptr, tok, head, T, heads_written, out_st, out_sh, vn, vp,
+                  D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, USE_MASK: tl.constexpr, STORE_CACHE: tl.constexpr):
+        o_row = (tok.to(tl.int64) * out_st + head.to(tl.int64) * out_sh)[:, None]
+        dst_n = out_ptr + o_row + tl.arange(0, D_NOPE_C)[None, :]
+        dst_p = out_ptr + o_row + D_NOPE_C + tl.arange(0, D_PE_C)[None, :]
+        if USE_MASK:
+            ok = ((tok < T) & (head < heads_written))[:, None]
+            tl.store(dst_n, vn, mask=ok, cache_modifier=STORE_CACHE)
+            tl.store(dst_p, vp, mask=ok, cache_modifier=STORE_CACHE)
+        else:
+            tl.store(dst_n, vn, cache_modifier=STORE_CACHE)
+            tl.store(dst_p, vp, cache_modifier=STORE_CACHE)
+
+    @triton.jit
+    def _concat_mla_q_v3_kernel(
+        nope_ptr, pe_ptr, out_ptr,
+        T, real_heads, heads_written,
+        nope_st, nope_sh, pe_st, pe_sh, out_st, out_sh,
+        D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
+        HEAD_TILES: tl.constexpr, NUM_RUNS: tl.constexpr, USE_MASK: tl.constexpr,
+        LOAD_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,
+    ):
+        # program -> (token block, head run); NUM_RUNS is a constexpr, so // and % are a multiply-shift
+        pid = tl.program_id(0)
+        tb = pid // NUM_RUNS
+        run = pid - tb * NUM_RUNS
+        r = tl.arange(0, BLOCK_T * BLOCK_H)
+        tok = tb * BLOCK_T + r // BLOCK_H  # BLOCK_H is a power of two: a shift
+        head0 = run * (BLOCK_H * HEAD_TILES) + (r % BLOCK_H)
+        # tile i + 1 is loaded before tile i is stored (the compiler keeps the order written: out may alias)
+        vn, vp = _v3_load(nope_ptr, pe_ptr, tok, head0, T, real_heads, nope_st, nope_sh, pe_st, pe_sh,
+                          D_NOPE_C, D_PE_C, USE_MASK, LOAD_EVICT)
+        for i in tl.static_range(1, HEAD_TILES):
+            nn, npe = _v3_load(nope_ptr, pe_ptr, tok, head0 + i * BLOCK_H, T, real_heads, nope_st, nope_sh,
+                               pe_st, pe_sh, D_NOPE_C, D_PE_C, USE_MASK, LOAD_EVICT)
+            _v3_store(out_ptr, tok, head0 + (i - 1) * BLOCK_H, T, heads_written, out_st, out_sh, vn, vp,
+                      D_NOPE_C, D_PE_C, USE_MASK, STORE_CACHE)
+            vn = nn
+            vp = npe
+        _v3_store(out_ptr, tok, head0 + (HEAD_TILES - 1) * BLOCK_H, T, heads_written, out_st, out_sh, vn, vp,
+                  D_NOPE_C, D_PE_C, USE_MASK, STORE_CACHE)
+
+
+def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
+          head_tiles):
+    """``(kernel, grid, args, constexprs, num_warps)`` for one call, or None when there is nothing to write.
+
+    ``args`` are the runtime arguments in signature order; ``constexprs`` a dict in signature order (the kernels
+    declare every constexpr after every runtime argument; :func:`make_concat_launcher_triton` relies on it)."""
+    if triton is None:
+        raise RuntimeError(f"triton is not available: {_TRITON_IMPORT_ERROR}")
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
+    T, H, _ = ql_nope.shape
+    Hp = out.shape[1]
+    zp = bool(zero_padding) and Hp > H
+    heads_written = Hp if zp else H
+    if T * heads_written == 0:
+        return None
+    strides = (ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1))
+    hints = {"LOAD_EVICT": "evict_first" if streaming else "", "STORE_CACHE": ".cs" if streaming else ""}
+    if variant == "v2":
+        br = DEFAULT_BLOCK_ROWS if block_rows is None else int(block_rows)
+        nw = DEFAULT_NUM_WARPS if num_warps is None else int(num_warps)
+        n_rows = T * heads_written
+        grid = (triton.cdiv(n_rows, br),)
+        args = (ql_nope, q_pe, out, n_rows, heads_written, H) + strides
+        cx = {"D_NOPE_C": D_NOPE, "D_PE_C": D_PE, "BLOCK_R": br, "ZERO_PAD": zp, "EVEN_ROWS": n_rows % br == 0,
+              "ROWS_I64": n_rows + br >= 2**31, **hints}
+        return _concat_mla_q_kernel, grid, args, cx, nw
+    cfg = v3_config(H, heads_written, block_t, block_h, head_tiles, num_warps)
+    bt, bh, ht, runs = cfg["block_t"], cfg["block_h"], cfg["head_tiles"], cfg["num_runs"]
+    n_prog = triton.cdiv(T, bt) * runs
+    if n_prog >= 2**31:  # pragma: no cover - T >= 2**31 / runs tokens
+        raise ValueError(f"T={T} gives {n_prog} programs (> 2**31 - 1); use block_t > {bt}")
+    use_mask = zp or (T % bt != 0) or (heads_written % (bh * ht) != 0)
+    args = (ql_nope, q_pe, out, T, H, heads_written) + strides
+    cx = {"D_NOPE_C": D_NOPE, "D_PE_C": D_PE, "BLOCK_T": bt, "BLOCK_H": bh, "HEAD_TILES": ht, "NUM_RUNS": runs,
+          "USE_MASK": use_mask, **hints}
+    return _concat_mla_q_v3_kernel, (n_prog,), args, cx, cfg["num_warps"]
+
 
 def concat_mla_q_triton(
     ql_nope: torch.Tensor,
     q_pe: torch.Tensor,
     out: torch.Tensor,
     zero_padding: bool = False,
-    block_rows: int = DEFAULT_BLOCK_ROWS,
-    num_warps: int = DEFAULT_NUM_WARPS,
+    block_rows: int | None = None,
+    num_warps: int | None = None,
     streaming: bool = False,
+    variant: str = DEFAULT_VARIANT,
+    block_t: int | None = None,
+    block_h: int | None = None,
+    head_tiles: int | None = None,
 ) -> torch.Tensor:
-    """Launch the kernel (no validation: :func:`mla_lab.kernels.concat_mla_q` validates).
+    """Launch one variant of the kernel (no validation: :func:`mla_lab.kernels.concat_mla_q` validates).
 
     Args:
         ql_nope: ``[T, H, 512]``; q_pe: ``[T, H, 64]``; out: ``[T, H', 576]``, H' >= H; one dtype (fp16/bf16),
             last dims contiguous, any token/head strides.
         zero_padding: also write zeros into heads ``H..H'-1`` of ``out`` (same launch).
-        block_rows: (token, head) rows per program, a power of two (tuning knob; default
-            :data:`DEFAULT_BLOCK_ROWS`).
-        num_warps: warps per program (tuning knob; default :data:`DEFAULT_NUM_WARPS`).
+        block_rows: v2 only: (token, head) rows per program, a power of two (default :data:`DEFAULT_BLOCK_ROWS`).
+        num_warps: warps per program (default :data:`DEFAULT_NUM_WARPS` for v2, :data:`V3_NUM_WARPS` for v3).
         streaming: cache hints for data touched once (loads ``evict_first``, stores ``.cs``); off by default.
+        variant: ``"v2"`` (rows) or ``"v3"`` (token runs); see the module docstring.
+        block_t, block_h, head_tiles: v3 only: tokens and heads per tile (powers of two) and tiles per program
+            (see :func:`v3_config`; None = defaults).
 
     Returns:
         ``out``. ``T == 0`` launches nothing.
 
     Raises:
         RuntimeError: triton did not import.
+        ValueError: unknown ``variant``; a v3 block size not a power of two.
     """
-    if triton is None:
-        raise RuntimeError(f"triton is not available: {_TRITON_IMPORT_ERROR}")
-    T, H, _ = ql_nope.shape
-    Hp = out.shape[1]
-    rows_per_token = Hp if zero_padding else H
-    n_rows = T * rows_per_token
-    if n_rows == 0:
-        return out
-    grid = (triton.cdiv(n_rows, block_rows),)
-    rows_i64 = n_rows + block_rows >= 2**31
-    _concat_mla_q_kernel[grid](
-        ql_nope, q_pe, out,
-        n_rows, rows_per_token, H,
-        ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1),
-        D_NOPE_C=D_NOPE, D_PE_C=D_PE, BLOCK_R=block_rows,
-        ZERO_PAD=bool(zero_padding) and Hp > H, EVEN_ROWS=(n_rows % block_rows == 0), ROWS_I64=rows_i64,
-        LOAD_EVICT="evict_first" if streaming else "",
-        STORE_CACHE=".cs" if streaming else "",
-        num_warps=num_warps,
-    )
+    plan = _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
+                 head_tiles)
+    if plan is not None:
+        kernel, grid, args, cx, nw = plan
+        kernel[grid](*args, **cx, num_warps=nw)
     return out
+
+
+class ConcatLauncher:
+    """A planned concat launch bound to three tensors; calling it relaunches the kernel (returns ``out``).
+
+    Attributes:
+        path: ``"compiled"`` (calls the compiled kernel's launcher directly), ``"jit"`` (``kernel[grid](...)``
+            with the precomputed arguments: the interpreter, or a Triton whose compiled handle is not usable here),
+            or ``"noop"`` (nothing to write: ``T == 0``).
+        variant, grid, num_warps, constexprs: what it launches.
+        out: the output tensor it writes.
+    """
+
+    __slots__ = ("path", "variant", "grid", "num_warps", "constexprs", "out", "_call")
+
+    def __init__(self, path, variant, grid, num_warps, constexprs, out, call):
+        self.path, self.variant, self.grid, self.num_warps = path, variant, grid, num_warps
+        self.constexprs, self.out, self._call = constexprs, out, call
+
+    def __call__(self) -> torch.Tensor:
+        self._call()
+        return self.out
+
+    def __repr__(self) -> str:
+        return (f"ConcatLauncher(path={self.path!r}, variant={self.variant!r}, grid={self.grid}, "
+                f"num_warps={self.num_warps})")
+
+
+def _runtime_knobs():
+    """Triton's runtime knobs object (3.4+), or None (older Triton: hooks lived on ``CompiledKernel``)."""
+    try:
+        from triton import knobs
+
+        return knobs.runtime
+    except Exception:  # pragma: no cover - older triton
+        return None
+
+
+def _hook_active(h) -> bool:
+    """A launch hook that would run: a callable (Triton <= 3.6 style), or a non-empty ``HookChain`` (newer)."""
+    return h is not None and bool(getattr(h, "calls", True))
+
+
+def make_concat_launcher_triton(
+    ql_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    out: torch.Tensor,
+    zero_padding: bool = False,
+    variant: str = DEFAULT_VARIANT,
+    force_path: str | None = None,
+    **config,
+) -> ConcatLauncher:
+    """Plan, compile and launch once; return a :class:`ConcatLauncher` that relaunches with no per-call work.
+
+    The hot path (``path == "compiled"``) calls ``CompiledKernel.run(grid0, grid1, grid2, stream, function,
+    packed_metadata, None, None, None, *args)``: the call Triton 3.3+'s ``JITFunction.run``
+    (``triton/runtime/jit.py``) makes after its binder and cache lookup, with every kernel argument in signature
+    order (Triton < 3.3 passed only the runtime arguments; the kernels declare their constexprs last, so those
+    versions bind the same runtime arguments; a launcher that rejects the argument count falls back to ``jit``).
+    The stream is read on every call (``triton.runtime.driver.active.get_current_stream``), so a launcher made
+    before ``torch.cuda.graph`` capture is captured on the capture stream. If a Triton launch hook is set
+    (e.g. a profiler) the call goes through ``kernel[grid](...)`` so the hook sees it.
+
+    Call it on the device that was current when it was made. It is bound to these tensors (their data pointers,
+    shapes and strides): make a new one for other tensors.
+
+    Args:
+        ql_nope, q_pe, out, zero_padding: as :func:`concat_mla_q_triton` (not validated here).
+        variant: ``"v2"`` or ``"v3"``.
+        force_path: None (best available), or ``"jit"`` to force the fallback (for A/B timing and tests).
+        **config: the variant's knobs (``block_rows``, ``num_warps``, ``streaming``, ``block_t``, ``block_h``,
+            ``head_tiles``).
+
+    Returns:
+        a :class:`ConcatLauncher`; ``out`` has already been written once.
+
+    Raises:
+        RuntimeError: triton did not import.
+        ValueError: unknown ``variant``, config key or ``force_path``.
+    """
+    allowed = {"block_rows", "num_warps", "streaming", "block_t", "block_h", "head_tiles"}
+    bad = sorted(set(config) - allowed)
+    if bad:
+        raise ValueError(f"config key(s) {bad} not known; allowed: {sorted(allowed)}")
+    if force_path not in (None, "jit"):
+        raise ValueError(f"force_path={force_path!r} is not known; allowed: [None, 'jit']")
+    plan = _plan(ql_nope, q_pe, out, zero_padding, variant, config.get("block_rows"), config.get("num_warps"),
+                 bool(config.get("streaming", False)), config.get("block_t"), config.get("block_h"),
+                 config.get("head_tiles"))
+    if plan is None:
+        return ConcatLauncher("noop", variant, (0,), 0, {}, out, lambda: None)
+    kernel, grid, args, cx, nw = plan
+
+    def jit_call(kernel=kernel, grid=grid, args=args, cx=cx, nw=nw):
+        kernel[grid](*args, **cx, num_warps=nw)
+
+    compiled = kernel[grid](*args, **cx, num_warps=nw)  # compile (or hit the cache) and write out once
+    full = args + tuple(cx.values())
+    fast = None
+    if force_path is None and not triton_interpreting() and all(
+            hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
+        try:
+            from triton.runtime import driver
+
+            get_stream = driver.active.get_current_stream
+            dev = out.device.index if out.device.index is not None else torch.cuda.current_device()
+            run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+            g0 = grid[0]
+            rt = _runtime_knobs() or getattr(getattr(triton, "compiler", None), "CompiledKernel", None)
+            active = _hook_active
+
+            def fast(run=run, function=function, packed=packed, g0=g0, full=full, dev=dev, rt=rt):
+                if rt is not None and (active(rt.launch_enter_hook) or active(rt.launch_exit_hook)):
+                    return jit_call()  # a profiler's hook is set: let Triton's own path call it
+                run(g0, 1, 1, get_stream(dev), function, packed, None, None, None, *full)
+
+            fast()  # a launcher that rejects the arguments raises here, before anything is relied on
+        except Exception:
+            fast = None
+    if fast is not None:
+        return ConcatLauncher("compiled", variant, grid, nw, cx, out, fast)
+    return ConcatLauncher("jit", variant, grid, nw, cx, out, jit_call)
