@@ -29,7 +29,7 @@ SLOW = (
     "tests/test_notebook.py",  # papermill runs of the sweep notebook (3-16 s each)
     "tests/test_notebook_explore.py",  # the explorer notebook in a kernel (4 s)
     "tests/test_report_site.py",  # publishes reports through the CLI (8 s setup)
-    "tests/test_tp_check.py",  # gloo TP=2 ranks (14 s setup)
+    "tests/test_measure_tp.py",  # gloo TP=2 ranks (14 s setup)
     "tests/test_properties.py::test_concat_real_heads_equal_inputs_padded_heads_untouched",  # hypothesis (6 s)
     "tests/test_report.py::test_report_module_leaves_the_matplotlib_backend_alone",  # a python subprocess (2.5 s)
     "tests/test_kernels_triton_interp.py",  # Triton interpreter (6 s first compile)

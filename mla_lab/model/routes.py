@@ -61,17 +61,17 @@ from pathlib import Path
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
 from ..buffers import check_strategy
-from ..models import ModelConfig
+from ..models import ModelConfig, load_model
 from ..paths import calibration_dir, measured_dir
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
-from .calibration import Calibration, ClassEff, resolve_calibration
+from .calibration import Calibration, ClassEff, fit_calibration, resolve_calibration
 from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _gemm, layer_ops, step_ops, step_stats
 from .timing import op_time_ms
 
 __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
            "masked_mha_ops", "mha_transient_bytes", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
-           "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "mha_pricing_source",
+           "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "mha_pricing_source", "route_rows", "fit_route_classes", "validate_routes", "ROUTES_CSV", "MHA_FIT_BACKEND",
            "route_layer_ops", "route_layer_time_ms", "route_step_time_ms", "route_op_time_ms",
            "prompt_len_step", "attention_by_prompt_len", "crossover_prompt_len", "route_transient_bytes", "DROPPED_BY_DENSE", "KERNEL_MODELS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
 
@@ -142,7 +142,7 @@ def up_projection_ops(model: ModelConfig, tp: int, rs: RouteStats, weight_dtype:
     H = model.heads_per_rank(tp)
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     proj = _gemm("kv_b_proj", rs.Tk, model.kv_lora_rank, H * (dn + dv), WEIGHT_DTYPES[weight_dtype], weight_dtype)
-    cat = LayerOp("k_concat", "elementwise", act_bytes=(rs.Tk * (H * dn + dr) + rs.Tk * H * (dn + dr)) * BF16,
+    cat = LayerOp("k_concat", K_CONCAT_CLASS, act_bytes=(rs.Tk * (H * dn + dr) + rs.Tk * H * (dn + dr)) * BF16,
                   dims={"Tk": rs.Tk, "H": H, "d_nope": dn, "d_rope": dr}, impl="torch.cat k_nope, k_pe")
     return [proj, cat]
 
@@ -336,21 +336,96 @@ def fa3_sparse_terms(model: ModelConfig, tp: int, T: int, sum_topk: int) -> dict
             "padded_bytes": 0.0, "tile_heads": math.ceil(H / 64) * 64}
 
 
+#: Where the H200 route rows live (``benchmarks/round3.py`` part ``routes``, 5 fresh processes).
+ROUTES_CSV = ("between_process", "routes.csv")
+#: SDPA backend whose rows fit the ``mha_attn`` class: cuDNN (Hopper wgmma kernels, the closest of torch's backends
+#: to the FA3 varlen kernel vLLM and SGLang call on sm90; SDPA ``flash`` is FlashAttention-2).
+MHA_FIT_BACKEND = "cudnn"
+K_CONCAT_CLASS = "k_concat"
+
+
+def route_rows(path: str | Path | None = None) -> list[dict]:
+    """The committed H200 route rows as ``{model, route, prompt_len, num_prompts, T, ms, n_processes}``: per model,
+    route label and prompt length, the median over processes of each process's median (``median_ms``). Empty when
+    the file is absent."""
+    p = Path(path) if path else measured_dir("h200").joinpath(*ROUTES_CSV)
+    if not p.is_file():
+        return []
+    per: dict = {}
+    meta: dict = {}
+    for r in csv.DictReader(open(p, newline="")):
+        k = (r["model"], r["route"], int(r["prompt_len"]))
+        per.setdefault(k, {})[r["process"]] = float(r["median_ms"])
+        meta[k] = (int(r["num_prompts"]), int(r["T"]), r.get("v_padded") == "True")
+    out = []
+    for k in sorted(per):
+        v = sorted(per[k].values())
+        n = len(v)
+        out.append({"model": k[0], "route": k[1], "prompt_len": k[2], "num_prompts": meta[k][0], "T": meta[k][1],
+                    "v_padded": meta[k][2], "ms": v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2]),
+                    "n_processes": n})
+    return out
+
+
+def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BACKEND):
+    """Fit the ``mha_attn`` class (SDPA ``backend`` rows) and the ``k_concat`` class (``mha:assemble`` rows without
+    a padded V) with :func:`mla_lab.model.calibration.fit_calibration`, the work of each row recomputed by
+    :func:`mha_attention_op` / :func:`up_projection_ops` at TP8 (the rows' ``H``). Returns ``(classes, report)``.
+
+    Raises:
+        ValueError: no rows for ``backend``; unknown model in the rows.
+    """
+    rows = route_rows() if rows is None else rows
+    fit_in = []
+    for r in rows:
+        is_mha = r["route"] == f"mha:sdpa:{backend}"
+        is_cat = r["route"] == "mha:assemble" and not r.get("v_padded")
+        if not (is_mha or is_cat):
+            continue
+        m = load_model(r["model"])
+        rs = route_stats(m, prompt_len_step(r["prompt_len"], r["T"]))
+        op = mha_attention_op(m, 8, rs) if is_mha else up_projection_ops(m, 8, rs)[1]
+        fit_in.append({"op_class": MHA_CLASS if is_mha else K_CONCAT_CLASS, "flops": op.flops, "bytes": op.bytes,
+                       "ms": r["ms"]})
+    if not any(x["op_class"] == MHA_CLASS for x in fit_in):
+        raise ValueError(f"backend={backend!r} has no mha:sdpa rows; allowed: the SDPA backends in the rows")
+    cal, report = fit_calibration(fit_in, "h200", name=f"routes.csv fit ({backend})")
+    return {c: cal.classes[c] for c in (MHA_CLASS, K_CONCAT_CLASS) if c in cal.classes}, report
+
+
+_ROUTE_CLASSES: dict = {}
+
+
 def mha_pricing_source(calibration: Calibration | None = None) -> str:
-    """What prices the dense MHA kernel: ``measured class mha_attn (<calibration>)`` or the assumption."""
+    """What prices the dense MHA kernel: the calibration's own ``mha_attn`` class, the fit on the committed H200
+    route rows, or (no rows) the assumption."""
     cal = resolve_calibration(calibration)
     if MHA_CLASS in cal.classes:
         return f"measured class {MHA_CLASS} ({cal.name})"
+    if _route_classes():
+        e = _route_classes()[MHA_CLASS]
+        return (f"measured: {MHA_CLASS} fitted on data/measured/h200/between_process/routes.csv, SDPA "
+                f"{MHA_FIT_BACKEND} (eff_flops {e.eff_flops:.3f}, eff_bytes {e.eff_bytes:.3f}, {e.floor_us:g} us "
+                f"{e.mode}, MAPE {e.mape_pct:.1f} %)")
     return (f"assumption: FlashAttention-class dense kernel at the FlashMLA kernel's calibrated "
             f"{cal.attention_eff('kernel'):.3f} of bf16 peak, gemm byte efficiency and overhead ({cal.name})")
 
 
+def _route_classes() -> dict:
+    if "h200" not in _ROUTE_CLASSES:
+        try:
+            _ROUTE_CLASSES["h200"] = fit_route_classes()[0] if route_rows() else {}
+        except ValueError:
+            _ROUTE_CLASSES["h200"] = {}
+    return _ROUTE_CLASSES["h200"]
+
+
 def _with_mha_class(cal: Calibration) -> Calibration:
-    if MHA_CLASS in cal.classes:
-        return cal
-    g = cal.eff("gemm")
-    eff = ClassEff(cal.attention_eff("kernel"), g.eff_bytes, g.floor_us, 0, None, g.mode)
-    return replace(cal, classes={**cal.classes, MHA_CLASS: eff})
+    extra = {c: e for c, e in _route_classes().items() if c not in cal.classes}
+    if MHA_CLASS not in cal.classes and MHA_CLASS not in extra:
+        g = cal.eff("gemm")
+        extra[MHA_CLASS] = ClassEff(cal.attention_eff("kernel"), g.eff_bytes, g.floor_us, 0, None, g.mode)
+    return replace(cal, classes={**cal.classes, **extra}) if extra else cal
 
 
 KERNEL_MODELS = ("roofline", "calibrated")
@@ -386,8 +461,11 @@ def route_op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None
         if d.get("content") == "stale" and cal.content is not None:
             t *= cal.content.factor(d["H"], d["Hp"], t)
         return t
-    if op.op_class == MHA_CLASS:
-        return op_time_ms(op, arch, _with_mha_class(cal), tp)
+    if op.op_class in (MHA_CLASS, K_CONCAT_CLASS):
+        c2 = _with_mha_class(cal)
+        if op.op_class == K_CONCAT_CLASS and K_CONCAT_CLASS not in c2.classes:
+            op = replace(op, op_class="elementwise")  # no measured k_concat class: the elementwise one
+        return op_time_ms(op, arch, c2, tp)
     return op_time_ms(op, arch, cal, tp)
 
 
@@ -565,3 +643,32 @@ def route_transient_bytes(model: ModelConfig, tp: int, route: str, step: Step | 
         return d
     raise ValueError(f"route={route!r} is not valid here; allowed: ['fa3-sparse', 'mha-dense', 'mha-masked'] "
                      "(sparse-mqa: mla_lab.buffers.memory_account of its strategy)")
+
+
+def validate_routes(rows: list[dict] | None = None, kernel_fit: PaddedKernelFit | None = None) -> list[dict]:
+    """Model against the committed H200 route rows (:func:`route_rows`; none of them is in the padded-kernel fit):
+    per model and prompt length, ``mqa_kernel_only`` (concat + padded kernel, private workspace) priced by the
+    roofline fit and by the lab's FLOP-only kernel model, and ``mqa`` (with the W_UK / W_UV bmms, roofline).
+    Returns ``[{model, prompt_len, what, measured_ms, modelled_ms, err_pct}]``."""
+    rows = route_rows() if rows is None else rows
+    meas = {(r["model"], r["route"], r["prompt_len"]): r["ms"] for r in rows}
+    arch = get_arch("h200")
+    out = []
+    for (mn, route, L), ms in sorted(meas.items()):
+        if route != "mqa_kernel_only:private_workspace":
+            continue
+        m = load_model(mn)
+        step = prompt_len_step(L, next(r["T"] for r in rows if r["model"] == mn and r["prompt_len"] == L))
+        ops = {o.name: o for o in layer_ops(m, 8, arch, "private_workspace", step, weight_dtype="bf16",
+                                            moe_parallel="tp")}
+        t = {km: route_op_time_ms(ops["concat"], arch) + route_op_time_ms(ops["kernel"], arch, None, 8, kernel_fit, km)
+             for km in KERNEL_MODELS}
+        bmm = route_op_time_ms(ops["w_uk_bmm"], arch) + route_op_time_ms(ops["w_uv_bmm"], arch)
+        cases = [("mqa_kernel_only roofline", ms, t["roofline"]), ("mqa_kernel_only calibrated", ms, t["calibrated"])]
+        full = meas.get((mn, "mqa:private_workspace", L))
+        if full is not None:
+            cases.append(("mqa roofline", full, t["roofline"] + bmm))
+        for what, mm, mod in cases:
+            out.append({"model": mn, "prompt_len": L, "what": what, "measured_ms": mm, "modelled_ms": mod,
+                        "err_pct": 100 * (mod / mm - 1)})
+    return out
