@@ -9,9 +9,9 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
-echo "deselected: tests/test_tp_check.py::test_gpu_tp_run_equals_the_unsharded_blocks (needs >= 2 GPUs)" | tee "$OUT/tp_tests.log"
-MLA_LAB_REQUIRE_GPU=1 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_tp_check.py \
-  --deselect tests/test_tp_check.py::test_gpu_tp_run_equals_the_unsharded_blocks 2>&1 | tail -8 | tee -a "$OUT/tp_tests.log"
+echo "deselected: tests/test_measure_tp.py::test_gpu_tp_run_equals_the_unsharded_blocks (needs >= 2 GPUs)" | tee "$OUT/tp_tests.log"
+MLA_LAB_REQUIRE_GPU=1 timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_measure_tp.py \
+  --deselect tests/test_measure_tp.py::test_gpu_tp_run_equals_the_unsharded_blocks 2>&1 | tail -8 | tee -a "$OUT/tp_tests.log"
 for tp in 8 4; do
   timeout 170 python3 benchmarks/tp_block.py --tp "$tp" --runs sim --moe-impl grouped_mm --out "$OUT/tp$tp" 2>&1 \
     | tee "$OUT/tp${tp}.log" | tail -4

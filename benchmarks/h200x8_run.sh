@@ -17,7 +17,7 @@ nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,power.li
 nvidia-smi topo -m 2>&1 | tee -a "$OUT/gpu.txt"
 python3 -c "import torch, triton; from mla_lab.kernels import flash_mla_info; print(torch.__version__, triton.__version__, torch.cuda.device_count(), flash_mla_info())" | tee -a "$OUT/gpu.txt"
 TPS="${*:-8 4 2}"
-[ "${SKIP_TESTS:-0}" = 1 ] || MLA_LAB_REQUIRE_GPU=1 timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_tp_check.py 2>&1 | tail -25 | tee "$OUT/tp_tests.log"
+[ "${SKIP_TESTS:-0}" = 1 ] || MLA_LAB_REQUIRE_GPU=1 timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_measure_tp.py 2>&1 | tail -25 | tee "$OUT/tp_tests.log"
 for tp in $TPS; do
   mkdir -p "$OUT/tp$tp"
   timeout 450 python3 benchmarks/tp_block.py --tp "$tp" --out "$OUT/tp$tp" 2>&1 | tee "$OUT/tp$tp/tp_block.log" | tail -40

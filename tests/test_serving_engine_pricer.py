@@ -1,9 +1,7 @@
-"""The cost model as a serving pricer (mla_lab.serving.engine_pricer), its decode calibration
-(mla_lab.model.decode_calibration) and the benchmark per strategy (mla_lab.serving.benchmark): hand-checkable steps,
-the decode fit's committed validation, and the PR's benchmark end to end (CPU, a few seconds)."""
+"""The cost model as a serving pricer (mla_lab.serving.engine_pricer): hand-checkable steps (the step conversion,
+the launch model, the strategies' decode costs, the decode terms per layer). The decode calibration's own tests:
+tests/test_model_decode_calibration.py; the benchmark per strategy: tests/test_serving_benchmark.py."""
 
-import csv
-import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,12 +9,11 @@ import pytest
 
 from mla_lab.arch import get_arch
 from mla_lab.model.calibration import load_calibration
+from mla_lab.model.decode_calibration import DECODE_CSV, load_decode_calibration
 from mla_lab.model.ops import attention_path_ops, step_ops, step_stats
 from mla_lab.model.timing import op_time_ms, step_time_ms
 from mla_lab.models import load_model
-from mla_lab.placement import BASELINE, measured_as
-from mla_lab.model.decode_calibration import DECODE_CSV, load_decode_calibration, write_decode_calibration
-from mla_lab.serving.benchmark import PR_BENCH, serve_benchmark
+from mla_lab.placement import BASELINE
 from mla_lab.serving.engine_pricer import EnginePricer, _Parts, layer_decode_ms
 from mla_lab.serving.step import DecodeToken, PrefillChunk, Step
 from mla_lab.workload import Step as WorkStep
@@ -139,96 +136,3 @@ def test_decode_kernel_is_flat_then_bandwidth_bound():
     assert kernel_us(1) == pytest.approx(56, rel=0.10)
     assert kernel_us(16) == pytest.approx(57, rel=0.10)
     assert kernel_us(256) == pytest.approx(163, rel=0.10)
-
-
-# ------------------------------------------------------------------------------------------- calibration
-def test_decode_calibration_is_committed_with_provenance():
-    with open(CAL_CSV, newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert rows and all(r["source"] == "measured" and r["gpu"] == "NVIDIA H200" for r in rows)
-    assert all("decode_layer.csv" in r["data_file"] and r["torch"] and r["flash_mla"] for r in rows)
-    assert "H200" in DCAL.name and DCAL.eager_form in ("max", "add", "max+add")
-
-
-def test_decode_calibration_round_trips(tmp_path):
-    p = write_decode_calibration(DCAL, tmp_path / "d.csv")
-    back = load_decode_calibration(p)
-    for f in ("graph_floors", "attn_floor_us", "idx_decode", "topk_decode", "kernel_decode", "layer_fixed_us",
-              "host_us_per_op", "eager_gap_us", "eager_form"):
-        a, b = getattr(back, f), getattr(DCAL, f)
-        if f == "idx_decode":
-            a, b = (a.eff_flops, a.eff_bytes, a.floor_us, a.mode), (b.eff_flops, b.eff_bytes, b.floor_us, b.mode)
-        assert a == b, f
-
-
-def test_load_decode_calibration_refuses_a_missing_or_bad_file(tmp_path):
-    with pytest.raises(ValueError, match="fit_decode.py"):
-        load_decode_calibration(tmp_path / "none.csv")
-    bad = tmp_path / "bad.csv"
-    bad.write_text("group,key,value\nlayer,layer_fixed_us,abc\n")
-    with pytest.raises(ValueError, match="not a decode calibration"):
-        load_decode_calibration(bad)
-
-
-def _validation():
-    with open(VALIDATION, newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def test_committed_decode_validation_meets_the_target():
-    """Issue 13's done-when: decode and mixed-step MAPE <= 10 % in sample and leave-one-model-out, recomputed from
-    the committed measured / predicted columns."""
-    rows = _validation()
-    by: dict = {}
-    for r in rows:
-        m, p = float(r["measured_ms"]), float(r["predicted_ms"])
-        ape = abs(p - m) / m * 100
-        assert ape == pytest.approx(float(r["ape_pct"]), rel=1e-6, abs=1e-9)
-        by.setdefault((r["fit"], r["kind"]), []).append(ape)
-    assert set(by) == {(f, k) for f in ("in_sample", "leave_one_model_out")
-                       for k in ("decode_graph", "decode_eager", "mixed")}
-    for key, apes in by.items():
-        assert sum(apes) / len(apes) <= 10.0, (key, sum(apes) / len(apes))
-    assert {r["model"] for r in rows if r["fit"] == "leave_one_model_out"} == {"glm-5", "deepseek-v3.2"}
-    assert all(r["source"] == "measured" and r["gpu"] == "NVIDIA H200" for r in rows)
-    assert len(by[("in_sample", "decode_graph")]) == 72 and len(by[("in_sample", "mixed")]) == 8
-
-
-def test_committed_calibration_reproduces_the_in_sample_predictions():
-    cal = load_calibration()
-    for r in _validation():
-        if r["fit"] != "in_sample":
-            continue
-        B, c, P = int(r["batch"]), int(r["context"]), int(r["prefill_tokens"])
-        got = layer_decode_ms(r["model"], 8, H200, measured_as(r["strategy"]), prefill=[(10**9, 0, P)] if P else [],
-                              decode_contexts=[c] * B, calibration=cal, decode_cal=DCAL, graph=r["mode"] == "graph",
-                              weight_dtype="bf16", moe_parallel="ep", ep_size=8)["total_ms"]
-        assert got == pytest.approx(float(r["predicted_ms"]), rel=1e-9), r
-
-
-# ------------------------------------------------------------------------------------------- the PR benchmark
-@pytest.mark.parametrize("model", ["glm-5", "glm-5.2"])
-def test_pr_benchmark_gives_finite_metrics_and_the_changes_sign(model):
-    """The PR's benchmark (32 x 1024 / 128, concurrency 32, rate inf, 16384-token budget, TP8 H200, fp8 weights,
-    EP). Sign: the PR's pre-padded workspace lowers mean TTFT and raises total token throughput against the
-    pre-PR baseline (as the PR reports, smaller in size); a stale per-call pad raises TTFT."""
-    res = serve_benchmark(model, 8, "h200", ["vllm-pre-53878", "vllm-53878"], PR_BENCH, 16384)
-    assert res["baseline"] == BASELINE
-    assert set(res["strategies"]) == {"per_call_empty:zeros", "per_call_empty:stale", "private_workspace"}
-    for s, r in res["strategies"].items():
-        m = r["metrics"]
-        assert m["completed"] == 32 and m["total_input_tokens"] == 32 * 1024 and m["total_output_tokens"] == 32 * 128
-        assert all(math.isfinite(v) for v in m.values() if isinstance(v, float)), s
-        assert m["mean_ttft_ms"] > 0 and m["mean_tpot_ms"] > 0 and m["total_token_throughput"] > 0
-        assert r["steps_by_launch"].get("decode:FULL", 0) >= 100  # decode dominates the step count
-    pr = res["strategies"]["private_workspace"]
-    assert pr["change_pct"]["mean_ttft_ms"] < 0 < pr["change_pct"]["total_token_throughput"]
-    assert pr["change_pct"]["mean_tpot_ms"] < 0
-    assert res["strategies"]["per_call_empty:stale"]["change_pct"]["mean_ttft_ms"] > 0
-    assert pr["kv_capacity_tokens"] < res["strategies"][BASELINE]["kv_capacity_tokens"]
-    assert res["notes"] and all(isinstance(n, str) for n in res["notes"])
-
-
-def test_serve_benchmark_refuses_a_deployment_without_kv_capacity():
-    with pytest.raises(ValueError, match="KV-cache capacity .* <= 0"):
-        serve_benchmark("glm-5", 8, "h200", ["vllm-53878"], PR_BENCH, 16384, weight_dtype="bf16")

@@ -25,7 +25,7 @@ Blocks (:data:`BLOCKS`), per rank, for one causal prompt of ``T`` tokens:
   summed and ONE all-reduce (sum) of the ``[T, hidden]`` bf16 output follows. The per-rank op list is
   :data:`MOE_OPS`, the ops :func:`mla_lab.model.ops.layer_ops` prices for a MoE layer under ``moe_parallel="ep"``
   (``ep_comm="all_reduce"``). Because the routing comes from the replicated router, the sum over ranks equals the
-  unsharded MoE (``tests/test_tp_check.py``). The routed GEMMs are a loop of per-expert ``F.linear`` calls over
+  unsharded MoE (``tests/test_measure_tp.py``). The routed GEMMs are a loop of per-expert ``F.linear`` calls over
   the tokens routed to each local expert (one host sync per call for the counts), not vLLM's Triton ``fused_moe``:
   the times are those of this torch implementation. Weights are bf16 (fp8 block-quantized experts, which the
   released checkpoints ship, are not needed to check the sharding and are not run); per rank at GLM-5 /
