@@ -40,6 +40,7 @@ Every CSV row carries provenance (GPU, driver, torch, triton, flash_mla, commit:
 in ms. ``--smoke``: tiny repeats, for the first call of a session.
 """
 
+# ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations
 
 import argparse
@@ -57,7 +58,7 @@ import torch.nn.functional as F
 
 from mla_lab.kernels import concat_mla_q, last_backend, sparse_mla_prefill
 from mla_lab.measure.attention import make_step_inputs, time_attention_path
-from mla_lab.measure.timer import cuda_ms, graphed, interleaved
+from mla_lab.measure.timer import graphed, interleaved
 from mla_lab.measure.tp import block_forward, make_block_inputs, make_moe_inputs, moe_forward
 from mla_lab.models import load_model
 from mla_lab.provenance import provenance
@@ -151,7 +152,6 @@ def part_cold(sink: Sink, smoke: bool) -> None:
         # step-time spread within the process: every steady sample
         for i, (w, g) in enumerate(steady):
             sink.write("step_spread.csv", {"what": what, "sample": i, "wall_ms": round(w, 4), "gpu_ms": round(g, 4)})
-    del blk, moe
     torch.cuda.empty_cache()
 
 
@@ -239,7 +239,6 @@ def part_subgraph(sink: Sink, repeats: int) -> None:
                                             "median_ms": round(statistics.median(xs), 5),
                                             "workspace_bytes": ws_bytes, "repeats": repeats})
         log(f"subgraph {shape}: " + ", ".join(f"{n} {statistics.median(x):.3f}" for n, x in samples.items()))
-        del fns, loops, pr
         torch.cuda.empty_cache()
 
 
@@ -390,7 +389,6 @@ def part_routes(sink: Sink, repeats: int, smoke: bool) -> None:
             log(f"routes {mname} L={L}: " + ", ".join(f"{n} {statistics.median(x):.3f}" for n, x in samples.items()))
             if L == 1024 and backend is not None:
                 _route_check(sink, m, H, B, L, backend, g, mname)
-            del fns, paths, samples
             torch.cuda.empty_cache()
 
 
@@ -425,7 +423,7 @@ def part_moe_decode(sink: Sink, smoke: bool) -> None:
 
     m = load_model("glm-5")
     ep = 8
-    E, k, I, h = m.n_routed_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.hidden_size
+    E, k, I, h = m.n_routed_experts, m.num_experts_per_tok, m.moe_intermediate_size, m.hidden_size  # noqa: E741
     e_loc = E // ep
     g = torch.Generator(device="cuda").manual_seed(0)
     w13 = torch.randn(e_loc, 2 * I, h, device="cuda", dtype=torch.bfloat16, generator=g).div_(math.sqrt(h))
@@ -489,7 +487,6 @@ def part_moe_decode(sink: Sink, smoke: bool) -> None:
                                               "ms": "", "weight_bytes": "", "gbps": "", "rel_err_vs_bf16": "",
                                               "timing": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:150]}"})
                 log(f"moe decode T={T} {name} failed: {e}")
-    del w13, w2, w13_8, w2_8
     torch.cuda.empty_cache()
 
 
@@ -596,7 +593,6 @@ def part_content(sink: Sink, rounds: int, smoke: bool) -> None:
                                                 "nvml_samples": len(nv.samples)})
                 log(f"content r{r} {c}: step {total:.1f} ms, " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
                     + f", SM {clk} MHz, {pw} W")
-    del blk, moe, paths
     torch.cuda.empty_cache()
 
 
