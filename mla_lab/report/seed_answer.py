@@ -25,7 +25,7 @@ from ..model.calibration import resolve_calibration
 from ..model.comm import extrapolated
 from ..model.ttft import predict_ttft
 from ..paths import measured_dir
-from ..placement import BASELINE, BENCH_PRESET_LABELS, PR_STRATEGY, SEED_COMPARISONS, parse_strategy
+from ..placement import BASELINE, BENCH_PRESET_LABELS, CONTENTS, PR_STRATEGY, SEED_COMPARISONS, parse_strategy
 from ..seed import SEED_REPORTED
 from ..sweep.rows import ttft_with_attention
 from ..workload import schedule
@@ -206,7 +206,7 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
         for name in models:
             pr = {parse_strategy(r["against"]): r for r in rows if r["model"] == name and r["strategy"] == PR_STRATEGY}
             z, st = (next(r for s, r in pr.items() if s.placement == "per_call_empty" and s.content == c)
-                     for c in ("zeros", "stale"))
+                     for c in CONTENTS)  # zeros, stale
             out.append({
                 "model": name, "comm term": label, "priced by": z["comm_source"], "all-reduce ms": z["comm_ms"],
                 "share of run %": 100 * z["comm_ms"] / z["against_run_ms"],
