@@ -44,12 +44,12 @@ model-dependent length), so :func:`check_route` refuses it there.
   ``mla_attention.py`` sends all tokens down the MQA path); ``FLASH_ATTN_MLA_SPARSE`` -> ``fa3-sparse`` (vLLM's
   Hopper default for head size 576; it precedes ``FLASHMLA_SPARSE`` in the sm90 sparse priority list, vLLM issue
   #56564, which is why the PR's server forces ``--attention-backend FLASHMLA_SPARSE``).
-- ``sglang`` default H200 route (sgl-project/sglang ``docs/basic_usage/deepseek_v32.md``, PR #12868 text: "For short
+- ``sglang-default``: SGLang's default H200 route (sgl-project/sglang ``docs/basic_usage/deepseek_v32.md``, PR #12868 text: "For short
   prefill sequences (default threshold: 2048 tokens), the NSA backend uses standard MHA automatically ... On H200
   (SM90) this path uses the FlashAttention variable-length kernel", MHA_ONE_SHOT; ``dsa_backend.py`` /
   ``nsa_backend.py``; PR #11892): prefill with ``seq_len <= 2048`` (``SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD``,
   a KV length) -> ``mha-dense``; longer -> ``sparse-mqa`` (``_forward_flashmla_sparse``: ``new_zeros`` + copy per
-  call); decode -> ``fa3-sparse`` (``nsa_decode_backend`` ``fa3``). ``sglang-flashmla-sparse`` forces the padded
+  call); decode -> ``fa3-sparse`` (``nsa_decode_backend`` ``fa3``). ``sglang-flashmla`` forces the padded
   route for every prefill. The 2048 threshold equals ``index_topk`` of both models, so the dense route is exact;
   a threshold above ``topk`` is refused.
 
@@ -156,7 +156,7 @@ class EngineRule:
     """How one engine configuration routes sparse-MLA attention.
 
     Attributes:
-        name: the rule's name (``vllm-flashmla``, ``vllm-fa3``, ``sglang``, ``sglang-flashmla-sparse``).
+        name: the rule's name (``vllm-flashmla``, ``vllm-fa3``, ``sglang-default``, ``sglang-flashmla``).
         engine: ``vllm`` or ``sglang``.
         backend_route: the route of MQA tokens (prefill that takes no dense route; decode): ``sparse-mqa`` or
             ``fa3-sparse``.
@@ -203,13 +203,14 @@ ENGINE_RULES = {
         _VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py at 0299fca7: FA3 varlen, q=q_rope, "
         "q_v=q_nope, max_seqlen_q=1, block_table=top-k indices; requests of <= 1024 query tokens handled as "
         "decodes), vLLM's sm90 default for head size 576 (sparse priority list quoted in vLLM issue #56564)", 1024),
-    "sglang": EngineRule(
-        "sglang", "sglang", "sparse-mqa", "fa3-sparse", SGLANG_DENSE_KV_LEN_THRESHOLD, ("deepseek", "glm"), False,
+    "sglang-default": EngineRule(
+        "sglang-default", "sglang", "sparse-mqa", "fa3-sparse", SGLANG_DENSE_KV_LEN_THRESHOLD, ("deepseek", "glm"),
+        False,
         "sgl-project/sglang docs/basic_usage/deepseek_v32.md (PR #12868: dense MHA below 2048 tokens, FlashAttention "
         "varlen on H200, MHA_ONE_SHOT), PR #11892 (_forward_standard_mha), dsa_backend.py "
         "(_forward_flashmla_sparse: new_zeros + copy per call; decode backend fa3)"),
-    "sglang-flashmla-sparse": EngineRule(
-        "sglang-flashmla-sparse", "sglang", "sparse-mqa", "sparse-mqa", 0, (), False,
+    "sglang-flashmla": EngineRule(
+        "sglang-flashmla", "sglang", "sparse-mqa", "sparse-mqa", 0, (), False,
         "SGLang with the padded route forced for every prefill and decode (nsa prefill/decode backend "
         "flashmla_sparse; _forward_flashmla_sparse new_zeros + copy per call)"),
 }
