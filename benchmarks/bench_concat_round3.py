@@ -1,0 +1,371 @@
+"""Round 3 of the Q concat (issue 23): v2 vs v3 into the padded [T, H', 576] workspace, and the host launch cost.
+
+Run on a CUDA GPU (torch + triton + mla_lab, nothing else)::
+
+    python3 benchmarks/bench_concat_round3.py --out DIR          # writes DIR/concat_round3.csv, prints tables
+    python3 benchmarks/bench_concat_round3.py --dry-run          # CPU: prints the plan, exits 0
+
+What it measures, per shape (T x H real heads into H' padded heads, bf16; default T 4096/16384, H 8/16, H' 64):
+
+- ``v2``, ``v3`` (the defaults) and the ``v3:...`` / ``v2:...`` configs of :data:`TUNE` into ``out[T, H', 576]``
+  (real heads only, vLLM semantics), each checked bitwise against ``torch.cat`` on a NaN-poisoned ``out`` (padded
+  heads must stay poisoned) before it is timed;
+- ``v2_unpadded``, ``v3_unpadded``: the same kernels into an unpadded ``[T, H, 576]`` buffer (the gapped-write cost);
+- ``copy``: ``dst.copy_(src)`` of the same bytes (``T * H * 576`` elements read and written), the ceiling;
+- ``torch_cat`` into the unpadded buffer (vLLM before the PR), for reference.
+
+Bytes: ``2 * T * H * 576 * 2`` (read + write of the real heads), ``pct_of_copy`` = copy time / method time under
+the same timer (= GB/s ratio at equal bytes). Two timers, both device time (no host launch cost):
+
+- ``graph``: the lab's timer (:func:`mla_lab.measure.timer.median_ms` with ``graph=True``): one call captured in a
+  CUDA graph, replayed under ``triton.testing.do_bench`` (median, L2 flushed before every replay) — the timing of
+  the figures in issue 23 (93.0-95.4 %) and docs/perf-notes.md;
+- ``cudagraph``: ``triton.testing.do_bench_cudagraph(fn, return_mode="median")``: many calls back to back in one
+  graph, no L2 flush between them (inputs up to ~75 MB at 4096 x 8 partly stay in the H200's L2, so this timer
+  favours small shapes; it is reported because it is Triton's documented graph timer).
+
+Each (shape, method, timer) is timed ``--rounds`` times in a rotated order (drift hits every method alike); the
+table shows the median over rounds; the CSV has every round. A CUDA graph copy_ is a memcpy node, which the lab
+measured 1.55x slow from ~1.2 GB one way (docs/perf-notes.md GPU run 2): the default shapes stay below that
+(16384 x 16: 302 MB one way); larger ones print a warning.
+
+Host launch (T = 16, H = 8 -> 64, eager, back to back): microseconds per call over ``--host-calls`` calls after a
+warm-up and a sync (perf_counter, then a sync), median of 5 repeats, for ``concat_mla_q`` (the checked API, v2 and
+v3), the launcher hot path (:func:`mla_lab.kernels.make_concat_launcher`, its ``path`` printed: ``compiled``
+expected), the launcher forced onto its ``jit`` fallback, ``concat_mla_q_triton`` (no checks, Triton's JIT launch)
+and ``torch.cat``. Also checked: the launcher captured in a CUDA graph and replayed after its inputs changed gives
+the new result bitwise (``graph_capture_ok``).
+
+Rows carry :func:`mla_lab.provenance.provenance` ``("measured")`` columns. Bad arguments: one line naming the
+argument, exit 2; an existing ``concat_round3.csv`` not written by this script is never overwritten (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from mla_lab.kernels import concat_mla_q, make_concat_launcher  # noqa: E402
+from mla_lab.kernels.triton_concat import concat_mla_q_triton, v3_config  # noqa: E402
+
+CSV_NAME = "concat_round3.csv"
+#: Extra configurations timed into the padded workspace (name -> (variant, knobs)); the defaults are "v2" / "v3".
+#: v3 rows: tile tokens x heads, tiles per program (a run of block_h * head_tiles heads), warps.
+TUNE = {
+    "v2:4x1": ("v2", {"block_rows": 4, "num_warps": 1}),
+    "v3:1x2x4w1": ("v3", {"block_t": 1, "block_h": 2, "head_tiles": 4, "num_warps": 1}),
+    "v3:1x2x1w1": ("v3", {"block_t": 1, "block_h": 2, "head_tiles": 1, "num_warps": 1}),
+    "v3:1x4x2w1": ("v3", {"block_t": 1, "block_h": 4, "head_tiles": 2, "num_warps": 1}),
+    "v3:1x4x4w2": ("v3", {"block_t": 1, "block_h": 4, "head_tiles": 4, "num_warps": 2}),
+    "v3:1x8x1w2": ("v3", {"block_t": 1, "block_h": 8, "head_tiles": 1, "num_warps": 2}),
+    "v3:1x8x2w4": ("v3", {"block_t": 1, "block_h": 8, "head_tiles": 2, "num_warps": 4}),
+    "v3:2x8x1w4": ("v3", {"block_t": 2, "block_h": 8, "head_tiles": 1, "num_warps": 4}),
+}
+TIMERS = ("graph", "cudagraph")
+FIELDS = ["T", "H", "Hp", "dtype", "method", "variant", "config", "timer", "round", "us", "bytes", "gbps",
+          "copy_us", "pct_of_copy", "launcher_path", "graph_capture_ok"]
+PROV_FIELDS = ["source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp"]
+
+
+def _bits(t):
+    return t.contiguous().view(torch.int16)
+
+
+def _methods(T, H, Hp, dtype, device, tune):
+    """name -> (variant or None, config dict or None, callable, checked output or None, unpadded?)."""
+    a = torch.randn(T, H, 512, device=device, dtype=dtype)
+    b = torch.randn(T, H, 64, device=device, dtype=dtype)
+    out = torch.empty(T, Hp, 576, device=device, dtype=dtype)
+    buf = torch.empty(T, H, 576, device=device, dtype=dtype)
+    src = torch.randn(T * H * 576, device=device, dtype=dtype)
+    dst = torch.empty_like(src)
+    m = {}
+
+    def kern(o, variant, cfg):
+        return lambda: concat_mla_q_triton(a, b, o, variant=variant, **cfg)
+
+    m["v2"] = ("v2", {}, kern(out, "v2", {}), out)
+    m["v3"] = ("v3", {}, kern(out, "v3", {}), out)
+    for name, (variant, cfg) in (tune.items() if tune else ()):
+        m[name] = (variant, cfg, kern(out, variant, cfg), out)
+    m["v2_unpadded"] = ("v2", {}, kern(buf, "v2", {}), buf)
+    m["v3_unpadded"] = ("v3", {}, kern(buf, "v3", {}), buf)
+    m["torch_cat"] = (None, None, lambda: torch.cat([a, b], dim=-1, out=buf), None)
+    m["copy"] = (None, None, lambda: dst.copy_(src), None)
+    return a, b, out, m
+
+
+def _sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _check(a, b, o, fn, name, device="cuda"):
+    o.fill_(float("nan"))
+    fn()
+    _sync(device)
+    H = a.shape[1]
+    ok = torch.equal(_bits(o[:, :H]), _bits(torch.cat([a, b], -1))) and bool(o[:, H:].isnan().all())
+    if not ok:
+        raise RuntimeError(f"{name}: wrong result at T={a.shape[0]} H={H} H'={o.shape[1]} (bitwise vs torch.cat, "
+                           f"padded heads must stay untouched)")
+
+
+def _time(fn, timer, rep, device="cuda"):
+    if device != "cuda":  # CPU smoke run of this script's logic under the Triton interpreter: timings mean nothing
+        from mla_lab.measure.timer import median_ms
+
+        return median_ms(fn, device="cpu", n_cpu=1)
+    if timer == "graph":
+        from mla_lab.measure.timer import median_ms
+
+        return median_ms(fn, device="cuda", warmup=10, rep=rep, graph=True)
+    from triton.testing import do_bench_cudagraph
+
+    return float(do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+
+def bench_concat_variants(T_list=(4096, 16384), H_list=(8, 16), Hp=64, dtype=torch.bfloat16, timers=TIMERS,
+                          rounds=3, rep=100, tune=True, device="cuda") -> list[dict]:
+    """Device time of every method at every shape (see the module docstring); one dict per (shape, method, timer,
+    round), microseconds. ``device="cpu"`` is a smoke run of the logic under ``TRITON_INTERPRET=1`` (wall-clock
+    timings, meaningless). Raises RuntimeError when a kernel's result is wrong."""
+    rows = []
+    es = torch.empty((), dtype=dtype).element_size()
+    for T in T_list:
+        for H in H_list:
+            if T * H * 576 * es >= 1.2e9:
+                print(f"warning: T={T} H={H}: {T * H * 576 * es / 1e9:.2f} GB one way; a graph-captured copy_ is "
+                      f"slow from ~1.2 GB (memcpy node), so pct_of_copy overstates there", file=sys.stderr)
+            torch.manual_seed(T * 131 + H)
+            a, b, out, methods = _methods(T, H, Hp, dtype, device, TUNE if tune else None)
+            for name, (_variant, _cfg, fn, o) in methods.items():
+                if o is not None:
+                    _check(a, b, o, fn, name, device)
+            out.copy_(torch.randn_like(out))  # no timed run sees NaN or zeros in the padded heads
+            nbytes = 2 * T * H * 576 * es
+            names = list(methods)
+            for timer in timers:
+                times = {n: [] for n in names}
+                for r in range(rounds):
+                    k = (r * 3) % len(names)
+                    for n in names[k:] + names[:k]:
+                        times[n].append(_time(methods[n][2], timer, rep, device))
+                for n in names:
+                    variant, cfg, _, _ = methods[n]
+                    for r, ms in enumerate(times[n]):
+                        copy_ms = times["copy"][r]
+                        rows.append(dict(T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method=n,
+                                         variant=variant or "", config=_cfg_str(variant, cfg), timer=timer,
+                                         round=r, us=ms * 1e3, bytes=nbytes, gbps=nbytes / (ms * 1e-3) / 1e9,
+                                         copy_us=copy_ms * 1e3, pct_of_copy=100.0 * copy_ms / ms))
+                med = {n: statistics.median(x["pct_of_copy"] for x in rows if x["T"] == T and x["H"] == H
+                                            and x["timer"] == timer and x["method"] == n)
+                       for n in ("v2", "v3", "v2_unpadded")}
+                print(f"T={T:6d} H={H:3d} H'={Hp} [{timer}] % of copy: v2 {med['v2']:.1f}  v3 {med['v3']:.1f}  "
+                      f"v2_unpadded {med['v2_unpadded']:.1f}", flush=True)
+            del a, b, out, methods
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+def _cfg_str(variant, cfg):
+    if variant is None:
+        return ""
+    if variant == "v2":
+        return f"block_rows={cfg.get('block_rows', 'default')},num_warps={cfg.get('num_warps', 'default')}"
+    return ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"
+
+
+def host_launch_us(calls=1000, repeats=5, dtype=torch.bfloat16, device="cuda") -> tuple[list[dict], dict]:
+    """Host microseconds per call (T = 16, H = 8 -> 64, eager, back to back), median of ``repeats``; and the
+    launcher checks (path; on CUDA, a CUDA-graph capture replays new inputs bitwise). ``device="cpu"``: smoke run
+    under the Triton interpreter (no graph check; numbers meaningless)."""
+    T, H, Hp = 16, 8, 64
+    a = torch.randn(T, H, 512, device=device, dtype=dtype)
+    b = torch.randn(T, H, 64, device=device, dtype=dtype)
+    out = torch.empty(T, Hp, 576, device=device, dtype=dtype)
+    buf = torch.empty(T, H, 576, device=device, dtype=dtype)
+    launchers = {v: make_concat_launcher(a, b, out, backend="triton", variant=v) for v in ("v2", "v3")}
+    jit_launchers = {v: make_concat_launcher(a, b, out, backend="triton", variant=v, force_path="jit")
+                     for v in ("v2", "v3")}
+    fns = {
+        "concat_mla_q(v2, checked)": lambda: concat_mla_q(a, b, out, backend="triton", variant="v2"),
+        "concat_mla_q(v3, checked)": lambda: concat_mla_q(a, b, out, backend="triton", variant="v3"),
+        "launcher(v2)": launchers["v2"],
+        "launcher(v3)": launchers["v3"],
+        "launcher(v2, jit path)": jit_launchers["v2"],
+        "launcher(v3, jit path)": jit_launchers["v3"],
+        "concat_mla_q_triton(v2, unchecked)": lambda: concat_mla_q_triton(a, b, out, variant="v2"),
+        "torch_cat": lambda: torch.cat([a, b], dim=-1, out=buf),
+    }
+    res = {}
+    for name, fn in fns.items():
+        per = []
+        for _ in range(repeats):
+            for _ in range(min(50, calls)):
+                fn()
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            _sync(device)
+            per.append((time.perf_counter() - t0) / calls * 1e6)
+        res[name] = statistics.median(per)
+    checks = {}
+    for v, L in launchers.items():
+        checks[f"launcher({v})_path"] = L.path
+        if device != "cuda":
+            continue
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            L()
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            L()
+        a.copy_(torch.randn_like(a))
+        b.copy_(torch.randn_like(b))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        checks[f"launcher({v})_graph_capture_ok"] = bool(
+            torch.equal(_bits(out[:, :H]), _bits(torch.cat([a, b], -1))) and out[:, H:].isnan().all())
+    rows = []
+    for n, us in res.items():
+        path = cap = ""
+        if n in ("launcher(v2)", "launcher(v3)"):
+            path, cap = checks[f"{n}_path"], checks.get(f"{n}_graph_capture_ok", "")
+        elif "jit path" in n:
+            path = jit_launchers[n[9:11]].path
+        rows.append(dict(T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method=n, timer="host_per_call",
+                         us=us, launcher_path=path, graph_capture_ok=cap))
+    return rows, checks
+
+
+def _positive_ints(name, vals):
+    for v in vals:
+        if v < 1:
+            raise SystemExit(_die(f"--{name} values must be >= 1; got {v}"))
+    return vals
+
+
+def _die(msg):
+    print(f"bench_concat_round3: {msg}", file=sys.stderr)
+    return 2
+
+
+def plan_lines(T_list, H_list, Hp, timers, rounds, tune) -> list[str]:
+    es = 2
+    lines = [f"shapes: T {list(T_list)} x H {list(H_list)} -> H'={Hp}, bf16; timers {list(timers)}; "
+             f"{rounds} rounds each"]
+    names = ["v2", "v3"] + (list(TUNE) if tune else []) + ["v2_unpadded", "v3_unpadded", "torch_cat", "copy"]
+    lines.append("methods: " + ", ".join(names))
+    for T in T_list:
+        for H in H_list:
+            cfg = v3_config(H, H)
+            nbytes = 2 * T * H * 576 * es
+            lines.append(f"  T={T} H={H}: {nbytes / 1e6:.1f} MB moved (read + write); floor at 4256 GB/s "
+                         f"(4 GiB copy, docs/perf-notes.md GPU run 2) {nbytes / 4256e9 * 1e6:.1f} us; v3 default "
+                         f"{cfg['block_t']} tok x {cfg['block_h']} heads x {cfg['head_tiles']} tiles, "
+                         f"{cfg['num_warps']} warp(s), {cfg['num_runs']} run(s)/token block")
+    lines.append("host launch: T=16 H=8->64, 1000 calls back to back, median of 5: concat_mla_q (checked, v2/v3), "
+                 "launcher (hot path, v2/v3), launcher jit path, concat_mla_q_triton, torch.cat; launcher CUDA-graph "
+                 "capture check")
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help=f"directory for {CSV_NAME} (required unless --dry-run)")
+    ap.add_argument("--T", type=int, nargs="+", default=[4096, 16384])
+    ap.add_argument("--H", type=int, nargs="+", default=[8, 16])
+    ap.add_argument("--Hp", type=int, default=64, help="padded heads H' (vLLM prefill_padding on sm90: 64)")
+    ap.add_argument("--timers", nargs="+", choices=list(TIMERS), default=list(TIMERS))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rep", type=int, default=100, help="do_bench repetition budget per timing, ms")
+    ap.add_argument("--host-calls", type=int, default=1000)
+    ap.add_argument("--no-tune", action="store_true", help=f"skip the {len(TUNE)} extra configs of TUNE")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and exit 0 (no GPU needed)")
+    ap.add_argument("--cpu-smoke", action="store_true", help="run the whole script on CPU under TRITON_INTERPRET=1 "
+                    "(tests only: tiny shapes, wall-clock numbers that mean nothing, rows marked cpu_smoke)")
+    args = ap.parse_args(argv)
+    _positive_ints("T", args.T)
+    _positive_ints("H", args.H)
+    for name in ("Hp", "rounds", "rep", "host_calls"):
+        if getattr(args, name) < 1:
+            return _die(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
+    if args.Hp < max(args.H):
+        return _die(f"--Hp must be >= every --H (padded heads >= real heads); got --Hp {args.Hp}, --H {args.H}")
+    lines = plan_lines(args.T, args.H, args.Hp, args.timers, args.rounds, not args.no_tune)
+    if args.dry_run:
+        print("bench_concat_round3 plan (dry run, nothing timed):")
+        print("\n".join(lines))
+        print(f"output: {Path(args.out) / CSV_NAME if args.out else '(--out DIR)/' + CSV_NAME}")
+        return 0
+    if args.out is None:
+        return _die("--out DIR is required (or --dry-run)")
+    outp = Path(args.out) / CSV_NAME
+    if outp.exists():
+        with open(outp) as f:
+            head = f.readline().strip().split(",")
+        if head[: len(FIELDS)] != FIELDS:
+            return _die(f"--out: {outp} exists and was not written by this script; not overwriting it")
+    device = "cuda"
+    if args.cpu_smoke:
+        from mla_lab.kernels.triton_concat import triton_interpreting
+
+        if not triton_interpreting():
+            return _die("--cpu-smoke needs TRITON_INTERPRET=1 in the environment")
+        device = "cpu"
+    elif not torch.cuda.is_available():
+        return _die("needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run prints the plan on CPU")
+    from mla_lab.provenance import provenance
+
+    print("\n".join(lines), flush=True)
+    host_rows, checks = host_launch_us(calls=args.host_calls, repeats=1 if args.cpu_smoke else 5, device=device)
+    print("host launch, us per call (T=16, back to back): "
+          + ", ".join(f"{r['method']} {r['us']:.1f}" for r in host_rows), flush=True)
+    print("launcher checks: " + ", ".join(f"{k}={v}" for k, v in checks.items()), flush=True)
+    rows = bench_concat_variants(args.T, args.H, args.Hp, timers=args.timers, rounds=args.rounds, rep=args.rep,
+                                 tune=not args.no_tune, device=device)
+    prov = provenance("measured")
+    if args.cpu_smoke:
+        prov["source"] = "cpu_smoke_not_a_measurement"
+    outp.parent.mkdir(parents=True, exist_ok=True)
+    with open(outp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS + PROV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows + host_rows:
+            w.writerow({**{k: "" for k in FIELDS}, **r, **{k: prov.get(k, "none") for k in PROV_FIELDS}})
+    for timer in args.timers:
+        meths = list(dict.fromkeys(r["method"] for r in rows if r["timer"] == timer))
+        print(f"\n[{timer}] % of a copy of the same bytes (median of {args.rounds} rounds); us in brackets")
+        print(f"{'method':<14}" + "".join(f"{f'{T}x{H}':>20}" for T in args.T for H in args.H))
+        for m in meths:
+            cells = []
+            for T in args.T:
+                for H in args.H:
+                    sel = [r for r in rows if r["timer"] == timer and r["method"] == m and r["T"] == T and r["H"] == H]
+                    cells.append(f"{statistics.median(r['pct_of_copy'] for r in sel):7.1f}% "
+                                 f"({statistics.median(r['us'] for r in sel):8.1f})")
+            print(f"{m:<14}" + "".join(f"{c:>20}" for c in cells))
+    print(f"\n{prov['device']}, torch {prov['torch']}, triton {prov['triton']}, commit {prov['git_commit']}")
+    print(f"wrote {outp}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
