@@ -4,6 +4,7 @@ bookkeeping are what is checked): :mod:`mla_lab.measure.attention`, the analytic
 The real run is on a GPU: benchmarks/bench_attention.py."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -134,3 +135,74 @@ def test_measure_point_rows_with_stubbed_timings(monkeypatch):
     assert fused["change_measurable"] and fused["num_runs"] == runs
     with pytest.raises(ValueError, match="only the bf16 path is measured"):
         rows_module.measured_rows(dict(pt, kv_cache_dtype="fp8"))
+
+
+# ------------------------------------------------------------------------------------------- benchmarks/*.py
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_script", BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_scripts_use_the_installed_package_not_sys_path():
+    """The package is installed (editable): no script puts the repository on sys.path, none imports another script
+    (what they share lives in mla_lab), and the round-2 scripts time through mla_lab.measure.timer alone. The
+    round-3 GPU scripts (``*round3*``) are being written on the lent machine and are not checked here yet."""
+    import ast
+
+    scripts = sorted(p for p in BENCH.glob("*.py") if "round3" not in p.name)
+    names = {p.stem for p in scripts}
+    assert {"bench_decode", "bench_engines", "bench_layer"} <= names
+    for p in scripts:
+        tree = ast.parse(p.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
+                raise AssertionError(f"{p.name}:{node.lineno} touches sys.path")
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not set(m.split(".")[0] for m in mods) & names, f"{p.name}:{node.lineno} imports a script"
+        if p.stem in ("bench_decode", "bench_engines"):
+            defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+            assert not defined & {"timed_window", "est_ms", "_q"}, f"{p.name} keeps its own timer {defined}"
+
+
+def test_bench_engines_presets_are_the_strategies_and_agree(tmp_path):
+    """Every preset of benchmarks/bench_engines.py on CPU at tiny shapes (reference kernel): built from the
+    strategy its label names (mla_lab.placement.BENCH_PRESET_LABELS), real heads bit-identical to the private
+    workspace's, persistent bytes = the strategy's workspace, the padded heads the kernel read as the content
+    says (per_call_empty's depend on the allocator, not checked on CPU)."""
+    from mla_lab.placement import BENCH_PRESET_LABELS
+
+    be = _script("bench_engines")
+    kern = be.Kernels("cpu")
+    gen = torch.Generator().manual_seed(0)
+    P = be.Presets(kern, "cpu", torch.bfloat16, 8, 16, "causal_8", [8], [8], gen, 8, 64)
+    ref = P.build("private_workspace_zeros")[0]().clone()
+    labels = [(n, None) for n in BENCH_PRESET_LABELS] + [("subchunk", 8), ("subchunk_views", 8),
+                                                         ("subchunk_2stream", 8)]
+    for label, S in labels:
+        fn, prep, persistent, _, n_chunks, strategy = P.build(label, S)
+        if prep:
+            prep()
+        check = {}
+        out = be._as_tensor(fn(check))
+        assert torch.equal(out, ref), label
+        content = be._content(label, strategy)
+        if strategy is None:
+            assert label == "subchunk_2stream" and n_chunks == 2 and content == "zeros"
+            continue
+        want = BENCH_PRESET_LABELS.get(label) or (f"subchunk:{S}" + (":views" if label.endswith("views") else ""))
+        assert strategy.name == want and persistent == be.PaddedQPath(
+            strategy, num_heads=8, max_num_batched_tokens=16).workspace.nbytes
+        assert n_chunks == (2 if strategy.placement == "subchunk" else 1)
+        if strategy.placement != "per_call_empty":
+            assert content == strategy.content
+            assert (check["pad_absmax"] > 0) == (content == "stale"), (label, check)
+        else:
+            assert content == label.rsplit("_", 1)[1]
