@@ -111,13 +111,15 @@ def test_index_lists_every_run_with_date_parameters_provenance(two_runs):
     rep = tmp / "reports"
     index = (rep / "index.html").read_text()
     metas = [json.loads(p.read_text()) for p in (rep / "runs").glob("*.json")]
-    assert index.count("<tr><td>") == 2
+    assert index.count('<div class="run">') == 2
+    assert index.count('class="headline"') == 2  # one headline per run (issue 22)
     for m in metas:
-        assert f"href='{m['html']}'" in index
+        assert f'href="{m["html"]}"' in index
         assert m["created_utc"].replace("T", " ").replace("+00:00", " UTC") in index
         assert m["provenance"]["sources"]["modelled"]["rows"] == N_STRATEGIES  # 1 point x every strategy
         for name in FIGURES:
-            assert f"href='{m['figures'][name]['png']}'" in index and f"href='{m['figures'][name]['svg']}'" in index
+            f = m["figures"][name]
+            assert f'href="{f["png"]}"' in index and f'href="{f["svg"]}"' in index
     assert "archs: <code>h200</code>" in index and "archs: <code>b200</code>" in index
     scope = pd.read_csv(tmp / "rows.csv")["ttft_scope"].iloc[0]
     assert index.count(f"<b>modelled</b> 3 rows (TTFT scope {scope}") == 2
@@ -128,10 +130,10 @@ def test_index_lists_every_run_with_date_parameters_provenance(two_runs):
     assert "measured" not in by_arch["b200"]["provenance"]["sources"]
     assert "<b>measured</b> 2 rows on NVIDIA H200 (test row)" in index and "commit feedc0ffee00" in index
     assert "<b>measured</b>: none" in index
-    assert "href='padding_sweep.html'" in index
+    assert 'href="padding_sweep.html"' in index
     # newest first
-    dates = re.findall(r"<tr><td>([^<]+)<", index)
-    assert dates == sorted(dates, reverse=True)
+    dates = re.findall(r'<span class="meta">([^,<]+?UTC)', index)
+    assert len(dates) == 2 and dates == sorted(dates, reverse=True)
     # rebuilding from the run files gives the same page
     before = index
     r = subprocess.run([sys.executable, "-m", "mla_lab.cli", "index"], cwd=tmp, capture_output=True, text=True)

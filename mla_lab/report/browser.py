@@ -46,6 +46,16 @@ _IMAGES_JS = """async () => {
   const box = svgDoc ? de.getBoundingClientRect() : null;
   return {
     svg_document: svgDoc,
+    viewport: window.innerWidth,
+    // tables wider than the block holding them (cut off, or scrolled inside it): those that are on screen
+    wide_tables: svgDoc ? [] : Array.from(document.querySelectorAll('table')).map((t, k) => {
+      const r = t.getBoundingClientRect();
+      const c = t.parentElement;
+      const avail = c ? c.clientWidth : window.innerWidth;
+      const cap = t.querySelector('caption, th');
+      return {index: k + 1, width: Math.max(r.width, t.scrollWidth), container: avail,
+              visible: r.width > 0 && r.height > 0, head: cap ? cap.textContent.trim().slice(0, 40) : ''};
+    }).filter(t => t.visible && t.width > t.container + 1),
     width: svgDoc ? box.width : Math.max(de.scrollWidth, document.body ? document.body.scrollWidth : 0),
     height: svgDoc ? box.height : Math.max(de.scrollHeight, document.body ? document.body.scrollHeight : 0),
     title: document.title,
@@ -171,7 +181,9 @@ def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None
     screenshot, each image's box has at least ``min_ink`` of its pixels differing from its dominant (background)
     colour (a blank or single-colour figure fails); no JavaScript exception (``pageerror``), ``console.error``
     or failed request (``requestfailed``: a missing file, a blocked network load) occurred; no legend or text of an
-    SVG (inline, or ``html_path`` itself a matplotlib ``.svg``) reaches past the SVG's box.
+    SVG (inline, or ``html_path`` itself a matplotlib ``.svg``) reaches past the SVG's box; the page is no wider
+    than the window (``width``: no horizontal scrolling) and no table on screen is wider than the block holding it
+    (a table inside a closed ``<details>`` is not on screen).
 
     The screenshot is written to ``screenshot`` or, by default, ``<tmp>/mla-lab-check/<page>.screenshot.png``;
     never into the committed ``reports/h200/``.
@@ -226,6 +238,12 @@ def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None
                 problems.append(f"{label} looks blank on screen: {100 * im['ink']:.2f}% non-background pixels "
                                 f"(< {100 * min_ink:.1f}%)")
         images.append(im)
+    if not info["svg_document"] and info["width"] > info.get("viewport", width) + 1:
+        problems.append(f"the page is {info['width']:.0f} px wide, wider than the {info.get('viewport', width)} px "
+                        "window: the reader must scroll sideways (narrow or collapse what is wider)")
+    for t in info.get("wide_tables", []):
+        problems.append(f"table {t['index']} ({t['head'] or 'no header'}) is {t['width']:.0f} px wide in a "
+                        f"{t['container']:.0f} px container: columns are cut off or scroll out of sight")
     for sv in info.get("svgs", []):
         for c in sv["clipped"]:
             problems.append(f"svg {sv['index']} is clipped: {c} of its {sv['width']:.0f} x {sv['height']:.0f} px box")

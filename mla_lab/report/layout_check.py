@@ -4,15 +4,19 @@ A figure saved without ``bbox_inches="tight"`` keeps only what lies inside the f
 outside the axes (``bbox_to_anchor=(1.3, 1)``) or a title pushed above the top is silently cut in the PNG and SVG.
 :func:`figure_clipping` draws the figure with the Agg renderer (its layout engine runs, as in ``savefig``) and
 returns one line per legend, axes title, figure suptitle or sub-figure title whose window extent leaves the
-figure's box by more than ``tol_px`` pixels. :func:`mla_lab.report.figures.publish_figure` refuses such a figure.
+figure's box by more than ``tol_px`` pixels. :func:`label_overlaps` returns one line per pair of labels of one
+axes that print over each other (tick labels, bar labels and other texts placed on the axes).
+:func:`mla_lab.report.figures.publish_figure` refuses a figure with either.
 """
 
 from __future__ import annotations
 
-__all__ = ["figure_clipping", "TOLERANCE_PX"]
+__all__ = ["figure_clipping", "label_overlaps", "TOLERANCE_PX", "OVERLAP_PX"]
 
 #: How far (pixels at the figure's dpi) an artist's box may leave the figure's box before it counts as clipped.
 TOLERANCE_PX = 1.0
+#: How far (pixels, both ways) two labels' boxes may overlap before they count as printed over each other.
+OVERLAP_PX = 1.0
 
 
 def _text_ok(t) -> bool:
@@ -88,6 +92,48 @@ def figure_clipping(fig, tol_px: float = TOLERANCE_PX, axis_labels: bool = False
             if sides:
                 problems.append(f"{label} is clipped: {', '.join(sides)} edge of the {W:.0f} x {H:.0f} px figure "
                                 "(move it inside, or make room: layout='constrained', fig.subplots_adjust)")
+        return problems
+    finally:
+        fig.set_canvas(old)
+
+
+def _axes_texts(ax, renderer):
+    """(label, window box) of every visible, non-empty tick label and text (bar labels, annotations) of ``ax``."""
+    out = []
+    for axis in (ax.xaxis, ax.yaxis):
+        for t in axis.get_ticklabels(which="both"):
+            if _text_ok(t):
+                out.append((f"{axis.axis_name}-tick label {t.get_text()!r}", t.get_window_extent(renderer)))
+    for t in ax.texts:
+        if _text_ok(t):
+            out.append((f"label {t.get_text()!r}", t.get_window_extent(renderer)))
+    return out
+
+
+def label_overlaps(fig, tol_px: float = OVERLAP_PX) -> list[str]:
+    """Lines naming every pair of labels of one axes of ``fig`` whose boxes overlap by more than ``tol_px`` pixels
+    in both directions (tick labels over tick labels, a bar label over another or over a tick label), [] when
+    none do. The figure is drawn once with the Agg renderer (its canvas is restored afterwards)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    old = fig.canvas
+    canvas = FigureCanvasAgg(fig)
+    try:
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        problems = []
+        for i, ax in enumerate(fig.axes):
+            if not ax.get_visible():
+                continue
+            items = _axes_texts(ax, renderer)
+            for a in range(len(items)):
+                for b in range(a + 1, len(items)):
+                    (la, ba), (lb, bb) = items[a], items[b]
+                    dx = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
+                    dy = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
+                    if dx > tol_px and dy > tol_px:
+                        problems.append(f"axes {i + 1}: {la} and {lb} overlap ({dx:.0f} x {dy:.0f} px; fewer or "
+                                        "rotated ticks, smaller labels or a wider figure)")
         return problems
     finally:
         fig.set_canvas(old)

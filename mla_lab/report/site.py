@@ -27,7 +27,7 @@ import shutil
 from pathlib import Path
 
 __all__ = ["params_hash", "new_run_id", "write_json_atomic", "notebook_to_html", "publish_latest", "list_runs",
-           "build_index", "RUNS_DIR"]
+           "build_index", "run_headline", "RUNS_DIR", "H200_REPORT"]
 
 RUNS_DIR = "runs"
 
@@ -156,60 +156,127 @@ def _prov_cell(meta: dict) -> str:
                      f"calibration {e(cal)}; commit {e(', '.join(m.get('git_commit', ['?'])))})")
     return "<br>".join(parts)
 
-def build_index(report_dir: str | Path, latest_name: str = "padding_sweep") -> Path:
-    """Write ``<report_dir>/index.html`` listing every published run (newest first) with its date, parameters,
-    provenance, figures (thumbnail + PNG/SVG links), data and notebook. Returns its path."""
-    report_dir = Path(report_dir)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    e = _html.escape
-    runs = list_runs(report_dir)
-    rows = []
-    for m in runs:
-        rid = m["run_id"]
-        p = m.get("params") or {}
-        params = "<br>".join(f"{k}: <code>{e('= num_prompts' if k == 'concurrency' and p[k] is None else _fmt_val(p[k]))}"
-                             "</code>" for k in _GRID_KEYS if k in p)
-        figs = m.get("figures") or {}
-        thumb = ""
-        if "frontier_1" in figs:
-            thumb = (f"<a href='{e(figs['frontier_1']['png'])}'><img class='thumb' alt='memory vs TTFT, run "
-                     f"{e(rid)}' src='{e(figs['frontier_1']['png'])}'></a><br>")
-        flinks = "<br>".join(f"{e(n)}: <a href='{e(f['png'])}'>PNG</a> <a href='{e(f['svg'])}'>SVG</a>"
-                             for n, f in sorted(figs.items()))
-        data = " &middot; ".join(f"<a href='{e(m[k])}'>{lbl}</a>" for k, lbl in (("csv", "rows (CSV)"),
-                                                                                  ("ipynb", "notebook"))
-                                 if m.get(k))
-        created = m.get("created_utc", "?").replace("T", " ").replace("+00:00", " UTC")
-        dur = f"<br><small>{m['duration_s']:.0f} s</small>" if isinstance(m.get("duration_s"), (int, float)) else ""
-        rows.append(f"<tr><td>{e(created)}{dur}</td><td><a href='{e(m['html'])}'>{e(rid)}</a><br>"
-                    f"<small>{e(m.get('report_name', ''))} &middot; commit {e(str(m.get('git_commit', '?')))}"
-                    f"</small></td><td class='params'>{params}</td><td>{_prov_cell(m)}</td>"
-                    f"<td>{thumb}{flinks}</td><td>{data}</td></tr>")
-    latest = report_dir / f"{latest_name}.html"
-    latest_line = (f"<p>Latest report: <a href='{e(latest.name)}'>{e(latest.name)}</a></p>" if latest.is_file()
-                   else "")
-    body = ("<table><thead><tr><th>date</th><th>report</th><th>parameters</th><th>provenance</th><th>figures</th>"
-            "<th>data</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>") if rows else \
-        "<p><i>No published reports yet: run <code>make report</code> (or <code>mla-lab sweep</code>).</i></p>"
-    page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>mla_lab reports</title>
+#: The seed point the index's headline reads from each run's rows (the PR's setup: GLM-5 TP8 H200, 1024-token
+#: prompts, max_num_batched_tokens 16384; vLLM PR #53878's benchmark) and the PR's strategy.
+HEADLINE_POINT = {"model": "glm-5", "tp": "8", "arch": "h200", "max_num_batched_tokens": "16384",
+                  "prompt_len": "1024"}
+HEADLINE_STRATEGY = "private_workspace"
+#: The committed H200 report (measured on a lent H200), linked from every index.
+H200_REPORT = "h200/padding_sweep_h200.html"
+
+_INDEX_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>mla_lab reports</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 24px; color: #222; }}
-table {{ border-collapse: collapse; width: 100%; font-size: 13px; }}
-th, td {{ border: 1px solid #ccc; padding: 6px 8px; vertical-align: top; text-align: left; }}
-th {{ background: #eef3f8; }}
-td.params, td:first-child {{ white-space: nowrap; }}
-code {{ font-size: 12px; }}
-img.thumb {{ width: 260px; border: 1px solid #ddd; }}
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1100px; padding: 0 16px; color: #222; }
+.run { border: 1px solid #ccc; border-radius: 4px; padding: 10px 14px; margin: 12px 0; overflow-wrap: anywhere; }
+.run h2 { font-size: 15px; margin: 0 0 4px; }
+.headline { font-size: 14px; margin: 6px 0; }
+.meta, .links { font-size: 12px; color: #444; }
+img.thumb { max-width: 100%; width: 420px; border: 1px solid #ddd; display: block; margin: 6px 0; }
+details { font-size: 12px; margin-top: 4px; }
+code { font-size: 12px; overflow-wrap: anywhere; }
+ul.params { margin: 4px 0; padding-left: 18px; }
 </style></head><body>
 <h1>mla_lab: published reports</h1>
-<p>Sparse-MLA prefill Q-concat workspace: memory vs TTFT (vLLM PR #53878). One row per sweep run, newest first;
-{len(runs)} report(s). Each report's provenance banner says which rows are measured (GPU, software, commit) and which
-modelled (TTFT model, calibration).</p>
-{latest_line}
-{body}
+<p>Sparse-MLA prefill Q-concat workspace: memory vs TTFT (vLLM PR #53878). One entry per sweep run, newest first;
+{{ runs|length }} report(s). Each report's provenance banner says which rows are measured (GPU, software, commit)
+and which modelled (TTFT model, calibration).</p>
+<p>{% if latest %}Latest report: <a href="{{ latest }}">{{ latest }}</a> &middot; {% endif %}{% if h200 %}the
+committed H200 report (measured on an H200): <a href="{{ h200 }}">{{ h200 }}</a>{% else %}no committed H200 report
+here{% endif %}</p>
+{% for r in runs %}
+<div class="run">
+<h2><a href="{{ r.html }}">{{ r.run_id }}</a> <span class="meta">{{ r.created }}{% if r.duration %}, {{ r.duration }}
+{% endif %} &middot; {{ r.report_name }} &middot; commit {{ r.commit }}</span></h2>
+<p class="headline">{{ r.headline }}</p>
+{% if r.thumb %}<a href="{{ r.thumb }}"><img class="thumb" alt="memory vs TTFT, run {{ r.run_id }}"
+ src="{{ r.thumb }}"></a>{% endif %}
+<div class="meta">{{ r.provenance|safe }}</div>
+<div class="links">{% for n, f in r.figures %}{{ n }}: <a href="{{ f.png }}">PNG</a> <a href="{{ f.svg }}">SVG</a>
+{% if not loop.last %}&middot; {% endif %}{% endfor %}{% if r.data %} &middot; {% endif %}{% for href, label in r.data %}
+<a href="{{ href }}">{{ label }}</a>{% if not loop.last %} &middot; {% endif %}{% endfor %}</div>
+<details><summary>parameters</summary><ul class="params">{% for k, v in r.params %}<li>{{ k }}: <code>{{ v }}</code>
+</li>{% endfor %}</ul></details>
+</div>
+{% else %}
+<p><i>No published reports yet: run <code>make report</code> (or <code>mla-lab sweep</code>).</i></p>
+{% endfor %}
 </body></html>
 """
+
+
+def run_headline(report_dir: str | Path, meta: dict) -> str:
+    """One sentence of a run's result at the seed point (:data:`HEADLINE_POINT`): the PR's strategy's TTFT change
+    (measured where the run has measured rows, else modelled, and says which) and its memory cost in MiB, KV tokens
+    lost and % of KV capacity; or why there is none (the grid lacks the point, or it does not fit)."""
+    import csv
+
+    path = Path(report_dir) / meta["csv"] if meta.get("csv") else None
+    if path is None or not path.is_file():
+        return "no rows published with this run"
+    best = None
+    try:
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if row.get("strategy") != HEADLINE_STRATEGY or any(str(row.get(k)) != v
+                                                                  for k, v in HEADLINE_POINT.items()):
+                    continue
+                if best is None or (row.get("source") == "measured" and best.get("source") != "measured"):
+                    best = row
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return "the run's rows cannot be read"
+    where = "GLM-5 TP8 H200, 32 x 1024-token prompts, max_num_batched_tokens 16384"
+    if best is None:
+        return f"the grid of this run does not hold the PR's point ({where})"
+    if best.get("fits_in_memory") == "False" or best.get("status") not in (None, "", "ok"):
+        return f"PR #53878 at {where}: not priced ({best.get('fit_reason') or best.get('reason') or 'failed'})"
+
+    def num(k):
+        try:
+            return float(best.get(k))
+        except (TypeError, ValueError):
+            return float("nan")
+
+    ch, mib, lost, pct = num("ttft_change_pct"), num("extra_persistent_mib"), num("kv_tokens_lost"), \
+        num("kv_capacity_pct_lost")
+    src = best.get("source") or "modelled"
+    ttft = f"TTFT {ch:+.1f} % ({src})" if ch == ch else "TTFT not priced"
+    mem = f"+{mib:,.0f} MiB per rank = {lost:,.0f} KV tokens lost ({pct:.1f} % of KV capacity)" if mib == mib else ""
+    return f"PR #53878 (private pre-padded workspace) at {where}: {ttft}, {mem}".rstrip(", ")
+
+
+def build_index(report_dir: str | Path, latest_name: str = "padding_sweep") -> Path:
+    """Write ``<report_dir>/index.html`` (a Jinja2 template, :data:`_INDEX_TEMPLATE`): every published run, newest
+    first, as a block no wider than the page (1280 px windows need no sideways scrolling): its date, headline
+    (:func:`run_headline`), thumbnail, provenance, figure and data links, parameters folded in ``<details>``; the
+    latest report and the committed H200 report (:data:`H200_REPORT`) linked at the top. Returns its path."""
+    import jinja2
+
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    runs = []
+    for m in list_runs(report_dir):
+        p = m.get("params") or {}
+        figs = m.get("figures") or {}
+        created = m.get("created_utc", "?").replace("T", " ").replace("+00:00", " UTC")
+        runs.append({
+            "run_id": m["run_id"], "html": m["html"], "created": created,
+            "duration": f"{m['duration_s']:.0f} s" if isinstance(m.get("duration_s"), (int, float)) else "",
+            "report_name": m.get("report_name", ""), "commit": str(m.get("git_commit", "?")),
+            "headline": run_headline(report_dir, m),
+            "thumb": figs.get("frontier_1", {}).get("png"),
+            "provenance": _prov_cell(m),
+            "figures": sorted(figs.items()),
+            "data": [(m[k], lbl) for k, lbl in (("csv", "rows (CSV)"), ("ipynb", "notebook")) if m.get(k)],
+            "params": [(k, "= num_prompts" if k == "concurrency" and p[k] is None else _fmt_val(p[k]))
+                       for k in _GRID_KEYS if k in p],
+        })
+    latest = report_dir / f"{latest_name}.html"
+    h200 = report_dir / H200_REPORT
+    env = jinja2.Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    page = env.from_string(_INDEX_TEMPLATE).render(
+        runs=runs, latest=latest.name if latest.is_file() else "", h200=H200_REPORT if h200.is_file() else "")
     out = report_dir / "index.html"
     _write_text_atomic(out, page)
     return out
