@@ -117,18 +117,21 @@ def predict_ttft(
             layer_kw.setdefault("ep_size", d.ep_size)
     step_ms, ops_ms, ttfts, step_ops_ms = [], {}, [], []
     attn_total = comm_total = elapsed = 0.0
+    priced: dict = {}  # a step's price depends only on its chunks' (start, length): equal steps priced once
     for i, st in enumerate(steps):
-        if scope == "attention_path":
-            per = attention_path_ms(model, tp, arch, strategy, st, d.kv_cache_dtype, cal)
-            t = per["total"] * model.num_hidden_layers
-            this = {k: v * model.num_hidden_layers for k, v in per.items() if k != "total"}
-            attn_total += t
-        else:
-            r = step_time_ms(model, tp, arch, strategy, st, cal, **layer_kw)
-            t = r["total"]
-            this = dict(r["by_op"])
-            attn_total += r["attention_path"]
-            comm_total += r["comm"]
+        sig = tuple((start, n) for _, start, n in st.chunks)
+        if sig not in priced:
+            if scope == "attention_path":
+                per = attention_path_ms(model, tp, arch, strategy, st, d.kv_cache_dtype, cal)
+                t = per["total"] * model.num_hidden_layers
+                priced[sig] = (t, {k: v * model.num_hidden_layers for k, v in per.items() if k != "total"}, t, 0.0)
+            else:
+                r = step_time_ms(model, tp, arch, strategy, st, cal, **layer_kw)
+                priced[sig] = (r["total"], r["by_op"], r["attention_path"], r["comm"])
+        t, by_op, attn, comm = priced[sig]
+        this = dict(by_op)
+        attn_total += attn
+        comm_total += comm
         if attention_override_ms is not None:
             modelled_attention = sum(v for k, v in this.items() if k in ATTN_OPS)
             measured = attention_override_ms[i] * model.num_hidden_layers
