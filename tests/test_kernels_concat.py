@@ -180,3 +180,155 @@ def test_concat_triton_on_cpu_without_interpreter_raises():
 def test_last_backend_errors():
     with pytest.raises(ValueError, match="op='nope' is not known"):
         last_backend("nope")
+
+
+# ------------------------------------------------------------------------ variants and the launcher (API level)
+
+def test_concat_unknown_variant():
+    with pytest.raises(ValueError, match=r"variant='v9' is not known; allowed: \['v2', 'v3'\] or None"):
+        concat_mla_q(*_ok(), variant="v9")
+    from mla_lab.kernels import make_concat_launcher
+
+    with pytest.raises(ValueError, match=r"variant='v1' is not known"):
+        make_concat_launcher(*_ok(), variant="v1")
+
+
+@pytest.mark.parametrize("name,mutate,fragments", ERROR_CASES[:6] + ERROR_CASES[10:12],
+                         ids=[c[0] for c in ERROR_CASES[:6] + ERROR_CASES[10:12]])
+def test_make_concat_launcher_checks_at_the_door(name, mutate, fragments):
+    from mla_lab.kernels import make_concat_launcher
+
+    a, b, o = mutate(*_ok())
+    with pytest.raises(ValueError) as ei:
+        make_concat_launcher(a, b, o, backend="torch")
+    for f in fragments:
+        assert f in str(ei.value), (f, str(ei.value))
+
+
+@pytest.mark.parametrize("zero_padding", [False, True])
+def test_make_concat_launcher_torch_backend_relaunches(zero_padding):
+    """On CPU (auto -> torch) the launcher is the checked op bound to its tensors: it writes once when made and
+    again, with the inputs' current values, on every call."""
+    from mla_lab.kernels import make_concat_launcher
+
+    a, b = torch.randn(5, 3, 512).to(torch.bfloat16), torch.randn(5, 3, 64).to(torch.bfloat16)
+    out = _poisoned((5, 8, 576), torch.bfloat16)
+    before = out.clone()
+    launch = make_concat_launcher(a, b, out, zero_padding=zero_padding)
+    assert last_backend("concat_mla_q") == "torch"
+    _check(a, b, out, before, zero_padding)
+    out.fill_(float("nan"))
+    a.neg_()
+    b.mul_(2)
+    assert launch() is out
+    _check(a, b, out, before, zero_padding)
+
+
+def test_make_concat_launcher_config_errors():
+    from mla_lab.kernels import make_concat_launcher
+
+    with pytest.raises(ValueError, match=r"config \['block_rows'\] applies to the triton backend only"):
+        make_concat_launcher(*_ok(), backend="torch", block_rows=4)
+
+
+def test_v3_config_defaults_and_errors():
+    from mla_lab.kernels.triton_concat import v3_config
+
+    # default run = the token's real heads up to 16 (8 tiles of 2): H = 8 -> one run of 4 tiles per token
+    assert v3_config(8, 8) == {"block_t": 1, "block_h": 2, "head_tiles": 4, "num_warps": 1, "num_runs": 1}
+    assert v3_config(16, 16)["head_tiles"] == 8 and v3_config(16, 16)["num_runs"] == 1
+    assert v3_config(128, 128)["num_runs"] == 8  # 16 heads per run
+    assert v3_config(5, 5)["head_tiles"] == 3  # runs past H are masked
+    assert v3_config(8, 64)["num_runs"] == 4  # zero_padding writes H' = 64 heads
+    with pytest.raises(ValueError, match="block_h must be a power of two >= 1; got block_h=3"):
+        v3_config(8, 8, block_h=3)
+    with pytest.raises(ValueError, match="head_tiles must be >= 1; got head_tiles=0"):
+        v3_config(8, 8, head_tiles=0)
+
+
+def test_triton_launcher_rejects_unknown_knobs():
+    from mla_lab.kernels.triton_concat import make_concat_launcher_triton, triton_available
+
+    if not triton_available()[0]:
+        pytest.skip("triton not importable here")
+    with pytest.raises(ValueError, match=r"config key\(s\) \['blocks'\] not known"):
+        make_concat_launcher_triton(*_ok(), blocks=2)
+    with pytest.raises(ValueError, match=r"force_path='fast' is not known"):
+        make_concat_launcher_triton(*_ok(), force_path="fast")
+
+
+# ------------------------------------------------------------------------------ benchmarks/bench_concat_round3
+
+def _bench(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_concat_round3.py"
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_bench_round3_dry_run_prints_the_plan():
+    p = _bench("--dry-run")
+    assert p.returncode == 0, p.stderr
+    assert "methods: v2, v3," in p.stdout and "copy" in p.stdout
+    # the byte count and the floor at 4256 GB/s: 2 * 4096 * 8 * 576 * 2 B = 75.5 MB -> 17.7 us
+    assert "T=4096 H=8: 75.5 MB moved" in p.stdout and "17.7 us" in p.stdout
+    assert "host launch: T=16" in p.stdout
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--dry-run", "--Hp", "4"], "--Hp must be >= every --H"),
+    (["--dry-run", "--T", "0"], "--T values must be >= 1; got 0"),
+    (["--dry-run", "--rounds", "0"], "--rounds must be >= 1; got 0"),
+])
+def test_bench_round3_bad_input(args, fragment):
+    p = _bench(*args)
+    assert p.returncode == 2 and fragment in p.stderr, (p.returncode, p.stderr)
+
+
+def test_bench_round3_never_overwrites_a_foreign_file(tmp_path):
+    (tmp_path / "concat_round3.csv").write_text("a,b\n1,2\n")
+    p = _bench("--out", str(tmp_path))
+    assert p.returncode == 2 and "was not written by this script" in p.stderr
+    assert (tmp_path / "concat_round3.csv").read_text() == "a,b\n1,2\n"
+
+
+# ------------------------------------------------------------------------------------------------------ GPU
+
+_CUDA = torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("variant", ["v2", "v3"])
+@pytest.mark.parametrize("T,H,Hp,zp", [(1, 8, 64, False), (37, 8, 64, False), (37, 8, 64, True), (300, 16, 64, False),
+                                       (64, 128, 128, False), (5, 5, 8, True)])
+@pytest.mark.gpu
+@pytest.mark.skipif(not _CUDA, reason="torch.cuda.is_available() is False: no CUDA GPU")
+def test_gpu_variants_and_launcher(variant, T, H, Hp, zp):
+    """On the GPU: both variants through the API, and the launcher's compiled path, eager and captured in a CUDA
+    graph replayed after the inputs changed, bitwise against torch.cat with poisoned padded heads."""
+    from mla_lab.kernels import make_concat_launcher
+
+    dt = torch.bfloat16
+    a = torch.randn(H, T, 512, device="cuda").to(dt).transpose(0, 1)  # vLLM's bmm-then-transpose layout
+    b = torch.randn(T, H, 192, device="cuda").to(dt)[..., 128:]  # a split of q
+    out = _poisoned((T, Hp, 576), dt, "cuda")
+    before = out.clone()
+    concat_mla_q(a, b, out, zero_padding=zp, backend="triton", variant=variant)
+    _check(a.cpu(), b.cpu(), out.cpu(), before.cpu(), zp)
+    out.fill_(float("nan"))
+    launch = make_concat_launcher(a, b, out, zero_padding=zp, backend="triton", variant=variant)
+    assert launch.path == "compiled", launch
+    out.fill_(float("nan"))
+    a.neg_()
+    launch()
+    torch.cuda.synchronize()
+    _check(a.cpu(), b.cpu(), out.cpu(), before.cpu(), zp)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        launch()
+    b.mul_(-2)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    _check(a.cpu(), b.cpu(), out.cpu(), before.cpu(), zp)
