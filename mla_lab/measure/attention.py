@@ -21,7 +21,7 @@ import torch
 
 from ..kernels import last_backend
 from ..models import ModelConfig, load_model
-from ..strategies import PaddedQPath, make_strategy
+from ..strategies import PaddedQPath
 from ..workload import Step
 from .timer import interleaved, summarize
 
@@ -133,9 +133,9 @@ def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int
 
 def nan_padding_check(model_name: str = "glm-5", tp: int = 8, T: int = 4096, prompt_len: int = 4096,
                       arch_name: str = "hopper") -> dict:
-    """Does garbage in the fused workspace's padded heads reach the real heads' output?
+    """Does garbage in the private workspace's padded heads reach the real heads' output?
 
-    Runs the fused path twice on the same inputs: padded heads filled with NaN, then with zeros; compares the real
+    Runs the ``private_workspace`` path on the same inputs: padded heads filled with NaN, then with zeros; compares the real
     heads' outputs (``nan_in_real_heads``, ``max_abs_diff``). vLLM leaves those heads uninitialized; some vLLM
     variants zero them because the kernel reduces across the head group.
     """
@@ -147,7 +147,7 @@ def nan_padding_check(model_name: str = "glm-5", tp: int = 8, T: int = 4096, pro
     sm = 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
     outs = {}
     for fill in ("nan", "zero", "inf"):
-        s = make_strategy("fused", num_heads=H, max_num_batched_tokens=T, arch=arch_name, device="cuda")
+        s = PaddedQPath("private_workspace", num_heads=H, max_num_batched_tokens=T, arch=arch_name, device="cuda")
         s.workspace.buffer.fill_({"nan": float("nan"), "zero": 0.0, "inf": float("inf")}[fill])
         o, lse = s(ql_nope, q_pe, kv, idx, sm, tl)
         outs[fill] = (o.float().clone(), lse.clone())

@@ -280,11 +280,11 @@ class Layer:
     Args:
         model: the model (:class:`~mla_lab.models.ModelConfig`).
         tp: TP size; the rank holds ``H = num_attention_heads / tp`` heads, ``Hp = padded_num_heads(H, arch)``
-            in the fused workspace and the unfused pad tensor.
+            in the private workspace and the per-call pad tensor.
         arch: arch name or :class:`~mla_lab.arch.GPUArch` (the padding rule).
         device, dtype: where and in what the weights and activations live.
-        max_T: rows of both Q workspaces (``[max_T, H, 576]`` unfused, ``[max_T, Hp, 576]`` fused) and the KV
-            cache size ``s_kv = max(max_T, 2 topk)``.
+        max_T: rows of both Q workspaces (``[max_T, H, 576]`` for per-call pads, ``[max_T, Hp, 576]`` the private
+            workspace) and the KV cache size ``s_kv = max(max_T, 2 topk)``.
         kernel_fn, concat_fn: :attr:`Implementations.kernel` / :attr:`Implementations.concat`.
         interpret: the Triton kernels run through the interpreter (see :func:`mqa_logits`).
         moe_variants: ``[("tp", 1)]`` (experts TP-sharded) and/or ``[("ep", ep)]`` (``E / ep`` whole experts per

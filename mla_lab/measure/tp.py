@@ -74,7 +74,6 @@ rank); it builds no sweep rows.
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import statistics
@@ -158,7 +157,8 @@ class TPBenchmarkConfig:
         tp: TP size of the real run (= number of processes / GPUs, ranks on GPUs ``0..tp-1``) and of the share the
             sim run simulates (``ep = tp`` for the moe block).
         blocks: of :data:`BLOCKS`.
-        strategies: attention strategies (:func:`resolve_strategies`); the moe block has none.
+        strategies: attention strategies, door names (:func:`resolve_strategies`; default the two ends of PR
+            #53878: vLLM before it with zero padded heads, its private workspace); the moe block has none.
         arch: arch card for the padding rule and the all-reduce model (``None``: h200).
         device: ``cuda`` (NCCL, one GPU per rank) or ``cpu`` (gloo; a dry run of the logic).
         warmup, iters: calls before timing, timed calls (median and spread).
@@ -178,7 +178,7 @@ class TPBenchmarkConfig:
     tokens: list = field(default_factory=lambda: [4096, 16384])
     tp: int = 2
     blocks: list = field(default_factory=lambda: ["attention"])
-    strategies: list = field(default_factory=lambda: ["unfused", "fused"])
+    strategies: list = field(default_factory=lambda: ["per_call_empty:zeros", "private_workspace"])
     arch: str | None = None
     device: str = "cuda"
     warmup: int = 5
