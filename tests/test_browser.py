@@ -248,3 +248,48 @@ def test_the_browser_check_catches_a_clipped_svg(chromium, tmp_path):
                     + "</body></html>")
     res = check_in_browser(page, screenshot=tmp_path / "inline.png", chromium=chromium)
     assert any(p.startswith("svg 1 is clipped: legend_1") for p in res["problems"]), res["problems"]
+
+
+# ------------------------------------------------------------------- pages that fit a 1280 px window (issue 22)
+def test_the_check_fails_a_page_wider_than_the_window_and_a_table_wider_than_its_box(chromium, tmp_path):
+    """A 2000 px block makes the page scroll sideways; a 1500 px table in a 600 px scrolling box is cut off; the
+    same table folded in a closed <details> is not on screen and passes; a narrow page passes."""
+    cells = "".join(f"<td>column {i} with a long value</td>" for i in range(12))
+    wide = tmp_path / "wide.html"
+    wide.write_text(f"""<!DOCTYPE html><html><body><div style="width:2000px">a wide block</div>
+<div style="width:600px; overflow-x:auto"><table style="width:1500px"><tr><th>strategy</th>{cells}</tr></table></div>
+</body></html>""")
+    res = check_in_browser(wide, screenshot=tmp_path / "wide.png", chromium=chromium)
+    probs = "\n".join(res["problems"])
+    assert not res["ok"]
+    assert "wider than the 1280 px window" in probs and "the page is 20" in probs
+    assert "table 1 (strategy) is 1500 px wide in a 600 px container" in probs
+    narrow = tmp_path / "narrow.html"
+    narrow.write_text(f"""<!DOCTYPE html><html><body><p>a narrow page</p>
+<details><summary>full table</summary><div style="width:600px; overflow-x:auto"><table style="width:1500px"><tr>
+<th>strategy</th>{cells}</tr></table></div></details></body></html>""")
+    res = check_in_browser(narrow, screenshot=tmp_path / "narrow.png", chromium=chromium)
+    assert res["ok"], res["problems"]
+
+
+def _bars_with_labels(n: int, width: float):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, 2.5), layout="constrained")
+    ax = fig.add_subplot()
+    bars = ax.bar(range(n), [1.0 + 0.01 * i for i in range(n)])
+    ax.set_xticks(range(n), [f"subchunk:{512 * (i + 1)}:views" for i in range(n)])
+    ax.bar_label(bars, labels=[f"{-4.15 + 0.01 * i:+.1f} %" for i in range(n)])
+    return fig
+
+
+def test_label_overlaps_catches_overlapping_tick_and_bar_labels():
+    """Twelve long tick labels and bar labels on a 4-inch axes print over each other: named, pair by pair; the same
+    three bars on a wide figure pass."""
+    from mla_lab.report.layout_check import label_overlaps
+
+    probs = label_overlaps(_bars_with_labels(12, 4.0))
+    assert probs and any("x-tick label 'subchunk:512:views' and x-tick label 'subchunk:1024:views' overlap" in p
+                         for p in probs), probs[:3]
+    assert any("label '-4.2 %' and label '-4.1 %' overlap" in p for p in probs), probs[:5]
+    assert label_overlaps(_bars_with_labels(3, 9.0)) == []

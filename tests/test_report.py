@@ -235,3 +235,41 @@ def test_report_module_leaves_the_matplotlib_backend_alone():
             "else 1)")
     env = {**__import__("os").environ, "MPLBACKEND": "svg"}
     assert subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).parent).returncode == 0
+
+
+# ------------------------------------------------------------- a deployment that does not fit shows no number
+def _fit_and_nofit_rows():
+    import pandas as pd
+
+    from mla_lab.sweep.params import expand_grid, validate_params
+    from mla_lab.sweep.rows import modelled_rows
+
+    params = validate_params({"models": ["glm-5"], "tp_sizes": [2, 8], "archs": ["h200"],
+                              "max_num_batched_tokens": [16384], "prompt_lens": [1024],
+                              "strategies": ["vllm-53878", "kernel-native"]})
+    rows = [r for p in expand_grid(params) for r in modelled_rows(p)]
+    df = pd.DataFrame(rows)
+    df["source"] = "modelled"
+    assert set(df[df["tp"] == 2]["fits_in_memory"]) == {False} and set(df[df["tp"] == 8]["fits_in_memory"]) == {True}
+    return df
+
+
+def _texts(fig):
+    return [t.get_text() for ax in fig.axes for t in ax.texts]
+
+
+def test_tp_bars_and_heatmap_show_no_number_for_a_deployment_that_does_not_fit():
+    """GLM-5 TP2 on an H200 does not fit (fp8 weights ~350 GiB per rank): its bars carry no TTFT or MiB value and
+    say "does not fit"; TP8's carry one-decimal percent labels; the heatmap's TP2 cell says "does not fit"."""
+    from mla_lab.report.figures import plot_heatmap, plot_tp_bars
+
+    df = _fit_and_nofit_rows()
+    tp8 = df[(df["tp"] == 8) & (df["strategy"] == "private_workspace")]["ttft_change_pct"].iloc[0]
+    fig = plot_tp_bars(df)
+    texts = _texts(fig)
+    assert texts.count("does not fit") == 3  # TTFT: vLLM #53878 and kernel_native; memory: vLLM #53878
+    assert f"{tp8:+.1f}" in texts  # the bar label (ax.texts holds bar labels), one decimal
+    hm = plot_heatmap(df)
+    cells = _texts(hm)
+    assert "does not fit" in cells and f"{tp8:+.1f}%" in cells
+    assert len([c for c in cells if c.endswith("%")]) == 1  # only the fitting TP8 cell has a number

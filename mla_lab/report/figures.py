@@ -36,6 +36,16 @@ def _legend_columns(fig, n: int, per_inch: float = 2.6) -> int:
     return max(1, min(n, int(fig.get_figwidth() / per_inch)))
 
 
+def fits_mask(d):
+    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column: older rows); a
+    row that does not fit carries no TTFT or memory number in any chart (it shows why instead, issue 22)."""
+    import pandas as pd
+
+    if "fits_in_memory" not in d.columns:
+        return pd.Series(True, index=d.index)
+    return d["fits_in_memory"].map(lambda v: str(v).strip().lower() not in ("false", "0", "0.0"))
+
+
 def _figure(figsize):
     from matplotlib.figure import Figure
 
@@ -279,19 +289,31 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
             for si, s in enumerate((PR_STRATEGY, "kernel_native")):
                 g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == s)].set_index("tp")
                 xs = [i + (mi * 2 + si - nb + 0.5) * w for i, _ in enumerate(tps)]
-                vals = [g["ttft_change_pct"].get(t, float("nan")) for t in tps]
+                fit = fits_mask(g) if len(g) else g.index.to_series()
+                vals = [g["ttft_change_pct"].get(t, float("nan")) if bool(fit.get(t, True)) else float("nan")
+                        for t in tps]
                 bars = ax_t.bar(xs, vals, w, color=col if s == PR_STRATEGY else "white", edgecolor=col,
                                 hatch=None if s == PR_STRATEGY else "///", linewidth=1.0)
-                ax_t.bar_label(bars, labels=[("" if v != v else f"{v:.0f}") for v in vals], fontsize=7, padding=2)
+                ax_t.bar_label(bars, labels=[("" if v != v else f"{v:+.1f}") for v in vals], fontsize=7, padding=2)
+                for x, t in zip(xs, tps):
+                    if t in g.index and not bool(fit.get(t, True)):
+                        ax_t.text(x, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=6.5,
+                                  color="0.35")
                 gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
                 for t, v in gm.groupby("tp")["ttft_change_pct"].median().items():
                     ax_t.plot(xs[tps.index(t)], v, "D", markerfacecolor=col, markeredgecolor="black", ms=6,
                               zorder=4)
             g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == PR_STRATEGY)].set_index("tp")
             xs = [i + (mi - (nb - 1) / 2) * (0.8 / nb) for i, _ in enumerate(tps)]
-            vals = [g["extra_persistent_mib"].get(t, float("nan")) for t in tps]
+            fit = fits_mask(g) if len(g) else g.index.to_series()
+            vals = [g["extra_persistent_mib"].get(t, float("nan")) if bool(fit.get(t, True)) else float("nan")
+                    for t in tps]
             bars = ax_m.bar(xs, vals, 0.8 / nb, color=col)
             ax_m.bar_label(bars, labels=[("" if v != v else f"{v:.0f}") for v in vals], fontsize=7.5, padding=2)
+            for x, t in zip(xs, tps):
+                if t in g.index and not bool(fit.get(t, True)):
+                    ax_m.text(x, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=6.5,
+                              color="0.35")
         heads = {}
         for m in models:
             gg = mod[(mod["arch"] == a) & (mod["model"] == m)]
@@ -343,7 +365,7 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     archs = sorted(d["arch"].unique()) or ["-"]
     Ls = sorted(d["prompt_len"].unique())
     ykeys = sorted({(int(h), m) for h, m in zip(mod["num_heads"], mod["model"])})
-    vals = mod["ttft_change_pct"].abs()
+    vals = mod[fits_mask(mod)]["ttft_change_pct"].abs()
     lim = float(vals.max()) if len(vals) and vals.max() > 0 else 1.0
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
     fig = _figure((max(4.8, 1.35 * len(Ls) + 2.6) * len(archs), 0.55 * max(1, len(ykeys)) + 1.9))
@@ -351,16 +373,20 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     im = None
     for ax, a in zip(axes, archs):
         grid = np.full((len(ykeys), len(Ls)), np.nan)
+        nofit = set()
         for (h, m, L), g in mod[mod["arch"] == a].groupby(["num_heads", "model", "prompt_len"]):
-            grid[ykeys.index((int(h), m)), Ls.index(L)] = g["ttft_change_pct"].mean()
+            if not fits_mask(g).any():  # no TTFT number for a deployment that cannot run
+                nofit.add((ykeys.index((int(h), m)), Ls.index(L)))
+                continue
+            grid[ykeys.index((int(h), m)), Ls.index(L)] = g[fits_mask(g)]["ttft_change_pct"].mean()
         im = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto")
         for i, (h, m) in enumerate(ykeys):
             for j, L in enumerate(Ls):
                 v = grid[i, j]
-                txt = "n/a" if v != v else f"{v:+.1f}%"
+                txt = "does not fit" if (i, j) in nofit else "n/a" if v != v else f"{v:+.1f}%"
                 mm = meas[(meas["arch"] == a) & (meas["num_heads"] == h) & (meas["model"] == m)
                           & (meas["prompt_len"] == L)]["ttft_change_pct"]
-                if len(mm):
+                if len(mm) and (i, j) not in nofit:
                     txt += f"\nm: {mm.median():+.1f}%"
                 dark = v == v and abs(v) > 0.6 * lim
                 ax.text(j, i, txt, ha="center", va="center", fontsize=8, color="white" if dark else "black")
