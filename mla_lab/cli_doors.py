@@ -322,7 +322,9 @@ def check_strategies(names) -> list[str]:
 def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cache_dtype, num_prompts,
                      concurrency, weight_dtype, moe_parallel, gpu_memory_utilization, strategies=None,
                      output_len: int = 0, max_num_seqs: int | None = None, workload_in_flight: bool = True) -> dict:
-    """O(1) checks of one deployment before any step is priced; returns :func:`memory_tradeoff`'s result.
+    """O(1) checks of one deployment before any step is priced: :meth:`mla_lab.deployment.Deployment.of` (names,
+    dtypes, TP against every size it divides), vLLM's engine rule, the step bound, and whether the weights and the
+    workload's KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`); returns memory_tradeoff's result.
 
     ``workload_in_flight``: the workload's ``concurrency x prompt_len`` tokens must fit the KV cache at once (advise
     and the row builder price it so); False (serve): one request (``prompt_len + output_len``) must fit, the
@@ -333,18 +335,19 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
             num_prompts, too many steps to price, vLLM's engine rule, weights that do not fit, a workload whose KV
             tokens do not fit.
     """
-    from .arch import get_arch
+    from .deployment import Deployment
     from .model.memory import memory_tradeoff
-    from .models import load_model, normalize_kv_cache_dtype
     from .placement import BASELINE
 
-    m, a = load_model(model), get_arch(arch)
-    kv = normalize_kv_cache_dtype(kv_cache_dtype)
-    m.heads_per_rank(tp)
     conc = concurrency if concurrency is not None else num_prompts
-    if conc > num_prompts:
+    if isinstance(conc, int) and isinstance(num_prompts, int) and conc > num_prompts:
         raise DoorError(f"concurrency={conc} exceeds num_prompts={num_prompts}; allowed: 1..{num_prompts} or omit it "
                         "(= num_prompts)")
+    dep = Deployment.of(model=model, tp=tp, arch=arch, max_num_batched_tokens=max_num_batched_tokens,
+                        kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype, moe_parallel=moe_parallel,
+                        prompt_len=prompt_len, num_prompts=num_prompts, concurrency=conc,
+                        output_len=max(output_len, 1), gpu_memory_utilization=gpu_memory_utilization)
+    m, a = dep.model, dep.arch
     if max_num_seqs is not None and max_num_batched_tokens < max_num_seqs:
         raise DoorError(f"max_num_batched_tokens={max_num_batched_tokens} is below max_num_seqs={max_num_seqs}; "
                         f"allowed: >= max_num_seqs ({VLLM_MBT_RULE})")
@@ -353,8 +356,7 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
                         f"allowed: >= 256 ({VLLM_MBT_RULE})")
     if workload_in_flight:
         _check_steps(num_prompts, prompt_len, max_num_batched_tokens, "deployment")
-    mem = memory_tradeoff(m, tp, a, max_num_batched_tokens, kv, gpu_memory_utilization=gpu_memory_utilization,
-                          weight_dtype=weight_dtype, moe_parallel=moe_parallel, strategies=[BASELINE])
+    mem = memory_tradeoff(dep, strategies=[BASELINE])
     cap = mem["kv_capacity_tokens"]
     where = f"{m.name} TP{tp} {a.name} ({weight_dtype} weights, experts {moe_parallel})"
     if not cap > 0:

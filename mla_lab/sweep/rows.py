@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 
+from .. import measure
 from ..arch import GPUArch, detect_arch
 from ..buffers import MIB, call_peak_bytes, kv_tokens_lost, memory_account
 from ..deployment import Deployment
-from ..measure.attention import time_attention_path
 from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
 from ..model.memory import memory_tradeoff
@@ -33,6 +33,12 @@ from ..workload import schedule
 __all__ = ["layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
            "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
            "strategy_columns", "point_deployment"]
+
+def time_attention_path(*args, **kwargs):
+    """:func:`mla_lab.measure.attention.time_attention_path`; torch is imported on the first measured point, not
+    with this module (``mla-lab advise`` and ``sweep --dry-run`` start without it, issue 22)."""
+    return measure.attention.time_attention_path(*args, **kwargs)
+
 
 MODES = ("modelled", "measured")
 
