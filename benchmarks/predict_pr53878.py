@@ -124,6 +124,27 @@ def sensitivity(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: Noise
     return rows
 
 
+def arrival_sensitivity(bench: BenchConfig, st: dict, pricers: dict, noise: NoiseConfig, num_runs: int,
+                        seed: int) -> list[dict]:
+    """The API server's service time per request decides whether the 32 prompts always split over steps the same
+    way: per service time, the deterministic run, the PR's deterministic change, and the identical-builds band
+    with arrival jitter as the only noise."""
+    rows = []
+    for per in (0.1, noise.arrival.per_request_ms, 3.0, 10.0):
+        am = replace(noise.arrival, per_request_ms=per)
+        quiet = replace(noise.without_noise(), arrival=replace(am, cv=0.0))
+        a = simulate_once(bench, st[BEFORE]["sched"], pricers[BEFORE], quiet).metrics
+        b = simulate_once(bench, st[PR]["sched"], pricers[PR], quiet).metrics
+        r = run_noise(bench, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed,
+                      noise=replace(quiet, arrival=am))
+        rows.append({"per_request_ms": per, "mean_ttft_ms": a["mean_ttft_ms"], "p99_ttft_ms": a["p99_ttft_ms"],
+                     "duration": a["duration"],
+                     "pr_change_mean_ttft_pct": (b["mean_ttft_ms"] - a["mean_ttft_ms"]) / a["mean_ttft_ms"] * 100,
+                     "identical_builds_band95_mean_ttft_jitter_only": list(r.band("mean_ttft_ms")),
+                     "distinct_steps_priced": r.cache["a"]["misses"]})
+    return rows
+
+
 def code_commit() -> dict:
     """The last commit of the code that makes the prediction, and whether that code differs from it (the shared
     tree's other files may be dirty; ``git_commit`` says so)."""
@@ -199,6 +220,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True) 
         "what_moved_it": what_moved(BENCH, st[BEFORE]["sched"], pricers[BEFORE], noise),
         "change_distribution": changes,
         "band_sensitivity": sensitivity(BENCH, st[BEFORE]["sched"], pricers[BEFORE], noise, min(num_runs, 300), seed),
+        "arrival_sensitivity": arrival_sensitivity(BENCH, st, pricers, noise, min(num_runs, 150), seed),
         "notes": [
             "band95: the central 95 % of single runs of the Monte-Carlo (one build, one run each); deterministic: "
             "the run with every random quantity at its mean; median: the Monte-Carlo median.",
