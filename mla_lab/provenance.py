@@ -13,7 +13,8 @@ import subprocess
 
 from .paths import REPO_ROOT
 
-__all__ = ["provenance", "git_commit", "software_versions", "flash_mla_version", "PROVENANCE_COLUMNS"]
+__all__ = ["provenance", "git_commit", "software_versions", "flash_mla_version", "modelled_versions",
+           "PROVENANCE_COLUMNS"]
 
 PROVENANCE_COLUMNS = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit",
                       "timestamp")
@@ -86,12 +87,33 @@ def software_versions() -> dict:
             "triton": triton_v, "flash_mla": flash_mla_version(), "git_commit": git_commit()}
 
 
+@functools.lru_cache(maxsize=1)
+def modelled_versions() -> dict:
+    """:func:`software_versions` for a modelled row, read without importing torch, triton or flash_mla: the cost
+    model is Python on the CPU (``device`` ``cpu``, no sm/driver/cuda), the packages' versions come from their
+    installed metadata (so ``mla-lab advise`` and the explorer start without torch, issue 22)."""
+    from importlib import metadata
+
+    def version(*dists) -> str:
+        for d in dists:
+            try:
+                return metadata.version(d)
+            except metadata.PackageNotFoundError:
+                continue
+        return "none"
+
+    fm = next((f"{d}=={version(d)}" for d in ("tokenspeed-flashmla", "sgl-flash-mla", "flash-mla", "flash_mla")
+               if version(d) != "none"), "none")
+    return {"device": "cpu", "sm": "none", "driver": "none", "cuda": "none", "torch": version("torch"),
+            "triton": version("triton"), "flash_mla": fm, "git_commit": git_commit()}
+
+
 def provenance(source: str) -> dict:
     """The provenance columns for a row produced now.
 
     Args:
         source: ``"measured"`` (timed/allocated on ``device``) or ``"modelled"`` (computed from a formula; the
-            device fields then say where the model ran, not what it models).
+            device fields then say where the model ran, the CPU, not what it models: :func:`modelled_versions`).
 
     Raises:
         ValueError: source not one of ``measured``/``modelled``.
@@ -99,6 +121,6 @@ def provenance(source: str) -> dict:
     if source not in SOURCES:
         raise ValueError(f"source={source!r} must be one of {list(SOURCES)}")
     d = {"source": source}
-    d.update(software_versions())
+    d.update(software_versions() if source == "measured" else modelled_versions())
     d["timestamp"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     return d
