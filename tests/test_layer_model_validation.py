@@ -15,6 +15,7 @@ from mla_lab.model.calibration import load_calibration as load_ops_calibration
 from mla_lab.model.ops import layer_ops
 from mla_lab.model.timing import op_time_ms, predict_measured_op_ms
 from mla_lab.models import load_model
+from mla_lab.placement import measured_as
 
 H200 = get_arch("h200")
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -45,9 +46,10 @@ def test_layer_mape_within_target():
         if (r.get("mode") or "eager") != "eager":
             continue
         excl = set((r.get("excluded_ops") or "").split(";"))
-        ops = [op for op in layer_ops(models[r["model"]], int(r["tp"]), H200, r["strategy"], int(r["T"]),
-                                      layer_kind=r["layer_kind"], moe_parallel=r["moe_parallel"],
-                                      ep_size=int(r["ep"]))
+        # the row's label read at the door (the layer runner's unfused / fused); the runner's weights are bf16
+        ops = [op for op in layer_ops(models[r["model"]], int(r["tp"]), H200, measured_as(r["strategy"]),
+                                      int(r["T"]), layer_kind=r["layer_kind"], weight_dtype="bf16",
+                                      moe_parallel=r["moe_parallel"], ep_size=int(r["ep"]))
                if op.impl and not op.is_comm and op.name not in excl]
         pred = sum(op_time_ms(op, H200, cal) for op in ops)
         apes.append(abs(pred - float(r["ms"])) / float(r["ms"]) * 100)
