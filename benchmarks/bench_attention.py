@@ -2,8 +2,10 @@
 
 For GLM-5 and DeepSeek-V3.2 at TP {1,2,4,8} (heads per rank) and T {1024, 4096, 16384} tokens in one step, with
 causal prompts (one prompt of T tokens, token i sees min(i+1, topk) keys: topk_length) and with full topk (random
-indices over s_kv = max(T, topk), no topk_length): per-op medians (concat, pad, kernel, out_slice), the end-to-end
-call, and the call's peak extra memory against the analytic accounting (:func:`mla_lab.buffers.call_peak_bytes`).
+indices over s_kv = max(T, topk), no topk_length): the attention path of one layer call per strategy of
+:data:`mla_lab.measure.attention.MEASURED_STRATEGIES` (interleaved median and quartiles; rows carry the canonical
+``strategy`` and the ``content`` of its padded heads), and the call's peak extra memory against the analytic
+accounting (:func:`mla_lab.buffers.call_peak_bytes`).
 Also the NaN-padding leak check. The measuring is :mod:`mla_lab.measure.attention` (:func:`time_attention_path`,
 :func:`nan_padding_check`); this script loops over the grid and writes the tables.
 
@@ -33,9 +35,10 @@ def main(argv=None) -> int:
 
     from mla_lab.arch import detect_arch
     from mla_lab.buffers import call_peak_bytes, padded_num_heads
-    from mla_lab.measure.attention import nan_padding_check, time_attention_path
+    from mla_lab.measure.attention import MEASURED_STRATEGIES, nan_padding_check, time_attention_path
     from mla_lab.models import load_model
     from mla_lab.paths import measured_dir
+    from mla_lab.placement import BASELINE, PR_STRATEGY, parse_strategy
     from mla_lab.provenance import provenance
     from mla_lab.workload import Step
 
@@ -55,23 +58,22 @@ def main(argv=None) -> int:
                 for mode in ("causal", "full_topk"):
                     step = Step([(0, 0, T)])
                     res = time_attention_path(model, tp, step, T, arch, full_topk=(mode == "full_topk"))
-                    for s in ("unfused", "fused"):
+                    for s in MEASURED_STRATEGIES:
                         r = res[s]
                         rows.append({
                             "model": m, "tp": tp, "num_heads": H, "padded_heads": Hp, "T": T, "topk_mode": mode,
-                            "strategy": s, **{f"{k}_ms": r.get(k, 0.0) for k in ("concat", "pad", "kernel",
-                                                                                  "out_slice", "total")},
-                            "peak_extra_bytes": r["peak_bytes"],
+                            "strategy": s, "content": parse_strategy(s).content, "total_ms": r["total"],
+                            "q1_ms": r["q1"], "q3_ms": r["q3"], "peak_extra_bytes": r["peak_bytes"],
                             "analytic_peak_extra_bytes": call_peak_bytes(s, H, T, arch, T, model),
                             "workspace_bytes": r["workspace_bytes"], "kernel_backend": res["kernel_backend"],
                             "concat_backend": res["concat_backend"], "arch": arch, **prov,
                         })
-                    print(f"{m} tp{tp} H={H}->{Hp} T={T} {mode}: unfused {res['unfused']['total']:.3f} ms, "
-                          f"fused {res['fused']['total']:.3f} ms", flush=True)
+                    print(f"{m} tp{tp} H={H}->{Hp} T={T} {mode}: " + ", ".join(
+                        f"{s} {res[s]['total']:.3f} ms" for s in MEASURED_STRATEGIES), flush=True)
     df = pd.DataFrame(rows)
     df["peak_diff_bytes"] = df["peak_extra_bytes"] - df["analytic_peak_extra_bytes"]
     piv = df.pivot_table(index=["model", "tp", "T", "topk_mode"], columns="strategy", values="total_ms")
-    piv["fused/unfused"] = piv["fused"] / piv["unfused"]
+    piv[f"{PR_STRATEGY}/{BASELINE}"] = piv[PR_STRATEGY] / piv[BASELINE]
     pd.set_option("display.width", 200)
     print(piv.round(3).to_string())
     print(df[["model", "tp", "T", "topk_mode", "strategy", "peak_extra_bytes", "analytic_peak_extra_bytes",

@@ -52,6 +52,10 @@ TUNE_CONFIGS = (
 )
 
 
+#: Methods of :func:`bench_shape` that write into the padded workspace (the others: an unpadded buffer, a copy).
+_INTO_PADDED = ("triton", "triton_zero_pad", "two_copy", "triton_vllm_layout", "two_copy_vllm_layout")
+
+
 def _sync():
     if DEVICE == "cuda":
         torch.cuda.synchronize()
@@ -136,6 +140,8 @@ def bench_shape(T, H, dtype, warmup, rep, tune, timings=("eager", "graph")):
                 T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method=m, layout=layout, timing=timing,
                 block_rows=cfg["block_rows"] if cfg else None, num_warps=cfg["num_warps"] if cfg else None,
                 streaming=cfg["streaming"] if cfg else None,
+                # the padded heads of `out` hold N(0, 1) between timed runs unless the method zeroes them
+                content="zeros" if zp else ("stale" if m in _INTO_PADDED else ""),
                 ms=ms, bytes_effective=eff, bytes_moved=moved, gbps_effective=gbps,
                 gbps_moved=moved / (ms * 1e-3) / 1e9, copy_gbps_same_bytes=copy_gbps,
                 pct_of_copy=100.0 * gbps / copy_gbps,
@@ -152,7 +158,7 @@ def bench_shape(T, H, dtype, warmup, rep, tune, timings=("eager", "graph")):
             ms = _median_ms(fn, "graph", max(5, warmup // 2), max(20, rep // 2))
             gbps = eff / (ms * 1e-3) / 1e9
             tune_rows.append(dict(T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), variant=name,
-                                  block_rows=br, num_warps=nw, streaming=st, timing="graph", ms=ms,
+                                  block_rows=br, num_warps=nw, streaming=st, timing="graph", content="stale", ms=ms,
                                   bytes_effective=eff, gbps_effective=gbps, copy_gbps_same_bytes=copy_gbps,
                                   pct_of_copy=100.0 * gbps / copy_gbps))
     return rows, tune_rows  # the tensors die with this frame; the caller empties the allocator cache

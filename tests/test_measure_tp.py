@@ -295,10 +295,11 @@ def test_inputs_are_sharded_and_replicated():
 def test_strategies_are_read_at_the_door_as_placement_reads_them():
     """``unfused`` is vLLM before PR #53878 here as everywhere (mla_lab.placement.expand): a new_empty pad, both
     ends of its content range; the harness gets Strategy objects."""
-    got = resolve_strategies(["unfused", "fused", "vllm-pre-53878", "sglang", "subchunk:7"])
-    assert all(isinstance(s, Strategy) for s in got)
-    assert [s.name for s in got] == ["per_call_empty:zeros", "per_call_empty:stale", "private_workspace",
-                                     "per_call_zeros", "subchunk:7"]
+    names = ["unfused", "fused", "vllm-pre-53878", "sglang", "subchunk:7"]
+    got = resolve_strategies(names)
+    assert all(isinstance(s, Strategy) for s in got) and got == expand(names)
+    assert [s.name for s in got[:3]] == ["per_call_empty:zeros", "per_call_empty:stale", "private_workspace"]
+    assert got[3].placement == "per_call_zeros" and got[-1].name == "subchunk:7"  # SGLang; vllm-pre-53878 = unfused
     assert [s.name for s in resolve_strategies(list(REAL_STRATEGIES))] == list(REAL_STRATEGIES)
     assert resolve_strategies(["fused"]) == expand(["fused"])
     for bad in ("kernel_native", "kernel-native"):
