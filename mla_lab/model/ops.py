@@ -87,6 +87,7 @@ native kernel could skip the padded rows' softmax work; that part is small next 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -225,6 +226,27 @@ def step_stats(model: ModelConfig, step: Step | int, causal: bool = True, contex
     return StepStats(T, T * model.topk, sum_topk_lengths(0, T, big), min(T, big), 1 if T else 0)
 
 def _check_common(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
+    """Check the layer's options once per distinct combination (a Deployment's are checked at its door; the cost
+    model calls this for every layer kind of every step, so a combination already found valid is not re-checked).
+    Returns ``(H, ep)``.
+
+    Raises:
+        ValueError: an option outside its allowed values (names it, its value and what is allowed).
+    """
+    key = (model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
+    try:
+        hash(key)
+    except TypeError:  # an unhashable value (a list...): check it without the memo, which names it
+        return _check_common_once(*key)
+    return _check_common_memo(*key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_common_memo(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
+    return _check_common_once(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
+
+
+def _check_common_once(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
     if weight_dtype not in WEIGHT_DTYPES:
         raise _err("weight_dtype", weight_dtype, list(WEIGHT_DTYPES))
     if moe_parallel not in MOE_PARALLEL:
