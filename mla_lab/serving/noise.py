@@ -360,6 +360,8 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
     build B (``pricer_b`` on ``sched_b``; ``pricer_b=None``: a second, independent run of build A, the identical-
     builds case A vs A'). Run ``i`` of build ``j`` draws from ``SeedSequence([seed, j, i])``: reproducible, and
     independent of ``num_runs``. Each pricer is wrapped in one :class:`CachedPricer` for all its runs.
+    ``percentiles``: as :func:`~mla_lab.serving.simulate.simulate` (99 is always added: :data:`METRICS` keeps the
+    p99 keys).
 
     Raises:
         ValueError: ``num_runs`` < 2, a bad seed, ``noise`` of the wrong type, as :func:`simulate_once`.
@@ -371,6 +373,7 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
     noise = NoiseConfig() if noise is None else noise
     if not isinstance(noise, NoiseConfig):
         raise ValueError(f"noise={noise!r} must be a NoiseConfig")
+    percentiles = tuple(sorted(set(percentiles) | {99}))  # METRICS holds the p99 keys
     identical = pricer_b is None
     ca = CachedPricer(pricer_a)
     cb = ca if identical else CachedPricer(pricer_b)
