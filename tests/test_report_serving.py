@@ -15,8 +15,8 @@ from mla_lab.report.serving import (
     serving_table,
 )
 from mla_lab.seed import SEED_REPORTED
-from mla_lab.serving.client import BenchConfig
 from mla_lab.serving.benchmark import PR_BENCH, serve_benchmark
+from mla_lab.serving.client import BenchConfig
 
 SMALL = BenchConfig(num_prompts=8, random_input_len=256, random_output_len=8, seed=0)
 
@@ -88,10 +88,16 @@ def test_rate_curve_figure_has_its_lines(curve):
     assert isinstance(fig, Figure)
     assert type(fig.get_layout_engine()).__name__ == "ConstrainedLayoutEngine"
     ax_t, ax_p = fig.axes
-    n = curve["strategy"].nunique()
-    assert len(ax_t.get_lines()) == 2 * n  # p50 and p99 per strategy
-    assert len(ax_p.get_lines()) == n
-    for line in ax_t.get_lines() + ax_p.get_lines():
+    n = curve["strategy"].nunique() - 1  # the baseline's change is 0 by definition: not drawn
+
+    def data_lines(ax):  # the zero line (axhline) is not a strategy's
+        return [ln for ln in ax.get_lines() if not ln.get_label().startswith("_")]
+
+    assert len(data_lines(ax_t)) == 2 * n  # p50 and p99 change per strategy
+    assert len(data_lines(ax_p)) == n
+    assert ax_t.get_ylabel() == "TTFT change vs baseline [%]"  # the change, not absolute TTFT on a log axis
+    assert ax_t.get_yscale() == "linear"
+    for line in data_lines(ax_t) + data_lines(ax_p):
         assert len(line.get_xdata()) == 2
     assert [t.get_text() for t in ax_t.get_xticklabels()] == ["2", "inf"]
     assert fig.legends
@@ -119,3 +125,27 @@ def test_serving_display_table_names_every_metric_and_prints_no_nan(result):
     html = html_table(t)
     assert "Mean TTFT (ms)" in html and "nan" not in html.lower().replace("nano", "")
     assert t.columns[-1] == "PR #53878 reported, change %"
+
+
+def test_serving_changes_figure_and_folded_table():
+    """The serving section as one figure (each metric's change per strategy, one decimal) and the full table folded
+    in <details>; the swept deployment is the grid's point closest to the PR's that fits, with the swept workload."""
+    from mla_lab.report.layout_check import figure_clipping, label_overlaps
+    from mla_lab.report.serving import plot_serving_changes, serve_swept, serving_details_html, swept_deployment
+    from mla_lab.sweep.params import validate_params
+
+    p = validate_params({"models": ["glm-5"], "tp_sizes": [2, 8], "archs": ["h200"], "num_prompts": 8,
+                         "output_len": 16, "request_rate": 4, "seed": 3})
+    dep, note = swept_deployment(p)
+    assert dep.tp == 8 and dep.output_len == 16 and note == "the PR's deployment"  # TP2 does not fit
+    res = serve_swept(p, ["vllm-53878"])
+    assert res["bench"]["request_rate"] == 4 and res["bench"]["seed"] == 3 and res["bench"]["num_prompts"] == 8
+    fig = plot_serving_changes(res)
+    labels = [t.get_text() for t in fig.axes[0].texts]
+    ch = res["strategies"]["private_workspace"]["change_pct"]["mean_ttft_ms"]
+    assert f"{ch:+.1f} %" in labels
+    assert figure_clipping(fig) == [] and label_overlaps(fig) == []
+    html = serving_details_html(res)
+    assert html.startswith("<details><summary>") and "<table" in html
+    none, why = swept_deployment(validate_params({"models": ["glm-5"], "tp_sizes": [2], "archs": ["h200"]}))
+    assert none is None and "no deployment of the grid can serve" in why

@@ -12,19 +12,25 @@ request-rate curve (all **modelled**: :func:`mla_lab.serving.benchmark.serve_ben
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
 import pandas as pd
 
+from ..arch import get_arch
+from ..deployment import Deployment
+from ..model.memory import memory_tradeoff
 from ..placement import BASELINE, preset_of
 from ..seed import SEED_REPORTED
-from ..serving.client import BenchConfig
 from ..serving.benchmark import serve_benchmark
+from ..serving.client import BenchConfig
 from .figures import strategy_style
+from .tables import html_table
 
-__all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY", "REPORTED_CHANGE",
-           "SERVING_TABLE_COLUMNS", "RATE_CURVE_BENCH"]
+__all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
+           "REPORTED_CHANGE", "SERVING_TABLE_COLUMNS", "RATE_CURVE_BENCH", "swept_deployment", "serve_swept",
+           "plot_serving_changes", "serving_details_html", "CHANGE_METRICS"]
 
 #: What ``vllm bench serve`` prints, in its order and with its labels (``vllm/benchmarks/serve.py``; the latency
 #: blocks for its default ``--percentile-metrics ttft,tpot,itl`` and ``--metric-percentiles 99``).
@@ -148,10 +154,11 @@ def _rate_label(r: float) -> str:
 
 
 def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4.2)):
-    """TTFT p50 (solid) and p99 (dashed), and total token throughput, against the request rate, one colour per
-    strategy, for the one deployment of ``df`` (:func:`rate_curve`'s rows). Rates are evenly spaced categories
-    (``inf`` last). Returns a :class:`matplotlib.figure.Figure` (constrained layout, the legend below the axes
-    inside the figure).
+    """The change vs the baseline against the request rate, one colour per strategy, for the one deployment of
+    ``df`` (:func:`rate_curve`'s rows): TTFT p50 (solid) and p99 (dashed) change in %, and the total token
+    throughput change in % (strategies a few % apart stay apart; absolute TTFT on a log axis put them on one
+    line). Rates are evenly spaced categories (``inf`` last). Returns a :class:`matplotlib.figure.Figure`
+    (constrained layout, the legend below the axes inside the figure).
 
     Raises:
         ValueError: an empty frame, missing columns, or rows of more than one deployment.
@@ -159,7 +166,8 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
-    need = {"strategy", "request_rate", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput"}
+    need = {"strategy", "request_rate", "change_median_ttft_ms_pct", "change_p99_ttft_ms_pct",
+            "change_total_token_throughput_pct"}
     if not isinstance(df, pd.DataFrame) or df.empty or not need <= set(df.columns):
         raise ValueError(f"df must be rate_curve()'s non-empty DataFrame with columns {sorted(need)}")
     deps = df[[c for c in ("model", "tp", "arch") if c in df.columns]].drop_duplicates()
@@ -169,27 +177,28 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
     pos = {r: i for i, r in enumerate(rates)}
     fig = Figure(figsize=figsize, layout="constrained")
     ax_t, ax_p = fig.subplots(1, 2)
-    strategies = list(dict.fromkeys(df["strategy"]))
+    strategies = [s for s in dict.fromkeys(df["strategy"]) if not (df[df["strategy"] == s][
+        ["change_median_ttft_ms_pct", "change_p99_ttft_ms_pct"]].abs().max().max() == 0)]
     for s in strategies:
         d = df[df["strategy"] == s].sort_values("request_rate", key=lambda c: c.map(pos))
         colour, marker, name = strategy_style(s)
         x = [pos[r] for r in d["request_rate"]]
-        ax_t.plot(x, d["median_ttft_ms"], color=colour, marker=marker, ls="-", label=f"{name} p50")
-        ax_t.plot(x, d["p99_ttft_ms"], color=colour, marker=marker, ls="--", label=f"{name} p99")
-        ax_p.plot(x, d["total_token_throughput"], color=colour, marker=marker, ls="-", label=name)
+        ax_t.plot(x, d["change_median_ttft_ms_pct"], color=colour, marker=marker, ls="-", label=f"{name} p50")
+        ax_t.plot(x, d["change_p99_ttft_ms_pct"], color=colour, marker=marker, ls="--", label=f"{name} p99")
+        ax_p.plot(x, d["change_total_token_throughput_pct"], color=colour, marker=marker, ls="-", label=name)
     for ax in (ax_t, ax_p):
         ax.set_xticks(range(len(rates)), [_rate_label(r) for r in rates])
         ax.set_xlabel("request rate (req/s)")
+        ax.axhline(0, color="k", lw=0.6)
         ax.grid(alpha=0.3)
-    ax_t.set_yscale("log")
-    ax_t.set_ylabel("TTFT (ms, log scale)")
-    ax_t.set_title("TTFT p50 (solid) and p99 (dashed)", fontsize=9)
-    ax_p.set_ylabel("total token throughput (tok/s)")
-    ax_p.set_title("total token throughput", fontsize=9)
+    ax_t.set_ylabel("TTFT change vs baseline [%]")
+    ax_t.set_title("TTFT p50 (solid) and p99 (dashed) change", fontsize=9)
+    ax_p.set_ylabel("total token throughput change [%]")
+    ax_p.set_title("total token throughput change", fontsize=9)
     if title is None and len(deps):
         r0 = df.iloc[0]
-        title = (f"{r0.get('model', '')} TP{r0.get('tp', '')} {r0.get('arch', '')}: vllm bench serve vs request rate "
-                 "(modelled)")
+        title = (f"{r0.get('model', '')} TP{r0.get('tp', '')} {r0.get('arch', '')}: vllm bench serve vs request rate, "
+                 "change vs the baseline (modelled)")
     if title:
         fig.suptitle(title, fontsize=10)
     handles = [Line2D([], [], color=strategy_style(s)[0], marker=strategy_style(s)[1], label=strategy_style(s)[2])
@@ -197,3 +206,133 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
     handles += [Line2D([], [], color="0.3", ls="-", label="p50"), Line2D([], [], color="0.3", ls="--", label="p99")]
     fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=8, frameon=False)
     return fig
+
+
+# ----------------------------------------------------------------------------- the swept deployment's serving run
+#: The metrics the serving figure shows, as ``vllm bench serve`` labels them.
+CHANGE_METRICS = (("mean_ttft_ms", "Mean TTFT"), ("median_ttft_ms", "Median TTFT"), ("p99_ttft_ms", "P99 TTFT"),
+                  ("mean_tpot_ms", "Mean TPOT"), ("mean_itl_ms", "Mean ITL"),
+                  ("total_token_throughput", "Total token throughput"), ("duration", "Benchmark duration"))
+_PREFER = {"model": "glm-5", "tp": 8, "arch": "h200", "max_num_batched_tokens": 16384, "prompt_len": 1024}
+
+
+def _ordered(values, preferred):
+    vals = list(dict.fromkeys(values))
+    return sorted(vals, key=lambda v: (v != preferred, vals.index(v)))
+
+
+def swept_deployment(params):
+    """The one deployment of the sweep grid ``params`` (a :class:`mla_lab.sweep.SweepParams`) the serving section
+    and the advice are priced for, with the swept workload (num_prompts, concurrency, output_len) and engine
+    limits: the grid's point closest to the PR's (GLM-5 TP8 H200, max_num_batched_tokens 16384, 1024-token
+    prompts: each coordinate taken from the grid, the PR's value first when the grid holds it) whose weights fit
+    and whose one request fits the KV cache. Returns ``(Deployment, note)``, or ``(None, why)`` when no point of
+    the grid fits."""
+    combos = itertools.product(_ordered(params.models, _PREFER["model"]), _ordered(params.tp_sizes, _PREFER["tp"]),
+                               _ordered([get_arch(a).name for a in params.archs], _PREFER["arch"]),
+                               _ordered(params.max_num_batched_tokens, _PREFER["max_num_batched_tokens"]),
+                               _ordered(params.prompt_lens, _PREFER["prompt_len"]))
+    why = "the grid is empty"
+    for m, tp, a, mbt, L in combos:
+        try:
+            dep = Deployment.of(model=m, tp=tp, arch=a, max_num_batched_tokens=mbt,
+                                kv_cache_dtype=params.kv_cache_dtype[0], weight_dtype=params.weight_dtype,
+                                moe_parallel=params.moe_parallel, prompt_len=L, num_prompts=params.num_prompts,
+                                concurrency=params.concurrency, output_len=params.output_len,
+                                gpu_memory_utilization=params.gpu_memory_utilization)
+        except ValueError as e:
+            why = str(e)
+            continue
+        cap = memory_tradeoff(dep, strategies=[BASELINE])["kv_capacity_tokens"]
+        if cap >= L + params.output_len and mbt >= params.max_num_seqs:
+            picked = (m, tp, a, mbt, L) == tuple(_PREFER.values())
+            note = ("the PR's deployment" if picked else "the grid's point closest to the PR's deployment that fits")
+            return dep, note
+        why = (f"{m} TP{tp} {a}: max_num_batched_tokens {mbt} < max_num_seqs {params.max_num_seqs}"
+               if mbt < params.max_num_seqs else f"{m} TP{tp} {a}: KV capacity {max(cap, 0):,.0f} tokens < one "
+               f"request of {L + params.output_len}")
+    return None, f"no deployment of the grid can serve the workload (last reason: {why})"
+
+
+def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
+    """:func:`~mla_lab.serving.engine_pricer.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`)
+    with the sweep's workload and engine flags: ``--num-prompts``, ``--random-input-len`` (the deployment's
+    prompt length), ``--random-output-len`` (``output_len``), ``--max-concurrency`` (``concurrency``),
+    ``--request-rate``, ``--seed``, ``--max-num-seqs`` and ``--gpu-memory-utilization``.
+
+    Raises:
+        ValueError: no deployment of the grid fits (the reason); as serve_benchmark.
+    """
+    dep = deployment
+    if dep is None:
+        dep, why = swept_deployment(params)
+        if dep is None:
+            raise ValueError(why)
+    rate = math.inf if params.request_rate == "inf" else float(params.request_rate)
+    bench = BenchConfig(num_prompts=dep.num_prompts, random_input_len=dep.prompt_len,
+                        random_output_len=dep.output_len, request_rate=rate,
+                        max_concurrency=params.concurrency, seed=params.seed)
+    return serve_benchmark(dep.model, dep.tp, dep.arch, strategies, bench, dep.max_num_batched_tokens,
+                           max_num_seqs=params.max_num_seqs, gpu_memory_utilization=dep.gpu_memory_utilization,
+                           kv_cache_dtype=dep.kv_cache_dtype, weight_dtype=dep.weight_dtype,
+                           moe_parallel=dep.moe_parallel)
+
+
+def plot_serving_changes(result: dict, bands: dict | None = None, title: str | None = None):
+    """One figure for a serve_benchmark result: per metric of :data:`CHANGE_METRICS` (rows), each strategy's change
+    vs the baseline (%, horizontal bars, one decimal), instead of a table as wide as the strategies are many.
+    ``bands``: ``{strategy: {metric: (lo, hi)}}`` 95 % bands of the change (the noise Monte-Carlo,
+    :mod:`mla_lab.serving.noise`), drawn as error bars; without it the caption says the run is one deterministic
+    simulation (no interval). Returns a :class:`matplotlib.figure.Figure`.
+
+    Raises:
+        ValueError: ``result`` is not a serve_benchmark result.
+    """
+    from matplotlib.figure import Figure
+
+    if not isinstance(result, dict) or "strategies" not in result or "baseline" not in result:
+        raise ValueError("result must be the dict mla_lab.serving.engine_pricer.serve_benchmark returns")
+    base = result["baseline"]
+    others = [s for s in result["strategies"] if s != base]
+    metrics = [(k, lbl) for k, lbl in CHANGE_METRICS if k in result["strategies"][base]["metrics"]]
+    fig = Figure(figsize=(10.5, 0.24 * len(metrics) * max(1, len(others)) + 1.8), layout="constrained")
+    ax = fig.add_subplot()
+    n = max(1, len(others))
+    h = 0.8 / n
+    for j, s in enumerate(others):
+        colour, _, name = strategy_style(s)
+        if name == s and result["strategies"][s].get("preset"):
+            name = f"{result['strategies'][s]['preset']} ({s})"
+        ys = [i + (j - (n - 1) / 2) * h for i in range(len(metrics))]
+        vals = [result["strategies"][s]["change_pct"].get(k, math.nan) for k, _ in metrics]
+        err = None
+        if bands and s in bands:
+            lo = [v - bands[s].get(k, (v, v))[0] for v, (k, _) in zip(vals, metrics)]
+            hi = [bands[s].get(k, (v, v))[1] - v for v, (k, _) in zip(vals, metrics)]
+            err = [lo, hi]
+        bars = ax.barh(ys, vals, h, color=colour, xerr=err, capsize=2, label=name)
+        ax.bar_label(bars, labels=[("" if v != v else f"{v:+.1f} %") for v in vals], fontsize=7, padding=2)
+    ax.set_yticks(range(len(metrics)), [lbl for _, lbl in metrics], fontsize=8.5)
+    ax.invert_yaxis()
+    ax.axvline(0, color="k", lw=0.6)
+    lo, hi = ax.get_xlim()
+    span = max(hi - lo, 1.0)
+    ax.set_xlim(lo - 0.12 * span, hi + 0.12 * span)  # room for the value labels
+    ax.set_xlabel(f"change vs {base} [%] (throughput: higher is better; latencies: lower is better)")
+    ax.grid(axis="x", alpha=0.3)
+    dep = result.get("deployment", {})
+    b = result.get("bench", {})
+    note = "95 % bands of the noise Monte-Carlo" if bands else "one deterministic simulation: no interval"
+    fig.suptitle(title or (f"{dep.get('model')} TP{dep.get('tp')} {dep.get('arch')}: vllm bench serve, "
+                           f"{b.get('num_prompts')} x {b.get('random_input_len')} in / {b.get('random_output_len')} "
+                           f"out (modelled; {note})"), fontsize=10)
+    fig.legend(loc="outside lower center", ncols=min(3, n), fontsize=8, frameon=False)
+    return fig
+
+
+def serving_details_html(result: dict, summary: str = "the full table (every metric vllm bench serve prints)") -> str:
+    """:func:`serving_display_table` folded in a ``<details>`` block whose table scrolls inside its own box (the
+    page stays within a 1280 px window)."""
+    table = html_table(serving_display_table(result))
+    return (f"<details><summary>{summary}</summary><div style='overflow-x:auto; max-width:100%'>{table}</div>"
+            "</details>")

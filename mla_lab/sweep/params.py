@@ -46,8 +46,9 @@ class SweepParams:
         shared_workspace_bytes: the shared workspace's size from its other users (null: the fused-MoE scratch at
             max_num_batched_tokens, :func:`mla_lab.buffers.shared_workspace_other_bytes`).
         gpu_memory_utilization: vLLM's ``--gpu-memory-utilization`` (the KV-cache budget, default 0.9).
-        output_len, max_num_seqs, request_rate: the serving simulation's ``--random-output-len`` (128),
-            ``--max-num-seqs`` (256) and ``--request-rate`` (``inf`` or requests/s) for the report's serving section.
+        output_len, max_num_seqs, request_rate, seed: the serving simulation's ``--random-output-len`` (128),
+            ``--max-num-seqs`` (256), ``--request-rate`` (``inf`` or requests/s) and ``--seed`` (0; vllm bench
+            serve's, the arrival times) for the report's serving section and its advice.
 
     vLLM's spellings are accepted as aliases (:data:`VLLM_ALIASES`), with dashes or underscores.
         device: ``auto`` (GPU if torch sees one, else CPU), ``cpu`` (modelled only) or ``cuda`` (measure; error if no
@@ -92,6 +93,7 @@ class SweepParams:
     output_len: int = 128
     max_num_seqs: int = 256
     request_rate: object = "inf"
+    seed: int = 0
 
 DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
             for f in dataclasses.fields(SweepParams)}
@@ -106,6 +108,7 @@ VLLM_ALIASES = {
     "kv_cache_dtype": "kv_cache_dtype", "gpu_memory_utilization": "gpu_memory_utilization",
     "num_prompts": "num_prompts", "random_input_len": "prompt_lens", "random_output_len": "output_len",
     "max_concurrency": "concurrency", "request_rate": "request_rate", "max_num_seqs": "max_num_seqs",
+    "seed": "seed",
 }
 
 
@@ -185,6 +188,9 @@ def validate_params(raw: dict) -> SweepParams:
     for k in ("output_len", "max_num_seqs"):
         if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
             raise ValueError(f"{k}={p[k]!r} must be a positive int")
+    sd = p["seed"]
+    if isinstance(sd, bool) or not isinstance(sd, int) or not 0 <= sd <= 2**32 - 1:
+        raise ValueError(f"seed={sd!r} must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)")
     rate = p["request_rate"]
     if not (rate == "inf" or (not isinstance(rate, bool) and isinstance(rate, (int, float)) and rate > 0)):
         raise ValueError(f"request_rate={rate!r} must be 'inf' or a positive number of requests per second")
