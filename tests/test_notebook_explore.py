@@ -69,8 +69,8 @@ def test_explorer_has_a_control_for_every_sweep_parameter_that_changes_a_number(
     no_number = {"device", "store_dir", "data_file", "report_dir", "check_equivalence", "force", "overwrite",
                  "executor", "ray_address", "num_runs", "shared_workspace_bytes",
                  # the serving section's inputs: they change no number the explorer shows
-                 "output_len", "max_num_seqs", "request_rate"}
-    assert set(DEFAULTS) == set(grid) | no_number
+                 "output_len", "max_num_seqs", "request_rate", "seed"}
+    assert set(grid) <= set(DEFAULTS) and set(DEFAULTS) - set(grid) <= no_number
     assert set(grid.values()) <= set(ex.controls)
     before = ex.result["per_strategy"][1]["ttft_ms"]
     after = ex.set(weight_dtype="bf16", moe_parallel="tp")
