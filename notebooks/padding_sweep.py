@@ -23,56 +23,66 @@
 # column) and carries its provenance; the banner below sums it up.
 
 # %% tags=["parameters"]
-models = ["glm-5", "deepseek-v3.2"]
-tp_sizes = [1, 2, 4, 8]
-archs = ["h200", "b200"]
-max_num_batched_tokens = [8192, 16384]
-prompt_lens = [1024, 8192]
-kv_cache_dtype = "bf16"
-num_prompts = 32
-concurrency = None
+# Every parameter is typed and explained (`papermill --help-notebook notebooks/padding_sweep.ipynb` lists them);
+# a name papermill injects that is not declared here is refused in the next cell.
+models: list = ["glm-5", "deepseek-v3.2"]  # model names under data/models
+tp_sizes: list = [1, 2, 4, 8]  # vLLM --tensor-parallel-size values
+archs: list = ["h200", "b200"]  # GPU names or aliases (h200, b200, hopper, blackwell)
+max_num_batched_tokens: list = [8192, 16384]  # vLLM --max-num-batched-tokens values (also the workspace rows)
+prompt_lens: list = [1024, 8192]  # vllm bench serve --random-input-len values (tokens)
+kv_cache_dtype: str = "bf16"  # vLLM --kv-cache-dtype: bf16 or fp8 (or a list of both)
+num_prompts: int = 32  # vllm bench serve --num-prompts
+concurrency: int = None  # vllm bench serve --max-concurrency (None: = num_prompts)
 # engine presets (vllm-pre-53878, vllm-53878, vllm-56902, sglang, kernel-native), the shared workspace zeroed per
 # call, and the sub-chunked workspace at S rows (":views": the consumer takes per-chunk views); see mla_lab.placement
-strategies = ["vllm-pre-53878", "vllm-53878", "vllm-56902", "sglang", "kernel-native",
-              "shared_workspace:zero_per_call", "subchunk:1024", "subchunk:2048", "subchunk:4096", "subchunk:8192",
-              "subchunk:1024:views", "subchunk:2048:views", "subchunk:4096:views", "subchunk:8192:views"]
-device = "auto"
-store_dir = "data/sweeps/padding_sweep"
-data_file = "data/padding_sweep.csv"
-report_dir = "reports"
-check_equivalence = True
-force = False
-overwrite = False  # True: data_file may replace an existing file the lab did not write
-weight_dtype = "fp8"  # TTFT model: "fp8" (as the PR's GLM-5.2-FP8) or "bf16" weights
-moe_parallel = "ep"  # TTFT model: "ep" (experts over the TP ranks, vLLM -ep) or "tp" (every expert TP-sharded)
-num_runs = 7  # interleaved repeats of each measured strategy (GPU)
-shared_workspace_bytes = None  # None: the fused-MoE scratch at max_num_batched_tokens (vLLM after PR #56902)
-gpu_memory_utilization = 0.9  # vLLM --gpu-memory-utilization: the KV-cache budget
-output_len = 128  # serving section: vllm bench serve --random-output-len
-max_num_seqs = 256  # serving section: vllm serve --max-num-seqs
-request_rate = "inf"  # serving section: vllm bench serve --request-rate ("inf" or requests/s)
-executor = "local"  # "local" (this kernel) or "ray" (Ray tasks; pip install 'mla_lab[ray]')
-# with executor="ray": None starts a local Ray instance; "auto" or "host:6379" joins a cluster
-ray_address = None
-# Set by `mla-lab sweep` (not sweep parameters): where this run's figures go, and the run's id.
-figure_dir = None  # None: <report_dir>/figures
-run_id = None
+strategies: list = ["vllm-pre-53878", "vllm-53878", "vllm-56902", "sglang", "kernel-native",
+                    "shared_workspace:zero_per_call", "subchunk:1024", "subchunk:2048", "subchunk:4096",
+                    "subchunk:8192", "subchunk:1024:views", "subchunk:2048:views", "subchunk:4096:views",
+                    "subchunk:8192:views"]
+device: str = "auto"  # auto (GPU if torch sees one), cpu (modelled only) or cuda
+store_dir: str = "data/sweeps/padding_sweep"  # the point store (one file per point; a re-run resumes)
+data_file: str = "data/padding_sweep.csv"  # the tidy CSV written at the end
+report_dir: str = "reports"  # where the published reports go
+check_equivalence: bool = True  # run every strategy on small CPU inputs and compare the real heads
+force: bool = False  # recompute points already stored
+overwrite: bool = False  # True: data_file may replace an existing file the lab did not write
+weight_dtype: str = "fp8"  # TTFT model: fp8 (as the PR's GLM-5.2-FP8) or bf16 weights
+moe_parallel: str = "ep"  # TTFT model: ep (experts over the TP ranks, vLLM -ep) or tp (every expert TP-sharded)
+num_runs: int = 7  # interleaved repeats of each measured strategy (GPU)
+shared_workspace_bytes: int = None  # None: the fused-MoE scratch at max_num_batched_tokens (vLLM after PR #56902)
+gpu_memory_utilization: float = 0.9  # vLLM --gpu-memory-utilization: the KV-cache budget
+output_len: int = 128  # serving section: vllm bench serve --random-output-len
+max_num_seqs: int = 256  # serving section: vllm serve --max-num-seqs
+request_rate: str = "inf"  # serving section: vllm bench serve --request-rate ("inf" or requests/s)
+seed: int = 0  # serving section: vllm bench serve --seed (arrival times)
+executor: str = "local"  # local (this kernel) or ray (Ray tasks; pip install 'mla_lab[ray]')
+ray_address: str = None  # with executor="ray": None starts a local Ray instance; "auto" or "host:6379" joins one
+figure_dir: str = None  # set by mla-lab sweep (not a sweep parameter): this run's figures (None: <report_dir>/figures)
+run_id: str = None  # set by mla-lab sweep (not a sweep parameter): the run's id
 
 # %% tags=["remove-output"]
+_names = list(globals())  # the parameters cell's names and any papermill injected, before the first import
 from pathlib import Path
 
 import pandas as pd
 from IPython.display import HTML, Markdown, display
 
 from mla_lab import report, sweep
-from mla_lab.deployment import Deployment
 from mla_lab.placement import PRESETS
-from mla_lab.report.serving import plot_rate_curve, rate_curve, serving_display_table
-from mla_lab.serving import serve_benchmark
+from mla_lab.report.serving import (
+    plot_rate_curve,
+    plot_serving_changes,
+    rate_curve,
+    serve_swept,
+    serving_details_html,
+    swept_deployment,
+)
+from mla_lab.serving import BenchConfig, serve_benchmark
 from mla_lab.strategies import equivalence_check
 
 ENGINE_PRESETS = list(PRESETS)
 
+sweep.params.check_notebook_names(_names)  # papermill -p tp_size 8 (a typo) is refused, not dropped with a warning
 params = sweep.validate_params({k: v for k, v in globals().items() if k in sweep.DEFAULTS})
 figs = Path(figure_dir) if figure_dir else Path(report_dir) / "figures"
 saved = {}  # figure name -> PNG and SVG paths
@@ -97,23 +107,40 @@ display(HTML(report.provenance_html(both, run_id)))
 # %%
 display(HTML(report.html_table(report.seed_answer_table())))
 display(Markdown("\n".join(f"- {line}" for line in report.seed_sentences())))
-served = {m: serve_benchmark(m, 8, "h200", ENGINE_PRESETS) for m in ("glm-5", "glm-5.2")}
-display(HTML(report.html_table(report.seed_setup_table(df, measured, serving=served["glm-5"]))))
+served = serve_benchmark("glm-5", 8, "h200", ENGINE_PRESETS)  # the PR's setup, whatever the grid
+display(HTML(report.html_table(report.seed_setup_table(df, measured, serving=served))))
 
 # %% [markdown]
-# ## Serving: the PR's benchmark as `vllm bench serve` reports it
-# A step-level simulation of vLLM v1 serving the PR's benchmark (32 prompts x 1024 in / 128 out, max concurrency
-# 32, request rate inf, `--max-num-batched-tokens 16384`, block size 64): chunked prefill, decode steps through the
-# same padded kernel (bf16 KV cache; uniform decode batches as CUDA graphs, mixed steps eager), each step priced by
-# the lab's cost model with the decode terms fitted on the H200 (`data/calibration/h200_decode.csv`). Modelled.
-# Then TTFT and throughput against the request rate for GLM-5 TP8.
+# ## Serving: `vllm bench serve` for the swept deployment
+# A step-level simulation of vLLM v1 serving the sweep's workload (`num_prompts`, `concurrency`, `output_len`,
+# `request_rate`, `seed`, `max_num_seqs`) on one deployment of the grid, named below: the PR's (GLM-5 TP8 H200,
+# `--max-num-batched-tokens 16384`, 1024-token prompts) when the grid holds it, else the closest point that fits.
+# Chunked prefill, decode steps through the same padded kernel (uniform decode batches as CUDA graphs, mixed steps
+# eager), each step priced by the lab's cost model with the decode terms fitted on the H200
+# (`data/calibration/h200_decode.csv`). Modelled. One figure: each metric's change per strategy; the full table is
+# folded below it. Then the change in TTFT and throughput against the request rate.
 
 # %%
-for m, r in served.items():
-    display(Markdown(f"**{m}**"))
-    display(HTML(report.html_table(serving_display_table(r))))
-curve = rate_curve("glm-5", 8, "h200", ["vllm-pre-53878", "vllm-53878", "vllm-56902"], [1, 4, 16, float("inf")])
-saved["rate_curve"] = report.publish_figure(plot_rate_curve(curve), "rate_curve", figs)
+serve_dep, serve_note = swept_deployment(params)
+if serve_dep is None:
+    display(Markdown(f"**No serving run**: {serve_note}."))
+else:
+    display(Markdown(f"**{serve_dep.describe()}** ({serve_note}); request rate {params.request_rate}, seed "
+                     f"{params.seed}, max_num_seqs {params.max_num_seqs}"))
+    served_swept = serve_swept(params, ENGINE_PRESETS, serve_dep)
+    saved["serving_changes"] = report.publish_figure(plot_serving_changes(served_swept), "serving_changes", figs)
+    display(HTML(serving_details_html(served_swept)))
+    rates = sorted({1.0, 4.0, 16.0, float("inf")} | (set() if params.request_rate == "inf"
+                                                      else {float(params.request_rate)}))
+    curve = rate_curve(serve_dep.model, serve_dep.tp, serve_dep.arch, ["vllm-pre-53878", "vllm-53878", "vllm-56902"],
+                       rates, bench=BenchConfig(num_prompts=serve_dep.num_prompts,
+                                                random_input_len=serve_dep.prompt_len,
+                                                random_output_len=serve_dep.output_len, seed=params.seed),
+                       max_num_batched_tokens=serve_dep.max_num_batched_tokens, max_num_seqs=params.max_num_seqs,
+                       gpu_memory_utilization=serve_dep.gpu_memory_utilization,
+                       kv_cache_dtype=serve_dep.kv_cache_dtype, weight_dtype=serve_dep.weight_dtype,
+                       moe_parallel=serve_dep.moe_parallel)
+    saved["rate_curve"] = report.publish_figure(plot_rate_curve(curve), "rate_curve", figs)
 
 # %% [markdown]
 # ## Memory vs TTFT, one panel per deployment
@@ -136,13 +163,16 @@ else:
     display(Markdown("**No grid point could be priced**: see *Failed points* below for each reason."))
 
 # %% [markdown]
-# ## Advice for the PR's deployment
-# `mla-lab advise` for the seed deployment under a 300 MiB budget of persistent extra memory: the strategy with the
-# lowest TTFT that fits, the ranked alternatives and what the budget excludes.
+# ## Advice for the swept deployment
+# `mla-lab advise` for the deployment of the serving section (named there) under a 300 MiB budget of persistent
+# extra memory: the strategy with the lowest TTFT that fits, the ranked alternatives and what the budget excludes.
 
 # %%
-advice = sweep.advise(Deployment.seed(), memory_budget_mib=300, measured=measured)
-display(Markdown("```\n" + sweep.format_advice(advice) + "\n```"))
+if serve_dep is None:
+    display(Markdown(f"**No advice**: {serve_note}."))
+else:
+    advice = sweep.advise(serve_dep, memory_budget_mib=300, measured=measured)
+    display(Markdown("```\n" + sweep.format_advice(advice) + "\n```"))
 
 # %% [markdown]
 # ## Per TP size: TTFT change and extra memory of vLLM #53878

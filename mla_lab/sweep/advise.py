@@ -139,7 +139,7 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
     kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
     return {"deployment": {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len",
                                                  "kv_cache_dtype", "num_prompts", "concurrency", "weight_dtype",
-                                                 "moe_parallel")},
+                                                 "moe_parallel", "gpu_memory_utilization") if k in point},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
             "bounds": bounds,
@@ -155,6 +155,7 @@ def _summary(r: dict, reason: str) -> dict:
     return {"strategy": r["strategy"], "preset": r["preset"], "ttft_ms": r["ttft_ms"],
             "ttft_change_pct": r["ttft_change_pct"], "extra_persistent_mib": r["extra_persistent_mib"],
             "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": round(r["kv_tokens_lost"]),
+            "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost"), "kv_capacity_tokens": r.get("kv_capacity_tokens"),
             "ttft_source": "modelled", "memory_source": "exact", "reason": reason,
             "measured_change_pct": r.get("measured_change_pct"), "measured_ci_lo": r.get("measured_ci_lo"),
             "measured_ci_hi": r.get("measured_ci_hi")}
@@ -193,8 +194,8 @@ def format_advice(result: dict) -> str:
             f"budget: {b['memory_budget_mib'] if b['memory_budget_mib'] is not None else 'unlimited'} MiB, "
             f"{b['memory_budget_tokens'] if b['memory_budget_tokens'] is not None else 'unlimited'} KV tokens; "
             f"changes vs {result['baseline']}")
-    widths = (30, 15, 9, 8, 10, 9, 9, 22, 8)
-    titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "extra MiB", "call MiB", "KV lost",
+    widths = (30, 15, 9, 8, 10, 9, 9, 7, 22, 8)
+    titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "extra MiB", "call MiB", "KV lost", "% of KV",
               "measured dTTFT [95%]", "frontier")
 
     def line(vals):
@@ -210,7 +211,11 @@ def format_advice(result: dict) -> str:
     def fmt(s):
         return [s["strategy"], s["preset"] or "-", f"{s['ttft_ms']:.1f}", f"{s['ttft_change_pct']:+.2f}",
                 f"{s['extra_persistent_mib']:+.0f}", f"{s['call_transient_mib']:.0f}", f"{s['kv_tokens_lost']:.0f}",
-                measured(s), "yes" if s["on_frontier"] else ""]
+                pct(s), measured(s), "yes" if s["on_frontier"] else ""]
+
+    def pct(s):
+        v = s.get("kv_capacity_pct_lost")
+        return "-" if v is None or v != v else f"{v:.1f}"
 
     out = [head, ""]
     rec = result["recommendation"]
@@ -226,6 +231,20 @@ def format_advice(result: dict) -> str:
         out += [f"  {s['strategy']}: {s['reason']}" for s in result["excluded"]]
     for s in result.get("bounds", []):
         out.append(f"bound (not a recommendation): {s['strategy']} {s['ttft_change_pct']:+.2f} % ({s['reason']})")
+    ranked = ([rec] if rec else []) + list(result["alternatives"])
+    meas = [x for x in ranked if x.get("measured_change_pct") is not None]
+    if len(meas) >= 2:
+        by_meas = sorted(meas, key=lambda x: x["measured_change_pct"])
+        if [x["strategy"] for x in by_meas] != [x["strategy"] for x in meas]:
+            out.append(f"the measured column ranks these {len(meas)} strategies in another order than the modelled "
+                       "ranking (best measured: " + by_meas[0]["strategy"] + "): the ranking is modelled (whole "
+                       "layer, every step); the measured column times the attention path alone on an H200 in short "
+                       "windows (below the power cap), with the rest modelled, so it is shown beside the ranking, "
+                       "not used for it")
+    kv = next((x.get("kv_capacity_tokens") for x in ranked if x.get("kv_capacity_tokens")), None)
+    if kv:
+        out.append(f"'% of KV' = KV tokens lost / the baseline's KV capacity of {kv:,.0f} tokens per rank "
+                   f"(gpu_memory_utilization {d.get('gpu_memory_utilization', '')})".replace(" ()", ""))
     if result.get("comm_source"):
         out.append(f"all-reduce priced by: {result['comm_source']}")
     out.append(result["note"])

@@ -17,7 +17,7 @@ from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
 
-__all__ = ["SweepParams", "DEFAULTS", "validate_params", "expand_grid", "check_tp_sizes", "DEFAULT_STRATEGIES", "VLLM_ALIASES",
+__all__ = ["SweepParams", "DEFAULTS", "validate_params", "check_notebook_names", "NOTEBOOK_ONLY", "expand_grid", "check_tp_sizes", "DEFAULT_STRATEGIES", "VLLM_ALIASES",
            "normalize_names"]
 
 #: The sweep's default strategies (:data:`mla_lab.placement.SWEEP_STRATEGIES`): every engine preset, the shared
@@ -127,6 +127,25 @@ def normalize_names(raw: dict) -> dict:
             raise ValueError(f"parameter {key!r} is given twice (as {k!r} and another spelling); allowed: once")
         out[key] = v
     return out
+
+
+#: Notebook names that are not sweep parameters: set by ``mla-lab sweep`` (where the figures go, the run's id).
+NOTEBOOK_ONLY = ("figure_dir", "run_id")
+_KERNEL_NAMES = ("In", "Out", "get_ipython", "exit", "quit", "open")
+
+
+def check_notebook_names(names) -> None:
+    """Refuse a name papermill injected that the notebook does not declare (``papermill -p tp_size 8``: papermill
+    itself only warns). ``names``: the notebook's global names before its first import (the parameters cell's and
+    the injected cell's); IPython's own (``In``, ``Out``, ``_...``) are ignored.
+
+    Raises:
+        ValueError: ``unknown notebook parameter(s) [...]; allowed: [...]``.
+    """
+    known = set(DEFAULTS) | set(NOTEBOOK_ONLY) | set(VLLM_ALIASES)
+    unknown = sorted(n for n in names if not str(n).startswith("_") and n not in _KERNEL_NAMES and n not in known)
+    if unknown:
+        raise ValueError(f"unknown notebook parameter(s) {unknown}; allowed: {sorted(set(DEFAULTS) | set(NOTEBOOK_ONLY))}")
 
 
 def validate_params(raw: dict) -> SweepParams:
