@@ -35,7 +35,6 @@ otherwise (``Deployment.seed(model="glm-5.2")``).
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from dataclasses import dataclass
 
@@ -248,7 +247,3 @@ class Deployment:
                 f"{self.max_num_batched_tokens}, {self.kv_cache_dtype} KV, {self.weight_dtype} weights, experts "
                 f"{self.moe_parallel}, {wl.num_prompts} x {wl.prompt_len}-token prompts ({self.output_len} out) at "
                 f"concurrency {wl.concurrency}, gpu_memory_utilization {self.gpu_memory_utilization:g}")
-
-
-#: Field names, for callers that iterate over them.
-FIELDS = tuple(f.name for f in dataclasses.fields(Deployment))
