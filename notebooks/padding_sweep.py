@@ -32,7 +32,7 @@ max_num_batched_tokens: list = [8192, 16384]  # vLLM --max-num-batched-tokens va
 prompt_lens: list = [1024, 8192]  # vllm bench serve --random-input-len values (tokens)
 kv_cache_dtype: str = "bf16"  # vLLM --kv-cache-dtype: bf16 or fp8 (or a list of both)
 num_prompts: int = 32  # vllm bench serve --num-prompts
-concurrency: int = None  # vllm bench serve --max-concurrency (None: = num_prompts)
+concurrency: int = None  # vllm bench serve --max-concurrency (None: num_prompts)
 # engine presets (vllm-pre-53878, vllm-53878, vllm-56902, sglang, kernel-native), the shared workspace zeroed per
 # call, and the sub-chunked workspace at S rows (":views": the consumer takes per-chunk views); see mla_lab.placement
 strategies: list = ["vllm-pre-53878", "vllm-53878", "vllm-56902", "sglang", "kernel-native",
@@ -56,7 +56,7 @@ max_num_seqs: int = 256  # serving section: vllm serve --max-num-seqs
 request_rate: str = "inf"  # serving section: vllm bench serve --request-rate ("inf" or requests/s)
 seed: int = 0  # serving section: vllm bench serve --seed (arrival times)
 executor: str = "local"  # local (this kernel) or ray (Ray tasks; pip install 'mla_lab[ray]')
-ray_address: str = None  # with executor="ray": None starts a local Ray instance; "auto" or "host:6379" joins one
+ray_address: str = None  # with executor ray: None starts a local Ray instance; auto or host:6379 joins one
 figure_dir: str = None  # set by mla-lab sweep (not a sweep parameter): this run's figures (None: <report_dir>/figures)
 run_id: str = None  # set by mla-lab sweep (not a sweep parameter): the run's id
 

@@ -54,7 +54,8 @@ _IMAGES_JS = """async () => {
       const avail = c ? c.clientWidth : window.innerWidth;
       const cap = t.querySelector('caption, th');
       return {index: k + 1, width: Math.max(r.width, t.scrollWidth), container: avail,
-              visible: r.width > 0 && r.height > 0, head: cap ? cap.textContent.trim().slice(0, 40) : ''};
+              visible: r.width > 0 && r.height > 0 && !t.closest('details:not([open])'),
+              head: cap ? cap.textContent.trim().slice(0, 40) : ''};
     }).filter(t => t.visible && t.width > t.container + 1),
     width: svgDoc ? box.width : Math.max(de.scrollWidth, document.body ? document.body.scrollWidth : 0),
     height: svgDoc ? box.height : Math.max(de.scrollHeight, document.body ? document.body.scrollHeight : 0),

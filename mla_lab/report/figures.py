@@ -15,7 +15,7 @@ from pathlib import Path
 from ..seed import SEED
 from ..sweep.advise import frontier
 from .data import ok_rows, pick
-from .layout_check import figure_clipping
+from .layout_check import figure_clipping, label_overlaps
 
 __all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "plot_deployment", "plot_tp_bars", "plot_heatmap",
            "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style", "model_style",
@@ -57,10 +57,12 @@ def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110
     Returns ``{"png": path, "svg": path}`` (paths None when ``figure_dir`` is None: display only).
 
     Raises:
-        ValueError: a legend or title lies outside the figure (it would be cut off in the PNG and SVG), naming
-            the artist (:func:`mla_lab.report.layout_check.figure_clipping`); nothing is written.
+        ValueError: a legend or title lies outside the figure (it would be cut off in the PNG and SVG), or two
+            labels of one axes print over each other, naming the artists
+            (:func:`mla_lab.report.layout_check.figure_clipping`, :func:`~mla_lab.report.layout_check.label_overlaps`);
+            nothing is written.
     """
-    clipped = figure_clipping(fig)
+    clipped = figure_clipping(fig) + label_overlaps(fig)
     if clipped:
         raise ValueError(f"figure {name!r}: " + "; ".join(clipped))
     buf = io.BytesIO()
@@ -162,7 +164,7 @@ def plot_deployment(ax, rows, title: str | None = None) -> None:
                 ax.annotate(f"{int(r['subchunk_rows']) // 1024 or r['subchunk_rows']}"
                             f"{'k' if int(r['subchunk_rows']) >= 1024 else ''}",
                             (r["extra_persistent_mib"], r["ttft_change_pct"]), fontsize=6.5, color=col,
-                            textcoords="offset points", xytext=(3, 3))
+                            textcoords="offset points", xytext=(3, 3) if not end else (3, -9))  # views below
     for _, r in modelled.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
         ax.scatter([r["extra_persistent_mib"]], [r["ttft_change_pct"]], marker=mk, s=42, facecolors="none",

@@ -129,6 +129,8 @@ def label_overlaps(fig, tol_px: float = OVERLAP_PX) -> list[str]:
             for a in range(len(items)):
                 for b in range(a + 1, len(items)):
                     (la, ba), (lb, bb) = items[a], items[b]
+                    if la[0] != lb[0] and la[1:6] == "-tick" and lb[1:6] == "-tick":
+                        continue  # an x and a y tick label meeting at the axes' corner: matplotlib's own layout
                     dx = min(ba.x1, bb.x1) - max(ba.x0, bb.x0)
                     dy = min(ba.y1, bb.y1) - max(ba.y0, bb.y0)
                     if dx > tol_px and dy > tol_px:

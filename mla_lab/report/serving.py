@@ -333,6 +333,6 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
 def serving_details_html(result: dict, summary: str = "the full table (every metric vllm bench serve prints)") -> str:
     """:func:`serving_display_table` folded in a ``<details>`` block whose table scrolls inside its own box (the
     page stays within a 1280 px window)."""
-    table = html_table(serving_display_table(result))
+    table = html_table(serving_display_table(result), max_cols=None)  # folded whole: every strategy
     return (f"<details><summary>{summary}</summary><div style='overflow-x:auto; max-width:100%'>{table}</div>"
             "</details>")

@@ -213,13 +213,30 @@ def summary_html(df, tp=None, max_num_batched_tokens=None) -> str:
     shared = ", ".join(f"{c} = {full[c].iloc[0]}" for c in full.columns if c not in table.columns and len(full))
     return html_table(table, caption=f"Every row: {shared}." if shared else None)
 
-def html_table(df, caption: str | None = None) -> str:
-    """A left-aligned HTML table without the index (for the report)."""
-    sty = df.style.hide(axis="index").set_properties(**{"text-align": "left"}).set_table_styles(
-        [{"selector": "th", "props": [("text-align", "left")]}])
-    if caption:
-        sty = sty.set_caption(caption)
-    return sty.format(precision=2).to_html()
+#: The most columns a table shows on the page; a wider one shows its first columns and folds the full table in a
+#: ``<details>`` block (a 1280 px window has room for about this many; issue 22).
+MAX_COLUMNS = 9
+
+
+def html_table(df, caption: str | None = None, max_cols: int | None = MAX_COLUMNS) -> str:
+    """A left-aligned HTML table without the index (for the report). A frame of more than ``max_cols`` columns
+    (None: no limit) shows its first ``max_cols`` (they name the row) with a note, and the full table folded in a
+    ``<details>`` block whose table scrolls inside its own box, so the page stays within the window."""
+    def render(d, cap):
+        sty = d.style.hide(axis="index").set_properties(**{"text-align": "left"}).set_table_styles(
+            [{"selector": "th", "props": [("text-align", "left")]}])
+        if cap:
+            sty = sty.set_caption(cap)
+        return sty.format(precision=2).to_html()
+
+    if max_cols is None or df.shape[1] <= max_cols:
+        return render(df, caption)
+    more = df.shape[1] - max_cols
+    narrow = render(df.iloc[:, :max_cols], caption)
+    full = render(df, None)
+    return (f"{narrow}<details><summary>all {df.shape[1]} columns ({more} more: "
+            f"{_html.escape(', '.join(map(str, df.columns[max_cols:])))})</summary>"
+            f"<div style='overflow-x:auto; max-width:100%'>{full}</div></details>")
 
 #: Levels of the validation CSVs left out of the table: the difference of two *unpaired* layer timings (fused and
 #: unfused measured in separate do_bench windows, 1-3 repeats each) is dominated by run-to-run noise of about
