@@ -28,7 +28,10 @@ heads x ``BLOCK_T`` tokens:
 - Software pipelining by hand: tile ``i + 1`` is loaded before tile ``i`` is stored (the order as written, which
   the compiler keeps: it cannot prove ``out`` does not alias the inputs), so a warp has two tiles in flight
   (2 x 2 rows x 36 B per thread at the 2 x 1-warp default, v2 2 x 1 has one).
-- Same 16-byte vectors and row-only masks as v2 (masks only on a token tail or a head run past ``H``/``H'``).
+- 16-byte vectors throughout: when ``HEAD_TILES`` is a power of two the 64-wide part of the whole run is one
+  tile (``PE_RUN``: loaded first, stored last), >= 16 B per thread; v2's ``[2, 64]`` tile over 32 threads is 8 B
+  per thread, so v2 2 x 1 stores that part with 8-byte vectors (checked in the sm90 PTX, docs/perf-notes.md).
+  Row-only masks as in v2 (a token tail, or a head run past ``H``/``H'``).
 - Why it should help the padded workspace (prediction, to be checked on the H200; docs/perf-notes.md
   "Round 3: concat"): with v2 a program writes 2.25 KiB and ~4000 resident programs spread over ~1000 tokens of
   72 KiB stride each (H' = 64) at once; with v3 each program writes its token's whole run in sequence, so the writes
@@ -194,34 +197,23 @@ if triton is not None:
             tl.store(dst_p, vp, mask=in_rows, cache_modifier=STORE_CACHE)
 
     @triton.jit
-    def _v3_load(nope_ptr, pe_ptr, tok, head, T, real_heads, nope_st, nope_sh, pe_st, pe_sh,
-                 D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, USE_MASK: tl.constexpr, LOAD_EVICT: tl.constexpr):
-        tok64 = tok.to(tl.int64)
-        head64 = head.to(tl.int64)
-        src_n = nope_ptr + (tok64 * nope_st + head64 * nope_sh)[:, None] + tl.arange(0, D_NOPE_C)[None, :]
-        src_p = pe_ptr + (tok64 * pe_st + head64 * pe_sh)[:, None] + tl.arange(0, D_PE_C)[None, :]
+    def _v3_ld(ptr, tok, head, T, real_heads, st, sh, D: tl.constexpr, USE_MASK: tl.constexpr,
+               LOAD_EVICT: tl.constexpr):
+        src = ptr + (tok.to(tl.int64) * st + head.to(tl.int64) * sh)[:, None] + tl.arange(0, D)[None, :]
         if USE_MASK:
-            ok = ((tok < T) & (head < real_heads))[:, None]
-            vn = tl.load(src_n, mask=ok, other=0.0, eviction_policy=LOAD_EVICT)
-            vp = tl.load(src_p, mask=ok, other=0.0, eviction_policy=LOAD_EVICT)
-        else:
-            vn = tl.load(src_n, eviction_policy=LOAD_EVICT)
-            vp = tl.load(src_p, eviction_policy=LOAD_EVICT)
-        return vn, vp
+            return tl.load(src, mask=((tok < T) & (head < real_heads))[:, None], other=0.0,
+                           eviction_policy=LOAD_EVICT)
+        return tl.load(src, eviction_policy=LOAD_EVICT)
 
     @triton.jit
-    def _v3_store(out_ptr, tok, head, T, heads_written, out_st, out_sh, vn, vp,
-                  D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, USE_MASK: tl.constexpr, STORE_CACHE: tl.constexpr):
-        o_row = (tok.to(tl.int64) * out_st + head.to(tl.int64) * out_sh)[:, None]
-        dst_n = out_ptr + o_row + tl.arange(0, D_NOPE_C)[None, :]
-        dst_p = out_ptr + o_row + D_NOPE_C + tl.arange(0, D_PE_C)[None, :]
+    def _v3_st(out_ptr, tok, head, T, heads_written, out_st, out_sh, v, COL0: tl.constexpr, D: tl.constexpr,
+               USE_MASK: tl.constexpr, STORE_CACHE: tl.constexpr):
+        dst = (out_ptr + (tok.to(tl.int64) * out_st + head.to(tl.int64) * out_sh)[:, None] + COL0
+               + tl.arange(0, D)[None, :])
         if USE_MASK:
-            ok = ((tok < T) & (head < heads_written))[:, None]
-            tl.store(dst_n, vn, mask=ok, cache_modifier=STORE_CACHE)
-            tl.store(dst_p, vp, mask=ok, cache_modifier=STORE_CACHE)
+            tl.store(dst, v, mask=((tok < T) & (head < heads_written))[:, None], cache_modifier=STORE_CACHE)
         else:
-            tl.store(dst_n, vn, cache_modifier=STORE_CACHE)
-            tl.store(dst_p, vp, cache_modifier=STORE_CACHE)
+            tl.store(dst, v, cache_modifier=STORE_CACHE)
 
     @triton.jit
     def _concat_mla_q_v3_kernel(
@@ -229,7 +221,7 @@ if triton is not None:
         T, real_heads, heads_written,
         nope_st, nope_sh, pe_st, pe_sh, out_st, out_sh,
         D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr,
-        HEAD_TILES: tl.constexpr, NUM_RUNS: tl.constexpr, USE_MASK: tl.constexpr,
+        HEAD_TILES: tl.constexpr, NUM_RUNS: tl.constexpr, USE_MASK: tl.constexpr, PE_RUN: tl.constexpr,
         LOAD_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,
     ):
         # program -> (token block, head run); NUM_RUNS is a constexpr, so // and % are a multiply-shift
@@ -239,18 +231,41 @@ if triton is not None:
         r = tl.arange(0, BLOCK_T * BLOCK_H)
         tok = tb * BLOCK_T + r // BLOCK_H  # BLOCK_H is a power of two: a shift
         head0 = run * (BLOCK_H * HEAD_TILES) + (r % BLOCK_H)
-        # tile i + 1 is loaded before tile i is stored (the compiler keeps the order written: out may alias)
-        vn, vp = _v3_load(nope_ptr, pe_ptr, tok, head0, T, real_heads, nope_st, nope_sh, pe_st, pe_sh,
-                          D_NOPE_C, D_PE_C, USE_MASK, LOAD_EVICT)
-        for i in tl.static_range(1, HEAD_TILES):
-            nn, npe = _v3_load(nope_ptr, pe_ptr, tok, head0 + i * BLOCK_H, T, real_heads, nope_st, nope_sh,
-                               pe_st, pe_sh, D_NOPE_C, D_PE_C, USE_MASK, LOAD_EVICT)
-            _v3_store(out_ptr, tok, head0 + (i - 1) * BLOCK_H, T, heads_written, out_st, out_sh, vn, vp,
-                      D_NOPE_C, D_PE_C, USE_MASK, STORE_CACHE)
-            vn = nn
-            vp = npe
-        _v3_store(out_ptr, tok, head0 + (HEAD_TILES - 1) * BLOCK_H, T, heads_written, out_st, out_sh, vn, vp,
-                  D_NOPE_C, D_PE_C, USE_MASK, STORE_CACHE)
+        if PE_RUN:
+            # the 64-wide part of the whole run in one tile (HEAD_TILES a power of two): >= 16 B per thread, so
+            # 16-byte vectors (a 2-row [2, 64] tile over 32 threads is 8 B per thread: 8-byte vectors)
+            r2 = tl.arange(0, BLOCK_T * BLOCK_H * HEAD_TILES)
+            tok2 = tb * BLOCK_T + r2 // (BLOCK_H * HEAD_TILES)
+            head2 = run * (BLOCK_H * HEAD_TILES) + r2 % (BLOCK_H * HEAD_TILES)
+            vp_run = _v3_ld(pe_ptr, tok2, head2, T, real_heads, pe_st, pe_sh, D_PE_C, USE_MASK, LOAD_EVICT)
+            # tile i + 1 is loaded before tile i is stored (the compiler keeps the order written: out may alias)
+            vn = _v3_ld(nope_ptr, tok, head0, T, real_heads, nope_st, nope_sh, D_NOPE_C, USE_MASK, LOAD_EVICT)
+            for i in tl.static_range(1, HEAD_TILES):
+                nn = _v3_ld(nope_ptr, tok, head0 + i * BLOCK_H, T, real_heads, nope_st, nope_sh, D_NOPE_C,
+                            USE_MASK, LOAD_EVICT)
+                _v3_st(out_ptr, tok, head0 + (i - 1) * BLOCK_H, T, heads_written, out_st, out_sh, vn, 0, D_NOPE_C,
+                       USE_MASK, STORE_CACHE)
+                vn = nn
+            _v3_st(out_ptr, tok, head0 + (HEAD_TILES - 1) * BLOCK_H, T, heads_written, out_st, out_sh, vn, 0,
+                   D_NOPE_C, USE_MASK, STORE_CACHE)
+            _v3_st(out_ptr, tok2, head2, T, heads_written, out_st, out_sh, vp_run, D_NOPE_C, D_PE_C, USE_MASK,
+                   STORE_CACHE)
+        else:
+            vn = _v3_ld(nope_ptr, tok, head0, T, real_heads, nope_st, nope_sh, D_NOPE_C, USE_MASK, LOAD_EVICT)
+            vp = _v3_ld(pe_ptr, tok, head0, T, real_heads, pe_st, pe_sh, D_PE_C, USE_MASK, LOAD_EVICT)
+            for i in tl.static_range(1, HEAD_TILES):
+                h = head0 + i * BLOCK_H
+                nn = _v3_ld(nope_ptr, tok, h, T, real_heads, nope_st, nope_sh, D_NOPE_C, USE_MASK, LOAD_EVICT)
+                npe = _v3_ld(pe_ptr, tok, h, T, real_heads, pe_st, pe_sh, D_PE_C, USE_MASK, LOAD_EVICT)
+                hp = head0 + (i - 1) * BLOCK_H
+                _v3_st(out_ptr, tok, hp, T, heads_written, out_st, out_sh, vn, 0, D_NOPE_C, USE_MASK, STORE_CACHE)
+                _v3_st(out_ptr, tok, hp, T, heads_written, out_st, out_sh, vp, D_NOPE_C, D_PE_C, USE_MASK,
+                       STORE_CACHE)
+                vn = nn
+                vp = npe
+            hl = head0 + (HEAD_TILES - 1) * BLOCK_H
+            _v3_st(out_ptr, tok, hl, T, heads_written, out_st, out_sh, vn, 0, D_NOPE_C, USE_MASK, STORE_CACHE)
+            _v3_st(out_ptr, tok, hl, T, heads_written, out_st, out_sh, vp, D_NOPE_C, D_PE_C, USE_MASK, STORE_CACHE)
 
 
 def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
@@ -288,7 +303,7 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, stre
     use_mask = zp or (T % bt != 0) or (heads_written % (bh * ht) != 0)
     args = (ql_nope, q_pe, out, T, H, heads_written) + strides
     cx = {"D_NOPE_C": D_NOPE, "D_PE_C": D_PE, "BLOCK_T": bt, "BLOCK_H": bh, "HEAD_TILES": ht, "NUM_RUNS": runs,
-          "USE_MASK": use_mask, **hints}
+          "USE_MASK": use_mask, "PE_RUN": _pow2(ht) and ht > 1, **hints}
     return _concat_mla_q_v3_kernel, (n_prog,), args, cx, cfg["num_warps"]
 
 
