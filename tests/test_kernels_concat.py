@@ -332,3 +332,56 @@ def test_gpu_variants_and_launcher(variant, T, H, Hp, zp):
     g.replay()
     torch.cuda.synchronize()
     _check(a.cpu(), b.cpu(), out.cpu(), before.cpu(), zp)
+
+
+# ------------------------------------------------------------------------------ PTX for sm90, compiled on CPU
+
+def _ptx_global_ops(variant, T, H, Hp, zero_padding=False, **cfg):
+    """Compile the variant's kernel for sm90 exactly as ``concat_mla_q_triton`` would launch it (same constexprs
+    from ``_plan``; strides and pointers specialised as Triton does for 16-divisible values) and count the global
+    load/store instructions in the PTX, by vector width."""
+    import re
+    from collections import Counter
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mla_lab.kernels.triton_concat import _plan
+
+    a, b = torch.empty(T, H, 512, dtype=torch.bfloat16), torch.empty(T, H, 64, dtype=torch.bfloat16)
+    out = torch.empty(T, Hp, 576, dtype=torch.bfloat16)
+    kernel, _grid, args, cx, nw = _plan(a, b, out, zero_padding, variant, cfg.get("block_rows"), cfg.get("num_warps"),
+                                        False, cfg.get("block_t"), cfg.get("block_h"), cfg.get("head_tiles"))
+    names = kernel.arg_names
+    sig, attrs = {}, {}
+    for i, (n, v) in enumerate(zip(names, list(args) + list(cx.values()))):
+        if n in cx:
+            sig[n] = "constexpr"
+        elif isinstance(v, torch.Tensor):
+            sig[n], attrs[(i,)] = "*bf16", [["tt.divisibility", 16]]
+        else:
+            sig[n] = "i32"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(k),): v for k, v in cx.items()}, attrs=attrs)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": nw}).asm["ptx"]
+    return Counter(re.findall(r"(ld|st)\.global(?:\.[a-z_]+)*\.(v\d)\.b32", ptx))
+
+
+@pytest.mark.slow
+def test_ptx_vector_widths_sm90():
+    """v3 at its defaults moves every byte with 16-byte vectors (v4.b32); v2 2 x 1 uses them for the 512-wide part
+    and 8-byte ones (v2.b32) for the [2, 64] tile (8 B per thread). 18 = (8 rows x 1152 B) / (32 threads x 16 B)."""
+    from mla_lab.kernels.triton_concat import triton_available, triton_interpreting
+
+    if not triton_available()[0]:
+        pytest.skip("triton not importable here")
+    if triton_interpreting():
+        pytest.skip("TRITON_INTERPRET=1 in this process: kernels are interpreted, not compiled")
+    v3 = _ptx_global_ops("v3", 4096, 8, 64)
+    assert v3 == {("ld", "v4"): 18, ("st", "v4"): 18}, v3
+    v3_16 = _ptx_global_ops("v3", 4096, 16, 64)
+    assert v3_16 == {("ld", "v4"): 36, ("st", "v4"): 36}, v3_16
+    v2 = _ptx_global_ops("v2", 4096, 8, 64)
+    assert v2 == {("ld", "v4"): 4, ("st", "v4"): 4, ("ld", "v2"): 1, ("st", "v2"): 1}, v2
