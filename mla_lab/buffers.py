@@ -17,11 +17,12 @@ from dataclasses import asdict, dataclass
 from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
-from .placement import Strategy, as_strategy, fixed_strategies, parse_strategy, resolve_strategy
+from .placement import Strategy, as_strategy, fixed_strategies, parse_strategy, resolve_strategy, strategy_route
 
 __all__ = [
     "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
     "kv_tokens_lost", "check_strategy", "call_peak_bytes", "shared_workspace_other_bytes",
+    "dense_route_transient_bytes",
 ]
 
 MIB = 1024**2
@@ -112,11 +113,14 @@ class MemoryAccount:
         num_heads: real heads per rank (H); q_concat_heads: workspace heads; kernel_heads: h_q the kernel runs at.
         persistent_bytes: what the Q path holds for the engine's life, budgeted before the KV cache is sized (it
             costs KV tokens): the Q-concat buffer ``rows * q_concat_heads * head_size * 2`` (rows =
-            max_num_batched_tokens, or S for ``subchunk``); for ``shared_workspace`` the unpadded buffer plus what
-            the padded one adds beyond the shared workspace's other users (``shared_other_bytes``).
+            max_num_batched_tokens, or S for ``subchunk``); for ``shared_workspace`` (vLLM after #56902: the padded
+            view taken per call from the shared workspace, no separate unpadded buffer) only what the padded view
+            adds beyond the shared workspace's other users (``shared_other_bytes``); 0 for ``fa3_sparse`` (FA3
+            takes ``q_nope`` / ``q_rope`` as they are: no concat buffer).
         step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``
             placements with padding; else 0).
         kernel_out_bytes: kernel output + lse + max_logits alive at once: ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
+            (``fa3_sparse``: out + lse at the real heads, ``T*H*(d_v*2 + 4)``)
             (for ``subchunk``: two chunks' outputs, the next allocated before the previous is freed, plus the
             delivered ``[T, H, d_v]`` output).
         call_transient_bytes: the unbudgeted transient peak of one layer call: step_transient + kernel_out (vLLM's
@@ -135,6 +139,7 @@ class MemoryAccount:
     persistent_bytes: int
     step_transient_bytes: int
     kernel_out_bytes: int
+    route: str = "sparse-mqa"
 
     @property
     def call_transient_bytes(self) -> int:
@@ -161,6 +166,8 @@ def memory_account(
     head_size: int = 576,
     d_v: int = 512,
     shared_other_bytes: int = 0,
+    model: ModelConfig | None = None,
+    prompt_len: int | None = None,
 ) -> MemoryAccount:
     """Exact byte accounting for one strategy, allocating nothing.
 
@@ -174,6 +181,10 @@ def memory_account(
         head_size: q/k head size (576 = kv_lora_rank 512 + qk_rope_head_dim 64); d_v: output head dim (512).
         shared_other_bytes: the shared workspace's size from its other users (``shared_workspace`` only; see
             :func:`shared_workspace_other_bytes`).
+        model, prompt_len: with both, the step's route (:func:`mla_lab.placement.strategy_route` for fresh prompts of
+            ``prompt_len`` tokens): on a dense MHA route (SGLang at <= 2048 tokens; vLLM's DeepSeek-V3.2 at <= topk)
+            nothing is padded, and the call's transient is the up-projected K/V of the step
+            (:func:`dense_route_transient_bytes`) instead of the pad tensor and the padded kernel output.
 
     Raises:
         ValueError: unknown strategy; non-positive sizes; num_tokens out of range; as :func:`padded_num_heads`.
@@ -202,8 +213,10 @@ def memory_account(
     elif st.placement == "private_workspace":
         q_heads, persistent = hp, max_num_batched_tokens * hp * row
     elif st.placement == "shared_workspace":
+        # after vLLM #56902 the padded view is taken per call at offset 0 of the shared workspace: no separate
+        # unpadded Q buffer remains; only what the padded view needs beyond the workspace's other users is extra
         q_heads = hp
-        persistent = unpadded + max(0, max_num_batched_tokens * hp * row - shared_other_bytes)
+        persistent = max(0, max_num_batched_tokens * hp * row - shared_other_bytes)
     elif st.placement == "subchunk":
         # chunked whether or not heads are padded (the path runs the same code): an S-row workspace, two chunks'
         # kernel outputs alive at once, and (copy hand-off) the step's [T, H, d_v] output and [T, H] lse
@@ -213,15 +226,38 @@ def memory_account(
         n_chunks = -(-T // S) if T else 0
         delivered = 0 if st.handoff == "views" else T * H * (d_v * BF16_BYTES + FP32_BYTES)
         kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + delivered
+    elif st.placement == "fa3_sparse":
+        # FA3 takes q_nope / q_rope as they are (no concat buffer) and writes out [T, H, d_v] + lse [T, H]
+        kernel_heads = H
+        persistent = 0
+        kernel_out = T * H * (d_v * BF16_BYTES + FP32_BYTES)
     else:  # kernel_native
         kernel_heads = H
         persistent = unpadded
         kernel_out = T * H * out_per_token
+    route = "sparse-mqa"
+    if model is not None and prompt_len is not None and T:
+        check_int("prompt_len", prompt_len)
+        route = strategy_route(st, model.name, model.topk, [prompt_len], [min(prompt_len, max_num_batched_tokens)])
+        if route in ("mha-dense", "mha-masked"):
+            transient, kernel_heads = 0, H
+            kernel_out = dense_route_transient_bytes(model, H, T, T)
     return MemoryAccount(
         strategy=st.name, num_heads=H, q_concat_heads=q_heads if padded else H, kernel_heads=kernel_heads,
         max_num_batched_tokens=max_num_batched_tokens, num_tokens=T, head_size=head_size, d_v=d_v,
-        persistent_bytes=persistent, step_transient_bytes=transient, kernel_out_bytes=kernel_out,
+        persistent_bytes=persistent, step_transient_bytes=transient, kernel_out_bytes=kernel_out, route=route,
     )
+
+
+def dense_route_transient_bytes(model: ModelConfig, num_heads: int, num_tokens: int, num_keys: int) -> int:
+    """Transient bytes of one dense-MHA layer call (bf16; vLLM ``forward_mha`` / SGLang ``_forward_standard_mha``):
+    the ``kv_b_proj`` output ``[Tk, H, qk_nope + v]``, the assembled ``k [Tk, H, qk_nope + qk_rope]``, the output
+    ``[T, H, v]`` and lse ``[T, H]`` fp32 (``Tk = num_keys`` up-projected, ``T = num_tokens`` queries). None of it is
+    budgeted by vLLM's profile run (it runs no attention: ``attn_metadata=None``)."""
+    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
+    H = num_heads
+    return (num_keys * H * (dn + dv) + num_keys * H * (dn + dr) + num_tokens * H * dv) * BF16_BYTES \
+        + num_tokens * H * FP32_BYTES
 
 
 class QConcatWorkspace:

@@ -16,8 +16,22 @@ placement           where the padded ``[T, H', 576]`` Q lives
                     (vLLM after PR #56902): the padded heads hold that scratch (stale) unless the concat zeroes them
 ``subchunk``        a zeroed ``(S, H', 576)`` workspace; the step's tokens go through the kernel ``S`` at a time (no
                     engine does this; the lab's proposal, issue 12)
-``kernel_native``   modelled bound: a kernel that takes the real head count (no padded buffer, no pad copy)
+``kernel_native``   a FlashMLA-style kernel that takes the real head count: the concat into an ``H``-head buffer, no
+                    padded buffer, no pad copy, no padded output (its MMAs still fill 64-row wgmma tiles on sm90);
+                    modelled (no such FlashMLA build exists; ``fa3_sparse`` is the shipping kernel of this kind)
+``fa3_sparse``      no padded Q at all: vLLM ``FLASH_ATTN_MLA_SPARSE`` (PR #46189, merged 2026-06-19,
+                    ``vllm/v1/attention/backends/mla/flashattn_mla_sparse.py``; vLLM's Hopper default for head size
+                    576): FA3 varlen with ``q = q_rope``, ``q_v = q_nope``, the top-k indices as a page-size-1 block
+                    table, the real heads; no concat, no padded tensor, no padded output
 ==================  =============================================================================================
+
+**Routes.** A strategy also carries the engine's route rule (:mod:`mla_lab.routes`): which attention route
+(``sparse-mqa``, ``fa3-sparse``, ``mha-dense``, ``mha-masked``) a step takes by model, prompt length and phase.
+Each placement has a default rule (:data:`DEFAULT_RULES`: vLLM's FlashMLA backend for the vLLM placements, SGLang's
+forced ``flashmla_sparse`` for ``per_call_zeros``, vLLM's FA3 backend for ``fa3_sparse``, none for the lab's
+``kernel_native``); ``<name>@<rule>`` names the same placement under another rule (``per_call_zeros@sglang-default``:
+SGLang's default H200 route, dense MHA for prefills of <= 2048 tokens). :func:`strategy_route` gives the route of a
+step, :func:`preset_table` every preset's placement, content, route per prefill length and decode path.
 
 Content (what the padded heads hold while the kernel runs): ``zeros`` or ``stale`` (non-zero data: the kernel's
 time depends on it, power-limited clocks; :mod:`mla_lab.model.content`). Zero policy of a pre-padded workspace:
@@ -32,18 +46,27 @@ chunk's output copied into the step's), ``subchunk:<S>:views`` (the consumer run
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._validate import check_int
+from .routes import ENGINE_RULES, route_for
 
 __all__ = ["Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
            "parse_strategy", "as_strategy", "expand", "expand_strategies", "resolve_strategy", "preset_of",
            "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY", "SUBCHUNK_ROWS", "canonical_names",
            "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES", "EXPLORER_STRATEGIES", "real_strategies",
-           "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS"]
+           "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
+           "preset_table"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
-              "kernel_native")
+              "kernel_native", "fa3_sparse")
+#: The engine route rule (:data:`mla_lab.routes.ENGINE_RULES`) each placement runs under unless its name says
+#: ``@<rule>``: vLLM's FLASHMLA_SPARSE paths (DeepSeek-V3.2 takes dense MHA when every prefill has seq_len <= topk,
+#: vLLM #47327; GLM-5/5.2 is MQA-only, #52512); SGLang with ``flashmla_sparse`` forced; vLLM's FA3 sparse backend;
+#: ``kernel_native`` none (the padded kernel's family as a bound: always ``sparse-mqa``).
+DEFAULT_RULES = {"per_call_empty": "vllm-flashmla", "private_workspace": "vllm-flashmla",
+                 "shared_workspace": "vllm-flashmla", "subchunk": "vllm-flashmla", "per_call_zeros": "sglang-flashmla",
+                 "fa3_sparse": "vllm-fa3", "kernel_native": None}
 CONTENTS = ("zeros", "stale")
 ZERO_POLICIES = ("zero_once", "zero_per_call", "none")
 #: Sub-chunk sizes the sweep prices by default (rows of the padded workspace).
@@ -62,6 +85,8 @@ class Strategy:
         handoff: ``subchunk`` only: ``copy`` (each chunk's ``out[:, :H]`` copied into the step's ``[T, H, 512]``
             output) or ``views`` (the consumer, the W_UV bmm, runs per chunk on the chunk's view: no copy, one more
             launch per chunk).
+        route_rule: the engine route rule when it is not the placement's default (:data:`DEFAULT_RULES`), else
+            None; :attr:`rule` is the one in force.
     """
 
     placement: str
@@ -69,7 +94,17 @@ class Strategy:
     zero_policy: str | None = None
     rows: int | None = None
     handoff: str | None = None
+    route_rule: str | None = None
 
+    @property
+    def rule(self) -> str | None:
+        """The route rule in force (:data:`mla_lab.routes.ENGINE_RULES` name; None: always ``sparse-mqa``)."""
+        return self.route_rule or DEFAULT_RULES[self.placement]
+
+    @property
+    def padded(self) -> bool:
+        """The placement feeds FlashMLA a head-padded Q (every placement but ``kernel_native`` and ``fa3_sparse``)."""
+        return self.placement not in ("kernel_native", "fa3_sparse")
     def __str__(self) -> str:
         return self.name
 
@@ -78,12 +113,14 @@ class Strategy:
         """The canonical name (:func:`parse_strategy` round-trips it)."""
         p = self.placement
         if p == "per_call_empty":
-            return f"per_call_empty:{self.content}"
-        if p == "shared_workspace":
-            return f"shared_workspace:{self.zero_policy}"
-        if p == "subchunk":
-            return f"subchunk:{self.rows}" + (":views" if self.handoff == "views" else "")
-        return p
+            base = f"per_call_empty:{self.content}"
+        elif p == "shared_workspace":
+            base = f"shared_workspace:{self.zero_policy}"
+        elif p == "subchunk":
+            base = f"subchunk:{self.rows}" + (":views" if self.handoff == "views" else "")
+        else:
+            base = p
+        return base + (f"@{self.route_rule}" if self.route_rule else "")
 
     @property
     def pre_padded(self) -> bool:
@@ -113,6 +150,7 @@ _FIXED = {
     "shared_workspace:none": _fixed("shared_workspace", "stale", "none"),
     "shared_workspace:zero_per_call": _fixed("shared_workspace", "zeros", "zero_per_call"),
     "kernel_native": _fixed("kernel_native", "zeros"),
+    "fa3_sparse": _fixed("fa3_sparse", "zeros"),
 }
 
 #: Engine presets -> canonical strategies (two names = the range the engine can be in).
@@ -120,20 +158,40 @@ PRESETS = {
     "vllm-pre-53878": ("per_call_empty:zeros", "per_call_empty:stale"),
     "vllm-53878": ("private_workspace",),
     "vllm-56902": ("shared_workspace:none",),
-    "sglang": ("per_call_zeros",),
+    "vllm-fa3-sparse": ("fa3_sparse",),
+    "sglang": ("per_call_zeros@sglang-default",),
+    "sglang-flashmla-sparse": ("per_call_zeros",),
     "kernel-native": ("kernel_native",),
 }
 #: Where each preset's behaviour is written down.
 PRESET_SOURCES = {
-    "vllm-pre-53878": "vLLM flashmla_sparse.py before PR #53878 (commit 60191e18): q.new_empty + copy per call; "
-                      "padded heads hold the caching allocator's block (zeros if only the pad used it, else stale)",
-    "vllm-53878": "vLLM PR #53878 (merged 2026-08-26): pre-padded Q-concat workspace, constructor-time view, never "
-                  "written (fresh memory: zeros)",
-    "vllm-56902": "vLLM PR #56902 (merged 2026-09-14): Q-concat view from the workspace shared with fused-MoE and "
-                  "indexer scratch on every call (stale padded heads; persistent extra ~0 when that workspace is "
-                  "larger)",
-    "sglang": "SGLang _forward_flashmla_sparse: q_all.new_zeros(...) + copy per call",
-    "kernel-native": "modelled bound: a kernel taking the real head count (no engine ships one for sm90)",
+    "vllm-pre-53878": "vLLM main in mid-2026, the path PR #53878 replaced (vllm/v1/attention/backends/mla/"
+                      "flashmla_sparse.py at the PR's merge-base): __init__ takes a private (max_num_batched_tokens, "
+                      "num_heads, 576) workspace view, forward_mqa runs concat_mla_q into it, _forward_bf16_kv passes "
+                      "topk_length, _bf16_flash_mla_kernel pads with q.new_empty((T, prefill_padding, 576)) + slice "
+                      "copy (logger.warning_once); padded heads hold the caching allocator's block (zeros if only the "
+                      "pad used it, else stale). Not the older stored file 60191e18 (torch.cat, no topk_length)",
+    "vllm-53878": "vLLM PR #53878 (merged on or after 2026-08-27; its memory figures were added that day), "
+                  "flashmla_sparse.py: pre-padded Q-concat workspace, constructor-time view, never written (fresh "
+                  "memory: zeros); --attention-backend FLASHMLA_SPARSE",
+    "vllm-56902": "vLLM PR #56902 (merged 2026-09-14), flashmla_sparse.py: the padded Q-concat view taken per call "
+                  "at offset 0 of the workspace shared with fused-MoE and indexer scratch (stale padded heads); no "
+                  "separate unpadded Q buffer remains, so its persistent extra over the pre-PR engine is minus that "
+                  "buffer when the shared workspace is larger (GLM-5 TP8, 16384: -144 MiB)",
+    "vllm-fa3-sparse": "vLLM FLASH_ATTN_MLA_SPARSE (PR #46189, merged 2026-06-19; "
+                       "vllm/v1/attention/backends/mla/flashattn_mla_sparse.py, read at 0299fca7): FA3 varlen, "
+                       "q=q_rope, q_v=q_nope, max_seqlen_q=1, block_table=top-k indices, real heads; vLLM's sm90 "
+                       "default for head size 576 (ahead of FLASHMLA_SPARSE in the sparse priority list, vLLM issue "
+                       "#56564); no concat, no padded Q, no padded output",
+    "sglang": "SGLang's default H200 route (sgl-project/sglang docs/basic_usage/deepseek_v32.md at 7bc99464, PR "
+              "#12868; dsa_backend.py, PR #11892): prefills of <= 2048 tokens dense MHA (FlashAttention varlen, "
+              "MHA_ONE_SHOT), longer prefills flashmla_sparse (_forward_flashmla_sparse: q_all.new_zeros(...) + "
+              "copy per call), decode fa3",
+    "sglang-flashmla-sparse": "SGLang with flashmla_sparse forced for every prefill and decode "
+                              "(_forward_flashmla_sparse: q_all.new_zeros(...) + copy per call)",
+    "kernel-native": "modelled: a FlashMLA-style kernel taking the real head count (concat into an H-head buffer; "
+                     "no padded Q, no padded output); vLLM's FLASH_ATTN_MLA_SPARSE (preset vllm-fa3-sparse) is "
+                     "the shipping kernel of this kind on sm90",
 }
 #: The first version's names, kept so existing parameter files and data keep working.
 ALIASES = {"unfused": "vllm-pre-53878", "fused": "vllm-53878"}
@@ -168,6 +226,12 @@ def parse_strategy(name: str) -> Strategy:
         return name
     if not isinstance(name, str):
         raise ValueError(f"strategy={name!r} must be a str or a Strategy; allowed: {canonical_names()}")
+    if "@" in name:
+        base, _, rule = name.partition("@")
+        st = parse_strategy(base)
+        if rule not in ENGINE_RULES:
+            raise ValueError(f"strategy={name!r}: route rule {rule!r} is not known; allowed: {list(ENGINE_RULES)}")
+        return st if rule == DEFAULT_RULES[st.placement] else replace(st, route_rule=rule)
     if name in _FIXED:
         return _FIXED[name]
     if name.startswith("subchunk:"):
@@ -198,7 +262,7 @@ as_strategy = parse_strategy
 
 def canonical_names() -> list[str]:
     """Every fixed canonical name plus the ``subchunk:<S>`` pattern."""
-    return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views"]
+    return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views", "<name>@<rule>"]
 
 
 def _door_name(n) -> list[str]:
@@ -281,7 +345,8 @@ EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
 def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
     """Canonical names of every strategy that runs on tensors (every engine preset's members but
     ``kernel_native``, the zero policies, and ``subchunk:<S>`` for ``subchunk_rows``, the last also with views)."""
-    names = [n for members in PRESETS.values() for n in members if parse_strategy(n).placement != "kernel_native"]
+    names = [n for members in PRESETS.values() for n in members
+             if parse_strategy(n).padded and parse_strategy(n).route_rule is None]
     names += ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in subchunk_rows]
     names += [f"subchunk:{subchunk_rows[-1]}:views"]
     return list(dict.fromkeys(names))
@@ -303,7 +368,10 @@ SEED_COMPARISONS = (
     ("vLLM #53878 vs vLLM before it, padded heads zeros", "private_workspace", "per_call_empty:zeros"),
     ("vLLM #53878 vs vLLM before it, padded heads stale", "private_workspace", "per_call_empty:stale"),
     ("vLLM #56902 (shared workspace, stale) vs vLLM #53878", "shared_workspace:none", "private_workspace"),
-    ("SGLang (new_zeros per call) vs vLLM #53878", "per_call_zeros", "private_workspace"),
+    ("SGLang, flashmla_sparse forced (new_zeros per call) vs vLLM #53878", "per_call_zeros", "private_workspace"),
+    ("SGLang's default H200 route (dense MHA <= 2048 tokens) vs vLLM #53878", "per_call_zeros@sglang-default",
+     "private_workspace"),
+    ("vLLM FA3 sparse (Hopper default, real heads) vs vLLM #53878", "fa3_sparse", "private_workspace"),
     ("vLLM #53878 vs a new_zeros pad per call (the lab's first baseline)", "private_workspace", "per_call_zeros"),
 )
 
@@ -312,3 +380,39 @@ BENCH_PRESET_LABELS = {"per_call_empty_zeros": "per_call_empty:zeros", "per_call
                        "per_call_zeros": "per_call_zeros", "private_workspace_zeros": "private_workspace",
                        "shared_workspace_stale": "shared_workspace:none",
                        "shared_workspace_zero_per_call": "shared_workspace:zero_per_call"}
+
+
+def strategy_route(strategy, model_name: str, topk: int, seq_lens=None, query_lens=None,
+                   phase: str = "prefill") -> str:
+    """The attention route (:data:`mla_lab.routes.ROUTES`) ``strategy`` takes for a batch of ``model_name``:
+    :func:`mla_lab.routes.route_for` under the strategy's rule (:attr:`Strategy.rule`); ``sparse-mqa`` for a
+    strategy with no rule (``kernel_native``). ``seq_lens`` / ``query_lens`` per request (prefill only).
+
+    Raises:
+        ValueError: as :func:`parse_strategy` and :func:`mla_lab.routes.route_for`.
+    """
+    st = parse_strategy(strategy)
+    if st.rule is None:
+        return "sparse-mqa"
+    return route_for(st.rule, model_name, topk, phase, seq_lens, query_lens).route
+
+
+def preset_table(model_name: str = "glm-5", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
+    """One row per preset member: ``preset``, ``strategy``, ``placement``, ``content``, ``rule``, the prefill route
+    of a batch of fresh prompts per length (``route_<L>``), ``decode_route`` and ``source``.
+
+    Raises:
+        ValueError: as :func:`strategy_route`.
+    """
+    rows = []
+    for preset, members in PRESETS.items():
+        for name in members:
+            st = parse_strategy(name)
+            row = {"preset": preset, "strategy": st.name, "placement": st.placement, "content": st.content,
+                   "rule": st.rule or ""}
+            for L in prompt_lens:
+                row[f"route_{L}"] = strategy_route(st, model_name, topk, L, L)
+            row["decode_route"] = strategy_route(st, model_name, topk, phase="decode")
+            row["source"] = PRESET_SOURCES[preset]
+            rows.append(row)
+    return rows

@@ -93,10 +93,11 @@ _NOT_EQUIVALENT = ("dense causal MHA attends every earlier key; sparse attention
 
 
 def model_family(model_name: str) -> str:
-    """``deepseek`` (DeepSeek-V3.2 and its variants) or ``glm`` (GLM-5, GLM-5.x: ``GlmMoeDsaForCausalLM``).
+    """``deepseek`` (DeepSeek-V3.2 and its variants), ``glm`` (GLM-5, GLM-5.x: ``GlmMoeDsaForCausalLM``) or
+    ``other`` (a model no engine rule names: it takes no dense route).
 
     Raises:
-        ValueError: a name of neither family.
+        ValueError: model_name not a str.
     """
     if not isinstance(model_name, str):
         raise ValueError(f"model={model_name!r} must be a str naming a DeepSeek-V3.2 or GLM-5 model")
@@ -105,7 +106,7 @@ def model_family(model_name: str) -> str:
         return "deepseek"
     if "glm" in n:
         return "glm"
-    raise ValueError(f"model={model_name!r} has no route rule; allowed: a DeepSeek-V3.2 or GLM-5/GLM-5.x name")
+    return "other"
 
 
 def is_equivalent(route: str, seq_len: int, topk: int) -> bool:
@@ -241,7 +242,7 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         A :class:`RouteChoice`; the dense route is chosen only where it is equivalent (:func:`is_equivalent`).
 
     Raises:
-        ValueError: unknown rule / phase / model; prefill without ``seq_lens``; a length not a positive int; a rule
+        ValueError: unknown rule / phase; prefill without ``seq_lens``; a length not a positive int; a rule
             whose dense threshold exceeds ``topk`` (that route would not be equivalent).
     """
     r = rule if isinstance(rule, EngineRule) else engine_rule(rule)
@@ -277,7 +278,7 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
                          f"equivalent ({_NOT_EQUIVALENT}); allowed: a threshold <= topk")
     if fam not in r.dense_models or thr == 0:
         why = ("MQA-only attention wrapper (vLLM #52512)" if r.engine == "vllm" and fam == "glm"
-               else "no dense route in this configuration")
+               else "no engine rule names this model" if fam == "other" else "no dense route in this configuration")
         return RouteChoice(r.backend_route, f"{r.name}: {model_name} prefill takes {r.backend_route} ({why})",
                            r.source)
     longest = max(lens)

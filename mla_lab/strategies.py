@@ -67,9 +67,9 @@ class PaddedQPath:
                  kernel_backend: str = "auto", concat_backend: str = "auto", fill_stale=None,
                  reuse_pad_block: bool = False):
         self.spec = parse_strategy(strategy)
-        if self.spec.placement == "kernel_native":
+        if not self.spec.padded:
             raise ValueError(f"strategy={self.spec.name!r} cannot be run on tensors; allowed: "
-                             f"{list(REAL_STRATEGIES)} ('kernel_native' is modelled only)")
+                             f"{list(REAL_STRATEGIES)} ('kernel_native' and 'fa3_sparse' are modelled only)")
         self.name = self.spec.name
         self.num_heads = num_heads
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -174,9 +174,9 @@ def make_strategy(name: str, **kwargs) -> PaddedQPath:
     """
     zero_padding = kwargs.pop("zero_padding", False)
     canonical = resolve_strategy(name)  # the door: presets and the first version's aliases are read here
-    if parse_strategy(canonical).placement == "kernel_native":
+    if not parse_strategy(canonical).padded:
         raise ValueError(f"strategy={name!r} cannot be run on tensors; allowed: {list(REAL_STRATEGIES)} "
-                         "('kernel_native' is modelled only)")
+                         "('kernel_native' and 'fa3_sparse' are modelled only)")
     path = PaddedQPath(canonical, **kwargs)
     if zero_padding:
         if not path.spec.pre_padded:

@@ -60,13 +60,15 @@ def test_memory_split_glm5_tp8_h200_16384_by_hand():
     assert base.step_transient_bytes == 1_207_959_552 == T * Hp * row
     assert base.call_transient_bytes == 1_207_959_552 + kernel_out and kernel_out == 1_082_130_432
     assert pr.call_transient_bytes == kernel_out  # 1032 MiB, as measured on the H200
-    # vLLM after #56902: no persistent extra when the shared workspace is already larger than the padded Q
+    # vLLM after #56902: the padded view is taken per call from the shared workspace and no unpadded Q buffer
+    # remains, so when that workspace is already larger than the padded Q the persistent extra over the pre-PR
+    # engine is minus the unpadded buffer: -16384 x 8 x 576 x 2 B = -144 MiB
     shared = shared_workspace_other_bytes(GLM, 8, T, "ep")
     assert shared > T * Hp * row
-    assert memory_account("shared_workspace:none", H, T, H200, shared_other_bytes=shared).persistent_bytes \
-        == base.persistent_bytes
+    post = memory_account("shared_workspace:none", H, T, H200, shared_other_bytes=shared)
+    assert post.persistent_bytes - base.persistent_bytes == -150_994_944 == -T * H * row
     small = memory_account("shared_workspace:none", H, T, H200, shared_other_bytes=T * Hp * row // 2)
-    assert small.persistent_bytes - base.persistent_bytes == T * Hp * row // 2
+    assert small.persistent_bytes == T * Hp * row // 2
     # a sub-chunked workspace of S rows: S x H' x 576 x 2 B persistent; two chunks' kernel outputs + the step output
     sub = memory_account("subchunk:4096", H, T, H200)
     assert sub.persistent_bytes == 4096 * Hp * row == 288 * MIB
@@ -111,7 +113,10 @@ def test_subchunk_equals_unchunked_bit_for_bit(rows, handoff):
 def test_every_real_preset_gives_the_same_real_heads(heads, arch):
     r = equivalence_check(num_heads=heads, arch=arch, num_tokens=29)
     assert r["equal"], r["per_strategy"]
-    members = {n for p, ms in PRESETS.items() for n in ms if p != "kernel-native"}
+    # the members that run a padded Q on tensors (fa3_sparse and kernel_native are modelled; a route variant such as
+    # per_call_zeros@sglang-default runs its base strategy's padded path)
+    members = {n for ms in PRESETS.values() for n in ms
+               if parse_strategy(n).padded and parse_strategy(n).route_rule is None}
     assert members <= set(r["strategies"])
 
 

@@ -186,8 +186,9 @@ def test_monotone_and_strategy_order():
         assert t > prev
         prev = t
     u, f, k = (step_time_ms(GLM, 8, H200, s, 16384, cal)["total"] for s in ("per_call_empty:zeros", "private_workspace", "kernel_native"))
-    # without the output-slice copy (measured: the W_UV bmm reads the strided view) kernel_native only saves memory
-    assert u > f and math.isclose(f, k, rel_tol=1e-12)
+    # kernel_native pays no padded heads' Q reads / output writes (issue 21: the padded kernel's time x the
+    # roofline's native / padded ratio), so it is faster than the PR's path, which is faster than the pre-PR one
+    assert u > f > k
     u, f, k = (step_time_ms(GLM, 8, H200, s, 16384, cal, out_slice_copy=True)["total"]
                for s in ("per_call_empty:zeros", "private_workspace", "kernel_native"))
     assert u > f > k

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mla_lab.arch import get_arch
+from mla_lab.model.route_timing import mha_pricing_source, route_layer_time_ms, route_op_time_ms
 from mla_lab.model.routes import (
     DROPPED_BY_DENSE,
     default_padded_kernel_fit,
@@ -13,13 +14,10 @@ from mla_lab.model.routes import (
     fit_padded_kernel,
     mha_attention_op,
     mha_dense_ops,
-    mha_pricing_source,
     mha_transient_bytes,
     padded_kernel_rows,
     padded_kernel_terms,
     route_layer_ops,
-    route_layer_time_ms,
-    route_op_time_ms,
     route_stats,
     up_projection_ops,
 )
@@ -69,10 +67,12 @@ def test_hand_counts_padded_and_fa3_at_the_seed():
 def test_fa3_sparse_layer_has_no_padded_bytes_and_no_padded_writes():
     ops = route_layer_ops(GLM, 8, H200, "fa3-sparse", SEED_STEP, weight_dtype="fp8", moe_parallel="ep")
     names = [op.name for op in ops]
-    assert not {"concat", "pad", "pad_copy", "kernel", "out_slice", "chunk_out"} & set(names)
-    fa3 = next(op for op in ops if op.name == "fa3_kernel")
+    assert not {"concat", "pad", "pad_copy", "out_slice", "chunk_out"} & set(names)
+    (fa3,) = [op for op in ops if op.name == "kernel"]
     H, T, S = 8, 16384, 8_396_800
-    assert fa3.bytes == S * 1152 + T * H * 1152 + T * H * (1024 + 4)  # nothing scales with H' = 64
+    assert fa3.dims["native"] == 1 and fa3.dims["content"] == "zeros"
+    assert fa3.bytes == T * H * (1152 + 1024 + 4)  # Q read, out + lse written: real heads only, nothing at H' = 64
+    assert fa3.dims["real_flops"] == 2 * S * H * 1088 and fa3.dims["gather_bytes"] == S * 1152
     fit = default_padded_kernel_fit()
     padded = fit.time_ms(T, 64, S)
     native = route_op_time_ms(fa3, H200, kernel_fit=fit)
@@ -80,6 +80,16 @@ def test_fa3_sparse_layer_has_no_padded_bytes_and_no_padded_writes():
     pad_bytes = padded_kernel_terms(T, 64, S)["tok_bytes"] - padded_kernel_terms(T, 64, S, H_out=8)["tok_bytes"]
     assert padded - native == pytest.approx(fit.bytes_ms(pad_bytes), rel=1e-9)
     assert pad_bytes == T * 56 * 2184
+    # the one cost model with the roofline calibration prices it the same within 1 %; with the default FLOP-only
+    # kernel efficiency it is the padded kernel's time x the roofline's native / padded ratio
+    from mla_lab.model.calibration import load_calibration
+    from mla_lab.model.timing import op_time_ms
+    assert op_time_ms(fa3, H200, load_calibration(kernel_roofline=True)) == pytest.approx(
+        fit.time_ms(T, 64, S, H_out=8), rel=0.01)
+    padded_op = next(op for op in route_layer_ops(GLM, 8, H200, "sparse-mqa", SEED_STEP, weight_dtype="fp8",
+                                                  moe_parallel="ep") if op.name == "kernel")
+    assert op_time_ms(fa3, H200) / op_time_ms(padded_op, H200) == pytest.approx(
+        fit.time_ms(T, 64, S, H_out=8) / padded, rel=1e-6)
 
 
 def test_padded_kernel_fit_on_the_committed_h200_rows():
@@ -106,6 +116,7 @@ def test_dense_route_refused_above_topk_and_its_op_swap():
     names = [op.name for op in ops]
     assert not set(DROPPED_BY_DENSE) & set(names)
     assert names.index("kv_b_proj") < names.index("mha_attn") < names.index("o_proj")
+    assert "kernel" not in names
     assert "idx_wk" in names  # the indexer's K-cache path stays
     masked = [op.name for op in route_layer_ops(GLM, 8, H200, "mha-masked", Step([(0, 0, 4096)]),
                                                    weight_dtype="fp8", moe_parallel="ep")]
@@ -113,12 +124,12 @@ def test_dense_route_refused_above_topk_and_its_op_swap():
 
 
 def test_route_layer_times_order_at_the_seed():
-    """At the seed the dense route's attention is far below the padded path's; FA3 (real heads) below the padded
-    kernel by the padded bytes; every route's time is positive."""
+    """At the seed the dense route's attention is under 30 % of the padded path's (measured: 0.655 / 2.794 ms per
+    layer with the bmms); FA3 (real heads) below the padded kernel; every route's time is positive."""
     kw = dict(weight_dtype="fp8", moe_parallel="ep")
     t = {r: route_layer_time_ms(GLM, 8, H200, r, SEED_STEP, **kw) for r in ("sparse-mqa", "fa3-sparse", "mha-dense")}
     assert all(v["total"] > 0 and v["attention"] > 0 for v in t.values())
-    assert t["mha-dense"]["attention"] < 0.2 * t["sparse-mqa"]["attention"]
+    assert t["mha-dense"]["attention"] < 0.3 * t["sparse-mqa"]["attention"]
     assert t["fa3-sparse"]["attention"] < t["sparse-mqa"]["attention"]
     assert "assumption" in mha_pricing_source() or "measured" in mha_pricing_source()
     with pytest.raises(ValueError, match="route='dense' is not valid"):
@@ -131,7 +142,8 @@ def test_masked_mha_crossover_is_bracketed_and_grows_with_tp():
     """Masked MHA's keys grow as L^2, the sparse path's as L * topk: sparse MQA wins past a prompt length, and at
     TP8 (8 real heads padded to 64) later than at TP4 (16 of 64): the padding makes sparse MQA dearer per real head.
     Bracketed by direct evaluation on both sides (not by the bisection alone)."""
-    from mla_lab.model.routes import crossover_prompt_len, prompt_len_step
+    from mla_lab.model.route_timing import crossover_prompt_len
+    from mla_lab.model.routes import prompt_len_step
 
     kw = dict(weight_dtype="fp8", moe_parallel="ep")
     x8 = crossover_prompt_len(GLM, 8, H200, **kw)
@@ -164,7 +176,8 @@ def test_roofline_out_of_sample_on_the_h200_route_rows():
     far more (its MAPE above 10 %)."""
     import statistics
 
-    from mla_lab.model.routes import route_rows, validate_routes
+    from mla_lab.model.route_timing import validate_routes
+    from mla_lab.model.routes import route_rows
 
     if not route_rows():
         pytest.skip("data/measured/h200/between_process/routes.csv is not in this checkout")

@@ -226,9 +226,9 @@ def resolve_strategies(names) -> list[Strategy]:
     out = []
     for name in names:
         for strategy in expand([name]):
-            if strategy.placement == "kernel_native":
-                raise ValueError(f"strategies holds {name!r}: kernel_native is modelled only (no kernel takes the "
-                                 "real head count); allowed: the other canonical names, presets, unfused / fused, "
+            if not strategy.padded:
+                raise ValueError(f"strategies holds {name!r}: {strategy.name} is modelled only (no padded Q to run "
+                                 "on tensors); allowed: the other canonical names, presets, unfused / fused, "
                                  "subchunk:<S>")
             out.append(strategy)
     return list(dict.fromkeys(out))

@@ -18,6 +18,11 @@ Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibra
   ``benchmarks/bench_layer.py`` (kinds ``class`` and ``attention``, with provenance columns). The default.
 - ``h200_comm.csv``: the all-reduce fits per world size (:func:`mla_lab.model.comm.fit_comm` over the NCCL runs
   under ``data/measured/h200x<n>/``; ``benchmarks/fit_comm.py``).
+- ``h200_routes.csv``: the sparse kernel's roofline (``kernel`` eff_flops and ``kernel_bytes``, the per-token bytes'
+  efficiency) fitted on the committed H200 kernel rows, and the dense routes' classes ``mha_attn`` / ``k_concat``
+  fitted on the H200 route rows (:func:`mla_lab.model.routes.route_calibration_rows`, ``benchmarks/fit_routes.py``);
+  read beside the default ``h200_ops.csv``, whose FLOP-only ``kernel`` efficiency it replaces (kept as
+  ``kernel_flop_only``).
 - ``h200_reference.csv``: reference timings of the attention path on one H200 (do_bench medians, torch
   2.11.0+cu130, driver 580.159.04, 2026-11-30); :func:`attention_from_reference` fits one efficiency per op from
   it. Used for the attention ops when ``h200_ops.csv`` is absent.
@@ -243,9 +248,15 @@ def uncalibrated() -> Calibration:
 _LOADED: dict = {}
 
 
-def load_calibration(path: str | Path | None = None) -> Calibration:
+def load_calibration(path: str | Path | None = None, kernel_roofline: bool = False) -> Calibration:
     """The calibration in ``path`` (default ``data/calibration/h200_ops.csv``; :func:`uncalibrated` when that
-    default file does not exist). Cached per (path, mtime).
+    default file does not exist). Cached per (path, mtime, kernel_roofline).
+
+    With the default path, ``h200_routes.csv`` beside it adds the dense routes' classes (``mha_attn``,
+    ``k_concat``); with ``kernel_roofline=True`` also its sparse-kernel roofline (``kernel`` eff_flops and
+    ``kernel_bytes``), which replaces the FLOP-only kernel efficiency (kept as ``kernel_flop_only``): the kernel's
+    padded heads' Q reads and output writes become a term of its time (issue 21). Off by default: the lab's
+    pinned seed figures and README numbers are the FLOP-only model's until they are re-derived.
 
     Raises:
         ValueError: an explicit ``path`` that does not exist; a malformed row (names the file and the row).
@@ -256,12 +267,40 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
         if not default:
             raise ValueError(f"calibration path={str(path)!r} does not exist")
         return uncalibrated()
-    key = (str(path), path.stat().st_mtime)
+    key = (str(path), path.stat().st_mtime, bool(kernel_roofline))
     if key in _LOADED:
         return _LOADED[key]
     classes = dict(_DEFAULT_EFF)
     attn, _ = attention_from_reference()
-    device = "h200"
+    device = _read_calibration_rows(path, classes, attn, "h200")
+    name = f"{path.name} (measured on {device})"
+    routes = path.with_name(ROUTES_CALIBRATION_CSV)
+    if default and routes.is_file():
+        # the dense routes' classes and (kernel_roofline) the sparse kernel's roofline, fitted on the committed
+        # H200 rows (mla_lab.model.routes.route_calibration_rows, benchmarks/fit_routes.py)
+        extra_attn: dict = {}
+        _read_calibration_rows(routes, classes, extra_attn, device)
+        if kernel_roofline:
+            attn["kernel_flop_only"] = attn["kernel"]
+            attn.update(extra_attn)
+        name += f" + {routes.name}" + (" (kernel roofline)" if kernel_roofline else " (route classes)")
+    overhead = load_subchunk_overhead()
+    if overhead is not None:
+        attn["chunk_overhead_us"] = overhead
+    cal = Calibration(classes, attn, name, "h200", content=load_content_model(), comm=load_comm_model())
+    _LOADED[key] = cal
+    return cal
+
+
+SUBCHUNK_CSV = "h200_subchunk.csv"
+#: The sparse kernel's roofline and the dense routes' classes (``benchmarks/fit_routes.py``); read beside the default
+#: ``h200_ops.csv`` only.
+ROUTES_CALIBRATION_CSV = "h200_routes.csv"
+
+
+def _read_calibration_rows(path: Path, classes: dict, attn: dict, device: str) -> str:
+    """Read one calibration CSV (the :func:`write_calibration_csv` format) into ``classes`` / ``attn``; returns
+    the device it names. Raises ValueError on a malformed row (names the file and the row)."""
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
             try:
@@ -280,16 +319,7 @@ def load_calibration(path: str | Path | None = None) -> Calibration:
                     raise ValueError(f"{path}: overhead_mode={mode!r} not valid; allowed: {list(OVERHEAD_MODES)}")
                 classes[r["op_class"]] = ClassEff(ef, eb, fl, int(float(r.get("n") or 0)), mape, mode)
             device = r.get("device", device)
-    overhead = load_subchunk_overhead()
-    if overhead is not None:
-        attn["chunk_overhead_us"] = overhead
-    cal = Calibration(classes, attn, f"{path.name} (measured on {device})", "h200", content=load_content_model(),
-                      comm=load_comm_model())
-    _LOADED[key] = cal
-    return cal
-
-
-SUBCHUNK_CSV = "h200_subchunk.csv"
+    return device
 
 
 def load_subchunk_overhead(path: str | Path | None = None) -> float | None:

@@ -155,7 +155,9 @@ def memory_tradeoff(
     shared = shared_workspace_other_bytes(model, tp, max_num_batched_tokens, moe_parallel) \
         if shared_workspace_bytes is None else check_int("shared_workspace_bytes", shared_workspace_bytes,
                                                          allow_zero=True)
-    kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=shared)
+    # model + prompt length: a strategy whose route is dense MHA at this prompt length pads nothing (its transient
+    # is the up-projected K/V, mla_lab.buffers.memory_account)
+    kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=shared, model=model, prompt_len=d.prompt_len)
     accounts = {s: memory_account(s, H, max_num_batched_tokens, arch, kv_cache_dtype, **kw)
                 for s in dict.fromkeys([BASELINE] + names)}
     base_ws = accounts[BASELINE].persistent_bytes

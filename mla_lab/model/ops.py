@@ -73,23 +73,31 @@ op                bytes / FLOPs                                        strategie
 ``concat``        read + write of the real heads: ``2*T*H*576*2`` B    all
 ``pad``           zero-fill ``T*H'*576*2`` B + copy real heads          per_call_zeros (bf16 cache, H' > H)
                   ``2*T*H*576*2`` B (SGLang ``q.new_zeros`` + copy)
-``kernel``        ``2 * sum(topk_length) * H' * (576 + 512)`` FLOP     all (kernel_native too: see below)
-                  (FlashMLA README FLOP count)
-``out_slice``     ``out[:, :H].contiguous()``: ``2*T*H*512*2`` B       all with H' > H but kernel_native
+``kernel``        ``2 * sum(topk_length) * H' * (576 + 512)`` FLOP     all (kernel_native, fa3_sparse: see below)
+                  (FlashMLA README FLOP count) and per-token bytes
+                  ``T * H' * (576*2 + 512*2 + 2*4)`` (Q read; out, lse,
+                  max_logits written for all H' heads)
+``out_slice``     ``out[:, :H].contiguous()``: ``2*T*H*512*2`` B       all with H' > H but kernel_native, fa3_sparse
 ================  ===================================================  ==============================
 
-``kernel_native`` (modelled bound, a kernel that takes the real head count and pads inside, as FlashAttention #2883
-does with TMA on sm100): no padded workspace, no pad, no output slice; its kernel time is the padded kernel's,
-because on sm90 each token's query heads form the M dimension of a 64-row wgmma tile and tokens cannot share a tile
-(each has its own index list), so 8 real heads still cost 64-row MMAs. At very small T this is pessimistic if a
-native kernel could skip the padded rows' softmax work; that part is small next to the MMAs.
+The kernel's per-token bytes are priced only by a calibration with a ``kernel_bytes`` efficiency (the roofline
+fitted on the committed H200 kernel rows, :mod:`mla_lab.model.routes`); the gather bytes ``sum_topk * 1152`` per
+64-head CTA scale with the FLOPs in every shape FlashMLA accepts and ride on the FLOP term.
+
+``kernel_native`` (modelled: a FlashMLA-style kernel taking the real head count): the concat into an ``H``-head
+buffer, no padded workspace, no pad, no output slice, and per-token bytes (Q, out, lse, max_logits) of the real
+heads only; its MMAs are the padded kernel's, because on sm90 each token's query heads form the M dimension of a
+64-row wgmma tile and tokens cannot share a tile (each has its own index list). ``fa3_sparse`` (vLLM
+``FLASH_ATTN_MLA_SPARSE``, PR #46189): one ``kernel`` op, no concat (FA3 takes ``q_rope`` / ``q_nope``), MMAs at
+``ceil(H/64)*64`` tile rows for the same reason, bytes of the real heads (out + lse), ``dims["real_flops"]`` the
+real-head count ``2 * sum_topk * H * (576 + 512)``; content zeros (the tile's unused rows are never loaded).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .._validate import check_int
 from ..arch import GPUArch
@@ -516,6 +524,20 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Str
         return LayerOp(name, f"attn_{name}", flops=w if kind == "flops" else 0.0,
                        act_bytes=w if kind == "bytes" else 0.0, dims={**dims, **extra}, impl=f"attn_{name}")
 
+    # the kernel's per-token bytes (priced when the calibration has a ``kernel_bytes`` efficiency, the roofline of
+    # mla_lab.model.routes): Q read and out [T, h, 512] bf16 + lse, max_logits [T, h] fp32 written for every head it
+    # runs (all H' padded heads for FlashMLA; the real heads for kernel_native / fa3_sparse)
+    tok = model.head_size * 2 + model.d_v * 2 + 2 * 4
+    if spec.placement == "fa3_sparse":
+        # vLLM FLASH_ATTN_MLA_SPARSE: no concat (q_rope / q_nope passed as they are), no padded tensor or output; a
+        # token's H heads fill the M rows of 64-row wgmma tiles, so its MMAs issue at ceil(H / 64) * 64 rows
+        tile = -(-H // 64) * 64
+        real = 2.0 * st * H * (model.head_size + model.d_v)
+        return [LayerOp("kernel", "attn_kernel", flops=2.0 * st * tile * (model.head_size + model.d_v),
+                        act_bytes=T * H * (model.head_size * 2 + model.d_v * 2 + 4),
+                        dims={**dims, "Hp": tile, "content": "zeros", "native": 1, "real_flops": real,
+                              "gather_bytes": st * model.head_size * 2},
+                        impl="attn_fa3_sparse")]
     zero_pad = padded and spec.concat_zeroes_padding
     ops = [op("concat", "bytes", "concat_zero_padding" if zero_pad else None)]
     if padded and spec.placement == "per_call_zeros":
@@ -524,7 +546,9 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Str
         ops.append(op("pad_copy", "bytes"))
     # kernel_native pads inside the kernel: on sm90 the wgmma tile is 64 query rows per token and each token has its
     # own index list, so a kernel taking 8 real heads still issues 64-row MMAs; its time is the padded kernel's.
-    ops.append(op("kernel", "flops", content=spec.content if padded else "zeros"))
+    native = spec.placement == "kernel_native"
+    kern = op("kernel", "flops", content=spec.content if padded else "zeros", native=int(native))
+    ops.append(replace(kern, act_bytes=T * (H if native else Hp) * tok))
     if spec.placement == "subchunk":
         chunks = -(-T // spec.rows) if T else 0
         if spec.handoff != "views":

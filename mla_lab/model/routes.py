@@ -60,20 +60,21 @@ from pathlib import Path
 
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
-from ..buffers import check_strategy
+from ..buffers import dense_route_transient_bytes
 from ..models import ModelConfig, load_model
 from ..paths import calibration_dir, measured_dir
+from ..placement import Strategy, strategy_route
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
-from .calibration import Calibration, ClassEff, fit_calibration, resolve_calibration
-from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _gemm, layer_ops, step_ops, step_stats
-from .timing import op_time_ms
+from .calibration import Calibration, fit_calibration, resolve_calibration
+from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _gemm, layer_ops, step_ops
 
 __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
            "masked_mha_ops", "mha_transient_bytes", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
-           "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "mha_pricing_source", "route_rows", "fit_route_classes", "validate_routes", "ROUTES_CSV", "MHA_FIT_BACKEND",
-           "route_layer_ops", "route_layer_time_ms", "route_step_time_ms", "route_op_time_ms",
-           "prompt_len_step", "attention_by_prompt_len", "crossover_prompt_len", "route_transient_bytes", "DROPPED_BY_DENSE", "KERNEL_MODELS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
+           "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "route_rows", "fit_route_classes",
+           "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS", "route_layer_ops", "step_route",
+           "route_step_ops", "prompt_len_step", "route_transient_bytes", "route_calibration_rows", "DROPPED_BY_DENSE",
+           "ROUTE_ATTN_OPS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
 
 BF16 = 2
 FP32 = 4
@@ -83,6 +84,8 @@ D_V_ABSORBED = 512
 #: Layer ops the dense MHA routes replace or skip (see the module docstring).
 DROPPED_BY_DENSE = ("w_uk_bmm", "w_uv_bmm", "idx_logits", "idx_topk") + ATTN_OPS
 MHA_CLASS = "mha_attn"
+#: The dense routes' attention ops (beside :data:`mla_lab.model.ops.ATTN_OPS`).
+ROUTE_ATTN_OPS = ("kv_b_proj", "k_concat", "mha_attn", "mask")
 #: Ops :func:`mla_lab.model.ops.step_ops` adds once per step (not per layer).
 STEP_OPS = ("embedding", "final_norm", "lm_head", "embed_allreduce", "logits_gather")
 
@@ -179,7 +182,7 @@ def mha_transient_bytes(model: ModelConfig, tp: int, step: Step | int) -> dict:
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     d = {"kv_up": rs.Tk * H * (dn + dv) * BF16, "k": rs.Tk * H * (dn + dr) * BF16,
          "out": rs.T * H * dv * BF16 + rs.T * H * FP32}
-    d["total"] = sum(d.values())
+    d["total"] = dense_route_transient_bytes(model, H, rs.T, rs.Tk)  # the one formula (mla_lab.buffers)
     d["budgeted"] = False
     return d
 
@@ -296,7 +299,7 @@ def fit_padded_kernel(rows: list[dict], arch: str = "h200", calibration: Calibra
     ef, eb = _lstsq2(rows, a)
     fit = PaddedKernelFit(ef, eb, a.name, len(rows), 0.0, 0.0, {}, 0.0, name)
     errs = [abs(fit.time_ms(r["T"], r["Hp"], r["sum_topk"]) - r["ms"]) / r["ms"] for r in rows]
-    rate = a.bf16_tflops * 1e12 * cal.attention_eff("kernel")
+    rate = a.bf16_tflops * 1e12 * cal.attention.get("kernel_flop_only", cal.attention_eff("kernel"))
     fo = [abs(padded_kernel_terms(r["T"], r["Hp"], r["sum_topk"])["flops"] / rate * 1e3 - r["ms"]) / r["ms"]
           for r in rows]
     oos = {}
@@ -393,112 +396,24 @@ def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BAC
     return {c: cal.classes[c] for c in (MHA_CLASS, K_CONCAT_CLASS) if c in cal.classes}, report
 
 
-_ROUTE_CLASSES: dict = {}
-
-
-def mha_pricing_source(calibration: Calibration | None = None) -> str:
-    """What prices the dense MHA kernel: the calibration's own ``mha_attn`` class, the fit on the committed H200
-    route rows, or (no rows) the assumption."""
-    cal = resolve_calibration(calibration)
-    if MHA_CLASS in cal.classes:
-        return f"measured class {MHA_CLASS} ({cal.name})"
-    if _route_classes():
-        e = _route_classes()[MHA_CLASS]
-        return (f"measured: {MHA_CLASS} fitted on data/measured/h200/between_process/routes.csv, SDPA "
-                f"{MHA_FIT_BACKEND} (eff_flops {e.eff_flops:.3f}, eff_bytes {e.eff_bytes:.3f}, {e.floor_us:g} us "
-                f"{e.mode}, MAPE {e.mape_pct:.1f} %)")
-    return (f"assumption: FlashAttention-class dense kernel at the FlashMLA kernel's calibrated "
-            f"{cal.attention_eff('kernel'):.3f} of bf16 peak, gemm byte efficiency and overhead ({cal.name})")
-
-
-def _route_classes() -> dict:
-    if "h200" not in _ROUTE_CLASSES:
-        try:
-            _ROUTE_CLASSES["h200"] = fit_route_classes()[0] if route_rows() else {}
-        except ValueError:
-            _ROUTE_CLASSES["h200"] = {}
-    return _ROUTE_CLASSES["h200"]
-
-
-def _with_mha_class(cal: Calibration) -> Calibration:
-    extra = {c: e for c, e in _route_classes().items() if c not in cal.classes}
-    if MHA_CLASS not in cal.classes and MHA_CLASS not in extra:
-        g = cal.eff("gemm")
-        extra[MHA_CLASS] = ClassEff(cal.attention_eff("kernel"), g.eff_bytes, g.floor_us, 0, None, g.mode)
-    return replace(cal, classes={**cal.classes, **extra}) if extra else cal
-
-
-KERNEL_MODELS = ("roofline", "calibrated")
-
-
-def route_op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = None, tp: int = 1,
-                     kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline") -> float:
-    """Modelled ms of one op of a route's layer.
-
-    - ``fa3_kernel``: the padded-kernel fit's per-key term at the wgmma tile's heads plus the real heads' per-token
-      bytes (module docstring, (d));
-    - the padded sparse ``kernel`` (class ``attn_kernel``): with ``kernel_model="roofline"`` the fit (e) (its
-      per-token bytes at ``H'``, or at ``H`` for ``kernel_native``, which writes no padded output), times the
-      content factor when the padded heads are stale; with ``"calibrated"`` the lab's FLOP-only kernel model
-      (:func:`mla_lab.model.timing.op_time_ms`);
-    - ``mha_attn`` by its class or the stated assumption (:func:`mha_pricing_source`);
-    - every other op by :func:`mla_lab.model.timing.op_time_ms`.
-
-    Raises:
-        ValueError: kernel_model not in :data:`KERNEL_MODELS`.
-    """
-    if kernel_model not in KERNEL_MODELS:
-        raise ValueError(f"kernel_model={kernel_model!r} is not valid; allowed: {list(KERNEL_MODELS)}")
-    cal = resolve_calibration(calibration)
-    d = op.dims
-    if op.op_class == "fa3_kernel":
-        fit = kernel_fit or default_padded_kernel_fit()
-        return fit.time_ms(d["T"], d["tile_heads"], d["sum_topk"], H_out=d["H"], arch=arch.name)
-    if op.op_class == "attn_kernel" and kernel_model == "roofline":
-        fit = kernel_fit or default_padded_kernel_fit()
-        h_out = d["H"] if d.get("native") else d["Hp"]
-        t = fit.time_ms(d["T"], d["Hp"], d["sum_topk"], H_out=h_out, arch=arch.name)
-        if d.get("content") == "stale" and cal.content is not None:
-            t *= cal.content.factor(d["H"], d["Hp"], t)
-        return t
-    if op.op_class in (MHA_CLASS, K_CONCAT_CLASS):
-        c2 = _with_mha_class(cal)
-        if op.op_class == K_CONCAT_CLASS and K_CONCAT_CLASS not in c2.classes:
-            op = replace(op, op_class="elementwise")  # no measured k_concat class: the elementwise one
-        return op_time_ms(op, arch, c2, tp)
-    return op_time_ms(op, arch, cal, tp)
-
-
 def route_layer_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
-                    strategy: str = "private_workspace", **kw) -> list[LayerOp]:
+                    strategy: Strategy | str = "private_workspace", **kw) -> list[LayerOp]:
     """Every op of one layer on one rank for ``route``: :func:`mla_lab.model.ops.layer_ops` of ``strategy`` for
-    ``sparse-mqa``; for ``fa3-sparse`` the attention path replaced by one ``fa3_kernel`` op (no concat, no padded
-    tensor, no output slice); for ``mha-dense`` / ``mha-masked`` the ops of :data:`DROPPED_BY_DENSE` replaced by
-    the MHA ops (``mha-masked`` keeps the indexer's top-k: its mask needs it). Keyword arguments as ``layer_ops``.
+    ``sparse-mqa``; of ``fa3_sparse`` for ``fa3-sparse`` (one ``kernel`` op: no concat, no padded tensor, no output
+    slice); for ``mha-dense`` / ``mha-masked`` the ops of :data:`DROPPED_BY_DENSE` replaced by the MHA ops
+    (``mha-masked`` keeps the indexer's top-k: its mask needs it). Keyword arguments as ``layer_ops``.
 
     Raises:
         ValueError: unknown route; ``mha-dense`` where not equivalent; as ``layer_ops``.
     """
     if route not in ROUTES:
         raise ValueError(f"route={route!r} is not valid; allowed: {list(ROUTES)}")
-    ops = layer_ops(model, tp, arch, strategy, step, **kw)
-    if route == "sparse-mqa":
-        spec = strategy if hasattr(strategy, "placement") else check_strategy(strategy)
-        if spec.placement == "kernel_native":
-            ops = [replace(op, dims={**op.dims, "native": 1}) if op.name == "kernel" else op for op in ops]
-        return ops
-    ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
-    wd = kw.get("weight_dtype", "bf16")
     if route == "fa3-sparse":
-        H = model.heads_per_rank(tp)
-        t = fa3_sparse_terms(model, tp, ss.num_tokens, ss.sum_topk)
-        new = LayerOp("fa3_kernel", "fa3_kernel", flops=t["flops"],
-                      act_bytes=t["gather_bytes"] + t["q_bytes"] + t["out_bytes"],
-                      dims={"T": ss.num_tokens, "H": H, "tile_heads": t["tile_heads"], "sum_topk": ss.sum_topk},
-                      impl="flash_attn_varlen_func fa_version=3 q_v, block_table=top-k (modelled)")
-        i = next(k for k, op in enumerate(ops) if op.name in ATTN_OPS)
-        rest = [op for op in ops if op.name not in ATTN_OPS]
-        return rest[:i] + [new] + rest[i:]
+        strategy = "fa3_sparse"
+    ops = layer_ops(model, tp, arch, strategy, step, **kw)
+    if route in ("sparse-mqa", "fa3-sparse"):
+        return ops
+    wd = kw.get("weight_dtype", "bf16")
     add = mha_dense_ops(model, tp, step, wd) if route == "mha-dense" else masked_mha_ops(model, tp, step, wd)
     drop = set(DROPPED_BY_DENSE) - ({"idx_topk", "idx_logits"} if route == "mha-masked" else set())
     i = next(k for k, op in enumerate(ops) if op.name == "w_uk_bmm")
@@ -507,49 +422,42 @@ def route_layer_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, step
     return kept[:j] + add + kept[j:]
 
 
-def route_layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
-                        strategy: str = "private_workspace", calibration: Calibration | None = None,
-                        kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline", **kw) -> dict:
-    """``{op: ms}`` of one layer on ``route`` plus ``total``, ``attention`` (the route's attention ops: the
-    sparse path, ``fa3_kernel``, or ``kv_b_proj + k_concat + mha_attn (+ mask)``; the absorbed bmms are layer ops)
-    and ``comm``."""
-    out: dict = {}
-    comm = 0.0
-    for op in route_layer_ops(model, tp, arch, route, step, strategy, **kw):
-        out[op.name] = route_op_time_ms(op, arch, calibration, tp, kernel_fit, kernel_model)
-        comm += out[op.name] if op.is_comm else 0.0
-    att = set(ATTN_OPS) | {"fa3_kernel", "kv_b_proj", "k_concat", "mha_attn", "mask"}
-    out["attention"] = sum(v for k, v in out.items() if k in att)
-    out["comm"] = comm
-    out["total"] = sum(v for k, v in out.items() if k not in ("attention", "comm"))
-    return out
+def step_route(model: ModelConfig, strategy: Strategy | str, step: Step | int) -> str:
+    """The route ``strategy`` takes for ``step`` (:func:`mla_lab.placement.strategy_route`: each chunk ``(start,
+    n)`` is a request with seq_len ``start + n`` and query_len ``n``; an int T is one fresh prompt of T tokens)."""
+    if isinstance(step, Step):
+        if not step.chunks:
+            return "sparse-mqa"
+        seq = [s + n for _, s, n in step.chunks]
+        q = [n for _, _, n in step.chunks]
+    else:
+        T = check_int("step", step, allow_zero=True)
+        if T == 0:
+            return "sparse-mqa"
+        seq, q = [T], [T]
+    return strategy_route(strategy, model.name, model.topk, seq, q)
 
 
-def route_step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
-                       strategy: str = "private_workspace", calibration: Calibration | None = None,
-                       kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline", **kw) -> dict:
-    """Modelled ms of one engine step on ``route``: every layer (dense / MoE, with or without its own indexer, as
-    :func:`mla_lab.model.ops.step_ops` counts them) plus the step's embedding, final norm and LM head.
-    Returns ``total``, ``attention`` (summed over layers), ``per_layer`` (``{(kind, with_indexer): dict}``)."""
-    cal = resolve_calibration(calibration)
+def route_step_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, strategy: Strategy | str,
+                   step: Step | int, **kw) -> list[tuple[LayerOp, int]]:
+    """All ops of one engine step on ``route`` as ``(op, count)``: each kind of layer (dense / MoE, with or without
+    its own indexer, counted as :func:`mla_lab.model.ops.step_ops` counts them) x its count, then the step's
+    embedding, final norm, LM head and logits gather once. Keyword arguments as ``layer_ops``."""
+    if "layer_kind" in kw:
+        raise ValueError("layer_kind=... is chosen per layer by route_step_ops; allowed: omit it")
     n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
     with_idx = set(model.indexer_layers)
     counts: dict = {}
     for i in range(model.num_hidden_layers):
         key = ("dense" if i < n_dense else "moe", i in with_idx)
         counts[key] = counts.get(key, 0) + 1
-    total = attn = 0.0
-    per = {}
-    for (kind, idx), n in counts.items():
-        d = route_layer_time_ms(model, tp, arch, route, step, strategy, cal, kernel_fit, kernel_model, layer_kind=kind,
-                                with_indexer=idx, **kw)
-        per[(kind, idx)] = d
-        total += n * d["total"]
-        attn += n * d["attention"]
-    for op, c in step_ops(model, tp, arch, strategy, step, **kw):
-        if op.name in STEP_OPS:
-            total += c * op_time_ms(op, arch, cal, tp)
-    return {"total": total, "attention": attn, "per_layer": per, "mha_pricing": mha_pricing_source(cal)}
+    out: list = []
+    for (kind, idx), n in sorted(counts.items(), key=lambda kv: (kv[0][0] != "dense", not kv[0][1])):
+        out += [(op, n) for op in route_layer_ops(model, tp, arch, route, step, strategy, layer_kind=kind,
+                                                  with_indexer=idx, **kw)]
+    out += [(op, c) for op, c in step_ops(model, tp, arch, strategy if route != "fa3-sparse" else "fa3_sparse",
+                                          step, **kw) if op.name in STEP_OPS]
+    return out
 
 
 def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Step:
@@ -561,64 +469,6 @@ def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Ste
     if L <= B:
         return Step([(i, 0, L) for i in range(B // L)])
     return Step([(0, L - B, B)])
-
-
-def attention_by_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, prompt_lens, max_num_batched_tokens: int =
-                            16384, strategy: str = "private_workspace", calibration: Calibration | None = None,
-                            kernel_fit: PaddedKernelFit | None = None, **kw) -> list[dict]:
-    """Per prompt length (:func:`prompt_len_step`), the modelled attention ms of one layer call on every route
-    (``None`` where the route is not equivalent: ``mha-dense`` above ``topk``) and the layer total per route.
-    Keyword arguments as :func:`mla_lab.model.ops.layer_ops` (``weight_dtype``, ``moe_parallel`` ...)."""
-    out = []
-    for L in prompt_lens:
-        step = prompt_len_step(L, max_num_batched_tokens)
-        row: dict = {"prompt_len": L, "num_tokens": step.num_tokens}
-        for r in ROUTES:
-            if r == "mha-dense" and L > model.topk:
-                row[f"{r}_attention_ms"] = row[f"{r}_layer_ms"] = None
-                continue
-            d = route_layer_time_ms(model, tp, arch, r, step, strategy, calibration, kernel_fit, **kw)
-            row[f"{r}_attention_ms"], row[f"{r}_layer_ms"] = d["attention"], d["total"]
-        out.append(row)
-    return out
-
-
-def crossover_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, route: str = "mha-masked",
-                         against: str = "sparse-mqa", lo: int = 1024, hi: int = 1 << 20,
-                         max_num_batched_tokens: int = 16384, strategy: str = "private_workspace",
-                         what: str = "attention", calibration: Calibration | None = None, **kw) -> int | None:
-    """The shortest prompt length in ``[lo, hi]`` at which ``against`` is modelled faster than ``route`` (``what``:
-    ``attention`` or ``total`` of one layer call of :func:`prompt_len_step`), by bisection (the difference grows
-    with the prompt length for the MHA routes: their keys grow as L^2, the sparse keys as L * topk). None when
-    ``route`` is faster over the whole range; ``lo`` when ``against`` already wins there.
-
-    Raises:
-        ValueError: unknown route or ``what``; ``lo >= hi``.
-    """
-    for name, r in (("route", route), ("against", against)):
-        if r not in ROUTES:
-            raise ValueError(f"{name}={r!r} is not valid; allowed: {list(ROUTES)}")
-    if what not in ("attention", "total"):
-        raise ValueError(f"what={what!r} is not valid; allowed: ['attention', 'total']")
-    check_int("lo", lo)
-    check_int("hi", hi)
-    if lo >= hi:
-        raise ValueError(f"lo={lo} must be below hi={hi}")
-
-    def margin(L: int) -> float:
-        step = prompt_len_step(L, max_num_batched_tokens)
-        a = route_layer_time_ms(model, tp, arch, route, step, strategy, calibration, **kw)[what]
-        b = route_layer_time_ms(model, tp, arch, against, step, strategy, calibration, **kw)[what]
-        return a - b  # > 0: `against` wins
-
-    if margin(lo) > 0:
-        return lo
-    if margin(hi) <= 0:
-        return None
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if margin(mid) > 0 else (mid, hi)
-    return hi
 
 
 def route_transient_bytes(model: ModelConfig, tp: int, route: str, step: Step | int) -> dict:
@@ -645,30 +495,18 @@ def route_transient_bytes(model: ModelConfig, tp: int, route: str, step: Step | 
                      "(sparse-mqa: mla_lab.buffers.memory_account of its strategy)")
 
 
-def validate_routes(rows: list[dict] | None = None, kernel_fit: PaddedKernelFit | None = None) -> list[dict]:
-    """Model against the committed H200 route rows (:func:`route_rows`; none of them is in the padded-kernel fit):
-    per model and prompt length, ``mqa_kernel_only`` (concat + padded kernel, private workspace) priced by the
-    roofline fit and by the lab's FLOP-only kernel model, and ``mqa`` (with the W_UK / W_UV bmms, roofline).
-    Returns ``[{model, prompt_len, what, measured_ms, modelled_ms, err_pct}]``."""
-    rows = route_rows() if rows is None else rows
-    meas = {(r["model"], r["route"], r["prompt_len"]): r["ms"] for r in rows}
-    arch = get_arch("h200")
-    out = []
-    for (mn, route, L), ms in sorted(meas.items()):
-        if route != "mqa_kernel_only:private_workspace":
-            continue
-        m = load_model(mn)
-        step = prompt_len_step(L, next(r["T"] for r in rows if r["model"] == mn and r["prompt_len"] == L))
-        ops = {o.name: o for o in layer_ops(m, 8, arch, "private_workspace", step, weight_dtype="bf16",
-                                            moe_parallel="tp")}
-        t = {km: route_op_time_ms(ops["concat"], arch) + route_op_time_ms(ops["kernel"], arch, None, 8, kernel_fit, km)
-             for km in KERNEL_MODELS}
-        bmm = route_op_time_ms(ops["w_uk_bmm"], arch) + route_op_time_ms(ops["w_uv_bmm"], arch)
-        cases = [("mqa_kernel_only roofline", ms, t["roofline"]), ("mqa_kernel_only calibrated", ms, t["calibrated"])]
-        full = meas.get((mn, "mqa:private_workspace", L))
-        if full is not None:
-            cases.append(("mqa roofline", full, t["roofline"] + bmm))
-        for what, mm, mod in cases:
-            out.append({"model": mn, "prompt_len": L, "what": what, "measured_ms": mm, "modelled_ms": mod,
-                        "err_pct": 100 * (mod / mm - 1)})
-    return out
+
+
+def route_calibration_rows() -> list[dict]:
+    """The rows ``data/calibration/h200_routes.csv`` holds (the format of
+    :func:`mla_lab.model.calibration.write_calibration_csv`): ``attention`` ``kernel`` (the roofline's eff_flops)
+    and ``kernel_bytes`` (its eff_bytes, in ``eff_bytes``), fitted on the committed H200 kernel rows
+    (:func:`default_padded_kernel_fit`), and the classes ``mha_attn`` / ``k_concat`` fitted on the committed route
+    rows (:func:`fit_route_classes`). ``benchmarks/fit_routes.py`` writes them with provenance columns."""
+    fit = default_padded_kernel_fit()
+    rows = [{"kind": "attention", "op_class": "kernel", "eff_flops": fit.eff_flops, "eff_bytes": 1.0,
+             "floor_us": 0.0, "overhead_mode": "max", "n": fit.n, "mape_pct": fit.mape_pct},
+            {"kind": "attention", "op_class": "kernel_bytes", "eff_flops": 1.0, "eff_bytes": fit.eff_bytes,
+             "floor_us": 0.0, "overhead_mode": "max", "n": fit.n, "mape_pct": fit.mape_pct}]
+    _, report = fit_route_classes()
+    return rows + [r for r in report if r["op_class"] in (MHA_CLASS, K_CONCAT_CLASS)]

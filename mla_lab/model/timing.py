@@ -5,7 +5,17 @@ combined with a per-op overhead the roofline alone lacks for small ops — as a 
 added, ``overhead + roofline`` (:class:`~mla_lab.model.calibration.ClassEff` ``mode``). Attention-path ops
 (class ``attn_<op>``) are the same roofline with one efficiency each and no overhead: the kernel against dense bf16
 TFLOP/s, the byte ops against HBM GB/s. Peaks are the datasheet figures of :mod:`mla_lab.arch`; fp8 GEMMs run at
-:data:`~mla_lab.model.ops.FP8_PEAK_FACTOR` x the bf16 rate.
+:data:`~mla_lab.model.ops.FP8_PEAK_FACTOR` x the bf16 rate. The sparse kernel, when the calibration has a
+``kernel_bytes`` efficiency (``load_calibration(kernel_roofline=True)``: ``data/calibration/h200_routes.csv``), is
+the roofline of :mod:`mla_lab.model.routes`: ``FLOPs / (peak x eff) + per-token bytes / (HBM x kernel_bytes)`` (its
+padded heads' Q reads and output writes priced; none for ``kernel_native`` / ``fa3_sparse``); with the default
+FLOP-only kernel efficiency a real-head kernel takes the padded kernel's time x the roofline's native / padded
+ratio.
+
+Routes (:mod:`mla_lab.routes`): :func:`layer_time_ms` / :func:`step_time_ms` price the route the strategy's engine
+rule takes for the step (:func:`mla_lab.model.routes.step_route`): the padded path, FA3 sparse, or dense MHA with
+its ``kv_b_proj`` up-projection (classes ``mha_attn`` / ``k_concat``, fitted on the H200 route rows; without them
+``mha_attn`` is an assumption, :func:`_class_eff`).
 
 Collectives (:func:`comm_time_ms`, the only all-reduce model; ``mla_lab.measure.tp`` compares a real TP=2 run with
 it): ring all-reduce of ``B`` bytes moves ``2 (n-1)/n x B`` per rank in each direction; time = that /
@@ -26,8 +36,9 @@ from ..arch import GPUArch
 from ..models import ModelConfig
 from ..placement import Strategy
 from ..workload import Step
-from .calibration import COMM_CLASSES, Calibration, resolve_calibration
-from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, layer_ops, step_ops, step_stats
+from .calibration import COMM_CLASSES, Calibration, ClassEff, resolve_calibration
+from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, step_ops, step_stats
+from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
 __all__ = ["op_time_ms", "comm_time_ms", "kernel_rate_tflops", "layer_time_ms", "step_time_ms", "attention_path_ms",
            "predict_measured_op_ms"]
@@ -47,10 +58,22 @@ def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = Non
         return 0.0
     if op.op_class.startswith("attn_"):
         return _attention_ms(op, arch, cal)
-    e = cal.eff(op.op_class)
+    e = _class_eff(cal, op.op_class)
     peak = arch.bf16_tflops * 1e12 * (FP8_PEAK_FACTOR if op.dtype == "fp8" else 1.0)
     t = max(op.flops / (peak * e.eff_flops), op.bytes / (arch.hbm_gbps * 1e9 * e.eff_bytes)) * 1e3
     return t + e.floor_us * 1e-3 if e.mode == "add" else max(t, e.floor_us * 1e-3)
+
+
+def _class_eff(cal: Calibration, op_class: str):
+    """The class's efficiencies; the dense routes' classes when the calibration has none: ``k_concat`` as
+    ``elementwise``; ``mha_attn`` the **assumption** that a FlashAttention-class kernel reaches the sparse kernel's
+    calibrated fraction of peak, with the ``gemm`` class's byte efficiency and overhead."""
+    if op_class == "k_concat" and op_class not in cal.classes:
+        return cal.eff("elementwise")
+    if op_class == "mha_attn" and op_class not in cal.classes:
+        g = cal.eff("gemm")
+        return ClassEff(cal.attention_eff("kernel"), g.eff_bytes, g.floor_us, 0, None, g.mode)
+    return cal.eff(op_class)
 
 
 def kernel_rate_tflops(arch: GPUArch, calibration: Calibration) -> tuple[float, str]:
@@ -67,10 +90,29 @@ def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
     if name == "kernel":
         rate, _ = kernel_rate_tflops(arch, cal)
         t = op.flops / (rate * 1e12) * 1e3
+        if op.act_bytes and "kernel_bytes" in cal.attention:
+            # the roofline's per-token term: Q read, out / lse / max_logits written for the heads the kernel runs
+            t += op.act_bytes / (arch.hbm_gbps * 1e9 * cal.attention["kernel_bytes"]) * 1e3
+        elif op.dims.get("native") and t > 0:
+            # FLOP-only calibration: a kernel reading Q and writing output for the real heads only (kernel_native,
+            # fa3_sparse) takes the padded kernel's time x the roofline's native / padded ratio (the fit on the
+            # committed H200 kernel rows, mla_lab.model.routes): the padded heads' writes are not charged
+            t *= _native_ratio(op.dims)
         if op.dims.get("content") == "stale" and cal.content is not None:
             t *= cal.content.factor(op.dims["H"], op.dims["Hp"], t)
         return t
     return op.bytes / (arch.hbm_gbps * 1e9 * cal.attention_eff(name)) * 1e3
+
+
+def _native_ratio(d: dict) -> float:
+    """Roofline time of a kernel with the real heads' per-token bytes over the padded kernel's (1.0 without the
+    committed kernel rows)."""
+    try:
+        fit = default_padded_kernel_fit()
+    except ValueError:
+        return 1.0
+    padded = fit.time_ms(d["T"], d["Hp"], d["sum_topk"])
+    return fit.time_ms(d["T"], d["Hp"], d["sum_topk"], H_out=d["H"]) / padded if padded > 0 else 1.0
 
 
 def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: Calibration | None = None,
@@ -120,15 +162,19 @@ def attention_path_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Stra
 def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
                   calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ms per op of one layer (``{op: ms}``) plus ``total``, ``attention_path`` and ``comm``. Keyword
-    arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required)."""
+    arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required). The step
+    takes the strategy's route (:func:`mla_lab.model.routes.step_route`: dense MHA where its engine rule sends the
+    step there, :mod:`mla_lab.routes`); ``route`` says which."""
     cal = resolve_calibration(calibration)
     out: dict = {}
     comm = 0.0
-    for op in layer_ops(model, tp, arch, strategy, step, **kw):
+    route = step_route(model, strategy, step)
+    for op in route_layer_ops(model, tp, arch, route, step, strategy, **kw):
         out[op.name] = op_time_ms(op, arch, cal, tp)
         comm += out[op.name] if op.is_comm else 0.0
     total = sum(out.values())
-    out["attention_path"] = sum(out.get(a, 0.0) for a in ATTN_OPS)
+    out["attention_path"] = sum(out.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)
+    out["route"] = route
     out["comm"] = comm
     out["total"] = total
     return out
@@ -137,17 +183,21 @@ def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy
 def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
                  calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ms of one engine step on one rank, all layers: ``total``, ``by_op`` (ms summed over layers),
-    ``attention_path``, ``comm``. Keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and
-    ``moe_parallel`` required)."""
+    ``attention_path``, ``comm``, ``route`` (the strategy's route for this step,
+    :func:`mla_lab.model.routes.step_route`). Keyword arguments as :func:`~mla_lab.model.ops.layer_ops`
+    (``weight_dtype`` and ``moe_parallel`` required)."""
     cal = resolve_calibration(calibration)
     by: dict = {}
     comm = 0.0
-    for op, count in step_ops(model, tp, arch, strategy, step, **kw):
+    route = step_route(model, strategy, step)
+    pairs = (step_ops(model, tp, arch, strategy, step, **kw) if route == "sparse-mqa"
+             else route_step_ops(model, tp, arch, route, strategy, step, **kw))
+    for op, count in pairs:
         t = op_time_ms(op, arch, cal, tp) * count
         by[op.name] = by.get(op.name, 0.0) + t
         comm += t if op.is_comm else 0.0
-    attn = sum(by.get(a, 0.0) for a in ATTN_OPS)
-    return {"total": sum(by.values()), "by_op": by, "attention_path": attn, "comm": comm}
+    attn = sum(by.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)
+    return {"total": sum(by.values()), "by_op": by, "attention_path": attn, "comm": comm, "route": route}
 
 
 def predict_measured_op_ms(row: dict, arch: GPUArch, calibration: Calibration | None = None) -> float:

@@ -81,7 +81,8 @@ def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch
     """
     H = model.heads_per_rank(point["tp"])
     mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
-    kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=cap["shared_workspace_bytes"])
+    kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=cap["shared_workspace_bytes"], model=model,
+              prompt_len=point["prompt_len"])  # the strategy's route at this prompt length (dense MHA pads nothing)
     mem = memory_account(strategy, H, mbt, arch, kv, **kw)
     base = memory_account(BASELINE, H, mbt, arch, kv, **kw)
     extra = mem.persistent_bytes - base.persistent_bytes

@@ -1,0 +1,197 @@
+"""Route timing on one rank (modelled): explicit routes priced by the one cost model, by prompt length, the
+masked-MHA crossover, and the model against the committed H200 route rows.
+
+:func:`mla_lab.model.timing.layer_time_ms` / ``step_time_ms`` price the route a strategy's engine rule takes; the
+functions here price a route named by the caller (``sparse-mqa``, ``fa3-sparse``, ``mha-dense``, ``mha-masked``)
+and compare kernel models: ``roofline`` (the committed calibration: FLOPs + the heads' per-token bytes,
+:mod:`mla_lab.model.routes`) or ``calibrated`` (the FLOP-only kernel model). Every number is modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .._validate import check_int
+from ..arch import GPUArch, get_arch
+from ..models import ModelConfig, load_model
+from ..placement import Strategy
+from ..routes import ROUTES
+from ..workload import Step
+from .calibration import Calibration, resolve_calibration
+from .ops import ATTN_OPS, LayerOp, layer_ops
+from .routes import (
+    MHA_CLASS,
+    ROUTE_ATTN_OPS,
+    PaddedKernelFit,
+    default_padded_kernel_fit,
+    prompt_len_step,
+    route_layer_ops,
+    route_rows,
+    route_step_ops,
+)
+from .timing import op_time_ms
+
+__all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "route_step_time_ms", "attention_by_prompt_len",
+           "crossover_prompt_len", "validate_routes", "mha_pricing_source"]
+
+
+def mha_pricing_source(calibration: Calibration | None = None) -> str:
+    """What prices the dense MHA kernel: the calibration's ``mha_attn`` class (fitted on the H200 route rows,
+    ``data/calibration/h200_routes.csv``) or the assumption (:func:`mla_lab.model.timing._class_eff`)."""
+    cal = resolve_calibration(calibration)
+    if MHA_CLASS in cal.classes:
+        e = cal.classes[MHA_CLASS]
+        return (f"measured: class {MHA_CLASS} fitted on the H200 route rows (eff_flops {e.eff_flops:.3f}, eff_bytes "
+                f"{e.eff_bytes:.3f}, {e.floor_us:g} us {e.mode}; {cal.name})")
+    return (f"assumption: FlashAttention-class dense kernel at the sparse kernel's calibrated "
+            f"{cal.attention_eff('kernel'):.3f} of bf16 peak, gemm byte efficiency and overhead ({cal.name})")
+
+
+KERNEL_MODELS = ("roofline", "calibrated")
+
+
+def route_op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = None, tp: int = 1,
+                     kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline") -> float:
+    """Modelled ms of one op of a route's layer: :func:`mla_lab.model.timing.op_time_ms` (the one cost model),
+    except the sparse ``kernel`` op with ``kernel_fit`` given (``roofline``: that fit, times the content factor for
+    stale padded heads) or ``kernel_model="calibrated"`` (the FLOP-only kernel model of ``h200_ops.csv``, no
+    per-token bytes: the lab's model before the roofline).
+
+    Raises:
+        ValueError: kernel_model not in :data:`KERNEL_MODELS`.
+    """
+    if kernel_model not in KERNEL_MODELS:
+        raise ValueError(f"kernel_model={kernel_model!r} is not valid; allowed: {list(KERNEL_MODELS)}")
+    cal = resolve_calibration(calibration)
+    if op.op_class == "attn_kernel":
+        d = op.dims
+        if kernel_model == "calibrated":
+            flop_only = cal.attention.get("kernel_flop_only", cal.attention_eff("kernel"))
+            return op_time_ms(replace(op, act_bytes=0.0), arch, cal.with_attention(kernel=flop_only), tp)
+        if kernel_fit is not None:
+            t = kernel_fit.time_ms(d["T"], d["Hp"], d["sum_topk"], H_out=d["H"] if d.get("native") else None,
+                                   arch=arch.name)
+            if d.get("content") == "stale" and cal.content is not None:
+                t *= cal.content.factor(d["H"], d["Hp"], t)
+            return t
+    return op_time_ms(op, arch, cal, tp)
+
+
+def route_layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
+                        strategy: str = "private_workspace", calibration: Calibration | None = None,
+                        kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline", **kw) -> dict:
+    """``{op: ms}`` of one layer on ``route`` plus ``total``, ``attention`` (the route's attention ops: the
+    sparse path, FA3's one ``kernel`` op, or ``kv_b_proj + k_concat + mha_attn (+ mask)``; the absorbed bmms are
+    layer ops) and ``comm``."""
+    out: dict = {}
+    comm = 0.0
+    for op in route_layer_ops(model, tp, arch, route, step, strategy, **kw):
+        out[op.name] = route_op_time_ms(op, arch, calibration, tp, kernel_fit, kernel_model)
+        comm += out[op.name] if op.is_comm else 0.0
+    att = set(ATTN_OPS) | set(ROUTE_ATTN_OPS)
+    out["attention"] = sum(v for k, v in out.items() if k in att)
+    out["comm"] = comm
+    out["total"] = sum(v for k, v in out.items() if k not in ("attention", "comm"))
+    return out
+
+
+def route_step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
+                       strategy: Strategy | str = "private_workspace", calibration: Calibration | None = None,
+                       kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline", **kw) -> dict:
+    """Modelled ms of one engine step on ``route`` (:func:`mla_lab.model.routes.route_step_ops`): ``total``,
+    ``attention`` (summed over layers) and ``mha_pricing``."""
+    cal = resolve_calibration(calibration)
+    total = attn = 0.0
+    for op, c in route_step_ops(model, tp, arch, route, strategy, step, **kw):
+        t = c * route_op_time_ms(op, arch, cal, tp, kernel_fit, kernel_model)
+        total += t
+        attn += t if op.name in ATTN_OPS + ROUTE_ATTN_OPS else 0.0
+    return {"total": total, "attention": attn, "mha_pricing": mha_pricing_source(cal)}
+
+
+def attention_by_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, prompt_lens, max_num_batched_tokens: int =
+                            16384, strategy: str = "private_workspace", calibration: Calibration | None = None,
+                            kernel_fit: PaddedKernelFit | None = None, **kw) -> list[dict]:
+    """Per prompt length (:func:`prompt_len_step`), the modelled attention ms of one layer call on every route
+    (``None`` where the route is not equivalent: ``mha-dense`` above ``topk``) and the layer total per route.
+    Keyword arguments as :func:`mla_lab.model.ops.layer_ops` (``weight_dtype``, ``moe_parallel`` ...)."""
+    out = []
+    for L in prompt_lens:
+        step = prompt_len_step(L, max_num_batched_tokens)
+        row: dict = {"prompt_len": L, "num_tokens": step.num_tokens}
+        for r in ROUTES:
+            if r == "mha-dense" and L > model.topk:
+                row[f"{r}_attention_ms"] = row[f"{r}_layer_ms"] = None
+                continue
+            d = route_layer_time_ms(model, tp, arch, r, step, strategy, calibration, kernel_fit, **kw)
+            row[f"{r}_attention_ms"], row[f"{r}_layer_ms"] = d["attention"], d["total"]
+        out.append(row)
+    return out
+
+
+def crossover_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, route: str = "mha-masked",
+                         against: str = "sparse-mqa", lo: int = 1024, hi: int = 1 << 20,
+                         max_num_batched_tokens: int = 16384, strategy: str = "private_workspace",
+                         what: str = "attention", calibration: Calibration | None = None, **kw) -> int | None:
+    """The shortest prompt length in ``[lo, hi]`` at which ``against`` is modelled faster than ``route`` (``what``:
+    ``attention`` or ``total`` of one layer call of :func:`prompt_len_step`), by bisection (the difference grows
+    with the prompt length for the MHA routes: their keys grow as L^2, the sparse keys as L * topk). None when
+    ``route`` is faster over the whole range; ``lo`` when ``against`` already wins there.
+
+    Raises:
+        ValueError: unknown route or ``what``; ``lo >= hi``.
+    """
+    for name, r in (("route", route), ("against", against)):
+        if r not in ROUTES:
+            raise ValueError(f"{name}={r!r} is not valid; allowed: {list(ROUTES)}")
+    if what not in ("attention", "total"):
+        raise ValueError(f"what={what!r} is not valid; allowed: ['attention', 'total']")
+    check_int("lo", lo)
+    check_int("hi", hi)
+    if lo >= hi:
+        raise ValueError(f"lo={lo} must be below hi={hi}")
+
+    def margin(L: int) -> float:
+        step = prompt_len_step(L, max_num_batched_tokens)
+        a = route_layer_time_ms(model, tp, arch, route, step, strategy, calibration, **kw)[what]
+        b = route_layer_time_ms(model, tp, arch, against, step, strategy, calibration, **kw)[what]
+        return a - b  # > 0: `against` wins
+
+    if margin(lo) > 0:
+        return lo
+    if margin(hi) <= 0:
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if margin(mid) > 0 else (mid, hi)
+    return hi
+
+
+def validate_routes(rows: list[dict] | None = None, kernel_fit: PaddedKernelFit | None = None) -> list[dict]:
+    """Model against the committed H200 route rows (:func:`route_rows`; none of them is in the padded-kernel fit):
+    per model and prompt length, ``mqa_kernel_only`` (concat + padded kernel, private workspace) priced by the
+    roofline fit and by the lab's FLOP-only kernel model, and ``mqa`` (with the W_UK / W_UV bmms, roofline).
+    Returns ``[{model, prompt_len, what, measured_ms, modelled_ms, err_pct}]``."""
+    rows = route_rows() if rows is None else rows
+    kernel_fit = kernel_fit or default_padded_kernel_fit()
+    meas = {(r["model"], r["route"], r["prompt_len"]): r["ms"] for r in rows}
+    arch = get_arch("h200")
+    out = []
+    for (mn, route, L), ms in sorted(meas.items()):
+        if route != "mqa_kernel_only:private_workspace":
+            continue
+        m = load_model(mn)
+        step = prompt_len_step(L, next(r["T"] for r in rows if r["model"] == mn and r["prompt_len"] == L))
+        ops = {o.name: o for o in layer_ops(m, 8, arch, "private_workspace", step, weight_dtype="bf16",
+                                            moe_parallel="tp")}
+        t = {km: route_op_time_ms(ops["concat"], arch) + route_op_time_ms(ops["kernel"], arch, None, 8, kernel_fit, km)
+             for km in KERNEL_MODELS}
+        bmm = route_op_time_ms(ops["w_uk_bmm"], arch) + route_op_time_ms(ops["w_uv_bmm"], arch)
+        cases = [("mqa_kernel_only roofline", ms, t["roofline"]), ("mqa_kernel_only calibrated", ms, t["calibrated"])]
+        full = meas.get((mn, "mqa:private_workspace", L))
+        if full is not None:
+            cases.append(("mqa roofline", full, t["roofline"] + bmm))
+        for what, mm, mod in cases:
+            out.append({"model": mn, "prompt_len": L, "what": what, "measured_ms": mm, "modelled_ms": mod,
+                        "err_pct": 100 * (mod / mm - 1)})
+    return out
