@@ -28,12 +28,12 @@ from pathlib import Path
 
 from mla_lab.arch import get_arch
 from mla_lab.buffers import padded_num_heads
+from mla_lab.model.route_timing import route_op_time_ms
 from mla_lab.model.routes import (
     default_padded_kernel_fit,
     mha_attention_op,
     padded_kernel_terms,
     prompt_len_step,
-    route_op_time_ms,
     route_stats,
     up_projection_ops,
 )
