@@ -1,20 +1,33 @@
 # The two commands of the README: `make report` (main job) and `make test` (tests).
-# Both create their own virtual environment in .venv from nothing but python3.
+# Both create their own virtual environment in .venv from nothing but python3, pinned by constraints.txt.
 PYTHON ?= python3
 VENV   ?= .venv
-# The CPU build of torch; on a GPU machine use its own torch (see README "Running on a GPU").
+# The CPU build of torch; on a GPU machine use its own torch (see README "Running on a GPU", environment-gpu.yml).
 TORCH_SPEC ?= torch==2.13.0
+# Every other package at the version of constraints.txt (pip -c); CONSTRAINTS= resolves afresh instead.
+CONSTRAINTS ?= constraints.txt
+# make test: pytest-xdist workers (auto: one per core); each test file stays on one worker (module fixtures, one Ray).
+XDIST ?= -n auto --dist loadfile
 PY := $(VENV)/bin/python
+PIP_INSTALL := $(PY) -m pip install $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
+# the suite reads its own imports from __pycache__ even where the environment says not to write bytecode
+TEST_ENV := PYTHONDONTWRITEBYTECODE=
 
 .PHONY: report test test-fast test-gpu lab venv clean-venv
 
-$(VENV)/.stamp: pyproject.toml
+$(VENV)/.stamp: pyproject.toml $(CONSTRAINTS)
+	@echo "[make] 1/5 virtual environment $(VENV) ($$($(PYTHON) --version))"
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e ".[lab,dev]"
+	@echo "[make] 2/5 pip"
+	$(PIP_INSTALL) --upgrade pip
+	@echo "[make] 3/5 torch ($(TORCH_SPEC))"
+	$(PIP_INSTALL) $(TORCH_SPEC)
+	@echo "[make] 4/5 mla_lab with the lab and dev extras ($(if $(CONSTRAINTS),versions of $(CONSTRAINTS),resolved afresh))"
+	$(PIP_INSTALL) -e ".[lab,dev]"
+	@echo "[make] 5/5 the mla-lab Jupyter kernel"
 	$(PY) -m mla_lab.kernelspec
 	touch $@
+	@echo "[make] environment ready: $(VENV)"
 
 venv: $(VENV)/.stamp
 
@@ -24,16 +37,17 @@ report: $(VENV)/.stamp
 
 ## tests (CPU; GPU tests are skipped with the reason)
 test: $(VENV)/.stamp
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
-## the fast subset (<= 45 s on 2 cores): everything not marked slow; tests/conftest.py lists the slow files
-## (papermill notebook runs, Ray, the published report in Chromium, the Triton interpreter, the kill/resume runs)
+## the fast subset (<= 45 s on 2 idle cores): everything not marked slow; tests/conftest.py lists the slow files
+## (papermill notebook runs, Ray, the published report in Chromium, the Triton interpreter, the kill/resume runs) and
+## fails a test not marked slow that takes over 10 s
 test-fast: $(VENV)/.stamp
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(TEST_ENV) $(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 
 ## on a GPU machine: the GPU tests only, and a skip (no CUDA, no flash_mla) is a failure (MLA_LAB_REQUIRE_GPU=1)
 test-gpu: $(VENV)/.stamp
-	MLA_LAB_REQUIRE_GPU=1 $(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
+	MLA_LAB_REQUIRE_GPU=1 $(TEST_ENV) $(PY) -m pytest -q -m gpu $(PYTEST_ARGS)
 
 ## JupyterLab on notebooks/, opening the interactive explorer (LAB_ARGS: e.g. --no-browser --ip=0.0.0.0)
 lab: $(VENV)/.stamp
