@@ -20,7 +20,7 @@ from .deployment import MOE_PARALLEL, WEIGHT_DTYPES, Deployment
 from .models import KV_CACHE_DTYPES, load_model, model_names
 from .placement import BASELINE, EXPLORER_STRATEGIES, PR_STRATEGY, resolve_strategy
 from .report.data import load_measured
-from .report.figures import STRATEGY_COLORS
+from .report.figures import strategy_style
 from .seed import SEED_DEPLOYMENT
 from .sweep.advise import advise, format_advice
 from .sweep.rows import modelled_rows
@@ -111,6 +111,7 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
                     "persistent_bytes": r["persistent_bytes"], "workspace_mib": r["persistent_bytes"] / MIB,
                     "extra_mib": r["extra_persistent_mib"], "peak_bytes": r["peak_bytes"], "ttft_ms": r["ttft_ms"],
                     "ttft_ms_max": r["ttft_ms_max"], "ttft_change_pct": r["ttft_change_pct"],
+                    "kv_tokens_lost": r["kv_tokens_lost"], "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost"),
                     "measured_ttft_ms": mrow})
     chosen = by[strategy]
     return {
@@ -123,6 +124,8 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         "extra_bytes": chosen["extra_persistent_bytes"],
         "extra_mib": chosen["extra_persistent_mib"],
         "kv_tokens_lost": chosen["kv_tokens_lost"],
+        "kv_capacity_pct_lost": chosen.get("kv_capacity_pct_lost"),
+        "kv_capacity_tokens": chosen.get("kv_capacity_tokens"),
         "per_strategy": per,
         "ttft_scope": chosen["ttft_scope"],
         "num_steps": chosen["num_steps"],
@@ -133,35 +136,52 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
 
 
 def render_chart(result: dict, dpi: int = 90) -> bytes:
-    """PNG bytes of a two-panel chart: persistent Q workspace (MiB) and TTFT (ms) per strategy; the selected
-    strategy is outlined, measured TTFTs (when present) are black diamonds beside the modelled bars."""
+    """PNG bytes of a two-panel chart: persistent Q workspace (MiB) and TTFT change (%) per strategy, one colour per
+    strategy; the selected strategy is outlined, measured TTFTs (when present) are black diamonds beside the
+    modelled bars. A deployment that does not fit gets no bars: the chart says why (no TTFT or memory number)."""
     from matplotlib.figure import Figure
 
     rows = result["per_strategy"]
     chosen = result["selection"]["strategy"]
     names = [r["strategy"] for r in rows]
-    colors = [STRATEGY_COLORS.get(n, "k") for n in names]
-    fig = Figure(figsize=(7.6, 3.0), dpi=dpi, layout="constrained")
+    if not result.get("fits_in_memory", True):
+        fig = Figure(figsize=(7.6, 1.6), dpi=dpi, layout="constrained")
+        ax = fig.add_subplot()
+        ax.axis("off")
+        reason = str(result.get("fit_reason") or "")
+        ax.text(0.5, 0.5, "this deployment does not fit, so it has no TTFT or memory result:\n"
+                + "\n".join(reason[i:i + 90] for i in range(0, min(len(reason), 270), 90)),
+                ha="center", va="center", fontsize=9, wrap=True)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    colors = [strategy_style(n)[0] for n in names]
+    fig = Figure(figsize=(7.6, 3.6), dpi=dpi, layout="constrained")
     ax_m, ax_t = fig.subplots(1, 2)
     x = list(range(len(rows)))
     lw = [2.4 if n == chosen else 0.0 for n in names]
-    bars = ax_m.bar(x, [r["workspace_mib"] for r in rows], color=colors, edgecolor="black", linewidth=lw)
-    ax_m.bar_label(bars, labels=[f"{r['workspace_mib']:.0f}" for r in rows], fontsize=8, padding=2)
-    ax_m.margins(y=0.18)
+    hatch = ["///" if n.endswith(":views") else None for n in names]
+    bars = ax_m.bar(x, [r["workspace_mib"] for r in rows], color=colors, edgecolor="black", linewidth=lw,
+                    hatch=hatch)
+    ax_m.bar_label(bars, labels=[f"{r['workspace_mib']:.0f}" for r in rows], fontsize=7, padding=2, rotation=90)
+    ax_m.margins(y=0.3)
     ax_m.set_title("persistent Q workspace per rank\n(exact bytes)", fontsize=9.5)
     ax_m.set_ylabel("MiB")
-    bars = ax_t.bar(x, [r["ttft_ms"] for r in rows], color=colors, edgecolor="black", linewidth=lw, label="modelled")
-    ax_t.bar_label(bars, labels=[f"{r['ttft_ms']:.0f} ({r['ttft_change_pct']:+.0f}%)" if r["strategy"] != BASELINE
-                                 else f"{r['ttft_ms']:.0f}" for r in rows], fontsize=8, padding=2)
-    ax_t.margins(y=0.18)
-    mx = [(i, r["measured_ttft_ms"]) for i, r in enumerate(rows) if r["measured_ttft_ms"] is not None]
+    bars = ax_t.bar(x, [r["ttft_change_pct"] for r in rows], color=colors, edgecolor="black", linewidth=lw,
+                    hatch=hatch)
+    ax_t.bar_label(bars, labels=[f"{r['ttft_change_pct']:+.1f}%" for r in rows], fontsize=7, padding=2, rotation=90)
+    ax_t.axhline(0, color="k", lw=0.6)
+    ax_t.margins(y=0.35)
+    base_ms = next((r["ttft_ms"] for r in rows if r["strategy"] == BASELINE), None)
+    mx = [(i, 100.0 * (r["measured_ttft_ms"] / base_ms - 1)) for i, r in enumerate(rows)
+          if r["measured_ttft_ms"] is not None and base_ms]
     if mx:
-        ax_t.plot([i + 0.32 for i, _ in mx], [v for _, v in mx], "D", color="black", ms=7)
-    ax_t.set_title(f"mean TTFT, scope {result['ttft_scope']}\n(bars modelled" + (", \u25c6 measured)" if mx else ")"),
-                   fontsize=9.5)
-    ax_t.set_ylabel("ms")
+        ax_t.plot([i + 0.32 for i, _ in mx], [v for _, v in mx], "D", color="black", ms=6)
+    ax_t.set_title(f"TTFT change vs {BASELINE}\n(scope {result['ttft_scope']}; bars modelled"
+                   + (", \u25c6 measured)" if mx else ")"), fontsize=8.5)
+    ax_t.set_ylabel("%")
     for ax in (ax_m, ax_t):
-        ax.set_xticks(x, names, fontsize=9)
+        ax.set_xticks(x, names, fontsize=7.5, rotation=35, ha="right")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     buf = io.BytesIO()
@@ -180,12 +200,19 @@ def summary_html(result: dict) -> str:
     head = (f"<b>{e(sel['model'])}</b>, TP {sel['tp']}, {e(sel['arch'])} (prefill_padding {result['prefill_padding']}),"
             f" {e(sel['kv_cache_dtype'])} KV cache, max_num_batched_tokens {_fmt_int(sel['max_num_batched_tokens'])},"
             f" {sel['num_prompts']} x {_fmt_int(sel['prompt_len'])}-token prompts")
+    if not result.get("fits_in_memory", True):  # no TTFT or memory number for a deployment that cannot run
+        return (f"<div>{head}<p>heads per rank → padded heads: <b>{result['num_heads']} → {result['padded_heads']}"
+                f"</b></p><p><b>This deployment does not fit</b>: {e(str(result.get('fit_reason') or ''))}. "
+                "It has no TTFT or memory result; change TP, the weight dtype or gpu_memory_utilization.</p></div>")
+    pct = result.get("kv_capacity_pct_lost")
+    pct_txt = "" if pct is None or pct != pct else f" ({pct:.1f} % of KV capacity)"
     facts = [
         ("heads per rank → padded heads", f"{result['num_heads']} → {result['padded_heads']}"),
         (f"Q workspace ({e(sel['strategy'])})",
          f"{_fmt_int(result['workspace_bytes'])} B = {result['workspace_mib']:.1f} MiB"),
-        (f"extra vs {BASELINE}", f"{_fmt_int(result['extra_bytes'])} B = {result['extra_mib']:.1f} MiB"),
-        ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"])),
+        (f"extra vs {BASELINE}", f"{_fmt_int(result['extra_bytes'])} B = {result['extra_mib']:.1f} MiB = "
+                                  f"{_fmt_int(result['kv_tokens_lost'])} KV tokens{pct_txt}"),
+        ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"]) + pct_txt),
         ("chunked-prefill steps", str(result["num_steps"])),
     ]
     td = "style='padding:2px 12px 2px 0'"
@@ -195,9 +222,12 @@ def summary_html(result: dict) -> str:
         meas = "-" if r["measured_ttft_ms"] is None else f"{r['measured_ttft_ms']:.2f}"
         style = " style='font-weight:bold;background:#eef4fb'" if r["strategy"] == sel["strategy"] else ""
         cells.append(f"<tr{style}>" + "".join(f"<td {td}>{v}</td>" for v in (
-            e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['ttft_ms']:.2f}",
-            f"{r['ttft_change_pct']:+.2f}%", meas)) + "</tr>")
-    heads = ("strategy", "workspace heads", "workspace MiB", "TTFT ms (modelled)", f"vs {BASELINE}", "TTFT ms (measured)")
+            e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['extra_mib']:+.1f}",
+            _fmt_int(r["kv_tokens_lost"]), "-" if r.get("kv_capacity_pct_lost") is None
+            or r["kv_capacity_pct_lost"] != r["kv_capacity_pct_lost"] else f"{r['kv_capacity_pct_lost']:.1f}",
+            f"{r['ttft_ms']:.2f}", f"{r['ttft_change_pct']:+.2f}%", meas)) + "</tr>")
+    heads = ("strategy", "workspace heads", "workspace MiB", "extra MiB", "KV tokens lost", "% of KV",
+             "TTFT ms (modelled)", f"vs {BASELINE}", "TTFT ms (measured)")
     table = ("<table style='border-collapse:collapse;margin-top:6px'><tr>"
              + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
     note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.modelled_rows);"

@@ -273,3 +273,23 @@ def test_tp_bars_and_heatmap_show_no_number_for_a_deployment_that_does_not_fit()
     cells = _texts(hm)
     assert "does not fit" in cells and f"{tp8:+.1f}%" in cells
     assert len([c for c in cells if c.endswith("%")]) == 1  # only the fitting TP8 cell has a number
+
+
+def test_explorer_shows_no_number_for_a_deployment_that_does_not_fit_and_kv_beside_mib():
+    """The explorer at GLM-5 TP2 H200 (weights do not fit): no TTFT, MiB or KV-tokens-lost figure in its summary
+    or chart, the reason instead; at the seed, the extra MiB comes with KV tokens lost and % of KV capacity, and the
+    chart's labels do not overlap."""
+    from matplotlib.figure import Figure  # noqa: F401 - the chart is drawn with matplotlib
+
+    from mla_lab.deployment import Deployment
+    from mla_lab.explore import explore_point, render_chart, summary_html
+
+    bad = explore_point(Deployment.seed(tp=2))
+    html = summary_html(bad)
+    assert "does not fit" in html and "MiB" not in html and "KV tokens" not in html and "TTFT ms" not in html
+    assert render_chart(bad)[:4] == b"\x89PNG"
+    good = explore_point()
+    html = summary_html(good)
+    pct = good["kv_capacity_pct_lost"]
+    assert f"= {good['extra_mib']:.1f} MiB = {int(round(good['kv_tokens_lost'])):,} KV tokens ({pct:.1f} % of KV capacity)" in html
+    assert 3.5 < pct < 4.5  # 10,554 of ~271,700 tokens at the seed (issue 22)

@@ -303,6 +303,8 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
                                   color="0.35")
                 gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
                 for t, v in gm.groupby("tp")["ttft_change_pct"].median().items():
+                    if t in g.index and not bool(fit.get(t, True)):
+                        continue  # measured on a one-GPU share of a deployment that does not fit: no number
                     ax_t.plot(xs[tps.index(t)], v, "D", markerfacecolor=col, markeredgecolor="black", ms=6,
                               zorder=4)
             g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == PR_STRATEGY)].set_index("tp")
@@ -325,6 +327,7 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
                     heads.setdefault(t, []).append(str(int(h.iloc[0])))
         labels = [f"TP{t}\nH={'/'.join(heads.get(t, ['-']))}" for t in tps]
         for ax in (ax_t, ax_m):
+            ax.set_xlim(-0.5, len(tps) - 0.5)  # every TP's slot, with or without bars (a "does not fit" note)
             ax.set_xticks(range(len(tps)), labels, fontsize=8.5)
             ax.grid(axis="y", alpha=0.3)
             ax.set_axisbelow(True)
