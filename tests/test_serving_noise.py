@@ -320,3 +320,12 @@ def test_prediction_point_values_reproduce(prediction):
         assert m[k] == pytest.approx(prediction["prediction"][k]["deterministic"], rel=5e-3), (
             f"{k}: {m[k]} now vs {prediction['prediction'][k]['deterministic']} in {PRED.name}; re-run "
             "benchmarks/predict_pr53878.py")
+
+
+def test_docs_prediction_block_is_the_prediction_file(prediction):
+    """docs/serving.md's prediction block is what benchmarks/predict_pr53878.py renders from the committed file
+    (re-render with `python benchmarks/predict_pr53878.py --docs-only`)."""
+    mod = _predictor()
+    text = mod.DOCS.read_text()
+    block = text[text.index(mod.BEGIN) + len(mod.BEGIN):text.index(mod.END)].strip()
+    assert block == mod.render_markdown(prediction).strip()
