@@ -281,6 +281,9 @@ def plan_lines(T_list, H_list, Hp, timers, rounds, tune) -> list[str]:
                          f"(4 GiB copy, docs/perf-notes.md GPU run 2) {nbytes / 4256e9 * 1e6:.1f} us; v3 default "
                          f"{cfg['block_t']} tok x {cfg['block_h']} heads x {cfg['head_tiles']} tiles, "
                          f"{cfg['num_warps']} warp(s), {cfg['num_runs']} run(s)/token block")
+    n = len(T_list) * len(H_list) * len(names) * len(timers) * rounds
+    lines.append(f"{n} timings of ~0.15-0.2 s each (do_bench budget 100 ms + capture) plus ~{len(names) - 2} kernel "
+                 f"compiles: about {n * 0.2 + 30:.0f} s per process, estimated (not measured)")
     lines.append("host launch: T=16 H=8->64, 1000 calls back to back, median of 5: concat_mla_q (checked, v2/v3), "
                  "launcher (hot path, v2/v3), launcher jit path, concat_mla_q_triton, torch.cat; launcher CUDA-graph "
                  "capture check")
