@@ -102,14 +102,17 @@ def test_tp_bars_values_and_measured_diamonds(modelled):
     assert "max_num_batched_tokens 16384" in fig._suptitle.get_text() and "1024-token" in fig._suptitle.get_text()
     ax_by_title = {ax.get_title(): ax for ax in fig.axes}
     mem = ax_by_title["h200: extra Q workspace of vLLM #53878"]
-    heights = sorted(round(p.get_height(), 1) for p in mem.patches)
-    # PR extra MiB at 16384 tokens on Hopper: GLM-5 TP2 (32->64) 576, TP8 (8->64) 1008; DSV3.2 TP2 (64) 0,
-    # TP8 (16->64) 864
-    assert heights == [0.0, 576.0, 864.0, 1008.0]
+    heights = [round(p.get_height(), 1) for p in mem.patches]
+    # PR extra MiB at 16384 tokens on Hopper: GLM-5 TP8 (8->64) 1008, DSV3.2 TP8 (16->64) 864; at TP2 neither
+    # model's fp8 weights fit an H200 (~350 / ~315 GiB per rank): no bar, "does not fit" where it would be
+    assert sorted(h for h in heights if h == h) == [864.0, 1008.0] and sum(h != h for h in heights) == 2
+    assert [t.get_text() for t in mem.texts].count("does not fit") == 2
     ttft = ax_by_title["h200: TTFT change"]
     diamonds = [ln for ln in ttft.lines if ln.get_marker() == "D"]
     assert {ln.get_markerfacecolor() for ln in diamonds} == {"#d95f02", "#7570b3"}  # coloured by model
-    assert sorted(round(float(ln.get_ydata()[0]), 2) for ln in diamonds) == [-7.25] * 4
+    # measured diamonds only where the deployment fits (TP8; the TP2 rows were measured on a one-GPU share)
+    assert sorted(round(float(ln.get_ydata()[0]), 2) for ln in diamonds) == [-7.25] * 2
+    assert [t.get_text() for t in ttft.texts].count("does not fit") == 4
     assert [t.get_text() for t in ttft.get_xticklabels()] == ["TP2\nH=64/32", "TP8\nH=16/8"]
 
 
@@ -120,10 +123,15 @@ def test_heatmap_cells_are_the_modelled_changes(modelled):
     rows = [t.get_text() for t in fig.axes[0].get_yticklabels()]
     assert rows == ["H=8 (glm-5)", "H=16 (deepseek-v3.2)", "H=32 (glm-5)", "H=64 (deepseek-v3.2)"]
     d = modelled[(modelled["arch"] == "h200") & (modelled["strategy"] == PR)]
-    want = d[(d["model"] == "glm-5") & (d["tp"] == 8) & (d["prompt_len"] == 8192)]["ttft_change_pct"].iloc[0]
-    assert grid[0, 1] == pytest.approx(want)
-    assert grid[3, 0] == pytest.approx(0.0)  # 64 heads per rank: nothing to pad on Hopper
+    want = d[(d["model"] == "glm-5") & (d["tp"] == 8) & (d["prompt_len"] == 1024)]["ttft_change_pct"].iloc[0]
+    assert grid[0, 0] == pytest.approx(want)
     assert f"{want:+.1f}%" in [t.get_text() for t in ax.texts]
+    # GLM-5 TP8 at 32 x 8192 tokens needs 262,144 KV tokens, more than the PR's workspace leaves (~261,100), and
+    # every TP2 deployment's weights overflow the H200: those cells say so and hold no number
+    fits = d.set_index(["model", "tp", "prompt_len"])["fits_in_memory"]
+    assert not fits[("glm-5", 8, 8192)] and not fits[("deepseek-v3.2", 2, 1024)]
+    assert grid.mask[0, 1] and grid.mask[3, 0]
+    assert [t.get_text() for t in ax.texts].count("does not fit") == int((~d["fits_in_memory"]).sum())
 
 
 ROW = "TTFT change, vLLM #53878 vs vLLM before it (zero padded heads)"
