@@ -41,7 +41,8 @@ time depends on it, power-limited clocks; :mod:`mla_lab.model.content`). Zero po
 Canonical names (:func:`parse_strategy`): ``per_call_empty:zeros``, ``per_call_empty:stale``, ``per_call_zeros``,
 ``private_workspace``, ``shared_workspace:none``, ``shared_workspace:zero_per_call``, ``subchunk:<S>`` (each
 chunk's output copied into the step's), ``subchunk:<S>:views`` (the consumer runs per chunk on views),
-``kernel_native``. Engine presets (:data:`PRESETS`) and the first version's names (:data:`ALIASES`) expand to them.
+``subchunk:<S>:graph2`` (views hand-off over TWO zeroed S-row workspaces, chunk i on side stream i % 2, the whole
+chunk loop captured in one CUDA graph per T; the lab's proposal, issue 23), ``kernel_native``. Engine presets (:data:`PRESETS`) and the first version's names (:data:`ALIASES`) expand to them.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ __all__ = ["Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "AL
            "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY", "SUBCHUNK_ROWS", "canonical_names",
            "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES", "EXPLORER_STRATEGIES", "real_strategies",
            "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
-           "preset_table"]
+           "preset_table", "SUBCHUNK_GRAPH"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
               "kernel_native", "fa3_sparse")
@@ -84,7 +85,9 @@ class Strategy:
         rows: workspace rows ``S`` of ``subchunk``, else None.
         handoff: ``subchunk`` only: ``copy`` (each chunk's ``out[:, :H]`` copied into the step's ``[T, H, 512]``
             output) or ``views`` (the consumer, the W_UV bmm, runs per chunk on the chunk's view: no copy, one more
-            launch per chunk).
+            launch per chunk) or ``graph2`` (views hand-off; two S-row workspaces, chunk i on side stream i % 2 forked
+            from and joined back to the caller's stream, the loop captured in one CUDA graph per ``T``: no per-chunk
+            launch cost; measured on an H200, ``data/measured/h200/between_process/subgraph.csv``).
         route_rule: the engine route rule when it is not the placement's default (:data:`DEFAULT_RULES`), else
             None; :attr:`rule` is the one in force.
     """
@@ -105,6 +108,22 @@ class Strategy:
     def padded(self) -> bool:
         """The placement feeds FlashMLA a head-padded Q (every placement but ``kernel_native`` and ``fa3_sparse``)."""
         return self.placement not in ("kernel_native", "fa3_sparse")
+
+    @property
+    def views_handoff(self) -> bool:
+        """``subchunk`` whose chunks' outputs go to the consumer as views (``views`` and ``graph2``: no copy)."""
+        return self.handoff in ("views", "graph2")
+
+    @property
+    def workspaces(self) -> int:
+        """How many Q-concat workspaces the strategy holds (2 for ``subchunk:<S>:graph2``, else 1)."""
+        return 2 if self.handoff == "graph2" else 1
+
+    @property
+    def graphed(self) -> bool:
+        """The chunk loop runs as one captured CUDA graph (``subchunk:<S>:graph2``)."""
+        return self.handoff == "graph2"
+
     def __str__(self) -> str:
         return self.name
 
@@ -117,7 +136,7 @@ class Strategy:
         elif p == "shared_workspace":
             base = f"shared_workspace:{self.zero_policy}"
         elif p == "subchunk":
-            base = f"subchunk:{self.rows}" + (":views" if self.handoff == "views" else "")
+            base = f"subchunk:{self.rows}" + (f":{self.handoff}" if self.handoff in ("views", "graph2") else "")
         else:
             base = p
         return base + (f"@{self.route_rule}" if self.route_rule else "")
@@ -243,9 +262,9 @@ def parse_strategy(name: str) -> Strategy:
             raise ValueError(f"strategy={name!r}: subchunk rows {raw!r} must be a positive int "
                              "(e.g. subchunk:4096 or subchunk:4096:views)") from None
         check_int("subchunk rows", rows)
-        if len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("copy", "views")):
-            raise ValueError(f"strategy={name!r}: the subchunk hand-off must be 'copy' (default) or 'views' "
-                             "(e.g. subchunk:4096:views)")
+        if len(parts) > 3 or (len(parts) == 3 and parts[2] not in ("copy", "views", "graph2")):
+            raise ValueError(f"strategy={name!r}: the subchunk hand-off must be 'copy' (default), 'views' or "
+                             "'graph2' (e.g. subchunk:4096:views, subchunk:2048:graph2)")
         handoff = parts[2] if len(parts) == 3 else "copy"
         return Strategy("subchunk", "zeros", "zero_once", rows, handoff)
     if name in PRESETS or name in ALIASES or name == "kernel-native":
@@ -262,7 +281,7 @@ as_strategy = parse_strategy
 
 def canonical_names() -> list[str]:
     """Every fixed canonical name plus the ``subchunk:<S>`` pattern."""
-    return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views", "<name>@<rule>"]
+    return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views", "subchunk:<S>:graph2", "<name>@<rule>"]
 
 
 def _door_name(n) -> list[str]:
@@ -328,15 +347,20 @@ def fixed_strategies() -> list[str]:
     return list(_FIXED)
 
 
+#: The sub-chunk strategy measured fastest (H200, 5 fresh processes, ``subgraph.csv``): 2 x 2048-row workspaces,
+#: two streams, the chunk loop in one CUDA graph (issue 23).
+SUBCHUNK_GRAPH = "subchunk:2048:graph2"
+
 #: What the seed's model comparison prices (:func:`mla_lab.model.ttft.compare_strategies` default): every engine
-#: preset's members, the shared workspace zeroed per call and the sub-chunk sizes of :data:`SUBCHUNK_ROWS`.
+#: preset's members, the shared workspace zeroed per call, the sub-chunk sizes of :data:`SUBCHUNK_ROWS` and
+#: :data:`SUBCHUNK_GRAPH`.
 SEED_STRATEGIES = tuple(expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"]
-                                          + [f"subchunk:{s}" for s in SUBCHUNK_ROWS]))
+                                          + [f"subchunk:{s}" for s in SUBCHUNK_ROWS] + [SUBCHUNK_GRAPH]))
 
 #: The sweep's default ``strategies`` parameter: every engine preset, the shared workspace with the concat zeroing
-#: its padded heads, and the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with both hand-offs (door names).
+#: its padded heads, and the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with the three hand-offs (door names).
 SWEEP_STRATEGIES = (*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
-                    *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS))
+                    *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS), *(f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS))
 
 #: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
 EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
@@ -344,21 +368,23 @@ EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
 
 def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
     """Canonical names of every strategy that runs on tensors (every engine preset's members but
-    ``kernel_native``, the zero policies, and ``subchunk:<S>`` for ``subchunk_rows``, the last also with views)."""
+    ``kernel_native``, the zero policies, and ``subchunk:<S>`` for ``subchunk_rows``, the last also with views, the
+    middle one with ``graph2``: several chunks over the two workspaces)."""
     names = [n for members in PRESETS.values() for n in members
              if parse_strategy(n).padded and parse_strategy(n).route_rule is None]
     names += ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in subchunk_rows]
-    names += [f"subchunk:{subchunk_rows[-1]}:views"]
+    names += [f"subchunk:{subchunk_rows[-1]}:views", f"subchunk:{subchunk_rows[len(subchunk_rows) // 2]}:graph2"]
     return list(dict.fromkeys(names))
 
 
 def advise_candidates(max_num_batched_tokens: int) -> list[str]:
     """Every strategy ``mla-lab advise`` weighs: the presets' members, ``shared_workspace:zero_per_call`` and
-    ``subchunk:S`` / ``subchunk:S:views`` for S = 512, 1024, ... below ``max_num_batched_tokens``."""
+    ``subchunk:S`` / ``subchunk:S:views`` / ``subchunk:S:graph2`` for S = 512, 1024, ... below
+    ``max_num_batched_tokens``."""
     names = expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"])
     s = 512
     while s < max_num_batched_tokens:
-        names += [f"subchunk:{s}", f"subchunk:{s}:views"]
+        names += [f"subchunk:{s}", f"subchunk:{s}:views", f"subchunk:{s}:graph2"]
         s *= 2
     return names
 

@@ -29,6 +29,7 @@ from mla_lab.placement import (
     Strategy,
     advise_candidates,
     as_strategy,
+    canonical_names,
     expand,
     expand_strategies,
     fixed_strategies,
@@ -53,7 +54,7 @@ PENDING = {
     "mla_lab/serving/simulate.py": 1,  # the demo's two linear pricers
 }
 
-_SUBCHUNK = re.compile(r"^subchunk:\d+(:copy|:views)?$")
+_SUBCHUNK = re.compile(r"^subchunk:\d+(:copy|:views|:graph2)?$")
 _STRATEGY_NAMES = set(fixed_strategies()) | set(PRESETS) | set(ALIASES)
 #: Words other modules have used for what the padded heads hold; only CONTENTS (zeros, stale) is the vocabulary.
 _CONTENT_WORDS = {"zero", "zeros", "random", "stale", "nonzero", "garbage"}
@@ -119,7 +120,8 @@ def test_the_scan_catches_a_planted_list(tmp_path):
     assert content == ["mla_lab/planted.py:2: ['random', 'zero']"]
 
 
-@pytest.mark.parametrize("name", [*fixed_strategies(), "subchunk:1024", "subchunk:4096:views"])
+@pytest.mark.parametrize("name", [*fixed_strategies(), "subchunk:1024", "subchunk:4096:views",
+                                  "subchunk:2048:graph2"])
 def test_parse_round_trips_and_takes_a_strategy(name):
     s = parse_strategy(name)
     assert isinstance(s, Strategy) and s.name == name == str(s)
@@ -151,10 +153,24 @@ def test_expand_is_the_door():
 def test_named_sets():
     members = [m for ms in PRESETS.values() for m in ms]
     assert list(SEED_STRATEGIES) == list(dict.fromkeys(
-        members + ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in SUBCHUNK_ROWS]))
+        members + ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in SUBCHUNK_ROWS]
+        + ["subchunk:2048:graph2"]))
+    assert {f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS} <= set(SWEEP_STRATEGIES)
+    assert "subchunk:5:graph2" in real_strategies()  # several chunks over the two workspaces at T = 24
     assert expand_strategies(SWEEP_STRATEGIES)[:len(members)] == members
     assert set(fixed_strategies()) <= set(EXPLORER_STRATEGIES)
     assert "kernel_native" not in real_strategies() and "per_call_empty:stale" in real_strategies()
     assert advise_candidates(4096) == expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"]) + [
-        "subchunk:512", "subchunk:512:views", "subchunk:1024", "subchunk:1024:views", "subchunk:2048",
-        "subchunk:2048:views"]
+        "subchunk:512", "subchunk:512:views", "subchunk:512:graph2", "subchunk:1024", "subchunk:1024:views",
+        "subchunk:1024:graph2", "subchunk:2048", "subchunk:2048:views", "subchunk:2048:graph2"]
+
+
+def test_graph2_handoff():
+    """``subchunk:<S>:graph2``: views hand-off, two workspaces, a graphed loop; the other hand-offs one workspace."""
+    g = parse_strategy("subchunk:2048:graph2")
+    assert (g.placement, g.rows, g.handoff, g.workspaces, g.graphed, g.views_handoff) == \
+        ("subchunk", 2048, "graph2", 2, True, True)
+    assert parse_strategy("subchunk:2048:views").workspaces == 1 and not parse_strategy("subchunk:2048").graphed
+    assert "subchunk:<S>:graph2" in canonical_names()
+    with pytest.raises(ValueError, match="'copy' \\(default\\), 'views' or 'graph2'"):
+        parse_strategy("subchunk:2048:graph")
