@@ -30,6 +30,11 @@ Parts (``--parts``, comma separated, run in this order):
   (32 local experts, hidden 6144, moe_intermediate 2048, top-8 of 256, random routing), graph timing: bf16
   ``torch._grouped_mm`` and fp8 e4m3 ``torch._scaled_grouped_mm`` (row-wise scales) where this torch has it
   (recorded: ``impl``). Rows: ``moe_decode.csv``.
+- ``concat_ceiling``: the concat into the padded workspace vs a contiguous copy and torch's strided copy of the same
+  bytes into the same padded layout (is ~95 % the gapped write's ceiling?), graph timing. Rows:
+  ``concat_ceiling.csv``.
+- ``strategies``: ``--strategies`` (canonical names) through ``mla_lab.measure.attention.time_attention_path`` at
+  the seed and full-topk shapes (as ``presets``). Rows: ``strategies.csv``.
 - ``content``: padded-head content over the whole step (issue 21): a sustained 78-layer loop at the seed shape,
   each layer = the attention block (PR path: concat, FlashMLA, W_UV bmm, o_proj) + q/kv projections + the MoE
   block (TP-8 / EP-8 rank share, grouped GEMMs), with the padded heads zero (``private_workspace``) or stale
@@ -490,6 +495,59 @@ def part_moe_decode(sink: Sink, smoke: bool) -> None:
     torch.cuda.empty_cache()
 
 
+# ------------------------------------------------------------------------------------------------- concat_ceiling
+
+
+def part_concat_ceiling(sink: Sink, repeats: int) -> None:
+    """Is ~95 % of a contiguous copy the ceiling of a gapped write? The concat into the padded [T, 64, 576]
+    workspace against a contiguous copy of the same bytes and against torch's strided copy of the same bytes into
+    the same padded layout (``out[:, :H].copy_(src)``), graph timing (one call captured, replayed under do_bench
+    with L2 flushed: ``mla_lab.measure.timer.median_ms(graph=True)``), rounds rotated."""
+    from mla_lab.measure.timer import median_ms
+
+    for T in (4096, 16384):
+        for H in (8, 16):
+            g = torch.Generator(device="cuda").manual_seed(T + H)
+            ql = torch.randn(H, T, 512, device="cuda", dtype=torch.bfloat16, generator=g).transpose(0, 1)
+            qpe = torch.randn(T, H, 192 + 64, device="cuda", dtype=torch.bfloat16, generator=g)[..., 192:]
+            ws = torch.zeros(T, 64, 576, device="cuda", dtype=torch.bfloat16)
+            src = torch.randn(T, H, 576, device="cuda", dtype=torch.bfloat16, generator=g)
+            dst = torch.empty_like(src)
+            fns = {"concat_v2_padded": lambda: concat_mla_q(ql, qpe, ws[:T]),
+                   "strided_copy_padded": lambda: ws[:T, :H].copy_(src),
+                   "copy_contiguous": lambda: dst.copy_(src)}
+            names = list(fns)
+            for r in range(repeats):
+                k = r % len(names)
+                for n in names[k:] + names[:k]:
+                    us = 1e3 * median_ms(fns[n], graph=True, rep=50)
+                    sink.write("concat_ceiling.csv", {"T": T, "num_heads": H, "padded_heads": 64, "method": n,
+                                                      "round": r, "us": round(us, 3),
+                                                      "bytes": 2 * T * H * 576 * 2,
+                                                      "timer": "graph (median_ms graph=True, L2 flushed)"})
+            log(f"concat ceiling T={T} H={H} done")
+
+
+# ---------------------------------------------------------------------------------------------------- strategies
+
+
+def part_strategies(sink: Sink, repeats: int, names) -> None:
+    """Named strategies through the package (``time_attention_path``) at the seed and full-topk shapes: rows as
+    ``presets`` (file ``strategies.csv``)."""
+    m = load_model("glm-5")
+    for shape, step, plen, full in (("seed", seed_step(), PROMPT, False), ("full", full_step(), 2 * SEED_T, True)):
+        res = time_attention_path(m, 8, step, plen, "h200", strategies=tuple(names), full_topk=full,
+                                  seed=0, device="cuda", repeats=repeats)
+        for name in names:
+            r = res[name]
+            for i, ms in enumerate(r["samples"]):
+                sink.write("strategies.csv", {"shape": shape, "strategy": name, "round": i, "ms": round(ms, 5),
+                                              "median_ms": round(r["total"], 5),
+                                              "workspace_bytes": r["workspace_bytes"],
+                                              "peak_bytes": r["peak_bytes"], "repeats": repeats})
+        log(f"strategies {shape}: " + ", ".join(f"{n} {res[n]['total']:.3f}" for n in names))
+
+
 # -------------------------------------------------------------------------------------------------------- content
 
 
@@ -621,6 +679,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=11, help="interleaved rounds per measured set")
     ap.add_argument("--content-rounds", type=int, default=6)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--strategies", default="per_call_empty:zeros,private_workspace",
+                    help="part 'strategies': canonical names timed through mla_lab.measure.attention")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("round3.py needs a CUDA GPU", file=sys.stderr)
@@ -645,6 +705,10 @@ def main(argv=None) -> int:
                 part_routes(sink, reps, a.smoke)
             elif part == "moe_decode":
                 part_moe_decode(sink, a.smoke)
+            elif part == "concat_ceiling":
+                part_concat_ceiling(sink, 2 if a.smoke else 5)
+            elif part == "strategies":
+                part_strategies(sink, reps, a.strategies.split(","))
             elif part == "content":
                 part_content(sink, 2 if a.smoke else a.content_rounds, a.smoke)
             else:
