@@ -113,7 +113,8 @@ class MemoryAccount:
         num_heads: real heads per rank (H); q_concat_heads: workspace heads; kernel_heads: h_q the kernel runs at.
         persistent_bytes: what the Q path holds for the engine's life, budgeted before the KV cache is sized (it
             costs KV tokens): the Q-concat buffer ``rows * q_concat_heads * head_size * 2`` (rows =
-            max_num_batched_tokens, or S for ``subchunk``); for ``shared_workspace`` (vLLM after #56902: the padded
+            max_num_batched_tokens, or S for ``subchunk``; ``subchunk:<S>:graph2`` holds two S-row workspaces,
+            ``2 * S * q_concat_heads * head_size * 2``); for ``shared_workspace`` (vLLM after #56902: the padded
             view taken per call from the shared workspace, no separate unpadded buffer) only what the padded view
             adds beyond the shared workspace's other users (``shared_other_bytes``); 0 for ``fa3_sparse`` (FA3
             takes ``q_nope`` / ``q_rope`` as they are: no concat buffer).
@@ -121,7 +122,8 @@ class MemoryAccount:
             placements with padding; else 0).
         kernel_out_bytes: kernel output + lse + max_logits alive at once: ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
             (``fa3_sparse``: out + lse at the real heads, ``T*H*(d_v*2 + 4)``)
-            (for ``subchunk``: two chunks' outputs, the next allocated before the previous is freed, plus the
+            (for ``subchunk``: two chunks' outputs, the next allocated before the previous is freed; ``graph2``
+            the same, one chunk per stream, held in the captured graph's memory pool while the graph lives; plus the
             delivered ``[T, H, d_v]`` output).
         call_transient_bytes: the unbudgeted transient peak of one layer call: step_transient + kernel_out (vLLM's
             profile run does not run the sparse kernel, so none of it is counted when the KV cache is sized).
@@ -222,9 +224,9 @@ def memory_account(
         # kernel outputs alive at once, and (copy hand-off) the step's [T, H, d_v] output and [T, H] lse
         q_heads = hp
         S = min(st.rows, max_num_batched_tokens)
-        persistent = S * hp * row
+        persistent = st.workspaces * S * hp * row  # graph2: two S-row workspaces (chunk i on stream i % 2)
         n_chunks = -(-T // S) if T else 0
-        delivered = 0 if st.handoff == "views" else T * H * (d_v * BF16_BYTES + FP32_BYTES)
+        delivered = 0 if st.views_handoff else T * H * (d_v * BF16_BYTES + FP32_BYTES)
         kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + delivered
     elif st.placement == "fa3_sparse":
         # FA3 takes q_nope / q_rope as they are (no concat buffer) and writes out [T, H, d_v] + lse [T, H]

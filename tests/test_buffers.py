@@ -37,6 +37,24 @@ def test_seed_workspace_difference_is_1008_mib():
     assert fused.step_transient_bytes == 0
 
 
+def test_graph2_holds_two_workspaces_288_mib():
+    """GLM-5 TP8 (H = 8 -> 64 padded heads), max_num_batched_tokens 16384, ``subchunk:2048:graph2``: two zeroed
+    (2048, 64, 576) bf16 workspaces = 2 x 2048 x 64 x 576 x 2 B = 288 MiB; vLLM before the PR holds an unpadded
+    (16384, 8, 576) buffer = 144 MiB, so the extra is 144 MiB (1/7 of the PR's 1008 MiB)."""
+    H = load_model("glm-5").heads_per_rank(8)
+    g = memory_account("subchunk:2048:graph2", H, 16384, "hopper", "bf16", num_tokens=16384)
+    views = memory_account("subchunk:2048:views", H, 16384, "hopper", "bf16", num_tokens=16384)
+    pre = memory_account("per_call_empty:zeros", H, 16384, "hopper", "bf16")
+    pr = memory_account("private_workspace", H, 16384, "hopper", "bf16")
+    assert g.persistent_bytes == 2 * 2048 * 64 * 576 * 2 == 301_989_888 == 288 * MIB
+    assert pre.persistent_bytes == 16384 * 8 * 576 * 2 == 144 * MIB
+    assert g.persistent_bytes - pre.persistent_bytes == 144 * MIB
+    assert (g.persistent_bytes - pre.persistent_bytes) / (pr.persistent_bytes - pre.persistent_bytes) == 1 / 7
+    # views hand-off: two chunks' padded outputs (out bf16 + lse + max_logits fp32) alive, nothing delivered
+    assert g.kernel_out_bytes == views.kernel_out_bytes == 2 * 2048 * 64 * (512 * 2 + 2 * 4)
+    assert views.persistent_bytes == 144 * MIB and g.step_transient_bytes == 0
+
+
 def test_fp8_difference_is_zero_and_blackwell_pads_to_128():
     f = memory_account("private_workspace", 8, 16384, "hopper", "fp8")
     u = memory_account("per_call_empty:zeros", 8, 16384, "hopper", "fp8")
