@@ -13,12 +13,21 @@ reference kernel on CPU, FlashMLA on a GPU; :mod:`mla_lab.kernels` holds the sha
   construction, ``none``) or zeroed by the concat on every call (``zero_per_call``; vLLM after PR #56902).
 - ``subchunk:<S>``: a zeroed ``(S, H', 576)`` workspace; per chunk of S tokens the concat writes the chunk's real
   heads, the kernel runs, and the chunk's ``out[:, :H]`` is copied into the step's ``[T, H, 512]`` output.
+- ``subchunk:<S>:graph2``: two zeroed ``(S, H', 576)`` workspaces, chunk i written into workspace i % 2; on CUDA chunk i
+  runs on side stream i % 2 (forked from and joined back to the caller's stream) and the whole loop is captured in
+  ONE CUDA graph per key (T, the inputs' addresses / shapes / strides, sm_scale, the consumer) and replayed: no
+  per-chunk launch cost (H200, ``data/measured/h200/between_process/subgraph.csv``). A graph bakes in T and every
+  address, so a new key re-captures (the old graph is dropped): one eager warm-up run of the loop plus the capture,
+  paid once per key (an engine would capture one graph per T bucket with static input buffers). On CPU the same
+  two-workspace loop runs eagerly.
 
 All return the real heads' output ``[T, H, 512]`` bf16 and lse ``[T, H]`` fp32, which must be bit-identical
 (:func:`equivalence_check`). ``kernel_native`` is modelled only: no kernel takes the real head count.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -57,6 +66,8 @@ class PaddedQPath:
         reuse_pad_block: ``per_call_empty`` only: take the pad tensor from one block filled once with the content
             (what the caching allocator hands ``new_empty`` back each call: no GPU work) instead of filling a fresh
             tensor per call. Measurements use it, so the timed path holds only what the engine runs.
+        capture_graph: ``subchunk:<S>:graph2`` on CUDA only: capture the two-stream chunk loop in a CUDA graph
+            (default) or run it eagerly on the two streams (the GPU test compares the two).
 
     Raises:
         ValueError: ``kernel_native`` (modelled only) or an unknown strategy; as the workspace.
@@ -65,7 +76,7 @@ class PaddedQPath:
     def __init__(self, strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch="hopper",
                  kv_cache_dtype: str = "bf16", head_size: int = 576, device="cpu", dtype=None,
                  kernel_backend: str = "auto", concat_backend: str = "auto", fill_stale=None,
-                 reuse_pad_block: bool = False):
+                 reuse_pad_block: bool = False, capture_graph: bool = True):
         self.spec = parse_strategy(strategy)
         if not self.spec.padded:
             raise ValueError(f"strategy={self.spec.name!r} cannot be run on tensors; allowed: "
@@ -80,6 +91,13 @@ class PaddedQPath:
             max_num_batched_tokens
         self.workspace = QConcatWorkspace(rows, num_heads, arch, kv_cache_dtype, head_size, device, dtype,
                                           pad=self.spec.pre_padded, zero_init=True)
+        # subchunk:<S>:graph2 holds a second S-row workspace (chunk i uses workspace i % 2)
+        self.workspaces = [self.workspace] + [
+            QConcatWorkspace(rows, num_heads, arch, kv_cache_dtype, head_size, device, dtype, pad=True, zero_init=True)
+            for _ in range(self.spec.workspaces - 1)]
+        self.capture_graph = capture_graph
+        self._streams = None  # graph2 on CUDA: the two side streams
+        self._graph = None  # graph2 on CUDA: (key, CUDAGraph, static outputs) of the last capture
         if self.spec.placement == "shared_workspace" and self.padded_heads > num_heads:
             self.fill_stale(self.workspace.buffer[:, num_heads:])  # another user's scratch in the padded heads
         self._pad_block = None
@@ -111,12 +129,16 @@ class PaddedQPath:
             ql_nope: ``[T, H, 512]`` bf16 (``H = num_heads``); q_pe: ``[T, H, 64]`` bf16; strided token/head dims ok.
             kv: ``[s_kv, 1, 576]`` bf16 latent cache; indices: ``[T, 1, topk]`` int32 (-1 = invalid);
             sm_scale: softmax scale; topk_length: optional ``[T]`` int32.
-            consumer: ``subchunk:<S>:views`` only: called as ``consumer(start, out_view, lse_view)`` for each chunk
-                (the W_UV bmm would run there); without it the views are gathered into a ``[T, H, 512]`` output.
+            consumer: ``subchunk:<S>:views`` / ``:graph2`` only: called as ``consumer(start, out_view, lse_view)`` for
+                each chunk (the W_UV bmm would run there); without it the views are gathered into a ``[T, H, 512]``
+                output. ``graph2`` on CUDA calls it at warm-up and capture (on the chunk's stream); its GPU work
+                replays with the graph, its Python side effects do not (it must write into tensors that outlive the
+                call, as an engine's static buffers do).
 
         Returns:
             ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads (views of the kernel's padded outputs,
-            as vLLM hands them on; ``subchunk`` returns the step's own ``[T, H, 512]`` buffer).
+            as vLLM hands them on; ``subchunk`` returns the step's own ``[T, H, 512]`` buffer; ``graph2`` on CUDA the
+            graph's static buffers, overwritten by the next call with the same key: clone to keep them).
 
         Raises:
             ValueError: ql_nope/q_pe do not hold ``num_heads`` heads; T exceeds the workspace (not for
@@ -143,23 +165,57 @@ class PaddedQPath:
         return self._kernel(q, kv, indices, sm_scale, topk_length)
 
     def _subchunked(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length, consumer=None):
+        args = (ql_nope, q_pe, kv, indices, sm_scale, topk_length, consumer)
+        if not (self.spec.graphed and ql_nope.is_cuda):
+            return self._chunk_loop(*args)
+        if self._streams is None:
+            self._streams = [torch.cuda.Stream(device=ql_nope.device) for _ in self.workspaces]
+        if not self.capture_graph:
+            return self._chunk_loop(*args, streams=self._streams)
+        key = (sm_scale, id(consumer), *((None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype))
+                                         for t in (ql_nope, q_pe, kv, indices, topk_length)))
+        if self._graph is None or self._graph[0] != key:
+            self._graph = None  # drop the old graph (and its memory pool) before capturing the new one
+            main = torch.cuda.current_stream(ql_nope.device)
+            warm = torch.cuda.Stream(device=ql_nope.device)
+            warm.wait_stream(main)
+            with torch.cuda.stream(warm):  # warm-up off the capture (Triton JIT, FlashMLA module load)
+                self._chunk_loop(*args, streams=self._streams)
+            main.wait_stream(warm)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                outs = self._chunk_loop(*args, streams=self._streams)
+            self._graph = (key, graph, outs)
+        self._graph[1].replay()
+        return self._graph[2]
+
+    def _chunk_loop(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length, consumer=None, streams=None):
+        """The chunk loop: chunk i into workspace i % len(workspaces); with ``streams`` (CUDA) chunk i on stream
+        i % len(streams), forked from the current stream and joined back to it."""
         T, H = ql_nope.shape[0], self.num_heads
         S = self.workspace.max_num_batched_tokens
         out = lse = None
         if consumer is None:
             out = torch.empty((T, H, 512), dtype=ql_nope.dtype, device=ql_nope.device)
             lse = torch.empty((T, H), dtype=torch.float32, device=ql_nope.device)
-        for s in range(0, T, S):
+        main = torch.cuda.current_stream(ql_nope.device) if streams else None
+        for st in streams or ():
+            st.wait_stream(main)
+        for i, s in enumerate(range(0, T, S)):
             n = min(S, T - s)
-            q = self.workspace.view(n)
-            concat_mla_q(ql_nope[s:s + n], q_pe[s:s + n], q, backend=self.concat_backend)
-            tl = None if topk_length is None else topk_length[s:s + n]
-            o, lse_chunk = self._kernel(q, kv, indices[s:s + n], sm_scale, tl)
-            if consumer is not None:
-                consumer(s, o, lse_chunk)
-            else:
-                out[s:s + n] = o
-                lse[s:s + n] = lse_chunk
+            ctx = torch.cuda.stream(streams[i % len(streams)]) if streams else contextlib.nullcontext()
+            with ctx:
+                q = self.workspaces[i % len(self.workspaces)].view(n)
+                concat_mla_q(ql_nope[s:s + n], q_pe[s:s + n], q, backend=self.concat_backend)
+                tl = None if topk_length is None else topk_length[s:s + n]
+                o, lse_chunk = self._kernel(q, kv, indices[s:s + n], sm_scale, tl)
+                if consumer is not None:
+                    consumer(s, o, lse_chunk)
+                else:
+                    out[s:s + n] = o
+                    lse[s:s + n] = lse_chunk
+        for st in streams or ():
+            main.wait_stream(st)
         return out, lse
 
 
@@ -212,7 +268,8 @@ def equivalence_check(num_heads: int = 8, arch: str = "hopper", num_tokens: int 
     for name in names:
         path = PaddedQPath(name, **kw, fill_stale=lambda t: t.fill_(float("nan")))
         if path.spec.pre_padded and path.padded_heads > num_heads:
-            path.workspace.buffer[:, num_heads:].fill_(float("nan"))
+            for ws in path.workspaces:  # graph2: both workspaces
+                ws.buffer[:, num_heads:].fill_(float("nan"))
         out, lse = path(ql_nope, q_pe, kv, idx, sm_scale, topk_length)
         finite = torch.isfinite(ref_lse)
         d_out = max(d_out, (ref_out.float() - out.float()).abs().nan_to_num(float("inf")).max().item())
