@@ -123,7 +123,7 @@ def _parameters(nb_path: Path) -> dict:
     assert len(cells) == 1, f"{nb_path.name}: want exactly one cell tagged 'parameters', found {len(cells)}"
     ns: dict = {}
     exec(cells[0].source, {}, ns)
-    return ns
+    return {k: v for k, v in ns.items() if not k.startswith("__")}  # typed parameters also leave __annotations__
 
 
 def test_sweep_notebook_parameters_match_the_sweep():
