@@ -113,13 +113,27 @@ def _check_notebook(notebook: Path) -> None:
         raise CLIError(f"notebook {notebook} has no cell tagged 'parameters'; papermill cannot inject parameters")
 
 
+def _kernel_manager_logging_to(log_path: Path):
+    """An ``AsyncKernelManager`` whose kernel writes its own stderr (ipykernel's ``[IPKernelApp]`` warnings, a
+    ZMQError when Ctrl-C closes the sockets under it) to ``log_path`` instead of the terminal; the notebook's output
+    (the sweep's progress) still reaches the terminal through papermill's ``stderr_file``."""
+    from jupyter_client import AsyncKernelManager
+
+    class _KernelManager(AsyncKernelManager):
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            kw["stderr"] = open(log_path, "ab")  # noqa: SIM115 - the kernel process holds it; closed with it
+            return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return _KernelManager
+
+
 def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> dict:
     """Execute ``notebook`` with papermill (kernel ``mla-lab``, this interpreter, per-cell ``timeout`` seconds) as a
     new run, export it to HTML with inputs hidden, and publish it: the run's own files under
     ``<report_dir>/runs/<run_id>.*``, the latest copy ``<report_dir>/<report_name>.html`` and the index.
 
     ``params`` must have passed :func:`mla_lab.cli_doors.check_sweep` (the CLI does it first); papermill's progress
-    bar is on when stderr is a terminal.
+    bar is on when stderr is a terminal; the kernel's own stderr goes to ``runs/<run_id>.kernel.log``.
 
     Returns ``{"run_id", "run_html", "html", "index", "figures"}`` (paths).
 
@@ -166,7 +180,8 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
         pm.execute_notebook(str(notebook), str(executed),
                             parameters={**params, "figure_dir": str(figure_dir), "run_id": run_id},
                             kernel_name=kernel, execution_timeout=timeout, progress_bar=sys.stderr.isatty(),
-                            cwd=str(cwd), log_output=False, stderr_file=sys.stderr)  # the sweep's progress, live
+                            cwd=str(cwd), log_output=False, stderr_file=sys.stderr,  # the sweep's progress, live
+                            kernel_manager_class=_kernel_manager_logging_to(runs_dir / f"{run_id}.kernel.log"))
     except pm.PapermillExecutionError as e:
         raise CLIError(f"notebook cell {e.exec_count} failed: {e.ename}: {' '.join(str(e.evalue).split())} "
                        f"(executed copy with the traceback: {executed})") from None

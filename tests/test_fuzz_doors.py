@@ -356,3 +356,36 @@ def test_fuzzed_p_value_is_refused_in_one_line_many(pair, dry_run):
 @given(YAML_TEXTS)
 def test_fuzzed_yaml_file_is_refused_in_one_line_many(text):
     _check_yaml(text)
+
+
+@pytest.mark.slow  # a notebook run through papermill (a minute or more on 2 cores)
+def test_ctrl_c_mid_sweep_is_one_line_exit_130_and_the_store_resumes(tmp_path):
+    """SIGINT to the command's process group (what Ctrl-C in a terminal sends) once the sweep runs: exit 130, one
+    line on stderr (no kernel ZMQError: the kernel's own stderr goes to runs/<id>.kernel.log), and the finished
+    points are kept: the same command then reports them stored."""
+    import signal
+
+    args = [sys.executable, "-m", "mla_lab.cli", "sweep", "-p", "models", "[glm-5]", "-p", "archs", "[h200]",
+            "-p", "device", "cpu", "-p", "store_dir", "st", "-p", "data_file", "rows.csv"]
+    env = {**os.environ, "MLA_LAB_CACHE": str(tmp_path / "cache")}
+    p = subprocess.Popen(args, cwd=tmp_path, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                         start_new_session=True, env=env)
+    lines = []
+    for line in p.stderr:  # wait for the sweep's first finished point
+        lines.append(line)
+        if "points  elapsed" in line:
+            break
+    os.killpg(p.pid, signal.SIGINT)
+    _, rest = p.communicate(timeout=300)
+    err = "".join(lines) + (rest or "")
+    assert p.returncode == 130, err[-2000:]
+    mine = [ln for ln in err.splitlines() if not ln.startswith("[mla-lab] ")]  # the sweep's own progress lines
+    assert mine == ["mla-lab: interrupted; every point finished so far is stored (one file per point) and the same "
+                    "command resumes from them"], mine
+    assert "Traceback" not in err and "ZMQError" not in err
+    stored = len(list((tmp_path / "st" / "points").glob("*.json")))
+    assert stored >= 1
+    r = subprocess.run([*args, "--dry-run"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    import json
+
+    assert r.returncode == 0 and json.loads(r.stdout)["stored"] == stored
