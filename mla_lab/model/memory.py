@@ -176,7 +176,10 @@ def memory_tradeoff(
         "strategies": out,
         "num_heads": H,
         "padded_heads": padded_num_heads(H, arch, kv_cache_dtype),
-        "kv_capacity_tokens": capacity,
+        "kv_capacity_tokens": max(capacity, 0.0),  # never negative: "fits" and "fit_reason" say why it is 0
+        "fit_reason": "" if budget > 0 else (
+            f"weights ({weights / 2**30:.1f} GiB per rank), activations ({act / 2**30:.1f} GiB) and the baseline "
+            f"workspace leave no KV cache in {gpu_memory_utilization} x {total / 2**30:.1f} GiB"),
         "kv_budget_bytes": budget,
         "weights_bytes": weights,
         "activation_bytes": act,
