@@ -46,7 +46,8 @@ from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 
 __all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "load_calibration",
            "uncalibrated", "attention_from_reference", "fit_calibration", "write_calibration_csv", "resolve_calibration",
-           "fit_subchunk_overhead", "load_subchunk_overhead", "SUBCHUNK_CSV"]
+           "fit_subchunk_overhead", "load_subchunk_overhead", "SUBCHUNK_CSV", "SUBCHUNK_GRAPH_CSV",
+           "load_subchunk_graph_overhead"]
 
 OVERHEAD_MODES = ("max", "add")
 #: A measured all-reduce fit prices sizes within [min_bytes / F, max_bytes x F] of what was measured (F = 2).
@@ -106,7 +107,9 @@ class Calibration:
 
     Attention entries beyond the four ops: ``pad_copy`` (a copy into a ``new_empty`` pad tensor), ``chunk_out``
     (the sub-chunk's ``out[:, :H]`` copy; the ``out_slice`` efficiency unless measured) and
-    ``chunk_overhead_us`` (a fixed cost per sub-chunk, us; 0 unless measured).
+    ``chunk_overhead_us`` (a fixed cost per sub-chunk, us; 0 unless measured) and ``graph_chunk_overhead_us``
+    (the same for ``subchunk:<S>:graph2``'s graphed two-stream loop against the PR's path graphed, us; 0 unless
+    measured: :func:`load_subchunk_graph_overhead`).
     """
 
     classes: dict = field(default_factory=dict)
@@ -190,7 +193,7 @@ class Calibration:
         """Efficiency of an attention-path op. Raises ValueError when the calibration has none."""
         if op == "chunk_out" and op not in self.attention:
             return self.attention_eff("out_slice")
-        if op == "chunk_overhead_us" and op not in self.attention:
+        if op in ("chunk_overhead_us", "graph_chunk_overhead_us") and op not in self.attention:
             return 0.0
         if op not in self.attention:
             raise ValueError(f"calibration {self.name!r} has no efficiency for op={op!r}; has {sorted(self.attention)}")
@@ -287,12 +290,18 @@ def load_calibration(path: str | Path | None = None, kernel_roofline: bool = Fal
     overhead = load_subchunk_overhead()
     if overhead is not None:
         attn["chunk_overhead_us"] = overhead
+    graph_overhead = load_subchunk_graph_overhead()
+    if graph_overhead is not None:
+        attn["graph_chunk_overhead_us"] = graph_overhead
     cal = Calibration(classes, attn, name, "h200", content=load_content_model(), comm=load_comm_model())
     _LOADED[key] = cal
     return cal
 
 
 SUBCHUNK_CSV = "h200_subchunk.csv"
+#: ``subchunk:<S>:graph2``'s cost per extra chunk, fitted on ``data/measured/h200/between_process/subgraph.csv``
+#: (``benchmarks/fit_subgraph.py``).
+SUBCHUNK_GRAPH_CSV = "h200_subchunk_graph.csv"
 #: The sparse kernel's roofline and the dense routes' classes (``benchmarks/fit_routes.py``); read beside the default
 #: ``h200_ops.csv`` only.
 ROUTES_CALIBRATION_CSV = "h200_routes.csv"
@@ -337,6 +346,28 @@ def load_subchunk_overhead(path: str | Path | None = None) -> float | None:
         return float(rows[0]["chunk_overhead_us"])
     except (IndexError, KeyError, ValueError) as e:
         raise ValueError(f"{p}: not a sub-chunk overhead fit ({e})") from None
+
+
+def load_subchunk_graph_overhead(path: str | Path | None = None) -> float | None:
+    """The measured-fit cost per extra chunk (us) of ``subchunk:<S>:graph2`` (two S-row workspaces, two streams, the
+    loop in one CUDA graph) from ``data/calibration/h200_subchunk_graph.csv``, or None. Fitted by
+    ``benchmarks/fit_subgraph.py``: per (shape, S) the median over 5 fresh processes of ``t(graph2) - t(PR path
+    graphed)``, least squares through the origin against the extra chunk count; the file states its mean absolute
+    residual (``mean_abs_residual_us``). The committed per-chunk fit (:func:`load_subchunk_overhead`) applies to
+    eager chunks only.
+
+    Raises:
+        ValueError: a malformed file (names it).
+    """
+    p = Path(path) if path else calibration_dir() / SUBCHUNK_GRAPH_CSV
+    if not p.is_file():
+        return None
+    with open(p, newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        return float(rows[0]["graph_chunk_overhead_us"])
+    except (IndexError, KeyError, ValueError) as e:
+        raise ValueError(f"{p}: not a graphed sub-chunk overhead fit ({e})") from None
 
 
 def fit_subchunk_overhead(rows: list[dict]) -> tuple[float, float]:

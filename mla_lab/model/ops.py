@@ -494,8 +494,11 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Str
     ``content``: what the padded heads hold, priced by :mod:`mla_lab.model.content`), ``out_slice`` (a
     ``.contiguous()`` of ``out[:, :H]``; the layer keeps it only with ``out_slice_copy``), and for
     ``subchunk:<S>`` ``chunk_out`` (each chunk's ``out[:, :H]`` copied into the step's output; not with
-    ``:views``) and ``chunk_overhead`` (a fixed cost per chunk after the first, ``dims["chunks"]``; with ``:views``
-    also one consumer launch per extra chunk, ``dims["consumer_launches"]``).
+    ``:views`` / ``:graph2``) and ``chunk_overhead`` (a fixed cost per chunk after the first, ``dims["chunks"]``;
+    with ``:views`` also one consumer launch per extra chunk, ``dims["consumer_launches"]``; with ``:graph2``
+    ``dims["graphed"] = 1``: the loop replays as one CUDA graph, so the eager per-chunk fit does not apply and
+    the graphed fit prices it, no consumer launch is charged (launches are in the graph: an assumption, the
+    consumer was not in the measured loop)).
 
     Args:
         model, tp: give ``H = num_attention_heads // tp``; arch: gives ``H'`` (vLLM's padding rule).
@@ -551,12 +554,12 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Str
     ops.append(replace(kern, act_bytes=T * (H if native else Hp) * tok))
     if spec.placement == "subchunk":
         chunks = -(-T // spec.rows) if T else 0
-        if spec.handoff != "views":
+        if not spec.views_handoff:
             ops.append(op("chunk_out", "bytes"))
         # every chunk after the first costs its own launches and kernel tail; with views the consumer (W_UV bmm)
-        # also runs once per chunk
+        # also runs once per chunk; graph2 replays the loop as one CUDA graph (the graphed fit prices its chunks)
         ops.append(LayerOp("chunk_overhead", "attn_chunk_overhead",
-                           dims={**dims, "chunks": max(0, chunks - 1),
+                           dims={**dims, "chunks": max(0, chunks - 1), "graphed": int(spec.graphed),
                                  "consumer_launches": max(0, chunks - 1) if spec.handoff == "views" else 0},
                            impl="attn_chunk_overhead"))
     if spec.placement != "kernel_native" and Hp > H:

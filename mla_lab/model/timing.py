@@ -51,8 +51,10 @@ def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = Non
     if op.is_comm:
         return comm_time_ms(op.op_class, op.comm_bytes, tp, arch, cal)
     if op.op_class == "attn_chunk_overhead":
-        # per extra chunk: the measured launch-and-tail cost; per extra consumer launch: the bmm class's overhead
-        return (op.dims.get("chunks", 0) * cal.attention_eff("chunk_overhead_us")
+        # per extra chunk: the measured launch-and-tail cost (eager chunks), or for subchunk:<S>:graph2 the graphed
+        # two-stream loop's measured-fit cost; per extra consumer launch: the bmm class's overhead
+        per_chunk = cal.attention_eff("graph_chunk_overhead_us" if op.dims.get("graphed") else "chunk_overhead_us")
+        return (op.dims.get("chunks", 0) * per_chunk
                 + op.dims.get("consumer_launches", 0) * cal.eff("bmm").floor_us) * 1e-3
     if not (op.flops or op.bytes):
         return 0.0
