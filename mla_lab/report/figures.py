@@ -102,6 +102,7 @@ STRATEGY_STYLE = {
     "kernel_native": ("#2ca02c", "*", "kernel-native (modelled bound)"),
     "subchunk": ("#ff7f0e", "^", "sub-chunk S (copy out)"),
     "subchunk_views": ("#e377c2", "<", "sub-chunk S (views to consumer)"),
+    "subchunk_graph2": ("#17becf", ">", "sub-chunk S (2 workspaces, 2 streams, one CUDA graph)"),
 }
 #: Colour and marker of every model, fixed across all reports (unknown models get the rest in name order).
 MODEL_STYLE = {"glm-5": ("#d95f02", "o"), "glm-5.2": ("#e6ab02", "P"), "deepseek-v3.2": ("#7570b3", "s")}
@@ -114,7 +115,8 @@ DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len"
 def strategy_style(name: str) -> tuple[str, str, str]:
     """``(colour, marker, label)`` of a canonical strategy name."""
     if name.startswith("subchunk:"):
-        return STRATEGY_STYLE["subchunk_views" if name.endswith(":views") else "subchunk"]
+        end = name.rsplit(":", 1)[-1]
+        return STRATEGY_STYLE[{"views": "subchunk_views", "graph2": "subchunk_graph2"}.get(end, "subchunk")]
     return STRATEGY_STYLE.get(name, ("#000000", "o", name))
 
 
@@ -153,9 +155,9 @@ def plot_deployment(ax, rows, title: str | None = None) -> None:
     src = rows["source"] if "source" in rows.columns else None
     modelled = rows[src != "measured"] if src is not None else rows
     measured = rows[src == "measured"] if src is not None else rows.iloc[0:0]
-    for family, end in (("subchunk", ""), ("subchunk_views", ":views")):
-        sc = modelled[modelled["strategy"].str.startswith("subchunk:")
-                      & (modelled["strategy"].str.endswith(":views") == bool(end))]
+    handoff = modelled["strategy"].str.extract(r"^subchunk:\d+(:views|:graph2)?$", expand=False)
+    for family, end in (("subchunk", ""), ("subchunk_views", ":views"), ("subchunk_graph2", ":graph2")):
+        sc = modelled[modelled["strategy"].str.startswith("subchunk:") & (handoff.fillna("") == end)]
         if len(sc):
             sc = sc.sort_values("subchunk_rows")
             col, mk, _ = STRATEGY_STYLE[family]
@@ -164,7 +166,8 @@ def plot_deployment(ax, rows, title: str | None = None) -> None:
                 ax.annotate(f"{int(r['subchunk_rows']) // 1024 or r['subchunk_rows']}"
                             f"{'k' if int(r['subchunk_rows']) >= 1024 else ''}",
                             (r["extra_persistent_mib"], r["ttft_change_pct"]), fontsize=6.5, color=col,
-                            textcoords="offset points", xytext=(3, 3) if not end else (3, -9))  # views below
+                            textcoords="offset points",  # views below, graph2 to the left
+                            xytext={"": (3, 3), ":views": (3, -9), ":graph2": (-14, 3)}[end])
     for _, r in modelled.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
         ax.scatter([r["extra_persistent_mib"]], [r["ttft_change_pct"]], marker=mk, s=42, facecolors="none",
