@@ -141,7 +141,7 @@ def test_expand_is_the_door():
     assert [s.name for s in got] == ["per_call_empty:zeros", "per_call_empty:stale", "private_workspace",
                                      "kernel_native", "shared_workspace:none", "subchunk:2048"]
     assert expand_strategies(["unfused", "fused"]) == [s.name for s in expand(["unfused", "fused"])]
-    assert [s.name for s in expand("sglang")] == ["per_call_zeros"]
+    assert [s.name for s in expand("vllm-53878")] == ["private_workspace"]  # a single name: one entry
     assert resolve_strategy("unfused") == BASELINE and resolve_strategy(parse_strategy("private_workspace")) == \
         "private_workspace"
     # what the first version's *measured* rows labelled unfused / fused ran
