@@ -41,7 +41,7 @@ from .._validate import check_int
 from ..arch import GPUArch, get_arch
 from ..paths import calibration_dir
 from .comm import CommModel, load_comm_model
-from .content import ContentModel, load_content_model
+from .content import CONTENT_SCOPES, ContentModel, StepContentModel, load_content_model, load_step_content_model
 from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 
 __all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "load_calibration",
@@ -104,6 +104,14 @@ class Calibration:
             exists for a world size it prices that world size's all-reduce instead of the assumption.
         content: the padded-head content factor (:class:`~mla_lab.model.content.ContentModel`, fitted on an H200)
             or None when no fit exists (stale content then costs nothing extra, and rows say the factor is absent).
+        content_step: stale padded heads priced over the whole step (:class:`~mla_lab.model.content.StepContentModel`,
+            fitted on an H200 78-layer loop, ``h200_content_step.csv``) or None.
+        content_scope: ``step`` (default: :attr:`content_step` prices stale content in
+            :func:`~mla_lab.model.timing.step_time_ms` / ``layer_time_ms`` — the attention path and every other
+            compute op of the step — and a lone op is priced with zero content) or ``kernel`` (the kernel-only
+            factor :attr:`content` on the kernel op, the lab's model before issue 21; kept for comparison:
+            :meth:`with_content_scope`). ``step`` without a step fit falls back to ``kernel``
+            (:meth:`step_content`).
 
     Attention entries beyond the four ops: ``pad_copy`` (a copy into a ``new_empty`` pad tensor), ``chunk_out``
     (the sub-chunk's ``out[:, :H]`` copy; the ``out_slice`` efficiency unless measured) and
@@ -120,6 +128,28 @@ class Calibration:
     comm_latency_us: float = 0.0
     content: ContentModel | None = None
     comm: CommModel | None = None
+    content_step: StepContentModel | None = None
+    content_scope: str = "step"
+
+    def __post_init__(self):
+        if self.content_scope not in CONTENT_SCOPES:
+            raise ValueError(f"content_scope={self.content_scope!r} is not valid; allowed: {list(CONTENT_SCOPES)}")
+
+    def step_content(self) -> StepContentModel | None:
+        """The step-level content model that prices stale padded heads, or None when the kernel-only factor
+        does (``content_scope="kernel"``, or no step fit)."""
+        return self.content_step if self.content_scope == "step" else None
+
+    def with_content_scope(self, scope: str) -> "Calibration":
+        """A copy pricing stale padded heads over the ``step`` or on the ``kernel`` only (:data:`CONTENT_SCOPES`).
+
+        Raises:
+            ValueError: unknown scope.
+        """
+        if scope not in CONTENT_SCOPES:
+            raise ValueError(f"scope={scope!r} is not valid; allowed: {list(CONTENT_SCOPES)}")
+        return replace(self, content_scope=scope, name=self.name if scope == "step" else
+                       f"{self.name}; content kernel-only")
 
     def comm_fit_for(self, world_size: int, kind: str = "allreduce", arch=None):
         """The measured fit of ``world_size`` on ``arch`` whatever the size (:meth:`comm_fit` adds the size
@@ -245,7 +275,7 @@ def uncalibrated() -> Calibration:
     """First-order efficiencies with no measurement behind them, plus the reference-fitted attention ops."""
     att, name = attention_from_reference()
     return Calibration(dict(_DEFAULT_EFF), att, f"uncalibrated-defaults; attention from {name}", "h200",
-                       content=load_content_model(), comm=load_comm_model())
+                       content=load_content_model(), comm=load_comm_model(), content_step=load_step_content_model())
 
 
 _LOADED: dict = {}
@@ -293,7 +323,8 @@ def load_calibration(path: str | Path | None = None, kernel_roofline: bool = Fal
     graph_overhead = load_subchunk_graph_overhead()
     if graph_overhead is not None:
         attn["graph_chunk_overhead_us"] = graph_overhead
-    cal = Calibration(classes, attn, name, "h200", content=load_content_model(), comm=load_comm_model())
+    cal = Calibration(classes, attn, name, "h200", content=load_content_model(), comm=load_comm_model(),
+                      content_step=load_step_content_model())
     _LOADED[key] = cal
     return cal
 

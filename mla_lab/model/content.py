@@ -1,4 +1,10 @@
-"""What the padded heads hold, as a factor on the sparse kernel's time (modelled from H200 measurements).
+"""What the padded heads hold: a factor on the sparse kernel's time, or over the whole step (modelled from H200
+measurements).
+
+Two scopes (:data:`CONTENT_SCOPES`; :class:`~mla_lab.model.calibration.Calibration` ``content_scope``): ``step``
+(default, :class:`StepContentModel`, issue 21: a sustained 78-layer loop shows the stale kernel slowing the whole
+power-limited GPU, so the attention path and the GEMMs after it are priced together) and ``kernel``
+(:class:`ContentModel` below, fitted on short windows of the kernel alone; kept for comparison).
 
 FlashMLA's sparse prefill kernel computes every padded head; its *time* depends on their values: on an H200 at its
 power limit the SM clock drops when the padded heads hold non-zero data (1920 -> 1770 MHz at the seed shape) and
@@ -25,7 +31,8 @@ from pathlib import Path
 from ..paths import calibration_dir
 
 __all__ = ["ContentModel", "content_factor", "fit_content_factor", "load_content_model", "write_content_model",
-           "CONTENT_CSV"]
+           "CONTENT_CSV", "StepContentModel", "fit_step_content", "load_step_content_model",
+           "write_step_content_model", "STEP_CONTENT_CSV", "STEP_CONTENT_PER_PROCESS_CSV", "CONTENT_SCOPES"]
 
 CONTENT_CSV = "h200_content.csv"
 
@@ -143,3 +150,195 @@ def load_content_model(path: str | Path | None = None) -> ContentModel | None:
                             f"{p.name} (measured on {r.get('device', '?')})")
     except (IndexError, KeyError, ValueError) as e:
         raise ValueError(f"{p}: not a content-factor fit ({e})") from None
+
+
+# ----------------------------------------------------------------------------------------- content over the step
+
+STEP_CONTENT_CSV = "h200_content_step.csv"
+#: The step-level fit's per-process table (in-sample and leave-one-process-out predictions), beside the fit.
+STEP_CONTENT_PER_PROCESS_CSV = "h200_content_step_per_process.csv"
+#: Where :attr:`Calibration.content_scope <mla_lab.model.calibration.Calibration>` can price stale padded heads:
+#: ``step`` (:class:`StepContentModel`, the default when its fit exists) or ``kernel`` (:class:`ContentModel`).
+CONTENT_SCOPES = ("step", "kernel")
+
+
+@dataclass(frozen=True)
+class StepContentModel:
+    """Stale padded heads priced over the whole step: a power-limited GPU slows everything, the kernel most.
+
+    Measured on an H200 at its 700 W limit (``data/measured/h200/between_process/content_loop.csv``: a sustained
+    78-layer loop at the seed shape, 5 fresh processes x 6 rounds alternating zero and N(0,1) padded heads; the
+    attention path = concat + FlashMLA, the rest = q/kv projections, W_UV + o_proj, MoE grouped GEMMs): stale vs
+    zeros the attention path +5.1 %, every other op +0.7-1.7 %, the step +2.2 %, SM clock -4.1 %, power ~690 W both.
+    The model, per op class, for a step whose ops run ``s`` (the stale attention path's share of the step's compute
+    time with zero content) and ``f = (H' - H) / H'`` padded heads::
+
+        rest factor      = 1 + u * s * f / f_fit            (every compute op of the step: the clock drops for all)
+        attention factor = 1 + (u * s + v) * f / f_fit      (the attention-path ops: that, plus a local excess)
+        step change      = (u + v) * s * f / f_fit          (linear in the share)
+
+    **Assumption (power cap):** at the power limit a step's time is its energy over the cap, so the padded heads'
+    extra switching energy, which is proportional to the kernel's time, slows the step in proportion to the
+    kernel's share ``s``; ``u * s`` is the part spread over every op through the clock (the controller averages the
+    power over many layers), ``v`` the part the attention path keeps to itself (the clock dips within the kernel).
+    Evidence beside the fit (vLLM PR #53878's seed shape, one H200, the same GEMM [16384 x 6144] x [6144 x 4096]
+    after each of 78 kernels; measured by the lab, issue 21): one GEMM per kernel (``s`` 0.70): block +6.3 %
+    measured, this model +6.1 %, the kernel-only factor applied to the kernel's share +8.0 %; six GEMMs per kernel
+    (``s`` 0.29): block +1.7 % measured, this model +2.5 %, kernel-only +3.3 % (``benchmarks/fit_content_step.py``
+    prints the check; out of sample). On the loop itself the kernel-only factor gives the step +2.8 %, measured
+    +2.2 %. Per class the model is coarser: it gives the kernel +6.9 % / +4.4 % in those blocks, measured +8.6 % /
+    +2.2 % (the GEMMs +4.3 % / +1.8 %, measured +4.6 % / +1.8-2.0 %). The
+    padded-fraction scaling ``f / f_fit`` is the round-2 kernel fit's (its threshold ``b`` fitted 0: extra time
+    proportional to the padded fraction); it is not measured at the step level (the loop ran H = 8 of 64).
+    Collectives are not scaled (the loop had none; NVLink all-reduces are bandwidth-bound) and are not in ``s``.
+
+    Attributes:
+        uniform_per_share: ``u`` (fraction of time per unit share), median over processes of
+            ``rest change / s``.
+        attention_excess: ``v`` (fraction): the median over processes of ``step change / s`` (the step's slope
+            ``u + v``, fitted directly) minus ``u``. The step is fitted rather than the attention class because
+            the per-class medians do not add up to the median step change (processes differ in how the extra time
+            splits between the classes: attention +3.5 .. +5.2 %, rest +1.1 .. +1.7 %); the attention class then
+            comes out inside its between-process interval, not at its median.
+        fit_share: median ``s`` of the fitted processes; ``padded_fraction``: ``f_fit`` (56 / 64).
+        n_processes: fresh processes fitted; mape_step_pct: in-sample MAPE of the stale step time;
+        lopo_mape_step_pct: leave-one-process-out MAPE; name: the fit's file and GPU.
+    """
+
+    uniform_per_share: float
+    attention_excess: float
+    fit_share: float
+    padded_fraction: float
+    n_processes: int = 0
+    mape_step_pct: float | None = None
+    lopo_mape_step_pct: float | None = None
+    name: str = "uncalibrated"
+
+    def factors(self, share: float, num_heads: int, padded_heads: int) -> tuple[float, float]:
+        """``(attention factor, rest factor)``: ``t_stale / t_zeros`` of the attention-path ops and of every other
+        compute op of a step where the stale attention path takes ``share`` (0..1) of the compute time with zero
+        content, ``num_heads`` real of ``padded_heads`` heads. ``(1.0, 1.0)`` when nothing is padded.
+
+        Raises:
+            ValueError: ``share`` outside [0, 1].
+        """
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"share={share!r} must lie in [0, 1] (the attention path's share of the step)")
+        if padded_heads <= num_heads:
+            return 1.0, 1.0
+        scale = (padded_heads - num_heads) / padded_heads / self.padded_fraction
+        return (1.0 + (self.uniform_per_share * share + self.attention_excess) * scale,
+                1.0 + self.uniform_per_share * share * scale)
+
+    def step_change(self, share: float, num_heads: int, padded_heads: int) -> float:
+        """Modelled ``t_stale / t_zeros - 1`` of the whole step (fraction)."""
+        a, r = self.factors(share, num_heads, padded_heads)
+        return share * (a - 1.0) + (1.0 - share) * (r - 1.0)
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def _step_params(rows) -> tuple[float, float, float]:
+    """``(u, v, median s)``: ``u + v`` = median over processes of ``step change / s`` (the step's slope, fitted
+    directly), ``u`` = median of ``rest change / s``."""
+    s = [r["attn_zeros_ms"] / r["step_zeros_ms"] for r in rows]
+    step = [r["step_stale_ms"] / r["step_zeros_ms"] - 1 for r in rows]
+    rest = [(r["step_stale_ms"] - r["attn_stale_ms"]) / (r["step_zeros_ms"] - r["attn_zeros_ms"]) - 1 for r in rows]
+    slope = _median([x / si for x, si in zip(step, s)])
+    u = _median([x / si for x, si in zip(rest, s)])
+    return u, slope - u, _median(s)
+
+
+def _step_pred(r, u, v) -> dict:
+    s = r["attn_zeros_ms"] / r["step_zeros_ms"]
+    return {"share": s, "step_stale_ms": r["step_zeros_ms"] * (1 + (u + v) * s),
+            "attn_change_pct": 100 * (u * s + v), "rest_change_pct": 100 * u * s, "step_change_pct": 100 * (u + v) * s}
+
+
+def fit_step_content(rows: list[dict], num_heads: int, padded_heads: int,
+                     name: str = "fit") -> tuple[StepContentModel, list[dict]]:
+    """Fit ``u`` and ``v`` of :class:`StepContentModel` to per-process medians.
+
+    Args:
+        rows: one dict per fresh process: ``process`` and its medians over rounds (ms) ``step_zeros_ms``,
+            ``step_stale_ms``, ``attn_zeros_ms``, ``attn_stale_ms`` (``mla_lab.measure.spread.process_medians``
+            in ``benchmarks/fit_content_step.py``).
+        num_heads, padded_heads: the heads of the measured kernel (8 of 64).
+
+    Returns:
+        ``(model, per_process)``: per process the measured changes (%), the in-sample and the
+        leave-one-process-out (``lopo_``) predictions, and their errors (``*_err_pts``: percentage points of the
+        change; ``ape_pct`` / ``lopo_ape_pct``: of the stale step time).
+
+    Raises:
+        ValueError: fewer than 3 processes, a non-positive time, or an attention path not shorter than the step.
+    """
+    if len(rows) < 3:
+        raise ValueError(f"rows holds {len(rows)} process(es); the fit needs at least 3")
+    for r in rows:
+        ts = [r[k] for k in ("step_zeros_ms", "step_stale_ms", "attn_zeros_ms", "attn_stale_ms")]
+        if min(ts) <= 0 or r["attn_zeros_ms"] >= r["step_zeros_ms"] or r["attn_stale_ms"] >= r["step_stale_ms"]:
+            raise ValueError(f"process {r.get('process')!r}: times must be > 0 and the attention path shorter than "
+                             f"the step; got {ts}")
+    if padded_heads <= num_heads:
+        raise ValueError(f"padded_heads={padded_heads} must exceed num_heads={num_heads}")
+    u, v, s = _step_params(rows)
+    per = []
+    for i, r in enumerate(rows):
+        u_i, v_i, _ = _step_params(rows[:i] + rows[i + 1:])
+        meas = {"step_change_pct": 100 * (r["step_stale_ms"] / r["step_zeros_ms"] - 1),
+                "attn_change_pct": 100 * (r["attn_stale_ms"] / r["attn_zeros_ms"] - 1),
+                "rest_change_pct": 100 * ((r["step_stale_ms"] - r["attn_stale_ms"])
+                                          / (r["step_zeros_ms"] - r["attn_zeros_ms"]) - 1)}
+        row = {**r, **meas}
+        for tag, (uu, vv) in (("fit", (u, v)), ("lopo", (u_i, v_i))):
+            p = _step_pred(r, uu, vv)
+            row["share"] = p["share"]
+            row[f"{tag}_step_stale_ms"] = p["step_stale_ms"]
+            for k in ("step", "attn", "rest"):
+                row[f"{tag}_{k}_change_pct"] = p[f"{k}_change_pct"]
+                row[f"{tag}_{k}_err_pts"] = p[f"{k}_change_pct"] - meas[f"{k}_change_pct"]
+        row["ape_pct"] = 100 * abs(row["fit_step_stale_ms"] / r["step_stale_ms"] - 1)
+        row["lopo_ape_pct"] = 100 * abs(row["lopo_step_stale_ms"] / r["step_stale_ms"] - 1)
+        per.append(row)
+    model = StepContentModel(u, v, s, (padded_heads - num_heads) / padded_heads, len(rows),
+                             sum(r["ape_pct"] for r in per) / len(per),
+                             sum(r["lopo_ape_pct"] for r in per) / len(per), name)
+    return model, per
+
+
+_STEP_FIELDS = ("uniform_per_share", "attention_excess", "fit_share", "padded_fraction", "n_processes",
+                "mape_step_pct", "lopo_mape_step_pct")
+
+
+def write_step_content_model(model: StepContentModel, path: str | Path, extra_cols: dict) -> None:
+    """One-row CSV of the step-level fit plus ``extra_cols`` (provenance, method, checks)."""
+    cols = list(_STEP_FIELDS) + list(extra_cols)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerow({**{k: getattr(model, k) for k in _STEP_FIELDS}, **extra_cols})
+
+
+def load_step_content_model(path: str | Path | None = None) -> StepContentModel | None:
+    """The committed step-level fit (``data/calibration/h200_content_step.csv``), or None when it does not exist.
+
+    Raises:
+        ValueError: a malformed file (names it).
+    """
+    p = Path(path) if path else calibration_dir() / STEP_CONTENT_CSV
+    if not p.is_file():
+        return None
+    with open(p, newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        r = rows[0]
+        return StepContentModel(float(r["uniform_per_share"]), float(r["attention_excess"]), float(r["fit_share"]),
+                                float(r["padded_fraction"]), int(float(r["n_processes"])), float(r["mape_step_pct"]),
+                                float(r["lopo_mape_step_pct"]), f"{p.name} (measured on {r.get('device', '?')})")
+    except (IndexError, KeyError, ValueError) as e:
+        raise ValueError(f"{p}: not a step-level content fit ({e})") from None

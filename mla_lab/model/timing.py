@@ -12,6 +12,12 @@ padded heads' Q reads and output writes priced; none for ``kernel_native`` / ``f
 FLOP-only kernel efficiency a real-head kernel takes the padded kernel's time x the roofline's native / padded
 ratio.
 
+Padded-head content (:mod:`mla_lab.model.content`): with the calibration's ``content_scope`` ``step`` (default)
+stale padded heads are a property of the step, not of one op: :func:`step_time_ms` / :func:`layer_time_ms` scale
+the attention path and every other compute op by the factors of
+:class:`~mla_lab.model.content.StepContentModel` (power-limited H200: the whole GPU slows), and :func:`op_time_ms`
+prices a lone op with zero content; with ``kernel`` the kernel-only factor scales the kernel op alone.
+
 Routes (:mod:`mla_lab.routes`): :func:`layer_time_ms` / :func:`step_time_ms` price the route the strategy's engine
 rule takes for the step (:func:`mla_lab.model.routes.step_route`): the padded path, FA3 sparse, or dense MHA with
 its ``kv_b_proj`` up-projection (classes ``mha_attn`` / ``k_concat``, fitted on the H200 route rows; without them
@@ -100,8 +106,8 @@ def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
             # fa3_sparse) takes the padded kernel's time x the roofline's native / padded ratio (the fit on the
             # committed H200 kernel rows, mla_lab.model.routes): the padded heads' writes are not charged
             t *= _native_ratio(op.dims)
-        if op.dims.get("content") == "stale" and cal.content is not None:
-            t *= cal.content.factor(op.dims["H"], op.dims["Hp"], t)
+        if op.dims.get("content") == "stale" and cal.content is not None and cal.step_content() is None:
+            t *= cal.content.factor(op.dims["H"], op.dims["Hp"], t)  # kernel-only scope (step scope: _step_content)
         return t
     return op.bytes / (arch.hbm_gbps * 1e9 * cal.attention_eff(name)) * 1e3
 
@@ -169,15 +175,17 @@ def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy
     step there, :mod:`mla_lab.routes`); ``route`` says which."""
     cal = resolve_calibration(calibration)
     out: dict = {}
-    comm = 0.0
     route = step_route(model, strategy, step)
-    for op in route_layer_ops(model, tp, arch, route, step, strategy, **kw):
+    ops = list(route_layer_ops(model, tp, arch, route, step, strategy, **kw))
+    for op in ops:
         out[op.name] = op_time_ms(op, arch, cal, tp)
-        comm += out[op.name] if op.is_comm else 0.0
+    content = _step_content(out, ops, cal)
+    comm = sum(out[op.name] for op in ops if op.is_comm)
     total = sum(out.values())
     out["attention_path"] = sum(out.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)
     out["route"] = route
     out["comm"] = comm
+    out["content"] = content
     out["total"] = total
     return out
 
@@ -186,20 +194,51 @@ def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy 
                  calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ms of one engine step on one rank, all layers: ``total``, ``by_op`` (ms summed over layers),
     ``attention_path``, ``comm``, ``route`` (the strategy's route for this step,
-    :func:`mla_lab.model.routes.step_route`). Keyword arguments as :func:`~mla_lab.model.ops.layer_ops`
-    (``weight_dtype`` and ``moe_parallel`` required)."""
+    :func:`mla_lab.model.routes.step_route`), ``content`` (how stale padded heads were priced: :func:`_step_content`).
+    Keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required)."""
     cal = resolve_calibration(calibration)
     by: dict = {}
-    comm = 0.0
     route = step_route(model, strategy, step)
     pairs = (step_ops(model, tp, arch, strategy, step, **kw) if route == "sparse-mqa"
              else route_step_ops(model, tp, arch, route, strategy, step, **kw))
+    pairs = list(pairs)
     for op, count in pairs:
-        t = op_time_ms(op, arch, cal, tp) * count
-        by[op.name] = by.get(op.name, 0.0) + t
-        comm += t if op.is_comm else 0.0
+        by[op.name] = by.get(op.name, 0.0) + op_time_ms(op, arch, cal, tp) * count
+    content = _step_content(by, [op for op, _ in pairs], cal)
+    comm = sum(by[name] for name in {op.name for op, _ in pairs if op.is_comm})
     attn = sum(by.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)
-    return {"total": sum(by.values()), "by_op": by, "attention_path": attn, "comm": comm, "route": route}
+    return {"total": sum(by.values()), "by_op": by, "attention_path": attn, "comm": comm, "route": route,
+            "content": content}
+
+
+def _step_content(times: dict, ops, cal: Calibration) -> dict:
+    """Stale padded heads over the whole step (:class:`~mla_lab.model.content.StepContentModel`), in place.
+
+    ``times``: ms per op name (zero-content times: under the step scope :func:`op_time_ms` applies no content
+    factor). When an op of ``ops`` reads stale padded heads (``content == "stale"``, ``Hp > H``) and the calibration
+    prices content over the step, the attention-path ops (:data:`~mla_lab.model.ops.ATTN_OPS`) are scaled by the
+    attention factor and every other compute op by the rest factor, with ``share`` = attention path / compute time
+    (collectives neither scaled nor counted: the H200 loop the model is fitted on had none).
+
+    Returns ``{"scope", "share", "attention_factor", "rest_factor"}`` (``scope`` ``none`` when nothing is stale,
+    ``kernel`` when the kernel-only factor priced it inside :func:`op_time_ms`).
+    """
+    stale = next((op for op in ops if op.dims.get("content") == "stale" and op.dims.get("Hp", 0) > op.dims.get("H", 0)),
+                 None)
+    model = cal.step_content()
+    if stale is None or (model is None and cal.content is None):
+        return {"scope": "none", "share": 0.0, "attention_factor": 1.0, "rest_factor": 1.0}
+    if model is None:
+        return {"scope": "kernel", "share": 0.0, "attention_factor": 1.0, "rest_factor": 1.0}
+    comm = {op.name for op in ops if op.is_comm}
+    compute = sum(t for name, t in times.items() if name not in comm)
+    attn = sum(times.get(a, 0.0) for a in ATTN_OPS)
+    share = attn / compute if compute > 0 else 0.0
+    fa, fr = model.factors(share, stale.dims["H"], stale.dims["Hp"])
+    for name in times:
+        if name not in comm:
+            times[name] *= fa if name in ATTN_OPS else fr
+    return {"scope": "step", "share": share, "attention_factor": fa, "rest_factor": fr}
 
 
 def predict_measured_op_ms(row: dict, arch: GPUArch, calibration: Calibration | None = None) -> float:

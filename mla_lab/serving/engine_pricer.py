@@ -125,8 +125,8 @@ class _Parts:
             zeros = replace(op, dims={**op.dims, "content": "zeros"})
             t = self.dcal.kernel_decode.ms(op_time_ms(zeros, arch, self.gcal), max(self.dec_keys),
                                            sum(self.dec_keys), self.model.head_size * 2, arch)
-            if op.dims.get("content") == "stale" and self.cal.content is not None:
-                t *= self.cal.content.factor(op.dims["H"], op.dims["Hp"], t)
+            if op.dims.get("content") == "stale" and self.cal.content is not None and self.cal.step_content() is None:
+                t *= self.cal.content.factor(op.dims["H"], op.dims["Hp"], t)  # kernel-only scope
             return max(flop, t)
         if op.op_class.startswith("attn_") and op.name in _ATTN_KERNELS:
             t = op_time_ms(op, arch, self.gcal)
@@ -231,6 +231,8 @@ class EnginePricer:
         for name in list(OVERRIDDEN_OPS) + list(_ATTN_KERNELS):
             if name in by and name in one_layer:
                 by[name] = parts.op_ms(one_layer[name]) * self.counts[name]
+                if base["content"]["scope"] == "step" and not one_layer[name].is_comm:  # stale heads over the step
+                    by[name] *= base["content"]["attention_factor" if name in ATTN_OPS else "rest_factor"]
         L = self.model.num_hidden_layers
         gpu = sum(by.values()) + self.decode_cal.layer_fixed_us * 1e-3 * L
         if step.cuda_graph:
