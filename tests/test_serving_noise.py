@@ -233,12 +233,79 @@ def test_load_cold_start_reads_round3_rows(tmp_path):
     v = got["values"]
     assert v["cold_extra_ms"] == pytest.approx((4.0 + 6.0) / 2)  # call 2 - steady, summed over the layer's blocks
     assert v["cold_sd_ms"] == pytest.approx(np.std([4.0, 6.0], ddof=1))
-    assert v["run_sigma"] == pytest.approx(np.std(np.log([10.0, 11.0]), ddof=1))
-    assert v["step_sigma"] == pytest.approx(np.std([10.0, 10.2, 9.8], ddof=1) / 10.0)
+    assert set(v) == {"cold_extra_ms", "cold_sd_ms"}  # the run / step factors come from content_loop.csv
+    ls = got["layer_spread"]  # the layer blocks' spreads, for contrast only
+    assert ls["run_log_sd"] == pytest.approx(np.std(np.log([10.0, 11.0]), ddof=1))
+    assert ls["step_rel_sd"] == pytest.approx(np.std([10.0, 10.2, 9.8], ddof=1) / 10.0)
     assert got["cold_call1_ms"] == pytest.approx((900 - 4 + 900 - 6 + 900 - 4.4 + 900 - 6.6) / 2)
     nc = NoiseConfig().with_measurements(got)
     assert nc.cold_extra_ms == pytest.approx(5.0) and nc.sources["cold_extra_ms"]["status"] == "measured"
     assert nc.sources["cpu_step_ms"]["status"] == "assumed"
+    # per-field sources win over the one source
+    nc2 = NoiseConfig().with_measurements({"values": {"run_sigma": 0.01}, "sources": {"run_sigma": "x.csv col"},
+                                           "source": "other"})
+    assert nc2.run_sigma == 0.01 and nc2.sources["run_sigma"] == {"status": "measured", "source": "x.csv col"}
+
+
+# ------------------------------------------------------------------------------------------ measured defaults
+H200 = REPO_ROOT / "data" / "measured" / "h200" / "between_process"
+
+
+def test_measured_defaults_are_the_committed_h200_rows():
+    """COMPONENTS' measured defaults recomputed from data/measured/h200/between_process/ with
+    mla_lab.measure.spread (run factor: whole-step spread between processes; step noise: within a process; cold
+    step: call 2 - steady); every component names its status and, when measured, the file and column."""
+    import pandas as pd
+
+    from mla_lab.measure.spread import between_process
+    from mla_lab.serving.noise import COMPONENTS
+
+    loop = pd.read_csv(H200 / "content_loop.csv")
+    z = loop[loop["content"] == "zeros"]
+    per = between_process(z, ["content"], "step_ms")[("zeros",)]
+    assert per["n_processes"] >= 5
+    run = float(np.std(np.log(per["per_process"]), ddof=1))
+    step = float(np.median([np.std(np.log(g.to_numpy()), ddof=1) for _, g in z.groupby("process")["step_ms"]]))
+    cold = load_cold_start(H200 / "cold_start.csv")["values"]
+    nc = NoiseConfig()
+    assert nc.run_sigma == pytest.approx(run, rel=2e-3)
+    assert nc.step_sigma == pytest.approx(step, rel=2e-3)
+    assert nc.cold_extra_ms == pytest.approx(cold["cold_extra_ms"], rel=2e-3)
+    assert nc.cold_sd_ms == pytest.approx(cold["cold_sd_ms"], rel=2e-3)
+    # the attention path timed alone varies more between processes: reported for contrast, not used
+    sp = pd.read_csv(H200 / "step_spread.csv")
+    alone = between_process(sp, ["what"], "gpu_ms")[("attention_path:private_workspace",)]
+    assert float(np.std(np.log(alone["per_process"]), ddof=1)) == pytest.approx(0.036, abs=5e-4)
+    assert "0.036" in COMPONENTS["run_sigma"]["source"]
+    for k, c in COMPONENTS.items():
+        assert c["status"] in ("measured", "cited", "assumed"), k
+        if c["status"] == "measured":
+            assert "data/measured/h200/between_process/" in c["source"] and "column" in c["source"], k
+    assert "Not measured on the PR's server" in COMPONENTS["arrival_per_request_ms"]["source"]
+
+
+# ------------------------------------------------------------------------------------------ one deployment
+def test_serve_benchmark_noise_bands_and_changes():
+    from mla_lab.serving.noise import format_noise, serve_benchmark_noise
+
+    bench = BenchConfig(num_prompts=4, random_input_len=512, random_output_len=4, max_concurrency=4)
+    out = serve_benchmark_noise("glm-5", 8, "h200", ["per_call_empty:zeros", "private_workspace"], bench,
+                                num_runs=8, seed=1, max_num_batched_tokens=2048, baseline="per_call_empty:zeros")
+    assert out["baseline"] == "per_call_empty:zeros" and set(out["changes"]) == {"private_workspace"}
+    for s, m in out["strategies"].items():
+        for k, v in m.items():
+            assert v["band95"][0] <= v["median"] <= v["band95"][1], (s, k)
+    c = out["changes"]["private_workspace"]["mean_ttft_ms"]
+    assert c["band95"][0] <= c["median"] <= c["band95"][1] and c["band95"][1] > c["band95"][0]
+    # the same seed gives the same numbers; the text shows every band
+    again = serve_benchmark_noise("glm-5", 8, "h200", ["per_call_empty:zeros", "private_workspace"], bench,
+                                  num_runs=8, seed=1, max_num_batched_tokens=2048, baseline="per_call_empty:zeros")
+    assert again["changes"] == out["changes"]
+    text = format_noise(out)
+    assert "over 8 simulated runs" in text and "change private_workspace vs per_call_empty:zeros" in text
+    assert f"[{c['band95'][0]:+.2f}, {c['band95'][1]:+.2f}]" in text
+    with pytest.raises(ValueError, match="num_runs"):
+        serve_benchmark_noise("glm-5", 8, "h200", ["private_workspace"], bench, num_runs=1)
 
 
 def test_load_cold_start_refuses_bad_files(tmp_path):
@@ -287,6 +354,12 @@ def test_prediction_fields_and_provenance(prediction):
     assert d["bench"]["num_prompts"] == 32 and d["bench"]["max_concurrency"] == 32
     paths = [f["path"] for f in d["calibration_files"]]
     assert "data/calibration/h200_decode.csv" in paths and "data/models/glm-5.2/config.json" in paths
+    # the measured components came from the between-process rows (not the old round3/ folder), each marked
+    for f in ("content_loop.csv", "cold_start.csv", "step_spread.csv"):
+        assert f"data/measured/h200/between_process/{f}" in paths
+    for k in ("run_sigma", "step_sigma", "cold_extra_ms", "cold_sd_ms"):
+        assert d["noise"]["sources"][k]["status"] == "measured", k
+        assert d["noise"]["values"][k] == pytest.approx(d["measurements_used"]["values"][k]), k
     for f in d["calibration_files"]:
         assert (REPO_ROOT / f["path"]).is_file() and re.fullmatch(r"[0-9a-f]{64}", f["sha256"])
     assert d["num_runs"] >= 500
@@ -329,3 +402,30 @@ def test_docs_prediction_block_is_the_prediction_file(prediction):
     text = mod.DOCS.read_text()
     block = text[text.index(mod.BEGIN) + len(mod.BEGIN):text.index(mod.END)].strip()
     assert block == mod.render_markdown(prediction).strip()
+
+
+def test_distribution_file_is_the_predictions_runs(prediction):
+    """data/validation/pr53878_noise_distribution.csv holds the per-run changes the JSON summarises: its sha256,
+    its row count, and each band and percentile recomputed from it."""
+    import hashlib
+
+    import pandas as pd
+
+    from mla_lab.serving.noise import NoiseResult
+
+    f = prediction["distribution_file"]
+    path = REPO_ROOT / f["path"]
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == f["sha256"]
+    df = pd.read_csv(path)
+    assert list(df.columns) == f["columns"]
+    for case in ("identical_builds", "pr_vs_before"):
+        sub = df[df["case"] == case]
+        assert len(sub) == prediction["num_runs"]
+        change = {k: sub[f"change_{k}_pct"].to_numpy() for k in METRICS if f"change_{k}_pct" in sub}
+        r = NoiseResult({}, {}, change, {}, {}, len(sub), 0, NoiseConfig(), case == "identical_builds", {})
+        for k, row in prediction["change_distribution"].items():
+            if k not in change:
+                continue
+            np.testing.assert_allclose(r.band(k), row[case]["band95"], rtol=1e-9, atol=1e-9)
+            if "reported_by_pr" in row:
+                assert r.percentile_of(k, row["reported_by_pr"]) == pytest.approx(row[case]["percentile_of_reported"])

@@ -37,9 +37,12 @@ MODELLED_NOTES = (
     "(max of GPU time + launch gaps and host launch time; vLLM's PIECEWISE graphs make that an upper bound).",
     "Each strategy has its own KV-cache capacity (memory_tradeoff: capacity minus the strategy's persistent "
     "workspace in tokens); the scheduler admits a request only when its whole footprint fits (no preemption).",
-    "Not modelled: CPU scheduling, sampling, detokenisation, HTTP, CUDA-graph batch padding, async scheduling, "
-    "MTP / speculative decoding, expert load imbalance (uniform routing), all-reduce latency at decode sizes "
-    "(the ring model with comm_latency_us = 0).",
+    "Not in this deterministic run (every request at the engine at t = 0, GPU time only): async scheduling, the "
+    "API server's hand-off, per-step CPU time (scheduling, sampling, output handling), token delivery "
+    "(detokenisation, HTTP) and the run-to-run spread; mla_lab.serving.noise adds them (mla-lab serve --num-runs "
+    "N; docs/serving.md gives each component's source and whether it is measured, cited or assumed).",
+    "Not modelled anywhere: CUDA-graph batch padding, MTP / speculative decoding, expert load imbalance (uniform "
+    "routing), all-reduce latency at decode sizes (the ring model with comm_latency_us = 0).",
 )
 
 

@@ -20,9 +20,11 @@ One simulated run (:func:`mla_lab.serving.simulate.simulate`) gets, on top of th
   request, so the first 16384-token step is the first of its size since start-up).
 
 The defaults and their sources (cited, assumed or measured) are in :data:`COMPONENTS` and ``docs/serving.md``;
-:func:`load_cold_start` reads the H200 measurements (``data/measured/h200/round3/cold_start.csv``, schema in its
-docstring: the columns ``benchmarks/round3.py --parts cold`` writes) and :meth:`NoiseConfig.with_measurements`
-puts them in.
+the measured ones come from the H200 rows of ``data/measured/h200/between_process/`` (5 fresh processes:
+``content_loop.csv`` for the per-run and per-step GPU-time spread of a whole step, ``cold_start.csv`` for the cold
+first large step; ``tests/test_serving_noise.py`` recomputes each default from those files).
+:func:`load_cold_start` reads ``cold_start.csv`` (schema in its docstring: the columns ``benchmarks/round3.py
+--parts cold`` writes) and :meth:`NoiseConfig.with_measurements` puts measured values in.
 
 Speed: GPU times are priced once per distinct step (:class:`CachedPricer`; the key is the step's shape, not its
 request ids) and the noise is applied multiplicatively to the cached value.
@@ -45,14 +47,17 @@ from pathlib import Path
 import numpy as np
 
 from ._checks import check_float, check_int
+from .benchmark import serve_benchmark
 from .client import BenchConfig, arrival_times
+from .engine_pricer import EnginePricer
 from .pricing import LinearStepPricer
 from .scheduler import SchedulerConfig
 from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
 
 __all__ = ["ArrivalModel", "NoiseConfig", "CachedPricer", "NoiseResult", "run_noise", "simulate_once",
-           "load_cold_start", "COMPONENTS", "METRICS", "COLD_START_COLUMNS"]
+           "load_cold_start", "COMPONENTS", "METRICS", "COLD_START_COLUMNS", "serve_benchmark_noise", "format_noise",
+           "NOISE_METRICS"]
 
 #: The metrics ``vllm bench serve`` prints (its result-dict names) that the Monte-Carlo keeps.
 METRICS = ("duration", "request_throughput", "output_throughput", "total_token_throughput",
@@ -83,25 +88,43 @@ COMPONENTS = {
         value=1.4, unit="ms/request", status="cited",
         source="vLLM PR #19334 (before its micro-batching): 100 concurrent /v1/completions of 10,000 tokens took "
                "1.338 s on one tokenizer thread (ThreadPoolExecutor(max_workers=1), quoted in vLLM issue #25301): "
-               "1.34 ms per 1,000 tokens, 1.37 ms for a 1024-token prompt (a different tokenizer and host CPU)"),
+               "1.34 ms per 1,000 tokens, 1.37 ms for a 1024-token prompt (a different tokenizer and host CPU). Not "
+               "measured on the PR's server, and the single-run spread depends strongly on it: how the 32 prompts "
+               "split over steps is decided by whether they all reach the engine core within the first step "
+               "(benchmarks/predict_pr53878.py's arrival_sensitivity)"),
     "arrival_cv": dict(
         value=0.5, unit="1", status="assumed",
         source="assumed coefficient of variation of one request's service time in the API server"),
     "run_sigma": dict(
-        value=0.02, unit="1 (log sd)", status="measured proxy",
-        source="between-process spread of the seed attention path on the lab's H200 (four fresh processes of "
-               "benchmarks/measured_sweep.py --quick --num-runs 11, commit c361fcf, lab issue 20): relative sd "
-               "2.5 % (vllm-53878: 2.61/2.51/2.48/2.60 ms) and 1.7 % (vllm-pre-53878: 2.70/2.65/2.64/2.74 ms); "
-               "applied to the whole step"),
+        value=0.00591, unit="1 (log sd)", status="measured",
+        source="data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a "
+               "sustained 78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py "
+               "--parts content, 5 fresh processes x 6 rounds): sd over processes of log(per-process median), the "
+               "medians from mla_lab.measure.spread.between_process (787.4 .. 800.4 ms, median 794.1 ms). The "
+               "benchmark's run is whole steps, so the whole step's spread is the per-run factor; the attention path "
+               "timed alone varies more between processes (step_spread.csv gpu_ms, "
+               "attention_path:private_workspace: log sd 0.036) and less inside the sustained loop (content_loop.csv "
+               "attn_path_ms: 0.005); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
+               "included (the 8 GPUs of a server are not measured)"),
     "step_sigma": dict(
-        value=0.01, unit="1 (log sd)", status="assumed",
-        source="assumed within-process step-to-step spread, until step_spread.csv (benchmarks/round3.py) gives it"),
+        value=0.00486, unit="1 (log sd)", status="measured",
+        source="data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': "
+               "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0030 .. "
+               "0.0094); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
+               "attention_block 2.9 %, moe_block 1.2 % relative sd), which a 78-layer step averages out"),
     "cold_extra_ms": dict(
-        value=20.0, unit="ms", status="assumed",
-        source="assumed: first 16384-token step since start-up (caching-allocator growth: two extra segments on the "
-               "first step only, measured on the lab's H200; first-touch and clock effects), until cold_start.csv "
-               "(benchmarks/round3.py --parts cold) gives it"),
-    "cold_sd_ms": dict(value=20.0, unit="ms", status="assumed", source="assumed run-to-run sd of the cold extra"),
+        value=0.1176, unit="ms", status="measured",
+        source="data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2, "
+               "summed over attention_block:private_workspace + moe_block:grouped_mm (one layer of the TP harness), "
+               "mean over the 5 fresh processes (load_cold_start). Call 2, not call 1: the fresh process's call 1 "
+               "(attention path 1.3-2.2 s: Triton JIT compile or disk-cache load and the FlashMLA module load; "
+               "the layer's blocks after it 0.08-0.11 s + 0.23-0.30 s) is paid before the timed requests, by "
+               "vLLM's start-up profile run of max_num_batched_tokens tokens and at the latest by vllm bench "
+               "serve's ready-check request; charged once per step, not per layer"),
+    "cold_sd_ms": dict(
+        value=0.1911, unit="ms", status="measured",
+        source="data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2 "
+               "(the layer's two blocks summed, as cold_extra_ms): sd (ddof 1) over the 5 fresh processes"),
     "cold_min_tokens": dict(
         value=8192, unit="tokens", status="assumed",
         source="assumed: a step this large is the first of its size since start-up (the ready check is one "
@@ -195,11 +218,14 @@ class NoiseConfig:
                    step_sigma=0.0, cold_extra_ms=0.0, cold_sd_ms=0.0)
 
     def with_measurements(self, measured: dict) -> NoiseConfig:
-        """A copy with the values :func:`load_cold_start` returned (its ``values``), marked measured."""
+        """A copy with ``measured["values"]`` (NoiseConfig field -> value, e.g. what :func:`load_cold_start`
+        returns) put in and marked measured; each one's source is ``measured["sources"][field]`` when given, else
+        ``measured["source"]``."""
         vals = dict(measured.get("values", {}))
+        per = dict(measured.get("sources", {}))
         src = {k: dict(v) for k, v in self.sources.items()}
         for k in vals:
-            src[k] = {"status": "measured", "source": measured.get("source", "cold_start.csv")}
+            src[k] = {"status": "measured", "source": per.get(k, measured.get("source", "cold_start.csv"))}
         return replace(self, sources=src, **vals)
 
     def record(self) -> dict:
@@ -411,8 +437,9 @@ def _num(p: Path, n: int, c: str, v) -> float:
 
 
 def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min_tokens: int = 8192) -> dict:
-    """The noise parameters measured on the H200 from ``cold_start.csv`` (and ``step_spread.csv`` beside it), as
-    ``benchmarks/round3.py --parts cold`` writes them (``data/measured/h200/round3/``).
+    """The cold first large step measured on the H200 from ``cold_start.csv`` (and, for contrast only, the layer
+    blocks' spreads from ``step_spread.csv`` beside it), as ``benchmarks/round3.py --parts cold`` writes them
+    (``data/measured/h200/between_process/``).
 
     ``cold_start.csv``: one row per fresh ``process``, case ``what`` and ``call`` (1, 2, 3: the first calls of that
     shape in the process): ``wall_ms`` (host wall until the GPU finished) and ``gpu_ms`` (CUDA events) of the call,
@@ -428,14 +455,17 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
       one-time costs: JIT, library handles, allocator growth); the benchmark's first large step is the next one of
       that size. Once per step, not per layer (what it measures is paid once). ``cold_call1_ms`` (the upper bound)
       is returned beside it, not used;
-    - ``cold_sd_ms``: sd over processes (ddof 1; >= 2 processes);
-    - ``run_sigma``: sd over processes of ``log(steady_gpu)`` (ddof 1; >= 2 processes);
-    - ``step_sigma``: median over processes of ``sd(gpu) / median(gpu)`` of the layer's steady samples in
-      ``step_spread.csv`` (the cases summed sample by sample); not set without that file.
+    - ``cold_sd_ms``: sd over processes (ddof 1; >= 2 processes).
+
+    Beside them, not put in ``values`` (the per-run and per-step factors come from a whole sustained step,
+    ``content_loop.csv``: :data:`COMPONENTS`), ``layer_spread``: ``run_log_sd`` = sd over processes of
+    ``log(steady_gpu)`` of the layer (ddof 1; >= 2 processes) and, with ``step_spread.csv``, ``step_rel_sd`` =
+    median over processes of ``sd(gpu) / median(gpu)`` of the layer's steady samples (the cases summed sample by
+    sample).
 
     Returns:
-        ``{"values": {NoiseConfig field: value}, "cold_call1_ms": float, "source": str, "cases": [...],
-        "num_processes": int}``.
+        ``{"values": {"cold_extra_ms", "cold_sd_ms"}, "cold_call1_ms": float, "layer_spread": {...}, "source": str,
+        "cases": [...], "num_processes": int}``.
 
     Raises:
         ValueError: the file is missing, a required column is missing, a value is not a finite number, or no
@@ -477,9 +507,10 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
     cold1 = [sum(v[w][1]["wall_ms"] - v[w][1]["steady_wall_ms"] for w in layer) for v in procs.values()]
     steady = [sum(v[w][1]["steady_gpu_ms"] for w in layer) for v in procs.values()]
     vals: dict = {"cold_extra_ms": max(0.0, float(np.mean(cold2)))}
+    layer_spread: dict = {}
     if len(procs) >= 2:
         vals["cold_sd_ms"] = float(np.std(cold2, ddof=1))
-        vals["run_sigma"] = float(np.std(np.log(steady), ddof=1))
+        layer_spread["run_log_sd"] = float(np.std(np.log(steady), ddof=1))
     sp = Path(spread_path) if spread_path is not None else p.with_name("step_spread.csv")
     if sp.is_file():
         samples: dict = {}
@@ -493,10 +524,92 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
             per.setdefault(proc, []).append(v)
         rel = [float(np.std(v, ddof=1) / np.median(v)) for v in per.values() if len(v) >= 2]
         if rel:
-            vals["step_sigma"] = float(np.median(rel))
-    return {"values": vals, "cold_call1_ms": float(np.mean(cold1)), "cases": layer, "num_processes": len(procs),
+            layer_spread["step_rel_sd"] = float(np.median(rel))
+    return {"values": vals, "cold_call1_ms": float(np.mean(cold1)), "layer_spread": layer_spread, "cases": layer,
+            "num_processes": len(procs),
             "source": f"{p.name}{' + ' + sp.name if sp.is_file() else ''} (cases {' + '.join(layer)}, "
                       f"{len(procs)} fresh process(es))"}
+
+
+# ------------------------------------------------------------------------------------------ one deployment
+#: What :func:`serve_benchmark_noise` summarises per metric, and the labels :func:`format_noise` prints.
+NOISE_METRICS = (("duration", "Benchmark duration (s)"), ("request_throughput", "Request throughput (req/s)"),
+                 ("output_throughput", "Output token throughput (tok/s)"),
+                 ("total_token_throughput", "Total token throughput (tok/s)"), ("mean_ttft_ms", "Mean TTFT (ms)"),
+                 ("median_ttft_ms", "Median TTFT (ms)"), ("p99_ttft_ms", "P99 TTFT (ms)"),
+                 ("mean_tpot_ms", "Mean TPOT (ms)"), ("median_tpot_ms", "Median TPOT (ms)"),
+                 ("p99_tpot_ms", "P99 TPOT (ms)"), ("mean_itl_ms", "Mean ITL (ms)"))
+
+
+def serve_benchmark_noise(model, tp: int, arch, strategies, bench: BenchConfig, *, num_runs: int = 200,
+                          seed: int = 0, noise: NoiseConfig | None = None, max_num_batched_tokens: int = 16384,
+                          max_num_seqs: int = 256, block_size: int = 64, baseline: str | None = None,
+                          **kw) -> dict:
+    """``num_runs`` single runs of ``vllm bench serve`` per strategy (the noise model; async scheduling on, vLLM's
+    default), each strategy with its own KV capacity as :func:`~mla_lab.serving.serve_benchmark` gives it, priced
+    by :class:`~mla_lab.serving.EnginePricer`. ``kw``: the other arguments of ``serve_benchmark``
+    (``gpu_memory_utilization``, ``kv_cache_dtype``, ``weight_dtype``, ``moe_parallel``).
+
+    Every strategy's runs use the same draws (``run_noise``'s build 0 for the baseline, build 1 for the others):
+    the baseline's runs are the same in every pair.
+
+    Returns:
+        plain data: ``{"num_runs", "seed", "baseline", "noise" (NoiseConfig.record()), "strategies": {s: {metric:
+        {"median", "band95": [lo, hi]}}}, "changes": {s (not the baseline): {metric: {"median", "band95",
+        "deterministic"}}} (%, one run of each build vs the baseline), "note"}``; metrics :data:`NOISE_METRICS`.
+
+    Raises:
+        ValueError: ``num_runs`` < 2; as :func:`~mla_lab.serving.serve_benchmark` and :func:`run_noise`.
+    """
+    check_int("num_runs", num_runs)
+    if num_runs < 2:
+        raise ValueError(f"num_runs={num_runs!r} must be an int >= 2 (1 is the deterministic serve_benchmark)")
+    extra = {} if baseline is None else {"baseline": baseline}
+    det = serve_benchmark(model, tp, arch, strategies, bench, max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                          block_size=block_size, **extra, **kw)
+    base = det["baseline"]
+    pkw = {k: kw[k] for k in ("weight_dtype", "moe_parallel", "kv_cache_dtype") if k in kw}
+    scheds, pricers = {}, {}
+    for s, r in det["strategies"].items():
+        scheds[s] = SchedulerConfig(max_num_batched_tokens, max_num_seqs, r["kv_capacity_tokens"], block_size,
+                           async_scheduling=True)
+        pricers[s] = CachedPricer(EnginePricer(model, tp, arch, s, **pkw))
+    keys = [k for k, _ in NOISE_METRICS]
+    res = {s: run_noise(bench, scheds[base], pricers[base], None if s == base else pricers[s],
+                        sched_b=scheds[s], num_runs=num_runs, seed=seed, noise=noise) for s in det["strategies"]}
+
+    def summ(r: NoiseResult, which: str) -> dict:
+        return {k: {"median": r.quantiles(k, which)[1], "band95": list(r.band(k, which))} for k in keys}
+
+    out = {"num_runs": num_runs, "seed": seed, "baseline": base, "noise": res[base].noise.record(),
+           "strategies": {s: summ(r, "a" if s == base else "b") for s, r in res.items()}, "changes": {},
+           "note": "modelled: single runs of the noise model (mla_lab.serving.noise: API-server arrival queue, async "
+                   "scheduling, per-step CPU time, token delivery, measured step-time spreads and cold first "
+                   "step); the deterministic table has none of these components"}
+    for s, r in res.items():
+        if s != base:
+            out["changes"][s] = {k: {**summ(r, "change")[k], "deterministic": (r.deterministic_b[k] - r.deterministic_a[
+                k]) / r.deterministic_a[k] * 100.0} for k in keys}
+    return out
+
+
+def format_noise(runs: dict) -> str:
+    """:func:`serve_benchmark_noise`'s result as terminal lines: per strategy each metric's median and 95 % band
+    over the runs, then each strategy's change vs the baseline (median and 95 % band, %)."""
+    lines = [f"single-run spread over {runs['num_runs']} simulated runs per strategy (seed {runs['seed']}; "
+             "median [95 % band]):"]
+    for s, m in runs["strategies"].items():
+        lines.append(f"  {s}{' (baseline)' if s == runs['baseline'] else ''}")
+        for k, label in NOISE_METRICS:
+            v = m[k]
+            lines.append(f"    {label:<32}{v['median']:>12,.2f}  [{v['band95'][0]:,.2f}, {v['band95'][1]:,.2f}]")
+    for s, m in runs["changes"].items():
+        lines.append(f"  change {s} vs {runs['baseline']}, one run of each (%):")
+        for k, label in NOISE_METRICS:
+            v = m[k]
+            lines.append(f"    {label:<32}{v['median']:>+12.2f}  [{v['band95'][0]:+.2f}, {v['band95'][1]:+.2f}]")
+    lines.append(runs["note"])
+    return "\n".join(lines)
 
 
 def main() -> None:
