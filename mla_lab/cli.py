@@ -476,6 +476,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"mla-lab: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         return 1
+    except Exception as e:  # a bug or a broken install, not bad input: one line, the traceback on request
+        if os.environ.get("MLA_LAB_TRACEBACK"):
+            raise
+        print(f"mla-lab: error: internal error {type(e).__name__}: {_one_line(e)[:300]} (MLA_LAB_TRACEBACK=1 shows "
+              "the traceback)", file=sys.stderr)
+        return 1
 
 
 def _one_line(e: BaseException) -> str:

@@ -26,7 +26,7 @@ import math
 import re
 from pathlib import Path
 
-__all__ = ["DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_GRID_POINTS", "VLLM_FLAGS",
+__all__ = ["DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_GRID_POINTS", "MAX_NOISE_STEPS", "VLLM_FLAGS",
            "arg_type", "budget_type", "fraction_type", "rate_type", "merge_flags", "check_sweep",
            "check_deployment", "check_serve", "check_strategies", "check_report_name", "file_in_the_way",
            "plan_without_writing", "serve_summary", "format_serve", "serve_noise_runs"]
@@ -64,6 +64,9 @@ _SCALAR_BOUNDS = {"num_prompts": "num_prompts", "concurrency": "concurrency", "o
 MAX_PRICED_STEPS = 2048
 #: The most engine steps (prefill + decode) one serving strategy simulates (~2.5 ms each: 50,000 ~ 2 minutes).
 MAX_SERVE_STEPS = 50_000
+#: The most simulated steps ``mla-lab serve --num-runs N`` runs in all (runs x strategies x steps; ~1.5 ms each with
+#: the noise model's cached pricer: 200,000 ~ 5 minutes).
+MAX_NOISE_STEPS = 200_000
 #: The most points one sweep grid may hold, and the most entries one grid list may hold.
 MAX_GRID_POINTS = 4096
 MAX_LIST_LEN = 64
@@ -391,6 +394,11 @@ def check_serve(args) -> None:
     if args.num_runs > 1 and _noise_module() is None:
         raise DoorError(f"--num-runs={args.num_runs} needs the noise Monte-Carlo (mla_lab.serving.noise), which this "
                         "checkout does not have; allowed: 1 (one deterministic simulation)")
+    total = steps * args.num_runs * (len(args.strategies) + 1)
+    if args.num_runs > 1 and total > MAX_NOISE_STEPS:
+        raise DoorError(f"--num-runs={args.num_runs} x {len(args.strategies) + 1} strategies x ~{steps:,} steps is "
+                        f"{total:,} simulated steps; allowed: at most {MAX_NOISE_STEPS:,} (fewer runs, strategies "
+                        "or prompts)")
 
 
 def _noise_module():
@@ -404,12 +412,11 @@ def _noise_module():
 
 
 def serve_noise_runs(args, strategies, bench, kw):
-    """``--num-runs N`` through :mod:`mla_lab.serving.noise` (per strategy, each metric's interval)."""
+    """``--num-runs N``: :func:`mla_lab.serving.noise.serve_benchmark_noise` (N single runs per strategy of the
+    noise model, seeded by ``--seed``): each metric's median and 95 % band, and each change's."""
     noise = _noise_module()
-    fn = getattr(noise, "serve_benchmark_noise", None) or getattr(noise, "monte_carlo", None)
-    if fn is None:
-        raise DoorError(f"--num-runs={args.num_runs}: mla_lab.serving.noise has no Monte-Carlo entry point; allowed: 1")
-    return fn(args.model, args.tensor_parallel_size, args.arch, strategies, bench, num_runs=args.num_runs, **kw)
+    return noise.serve_benchmark_noise(args.model, args.tensor_parallel_size, args.arch, strategies, bench,
+                                       num_runs=args.num_runs, seed=args.seed, **kw)
 
 
 #: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.
@@ -478,5 +485,8 @@ def format_serve(out: dict) -> str:
         r = out["strategies"][s]
         lines.append(f"  {(r['preset'] or s):<16} {s:<28} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
                      f"tokens lost ({r['kv_capacity_pct_lost']:.1f} % of KV capacity)")
+    if out.get("noise"):
+        lines.append("")
+        lines.append(_noise_module().format_noise(out["noise"]))
     lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")
     return "\n".join(head + lines)
