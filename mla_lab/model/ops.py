@@ -254,6 +254,20 @@ def _check_common_memo(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, 
     return _check_common_once(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
 
 
+def _heads_per_rank(model: ModelConfig, tp) -> int:
+    """:meth:`~mla_lab.models.ModelConfig.heads_per_rank`, checked once per (model, tp) (memoised like the layer
+    options: the attention path asks for every layer kind of every step)."""
+    try:
+        return _heads_memo(model, tp)
+    except TypeError:  # unhashable tp: the model's own check names it
+        return model.heads_per_rank(tp)
+
+
+@functools.lru_cache(maxsize=256)
+def _heads_memo(model: ModelConfig, tp) -> int:
+    return model.heads_per_rank(tp)
+
+
 def _check_common_once(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
     if weight_dtype not in WEIGHT_DTYPES:
         raise _err("weight_dtype", weight_dtype, list(WEIGHT_DTYPES))
@@ -263,7 +277,7 @@ def _check_common_once(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, 
         raise _err("ep_comm", ep_comm, list(EP_COMM))
     if layer_kind not in LAYER_KINDS:
         raise _err("layer_kind", layer_kind, list(LAYER_KINDS))
-    H = model.heads_per_rank(tp)
+    H = _heads_per_rank(model, tp)
     ep = tp if ep_size is None else ep_size
     if moe_parallel == "ep":
         check_int("ep_size", ep)
@@ -515,7 +529,7 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Str
         check_int("sum_topk", sum_topk, allow_zero=True)
         if sum_topk > num_tokens * model.topk:
             raise ValueError(f"sum_topk={sum_topk} exceeds num_tokens * index_topk = {num_tokens * model.topk}")
-    H = model.heads_per_rank(tp)
+    H = _heads_per_rank(model, tp)
     Hp = padded_num_heads(H, arch, kv_cache_dtype)
     padded = Hp > H and normalize_kv_cache_dtype(kv_cache_dtype) == "bf16"
     T = num_tokens

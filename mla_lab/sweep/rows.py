@@ -79,7 +79,7 @@ def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch
     Raises:
         ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
     """
-    H = model.heads_per_rank(point["tp"])
+    H = cap["num_heads"]  # the deployment's, checked at its door (memory_tradeoff's num_heads)
     mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
     kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=cap["shared_workspace_bytes"], model=model,
               prompt_len=point["prompt_len"])  # the strategy's route at this prompt length (dense MHA pads nothing)
