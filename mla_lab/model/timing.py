@@ -172,7 +172,8 @@ def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy
     """Modelled ms per op of one layer (``{op: ms}``) plus ``total``, ``attention_path`` and ``comm``. Keyword
     arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required). The step
     takes the strategy's route (:func:`mla_lab.model.routes.step_route`: dense MHA where its engine rule sends the
-    step there, :mod:`mla_lab.routes`); ``route`` says which."""
+    step there, :mod:`mla_lab.routes`); ``route`` says which; ``content`` how stale padded heads were priced
+    (:func:`_step_content`, the share taken over this layer)."""
     cal = resolve_calibration(calibration)
     out: dict = {}
     route = step_route(model, strategy, step)

@@ -64,7 +64,11 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
     one rank), ``comm_source``, ``measured_pct`` with ``measured_lo`` /
     ``measured_hi`` (95 % interval of the paired rounds; None without measurements), and the memory of the strategy
     and its reference: ``extra_persistent_mib`` (budgeted, costs KV tokens) and ``call_transient_mib`` (unbudgeted
-    per-call peak) of both."""
+    per-call peak) of both. Stale padded heads are priced over the whole step (``content_scope`` ``step``:
+    :class:`~mla_lab.model.content.StepContentModel`, the H200 78-layer loop) unless ``calibration`` says
+    ``kernel``; ``modelled_pct_kernel_content`` is the same change with the kernel-only factor
+    (:class:`~mla_lab.model.content.ContentModel`), for comparison (equal to ``modelled_pct`` where nothing is
+    stale; ``content_scope`` ``none``)."""
     samples = _measured_seed_samples(Path(presets_csv) if presets_csv else None)
     out = []
     for name in models:
@@ -73,7 +77,12 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
         H = d.num_heads
         steps = schedule(d.workload, mbt)
         names = {s for _, a, b in COMPARISONS for s in (a, b)}
-        modelled = {s: predict_ttft(d, parse_strategy(s), calibration) for s in names}
+        cal = resolve_calibration(calibration)
+        modelled = {s: predict_ttft(d, parse_strategy(s), cal) for s in names}
+        # the same with stale padded heads priced on the kernel only (the lab's model before issue 21)
+        kernel_cal = cal.with_content_scope("kernel")
+        kernel_only = {s: (predict_ttft(d, parse_strategy(s), kernel_cal) if parse_strategy(s).content == "stale"
+                           else modelled[s]) for s in names}
         shared = shared_workspace_other_bytes(model, tp, mbt, d.moe_parallel)
         mem = {s: memory_account(parse_strategy(s), H, mbt, arch, d.kv_cache_dtype, shared_other_bytes=shared)
                for s in names}
@@ -85,7 +94,11 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
                                                  [x] * len(steps)) for x in samples[s]]
         for label, s, ref in COMPARISONS:
             m_pct = 100.0 * (modelled[s]["ttft_ms_mean"] / modelled[ref]["ttft_ms_mean"] - 1)
+            k_pct = 100.0 * (kernel_only[s]["ttft_ms_mean"] / kernel_only[ref]["ttft_ms_mean"] - 1)
+            stale = any(parse_strategy(x).content == "stale" for x in (s, ref))
             row = {"model": name, "comparison": label, "strategy": s, "against": ref, "modelled_pct": m_pct,
+                   "modelled_pct_kernel_content": k_pct,
+                   "content_scope": ("step" if cal.step_content() is not None else "kernel") if stale else "none",
                    "ttft_ms": modelled[s]["ttft_ms_mean"], "against_ttft_ms": modelled[ref]["ttft_ms_mean"],
                    "comm_ms": modelled[ref]["comm_ms"], "against_run_ms": modelled[ref]["ttft_ms_max"],
                    "comm_source": modelled[ref]["comm_source"],
@@ -174,7 +187,15 @@ def seed_sentences(rows=None) -> list[str]:
             out.append(f"Stale padded heads (vLLM #56902's shared workspace) slowed the kernel by "
                        f"{100 * (f['ratio_measured'].min() - 1):.0f}-{100 * (f['ratio_measured'].max() - 1):.0f} % "
                        f"on an H200 at its power limit (8-16 real of 64 heads, T >= 4096, {len(f)} shape-modes, "
-                       f"{fit.name}): at these shapes that is as large as the copy the PR removed.")
+                       f"{fit.name}; short windows of the kernel alone): at these shapes that is as large as the "
+                       "copy the PR removed.")
+    step = [r for r in pr if r["against"] == "per_call_empty:stale" and r["content_scope"] == "step"]
+    if step:
+        out.append("Stale padded heads are priced over the whole step (a power-limited H200 slows every op; "
+                   "data/calibration/h200_content_step.csv, a sustained 78-layer loop): the PR against vLLM before "
+                   "it with stale heads is " + "; ".join(
+                       f"{r['model']} {r['modelled_pct']:+.1f} % (kernel-only factor "
+                       f"{r['modelled_pct_kernel_content']:+.1f} %)" for r in step) + ".")
     out.append("Not reproducible here: the PR's GPU model and power limit, its serving stack's other costs, and the "
                "peak-memory figure (+1032 MiB includes allocator rounding and buffers the lab does not model; the "
                "lab's +1008 MiB is the workspace alone, exact).")
