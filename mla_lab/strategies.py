@@ -15,7 +15,8 @@ reference kernel on CPU, FlashMLA on a GPU; :mod:`mla_lab.kernels` holds the sha
   heads, the kernel runs, and the chunk's ``out[:, :H]`` is copied into the step's ``[T, H, 512]`` output.
 - ``subchunk:<S>:graph2``: two zeroed ``(S, H', 576)`` workspaces, chunk i written into workspace i % 2; on CUDA chunk i
   runs on side stream i % 2 (forked from and joined back to the caller's stream) and the whole loop is captured in
-  ONE CUDA graph per key (T, the inputs' addresses / shapes / strides, sm_scale, the consumer) and replayed: no
+  ONE CUDA graph per key (T, the inputs' addresses / shapes / strides, sm_scale, whether a consumer is passed) and
+  replayed: no
   per-chunk launch cost (H200, ``data/measured/h200/between_process/subgraph.csv``). A graph bakes in T and every
   address, so a new key re-captures (the old graph is dropped): one eager warm-up run of the loop plus the capture,
   paid once per key (an engine would capture one graph per T bucket with static input buffers). On CPU the same
@@ -133,7 +134,8 @@ class PaddedQPath:
                 each chunk (the W_UV bmm would run there); without it the views are gathered into a ``[T, H, 512]``
                 output. ``graph2`` on CUDA calls it at warm-up and capture (on the chunk's stream); its GPU work
                 replays with the graph, its Python side effects do not (it must write into tensors that outlive the
-                call, as an engine's static buffers do).
+                call, as an engine's static buffers do). The key holds only whether a consumer is passed: a
+                different consumer for the same inputs replays the first one's work (use another path object).
 
         Returns:
             ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads (views of the kernel's padded outputs,
@@ -172,7 +174,7 @@ class PaddedQPath:
             self._streams = [torch.cuda.Stream(device=ql_nope.device) for _ in self.workspaces]
         if not self.capture_graph:
             return self._chunk_loop(*args, streams=self._streams)
-        key = (sm_scale, id(consumer), *((None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype))
+        key = (sm_scale, consumer is None, *((None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype))
                                          for t in (ql_nope, q_pe, kv, indices, topk_length)))
         if self._graph is None or self._graph[0] != key:
             self._graph = None  # drop the old graph (and its memory pool) before capturing the new one

@@ -44,7 +44,7 @@ def test_aliases_keep_the_first_versions_names_working():
     assert parse_strategy("subchunk:4096:views").name == "subchunk:4096:views"
     with pytest.raises(ValueError, match=r"subchunk rows 'x' must be a positive int"):
         parse_strategy("subchunk:x")
-    with pytest.raises(ValueError, match=r"hand-off must be 'copy' \(default\) or 'views'"):
+    with pytest.raises(ValueError, match=r"hand-off must be 'copy' \(default\), 'views' or 'graph2'"):
         parse_strategy("subchunk:64:pointers")
 
 

@@ -103,7 +103,7 @@ def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int
     def consumer_of(path):
         # ``subchunk:<S>:views`` hands each chunk's view to the consumer (the W_UV bmm, timed by the layer model):
         # the attention path itself ends there, without gathering the chunks
-        return (lambda s, o, lse: None) if path.spec.handoff == "views" else None
+        return (lambda s, o, lse: None) if path.spec.views_handoff else None  # views / graph2
 
     samples = interleaved({n: (lambda p=p: p(ql_nope, q_pe, kv, idx, sm_scale, tl, consumer=consumer_of(p)))
                            for n, p in paths.items()}, repeats=repeats, device=device)
@@ -111,7 +111,8 @@ def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int
     for name, path in paths.items():
         r = summarize(samples[name])
         res[name] = {"total": r["median"], "samples": samples[name], "q1": r["q1"], "q3": r["q3"],
-                     "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"], "workspace_bytes": path.workspace.nbytes,
+                     "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"],
+                     "workspace_bytes": sum(w.nbytes for w in path.workspaces),  # graph2: two
                      "peak_bytes": None}
     del paths
     if device == "cuda":
