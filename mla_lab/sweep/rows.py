@@ -149,11 +149,13 @@ def _capacity(point: dict, d: Deployment, names) -> dict:
 def _content_note(strategy: str, arch: GPUArch, cal) -> str:
     if parse_strategy(strategy).content != "stale":
         return ""
-    if cal.content is None:
+    m = cal.step_content() or cal.content
+    if m is None:
         return "stale content not priced: no content-factor fit in data/calibration"
+    what = "content over the whole step" if cal.step_content() is not None else "content factor (kernel only)"
     if arch.family != "hopper":
-        return f"content factor measured on an H200 ({cal.content.name}); the {arch.sm} factor is unmeasured"
-    return f"content factor {cal.content.name}"
+        return f"{what} measured on an H200 ({m.name}); the {arch.sm} effect is unmeasured"
+    return f"{what}: {m.name}"
 
 
 def modelled_rows(point: dict, calibration=None, deployment: Deployment | None = None) -> list[dict]:
