@@ -164,3 +164,20 @@ def test_the_tables_cover_every_flag(cmd, table, other):
     and tested where they act: tests/test_bad_input.py, tests/test_fuzz_doors.py)."""
     covered = {f for extra, *_ in table for f in extra if f.startswith("--")} | other
     assert _flags_of(cmd) <= covered, sorted(_flags_of(cmd) - covered)
+
+
+def test_notebook_parameters_are_typed_and_an_undeclared_name_is_refused():
+    """papermill --help-notebook shows a type and a help line for every parameter (issue 22: "Unknown type" for
+    all); a name papermill would inject without the notebook declaring it (``-p tp_size 8``) is refused."""
+    import papermill as pm
+
+    from mla_lab.paths import notebooks_dir
+    from mla_lab.sweep.params import DEFAULTS, NOTEBOOK_ONLY, check_notebook_names
+
+    params = pm.inspect_notebook(str(notebooks_dir() / "padding_sweep.ipynb"))
+    assert set(params) == set(DEFAULTS) | set(NOTEBOOK_ONLY)
+    untyped = [n for n, p in params.items() if p["inferred_type_name"] in ("None", "Unknown type") or not p["help"]]
+    assert not untyped, untyped
+    check_notebook_names([*DEFAULTS, *NOTEBOOK_ONLY, "In", "Out", "_i1", "__annotations__", "get_ipython"])
+    with pytest.raises(ValueError, match=r"^unknown notebook parameter\(s\) \['tp_size'\]; allowed: \[.*'tp_sizes'"):
+        check_notebook_names([*DEFAULTS, "tp_size"])
