@@ -13,6 +13,8 @@ from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import resolve_calibration
 from mla_lab.model.content import STEP_CONTENT_CSV, StepContentModel, fit_step_content, load_step_content_model
 from mla_lab.model.ops import ATTN_OPS, step_ops
+from mla_lab.model.route_timing import route_layer_time_ms
+from mla_lab.model.routes import default_padded_kernel_fit
 from mla_lab.model.timing import layer_time_ms, op_time_ms, step_time_ms
 from mla_lab.model.ttft import predict_ttft
 from mla_lab.paths import calibration_dir
@@ -189,3 +191,19 @@ def test_seed_stale_end_uses_the_step_effect(seed):
 def test_content_scope_refused():
     with pytest.raises(ValueError, match="scope='power'"):
         resolve_calibration(None).with_content_scope("power")
+
+
+def test_routes_price_stale_heads_over_the_layer(seed):
+    d, steps, kw = seed
+    cal = resolve_calibration(None)
+    fit = default_padded_kernel_fit()
+    args = (d.model, d.tp, d.arch, "sparse-mqa", steps[0], "per_call_empty:stale")
+    step_scope = route_layer_time_ms(*args, cal, fit, **kw)
+    zeros = route_layer_time_ms(*args[:-1], "per_call_empty:zeros", cal, fit, **kw)
+    kern = route_layer_time_ms(*args, cal.with_content_scope("kernel"), fit, **kw)
+    attn = sum(zeros.get(a, 0.0) for a in ATTN_OPS)
+    fa, fr = cal.content_step.factors(attn / (zeros["total"] - zeros["comm"]), d.num_heads, 64)
+    assert step_scope["kernel"] == pytest.approx(zeros["kernel"] * fa, rel=1e-12)
+    assert step_scope["o_proj"] == pytest.approx(zeros["o_proj"] * fr, rel=1e-12)
+    assert kern["o_proj"] == pytest.approx(zeros["o_proj"], rel=1e-12)
+    assert kern["kernel"] > step_scope["kernel"]  # the kernel-only factor (+11 %) is larger than the step's

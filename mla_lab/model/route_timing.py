@@ -29,7 +29,7 @@ from .routes import (
     route_rows,
     route_step_ops,
 )
-from .timing import op_time_ms
+from .timing import apply_step_content, op_time_ms
 
 __all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "route_step_time_ms", "attention_by_prompt_len",
            "crossover_prompt_len", "validate_routes", "mha_pricing_source"]
@@ -71,8 +71,8 @@ def route_op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None
         if kernel_fit is not None:
             t = kernel_fit.time_ms(d["T"], d["Hp"], d["sum_topk"], H_out=d["H"] if d.get("native") else None,
                                    arch=arch.name)
-            if d.get("content") == "stale" and cal.content is not None:
-                t *= cal.content.factor(d["H"], d["Hp"], t)
+            if d.get("content") == "stale" and cal.content is not None and cal.step_content() is None:
+                t *= cal.content.factor(d["H"], d["Hp"], t)  # kernel-only scope (step scope: apply_step_content)
             return t
     return op_time_ms(op, arch, cal, tp)
 
@@ -84,10 +84,12 @@ def route_layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, 
     sparse path, FA3's one ``kernel`` op, or ``kv_b_proj + k_concat + mha_attn (+ mask)``; the absorbed bmms are
     layer ops) and ``comm``."""
     out: dict = {}
-    comm = 0.0
-    for op in route_layer_ops(model, tp, arch, route, step, strategy, **kw):
-        out[op.name] = route_op_time_ms(op, arch, calibration, tp, kernel_fit, kernel_model)
-        comm += out[op.name] if op.is_comm else 0.0
+    cal = resolve_calibration(calibration)
+    ops = list(route_layer_ops(model, tp, arch, route, step, strategy, **kw))
+    for op in ops:
+        out[op.name] = route_op_time_ms(op, arch, cal, tp, kernel_fit, kernel_model)
+    apply_step_content(out, ops, cal)  # stale padded heads over the layer (content_scope "step")
+    comm = sum(out[op.name] for op in ops if op.is_comm)
     att = set(ATTN_OPS) | set(ROUTE_ATTN_OPS)
     out["attention"] = sum(v for k, v in out.items() if k in att)
     out["comm"] = comm
@@ -101,11 +103,13 @@ def route_step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, s
     """Modelled ms of one engine step on ``route`` (:func:`mla_lab.model.routes.route_step_ops`): ``total``,
     ``attention`` (summed over layers) and ``mha_pricing``."""
     cal = resolve_calibration(calibration)
-    total = attn = 0.0
-    for op, c in route_step_ops(model, tp, arch, route, strategy, step, **kw):
-        t = c * route_op_time_ms(op, arch, cal, tp, kernel_fit, kernel_model)
-        total += t
-        attn += t if op.name in ATTN_OPS + ROUTE_ATTN_OPS else 0.0
+    pairs = list(route_step_ops(model, tp, arch, route, strategy, step, **kw))
+    by: dict = {}
+    for op, c in pairs:
+        by[op.name] = by.get(op.name, 0.0) + c * route_op_time_ms(op, arch, cal, tp, kernel_fit, kernel_model)
+    apply_step_content(by, [op for op, _ in pairs], cal)  # stale padded heads over the step
+    total = sum(by.values())
+    attn = sum(v for k, v in by.items() if k in ATTN_OPS + ROUTE_ATTN_OPS)
     return {"total": total, "attention": attn, "mha_pricing": mha_pricing_source(cal)}
 
 

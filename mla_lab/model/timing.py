@@ -47,7 +47,7 @@ from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, step_op
 from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
 __all__ = ["op_time_ms", "comm_time_ms", "kernel_rate_tflops", "layer_time_ms", "step_time_ms", "attention_path_ms",
-           "predict_measured_op_ms"]
+           "predict_measured_op_ms", "apply_step_content"]
 
 
 def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = None, tp: int = 1) -> float:
@@ -173,14 +173,14 @@ def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy
     arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required). The step
     takes the strategy's route (:func:`mla_lab.model.routes.step_route`: dense MHA where its engine rule sends the
     step there, :mod:`mla_lab.routes`); ``route`` says which; ``content`` how stale padded heads were priced
-    (:func:`_step_content`, the share taken over this layer)."""
+    (:func:`apply_step_content`, the share taken over this layer)."""
     cal = resolve_calibration(calibration)
     out: dict = {}
     route = step_route(model, strategy, step)
     ops = list(route_layer_ops(model, tp, arch, route, step, strategy, **kw))
     for op in ops:
         out[op.name] = op_time_ms(op, arch, cal, tp)
-    content = _step_content(out, ops, cal)
+    content = apply_step_content(out, ops, cal)
     comm = sum(out[op.name] for op in ops if op.is_comm)
     total = sum(out.values())
     out["attention_path"] = sum(out.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)
@@ -195,7 +195,7 @@ def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy 
                  calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ms of one engine step on one rank, all layers: ``total``, ``by_op`` (ms summed over layers),
     ``attention_path``, ``comm``, ``route`` (the strategy's route for this step,
-    :func:`mla_lab.model.routes.step_route`), ``content`` (how stale padded heads were priced: :func:`_step_content`).
+    :func:`mla_lab.model.routes.step_route`), ``content`` (how stale padded heads were priced: :func:`apply_step_content`).
     Keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required)."""
     cal = resolve_calibration(calibration)
     by: dict = {}
@@ -205,18 +205,18 @@ def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy 
     pairs = list(pairs)
     for op, count in pairs:
         by[op.name] = by.get(op.name, 0.0) + op_time_ms(op, arch, cal, tp) * count
-    content = _step_content(by, [op for op, _ in pairs], cal)
+    content = apply_step_content(by, [op for op, _ in pairs], cal)
     comm = sum(by[name] for name in {op.name for op, _ in pairs if op.is_comm})
     attn = sum(by.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)
     return {"total": sum(by.values()), "by_op": by, "attention_path": attn, "comm": comm, "route": route,
             "content": content}
 
 
-def _step_content(times: dict, ops, cal: Calibration) -> dict:
+def apply_step_content(times: dict, ops, cal: Calibration) -> dict:
     """Stale padded heads over the whole step (:class:`~mla_lab.model.content.StepContentModel`), in place.
 
     ``times``: ms per op name (zero-content times: under the step scope :func:`op_time_ms` applies no content
-    factor). When an op of ``ops`` reads stale padded heads (``content == "stale"``, ``Hp > H``) and the calibration
+    factor); ``ops`` the ops behind them (:mod:`mla_lab.model.route_timing` prices routes with it too). When an op of ``ops`` reads stale padded heads (``content == "stale"``, ``Hp > H``) and the calibration
     prices content over the step, the attention-path ops (:data:`~mla_lab.model.ops.ATTN_OPS`) are scaled by the
     attention factor and every other compute op by the rest factor, with ``share`` = attention path / compute time
     (collectives neither scaled nor counted: the H200 loop the model is fitted on had none).
