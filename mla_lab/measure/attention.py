@@ -21,6 +21,7 @@ import torch
 
 from ..kernels import last_backend
 from ..models import ModelConfig, load_model
+from ..placement import parse_strategy
 from ..strategies import PaddedQPath
 from ..workload import Step
 from .timer import interleaved, summarize
@@ -87,7 +88,8 @@ def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int
 
     Returns:
         ``{name: {"total": median ms, "samples": [ms, ...], "q1", "q3", "ci_lo", "ci_hi", "peak_bytes",
-        "workspace_bytes"}, "kernel_backend", "concat_backend", "repeats"}`` (``peak_bytes`` None on CPU).
+        "workspace_bytes"}, "kernel_backend", "concat_backend", "repeats"}`` (``peak_bytes`` None on CPU and for
+        ``subchunk:<S>:graph2``, whose replay allocates nothing: its chunk outputs live in the graph's pool).
 
     Raises:
         RuntimeError: ``device="cuda"`` without a GPU; ValueError: an unknown strategy or ``kernel_native``.
@@ -117,6 +119,8 @@ def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int
     del paths
     if device == "cuda":
         for name in strategies:
+            if parse_strategy(name).graphed:
+                continue  # graph2: a replay allocates nothing (its memory is the graph's pool): no call peak (None)
             path = PaddedQPath(name, **kw)  # per_call_empty allocates its pad per call here, as vLLM does
             path(ql_nope, q_pe, kv, idx, sm_scale, tl, consumer=consumer_of(path))
             torch.cuda.synchronize()
