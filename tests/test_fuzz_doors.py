@@ -411,3 +411,19 @@ def test_memory_tradeoff_never_returns_a_negative_capacity():
         assert math.isnan(mem["strategies"]["private_workspace"]["kv_capacity_pct_lost"])
     ok = memory_tradeoff(Deployment.seed(), strategies=["private_workspace"])
     assert ok["fits"] and ok["fit_reason"] == "" and ok["kv_capacity_tokens"] > 200_000
+
+
+def test_dry_run_creates_nothing(tmp_path):
+    """Issue 24: ``sweep --dry-run -p data_file nosuch/dir/x.csv`` created ``nosuch/dir`` and dry runs created the
+    store folder. Now the plan is printed (with the store's real path, stored 0) and the folder stays empty."""
+    import json
+
+    before = _tree(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "mla_lab.cli", "sweep", "--dry-run", "-p", "data_file",
+                        "nosuch/dir/x.csv", "-p", "store_dir", "new/store"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "MLA_LAB_CACHE": str(tmp_path / "cache")})
+    assert r.returncode == 0, r.stderr
+    plan = json.loads(r.stdout)
+    assert plan["stored"] == 0 and plan["store_dir"] == str(tmp_path / "new" / "store")
+    assert plan["store_exists"] is False and plan["points"] == plan["to_compute"] > 0
+    assert _tree(tmp_path) == before
