@@ -25,7 +25,8 @@ FAST_LIMIT_ENV = "MLA_LAB_FAST_LIMIT_S"
 #: Wall seconds a test not marked ``slow`` may take in its call phase (``make test-fast`` <= 45 s on 2 idle cores).
 FAST_LIMIT_S = 10.0
 
-#: Node-id prefixes marked ``slow`` (a file: every test in it). Times: 2-core CPU, the whole suite's --durations.
+#: Node-id prefixes marked ``slow`` (a file: every test in it). Times: 2-core CPU, the whole suite's --durations
+#: (idle, or a loaded machine's figure divided by its slowdown).
 SLOW = (
     "tests/test_executors.py",  # a local Ray instance per test (7-25 s)
     "tests/test_notebook.py",  # papermill runs of the sweep notebook (3-16 s each)
@@ -40,6 +41,11 @@ SLOW = (
     "tests/test_store_claims.py",  # two sweep processes on one store
     "tests/test_bad_input.py::test_bad_input[cli_",  # the CLI in a subprocess (2-3 s each)
     "tests/test_resume.py::test_sigkill",  # a sweep subprocess killed and resumed
+    "tests/test_cli_flags.py::test_every_serve_flag_acts",  # two serving simulations per flag (22 flags, 1-5 s each)
+    "tests/test_kernels_concat.py::test_bench_round3_",  # benchmarks/round3.py in a subprocess (4 tests, 4-6 s each)
+    "tests/test_subchunk_graph.py::test_graph2_eager_loop_equals_every_strategy_on_cpu",  # every strategy on tensors (3-4 s)
+    "tests/test_engines.py::test_every_real_preset_gives_the_same_real_heads",  # every preset on tensors (5 cases, 2 s each)
+    "tests/test_sweep.py::test_fused_equals_unfused",  # the strategies on tensors per head count (12 cases, 1-2 s each)
     "tests/test_browser.py::test_published_report_renders_with_every_figure",
     "tests/test_browser.py::test_index_and_run_report_render",
 )
