@@ -302,7 +302,11 @@ def _cmd_advise(args) -> int:
                  args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
                  args.moe_parallel, args.memory_budget_mib, args.memory_budget_tokens, measured=measured,
                  gpu_memory_utilization=args.gpu_memory_utilization)
-    print(json.dumps(res, indent=1, default=str) if args.json else format_advice(res))
+    detached = list(getattr(measured, "attrs", {}).get("detached", [])) if measured is not None else []
+    if args.json:
+        print(json.dumps({**res, "measured_detached": detached}, indent=1, default=str))
+    else:
+        print(format_advice(res) + "".join(f"\nnote: {n}" for n in detached))
     return 0
 
 

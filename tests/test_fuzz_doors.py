@@ -427,3 +427,33 @@ def test_dry_run_creates_nothing(tmp_path):
     assert plan["stored"] == 0 and plan["store_dir"] == str(tmp_path / "new" / "store")
     assert plan["store_exists"] is False and plan["points"] == plan["to_compute"] > 0
     assert _tree(tmp_path) == before
+
+
+def test_measured_rows_of_an_edited_config_are_detached_and_said_so(tmp_path, monkeypatch, capsys):
+    """Issue 24: after num_attention_heads of glm-5 is edited, the measured rows taken on the 8-head geometry stayed
+    attached ("measured -1.6 %"). Now they are detached with a note, and advise shows no measured value for it."""
+    import json
+    import shutil
+
+    from mla_lab.paths import data_dir, measured_dir
+    from mla_lab.report.data import load_measured
+
+    data, measured = tmp_path / "data", measured_dir()
+    shutil.copytree(data_dir() / "models", data / "models")
+    shutil.copytree(data_dir() / "calibration", data / "calibration")
+    cfg = data / "models" / "glm-5" / "config.json"
+    c = json.loads(cfg.read_text())
+    c["num_attention_heads"] = 128
+    cfg.write_text(json.dumps(c))
+    monkeypatch.setenv("MLA_LAB_DATA", str(data))
+    monkeypatch.setenv("MLA_LAB_MEASURED", str(measured))
+    monkeypatch.setenv("MLA_LAB_CACHE", str(tmp_path / "cache"))
+    m = load_measured()
+    notes = m.attrs["detached"]
+    assert any("glm-5 TP8 detached: measured at [8] heads per rank, the config now gives 16" in n for n in notes), notes
+    assert not ((m["model"] == "glm-5") & (m["tp"] == 8)).any()
+    assert cli.main(["advise", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert any("glm-5 TP8 detached" in n for n in out["measured_detached"])
+    rec = out["recommendation"]
+    assert rec["measured_change_pct"] is None and all(a["measured_change_pct"] is None for a in out["alternatives"])

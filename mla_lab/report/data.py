@@ -9,10 +9,11 @@ import tempfile
 from pathlib import Path
 
 from ..arch import get_arch
+from ..models import load_model
 from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir
 from ..sweep.rows import reprice_measured_rows
 
-__all__ = ["load_measured", "load_measured_cached", "measured_digest", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
+__all__ = ["load_measured", "load_measured_cached", "measured_digest", "detach_stale", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
 
 
 # Columns a measured file must have to be read as sweep rows.
@@ -45,10 +46,39 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
             df["file"] = str(p.relative_to(root))
             frames.append(df)
     if not frames:
-        return pd.DataFrame()
+        empty = pd.DataFrame()
+        empty.attrs["detached"] = []
+        return empty
 
+    both, detached = detach_stale(pd.concat(frames, ignore_index=True))
     # the attention path is measured; the rest of TTFT comes from the current model, so re-derive it here
-    return reprice_measured_rows(pd.concat(frames, ignore_index=True), weight_dtype, moe_parallel)
+    out = reprice_measured_rows(both, weight_dtype, moe_parallel) if len(both) else both
+    out.attrs["detached"] = detached
+    return out
+
+
+def detach_stale(df):
+    """Measured rows whose geometry no longer matches the model config they name (heads per rank: the row's
+    ``num_heads`` against ``num_attention_heads / tp`` of today's ``data/models/<model>/config.json``), dropped:
+    a row measured on 8 heads per rank is not a measurement of an edited 16-head config. Returns ``(kept rows,
+    [one line per detached group])``; rows of a model no longer known are detached too."""
+    if "num_heads" not in df.columns or not len(df):
+        return df, []
+    keep = [True] * len(df)
+    notes = []
+    for (m, tp), g in df.groupby(["model", "tp"], dropna=False):
+        try:
+            want = load_model(str(m)).heads_per_rank(int(tp))
+        except (ValueError, TypeError) as e:
+            want, why = None, f"its model no longer loads ({' '.join(str(e).split())[:120]})"
+        stale = g[g["num_heads"].astype(float) != want].index if want is not None else g.index
+        if len(stale):
+            why = why if want is None else (f"measured at {sorted(set(g.loc[stale, 'num_heads'].astype(int)))} heads "
+                                            f"per rank, the config now gives {want}")
+            notes.append(f"{len(stale)} measured row(s) of {m} TP{tp} detached: {why} (re-measure to attach)")
+            for i in stale:
+                keep[df.index.get_loc(i)] = False
+    return df[keep].copy(), notes
 
 #: How many cached priced frames are kept (older ones are removed when a new one is written).
 CACHE_KEEP = 8
