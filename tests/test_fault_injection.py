@@ -56,14 +56,24 @@ FAKE_SRC = textwrap.dedent("""
                 for i, s in enumerate(("per_call_empty:zeros", "private_workspace"))]
 """)
 
+# The child stops (blocks) before its (max_compute + 1)-th point when max_compute >= 0: a run meant to be killed
+# mid-run never finishes on its own however late the parent, on a loaded machine, looks at the store.
 CHILD = textwrap.dedent("""
-    import json, sys
+    import json, sys, time
     import mla_lab.sweep.run as s
     s.code_version = lambda: {version!r}
     exec({fake!r})
-    params, delay = json.loads(sys.argv[1]), float(sys.argv[2])
-    s.run_sweep(params, progress=True, compute_fn=lambda pt, mode: fake_rows(pt, mode, delay))
+    params, delay, max_compute = json.loads(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+    n = [0]
+    def compute(pt, mode):
+        if n[0] == max_compute:
+            time.sleep(600)  # killed here
+        n[0] += 1
+        return fake_rows(pt, mode, delay)
+    s.run_sweep(params, progress=True, compute_fn=compute)
 """).format(version=VERSION, fake=FAKE_SRC)
+#: A run killed mid-run stops at most this many points past its kill target (if the parent has not killed it yet).
+STOP_AFTER_TARGET = 50
 
 
 def _fake():
@@ -101,9 +111,12 @@ def test_sigkill_at_random_moments_then_resume_equals_an_uninterrupted_run(tmp_p
     t_start = time.time()
     for i, target in enumerate(targets):
         err = tmp_path / f"run{i}.err"
+        before = _n_stored(points) if points.is_dir() else 0
+        # stop at most STOP_AFTER_TARGET points past the target, and before the last point (the last run: never)
+        max_compute = -1 if target == N_POINTS else min(target + STOP_AFTER_TARGET, N_POINTS - 1) - before
         with open(err, "w") as f:
-            proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(params), str(FAKE_DELAY_S)],
-                                    cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=f)
+            proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(params), str(FAKE_DELAY_S),
+                                     str(max_compute)], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=f)
         try:
             t0 = time.time()
             while proc.poll() is None and (not points.is_dir() or _n_stored(points) < target):
