@@ -514,7 +514,7 @@ def main(argv=None) -> int:
     ap.add_argument("--num-runs", type=int, default=1000, help="Monte-Carlo runs per build (>= 2)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--no-measurements", action="store_true", help="ignore cold_start.csv (assumed defaults only)")
+    ap.add_argument("--no-measurements", action="store_true", help="do not recompute the measured components from data/measured/h200/between_process/ (use the defaults of mla_lab.serving.noise.COMPONENTS as they stand)")
     ap.add_argument("--update-docs", action="store_true", help="rewrite the prediction block of docs/serving.md")
     ap.add_argument("--docs-only", action="store_true", help="only --update-docs from the existing --out file")
     a = ap.parse_args(argv)
