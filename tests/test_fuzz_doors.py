@@ -246,8 +246,8 @@ P_VALUES = st.one_of(
                                "weight_dtype", "moe_parallel"]),
               st.sampled_from(["[]", "[ü]", "[gpt-2]", "42", "null", "[[1]]", "💥"])),
     st.tuples(st.sampled_from(["store_dir", "report_dir"]), st.sampled_from(["README.md", "README.md/sub", "''"])),
-    st.tuples(st.sampled_from(["request_rate", "gpu_memory_utilization"]),
-              st.sampled_from(["0", "-1", "1.5", "'fast'", "[]", ".nan"])),
+    st.tuples(st.just("request_rate"), st.sampled_from(["0", "-1", "'fast'", "[]", ".nan", "-.inf"])),
+    st.tuples(st.just("gpu_memory_utilization"), st.sampled_from(["0", "-1", "1.5", "'fast'", "[]", ".nan"])),
 )
 
 

@@ -159,15 +159,15 @@ def plot_deployment(ax, rows, title: str | None = None) -> None:
     for family, end in (("subchunk", ""), ("subchunk_views", ":views"), ("subchunk_graph2", ":graph2")):
         sc = modelled[modelled["strategy"].str.startswith("subchunk:") & (handoff.fillna("") == end)]
         if len(sc):
-            sc = sc.sort_values("subchunk_rows")
+            sc = sc.drop_duplicates("strategy").sort_values("subchunk_rows")  # one label per S
             col, mk, _ = STRATEGY_STYLE[family]
             ax.plot(sc["extra_persistent_mib"], sc["ttft_change_pct"], "-", color=col, lw=1.0, alpha=0.8)
             for _, r in sc.iterrows():
                 ax.annotate(f"{int(r['subchunk_rows']) // 1024 or r['subchunk_rows']}"
                             f"{'k' if int(r['subchunk_rows']) >= 1024 else ''}",
                             (r["extra_persistent_mib"], r["ttft_change_pct"]), fontsize=6.5, color=col,
-                            textcoords="offset points",  # views below, graph2 to the left
-                            xytext={"": (3, 3), ":views": (3, -9), ":graph2": (-14, 3)}[end])
+                            textcoords="offset points",  # plain above right, views below, graph2 above left
+                            xytext={"": (3, 3), ":views": (3, -10), ":graph2": (-16, 3)}[end], gid=S_LABEL)
     for _, r in modelled.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
         ax.scatter([r["extra_persistent_mib"]], [r["ttft_change_pct"]], marker=mk, s=42, facecolors="none",
@@ -255,8 +255,44 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
         title = ("Memory vs TTFT per deployment, changes vs vLLM before PR #53878 with zero padded heads"
                  f"{'' if len(deps) <= per_page else f' ({start // per_page + 1}/{-(-len(deps) // per_page)})'}")
         _suptitle(fig, title)
+        drop_colliding_labels(fig)
         figs.append(fig)
     return figs
+
+
+#: gid of the sub-chunk S labels on the frontier panels (secondary: the ones that would collide are left out).
+S_LABEL = "s_label"
+
+
+def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
+    """Remove every text of ``fig`` tagged ``gid`` that would print over a tick label or a text kept before it (in
+    drawing order), so the figure passes :func:`mla_lab.report.layout_check.label_overlaps`; returns how many were
+    removed. The S labels name a curve's points; a point whose label would collide stays on its curve unlabelled."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from .layout_check import OVERLAP_PX
+
+    old = fig.canvas
+    canvas = FigureCanvasAgg(fig)
+    removed = 0
+    try:
+        canvas.draw()
+        renderer = canvas.get_renderer()
+        for ax in fig.axes:
+            kept = [t.get_window_extent(renderer) for axis in (ax.xaxis, ax.yaxis)
+                    for t in axis.get_ticklabels() if t.get_visible() and t.get_text().strip()]
+            kept += [t.get_window_extent(renderer) for t in ax.texts if t.get_gid() != gid and t.get_text().strip()]
+            for t in [t for t in ax.texts if t.get_gid() == gid]:
+                bb = t.get_window_extent(renderer)
+                if any(min(bb.x1, k.x1) - max(bb.x0, k.x0) > OVERLAP_PX and
+                       min(bb.y1, k.y1) - max(bb.y0, k.y0) > OVERLAP_PX for k in kept):
+                    t.remove()
+                    removed += 1
+                else:
+                    kept.append(bb)
+    finally:
+        fig.set_canvas(old)
+    return removed
 
 
 STRATEGY_COLORS = {k: v[0] for k, v in STRATEGY_STYLE.items()}
