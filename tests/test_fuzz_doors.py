@@ -234,7 +234,7 @@ _P_INT = ["num_prompts", "num_runs", "output_len", "max_num_seqs", "concurrency"
 _P_LIST = ["tp_sizes", "max_num_batched_tokens", "prompt_lens"]
 P_VALUES = st.one_of(
     st.tuples(st.sampled_from(_P_INT), st.one_of(
-        st.integers(max_value=0), st.integers(min_value=10**6, max_value=10**30),
+        st.integers(max_value=0), st.integers(min_value=2**21, max_value=10**30),
         st.sampled_from(["'32'", "[]", "{}", "1.5", "true", "ü", "''", "-1"])).map(str)),
     st.tuples(st.sampled_from(_P_LIST), st.one_of(
         st.lists(st.integers(max_value=0), min_size=1, max_size=3),
