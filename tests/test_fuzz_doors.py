@@ -60,6 +60,12 @@ def _run_inprocess(argv: list[str]) -> tuple[int, str, float, set[str]]:
         os.environ["MLA_LAB_CACHE"] = str(root / "cache")
         err = io.StringIO()
         t0 = time.perf_counter()
+        real_publish = cli.publish
+
+        def let_through(*a, **k):  # a value the doors let through would start the notebook: fail fast instead
+            raise RuntimeError("the doors let this input through to the notebook run")
+
+        cli.publish = let_through
         try:
             os.chdir(work)
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -68,6 +74,7 @@ def _run_inprocess(argv: list[str]) -> tuple[int, str, float, set[str]]:
                 except SystemExit as e:  # argparse's own exit (--help): a code, never a traceback
                     rc = e.code
         finally:
+            cli.publish = real_publish
             os.chdir(old_cwd)
             if old_cache is None:
                 os.environ.pop("MLA_LAB_CACHE", None)
