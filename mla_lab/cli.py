@@ -377,7 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="run the padding sweep notebook through papermill and publish HTML")
     sw.add_argument("-f", "--params-file", action="append", default=[], help="YAML file of parameters")
     sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                    help="one sweep parameter as a YAML value (-p tp_sizes '[4, 8]'; list: --help-params)")
+                    help="one sweep parameter as a YAML value (-p tp_sizes '[4, 8]'; every name with its type: papermill "
+                         "--help-notebook notebooks/padding_sweep.ipynb)")
     sw.add_argument("--notebook", default=None, help="the notebook to run (default notebooks/padding_sweep.ipynb)")
     sw.add_argument("--report-name", default="padding_sweep",
                     help="basename of the latest report's files (letters, digits, '.', '_', '-'; no folders)")
