@@ -57,9 +57,9 @@ def test_cli_params_file_errors(tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("- just\n- a list\n")
     r = _cli("sweep", "-f", str(f), cwd=REPO)
-    assert r.returncode == 1 and "must hold a mapping" in r.stderr
+    assert r.returncode == 2 and "must hold a mapping" in r.stderr  # bad input: exit 2 (issue 24)
     r = _cli("sweep", "-f", str(tmp_path / "missing.yaml"), cwd=REPO)
-    assert r.returncode == 1 and "no such file" in r.stderr
+    assert r.returncode == 2 and "no such file" in r.stderr
 
 
 def test_notebook_without_parameters_cell_is_refused(tmp_path):
