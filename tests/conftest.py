@@ -46,6 +46,7 @@ SLOW = (
     "tests/test_subchunk_graph.py::test_graph2_eager_loop_equals_every_strategy_on_cpu",  # every strategy on tensors (3-4 s)
     "tests/test_engines.py::test_every_real_preset_gives_the_same_real_heads",  # every preset on tensors (5 cases, 2 s each)
     "tests/test_sweep.py::test_fused_equals_unfused",  # the strategies on tensors per head count (12 cases, 1-2 s each)
+    "tests/test_report_noise.py::test_figure_renders_with_the_reported_lines_and_percentiles",  # a figure drawn (5 s)
     "tests/test_browser.py::test_published_report_renders_with_every_figure",
     "tests/test_browser.py::test_index_and_run_report_render",
 )
