@@ -36,11 +36,13 @@ def test_cli_runs_notebook_on_tiny_grid(tmp_path):
     assert set(df["strategy"]) == want and len(df) == 2 * len(want)  # 2 archs x every default strategy
     assert (df["source"] == "modelled").all()
     html = (tmp_path / "rep" / "tiny.html").read_text()
-    # frontier page, TP bars, heatmap, serving rate curve, + the validation figure when data/measured has its rows
-    n_fig = 4 + bool(len(report.load_validation()))
+    # frontier page, TP bars, heatmap, serving changes, serving rate curve, + the validation figure when
+    # data/measured has its rows
+    n_fig = 5 + bool(len(report.load_validation()))
     assert html.count('src="data:image/png;base64') == n_fig and "Memory vs TTFT, one panel per deployment" in html
     assert "The PR&#x27;s numbers, answered" in html or "The PR's numbers, answered" in html
-    assert "Advice for the PR" in html
+    assert "Advice for the swept deployment" in html
+    assert "the PR&#x27;s deployment" in html or "the PR's deployment" in html  # the swept one, named
     assert (tmp_path / "rep" / "tiny.png").stat().st_size > 10_000  # headline chart beside the latest HTML
     nb = json.loads((tmp_path / "rep" / "tiny.ipynb").read_text())
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in nb["cells"])
