@@ -352,7 +352,10 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
             vals = [g["extra_persistent_mib"].get(t, float("nan")) if bool(fit.get(t, True)) else float("nan")
                     for t in tps]
             bars = ax_m.bar(xs, vals, 0.8 / nb, color=col)
-            ax_m.bar_label(bars, labels=[("" if v != v else f"{v:.0f}") for v in vals], fontsize=7.5, padding=2)
+            pct = [g["kv_capacity_pct_lost"].get(t, float("nan")) if "kv_capacity_pct_lost" in g.columns
+                   else float("nan") for t in tps]
+            ax_m.bar_label(bars, labels=[("" if v != v else f"{v:.0f}" + ("" if p != p else f"\n{p:.1f} % KV"))
+                                         for v, p in zip(vals, pct)], fontsize=7, padding=2)
             for x, t in zip(xs, tps):
                 if t in g.index and not bool(fit.get(t, True)):
                     ax_m.text(x, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=6.5,
@@ -376,7 +379,7 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
         ax_t.set_ylim(min(lo, 0) - 0.08 * span, max(hi, 0) + 0.1 * span)  # room for the value labels
         ax_t.set_ylabel("TTFT change vs baseline [%]")
         ax_t.set_title(f"{a}: TTFT change", fontsize=10)
-        ax_m.set_ylabel("extra MiB per rank (vLLM #53878)")
+        ax_m.set_ylabel("extra MiB per rank (vLLM #53878)\nlabel: MiB, % of KV capacity lost")
         ax_m.set_title(f"{a}: extra Q workspace of vLLM #53878", fontsize=10)
         ax_m.margins(y=0.15)
     handles = [Patch(facecolor=model_style(m, models)[0], label=m) for m in models]
