@@ -119,7 +119,8 @@ def _run_policy(tmp_path: Path, env_value: str | None, *args: str, tests: str = 
     ini = PYPROJECT["tool"]["pytest"]["ini_options"]
     markers = "\n".join(f"    {m}" for m in ini["markers"])
     (d / "pytest.ini").write_text(f"[pytest]\ntestpaths = tests\naddopts = {ini['addopts']}\nmarkers =\n{markers}\n")
-    env = {k: v for k, v in __import__("os").environ.items() if k not in ("MLA_LAB_REQUIRE_GPU", FAST_LIMIT_ENV)}
+    env = {k: v for k, v in __import__("os").environ.items()
+           if k not in ("MLA_LAB_REQUIRE_GPU", FAST_LIMIT_ENV, FAST_LIMIT_LOAD_ENV)}
     if env_value is not None:
         env["MLA_LAB_REQUIRE_GPU"] = env_value
     env.update(extra_env or {})
@@ -161,6 +162,7 @@ def test_slow_deselection(tmp_path):
 
 
 FAST_LIMIT_ENV = "MLA_LAB_FAST_LIMIT_S"
+FAST_LIMIT_LOAD_ENV = "MLA_LAB_FAST_LIMIT_LOAD"
 _GUARD_TESTS = '''
 import time
 
@@ -188,7 +190,7 @@ def test_setup_time_is_not_counted(slow_setup):
 def test_fast_guard_fails_a_test_not_marked_slow_whose_call_is_over_the_limit(tmp_path):
     """The guard of tests/conftest.py at a 0.4 s limit: the 1 s body not marked slow fails with its time; a slow
     test and a slow fixture setup do not."""
-    r = _run_policy(tmp_path, None, tests=_GUARD_TESTS, extra_env={FAST_LIMIT_ENV: "0.4"})
+    r = _run_policy(tmp_path, None, tests=_GUARD_TESTS, extra_env={FAST_LIMIT_ENV: "0.4", FAST_LIMIT_LOAD_ENV: "0"})
     out = r.stdout
     assert r.returncode == 1 and re.search(r"\b1 failed, 3 passed\b", out), out
     assert re.search(r"FAILED tests/test_policy.py::test_body_over_the_limit", out), out
@@ -203,9 +205,15 @@ def test_fast_guard_off_and_bad_limit(tmp_path):
     assert r.returncode != 0 and "MLA_LAB_FAST_LIMIT_S='ten' must be a number of seconds" in r.stdout + r.stderr
 
 
-def test_fast_guard_default_is_10_s():
+def test_fast_guard_default_is_10_s_on_an_idle_machine_and_grows_with_the_load(monkeypatch):
     text = (REPO / "tests" / "conftest.py").read_text()
     assert re.search(r"^FAST_LIMIT_S = 10\.0$", text, flags=re.M)
+    from conftest import fast_limit_for_load
+
+    monkeypatch.delenv(FAST_LIMIT_LOAD_ENV, raising=False)
+    assert [fast_limit_for_load(10.0, x) for x in (0.0, 0.5, 1.0, 2.0, 3.5)] == [10.0, 10.0, 10.0, 20.0, 35.0]
+    monkeypatch.setenv(FAST_LIMIT_LOAD_ENV, "0")
+    assert fast_limit_for_load(10.0, 3.5) == 10.0
 
 
 # ------------------------------------------------------------------------------------------------ install
