@@ -15,7 +15,7 @@ import pytest
 from mla_lab.report import site
 
 REPO = Path(__file__).resolve().parent.parent
-FIGURES = {"frontier_1", "tp_bars", "ttft_heatmap", "rate_curve"}
+FIGURES = {"frontier_1", "tp_bars", "ttft_heatmap", "serving_changes", "rate_curve"}
 N_STRATEGIES = 3  # the fixture's sweeps price unfused (both ends of vllm-pre-53878) and fused
 
 
