@@ -15,7 +15,7 @@ from pathlib import Path
 from ..seed import SEED
 from ..sweep.advise import frontier
 from .data import ok_rows, pick
-from .layout_check import figure_clipping, label_overlaps
+from .layout_check import OVERLAP_PX, figure_clipping, label_overlaps
 
 __all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "plot_deployment", "plot_tp_bars", "plot_heatmap",
            "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style", "model_style",
@@ -269,8 +269,6 @@ def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
     drawing order), so the figure passes :func:`mla_lab.report.layout_check.label_overlaps`; returns how many were
     removed. The S labels name a curve's points; a point whose label would collide stays on its curve unlabelled."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from .layout_check import OVERLAP_PX
 
     old = fig.canvas
     canvas = FigureCanvasAgg(fig)
