@@ -32,5 +32,41 @@ def test_pr_benchmark_gives_finite_metrics_and_the_changes_sign(model):
 
 
 def test_serve_benchmark_refuses_a_deployment_without_kv_capacity():
-    with pytest.raises(ValueError, match="KV-cache capacity .* <= 0"):
+    """Issue 24: called from Python, the refusal printed "capacity -6258034 tokens". Now one line naming the
+    deployment and memory_tradeoff's reason (the bf16 weights alone exceed the budget), no negative number."""
+    import re
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError) as e:
         serve_benchmark("glm-5", 8, "h200", ["vllm-53878"], PR_BENCH, 16384, weight_dtype="bf16")
+    msg = str(e.value)
+    assert time.perf_counter() - t0 < 5  # refused before any strategy is simulated
+    assert "\n" not in msg and not re.search(r"(?<![\w.])-\d", msg), msg
+    assert msg.startswith("deployment glm-5 TP8 on h200 (weight_dtype='bf16', max_num_batched_tokens=16384, "
+                          "gpu_memory_utilization=0.9) does not fit: weights (176.9 GiB per rank)"), msg
+    assert "leave no KV cache" in msg
+
+
+def test_serve_benchmark_refuses_a_strategy_whose_extra_takes_the_whole_kv_capacity():
+    """A deployment with some KV capacity (half the PR's 1008 MiB extra, at a tuned gpu_memory_utilization): the
+    baseline fits, the PR's workspace does not; the refusal names the strategy, the deployment and the extra MiB,
+    and comes before the baseline is simulated."""
+    import re
+
+    from mla_lab.arch import get_arch
+    from mla_lab.model.memory import memory_tradeoff
+    from mla_lab.models import load_model
+
+    kw = dict(weight_dtype="fp8", moe_parallel="ep", strategies=["private_workspace"])
+    mem = memory_tradeoff(load_model("glm-5"), 8, get_arch("h200"), 16384, "bf16", gpu_memory_utilization=0.9, **kw)
+    extra = mem["strategies"]["private_workspace"]["extra_bytes"]
+    u = (0.9 * mem["total_memory_bytes"] - mem["kv_budget_bytes"] + extra / 2) / mem["total_memory_bytes"]
+    mem_u = memory_tradeoff(load_model("glm-5"), 8, get_arch("h200"), 16384, "bf16", gpu_memory_utilization=u, **kw)
+    assert 0 < mem_u["kv_capacity_tokens"] < mem_u["strategies"]["private_workspace"]["kv_tokens_lost"]
+    with pytest.raises(ValueError) as e:
+        serve_benchmark("glm-5", 8, "h200", ["vllm-53878"], PR_BENCH, 16384, gpu_memory_utilization=u)
+    msg = str(e.value)
+    assert "\n" not in msg and not re.search(r"(?<![\w.])-\d", msg), msg
+    assert msg.startswith("strategy='private_workspace' does not fit deployment glm-5 TP8 on h200"), msg
+    assert f"({extra / 2**20:.0f} MiB beyond the baseline's)" in msg and "KV capacity 0" in msg

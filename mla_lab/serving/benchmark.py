@@ -67,8 +67,11 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
         "baseline", "deployment" (the arguments), "bench" (dict), "calibration", "decode_calibration", "notes"}``.
 
     Raises:
-        ValueError: a strategy whose KV capacity is <= 0 tokens (the weights and workspace do not fit at
-            ``gpu_memory_utilization``), names it; as ``SchedulerConfig``, :func:`simulate` and the cost model.
+        ValueError: a deployment whose weights and activations leave no KV cache (one line naming the deployment
+            and :func:`~mla_lab.model.memory.memory_tradeoff`'s ``fit_reason``, raised before any strategy is
+            priced), or a strategy whose persistent workspace extra takes the whole KV capacity (names the
+            strategy, the deployment and its extra MiB); never a negative capacity. As ``SchedulerConfig``,
+            :func:`simulate` and the cost model.
     """
     if not isinstance(bench, BenchConfig):
         raise ValueError(f"bench={bench!r} must be a mla_lab.serving.BenchConfig")
@@ -83,17 +86,24 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
     mem = memory_tradeoff(model_obj, tp, arch_obj, max_num_batched_tokens, kv_cache_dtype,
                           gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype,
                           moe_parallel=moe_parallel, strategies=order)
-    out: dict = {}
-    for s in order:
-        lost = mem["strategies"][s]["kv_tokens_lost"]
-        cap = mem["kv_capacity_tokens"] - lost
+    where = (f"{model_obj.name} TP{tp} on {arch_obj.name} (weight_dtype={weight_dtype!r}, "
+             f"max_num_batched_tokens={max_num_batched_tokens}, gpu_memory_utilization={gpu_memory_utilization})")
+    if not mem["fits"] or not mem["kv_capacity_tokens"] > 0:
+        # checked once, before any strategy is priced; never a negative capacity in the message
+        why = mem["fit_reason"] or "KV capacity 0 tokens"
+        raise ValueError(f"deployment {where} does not fit: {why}; allowed: a deployment whose weights fit "
+                         "(e.g. weight_dtype='fp8', a larger tp, a higher gpu_memory_utilization)")
+    caps = {s: mem["kv_capacity_tokens"] - mem["strategies"][s]["kv_tokens_lost"] for s in order}
+    for s, cap in caps.items():  # every strategy checked before the first is simulated
         if not cap > 0:
             raise ValueError(
-                f"strategy={s!r}: KV-cache capacity {cap:.0f} tokens <= 0 for {model_obj.name} TP{tp} on "
-                f"{arch_obj.name} (weights {mem['weights_bytes'] / 2**30:.1f} GiB, activations "
-                f"{mem['activation_bytes'] / 2**30:.1f} GiB, budget {mem['kv_budget_bytes'] / 2**30:.1f} GiB at "
-                f"gpu_memory_utilization={gpu_memory_utilization}); allowed: a deployment whose weights fit "
-                "(e.g. weight_dtype='fp8', a larger tp, a higher gpu_memory_utilization)")
+                f"strategy={s!r} does not fit deployment {where}: its persistent workspace extra "
+                f"({mem['strategies'][s]['extra_mib']:.0f} MiB beyond the baseline's) takes all "
+                f"{mem['kv_capacity_tokens']:.0f} tokens of KV capacity, KV capacity 0; allowed: a strategy whose "
+                "extra bytes fit, a larger tp or a higher gpu_memory_utilization")
+    out: dict = {}
+    for s in order:
+        lost, cap = mem["strategies"][s]["kv_tokens_lost"], caps[s]
         sched = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                 kv_capacity_tokens=int(cap), block_size=block_size, kv_admission=kv_admission,
                                 enforce_eager=enforce_eager)
