@@ -9,11 +9,12 @@ import tempfile
 from pathlib import Path
 
 from ..arch import get_arch
-from ..models import load_model
+from ..models import load_model, model_config_path
 from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir
 from ..sweep.rows import reprice_measured_rows
+from .stamps import config_digest, find_manifest, read_manifest, stamp_for
 
-__all__ = ["load_measured", "load_measured_cached", "measured_digest", "detach_stale", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
+__all__ = ["load_measured", "load_measured_cached", "measured_digest", "detach_stale", "unstamped_files", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
 
 
 # Columns a measured file must have to be read as sweep rows.
@@ -26,7 +27,10 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
     columns (model, tp, arch, strategy, source, max_num_batched_tokens, prompt_len, ttft_ms), keeping rows whose
     ``source`` is ``measured``; a ``file`` column says where each row came from. Other CSVs there (kernel
     benchmarks) are ignored, and so are folders named ``archive`` (superseded runs). TTFT columns are re-derived with the current TTFT model around the measured attention
-    path (:func:`mla_lab.sweep.rows.reprice_measured_rows`). Empty DataFrame if none. ``root`` defaults to env ``MLA_LAB_MEASURED``, else the
+    path (:func:`mla_lab.sweep.rows.reprice_measured_rows`). Rows measured on another model config (its digest in
+    the manifest ``config_digests.json``, :mod:`.stamps`) are left out by :func:`detach_stale`: ``attrs["detached"]``
+    holds one line per detached model and TP, ``attrs["unstamped"]`` one per file the manifest does not stamp.
+    Empty DataFrame if none. ``root`` defaults to env ``MLA_LAB_MEASURED``, else the
     repository's ``data/measured``."""
     import pandas as pd
 
@@ -47,38 +51,99 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
             frames.append(df)
     if not frames:
         empty = pd.DataFrame()
-        empty.attrs["detached"] = []
+        empty.attrs["detached"], empty.attrs["unstamped"] = [], []
         return empty
 
-    both, detached = detach_stale(pd.concat(frames, ignore_index=True))
+    rows = pd.concat(frames, ignore_index=True)
+    both, detached = detach_stale(rows, root)
     # the attention path is measured; the rest of TTFT comes from the current model, so re-derive it here
     out = reprice_measured_rows(both, weight_dtype, moe_parallel) if len(both) else both
-    out.attrs["detached"] = detached
+    out.attrs["detached"], out.attrs["unstamped"] = detached, unstamped_files(both, root)
     return out
 
 
-def detach_stale(df):
-    """Measured rows whose geometry no longer matches the model config they name (heads per rank: the row's
-    ``num_heads`` against ``num_attention_heads / tp`` of today's ``data/models/<model>/config.json``), dropped:
-    a row measured on 8 heads per rank is not a measurement of an edited 16-head config. Returns ``(kept rows,
-    [one line per detached group])``; rows of a model no longer known are detached too."""
-    if "num_heads" not in df.columns or not len(df):
+def detach_stale(df, root: str | Path | None = None):
+    """Measured rows no longer measurements of the model config they name, dropped. Returns ``(kept rows, [one line
+    per detached model and TP])``.
+
+    - Rows the manifest (:mod:`.stamps`: ``config_digests.json`` in ``root`` or above, written by
+      ``benchmarks/stamp_measured.py``) stamps for their file, GPU (``device``) and provider (``flash_mla``): kept
+      when the stamped SHA-256 equals today's ``data/models/<model>/config.json`` (:func:`.stamps.config_digest`),
+      detached otherwise (any edited value: heads, topk, layers...).
+    - Rows it does not stamp: kept when their ``num_heads`` equals ``num_attention_heads / tp`` of today's config
+      (a row measured on 8 heads per rank is not a measurement of an edited 16-head config); the files are listed
+      in the frame's ``attrs["unstamped"]`` by :func:`load_measured`.
+    - Rows of a model no longer known are detached.
+    """
+    if not len(df):
         return df, []
+    manifest = find_manifest(root) if root is not None and "file" in df.columns else None
+    files, _ = read_manifest(manifest)
+    base = Path(root).resolve() if manifest is not None else None
     keep = [True] * len(df)
     notes = []
     for (m, tp), g in df.groupby(["model", "tp"], dropna=False):
+        why_model = None
         try:
-            want = load_model(str(m)).heads_per_rank(int(tp))
+            model = load_model(str(m))
+            want = model.heads_per_rank(int(tp))
+            now = config_digest(model_config_path(str(m)))
         except (ValueError, TypeError) as e:
-            want, why = None, f"its model no longer loads ({' '.join(str(e).split())[:120]})"
-        stale = g[g["num_heads"].astype(float) != want].index if want is not None else g.index
-        if len(stale):
-            why = why if want is None else (f"measured at {sorted(set(g.loc[stale, 'num_heads'].astype(int)))} heads "
-                                            f"per rank, the config now gives {want}")
-            notes.append(f"{len(stale)} measured row(s) of {m} TP{tp} detached: {why} (re-measure to attach)")
-            for i in stale:
-                keep[df.index.get_loc(i)] = False
+            want = now = None
+            why_model = f"its model no longer loads ({' '.join(str(e).split())[:120]})"
+        heads = g["num_heads"].astype(float) if "num_heads" in g.columns else None
+        stale, whys = [], []
+        for i in g.index:
+            r = g.loc[i]
+            stamped = None
+            if manifest is not None:
+                key = (base / str(r["file"])).resolve().relative_to(manifest.parent.resolve()).as_posix()
+                stamped = stamp_for(files, key, r.get("device"), r.get("flash_mla"), m)
+            if why_model is not None or (stamped is not None and stamped != now) or \
+                    (stamped is None and heads is not None and heads[i] != want):
+                stale.append(i)
+                if stamped is not None and stamped != now:
+                    whys.append((key, r.get("device"), r.get("flash_mla"), stamped))
+        if not stale:
+            continue
+        if why_model is not None:
+            why = why_model
+        else:
+            parts = []
+            if heads is not None and (heads[stale] != want).any():
+                parts.append(f"measured at {sorted(set(heads[stale].astype(int)))} heads per rank, the config now "
+                             f"gives {want}")
+            if whys:
+                f, dev, prov, old = sorted(set(whys), key=str)[0]
+                more = f" and {len(set(whys)) - 1} more" if len(set(whys)) > 1 else ""
+                parts.append(f"measured with data/models/{m}/config.json sha256 {old[:12]}, it is now {now[:12]} "
+                             f"({f}, {dev}, {prov}{more})")
+            why = "; ".join(parts)
+        notes.append(f"{len(stale)} measured row(s) of {m} TP{tp} detached: {why} (re-measure on the current config "
+                     "and run benchmarks/stamp_measured.py to attach)")
+        for i in stale:
+            keep[df.index.get_loc(i)] = False
     return df[keep].copy(), notes
+
+
+def unstamped_files(df, root: str | Path | None) -> list[str]:
+    """One line per measured CSV of ``df`` (its ``file`` column, relative to ``root``) with rows the manifest does not
+    stamp (they are checked by heads per rank only), and one for a manifest that cannot be read."""
+    if not len(df) or "file" not in df.columns or root is None:
+        return []
+    manifest = find_manifest(root)
+    files, problem = read_manifest(manifest)
+    out = [problem] if problem else []
+    base = Path(root).resolve()
+    for f, g in df.groupby("file"):
+        key = (base / str(f)).resolve()
+        key = key.relative_to(manifest.parent.resolve()).as_posix() if manifest is not None else str(f)
+        n = sum(stamp_for(files, key, r.get("device"), r.get("flash_mla"), r["model"]) is None
+                for _, r in g.iterrows())
+        if n:
+            out.append(f"{n} measured row(s) of {f} carry no config digest (checked by heads per rank only; run "
+                       "benchmarks/stamp_measured.py after a GPU run)")
+    return out
 
 #: How many cached priced frames are kept (older ones are removed when a new one is written).
 CACHE_KEEP = 8
@@ -91,6 +156,9 @@ def _cache_inputs(root: Path) -> list[Path]:
     for d in (data_dir() / "models", data_dir() / "calibration", root):
         if d.is_dir():
             files += sorted(p for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    manifest = find_manifest(root) if root.is_dir() else None
+    if manifest is not None and manifest not in files:
+        files.append(manifest)  # a manifest in a folder above root stamps its rows too
     return files
 
 
@@ -143,7 +211,8 @@ def measured_for(params, root: str | Path | None = None):
     """:func:`load_measured` rows that lie on the sweep grid of ``params`` (a :class:`mla_lab.sweep.SweepParams`):
     same models, TP sizes, archs (aliases resolved), max_num_batched_tokens, prompt lengths and KV-cache dtypes."""
 
-    m = load_measured(root, weight_dtype=params.weight_dtype, moe_parallel=params.moe_parallel)
+    m = load_measured_cached(root, weight_dtype=params.weight_dtype, moe_parallel=params.moe_parallel)  # priced once
+    notes = {k: list(m.attrs.get(k, [])) for k in ("detached", "unstamped")}
     if len(m) == 0:
         return m
     keep = {"model": set(params.models), "tp": set(params.tp_sizes),
@@ -153,20 +222,26 @@ def measured_for(params, root: str | Path | None = None):
     for k, allowed in keep.items():
         if k in m.columns:
             m = m[m[k].astype(str).isin({str(v) for v in allowed})]
-    return m.reset_index(drop=True)
+    m = m.reset_index(drop=True)
+    m.attrs.update(notes)  # the notes are about the whole measured set (the banner says them)
+    return m
 
 def combine(modelled, measured=None):
     """The sweep's rows and measured rows in one frame (measured may be None or empty). A measured row that the
     sweep already holds (same point_key, strategy, source and timestamp: e.g. a committed copy of this very run) is
-    kept once."""
+    kept once. The measured frame's ``attrs["detached"]`` and ``attrs["unstamped"]`` lines carry over."""
     import pandas as pd
 
+    notes = {k: list(measured.attrs.get(k, [])) for k in ("detached", "unstamped")} if measured is not None else {}
     if measured is None or len(measured) == 0:
-        return modelled.copy()
+        out = modelled.copy()
+        out.attrs.update(notes)
+        return out
     both = pd.concat([modelled, measured], ignore_index=True)
     key = [c for c in ("point_key", "strategy", "source", "timestamp") if c in both.columns]
     if len(key) == 4:
         both = both.drop_duplicates(subset=key, keep="first").reset_index(drop=True)
+    both.attrs.update(notes)  # measured rows detached or unstamped: the provenance banner says so
     return both
 
 def ok_rows(df):

@@ -47,11 +47,15 @@ def provenance_summary(df) -> dict:
         s["archs"] = _uniq(g, "arch")
         s["models"] = _uniq(g, "model")
         out["sources"][str(src)] = s
+    for k in ("detached", "unstamped"):
+        if getattr(df, "attrs", {}).get(k):
+            out[f"measured_{k}"] = list(df.attrs[k])
     return out
 
 def provenance_html(df, run_id: str | None = None) -> str:
     """The report's provenance banner (HTML): which rows are measured, on what GPU and software at which commit;
-    which are modelled, by which TTFT model and calibration."""
+    which are modelled, by which TTFT model and calibration; one line per measured group detached because its model
+    config changed (``df.attrs["detached"]``, set by :func:`mla_lab.report.data.combine`) and per unstamped file."""
     summ = provenance_summary(df)
     e = _html.escape
 
@@ -91,6 +95,11 @@ def provenance_html(df, run_id: str | None = None) -> str:
         rows.append("<li>" + "".join(bits) + ".</li>")
     for other in sorted(set(src) - {"measured", "modelled"}):
         rows.append(f"<li><b>{e(other)}: {src[other]['rows']} rows</b>.</li>")
+    attrs = getattr(df, "attrs", None) or {}
+    for n in attrs.get("detached", []):  # measured on another model config (mla_lab.report.data.detach_stale)
+        rows.append(f"<li style='color:#a00'><b>Detached:</b> {e(n)}.</li>")
+    for n in attrs.get("unstamped", []):
+        rows.append(f"<li><b>Unstamped:</b> {e(n)}.</li>")
     rid = f" &middot; run <code>{e(run_id)}</code>" if run_id else ""
     return ("<div style='border:2px solid #1f77b4;border-radius:6px;padding:8px 14px;background:#f3f8fd;"
             f"margin:8px 0'><b>Provenance</b>{rid}<ul style='margin:4px 0'>{''.join(rows)}</ul></div>")

@@ -1,0 +1,132 @@
+"""Stamp the measured sweep CSVs with the model config each was measured with: writes ``config_digests.json``.
+
+    python benchmarks/stamp_measured.py [--root data/measured] [--check]
+
+Run after every GPU run that writes measured sweep rows (``benchmarks/measured_sweep.py`` runs it for its
+``--out`` when that lies under the measured root). For every CSV under ``--root`` (archive folders included) with
+the sweep's columns and ``source == "measured"`` rows, per (``device``, ``flash_mla``, ``git_commit``) group of rows
+and per model, the manifest records SHA-256 of the canonical JSON of ``data/models/<model>/config.json``
+(:func:`mla_lab.report.stamps.config_digest_of_bytes`) as it was when the rows were measured:
+
+- the config at the rows' ``git_commit`` (``git show <commit>:data/models/<model>/config.json``; a ``+wip`` suffix is
+  stripped and said in ``verified``), else
+- the config at the commit that last changed the CSV (``git log -1 -- <csv>``), else
+- for a CSV git does not know yet (a fresh run), today's config.
+
+A config edited since then therefore gets its old digest, and :func:`mla_lab.report.data.load_measured` detaches
+those rows. ``--check`` writes nothing and exits 1 when the manifest on disk differs from the one it would write.
+Exit 2 on a bad ``--root``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from mla_lab.paths import REPO_ROOT, measured_dir, models_dir
+from mla_lab.report.stamps import MANIFEST_NAME, config_digest, config_digest_of_bytes
+
+_SWEEP_COLUMNS = {"model", "tp", "arch", "strategy", "source", "max_num_batched_tokens", "prompt_len", "ttft_ms"}
+
+
+def _git(*args) -> str | None:
+    try:
+        r = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.decode() if r.returncode == 0 else None
+
+
+def _config_at(commit: str, model: str) -> str | None:
+    cfg = models_dir() / model / "config.json"
+    try:
+        rel = cfg.resolve().relative_to(REPO_ROOT)
+    except ValueError:
+        return None  # configs outside the repository (MLA_LAB_DATA): no history to read
+    raw = _git("show", f"{commit}:{rel.as_posix()}")
+    if raw is None:
+        return None
+    try:
+        return config_digest_of_bytes(raw.encode())
+    except ValueError:
+        return None
+
+
+def stamp(root: Path) -> dict:
+    """The manifest for every measured sweep CSV under ``root``."""
+    files: dict = {}
+    for p in sorted(root.rglob("*.csv")):
+        try:
+            df = pd.read_csv(p)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+            continue
+        if not _SWEEP_COLUMNS <= set(df.columns):
+            continue
+        df = df[df["source"] == "measured"]
+        if not len(df):
+            continue
+        keys = ["device", "flash_mla", "git_commit"]
+        df = df.assign(**{c: (df[c].astype("string").fillna("") if c in df.columns else "") for c in keys})
+        rel = p.relative_to(root).as_posix()
+        try:
+            csv_commit = (_git("log", "-1", "--format=%H", "--", str(p.resolve().relative_to(REPO_ROOT))) or "").strip()
+        except ValueError:
+            csv_commit = ""
+        entries = []
+        for (dev, prov, commit), g in df.groupby(keys):
+            models, verified = {}, {}
+            for m in sorted(g["model"].astype(str).unique()):
+                clean = str(commit).split("+")[0]
+                got = _config_at(clean, m) if clean else None
+                how = f"config at the rows' git_commit {commit}" if got else None
+                if got is None and csv_commit:
+                    got, how = _config_at(csv_commit, m), f"config at the CSV's commit {csv_commit[:12]}"
+                if got is None:
+                    got, how = config_digest(models_dir() / m / "config.json"), "today's config (a fresh run)"
+                models[m] = got
+                verified[m] = how
+            entries.append({"device": dev, "flash_mla": prov, "git_commit": commit, "rows": int(len(g)),
+                            "models": models, "verified": verified})
+        files[rel] = entries
+    return {"about": "SHA-256 of each model's data/models/<model>/config.json the measured rows of each CSV were "
+                     "measured with, per GPU (device) and FlashMLA provider (flash_mla); written by "
+                     "benchmarks/stamp_measured.py, read by mla_lab.report.data.load_measured (a changed config "
+                     "detaches the rows)",
+            "digest": "sha256 of json.dumps(config, sort_keys=True, separators=(',', ':'))",
+            "files": files}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=None, help="the measured root (default: data/measured or MLA_LAB_MEASURED)")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 if the manifest is out of date")
+    args = ap.parse_args(argv)
+    root = Path(args.root) if args.root else measured_dir()
+    if not root.is_dir():
+        print(f"--root={str(root)!r} is not a folder; allowed: the measured root (e.g. data/measured)",
+              file=sys.stderr)
+        return 2
+    doc = stamp(root)
+    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    path = root / MANIFEST_NAME
+    if args.check:
+        same = path.is_file() and path.read_text() == text
+        print(f"{path}: {'up to date' if same else 'out of date (run benchmarks/stamp_measured.py)'}")
+        return 0 if same else 1
+    path.write_text(text)
+    n = sum(e["rows"] for es in doc["files"].values() for e in es)
+    print(f"{path}: {len(doc['files'])} file(s), {n} measured row(s) stamped")
+    for f, es in doc["files"].items():
+        for e in es:
+            print(f"  {f} [{e['device']}, {e['flash_mla']}, {e['git_commit']}]: "
+                  + ", ".join(f"{m} {d[:12]} ({e['verified'][m]})" for m, d in e["models"].items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
