@@ -6,7 +6,9 @@ Every grid point gets modelled rows for every arch of the grid and, for the arch
 measured rows: every real strategy's attention path timed per distinct step in ``--num-runs`` interleaved rounds
 (:func:`mla_lab.measure.attention.time_attention_path`), the rest of the step modelled
 (:func:`mla_lab.sweep.rows.measured_rows`). The report is rendered from the CSV afterwards (``make report`` with
-``MLA_LAB_MEASURED`` or the committed ``data/measured``), which needs no GPU.
+``MLA_LAB_MEASURED`` or the committed ``data/measured``), which needs no GPU. An ``--out`` under the measured root
+is stamped afterwards (``benchmarks/stamp_measured.py``: the model config digests the rows were measured with);
+elsewhere, copy it there and run that script.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
+import stamp_measured  # benchmarks/stamp_measured.py, beside this script (sys.path[0] when run as a script)
+
+from mla_lab.paths import measured_dir
 from mla_lab.sweep import run_sweep
 
 GRID = dict(models=["glm-5", "deepseek-v3.2"], tp_sizes=[4, 8], archs=["h200"],
@@ -44,6 +50,12 @@ def main(argv=None) -> int:
             "analytic_peak_extra_bytes"]
     if len(meas):
         print(meas[[c for c in cols if c in meas.columns]].to_string(index=False))
+    # key the measured rows by the model configs they were measured on (issue 24: a changed config detaches them)
+    root = measured_dir().resolve()
+    if Path(args.out).resolve().is_relative_to(root):
+        stamp_measured.main(["--root", str(root)])
+    else:
+        print(f"not under {root}: after copying {args.out} there, run python benchmarks/stamp_measured.py")
     return 0 if (df["status"] == "ok").all() else 1
 
 
