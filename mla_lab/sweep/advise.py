@@ -95,7 +95,9 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
         reason], "frontier": [strategy names]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
-        :data:`mla_lab.placement.BASELINE`), extra_persistent_mib, call_transient_mib, kv_tokens_lost,
+        :data:`mla_lab.placement.BASELINE`), persistent_mib (the persistent Q workspace the strategy holds per
+        rank), extra_persistent_mib (that minus the baseline's: what the budget and KV tokens lost count),
+        call_transient_mib, kv_tokens_lost,
         ttft_source (modelled), measured_change_pct / measured_ci_lo / measured_ci_hi (or None),
         memory_source (exact), on_frontier.
 
@@ -153,8 +155,8 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
 
 def _summary(r: dict, reason: str) -> dict:
     return {"strategy": r["strategy"], "preset": r["preset"], "ttft_ms": r["ttft_ms"],
-            "ttft_change_pct": r["ttft_change_pct"], "extra_persistent_mib": r["extra_persistent_mib"],
-            "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": round(r["kv_tokens_lost"]),
+            "ttft_change_pct": r["ttft_change_pct"], "persistent_mib": r.get("persistent_mib"),
+            "extra_persistent_mib": r["extra_persistent_mib"], "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": round(r["kv_tokens_lost"]),
             "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost"), "kv_capacity_tokens": r.get("kv_capacity_tokens"),
             "ttft_source": "modelled", "memory_source": "exact", "reason": reason,
             "measured_change_pct": r.get("measured_change_pct"), "measured_ci_lo": r.get("measured_ci_lo"),
@@ -194,9 +196,9 @@ def format_advice(result: dict) -> str:
             f"budget: {b['memory_budget_mib'] if b['memory_budget_mib'] is not None else 'unlimited'} MiB, "
             f"{b['memory_budget_tokens'] if b['memory_budget_tokens'] is not None else 'unlimited'} KV tokens; "
             f"changes vs {result['baseline']}")
-    widths = (30, 15, 9, 8, 10, 9, 9, 7, 22, 8)
-    titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "extra MiB", "call MiB", "KV lost", "% of KV",
-              "measured dTTFT [95%]", "frontier")
+    widths = (30, 15, 9, 8, 13, 10, 9, 9, 7, 22, 8)
+    titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "workspace MiB", "extra MiB", "call MiB", "KV lost",
+              "% of KV", "measured dTTFT [95%]", "frontier")
 
     def line(vals):
         return "  ".join(str(v)[:w].ljust(w) for v, w in zip(vals, widths))
@@ -209,8 +211,9 @@ def format_advice(result: dict) -> str:
         return f"{s['measured_change_pct']:+.2f}{ci}"
 
     def fmt(s):
+        held = s.get("persistent_mib")
         return [s["strategy"], s["preset"] or "-", f"{s['ttft_ms']:.1f}", f"{s['ttft_change_pct']:+.2f}",
-                f"{s['extra_persistent_mib']:+.0f}", f"{s['call_transient_mib']:.0f}", f"{s['kv_tokens_lost']:.0f}",
+                "-" if held is None or held != held else f"{held:.0f}", f"{s['extra_persistent_mib']:+.0f}", f"{s['call_transient_mib']:.0f}", f"{s['kv_tokens_lost']:.0f}",
                 pct(s), measured(s), "yes" if s["on_frontier"] else ""]
 
     def pct(s):
@@ -241,6 +244,12 @@ def format_advice(result: dict) -> str:
                        "layer, every step); the measured column times the attention path alone on an H200 in short "
                        "windows (below the power cap), with the rest modelled, so it is shown beside the ranking, "
                        "not used for it")
+    base_held = next((x.get("persistent_mib") for x in ranked + list(result["excluded"])
+                      if x["strategy"] == result["baseline"] and x.get("persistent_mib") is not None), None)
+    out.append("'workspace MiB' = the persistent Q workspace the strategy holds per rank; 'extra MiB' = that minus "
+               + (f"the baseline's {base_held:.0f} MiB unpadded buffer" if base_held is not None
+                  else "the baseline's unpadded buffer")
+               + " (what costs KV tokens); 'call MiB' = the layer call's transient peak (not budgeted)")
     kv = next((x.get("kv_capacity_tokens") for x in ranked if x.get("kv_capacity_tokens")), None)
     if kv:
         out.append(f"'% of KV' = KV tokens lost / the baseline's KV capacity of {kv:,.0f} tokens per rank "
