@@ -208,7 +208,7 @@ here{% endif %}</p>
 
 def run_headline(report_dir: str | Path, meta: dict) -> str:
     """One sentence of a run's result at the seed point (:data:`HEADLINE_POINT`): the PR's strategy's TTFT change
-    (measured where the run has measured rows, else modelled, and says which) and its memory cost in MiB, KV tokens
+    (measured where the run has measured rows, else modelled, and says which) and its extra persistent MiB, KV tokens
     lost and % of KV capacity; or why there is none (the grid lacks the point, or it does not fit)."""
     import csv
 
@@ -242,7 +242,7 @@ def run_headline(report_dir: str | Path, meta: dict) -> str:
         num("kv_capacity_pct_lost")
     src = best.get("source") or "modelled"
     ttft = f"TTFT {ch:+.1f} % ({src})" if ch == ch else "TTFT not priced"
-    mem = f"+{mib:,.0f} MiB per rank = {lost:,.0f} KV tokens lost ({pct:.1f} % of KV capacity)" if mib == mib else ""
+    mem = f"+{mib:,.0f} MiB extra per rank = {lost:,.0f} KV tokens lost ({pct:.1f} % of KV capacity)" if mib == mib else ""
     return f"PR #53878 (private pre-padded workspace) at {where}: {ttft}, {mem}".rstrip(", ")
 
 
