@@ -9,8 +9,10 @@ geometry and GLM-5.2's (an indexer on 21 of 78 layers) and compares:
 - vLLM after PR #56902 (``shared_workspace:none``) and SGLang (``per_call_zeros``) against the PR.
 
 Each change is given modelled (full-layer TTFT model) and measured (the attention path timed on one H200 per
-strategy, interleaved rounds, the rest of the step modelled: ``data/measured/h200/round2/presets.csv``) with the 95 %
-interval of the paired rounds. :func:`seed_sentences` says in plain words which assumptions can reach the reported
+strategy in >= 5 fresh processes, interleaved rounds in each, the rest of the step modelled:
+``data/measured/h200/between_process/presets.csv``): the median over processes of each process's change, with
+``[min, max]`` over processes (the between-process interval: one process's own interval of its rounds does not
+cover the next process's value). :func:`seed_sentences` says in plain words which assumptions can reach the reported
 -9.5 % and which cannot.
 """
 
@@ -40,21 +42,34 @@ COMPARISONS = SEED_COMPARISONS
 PRESET_FILE_NAMES = BENCH_PRESET_LABELS
 
 
-def _measured_seed_samples(path: Path | None) -> dict:
-    """Per canonical strategy: the per-round attention-path ms at the seed shape (GLM-5 TP8), in round order."""
+#: The committed between-process rows of the seed attention path (benchmarks/round3.py, part ``presets``).
+BETWEEN_PROCESS_PRESETS = ("between_process", "presets.csv")
+
+
+def _measured_seed_samples(path: Path | None) -> tuple[dict, str]:
+    """Per canonical strategy, the attention-path ms at the seed shape (GLM-5 TP8) and what they are.
+
+    Default: ``data/measured/h200/between_process/presets.csv`` (>= 5 fresh processes, interleaved rounds in each):
+    ``{strategy: {process: median ms of that process's rounds}}``, basis ``"processes"``. A file without a
+    ``process`` column (the round-2 ``presets.csv`` of benchmarks/bench_engines.py, one process): ``{strategy:
+    {round: ms}}``, basis ``"rounds"`` (a within-process interval). ``({}, "")`` without a file."""
     import pandas as pd
 
-    p = path or measured_dir("h200") / "round2" / "presets.csv"
-    if not Path(p).is_file():
-        return {}
+    p = Path(path) if path else measured_dir("h200").joinpath(*BETWEEN_PROCESS_PRESETS)
+    if not p.is_file():
+        return {}, ""
     d = pd.read_csv(p)
+    if "process" in d.columns:
+        d = d[d["shape"] == "seed"]
+        med = d.groupby(["strategy", "process"])["ms"].median()
+        return {s: dict(g.droplevel(0).items()) for s, g in med.groupby(level=0)}, "processes"
     d = d[(d["status"] == "ok") & (d["model"] == "glm-5") & (d["pattern"] == "seed") & (d["tp"] == 8)]
     out = {}
     for name, g in d.groupby("preset"):
         canonical = PRESET_FILE_NAMES.get(name)
         if canonical:
-            out[canonical] = list(g.sort_values("repeat")["ms_median"])
-    return out
+            out[canonical] = dict(enumerate(g.sort_values("repeat")["ms_median"]))
+    return out, "rounds"
 
 
 def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = None, calibration=None) -> list[dict]:
@@ -69,7 +84,7 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
     ``kernel``; ``modelled_pct_kernel_content`` is the same change with the kernel-only factor
     (:class:`~mla_lab.model.content.ContentModel`), for comparison (equal to ``modelled_pct`` where nothing is
     stale; ``content_scope`` ``none``)."""
-    samples = _measured_seed_samples(Path(presets_csv) if presets_csv else None)
+    samples, basis = _measured_seed_samples(Path(presets_csv) if presets_csv else None)
     out = []
     for name in models:
         d = Deployment.seed(model=name)
@@ -87,11 +102,11 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
         mem = {s: memory_account(parse_strategy(s), H, mbt, arch, d.kv_cache_dtype, shared_other_bytes=shared)
                for s in names}
         base_persistent = memory_account(parse_strategy(BASELINE), H, mbt, arch, d.kv_cache_dtype).persistent_bytes
-        rounds = {}
+        ttft = {}  # strategy -> {process (or round): mean TTFT with that attention-path time, ms}
         for s in names:
             if s in samples:
-                rounds[s] = [ttft_with_attention(modelled[s], steps, d.prompt_len, model.num_hidden_layers,
-                                                 [x] * len(steps)) for x in samples[s]]
+                ttft[s] = {k: ttft_with_attention(modelled[s], steps, d.prompt_len, model.num_hidden_layers,
+                                                  [x] * len(steps)) for k, x in samples[s].items()}
         for label, s, ref in COMPARISONS:
             m_pct = 100.0 * (modelled[s]["ttft_ms_mean"] / modelled[ref]["ttft_ms_mean"] - 1)
             k_pct = 100.0 * (kernel_only[s]["ttft_ms_mean"] / kernel_only[ref]["ttft_ms_mean"] - 1)
@@ -103,21 +118,25 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
                    "comm_ms": modelled[ref]["comm_ms"], "against_run_ms": modelled[ref]["ttft_ms_max"],
                    "comm_source": modelled[ref]["comm_source"],
                    "measured_pct": None, "measured_lo": None, "measured_hi": None, "rounds": 0,
+                   "measured_basis": None, "n_processes": 0,
                    "extra_persistent_mib": (mem[s].persistent_bytes - base_persistent) / MIB,
                    "against_extra_persistent_mib": (mem[ref].persistent_bytes - base_persistent) / MIB,
                    "call_transient_mib": mem[s].call_transient_bytes / MIB,
                    "against_call_transient_mib": mem[ref].call_transient_bytes / MIB}
-            if s in rounds and ref in rounds:
-                n = min(len(rounds[s]), len(rounds[ref]))
-                ch = [100.0 * (a / b - 1) for a, b in zip(rounds[s][:n], rounds[ref][:n])]
-                med = [sorted(samples[s])[len(samples[s]) // 2], sorted(samples[ref])[len(samples[ref]) // 2]]
-                t_s = ttft_with_attention(modelled[s], steps, d.prompt_len, model.num_hidden_layers,
-                                          [med[0]] * len(steps))
-                t_r = ttft_with_attention(modelled[ref], steps, d.prompt_len, model.num_hidden_layers,
-                                          [med[1]] * len(steps))
-                ci = summarize(ch)
-                row.update(measured_pct=100.0 * (t_s / t_r - 1), measured_lo=ci["ci_lo"], measured_hi=ci["ci_hi"],
-                           rounds=n)
+            if s in ttft and ref in ttft:
+                keys = sorted(set(ttft[s]) & set(ttft[ref]))
+                ch = [100.0 * (ttft[s][k] / ttft[ref][k] - 1) for k in keys]
+                if basis == "processes":
+                    # between fresh processes: the median change and [min, max] over processes
+                    # (mla_lab.measure.spread's convention; coverage 1 - 2 / 2**n of the median)
+                    xs = sorted(ch)
+                    mid = xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
+                    row.update(measured_pct=mid, measured_lo=xs[0], measured_hi=xs[-1], rounds=len(keys),
+                               n_processes=len(keys), measured_basis="processes")
+                else:
+                    ci = summarize(ch)
+                    row.update(measured_pct=ci["median"], measured_lo=ci["ci_lo"], measured_hi=ci["ci_hi"],
+                               rounds=len(keys), measured_basis="rounds")
             out.append(row)
     return out
 
@@ -198,7 +217,8 @@ def seed_sentences(rows=None) -> list[str]:
                        f"{r['modelled_pct_kernel_content']:+.1f} %)" for r in step) + ".")
     out.append("Not reproducible here: the PR's GPU model and power limit, its serving stack's other costs, and the "
                "peak-memory figure (+1032 MiB includes allocator rounding and buffers the lab does not model; the "
-               "lab's +1008 MiB is the workspace alone, exact).")
+               "lab's +1008 MiB is the workspace's extra alone: the PR's 1152 MiB workspace minus vLLM's 144 MiB "
+               "unpadded buffer before it, exact).")
     return out
 
 
