@@ -217,8 +217,8 @@ def seed_sentences(rows=None) -> list[str]:
                        f"{r['modelled_pct_kernel_content']:+.1f} %)" for r in step) + ".")
     out.append("Not reproducible here: the PR's GPU model and power limit, its serving stack's other costs, and the "
                "peak-memory figure (+1032 MiB includes allocator rounding and buffers the lab does not model; the "
-               "lab's +1008 MiB is the workspace's extra alone: the PR's 1152 MiB workspace minus vLLM's 144 MiB "
-               "unpadded buffer before it, exact).")
+               f"lab's {pr[0]['extra_persistent_mib']:+.0f} MiB is the extra alone: the PR's workspace minus vLLM's "
+               "unpadded Q buffer before it, exact).")
     return out
 
 

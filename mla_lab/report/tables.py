@@ -183,7 +183,8 @@ def seed_setup_table(df=None, measured=None, serving=None):
          "-" if x_b is None else f"+{x_b / 2**20:.0f} MiB persistent ({int(x_b):,} B)",
          "-" if pk_u is None or pk_f is None else
          f"layer call peak {pk_u / 2**20:.0f} MiB (before) vs {pk_f / 2**20:.0f} MiB (PR), on top of the workspace",
-         "ours is the Q workspace alone (allocation size, exact); the PR's peak also moves with allocator rounding "
+         "ours is the Q workspace's extra alone (its allocation minus vLLM's unpadded buffer before the PR, exact); "
+         "the PR's peak also moves with allocator rounding "
          "and other buffers. Per call, the PR allocates no pad tensor: its unbudgeted transient peak is "
          + ("-" if tr_u is None else f"{tr_f / 2**20:.0f} vs {tr_u / 2**20:.0f} MiB")),
         ("total token throughput", f"{rep['throughput_change_pct']:+.0f}%",
