@@ -17,7 +17,7 @@ import math
 
 from ..deployment import Deployment
 from ..placement import BASELINE, advise_candidates, expand_strategies
-from .rows import modelled_rows
+from .rows import between_process_changes, modelled_rows
 
 __all__ = ["advise", "candidate_strategies", "frontier", "format_advice"]
 
@@ -120,11 +120,12 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
     if not base["fits_in_memory"]:
         raise ValueError(f"this deployment does not fit: {base['fit_reason']}; no strategy can be recommended")
     _splice_measured(rows, point, measured)
+    _splice_between_process(rows, d, measured)
     excluded, kept, bounds = [], [], []
     for r in rows:
         reason = ""
         if r["placement"] == "kernel_native":
-            bounds.append(_summary(r, "a modelled bound: no engine ships a kernel taking the real head count"))
+            bounds.append(_summary(r, "a modelled bound: a FlashMLA-style kernel taking the real head count (vLLM's FA3 sparse backend, preset vllm-fa3-sparse, is the shipping kernel of that kind)"))
             continue
         if not r["fits_in_memory"]:
             reason = r["fit_reason"]
@@ -148,8 +149,10 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
             "frontier": front, "baseline": BASELINE,
             "comm_source": rows[0].get("comm_source", "") if rows else "",
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
-                    "change with the attention path timed on an H200 (rest modelled) and its 95 % interval, where "
-                    "measured; memory exact (byte accounting); a negative extra = a workspace smaller than the "
+                    "change with the attention path timed on an H200 (rest modelled) and its interval, where "
+                    "measured: at the seed's attention step the median and [min, max] over >= 5 fresh processes "
+                    "(data/measured/h200/between_process/presets.csv), elsewhere one process's 95 % interval of "
+                    "its rounds (the measured sweep); memory exact (byte accounting); a negative extra = a workspace smaller than the "
                     "baseline's unpadded Q buffer"}
 
 
@@ -160,7 +163,7 @@ def _summary(r: dict, reason: str) -> dict:
             "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost"), "kv_capacity_tokens": r.get("kv_capacity_tokens"),
             "ttft_source": "modelled", "memory_source": "exact", "reason": reason,
             "measured_change_pct": r.get("measured_change_pct"), "measured_ci_lo": r.get("measured_ci_lo"),
-            "measured_ci_hi": r.get("measured_ci_hi")}
+            "measured_ci_hi": r.get("measured_ci_hi"), "measured_basis": r.get("measured_basis")}
 
 
 def _splice_measured(rows: list[dict], point: dict, measured) -> None:
@@ -186,6 +189,23 @@ def _splice_measured(rows: list[dict], point: dict, measured) -> None:
                 r[key] = float(g[c].median())
 
 
+def _splice_between_process(rows: list[dict], d: Deployment, measured) -> None:
+    """Where the committed between-process rows measured this deployment's attention step (the seed's), the
+    measured change and its interval are theirs: median and [min, max] over >= 5 fresh processes
+    (:func:`mla_lab.sweep.rows.between_process_changes`); elsewhere they stay the sweep rows' (one process, 95 %
+    interval of its rounds). ``measured is None`` (``--no-measured``) leaves the rows alone."""
+    if measured is None:
+        return
+    bp = between_process_changes(d, [r["strategy"] for r in rows])
+    for r in rows:
+        v = bp.get(r["strategy"])
+        if v is not None:
+            r.update(measured_change_pct=v["median"], measured_ci_lo=v["lo"], measured_ci_hi=v["hi"],
+                     measured_basis=f"{v['n_processes']} fresh processes, [min, max]")
+        elif r.get("measured_change_pct") is not None:
+            r["measured_basis"] = "one process, 95 % interval of its rounds"
+
+
 def format_advice(result: dict) -> str:
     """The advice as a terminal table (recommendation first, then the alternatives, then what was excluded)."""
     d = result["deployment"]
@@ -198,7 +218,7 @@ def format_advice(result: dict) -> str:
             f"changes vs {result['baseline']}")
     widths = (30, 15, 9, 8, 13, 10, 9, 9, 7, 22, 8)
     titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "workspace MiB", "extra MiB", "call MiB", "KV lost",
-              "% of KV", "measured dTTFT [95%]", "frontier")
+              "% of KV", "measured dTTFT [int.]", "frontier")
 
     def line(vals):
         return "  ".join(str(v)[:w].ljust(w) for v, w in zip(vals, widths))

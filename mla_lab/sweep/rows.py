@@ -30,7 +30,7 @@ from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, pa
 from ..provenance import provenance
 from ..workload import schedule
 
-__all__ = ["layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
+__all__ = ["between_process_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
            "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
            "strategy_columns", "point_deployment"]
 
@@ -355,5 +355,81 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
         base_name = g["baseline"].iloc[0] if isinstance(g["baseline"].iloc[0], str) else BASELINE
         base = g[g["strategy"] == base_name]["ttft_ms"]
         if len(base) == 1:
-            out.loc[g.index, "ttft_change_pct"] = 100.0 * (g["ttft_ms"] - base.iloc[0]) / base.iloc[0]
+            new = 100.0 * (g["ttft_ms"] - base.iloc[0]) / base.iloc[0]
+            if "ttft_change_pct" in out.columns:
+                # the interval of the paired rounds moves with the re-priced change (its width is the measured
+                # one): a median outside its own interval would be a confident wrong number
+                old = out.loc[g.index, "ttft_change_pct"]
+                shift = (new - old).where(old.notna(), 0.0)
+                for c in ("ttft_change_ci_lo", "ttft_change_ci_hi"):
+                    if c in out.columns:
+                        out.loc[g.index, c] = out.loc[g.index, c] + shift
+            out.loc[g.index, "ttft_change_pct"] = new
+    return out
+
+
+#: The committed between-process rows of the seed attention path (``benchmarks/round3.py``, part ``presets``:
+#: GLM-5 TP8 geometry, 16 x 1024-token causal prompts in one 16384-token step, H200, bf16 KV cache).
+BETWEEN_PROCESS_PRESETS = ("h200", "between_process", "presets.csv")
+
+
+#: The same for the strategies timed later through the package (part ``strategies``: the graph2 sub-chunks).
+BETWEEN_PROCESS_STRATEGIES = ("h200", "between_process", "strategies.csv")
+
+
+def _between_process_seed_ms(path=None) -> dict:
+    """``{strategy: {process: median ms}}`` of the seed attention path, ``{}`` without the file. ``path``: a path
+    or a ``(gpu, folder, file)`` tuple under ``data/measured`` (default :data:`BETWEEN_PROCESS_PRESETS`)."""
+    import pandas as pd
+
+    from ..paths import measured_dir
+
+    parts = path if isinstance(path, tuple) else BETWEEN_PROCESS_PRESETS
+    p = path if (path is not None and not isinstance(path, tuple)) else \
+        measured_dir(parts[0]).joinpath(*parts[1:])
+    if not p.is_file():
+        return {}
+    d = pd.read_csv(p)
+    d = d[d["shape"] == "seed"]
+    med = d.groupby(["strategy", "process"])["ms"].median()
+    return {s: dict(g.droplevel(0).items()) for s, g in med.groupby(level=0)}
+
+
+def between_process_changes(deployment: Deployment, strategies, path=None) -> dict:
+    """The TTFT change against :data:`mla_lab.placement.BASELINE` with the attention path measured in >= 5 fresh
+    processes (the rest modelled), for a deployment whose attention step is the one measured (8 heads per rank,
+    head_size 576, topk 2048, 16384 batched tokens, 1024-token prompts, an H200, bf16 KV cache).
+
+    Per process: that process's median attention-path ms (interleaved rounds) in every step, the TTFT model
+    around it (:func:`mla_lab.model.ttft.predict_ttft` with ``attention_override_ms``), the change against the
+    baseline's of the same process; then the median and ``[min, max]`` over processes (the between-process
+    interval; :mod:`mla_lab.measure.spread`). Returns ``{strategy name: {"median", "lo", "hi", "n_processes"}}``
+    (``{}`` where the deployment is not the measured one or the file is absent)."""
+    d = deployment
+    m = d.model
+    if not (d.num_heads == 8 and m.head_size == 576 and m.topk == 2048 and d.max_num_batched_tokens == 16384
+            and d.prompt_len == 1024 and d.arch.name == "h200" and d.kv_cache_dtype == "bf16"):
+        return {}
+    steps = schedule(d.workload, d.max_num_batched_tokens)
+
+    def ttft(name, x):
+        return predict_ttft(d, parse_strategy(name), attention_override_ms=[x] * len(steps))["ttft_ms_mean"]
+
+    out = {}
+    names = [s if isinstance(s, str) else s.name for s in strategies]
+    # each file pairs its strategies with the baseline timed in the same processes; the first file wins
+    for f in ([path] if path else [None, BETWEEN_PROCESS_STRATEGIES]):
+        ms = _between_process_seed_ms(f)
+        if BASELINE not in ms:
+            continue
+        base = {k: ttft(BASELINE, x) for k, x in ms[BASELINE].items()}
+        for name in names:
+            if name in out or name not in ms:
+                continue
+            ch = sorted(100.0 * (ttft(name, x) / base[k] - 1) for k, x in ms[name].items() if k in base)
+            if len(ch) < 2:
+                continue
+            n = len(ch)
+            mid = ch[n // 2] if n % 2 else 0.5 * (ch[n // 2 - 1] + ch[n // 2])
+            out[name] = {"median": mid, "lo": ch[0], "hi": ch[-1], "n_processes": n}
     return out
