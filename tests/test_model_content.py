@@ -19,7 +19,7 @@ from mla_lab.model.timing import layer_time_ms, op_time_ms, step_time_ms
 from mla_lab.model.ttft import predict_ttft
 from mla_lab.paths import calibration_dir
 from mla_lab.placement import parse_strategy
-from mla_lab.report import seed_answer
+from mla_lab.report.seed_answer import seed_answer
 from mla_lab.workload import schedule
 
 REPO = Path(__file__).resolve().parent.parent

@@ -165,7 +165,9 @@ def test_seed_table_takes_measured_rows(modelled):
 
 
 def test_seed_answer_compares_the_engines():
-    rows = report.seed_answer()
+    from mla_lab.report.seed_answer import seed_answer
+
+    rows = seed_answer()
     by = {(r["model"], r["strategy"], r["against"]): r for r in rows}
     pr = by[("glm-5", "private_workspace", "per_call_empty:zeros")]
     assert pr["modelled_pct"] < 0 and pr["extra_persistent_mib"] == 1008.0 and pr["against_extra_persistent_mib"] == 0
