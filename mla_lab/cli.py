@@ -162,7 +162,8 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
     check_tp_sizes(checked)
     validated = dataclasses.asdict(checked)
     check_output_file(validated["data_file"], validated["overwrite"])  # refused before the kernel (cwd-relative)
-    resolve_device(validated["device"])  # device='cuda' without a GPU: refused before the kernel
+    if validated["device"] == "cuda":  # refused before the kernel without a GPU; 'auto' is resolved in the kernel
+        resolve_device("cuda")  # (importing torch here too cost ~2-4 s of a one-point sweep, issue 22)
     kernel = ensure_kernel()
     report_dir = _resolve(validated["report_dir"], cwd)
     runs_dir = report_dir / site.RUNS_DIR

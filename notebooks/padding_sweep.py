@@ -70,11 +70,13 @@ from IPython.display import HTML, Markdown, display
 
 from mla_lab import report, sweep
 from mla_lab.placement import PRESETS
+from mla_lab.report.cache import cached_call, plotted_rows, publish_cached, publish_cached_many
 from mla_lab.report.serving import (
     plot_rate_curve,
     plot_serving_changes,
+    plotted,
     rate_curve,
-    serve_swept,
+    serve_swept_cached,
     serving_details_html,
     swept_deployment,
 )
@@ -108,7 +110,7 @@ display(HTML(report.provenance_html(both, run_id)))
 # %%
 display(HTML(report.html_table(report.seed_answer_table())))
 display(Markdown("\n".join(f"- {line}" for line in report.seed_sentences())))
-served = serve_benchmark("glm-5", 8, "h200", ENGINE_PRESETS)  # the PR's setup, whatever the grid
+served = cached_call(serve_benchmark, "glm-5", 8, "h200", ENGINE_PRESETS)  # the PR's setup, whatever the grid
 display(HTML(report.html_table(report.seed_setup_table(df, measured, serving=served))))
 
 # %% [markdown]
@@ -128,12 +130,13 @@ if serve_dep is None:
 else:
     display(Markdown(f"**{serve_dep.describe()}** ({serve_note}); request rate {params.request_rate}, seed "
                      f"{params.seed}, max_num_seqs {params.max_num_seqs}"))
-    served_swept = serve_swept(params, ENGINE_PRESETS, serve_dep)
-    saved["serving_changes"] = report.publish_figure(plot_serving_changes(served_swept), "serving_changes", figs)
+    served_swept = serve_swept_cached(params, ENGINE_PRESETS, serve_dep)  # simulated once per input digest
+    saved["serving_changes"] = publish_cached(lambda: plot_serving_changes(served_swept), "serving_changes", figs,
+                                              key=plotted(served_swept))
     display(HTML(serving_details_html(served_swept)))
     rates = sorted({1.0, 4.0, 16.0, float("inf")} | (set() if params.request_rate == "inf"
                                                       else {float(params.request_rate)}))
-    curve = rate_curve(serve_dep.model, serve_dep.tp, serve_dep.arch, ["vllm-pre-53878", "vllm-53878", "vllm-56902"],
+    curve = cached_call(rate_curve, serve_dep.model, serve_dep.tp, serve_dep.arch, ["vllm-pre-53878", "vllm-53878", "vllm-56902"],
                        rates, bench=BenchConfig(num_prompts=serve_dep.num_prompts,
                                                 random_input_len=serve_dep.prompt_len,
                                                 random_output_len=serve_dep.output_len, seed=params.seed),
@@ -141,7 +144,7 @@ else:
                        gpu_memory_utilization=serve_dep.gpu_memory_utilization,
                        kv_cache_dtype=serve_dep.kv_cache_dtype, weight_dtype=serve_dep.weight_dtype,
                        moe_parallel=serve_dep.moe_parallel)
-    saved["rate_curve"] = report.publish_figure(plot_rate_curve(curve), "rate_curve", figs)
+    saved["rate_curve"] = publish_cached(lambda: plot_rate_curve(curve), "rate_curve", figs, key=curve)
 
 # %% [markdown]
 # ## Memory vs TTFT, one panel per deployment
@@ -154,8 +157,10 @@ else:
 # %%
 has_ok = len(report.ok_rows(both)) > 0
 if has_ok:
-    for i, fig in enumerate(report.plot_frontier_grid(both, kv_cache_dtype=kv_shown)):
-        saved[f"frontier_{i + 1}"] = report.publish_figure(fig, f"frontier_{i + 1}", figs)
+    frontier_key = (plotted_rows(both), kv_shown)  # each figure rendered once per input (mla_lab.report.cache)
+    for i, out in enumerate(publish_cached_many(lambda: report.plot_frontier_grid(both, kv_cache_dtype=kv_shown),
+                                                "frontier_", figs, key=frontier_key)):
+        saved[f"frontier_{i + 1}"] = out
     unfit = report.not_fitting(both, kv_cache_dtype=kv_shown)
     if len(unfit):
         display(Markdown(f"**{len(unfit)} deployment(s) do not fit** (never a result, no panel):"))
@@ -180,15 +185,16 @@ else:
 
 # %%
 if has_ok:
-    saved["tp_bars"] = report.publish_figure(report.plot_tp_bars(both, kv_cache_dtype=kv_shown), "tp_bars", figs)
+    saved["tp_bars"] = publish_cached(lambda: report.plot_tp_bars(both, kv_cache_dtype=kv_shown), "tp_bars", figs,
+                                      key=frontier_key)
 
 # %% [markdown]
 # ## TTFT change of vLLM #53878 over heads per rank x prompt length
 
 # %%
 if has_ok:
-    saved["ttft_heatmap"] = report.publish_figure(report.plot_heatmap(both, kv_cache_dtype=kv_shown),
-                                                  "ttft_heatmap", figs)
+    saved["ttft_heatmap"] = publish_cached(lambda: report.plot_heatmap(both, kv_cache_dtype=kv_shown),
+                                           "ttft_heatmap", figs, key=frontier_key)
 
 # %% [markdown]
 # ## Validation of the TTFT model (measured on an H200)
@@ -202,7 +208,7 @@ if has_ok:
 # %%
 val = report.load_validation()
 if len(val):
-    saved["validation"] = report.publish_figure(report.plot_validation(val), "validation", figs)
+    saved["validation"] = publish_cached(lambda: report.plot_validation(val), "validation", figs, key=val)
     display(HTML(report.html_table(report.validation_table(val))))
 else:
     display(Markdown("No validation measurements under `data/measured`."))
@@ -237,7 +243,9 @@ display(HTML(report.html_table(report.seed_comm_sensitivity().round(2))))
 
 # %%
 if check_equivalence:
-    checks = pd.DataFrame([{k: v for k, v in equivalence_check(num_heads=h, arch=a).items() if k != "per_strategy"}
+    # seeded inputs: run once per digest of the package's sources and the torch version (mla_lab.report.cache)
+    checks = pd.DataFrame([{k: v for k, v in cached_call(equivalence_check, num_heads=h, arch=a).items()
+                            if k != "per_strategy"}
                            for h, a in [(8, "hopper"), (16, "hopper"), (32, "hopper"), (8, "blackwell")]])
     checks["strategies"] = checks["strategies"].map(len)
     display(HTML(report.html_table(checks)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pandas as pd
 
@@ -25,12 +25,13 @@ from ..placement import BASELINE, preset_of
 from ..seed import SEED_REPORTED
 from ..serving.benchmark import serve_benchmark
 from ..serving.client import BenchConfig
+from .cache import cached_call
 from .figures import strategy_style
 from .tables import html_table
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
            "REPORTED_CHANGE", "SERVING_TABLE_COLUMNS", "RATE_CURVE_BENCH", "swept_deployment", "serve_swept",
-           "plot_serving_changes", "serving_details_html", "CHANGE_METRICS"]
+           "plot_serving_changes", "serving_details_html", "CHANGE_METRICS", "serve_swept_cached", "plotted"]
 
 #: What ``vllm bench serve`` prints, in its order and with its labels (``vllm/benchmarks/serve.py``; the latency
 #: blocks for its default ``--percentile-metrics ttft,tpot,itl`` and ``--metric-percentiles 99``).
@@ -276,6 +277,33 @@ def serve_swept(params, strategies, deployment: Deployment | None = None) -> dic
                            max_num_seqs=params.max_num_seqs, gpu_memory_utilization=dep.gpu_memory_utilization,
                            kv_cache_dtype=dep.kv_cache_dtype, weight_dtype=dep.weight_dtype,
                            moe_parallel=dep.moe_parallel)
+
+
+@dataclass(frozen=True)
+class _Workload:
+    """What :func:`serve_swept` reads of the sweep's parameters (the cache key of :func:`serve_swept_cached`)."""
+
+    request_rate: str
+    concurrency: int | None
+    seed: int
+    max_num_seqs: int
+
+
+def serve_swept_cached(params, strategies, deployment: Deployment) -> dict:
+    """:func:`serve_swept` for ``deployment``, simulated once per (the lab's input files, the deployment, the
+    workload flags, the strategies) and read back afterwards (:func:`mla_lab.report.cache.cached_call`); the same
+    result as :func:`serve_swept`. Raises as serve_swept."""
+    work = _Workload(str(params.request_rate), params.concurrency, params.seed, params.max_num_seqs)
+    return cached_call(serve_swept, work, list(strategies), deployment)
+
+
+def plotted(result: dict) -> dict:
+    """What :func:`plot_serving_changes` reads of a serve_benchmark result (each strategy's preset, metrics and
+    changes, the baseline, the deployment and the bench): the figure cache's key
+    (:func:`mla_lab.report.cache.publish_cached`)."""
+    return {"baseline": result["baseline"], "deployment": result.get("deployment"), "bench": result.get("bench"),
+            "strategies": {s: (r.get("preset"), r["metrics"], r["change_pct"])
+                           for s, r in result["strategies"].items()}}
 
 
 def plot_serving_changes(result: dict, bands: dict | None = None, title: str | None = None):

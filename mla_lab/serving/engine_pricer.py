@@ -213,6 +213,7 @@ class EnginePricer:
         idx_layers = len({i for i in self.model.indexer_layers if 0 <= i < L})
         self.counts = {"idx_logits": idx_layers, "idx_topk": idx_layers}
         self.counts.update({a: L for a in ATTN_OPS})
+        self._memo: dict = {}  # step_key -> total_ms (__call__)
 
     def __repr__(self) -> str:
         return (f"EnginePricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
@@ -243,5 +244,20 @@ class EnginePricer:
         return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "launch": launch, "by_op": by,
                 "attention_path_ms": sum(by.get(a, 0.0) for a in ATTN_OPS), "comm_ms": base["comm"]}
 
+    @staticmethod
+    def step_key(step: Step) -> tuple:
+        """What :meth:`price` reads of a step: the decode contexts, the prefill chunks' ``(start, num_tokens)`` in
+        order and ``cuda_graph`` (request ids are renumbered by position in :class:`_Parts`, and the padded
+        capture size is not priced), so two steps with equal keys cost the same."""
+        return (tuple(d.context_len for d in step.decode),
+                tuple((c.start, c.num_tokens) for c in step.prefill_chunks), step.cuda_graph)
+
     def __call__(self, step: Step) -> float:
-        return self.price(step)["total_ms"]
+        """The step's ms (:meth:`price`'s ``total_ms``), priced once per :meth:`step_key`: a serving run repeats
+        equal steps (one request decoding alone at a low request rate repeats the same contexts), and the pricer's
+        inputs are frozen, so a repeat is read back (exact, not an approximation)."""
+        key = self.step_key(step)
+        ms = self._memo.get(key)
+        if ms is None:
+            ms = self._memo[key] = self.price(step)["total_ms"]
+        return ms
