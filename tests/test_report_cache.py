@@ -102,3 +102,15 @@ def test_pricer_memo_equals_pricing_afresh():
                                      rel=1e-12)
     assert len(p._memo) == 2  # the renumbered step was read back
     assert math.isfinite(p(steps[1]))
+
+
+def test_figure_key_is_what_the_frame_holds(tmp_cache):
+    import pickle
+
+    import pandas as pd
+
+    df = pd.DataFrame({"a": [1.5, float("nan")], "b": ["x", None], "timestamp": ["t1", "t2"]})
+    back = pickle.loads(pickle.dumps(df))
+    assert cache._figure_key("figure", "n", (cache.plotted_rows(df), "bf16")) == \
+        cache._figure_key("figure", "n", (cache.plotted_rows(back.assign(timestamp=["t3", "t4"])), "bf16"))
+    assert cache._figure_key("figure", "n", df) != cache._figure_key("figure", "n", df.assign(a=[1.5, 2.0]))

@@ -89,6 +89,28 @@ def _versions() -> str:
     return _DIGEST["versions"]
 
 
+def _canonical(key):
+    """``key`` with every DataFrame as its CSV text and dtypes (what it holds, not how pandas laid it out in memory:
+    a frame read back from a pickle pickles to other bytes than the frame it was written from), recursively
+    through tuples, lists and dicts."""
+    import pandas as pd
+
+    if isinstance(key, pd.DataFrame):
+        return ("DataFrame", [str(c) for c in key.columns], [str(t) for t in key.dtypes], key.to_csv())
+    if isinstance(key, (list, tuple)):
+        return type(key).__name__, [_canonical(k) for k in key]
+    if isinstance(key, dict):
+        return "dict", [(repr(k), _canonical(v)) for k, v in key.items()]
+    return key
+
+
+def _figure_key(kind: str, name: str, key) -> str | None:
+    try:
+        return _key(kind, name.encode() + pickle.dumps(_canonical(key), protocol=pickle.HIGHEST_PROTOCOL))
+    except (pickle.PicklingError, TypeError, AttributeError):
+        return None
+
+
 def _key(kind: str, what: bytes) -> str:
     return hashlib.sha256(inputs_digest().encode() + _versions().encode() + kind.encode() + what).hexdigest()[:24]
 
@@ -134,14 +156,11 @@ def cached_call(fn, *args, **kw):
 
 def publish_cached(build, name: str, figure_dir, key, show: bool = True) -> dict:
     """:func:`~mla_lab.report.figures.publish_figure` of ``build()`` (a function returning the figure), rendered
-    once per (inputs' digest, ``name``, pickled ``key``: what the figure plots, e.g. its DataFrame) and copied
+    once per (inputs' digest, ``name``, ``key``: what the figure plots, e.g. its DataFrame, as :func:`_canonical`) and copied
     from ``<cache_dir>/figures/<digest>.png|.svg`` afterwards; ``show`` displays the PNG as publish_figure does.
     Returns ``{"png": path, "svg": path}`` (None when ``figure_dir`` is None). Raises as publish_figure (a figure
     that fails its layout check is never stored)."""
-    try:
-        digest = _key("figure", name.encode() + pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL))
-    except (pickle.PicklingError, TypeError, AttributeError):
-        digest = None
+    digest = _figure_key("figure", name, key)
     folder = cache_dir() / "figures"
     png_c, svg_c = folder / f"{digest}.png", folder / f"{digest}.svg"
     if digest is not None and _enabled() and png_c.is_file() and svg_c.is_file():
@@ -185,10 +204,7 @@ def publish_cached_many(build, prefix: str, figure_dir, key, show: bool = True) 
     rendered once per (inputs' digest, ``prefix``, pickled ``key``). Returns one ``{"png", "svg"}`` per figure."""
     import json
 
-    try:
-        digest = _key("figures", prefix.encode() + pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL))
-    except (pickle.PicklingError, TypeError, AttributeError):
-        digest = None
+    digest = _figure_key("figures", prefix, key)
     folder = cache_dir() / "figures"
     manifest = folder / f"{digest}.json"
     if digest is not None and _enabled() and figure_dir is not None and manifest.is_file():
