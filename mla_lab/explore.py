@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import html
 import io
+import textwrap
 
 from .arch import ARCHS, get_arch
 from .buffers import MIB
@@ -83,8 +84,12 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         gives: H' for bf16, H for fp8), ``workspace_bytes``/``workspace_mib`` (persistent Q workspace of
         ``strategy``), ``extra_bytes``/``extra_mib`` (vs the baseline, ``per_call_empty:zeros``), ``kv_tokens_lost``, ``per_strategy`` (list of
         dicts: strategy, persistent_bytes, workspace_mib, peak_bytes, ttft_ms, ttft_ms_max, ttft_change_pct,
-        measured_ttft_ms or None), ``ttft_scope``, ``num_steps``, ``fits_in_memory``, ``fit_reason``,
-        ``measured`` (matching rows or None) and ``selection``.
+        measured_ttft_ms or None, fits_in_memory, fit_reason), ``ttft_scope``, ``num_steps``, ``fits_in_memory``,
+        ``fit_reason``, ``measured`` (matching rows or None) and ``selection``. A deployment that does not fit
+        (``fits_in_memory`` False: its weights leave no KV cache, or its workload exceeds the KV capacity) has no
+        TTFT or memory number: every workspace/extra/KV/TTFT field, top-level and per strategy, is None (and
+        ``measured`` None); ``fit_reason`` says why. A strategy row that does not fit on its own (its workspace
+        costs the KV tokens the workload needs) has its numbers None the same way.
 
     Raises:
         ValueError: not a Deployment; an unknown strategy; anything the row builder rejects.
@@ -103,36 +108,45 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
     per = []
     for s in EXPLORER_STRATEGIES:
         r = by[s]
+        fits = bool(r["fits_in_memory"])
         mrow = None
-        if meas is not None and "strategy" in meas.columns and "ttft_ms" in meas.columns:
+        if fits and meas is not None and "strategy" in meas.columns and "ttft_ms" in meas.columns:
             ms = meas[meas["strategy"] == s]["ttft_ms"].dropna()
             mrow = float(ms.median()) if len(ms) else None
-        per.append({"strategy": s, "q_concat_heads": r["q_concat_heads"], "kernel_heads": r["kernel_heads"],
-                    "persistent_bytes": r["persistent_bytes"], "workspace_mib": r["persistent_bytes"] / MIB,
-                    "extra_mib": r["extra_persistent_mib"], "peak_bytes": r["peak_bytes"], "ttft_ms": r["ttft_ms"],
-                    "ttft_ms_max": r["ttft_ms_max"], "ttft_change_pct": r["ttft_change_pct"],
-                    "kv_tokens_lost": r["kv_tokens_lost"], "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost"),
-                    "measured_ttft_ms": mrow})
+        row = {"strategy": s, "q_concat_heads": r["q_concat_heads"], "kernel_heads": r["kernel_heads"],
+               "fits_in_memory": fits, "fit_reason": r["fit_reason"], "measured_ttft_ms": mrow}
+        row.update(_numbers(r, fits, {
+            "persistent_bytes": r["persistent_bytes"], "workspace_mib": r["persistent_bytes"] / MIB,
+            "extra_mib": r["extra_persistent_mib"], "peak_bytes": r["peak_bytes"], "ttft_ms": r["ttft_ms"],
+            "ttft_ms_max": r["ttft_ms_max"], "ttft_change_pct": r["ttft_change_pct"],
+            "kv_tokens_lost": r["kv_tokens_lost"], "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost")}))
+        per.append(row)
     chosen = by[strategy]
-    return {
+    fits = bool(chosen["fits_in_memory"])
+    out = {
         "selection": sel,
         "num_heads": chosen["num_heads"],
         "prefill_padding": chosen["prefill_padding"],
         "padded_heads": chosen["q_concat_heads"],
-        "workspace_bytes": chosen["persistent_bytes"],
-        "workspace_mib": chosen["persistent_bytes"] / MIB,
-        "extra_bytes": chosen["extra_persistent_bytes"],
-        "extra_mib": chosen["extra_persistent_mib"],
-        "kv_tokens_lost": chosen["kv_tokens_lost"],
-        "kv_capacity_pct_lost": chosen.get("kv_capacity_pct_lost"),
-        "kv_capacity_tokens": chosen.get("kv_capacity_tokens"),
+        **_numbers(chosen, fits, {
+            "workspace_bytes": chosen["persistent_bytes"], "workspace_mib": chosen["persistent_bytes"] / MIB,
+            "extra_bytes": chosen["extra_persistent_bytes"], "extra_mib": chosen["extra_persistent_mib"],
+            "kv_tokens_lost": chosen["kv_tokens_lost"], "kv_capacity_pct_lost": chosen.get("kv_capacity_pct_lost"),
+            "kv_capacity_tokens": chosen.get("kv_capacity_tokens")}),
         "per_strategy": per,
         "ttft_scope": chosen["ttft_scope"],
         "num_steps": chosen["num_steps"],
-        "fits_in_memory": chosen["fits_in_memory"],
+        "fits_in_memory": fits,
         "fit_reason": chosen["fit_reason"],
-        "measured": meas,
+        "measured": meas if fits else None,
     }
+    return out
+
+
+def _numbers(row: dict, fits: bool, values: dict) -> dict:
+    """``values`` when the row's deployment fits, else the same keys set to None: a deployment that cannot run
+    (its weights or its workload do not fit, ``row["fit_reason"]``) has no TTFT or memory number."""
+    return dict(values) if fits else dict.fromkeys(values)
 
 
 def render_chart(result: dict, dpi: int = 90) -> bytes:
@@ -150,8 +164,8 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
         ax.axis("off")
         reason = str(result.get("fit_reason") or "")
         ax.text(0.5, 0.5, "this deployment does not fit, so it has no TTFT or memory result:\n"
-                + "\n".join(reason[i:i + 90] for i in range(0, min(len(reason), 270), 90)),
-                ha="center", va="center", fontsize=9, wrap=True)
+                + textwrap.fill(reason, width=90, max_lines=3, placeholder=" ..."),  # at spaces: "0.9" stays whole
+                ha="center", va="center", fontsize=9)
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         return buf.getvalue()
@@ -161,15 +175,18 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
     x = list(range(len(rows)))
     lw = [2.4 if n == chosen else 0.0 for n in names]
     hatch = ["///" if n.endswith(":views") else None for n in names]
-    bars = ax_m.bar(x, [r["workspace_mib"] for r in rows], color=colors, edgecolor="black", linewidth=lw,
-                    hatch=hatch)
-    ax_m.bar_label(bars, labels=[f"{r['workspace_mib']:.0f}" for r in rows], fontsize=7, padding=2, rotation=90)
+    nan = float("nan")  # a strategy whose own workspace does not fit has no bar (its numbers are None)
+    mib = [nan if r["workspace_mib"] is None else r["workspace_mib"] for r in rows]
+    chg = [nan if r["ttft_change_pct"] is None else r["ttft_change_pct"] for r in rows]
+    bars = ax_m.bar(x, mib, color=colors, edgecolor="black", linewidth=lw, hatch=hatch)
+    ax_m.bar_label(bars, labels=["does not fit" if v != v else f"{v:.0f}" for v in mib], fontsize=7, padding=2,
+                   rotation=90)
     ax_m.margins(y=0.3)
     ax_m.set_title("persistent Q workspace per rank\n(exact bytes)", fontsize=9.5)
     ax_m.set_ylabel("MiB")
-    bars = ax_t.bar(x, [r["ttft_change_pct"] for r in rows], color=colors, edgecolor="black", linewidth=lw,
-                    hatch=hatch)
-    ax_t.bar_label(bars, labels=[f"{r['ttft_change_pct']:+.1f}%" for r in rows], fontsize=7, padding=2, rotation=90)
+    bars = ax_t.bar(x, chg, color=colors, edgecolor="black", linewidth=lw, hatch=hatch)
+    ax_t.bar_label(bars, labels=["does not fit" if v != v else f"{v:+.1f}%" for v in chg], fontsize=7, padding=2,
+                   rotation=90)
     ax_t.axhline(0, color="k", lw=0.6)
     ax_t.margins(y=0.35)
     base_ms = next((r["ttft_ms"] for r in rows if r["strategy"] == BASELINE), None)
@@ -220,6 +237,10 @@ def summary_html(result: dict) -> str:
     cells = []
     for r in result["per_strategy"]:
         meas = "-" if r["measured_ttft_ms"] is None else f"{r['measured_ttft_ms']:.2f}"
+        if r.get("fits_in_memory") is False:  # this strategy's own workspace does not fit: no number
+            cells.append(f"<tr><td {td}>{e(r['strategy'])}</td><td {td}>{r['q_concat_heads']}</td>"
+                         f"<td {td} colspan='7'>does not fit: {e(str(r.get('fit_reason') or ''))}</td></tr>")
+            continue
         style = " style='font-weight:bold;background:#eef4fb'" if r["strategy"] == sel["strategy"] else ""
         cells.append(f"<tr{style}>" + "".join(f"<td {td}>{v}</td>" for v in (
             e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['extra_mib']:+.1f}",
@@ -238,6 +259,9 @@ def summary_html(result: dict) -> str:
 def measured_html(result: dict) -> str:
     """The measured rows matching the selection (with their provenance), or a line saying there are none."""
     meas = result["measured"]
+    if not result.get("fits_in_memory", True):
+        return ("<i>This deployment does not fit, so no measured row is shown for it (a row measured on a one-GPU "
+                "share of it is not a result of the deployment).</i>")
     if meas is None or len(meas) == 0:
         return ("<i>No measured rows in data/measured for this selection: the numbers above are modelled.</i>")
     cols = [c for c in ("strategy", "ttft_ms", "ttft_change_pct", "extra_persistent_mib", "peak_bytes", "device",
