@@ -271,3 +271,22 @@ def test_examples_cite_public_sources_not_a_private_facts_file():
             assert "FACTS" not in p.read_text(), p
     seed = (REPO / "examples" / "seed.yaml").read_text()
     assert "vLLM PR #53878" in seed and "flashmla_sparse.py" in seed
+
+
+def test_fast_guard_acts_in_the_fast_suite_only(monkeypatch):
+    """The guard fails slow tests under ``-m "not slow"`` (make test-fast) or with its variable set; the full suite
+    (make test, CI) is never failed for a test's speed on a slower machine."""
+    from conftest import _guarding
+
+    class Config:
+        def __init__(self, m):
+            self.m = m
+
+        def getoption(self, name, default=None):
+            return self.m
+
+    monkeypatch.delenv(FAST_LIMIT_ENV, raising=False)
+    assert _guarding(Config("not slow")) and _guarding(Config("gpu and not slow"))
+    assert not _guarding(Config("")) and not _guarding(Config("gpu"))
+    monkeypatch.setenv(FAST_LIMIT_ENV, "5")
+    assert _guarding(Config(""))
