@@ -16,6 +16,7 @@ from ..seed import SEED
 from ..sweep.advise import frontier
 from .data import ok_rows, pick
 from .layout_check import OVERLAP_PX, figure_clipping, label_overlaps
+from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
 
 __all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "plot_deployment", "plot_tp_bars", "plot_heatmap",
            "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style", "model_style",
@@ -90,34 +91,12 @@ def _short(row) -> str:
     return f"{m} TP{int(row['tp'])} {row['arch']} L{k(L)} B{k(mbt)} {row.get('kv_cache_dtype', '')}"
 
 
-#: Colour and marker of every strategy, fixed across all reports (sub-chunk sizes share their family's style and
-#: are drawn as the S curve).
-STRATEGY_STYLE = {
-    "per_call_empty:zeros": ("#7f7f7f", "o", "vLLM pre-#53878 (new_empty, zeros)"),
-    "per_call_empty:stale": ("#4d4d4d", "X", "vLLM pre-#53878 (new_empty, stale)"),
-    "per_call_zeros": ("#d62728", "v", "SGLang (new_zeros per call)"),
-    "private_workspace": ("#1f77b4", "s", "vLLM #53878 (private workspace)"),
-    "shared_workspace:none": ("#9467bd", "D", "vLLM #56902 (shared workspace, stale)"),
-    "shared_workspace:zero_per_call": ("#8c564b", "P", "shared workspace + zero per call"),
-    "kernel_native": ("#2ca02c", "*", "kernel-native (modelled bound)"),
-    "subchunk": ("#ff7f0e", "^", "sub-chunk S (copy out)"),
-    "subchunk_views": ("#e377c2", "<", "sub-chunk S (views to consumer)"),
-    "subchunk_graph2": ("#17becf", ">", "sub-chunk S (2 workspaces, 2 streams, one CUDA graph)"),
-}
 #: Colour and marker of every model, fixed across all reports (unknown models get the rest in name order).
 MODEL_STYLE = {"glm-5": ("#d95f02", "o"), "glm-5.2": ("#e6ab02", "P"), "deepseek-v3.2": ("#7570b3", "s")}
 _SPARE = [("#1b9e77", "^"), ("#e7298a", "D"), ("#66a61e", "v")]
 #: The PR's strategy (vLLM #53878) in the per-TP and heatmap charts.
 PR_STRATEGY = "private_workspace"
 DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
-
-
-def strategy_style(name: str) -> tuple[str, str, str]:
-    """``(colour, marker, label)`` of a canonical strategy name."""
-    if name.startswith("subchunk:"):
-        end = name.rsplit(":", 1)[-1]
-        return STRATEGY_STYLE[{"views": "subchunk_views", "graph2": "subchunk_graph2"}.get(end, "subchunk")]
-    return STRATEGY_STYLE.get(name, ("#000000", "o", name))
 
 
 def model_style(name: str, known=()) -> tuple[str, str]:
@@ -135,26 +114,35 @@ def _deployment_rows(df):
     return [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in d.groupby(keys, sort=True)]
 
 
-def plot_deployment(ax, rows, title: str | None = None) -> None:
+def plot_deployment(ax, rows, title: str | None = None) -> int:
     """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
     %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured (95 %
     interval of the change from paired rounds), the S curves through the sub-chunk sizes, and the deployment's own
     Pareto frontier over the runnable strategies that fit (kernel_native is a bound, never on it). A deployment
-    whose weights or workload do not fit shows its reason and no points."""
+    whose weights or workload do not fit shows its reason and no points.
+
+    When a few points dwarf the rest (SGLang's dense route at -35 % beside the PR's -2 %), the y axis shows the
+    window of :func:`y_window` and each point beyond it is drawn at the window's edge with a label
+    ``\u25bc -35.2 %`` (``\u25b2`` above; bold for a measured point) in its strategy's colour, so the small changes
+    stay readable and no value is hidden. Returns the number of such off-scale points (the grid's title says
+    what the arrows mean when there are any)."""
     r0 = rows.iloc[0]
     ax.set_title(title or _short(r0), fontsize=9)
     ax.grid(alpha=0.3)
     ax.set_axisbelow(True)
     if "fits_in_memory" in rows.columns and not bool(rows["fits_in_memory"].astype(bool).any()):
         reason = str(rows["fit_reason"].iloc[0]) if "fit_reason" in rows.columns else "does not fit"
-        ax.text(0.5, 0.5, "does not fit:\n" + "\n".join(reason[i:i + 38] for i in range(0, min(len(reason), 152), 38)),
+        ax.text(0.5, 0.5, "does not fit:\n" + textwrap.fill(reason, width=38, max_lines=4, placeholder=" ..."),
                 ha="center", va="center", transform=ax.transAxes, fontsize=8, color="#b00")
         ax.set_xticks([])
         ax.set_yticks([])
-        return
+        return 0
     src = rows["source"] if "source" in rows.columns else None
     modelled = rows[src != "measured"] if src is not None else rows
     measured = rows[src == "measured"] if src is not None else rows.iloc[0:0]
+    window = y_window(list(rows["ttft_change_pct"]))
+    clip = (lambda y: y) if window is None else (lambda y: min(max(y, window[0]), window[1]))  # noqa: E731
+    off: list = []  # (x, y, colour, filled) of the points beyond the window, drawn at its edge
     handoff = modelled["strategy"].str.extract(r"^subchunk:\d+(:views|:graph2)?$", expand=False)
     for family, end in (("subchunk", ""), ("subchunk_views", ":views"), ("subchunk_graph2", ":graph2")):
         sc = modelled[modelled["strategy"].str.startswith("subchunk:") & (handoff.fillna("") == end)]
@@ -170,7 +158,10 @@ def plot_deployment(ax, rows, title: str | None = None) -> None:
                             xytext={"": (3, 3), ":views": (3, -10), ":graph2": (-16, 3)}[end], gid=S_LABEL)
     for _, r in modelled.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
-        ax.scatter([r["extra_persistent_mib"]], [r["ttft_change_pct"]], marker=mk, s=42, facecolors="none",
+        y = r["ttft_change_pct"]
+        if clip(y) != y:
+            off.append((r["extra_persistent_mib"], y, col, False))
+        ax.scatter([r["extra_persistent_mib"]], [clip(y)], marker=mk, s=42, facecolors="none",
                    edgecolors=col, linewidths=1.3, zorder=3)
     for _, r in measured.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
@@ -179,6 +170,9 @@ def plot_deployment(ax, rows, title: str | None = None) -> None:
         err = None
         if lo == lo and hi == hi and lo is not None and hi is not None:
             err = [[max(0.0, y - lo)], [max(0.0, hi - y)]]
+        if clip(y) != y:  # off the window: drawn at its edge, no interval, its value written beside it
+            off.append((r["extra_persistent_mib"], y, col, True))
+            y, err = clip(y), None
         ax.errorbar([r["extra_persistent_mib"]], [y], yerr=err, fmt=mk, color=col, mec="black", mew=0.7, ms=6.5,
                     capsize=2.5, zorder=4, elinewidth=1.0)
     fits = modelled
@@ -191,6 +185,48 @@ def plot_deployment(ax, rows, title: str | None = None) -> None:
         ax.step(front["extra_persistent_mib"], front["ttft_change_pct"], where="post", color="#d62728", lw=1.2,
                 alpha=0.7, zorder=2)
     ax.axhline(0, color="k", lw=0.6)
+    if window is not None:
+        span = window[1] - window[0]
+        ax.set_ylim(window[0] - 0.04 * span, window[1] + 0.04 * span)
+        for top in (False, True):  # one row of labels per point, stacked inward from the edge: never overlapping
+            side = sorted((o for o in off if (o[1] > window[1]) == top), key=lambda o: o[0])
+            x0, x1 = ax.get_xlim()
+            for rank, (x, y, col, filled) in enumerate(side):
+                arrow = "\u25b2" if top else "\u25bc"
+                right = x > (x0 + x1) / 2  # the label on the side of the point facing the panel's middle
+                ax.annotate(f"{arrow} {y:+.1f} %", (x, window[1] if top else window[0]), textcoords="offset points",
+                            xytext=(-6 if right else 6, (-4 - 9 * rank) if top else (2 + 9 * rank)),
+                            ha="right" if right else "left", va="top" if top else "bottom",
+                            fontsize=6.5, color=col, gid=OFF_SCALE, fontweight="bold" if filled else "normal")
+    return len(off)
+
+
+#: gid of the value labels of points beyond a frontier panel's y window (:func:`y_window`).
+OFF_SCALE = "off_scale"
+
+
+def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1.0):
+    """The y range a frontier panel shows when a few routes dwarf the rest (SGLang's dense route at -35 % beside
+    the PR's -2 %): ``(lo, hi)`` of the values inside Tukey's far fences (``Q1 - fence * IQR``, ``Q3 + fence *
+    IQR``, IQR at least ``min_iqr`` %, the window always holding 0), or None when every value is inside them or
+    the outliers widen the range by less than ``squash`` times (nothing is squashed: the plain axis). NaN values
+    are ignored. Points outside the window are drawn at its edge with their value (:func:`plot_deployment`)."""
+    import numpy as np
+
+    v = np.asarray([x for x in values if x == x], dtype=float)
+    if v.size < 4:
+        return None
+    q1, q3 = np.percentile(v, [25, 75])
+    iqr = max(q3 - q1, min_iqr)
+    inside = v[(v >= q1 - fence * iqr) & (v <= q3 + fence * iqr)]
+    if inside.size == v.size or inside.size == 0:
+        return None
+    lo, hi = min(inside.min(), 0.0), max(inside.max(), 0.0)
+    core = max(hi - lo, min_iqr)
+    if (max(v.max(), 0.0) - min(v.min(), 0.0)) < squash * core:
+        return None
+    pad = 0.15 * core
+    return lo - pad, hi + pad
 
 
 def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
@@ -234,8 +270,7 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
         width = max(7.0, 4.3 * nc)  # room for the legend and title even for one panel
         fig = _figure((width, 3.3 * nr + 1.6))
         axes = fig.subplots(nr, nc, squeeze=False)
-        for ax, (_, rows) in zip(axes.flat, page):
-            plot_deployment(ax, rows)
+        n_off = sum(plot_deployment(ax, rows) for ax, (_, rows) in zip(axes.flat, page))
         for ax in list(axes.flat)[len(page):]:
             ax.set_visible(False)
         for ax in axes[:, 0]:
@@ -254,6 +289,9 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
                    fontsize=7.5, frameon=False)
         title = ("Memory vs TTFT per deployment, changes vs vLLM before PR #53878 with zero padded heads"
                  f"{'' if len(deps) <= per_page else f' ({start // per_page + 1}/{-(-len(deps) // per_page)})'}")
+        if n_off:
+            title += (" | \u25b2/\u25bc: a point beyond its panel's y range (a route far from the rest), drawn at the "
+                      "panel's edge with its TTFT change written beside it")
         _suptitle(fig, title)
         drop_colliding_labels(fig)
         figs.append(fig)
@@ -293,7 +331,6 @@ def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
     return removed
 
 
-STRATEGY_COLORS = {k: v[0] for k, v in STRATEGY_STYLE.items()}
 
 
 def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int | None = None,

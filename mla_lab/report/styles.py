@@ -1,0 +1,66 @@
+"""The one colour + marker table of every strategy the lab draws (frontier panels, serving figure, explorer chart,
+rate curve): :data:`STRATEGY_STYLE`, keyed by canonical strategy (:mod:`mla_lab.placement`), read through
+:func:`strategy_style`.
+
+Every engine preset's member (:data:`mla_lab.placement.PRESETS`) and each of the lab's own sub-chunk hand-offs
+has its own colour and its own marker, so two strategies never share a swatch even in greyscale (the marker
+differs). Sub-chunk sizes ``S`` of one hand-off share that hand-off's style: they are drawn as one curve through
+the sizes, each point labelled with its ``S``.
+
+Colours are from colour-blind-safe qualitative palettes: Okabe & Ito, "Color Universal Design" (2008; black,
+orange ``#E69F00``, sky blue ``#56B4E9``, bluish green ``#009E73``, blue ``#0072B2``, vermillion ``#D55E00``,
+reddish purple ``#CC79A7``) and Paul Tol's "muted" scheme (https://personal.sron.nl/~pault/, indigo
+``#332288``, wine ``#882255``, olive ``#999933``, teal ``#44AA99``), with two greys for vLLM before PR #53878
+(its zeros and stale ends).
+"""
+
+from __future__ import annotations
+
+from ..placement import measured_as
+
+__all__ = ["STRATEGY_STYLE", "STRATEGY_COLORS", "strategy_style", "style_key", "FALLBACK_STYLE"]
+
+#: ``style key -> (colour, marker, legend label)``; keys are canonical strategy names (``subchunk``,
+#: ``subchunk_views``, ``subchunk_graph2``: the sub-chunk families ``subchunk:<S>``, ``subchunk:<S>:views``,
+#: ``subchunk:<S>:graph2``). Every (colour, marker) pair and every label is distinct (tests/test_strategy_styles.py).
+STRATEGY_STYLE = {
+    "per_call_empty:zeros": ("#999999", "o", "vLLM pre-#53878 (new_empty, zeros)"),
+    "per_call_empty:stale": ("#4d4d4d", "X", "vLLM pre-#53878 (new_empty, stale)"),
+    "per_call_zeros": ("#D55E00", "v", "SGLang flashmla_sparse forced (new_zeros per call)"),
+    "per_call_zeros@sglang-default": ("#CC79A7", "h", "SGLang default H200 route (dense MHA <= 2048 tokens)"),
+    "private_workspace": ("#0072B2", "s", "vLLM #53878 (private workspace)"),
+    "shared_workspace:none": ("#56B4E9", "D", "vLLM #56902 (shared workspace, stale)"),
+    "shared_workspace:zero_per_call": ("#882255", "P", "shared workspace + zero per call"),
+    "kernel_native": ("#009E73", "*", "kernel-native (modelled bound)"),
+    "fa3_sparse": ("#332288", "p", "vLLM FA3 sparse (real heads, no padding)"),
+    "subchunk": ("#E69F00", "^", "sub-chunk S (copy out)"),
+    "subchunk_views": ("#999933", "<", "sub-chunk S (views to consumer)"),
+    "subchunk_graph2": ("#44AA99", ">", "sub-chunk S (2 workspaces, 2 streams, one CUDA graph)"),
+}
+#: What a name outside the table gets (black circle, the name as its label): never a name of mla_lab.placement.
+FALLBACK_STYLE = ("#000000", "o")
+STRATEGY_COLORS = {k: v[0] for k, v in STRATEGY_STYLE.items()}
+
+
+def style_key(name: str) -> str | None:
+    """The :data:`STRATEGY_STYLE` key of a strategy name: canonical names as they are, ``subchunk:<S>[:views |
+    :graph2]`` -> its family, presets and the first version's aliases through :func:`mla_lab.placement.measured_as`
+    (``sglang`` -> ``per_call_zeros@sglang-default``); None for a name the table does not know."""
+    name = str(name)
+    if name in STRATEGY_STYLE:
+        return name
+    if name.startswith("subchunk:"):
+        end = name.rsplit(":", 1)[-1]
+        return {"views": "subchunk_views", "graph2": "subchunk_graph2"}.get(end, "subchunk")
+    try:
+        canon = measured_as(name)
+    except ValueError:
+        return None
+    return style_key(canon) if canon != name else None
+
+
+def strategy_style(name: str) -> tuple[str, str, str]:
+    """``(colour, marker, label)`` of a strategy (canonical, preset or alias name; :func:`style_key`); a name the
+    table does not know gets :data:`FALLBACK_STYLE` and its own name as the label."""
+    key = style_key(name)
+    return STRATEGY_STYLE[key] if key is not None else (*FALLBACK_STYLE, str(name))
