@@ -1,0 +1,108 @@
+"""One style table for every strategy (tester's report: vllm-fa3-sparse and sglang shared a black swatch in the
+serving figure; fa3_sparse, SGLang's routes, kernel_native and subchunk:<S>:graph2 fell back to the baseline's open
+circle on the frontier panels), and the frontier panels' y window when a route dwarfs the PR's change."""
+
+import re
+
+import pytest
+
+from mla_lab.placement import (
+    EXPLORER_STRATEGIES,
+    PRESETS,
+    SEED_STRATEGIES,
+    SWEEP_STRATEGIES,
+    advise_candidates,
+    expand_strategies,
+    real_strategies,
+)
+from mla_lab.report.styles import FALLBACK_STYLE, STRATEGY_STYLE, strategy_style, style_key
+
+NAMED = sorted(set(expand_strategies(list(SWEEP_STRATEGIES)) + list(EXPLORER_STRATEGIES) + list(SEED_STRATEGIES)
+                   + [m for ms in PRESETS.values() for m in ms] + advise_candidates(16384) + real_strategies()))
+
+
+def _family(name: str) -> str:
+    """A strategy with its sub-chunk size S taken out (sizes of one hand-off are one curve, one style)."""
+    return re.sub(r"^subchunk:\d+", "subchunk:S", name)
+
+
+@pytest.mark.parametrize("name", NAMED)
+def test_every_named_strategy_has_a_style_of_its_own(name):
+    key = style_key(name)
+    assert key in STRATEGY_STYLE, name
+    assert strategy_style(name)[:2] != FALLBACK_STYLE
+
+
+def test_styles_are_unique_per_strategy():
+    by_style: dict = {}
+    for n in NAMED:
+        by_style.setdefault(strategy_style(n)[:2], set()).add(_family(n))
+    shared = {k: v for k, v in by_style.items() if len(v) > 1}
+    assert shared == {}, shared
+    cols = [c for c, _, _ in STRATEGY_STYLE.values()]
+    marks = [m for _, m, _ in STRATEGY_STYLE.values()]
+    labels = [lbl for _, _, lbl in STRATEGY_STYLE.values()]
+    # the serving figure's bars are told apart by colour alone, the frontier's points by marker alone as well
+    assert len(set(cols)) == len(cols) and len(set(marks)) == len(marks) and len(set(labels)) == len(labels)
+    assert {_family(n) for n in NAMED} == {_family(n) for n in NAMED if style_key(n)}  # nothing falls back
+
+
+def test_presets_and_aliases_take_their_members_style():
+    assert strategy_style("sglang") == strategy_style("per_call_zeros@sglang-default")
+    assert strategy_style("sglang-flashmla-sparse") == strategy_style("per_call_zeros")
+    assert strategy_style("vllm-fa3-sparse") == strategy_style("fa3_sparse")
+    assert strategy_style("sglang") != strategy_style("vllm-fa3-sparse")
+    assert strategy_style("no-such-strategy") == (*FALLBACK_STYLE, "no-such-strategy")
+
+
+def test_serving_figure_gives_fa3_and_sglang_their_own_colours():
+    from matplotlib.colors import to_hex
+
+    from mla_lab.report.serving import plot_serving_changes
+    from mla_lab.serving.benchmark import PR_BENCH, serve_benchmark
+
+    res = serve_benchmark("glm-5", 8, "h200", ["vllm-fa3-sparse", "sglang", "sglang-flashmla-sparse", "vllm-53878"],
+                          PR_BENCH, 16384)
+    ax = plot_serving_changes(res).axes[0]
+    colours = {c.get_label(): to_hex(c.patches[0].get_facecolor()) for c in ax.containers}
+    assert len(colours) == 4 and len(set(colours.values())) == 4, colours
+    for s in ("fa3_sparse", "per_call_zeros@sglang-default", "per_call_zeros", "private_workspace"):
+        col, _, label = strategy_style(s)
+        assert colours[label] == col.lower()
+
+
+def test_y_window():
+    from mla_lab.report.figures import y_window
+
+    assert y_window([0.0, -2.0, -1.5, 1.0, 2.0, -0.5]) is None  # nothing far: the plain axis
+    lo, hi = y_window([0.0, -2.0, -1.9, -1.5, 1.0, 2.0, -0.5, -35.0])
+    assert lo < -2.0 and hi > 2.0 and lo > -35.0 and hi - lo < 10
+    assert y_window([0.0, -1.0, float("nan"), 0.5]) is None
+
+
+def test_frontier_panel_keeps_the_pr_readable_and_writes_the_off_scale_value():
+    """GLM-5 TP8 H200 1024-token prompts: SGLang's default route (dense MHA) at about -35 % beside the PR's -2 %:
+    the panel's y axis stays near the small changes, the far point sits at the bottom edge labelled with its value."""
+    import pandas as pd
+
+    from mla_lab.report.figures import OFF_SCALE, plot_frontier_grid
+    from mla_lab.report.layout_check import figure_clipping, label_overlaps
+    from mla_lab.sweep import expand_grid, validate_params
+    from mla_lab.sweep.rows import modelled_rows
+
+    pt = expand_grid(validate_params(dict(models=["glm-5"], tp_sizes=[8], archs=["h200"], prompt_lens=[1024],
+                                          max_num_batched_tokens=[16384], device="cpu",
+                                          strategies=list(SWEEP_STRATEGIES))))[0]
+    df = pd.DataFrame(modelled_rows(pt))
+    by = df.set_index("strategy")["ttft_change_pct"]
+    far, pr = by["per_call_zeros@sglang-default"], by["private_workspace"]
+    assert far < -20 and abs(pr) < 5  # the case of the report (modelled numbers, not a constant of this test)
+    fig = plot_frontier_grid(df)[0]
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert lo > far and lo < pr < hi and hi - lo < 0.6 * (max(by.max(), 0) - far)  # at most 60 % of the full range
+    off = [t for t in ax.texts if t.get_gid() == OFF_SCALE]
+    assert [t.get_text() for t in off] == [f"\u25bc {far:+.1f} %"]
+    assert off[0].get_color() == strategy_style("per_call_zeros@sglang-default")[0]
+    assert "\u25b2/\u25bc" in fig._suptitle.get_text()
+    assert figure_clipping(fig) == [] and label_overlaps(fig) == []
