@@ -452,7 +452,8 @@ class Explorer:
         except ValueError as e:
             self.advice = None
             return f"<b>Advice:</b> {html.escape(str(e))}"
-        return "<b>Advice</b><pre>" + html.escape(format_advice(self.advice)) + "</pre>"
+        return ("<b>Advice</b><pre style='white-space:pre;overflow-x:auto;max-width:100%'>"  # scrolls, never wraps
+                + html.escape(format_advice(self.advice)) + "</pre>")
 
     def _show_error(self, message: str) -> None:
         self.result, self.error = None, message

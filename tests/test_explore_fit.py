@@ -67,3 +67,18 @@ def test_the_chart_wraps_the_reason_at_spaces():
         render_chart(r)
     words = set(" ".join(seen).split())
     assert "0.9" in words, seen
+
+
+def test_the_advice_table_fits_a_1280_px_report():
+    """The advice's table lines are at most 143 characters (the report's <pre> at 1280 px wrapped the 160-character
+    header, "frontie" / "r"), with no trailing blanks, and still name every column."""
+    from mla_lab.sweep.advise import advise, format_advice
+
+    text = format_advice(advise(Deployment.seed(), memory_budget_mib=300))
+    header = next(ln for ln in text.splitlines() if ln.startswith("strategy "))
+    assert header.endswith("frontier") and "measured dTTFT [int.]" in header
+    rows = [ln for ln in text.splitlines() if ln.split() and ln.split()[0] in
+            {"per_call_empty:zeros", "private_workspace", "fa3_sparse", "per_call_zeros@sglang-default"}]
+    assert len(rows) >= 3
+    for ln in [header, *rows]:
+        assert len(ln) <= 143 and ln == ln.rstrip(), ln

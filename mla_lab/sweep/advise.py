@@ -216,12 +216,14 @@ def format_advice(result: dict) -> str:
             f"budget: {b['memory_budget_mib'] if b['memory_budget_mib'] is not None else 'unlimited'} MiB, "
             f"{b['memory_budget_tokens'] if b['memory_budget_tokens'] is not None else 'unlimited'} KV tokens; "
             f"changes vs {result['baseline']}")
-    widths = (30, 15, 9, 8, 13, 10, 9, 9, 7, 22, 8)
+    # each column as wide as its title or its widest value, one space apart, no trailing blanks: 143 characters,
+    # so the table fits a report's <pre> at 1280 px (160 wrapped the header: "frontie" / "r")
+    widths = (30, 15, 7, 7, 13, 9, 8, 7, 7, 22, 8)
     titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "workspace MiB", "extra MiB", "call MiB", "KV lost",
               "% of KV", "measured dTTFT [int.]", "frontier")
 
     def line(vals):
-        return "  ".join(str(v)[:w].ljust(w) for v, w in zip(vals, widths))
+        return " ".join(str(v)[:w].ljust(w) for v, w in zip(vals, widths)).rstrip()
 
     def measured(s):
         if s.get("measured_change_pct") is None:
