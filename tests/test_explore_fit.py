@@ -82,3 +82,16 @@ def test_the_advice_table_fits_a_1280_px_report():
     assert len(rows) >= 3
     for ln in [header, *rows]:
         assert len(ln) <= 143 and ln == ln.rstrip(), ln
+
+
+def test_the_explorer_widget_shows_the_reason_and_no_number():
+    pytest.importorskip("ipywidgets")
+    from mla_lab.explore import Explorer
+
+    e = Explorer(tp=8)
+    assert e.result["fits_in_memory"] is True and e.result["workspace_mib"] > 0
+    r = e.set(tp=2)
+    assert e.error == "" and r["fits_in_memory"] is False and r["workspace_mib"] is None
+    assert "does not fit" in e.summary.value and "349.6 GiB per rank" in e.summary.value
+    assert "does not fit" in e.advice_out.value and "recommended" not in e.advice_out.value
+    assert e.chart.value[:4] == b"\x89PNG"
