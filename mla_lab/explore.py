@@ -164,7 +164,7 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
         ax.axis("off")
         reason = str(result.get("fit_reason") or "")
         ax.text(0.5, 0.5, "this deployment does not fit, so it has no TTFT or memory result:\n"
-                + textwrap.fill(reason, width=90, max_lines=3, placeholder=" ..."),  # at spaces: "0.9" stays whole
+                + textwrap.fill(reason, width=70, max_lines=4, placeholder=" ..."),  # at spaces: "0.9" stays whole
                 ha="center", va="center", fontsize=9)
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
