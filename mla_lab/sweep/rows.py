@@ -25,7 +25,7 @@ from ..model.ops import ATTN_OPS
 from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
 from ..models import ModelConfig, model_config_path
-from ..paths import calibration_dir
+from ..paths import calibration_dir, measured_dir
 from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, parse_strategy, preset_of
 from ..provenance import provenance
 from ..workload import schedule
@@ -381,8 +381,6 @@ def _between_process_seed_ms(path=None) -> dict:
     """``{strategy: {process: median ms}}`` of the seed attention path, ``{}`` without the file. ``path``: a path
     or a ``(gpu, folder, file)`` tuple under ``data/measured`` (default :data:`BETWEEN_PROCESS_PRESETS`)."""
     import pandas as pd
-
-    from ..paths import measured_dir
 
     parts = path if isinstance(path, tuple) else BETWEEN_PROCESS_PRESETS
     p = path if (path is not None and not isinstance(path, tuple)) else \
