@@ -49,7 +49,7 @@ PENDING = {
     "mla_lab/measure/attention.py": 1,  # MEASURED_STRATEGIES
     "mla_lab/measure/layer.py": 1,  # the layer runner's two concat strategies
     "mla_lab/measure/tp.py": 1,  # the TP harness's default ["unfused", "fused"]
-    "mla_lab/report/figures.py": 1,  # STRATEGY_COLORS
+    "mla_lab/report/styles.py": 1,  # STRATEGY_STYLE (moved from report/figures.py: the one style table)
     "mla_lab/serving/benchmark.py": 1,  # the demo's preset list
     "mla_lab/serving/simulate.py": 1,  # the demo's two linear pricers
 }
