@@ -92,3 +92,14 @@ def test_fused_equals_unfused(num_heads, arch):
     r = equivalence_check(num_heads=num_heads, arch=arch, seed=num_heads)
     assert r["equal"], r
     assert r["max_abs_diff_out"] == 0.0
+
+
+def test_a_value_given_twice_is_one_grid_value():
+    """`--tensor-parallel-size '[8, 8]'` and `-p models '[glm-5, GLM-5]'` give one point, not two or four."""
+    from mla_lab.sweep.params import validate_params
+
+    p = validate_params({"models": ["glm-5", "GLM-5"], "tp_sizes": [8, 8], "archs": ["h200"],
+                         "max_num_batched_tokens": [16384, 16384], "prompt_lens": [1024],
+                         "kv_cache_dtype": ["bf16", "auto"]})
+    assert (p.models, p.tp_sizes, p.max_num_batched_tokens) == (["glm-5"], [8], [16384])
+    assert len(p.kv_cache_dtype) == 1

@@ -176,12 +176,12 @@ def validate_params(raw: dict) -> SweepParams:
                 raise ValueError(f"{k} holds {x!r} ({type(x).__name__}); every entry must be {want.__name__}")
             if want is int and x <= 0:
                 raise ValueError(f"{k} holds {x!r}; every entry must be a positive int")
-        p[k] = list(v)
+        p[k] = list(dict.fromkeys(v))  # a value given twice is one grid value (order kept)
     kv = p["kv_cache_dtype"]
     kv = [kv] if isinstance(kv, str) else kv
     if not isinstance(kv, (list, tuple)) or not kv:
         raise ValueError(f"kv_cache_dtype={p['kv_cache_dtype']!r} must be 'bf16', 'fp8' or a non-empty list of them")
-    p["kv_cache_dtype"] = [normalize_kv_cache_dtype(x) for x in kv]
+    p["kv_cache_dtype"] = list(dict.fromkeys(normalize_kv_cache_dtype(x) for x in kv))
     p["models"] = list(dict.fromkeys(load_model(m).name for m in p["models"]))  # case-insensitive, normalised once
     for a in p["archs"]:
         get_arch(a)
