@@ -61,15 +61,21 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
     raw: dict = {}
     for f in files or []:
         path = Path(f)
-        if not path.is_file():
+        if not path.exists():
             raise DoorError(f"-f {f}: no such file; allowed: a YAML file of sweep parameters")
+        if not path.is_file():
+            raise DoorError(f"-f {f!r} is not a regular file (a device, a folder or a pipe holds no parameters); "
+                            "allowed: a YAML file mapping sweep parameter names to values")
         try:
-            data = yaml.safe_load(path.read_text())
+            text = path.read_text()
+            data = yaml.safe_load(text)
         except UnicodeDecodeError:
             raise DoorError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
         except yaml.YAMLError as e:
             raise DoorError(f"-f {f}: not valid YAML: {' '.join(str(e).split())}") from None
-        data = {} if data is None else data
+        if data is None:
+            raise DoorError(f"-f {f!r} is empty (no YAML mapping in it); allowed: a YAML file mapping sweep "
+                            "parameter names to values, e.g. 'tp_sizes: [8]'")
         if not isinstance(data, dict):
             raise DoorError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
         raw.update(data)
@@ -147,6 +153,7 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
     import time
 
     _require_lab_extra()
+    doors.check_notebook(str(notebook))
     _check_notebook(notebook)
     import papermill as pm
 
@@ -263,10 +270,12 @@ def _sweep_params(args) -> dict:
 
 def _cmd_sweep(args) -> int:
     doors.check_report_name(args.report_name)
+    doors.check_notebook(args.notebook)  # the dry run refuses what the real run would (--timeout: argparse)
     params = _sweep_params(args)
     doors.check_sweep(params)  # bounds, step counts and paths: O(1), before anything is priced or written
     if args.dry_run:  # the same refusals as a run, before anything is planned; nothing is created
         plan = doors.plan_without_writing(params)
+        plan.update(notebook=args.notebook, report_name=args.report_name, timeout_s=args.timeout)
         print(json.dumps(plan, indent=1))
         return 0
     # relative paths resolve against the directory the command runs in
@@ -314,7 +323,7 @@ def _cmd_advise(args) -> int:
 # ----------------------------------------------------------------------------------------------------- serve
 def _cmd_serve(args) -> int:
     strategies = doors.check_strategies(args.strategies)
-    doors.check_serve(args)
+    doors.check_serve(args, strategies)
     from .serving import BenchConfig, serve_benchmark
 
     bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.random_input_len,
@@ -333,15 +342,37 @@ def _cmd_serve(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- index
+def _check_report_dir(report_dir: str) -> Path:
+    """``mla-lab index --report-dir``: an existing folder holding at least one report the lab published
+    (``runs/<run_id>.json`` with its ``.html``, :func:`mla_lab.report.site.list_runs`); nothing is created.
+
+    Raises:
+        DoorError: empty, missing, a file (or under one), or no published run in it.
+    """
+    from .report.site import RUNS_DIR, list_runs
+
+    allowed = "allowed: the folder 'mla-lab sweep' published reports into (default reports)"
+    if not isinstance(report_dir, str) or not report_dir.strip():
+        raise DoorError(f"--report-dir {report_dir!r}: empty; {allowed}")
+    if "\x00" in report_dir:
+        raise DoorError(f"--report-dir {report_dir!r}: holds a NUL byte; {allowed}")
+    p = Path(report_dir).expanduser()
+    blocker = doors.file_in_the_way(p)
+    if blocker is not None:
+        raise DoorError(f"--report-dir {report_dir}: {blocker} is a file, not a folder; {allowed}")
+    if not p.exists():
+        raise DoorError(f"--report-dir {report_dir}: no such folder; {allowed}")
+    if not list_runs(p):
+        raise DoorError(f"--report-dir {report_dir}: holds no report the lab published (no {RUNS_DIR}/<run_id>.json "
+                        f"with its .html); {allowed}")
+    return p
+
+
 def _cmd_index(args) -> int:
     from .report import site
 
-    rd = Path(args.report_dir)
-    blocker = doors.file_in_the_way(rd)
-    if blocker is not None:
-        raise DoorError(f"--report-dir {args.report_dir}: {blocker} is a file, not a folder; give the folder the "
-                        "reports are in")
     doors.check_report_name(args.report_name)
+    rd = _check_report_dir(args.report_dir)  # exists, a folder, holds a published run: nothing is created
     try:
         out = site.build_index(rd, args.report_name)
     except (OSError, ValueError) as e:
@@ -354,6 +385,13 @@ def _cmd_index(args) -> int:
 def _cmd_check_report(args) -> int:
     from .report.browser import check_in_browser
 
+    for h in args.html:  # bad input (exit 2) before any browser starts
+        if not h or not Path(h).is_file():
+            raise DoorError(f"check-report {h}: no such file; allowed: an HTML report 'mla-lab sweep' wrote "
+                            "(default reports/padding_sweep.html reports/index.html)")
+        if Path(h).suffix.lower() not in (".html", ".htm"):
+            raise DoorError(f"check-report {h}: not an .html file; allowed: an HTML report 'mla-lab sweep' "
+                            "wrote")
     bad = 0
     for h in args.html:
         try:
@@ -370,13 +408,21 @@ def _cmd_check_report(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- parser
+def _range(name: str) -> str:
+    """``lo..hi`` of :data:`mla_lab.cli_doors.BOUNDS` ``[name]``, for a flag's help."""
+    lo, hi, _ = doors.BOUNDS[name]
+    return f"{lo}..{hi:,}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``mla-lab`` argument parser (every integer flag bounded: :data:`mla_lab.cli_doors.BOUNDS`)."""
-    B = doors.arg_type
+    """The ``mla-lab`` argument parser (every integer flag bounded: :data:`mla_lab.cli_doors.BOUNDS`; every option
+    has a one-line help with its unit and allowed range)."""
+    B, R = doors.arg_type, _range
     ap = _Parser(prog="mla-lab", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     sw = sub.add_parser("sweep", help="run the padding sweep notebook through papermill and publish HTML")
-    sw.add_argument("-f", "--params-file", action="append", default=[], help="YAML file of parameters")
+    sw.add_argument("-f", "--params-file", action="append", default=[], help="YAML file mapping sweep parameter names to values (repeatable; "
+                                                                 "later files win)")
     sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="one sweep parameter as a YAML value (-p tp_sizes '[4, 8]'; every name with its type: papermill "
                          "--help-notebook notebooks/padding_sweep.ipynb)")
@@ -384,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--report-name", default="padding_sweep",
                     help="basename of the latest report's files (letters, digits, '.', '_', '-'; no folders)")
     sw.add_argument("--timeout", type=B("timeout"), default=3600,
-                    help="per-cell execution timeout, seconds (the sweep itself runs in one cell)")
+                    help=f"per-cell execution timeout, seconds, {R('timeout')} (the sweep itself runs in one cell; default 3600)")
     sw.add_argument("--force", action="store_true", help="recompute points already stored")
     sw.add_argument("--executor", choices=["local", "ray"], default=None,
                     help="where grid points run (= -p executor; ray needs pip install 'mla_lab[ray]')")
@@ -393,9 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
         sw.add_argument(flag, dest=f"vllm_{name}", default=None, metavar="VALUE",
                         help=f"vLLM spelling of -p {name} (a YAML value: 8 or [4, 8])")
     sw.add_argument("--num-runs", type=B("num_runs"), default=None,
-                    help="interleaved repeats of each measured strategy on a GPU (= -p num_runs; default 7)")
+                    help=f"interleaved repeats of each measured strategy on a GPU, {R('num_runs')} (= -p num_runs; "
+                         "default 7)")
     sw.add_argument("--seed", type=B("seed"), default=None,
-                    help="vllm bench serve --seed of the report's serving simulation (= -p seed; default 0)")
+                    help=f"vllm bench serve --seed of the report's serving simulation, {R('seed')} (= -p seed; default 0)")
     sw.add_argument("--dry-run", action="store_true",
                     help="print the grid, the point count and what is already stored; run nothing, write nothing")
     sw.add_argument("--overwrite", action="store_true",
@@ -403,13 +450,18 @@ def build_parser() -> argparse.ArgumentParser:
     ad = sub.add_parser("advise", help="for one deployment and a memory budget: the strategy (and S) with the "
                                        "lowest TTFT, ranked alternatives, what does not fit")
     _deployment_flags(ad, tp_flags=("--tp", "--tensor-parallel-size"), tp_dest="tp")
-    ad.add_argument("--prompt-len", "--random-input-len", dest="prompt_len", type=B("prompt_len"), default=1024)
-    ad.add_argument("--num-prompts", type=B("num_prompts"), default=32)
-    ad.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=B("concurrency"), default=None)
+    ad.add_argument("--prompt-len", "--random-input-len", dest="prompt_len", type=B("prompt_len"), default=1024,
+                    help=f"tokens per prompt, {R('prompt_len')} (default 1024)")
+    ad.add_argument("--num-prompts", type=B("num_prompts"), default=32,
+                    help=f"prompts in the workload, {R('num_prompts')} (default 32)")
+    ad.add_argument("--concurrency", "--max-concurrency", dest="concurrency", type=B("concurrency"), default=None,
+                    help="prompts in flight at once, 1..num_prompts (default num_prompts); advise's TTFT model holds "
+                         "their KV at once")
     ad.add_argument("--memory-budget-mib", type=doors.budget_type("--memory-budget-mib"), default=None,
-                    help="most persistent extra MiB per rank")
-    ad.add_argument("--memory-budget-tokens", type=doors.budget_type("--memory-budget-tokens"), default=None,
-                    help="most KV-cache tokens lost per rank")
+                    help="most persistent extra MiB per rank a strategy may take, a number >= 0 (default no limit)")
+    ad.add_argument("--memory-budget-tokens", type=doors.budget_type("--memory-budget-tokens", integer=True),
+                    default=None, help="most KV-cache tokens per rank a strategy may cost, a whole number >= 0 "
+                                       "(default no limit)")
     ad.add_argument("--random-output-len", default=None, help=argparse.SUPPRESS)  # refused with a reason
     ad.add_argument("--request-rate", default=None, help=argparse.SUPPRESS)  # refused with a reason
     ad.add_argument("--no-measured", action="store_true", help="use modelled TTFT only (ignore data/measured)")
@@ -418,39 +470,61 @@ def build_parser() -> argparse.ArgumentParser:
                                       "strategy and its change vs the baseline (modelled)")
     _deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"), tp_dest="tensor_parallel_size")
     sv.add_argument("--random-input-len", "--prompt-len", dest="random_input_len", type=B("prompt_len"),
-                    default=1024)
-    sv.add_argument("--random-output-len", type=B("output_len"), default=128)
-    sv.add_argument("--num-prompts", type=B("num_prompts"), default=32)
-    sv.add_argument("--max-concurrency", type=B("concurrency"), default=None)
+                    default=1024, help=f"input tokens per request, {R('prompt_len')} (default 1024)")
+    sv.add_argument("--random-output-len", type=B("output_len"), default=128,
+                    help=f"output tokens per request, {R('output_len')} (default 128)")
+    sv.add_argument("--num-prompts", type=B("num_prompts"), default=32,
+                    help=f"requests, {R('num_prompts')} (default 32; with the step bound below)")
+    sv.add_argument("--max-concurrency", type=B("concurrency"), default=None,
+                    help="most requests in flight, 1..num_prompts (default unlimited)")
     sv.add_argument("--request-rate", type=doors.rate_type, default=float("inf"),
-                    help="requests/s (inf: every request at t = 0, vLLM's default)")
-    sv.add_argument("--max-num-seqs", type=B("max_num_seqs"), default=256)
-    sv.add_argument("--seed", type=B("seed"), default=0, help="vllm bench serve --seed (arrival times)")
+                    help="requests/s, a number > 0 or inf (default inf: every request at t = 0, vLLM's default); a "
+                         "finite rate is bounded as serial requests: num_prompts x (prefill steps + output_len) "
+                         f"<= {doors.MAX_SERVE_STEPS:,} steps per strategy")
+    sv.add_argument("--max-num-seqs", type=B("max_num_seqs"), default=256,
+                    help=f"vLLM's most sequences per engine step, {R('max_num_seqs')} (default 256)")
+    sv.add_argument("--seed", type=B("seed"), default=0,
+                    help=f"vllm bench serve --seed (arrival times), {R('seed')} (default 0)")
     sv.add_argument("--num-runs", type=B("num_runs"), default=1,
-                    help="noise Monte-Carlo runs per strategy (mla_lab.serving.noise); 1 = one deterministic run")
+                    help=f"noise Monte-Carlo runs per strategy (mla_lab.serving.noise): 1 = one deterministic run "
+                         f"(default), or {doors.MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,} (a 95 %% band "
+                         f"needs at least {doors.MIN_NOISE_RUNS} runs)")
     sv.add_argument("--strategies", nargs="+", default=["vllm-pre-53878", "vllm-53878", "vllm-56902"],
-                    help="presets or canonical strategies (the baseline is always run)")
+                    help="presets, aliases or canonical strategies (default vllm-pre-53878 vllm-53878 vllm-56902; "
+                         "the baseline is always run)")
     sv.add_argument("--json", action="store_true", help="print the result as JSON")
     ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
-    ix.add_argument("--report-dir", default="reports")
+    ix.add_argument("--report-dir", default="reports",
+                    help="an existing folder 'mla-lab sweep' published reports into (default reports)")
     ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
     ck = sub.add_parser("check-report", help="render reports in headless Chromium: every figure loaded and not "
                                              "blank, no JavaScript error, nothing wider than the window")
-    ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"])
+    ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"],
+                    help="existing HTML report files (default reports/padding_sweep.html reports/index.html)")
     return ap
 
 
 def _deployment_flags(p, tp_flags, tp_dest) -> None:
     B = doors.arg_type
-    p.add_argument("--model", default="glm-5")
-    p.add_argument(*tp_flags, dest=tp_dest, type=B("tp"), default=8)
-    p.add_argument("--arch", default="h200")
-    p.add_argument("--max-num-batched-tokens", type=B("max_num_batched_tokens"), default=16384)
-    p.add_argument("--kv-cache-dtype", default="bf16")
-    p.add_argument("--weight-dtype", default="fp8", choices=["fp8", "bf16"])
-    p.add_argument("--moe-parallel", default="ep", choices=["ep", "tp"])
+    lo, hi, _ = doors.BOUNDS["tp"]
+    p.add_argument("--model", default="glm-5", help="a model the lab knows, e.g. glm-5 or deepseek-v3.2 (default "
+                                                   "glm-5; an unknown name lists them)")
+    p.add_argument(*tp_flags, dest=tp_dest, type=B("tp"), default=8,
+                   help=f"tensor-parallel size (GPUs), {lo}..{hi:,}, dividing the model's num_heads (default 8)")
+    p.add_argument("--arch", default="h200", help="GPU, e.g. h200 (sm90) or b200 (sm100) (default h200; an unknown "
+                                                 "name lists them)")
+    p.add_argument("--max-num-batched-tokens", type=B("max_num_batched_tokens"), default=16384,
+                   help=f"vLLM's token budget per engine step, {_range('max_num_batched_tokens')}, >= max_num_seqs "
+                        "(default 16384)")
+    p.add_argument("--kv-cache-dtype", default="bf16", help="KV-cache dtype, e.g. bf16 or fp8_ds_mla (default bf16; "
+                                                           "an unknown one lists them)")
+    p.add_argument("--weight-dtype", default="fp8", choices=["fp8", "bf16"], help="weight dtype: fp8 or bf16 "
+                                                                                  "(default fp8)")
+    p.add_argument("--moe-parallel", default="ep", choices=["ep", "tp"],
+                   help="how the experts are split: ep (expert parallel) or tp (default ep)")
     p.add_argument("--gpu-memory-utilization", type=doors.fraction_type, default=0.9,
-                   help="vLLM's KV-cache budget fraction, in (0, 1]")
+                   help="vLLM's fraction of GPU memory for weights, activations and KV cache, in (0, 1] "
+                        "(default 0.9)")
 
 
 _COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "index": _cmd_index,
@@ -466,13 +540,22 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         if getattr(args, "notebook", "") is None:
             args.notebook = str(_default_notebook())
-        return _COMMANDS[args.cmd](args)
+        rc = _COMMANDS[args.cmd](args)
+        sys.stdout.flush()  # a closed pipe raises here, inside the handler below, not at interpreter exit
+        return rc
     except (DoorError, ValueError) as e:
         print(f"mla-lab: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except CLIError as e:
         print(f"mla-lab: error: {_one_line(e)}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # stdout closed by the reader (mla-lab advise | head): quiet, as SIGPIPE would be
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's final flush must not raise again
+        except (OSError, ValueError):
+            pass
+        return 128 + 13  # 141: the shell's status for a process ended by SIGPIPE
     except KeyboardInterrupt:
         print("mla-lab: interrupted; every point finished so far is stored (one file per point) and the same "
               "command resumes from them", file=sys.stderr)

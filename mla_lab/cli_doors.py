@@ -26,7 +26,8 @@ import math
 import re
 from pathlib import Path
 
-__all__ = ["DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_GRID_POINTS", "MAX_NOISE_STEPS", "VLLM_FLAGS",
+__all__ = ["DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
+           "serve_step_bound", "check_notebook", "MAX_GRID_POINTS", "MAX_NOISE_STEPS", "VLLM_FLAGS",
            "arg_type", "budget_type", "fraction_type", "rate_type", "merge_flags", "check_sweep",
            "check_deployment", "check_serve", "check_strategies", "check_report_name", "file_in_the_way",
            "plan_without_writing", "serve_summary", "format_serve", "serve_noise_runs"]
@@ -62,11 +63,21 @@ _SCALAR_BOUNDS = {"num_prompts": "num_prompts", "concurrency": "concurrency", "o
 #: The most prefill steps one sweep point or one advise call prices (the row builder prices every step of the
 #: schedule for every strategy, ~1-2 ms each on a 2-core machine: 2048 steps ~ a minute for advise's candidates).
 MAX_PRICED_STEPS = 2048
-#: The most engine steps (prefill + decode) one serving strategy simulates (~2.5 ms each: 50,000 ~ 2 minutes).
+#: The most engine steps (prefill + decode) one serving strategy simulates (an upper bound, :func:`serve_step_bound`).
 MAX_SERVE_STEPS = 50_000
-#: The most simulated steps ``mla-lab serve --num-runs N`` runs in all (runs x strategies x steps; ~1.5 ms each with
-#: the noise model's cached pricer: 200,000 ~ 5 minutes).
-MAX_NOISE_STEPS = 200_000
+#: The most request-steps (one request's prefill chunk or decode token in one engine step, at most
+#: ``num_prompts x (ceil(L / T) + output_len)`` per strategy) one ``mla-lab serve`` simulates over all its strategies
+#: (baseline included). The simulation's cost grows with request-steps, not engine steps (256 requests per step cost
+#: 256x one): measured on a 2-core machine, ~0.04-0.06 ms each plus ~1.5 s of imports (``--num-prompts 1000``, 4
+#: strategies, 516,000 request-steps: 31 s; ``--num-prompts 256``: 132,096 in 9.0 s), so 200,000 is <= ~14 s.
+MAX_SERVE_TOTAL_STEPS = 200_000
+#: ``--num-runs``: 1 (one deterministic simulation) or at least this many (a 95 % band from N runs takes the 2.5th
+#: and 97.5th percentiles: below 20 runs they are the min and max, not a 95 % interval).
+MIN_NOISE_RUNS = 20
+#: The most request-steps ``mla-lab serve --num-runs N`` simulates in its noise runs (runs x strategies x
+#: request-steps; ~0.03 ms each with the noise model's cached pricer, measured: ``--num-runs 20`` default workload,
+#: 330,240 in 11.6 s; ``--num-prompts 256 --random-output-len 16``, 348,160 in 12.2 s): 350,000 is <= ~13 s.
+MAX_NOISE_STEPS = 350_000
 #: The most points one sweep grid may hold, and the most entries one grid list may hold.
 MAX_GRID_POINTS = 4096
 MAX_LIST_LEN = 64
@@ -125,10 +136,19 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{_short(text)} is not a number") from None
 
 
-def budget_type(flag: str):
-    """argparse ``type=`` for a memory budget: a finite number >= 0."""
+def budget_type(flag: str, integer: bool = False):
+    """argparse ``type=`` for a memory budget: a finite number >= 0 (``integer``: a whole number, e.g. KV tokens)."""
 
-    def parse(text: str) -> float:
+    def parse(text: str) -> float | int:
+        if integer:
+            try:
+                v = int(str(text).strip().replace("_", ""), 10)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: a whole number of "
+                                                 "tokens >= 0 (omit it: no limit)") from None
+            if v < 0:
+                raise argparse.ArgumentTypeError(f"{_short(text)} must be >= 0 tokens (omit it: no limit)")
+            return v
         v = _float(text)
         if not (math.isfinite(v) and v >= 0):
             raise argparse.ArgumentTypeError(f"{_short(text)} must be a finite number >= 0 (omit it: no limit)")
@@ -363,42 +383,100 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
     cap = mem["kv_capacity_tokens"]
     where = f"{m.name} TP{tp} {a.name} ({weight_dtype} weights, experts {moe_parallel})"
     if not cap > 0:
+        ways = ["a larger TP"]
+        if weight_dtype != "fp8":
+            ways.append("fp8 weights")
+        total = float(mem.get("total_memory_bytes") or 0)
+        if gpu_memory_utilization < 1 and mem["weights_bytes"] < total:  # more of the GPU can help only then
+            ways.append("a higher --gpu-memory-utilization")
         raise DoorError(f"this deployment does not fit: {where}: weights "
-                        f"({mem['weights_bytes'] / 2**30:.1f} GiB per rank) and activations leave no KV cache at "
-                        f"gpu_memory_utilization {gpu_memory_utilization}; allowed: a deployment whose weights fit "
-                        "(a larger TP, fp8 weights, a higher --gpu-memory-utilization)")
+                        f"({mem['weights_bytes'] / 2**30:.1f} GiB per rank; the GPU has {total / 2**30:.1f} GiB) and "
+                        f"activations leave no KV cache at gpu_memory_utilization {gpu_memory_utilization}; allowed: "
+                        f"a deployment whose weights fit ({', '.join(ways)})")
     need = conc * prompt_len if workload_in_flight else prompt_len + output_len
     if need > cap:
-        what = (f"the workload needs {need:,} KV tokens in flight (concurrency {conc} x {prompt_len})"
-                if workload_in_flight else f"one request needs {need:,} KV tokens ({prompt_len} + {output_len})")
-        raise DoorError(f"this deployment does not fit: {where}: {what}; KV capacity {int(cap):,} tokens; allowed: "
-                        "fewer tokens in flight, a larger TP or a higher --gpu-memory-utilization")
+        if workload_in_flight:
+            raise DoorError(f"this deployment does not fit advise's TTFT model, which holds every prompt's KV in "
+                            f"flight at once: {where}: the workload needs {need:,} KV tokens in flight (concurrency "
+                            f"{conc} x {prompt_len}); KV capacity {int(cap):,} tokens; allowed: fewer tokens in flight (--concurrency, --prompt-len), a larger TP or "
+                            "a higher --gpu-memory-utilization; 'mla-lab serve' (the vllm bench serve simulation) "
+                            "queues the requests vLLM cannot hold and runs this workload")
+        raise DoorError(f"this deployment does not fit: {where}: one request needs {need:,} KV tokens "
+                        f"({prompt_len} + {output_len}); KV capacity {int(cap):,} tokens; allowed: shorter requests, "
+                        "a larger TP or a higher --gpu-memory-utilization")
     return mem
 
 
-def check_serve(args) -> None:
-    """:func:`check_deployment` for ``mla-lab serve`` plus its step bound (prefill + decode steps per strategy)."""
+def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num_batched_tokens: int,
+                     max_num_seqs: int, concurrency: int, request_rate: float,
+                     kv_capacity_tokens: float = math.inf) -> tuple[int, str]:
+    """An upper bound on the engine steps one serving strategy simulates, and the case it assumes (for messages).
+
+    Every request needs at most ``ceil(L / T) + 1`` prefill chunks (the first output token comes with the last
+    one) and ``output_len - 1`` decode steps, and every engine step with work advances at least one request (the
+    simulation jumps over idle time). So in every case steps <= ``P x (ceil(L / T) + output_len)`` (serial: a
+    finite ``--request-rate``, whose arrivals may not overlap). With every request at t = 0 (``--request-rate inf``)
+    ``lanes = min(concurrency, max_num_seqs, KV capacity // (L + output_len))`` requests run together, in
+    ``ceil(P / lanes)`` waves of at most ``ceil(lanes x L / T) + output_len`` steps each.
+    """
+    serial = num_prompts * (math.ceil(prompt_len / max_num_batched_tokens) + output_len)
+    if not math.isinf(request_rate):
+        return serial, f"--request-rate {request_rate:g}/s (arrivals may not overlap: bounded as serial)"
+    fit = kv_capacity_tokens // (prompt_len + output_len) if math.isfinite(kv_capacity_tokens) else concurrency
+    lanes = int(max(min(concurrency, max_num_seqs, fit), 1))
+    waves = math.ceil(num_prompts / lanes) * (math.ceil(lanes * prompt_len / max_num_batched_tokens) + output_len)
+    return min(serial, waves), f"{lanes} request(s) at a time"
+
+
+def check_serve(args, strategies=None) -> None:
+    """:func:`check_deployment` for ``mla-lab serve`` plus its step bounds: :func:`serve_step_bound` per strategy
+    (:data:`MAX_SERVE_STEPS`), over all strategies (:data:`MAX_SERVE_TOTAL_STEPS`) and over the noise runs
+    (:data:`MAX_NOISE_STEPS`); ``--num-runs`` 1 or at least :data:`MIN_NOISE_RUNS`.
+
+    ``strategies``: the canonical strategies (:func:`check_strategies`), the baseline not included; default
+    ``args.strategies``.
+
+    Raises:
+        DoorError: one line, O(1) (nothing simulated).
+    """
+    if 1 < args.num_runs < MIN_NOISE_RUNS:
+        raise DoorError(f"--num-runs={args.num_runs} is too few for the 95 % band the noise Monte-Carlo prints (its "
+                        f"2.5th and 97.5th percentiles need at least {MIN_NOISE_RUNS} runs); allowed: 1 (one "
+                        f"deterministic simulation) or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,}")
     conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
-    check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
-                     args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
-                     args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
-                     max_num_seqs=args.max_num_seqs, workload_in_flight=False)
-    lanes = min(conc, args.max_num_seqs)
-    steps = math.ceil(args.num_prompts * args.random_input_len / args.max_num_batched_tokens) + \
-        math.ceil(args.num_prompts / lanes) * args.random_output_len
+    mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
+                           args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
+                           args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
+                           max_num_seqs=args.max_num_seqs, workload_in_flight=False)
+    steps, case = serve_step_bound(args.num_prompts, args.random_input_len, args.random_output_len,
+                                   args.max_num_batched_tokens, args.max_num_seqs, conc, args.request_rate,
+                                   float(mem["kv_capacity_tokens"]))
+    what = (f"--num-prompts {args.num_prompts} x (--random-input-len {args.random_input_len}, --random-output-len "
+            f"{args.random_output_len}) at {case} is up to {steps:,} engine steps per strategy")
     if steps > MAX_SERVE_STEPS:
-        raise DoorError(f"--num-prompts {args.num_prompts} x (--random-input-len {args.random_input_len}, "
-                        f"--random-output-len {args.random_output_len}) at concurrency {lanes} is about {steps:,} "
-                        f"engine steps per strategy; allowed: at most {MAX_SERVE_STEPS:,} (fewer prompts or output "
-                        "tokens, or more concurrency)")
+        raise DoorError(f"{what}; allowed: at most {MAX_SERVE_STEPS:,} (fewer prompts or output tokens, more "
+                        "concurrency, --request-rate inf)")
+    from .placement import BASELINE
+
+    n_strat = len(set(strategies if strategies is not None else args.strategies) | {BASELINE})
+    # a prefill chunk costs ~2 decode request-steps (measured: --max-num-batched-tokens 256 --random-input-len 16384
+    # --num-prompts 700 --random-output-len 1, 4 strategies x 45,500 request-steps: 20.7 s), so it counts twice
+    work = args.num_prompts * (2 * math.ceil(args.random_input_len / args.max_num_batched_tokens)
+                               + args.random_output_len)
+    if work * n_strat > MAX_SERVE_TOTAL_STEPS:
+        raise DoorError(f"--num-prompts {args.num_prompts} x (2 x ceil(--random-input-len {args.random_input_len} / "
+                        f"{args.max_num_batched_tokens}) + --random-output-len {args.random_output_len}) x "
+                        f"{n_strat} strategies (baseline included) = {work * n_strat:,} request-steps to simulate; "
+                        f"allowed: at most {MAX_SERVE_TOTAL_STEPS:,} (~14 s; fewer strategies, prompts or output "
+                        "tokens)")
     if args.num_runs > 1 and _noise_module() is None:
         raise DoorError(f"--num-runs={args.num_runs} needs the noise Monte-Carlo (mla_lab.serving.noise), which this "
                         "checkout does not have; allowed: 1 (one deterministic simulation)")
-    total = steps * args.num_runs * (len(args.strategies) + 1)
+    total = work * args.num_runs * n_strat
     if args.num_runs > 1 and total > MAX_NOISE_STEPS:
-        raise DoorError(f"--num-runs={args.num_runs} x {len(args.strategies) + 1} strategies x ~{steps:,} steps is "
-                        f"{total:,} simulated steps; allowed: at most {MAX_NOISE_STEPS:,} (fewer runs, strategies "
-                        "or prompts)")
+        raise DoorError(f"--num-runs={args.num_runs} x {n_strat} strategies x {work:,} request-steps is {total:,} "
+                        f"simulated request-steps; allowed: at most {MAX_NOISE_STEPS:,} (~13 s; fewer runs, "
+                        "strategies, prompts or output tokens)")
 
 
 def _noise_module():
@@ -464,9 +542,9 @@ def format_serve(out: dict) -> str:
             f"workload: {b['num_prompts']} prompts, input {b['random_input_len']}, output {b['random_output_len']}, "
             f"max concurrency {b['max_concurrency'] or 'unlimited'}, request rate "
             f"{'inf' if math.isinf(rate) else f'{rate:g}/s'}, seed {b['seed']}", ""]
-    w0, w = 32, 16
     names = [out["strategies"][s]["preset"] or s for s in others]
-    lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n[:w - 1]:>{w}}" for n in names),
+    w0, w = 32, max([16] + [len(n) + 2 for n in names])  # every column as wide as its name: none truncated
+    lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n:>{w}}" for n in names),
              f"{'':<{w0}}{'value':>{w}}" + "".join(f"{'change %':>{w}}" for _ in names)]
     bm = out["strategies"][base]["metrics"]
     for k, label in SERVE_METRICS:
@@ -481,12 +559,49 @@ def format_serve(out: dict) -> str:
     lines.append(f"baseline: {base}; changes are (strategy - baseline) / baseline x 100")
     lines.append("")
     lines.append("memory per rank vs the baseline (persistent workspace):")
+    wp = max([16] + [len(out["strategies"][s]["preset"] or s) for s in others])
+    ws = max([28] + [len(s) for s in others])
     for s in others:
         r = out["strategies"][s]
-        lines.append(f"  {(r['preset'] or s):<16} {s:<28} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
+        lines.append(f"  {(r['preset'] or s):<{wp}} {s:<{ws}} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
                      f"tokens lost ({r['kv_capacity_pct_lost']:.1f} % of KV capacity)")
     if out.get("noise"):
         lines.append("")
         lines.append(_noise_module().format_noise(out["noise"]))
     lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")
     return "\n".join(head + lines)
+
+
+# ----------------------------------------------------------------------------------------------------- files
+def check_notebook(path: str) -> Path:
+    """``--notebook``: an existing ``.ipynb`` file holding notebook JSON (nbformat 4: a mapping with a ``cells``
+    list) with a cell tagged ``parameters`` (papermill injects the parameters after it). Read with :mod:`json`
+    only (no nbformat import: ``sweep --dry-run`` stays fast).
+
+    Raises:
+        DoorError: empty, missing, not a regular file, not ``.ipynb``, not notebook JSON, no ``parameters`` cell.
+    """
+    import json
+
+    allowed = "allowed: a Jupyter notebook (.ipynb) with a cell tagged 'parameters', e.g. notebooks/padding_sweep.ipynb"
+    if not isinstance(path, str) or not path.strip():
+        raise DoorError(f"--notebook={_short(path)} is empty; {allowed}")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DoorError(f"--notebook={path!r}: no such file; {allowed}")
+    if not p.is_file():
+        raise DoorError(f"--notebook={path!r} is not a regular file; {allowed}")
+    if p.suffix != ".ipynb":
+        raise DoorError(f"--notebook={path!r} is not a .ipynb file; {allowed}")
+    try:
+        nb = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise DoorError(f"--notebook={path!r} is not readable notebook JSON ({type(e).__name__}); {allowed}") from None
+    cells = nb.get("cells") if isinstance(nb, dict) else None
+    if not isinstance(cells, list):
+        raise DoorError(f"--notebook={path!r} holds no 'cells' list (not a notebook); {allowed}")
+    if not any(isinstance(c, dict) and "parameters" in ((c.get("metadata") or {}).get("tags") or []) for c in cells):
+        raise DoorError(f"--notebook={path!r} has no cell tagged 'parameters' (papermill could not inject the "
+                        f"sweep's parameters); {allowed}")
+    return p
+

@@ -539,7 +539,7 @@ CASES = [
     ("cmd_index_report_dir_under_a_file", lambda c: _cmd(c, "index", "--report-dir", str(_file_under(c) / "rep")),
      CLIFailed, r"^exit 2: mla-lab: error: --report-dir .*/afile/rep: [^\n]+$"),
     ("cmd_check_report_missing_page", lambda c: _cmd(c, "check-report", "nope.html"), CLIFailed,
-     r"^exit 1: mla-lab: error: (.*/nope\.html: no such file|no Chromium found .*)$"),
+     r"^exit 2: mla-lab: error: check-report nope\.html: no such file; allowed: an HTML report [^\n]+$"),
     ("cmd_unknown_subcommand", lambda c: _cmd(c, "advice"), CLIFailed,
      r"^exit 2: mla-lab: error: argument cmd: invalid choice: 'advice' \(choose from [^\n]*\) \(see mla-lab --help\)$"),
     # --- the CLI in a subprocess, cases that reach the notebook when the CLI does not refuse them itself

@@ -106,7 +106,7 @@ ISSUE_24 = [
     ("advise_mbt_1", ["advise", "--max-num-batched-tokens", "1"],
      r"max_num_batched_tokens=1 is below vLLM's default max_num_seqs=256; allowed: >= 256 .*vllm/config/scheduler\.py"),
     ("advise_prompt_does_not_fit", ["advise", "--prompt-len", "200000"],
-     r"does not fit: .*needs 6,400,000 KV tokens in flight .*KV capacity [0-9,]+ tokens"),
+     r"does not fit advise.s TTFT model, which holds every prompt.s KV in flight at once: .*needs 6,400,000 KV tokens in flight .*KV capacity [0-9,]+ tokens.*mla-lab serve. .*queues"),
     ("advise_weights_do_not_fit", ["advise", "--tp", "2"], r"does not fit: glm-5 TP2 h200 .*weights \(.* GiB"),
     ("advise_output_len_refused", ["advise", "--random-output-len", "512"],
      r"--random-output-len='512' is not used by advise: .*mla-lab serve"),
