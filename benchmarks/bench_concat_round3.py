@@ -51,12 +51,8 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from mla_lab.kernels import concat_mla_q, make_concat_launcher  # noqa: E402
-from mla_lab.kernels.triton_concat import concat_mla_q_triton, v3_config  # noqa: E402
+from mla_lab.kernels import concat_mla_q, make_concat_launcher
+from mla_lab.kernels.triton_concat import concat_mla_q_triton, v3_config
 
 CSV_NAME = "concat_round3.csv"
 #: Extra configurations timed into the padded workspace (name -> (variant, knobs)); the defaults are "v2" / "v3".

@@ -14,11 +14,10 @@ elsewhere, copy it there and run that script.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 from pathlib import Path
-
-import stamp_measured  # benchmarks/stamp_measured.py, beside this script (sys.path[0] when run as a script)
 
 from mla_lab.paths import measured_dir
 from mla_lab.sweep import run_sweep
@@ -53,7 +52,9 @@ def main(argv=None) -> int:
     # key the measured rows by the model configs they were measured on (issue 24: a changed config detaches them)
     root = measured_dir().resolve()
     if Path(args.out).resolve().is_relative_to(root):
-        stamp_measured.main(["--root", str(root)])
+        # the stamping script beside this one, run as a program (no script imports another)
+        subprocess.run([sys.executable, str(Path(__file__).with_name("stamp_measured.py")), "--root", str(root)],
+                       check=False)
     else:
         print(f"not under {root}: after copying {args.out} there, run python benchmarks/stamp_measured.py")
     return 0 if (df["status"] == "ok").all() else 1
