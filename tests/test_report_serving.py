@@ -149,3 +149,23 @@ def test_serving_changes_figure_and_folded_table():
     assert html.startswith("<details><summary>") and "<table" in html
     none, why = swept_deployment(validate_params({"models": ["glm-5"], "tp_sizes": [2], "archs": ["h200"]}))
     assert none is None and "no deployment of the grid can serve" in why
+
+
+def test_serving_figures_fit_every_preset_with_its_own_colour():
+    """Every engine preset and the lab's graph2 sub-chunk in the serving figure and the rate curve: one colour per
+    strategy (the style table of mla_lab.report.styles; vllm-fa3-sparse and sglang shared a black swatch) and the
+    legends inside the figure (the table's longer labels overflowed a 4-column legend)."""
+    from matplotlib.colors import to_hex
+
+    from mla_lab.placement import PRESETS
+    from mla_lab.report.layout_check import figure_clipping, label_overlaps
+    from mla_lab.report.serving import plot_serving_changes
+
+    names = [*PRESETS, "subchunk:2048:graph2"]
+    bench = BenchConfig(num_prompts=8, random_input_len=1024, random_output_len=16, seed=0)
+    fig = plot_serving_changes(serve_benchmark("glm-5", 8, "h200", names, bench, 16384))
+    colours = [to_hex(c.patches[0].get_facecolor()) for c in fig.axes[0].containers]
+    assert len(colours) == len(set(colours)) >= len(PRESETS)
+    curve = plot_rate_curve(rate_curve("glm-5", 8, "h200", names, [4, float("inf")], bench=bench))
+    for f in (fig, curve):
+        assert figure_clipping(f) == [] and label_overlaps(f) == []

@@ -205,7 +205,9 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
     handles = [Line2D([], [], color=strategy_style(s)[0], marker=strategy_style(s)[1], label=strategy_style(s)[2])
                for s in strategies]
     handles += [Line2D([], [], color="0.3", ls="-", label="p50"), Line2D([], [], color="0.3", ls="--", label="p99")]
-    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 4), fontsize=8, frameon=False)
+    longest = max(len(h.get_label()) for h in handles)  # 8 pt: about 4.8 pt a character
+    fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=8,
+               ncols=max(1, min(len(handles), 4, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))))
     return fig
 
 
