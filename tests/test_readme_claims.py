@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 
 from mla_lab.buffers import memory_account
-from mla_lab.model.content import load_content_model
 from mla_lab.report.seed_answer import seed_answer
 
 REPO = Path(__file__).resolve().parent.parent
