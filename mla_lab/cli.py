@@ -28,6 +28,7 @@ from pathlib import Path
 
 from . import cli_doors as doors
 from .cli_doors import DoorError
+from .placement import SERVE_PRESETS
 
 LAB_EXTRA_HINT = "pip install -e '.[lab]' (papermill, nbconvert, matplotlib, ipykernel)"
 # Injected by the CLI, not sweep parameters (a user passing them gets the unknown-parameter error).
@@ -489,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"noise Monte-Carlo runs per strategy (mla_lab.serving.noise): 1 = one deterministic run "
                          f"(default), or {doors.MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,} (a 95 %% band "
                          f"needs at least {doors.MIN_NOISE_RUNS} runs)")
-    sv.add_argument("--strategies", nargs="+", default=["vllm-pre-53878", "vllm-53878", "vllm-56902"],
+    sv.add_argument("--strategies", nargs="+", default=list(SERVE_PRESETS),
                     help="presets, aliases or canonical strategies (default vllm-pre-53878 vllm-53878 vllm-56902; "
                          "the baseline is always run)")
     sv.add_argument("--json", action="store_true", help="print the result as JSON")

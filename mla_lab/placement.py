@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 from ._validate import check_int
 from .routes import ENGINE_RULES, route_for
 
-__all__ = ["Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
+__all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
            "parse_strategy", "as_strategy", "expand", "expand_strategies", "resolve_strategy", "preset_of",
            "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY", "SUBCHUNK_ROWS", "canonical_names",
            "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES", "EXPLORER_STRATEGIES", "real_strategies",
@@ -364,6 +364,12 @@ SWEEP_STRATEGIES = (*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}
 
 #: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
 EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
+#: Measured by default on a GPU (:mod:`mla_lab.measure.attention`): both ends of vLLM before PR #53878, the PR, after
+#: PR #56902 (and with the concat zeroing the padded heads), SGLang's padded route and a sub-chunked workspace.
+MEASURED_STRATEGIES = ("per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "shared_workspace:none",
+                       "shared_workspace:zero_per_call", "per_call_zeros", "subchunk:4096")
+#: ``mla-lab serve``'s default presets and the serving demo's: vLLM before PR #53878, at it, after PR #56902.
+SERVE_PRESETS = ("vllm-pre-53878", "vllm-53878", "vllm-56902")
 
 
 def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:

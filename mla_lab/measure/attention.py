@@ -21,7 +21,7 @@ import torch
 
 from ..kernels import last_backend
 from ..models import ModelConfig, load_model
-from ..placement import parse_strategy
+from ..placement import MEASURED_STRATEGIES, parse_strategy
 from ..strategies import PaddedQPath
 from ..workload import Step
 from .timer import interleaved, summarize
@@ -69,10 +69,6 @@ def make_step_inputs(model, tp: int, step: Step, prompt_len: int, seed: int = 0,
         tl = torch.clamp(visible, max=topk).to(torch.int32)
     return ql_nope, q_pe, kv, idx.to(torch.int32).view(T, 1, topk), tl
 
-#: Strategies measured by default: both ends of vLLM before PR #53878, the PR, after PR #56902 (and with the concat
-#: zeroing the padded heads), SGLang and a sub-chunked workspace.
-MEASURED_STRATEGIES = ("per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "shared_workspace:none",
-                       "shared_workspace:zero_per_call", "per_call_zeros", "subchunk:4096")
 
 
 def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int, arch_name: str,

@@ -14,7 +14,7 @@ from dataclasses import asdict
 from ..model.calibration import Calibration, resolve_calibration
 from ..model.decode_calibration import DecodeCalibration, load_decode_calibration
 from ..model.memory import memory_tradeoff
-from ..placement import BASELINE, expand_strategies, preset_of, resolve_strategy
+from ..placement import BASELINE, SERVE_PRESETS, expand_strategies, preset_of, resolve_strategy
 from .client import BenchConfig
 from .engine_pricer import EnginePricer, _resolve_objs
 from .metrics import compare
@@ -130,7 +130,7 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
 
 def main() -> None:
     """Demo: the PR's benchmark on GLM-5 TP8 H200 (fp8 weights, EP, bf16 KV cache) per engine preset."""
-    res = serve_benchmark("glm-5", 8, "h200", ["vllm-pre-53878", "vllm-53878", "vllm-56902", "sglang"], PR_BENCH,
+    res = serve_benchmark("glm-5", 8, "h200", [*SERVE_PRESETS, "sglang"], PR_BENCH,
                           16384)
     print(f"baseline {res['baseline']}; decode calibration {res['decode_calibration']}")
     keys = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "total_token_throughput")
