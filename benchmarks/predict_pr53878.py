@@ -342,9 +342,9 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
             "band95: the central 95 % of single runs of the Monte-Carlo (one build, one run each); deterministic: "
             "the run with every random quantity at its mean; median: the Monte-Carlo median.",
             "The two builds' runs are independent draws; change = (PR - before) / before * 100 per pair of runs.",
-            "Not modelled: MTP, expert load imbalance, all-reduce latency at decode sizes (the ring model with "
-            "latency 0), fp8 MoE GEMMs at decode sizes (uncalibrated 0.8 of HBM), CUDA-graph batch padding, "
-            "PIECEWISE graphs (priced eager).",
+            "fp8 MoE GEMMs at decode sizes: measured-fit (data/calibration/h200_moe_decode.csv); all-reduces "
+            "below 24 MiB: +26 us each, assumption (cited: NCCL tuning-model time, NVIDIA/nccl#1453).",
+            "Not modelled: MTP, expert load imbalance, CUDA-graph batch padding, PIECEWISE graphs (priced eager).",
         ],
     }
 

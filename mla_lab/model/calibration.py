@@ -34,6 +34,7 @@ in its ``calibration`` column.
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -100,6 +101,9 @@ class Calibration:
         arch: the GPU the efficiencies were measured on.
         comm_efficiency: fraction of per-direction NVLink bandwidth a ring collective reaches (assumption 0.8).
         comm_latency_us: fixed cost per collective (assumption 0).
+        comm_small_latency_us, comm_small_max_bytes, comm_small_source: an extra fixed cost (us) of an all-reduce
+            smaller than ``comm_small_max_bytes`` (B) that no measured fit prices, and where it comes from
+            (:meth:`with_small_comm_latency`; 0 unless set: the serving pricer's decode calibration sets it).
         comm: measured all-reduce fits by world size (:class:`~mla_lab.model.comm.CommModel`) or None; where one
             exists for a world size it prices that world size's all-reduce instead of the assumption.
         content: the padded-head content factor (:class:`~mla_lab.model.content.ContentModel`, fitted on an H200)
@@ -126,6 +130,9 @@ class Calibration:
     arch: str = "h200"
     comm_efficiency: float = 0.8
     comm_latency_us: float = 0.0
+    comm_small_latency_us: float = 0.0
+    comm_small_max_bytes: float = 0.0
+    comm_small_source: str = ""
     content: ContentModel | None = None
     comm: CommModel | None = None
     content_step: StepContentModel | None = None
@@ -189,6 +196,8 @@ class Calibration:
             return "none"
         assumption = (f"assumption: ring at {self.comm_efficiency:g} x NVLink per direction, "
                       f"latency {self.comm_latency_us:g} us")
+        if self.comm_small_latency_us > 0 and kind == "allreduce":
+            assumption += f"; {self.comm_small_source or f'+{self.comm_small_latency_us:g} us below'}"
         if fit is None:
             return assumption
         lo, hi = _priced_range(fit)
@@ -232,6 +241,18 @@ class Calibration:
     def with_attention(self, name: str | None = None, **eff) -> "Calibration":
         """A copy with some attention efficiencies replaced (e.g. re-anchored on measurements)."""
         return replace(self, attention={**self.attention, **eff}, name=name or self.name)
+
+    def with_small_comm_latency(self, latency_us: float, max_bytes: float, source: str) -> "Calibration":
+        """A copy whose all-reduces below ``max_bytes`` (B) not priced by a measured fit pay ``latency_us`` more.
+
+        Raises:
+            ValueError: a negative or non-finite latency or size.
+        """
+        for n, v in (("latency_us", latency_us), ("max_bytes", max_bytes)):
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"{n}={v!r} must be a non-negative number")
+        return replace(self, comm_small_latency_us=float(latency_us), comm_small_max_bytes=float(max_bytes),
+                       comm_small_source=str(source))
 
     def with_comm(self, comm_efficiency: float | None = None, comm_latency_us: float | None = None):
         """A copy with other comm assumptions, applied to every world size: the measured all-reduce fits are dropped

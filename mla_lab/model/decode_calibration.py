@@ -21,6 +21,15 @@ the H200 decode measurements (``data/measured/h200/round2/decode_*.csv``, ``benc
   (:attr:`~DecodeCalibration.host_us_per_op`, :attr:`~DecodeCalibration.eager_gap_us`,
   :attr:`~DecodeCalibration.eager_form`).
 
+- **The fp8 routed experts at decode sizes** (:attr:`~DecodeCalibration.moe_fp8`, measured-fit): the
+  ``moe_gemm_fp8`` class inside the graph calibration is ``a + weight_bytes / BW`` fitted on the H200's
+  ``torch._scaled_grouped_mm`` rows (``data/measured/h200/between_process/moe_decode.csv``, GLM-5 EP8 rank share,
+  T = 1..256, 5 processes; ``benchmarks/fit_moe_decode.py`` -> ``data/calibration/h200_moe_decode.csv``):
+  ``eff_bytes = BW / HBM`` and ``a`` split over the block's two grouped GEMMs (``add`` mode).
+- **All-reduce latency at decode sizes** (:data:`DECODE_ALLREDUCE_LATENCY_US`, assumption (cited)): the TP fit
+  (``h200_comm.csv``) prices 24-448 MiB only; an all-reduce below :data:`DECODE_ALLREDUCE_MAX_BYTES` that no fit
+  prices pays this fixed latency on top of the ring's bandwidth term.
+
 Stored as one CSV row per parameter (:func:`write_decode_calibration`, :func:`load_decode_calibration`).
 """
 
@@ -35,10 +44,26 @@ from ..arch import GPUArch
 from ..paths import calibration_dir
 from .calibration import Calibration, ClassEff
 
-__all__ = ["DECODE_CSV", "KernelDecode", "DecodeCalibration", "write_decode_calibration", "load_decode_calibration"]
+__all__ = ["DECODE_CSV", "MOE_DECODE_CSV", "DECODE_ALLREDUCE_LATENCY_US", "DECODE_ALLREDUCE_MAX_BYTES",
+           "DECODE_ALLREDUCE_SOURCE", "KernelDecode", "DecodeCalibration", "write_decode_calibration",
+           "load_decode_calibration", "load_moe_decode_fit"]
 
 #: The committed decode calibration's file name (in :func:`mla_lab.paths.calibration_dir`).
 DECODE_CSV = "h200_decode.csv"
+#: The fp8 MoE decode fit's file name (``benchmarks/fit_moe_decode.py``), beside :data:`DECODE_CSV`.
+MOE_DECODE_CSV = "h200_moe_decode.csv"
+
+#: Fixed cost (us) of one small all-reduce over 8 NVLink-connected Hopper GPUs. Assumption (cited), not measured
+#: (no multi-GPU machine was lent): NCCL's own tuning-model time for a 4 KiB / 8 KiB all-reduce on H100 printed in
+#: the NCCL_DEBUG=INFO log of https://github.com/NVIDIA/nccl/issues/1453 ("4096 Bytes -> Algo 0 proto 0 time
+#: 25.874907", "8192 Bytes -> ... time 26.549810", us), rounded to 26. That thread's measured time (75 us) was a
+#: misconfigured system, and vLLM's custom all-reduce (used at these sizes inside CUDA graphs) may cost less.
+DECODE_ALLREDUCE_LATENCY_US = 26.0
+#: All-reduces below this size (B) with no measured fit pay :data:`DECODE_ALLREDUCE_LATENCY_US`: the smallest size
+#: the committed TP=2 fit prices (48 MiB measured / COMM_FIT_RANGE_FACTOR 2 = 24 MiB).
+DECODE_ALLREDUCE_MAX_BYTES = 24 * 2**20
+DECODE_ALLREDUCE_SOURCE = ("assumption (cited): +26 us per all-reduce below 24 MiB, NCCL tuning-model time for "
+                           "4-8 KiB on H100, github.com/NVIDIA/nccl/issues/1453")
 
 
 @dataclass(frozen=True)
@@ -81,6 +106,10 @@ class DecodeCalibration:
         host_us_per_op: host launch cost per op in eager steps (us); eager_gap_us: idle GPU gap per op (us).
         eager_form: ``max`` (host floor only), ``add`` (gaps only) or ``max+add``; documents the fit's choice.
         name: where the fit came from; fit: MAPE figures of the fit (``{key: pct}``); provenance: copied columns.
+        moe_fp8: the fp8 MoE decode fit ``{"a_us", "eff_bytes", "source"}`` (:func:`load_moe_decode_fit`) or
+            None (``moe_gemm_fp8`` then keeps the committed efficiencies with the bf16 twin's graph overhead).
+        allreduce_latency_us: fixed cost of an all-reduce below :data:`DECODE_ALLREDUCE_MAX_BYTES` that no
+            measured fit prices (us; default :data:`DECODE_ALLREDUCE_LATENCY_US`, assumption (cited)).
     """
 
     graph_floors: dict
@@ -95,6 +124,8 @@ class DecodeCalibration:
     name: str = "uncalibrated"
     fit: dict = field(default_factory=dict)
     provenance: dict = field(default_factory=dict)
+    moe_fp8: dict | None = None
+    allreduce_latency_us: float = DECODE_ALLREDUCE_LATENCY_US
 
     def graph_calibration(self, cal: Calibration) -> Calibration:
         """``cal`` with every roofline class's overhead replaced by its graph-replay overhead."""
@@ -107,7 +138,15 @@ class DecodeCalibration:
             base = classes.get(cls) or cal.eff(cls)
             fl, mode = self.graph_floors[src]
             classes[cls] = replace(base, floor_us=float(fl), mode=mode)
-        return replace(cal, classes=classes, name=f"{cal.name} + graph overheads ({self.name})")
+        if self.moe_fp8 is not None:  # measured-fit: a per MoE block over its two grouped GEMMs
+            base = classes.get("moe_gemm_fp8") or cal.eff("moe_gemm_fp8")
+            classes["moe_gemm_fp8"] = replace(base, eff_bytes=float(self.moe_fp8["eff_bytes"]),
+                                              floor_us=float(self.moe_fp8["a_us"]) / 2.0, mode="add")
+        out = replace(cal, classes=classes, name=f"{cal.name} + graph overheads ({self.name})")
+        if self.allreduce_latency_us > 0:
+            out = out.with_small_comm_latency(self.allreduce_latency_us, DECODE_ALLREDUCE_MAX_BYTES,
+                                              DECODE_ALLREDUCE_SOURCE)
+        return out
 
     def topk_ms(self, max_ctx: int, sum_ctx: int) -> float:
         """Decode top-k time (ms) of a batch whose longest context is ``max_ctx`` and whose contexts sum to
@@ -205,8 +244,33 @@ def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration
         dcal = DecodeCalibration(floors, attn, idx, topk, kd, vals[("layer", "layer_fixed_us")],
                                  vals[("launch", "host_us_per_op")], vals[("launch", "eager_gap_us")],
                                  modes[("launch", "host_us_per_op")] or "max+add",
-                                 f"{p.name} (measured on {prov.get('device') or prov.get('gpu') or '?'})", fit, prov)
+                                 f"{p.name} (measured on {prov.get('device') or prov.get('gpu') or '?'})", fit, prov,
+                                 moe_fp8=load_moe_decode_fit(p.parent / MOE_DECODE_CSV))
     except (KeyError, ValueError, TypeError) as e:
         raise ValueError(f"{p}: not a decode calibration ({type(e).__name__}: {e})") from None
     _LOADED[key] = dcal
     return dcal
+
+
+def load_moe_decode_fit(path: str | Path) -> dict | None:
+    """The fp8 MoE decode fit in ``path`` (``benchmarks/fit_moe_decode.py``): ``{"a_us", "eff_bytes", "bw_gbps",
+    "mape_in_pct", "mape_loo_pct", "n_processes", "source"}``, or None when the file does not exist.
+
+    Raises:
+        ValueError: the file is malformed (names the file and what is missing).
+    """
+    p = Path(path)
+    if not p.is_file():
+        return None
+    with open(p, newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        vals = {r["key"]: float(r["value"]) for r in rows}
+        out = {k: vals[k] for k in ("a_us", "eff_bytes", "bw_gbps", "mape_in_pct", "mape_loo_pct")}
+        if not all(math.isfinite(v) and v >= 0 for v in out.values()) or out["eff_bytes"] <= 0:
+            raise ValueError(f"non-finite or non-positive value in {out}")
+        out["n_processes"] = int(rows[0]["n_processes"])
+        out["source"] = f"{rows[0]['source']} ({p.name}, {rows[0]['data_file']}, {out['n_processes']} processes)"
+    except (KeyError, ValueError, TypeError, IndexError) as e:
+        raise ValueError(f"{p}: not an fp8 MoE decode fit ({type(e).__name__}: {e})") from None
+    return out

@@ -149,7 +149,8 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
     moved = {"allreduce": 2.0 * (n - 1) / n * nbytes, "allgather": (n - 1) / n * nbytes,
              "all_to_all": nbytes}[kind]
     bw = arch.nvlink_gbps / 2 * 1e9 * cal.comm_efficiency
-    return moved / bw * 1e3 + cal.comm_latency_us * 1e-3
+    small = cal.comm_small_latency_us if kind == "allreduce" and nbytes < cal.comm_small_max_bytes else 0.0
+    return moved / bw * 1e3 + (cal.comm_latency_us + small) * 1e-3
 
 
 def attention_path_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
