@@ -72,7 +72,7 @@ from mla_lab import report, sweep
 from mla_lab.placement import PRESETS
 from mla_lab.report.cache import cached_call, plotted_rows, publish_cached, publish_cached_many
 from mla_lab.report.noise import load_noise_distribution, noise_sentences, plot_noise
-from mla_lab.report.routes import crossover, plot_routes, route_sentence, route_table
+from mla_lab.report.routes import plot_routes, route_summary, route_table, routes_available
 from mla_lab.report.serving import (
     plot_rate_curve,
     plot_serving_changes,
@@ -137,13 +137,9 @@ display(Markdown("\n".join(f"- {line}" for line in noise_sentences(noise_dist)))
 # dense attention is not what sparse attention computes: dashed, a lower bound for masked MHA.
 
 # %%
-saved["routes"] = publish_cached(lambda: plot_routes(route_table()), "routes", figs, key=route_table())
-_x = crossover(model="glm-5")
-display(Markdown("\n".join([
-    f"- {route_sentence()}",
-    f"- Padded sparse MQA would start to beat dense causal MHA (GLM-5 TP8, cuDNN SDPA) at {_x['median']:,} tokens "
-    f"[{_x['lo']:,}, {_x['hi']:,}] over processes: an extrapolation beyond the longest prompt measured "
-    f"({_x['measured_max']:,} tokens), fitted on each route's mean keys per query."])))
+if routes_available():
+    saved["routes"] = publish_cached(lambda: plot_routes(route_table()), "routes", figs, key=route_table())
+display(Markdown("\n".join(f"- {line}" for line in route_summary())))
 
 # %% [markdown]
 # ## Serving: `vllm bench serve` for the swept deployment

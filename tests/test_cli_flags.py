@@ -75,7 +75,7 @@ SERVE = [
     (["--seed", "1", "--request-rate", "4"], "change-vs:--request-rate=4", None),
     (["--strategies", "sglang"], "change", None),
     (["--json"], "change", None),
-    (["--num-runs", "3"], "change", None),  # the noise Monte-Carlo (mla_lab.serving.noise): medians and bands
+    (["--num-runs", "20"], "change", None),  # the noise Monte-Carlo (mla_lab.serving.noise): medians and bands
 ]
 
 

@@ -73,7 +73,7 @@ def test_notebook_without_parameters_cell_is_refused(tmp_path):
     p = tmp_path / "noparams.ipynb"
     nbformat.write(nb, p)
     r = _cli("sweep", "--notebook", str(p), "-p", "report_dir", str(tmp_path), cwd=REPO)
-    assert r.returncode == 1 and "has no cell tagged 'parameters'" in r.stderr
+    assert r.returncode == 2 and "has no cell tagged 'parameters'" in r.stderr  # bad input, refused at the door
 
 
 def test_failing_cell_reports_its_error_not_a_traceback_wall(tmp_path):

@@ -43,3 +43,13 @@ def test_crossover_is_an_extrapolation_beyond_the_measured_lengths():
 def test_route_sentence_names_all_three_paths():
     s = route_sentence()
     assert "before the PR" in s and "with it" in s and "dense MHA route" in s and "5 fresh processes" in s
+
+
+def test_route_summary_without_rows_says_so_and_gives_no_number(tmp_path):
+    from mla_lab.report.routes import route_summary, routes_available
+
+    missing = tmp_path / "routes.csv"
+    assert not routes_available(missing)
+    (line,) = route_summary(missing)
+    assert "not measured" in line and " ms" not in line and "%" not in line and "tokens [" not in line
+    assert len(route_summary()) == 2

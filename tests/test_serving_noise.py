@@ -438,18 +438,18 @@ def test_cli_serve_num_runs_prints_bands_and_the_changes_band(capsys):
     from mla_lab import cli
     from mla_lab.serving.noise import serve_benchmark_noise
 
-    argv = ["serve", "--num-runs", "6", "--num-prompts", "4", "--random-input-len", "512", "--random-output-len", "4",
+    argv = ["serve", "--num-runs", "20", "--num-prompts", "4", "--random-input-len", "512", "--random-output-len", "4",
             "--max-num-batched-tokens", "2048", "--seed", "3", "--strategies", "vllm-53878"]
     assert cli.main(argv) == 0
     text = capsys.readouterr().out
-    assert "over 6 simulated runs" in text
+    assert "over 20 simulated runs" in text
     assert cli.main(argv + ["--json"]) == 0
     runs = json.loads(capsys.readouterr().out)["noise"]
-    assert runs["num_runs"] == 6 and runs["seed"] == 3 and len(runs["changes"]) == 1
+    assert runs["num_runs"] == 20 and runs["seed"] == 3 and len(runs["changes"]) == 1
     (s, ch), = runs["changes"].items()
     lo, hi = ch["mean_ttft_ms"]["band95"]
     assert f"change {s} vs {runs['baseline']}" in text and f"[{lo:+.2f}, {hi:+.2f}]" in text
     bench = BenchConfig(num_prompts=4, random_input_len=512, random_output_len=4, max_concurrency=None, seed=3)
-    ref = serve_benchmark_noise("glm-5", 8, "h200", [s], bench, num_runs=6, seed=3, max_num_batched_tokens=2048,
+    ref = serve_benchmark_noise("glm-5", 8, "h200", [s], bench, num_runs=20, seed=3, max_num_batched_tokens=2048,
                                 baseline=runs["baseline"])
     assert ref["changes"][s]["mean_ttft_ms"]["band95"] == pytest.approx([lo, hi], rel=1e-9)

@@ -24,7 +24,7 @@ from pathlib import Path
 from ..measure.spread import between_process
 from ..paths import measured_dir
 
-__all__ = ["ROUTES_CSV", "ROUTE_LABELS", "route_table", "crossover", "plot_routes", "route_sentence", "mean_keys"]
+__all__ = ["routes_available", "route_summary", "ROUTES_CSV", "ROUTE_LABELS", "route_table", "crossover", "plot_routes", "route_sentence", "mean_keys"]
 
 ROUTES_CSV = "between_process/routes.csv"
 #: Route label -> the parts summed per process (medians of interleaved rounds).
@@ -34,6 +34,31 @@ ROUTE_LABELS = {
     "dense MHA, real heads (SDPA cuDNN)": ("mha:upproj", "mha:assemble", "mha:sdpa:cudnn"),
     "dense MHA, real heads (SDPA FLASH)": ("mha:total",),
 }
+
+
+def routes_available(path: str | Path | None = None) -> bool:
+    """Whether the measured route rows exist (``MLA_LAB_MEASURED`` may point the lab at another measured folder)."""
+    return (Path(path) if path else measured_dir("h200") / ROUTES_CSV).exists()
+
+
+def route_summary(path: str | Path | None = None, model: str = "glm-5") -> list[str]:
+    """The report's sentences on the routes: :func:`route_sentence` and the crossover, or one sentence saying the
+    route rows are not in the measured folder this report reads (never a number without its rows)."""
+    if not routes_available(path):
+        where = Path(path) if path else measured_dir("h200") / ROUTES_CSV
+        return [f"Routes not measured in this measured folder ({where} is absent; benchmarks/h200_round3.sh writes "
+                "it): no route figure."]
+    x = crossover(path, model=model)
+    out = [route_sentence(path, model=model)]
+    if x["median"] is not None:
+        out.append(f"Padded sparse MQA would start to beat dense causal MHA ({model} TP8, cuDNN SDPA) at "
+                   f"{x['median']:,} tokens [{x['lo']:,}, {x['hi']:,}] over processes: an extrapolation beyond the "
+                   f"longest prompt measured ({x['measured_max']:,} tokens), fitted on each route's mean keys per "
+                   "query.")
+    else:
+        out.append(f"Dense causal MHA stays ahead of padded sparse MQA up to the {x['measured_max']:,}-token prompts "
+                   "measured, and the fitted lines do not cross below 1M tokens.")
+    return out
 
 
 def _rows(path):
