@@ -36,9 +36,11 @@ def test_cli_runs_notebook_on_tiny_grid(tmp_path):
     assert set(df["strategy"]) == want and len(df) == 2 * len(want)  # 2 archs x every default strategy
     assert (df["source"] == "modelled").all()
     html = (tmp_path / "rep" / "tiny.html").read_text()
-    # frontier page, TP bars, heatmap, serving changes, serving rate curve, + the validation figure when
-    # data/measured has its rows
-    n_fig = 5 + bool(len(report.load_validation()))
+    # frontier page, TP bars, heatmap, serving changes, serving rate curve, the single-run noise distribution
+    # (data/validation), + the validation figure and the routes figure when data/measured has their rows
+    from mla_lab.report.routes import routes_available
+
+    n_fig = 6 + bool(len(report.load_validation())) + routes_available()
     assert html.count('src="data:image/png;base64') == n_fig and "Memory vs TTFT, one panel per deployment" in html
     assert "The PR&#x27;s numbers, answered" in html or "The PR's numbers, answered" in html
     assert "Advice for the swept deployment" in html
