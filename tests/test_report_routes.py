@@ -53,3 +53,14 @@ def test_route_summary_without_rows_says_so_and_gives_no_number(tmp_path):
     (line,) = route_summary(missing)
     assert "not measured" in line and " ms" not in line and "%" not in line and "tokens [" not in line
     assert len(route_summary()) == 2
+
+
+def test_plot_routes_leaves_no_pyplot_figure():
+    """A pyplot figure would be shown a second time (unsaved) by a notebook's inline backend."""
+    import matplotlib.pyplot as plt
+
+    from mla_lab.report.routes import plot_routes
+
+    before = set(plt.get_fignums())
+    fig = plot_routes()
+    assert set(plt.get_fignums()) == before and len(fig.axes) == 2

@@ -193,11 +193,13 @@ def route_sentence(path: str | Path | None = None, model: str = "glm-5", prompt_
 def plot_routes(table=None, figsize=(10.0, 3.8)):
     """Attention path per layer call vs prompt length, one panel per model, one line per route with its
     [min, max] over processes; dense MHA above top-k drawn dashed (not equivalent: a masked-MHA lower bound)."""
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     t = route_table() if table is None else table
     models = list(dict.fromkeys(t["model"]))
-    fig, axes = plt.subplots(1, len(models), figsize=figsize, squeeze=False, constrained_layout=True)
+    # no pyplot state: a notebook's inline backend would show a pyplot figure a second time, unsaved
+    fig = Figure(figsize=figsize, layout="constrained")
+    axes = fig.subplots(1, len(models), squeeze=False)
     colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
     for ax, model in zip(axes[0], models):
         for (label, c) in zip(ROUTE_LABELS, colors):
