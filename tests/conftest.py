@@ -153,3 +153,19 @@ def pytest_runtest_makereport(item, call):
     reason = reason.removeprefix("Skipped: ")
     rep.outcome = "failed"
     rep.longrepr = (f"{REQUIRE_GPU_ENV}=1: this gpu test may not skip; it was skipped because: {reason}")
+
+
+def run_cli(argv: list[str]) -> tuple[int, str, str]:
+    """``mla-lab argv`` in this process: ``(exit code, stdout, stderr)`` (argparse's SystemExit read as the code)."""
+    import contextlib
+    import io
+
+    from mla_lab import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:
+            rc = e.code
+    return rc, out.getvalue(), err.getvalue()

@@ -5,8 +5,6 @@ strategy names, a traceback on a closed pipe, options without help, advise's mis
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
@@ -16,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from mla_lab import cli
 from mla_lab import cli_doors as doors
@@ -23,14 +22,7 @@ from mla_lab import cli_doors as doors
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = cli.main(argv)
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
+_run = run_cli
 
 
 def _refused(argv: list[str], pattern: str) -> str:

@@ -9,23 +9,14 @@ table covers every flag of the parser, so a flag added later without a case fail
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
+from conftest import run_cli
 
 from mla_lab import cli
 
-
-def _run(argv: list[str]) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            rc = cli.main(argv)
-        except SystemExit as e:
-            rc = e.code
-    return rc, out.getvalue(), err.getvalue()
+_run = run_cli
 
 
 def _flags_of(cmd: str) -> set[str]:
