@@ -67,6 +67,27 @@ TUNE = {
     "v3:1x8x2w4": ("v3", {"block_t": 1, "block_h": 8, "head_tiles": 2, "num_warps": 4}),
     "v3:2x8x1w4": ("v3", {"block_t": 2, "block_h": 8, "head_tiles": 1, "num_warps": 4}),
 }
+#: Round 4 (docs/perf-notes.md "Round 4"): the persistent span kernel (v4) and TMA stores (v5) into the padded
+#: workspace, v2 with streaming hints, each variant's unpadded ceiling, the v4 chunk-order control, and the CUDA
+#: runtime's own 2-D copy of the same bytes into the same gapped layout (``cudaMemcpy2DAsync``, one source).
+#: v4 names: rows per chunk, warps, programs per SM; v5: tokens per tile, warps, programs per SM.
+TUNE4 = {
+    "v2:stream": ("v2", {"streaming": True}),
+    "v4": ("v4", {}),
+    "v4:stride": ("v4", {"order": "stride"}),
+    "v4:2r1w32": ("v4", {"block_rows": 2, "num_warps": 1, "progs_per_sm": 32}),
+    "v4:4r1w8": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 8}),
+    "v4:4r1w16": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 16}),
+    "v4:8r2w8": ("v4", {"block_rows": 8, "num_warps": 2, "progs_per_sm": 8}),
+    "v4:16r4w4": ("v4", {"block_rows": 16, "num_warps": 4, "progs_per_sm": 4}),
+    "v4:stream": ("v4", {"streaming": True}),
+    "v5": ("v5", {}),
+    "v5:1t1w16": ("v5", {"block_t": 1, "num_warps": 1, "progs_per_sm": 16}),
+    "v5:1t4w4": ("v5", {"block_t": 1, "num_warps": 4, "progs_per_sm": 4}),
+    "v5:1t2w4": ("v5", {"block_t": 1, "num_warps": 2, "progs_per_sm": 4}),
+    "v5:2t4w4": ("v5", {"block_t": 2, "num_warps": 4, "progs_per_sm": 4}),
+}
+SETS = ("round3", "round4")
 TIMERS = ("graph", "cudagraph")
 FIELDS = ["T", "H", "Hp", "dtype", "method", "variant", "config", "timer", "round", "us", "bytes", "gbps",
           "copy_us", "pct_of_copy", "launcher_path", "graph_capture_ok"]
@@ -77,7 +98,47 @@ def _bits(t):
     return t.contiguous().view(torch.int16)
 
 
-def _methods(T, H, Hp, dtype, device, tune):
+def _cudart():
+    """The CUDA runtime library torch loaded (for ``cudaMemcpy2DAsync``), or None."""
+    import ctypes
+    import glob
+    import os
+
+    for d in [os.path.dirname(torch.__file__)] + sys.path:
+        for f in sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", "libcudart.so*"))
+                        + glob.glob(os.path.join(d, "lib", "libcudart.so*"))):
+            try:
+                return ctypes.CDLL(f)
+            except OSError:
+                continue
+    try:
+        return ctypes.CDLL("libcudart.so")
+    except OSError:
+        return None
+
+
+def _memcpy2d(dst, src, H, es):
+    """``cudaMemcpy2DAsync`` of ``src [T, H, 576]`` (contiguous) into the first ``H`` heads of ``dst [T, H', 576]``
+    on the current stream (device to device: kind 3), or None when no CUDA runtime library is found."""
+    import ctypes
+
+    lib = _cudart()
+    if lib is None:
+        return None
+    f = lib.cudaMemcpy2DAsync
+    f.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                  ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+    width = H * 576 * es
+
+    def run():
+        rc = f(dst.data_ptr(), dst.stride(0) * es, src.data_ptr(), src.stride(0) * es, width, src.shape[0], 3,
+               torch.cuda.current_stream().cuda_stream)
+        if rc != 0:
+            raise RuntimeError(f"cudaMemcpy2DAsync returned {rc}")
+    return run
+
+
+def _methods(T, H, Hp, dtype, device, tune, which="round3"):
     """name -> (variant or None, config dict or None, callable, checked output or None, unpadded?)."""
     a = torch.randn(T, H, 512, device=device, dtype=dtype)
     b = torch.randn(T, H, 64, device=device, dtype=dtype)
@@ -90,6 +151,21 @@ def _methods(T, H, Hp, dtype, device, tune):
     def kern(o, variant, cfg):
         return lambda: concat_mla_q_triton(a, b, o, variant=variant, **cfg)
 
+    if which == "round4":
+        m["v2"] = ("v2", {}, kern(out, "v2", {}), out)
+        for name, (variant, cfg) in TUNE4.items():
+            m[name] = (variant, cfg, kern(out, variant, cfg), out)
+        for v in ("v2", "v4", "v5"):
+            m[f"{v}_unpadded"] = (v, {}, kern(buf, v, {}), buf)
+        if device == "cuda":
+            cat = torch.cat([a, b], dim=-1).contiguous()
+            mc = _memcpy2d(out, cat, H, torch.empty((), dtype=dtype).element_size())
+            if mc is not None:
+                m["memcpy2d"] = (None, None, mc, out)
+            else:
+                print("memcpy2d: no CUDA runtime library found; row skipped", file=sys.stderr)
+        m["copy"] = (None, None, lambda: dst.copy_(src), None)
+        return a, b, out, m
     m["v2"] = ("v2", {}, kern(out, "v2", {}), out)
     m["v3"] = ("v3", {}, kern(out, "v3", {}), out)
     for name, (variant, cfg) in (tune.items() if tune else ()):
@@ -132,7 +208,7 @@ def _time(fn, timer, rep, device="cuda"):
 
 
 def bench_concat_variants(T_list=(4096, 16384), H_list=(8, 16), Hp=64, dtype=torch.bfloat16, timers=TIMERS,
-                          rounds=3, rep=100, tune=True, device="cuda") -> list[dict]:
+                          rounds=3, rep=100, tune=True, device="cuda", which="round3") -> list[dict]:
     """Device time of every method at every shape (see the module docstring); one dict per (shape, method, timer,
     round), microseconds. ``device="cpu"`` is a smoke run of the logic under ``TRITON_INTERPRET=1`` (wall-clock
     timings, meaningless). Raises RuntimeError when a kernel's result is wrong."""
@@ -144,7 +220,7 @@ def bench_concat_variants(T_list=(4096, 16384), H_list=(8, 16), Hp=64, dtype=tor
                 print(f"warning: T={T} H={H}: {T * H * 576 * es / 1e9:.2f} GB one way; a graph-captured copy_ is "
                       f"slow from ~1.2 GB (memcpy node), so pct_of_copy overstates there", file=sys.stderr)
             torch.manual_seed(T * 131 + H)
-            a, b, out, methods = _methods(T, H, Hp, dtype, device, TUNE if tune else None)
+            a, b, out, methods = _methods(T, H, Hp, dtype, device, TUNE if tune else None, which)
             for name, (_variant, _cfg, fn, o) in methods.items():
                 if o is not None:
                     _check(a, b, o, fn, name, device)
@@ -167,9 +243,10 @@ def bench_concat_variants(T_list=(4096, 16384), H_list=(8, 16), Hp=64, dtype=tor
                                          copy_us=copy_ms * 1e3, pct_of_copy=100.0 * copy_ms / ms))
                 med = {n: statistics.median(x["pct_of_copy"] for x in rows if x["T"] == T and x["H"] == H
                                             and x["timer"] == timer and x["method"] == n)
-                       for n in ("v2", "v3", "v2_unpadded")}
-                print(f"T={T:6d} H={H:3d} H'={Hp} [{timer}] % of copy: v2 {med['v2']:.1f}  v3 {med['v3']:.1f}  "
-                      f"v2_unpadded {med['v2_unpadded']:.1f}", flush=True)
+                       for n in names if n != "copy"}
+                top = sorted(med, key=med.get, reverse=True)[:4]
+                print(f"T={T:6d} H={H:3d} H'={Hp} [{timer}] % of copy: v2 {med['v2']:.1f}; best "
+                      + ", ".join(f"{n} {med[n]:.1f}" for n in top), flush=True)
             del a, b, out, methods
             if device == "cuda":
                 torch.cuda.empty_cache()
@@ -184,7 +261,8 @@ def _cfg_str(variant, cfg):
     return ",".join(f"{k}={v}" for k, v in cfg.items()) or "default"
 
 
-def host_launch_us(calls=1000, repeats=5, dtype=torch.bfloat16, device="cuda") -> tuple[list[dict], dict]:
+def host_launch_us(calls=1000, repeats=5, dtype=torch.bfloat16, device="cuda", variants=("v2", "v3")
+                   ) -> tuple[list[dict], dict]:
     """Host microseconds per call (T = 16, H = 8 -> 64, eager, back to back), median of ``repeats``; and the
     launcher checks (path; on CUDA, a CUDA-graph capture replays new inputs bitwise). ``device="cpu"``: smoke run
     under the Triton interpreter (no graph check; numbers meaningless)."""
@@ -193,19 +271,15 @@ def host_launch_us(calls=1000, repeats=5, dtype=torch.bfloat16, device="cuda") -
     b = torch.randn(T, H, 64, device=device, dtype=dtype)
     out = torch.empty(T, Hp, 576, device=device, dtype=dtype)
     buf = torch.empty(T, H, 576, device=device, dtype=dtype)
-    launchers = {v: make_concat_launcher(a, b, out, backend="triton", variant=v) for v in ("v2", "v3")}
+    launchers = {v: make_concat_launcher(a, b, out, backend="triton", variant=v) for v in variants}
     jit_launchers = {v: make_concat_launcher(a, b, out, backend="triton", variant=v, force_path="jit")
-                     for v in ("v2", "v3")}
-    fns = {
-        "concat_mla_q(v2, checked)": lambda: concat_mla_q(a, b, out, backend="triton", variant="v2"),
-        "concat_mla_q(v3, checked)": lambda: concat_mla_q(a, b, out, backend="triton", variant="v3"),
-        "launcher(v2)": launchers["v2"],
-        "launcher(v3)": launchers["v3"],
-        "launcher(v2, jit path)": jit_launchers["v2"],
-        "launcher(v3, jit path)": jit_launchers["v3"],
-        "concat_mla_q_triton(v2, unchecked)": lambda: concat_mla_q_triton(a, b, out, variant="v2"),
-        "torch_cat": lambda: torch.cat([a, b], dim=-1, out=buf),
-    }
+                     for v in variants}
+    fns = {f"concat_mla_q({v}, checked)": (lambda v=v: concat_mla_q(a, b, out, backend="triton", variant=v))
+           for v in variants}
+    fns.update({f"launcher({v})": launchers[v] for v in variants})
+    fns.update({f"launcher({v}, jit path)": jit_launchers[v] for v in variants})
+    fns["concat_mla_q_triton(v2, unchecked)"] = lambda: concat_mla_q_triton(a, b, out, variant="v2")
+    fns["torch_cat"] = lambda: torch.cat([a, b], dim=-1, out=buf)
     res = {}
     for name, fn in fns.items():
         per = []
@@ -242,10 +316,10 @@ def host_launch_us(calls=1000, repeats=5, dtype=torch.bfloat16, device="cuda") -
     rows = []
     for n, us in res.items():
         path = cap = ""
-        if n in ("launcher(v2)", "launcher(v3)"):
+        if n in {f"launcher({v})" for v in variants}:
             path, cap = checks[f"{n}_path"], checks.get(f"{n}_graph_capture_ok", "")
         elif "jit path" in n:
-            path = jit_launchers[n[9:11]].path
+            path = jit_launchers[n[len("launcher("):].split(",")[0]].path
         rows.append(dict(T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method=n, timer="host_per_call",
                          us=us, launcher_path=path, graph_capture_ok=cap))
     return rows, checks
@@ -263,11 +337,14 @@ def _die(msg):
     return 2
 
 
-def plan_lines(T_list, H_list, Hp, timers, rounds, tune) -> list[str]:
+def plan_lines(T_list, H_list, Hp, timers, rounds, tune, which="round3") -> list[str]:
     es = 2
-    lines = [f"shapes: T {list(T_list)} x H {list(H_list)} -> H'={Hp}, bf16; timers {list(timers)}; "
+    lines = [f"set {which}; shapes: T {list(T_list)} x H {list(H_list)} -> H'={Hp}, bf16; timers {list(timers)}; "
              f"{rounds} rounds each"]
-    names = ["v2", "v3"] + (list(TUNE) if tune else []) + ["v2_unpadded", "v3_unpadded", "torch_cat", "copy"]
+    if which == "round4":
+        names = ["v2"] + list(TUNE4) + ["v2_unpadded", "v4_unpadded", "v5_unpadded", "memcpy2d", "copy"]
+    else:
+        names = ["v2", "v3"] + (list(TUNE) if tune else []) + ["v2_unpadded", "v3_unpadded", "torch_cat", "copy"]
     lines.append("methods: " + ", ".join(names))
     for T in T_list:
         for H in H_list:
@@ -280,8 +357,9 @@ def plan_lines(T_list, H_list, Hp, timers, rounds, tune) -> list[str]:
     n = len(T_list) * len(H_list) * len(names) * len(timers) * rounds
     lines.append(f"{n} timings of ~0.15-0.2 s each (do_bench budget 100 ms + capture) plus ~{len(names) - 2} kernel "
                  f"compiles: about {n * 0.2 + 30:.0f} s per process, estimated (not measured)")
-    lines.append("host launch: T=16 H=8->64, 1000 calls back to back, median of 5: concat_mla_q (checked, v2/v3), "
-                 "launcher (hot path, v2/v3), launcher jit path, concat_mla_q_triton, torch.cat; launcher CUDA-graph "
+    hv = "v2/v4/v5" if which == "round4" else "v2/v3"
+    lines.append(f"host launch: T=16 H=8->64, 1000 calls back to back, median of 5: concat_mla_q (checked, {hv}), "
+                 f"launcher (hot path, {hv}), launcher jit path, concat_mla_q_triton, torch.cat; launcher CUDA-graph "
                  "capture check")
     return lines
 
@@ -292,7 +370,11 @@ def main(argv=None) -> int:
     ap.add_argument("--T", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--H", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--Hp", type=int, default=64, help="padded heads H' (vLLM prefill_padding on sm90: 64)")
-    ap.add_argument("--timers", nargs="+", choices=list(TIMERS), default=list(TIMERS))
+    ap.add_argument("--set", dest="which", choices=list(SETS), default="round3",
+                    help="round3: v2/v3 and their configs (concat_round3.csv); round4: v4 spans, v5 TMA stores, "
+                         "streaming hints, memcpy2d (concat_round4.csv)")
+    ap.add_argument("--timers", nargs="+", choices=list(TIMERS), default=None,
+                    help="default: both for round3, graph (issue 23's timer) for round4")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetition budget per timing, ms")
     ap.add_argument("--host-calls", type=int, default=1000)
@@ -301,6 +383,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true", help="run the whole script on CPU under TRITON_INTERPRET=1 "
                     "(tests only: tiny shapes, wall-clock numbers that mean nothing, rows marked cpu_smoke)")
     args = ap.parse_args(argv)
+    if args.timers is None:
+        args.timers = list(TIMERS) if args.which == "round3" else ["graph"]
+    csv_name = CSV_NAME if args.which == "round3" else "concat_round4.csv"
     _positive_ints("T", args.T)
     _positive_ints("H", args.H)
     for name in ("Hp", "rounds", "rep", "host_calls"):
@@ -308,15 +393,15 @@ def main(argv=None) -> int:
             return _die(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     if args.Hp < max(args.H):
         return _die(f"--Hp must be >= every --H (padded heads >= real heads); got --Hp {args.Hp}, --H {args.H}")
-    lines = plan_lines(args.T, args.H, args.Hp, args.timers, args.rounds, not args.no_tune)
+    lines = plan_lines(args.T, args.H, args.Hp, args.timers, args.rounds, not args.no_tune, args.which)
     if args.dry_run:
         print("bench_concat_round3 plan (dry run, nothing timed):")
         print("\n".join(lines))
-        print(f"output: {Path(args.out) / CSV_NAME if args.out else '(--out DIR)/' + CSV_NAME}")
+        print(f"output: {Path(args.out) / csv_name if args.out else '(--out DIR)/' + csv_name}")
         return 0
     if args.out is None:
         return _die("--out DIR is required (or --dry-run)")
-    outp = Path(args.out) / CSV_NAME
+    outp = Path(args.out) / csv_name
     if outp.exists():
         with open(outp) as f:
             head = f.readline().strip().split(",")
@@ -334,12 +419,14 @@ def main(argv=None) -> int:
     from mla_lab.provenance import provenance
 
     print("\n".join(lines), flush=True)
-    host_rows, checks = host_launch_us(calls=args.host_calls, repeats=1 if args.cpu_smoke else 5, device=device)
+    hv = ("v2", "v4", "v5") if args.which == "round4" else ("v2", "v3")
+    host_rows, checks = host_launch_us(calls=args.host_calls, repeats=1 if args.cpu_smoke else 5, device=device,
+                                       variants=hv)
     print("host launch, us per call (T=16, back to back): "
           + ", ".join(f"{r['method']} {r['us']:.1f}" for r in host_rows), flush=True)
     print("launcher checks: " + ", ".join(f"{k}={v}" for k, v in checks.items()), flush=True)
     rows = bench_concat_variants(args.T, args.H, args.Hp, timers=args.timers, rounds=args.rounds, rep=args.rep,
-                                 tune=not args.no_tune, device=device)
+                                 tune=not args.no_tune, device=device, which=args.which)
     prov = provenance("measured")
     if args.cpu_smoke:
         prov["source"] = "cpu_smoke_not_a_measurement"

@@ -185,7 +185,7 @@ def test_last_backend_errors():
 # ------------------------------------------------------------------------ variants and the launcher (API level)
 
 def test_concat_unknown_variant():
-    with pytest.raises(ValueError, match=r"variant='v9' is not known; allowed: \['v2', 'v3'\] or None"):
+    with pytest.raises(ValueError, match=r"variant='v9' is not known; allowed: \['v2', 'v3', 'v4', 'v5'\] or None"):
         concat_mla_q(*_ok(), variant="v9")
     from mla_lab.kernels import make_concat_launcher
 
@@ -299,21 +299,29 @@ def test_bench_round3_never_overwrites_a_foreign_file(tmp_path):
 _CUDA = torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("variant", ["v2", "v3"])
+@pytest.mark.parametrize("variant", ["v2", "v3", "v4", "v5"])
 @pytest.mark.parametrize("T,H,Hp,zp", [(1, 8, 64, False), (37, 8, 64, False), (37, 8, 64, True), (300, 16, 64, False),
-                                       (64, 128, 128, False), (5, 5, 8, True)])
+                                       (64, 128, 128, False), (5, 5, 8, True), (4099, 8, 64, False),
+                                       (16385, 16, 64, False)])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="torch.cuda.is_available() is False: no CUDA GPU")
 def test_gpu_variants_and_launcher(variant, T, H, Hp, zp):
-    """On the GPU: both variants through the API, and the launcher's compiled path, eager and captured in a CUDA
-    graph replayed after the inputs changed, bitwise against torch.cat with poisoned padded heads."""
+    """On the GPU: every variant through the API, and the launcher's compiled path, eager and captured in a CUDA
+    graph replayed after the inputs changed, bitwise against torch.cat with poisoned padded heads. v5 (TMA stores)
+    refuses what it cannot run (zero_padding, H not a power of two, H > 32) in one line naming the variant."""
     from mla_lab.kernels import make_concat_launcher
+    from mla_lab.kernels.triton_concat_persistent import v5_unsupported
 
     dt = torch.bfloat16
     a = torch.randn(H, T, 512, device="cuda").to(dt).transpose(0, 1)  # vLLM's bmm-then-transpose layout
     b = torch.randn(T, H, 192, device="cuda").to(dt)[..., 128:]  # a split of q
     out = _poisoned((T, Hp, 576), dt, "cuda")
     before = out.clone()
+    if variant == "v5" and v5_unsupported(a, b, out, zp):
+        with pytest.raises(ValueError, match=r"^variant='v5': "):
+            concat_mla_q(a, b, out, zero_padding=zp, backend="triton", variant=variant)
+        assert torch.equal(out.view(torch.int16), before.view(torch.int16))  # nothing written
+        return
     concat_mla_q(a, b, out, zero_padding=zp, backend="triton", variant=variant)
     _check(a.cpu(), b.cpu(), out.cpu(), before.cpu(), zp)
     out.fill_(float("nan"))

@@ -59,6 +59,8 @@ from __future__ import annotations
 
 import torch
 
+from .triton_concat_persistent import plan_v4, plan_v5
+
 try:  # pragma: no cover - triton is optional on CPU machines
     import triton
     import triton.language as tl
@@ -77,7 +79,7 @@ D_NOPE = 512
 D_PE = 64
 
 #: Kernel variants (see the module docstring). v2 stays the default until the H200 A/B (docs/perf-notes.md).
-VARIANTS = ("v2", "v3")
+VARIANTS = ("v2", "v3", "v4", "v5")
 DEFAULT_VARIANT = "v2"
 
 #: v2: rows ((token, head) pairs) per program and warps per program. v1: 16 rows / 4 warps (chosen before measuring).
@@ -269,7 +271,7 @@ if triton is not None:
 
 
 def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
-          head_tiles):
+          head_tiles, progs_per_sm=None, order=None):
     """``(kernel, grid, args, constexprs, num_warps)`` for one call, or None when there is nothing to write.
 
     ``args`` are the runtime arguments in signature order; ``constexprs`` a dict in signature order (the kernels
@@ -286,6 +288,13 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, stre
         return None
     strides = (ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1))
     hints = {"LOAD_EVICT": "evict_first" if streaming else "", "STORE_CACHE": ".cs" if streaming else ""}
+    if variant == "v4":
+        return plan_v4(ql_nope, q_pe, out, zero_padding, hints,
+                       {"block_rows": block_rows, "num_warps": num_warps, "progs_per_sm": progs_per_sm,
+                        "order": order})
+    if variant == "v5":
+        return plan_v5(ql_nope, q_pe, out, zero_padding, hints,
+                       {"block_t": block_t, "num_warps": num_warps, "progs_per_sm": progs_per_sm})
     if variant == "v2":
         br = DEFAULT_BLOCK_ROWS if block_rows is None else int(block_rows)
         nw = DEFAULT_NUM_WARPS if num_warps is None else int(num_warps)
@@ -319,6 +328,8 @@ def concat_mla_q_triton(
     block_t: int | None = None,
     block_h: int | None = None,
     head_tiles: int | None = None,
+    progs_per_sm: int | None = None,
+    order: str | None = None,
 ) -> torch.Tensor:
     """Launch one variant of the kernel (no validation: :func:`mla_lab.kernels.concat_mla_q` validates).
 
@@ -331,7 +342,9 @@ def concat_mla_q_triton(
         streaming: cache hints for data touched once (loads ``evict_first``, stores ``.cs``); off by default.
         variant: ``"v2"`` (rows) or ``"v3"`` (token runs); see the module docstring.
         block_t, block_h, head_tiles: v3 only: tokens and heads per tile (powers of two) and tiles per program
-            (see :func:`v3_config`; None = defaults).
+            (see :func:`v3_config`; None = defaults); ``block_t`` is also v5's tokens per tile.
+        progs_per_sm, order: v4/v5 only: programs per multiprocessor of the persistent grid, and v4's chunk order
+            (``"span"`` | ``"stride"``) (:mod:`.triton_concat_persistent`).
 
     Returns:
         ``out``. ``T == 0`` launches nothing.
@@ -341,7 +354,7 @@ def concat_mla_q_triton(
         ValueError: unknown ``variant``; a v3 block size not a power of two.
     """
     plan = _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
-                 head_tiles)
+                 head_tiles, progs_per_sm, order)
     if plan is not None:
         kernel, grid, args, cx, nw = plan
         kernel[grid](*args, **cx, num_warps=nw)
@@ -426,7 +439,7 @@ def make_concat_launcher_triton(
         RuntimeError: triton did not import.
         ValueError: unknown ``variant``, config key or ``force_path``.
     """
-    allowed = {"block_rows", "num_warps", "streaming", "block_t", "block_h", "head_tiles"}
+    allowed = {"block_rows", "num_warps", "streaming", "block_t", "block_h", "head_tiles", "progs_per_sm", "order"}
     bad = sorted(set(config) - allowed)
     if bad:
         raise ValueError(f"config key(s) {bad} not known; allowed: {sorted(allowed)}")
@@ -434,7 +447,7 @@ def make_concat_launcher_triton(
         raise ValueError(f"force_path={force_path!r} is not known; allowed: [None, 'jit']")
     plan = _plan(ql_nope, q_pe, out, zero_padding, variant, config.get("block_rows"), config.get("num_warps"),
                  bool(config.get("streaming", False)), config.get("block_t"), config.get("block_h"),
-                 config.get("head_tiles"))
+                 config.get("head_tiles"), config.get("progs_per_sm"), config.get("order"))
     if plan is None:
         return ConcatLauncher("noop", variant, (0,), 0, {}, out, lambda: None)
     kernel, grid, args, cx, nw = plan

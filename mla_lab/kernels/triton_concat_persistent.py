@@ -1,0 +1,268 @@
+"""Persistent Triton kernels for ``concat_mla_q`` (round 4 of issue 23): v4 (spans) and v5 (spans + TMA stores).
+
+Same op as :mod:`.triton_concat` (``[T,H,512]`` + ``[T,H,64]`` -> first ``H`` heads of ``[T,H',576]``); these two
+variants change *which program writes what, and when*, not the bytes:
+
+**v4 (``"v4"``, "spans")** — a persistent grid of ``progs_per_sm x`` (multiprocessor count) programs; program ``p``
+owns the contiguous range of row chunks ``[p * n, (p + 1) * n)`` (a row is one (token, head) pair, a chunk
+``BLOCK_R`` rows, as in v2) and walks it in order, loading chunk ``i + 1`` before storing chunk ``i`` (two chunks in
+flight per warp). So each multiprocessor writes a few contiguous address ranges (``T / grid`` tokens each: 31 tokens,
+2.2 MiB of the padded workspace at T = 4096 on 132 SMs with 1 program per SM) instead of v2's pattern, where the
+~4000 resident programs of the whole GPU sit on ~1000 consecutive tokens (72 MiB of the padded workspace at
+H' = 64), each multiprocessor touching all of them. The hypothesis it tests (docs/perf-notes.md "Round 4"): the
+gapped write's cost is the address span each multiprocessor (and its TLB) touches at once, not the block layout.
+``order="stride"`` walks chunks ``p, p + grid, ...`` instead (v2's address pattern, persistent): the control.
+``ROWS_PER_TOKEN`` is a constexpr, so ``row // H`` is a shift (H a power of two) or a multiply-shift.
+
+**v5 (``"v5"``, "spans + TMA stores")** — v4's spans in token chunks of ``BLOCK_T`` whole tokens, every real head of a
+token in one tile; loads are ordinary 16-byte vector loads, stores go through the Hopper bulk tensor copy engine
+(TMA: ``cp.async.bulk.tensor``, host-side ``triton.tools.tensor_descriptor.TensorDescriptor`` over ``out`` as
+``[T, H', 576]``, boxes ``[BLOCK_T, H, 256]`` x 2 and ``[BLOCK_T, H, 64]``): the tile goes registers -> shared
+memory -> DRAM asynchronously, so the program loads its next chunk while the engine writes. Boxes past ``T`` are
+clipped by the engine (no masks on stores). Needs: ``H`` a power of two (a tile dimension), ``out`` 16-byte aligned
+with 16-byte-multiple strides, Triton with host tensor descriptors (3.4+) and sm90+; no ``zero_padding``. Box
+dimensions stay <= 256 elements (the TMA limit; CUDA driver API ``cuTensorMapEncodeTiled``).
+
+Under ``TRITON_INTERPRET=1`` both run on CPU through Triton's interpreter (v5's descriptor stores too), with a
+fixed 4-"multiprocessor" grid so the loops run more than once (:data:`INTERPRET_SMS`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # pragma: no cover - triton is optional on CPU machines
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover
+    triton = None
+    tl = None
+
+__all__ = ["V4_DEFAULTS", "V5_DEFAULTS", "ORDERS", "num_sms", "plan_v4", "plan_v5", "v5_unsupported"]
+
+#: v4 defaults before the H200 A/B of round 4 (docs/perf-notes.md): v2's per-warp tile (2 rows, 1 warp), 16
+#: programs per SM (16 warps per SM, 2 chunks in flight each: 32 x 2.25 KiB per SM, v2's resident bytes).
+V4_DEFAULTS = {"block_rows": 2, "num_warps": 1, "progs_per_sm": 16, "order": "span"}
+#: v5 defaults: one token per tile (9 KiB at H = 8), 2 warps, 8 programs per SM.
+V5_DEFAULTS = {"block_t": 1, "num_warps": 2, "progs_per_sm": 8}
+ORDERS = ("span", "stride")
+#: multiprocessors assumed under the interpreter (no device to ask).
+INTERPRET_SMS = 4
+_SMS: dict[int, int] = {}
+
+
+def num_sms(device: torch.device) -> int:
+    """Multiprocessor count of ``device`` (``torch.cuda.get_device_properties``; cached), or
+    :data:`INTERPRET_SMS` for a CPU tensor (the interpreter)."""
+    if device.type != "cuda":
+        return INTERPRET_SMS
+    i = device.index if device.index is not None else torch.cuda.current_device()
+    if i not in _SMS:
+        _SMS[i] = int(torch.cuda.get_device_properties(i).multi_processor_count)
+    return _SMS[i]
+
+
+def _pow2(n: int) -> bool:
+    return n >= 1 and (n & (n - 1)) == 0
+
+
+def _knob(cfg, defaults, name):
+    v = cfg.get(name)
+    return defaults[name] if v is None else v
+
+
+if triton is not None:
+
+    @triton.jit
+    def _v4_ld(nope_ptr, pe_ptr, rows, n_rows, real_heads, nope_st, nope_sh, pe_st, pe_sh,
+               D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, ROWS_PER_TOKEN: tl.constexpr, ZERO_PAD: tl.constexpr,
+               LOAD_EVICT: tl.constexpr):
+        tok = (rows // ROWS_PER_TOKEN).to(tl.int64)
+        head = rows % ROWS_PER_TOKEN
+        m = rows < n_rows
+        if ZERO_PAD:
+            m = m & (head < real_heads)
+        h64 = head.to(tl.int64)
+        src_n = nope_ptr + (tok * nope_st + h64 * nope_sh)[:, None] + tl.arange(0, D_NOPE_C)[None, :]
+        src_p = pe_ptr + (tok * pe_st + h64 * pe_sh)[:, None] + tl.arange(0, D_PE_C)[None, :]
+        vn = tl.load(src_n, mask=m[:, None], other=0.0, eviction_policy=LOAD_EVICT)
+        vp = tl.load(src_p, mask=m[:, None], other=0.0, eviction_policy=LOAD_EVICT)
+        return vn, vp
+
+    @triton.jit
+    def _v4_st(out_ptr, rows, n_rows, out_st, out_sh, vn, vp, D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr,
+               ROWS_PER_TOKEN: tl.constexpr, STORE_CACHE: tl.constexpr):
+        tok = (rows // ROWS_PER_TOKEN).to(tl.int64)
+        head = (rows % ROWS_PER_TOKEN).to(tl.int64)
+        m = (rows < n_rows)[:, None]
+        o = out_ptr + (tok * out_st + head * out_sh)[:, None]
+        tl.store(o + tl.arange(0, D_NOPE_C)[None, :], vn, mask=m, cache_modifier=STORE_CACHE)
+        tl.store(o + D_NOPE_C + tl.arange(0, D_PE_C)[None, :], vp, mask=m, cache_modifier=STORE_CACHE)
+
+    @triton.jit
+    def _concat_mla_q_v4_kernel(
+        nope_ptr, pe_ptr, out_ptr,
+        n_rows, chunks_per_prog, real_heads,
+        nope_st, nope_sh, pe_st, pe_sh, out_st, out_sh,
+        D_NOPE_C: tl.constexpr, D_PE_C: tl.constexpr, BLOCK_R: tl.constexpr, ROWS_PER_TOKEN: tl.constexpr,
+        ZERO_PAD: tl.constexpr, SPAN: tl.constexpr, ROWS_I64: tl.constexpr,
+        LOAD_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        ar = tl.arange(0, BLOCK_R)
+        if ROWS_I64:
+            pid = pid.to(tl.int64)
+            ar = ar.to(tl.int64)
+        if SPAN:  # chunks pid * n .. pid * n + n - 1, in order
+            c0 = pid * chunks_per_prog
+            step = 1
+        else:  # chunks pid, pid + grid, ... (v2's address pattern, persistent)
+            c0 = pid
+            step = tl.num_programs(0)
+        rows = c0 * BLOCK_R + ar
+        vn, vp = _v4_ld(nope_ptr, pe_ptr, rows, n_rows, real_heads, nope_st, nope_sh, pe_st, pe_sh, D_NOPE_C,
+                        D_PE_C, ROWS_PER_TOKEN, ZERO_PAD, LOAD_EVICT)
+        for i in range(1, chunks_per_prog):
+            nrows = (c0 + i * step) * BLOCK_R + ar
+            nn, npe = _v4_ld(nope_ptr, pe_ptr, nrows, n_rows, real_heads, nope_st, nope_sh, pe_st, pe_sh, D_NOPE_C,
+                             D_PE_C, ROWS_PER_TOKEN, ZERO_PAD, LOAD_EVICT)
+            _v4_st(out_ptr, rows, n_rows, out_st, out_sh, vn, vp, D_NOPE_C, D_PE_C, ROWS_PER_TOKEN, STORE_CACHE)
+            rows = nrows
+            vn = nn
+            vp = npe
+        _v4_st(out_ptr, rows, n_rows, out_st, out_sh, vn, vp, D_NOPE_C, D_PE_C, ROWS_PER_TOKEN, STORE_CACHE)
+
+    @triton.jit
+    def _v5_ld(nope_ptr, pe_ptr, t0, T, nope_st, nope_sh, pe_st, pe_sh, BLOCK_T: tl.constexpr, H: tl.constexpr,
+               HALF: tl.constexpr, D_PE_C: tl.constexpr, LOAD_EVICT: tl.constexpr):
+        tok = t0 + tl.arange(0, BLOCK_T)
+        m = (tok < T)[:, None, None]
+        t3 = tok.to(tl.int64)[:, None, None]
+        h3 = tl.arange(0, H).to(tl.int64)[None, :, None]
+        base_n = nope_ptr + t3 * nope_st + h3 * nope_sh + tl.arange(0, HALF)[None, None, :]
+        lo = tl.load(base_n, mask=m, other=0.0, eviction_policy=LOAD_EVICT)
+        hi = tl.load(base_n + HALF, mask=m, other=0.0, eviction_policy=LOAD_EVICT)
+        pe = tl.load(pe_ptr + t3 * pe_st + h3 * pe_sh + tl.arange(0, D_PE_C)[None, None, :], mask=m, other=0.0,
+                     eviction_policy=LOAD_EVICT)
+        return lo, hi, pe
+
+    @triton.jit
+    def _v5_st(out_nope_desc, out_pe_desc, t0, lo, hi, pe, HALF: tl.constexpr):
+        out_nope_desc.store([t0, 0, 0], lo)
+        out_nope_desc.store([t0, 0, HALF], hi)
+        out_pe_desc.store([t0, 0, 2 * HALF], pe)
+
+    @triton.jit
+    def _concat_mla_q_v5_kernel(
+        nope_ptr, pe_ptr, out_nope_desc, out_pe_desc,
+        T, chunks_per_prog,
+        nope_st, nope_sh, pe_st, pe_sh,
+        BLOCK_T: tl.constexpr, H: tl.constexpr, HALF: tl.constexpr, D_PE_C: tl.constexpr,
+        LOAD_EVICT: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        t0 = pid * chunks_per_prog * BLOCK_T
+        lo, hi, pe = _v5_ld(nope_ptr, pe_ptr, t0, T, nope_st, nope_sh, pe_st, pe_sh, BLOCK_T, H, HALF, D_PE_C,
+                            LOAD_EVICT)
+        for i in range(1, chunks_per_prog):
+            t1 = t0 + BLOCK_T
+            nlo, nhi, npe = _v5_ld(nope_ptr, pe_ptr, t1, T, nope_st, nope_sh, pe_st, pe_sh, BLOCK_T, H, HALF,
+                                   D_PE_C, LOAD_EVICT)
+            _v5_st(out_nope_desc, out_pe_desc, t0, lo, hi, pe, HALF)
+            t0 = t1
+            lo = nlo
+            hi = nhi
+            pe = npe
+        _v5_st(out_nope_desc, out_pe_desc, t0, lo, hi, pe, HALF)
+
+
+def plan_v4(ql_nope, q_pe, out, zero_padding: bool, hints: dict, cfg: dict):
+    """``(kernel, grid, args, constexprs, num_warps)`` for v4 (module docstring), or None when ``T * H == 0``.
+
+    ``cfg`` keys (None = :data:`V4_DEFAULTS`): ``block_rows`` (power of two), ``num_warps`` (power of two),
+    ``progs_per_sm`` (>= 1), ``order`` (``"span"`` | ``"stride"``).
+
+    Raises:
+        ValueError: a knob out of range (names the knob, its value and what is allowed).
+    """
+    br, nw = int(_knob(cfg, V4_DEFAULTS, "block_rows")), int(_knob(cfg, V4_DEFAULTS, "num_warps"))
+    pps, order = int(_knob(cfg, V4_DEFAULTS, "progs_per_sm")), _knob(cfg, V4_DEFAULTS, "order")
+    for name, v in (("block_rows", br), ("num_warps", nw)):
+        if not _pow2(v):
+            raise ValueError(f"{name} must be a power of two >= 1; got {name}={v}")
+    if pps < 1:
+        raise ValueError(f"progs_per_sm must be >= 1; got progs_per_sm={pps}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {list(ORDERS)}; got order={order!r}")
+    T, H, _ = ql_nope.shape
+    Hp = out.shape[1]
+    zp = bool(zero_padding) and Hp > H
+    rpt = Hp if zp else H
+    n_rows = T * rpt
+    if n_rows == 0:
+        return None
+    n_chunks = -(-n_rows // br)
+    grid = min(n_chunks, pps * num_sms(out.device))
+    cpp = -(-n_chunks // grid)
+    strides = (ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1))
+    args = (ql_nope, q_pe, out, n_rows, cpp, H) + strides
+    cx = {"D_NOPE_C": 512, "D_PE_C": 64, "BLOCK_R": br, "ROWS_PER_TOKEN": rpt, "ZERO_PAD": zp,
+          "SPAN": order == "span", "ROWS_I64": (grid * cpp + 1) * br >= 2**31, **hints}
+    return _concat_mla_q_v4_kernel, (grid,), args, cx, nw
+
+
+def v5_unsupported(ql_nope, q_pe, out, zero_padding: bool) -> str | None:
+    """Why v5 cannot run these tensors (one line), or None when it can."""
+    if triton is None:
+        return "triton is not available"
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except Exception:
+        return f"this Triton ({getattr(triton, '__version__', '?')}) has no host tensor descriptors (3.4+)"
+    T, H, _ = ql_nope.shape
+    if zero_padding and out.shape[1] > H:
+        return "zero_padding=True is not supported by v5 (use v4 or v2)"
+    if not _pow2(H) or H > 32:
+        return f"H={H} real heads: v5 needs a power of two <= 32 (every real head of a token is one tile)"
+    es = out.element_size()
+    if out.data_ptr() % 16 or any((s * es) % 16 for s in out.stride()[:2]):
+        return f"out must be 16-byte aligned with 16-byte-multiple token/head strides; got strides {out.stride()}"
+    if out.device.type == "cuda" and torch.cuda.get_device_capability(out.device)[0] < 9:
+        return f"TMA stores need sm90+; got sm{''.join(map(str, torch.cuda.get_device_capability(out.device)))}"
+    return None
+
+
+def plan_v5(ql_nope, q_pe, out, zero_padding: bool, hints: dict, cfg: dict):
+    """``(kernel, grid, args, constexprs, num_warps)`` for v5 (module docstring), or None when ``T == 0``.
+
+    ``cfg`` keys (None = :data:`V5_DEFAULTS`): ``block_t`` (power of two, tokens per tile), ``num_warps``
+    (power of two), ``progs_per_sm`` (>= 1). ``hints``' store cache modifier is not used (the copy engine stores).
+
+    Raises:
+        ValueError: :func:`v5_unsupported` says why these tensors cannot run; a knob out of range.
+    """
+    why = v5_unsupported(ql_nope, q_pe, out, zero_padding)
+    if why is not None:
+        raise ValueError(f"variant='v5': {why}")
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bt, nw = int(_knob(cfg, V5_DEFAULTS, "block_t")), int(_knob(cfg, V5_DEFAULTS, "num_warps"))
+    pps = int(_knob(cfg, V5_DEFAULTS, "progs_per_sm"))
+    for name, v in (("block_t", bt), ("num_warps", nw)):
+        if not _pow2(v):
+            raise ValueError(f"{name} must be a power of two >= 1; got {name}={v}")
+    if pps < 1:
+        raise ValueError(f"progs_per_sm must be >= 1; got progs_per_sm={pps}")
+    T, H, _ = ql_nope.shape
+    if T == 0:
+        return None
+    half = 256  # TMA box dims are <= 256 elements: the 512-wide part as two boxes
+    n_chunks = -(-T // bt)
+    grid = min(n_chunks, pps * num_sms(out.device))
+    cpp = -(-n_chunks // grid)
+    d_nope = TensorDescriptor(out, list(out.shape), list(out.stride()), [bt, H, half])
+    d_pe = TensorDescriptor(out, list(out.shape), list(out.stride()), [bt, H, 64])
+    args = (ql_nope, q_pe, d_nope, d_pe, T, cpp, ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0),
+            q_pe.stride(1))
+    cx = {"BLOCK_T": bt, "H": H, "HALF": half, "D_PE_C": 64, "LOAD_EVICT": hints.get("LOAD_EVICT", "")}
+    return _concat_mla_q_v5_kernel, (grid,), args, cx, nw
