@@ -164,7 +164,7 @@ if triton is not None:
         t0 = pid * chunks_per_prog * BLOCK_T
         lo, hi, pe = _v5_ld(nope_ptr, pe_ptr, t0, T, nope_st, nope_sh, pe_st, pe_sh, BLOCK_T, H, HALF, D_PE_C,
                             LOAD_EVICT)
-        for i in range(1, chunks_per_prog):
+        for _i in range(1, chunks_per_prog):
             t1 = t0 + BLOCK_T
             nlo, nhi, npe = _v5_ld(nope_ptr, pe_ptr, t1, T, nope_st, nope_sh, pe_st, pe_sh, BLOCK_T, H, HALF,
                                    D_PE_C, LOAD_EVICT)
