@@ -87,7 +87,7 @@ TUNE4 = {
     "v5:1t2w4": ("v5", {"block_t": 1, "num_warps": 2, "progs_per_sm": 4}),
     "v5:2t4w4": ("v5", {"block_t": 2, "num_warps": 4, "progs_per_sm": 4}),
 }
-SETS = ("round3", "round4")
+SETS = ("round3", "round4", "ceiling")
 TIMERS = ("graph", "cudagraph")
 FIELDS = ["T", "H", "Hp", "dtype", "method", "variant", "config", "timer", "round", "us", "bytes", "gbps",
           "copy_us", "pct_of_copy", "launcher_path", "graph_capture_ok"]
@@ -151,6 +151,19 @@ def _methods(T, H, Hp, dtype, device, tune, which="round3"):
     def kern(o, variant, cfg):
         return lambda: concat_mla_q_triton(a, b, o, variant=variant, **cfg)
 
+    if which == "ceiling":  # the layout's cost with the kernel held fixed (mla_lab.measure.bandwidth)
+        from mla_lab.measure.bandwidth import gapped_write
+
+        cat = torch.cat([a, b], dim=-1).contiguous()
+        m["v2"] = ("v2", {}, kern(out, "v2", {}), out)
+        m["v2_unpadded"] = ("v2", {}, kern(buf, "v2", {}), buf)
+        m["copy1_padded"] = (None, None, lambda: gapped_write(out, H, src=cat), out)
+        m["copy1_unpadded"] = (None, None, lambda: gapped_write(buf, H, src=cat), buf)
+        m["fill_padded"] = (None, None, lambda: gapped_write(out, H), None)
+        m["fill_unpadded"] = (None, None, lambda: gapped_write(buf, H), None)
+        m["memset"] = (None, None, lambda: dst.zero_(), None)
+        m["copy"] = (None, None, lambda: dst.copy_(src), None)
+        return a, b, out, m
     if which == "round4":
         m["v2"] = ("v2", {}, kern(out, "v2", {}), out)
         for name, (variant, cfg) in TUNE4.items():
@@ -341,7 +354,10 @@ def plan_lines(T_list, H_list, Hp, timers, rounds, tune, which="round3") -> list
     es = 2
     lines = [f"set {which}; shapes: T {list(T_list)} x H {list(H_list)} -> H'={Hp}, bf16; timers {list(timers)}; "
              f"{rounds} rounds each"]
-    if which == "round4":
+    if which == "ceiling":
+        names = ["v2", "v2_unpadded", "copy1_padded", "copy1_unpadded", "fill_padded", "fill_unpadded", "memset",
+                 "copy"]
+    elif which == "round4":
         names = ["v2"] + list(TUNE4) + ["v2_unpadded", "v4_unpadded", "v5_unpadded", "memcpy2d", "copy"]
     else:
         names = ["v2", "v3"] + (list(TUNE) if tune else []) + ["v2_unpadded", "v3_unpadded", "torch_cat", "copy"]
@@ -357,7 +373,7 @@ def plan_lines(T_list, H_list, Hp, timers, rounds, tune, which="round3") -> list
     n = len(T_list) * len(H_list) * len(names) * len(timers) * rounds
     lines.append(f"{n} timings of ~0.15-0.2 s each (do_bench budget 100 ms + capture) plus ~{len(names) - 2} kernel "
                  f"compiles: about {n * 0.2 + 30:.0f} s per process, estimated (not measured)")
-    hv = "v2/v4/v5" if which == "round4" else "v2/v3"
+    hv = {"round3": "v2/v3", "round4": "v2/v4/v5", "ceiling": "v2"}[which]
     lines.append(f"host launch: T=16 H=8->64, 1000 calls back to back, median of 5: concat_mla_q (checked, {hv}), "
                  f"launcher (hot path, {hv}), launcher jit path, concat_mla_q_triton, torch.cat; launcher CUDA-graph "
                  "capture check")
@@ -372,7 +388,8 @@ def main(argv=None) -> int:
     ap.add_argument("--Hp", type=int, default=64, help="padded heads H' (vLLM prefill_padding on sm90: 64)")
     ap.add_argument("--set", dest="which", choices=list(SETS), default="round3",
                     help="round3: v2/v3 and their configs (concat_round3.csv); round4: v4 spans, v5 TMA stores, "
-                         "streaming hints, memcpy2d (concat_round4.csv)")
+                         "streaming hints, memcpy2d (concat_round4.csv); ceiling: the layout's cost with the kernel "
+                         "held fixed, mla_lab.measure.bandwidth (concat_layout_ceiling.csv)")
     ap.add_argument("--timers", nargs="+", choices=list(TIMERS), default=None,
                     help="default: both for round3, graph (issue 23's timer) for round4")
     ap.add_argument("--rounds", type=int, default=3)
@@ -385,7 +402,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.timers is None:
         args.timers = list(TIMERS) if args.which == "round3" else ["graph"]
-    csv_name = CSV_NAME if args.which == "round3" else "concat_round4.csv"
+    csv_name = {"round3": CSV_NAME, "round4": "concat_round4.csv", "ceiling": "concat_layout_ceiling.csv"}[args.which]
     _positive_ints("T", args.T)
     _positive_ints("H", args.H)
     for name in ("Hp", "rounds", "rep", "host_calls"):
@@ -419,7 +436,7 @@ def main(argv=None) -> int:
     from mla_lab.provenance import provenance
 
     print("\n".join(lines), flush=True)
-    hv = ("v2", "v4", "v5") if args.which == "round4" else ("v2", "v3")
+    hv = {"round3": ("v2", "v3"), "round4": ("v2", "v4", "v5"), "ceiling": ("v2",)}[args.which]
     host_rows, checks = host_launch_us(calls=args.host_calls, repeats=1 if args.cpu_smoke else 5, device=device,
                                        variants=hv)
     print("host launch, us per call (T=16, back to back): "

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU round 5 (docs/perf-notes.md "Round 4", issue 23): the padded layout's own cost with the kernel held fixed
+# (benchmarks/bench_concat_round3.py --set ceiling: zeros and a one-source copy into the padded vs an unpadded
+# buffer, mla_lab.measure.bandwidth) in N fresh processes, then a density series at T = 16384, H = 8
+# (H' = 9, 16, 128; one process each). Rows in $OUT/r5/, packed into $OUT/round5.tar.gz after every stage.
+set -uo pipefail
+: "${OUT:?OUT must be set}"
+mkdir -p "$OUT/r5"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+LOG="$OUT/r5/round5.log"
+N="${N:-5}"
+pack() { tar -czf "$OUT/round5.tar.gz" -C "$OUT" r5; }
+{ date -u +"start %Y-%m-%dT%H:%M:%SZ"; echo "MLA_LAB_COMMIT=${MLA_LAB_COMMIT:-unset} N=$N"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv; } 2>&1 | tee "$LOG"
+for k in $(seq 1 "$N"); do
+  echo "== process $k" | tee -a "$LOG"
+  timeout 100 python3 benchmarks/bench_concat_round3.py --set ceiling --rounds 5 --rep 50 --host-calls 10 \
+    --out "$OUT/r5/p$k" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error"
+  pack
+done
+for hp in 9 16 128; do
+  echo "== density Hp=$hp" | tee -a "$LOG"
+  timeout 60 python3 benchmarks/bench_concat_round3.py --set ceiling --rounds 3 --rep 50 --T 16384 --H 8 --Hp "$hp" \
+    --host-calls 10 --out "$OUT/r5/hp$hp" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error"
+done
+date -u +"end %Y-%m-%dT%H:%M:%SZ" | tee -a "$LOG"
+pack

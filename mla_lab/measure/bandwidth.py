@@ -1,0 +1,86 @@
+"""Bandwidth probes for the padded Q workspace: what writing into the gapped ``[T, H', 576]`` layout costs by itself.
+
+Not part of the op (that is :func:`mla_lab.kernels.concat_mla_q`): instruments for the question issue 23 left, "is
+the concat's gap to a contiguous copy the kernel's or the layout's?". One Triton kernel with v2's tiling (2 rows of
+``[512]`` + ``[64]`` per 1-warp program, :mod:`mla_lab.kernels.triton_concat`), two modes:
+
+- :func:`gapped_write` ``(out, H)``: zeros into the first ``H`` heads of ``out`` (write only: ``T * H * 576``
+  elements written, nothing read);
+- :func:`gapped_write` ``(out, H, src=src)``: a one-source copy of ``src [T, H, 576]`` (contiguous last dim) into
+  the same place (the concat without its second input stream).
+
+Called with an unpadded ``out [T, H, 576]`` the same code writes contiguously: the ratio of the two times is the
+layout's cost with the kernel held fixed (docs/perf-notes.md "Round 4").
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:  # pragma: no cover - triton is optional on CPU machines
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover
+    triton = None
+    tl = None
+
+__all__ = ["gapped_write", "BLOCK_ROWS", "NUM_WARPS"]
+
+#: v2's defaults (mla_lab.kernels.triton_concat.DEFAULT_BLOCK_ROWS / DEFAULT_NUM_WARPS).
+BLOCK_ROWS = 2
+NUM_WARPS = 1
+
+if triton is not None:
+
+    @triton.jit
+    def _gapped_rows_kernel(src_ptr, out_ptr, n_rows, src_st, src_sh, out_st, out_sh,
+                            ROWS_PER_TOKEN: tl.constexpr, BLOCK_R: tl.constexpr, FILL: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        tok = (rows // ROWS_PER_TOKEN).to(tl.int64)
+        head = (rows % ROWS_PER_TOKEN).to(tl.int64)
+        m = (rows < n_rows)[:, None]
+        cn = tl.arange(0, 512)[None, :]
+        cp = tl.arange(0, 64)[None, :]
+        o = out_ptr + (tok * out_st + head * out_sh)[:, None]
+        if FILL:
+            tl.store(o + cn, tl.zeros([BLOCK_R, 512], dtype=out_ptr.dtype.element_ty), mask=m)
+            tl.store(o + 512 + cp, tl.zeros([BLOCK_R, 64], dtype=out_ptr.dtype.element_ty), mask=m)
+        else:
+            s = src_ptr + (tok * src_st + head * src_sh)[:, None]
+            vn = tl.load(s + cn, mask=m)
+            vp = tl.load(s + 512 + cp, mask=m)
+            tl.store(o + cn, vn, mask=m)
+            tl.store(o + 512 + cp, vp, mask=m)
+
+
+def gapped_write(out: torch.Tensor, H: int, src: torch.Tensor | None = None) -> torch.Tensor:
+    """Write zeros (``src=None``) or ``src`` into ``out[:, :H, :]`` with v2's tiling; returns ``out``.
+
+    Args:
+        out: ``[T, H', 576]``, H' >= H, fp16/bf16, last dim contiguous (the padded workspace, or an unpadded buffer
+            with H' = H for the contiguous reference).
+        H: real heads written (1 <= H <= H').
+        src: None, or ``[T, H, 576]`` of ``out``'s dtype and device, last dim contiguous.
+
+    Raises:
+        RuntimeError: triton did not import.
+        ValueError: shapes, dtypes or ``H`` out of range (names the argument and what is allowed).
+    """
+    if triton is None:
+        raise RuntimeError("triton is not available")
+    if out.dim() != 3 or out.shape[2] != 576 or out.stride(2) != 1:
+        raise ValueError(f"out must be [T, H', 576] with a contiguous last dim; got shape {tuple(out.shape)}")
+    if not 1 <= H <= out.shape[1]:
+        raise ValueError(f"H must be in 1..{out.shape[1]} (out's heads); got H={H}")
+    if src is not None and (tuple(src.shape) != (out.shape[0], H, 576) or src.dtype != out.dtype
+                            or src.stride(2) != 1):
+        raise ValueError(f"src must be [T, H, 576] = {(out.shape[0], H, 576)} of dtype {out.dtype} with a "
+                         f"contiguous last dim; got {tuple(src.shape)} {src.dtype}")
+    n_rows = out.shape[0] * H
+    if n_rows == 0:
+        return out
+    s = out if src is None else src
+    _gapped_rows_kernel[(triton.cdiv(n_rows, BLOCK_ROWS),)](
+        s, out, n_rows, s.stride(0), s.stride(1), out.stride(0), out.stride(1),
+        ROWS_PER_TOKEN=H, BLOCK_R=BLOCK_ROWS, FILL=src is None, num_warps=NUM_WARPS)
+    return out
