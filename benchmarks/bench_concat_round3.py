@@ -87,7 +87,19 @@ TUNE4 = {
     "v5:1t2w4": ("v5", {"block_t": 1, "num_warps": 2, "progs_per_sm": 4}),
     "v5:2t4w4": ("v5", {"block_t": 2, "num_warps": 4, "progs_per_sm": 4}),
 }
-SETS = ("round3", "round4", "ceiling")
+#: Cache hints on v2 into the padded workspace (name -> (load eviction_policy, store cache_modifier)): a one-source
+#: copy into this layout loses ~5 % only when its reads and writes mix (writes alone lose nothing: set "ceiling"),
+#: so the hints that change how L2 allocates and writes back are the last lever tried on the kernel side.
+HINTS = {
+    "v2:ld_first": ("evict_first", ""),
+    "v2:ld_last": ("evict_last", ""),
+    "v2:st_cs": ("", ".cs"),
+    "v2:st_wt": ("", ".wt"),
+    "v2:st_cg": ("", ".cg"),
+    "v2:ld_first_st_wt": ("evict_first", ".wt"),
+    "v2:ld_last_st_cs": ("evict_last", ".cs"),
+}
+SETS = ("round3", "round4", "ceiling", "hints")
 TIMERS = ("graph", "cudagraph")
 FIELDS = ["T", "H", "Hp", "dtype", "method", "variant", "config", "timer", "round", "us", "bytes", "gbps",
           "copy_us", "pct_of_copy", "launcher_path", "graph_capture_ok"]
@@ -151,6 +163,20 @@ def _methods(T, H, Hp, dtype, device, tune, which="round3"):
     def kern(o, variant, cfg):
         return lambda: concat_mla_q_triton(a, b, o, variant=variant, **cfg)
 
+    if which == "hints":
+        from mla_lab.kernels.triton_concat import _plan
+
+        def hinted(o, ld, st):
+            kernel, grid, args, cx, nw = _plan(a, b, o, False, "v2", None, None, False, None, None, None)
+            cx = {**cx, "LOAD_EVICT": ld, "STORE_CACHE": st}
+            return lambda: kernel[grid](*args, **cx, num_warps=nw)
+
+        m["v2"] = ("v2", {}, kern(out, "v2", {}), out)
+        for name, (ld, st) in HINTS.items():
+            m[name] = ("v2", {"load": ld, "store": st}, hinted(out, ld, st), out)
+        m["v2_unpadded"] = ("v2", {}, kern(buf, "v2", {}), buf)
+        m["copy"] = (None, None, lambda: dst.copy_(src), None)
+        return a, b, out, m
     if which == "ceiling":  # the layout's cost with the kernel held fixed (mla_lab.measure.bandwidth)
         from mla_lab.measure.bandwidth import gapped_write
 
@@ -354,7 +380,9 @@ def plan_lines(T_list, H_list, Hp, timers, rounds, tune, which="round3") -> list
     es = 2
     lines = [f"set {which}; shapes: T {list(T_list)} x H {list(H_list)} -> H'={Hp}, bf16; timers {list(timers)}; "
              f"{rounds} rounds each"]
-    if which == "ceiling":
+    if which == "hints":
+        names = ["v2"] + list(HINTS) + ["v2_unpadded", "copy"]
+    elif which == "ceiling":
         names = ["v2", "v2_unpadded", "copy1_padded", "copy1_unpadded", "fill_padded", "fill_unpadded", "memset",
                  "copy"]
     elif which == "round4":
@@ -373,7 +401,7 @@ def plan_lines(T_list, H_list, Hp, timers, rounds, tune, which="round3") -> list
     n = len(T_list) * len(H_list) * len(names) * len(timers) * rounds
     lines.append(f"{n} timings of ~0.15-0.2 s each (do_bench budget 100 ms + capture) plus ~{len(names) - 2} kernel "
                  f"compiles: about {n * 0.2 + 30:.0f} s per process, estimated (not measured)")
-    hv = {"round3": "v2/v3", "round4": "v2/v4/v5", "ceiling": "v2"}[which]
+    hv = {"round3": "v2/v3", "round4": "v2/v4/v5", "ceiling": "v2", "hints": "v2"}[which]
     lines.append(f"host launch: T=16 H=8->64, 1000 calls back to back, median of 5: concat_mla_q (checked, {hv}), "
                  f"launcher (hot path, {hv}), launcher jit path, concat_mla_q_triton, torch.cat; launcher CUDA-graph "
                  "capture check")
@@ -389,7 +417,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", dest="which", choices=list(SETS), default="round3",
                     help="round3: v2/v3 and their configs (concat_round3.csv); round4: v4 spans, v5 TMA stores, "
                          "streaming hints, memcpy2d (concat_round4.csv); ceiling: the layout's cost with the kernel "
-                         "held fixed, mla_lab.measure.bandwidth (concat_layout_ceiling.csv)")
+                         "held fixed, mla_lab.measure.bandwidth (concat_layout_ceiling.csv); hints: load/store cache hints on v2 "
+                         "(concat_hints.csv)")
     ap.add_argument("--timers", nargs="+", choices=list(TIMERS), default=None,
                     help="default: both for round3, graph (issue 23's timer) for round4")
     ap.add_argument("--rounds", type=int, default=3)
@@ -402,7 +431,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.timers is None:
         args.timers = list(TIMERS) if args.which == "round3" else ["graph"]
-    csv_name = {"round3": CSV_NAME, "round4": "concat_round4.csv", "ceiling": "concat_layout_ceiling.csv"}[args.which]
+    csv_name = {"round3": CSV_NAME, "round4": "concat_round4.csv", "ceiling": "concat_layout_ceiling.csv",
+                "hints": "concat_hints.csv"}[args.which]
     _positive_ints("T", args.T)
     _positive_ints("H", args.H)
     for name in ("Hp", "rounds", "rep", "host_calls"):
@@ -436,7 +466,7 @@ def main(argv=None) -> int:
     from mla_lab.provenance import provenance
 
     print("\n".join(lines), flush=True)
-    hv = {"round3": ("v2", "v3"), "round4": ("v2", "v4", "v5"), "ceiling": ("v2",)}[args.which]
+    hv = {"round3": ("v2", "v3"), "round4": ("v2", "v4", "v5"), "ceiling": ("v2",), "hints": ("v2",)}[args.which]
     host_rows, checks = host_launch_us(calls=args.host_calls, repeats=1 if args.cpu_smoke else 5, device=device,
                                        variants=hv)
     print("host launch, us per call (T=16, back to back): "
