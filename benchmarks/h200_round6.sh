@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU round 6 (docs/perf-notes.md "Round 4", issue 23): load/store cache hints on v2 into the padded workspace
-# (benchmarks/bench_concat_round3.py --set hints) in N fresh processes, then H' = 9, 16, 128 at T = 16384, H = 8.
+# (benchmarks/bench_concat_round3.py --set hints) in N fresh processes.
 # Rows in $OUT/r6/, packed into $OUT/round6.tar.gz after every stage.
 set -uo pipefail
 : "${OUT:?OUT must be set}"
@@ -16,11 +16,6 @@ for k in $(seq 1 "$N"); do
   timeout 100 python3 benchmarks/bench_concat_round3.py --set hints --rounds 5 --rep 50 --host-calls 10 \
     --out "$OUT/r6/p$k" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error"
   pack
-done
-for hp in 9 16 128; do
-  echo "== density Hp=$hp" | tee -a "$LOG"
-  timeout 60 python3 benchmarks/bench_concat_round3.py --set hints --rounds 3 --rep 50 --T 16384 --H 8 --Hp "$hp" \
-    --host-calls 10 --out "$OUT/r6/hp$hp" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error"
 done
 date -u +"end %Y-%m-%dT%H:%M:%SZ" | tee -a "$LOG"
 pack
