@@ -277,7 +277,24 @@ def test_bench_round3_dry_run_prints_the_plan():
     assert "host launch: T=16" in p.stdout
 
 
+@pytest.mark.parametrize("which,methods,csv", [
+    ("round4", "methods: v2, v2:stream, v4, v4:stride,", "concat_round4.csv"),
+    ("ceiling", "methods: v2, v2_unpadded, copy1_padded, copy1_unpadded, fill_padded, fill_unpadded, memset, copy",
+     "concat_layout_ceiling.csv"),
+    ("hints", "methods: v2, v2:ld_first, v2:ld_last, v2:st_cs,", "concat_hints.csv"),
+])
+def test_bench_round3_sets_dry_run(which, methods, csv):
+    """Each method set names its methods and its own CSV (a set never writes another set's file); round4 and the
+    others default to the graph timer (issue 23's), round3 to both timers."""
+    p = _bench("--dry-run", "--set", which)
+    assert p.returncode == 0, p.stderr
+    assert methods in p.stdout and f"output: (--out DIR)/{csv}" in p.stdout
+    assert "timers ['graph']" in p.stdout
+    assert "timers ['graph', 'cudagraph']" in _bench("--dry-run").stdout
+
+
 @pytest.mark.parametrize("args,fragment", [
+    (["--dry-run", "--set", "round5"], "argument --set: invalid choice: 'round5'"),
     (["--dry-run", "--Hp", "4"], "--Hp must be >= every --H"),
     (["--dry-run", "--T", "0"], "--T values must be >= 1; got 0"),
     (["--dry-run", "--rounds", "0"], "--rounds must be >= 1; got 0"),

@@ -9,7 +9,8 @@ The parent builds the cases (fresh random inputs, strided views, NaN-poisoned ou
 each parametrized test then checks one case here. The interpreter handles bf16 and fp16 CPU tensors (checked:
 both dtypes are in the grid below), so no dtype substitution is needed.
 
-Both kernel variants (``v2`` rows, ``v3`` token runs) run every case, through the API, the direct launch and the
+Every kernel variant (``v2`` rows, ``v3`` token runs, ``v4`` persistent spans, ``v5`` spans + TMA stores; v5
+only where it runs, and its refusals where it does not) runs the cases, through the API, the direct launch and the
 launcher hot path (:func:`mla_lab.kernels.make_concat_launcher`; under the interpreter its ``jit`` path). A second
 worker runs vLLM's own ``tests/kernels/test_concat_mla_q.py`` cases (vllm-project/vllm, commit 0ce15f9d) ported to
 both variants, with exact (bitwise) compares, plus the padded-workspace twist (H' > H, poisoned padded heads).
@@ -69,6 +70,46 @@ def _case_grid():
     for variant in ("v2", "v3"):
         grid.append((f"{variant}-T0", dict(T=0, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=True,
                                            variant=variant, mode="api", cfg=None)))
+    # v4 (persistent spans) and v5 (spans + TMA stores, :mod:`mla_lab.kernels.triton_concat_persistent`): the
+    # interpreter's grid assumes 4 multiprocessors, so programs walk several chunks (the hand pipeline runs)
+    for variant in ("v4", "v5"):
+        zps = (False, True) if variant == "v4" else (False,)
+        shapes = ([(1, 1, 1), (3, 5, 8), (5, 1, 64), (3, 8, 64), (4, 16, 16), (7, 2, 4)] if variant == "v4"
+                  else [(1, 1, 1), (3, 8, 64), (4, 16, 16), (7, 2, 4), (9, 32, 32)])
+        for T, H, Hp in shapes:
+            for zp in zps:
+                grid.append((f"{variant}-bf16-T{T}-H{H}-Hp{Hp}-zp{int(zp)}",
+                             dict(T=T, H=H, Hp=Hp, dtype="bf16", layout="contig", zero_padding=zp, variant=variant,
+                                  mode="api", cfg=None)))
+        grid.append((f"{variant}-fp16-T5-H4-Hp8", dict(T=5, H=4, Hp=8, dtype="fp16", layout="contig",
+                                                       zero_padding=False, variant=variant, mode="api", cfg=None)))
+        for layout in ("slices", "transposed", "odd_stride", "out_slice"):
+            for zp in zps:
+                grid.append((f"{variant}-bf16-{layout}-zp{int(zp)}",
+                             dict(T=5, H=4, Hp=8, dtype="bf16", layout=layout, zero_padding=zp, variant=variant,
+                                  mode="api", cfg=None)))
+        for T, H, Hp, layout in [(9, 8, 64, "contig"), (5, 4, 8, "transposed"), (0, 8, 64, "contig")]:
+            grid.append((f"{variant}-launcher-T{T}-H{H}-Hp{Hp}-{layout}",
+                         dict(T=T, H=H, Hp=Hp, dtype="bf16", layout=layout, zero_padding=False, variant=variant,
+                              mode="launcher", cfg=None)))
+    for cfg in [dict(block_rows=1, progs_per_sm=1), dict(block_rows=4, order="stride"), dict(block_rows=8,
+                num_warps=2, progs_per_sm=3), dict(streaming=True), dict(block_rows=64)]:
+        for zp in (False, True):
+            name = "-".join(f"{k}{v}" for k, v in cfg.items())
+            grid.append((f"v4-{name}-zp{int(zp)}", dict(T=9, H=8, Hp=64, dtype="bf16", layout="contig",
+                                                        zero_padding=zp, variant="v4", mode="direct", cfg=cfg)))
+    for cfg in [dict(block_t=2, progs_per_sm=1), dict(block_t=4, num_warps=4), dict(block_t=16),
+                dict(num_warps=1, progs_per_sm=2)]:
+        name = "-".join(f"{k}{v}" for k, v in cfg.items())
+        grid.append((f"v5-{name}", dict(T=9, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=False,
+                                        variant="v5", mode="direct", cfg=cfg)))
+    # what v5 cannot run is refused in one line naming the variant, before anything is written
+    for T, H, Hp, zp, why in [(3, 8, 64, True, "zero_padding=True is not supported by v5"),
+                              (3, 5, 8, False, "H=5 real heads: v5 needs a power of two <= 32"),
+                              (2, 64, 64, False, "H=64 real heads: v5 needs a power of two <= 32")]:
+        grid.append((f"v5-refused-H{H}-zp{int(zp)}", dict(T=T, H=H, Hp=Hp, dtype="bf16", layout="contig",
+                                                           zero_padding=zp, variant="v5", mode="api", cfg=None,
+                                                           error=f"ValueError: variant='v5': {why}")))
     return grid
 
 
@@ -135,7 +176,7 @@ def _worker(inp: str, outp: str) -> None:
             if "ws" in c:  # shares storage with out (one torch.save), so it shows what the kernel wrote
                 results[cid]["ws"] = c["ws"]
         except Exception as e:  # reported per case by the parent
-            results[cid] = {"out": None, "backend": None, "error": f"{type(e).__name__}: {e}"}
+            results[cid] = {"out": out, "backend": None, "error": f"{type(e).__name__}: {e}"}
     torch.save(results, outp)
 
 
@@ -169,6 +210,10 @@ def _bits(t):
 def test_triton_interp_matches_torch(interp_results, cid):
     cases, results = interp_results
     c, r = cases[cid], results[cid]
+    if c["spec"].get("error"):
+        assert r["error"] is not None and r["error"].startswith(c["spec"]["error"]), r["error"]
+        assert torch.equal(_bits(r["out"]), _bits(c["out"])), "a refused call wrote into out"
+        return
     assert r["error"] is None, r["error"]
     assert r["backend"] == "triton"
     if c["spec"]["mode"] == "launcher":  # the interpreter has no compiled handle: the jit path; T = 0 launches nothing
@@ -203,12 +248,13 @@ def test_triton_interp_matches_torch(interp_results, cid):
 # per-program cost down, T <= 4 the defaults.
 VLLM_NUM_TOKENS = [1, 4, 16, 64, 128]
 VLLM_NUM_HEADS = 128
-BIG_CFG = {"v2": {"block_rows": 2048}, "v3": {"block_t": 16, "block_h": 64, "head_tiles": 2}}
+BIG_CFG = {"v2": {"block_rows": 2048}, "v3": {"block_t": 16, "block_h": 64, "head_tiles": 2},
+           "v4": {"block_rows": 1024, "progs_per_sm": 1}, "v5": {"block_t": 16, "progs_per_sm": 1}}
 
 
 def _vllm_cases():
     cases = []
-    for variant in ("v2", "v3"):
+    for variant in ("v2", "v3", "v4"):
         for dt in DTYPES:
             for T in VLLM_NUM_TOKENS:
                 for kind in ("contiguous", "transposed_nope", "split_rope"):
@@ -224,6 +270,9 @@ def _vllm_cases():
             for zp in (False, True):
                 cases.append((f"{variant}-padded-T{T}-H{H}-zp{int(zp)}",
                               dict(variant=variant, dtype="bf16", kind="padded", T=T, H=H, zp=zp)))
+    # v5 takes at most 32 real heads per token (one tile), so of vLLM's cases (128 heads) only the padded twist
+    for T, H in ((16, 8), (64, 16)):
+        cases.append((f"v5-padded-T{T}-H{H}-zp0", dict(variant="v5", dtype="bf16", kind="padded", T=T, H=H, zp=False)))
     return cases
 
 

@@ -107,6 +107,49 @@ def test_concat_figures():
     assert f"vs {h['concat_mla_q(v2, checked)']:.1f} us through the checked" in flat
 
 
+def _concat_pct(name, series="main"):
+    """% of the same-byte copy per (T, H): per-process medians of us, copy / method, median over processes."""
+    c = pd.read_csv(BETWEEN / name)
+    c = c[(c["timer"] == "graph") & (c["series"] == series)]
+    g = c.groupby(["T", "H", "method", "process"])["us"].median().unstack("method")
+    return lambda m: (100 * g["copy"] / g[m]).groupby(level=[0, 1]).median(), g
+
+
+def test_concat_round4_figures():
+    flat = " ".join(README.split())
+    pct, g = _concat_pct("concat_round4.csv")
+    best = {v: pd.concat({m: pct(m) for m in g.columns if m.startswith(v) and "unpadded" not in m}, axis=1)
+            .max(axis=1) for v in ("v4", "v5")}
+    n = {v: sum(1 for m in g.columns if m.startswith(v) and "unpadded" not in m) for v in ("v4", "v5")}
+    assert (f"(v4, best of {n['v4']} configurations {best['v4'].min():.1f}-{best['v4'].max():.1f} % per shape)"
+            in flat)
+    assert f"(v5, best of {n['v5']}: {best['v5'].min():.1f}-{best['v5'].max():.1f} %)" in flat
+    v2, mc = pct("v2"), pct("memcpy2d")
+    assert f"leave v2 ({v2.min():.1f}-{v2.max():.1f} % in the same run" in flat
+    ahead = best["v4"][best["v4"] > v2]
+    assert list(ahead.index) == [(4096, 8)] and (best["v5"] < v2).all()
+    assert (f"except at 4096 x 8, where v4 reaches {ahead.iloc[0]:.1f} % against {v2[(4096, 8)]:.1f} %, still short "
+            "of 97") in flat and ahead.iloc[0] < 97.0
+    assert f"own 2-D copy into the layout reaches {mc.min():.1f}-{mc.max():.1f} %" in flat
+    c = pd.read_csv(BETWEEN / "concat_round4.csv")
+    h = c[c["timer"] == "host_per_call"].groupby(["method", "process"])["us"].median().groupby(level=0)
+    med, lo, hi = h.median(), h.min(), h.max()
+    for m, lead in (("launcher(v2)", "same run): "), ("concat_mla_q(v2, checked)", "launcher vs ")):
+        assert f"{lead}{med[m]:.1f} us [{lo[m]:.1f}, {hi[m]:.1f}]" in flat, m
+    assert f"(v5's launcher {med['launcher(v5)']:.1f} us" in flat
+    pct, g = _concat_pct("concat_layout_ceiling.csv")
+    ratio = (g["fill_padded"] / g["fill_unpadded"]).groupby(level=[0, 1]).median()
+    assert f"(time ratio {ratio.min():.3f}-{ratio.max():.3f})" in flat
+    cp, cu = pct("copy1_padded"), pct("copy1_unpadded")
+    assert f"reaches {cp.min():.1f}-{cp.max():.1f} % against {cu.min():.1f}-{cu.max():.1f} % unpadded" in flat
+    assert cp.max() < 97.0  # the one-source copy into the layout stays under the issue's target at every shape
+    d = pd.read_csv(BETWEEN / "concat_layout_ceiling.csv")
+    d = d[(d["timer"] == "graph") & (d["series"] == "density") & (d["method"] == "v2")]
+    dens = d.groupby("Hp")["pct_of_copy"].median()
+    assert f"{dens[9]:.1f} / {dens[16]:.1f} / {dens[128]:.1f} % at H' = 9 / 16 / 128" in flat
+    assert dens[9] > dens[16] > dens[128]  # "more the sparser the workspace"
+
+
 def test_content_figures():
     from mla_lab.measure.spread import paired_change
 
