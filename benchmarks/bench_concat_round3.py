@@ -115,18 +115,21 @@ def _cudart():
     import ctypes
     import glob
     import os
+    import site
 
-    for d in [os.path.dirname(torch.__file__)] + sys.path:
+    for d in [os.path.dirname(os.path.dirname(torch.__file__))] + site.getsitepackages():
         for f in sorted(glob.glob(os.path.join(d, "nvidia", "*", "lib", "libcudart.so*"))
                         + glob.glob(os.path.join(d, "lib", "libcudart.so*"))):
             try:
                 return ctypes.CDLL(f)
             except OSError:
                 continue
-    try:
-        return ctypes.CDLL("libcudart.so")
-    except OSError:
-        return None
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
 
 
 def _memcpy2d(dst, src, H, es):

@@ -164,8 +164,9 @@ def concat_mla_q(
             last dim contiguous. Written in place.
         zero_padding: also zero heads ``H..H'-1`` (default False: vLLM behaviour, padded heads untouched).
         backend: ``"auto"`` (Triton for CUDA tensors when triton imports, else torch), ``"triton"`` or ``"torch"``.
-        variant: the Triton kernel variant, ``"v2"`` or ``"v3"`` (:mod:`.triton_concat`); None =
-            :data:`CONCAT_DEFAULT_VARIANT`. Ignored by the torch backend.
+        variant: the Triton kernel variant, one of :data:`CONCAT_VARIANTS` (``"v2"`` rows, ``"v3"`` token runs,
+            ``"v4"`` persistent spans, ``"v5"`` spans + TMA stores: :mod:`.triton_concat`); None =
+            :data:`CONCAT_DEFAULT_VARIANT` (v2). Ignored by the torch backend.
 
     Returns:
         ``out``. :func:`last_backend` ``("concat_mla_q")`` tells which backend ran.
@@ -174,8 +175,8 @@ def concat_mla_q(
         ValueError: a tensor not 3-D; last dims not 512/64/576; T or H mismatch between the inputs; ``out.shape[0]``
             != T or ``out.shape[1]`` < H; dtype not fp16/bf16 or not all equal; a last dim not contiguous; tensors on
             different devices; unknown backend; ``"triton"`` requested without triton or on CPU tensors outside
-            the Triton interpreter; unknown ``variant``. Each message names the argument, its value and what is
-            allowed.
+            the Triton interpreter; unknown ``variant``; ``variant="v5"`` with what it cannot run (zero_padding, H not
+            a power of two <= 32). Each message names the argument, its value and what is allowed.
     """
     _validate_concat(ql_nope, q_pe, out)
     which = _concat_backend(backend, out.device)
@@ -215,7 +216,8 @@ def make_concat_launcher(
     Args:
         ql_nope, q_pe, out, zero_padding, backend, variant: as :func:`concat_mla_q`.
         **config: Triton kernel knobs passed to :func:`.triton_concat.make_concat_launcher_triton`
-            (``block_rows``, ``num_warps``, ``streaming``, ``block_t``, ``block_h``, ``head_tiles``).
+            (``block_rows``, ``num_warps``, ``streaming``, ``block_t``, ``block_h``, ``head_tiles``, ``progs_per_sm``,
+            ``order``).
 
     Returns:
         a callable returning ``out``; ``out`` holds the result once on return.

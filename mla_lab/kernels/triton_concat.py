@@ -1,6 +1,10 @@
 """Triton kernels for vLLM's ``concat_mla_q``: ``[T,H,512]`` + ``[T,H,64]`` -> first ``H`` heads of ``[T,H',576]``.
 
-Two variants, selectable for the A/B (``variant=``; the measurements that led here are in ``docs/perf-notes.md``):
+Four variants, selectable for the A/B (``variant=``; the measurements that led here are in ``docs/perf-notes.md``):
+v2 and v3 here, v4 (persistent spans) and v5 (spans + TMA stores) in :mod:`.triton_concat_persistent`. On the H200
+(round 4, 5 fresh processes, graph timing) v2 stays the fastest into the padded workspace (93.7-94.4 % of a
+contiguous copy of the same bytes; v4's best configuration 92.2-94.5 %, v5's 86.7-92.4 %), and a one-source copy
+into that layout with v2's tiling reaches only 94.5-94.8 %: the rest of the gap is the layout's, not a kernel's.
 
 **v2 (``"v2"``, the default; "rows")** — the ``T*H`` (token, head) pairs are flattened into *rows*; one program copies
 ``BLOCK_R`` consecutive rows (default 2 rows x 1 warp, from GPU run 2's sweep).
@@ -78,7 +82,8 @@ __all__ = ["triton_available", "triton_interpreting", "concat_mla_q_triton", "ma
 D_NOPE = 512
 D_PE = 64
 
-#: Kernel variants (see the module docstring). v2 stays the default until the H200 A/B (docs/perf-notes.md).
+#: Kernel variants (see the module docstring). v2 is the default: no other variant beat it on the H200 (rounds 3-4,
+#: docs/perf-notes.md).
 VARIANTS = ("v2", "v3", "v4", "v5")
 DEFAULT_VARIANT = "v2"
 
@@ -340,7 +345,9 @@ def concat_mla_q_triton(
         block_rows: v2 only: (token, head) rows per program, a power of two (default :data:`DEFAULT_BLOCK_ROWS`).
         num_warps: warps per program (default :data:`DEFAULT_NUM_WARPS` for v2, :data:`V3_NUM_WARPS` for v3).
         streaming: cache hints for data touched once (loads ``evict_first``, stores ``.cs``); off by default.
-        variant: ``"v2"`` (rows) or ``"v3"`` (token runs); see the module docstring.
+        variant: ``"v2"`` (rows), ``"v3"`` (token runs), ``"v4"`` (persistent spans) or ``"v5"`` (spans + TMA
+            stores; refuses ``zero_padding`` and H not a power of two <= 32 with ValueError); see the module
+            docstring.
         block_t, block_h, head_tiles: v3 only: tokens and heads per tile (powers of two) and tiles per program
             (see :func:`v3_config`; None = defaults); ``block_t`` is also v5's tokens per tile.
         progs_per_sm, order: v4/v5 only: programs per multiprocessor of the persistent grid, and v4's chunk order
@@ -351,7 +358,7 @@ def concat_mla_q_triton(
 
     Raises:
         RuntimeError: triton did not import.
-        ValueError: unknown ``variant``; a v3 block size not a power of two.
+        ValueError: unknown ``variant``; a v3/v4/v5 block size not a power of two; what v5 cannot run.
     """
     plan = _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
                  head_tiles, progs_per_sm, order)
@@ -427,10 +434,10 @@ def make_concat_launcher_triton(
 
     Args:
         ql_nope, q_pe, out, zero_padding: as :func:`concat_mla_q_triton` (not validated here).
-        variant: ``"v2"`` or ``"v3"``.
+        variant: one of :data:`VARIANTS`.
         force_path: None (best available), or ``"jit"`` to force the fallback (for A/B timing and tests).
         **config: the variant's knobs (``block_rows``, ``num_warps``, ``streaming``, ``block_t``, ``block_h``,
-            ``head_tiles``).
+            ``head_tiles``, ``progs_per_sm``, ``order``).
 
     Returns:
         a :class:`ConcatLauncher`; ``out`` has already been written once.
