@@ -438,6 +438,8 @@ def main(argv=None) -> int:
                 "hints": "concat_hints.csv"}[args.which]
     _positive_ints("T", args.T)
     _positive_ints("H", args.H)
+    if args.no_tune and args.which != "round3":
+        return _die(f"--no-tune applies to --set round3 only (its TUNE configs); got --set {args.which}")
     for name in ("Hp", "rounds", "rep", "host_calls"):
         if getattr(args, name) < 1:
             return _die(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")

@@ -295,6 +295,7 @@ def test_bench_round3_sets_dry_run(which, methods, csv):
 
 @pytest.mark.parametrize("args,fragment", [
     (["--dry-run", "--set", "round5"], "argument --set: invalid choice: 'round5'"),
+    (["--dry-run", "--set", "hints", "--no-tune"], "--no-tune applies to --set round3 only"),
     (["--dry-run", "--Hp", "4"], "--Hp must be >= every --H"),
     (["--dry-run", "--T", "0"], "--T values must be >= 1; got 0"),
     (["--dry-run", "--rounds", "0"], "--rounds must be >= 1; got 0"),
