@@ -150,6 +150,22 @@ def test_concat_round4_figures():
     assert dens[9] > dens[16] > dens[128]  # "more the sparser the workspace"
 
 
+def test_fused_bmm_figures():
+    flat = " ".join(README.split())
+    c = pd.read_csv(BETWEEN / "fused_bmm.csv")
+    g = c.groupby(["model", "T", "method", "process"])["us"].median().unstack("method")
+    ratio = (g["fused"] / g["pr"]).groupby(level=[0, 1])
+    med, lo, hi = ratio.median(), ratio.min(), ratio.max()
+    us = g.groupby(level=[0, 1]).median()
+    k = ("glm-5", 16384)
+    assert (f"the pair takes {med[k]:.3f} [{lo[k]:.3f}, {hi[k]:.3f}] of the PR's bmm + concat for GLM-5 TP8 at T = "
+            f"16384 ({us.loc[k, 'fused']:.1f} vs {us.loc[k, 'pr']:.1f} us per layer call; "
+            f"{med[('glm-5', 4096)]:.3f} at T = 4096)") in flat
+    d = ("deepseek-v3.2", 16384)
+    assert f"and {med[d]:.3f} [{lo[d]:.3f}, {hi[d]:.3f}] for DeepSeek-V3.2 TP8 (H = 16)" in flat
+    assert (c["max_abs_diff"].dropna() == 0).all() and "with equal real heads (max abs difference 0)" in flat
+
+
 def test_content_figures():
     from mla_lab.measure.spread import paired_change
 
