@@ -1,9 +1,28 @@
-"""Round 3 of the Q concat (issue 23): v2 vs v3 into the padded [T, H', 576] workspace, and the host launch cost.
+"""The Q concat into the padded [T, H', 576] workspace (issue 23, rounds 3-4): kernel variants, the layout's own
+cost, cache hints, and the host launch cost.
 
 Run on a CUDA GPU (torch + triton + mla_lab, nothing else)::
 
-    python3 benchmarks/bench_concat_round3.py --out DIR          # writes DIR/concat_round3.csv, prints tables
-    python3 benchmarks/bench_concat_round3.py --dry-run          # CPU: prints the plan, exits 0
+    python3 benchmarks/bench_concat_round3.py --out DIR                  # --set round3: DIR/concat_round3.csv
+    python3 benchmarks/bench_concat_round3.py --set round4 --out DIR     # DIR/concat_round4.csv
+    python3 benchmarks/bench_concat_round3.py --set ceiling --out DIR    # DIR/concat_layout_ceiling.csv
+    python3 benchmarks/bench_concat_round3.py --set hints --out DIR      # DIR/concat_hints.csv
+    python3 benchmarks/bench_concat_round3.py --set hints_clean --out DIR  # DIR/concat_hints_clean.csv
+    python3 benchmarks/bench_concat_round3.py --dry-run [--set ...]      # CPU: prints the plan, exits 0
+
+Method sets (``--set``; each writes its own CSV, so a set never overwrites another's rows):
+
+- ``round3`` (below): v2, v3 and :data:`TUNE`, both timers;
+- ``round4``: v2, the persistent span kernel v4 and TMA stores v5 (:data:`TUNE4`; v5 needs every ``--H`` a power of
+  two <= 32), v2 with streaming hints, each variant's unpadded ceiling, and ``memcpy2d``
+  (``cudaMemcpy2DAsync`` of a contiguous ``[T, H, 576]`` source into the same gapped layout);
+- ``ceiling``: the layout's cost with the kernel held fixed (:mod:`mla_lab.measure.bandwidth`): ``copy1_*`` (a
+  one-source copy) and ``fill_*`` (zeros, write only) into the padded and an unpadded buffer, ``memset``;
+- ``hints``: v2 with the load-eviction / store-cache pairs of :data:`HINTS` (evict_last loads included: their
+  inputs survive the timer's L2 flush and speed up later methods that read the same inputs; docs/perf-notes.md);
+- ``hints_clean``: the pairs of :data:`HINTS` without evict_last (no method leaves protected lines behind).
+
+The rest of this docstring describes ``round3``; the others time the graph timer only by default.
 
 What it measures, per shape (T x H real heads into H' padded heads, bf16; default T 4096/16384, H 8/16, H' 64):
 
@@ -14,8 +33,10 @@ What it measures, per shape (T x H real heads into H' padded heads, bf16; defaul
 - ``copy``: ``dst.copy_(src)`` of the same bytes (``T * H * 576`` elements read and written), the ceiling;
 - ``torch_cat`` into the unpadded buffer (vLLM before the PR), for reference.
 
-Bytes: ``2 * T * H * 576 * 2`` (read + write of the real heads), ``pct_of_copy`` = copy time / method time under
-the same timer (= GB/s ratio at equal bytes). Two timers, both device time (no host launch cost):
+Bytes: ``2 * T * H * 576 * 2`` (read + write of the real heads; the write-only rows ``fill_*`` and ``memset``:
+``T * H * 576 * 2``), ``gbps`` from those bytes; ``pct_of_copy`` = copy time / method time under the same timer
+(= GB/s ratio at equal bytes; a plain time ratio for the write-only rows). Two timers, both device time (no host
+launch cost):
 
 - ``graph``: the lab's timer (:func:`mla_lab.measure.timer.median_ms` with ``graph=True``): one call captured in a
   CUDA graph, replayed under ``triton.testing.do_bench`` (median, L2 flushed before every replay) — the timing of
@@ -37,7 +58,8 @@ and ``torch.cat``. Also checked: the launcher captured in a CUDA graph and repla
 the new result bitwise (``graph_capture_ok``).
 
 Rows carry :func:`mla_lab.provenance.provenance` ``("measured")`` columns. Bad arguments: one line naming the
-argument, exit 2; an existing ``concat_round3.csv`` not written by this script is never overwritten (exit 2).
+argument, exit 2 (argparse's own errors too); an existing CSV of the set not written by this script is never
+overwritten, and ``--out`` naming a file is refused, both before anything is timed (exit 2).
 """
 
 from __future__ import annotations
@@ -99,7 +121,13 @@ HINTS = {
     "v2:ld_first_st_wt": ("evict_first", ".wt"),
     "v2:ld_last_st_cs": ("evict_last", ".cs"),
 }
-SETS = ("round3", "round4", "ceiling", "hints")
+#: The pairs of HINTS whose loads leave no evict_last lines behind.
+HINTS_CLEAN = {k: v for k, v in HINTS.items() if v[0] != "evict_last"}
+SETS = ("round3", "round4", "ceiling", "hints", "hints_clean")
+CSV_NAMES = {"round3": "concat_round3.csv", "round4": "concat_round4.csv", "ceiling": "concat_layout_ceiling.csv",
+             "hints": "concat_hints.csv", "hints_clean": "concat_hints_clean.csv"}
+#: The write-only methods (bytes = one way).
+WRITE_ONLY = ("fill_padded", "fill_unpadded", "memset")
 TIMERS = ("graph", "cudagraph")
 FIELDS = ["T", "H", "Hp", "dtype", "method", "variant", "config", "timer", "round", "us", "bytes", "gbps",
           "copy_us", "pct_of_copy", "launcher_path", "graph_capture_ok"]
@@ -154,7 +182,8 @@ def _memcpy2d(dst, src, H, es):
 
 
 def _methods(T, H, Hp, dtype, device, tune, which="round3"):
-    """name -> (variant or None, config dict or None, callable, checked output or None, unpadded?)."""
+    """``(a, b, out, methods)``: the inputs, the padded output and name -> (variant or None, config dict or None,
+    callable, the output to check bitwise before timing or None)."""
     a = torch.randn(T, H, 512, device=device, dtype=dtype)
     b = torch.randn(T, H, 64, device=device, dtype=dtype)
     out = torch.empty(T, Hp, 576, device=device, dtype=dtype)
@@ -166,16 +195,18 @@ def _methods(T, H, Hp, dtype, device, tune, which="round3"):
     def kern(o, variant, cfg):
         return lambda: concat_mla_q_triton(a, b, o, variant=variant, **cfg)
 
-    if which == "hints":
+    if which in ("hints", "hints_clean"):
         from mla_lab.kernels.triton_concat import _plan
 
         def hinted(o, ld, st):
-            kernel, grid, args, cx, nw = _plan(a, b, o, False, "v2", None, None, False, None, None, None)
+            kernel, grid, args, cx, nw = _plan(a, b, o, zero_padding=False, variant="v2", block_rows=None,
+                                               num_warps=None, streaming=False, block_t=None, block_h=None,
+                                               head_tiles=None)
             cx = {**cx, "LOAD_EVICT": ld, "STORE_CACHE": st}
             return lambda: kernel[grid](*args, **cx, num_warps=nw)
 
         m["v2"] = ("v2", {}, kern(out, "v2", {}), out)
-        for name, (ld, st) in HINTS.items():
+        for name, (ld, st) in (HINTS if which == "hints" else HINTS_CLEAN).items():
             m[name] = ("v2", {"load": ld, "store": st}, hinted(out, ld, st), out)
         m["v2_unpadded"] = ("v2", {}, kern(buf, "v2", {}), buf)
         m["copy"] = (None, None, lambda: dst.copy_(src), None)
@@ -267,7 +298,7 @@ def bench_concat_variants(T_list=(4096, 16384), H_list=(8, 16), Hp=64, dtype=tor
                 if o is not None:
                     _check(a, b, o, fn, name, device)
             out.copy_(torch.randn_like(out))  # no timed run sees NaN or zeros in the padded heads
-            nbytes = 2 * T * H * 576 * es
+            nbytes_rw = 2 * T * H * 576 * es
             names = list(methods)
             for timer in timers:
                 times = {n: [] for n in names}
@@ -277,6 +308,7 @@ def bench_concat_variants(T_list=(4096, 16384), H_list=(8, 16), Hp=64, dtype=tor
                         times[n].append(_time(methods[n][2], timer, rep, device))
                 for n in names:
                     variant, cfg, _, _ = methods[n]
+                    nbytes = nbytes_rw // 2 if n in WRITE_ONLY else nbytes_rw
                     for r, ms in enumerate(times[n]):
                         copy_ms = times["copy"][r]
                         rows.append(dict(T=T, H=H, Hp=Hp, dtype=str(dtype).replace("torch.", ""), method=n,
@@ -379,12 +411,12 @@ def _die(msg):
     return 2
 
 
-def plan_lines(T_list, H_list, Hp, timers, rounds, tune, which="round3") -> list[str]:
+def plan_lines(T_list, H_list, Hp, timers, rounds, tune, which="round3", rep=100, host_calls=1000) -> list[str]:
     es = 2
     lines = [f"set {which}; shapes: T {list(T_list)} x H {list(H_list)} -> H'={Hp}, bf16; timers {list(timers)}; "
              f"{rounds} rounds each"]
-    if which == "hints":
-        names = ["v2"] + list(HINTS) + ["v2_unpadded", "copy"]
+    if which in ("hints", "hints_clean"):
+        names = ["v2"] + list(HINTS if which == "hints" else HINTS_CLEAN) + ["v2_unpadded", "copy"]
     elif which == "ceiling":
         names = ["v2", "v2_unpadded", "copy1_padded", "copy1_unpadded", "fill_padded", "fill_unpadded", "memset",
                  "copy"]
@@ -395,25 +427,34 @@ def plan_lines(T_list, H_list, Hp, timers, rounds, tune, which="round3") -> list
     lines.append("methods: " + ", ".join(names))
     for T in T_list:
         for H in H_list:
-            cfg = v3_config(H, H)
             nbytes = 2 * T * H * 576 * es
-            lines.append(f"  T={T} H={H}: {nbytes / 1e6:.1f} MB moved (read + write); floor at 4256 GB/s "
-                         f"(4 GiB copy, docs/perf-notes.md GPU run 2) {nbytes / 4256e9 * 1e6:.1f} us; v3 default "
-                         f"{cfg['block_t']} tok x {cfg['block_h']} heads x {cfg['head_tiles']} tiles, "
+            line = (f"  T={T} H={H}: {nbytes / 1e6:.1f} MB moved (read + write); floor at 4256 GB/s "
+                    f"(4 GiB copy, docs/perf-notes.md GPU run 2) {nbytes / 4256e9 * 1e6:.1f} us")
+            if which == "round3":
+                cfg = v3_config(H, H)
+                line += (f"; v3 default {cfg['block_t']} tok x {cfg['block_h']} heads x {cfg['head_tiles']} tiles, "
                          f"{cfg['num_warps']} warp(s), {cfg['num_runs']} run(s)/token block")
+            lines.append(line)
     n = len(T_list) * len(H_list) * len(names) * len(timers) * rounds
-    lines.append(f"{n} timings of ~0.15-0.2 s each (do_bench budget 100 ms + capture) plus ~{len(names) - 2} kernel "
-                 f"compiles: about {n * 0.2 + 30:.0f} s per process, estimated (not measured)")
-    hv = {"round3": "v2/v3", "round4": "v2/v4/v5", "ceiling": "v2", "hints": "v2"}[which]
-    lines.append(f"host launch: T=16 H=8->64, 1000 calls back to back, median of 5: concat_mla_q (checked, {hv}), "
+    per = rep / 1e3 + 0.05
+    lines.append(f"{n} timings of ~{per:.2f} s each (do_bench budget {rep} ms + capture) plus ~{len(names) - 2} "
+                 f"kernel compiles: about {n * per + 30:.0f} s per process, estimated (not measured)")
+    hv = {"round3": "v2/v3", "round4": "v2/v4/v5", "ceiling": "v2", "hints": "v2", "hints_clean": "v2"}[which]
+    lines.append(f"host launch: T=16 H=8->64, {host_calls} calls back to back, median of 5: concat_mla_q (checked, {hv}), "
                  f"launcher (hot path, {hv}), launcher jit path, concat_mla_q_triton, torch.cat; launcher CUDA-graph "
                  "capture check")
     return lines
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2 (argparse prints its usage block first)
+        print(f"bench_concat_round3: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help=f"directory for {CSV_NAME} (required unless --dry-run)")
+    ap = _Parser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="directory for the set's CSV (CSV_NAMES; required unless --dry-run)")
     ap.add_argument("--T", type=int, nargs="+", default=[4096, 16384])
     ap.add_argument("--H", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--Hp", type=int, default=64, help="padded heads H' (vLLM prefill_padding on sm90: 64)")
@@ -421,9 +462,9 @@ def main(argv=None) -> int:
                     help="round3: v2/v3 and their configs (concat_round3.csv); round4: v4 spans, v5 TMA stores, "
                          "streaming hints, memcpy2d (concat_round4.csv); ceiling: the layout's cost with the kernel "
                          "held fixed, mla_lab.measure.bandwidth (concat_layout_ceiling.csv); hints: load/store cache hints on v2 "
-                         "(concat_hints.csv)")
+                         "(concat_hints.csv); hints_clean: the same without evict_last (concat_hints_clean.csv)")
     ap.add_argument("--timers", nargs="+", choices=list(TIMERS), default=None,
-                    help="default: both for round3, graph (issue 23's timer) for round4")
+                    help="default: both for round3, graph (issue 23's timer) for the other sets")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rep", type=int, default=100, help="do_bench repetition budget per timing, ms")
     ap.add_argument("--host-calls", type=int, default=1000)
@@ -434,8 +475,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.timers is None:
         args.timers = list(TIMERS) if args.which == "round3" else ["graph"]
-    csv_name = {"round3": CSV_NAME, "round4": "concat_round4.csv", "ceiling": "concat_layout_ceiling.csv",
-                "hints": "concat_hints.csv"}[args.which]
+    csv_name = CSV_NAMES[args.which]
+    for name, vals in (("T", args.T), ("H", args.H), ("timers", args.timers)):
+        if len(set(vals)) != len(vals):
+            return _die(f"--{name} lists a value twice; got {' '.join(map(str, vals))}")
+    if args.which == "round4":
+        bad = [h for h in args.H if h < 1 or h > 32 or h & (h - 1)]
+        if bad:
+            return _die(f"--H {bad[0]}: --set round4 runs v5 (TMA stores), which needs a power of two <= 32 real "
+                        f"heads; allowed: 1, 2, 4, 8, 16, 32")
     _positive_ints("T", args.T)
     _positive_ints("H", args.H)
     if args.no_tune and args.which != "round3":
@@ -445,7 +493,8 @@ def main(argv=None) -> int:
             return _die(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     if args.Hp < max(args.H):
         return _die(f"--Hp must be >= every --H (padded heads >= real heads); got --Hp {args.Hp}, --H {args.H}")
-    lines = plan_lines(args.T, args.H, args.Hp, args.timers, args.rounds, not args.no_tune, args.which)
+    lines = plan_lines(args.T, args.H, args.Hp, args.timers, args.rounds, not args.no_tune, args.which, args.rep,
+                       args.host_calls)
     if args.dry_run:
         print("bench_concat_round3 plan (dry run, nothing timed):")
         print("\n".join(lines))
@@ -453,6 +502,8 @@ def main(argv=None) -> int:
         return 0
     if args.out is None:
         return _die("--out DIR is required (or --dry-run)")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        return _die(f"--out {args.out}: exists and is not a directory")
     outp = Path(args.out) / csv_name
     if outp.exists():
         with open(outp) as f:
@@ -471,7 +522,7 @@ def main(argv=None) -> int:
     from mla_lab.provenance import provenance
 
     print("\n".join(lines), flush=True)
-    hv = {"round3": ("v2", "v3"), "round4": ("v2", "v4", "v5"), "ceiling": ("v2",), "hints": ("v2",)}[args.which]
+    hv = {"round3": ("v2", "v3"), "round4": ("v2", "v4", "v5")}.get(args.which, ("v2",))
     host_rows, checks = host_launch_us(calls=args.host_calls, repeats=1 if args.cpu_smoke else 5, device=device,
                                        variants=hv)
     print("host launch, us per call (T=16, back to back): "

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU round 6 (docs/perf-notes.md "Round 4", issue 23): load/store cache hints on v2 into the padded workspace
-# (benchmarks/bench_concat_round3.py --set hints) in N fresh processes.
+# (benchmarks/bench_concat_round3.py --set $SET, default hints; SET=hints_clean drops evict_last) in N fresh processes.
 # Rows in $OUT/r6/, packed into $OUT/round6.tar.gz after every stage.
 set -uo pipefail
 : "${OUT:?OUT must be set}"
@@ -13,7 +13,7 @@ pack() { tar -czf "$OUT/round6.tar.gz" -C "$OUT" r6; }
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv; } 2>&1 | tee "$LOG"
 for k in $(seq 1 "$N"); do
   echo "== process $k" | tee -a "$LOG"
-  timeout 100 python3 benchmarks/bench_concat_round3.py --set hints --rounds 5 --rep 50 --host-calls 10 \
+  timeout 100 python3 benchmarks/bench_concat_round3.py --set "${SET:-hints}" --rounds 5 --rep 50 --host-calls 10 \
     --out "$OUT/r6/p$k" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error"
   pack
 done
