@@ -98,11 +98,24 @@ def _case_grid():
             name = "-".join(f"{k}{v}" for k, v in cfg.items())
             grid.append((f"v4-{name}-zp{int(zp)}", dict(T=9, H=8, Hp=64, dtype="bf16", layout="contig",
                                                         zero_padding=zp, variant="v4", mode="direct", cfg=cfg)))
-    for cfg in [dict(block_t=2, progs_per_sm=1), dict(block_t=4, num_warps=4), dict(block_t=16),
+    for cfg in [dict(block_t=2, progs_per_sm=1), dict(block_t=4, num_warps=4), dict(block_t=8),
                 dict(num_warps=1, progs_per_sm=2)]:
         name = "-".join(f"{k}{v}" for k, v in cfg.items())
         grid.append((f"v5-{name}", dict(T=9, H=8, Hp=64, dtype="bf16", layout="contig", zero_padding=False,
                                         variant="v5", mode="direct", cfg=cfg)))
+    # knobs a variant does not read, or that are not ints, are refused (nothing silently ignored); v5's box limit
+    for variant, cfg, why in [("v2", dict(order="span"), "order applies to variant 'v4' only; got variant='v2'"),
+                              ("v3", dict(progs_per_sm=2), "progs_per_sm applies to variant 'v4' / 'v5' only"),
+                              ("v5", dict(block_rows=2), "block_rows applies to variant 'v2' / 'v4' only"),
+                              ("v4", dict(block_h=2), "block_h applies to variant 'v3' only"),
+                              ("v4", dict(progs_per_sm=1.5), "progs_per_sm must be an int; got progs_per_sm=1.5"),
+                              ("v4", dict(block_rows="2"), "block_rows must be an int; got block_rows='2'"),
+                              ("v5", dict(block_t=512), "block_t must be <= 256 (a TMA box dimension)"),
+                              ("v5", dict(block_t=16), "block_t * H must be <= 64")]:
+        name = "-".join(f"{k}{v}" for k, v in cfg.items())
+        grid.append((f"{variant}-refused-{name}", dict(T=3, H=8, Hp=64, dtype="bf16", layout="contig",
+                                                        zero_padding=False, variant=variant, mode="direct", cfg=cfg,
+                                                        error=f"ValueError: {why}")))
     # what v5 cannot run is refused in one line naming the variant, before anything is written
     for T, H, Hp, zp, why in [(3, 8, 64, True, "zero_padding=True is not supported by v5"),
                               (3, 5, 8, False, "H=5 real heads: v5 needs a power of two <= 32"),
@@ -249,7 +262,7 @@ def test_triton_interp_matches_torch(interp_results, cid):
 VLLM_NUM_TOKENS = [1, 4, 16, 64, 128]
 VLLM_NUM_HEADS = 128
 BIG_CFG = {"v2": {"block_rows": 2048}, "v3": {"block_t": 16, "block_h": 64, "head_tiles": 2},
-           "v4": {"block_rows": 1024, "progs_per_sm": 1}, "v5": {"block_t": 16, "progs_per_sm": 1}}
+           "v4": {"block_rows": 1024, "progs_per_sm": 1}, "v5": {"block_t": 4, "progs_per_sm": 1}}
 
 
 def _vllm_cases():

@@ -46,13 +46,17 @@ def test_probes_write_the_first_heads_only():
     ((2, 8, 576), 9, None, "H must be in 1..8 (out's heads); got H=9"),
     ((2, 8, 576), 0, None, "H must be in 1..8 (out's heads); got H=0"),
     ((2, 8, 576), 4, (2, 3, 576), "src must be [T, H, 576] = (2, 4, 576)"),
+    ((2, 8, 576), 2.0, None, "H must be an int; got H=2.0"),
+    ((2, 8, 576), True, None, "H must be an int; got H=True"),
+    ("float32", 1, None, "out.dtype must be float16 or bfloat16; got torch.float32"),
 ])
 def test_probes_refuse_bad_input(out_shape, H, src_shape, fragment):
     import torch
 
     from mla_lab.measure.bandwidth import gapped_write
 
-    src = None if src_shape is None else torch.empty(src_shape)
+    out = (torch.empty(2, 8, 576) if out_shape == "float32" else torch.empty(out_shape, dtype=torch.bfloat16))
+    src = None if src_shape is None else torch.empty(src_shape, dtype=torch.bfloat16)
     with pytest.raises(ValueError) as e:
-        gapped_write(torch.empty(out_shape), H, src=src)
+        gapped_write(out, H, src=src)
     assert fragment in str(e.value) and "\n" not in str(e.value)

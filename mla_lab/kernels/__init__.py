@@ -176,7 +176,8 @@ def concat_mla_q(
             != T or ``out.shape[1]`` < H; dtype not fp16/bf16 or not all equal; a last dim not contiguous; tensors on
             different devices; unknown backend; ``"triton"`` requested without triton or on CPU tensors outside
             the Triton interpreter; unknown ``variant``; ``variant="v5"`` with what it cannot run (zero_padding, H not
-            a power of two <= 32). Each message names the argument, its value and what is allowed.
+            a power of two <= 32, ``out`` not 16-byte aligned or with strides not 16-byte multiples, a GPU below
+            sm90, a Triton without host tensor descriptors). Each message names the argument, its value and what is allowed.
     """
     _validate_concat(ql_nope, q_pe, out)
     which = _concat_backend(backend, out.device)
@@ -223,7 +224,8 @@ def make_concat_launcher(
         a callable returning ``out``; ``out`` holds the result once on return.
 
     Raises:
-        ValueError: every rule of :func:`concat_mla_q`; an unknown config key.
+        ValueError: every rule of :func:`concat_mla_q`; an unknown config key; a knob the variant does not read
+            (``triton_concat.KNOBS``) or that is not an int; a knob out of range.
     """
     _validate_concat(ql_nope, q_pe, out)
     which = _concat_backend(backend, out.device)

@@ -95,6 +95,11 @@ DEFAULT_VARIANT = "v2"
 DEFAULT_BLOCK_ROWS = 2
 DEFAULT_NUM_WARPS = 1
 
+#: The knobs each variant reads (``streaming`` applies to all: v5 uses only its evict_first loads); any other knob
+#: given is refused, so nothing is silently ignored.
+KNOBS = {"v2": ("block_rows", "num_warps"), "v3": ("block_t", "block_h", "head_tiles", "num_warps"),
+         "v4": ("block_rows", "num_warps", "progs_per_sm", "order"), "v5": ("block_t", "num_warps", "progs_per_sm")}
+
 #: v3 defaults: a tile of 1 token x 2 heads (the per-warp tile size that won v2's sweep: 2 rows per warp), up to
 #: 8 tiles per program (a run of up to 16 heads: one whole token at H <= 16), 1 warp.
 V3_BLOCK_T = 1
@@ -285,6 +290,18 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, stre
         raise RuntimeError(f"triton is not available: {_TRITON_IMPORT_ERROR}")
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
+    knobs = {"block_rows": block_rows, "num_warps": num_warps, "block_t": block_t, "block_h": block_h,
+             "head_tiles": head_tiles, "progs_per_sm": progs_per_sm}
+    for name, v in knobs.items():
+        if v is None:
+            continue
+        if name not in KNOBS[variant]:
+            users = [k for k, ks in KNOBS.items() if name in ks]
+            raise ValueError(f"{name} applies to variant {' / '.join(map(repr, users))} only; got variant={variant!r}")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"{name} must be an int; got {name}={v!r}")
+    if order is not None and "order" not in KNOBS[variant]:
+        raise ValueError(f"order applies to variant 'v4' only; got variant={variant!r}")
     T, H, _ = ql_nope.shape
     Hp = out.shape[1]
     zp = bool(zero_padding) and Hp > H
@@ -358,7 +375,8 @@ def concat_mla_q_triton(
 
     Raises:
         RuntimeError: triton did not import.
-        ValueError: unknown ``variant``; a v3/v4/v5 block size not a power of two; what v5 cannot run.
+        ValueError: unknown ``variant``; a knob the variant does not read (:data:`KNOBS`) or not an int; a block
+            size not a power of two; what v5 cannot run.
     """
     plan = _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
                  head_tiles, progs_per_sm, order)

@@ -46,6 +46,10 @@ V4_DEFAULTS = {"block_rows": 2, "num_warps": 1, "progs_per_sm": 16, "order": "sp
 #: v5 defaults: one token per tile (9 KiB at H = 8), 2 warps, 8 programs per SM.
 V5_DEFAULTS = {"block_t": 1, "num_warps": 2, "progs_per_sm": 8}
 ORDERS = ("span", "stride")
+#: v5: at most this many (token, head) rows per tile: 64 x 1152 B = 72 KiB per stage; Triton's compiled v5 used 14 KiB
+#: of shared memory for 8 rows (Triton 3.6, sm90), about 2 x the tile; 227 KiB is sm90's per-block opt-in maximum
+#: (NVIDIA Hopper tuning guide).
+V5_MAX_ROWS = 64
 #: multiprocessors assumed under the interpreter (no device to ask).
 INTERPRET_SMS = 4
 _SMS: dict[int, int] = {}
@@ -225,8 +229,10 @@ def v5_unsupported(ql_nope, q_pe, out, zero_padding: bool) -> str | None:
     if not _pow2(H) or H > 32:
         return f"H={H} real heads: v5 needs a power of two <= 32 (every real head of a token is one tile)"
     es = out.element_size()
-    if out.data_ptr() % 16 or any((s * es) % 16 for s in out.stride()[:2]):
-        return f"out must be 16-byte aligned with 16-byte-multiple token/head strides; got strides {out.stride()}"
+    if out.data_ptr() % 16:
+        return f"out must start 16-byte aligned (a TMA base); got data_ptr() % 16 = {out.data_ptr() % 16}"
+    if any((s * es) % 16 for s in out.stride()[:2]):
+        return f"out's token/head strides must be 16-byte multiples (TMA); got strides {out.stride()}"
     if out.device.type == "cuda" and torch.cuda.get_device_capability(out.device)[0] < 9:
         return f"TMA stores need sm90+; got sm{''.join(map(str, torch.cuda.get_device_capability(out.device)))}"
     return None
@@ -254,6 +260,11 @@ def plan_v5(ql_nope, q_pe, out, zero_padding: bool, hints: dict, cfg: dict):
     if pps < 1:
         raise ValueError(f"progs_per_sm must be >= 1; got progs_per_sm={pps}")
     T, H, _ = ql_nope.shape
+    if bt > 256:  # a TMA box dimension is at most 256 elements (CUDA driver API, cuTensorMapEncodeTiled)
+        raise ValueError(f"block_t must be <= 256 (a TMA box dimension); got block_t={bt}")
+    if bt * H > V5_MAX_ROWS:
+        raise ValueError(f"block_t * H must be <= {V5_MAX_ROWS} (the tile's shared memory, {V5_MAX_ROWS} x 1152 B "
+                         f"x 2 stages, fits the 227 KiB a block may use on sm90); got block_t={bt}, H={H}")
     if T == 0:
         return None
     half = 256  # TMA box dims are <= 256 elements: the 512-wide part as two boxes

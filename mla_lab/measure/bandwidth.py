@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from mla_lab.kernels.triton_concat import DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS
+
 try:  # pragma: no cover - triton is optional on CPU machines
     import triton
     import triton.language as tl
@@ -26,9 +28,9 @@ except Exception:  # pragma: no cover
 
 __all__ = ["gapped_write", "BLOCK_ROWS", "NUM_WARPS"]
 
-#: v2's defaults (mla_lab.kernels.triton_concat.DEFAULT_BLOCK_ROWS / DEFAULT_NUM_WARPS).
-BLOCK_ROWS = 2
-NUM_WARPS = 1
+#: v2's defaults, imported so they cannot drift.
+BLOCK_ROWS = DEFAULT_BLOCK_ROWS
+NUM_WARPS = DEFAULT_NUM_WARPS
 
 if triton is not None:
 
@@ -68,14 +70,18 @@ def gapped_write(out: torch.Tensor, H: int, src: torch.Tensor | None = None) -> 
     """
     if triton is None:
         raise RuntimeError("triton is not available")
+    if out.dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"out.dtype must be float16 or bfloat16; got {out.dtype}")
+    if isinstance(H, bool) or not isinstance(H, int):
+        raise ValueError(f"H must be an int; got H={H!r}")
     if out.dim() != 3 or out.shape[2] != 576 or out.stride(2) != 1:
         raise ValueError(f"out must be [T, H', 576] with a contiguous last dim; got shape {tuple(out.shape)}")
     if not 1 <= H <= out.shape[1]:
         raise ValueError(f"H must be in 1..{out.shape[1]} (out's heads); got H={H}")
     if src is not None and (tuple(src.shape) != (out.shape[0], H, 576) or src.dtype != out.dtype
-                            or src.stride(2) != 1):
-        raise ValueError(f"src must be [T, H, 576] = {(out.shape[0], H, 576)} of dtype {out.dtype} with a "
-                         f"contiguous last dim; got {tuple(src.shape)} {src.dtype}")
+                            or src.stride(2) != 1 or src.device != out.device):
+        raise ValueError(f"src must be [T, H, 576] = {(out.shape[0], H, 576)} of dtype {out.dtype} on {out.device} "
+                         f"with a contiguous last dim; got {tuple(src.shape)} {src.dtype} on {src.device}")
     n_rows = out.shape[0] * H
     if n_rows == 0:
         return out
