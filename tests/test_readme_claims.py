@@ -107,24 +107,27 @@ def test_concat_figures():
     assert f"vs {h['concat_mla_q(v2, checked)']:.1f} us through the checked" in flat
 
 
-def _concat_pct(name, series="main"):
-    """% of the same-byte copy per (T, H): per-process medians of us, copy / method, median over processes."""
+def _concat_pct(name):
+    """``(table, g)``: % of the same-byte copy per (T, H) x method (per-process medians of us, copy / method, median
+    over processes; graph timer, the ``main`` series where the file has one) and the per-process medians ``g``."""
     c = pd.read_csv(BETWEEN / name)
-    c = c[(c["timer"] == "graph") & (c["series"] == series)]
+    c = c[c["timer"] == "graph"]
+    if "series" in c:
+        c = c[c["series"] == "main"]
     g = c.groupby(["T", "H", "method", "process"])["us"].median().unstack("method")
-    return lambda m: (100 * g["copy"] / g[m]).groupby(level=[0, 1]).median(), g
+    return (100 * g.rdiv(g["copy"], axis=0)).groupby(level=[0, 1]).median(), g
 
 
 def test_concat_round4_figures():
     flat = " ".join(README.split())
-    pct, g = _concat_pct("concat_round4.csv")
-    best = {v: pd.concat({m: pct(m) for m in g.columns if m.startswith(v) and "unpadded" not in m}, axis=1)
+    table, g = _concat_pct("concat_round4.csv")
+    best = {v: pd.concat({m: table[m] for m in g.columns if m.startswith(v) and "unpadded" not in m}, axis=1)
             .max(axis=1) for v in ("v4", "v5")}
     n = {v: sum(1 for m in g.columns if m.startswith(v) and "unpadded" not in m) for v in ("v4", "v5")}
     assert (f"(v4, best of {n['v4']} configurations {best['v4'].min():.1f}-{best['v4'].max():.1f} % per shape)"
             in flat)
     assert f"(v5, best of {n['v5']}: {best['v5'].min():.1f}-{best['v5'].max():.1f} %)" in flat
-    v2, mc = pct("v2"), pct("memcpy2d")
+    v2, mc = table["v2"], table["memcpy2d"]
     assert f"leave v2 ({v2.min():.1f}-{v2.max():.1f} % in the same run" in flat
     ahead = best["v4"][best["v4"] > v2]
     assert list(ahead.index) == [(4096, 8)] and (best["v5"] < v2).all()
@@ -138,25 +141,20 @@ def test_concat_round4_figures():
     for m, lead in (("launcher(v2)", "same run): "), ("concat_mla_q(v2, checked)", "launcher vs ")):
         assert f"{lead}{med[m]:.1f} us [{lo[m]:.1f}, {hi[m]:.1f}]" in flat, m
     assert f"(v5's launcher {med['launcher(v5)']:.1f} us" in flat
-    pct, g = _concat_pct("concat_layout_ceiling.csv")
+    table, g = _concat_pct("concat_layout_ceiling.csv")
     ratio = (g["fill_padded"] / g["fill_unpadded"]).groupby(level=[0, 1]).median()
     per = g["fill_padded"] / g["fill_unpadded"]
     assert (f"(time ratio {ratio.min():.3f}-{ratio.max():.3f}; {per.min():.3f}-{per.max():.3f} per process)"
             in flat)
     cost = (g["copy1_padded"] / g["copy1_unpadded"]).groupby(level=[0, 1]).median()
     assert f"the gapped writes cost {100 * (cost.min() - 1):.1f}-{100 * (cost.max() - 1):.1f} %" in flat
-    hc = pd.read_csv(BETWEEN / "concat_hints_clean.csv")
-    hg = hc[hc["timer"] == "graph"].groupby(["T", "H", "method", "process"])["us"].median().unstack("method")
-    hp = (100 * hg.rdiv(hg["copy"], axis=0)).groupby(level=[0, 1]).median()
+    hp, _ = _concat_pct("concat_hints_clean.csv")
     gain = max((hp[m] - hp["v2"]).max() for m in hp.columns if m.startswith("v2:"))
     assert f"cache hints on v2 included: at most {gain:+.1f} points" in flat
     assert (hp.drop(columns=["copy", "v2_unpadded"]) < 97).all().all()
     best = []  # every writer into the padded layout, every file of rounds 3-4 (not the unpadded or write-only rows)
     for name in ("concat_round3.csv", "concat_round4.csv", "concat_layout_ceiling.csv", "concat_hints_clean.csv"):
-        f = pd.read_csv(BETWEEN / name)
-        f = f[(f["timer"] == "graph") & (f["series"] == "main" if "series" in f else True)]
-        fg = f.groupby(["T", "H", "method", "process"])["us"].median().unstack("method")
-        fp = (100 * fg.rdiv(fg["copy"], axis=0)).groupby(level=[0, 1]).median()
+        fp, _ = _concat_pct(name)
         keep = [m for m in fp.columns if m not in ("copy", "memset") and "unpadded" not in m and "fill" not in m]
         best.append(fp[keep].stack())
     best = pd.concat(best)
@@ -164,7 +162,7 @@ def test_concat_round4_figures():
     assert top[2] == "v2:4x1" and top[:2] == (4096, 8)
     assert (f"the best single figure is {best.max():.1f} % (v2 with 4 rows per program at 4096 x 8, round 3), and at "
             f"T = 16384 none passes {best.xs(16384, level=0).max():.1f} %") in flat and best.max() < 97
-    cp, cu = pct("copy1_padded"), pct("copy1_unpadded")
+    cp, cu = table["copy1_padded"], table["copy1_unpadded"]
     assert f"reaches {cp.min():.1f}-{cp.max():.1f} % against {cu.min():.1f}-{cu.max():.1f} % unpadded" in flat
     assert cp.max() < 97.0  # the one-source copy into the layout stays under the issue's target at every shape
     d = pd.read_csv(BETWEEN / "concat_layout_ceiling.csv")
