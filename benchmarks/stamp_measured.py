@@ -26,12 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pandas as pd
-
 from mla_lab.paths import REPO_ROOT, measured_dir, models_dir
+from mla_lab.report.data import measured_sweep_frames
 from mla_lab.report.stamps import MANIFEST_NAME, config_digest, config_digest_of_bytes
-
-_SWEEP_COLUMNS = {"model", "tp", "arch", "strategy", "source", "max_num_batched_tokens", "prompt_len", "ttft_ms"}
 
 
 def _git(*args) -> str | None:
@@ -60,16 +57,7 @@ def _config_at(commit: str, model: str) -> str | None:
 def stamp(root: Path) -> dict:
     """The manifest for every measured sweep CSV under ``root``."""
     files: dict = {}
-    for p in sorted(root.rglob("*.csv")):
-        try:
-            df = pd.read_csv(p)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
-            continue
-        if not _SWEEP_COLUMNS <= set(df.columns):
-            continue
-        df = df[df["source"] == "measured"]
-        if not len(df):
-            continue
+    for p, df in measured_sweep_frames(root, include_archive=True):
         keys = ["device", "flash_mla", "git_commit"]
         df = df.assign(**{c: (df[c].astype("string").fillna("") if c in df.columns else "") for c in keys})
         rel = p.relative_to(root).as_posix()

@@ -14,13 +14,34 @@ from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir
 from ..sweep.rows import reprice_measured_rows
 from .stamps import config_digest, find_manifest, read_manifest, stamp_for
 
-__all__ = ["load_measured", "load_measured_cached", "measured_digest", "detach_stale", "unstamped_files", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
+__all__ = ["load_measured", "measured_sweep_frames", "load_measured_cached", "measured_digest", "detach_stale", "unstamped_files", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
 
 
 # Columns a measured file must have to be read as sweep rows.
 _SWEEP_COLUMNS = {"model", "tp", "arch", "strategy", "source", "max_num_batched_tokens", "prompt_len", "ttft_ms"}
 
 # ----------------------------------------------------------------------------------------------------- data
+def measured_sweep_frames(root: Path, pattern: str = "*.csv", include_archive: bool = False):
+    """Yield ``(path, rows)`` for every ``pattern`` file under ``root`` (recursively, sorted) that has the sweep's
+    columns and ``source == "measured"`` rows; ``rows`` holds those rows only. Unreadable CSVs and other CSVs (kernel
+    benchmarks) are skipped, and so are folders named ``archive`` unless ``include_archive``. Used by
+    :func:`load_measured` and ``benchmarks/stamp_measured.py`` (which stamps the archive too)."""
+    import pandas as pd
+
+    for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
+        if not include_archive and "archive" in p.relative_to(root).parts[:-1]:
+            continue  # superseded runs, kept for the record (read them by passing their folder as root)
+        try:
+            df = pd.read_csv(p)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+            continue
+        if not _SWEEP_COLUMNS <= set(df.columns):
+            continue
+        df = df[df["source"] == "measured"].copy()
+        if len(df):
+            yield p, df
+
+
 def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
                   moe_parallel: str | None = None):
     """Measured sweep rows under ``data/measured`` (recursively): every ``pattern`` file that has the sweep's
@@ -36,19 +57,9 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
 
     root = Path(root) if root else measured_dir()
     frames = []
-    for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
-        if "archive" in p.relative_to(root).parts[:-1]:
-            continue  # superseded runs, kept for the record (read them by passing their folder as root)
-        try:
-            df = pd.read_csv(p)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
-            continue
-        if not _SWEEP_COLUMNS <= set(df.columns):
-            continue
-        df = df[df["source"] == "measured"].copy()
-        if len(df):
-            df["file"] = str(p.relative_to(root))
-            frames.append(df)
+    for p, df in measured_sweep_frames(root, pattern):
+        df["file"] = str(p.relative_to(root))
+        frames.append(df)
     if not frames:
         empty = pd.DataFrame()
         empty.attrs["detached"], empty.attrs["unstamped"] = [], []
