@@ -217,7 +217,7 @@ def _check(ek, ts_fwd, sm_scale, log) -> list[dict]:
             if name == "flashmla_ts_h128":
                 continue
             r = fn()
-            o = r[0] if isinstance(r, tuple) else r
+            o = r[0] if isinstance(r, (tuple, list)) else r
             err = (o[:, :H].float() - ref.float()).abs().max().item()
             log(f"check H={H} {name}: max abs err {err:.3e}")
             rows.append({"experiment": "check", "shape": "seed2048", "kernel": name.split("@")[0], "T": 2048,

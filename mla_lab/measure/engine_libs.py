@@ -36,7 +36,6 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
-import shutil
 import struct
 import subprocess
 import sys
