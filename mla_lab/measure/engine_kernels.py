@@ -25,7 +25,7 @@ Kernels (``kernel`` column; ``kernel_backend`` names the library and version):
 ``flashmla_ts_h128``         the same at ``h_q = 128`` (each token's rows gathered by two CTAs)
 ``sglang_triton``            SGLang 0.5.23's Triton ``sparse_mla_prefill`` (heads padded to a 16-row tile)
 ``gather_only``              the lab's Triton kernel that gathers each token's top-k 576-wide rows as FlashMLA's CTAs do
-                             (one program per token, 64-row blocks) and sums them (no MMA): the gather floor;
+                             (one program per token, 16-row blocks up to its valid count) and adds them (no MMA): the gather floor;
                              ``gather_only_x2``: two programs per token (the gather of ``h_q = 128``)
 ``concat_vllm_padded``       vLLM's CUDA ``concat_mla_q`` into ``[T, 64, 576]`` (the PR's write); ``_unpadded``: into
                              ``[T, H, 576]``; ``concat_lab_padded``: the lab's Triton concat (v2) into ``[T, 64, 576]``
@@ -80,24 +80,24 @@ def _gather_kernel():
 
     @triton.jit
     def gather_sum(kv, idx, tlen, out, topk, REPS: tl.constexpr, BN: tl.constexpr):
+        # one program per (token, rep): stream the token's valid top-k rows (512 + 64 bf16 each) through registers,
+        # elementwise fp32 adds only (no reduction inside the loop, no MMA), one [576] row written at the end
         pid = tl.program_id(0)
         t = pid // REPS
         n = tl.load(tlen + t)
-        acc_a = tl.zeros([512], dtype=tl.float32)
-        acc_b = tl.zeros([64], dtype=tl.float32)
         ca = tl.arange(0, 512)
         cb = tl.arange(0, 64)
-        for k0 in range(0, topk, BN):
+        acc_a = tl.zeros([BN, 512], dtype=tl.float32)
+        acc_b = tl.zeros([BN, 64], dtype=tl.float32)
+        for k0 in range(0, n, BN):
             r = k0 + tl.arange(0, BN)
             m = r < n
             i = tl.load(idx + t.to(tl.int64) * topk + r, mask=m, other=0).to(tl.int64)
-            a = tl.load(kv + i[:, None] * 576 + ca[None, :], mask=m[:, None], other=0.0)
-            b = tl.load(kv + i[:, None] * 576 + 512 + cb[None, :], mask=m[:, None], other=0.0)
-            acc_a += tl.sum(a.to(tl.float32), axis=0)
-            acc_b += tl.sum(b.to(tl.float32), axis=0)
+            acc_a += tl.load(kv + i[:, None] * 576 + ca[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+            acc_b += tl.load(kv + i[:, None] * 576 + 512 + cb[None, :], mask=m[:, None], other=0.0).to(tl.float32)
         o = out + pid.to(tl.int64) * 576
-        tl.store(o + ca, acc_a)
-        tl.store(o + 512 + cb, acc_b)
+        tl.store(o + ca, tl.sum(acc_a, axis=0))
+        tl.store(o + 512 + cb, tl.sum(acc_b, axis=0))
 
     return gather_sum
 
@@ -179,7 +179,7 @@ def _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, which, num_s
         for reps, name in ((1, "gather_only"), (2, "gather_only_x2")):
             g_out = torch.empty(T * reps, D_QK, device="cuda", dtype=torch.float32)
             out[name] = (lambda reps=reps, g_out=g_out: gk[(T * reps,)](kv_rows, idx, tlen, g_out, TOPK, REPS=reps,
-                                                                         BN=64, num_warps=8), 64 * reps, None, None)
+                                                                         BN=16, num_warps=4), 64 * reps, None, None)
     if "concat" in which:
         from ..kernels import make_concat_launcher
 
