@@ -58,10 +58,11 @@ from ..model.decode_calibration import (
     load_decode_calibration,
     write_decode_calibration,
 )
+from ..model.decode_kernels import decode_family, load_decode_kernels
 from ..model.ops import ATTN_OPS, LayerOp, layer_ops, step_ops
 from ..model.timing import op_time_ms, step_time_ms
 from ..models import ModelConfig, load_model, normalize_kv_cache_dtype
-from ..placement import resolve_strategy
+from ..placement import parse_strategy, resolve_strategy
 from ..workload import Step as WorkStep
 from .step import Step
 
@@ -94,6 +95,7 @@ class _Parts:
                            + [(10**9 + i, s, n) for i, (_, s, n) in enumerate(self.prefill)])
         topk = model.topk
         self.dec_keys = [min(c, topk) for c in self.decode_ctx]
+        self.dkern = load_decode_kernels()
         self._sub: dict = {}
 
     def sub_op(self, which: str, name: str) -> LayerOp | None:
@@ -122,9 +124,10 @@ class _Parts:
             flop = op_time_ms(op, arch, self.gcal)
             if not dec:
                 return flop
-            zeros = replace(op, dims={**op.dims, "content": "zeros"})
-            t = self.dcal.kernel_decode.ms(op_time_ms(zeros, arch, self.gcal), max(self.dec_keys),
-                                           sum(self.dec_keys), self.model.head_size * 2, arch)
+            # the decode kernel priced by its parallelism (CTAs per token, FA3's split-KV): the engines' own
+            # kernels measured at B = 1..256 (mla_lab.model.decode_kernels); the prefill tokens' MMAs by the roofline
+            fam = decode_family(parse_strategy(self.strategy).placement)
+            t = self.dkern[fam].ms(len(dec), max(self.dec_keys), arch)
             if op.dims.get("content") == "stale" and self.cal.content is not None and self.cal.step_content() is None:
                 t *= self.cal.content.factor(op.dims["H"], op.dims["Hp"], t)  # kernel-only scope
             return max(flop, t)

@@ -1,0 +1,268 @@
+"""Sparse-MLA attention kernels at decode sizes, priced by their parallelism (issue 29), fitted on one H200.
+
+At decode a step holds ``B`` query tokens, each attending ``n = min(context, topk)`` keys. How many CTAs share that
+work decides the time at low concurrency:
+
+- **FlashMLA padded** (``flashmla_pad64``; vLLM ``FLASHMLA_SPARSE`` bf16 decode, ``_bf16_flash_mla_kernel`` pads
+  every token to ``prefill_padding = 64`` heads, vLLM 0.33.0 ``flashmla_sparse.py:753-754,1352-1393``): the grid is
+  ``(h_q / 64) x B`` CTAs, one token's whole key walk per CTA, no split. At ``B = 1`` one SM works.
+- **FA3 sparse** (``fa3_sparse``; vLLM ``FLASH_ATTN_MLA_SPARSE``, ``flashattn_mla_sparse.py:215-259``): the 8 or 16
+  heads of a token are packed into one 64-row m-block (``total_mblocks = B``) and FA3 splits the key walk over
+  ``s`` CTAs when ``B`` does not fill the GPU: :func:`fa3_num_splits` is FA3's heuristic
+  (Dao-AILab/flash-attention ``hopper/heuristics.h``, ``num_splits_heuristic``; vLLM passes ``num_splits = 0``,
+  which lets the kernel choose).
+
+The model (per family, ``us``)::
+
+    waves = ceil(B * s / num_sms)
+    lat   = waves * us_per_key * n / s           # one CTA's walk over its share of the keys
+    kv    = B * n * 576 * 2 / (HBM * eff_bytes)  # the gathered KV rows at HBM bandwidth
+    t     = a_us + (lat^p + kv^p)^(1/p)
+
+``s = 1`` for FlashMLA. The four parameters of each family are fitted on the H200 rows of the engines' own kernels
+(``data/measured/h200/between_process/engine_kernels.csv``, shape ``decode``: B 1..256, H 8 / 16, contexts 1088 and
+8192, 5 fresh processes, graph timing) by :func:`fit_decode_kernels` (``python -m mla_lab.model.decode_kernels
+--write``) -> ``data/calibration/h200_decode_kernels.csv``; the file also records the in-sample MAPE and the
+leave-one-context-out MAPE (fit on one context, predict the other). Measured-fit: every figure priced from it is
+modelled, in sample for the rows it was fitted on.
+
+SM counts (:data:`NUM_SMS`): NVIDIA H100/H200 SXM 132 (H100 whitepaper, H200 datasheet: the same GH100 die as the
+H100 SXM5), H800 132, H20 78, B200 148 (NVIDIA Blackwell datasheet). Only the H200 is calibrated.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..arch import GPUArch
+from ..paths import REPO_ROOT, calibration_dir
+
+__all__ = ["NUM_SMS", "FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
+           "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV"]
+
+NUM_SMS = {"h100": 132, "h200": 132, "h800": 132, "h20": 78, "b200": 148}
+FAMILIES = ("flashmla_pad64", "fa3_sparse")
+DECODE_KERNELS_CSV = "h200_decode_kernels.csv"
+ROWS_CSV = "data/measured/h200/between_process/engine_kernels.csv"
+ROW_BYTES = 576 * 2  # head_size 576, bf16 KV cache
+#: FA3's key-block width for the MLA shape (hdim 64 + hdimv 512) used to count ``n_blocks`` in the heuristic.
+FA3_BLOCK_N = 64
+#: the measured kernel -> family (rows of engine_kernels.csv; ``num_splits`` 0 = FA3's heuristic, vLLM's call)
+_ROW_FAMILY = {("flashmla_vllm_pad64", -1): "flashmla_pad64", ("fa3_sparse", 0): "fa3_sparse"}
+
+
+def fa3_num_splits(total_mblocks: int, num_sms: int, n_blocks: int, max_splits: int = 128) -> int:
+    """FA3's split-KV heuristic (``hopper/heuristics.h`` ``num_splits_heuristic``): 1 when the m-blocks almost fill
+    the GPU (>= 0.8 x SMs), else the smallest split count whose wave efficiency is >= 85 % of the best.
+
+    Args:
+        total_mblocks: m-blocks of the call (decode, heads packed: the number of query tokens ``B``).
+        num_sms: SMs of the GPU; n_blocks: key blocks per token (``ceil(n / FA3_BLOCK_N)``); max_splits: FA3's cap.
+
+    Raises:
+        ValueError: a count < 1.
+    """
+    for name, v in (("total_mblocks", total_mblocks), ("num_sms", num_sms), ("n_blocks", n_blocks)):
+        if int(v) < 1:
+            raise ValueError(f"{name}={v} must be >= 1")
+    if total_mblocks >= 0.8 * num_sms:
+        return 1
+    top = min(max_splits, num_sms, n_blocks)
+    eff = []
+    for s in range(1, top + 1):
+        waves = total_mblocks * s / num_sms
+        eff.append(waves / math.ceil(waves))
+    best = max(eff)
+    for s, e in enumerate(eff, start=1):
+        if e >= 0.85 * best:
+            return s
+    return 1  # pragma: no cover - the loop always returns
+
+
+@dataclass(frozen=True)
+class DecodeKernel:
+    """One family's decode-kernel model (module docstring); ``a_us`` (us), ``us_per_key`` (us per key of one CTA's
+    walk), ``eff_bytes`` (fraction of HBM bandwidth), ``p`` (norm), ``mape_pct`` / ``loco_mape_pct`` (in-sample and
+    leave-one-context-out MAPE on the rows, %)."""
+
+    family: str
+    a_us: float
+    us_per_key: float
+    eff_bytes: float
+    p: float
+    mape_pct: float = float("nan")
+    loco_mape_pct: float = float("nan")
+
+    def splits(self, B: int, keys: int, arch: GPUArch) -> int:
+        """CTAs per token: FA3's heuristic for ``fa3_sparse``, 1 for FlashMLA."""
+        if self.family != "fa3_sparse":
+            return 1
+        return fa3_num_splits(B, NUM_SMS.get(arch.name, 132), max(1, math.ceil(keys / FA3_BLOCK_N)))
+
+    def ms(self, B: int, keys: int, arch: GPUArch) -> float:
+        """Kernel time (ms) of ``B`` decode tokens with ``keys`` keys each (the step's largest ``topk_length``).
+
+        Raises:
+            ValueError: ``B`` < 1 or ``keys`` < 0.
+        """
+        if B < 1 or keys < 0:
+            raise ValueError(f"B={B} must be >= 1 and keys={keys} >= 0")
+        return _model(np.array([B]), np.array([keys]), self.a_us, self.us_per_key, self.eff_bytes, self.p,
+                      self.family, arch)[0] * 1e-3
+
+
+def _one(b: int, x: int, a, k, eff, p, family: str, arch: GPUArch):
+    """The model for one (B, keys); ``a``, ``k``, ``eff`` may be arrays (the fit's grid)."""
+    sms = NUM_SMS.get(arch.name, 132)
+    s = fa3_num_splits(b, sms, max(1, math.ceil(x / FA3_BLOCK_N))) if family == "fa3_sparse" else 1
+    waves = math.ceil(b * s / sms)
+    lat = waves * k * x / s
+    kv = b * x * ROW_BYTES / (arch.hbm_gbps * 1e3 * eff)  # B / (GB/s * 1e3) = us
+    return a + (lat ** p + kv ** p) ** (1.0 / p)
+
+
+def _model(B, n, a, k, eff, p, family, arch) -> np.ndarray:
+    return np.array([_one(int(b), int(x), a, k, eff, p, family, arch) for b, x in zip(B, n)], dtype=float)
+
+
+def decode_family(placement: str) -> str:
+    """The decode kernel family of a strategy's placement: ``fa3_sparse`` for ``fa3_sparse``, else the padded
+    FlashMLA (every vLLM/SGLang FlashMLA placement pads decode tokens to 64 heads the same way)."""
+    return "fa3_sparse" if placement == "fa3_sparse" else "flashmla_pad64"
+
+
+def _rows(path: Path) -> list[tuple[str, int, int, int, float]]:
+    """``(family, B, keys, ctx, per-process-median ms -> median over processes)`` of the decode rows."""
+    import pandas as pd
+
+    d = pd.read_csv(path)
+    d = d[(d["experiment"] == "engine_kernels") & (d["shape"] == "decode")].copy()
+    if d.empty:
+        raise ValueError(f"{path} has no decode rows of the engine_kernels experiment")
+    d["num_splits"] = d["num_splits"].fillna(-1).astype(int)
+    d["family"] = [_ROW_FAMILY.get((k, s)) for k, s in zip(d["kernel"], d["num_splits"])]
+    d = d[d["family"].notna()]
+    pm = d.groupby(["family", "T", "H", "ctx_len", "process"])["ms"].median().reset_index()
+    med = pm.groupby(["family", "T", "H", "ctx_len"])["ms"].median().reset_index()
+    return [(r.family, int(r.T), int(min(r.ctx_len, 2048)), int(r.ctx_len), float(r.ms)) for r in med.itertuples()]
+
+
+def _fit(B, n, y_us, family, arch) -> tuple[float, float, float, float]:
+    """Least log-error fit of (a, us_per_key, eff, p) by grid refinement (numpy only)."""
+    best = (math.inf, None)
+    for p in (1.0, 2.0, 3.0, 4.0, 6.0):
+        a_g, k_g, e_g = np.linspace(0, 40, 41), np.geomspace(0.002, 0.1, 40), np.linspace(0.2, 1.2, 26)
+        for _ in range(3):
+            A, K, E = np.meshgrid(a_g, k_g, e_g, indexing="ij")
+            err = np.zeros(A.shape)
+            for b, x, y in zip(B, n, y_us):
+                pred = _one(int(b), int(x), A, K, E, p, family, arch)
+                err += np.log(pred / y) ** 2
+            i = np.unravel_index(np.argmin(err), err.shape)
+            if err[i] < best[0]:
+                best = (float(err[i]), (float(A[i]), float(K[i]), float(E[i]), p))
+            a0, k0, e0 = A[i], K[i], E[i]
+            a_g = np.linspace(max(0, a0 - 2 * (a_g[1] - a_g[0])), a0 + 2 * (a_g[1] - a_g[0]), 21)
+            k_g = np.geomspace(k0 / 1.3, k0 * 1.3, 21)
+            e_g = np.linspace(max(0.05, e0 - 0.08), e0 + 0.08, 21)
+    return best[1]
+
+
+def _mape(B, n, y_us, params, family, arch) -> float:
+    a, k, e, p = params
+    pred = _model(np.array(B), np.array(n), a, k, e, p, family, arch)
+    return float(np.mean(np.abs(pred - np.array(y_us)) / np.array(y_us)) * 100)
+
+
+def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArch | None = None) -> dict:
+    """Fit each family on the decode rows of ``rows_csv``; returns ``{family: DecodeKernel}`` with the in-sample and
+    leave-one-context-out MAPE.
+
+    Raises:
+        ValueError: the file has no decode rows.
+    """
+    from ..arch import get_arch
+
+    arch = arch or get_arch("h200")
+    rows = _rows(Path(rows_csv))
+    out = {}
+    for fam in FAMILIES:
+        rs = [r for r in rows if r[0] == fam]
+        B, n, ctx, y = [r[1] for r in rs], [r[2] for r in rs], [r[3] for r in rs], [r[4] * 1e3 for r in rs]
+        params = _fit(B, n, y, fam, arch)
+        loco = []
+        for c in sorted(set(ctx)):
+            tr = [i for i, x in enumerate(ctx) if x != c]
+            te = [i for i, x in enumerate(ctx) if x == c]
+            pp = _fit([B[i] for i in tr], [n[i] for i in tr], [y[i] for i in tr], fam, arch)
+            loco.append(_mape([B[i] for i in te], [n[i] for i in te], [y[i] for i in te], pp, fam, arch))
+        out[fam] = DecodeKernel(fam, *params, mape_pct=_mape(B, n, y, params, fam, arch),
+                                loco_mape_pct=float(np.mean(loco)))
+    return out
+
+
+_FIELDS = ("family", "a_us", "us_per_key", "eff_bytes", "p", "mape_pct", "loco_mape_pct", "source", "data_file")
+
+
+def write_decode_kernels(fits: dict, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=_FIELDS)
+        w.writeheader()
+        for fam, k in fits.items():
+            w.writerow({"family": fam, "a_us": round(k.a_us, 4), "us_per_key": round(k.us_per_key, 6),
+                        "eff_bytes": round(k.eff_bytes, 4), "p": k.p, "mape_pct": round(k.mape_pct, 2),
+                        "loco_mape_pct": round(k.loco_mape_pct, 2), "source": "measured-fit (NVIDIA H200)",
+                        "data_file": ROWS_CSV})
+
+
+def load_decode_kernels(path: str | Path | None = None) -> dict:
+    """``{family: DecodeKernel}`` from the committed calibration (:data:`DECODE_KERNELS_CSV`).
+
+    Raises:
+        FileNotFoundError: the file is missing; ValueError: a row is malformed (names the file and the row).
+    """
+    path = Path(path) if path else calibration_dir() / DECODE_KERNELS_CSV
+    out = {}
+    with open(path, newline="") as f:
+        for i, r in enumerate(csv.DictReader(f), start=2):
+            try:
+                out[r["family"]] = DecodeKernel(r["family"], float(r["a_us"]), float(r["us_per_key"]),
+                                                float(r["eff_bytes"]), float(r["p"]), float(r["mape_pct"]),
+                                                float(r["loco_mape_pct"]))
+            except (KeyError, ValueError, TypeError) as e:
+                raise ValueError(f"{path}: row {i} is malformed ({type(e).__name__}: {e})") from e
+    missing = set(FAMILIES) - set(out)
+    if missing:
+        raise ValueError(f"{path} lacks the families {sorted(missing)}")
+    return out
+
+
+def main(argv=None) -> int:
+    """``python -m mla_lab.model.decode_kernels [--write [--overwrite]]``: fit and print (and write the
+    calibration; an existing file is replaced only with ``--overwrite``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.model.decode_kernels")
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--overwrite", action="store_true")
+    a = ap.parse_args(argv)
+    fits = fit_decode_kernels()
+    for fam, k in fits.items():
+        print(f"{fam}: a {k.a_us:.2f} us, {k.us_per_key:.5f} us/key, eff_bytes {k.eff_bytes:.3f}, p {k.p:g}; "
+              f"MAPE {k.mape_pct:.1f} % in sample, {k.loco_mape_pct:.1f} % leave-one-context-out")
+    if a.write:
+        path = calibration_dir() / DECODE_KERNELS_CSV
+        if path.exists() and not a.overwrite:
+            ap.error(f"{path} exists: pass --overwrite to replace it")
+        write_decode_kernels(fits, path)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
