@@ -199,6 +199,12 @@ ENGINE_RULES = {
         "vllm-flashmla", "vllm", "sparse-mqa", "sparse-mqa", "topk", ("deepseek",), True,
         _VLLM_SRC + "; --attention-backend FLASHMLA_SPARSE: flashmla_sparse.py, bf16 KV cache decode also padded "
         "(mla_attention.py sends all tokens down the MQA path)"),
+    "vllm-flashmla-mqa": EngineRule(
+        "vllm-flashmla-mqa", "vllm", "sparse-mqa", "sparse-mqa", 0, (), True,
+        "vLLM FLASHMLA_SPARSE before PR #47327 (release wheels 0.13.0, 2025-12-19, and 0.24.0, 2026-06-29: "
+        "vllm/v1/attention/backends/mla/flashmla_sparse.py has no dense-MHA prefill; every prefill and decode token "
+        "goes through the padded sparse kernel, `q.new_empty((T, padding, 576))` per call: 0.13.0 line 936, "
+        "0.24.0 line 841)"),
     "vllm-fa3": EngineRule(
         "vllm-fa3", "vllm", "fa3-sparse", "fa3-sparse", "topk", ("deepseek",), True,
         _VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py at 0299fca7: FA3 varlen, q=q_rope, "

@@ -32,7 +32,7 @@ PKG = Path(__file__).resolve().parent.parent / "mla_lab"
 STACK = [
     ("mla_lab", "cli", "explore"),
     ("report", "cli_doors"),
-    ("sweep",),
+    ("sweep", "validation"),
     ("measure", "serving"),
     ("model",),
     ("strategies", "seed"),

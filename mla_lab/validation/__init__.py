@@ -1,0 +1,1 @@
+"""Validation against real runs: blind predictions (:mod:`.blind`) and their scores (:mod:`.score`)."""

@@ -1,0 +1,194 @@
+"""Blind predictions of public serving runs (issue 30): written and committed before any result of those runs is read.
+
+Protocol: ``python -m mla_lab.validation.blind predict`` writes ``data/validation/blind_2026-12.json`` from the lab's
+shipped model (:func:`mla_lab.serving.noise.serve_benchmark_noise`: the step-level ``vllm bench serve`` simulation,
+each step priced by the cost model, decode kernels by their parallelism, single-run 95 % bands from the noise
+model). The file is committed on its own; only then are the sources read and their figures committed beside it in
+``data/validation/blind_2026-12_results.json`` (git history shows the order); :mod:`mla_lab.validation.score` puts
+the two side by side. Nothing is fitted to the results.
+
+Every case names the run as the issue describes it and what the lab did NOT know before reading the source
+(``assumed``): the number of prompts, the concurrency, the server flags that were not stated. Where the lab cannot
+price a run it says so here, before reading (``not_priced``), rather than dropping the case afterwards.
+
+Engine versions (read from the release wheels' sources, not run):
+
+- vLLM 0.13.0 (2025-12-19) and 0.24.0 (2026-06-29) on Hopper: the only sparse-MLA backend is ``FLASHMLA_SPARSE``
+  (``vllm/platforms/cuda.py``: the sm90 MLA priority list ends with it), every prefill on the padded sparse kernel
+  (no dense-MHA prefill route), Q padded to 64 heads with ``q.new_empty`` per call (0.13.0
+  ``flashmla_sparse.py:936``, 0.24.0 ``:841``): the lab's ``per_call_empty:zeros@vllm-flashmla-mqa``.
+- vLLM at PR #46189 (June 2026): ``FLASHMLA_SPARSE`` as above (the lab's pre-#53878 path) vs
+  ``FLASH_ATTN_MLA_SPARSE`` (``fa3_sparse``: FA3 with the real heads).
+- ``vllm serve`` defaults on a >= 70 GiB GPU (0.13.0 and 0.24.0 ``vllm/engine/arg_utils.py``:
+  ``default_max_num_batched_tokens`` 8192 and ``default_max_num_seqs`` 1024 for ``OPENAI_API_SERVER``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from ..paths import REPO_ROOT
+from ..provenance import git_commit
+from ..serving import BenchConfig
+from ..serving.noise import NOISE_METRICS, serve_benchmark_noise
+
+__all__ = ["CASES", "predict", "OUT", "main", "PRODUCED_BY"]
+
+OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12.json"
+PRODUCED_BY = "python -m mla_lab.validation.blind predict"
+#: request-steps above which a run gets fewer Monte-Carlo runs (the simulation costs ~70 us per request-step here)
+HEAVY_REQUEST_STEPS = 150_000
+NUM_RUNS, NUM_RUNS_HEAVY = 10, 3
+
+FLASHMLA_MQA = "per_call_empty:zeros@vllm-flashmla-mqa"
+FLASHMLA_PR46189 = "per_call_empty:zeros"
+FA3 = "fa3_sparse"
+#: vllm serve defaults on an H200 (vllm/engine/arg_utils.py, 0.13.0 and 0.24.0, OPENAI_API_SERVER, >= 70 GiB)
+SERVE_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+_COMMON_ASSUMED = {
+    "gpu": "H200 (8 GPUs, TP8: the runs say 8 x H200 or Hopper)",
+    "max_num_batched_tokens": "8192 (vllm serve's default on a >= 70 GiB GPU) unless the source states it",
+    "max_num_seqs": "1024 (vllm serve's default on a >= 70 GiB GPU)",
+    "kv_cache_dtype": "bf16 (vLLM's 'auto' for these checkpoints)",
+    "weight_dtype": "fp8 (the -FP8 / DeepSeek-V3.2 checkpoints)",
+    "moe_parallel": "tp (no --enable-expert-parallel assumed)",
+    "gpu_memory_utilization": "0.9 (vLLM's default)",
+    "prefix_caching": "not modelled (random dataset: no shared prefixes)",
+    "mtp / speculative decoding": "off (the lab cannot price it)",
+}
+
+#: The runs, as the issue names them (no source read). ``workloads``: (input, output, concurrency or None,
+#: num_prompts, request_rate).
+CASES = [
+    {"id": "pr46189", "source": "vLLM PR #46189 (FLASH_ATTN_MLA_SPARSE), its GLM-5.1-FP8 TP8 Hopper table",
+     "model": "glm-5", "model_note": "GLM-5.1-FP8 priced with GLM-5's geometry (assumed: the same architecture, "
+     "GlmMoeDsaForCausalLM, 64 heads, index_topk 2048)", "engine": "vLLM at PR #46189 (June 2026)",
+     "strategies": {"FLASHMLA_SPARSE": FLASHMLA_PR46189, "FLASH_ATTN_MLA_SPARSE": FA3},
+     "workloads": [(i, o, c, max(4, 2 * c), math.inf) for c in (1, 8, 64) for i in (512, 4096) for o in (512, 4096)],
+     "assumed": {"num_prompts": "2 x concurrency, at least 4 (not known before reading)",
+                 "request_rate": "inf with --max-concurrency c"},
+     "metrics_expected": "TPOT for both backends and their change (and whatever else the table reports)"},
+    {"id": "gpustack_dsv32_v0.13.0", "source": "gpustack performance lab, DeepSeek-V3.2 on 8 x H200, vLLM v0.13.0 "
+     "TP8, random dataset", "model": "deepseek-v3.2", "engine": "vllm@0.13.0",
+     "strategies": {"FLASHMLA_SPARSE": FLASHMLA_MQA},
+     "workloads": [(128, 4, None, 1000, math.inf), (2000, 100, None, 1000, math.inf), (4000, 200, None, 1000, math.inf),
+                   (32000, 100, None, 1000, math.inf), (1000, 2000, None, 1000, math.inf)],
+     "assumed": {"num_prompts": "1000 (vllm bench serve's default; not known before reading)",
+                 "max_concurrency": "unlimited (not known before reading)", "request_rate": "inf"}},
+    {"id": "gpustack_glm52_v0.24.0", "source": "gpustack performance lab, GLM-5.2 on 8 x H200, vLLM v0.24.0 TP8, "
+     "fixed-length profiles", "model": "glm-5.2", "engine": "vllm@0.24.0",
+     "strategies": {"FLASHMLA_SPARSE": FLASHMLA_MQA},
+     "workloads": [(128, 4, None, 1000, math.inf), (2000, 100, None, 1000, math.inf), (4000, 200, None, 1000, math.inf),
+                   (32000, 100, None, 1000, math.inf), (1000, 2000, None, 1000, math.inf)],
+     "assumed": {"profiles": "the page's fixed-length profiles were not known before reading: predicted the five "
+                 "profiles of the DeepSeek-V3.2 page as the issue lists them; a profile on the page outside these "
+                 "is marked 'not predicted' after reading",
+                 "num_prompts": "1000 (not known before reading)", "max_concurrency": "unlimited (not known)",
+                 "request_rate": "inf"}},
+    {"id": "recipes_dsv32", "source": "vllm-project/recipes DeepSeek-V3.2 benchmark (random 2048 in / 1024 out, "
+     "100 prompts, 10 req/s)", "model": "deepseek-v3.2", "engine": "vllm@0.13.0 (assumed: the recipe's era; the "
+     "0.11-0.13 releases share the FLASHMLA_SPARSE padded route)",
+     "strategies": {"FLASHMLA_SPARSE": FLASHMLA_MQA},
+     "workloads": [(2048, 1024, None, 100, 10.0)],
+     "assumed": {"gpu": "8 x H200, TP8 (not known before reading)", "arrivals": "Poisson (vllm bench serve's "
+                 "default burstiness 1.0)"}},
+]
+
+
+def _request_steps(i, o, n, mbt) -> int:
+    return n * (2 * math.ceil(i / mbt) + o)
+
+
+def _run(case: dict, wl: tuple, seed: int, log) -> dict:
+    i, o, c, n, rate = wl
+    mbt, mns = SERVE_DEFAULTS["max_num_batched_tokens"], SERVE_DEFAULTS["max_num_seqs"]
+    bench = BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c,
+                        request_rate=rate, seed=seed)
+    strategies = list(case["strategies"].values())
+    steps = _request_steps(i, o, n, mbt) * len(strategies)
+    runs = NUM_RUNS if steps <= HEAVY_REQUEST_STEPS else NUM_RUNS_HEAVY
+    t0 = time.time()
+    wl_rec = {"random_input_len": i, "random_output_len": o, "max_concurrency": c, "num_prompts": n,
+              "request_rate": "inf" if math.isinf(rate) else rate}
+    try:
+        r = serve_benchmark_noise(case["model"], 8, "h200", strategies, bench, num_runs=runs, seed=seed,
+                                  max_num_batched_tokens=mbt, max_num_seqs=mns, baseline=strategies[0],
+                                  kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="tp",
+                                  gpu_memory_utilization=0.9)
+    except Exception as e:  # a run the lab cannot price is recorded as such, before reading
+        log(f"  {case['id']} {wl_rec}: not priced ({type(e).__name__}: {e})")
+        return {"workload": wl_rec, "not_priced": f"{type(e).__name__}: {e}"}
+    by_name = {v: k for k, v in case["strategies"].items()}
+    out = {"workload": wl_rec, "num_runs": runs, "seconds": round(time.time() - t0, 1), "backends": {},
+           "changes_pct": {}}
+    for s, m in r["strategies"].items():
+        out["backends"][by_name.get(s, s)] = {"strategy": s, "metrics": {
+            k: {"median": round(v["median"], 4), "band95": [round(x, 4) for x in v["band95"]]} for k, v in m.items()}}
+    for s, m in r["changes"].items():
+        out["changes_pct"][by_name.get(s, s)] = {
+            k: {"median": round(v["median"], 3), "band95": [round(x, 3) for x in v["band95"]],
+                "deterministic": round(v["deterministic"], 3)} for k, v in m.items()}
+    log(f"  {case['id']} {wl_rec}: {runs} runs, {out['seconds']} s; " + ", ".join(
+        f"{b}: TPOT {x['metrics']['mean_tpot_ms']['median']:.1f} ms, TTFT {x['metrics']['mean_ttft_ms']['median']:.0f} ms"
+        for b, x in out["backends"].items()))
+    return out
+
+
+def predict(out: Path = OUT, seed: int = 0, only: str | None = None, log=print) -> dict:
+    """Run every case (or the one ``only`` names) and write ``out`` (a new file, or one this function wrote).
+
+    Raises:
+        FileExistsError: ``out`` exists and was not written by :data:`PRODUCED_BY`; ValueError: unknown ``only``.
+    """
+    out = Path(out)
+    if out.exists():
+        prev = json.loads(out.read_text())
+        if prev.get("produced_by") != PRODUCED_BY:
+            raise FileExistsError(f"out={out} exists and was not written by {PRODUCED_BY}: refusing to replace it")
+    cases = [c for c in CASES if only in (None, c["id"])]
+    if not cases:
+        raise ValueError(f"only={only!r} is not a case; allowed: {[c['id'] for c in CASES]}")
+    rec = {"what": "blind predictions of public serving runs, written before any result of them was read (issue 30)",
+           "produced_by": PRODUCED_BY, "git_commit": git_commit(),
+           "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+           "protocol": "this file is committed before its sources are read; the results go in "
+                       "blind_2026-12_results.json in a later commit; nothing is fitted to them",
+           "model": "modelled: mla_lab.serving.noise.serve_benchmark_noise (step-level vllm bench serve simulation, "
+                    "cost model with the committed H200 calibration, decode kernels priced by their parallelism "
+                    "(data/calibration/h200_decode_kernels.csv), single-run 95 % bands of the noise model; band = "
+                    "the 2.5-97.5 % of num_runs simulated single runs)",
+           "metrics": [k for k, _ in NOISE_METRICS], "assumed_everywhere": _COMMON_ASSUMED,
+           "serve_defaults": SERVE_DEFAULTS, "seed": seed, "cases": []}
+    for case in cases:
+        log(f"{case['id']}: {len(case['workloads'])} workloads")
+        c = {k: v for k, v in case.items() if k != "workloads"}
+        c["runs"] = [_run(case, wl, seed, log) for wl in case["workloads"]]
+        rec["cases"].append(c)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rec, indent=1) + "\n")  # after every case: a run cut short keeps what it had
+    return rec
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.blind")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("predict", help="write the blind predictions (before reading any source)")
+    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", default=None, help=f"one case: {[c['id'] for c in CASES]}")
+    a = ap.parse_args(argv)
+    try:
+        predict(Path(a.out), a.seed, a.only)
+    except (FileExistsError, ValueError) as e:
+        ap.error(str(e))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
