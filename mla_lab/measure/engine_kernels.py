@@ -49,6 +49,12 @@ import os
 import sys
 from pathlib import Path
 
+from ..kernels import flash_mla_info, make_concat_launcher
+from ..kernels.reference import sparse_mla_prefill_ref
+from .engine_libs import load
+from .record import CsvSink, bench_provenance
+from .timer import graphed, interleaved
+
 __all__ = ["run", "main", "PREFILL_H", "DECODE_B", "DECODE_CTX", "COLUMNS"]
 
 PREFILL_H = (8, 16, 32, 64)
@@ -64,7 +70,6 @@ KV_LORA, ROPE, TOPK, D_QK = 512, 64, 2048, 576
 
 def _backend_names(ek) -> dict:
     v, s = ek.versions["vllm"], ek.versions["sglang"]
-    from ..kernels import flash_mla_info
 
     fi = flash_mla_info()
     ts = f"{fi.get('provider')}=={fi.get('version')}" if fi.get("available") else "none"
@@ -181,8 +186,6 @@ def _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, which, num_s
             out[name] = (lambda reps=reps, g_out=g_out: gk[(T * reps,)](kv_rows, idx, tlen, g_out, TOPK, REPS=reps,
                                                                          BN=16, num_warps=4), 64 * reps, None, None)
     if "concat" in which:
-        from ..kernels import make_concat_launcher
-
         ws = torch.empty(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)
         un = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
         nbytes = 2 * T * H * D_QK * 2
@@ -204,8 +207,6 @@ def _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, which, num_s
 def _check(ek, ts_fwd, sm_scale, log) -> list[dict]:
     """Each attention kernel's output on a small seed-like shape against the fp32 reference (max abs error)."""
     import torch
-
-    from ..kernels.reference import sparse_mla_prefill_ref
 
     rows = []
     for H in (8, 64):
@@ -238,10 +239,6 @@ def run(engine_root: str, out_csv: str, process: int, rounds: int = 5, parts=("c
 
     if not torch.cuda.is_available():
         raise RuntimeError("engine_kernels needs a CUDA GPU; torch sees none")
-    from ..kernels import flash_mla_info
-    from .engine_libs import load
-    from .record import CsvSink, bench_provenance
-    from .timer import graphed, interleaved
 
     ek = load(engine_root)
     names = _backend_names(ek)

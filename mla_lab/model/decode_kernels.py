@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arch import GPUArch
+from ..arch import GPUArch, get_arch
 from ..paths import REPO_ROOT, calibration_dir
 
 __all__ = ["NUM_SMS", "FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
@@ -186,7 +186,6 @@ def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArc
     Raises:
         ValueError: the file has no decode rows.
     """
-    from ..arch import get_arch
 
     arch = arch or get_arch("h200")
     rows = _rows(Path(rows_csv))

@@ -28,11 +28,18 @@ import json
 import sys
 from dataclasses import replace
 
+from ..arch import get_arch
+from ..model.calibration import resolve_calibration
+from ..model.decode_calibration import load_decode_calibration
+from ..model.ops import layer_ops
+from ..model.timing import op_time_ms
+from ..models import load_model
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
 from ..serving import PR_BENCH, EnginePricer, SchedulerConfig, serve_benchmark
 from ..serving.noise import NoiseConfig, simulate_once
 from ..serving.step import DecodeToken, Step
+from ..workload import Step as WorkStep
 
 __all__ = ["REAL", "PREDICTION_FILE", "OUT", "decompose", "decode_step_parts", "main"]
 
@@ -149,15 +156,8 @@ def decompose() -> dict:
 
 def _old_kernel_ms() -> float:
     """The decode kernel of the step under the lab's earlier fit (KernelDecode, h200_decode.csv), 78 layers."""
-    from ..arch import get_arch
-    from ..model.decode_calibration import load_decode_calibration
-    from ..model.ops import layer_ops
-    from ..model.timing import op_time_ms
-    from ..models import load_model
-    from ..workload import Step as WorkStep
-
     model, arch, dcal = load_model(MODEL), get_arch(ARCH), load_decode_calibration()
-    gcal = dcal.graph_calibration(__import__("mla_lab.model.calibration", fromlist=["x"]).resolve_calibration(None))
+    gcal = dcal.graph_calibration(resolve_calibration(None))
     ws = WorkStep([(i, CTX - 1, 1) for i in range(BATCH)])
     op = next(o for o in layer_ops(model, TP, arch, BEFORE, ws, layer_kind="moe", weight_dtype="fp8",
                                    moe_parallel="ep") if o.name == "kernel")
