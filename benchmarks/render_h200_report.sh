@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Render the committed H200 report (reports/h200/) from the committed measured sweep (data/measured/h200/), on any
 # machine (no GPU: the measured rows are read from data/measured; the rest is modelled). The grid is the measured
-# sweep's (benchmarks/measured_sweep.py) plus the B200 as modelled rows.
+# sweep's (mla_lab/sweep/measured.py) plus the B200 as modelled rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)

@@ -5,7 +5,7 @@ never a sibling unit on the same layer, and nothing in a circle:
 
     mla_lab (package root), cli, explore
     report
-    sweep
+    sweep, fits (the calibration fits of committed measurements and the written PR prediction)
     measure, serving
     model
     strategies, seed
@@ -32,7 +32,7 @@ PKG = Path(__file__).resolve().parent.parent / "mla_lab"
 STACK = [
     ("mla_lab", "cli", "explore"),
     ("report", "cli_doors"),
-    ("sweep",),
+    ("sweep", "fits"),
     ("measure", "serving"),
     ("model",),
     ("strategies", "seed"),

@@ -1,7 +1,7 @@
 """The measurement code's logic, dry-run on CPU with a small model (timings here mean nothing; shapes, ops and
 bookkeeping are what is checked): :mod:`mla_lab.measure.attention`, the analytic call peak it is compared with
 (:func:`mla_lab.buffers.call_peak_bytes`) and the measured sweep rows built around it (:mod:`mla_lab.sweep.rows`).
-The real run is on a GPU: benchmarks/bench_attention.py."""
+The real run is on a GPU: mla_lab/measure/experiments/attention_path.py."""
 
 import dataclasses
 from pathlib import Path
@@ -173,7 +173,7 @@ def test_benchmark_scripts_use_the_installed_package_not_sys_path():
 
 
 def test_bench_engines_presets_are_the_strategies_and_agree(tmp_path):
-    """Every preset of benchmarks/bench_engines.py on CPU at tiny shapes (reference kernel): built from the
+    """Every preset of mla_lab/measure/experiments/engines.py on CPU at tiny shapes (reference kernel): built from the
     strategy its label names (mla_lab.placement.BENCH_PRESET_LABELS), real heads bit-identical to the private
     workspace's, persistent bytes = the strategy's workspace, the padded heads the kernel read as the content
     says (per_call_empty's depend on the allocator, not checked on CPU)."""

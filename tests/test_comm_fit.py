@@ -270,7 +270,7 @@ def test_write_never_overwrites_a_file_the_lab_did_not_write(tmp_path):
     assert sorted(p.name for p in new.parent.iterdir()) == [COMM_CSV]  # no temporary file left
 
 
-# --- benchmarks/fit_comm.py ------------------------------------------------------------------------------------------
+# --- mla_lab/fits/comm.py ------------------------------------------------------------------------------------------
 
 
 def _fit_comm_main(argv):

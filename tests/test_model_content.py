@@ -1,4 +1,4 @@
-"""Padded-head content over the whole step (issue 21): the fit of ``benchmarks/fit_content_step.py`` on the H200
+"""Padded-head content over the whole step (issue 21): the fit of ``mla_lab/fits/content_step.py`` on the H200
 78-layer loop, the cost model pricing it (``Calibration.content_scope``), and the seed answer's stale end."""
 
 import csv

@@ -344,7 +344,7 @@ def prediction() -> dict:
 
 def test_prediction_fields_and_provenance(prediction):
     d = prediction
-    assert d["produced_by"] == "benchmarks/predict_pr53878.py"
+    assert d["produced_by"] == "mla_lab/fits/predict_pr53878.py"
     assert re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", d["git_commit"])
     sha = d["git_commit"].split("+")[0]
     if (REPO_ROOT / ".git").exists():  # a copy of the tree without .git can only check the format
@@ -382,7 +382,7 @@ def test_prediction_fields_and_provenance(prediction):
 
 def test_prediction_point_values_reproduce(prediction):
     """The deterministic run recomputed from today's tree with the recorded noise components (the calibration files
-    the prediction lists): a drift means the prediction is stale; re-run benchmarks/predict_pr53878.py."""
+    the prediction lists): a drift means the prediction is stale; re-run mla_lab/fits/predict_pr53878.py."""
     mod = _predictor()
     dep = mod.deployment()
     before = dep["strategies"][mod.BEFORE]
@@ -392,12 +392,12 @@ def test_prediction_point_values_reproduce(prediction):
     for k in FIELDS:
         assert m[k] == pytest.approx(prediction["prediction"][k]["deterministic"], rel=5e-3), (
             f"{k}: {m[k]} now vs {prediction['prediction'][k]['deterministic']} in {PRED.name}; re-run "
-            "benchmarks/predict_pr53878.py")
+            "mla_lab/fits/predict_pr53878.py")
 
 
 def test_docs_prediction_block_is_the_prediction_file(prediction):
-    """docs/serving.md's prediction block is what benchmarks/predict_pr53878.py renders from the committed file
-    (re-render with `python benchmarks/predict_pr53878.py --docs-only`)."""
+    """docs/serving.md's prediction block is what mla_lab/fits/predict_pr53878.py renders from the committed file
+    (re-render with `python -m mla_lab.fits.predict_pr53878 --docs-only`)."""
     mod = _predictor()
     text = mod.DOCS.read_text()
     block = text[text.index(mod.BEGIN) + len(mod.BEGIN):text.index(mod.END)].strip()

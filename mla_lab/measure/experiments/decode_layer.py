@@ -47,8 +47,12 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
+from mla_lab import kernels as K
+from mla_lab.measure.layer import Layer, tiny_model
 from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance
 from mla_lab.measure.timer import est_ms, graphed, timed_window
+from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
+from mla_lab.models import load_model
 from mla_lab.paths import REPO_ROOT as REPO
 from mla_lab.placement import parse_strategy
 
@@ -121,7 +125,6 @@ class Kernels:
         self.dev, self.torch = dev, torch
         self.info, self.K, self._fm = {"available": False, "reason": "not probed"}, None, None
         try:
-            from mla_lab import kernels as K
 
             self.K, self.info = K, K.flash_mla_info()
             self.concat_impl = "mla_lab.kernels.concat_mla_q(" + ("triton" if dev == "cuda" else "torch") + ")"
@@ -171,9 +174,6 @@ def active_experts(B_tokens, model, ep):
 def package():
     """The package's layer pieces, imported after ``TRITON_INTERPRET`` is set (CPU runs; triton reads it at import):
     ``Layer``, ``tiny_model``, ``rmsnorm``, ``silu_mul``, ``mqa_logits``, ``load_model``."""
-    from mla_lab.measure.layer import Layer, tiny_model
-    from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
-    from mla_lab.models import load_model
 
     return SimpleNamespace(Layer=Layer, tiny_model=tiny_model, rmsnorm=rmsnorm, silu_mul=silu_mul,
                            mqa_logits=mqa_logits, load_model=load_model,

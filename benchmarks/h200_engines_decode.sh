@@ -24,9 +24,9 @@ LOG="$OUT/round2.log"
 } 2>&1 | tee "$LOG"
 S=""
 if [ "${SMOKE:-0}" = 1 ]; then S="--smoke"; fi
-python3 benchmarks/bench_engines.py --out "$OUT" $S --budget-s "${ENG_BUDGET:-320}" --repeats 6 --window-ms 250 \
+python -m mla_lab.measure.experiments.engines --out "$OUT" $S --budget-s "${ENG_BUDGET:-320}" --repeats 6 --window-ms 250 \
     --presets-budget-s "${PRESET_BUDGET:-110}" 2>&1 | tee -a "$LOG"
-python3 benchmarks/bench_decode.py --out "$OUT" $S --budget-s "${DEC_BUDGET:-150}" 2>&1 | tee -a "$LOG"
+python -m mla_lab.measure.experiments.decode_layer --out "$OUT" $S --budget-s "${DEC_BUDGET:-150}" 2>&1 | tee -a "$LOG"
 {
   nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv
   date -u +"end %Y-%m-%dT%H:%M:%SZ"

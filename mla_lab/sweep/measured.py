@@ -1,23 +1,21 @@
 """The measured sweep on a GPU without the notebook toolchain: ``mla_lab.sweep.run_sweep`` with ``device=cuda``.
 
-    python benchmarks/measured_sweep.py --out data/measured/h200/padding_sweep.csv [--quick]
+    python -m mla_lab.sweep.measured --out data/measured/h200/padding_sweep.csv [--quick]
 
 Every grid point gets modelled rows for every arch of the grid and, for the archs of the running GPU's family,
 measured rows: every real strategy's attention path timed per distinct step in ``--num-runs`` interleaved rounds
 (:func:`mla_lab.measure.attention.time_attention_path`), the rest of the step modelled
 (:func:`mla_lab.sweep.rows.measured_rows`). The report is rendered from the CSV afterwards (``make report`` with
 ``MLA_LAB_MEASURED`` or the committed ``data/measured``), which needs no GPU. An ``--out`` under the measured root
-is stamped afterwards (``benchmarks/stamp_measured.py``: the model config digests the rows were measured with);
+is stamped afterwards (``mla_lab/report/stamp_measured.py``: the model config digests the rows were measured with);
 elsewhere, copy it there and run that script.
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 from mla_lab.paths import measured_dir
 from mla_lab.sweep import run_sweep
@@ -49,14 +47,9 @@ def main(argv=None) -> int:
             "analytic_peak_extra_bytes"]
     if len(meas):
         print(meas[[c for c in cols if c in meas.columns]].to_string(index=False))
-    # key the measured rows by the model configs they were measured on (issue 24: a changed config detaches them)
-    root = measured_dir().resolve()
-    if Path(args.out).resolve().is_relative_to(root):
-        # the stamping script beside this one, run as a program (no script imports another)
-        subprocess.run([sys.executable, str(Path(__file__).with_name("stamp_measured.py")), "--root", str(root)],
-                       check=False)
-    else:
-        print(f"not under {root}: after copying {args.out} there, run python benchmarks/stamp_measured.py")
+    # the rows are keyed by the model configs they were measured on (issue 24): `mla-lab measure` stamps them after
+    # the run; a run of this module alone: python -m mla_lab.report.stamp_measured --root data/measured
+    print(f"stamp {args.out} once it lies under {measured_dir()}: python -m mla_lab.report.stamp_measured")
     return 0 if (df["status"] == "ok").all() else 1
 
 

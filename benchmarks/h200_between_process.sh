@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU round 3 on one lent H200 (docs/perf-notes.md "GPU round 3"): benchmarks/round3.py in N fresh processes
 # (N >= 5: the between-process spread), each running the parts in PARTS; then the concat benchmark
-# (benchmarks/bench_concat_round3.py) in N fresh processes if it exists. Rows go to $OUT/r3/*.csv, packed into
+# (mla_lab/measure/experiments/concat_variants.py) in N fresh processes if it exists. Rows go to $OUT/r3/*.csv, packed into
 # $OUT/round3.tar.gz (the device returns at most 8 files). Expects the flash_mla wheel in .whl/ and MLA_LAB_COMMIT.
 # N (5), PARTS (all), SMOKE=1 (tiny repeats, one process), PROC_TIMEOUT (s per process).
 set -uo pipefail
@@ -26,9 +26,9 @@ if [ "${SMOKE:-0}" = 1 ]; then S="--smoke"; N=1; fi
 for k in $(seq 1 "$N"); do
   timeout "${PROC_TIMEOUT:-150}" python3 benchmarks/round3.py --out "$OUT/r3" --process "$k" --parts "$PARTS" $S 2>&1 | tee -a "$LOG" | grep -E "FAILED|done in|Error" 
 done
-if [ -f benchmarks/bench_concat_round3.py ] && [ "${CONCAT:-1}" = 1 ]; then
+if [ -f mla_lab/measure/experiments/concat_variants.py ] && [ "${CONCAT:-1}" = 1 ]; then
   for k in $(seq 1 "$N"); do
-    timeout 90 python3 benchmarks/bench_concat_round3.py --out "$OUT/r3/concat_p$k" 2>&1 | tee -a "$LOG" | tail -12
+    timeout 90 python -m mla_lab.measure.experiments.concat_variants --out "$OUT/r3/concat_p$k" 2>&1 | tee -a "$LOG" | tail -12
   done
 fi
 if [ "${GPU_TESTS:-0}" = 1 ]; then
