@@ -30,6 +30,17 @@ from mla_lab.placement import BASELINE, PR_STRATEGY, parse_strategy
 from mla_lab.provenance import provenance
 from mla_lab.workload import Step
 
+OUTPUTS = {"attention_path.csv": ["model", "tp", "num_heads", "padded_heads", "T", "topk_mode", "strategy",
+                                  "concat_ms", "pad_ms", "kernel_ms", "out_slice_ms", "total_ms", "peak_extra_bytes",
+                                  "analytic_peak_extra_bytes", "workspace_bytes", "kernel_backend", "concat_backend",
+                                  "arch", "peak_diff_bytes"],
+           "nan_padding_check.csv": ["model", "tp", "num_heads", "T", "nan_in_real_heads", "nan_max_abs_diff",
+                                     "inf_in_real_heads", "inf_max_abs_diff"]}
+PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
+#: (model, tp, T, topk mode)
+SHAPES = [(m, tp, T, k) for m in ("glm-5", "deepseek-v3.2") for tp in (1, 2, 4, 8) for T in (1024, 4096, 16384)
+          for k in ("causal", "full")]
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

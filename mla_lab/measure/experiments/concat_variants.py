@@ -451,6 +451,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+#: One file per method set (``--set``), each with these columns (plus ``series`` where the set has series).
+OUTPUTS = {CSV_NAMES[s]: FIELDS for s in SETS}
+PROVENANCE = tuple(PROV_FIELDS)
+#: (T, H) of the default set
+SHAPES = [(T, H) for T in (4096, 16384) for H in (8, 16)]
+
+
 def main(argv=None) -> int:
     ap = _Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="directory for the set's CSV (CSV_NAMES; required unless --dry-run)")

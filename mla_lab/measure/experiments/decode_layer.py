@@ -445,6 +445,13 @@ OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "o
             "repeat", "inner", "ms", "status"]
 
 
+#: Files and their row columns (plus :func:`mla_lab.measure.record.bench_provenance`'s columns).
+OUTPUTS = {"decode_layer.csv": LAYER_COLS, "decode_attn.csv": LAYER_COLS, "decode_ops.csv": OPS_COLS}
+PROVENANCE = ("gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
+#: (model, batch, context): the default --batches x --contexts per model (the mixed steps beside them).
+SHAPES = [(m, B, c) for m in ("glm-5", "deepseek-v3.2") for B in (1, 4, 16, 64, 128, 256) for c in (1024, 4096, 8192)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)

@@ -321,6 +321,16 @@ def run_nan(sink, kern, dev, dtype, sampler, args):
 # ---------------------------------------------------------------------------------------------------- main
 
 
+#: Files and their row columns (each row also carries :func:`mla_lab.measure.record.bench_provenance`'s columns).
+OUTPUTS = {"content.csv": CONTENT_COLS, "presets.csv": PRESET_COLS, "nan.csv": NAN_COLS}
+PROVENANCE = ("gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
+#: (part, H real heads, T): the content factor's H x T x 3 patterns, the presets of both models at T = 16384.
+SHAPES = ([("content", H, T, p) for H in (8, 16, 32) for T in (1024, 4096, 16384)
+           for p in ("causal_1024", "causal_8192", "full")]
+          + [("presets", m, 16384, label) for m in ("glm-5", "deepseek-v3.2") for label in PRESET_DOC]
+          + [("nan", "glm-5", 16384, "nan")])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="output folder (default data/measured/h200/round2, smoke: /tmp)")

@@ -106,6 +106,12 @@ def bench(T_list, Hp, rounds, rep) -> list[dict]:
     return rows
 
 
+OUTPUTS = {CSV_NAME: FIELDS}
+PROVENANCE = tuple(PROV_FIELDS)
+#: (model, T): both models at the default T list
+SHAPES = [(m, T) for m in MODELS for T in (4096, 16384)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help=f"directory for {CSV_NAME} (required unless --dry-run)")

@@ -95,6 +95,19 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+OUTPUTS = {"layer_ops.csv": ["model", "tp", "moe_parallel", "ep", "T", "op", "op_class", "impl", "impl_detail",
+                             "dims", "dtype", "flops", "bytes", "ms", "status"],
+           "layer_e2e.csv": ["model", "tp", "moe_parallel", "ep", "T", "layer_kind", "strategy", "mode", "ms",
+                             "excluded_ops", "impl_detail", "status"],
+           "layer_extras.csv": ["experiment", "model", "tp", "T", "H", "Hp", "name", "ms", "flops", "bytes", "value",
+                                "unit", "note"],
+           "layer_validation.csv": ["level", "split", "model", "tp", "moe_parallel", "T", "name", "op_class",
+                                    "measured_ms", "predicted_ms", "ape_pct"]}
+PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
+#: (model, tp, T) of the default grid
+SHAPES = [(m, tp, T) for m in ("glm-5", "deepseek-v3.2") for tp in (1, 2, 4, 8) for T in (1024, 4096, 16384)]
+
+
 def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)

@@ -123,6 +123,12 @@ def _measure(m, tp, H, Hp, L, step, rows) -> None:
                                                           backend="flash_mla"))
 
 
+OUTPUTS = {"routes_sweep.csv": COLS}
+PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
+#: (model, prompt_len) at the default --lens and --tp 8
+SHAPES = [(m, L) for m in ("glm-5", "deepseek-v3.2") for L in (512, 1024, 2048, 4096, 8192)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)

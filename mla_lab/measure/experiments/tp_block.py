@@ -76,6 +76,12 @@ def _blank(v):
     return v
 
 
+OUTPUTS = {"tp_block.csv": BLOCK_COLUMNS + COMPARE_COLUMNS, "allreduce.csv": ALLREDUCE_COLUMNS}
+PROVENANCE = tuple(PROVENANCE_COLUMNS)
+#: (model, block) per TP size given by --tp
+SHAPES = [(m, b) for m in ("glm-5", "deepseek-v3.2") for b in ("attention", "moe")]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["glm-5", "deepseek-v3.2"])
