@@ -1,0 +1,265 @@
+"""The engines' own compiled kernels, loaded from their release wheels without installing the engines.
+
+vLLM 0.33.0 pins torch 2.14 but its compiled libraries use only torch's stable ABI, so they load on another torch
+(seen on the lent H200's torch 2.11.0+cu130). This module packs them out of the release wheel into a folder that can
+travel to a GPU machine (:func:`pack`) and loads them there through a minimal ``vllm`` package stub (:func:`load`).
+
+What is packed (paths inside ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl``, built 2026-11-01):
+
+====================================================  =========================================================
+``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so``          FA3 (``torch.ops._vllm_fa3_C.fwd``): vLLM's Hopper default
+                                                      sparse-MLA backend ``FLASH_ATTN_MLA_SPARSE``
+``vllm/vllm_flash_attn/flash_attn_interface.py``      ``flash_attn_varlen_func`` (the call vLLM makes)
+``vllm/_C_stable_libtorch.abi3.so``                   ``torch.ops._C_cache_ops.concat_mla_q`` (the CUDA concat
+                                                      PR #53878 changed); pruned to its sm_90 code (below)
+``vllm/_flashmla_C.abi3.so``                          vLLM's bundled FlashMLA (``sparse_prefill_fwd``)
+``vllm/third_party/flashmla/flash_mla_interface.py``  ``flash_mla_sparse_fwd`` ("SM90 supports 8, 16, 32, 64 or
+                                                      128 heads")
+====================================================  =========================================================
+
+and, from ``sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl`` (2026-10-30), the self-contained Triton kernel
+``sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py`` (``sparse_mla_prefill``; heads padded to a 16-row
+tile), copied as ``sglang_triton_sparse_mla_prefill.py``.
+
+Pruning: ``_C_stable_libtorch.abi3.so`` is 92.6 MB (64 MB xz), over what one device call may carry beside the
+repository. :func:`prune_fatbin` drops the fatbin entries for archs other than sm_90 / sm_90a (each fatbin keeps its
+address; kept entries move to its front, ``fatSize`` shrinks): the sm_90 machine code of every kernel, the
+``ConcatMLAQKernel<bf16, 512>`` cubin among them, is byte-identical to the wheel's. ``SOURCES.json`` in the packed
+folder records each original file's sha256 and the wheel's.
+
+Errors: :func:`load` raises ``FileNotFoundError`` naming the missing file, ``RuntimeError`` naming the library whose
+load failed (with the loader's message).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+__all__ = ["VLLM_FILES", "SGLANG_FILE", "pack", "load", "prune_fatbin", "EngineKernels"]
+
+VLLM_VERSION = "0.33.0"
+SGLANG_VERSION = "0.5.23"
+#: (path in the vLLM wheel, compress with xz) for every file the stub needs.
+VLLM_FILES = (
+    ("vllm/vllm_flash_attn/__init__.py", False),
+    ("vllm/vllm_flash_attn/flash_attn_interface.py", False),
+    ("vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so", True),
+    ("vllm/_C_stable_libtorch.abi3.so", True),
+    ("vllm/_flashmla_C.abi3.so", True),
+    ("vllm/third_party/__init__.py", False),
+    ("vllm/third_party/flashmla/__init__.py", False),
+    ("vllm/third_party/flashmla/flash_mla_interface.py", False),
+)
+SGLANG_FILE = "sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py"
+_PRUNE = {"vllm/_C_stable_libtorch.abi3.so"}
+_FATBIN_MAGIC = 0xBA55ED50
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def prune_fatbin(data: bytes, keep_arch: int = 90) -> tuple[bytes, int, int]:
+    """Drop the fatbin entries of every arch but ``keep_arch`` (90: sm_90 and sm_90a) from an ELF shared library.
+
+    Args:
+        data: the library's bytes.
+        keep_arch: the ``arch`` field of the entries kept (``90`` for Hopper).
+
+    Returns:
+        ``(new bytes, entries kept, entries dropped)``; same length as ``data``.
+
+    Raises:
+        ValueError: the file has no ``.nv_fatbin`` section.
+    """
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".so") as f:
+        f.write(data)
+        f.flush()
+        sections = subprocess.run(["readelf", "-S", "--wide", f.name], capture_output=True, text=True).stdout
+    off = size = None
+    for line in sections.splitlines():
+        if ".nv_fatbin" in line:
+            parts = line.split("]")[1].split()
+            off, size = int(parts[3], 16), int(parts[4], 16)
+    if off is None:
+        raise ValueError("data has no .nv_fatbin section: not a CUDA library")
+    buf = bytearray(data)
+    p, end, kept, dropped = off, off + size, 0, 0
+    while p < end:
+        magic, _ver, hsz, fsz = struct.unpack_from("<IHHQ", buf, p)
+        if magic != _FATBIN_MAGIC:
+            p += 8
+            continue
+        q, fend, entries = p + hsz, p + hsz + fsz, []
+        while q < fend:
+            _kind, _v, ehs, psize = struct.unpack_from("<HHIQ", buf, q)
+            if ehs == 0:
+                break
+            arch = struct.unpack_from("<I", buf, q + 28)[0]
+            if arch == keep_arch:
+                entries.append(bytes(buf[q:q + ehs + psize]))
+                kept += 1
+            else:
+                dropped += 1
+            q += ehs + psize
+        new = b"".join(entries)
+        buf[p + hsz:fend] = new + bytes(fsz - len(new))
+        struct.pack_into("<Q", buf, p + 8, len(new))
+        p = fend
+    return bytes(buf), kept, dropped
+
+
+def pack(vllm_wheel: str | Path, sglang_wheel: str | Path, out: str | Path) -> dict:
+    """Pack the engines' kernels from their release wheels into ``out`` (created; must not exist).
+
+    Returns:
+        the ``SOURCES.json`` dict (wheel names and sha256, each file's original sha256, what was pruned).
+
+    Raises:
+        FileExistsError: ``out`` exists; KeyError: a file is missing from a wheel.
+    """
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"out={out} exists: pack writes a new folder only")
+    out.mkdir(parents=True)
+    src = {"vllm_wheel": Path(vllm_wheel).name, "vllm_wheel_sha256": _sha256(Path(vllm_wheel).read_bytes()),
+           "sglang_wheel": Path(sglang_wheel).name, "sglang_wheel_sha256": _sha256(Path(sglang_wheel).read_bytes()),
+           "files": {}}
+    (out / "vllm").mkdir()
+    (out / "vllm" / "__init__.py").write_text('"""Stub: only the kernels mla_lab times (mla_lab.measure.engine_libs)."""\n')
+    with zipfile.ZipFile(vllm_wheel) as z:
+        for name, compress in VLLM_FILES:
+            data = z.read(name)
+            rec = {"sha256": _sha256(data), "bytes": len(data)}
+            if name in _PRUNE:
+                data, kept, dropped = prune_fatbin(data)
+                rec.update(pruned_to="sm_90/sm_90a", fatbin_entries_kept=kept, fatbin_entries_dropped=dropped,
+                           pruned_sha256=_sha256(data))
+            dst = out / name
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if compress:
+                dst = dst.with_name(dst.name + ".xz")
+                dst.write_bytes(lzma.compress(data, preset=6))
+            else:
+                dst.write_bytes(data)
+            src["files"][name] = rec
+    with zipfile.ZipFile(sglang_wheel) as z:
+        data = z.read(SGLANG_FILE)
+        (out / "sglang_triton_sparse_mla_prefill.py").write_bytes(data)
+        src["files"][SGLANG_FILE] = {"sha256": _sha256(data), "bytes": len(data)}
+    (out / "SOURCES.json").write_text(json.dumps(src, indent=1))
+    return src
+
+
+class EngineKernels:
+    """Handles to the loaded engine kernels (see :func:`load`).
+
+    Attributes:
+        fa3_varlen: vLLM's ``flash_attn_varlen_func`` (call with ``fa_version=3``).
+        concat_mla_q: ``torch.ops._C_cache_ops.concat_mla_q(ql_nope [T,H,512], q_pe [T,H,64], q_out [T,H,576])``.
+        flashmla_sparse_fwd: vLLM's bundled ``flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink,
+            topk_length, out)`` -> ``(out [s_q,h_q,512] bf16, max_logits, lse)``.
+        sglang_sparse_mla_prefill: SGLang's Triton ``sparse_mla_prefill(q, kv, indices, sm_scale, d_v, *,
+            topk_length=None, out=None)`` or None if triton is missing.
+        versions: ``{"vllm": "0.33.0", "sglang": "0.5.23"}``; sources: the ``SOURCES.json`` dict.
+    """
+
+    def __init__(self, fa3_varlen, concat_mla_q, flashmla_sparse_fwd, sglang_sparse_mla_prefill, sources):
+        self.fa3_varlen = fa3_varlen
+        self.concat_mla_q = concat_mla_q
+        self.flashmla_sparse_fwd = flashmla_sparse_fwd
+        self.sglang_sparse_mla_prefill = sglang_sparse_mla_prefill
+        self.sources = sources
+        self.versions = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}
+
+
+def _unxz(root: Path) -> None:
+    for xz in root.rglob("*.xz"):
+        target = xz.with_suffix("")
+        if not target.exists():
+            target.write_bytes(lzma.decompress(xz.read_bytes()))
+
+
+def load(root: str | Path) -> EngineKernels:
+    """Load the packed kernels of ``root`` (a :func:`pack` folder): unpack ``*.xz`` beside themselves, put ``root``
+    first on ``sys.path`` so ``import vllm`` finds the stub, import the FA3 interface, load the concat library and
+    vLLM's FlashMLA, import SGLang's Triton file.
+
+    Raises:
+        FileNotFoundError: ``root`` lacks a packed file; RuntimeError: a library failed to load (its name and why).
+    """
+    import importlib
+    import importlib.util
+
+    import torch
+
+    root = Path(root).resolve()
+    for name, compress in VLLM_FILES:
+        p = root / (name + (".xz" if compress else ""))
+        if not p.exists() and not (root / name).exists():
+            raise FileNotFoundError(f"root={root} lacks {name}: pack it with mla_lab.measure.engine_libs.pack")
+    _unxz(root)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    for mod in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[mod]
+    try:
+        fa = importlib.import_module("vllm.vllm_flash_attn.flash_attn_interface")
+    except Exception as e:
+        raise RuntimeError(f"vLLM FA3 library failed to load: {type(e).__name__}: {e}") from e
+    if not getattr(fa, "FA3_AVAILABLE", False):
+        raise RuntimeError(f"vLLM FA3 library failed to load: {getattr(fa, 'FA3_UNAVAILABLE_REASON', '?')}")
+    try:
+        torch.ops.load_library(str(root / "vllm" / "_C_stable_libtorch.abi3.so"))
+        concat = torch.ops._C_cache_ops.concat_mla_q
+    except Exception as e:
+        raise RuntimeError(f"vLLM _C_stable_libtorch (concat_mla_q) failed to load: {type(e).__name__}: {e}") from e
+    try:
+        fm = importlib.import_module("vllm.third_party.flashmla.flash_mla_interface")
+    except Exception as e:
+        raise RuntimeError(f"vLLM _flashmla_C failed to load: {type(e).__name__}: {e}") from e
+    sg = None
+    sg_path = root / "sglang_triton_sparse_mla_prefill.py"
+    if sg_path.exists():
+        spec = importlib.util.spec_from_file_location("sglang_triton_sparse_mla_prefill", sg_path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        sg = mod.sparse_mla_prefill
+    sources = json.loads((root / "SOURCES.json").read_text()) if (root / "SOURCES.json").exists() else {}
+    return EngineKernels(fa.flash_attn_varlen_func, concat, fm.flash_mla_sparse_fwd, sg, sources)
+
+
+def main(argv=None) -> int:
+    """``python -m mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT`` (what travels to the GPU)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.measure.engine_libs")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("pack", help="pack the engines' kernels from their wheels into a new folder")
+    p.add_argument("vllm_wheel")
+    p.add_argument("sglang_wheel")
+    p.add_argument("out")
+    a = ap.parse_args(argv)
+    for arg in ("vllm_wheel", "sglang_wheel"):
+        if not Path(getattr(a, arg)).is_file():
+            ap.error(f"{arg}={getattr(a, arg)} is not a file: give the release wheel (pip download --no-deps)")
+    try:
+        src = pack(a.vllm_wheel, a.sglang_wheel, a.out)
+    except FileExistsError as e:
+        ap.error(str(e))
+    size = sum(f.stat().st_size for f in Path(a.out).rglob("*") if f.is_file())
+    print(f"packed {len(src['files'])} files into {a.out} ({size / 2**20:.1f} MiB)")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
