@@ -31,7 +31,8 @@ class Experiment:
     GPU's folder itself); ``between_process``: run once per fresh process (rows carry ``process``) rather than once;
     ``argv``: its command line after the module (placeholders :data:`PLACEHOLDERS`); ``default``: run by
     ``mla-lab measure`` without ``--experiments``; ``timeout_s``: per process; ``needs``: what the GPU machine must
-    have beyond torch + triton (said by ``--dry-run``); ``replaces``: the script it replaced (history)."""
+    have beyond torch + triton (said by ``--dry-run``); ``replaces``: the script it replaced (history); ``files``: the
+    module's output files this command line writes (default: all of ``OUTPUTS``)."""
 
     name: str
     module: str
@@ -43,14 +44,17 @@ class Experiment:
     timeout_s: int = 300
     needs: str = "flash_mla"
     replaces: str = ""
+    files: tuple[str, ...] = ()
 
     def module_obj(self):
         """The experiment's module (imported now: torch and the package's kernels load)."""
         return importlib.import_module(self.module)
 
     def outputs(self) -> dict[str, list[str]]:
-        """File name -> row columns (provenance columns follow them in every file)."""
-        return dict(self.module_obj().OUTPUTS)
+        """File name -> row columns (provenance columns follow them in every file); ``files``, where given, the
+        module's files this command line writes (a module with several method sets writes one per run)."""
+        out = dict(self.module_obj().OUTPUTS)
+        return {f: out[f] for f in self.files} if self.files else out
 
     def shapes(self) -> list:
         """The shapes it measures at its defaults (one tuple each)."""
@@ -93,11 +97,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("concat", _E + "concat_variants", "concat kernel variants, cache hints, host launch (set round4)",
                _BP, True, ("--set", "round4", "--rounds", "5", "--rep", "50", "--host-calls", "1000", "--out",
                            "{out}"), default=True, timeout_s=150, needs="",
-               replaces="benchmarks/bench_concat_round3.py"),
+               replaces="benchmarks/bench_concat_round3.py", files=("concat_round4.csv",)),
     Experiment("fused_bmm", _E + "fused_bmm", "W_UK bmm writing into the padded workspace vs bmm + concat", _BP,
                True, ("--out", "{out}"), default=True, timeout_s=90, needs="",
                replaces="benchmarks/bench_fused_bmm.py"),
-    Experiment("engine_kernels", "mla_lab.measure.engine_kernels",
+    Experiment("engine_kernels", _E + "engine_kernels",
                "the engines' own sparse-MLA kernels: prefill, decode sizes, gather vs MMA, concat_mla_q", _BP, True,
                ("--engine-root", "{engine_root}", "--process", "{process}", "--out", "{out}/engine_kernels.csv"),
                timeout_s=300, needs="engine kernels packed by python -m mla_lab.measure.engine_libs pack "
