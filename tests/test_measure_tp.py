@@ -406,14 +406,9 @@ def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
 
 
 def _tp_block_main():
-    import importlib.util
-    from pathlib import Path
+    from mla_lab.measure.experiments import tp_block
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "tp_block.py"
-    spec = importlib.util.spec_from_file_location("tp_block_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    return tp_block.main
 
 
 @pytest.fixture

@@ -101,11 +101,7 @@ def test_readme_graph2_figures_are_the_between_process_changes(rows):
 def test_committed_graph_fit_is_recomputed_from_the_rows(rows):
     """``data/calibration/h200_subchunk_graph.csv`` is what ``mla_lab/fits/subgraph.py`` gives on the committed
     rows (the fit the cost model loads)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fit_subgraph", REPO / "benchmarks" / "fit_subgraph.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import mla_lab.fits.subgraph as mod
     from mla_lab.model.calibration import fit_subchunk_overhead
 
     pts = mod.graph_chunk_rows(rows)

@@ -47,7 +47,9 @@ from mla_lab.provenance import git_commit
 from mla_lab.serving import PR_BENCH, BenchConfig, EnginePricer, SchedulerConfig, serve_benchmark
 from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
-PRODUCED_BY = "mla_lab/fits/predict_pr53878.py"
+PRODUCED_BY = "mla_lab.fits.predict_pr53878"
+#: This module under its former path (benchmarks/predict_pr53878.py, before issue 31): a file it wrote is ours too.
+EARLIER_PRODUCERS = ("benchmarks/predict_pr53878.py",)
 OUT = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
 MODEL, TP, ARCH = "glm-5.2", 8, "h200"
 BEFORE, ALT_BEFORE, PR = "per_call_empty:zeros", "per_call_empty:stale", "private_workspace"
@@ -309,7 +311,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         "what": "prediction of vLLM PR #53878's 'main' run (vLLM before the PR), modelled; fitted to no end-to-end "
                 "figure of that run",
         "produced_by": PRODUCED_BY,
-        "command": f"python {PRODUCED_BY} --num-runs {num_runs} --seed {seed}"
+        "command": f"python -m {PRODUCED_BY} --num-runs {num_runs} --seed {seed}"
                    + ("" if use_measurements else " --no-measurements"),
         "git_commit": git_commit(),
         "code_commit": code_commit(),
@@ -537,7 +539,7 @@ def main(argv=None) -> int:
         return 2
     if out.exists():
         try:
-            ours = json.loads(out.read_text()).get("produced_by") == PRODUCED_BY
+            ours = json.loads(out.read_text()).get("produced_by") in (PRODUCED_BY, *EARLIER_PRODUCERS)
         except (ValueError, AttributeError):
             ours = False
         if not ours:
