@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU round 2 on one lent H200 (docs/perf-notes.md, "GPU round 2"): bench_engines.py (content factor, engine
+# The engines and decode_layer experiments on one lent H200 (docs/perf-notes.md, "GPU round 2"): engines (content factor, engine
 # presets, sub-chunking, NaN check) then bench_decode.py (decode / mixed layer, attention path, per-op), CSVs and
 # one log straight into $OUT (7 files; the scripts append rows as they measure, so a kill keeps what was measured).
 # Expects the flash_mla wheel in .whl/ (installed here if the caller did not), MLA_LAB_COMMIT set by the caller.
@@ -13,7 +13,7 @@ if ! python3 -c "import flash_mla" 2>/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1
-LOG="$OUT/round2.log"
+LOG="$OUT/engines_decode.log"
 {
   date -u +"start %Y-%m-%dT%H:%M:%SZ"
   echo "MLA_LAB_COMMIT=${MLA_LAB_COMMIT:-unset}"
