@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engines and decode_layer experiments on one lent H200 (docs/perf-notes.md, "GPU round 2"): engines (content factor, engine
-# presets, sub-chunking, NaN check) then bench_decode.py (decode / mixed layer, attention path, per-op), CSVs and
+# presets, sub-chunking, NaN check) then decode_layer (decode / mixed layer, attention path, per-op), CSVs and
 # one log straight into $OUT (7 files; the scripts append rows as they measure, so a kill keeps what was measured).
 # Expects the flash_mla wheel in .whl/ (installed here if the caller did not), MLA_LAB_COMMIT set by the caller.
 # SMOKE=1: tiny shapes only. ENG_BUDGET / PRESET_BUDGET / DEC_BUDGET: seconds per script (deadlines inside).

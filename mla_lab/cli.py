@@ -531,8 +531,15 @@ def _deployment_flags(p, tp_flags, tp_dest) -> None:
 
 
 _COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "index": _cmd_index,
-             "check-report": _cmd_check_report, "measure": cli_measure.cmd_measure,
+             "check-report": _cmd_check_report, "measure": lambda args: cli_measure.cmd_measure(args, _stamp),
              "report": lambda args: cli_measure.cmd_report(args, main)}
+
+
+def _stamp(root) -> int:
+    """Stamp the measured rows under ``root`` with the model configs they were measured on (issue 24)."""
+    from .report.stamp_measured import main as stamp
+
+    return stamp(["--root", str(root)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,7 +54,9 @@ def add_parsers(sub) -> None:
     rp.add_argument("--report-dir", default=None, help="where the report goes (default reports/<gpu>)")
 
 
-def cmd_measure(args) -> int:
+def cmd_measure(args, stamp) -> int:
+    """``stamp(root)``: :func:`mla_lab.report.stamp_measured.main` for ``root`` (passed in by :mod:`mla_lab.cli`: the
+    report layer is not below this one)."""
     from mla_lab.measure.experiments import EXPERIMENTS, resolve, runner
 
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
@@ -73,11 +75,10 @@ def cmd_measure(args) -> int:
     rc = runner.run(experiments, args.processes, out, overwrite=args.overwrite, engine_root=args.engine_root)
     if any(e.name == "padding_sweep" for e in experiments):
         from mla_lab.paths import measured_dir
-        from mla_lab.report.stamp_measured import main as stamp
 
         root = measured_dir().resolve()
         if out.resolve().is_relative_to(root):
-            stamp(["--root", str(root)])
+            stamp(root)
     return rc
 
 
