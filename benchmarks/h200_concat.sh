@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The concat method sets of benchmarks/bench_concat_round3.py on one lent H200 (docs/perf-notes.md "Round 4",
+# The concat method sets of mla_lab/measure/experiments/concat_variants.py on one lent H200 (docs/perf-notes.md "Round 4",
 # issue 23): --set $SET in N fresh processes (N >= 5: the between-process spread), then, if DENSITY_HP lists padded
 # head counts, one process per H' at T = 16384, H = 8, then (GPU_TESTS=1) the concat GPU tests with
 # MLA_LAB_REQUIRE_GPU=1. Rows in $OUT/c/, re-packed into $OUT/concat_$SET.tar.gz after every stage (the device
@@ -25,13 +25,13 @@ pack() { tar -czf "$OUT/concat_$SET.tar.gz" -C "$OUT" c; }
 } 2>&1 | tee "$LOG"
 for k in $(seq 1 "$N"); do
   echo "== process $k" | tee -a "$LOG"
-  timeout 150 python3 benchmarks/bench_concat_round3.py --set "$SET" --rounds 5 --rep 50 \
+  timeout 150 python -m mla_lab.measure.experiments.concat_variants --set "$SET" --rounds 5 --rep 50 \
     --host-calls "${HOST_CALLS:-1000}" --out "$OUT/c/p$k" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error|host launch"
   pack
 done
 for hp in ${DENSITY_HP:-}; do
   echo "== density Hp=$hp" | tee -a "$LOG"
-  timeout 60 python3 benchmarks/bench_concat_round3.py --set "$SET" --rounds 3 --rep 50 --T 16384 --H 8 --Hp "$hp" \
+  timeout 60 python -m mla_lab.measure.experiments.concat_variants --set "$SET" --rounds 3 --rep 50 --T 16384 --H 8 --Hp "$hp" \
     --host-calls 10 --out "$OUT/c/hp$hp" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error"
   pack
 done

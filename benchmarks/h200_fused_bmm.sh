@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/bench_fused_bmm.py in N fresh processes on one lent H200 (docs/perf-notes.md "Round 4"): rows in
+# mla_lab/measure/experiments/fused_bmm.py in N fresh processes on one lent H200 (docs/perf-notes.md "Round 4"): rows in
 # $OUT/fb/p<k>/fused_bmm.csv, packed into $OUT/fused_bmm.tar.gz after every process.
 set -uo pipefail
 : "${OUT:?OUT must be set}"
@@ -8,6 +8,6 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 N="${N:-5}"
 for k in $(seq 1 "$N"); do
   echo "== process $k"
-  timeout 90 python3 benchmarks/bench_fused_bmm.py --out "$OUT/fb/p$k" 2>&1 | tee "$OUT/fb/p$k.log" | grep -vE "^(glm|deep)seek.*plan" 
+  timeout 90 python -m mla_lab.measure.experiments.fused_bmm --out "$OUT/fb/p$k" 2>&1 | tee "$OUT/fb/p$k.log" | grep -vE "^(glm|deep)seek.*plan" 
   tar -czf "$OUT/fused_bmm.tar.gz" -C "$OUT" fb
 done

@@ -27,6 +27,7 @@ import sys
 from pathlib import Path
 
 from . import cli_doors as doors
+from . import cli_measure
 from .cli_doors import DoorError
 from .placement import SERVE_PRESETS
 
@@ -502,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
                                              "blank, no JavaScript error, nothing wider than the window")
     ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"],
                     help="existing HTML report files (default reports/padding_sweep.html reports/index.html)")
+    cli_measure.add_parsers(sub)
     return ap
 
 
@@ -529,7 +531,15 @@ def _deployment_flags(p, tp_flags, tp_dest) -> None:
 
 
 _COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "index": _cmd_index,
-             "check-report": _cmd_check_report}
+             "check-report": _cmd_check_report, "measure": lambda args: cli_measure.cmd_measure(args, _stamp),
+             "report": lambda args: cli_measure.cmd_report(args, main)}
+
+
+def _stamp(root) -> int:
+    """Stamp the measured rows under ``root`` with the model configs they were measured on (issue 24)."""
+    from .report.stamp_measured import main as stamp
+
+    return stamp(["--root", str(root)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
+from pathlib import Path
 
 import pytest
 
@@ -47,7 +48,7 @@ SLOW = (
     "tests/test_bad_input.py::test_bad_input[cli_",  # the CLI in a subprocess (2-3 s each)
     "tests/test_resume.py::test_sigkill",  # a sweep subprocess killed and resumed
     "tests/test_cli_flags.py::test_every_serve_flag_acts",  # two serving simulations per flag (22 flags, 1-5 s each)
-    "tests/test_kernels_concat.py::test_bench_round3_",  # benchmarks/round3.py in a subprocess (4 tests, 4-6 s each)
+    "tests/test_kernels_concat.py::test_bench_round3_",  # the concat_variants experiment in a subprocess (4 tests, 4-6 s each)
     "tests/test_subchunk_graph.py::test_graph2_eager_loop_equals_every_strategy_on_cpu",  # every strategy on tensors (3-4 s)
     "tests/test_engines.py::test_every_real_preset_gives_the_same_real_heads",  # every preset on tensors (5 cases, 2 s each)
     "tests/test_sweep.py::test_fused_equals_unfused",  # the strategies on tensors per head count (12 cases, 1-2 s each)
@@ -68,6 +69,29 @@ TRITON_FIXTURES = ("worker_results",)
 SLOW_FIXTURES = (
     "worker_results",  # tests/test_measure_layer.py: the layer runner in a worker under the Triton interpreter (13-22 s)
 )
+
+
+def has_gpu_tests(path: Path) -> bool:
+    """The test file marks a test (or itself) ``gpu``: an ``@pytest.mark.gpu`` decorator or a ``pytestmark``
+    naming ``mark.gpu``. Read from the source (ast), without importing it."""
+    import ast
+
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Attribute) and node.attr == "gpu" and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "mark":
+            return True
+    return False
+
+
+def pytest_ignore_collect(collection_path, config):
+    """``pytest -m gpu`` (the GPU machine's command) collects only the test files that hold GPU tests: the others'
+    tests would all be deselected, and importing them needs the lab and dev extras (nbformat, hypothesis, ...), which
+    a bare GPU image lacks. Every other selection collects every file (a missing extra there is an install error)."""
+    p = Path(collection_path)
+    if (config.getoption("markexpr", "") or "").strip() != "gpu" or p.suffix != ".py" \
+            or not p.name.startswith("test_"):
+        return None
+    return True if not has_gpu_tests(p) else None
 
 
 def require_gpu() -> bool:

@@ -1,7 +1,7 @@
 """The measurement code's logic, dry-run on CPU with a small model (timings here mean nothing; shapes, ops and
 bookkeeping are what is checked): :mod:`mla_lab.measure.attention`, the analytic call peak it is compared with
 (:func:`mla_lab.buffers.call_peak_bytes`) and the measured sweep rows built around it (:mod:`mla_lab.sweep.rows`).
-The real run is on a GPU: benchmarks/bench_attention.py."""
+The real run is on a GPU: mla_lab/measure/experiments/attention_path.py."""
 
 import dataclasses
 from pathlib import Path
@@ -137,49 +137,27 @@ def test_measure_point_rows_with_stubbed_timings(monkeypatch):
         rows_module.measured_rows(dict(pt, kv_cache_dtype="fp8"))
 
 
-# ------------------------------------------------------------------------------------------- benchmarks/*.py
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
-def _script(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"{name}_script", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_benchmark_scripts_use_the_installed_package_not_sys_path():
-    """The package is installed (editable): no script puts the repository on sys.path, none imports another script
-    (what they share lives in mla_lab), and the round-2 scripts time through mla_lab.measure.timer alone. Every
-    script, the round-3 GPU scripts included."""
+# ------------------------------------------------------------------------------ mla_lab/measure/experiments
+def test_experiment_modules_time_through_the_package_timer():
+    """The experiments share the package's timer (mla_lab.measure.timer): the engines and decode experiments keep
+    no timer of their own."""
     import ast
 
-    scripts = sorted(BENCH.glob("*.py"))
-    names = {p.stem for p in scripts}
-    assert {"bench_decode", "bench_engines", "bench_layer"} <= names
-    for p in scripts:
-        tree = ast.parse(p.read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", "") == "sys":
-                raise AssertionError(f"{p.name}:{node.lineno} touches sys.path")
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
-                assert not set(m.split(".")[0] for m in mods) & names, f"{p.name}:{node.lineno} imports a script"
-        if p.stem in ("bench_decode", "bench_engines"):
-            defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-            assert not defined & {"timed_window", "est_ms", "_q"}, f"{p.name} keeps its own timer {defined}"
+    import mla_lab.measure.experiments as ex
+
+    for name in ("engines", "decode_layer", "engine_presets"):
+        path = Path(ex.__file__).with_name(f"{name}.py")
+        defined = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
+        assert not defined & {"timed_window", "est_ms", "_q"}, f"{name} keeps its own timer {defined}"
 
 
 def test_bench_engines_presets_are_the_strategies_and_agree(tmp_path):
-    """Every preset of benchmarks/bench_engines.py on CPU at tiny shapes (reference kernel): built from the
+    """Every preset of mla_lab.measure.experiments.engine_presets on CPU at tiny shapes (reference kernel): built from the
     strategy its label names (mla_lab.placement.BENCH_PRESET_LABELS), real heads bit-identical to the private
     workspace's, persistent bytes = the strategy's workspace, the padded heads the kernel read as the content
     says (per_call_empty's depend on the allocator, not checked on CPU)."""
+    import mla_lab.measure.experiments.engine_presets as be
     from mla_lab.placement import BENCH_PRESET_LABELS
-
-    be = _script("bench_engines")
     kern = be.Kernels("cpu")
     gen = torch.Generator().manual_seed(0)
     P = be.Presets(kern, "cpu", torch.bfloat16, 8, 16, "causal_8", [8], [8], gen, 8, 64)

@@ -270,17 +270,13 @@ def test_write_never_overwrites_a_file_the_lab_did_not_write(tmp_path):
     assert sorted(p.name for p in new.parent.iterdir()) == [COMM_CSV]  # no temporary file left
 
 
-# --- benchmarks/fit_comm.py ------------------------------------------------------------------------------------------
+# --- mla_lab/fits/comm.py ------------------------------------------------------------------------------------------
 
 
 def _fit_comm_main(argv):
-    import importlib.util
+    from mla_lab.fits import comm
 
-    spec = importlib.util.spec_from_file_location("fit_comm_script", calibration_dir().parent.parent / "benchmarks"
-                                                  / "fit_comm.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main(argv)
+    return comm.main(argv)
 
 
 def _one_line_refusal(capsys, argv, match):

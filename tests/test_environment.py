@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from packaging.requirements import Requirement
-from packaging.version import Version
 
 REPO = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -26,7 +24,9 @@ def _name(req: str) -> str:
     return re.split(r"[<>=!~ \[;]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _declared(*groups: str) -> dict[str, Requirement]:
+def _declared(*groups: str) -> dict:
+    from packaging.requirements import Requirement
+
     reqs = list(PYPROJECT["dependencies"]) if "core" in groups else []
     for g in groups:
         if g != "core":
@@ -92,6 +92,8 @@ def _constraints() -> dict[str, str]:
 def test_constraints_pin_every_declared_package_within_its_range():
     """Each package of the core, lab and dev lists except torch (the Makefile's TORCH_SPEC) is pinned exactly in
     constraints.txt, at a version the declared range allows; the gpu extra is not (environment-gpu.yml)."""
+    from packaging.version import Version
+
     pins = _constraints()
     for name, req in _declared("core", "lab", "dev").items():
         if name == "torch":
@@ -117,6 +119,8 @@ def test_makefile_installs_from_the_constraints_with_progress():
 
 
 def test_triton_in_dev_only_on_linux():
+    from packaging.requirements import Requirement
+
     dev = {_name(r): r for r in EXTRAS["dev"]}
     marker = Requirement(dev["triton"]).marker
     assert marker is not None and marker.evaluate({"platform_system": "Linux"})

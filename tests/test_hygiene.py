@@ -8,7 +8,6 @@ import json
 import subprocess
 from pathlib import Path
 
-import nbformat
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -22,6 +21,8 @@ def _cells(nb) -> list[tuple]:
 
 def pairing_problems(ipynb: Path) -> list[str]:
     """Why ``ipynb`` and its ``.py`` twin are not a synchronised jupytext ``ipynb,py:percent`` pair ([] if they are)."""
+    import nbformat
+
     py = ipynb.with_suffix(".py")
     if not py.is_file():
         return [f"{ipynb.name}: no paired {py.name} (jupytext --set-formats ipynb,py:percent {ipynb.name})"]
@@ -94,6 +95,8 @@ def test_committed_notebooks_have_no_outputs():
 
 
 def test_the_checks_catch_broken_notebooks(tmp_path):
+    import nbformat
+
     src = NOTEBOOKS / "padding_sweep.ipynb"
     # out of sync: a cell edited in the notebook only
     nb = nbformat.read(src, as_version=4)
@@ -119,6 +122,8 @@ def test_the_checks_catch_broken_notebooks(tmp_path):
 
 
 def _parameters(nb_path: Path) -> dict:
+    import nbformat
+
     nb = nbformat.read(nb_path, as_version=4)
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1, f"{nb_path.name}: want exactly one cell tagged 'parameters', found {len(cells)}"

@@ -262,10 +262,8 @@ def test_triton_launcher_rejects_unknown_knobs():
 def _bench(*args):
     import subprocess
     import sys
-    from pathlib import Path
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_concat_round3.py"
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments.concat_variants", *args], capture_output=True, text=True, timeout=120)
 
 
 def test_bench_round3_dry_run_prints_the_plan():

@@ -1,7 +1,7 @@
 """The committed H200 measurements against the current model: a regression guard on the model's formulas.
 
 ``data/measured/h200/layer_e2e.csv`` holds the synthetic per-rank layer timed end to end on one H200
-(``benchmarks/bench_layer.py``); ``data/calibration/h200_ops.csv`` the efficiencies fitted on the per-op rows.
+(``mla_lab/measure/experiments/layer_calibration.py``); ``data/calibration/h200_ops.csv`` the efficiencies fitted on the per-op rows.
 Re-predicting every layer with the current code must stay within the issue's 10% MAPE target.
 """
 

@@ -3,7 +3,7 @@ the reference kernel, plus the one-process simulation of rank 0's share. Timings
 checked is the sharding (the all-reduced attention and MoE outputs equal the unsharded blocks), every rank's rows,
 the all-reduce rows and their columns, the comparison formulas, the memory columns (None on CPU) and the
 NVLink-multicast-off environment; bad configs are refused before anything is spawned. The GPU run:
-benchmarks/tp_block.py (benchmarks/h200x8_run.sh on 8 H200s); the GPU tests at the end need CUDA."""
+mla_lab/measure/experiments/tp_block.py (benchmarks/h200x8_run.sh on 8 H200s); the GPU tests at the end need CUDA."""
 
 from __future__ import annotations
 
@@ -402,18 +402,13 @@ def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
             torch.testing.assert_close(y.float(), ref.float(), rtol=0, atol=atol)
 
 
-# ------------------------------------------------------------------------------- benchmarks/tp_block.py bad input
+# ------------------------------------------------------------------------------- mla_lab/measure/experiments/tp_block.py bad input
 
 
 def _tp_block_main():
-    import importlib.util
-    from pathlib import Path
+    from mla_lab.measure.experiments import tp_block
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "tp_block.py"
-    spec = importlib.util.spec_from_file_location("tp_block_script", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.main
+    return tp_block.main
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Measured rows keyed by the digest of the model config they were measured on (issue 24): the committed manifest
-data/measured/config_digests.json (benchmarks/stamp_measured.py), read by mla_lab.report.data.load_measured; an
+data/measured/config_digests.json (mla_lab/report/stamp_measured.py), read by mla_lab.report.data.load_measured; an
 edited config detaches its rows and says so (advise output, the report's provenance banner)."""
 
 import json
@@ -10,12 +10,12 @@ import sys
 import pytest
 
 from mla_lab import cli
-from mla_lab.paths import REPO_ROOT, data_dir, measured_dir
+from mla_lab.paths import data_dir, measured_dir
 from mla_lab.report.data import combine, load_measured
 from mla_lab.report.stamps import MANIFEST_NAME, config_digest
 from mla_lab.report.tables import provenance_html, provenance_summary
 
-STAMP = REPO_ROOT / "benchmarks" / "stamp_measured.py"
+STAMP = ["-m", "mla_lab.report.stamp_measured"]
 
 
 @pytest.fixture
@@ -43,7 +43,7 @@ def _edit(d, model, **kv):
 def test_committed_manifest_is_up_to_date_and_stamps_every_committed_measured_row():
     """The committed manifest is what the script writes today (configs at the rows' git_commit equal today's), and
     every measured row the loader reads is stamped: none detached, none unstamped."""
-    r = subprocess.run([sys.executable, str(STAMP), "--check"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, *STAMP, "--check"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((measured_dir() / MANIFEST_NAME).read_text())
     entry = doc["files"]["h200/padding_sweep.csv"]
@@ -69,7 +69,7 @@ def test_edited_heads_detach_that_models_rows_with_one_line_each(data, capsys):
     tp8 = [n for n in notes if "glm-5 TP8" in n][0]
     assert tp8.startswith("56 measured row(s) of glm-5 TP8 detached: measured at [8] heads per rank, the config now "
                           "gives 16; measured with data/models/glm-5/config.json sha256 18e1676ea161, it is now ")
-    assert "h200/padding_sweep.csv, NVIDIA H200" in tp8 and "benchmarks/stamp_measured.py" in tp8
+    assert "h200/padding_sweep.csv, NVIDIA H200" in tp8 and "mla_lab/report/stamp_measured.py" in tp8
     assert not (m["model"] == "glm-5").any() and len(m[m["model"] == "deepseek-v3.2"]) == 112
     # the report's banner and provenance.json say it
     both = combine(m.iloc[0:0], m)
@@ -103,15 +103,15 @@ def test_rows_without_a_stamp_are_kept_by_heads_and_listed(tmp_path, monkeypatch
     m = load_measured(root)
     assert len(m) == 56 and m.attrs["detached"] == []
     assert m.attrs["unstamped"] == ["56 measured row(s) of h200/new.csv carry no config digest (checked by heads per "
-                                    "rank only; run benchmarks/stamp_measured.py after a GPU run)"]
-    r = subprocess.run([sys.executable, str(STAMP), "--root", str(root)], capture_output=True, text=True, timeout=120)
+                                    "rank only; run mla_lab/report/stamp_measured.py after a GPU run)"]
+    r = subprocess.run([sys.executable, *STAMP, "--root", str(root)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "1 file(s), 56 measured row(s) stamped" in r.stdout, r.stdout + r.stderr
     m = load_measured(root)
     assert len(m) == 56 and m.attrs["unstamped"] == [] and m.attrs["detached"] == []
 
 
 def test_stamp_script_refuses_a_root_that_is_not_a_folder(tmp_path):
-    r = subprocess.run([sys.executable, str(STAMP), "--root", str(tmp_path / "nosuch")], capture_output=True,
+    r = subprocess.run([sys.executable, *STAMP, "--root", str(tmp_path / "nosuch")], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "is not a folder" in r.stderr
     assert not (tmp_path / "nosuch").exists()

@@ -1,8 +1,7 @@
-"""Padded-head content over the whole step (issue 21): the fit of ``benchmarks/fit_content_step.py`` on the H200
+"""Padded-head content over the whole step (issue 21): the fit of ``mla_lab/fits/content_step.py`` on the H200
 78-layer loop, the cost model pricing it (``Calibration.content_scope``), and the seed answer's stale end."""
 
 import csv
-import importlib.util
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -27,9 +26,8 @@ LOOP = REPO / "data" / "measured" / "h200" / "between_process" / "content_loop.c
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("fit_content_step", REPO / "benchmarks" / "fit_content_step.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import mla_lab.fits.content_step as mod
+
     return mod
 
 

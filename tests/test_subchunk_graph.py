@@ -63,7 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 SUBGRAPH = REPO / "data" / "measured" / "h200" / "between_process" / "subgraph.csv"
 FIT = REPO / "data" / "calibration" / "h200_subchunk_graph.csv"
 GRAPH2 = "subchunk:2048:graph2"
-MEASURED = "subchunk:2048:2stream_graph"  # its label in subgraph.csv (benchmarks/round3.py part subgraph)
+MEASURED = "subchunk:2048:2stream_graph"  # its label in subgraph.csv (mla_lab/measure/experiments/subgraph.py)
 
 
 @pytest.fixture(scope="module")
@@ -99,13 +99,9 @@ def test_readme_graph2_figures_are_the_between_process_changes(rows):
 
 
 def test_committed_graph_fit_is_recomputed_from_the_rows(rows):
-    """``data/calibration/h200_subchunk_graph.csv`` is what ``benchmarks/fit_subgraph.py`` gives on the committed
+    """``data/calibration/h200_subchunk_graph.csv`` is what ``mla_lab/fits/subgraph.py`` gives on the committed
     rows (the fit the cost model loads)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("fit_subgraph", REPO / "benchmarks" / "fit_subgraph.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import mla_lab.fits.subgraph as mod
     from mla_lab.model.calibration import fit_subchunk_overhead
 
     pts = mod.graph_chunk_rows(rows)

@@ -75,7 +75,7 @@ def test_seed_change_under_each_comm_term():
 
 
 def test_a_tp8_run_is_picked_up_per_rank(tmp_path):
-    """A tp_block.csv under h200x8 (benchmarks/tp_block.py's file) shows as measured, with all 8 ranks."""
+    """A tp_block.csv under h200x8 (mla_lab/measure/experiments/tp_block.py's file) shows as measured, with all 8 ranks."""
     d = tmp_path / "h200x8"
     d.mkdir()
     rows = []

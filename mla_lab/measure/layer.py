@@ -2,7 +2,7 @@
 on one GPU (or on CPU through the Triton interpreter, to check the logic).
 
 What is here (the runs over it are in :mod:`.layer_runs`, the Triton stand-ins in :mod:`.triton_ops`; the extra
-experiments in :mod:`.layer_experiments`, the fit in :mod:`.validate`; ``benchmarks/bench_layer.py`` is the command
+experiments in :mod:`.layer_experiments`, the fit in :mod:`.validate`; ``mla_lab/measure/experiments/layer_calibration.py`` is the command
 line):
 
 - :class:`Layer`: random bf16 weights (scaled ``1/sqrt(K)``, never zeros) and buffers of one per-rank layer

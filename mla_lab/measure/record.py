@@ -7,7 +7,7 @@
 - :class:`NvmlSampler` — a background thread reading the SM clock (MHz), board power (W), temperature and the
   clock-event reasons every ``period`` s; :meth:`NvmlSampler.window` gives medians over a timed window.
 
-Used by :mod:`.layer_runs`, ``benchmarks/bench_engines.py``, ``benchmarks/bench_decode.py`` and ``benchmarks/tp_block.py``.
+Used by :mod:`.layer_runs`, ``mla_lab/measure/experiments/engines.py``, ``mla_lab/measure/experiments/decode_layer.py`` and ``mla_lab/measure/experiments/tp_block.py``.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class CsvSink:
     ``benchmarks/*.py``).
 
     The file is created (header only) at construction, replacing an older one (callers check that they wrote it:
-    ``benchmarks/tp_block.py`` writes to ``.partial`` files first); ``n`` counts rows written.
+    ``mla_lab/measure/experiments/tp_block.py`` writes to ``.partial`` files first); ``n`` counts rows written.
 
     Args:
         path: the CSV file; columns: its measurement columns, in order; provenance: ``{column: value}`` added to

@@ -4,7 +4,7 @@ A measurement taken in one Python process (one CUDA context, one caching allocat
 within-process interval (:func:`mla_lab.measure.timer.summarize`: order statistics of its interleaved rounds) that
 does not cover a second fresh process of the same code on the same card (vLLM PR #53878's seed attention path, four
 fresh processes: -0.9 .. -1.7 % where one process claimed [-1.90, -1.56] %). So the lab states every measured
-figure from ``n >= 5`` fresh processes (``benchmarks/h200_round3.sh``: a ``process`` column on every row):
+figure from ``n >= 5`` fresh processes (``benchmarks/h200_between_process.sh``: a ``process`` column on every row):
 
 - per process: the median of its rounds (``process_medians``);
 - the figure: the median over processes of those medians; its **between-process interval** is ``[min, max]`` over

@@ -66,7 +66,7 @@ Shared machines: NVLink multicast stays off. :data:`SAFE_ENV` (``NCCL_NVLS_ENABL
 spawned and again in each worker before ``init_process_group``; rows record the values in force.
 
 The logic runs on CPU (gloo, ``device="cpu"``, the reference kernel, tiny shapes through ``model_overrides``,
-:func:`tiny_overrides`): ``tests/test_measure_tp.py``. The GPU run: ``benchmarks/tp_block.py`` (``--tp 2/4/8``;
+:func:`tiny_overrides`): ``tests/test_measure_tp.py``. The GPU run: ``mla_lab/measure/experiments/tp_block.py`` (``--tp 2/4/8``;
 ``benchmarks/h200x8_run.sh`` on an 8-GPU machine). This module returns measurements (rows of timings and bytes per
 rank); it builds no sweep rows.
 """

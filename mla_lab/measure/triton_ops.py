@@ -8,8 +8,8 @@
   :class:`KernelCheckError` is what the layer runner raises when one it cannot do without is wrong.
 
 CPU runs go through Triton's interpreter: set ``TRITON_INTERPRET=1`` *before this module is imported* (triton
-decorates its own library functions such as ``tl.sum`` at import; ``benchmarks/bench_layer.py --dry-run`` and
-``tests/test_measure_layer.py`` do so). Used by :mod:`mla_lab.measure.layer` and ``benchmarks/bench_decode.py``.
+decorates its own library functions such as ``tl.sum`` at import; ``mla_lab/measure/experiments/layer_calibration.py --dry-run`` and
+``tests/test_measure_layer.py`` do so). Used by :mod:`mla_lab.measure.layer` and ``mla_lab/measure/experiments/decode_layer.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Fit the cost model's efficiencies on measured op rows and validate it: per op, per layer, per fused-vs-unfused
 difference, in sample and leave one model out.
 
-Inputs are the three CSVs one run of ``benchmarks/bench_layer.py`` writes (:mod:`.layer`: ``layer_ops.csv``,
+Inputs are the three CSVs one run of ``mla_lab/measure/experiments/layer_calibration.py`` writes (:mod:`.layer`: ``layer_ops.csv``,
 ``layer_e2e.csv``, ``layer_extras.csv``). Outputs:
 
 - the calibration CSV (``h200_ops.csv``): :func:`mla_lab.model.calibration.fit_calibration` over the ``ok`` op rows,

@@ -15,12 +15,12 @@ An op's modelled time (:func:`mla_lab.model.timing.op_time_ms`) is a roofline ag
 Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibration_dir`):
 
 - ``h200_ops.csv``: the fit of :func:`fit_calibration` over the op rows measured on one H200 by
-  ``benchmarks/bench_layer.py`` (kinds ``class`` and ``attention``, with provenance columns). The default.
+  ``mla_lab/measure/experiments/layer_calibration.py`` (kinds ``class`` and ``attention``, with provenance columns). The default.
 - ``h200_comm.csv``: the all-reduce fits per world size (:func:`mla_lab.model.comm.fit_comm` over the NCCL runs
-  under ``data/measured/h200x<n>/``; ``benchmarks/fit_comm.py``).
+  under ``data/measured/h200x<n>/``; ``mla_lab/fits/comm.py``).
 - ``h200_routes.csv``: the sparse kernel's roofline (``kernel`` eff_flops and ``kernel_bytes``, the per-token bytes'
   efficiency) fitted on the committed H200 kernel rows, and the dense routes' classes ``mha_attn`` / ``k_concat``
-  fitted on the H200 route rows (:func:`mla_lab.model.routes.route_calibration_rows`, ``benchmarks/fit_routes.py``);
+  fitted on the H200 route rows (:func:`mla_lab.model.routes.route_calibration_rows`, ``mla_lab/fits/routes.py``);
   read beside the default ``h200_ops.csv``, whose FLOP-only ``kernel`` efficiency it replaces (kept as
   ``kernel_flop_only``).
 - ``h200_reference.csv``: reference timings of the attention path on one H200 (do_bench medians, torch
@@ -331,7 +331,7 @@ def load_calibration(path: str | Path | None = None, kernel_roofline: bool = Fal
     routes = path.with_name(ROUTES_CALIBRATION_CSV)
     if default and routes.is_file():
         # the dense routes' classes and (kernel_roofline) the sparse kernel's roofline, fitted on the committed
-        # H200 rows (mla_lab.model.routes.route_calibration_rows, benchmarks/fit_routes.py)
+        # H200 rows (mla_lab.model.routes.route_calibration_rows, mla_lab/fits/routes.py)
         extra_attn: dict = {}
         _read_calibration_rows(routes, classes, extra_attn, device)
         if kernel_roofline:
@@ -352,9 +352,9 @@ def load_calibration(path: str | Path | None = None, kernel_roofline: bool = Fal
 
 SUBCHUNK_CSV = "h200_subchunk.csv"
 #: ``subchunk:<S>:graph2``'s cost per extra chunk, fitted on ``data/measured/h200/between_process/subgraph.csv``
-#: (``benchmarks/fit_subgraph.py``).
+#: (``mla_lab/fits/subgraph.py``).
 SUBCHUNK_GRAPH_CSV = "h200_subchunk_graph.csv"
-#: The sparse kernel's roofline and the dense routes' classes (``benchmarks/fit_routes.py``); read beside the default
+#: The sparse kernel's roofline and the dense routes' classes (``mla_lab/fits/routes.py``); read beside the default
 #: ``h200_ops.csv`` only.
 ROUTES_CALIBRATION_CSV = "h200_routes.csv"
 
@@ -403,7 +403,7 @@ def load_subchunk_overhead(path: str | Path | None = None) -> float | None:
 def load_subchunk_graph_overhead(path: str | Path | None = None) -> float | None:
     """The measured-fit cost per extra chunk (us) of ``subchunk:<S>:graph2`` (two S-row workspaces, two streams, the
     loop in one CUDA graph) from ``data/calibration/h200_subchunk_graph.csv``, or None. Fitted by
-    ``benchmarks/fit_subgraph.py``: per (shape, S) the median over 5 fresh processes of ``t(graph2) - t(PR path
+    ``mla_lab/fits/subgraph.py``: per (shape, S) the median over 5 fresh processes of ``t(graph2) - t(PR path
     graphed)``, least squares through the origin against the extra chunk count; the file states its mean absolute
     residual (``mean_abs_residual_us``). The committed per-chunk fit (:func:`load_subchunk_overhead`) applies to
     eager chunks only.

@@ -23,7 +23,7 @@ Measured rows are read by :func:`measured_allreduce_rows` from ``data/measured/<
 (columns ``world_size, rank, nbytes, ms``, the harness's all-reduce sweep) and the older
 ``tp2_attention.csv`` (``run == "tp"``: ``world_size, rank, allreduce_bytes, allreduce_ms``, one all-reduce per
 (model, T), repeated on each strategy's row). The fit lives in ``data/calibration/h200_comm.csv``
-(:func:`write_comm_model`; ``benchmarks/fit_comm.py`` writes it) and is loaded by
+(:func:`write_comm_model`; ``mla_lab/fits/comm.py`` writes it) and is loaded by
 :func:`mla_lab.model.calibration.load_calibration`.
 """
 
@@ -270,7 +270,7 @@ def measured_allreduce_rows(gpu: str = "h200", root: str | Path | None = None) -
                                           (legacy, LEGACY_NEEDED, "allreduce_bytes", "allreduce_ms")):
             if not path.is_file():
                 continue
-            t = read_csv_checked(path, need, "benchmarks/tp_block.py")
+            t = read_csv_checked(path, need, "mla_lab/measure/experiments/tp_block.py")
             if path is legacy:
                 t = t[t["run"].astype(str) == "tp"]
             _check_allreduce_rows(t, path, int(n_dir), b_col, ms_col)
@@ -386,7 +386,7 @@ def load_comm_model(path: str | Path | None = None) -> CommModel | None:
         reader = csv.DictReader(f)
         missing = [c for c in FIT_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(f"{p}: missing column(s) {missing}; allowed: a file written by benchmarks/fit_comm.py")
+            raise ValueError(f"{p}: missing column(s) {missing}; allowed: a file written by mla_lab/fits/comm.py")
         for r in reader:
             try:
                 n, lat, bw = int(r["world_size"]), float(r["latency_us"]), float(r["bw_gbps"])

@@ -16,7 +16,7 @@ the kernel runs 9-15 % slower than with zeros, the real heads' output unchanged.
 with ``f = (H' - H) / H'`` the padded fraction of the heads and ``t_zeros`` the kernel's zero-content time (ms):
 more padded heads, more extra switching power; a short kernel ends before the clock settles at the power limit.
 ``a``, ``b``, ``c`` are fitted (:func:`fit_content_factor`) to the medians of interleaved zeros/stale runs
-(``benchmarks/bench_engines.py``), with leave-one-shape-out error; the fit lives in
+(``mla_lab/measure/experiments/engines.py``), with leave-one-shape-out error; the fit lives in
 ``data/calibration/h200_content.csv`` (:class:`ContentModel`). It is an H200 (sm90) measurement: on sm100 the
 factor is unmeasured and rows say so.
 """
@@ -184,7 +184,7 @@ class StepContentModel:
     Evidence beside the fit (vLLM PR #53878's seed shape, one H200, the same GEMM [16384 x 6144] x [6144 x 4096]
     after each of 78 kernels; measured by the lab, issue 21): one GEMM per kernel (``s`` 0.70): block +6.3 %
     measured, this model +6.1 %, the kernel-only factor applied to the kernel's share +8.0 %; six GEMMs per kernel
-    (``s`` 0.29): block +1.7 % measured, this model +2.5 %, kernel-only +3.3 % (``benchmarks/fit_content_step.py``
+    (``s`` 0.29): block +1.7 % measured, this model +2.5 %, kernel-only +3.3 % (``mla_lab/fits/content_step.py``
     prints the check; out of sample). On the loop itself the kernel-only factor gives the step +2.8 %, measured
     +2.2 %. Per class the model is coarser: it gives the kernel +6.9 % / +4.4 % in those blocks, measured +8.6 % /
     +2.2 % (the GEMMs +4.3 % / +1.8 %, measured +4.6 % / +1.8-2.0 %). The
@@ -266,7 +266,7 @@ def fit_step_content(rows: list[dict], num_heads: int, padded_heads: int,
     Args:
         rows: one dict per fresh process: ``process`` and its medians over rounds (ms) ``step_zeros_ms``,
             ``step_stale_ms``, ``attn_zeros_ms``, ``attn_stale_ms`` (``mla_lab.measure.spread.process_medians``
-            in ``benchmarks/fit_content_step.py``).
+            in ``mla_lab/fits/content_step.py``).
         num_heads, padded_heads: the heads of the measured kernel (8 of 64).
 
     Returns:

@@ -2,7 +2,7 @@
 
 The cost model's :class:`~mla_lab.model.calibration.Calibration` holds the per-class efficiencies fitted on prefill
 shapes (``data/calibration/h200_ops.csv``); :class:`DecodeCalibration` adds what decode-sized steps need, fitted on
-the H200 decode measurements (``data/measured/h200/round2/decode_*.csv``, ``benchmarks/fit_decode.py`` ->
+the H200 decode measurements (``data/measured/h200/round2/decode_*.csv``, ``mla_lab/fits/decode.py`` ->
 ``data/calibration/h200_decode.csv``). The pricer that uses it is :class:`mla_lab.serving.engine_pricer.EnginePricer`.
 
 - **GPU time of small ops** (:attr:`DecodeCalibration.graph_floors`): the committed per-class overheads were fitted
@@ -24,7 +24,7 @@ the H200 decode measurements (``data/measured/h200/round2/decode_*.csv``, ``benc
 - **The fp8 routed experts at decode sizes** (:attr:`~DecodeCalibration.moe_fp8`, measured-fit): the
   ``moe_gemm_fp8`` class inside the graph calibration is ``a + weight_bytes / BW`` fitted on the H200's
   ``torch._scaled_grouped_mm`` rows (``data/measured/h200/between_process/moe_decode.csv``, GLM-5 EP8 rank share,
-  T = 1..256, 5 processes; ``benchmarks/fit_moe_decode.py`` -> ``data/calibration/h200_moe_decode.csv``):
+  T = 1..256, 5 processes; ``mla_lab/fits/moe_decode.py`` -> ``data/calibration/h200_moe_decode.csv``):
   ``eff_bytes = BW / HBM`` and ``a`` split over the block's two grouped GEMMs (``add`` mode).
 - **All-reduce latency at decode sizes** (:data:`DECODE_ALLREDUCE_LATENCY_US`, assumption (cited)): the TP fit
   (``h200_comm.csv``) prices 24-448 MiB only; an all-reduce below :data:`DECODE_ALLREDUCE_MAX_BYTES` that no fit
@@ -50,7 +50,7 @@ __all__ = ["DECODE_CSV", "MOE_DECODE_CSV", "DECODE_ALLREDUCE_LATENCY_US", "DECOD
 
 #: The committed decode calibration's file name (in :func:`mla_lab.paths.calibration_dir`).
 DECODE_CSV = "h200_decode.csv"
-#: The fp8 MoE decode fit's file name (``benchmarks/fit_moe_decode.py``), beside :data:`DECODE_CSV`.
+#: The fp8 MoE decode fit's file name (``mla_lab/fits/moe_decode.py``), beside :data:`DECODE_CSV`.
 MOE_DECODE_CSV = "h200_moe_decode.csv"
 
 #: Fixed cost (us) of one small all-reduce over 8 NVLink-connected Hopper GPUs. Assumption (cited), not measured
@@ -206,14 +206,14 @@ _LOADED: dict = {}
 
 def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration:
     """The decode calibration in ``path`` (default ``data/calibration/h200_decode.csv``, written by
-    ``benchmarks/fit_decode.py``). Cached per (path, mtime).
+    ``mla_lab/fits/decode.py``). Cached per (path, mtime).
 
     Raises:
         ValueError: the file does not exist (says how to make it) or a row is malformed (names the file and row).
     """
     p = Path(path) if path is not None else calibration_dir() / DECODE_CSV
     if not p.is_file():
-        raise ValueError(f"decode calibration path={str(p)!r} does not exist; run `python benchmarks/fit_decode.py` "
+        raise ValueError(f"decode calibration path={str(p)!r} does not exist; run `python -m mla_lab.fits.decode` "
                          "to fit it from data/measured/h200/round2/decode_layer.csv")
     key = (str(p), p.stat().st_mtime)
     if key in _LOADED:
@@ -253,7 +253,7 @@ def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration
 
 
 def load_moe_decode_fit(path: str | Path) -> dict | None:
-    """The fp8 MoE decode fit in ``path`` (``benchmarks/fit_moe_decode.py``): ``{"a_us", "eff_bytes", "bw_gbps",
+    """The fp8 MoE decode fit in ``path`` (``mla_lab/fits/moe_decode.py``): ``{"a_us", "eff_bytes", "bw_gbps",
     "mape_in_pct", "mape_loo_pct", "n_processes", "source"}``, or None when the file does not exist.
 
     Raises:

@@ -59,7 +59,7 @@ Dtypes: activations bf16 (2 B). Linear weights ``weight_dtype`` bf16 (2 B) or fp
 rate, taken as 2x the dense bf16 rate from the same datasheets: H100/H200 1979, B200 4500 TFLOP/s dense fp8). The
 absorbed W_UK / W_UV (vLLM dequantizes ``kv_b_proj`` into bf16 copies), the router, ``idx_weights_proj``, norms,
 embedding and LM head stay bf16. The indexer's MQA logits are priced at bf16 (``indexer_dtype``), which is what
-``benchmarks/bench_layer.py`` measures (a Triton kernel); vLLM runs DeepGEMM's fp8 ``fp8_mqa_logits`` there.
+``mla_lab/measure/experiments/layer_calibration.py`` measures (a Triton kernel); vLLM runs DeepGEMM's fp8 ``fp8_mqa_logits`` there.
 
 The attention path of each strategy (class ``attn_<op>``, :func:`attention_path_ops`), per layer, per rank, for
 one engine step of ``T`` tokens (``H`` real heads, ``H'`` padded heads, head_size 576, d_v 512, bf16 = 2 bytes):
@@ -141,7 +141,7 @@ class LayerOp:
         flops: floating-point operations; weight_bytes / act_bytes: bytes of weights and of activations read plus
             written; comm_bytes: for comm ops, the message size (bytes each rank holds before the collective).
         dims: the per-rank shape (``M``, ``K``, ``N``, ``B`` ...), used by the benchmark to run the op.
-        impl: how ``benchmarks/bench_layer.py`` measures the op (None: modelled only, never measured).
+        impl: how ``mla_lab/measure/experiments/layer_calibration.py`` measures the op (None: modelled only, never measured).
         dtype: compute dtype of the op (``bf16``/``fp8``).
     """
 

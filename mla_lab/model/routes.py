@@ -339,7 +339,7 @@ def fa3_sparse_terms(model: ModelConfig, tp: int, T: int, sum_topk: int) -> dict
             "padded_bytes": 0.0, "tile_heads": math.ceil(H / 64) * 64}
 
 
-#: Where the H200 route rows live (``benchmarks/round3.py`` part ``routes``, 5 fresh processes).
+#: Where the H200 route rows live (``mla_lab/measure/experiments/routes_step.py``, 5 fresh processes).
 ROUTES_CSV = ("between_process", "routes.csv")
 #: SDPA backend whose rows fit the ``mha_attn`` class: cuDNN (Hopper wgmma kernels, the closest of torch's backends
 #: to the FA3 varlen kernel vLLM and SGLang call on sm90; SDPA ``flash`` is FlashAttention-2).
@@ -502,7 +502,7 @@ def route_calibration_rows() -> list[dict]:
     :func:`mla_lab.model.calibration.write_calibration_csv`): ``attention`` ``kernel`` (the roofline's eff_flops)
     and ``kernel_bytes`` (its eff_bytes, in ``eff_bytes``), fitted on the committed H200 kernel rows
     (:func:`default_padded_kernel_fit`), and the classes ``mha_attn`` / ``k_concat`` fitted on the committed route
-    rows (:func:`fit_route_classes`). ``benchmarks/fit_routes.py`` writes them with provenance columns."""
+    rows (:func:`fit_route_classes`). ``mla_lab/fits/routes.py`` writes them with provenance columns."""
     fit = default_padded_kernel_fit()
     rows = [{"kind": "attention", "op_class": "kernel", "eff_flops": fit.eff_flops, "eff_bytes": 1.0,
              "floor_us": 0.0, "overhead_mode": "max", "n": fit.n, "mape_pct": fit.mape_pct},

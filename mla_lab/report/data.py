@@ -25,7 +25,7 @@ def measured_sweep_frames(root: Path, pattern: str = "*.csv", include_archive: b
     """Yield ``(path, rows)`` for every ``pattern`` file under ``root`` (recursively, sorted) that has the sweep's
     columns and ``source == "measured"`` rows; ``rows`` holds those rows only. Unreadable CSVs and other CSVs (kernel
     benchmarks) are skipped, and so are folders named ``archive`` unless ``include_archive``. Used by
-    :func:`load_measured` and ``benchmarks/stamp_measured.py`` (which stamps the archive too)."""
+    :func:`load_measured` and ``mla_lab/report/stamp_measured.py`` (which stamps the archive too)."""
     import pandas as pd
 
     for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
@@ -78,7 +78,7 @@ def detach_stale(df, root: str | Path | None = None):
     per detached model and TP])``.
 
     - Rows the manifest (:mod:`.stamps`: ``config_digests.json`` in ``root`` or above, written by
-      ``benchmarks/stamp_measured.py``) stamps for their file, GPU (``device``) and provider (``flash_mla``): kept
+      ``mla_lab/report/stamp_measured.py``) stamps for their file, GPU (``device``) and provider (``flash_mla``): kept
       when the stamped SHA-256 equals today's ``data/models/<model>/config.json`` (:func:`.stamps.config_digest`),
       detached otherwise (any edited value: heads, topk, layers...).
     - Rows it does not stamp: kept when their ``num_heads`` equals ``num_attention_heads / tp`` of today's config
@@ -131,7 +131,7 @@ def detach_stale(df, root: str | Path | None = None):
                              f"({f}, {dev}, {prov}{more})")
             why = "; ".join(parts)
         notes.append(f"{len(stale)} measured row(s) of {m} TP{tp} detached: {why} (re-measure on the current config "
-                     "and run benchmarks/stamp_measured.py to attach)")
+                     "and run mla_lab/report/stamp_measured.py to attach)")
         for i in stale:
             keep[df.index.get_loc(i)] = False
     return df[keep].copy(), notes
@@ -153,7 +153,7 @@ def unstamped_files(df, root: str | Path | None) -> list[str]:
                 for _, r in g.iterrows())
         if n:
             out.append(f"{n} measured row(s) of {f} carry no config digest (checked by heads per rank only; run "
-                       "benchmarks/stamp_measured.py after a GPU run)")
+                       "mla_lab/report/stamp_measured.py after a GPU run)")
     return out
 
 #: How many cached priced frames are kept (older ones are removed when a new one is written).

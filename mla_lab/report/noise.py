@@ -2,7 +2,7 @@
 the README (issue 20). Modelled: the runs are :mod:`mla_lab.serving.noise`'s Monte-Carlo, not measured servers.
 
 Nothing is re-simulated here (1000 runs per build take minutes): the figures and sentences read the per-run changes
-``benchmarks/predict_pr53878.py`` committed beside its prediction,
+``mla_lab/fits/predict_pr53878.py`` committed beside its prediction,
 ``data/validation/pr53878_noise_distribution.csv`` (one row per case and run: ``case`` = ``identical_builds`` (two
 runs of the build before the PR, A vs A') or ``pr_vs_before``, ``run``, ``change_<metric>_pct``), and the prediction
 file ``pr53878_main_prediction.json`` for its noise components and the modelled (deterministic) change. Every
@@ -59,7 +59,7 @@ def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path 
 
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"path={str(p)!r} does not exist; it is written by benchmarks/predict_pr53878.py")
+        raise ValueError(f"path={str(p)!r} does not exist; it is written by mla_lab/fits/predict_pr53878.py")
     df = pd.read_csv(p)
     need = ["case", "run"] + [f"change_{k}_pct" for k, _ in PANELS]
     missing = [c for c in need if c not in df.columns]
@@ -215,7 +215,7 @@ def readme_section(dist: dict, figure: str | None = f"docs/figures/{FIGURE_NAME}
     if figure:
         out += [f"![single-run distribution of the change]({figure})", ""]
     out += [" ".join(noise_sentences(dist)), "",
-            "Regenerate: `python benchmarks/predict_pr53878.py --num-runs 1000 --seed 0 --update-docs`, then "
+            "Regenerate: `python -m mla_lab.fits.predict_pr53878 --num-runs 1000 --seed 0 --update-docs`, then "
             "`python -m mla_lab.report.noise --update-readme`."]
     if pred is not None:
         out[0] += f" Prediction commit `{pred['git_commit']}`."

@@ -1,6 +1,6 @@
 """The route beats the copy: measured attention-path time per route and prompt length (H200, fresh processes).
 
-Rows: ``data/measured/h200/between_process/routes.csv`` (``benchmarks/round3.py``, part ``routes``): one 16384-token
+Rows: ``data/measured/h200/between_process/routes.csv`` (``mla_lab/measure/experiments/routes_step.py``): one 16384-token
 prefill step of ``16384 / L`` prompts of ``L`` tokens, GLM-5 TP8 (8 heads, qk 256 / v 256) and DeepSeek-V3.2 TP8 (16
 heads, qk 192 / v 128), per layer call:
 
@@ -46,7 +46,7 @@ def route_summary(path: str | Path | None = None, model: str = "glm-5") -> list[
     route rows are not in the measured folder this report reads (never a number without its rows)."""
     if not routes_available(path):
         where = Path(path) if path else measured_dir("h200") / ROUTES_CSV
-        return [f"Routes not measured in this measured folder ({where} is absent; benchmarks/h200_round3.sh writes "
+        return [f"Routes not measured in this measured folder ({where} is absent; benchmarks/h200_between_process.sh writes "
                 "it): no route figure."]
     x = crossover(path, model=model)
     out = [route_sentence(path, model=model)]
@@ -66,7 +66,7 @@ def _rows(path):
 
     p = Path(path) if path else measured_dir("h200") / ROUTES_CSV
     if not p.exists():
-        raise FileNotFoundError(f"routes rows {p} not found (benchmarks/h200_round3.sh writes them)")
+        raise FileNotFoundError(f"routes rows {p} not found (benchmarks/h200_between_process.sh writes them)")
     return pd.read_csv(p)
 
 

@@ -37,12 +37,12 @@ __all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sens
 
 #: (label, strategy, against) of the seed answer (:data:`mla_lab.placement.SEED_COMPARISONS`).
 COMPARISONS = SEED_COMPARISONS
-#: ``preset`` labels of benchmarks/bench_engines.py -> canonical strategies
+#: ``preset`` labels of mla_lab/measure/experiments/engines.py -> canonical strategies
 #: (:data:`mla_lab.placement.BENCH_PRESET_LABELS`).
 PRESET_FILE_NAMES = BENCH_PRESET_LABELS
 
 
-#: The committed between-process rows of the seed attention path (benchmarks/round3.py, part ``presets``).
+#: The committed between-process rows of the seed attention path (mla_lab/measure/experiments/presets.py).
 BETWEEN_PROCESS_PRESETS = ("between_process", "presets.csv")
 
 
@@ -51,7 +51,7 @@ def _measured_seed_samples(path: Path | None) -> tuple[dict, str]:
 
     Default: ``data/measured/h200/between_process/presets.csv`` (>= 5 fresh processes, interleaved rounds in each):
     ``{strategy: {process: median ms of that process's rounds}}``, basis ``"processes"``. A file without a
-    ``process`` column (the round-2 ``presets.csv`` of benchmarks/bench_engines.py, one process): ``{strategy:
+    ``process`` column (the round-2 ``presets.csv`` of mla_lab/measure/experiments/engines.py, one process): ``{strategy:
     {round: ms}}``, basis ``"rounds"`` (a within-process interval). ``({}, "")`` without a file."""
     import pandas as pd
 

@@ -2,7 +2,7 @@
 
 A measured sweep row (``data/measured/**.csv``, ``source == "measured"``) is a timing of one geometry: the model
 config under ``data/models/<model>/config.json`` as it was when the GPU ran. The manifest, written next to the CSVs
-by ``benchmarks/stamp_measured.py`` after each GPU run, keys the rows by that config's digest and by the GPU
+by ``mla_lab/report/stamp_measured.py`` after each GPU run, keys the rows by that config's digest and by the GPU
 (``device`` column) and FlashMLA provider (``flash_mla`` column) they were measured on::
 
     {"digest": "...", "files": {"h200/padding_sweep.csv": [

@@ -11,10 +11,10 @@ of the committed NCCL runs beside that simulation plus the cost model's all-redu
 - :func:`comm_fit_table`: per world size, the all-reduce fit (latency, bandwidth, error) or the assumption, and
   the assumption's error against what was measured.
 
-Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``benchmarks/tp_block.py``) and the older
+Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``mla_lab/measure/experiments/tp_block.py``) and the older
 ``data/measured/h200x2/tp2_attention.csv`` (written by this harness's first version, attention block only); the
 one-GPU simulation of a TP-N share alone, before any N-GPU run: ``data/measured/<gpu>/tp<N>_sim_block.csv``
-(``benchmarks/tp_block.py --runs sim``), named in the status table.
+(``mla_lab/measure/experiments/tp_block.py --runs sim``), named in the status table.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | 
     parts = []
     for n in world_sizes:
         for f in _files(n, gpu, Path(root) if root else None):
-            d = read_csv_checked(f, REQUIRED, "benchmarks/tp_block.py")
+            d = read_csv_checked(f, REQUIRED, "mla_lab/measure/experiments/tp_block.py")
             if "block" not in d.columns:
                 d["block"] = "attention"
             d["file"] = f"{f.parent.name}/{f.name}"
@@ -107,7 +107,7 @@ def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path
         d = runs[(runs["run"] == "tp") & (runs["world_size"] == n)] if len(runs) else runs
         sim_only = (Path(root) if root else _measured_root()) / gpu / f"tp{n}_sim_block.csv"
         if not len(d):
-            note = f"not measured: needs {n} GPUs of one host (benchmarks/tp_block.py --tp {n})"
+            note = f"not measured: needs {n} GPUs of one host (mla_lab/measure/experiments/tp_block.py --tp {n})"
             if sim_only.is_file():
                 note += f"; the one-GPU simulation of its share is measured ({gpu}/{sim_only.name})"
             out.append({"TP": n, "measured": "no", "files": "-", "ranks": 0, "configurations": 0, "blocks": "-",

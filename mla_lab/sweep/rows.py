@@ -368,7 +368,7 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
     return out
 
 
-#: The committed between-process rows of the seed attention path (``benchmarks/round3.py``, part ``presets``:
+#: The committed between-process rows of the seed attention path (``mla_lab/measure/experiments/presets.py``:
 #: GLM-5 TP8 geometry, 16 x 1024-token causal prompts in one 16384-token step, H200, bf16 KV cache).
 BETWEEN_PROCESS_PRESETS = ("h200", "between_process", "presets.csv")
 

@@ -15,7 +15,7 @@ Per model (GLM-5, DeepSeek-V3.2 at ``--tp``) and prompt length L (default 512 10
 Each row carries the modelled ms of the same op (:mod:`mla_lab.model.routes`) and the provenance columns.
 ``--dry-run`` (CPU) writes only the modelled rows (``source=modelled``). Run it in >= 5 fresh processes.
 
-Usage: ``python benchmarks/bench_routes.py --out data/measured/h200/routes/routes_p1.csv [--dry-run]``
+Usage: ``python -m mla_lab.measure.experiments.routes_sweep --out data/measured/h200/routes/routes_p1.csv [--dry-run]``
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from pathlib import Path
 
 from mla_lab.arch import get_arch
 from mla_lab.buffers import padded_num_heads
+from mla_lab.kernels import sparse_mla_prefill
+from mla_lab.measure.attention import make_step_inputs
+from mla_lab.measure.timer import median_ms
 from mla_lab.model.route_timing import route_op_time_ms
 from mla_lab.model.routes import (
     default_padded_kernel_fit,
@@ -73,9 +76,6 @@ def _measure(m, tp, H, Hp, L, step, rows) -> None:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from mla_lab.kernels import sparse_mla_prefill
-    from mla_lab.measure.attention import make_step_inputs
-    from mla_lab.measure.timer import median_ms
 
     dev = "cuda"
     dqk, dv, dn, dr = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, m.qk_nope_head_dim, m.qk_rope_head_dim
@@ -121,6 +121,12 @@ def _measure(m, tp, H, Hp, L, step, rows) -> None:
     qp[:, :H, 512:] = q_pe
     rows[5]["ms"] = median_ms(lambda: sparse_mla_prefill(qp, kv, idx, 0.0625, topk_length=tl, actual_num_heads=H,
                                                           backend="flash_mla"))
+
+
+OUTPUTS = {"routes_sweep.csv": COLS}
+PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
+#: (model, prompt_len) at the default --lens and --tp 8
+SHAPES = [(m, L) for m in ("glm-5", "deepseek-v3.2") for L in (512, 1024, 2048, 4096, 8192)]
 
 
 def main(argv=None) -> int:

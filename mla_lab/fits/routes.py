@@ -5,7 +5,7 @@ Inputs (all committed, measured on one H200): the FlashMLA kernel rows with zero
 (:func:`mla_lab.model.routes.padded_kernel_rows`) and the route rows of round 3
 (``data/measured/h200/between_process/routes.csv``, :func:`mla_lab.model.routes.route_rows`). Prints each fit's error.
 
-Usage: ``python benchmarks/fit_routes.py [--out data/calibration/h200_routes.csv]`` (refuses a path it did not
+Usage: ``python -m mla_lab.fits.routes [--out data/calibration/h200_routes.csv]`` (refuses a path it did not
 write: an existing file without this script's ``fit_inputs`` column).
 """
 

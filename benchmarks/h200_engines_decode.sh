@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# GPU round 2 on one lent H200 (docs/perf-notes.md, "GPU round 2"): bench_engines.py (content factor, engine
-# presets, sub-chunking, NaN check) then bench_decode.py (decode / mixed layer, attention path, per-op), CSVs and
+# The engines and decode_layer experiments on one lent H200 (docs/perf-notes.md, "GPU round 2"): engines (content factor, engine
+# presets, sub-chunking, NaN check) then decode_layer (decode / mixed layer, attention path, per-op), CSVs and
 # one log straight into $OUT (7 files; the scripts append rows as they measure, so a kill keeps what was measured).
 # Expects the flash_mla wheel in .whl/ (installed here if the caller did not), MLA_LAB_COMMIT set by the caller.
 # SMOKE=1: tiny shapes only. ENG_BUDGET / PRESET_BUDGET / DEC_BUDGET: seconds per script (deadlines inside).
@@ -13,7 +13,7 @@ if ! python3 -c "import flash_mla" 2>/dev/null; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 export PYTHONUNBUFFERED=1
-LOG="$OUT/round2.log"
+LOG="$OUT/engines_decode.log"
 {
   date -u +"start %Y-%m-%dT%H:%M:%SZ"
   echo "MLA_LAB_COMMIT=${MLA_LAB_COMMIT:-unset}"
@@ -24,9 +24,9 @@ LOG="$OUT/round2.log"
 } 2>&1 | tee "$LOG"
 S=""
 if [ "${SMOKE:-0}" = 1 ]; then S="--smoke"; fi
-python3 benchmarks/bench_engines.py --out "$OUT" $S --budget-s "${ENG_BUDGET:-320}" --repeats 6 --window-ms 250 \
+python -m mla_lab.measure.experiments.engines --out "$OUT" $S --budget-s "${ENG_BUDGET:-320}" --repeats 6 --window-ms 250 \
     --presets-budget-s "${PRESET_BUDGET:-110}" 2>&1 | tee -a "$LOG"
-python3 benchmarks/bench_decode.py --out "$OUT" $S --budget-s "${DEC_BUDGET:-150}" 2>&1 | tee -a "$LOG"
+python -m mla_lab.measure.experiments.decode_layer --out "$OUT" $S --budget-s "${DEC_BUDGET:-150}" 2>&1 | tee -a "$LOG"
 {
   nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv
   date -u +"end %Y-%m-%dT%H:%M:%SZ"

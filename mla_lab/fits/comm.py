@@ -1,10 +1,10 @@
 """Fit the all-reduce term of the cost model (latency + bandwidth, one fit per world size) to every NCCL run
 committed under ``data/measured/<gpu>x<n>/`` and write it.
 
-    python benchmarks/fit_comm.py [--gpu h200] [--measured-dir data/measured] [--out data/calibration/<gpu>_comm.csv]
+    python -m mla_lab.fits.comm [--gpu h200] [--measured-dir data/measured] [--out data/calibration/<gpu>_comm.csv]
 
 Reads every rank's median all-reduce time (:func:`mla_lab.model.comm.measured_allreduce_rows`: ``allreduce.csv`` of
-``benchmarks/tp_block.py`` and the older ``tp2_attention.csv``), fits :func:`mla_lab.model.comm.fit_comm` per world
+``mla_lab/measure/experiments/tp_block.py`` and the older ``tp2_attention.csv``), fits :func:`mla_lab.model.comm.fit_comm` per world
 size and prints each rank row beside the fit (measured ms, fitted ms, error) and each fit with its in-sample and
 leave-one-size-out MAPE. The output carries the provenance of the runs (GPU, driver, torch, NCCL env, commit) and
 the files read.

@@ -1,8 +1,8 @@
 """Fit the per-extra-chunk cost of ``subchunk:<S>:graph2`` to the H200 round-3 rows and write it.
 
-    python benchmarks/fit_subgraph.py [--data data/measured/h200/between_process/subgraph.csv]
+    python -m mla_lab.fits.subgraph [--data data/measured/h200/between_process/subgraph.csv]
 
-``subgraph.csv`` (``benchmarks/round3.py`` part ``subgraph``, 5 fresh processes, interleaved rounds) times, at the
+``subgraph.csv`` (``mla_lab/measure/experiments/subgraph.py``, 5 fresh processes, interleaved rounds) times, at the
 seed shape (16 x 1024 causal prompts, T = 16384) and at full topk (topk 2048 over s_kv 32768), GLM-5 TP8 (H 8 -> 64
 padded heads), the PR's private-workspace path eager and graphed (``pr:eager`` / ``pr:graph``) beside the chunk loop
 over two S-row workspaces on two streams captured in one CUDA graph (``subchunk:S:2stream_graph``, S 2048 / 4096).
@@ -30,7 +30,7 @@ from mla_lab.paths import calibration_dir
 
 PROVENANCE = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit")
 DATA = REPO / "data/measured/h200/between_process/subgraph.csv"
-T = 16384  # the step's tokens in subgraph.csv (benchmarks/round3.py SEED_T)
+T = 16384  # the step's tokens in subgraph.csv (mla_lab.measure.experiments._common.SEED_T)
 
 
 def graph_chunk_rows(df) -> list[dict]:

@@ -1,8 +1,8 @@
 """Stamp the measured sweep CSVs with the model config each was measured with: writes ``config_digests.json``.
 
-    python benchmarks/stamp_measured.py [--root data/measured] [--check]
+    python -m mla_lab.report.stamp_measured [--root data/measured] [--check]
 
-Run after every GPU run that writes measured sweep rows (``benchmarks/measured_sweep.py`` runs it for its
+Run after every GPU run that writes measured sweep rows (``mla_lab/sweep/measured.py`` runs it for its
 ``--out`` when that lies under the measured root). For every CSV under ``--root`` (archive folders included) with
 the sweep's columns and ``source == "measured"`` rows, per (``device``, ``flash_mla``, ``git_commit``) group of rows
 and per model, the manifest records SHA-256 of the canonical JSON of ``data/models/<model>/config.json``
@@ -83,7 +83,7 @@ def stamp(root: Path) -> dict:
         files[rel] = entries
     return {"about": "SHA-256 of each model's data/models/<model>/config.json the measured rows of each CSV were "
                      "measured with, per GPU (device) and FlashMLA provider (flash_mla); written by "
-                     "benchmarks/stamp_measured.py, read by mla_lab.report.data.load_measured (a changed config "
+                     "mla_lab/report/stamp_measured.py, read by mla_lab.report.data.load_measured (a changed config "
                      "detaches the rows)",
             "digest": "sha256 of json.dumps(config, sort_keys=True, separators=(',', ':'))",
             "files": files}
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
     path = root / MANIFEST_NAME
     if args.check:
         same = path.is_file() and path.read_text() == text
-        print(f"{path}: {'up to date' if same else 'out of date (run benchmarks/stamp_measured.py)'}")
+        print(f"{path}: {'up to date' if same else 'out of date (run mla_lab/report/stamp_measured.py)'}")
         return 0 if same else 1
     path.write_text(text)
     n = sum(e["rows"] for es in doc["files"].values() for e in es)

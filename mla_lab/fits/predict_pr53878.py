@@ -23,9 +23,9 @@ per TTFT statistic.
 Writes ``data/validation/pr53878_main_prediction.json`` (``--out``) and, beside it, the per-run changes of the
 prediction's two Monte-Carlo runs, ``pr53878_noise_distribution.csv`` (what ``mla_lab.report.noise`` draws);
 refuses to overwrite a file the lab did not write (a JSON without ``"produced_by":
-"benchmarks/predict_pr53878.py"``, a CSV without its header).
+"mla_lab/fits/predict_pr53878.py"``, a CSV without its header).
 
-    python benchmarks/predict_pr53878.py [--num-runs 1000] [--seed 0] [--out PATH] [--no-measurements]
+    python -m mla_lab.fits.predict_pr53878 [--num-runs 1000] [--seed 0] [--out PATH] [--no-measurements]
         [--update-docs | --docs-only]
 """
 
@@ -47,7 +47,9 @@ from mla_lab.provenance import git_commit
 from mla_lab.serving import PR_BENCH, BenchConfig, EnginePricer, SchedulerConfig, serve_benchmark
 from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
-PRODUCED_BY = "benchmarks/predict_pr53878.py"
+PRODUCED_BY = "mla_lab.fits.predict_pr53878"
+#: This module under its former path (benchmarks/predict_pr53878.py, before issue 31): a file it wrote is ours too.
+EARLIER_PRODUCERS = ("benchmarks/predict_pr53878.py",)
 OUT = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
 MODEL, TP, ARCH = "glm-5.2", 8, "h200"
 BEFORE, ALT_BEFORE, PR = "per_call_empty:zeros", "per_call_empty:stale", "private_workspace"
@@ -60,7 +62,7 @@ PREDICTED = {"duration": "s", "request_throughput": "req/s", "output_throughput"
 TTFT_STATS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms")
 REPORTED = {"mean_ttft_ms": -9.5, "median_ttft_ms": -9.5, "p99_ttft_ms": -9.5, "total_token_throughput": 6.0,
             "output_throughput": 6.0}
-#: The H200 between-process rows (5 fresh processes; benchmarks/h200_round3.sh). NOT data/measured/h200/round3/
+#: The H200 between-process rows (5 fresh processes; benchmarks/h200_between_process.sh). NOT data/measured/h200/round3/
 #: (an older, unrelated measured_sweep log).
 MEASURED = measured_dir("h200") / "between_process"
 COLD_CSV = MEASURED / "cold_start.csv"
@@ -126,7 +128,7 @@ def measured_noise(folder: Path = MEASURED) -> dict:
     for f in (folder / "content_loop.csv", folder / "cold_start.csv", folder / "step_spread.csv"):
         if not f.is_file():
             raise ValueError(f"{f} does not exist; the measured noise needs content_loop.csv, cold_start.csv and "
-                             "step_spread.csv (benchmarks/h200_round3.sh)")
+                             "step_spread.csv (benchmarks/h200_between_process.sh)")
     loop = pd.read_csv(folder / "content_loop.csv")
     zeros = loop[loop["content"] == "zeros"]
     step = between_process(zeros, ["content"], "step_ms")[("zeros",)]
@@ -242,7 +244,7 @@ def code_commit() -> dict:
     tree's other files may be dirty; ``git_commit`` says so)."""
     import subprocess
 
-    paths = ["mla_lab/serving", "mla_lab/model", "benchmarks/predict_pr53878.py", "data/calibration", "data/models"]
+    paths = ["mla_lab/serving", "mla_lab/model", "mla_lab/fits/predict_pr53878.py", "data/calibration", "data/models"]
     try:
         sha = subprocess.run(["git", "log", "-1", "--format=%H", "--", *paths], cwd=REPO_ROOT, capture_output=True,
                              text=True, timeout=20).stdout.strip()
@@ -309,7 +311,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         "what": "prediction of vLLM PR #53878's 'main' run (vLLM before the PR), modelled; fitted to no end-to-end "
                 "figure of that run",
         "produced_by": PRODUCED_BY,
-        "command": f"python {PRODUCED_BY} --num-runs {num_runs} --seed {seed}"
+        "command": f"python -m {PRODUCED_BY} --num-runs {num_runs} --seed {seed}"
                    + ("" if use_measurements else " --no-measurements"),
         "git_commit": git_commit(),
         "code_commit": code_commit(),
@@ -350,7 +352,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
 
 
 DOCS = REPO_ROOT / "docs" / "serving.md"
-BEGIN, END = "<!-- prediction:begin (benchmarks/predict_pr53878.py --update-docs) -->", "<!-- prediction:end -->"
+BEGIN, END = "<!-- prediction:begin (mla_lab/fits/predict_pr53878.py --update-docs) -->", "<!-- prediction:end -->"
 _LABEL = {"duration": "benchmark duration", "request_throughput": "request throughput",
           "output_throughput": "output token throughput", "total_token_throughput": "total token throughput",
           "mean_ttft_ms": "mean TTFT", "median_ttft_ms": "median TTFT", "p99_ttft_ms": "P99 TTFT",
@@ -537,7 +539,7 @@ def main(argv=None) -> int:
         return 2
     if out.exists():
         try:
-            ours = json.loads(out.read_text()).get("produced_by") == PRODUCED_BY
+            ours = json.loads(out.read_text()).get("produced_by") in (PRODUCED_BY, *EARLIER_PRODUCERS)
         except (ValueError, AttributeError):
             ours = False
         if not ours:

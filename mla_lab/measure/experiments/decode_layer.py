@@ -47,8 +47,12 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 
+from mla_lab import kernels as K
+from mla_lab.measure.layer import Layer, tiny_model
 from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance
 from mla_lab.measure.timer import est_ms, graphed, timed_window
+from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
+from mla_lab.models import load_model
 from mla_lab.paths import REPO_ROOT as REPO
 from mla_lab.placement import parse_strategy
 
@@ -121,7 +125,6 @@ class Kernels:
         self.dev, self.torch = dev, torch
         self.info, self.K, self._fm = {"available": False, "reason": "not probed"}, None, None
         try:
-            from mla_lab import kernels as K
 
             self.K, self.info = K, K.flash_mla_info()
             self.concat_impl = "mla_lab.kernels.concat_mla_q(" + ("triton" if dev == "cuda" else "torch") + ")"
@@ -171,9 +174,6 @@ def active_experts(B_tokens, model, ep):
 def package():
     """The package's layer pieces, imported after ``TRITON_INTERPRET`` is set (CPU runs; triton reads it at import):
     ``Layer``, ``tiny_model``, ``rmsnorm``, ``silu_mul``, ``mqa_logits``, ``load_model``."""
-    from mla_lab.measure.layer import Layer, tiny_model
-    from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
-    from mla_lab.models import load_model
 
     return SimpleNamespace(Layer=Layer, tiny_model=tiny_model, rmsnorm=rmsnorm, silu_mul=silu_mul,
                            mqa_logits=mqa_logits, load_model=load_model,
@@ -443,6 +443,13 @@ LAYER_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", 
 OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "content",
             "c_dependent",
             "repeat", "inner", "ms", "status"]
+
+
+#: Files and their row columns (plus :func:`mla_lab.measure.record.bench_provenance`'s columns).
+OUTPUTS = {"decode_layer.csv": LAYER_COLS, "decode_attn.csv": LAYER_COLS, "decode_ops.csv": OPS_COLS}
+PROVENANCE = ("gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
+#: (model, batch, context): the default --batches x --contexts per model (the mixed steps beside them).
+SHAPES = [(m, B, c) for m in ("glm-5", "deepseek-v3.2") for B in (1, 4, 16, 64, 128, 256) for c in (1024, 4096, 8192)]
 
 
 def main(argv=None):

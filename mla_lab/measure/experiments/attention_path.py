@@ -12,7 +12,7 @@ Also the NaN-padding leak check. The measuring is :mod:`mla_lab.measure.attentio
 Prints a table and writes ``data/measured/<gpu>/attention_path.csv`` (``--out`` to change), every row labelled
 ``measured`` with provenance. Usage::
 
-    python benchmarks/bench_attention.py [--models glm-5 deepseek-v3.2] [--tps 1 2 4 8] [--tokens 1024 4096 16384]
+    python -m mla_lab.measure.experiments.attention_path [--models glm-5 deepseek-v3.2] [--tps 1 2 4 8] [--tokens 1024 4096 16384]
 """
 
 from __future__ import annotations
@@ -20,6 +20,26 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from mla_lab.arch import detect_arch
+from mla_lab.buffers import call_peak_bytes, padded_num_heads
+from mla_lab.measure.attention import MEASURED_STRATEGIES, nan_padding_check, time_attention_path
+from mla_lab.models import load_model
+from mla_lab.paths import measured_dir
+from mla_lab.placement import BASELINE, PR_STRATEGY, parse_strategy
+from mla_lab.provenance import provenance
+from mla_lab.workload import Step
+
+OUTPUTS = {"attention_path.csv": ["model", "tp", "num_heads", "padded_heads", "T", "topk_mode", "strategy",
+                                  "concat_ms", "pad_ms", "kernel_ms", "out_slice_ms", "total_ms", "peak_extra_bytes",
+                                  "analytic_peak_extra_bytes", "workspace_bytes", "kernel_backend", "concat_backend",
+                                  "arch", "peak_diff_bytes"],
+           "nan_padding_check.csv": ["model", "tp", "num_heads", "T", "nan_in_real_heads", "nan_max_abs_diff",
+                                     "inf_in_real_heads", "inf_max_abs_diff"]}
+PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
+#: (model, tp, T, topk mode)
+SHAPES = [(m, tp, T, k) for m in ("glm-5", "deepseek-v3.2") for tp in (1, 2, 4, 8) for T in (1024, 4096, 16384)
+          for k in ("causal", "full")]
 
 
 def main(argv=None) -> int:
@@ -33,14 +53,6 @@ def main(argv=None) -> int:
     import pandas as pd
     import torch
 
-    from mla_lab.arch import detect_arch
-    from mla_lab.buffers import call_peak_bytes, padded_num_heads
-    from mla_lab.measure.attention import MEASURED_STRATEGIES, nan_padding_check, time_attention_path
-    from mla_lab.models import load_model
-    from mla_lab.paths import measured_dir
-    from mla_lab.placement import BASELINE, PR_STRATEGY, parse_strategy
-    from mla_lab.provenance import provenance
-    from mla_lab.workload import Step
 
     if not torch.cuda.is_available():
         print("bench_attention: needs a CUDA GPU (torch sees none)", file=sys.stderr)

@@ -3,12 +3,12 @@ cost, cache hints, and the host launch cost.
 
 Run on a CUDA GPU (torch + triton + mla_lab, nothing else)::
 
-    python3 benchmarks/bench_concat_round3.py --out DIR                  # --set round3: DIR/concat_round3.csv
-    python3 benchmarks/bench_concat_round3.py --set round4 --out DIR     # DIR/concat_round4.csv
-    python3 benchmarks/bench_concat_round3.py --set ceiling --out DIR    # DIR/concat_layout_ceiling.csv
-    python3 benchmarks/bench_concat_round3.py --set hints --out DIR      # DIR/concat_hints.csv
-    python3 benchmarks/bench_concat_round3.py --set hints_clean --out DIR  # DIR/concat_hints_clean.csv
-    python3 benchmarks/bench_concat_round3.py --dry-run [--set ...]      # CPU: prints the plan, exits 0
+    python -m mla_lab.measure.experiments.concat_variants --out DIR                  # --set round3: DIR/concat_round3.csv
+    python -m mla_lab.measure.experiments.concat_variants --set round4 --out DIR     # DIR/concat_round4.csv
+    python -m mla_lab.measure.experiments.concat_variants --set ceiling --out DIR    # DIR/concat_layout_ceiling.csv
+    python -m mla_lab.measure.experiments.concat_variants --set hints --out DIR      # DIR/concat_hints.csv
+    python -m mla_lab.measure.experiments.concat_variants --set hints_clean --out DIR  # DIR/concat_hints_clean.csv
+    python -m mla_lab.measure.experiments.concat_variants --dry-run [--set ...]      # CPU: prints the plan, exits 0
 
 Method sets (``--set``; each writes its own CSV, so a set never overwrites another's rows):
 
@@ -74,7 +74,10 @@ from pathlib import Path
 import torch
 
 from mla_lab.kernels import concat_mla_q, make_concat_launcher
-from mla_lab.kernels.triton_concat import concat_mla_q_triton, v3_config
+from mla_lab.kernels.triton_concat import _plan, concat_mla_q_triton, triton_interpreting, v3_config
+from mla_lab.measure.bandwidth import gapped_write
+from mla_lab.measure.timer import median_ms
+from mla_lab.provenance import provenance
 
 CSV_NAME = "concat_round3.csv"
 #: Extra configurations timed into the padded workspace (name -> (variant, knobs)); the defaults are "v2" / "v3".
@@ -196,7 +199,6 @@ def _methods(T, H, Hp, dtype, device, tune, which="round3"):
         return lambda: concat_mla_q_triton(a, b, o, variant=variant, **cfg)
 
     if which in ("hints", "hints_clean"):
-        from mla_lab.kernels.triton_concat import _plan
 
         def hinted(o, ld, st):
             kernel, grid, args, cx, nw = _plan(a, b, o, zero_padding=False, variant="v2", block_rows=None,
@@ -212,7 +214,6 @@ def _methods(T, H, Hp, dtype, device, tune, which="round3"):
         m["copy"] = (None, None, lambda: dst.copy_(src), None)
         return a, b, out, m
     if which == "ceiling":  # the layout's cost with the kernel held fixed (mla_lab.measure.bandwidth)
-        from mla_lab.measure.bandwidth import gapped_write
 
         cat = torch.cat([a, b], dim=-1).contiguous()
         m["v2"] = ("v2", {}, kern(out, "v2", {}), out)
@@ -268,11 +269,9 @@ def _check(a, b, o, fn, name, device="cuda"):
 
 def _time(fn, timer, rep, device="cuda"):
     if device != "cuda":  # CPU smoke run of this script's logic under the Triton interpreter: timings mean nothing
-        from mla_lab.measure.timer import median_ms
 
         return median_ms(fn, device="cpu", n_cpu=1)
     if timer == "graph":
-        from mla_lab.measure.timer import median_ms
 
         return median_ms(fn, device="cuda", warmup=10, rep=rep, graph=True)
     from triton.testing import do_bench_cudagraph
@@ -452,6 +451,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+#: One file per method set (``--set``), each with these columns (plus ``series`` where the set has series).
+OUTPUTS = {CSV_NAMES[s]: FIELDS for s in SETS}
+PROVENANCE = tuple(PROV_FIELDS)
+#: (T, H) of the default set
+SHAPES = [(T, H) for T in (4096, 16384) for H in (8, 16)]
+
+
 def main(argv=None) -> int:
     ap = _Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="directory for the set's CSV (CSV_NAMES; required unless --dry-run)")
@@ -512,14 +518,12 @@ def main(argv=None) -> int:
             return _die(f"--out: {outp} exists and was not written by this script; not overwriting it")
     device = "cuda"
     if args.cpu_smoke:
-        from mla_lab.kernels.triton_concat import triton_interpreting
 
         if not triton_interpreting():
             return _die("--cpu-smoke needs TRITON_INTERPRET=1 in the environment")
         device = "cpu"
     elif not torch.cuda.is_available():
         return _die("needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run prints the plan on CPU")
-    from mla_lab.provenance import provenance
 
     print("\n".join(lines), flush=True)
     hv = {"round3": ("v2", "v3"), "round4": ("v2", "v4", "v5")}.get(args.which, ("v2",))

@@ -20,9 +20,9 @@ file, or a folder that cannot be created, is refused likewise. A ``--cpu-dry-run
 and uses its own tiny sizes, but ``--tokens``, ``--iters``, ``--warmup`` and the all-reduce sizes are still checked.
 Every refusal is one line on stderr, exit status 2. Usage::
 
-    python benchmarks/tp_block.py --tp 8                      # 8 GPUs, flash_mla installed
-    python benchmarks/tp_block.py --tp 8 --runs sim           # the TP-8 share on one GPU
-    python benchmarks/tp_block.py --cpu-dry-run --tp 4 --out /tmp/x   # the logic on CPU (gloo, tiny shapes)
+    python -m mla_lab.measure.experiments.tp_block --tp 8                      # 8 GPUs, flash_mla installed
+    python -m mla_lab.measure.experiments.tp_block --tp 8 --runs sim           # the TP-8 share on one GPU
+    python -m mla_lab.measure.experiments.tp_block --cpu-dry-run --tp 4 --out /tmp/x   # the logic on CPU (gloo, tiny shapes)
 
 Expected run time on 8 H200s (both models, both blocks, default strategies and sizes): a few minutes (process
 start, NCCL init, Triton JIT, random expert weights; the timed calls take seconds).
@@ -37,6 +37,23 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from mla_lab.arch import detect_arch
+from mla_lab.kernels import flash_mla_info
+from mla_lab.measure.record import CsvSink
+from mla_lab.measure.tp import (
+    ALLREDUCE_COLUMNS,
+    BLOCK_COLUMNS,
+    COMPARE_COLUMNS,
+    SAFE_ENV,
+    TPBenchmarkConfig,
+    check_config,
+    run_tp_benchmark,
+    summary_table,
+    tiny_overrides,
+)
+from mla_lab.paths import measured_dir
+from mla_lab.provenance import PROVENANCE_COLUMNS
 
 #: The default attention strategies: the members of the engine presets that run on tensors (vLLM before PR
 #: #53878 with zero and stale pads, #53878, #56902 without and with its per-call zeroing, SGLang), ``unfused`` and
@@ -57,6 +74,12 @@ def _blank(v):
     if isinstance(v, float) and math.isnan(v):
         return None
     return v
+
+
+OUTPUTS = {"tp_block.csv": BLOCK_COLUMNS + COMPARE_COLUMNS, "allreduce.csv": ALLREDUCE_COLUMNS}
+PROVENANCE = tuple(PROVENANCE_COLUMNS)
+#: (model, block) per TP size given by --tp
+SHAPES = [(m, b) for m in ("glm-5", "deepseek-v3.2") for b in ("attention", "moe")]
 
 
 def main(argv=None) -> int:
@@ -83,22 +106,6 @@ def main(argv=None) -> int:
 
     import torch
 
-    from mla_lab.arch import detect_arch
-    from mla_lab.kernels import flash_mla_info
-    from mla_lab.measure.record import CsvSink
-    from mla_lab.measure.tp import (
-        ALLREDUCE_COLUMNS,
-        BLOCK_COLUMNS,
-        COMPARE_COLUMNS,
-        SAFE_ENV,
-        TPBenchmarkConfig,
-        check_config,
-        run_tp_benchmark,
-        summary_table,
-        tiny_overrides,
-    )
-    from mla_lab.paths import measured_dir
-    from mla_lab.provenance import PROVENANCE_COLUMNS
 
     def refuse(msg: str) -> int:
         print(f"tp_block: {msg}", file=sys.stderr)

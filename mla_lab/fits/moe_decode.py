@@ -1,9 +1,9 @@
 """Fit the fp8 routed-expert MoE at decode sizes to the H200 measurements.
 
-    python benchmarks/fit_moe_decode.py [--data data/measured/h200/between_process/moe_decode.csv]
+    python -m mla_lab.fits.moe_decode [--data data/measured/h200/between_process/moe_decode.csv]
                                         [--out data/calibration/h200_moe_decode.csv]
 
-Input: ``moe_decode.csv`` (``benchmarks/round3.py``, GPU round 3): GLM-5's EP8 rank share (32 local experts) of
+Input: ``moe_decode.csv`` (``mla_lab/measure/experiments/moe_decode.py``): GLM-5's EP8 rank share (32 local experts) of
 the routed experts, ``T`` = 1..256 decode tokens, ``impl`` ``fp8_scaled_grouped_mm`` (``torch._scaled_grouped_mm``
 with row-wise scales, the activation quantization included) timed by CUDA-graph replay in 5 fresh processes;
 ``weight_bytes`` the fp8 weights of the experts hit (gate_up + down).
@@ -29,8 +29,9 @@ import pandas as pd
 
 from mla_lab.arch import get_arch
 from mla_lab.measure.spread import between_process
+from mla_lab.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 IMPL = "fp8_scaled_grouped_mm"
 PROV = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timing")
 

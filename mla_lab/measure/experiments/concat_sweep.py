@@ -208,6 +208,17 @@ def big_copy_gbps(nbytes=4 * 1024**3):
     return 2 * nbytes / (ms * 1e-3) / 1e9, ms
 
 
+OUTPUTS = {"concat_bench.csv": ["T", "H", "Hp", "dtype", "method", "layout", "timing", "block_rows", "num_warps",
+                                "loads_first", "streaming", "ms", "bytes_effective", "bytes_moved", "gbps_effective",
+                                "gbps_moved", "copy_gbps_same_bytes", "pct_of_copy", "big_copy_gbps",
+                                "predicted_ms_at_big_copy"],
+           "concat_bench_tune.csv": ["T", "H", "Hp", "dtype", "variant", "block_rows", "num_warps", "loads_first",
+                                     "streaming", "timing", "ms", "bytes_effective", "gbps_effective",
+                                     "copy_gbps_same_bytes", "pct_of_copy"]}
+PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
+SHAPES = [(T, H) for T in DEFAULT_T for H in DEFAULT_H]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(measured_dir("h200") / "concat_bench.csv"))

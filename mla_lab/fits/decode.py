@@ -1,8 +1,8 @@
 """Fit the decode calibration of the serving pricer to the H200 decode measurements and validate it.
 
-    python benchmarks/fit_decode.py [--data-dir data/measured/h200/round2] [--out data/calibration/h200_decode.csv]
+    python -m mla_lab.fits.decode [--data-dir data/measured/h200/round2] [--out data/calibration/h200_decode.csv]
 
-Inputs (``benchmarks/bench_decode.py``, GPU round 2, docs/perf-notes.md): ``decode_ops.csv`` (every op of the decode
+Inputs (``mla_lab/measure/experiments/decode_layer.py``, GPU round 2, docs/perf-notes.md): ``decode_ops.csv`` (every op of the decode
 layer alone, CUDA-graph replay of 10 back-to-back calls, device time per call) and ``decode_layer.csv`` (the
 per-rank layer: decode batches B = 1..256 at contexts 1k-8k, eager and graph; mixed steps, eager). Per
 configuration the measured value is the median over repeats of each window's median.
@@ -49,6 +49,7 @@ from mla_lab.serving.engine_pricer import (
     DECODE_CSV,
     DecodeCalibration,
     KernelDecode,
+    _eager_ms,
     layer_decode_ms,
     write_decode_calibration,
 )
@@ -277,12 +278,11 @@ def summarize(rows) -> dict:
 
 
 def prefill_crosscheck(cal, dcal, path) -> dict:
-    """MAPE of the committed prefill layer measurements (``layer_e2e.csv``, benchmarks/bench_layer.py) priced as the
+    """MAPE of the committed prefill layer measurements (``layer_e2e.csv``, mla_lab/measure/experiments/layer_calibration.py) priced as the
     committed model does (tests/test_layer_model_validation.py) and with the decode calibration's graph overheads
     and launch model: a check that the decode terms leave prefill intact (not part of the fit)."""
     import csv
 
-    from mla_lab.serving.engine_pricer import _eager_ms
 
     if not Path(path).is_file():
         return {}

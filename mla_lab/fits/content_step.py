@@ -1,8 +1,8 @@
 """Fit padded-head content over the whole step (issue 21) to the H200 layer loop and write the calibration.
 
-    python benchmarks/fit_content_step.py [--data data/measured/h200/between_process/content_loop.csv]
+    python -m mla_lab.fits.content_step [--data data/measured/h200/between_process/content_loop.csv]
 
-Reads ``content_loop.csv`` (``benchmarks/round3.py --parts content``: a sustained 78-layer loop at vLLM PR #53878's
+Reads ``content_loop.csv`` (``mla_lab/measure/experiments/content_step.py``: a sustained 78-layer loop at vLLM PR #53878's
 seed shape, zero vs N(0,1) padded heads, >= 5 fresh processes x interleaved rounds). Per process the median over
 its rounds of the step and of the attention path (``mla_lab.measure.spread.process_medians``), then
 :func:`mla_lab.model.content.fit_step_content` (``u``, ``v``: medians over processes) with the in-sample and the

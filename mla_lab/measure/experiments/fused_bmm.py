@@ -2,8 +2,8 @@
 
 Run on a CUDA GPU (torch + triton + mla_lab)::
 
-    python3 benchmarks/bench_fused_bmm.py --out DIR       # writes DIR/fused_bmm.csv, prints a table
-    python3 benchmarks/bench_fused_bmm.py --dry-run       # CPU: prints the plan, exits 0
+    python -m mla_lab.measure.experiments.fused_bmm --out DIR       # writes DIR/fused_bmm.csv, prints a table
+    python -m mla_lab.measure.experiments.fused_bmm --dry-run       # CPU: prints the plan, exits 0
 
 The absorbed-MLA prefill Q path computes ``ql_nope = bmm(q_nope^T [H, T, d_nope], W_UK [H, d_nope, 512])`` and
 then ``concat_mla_q`` copies ``ql_nope`` and ``q_pe`` into the first H heads of the padded ``[T, H', 576]``
@@ -32,6 +32,10 @@ import statistics
 import sys
 from pathlib import Path
 
+from mla_lab.kernels import make_concat_launcher
+from mla_lab.measure.timer import median_ms
+from mla_lab.provenance import provenance
+
 CSV_NAME = "fused_bmm.csv"
 #: (model, H per rank at TP8, qk_nope_head_dim) from data/models/<model>/config.json.
 MODELS = {"glm-5": (8, 192), "deepseek-v3.2": (16, 128)}
@@ -49,8 +53,6 @@ def _one(model, H, d, T, Hp, rounds, rep) -> list[dict]:
     """Rows of one (model, T): every method x round (see the module docstring)."""
     import torch
 
-    from mla_lab.kernels import make_concat_launcher
-    from mla_lab.measure.timer import median_ms
 
     torch.manual_seed(T + H)
     q = torch.randn(T, H, d + 64, device="cuda", dtype=torch.bfloat16)
@@ -104,6 +106,12 @@ def bench(T_list, Hp, rounds, rep) -> list[dict]:
     return rows
 
 
+OUTPUTS = {CSV_NAME: FIELDS}
+PROVENANCE = tuple(PROV_FIELDS)
+#: (model, T): both models at the default T list
+SHAPES = [(m, T) for m in MODELS for T in (4096, 16384)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help=f"directory for {CSV_NAME} (required unless --dry-run)")
@@ -137,7 +145,6 @@ def main(argv=None) -> int:
 
     if not torch.cuda.is_available():
         return _die("needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run prints the plan on CPU")
-    from mla_lab.provenance import provenance
 
     print("\n".join(plan), flush=True)
     rows = bench(args.T, args.Hp, args.rounds, args.rep)

@@ -1,9 +1,9 @@
 """Fit the engine-strategy terms of the cost model to the H200 round-2 measurements and write them.
 
-    python benchmarks/fit_engines.py [--data-dir data/measured/h200/round2]
+    python -m mla_lab.fits.engines [--data-dir data/measured/h200/round2]
 
 1. The padded-head content factor (:mod:`mla_lab.model.content`) from ``content.csv`` (interleaved zeros/stale
-   kernel timings of ``benchmarks/bench_engines.py``): per (shape, mode) the median over repeats, ``a, b, c``
+   kernel timings of ``mla_lab/measure/experiments/engines.py``): per (shape, mode) the median over repeats, ``a, b, c``
    fitted with leave-one-shape-out error -> ``data/calibration/h200_content.csv`` and ``content_fit.csv``.
 2. The fixed cost per extra sub-chunk from ``presets.csv`` (sub-chunked attention path at S = 1024 .. 16384):
    ``t(n chunks) - t(1 chunk)`` against ``n - 1``, both hand-offs, both models, seed and full topk ->

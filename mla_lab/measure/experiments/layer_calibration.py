@@ -33,7 +33,7 @@ Every row carries :func:`mla_lab.provenance.provenance` ``("measured")`` columns
 The run stops measuring at ``--budget-s`` and still fits and writes what it has (CSV rows are appended as they are
 measured, so a kill loses nothing measured); the log goes to ``bench_layer_log.txt`` in the output folder.
 
-CPU check of the logic: ``python benchmarks/bench_layer.py --dry-run`` (a tiny model, float32, Triton interpreter,
+CPU check of the logic: ``python -m mla_lab.measure.experiments.layer_calibration --dry-run`` (a tiny model, float32, Triton interpreter,
 the torch reference kernel); ``--fit-only DIR`` refits from the CSVs in DIR.
 """
 
@@ -45,6 +45,23 @@ import os
 import sys
 import traceback
 from pathlib import Path
+
+from mla_lab.arch import get_arch
+from mla_lab.measure.layer import (
+    OPS_CSV,
+    KernelCheckError,
+    MeasureSettings,
+    layer_strategies,
+    run_kernel_checks,
+    select_implementations,
+    tiny_model,
+)
+from mla_lab.measure.layer_experiments import fp8_gemm_rows, run_extras
+from mla_lab.measure.layer_runs import RunLog, open_sinks, read_rows, run_layer_benchmark
+from mla_lab.measure.validate import fit_and_validate
+from mla_lab.models import load_model
+from mla_lab.paths import data_dir
+from mla_lab.provenance import PROVENANCE_COLUMNS, provenance
 
 DRY_RUN_OUT = Path("/tmp/bench_layer_dry")
 #: ``--fused-pad-fill`` (the first version's flag) -> ``--workspace-content``.
@@ -78,6 +95,19 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+OUTPUTS = {"layer_ops.csv": ["model", "tp", "moe_parallel", "ep", "T", "op", "op_class", "impl", "impl_detail",
+                             "dims", "dtype", "flops", "bytes", "ms", "status"],
+           "layer_e2e.csv": ["model", "tp", "moe_parallel", "ep", "T", "layer_kind", "strategy", "mode", "ms",
+                             "excluded_ops", "impl_detail", "status"],
+           "layer_extras.csv": ["experiment", "model", "tp", "T", "H", "Hp", "name", "ms", "flops", "bytes", "value",
+                                "unit", "note"],
+           "layer_validation.csv": ["level", "split", "model", "tp", "moe_parallel", "T", "name", "op_class",
+                                    "measured_ms", "predicted_ms", "ape_pct"]}
+PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
+#: (model, tp, T) of the default grid
+SHAPES = [(m, tp, T) for m in ("glm-5", "deepseek-v3.2") for tp in (1, 2, 4, 8) for T in (1024, 4096, 16384)]
+
+
 def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
@@ -91,22 +121,6 @@ def main(argv=None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     import torch
 
-    from mla_lab.arch import get_arch
-    from mla_lab.measure.layer import (
-        OPS_CSV,
-        KernelCheckError,
-        MeasureSettings,
-        layer_strategies,
-        run_kernel_checks,
-        select_implementations,
-        tiny_model,
-    )
-    from mla_lab.measure.layer_experiments import fp8_gemm_rows, run_extras
-    from mla_lab.measure.layer_runs import RunLog, open_sinks, read_rows, run_layer_benchmark
-    from mla_lab.measure.validate import fit_and_validate
-    from mla_lab.models import load_model
-    from mla_lab.paths import data_dir
-    from mla_lab.provenance import PROVENANCE_COLUMNS, provenance
 
     try:
         strategies = layer_strategies([s for s in args.strategies.split(",") if s])

@@ -1,0 +1,143 @@
+"""``mla-lab measure`` and ``mla-lab report --measured <gpu>``: the measurement suite on the GPU that is there, and
+the report rendered from what it wrote (the command line; the work is :mod:`mla_lab.measure.experiments`).
+
+- ``mla-lab measure [--experiments a,b] [--processes N] [--out DIR] [--overwrite] [--engine-root DIR] [--dry-run]``:
+  the chosen experiments (default: the between-process set) in N fresh processes each (default 5) into
+  ``data/measured/<gpu>/`` (``<gpu>`` from ``torch.cuda.get_device_name``: "NVIDIA H200" -> ``h200``); a file that
+  exists there is never replaced without ``--overwrite`` (the run goes to ``<out>/runs/<timestamp>/``). A run that
+  wrote ``padding_sweep.csv`` under the measured root is stamped (:mod:`mla_lab.report.stamp_measured`).
+  ``--dry-run`` lists every chosen experiment, its shapes count and its output files, and runs nothing (CPU is
+  enough). Without CUDA a real run is refused with one line (exit 2).
+- ``mla-lab report --measured GPU [--report-dir DIR]``: the report for that GPU (``reports/<gpu>/``) from
+  ``data/measured/<gpu>/``: the sweep notebook over the measured sweep's grid (the GPU's measured rows, plus the
+  B200 as modelled rows), published beside the rows it shows, then checked in the browser (``check-report``).
+
+Imports of torch and of the suite are inside the functions: ``mla-lab --help`` loads neither (issue 22).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+
+def processes_type(s: str) -> int:
+    """``--processes``: an integer 1..64 (64: more fresh processes than one GPU session holds)."""
+    try:
+        n = int(s)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 64:
+        raise argparse.ArgumentTypeError(f"--processes={s!r}: an integer 1..64 is allowed")
+    return n
+
+
+def add_parsers(sub) -> None:
+    """The ``measure`` and ``report`` sub-commands on ``sub`` (argparse sub-parsers)."""
+    ms = sub.add_parser("measure", help="run the measurement suite on this GPU in fresh processes; writes "
+                                        "data/measured/<gpu>/")
+    ms.add_argument("--experiments", default=None,
+                    help="comma-separated experiment names (default: the between-process set; --dry-run lists all)")
+    ms.add_argument("--processes", type=processes_type, default=5,
+                    help="fresh processes per between-process experiment, 1..64 (default 5)")
+    ms.add_argument("--out", default=None, help="output folder (default data/measured/<gpu>)")
+    ms.add_argument("--overwrite", action="store_true", help="replace files that exist in --out (default: a new "
+                                                              "run folder <out>/runs/<timestamp>/)")
+    ms.add_argument("--engine-root", default=".engine",
+                    help="the packed engine kernels for engine_kernels (python -m mla_lab.measure.engine_libs pack)")
+    ms.add_argument("--dry-run", action="store_true", help="list the experiments, shapes and files; run nothing")
+    rp = sub.add_parser("report", help="render the report for one GPU from data/measured/<gpu>/")
+    rp.add_argument("--measured", required=True, help="a GPU folder under data/measured, e.g. h200")
+    rp.add_argument("--report-dir", default=None, help="where the report goes (default reports/<gpu>)")
+
+
+def cmd_measure(args, stamp) -> int:
+    """``stamp(root)``: :func:`mla_lab.report.stamp_measured.main` for ``root`` (passed in by :mod:`mla_lab.cli`: the
+    report layer is not below this one)."""
+    from mla_lab.measure.experiments import EXPERIMENTS, resolve, runner
+
+    experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
+    if args.dry_run:  # without --experiments: every experiment, the default set marked
+        out = args.out or "data/measured/<gpu>"
+        listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
+        print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("mla-lab measure needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run lists "
+                        "what it would run")
+    gpu = runner.gpu_slug(torch.cuda.get_device_name(0))
+    out = Path(args.out) if args.out else runner.default_out(gpu)
+    rc = runner.run(experiments, args.processes, out, overwrite=args.overwrite, engine_root=args.engine_root)
+    if any(e.name == "padding_sweep" for e in experiments):
+        from mla_lab.paths import measured_dir
+
+        root = measured_dir().resolve()
+        if out.resolve().is_relative_to(root):
+            stamp(root)
+    return rc
+
+
+def report_plan(gpu: str, report_dir: str | None):
+    """The ``mla-lab sweep`` argument list that renders the report of ``gpu`` into a temporary folder, and the
+    function that moves it to ``report_dir`` (default ``reports/<gpu>``) once rendered. Raises ValueError for a GPU
+    without measured rows or unknown to the lab."""
+    from mla_lab.arch import get_arch
+    from mla_lab.paths import REPO_ROOT, measured_dir
+    from mla_lab.sweep.measured import GRID
+
+    folder = measured_dir(gpu)
+    if not (folder / "padding_sweep.csv").is_file():
+        have = sorted(p.parent.name for p in measured_dir().glob("*/padding_sweep.csv"))
+        raise ValueError(f"--measured={gpu!r}: no {folder}/padding_sweep.csv (run mla-lab measure --experiments "
+                        f"padding_sweep on that GPU); GPUs with measured rows: {', '.join(have) or 'none'}")
+    try:
+        get_arch(gpu)
+    except (KeyError, ValueError) as e:
+        raise ValueError(f"--measured={gpu!r}: not a GPU the lab models ({e})") from None
+    dest = Path(report_dir) if report_dir else REPO_ROOT / "reports" / gpu
+    tmp = Path(tempfile.mkdtemp(prefix=f"mla_lab_report_{gpu}_"))
+    name = f"padding_sweep_{gpu}"
+    archs = [gpu] + ([] if gpu == "b200" else ["b200"])
+
+    def lst(xs):
+        return "[" + ", ".join(str(x) for x in xs) + "]"
+
+    argv = ["sweep", "-p", "models", lst(GRID["models"]), "-p", "tp_sizes", lst(GRID["tp_sizes"]),
+            "-p", "archs", lst(archs), "-p", "max_num_batched_tokens", lst(GRID["max_num_batched_tokens"]),
+            "-p", "prompt_lens", lst(GRID["prompt_lens"]), "-p", "device", "cpu", "-p", "store_dir",
+            str(tmp / "st"), "-p", "data_file", str(tmp / f"{name}_rows.csv"), "-p", "report_dir",
+            str(tmp / "reports"), "--report-name", name]
+
+    def finish() -> Path:
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        shutil.copytree(tmp / "reports" / name, dest / name)
+        for ext in ("html", "ipynb", "png", "svg"):
+            src = tmp / "reports" / f"{name}.{ext}"
+            if src.is_file():
+                shutil.copy2(src, dest)
+        shutil.copy2(tmp / f"{name}_rows.csv", dest)
+        runs = sorted((tmp / "reports" / "runs").glob("*.json"))
+        if runs:
+            shutil.copy2(runs[-1], dest / "run_metadata.json")
+        shutil.rmtree(tmp, ignore_errors=True)
+        return dest / f"{name}.html"
+
+    return argv, finish
+
+
+def cmd_report(args, run_cli) -> int:
+    """``run_cli``: :func:`mla_lab.cli.main` (renders through ``mla-lab sweep`` and ``check-report``)."""
+    argv, finish = report_plan(args.measured, args.report_dir)
+    rc = run_cli(argv)
+    if rc:
+        return rc
+    html = finish()
+    print(f"mla-lab: report for {args.measured} -> {html}", file=sys.stderr)
+    return run_cli(["check-report", str(html)])

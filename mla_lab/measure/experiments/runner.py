@@ -1,0 +1,146 @@
+"""``mla-lab measure``: run the chosen experiments of :data:`~mla_lab.measure.experiments.EXPERIMENTS` in fresh
+processes on the GPU that is there and write ``data/measured/<gpu>/``.
+
+A between-process experiment runs ``processes`` times (default 5), each a new ``python -m <module>`` (a fresh CUDA
+context, allocator, Triton cache, FlashMLA load) writing into ``<run>/.processes/<name>/p<k>/``; its files are then
+merged, ``process`` = k first in every row (:func:`merge_processes`). Other experiments run once. Every run writes
+``provenance.json`` (GPU, driver, torch, triton, flash_mla, commit, the experiments and their command lines).
+
+Where: ``--out`` (default ``data/measured/<gpu>``). A file the run would write that exists there is never replaced
+without ``overwrite``: the run then goes to ``<out>/runs/<UTC timestamp>/`` (same layout) and says so.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mla_lab.paths import measured_dir
+from mla_lab.provenance import provenance
+
+from . import Experiment
+
+DEFAULT_PROCESSES = 5
+
+
+def gpu_slug(name: str) -> str:
+    """The folder name of a GPU: its model word from ``torch.cuda.get_device_name`` ("NVIDIA H200" -> ``h200``,
+    "NVIDIA B200" -> ``b200``, "NVIDIA H100 80GB HBM3" -> ``h100``), else the name lower-cased with non-alphanumerics
+    as ``-``. Raises ValueError on an empty name."""
+    s = (name or "").strip()
+    if not s:
+        raise ValueError("gpu name: '' (torch.cuda.get_device_name gave nothing)")
+    m = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b", s.upper())
+    if m:
+        return m.group(1).lower()
+    return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
+
+
+def plan(experiments: list[Experiment], processes: int) -> list[dict]:
+    """One entry per experiment: name, module, processes it gets, shapes count, output files (folder-relative),
+    what it needs. Imports each experiment's module (CPU is enough)."""
+    rows = []
+    for e in experiments:
+        folder = f"{e.folder}/" if e.folder else ""
+        rows.append({"name": e.name, "module": e.module, "processes": processes if e.between_process else 1,
+                     "shapes": len(e.shapes()), "files": [folder + f for f in e.outputs()], "needs": e.needs,
+                     "summary": e.summary, "default": e.default})
+    return rows
+
+
+def dry_run_lines(experiments: list[Experiment], processes: int, out: str) -> list[str]:
+    """What ``--dry-run`` prints: one line per experiment, then its files."""
+    lines = [f"mla-lab measure --dry-run: {len(experiments)} experiments, {processes} processes each for the "
+             f"between-process ones, into {out}/ (nothing is run; * = run without --experiments)"]
+    for p in plan(experiments, processes):
+        lines.append(f"{p['name']:<22}{'*' if p['default'] else ' '}{p['processes']} x python -m {p['module']}  ({p['shapes']} shapes; "
+                     f"{p['summary']}{'; needs ' + p['needs'] if p['needs'] else ''})")
+        lines += [f"    -> {f}" for f in p["files"]]
+    return lines
+
+
+def merge_processes(parts: list[tuple[int, Path]], dest: Path) -> int:
+    """Concatenate the per-process CSVs ``parts`` ((k, path), any order) into ``dest`` with ``process`` = k as the
+    first column (replacing a ``process`` column the rows carry). Columns: the union in first-seen order. Returns
+    the row count. Raises FileExistsError when ``dest`` exists (the caller decides about overwriting)."""
+    if dest.exists():
+        raise FileExistsError(f"{dest} exists")
+    cols, rows = ["process"], []
+    for k, path in sorted(parts):
+        with open(path, newline="") as f:
+            r = csv.DictReader(f)
+            for c in r.fieldnames or []:
+                if c not in cols:
+                    cols.append(c)
+            rows += [{**row, "process": k} for row in r]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    return len(rows)
+
+
+def run_dir(out: Path, experiments: list[Experiment], overwrite: bool) -> tuple[Path, list[Path]]:
+    """Where this run writes: ``out`` itself, or ``out/runs/<UTC timestamp>/`` when a file it would write exists
+    there and ``overwrite`` is False. Returns (folder, the existing files that moved it)."""
+    clash = [out / (f"{e.folder}/" if e.folder else "") / f for e in experiments for f in e.outputs()]
+    clash = [p for p in clash if p.exists()]
+    if clash and not overwrite:
+        return out / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), clash
+    return out, []
+
+
+def run(experiments: list[Experiment], processes: int, out: Path, overwrite: bool = False,
+        engine_root: str = ".engine", python: str = sys.executable, log=print) -> int:
+    """Run ``experiments`` (see the module docstring); returns 0 when every process exited 0, else 1 (the rows
+    of the others are kept). Needs CUDA (the caller checks)."""
+    dest, clash = run_dir(out, experiments, overwrite)
+    if clash:
+        log(f"{len(clash)} files exist under {out} (e.g. {clash[0]}); not overwriting them (--overwrite): "
+            f"this run goes to {dest}")
+    dest.mkdir(parents=True, exist_ok=True)
+    prov = provenance("measured")
+    record = {"provenance": prov, "processes": processes, "started_utc": prov.get("timestamp"), "experiments": {}}
+    failed = 0
+    for e in experiments:
+        folder = dest / e.folder if e.folder else dest
+        n = processes if e.between_process else 1
+        record["experiments"][e.name] = {"module": e.module, "processes": n, "commands": [], "exit": []}
+        parts: dict[str, list[tuple[int, Path]]] = {}
+        for k in range(1, n + 1):
+            pdir = dest / ".processes" / e.name / f"p{k}" if e.between_process else folder
+            pdir.mkdir(parents=True, exist_ok=True)
+            cmd = [python, *e.command(str(pdir), k, engine_root)]
+            log(f"[measure] {e.name} process {k}/{n}: {' '.join(cmd[1:])}")
+            t0 = time.time()
+            try:
+                rc = subprocess.run(cmd, timeout=e.timeout_s).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+            log(f"[measure] {e.name} process {k}: exit {rc} in {time.time() - t0:.0f} s")
+            record["experiments"][e.name]["commands"].append(" ".join(cmd[1:]))
+            record["experiments"][e.name]["exit"].append(rc)
+            failed += rc != 0
+            if e.between_process:
+                for f in e.outputs():
+                    if (pdir / f).is_file():
+                        parts.setdefault(f, []).append((k, pdir / f))
+        for f, ps in parts.items():
+            target = folder / f
+            if target.exists() and overwrite:
+                target.unlink()
+            log(f"[measure] {e.name}: {merge_processes(ps, target)} rows from {len(ps)} processes -> {target}")
+    (dest / "provenance.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    log(f"[measure] provenance -> {dest / 'provenance.json'}")
+    return 1 if failed else 0
+
+
+def default_out(gpu: str) -> Path:
+    """``data/measured/<gpu>`` (env ``MLA_LAB_MEASURED`` moves the root)."""
+    return measured_dir(gpu)

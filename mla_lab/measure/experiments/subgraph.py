@@ -1,0 +1,113 @@
+"""Sub-chunking without the per-chunk cost (issue 23): for S in 2048 / 4096 the chunk loop eager (``views``),
+captured in ONE CUDA graph (``graph``: the chunk count depends only on T and S), and spread over two streams with two
+S-row workspaces (``2stream``); beside the PR's private workspace, eager and graphed. Seed and full-topk shapes,
+GLM-5 TP 8, interleaved rounds. Rows: ``subgraph.csv`` (ms; fitted by ``mla_lab.fits.subgraph``)."""
+
+# ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from mla_lab.kernels import concat_mla_q, sparse_mla_prefill
+from mla_lab.measure.attention import make_step_inputs
+from mla_lab.measure.timer import graphed, interleaved
+from mla_lab.models import load_model
+from mla_lab.strategies import PaddedQPath
+
+from ._common import (
+    PROMPT,
+    PROVENANCE,  # noqa: F401 (re-exported: the provenance columns of its rows)
+    SEED_T,
+    Sink,
+    full_step,
+    log,
+    part_main,
+    seed_step,
+    sm_scale_of,
+)
+
+OUTPUTS = {"subgraph.csv": ["shape", "variant", "round", "ms", "median_ms", "workspace_bytes", "repeats"]}
+VARIANTS = ["pr:eager", "pr:graph"] + [f"subchunk:{S}:{k}" for S in (2048, 4096)
+                                      for k in ("views", "graph", "2stream", "2stream_graph")]
+#: (shape, T, variant)
+SHAPES = [(s, SEED_T, v) for s in ("seed", "full") for v in VARIANTS]
+
+
+
+class ChunkLoop:
+    """The sub-chunked attention path on ``n_ws`` workspaces of ``S`` rows (zeroed once), chunk i on stream
+    i % n_ws (n_ws = 1: the current stream), views hand-off (the consumer, the W_UV bmm, is timed by the layer
+    model; here the chunk's outputs are dropped, as ``time_attention_path`` does for ``:views``)."""
+
+    def __init__(self, H, Hp, S, n_ws, T):
+        self.H, self.S, self.T = H, S, T
+        self.ws = [torch.zeros(S, Hp, 576, dtype=torch.bfloat16, device="cuda") for _ in range(n_ws)]
+        # one workspace: the caller's (capturing) stream; two: side streams forked from it and joined back
+        self.streams = [] if n_ws == 1 else [torch.cuda.Stream() for _ in range(n_ws)]
+        self.bounds = [(s, min(s + S, T)) for s in range(0, T, S)]
+
+    def _chunk(self, i, a, b, ql, qpe, kv, idx, sm, tl):
+        q = self.ws[i % len(self.ws)][: b - a]
+        concat_mla_q(ql[a:b], qpe[a:b], q)
+        sparse_mla_prefill(q, kv, idx[a:b], sm, topk_length=None if tl is None else tl[a:b], actual_num_heads=self.H)
+
+    def __call__(self, ql, qpe, kv, idx, sm, tl):
+        if not self.streams:
+            for i, (a, b) in enumerate(self.bounds):
+                self._chunk(i, a, b, ql, qpe, kv, idx, sm, tl)
+            return
+        main = torch.cuda.current_stream()
+        for s in self.streams:
+            s.wait_stream(main)
+        for i, (a, b) in enumerate(self.bounds):
+            with torch.cuda.stream(self.streams[i % len(self.streams)]):
+                self._chunk(i, a, b, ql, qpe, kv, idx, sm, tl)
+        for s in self.streams:
+            main.wait_stream(s)
+
+
+def part_subgraph(sink: Sink, repeats: int) -> None:
+    m = load_model("glm-5")
+    H, Hp = m.heads_per_rank(8), 64
+    sm = sm_scale_of(m)
+    for shape, step, plen, full in (("seed", seed_step(), PROMPT, False), ("full", full_step(), 2 * SEED_T, True)):
+        ql, qpe, kv, idx, tl = make_step_inputs(m, 8, step, plen, seed=0, full_topk=full)
+        pr = PaddedQPath("private_workspace", num_heads=H, max_num_batched_tokens=SEED_T, arch="h200", device="cuda")
+        fns = {"pr:eager": lambda: pr(ql, qpe, kv, idx, sm, tl)}
+        fns["pr:graph"] = graphed(lambda: pr(ql, qpe, kv, idx, sm, tl))
+        loops = []
+        for S in (2048, 4096):
+            one = ChunkLoop(H, Hp, S, 1, SEED_T)
+            two = ChunkLoop(H, Hp, S, 2, SEED_T)
+            loops += [one, two]
+            fns[f"subchunk:{S}:views"] = lambda one=one: one(ql, qpe, kv, idx, sm, tl)
+            fns[f"subchunk:{S}:graph"] = graphed(lambda one=one: one(ql, qpe, kv, idx, sm, tl))
+            fns[f"subchunk:{S}:2stream"] = lambda two=two: two(ql, qpe, kv, idx, sm, tl)
+            fns[f"subchunk:{S}:2stream_graph"] = graphed(lambda two=two: two(ql, qpe, kv, idx, sm, tl))
+        samples = interleaved(fns, repeats=repeats, device="cuda")
+        for name, xs in samples.items():
+            ws_bytes = {"pr": SEED_T * Hp * 576 * 2}.get(name.split(":")[0])
+            if ws_bytes is None:
+                S = int(name.split(":")[1])
+                ws_bytes = (2 if "2stream" in name else 1) * S * Hp * 576 * 2
+            for i, ms in enumerate(xs):
+                sink.write("subgraph.csv", {"shape": shape, "variant": name, "round": i, "ms": round(ms, 5),
+                                            "median_ms": round(statistics.median(xs), 5),
+                                            "workspace_bytes": ws_bytes, "repeats": repeats})
+        log(f"subgraph {shape}: " + ", ".join(f"{n} {statistics.median(x):.3f}" for n, x in samples.items()))
+        torch.cuda.empty_cache()
+
+
+def run(sink: Sink, a) -> None:
+    """This experiment's part of one fresh process (``a``: the parsed arguments of :func:`~._common.part_main`)."""
+    part_subgraph(sink, a.reps)
+
+
+def main(argv=None) -> int:
+    return part_main(run, __doc__, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

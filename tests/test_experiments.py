@@ -1,0 +1,190 @@
+"""The measurement suite (issue 31): one registry of experiments (mla_lab.measure.experiments), ``mla-lab measure``
+(dry run, CPU refusal, the merge of per-process rows, never overwriting), the calibration table, no script loaded by
+path, and ``pytest -m gpu tests`` collecting on a bare GPU image."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mla_lab.measure.experiments import CALIBRATION, EXPERIMENTS, resolve
+from mla_lab.measure.experiments.runner import dry_run_lines, gpu_slug, merge_processes, run_dir
+
+REPO = Path(__file__).resolve().parent.parent
+MEASURED = REPO / "data" / "measured"
+
+
+def test_every_experiment_has_rows_shapes_and_provenance():
+    assert len(EXPERIMENTS) >= 18
+    for e in EXPERIMENTS.values():
+        outs = e.outputs()
+        assert outs and all(f.endswith(".csv") and cols for f, cols in outs.items()), e.name
+        assert e.shapes(), e.name
+        assert isinstance(e.provenance(), tuple), e.name
+        assert e.module_obj().main, e.name
+        cmd = e.command("/o", 3, "/eng")
+        assert cmd[:2] == ["-m", e.module] and not any("{" in a for a in cmd), (e.name, cmd)
+
+
+#: Committed round-2 rows written before their module gained columns (the module adds them; the fits read the rest).
+OLDER_ROWS = {("engines", "presets.csv"): ["strategy", "content"], ("decode_layer", "decode_layer.csv"): ["content"],
+              ("decode_layer", "decode_attn.csv"): ["content"], ("decode_layer", "decode_ops.csv"): ["content"]}
+
+
+def test_committed_rows_have_the_columns_the_registry_says():
+    """Every committed file an experiment writes (under data/measured/h200/) has exactly the registry's row columns
+    (besides ``process`` and the provenance columns): the registry describes the data the report reads."""
+    prov = {"process", "source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit",
+            "timestamp", "gpu", "date_utc", "fit_commit"}
+    checked = 0
+    for e in EXPERIMENTS.values():
+        for f, cols in e.outputs().items():
+            path = MEASURED / "h200" / e.folder / f
+            if not path.is_file():
+                continue
+            header = next(csv.reader(path.open()))
+            if e.name == "concat" and header[1] == "series":
+                # series (main: the N processes; density: the one-process runs per padded head count of
+                # benchmarks/h200_concat.sh's DENSITY_HP) was added when that driver's folders were merged
+                header = header[:1] + header[2:]
+            newer = OLDER_ROWS.get((e.name, f), [])
+            assert [c for c in header if c not in prov] == [c for c in cols if c not in prov and c not in newer], (
+                e.name, f)
+            checked += 1
+    assert checked >= 15
+
+
+def test_calibration_table_covers_every_calibration_file():
+    files = {p.name for p in (REPO / "data" / "calibration").glob("*.csv")}
+    assert files == set(CALIBRATION)
+    for name, fit in CALIBRATION.items():
+        assert set(fit.experiments) <= set(EXPERIMENTS), name
+        module = fit.function.split(":")[0]
+        assert (REPO / (module.replace(".", "/") + ".py")).is_file(), (name, module)
+        for inp in fit.inputs:
+            if inp.endswith(".csv") and "<" not in inp:
+                assert (MEASURED / inp).is_file(), (name, inp)
+
+
+def test_resolve_defaults_and_refusal():
+    assert [e.name for e in resolve(None)] == [e.name for e in EXPERIMENTS.values() if e.default]
+    assert [e.name for e in resolve("moe_decode,presets")] == ["presets", "moe_decode"]
+    with pytest.raises(ValueError, match="unknown \\['nope'\\]; allowed: cold_start"):
+        resolve("presets,nope")
+
+
+def test_gpu_slug():
+    assert gpu_slug("NVIDIA H200") == "h200"
+    assert gpu_slug("NVIDIA H100 80GB HBM3") == "h100"
+    assert gpu_slug("NVIDIA B200") == "b200"
+    assert gpu_slug("Some GPU") == "some-gpu"
+    with pytest.raises(ValueError, match="gpu name"):
+        gpu_slug(" ")
+
+
+def _cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "mla_lab.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO, env={**os.environ, **(env or {})})
+
+
+def test_measure_dry_run_lists_every_experiment_and_its_files():
+    r = _cli("measure", "--dry-run", "--processes", "6")
+    assert r.returncode == 0, r.stderr
+    for e in EXPERIMENTS.values():
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith(e.name + " "))
+        assert f"{6 if e.between_process else 1} x python -m {e.module}" in line
+        assert f"({len(e.shapes())} shapes;" in line
+        for f in e.outputs():
+            assert f"    -> {e.folder + '/' if e.folder else ''}{f}" in r.stdout
+    assert r.stdout.count("*") == sum(e.default for e in EXPERIMENTS.values()) + 1  # + the legend's
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")
+def test_measure_refuses_on_cpu_with_one_line():
+    r = _cli("measure", "--experiments", "moe_decode")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "needs a CUDA GPU" in r.stderr
+
+
+def test_measure_bad_arguments_are_one_line():
+    r = _cli("measure", "--dry-run", "--processes", "0")
+    assert r.returncode == 2 and "--processes='0': an integer 1..64" in r.stderr
+    r = _cli("report", "--measured", "h100")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "GPUs with measured rows: h200" in r.stderr
+
+
+def test_merge_processes_puts_process_first_and_never_overwrites(tmp_path):
+    for k, extra in ((2, ""), (1, ",x")):
+        d = tmp_path / f"p{k}"
+        d.mkdir()
+        (d / "a.csv").write_text("T,us" + (",note" if extra else "") + f"\n16384,{k}.5{extra}\n")
+    dest = tmp_path / "m" / "a.csv"
+    n = merge_processes([(2, tmp_path / "p2" / "a.csv"), (1, tmp_path / "p1" / "a.csv")], dest)
+    rows = list(csv.DictReader(dest.open()))
+    assert n == 2 and dest.read_text().splitlines()[0] == "process,T,us,note"
+    assert [(r["process"], r["us"], r["note"]) for r in rows] == [("1", "1.5", "x"), ("2", "2.5", "")]
+    with pytest.raises(FileExistsError):
+        merge_processes([(1, tmp_path / "p1" / "a.csv")], dest)
+
+
+def test_a_run_over_committed_files_goes_to_a_new_run_folder():
+    exps = resolve("presets,moe_decode")
+    dest, clash = run_dir(MEASURED / "h200", exps, overwrite=False)
+    assert dest.parent == MEASURED / "h200" / "runs" and len(clash) == 2
+    assert run_dir(MEASURED / "h200", exps, overwrite=True) == (MEASURED / "h200", [])
+    assert dry_run_lines(exps, 5, "x")[0].startswith("mla-lab measure --dry-run: 2 experiments")
+
+
+def test_no_test_loads_a_script_by_path():
+    """Tests import the package; none loads a file of benchmarks/ (or any script) by path."""
+    bad = []
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("spec_from_file_location", "run_path"):
+                bad.append(f"{p.name}:{node.lineno} {node.attr}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("benchmarks/") \
+                    and node.value.endswith(".py"):
+                bad.append(f"{p.name}:{node.lineno} {node.value}")
+    assert not bad, bad
+
+
+def test_benchmarks_holds_thin_drivers_only():
+    """benchmarks/: shell drivers named by experiment (no "round"), no Python library code, under ~1.5k lines."""
+    files = [p for p in (REPO / "benchmarks").rglob("*") if p.is_file() and "archive" not in p.parts]
+    assert not [p.name for p in files if p.suffix == ".py"]
+    assert not [p.name for p in files if "round" in p.name]
+    assert sum(len(p.read_text().splitlines()) for p in files) < 1500
+
+
+BLOCKER = '''import sys
+BLOCK = {"jupyterlab", "papermill", "nbconvert", "nbformat", "ipykernel", "ipywidgets", "jupytext", "matplotlib",
+         "PIL", "playwright", "pyarrow", "jinja2", "IPython", "jupyter_client", "xdist", "packaging", "hypothesis",
+         "ruff", "pre_commit", "nbstripout", "ray"}
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCK:
+            raise ModuleNotFoundError(f"No module named {name!r} (not on the bare GPU image)", name=name)
+sys.meta_path.insert(0, _Block())
+'''
+
+
+@pytest.mark.slow
+def test_gpu_tests_collect_on_a_bare_gpu_image(tmp_path):
+    """``python -m pytest -m gpu tests`` with every lab and dev extra unimportable (the GPU image has torch,
+    triton, pytest and the package's own dependencies: numpy, pandas, pyyaml) collects without an error and
+    selects the GPU tests (on CPU they skip with the reason)."""
+    (tmp_path / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}", "MLA_LAB_REQUIRE_GPU": ""}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:hypothesispytest", "-p", "no:xdist", "-p",
+                        "no:cacheprovider", "-m", "gpu", "tests", "--collect-only", "-q"], capture_output=True,
+                       text=True, timeout=300, cwd=REPO, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "error" not in r.stdout.lower()
+    collected = [ln for ln in r.stdout.splitlines() if "::" in ln]
+    assert len(collected) >= 50 and any(ln.startswith("tests/test_gpu_kernels.py::") for ln in collected)
