@@ -10,10 +10,11 @@ from mla_lab.measure.engine_kernels import COLUMNS, DECODE_B, DECODE_CTX, DECODE
 
 __all__ = ["OUTPUTS", "SHAPES", "PROVENANCE", "main", "run"]
 
-OUTPUTS = {"engine_kernels.csv": [c for c in COLUMNS if c != "process"]}
-#: Its rows carry no provenance columns; ``mla-lab measure`` writes the run's provenance (GPU, driver, torch, triton,
-#: flash_mla, commit) beside them in ``provenance.json``.
-PROVENANCE: tuple[str, ...] = ()
+OUTPUTS = {"engine_kernels.csv": [c for c in COLUMNS if c != "process"] + ["engine_sources"]}
+#: Every row carries mla_lab.measure.record.bench_provenance's columns and ``engine_sources`` (the vLLM wheel the
+#: kernels were packed from, mla_lab.measure.engine_libs).
+PROVENANCE: tuple[str, ...] = ("source", "gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit",
+                               "date_utc", "engine_sources")
 #: (shape, H, B, ctx_len): the prefill shapes per heads-per-rank, the decode sizes
 SHAPES = ([(s, H, None, None) for s in ("seed", "full_topk") for H in PREFILL_H]
           + [("decode", H, B, c) for H in DECODE_H for B in DECODE_B for c in DECODE_CTX])
