@@ -58,6 +58,7 @@ from dataclasses import dataclass, replace
 
 from ._validate import check_int
 from .engines import ENGINE_PRESETS as _ENGINE_PRESETS
+from .engines import decode_threshold, engine_preset, padding_for, sparse_backend
 from .engines import resolve_engine as _resolve_engine
 from .routes import ENGINE_RULES, route_for
 
@@ -509,8 +510,6 @@ def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: 
     Raises:
         ValueError: a bad engine name (one line, the allowed values); bad ints.
     """
-    from .engines import decode_threshold, engine_preset, padding_for, sparse_backend
-
     p = engine_preset(engine)
     check_int("num_heads", num_heads)
     check_int("prompt_len", prompt_len)
@@ -553,7 +552,10 @@ def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: 
         "nowhere at this prompt length (prefill rows dense MHA, decode rows another backend)")
     if where == ["decode rows"] and prefill_route == "mha-dense":
         padded_path += "; prefill rows dense MHA"
-    return {**out, "backend": backend, "padding": pad, "prefill_route": prefill_route,
+    note = (f"SGLang's step holds at most its chunked_prefill_size ({budget} on an H200); the lab's serving model "
+            f"steps at max_num_batched_tokens {max_num_batched_tokens}: give --max-num-batched-tokens {budget} to "
+            "price SGLang's own steps" if budget < max_num_batched_tokens else "")
+    return {**out, "backend": backend, "padding": pad, "prefill_route": prefill_route, "note": note,
             "prefill_reason": choice.reason, "decode_route": decode_route, "decode_threshold": thr,
             "uniform_decodes": uniform, "padded_path": padded_path}
 
@@ -576,8 +578,6 @@ def blackwell_rows(num_heads: int = 8, max_num_batched_tokens: int = 16384, head
     Raises:
         ValueError: bad ints.
     """
-    from .engines import padding_for, sparse_backend
-
     check_int("num_heads", num_heads)
     rows = []
     for name in ENGINE_PRESET_MEMBERS:

@@ -6,9 +6,26 @@
   engine) and reports which of those facts still hold.
 """
 
-from .versions import (BACKENDS, ENGINE_PRESETS, ENGINE_VERSIONS, LEGACY_NAMES, UNPADDED_BACKENDS, EnginePreset,
-                       EngineVersion, Fact, Source, decode_threshold, engine_names, engine_preset, engine_version,
-                       fact, padding_for, resolve_engine, sparse_backend, version_facts)
+from .versions import (
+                       BACKENDS,
+                       ENGINE_PRESETS,
+                       ENGINE_VERSIONS,
+                       LEGACY_NAMES,
+                       UNPADDED_BACKENDS,
+                       EnginePreset,
+                       EngineVersion,
+                       Fact,
+                       Source,
+                       decode_threshold,
+                       engine_names,
+                       engine_preset,
+                       engine_version,
+                       fact,
+                       padding_for,
+                       resolve_engine,
+                       sparse_backend,
+                       version_facts,
+)
 
 __all__ = ["BACKENDS", "ENGINE_PRESETS", "ENGINE_VERSIONS", "LEGACY_NAMES", "UNPADDED_BACKENDS", "EnginePreset",
            "EngineVersion", "Fact", "Source", "decode_threshold", "engine_names", "engine_preset", "engine_version",
