@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 __all__ = ["Source", "Fact", "EngineVersion", "EnginePreset", "ENGINE_VERSIONS", "ENGINE_PRESETS", "LEGACY_NAMES",
            "engine_version", "engine_preset", "resolve_engine", "engine_names", "fact", "version_facts",
-           "sparse_backend", "padding_for", "decode_threshold", "BACKENDS", "UNPADDED_BACKENDS"]
+           "sparse_backend", "padding_for", "decode_threshold", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS"]
 
 
 @dataclass(frozen=True)
@@ -479,6 +479,39 @@ ENGINE_PRESETS = {p.name: p for p in (
        "graphs, decode fa3", ("per_call_zeros@sglang-0.5.23",), "sglang-0.5.23", None, _SG_FACTS),
 )}
 
+#: What the lab's first (PR-era) presets relied on, written as the code that would say it in a release wheel: the
+#: wheel check reports which of these still hold in each release (``lab-claim`` rows; a ``fails`` there = the lab's
+#: old fact no longer holds). Keyed by engine.
+LAB_CLAIMS = {
+    "vllm": (
+        Fact("prefill_padding", {"sm90": 64, "sm100": 128}, "the lab padded to 128 heads on Blackwell (b200 rows)",
+             (_src(_FM, "-", "self.prefill_padding = 128 if current_platform.is_device_capability_family(100) "
+                   "else 64", _IMPL),)),
+        Fact("workspace.bf16", "private unpadded (max_num_batched_tokens, num_heads, 576) Q buffer before the PR",
+             "the pre-PR Q buffer held the real heads", (
+                 _src(_FM, "-", "q_concat_shape = (max_tokens, num_heads, head_size)", _IMPL),)),
+        Fact("decode_threshold", 1, "FLASHMLA_SPARSE: only single-token requests are decodes", (
+            _src(_FM, "-", "self._init_reorder_batch_threshold(1, supports_spec_as_decode=True)", _BLD + ".__init__"),)),
+        Fact("decode_threshold.fa3", 1024, "FLASH_ATTN_MLA_SPARSE: requests of <= 1024 query tokens are decodes", (
+            _src(_FA, "-", "self._init_reorder_batch_threshold(1024, supports_spec_as_decode=True)",
+                 "FlashAttnMLASparseMetadataBuilder.__init__"),)),
+        Fact("prefill_route.glm", "sparse-mqa", "GLM-5/5.2 prefill MQA-only: GlmMoeDsaForCausalLM on deepseek_v2, "
+             "sparse impls send every token down forward_mqa", (
+                 _src(_REG, "-", "{'GlmMoeDsaForCausalLM': ('deepseek_v2', 'GlmMoeDsaForCausalLM')}",
+                      "_TEXT_GENERATION_MODELS"),
+                 _src("vllm/model_executor/layers/attention/mla_attention.py", "-",
+                      "is_sparse_impl = isinstance(self.impl, SparseMLAAttentionImpl)"))),
+    ),
+    "sglang": (
+        Fact("prefill_route", "mha-dense <= 2048", "SGLang's default H200 prefill is dense MHA for prompts of <= 2048 "
+             "tokens: no prefill CUDA graph by default", (
+                 _src("sglang/srt/model_executor/cuda_graph_config.py", "-", "return Backend.DISABLED",
+                      "default_prefill_backend"),)),
+        Fact("prefill_route.threshold", 2048, "dense MHA when the batch's longest KV is <= 2048", (
+            _src("sglang/srt/environ.py", "-", "SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD = EnvInt(2048)"),)),
+    ),
+}
+
 #: The lab's first preset names -> engine presets (read at the engines door; see the module docstring).
 LEGACY_NAMES = {"vllm-pre-53878": "vllm@pr53878-before", "vllm-53878": "vllm@pr53878", "vllm-56902": "vllm@56902",
                 "vllm-fa3-sparse": "vllm@0.33.0", "sglang": "sglang@0.5.23",
@@ -529,8 +562,12 @@ def fact(preset: str, key: str) -> Fact:
 
 def version_facts(ev: EngineVersion):
     """``(preset name, Fact, Source)`` for every checkable source of every preset of ``ev``, each
-    (path, scope, code) once."""
+    (path, scope, code) once; then the lab's PR-era claims (:data:`LAB_CLAIMS`) for its engine, as preset
+    ``lab (PR-era)``."""
     seen = set()
+    for f in LAB_CLAIMS.get(ev.engine, ()) if ev.wheel else ():
+        for s in f.sources:
+            yield "lab (PR-era)", f, s
     for p in ENGINE_PRESETS.values():
         if p.engine_version != ev:
             continue

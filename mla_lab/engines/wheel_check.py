@@ -140,6 +140,17 @@ def _lines(node) -> str:
     return f"{a}" if a == b else f"{a}-{b}"
 
 
+def _entry_lines(want, node) -> str:
+    """A dict-literal match is reported at its matching entries' lines, other matches at the node's."""
+    if isinstance(want, ast.Dict) and isinstance(node, ast.Dict) and _dump(want) != _dump(node):
+        keys = {_dump(k) for k in want.keys}
+        hit = [(k, v) for k, v in zip(node.keys, node.values) if k is not None and _dump(k) in keys]
+        if hit:
+            return f"{hit[0][0].lineno}" if hit[0][0].lineno == hit[-1][1].end_lineno else \
+                f"{hit[0][0].lineno}-{hit[-1][1].end_lineno}"
+    return _lines(node)
+
+
 def _overlap(recorded: str, found: str) -> bool:
     def rng(s):
         a, _, b = s.partition("-")
@@ -162,7 +173,7 @@ def check_source(text: str | None, src: Source) -> tuple[str, list, list, str]:
     scope = _scope(tree, src.scope)
     if scope is None:
         return "missing", [], [], f"scope {src.scope!r} not found in {src.path}"
-    found = [_lines(n) for n in ast.walk(scope) if hasattr(n, "lineno") and _matches(want, n)]
+    found = [_entry_lines(want, n) for n in ast.walk(scope) if hasattr(n, "lineno") and _matches(want, n)]
     if not found:
         instead = []
         if isinstance(want, (ast.Assign, ast.AnnAssign)):
@@ -173,7 +184,7 @@ def check_source(text: str | None, src: Source) -> tuple[str, list, list, str]:
                     if tn == tw:
                         instead.append(f"{src.path}:{_lines(n)}: {ast.unparse(n)}")
         return "fails", [], instead, f"no node matching {src.code!r} in {src.scope or 'the module'}"
-    if src.line and not any(_overlap(src.line, f) for f in found):
+    if src.line and src.line != "-" and not any(_overlap(src.line, f) for f in found):
         return "moved", found, [], f"recorded line {src.line}, found at {', '.join(found)}"
     return "holds", found, [], ""
 
@@ -198,8 +209,9 @@ def check_wheel(wheel: str | Path) -> dict:
         wheel: path of a release wheel (``vllm-0.33.0-...whl``, ``sglang-0.5.23-...whl``).
 
     Returns:
-        ``{"engine", "version", "wheel", "wheel_built" (the newest zip entry's date), "counts" {status: n},
-        "facts": [FactResult.as_dict()]}``.
+        ``{"engine", "version", "wheel", "wheel_built" (the newest zip entry's date), "counts" {status: n} (of the
+        presets' facts), "facts": [FactResult.as_dict()], "lab_claims": [FactResult.as_dict() + still_holds]}``
+        (``lab_claims``: what the lab's PR-era presets relied on, :data:`mla_lab.engines.versions.LAB_CLAIMS`).
 
     Raises:
         ValueError: no file at ``wheel``, not a zip, or an engine version the lab does not describe
@@ -226,10 +238,13 @@ def check_wheel(wheel: str | Path) -> dict:
             status, found, instead, detail = check_source(cache[src.path], src)
             results.append(FactResult(preset, fact.key, fact.text, src.path, src.line, src.scope, src.code,
                                       status, found, instead, detail))
+    lab = [r for r in results if r.preset == "lab (PR-era)"]
+    results = [r for r in results if r.preset != "lab (PR-era)"]
     counts = {s: sum(r.status == s for r in results) for s in STATUSES}
     return {"engine": ev.engine, "version": ev.version, "wheel": p.name,
             "wheel_built": "%04d-%02d-%02d" % built[:3], "release_date": ev.release_date, "counts": counts,
-            "facts": [r.as_dict() for r in results]}
+            "facts": [r.as_dict() for r in results],
+            "lab_claims": [{**r.as_dict(), "still_holds": r.status in ("holds", "moved")} for r in lab]}
 
 
 def find_wheel(folder: str | Path, engine: str, version: str) -> Path | None:
@@ -279,6 +294,16 @@ def format_report(rep: dict) -> str:
         code = f["code"].replace("|", "\\|").replace("\n", " ")
         out.append(f"| {f['status']} | {f['preset']} | {f['key']}: {f['text']}{note} | {f['path']}:{f['line']} "
                    f"| {found} | `{code}` |")
+    claims = rep.get("lab_claims", [])
+    if claims:
+        gone = [f for f in claims if not f["still_holds"]]
+        out += ["", f"## What the lab's PR-era presets relied on: {len(gone)} of {len(claims)} no longer hold", "",
+                "| still holds | fact | file | found / instead | code |", "|---|---|---|---|---|"]
+        for f in claims:
+            where = ", ".join(f["found"]) or ("; ".join(f["instead"]) or f["detail"])
+            code = f["code"].replace("|", "\\|")
+            out.append(f"| {'yes' if f['still_holds'] else 'NO'} | {f['key']}: {f['text']} | {f['path']} | "
+                       f"{where.replace('|', '/')} | `{code}` |")
     return "\n".join(out) + "\n"
 
 
