@@ -327,7 +327,7 @@ def _check_engine(engine) -> None:
     """One line naming --engine, the value and the allowed values (DoorError), before anything is priced."""
     if engine is None:
         return
-    from .engines import resolve_engine
+    from .placement import resolve_engine
 
     try:
         resolve_engine(engine)

@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 from ._validate import check_int
 from .engines import ENGINE_PRESETS as _ENGINE_PRESETS
 from .engines import decode_threshold, engine_preset, padding_for, sparse_backend
-from .engines import resolve_engine as _resolve_engine
+from .engines import engine_names as _engine_names
 from .routes import ENGINE_RULES, route_for
 
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
@@ -67,7 +67,8 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY", "SUBCHUNK_ROWS", "canonical_names",
            "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES", "EXPLORER_STRATEGIES", "real_strategies",
            "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
-           "preset_table", "SUBCHUNK_GRAPH", "ENGINE_PRESET_MEMBERS", "engine_strategies"]
+           "preset_table", "SUBCHUNK_GRAPH", "ENGINE_PRESET_MEMBERS", "engine_strategies",
+           "ENGINE_LEGACY_NAMES", "resolve_engine", "engine_summary", "engine_table", "blackwell_rows"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
               "kernel_native", "fa3_sparse")
@@ -222,8 +223,46 @@ PRESET_SOURCES = {
                      "no padded Q, no padded output); vLLM's FLASH_ATTN_MLA_SPARSE (preset vllm-fa3-sparse) is "
                      "the shipping kernel of this kind on sm90",
 }
-#: Engine-version presets (:data:`mla_lab.engines.ENGINE_PRESETS`) -> their canonical strategies (door names).
-ENGINE_PRESET_MEMBERS = {name: p.strategies for name, p in _ENGINE_PRESETS.items()}
+#: Engine-version presets (:data:`mla_lab.engines.ENGINE_PRESETS`) -> the lab's canonical strategies for their sm90
+#: bf16-KV default (``<placement>@<route rule>``; two = the range: padded heads zeros / stale). vLLM 0.13.0 builds Q
+#: with ``torch.cat`` (a fresh tensor, no buffer) before the same ``new_empty`` pad: priced as ``per_call_empty``.
+ENGINE_PRESET_MEMBERS = {
+    "vllm@pr53878-before": ("per_call_empty:zeros", "per_call_empty:stale"),
+    "vllm@pr53878": ("private_workspace",),
+    "vllm@56902": ("shared_workspace:none",),
+    "vllm@0.13.0": ("per_call_empty:zeros@vllm-0.13.0", "per_call_empty:stale@vllm-0.13.0"),
+    "vllm@0.24.0": ("per_call_empty:zeros@vllm-0.24.0", "per_call_empty:stale@vllm-0.24.0"),
+    "vllm@0.33.0": ("fa3_sparse@vllm-0.33.0",),
+    "vllm@0.33.0-flashmla": ("shared_workspace:none@vllm-0.33.0-flashmla",),
+    "sglang@0.5.23": ("per_call_zeros@sglang-0.5.23",),
+}
+if set(ENGINE_PRESET_MEMBERS) != set(_ENGINE_PRESETS):
+    raise ImportError(f"ENGINE_PRESET_MEMBERS {sorted(ENGINE_PRESET_MEMBERS)} != engine presets "
+                      f"{sorted(_ENGINE_PRESETS)}")
+
+
+#: The lab's first preset names -> engine presets, read at the engines door (:func:`resolve_engine`). As strategy
+#: presets (:data:`PRESETS`) they keep their measured meaning; as an ``--engine`` they name the engine they were
+#: about: ``vllm-fa3-sparse`` -> vLLM 0.33.0 (FA3 sparse is its sm90 default), ``sglang`` -> SGLang 0.5.23.
+ENGINE_LEGACY_NAMES = {"vllm-pre-53878": "vllm@pr53878-before", "vllm-53878": "vllm@pr53878",
+                       "vllm-56902": "vllm@56902", "vllm-fa3-sparse": "vllm@0.33.0", "sglang": "sglang@0.5.23",
+                       "sglang-flashmla-sparse": "sglang@0.5.23"}
+
+
+def resolve_engine(name: str) -> str:
+    """An engine preset name (:data:`mla_lab.engines.ENGINE_PRESETS`) for an engine preset or one of the first
+    names (:data:`ENGINE_LEGACY_NAMES`).
+
+    Raises:
+        ValueError: one line naming ``--engine``, the value and the allowed values.
+    """
+    if isinstance(name, str):
+        if name in _ENGINE_PRESETS:
+            return name
+        if name in ENGINE_LEGACY_NAMES:
+            return ENGINE_LEGACY_NAMES[name]
+    raise ValueError(f"--engine={name!r} is not valid; allowed: {_engine_names()} (or the first names "
+                     f"{list(ENGINE_LEGACY_NAMES)})")
 
 
 def engine_strategies(engine: str) -> list[str]:
@@ -233,8 +272,7 @@ def engine_strategies(engine: str) -> list[str]:
     Raises:
         ValueError: one line naming ``--engine``, the value and the allowed values.
     """
-    from_engine = _ENGINE_PRESETS[_resolve_engine(engine)]
-    return [parse_strategy(n).name for n in from_engine.strategies]
+    return [parse_strategy(n).name for n in ENGINE_PRESET_MEMBERS[resolve_engine(engine)]]
 
 
 #: The first version's names, kept so existing parameter files and data keep working.
@@ -510,7 +548,7 @@ def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: 
     Raises:
         ValueError: a bad engine name (one line, the allowed values); bad ints.
     """
-    p = engine_preset(engine)
+    p = engine_preset(resolve_engine(engine))
     check_int("num_heads", num_heads)
     check_int("prompt_len", prompt_len)
     fam = "deepseek" if "deepseek" in model_name.lower() else "glm" if "glm" in model_name.lower() else "other"

@@ -10,7 +10,6 @@ from .versions import (
                        BACKENDS,
                        ENGINE_PRESETS,
                        ENGINE_VERSIONS,
-                       LEGACY_NAMES,
                        UNPADDED_BACKENDS,
                        EnginePreset,
                        EngineVersion,
@@ -27,6 +26,6 @@ from .versions import (
                        version_facts,
 )
 
-__all__ = ["BACKENDS", "ENGINE_PRESETS", "ENGINE_VERSIONS", "LEGACY_NAMES", "UNPADDED_BACKENDS", "EnginePreset",
+__all__ = ["BACKENDS", "ENGINE_PRESETS", "ENGINE_VERSIONS", "UNPADDED_BACKENDS", "EnginePreset",
            "EngineVersion", "Fact", "Source", "decode_threshold", "engine_names", "engine_preset", "engine_version",
            "fact", "padding_for", "resolve_engine", "sparse_backend", "version_facts"]

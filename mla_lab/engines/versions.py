@@ -31,7 +31,9 @@ Presets (``mla-lab engines`` lists them; ``docs/engines.md`` has the table):
                              ``flashmla_sparse`` with a ``new_zeros`` pad (64 on sm90, 128 on sm100); decode ``fa3``
 ===========================  =========================================================================================
 
-The PR-era presets keep the lab's first names at the door (:data:`LEGACY_NAMES`: ``vllm-53878`` ->
+The lab's strategies of each preset (placement x route rule) are in :data:`mla_lab.placement.ENGINE_PRESET_MEMBERS`.
+The PR-era presets keep the lab's first names at the door (:data:`mla_lab.placement.ENGINE_LEGACY_NAMES`:
+``vllm-53878`` ->
 ``vllm@pr53878`` ...). ``vllm-fa3-sparse`` and ``sglang`` name today's engines there (``vllm@0.33.0``,
 ``sglang@0.5.23``); as *strategy* presets (:data:`mla_lab.placement.PRESETS`) they keep their measured meaning.
 
@@ -42,7 +44,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Source", "Fact", "EngineVersion", "EnginePreset", "ENGINE_VERSIONS", "ENGINE_PRESETS", "LEGACY_NAMES",
+__all__ = ["Source", "Fact", "EngineVersion", "EnginePreset", "ENGINE_VERSIONS", "ENGINE_PRESETS",
            "engine_version", "engine_preset", "resolve_engine", "engine_names", "fact", "version_facts",
            "sparse_backend", "padding_for", "decode_threshold", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS"]
 
@@ -104,8 +106,6 @@ class EnginePreset:
         name: ``<engine>@<version>[-<variant>]``.
         engine_version: the :class:`EngineVersion`.
         summary: one line.
-        strategies: the lab's canonical strategies for its sm90 bf16-KV default (:mod:`mla_lab.placement`
-            spellings, ``<placement>@<route rule>``); two = the range it can be in (padded heads zeros / stale).
         route_rule: the :data:`mla_lab.routes.ENGINE_RULES` name its steps are routed by.
         forced_backend: the ``--attention-backend`` the preset forces (None: the engine's own choice).
         facts: its :class:`Fact` s.
@@ -114,7 +114,6 @@ class EnginePreset:
     name: str
     engine_version: EngineVersion
     summary: str
-    strategies: tuple
     route_rule: str
     forced_backend: str | None
     facts: tuple
@@ -444,39 +443,39 @@ _SG_FACTS = (
 
 
 # ---------------------------------------------------------------------------------------------- presets
-def _p(name, ev, summary, strategies, rule, forced, facts):
-    return EnginePreset(name, ev, summary, tuple(strategies), rule, forced, tuple(facts))
+def _p(name, ev, summary, rule, forced, facts):
+    return EnginePreset(name, ev, summary, rule, forced, tuple(facts))
 
 
 _FORCED = Fact("forced_backend", "FLASHMLA_SPARSE", "--attention-backend FLASHMLA_SPARSE, as PR #53878's server",
                ())
 ENGINE_PRESETS = {p.name: p for p in (
     _p("vllm@pr53878-before", V_PRE, "private unpadded Q buffer + new_empty pad per call (range: pad zeros / stale)",
-       ("per_call_empty:zeros", "per_call_empty:stale"), "vllm-flashmla", "FLASHMLA_SPARSE",
+       "vllm-flashmla", "FLASHMLA_SPARSE",
        (_PR_ERA_PADDING, _PR_ERA_ROUTE, _PR_ERA_DECODE, _PR_ERA_BACKENDS, _PR_ERA_CG, _PR_ERA_INDEXER, _FORCED,
         Fact("pad_call", "new_empty", "q.new_empty((T, prefill_padding, 576)) + slice copy per call",
              (_pr(_PRE_SRC, "-", "pass"),)))),
     _p("vllm@pr53878", V_PR, "pre-padded private Q-concat workspace (padded heads never written: zeros)",
-       ("private_workspace",), "vllm-flashmla", "FLASHMLA_SPARSE",
+       "vllm-flashmla", "FLASHMLA_SPARSE",
        (_PR_ERA_PADDING, _PR_ERA_ROUTE, _PR_ERA_DECODE, _PR_ERA_BACKENDS, _PR_ERA_CG, _PR_ERA_INDEXER, _FORCED,
         Fact("pad_call", "workspace", "concat_mla_q into the padded workspace (PR #53878)",
              (_pr(_FM + " (PR #53878)", "-", "pass"),)))),
     _p("vllm@56902", V_56902, "padded view of the shared workspace per call (padded heads hold its scratch)",
-       ("shared_workspace:none",), "vllm-flashmla", "FLASHMLA_SPARSE",
+       "vllm-flashmla", "FLASHMLA_SPARSE",
        (_PR_ERA_PADDING, _PR_ERA_ROUTE, _PR_ERA_DECODE, _PR_ERA_BACKENDS, _PR_ERA_CG, _PR_ERA_INDEXER, _FORCED,
         Fact("pad_call", "workspace", "per-call view of the shared workspace (PR #56902)",
              (_pr(_FM + " (PR #56902)", "-", "pass"),)))),
     _p("vllm@0.13.0", V_013, "torch.cat Q + new_empty pad per call; every token sparse; DeepSeek-V3.2 only",
-       ("per_call_empty:zeros@vllm-0.13.0", "per_call_empty:stale@vllm-0.13.0"), "vllm-0.13.0", None, _V13_FACTS),
+       "vllm-0.13.0", None, _V13_FACTS),
     _p("vllm@0.24.0", V_024, "private unpadded Q buffer + new_empty pad per call; every token sparse",
-       ("per_call_empty:zeros@vllm-0.24.0", "per_call_empty:stale@vllm-0.24.0"), "vllm-0.24.0", None, _V24_FACTS),
+       "vllm-0.24.0", None, _V24_FACTS),
     _p("vllm@0.33.0", V_033, "defaults: sm90 bf16 FA3 sparse (real heads); short prefills dense MHA",
-       ("fa3_sparse@vllm-0.33.0",), "vllm-0.33.0", None, _V33_COMMON),
+       "vllm-0.33.0", None, _V33_COMMON),
     _p("vllm@0.33.0-flashmla", V_033, "FLASHMLA_SPARSE forced: per-call view of the shared workspace padded to 64; "
-       "short prefills still dense MHA", ("shared_workspace:none@vllm-0.33.0-flashmla",), "vllm-0.33.0-flashmla",
+       "short prefills still dense MHA", "vllm-0.33.0-flashmla",
        "FLASHMLA_SPARSE", _V33_COMMON + (_FORCED,)),
     _p("sglang@0.5.23", S_0523, "H200 defaults: prefill flashmla_sparse (new_zeros pad) inside breakable prefill "
-       "graphs, decode fa3", ("per_call_zeros@sglang-0.5.23",), "sglang-0.5.23", None, _SG_FACTS),
+       "graphs, decode fa3", "sglang-0.5.23", None, _SG_FACTS),
 )}
 
 #: What the lab's first (PR-era) presets relied on, written as the code that would say it in a release wheel: the
@@ -512,30 +511,21 @@ LAB_CLAIMS = {
     ),
 }
 
-#: The lab's first preset names -> engine presets (read at the engines door; see the module docstring).
-LEGACY_NAMES = {"vllm-pre-53878": "vllm@pr53878-before", "vllm-53878": "vllm@pr53878", "vllm-56902": "vllm@56902",
-                "vllm-fa3-sparse": "vllm@0.33.0", "sglang": "sglang@0.5.23",
-                "sglang-flashmla-sparse": "sglang@0.5.23", "unfused": "vllm@pr53878-before", "fused": "vllm@pr53878"}
-
-
 def engine_names() -> list[str]:
     """Every engine preset name."""
     return list(ENGINE_PRESETS)
 
 
 def resolve_engine(name: str) -> str:
-    """An engine preset name for a preset name or one of :data:`LEGACY_NAMES`.
+    """``name`` if it is an engine preset (the lab's first names are read by
+    :func:`mla_lab.placement.resolve_engine`, which knows them).
 
     Raises:
         ValueError: one line naming ``--engine``, the value and the allowed values.
     """
-    if isinstance(name, str):
-        if name in ENGINE_PRESETS:
-            return name
-        if name in LEGACY_NAMES:
-            return LEGACY_NAMES[name]
-    raise ValueError(f"--engine={name!r} is not valid; allowed: {engine_names()} (or the first names "
-                     f"{list(LEGACY_NAMES)})")
+    if isinstance(name, str) and name in ENGINE_PRESETS:
+        return name
+    raise ValueError(f"--engine={name!r} is not valid; allowed: {engine_names()}")
 
 
 def engine_preset(name: str) -> EnginePreset:

@@ -16,8 +16,14 @@ from __future__ import annotations
 import math
 
 from ..deployment import Deployment
-from ..engines import resolve_engine
-from ..placement import BASELINE, advise_candidates, engine_strategies, engine_summary, expand_strategies
+from ..placement import (
+    BASELINE,
+    advise_candidates,
+    engine_strategies,
+    engine_summary,
+    expand_strategies,
+    resolve_engine,
+)
 from .rows import between_process_changes, modelled_rows
 
 __all__ = ["advise", "candidate_strategies", "frontier", "format_advice", "TODAY_ENGINES", "engines_block"]
