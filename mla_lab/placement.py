@@ -68,7 +68,8 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES", "EXPLORER_STRATEGIES", "real_strategies",
            "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
            "preset_table", "SUBCHUNK_GRAPH", "ENGINE_PRESET_MEMBERS", "engine_strategies",
-           "ENGINE_LEGACY_NAMES", "resolve_engine", "engine_summary", "engine_table", "blackwell_rows"]
+           "ENGINE_LEGACY_NAMES", "resolve_engine", "engine_summary", "engine_table", "blackwell_rows",
+           "PR_TRADE_BY_ENGINE"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
               "kernel_native", "fa3_sparse")
@@ -473,6 +474,20 @@ SEED_COMPARISONS = (
      "private_workspace"),
     ("vLLM FA3 sparse (Hopper default, real heads) vs vLLM #53878", "fa3_sparse", "private_workspace"),
     ("vLLM #53878 vs a new_zeros pad per call (the lab's first baseline)", "private_workspace", "per_call_zeros"),
+)
+
+#: (label, strategy, against, engine) of the PR's trade by engine version
+#: (:func:`mla_lab.report.seed_answer.pr_trade_by_engine`): as it was (the PR's build), as it is in vLLM 0.33.0 with
+#: FLASHMLA_SPARSE forced (the PR's workspace, by then the per-call shared view, against the pre-PR per-call pad, both
+#: under 0.33.0's routes: 1024-token prefills dense MHA, the padded kernel on decode rows only), and vLLM 0.33.0's
+#: default FA3 sparse against that forced path.
+PR_TRADE_BY_ENGINE = (
+    ("as it was: the PR's build vs vLLM before it (FLASHMLA_SPARSE forced)", "private_workspace",
+     "per_call_empty:zeros", "vllm@pr53878"),
+    ("as it is in vLLM 0.33.0, FLASHMLA_SPARSE forced: the PR's workspace (shared view) vs a per-call pad",
+     "shared_workspace:none@vllm-0.33.0-flashmla", "per_call_empty:zeros@vllm-0.33.0-flashmla", "vllm@0.33.0-flashmla"),
+    ("vLLM 0.33.0 without the forced backend: FA3 sparse (real heads) vs FLASHMLA_SPARSE forced",
+     "fa3_sparse@vllm-0.33.0", "shared_workspace:none@vllm-0.33.0-flashmla", "vllm@0.33.0"),
 )
 
 #: ``preset`` labels of ``benchmarks/bench_engines.py`` rows -> canonical strategies (a door for those files).

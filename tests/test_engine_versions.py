@@ -9,8 +9,16 @@ import pytest
 
 from mla_lab.cli import main
 from mla_lab.engines import ENGINE_PRESETS, decode_threshold, engine_preset, padding_for, sparse_backend
-from mla_lab.placement import (ENGINE_LEGACY_NAMES, PRESETS, blackwell_rows, engine_strategies, engine_summary,
-                               expand_strategies, preset_of, resolve_engine)
+from mla_lab.placement import (
+    ENGINE_LEGACY_NAMES,
+    PRESETS,
+    blackwell_rows,
+    engine_strategies,
+    engine_summary,
+    expand_strategies,
+    preset_of,
+    resolve_engine,
+)
 from mla_lab.routes import route_for
 
 GLM_TOPK = 2048  # data/models/glm-5/config.json index_topk
@@ -149,3 +157,26 @@ def test_bad_engine_input_is_one_line(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1, err
+
+
+def test_fp8_kv_reservations_of_vllm_0_33_glm5_tp8():
+    from mla_lab.engines import fp8_reserved_bytes
+
+    r = fp8_reserved_bytes(8, 16384, 131072)
+    mib = {k: v / 2**20 for k, v in r.items()}
+    # 16384 x 8 x 576 x 2 B; 5 x 131072 x 576 x 2 B; 16384 x 64 x 576 x 2 B; 16384 x 64 x 512 x 2 B; 16384 x 8 x 512 x 2 B
+    assert mib == {"q_concat": 144, "prefill_gather": 720, "padded_q": 1152, "padded_out": 1024, "out": 128,
+                   "total": 3168}
+    assert fp8_reserved_bytes(8, 16384, 512 * 1024)["prefill_gather"] == 2 * 512 * 1024 * 576 * 2
+
+
+def test_the_prs_trade_as_it_was_and_as_it_is():
+    from mla_lab.report.seed_answer import pr_trade_by_engine
+
+    was, now, fa3 = pr_trade_by_engine(("glm-5",))
+    assert was["engine"] == "vllm@pr53878" and was["prefill_route"] == "sparse-mqa"
+    assert was["modelled_pct"] < 0 and was["extra_persistent_mib"] == 1008  # 16384 x 56 x 1152 B
+    # 0.33.0: 1024-token prefills go dense, so the PR's workspace changes no prefill step of the benchmark
+    assert now["prefill_route"] == "mha-dense" and now["modelled_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert now["padded_path"].startswith("decode rows") and now["extra_persistent_mib"] == -144
+    assert fa3["padded_path"].startswith("nowhere") and all(r["source"] == "modelled" for r in (was, now, fa3))

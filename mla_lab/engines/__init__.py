@@ -10,6 +10,7 @@ from .versions import (
                        BACKENDS,
                        ENGINE_PRESETS,
                        ENGINE_VERSIONS,
+                       LAB_CLAIMS,
                        UNPADDED_BACKENDS,
                        EnginePreset,
                        EngineVersion,
@@ -20,12 +21,13 @@ from .versions import (
                        engine_preset,
                        engine_version,
                        fact,
+                       fp8_reserved_bytes,
                        padding_for,
                        resolve_engine,
                        sparse_backend,
                        version_facts,
 )
 
-__all__ = ["BACKENDS", "ENGINE_PRESETS", "ENGINE_VERSIONS", "UNPADDED_BACKENDS", "EnginePreset",
+__all__ = ["BACKENDS", "ENGINE_PRESETS", "ENGINE_VERSIONS", "LAB_CLAIMS", "UNPADDED_BACKENDS", "EnginePreset",
            "EngineVersion", "Fact", "Source", "decode_threshold", "engine_names", "engine_preset", "engine_version",
-           "fact", "padding_for", "resolve_engine", "sparse_backend", "version_facts"]
+           "fact", "fp8_reserved_bytes", "padding_for", "resolve_engine", "sparse_backend", "version_facts"]

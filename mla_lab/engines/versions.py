@@ -46,7 +46,8 @@ from dataclasses import dataclass
 
 __all__ = ["Source", "Fact", "EngineVersion", "EnginePreset", "ENGINE_VERSIONS", "ENGINE_PRESETS",
            "engine_version", "engine_preset", "resolve_engine", "engine_names", "fact", "version_facts",
-           "sparse_backend", "padding_for", "decode_threshold", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS"]
+           "sparse_backend", "padding_for", "decode_threshold", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS",
+           "fp8_reserved_bytes"]
 
 
 @dataclass(frozen=True)
@@ -645,3 +646,29 @@ def decode_threshold(preset: str, backend: str, sm, num_heads: int) -> tuple[int
     pairs, default = by_sm[key]
     uniform = backend == "FLASHMLA_SPARSE" and p.engine_version == V_033
     return dict(pairs).get(num_heads, default), uniform
+
+
+def fp8_reserved_bytes(num_heads: int, max_num_batched_tokens: int, max_model_len: int, head_size: int = 576,
+                       kv_lora_rank: int = 512) -> dict:
+    """Bytes vLLM 0.33.0's FLASHMLA_SPARSE ``__init__`` asks the shared workspace for with an fp8 (``fp8_ds_mla``)
+    KV cache (fact ``workspace.fp8``: ``flashmla_sparse.py:776,810,822-829``; factor ``vllm/config/vllm.py:1872-1874``),
+    all bf16 (2 bytes), no PCP/DCP: the Q-concat ``(T, H, head_size)``, the prefill gather ``(factor x
+    max_model_len, head_size)`` (factor 5 when max_model_len <= 256 x 1024, else 2), a padded Q
+    ``(T, round_up(H, 64), head_size)``, a padded output ``(T, round_up(H, 64), kv_lora_rank)`` and an output
+    ``(T, H, kv_lora_rank)``. They are taken together (``get_simultaneous``), so the shared workspace grows to their
+    sum unless another user (the fused MoE) already asks for more. Returns ``{name: bytes}`` and ``total``.
+
+    Raises:
+        ValueError: a size not a positive int.
+    """
+    for name, v in (("num_heads", num_heads), ("max_num_batched_tokens", max_num_batched_tokens),
+                    ("max_model_len", max_model_len)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+    T, H, Hp = max_num_batched_tokens, num_heads, -(-num_heads // 64) * 64
+    factor = 5 if max_model_len <= 256 * 1024 else 2
+    out = {"q_concat": T * H * head_size * 2, "prefill_gather": factor * max_model_len * head_size * 2,
+           "padded_q": T * Hp * head_size * 2, "padded_out": T * Hp * kv_lora_rank * 2,
+           "out": T * H * kv_lora_rank * 2}
+    out["total"] = sum(out.values())
+    return out
