@@ -305,6 +305,7 @@ def _cmd_advise(args) -> int:
                            args.moe_parallel, args.gpu_memory_utilization, strategies=None)
     from .sweep.advise import advise, format_advice
 
+    _check_engine(args.engine)
     measured = None
     if not args.no_measured:
         from .report.data import load_measured_cached
@@ -313,7 +314,7 @@ def _cmd_advise(args) -> int:
     res = advise(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
                  args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
                  args.moe_parallel, args.memory_budget_mib, args.memory_budget_tokens, measured=measured,
-                 gpu_memory_utilization=args.gpu_memory_utilization)
+                 gpu_memory_utilization=args.gpu_memory_utilization, engine=args.engine)
     detached = list(getattr(measured, "attrs", {}).get("detached", [])) if measured is not None else []
     if args.json:
         print(json.dumps({**res, "measured_detached": detached}, indent=1, default=str))
@@ -323,7 +324,24 @@ def _cmd_advise(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- serve
+def _check_engine(engine) -> None:
+    """One line naming --engine, the value and the allowed values (DoorError), before anything is priced."""
+    if engine is None:
+        return
+    from .placement import resolve_engine
+
+    try:
+        resolve_engine(engine)
+    except ValueError as e:
+        raise DoorError(str(e)) from None
+
+
 def _cmd_serve(args) -> int:
+    _check_engine(args.engine)
+    if args.engine is not None:
+        from .placement import engine_strategies
+
+        args.strategies = list(args.strategies) + engine_strategies(args.engine)
     strategies = doors.check_strategies(args.strategies)
     doors.check_serve(args, strategies)
     from .serving import BenchConfig, serve_benchmark
@@ -341,6 +359,70 @@ def _cmd_serve(args) -> int:
     out = doors.serve_summary(res, runs)
     print(json.dumps(out, indent=1, default=str) if args.json else doors.format_serve(out))
     return 0
+
+
+# ----------------------------------------------------------------------------------------------------- engines
+_ENGINE_COLS = (("preset", 21), ("engine", 6), ("version", 15), ("release", 10), ("prefill route", 13),
+                ("padding", 7), ("decode backend", 21), ("padded path", 40))
+
+
+def _cmd_engines(args) -> int:
+    """``mla-lab engines``: the engine presets (GLM-5 TP8, H200, bf16 KV, 1024-token prompts), or the wheel check."""
+    from .engines import engine_preset
+    from .placement import engine_table
+
+    if args.check_wheel or args.download:
+        return _check_wheels(args)
+    rows = engine_table()
+    for r in rows:
+        p = engine_preset(r["preset"])
+        r["decode_backend"] = "FLASH_ATTN_MLA_SPARSE (fa3)" if r["decode_route"] == "fa3-sparse" and \
+            r["engine"] == "sglang" else r["backend"]
+        r["facts"] = [{"key": f.key, "value": f.value, "text": f.text, "sources": [s.cite() for s in f.sources]}
+                      for f in p.facts]
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    print("engine presets for GLM-5 TP8 (8 heads per rank), H200 (sm90), bf16 KV, 1024-token prompts, 16384 "
+          "tokens per step (PR #53878's benchmark); modelled from the engines' sources (a code reading, not run)")
+    print(" ".join(t.ljust(w) for t, w in _ENGINE_COLS).rstrip())
+    for r in rows:
+        vals = (r["preset"], r["engine"], r["version"], r["release_date"], r["prefill_route"] or "-",
+                str(r["padding"]) if r["padding"] else "none", r["decode_backend"] or "-", r["padded_path"])
+        print(" ".join(str(v).ljust(w) for v, (_, w) in zip(vals, _ENGINE_COLS)).rstrip())
+        print("    sources: " + ", ".join(r["sources"]))
+    print("mla-lab engines --json gives every fact with its file:line; --check-wheel PATH.whl checks them (ast)")
+    return 0
+
+
+def _check_wheels(args) -> int:
+    from .engines.wheel_check import check_wheel, download_wheel, format_report, write_report
+    from .paths import data_dir
+
+    wheels = list(args.check_wheel or [])
+    for spec in args.download or []:
+        eng, _, ver = spec.partition("==")
+        if not ver:
+            raise DoorError(f"--download={spec!r} is not valid; allowed: <engine>==<version>, e.g. vllm==0.33.0")
+        try:
+            wheels.append(str(download_wheel(eng, ver, args.wheel_dir)))
+        except (ValueError, RuntimeError) as e:
+            raise DoorError(f"--download={spec!r}: {e}") from None
+    bad = 0
+    for w in wheels:
+        try:
+            rep = check_wheel(w)
+        except ValueError as e:
+            raise DoorError(f"--check-wheel={w!r}: {e}") from None
+        bad += rep["counts"]["fails"] + rep["counts"]["missing"]
+        if args.write:
+            try:
+                j, m = write_report(rep, data_dir() / "engines", overwrite=args.overwrite)
+            except ValueError as e:
+                raise DoorError(str(e)) from None
+            print(f"mla-lab: wrote {_rel(j)} and {_rel(m)}")
+        print(json.dumps(rep, indent=1) if args.json else format_report(rep))
+    return 1 if bad else 0
 
 
 # ----------------------------------------------------------------------------------------------------- index
@@ -467,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--random-output-len", default=None, help=argparse.SUPPRESS)  # refused with a reason
     ad.add_argument("--request-rate", default=None, help=argparse.SUPPRESS)  # refused with a reason
     ad.add_argument("--no-measured", action="store_true", help="use modelled TTFT only (ignore data/measured)")
+    ad.add_argument("--engine", default=None,
+                    help="an engine version preset, e.g. vllm@0.33.0 (mla-lab engines lists them; first names such "
+                         "as vllm-53878 map to theirs): its strategies join the candidates, its route heads the list")
     ad.add_argument("--json", action="store_true", help="print the result as JSON")
     sv = sub.add_parser("serve", help="the vllm bench serve simulation for one deployment: every metric per "
                                       "strategy and its change vs the baseline (modelled)")
@@ -495,6 +580,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="presets, aliases or canonical strategies (default vllm-pre-53878 vllm-53878 vllm-56902; "
                          "the baseline is always run)")
     sv.add_argument("--json", action="store_true", help="print the result as JSON")
+    sv.add_argument("--engine", default=None,
+                    help="an engine version preset, e.g. vllm@0.33.0 or sglang@0.5.23 (mla-lab engines lists them; "
+                         "first names such as vllm-53878 map to theirs): its strategies join --strategies")
+    en = sub.add_parser("engines", help="the engine versions the lab describes (vLLM / SGLang releases and PR-era "
+                                        "builds): route, padding, decode backend, sources; or check a wheel")
+    en.add_argument("--json", action="store_true", help="every preset with its facts and their file:line")
+    en.add_argument("--check-wheel", nargs="+", default=None, metavar="WHEEL",
+                    help="release wheel(s) to check the facts against (read with ast; never installed or imported)")
+    en.add_argument("--download", nargs="+", default=None, metavar="ENGINE==VERSION",
+                    help="pip download --no-deps the release wheel(s) first (e.g. vllm==0.33.0; ~336 MB), then check")
+    en.add_argument("--wheel-dir", default=os.environ.get("MLA_LAB_WHEELS", "wheels"),
+                    help="where --download puts wheels (default env MLA_LAB_WHEELS or ./wheels)")
+    en.add_argument("--write", action="store_true",
+                    help="write data/engines/wheel_facts_<engine>-<version>.json and .md")
+    en.add_argument("--overwrite", action="store_true", help="with --write: replace existing report files")
     ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
     ix.add_argument("--report-dir", default="reports",
                     help="an existing folder 'mla-lab sweep' published reports into (default reports)")
@@ -530,8 +630,9 @@ def _deployment_flags(p, tp_flags, tp_dest) -> None:
                         "(default 0.9)")
 
 
-_COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "index": _cmd_index,
-             "check-report": _cmd_check_report, "measure": lambda args: cli_measure.cmd_measure(args, _stamp),
+_COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "engines": _cmd_engines,
+             "index": _cmd_index, "check-report": _cmd_check_report,
+             "measure": lambda args: cli_measure.cmd_measure(args, _stamp),
              "report": lambda args: cli_measure.cmd_report(args, main)}
 
 

@@ -330,15 +330,16 @@ def check_strategies(names) -> list[str]:
     Raises:
         DoorError: an unknown name (the allowed ones listed).
     """
-    from .placement import ALIASES, PRESETS, canonical_names, expand_strategies
+    from .placement import ALIASES, ENGINE_PRESET_MEMBERS, PRESETS, canonical_names, expand_strategies
 
     out = []
     for n in names:
         try:
             out += expand_strategies([n])
         except ValueError:
-            raise DoorError(f"--strategies holds {_short(n)}; allowed: presets {list(PRESETS)}, aliases "
-                            f"{list(ALIASES)} or canonical strategies {canonical_names()}") from None
+            raise DoorError(f"--strategies holds {_short(n)}; allowed: presets {list(PRESETS)}, engine presets "
+                            f"{list(ENGINE_PRESET_MEMBERS)}, aliases {list(ALIASES)} or canonical strategies "
+                            f"{canonical_names()}") from None
     return list(dict.fromkeys(out))
 
 

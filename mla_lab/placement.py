@@ -43,6 +43,13 @@ Canonical names (:func:`parse_strategy`): ``per_call_empty:zeros``, ``per_call_e
 chunk's output copied into the step's), ``subchunk:<S>:views`` (the consumer runs per chunk on views),
 ``subchunk:<S>:graph2`` (views hand-off over TWO zeroed S-row workspaces, chunk i on side stream i % 2, the whole
 chunk loop captured in one CUDA graph per T; the lab's proposal, issue 23), ``kernel_native``. Engine presets (:data:`PRESETS`) and the first version's names (:data:`ALIASES`) expand to them.
+
+**Engine versions** (:mod:`mla_lab.engines`): ``vllm@0.33.0``, ``sglang@0.5.23`` ... are door names too
+(:data:`ENGINE_PRESET_MEMBERS`): each expands to the strategies of its sm90 bf16-KV default with the version's route
+rule (``fa3_sparse@vllm-0.33.0``, ``shared_workspace:none@vllm-0.33.0-flashmla``, ``per_call_zeros@sglang-0.5.23``,
+``per_call_empty:zeros@vllm-0.24.0`` ...). :data:`PRESETS` keeps the lab's first, PR-era names (the measured data
+and its tests are labelled with them); ``vllm@pr53878-before`` / ``vllm@pr53878`` / ``vllm@56902`` expand to the same
+members as ``vllm-pre-53878`` / ``vllm-53878`` / ``vllm-56902``.
 """
 
 from __future__ import annotations
@@ -50,6 +57,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ._validate import check_int
+from .engines import ENGINE_PRESETS as _ENGINE_PRESETS
+from .engines import decode_threshold, engine_preset, padding_for, sparse_backend
+from .engines import engine_names as _engine_names
 from .routes import ENGINE_RULES, route_for
 
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
@@ -57,7 +67,9 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY", "SUBCHUNK_ROWS", "canonical_names",
            "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES", "EXPLORER_STRATEGIES", "real_strategies",
            "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
-           "preset_table", "SUBCHUNK_GRAPH"]
+           "preset_table", "SUBCHUNK_GRAPH", "ENGINE_PRESET_MEMBERS", "engine_strategies",
+           "ENGINE_LEGACY_NAMES", "resolve_engine", "engine_summary", "engine_table", "blackwell_rows",
+           "PR_TRADE_BY_ENGINE"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
               "kernel_native", "fa3_sparse")
@@ -212,6 +224,58 @@ PRESET_SOURCES = {
                      "no padded Q, no padded output); vLLM's FLASH_ATTN_MLA_SPARSE (preset vllm-fa3-sparse) is "
                      "the shipping kernel of this kind on sm90",
 }
+#: Engine-version presets (:data:`mla_lab.engines.ENGINE_PRESETS`) -> the lab's canonical strategies for their sm90
+#: bf16-KV default (``<placement>@<route rule>``; two = the range: padded heads zeros / stale). vLLM 0.13.0 builds Q
+#: with ``torch.cat`` (a fresh tensor, no buffer) before the same ``new_empty`` pad: priced as ``per_call_empty``.
+ENGINE_PRESET_MEMBERS = {
+    "vllm@pr53878-before": ("per_call_empty:zeros", "per_call_empty:stale"),
+    "vllm@pr53878": ("private_workspace",),
+    "vllm@56902": ("shared_workspace:none",),
+    "vllm@0.13.0": ("per_call_empty:zeros@vllm-0.13.0", "per_call_empty:stale@vllm-0.13.0"),
+    "vllm@0.24.0": ("per_call_empty:zeros@vllm-0.24.0", "per_call_empty:stale@vllm-0.24.0"),
+    "vllm@0.33.0": ("fa3_sparse@vllm-0.33.0",),
+    "vllm@0.33.0-flashmla": ("shared_workspace:none@vllm-0.33.0-flashmla",),
+    "sglang@0.5.23": ("per_call_zeros@sglang-0.5.23",),
+}
+if set(ENGINE_PRESET_MEMBERS) != set(_ENGINE_PRESETS):
+    raise ImportError(f"ENGINE_PRESET_MEMBERS {sorted(ENGINE_PRESET_MEMBERS)} != engine presets "
+                      f"{sorted(_ENGINE_PRESETS)}")
+
+
+#: The lab's first preset names -> engine presets, read at the engines door (:func:`resolve_engine`). As strategy
+#: presets (:data:`PRESETS`) they keep their measured meaning; as an ``--engine`` they name the engine they were
+#: about: ``vllm-fa3-sparse`` -> vLLM 0.33.0 (FA3 sparse is its sm90 default), ``sglang`` -> SGLang 0.5.23.
+ENGINE_LEGACY_NAMES = {"vllm-pre-53878": "vllm@pr53878-before", "vllm-53878": "vllm@pr53878",
+                       "vllm-56902": "vllm@56902", "vllm-fa3-sparse": "vllm@0.33.0", "sglang": "sglang@0.5.23",
+                       "sglang-flashmla-sparse": "sglang@0.5.23"}
+
+
+def resolve_engine(name: str) -> str:
+    """An engine preset name (:data:`mla_lab.engines.ENGINE_PRESETS`) for an engine preset or one of the first
+    names (:data:`ENGINE_LEGACY_NAMES`).
+
+    Raises:
+        ValueError: one line naming ``--engine``, the value and the allowed values.
+    """
+    if isinstance(name, str):
+        if name in _ENGINE_PRESETS:
+            return name
+        if name in ENGINE_LEGACY_NAMES:
+            return ENGINE_LEGACY_NAMES[name]
+    raise ValueError(f"--engine={name!r} is not valid; allowed: {_engine_names()} (or the first names "
+                     f"{list(ENGINE_LEGACY_NAMES)})")
+
+
+def engine_strategies(engine: str) -> list[str]:
+    """The canonical strategies of an engine preset (``vllm@0.33.0``) or one of its first names (``vllm-53878``,
+    :data:`mla_lab.engines.LEGACY_NAMES`).
+
+    Raises:
+        ValueError: one line naming ``--engine``, the value and the allowed values.
+    """
+    return [parse_strategy(n).name for n in ENGINE_PRESET_MEMBERS[resolve_engine(engine)]]
+
+
 #: The first version's names, kept so existing parameter files and data keep working.
 ALIASES = {"unfused": "vllm-pre-53878", "fused": "vllm-53878"}
 #: What the first version's *measurements* labelled ``unfused`` / ``fused`` ran: a ``new_zeros`` pad per call and a
@@ -267,11 +331,11 @@ def parse_strategy(name: str) -> Strategy:
                              "'graph2' (e.g. subchunk:4096:views, subchunk:2048:graph2)")
         handoff = parts[2] if len(parts) == 3 else "copy"
         return Strategy("subchunk", "zeros", "zero_once", rows, handoff)
-    if name in PRESETS or name in ALIASES or name == "kernel-native":
+    if name in PRESETS or name in ALIASES or name == "kernel-native" or name in ENGINE_PRESET_MEMBERS:
         raise ValueError(f"strategy={name!r} is a preset or alias, read only at the door (parameters, CLI, legacy "
                          f"rows: mla_lab.placement.expand / resolve_strategy); allowed here: {canonical_names()}")
-    raise ValueError(f"strategy={name!r} is not known; allowed: {canonical_names()}, presets {list(PRESETS)} "
-                     f"or aliases {list(ALIASES)}")
+    raise ValueError(f"strategy={name!r} is not known; allowed: {canonical_names()}, presets {list(PRESETS)}, "
+                     f"engine presets {list(ENGINE_PRESET_MEMBERS)} or aliases {list(ALIASES)}")
 
 
 #: Below the door a strategy is a :class:`Strategy`; this is :func:`parse_strategy` under the name the cost model's
@@ -292,6 +356,8 @@ def _door_name(n) -> list[str]:
         n = "kernel-native"
     if n in PRESETS:
         return list(PRESETS[n])
+    if n in ENGINE_PRESET_MEMBERS:
+        return [parse_strategy(m).name for m in ENGINE_PRESET_MEMBERS[n]]
     return [parse_strategy(n).name]
 
 
@@ -333,6 +399,9 @@ def resolve_strategy(name) -> str:
 def preset_of(name: str) -> str:
     """The engine preset a canonical strategy belongs to ("" for the lab's own, e.g. ``subchunk:4096``)."""
     for preset, members in PRESETS.items():
+        if name in members:
+            return preset
+    for preset, members in ENGINE_PRESET_MEMBERS.items():
         if name in members:
             return preset
     return ""
@@ -407,6 +476,20 @@ SEED_COMPARISONS = (
     ("vLLM #53878 vs a new_zeros pad per call (the lab's first baseline)", "private_workspace", "per_call_zeros"),
 )
 
+#: (label, strategy, against, engine) of the PR's trade by engine version
+#: (:func:`mla_lab.report.seed_answer.pr_trade_by_engine`): as it was (the PR's build), as it is in vLLM 0.33.0 with
+#: FLASHMLA_SPARSE forced (the PR's workspace, by then the per-call shared view, against the pre-PR per-call pad, both
+#: under 0.33.0's routes: 1024-token prefills dense MHA, the padded kernel on decode rows only), and vLLM 0.33.0's
+#: default FA3 sparse against that forced path.
+PR_TRADE_BY_ENGINE = (
+    ("as it was: the PR's build vs vLLM before it (FLASHMLA_SPARSE forced)", "private_workspace",
+     "per_call_empty:zeros", "vllm@pr53878"),
+    ("as it is in vLLM 0.33.0, FLASHMLA_SPARSE forced: the PR's workspace (shared view) vs a per-call pad",
+     "shared_workspace:none@vllm-0.33.0-flashmla", "per_call_empty:zeros@vllm-0.33.0-flashmla", "vllm@0.33.0-flashmla"),
+    ("vLLM 0.33.0 without the forced backend: FA3 sparse (real heads) vs FLASHMLA_SPARSE forced",
+     "fa3_sparse@vllm-0.33.0", "shared_workspace:none@vllm-0.33.0-flashmla", "vllm@0.33.0"),
+)
+
 #: ``preset`` labels of ``benchmarks/bench_engines.py`` rows -> canonical strategies (a door for those files).
 BENCH_PRESET_LABELS = {"per_call_empty_zeros": "per_call_empty:zeros", "per_call_empty_stale": "per_call_empty:stale",
                        "per_call_zeros": "per_call_zeros", "private_workspace_zeros": "private_workspace",
@@ -415,10 +498,11 @@ BENCH_PRESET_LABELS = {"per_call_empty_zeros": "per_call_empty:zeros", "per_call
 
 
 def strategy_route(strategy, model_name: str, topk: int, seq_lens=None, query_lens=None,
-                   phase: str = "prefill") -> str:
+                   phase: str = "prefill", num_heads: int | None = None) -> str:
     """The attention route (:data:`mla_lab.routes.ROUTES`) ``strategy`` takes for a batch of ``model_name``:
     :func:`mla_lab.routes.route_for` under the strategy's rule (:attr:`Strategy.rule`); ``sparse-mqa`` for a
-    strategy with no rule (``kernel_native``). ``seq_lens`` / ``query_lens`` per request (prefill only).
+    strategy with no rule (``kernel_native``). ``seq_lens`` / ``query_lens`` per request (prefill only);
+    ``num_heads`` per rank picks the engine-version rules' decode threshold (None: their default, the 8-head value).
 
     Raises:
         ValueError: as :func:`parse_strategy` and :func:`mla_lab.routes.route_for`.
@@ -426,7 +510,7 @@ def strategy_route(strategy, model_name: str, topk: int, seq_lens=None, query_le
     st = parse_strategy(strategy)
     if st.rule is None:
         return "sparse-mqa"
-    return route_for(st.rule, model_name, topk, phase, seq_lens, query_lens).route
+    return route_for(st.rule, model_name, topk, phase, seq_lens, query_lens, num_heads).route
 
 
 def preset_table(model_name: str = "glm-5", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
@@ -447,4 +531,120 @@ def preset_table(model_name: str = "glm-5", topk: int = 2048, prompt_lens=(512, 
             row["decode_route"] = strategy_route(st, model_name, topk, phase="decode")
             row["source"] = PRESET_SOURCES[preset]
             rows.append(row)
+    return rows
+
+
+def _backend_label(backend: str) -> str:
+    return {"FLASH_ATTN_MLA_SPARSE": "FA3 sparse", "FLASH_ATTN_MLA_SPARSE_FA4": "FA4 sparse",
+            "FLASHINFER_MLA_SPARSE": "FlashInfer sparse", "FLASHMLA_SPARSE": "FlashMLA sparse",
+            "FLASHINFER_MLA_SPARSE_SM90": "FlashInfer sparse (sm90)"}.get(backend, backend)
+
+
+def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: str = "sm90",
+                   kv_cache_dtype: str = "bf16", prompt_len: int = 1024, max_num_batched_tokens: int = 16384,
+                   num_prompts: int = 32) -> dict:
+    """What one engine version does for one deployment, from its facts (:mod:`mla_lab.engines`) and route rule
+    (:mod:`mla_lab.routes`): a code reading, not a measurement.
+
+    Args:
+        engine: an engine preset (``vllm@0.33.0``) or a first name (``vllm-53878``).
+        model_name, topk: the model (family) and its ``index_topk``.
+        num_heads: attention heads per rank (``num_attention_heads // tp``).
+        sm: ``sm90`` / ``sm100``; kv_cache_dtype: ``bf16`` / ``fp8...``.
+        prompt_len, max_num_batched_tokens, num_prompts: the workload: the first step holds
+            ``min(num_prompts x prompt_len, max_num_batched_tokens)`` tokens of fresh prompts (seq_len = prompt_len);
+            for SGLang the budget is its H200 ``chunked_prefill_size`` (8192, also the prefill graphs' cap).
+
+    Returns:
+        ``{preset, engine, version, release_date, backend, padding (heads the padded kernel pads to; 0: real
+        heads), prefill_route, prefill_reason, decode_route, decode_threshold, uniform_decodes, padded_path (where
+        the padded FlashMLA kernel runs), models (families the version runs), supported, sources, scope}``.
+
+    Raises:
+        ValueError: a bad engine name (one line, the allowed values); bad ints.
+    """
+    p = engine_preset(resolve_engine(engine))
+    check_int("num_heads", num_heads)
+    check_int("prompt_len", prompt_len)
+    fam = "deepseek" if "deepseek" in model_name.lower() else "glm" if "glm" in model_name.lower() else "other"
+    out = {"preset": p.name, "engine": p.engine_version.engine, "version": p.engine_version.version,
+           "release_date": p.engine_version.release_date, "models": list(p.engine_version.models),
+           "supported": fam in p.engine_version.models, "sources": p.sources,
+           "scope": "modelled from the engine's source (a code reading, not run)"}
+    try:
+        backend = sparse_backend(p.name, sm, kv_cache_dtype, num_heads)
+    except ValueError as e:
+        return {**out, "backend": None, "padding": None, "prefill_route": None, "prefill_reason": str(e),
+                "decode_route": None, "decode_threshold": None, "uniform_decodes": None, "padded_path": "-"}
+    pad = padding_for(p.name, backend, sm, kv_cache_dtype)
+    rule = ENGINE_RULES[p.route_rule]
+    # SGLang's step budget on an H200 is its chunked_prefill_size (8192, the prefill graphs' cap), not vLLM's
+    budget = min(max_num_batched_tokens, rule.prefill_graph_max_tokens or max_num_batched_tokens)
+    n_req = max(1, min(num_prompts, budget // prompt_len)) if prompt_len <= budget else 1
+    q = min(prompt_len, budget)
+    choice = route_for(rule, model_name, topk, "prefill", [prompt_len] * n_req, [q] * n_req, num_heads)
+    dec_backend = "FLASH_ATTN_MLA_SPARSE" if rule.decode_route == "fa3-sparse" and p.engine_version.engine == \
+        "sglang" else backend
+    try:
+        thr, uniform = decode_threshold(p.name, dec_backend, sm, num_heads)
+    except ValueError:
+        thr, uniform = rule.decode_threshold(num_heads), rule.uniform_decodes
+    prefill_route = choice.route
+    if p.engine_version.engine == "vllm" and prefill_route in ("sparse-mqa", "fa3-sparse"):
+        prefill_route = "sparse-mqa" if pad else "fa3-sparse"
+    decode_route = rule.decode_route if p.engine_version.engine == "sglang" else ("sparse-mqa" if pad
+                                                                                  else "fa3-sparse")
+    where = []
+    if pad and prefill_route == "sparse-mqa":
+        where.append("prefill rows")
+    if pad and decode_route == "sparse-mqa":
+        where.append("decode rows")
+    padded_path = (" and ".join(where) + f" ({_backend_label(backend)}, heads padded {num_heads} -> "
+                   f"{-(-num_heads // pad) * pad})") if where else (
+        f"nowhere: {_backend_label(backend)} takes the real {num_heads} heads" if not pad else
+        "nowhere at this prompt length (prefill rows dense MHA, decode rows another backend)")
+    if where == ["decode rows"] and prefill_route == "mha-dense":
+        padded_path += "; prefill rows dense MHA"
+    note = (f"SGLang's step holds at most its chunked_prefill_size ({budget} on an H200); the lab's serving model "
+            f"steps at max_num_batched_tokens {max_num_batched_tokens}: give --max-num-batched-tokens {budget} to "
+            "price SGLang's own steps" if budget < max_num_batched_tokens else "")
+    return {**out, "backend": backend, "padding": pad, "prefill_route": prefill_route, "note": note,
+            "prefill_reason": choice.reason, "decode_route": decode_route, "decode_threshold": thr,
+            "uniform_decodes": uniform, "padded_path": padded_path}
+
+
+def engine_table(model_name: str = "glm-5", topk: int = 2048, num_heads: int = 8, sm: str = "sm90",
+                 kv_cache_dtype: str = "bf16", prompt_len: int = 1024, max_num_batched_tokens: int = 16384,
+                 num_prompts: int = 32) -> list[dict]:
+    """:func:`engine_summary` for every engine preset (default: GLM-5 TP8 = 8 heads per rank, H200, bf16 KV,
+    1024-token prompts, 16384 tokens per step, 32 prompts: PR #53878's benchmark)."""
+    return [engine_summary(n, model_name, topk, num_heads, sm, kv_cache_dtype, prompt_len, max_num_batched_tokens,
+                           num_prompts) for n in ENGINE_PRESET_MEMBERS]
+
+
+def blackwell_rows(num_heads: int = 8, max_num_batched_tokens: int = 16384, head_size: int = 576) -> list[dict]:
+    """``b200`` (sm100) rows per engine version, bf16 and fp8 KV: the backend chosen, the heads the padded kernel
+    pads to and the padded Q-concat buffer's bytes ``T x H' x head_size x 2`` (``H'`` = real heads when unpadded).
+    Modelled from the engines' sources (PR-era rule 128, vLLM 0.33.0 ``prefill_padding`` 64; FA4 / FlashInfer
+    defaults without padding); nothing here ran on a B200.
+
+    Raises:
+        ValueError: bad ints.
+    """
+    check_int("num_heads", num_heads)
+    rows = []
+    for name in ENGINE_PRESET_MEMBERS:
+        for kv in ("bf16", "fp8"):
+            try:
+                b = sparse_backend(name, "sm100", kv, num_heads)
+            except ValueError as e:
+                rows.append({"preset": name, "arch": "b200", "kv_cache_dtype": kv, "backend": None,
+                             "padding": None, "padded_heads": None, "q_buffer_mib": None, "note": str(e),
+                             "scope": "modelled (engine source, not run on a B200)"})
+                continue
+            pad = padding_for(name, b, "sm100", kv)
+            hp = -(-num_heads // pad) * pad if pad else num_heads
+            rows.append({"preset": name, "arch": "b200", "kv_cache_dtype": kv, "backend": b, "padding": pad,
+                         "padded_heads": hp, "q_buffer_mib": max_num_batched_tokens * hp * head_size * 2 / 2**20,
+                         "note": "", "scope": "modelled (engine source, not run on a B200)"})
     return rows

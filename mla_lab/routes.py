@@ -53,8 +53,19 @@ model-dependent length), so :func:`check_route` refuses it there.
   route for every prefill. The 2048 threshold equals ``index_topk`` of both models, so the dense route is exact;
   a threshold above ``topk`` is refused.
 
+**Engine versions** (:mod:`mla_lab.engines`, each fact with its ``file:line`` in the release wheel): the rules
+``vllm-0.13.0`` and ``vllm-0.24.0`` (every token down the sparse backend: no dense prefill for either model;
+decodes = single-token requests), ``vllm-0.33.0`` (FA3 sparse, vLLM 0.33.0's sm90 bf16 default) and
+``vllm-0.33.0-flashmla`` (FLASHMLA_SPARSE forced): GLM-5/5.2 and DeepSeek-V3.2 prefill rows go to ``mha-dense``
+when every prefill of the step has ``seq_len <= index_topk`` (``sparse_mla_attention.py:143``), decode rows of the
+same step stay sparse; requests of at most ``{16: 128, 32: 128, 64: 256, 128: 256}.get(num_heads, 256)`` query
+tokens are decodes (FlashMLA: uniform lengths only). ``sglang-0.5.23``: dense MHA when the batch's longest KV is
+``<= 2048``, but never inside a breakable prefill CUDA graph (CUDA default, up to ``min(8192,
+chunked_prefill_size)`` = 8192 tokens on an H200): a step of at most 8192 tokens runs ``sparse-mqa``
+(``dsa_backend.py:4050``, ``cuda_graph_config.py:123``, ``memory_hook.py:238``).
+
 This module knows no geometry beyond what the caller passes (model name, ``topk``): it sits on the lowest package
-layer and imports only :mod:`mla_lab._validate`.
+layer and imports only :mod:`mla_lab._validate` and :mod:`mla_lab.engines` (the facts its version rules read).
 """
 
 from __future__ import annotations
@@ -62,6 +73,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ._validate import check_int
+from .engines import fact
 
 __all__ = ["ROUTES", "PHASES", "ENGINES", "SPARSE_BACKENDS", "ROUTE_SOURCES", "EngineRule", "RouteChoice",
            "ENGINE_RULES", "engine_rule", "check_route", "route_for", "route_table", "model_family",
@@ -73,7 +85,7 @@ ENGINES = ("vllm", "sglang")
 #: vLLM sparse-MLA backends (``--attention-backend``) and the route each runs for MQA tokens.
 SPARSE_BACKENDS = {"FLASHMLA_SPARSE": "sparse-mqa", "FLASH_ATTN_MLA_SPARSE": "fa3-sparse"}
 #: SGLang's default dense-MHA KV-length threshold (docs/basic_usage/deepseek_v32.md: 2048 tokens).
-SGLANG_DENSE_KV_LEN_THRESHOLD = 2048
+SGLANG_DENSE_KV_LEN_THRESHOLD = 2048  # sglang 0.5.23 sglang/srt/environ.py:1983: EnvInt(2048)
 
 ROUTE_SOURCES = {
     "sparse-mqa": "FlashMLA flash_mla_sparse_fwd, h_q padded to 64/128 (csrc/api/sparse_fwd.h); vLLM "
@@ -173,7 +185,15 @@ class EngineRule:
             as decodes (vLLM's ``reorder_batch_threshold``) and take ``decode_route`` whatever their seq_len: 1024
             for ``FLASH_ATTN_MLA_SPARSE`` (``flashattn_mla_sparse.py`` at commit 0299fca7:
             ``_init_reorder_batch_threshold(1024, supports_spec_as_decode=True)``), 1 otherwise (vLLM's default:
-            only single-token requests are decodes; not re-checked for ``flashmla_sparse.py`` at the PR's date).
+            only single-token requests are decodes; not re-checked for ``flashmla_sparse.py`` at the PR's date);
+            the default of :attr:`decode_thresholds` for the engine-version rules.
+        decode_thresholds: ``((num_heads, n), ...)``: the per-head-count thresholds of vLLM 0.33.0's sparse backends
+            (``{16: 128, 32: 128, 64: 256, 128: 256}.get(num_q_heads, 256)``; :meth:`decode_threshold`).
+        uniform_decodes: decodes must share one query length (vLLM ``require_uniform_decodes``: FLASHMLA_SPARSE in
+            0.33.0); a short request of another length than the first short one is a prefill.
+        prefill_graph_max_tokens: steps of at most this many tokens run inside a prefill CUDA graph where the dense
+            route is off (SGLang 0.5.23's breakable prefill graphs: ``use_mha = False``); 0: no such graph.
+        mqa_only_reason: why a model family outside ``dense_models`` takes the backend route (shown in the reason).
     """
 
     name: str
@@ -185,6 +205,15 @@ class EngineRule:
     all_prefills: bool
     source: str
     decode_query_len_threshold: int = 1
+    decode_thresholds: tuple = ()
+    uniform_decodes: bool = False
+    prefill_graph_max_tokens: int = 0
+    mqa_only_reason: str = ""
+
+    def decode_threshold(self, num_heads: int | None = None) -> int:
+        """Query tokens per request still handled as a decode at ``num_heads`` heads per rank
+        (``{heads: n}.get(num_heads, decode_query_len_threshold)``; None: the default)."""
+        return dict(self.decode_thresholds).get(num_heads, self.decode_query_len_threshold)
 
     def dense_threshold(self, topk: int) -> int:
         """The dense route's seq_len threshold for a model with ``topk`` (0: no dense route)."""
@@ -223,6 +252,35 @@ ENGINE_RULES = {
 }
 
 
+def _version_rule(name: str, preset: str, backend: str, backend_route: str, decode_route: str, dense, models,
+                  all_prefills: bool, why: str, graph_tokens: int = 0) -> EngineRule:
+    """A rule built from an engine preset's facts (:mod:`mla_lab.engines.versions`; ``decode_threshold`` of
+    ``backend`` on sm90)."""
+    pairs, default = fact(preset, "decode_threshold").value[backend]["sm90"]
+    src = f"{preset}: " + "; ".join(f"{f.key} ({f.cite()})" for f in
+                                    (fact(preset, k) for k in ("prefill_route", "decode_threshold")))
+    return EngineRule(name, preset.split("@")[0], backend_route, decode_route, dense, models, all_prefills, src,
+                      default, tuple(pairs), preset == "vllm@0.33.0-flashmla", graph_tokens, why)
+
+
+ENGINE_RULES.update({
+    "vllm-0.13.0": _version_rule("vllm-0.13.0", "vllm@0.13.0", "FLASHMLA_SPARSE", "sparse-mqa", "sparse-mqa", 0, (),
+                                 True, "vLLM 0.13.0: FlashMLASparseImpl.forward sends every token to the sparse "
+                                 "kernel"),
+    "vllm-0.24.0": _version_rule("vllm-0.24.0", "vllm@0.24.0", "FLASHMLA_SPARSE", "sparse-mqa", "sparse-mqa", 0, (),
+                                 True, "vLLM 0.24.0: sparse MLA impls send every token down forward_mqa"),
+    "vllm-0.33.0": _version_rule("vllm-0.33.0", "vllm@0.33.0", "FLASH_ATTN_MLA_SPARSE", "fa3-sparse", "fa3-sparse",
+                                 "topk", ("deepseek", "glm"), True, ""),
+    "vllm-0.33.0-flashmla": _version_rule("vllm-0.33.0-flashmla", "vllm@0.33.0-flashmla", "FLASHMLA_SPARSE",
+                                          "sparse-mqa", "sparse-mqa", "topk", ("deepseek", "glm"), True, ""),
+    "sglang-0.5.23": EngineRule(
+        "sglang-0.5.23", "sglang", "sparse-mqa", "fa3-sparse", SGLANG_DENSE_KV_LEN_THRESHOLD,
+        ("deepseek", "glm"), False, "sglang@0.5.23: " + "; ".join(
+            f"{k} ({fact('sglang@0.5.23', k).cite()})" for k in ("prefill_route", "cuda_graph", "pad_call")),
+        1, (), False, fact("sglang@0.5.23", "cuda_graph").value["prefill_graph_max_tokens"], ""),
+})
+
+
 def engine_rule(name: str) -> EngineRule:
     """The :class:`EngineRule` named ``name``. Raises ValueError naming the allowed rules."""
     if name not in ENGINE_RULES:
@@ -231,7 +289,7 @@ def engine_rule(name: str) -> EngineRule:
 
 
 def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "prefill",
-              seq_lens=None, query_lens=None) -> RouteChoice:
+              seq_lens=None, query_lens=None, num_heads: int | None = None) -> RouteChoice:
     """The route ``rule`` takes for a batch of ``model_name`` (``topk`` = ``index_topk``).
 
     Args:
@@ -242,7 +300,9 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         seq_lens: prefill only: each prefill's seq_len (context + its tokens so far, i.e. the keys its last token
             sees); an int for a batch of one length.
         query_lens: each request's new tokens this step (default ``seq_lens``: fresh prompts, no context); requests
-            at or below the rule's ``decode_query_len_threshold`` are handled as decodes.
+            at or below the rule's decode threshold (:meth:`EngineRule.decode_threshold` at ``num_heads``) are
+            handled as decodes (with ``uniform_decodes``: only those of the first short request's length).
+        num_heads: attention heads per rank (None: the rule's default threshold).
 
     Returns:
         A :class:`RouteChoice`; the dense route is chosen only where it is equivalent (:func:`is_equivalent`).
@@ -273,17 +333,25 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         check_int("query_len", q)
         if q > s:
             raise ValueError(f"query_len={q} exceeds its seq_len={s}; allowed: query_len <= seq_len")
-    prefills = [s for q, s in zip(qlens, lens) if q > r.decode_query_len_threshold]
+    dthr = r.decode_threshold(num_heads)
+    short = [q for q in qlens if q <= dthr]
+    uni = short[0] if (r.uniform_decodes and short) else None
+    prefills = [s for q, s in zip(qlens, lens) if q > dthr or (uni is not None and q != uni)]
     if not prefills:
-        return RouteChoice(r.decode_route, f"{r.name}: every request has <= {r.decode_query_len_threshold} query "
+        return RouteChoice(r.decode_route, f"{r.name}: every request has <= {dthr} query "
                            f"tokens, handled as decodes: {r.decode_route}", r.source)
     lens = prefills
     thr = r.dense_threshold(topk)
     if thr > topk:
         raise ValueError(f"rule {r.name!r} has dense_kv_len_threshold={thr} > topk={topk}: dense MHA would not be "
                          f"equivalent ({_NOT_EQUIVALENT}); allowed: a threshold <= topk")
+    if r.prefill_graph_max_tokens and sum(qlens) <= r.prefill_graph_max_tokens and fam in r.dense_models:
+        return RouteChoice(r.backend_route, f"{r.name}: the step's {sum(qlens)} tokens run inside a breakable "
+                           f"prefill CUDA graph (<= {r.prefill_graph_max_tokens} tokens), where the dense route is "
+                           f"off (use_mha = False): {r.backend_route}", r.source)
     if fam not in r.dense_models or thr == 0:
-        why = ("MQA-only attention wrapper (vLLM #52512)" if r.engine == "vllm" and fam == "glm"
+        why = (r.mqa_only_reason if r.mqa_only_reason and fam != "other"
+               else "MQA-only attention wrapper (vLLM #52512)" if r.engine == "vllm" and fam == "glm"
                else "no engine rule names this model" if fam == "other" else "no dense route in this configuration")
         return RouteChoice(r.backend_route, f"{r.name}: {model_name} prefill takes {r.backend_route} ({why})",
                            r.source)

@@ -12,6 +12,7 @@ never a sibling unit on the same layer, and nothing in a circle:
     kernels, buffers, deployment
     models, arch, workload, provenance, kernelspec, placement
     routes (engine route rules: placement's presets name their routes)
+    engines (engine versions and their facts as data; the wheel check)
     paths, _validate
 
 Function-local imports are only for optional heavy dependencies (torch.cuda paths, triton, flash_mla, ray,
@@ -39,6 +40,7 @@ STACK = [
     ("kernels", "buffers", "deployment"),
     ("models", "arch", "workload", "provenance", "kernelspec", "placement"),
     ("routes",),
+    ("engines",),
     ("paths", "_validate"),
 ]
 #: Modules allowed function-local imports of the package (the CLI's lazy imports; issue 22).

@@ -26,6 +26,8 @@ def _flags_of(cmd: str) -> set[str]:
 
 # (flags and value, "change" | "refuse", what the refusal must name)
 ADVISE = [
+    (["--engine", "vllm@0.24.0"], "change", None),
+    (["--engine", "vllm@9.9"], "refuse", r"--engine='vllm@9.9' is not valid; allowed: \['vllm@pr53878-before'"),
     (["--model", "deepseek-v3.2"], "change", None),
     (["--tp", "4"], "refuse", r"does not fit: glm-5 TP4"),
     (["--tensor-parallel-size", "4"], "refuse", r"does not fit: glm-5 TP4"),
@@ -47,6 +49,8 @@ ADVISE = [
     (["--request-rate", "4"], "refuse", r"--request-rate='4' is not used by advise"),
 ]
 SERVE = [
+    (["--engine", "vllm@0.33.0"], "change", None),
+    (["--engine", "sglang@9"], "refuse", r"--engine='sglang@9' is not valid; allowed:"),
     (["--model", "deepseek-v3.2"], "change", None),
     (["--tensor-parallel-size", "4"], "refuse", r"does not fit: glm-5 TP4"),
     (["--tp", "4"], "refuse", r"does not fit: glm-5 TP4"),

@@ -27,13 +27,22 @@ from ..model.calibration import resolve_calibration
 from ..model.comm import extrapolated
 from ..model.ttft import predict_ttft
 from ..paths import measured_dir
-from ..placement import BASELINE, BENCH_PRESET_LABELS, CONTENTS, PR_STRATEGY, SEED_COMPARISONS, parse_strategy
+from ..placement import (
+    BASELINE,
+    BENCH_PRESET_LABELS,
+    CONTENTS,
+    PR_STRATEGY,
+    PR_TRADE_BY_ENGINE,
+    SEED_COMPARISONS,
+    engine_summary,
+    parse_strategy,
+)
 from ..seed import SEED_REPORTED
 from ..sweep.rows import ttft_with_attention
 from ..workload import schedule
 
 __all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sensitivity", "COMPARISONS",
-           "PRESET_FILE_NAMES"]
+           "PRESET_FILE_NAMES", "pr_trade_by_engine"]
 
 #: (label, strategy, against) of the seed answer (:data:`mla_lab.placement.SEED_COMPARISONS`).
 COMPARISONS = SEED_COMPARISONS
@@ -268,3 +277,42 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
                 "PR vs before, stale, attention measured %": st["measured_pct"],
             })
     return pd.DataFrame(out)
+
+
+def pr_trade_by_engine(models=("glm-5",), calibration=None) -> list[dict]:
+    """The PR's trade stated three ways (:data:`mla_lab.placement.PR_TRADE_BY_ENGINE`), on the PR's benchmark
+    (:meth:`Deployment.seed <mla_lab.deployment.Deployment.seed>`): as it was (the PR's build), as it is in vLLM
+    0.33.0 with FLASHMLA_SPARSE forced, and with vLLM 0.33.0's default FA3 sparse backend. All modelled (the
+    full-layer TTFT model under each engine version's route rule; byte-exact memory), from the engines' sources.
+
+    Returns:
+        One dict per (model, row): ``model``, ``label``, ``engine``, ``strategy``, ``against``, ``modelled_pct``
+        (mean TTFT change, %), ``ttft_ms`` / ``against_ttft_ms``, ``extra_persistent_mib`` /
+        ``against_extra_persistent_mib`` (persistent Q-path MiB per rank over the pre-PR baseline's),
+        ``prefill_route`` (the engine's route for the benchmark's 1024-token prompts), ``padded_path`` (where the
+        padded FlashMLA kernel runs), ``source`` (``modelled``).
+
+    Raises:
+        ValueError: an unknown model.
+    """
+    out = []
+    for name in models:
+        d = Deployment.seed(model=name)
+        cal = resolve_calibration(calibration)
+        shared = shared_workspace_other_bytes(d.model, d.tp, d.max_num_batched_tokens, d.moe_parallel)
+        base = memory_account(parse_strategy(BASELINE), d.num_heads, d.max_num_batched_tokens, d.arch,
+                              d.kv_cache_dtype).persistent_bytes
+        names = {x for _, a, b, _ in PR_TRADE_BY_ENGINE for x in (a, b)}
+        ttft = {s: predict_ttft(d, parse_strategy(s), cal)["ttft_ms_mean"] for s in names}
+        mem = {s: memory_account(parse_strategy(s), d.num_heads, d.max_num_batched_tokens, d.arch, d.kv_cache_dtype,
+                                 shared_other_bytes=shared, model=d.model, prompt_len=d.prompt_len).persistent_bytes
+               for s in names}
+        for label, s, ref, engine in PR_TRADE_BY_ENGINE:
+            e = engine_summary(engine, d.model.name, d.model.topk, d.num_heads, d.arch.sm, d.kv_cache_dtype,
+                               d.prompt_len, d.max_num_batched_tokens, d.workload.num_prompts)
+            out.append({"model": name, "label": label, "engine": engine, "strategy": s, "against": ref,
+                        "modelled_pct": 100.0 * (ttft[s] / ttft[ref] - 1), "ttft_ms": ttft[s],
+                        "against_ttft_ms": ttft[ref], "extra_persistent_mib": (mem[s] - base) / MIB,
+                        "against_extra_persistent_mib": (mem[ref] - base) / MIB,
+                        "prefill_route": e["prefill_route"], "padded_path": e["padded_path"], "source": "modelled"})
+    return out

@@ -16,10 +16,34 @@ from __future__ import annotations
 import math
 
 from ..deployment import Deployment
-from ..placement import BASELINE, advise_candidates, expand_strategies
+from ..placement import (
+    BASELINE,
+    advise_candidates,
+    engine_strategies,
+    engine_summary,
+    expand_strategies,
+    resolve_engine,
+)
 from .rows import between_process_changes, modelled_rows
 
-__all__ = ["advise", "candidate_strategies", "frontier", "format_advice"]
+__all__ = ["advise", "candidate_strategies", "frontier", "format_advice", "TODAY_ENGINES", "engines_block"]
+
+#: Engine versions every advice describes (today's releases; ``--engine`` puts another first).
+TODAY_ENGINES = ("vllm@0.33.0", "vllm@0.33.0-flashmla", "sglang@0.5.23")
+
+
+def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
+    """:func:`mla_lab.placement.engine_summary` of ``engine`` (first, if given) and :data:`TODAY_ENGINES` for the
+    deployment ``d`` (its model, heads per rank, GPU, KV dtype, prompt length, step budget, prompts).
+
+    Raises:
+        ValueError: a bad engine name (one line, the allowed values).
+    """
+    names = list(dict.fromkeys(([resolve_engine(engine)] if engine else [])
+                               + list(TODAY_ENGINES)))
+    sm = "sm90" if d.arch.capability[0] == 9 else "sm100" if d.arch.capability[0] == 10 else d.arch.sm
+    return [engine_summary(n, d.model.name, d.model.topk, d.num_heads, sm, d.kv_cache_dtype, d.prompt_len,
+                           d.max_num_batched_tokens, d.num_prompts) for n in names]
 
 
 def candidate_strategies(max_num_batched_tokens: int) -> list[str]:
@@ -75,7 +99,7 @@ def _door(deployment, args, kw) -> tuple[Deployment, dict]:
     return Deployment.of(**given), budgets
 
 
-def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) -> dict:
+def advise(deployment: Deployment, *args, strategies=None, measured=None, engine: str | None = None, **kw) -> dict:
     """The ranked strategies for one deployment under a memory budget.
 
     Args:
@@ -91,10 +115,13 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
         measured: a DataFrame of measured rows (``mla_lab.report.data.load_measured``); where one matches the
             deployment and a strategy, its change against the same baseline and interval are attached
             (``measured_change_pct``, ``measured_ci_lo``, ``measured_ci_hi``).
+        engine: an engine preset (``vllm@0.33.0``; first names such as ``vllm-53878`` map to theirs): its
+            strategies join the candidates and its summary heads the ``engines`` block.
 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
-        reason], "frontier": [strategy names]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
+        reason], "frontier": [strategy names], "engines": [engine_summary rows: what each engine version runs for
+        this deployment, a code reading]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
         :data:`mla_lab.placement.BASELINE`), persistent_mib (the persistent Q workspace the strategy holds per
         rank), extra_persistent_mib (that minus the baseline's: what the budget and KV tokens lost count),
         call_transient_mib, kv_tokens_lost,
@@ -106,6 +133,10 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
             budget; a deployment whose weights or workload do not fit at all (the reason).
     """
     d, budgets = _door(deployment, args, dict(kw))
+    engines = engines_block(d, engine)
+    if engine is not None:
+        strategies = list(strategies if strategies is not None else candidate_strategies(d.max_num_batched_tokens))
+        strategies += engine_strategies(engine)
     memory_budget_mib = budgets.get("memory_budget_mib")
     memory_budget_tokens = budgets.get("memory_budget_tokens")
     for name, v in (("memory_budget_mib", memory_budget_mib), ("memory_budget_tokens", memory_budget_tokens)):
@@ -146,7 +177,7 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
             "bounds": bounds,
-            "frontier": front, "baseline": BASELINE,
+            "frontier": front, "baseline": BASELINE, "engines": engines,
             "comm_source": rows[0].get("comm_source", "") if rows else "",
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
                     "change with the attention path timed on an H200 (rest modelled) and its interval, where "
@@ -206,6 +237,24 @@ def _splice_between_process(rows: list[dict], d: Deployment, measured) -> None:
             r["measured_basis"] = "one process, 95 % interval of its rounds"
 
 
+_ROUTE_WORDS = {"mha-dense": "dense MHA", "sparse-mqa": "sparse MQA (FlashMLA, padded)",
+                "fa3-sparse": "sparse MQA (real heads)", "mha-masked": "masked MHA"}
+
+
+def _engine_line(e: dict) -> str:
+    """One engine version's route for the deployment, in words."""
+    if e.get("backend") is None:
+        return f"engine {e['preset']} ({e['release_date']}): {e['prefill_reason']}"
+    if not e.get("supported", True):
+        return f"engine {e['preset']} ({e['release_date']}): does not run this model (runs {e['models']})"
+    dec = "same-length " if e.get("uniform_decodes") else ""
+    return (f"engine {e['preset']} ({e['release_date']}, {e['backend']}): prefill route "
+            f"{_ROUTE_WORDS.get(e['prefill_route'], e['prefill_route'])} [{e['prefill_reason']}]; decode "
+            f"{_ROUTE_WORDS.get(e['decode_route'], e['decode_route'])} for requests of <= {e['decode_threshold']} "
+            f"{dec}query tokens; padded path runs: {e['padded_path']} ({e['scope']})"
+            + (f"; note: {e['note']}" if e.get("note") else ""))
+
+
 def format_advice(result: dict) -> str:
     """The advice as a terminal table (recommendation first, then the alternatives, then what was excluded)."""
     d = result["deployment"]
@@ -243,6 +292,10 @@ def format_advice(result: dict) -> str:
         return "-" if v is None or v != v else f"{v:.1f}"
 
     out = [head, ""]
+    for e in result.get("engines", []):
+        out.append(_engine_line(e))
+    if result.get("engines"):
+        out.append("")
     rec = result["recommendation"]
     out.append("recommended:" if rec else "no strategy fits this budget")
     out.append(line(titles))

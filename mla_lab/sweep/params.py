@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..arch import get_arch
 from ..models import load_model, normalize_kv_cache_dtype
-from ..placement import ALIASES, PRESETS, SWEEP_STRATEGIES, canonical_names, expand_strategies
+from ..placement import ALIASES, ENGINE_PRESET_MEMBERS, PRESETS, SWEEP_STRATEGIES, canonical_names, expand_strategies
 from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
@@ -190,7 +190,8 @@ def validate_params(raw: dict) -> SweepParams:
             expand_strategies([name])
         except ValueError:
             raise ValueError(f"strategies holds {name!r}; allowed: canonical strategies {canonical_names()}, "
-                             f"presets {list(PRESETS)} or aliases {list(ALIASES)}") from None
+                             f"presets {list(PRESETS)}, engine presets {list(ENGINE_PRESET_MEMBERS)} or aliases "
+                             f"{list(ALIASES)}") from None
     p["strategies"] = expand_strategies(p["strategies"])
     for k in ("num_prompts", "num_runs"):
         if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:

@@ -1,0 +1,329 @@
+"""Check the engine facts the lab relies on against a release wheel, by reading its Python sources with ``ast``.
+
+A release wheel is a zip file; this module opens it with :mod:`zipfile`, reads the ``.py`` files the presets cite
+(:attr:`mla_lab.engines.versions.Source.path`) and parses them with :mod:`ast`. It never installs or imports the
+engine (vLLM 0.33.0 pins torch 2.14 and ships CUDA libraries; importing it is neither needed nor wanted).
+
+How one :class:`~mla_lab.engines.versions.Source` is checked (structure, not text: no regular expression on prose):
+
+1. **scope**: ``""`` is the whole module; ``"Cls.method"`` / ``"function"`` is that class / function (nested
+   definitions are found by their dotted name); a module-level variable name (``DEFAULT_..._ARCHITECTURES``,
+   ``_TEXT_GENERATION_MODELS``) is the value assigned to it.
+2. **code**: a snippet of Python parsed with :func:`ast.parse`. A node inside the scope *matches* when its
+   ``ast.dump`` (positions left out) equals the snippet's, with three widenings: a ``Call`` matches when the
+   callee is the same and every keyword / leading positional argument of the snippet is there (so
+   ``flash_attn_varlen_func(q_v=q_nope, fa_version=3)`` matches the full call); a ``Dict`` matches a dict literal
+   holding every key/value pair of the snippet; a ``Set`` / ``frozenset({...})`` snippet matches a set literal
+   holding its elements.
+3. **line**: the fact's recorded line (``"754"`` or ``"766-777"``) must overlap a matching node's lines, else the
+   fact *holds but moved* (reported with the line found).
+
+The report (:func:`check_wheel`) lists every fact as ``holds`` (with ``file:line`` found), ``moved`` (holds at
+another line), ``fails`` (the scope exists but nothing matches: what stands there instead, for assignments to the
+same target), ``missing`` (file or scope absent). :func:`write_report` writes it as JSON and Markdown under
+``data/engines/`` (``wheel_facts_<engine>-<version>.json`` / ``.md``); an existing file is replaced only with
+``overwrite=True`` (the lab's own reports are rewritten by the same command, see :func:`write_report`).
+
+Downloading (:func:`download_wheel`) runs ``python -m pip download --no-deps --only-binary=:all:`` for one
+``engine==version`` into a folder (no install): the vLLM wheel is ~336 MB, so tests run the check only when the
+wheels are already present (env ``MLA_LAB_WHEELS``, default ``/work/wheels``).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .versions import ENGINE_PRESETS, EngineVersion, Source, engine_version, version_facts
+
+__all__ = ["FactResult", "check_source", "check_wheel", "find_wheel", "download_wheel", "write_report",
+           "format_report", "wheel_version"]
+
+STATUSES = ("holds", "moved", "fails", "missing")
+
+
+@dataclass
+class FactResult:
+    """One fact checked: ``status`` in :data:`STATUSES`, ``found`` = lines of the matching nodes (``"754"`` /
+    ``"766-777"``), ``instead`` = what stands in the scope instead (``fails``), ``detail`` = why."""
+
+    preset: str
+    key: str
+    text: str
+    path: str
+    line: str
+    scope: str
+    code: str
+    status: str
+    found: list = field(default_factory=list)
+    instead: list = field(default_factory=list)
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _dump(node) -> str:
+    return ast.dump(node, annotate_fields=True, include_attributes=False)
+
+
+def _snippet(code: str):
+    """The node a snippet stands for: an expression statement's expression, else the statement."""
+    body = ast.parse(code).body
+    if len(body) != 1:
+        raise ValueError(f"code={code!r} must be one statement or expression")
+    node = body[0]
+    return node.value if isinstance(node, ast.Expr) else node
+
+
+def _set_elts(node):
+    if isinstance(node, ast.Set):
+        return node.elts
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("frozenset", "set")
+            and len(node.args) == 1 and isinstance(node.args[0], (ast.Set, ast.List, ast.Tuple))):
+        return node.args[0].elts
+    return None
+
+
+def _matches(want, node) -> bool:
+    if _dump(want) == _dump(node):
+        return True
+    if isinstance(want, ast.Call) and isinstance(node, ast.Call):
+        if _dump(want.func) != _dump(node.func) or len(want.args) > len(node.args):
+            return False
+        if any(_dump(a) != _dump(b) for a, b in zip(want.args, node.args)):
+            return False
+        have = {k.arg: _dump(k.value) for k in node.keywords}
+        return all(have.get(k.arg) == _dump(k.value) for k in want.keywords)
+    if isinstance(want, ast.Dict) and isinstance(node, ast.Dict):
+        have = {_dump(k): _dump(v) for k, v in zip(node.keys, node.values) if k is not None}
+        return all(have.get(_dump(k)) == _dump(v) for k, v in zip(want.keys, want.values))
+    we, ne = _set_elts(want), _set_elts(node)
+    if we is not None and ne is not None:
+        have = {_dump(e) for e in ne}
+        return all(_dump(e) in have for e in we)
+    return False
+
+
+def _scope(tree: ast.Module, scope: str):
+    """The node ``scope`` names (see the module docstring), or None."""
+    if not scope:
+        return tree
+    parts = scope.split(".")
+    node = tree
+    for i, part in enumerate(parts):
+        nxt = None
+        for child in ast.walk(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == part:
+                nxt = child
+                break
+        if nxt is None and i == 0:
+            for child in tree.body:
+                targets = (child.targets if isinstance(child, ast.Assign)
+                           else [child.target] if isinstance(child, ast.AnnAssign) else [])
+                if any(isinstance(t, ast.Name) and t.id == part for t in targets) and child.value is not None:
+                    nxt = child.value
+                    break
+        if nxt is None:
+            return None
+        node = nxt
+    return node
+
+
+def _lines(node) -> str:
+    a, b = node.lineno, getattr(node, "end_lineno", node.lineno) or node.lineno
+    return f"{a}" if a == b else f"{a}-{b}"
+
+
+def _entry_lines(want, node) -> str:
+    """A dict-literal match is reported at its matching entries' lines, other matches at the node's."""
+    if isinstance(want, ast.Dict) and isinstance(node, ast.Dict) and _dump(want) != _dump(node):
+        keys = {_dump(k) for k in want.keys}
+        hit = [(k, v) for k, v in zip(node.keys, node.values) if k is not None and _dump(k) in keys]
+        if hit:
+            return f"{hit[0][0].lineno}" if hit[0][0].lineno == hit[-1][1].end_lineno else \
+                f"{hit[0][0].lineno}-{hit[-1][1].end_lineno}"
+    return _lines(node)
+
+
+def _overlap(recorded: str, found: str) -> bool:
+    def rng(s):
+        a, _, b = s.partition("-")
+        return int(a), int(b or a)
+    (a, b), (c, d) = rng(recorded), rng(found)
+    return a <= d and c <= b
+
+
+def check_source(text: str | None, src: Source) -> tuple[str, list, list, str]:
+    """``(status, found, instead, detail)`` for one :class:`Source` against one file's text (None: no such file
+    in the wheel).
+
+    Raises:
+        ValueError: a source whose ``code`` is not one Python statement / expression.
+    """
+    want = _snippet(src.code)
+    if text is None:
+        return "missing", [], [], f"{src.path} is not in the wheel"
+    tree = ast.parse(text)
+    scope = _scope(tree, src.scope)
+    if scope is None:
+        return "missing", [], [], f"scope {src.scope!r} not found in {src.path}"
+    found = [_entry_lines(want, n) for n in ast.walk(scope) if hasattr(n, "lineno") and _matches(want, n)]
+    if not found:
+        instead = []
+        if isinstance(want, (ast.Assign, ast.AnnAssign)):
+            tw = [_dump(t) for t in (want.targets if isinstance(want, ast.Assign) else [want.target])]
+            for n in ast.walk(scope):
+                if isinstance(n, (ast.Assign, ast.AnnAssign)):
+                    tn = [_dump(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
+                    if tn == tw:
+                        instead.append(f"{src.path}:{_lines(n)}: {ast.unparse(n)}")
+        return "fails", [], instead, f"no node matching {src.code!r} in {src.scope or 'the module'}"
+    if src.line and src.line != "-" and not any(_overlap(src.line, f) for f in found):
+        return "moved", found, [], f"recorded line {src.line}, found at {', '.join(found)}"
+    return "holds", found, [], ""
+
+
+def wheel_version(wheel: str | Path) -> tuple[str, str]:
+    """``(engine, version)`` from a wheel's file name (``vllm-0.33.0-cp38-abi3-...whl`` -> ``vllm``, ``0.33.0``).
+
+    Raises:
+        ValueError: a name that is not ``<name>-<version>-...whl``.
+    """
+    name = Path(wheel).name
+    parts = name.split("-")
+    if not name.endswith(".whl") or len(parts) < 3:
+        raise ValueError(f"wheel={str(wheel)!r} is not a wheel file name (<name>-<version>-<tags>.whl)")
+    return parts[0].lower().replace("_", "-"), parts[1]
+
+
+def check_wheel(wheel: str | Path) -> dict:
+    """Check every fact of every preset built on the wheel's engine version.
+
+    Args:
+        wheel: path of a release wheel (``vllm-0.33.0-...whl``, ``sglang-0.5.23-...whl``).
+
+    Returns:
+        ``{"engine", "version", "wheel", "wheel_built" (the newest zip entry's date), "counts" {status: n} (of the
+        presets' facts), "facts": [FactResult.as_dict()], "lab_claims": [FactResult.as_dict() + still_holds]}``
+        (``lab_claims``: what the lab's PR-era presets relied on, :data:`mla_lab.engines.versions.LAB_CLAIMS`).
+
+    Raises:
+        ValueError: no file at ``wheel``, not a zip, or an engine version the lab does not describe
+            (:func:`mla_lab.engines.versions.engine_version` names those it does).
+    """
+    p = Path(wheel)
+    if not p.is_file():
+        raise ValueError(f"wheel={str(wheel)!r} is not a file; allowed: a release wheel such as "
+                         "vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl (download it with --download)")
+    engine, version = wheel_version(p)
+    ev = engine_version(engine, version)
+    try:
+        zf = zipfile.ZipFile(p)
+    except zipfile.BadZipFile:
+        raise ValueError(f"wheel={str(wheel)!r} is not a zip file (a wheel is one)") from None
+    with zf:
+        names = set(zf.namelist())
+        built = max(i.date_time for i in zf.infolist())
+        cache: dict[str, str | None] = {}
+        results = []
+        for preset, fact, src in version_facts(ev):
+            if src.path not in cache:
+                cache[src.path] = zf.read(src.path).decode() if src.path in names else None
+            status, found, instead, detail = check_source(cache[src.path], src)
+            results.append(FactResult(preset, fact.key, fact.text, src.path, src.line, src.scope, src.code,
+                                      status, found, instead, detail))
+    lab = [r for r in results if r.preset == "lab (PR-era)"]
+    results = [r for r in results if r.preset != "lab (PR-era)"]
+    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+    return {"engine": ev.engine, "version": ev.version, "wheel": p.name,
+            "wheel_built": "%04d-%02d-%02d" % built[:3], "release_date": ev.release_date, "counts": counts,
+            "facts": [r.as_dict() for r in results],
+            "lab_claims": [{**r.as_dict(), "still_holds": r.status in ("holds", "moved")} for r in lab]}
+
+
+def find_wheel(folder: str | Path, engine: str, version: str) -> Path | None:
+    """The wheel of ``engine==version`` in ``folder`` (None if absent)."""
+    hits = sorted(Path(folder).glob(f"{engine.replace('-', '_')}-{version}-*.whl"))
+    return hits[0] if hits else None
+
+
+def download_wheel(engine: str, version: str, dest: str | Path) -> Path:
+    """``pip download --no-deps --only-binary=:all:`` one release wheel of ``engine==version`` into ``dest`` (no
+    install, no import); the manylinux x86_64 / CPython 3.12 wheel, as the engines publish it.
+
+    Raises:
+        ValueError: an engine version the lab does not describe; RuntimeError: pip failed (its last line).
+    """
+    engine_version(engine, version)
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    have = find_wheel(dest, engine, version)
+    if have:
+        return have
+    plats = ["manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64"]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+           "--implementation", "cp", *[x for p in plats for x in ("--platform", p)], "-d", str(dest),
+           f"{engine}=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    got = find_wheel(dest, engine, version)
+    if proc.returncode or got is None:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise RuntimeError(f"pip download {engine}=={version} failed: {tail[0]}")
+    return got
+
+
+def format_report(rep: dict) -> str:
+    """The report as Markdown: one table row per fact (status, preset, fact, file:line recorded / found)."""
+    c = rep["counts"]
+    out = [f"# Engine facts checked against {rep['wheel']}", "",
+           f"Engine {rep['engine']} {rep['version']} (release {rep['release_date']}, wheel built "
+           f"{rep['wheel_built']}). Read with Python `ast` from the wheel's sources by `mla-lab engines "
+           f"--check-wheel` (mla_lab/engines/wheel_check.py); nothing installed or imported. "
+           + ", ".join(f"{c[s]} {s}" for s in STATUSES) + ".", "",
+           "| status | preset | fact | recorded | found | code |", "|---|---|---|---|---|---|"]
+    for f in rep["facts"]:
+        found = ", ".join(f["found"]) or "-"
+        note = f" ({f['detail']}; instead: {'; '.join(f['instead'])})" if f["status"] in ("fails", "missing") else ""
+        code = f["code"].replace("|", "\\|").replace("\n", " ")
+        out.append(f"| {f['status']} | {f['preset']} | {f['key']}: {f['text']}{note} | {f['path']}:{f['line']} "
+                   f"| {found} | `{code}` |")
+    claims = rep.get("lab_claims", [])
+    if claims:
+        gone = [f for f in claims if not f["still_holds"]]
+        out += ["", f"## What the lab's PR-era presets relied on: {len(gone)} of {len(claims)} no longer hold", "",
+                "| still holds | fact | file | found / instead | code |", "|---|---|---|---|---|"]
+        for f in claims:
+            where = ", ".join(f["found"]) or ("; ".join(f["instead"]) or f["detail"])
+            code = f["code"].replace("|", "\\|")
+            out.append(f"| {'yes' if f['still_holds'] else 'NO'} | {f['key']}: {f['text']} | {f['path']} | "
+                       f"{where.replace('|', '/')} | `{code}` |")
+    return "\n".join(out) + "\n"
+
+
+def write_report(rep: dict, folder: str | Path, overwrite: bool = False) -> tuple[Path, Path]:
+    """Write ``wheel_facts_<engine>-<version>.json`` and ``.md`` into ``folder``.
+
+    Raises:
+        ValueError: a file already there and ``overwrite`` False (names it).
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"wheel_facts_{rep['engine']}-{rep['version']}"
+    paths = folder / f"{stem}.json", folder / f"{stem}.md"
+    for p in paths:
+        if p.exists() and not overwrite:
+            raise ValueError(f"{p} exists; allowed: pass --overwrite to replace it")
+    paths[0].write_text(json.dumps(rep, indent=1) + "\n")
+    paths[1].write_text(format_report(rep))
+    return paths
+
+
+def _presets_of(ev: EngineVersion) -> list[str]:
+    return [p.name for p in ENGINE_PRESETS.values() if p.engine_version == ev]
