@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..seed import SEED
 from ..sweep.advise import frontier
+from ..sweep.rows import measured_change_pct
 from .data import ok_rows, pick
 from .layout_check import OVERLAP_PX, figure_clipping, label_overlaps
 from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
@@ -376,7 +377,7 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
                         ax_t.text(x, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=6.5,
                                   color="0.35")
                 gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
-                for t, v in gm.groupby("tp")["ttft_change_pct"].median().items():
+                for t, v in ((t, measured_change_pct(g)) for t, g in gm.groupby("tp")):
                     if t in g.index and not bool(fit.get(t, True)):
                         continue  # measured on a one-GPU share of a deployment that does not fit: no number
                     ax_t.plot(xs[tps.index(t)], v, "D", markerfacecolor=col, markeredgecolor="black", ms=6,
@@ -467,9 +468,9 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
                 v = grid[i, j]
                 txt = "does not fit" if (i, j) in nofit else "n/a" if v != v else f"{v:+.1f}%"
                 mm = meas[(meas["arch"] == a) & (meas["num_heads"] == h) & (meas["model"] == m)
-                          & (meas["prompt_len"] == L)]["ttft_change_pct"]
-                if len(mm) and (i, j) not in nofit:
-                    txt += f"\nm: {mm.median():+.1f}%"
+                          & (meas["prompt_len"] == L)]
+                if measured_change_pct(mm) is not None and (i, j) not in nofit:
+                    txt += f"\nm: {measured_change_pct(mm):+.1f}%"
                 dark = v == v and abs(v) > 0.6 * lim
                 ax.text(j, i, txt, ha="center", va="center", fontsize=8, color="white" if dark else "black")
         ax.set_xticks(range(len(Ls)), [str(L) for L in Ls])

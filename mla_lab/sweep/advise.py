@@ -17,7 +17,7 @@ import math
 
 from ..deployment import Deployment
 from ..placement import BASELINE, advise_candidates, expand_strategies
-from .rows import between_process_changes, modelled_rows
+from .rows import between_process_changes, measured_changes, modelled_rows
 
 __all__ = ["advise", "candidate_strategies", "frontier", "format_advice"]
 
@@ -167,26 +167,15 @@ def _summary(r: dict, reason: str) -> dict:
 
 
 def _splice_measured(rows: list[dict], point: dict, measured) -> None:
-    if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
+    """The measured column: :func:`mla_lab.sweep.rows.measured_changes` (the one function every view takes a
+    measured change from)."""
+    ch = measured_changes(measured, point)
+    if BASELINE not in ch:
         return
-    d = measured
-    for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts"):
-        if k in d.columns:
-            d = d[d[k].astype(str) == str(point[k])]
-    if "baseline" in d.columns:
-        d = d[d["baseline"].fillna("") == BASELINE]  # changes against the same baseline only
-    by = {s: g for s, g in d.groupby("strategy")}
-    if BASELINE not in by or "ttft_ms" not in d.columns:
-        return
-    base = float(by[BASELINE]["ttft_ms"].median())
     for r in rows:
-        g = by.get(r["strategy"])
-        if g is None:
-            continue
-        r["measured_change_pct"] = 100.0 * (float(g["ttft_ms"].median()) / base - 1)
-        for c, key in (("ttft_change_ci_lo", "measured_ci_lo"), ("ttft_change_ci_hi", "measured_ci_hi")):
-            if c in g.columns and g[c].notna().any():
-                r[key] = float(g[c].median())
+        v = ch.get(r["strategy"])
+        if v is not None:
+            r.update(measured_change_pct=v["change_pct"], measured_ci_lo=v["ci_lo"], measured_ci_hi=v["ci_hi"])
 
 
 def _splice_between_process(rows: list[dict], d: Deployment, measured) -> None:

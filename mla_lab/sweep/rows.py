@@ -30,7 +30,7 @@ from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, pa
 from ..provenance import provenance
 from ..workload import schedule
 
-__all__ = ["between_process_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
+__all__ = ["between_process_changes", "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
            "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
            "strategy_columns", "point_deployment"]
 
@@ -430,4 +430,48 @@ def between_process_changes(deployment: Deployment, strategies, path=None) -> di
             n = len(ch)
             mid = ch[n // 2] if n % 2 else 0.5 * (ch[n // 2 - 1] + ch[n // 2])
             out[name] = {"median": mid, "lo": ch[0], "hi": ch[-1], "n_processes": n}
+    return out
+
+
+#: Columns a measured row must agree on to be shown beside (or spliced into) a deployment's modelled numbers.
+MEASURED_MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
+                       "num_prompts", "concurrency", "weight_dtype", "moe_parallel")
+
+
+def measured_change_pct(rows) -> float | None:
+    """THE measured TTFT change (%) of one strategy's measured sweep rows against
+    :data:`mla_lab.placement.BASELINE`: the median of the rows' ``ttft_change_pct`` (each row's change is paired
+    with the baseline timed in the same process, in interleaved rounds: :func:`measured_rows`). None for no row.
+    Every view that shows a measured change (the explorer's chart and tables, advise, the report's figures) takes
+    it from here, so a chart and the table under it cannot disagree. ``rows``: a DataFrame with ``ttft_change_pct``."""
+    v = rows["ttft_change_pct"].dropna() if len(rows) and "ttft_change_pct" in rows.columns else ()
+    return float(v.median()) if len(v) else None
+
+
+def measured_changes(measured, point: dict, keys=MEASURED_MATCH_KEYS) -> dict:
+    """The measured rows of ``measured`` (a DataFrame, e.g. :func:`mla_lab.report.data.load_measured`) that agree
+    with ``point`` on every ``keys`` column the frame has, ``status`` ok and changes against
+    :data:`mla_lab.placement.BASELINE`, per strategy: ``{strategy: {"change_pct": measured_change_pct(rows),
+    "ttft_ms": median ms, "ci_lo", "ci_hi": median of the rows' 95 % interval of the change (or None), "n_rows"}}``.
+    ``{}`` when nothing matches."""
+    if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
+        return {}
+    d = measured
+    if "status" in d.columns:
+        d = d[d["status"].fillna("ok") == "ok"]
+    for k in keys:
+        if k in d.columns and k in point:
+            d = d[d[k].astype(str) == str(point[k])]
+    if "baseline" in d.columns:
+        d = d[d["baseline"].fillna(BASELINE) == BASELINE]  # changes against the same baseline only
+    out = {}
+    for s, g in d.groupby("strategy"):
+        ch = measured_change_pct(g)
+        if ch is None:
+            continue
+        ci = {}
+        for c, key in (("ttft_change_ci_lo", "ci_lo"), ("ttft_change_ci_hi", "ci_hi")):
+            ci[key] = float(g[c].median()) if c in g.columns and g[c].notna().any() else None
+        ms = g["ttft_ms"].dropna() if "ttft_ms" in g.columns else ()
+        out[s] = {"change_pct": ch, "ttft_ms": float(ms.median()) if len(ms) else None, **ci, "n_rows": len(g)}
     return out
