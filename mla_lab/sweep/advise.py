@@ -174,7 +174,7 @@ def _splice_measured(rows: list[dict], point: dict, measured) -> None:
         return
     for r in rows:
         v = ch.get(r["strategy"])
-        if v is not None:
+        if v is not None and v["change_pct"] is not None:
             r.update(measured_change_pct=v["change_pct"], measured_ci_lo=v["ci_lo"], measured_ci_hi=v["ci_hi"])
 
 

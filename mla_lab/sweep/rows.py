@@ -438,22 +438,30 @@ MEASURED_MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cach
                        "num_prompts", "concurrency", "weight_dtype", "moe_parallel")
 
 
-def measured_change_pct(rows) -> float | None:
+def measured_change_pct(rows, base_rows=None) -> float | None:
     """THE measured TTFT change (%) of one strategy's measured sweep rows against
     :data:`mla_lab.placement.BASELINE`: the median of the rows' ``ttft_change_pct`` (each row's change is paired
-    with the baseline timed in the same process, in interleaved rounds: :func:`measured_rows`). None for no row.
-    Every view that shows a measured change (the explorer's chart and tables, advise, the report's figures) takes
-    it from here, so a chart and the table under it cannot disagree. ``rows``: a DataFrame with ``ttft_change_pct``."""
-    v = rows["ttft_change_pct"].dropna() if len(rows) and "ttft_change_pct" in rows.columns else ()
-    return float(v.median()) if len(v) else None
+    with the baseline timed in the same process, in interleaved rounds: :func:`measured_rows`); for rows without
+    that column, ``100 * (median ttft_ms / median ttft_ms of base_rows - 1)`` when ``base_rows`` (the baseline's
+    measured rows) are given. None for no row. Every view that shows a measured change (the explorer's chart and
+    tables, advise, the report's figures) takes it from here, so a chart and the table under it cannot disagree.
+    ``rows``, ``base_rows``: DataFrames of measured sweep rows."""
+    if not len(rows):
+        return None
+    if "ttft_change_pct" in rows.columns and rows["ttft_change_pct"].notna().any():
+        return float(rows["ttft_change_pct"].dropna().median())
+    if base_rows is None or not len(base_rows) or "ttft_ms" not in rows.columns:
+        return None
+    ms, base = rows["ttft_ms"].dropna(), base_rows["ttft_ms"].dropna()
+    return 100.0 * (float(ms.median()) / float(base.median()) - 1) if len(ms) and len(base) else None
 
 
 def measured_changes(measured, point: dict, keys=MEASURED_MATCH_KEYS) -> dict:
     """The measured rows of ``measured`` (a DataFrame, e.g. :func:`mla_lab.report.data.load_measured`) that agree
     with ``point`` on every ``keys`` column the frame has, ``status`` ok and changes against
-    :data:`mla_lab.placement.BASELINE`, per strategy: ``{strategy: {"change_pct": measured_change_pct(rows),
-    "ttft_ms": median ms, "ci_lo", "ci_hi": median of the rows' 95 % interval of the change (or None), "n_rows"}}``.
-    ``{}`` when nothing matches."""
+    :data:`mla_lab.placement.BASELINE`, per strategy: ``{strategy: {"change_pct": measured_change_pct(rows) (or
+    None), "ttft_ms": median ms, "ci_lo", "ci_hi": median of the rows' 95 % interval of the change (or None),
+    "n_rows"}}``. ``{}`` when nothing matches."""
     if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
         return {}
     d = measured
@@ -464,14 +472,13 @@ def measured_changes(measured, point: dict, keys=MEASURED_MATCH_KEYS) -> dict:
             d = d[d[k].astype(str) == str(point[k])]
     if "baseline" in d.columns:
         d = d[d["baseline"].fillna(BASELINE) == BASELINE]  # changes against the same baseline only
+    base = d[d["strategy"] == BASELINE]
     out = {}
     for s, g in d.groupby("strategy"):
-        ch = measured_change_pct(g)
-        if ch is None:
-            continue
         ci = {}
         for c, key in (("ttft_change_ci_lo", "ci_lo"), ("ttft_change_ci_hi", "ci_hi")):
             ci[key] = float(g[c].median()) if c in g.columns and g[c].notna().any() else None
         ms = g["ttft_ms"].dropna() if "ttft_ms" in g.columns else ()
-        out[s] = {"change_pct": ch, "ttft_ms": float(ms.median()) if len(ms) else None, **ci, "n_rows": len(g)}
+        out[s] = {"change_pct": measured_change_pct(g, base), "ttft_ms": float(ms.median()) if len(ms) else None,
+                  **ci, "n_rows": len(g)}
     return out
