@@ -539,6 +539,7 @@ def format_serve(out: dict) -> str:
     head = [f"vllm bench serve (modelled): {d['model']} TP{d['tp']} {d['arch']}, max_num_batched_tokens "
             f"{d['max_num_batched_tokens']}, max_num_seqs {d['max_num_seqs']}, {d['kv_cache_dtype']} KV, "
             f"{d['weight_dtype']} weights, experts {d['moe_parallel']}",
+            *([f"model family: {d['model_family_note']}"] if d.get("model_family_note") else []),
             f"workload: {b['num_prompts']} prompts, input {b['random_input_len']}, output {b['random_output_len']}, "
             f"max concurrency {b['max_concurrency'] or 'unlimited'}, request rate "
             f"{'inf' if math.isinf(rate) else f'{rate:g}/s'}, seed {b['seed']}", ""]

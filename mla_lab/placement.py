@@ -429,9 +429,10 @@ def strategy_route(strategy, model_name: str, topk: int, seq_lens=None, query_le
     return route_for(st.rule, model_name, topk, phase, seq_lens, query_lens).route
 
 
-def preset_table(model_name: str = "glm-5", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
+def preset_table(model_name="glm", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
     """One row per preset member: ``preset``, ``strategy``, ``placement``, ``content``, ``rule``, the prefill route
-    of a batch of fresh prompts per length (``route_<L>``), ``decode_route`` and ``source``.
+    of a batch of fresh prompts per length (``route_<L>``), ``decode_route`` and ``source``. ``model_name``: a
+    :class:`~mla_lab.models.ModelConfig` or a family name (:data:`mla_lab.routes.FAMILIES`; default ``glm``).
 
     Raises:
         ValueError: as :func:`strategy_route`.

@@ -436,7 +436,7 @@ def step_route(model: ModelConfig, strategy: Strategy | str, step: Step | int) -
         if T == 0:
             return "sparse-mqa"
         seq, q = [T], [T]
-    return strategy_route(strategy, model.name, model.topk, seq, q)
+    return strategy_route(strategy, model, model.topk, seq, q)
 
 
 def route_step_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, strategy: Strategy | str,

@@ -142,7 +142,8 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, **kw) 
     kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
     return {"deployment": {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len",
                                                  "kv_cache_dtype", "num_prompts", "concurrency", "weight_dtype",
-                                                 "moe_parallel", "gpu_memory_utilization") if k in point},
+                                                 "moe_parallel", "gpu_memory_utilization") if k in point}
+            | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
             "bounds": bounds,
@@ -202,6 +203,7 @@ def format_advice(result: dict) -> str:
     head = (f"deployment: {d['model']} TP{d['tp']} {d['arch']} max_num_batched_tokens {d['max_num_batched_tokens']} "
             f"prompt_len {d['prompt_len']} {d['kv_cache_dtype']} KV, {d['num_prompts']} prompts at concurrency "
             f"{d['concurrency']}, {d['weight_dtype']} weights, experts {d['moe_parallel']}\n"
+            + (f"model family: {d['model_family_note']}\n" if d.get("model_family_note") else "") +
             f"budget: {b['memory_budget_mib'] if b['memory_budget_mib'] is not None else 'unlimited'} MiB, "
             f"{b['memory_budget_tokens'] if b['memory_budget_tokens'] is not None else 'unlimited'} KV tokens; "
             f"changes vs {result['baseline']}")

@@ -88,7 +88,8 @@ def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch
     extra = mem.persistent_bytes - base.persistent_bytes
     row = {k: v for k, v in point.items() if k not in ("strategies", "mode")}
     row.update(
-        model=model.name, **strategy_columns(strategy), family=arch.family, sm=arch.sm,
+        model=model.name, model_family=model.family, model_family_note=model.family_note,
+        **strategy_columns(strategy), family=arch.family, sm=arch.sm,
         prefill_padding=arch.prefill_padding, num_heads=H, q_concat_heads=mem.q_concat_heads,
         kernel_heads=mem.kernel_heads, persistent_bytes=mem.persistent_bytes,
         persistent_mib=mem.persistent_bytes / MIB, step_transient_bytes=mem.step_transient_bytes,
