@@ -30,7 +30,7 @@ from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, pa
 from ..provenance import provenance
 from ..workload import schedule
 
-__all__ = ["between_process_changes", "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
+__all__ = ["between_process_changes", "fit_status", "NOT_PRICED", "TTFT_COLUMNS", "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
            "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
            "strategy_columns", "point_deployment"]
 
@@ -281,16 +281,43 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     return add_ttft_change(rows)
 
 
+#: Row statuses of a deployment that is not priced: its weights or workload do not fit at all
+#: (``does_not_fit``), or it fits with the baseline and not with this strategy (``tips_out``).
+NOT_PRICED = ("does_not_fit", "tips_out")
+#: The columns a row that is not priced leaves empty (its TTFT; the byte accounting stays: it says why).
+TTFT_COLUMNS = ("ttft_ms", "ttft_ms_max", "ttft_change_pct", "ttft_change_ci_lo", "ttft_change_ci_hi",
+                "ttft_ms_ci_lo", "ttft_ms_ci_hi", *(f"{op}_ms" for op in ATTN_OPS))
+
+
+def fit_status(rows: list[dict]) -> list[dict]:
+    """The sweep rows' ``status``: where the point's baseline does not fit, every row ``does_not_fit`` (reason: the
+    fit reason); where the baseline fits and a strategy does not, that row ``tips_out`` (reason "fits without it,
+    not with it: ..."); either way its TTFT columns (:data:`TTFT_COLUMNS`) are None: a deployment that cannot load
+    is never priced. In place; returns ``rows``."""
+    base = next((r for r in rows if r["strategy"] == BASELINE), None)
+    base_fits = base is None or bool(base.get("fits_in_memory", True))
+    for r in rows:
+        if bool(r.get("fits_in_memory", True)) and base_fits:
+            continue
+        if base_fits:
+            r.update(status="tips_out", reason=f"fits without it, not with it: {r.get('fit_reason', '')}")
+        else:
+            r.update(status="does_not_fit", reason=str((base or r).get("fit_reason", "")))
+        r.update(dict.fromkeys((k for k in TTFT_COLUMNS if k in r), None))
+    return rows
+
+
 def compute_rows(point: dict, mode: str) -> list[dict]:
-    """The compute function the executors run: :func:`modelled_rows` or :func:`measured_rows`.
+    """The compute function the executors run: :func:`modelled_rows` or :func:`measured_rows`, with
+    :func:`fit_status` (rows of a deployment that does not load carry no TTFT).
 
     Raises:
         ValueError: unknown mode.
     """
     if mode == "modelled":
-        return modelled_rows(point)
+        return fit_status(modelled_rows(point))
     if mode == "measured":
-        return measured_rows(point)
+        return fit_status(measured_rows(point))
     raise ValueError(f"mode={mode!r} is not known; allowed: {list(MODES)}")
 
 
