@@ -242,7 +242,7 @@ def test_injected_failure_is_recorded_others_complete_and_retry_fixes_it(tmp_pat
     err2 = capsys.readouterr().err
     assert f"{n - 1} already stored, 1 failed before (retried)" in err2
     assert [(p["tp"], p["arch"]) for p in counted] == [(2, "b200")]
-    assert (df2["status"] == "ok").all() and len(df2) == n * N_STRATEGIES
+    assert df2["status"].isin(["ok", "does_not_fit", "tips_out"]).all() and len(df2) == n * N_STRATEGIES
     assert len(failed_points(df2)) == 0
 
 
