@@ -47,3 +47,34 @@ def test_an_infinite_rate_stays_one_deterministic_run():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["num_runs"] == 1 and "noise" not in out and out["band"].startswith("deterministic")
+
+
+def test_the_report_rate_curve_carries_the_band_at_finite_rates():
+    """mla_lab.report.serving.rate_curve: each finite rate's change has its 95 % band over single runs (columns
+    ``band_<metric>_lo/hi``, ``band``), and plot_rate_curve draws it as error bars; inf stays deterministic."""
+    import math
+
+    from matplotlib.axes import Axes
+
+    from mla_lab.report.serving import plot_rate_curve, rate_curve
+    from mla_lab.serving import BenchConfig
+
+    bench = BenchConfig(num_prompts=8, random_input_len=1024, random_output_len=16, seed=0)
+    df = rate_curve("glm-5", 8, "h200", ["vllm-pre-53878"], [4, float("inf")], bench=bench)
+    other = df[df["strategy"] == "per_call_empty:stale"]
+    fin, inf = other[other["request_rate"] == 4].iloc[0], other[other["request_rate"] == math.inf].iloc[0]
+    assert fin["band"].startswith("95 %") and fin["band_median_ttft_ms_lo"] <= fin["band_median_ttft_ms_hi"]
+    assert fin["band_median_ttft_ms_lo"] < fin["band_median_ttft_ms_hi"]
+    assert inf["band"].startswith("deterministic") and math.isnan(inf["band_median_ttft_ms_lo"])
+    seen = []
+    real = Axes.errorbar
+
+    def spy(self, *a, **k):
+        seen.append(k.get("yerr"))
+        return real(self, *a, **k)
+
+    from unittest import mock
+
+    with mock.patch.object(Axes, "errorbar", spy):
+        plot_rate_curve(df)
+    assert seen, "the band is drawn"
