@@ -240,7 +240,7 @@ def memory_account(
     route = "sparse-mqa"
     if model is not None and prompt_len is not None and T:
         check_int("prompt_len", prompt_len)
-        route = strategy_route(st, model.name, model.topk, [prompt_len], [min(prompt_len, max_num_batched_tokens)])
+        route = strategy_route(st, model, model.topk, [prompt_len], [min(prompt_len, max_num_batched_tokens)])
         if route in ("mha-dense", "mha-masked"):
             transient, kernel_heads = 0, H
             kernel_out = dense_route_transient_bytes(model, H, T, T)

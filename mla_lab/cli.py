@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -343,6 +344,8 @@ def _cmd_serve(args) -> int:
 
         args.strategies = list(args.strategies) + engine_strategies(args.engine)
     strategies = doors.check_strategies(args.strategies)
+    if args.num_runs is None:  # a finite rate: one run's change is noise-sized, so the band is the default
+        args.num_runs = 1 if math.isinf(args.request_rate) else doors.MIN_NOISE_RUNS
     doors.check_serve(args, strategies)
     from .serving import BenchConfig, serve_benchmark
 
@@ -356,7 +359,7 @@ def _cmd_serve(args) -> int:
     runs = None
     if args.num_runs > 1:
         runs = doors.serve_noise_runs(args, strategies, bench, kw)
-    out = doors.serve_summary(res, runs)
+    out = doors.serve_summary(res, runs, num_runs=args.num_runs)
     print(json.dumps(out, indent=1, default=str) if args.json else doors.format_serve(out))
     return 0
 
@@ -572,10 +575,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"vLLM's most sequences per engine step, {R('max_num_seqs')} (default 256)")
     sv.add_argument("--seed", type=B("seed"), default=0,
                     help=f"vllm bench serve --seed (arrival times), {R('seed')} (default 0)")
-    sv.add_argument("--num-runs", type=B("num_runs"), default=1,
-                    help=f"noise Monte-Carlo runs per strategy (mla_lab.serving.noise): 1 = one deterministic run "
-                         f"(default), or {doors.MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,} (a 95 %% band "
-                         f"needs at least {doors.MIN_NOISE_RUNS} runs)")
+    sv.add_argument("--num-runs", type=B("num_runs"), default=None,
+                    help=f"noise Monte-Carlo runs per strategy (mla_lab.serving.noise): 1 = one deterministic run, "
+                         f"or {doors.MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,} (a 95 %% band needs at least "
+                         f"{doors.MIN_NOISE_RUNS} runs); default 1 at --request-rate inf, {doors.MIN_NOISE_RUNS} at a "
+                         "finite rate (one run there flips sign from seed to seed: its band is shown)")
     sv.add_argument("--strategies", nargs="+", default=list(SERVE_PRESETS),
                     help="presets, aliases or canonical strategies (default vllm-pre-53878 vllm-53878 vllm-56902; "
                          "the baseline is always run)")

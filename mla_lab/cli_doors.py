@@ -26,7 +26,7 @@ import math
 import re
 from pathlib import Path
 
-__all__ = ["DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
+__all__ = ["DoorError", "band_note", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
            "serve_step_bound", "check_notebook", "MAX_GRID_POINTS", "MAX_NOISE_STEPS", "VLLM_FLAGS",
            "arg_type", "budget_type", "fraction_type", "rate_type", "merge_flags", "check_sweep",
            "check_deployment", "check_serve", "check_strategies", "check_report_name", "file_in_the_way",
@@ -509,7 +509,7 @@ SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark d
                  ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"))
 
 
-def serve_summary(res: dict, runs=None) -> dict:
+def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
     """A JSON-able view of a ``serve_benchmark`` result: per strategy every metric, its change vs the baseline,
     the KV capacity, KV tokens lost and % of capacity beside the extra MiB (``runs``: the noise Monte-Carlo's
     result, attached as given)."""
@@ -527,7 +527,20 @@ def serve_summary(res: dict, runs=None) -> dict:
            "strategies": strategies, "source": "modelled", "notes": res.get("notes", [])}
     if runs is not None:
         out["noise"] = runs
+    out["num_runs"] = num_runs
+    out["band"] = band_note(res["bench"]["request_rate"], num_runs)
     return out
+
+
+def band_note(request_rate: float, num_runs: int) -> str:
+    """What the serving changes' band is: ``deterministic`` at an infinite rate with one run (every request at t=0;
+    the noise runs are optional), ``95 % band over N single runs`` with the noise Monte-Carlo, and ``one run: band
+    unknown`` for one run at a finite rate (there one run's change flips sign from seed to seed: issue 32)."""
+    if num_runs > 1:
+        return f"95 % band over {num_runs} single runs (2.5th-97.5th percentile; mla_lab.serving.noise)"
+    if math.isinf(request_rate):
+        return "deterministic: one run, every request at t=0 (--num-runs 20 adds the single-run band)"
+    return "one run: band unknown"
 
 
 def format_serve(out: dict) -> str:
@@ -540,6 +553,7 @@ def format_serve(out: dict) -> str:
     head = [f"vllm bench serve (modelled): {d['model']} TP{d['tp']} {d['arch']}, max_num_batched_tokens "
             f"{d['max_num_batched_tokens']}, max_num_seqs {d['max_num_seqs']}, {d['kv_cache_dtype']} KV, "
             f"{d['weight_dtype']} weights, experts {d['moe_parallel']}",
+            *([f"model family: {d['model_family_note']}"] if d.get("model_family_note") else []),
             f"workload: {b['num_prompts']} prompts, input {b['random_input_len']}, output {b['random_output_len']}, "
             f"max concurrency {b['max_concurrency'] or 'unlimited'}, request rate "
             f"{'inf' if math.isinf(rate) else f'{rate:g}/s'}, seed {b['seed']}", ""]
@@ -557,7 +571,9 @@ def format_serve(out: dict) -> str:
             c = out["strategies"][s]["change_pct"].get(k, float("nan"))
             row += f"{c:>+{w}.2f}" if c == c else f"{'-':>{w}}"
         lines.append(row)
-    lines.append(f"baseline: {base}; changes are (strategy - baseline) / baseline x 100")
+    lines.append(f"baseline: {base}; changes are (strategy - baseline) / baseline x 100"
+                 + (f"; {out['band']} (--num-runs 20 gives it)" if out.get("band") == "one run: band unknown"
+                    else ""))
     lines.append("")
     lines.append("memory per rank vs the baseline (persistent workspace):")
     wp = max([16] + [len(out["strategies"][s]["preset"] or s) for s in others])

@@ -24,7 +24,7 @@ from .report.data import load_measured
 from .report.figures import strategy_style
 from .seed import SEED_DEPLOYMENT
 from .sweep.advise import advise, format_advice
-from .sweep.rows import modelled_rows
+from .sweep.rows import MEASURED_MATCH_KEYS, measured_changes, modelled_rows
 
 #: The controls that make the deployment (:meth:`mla_lab.deployment.Deployment.of` arguments).
 DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
@@ -33,9 +33,8 @@ DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cach
 __all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS",
            "CONTROL_OPTIONS", "DEPLOYMENT_CONTROLS"]
 
-# Columns a measured row must agree on to be shown beside the modelled numbers of a selection.
-MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len", "num_prompts",
-              "concurrency", "weight_dtype", "moe_parallel")
+# Columns a measured row must agree on to be shown beside the modelled numbers of a selection (the sweep's).
+MATCH_KEYS = MEASURED_MATCH_KEYS
 CONTROL_OPTIONS = {
     "max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536],
     "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
@@ -84,7 +83,9 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         gives: H' for bf16, H for fp8), ``workspace_bytes``/``workspace_mib`` (persistent Q workspace of
         ``strategy``), ``extra_bytes``/``extra_mib`` (vs the baseline, ``per_call_empty:zeros``), ``kv_tokens_lost``, ``per_strategy`` (list of
         dicts: strategy, persistent_bytes, workspace_mib, peak_bytes, ttft_ms, ttft_ms_max, ttft_change_pct,
-        measured_ttft_ms or None, fits_in_memory, fit_reason), ``ttft_scope``, ``num_steps``, ``fits_in_memory``,
+        measured_ttft_ms and measured_change_pct (:func:`mla_lab.sweep.rows.measured_changes`: the measured
+        change against the baseline timed in the same process, never against the modelled baseline) or None,
+        fits_in_memory, fit_reason), ``ttft_scope``, ``num_steps``, ``fits_in_memory``,
         ``fit_reason``, ``measured`` (matching rows or None) and ``selection``. A deployment that does not fit
         (``fits_in_memory`` False: its weights leave no KV cache, or its workload exceeds the KV capacity) has no
         TTFT or memory number: every workspace/extra/KV/TTFT field, top-level and per strategy, is None (and
@@ -105,16 +106,16 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
                                  "num_prompts", "concurrency", "weight_dtype", "moe_parallel")}
     sel["strategy"] = strategy
     meas = _match_measured(measured, sel)
+    changes = measured_changes(meas, sel) if meas is not None else {}  # the one measured-change function
     per = []
     for s in EXPLORER_STRATEGIES:
         r = by[s]
         fits = bool(r["fits_in_memory"])
-        mrow = None
-        if fits and meas is not None and "strategy" in meas.columns and "ttft_ms" in meas.columns:
-            ms = meas[meas["strategy"] == s]["ttft_ms"].dropna()
-            mrow = float(ms.median()) if len(ms) else None
+        m = changes.get(s) if fits else None
         row = {"strategy": s, "q_concat_heads": r["q_concat_heads"], "kernel_heads": r["kernel_heads"],
-               "fits_in_memory": fits, "fit_reason": r["fit_reason"], "measured_ttft_ms": mrow}
+               "fits_in_memory": fits, "fit_reason": r["fit_reason"],
+               "measured_ttft_ms": None if m is None else m["ttft_ms"],
+               "measured_change_pct": None if m is None else m["change_pct"]}
         row.update(_numbers(r, fits, {
             "persistent_bytes": r["persistent_bytes"], "workspace_mib": r["persistent_bytes"] / MIB,
             "extra_mib": r["extra_persistent_mib"], "peak_bytes": r["peak_bytes"], "ttft_ms": r["ttft_ms"],
@@ -151,8 +152,9 @@ def _numbers(row: dict, fits: bool, values: dict) -> dict:
 
 def render_chart(result: dict, dpi: int = 90) -> bytes:
     """PNG bytes of a two-panel chart: persistent Q workspace (MiB) and TTFT change (%) per strategy, one colour per
-    strategy; the selected strategy is outlined, measured TTFTs (when present) are black diamonds beside the
-    modelled bars. A deployment that does not fit gets no bars: the chart says why (no TTFT or memory number)."""
+    strategy; the selected strategy is outlined, measured TTFT changes (when present; each against the baseline timed
+    in the same process, ``per_strategy[i]["measured_change_pct"]``, the number the tables print) are black
+    diamonds beside the modelled bars. A deployment that does not fit gets no bars: the chart says why (no TTFT or memory number)."""
     from matplotlib.figure import Figure
 
     rows = result["per_strategy"]
@@ -189,9 +191,8 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
                    rotation=90)
     ax_t.axhline(0, color="k", lw=0.6)
     ax_t.margins(y=0.35)
-    base_ms = next((r["ttft_ms"] for r in rows if r["strategy"] == BASELINE), None)
-    mx = [(i, 100.0 * (r["measured_ttft_ms"] / base_ms - 1)) for i, r in enumerate(rows)
-          if r["measured_ttft_ms"] is not None and base_ms]
+    # the measured change as the table under the chart prints it (measured vs the measured baseline)
+    mx = [(i, r["measured_change_pct"]) for i, r in enumerate(rows) if r.get("measured_change_pct") is not None]
     if mx:
         ax_t.plot([i + 0.32 for i, _ in mx], [v for _, v in mx], "D", color="black", ms=6)
     ax_t.set_title(f"TTFT change vs {BASELINE}\n(scope {result['ttft_scope']}; bars modelled"
@@ -237,18 +238,19 @@ def summary_html(result: dict) -> str:
     cells = []
     for r in result["per_strategy"]:
         meas = "-" if r["measured_ttft_ms"] is None else f"{r['measured_ttft_ms']:.2f}"
+        mchg = "-" if r.get("measured_change_pct") is None else f"{r['measured_change_pct']:+.2f}%"
         if r.get("fits_in_memory") is False:  # this strategy's own workspace does not fit: no number
             cells.append(f"<tr><td {td}>{e(r['strategy'])}</td><td {td}>{r['q_concat_heads']}</td>"
-                         f"<td {td} colspan='7'>does not fit: {e(str(r.get('fit_reason') or ''))}</td></tr>")
+                         f"<td {td} colspan='8'>does not fit: {e(str(r.get('fit_reason') or ''))}</td></tr>")
             continue
         style = " style='font-weight:bold;background:#eef4fb'" if r["strategy"] == sel["strategy"] else ""
         cells.append(f"<tr{style}>" + "".join(f"<td {td}>{v}</td>" for v in (
             e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['extra_mib']:+.1f}",
             _fmt_int(r["kv_tokens_lost"]), "-" if r.get("kv_capacity_pct_lost") is None
             or r["kv_capacity_pct_lost"] != r["kv_capacity_pct_lost"] else f"{r['kv_capacity_pct_lost']:.1f}",
-            f"{r['ttft_ms']:.2f}", f"{r['ttft_change_pct']:+.2f}%", meas)) + "</tr>")
+            f"{r['ttft_ms']:.2f}", f"{r['ttft_change_pct']:+.2f}%", meas, mchg)) + "</tr>")
     heads = ("strategy", "workspace heads", "workspace MiB", "extra MiB", "KV tokens lost", "% of KV",
-             "TTFT ms (modelled)", f"vs {BASELINE}", "TTFT ms (measured)")
+             "TTFT ms (modelled)", f"vs {BASELINE}", "TTFT ms (measured)", f"measured vs {BASELINE}")
     table = ("<table style='border-collapse:collapse;margin-top:6px'><tr>"
              + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
     note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.modelled_rows);"

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ._validate import check_int
 from .paths import models_dir
+from .routes import config_family
 
 __all__ = ["ModelConfig", "load_model", "model_names", "model_config_path", "models_dir", "KV_CACHE_DTYPES"]
 
@@ -76,6 +77,22 @@ class ModelConfig:
     vocab_size: int
     n_shared_experts: int = 1
     index_topk_freq: int = 1
+    #: config.json ``architectures`` and ``model_type``: they decide the family (:attr:`family`), never the name.
+    architectures: tuple[str, ...] = ()
+    model_type: str = ""
+
+    @property
+    def family(self) -> str:
+        """``deepseek``, ``glm`` or ``other`` from config.json ``architectures`` / ``model_type``
+        (:func:`mla_lab.routes.config_family`): decides the route each engine takes (:func:`mla_lab.routes.route_for`).
+        """
+        return config_family(self.architectures, self.model_type)[0]
+
+    @property
+    def family_note(self) -> str:
+        """"" for a family the config names; else the assumption the lab prices the model under (every output that
+        prices it shows this line: advise, serve, the sweep's ``model_family_note`` column)."""
+        return config_family(self.architectures, self.model_type)[1]
 
     @property
     def indexer_layers(self) -> tuple[int, ...]:
@@ -140,7 +157,7 @@ class ModelConfig:
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update(head_size=self.head_size, d_v=self.d_v)
+        d.update(head_size=self.head_size, d_v=self.d_v, family=self.family)
         return d
 
 
@@ -203,4 +220,11 @@ def load_model(name: str | ModelConfig, path: str | Path | None = None) -> Model
                                                                         and key != "first_k_dense_replace"):
             raise ValueError(f"config.json {path}: field {key!r}={v!r} must be a positive int")
         kwargs[key] = v
-    return ModelConfig(name=canonical or (str(name) if isinstance(name, str) else path.parent.name), **kwargs)
+    archs = raw.get("architectures", [])
+    if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise ValueError(f"config.json {path}: field 'architectures'={archs!r} must be a list of str")
+    mtype = raw.get("model_type", "")
+    if not isinstance(mtype, str):
+        raise ValueError(f"config.json {path}: field 'model_type'={mtype!r} must be a str")
+    return ModelConfig(name=canonical or (str(name) if isinstance(name, str) else path.parent.name), **kwargs,
+                       architectures=tuple(archs), model_type=mtype)

@@ -3,7 +3,10 @@
 Environment overrides (read on every call, so tests and CI can point elsewhere):
 
 - ``MLA_LAB_DATA``: the ``data/`` folder (model configs under ``models/``, ``calibration/``, ``measured/``).
-- ``MLA_LAB_MEASURED``: the measured-data folder only (default ``<data>/measured``).
+- ``MLA_LAB_MEASURED``: the measured-data folder only (default ``<data>/measured``): the measured rows the views
+  show beside the modelled numbers. It never moves a modelled number: the committed measurement files the model's
+  fits read (the padded-kernel roofline, the route classes) are part of its calibration and come from
+  :func:`calibration_measurements_dir` (the repository's ``data/measured``, which no variable moves).
 - ``MLA_LAB_CACHE``: where the lab caches derived data keyed by the digest of its inputs (default
   ``<data>/sweeps/.cache``, an output folder the lab owns; git ignores ``data/sweeps/``).
 """
@@ -13,7 +16,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "notebooks_dir", "cache_dir",
+__all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "calibration_measurements_dir",
+           "notebooks_dir", "cache_dir",
            "resolve"]
 
 #: The repository this package sits in (``mla_lab/..``).
@@ -40,6 +44,17 @@ def measured_dir(gpu: str | None = None) -> Path:
     """``<data>/measured`` (env ``MLA_LAB_MEASURED`` overrides), or its ``gpu`` subfolder."""
     root = os.environ.get("MLA_LAB_MEASURED")
     base = Path(root) if root else data_dir() / "measured"
+    return base / gpu if gpu else base
+
+
+def calibration_measurements_dir(gpu: str | None = None) -> Path:
+    """The repository's ``data/measured`` (or its ``gpu`` subfolder) as the model's calibration reads it: the
+    committed measurement files the modelled numbers are fitted on (:func:`mla_lab.model.routes.padded_kernel_rows`,
+    :func:`mla_lab.model.routes.route_rows`). No environment variable moves it: ``MLA_LAB_MEASURED`` chooses the
+    measured rows the views show, never a modelled number (issue 32: an empty measured folder moved the modelled
+    ``fa3_sparse`` from -9.08 % to -2.89 %), and a copy of ``data/`` under ``MLA_LAB_DATA`` without ``measured/``
+    must not re-fit the kernel model either."""
+    base = REPO_ROOT / "data" / "measured"
     return base / gpu if gpu else base
 
 

@@ -60,7 +60,7 @@ from ._validate import check_int
 from .engines import ENGINE_PRESETS as _ENGINE_PRESETS
 from .engines import decode_threshold, engine_preset, padding_for, sparse_backend
 from .engines import engine_names as _engine_names
-from .routes import ENGINE_RULES, route_for
+from .routes import ENGINE_RULES, model_family, route_for
 
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
            "parse_strategy", "as_strategy", "expand", "expand_strategies", "resolve_strategy", "preset_of",
@@ -513,9 +513,10 @@ def strategy_route(strategy, model_name: str, topk: int, seq_lens=None, query_le
     return route_for(st.rule, model_name, topk, phase, seq_lens, query_lens, num_heads).route
 
 
-def preset_table(model_name: str = "glm-5", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
+def preset_table(model_name="glm", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
     """One row per preset member: ``preset``, ``strategy``, ``placement``, ``content``, ``rule``, the prefill route
-    of a batch of fresh prompts per length (``route_<L>``), ``decode_route`` and ``source``.
+    of a batch of fresh prompts per length (``route_<L>``), ``decode_route`` and ``source``. ``model_name``: a
+    :class:`~mla_lab.models.ModelConfig` or a family name (:data:`mla_lab.routes.FAMILIES`; default ``glm``).
 
     Raises:
         ValueError: as :func:`strategy_route`.
@@ -540,7 +541,7 @@ def _backend_label(backend: str) -> str:
             "FLASHINFER_MLA_SPARSE_SM90": "FlashInfer sparse (sm90)"}.get(backend, backend)
 
 
-def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: str = "sm90",
+def engine_summary(engine: str, model, topk: int, num_heads: int, sm: str = "sm90",
                    kv_cache_dtype: str = "bf16", prompt_len: int = 1024, max_num_batched_tokens: int = 16384,
                    num_prompts: int = 32) -> dict:
     """What one engine version does for one deployment, from its facts (:mod:`mla_lab.engines`) and route rule
@@ -548,7 +549,8 @@ def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: 
 
     Args:
         engine: an engine preset (``vllm@0.33.0``) or a first name (``vllm-53878``).
-        model_name, topk: the model (family) and its ``index_topk``.
+        model, topk: the model (a :class:`mla_lab.models.ModelConfig`, whose family is read from its config.json,
+            or a family name ``glm`` / ``deepseek`` / ``other``) and its ``index_topk``.
         num_heads: attention heads per rank (``num_attention_heads // tp``).
         sm: ``sm90`` / ``sm100``; kv_cache_dtype: ``bf16`` / ``fp8...``.
         prompt_len, max_num_batched_tokens, num_prompts: the workload: the first step holds
@@ -566,7 +568,7 @@ def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: 
     p = engine_preset(resolve_engine(engine))
     check_int("num_heads", num_heads)
     check_int("prompt_len", prompt_len)
-    fam = "deepseek" if "deepseek" in model_name.lower() else "glm" if "glm" in model_name.lower() else "other"
+    fam = model_family(model)
     out = {"preset": p.name, "engine": p.engine_version.engine, "version": p.engine_version.version,
            "release_date": p.engine_version.release_date, "models": list(p.engine_version.models),
            "supported": fam in p.engine_version.models, "sources": p.sources,
@@ -582,7 +584,7 @@ def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: 
     budget = min(max_num_batched_tokens, rule.prefill_graph_max_tokens or max_num_batched_tokens)
     n_req = max(1, min(num_prompts, budget // prompt_len)) if prompt_len <= budget else 1
     q = min(prompt_len, budget)
-    choice = route_for(rule, model_name, topk, "prefill", [prompt_len] * n_req, [q] * n_req, num_heads)
+    choice = route_for(rule, model, topk, "prefill", [prompt_len] * n_req, [q] * n_req, num_heads)
     dec_backend = "FLASH_ATTN_MLA_SPARSE" if rule.decode_route == "fa3-sparse" and p.engine_version.engine == \
         "sglang" else backend
     try:
@@ -613,12 +615,12 @@ def engine_summary(engine: str, model_name: str, topk: int, num_heads: int, sm: 
             "uniform_decodes": uniform, "padded_path": padded_path}
 
 
-def engine_table(model_name: str = "glm-5", topk: int = 2048, num_heads: int = 8, sm: str = "sm90",
+def engine_table(model="glm", topk: int = 2048, num_heads: int = 8, sm: str = "sm90",
                  kv_cache_dtype: str = "bf16", prompt_len: int = 1024, max_num_batched_tokens: int = 16384,
                  num_prompts: int = 32) -> list[dict]:
     """:func:`engine_summary` for every engine preset (default: GLM-5 TP8 = 8 heads per rank, H200, bf16 KV,
     1024-token prompts, 16384 tokens per step, 32 prompts: PR #53878's benchmark)."""
-    return [engine_summary(n, model_name, topk, num_heads, sm, kv_cache_dtype, prompt_len, max_num_batched_tokens,
+    return [engine_summary(n, model, topk, num_heads, sm, kv_cache_dtype, prompt_len, max_num_batched_tokens,
                            num_prompts) for n in ENGINE_PRESET_MEMBERS]
 
 

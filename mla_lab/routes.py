@@ -76,7 +76,8 @@ from ._validate import check_int
 from .engines import fact
 
 __all__ = ["ROUTES", "PHASES", "ENGINES", "SPARSE_BACKENDS", "ROUTE_SOURCES", "EngineRule", "RouteChoice",
-           "ENGINE_RULES", "engine_rule", "check_route", "route_for", "route_table", "model_family",
+           "ENGINE_RULES", "engine_rule", "check_route", "route_for", "route_table", "model_family", "config_family",
+           "ARCHITECTURE_FAMILIES", "MODEL_TYPE_FAMILIES", "FAMILIES",
            "is_equivalent", "SGLANG_DENSE_KV_LEN_THRESHOLD"]
 
 ROUTES = ("sparse-mqa", "fa3-sparse", "mha-dense", "mha-masked")
@@ -104,21 +105,50 @@ _NOT_EQUIVALENT = ("dense causal MHA attends every earlier key; sparse attention
                    "#30258: 'Above 2048: approximation')")
 
 
-def model_family(model_name: str) -> str:
-    """``deepseek`` (DeepSeek-V3.2 and its variants), ``glm`` (GLM-5, GLM-5.x: ``GlmMoeDsaForCausalLM``) or
-    ``other`` (a model no engine rule names: it takes no dense route).
+#: config.json ``architectures`` -> family: the classes vLLM registers for the two DSA families
+#: (``vllm/model_executor/models/registry.py:99,122`` of vLLM 0.24.0: ``DeepseekV32ForCausalLM``,
+#: ``GlmMoeDsaForCausalLM``).
+ARCHITECTURE_FAMILIES = {"DeepseekV32ForCausalLM": "deepseek", "GlmMoeDsaForCausalLM": "glm"}
+#: config.json ``model_type`` -> family, for a config without a known ``architectures`` entry (the HF model types
+#: of the same classes: ``deepseek_v32``, ``glm_moe_dsa``).
+MODEL_TYPE_FAMILIES = {"deepseek_v32": "deepseek", "glm_moe_dsa": "glm"}
+#: The families the engine rules name (``other``: a model no rule names).
+FAMILIES = ("deepseek", "glm", "other")
+
+
+def config_family(architectures=(), model_type: str = "") -> tuple[str, str]:
+    """``(family, note)`` of a model from its config.json ``architectures`` (first known entry wins) or, failing
+    that, its ``model_type``; never from a folder or model name. ``note`` is "" for a known family, else the
+    assumption the lab prices it under (every output shows it): family ``other``, so no engine rule takes its dense
+    MHA route and every engine takes its sparse backend route."""
+    for a in architectures or ():
+        if a in ARCHITECTURE_FAMILIES:
+            return ARCHITECTURE_FAMILIES[a], ""
+    if model_type in MODEL_TYPE_FAMILIES:
+        return MODEL_TYPE_FAMILIES[model_type], ""
+    return "other", (f"assumption: architectures={list(architectures or [])} (model_type={model_type!r}) is none "
+                     f"of {sorted(ARCHITECTURE_FAMILIES)}, so no engine rule names this model: priced as family "
+                     "'other' (every engine takes its sparse backend route, no dense MHA prefill)")
+
+
+def model_family(model) -> str:
+    """``deepseek`` (``DeepseekV32ForCausalLM``), ``glm`` (``GlmMoeDsaForCausalLM``: GLM-5, GLM-5.x) or ``other``
+    (a model no engine rule names: it takes no dense route), read from the model's config (its ``family``
+    attribute: :attr:`mla_lab.models.ModelConfig.family`, from :func:`config_family`), or one of :data:`FAMILIES`
+    given as a str. A model or folder name does not decide the family (issue 32: the same config priced at -33.2 %
+    in a folder named glm-96h and +4.4 % in my-96h).
 
     Raises:
-        ValueError: model_name not a str.
+        ValueError: a str that is not a family name; an object without ``family``.
     """
-    if not isinstance(model_name, str):
-        raise ValueError(f"model={model_name!r} must be a str naming a DeepSeek-V3.2 or GLM-5 model")
-    n = model_name.lower()
-    if "deepseek" in n:
-        return "deepseek"
-    if "glm" in n:
-        return "glm"
-    return "other"
+    fam = getattr(model, "family", None)
+    if fam is None and isinstance(model, str) and model in FAMILIES:
+        fam = model
+    if fam not in FAMILIES:
+        raise ValueError(f"model={model!r} does not give a family; allowed: a ModelConfig "
+                         f"(mla_lab.models.load_model: the family is read from its config.json architectures) or one "
+                         f"of {list(FAMILIES)} (a model or folder name does not decide the family)")
+    return fam
 
 
 def is_equivalent(route: str, seq_len: int, topk: int) -> bool:
@@ -141,9 +171,8 @@ def check_route(route: str, model_name: str, seq_len: int, topk: int) -> str:
         ValueError: unknown route; ``mha-dense`` for ``seq_len > topk`` (names the model, the length and the
             source); bad ints.
     """
-    model_family(model_name)
     if not is_equivalent(route, seq_len, topk):
-        raise ValueError(f"route='mha-dense' is refused for model={model_name!r} at seq_len={seq_len}: "
+        raise ValueError(f"route='mha-dense' is refused for model={getattr(model_name, 'name', model_name)!r} at seq_len={seq_len}: "
                          f"not equivalent above topk={topk} ({_NOT_EQUIVALENT}); allowed: seq_len <= {topk}, "
                          f"or routes {[r for r in ROUTES if r != 'mha-dense']}")
     return route
@@ -294,7 +323,8 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
 
     Args:
         rule: a name of :data:`ENGINE_RULES` or an :class:`EngineRule`.
-        model_name: decides the family (:func:`model_family`): GLM is MQA-only on vLLM (#52512).
+        model_name: the model's :class:`~mla_lab.models.ModelConfig` (its config decides the family,
+            :func:`model_family`: GLM is MQA-only on vLLM, #52512) or a family name of :data:`FAMILIES`.
         topk: the model's ``index_topk`` (2048 for GLM-5 and DeepSeek-V3.2).
         phase: ``prefill`` or ``decode``.
         seq_lens: prefill only: each prefill's seq_len (context + its tokens so far, i.e. the keys its last token
@@ -353,7 +383,7 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         why = (r.mqa_only_reason if r.mqa_only_reason and fam != "other"
                else "MQA-only attention wrapper (vLLM #52512)" if r.engine == "vllm" and fam == "glm"
                else "no engine rule names this model" if fam == "other" else "no dense route in this configuration")
-        return RouteChoice(r.backend_route, f"{r.name}: {model_name} prefill takes {r.backend_route} ({why})",
+        return RouteChoice(r.backend_route, f"{r.name}: {getattr(model_name, 'name', model_name)} prefill takes {r.backend_route} ({why})",
                            r.source)
     longest = max(lens)
     if longest <= thr:

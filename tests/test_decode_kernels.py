@@ -4,8 +4,14 @@ the committed H200 rows, and the parallelism it prices (FlashMLA one CTA per tok
 import pytest
 
 from mla_lab.arch import get_arch
-from mla_lab.model.decode_kernels import (DECODE_KERNELS_CSV, ROWS_CSV, DecodeKernel, fa3_num_splits,
-                                          fit_decode_kernels, load_decode_kernels)
+from mla_lab.model.decode_kernels import (
+    DECODE_KERNELS_CSV,
+    ROWS_CSV,
+    DecodeKernel,
+    fa3_num_splits,
+    fit_decode_kernels,
+    load_decode_kernels,
+)
 from mla_lab.paths import REPO_ROOT, calibration_dir
 
 H200 = get_arch("h200")

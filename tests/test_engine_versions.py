@@ -66,15 +66,15 @@ def test_advise_names_dense_mha_for_vllm_0_33_at_1024_tokens_and_where_the_pad_r
 
 
 def test_the_dense_route_stops_above_index_topk():
-    short = engine_summary("vllm@0.33.0-flashmla", "glm-5", GLM_TOPK, 8, prompt_len=2048)
-    long = engine_summary("vllm@0.33.0-flashmla", "glm-5", GLM_TOPK, 8, prompt_len=2049)
+    short = engine_summary("vllm@0.33.0-flashmla", "glm", GLM_TOPK, 8, prompt_len=2048)
+    long = engine_summary("vllm@0.33.0-flashmla", "glm", GLM_TOPK, 8, prompt_len=2049)
     assert short["prefill_route"] == "mha-dense" and long["prefill_route"] == "sparse-mqa"
     assert long["padded_path"].startswith("prefill rows and decode rows")
     # PR-era vLLM ran GLM-5 MQA-only (vLLM #52512): the padded kernel for every prefill, even 1024 tokens
-    pr = engine_summary("vllm-53878", "glm-5", GLM_TOPK, 8)
+    pr = engine_summary("vllm-53878", "glm", GLM_TOPK, 8)
     assert pr["preset"] == "vllm@pr53878" and pr["prefill_route"] == "sparse-mqa"
     # one long prefill in the step sends every prefill row sparse ("every prefill has seq_len <= topk")
-    mixed = route_for("vllm-0.33.0-flashmla", "glm-5", GLM_TOPK, "prefill", [1024, 4096], [1024, 4096], 8)
+    mixed = route_for("vllm-0.33.0-flashmla", "glm", GLM_TOPK, "prefill", [1024, 4096], [1024, 4096], 8)
     assert mixed.route == "sparse-mqa"
 
 
@@ -121,30 +121,30 @@ def test_decode_thresholds():
     assert decode_threshold("vllm@0.33.0-flashmla", "FLASHMLA_SPARSE", "sm100", 128) == (1024, True)
     assert decode_threshold("vllm@0.24.0", "FLASHMLA_SPARSE", "sm90", 8) == (1, False)
     # a 256-token extend at 8 heads is a decode for FA3 sparse in 0.33.0, a 257-token one a prefill
-    assert route_for("vllm-0.33.0", "glm-5", GLM_TOPK, "prefill", [1500], [256], 8).route == "fa3-sparse"
-    assert route_for("vllm-0.33.0", "glm-5", GLM_TOPK, "prefill", [1500], [257], 8).route == "mha-dense"
-    assert "handled as decodes" in route_for("vllm-0.33.0", "glm-5", GLM_TOPK, "prefill", [1500], [200], 8).reason
-    assert "handled as decodes" not in route_for("vllm-0.33.0", "glm-5", GLM_TOPK, "prefill", [1500], [200],
+    assert route_for("vllm-0.33.0", "glm", GLM_TOPK, "prefill", [1500], [256], 8).route == "fa3-sparse"
+    assert route_for("vllm-0.33.0", "glm", GLM_TOPK, "prefill", [1500], [257], 8).route == "mha-dense"
+    assert "handled as decodes" in route_for("vllm-0.33.0", "glm", GLM_TOPK, "prefill", [1500], [200], 8).reason
+    assert "handled as decodes" not in route_for("vllm-0.33.0", "glm", GLM_TOPK, "prefill", [1500], [200],
                                                  16).reason
     # FlashMLA's uniform rule: two short requests of different lengths -> the second is a prefill (dense here)
-    fa3 = route_for("vllm-0.33.0", "glm-5", GLM_TOPK, "prefill", [1030, 1100], [6, 100], 8)
-    fm = route_for("vllm-0.33.0-flashmla", "glm-5", GLM_TOPK, "prefill", [1030, 1100], [6, 100], 8)
+    fa3 = route_for("vllm-0.33.0", "glm", GLM_TOPK, "prefill", [1030, 1100], [6, 100], 8)
+    fm = route_for("vllm-0.33.0-flashmla", "glm", GLM_TOPK, "prefill", [1030, 1100], [6, 100], 8)
     assert "handled as decodes" in fa3.reason and fm.route == "mha-dense"
     # the PR-era rules keep their thresholds (1024 for FA3 sparse at 0299fca7, 1 for FlashMLA)
-    assert "handled as decodes" in route_for("vllm-fa3", "glm-5", GLM_TOPK, "prefill", [3000], [1000]).reason
+    assert "handled as decodes" in route_for("vllm-fa3", "glm", GLM_TOPK, "prefill", [3000], [1000]).reason
 
 
 def test_sglang_prefill_graphs_turn_the_dense_route_off():
-    assert route_for("sglang-0.5.23", "glm-5", GLM_TOPK, "prefill", [1024] * 8, [1024] * 8).route == "sparse-mqa"
-    assert route_for("sglang-0.5.23", "glm-5", GLM_TOPK, "prefill", [1024] * 9, [1024] * 9).route == "mha-dense"
-    assert route_for("sglang-0.5.23", "glm-5", GLM_TOPK, "prefill", [4096] * 3, [4096] * 3).route == "sparse-mqa"
-    assert route_for("sglang-default", "glm-5", GLM_TOPK, "prefill", [1024] * 8, [1024] * 8).route == "mha-dense"
+    assert route_for("sglang-0.5.23", "glm", GLM_TOPK, "prefill", [1024] * 8, [1024] * 8).route == "sparse-mqa"
+    assert route_for("sglang-0.5.23", "glm", GLM_TOPK, "prefill", [1024] * 9, [1024] * 9).route == "mha-dense"
+    assert route_for("sglang-0.5.23", "glm", GLM_TOPK, "prefill", [4096] * 3, [4096] * 3).route == "sparse-mqa"
+    assert route_for("sglang-default", "glm", GLM_TOPK, "prefill", [1024] * 8, [1024] * 8).route == "mha-dense"
 
 
 def test_vllm_0_13_does_not_run_glm():
-    s = engine_summary("vllm@0.13.0", "glm-5", GLM_TOPK, 8)
+    s = engine_summary("vllm@0.13.0", "glm", GLM_TOPK, 8)
     assert s["supported"] is False and s["models"] == ["deepseek"]
-    assert engine_summary("vllm@0.13.0", "deepseek-v3.2", GLM_TOPK, 16)["prefill_route"] == "sparse-mqa"
+    assert engine_summary("vllm@0.13.0", "deepseek", GLM_TOPK, 16)["prefill_route"] == "sparse-mqa"
 
 
 @pytest.mark.parametrize("argv,needle", [

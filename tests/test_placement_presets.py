@@ -48,11 +48,11 @@ DSV_ROUTES = {
 def test_preset_table_every_preset():
     assert set(GLM_TABLE) == set(PRESETS)
     got: dict = {}
-    for r in preset_table("glm-5", 2048, LENS):
+    for r in preset_table(load_model("glm-5"), 2048, LENS):
         got.setdefault(r["preset"], []).append(
             (r["strategy"], r["placement"], r["content"], [r[f"route_{L}"] for L in LENS], r["decode_route"]))
     assert got == GLM_TABLE
-    for r in preset_table("deepseek-v3.2", 2048, LENS):
+    for r in preset_table(load_model("deepseek-v3.2"), 2048, LENS):
         if r["strategy"] in DSV_ROUTES:
             assert [r[f"route_{L}"] for L in LENS] == DSV_ROUTES[r["strategy"]], r["strategy"]
     for preset, members in PRESETS.items():
@@ -104,7 +104,7 @@ def test_vllm_fa3_sparse_has_no_padded_bytes_and_no_padded_writes():
 
 def test_a_1024_token_prompt_on_sglang_pads_nothing():
     st = parse_strategy(PRESETS["sglang"][0])
-    assert strategy_route(st, "glm-5", 2048, [1024] * 16, [1024] * 16) == "mha-dense"
+    assert strategy_route(st, GLM, 2048, [1024] * 16, [1024] * 16) == "mha-dense"
     r = step_time_ms(GLM, 8, H200, st, SEED_STEP, **KW)
     assert r["route"] == "mha-dense"
     padded_ops = {"concat", "pad", "pad_copy", "kernel", "out_slice", "chunk_out", "chunk_overhead"}

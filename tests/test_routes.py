@@ -18,6 +18,13 @@ from mla_lab.routes import (
 TOPK = 2048  # index_topk of GLM-5 and DeepSeek-V3.2 (config.json)
 
 
+def M(name: str):
+    """The committed model's config: its family comes from config.json ``architectures``, not from ``name``."""
+    from mla_lab.models import load_model
+
+    return load_model(name)
+
+
 @pytest.mark.parametrize("rule,model,L,route", [
     # vLLM, DeepSeek-V3.2: dense MHA when every prefill has seq_len <= topk (#47327), else the backend's route
     ("vllm-flashmla", "deepseek-v3.2", 1024, "mha-dense"),
@@ -41,31 +48,31 @@ TOPK = 2048  # index_topk of GLM-5 and DeepSeek-V3.2 (config.json)
     ("sglang-flashmla", "glm-5", 1024, "sparse-mqa"),
 ])
 def test_prefill_route(rule, model, L, route):
-    assert route_for(rule, model, TOPK, "prefill", L).route == route
+    assert route_for(rule, M(model), TOPK, "prefill", L).route == route
 
 
 @pytest.mark.parametrize("rule,decode", [("vllm-flashmla", "sparse-mqa"), ("vllm-fa3", "fa3-sparse"),
                                          ("sglang-default", "fa3-sparse"), ("sglang-flashmla", "sparse-mqa")])
 def test_decode_route(rule, decode):
     for model in ("glm-5", "deepseek-v3.2"):
-        assert route_for(rule, model, TOPK, "decode").route == decode
+        assert route_for(rule, M(model), TOPK, "decode").route == decode
 
 
 def test_vllm_dense_needs_every_prefill_short():
     """#47327: one prefill longer than topk sends the whole batch to the sparse route."""
-    assert route_for("vllm-flashmla", "deepseek-v3.2", TOPK, "prefill", [1024] * 15).route == "mha-dense"
-    assert route_for("vllm-flashmla", "deepseek-v3.2", TOPK, "prefill", [1024] * 15 + [3000]).route == "sparse-mqa"
+    assert route_for("vllm-flashmla", M("deepseek-v3.2"), TOPK, "prefill", [1024] * 15).route == "mha-dense"
+    assert route_for("vllm-flashmla", M("deepseek-v3.2"), TOPK, "prefill", [1024] * 15 + [3000]).route == "sparse-mqa"
 
 
 def test_query_len_threshold_and_context():
     """A chunk of 512 new tokens after 1536 of context: a decode-class request on FA3 sparse, a prefill on FlashMLA."""
-    assert route_for("vllm-fa3", "deepseek-v3.2", TOPK, "prefill", 2048, 512).route == "fa3-sparse"
-    assert route_for("vllm-flashmla", "deepseek-v3.2", TOPK, "prefill", 2048, 512).route == "mha-dense"
-    assert route_for("vllm-flashmla", "deepseek-v3.2", TOPK, "prefill", 4096, 512).route == "sparse-mqa"
+    assert route_for("vllm-fa3", M("deepseek-v3.2"), TOPK, "prefill", 2048, 512).route == "fa3-sparse"
+    assert route_for("vllm-flashmla", M("deepseek-v3.2"), TOPK, "prefill", 2048, 512).route == "mha-dense"
+    assert route_for("vllm-flashmla", M("deepseek-v3.2"), TOPK, "prefill", 4096, 512).route == "sparse-mqa"
     with pytest.raises(ValueError, match="query_len=600 exceeds its seq_len=500"):
-        route_for("sglang-default", "glm-5", TOPK, "prefill", 500, 600)
+        route_for("sglang-default", M("glm-5"), TOPK, "prefill", 500, 600)
     with pytest.raises(ValueError, match="query_lens has 1 entries for 2 seq_lens"):
-        route_for("sglang-default", "glm-5", TOPK, "prefill", [500, 600], [10])
+        route_for("sglang-default", M("glm-5"), TOPK, "prefill", [500, 600], [10])
 
 
 def test_dense_route_only_where_equivalent():
@@ -73,7 +80,7 @@ def test_dense_route_only_where_equivalent():
     for rule in ENGINE_RULES:
         for model in ("glm-5", "glm-5.2", "deepseek-v3.2"):
             for L in (1, 100, 2047, 2048, 2049, 4096, 131072):
-                r = route_for(rule, model, TOPK, "prefill", L).route
+                r = route_for(rule, M(model), TOPK, "prefill", L).route
                 assert r in ROUTES
                 assert is_equivalent(r, L, TOPK)
                 if r == "mha-dense":
@@ -87,15 +94,15 @@ def test_refusals():
     assert check_route("mha-masked", "glm-5", 65536, TOPK) == "mha-masked"  # masked = the top-k set: equivalent
     bad = EngineRule("bad", "sglang", "sparse-mqa", "fa3-sparse", 4096, ("glm",), False, "test rule")
     with pytest.raises(ValueError, match="dense_kv_len_threshold=4096 > topk=2048"):
-        route_for(bad, "glm-5", TOPK, "prefill", 1024)
+        route_for(bad, M("glm-5"), TOPK, "prefill", 1024)
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: route_for("vllm", "glm-5", TOPK, "prefill", 1024), "engine rule='vllm' is not valid"),
-    (lambda: route_for("sglang-default", "glm-5", TOPK, "extend", 1024), "phase='extend' is not valid"),
-    (lambda: route_for("sglang-default", "glm-5", TOPK, "prefill"), "seq_lens=None"),
-    (lambda: route_for("sglang-default", "glm-5", TOPK, "prefill", 0), "seq_len"),
-    (lambda: route_for("sglang-default", "glm-5", TOPK, "prefill", []), "seq_lens=\\[\\] is empty"),
+    (lambda: route_for("vllm", M("glm-5"), TOPK, "prefill", 1024), "engine rule='vllm' is not valid"),
+    (lambda: route_for("sglang-default", M("glm-5"), TOPK, "extend", 1024), "phase='extend' is not valid"),
+    (lambda: route_for("sglang-default", M("glm-5"), TOPK, "prefill"), "seq_lens=None"),
+    (lambda: route_for("sglang-default", M("glm-5"), TOPK, "prefill", 0), "seq_len"),
+    (lambda: route_for("sglang-default", M("glm-5"), TOPK, "prefill", []), "seq_lens=\\[\\] is empty"),
     (lambda: check_route("dense", "glm-5", 10, TOPK), "route='dense' is not valid"),
 ])
 def test_bad_input_one_line(call, match):
@@ -104,10 +111,14 @@ def test_bad_input_one_line(call, match):
 
 
 def test_route_table_and_family():
-    t = route_table("sglang-default", "glm-5", TOPK, (1024, 4096))
+    t = route_table("sglang-default", M("glm-5"), TOPK, (1024, 4096))
     assert t == [{"prompt_len": 1024, "prefill_route": "mha-dense", "decode_route": "fa3-sparse"},
                  {"prompt_len": 4096, "prefill_route": "sparse-mqa", "decode_route": "fa3-sparse"}]
-    assert model_family("GLM-5.2-FP8") == "glm" and model_family("deepseek-v3.2") == "deepseek"
+    assert model_family(M("glm-5.2")) == "glm" and model_family(M("deepseek-v3.2")) == "deepseek"
+    assert model_family("glm") == "glm"  # a family name is accepted as such
+    # a model or folder name does not decide the family (issue 32)
+    for name in ("GLM-5.2-FP8", "deepseek-v3.2", "tiny"):
+        with pytest.raises(ValueError, match="does not give a family"):
+            model_family(name)
     # a model no engine rule names takes no dense route (the lab's own test geometries)
-    assert model_family("tiny") == "other"
-    assert route_for("sglang-default", "tiny", TOPK, "prefill", 1024).route == "sparse-mqa"
+    assert route_for("sglang-default", "other", TOPK, "prefill", 1024).route == "sparse-mqa"

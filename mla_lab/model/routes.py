@@ -62,7 +62,7 @@ from .._validate import check_int
 from ..arch import GPUArch, get_arch
 from ..buffers import dense_route_transient_bytes
 from ..models import ModelConfig, load_model
-from ..paths import calibration_dir, measured_dir
+from ..paths import calibration_dir, calibration_measurements_dir
 from ..placement import Strategy, strategy_route
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
@@ -233,7 +233,7 @@ def padded_kernel_rows(root: str | Path | None = None) -> list[dict]:
     ``round2/content.csv`` (``content == zeros``, ``mode == alone``; median of the repeats per shape),
     ``layer_ops.csv`` (op ``kernel``), ``attention_path.csv`` (strategy ``fused``; causal = one prompt of T tokens)
     and ``data/calibration/h200_reference.csv`` (op ``kernel``, full topk)."""
-    d = Path(root) if root else measured_dir("h200")
+    d = Path(root) if root else calibration_measurements_dir("h200")  # calibration input, not the measured column
     out: list[dict] = []
     groups: dict = {}
     p = d / "round2" / "content.csv"
@@ -322,10 +322,11 @@ _FIT_CACHE: dict = {}
 
 def default_padded_kernel_fit() -> PaddedKernelFit:
     """The fit on the committed H200 rows (:func:`padded_kernel_rows`), cached."""
-    if "h200" not in _FIT_CACHE:
-        _FIT_CACHE["h200"] = fit_padded_kernel(padded_kernel_rows(), "h200",
-                                               name="padded-kernel roofline fitted on the committed H200 rows")
-    return _FIT_CACHE["h200"]
+    key = ("h200", str(calibration_measurements_dir("h200")))
+    if key not in _FIT_CACHE:
+        _FIT_CACHE[key] = fit_padded_kernel(padded_kernel_rows(), "h200",
+                                            name="padded-kernel roofline fitted on the committed H200 rows")
+    return _FIT_CACHE[key]
 
 
 def fa3_sparse_terms(model: ModelConfig, tp: int, T: int, sum_topk: int) -> dict:
@@ -351,7 +352,7 @@ def route_rows(path: str | Path | None = None) -> list[dict]:
     """The committed H200 route rows as ``{model, route, prompt_len, num_prompts, T, ms, n_processes}``: per model,
     route label and prompt length, the median over processes of each process's median (``median_ms``). Empty when
     the file is absent."""
-    p = Path(path) if path else measured_dir("h200").joinpath(*ROUTES_CSV)
+    p = Path(path) if path else calibration_measurements_dir("h200").joinpath(*ROUTES_CSV)  # calibration input
     if not p.is_file():
         return []
     per: dict = {}
@@ -435,7 +436,7 @@ def step_route(model: ModelConfig, strategy: Strategy | str, step: Step | int) -
         if T == 0:
             return "sparse-mqa"
         seq, q = [T], [T]
-    return strategy_route(strategy, model.name, model.topk, seq, q)
+    return strategy_route(strategy, model, model.topk, seq, q)
 
 
 def route_step_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, strategy: Strategy | str,

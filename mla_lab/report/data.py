@@ -11,7 +11,7 @@ from pathlib import Path
 from ..arch import get_arch
 from ..models import load_model, model_config_path
 from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir
-from ..sweep.rows import reprice_measured_rows
+from ..sweep.rows import NOT_PRICED, reprice_measured_rows
 from .stamps import config_digest, find_manifest, read_manifest, stamp_for
 
 __all__ = ["load_measured", "measured_sweep_frames", "load_measured_cached", "measured_digest", "detach_stale", "unstamped_files", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
@@ -266,12 +266,15 @@ def pick(values, preferred):
     return preferred if preferred in vals else vals[-1]
 
 def failed_points(df):
-    """Rows of points that failed (status != ok), with their reason."""
+    """Rows of points that failed (status neither ok nor a not-priced status of
+    :data:`mla_lab.sweep.rows.NOT_PRICED`: those are results, listed by :func:`mla_lab.report.figures.not_fitting`),
+    with their reason."""
     if "status" not in df.columns:
         return df.iloc[0:0]
     cols = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "source",
                         "status", "reason") if c in df.columns]
-    return df[df["status"].fillna("ok") != "ok"][cols]
+    st = df["status"].fillna("ok")
+    return df[(st != "ok") & ~st.isin(NOT_PRICED)][cols]
 
 def _measured_root() -> Path:
     return measured_dir()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..seed import SEED
 from ..sweep.advise import frontier
+from ..sweep.rows import NOT_PRICED, measured_change_pct
 from .data import ok_rows, pick
 from .layout_check import OVERLAP_PX, figure_clipping, label_overlaps
 from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
@@ -45,6 +46,13 @@ def fits_mask(d):
     if "fits_in_memory" not in d.columns:
         return pd.Series(True, index=d.index)
     return d["fits_in_memory"].map(lambda v: str(v).strip().lower() not in ("false", "0", "0.0"))
+
+
+def _priced(d):
+    """True where a row carries a TTFT number: status ok (not :data:`mla_lab.sweep.rows.NOT_PRICED`) and its
+    deployment fits (:func:`fits_mask`)."""
+    ok = d["status"].fillna("ok") == "ok" if "status" in d.columns else fits_mask(d)
+    return ok & fits_mask(d)
 
 
 def _figure(figsize):
@@ -230,18 +238,32 @@ def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1
 
 
 def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
-    """The deployments of ``df`` whose weights or workload do not fit, with the reason (a pandas DataFrame): they
-    are never a result, so :func:`plot_frontier_grid` leaves them out and the report lists them."""
+    """What ``df`` does not price, one row each with its reason (a pandas DataFrame with the deployment's columns,
+    ``strategy``, ``status`` and ``reason``): a deployment whose weights or workload do not fit
+    (``does_not_fit``: one row for the deployment, ``strategy`` empty) and a strategy that tips a fitting deployment
+    out of fitting (``tips_out``: it fits without it, not with it). Rows of older files (``status`` ok,
+    ``fits_in_memory`` False) count as ``does_not_fit``. :func:`plot_frontier_grid` leaves them out and the report
+    lists them."""
     import pandas as pd
 
-    d = ok_rows(df)
+    d = df[df["status"].fillna("ok").isin(("ok", *NOT_PRICED))] if "status" in df.columns else df
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
+    if "source" in d.columns:
+        d = d[d["source"] != "measured"]
+    keys = [k for k in DEPLOYMENT_KEYS if k in d.columns]
     out = []
-    for dep, rows in _deployment_rows(d):
-        if "fits_in_memory" in rows.columns and not bool(rows["fits_in_memory"].astype(bool).any()):
-            out.append({**dep, "reason": str(rows["fit_reason"].iloc[0]) if "fit_reason" in rows.columns else ""})
-    return pd.DataFrame(out)
+    for k, rows in (d.groupby(keys, sort=True) if len(d) else []):
+        dep = dict(zip(keys, k if isinstance(k, tuple) else (k,)))
+        st = rows["status"].fillna("ok") if "status" in rows.columns else pd.Series("ok", index=rows.index)
+        old = "fits_in_memory" in rows.columns and not bool(fits_mask(rows).any())
+        if (st == "does_not_fit").any() or old:
+            reason = rows["reason"][st == "does_not_fit"] if (st == "does_not_fit").any() else rows["fit_reason"]
+            out.append({**dep, "strategy": "", "status": "does_not_fit", "reason": str(reason.iloc[0])})
+            continue
+        for _, r in rows[st == "tips_out"].drop_duplicates("strategy").iterrows():
+            out.append({**dep, "strategy": r["strategy"], "status": "tips_out", "reason": str(r["reason"])})
+    return pd.DataFrame(out, columns=[*keys, "strategy", "status", "reason"])
 
 
 def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
@@ -376,7 +398,7 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
                         ax_t.text(x, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=6.5,
                                   color="0.35")
                 gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
-                for t, v in gm.groupby("tp")["ttft_change_pct"].median().items():
+                for t, v in ((t, measured_change_pct(g)) for t, g in gm.groupby("tp")):
                     if t in g.index and not bool(fit.get(t, True)):
                         continue  # measured on a one-GPU share of a deployment that does not fit: no number
                     ax_t.plot(xs[tps.index(t)], v, "D", markerfacecolor=col, markeredgecolor="black", ms=6,
@@ -437,7 +459,7 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
-    d = ok_rows(df)
+    d = df[df["status"].fillna("ok").isin(("ok", *NOT_PRICED))] if "status" in df.columns else df
     d = d[d["kv_cache_dtype"] == kv_cache_dtype] if "kv_cache_dtype" in d.columns else d
     mbt = max_num_batched_tokens or pick(d["max_num_batched_tokens"], SEED["max_num_batched_tokens"])
     d = d[(d["max_num_batched_tokens"] == mbt) & (d["strategy"] == strategy)]
@@ -447,7 +469,8 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     archs = sorted(d["arch"].unique()) or ["-"]
     Ls = sorted(d["prompt_len"].unique())
     ykeys = sorted({(int(h), m) for h, m in zip(mod["num_heads"], mod["model"])})
-    vals = mod[fits_mask(mod)]["ttft_change_pct"].abs()
+    priced = _priced(mod)
+    vals = mod[priced]["ttft_change_pct"].abs()
     lim = float(vals.max()) if len(vals) and vals.max() > 0 else 1.0
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
     fig = _figure((max(4.8, 1.35 * len(Ls) + 2.6) * len(archs), 0.55 * max(1, len(ykeys)) + 1.9))
@@ -455,21 +478,27 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     im = None
     for ax, a in zip(axes, archs):
         grid = np.full((len(ykeys), len(Ls)), np.nan)
-        nofit = set()
+        nofit, tips = set(), set()
         for (h, m, L), g in mod[mod["arch"] == a].groupby(["num_heads", "model", "prompt_len"]):
-            if not fits_mask(g).any():  # no TTFT number for a deployment that cannot run
-                nofit.add((ykeys.index((int(h), m)), Ls.index(L)))
+            cell = (ykeys.index((int(h), m)), Ls.index(L))
+            st = g["status"].fillna("ok") if "status" in g.columns else None
+            if st is not None and (st == "tips_out").any():
+                tips.add(cell)  # the deployment fits without this strategy, not with it: no TTFT number
                 continue
-            grid[ykeys.index((int(h), m)), Ls.index(L)] = g[fits_mask(g)]["ttft_change_pct"].mean()
+            if not _priced(g).any():  # no TTFT number for a deployment that cannot run
+                nofit.add(cell)
+                continue
+            grid[cell] = g[_priced(g)]["ttft_change_pct"].mean()
         im = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto")
         for i, (h, m) in enumerate(ykeys):
             for j, L in enumerate(Ls):
                 v = grid[i, j]
-                txt = "does not fit" if (i, j) in nofit else "n/a" if v != v else f"{v:+.1f}%"
+                txt = ("does not fit" if (i, j) in nofit else "tips out\n(fits without it)" if (i, j) in tips
+                       else "n/a" if v != v else f"{v:+.1f}%")
                 mm = meas[(meas["arch"] == a) & (meas["num_heads"] == h) & (meas["model"] == m)
-                          & (meas["prompt_len"] == L)]["ttft_change_pct"]
-                if len(mm) and (i, j) not in nofit:
-                    txt += f"\nm: {mm.median():+.1f}%"
+                          & (meas["prompt_len"] == L)]
+                if measured_change_pct(mm) is not None and (i, j) not in nofit | tips:
+                    txt += f"\nm: {measured_change_pct(mm):+.1f}%"
                 dark = v == v and abs(v) > 0.6 * lim
                 ax.text(j, i, txt, ha="center", va="center", fontsize=8, color="white" if dark else "black")
         ax.set_xticks(range(len(Ls)), [str(L) for L in Ls])

@@ -25,6 +25,7 @@ from ..placement import BASELINE, preset_of
 from ..seed import SEED_REPORTED
 from ..serving.benchmark import serve_benchmark
 from ..serving.client import BenchConfig
+from ..serving.noise import serve_benchmark_noise
 from .cache import cached_call
 from .figures import strategy_style
 from .tables import html_table
@@ -114,10 +115,22 @@ def serving_display_table(result: dict) -> pd.DataFrame:
     return flat.reset_index(drop=True)
 
 
+#: The changes the rate curve gives a single-run band (``band_<metric>_lo/hi``).
+RATE_BAND_METRICS = ("median_ttft_ms", "p99_ttft_ms", "total_token_throughput")
+
+
 def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | None = None,
-               max_num_batched_tokens: int = 16384, baseline: str = BASELINE, **serve_kw) -> pd.DataFrame:
+               max_num_batched_tokens: int = 16384, baseline: str = BASELINE, num_runs: int = 20,
+               **serve_kw) -> pd.DataFrame:
     """:func:`~mla_lab.serving.benchmark.serve_benchmark` at each request rate (req/s; ``inf`` = all at t = 0)
     of ``rates``, ``bench`` (default :data:`RATE_CURVE_BENCH`) with its ``request_rate`` replaced.
+
+    At a finite rate one run's change is noise-sized and flips sign from seed to seed (issue 32: the stale pad
+    -2.3 % TTFT in one run, +2.3 % [-1.3, +6.3] over 20), so each finite rate also runs ``num_runs`` single runs of
+    the noise model (:func:`mla_lab.serving.noise.serve_benchmark_noise`) and each change of
+    :data:`RATE_BAND_METRICS` gets ``band_<metric>_lo`` / ``_hi`` (2.5th / 97.5th percentile of the change, %);
+    ``band`` says which (``deterministic`` at ``inf`` and for ``num_runs`` 1: NaN bands, "one run: band unknown"
+    at a finite rate).
 
     Returns one row per (strategy, rate): ``model, tp, arch, strategy, preset, request_rate``, every metric of the
     run (``vllm bench serve`` names) and ``change_<metric>_pct`` vs ``baseline`` at the same rate for
@@ -138,6 +151,13 @@ def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | Non
     for rate in rates:
         res = serve_benchmark(model, tp, arch, strategies, replace(bench, request_rate=float(rate)),
                               max_num_batched_tokens, baseline=baseline, **serve_kw)
+        bands, band = {}, ("deterministic: every request at t=0" if math.isinf(rate) else "one run: band unknown")
+        if not math.isinf(rate) and num_runs > 1:
+            nz = serve_benchmark_noise(model, tp, arch, strategies, replace(bench, request_rate=float(rate)),
+                                       num_runs=num_runs, seed=bench.seed, max_num_batched_tokens=max_num_batched_tokens,
+                                       baseline=baseline, **serve_kw)
+            bands = nz["changes"]
+            band = f"95 % band over {num_runs} single runs (mla_lab.serving.noise)"
         dep = res["deployment"]
         for s, r in res["strategies"].items():
             row = {"model": dep["model"], "tp": dep["tp"], "arch": dep["arch"], "strategy": s, "preset": r["preset"],
@@ -145,6 +165,10 @@ def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | Non
             for k in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
                       "total_token_throughput"):
                 row[f"change_{k}_pct"] = r["change_pct"].get(k, math.nan)
+            for k in RATE_BAND_METRICS:
+                lo, hi = (bands.get(s, {}).get(k) or {}).get("band95", (math.nan, math.nan))
+                row[f"band_{k}_lo"], row[f"band_{k}_hi"] = lo, hi
+            row["band"] = band
             row["source"] = "modelled"
             rows.append(row)
     return pd.DataFrame(rows)
@@ -187,13 +211,22 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
         ax_t.plot(x, d["change_median_ttft_ms_pct"], color=colour, marker=marker, ls="-", label=f"{name} p50")
         ax_t.plot(x, d["change_p99_ttft_ms_pct"], color=colour, marker=marker, ls="--", label=f"{name} p99")
         ax_p.plot(x, d["change_total_token_throughput_pct"], color=colour, marker=marker, ls="-", label=name)
+        for ax, k in ((ax_t, "median_ttft_ms"), (ax_p, "total_token_throughput")):  # the single-run band
+            if f"band_{k}_lo" in d.columns and d[f"band_{k}_lo"].notna().any():
+                b = d[d[f"band_{k}_lo"].notna()]
+                y = b[f"change_{k}_pct"]
+                ax.errorbar([pos[r] for r in b["request_rate"]], y,
+                            yerr=[(y - b[f"band_{k}_lo"]).clip(lower=0), (b[f"band_{k}_hi"] - y).clip(lower=0)],
+                            fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, alpha=0.8)
     for ax in (ax_t, ax_p):
         ax.set_xticks(range(len(rates)), [_rate_label(r) for r in rates])
         ax.set_xlabel("request rate (req/s)")
         ax.axhline(0, color="k", lw=0.6)
         ax.grid(alpha=0.3)
     ax_t.set_ylabel("TTFT change vs baseline [%]")
-    ax_t.set_title("TTFT p50 (solid) and p99 (dashed) change", fontsize=9)
+    banded = "band" in df.columns and df["band"].astype(str).str.startswith("95").any()
+    ax_t.set_title("TTFT p50 (solid) and p99 (dashed) change" + ("\nbars: p50's 95 % band over single runs"
+                                                                 if banded else ""), fontsize=9)
     ax_p.set_ylabel("total token throughput change [%]")
     ax_p.set_title("total token throughput change", fontsize=9)
     if title is None and len(deps):

@@ -123,7 +123,8 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
                            "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
                            "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
                            "block_size": block_size, "weight_dtype": weight_dtype, "moe_parallel": moe_parallel,
-                           "kv_admission": kv_admission, "enforce_eager": enforce_eager},
+                           "kv_admission": kv_admission, "enforce_eager": enforce_eager,
+                           "model_family": model_obj.family, "model_family_note": model_obj.family_note},
             "bench": asdict(bench), "calibration": cal.name, "decode_calibration": dcal.name,
             "notes": list(MODELLED_NOTES)}
 

@@ -24,7 +24,7 @@ from ..placement import (
     expand_strategies,
     resolve_engine,
 )
-from .rows import between_process_changes, modelled_rows
+from .rows import between_process_changes, measured_changes, modelled_rows
 
 __all__ = ["advise", "candidate_strategies", "frontier", "format_advice", "TODAY_ENGINES", "engines_block"]
 
@@ -42,7 +42,7 @@ def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
     names = list(dict.fromkeys(([resolve_engine(engine)] if engine else [])
                                + list(TODAY_ENGINES)))
     sm = "sm90" if d.arch.capability[0] == 9 else "sm100" if d.arch.capability[0] == 10 else d.arch.sm
-    return [engine_summary(n, d.model.name, d.model.topk, d.num_heads, sm, d.kv_cache_dtype, d.prompt_len,
+    return [engine_summary(n, d.model, d.model.topk, d.num_heads, sm, d.kv_cache_dtype, d.prompt_len,
                            d.max_num_batched_tokens, d.num_prompts) for n in names]
 
 
@@ -173,7 +173,8 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
     kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
     return {"deployment": {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len",
                                                  "kv_cache_dtype", "num_prompts", "concurrency", "weight_dtype",
-                                                 "moe_parallel", "gpu_memory_utilization") if k in point},
+                                                 "moe_parallel", "gpu_memory_utilization") if k in point}
+            | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
             "bounds": bounds,
@@ -198,26 +199,15 @@ def _summary(r: dict, reason: str) -> dict:
 
 
 def _splice_measured(rows: list[dict], point: dict, measured) -> None:
-    if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
+    """The measured column: :func:`mla_lab.sweep.rows.measured_changes` (the one function every view takes a
+    measured change from)."""
+    ch = measured_changes(measured, point)
+    if BASELINE not in ch:
         return
-    d = measured
-    for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts"):
-        if k in d.columns:
-            d = d[d[k].astype(str) == str(point[k])]
-    if "baseline" in d.columns:
-        d = d[d["baseline"].fillna("") == BASELINE]  # changes against the same baseline only
-    by = {s: g for s, g in d.groupby("strategy")}
-    if BASELINE not in by or "ttft_ms" not in d.columns:
-        return
-    base = float(by[BASELINE]["ttft_ms"].median())
     for r in rows:
-        g = by.get(r["strategy"])
-        if g is None:
-            continue
-        r["measured_change_pct"] = 100.0 * (float(g["ttft_ms"].median()) / base - 1)
-        for c, key in (("ttft_change_ci_lo", "measured_ci_lo"), ("ttft_change_ci_hi", "measured_ci_hi")):
-            if c in g.columns and g[c].notna().any():
-                r[key] = float(g[c].median())
+        v = ch.get(r["strategy"])
+        if v is not None and v["change_pct"] is not None:
+            r.update(measured_change_pct=v["change_pct"], measured_ci_lo=v["ci_lo"], measured_ci_hi=v["ci_hi"])
 
 
 def _splice_between_process(rows: list[dict], d: Deployment, measured) -> None:
@@ -262,6 +252,7 @@ def format_advice(result: dict) -> str:
     head = (f"deployment: {d['model']} TP{d['tp']} {d['arch']} max_num_batched_tokens {d['max_num_batched_tokens']} "
             f"prompt_len {d['prompt_len']} {d['kv_cache_dtype']} KV, {d['num_prompts']} prompts at concurrency "
             f"{d['concurrency']}, {d['weight_dtype']} weights, experts {d['moe_parallel']}\n"
+            + (f"model family: {d['model_family_note']}\n" if d.get("model_family_note") else "") +
             f"budget: {b['memory_budget_mib'] if b['memory_budget_mib'] is not None else 'unlimited'} MiB, "
             f"{b['memory_budget_tokens'] if b['memory_budget_tokens'] is not None else 'unlimited'} KV tokens; "
             f"changes vs {result['baseline']}")

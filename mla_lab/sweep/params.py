@@ -33,6 +33,9 @@ class SweepParams:
     Attributes:
         models: model names under ``data/models`` (``glm-5``, ``deepseek-v3.2``).
         tp_sizes: TP sizes; each must divide every model's num_attention_heads (else the point fails, recorded).
+            Default ``[8]``: the fp8 weights of GLM-5 and DeepSeek-V3.2 need 176-697 GiB per rank at TP 1-4, more
+            than an H200 or a B200 holds, so only TP8 loads (a smaller TP is listed as ``does_not_fit``, never
+            priced).
         archs: arch names or aliases (``h200``, ``b200``, ``hopper``, ``blackwell``...).
         max_num_batched_tokens: chunk sizes (vLLM ``--max-num-batched-tokens``), also the workspace rows.
         prompt_lens: prompt lengths in tokens.
@@ -68,7 +71,7 @@ class SweepParams:
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
-    tp_sizes: list = field(default_factory=lambda: [1, 2, 4, 8])
+    tp_sizes: list = field(default_factory=lambda: [8])
     archs: list = field(default_factory=lambda: ["h200", "b200"])
     max_num_batched_tokens: list = field(default_factory=lambda: [8192, 16384])
     prompt_lens: list = field(default_factory=lambda: [1024, 8192])

@@ -30,7 +30,7 @@ from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, pa
 from ..provenance import provenance
 from ..workload import schedule
 
-__all__ = ["between_process_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
+__all__ = ["between_process_changes", "fit_status", "NOT_PRICED", "TTFT_COLUMNS", "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
            "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
            "strategy_columns", "point_deployment"]
 
@@ -88,7 +88,8 @@ def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch
     extra = mem.persistent_bytes - base.persistent_bytes
     row = {k: v for k, v in point.items() if k not in ("strategies", "mode")}
     row.update(
-        model=model.name, **strategy_columns(strategy), family=arch.family, sm=arch.sm,
+        model=model.name, model_family=model.family, model_family_note=model.family_note,
+        **strategy_columns(strategy), family=arch.family, sm=arch.sm,
         prefill_padding=arch.prefill_padding, num_heads=H, q_concat_heads=mem.q_concat_heads,
         kernel_heads=mem.kernel_heads, persistent_bytes=mem.persistent_bytes,
         persistent_mib=mem.persistent_bytes / MIB, step_transient_bytes=mem.step_transient_bytes,
@@ -280,16 +281,43 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     return add_ttft_change(rows)
 
 
+#: Row statuses of a deployment that is not priced: its weights or workload do not fit at all
+#: (``does_not_fit``), or it fits with the baseline and not with this strategy (``tips_out``).
+NOT_PRICED = ("does_not_fit", "tips_out")
+#: The columns a row that is not priced leaves empty (its TTFT; the byte accounting stays: it says why).
+TTFT_COLUMNS = ("ttft_ms", "ttft_ms_max", "ttft_change_pct", "ttft_change_ci_lo", "ttft_change_ci_hi",
+                "ttft_ms_ci_lo", "ttft_ms_ci_hi", *(f"{op}_ms" for op in ATTN_OPS))
+
+
+def fit_status(rows: list[dict]) -> list[dict]:
+    """The sweep rows' ``status``: where the point's baseline does not fit, every row ``does_not_fit`` (reason: the
+    fit reason); where the baseline fits and a strategy does not, that row ``tips_out`` (reason "fits without it,
+    not with it: ..."); either way its TTFT columns (:data:`TTFT_COLUMNS`) are None: a deployment that cannot load
+    is never priced. In place; returns ``rows``."""
+    base = next((r for r in rows if r["strategy"] == BASELINE), None)
+    base_fits = base is None or bool(base.get("fits_in_memory", True))
+    for r in rows:
+        if bool(r.get("fits_in_memory", True)) and base_fits:
+            continue
+        if base_fits:
+            r.update(status="tips_out", reason=f"fits without it, not with it: {r.get('fit_reason', '')}")
+        else:
+            r.update(status="does_not_fit", reason=str((base or r).get("fit_reason", "")))
+        r.update(dict.fromkeys((k for k in TTFT_COLUMNS if k in r), None))
+    return rows
+
+
 def compute_rows(point: dict, mode: str) -> list[dict]:
-    """The compute function the executors run: :func:`modelled_rows` or :func:`measured_rows`.
+    """The compute function the executors run: :func:`modelled_rows` or :func:`measured_rows`, with
+    :func:`fit_status` (rows of a deployment that does not load carry no TTFT).
 
     Raises:
         ValueError: unknown mode.
     """
     if mode == "modelled":
-        return modelled_rows(point)
+        return fit_status(modelled_rows(point))
     if mode == "measured":
-        return measured_rows(point)
+        return fit_status(measured_rows(point))
     raise ValueError(f"mode={mode!r} is not known; allowed: {list(MODES)}")
 
 
@@ -430,4 +458,55 @@ def between_process_changes(deployment: Deployment, strategies, path=None) -> di
             n = len(ch)
             mid = ch[n // 2] if n % 2 else 0.5 * (ch[n // 2 - 1] + ch[n // 2])
             out[name] = {"median": mid, "lo": ch[0], "hi": ch[-1], "n_processes": n}
+    return out
+
+
+#: Columns a measured row must agree on to be shown beside (or spliced into) a deployment's modelled numbers.
+MEASURED_MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
+                       "num_prompts", "concurrency", "weight_dtype", "moe_parallel")
+
+
+def measured_change_pct(rows, base_rows=None) -> float | None:
+    """THE measured TTFT change (%) of one strategy's measured sweep rows against
+    :data:`mla_lab.placement.BASELINE`: the median of the rows' ``ttft_change_pct`` (each row's change is paired
+    with the baseline timed in the same process, in interleaved rounds: :func:`measured_rows`); for rows without
+    that column, ``100 * (median ttft_ms / median ttft_ms of base_rows - 1)`` when ``base_rows`` (the baseline's
+    measured rows) are given. None for no row. Every view that shows a measured change (the explorer's chart and
+    tables, advise, the report's figures) takes it from here, so a chart and the table under it cannot disagree.
+    ``rows``, ``base_rows``: DataFrames of measured sweep rows."""
+    if not len(rows):
+        return None
+    if "ttft_change_pct" in rows.columns and rows["ttft_change_pct"].notna().any():
+        return float(rows["ttft_change_pct"].dropna().median())
+    if base_rows is None or not len(base_rows) or "ttft_ms" not in rows.columns:
+        return None
+    ms, base = rows["ttft_ms"].dropna(), base_rows["ttft_ms"].dropna()
+    return 100.0 * (float(ms.median()) / float(base.median()) - 1) if len(ms) and len(base) else None
+
+
+def measured_changes(measured, point: dict, keys=MEASURED_MATCH_KEYS) -> dict:
+    """The measured rows of ``measured`` (a DataFrame, e.g. :func:`mla_lab.report.data.load_measured`) that agree
+    with ``point`` on every ``keys`` column the frame has, ``status`` ok and changes against
+    :data:`mla_lab.placement.BASELINE`, per strategy: ``{strategy: {"change_pct": measured_change_pct(rows) (or
+    None), "ttft_ms": median ms, "ci_lo", "ci_hi": median of the rows' 95 % interval of the change (or None),
+    "n_rows"}}``. ``{}`` when nothing matches."""
+    if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
+        return {}
+    d = measured
+    if "status" in d.columns:
+        d = d[d["status"].fillna("ok") == "ok"]
+    for k in keys:
+        if k in d.columns and k in point:
+            d = d[d[k].astype(str) == str(point[k])]
+    if "baseline" in d.columns:
+        d = d[d["baseline"].fillna(BASELINE) == BASELINE]  # changes against the same baseline only
+    base = d[d["strategy"] == BASELINE]
+    out = {}
+    for s, g in d.groupby("strategy"):
+        ci = {}
+        for c, key in (("ttft_change_ci_lo", "ci_lo"), ("ttft_change_ci_hi", "ci_hi")):
+            ci[key] = float(g[c].median()) if c in g.columns and g[c].notna().any() else None
+        ms = g["ttft_ms"].dropna() if "ttft_ms" in g.columns else ()
+        out[s] = {"change_pct": measured_change_pct(g, base), "ttft_ms": float(ms.median()) if len(ms) else None,
+                  **ci, "n_rows": len(g)}
     return out
