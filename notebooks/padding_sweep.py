@@ -180,7 +180,7 @@ else:
 # KV-cache tokens). y: TTFT change against vLLM before the PR with zero padded heads (%). Hollow markers are
 # modelled; filled markers with error bars are measured. The orange and pink lines are the sub-chunked workspace
 # at S rows (copy out / views to the consumer); the red staircase is that deployment's Pareto frontier
-# (kernel-native is a bound, never on it). Deployments whose weights or workload do not fit say so.
+# (kernel-native, real-head FlashMLA, is modelled only: never on it). Deployments whose weights or workload do not fit say so.
 
 # %%
 has_ok = len(report.ok_rows(both)) > 0

@@ -126,7 +126,7 @@ def plot_deployment(ax, rows, title: str | None = None) -> int:
     """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
     %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured (95 %
     interval of the change from paired rounds), the S curves through the sub-chunk sizes, and the deployment's own
-    Pareto frontier over the runnable strategies that fit (kernel_native is a bound, never on it). A deployment
+    Pareto frontier over the runnable strategies that fit (kernel_native, real-head FlashMLA, is modelled only: never on it). A deployment
     whose weights or workload do not fit shows its reason and no points.
 
     When a few points dwarf the rest (SGLang's dense route at -35 % beside the PR's -2 %), the y axis shows the
@@ -358,7 +358,7 @@ def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
 def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int | None = None,
                  kv_cache_dtype: str = "bf16"):
     """Per TP size: TTFT change vs the baseline (:data:`mla_lab.placement.BASELINE`) of vLLM #53878
-    (:data:`PR_STRATEGY`, solid) and kernel_native (hatched), and extra Q workspace per rank of vLLM #53878, one
+    (:data:`PR_STRATEGY`, solid) and kernel_native (real-head FlashMLA, modelled; hatched), and extra Q workspace per rank of vLLM #53878, one
     row per arch, bars coloured by model. Modelled bars; measured values of the same cells are black
     diamonds. The slice shown defaults to the seed's max_num_batched_tokens 16384 and prompt length 1024 (else the
     largest in the data); the title says which."""
@@ -441,7 +441,7 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
         ax_m.margins(y=0.15)
     handles = [Patch(facecolor=model_style(m, models)[0], label=m) for m in models]
     handles += [Patch(facecolor="#999", edgecolor="#555", label="vLLM #53878 (modelled)"),
-                Patch(facecolor="white", edgecolor="#555", hatch="///", label="kernel_native (modelled bound)"),
+                Patch(facecolor="white", edgecolor="#555", hatch="///", label="kernel_native: real-head FlashMLA (modelled)"),
                 Line2D([], [], ls="", marker="D", markerfacecolor="#999", markeredgecolor="black",
                        label="measured (model colour)")]
     fig.legend(handles=handles, loc="outside lower center", ncol=_legend_columns(fig, len(handles)), fontsize=8.5,

@@ -31,7 +31,7 @@ STRATEGY_STYLE = {
     "private_workspace": ("#0072B2", "s", "vLLM #53878 (private workspace)"),
     "shared_workspace:none": ("#56B4E9", "D", "vLLM #56902 (shared workspace, stale)"),
     "shared_workspace:zero_per_call": ("#882255", "P", "shared workspace + zero per call"),
-    "kernel_native": ("#009E73", "*", "kernel-native (modelled bound)"),
+    "kernel_native": ("#009E73", "*", "real-head FlashMLA (modelled; kernel_native)"),
     "fa3_sparse": ("#332288", "p", "vLLM FA3 sparse (real heads, no padding)"),
     "subchunk": ("#E69F00", "^", "sub-chunk S (copy out)"),
     "subchunk_views": ("#999933", "<", "sub-chunk S (views to consumer)"),

@@ -18,6 +18,8 @@ import math
 from ..deployment import Deployment
 from ..placement import (
     BASELINE,
+    KERNEL_NATIVE_LABEL,
+    KERNEL_NATIVE_NOTE,
     advise_candidates,
     engine_strategies,
     engine_summary,
@@ -120,7 +122,9 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
-        reason], "frontier": [strategy names], "engines": [engine_summary rows: what each engine version runs for
+        reason], "modelled_only": [rows of ``kernel_native``, "real-head FlashMLA (modelled)", with its ``label``
+        and :data:`mla_lab.placement.KERNEL_NATIVE_NOTE` as the reason: no engine ships it, so it is never
+        ranked], "frontier": [strategy names], "engines": [engine_summary rows: what each engine version runs for
         this deployment, a code reading]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
         :data:`mla_lab.placement.BASELINE`), persistent_mib (the persistent Q workspace the strategy holds per
         rank), extra_persistent_mib (that minus the baseline's: what the budget and KV tokens lost count),
@@ -152,11 +156,11 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
         raise ValueError(f"this deployment does not fit: {base['fit_reason']}; no strategy can be recommended")
     _splice_measured(rows, point, measured)
     _splice_between_process(rows, d, measured)
-    excluded, kept, bounds = [], [], []
+    excluded, kept, modelled_only = [], [], []
     for r in rows:
         reason = ""
-        if r["placement"] == "kernel_native":
-            bounds.append(_summary(r, "a modelled bound: a FlashMLA-style kernel taking the real head count (vLLM's FA3 sparse backend, preset vllm-fa3-sparse, is the shipping kernel of that kind)"))
+        if r["placement"] == "kernel_native":  # no engine ships it: shown beside the ranking, never in it
+            modelled_only.append(_summary(r, KERNEL_NATIVE_NOTE) | {"label": KERNEL_NATIVE_LABEL})
             continue
         if not r["fits_in_memory"]:
             reason = r["fit_reason"]
@@ -168,7 +172,7 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
     fits = [_summary(r, "") for r in rows if r["fits_in_memory"] and r["placement"] != "kernel_native"]
     on = frontier([(s["extra_persistent_mib"], s["ttft_ms"]) for s in fits])
     front = [s["strategy"] for s, f in zip(fits, on) if f]
-    for s in kept + excluded + bounds:
+    for s in kept + excluded + modelled_only:
         s["on_frontier"] = s["strategy"] in front
     kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
     return {"deployment": {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len",
@@ -177,7 +181,7 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
             | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
-            "bounds": bounds,
+            "modelled_only": modelled_only,
             "frontier": front, "baseline": BASELINE, "engines": engines,
             "comm_source": rows[0].get("comm_source", "") if rows else "",
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
@@ -298,8 +302,9 @@ def format_advice(result: dict) -> str:
     if result["excluded"]:
         out.append("excluded:")
         out += [f"  {s['strategy']}: {s['reason']}" for s in result["excluded"]]
-    for s in result.get("bounds", []):
-        out.append(f"bound (not a recommendation): {s['strategy']} {s['ttft_change_pct']:+.2f} % ({s['reason']})")
+    for s in result.get("modelled_only", []):
+        out.append(f"modelled only, not a recommendation: {s['strategy']} {s['ttft_change_pct']:+.2f} % "
+                   f"({s['reason']})")
     ranked = ([rec] if rec else []) + list(result["alternatives"])
     meas = [x for x in ranked if x.get("measured_change_pct") is not None]
     if len(meas) >= 2:
