@@ -18,8 +18,9 @@ import textwrap
 from .arch import ARCHS, get_arch
 from .buffers import MIB
 from .deployment import MOE_PARALLEL, WEIGHT_DTYPES, Deployment
+from .labels import KERNEL_NATIVE_NOTE
 from .models import KV_CACHE_DTYPES, load_model, model_names
-from .placement import BASELINE, EXPLORER_STRATEGIES, KERNEL_NATIVE_NOTE, PR_STRATEGY, resolve_strategy
+from .placement import BASELINE, EXPLORER_STRATEGIES, PR_STRATEGY, resolve_strategy
 from .report.data import load_measured
 from .report.figures import strategy_style
 from .seed import SEED_DEPLOYMENT

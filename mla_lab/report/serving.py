@@ -21,7 +21,7 @@ import pandas as pd
 from ..arch import get_arch
 from ..deployment import Deployment
 from ..model.memory import memory_tradeoff
-from ..placement import BASELINE, preset_of
+from ..placement import BASELINE, preset_label, preset_of
 from ..seed import SEED_REPORTED
 from ..serving.benchmark import serve_benchmark
 from ..serving.client import BenchConfig
@@ -85,7 +85,7 @@ def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
             ch = r["change_pct"].get(key, math.nan)
             rep = REPORTED_CHANGE.get(key, math.nan) if s == PR_STRATEGY else math.nan
             rows.append({"model": dep.get("model"), "tp": dep.get("tp"), "arch": dep.get("arch"), "strategy": s,
-                         "preset": r.get("preset") or preset_of(s), "metric": key, "label": label,
+                         "preset": preset_label(r.get("preset") or preset_of(s)), "metric": key, "label": label,
                          "value": float(m[key]), "baseline": float(b) if b is not None else math.nan,
                          "change_pct": ch, "reported_change_pct": rep, "source": "modelled"})
     df = pd.DataFrame(rows, columns=list(SERVING_TABLE_COLUMNS))
@@ -160,8 +160,8 @@ def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | Non
             band = f"95 % band over {num_runs} single runs (mla_lab.serving.noise)"
         dep = res["deployment"]
         for s, r in res["strategies"].items():
-            row = {"model": dep["model"], "tp": dep["tp"], "arch": dep["arch"], "strategy": s, "preset": r["preset"],
-                   "request_rate": float(rate), **{k: v for k, v in r["metrics"].items()}}
+            row = {"model": dep["model"], "tp": dep["tp"], "arch": dep["arch"], "strategy": s,
+                   "preset": preset_label(r["preset"]), "request_rate": float(rate), **{k: v for k, v in r["metrics"].items()}}
             for k in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
                       "total_token_throughput"):
                 row[f"change_{k}_pct"] = r["change_pct"].get(k, math.nan)
@@ -365,7 +365,7 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
     for j, s in enumerate(others):
         colour, _, name = strategy_style(s)
         if name == s and result["strategies"][s].get("preset"):
-            name = f"{result['strategies'][s]['preset']} ({s})"
+            name = f"{preset_label(result['strategies'][s]['preset'])} ({s})"
         ys = [i + (j - (n - 1) / 2) * h for i in range(len(metrics))]
         vals = [result["strategies"][s]["change_pct"].get(k, math.nan) for k, _ in metrics]
         err = None

@@ -7,7 +7,8 @@ import html as _html
 import json
 from pathlib import Path
 
-from ..placement import BASELINE, KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
+from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
+from ..placement import BASELINE
 from ..seed import SEED, SEED_REPORTED, seed_point
 from ..sweep.rows import modelled_rows
 from .data import ok_rows

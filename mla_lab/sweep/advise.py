@@ -16,15 +16,16 @@ from __future__ import annotations
 import math
 
 from ..deployment import Deployment
+from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..placement import (
     BASELINE,
-    KERNEL_NATIVE_LABEL,
-    KERNEL_NATIVE_NOTE,
     advise_candidates,
     engine_strategies,
     engine_summary,
     expand_strategies,
+    preset_label,
     resolve_engine,
+    strategy_notes,
 )
 from .rows import between_process_changes, measured_changes, modelled_rows
 
@@ -123,12 +124,13 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
         reason], "modelled_only": [rows of ``kernel_native``, "real-head FlashMLA (modelled)", with its ``label``
-        and :data:`mla_lab.placement.KERNEL_NATIVE_NOTE` as the reason: no engine ships it, so it is never
+        and :data:`mla_lab.placement.KERNEL_NATIVE_NOTE` as the reason: no engine's backend runs it, so it is never
         ranked], "frontier": [strategy names], "engines": [engine_summary rows: what each engine version runs for
         this deployment, a code reading]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
         :data:`mla_lab.placement.BASELINE`), persistent_mib (the persistent Q workspace the strategy holds per
         rank), extra_persistent_mib (that minus the baseline's: what the budget and KV tokens lost count),
-        call_transient_mib, kv_tokens_lost,
+        call_transient_mib, kv_tokens_lost, preset_label (:func:`mla_lab.labels.preset_label`: ``sglang-dense
+        (prefill graphs off)`` for SGLang's documented dense route, which is not its default today),
         ttft_source (modelled), measured_change_pct / measured_ci_lo / measured_ci_hi (or None),
         memory_source (exact), on_frontier.
 
@@ -159,7 +161,7 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
     excluded, kept, modelled_only = [], [], []
     for r in rows:
         reason = ""
-        if r["placement"] == "kernel_native":  # no engine ships it: shown beside the ranking, never in it
+        if r["placement"] == "kernel_native":  # no engine's backend runs it: shown beside the ranking, never in it
             modelled_only.append(_summary(r, KERNEL_NATIVE_NOTE) | {"label": KERNEL_NATIVE_LABEL})
             continue
         if not r["fits_in_memory"]:
@@ -193,7 +195,8 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
 
 
 def _summary(r: dict, reason: str) -> dict:
-    return {"strategy": r["strategy"], "preset": r["preset"], "ttft_ms": r["ttft_ms"],
+    return {"strategy": r["strategy"], "preset": r["preset"], "preset_label": preset_label(r["preset"]),
+            "ttft_ms": r["ttft_ms"],
             "ttft_change_pct": r["ttft_change_pct"], "persistent_mib": r.get("persistent_mib"),
             "extra_persistent_mib": r["extra_persistent_mib"], "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": round(r["kv_tokens_lost"]),
             "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost"), "kv_capacity_tokens": r.get("kv_capacity_tokens"),
@@ -306,6 +309,7 @@ def format_advice(result: dict) -> str:
         out.append(f"modelled only, not a recommendation: {s['strategy']} {s['ttft_change_pct']:+.2f} % "
                    f"({s['reason']})")
     ranked = ([rec] if rec else []) + list(result["alternatives"])
+    out += [f"note: {n}" for n in strategy_notes([x["strategy"] for x in ranked + list(result["excluded"])])]
     meas = [x for x in ranked if x.get("measured_change_pct") is not None]
     if len(meas) >= 2:
         by_meas = sorted(meas, key=lambda x: x["measured_change_pct"])
