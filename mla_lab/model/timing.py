@@ -43,6 +43,7 @@ from ..models import ModelConfig
 from ..placement import Strategy
 from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, ClassEff, resolve_calibration
+from .fa3_kernel import load_fa3_kernel
 from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, step_ops, step_stats
 from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
@@ -96,6 +97,10 @@ def kernel_rate_tflops(arch: GPUArch, calibration: Calibration) -> tuple[float, 
 def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
     name = op.op_class[5:]
     if name == "kernel":
+        if op.impl == "attn_fa3_sparse" and arch.name == "h200":
+            fit = load_fa3_kernel()
+            if fit is not None:  # measured-fit on vLLM 0.33.0's own FA3 kernel (mla_lab.model.fa3_kernel)
+                return fit.ms(op.dims["T"], op.dims["H"], op.dims["sum_topk"])
         rate, _ = kernel_rate_tflops(arch, cal)
         t = op.flops / (rate * 1e12) * 1e3
         if op.act_bytes and "kernel_bytes" in cal.attention:
