@@ -1,0 +1,99 @@
+"""The engines' own kernels on the H200, summarised between processes (issue 29): what the answer block, the findings
+and the tests quote.
+
+Source: ``data/measured/h200/between_process/engine_kernels.csv`` (:mod:`mla_lab.measure.engine_kernels`; one
+NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0; vLLM 0.33.0 and SGLang 0.5.23 kernels from their
+release wheels, tokenspeed-flashmla 1.0.0.post20260429; graph timing; 5 fresh processes x 5 interleaved rounds; one
+machine lease). Every figure: the median over processes of the per-process medians, with ``[min, max]`` over the
+processes (:mod:`mla_lab.measure.spread`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pandas as pd
+
+from ..measure.spread import between_process
+from ..paths import REPO_ROOT
+
+__all__ = ["ENGINE_KERNELS_CSV", "kernel_ms", "prefill_table", "decode_table", "gather_share", "fmt"]
+
+ENGINE_KERNELS_CSV = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "engine_kernels.csv"
+#: labels of the prefill kernels, in the order the tables show them
+PREFILL_KERNELS = {
+    "fa3_sparse": "FA3 sparse, real heads (vLLM 0.33.0 default)",
+    "flashmla_vllm_pad64": "FlashMLA padded to 64 (vLLM 0.33.0 build)",
+    "flashmla_ts_pad64": "FlashMLA padded to 64 (tokenspeed build)",
+    "flashmla_vllm_native": "FlashMLA with h_q = H (vLLM 0.33.0 build)",
+    "sglang_triton": "SGLang 0.5.23 Triton (16-row head tile)",
+    "gather_only": "gather only (no MMA; the lab's Triton)",
+    "path_pr53878": "PR #53878's path: vLLM concat into [T, 64, 576] + FlashMLA",
+}
+
+
+@lru_cache(maxsize=4)
+def _rows(path: str) -> pd.DataFrame:
+    d = pd.read_csv(path)
+    d = d[d["experiment"] == "engine_kernels"].copy()
+    d["num_splits"] = d["num_splits"].fillna(-1).astype(int)
+    d["ctx_len"] = d["ctx_len"].fillna(0).astype(int)
+    return d
+
+
+def kernel_ms(kernel: str, shape: str, H: int, T: int = 16384, ctx_len: int = 0, num_splits: int | None = None,
+              path=ENGINE_KERNELS_CSV) -> dict:
+    """``{"median", "min", "max", "n"}`` (ms) of one kernel at one shape: median over processes of per-process
+    medians and ``[min, max]`` over processes.
+
+    Raises:
+        ValueError: no rows match (names the selection).
+    """
+    d = _rows(str(path))
+    sel = d[(d["kernel"] == kernel) & (d["shape"] == shape) & (d["H"] == H) & (d["T"] == T)
+            & (d["ctx_len"] == ctx_len)]
+    if num_splits is not None:
+        sel = sel[sel["num_splits"] == num_splits]
+    if sel.empty:
+        raise ValueError(f"no rows for kernel={kernel!r} shape={shape!r} H={H} T={T} ctx_len={ctx_len} "
+                         f"num_splits={num_splits} in {path}")
+    r = next(iter(between_process(sel, ["kernel"], "ms").values()))
+    return {"median": r["median"], "min": r["lo"], "max": r["hi"], "n": r["n_processes"]}
+
+
+def prefill_table(shape: str = "seed", H: int = 8) -> list[dict]:
+    """One row per prefill kernel at ``shape`` (``seed`` | ``full_topk``) and ``H`` heads per rank."""
+    out = []
+    for k, label in PREFILL_KERNELS.items():
+        try:
+            r = kernel_ms(k, shape, H, num_splits=0 if k == "fa3_sparse" else None)
+        except ValueError:
+            continue
+        out.append({"kernel": k, "label": label, **r})
+    return out
+
+
+def decode_table(H: int = 8, ctx_len: int = 8192) -> list[dict]:
+    """Decode kernels per batch size ``B``: FlashMLA padded (vLLM build), FA3 sparse with its split-KV heuristic
+    (``num_splits`` 0, vLLM's call) and with split-KV off (1)."""
+    out = []
+    d = _rows(str(ENGINE_KERNELS_CSV))
+    for B in sorted(d[(d["shape"] == "decode")]["T"].unique()):
+        row = {"B": int(B)}
+        for name, k, ns in (("flashmla_pad64", "flashmla_vllm_pad64", None), ("fa3_split", "fa3_sparse", 0),
+                            ("fa3_nosplit", "fa3_sparse", 1)):
+            row[name] = kernel_ms(k, "decode", H, int(B), ctx_len, ns)["median"]
+        out.append(row)
+    return out
+
+
+def gather_share(shape: str = "seed", H: int = 8) -> dict:
+    """The gather-only kernel's time as a share of FlashMLA padded (vLLM build) and of FA3 sparse at one shape."""
+    g = kernel_ms("gather_only", shape, H)["median"]
+    return {"gather_ms": g, "of_flashmla_pad64": g / kernel_ms("flashmla_vllm_pad64", shape, H)["median"],
+            "of_fa3": g / kernel_ms("fa3_sparse", shape, H, num_splits=0)["median"]}
+
+
+def fmt(r: dict, nd: int = 2) -> str:
+    """``2.21 ms [2.20, 2.22]``."""
+    return f"{r['median']:.{nd}f} ms [{r['min']:.{nd}f}, {r['max']:.{nd}f}]"
