@@ -32,7 +32,8 @@ from .tables import html_table
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
            "REPORTED_CHANGE", "SERVING_TABLE_COLUMNS", "RATE_CURVE_BENCH", "swept_deployment", "serve_swept",
-           "plot_serving_changes", "serving_details_html", "CHANGE_METRICS", "serve_swept_cached", "plotted"]
+           "plot_serving_changes", "serving_details_html", "CHANGE_METRICS", "serve_swept_cached", "plotted",
+           "kv_dtypes_left_out"]
 
 #: What ``vllm bench serve`` prints, in its order and with its labels (``vllm/benchmarks/serve.py``; the latency
 #: blocks for its default ``--percentile-metrics ttft,tpot,itl`` and ``--metric-percentiles 99``).
@@ -262,8 +263,9 @@ def swept_deployment(params):
     and the advice are priced for, with the swept workload (num_prompts, concurrency, output_len) and engine
     limits: the grid's point closest to the PR's (GLM-5 TP8 H200, max_num_batched_tokens 16384, 1024-token
     prompts: each coordinate taken from the grid, the PR's value first when the grid holds it) whose weights fit
-    and whose one request fits the KV cache. Returns ``(Deployment, note)``, or ``(None, why)`` when no point of
-    the grid fits."""
+    and whose one request fits the KV cache, with the grid's first KV-cache dtype. Returns ``(Deployment, note)``,
+    or ``(None, why)`` when no point of the grid fits; when the grid sweeps more KV-cache dtypes the note says which
+    are not served or advised here (:func:`kv_dtypes_left_out`)."""
     combos = itertools.product(_ordered(params.models, _PREFER["model"]), _ordered(params.tp_sizes, _PREFER["tp"]),
                                _ordered([get_arch(a).name for a in params.archs], _PREFER["arch"]),
                                _ordered(params.max_num_batched_tokens, _PREFER["max_num_batched_tokens"]),
@@ -283,11 +285,24 @@ def swept_deployment(params):
         if cap >= L + params.output_len and mbt >= params.max_num_seqs:
             picked = (m, tp, a, mbt, L) == tuple(_PREFER.values())
             note = ("the PR's deployment" if picked else "the grid's point closest to the PR's deployment that fits")
-            return dep, note
+            left = kv_dtypes_left_out(params)
+            return dep, note + (f"; {left}" if left else "")
         why = (f"{m} TP{tp} {a}: max_num_batched_tokens {mbt} < max_num_seqs {params.max_num_seqs}"
                if mbt < params.max_num_seqs else f"{m} TP{tp} {a}: KV capacity {max(cap, 0):,.0f} tokens < one "
                f"request of {L + params.output_len}")
     return None, f"no deployment of the grid can serve the workload (last reason: {why})"
+
+
+def kv_dtypes_left_out(params) -> str:
+    """One line naming the KV-cache dtypes of the sweep ``params`` that the serving section and the advice leave
+    out (they price the grid's first, ``params.kv_cache_dtype[0]``); "" when the grid has one (issue 32)."""
+    dtypes = list(params.kv_cache_dtype)
+    if len(dtypes) < 2:
+        return ""
+    rest = ", ".join(dtypes[1:])
+    return (f"{dtypes[0]} KV only: the sweep's {rest} KV rows are not served or advised here (see the table at the "
+            "end of the report and the CSV)" + ("; with an fp8 KV cache no heads are padded, so the padded-Q "
+                                                 "strategies price alike" if "fp8" in dtypes[1:] else ""))
 
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
