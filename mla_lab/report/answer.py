@@ -116,7 +116,7 @@ def answer_markdown() -> str:
         "",
         "**What to do.** On vLLM 0.33.0 keep the default backend (FA3 sparse): no padded workspace, no copy. If "
         f"FLASHMLA_SPARSE must be forced, the pre-padded workspace costs {f['extra_mib']:.0f} MiB per rank at "
-        f"max_num_batched_tokens 16384 ({f["kv_tokens_lost_glm5"]:,.0f} KV tokens at GLM-5 TP8) for no modelled TTFT gain "
+        f"max_num_batched_tokens 16384 ({f['kv_tokens_lost_glm5']:,.0f} KV tokens at GLM-5 TP8) for no modelled TTFT gain "
         "below 2049-token "
         "prompts; `mla-lab advise --memory-budget-mib N` ranks the strategies that fit a budget, and says which "
         "deployments it tips out of fitting.",
