@@ -14,7 +14,6 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
 from ..paths import REPO_ROOT
 
