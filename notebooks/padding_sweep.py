@@ -26,7 +26,7 @@
 # Every parameter is typed and explained (`papermill --help-notebook notebooks/padding_sweep.ipynb` lists them);
 # a name papermill injects that is not declared here is refused in the next cell.
 models: list = ["glm-5", "deepseek-v3.2"]  # model names under data/models
-tp_sizes: list = [1, 2, 4, 8]  # vLLM --tensor-parallel-size values
+tp_sizes: list = [8]  # vLLM --tensor-parallel-size values (TP 1-4 do not load the default models on an H200)
 archs: list = ["h200", "b200"]  # GPU names or aliases (h200, b200, hopper, blackwell)
 max_num_batched_tokens: list = [8192, 16384]  # vLLM --max-num-batched-tokens values (also the workspace rows)
 prompt_lens: list = [1024, 8192]  # vllm bench serve --random-input-len values (tokens)

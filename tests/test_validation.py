@@ -8,7 +8,8 @@ import pytest
 
 from mla_lab.paths import REPO_ROOT
 from mla_lab.validation import main_run
-from mla_lab.validation.blind import CASES, OUT as BLIND
+from mla_lab.validation.blind import CASES
+from mla_lab.validation.blind import OUT as BLIND
 
 DEC = json.loads(main_run.OUT.read_text())
 

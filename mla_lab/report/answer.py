@@ -19,6 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..paths import REPO_ROOT
+from ..placement import PR_TRADE_BY_ENGINE
 from ..serving import PR_BENCH, serve_benchmark
 from .engine_kernels import decode_table, gather_share, kernel_ms
 from .seed_answer import pr_trade_by_engine, seed_answer
@@ -29,16 +30,17 @@ BEGIN = "<!-- answer:begin (python -m mla_lab.report.answer --update) -->"
 END = "<!-- answer:end -->"
 DECOMPOSITION = REPO_ROOT / "data" / "validation" / "pr53878_main_decomposition.json"
 BLIND_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12_score.json"
-TODAY = ("per_call_empty:zeros@vllm-0.33.0-flashmla", "shared_workspace:none@vllm-0.33.0-flashmla",
-         "fa3_sparse@vllm-0.33.0")
+#: today's pair (the per-call pad, the PR's workspace as a shared view) and vLLM 0.33.0's default, FLASHMLA forced
+_WAS, _TODAY, _FA3 = PR_TRADE_BY_ENGINE
+TODAY = (_TODAY[2], _TODAY[1], _FA3[1])
 
 
 @lru_cache(maxsize=1)
 def answer_figures() -> dict:
     """Every figure the block states (plain data; tests compare the block with these)."""
     seed = {(r["model"], r["strategy"], r["against"]): r for r in seed_answer(("glm-5", "glm-5.2"))}
-    was = seed[("glm-5.2", "private_workspace", "per_call_empty:zeros")]
-    was5 = seed[("glm-5", "private_workspace", "per_call_empty:zeros")]
+    was = seed[("glm-5.2", _WAS[1], _WAS[2])]
+    was5 = seed[("glm-5", _WAS[1], _WAS[2])]
     trade = {(r["model"], r["engine"]): r for r in pr_trade_by_engine(("glm-5.2",))}
     today = serve_benchmark("glm-5.2", 8, "h200", list(TODAY), PR_BENCH, 16384, baseline=TODAY[0])
     ch = {s: r["change_pct"] for s, r in today["strategies"].items()}
@@ -48,8 +50,8 @@ def answer_figures() -> dict:
          for n in ("fa3_sparse", "flashmla_vllm_pad64", "flashmla_vllm_native", "sglang_triton", "gather_only")}
     d1 = {r["B"]: r for r in decode_table(8, 8192)}
     blind = json.loads(BLIND_SCORE.read_text()) if BLIND_SCORE.exists() else None
-    seed5 = serve_benchmark("glm-5", 8, "h200", ["private_workspace"], PR_BENCH, 16384)["strategies"]
-    lost = seed5["private_workspace"]["kv_tokens_lost"]
+    seed5 = serve_benchmark("glm-5", 8, "h200", [_WAS[1]], PR_BENCH, 16384)["strategies"]
+    lost = seed5[_WAS[1]]["kv_tokens_lost"]
     return {
         "was_glm52_pct": was["modelled_pct"], "was_glm5_pct": was5["modelled_pct"],
         "was_measured_pct": was5["measured_pct"], "was_measured_lo": was5["measured_lo"],
