@@ -30,7 +30,7 @@ __all__ = ["DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SE
            "serve_step_bound", "check_notebook", "MAX_GRID_POINTS", "MAX_NOISE_STEPS", "VLLM_FLAGS",
            "arg_type", "budget_type", "fraction_type", "rate_type", "merge_flags", "check_sweep",
            "check_deployment", "check_serve", "check_strategies", "check_report_name", "file_in_the_way",
-           "plan_without_writing", "serve_summary", "format_serve", "serve_noise_runs"]
+           "plan_without_writing", "GRID_KEYS", "serve_summary", "format_serve", "serve_noise_runs"]
 
 
 class DoorError(ValueError):
@@ -306,11 +306,7 @@ def plan_without_writing(params: dict) -> dict:
     checked = validate_params(params)
     if checked.device == "cuda":
         resolve_device(checked.device)
-    out = resolve(checked.data_file)
-    if out.parent.is_dir():
-        check_output_file(checked.data_file, checked.overwrite)  # its folder exists: nothing is made
-    elif out.is_dir():
-        check_output_file(checked.data_file, checked.overwrite)
+    check_output_file(checked.data_file, checked.overwrite, checked, create=False)  # nothing is made
     store = resolve(checked.store_dir)
     if store.is_dir():
         plan = plan_sweep(checked)
@@ -321,6 +317,13 @@ def plan_without_writing(params: dict) -> dict:
         plan["store_exists"] = False
     plan["params"] = dataclasses.asdict(checked)  # every parameter the run would get, after validation
     return plan
+
+
+#: Sweep parameters that make a sweep's results what they are (the main report of one grid is not replaced by another
+#: grid's without --overwrite); paths, force, the executor and the device do not.
+GRID_KEYS = ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_lens", "kv_cache_dtype", "num_prompts",
+             "concurrency", "strategies", "weight_dtype", "moe_parallel", "shared_workspace_bytes",
+             "gpu_memory_utilization", "output_len", "max_num_seqs", "request_rate", "seed")
 
 
 # ----------------------------------------------------------------------------------------------------- advise/serve
