@@ -239,7 +239,8 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
             at or below the rule's ``decode_query_len_threshold`` are handled as decodes.
 
     Returns:
-        A :class:`RouteChoice`; the dense route is chosen only where it is equivalent (:func:`is_equivalent`).
+        A :class:`RouteChoice`; the dense route is chosen only where it is equivalent (:func:`is_equivalent`) for
+        every row of the step, its decode tokens included (they are priced on the step's route).
 
     Raises:
         ValueError: unknown rule / phase; prefill without ``seq_lens``; a length not a positive int; a rule
@@ -268,6 +269,7 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         if q > s:
             raise ValueError(f"query_len={q} exceeds its seq_len={s}; allowed: query_len <= seq_len")
     prefills = [s for q, s in zip(qlens, lens) if q > r.decode_query_len_threshold]
+    every = max(lens)  # the step's rows priced together: its decode tokens take the prefill's route with it
     if not prefills:
         return RouteChoice(r.decode_route, f"{r.name}: every request has <= {r.decode_query_len_threshold} query "
                            f"tokens, handled as decodes: {r.decode_route}", r.source)
@@ -282,6 +284,10 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         return RouteChoice(r.backend_route, f"{r.name}: {model_name} prefill takes {r.backend_route} ({why})",
                            r.source)
     longest = max(lens)
+    if longest <= thr < every:  # chunked prefill beside decodes past top-k: dense MHA would not be equivalent there
+        return RouteChoice(r.backend_route, f"{r.name}: every prefill has seq_len <= {thr} but a decode of the "
+                           f"same step has seq_len {every} > {thr} (dense MHA is exact only up to topk): "
+                           f"{r.backend_route}", r.source)
     if longest <= thr:
         return RouteChoice("mha-dense", f"{r.name}: every prefill has seq_len <= {thr} (longest {longest})",
                            r.source)
