@@ -317,6 +317,9 @@ def _check_path(name: str, value: str, folder: bool) -> None:
         raise DoorError(f"{name}={value!r} {where}; allowed: a folder (created when the run starts)"
                         if folder else f"{name}={value!r}: its folder {where}; allowed: a path in a folder")
     target = p.expanduser().absolute()
+    if not folder and target.is_dir():
+        raise DoorError(f"{name}={value!r} is a directory; give a file path such as "
+                        f"{str(Path(value) / 'padding_sweep.csv')!r}")
     if not folder and target.exists() and (not target.is_file() or not os.access(target, os.W_OK)):
         raise DoorError(f"{name}={value!r} is not a writable regular file; allowed: a writable file or a new path in "
                         "a writable folder")

@@ -218,6 +218,10 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
     store.clean_stale_tmp()  # writes cut short by a killed sweep (never visible as points)
     store.clean_stale_claims()  # claims of a killed sweep
     status = {k: store.status(k) for _, _, k in todo}
+    for k, st in status.items():
+        why = store.broken(k) if st is None else None
+        if why:  # never silently: named, then computed again and replaced
+            _log(True, f"{why}: computing the point again")
     skip = {k for k, st in status.items() if st == "ok" and not params.force}
     n_failed = sum(1 for k, st in status.items() if st == "failed" and not params.force)
     extra = f", {n_failed} failed before (retried)" if n_failed else ""
