@@ -151,22 +151,15 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
         ValueError: invalid sweep parameters (before any kernel starts).
     """
     import dataclasses
-    import datetime as _dt
-    import shutil
-    import time
+    import uuid
 
     _require_lab_extra()
     doors.check_notebook(str(notebook))
     _check_notebook(notebook)
-    import papermill as pm
 
-    from .kernelspec import ensure_kernel
-    from .provenance import git_commit
-    from .report import site
     from .sweep.executors import resolve_device
     from .sweep.params import check_tp_sizes, validate_params
-    from .sweep.run import check_output_file
-    from .sweep.store import code_version
+    from .sweep.run import LOCK_ENV, check_output_file, data_file_lock
 
     checked = validate_params(params)  # fail before starting a kernel
     check_tp_sizes(checked)
@@ -174,6 +167,29 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
     check_output_file(validated["data_file"], validated["overwrite"], checked)  # refused before the kernel
     if validated["device"] == "cuda":  # refused before the kernel without a GPU; 'auto' is resolved in the kernel
         resolve_device("cuda")  # (importing torch here too cost ~2-4 s of a one-point sweep, issue 22)
+    token = uuid.uuid4().hex
+    # the data file is this run's from the kernel's sweep to the copy under runs/ (a second sweep into it is refused)
+    with data_file_lock(_resolve(validated["data_file"], cwd), token) as lock:
+        os.environ[LOCK_ENV] = f"{lock}|{token}"  # the kernel inherits it: its sweep runs under this lock
+        try:
+            return _publish_locked(params, notebook, report_name, timeout, cwd, validated)
+        finally:
+            os.environ.pop(LOCK_ENV, None)
+
+
+def _publish_locked(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path, validated: dict) -> dict:
+    """:func:`publish` after its checks, under the data file's lock."""
+    import datetime as _dt
+    import shutil
+    import time
+
+    import papermill as pm
+
+    from .kernelspec import ensure_kernel
+    from .provenance import git_commit
+    from .report import site
+    from .sweep.store import code_version
+
     kernel = ensure_kernel()
     report_dir = _resolve(validated["report_dir"], cwd)
     runs_dir = report_dir / site.RUNS_DIR

@@ -355,12 +355,13 @@ def plan_without_writing(params: dict) -> dict:
     from .paths import resolve
     from .sweep.executors import resolve_device
     from .sweep.params import validate_params
-    from .sweep.run import check_output_file, plan_sweep
+    from .sweep.run import check_not_locked, check_output_file, plan_sweep
 
     checked = validate_params(params)
     if checked.device == "cuda":
         resolve_device(checked.device)
     check_output_file(checked.data_file, checked.overwrite, checked, create=False)  # nothing is made
+    check_not_locked(checked.data_file)  # another sweep writing it: the run would be refused
     store = resolve(checked.store_dir)
     if store.is_dir():
         plan = plan_sweep(checked)

@@ -5,7 +5,9 @@ The notebook ``notebooks/padding_sweep.ipynb`` is the front door; everything it 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -19,7 +21,8 @@ from .params import SweepParams, expand_grid, validate_params
 from .rows import compute_rows, point_inputs
 from .store import ResultStore, code_version, inputs_digest, point_key
 
-__all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK", "grid_row_ids", "may_measure"]
+__all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK", "grid_row_ids", "may_measure",
+           "data_file_lock", "check_not_locked", "LOCK_ENV"]
 
 #: Columns whose presence in a CSV's header says the lab wrote it (so it may be replaced).
 LAB_CSV_MARK = ("point_key", "strategy", "code_version")
@@ -146,6 +149,78 @@ def check_output_file(path: str | Path, overwrite: bool = False, params: SweepPa
     return out
 
 
+#: The environment variable through which ``mla-lab sweep`` hands its lock on the data file to the notebook's kernel
+#: (``<lock path>|<token>``): the sweep in the kernel runs under the CLI's lock instead of waiting for it.
+LOCK_ENV = "MLA_LAB_DATA_FILE_LOCK"
+
+
+def lock_path(out: Path) -> Path:
+    """The lock file of data file ``out``: ``.<name>.lock`` beside it."""
+    return out.with_name(f".{out.name}.lock")
+
+
+@contextlib.contextmanager
+def data_file_lock(out: str | Path, token: str | None = None):
+    """Hold the data file's lock (``fcntl.flock``, exclusive, not waiting) while a sweep computes and writes it, so
+    two sweeps into one data file never interleave: the second is refused in one line. Released on exit (and by the
+    kernel when a process dies). A lock this process's parent holds (``LOCK_ENV`` names it with the token written in
+    the lock file) is taken as held. ``token``: written in the lock file for a child to show (the CLI's).
+
+    Raises:
+        ValueError: another live sweep holds it (its host and pid named).
+    """
+    import fcntl
+
+    out = resolve(out)
+    lp = lock_path(out)
+    handed = os.environ.get(LOCK_ENV, "")
+    if handed and handed.rsplit("|", 1)[0] == str(lp):
+        try:
+            if lp.read_text().split()[-1:] == [handed.rsplit("|", 1)[1]]:
+                yield lp
+                return
+        except OSError:
+            pass
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    with open(lp, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            who = " ".join(f.read().split()[:2]) or "another process"
+            raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
+                             "it to finish, or another data_file") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{socket.gethostname()} pid={os.getpid()} {token or ''}\n")
+        f.flush()
+        try:
+            yield lp
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check_not_locked(out: str | Path) -> None:
+    """Refuse (the dry run's check) when another sweep holds ``out``'s lock; creates nothing.
+
+    Raises:
+        ValueError: as :func:`data_file_lock`.
+    """
+    import fcntl
+
+    lp = lock_path(resolve(out))
+    if not lp.is_file():
+        return
+    with open(lp) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = " ".join(f.read().split()[:2]) or "another process"
+            raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
+                             "it to finish, or another data_file") from None
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def _tasks(params: SweepParams, gpu: dict | None) -> list[tuple[dict, str, str]]:
     version = code_version()
     out = []
@@ -193,14 +268,15 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, compute_fn=None
     if isinstance(params, dict):
         params = validate_params(params)
     out = check_output_file(params.data_file, params.overwrite, params)
-    store = ResultStore(resolve(params.store_dir))
-    own = executor is None
-    ex = make_executor(params.executor, address=params.ray_address) if own else executor
-    try:
-        return _run_points(params, store, ex, progress, compute_fn or compute_rows, out, claim_wait_s)
-    finally:
-        if own:
-            ex.close()
+    with data_file_lock(out):  # one sweep at a time writes a data file: the second is refused, never mixed in
+        store = ResultStore(resolve(params.store_dir))
+        own = executor is None
+        ex = make_executor(params.executor, address=params.ray_address) if own else executor
+        try:
+            return _run_points(params, store, ex, progress, compute_fn or compute_rows, out, claim_wait_s)
+        finally:
+            if own:
+                ex.close()
 
 
 def _log(progress: bool, msg: str) -> None:
