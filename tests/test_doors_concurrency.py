@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import io
-import json
 import os
 import subprocess
 import sys
