@@ -162,8 +162,8 @@ def lock_path(out: Path) -> Path:
 @contextlib.contextmanager
 def data_file_lock(out: str | Path, token: str | None = None):
     """Hold the data file's lock (``fcntl.flock``, exclusive, not waiting) while a sweep computes and writes it, so
-    two sweeps into one data file never interleave: the second is refused in one line. Released on exit (and by the
-    kernel when a process dies). A lock this process's parent holds (``LOCK_ENV`` names it with the token written in
+    two sweeps into one data file never interleave: the second is refused in one line. Released and removed on exit (released by
+    the operating system when a process dies; the next sweep locks the file left behind). A lock this process's parent holds (``LOCK_ENV`` names it with the token written in
     the lock file) is taken as held. ``token``: written in the lock file for a child to show (the CLI's).
 
     Raises:
@@ -182,22 +182,33 @@ def data_file_lock(out: str | Path, token: str | None = None):
         except OSError:
             pass
     lp.parent.mkdir(parents=True, exist_ok=True)
-    with open(lp, "a+") as f:
+    while True:
+        f = open(lp, "a+")  # noqa: SIM115 - closed below, after the unlink
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
             who = " ".join(f.read().split()[:2]) or "another process"
+            f.close()
             raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
                              "it to finish, or another data_file") from None
+        try:
+            same = os.stat(lp).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()  # the holder before us removed the file we locked: lock the new one
+    try:
         f.seek(0)
         f.truncate()
         f.write(f"{socket.gethostname()} pid={os.getpid()} {token or ''}\n")
         f.flush()
-        try:
-            yield lp
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield lp
+    finally:
+        lp.unlink(missing_ok=True)  # only while it holds the lock: the file exists while a sweep writes
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
 
 
 def check_not_locked(out: str | Path) -> None:
