@@ -353,6 +353,7 @@ def _cmd_sweep(args) -> int:
     doors.check_sweep(params)  # bounds, step counts and paths: O(1), before anything is priced or written
     params, report_name, notes = plan_outputs(params, report_name, given)  # the main report kept
     if args.dry_run:  # the same refusals as a run, before anything is planned; nothing is created
+        _require_lab_extra()  # the run needs the notebook toolchain: said by the dry run too (find_spec, no import)
         plan = doors.plan_without_writing(params)
         plan.update(notebook=args.notebook, report_name=report_name, timeout_s=args.timeout, notes=notes)
         print(json.dumps(plan, indent=1))
