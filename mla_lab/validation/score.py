@@ -17,7 +17,11 @@ import sys
 
 from ..paths import REPO_ROOT
 
-__all__ = ["PRED", "RESULTS", "SCORE", "score", "main", "METRIC_CLASS"]
+__all__ = ["PRED", "RESULTS", "SCORE", "score", "repeat_spreads", "main", "METRIC_CLASS", "LAB_NOISE"]
+
+#: the lab's single-run model: two runs of one build (A vs A') differ by this 95 % band (%), per metric
+#: (data/validation/pr53878_main_prediction.json, change_distribution.*.identical_builds.band95)
+LAB_NOISE = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
 
 PRED = REPO_ROOT / "data" / "validation" / "blind_2026-12.json"
 RESULTS = REPO_ROOT / "data" / "validation" / "blind_2026-12_results.json"
@@ -32,6 +36,24 @@ METRIC_CLASS = {"duration": "throughput", "request_throughput": "throughput", "o
 def _key(w: dict) -> tuple:
     return (int(w["random_input_len"]), int(w["random_output_len"]),
             None if w.get("max_concurrency") in (None, "None") else int(w["max_concurrency"]))
+
+
+def repeat_spreads(results: dict, lab_noise: dict | None = None) -> list[dict]:
+    """Per published set of repeated runs and metric: the values, their spread ``(max - min) / median`` (%) and the
+    largest pairwise change between two of them (%), beside the lab's A vs A' 95 % band for the same metric."""
+    lab = (lab_noise or json.loads(LAB_NOISE.read_text()))["change_distribution"]
+    out = []
+    for rep in results.get("repeats", []):
+        metrics = sorted({m for r in rep["runs"].values() for m in r})
+        for m in metrics:
+            xs = [r[m] for r in rep["runs"].values() if m in r]
+            med = statistics.median(xs)
+            pair = max(abs(a / b - 1) * 100 for a in xs for b in xs)
+            band = lab.get(m, {}).get("identical_builds", {}).get("band95")
+            out.append({"source": rep["source"], "metric": m, "values": xs, "spread_pct": (max(xs) - min(xs)) / med * 100,
+                        "max_pairwise_change_pct": pair, "lab_band95_pct": band,
+                        "wider_than_lab": band is not None and pair > max(abs(band[0]), abs(band[1]))})
+    return out
 
 
 def score(pred: dict, results: dict) -> dict:
@@ -98,9 +120,21 @@ def score(pred: dict, results: dict) -> dict:
                 "than assumed and are published unscored" if scored else "No published figure matched the workload.")
     for c in change_rows:
         c["error_pp"] = c["predicted_pct"] - c["real_pct"]
+    reps = repeat_spreads(results)
     return {"what": "the blind set scored: predictions vs published figures (issue 30)",
             "produced_by": "python -m mla_lab.validation.score --write", "rows": rows, "changes": change_rows,
-            "summary": summary, "not_predicted": not_predicted, "no_result": no_result, "sentence": sentence}
+            "summary": summary, "not_predicted": not_predicted, "no_result": no_result, "sentence": sentence,
+            "repeats": reps, "changes_sentence": _changes_sentence(change_rows)}
+
+
+def _changes_sentence(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    low = [r for r in rows if (r["workload"].get("max_concurrency") or 0) <= 8]
+    return (f"FA3 sparse against FLASHMLA_SPARSE (PR #46189's table): at concurrency 1-8 the lab predicted TPOT "
+            f"{min(r['predicted_pct'] for r in low):+.0f} to {max(r['predicted_pct'] for r in low):+.0f} %, the runs "
+            f"showed {min(r['real_pct'] for r in low):+.0f} to {max(r['real_pct'] for r in low):+.0f} %: the direction "
+            "right, the size about a third")
 
 
 def main(argv=None) -> int:
@@ -116,6 +150,10 @@ def main(argv=None) -> int:
     for k, v in sorted(s["summary"].items()):
         print(f"  {k}: n {v['n']}, median |error| {v['median_abs_error_pct']:.1f} %, max {v['max_abs_error_pct']:.1f} %,"
               f" inside band {v['inside_band']}")
+    for r in s["repeats"]:
+        print(f"  repeats {r['metric']}: {r['values']} spread {r['spread_pct']:.1f} %, largest pair "
+              f"{r['max_pairwise_change_pct']:.1f} % vs lab band {r['lab_band95_pct']}")
+    print(s["changes_sentence"])
     for c in s["changes"]:
         print(f"  change {c['case']} {c['workload']} {c['metric']}: predicted {c['predicted_pct']:+.1f} % "
               f"{c['band95']}, real {c['real_pct']:+.1f} %")
