@@ -70,3 +70,35 @@ def test_blind_predictions_were_committed_before_their_results():
     p = subprocess.run(["git", "log", "--diff-filter=A", "--format=%H", "--", str(BLIND)], cwd=REPO_ROOT,
                        capture_output=True, text=True).stdout.split()[-1]
     assert r != p
+
+
+def test_blind_score_is_recomputed_from_the_committed_files():
+    from mla_lab.validation.score import PRED, RESULTS, SCORE, score
+
+    fresh = score(json.loads(PRED.read_text()), json.loads(RESULTS.read_text()))
+    committed = json.loads(SCORE.read_text())
+    assert fresh["sentence"] == committed["sentence"]
+    assert fresh["changes_sentence"] == committed["changes_sentence"]
+    assert len(fresh["rows"]) == len(committed["rows"])
+    for a, b in zip(fresh["rows"], committed["rows"]):
+        assert a["error_pct"] == pytest.approx(b["error_pct"]) and a["comparable"] == b["comparable"]
+    # the real repeats spread wider than the lab's single-run band: the lab must not claim to rule noise out
+    assert any(r["wider_than_lab"] for r in committed["repeats"])
+
+
+def test_docs_validation_block_is_current():
+    from mla_lab.validation.tables import BEGIN, DOCS, END, validation_markdown
+
+    text = DOCS.read_text()
+    assert text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip() == validation_markdown().strip()
+
+
+def test_no_text_claims_to_rule_noise_out():
+    """No sentence the lab publishes says it rules out that -9.5 % is noise (the validation does not allow it)."""
+    import re
+
+    for p in [REPO_ROOT / "README.md", *(REPO_ROOT / "docs").glob("*.md")]:
+        flat = " ".join(p.read_text().split())
+        for m in re.finditer(r"[^.]*\brules? out\b[^.]*\.", flat):
+            s = m.group(0)
+            assert "not" in s or "cannot" in s or "does not" in s, f"{p.name}: {s.strip()}"

@@ -139,8 +139,11 @@ def noise_sentences(dist: dict) -> list[str]:
         s.append("The PR's -9.5 % mean TTFT lies "
                  + _at(pct_p, n, "PR vs before", f"; identical builds: percentile {pct_i:.1f}; median and P99 TTFT: "
                        f"at most percentile {worst:.1f}")
-                 + ", so within this noise model the lab rules out that one unlucky pair of runs turns its modelled "
-                 "effect into -9.5 %.")
+                 + ": inside this noise model, one unlucky pair of runs does not turn the modelled effect into -9.5 %. "
+                 "The model is not validated for that claim (issue 30): it missed the PR's own main run by a third "
+                 "(data/validation/pr53878_main_decomposition.json), and runs of one vLLM configuration published "
+                 "by gpustack differ by up to a third in mean TTFT (data/validation/blind_2026-12_score.json), so "
+                 "the lab does not rule noise out.")
     else:
         s.append("The PR's -9.5 % mean TTFT lies "
                  + _at(pct_p, n, "PR vs before", f"; identical builds: percentile {pct_i:.1f}")
