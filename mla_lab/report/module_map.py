@@ -16,6 +16,7 @@ import argparse
 import ast
 import re
 import sys
+import textwrap
 from functools import cache
 from pathlib import Path
 
@@ -112,8 +113,9 @@ def module_map(package: Path = PACKAGE) -> str:
     mods = [n for n in order if not us[n].is_dir()]
     lines = ["| layer | sub-package | what it is (its docstring's first sentence) |", "|---|---|---|"]
     lines += [f"| {layer(n, package)} | `mla_lab/{n}/` | {summary(us[n])} |" for n in subs]
-    lines += ["", f"Top-level modules, lowest layer first: {', '.join(f'`{n}`' for n in mods)}. Layer = 1 + the "
-              "highest layer the unit imports (read from the imports with `ast`)."]
+    tail = (f"Top-level modules, lowest layer first: {', '.join(f'`{n}`' for n in mods)}. Layer = 1 + the highest "
+            "layer the unit imports (read from the imports with `ast`; 0: it imports no other unit).")
+    lines += ["", textwrap.fill(tail, width=116, break_on_hyphens=False, break_long_words=False)]
     return "\n".join(lines)
 
 
