@@ -14,14 +14,14 @@ from mla_lab.report.noise import (
     CASES,
     DIST_CSV,
     FIGURE_NAME,
-    PANELS,
     FINDINGS,
     NOISE_BEGIN,
     NOISE_END,
+    PANELS,
     REPORTED,
+    findings_section,
     load_noise_distribution,
     noise_sentences,
-    findings_section,
     plot_noise,
 )
 
