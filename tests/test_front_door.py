@@ -178,3 +178,50 @@ def test_findings_link_the_glossary_terms_the_brief_names():
         assert f"(glossary.md#{anchor})" in text, anchor
     first = {m.group(1): m.start() for m in reversed(list(re.finditer(r"\(glossary\.md#([\w-]+)\)", text)))}
     assert first["ttft"] < text.index("## What the lab says")  # defined before the first section uses it
+
+
+def _readme_batch_commands() -> tuple[dict, list[str]]:
+    """The README's papermill parameters (its ``-y`` JSON) and its ``mla-lab sweep`` arguments, as written there."""
+    import json
+    import shlex
+
+    text = README.read_text()
+    y = re.search(r"\.venv/bin/papermill notebooks/padding_sweep\.ipynb \S+ -y '([^']+)'", text)
+    sw = re.search(r"\.venv/bin/mla-lab sweep (-p (?:[^\n]*\\\n)*[^\n]*)", text)  # the batch run, not the dry run
+    assert y and sw, "README lost its papermill or mla-lab sweep batch command"
+    return json.loads(y.group(1)), shlex.split(sw.group(1).replace("\\\n", " "))
+
+
+@pytest.mark.slow
+def test_readme_papermill_run_and_mla_lab_sweep_give_the_same_rows(tmp_path):
+    """README's two batch commands, as written, with only their output paths moved into tmp_path: the same rows
+    (on a CPU machine, where ``device`` auto prices every row; a GPU would measure each run anew)."""
+    import json
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from mla_lab.kernelspec import ensure_kernel
+
+    params, sweep_args = _readme_batch_commands()
+    paths = {"store_dir", "data_file", "report_dir"}
+    assert paths <= set(params) and all(f"{p}" in sweep_args for p in paths)
+    pm = {**params, "store_dir": str(tmp_path / "pm"), "data_file": str(tmp_path / "pm.csv"),
+          "report_dir": str(tmp_path / "pm_rep")}
+    moved = {"store_dir": str(tmp_path / "cli"), "data_file": str(tmp_path / "cli.csv"),
+             "report_dir": str(tmp_path / "cli_rep")}
+    cli = [moved.get(sweep_args[i - 1], a) if i >= 2 and sweep_args[i - 2] == "-p" else a
+           for i, a in enumerate(sweep_args)]
+    assert sum(x != y for x, y in zip(cli, sweep_args)) == 3  # only the three output paths moved
+    ensure_kernel()
+    r = subprocess.run([sys.executable, "-m", "papermill", str(NOTEBOOK), str(tmp_path / "out.ipynb"), "-y",
+                        json.dumps(pm), "--no-progress-bar"], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = subprocess.run([sys.executable, "-m", "mla_lab.cli", "sweep", *cli], cwd=REPO, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = (pd.read_csv(tmp_path / f).drop(columns=["git_commit", "timestamp"]) for f in ("pm.csv", "cli.csv"))
+    a, b = (d.sort_values(list(d.columns)).reset_index(drop=True) for d in (a, b))
+    assert len(a) > 1 and a["strategy"].nunique() == len(a)  # one deployment, every strategy
+    pd.testing.assert_frame_equal(a, b)
