@@ -513,10 +513,11 @@ def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
     """A JSON-able view of a ``serve_benchmark`` result: per strategy every metric, its change vs the baseline,
     the KV capacity, KV tokens lost and % of capacity beside the extra MiB (``runs``: the noise Monte-Carlo's
     result, attached as given)."""
+    from .placement import preset_label, strategy_notes
     strategies = {}
     base_cap = res["strategies"][res["baseline"]]["kv_capacity_tokens"]
     for s, r in res["strategies"].items():
-        strategies[s] = {"preset": r["preset"], "metrics": {k: float(v) for k, v in r["metrics"].items()},
+        strategies[s] = {"preset": r["preset"], "preset_label": preset_label(r["preset"] or ""), "metrics": {k: float(v) for k, v in r["metrics"].items()},
                          "change_pct": {k: float(v) for k, v in r["change_pct"].items()},
                          "kv_capacity_tokens": int(r["kv_capacity_tokens"]),
                          "kv_tokens_lost": round(float(r["kv_tokens_lost"])),
@@ -524,7 +525,8 @@ def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
                          if base_cap > 0 else float("nan"),
                          "extra_mib": float(r["extra_mib"]), "num_steps": int(r["num_steps"])}
     out = {"deployment": res["deployment"], "bench": res["bench"], "baseline": res["baseline"],
-           "strategies": strategies, "source": "modelled", "notes": res.get("notes", [])}
+           "strategies": strategies, "source": "modelled",
+           "notes": list(res.get("notes", [])) + strategy_notes(strategies)}
     if runs is not None:
         out["noise"] = runs
     out["num_runs"] = num_runs
@@ -557,7 +559,7 @@ def format_serve(out: dict) -> str:
             f"workload: {b['num_prompts']} prompts, input {b['random_input_len']}, output {b['random_output_len']}, "
             f"max concurrency {b['max_concurrency'] or 'unlimited'}, request rate "
             f"{'inf' if math.isinf(rate) else f'{rate:g}/s'}, seed {b['seed']}", ""]
-    names = [out["strategies"][s]["preset"] or s for s in others]
+    names = [out["strategies"][s].get("preset_label") or out["strategies"][s]["preset"] or s for s in others]
     w0, w = 32, max([16] + [len(n) + 2 for n in names])  # every column as wide as its name: none truncated
     lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n:>{w}}" for n in names),
              f"{'':<{w0}}{'value':>{w}}" + "".join(f"{'change %':>{w}}" for _ in names)]
@@ -576,15 +578,18 @@ def format_serve(out: dict) -> str:
                     else ""))
     lines.append("")
     lines.append("memory per rank vs the baseline (persistent workspace):")
-    wp = max([16] + [len(out["strategies"][s]["preset"] or s) for s in others])
+    names_of = dict(zip(others, names))
+    wp = max([16] + [len(n) for n in names])
     ws = max([28] + [len(s) for s in others])
     for s in others:
         r = out["strategies"][s]
-        lines.append(f"  {(r['preset'] or s):<{wp}} {s:<{ws}} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
+        lines.append(f"  {names_of[s]:<{wp}} {s:<{ws}} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
                      f"tokens lost ({r['kv_capacity_pct_lost']:.1f} % of KV capacity)")
     if out.get("noise"):
         lines.append("")
         lines.append(_noise_module().format_noise(out["noise"]))
+    from .placement import strategy_notes
+    lines += [f"note: {n}" for n in strategy_notes(out["strategies"])]
     lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")
     return "\n".join(head + lines)
 

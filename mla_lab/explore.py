@@ -18,6 +18,7 @@ import textwrap
 from .arch import ARCHS, get_arch
 from .buffers import MIB
 from .deployment import MOE_PARALLEL, WEIGHT_DTYPES, Deployment
+from .labels import KERNEL_NATIVE_NOTE
 from .models import KV_CACHE_DTYPES, load_model, model_names
 from .placement import BASELINE, EXPLORER_STRATEGIES, PR_STRATEGY, resolve_strategy
 from .report.data import load_measured
@@ -255,6 +256,8 @@ def summary_html(result: dict) -> str:
              + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
     note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.modelled_rows);"
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
+    if any(r["strategy"] == "kernel_native" for r in result["per_strategy"]):
+        note += f"<br><small>kernel_native = {e(KERNEL_NATIVE_NOTE)}.</small>"
     return f"<div>{head}<table style='margin-top:6px'>{facts_html}</table>{table}{note}</div>"
 
 

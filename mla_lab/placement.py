@@ -16,9 +16,10 @@ placement           where the padded ``[T, H', 576]`` Q lives
                     (vLLM after PR #56902): the padded heads hold that scratch (stale) unless the concat zeroes them
 ``subchunk``        a zeroed ``(S, H', 576)`` workspace; the step's tokens go through the kernel ``S`` at a time (no
                     engine does this; the lab's proposal, issue 12)
-``kernel_native``   a FlashMLA-style kernel that takes the real head count: the concat into an ``H``-head buffer, no
-                    padded buffer, no pad copy, no padded output (its MMAs still fill 64-row wgmma tiles on sm90);
-                    modelled (no such FlashMLA build exists; ``fa3_sparse`` is the shipping kernel of this kind)
+``kernel_native``   "real-head FlashMLA (modelled)": a FlashMLA-style kernel that takes the real head count: the
+                    concat into an ``H``-head buffer, no padded buffer, no pad copy, no padded output (its MMAs still
+                    fill 64-row wgmma tiles on sm90); modelled, and no lower limit of the others: vLLM 0.33.0's
+                    FlashMLA run with ``h_q = 8`` measured slower than padded to 64 (:data:`mla_lab.labels.KERNEL_NATIVE_MEASURED`)
 ``fa3_sparse``      no padded Q at all: vLLM ``FLASH_ATTN_MLA_SPARSE`` (PR #46189, merged 2026-06-19,
                     ``vllm/v1/attention/backends/mla/flashattn_mla_sparse.py``; vLLM's Hopper default for head size
                     576): FA3 varlen with ``q = q_rope``, ``q_v = q_nope``, the top-k indices as a page-size-1 block
@@ -29,8 +30,10 @@ placement           where the padded ``[T, H', 576]`` Q lives
 (``sparse-mqa``, ``fa3-sparse``, ``mha-dense``, ``mha-masked``) a step takes by model, prompt length and phase.
 Each placement has a default rule (:data:`DEFAULT_RULES`: vLLM's FlashMLA backend for the vLLM placements, SGLang's
 forced ``flashmla_sparse`` for ``per_call_zeros``, vLLM's FA3 backend for ``fa3_sparse``, none for the lab's
-``kernel_native``); ``<name>@<rule>`` names the same placement under another rule (``per_call_zeros@sglang-default``:
-SGLang's default H200 route, dense MHA for prefills of <= 2048 tokens). :func:`strategy_route` gives the route of a
+``kernel_native``); ``<name>@<rule>`` names the same placement under another rule (``per_call_zeros@sglang-dense``:
+SGLang's documented dense route, dense MHA for prefills of <= 2048 tokens, which SGLang 0.5.23 takes on an H200 only
+with its prefill CUDA graphs off; its default is ``sglang@0.5.23``; ``@sglang-default``, the old name, is read as
+``@sglang-dense``). :func:`strategy_route` gives the route of a
 step, :func:`preset_table` every preset's placement, content, route per prefill length and decode path.
 
 Content (what the padded heads hold while the kernel runs): ``zeros`` or ``stale`` (non-zero data: the kernel's
@@ -60,7 +63,8 @@ from ._validate import check_int
 from .engines import ENGINE_PRESETS as _ENGINE_PRESETS
 from .engines import decode_threshold, engine_preset, padding_for, sparse_backend
 from .engines import engine_names as _engine_names
-from .routes import ENGINE_RULES, model_family, route_for
+from .labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, SGLANG_DENSE_LABEL, SGLANG_DENSE_NOTE
+from .routes import ENGINE_RULES, RULE_ALIASES, model_family, route_for
 
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
            "parse_strategy", "as_strategy", "expand", "expand_strategies", "resolve_strategy", "preset_of",
@@ -69,14 +73,14 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
            "preset_table", "SUBCHUNK_GRAPH", "ENGINE_PRESET_MEMBERS", "engine_strategies",
            "ENGINE_LEGACY_NAMES", "resolve_engine", "engine_summary", "engine_table", "blackwell_rows",
-           "PR_TRADE_BY_ENGINE"]
+           "PR_TRADE_BY_ENGINE", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label", "strategy_notes"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
               "kernel_native", "fa3_sparse")
 #: The engine route rule (:data:`mla_lab.routes.ENGINE_RULES`) each placement runs under unless its name says
 #: ``@<rule>``: vLLM's FLASHMLA_SPARSE paths (DeepSeek-V3.2 takes dense MHA when every prefill has seq_len <= topk,
 #: vLLM #47327; GLM-5/5.2 is MQA-only, #52512); SGLang with ``flashmla_sparse`` forced; vLLM's FA3 sparse backend;
-#: ``kernel_native`` none (the padded kernel's family as a bound: always ``sparse-mqa``).
+#: ``kernel_native`` none (always ``sparse-mqa``: no engine's dense-MHA route for short prompts).
 DEFAULT_RULES = {"per_call_empty": "vllm-flashmla", "private_workspace": "vllm-flashmla",
                  "shared_workspace": "vllm-flashmla", "subchunk": "vllm-flashmla", "per_call_zeros": "sglang-flashmla",
                  "fa3_sparse": "vllm-fa3", "kernel_native": None}
@@ -190,7 +194,7 @@ PRESETS = {
     "vllm-53878": ("private_workspace",),
     "vllm-56902": ("shared_workspace:none",),
     "vllm-fa3-sparse": ("fa3_sparse",),
-    "sglang": ("per_call_zeros@sglang-default",),
+    "sglang-dense": ("per_call_zeros@sglang-dense",),
     "sglang-flashmla-sparse": ("per_call_zeros",),
     "kernel-native": ("kernel_native",),
 }
@@ -214,16 +218,40 @@ PRESET_SOURCES = {
                        "q=q_rope, q_v=q_nope, max_seqlen_q=1, block_table=top-k indices, real heads; vLLM's sm90 "
                        "default for head size 576 (ahead of FLASHMLA_SPARSE in the sparse priority list, vLLM issue "
                        "#56564); no concat, no padded Q, no padded output",
-    "sglang": "SGLang's default H200 route (sgl-project/sglang docs/basic_usage/deepseek_v32.md at 7bc99464, PR "
+    "sglang-dense": "SGLang's documented dense route with its prefill CUDA graphs off (not SGLang 0.5.23's H200 "
+                    "default: that runs prompts of <= 8192 tokens inside breakable prefill CUDA graphs, where the "
+                    "dense route is off, on padded flashmla_sparse with new_zeros; engine preset sglang@0.5.23) "
+                    "(sgl-project/sglang docs/basic_usage/deepseek_v32.md at 7bc99464, PR "
               "#12868; dsa_backend.py, PR #11892): prefills of <= 2048 tokens dense MHA (FlashAttention varlen, "
               "MHA_ONE_SHOT), longer prefills flashmla_sparse (_forward_flashmla_sparse: q_all.new_zeros(...) + "
               "copy per call), decode fa3",
     "sglang-flashmla-sparse": "SGLang with flashmla_sparse forced for every prefill and decode "
                               "(_forward_flashmla_sparse: q_all.new_zeros(...) + copy per call)",
-    "kernel-native": "modelled: a FlashMLA-style kernel taking the real head count (concat into an H-head buffer; "
-                     "no padded Q, no padded output); vLLM's FLASH_ATTN_MLA_SPARSE (preset vllm-fa3-sparse) is "
-                     "the shipping kernel of this kind on sm90",
+    "kernel-native": "modelled (real-head FlashMLA): a FlashMLA-style kernel taking the real head count (concat "
+                     "into an H-head buffer; no padded Q, no padded output); no engine's backend runs one; vLLM's "
+                     "FLASH_ATTN_MLA_SPARSE (preset vllm-fa3-sparse) is the shipping real-head kernel on sm90, and "
+                     "vLLM 0.33.0's FlashMLA run with h_q = 8 measured slower than padded to 64 "
+                     "(data/measured/h200/between_process/engine_kernels.csv)",
 }
+#: How outputs label a preset whose name alone would mislead (advise, serve, the report; :mod:`mla_lab.labels`):
+#: ``sglang-dense`` is not SGLang's default today (that is ``sglang@0.5.23``), ``kernel-native`` no engine's kernel.
+PRESET_LABELS = {"sglang-dense": SGLANG_DENSE_LABEL, "kernel-native": KERNEL_NATIVE_LABEL}
+#: The line an output prints under a table holding these strategies (:func:`strategy_notes`).
+STRATEGY_NOTES = {"kernel_native": KERNEL_NATIVE_NOTE, "per_call_zeros@sglang-dense": SGLANG_DENSE_NOTE}
+
+
+def preset_label(preset: str) -> str:
+    """The label outputs print for a preset name (:data:`PRESET_LABELS`; others as they are, "" stays "")."""
+    return PRESET_LABELS.get(preset, preset)
+
+
+def strategy_notes(strategies) -> list[str]:
+    """The notes an output prints under a table holding ``strategies`` (canonical names): :data:`STRATEGY_NOTES`
+    of those present, once each, in that order; [] when none is."""
+    names = {str(s) for s in strategies}
+    return [note for s, note in STRATEGY_NOTES.items() if s in names]
+
+
 #: Engine-version presets (:data:`mla_lab.engines.ENGINE_PRESETS`) -> the lab's canonical strategies for their sm90
 #: bf16-KV default (``<placement>@<route rule>``; two = the range: padded heads zeros / stale). vLLM 0.13.0 builds Q
 #: with ``torch.cat`` (a fresh tensor, no buffer) before the same ``new_empty`` pad: priced as ``per_call_empty``.
@@ -276,8 +304,9 @@ def engine_strategies(engine: str) -> list[str]:
     return [parse_strategy(n).name for n in ENGINE_PRESET_MEMBERS[resolve_engine(engine)]]
 
 
-#: The first version's names, kept so existing parameter files and data keep working.
-ALIASES = {"unfused": "vllm-pre-53878", "fused": "vllm-53878"}
+#: The first version's names, kept so existing parameter files and data keep working (``sglang`` named SGLang's
+#: documented dense route, now preset ``sglang-dense``: SGLang 0.5.23's H200 default is ``sglang@0.5.23``).
+ALIASES = {"unfused": "vllm-pre-53878", "fused": "vllm-53878", "sglang": "sglang-dense"}
 #: What the first version's *measurements* labelled ``unfused`` / ``fused`` ran: a ``new_zeros`` pad per call and a
 #: zero-initialised private workspace (measured rows and the layer runner keep those labels).
 LEGACY_MEASURED = {"unfused": "per_call_zeros", "fused": "private_workspace"}
@@ -311,6 +340,7 @@ def parse_strategy(name: str) -> Strategy:
         raise ValueError(f"strategy={name!r} must be a str or a Strategy; allowed: {canonical_names()}")
     if "@" in name:
         base, _, rule = name.partition("@")
+        rule = RULE_ALIASES.get(rule, rule)  # an old rule name (sglang-default) read as its new one
         st = parse_strategy(base)
         if rule not in ENGINE_RULES:
             raise ValueError(f"strategy={name!r}: route rule {rule!r} is not known; allowed: {list(ENGINE_RULES)}")
@@ -470,7 +500,7 @@ SEED_COMPARISONS = (
     ("vLLM #53878 vs vLLM before it, padded heads stale", "private_workspace", "per_call_empty:stale"),
     ("vLLM #56902 (shared workspace, stale) vs vLLM #53878", "shared_workspace:none", "private_workspace"),
     ("SGLang, flashmla_sparse forced (new_zeros per call) vs vLLM #53878", "per_call_zeros", "private_workspace"),
-    ("SGLang's default H200 route (dense MHA <= 2048 tokens) vs vLLM #53878", "per_call_zeros@sglang-default",
+    ("SGLang dense route, prefill graphs off (dense MHA <= 2048 tokens) vs vLLM #53878", "per_call_zeros@sglang-dense",
      "private_workspace"),
     ("vLLM FA3 sparse (Hopper default, real heads) vs vLLM #53878", "fa3_sparse", "private_workspace"),
     ("vLLM #53878 vs a new_zeros pad per call (the lab's first baseline)", "private_workspace", "per_call_zeros"),

@@ -44,7 +44,10 @@ model-dependent length), so :func:`check_route` refuses it there.
   ``mla_attention.py`` sends all tokens down the MQA path); ``FLASH_ATTN_MLA_SPARSE`` -> ``fa3-sparse`` (vLLM's
   Hopper default for head size 576; it precedes ``FLASHMLA_SPARSE`` in the sm90 sparse priority list, vLLM issue
   #56564, which is why the PR's server forces ``--attention-backend FLASHMLA_SPARSE``).
-- ``sglang-default``: SGLang's default H200 route (sgl-project/sglang ``docs/basic_usage/deepseek_v32.md``, PR #12868 text: "For short
+- ``sglang-dense`` (called ``sglang-default`` before; that name is still read, :data:`RULE_ALIASES`): SGLang's
+  documented dense route, which SGLang 0.5.23 takes on an H200 only with its prefill CUDA graphs off (its default
+  runs short prompts inside breakable prefill graphs on the padded route: ``sglang-0.5.23`` below)
+  (sgl-project/sglang ``docs/basic_usage/deepseek_v32.md``, PR #12868 text: "For short
   prefill sequences (default threshold: 2048 tokens), the NSA backend uses standard MHA automatically ... On H200
   (SM90) this path uses the FlashAttention variable-length kernel", MHA_ONE_SHOT; ``dsa_backend.py`` /
   ``nsa_backend.py``; PR #11892): prefill with ``seq_len <= 2048`` (``SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD``,
@@ -78,7 +81,7 @@ from .engines import fact
 __all__ = ["ROUTES", "PHASES", "ENGINES", "SPARSE_BACKENDS", "ROUTE_SOURCES", "EngineRule", "RouteChoice",
            "ENGINE_RULES", "engine_rule", "check_route", "route_for", "route_table", "model_family", "config_family",
            "ARCHITECTURE_FAMILIES", "MODEL_TYPE_FAMILIES", "FAMILIES",
-           "is_equivalent", "SGLANG_DENSE_KV_LEN_THRESHOLD"]
+           "is_equivalent", "SGLANG_DENSE_KV_LEN_THRESHOLD", "RULE_ALIASES"]
 
 ROUTES = ("sparse-mqa", "fa3-sparse", "mha-dense", "mha-masked")
 PHASES = ("prefill", "decode")
@@ -198,7 +201,7 @@ class EngineRule:
     """How one engine configuration routes sparse-MLA attention.
 
     Attributes:
-        name: the rule's name (``vllm-flashmla``, ``vllm-fa3``, ``sglang-default``, ``sglang-flashmla``).
+        name: the rule's name (``vllm-flashmla``, ``vllm-fa3``, ``sglang-dense``, ``sglang-flashmla``).
         engine: ``vllm`` or ``sglang``.
         backend_route: the route of MQA tokens (prefill that takes no dense route; decode): ``sparse-mqa`` or
             ``fa3-sparse``.
@@ -268,9 +271,11 @@ ENGINE_RULES = {
         _VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py at 0299fca7: FA3 varlen, q=q_rope, "
         "q_v=q_nope, max_seqlen_q=1, block_table=top-k indices; requests of <= 1024 query tokens handled as "
         "decodes), vLLM's sm90 default for head size 576 (sparse priority list quoted in vLLM issue #56564)", 1024),
-    "sglang-default": EngineRule(
-        "sglang-default", "sglang", "sparse-mqa", "fa3-sparse", SGLANG_DENSE_KV_LEN_THRESHOLD, ("deepseek", "glm"),
+    "sglang-dense": EngineRule(
+        "sglang-dense", "sglang", "sparse-mqa", "fa3-sparse", SGLANG_DENSE_KV_LEN_THRESHOLD, ("deepseek", "glm"),
         False,
+        "SGLang's documented dense route, prefill CUDA graphs off (not SGLang 0.5.23's H200 default, which runs "
+        "short prompts in breakable prefill graphs on the padded route: rule sglang-0.5.23); "
         "sgl-project/sglang docs/basic_usage/deepseek_v32.md (PR #12868: dense MHA below 2048 tokens, FlashAttention "
         "varlen on H200, MHA_ONE_SHOT), PR #11892 (_forward_standard_mha), dsa_backend.py "
         "(_forward_flashmla_sparse: new_zeros + copy per call; decode backend fa3)"),
@@ -310,8 +315,15 @@ ENGINE_RULES.update({
 })
 
 
+#: Rule names read at the door for an older name: ``sglang-default`` was the lab's name for SGLang's documented
+#: dense route before SGLang 0.5.23's default was read (issue 32: it is not SGLang's default today).
+RULE_ALIASES = {"sglang-default": "sglang-dense"}
+
+
 def engine_rule(name: str) -> EngineRule:
-    """The :class:`EngineRule` named ``name``. Raises ValueError naming the allowed rules."""
+    """The :class:`EngineRule` named ``name`` (an old name of :data:`RULE_ALIASES` is read as its new one).
+    Raises ValueError naming the allowed rules."""
+    name = RULE_ALIASES.get(name, name)
     if name not in ENGINE_RULES:
         raise ValueError(f"engine rule={name!r} is not valid; allowed: {list(ENGINE_RULES)}")
     return ENGINE_RULES[name]

@@ -47,16 +47,16 @@
 # Every parameter is typed and explained (`papermill --help-notebook notebooks/padding_sweep.ipynb` lists them);
 # a name papermill injects that is not declared here is refused in the next cell.
 models: list = ["glm-5", "deepseek-v3.2"]  # model names under data/models
-tp_sizes: list = [8]  # vLLM --tensor-parallel-size values (the default grid is deployments that load)
+tp_sizes: list = [8]  # vLLM --tensor-parallel-size values (TP 1-4 do not load the default models on an H200)
 archs: list = ["h200", "b200"]  # GPU names or aliases (h200, b200, hopper, blackwell)
 max_num_batched_tokens: list = [8192, 16384]  # vLLM --max-num-batched-tokens values (also the workspace rows)
 prompt_lens: list = [1024, 8192]  # vllm bench serve --random-input-len values (tokens)
 kv_cache_dtype: str = "bf16"  # vLLM --kv-cache-dtype: bf16 or fp8 (or a list of both)
 num_prompts: int = 32  # vllm bench serve --num-prompts
 concurrency: int = None  # vllm bench serve --max-concurrency (None: num_prompts)
-# engine presets (vllm-pre-53878, vllm-53878, vllm-56902, sglang, kernel-native), the shared workspace zeroed per
+# engine presets (vllm-pre-53878, vllm-53878, vllm-56902, sglang-dense, kernel-native), the shared workspace zeroed per
 # call, and the sub-chunked workspace at S rows (":views": the consumer takes per-chunk views); see mla_lab.placement
-strategies: list = ["vllm-pre-53878", "vllm-53878", "vllm-56902", "vllm-fa3-sparse", "sglang",
+strategies: list = ["vllm-pre-53878", "vllm-53878", "vllm-56902", "vllm-fa3-sparse", "sglang-dense",
                     "sglang-flashmla-sparse", "kernel-native", "shared_workspace:zero_per_call", "subchunk:1024",
                     "subchunk:2048", "subchunk:4096", "subchunk:8192", "subchunk:1024:views", "subchunk:2048:views",
                     "subchunk:4096:views", "subchunk:8192:views", "subchunk:1024:graph2", "subchunk:2048:graph2",
@@ -113,7 +113,7 @@ params = sweep.validate_params({k: v for k, v in globals().items() if k in sweep
 figs = Path(figure_dir) if figure_dir else Path(report_dir) / "figures"
 saved = {}  # figure name -> PNG and SVG paths
 df = sweep.run_sweep(params)  # progress goes to the terminal; the HTML report leaves this cell's output out
-kv_shown = params.kv_cache_dtype[0]  # the figures show one KV-cache dtype: the first of the grid
+kv_shown = params.kv_cache_dtype[0]  # the figures show one KV-cache dtype, the first of the grid; each names the rest
 
 # %%
 measured = report.measured_for(params)
@@ -265,7 +265,7 @@ else:
 # KV-cache tokens). y: TTFT change against vLLM before the PR with zero padded heads (%). Hollow markers are
 # modelled; filled markers with error bars are measured. The orange and pink lines are the sub-chunked workspace
 # at S rows (copy out / views to the consumer); the red staircase is that deployment's Pareto frontier
-# (kernel-native is a bound, never on it). Deployments whose weights or workload do not fit say so.
+# (kernel-native, real-head FlashMLA, is modelled only: never on it). Deployments whose weights or workload do not fit say so.
 
 # %%
 has_ok = len(report.ok_rows(both)) > 0
@@ -275,6 +275,8 @@ if has_ok:
                                                 "frontier_", figs, key=frontier_key)):
         saved[f"frontier_{i + 1}"] = out
     unfit = report.not_fitting(both, kv_cache_dtype=kv_shown)
+    if report.kv_dtype_note(both, kv_shown):  # the figure's title says it too; so does this section's text
+        display(Markdown(f"*{report.kv_dtype_note(both, kv_shown)}*"))
     if len(unfit):
         display(Markdown(f"**{len(unfit)} deployment(s) do not fit** (never a result, no panel):"))
         display(HTML(report.html_table(unfit)))

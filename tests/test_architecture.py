@@ -11,6 +11,7 @@ never a sibling unit on the same layer, and nothing in a circle:
     strategies, seed
     kernels, buffers, deployment
     models, arch, workload, provenance, kernelspec, placement
+    labels (how outputs name the strategies whose names mislead, and the measurement they quote)
     routes (engine route rules: placement's presets name their routes)
     engines (engine versions and their facts as data; the wheel check)
     paths, _validate
@@ -39,6 +40,7 @@ STACK = [
     ("strategies", "seed"),
     ("kernels", "buffers", "deployment"),
     ("models", "arch", "workload", "provenance", "kernelspec", "placement"),
+    ("labels",),
     ("routes",),
     ("engines",),
     ("paths", "_validate"),

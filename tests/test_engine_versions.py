@@ -138,7 +138,7 @@ def test_sglang_prefill_graphs_turn_the_dense_route_off():
     assert route_for("sglang-0.5.23", "glm", GLM_TOPK, "prefill", [1024] * 8, [1024] * 8).route == "sparse-mqa"
     assert route_for("sglang-0.5.23", "glm", GLM_TOPK, "prefill", [1024] * 9, [1024] * 9).route == "mha-dense"
     assert route_for("sglang-0.5.23", "glm", GLM_TOPK, "prefill", [4096] * 3, [4096] * 3).route == "sparse-mqa"
-    assert route_for("sglang-default", "glm", GLM_TOPK, "prefill", [1024] * 8, [1024] * 8).route == "mha-dense"
+    assert route_for("sglang-dense", "glm", GLM_TOPK, "prefill", [1024] * 8, [1024] * 8).route == "mha-dense"
 
 
 def test_vllm_0_13_does_not_run_glm():

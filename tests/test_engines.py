@@ -25,7 +25,7 @@ PRESET_TABLE = {
     "vllm-pre-53878": [("per_call_empty", "zeros"), ("per_call_empty", "stale")],
     "vllm-53878": [("private_workspace", "zeros")],
     "vllm-56902": [("shared_workspace", "stale")],
-    "sglang": [("per_call_zeros", "zeros")],
+    "sglang-dense": [("per_call_zeros", "zeros")],
     "kernel-native": [("kernel_native", "zeros")],
 }
 
@@ -38,7 +38,7 @@ def test_preset_placement_and_content(preset):
 
 
 def test_aliases_keep_the_first_versions_names_working():
-    assert ALIASES == {"unfused": "vllm-pre-53878", "fused": "vllm-53878"}
+    assert ALIASES == {"unfused": "vllm-pre-53878", "fused": "vllm-53878", "sglang": "sglang-dense"}
     assert expand_strategies(["unfused", "fused", "kernel_native"]) == [
         "per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "kernel_native"]
     assert parse_strategy("subchunk:4096:views").name == "subchunk:4096:views"
@@ -114,7 +114,7 @@ def test_every_real_preset_gives_the_same_real_heads(heads, arch):
     r = equivalence_check(num_heads=heads, arch=arch, num_tokens=29)
     assert r["equal"], r["per_strategy"]
     # the members that run a padded Q on tensors (fa3_sparse and kernel_native are modelled; a route variant such as
-    # per_call_zeros@sglang-default runs its base strategy's padded path)
+    # per_call_zeros@sglang-dense runs its base strategy's padded path)
     members = {n for ms in PRESETS.values() for n in ms
                if parse_strategy(n).padded and parse_strategy(n).route_rule is None}
     assert members <= set(r["strategies"])

@@ -78,7 +78,7 @@ def test_the_advice_table_fits_a_1280_px_report():
     header = next(ln for ln in text.splitlines() if ln.startswith("strategy "))
     assert header.endswith("frontier") and "measured dTTFT [int.]" in header
     rows = [ln for ln in text.splitlines() if ln.split() and ln.split()[0] in
-            {"per_call_empty:zeros", "private_workspace", "fa3_sparse", "per_call_zeros@sglang-default"}]
+            {"per_call_empty:zeros", "private_workspace", "fa3_sparse", "per_call_zeros@sglang-dense"}]
     assert len(rows) >= 3
     for ln in [header, *rows]:
         assert len(ln) <= 143 and ln == ln.rstrip(), ln

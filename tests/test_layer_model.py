@@ -244,7 +244,7 @@ def test_weights_per_rank():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(strategy="padded"), r"strategy='padded' is not known; allowed: \['per_call_empty:zeros'.*aliases \['unfused', 'fused'\]"),
+    (dict(strategy="padded"), r"strategy='padded' is not known; allowed: \['per_call_empty:zeros'.*aliases \['unfused', 'fused', 'sglang'\]"),
     (dict(strategy="fused"), r"strategy='fused' is a preset or alias, read only at the door"),
     (dict(weight_dtype="int4"), r"weight_dtype='int4'.*allowed: \['bf16', 'fp8'\]"),
     (dict(moe_parallel="dp"), r"moe_parallel='dp'.*allowed: \['tp', 'ep'\]"),

@@ -74,7 +74,7 @@ def test_a_sweep_row_does_not_depend_on_the_measured_folder(tmp_path):
             "for m, L in (('glm-5', 1024), ('deepseek-v3.2', 1024), ('glm-5', 8192)):\n"
             "    d = Deployment.seed(model=m, prompt_len=L)\n"
             "    p = d.to_point(strategies=['private_workspace', 'fa3_sparse', 'kernel_native', "
-            "'per_call_zeros@sglang-default'], shared_workspace_bytes=None, num_runs=7)\n"
+            "'per_call_zeros@sglang-dense'], shared_workspace_bytes=None, num_runs=7)\n"
             "    out += [{k: v for k, v in r.items() if isinstance(v, (int, float))} | {'strategy': r['strategy']}"
             " for r in modelled_rows(p, deployment=d)]\n"
             "print(json.dumps(out))")

@@ -49,6 +49,14 @@ PENDING = {
     "mla_lab/measure/tp.py": 1,  # the TP harness's default ["unfused", "fused"]
     "mla_lab/report/styles.py": 1,  # STRATEGY_STYLE (moved from report/figures.py: the one style table)
     "mla_lab/serving/simulate.py": 1,  # the demo's two linear pricers
+    # the measurement experiments name the strategies they time (moved from benchmarks/, issue 31)
+    "mla_lab/fits/predict_pr53878.py": 1,
+    "mla_lab/measure/experiments/attention_strategies.py": 1,
+    "mla_lab/measure/experiments/cold_start.py": 1,
+    "mla_lab/measure/experiments/decode_layer.py": 1,
+    "mla_lab/measure/experiments/presets.py": 1,
+    "mla_lab/measure/experiments/routes_step.py": 1,
+    "mla_lab/measure/experiments/tp_block.py": 1,
 }
 
 _SUBCHUNK = re.compile(r"^subchunk:\d+(:copy|:views|:graph2)?$")
@@ -67,7 +75,9 @@ def _literal_groups(tree):
         if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
             yield node, node.elts
         elif isinstance(node, ast.Dict):
-            yield node, [k for k in node.keys if k is not None]
+            legacy = all(isinstance(v, ast.Constant) and v.value in CONTENTS for v in node.values)
+            if not legacy:  # a table translating old words into the vocabulary (a door's legacy flag) is allowed
+                yield node, [k for k in node.keys if k is not None]
             yield node, node.values
 
 

@@ -27,7 +27,7 @@ GLM_TABLE = {
     "vllm-53878": [("private_workspace", "private_workspace", "zeros", ["sparse-mqa"] * 5, "sparse-mqa")],
     "vllm-56902": [("shared_workspace:none", "shared_workspace", "stale", ["sparse-mqa"] * 5, "sparse-mqa")],
     "vllm-fa3-sparse": [("fa3_sparse", "fa3_sparse", "zeros", ["fa3-sparse"] * 5, "fa3-sparse")],
-    "sglang": [("per_call_zeros@sglang-default", "per_call_zeros", "zeros",
+    "sglang-dense": [("per_call_zeros@sglang-dense", "per_call_zeros", "zeros",
                 ["mha-dense"] * 3 + ["sparse-mqa"] * 2, "fa3-sparse")],
     "sglang-flashmla-sparse": [("per_call_zeros", "per_call_zeros", "zeros", ["sparse-mqa"] * 5, "sparse-mqa")],
     "kernel-native": [("kernel_native", "kernel_native", "zeros", ["sparse-mqa"] * 5, "sparse-mqa")],
@@ -39,7 +39,7 @@ DSV_ROUTES = {
     "private_workspace": ["mha-dense"] * 3 + ["sparse-mqa"] * 2,
     "shared_workspace:none": ["mha-dense"] * 3 + ["sparse-mqa"] * 2,
     "fa3_sparse": ["fa3-sparse", "fa3-sparse", "mha-dense", "fa3-sparse", "fa3-sparse"],
-    "per_call_zeros@sglang-default": ["mha-dense"] * 3 + ["sparse-mqa"] * 2,
+    "per_call_zeros@sglang-dense": ["mha-dense"] * 3 + ["sparse-mqa"] * 2,
     "per_call_zeros": ["sparse-mqa"] * 5,
     "kernel_native": ["sparse-mqa"] * 5,
 }
@@ -67,7 +67,8 @@ def test_preset_sources_name_the_file_and_the_dates():
     assert "#56902" in PRESET_SOURCES["vllm-56902"] and "-144 MiB" in PRESET_SOURCES["vllm-56902"]
     assert "flashattn_mla_sparse.py" in PRESET_SOURCES["vllm-fa3-sparse"] and "#46189" in PRESET_SOURCES[
         "vllm-fa3-sparse"]
-    assert "deepseek_v32.md" in PRESET_SOURCES["sglang"] and "new_zeros" in PRESET_SOURCES["sglang"]
+    assert "deepseek_v32.md" in PRESET_SOURCES["sglang-dense"] and "new_zeros" in PRESET_SOURCES["sglang-dense"]
+    assert "prefill CUDA graphs off" in PRESET_SOURCES["sglang-dense"] and "sglang@0.5.23" in PRESET_SOURCES["sglang-dense"]
     assert "no engine ships" not in PRESET_SOURCES["kernel-native"]
     assert "vllm-fa3-sparse" in PRESET_SOURCES["kernel-native"]
 
@@ -103,7 +104,7 @@ def test_vllm_fa3_sparse_has_no_padded_bytes_and_no_padded_writes():
 
 
 def test_a_1024_token_prompt_on_sglang_pads_nothing():
-    st = parse_strategy(PRESETS["sglang"][0])
+    st = parse_strategy(PRESETS["sglang-dense"][0])
     assert strategy_route(st, GLM, 2048, [1024] * 16, [1024] * 16) == "mha-dense"
     r = step_time_ms(GLM, 8, H200, st, SEED_STEP, **KW)
     assert r["route"] == "mha-dense"
@@ -124,8 +125,10 @@ def test_a_1024_token_prompt_on_sglang_pads_nothing():
 
 
 def test_route_names_round_trip_and_bad_rules_are_refused():
-    st = parse_strategy("per_call_zeros@sglang-default")
-    assert st.name == "per_call_zeros@sglang-default" and st.rule == "sglang-default"
+    st = parse_strategy("per_call_zeros@sglang-dense")
+    assert st.name == "per_call_zeros@sglang-dense" and st.rule == "sglang-dense"
+    # the old rule name (issue 32: it is not SGLang's default today) is still read, as the new one
+    assert parse_strategy("per_call_zeros@sglang-dense") == st
     assert parse_strategy("private_workspace@vllm-flashmla").name == "private_workspace"  # the default rule
     with pytest.raises(ValueError, match="route rule 'trtllm' is not known"):
         parse_strategy("private_workspace@trtllm")

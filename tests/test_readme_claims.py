@@ -20,7 +20,8 @@ ROUND2 = REPO / "data" / "measured" / "h200" / "round2"
 
 
 def _in_readme(text: str) -> None:
-    """``text`` stands in README.md or docs/findings.md with its words in order (line breaks and runs of spaces are layout, not content)."""
+    """``text`` stands in README.md or docs/findings.md with its words in order (line breaks and runs of spaces are
+    layout, not content)."""
     assert " ".join(text.split()) in " ".join(README.split()), f"README does not say {text!r}"
 
 
@@ -80,7 +81,7 @@ def test_engine_presets_modelled(seed_rows):
     flat = " ".join(README.split())
     fa, fa52 = (seed_rows[(m, "fa3_sparse", "private_workspace")]["modelled_pct"] for m in ("glm-5", "glm-5.2"))
     assert f"is modelled at {fa:+.1f} % TTFT against the PR's path (GLM-5.2: {fa52:+.1f} %" in flat
-    sg, sg52 = (seed_rows[(m, "per_call_zeros@sglang-default", "private_workspace")]["modelled_pct"]
+    sg, sg52 = (seed_rows[(m, "per_call_zeros@sglang-dense", "private_workspace")]["modelled_pct"]
                 for m in ("glm-5", "glm-5.2"))
     z52 = seed_rows[("glm-5.2", "private_workspace", "per_call_empty:zeros")]["modelled_pct"]
     assert (f"modelled at {sg52:+.1f} % TTFT against the PR's path for GLM-5.2 (GLM-5: {sg:+.1f} %), beside the "

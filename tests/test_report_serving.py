@@ -48,7 +48,7 @@ def test_serving_table_has_every_printed_metric_per_strategy(result):
     assert dict(zip(rep["metric"], rep["reported_change_pct"])) == {
         "mean_ttft_ms": SEED_REPORTED["ttft_change_pct"],
         "total_token_throughput": SEED_REPORTED["throughput_change_pct"]}
-    assert set(t["preset"]) == {"vllm-pre-53878", "vllm-53878", "sglang"}
+    assert set(t["preset"]) == {"vllm-pre-53878", "vllm-53878", "sglang-dense (prefill graphs off)"}
 
 
 def test_serving_table_wide_form(result):

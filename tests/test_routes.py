@@ -40,10 +40,10 @@ def M(name: str):
     ("vllm-flashmla", "glm-5", 512, "sparse-mqa"),
     ("vllm-fa3", "glm-5.2", 1024, "fa3-sparse"),
     # SGLang default H200: dense MHA <= 2048 tokens for both families, flashmla_sparse above
-    ("sglang-default", "glm-5", 1024, "mha-dense"),
-    ("sglang-default", "glm-5", 2048, "mha-dense"),
-    ("sglang-default", "glm-5", 2049, "sparse-mqa"),
-    ("sglang-default", "deepseek-v3.2", 8192, "sparse-mqa"),
+    ("sglang-dense", "glm-5", 1024, "mha-dense"),
+    ("sglang-dense", "glm-5", 2048, "mha-dense"),
+    ("sglang-dense", "glm-5", 2049, "sparse-mqa"),
+    ("sglang-dense", "deepseek-v3.2", 8192, "sparse-mqa"),
     # the padded route forced
     ("sglang-flashmla", "glm-5", 1024, "sparse-mqa"),
 ])
@@ -52,7 +52,7 @@ def test_prefill_route(rule, model, L, route):
 
 
 @pytest.mark.parametrize("rule,decode", [("vllm-flashmla", "sparse-mqa"), ("vllm-fa3", "fa3-sparse"),
-                                         ("sglang-default", "fa3-sparse"), ("sglang-flashmla", "sparse-mqa")])
+                                         ("sglang-dense", "fa3-sparse"), ("sglang-flashmla", "sparse-mqa")])
 def test_decode_route(rule, decode):
     for model in ("glm-5", "deepseek-v3.2"):
         assert route_for(rule, M(model), TOPK, "decode").route == decode
@@ -70,9 +70,9 @@ def test_query_len_threshold_and_context():
     assert route_for("vllm-flashmla", M("deepseek-v3.2"), TOPK, "prefill", 2048, 512).route == "mha-dense"
     assert route_for("vllm-flashmla", M("deepseek-v3.2"), TOPK, "prefill", 4096, 512).route == "sparse-mqa"
     with pytest.raises(ValueError, match="query_len=600 exceeds its seq_len=500"):
-        route_for("sglang-default", M("glm-5"), TOPK, "prefill", 500, 600)
+        route_for("sglang-dense", M("glm-5"), TOPK, "prefill", 500, 600)
     with pytest.raises(ValueError, match="query_lens has 1 entries for 2 seq_lens"):
-        route_for("sglang-default", M("glm-5"), TOPK, "prefill", [500, 600], [10])
+        route_for("sglang-dense", M("glm-5"), TOPK, "prefill", [500, 600], [10])
 
 
 def test_dense_route_only_where_equivalent():
@@ -99,10 +99,10 @@ def test_refusals():
 
 @pytest.mark.parametrize("call,match", [
     (lambda: route_for("vllm", M("glm-5"), TOPK, "prefill", 1024), "engine rule='vllm' is not valid"),
-    (lambda: route_for("sglang-default", M("glm-5"), TOPK, "extend", 1024), "phase='extend' is not valid"),
-    (lambda: route_for("sglang-default", M("glm-5"), TOPK, "prefill"), "seq_lens=None"),
-    (lambda: route_for("sglang-default", M("glm-5"), TOPK, "prefill", 0), "seq_len"),
-    (lambda: route_for("sglang-default", M("glm-5"), TOPK, "prefill", []), "seq_lens=\\[\\] is empty"),
+    (lambda: route_for("sglang-dense", M("glm-5"), TOPK, "extend", 1024), "phase='extend' is not valid"),
+    (lambda: route_for("sglang-dense", M("glm-5"), TOPK, "prefill"), "seq_lens=None"),
+    (lambda: route_for("sglang-dense", M("glm-5"), TOPK, "prefill", 0), "seq_len"),
+    (lambda: route_for("sglang-dense", M("glm-5"), TOPK, "prefill", []), "seq_lens=\\[\\] is empty"),
     (lambda: check_route("dense", "glm-5", 10, TOPK), "route='dense' is not valid"),
 ])
 def test_bad_input_one_line(call, match):
@@ -111,7 +111,7 @@ def test_bad_input_one_line(call, match):
 
 
 def test_route_table_and_family():
-    t = route_table("sglang-default", M("glm-5"), TOPK, (1024, 4096))
+    t = route_table("sglang-dense", M("glm-5"), TOPK, (1024, 4096))
     assert t == [{"prompt_len": 1024, "prefill_route": "mha-dense", "decode_route": "fa3-sparse"},
                  {"prompt_len": 4096, "prefill_route": "sparse-mqa", "decode_route": "fa3-sparse"}]
     assert model_family(M("glm-5.2")) == "glm" and model_family(M("deepseek-v3.2")) == "deepseek"
@@ -121,4 +121,4 @@ def test_route_table_and_family():
         with pytest.raises(ValueError, match="does not give a family"):
             model_family(name)
     # a model no engine rule names takes no dense route (the lab's own test geometries)
-    assert route_for("sglang-default", "other", TOPK, "prefill", 1024).route == "sparse-mqa"
+    assert route_for("sglang-dense", "other", TOPK, "prefill", 1024).route == "sparse-mqa"

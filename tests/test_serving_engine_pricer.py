@@ -129,10 +129,17 @@ def test_decode_terms_counted_over_the_right_layers():
 
 
 def test_decode_kernel_is_flat_then_bandwidth_bound():
-    """The measured shape (perf-notes, GPU round 2): ~56 us at topk 2048 for B = 1..16, 163 us at B = 256."""
+    """The decode kernel against vLLM 0.33.0's FlashMLA padded to 64 heads measured at 2048 keys per token (one H200,
+    5 fresh processes, engine_kernels.csv): flat from B = 1 to 16, bandwidth-bound at 256; within 10 %."""
+    from mla_lab.report.engine_kernels import decode_table
+
+    measured = {r["B"]: r["flashmla_pad64"] * 1e3 for r in decode_table(8, 8192)}
+
     def kernel_us(B):
         return layer_decode_ms(GLM, 8, H200, "private_workspace", decode_contexts=[4096] * B)["ops"]["kernel"] * 1e3
 
-    assert kernel_us(1) == pytest.approx(56, rel=0.10)
-    assert kernel_us(16) == pytest.approx(57, rel=0.10)
-    assert kernel_us(256) == pytest.approx(163, rel=0.10)
+    for B in (1, 16, 256):
+        assert kernel_us(B) == pytest.approx(measured[B], rel=0.10), B
+    assert kernel_us(16) / kernel_us(1) < 1.15 and kernel_us(256) / kernel_us(16) > 2
+
+

@@ -48,7 +48,7 @@ def test_styles_are_unique_per_strategy():
 
 
 def test_presets_and_aliases_take_their_members_style():
-    assert strategy_style("sglang") == strategy_style("per_call_zeros@sglang-default")
+    assert strategy_style("sglang") == strategy_style("per_call_zeros@sglang-dense")
     assert strategy_style("sglang-flashmla-sparse") == strategy_style("per_call_zeros")
     assert strategy_style("vllm-fa3-sparse") == strategy_style("fa3_sparse")
     assert strategy_style("sglang") != strategy_style("vllm-fa3-sparse")
@@ -66,7 +66,7 @@ def test_serving_figure_gives_fa3_and_sglang_their_own_colours():
     ax = plot_serving_changes(res).axes[0]
     colours = {c.get_label(): to_hex(c.patches[0].get_facecolor()) for c in ax.containers}
     assert len(colours) == 4 and len(set(colours.values())) == 4, colours
-    for s in ("fa3_sparse", "per_call_zeros@sglang-default", "per_call_zeros", "private_workspace"):
+    for s in ("fa3_sparse", "per_call_zeros@sglang-dense", "per_call_zeros", "private_workspace"):
         col, _, label = strategy_style(s)
         assert colours[label] == col.lower()
 
@@ -95,7 +95,7 @@ def test_frontier_panel_keeps_the_pr_readable_and_writes_the_off_scale_value():
                                           strategies=list(SWEEP_STRATEGIES))))[0]
     df = pd.DataFrame(modelled_rows(pt))
     by = df.set_index("strategy")["ttft_change_pct"]
-    far, pr = by["per_call_zeros@sglang-default"], by["private_workspace"]
+    far, pr = by["per_call_zeros@sglang-dense"], by["private_workspace"]
     assert far < -20 and abs(pr) < 5  # the case of the report (modelled numbers, not a constant of this test)
     fig = plot_frontier_grid(df)[0]
     ax = fig.axes[0]
@@ -103,6 +103,6 @@ def test_frontier_panel_keeps_the_pr_readable_and_writes_the_off_scale_value():
     assert lo > far and lo < pr < hi and hi - lo < 0.6 * (max(by.max(), 0) - far)  # at most 60 % of the full range
     off = [t for t in ax.texts if t.get_gid() == OFF_SCALE]
     assert [t.get_text() for t in off] == [f"\u25bc {far:+.1f} %"]
-    assert off[0].get_color() == strategy_style("per_call_zeros@sglang-default")[0]
+    assert off[0].get_color() == strategy_style("per_call_zeros@sglang-dense")[0]
     assert "\u25b2/\u25bc" in fig._suptitle.get_text()
     assert figure_clipping(fig) == [] and label_overlaps(fig) == []

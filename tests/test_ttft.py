@@ -129,7 +129,7 @@ def test_memory_tradeoff_seed():
     (lambda: predict_ttft(dep(SEED), "private_workspace", scope="layer"),
      r"scope='layer' is not known; allowed: \['full_layer', 'attention_path'\]"),
     (lambda: predict_ttft(dep(SEED), "padded"),
-     r"strategy='padded' is not known; allowed: \['per_call_empty:zeros'.*aliases \['unfused', 'fused'\]"),
+     r"strategy='padded' is not known; allowed: \['per_call_empty:zeros'.*aliases \['unfused', 'fused', 'sglang'\]"),
     (lambda: predict_ttft(dep(SEED), "fused"), r"strategy='fused' is a preset or alias, read only at the door"),
     (lambda: predict_ttft(dep(SEED), "private_workspace", scope="attention_path", ep_comm="all_to_all"),
      r"layer options \['ep_comm'\] only apply to scope='full_layer'"),

@@ -30,7 +30,10 @@ Kernels (``kernel`` column; ``kernel_backend`` names the library and version):
 ``concat_vllm_padded``       vLLM's CUDA ``concat_mla_q`` into ``[T, 64, 576]`` (the PR's write); ``_unpadded``: into
                              ``[T, H, 576]``; ``concat_lab_padded``: the lab's Triton concat (v2) into ``[T, 64, 576]``
 ``copy_same_bytes``          ``torch.Tensor.copy_`` of a contiguous buffer of the concat's bytes (the ceiling)
-``path_pr53878``             vLLM's concat into the padded workspace + vLLM FlashMLA pad64 (the PR's attention path)
+``path_pr53878``             vLLM's concat into the padded workspace + vLLM FlashMLA pad64 (the PR's attention path;
+                             the workspace zeroed once: the PR's is never written)
+``*_pad64_zeros``            (part ``content``) the padded FlashMLA kernels with zeros in the padded heads; the plain
+                             ``*_pad64`` rows hold random (stale) padded heads
 ===========================  =========================================================================================
 
 Shapes (``shape`` column): ``seed`` (16 prompts x 1024 tokens in a 16384-token step, causal top-k:
@@ -170,6 +173,16 @@ def _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, which, num_s
         if H < 64:
             out["flashmla_vllm_native"] = (lambda: ek.flashmla_sparse_fwd(q, kv, idx3, sm_scale, 512, None, tlen),
                                            H, None, None)
+    if "content" in which and H < 64:
+        # the padded heads holding zeros (the PR's never-written workspace, SGLang's new_zeros) beside the stale
+        # (random) heads above: the same kernels, the same real heads
+        q64z = torch.zeros_like(q64)
+        q64z[:, :H] = q
+        out["flashmla_vllm_pad64_zeros"] = (lambda: ek.flashmla_sparse_fwd(q64z, kv, idx3, sm_scale, 512, None,
+                                                                           tlen), 64, None, None)
+        if ts_fwd is not None:
+            out["flashmla_ts_pad64_zeros"] = (lambda: ts_fwd(q64z, kv, idx3, sm_scale, 512, topk_length=tlen), 64,
+                                              None, None)
     if "flashmla_ts" in which and ts_fwd is not None:
         out["flashmla_ts_pad64"] = (lambda: ts_fwd(q64, kv, idx3, sm_scale, 512, topk_length=tlen), 64, None, None)
         if H == 64:
@@ -186,7 +199,7 @@ def _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, which, num_s
             out[name] = (lambda reps=reps, g_out=g_out: gk[(T * reps,)](kv_rows, idx, tlen, g_out, TOPK, REPS=reps,
                                                                          BN=16, num_warps=4), 64 * reps, None, None)
     if "concat" in which:
-        ws = torch.empty(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)
+        ws = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)  # the PR's workspace: never written
         un = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
         nbytes = 2 * T * H * D_QK * 2
         src = torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16)
@@ -270,6 +283,20 @@ def run(engine_root: str, out_csv: str, process: int, rounds: int = 5, parts=("c
     if "check" in parts:
         for row in _check(ek, ts_fwd, sm_scale, log):
             sink.write({**row, "kernel_backend": backend_of(row["kernel"]), "process": process})
+    if "content" in parts:  # the padded kernels with zero padded heads beside stale ones, and the paths
+        for shape in ("seed", "full_topk"):
+            for H in (8, 16):
+                ql_nope, q_pe, kv, idx, tlen = _inputs(16384, H, shape, seed=process * 100 + H)
+                ks, _ = _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale,
+                                 {"fa3", "flashmla_vllm", "flashmla_ts", "content", "concat"}, num_splits=(0,))
+                ks = {n: v for n, v in ks.items() if not n.startswith(("concat", "copy"))}
+                fns = {n: graphed(fn) for n, (fn, *_r) in ks.items()}
+                samples = interleaved(fns, repeats=rounds)
+                emit(samples, ks, shape, 16384, H, "")
+                log(f"p{process} content {shape} H={H}: " + ", ".join(
+                    f"{n}={sorted(v)[len(v) // 2]:.3f}" for n, v in samples.items()))
+                del fns, ks, samples
+                torch.cuda.empty_cache()
     if "prefill" in parts:
         for shape in ("seed", "full_topk"):
             for H in PREFILL_H:
@@ -310,9 +337,9 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="check,prefill,decode")
     a = ap.parse_args(argv)
     parts = tuple(p for p in a.parts.split(",") if p)
-    bad = set(parts) - {"check", "prefill", "decode"}
+    bad = set(parts) - {"check", "prefill", "decode", "content"}
     if bad:
-        ap.error(f"--parts={a.parts} holds {sorted(bad)}; allowed: check, prefill, decode")
+        ap.error(f"--parts={a.parts} holds {sorted(bad)}; allowed: check, prefill, decode, content")
     if a.rounds < 1:
         ap.error(f"--rounds={a.rounds} must be >= 1")
     if Path(a.out).exists():

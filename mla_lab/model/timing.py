@@ -43,6 +43,7 @@ from ..models import ModelConfig
 from ..placement import Strategy
 from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, ClassEff, resolve_calibration
+from .fa3_kernel import load_fa3_ratio
 from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, step_ops, step_stats
 from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
@@ -98,6 +99,10 @@ def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
     if name == "kernel":
         rate, _ = kernel_rate_tflops(arch, cal)
         t = op.flops / (rate * 1e12) * 1e3
+        if op.impl == "attn_fa3_sparse" and arch.name == "h200" and "kernel_bytes" not in cal.attention:
+            r = load_fa3_ratio()
+            if r is not None:  # the padded kernel's time x vLLM 0.33.0's FA3 / its padded FlashMLA (model.fa3_kernel)
+                return t * r.ratio(op.dims["H"], op.dims["sum_topk"] / max(1, op.dims["T"]))
         if op.act_bytes and "kernel_bytes" in cal.attention:
             # the roofline's per-token term: Q read, out / lse / max_logits written for the heads the kernel runs
             t += op.act_bytes / (arch.hbm_gbps * 1e9 * cal.attention["kernel_bytes"]) * 1e3

@@ -17,8 +17,9 @@ Scopes:
 
 Strategies: placement x padded-head content (:mod:`mla_lab.placement`): vLLM before PR #53878 (``new_empty`` pad
 per call, zeros or stale), at the PR (private pre-padded workspace), after PR #56902 (shared workspace, stale),
-SGLang (``new_zeros`` per call), sub-chunked workspaces, and ``kernel_native`` (modelled bound: a kernel taking the
-real head count; :mod:`mla_lab.model.ops` says why its kernel time is the padded kernel's). Changes are taken
+SGLang (``new_zeros`` per call), sub-chunked workspaces, and ``kernel_native`` (real-head FlashMLA, modelled: a kernel
+taking the real head count, which no engine's backend runs; :mod:`mla_lab.model.ops` says how its kernel time follows the
+padded kernel's; not a lower limit of the others: :data:`mla_lab.placement.KERNEL_NATIVE_MEASURED`). Changes are taken
 against :data:`mla_lab.placement.BASELINE` unless a baseline is given.
 
 The deployment (model, TP, GPU, engine limits, dtypes, MoE layout, workload) comes in as one

@@ -18,7 +18,7 @@ import importlib
 _WHERE = {
     **dict.fromkeys(("combine", "failed_points", "load_measured", "load_measured_cached", "load_validation",
                      "measured_for", "ok_rows", "pick"), "data"),
-    **dict.fromkeys(("not_fitting", "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars",
+    **dict.fromkeys(("kv_dtype_note", "not_fitting", "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars",
                      "plot_validation", "publish_figure"), "figures"),
     # ``seed_answer`` (the function) is not listed: ``mla_lab.report.seed_answer`` is its module, and a submodule
     # import rebinds the package attribute, so the function would depend on import order; import it from there

@@ -19,7 +19,7 @@ from .data import ok_rows, pick
 from .layout_check import OVERLAP_PX, figure_clipping, label_overlaps
 from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
 
-__all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "plot_deployment", "plot_tp_bars", "plot_heatmap",
+__all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note", "plot_deployment", "plot_tp_bars", "plot_heatmap",
            "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style", "model_style",
            "PR_STRATEGY"]
 
@@ -126,7 +126,7 @@ def plot_deployment(ax, rows, title: str | None = None) -> int:
     """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
     %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured (95 %
     interval of the change from paired rounds), the S curves through the sub-chunk sizes, and the deployment's own
-    Pareto frontier over the runnable strategies that fit (kernel_native is a bound, never on it). A deployment
+    Pareto frontier over the runnable strategies that fit (kernel_native, real-head FlashMLA, is modelled only: never on it). A deployment
     whose weights or workload do not fit shows its reason and no points.
 
     When a few points dwarf the rest (SGLang's dense route at -35 % beside the PR's -2 %), the y axis shows the
@@ -237,6 +237,27 @@ def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1
     return lo - pad, hi + pad
 
 
+def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of the report and the CSV") -> str:
+    """One line saying which KV-cache dtypes of ``df`` a view showing only ``shown`` leaves out (issue 32: an fp8
+    sweep's rows used to drop out of every figure without a word): per other dtype, how many deployment points
+    (:data:`DEPLOYMENT_KEYS`, modelled rows) it has and ``where`` they are; with an fp8 cache the lab pads no heads
+    (:func:`mla_lab.buffers.padded_num_heads`), so the padded-Q strategies price alike there. "" when ``shown`` is
+    None (every dtype shown) or ``df`` holds no other dtype."""
+    if shown is None or "kv_cache_dtype" not in getattr(df, "columns", ()) or not len(df):
+        return ""
+    d = df[df["source"] != "measured"] if "source" in df.columns else df
+    d = d[d["kv_cache_dtype"].astype(str) != str(shown)]
+    keys = [k for k in DEPLOYMENT_KEYS if k in d.columns]
+    parts = []
+    for dtype, g in d.groupby("kv_cache_dtype", sort=True):
+        n = len(g.drop_duplicates(keys))
+        parts.append(f"{dtype} KV rows: {n} deployment point{'s' if n != 1 else ''}, not drawn here (this view "
+                     f"shows {shown} KV only); see {where}"
+                     + ("; with an fp8 KV cache no heads are padded, so the padded-Q strategies price alike"
+                        if str(dtype) == "fp8" else ""))
+    return ". ".join(parts) + ("." if parts else "")
+
+
 def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
     """What ``df`` does not price, one row each with its reason (a pandas DataFrame with the deployment's columns,
     ``strategy``, ``status`` and ``reason``): a deployment whose weights or workload do not fit
@@ -271,13 +292,16 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
     """Every deployment of ``df`` that fits as its own panel (:func:`plot_deployment`), faceted ``ncols`` wide and
     wrapped, at most ``per_page`` panels per figure (more deployments give more figures), one legend per figure
     below the panels. Colours and markers are fixed per strategy (:data:`STRATEGY_STYLE`) across all reports.
-    Deployments that do not fit are left out (:func:`not_fitting` lists them) unless ``include_not_fitting``.
+    Deployments that do not fit are left out (:func:`not_fitting` lists them) unless ``include_not_fitting``;
+    deployments of another KV-cache dtype than ``kv_cache_dtype`` (None: all) too, and the title says so
+    (:func:`kv_dtype_note`).
 
     Returns a list of matplotlib Figures (empty when there is no row).
     """
     from matplotlib.lines import Line2D
 
     d = ok_rows(df)
+    left_out = kv_dtype_note(d, kv_cache_dtype)
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
     deps = _deployment_rows(d)
@@ -314,7 +338,7 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
         if n_off:
             title += (" | \u25b2/\u25bc: a point beyond its panel's y range (a route far from the rest), drawn at the "
                       "panel's edge with its TTFT change written beside it")
-        _suptitle(fig, title)
+        _suptitle(fig, title + (f" | {left_out}" if left_out else ""))
         drop_colliding_labels(fig)
         figs.append(fig)
     return figs
@@ -358,14 +382,16 @@ def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
 def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int | None = None,
                  kv_cache_dtype: str = "bf16"):
     """Per TP size: TTFT change vs the baseline (:data:`mla_lab.placement.BASELINE`) of vLLM #53878
-    (:data:`PR_STRATEGY`, solid) and kernel_native (hatched), and extra Q workspace per rank of vLLM #53878, one
-    row per arch, bars coloured by model. Modelled bars; measured values of the same cells are black
+    (:data:`PR_STRATEGY`, solid) and kernel_native (real-head FlashMLA, modelled; hatched), and extra Q workspace
+    per rank of vLLM #53878, one row per arch, bars coloured by model. Modelled bars; measured values of the same cells are black
     diamonds. The slice shown defaults to the seed's max_num_batched_tokens 16384 and prompt length 1024 (else the
-    largest in the data); the title says which."""
+    largest in the data); the title says which, and names the rows of other KV-cache dtypes it leaves out
+    (:func:`kv_dtype_note`)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     d = ok_rows(df)
+    left_out = kv_dtype_note(d, kv_cache_dtype)
     d = d[d["kv_cache_dtype"] == kv_cache_dtype] if "kv_cache_dtype" in d.columns else d
     mbt = max_num_batched_tokens or pick(d["max_num_batched_tokens"], SEED["max_num_batched_tokens"])
     L = prompt_len or pick(d["prompt_len"], SEED["prompt_len"])
@@ -441,25 +467,27 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
         ax_m.margins(y=0.15)
     handles = [Patch(facecolor=model_style(m, models)[0], label=m) for m in models]
     handles += [Patch(facecolor="#999", edgecolor="#555", label="vLLM #53878 (modelled)"),
-                Patch(facecolor="white", edgecolor="#555", hatch="///", label="kernel_native (modelled bound)"),
+                Patch(facecolor="white", edgecolor="#555", hatch="///", label="kernel_native: real-head FlashMLA (modelled)"),
                 Line2D([], [], ls="", marker="D", markerfacecolor="#999", markeredgecolor="black",
                        label="measured (model colour)")]
     fig.legend(handles=handles, loc="outside lower center", ncol=_legend_columns(fig, len(handles)), fontsize=8.5,
                frameon=False)
     _suptitle(fig, f"Per TP size, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt}, "
                  f"{int(d['num_prompts'].iloc[0]) if len(d) and 'num_prompts' in d.columns else '?'} x {L}-token "
-                 "prompts (H = heads per rank per model)")
+                 "prompts (H = heads per rank per model)" + (f" | {left_out}" if left_out else ""))
     return fig
 
 def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = PR_STRATEGY,
                  kv_cache_dtype: str = "bf16"):
     """Heatmap of TTFT change of ``strategy`` vs the baseline (%) over heads per rank (rows, labelled with the model)
     x prompt length (columns), one panel per arch, at one max_num_batched_tokens (default 16384, else the largest).
-    Cells show the modelled value; a measured value of the same cell is added as ``m: x%``."""
+    Cells show the modelled value; a measured value of the same cell is added as ``m: x%``. Rows of other KV-cache
+    dtypes are left out and the title says so (:func:`kv_dtype_note`)."""
     import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
     d = df[df["status"].fillna("ok").isin(("ok", *NOT_PRICED))] if "status" in df.columns else df
+    left_out = kv_dtype_note(d, kv_cache_dtype)
     d = d[d["kv_cache_dtype"] == kv_cache_dtype] if "kv_cache_dtype" in d.columns else d
     mbt = max_num_batched_tokens or pick(d["max_num_batched_tokens"], SEED["max_num_batched_tokens"])
     d = d[(d["max_num_batched_tokens"] == mbt) & (d["strategy"] == strategy)]
@@ -509,7 +537,7 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     if im is not None:
         fig.colorbar(im, ax=list(axes), label="TTFT change [%]", shrink=0.9)  # the strategy: in the title
     _suptitle(fig, f"TTFT change of {strategy} vs baseline, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt} "
-                 "(modelled; 'm:' = measured)", fontsize=10.5)
+                 "(modelled; 'm:' = measured)" + (f" | {left_out}" if left_out else ""), fontsize=10.5)
     return fig
 
 _OP_CLASS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",

@@ -21,7 +21,7 @@ import pandas as pd
 from ..arch import get_arch
 from ..deployment import Deployment
 from ..model.memory import memory_tradeoff
-from ..placement import BASELINE, preset_of
+from ..placement import BASELINE, preset_label, preset_of
 from ..seed import SEED_REPORTED
 from ..serving.benchmark import serve_benchmark
 from ..serving.client import BenchConfig
@@ -32,7 +32,8 @@ from .tables import html_table
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
            "REPORTED_CHANGE", "SERVING_TABLE_COLUMNS", "RATE_CURVE_BENCH", "swept_deployment", "serve_swept",
-           "plot_serving_changes", "serving_details_html", "CHANGE_METRICS", "serve_swept_cached", "plotted"]
+           "plot_serving_changes", "serving_details_html", "CHANGE_METRICS", "serve_swept_cached", "plotted",
+           "kv_dtypes_left_out"]
 
 #: What ``vllm bench serve`` prints, in its order and with its labels (``vllm/benchmarks/serve.py``; the latency
 #: blocks for its default ``--percentile-metrics ttft,tpot,itl`` and ``--metric-percentiles 99``).
@@ -85,7 +86,7 @@ def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
             ch = r["change_pct"].get(key, math.nan)
             rep = REPORTED_CHANGE.get(key, math.nan) if s == PR_STRATEGY else math.nan
             rows.append({"model": dep.get("model"), "tp": dep.get("tp"), "arch": dep.get("arch"), "strategy": s,
-                         "preset": r.get("preset") or preset_of(s), "metric": key, "label": label,
+                         "preset": preset_label(r.get("preset") or preset_of(s)), "metric": key, "label": label,
                          "value": float(m[key]), "baseline": float(b) if b is not None else math.nan,
                          "change_pct": ch, "reported_change_pct": rep, "source": "modelled"})
     df = pd.DataFrame(rows, columns=list(SERVING_TABLE_COLUMNS))
@@ -160,8 +161,8 @@ def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | Non
             band = f"95 % band over {num_runs} single runs (mla_lab.serving.noise)"
         dep = res["deployment"]
         for s, r in res["strategies"].items():
-            row = {"model": dep["model"], "tp": dep["tp"], "arch": dep["arch"], "strategy": s, "preset": r["preset"],
-                   "request_rate": float(rate), **{k: v for k, v in r["metrics"].items()}}
+            row = {"model": dep["model"], "tp": dep["tp"], "arch": dep["arch"], "strategy": s,
+                   "preset": preset_label(r["preset"]), "request_rate": float(rate), **{k: v for k, v in r["metrics"].items()}}
             for k in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
                       "total_token_throughput"):
                 row[f"change_{k}_pct"] = r["change_pct"].get(k, math.nan)
@@ -262,8 +263,9 @@ def swept_deployment(params):
     and the advice are priced for, with the swept workload (num_prompts, concurrency, output_len) and engine
     limits: the grid's point closest to the PR's (GLM-5 TP8 H200, max_num_batched_tokens 16384, 1024-token
     prompts: each coordinate taken from the grid, the PR's value first when the grid holds it) whose weights fit
-    and whose one request fits the KV cache. Returns ``(Deployment, note)``, or ``(None, why)`` when no point of
-    the grid fits."""
+    and whose one request fits the KV cache, with the grid's first KV-cache dtype. Returns ``(Deployment, note)``,
+    or ``(None, why)`` when no point of the grid fits; when the grid sweeps more KV-cache dtypes the note says which
+    are not served or advised here (:func:`kv_dtypes_left_out`)."""
     combos = itertools.product(_ordered(params.models, _PREFER["model"]), _ordered(params.tp_sizes, _PREFER["tp"]),
                                _ordered([get_arch(a).name for a in params.archs], _PREFER["arch"]),
                                _ordered(params.max_num_batched_tokens, _PREFER["max_num_batched_tokens"]),
@@ -283,11 +285,24 @@ def swept_deployment(params):
         if cap >= L + params.output_len and mbt >= params.max_num_seqs:
             picked = (m, tp, a, mbt, L) == tuple(_PREFER.values())
             note = ("the PR's deployment" if picked else "the grid's point closest to the PR's deployment that fits")
-            return dep, note
+            left = kv_dtypes_left_out(params)
+            return dep, note + (f"; {left}" if left else "")
         why = (f"{m} TP{tp} {a}: max_num_batched_tokens {mbt} < max_num_seqs {params.max_num_seqs}"
                if mbt < params.max_num_seqs else f"{m} TP{tp} {a}: KV capacity {max(cap, 0):,.0f} tokens < one "
                f"request of {L + params.output_len}")
     return None, f"no deployment of the grid can serve the workload (last reason: {why})"
+
+
+def kv_dtypes_left_out(params) -> str:
+    """One line naming the KV-cache dtypes of the sweep ``params`` that the serving section and the advice leave
+    out (they price the grid's first, ``params.kv_cache_dtype[0]``); "" when the grid has one (issue 32)."""
+    dtypes = list(params.kv_cache_dtype)
+    if len(dtypes) < 2:
+        return ""
+    rest = ", ".join(dtypes[1:])
+    return (f"{dtypes[0]} KV only: the sweep's {rest} KV rows are not served or advised here (see the table at the "
+            "end of the report and the CSV)" + ("; with an fp8 KV cache no heads are padded, so the padded-Q "
+                                                 "strategies price alike" if "fp8" in dtypes[1:] else ""))
 
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
@@ -365,7 +380,7 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
     for j, s in enumerate(others):
         colour, _, name = strategy_style(s)
         if name == s and result["strategies"][s].get("preset"):
-            name = f"{result['strategies'][s]['preset']} ({s})"
+            name = f"{preset_label(result['strategies'][s]['preset'])} ({s})"
         ys = [i + (j - (n - 1) / 2) * h for i in range(len(metrics))]
         vals = [result["strategies"][s]["change_pct"].get(k, math.nan) for k, _ in metrics]
         err = None

@@ -27,11 +27,11 @@ STRATEGY_STYLE = {
     "per_call_empty:zeros": ("#999999", "o", "vLLM pre-#53878 (new_empty, zeros)"),
     "per_call_empty:stale": ("#4d4d4d", "X", "vLLM pre-#53878 (new_empty, stale)"),
     "per_call_zeros": ("#D55E00", "v", "SGLang flashmla_sparse forced (new_zeros per call)"),
-    "per_call_zeros@sglang-default": ("#CC79A7", "h", "SGLang default H200 route (dense MHA <= 2048 tokens)"),
+    "per_call_zeros@sglang-dense": ("#CC79A7", "h", "sglang-dense, prefill graphs off (dense MHA <= 2048 tokens)"),
     "private_workspace": ("#0072B2", "s", "vLLM #53878 (private workspace)"),
     "shared_workspace:none": ("#56B4E9", "D", "vLLM #56902 (shared workspace, stale)"),
     "shared_workspace:zero_per_call": ("#882255", "P", "shared workspace + zero per call"),
-    "kernel_native": ("#009E73", "*", "kernel-native (modelled bound)"),
+    "kernel_native": ("#009E73", "*", "real-head FlashMLA (modelled; kernel_native)"),
     "fa3_sparse": ("#332288", "p", "vLLM FA3 sparse (real heads, no padding)"),
     "subchunk": ("#E69F00", "^", "sub-chunk S (copy out)"),
     "subchunk_views": ("#999933", "<", "sub-chunk S (views to consumer)"),
@@ -45,7 +45,7 @@ STRATEGY_COLORS = {k: v[0] for k, v in STRATEGY_STYLE.items()}
 def style_key(name: str) -> str | None:
     """The :data:`STRATEGY_STYLE` key of a strategy name: canonical names as they are, ``subchunk:<S>[:views |
     :graph2]`` -> its family, presets and the first version's aliases through :func:`mla_lab.placement.measured_as`
-    (``sglang`` -> ``per_call_zeros@sglang-default``); None for a name the table does not know."""
+    (``sglang`` -> ``per_call_zeros@sglang-dense``); None for a name the table does not know."""
     name = str(name)
     if name in STRATEGY_STYLE:
         return name

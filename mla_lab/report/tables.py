@@ -7,6 +7,7 @@ import html as _html
 import json
 from pathlib import Path
 
+from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..placement import BASELINE
 from ..seed import SEED, SEED_REPORTED, seed_point
 from ..sweep.rows import modelled_rows
@@ -177,7 +178,7 @@ def seed_setup_table(df=None, measured=None, serving=None):
          f"modelled: TTFT scope '{scope}'" + (" (attention path only: a lower bound on TTFT, so it overstates the "
                                               "relative change)" if scope == "attention_path" else "")
          + "; measured: the attention path timed on the GPU per step, the rest of the layer from the same model"),
-        ("TTFT change, kernel_native bound", "-", f(t_k, "{:+.1f}%"), "-", "modelled: a kernel taking the real heads"),
+        (f"TTFT change, kernel_native ({KERNEL_NATIVE_LABEL})", "-", f(t_k, "{:+.1f}%"), "-", KERNEL_NATIVE_NOTE),
         ("extra memory per GPU", f"+{rep['extra_peak_mib']} MiB peak ({rep['peak_mib_before']} -> "
                                  f"{rep['peak_mib_after']} MiB)",
          "-" if x_b is None else f"+{x_b / 2**20:.0f} MiB persistent ({int(x_b):,} B)",

@@ -16,13 +16,16 @@ from __future__ import annotations
 import math
 
 from ..deployment import Deployment
+from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..placement import (
     BASELINE,
     advise_candidates,
     engine_strategies,
     engine_summary,
     expand_strategies,
+    preset_label,
     resolve_engine,
+    strategy_notes,
 )
 from .rows import between_process_changes, measured_changes, modelled_rows
 
@@ -120,11 +123,14 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
-        reason], "frontier": [strategy names], "engines": [engine_summary rows: what each engine version runs for
+        reason], "modelled_only": [rows of ``kernel_native``, "real-head FlashMLA (modelled)", with its ``label``
+        and :data:`mla_lab.placement.KERNEL_NATIVE_NOTE` as the reason: no engine's backend runs it, so it is never
+        ranked], "frontier": [strategy names], "engines": [engine_summary rows: what each engine version runs for
         this deployment, a code reading]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
         :data:`mla_lab.placement.BASELINE`), persistent_mib (the persistent Q workspace the strategy holds per
         rank), extra_persistent_mib (that minus the baseline's: what the budget and KV tokens lost count),
-        call_transient_mib, kv_tokens_lost,
+        call_transient_mib, kv_tokens_lost, preset_label (:func:`mla_lab.labels.preset_label`: ``sglang-dense
+        (prefill graphs off)`` for SGLang's documented dense route, which is not its default today),
         ttft_source (modelled), measured_change_pct / measured_ci_lo / measured_ci_hi (or None),
         memory_source (exact), on_frontier.
 
@@ -152,11 +158,11 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
         raise ValueError(f"this deployment does not fit: {base['fit_reason']}; no strategy can be recommended")
     _splice_measured(rows, point, measured)
     _splice_between_process(rows, d, measured)
-    excluded, kept, bounds = [], [], []
+    excluded, kept, modelled_only = [], [], []
     for r in rows:
         reason = ""
-        if r["placement"] == "kernel_native":
-            bounds.append(_summary(r, "a modelled bound: a FlashMLA-style kernel taking the real head count (vLLM's FA3 sparse backend, preset vllm-fa3-sparse, is the shipping kernel of that kind)"))
+        if r["placement"] == "kernel_native":  # no engine's backend runs it: shown beside the ranking, never in it
+            modelled_only.append(_summary(r, KERNEL_NATIVE_NOTE) | {"label": KERNEL_NATIVE_LABEL})
             continue
         if not r["fits_in_memory"]:
             reason = r["fit_reason"]
@@ -168,7 +174,7 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
     fits = [_summary(r, "") for r in rows if r["fits_in_memory"] and r["placement"] != "kernel_native"]
     on = frontier([(s["extra_persistent_mib"], s["ttft_ms"]) for s in fits])
     front = [s["strategy"] for s, f in zip(fits, on) if f]
-    for s in kept + excluded + bounds:
+    for s in kept + excluded + modelled_only:
         s["on_frontier"] = s["strategy"] in front
     kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
     return {"deployment": {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len",
@@ -177,7 +183,7 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
             | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
-            "bounds": bounds,
+            "modelled_only": modelled_only,
             "frontier": front, "baseline": BASELINE, "engines": engines,
             "comm_source": rows[0].get("comm_source", "") if rows else "",
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
@@ -189,7 +195,8 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
 
 
 def _summary(r: dict, reason: str) -> dict:
-    return {"strategy": r["strategy"], "preset": r["preset"], "ttft_ms": r["ttft_ms"],
+    return {"strategy": r["strategy"], "preset": r["preset"], "preset_label": preset_label(r["preset"]),
+            "ttft_ms": r["ttft_ms"],
             "ttft_change_pct": r["ttft_change_pct"], "persistent_mib": r.get("persistent_mib"),
             "extra_persistent_mib": r["extra_persistent_mib"], "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": round(r["kv_tokens_lost"]),
             "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost"), "kv_capacity_tokens": r.get("kv_capacity_tokens"),
@@ -298,9 +305,11 @@ def format_advice(result: dict) -> str:
     if result["excluded"]:
         out.append("excluded:")
         out += [f"  {s['strategy']}: {s['reason']}" for s in result["excluded"]]
-    for s in result.get("bounds", []):
-        out.append(f"bound (not a recommendation): {s['strategy']} {s['ttft_change_pct']:+.2f} % ({s['reason']})")
+    for s in result.get("modelled_only", []):
+        out.append(f"modelled only, not a recommendation: {s['strategy']} {s['ttft_change_pct']:+.2f} % "
+                   f"({s['reason']})")
     ranked = ([rec] if rec else []) + list(result["alternatives"])
+    out += [f"note: {n}" for n in strategy_notes([x["strategy"] for x in ranked + list(result["excluded"])])]
     meas = [x for x in ranked if x.get("measured_change_pct") is not None]
     if len(meas) >= 2:
         by_meas = sorted(meas, key=lambda x: x["measured_change_pct"])

@@ -41,7 +41,7 @@ class SweepParams:
         prompt_lens: prompt lengths in tokens.
         kv_cache_dtype: ``bf16`` or ``fp8`` (or a list of both).
         num_prompts, concurrency: the workload (default: the PR's 32 prompts at concurrency 32).
-        strategies: engine presets (``vllm-pre-53878``, ``vllm-53878``, ``vllm-56902``, ``sglang``,
+        strategies: engine presets (``vllm-pre-53878``, ``vllm-53878``, ``vllm-56902``, ``sglang-dense``,
             ``kernel-native``), canonical strategies (``private_workspace``, ``subchunk:4096``... :mod:`mla_lab.placement`)
             or the first version's ``unfused`` / ``fused`` (aliases of vllm-pre-53878 / vllm-53878); expanded to
             canonical names. The baseline (``per_call_empty:zeros``) is always priced.

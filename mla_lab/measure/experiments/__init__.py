@@ -164,6 +164,8 @@ CALIBRATION: dict[str, Fit] = {
                             _H + "routes.csv"), ("engines", "layer_calibration", "attention_path", "routes"),
                            "mla_lab.fits.routes:main"),
     "h200_subchunk_graph.csv": Fit((_H + "subgraph.csv",), ("subgraph",), "mla_lab.fits.subgraph:main"),
+    "h200_decode_kernels.csv": Fit((_H + "engine_kernels.csv",), ("engine_kernels",),
+                                   "mla_lab.model.decode_kernels:main (--write)"),
 }
 
 

@@ -10,7 +10,9 @@ from mla_lab.measure.engine_kernels import COLUMNS, DECODE_B, DECODE_CTX, DECODE
 
 __all__ = ["OUTPUTS", "SHAPES", "PROVENANCE", "main", "run"]
 
-OUTPUTS = {"engine_kernels.csv": [c for c in COLUMNS if c != "process"] + ["engine_sources"]}
+OUTPUTS = {"engine_kernels.csv": [c for c in COLUMNS if c != "process"] + ["engine_sources"],
+           # --parts content (padded FlashMLA with zero vs stale padded heads, paired with FA3): a second lease
+           "engine_kernels_content.csv": [c for c in COLUMNS if c != "process"] + ["engine_sources"]}
 #: Every row carries mla_lab.measure.record.bench_provenance's columns and ``engine_sources`` (the vLLM wheel the
 #: kernels were packed from, mla_lab.measure.engine_libs).
 PROVENANCE: tuple[str, ...] = ("source", "gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit",

@@ -1,0 +1,44 @@
+"""How every output names the strategies whose canonical name alone would mislead, and the line it prints beside
+them (issue 32): ``kernel_native`` is "real-head FlashMLA (modelled)", a kernel no engine's backend runs and no lower limit
+of the strategies priced beside it; preset ``sglang-dense`` (``per_call_zeros@sglang-dense``, the first version's
+``sglang``) is SGLang's documented dense route with its prefill CUDA graphs off, not SGLang 0.5.23's H200 default
+(``sglang@0.5.23``). advise, serve, the report and the explorer take these texts through
+:func:`mla_lab.placement.preset_label` / :func:`mla_lab.placement.strategy_notes` (which map names to them).
+
+Plain strings and the measured numbers they quote: no import of the package (the layer under
+:mod:`mla_lab.placement`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["KERNEL_NATIVE_MEASURED", "KERNEL_NATIVE_LABEL", "KERNEL_NATIVE_NOTE", "SGLANG_DENSE_LABEL",
+           "SGLANG_DENSE_NOTE"]
+
+#: kernel_native at the seed's attention step measured on one H200 (16 prompts x 1024 tokens = 16384 tokens, GLM-5
+#: TP8: 8 heads, topk 2048; CUDA-graph timing, median over 5 fresh processes of each process's median, ms), from
+#: data/measured/h200/between_process/engine_kernels.csv (``shape == "seed"``, ``H == 8``; the ``kernel`` column
+#: names the key; tests/test_kernel_native_label.py recomputes them): vLLM 0.33.0's bundled FlashMLA
+#: (``_flashmla_C.abi3.so``) called with the real ``h_q = 8`` is slower than the same library padded to 64 heads,
+#: and FA3 sparse (real heads) beats both: the kernels at 8-16 heads are limited by the per-token top-k gather.
+KERNEL_NATIVE_MEASURED = {"flashmla_vllm_native": 2.70, "flashmla_vllm_pad64": 2.48, "fa3_sparse": 2.21,
+                          "sglang_triton": 2.34, "gather_only": 1.60}
+#: How every output names ``kernel_native`` (canonical name unchanged; ``kernel-native`` is its door name).
+KERNEL_NATIVE_LABEL = "real-head FlashMLA (modelled)"
+_m = KERNEL_NATIVE_MEASURED
+#: The one sentence every output gives beside ``kernel_native``'s figure (advise, serve, the report, the explorer).
+KERNEL_NATIVE_NOTE = (
+    f"{KERNEL_NATIVE_LABEL}: a FlashMLA-style kernel taking the real head count, which no engine's backend runs (vLLM's FLASHMLA_SPARSE pads to 64; "
+    "FA3 sparse is the shipping real-head kernel); priced as "
+    "the padded kernel's time without the padded heads' Q reads and output writes, always on the sparse route (no dense MHA for short "
+    "prompts), so it is shown, not ranked, and is no lower limit of the strategies beside it: on an H200 at the "
+    f"seed step vLLM 0.33.0's FlashMLA run with h_q = 8 measured {_m['flashmla_vllm_native']:.2f} ms, slower than "
+    f"padded to 64 heads ({_m['flashmla_vllm_pad64']:.2f} ms), FA3 sparse {_m['fa3_sparse']:.2f} ms, the top-k "
+    f"gather alone {_m['gather_only']:.2f} ms (data/measured/h200/between_process/engine_kernels.csv)")
+del _m
+#: How outputs label preset ``sglang-dense``: not SGLang's default today (that is ``sglang@0.5.23``).
+SGLANG_DENSE_LABEL = "sglang-dense (prefill graphs off)"
+#: The line an output prints beside ``per_call_zeros@sglang-dense``.
+SGLANG_DENSE_NOTE = (f"{SGLANG_DENSE_LABEL} = SGLang's documented dense route (dense MHA for prefills of "
+                     "<= 2048 tokens), which SGLang 0.5.23 takes on an H200 only with its prefill CUDA graphs off; "
+                     "its default there runs prompts of <= 8192 tokens inside breakable prefill CUDA graphs on "
+                     "padded flashmla_sparse with a new_zeros pad (engine preset sglang@0.5.23, a code reading)")

@@ -1,0 +1,158 @@
+"""The answer first (issue 31): what PR #53878 bought then and buys today, whether its figures can be told from one
+run's noise, what does better, and what to do; one block of plain words with figures, written into README.md and
+shown at the top of the report by the same function (:func:`answer_markdown`).
+
+Every figure is recomputed from committed files or the lab's model when the block is rendered (and by
+``tests/test_answer.py``); each sentence says whether it is measured (one H200, the engines' own kernels, 5 fresh
+processes, graph timing), modelled (the cost model and serving simulation, with their validation), or a code
+reading (the engines' release wheels).
+
+    python -m mla_lab.report.answer [--update]    # print the block; --update rewrites README.md's
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from ..paths import REPO_ROOT
+from ..placement import PR_TRADE_BY_ENGINE
+from ..serving import PR_BENCH, serve_benchmark
+from .engine_kernels import decode_table, gather_share, kernel_ms
+from .seed_answer import pr_trade_by_engine, seed_answer
+
+__all__ = ["answer_figures", "answer_markdown", "update_readme", "BEGIN", "END"]
+
+BEGIN = "<!-- answer:begin (python -m mla_lab.report.answer --update) -->"
+END = "<!-- answer:end -->"
+DECOMPOSITION = REPO_ROOT / "data" / "validation" / "pr53878_main_decomposition.json"
+BLIND_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12_score.json"
+#: today's pair (the per-call pad, the PR's workspace as a shared view) and vLLM 0.33.0's default, FLASHMLA forced
+_WAS, _TODAY, _FA3 = PR_TRADE_BY_ENGINE
+TODAY = (_TODAY[2], _TODAY[1], _FA3[1])
+
+
+@lru_cache(maxsize=1)
+def answer_figures() -> dict:
+    """Every figure the block states (plain data; tests compare the block with these)."""
+    seed = {(r["model"], r["strategy"], r["against"]): r for r in seed_answer(("glm-5", "glm-5.2"))}
+    was = seed[("glm-5.2", _WAS[1], _WAS[2])]
+    was5 = seed[("glm-5", _WAS[1], _WAS[2])]
+    trade = {(r["model"], r["engine"]): r for r in pr_trade_by_engine(("glm-5.2",))}
+    today = serve_benchmark("glm-5.2", 8, "h200", list(TODAY), PR_BENCH, 16384, baseline=TODAY[0])
+    ch = {s: r["change_pct"] for s, r in today["strategies"].items()}
+    dec = json.loads(DECOMPOSITION.read_text())
+    duration = next(s for s in dec["score"] if s["metric"] == "duration")
+    k = {n: kernel_ms(n, "seed", 8, num_splits=0 if n == "fa3_sparse" else None)
+         for n in ("fa3_sparse", "flashmla_vllm_pad64", "flashmla_vllm_native", "sglang_triton", "gather_only")}
+    d1 = {r["B"]: r for r in decode_table(8, 8192)}
+    blind = json.loads(BLIND_SCORE.read_text()) if BLIND_SCORE.exists() else None
+    seed5 = serve_benchmark("glm-5", 8, "h200", [_WAS[1]], PR_BENCH, 16384)["strategies"]
+    lost = seed5[_WAS[1]]["kv_tokens_lost"]
+    return {
+        "was_glm52_pct": was["modelled_pct"], "was_glm5_pct": was5["modelled_pct"],
+        "was_measured_pct": was5["measured_pct"], "was_measured_lo": was5["measured_lo"],
+        "was_measured_hi": was5["measured_hi"], "extra_mib": trade[("glm-5.2", "vllm@pr53878")]["extra_persistent_mib"],
+        "today_ttft_pct": ch[TODAY[1]]["mean_ttft_ms"], "today_tpot_pct": ch[TODAY[1]]["mean_tpot_ms"],
+        "fa3_tpot_pct": (1 + ch[TODAY[2]]["mean_tpot_ms"] / 100) / (1 + ch[TODAY[1]]["mean_tpot_ms"] / 100) * 100 - 100,
+        "fa3_tput_pct": (1 + ch[TODAY[2]]["output_throughput"] / 100) / (1 + ch[TODAY[1]]["output_throughput"] / 100)
+        * 100 - 100,
+        "pred_duration_s": duration["predicted"], "real_duration_s": duration["real"],
+        "duration_ratio": duration["ratio_predicted_over_real"],
+        "kernels": {n: v["median"] for n, v in k.items()}, "kernels_range": k,
+        "gather_share": gather_share("seed", 8)["of_flashmla_pad64"],
+        "decode_b1_flashmla": d1[1]["flashmla_pad64"], "decode_b1_fa3": d1[1]["fa3_split"],
+        "decode_b256_ratio": d1[256]["flashmla_pad64"] / d1[256]["fa3_split"],
+        "blind": blind, "kv_tokens_lost_glm5": lost,
+    }
+
+
+def _blind_sentence(b: dict | None) -> str:
+    if not b:
+        return ("Blind predictions of four public runs are committed (`data/validation/blind_2026-12.json`); their "
+                "results are not read yet.")
+    return b["sentence"]
+
+
+def answer_markdown() -> str:
+    """The block (markdown)."""
+    f = answer_figures()
+    k = f["kernels"]
+    def pct(x: float) -> str:
+        return "0.0 %" if abs(x) < 0.05 else f"{x:+.1f} %"
+
+    lines = [
+        "**What PR #53878 bought, as it was** (GLM-5.2 TP8 on an H200, 32 prompts of 1024 tokens, bf16 KV cache, "
+        "FLASHMLA_SPARSE forced). Modelled: mean TTFT (time to first token) "
+        f"{pct(f['was_glm52_pct'])} (GLM-5: {pct(f['was_glm5_pct'])}) for {f['extra_mib']:+.0f} MiB of persistent "
+        "workspace per rank; with the attention path measured on one H200 (5 fresh processes, rest modelled) "
+        f"{pct(f['was_measured_pct'])} [{f['was_measured_lo']:+.1f}, {f['was_measured_hi']:+.1f}]. The PR reported "
+        "-9.5 % TTFT and +6 % throughput; nothing the lab prices reaches that.",
+        "",
+        "**What it buys in today's engines** (code reading of the release wheels; modelled). vLLM 0.33.0 sends "
+        "prompts of <= 2048 tokens to dense MHA, so on the PR's benchmark the padded kernel runs only for decode "
+        "rows, and only when FLASHMLA_SPARSE is forced: the PR's workspace then changes mean TTFT by "
+        f"{pct(f['today_ttft_pct'])} and TPOT by {pct(f['today_tpot_pct'])}. vLLM's default there, FA3 sparse on the "
+        f"real heads, pads nowhere: TPOT {pct(f['fa3_tpot_pct'])}, throughput {pct(f['fa3_tput_pct'])} against the "
+        "forced FlashMLA path. SGLang 0.5.23's default runs these prompts through the padded `flashmla_sparse` "
+        "inside its prefill CUDA graphs (`mla-lab engines`).",
+        "",
+        "**Can -9.5 % be told from one run's noise?** Not by this lab. Its model predicted the PR's own 'main' run, "
+        f"blind, at {f['pred_duration_s']:.2f} s; the run took {f['real_duration_s']:.2f} s (ratio "
+        f"{f['duration_ratio']:.2f}), so its single-run noise band is not validated and it does not rule noise "
+        f"out. {_blind_sentence(f['blind'])}",
+        "",
+        "**What does better** (measured on one H200 with the engines' own kernels, 5 fresh processes, graph "
+        "timing; 16384-token step of 1024-token prompts, 8 heads per rank): FA3 sparse "
+        f"{k['fa3_sparse']:.2f} ms against FlashMLA padded to 64 heads {k['flashmla_vllm_pad64']:.2f} ms "
+        f"(vLLM 0.33.0's build); SGLang's 16-row Triton tile {k['sglang_triton']:.2f} ms; FlashMLA's own 8-head "
+        f"path {k['flashmla_vllm_native']:.2f} ms (slower than padding). A kernel that only gathers each token's "
+        f"top-k rows takes {k['gather_only']:.2f} ms ({100 * f['gather_share']:.0f} % of padded FlashMLA): the "
+        "gather, not the padded heads' MMAs, sets the time, so removing the padding saves about a tenth of the "
+        "kernel. At decode, FA3 splits the keys over SMs: one token with 2048 keys takes "
+        f"{1e3 * f['decode_b1_fa3']:.0f} us against {1e3 * f['decode_b1_flashmla']:.0f} us for padded FlashMLA (one "
+        f"CTA per token); at 256 tokens they are within {abs(f['decode_b256_ratio'] - 1) * 100:.0f} %.",
+        "",
+        "**What to do.** On vLLM 0.33.0 keep the default backend (FA3 sparse): no padded workspace, no copy. If "
+        f"FLASHMLA_SPARSE must be forced, the pre-padded workspace costs {f['extra_mib']:.0f} MiB per rank at "
+        f"max_num_batched_tokens 16384 ({f['kv_tokens_lost_glm5']:,.0f} KV tokens at GLM-5 TP8) for no modelled TTFT gain "
+        "below 2049-token "
+        "prompts; `mla-lab advise --memory-budget-mib N` ranks the strategies that fit a budget, and says which "
+        "deployments it tips out of fitting.",
+    ]
+    return "\n".join(lines)
+
+
+def update_readme(path: Path = REPO_ROOT / "README.md") -> None:
+    """Replace the text between :data:`BEGIN` and :data:`END` in ``path``.
+
+    Raises:
+        ValueError: ``path`` lacks the markers (nothing written).
+    """
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{path} has no answer markers ({BEGIN} ... {END}); nothing written")
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    path.write_text(text[:a] + "\n" + answer_markdown() + "\n" + text[b:])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.answer")
+    ap.add_argument("--update", action="store_true", help="rewrite README.md's answer block")
+    a = ap.parse_args(argv)
+    if a.update:
+        try:
+            update_readme()
+        except ValueError as e:
+            ap.error(str(e))
+        print("-> README.md")
+    else:
+        print(answer_markdown())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
