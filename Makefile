@@ -13,7 +13,11 @@ PIP_INSTALL := $(PY) -m pip install $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 # the suite reads its own imports from __pycache__ even where the environment says not to write bytecode
 TEST_ENV := PYTHONDONTWRITEBYTECODE=
 
-.PHONY: report test test-fast test-gpu lab venv clean-venv
+.PHONY: report test test-fast test-gpu lab venv clean-venv check-chromium
+# the browser tests and `mla-lab check-report` drive the system Chromium (mla_lab/report/browser.py CHROMIUM_NAMES)
+CHROMIUM_NAMES := chromium chromium-browser google-chrome google-chrome-stable chrome
+# BROWSER=skip: run `make test` without Chromium (its 8 browser tests are then skipped, and say so)
+BROWSER ?=
 
 $(VENV)/.stamp: pyproject.toml $(CONSTRAINTS)
 	@echo "[make] 1/5 virtual environment $(VENV) ($$($(PYTHON) --version))"
@@ -35,8 +39,15 @@ venv: $(VENV)/.stamp
 report: $(VENV)/.stamp
 	$(VENV)/bin/mla-lab sweep $(ARGS)
 
+## Chromium for the browser tests and `mla-lab check-report`: $CHROMIUM or one of CHROMIUM_NAMES on PATH
+check-chromium:
+	@if [ -n "$$CHROMIUM" ] && [ -x "$$CHROMIUM" ]; then exit 0; fi; \
+	for n in $(CHROMIUM_NAMES); do command -v $$n >/dev/null 2>&1 && exit 0; done; \
+	echo "make: no Chromium (looked for \$$CHROMIUM and $(CHROMIUM_NAMES) on PATH): the browser tests and mla-lab check-report need it; install it (Debian/Ubuntu: sudo apt-get install chromium), set CHROMIUM=/path/to/chrome, or run make test BROWSER=skip" >&2; \
+	exit 1
+
 ## tests (CPU; GPU tests are skipped with the reason)
-test: $(VENV)/.stamp
+test: $(if $(filter skip,$(BROWSER)),,check-chromium) $(VENV)/.stamp
 	$(TEST_ENV) $(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 ## the fast subset (<= 45 s on 2 idle cores): everything not marked slow; tests/conftest.py lists the slow files

@@ -35,6 +35,8 @@ from .placement import SERVE_PRESETS
 LAB_EXTRA_HINT = "pip install -e '.[lab]' (papermill, nbconvert, matplotlib, ipykernel)"
 # Injected by the CLI, not sweep parameters (a user passing them gets the unknown-parameter error).
 CLI_PARAMETERS = ("figure_dir", "run_id")
+#: The main report's basename (``make report``): replaced only by a sweep of its grid or with --overwrite.
+DEFAULT_REPORT_NAME = "padding_sweep"
 #: ``mla-lab sweep`` flags with vLLM's spellings -> sweep parameter (README "vLLM spellings").
 VLLM_FLAGS = doors.VLLM_FLAGS
 
@@ -151,29 +153,45 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
         ValueError: invalid sweep parameters (before any kernel starts).
     """
     import dataclasses
-    import datetime as _dt
-    import shutil
-    import time
+    import uuid
 
     _require_lab_extra()
     doors.check_notebook(str(notebook))
     _check_notebook(notebook)
+
+    from .sweep.executors import resolve_device
+    from .sweep.params import check_tp_sizes, validate_params
+    from .sweep.run import LOCK_ENV, check_output_file, data_file_lock
+
+    checked = validate_params(params)  # fail before starting a kernel
+    check_tp_sizes(checked)
+    validated = dataclasses.asdict(checked)
+    check_output_file(validated["data_file"], validated["overwrite"], checked)  # refused before the kernel
+    if validated["device"] == "cuda":  # refused before the kernel without a GPU; 'auto' is resolved in the kernel
+        resolve_device("cuda")  # (importing torch here too cost ~2-4 s of a one-point sweep, issue 22)
+    token = uuid.uuid4().hex
+    # the data file is this run's from the kernel's sweep to the copy under runs/ (a second sweep into it is refused)
+    with data_file_lock(_resolve(validated["data_file"], cwd), token) as lock:
+        os.environ[LOCK_ENV] = f"{lock}|{token}"  # the kernel inherits it: its sweep runs under this lock
+        try:
+            return _publish_locked(params, notebook, report_name, timeout, cwd, validated)
+        finally:
+            os.environ.pop(LOCK_ENV, None)
+
+
+def _publish_locked(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path, validated: dict) -> dict:
+    """:func:`publish` after its checks, under the data file's lock."""
+    import datetime as _dt
+    import shutil
+    import time
+
     import papermill as pm
 
     from .kernelspec import ensure_kernel
     from .provenance import git_commit
     from .report import site
-    from .sweep.executors import resolve_device
-    from .sweep.params import check_tp_sizes, validate_params
-    from .sweep.run import check_output_file
     from .sweep.store import code_version
 
-    checked = validate_params(params)  # fail before starting a kernel
-    check_tp_sizes(checked)
-    validated = dataclasses.asdict(checked)
-    check_output_file(validated["data_file"], validated["overwrite"])  # refused before the kernel (cwd-relative)
-    if validated["device"] == "cuda":  # refused before the kernel without a GPU; 'auto' is resolved in the kernel
-        resolve_device("cuda")  # (importing torch here too cost ~2-4 s of a one-point sweep, issue 22)
     kernel = ensure_kernel()
     report_dir = _resolve(validated["report_dir"], cwd)
     runs_dir = report_dir / site.RUNS_DIR
@@ -271,16 +289,80 @@ def _sweep_params(args) -> dict:
     return doors.merge_flags(params, flags)
 
 
+def plan_outputs(params: dict, report_name: str, report_name_given: bool = False) -> tuple[dict, str, list[str]]:
+    """Where a sweep writes, decided before anything runs: ``(params, report_name, notes)``.
+
+    The main report (``<report_dir>/<report_name>.html``, the newest run published under that name) and the
+    default ``data_file`` are replaced only by a sweep of the same grid (:data:`mla_lab.cli_doors.GRID_KEYS`) or with ``--overwrite``.
+    Otherwise this sweep writes a named report, ``<report_name>-<hash of its grid>`` (or the ``--report-name``
+    given), and, when ``data_file`` was not given, ``<its folder>/<that name>.csv``; each ``note`` says so in one
+    line. A ``data_file`` given with ``-p``/``-f`` is never redirected: :func:`mla_lab.sweep.run.check_output_file`
+    refuses it instead.
+
+    Raises:
+        ValueError: as :func:`mla_lab.sweep.params.validate_params` and
+            :func:`~mla_lab.sweep.run.check_output_file` (of the path finally chosen).
+    """
+    import dataclasses
+
+    from .paths import resolve
+    from .report import site
+    from .sweep.params import validate_params
+    from .sweep.run import check_output_file
+
+    checked = validate_params(params)
+    if checked.overwrite:
+        return params, report_name, []
+    grid = {k: getattr(checked, k) for k in doors.GRID_KEYS}
+    named = report_name if report_name_given else f"{report_name}-{site.params_hash(grid)}"
+    notes = []
+    report_dir = resolve(checked.report_dir)
+    latest = report_dir / f"{report_name}.html"
+    if latest.is_file() and not report_name_given:  # (a --report-name given is replaced as asked)
+        runs = [m for m in site.list_runs(report_dir) if m.get("report_name") == report_name]
+        last = (runs[0].get("params") or {}) if runs else {}
+        if not runs or any(last.get(k) != v for k, v in _jsonable(grid).items()):
+            notes.append(f"{_rel(latest)} is another sweep's report: kept; this run writes "
+                         f"{_rel(report_dir / named)}.html (--overwrite replaces the main one)")
+    if "data_file" not in params:
+        try:
+            check_output_file(checked.data_file, False, checked, create=False)
+        except ValueError as e:
+            if not resolve(checked.data_file).is_file():
+                raise
+            data_file = str(Path(checked.data_file).with_name(f"{named}.csv"))
+            check_output_file(data_file, False, dataclasses.replace(checked, data_file=data_file), create=False)
+            params = {**params, "data_file": data_file}
+            why = str(e).split("; ")[0].replace(f"data_file={checked.data_file!r} ", "")
+            notes.append(f"{checked.data_file} {why}: kept; this run writes {data_file} (--overwrite replaces the "
+                         "default one)")
+    return params, named if notes else report_name, notes
+
+
+def _jsonable(d: dict) -> dict:
+    import json
+
+    return json.loads(json.dumps(d, default=str))
+
+
+
+
 def _cmd_sweep(args) -> int:
-    doors.check_report_name(args.report_name)
+    given = args.report_name is not None
+    report_name = doors.check_report_name(args.report_name if given else DEFAULT_REPORT_NAME)
     doors.check_notebook(args.notebook)  # the dry run refuses what the real run would (--timeout: argparse)
     params = _sweep_params(args)
     doors.check_sweep(params)  # bounds, step counts and paths: O(1), before anything is priced or written
+    params, report_name, notes = plan_outputs(params, report_name, given)  # the main report kept
     if args.dry_run:  # the same refusals as a run, before anything is planned; nothing is created
+        _require_lab_extra()  # the run needs the notebook toolchain: said by the dry run too (find_spec, no import)
         plan = doors.plan_without_writing(params)
-        plan.update(notebook=args.notebook, report_name=args.report_name, timeout_s=args.timeout)
+        plan.update(notebook=args.notebook, report_name=report_name, timeout_s=args.timeout, notes=notes)
         print(json.dumps(plan, indent=1))
         return 0
+    args.report_name = report_name
+    for n in notes:
+        print(f"mla-lab: {n}", file=sys.stderr)
     # relative paths resolve against the directory the command runs in
     res = publish(params, Path(args.notebook), args.report_name, args.timeout, Path.cwd())
     failed = _failed_points(res.get("csv"))
@@ -514,8 +596,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="one sweep parameter as a YAML value (-p tp_sizes '[4, 8]'; every name with its type: papermill "
                          "--help-notebook notebooks/padding_sweep.ipynb)")
     sw.add_argument("--notebook", default=None, help="the notebook to run (default notebooks/padding_sweep.ipynb)")
-    sw.add_argument("--report-name", default="padding_sweep",
-                    help="basename of the latest report's files (letters, digits, '.', '_', '-'; no folders)")
+    sw.add_argument("--report-name", default=None,
+                    help="basename of the latest report's files (letters, digits, '.', '_', '-'; no folders; default "
+                         f"{DEFAULT_REPORT_NAME}, or {DEFAULT_REPORT_NAME}-<grid hash> when that one holds another "
+                         "grid's sweep and --overwrite is not given)")
     sw.add_argument("--timeout", type=B("timeout"), default=3600,
                     help=f"per-cell execution timeout, seconds, {R('timeout')} (the sweep itself runs in one cell; default 3600)")
     sw.add_argument("--force", action="store_true", help="recompute points already stored")

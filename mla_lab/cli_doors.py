@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import re
 from pathlib import Path
 
 __all__ = ["DoorError", "band_note", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
-           "serve_step_bound", "check_notebook", "MAX_GRID_POINTS", "MAX_NOISE_STEPS", "VLLM_FLAGS",
-           "arg_type", "budget_type", "fraction_type", "rate_type", "merge_flags", "check_sweep",
+           "serve_step_bound", "check_notebook", "MAX_GRID_POINTS", "MAX_REPORT_POINTS", "MAX_TP_BARS", "MAX_NOISE_STEPS",
+           "VLLM_FLAGS", "arg_type", "budget_type", "check_sweep_serving", "fraction_type", "rate_type", "merge_flags",
+           "check_sweep",
            "check_deployment", "check_serve", "check_strategies", "check_report_name", "file_in_the_way",
-           "plan_without_writing", "serve_summary", "format_serve", "serve_noise_runs"]
+           "plan_without_writing", "GRID_KEYS", "serve_summary", "format_serve", "serve_noise_runs"]
 
 
 class DoorError(ValueError):
@@ -78,9 +80,16 @@ MIN_NOISE_RUNS = 20
 #: request-steps; ~0.03 ms each with the noise model's cached pricer, measured: ``--num-runs 20`` default workload,
 #: 330,240 in 11.6 s; ``--num-prompts 256 --random-output-len 16``, 348,160 in 12.2 s): 350,000 is <= ~13 s.
 MAX_NOISE_STEPS = 350_000
-#: The most points one sweep grid may hold, and the most entries one grid list may hold.
+#: The most points x strategies one sweep grid may hold, and the most entries one grid list may hold.
 MAX_GRID_POINTS = 4096
 MAX_LIST_LEN = 64
+#: The most grid points (deployment x prompt length x KV dtype) one sweep's report draws: one frontier panel each,
+#: ~0.4 s apiece on a 2-core CPU (64 points: 25 s), so 256 keep the report's figures to ~2 minutes (a 3,360-point
+#: grid took 8 minutes, then failed).
+MAX_REPORT_POINTS = 256
+#: The most (model, TP) bars one row of the report's TP bar chart holds before its labels print over each other
+#: (:func:`mla_lab.report.layout_check.label_overlaps`; measured: 2 models x 5 TP sizes overlap, 3 x 3 do not).
+MAX_TP_BARS = 9
 #: ``mla-lab sweep`` flags with vLLM's spellings -> sweep parameter (README "vLLM spellings").
 VLLM_FLAGS = (("--tensor-parallel-size", "tp_sizes"), ("--max-num-batched-tokens", "max_num_batched_tokens"),
               ("--max-num-seqs", "max_num_seqs"), ("--kv-cache-dtype", "kv_cache_dtype"),
@@ -238,12 +247,47 @@ def check_sweep(params: dict) -> None:
             _check_path(k, v, folder=(k != "data_file"))
     checked = validate_params(params)
     check_tp_sizes(checked)
+    points = math.prod(len(getattr(checked, k)) for k in ("models", "tp_sizes", "archs", "max_num_batched_tokens",
+                                                          "prompt_lens", "kv_cache_dtype"))
+    if points > MAX_REPORT_POINTS:
+        raise DoorError(f"the grid spans {points:,} points (models x tp_sizes x archs x max_num_batched_tokens x "
+                        f"prompt_lens x kv_cache_dtype); allowed: at most {MAX_REPORT_POINTS} per sweep, one report "
+                        "panel each (split it)")
+    bars = len(checked.models) * len(checked.tp_sizes)
+    if len(checked.models) > 1 and bars > MAX_TP_BARS:
+        raise DoorError(f"models x tp_sizes = {len(checked.models)} x {len(checked.tp_sizes)} = {bars} bars per row of "
+                        f"the report's TP chart; allowed: at most {MAX_TP_BARS} (fewer TP sizes, or one model per "
+                        "sweep)")
     for mbt in checked.max_num_batched_tokens:
         if mbt < checked.max_num_seqs:
             raise DoorError(f"max_num_batched_tokens={mbt} is below max_num_seqs={checked.max_num_seqs}; allowed: "
                             f">= max_num_seqs ({VLLM_MBT_RULE})")
         for L in checked.prompt_lens:
             _check_steps(checked.num_prompts, L, mbt, "sweep point")
+    check_sweep_serving(checked)
+
+
+def check_sweep_serving(checked) -> None:
+    """The bounds ``mla-lab serve`` applies (:data:`MAX_SERVE_TOTAL_STEPS` request-steps per simulation, which also
+    bounds its :data:`MAX_SERVE_STEPS` engine steps: a request-step count is at least the serial step count), held
+    for every simulation the sweep's report runs: its serving section (every engine preset and the baseline) and
+    its request-rate curve (three presets and the baseline, once per rate), on the grid's costliest prompt length
+    and max_num_batched_tokens (the deployment it picks is one of the grid's).
+
+    Raises:
+        DoorError: one line naming num_prompts, output_len and the prompt length.
+    """
+    from .placement import BASELINE, PRESETS, expand_strategies
+
+    n_strat = len(set(expand_strategies(list(PRESETS))) | {BASELINE})
+    L, mbt = max(((L, T) for L in checked.prompt_lens for T in checked.max_num_batched_tokens),
+                 key=lambda lt: math.ceil(lt[0] / lt[1]))
+    work = checked.num_prompts * (2 * math.ceil(L / mbt) + checked.output_len)
+    if work * n_strat > MAX_SERVE_TOTAL_STEPS:
+        raise DoorError(f"num_prompts={checked.num_prompts} x (2 x ceil(prompt_len {L} / max_num_batched_tokens {mbt}) "
+                        f"+ output_len={checked.output_len}) x {n_strat} strategies is {work * n_strat:,} request-steps "
+                        f"for the report's serving simulation; allowed: at most {MAX_SERVE_TOTAL_STEPS:,}, the bound "
+                        "of 'mla-lab serve' (fewer prompts or output tokens)")
 
 
 def _check_steps(num_prompts: int, prompt_len: int, mbt: int, what: str) -> None:
@@ -273,6 +317,17 @@ def _check_path(name: str, value: str, folder: bool) -> None:
             f"lies under {blocker}, a file"
         raise DoorError(f"{name}={value!r} {where}; allowed: a folder (created when the run starts)"
                         if folder else f"{name}={value!r}: its folder {where}; allowed: a path in a folder")
+    target = p.expanduser().absolute()
+    if not folder and target.is_dir():
+        raise DoorError(f"{name}={value!r} is a directory; give a file path such as "
+                        f"{str(Path(value) / 'padding_sweep.csv')!r}")
+    if not folder and target.exists() and (not target.is_file() or not os.access(target, os.W_OK)):
+        raise DoorError(f"{name}={value!r} is not a writable regular file; allowed: a writable file or a new path in "
+                        "a writable folder")
+    near = next((q for q in [target, *target.parents] if q.exists()), None)
+    if near is not None and near.is_dir() and not (near == target and not folder) and \
+            not os.access(near, os.W_OK | os.X_OK):
+        raise DoorError(f"{name}={value!r}: {near} is not writable; allowed: a path in a folder the lab can write")
 
 
 def check_report_name(name: str) -> str:
@@ -301,16 +356,13 @@ def plan_without_writing(params: dict) -> dict:
     from .paths import resolve
     from .sweep.executors import resolve_device
     from .sweep.params import validate_params
-    from .sweep.run import check_output_file, plan_sweep
+    from .sweep.run import check_not_locked, check_output_file, plan_sweep
 
     checked = validate_params(params)
     if checked.device == "cuda":
         resolve_device(checked.device)
-    out = resolve(checked.data_file)
-    if out.parent.is_dir():
-        check_output_file(checked.data_file, checked.overwrite)  # its folder exists: nothing is made
-    elif out.is_dir():
-        check_output_file(checked.data_file, checked.overwrite)
+    check_output_file(checked.data_file, checked.overwrite, checked, create=False)  # nothing is made
+    check_not_locked(checked.data_file)  # another sweep writing it: the run would be refused
     store = resolve(checked.store_dir)
     if store.is_dir():
         plan = plan_sweep(checked)
@@ -321,6 +373,13 @@ def plan_without_writing(params: dict) -> dict:
         plan["store_exists"] = False
     plan["params"] = dataclasses.asdict(checked)  # every parameter the run would get, after validation
     return plan
+
+
+#: Sweep parameters that make a sweep's results what they are (the main report of one grid is not replaced by another
+#: grid's without --overwrite); paths, force, the executor and the device do not.
+GRID_KEYS = ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_lens", "kv_cache_dtype", "num_prompts",
+             "concurrency", "strategies", "weight_dtype", "moe_parallel", "shared_workspace_bytes",
+             "gpu_memory_utilization", "output_len", "max_num_seqs", "request_rate", "seed")
 
 
 # ----------------------------------------------------------------------------------------------------- advise/serve

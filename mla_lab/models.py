@@ -163,6 +163,14 @@ class ModelConfig:
 
 #: Fields read when present (defaults: ``n_shared_experts`` 1, ``index_topk_freq`` 1).
 OPTIONAL_FIELDS = ("n_shared_experts", "index_topk_freq")
+#: The largest value each config.json field may hold: 8-64x DeepSeek-V3.2's own (data/models/deepseek-v3.2/config.json:
+#: 61 layers, 128 heads, hidden 7168, vocab 129,280, 256 experts, index_topk 2048), so no loop or buffer the lab
+#: sizes from a config can run away (a size is bounded before it is used).
+CONFIG_BOUNDS = {"num_attention_heads": 1024, "num_hidden_layers": 1024, "hidden_size": 2**17, "q_lora_rank": 2**16,
+                 "kv_lora_rank": 2**14, "qk_nope_head_dim": 4096, "qk_rope_head_dim": 4096, "v_head_dim": 4096,
+                 "index_topk": 2**20, "index_n_heads": 1024, "index_head_dim": 4096, "first_k_dense_replace": 1024,
+                 "n_routed_experts": 65536, "num_experts_per_tok": 1024, "moe_intermediate_size": 2**17,
+                 "intermediate_size": 2**19, "vocab_size": 2**23, "n_shared_experts": 1024, "index_topk_freq": 1024}
 
 
 def model_names() -> list[str]:
@@ -219,6 +227,9 @@ def load_model(name: str | ModelConfig, path: str | Path | None = None) -> Model
         if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v == 0 and key != "n_shared_experts"
                                                                         and key != "first_k_dense_replace"):
             raise ValueError(f"config.json {path}: field {key!r}={v!r} must be a positive int")
+        if v > CONFIG_BOUNDS[key]:
+            raise ValueError(f"config.json {path}: field {key!r}={v!r} is out of range; allowed: at most "
+                             f"{CONFIG_BOUNDS[key]:,} (a bound 8-64x DeepSeek-V3.2's config)")
         kwargs[key] = v
     archs = raw.get("architectures", [])
     if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):

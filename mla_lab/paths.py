@@ -17,8 +17,7 @@ import os
 from pathlib import Path
 
 __all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "calibration_measurements_dir",
-           "notebooks_dir", "cache_dir",
-           "resolve"]
+           "notebooks_dir", "cache_dir", "resolve", "is_committed"]
 
 #: The repository this package sits in (``mla_lab/..``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -74,3 +73,20 @@ def resolve(p: str | Path) -> Path:
     """A user-given path: absolute as given, relative to the current directory otherwise."""
     path = Path(p)
     return path if path.is_absolute() else Path.cwd() / path
+
+
+def is_committed(p: str | Path) -> bool:
+    """True when ``p`` is an existing file tracked by the git repository it lies in (``git ls-files
+    --error-unmatch``): a committed file, which no lab command replaces without ``--overwrite``. False outside a
+    repository, for an untracked or ignored file, or where git is not installed."""
+    import subprocess
+
+    path = Path(p).expanduser().absolute()
+    if not path.is_file():
+        return False
+    try:
+        r = subprocess.run(["git", "-C", str(path.parent), "ls-files", "--error-unmatch", "--", path.name],
+                           capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return r.returncode == 0

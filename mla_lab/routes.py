@@ -347,7 +347,8 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         num_heads: attention heads per rank (None: the rule's default threshold).
 
     Returns:
-        A :class:`RouteChoice`; the dense route is chosen only where it is equivalent (:func:`is_equivalent`).
+        A :class:`RouteChoice`; the dense route is chosen only where it is equivalent (:func:`is_equivalent`) for
+        every row of the step, its decode tokens included (they are priced on the step's route).
 
     Raises:
         ValueError: unknown rule / phase; prefill without ``seq_lens``; a length not a positive int; a rule
@@ -379,6 +380,7 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
     short = [q for q in qlens if q <= dthr]
     uni = short[0] if (r.uniform_decodes and short) else None
     prefills = [s for q, s in zip(qlens, lens) if q > dthr or (uni is not None and q != uni)]
+    every = max(lens)  # SGLang decides per batch: its decode tokens' KV lengths count too
     if not prefills:
         return RouteChoice(r.decode_route, f"{r.name}: every request has <= {dthr} query "
                            f"tokens, handled as decodes: {r.decode_route}", r.source)
@@ -398,6 +400,11 @@ def route_for(rule: str | EngineRule, model_name: str, topk: int, phase: str = "
         return RouteChoice(r.backend_route, f"{r.name}: {getattr(model_name, 'name', model_name)} prefill takes {r.backend_route} ({why})",
                            r.source)
     longest = max(lens)
+    if not r.all_prefills and longest <= thr < every:  # SGLang's per-batch max_kv_len: a decode past top-k keeps
+        # the batch off dense MHA (vLLM #47327 routes prefill rows alone: its decode rows take the sparse route)
+        return RouteChoice(r.backend_route, f"{r.name}: every prefill has seq_len <= {thr} but a decode of the "
+                           f"same step has seq_len {every} > {thr} (dense MHA is exact only up to topk): "
+                           f"{r.backend_route}", r.source)
     if longest <= thr:
         return RouteChoice("mha-dense", f"{r.name}: every prefill has seq_len <= {thr} (longest {longest})",
                            r.source)

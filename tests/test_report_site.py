@@ -48,12 +48,13 @@ def _measured_rows(path: Path):
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory):
     """Two sweep runs into one report_dir (relative paths: resolved against the command's directory): h200 with
-    measured rows beside it, then b200 (no measured rows for that arch)."""
+    measured rows beside it, then b200 (no measured rows for that arch) with --overwrite."""
     tmp = tmp_path_factory.mktemp("site")
     _measured_rows(tmp / "measured" / "h200")
     r1 = _sweep(tmp, "-p", "archs", "[h200]", measured=tmp / "measured")
     assert r1.returncode == 0, r1.stderr[-3000:]
-    r2 = _sweep(tmp, "-p", "archs", "[b200]", measured=tmp / "measured")
+    # another grid into the same data_file and main report: replaced only when asked (issue 32)
+    r2 = _sweep(tmp, "-p", "archs", "[b200]", "--overwrite", measured=tmp / "measured")
     assert r2.returncode == 0, r2.stderr[-3000:]
     return tmp, r1, r2
 

@@ -176,7 +176,9 @@ def test_grid_size():
     assert len(expand_grid(validate_params(GRID))) == N_POINTS
 
 
-@pytest.mark.parametrize("same_csv", [True, False], ids=["same_data_file", "own_data_files"])
+# (two sweeps into one data file: the second is refused while the first holds it, issue 32:
+# tests/test_doors_concurrency.py; on one store with their own data files they share the points)
+@pytest.mark.parametrize("same_csv", [False], ids=["own_data_files"])
 def test_two_sweeps_started_together_compute_each_point_once(same_csv, tmp_path, reference):
     go = tmp_path / "go"
     pa, pb = _params(tmp_path, "rows.csv" if same_csv else "a.csv"), _params(tmp_path, "rows.csv" if same_csv

@@ -133,10 +133,11 @@ def mape_summary(rows: list[dict]) -> dict[tuple[str, str, str], tuple[int, floa
 
 def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, models_by_name: dict[str, ModelConfig],
                      calibration_path: str | Path | None = None,
-                     log: Callable[[str], None] = print) -> Calibration | None:
+                     log: Callable[[str], None] = print,
+                     validation_path: str | Path | None = None) -> Calibration | None:
     """Fit efficiencies from ``out_dir/layer_ops.csv``, write the calibration CSV (``calibration_path``, default
-    ``out_dir/h200_ops.csv``) and ``out_dir/layer_validation.csv``; log the MAPE table and the fitted
-    efficiencies.
+    ``out_dir/h200_ops.csv``) and the validation CSV (``validation_path``, default ``out_dir/layer_validation.csv``);
+    log the MAPE table and the fitted efficiencies. Nothing else is written.
 
     Args:
         out_dir: folder holding a run's ``layer_ops.csv``, ``layer_e2e.csv``, ``layer_extras.csv``.
@@ -163,7 +164,7 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
     rows = validation_rows(op_rows, e2e_rows, extras_rows, arch, models_by_name, calibration,
                            leave_one_model_out(op_rows, arch))
     validation_provenance = {**fit_provenance, "source": "modelled"}
-    with open(out_dir / VALIDATION_CSV, "w", newline="") as f:
+    with open(Path(validation_path) if validation_path else out_dir / VALIDATION_CSV, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) + list(validation_provenance))
         writer.writeheader()
         for v in rows:

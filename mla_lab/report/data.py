@@ -14,7 +14,7 @@ from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir
 from ..sweep.rows import NOT_PRICED, reprice_measured_rows
 from .stamps import config_digest, find_manifest, read_manifest, stamp_for
 
-__all__ = ["load_measured", "measured_sweep_frames", "load_measured_cached", "measured_digest", "detach_stale", "unstamped_files", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
+__all__ = ["load_measured", "measured_sweep_frames", "check_stamped_rows", "load_measured_cached", "measured_digest", "detach_stale", "unstamped_files", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
 
 
 # Columns a measured file must have to be read as sweep rows.
@@ -31,15 +31,90 @@ def measured_sweep_frames(root: Path, pattern: str = "*.csv", include_archive: b
     for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
         if not include_archive and "archive" in p.relative_to(root).parts[:-1]:
             continue  # superseded runs, kept for the record (read them by passing their folder as root)
-        try:
-            df = pd.read_csv(p)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
-            continue
-        if not _SWEEP_COLUMNS <= set(df.columns):
-            continue
+        if not _SWEEP_COLUMNS <= set(_header(p)):
+            continue  # another kind of CSV (kernel benchmarks), or not a CSV at all
+        _check_sweep_csv(p)
+        df = pd.read_csv(p)
         df = df[df["source"] == "measured"].copy()
         if len(df):
             yield p, df
+
+
+def _header(p: Path) -> list[str]:
+    import csv
+
+    try:
+        with open(p, newline="", encoding="utf-8") as f:
+            return next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []
+
+
+#: Integer columns of a measured sweep row, and the column holding a JSON list of per-step ms.
+_INT_COLUMNS = ("tp", "max_num_batched_tokens", "prompt_len")
+_JSON_LIST_COLUMN = "attn_path_ms_steps"
+
+
+def _check_sweep_csv(p: Path) -> None:
+    """A measured sweep CSV read whole or not at all: every row has the header's fields, its integer columns hold
+    integers and its per-step column a JSON list of numbers; otherwise one line naming the file and the row.
+
+    Raises:
+        ValueError: ``<file>: row <n> ...`` (row 1 is the header), with how to restore the file.
+    """
+    import csv
+    import json
+
+    fix = f"restore it (git checkout -- {p}) or move it out of {p.parent}"
+    try:
+        with open(p, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f, strict=True)
+            head = next(reader)
+            where = {c: head.index(c) for c in (*_INT_COLUMNS, _JSON_LIST_COLUMN, "source") if c in head}
+            for n, row in enumerate(reader, start=2):
+                if len(row) != len(head):
+                    raise ValueError(f"{p}: row {n} has {len(row)} fields, the header {len(head)} (a truncated or "
+                                     f"edited file: its rows would be dropped); {fix}")
+                if row[where["source"]] != "measured":
+                    continue
+                for c in _INT_COLUMNS:
+                    if not row[where[c]].strip().lstrip("-").replace(".0", "", 1).isdigit():
+                        raise ValueError(f"{p}: row {n}: {c}={row[where[c]]!r} is not an integer; {fix}")
+                cell = row[where[_JSON_LIST_COLUMN]].strip() if _JSON_LIST_COLUMN in where else ""
+                if cell:
+                    try:
+                        v = json.loads(cell)
+                    except ValueError:
+                        v = None
+                    if not isinstance(v, list) or not all(isinstance(x, (int, float)) for x in v):
+                        raise ValueError(f"{p}: row {n}: {_JSON_LIST_COLUMN}={cell[:40]!r} is not a JSON list of "
+                                         f"numbers; {fix}")
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise ValueError(f"{p}: not a readable CSV ({' '.join(str(e).split())[:80]}); {fix}") from None
+
+
+def check_stamped_rows(df, root: str | Path | None) -> None:
+    """Every measured CSV holds at least the rows its stamp in the manifest (``config_digests.json``, written by
+    ``benchmarks/stamp_measured.py``) counts: fewer means rows were lost (a truncated or cut file).
+
+    Raises:
+        ValueError: ``<file> holds <n> measured rows; its stamp in <manifest> counts <m> ...``.
+    """
+    if not len(df) or "file" not in df.columns or root is None:
+        return
+    manifest = find_manifest(root)
+    files, problem = read_manifest(manifest)
+    if manifest is None or problem:
+        return
+    base = Path(root).resolve()
+    for f, g in df.groupby("file"):
+        key = (base / str(f)).resolve().relative_to(manifest.parent.resolve()).as_posix()
+        entries = [e for e in files.get(key, []) or [] if isinstance(e, dict) and isinstance(e.get("rows"), int)]
+        want = sum(e["rows"] for e in entries)
+        if entries and len(g) < want:
+            raise ValueError(f"{base / str(f)} holds {len(g)} measured rows; its stamp in {manifest} counts {want} "
+                             "(rows were lost: a truncated or cut file); restore it (git checkout) or re-stamp it "
+                             "(benchmarks/stamp_measured.py)")
 
 
 def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
@@ -66,6 +141,7 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
         return empty
 
     rows = pd.concat(frames, ignore_index=True)
+    check_stamped_rows(rows, root)
     both, detached = detach_stale(rows, root)
     # the attention path is measured; the rest of TTFT comes from the current model, so re-derive it here
     out = reprice_measured_rows(both, weight_dtype, moe_parallel) if len(both) else both

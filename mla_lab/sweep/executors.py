@@ -236,12 +236,21 @@ class RayExecutor:
         return dict(self._ensure_init().cluster_resources())
 
     def describe(self) -> str:
+        if self._local_not_started():
+            return "ray (a local instance, started when a point is to be computed)"
         r = self.resources()
         return f"ray ({self.address or 'local'}: {r.get('CPU', 0):g} CPU, {r.get('GPU', 0):g} GPU)"
 
+    def _local_not_started(self) -> bool:
+        """A local Ray instance not started yet: this machine is the cluster, asked without starting it."""
+        return self.address is None and not self.ray.is_initialized()
+
     # ------------------------------------------------------------------------------------------------ devices
     def resolve_device(self, device: str) -> str:
-        """``auto`` -> ``cuda`` when the cluster has GPUs, else ``cpu``; ``cuda`` on a GPU-less cluster raises."""
+        """``auto`` -> ``cuda`` when the cluster has GPUs, else ``cpu``; ``cuda`` on a GPU-less cluster raises. A
+        local instance not started yet is this machine: asked here (:func:`resolve_device`), Ray is not started."""
+        if self._local_not_started():
+            return resolve_device(device)
         gpus = self.resources().get("GPU", 0)
         if device == "auto":
             return "cuda" if gpus > 0 else "cpu"
@@ -252,6 +261,8 @@ class RayExecutor:
     def detect_gpu(self, timeout_s: float = 600) -> dict | None:
         """:func:`mla_lab.arch.detect_arch` as seen by a task holding one GPU (the cluster's GPUs are assumed to be
         of one kind: measured rows are labelled with this arch)."""
+        if self._local_not_started():
+            return detect_arch()
         ray = self._ensure_init()
         fn = ray.remote(num_cpus=0, num_gpus=self.gpus_per_measured, max_calls=1)(_detect_arch_task)
         return ray.get(fn.remote(), timeout=timeout_s)
@@ -260,11 +271,11 @@ class RayExecutor:
     def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
             ) -> Iterator[PointResult]:
         """Submit the tasks (at most ``max_in_flight`` at once) and yield each result as it completes. On an
-        exception in the consumer (Ctrl-C) the tasks still pending are cancelled."""
-        ray = self._ensure_init()
+        exception in the consumer (Ctrl-C) the tasks still pending are cancelled. No task: Ray is not started."""
         queue = list(tasks)
         if not queue:
             return
+        ray = self._ensure_init()
         limit = self.max_in_flight
         if limit is None:
             r = ray.cluster_resources()

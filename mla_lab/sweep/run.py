@@ -5,20 +5,24 @@ The notebook ``notebooks/padding_sweep.ipynb`` is the front door; everything it 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from ..arch import get_arch
-from ..paths import resolve
+from ..paths import is_committed, resolve
+from ..placement import BASELINE
 from .executors import PointTask, make_executor
 from .params import SweepParams, expand_grid, validate_params
 from .rows import compute_rows, point_inputs
 from .store import ResultStore, code_version, inputs_digest, point_key
 
-__all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK"]
+__all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK", "grid_row_ids", "may_measure",
+           "data_file_lock", "check_not_locked", "LOCK_ENV"]
 
 #: Columns whose presence in a CSV's header says the lab wrote it (so it may be replaced).
 LAB_CSV_MARK = ("point_key", "strategy", "code_version")
@@ -28,19 +32,86 @@ class _PointError(Exception):
     """A point's own error as the executor reported it (``"<ExceptionType>: <message>"``)."""
 
 
-def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
-    """The absolute path of an output CSV the lab may write.
+#: The columns that say which point and strategy a sweep CSV row is (:func:`grid_row_ids`).
+ROW_ID_COLUMNS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
+
+
+def _id_cell(v) -> str:
+    s = str(v).strip()
+    try:
+        f = float(s)
+        return str(int(f)) if f.is_integer() else s
+    except ValueError:
+        return s
+
+
+def grid_row_ids(params: SweepParams, may_measure: bool) -> tuple[set, set]:
+    """``(points, rows)`` a sweep of ``params`` writes: point ids (:data:`ROW_ID_COLUMNS` as strings) and row ids
+    (point id + strategy + source; the baseline included; ``measured`` rows only when ``may_measure``)."""
+    points, rows = set(), set()
+    sources = ("modelled", "measured") if may_measure else ("modelled",)
+    for pt in expand_grid(params):
+        pid = tuple(_id_cell(pt[c]) for c in ROW_ID_COLUMNS)
+        points.add(pid)
+        for s in dict.fromkeys([BASELINE, *pt["strategies"]]):
+            for src in sources:
+                rows.add((*pid, s, src))
+    return points, rows
+
+
+def may_measure(device: str) -> bool:
+    """Whether a sweep on ``device`` may add measured rows here: ``cuda``, or ``auto`` where an NVIDIA device node
+    is visible (``/dev/nvidia<N>``; checked without importing torch, so the dry run and the run agree)."""
+    if device == "cpu":
+        return False
+    return device == "cuda" or any(Path("/dev").glob("nvidia[0-9]*"))
+
+
+def _rows_not_covered(out: Path, params: SweepParams, measure: bool) -> tuple[int, int, str]:
+    """``(rows not written again, rows, first such row)`` of the lab CSV ``out`` against this grid."""
+    import csv
+
+    points, rows = grid_row_ids(params, measure)
+    lost, n, first = 0, 0, ""
+    with open(out, newline="", errors="replace") as f:
+        for i, r in enumerate(csv.DictReader(f), start=2):
+            n += 1
+            pid = tuple(_id_cell(r.get(c, "")) for c in ROW_ID_COLUMNS)
+            strategy = (r.get("strategy") or "").strip()
+            src = (r.get("source") or "modelled").strip() or "modelled"
+            ok = pid in points if not strategy else (*pid, strategy, src) in rows
+            if not ok:
+                lost += 1
+                first = first or (f"row {i}: {' '.join(pid)} {strategy or '(failed point)'} {src}")
+    return lost, n, first
+
+
+def check_output_file(path: str | Path, overwrite: bool = False, params: SweepParams | None = None,
+                      device: str | None = None, create: bool = True) -> Path:
+    """The absolute path of an output CSV the lab may write, checked before any point is computed.
+
+    Without ``overwrite`` the lab replaces only a CSV it wrote (its header has :data:`LAB_CSV_MARK`) that is not
+    committed to git (:func:`mla_lab.paths.is_committed`) and, when ``params`` is given, whose every row this
+    sweep writes again (:func:`grid_row_ids`; ``device`` decides whether measured rows are written:
+    :func:`may_measure`): a CSV of another grid, or of measurements this run does not make, would lose rows.
+    ``create``: make the folder (False: the dry run, which creates nothing).
 
     Raises:
-        ValueError: the path is a directory; or an existing file whose header is not a lab CSV (so the lab did not
-            write it) and ``overwrite`` is False; or its folder cannot be created. One line, naming the path and
-            the fix.
+        ValueError: one line naming the path and the fix: a directory or another non-regular file; a committed
+            file, a file the lab did not write, or a lab CSV holding rows this sweep would drop (without
+            ``overwrite``); a file or folder that is not writable; a folder that cannot be created.
     """
     out = resolve(path)
     if out.is_dir():
         raise ValueError(f"data_file={str(path)!r} is a directory; give a file path such as "
                          f"{str(Path(path) / 'padding_sweep.csv')!r}")
+    if out.exists() and not out.is_file():
+        raise ValueError(f"data_file={str(path)!r} is not a regular file (a device, a pipe or a socket); allowed: a "
+                         "regular file or a new path in a writable folder")
     if out.exists() and not overwrite:
+        if is_committed(out):
+            raise ValueError(f"data_file={str(path)!r} is a committed file (tracked by git); a sweep replaces it "
+                             "only with --overwrite (-p overwrite true); allowed: another path")
         try:
             with open(out, errors="replace") as f:
                 header = f.readline()
@@ -49,6 +120,25 @@ def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
         if not all(c in header.strip().split(",") for c in LAB_CSV_MARK):
             raise ValueError(f"data_file={str(path)!r} exists and was not written by mla_lab; choose another path "
                              "or pass --overwrite")
+        if params is not None:
+            lost, n, first = _rows_not_covered(out, params, may_measure(device or params.device))
+            if lost:
+                raise ValueError(f"data_file={str(path)!r} holds {lost} of {n} rows this sweep does not write "
+                                 f"(another grid's or measured rows, first: {first}); replacing it would drop them; "
+                                 "allowed: another path, or --overwrite (-p overwrite true)")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise ValueError(f"data_file={str(path)!r} is not writable; allowed: a writable file or a new path in a "
+                         "writable folder")
+    folder = next((q for q in [out.parent, *out.parent.parents] if q.exists()), None)
+    if folder is not None and folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"data_file={str(path)!r}: its folder {folder} is not writable; allowed: a path in a "
+                         "writable folder")
+    if not create:
+        blocker = folder if folder is not None and not folder.is_dir() else None
+        if blocker is not None:
+            raise ValueError(f"data_file={str(path)!r}: its folder cannot be created ({blocker} is a file, not a "
+                             "folder); choose a writable path")
+        return out
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -57,6 +147,89 @@ def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
         raise ValueError(f"data_file={str(path)!r}: its folder cannot be created ({why}); choose a writable "
                          "path") from None
     return out
+
+
+#: The environment variable through which ``mla-lab sweep`` hands its lock on the data file to the notebook's kernel
+#: (``<lock path>|<token>``): the sweep in the kernel runs under the CLI's lock instead of waiting for it.
+LOCK_ENV = "MLA_LAB_DATA_FILE_LOCK"
+
+
+def lock_path(out: Path) -> Path:
+    """The lock file of data file ``out``: ``.<name>.lock`` beside it."""
+    return out.with_name(f".{out.name}.lock")
+
+
+@contextlib.contextmanager
+def data_file_lock(out: str | Path, token: str | None = None):
+    """Hold the data file's lock (``fcntl.flock``, exclusive, not waiting) while a sweep computes and writes it, so
+    two sweeps into one data file never interleave: the second is refused in one line. Released and removed on exit (released by
+    the operating system when a process dies; the next sweep locks the file left behind). A lock this process's parent holds (``LOCK_ENV`` names it with the token written in
+    the lock file) is taken as held. ``token``: written in the lock file for a child to show (the CLI's).
+
+    Raises:
+        ValueError: another live sweep holds it (its host and pid named).
+    """
+    import fcntl
+
+    out = resolve(out)
+    lp = lock_path(out)
+    handed = os.environ.get(LOCK_ENV, "")
+    if handed and handed.rsplit("|", 1)[0] == str(lp):
+        try:
+            if lp.read_text().split()[-1:] == [handed.rsplit("|", 1)[1]]:
+                yield lp
+                return
+        except OSError:
+            pass
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        f = open(lp, "a+")  # noqa: SIM115 - closed below, after the unlink
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            who = " ".join(f.read().split()[:2]) or "another process"
+            f.close()
+            raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
+                             "it to finish, or another data_file") from None
+        try:
+            same = os.stat(lp).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()  # the holder before us removed the file we locked: lock the new one
+    try:
+        f.seek(0)
+        f.truncate()
+        f.write(f"{socket.gethostname()} pid={os.getpid()} {token or ''}\n")
+        f.flush()
+        yield lp
+    finally:
+        lp.unlink(missing_ok=True)  # only while it holds the lock: the file exists while a sweep writes
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
+def check_not_locked(out: str | Path) -> None:
+    """Refuse (the dry run's check) when another sweep holds ``out``'s lock; creates nothing.
+
+    Raises:
+        ValueError: as :func:`data_file_lock`.
+    """
+    import fcntl
+
+    lp = lock_path(resolve(out))
+    if not lp.is_file():
+        return
+    with open(lp) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            who = " ".join(f.read().split()[:2]) or "another process"
+            raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
+                             "it to finish, or another data_file") from None
+        fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _tasks(params: SweepParams, gpu: dict | None) -> list[tuple[dict, str, str]]:
@@ -105,15 +278,16 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, compute_fn=None
     """
     if isinstance(params, dict):
         params = validate_params(params)
-    out = check_output_file(params.data_file, params.overwrite)
-    store = ResultStore(resolve(params.store_dir))
-    own = executor is None
-    ex = make_executor(params.executor, address=params.ray_address) if own else executor
-    try:
-        return _run_points(params, store, ex, progress, compute_fn or compute_rows, out, claim_wait_s)
-    finally:
-        if own:
-            ex.close()
+    out = check_output_file(params.data_file, params.overwrite, params)
+    with data_file_lock(out):  # one sweep at a time writes a data file: the second is refused, never mixed in
+        store = ResultStore(resolve(params.store_dir))
+        own = executor is None
+        ex = make_executor(params.executor, address=params.ray_address) if own else executor
+        try:
+            return _run_points(params, store, ex, progress, compute_fn or compute_rows, out, claim_wait_s)
+        finally:
+            if own:
+                ex.close()
 
 
 def _log(progress: bool, msg: str) -> None:
@@ -131,6 +305,10 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
     store.clean_stale_tmp()  # writes cut short by a killed sweep (never visible as points)
     store.clean_stale_claims()  # claims of a killed sweep
     status = {k: store.status(k) for _, _, k in todo}
+    for k, st in status.items():
+        why = store.broken(k) if st is None else None
+        if why:  # never silently: named, then computed again and replaced
+            _log(True, f"{why}: computing the point again")
     skip = {k for k, st in status.items() if st == "ok" and not params.force}
     n_failed = sum(1 for k, st in status.items() if st == "failed" and not params.force)
     extra = f", {n_failed} failed before (retried)" if n_failed else ""

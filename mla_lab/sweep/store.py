@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 
-__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest"]
+__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest", "payload_problem"]
 
 _PKG = REPO_ROOT / "mla_lab"
 
@@ -75,12 +75,24 @@ class ResultStore:
         return self.path(key).is_file()
 
     def status(self, key: str) -> str | None:
-        """``"ok"`` / ``"failed"`` (the stored point's status), or None when no readable point file exists."""
+        """``"ok"`` / ``"failed"`` (the stored point's status), or None when no readable, complete point file exists
+        (:func:`payload_problem`: a sweep computes that point again and replaces the file)."""
         try:
             payload = json.loads(self.path(key).read_text())
         except (OSError, ValueError):
             return None
-        return payload.get("status") if isinstance(payload, dict) else None
+        return None if payload_problem(payload) else payload["status"]
+
+    def broken(self, key: str) -> str | None:
+        """One line naming ``key``'s point file and what is wrong with it, or None (absent, or a whole point)."""
+        p = self.path(key)
+        if not p.is_file():
+            return None
+        try:
+            problem = payload_problem(json.loads(p.read_text()))
+        except (OSError, ValueError) as e:
+            problem = f"not readable JSON ({type(e).__name__})"
+        return f"point file {p} is {problem}" if problem else None
 
     def completed(self, key: str) -> bool:
         """The point is stored with ``status == "ok"`` (what a resumed sweep skips)."""
@@ -212,9 +224,14 @@ class ResultStore:
             if not p.is_file():
                 continue
             try:
-                out.append(json.loads(p.read_text()))
+                payload = json.loads(p.read_text())
             except (json.JSONDecodeError, OSError, UnicodeDecodeError):
                 self.corrupt.append(str(p))
+                continue
+            if payload_problem(payload):
+                self.corrupt.append(str(p))
+                continue
+            out.append(payload)
         return out
 
     def rows(self, keys: list[str] | None = None) -> list[dict]:
@@ -227,6 +244,21 @@ class ResultStore:
                 rows.append({**payload["point"], "status": payload["status"], "reason": payload["reason"],
                              "point_key": payload["key"]})
         return rows
+
+
+def payload_problem(payload) -> str:
+    """What makes ``payload`` not a whole point (``""`` when it is one): a JSON object with ``key`` (str),
+    ``point`` (object), ``status`` (``ok`` / ``failed``), ``reason`` (str) and ``rows`` (a list of objects), as :meth:`ResultStore.write` writes it."""
+    if not isinstance(payload, dict):
+        return f"not a JSON object ({type(payload).__name__})"
+    for k, t in (("key", str), ("point", dict), ("status", str), ("reason", str), ("rows", list)):
+        if not isinstance(payload.get(k), t):
+            return f"missing {k!r}" if k not in payload else f"holding {k}={str(payload[k])[:30]!r} (not a {t.__name__})"
+    if payload["status"] not in ("ok", "failed"):
+        return f"holding status={payload['status'][:30]!r} (allowed: ok, failed)"
+    if not all(isinstance(r, dict) for r in payload["rows"]):
+        return "holding rows that are not objects"
+    return ""
 
 
 def _claim_text() -> str:

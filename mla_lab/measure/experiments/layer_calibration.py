@@ -60,7 +60,7 @@ from mla_lab.measure.layer_experiments import fp8_gemm_rows, run_extras
 from mla_lab.measure.layer_runs import RunLog, open_sinks, read_rows, run_layer_benchmark
 from mla_lab.measure.validate import fit_and_validate
 from mla_lab.models import load_model
-from mla_lab.paths import data_dir
+from mla_lab.paths import data_dir, is_committed
 from mla_lab.provenance import PROVENANCE_COLUMNS, provenance
 
 DRY_RUN_OUT = Path("/tmp/bench_layer_dry")
@@ -78,8 +78,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget-s", type=float, default=400.0, help="stop measuring after this many seconds")
     ap.add_argument("--warmup", type=float, default=20.0, help="do_bench warm-up (ms)")
     ap.add_argument("--rep", type=float, default=60.0, help="do_bench repetition time (ms)")
-    ap.add_argument("--fit-only", default=None, help="refit from the CSVs in this dir (writes the validation there)")
-    ap.add_argument("--cal-out", default=None, help="with --fit-only: where to write h200_ops.csv (default: the dir)")
+    ap.add_argument("--fit-only", default=None, help="refit from the CSVs in this dir (read only: writes nothing there)")
+    ap.add_argument("--cal-out", default=None, help="with --fit-only (required): the calibration CSV to write")
+    ap.add_argument("--validation-out", default=None,
+                    help="with --fit-only: the validation CSV to write (default: layer_validation.csv beside --cal-out)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="with --fit-only: let --cal-out / --validation-out replace a committed file")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--workspace-content", choices=("zeros", "stale"), default=None,
                     help="padded heads of the private workspace (default zeros; the first H200 run had stale)")
@@ -108,6 +112,31 @@ PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "fl
 SHAPES = [(m, tp, T) for m in ("glm-5", "deepseek-v3.2") for tp in (1, 2, 4, 8) for T in (1024, 4096, 16384)]
 
 
+def _fit_only_outputs(ap, args) -> tuple[Path, Path]:
+    """``--fit-only``'s two outputs, checked before anything is fitted: ``--cal-out`` (required: the measured folder
+    read is never written) and ``--validation-out`` (default ``layer_validation.csv`` beside ``--cal-out``); a
+    committed file (tracked by git) is replaced only with ``--overwrite``, a folder or an unwritable path never."""
+    if not args.cal_out:
+        ap.error(f"--fit-only {args.fit_only} needs --cal-out PATH (the calibration CSV to write; nothing is written "
+                 "into the folder read), e.g. --cal-out /tmp/h200_ops.csv")
+    cal = Path(args.cal_out)
+    val = Path(args.validation_out) if args.validation_out else cal.with_name("layer_validation.csv")
+    if cal.resolve() == val.resolve():
+        ap.error(f"--cal-out and --validation-out are one file ({cal}); allowed: two paths")
+    for flag, p in (("--cal-out", cal), ("--validation-out", val)):
+        if p.is_dir() or (p.exists() and not p.is_file()):
+            ap.error(f"{flag} {p} is not a regular file; allowed: a CSV path")
+        if is_committed(p) and not args.overwrite:
+            ap.error(f"{flag} {p} is a committed file (tracked by git); allowed: another path, or --overwrite to "
+                     "replace it")
+        folder = next((q for q in [p.parent.absolute(), *p.parent.absolute().parents] if q.exists()), None)
+        if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or \
+                (p.exists() and not os.access(p, os.W_OK)):
+            ap.error(f"{flag} {p} is not writable; allowed: a path in a writable folder")
+        p.parent.mkdir(parents=True, exist_ok=True)
+    return cal, val
+
+
 def main(argv=None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
@@ -129,13 +158,14 @@ def main(argv=None) -> int:
     log = RunLog()
     arch = get_arch("h200")
     if args.fit_only:
+        cal_out, val_out = _fit_only_outputs(ap, args)
         models = {n: load_model(n) for n in ("glm-5", "deepseek-v3.2")}
         ops_rows = read_rows(Path(args.fit_only) / OPS_CSV)
         # the fitted efficiencies inherit the provenance of the measurements they come from
         fit_provenance = ({k: ops_rows[0][k] for k in PROVENANCE_COLUMNS if k in ops_rows[0]} if ops_rows
                           else provenance("modelled"))
         fit_provenance["fit_commit"] = provenance("modelled")["git_commit"]
-        fit_and_validate(args.fit_only, arch, fit_provenance, models, args.cal_out, log=log)
+        fit_and_validate(args.fit_only, arch, fit_provenance, models, cal_out, log=log, validation_path=val_out)
         return 0
     gpu = torch.cuda.is_available() and not args.dry_run
     if not gpu and not args.dry_run:
