@@ -86,9 +86,13 @@ def test_sentences_state_the_recomputed_bands_and_percentiles(dist, raw):
     assert f"at most percentile {worst:.1f}" in text or max(worst, _pct(p, -9.5)) >= 2.5
     tp = _pct(raw["pr_vs_before"]["total_token_throughput"], 6.0)
     assert f"percentile {tp:.1f}" in text
-    # the conclusion follows the numbers: "rules out" only when -9.5 % is outside the 95 % band of every statistic
+    # the conclusion follows the numbers: "inside this noise model ... does not turn" only when -9.5 % is outside the
+    # 95 % band of every statistic, and even then the lab does not rule noise out (issue 30: the model is not
+    # validated for it)
     outside = max(_pct(raw["pr_vs_before"][k], -9.5) for k in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms")) < 2.5
-    assert ("rules out that one unlucky pair" in text) == outside
+    assert ("inside this noise model, one unlucky pair of runs does not turn" in text) == outside
+    assert "the lab does not rule noise out" in text or not outside
+    assert "rules out that" not in text
     assert "cannot rule out" in text
     # the API-server sensitivity: the prediction file's row that puts -9.5 % highest
     rows = [r for r in dist["prediction"]["arrival_sensitivity"] if "pr_vs_before_all_noise" in r]
