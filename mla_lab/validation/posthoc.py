@@ -1,0 +1,72 @@
+"""Post-hoc runs of the blind set (issue 30): the same model, each public run's workload as its source states it
+(num_prompts, request rate, concurrency), priced after the results were read. NOT blind and NOT a fit: no coefficient
+changes; it separates what the blind errors owe to the lab's workload assumptions from what they owe to the model.
+The H20 run (vllm-project/recipes) is left out: the lab has no H20 calibration.
+
+    python -m mla_lab.validation.posthoc [--write [--overwrite]]   # -> data/validation/blind_2026-12_posthoc.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from ..paths import REPO_ROOT
+from ..provenance import git_commit
+from ..serving import BenchConfig, serve_benchmark
+from .blind import CASES, SERVE_DEFAULTS
+from .score import METRIC_CLASS, RESULTS
+
+__all__ = ["posthoc", "OUT", "main"]
+
+OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12_posthoc.json"
+
+
+def posthoc(log=print) -> dict:
+    """Deterministic runs (no noise model) of every published run the lab can price, as the source states it."""
+    res = json.loads(RESULTS.read_text())
+    cases = {c["id"]: c for c in CASES}
+    rows = []
+    for rc in res["cases"]:
+        case = cases[rc["id"]]
+        for rr in rc["runs"]:
+            a = rr.get("as_run", {})
+            if a.get("gpu", "H200") != "H200":
+                continue
+            w = rr["workload"]
+            rate = a.get("request_rate", "inf")
+            bench = BenchConfig(num_prompts=int(a["num_prompts"]), random_input_len=w["random_input_len"],
+                                random_output_len=w["random_output_len"], max_concurrency=w.get("max_concurrency"),
+                                request_rate=math.inf if rate == "inf" else float(rate))
+            strat = case["strategies"][rr["backend"]]
+            r = serve_benchmark(case["model"], 8, "h200", [strat], bench, SERVE_DEFAULTS["max_num_batched_tokens"],
+                                max_num_seqs=SERVE_DEFAULTS["max_num_seqs"], baseline=strat, moe_parallel="tp")
+            m = r["strategies"][strat]["metrics"]
+            for k, real in rr["metrics"].items():
+                if k in m and real:
+                    rows.append({"case": rc["id"], "workload": w, "as_run": a, "backend": rr["backend"], "metric": k,
+                                 "class": METRIC_CLASS.get(k, "other"), "posthoc": float(m[k]), "real": real,
+                                 "error_pct": (float(m[k]) - real) / real * 100})
+            log(f"{rc['id']} {w} {rr['backend']}: TPOT {m['mean_tpot_ms']:.1f} vs {rr['metrics'].get('mean_tpot_ms')}")
+    return {"what": "post-hoc runs of the blind set with each run's stated workload: NOT blind, nothing fitted",
+            "produced_by": "python -m mla_lab.validation.posthoc --write", "git_commit": git_commit(), "rows": rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.posthoc")
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--overwrite", action="store_true")
+    a = ap.parse_args(argv)
+    d = posthoc()
+    if a.write:
+        if OUT.exists() and not a.overwrite:
+            ap.error(f"{OUT} exists: pass --overwrite to replace it")
+        OUT.write_text(json.dumps(d, indent=1) + "\n")
+        print(f"wrote {OUT}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
