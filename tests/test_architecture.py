@@ -10,6 +10,7 @@ never a sibling unit on the same layer, and nothing in a circle:
     model
     strategies, seed
     kernels, buffers, deployment
+    rank (what one TP rank of a deployment holds: the view the layers below the door take)
     models, arch, workload, provenance, kernelspec, placement
     labels (how outputs name the strategies whose names mislead, and the measurement they quote)
     routes (engine route rules: placement's presets name their routes)
@@ -39,6 +40,7 @@ STACK = [
     ("model",),
     ("strategies", "seed"),
     ("kernels", "buffers", "deployment"),
+    ("rank",),
     ("models", "arch", "workload", "provenance", "kernelspec", "placement"),
     ("labels",),
     ("routes",),
