@@ -104,8 +104,10 @@ def test_nothing_below_the_door_prices_bf16_or_tp_by_default():
     m, h200 = load_model("glm-5"), get_arch("h200")
     with pytest.raises(TypeError, match="weight_dtype.*moe_parallel"):
         layer_ops(m, 8, h200, PR_STRATEGY, 1024)
-    with pytest.raises(TypeError, match="moe_parallel"):
-        weights_bytes_per_rank(m, 8, "fp8")
+    with pytest.raises(AttributeError):  # a rank view (Deployment.rank), not loose scalars: nothing to default
+        weights_bytes_per_rank(m)
+    assert weights_bytes_per_rank(Deployment.seed().rank) < weights_bytes_per_rank(
+        Deployment.seed(weight_dtype="bf16").rank)
     with pytest.raises(ValueError, match=r"needs \['weight_dtype', 'moe_parallel'\] \(no default"):
         memory_tradeoff(m, 8, h200, 16384, "bf16")
     with pytest.raises(ValueError, match=r"layer option\(s\) \['weight_dtype'\] are not allowed here"):
