@@ -2,7 +2,7 @@
 # Both create their own virtual environment in .venv from nothing but python3, pinned by constraints.txt.
 PYTHON ?= python3
 VENV   ?= .venv
-# The CPU build of torch; on a GPU machine use its own torch (see README "Running on a GPU", environment-gpu.yml).
+# The CPU build of torch; on a GPU machine use its own torch (see docs/cli.md "Running on a GPU", environment-gpu.yml).
 TORCH_SPEC ?= torch==2.13.0
 # Every other package at the version of constraints.txt (pip -c); CONSTRAINTS= resolves afresh instead.
 CONSTRAINTS ?= constraints.txt

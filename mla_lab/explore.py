@@ -24,7 +24,7 @@ from .placement import BASELINE, EXPLORER_STRATEGIES, PR_STRATEGY, resolve_strat
 from .report.data import load_measured
 from .report.figures import strategy_style
 from .seed import SEED_DEPLOYMENT
-from .sweep.advise import advise, format_advice
+from .sweep.advise import advise, engines_block, format_advice
 from .sweep.rows import MEASURED_MATCH_KEYS, measured_changes, modelled_rows
 
 #: The controls that make the deployment (:meth:`mla_lab.deployment.Deployment.of` arguments).
@@ -141,6 +141,8 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         "fits_in_memory": fits,
         "fit_reason": chosen["fit_reason"],
         "measured": meas if fits else None,
+        # what today's engine versions do for this deployment (a code reading of their release wheels)
+        "engines": engines_block(deployment),
     }
     return out
 
@@ -258,7 +260,16 @@ def summary_html(result: dict) -> str:
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
     if any(r["strategy"] == "kernel_native" for r in result["per_strategy"]):
         note += f"<br><small>kernel_native = {e(KERNEL_NATIVE_NOTE)}.</small>"
-    return f"<div>{head}<table style='margin-top:6px'>{facts_html}</table>{table}{note}</div>"
+    eng = "".join(
+        f"<tr><td {td}>{e(x['preset'])} ({e(str(x['release_date']))})</td><td {td}>{e(str(x['backend']))}</td>"
+        f"<td {td}>{e(str(x['prefill_route']))}</td><td {td}>{x['padding'] if x['padding'] else 'none'}</td>"
+        f"<td {td}>{e(str(x['padded_path']))}</td></tr>" for x in result.get("engines", []))
+    eng_html = ("<p style='margin:8px 0 2px'><b>Engine versions today</b> (code reading of the release wheels; "
+                "<code>mla-lab engines</code>)</p><table style='border-collapse:collapse'><tr>"
+                + "".join(f"<th {td}>{h}</th>" for h in ("engine", "sparse backend", "prefill route",
+                                                          "prefill_padding", "padded path runs"))
+                + "</tr>" + eng + "</table>") if eng else ""
+    return f"<div>{head}<table style='margin-top:6px'>{facts_html}</table>{table}{note}{eng_html}</div>"
 
 
 def measured_html(result: dict) -> str:

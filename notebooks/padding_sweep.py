@@ -14,13 +14,42 @@
 # ---
 
 # %% [markdown]
-# # Padding sweep: Q-concat workspace memory vs TTFT
+# # Padding sweep: what vLLM PR #53878's pre-padded Q workspace buys, in memory and TTFT
+#
+# ## 1. The answer
+#
+# <!-- answer:begin (python -m mla_lab.report.answer --update) -->
+# **What PR #53878 bought, as it was** (GLM-5.2 TP8 on an H200, 32 prompts of 1024 tokens, bf16 KV cache, FLASHMLA_SPARSE forced). Modelled: mean TTFT (time to first token) -2.4 % (GLM-5: -2.0 %) for +1008 MiB of persistent workspace per rank; with the attention path measured on one H200 (5 fresh processes, rest modelled) -1.1 % [-1.7, -0.9]. The PR reported -9.5 % TTFT and +6 % throughput; nothing the lab prices reaches that.
+#
+# **What it buys in today's engines** (code reading of the release wheels; modelled). vLLM 0.33.0 sends prompts of <= 2048 tokens to dense MHA, so on the PR's benchmark the padded kernel runs only for decode rows, and only when FLASHMLA_SPARSE is forced: the PR's workspace then changes mean TTFT by 0.0 % and TPOT by 0.0 %. vLLM's default there, FA3 sparse on the real heads, pads nowhere: TPOT -3.7 %, throughput +3.5 % against the forced FlashMLA path. SGLang 0.5.23's default runs these prompts through the padded `flashmla_sparse` inside its prefill CUDA graphs (`mla-lab engines`).
+#
+# **Can -9.5 % be told from one run's noise?** Not by this lab. Its model predicted the PR's own 'main' run, blind, at 6.70 s; the run took 9.92 s (ratio 0.68), so its single-run noise band is not validated and it does not rule noise out. Blind predictions of four public runs were committed before reading them; 35 published figures of 2 of them matched the workload the lab assumed (gpustack_dsv32_v0.13.0, pr46189): median |error| 21 %, 2 of 35 inside the lab's single-run band; the other 125 figures came from other workloads or GPUs than assumed and are published unscored. FA3 sparse against FLASHMLA_SPARSE (PR #46189's table): at concurrency 1-8 the lab predicted TPOT -14 to -4 %, the runs showed -42 to -20 %: the direction right, the size about a third. Runs of one vLLM configuration that should not differ (gpustack's DeepSeek-V3.2 page) differ by up to 31 % in mean TTFT and 3.2 % in throughput, against the lab's +-1.9 % and +-1.8 %: one run each of two builds cannot separate -9.5 % from noise, and the lab no longer claims it can.
+#
+# **What does better** (measured on one H200 with the engines' own kernels, 5 fresh processes, graph timing; 16384-token step of 1024-token prompts, 8 heads per rank): FA3 sparse 2.21 ms against FlashMLA padded to 64 heads 2.48 ms (vLLM 0.33.0's build); SGLang's 16-row Triton tile 2.34 ms; FlashMLA's own 8-head path 2.70 ms (slower than padding). A kernel that only gathers each token's top-k rows takes 1.60 ms (65 % of padded FlashMLA): the gather, not the padded heads' MMAs, sets the time, so removing the padding saves about a tenth of the kernel. At decode, FA3 splits the keys over SMs: one token with 2048 keys takes 19 us against 63 us for padded FlashMLA (one CTA per token); at 256 tokens they are within 2 %. Served, the difference is larger than these kernels and the lab's model say: PR #46189's runs show FA3 sparse cutting TPOT by a fifth to two fifths at concurrency 1-8 (above).
+#
+# **What to do.** On vLLM 0.33.0 keep the default backend (FA3 sparse): no padded workspace, no copy. If FLASHMLA_SPARSE must be forced, the pre-padded workspace costs 1008 MiB per rank at max_num_batched_tokens 16384 (10,554 KV tokens at GLM-5 TP8) for no modelled TTFT gain below 2049-token prompts; `mla-lab advise --memory-budget-mib N` ranks the strategies that fit a budget, and says which deployments it tips out of fitting.
+# <!-- answer:end -->
+
+# %% [markdown]
+# ## Contents
+# 1. [The answer](#1.-The-answer) (above)
+# 2. [What the PR bought, and what it buys today](#2.-What-the-PR-bought,-and-what-it-buys-today)
+# 3. [Is it noise? How far the model is validated](#3.-Is-it-noise?-How-far-the-model-is-validated)
+# 4. [Which route or kernel does better](#4.-Which-route-or-kernel-does-better)
+# 5. [What to do for your deployment](#5.-What-to-do-for-your-deployment)
+# 6. [Details: memory, the sweep's tables, methods](#6.-Details:-memory,-the-sweep's-tables,-methods)
 #
 # vLLM PR #53878 allocates the sparse-MLA prefill Q-concat workspace already padded to the 64 (Hopper) or 128
 # (Blackwell) heads FlashMLA's sparse kernel needs, instead of copying the real heads into a fresh padded tensor on
 # every layer call. This report prices that trade for every grid point: **memory** (exact bytes, analytic) and
 # **TTFT** (modelled from the arch specs and a calibration, or measured on a GPU). Every row says which (`source`
 # column) and carries its provenance; the banner below sums it up.
+#
+# Words: **TTFT** = time to first token; **TPOT** = time per output token (the first excluded); **the seed** = the
+# PR's own deployment (GLM-5 / GLM-5.2 geometry, TP 8, H200, bf16 KV cache, `--max-num-batched-tokens 16384`, 32 x
+# 1024-token prompts); **H'** = the padded head count the kernel runs (`prefill_padding`: 64 on Hopper, 128 on Blackwell);
+# **stale padded heads** = padding that holds old data instead of zeros; **measured** = timed on a GPU (median and
+# [min, max] over fresh processes), **modelled** = the lab's cost model. The full glossary: `docs/glossary.md`.
 
 # %% tags=["parameters"]
 # Every parameter is typed and explained (`papermill --help-notebook notebooks/padding_sweep.ipynb` lists them);
@@ -101,7 +130,9 @@ report.save_provenance(both, figs, run_id=run_id)
 display(HTML(report.provenance_html(both, run_id)))
 
 # %% [markdown]
-# ## The PR's numbers, answered
+# ## 2. What the PR bought, and what it buys today
+#
+# ### The PR's numbers, answered
 # vLLM PR #53878's benchmark (TP 8, Hopper, bf16 KV cache, `--max-num-batched-tokens 16384`, 32 prompts x 1024
 # tokens at concurrency 32) for GLM-5's geometry and GLM-5.2's (an indexer on 21 of 78 layers). A strategy is where
 # the padded Q lives x what its padded heads hold: vLLM before the PR padded with `new_empty` per call (zeros or
@@ -116,7 +147,9 @@ served = cached_call(serve_benchmark, "glm-5", 8, "h200", ENGINE_PRESETS)  # the
 display(HTML(report.html_table(report.seed_setup_table(df, measured, serving=served))))
 
 # %% [markdown]
-# ## Is the PR's -9.5 % one run's noise?
+# ## 3. Is it noise? How far the model is validated
+#
+# ### Is the PR's -9.5 % one run's noise?
 # The PR's benchmark is one `vllm bench serve` run per build. Modelled, not measured: the single-run distribution of
 # the change between two builds, from 1000 simulated runs per build (`mla_lab.serving.noise`: API-server arrival
 # queue, async scheduling, per-step CPU time, and the H200's step-time spreads and cold first step measured in 5
@@ -130,7 +163,49 @@ saved["noise_pr53878"] = publish_cached(lambda: plot_noise(noise_dist), "noise_p
 display(Markdown("\n".join(f"- {line}" for line in noise_sentences(noise_dist))))
 
 # %% [markdown]
-# ## The route beats the copy: attention path per route and prompt length
+# ### Validation of the TTFT model (measured on an H200)
+# The TTFT model (`mla_lab.model`) prices every op of a decoder layer on one rank; its
+# efficiencies were fitted on an H200 (`data/calibration/h200_ops.csv`). Predicted vs measured per op and per layer;
+# the table gives the MAPE per op class (in sample, and leaving one model out). Differences between strategies are
+# validated from interleaved pairs (`layer_paired_delta`); the difference of two unpaired timings is noise-bound
+# and left out. The padded-head content factor: 1.4 % MAPE on 48 H200 shapes (1.7 % leaving one shape out,
+# `data/calibration/h200_content.csv`); decode and mixed steps: `docs/serving.md`. Details: `docs/ttft-model.md`.
+
+# %%
+val = report.load_validation()
+if len(val):
+    saved["validation"] = publish_cached(lambda: report.plot_validation(val), "validation", figs, key=val)
+    display(HTML(report.html_table(report.validation_table(val))))
+else:
+    display(Markdown("No validation measurements under `data/measured`."))
+
+# %% [markdown]
+# ### Real TP ranks vs the one-GPU simulation, and the all-reduce (measured on 2 H200s; TP 4 and 8 not yet)
+# The lab simulates TP by giving one GPU a rank's share of heads. Real NCCL runs (one process per GPU, heads split,
+# latent KV replicated, o_proj all-reduce) against that simulation plus the all-reduce the cost model prices: every
+# rank, not only the slowest. Which world sizes were measured, then each rank, then the all-reduce term per world
+# size (a latency + bandwidth fit where measured, the assumption where not). Details: `docs/scaling.md`.
+
+# %%
+display(HTML(report.html_table(report.tp_status_table())))
+ranks = report.tp_rank_table()
+display(HTML(report.html_table(ranks.round(3))) if len(ranks) else Markdown("No TP measurements under `data/measured`."))
+display(HTML(report.html_table(report.comm_fit_table().round(2))))
+
+# %% [markdown]
+# #### The PR's TTFT change under each all-reduce term
+# At the PR's TP=8 the all-reduce was never measured, so the denominator of every TTFT change there is the least
+# certain term. The seed answer priced with the committed term (the assumption at TP=8), the ideal ring (a lower
+# bound) and the TP=2 fit carried to TP=8 by the ring formula (an extrapolation, not a measurement). Modelled; the
+# "attention measured" columns splice in the H200's attention path.
+
+# %%
+display(HTML(report.html_table(report.seed_comm_sensitivity().round(2))))
+
+# %% [markdown]
+# ## 4. Which route or kernel does better
+#
+# ### The route beats the copy: attention path per route and prompt length
 # Measured on one H200 in 5 fresh processes (`data/measured/h200/between_process/routes.csv`): a 16384-token step of
 # 16384 / L prompts of L tokens, per layer call, padded sparse MQA (FlashMLA at 64 heads: before the PR and with it)
 # against dense causal MHA with the real heads (kv_b_proj up-projection, K assembly, SDPA). Above top-k (2048)
@@ -142,7 +217,24 @@ if routes_available():
 display(Markdown("\n".join(f"- {line}" for line in route_summary())))
 
 # %% [markdown]
-# ## Serving: `vllm bench serve` for the swept deployment
+# ## 5. What to do for your deployment
+#
+# ### Advice for the swept deployment
+# `mla-lab advise` for the swept deployment (named below: the PR's when the grid holds it, else the closest point that
+# fits; the serving section after it runs the same one) under a 300 MiB budget of persistent extra memory: the
+# strategy with the lowest TTFT that fits, the ranked alternatives and what the budget excludes.
+
+# %%
+serve_dep, serve_note = swept_deployment(params)
+if serve_dep is None:
+    display(Markdown(f"**No advice**: {serve_note}."))
+else:
+    display(Markdown(f"**{serve_dep.describe()}** ({serve_note})"))
+    advice = sweep.advise(serve_dep, memory_budget_mib=300, measured=measured)
+    display(Markdown("```\n" + sweep.format_advice(advice) + "\n```"))
+
+# %% [markdown]
+# ### Serving: `vllm bench serve` for the swept deployment
 # A step-level simulation of vLLM v1 serving the sweep's workload (`num_prompts`, `concurrency`, `output_len`,
 # `request_rate`, `seed`, `max_num_seqs`) on one deployment of the grid, named below: the PR's (GLM-5 TP8 H200,
 # `--max-num-batched-tokens 16384`, 1024-token prompts) when the grid holds it, else the closest point that fits.
@@ -152,11 +244,10 @@ display(Markdown("\n".join(f"- {line}" for line in route_summary())))
 # folded below it. Then the change in TTFT and throughput against the request rate.
 
 # %%
-serve_dep, serve_note = swept_deployment(params)
 if serve_dep is None:
     display(Markdown(f"**No serving run**: {serve_note}."))
 else:
-    display(Markdown(f"**{serve_dep.describe()}** ({serve_note}); request rate {params.request_rate}, seed "
+    display(Markdown(f"**{serve_dep.describe()}** (as for the advice); request rate {params.request_rate}, seed "
                      f"{params.seed}, max_num_seqs {params.max_num_seqs}"))
     served_swept = serve_swept_cached(params, ENGINE_PRESETS, serve_dep)  # simulated once per input digest
     saved["serving_changes"] = publish_cached(lambda: plot_serving_changes(served_swept), "serving_changes", figs,
@@ -175,7 +266,9 @@ else:
     saved["rate_curve"] = publish_cached(lambda: plot_rate_curve(curve), "rate_curve", figs, key=curve)
 
 # %% [markdown]
-# ## Memory vs TTFT, one panel per deployment
+# ## 6. Details: memory, the sweep's tables, methods
+#
+# ### Memory vs TTFT, one panel per deployment
 # x: persistent extra Q memory per rank against vLLM before the PR (MiB; persistent bytes are budgeted and cost
 # KV-cache tokens). y: TTFT change against vLLM before the PR with zero padded heads (%). Hollow markers are
 # modelled; filled markers with error bars are measured. The orange and pink lines are the sub-chunked workspace
@@ -199,20 +292,7 @@ else:
     display(Markdown("**No grid point could be priced**: see *Failed points* below for each reason."))
 
 # %% [markdown]
-# ## Advice for the swept deployment
-# `mla-lab advise` for the deployment of the serving section (named there) under a 300 MiB budget of persistent
-# extra memory: the strategy with the lowest TTFT that fits, the ranked alternatives and what the budget excludes.
-
-# %%
-if serve_dep is None:
-    display(Markdown(f"**No advice**: {serve_note}."))
-else:
-    advice = sweep.advise(serve_dep, memory_budget_mib=300, measured=measured)
-    display(Markdown(f"**{serve_dep.describe()}** ({serve_note})"))
-    display(Markdown("```\n" + sweep.format_advice(advice) + "\n```"))
-
-# %% [markdown]
-# ## Per TP size: TTFT change and extra memory of vLLM #53878
+# ### Per TP size: TTFT change and extra memory of vLLM #53878
 
 # %%
 if has_ok:
@@ -220,7 +300,7 @@ if has_ok:
                                       key=frontier_key)
 
 # %% [markdown]
-# ## TTFT change of vLLM #53878 over heads per rank x prompt length
+# ### TTFT change of vLLM #53878 over heads per rank x prompt length
 
 # %%
 if has_ok:
@@ -228,47 +308,15 @@ if has_ok:
                                            "ttft_heatmap", figs, key=frontier_key)
 
 # %% [markdown]
-# ## Validation of the TTFT model (measured on an H200)
-# The TTFT model (`mla_lab.model`) prices every op of a decoder layer on one rank; its
-# efficiencies were fitted on an H200 (`data/calibration/h200_ops.csv`). Predicted vs measured per op and per layer;
-# the table gives the MAPE per op class (in sample, and leaving one model out). Differences between strategies are
-# validated from interleaved pairs (`layer_paired_delta`); the difference of two unpaired timings is noise-bound
-# and left out. The padded-head content factor: 1.4 % MAPE on 48 H200 shapes (1.7 % leaving one shape out,
-# `data/calibration/h200_content.csv`); decode and mixed steps: `docs/serving.md`. Details: `docs/ttft-model.md`.
+# ### Table (largest TP and max_num_batched_tokens of the grid)
 
 # %%
-val = report.load_validation()
-if len(val):
-    saved["validation"] = publish_cached(lambda: report.plot_validation(val), "validation", figs, key=val)
-    display(HTML(report.html_table(report.validation_table(val))))
-else:
-    display(Markdown("No validation measurements under `data/measured`."))
+if has_ok:
+    display(HTML(report.summary_html(both, tp=max(params.tp_sizes),
+                                     max_num_batched_tokens=max(params.max_num_batched_tokens))))
 
 # %% [markdown]
-# ## Real TP ranks vs the one-GPU simulation, and the all-reduce (measured on 2 H200s; TP 4 and 8 not yet)
-# The lab simulates TP by giving one GPU a rank's share of heads. Real NCCL runs (one process per GPU, heads split,
-# latent KV replicated, o_proj all-reduce) against that simulation plus the all-reduce the cost model prices: every
-# rank, not only the slowest. Which world sizes were measured, then each rank, then the all-reduce term per world
-# size (a latency + bandwidth fit where measured, the assumption where not). Details: `docs/scaling.md`.
-
-# %%
-display(HTML(report.html_table(report.tp_status_table())))
-ranks = report.tp_rank_table()
-display(HTML(report.html_table(ranks.round(3))) if len(ranks) else Markdown("No TP measurements under `data/measured`."))
-display(HTML(report.html_table(report.comm_fit_table().round(2))))
-
-# %% [markdown]
-# ### The PR's TTFT change under each all-reduce term
-# At the PR's TP=8 the all-reduce was never measured, so the denominator of every TTFT change there is the least
-# certain term. The seed answer priced with the committed term (the assumption at TP=8), the ideal ring (a lower
-# bound) and the TP=2 fit carried to TP=8 by the ring formula (an extrapolation, not a measurement). Modelled; the
-# "attention measured" columns splice in the H200's attention path.
-
-# %%
-display(HTML(report.html_table(report.seed_comm_sensitivity().round(2))))
-
-# %% [markdown]
-# ## Every strategy gives the same real heads
+# ### Method check: every strategy gives the same real heads
 # Every real strategy runs on small random CPU inputs (invalid indices, causal `topk_length`, one row with no
 # valid index) and is compared bit for bit with a `new_zeros` pad; padded heads are poisoned with NaN first.
 
@@ -283,15 +331,7 @@ if check_equivalence:
     assert checks["equal"].all(), "a strategy's real heads differ from the reference"
 
 # %% [markdown]
-# ## Table (largest TP and max_num_batched_tokens of the grid)
-
-# %%
-if has_ok:
-    display(HTML(report.summary_html(both, tp=max(params.tp_sizes),
-                                     max_num_batched_tokens=max(params.max_num_batched_tokens))))
-
-# %% [markdown]
-# ## Failed points
+# ### Failed points
 # Points that could not be priced or measured are listed with their reason, never dropped.
 
 # %%

@@ -111,10 +111,10 @@ def test_sglang_route_never_dense_past_topk_beside_a_decode():
     """A chunk of a 2048-token prompt beside a decode at seq_len 2049 (max_num_batched_tokens 2048): the dense MHA
     route priced both rows and refused the decode's; the step now takes the sparse backend's route."""
     glm = load_model("glm-5")
-    choice = route_for("sglang-default", glm.name, glm.topk, "prefill", [2049, 2047], [1, 2047])
+    choice = route_for("sglang-dense", glm, glm.topk, "prefill", [2049, 2047], [1, 2047])
     assert choice.route == "sparse-mqa" and "decode" in choice.reason
     # a batch of prefills at or under top-k still takes dense MHA (the rule unchanged where it was exact)
-    assert route_for("sglang-default", glm.name, glm.topk, "prefill", [2048, 2047], [2048, 2047]).route == "mha-dense"
+    assert route_for("sglang-dense", glm, glm.topk, "prefill", [2048, 2047], [2048, 2047]).route == "mha-dense"
 
 
 @pytest.mark.parametrize("mbt,prompt", [(2048, 2048), (1024, 4096)])

@@ -58,3 +58,20 @@ def test_decode_parallelism():
     rows = {r["B"]: r for r in decode_table(8, 8192)}
     assert rows[1]["flashmla_pad64"] / rows[1]["fa3_split"] > 3.0
     assert rows[256]["flashmla_pad64"] / rows[256]["fa3_split"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_findings_state_the_rows():
+    """docs/findings.md's engine-kernel table and sentences, recomputed from the rows."""
+    from mla_lab.paths import REPO_ROOT
+    from mla_lab.report.engine_kernels import fmt
+
+    flat = " ".join((REPO_ROOT / "docs" / "findings.md").read_text().split())
+    t = {r["kernel"]: r for r in prefill_table("seed", 8)}
+    for k in ("fa3_sparse", "flashmla_vllm_pad64", "flashmla_ts_pad64", "flashmla_vllm_native", "sglang_triton",
+              "gather_only"):
+        assert fmt(t[k]).replace(" ms", "").split(" ", 1)[0] in flat, k
+        assert f"| {fmt(t[k]).replace(' ms', '')} |" in flat, k
+    rows = {r["B"]: r for r in decode_table(8, 8192)}
+    assert (f"takes {rows[1]['fa3_split']:.3f} ms against {rows[1]['flashmla_pad64']:.3f} ms for padded FlashMLA"
+            in flat)
+    assert f"at 256 tokens {rows[256]['fa3_split']:.3f} vs {rows[256]['flashmla_pad64']:.3f} ms" in flat

@@ -180,3 +180,14 @@ def test_the_prs_trade_as_it_was_and_as_it_is():
     assert now["prefill_route"] == "mha-dense" and now["modelled_pct"] == pytest.approx(0.0, abs=1e-9)
     assert now["padded_path"].startswith("decode rows") and now["extra_persistent_mib"] == -144
     assert fa3["padded_path"].startswith("nowhere") and all(r["source"] == "modelled" for r in (was, now, fa3))
+
+
+def test_explorer_shows_todays_engine_versions_and_padding():
+    """The explorer's summary names today's engine versions, their prefill route and padding rule (issue 29/31)."""
+    from mla_lab.explore import explore_point, summary_html
+
+    r = explore_point()
+    by = {x["preset"]: x for x in r["engines"]}
+    assert by["vllm@0.33.0"]["prefill_route"] == "mha-dense" and by["vllm@0.33.0-flashmla"]["padding"] == 64
+    html = summary_html(r)
+    assert "Engine versions today" in html and "vllm@0.33.0" in html and "sglang@0.5.23" in html

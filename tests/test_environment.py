@@ -131,7 +131,8 @@ def test_triton_in_dev_only_on_linux():
 
 #: import name -> distribution name, where they differ
 MODULE_DIST = {"yaml": "pyyaml", "PIL": "pillow", "IPython": "ipython", "flash_mla": "tokenspeed-flashmla",
-               "pynvml": "nvidia-ml-py", "jupyter_client": "jupyter-client"}
+               "pynvml": "nvidia-ml-py", "jupyter_client": "jupyter-client",
+               "bs4": "beautifulsoup4"}
 #: declared but used as a program or a plugin, not imported: why each is declared
 NOT_IMPORTED = {
     "jupyterlab": "make lab",

@@ -40,7 +40,7 @@ def test_decode_calibration_round_trips(tmp_path):
 
 
 def test_load_decode_calibration_refuses_a_missing_or_bad_file(tmp_path):
-    with pytest.raises(ValueError, match="fit_decode.py"):
+    with pytest.raises(ValueError, match="mla_lab.fits.decode"):
         load_decode_calibration(tmp_path / "none.csv")
     bad = tmp_path / "bad.csv"
     bad.write_text("group,key,value\nlayer,layer_fixed_us,abc\n")
@@ -80,7 +80,7 @@ def test_committed_calibration_reproduces_the_in_sample_predictions():
         B, c, P = int(r["batch"]), int(r["context"]), int(r["prefill_tokens"])
         got = layer_decode_ms(r["model"], 8, H200, measured_as(r["strategy"]), prefill=[(10**9, 0, P)] if P else [],
                               decode_contexts=[c] * B, calibration=cal, decode_cal=DCAL, graph=r["mode"] == "graph",
-                              weight_dtype="bf16", moe_parallel="ep", ep_size=8)["total_ms"]
+                              weight_dtype="bf16", moe_parallel="ep", ep_size=8, decode_kernels="fit")["total_ms"]
         assert got == pytest.approx(float(r["predicted_ms"]), rel=1e-9), r
 
 

@@ -80,14 +80,14 @@ def _fmt(c):
 
 
 def test_readme_graph2_figures_are_the_between_process_changes(rows):
-    readme = (REPO / "README.md").read_text().replace("\n", " ")
+    readme = " ".join((REPO / p).read_text() for p in ("README.md", "docs/findings.md")).replace("\n", " ")
     assert rows["process"].nunique() >= MIN_PROCESSES
     for shape in ("seed", "full"):
         for against in ("pr:eager", "pr:graph"):
             c = _change(rows, MEASURED, against, shape)
             assert c["n_processes"] >= MIN_PROCESSES
             assert _fmt(c) in readme, (shape, against, _fmt(c))
-    # the memory README states beside it, from the byte accounting and the rows' own workspace_bytes column
+    # the memory docs/findings.md states beside it, from the byte accounting and the rows' own workspace_bytes column
     g = memory_account(GRAPH2, 8, 16384, "h200")
     pre = memory_account("per_call_empty:zeros", 8, 16384, "h200")
     pr = memory_account("private_workspace", 8, 16384, "h200")

@@ -41,7 +41,7 @@ def test_every_rank_is_reported_and_the_errors_follow_from_the_raw_columns():
         assert r["compute_err_%"] == pytest.approx(100 * (sim["compute_ms"].iloc[0] / rank["compute_ms"].iloc[0] - 1))
         assert r["block_ms"] == rank["block_ms"].iloc[0] and r["allreduce_ms"] == rank["allreduce_ms"].iloc[0]
         assert r["peak_MiB"] == r["sim_peak_MiB"]  # the simulation's call peak equals the real rank's, to the byte
-    # README figures: per-rank compute error, block error with the TP=2 all-reduce fit, NCCL's own memory
+    # docs/findings.md figures: per-rank compute error, block error with the TP=2 all-reduce fit, NCCL's own memory
     assert round(t2["compute_err_%"].min(), 1) == -1.5 and round(t2["compute_err_%"].max(), 1) == 9.7
     assert round(t2["block_err_%"].min(), 1) == -3.2 and round(t2["block_err_%"].max(), 1) == 4.8
     assert round(t2["nccl_MiB"].min()) == 840 and round(t2["nccl_MiB"].max()) == 854

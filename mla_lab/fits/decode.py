@@ -214,7 +214,7 @@ def predict(cfg, cal, dcal) -> dict:
     return layer_decode_ms(_model(cfg["model"]), TP, H200, measured_as(cfg["strategy"]),
                            prefill=[(10**9, 0, P)] if P else [], decode_contexts=[c] * B, calibration=cal,
                            decode_cal=dcal, graph=cfg["mode"] == "graph", measured_subset=True,
-                           weight_dtype="bf16", moe_parallel="ep", ep_size=EP)
+                           weight_dtype="bf16", moe_parallel="ep", ep_size=EP, decode_kernels="fit")
 
 
 def fit_all(ops, cfgs, cal, models, form=None) -> DecodeCalibration:

@@ -150,16 +150,46 @@ def update_readme(path: Path = REPO_ROOT / "README.md") -> None:
     path.write_text(text[:a] + "\n" + answer_markdown() + "\n" + text[b:])
 
 
+NOTEBOOK_PY = REPO_ROOT / "notebooks" / "padding_sweep.py"
+NOTEBOOK_IPYNB = REPO_ROOT / "notebooks" / "padding_sweep.ipynb"
+
+
+def update_notebook(py: Path = NOTEBOOK_PY, ipynb: Path = NOTEBOOK_IPYNB) -> None:
+    """Write the block into the report notebook's first cell (between the markers), in both paired files: the
+    report opens with the same answer as README.
+
+    Raises:
+        ValueError: a file lacks the markers in its first cell (nothing written).
+    """
+    block = answer_markdown()
+    nb = json.loads(ipynb.read_text())
+    src = "".join(nb["cells"][0]["source"])
+    if BEGIN not in src or END not in src:
+        raise ValueError(f"{ipynb}'s first cell has no answer markers; nothing written")
+    a, b = src.index(BEGIN) + len(BEGIN), src.index(END)
+    src = src[:a] + "\n" + block + "\n" + src[b:]
+    lines = src.split("\n")
+    nb["cells"][0]["source"] = [ln + "\n" for ln in lines[:-1]] + [lines[-1]]
+    text = py.read_text()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{py} has no answer markers; nothing written")
+    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
+    commented = "\n".join(("# " + ln) if ln else "#" for ln in block.split("\n"))
+    py.write_text(text[:a] + "\n" + commented + "\n# " + text[b:])
+    ipynb.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.report.answer")
-    ap.add_argument("--update", action="store_true", help="rewrite README.md's answer block")
+    ap.add_argument("--update", action="store_true", help="rewrite the answer block of README.md and the report")
     a = ap.parse_args(argv)
     if a.update:
         try:
             update_readme()
+            update_notebook()
         except ValueError as e:
             ap.error(str(e))
-        print("-> README.md")
+        print("-> README.md, notebooks/padding_sweep.py, notebooks/padding_sweep.ipynb")
     else:
         print(answer_markdown())
     return 0

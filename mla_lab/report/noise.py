@@ -1,5 +1,6 @@
 """Is vLLM PR #53878's -9.5 % TTFT one run's noise? The single-run distribution of the change, for the report and
-the README (issue 20). Modelled: the runs are :mod:`mla_lab.serving.noise`'s Monte-Carlo, not measured servers.
+docs/findings.md (issue 20; README.md until issue 31 moved the findings there). Modelled: the runs are
+:mod:`mla_lab.serving.noise`'s Monte-Carlo, not measured servers.
 
 Nothing is re-simulated here (1000 runs per build take minutes): the figures and sentences read the per-run changes
 ``mla_lab/fits/predict_pr53878.py`` committed beside its prediction,
@@ -12,7 +13,7 @@ value, ties half).
 The PR's reported figures (vLLM PR #53878's description, one ``vllm bench serve`` run per build): TTFT -9.5 % (the
 PR does not say which statistic: mean, median and P99 are each tested against it) and total token throughput +6 %.
 
-    python -m mla_lab.report.noise [--figure-dir docs/figures] [--update-readme]
+    python -m mla_lab.report.noise [--figure-dir docs/figures] [--update-findings]
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from ..serving.noise import NoiseConfig, NoiseResult
 from .layout_check import figure_clipping, label_overlaps
 
 __all__ = ["DIST_CSV", "PREDICTION_JSON", "REPORTED", "PANELS", "CASES", "load_noise_distribution",
-           "reported_percentiles", "noise_sentences", "plot_noise", "readme_section", "FIGURE_NAME",
-           "README_BEGIN", "README_END"]
+           "reported_percentiles", "noise_sentences", "plot_noise", "findings_section", "FIGURE_NAME",
+           "NOISE_BEGIN", "NOISE_END", "FINDINGS", "update_findings"]
 
 DIST_CSV = REPO_ROOT / "data" / "validation" / "pr53878_noise_distribution.csv"
 PREDICTION_JSON = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
@@ -40,8 +41,10 @@ REPORTED = {"mean_ttft_ms": -9.5, "median_ttft_ms": -9.5, "p99_ttft_ms": -9.5, "
 PANELS = (("mean_ttft_ms", "mean TTFT"), ("median_ttft_ms", "median TTFT"), ("p99_ttft_ms", "P99 TTFT"),
           ("total_token_throughput", "total token throughput"))
 CASES = (("identical_builds", "identical builds (A vs A')"), ("pr_vs_before", "PR vs before it"))
-README_BEGIN = "<!-- noise:begin (python -m mla_lab.report.noise --update-readme) -->"
-README_END = "<!-- noise:end -->"
+#: The page that holds the generated block (between :data:`NOISE_BEGIN` and :data:`NOISE_END`).
+FINDINGS = REPO_ROOT / "docs" / "findings.md"
+NOISE_BEGIN = "<!-- noise:begin (python -m mla_lab.report.noise --update-findings) -->"
+NOISE_END = "<!-- noise:end -->"
 
 
 def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path | None = PREDICTION_JSON) -> dict:
@@ -193,8 +196,8 @@ def plot_noise(dist: dict):
     return fig
 
 
-def readme_section(dist: dict, figure: str | None = f"docs/figures/{FIGURE_NAME}.png") -> str:
-    """The README block: a table of the 95 % bands and the reported figures' percentiles per statistic, the
+def findings_section(dist: dict, figure: str | None = f"figures/{FIGURE_NAME}.png") -> str:
+    """The block of docs/findings.md (``figure``: the image path relative to that page): a table of the 95 % bands and the reported figures' percentiles per statistic, the
     figure, the sentences of :func:`noise_sentences` and where every number comes from."""
     res, pred = dist["results"], dist["prediction"]
     rel = dist["path"].resolve().relative_to(REPO_ROOT) if dist["path"].is_absolute() else dist["path"]
@@ -219,36 +222,36 @@ def readme_section(dist: dict, figure: str | None = f"docs/figures/{FIGURE_NAME}
         out += [f"![single-run distribution of the change]({figure})", ""]
     out += [" ".join(noise_sentences(dist)), "",
             "Regenerate: `python -m mla_lab.fits.predict_pr53878 --num-runs 1000 --seed 0 --update-docs`, then "
-            "`python -m mla_lab.report.noise --update-readme`."]
+            "`python -m mla_lab.report.noise --update-findings`."]
     if pred is not None:
         out[0] += f" Prediction commit `{pred['git_commit']}`."
     return "\n".join(ln if ln.startswith(("|", "!")) else _wrap(ln) for ln in out)
 
 
 def _wrap(text: str, width: int = 116) -> str:
-    """A paragraph wrapped as the README's prose is (no break inside a word or at a hyphen)."""
+    """A paragraph wrapped as the docs' prose is (no break inside a word or at a hyphen)."""
     import textwrap
 
     return textwrap.fill(text, width=width, break_on_hyphens=False, break_long_words=False)
 
 
-def update_readme(block: str, path: Path = REPO_ROOT / "README.md") -> None:
-    """Replace the text between :data:`README_BEGIN` and :data:`README_END` in ``path`` with ``block``.
+def update_findings(block: str, path: Path = FINDINGS) -> None:
+    """Replace the text between :data:`NOISE_BEGIN` and :data:`NOISE_END` in ``path`` with ``block``.
 
     Raises:
         ValueError: the markers are not both there (nothing written).
     """
     text = path.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        raise ValueError(f"{path} has no noise markers ({README_BEGIN} ... {README_END}); nothing written")
-    a, b = text.index(README_BEGIN) + len(README_BEGIN), text.index(README_END)
+    if NOISE_BEGIN not in text or NOISE_END not in text:
+        raise ValueError(f"{path} has no noise markers ({NOISE_BEGIN} ... {NOISE_END}); nothing written")
+    a, b = text.index(NOISE_BEGIN) + len(NOISE_BEGIN), text.index(NOISE_END)
     path.write_text(text[:a] + "\n" + block + "\n" + text[b:])
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="the single-run distribution of PR #53878's change (figure, README)")
+    ap = argparse.ArgumentParser(description="the single-run distribution of PR #53878's change (figure, docs/findings.md)")
     ap.add_argument("--figure-dir", default=str(REPO_ROOT / "docs" / "figures"))
-    ap.add_argument("--update-readme", action="store_true", help="rewrite the README's noise block")
+    ap.add_argument("--update-findings", action="store_true", help="rewrite the noise block of docs/findings.md")
     a = ap.parse_args(argv)
     try:
         dist = load_noise_distribution()
@@ -257,7 +260,7 @@ def main(argv=None) -> int:
         return 2
     fig = plot_noise(dist)
     bad = figure_clipping(fig) + label_overlaps(fig)
-    if bad:  # as publish_figure refuses it; PNG only here (the README shows it)
+    if bad:  # as publish_figure refuses it; PNG only here (docs/findings.md shows it)
         print(f"figure {FIGURE_NAME!r}: " + "; ".join(bad), file=sys.stderr)
         return 2
     png = Path(a.figure_dir) / f"{FIGURE_NAME}.png"
@@ -266,13 +269,13 @@ def main(argv=None) -> int:
     print(f"-> {png}")
     for line in noise_sentences(dist):
         print(line)
-    if a.update_readme:
+    if a.update_findings:
         try:
-            update_readme(readme_section(dist))
+            update_findings(findings_section(dist))
         except ValueError as e:
             print(str(e), file=sys.stderr)
             return 2
-        print("-> README.md")
+        print(f"-> {FINDINGS.relative_to(REPO_ROOT)}")
     return 0
 
 

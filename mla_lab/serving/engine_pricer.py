@@ -84,7 +84,7 @@ _ATTN_KERNELS = {"concat": 1, "pad": 2, "pad_copy": 1, "out_slice": 1, "chunk_ou
 class _Parts:
     """Per-layer pricing of one step's tokens with the decode calibration (shared by the fit and the pricer)."""
 
-    def __init__(self, model, tp, arch, strategy, prefill, decode_ctx, cal, dcal, kw):
+    def __init__(self, model, tp, arch, strategy, prefill, decode_ctx, cal, dcal, kw, decode_kernels: str = "engine"):
         self.model, self.tp, self.arch, self.strategy, self.kw = model, tp, arch, strategy, kw
         self.cal, self.dcal = cal, dcal
         self.gcal = dcal.graph_calibration(cal)
@@ -95,7 +95,11 @@ class _Parts:
                            + [(10**9 + i, s, n) for i, (_, s, n) in enumerate(self.prefill)])
         topk = model.topk
         self.dec_keys = [min(c, topk) for c in self.decode_ctx]
-        self.dkern = load_decode_kernels()
+        # "engine": the engines' own decode kernels priced by their parallelism (mla_lab.model.decode_kernels);
+        # "fit": the decode calibration's KernelDecode (what h200_decode.csv was fitted with, to reproduce that fit)
+        if decode_kernels not in ("engine", "fit"):
+            raise ValueError(f"decode_kernels={decode_kernels!r}; allowed: 'engine', 'fit'")
+        self.dkern = load_decode_kernels() if decode_kernels == "engine" else None
         self._sub: dict = {}
 
     def sub_op(self, which: str, name: str) -> LayerOp | None:
@@ -126,8 +130,13 @@ class _Parts:
                 return flop
             # the decode kernel priced by its parallelism (CTAs per token, FA3's split-KV): the engines' own
             # kernels measured at B = 1..256 (mla_lab.model.decode_kernels); the prefill tokens' MMAs by the roofline
-            fam = decode_family(parse_strategy(self.strategy).placement)
-            t = self.dkern[fam].ms(len(dec), max(self.dec_keys), arch)
+            if self.dkern is None:
+                zeros = replace(op, dims={**op.dims, "content": "zeros"})
+                t = self.dcal.kernel_decode.ms(op_time_ms(zeros, arch, self.gcal), max(self.dec_keys),
+                                               sum(self.dec_keys), self.model.head_size * 2, arch)
+            else:
+                fam = decode_family(parse_strategy(self.strategy).placement)
+                t = self.dkern[fam].ms(len(dec), max(self.dec_keys), arch)
             if op.dims.get("content") == "stale" and self.cal.content is not None and self.cal.step_content() is None:
                 t *= self.cal.content.factor(op.dims["H"], op.dims["Hp"], t)  # kernel-only scope
             return max(flop, t)
@@ -153,7 +162,7 @@ def layer_decode_ms(model: ModelConfig | str, tp: int, arch: GPUArch | str, stra
                     decode_contexts=(), calibration: Calibration | None = None,
                     decode_cal: DecodeCalibration | None = None, *, graph: bool = True, measured_subset: bool = True,
                     kv_cache_dtype: str = "bf16", weight_dtype: str = "bf16", moe_parallel: str = "ep",
-                    ep_size: int | None = None) -> dict:
+                    ep_size: int | None = None, decode_kernels: str = "engine") -> dict:
     """One per-rank MoE layer of a step (``prefill`` chunks ``(req, start, n)`` + decode tokens with
     ``decode_contexts``), priced with the decode calibration: what ``benchmarks/fit_decode.py`` fits and
     validates against ``decode_layer.csv``.
@@ -168,7 +177,7 @@ def layer_decode_ms(model: ModelConfig | str, tp: int, arch: GPUArch | str, stra
     cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
     kw = dict(kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype, moe_parallel=moe_parallel, ep_size=ep_size)
-    parts = _Parts(model, tp, arch, strategy, prefill, decode_contexts, cal, dcal, kw)
+    parts = _Parts(model, tp, arch, strategy, prefill, decode_contexts, cal, dcal, kw, decode_kernels)
     ops = layer_ops(model, tp, arch, strategy, parts.ws, layer_kind="moe", **kw)
     if measured_subset:
         ops = [op for op in ops if op.impl and not op.is_comm]
