@@ -18,8 +18,10 @@ from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
 from .placement import Strategy, as_strategy, fixed_strategies, parse_strategy, resolve_strategy, strategy_route
+from .rank import RankView
 
 __all__ = [
+    "memory_account_of",
     "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
     "kv_tokens_lost", "check_strategy", "call_peak_bytes", "shared_workspace_other_bytes",
     "dense_route_transient_bytes",
@@ -201,9 +203,28 @@ def memory_account(
     if T > max_num_batched_tokens:
         raise ValueError(f"num_tokens={T} exceeds max_num_batched_tokens={max_num_batched_tokens}; "
                          f"allowed: 0..{max_num_batched_tokens}")
-    H = num_heads
-    hp = padded_num_heads(H, arch, kv_cache_dtype)
-    padded = hp != H and normalize_kv_cache_dtype(kv_cache_dtype) == "bf16"
+    if model is not None and prompt_len is not None:
+        check_int("prompt_len", prompt_len)
+    kvd = normalize_kv_cache_dtype(kv_cache_dtype)
+    return _account(st, num_heads, padded_num_heads(num_heads, arch, kvd), kvd, max_num_batched_tokens, T, head_size,
+                    d_v, shared_other_bytes, model, prompt_len)
+
+
+def memory_account_of(rank: RankView, strategy: Strategy | str, shared_other_bytes: int,
+                      prompt_len: int | None) -> MemoryAccount:
+    """:func:`memory_account` of one TP rank (:class:`~mla_lab.rank.RankView`, derived from a checked
+    Deployment) at its ``max_num_batched_tokens`` (``num_tokens`` = the workspace rows), with the model's head_size
+    and d_v: nothing re-checked. ``shared_other_bytes`` a checked non-negative int; ``prompt_len`` the deployment's
+    (or None: the padded route)."""
+    m = rank.model
+    return _account(as_strategy(strategy), rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype,
+                    rank.max_num_batched_tokens, rank.max_num_batched_tokens, m.head_size, m.d_v, shared_other_bytes,
+                    m, prompt_len)
+
+
+def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: int, T: int, head_size: int, d_v: int,
+             shared_other_bytes: int, model: ModelConfig | None, prompt_len: int | None) -> MemoryAccount:
+    padded = hp != H and kvd == "bf16"
     row = head_size * BF16_BYTES
     out_per_token = d_v * BF16_BYTES + 2 * FP32_BYTES
     unpadded = max_num_batched_tokens * H * row
@@ -239,7 +260,6 @@ def memory_account(
         kernel_out = T * H * out_per_token
     route = "sparse-mqa"
     if model is not None and prompt_len is not None and T:
-        check_int("prompt_len", prompt_len)
         route = strategy_route(st, model, model.topk, [prompt_len], [min(prompt_len, max_num_batched_tokens)])
         if route in ("mha-dense", "mha-masked"):
             transient, kernel_heads = 0, H

@@ -383,9 +383,9 @@ def _cmd_advise(args) -> int:
             raise DoorError(f"{flag}={v!r} is not used by advise: it ranks strategies by the modelled TTFT of the "
                             "prefill, which neither the output length nor the request rate changes; allowed: omit "
                             "it here, or use 'mla-lab serve' (the vllm bench serve simulation) with it")
-    doors.check_deployment(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
-                           args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
-                           args.moe_parallel, args.gpu_memory_utilization, strategies=None)
+    dep, _ = doors.check_deployment(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
+                                    args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
+                                    args.moe_parallel, args.gpu_memory_utilization, strategies=None)
     from .sweep.advise import advise, format_advice
 
     _check_engine(args.engine)
@@ -394,10 +394,8 @@ def _cmd_advise(args) -> int:
         from .report.data import load_measured_cached
 
         measured = load_measured_cached()
-    res = advise(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
-                 args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
-                 args.moe_parallel, args.memory_budget_mib, args.memory_budget_tokens, measured=measured,
-                 gpu_memory_utilization=args.gpu_memory_utilization, engine=args.engine)
+    res = advise(dep, memory_budget_mib=args.memory_budget_mib, memory_budget_tokens=args.memory_budget_tokens,
+                 measured=measured, engine=args.engine)  # the deployment built (and checked) once, above
     detached = list(getattr(measured, "attrs", {}).get("detached", [])) if measured is not None else []
     if args.json:
         print(json.dumps({**res, "measured_detached": detached}, indent=1, default=str))

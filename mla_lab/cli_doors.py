@@ -404,7 +404,8 @@ def check_strategies(names) -> list[str]:
 
 def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cache_dtype, num_prompts,
                      concurrency, weight_dtype, moe_parallel, gpu_memory_utilization, strategies=None,
-                     output_len: int = 0, max_num_seqs: int | None = None, workload_in_flight: bool = True) -> dict:
+                     output_len: int = 0, max_num_seqs: int | None = None,
+                     workload_in_flight: bool = True) -> tuple:
     """O(1) checks of one deployment before any step is priced: :meth:`mla_lab.deployment.Deployment.of` (names,
     dtypes, TP against every size it divides), vLLM's engine rule, the step bound, and whether the weights and the
     workload's KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`); returns memory_tradeoff's result.
@@ -429,14 +430,9 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
     dep = Deployment.of(model=model, tp=tp, arch=arch, max_num_batched_tokens=max_num_batched_tokens,
                         kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype, moe_parallel=moe_parallel,
                         prompt_len=prompt_len, num_prompts=num_prompts, concurrency=conc,
-                        output_len=max(output_len, 1), gpu_memory_utilization=gpu_memory_utilization)
+                        output_len=max(output_len, 1), gpu_memory_utilization=gpu_memory_utilization,
+                        **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}))  # vLLM's rule: there
     m, a = dep.model, dep.arch
-    if max_num_seqs is not None and max_num_batched_tokens < max_num_seqs:
-        raise DoorError(f"max_num_batched_tokens={max_num_batched_tokens} is below max_num_seqs={max_num_seqs}; "
-                        f"allowed: >= max_num_seqs ({VLLM_MBT_RULE})")
-    if max_num_seqs is None and max_num_batched_tokens < 256:
-        raise DoorError(f"max_num_batched_tokens={max_num_batched_tokens} is below vLLM's default max_num_seqs=256; "
-                        f"allowed: >= 256 ({VLLM_MBT_RULE})")
     if workload_in_flight:
         _check_steps(num_prompts, prompt_len, max_num_batched_tokens, "deployment")
     mem = memory_tradeoff(dep, strategies=[BASELINE])
@@ -464,7 +460,7 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
         raise DoorError(f"this deployment does not fit: {where}: one request needs {need:,} KV tokens "
                         f"({prompt_len} + {output_len}); KV capacity {int(cap):,} tokens; allowed: shorter requests, "
                         "a larger TP or a higher --gpu-memory-utilization")
-    return mem
+    return dep, mem
 
 
 def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num_batched_tokens: int,
@@ -504,7 +500,7 @@ def check_serve(args, strategies=None) -> None:
                         f"2.5th and 97.5th percentiles need at least {MIN_NOISE_RUNS} runs); allowed: 1 (one "
                         f"deterministic simulation) or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,}")
     conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
-    mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
+    _, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
                            args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
                            args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
                            max_num_seqs=args.max_num_seqs, workload_in_flight=False)

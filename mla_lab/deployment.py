@@ -18,12 +18,16 @@ field                       meaning (vLLM flag)
 ``workload``                :class:`~mla_lab.workload.Workload`: ``--random-input-len`` (prompt_len),
                             ``--num-prompts``, ``--max-concurrency``
 ``output_len``              ``--random-output-len`` (vllm bench serve's default 128)
+``max_num_seqs``            ``--max-num-seqs`` (most sequences per engine step; the lab's default 256, the
+                            figure ``mla-lab serve`` has always used); vLLM requires ``max_num_batched_tokens >=
+                            max_num_seqs`` (``vllm/config/scheduler.py``), checked here
 ==========================  ==================================================================================
 
 Validation happens once, in :meth:`Deployment.of` (and :meth:`Deployment.seed`, which goes through it): names are
 resolved to objects, dtypes normalised, TP checked against every size it must divide. Everything below the door
-(the cost model, memory, advise, the explorer) takes the object and re-checks nothing. There is no default for
-``weight_dtype`` or ``moe_parallel``: a caller says which, or starts from :meth:`Deployment.seed`.
+(the cost model, memory, advise, the explorer) takes the object, or what one TP rank of it holds
+(:attr:`Deployment.rank`, a :class:`~mla_lab.rank.RankView` derived once), and re-checks nothing. There is no
+default for ``weight_dtype`` or ``moe_parallel``: a caller says which, or starts from :meth:`Deployment.seed`.
 
 The seed (:meth:`Deployment.seed`) is vLLM PR #53878's benchmark ("[Perf][GLM5.2] Fuse sparse MLA Q concatenation
 with head padding", merged 2026-08-26): ``vllm serve zai-org/GLM-5.2-FP8 --tensor-parallel-size 8 -ep
@@ -37,14 +41,16 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
+from functools import cached_property
 
 from ._validate import check_int
 from .arch import GPUArch, arch_names, get_arch
 from .models import ModelConfig, load_model, normalize_kv_cache_dtype
+from .rank import RankView
 from .workload import Workload
 
 __all__ = ["Deployment", "WEIGHT_DTYPES", "MOE_PARALLEL", "SEED_ARGS", "DEFAULT_GPU_MEMORY_UTILIZATION",
-           "DEFAULT_OUTPUT_LEN"]
+           "DEFAULT_OUTPUT_LEN", "DEFAULT_MAX_NUM_SEQS", "VLLM_MBT_RULE", "RankView"]
 
 #: Linear-weight dtypes the cost model prices (bytes per value: bf16 2, fp8 1 + fp32 block scales).
 WEIGHT_DTYPES = ("bf16", "fp8")
@@ -55,6 +61,10 @@ MOE_PARALLEL = ("ep", "tp")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 #: ``vllm bench serve``'s default ``--random-output-len``.
 DEFAULT_OUTPUT_LEN = 128
+#: ``--max-num-seqs`` when none is given: 256, the figure ``mla-lab serve`` and its door have always used.
+DEFAULT_MAX_NUM_SEQS = 256
+#: vLLM's engine rule, checked by :meth:`Deployment.of`.
+VLLM_MBT_RULE = "vLLM requires max_num_batched_tokens >= max_num_seqs (vllm/config/scheduler.py)"
 
 #: vLLM PR #53878's benchmark as :meth:`Deployment.of` arguments (the module docstring gives the command).
 SEED_ARGS = {
@@ -98,7 +108,8 @@ class Deployment:
         model: :class:`~mla_lab.models.ModelConfig`; arch: :class:`~mla_lab.arch.GPUArch`; tp: int.
         max_num_batched_tokens: int (tokens); kv_cache_dtype: ``bf16`` / ``fp8``; weight_dtype: ``bf16`` / ``fp8``;
         moe_parallel: ``ep`` / ``tp``; gpu_memory_utilization: float in (0, 1]; workload: a
-        :class:`~mla_lab.workload.Workload` (its ``concurrency`` resolved: never None); output_len: int (tokens).
+        :class:`~mla_lab.workload.Workload` (its ``concurrency`` resolved: never None); output_len: int (tokens);
+        max_num_seqs: int (<= max_num_batched_tokens).
     """
 
     model: ModelConfig
@@ -111,13 +122,15 @@ class Deployment:
     gpu_memory_utilization: float
     workload: Workload
     output_len: int = DEFAULT_OUTPUT_LEN
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
 
     # ------------------------------------------------------------------------------------------------ the door
     @classmethod
     def of(cls, *, model: str | ModelConfig, tp: int, arch: str | GPUArch, max_num_batched_tokens: int,
            kv_cache_dtype: str, weight_dtype: str, moe_parallel: str, prompt_len: int, num_prompts: int = 1,
            concurrency: int | None = None, output_len: int = DEFAULT_OUTPUT_LEN,
-           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION) -> Deployment:
+           gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+           max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> Deployment:
         """Validate and build a deployment (every argument keyword-only; names resolved here, once).
 
         Args:
@@ -130,6 +143,7 @@ class Deployment:
             weight_dtype: ``bf16`` or ``fp8`` (no default). moe_parallel: ``ep`` or ``tp`` (no default).
             prompt_len, num_prompts: positive ints; concurrency: 1..num_prompts or None (= num_prompts).
             output_len: positive int (default 128, vllm bench serve's). gpu_memory_utilization: in (0, 1] (0.9).
+            max_num_seqs: positive int <= max_num_batched_tokens (default :data:`DEFAULT_MAX_NUM_SEQS`).
 
         Raises:
             ValueError: one line naming the first bad argument, its value and what is allowed.
@@ -143,6 +157,10 @@ class Deployment:
         moe_parallel = _choice("moe_parallel", moe_parallel, MOE_PARALLEL)
         tp = _check_tp(model, tp, moe_parallel)
         mbt = check_int("max_num_batched_tokens", max_num_batched_tokens)
+        mns = check_int("max_num_seqs", max_num_seqs)
+        if mbt < mns:
+            raise ValueError(f"max_num_batched_tokens={mbt} is below max_num_seqs={mns}; allowed: >= max_num_seqs "
+                             f"({VLLM_MBT_RULE})")
         kv = normalize_kv_cache_dtype(kv_cache_dtype)
         g = gpu_memory_utilization
         if isinstance(g, bool) or not isinstance(g, numbers.Real) or not 0 < g <= 1:
@@ -151,7 +169,7 @@ class Deployment:
         num_prompts = check_int("num_prompts", num_prompts)
         wl = Workload(check_int("prompt_len", prompt_len), num_prompts,
                       num_prompts if concurrency is None else check_int("concurrency", concurrency))
-        return cls(model, arch, tp, mbt, kv, weight_dtype, moe_parallel, float(g), wl, output_len)
+        return cls(model, arch, tp, mbt, kv, weight_dtype, moe_parallel, float(g), wl, output_len, mns)
 
     @classmethod
     def seed(cls, **overrides) -> Deployment:
@@ -161,9 +179,10 @@ class Deployment:
         Raises:
             ValueError: an unknown override name (lists the allowed), or as :meth:`of`.
         """
-        unknown = sorted(set(overrides) - set(SEED_ARGS))
+        allowed = set(SEED_ARGS) | {"max_num_seqs"}  # the PR's command leaves --max-num-seqs at its default
+        unknown = sorted(set(overrides) - allowed)
         if unknown:
-            raise ValueError(f"Deployment.seed() got unknown argument(s) {unknown}; allowed: {sorted(SEED_ARGS)}")
+            raise ValueError(f"Deployment.seed() got unknown argument(s) {unknown}; allowed: {sorted(allowed)}")
         return cls.of(**{**SEED_ARGS, **overrides})
 
     @classmethod
@@ -180,7 +199,7 @@ class Deployment:
         if missing:
             raise ValueError(f"point lacks {missing}; allowed: a point with {list(need)}")
         kw = {k: point[k] for k in need}
-        for k in ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization"):
+        for k in ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization", "max_num_seqs"):
             if point.get(k) is not None:
                 kw[k] = point[k]
         return cls.of(**kw)
@@ -201,14 +220,22 @@ class Deployment:
                 "max_num_batched_tokens": self.max_num_batched_tokens, "kv_cache_dtype": self.kv_cache_dtype,
                 "weight_dtype": self.weight_dtype, "moe_parallel": self.moe_parallel,
                 "gpu_memory_utilization": self.gpu_memory_utilization, "prompt_len": wl.prompt_len,
-                "output_len": self.output_len, "num_prompts": wl.num_prompts, "concurrency": wl.concurrency}
+                "output_len": self.output_len, "num_prompts": wl.num_prompts, "concurrency": wl.concurrency,
+                "max_num_seqs": self.max_num_seqs}
 
     def to_point(self, **extra) -> dict:
         """The deployment as a flat sweep point (the sweep's parameter names), ``extra`` keys added (e.g.
-        ``strategies=[...]``); ``output_len`` is left out, as the sweep's points leave it."""
-        p = {k: v for k, v in self.args().items() if k != "output_len"}
+        ``strategies=[...]``); ``output_len`` and ``max_num_seqs`` are left out, as the sweep's points leave them."""
+        p = {k: v for k, v in self.args().items() if k not in ("output_len", "max_num_seqs")}
         p.update(extra)
         return p
+
+    @cached_property
+    def rank(self) -> RankView:
+        """What one TP rank of this deployment holds (:class:`~mla_lab.rank.RankView`: heads, padded heads,
+        experts, dtypes, KV bytes per token, engine limits), derived once and cached on the object."""
+        return RankView.derive(self.model, self.arch, self.tp, self.kv_cache_dtype, self.weight_dtype,
+                               self.moe_parallel, self.max_num_batched_tokens, self.max_num_seqs)
 
     @property
     def prompt_len(self) -> int:

@@ -10,6 +10,7 @@ never a sibling unit on the same layer, and nothing in a circle:
     model
     strategies, seed
     kernels, buffers, deployment
+    rank (what one TP rank of a deployment holds: the view the layers below the door take)
     models, arch, workload, provenance, kernelspec, placement
     labels (how outputs name the strategies whose names mislead, and the measurement they quote)
     routes (engine route rules: placement's presets name their routes)
@@ -39,6 +40,7 @@ STACK = [
     ("model",),
     ("strategies", "seed"),
     ("kernels", "buffers", "deployment"),
+    ("rank",),
     ("models", "arch", "workload", "provenance", "kernelspec", "placement"),
     ("labels",),
     ("routes",),
@@ -167,3 +169,62 @@ def test_the_checks_catch_a_planted_violation(src, bad_line):
     node = ast.parse(bad_line).body[0]
     targets = _resolve(module, False, node)
     assert targets and all(LAYER[_unit(t)] <= LAYER[src] for t in targets)
+
+
+# ------------------------------------------------------------------------------ the Deployment all the way down
+#: Units below the door (issue 31): they take a Deployment or its rank view (``Deployment.rank``,
+#: :class:`mla_lab.rank.RankView`), never loose ``(model, tp, ...)`` scalars as their first parameters. ``measure``
+#: is not among them: it runs tensors of ad-hoc shapes (a benchmark's model and TP are its inputs, not a deployment).
+BELOW_DOOR = ("model", "serving", "buffers")
+#: What still takes ``(model, tp, ...)`` below the door (module:function; ``Class.method`` for methods). Shrink it:
+#: a converted function must leave this list (the test fails on an entry that no longer matches). The cost-model
+#: entry points below keep their loose form for their many callers (tests, fits, measure); advise's path reaches
+#: them with a checked rank (the layer options are checked once per combination, memoised in ops._check_common).
+PENDING = {
+    "buffers:shared_workspace_other_bytes",
+    "model.ops:_check_common", "model.ops:_check_common_memo", "model.ops:_check_common_once",
+    "model.ops:_heads_per_rank", "model.ops:_heads_memo",
+    "model.ops:layer_ops", "model.ops:step_ops", "model.ops:attention_path_ops",
+    "model.route_timing:route_layer_time_ms", "model.route_timing:route_step_time_ms",
+    "model.route_timing:attention_by_prompt_len", "model.route_timing:crossover_prompt_len",
+    "model.routes:mha_attention_op", "model.routes:up_projection_ops", "model.routes:mha_dense_ops",
+    "model.routes:masked_mha_ops", "model.routes:mha_transient_bytes", "model.routes:fa3_sparse_terms",
+    "model.routes:route_layer_ops", "model.routes:route_step_ops", "model.routes:route_transient_bytes",
+    "model.timing:attention_path_ms", "model.timing:layer_time_ms", "model.timing:step_time_ms",
+    "serving.benchmark:serve_benchmark", "serving.noise:serve_benchmark_noise",
+    "serving.engine_pricer:layer_decode_ms", "serving.engine_pricer:_Parts.__init__",
+    "serving.engine_pricer:EnginePricer.__init__",
+}
+
+
+def _loose_functions() -> set[str]:
+    """``unit.module:function`` of every function below the door whose first parameters are ``model, tp``."""
+    found = set()
+    for path in sorted(PKG.rglob("*.py")):
+        mod = _module_name(path)
+        if _unit(mod) not in BELOW_DOOR:
+            continue
+        rel = mod.removeprefix("mla_lab.")
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            fns = [(node.name, node)] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else \
+                [(f"{node.name}.{f.name}", f) for f in node.body if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))] \
+                if isinstance(node, ast.ClassDef) else []
+            for name, fn in fns:
+                args = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+                if args[:1] in (["self"], ["cls"]):
+                    args = args[1:]
+                if args[:2] == ["model", "tp"]:
+                    found.add(f"{rel}:{name}")
+    return found
+
+
+def test_nothing_new_below_the_door_takes_loose_model_tp_scalars():
+    found = _loose_functions()
+    new = sorted(found - PENDING)
+    assert not new, (f"{new} take loose (model, tp, ...) below the door; allowed: a Deployment or its rank view "
+                     "(Deployment.rank, mla_lab.rank.RankView)")
+    gone = sorted(PENDING - found)
+    assert not gone, f"{gone} no longer take (model, tp, ...): remove them from PENDING (it only shrinks)"
+    # the rule sees what it is for: the memory account's functions take the rank view now
+    assert "model.memory:weights_bytes_per_rank" not in found and "model.memory:activation_peak_bytes" not in found

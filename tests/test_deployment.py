@@ -104,8 +104,10 @@ def test_nothing_below_the_door_prices_bf16_or_tp_by_default():
     m, h200 = load_model("glm-5"), get_arch("h200")
     with pytest.raises(TypeError, match="weight_dtype.*moe_parallel"):
         layer_ops(m, 8, h200, PR_STRATEGY, 1024)
-    with pytest.raises(TypeError, match="moe_parallel"):
-        weights_bytes_per_rank(m, 8, "fp8")
+    with pytest.raises(AttributeError):  # a rank view (Deployment.rank), not loose scalars: nothing to default
+        weights_bytes_per_rank(m)
+    assert weights_bytes_per_rank(Deployment.seed().rank) < weights_bytes_per_rank(
+        Deployment.seed(weight_dtype="bf16").rank)
     with pytest.raises(ValueError, match=r"needs \['weight_dtype', 'moe_parallel'\] \(no default"):
         memory_tradeoff(m, 8, h200, 16384, "bf16")
     with pytest.raises(ValueError, match=r"layer option\(s\) \['weight_dtype'\] are not allowed here"):
@@ -159,3 +161,49 @@ def test_the_serving_benchmarks_prefill_only_schedule_gives_the_same_change():
     assert pr["change_pct"]["mean_ttft_ms"] == pytest.approx(_change_pct(d), abs=0.05)
     model = predict_ttft(d, PR_STRATEGY)["ttft_ms_mean"]
     assert pr["metrics"]["mean_ttft_ms"] == pytest.approx(model, rel=0.01)
+
+
+# ------------------------------------------------------------------------------------------- the rank view
+def test_rank_view_is_what_one_tp_rank_holds():
+    """Heads, padded heads (vLLM's prefill_padding), experts per rank and KV bytes, from the config and the GPU:
+    GLM-5 has 64 heads and 256 routed experts (config.json); the H200 pads to 64 heads, a B200 to 128."""
+    d = Deployment.seed()
+    r = d.rank
+    assert r is d.rank  # derived once, cached on the deployment
+    assert (r.num_heads, r.padded_num_heads, r.prefill_padding) == (8, 64, 64)
+    assert (r.ep_size, r.experts_per_rank) == (8, d.model.n_routed_experts // 8)
+    assert (r.weight_dtype, r.moe_parallel, r.kv_cache_dtype) == ("fp8", "ep", "bf16")
+    assert (r.max_num_batched_tokens, r.max_num_seqs, r.engine) == (16384, 256, None)
+    assert r.kv_bytes_per_token == d.model.kv_cache_bytes_per_token("bf16")
+    b = Deployment.seed(arch="b200", tp=4, moe_parallel="tp", kv_cache_dtype="fp8").rank
+    assert (b.num_heads, b.padded_num_heads, b.prefill_padding) == (16, 16, 128)  # fp8 KV: the real heads
+    assert (b.ep_size, b.experts_per_rank) == (None, d.model.n_routed_experts)
+    assert Deployment.seed(arch="b200").rank.padded_num_heads == 128
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.tp = 4  # type: ignore[misc]
+
+
+def test_rank_view_engine_and_ep_size_are_doors():
+    r = Deployment.seed().rank
+    assert r.with_engine("vllm-53878").engine != "vllm-53878"  # a first name maps to its preset
+    assert r.with_engine("vllm@0.33.0").engine == "vllm@0.33.0"
+    with pytest.raises(ValueError, match=r"^--engine='vllm@9' is not valid; allowed: "):
+        r.with_engine("vllm@9")
+    assert r.with_ep_size(4).experts_per_rank == r.model.n_routed_experts // 4
+    with pytest.raises(ValueError, match=r"^ep_size=7 does not divide n_routed_experts=256; allowed: "):
+        r.with_ep_size(7)
+    with pytest.raises(ValueError, match=r"^ep_size=4 is given with moe_parallel='tp'; allowed: None"):
+        Deployment.seed(moe_parallel="tp").rank.with_ep_size(4)
+
+
+def test_vllms_token_budget_rule_is_checked_at_the_door():
+    """vLLM's engine rule ``max_num_batched_tokens >= max_num_seqs`` (vllm/config/scheduler.py) is Deployment.of's."""
+    with pytest.raises(ValueError, match=r"^max_num_batched_tokens=128 is below max_num_seqs=256; allowed: >= "
+                                         r"max_num_seqs \(vLLM requires"):
+        Deployment.seed(max_num_batched_tokens=128)
+    d = Deployment.seed(max_num_batched_tokens=128, max_num_seqs=64)
+    assert (d.max_num_seqs, d.rank.max_num_seqs) == (64, 64)
+    assert d.replace(tp=4).max_num_seqs == 64
+    assert "max_num_seqs" not in d.to_point()  # sweep points (and their stored keys) are unchanged
+    with pytest.raises(ValueError, match=r"^max_num_seqs=0 must be a positive int"):
+        Deployment.seed(max_num_seqs=0)

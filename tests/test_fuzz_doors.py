@@ -104,7 +104,7 @@ ISSUE_24 = [
     ("advise_num_prompts_100000", ["advise", "--num-prompts", "100000"],
      r"100000 x prompt_len=1024 .* 6,250 prefill steps .*allowed: at most 2,048"),
     ("advise_mbt_1", ["advise", "--max-num-batched-tokens", "1"],
-     r"max_num_batched_tokens=1 is below vLLM's default max_num_seqs=256; allowed: >= 256 .*vllm/config/scheduler\.py"),
+     r"max_num_batched_tokens=1 is below max_num_seqs=256; allowed: >= max_num_seqs .*vllm/config/scheduler\.py"),
     ("advise_prompt_does_not_fit", ["advise", "--prompt-len", "200000"],
      r"does not fit advise.s TTFT model, which holds every prompt.s KV in flight at once: .*needs 6,400,000 KV tokens in flight .*KV capacity [0-9,]+ tokens.*mla-lab serve. .*queues"),
     ("advise_weights_do_not_fit", ["advise", "--tp", "2"], r"does not fit: glm-5 TP2 h200 .*weights \(.* GiB"),

@@ -5,6 +5,7 @@ import math
 import pytest
 
 from mla_lab.arch import get_arch
+from mla_lab.deployment import Deployment
 from mla_lab.model import ops, timing
 from mla_lab.model.calibration import Calibration as OpsCalibration
 from mla_lab.model.calibration import ClassEff, fit_calibration, write_calibration_csv
@@ -235,8 +236,8 @@ def test_calibration_csv_roundtrip(tmp_path):
 
 def test_weights_per_rank():
     # GLM-5 at bf16 needs ~190 GB per rank at TP8 (does not fit a 141 GB H200); fp8 about half
-    b = weights_bytes_per_rank(GLM, 8, "bf16", "tp")
-    f = weights_bytes_per_rank(GLM, 8, "fp8", "ep")
+    b = weights_bytes_per_rank(Deployment.seed(model=GLM, weight_dtype="bf16", moe_parallel="tp").rank)
+    f = weights_bytes_per_rank(Deployment.seed(model=GLM, weight_dtype="fp8", moe_parallel="ep").rank)
     assert 180e9 < b < 200e9 and 85e9 < f < 105e9
     # routed experts dominate: 75 MoE layers x 256 experts x 3 x 6144 x 2048 params, /8 ranks, x 2 B
     experts = 75 * 256 * 3 * 6144 * 2048 * 2 / 8

@@ -162,6 +162,9 @@ class Calibration:
         """The measured fit of ``world_size`` on ``arch`` whatever the size (:meth:`comm_fit` adds the size
         range), or None. Raises ValueError: world_size not a positive int; unknown arch."""
         check_int("world_size", world_size)
+        return self._fit_for(world_size, kind, arch)
+
+    def _fit_for(self, world_size: int, kind: str, arch):
         name = arch.name if isinstance(arch, GPUArch) else (arch or self.arch)
         if kind != "allreduce" or self.comm is None or get_arch(name).name != get_arch(self.arch).name:
             return None  # a fit measured on one GPU (self.arch) says nothing measured about another's NVLink
@@ -177,7 +180,13 @@ class Calibration:
         Raises:
             ValueError: world_size not a positive int; unknown arch.
         """
-        fit = self.comm_fit_for(world_size, kind, arch)
+        check_int("world_size", world_size)
+        return self.comm_fit_checked(world_size, nbytes, kind, arch)
+
+    def comm_fit_checked(self, world_size: int, nbytes: float, kind: str = "allreduce", arch=None):
+        """:meth:`comm_fit` below the door: ``world_size`` already a checked positive int (the cost model's TP,
+        checked once with the deployment or the layer options), so nothing is re-checked per collective."""
+        fit = self._fit_for(world_size, kind, arch)
         if fit is None:
             return None
         lo, hi = _priced_range(fit)
@@ -191,7 +200,12 @@ class Calibration:
         Raises:
             ValueError: world_size not a positive int; unknown arch.
         """
-        fit = self.comm_fit_for(world_size, kind, arch)
+        check_int("world_size", world_size)
+        return self.comm_source_checked(world_size, kind, arch)
+
+    def comm_source_checked(self, world_size: int, kind: str = "allreduce", arch=None) -> str:
+        """:meth:`comm_source` below the door (``world_size`` a checked positive int: a Deployment's TP)."""
+        fit = self._fit_for(world_size, kind, arch)
         if world_size == 1:
             return "none"
         assumption = (f"assumption: ring at {self.comm_efficiency:g} x NVLink per direction, "

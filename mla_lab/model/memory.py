@@ -12,30 +12,28 @@ import math
 
 from .._validate import check_int
 from ..arch import GPUArch
-from ..buffers import MIB, STRATEGIES, memory_account, padded_num_heads, shared_workspace_other_bytes
-from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
+from ..buffers import MIB, STRATEGIES, memory_account_of, shared_workspace_other_bytes
+from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_SEQS, Deployment
 from ..models import ModelConfig
 from ..placement import BASELINE, expand
-from .ops import BF16, FP32, WEIGHT_DTYPES, _check_common
+from ..rank import RankView
+from .ops import BF16, FP32, WEIGHT_DTYPES
 
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION"]
 
-def weights_bytes_per_rank(model: ModelConfig, tp: int, weight_dtype: str, moe_parallel: str,
-                           ep_size: int | None = None) -> int:
-    """Estimated weight bytes one rank holds (vLLM layout).
+def weights_bytes_per_rank(rank: RankView) -> int:
+    """Estimated weight bytes one rank holds (vLLM layout), of a :class:`~mla_lab.rank.RankView`
+    (``Deployment.rank``: checked at the Deployment's door, nothing re-checked here).
 
     Counted from the config: per layer q_a, q_b (1/tp), kv_a, kv_b (1/tp; plus vLLM's bf16 W_UK/W_UV copies),
     o_proj (1/tp), the indexer (wq_b, wk, weights_proj; replicated), norms; dense MLP (1/tp) or router + experts
     (1/tp each under TP; ``E/ep`` whole experts under EP) + shared experts (1/tp); embedding and LM head (1/tp each).
-    Linears in ``weight_dtype`` (fp8: 1 B + fp32 scale per 128x128 block); norms, router, embedding, LM head,
-    ``idx_weights_proj`` and the W_UK/W_UV copies bf16. The MTP layer is not counted (vLLM loads it only for
-    speculative decoding). ``weight_dtype`` (``bf16`` / ``fp8``) and ``moe_parallel`` (``tp`` / ``ep``) have no
-    default.
-
-    Raises:
-        ValueError: a dtype, layout or size outside what is allowed (names it).
+    Linears in the rank's ``weight_dtype`` (fp8: 1 B + fp32 scale per 128x128 block); norms, router, embedding, LM
+    head, ``idx_weights_proj`` and the W_UK/W_UV copies bf16. The MTP layer is not counted (vLLM loads it only for
+    speculative decoding).
     """
-    H, ep = _check_common(model, tp, weight_dtype, moe_parallel, ep_size, "all_reduce", "moe")
+    model, tp, H, weight_dtype, moe_parallel = rank.model, rank.tp, rank.num_heads, rank.weight_dtype, rank.moe_parallel
+    ep = rank.ep_size
     wb = WEIGHT_DTYPES[weight_dtype]
 
     def lin(K, N):
@@ -57,14 +55,13 @@ def weights_bytes_per_rank(model: ModelConfig, tp: int, weight_dtype: str, moe_p
     return int(model.num_hidden_layers * attn + n_dense * dense + n_moe * moe + emb)
 
 
-def activation_peak_bytes(model: ModelConfig, tp: int, max_num_batched_tokens: int,
-                          moe_parallel: str, ep_size: int | None = None) -> int:
-    """Rough peak of transient activations in a profile run at ``max_num_batched_tokens`` (what vLLM's memory
-    profiling subtracts before sizing the KV cache), taken as the fused-MoE intermediate caches
+def activation_peak_bytes(rank: RankView) -> int:
+    """Rough peak of transient activations in a profile run at the rank's ``max_num_batched_tokens`` (what vLLM's
+    memory profiling subtracts before sizing the KV cache), taken as the fused-MoE intermediate caches
     ``T x k x (2 I_loc + I_loc + h)`` bf16 plus four ``T x h`` bf16 hidden/residual buffers. An estimate, not a
-    measurement; the attention-path buffers of each strategy are accounted separately (buffers.memory_account)."""
-    H, ep = _check_common(model, tp, "bf16", moe_parallel, ep_size, "all_reduce", "moe")
-    T = check_int("max_num_batched_tokens", max_num_batched_tokens)
+    measurement; the attention-path buffers of each strategy are accounted separately (buffers.memory_account).
+    ``rank``: a :class:`~mla_lab.rank.RankView` (``Deployment.rank``), nothing re-checked."""
+    model, tp, moe_parallel, T = rank.model, rank.tp, rank.moe_parallel, rank.max_num_batched_tokens
     k, h = model.num_experts_per_tok, model.hidden_size
     i_loc = model.moe_intermediate_size // tp if moe_parallel == "tp" else model.moe_intermediate_size
     return int(T * k * (3 * i_loc + h) * BF16 + 4 * T * h * BF16)
@@ -105,7 +102,7 @@ def memory_tradeoff(
     Returns:
         ``{"strategies": {s: {persistent_bytes, extra_bytes, extra_mib, kv_tokens_lost, kv_capacity_pct_lost}},
         "kv_capacity_tokens", "kv_budget_bytes", "weights_bytes", "activation_bytes", "kv_bytes_per_token",
-        "fits"}`` plus the assumptions.
+        "fits", "accounts": {s: MemoryAccount}}`` plus the assumptions.
 
     ``deployment``: a :class:`~mla_lab.deployment.Deployment` (model, tp, arch, max_num_batched_tokens, KV dtype,
     weight dtype, MoE layout and gpu_memory_utilization from it; the positional arguments after it must be left
@@ -139,6 +136,10 @@ def memory_tradeoff(
         d = Deployment.of(model=deployment, tp=tp, arch=arch, max_num_batched_tokens=max_num_batched_tokens,
                           kv_cache_dtype=kv_cache_dtype if kv_cache_dtype is not None else "bf16",
                           weight_dtype=weight_dtype, moe_parallel=moe_parallel, prompt_len=1,
+                          # no memory figure reads max_num_seqs; the serving door checks vLLM's rule with its own
+                          max_num_seqs=min(DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens)
+                          if isinstance(max_num_batched_tokens, int) and max_num_batched_tokens > 0
+                          else DEFAULT_MAX_NUM_SEQS,
                           gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
                           else gpu_memory_utilization)
     model, tp, arch, max_num_batched_tokens = d.model, d.tp, d.arch, d.max_num_batched_tokens
@@ -148,8 +149,9 @@ def memory_tradeoff(
     total = arch.hbm_gb * 1e9 if total_memory_bytes is None else total_memory_bytes
     if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 0:
         raise ValueError(f"total_memory_bytes={total_memory_bytes!r} must be a positive number")
-    weights = weights_bytes_per_rank(model, tp, weight_dtype, moe_parallel, ep_size)
-    act = activation_peak_bytes(model, tp, max_num_batched_tokens, moe_parallel, ep_size)
+    rank = d.rank.with_ep_size(ep_size) if moe_parallel == "ep" else d.rank  # derived once from the checked deployment
+    weights = weights_bytes_per_rank(rank)
+    act = activation_peak_bytes(rank)
     per_tok = model.kv_cache_bytes_per_token(kv_cache_dtype, include_indexer)
     names = [st.name for st in expand(strategies if strategies is not None else STRATEGIES)]
     shared = shared_workspace_other_bytes(model, tp, max_num_batched_tokens, moe_parallel) \
@@ -157,9 +159,7 @@ def memory_tradeoff(
                                                          allow_zero=True)
     # model + prompt length: a strategy whose route is dense MHA at this prompt length pads nothing (its transient
     # is the up-projected K/V, mla_lab.buffers.memory_account)
-    kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=shared, model=model, prompt_len=d.prompt_len)
-    accounts = {s: memory_account(s, H, max_num_batched_tokens, arch, kv_cache_dtype, **kw)
-                for s in dict.fromkeys([BASELINE] + names)}
+    accounts = {s: memory_account_of(rank, s, shared, d.prompt_len) for s in dict.fromkeys([BASELINE] + names)}
     base_ws = accounts[BASELINE].persistent_bytes
     budget = total * gpu_memory_utilization - weights - act - base_ws
     capacity = budget / per_tok
@@ -175,7 +175,8 @@ def memory_tradeoff(
     return {
         "strategies": out,
         "num_heads": H,
-        "padded_heads": padded_num_heads(H, arch, kv_cache_dtype),
+        "padded_heads": rank.padded_num_heads,
+        "accounts": accounts,  # name -> mla_lab.buffers.MemoryAccount (the row builder's memory columns)
         "kv_capacity_tokens": max(capacity, 0.0),  # never negative: "fits" and "fit_reason" say why it is 0
         "fit_reason": "" if budget > 0 else (
             f"weights ({weights / 2**30:.1f} GiB per rank), activations ({act / 2**30:.1f} GiB) and the baseline "

@@ -377,8 +377,8 @@ def layer_ops(
             LayerOp("idx_topk", "topk", act_bytes=ss.sum_visible * FP32 + T * model.topk * FP32,
                     dims={"T": T, "keys": ss.keys_read, "k": model.topk}, impl="topk"),
         ]
-    ops += [op for op in attention_path_ops(model, tp, arch, strategy, T, ss.sum_topk, kv_cache_dtype)
-            if op.name != "out_slice" or out_slice_copy]
+    ops += [op for op in _attention_path_ops(model, H, _padded(H, arch, kvd), kvd, strategy, T, ss.sum_topk)
+            if op.name != "out_slice" or out_slice_copy]  # H, T and sum_topk derived here: nothing re-checked
     ops += [
         LayerOp("w_uv_bmm", "bmm", flops=2.0 * H * T * kr * dv, weight_bytes=H * kr * dv * BF16,
                 act_bytes=(T * H * kr + T * H * dv) * BF16, dims={"B": H, "M": T, "K": kr, "N": dv}, impl="bmm_uv"),
@@ -530,10 +530,22 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Str
         if sum_topk > num_tokens * model.topk:
             raise ValueError(f"sum_topk={sum_topk} exceeds num_tokens * index_topk = {num_tokens * model.topk}")
     H = _heads_per_rank(model, tp)
-    Hp = padded_num_heads(H, arch, kv_cache_dtype)
-    padded = Hp > H and normalize_kv_cache_dtype(kv_cache_dtype) == "bf16"
-    T = num_tokens
-    st = T * model.topk if sum_topk is None else sum_topk
+    kvd = normalize_kv_cache_dtype(kv_cache_dtype)
+    return _attention_path_ops(model, H, padded_num_heads(H, arch, kvd), kvd, spec, num_tokens,
+                               num_tokens * model.topk if sum_topk is None else sum_topk)
+
+
+@functools.lru_cache(maxsize=256)
+def _padded(H: int, arch: GPUArch, kvd: str) -> int:
+    """:func:`mla_lab.buffers.padded_num_heads` of already-checked heads, once per (heads, GPU, KV dtype)."""
+    return padded_num_heads(H, arch, kvd)
+
+
+def _attention_path_ops(model: ModelConfig, H: int, Hp: int, kvd: str, spec: Strategy, T: int,
+                        st: int) -> list[LayerOp]:
+    """:func:`attention_path_ops` below the door: ``H`` / ``Hp`` heads and ``kvd`` (normalised) of a checked rank,
+    ``T`` tokens and ``st`` keys of a step the caller derived; nothing re-checked."""
+    padded = Hp > H and kvd == "bf16"
     dims = {"T": T, "H": H, "Hp": Hp, "sum_topk": st}
 
     def op(name, kind, work_of=None, **extra):

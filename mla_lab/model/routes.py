@@ -67,7 +67,7 @@ from ..placement import Strategy, strategy_route
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
 from .calibration import Calibration, fit_calibration, resolve_calibration
-from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _gemm, layer_ops, step_ops
+from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _gemm, _heads_per_rank, layer_ops, step_ops
 
 __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
            "masked_mha_ops", "mha_transient_bytes", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
@@ -124,7 +124,7 @@ def route_stats(model: ModelConfig, step: Step | int) -> RouteStats:
 
 def mha_attention_op(model: ModelConfig, tp: int, rs: RouteStats) -> LayerOp:
     """(a): dense causal MHA with ``H`` real heads over ``K_c`` keys (module docstring)."""
-    H = model.heads_per_rank(tp)
+    H = _heads_per_rank(model, tp)  # checked once per (model, tp)
     dqk = model.qk_nope_head_dim + model.qk_rope_head_dim
     dv = model.v_head_dim
     flops = 2.0 * H * rs.K_c * (dqk + dv)
@@ -142,7 +142,7 @@ def up_projection_ops(model: ModelConfig, tp: int, rs: RouteStats, weight_dtype:
     """
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype={weight_dtype!r} is not valid; allowed: {list(WEIGHT_DTYPES)}")
-    H = model.heads_per_rank(tp)
+    H = _heads_per_rank(model, tp)  # checked once per (model, tp)
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     proj = _gemm("kv_b_proj", rs.Tk, model.kv_lora_rank, H * (dn + dv), WEIGHT_DTYPES[weight_dtype], weight_dtype)
     cat = LayerOp("k_concat", K_CONCAT_CLASS, act_bytes=(rs.Tk * (H * dn + dr) + rs.Tk * H * (dn + dr)) * BF16,
@@ -178,7 +178,7 @@ def mha_transient_bytes(model: ModelConfig, tp: int, step: Step | int) -> dict:
     (``Tk*H*d_qk*2``), ``out`` (``T*H*d_v*2`` + lse ``T*H*4``), ``total``, and ``budgeted`` False (vLLM's
     profile run executes no attention route: module docstring)."""
     rs = route_stats(model, step)
-    H = model.heads_per_rank(tp)
+    H = _heads_per_rank(model, tp)  # checked once per (model, tp)
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     d = {"kv_up": rs.Tk * H * (dn + dv) * BF16, "k": rs.Tk * H * (dn + dr) * BF16,
          "out": rs.T * H * dv * BF16 + rs.T * H * FP32}
@@ -332,7 +332,7 @@ def default_padded_kernel_fit() -> PaddedKernelFit:
 def fa3_sparse_terms(model: ModelConfig, tp: int, T: int, sum_topk: int) -> dict:
     """(d): the FA3 sparse kernel's work with the real heads: ``flops`` (real-head), ``gather_bytes``, ``q_bytes``,
     ``out_bytes`` (out + lse, real heads), ``padded_bytes`` 0, ``tile_heads`` (the wgmma M the MMAs issue at)."""
-    H = model.heads_per_rank(tp)
+    H = _heads_per_rank(model, tp)  # checked once per (model, tp)
     return {"flops": 2.0 * sum_topk * H * (D_QK_ABSORBED + D_V_ABSORBED),
             "gather_bytes": float(sum_topk) * D_QK_ABSORBED * BF16,
             "q_bytes": float(T) * H * D_QK_ABSORBED * BF16,
@@ -483,7 +483,7 @@ def route_transient_bytes(model: ModelConfig, tp: int, route: str, step: Step | 
     """
     if route == "fa3-sparse":
         rs = route_stats(model, step)
-        H = model.heads_per_rank(tp)
+        H = _heads_per_rank(model, tp)  # checked once per (model, tp)
         out = rs.T * H * (D_V_ABSORBED * BF16 + FP32)
         return {"out": out, "total": out, "budgeted": False}
     if route in ("mha-dense", "mha-masked"):

@@ -57,6 +57,14 @@ def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = Non
     cal = resolve_calibration(calibration)
     if op.is_comm:
         return comm_time_ms(op.op_class, op.comm_bytes, tp, arch, cal)
+    return _op_ms(op, arch, cal, tp)
+
+
+def _op_ms(op: LayerOp, arch: GPUArch, cal: Calibration, tp: int) -> float:
+    """:func:`op_time_ms` below the door: ``tp`` already checked (a Deployment's, or the checked layer options of
+    :func:`layer_time_ms` / :func:`step_time_ms`), ``cal`` resolved."""
+    if op.is_comm:
+        return _comm_ms(op.op_class, op.comm_bytes, tp, arch, cal)
     if op.op_class == "attn_chunk_overhead":
         # per extra chunk: the measured launch-and-tail cost (eager chunks), or for subchunk:<S>:graph2 the graphed
         # two-stream loop's measured-fit cost; per extra consumer launch: the bmm class's overhead
@@ -146,9 +154,15 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
     check_int("tp", n)
     if kind not in COMM_CLASSES:
         raise ValueError(f"kind={kind!r} is not valid; allowed: {list(COMM_CLASSES)}")
+    return _comm_ms(kind, nbytes, n, arch, cal)
+
+
+def _comm_ms(kind: str, nbytes: float, n: int, arch: GPUArch, cal: Calibration) -> float:
+    """:func:`comm_time_ms` below the door: ``kind`` one of COMM_CLASSES (a LayerOp's class), ``n`` a checked
+    positive int, ``cal`` resolved."""
     if n == 1 or nbytes <= 0:
         return 0.0
-    fit = cal.comm_fit(n, nbytes, kind, arch)
+    fit = cal.comm_fit_checked(n, nbytes, kind, arch)
     if fit is not None:
         return fit.time_ms(nbytes)
     moved = {"allreduce": 2.0 * (n - 1) / n * nbytes, "allgather": (n - 1) / n * nbytes,
@@ -167,7 +181,8 @@ def attention_path_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Stra
     topk for every token). Priced by :func:`op_time_ms`, the same formula the layer uses.
     """
     ss = step_stats(model, step, causal)
-    out = {op.name: op_time_ms(op, arch, calibration)
+    cal = resolve_calibration(calibration)
+    out = {op.name: _op_ms(op, arch, cal, 1)
            for op in attention_path_ops(model, tp, arch, strategy, ss.num_tokens, ss.sum_topk, kv_cache_dtype)}
     out["total"] = sum(out.values())
     return out
@@ -185,7 +200,7 @@ def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy
     route = step_route(model, strategy, step)
     ops = list(route_layer_ops(model, tp, arch, route, step, strategy, **kw))
     for op in ops:
-        out[op.name] = op_time_ms(op, arch, cal, tp)
+        out[op.name] = _op_ms(op, arch, cal, tp)  # tp checked with the layer options (layer_ops)
     content = apply_step_content(out, ops, cal)
     comm = sum(out[op.name] for op in ops if op.is_comm)
     total = sum(out.values())
@@ -210,7 +225,7 @@ def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy 
              else route_step_ops(model, tp, arch, route, strategy, step, **kw))
     pairs = list(pairs)
     for op, count in pairs:
-        by[op.name] = by.get(op.name, 0.0) + op_time_ms(op, arch, cal, tp) * count
+        by[op.name] = by.get(op.name, 0.0) + _op_ms(op, arch, cal, tp) * count  # tp checked by step_ops
     content = apply_step_content(by, [op for op, _ in pairs], cal)
     comm = sum(by[name] for name in {op.name for op, _ in pairs if op.is_comm})
     attn = sum(by.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)

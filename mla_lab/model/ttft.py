@@ -152,7 +152,7 @@ def predict_ttft(
         "scope": scope + (" (attention path measured)" if attention_override_ms is not None else ""),
         "ttft_ms_list": ttfts, "step_ops_ms": step_ops_ms,
         "strategy": strategy.name, "attention_path_ms": attn_total, "comm_ms": comm_total, "calibration": cal.name,
-        "comm_source": cal.comm_source(tp, arch=arch) if scope == "full_layer" else "none", "source": "modelled",
+        "comm_source": cal.comm_source_checked(tp, arch=arch) if scope == "full_layer" else "none", "source": "modelled",
     }
 
 

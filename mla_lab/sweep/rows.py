@@ -16,7 +16,7 @@ import json
 
 from .. import measure
 from ..arch import GPUArch, detect_arch
-from ..buffers import MIB, call_peak_bytes, kv_tokens_lost, memory_account
+from ..buffers import MIB, call_peak_bytes, kv_tokens_lost
 from ..deployment import Deployment
 from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
@@ -80,11 +80,10 @@ def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch
         ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
     """
     H = cap["num_heads"]  # the deployment's, checked at its door (memory_tradeoff's num_heads)
-    mbt, kv = point["max_num_batched_tokens"], point["kv_cache_dtype"]
-    kw = dict(head_size=model.head_size, d_v=model.d_v, shared_other_bytes=cap["shared_workspace_bytes"], model=model,
-              prompt_len=point["prompt_len"])  # the strategy's route at this prompt length (dense MHA pads nothing)
-    mem = memory_account(strategy, H, mbt, arch, kv, **kw)
-    base = memory_account(BASELINE, H, mbt, arch, kv, **kw)
+    kv = point["kv_cache_dtype"]
+    # memory_tradeoff's accounts (the deployment's rank, the strategy's route at this prompt length: dense MHA pads
+    # nothing), computed once per strategy there and not again here
+    mem, base = cap["accounts"][strategy], cap["accounts"][BASELINE]
     extra = mem.persistent_bytes - base.persistent_bytes
     row = {k: v for k, v in point.items() if k not in ("strategies", "mode")}
     row.update(

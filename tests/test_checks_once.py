@@ -1,0 +1,73 @@
+"""Each integer of a deployment is checked once, at its door (issue 31): one ``mla-lab advise`` run in-process, with
+every module's ``check_int`` replaced by a counter.
+
+Measured on this tree (``mla-lab advise --no-measured``, the seed deployment, 24 strategies): before the rank view
+2,218 ``check_int`` calls (``tp`` 151, ``max_num_batched_tokens`` 77, ``prompt_len`` 78, ``head_size`` / ``d_v`` /
+``shared_other_bytes`` 73 each, ``world_size`` 168); after it 1,070, with each deployment integer checked once at
+``Deployment.of``. What remains are the per-step route checks of the engine rules (``seq_len`` / ``query_len`` of
+each chunk, :func:`mla_lab.routes.route_for`) and the strategy names' sub-chunk rows, which are not deployment
+integers.
+"""
+
+from __future__ import annotations
+
+import collections
+import sys
+
+import mla_lab._validate as validate
+from tests.conftest import run_cli
+
+
+def _count_checks(monkeypatch) -> collections.Counter:
+    import importlib
+    import pkgutil
+
+    import mla_lab
+
+    for m in pkgutil.walk_packages(mla_lab.__path__, "mla_lab."):
+        if m.name.startswith(("mla_lab.measure", "mla_lab.kernels")):
+            continue  # torch / triton: advise imports neither (issue 22)
+        importlib.import_module(m.name)
+    orig = validate.check_int
+    calls: collections.Counter = collections.Counter()
+
+    def counting(name, value, *a, **k):
+        calls[name] += 1
+        return orig(name, value, *a, **k)
+
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").startswith("mla_lab") and getattr(mod, "check_int", None) is orig:
+            monkeypatch.setattr(mod, "check_int", counting)
+    return calls
+
+
+def test_one_advise_call_checks_each_deployment_integer_once(monkeypatch):
+    calls = _count_checks(monkeypatch)
+    rc, out, err = run_cli(["advise", "--no-measured"])
+    assert rc == 0, err
+    assert "recommended" in out
+    for name in ("max_num_batched_tokens", "max_num_seqs", "num_prompts", "concurrency", "output_len"):
+        assert calls[name] == 1, (name, calls[name])
+    # tp: Deployment.of, and the cost model's layer options once (ops._check_common, memoised per combination)
+    assert calls["tp"] <= 2, calls["tp"]
+    # prompt_len / num_heads: Deployment.of (or the padded heads once) plus one engine summary per engine version
+    # (mla_lab.placement.engine_summary, three today: TODAY_ENGINES)
+    assert calls["prompt_len"] <= 4 and calls["num_heads"] <= 4, (calls["prompt_len"], calls["num_heads"])
+    for name in ("head_size", "d_v", "shared_other_bytes", "world_size", "num_tokens", "sum_topk"):
+        assert calls[name] == 0, (name, calls[name])  # below the door: the rank view's, never re-checked
+    assert sum(calls.values()) <= 1100, dict(calls)  # 2,218 before the rank view (module docstring)
+
+
+def test_one_modelled_grid_point_checks_max_num_batched_tokens_once(monkeypatch):
+    from mla_lab.placement import expand_strategies
+    from mla_lab.seed import seed_point
+    from mla_lab.sweep.advise import candidate_strategies
+    from mla_lab.sweep.rows import modelled_rows
+
+    calls = _count_checks(monkeypatch)
+    point = {**seed_point(), "strategies": expand_strategies(candidate_strategies(16384)),
+             "shared_workspace_bytes": None}
+    rows = modelled_rows(point)
+    assert len(rows) > 20
+    assert calls["max_num_batched_tokens"] == 1  # 74 before the rank view
+    assert calls["tp"] <= 2  # 150 before
