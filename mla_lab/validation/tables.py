@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 from .main_run import OUT as DECOMPOSITION
+from .posthoc import OUT as POSTHOC
 from .score import SCORE
 
 __all__ = ["validation_markdown", "update_docs", "BEGIN", "END", "DOCS"]
@@ -81,6 +82,28 @@ def validation_markdown(dec: dict | None = None, score: dict | None = None) -> s
     out += ["", "Published, not scored (the run was not the workload the lab assumed before reading):", ""]
     out += [f"- {case}: {why}" for case, why in reasons]
     out += [f"- {n['case']}: {n['workload']} {n['backend']}: not predicted" for n in score["not_predicted"]]
+    if POSTHOC.exists():
+        ph = json.loads(POSTHOC.read_text())["rows"]
+        out += ["", "### Post-hoc: each run's workload as its source states it (not blind, nothing fitted)", "",
+                "The same model after reading, with the runs' own num_prompts, request rate and concurrency "
+                "(`data/validation/blind_2026-12_posthoc.json`, deterministic runs). Mean TPOT (ms):", "",
+                "| run | workload | backend | lab | real | error |", "|---|---|---|---|---|---|"]
+        for r in [x for x in ph if x["metric"] == "mean_tpot_ms"]:
+            out.append(f"| {r['case']} | {_wl(r['workload'])} | {r['backend']} | {r['posthoc']:.1f} | {r['real']:.1f} | "
+                       f"{r['error_pct']:+.0f} % |")
+        fm = [abs(r["error_pct"]) for r in ph if r["metric"] == "mean_tpot_ms" and r["case"] == "pr46189"
+              and r["backend"] == "FLASHMLA_SPARSE" and (r["workload"]["max_concurrency"] or 0) <= 8]
+        fa = [r["error_pct"] for r in ph if r["metric"] == "mean_tpot_ms" and r["case"] == "pr46189"
+              and r["backend"] == "FLASH_ATTN_MLA_SPARSE" and r["workload"]["max_concurrency"] == 1]
+        if fm and fa:
+            out += ["", f"What the misses say: at concurrency 1-8 the lab prices FLASHMLA_SPARSE's TPOT within "
+                    f"{max(fm):.0f} % of PR #46189's runs, but FA3 sparse's {min(fa):+.0f} to {max(fa):+.0f} % too slow "
+                    "at concurrency 1. The lab prices FA3's decode step as FlashMLA's minus the kernels' measured "
+                    "difference (about 44 us per layer at one token); the runs show about three times that, so the "
+                    "old engine's FlashMLA decode path carried a per-layer cost the lab's decode calibration spread "
+                    "over every strategy (an explanation, not yet measured). The gpustack runs are saturated "
+                    "(hundreds of requests at once): there the lab is off by tens of percent either way, with its "
+                    "no-preemption admission and the chat endpoint's tokenisation as candidates."]
     out += ["", "### Noise from real repeats", "",
             "| runs | metric | values | largest change between two | the lab's A vs A' 95 % band |", "|---|---|---|---|---|"]
     for rp in score["repeats"]:
