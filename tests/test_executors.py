@@ -195,7 +195,7 @@ def test_measured_points_hold_one_gpu_each_and_failures_are_recorded(ray_session
     bad = df[df["status"] == "failed"]
     assert len(bad) == 1 and bad.iloc[0]["reason"] == "RuntimeError: CUDA error: injected failure of a measured point"
     mod = df[df["source"] == "modelled"]
-    assert len(mod) == 2 * 2 * 2 * 3 and (mod["status"] == "ok").all()
+    assert len(mod) == 2 * 2 * 2 * 3 and mod["status"].isin(["ok", "does_not_fit", "tips_out"]).all()
 
 
 def _die(point, mode="measured"):
@@ -277,7 +277,7 @@ def test_cli_notebook_fans_out_on_ray(ray_session, tmp_path):
              str(tmp_path / "s.csv"), "-p", "report_dir", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stderr[-3000:]
     df = pd.read_csv(tmp_path / "s.csv")
-    assert len(df) == 2 * 3 and (df["status"] == "ok").all()
+    assert len(df) == 2 * 3 and df["status"].isin(["ok", "does_not_fit", "tips_out"]).all()
     executed = next((tmp_path / "rep" / "runs").glob("*.ipynb")).read_text()
     assert f"[mla-lab] executor ray ({address}: 2 CPU, 1 GPU)" in executed  # the notebook's sweep ran on this Ray
     assert "executor = \\\"ray\\\"" in executed  # injected by papermill
