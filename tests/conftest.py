@@ -2,7 +2,8 @@
 
 - ``MLA_LAB_REQUIRE_GPU=1`` (a GPU machine's run, e.g. ``benchmarks/h200_run.sh``): every skip of a test marked
   ``gpu`` — no CUDA, no flash_mla provider, a capability the test cannot use — is reported as a failure with the
-  skip's reason, so a GPU run cannot pass by skipping its GPU tests.
+  skip's reason, so a GPU run cannot pass by skipping its GPU tests; a test marked ``gpus(n)`` keeps its skip on a
+  machine with fewer than ``n`` GPUs (a one-GPU run does not fail on the multi-GPU tests it cannot run).
 - ``slow``: tests that take more than a few seconds on a 2-core CPU. A test file may mark its own; the files and
   tests listed in :data:`SLOW` and every test using a fixture of :data:`SLOW_FIXTURES` (notebook runs through
   papermill, a local Ray instance, the published report in Chromium, the Triton CPU interpreter) are marked here. ``make test-fast`` runs ``-m "not slow"``.
@@ -94,6 +95,16 @@ def pytest_ignore_collect(collection_path, config):
     return True if not has_gpu_tests(p) else None
 
 
+def _visible_gpus() -> int:
+    """CUDA devices torch sees (0 without torch or CUDA)."""
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
 def require_gpu() -> bool:
     """``MLA_LAB_REQUIRE_GPU`` is set to a true value (1, true, yes)."""
     return os.environ.get(REQUIRE_GPU_ENV, "").strip().lower() in ("1", "true", "yes")
@@ -172,6 +183,9 @@ def pytest_runtest_makereport(item, call):
             return
     if not (rep.skipped and require_gpu() and item.get_closest_marker("gpu") is not None):
         return
+    many = item.get_closest_marker("gpus")
+    if many is not None and _visible_gpus() < int(many.args[0]):
+        return  # a multi-GPU test on a machine with fewer GPUs: outside this run's scope, its skip stands
     if hasattr(rep, "wasxfail"):
         return
     reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else str(rep.longrepr)

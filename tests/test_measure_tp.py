@@ -371,6 +371,7 @@ def test_gpu_sim_of_a_tp8_share_runs_on_one_gpu(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpus(2)
 @pytest.mark.skipif(NGPU < 2, reason=f"needs >= 2 CUDA GPUs for a NCCL run; torch sees {NGPU}")
 def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
     """A NCCL run over the largest of 8 / 4 / 2 GPUs present, tiny shapes (8 heads, 8 experts), reference kernel:
