@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 from . import cli_doors as doors
-from . import cli_measure
-from .cli_doors import DoorError
+from . import cli_engines, cli_measure, cli_report
+from .cli_doors import CLIError, DoorError
 from .placement import SERVE_PRESETS
 
 LAB_EXTRA_HINT = "pip install -e '.[lab]' (papermill, nbconvert, matplotlib, ipykernel)"
@@ -47,8 +47,6 @@ def _default_notebook() -> Path:
     return notebooks_dir() / "padding_sweep.ipynb"
 
 
-class CLIError(Exception):
-    """A run failure or a bad file (exit 1), one line."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -444,137 +442,6 @@ def _cmd_serve(args) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------------------------------- engines
-_ENGINE_COLS = (("preset", 21), ("engine", 6), ("version", 15), ("release", 10), ("prefill route", 13),
-                ("padding", 7), ("decode backend", 21), ("padded path", 40))
-
-
-def _cmd_engines(args) -> int:
-    """``mla-lab engines``: the engine presets (GLM-5 TP8, H200, bf16 KV, 1024-token prompts), or the wheel check."""
-    from .engines import engine_preset
-    from .placement import engine_table
-
-    if args.check_wheel or args.download:
-        return _check_wheels(args)
-    rows = engine_table()
-    for r in rows:
-        p = engine_preset(r["preset"])
-        r["decode_backend"] = "FLASH_ATTN_MLA_SPARSE (fa3)" if r["decode_route"] == "fa3-sparse" and \
-            r["engine"] == "sglang" else r["backend"]
-        r["facts"] = [{"key": f.key, "value": f.value, "text": f.text, "sources": [s.cite() for s in f.sources]}
-                      for f in p.facts]
-    if args.json:
-        print(json.dumps(rows, indent=1, default=str))
-        return 0
-    print("engine presets for GLM-5 TP8 (8 heads per rank), H200 (sm90), bf16 KV, 1024-token prompts, 16384 "
-          "tokens per step (PR #53878's benchmark); modelled from the engines' sources (a code reading, not run)")
-    print(" ".join(t.ljust(w) for t, w in _ENGINE_COLS).rstrip())
-    for r in rows:
-        vals = (r["preset"], r["engine"], r["version"], r["release_date"], r["prefill_route"] or "-",
-                str(r["padding"]) if r["padding"] else "none", r["decode_backend"] or "-", r["padded_path"])
-        print(" ".join(str(v).ljust(w) for v, (_, w) in zip(vals, _ENGINE_COLS)).rstrip())
-        print("    sources: " + ", ".join(r["sources"]))
-    print("mla-lab engines --json gives every fact with its file:line; --check-wheel PATH.whl checks them (ast)")
-    return 0
-
-
-def _check_wheels(args) -> int:
-    from .engines.wheel_check import check_wheel, download_wheel, format_report, write_report
-    from .paths import data_dir
-
-    wheels = list(args.check_wheel or [])
-    for spec in args.download or []:
-        eng, _, ver = spec.partition("==")
-        if not ver:
-            raise DoorError(f"--download={spec!r} is not valid; allowed: <engine>==<version>, e.g. vllm==0.33.0")
-        try:
-            wheels.append(str(download_wheel(eng, ver, args.wheel_dir)))
-        except (ValueError, RuntimeError) as e:
-            raise DoorError(f"--download={spec!r}: {e}") from None
-    bad = 0
-    for w in wheels:
-        try:
-            rep = check_wheel(w)
-        except ValueError as e:
-            raise DoorError(f"--check-wheel={w!r}: {e}") from None
-        bad += rep["counts"]["fails"] + rep["counts"]["missing"]
-        if args.write:
-            try:
-                j, m = write_report(rep, data_dir() / "engines", overwrite=args.overwrite)
-            except ValueError as e:
-                raise DoorError(str(e)) from None
-            print(f"mla-lab: wrote {_rel(j)} and {_rel(m)}")
-        print(json.dumps(rep, indent=1) if args.json else format_report(rep))
-    return 1 if bad else 0
-
-
-# ----------------------------------------------------------------------------------------------------- index
-def _check_report_dir(report_dir: str) -> Path:
-    """``mla-lab index --report-dir``: an existing folder holding at least one report the lab published
-    (``runs/<run_id>.json`` with its ``.html``, :func:`mla_lab.report.site.list_runs`); nothing is created.
-
-    Raises:
-        DoorError: empty, missing, a file (or under one), or no published run in it.
-    """
-    from .report.site import RUNS_DIR, list_runs
-
-    allowed = "allowed: the folder 'mla-lab sweep' published reports into (default reports)"
-    if not isinstance(report_dir, str) or not report_dir.strip():
-        raise DoorError(f"--report-dir {report_dir!r}: empty; {allowed}")
-    if "\x00" in report_dir:
-        raise DoorError(f"--report-dir {report_dir!r}: holds a NUL byte; {allowed}")
-    p = Path(report_dir).expanduser()
-    blocker = doors.file_in_the_way(p)
-    if blocker is not None:
-        raise DoorError(f"--report-dir {report_dir}: {blocker} is a file, not a folder; {allowed}")
-    if not p.exists():
-        raise DoorError(f"--report-dir {report_dir}: no such folder; {allowed}")
-    if not list_runs(p):
-        raise DoorError(f"--report-dir {report_dir}: holds no report the lab published (no {RUNS_DIR}/<run_id>.json "
-                        f"with its .html); {allowed}")
-    return p
-
-
-def _cmd_index(args) -> int:
-    from .report import site
-
-    doors.check_report_name(args.report_name)
-    rd = _check_report_dir(args.report_dir)  # exists, a folder, holds a published run: nothing is created
-    try:
-        out = site.build_index(rd, args.report_name)
-    except (OSError, ValueError) as e:
-        what = getattr(e, "strerror", None) or str(e)
-        raise DoorError(f"--report-dir {args.report_dir}: {what}; give the folder the reports are in") from None
-    print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {_rel(out)}")
-    return 0
-
-
-def _cmd_check_report(args) -> int:
-    from .report.browser import check_in_browser
-
-    for h in args.html:  # bad input (exit 2) before any browser starts
-        if not h or not Path(h).is_file():
-            raise DoorError(f"check-report {h}: no such file; allowed: an HTML report 'mla-lab sweep' wrote "
-                            "(default reports/padding_sweep.html reports/index.html)")
-        if Path(h).suffix.lower() not in (".html", ".htm"):
-            raise DoorError(f"check-report {h}: not an .html file; allowed: an HTML report 'mla-lab sweep' "
-                            "wrote")
-    bad = 0
-    for h in args.html:
-        try:
-            r = check_in_browser(h)
-        except RuntimeError as e:
-            raise CLIError(str(e)) from None
-        inks = ", ".join(f"{100 * i['ink']:.1f}%" for i in r["images"])
-        print(f"mla-lab: {h}: {'ok' if r['ok'] else 'FAILED'} ({len(r['images'])} figure(s), non-background "
-              f"pixels {inks or '-'}; screenshot {_rel(r['screenshot'])})")
-        for p in r["problems"]:
-            print(f"  - {p}")
-        bad += not r["ok"]
-    return 1 if bad else 0
-
-
-# ----------------------------------------------------------------------------------------------------- parser
 def _range(name: str) -> str:
     """``lo..hi`` of :data:`mla_lab.cli_doors.BOUNDS` ``[name]``, for a flag's help."""
     lo, hi, _ = doors.BOUNDS[name]
@@ -716,8 +583,8 @@ def _deployment_flags(p, tp_flags, tp_dest) -> None:
                         "(default 0.9)")
 
 
-_COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "engines": _cmd_engines,
-             "index": _cmd_index, "check-report": _cmd_check_report,
+_COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "engines": cli_engines.cmd_engines,
+             "index": cli_report.cmd_index, "check-report": cli_report.cmd_check_report,
              "measure": lambda args: cli_measure.cmd_measure(args, _stamp),
              "report": lambda args: cli_measure.cmd_report(args, main)}
 

@@ -27,12 +27,16 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["DoorError", "band_note", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
+__all__ = ["CLIError", "DoorError", "band_note", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
            "serve_step_bound", "check_notebook", "MAX_GRID_POINTS", "MAX_REPORT_POINTS", "MAX_TP_BARS", "MAX_NOISE_STEPS",
            "VLLM_FLAGS", "arg_type", "budget_type", "check_sweep_serving", "fraction_type", "rate_type", "merge_flags",
            "check_sweep",
            "check_deployment", "check_serve", "check_strategies", "check_report_name", "file_in_the_way",
            "plan_without_writing", "GRID_KEYS", "serve_summary", "format_serve", "serve_noise_runs"]
+
+
+class CLIError(Exception):
+    """A run failure or a bad file (exit 1), one line."""
 
 
 class DoorError(ValueError):

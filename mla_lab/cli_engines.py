@@ -1,0 +1,85 @@
+"""``mla-lab engines``: the engine versions the lab describes (mla_lab.engines), and the check of their facts
+against a release wheel (``--check-wheel`` / ``--download``, mla_lab.engines.wheel_check). Split from
+:mod:`mla_lab.cli` (one command per module once it grew past 700 lines); the door rules are :mod:`mla_lab.cli_doors`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .cli_doors import DoorError
+
+__all__ = ["cmd_engines"]
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
+_ENGINE_COLS = (("preset", 21), ("engine", 6), ("version", 15), ("release", 10), ("prefill route", 13),
+                ("padding", 7), ("decode backend", 21), ("padded path", 40))
+
+
+def cmd_engines(args) -> int:
+    """``mla-lab engines``: the engine presets (GLM-5 TP8, H200, bf16 KV, 1024-token prompts), or the wheel check."""
+    from .engines import engine_preset
+    from .placement import engine_table
+
+    if args.check_wheel or args.download:
+        return _check_wheels(args)
+    rows = engine_table()
+    for r in rows:
+        p = engine_preset(r["preset"])
+        r["decode_backend"] = "FLASH_ATTN_MLA_SPARSE (fa3)" if r["decode_route"] == "fa3-sparse" and \
+            r["engine"] == "sglang" else r["backend"]
+        r["facts"] = [{"key": f.key, "value": f.value, "text": f.text, "sources": [s.cite() for s in f.sources]}
+                      for f in p.facts]
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    print("engine presets for GLM-5 TP8 (8 heads per rank), H200 (sm90), bf16 KV, 1024-token prompts, 16384 "
+          "tokens per step (PR #53878's benchmark); modelled from the engines' sources (a code reading, not run)")
+    print(" ".join(t.ljust(w) for t, w in _ENGINE_COLS).rstrip())
+    for r in rows:
+        vals = (r["preset"], r["engine"], r["version"], r["release_date"], r["prefill_route"] or "-",
+                str(r["padding"]) if r["padding"] else "none", r["decode_backend"] or "-", r["padded_path"])
+        print(" ".join(str(v).ljust(w) for v, (_, w) in zip(vals, _ENGINE_COLS)).rstrip())
+        print("    sources: " + ", ".join(r["sources"]))
+    print("mla-lab engines --json gives every fact with its file:line; --check-wheel PATH.whl checks them (ast)")
+    return 0
+
+
+def _check_wheels(args) -> int:
+    from .engines.wheel_check import check_wheel, download_wheel, format_report, write_report
+    from .paths import data_dir
+
+    wheels = list(args.check_wheel or [])
+    for spec in args.download or []:
+        eng, _, ver = spec.partition("==")
+        if not ver:
+            raise DoorError(f"--download={spec!r} is not valid; allowed: <engine>==<version>, e.g. vllm==0.33.0")
+        try:
+            wheels.append(str(download_wheel(eng, ver, args.wheel_dir)))
+        except (ValueError, RuntimeError) as e:
+            raise DoorError(f"--download={spec!r}: {e}") from None
+    bad = 0
+    for w in wheels:
+        try:
+            rep = check_wheel(w)
+        except ValueError as e:
+            raise DoorError(f"--check-wheel={w!r}: {e}") from None
+        bad += rep["counts"]["fails"] + rep["counts"]["missing"]
+        if args.write:
+            try:
+                j, m = write_report(rep, data_dir() / "engines", overwrite=args.overwrite)
+            except ValueError as e:
+                raise DoorError(str(e)) from None
+            print(f"mla-lab: wrote {_rel(j)} and {_rel(m)}")
+        print(json.dumps(rep, indent=1) if args.json else format_report(rep))
+    return 1 if bad else 0
+
+

@@ -1,0 +1,87 @@
+"""``mla-lab index`` and ``mla-lab check-report``: the published reports' index and their browser check. Split from
+:mod:`mla_lab.cli` (one concept per module once it grew past 700 lines); the door rules are :mod:`mla_lab.cli_doors`'s.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import cli_doors as doors
+from .cli_doors import CLIError, DoorError
+
+__all__ = ["cmd_index", "cmd_check_report"]
+
+
+def _rel(p: Path) -> str:
+    try:
+        return str(Path(p).relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)
+
+
+def _check_report_dir(report_dir: str) -> Path:
+    """``mla-lab index --report-dir``: an existing folder holding at least one report the lab published
+    (``runs/<run_id>.json`` with its ``.html``, :func:`mla_lab.report.site.list_runs`); nothing is created.
+
+    Raises:
+        DoorError: empty, missing, a file (or under one), or no published run in it.
+    """
+    from .report.site import RUNS_DIR, list_runs
+
+    allowed = "allowed: the folder 'mla-lab sweep' published reports into (default reports)"
+    if not isinstance(report_dir, str) or not report_dir.strip():
+        raise DoorError(f"--report-dir {report_dir!r}: empty; {allowed}")
+    if "\x00" in report_dir:
+        raise DoorError(f"--report-dir {report_dir!r}: holds a NUL byte; {allowed}")
+    p = Path(report_dir).expanduser()
+    blocker = doors.file_in_the_way(p)
+    if blocker is not None:
+        raise DoorError(f"--report-dir {report_dir}: {blocker} is a file, not a folder; {allowed}")
+    if not p.exists():
+        raise DoorError(f"--report-dir {report_dir}: no such folder; {allowed}")
+    if not list_runs(p):
+        raise DoorError(f"--report-dir {report_dir}: holds no report the lab published (no {RUNS_DIR}/<run_id>.json "
+                        f"with its .html); {allowed}")
+    return p
+
+
+def cmd_index(args) -> int:
+    from .report import site
+
+    doors.check_report_name(args.report_name)
+    rd = _check_report_dir(args.report_dir)  # exists, a folder, holds a published run: nothing is created
+    try:
+        out = site.build_index(rd, args.report_name)
+    except (OSError, ValueError) as e:
+        what = getattr(e, "strerror", None) or str(e)
+        raise DoorError(f"--report-dir {args.report_dir}: {what}; give the folder the reports are in") from None
+    print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {_rel(out)}")
+    return 0
+
+
+def cmd_check_report(args) -> int:
+    from .report.browser import check_in_browser
+
+    for h in args.html:  # bad input (exit 2) before any browser starts
+        if not h or not Path(h).is_file():
+            raise DoorError(f"check-report {h}: no such file; allowed: an HTML report 'mla-lab sweep' wrote "
+                            "(default reports/padding_sweep.html reports/index.html)")
+        if Path(h).suffix.lower() not in (".html", ".htm"):
+            raise DoorError(f"check-report {h}: not an .html file; allowed: an HTML report 'mla-lab sweep' "
+                            "wrote")
+    bad = 0
+    for h in args.html:
+        try:
+            r = check_in_browser(h)
+        except RuntimeError as e:
+            raise CLIError(str(e)) from None
+        inks = ", ".join(f"{100 * i['ink']:.1f}%" for i in r["images"])
+        print(f"mla-lab: {h}: {'ok' if r['ok'] else 'FAILED'} ({len(r['images'])} figure(s), non-background "
+              f"pixels {inks or '-'}; screenshot {_rel(r['screenshot'])})")
+        for p in r["problems"]:
+            print(f"  - {p}")
+        bad += not r["ok"]
+    return 1 if bad else 0
+
+
+# ----------------------------------------------------------------------------------------------------- parser
