@@ -14,8 +14,9 @@ from __future__ import annotations
 import collections
 import sys
 
+from conftest import run_cli
+
 import mla_lab._validate as validate
-from tests.conftest import run_cli
 
 
 def _count_checks(monkeypatch) -> collections.Counter:
