@@ -394,7 +394,10 @@ def _cmd_advise(args) -> int:
         measured = load_measured_cached()
     res = advise(dep, memory_budget_mib=args.memory_budget_mib, memory_budget_tokens=args.memory_budget_tokens,
                  measured=measured, engine=args.engine)  # the deployment built (and checked) once, above
-    detached = list(getattr(measured, "attrs", {}).get("detached", [])) if measured is not None else []
+    attrs = getattr(measured, "attrs", {}) if measured is not None else {}
+    detached = list(attrs.get("detached", [])) + [  # rows no manifest counts: a cut file could not be detected
+        f"{u} (no stamp in a manifest: lost rows cannot be detected; python -m mla_lab.report.stamp_measured)"
+        for u in attrs.get("unstamped", [])]
     if args.json:
         print(json.dumps({**res, "measured_detached": detached}, indent=1, default=str))
     else:

@@ -18,6 +18,7 @@ Imports of torch and of the suite are inside the functions: ``mla-lab --help`` l
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -52,6 +53,8 @@ def add_parsers(sub) -> None:
     rp = sub.add_parser("report", help="render the report for one GPU from data/measured/<gpu>/")
     rp.add_argument("--measured", required=True, help="a GPU folder under data/measured, e.g. h200")
     rp.add_argument("--report-dir", default=None, help="where the report goes (default reports/<gpu>)")
+    rp.add_argument("--overwrite", action="store_true",
+                    help="replace a report already in --report-dir (the committed reports/h200/ among them)")
 
 
 def cmd_measure(args, stamp) -> int:
@@ -59,7 +62,15 @@ def cmd_measure(args, stamp) -> int:
     report layer is not below this one)."""
     from mla_lab.measure.experiments import EXPERIMENTS, resolve, runner
 
+    if args.experiments is not None and not args.experiments.strip(" ,"):
+        raise ValueError(f"--experiments={args.experiments!r} names no experiment; allowed: comma-separated names "
+                         "(mla-lab measure --dry-run lists them), or leave it out for the default set")
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
+    if args.out:
+        _check_out_folder("--out", args.out, Path(args.out))
+    if any(e.name == "engine_kernels" for e in experiments) and not Path(args.engine_root).is_dir():
+        raise ValueError(f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
+                         "mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
     if args.dry_run:  # without --experiments: every experiment, the default set marked
         out = args.out or "data/measured/<gpu>"
         listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
@@ -82,7 +93,20 @@ def cmd_measure(args, stamp) -> int:
     return rc
 
 
-def report_plan(gpu: str, report_dir: str | None):
+def _check_out_folder(flag: str, value: str, p: Path) -> None:
+    """A folder path that can be created or written: not a file, not under a file, in a writable parent. Raises
+    ValueError naming the flag, the value and what is allowed."""
+    allowed = "allowed: a folder path in a writable folder"
+    for q in [p, *p.parents]:
+        if q.exists() and not q.is_dir():
+            raise ValueError(f"{flag}={value!r}: {q} is a file, not a folder; {allowed}")
+        if q.exists():
+            if not os.access(q, os.W_OK | os.X_OK):
+                raise ValueError(f"{flag}={value!r}: {q} is not writable; {allowed}")
+            break
+
+
+def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
     """The ``mla-lab sweep`` argument list that renders the report of ``gpu`` into a temporary folder, and the
     function that moves it to ``report_dir`` (default ``reports/<gpu>``) once rendered. Raises ValueError for a GPU
     without measured rows or unknown to the lab."""
@@ -100,6 +124,10 @@ def report_plan(gpu: str, report_dir: str | None):
     except (KeyError, ValueError) as e:
         raise ValueError(f"--measured={gpu!r}: not a GPU the lab models ({e})") from None
     dest = Path(report_dir) if report_dir else REPO_ROOT / "reports" / gpu
+    _check_out_folder("--report-dir", str(report_dir or dest), dest)
+    if dest.is_dir() and any(dest.iterdir()) and not overwrite:
+        raise ValueError(f"--report-dir={str(report_dir or dest)!r} already holds a report (reports/<gpu>/ is "
+                         "committed); allowed: --overwrite to replace it, or another --report-dir")
     tmp = Path(tempfile.mkdtemp(prefix=f"mla_lab_report_{gpu}_"))
     name = f"padding_sweep_{gpu}"
     archs = [gpu] + ([] if gpu == "b200" else ["b200"])
@@ -129,15 +157,22 @@ def report_plan(gpu: str, report_dir: str | None):
         shutil.rmtree(tmp, ignore_errors=True)
         return dest / f"{name}.html"
 
-    return argv, finish
+    def cleanup() -> None:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    return argv, finish, cleanup
 
 
 def cmd_report(args, run_cli) -> int:
-    """``run_cli``: :func:`mla_lab.cli.main` (renders through ``mla-lab sweep`` and ``check-report``)."""
-    argv, finish = report_plan(args.measured, args.report_dir)
-    rc = run_cli(argv)
-    if rc:
-        return rc
-    html = finish()
+    """``run_cli``: :func:`mla_lab.cli.main` (renders through ``mla-lab sweep`` and ``check-report``). Every path is
+    checked before the render; the temporary folder goes away whatever happens."""
+    argv, finish, cleanup = report_plan(args.measured, args.report_dir, args.overwrite)
+    try:
+        rc = run_cli(argv)
+        if rc:
+            return rc
+        html = finish()
+    finally:
+        cleanup()
     print(f"mla-lab: report for {args.measured} -> {html}", file=sys.stderr)
     return run_cli(["check-report", str(html)])

@@ -13,11 +13,12 @@ Environment overrides (read on every call, so tests and CI can point elsewhere):
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 __all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "calibration_measurements_dir",
-           "notebooks_dir", "cache_dir", "resolve", "is_committed"]
+           "notebooks_dir", "cache_dir", "resolve", "is_committed", "MANIFEST_NAME", "find_manifest", "read_measured_csv"]
 
 #: The repository this package sits in (``mla_lab/..``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -90,3 +91,69 @@ def is_committed(p: str | Path) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return r.returncode == 0
+
+
+#: The measured root's manifest (written by ``python -m mla_lab.report.stamp_measured``): config digests of the
+#: measured sweep rows and the row count of every measured CSV (``csv_rows``).
+MANIFEST_NAME = "config_digests.json"
+
+
+def find_manifest(root: str | Path) -> Path | None:
+    """The nearest ``config_digests.json`` in ``root`` or a folder above it, or None."""
+    r = Path(root).resolve()
+    for d in (r, *r.parents):
+        p = d / MANIFEST_NAME
+        if p.is_file():
+            return p
+    return None
+
+
+def read_measured_csv(p: str | Path):
+    """A measured CSV read whole, or refused in one line naming the file: every row has the header's number of
+    fields, and when the manifest (``config_digests.json`` in the file's folder or above) counts the file's rows
+    (``csv_rows``, written by ``python -m mla_lab.report.stamp_measured``), the file holds at least that many. A
+    manifest that exists but cannot be read is refused too (it would hide lost rows).
+
+    Returns:
+        the DataFrame (pandas).
+
+    Raises:
+        ValueError: ``<file>: ...`` (a short row, fewer rows than stamped, not a CSV) or ``<manifest> cannot be read``.
+    """
+    import csv as _csv
+
+    import pandas as pd
+
+    p = Path(p)
+    fix = f"restore it (git checkout -- {p}) or re-stamp the folder (python -m mla_lab.report.stamp_measured)"
+    try:
+        with open(p, newline="", encoding="utf-8") as f:
+            reader = _csv.reader(f, strict=True)
+            head = next(reader, None)
+            if not head:
+                raise ValueError(f"{p}: empty (no header); {fix}")
+            n = 0
+            for n, row in enumerate(reader, start=1):
+                if len(row) != len(head):
+                    raise ValueError(f"{p}: row {n + 1} has {len(row)} fields, the header {len(head)} (a truncated "
+                                     f"or edited file); {fix}")
+    except (UnicodeDecodeError, _csv.Error) as e:
+        raise ValueError(f"{p}: not a readable CSV ({' '.join(str(e).split())[:80]}); {fix}") from None
+    manifest = find_manifest(p.parent)
+    if manifest is not None:
+        try:
+            counts = json.loads(manifest.read_text()).get("csv_rows", {})
+        except (OSError, ValueError, AttributeError) as e:
+            raise ValueError(f"{manifest} cannot be read ({' '.join(str(e).split())[:80]}): it guards the measured "
+                             f"rows against loss; restore it (git checkout -- {manifest})") from None
+        try:
+            key = p.resolve().relative_to(manifest.parent.resolve()).as_posix()
+        except ValueError:
+            key = None
+        want = counts.get(key) if isinstance(counts, dict) and key else None
+        if isinstance(want, int) and n < want:
+            raise ValueError(f"{p} holds {n} rows; its stamp in {manifest} counts {want} (rows were lost: a truncated "
+                             f"or cut file); {fix}")
+    return pd.read_csv(p)
+
+

@@ -47,8 +47,9 @@ def test_truncated_at_a_line_end_is_named_by_its_stamp(measured):
     p = measured / SWEEP_CSV
     lines = p.read_text().splitlines(keepends=True)
     p.write_text("".join(lines[: len(lines) * 3 // 10]))
-    with pytest.raises(ValueError, match=r"padding_sweep\.csv holds \d+ measured rows; its stamp in .*config_digests"
-                                         r"\.json counts 224 \(rows were lost"):
+    # the manifest's row count of the whole file (csv_rows) names it first; its measured-row stamp (224) backs it up
+    with pytest.raises(ValueError, match=r"padding_sweep\.csv holds \d+ (measured )?rows; its stamp in "
+                                         r".*config_digests\.json counts \d+ \(rows were lost"):
         load_measured(measured)
 
 
@@ -87,3 +88,24 @@ def test_point_file_without_rows_is_named_and_computed_again(tmp_path, capsys):
     assert f"point file {point} is missing 'key': computing the point again" in err
     assert len(again) == len(first) and (again["status"] == "ok").all()
     assert json.loads(point.read_text())["rows"]
+
+
+def test_cut_between_process_file_and_corrupt_manifest_are_named(tmp_path):
+    """A between-process CSV cut in half moved the seed's measured figure silently (-1.05 -> -0.98 %), and a
+    manifest that no longer parses hid it: both refused in one line naming the file (issue 32's tester)."""
+    import shutil
+
+    from mla_lab.paths import REPO_ROOT, read_measured_csv
+
+    src = REPO_ROOT / "data" / "measured"
+    m = tmp_path / "measured"
+    (m / "h200" / "between_process").mkdir(parents=True)
+    shutil.copy(src / "config_digests.json", m)
+    f = m / "h200" / "between_process" / "presets.csv"
+    lines = (src / "h200" / "between_process" / "presets.csv").read_text().splitlines(keepends=True)
+    f.write_text("".join(lines[: len(lines) // 2]))
+    with pytest.raises(ValueError, match=r"presets\.csv holds \d+ rows; its stamp in .*counts \d+ \(rows were lost"):
+        read_measured_csv(f)
+    (m / "config_digests.json").write_text('{"x":')
+    with pytest.raises(ValueError, match=r"config_digests\.json cannot be read"):
+        read_measured_csv(f)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..arch import get_arch
 from ..models import load_model, model_config_path
-from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir
+from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir, read_measured_csv
 from ..sweep.rows import NOT_PRICED, reprice_measured_rows
 from .stamps import config_digest, find_manifest, read_manifest, stamp_for
 
@@ -28,9 +28,12 @@ def measured_sweep_frames(root: Path, pattern: str = "*.csv", include_archive: b
     :func:`load_measured` and ``mla_lab/report/stamp_measured.py`` (which stamps the archive too)."""
     import pandas as pd
 
+    stamped = _stamped_sweep_files(root)
     for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
         if not include_archive and "archive" in p.relative_to(root).parts[:-1]:
             continue  # superseded runs, kept for the record (read them by passing their folder as root)
+        if p.resolve() in stamped:
+            read_measured_csv(p)  # a stamped sweep file emptied or cut is refused, never skipped
         if not _SWEEP_COLUMNS <= set(_header(p)):
             continue  # another kind of CSV (kernel benchmarks), or not a CSV at all
         _check_sweep_csv(p)
@@ -38,6 +41,16 @@ def measured_sweep_frames(root: Path, pattern: str = "*.csv", include_archive: b
         df = df[df["source"] == "measured"].copy()
         if len(df):
             yield p, df
+
+
+def _stamped_sweep_files(root: Path) -> set:
+    """The sweep CSVs the manifest stamps (its ``files``), as resolved paths; a manifest that cannot be read is
+    refused in one line (it would hide lost rows)."""
+    manifest = find_manifest(root) if root.is_dir() else None
+    files, problem = read_manifest(manifest)
+    if problem:
+        raise ValueError(problem.split(": every")[0] + f"; restore it (git checkout -- {manifest})")
+    return {(manifest.parent / f).resolve() for f in files} if manifest is not None else set()
 
 
 def _header(p: Path) -> list[str]:
@@ -95,7 +108,7 @@ def _check_sweep_csv(p: Path) -> None:
 
 def check_stamped_rows(df, root: str | Path | None) -> None:
     """Every measured CSV holds at least the rows its stamp in the manifest (``config_digests.json``, written by
-    ``benchmarks/stamp_measured.py``) counts: fewer means rows were lost (a truncated or cut file).
+    ``python -m mla_lab.report.stamp_measured``) counts: fewer means rows were lost (a truncated or cut file).
 
     Raises:
         ValueError: ``<file> holds <n> measured rows; its stamp in <manifest> counts <m> ...``.
@@ -104,7 +117,9 @@ def check_stamped_rows(df, root: str | Path | None) -> None:
         return
     manifest = find_manifest(root)
     files, problem = read_manifest(manifest)
-    if manifest is None or problem:
+    if problem:  # a manifest that cannot be read would hide lost rows: refused (issue 32)
+        raise ValueError(problem.split(": every")[0] + f"; restore it (git checkout -- {manifest})")
+    if manifest is None:
         return
     base = Path(root).resolve()
     for f, g in df.groupby("file"):
@@ -114,7 +129,7 @@ def check_stamped_rows(df, root: str | Path | None) -> None:
         if entries and len(g) < want:
             raise ValueError(f"{base / str(f)} holds {len(g)} measured rows; its stamp in {manifest} counts {want} "
                              "(rows were lost: a truncated or cut file); restore it (git checkout) or re-stamp it "
-                             "(benchmarks/stamp_measured.py)")
+                             "(python -m mla_lab.report.stamp_measured)")
 
 
 def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,

@@ -15,7 +15,7 @@ from functools import lru_cache
 import pandas as pd
 
 from ..measure.spread import between_process
-from ..paths import REPO_ROOT
+from ..paths import REPO_ROOT, read_measured_csv
 
 __all__ = ["ENGINE_KERNELS_CSV", "kernel_ms", "prefill_table", "decode_table", "gather_share", "fmt"]
 
@@ -34,7 +34,7 @@ PREFILL_KERNELS = {
 
 @lru_cache(maxsize=4)
 def _rows(path: str) -> pd.DataFrame:
-    d = pd.read_csv(path)
+    d = read_measured_csv(path)  # whole or refused in one line
     d = d[d["experiment"] == "engine_kernels"].copy()
     d["num_splits"] = d["num_splits"].fillna(-1).astype(int)
     d["ctx_len"] = d["ctx_len"].fillna(0).astype(int)

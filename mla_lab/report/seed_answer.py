@@ -26,7 +26,7 @@ from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
 from ..model.comm import extrapolated
 from ..model.ttft import predict_ttft
-from ..paths import measured_dir
+from ..paths import measured_dir, read_measured_csv
 from ..placement import (
     BASELINE,
     BENCH_PRESET_LABELS,
@@ -62,12 +62,11 @@ def _measured_seed_samples(path: Path | None) -> tuple[dict, str]:
     ``{strategy: {process: median ms of that process's rounds}}``, basis ``"processes"``. A file without a
     ``process`` column (the round-2 ``presets.csv`` of mla_lab/measure/experiments/engines.py, one process): ``{strategy:
     {round: ms}}``, basis ``"rounds"`` (a within-process interval). ``({}, "")`` without a file."""
-    import pandas as pd
 
     p = Path(path) if path else measured_dir("h200").joinpath(*BETWEEN_PROCESS_PRESETS)
     if not p.is_file():
         return {}, ""
-    d = pd.read_csv(p)
+    d = read_measured_csv(p)  # whole or refused in one line (a truncated file would move the figure silently)
     if "process" in d.columns:
         d = d[d["shape"] == "seed"]
         med = d.groupby(["strategy", "process"])["ms"].median()

@@ -81,7 +81,13 @@ def stamp(root: Path) -> dict:
             entries.append({"device": dev, "flash_mla": prov, "git_commit": commit, "rows": int(len(g)),
                             "models": models, "verified": verified})
         files[rel] = entries
-    return {"about": "SHA-256 of each model's data/models/<model>/config.json the measured rows of each CSV were "
+    csv_rows = {}
+    for p in sorted(root.rglob("*.csv")):
+        if "runs" in p.relative_to(root).parts:
+            continue  # a measure run's own folder (its provenance.json beside it)
+        with open(p, newline="", encoding="utf-8", errors="replace") as f:
+            csv_rows[p.relative_to(root).as_posix()] = max(0, sum(1 for _ in f) - 1)
+    return {"csv_rows": csv_rows,"about": "SHA-256 of each model's data/models/<model>/config.json the measured rows of each CSV were "
                      "measured with, per GPU (device) and FlashMLA provider (flash_mla); written by "
                      "mla_lab/report/stamp_measured.py, read by mla_lab.report.data.load_measured (a changed config "
                      "detaches the rows)",

@@ -25,11 +25,12 @@ import hashlib
 import json
 from pathlib import Path
 
+from ..paths import MANIFEST_NAME, find_manifest
+
 __all__ = ["MANIFEST_NAME", "config_digest_of_bytes", "config_digest", "find_manifest", "read_manifest",
            "stamp_for"]
 
 #: The manifest's file name (in the measured root, e.g. ``data/measured/config_digests.json``).
-MANIFEST_NAME = "config_digests.json"
 
 
 def config_digest_of_bytes(raw: bytes) -> str:
@@ -64,16 +65,6 @@ def config_digest(path: str | Path) -> str:
     except OSError:
         raise ValueError(f"config.json path={str(p)!r} does not exist") from None
     return _digest_cached(str(p.resolve()), st.st_mtime_ns, st.st_size)
-
-
-def find_manifest(root: str | Path) -> Path | None:
-    """The nearest ``config_digests.json`` in ``root`` or a folder above it, or None."""
-    r = Path(root).resolve()
-    for d in (r, *r.parents):
-        p = d / MANIFEST_NAME
-        if p.is_file():
-            return p
-    return None
 
 
 def read_manifest(path: Path | None) -> tuple[dict, str]:

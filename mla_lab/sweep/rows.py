@@ -25,7 +25,7 @@ from ..model.ops import ATTN_OPS
 from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
 from ..models import ModelConfig, model_config_path
-from ..paths import calibration_dir, measured_dir
+from ..paths import calibration_dir, measured_dir, read_measured_csv
 from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, parse_strategy, preset_of
 from ..provenance import provenance
 from ..workload import schedule
@@ -407,14 +407,13 @@ BETWEEN_PROCESS_STRATEGIES = ("h200", "between_process", "strategies.csv")
 def _between_process_seed_ms(path=None) -> dict:
     """``{strategy: {process: median ms}}`` of the seed attention path, ``{}`` without the file. ``path``: a path
     or a ``(gpu, folder, file)`` tuple under ``data/measured`` (default :data:`BETWEEN_PROCESS_PRESETS`)."""
-    import pandas as pd
 
     parts = path if isinstance(path, tuple) else BETWEEN_PROCESS_PRESETS
     p = path if (path is not None and not isinstance(path, tuple)) else \
         measured_dir(parts[0]).joinpath(*parts[1:])
     if not p.is_file():
         return {}
-    d = pd.read_csv(p)
+    d = read_measured_csv(p)  # whole or refused in one line (issue 32: a cut file moved the figure silently)
     d = d[d["shape"] == "seed"]
     med = d.groupby(["strategy", "process"])["ms"].median()
     return {s: dict(g.droplevel(0).items()) for s, g in med.groupby(level=0)}
