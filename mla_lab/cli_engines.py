@@ -31,6 +31,10 @@ def cmd_engines(args) -> int:
 
     if args.check_wheel or args.download:
         return _check_wheels(args)
+    for flag, on in (("--write", args.write), ("--overwrite", args.overwrite)):
+        if on:
+            raise DoorError(f"{flag} writes the wheel check's report; allowed: with --check-wheel PATH.whl or "
+                            "--download ENGINE==VERSION")
     rows = engine_table()
     for r in rows:
         p = engine_preset(r["preset"])
@@ -57,6 +61,11 @@ def _check_wheels(args) -> int:
     from .engines.wheel_check import check_wheel, download_wheel, format_report, write_report
     from .paths import data_dir
 
+    wd = Path(args.wheel_dir)
+    if args.download and any(q.exists() and not q.is_dir() for q in (wd, *wd.parents)):
+        raise DoorError(f"--wheel-dir={args.wheel_dir!r} is a file or under one; allowed: a folder for the wheels")
+    if args.overwrite and not args.write:
+        raise DoorError("--overwrite replaces the report --write writes; allowed: --write --overwrite")
     wheels = list(args.check_wheel or [])
     for spec in args.download or []:
         eng, _, ver = spec.partition("==")

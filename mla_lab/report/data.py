@@ -66,6 +66,9 @@ def _header(p: Path) -> list[str]:
 #: Integer columns of a measured sweep row, and the column holding a JSON list of per-step ms.
 _INT_COLUMNS = ("tp", "max_num_batched_tokens", "prompt_len")
 _JSON_LIST_COLUMN = "attn_path_ms_steps"
+#: Number columns of a measured sweep row (empty allowed; anything else is named with its file and row).
+_FLOAT_COLUMNS = ("ttft_ms", "ttft_ms_max", "concat_ms", "pad_ms", "pad_copy_ms", "kernel_ms", "out_slice_ms",
+                  "chunk_out_ms", "ttft_ms_ci_lo", "ttft_ms_ci_hi", "attn_path_ms_step0")
 
 
 def _check_sweep_csv(p: Path) -> None:
@@ -83,7 +86,8 @@ def _check_sweep_csv(p: Path) -> None:
         with open(p, newline="", encoding="utf-8") as f:
             reader = csv.reader(f, strict=True)
             head = next(reader)
-            where = {c: head.index(c) for c in (*_INT_COLUMNS, _JSON_LIST_COLUMN, "source") if c in head}
+            where = {c: head.index(c) for c in (*_INT_COLUMNS, *_FLOAT_COLUMNS, _JSON_LIST_COLUMN, "source")
+                     if c in head}
             for n, row in enumerate(reader, start=2):
                 if len(row) != len(head):
                     raise ValueError(f"{p}: row {n} has {len(row)} fields, the header {len(head)} (a truncated or "
@@ -93,6 +97,13 @@ def _check_sweep_csv(p: Path) -> None:
                 for c in _INT_COLUMNS:
                     if not row[where[c]].strip().lstrip("-").replace(".0", "", 1).isdigit():
                         raise ValueError(f"{p}: row {n}: {c}={row[where[c]]!r} is not an integer; {fix}")
+                for c in (c for c in _FLOAT_COLUMNS if c in where):
+                    v = row[where[c]].strip()
+                    if v:
+                        try:
+                            float(v)
+                        except ValueError:
+                            raise ValueError(f"{p}: row {n}: {c}={v[:40]!r} is not a number; {fix}") from None
                 cell = row[where[_JSON_LIST_COLUMN]].strip() if _JSON_LIST_COLUMN in where else ""
                 if cell:
                     try:

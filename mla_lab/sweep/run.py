@@ -176,11 +176,12 @@ def data_file_lock(out: str | Path, token: str | None = None):
     handed = os.environ.get(LOCK_ENV, "")
     if handed and handed.rsplit("|", 1)[0] == str(lp):
         try:
-            if lp.read_text().split()[-1:] == [handed.rsplit("|", 1)[1]]:
-                yield lp
-                return
+            mine = lp.read_text().split()[-1:] == [handed.rsplit("|", 1)[1]]
         except OSError:
-            pass
+            mine = False  # only reading the lock file may fail here: an error of the work below is not caught
+        if mine:
+            yield lp
+            return
     lp.parent.mkdir(parents=True, exist_ok=True)
     while True:
         f = open(lp, "a+")  # noqa: SIM115 - closed below, after the unlink
@@ -347,6 +348,9 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
     try:
         with os.fdopen(fd, "w", newline="") as f:
             df.to_csv(f, index=False)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600: the data file gets the mode any other file would
         os.replace(tmp, out)
     except BaseException:
         if os.path.exists(tmp):
