@@ -19,7 +19,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..paths import REPO_ROOT
-from ..placement import PR_TRADE_BY_ENGINE
+from ..placement import PR_TRADE_BY_ENGINE, SEED_COMPARISONS
 from ..serving import PR_BENCH, serve_benchmark
 from .engine_kernels import decode_table, gather_share, kernel_ms
 from .seed_answer import pr_trade_by_engine, seed_answer
@@ -33,12 +33,15 @@ BLIND_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12_score.json"
 #: today's pair (the per-call pad, the PR's workspace as a shared view) and vLLM 0.33.0's default, FLASHMLA forced
 _WAS, _TODAY, _FA3 = PR_TRADE_BY_ENGINE
 TODAY = (_TODAY[2], _TODAY[1], _FA3[1])
+#: the dense MHA route for short prompts as the lab prices it (advise's ``sglang-dense`` row)
+DENSE = next(s for _, s, _ in SEED_COMPARISONS if "dense" in s)
 
 
 @lru_cache(maxsize=1)
 def answer_figures() -> dict:
     """Every figure the block states (plain data; tests compare the block with these)."""
     seed = {(r["model"], r["strategy"], r["against"]): r for r in seed_answer(("glm-5", "glm-5.2"))}
+    dense = {m: seed[(m, DENSE, _WAS[1])]["modelled_pct"] for m in ("glm-5", "glm-5.2")}
     was = seed[("glm-5.2", _WAS[1], _WAS[2])]
     was5 = seed[("glm-5", _WAS[1], _WAS[2])]
     trade = {(r["model"], r["engine"]): r for r in pr_trade_by_engine(("glm-5.2",))}
@@ -66,7 +69,8 @@ def answer_figures() -> dict:
         "gather_share": gather_share("seed", 8)["of_flashmla_pad64"],
         "decode_b1_flashmla": d1[1]["flashmla_pad64"], "decode_b1_fa3": d1[1]["fa3_split"],
         "decode_b256_ratio": d1[256]["flashmla_pad64"] / d1[256]["fa3_split"],
-        "blind": blind, "kv_tokens_lost_glm5": lost,
+        "blind": blind, "kv_tokens_lost_glm5": lost, "dense_glm52_pct": dense["glm-5.2"],
+        "dense_glm5_pct": dense["glm-5"],
     }
 
 
@@ -99,12 +103,12 @@ def answer_markdown() -> str:
         f"{pct(f['was_glm52_pct'])} (GLM-5: {pct(f['was_glm5_pct'])}) for {f['extra_mib']:+.0f} MiB of persistent "
         "workspace per rank; with the attention path measured on one H200 (5 fresh processes, rest modelled) "
         f"{pct(f['was_measured_pct'])} [{f['was_measured_lo']:+.1f}, {f['was_measured_hi']:+.1f}]. The PR reported "
-        "-9.5 % TTFT and +6 % throughput; nothing the lab prices reaches that.",
+        "-9.5 % TTFT and +6 % throughput; nothing the lab prices for the PR's change reaches that.",
         "",
         "**What it buys in today's engines** (code reading of the release wheels; modelled). vLLM 0.33.0 sends "
         "prompts of <= 2048 tokens to dense MHA, so on the PR's benchmark the padded kernel runs only for decode "
         "rows, and only when FLASHMLA_SPARSE is forced: the PR's workspace then changes mean TTFT by "
-        f"{pct(f['today_ttft_pct'])} and TPOT by {pct(f['today_tpot_pct'])}. vLLM's default there, FA3 sparse on the "
+        f"{pct(f['today_ttft_pct'])} and TPOT (time per output token) by {pct(f['today_tpot_pct'])}. vLLM's default there, FA3 sparse on the "
         f"real heads, pads nowhere: TPOT {pct(f['fa3_tpot_pct'])}, throughput {pct(f['fa3_tput_pct'])} against the "
         "forced FlashMLA path. SGLang 0.5.23's default runs these prompts through the padded `flashmla_sparse` "
         "inside its prefill CUDA graphs (`mla-lab engines`).",
@@ -127,12 +131,15 @@ def answer_markdown() -> str:
         "difference is larger than these kernels and the lab's model say: PR #46189's runs show FA3 sparse cutting "
         "TPOT by a fifth to two fifths at concurrency 1-8 (above).",
         "",
-        "**What to do.** On vLLM 0.33.0 keep the default backend (FA3 sparse): no padded workspace, no copy. If "
-        f"FLASHMLA_SPARSE must be forced, the pre-padded workspace costs {f['extra_mib']:.0f} MiB per rank at "
-        f"max_num_batched_tokens 16384 ({f['kv_tokens_lost_glm5']:,.0f} KV tokens at GLM-5 TP8) for no modelled TTFT gain "
-        "below 2049-token "
-        "prompts; `mla-lab advise --memory-budget-mib N` ranks the strategies that fit a budget, and says which "
-        "deployments it tips out of fitting.",
+        "**What to do.** For prompts of <= 2048 tokens the route matters more than the padding: dense MHA (all "
+        "keys, heads up-projected; exact up to top-k) is modelled at "
+        f"{pct(f['dense_glm52_pct'])} TTFT against the PR's path (GLM-5: {pct(f['dense_glm5_pct'])}); vLLM "
+        "0.33.0 takes it by default, SGLang 0.5.23 only with its prefill CUDA graphs off (`mla-lab advise` lists it "
+        "as `sglang-dense`). For longer prompts keep vLLM 0.33.0's default backend, FA3 sparse: no padded "
+        "workspace, no copy. If FLASHMLA_SPARSE must be forced, the pre-padded workspace costs "
+        f"{f['extra_mib']:.0f} MiB per rank at max_num_batched_tokens 16384 ({f['kv_tokens_lost_glm5']:,.0f} KV "
+        "tokens at GLM-5 TP8); `mla-lab advise --memory-budget-mib N` ranks the strategies that fit a budget and "
+        "says which deployments it tips out of fitting.",
     ]
     return "\n".join(lines)
 
