@@ -4,4 +4,4 @@
 # published beside the rows it shows, then checked in the browser).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-.venv/bin/mla-lab report --measured h200
+.venv/bin/mla-lab report --measured h200 --overwrite  # reports/h200/ is committed: replaced only with --overwrite
