@@ -163,6 +163,17 @@ saved["noise_pr53878"] = publish_cached(lambda: plot_noise(noise_dist), "noise_p
 display(Markdown("\n".join(f"- {line}" for line in noise_sentences(noise_dist))))
 
 # %% [markdown]
+# ### Validated on real runs: the PR's main run, the blind set, real repeats
+# The lab's prediction of the PR's own run, scored; the missing time decomposed; four public runs predicted before
+# they were read (`data/validation/blind_2026-12.json`, committed first); real repeats beside the noise model above
+# (`mla_lab.validation`; also in docs/serving.md).
+
+# %%
+from mla_lab.validation.tables import validation_markdown  # noqa: E402
+
+display(Markdown(validation_markdown()))
+
+# %% [markdown]
 # ### Validation of the TTFT model (measured on an H200)
 # The TTFT model (`mla_lab.model`) prices every op of a decoder layer on one rank; its
 # efficiencies were fitted on an H200 (`data/calibration/h200_ops.csv`). Predicted vs measured per op and per layer;
