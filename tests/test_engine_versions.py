@@ -191,3 +191,11 @@ def test_explorer_shows_todays_engine_versions_and_padding():
     assert by["vllm@0.33.0"]["prefill_route"] == "mha-dense" and by["vllm@0.33.0-flashmla"]["padding"] == 64
     html = summary_html(r)
     assert "Engine versions today" in html and "vllm@0.33.0" in html and "sglang@0.5.23" in html
+
+
+@pytest.mark.slow  # five engine versions x four concurrencies of the serving simulation (~20 s)
+def test_docs_tpot_per_engine_version_is_current():
+    from mla_lab.report.engine_serving import BEGIN, DOCS, END, table_markdown
+
+    text = DOCS.read_text()
+    assert text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip() == table_markdown().strip()

@@ -1,0 +1,69 @@
+"""TPOT per engine version at concurrency 1, 8, 64 and 256 (issue 29): the serving simulation with each engine
+version's route rule and decode kernel (FlashMLA padded or FA3 sparse, priced by their parallelism), GLM-5 TP8 on an
+H200, bf16 KV, fp8 weights with expert parallelism, 1024 in / 128 out, 2 x concurrency prompts at rate inf.
+Modelled (its FA3 decode validated against vLLM PR #46189's runs: priced 40-50 % too slow at concurrency 1,
+docs/serving.md). ``python -m mla_lab.report.engine_serving --update-docs`` writes the table into docs/engines.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..paths import REPO_ROOT
+from ..placement import engine_strategies
+from ..serving import BenchConfig, serve_benchmark
+
+__all__ = ["tpot_by_engine", "table_markdown", "CONCURRENCIES", "ENGINES"]
+
+CONCURRENCIES = (1, 8, 64, 256)
+ENGINES = ("vllm@pr53878-before", "vllm@pr53878", "vllm@0.33.0-flashmla", "vllm@0.33.0", "sglang@0.5.23")
+BEGIN = "<!-- engine-tpot:begin (python -m mla_lab.report.engine_serving --update-docs) -->"
+END = "<!-- engine-tpot:end -->"
+DOCS = REPO_ROOT / "docs" / "engines.md"
+
+
+def tpot_by_engine(model: str = "glm-5", concurrencies=CONCURRENCIES) -> dict:
+    """``{engine: {concurrency: mean TPOT ms}}`` (deterministic runs)."""
+    strat = {e: engine_strategies(e)[0] for e in ENGINES}
+    out = {e: {} for e in ENGINES}
+    for c in concurrencies:
+        bench = BenchConfig(num_prompts=max(4, 2 * c), random_input_len=1024, random_output_len=128, max_concurrency=c)
+        r = serve_benchmark(model, 8, "h200", list(dict.fromkeys(strat.values())), bench, 16384,
+                            baseline=strat[ENGINES[0]])
+        for e, s in strat.items():
+            out[e][c] = float(r["strategies"][s]["metrics"]["mean_tpot_ms"])
+    return out
+
+
+def table_markdown(t: dict | None = None) -> str:
+    t = t or tpot_by_engine()
+    cs = list(next(iter(t.values())))
+    lines = ["| engine version | " + " | ".join(f"conc {c}" for c in cs) + " |", "|---" * (len(cs) + 1) + "|"]
+    for e, row in t.items():
+        lines.append(f"| {e} | " + " | ".join(f"{row[c]:.1f}" for c in cs) + " |")
+    return ("Mean TPOT (ms), modelled: GLM-5 TP8, H200, bf16 KV, fp8 weights (EP), 1024 in / 128 out, 2 x concurrency "
+            "prompts (`mla_lab.report.engine_serving`).\n\n" + "\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.engine_serving")
+    ap.add_argument("--update-docs", action="store_true")
+    a = ap.parse_args(argv)
+    md = table_markdown()
+    if a.update_docs:
+        text = DOCS.read_text()
+        block = BEGIN + "\n" + md + "\n" + END
+        if BEGIN in text and END in text:
+            text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
+        else:
+            text = text.rstrip("\n") + "\n\n## TPOT per engine version (modelled)\n\n" + block + "\n"
+        DOCS.write_text(text)
+        print(f"-> {DOCS}")
+    else:
+        print(md)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
