@@ -29,7 +29,7 @@ from pathlib import Path
 
 from . import cli_doors as doors
 from . import cli_engines, cli_measure, cli_report
-from .cli_doors import CLIError, DoorError
+from .cli_doors import CLIError, DoorError, rel_path
 from .placement import SERVE_PRESETS
 
 LAB_EXTRA_HINT = "pip install -e '.[lab]' (papermill, nbconvert, matplotlib, ipykernel)"
@@ -260,12 +260,6 @@ def _failed_points(csv_path) -> tuple[int, int] | None:
     return int(by.sum()), int(len(by))
 
 
-def _rel(p: Path) -> str:
-    try:
-        return str(Path(p).relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)
-
 
 def _sweep_params(args) -> dict:
     """The sweep's parameters from -f files, -p pairs and the flags, names normalised to the sweep's; a flag and
@@ -320,8 +314,8 @@ def plan_outputs(params: dict, report_name: str, report_name_given: bool = False
         runs = [m for m in site.list_runs(report_dir) if m.get("report_name") == report_name]
         last = (runs[0].get("params") or {}) if runs else {}
         if not runs or any(last.get(k) != v for k, v in _jsonable(grid).items()):
-            notes.append(f"{_rel(latest)} is another sweep's report: kept; this run writes "
-                         f"{_rel(report_dir / named)}.html (--overwrite replaces the main one)")
+            notes.append(f"{rel_path(latest)} is another sweep's report: kept; this run writes "
+                         f"{rel_path(report_dir / named)}.html (--overwrite replaces the main one)")
     if "data_file" not in params:
         try:
             check_output_file(checked.data_file, False, checked, create=False)
@@ -366,11 +360,11 @@ def _cmd_sweep(args) -> int:
     failed = _failed_points(res.get("csv"))
     if failed is not None and failed[0] == failed[1] and failed[1] > 0:
         print(f"mla-lab: error: every point failed ({failed[1]} points; the report lists each reason: "
-              f"{_rel(res['html'])})", file=sys.stderr)
+              f"{rel_path(res['html'])})", file=sys.stderr)
         return 1
-    print(f"mla-lab: report written to {_rel(res['html'])}")
-    print(f"mla-lab: this run: {_rel(res['run_html'])} (figures as PNG + SVG in {_rel(res['figures'])}/)")
-    print(f"mla-lab: index of all published reports: {_rel(res['index'])}")
+    print(f"mla-lab: report written to {rel_path(res['html'])}")
+    print(f"mla-lab: this run: {rel_path(res['run_html'])} (figures as PNG + SVG in {rel_path(res['figures'])}/)")
+    print(f"mla-lab: index of all published reports: {rel_path(res['index'])}")
     return 0
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 __all__ = ["CLIError", "DoorError", "band_note", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
            "serve_step_bound", "check_notebook", "MAX_GRID_POINTS", "MAX_REPORT_POINTS", "MAX_TP_BARS", "MAX_NOISE_STEPS",
            "VLLM_FLAGS", "arg_type", "budget_type", "check_sweep_serving", "fraction_type", "rate_type", "merge_flags",
-           "check_sweep",
+           "check_sweep", "rel_path",
            "check_deployment", "check_serve", "check_strategies", "check_report_name", "file_in_the_way",
            "plan_without_writing", "GRID_KEYS", "serve_summary", "format_serve", "serve_noise_runs"]
 
@@ -686,3 +686,10 @@ def check_notebook(path: str) -> Path:
                         f"sweep's parameters); {allowed}")
     return p
 
+
+def rel_path(p) -> str:
+    """``p`` relative to the working folder when it lies inside it (for the one-line messages), else as given."""
+    try:
+        return str(Path(p).relative_to(Path.cwd()))
+    except ValueError:
+        return str(p)

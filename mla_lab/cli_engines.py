@@ -8,16 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .cli_doors import DoorError
+from .cli_doors import DoorError, rel_path
 
 __all__ = ["cmd_engines"]
 
-
-def _rel(p: Path) -> str:
-    try:
-        return str(Path(p).resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)
 
 
 _ENGINE_COLS = (("preset", 21), ("engine", 6), ("version", 15), ("release", 10), ("prefill route", 13),
@@ -87,7 +81,7 @@ def _check_wheels(args) -> int:
                 j, m = write_report(rep, data_dir() / "engines", overwrite=args.overwrite)
             except ValueError as e:
                 raise DoorError(str(e)) from None
-            print(f"mla-lab: wrote {_rel(j)} and {_rel(m)}")
+            print(f"mla-lab: wrote {rel_path(j)} and {rel_path(m)}")
         print(json.dumps(rep, indent=1) if args.json else format_report(rep))
     return 1 if bad else 0
 

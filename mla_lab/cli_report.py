@@ -7,16 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import cli_doors as doors
-from .cli_doors import CLIError, DoorError
+from .cli_doors import CLIError, DoorError, rel_path
 
 __all__ = ["cmd_index", "cmd_check_report"]
 
-
-def _rel(p: Path) -> str:
-    try:
-        return str(Path(p).relative_to(Path.cwd()))
-    except ValueError:
-        return str(p)
 
 
 def _check_report_dir(report_dir: str) -> Path:
@@ -55,7 +49,7 @@ def cmd_index(args) -> int:
     except (OSError, ValueError) as e:
         what = getattr(e, "strerror", None) or str(e)
         raise DoorError(f"--report-dir {args.report_dir}: {what}; give the folder the reports are in") from None
-    print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {_rel(out)}")
+    print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {rel_path(out)}")
     return 0
 
 
@@ -77,7 +71,7 @@ def cmd_check_report(args) -> int:
             raise CLIError(str(e)) from None
         inks = ", ".join(f"{100 * i['ink']:.1f}%" for i in r["images"])
         print(f"mla-lab: {h}: {'ok' if r['ok'] else 'FAILED'} ({len(r['images'])} figure(s), non-background "
-              f"pixels {inks or '-'}; screenshot {_rel(r['screenshot'])})")
+              f"pixels {inks or '-'}; screenshot {rel_path(r['screenshot'])})")
         for p in r["problems"]:
             print(f"  - {p}")
         bad += not r["ok"]

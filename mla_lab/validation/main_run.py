@@ -40,6 +40,7 @@ from ..serving import PR_BENCH, EnginePricer, SchedulerConfig, serve_benchmark
 from ..serving.noise import NoiseConfig, simulate_once
 from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
+from . import write_record
 
 __all__ = ["REAL", "PREDICTION_FILE", "OUT", "decompose", "decode_step_parts", "main"]
 
@@ -206,10 +207,7 @@ def main(argv=None) -> int:
         print(f"- {c['component']}: {lab}{share} [{c['status'][:60]}]")
     print(f"revised (in-sample): {d['revised']}")
     if a.write:
-        if OUT.exists() and not a.overwrite:
-            ap.error(f"{OUT} exists: pass --overwrite to replace it")
-        OUT.write_text(json.dumps(d, indent=1) + "\n")
-        print(f"wrote {OUT}")
+        write_record(OUT, d, a.overwrite, ap)
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
 from ..serving import BenchConfig, serve_benchmark
+from . import write_record
 from .blind import CASES, SERVE_DEFAULTS
 from .score import METRIC_CLASS, RESULTS
 
@@ -61,10 +62,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     d = posthoc()
     if a.write:
-        if OUT.exists() and not a.overwrite:
-            ap.error(f"{OUT} exists: pass --overwrite to replace it")
-        OUT.write_text(json.dumps(d, indent=1) + "\n")
-        print(f"wrote {OUT}")
+        write_record(OUT, d, a.overwrite, ap)
     return 0
 
 

@@ -16,6 +16,7 @@ import statistics
 import sys
 
 from ..paths import REPO_ROOT
+from . import write_record
 
 __all__ = ["PRED", "RESULTS", "SCORE", "score", "repeat_spreads", "main", "METRIC_CLASS", "LAB_NOISE"]
 
@@ -158,10 +159,7 @@ def main(argv=None) -> int:
         print(f"  change {c['case']} {c['workload']} {c['metric']}: predicted {c['predicted_pct']:+.1f} % "
               f"{c['band95']}, real {c['real_pct']:+.1f} %")
     if a.write:
-        if SCORE.exists() and not a.overwrite:
-            ap.error(f"{SCORE} exists: pass --overwrite to replace it")
-        SCORE.write_text(json.dumps(s, indent=1) + "\n")
-        print(f"wrote {SCORE}")
+        write_record(SCORE, s, a.overwrite, ap)
     return 0
 
 
