@@ -99,6 +99,28 @@ def _check_tp(model: ModelConfig, tp, moe_parallel: str) -> int:
     return tp
 
 
+def _check_rank_args(model, tp, arch, max_num_batched_tokens, kv_cache_dtype, weight_dtype, moe_parallel,
+                     max_num_seqs) -> tuple:
+    """The engine-side arguments of :meth:`Deployment.of` (everything but the workload), checked and normalised:
+    ``(model, arch, tp, max_num_batched_tokens, max_num_seqs, kv_cache_dtype, weight_dtype, moe_parallel)``.
+    One code path for both doors (:meth:`Deployment.of`, :meth:`Deployment.rank_of`)."""
+    model = load_model(model)
+    if not isinstance(arch, GPUArch):
+        if not isinstance(arch, str):
+            raise ValueError(f"arch={arch!r} must be a str; allowed: {arch_names()}")
+        arch = get_arch(arch)
+    weight_dtype = _choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
+    moe_parallel = _choice("moe_parallel", moe_parallel, MOE_PARALLEL)
+    tp = _check_tp(model, tp, moe_parallel)
+    mbt = check_int("max_num_batched_tokens", max_num_batched_tokens)
+    mns = check_int("max_num_seqs", max_num_seqs)
+    if mbt < mns:
+        raise ValueError(f"max_num_batched_tokens={mbt} is below max_num_seqs={mns}; allowed: >= max_num_seqs "
+                         f"({VLLM_MBT_RULE})")
+    kv = normalize_kv_cache_dtype(kv_cache_dtype)
+    return model, arch, tp, mbt, mns, kv, weight_dtype, moe_parallel
+
+
 @dataclass(frozen=True)
 class Deployment:
     """One engine deployment and its benchmark workload (fields: module docstring). Build it with :meth:`of` or
@@ -148,20 +170,8 @@ class Deployment:
         Raises:
             ValueError: one line naming the first bad argument, its value and what is allowed.
         """
-        model = load_model(model)
-        if not isinstance(arch, GPUArch):
-            if not isinstance(arch, str):
-                raise ValueError(f"arch={arch!r} must be a str; allowed: {arch_names()}")
-            arch = get_arch(arch)
-        weight_dtype = _choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
-        moe_parallel = _choice("moe_parallel", moe_parallel, MOE_PARALLEL)
-        tp = _check_tp(model, tp, moe_parallel)
-        mbt = check_int("max_num_batched_tokens", max_num_batched_tokens)
-        mns = check_int("max_num_seqs", max_num_seqs)
-        if mbt < mns:
-            raise ValueError(f"max_num_batched_tokens={mbt} is below max_num_seqs={mns}; allowed: >= max_num_seqs "
-                             f"({VLLM_MBT_RULE})")
-        kv = normalize_kv_cache_dtype(kv_cache_dtype)
+        model, arch, tp, mbt, mns, kv, weight_dtype, moe_parallel = _check_rank_args(
+            model, tp, arch, max_num_batched_tokens, kv_cache_dtype, weight_dtype, moe_parallel, max_num_seqs)
         g = gpu_memory_utilization
         if isinstance(g, bool) or not isinstance(g, numbers.Real) or not 0 < g <= 1:
             raise ValueError(f"gpu_memory_utilization={g!r} must be a number in (0, 1]")
@@ -184,6 +194,22 @@ class Deployment:
         if unknown:
             raise ValueError(f"Deployment.seed() got unknown argument(s) {unknown}; allowed: {sorted(allowed)}")
         return cls.of(**{**SEED_ARGS, **overrides})
+
+    @staticmethod
+    def rank_of(*, model: str | ModelConfig, tp: int, arch: str | GPUArch, kv_cache_dtype: str, weight_dtype: str,
+                moe_parallel: str, max_num_batched_tokens: int, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
+                engine: str | None = None) -> RankView:
+        """The door for callers with an engine but no workload (an experiment's shapes, a fit, a kernel table):
+        what one TP rank holds (:class:`~mla_lab.rank.RankView`), every argument checked as :meth:`of` checks it
+        (one code path), ``engine`` as :meth:`RankView.with_engine <mla_lab.rank.RankView.with_engine>`.
+
+        Raises:
+            ValueError: one line naming the first bad argument, its value and what is allowed.
+        """
+        model, arch, tp, mbt, mns, kv, weight_dtype, moe_parallel = _check_rank_args(
+            model, tp, arch, max_num_batched_tokens, kv_cache_dtype, weight_dtype, moe_parallel, max_num_seqs)
+        view = RankView.derive(model, arch, tp, kv, weight_dtype, moe_parallel, mbt, mns)
+        return view if engine is None else view.with_engine(engine)
 
     @classmethod
     def from_point(cls, point: dict) -> Deployment:

@@ -207,3 +207,25 @@ def test_vllms_token_budget_rule_is_checked_at_the_door():
     assert "max_num_seqs" not in d.to_point()  # sweep points (and their stored keys) are unchanged
     with pytest.raises(ValueError, match=r"^max_num_seqs=0 must be a positive int"):
         Deployment.seed(max_num_seqs=0)
+
+
+RANK_KEYS = ("model", "tp", "arch", "kv_cache_dtype", "weight_dtype", "moe_parallel", "max_num_batched_tokens",
+             "max_num_seqs")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"tp": 4, "kv_cache_dtype": "fp8"}, {"model": "deepseek-v3.2",
+                                                                                "moe_parallel": "tp"}])
+def test_rank_of_is_the_deployments_rank(overrides):
+    """Deployment.rank_of (the door without a workload) gives the view Deployment.of(...).rank gives."""
+    d = Deployment.seed(**overrides)
+    assert Deployment.rank_of(**{k: v for k, v in d.args().items() if k in RANK_KEYS}) == d.rank
+
+
+@pytest.mark.parametrize("bad, name", [({"tp": 3}, "tp=3"), ({"weight_dtype": "int4"}, "weight_dtype='int4'"),
+                                       ({"max_num_batched_tokens": 8, "max_num_seqs": 16}, "max_num_batched_tokens=8"),
+                                       ({"engine": "vllm@9.9"}, "vllm@9.9")])
+def test_rank_of_refuses_in_one_line(bad, name):
+    args = {k: v for k, v in Deployment.seed().args().items() if k in RANK_KEYS}
+    with pytest.raises(ValueError) as e:
+        Deployment.rank_of(**{**args, **bad})
+    assert name in str(e.value) and "\n" not in str(e.value)
