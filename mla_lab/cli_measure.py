@@ -1,13 +1,16 @@
 """``mla-lab measure`` and ``mla-lab report --measured <gpu>``: the measurement suite on the GPU that is there, and
 the report rendered from what it wrote (the command line; the work is :mod:`mla_lab.measure.experiments`).
 
-- ``mla-lab measure [--experiments a,b] [--processes N] [--out DIR] [--overwrite] [--engine-root DIR] [--dry-run]``:
+- ``mla-lab measure [--experiments a,b] [--processes N] [--out DIR] [--overwrite] [--engine-root DIR] [--dry-run]
+  [--budget-s S] [--resume RUN_DIR]``:
   the chosen experiments (default: the between-process set) in N fresh processes each (default 5) into
   ``data/measured/<gpu>/`` (``<gpu>`` from ``torch.cuda.get_device_name``: "NVIDIA H200" -> ``h200``); a file that
   exists there is never replaced without ``--overwrite`` (the run goes to ``<out>/runs/<timestamp>/``). A run that
   wrote ``padding_sweep.csv`` under the measured root is stamped (:mod:`mla_lab.report.stamp_measured`).
   ``--dry-run`` lists every chosen experiment, its shapes count and its output files, and runs nothing (CPU is
-  enough). Without CUDA a real run is refused with one line (exit 2).
+  enough). Without CUDA a real run is refused with one line (exit 2). ``--budget-s S`` starts no process after S
+  seconds (exit 3, the run folder resumable); ``--resume RUN_DIR`` finishes it (processes that exited 0 keep their
+  rows; the run's own experiments unless ``--experiments``).
 - ``mla-lab report --measured GPU [--report-dir DIR]``: the report for that GPU (``reports/<gpu>/``) from
   ``data/measured/<gpu>/``: the sweep notebook over the measured sweep's grid (the GPU's measured rows, plus the
   B200 as modelled rows), published beside the rows it shows, then checked in the browser (``check-report``).
@@ -50,6 +53,11 @@ def add_parsers(sub) -> None:
     ms.add_argument("--engine-root", default=".engine",
                     help="the packed engine kernels for engine_kernels (python -m mla_lab.measure.engine_libs pack)")
     ms.add_argument("--dry-run", action="store_true", help="list the experiments, shapes and files; run nothing")
+    ms.add_argument("--resume", default=None, metavar="RUN_DIR",
+                    help="finish a run a budget or a kill cut: its processes that exited 0 keep their rows")
+    ms.add_argument("--budget-s", type=float, default=None, metavar="S",
+                    help="start no new process after S seconds (a lent machine's per-call limit); exit 3 and "
+                         "--resume when processes are left")
     rp = sub.add_parser("report", help="render the report for one GPU from data/measured/<gpu>/")
     rp.add_argument("--measured", required=True, help="a GPU folder under data/measured, e.g. h200")
     rp.add_argument("--report-dir", default=None, help="where the report goes (default reports/<gpu>)")
@@ -65,6 +73,18 @@ def cmd_measure(args, stamp) -> int:
     if args.experiments is not None and not args.experiments.strip(" ,"):
         raise ValueError(f"--experiments={args.experiments!r} names no experiment; allowed: comma-separated names "
                          "(mla-lab measure --dry-run lists them), or leave it out for the default set")
+    resume = None
+    if args.resume is not None:
+        resume = Path(args.resume)
+        if not (resume / "provenance.json").is_file():
+            raise ValueError(f"--resume={args.resume!r} holds no provenance.json; allowed: a run folder mla-lab "
+                             "measure wrote")
+        if args.experiments is None:  # the run's own experiments
+            import json
+
+            args.experiments = ",".join(json.loads((resume / "provenance.json").read_text())["experiments"])
+    if args.budget_s is not None and not args.budget_s > 0:
+        raise ValueError(f"--budget-s={args.budget_s!r}: a number of seconds > 0 is allowed")
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
     if args.out:
         _check_out_folder("--out", args.out, Path(args.out))
@@ -83,7 +103,8 @@ def cmd_measure(args, stamp) -> int:
                         "what it would run")
     gpu = runner.gpu_slug(torch.cuda.get_device_name(0))
     out = Path(args.out) if args.out else runner.default_out(gpu)
-    rc = runner.run(experiments, args.processes, out, overwrite=args.overwrite, engine_root=args.engine_root)
+    rc = runner.run(experiments, args.processes, out, overwrite=args.overwrite, engine_root=args.engine_root,
+                    resume=resume, budget_s=args.budget_s)
     if any(e.name == "padding_sweep" for e in experiments):
         from mla_lab.paths import measured_dir
 

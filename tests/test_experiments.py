@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -188,3 +189,65 @@ def test_gpu_tests_collect_on_a_bare_gpu_image(tmp_path):
     assert "error" not in r.stdout.lower()
     collected = [ln for ln in r.stdout.splitlines() if "::" in ln]
     assert len(collected) >= 50 and any(ln.startswith("tests/test_gpu_kernels.py::") for ln in collected)
+
+
+class _FakeExperiment:
+    """A between-process experiment without a GPU: each process writes one row (its number) after ``sleep`` s;
+    processes listed in ``fail`` exit 1 before writing (the registry's interface, duck-typed)."""
+
+    name, module, folder, between_process, timeout_s = "fake", "fake_module", "between_process", True, 30
+
+    def __init__(self, sleep: float = 0.0, fail: tuple[int, ...] = ()):
+        self.sleep, self.fail = sleep, fail
+
+    def outputs(self):
+        return {"fake.csv": ["value"]}
+
+    def command(self, out, process, engine_root=".engine"):
+        code = (f"import sys, time, pathlib; time.sleep({self.sleep}); k = {process}\n"
+                f"if k in {tuple(self.fail)!r}: sys.exit(1)\n"
+                f"pathlib.Path({str(out)!r}, 'fake.csv').write_text('value\\n' + str(10 * k) + '\\n')")
+        return ["-c", code]
+
+
+def _rows(path):
+    return [(int(r["process"]), int(r["value"])) for r in csv.DictReader(open(path))]
+
+
+def test_a_budgeted_run_stops_starting_processes_and_resume_finishes_it(tmp_path):
+    """--budget-s: no process starts once the budget is spent (exit 3, nothing merged); --resume runs only the
+    processes left and merges all of them, process 1's rows kept from the first call."""
+    from mla_lab.measure.experiments.runner import run
+
+    log = []
+    rc = run([_FakeExperiment(sleep=0.3)], 3, tmp_path / "out", budget_s=0.1, log=log.append)
+    dest = tmp_path / "out"
+    rec = json.loads((dest / "provenance.json").read_text())
+    assert rc == 3 and rec["experiments"]["fake"]["exit"] == [0] and not (dest / "between_process/fake.csv").exists()
+    assert any("--resume" in line for line in log)
+    first = (dest / ".processes/fake/p1/fake.csv").stat().st_mtime_ns
+    rc = run([_FakeExperiment()], 3, tmp_path / "ignored", resume=dest, log=log.append)
+    rec = json.loads((dest / "provenance.json").read_text())
+    assert rc == 0 and rec["experiments"]["fake"]["exit"] == [0, 0, 0] and rec["experiments"]["fake"]["merged"]
+    assert _rows(dest / "between_process/fake.csv") == [(1, 10), (2, 20), (3, 30)]
+    assert (dest / ".processes/fake/p1/fake.csv").stat().st_mtime_ns == first  # not run again
+    assert not (tmp_path / "ignored").exists() and len(rec["resumed_utc"]) == 1
+
+
+def test_resume_retries_a_failed_process_and_refuses_another_process_count(tmp_path):
+    from mla_lab.measure.experiments.runner import run
+
+    rc = run([_FakeExperiment(fail=(2,))], 3, tmp_path, log=lambda s: None)
+    assert rc == 1 and _rows(tmp_path / "between_process/fake.csv") == [(1, 10), (3, 30)]  # the others' rows kept
+    assert not json.loads((tmp_path / "provenance.json").read_text())["experiments"]["fake"]["merged"]
+    assert run([_FakeExperiment()], 3, tmp_path, resume=tmp_path, log=lambda s: None) == 0
+    assert _rows(tmp_path / "between_process/fake.csv") == [(1, 10), (2, 20), (3, 30)]
+    with pytest.raises(ValueError, match="--processes=5"):
+        run([_FakeExperiment()], 5, tmp_path, resume=tmp_path, log=lambda s: None)
+
+
+def test_measure_resume_and_budget_refusals_are_one_line(tmp_path):
+    for args, name in ((["--resume", str(tmp_path)], "--resume="), (["--budget-s", "0"], "--budget-s=0")):
+        r = subprocess.run([sys.executable, "-m", "mla_lab.cli", "measure", *args, "--dry-run"],
+                           capture_output=True, text=True, cwd=REPO)
+        assert r.returncode == 2 and name in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

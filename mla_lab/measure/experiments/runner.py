@@ -96,49 +96,97 @@ def run_dir(out: Path, experiments: list[Experiment], overwrite: bool) -> tuple[
     return out, []
 
 
+def _done(entry: dict, k: int) -> bool:
+    """Process ``k`` of an experiment's record exited 0 (a resumed run keeps its rows)."""
+    ex = entry.get("exit", [])
+    return len(ex) >= k and ex[k - 1] == 0
+
+
 def run(experiments: list[Experiment], processes: int, out: Path, overwrite: bool = False,
-        engine_root: str = ".engine", python: str = sys.executable, log=print) -> int:
-    """Run ``experiments`` (see the module docstring); returns 0 when every process exited 0, else 1 (the rows
-    of the others are kept). Needs CUDA (the caller checks)."""
-    dest, clash = run_dir(out, experiments, overwrite)
-    if clash:
-        log(f"{len(clash)} files exist under {out} (e.g. {clash[0]}); not overwriting them (--overwrite): "
-            f"this run goes to {dest}")
-    dest.mkdir(parents=True, exist_ok=True)
-    prov = provenance("measured")
-    record = {"provenance": prov, "processes": processes, "started_utc": prov.get("timestamp"), "experiments": {}}
-    failed = 0
+        engine_root: str = ".engine", python: str = sys.executable, log=print, resume: Path | None = None,
+        budget_s: float | None = None) -> int:
+    """Run ``experiments`` (see the module docstring); returns 0 when every process exited 0, 3 when ``budget_s``
+    ran out before every process had run (the run folder is left resumable), else 1 (the rows of the others are
+    kept). Needs CUDA (the caller checks).
+
+    ``resume``: a run folder a cut or budgeted run left (its ``provenance.json`` is rewritten after every process):
+    processes that exited 0 there keep their rows and are not run again; the rest run, then the merge. ``budget_s``:
+    no new process starts once this many seconds have passed (a lent machine's per-call limit); the record says
+    which are left, and ``--resume`` finishes them.
+    """
+    t_start = time.time()
+    if resume is not None:
+        dest = Path(resume)
+        record = json.loads((dest / "provenance.json").read_text())
+        if record.get("processes") != processes:
+            raise ValueError(f"--processes={processes}: the run in {dest} was started with "
+                             f"{record.get('processes')}; allowed: the same count to resume it")
+        record.setdefault("resumed_utc", []).append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        record.setdefault("resumed_provenance", []).append(provenance("measured"))
+    else:
+        dest, clash = run_dir(out, experiments, overwrite)
+        if clash:
+            log(f"{len(clash)} files exist under {out} (e.g. {clash[0]}); not overwriting them (--overwrite): "
+                f"this run goes to {dest}")
+        dest.mkdir(parents=True, exist_ok=True)
+        prov = provenance("measured")
+        record = {"provenance": prov, "processes": processes, "started_utc": prov.get("timestamp"),
+                  "experiments": {}}
+
+    def save() -> None:
+        (dest / "provenance.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+
+    failed = left = 0
     for e in experiments:
         folder = dest / e.folder if e.folder else dest
         n = processes if e.between_process else 1
-        record["experiments"][e.name] = {"module": e.module, "processes": n, "commands": [], "exit": []}
+        entry = record["experiments"].setdefault(e.name, {"module": e.module, "processes": n, "commands": [],
+                                                          "exit": []})
+        if entry.get("merged"):
+            log(f"[measure] {e.name}: merged in the run being resumed; kept")
+            continue
         parts: dict[str, list[tuple[int, Path]]] = {}
         for k in range(1, n + 1):
             pdir = dest / ".processes" / e.name / f"p{k}" if e.between_process else folder
-            pdir.mkdir(parents=True, exist_ok=True)
-            cmd = [python, *e.command(str(pdir), k, engine_root)]
-            log(f"[measure] {e.name} process {k}/{n}: {' '.join(cmd[1:])}")
-            t0 = time.time()
-            try:
-                rc = subprocess.run(cmd, timeout=e.timeout_s).returncode
-            except subprocess.TimeoutExpired:
-                rc = 124
-            log(f"[measure] {e.name} process {k}: exit {rc} in {time.time() - t0:.0f} s")
-            record["experiments"][e.name]["commands"].append(" ".join(cmd[1:]))
-            record["experiments"][e.name]["exit"].append(rc)
-            failed += rc != 0
-            if e.between_process:
+            if not _done(entry, k):
+                if budget_s is not None and time.time() - t_start > budget_s:
+                    left += 1
+                    continue
+                pdir.mkdir(parents=True, exist_ok=True)
+                cmd = [python, *e.command(str(pdir), k, engine_root)]
+                log(f"[measure] {e.name} process {k}/{n}: {' '.join(cmd[1:])}")
+                t0 = time.time()
+                try:
+                    rc = subprocess.run(cmd, timeout=e.timeout_s).returncode
+                except subprocess.TimeoutExpired:
+                    rc = 124
+                log(f"[measure] {e.name} process {k}: exit {rc} in {time.time() - t0:.0f} s")
+                cmds, exits = entry["commands"], entry["exit"]
+                while len(exits) < k:  # a resumed entry keeps one slot per process
+                    cmds.append("")
+                    exits.append(None)
+                cmds[k - 1], exits[k - 1] = " ".join(cmd[1:]), rc
+                failed += rc != 0
+                save()
+            if e.between_process and _done(entry, k):
                 for f in e.outputs():
                     if (pdir / f).is_file():
                         parts.setdefault(f, []).append((k, pdir / f))
+        exits = entry["exit"]
+        if len(exits) < n or any(x is None for x in exits[:n]):
+            continue  # not merged: a process the budget left is for --resume
         for f, ps in parts.items():
             target = folder / f
-            if target.exists() and overwrite:
+            if target.exists() and (overwrite or resume is not None):
                 target.unlink()
             log(f"[measure] {e.name}: {merge_processes(ps, target)} rows from {len(ps)} processes -> {target}")
-    (dest / "provenance.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+        entry["merged"] = all(_done(entry, k) for k in range(1, n + 1))  # a failed one: --resume retries it
+        save()
+    save()
+    if left:
+        log(f"[measure] budget {budget_s:.0f} s spent: {left} processes left; finish with --resume {dest}")
     log(f"[measure] provenance -> {dest / 'provenance.json'}")
-    return 1 if failed else 0
+    return 3 if left else 1 if failed else 0
 
 
 def default_out(gpu: str) -> Path:
