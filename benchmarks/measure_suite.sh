@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole between-process suite through `mla-lab measure` on a lent GPU, in calls cut by a per-call limit:
 #   first call:  BUDGET=480 bash benchmarks/measure_suite.sh            (a new run folder under $OUT/m)
-#   next calls:  RESUME=<run folder carried back> bash benchmarks/measure_suite.sh
+#   next calls:  RESUME=<run folder carried back (unpack run.tar.gz into an ignored folder, carry it)> bash ...
+# (the run comes back as one run.tar.gz: a lent machine returns a limited number of files, no deep folders)
 # then GPU_TESTS=1 adds the README's GPU test command (MLA_LAB_REQUIRE_GPU=1). Expects .whl/ (tokenspeed-flashmla)
 # and .engine/ (python -m mla_lab.measure.engine_libs pack ...) carried; MLA_LAB_COMMIT set to the tree's commit.
 set -uo pipefail
@@ -13,11 +14,11 @@ EXPERIMENTS="${EXPERIMENTS:-cold_start,presets,subgraph,routes,moe_decode,conten
 if [ -n "${RESUME:-}" ]; then
   python3 -m mla_lab.cli measure --resume "$RESUME" --processes 5 --engine-root .engine --budget-s "${BUDGET:-480}" \
     > "$OUT/measure.log" 2>&1
-  echo "measure rc=$?" | tee -a "$OUT/measure.log"; mkdir -p "$OUT/m" && cp -r "$RESUME"/. "$OUT/m/"
+  echo "measure rc=$?" | tee -a "$OUT/measure.log"; tar -czf "$OUT/run.tar.gz" -C "$(dirname "$RESUME")" "$(basename "$RESUME")"
 else
   python3 -m mla_lab.cli measure --experiments "$EXPERIMENTS" --processes 5 --engine-root .engine --out "$OUT/m" \
     --budget-s "${BUDGET:-480}" > "$OUT/measure.log" 2>&1
-  echo "measure rc=$?" | tee -a "$OUT/measure.log"
+  echo "measure rc=$?" | tee -a "$OUT/measure.log"; tar -czf "$OUT/run.tar.gz" -C "$OUT" m && rm -rf "$OUT/m"
 fi
 grep "exit\|rows from\|budget" "$OUT/measure.log" | tail -30
 if [ -n "${GPU_TESTS:-}" ]; then
