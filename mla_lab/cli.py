@@ -421,19 +421,16 @@ def _cmd_serve(args) -> int:
     strategies = doors.check_strategies(args.strategies)
     if args.num_runs is None:  # a finite rate: one run's change is noise-sized, so the band is the default
         args.num_runs = 1 if math.isinf(args.request_rate) else doors.MIN_NOISE_RUNS
-    doors.check_serve(args, strategies)
+    dep = doors.check_serve(args, strategies)  # the Deployment, checked once
     from .serving import BenchConfig, serve_benchmark
 
     bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.random_input_len,
                         random_output_len=args.random_output_len, request_rate=args.request_rate,
                         max_concurrency=args.max_concurrency, seed=args.seed)
-    kw = dict(max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-              gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_dtype=args.kv_cache_dtype,
-              weight_dtype=args.weight_dtype, moe_parallel=args.moe_parallel)
-    res = serve_benchmark(args.model, args.tensor_parallel_size, args.arch, strategies, bench, **kw)
+    res = serve_benchmark(dep, strategies, bench)
     runs = None
     if args.num_runs > 1:
-        runs = doors.serve_noise_runs(args, strategies, bench, kw)
+        runs = doors.serve_noise_runs(args, dep, strategies, bench)
     out = doors.serve_summary(res, runs, num_runs=args.num_runs)
     print(json.dumps(out, indent=1, default=str) if args.json else doors.format_serve(out))
     return 0

@@ -488,10 +488,11 @@ def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num
     return min(serial, waves), f"{lanes} request(s) at a time"
 
 
-def check_serve(args, strategies=None) -> None:
+def check_serve(args, strategies=None):
     """:func:`check_deployment` for ``mla-lab serve`` plus its step bounds: :func:`serve_step_bound` per strategy
     (:data:`MAX_SERVE_STEPS`), over all strategies (:data:`MAX_SERVE_TOTAL_STEPS`) and over the noise runs
-    (:data:`MAX_NOISE_STEPS`); ``--num-runs`` 1 or at least :data:`MIN_NOISE_RUNS`.
+    (:data:`MAX_NOISE_STEPS`); ``--num-runs`` 1 or at least :data:`MIN_NOISE_RUNS`. Returns the checked
+    :class:`~mla_lab.deployment.Deployment` (built once, here; the serving simulation takes it).
 
     ``strategies``: the canonical strategies (:func:`check_strategies`), the baseline not included; default
     ``args.strategies``.
@@ -504,7 +505,7 @@ def check_serve(args, strategies=None) -> None:
                         f"2.5th and 97.5th percentiles need at least {MIN_NOISE_RUNS} runs); allowed: 1 (one "
                         f"deterministic simulation) or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,}")
     conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
-    _, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
+    dep, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
                            args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
                            args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
                            max_num_seqs=args.max_num_seqs, workload_in_flight=False)
@@ -537,6 +538,7 @@ def check_serve(args, strategies=None) -> None:
         raise DoorError(f"--num-runs={args.num_runs} x {n_strat} strategies x {work:,} request-steps is {total:,} "
                         f"simulated request-steps; allowed: at most {MAX_NOISE_STEPS:,} (~13 s; fewer runs, "
                         "strategies, prompts or output tokens)")
+    return dep
 
 
 def _noise_module():
@@ -549,12 +551,12 @@ def _noise_module():
     return noise
 
 
-def serve_noise_runs(args, strategies, bench, kw):
-    """``--num-runs N``: :func:`mla_lab.serving.noise.serve_benchmark_noise` (N single runs per strategy of the
-    noise model, seeded by ``--seed``): each metric's median and 95 % band, and each change's."""
+def serve_noise_runs(args, deployment, strategies, bench):
+    """``--num-runs N``: :func:`mla_lab.serving.noise.serve_benchmark_noise` of ``deployment`` (the one
+    :func:`check_serve` built; N single runs per strategy of the noise model, seeded by ``--seed``): each metric's
+    median and 95 % band, and each change's."""
     noise = _noise_module()
-    return noise.serve_benchmark_noise(args.model, args.tensor_parallel_size, args.arch, strategies, bench,
-                                       num_runs=args.num_runs, seed=args.seed, **kw)
+    return noise.serve_benchmark_noise(deployment, strategies, bench, num_runs=args.num_runs, seed=args.seed)
 
 
 #: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.

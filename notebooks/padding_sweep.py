@@ -98,6 +98,7 @@ import pandas as pd
 from IPython.display import HTML, Markdown, display
 
 from mla_lab import report, sweep
+from mla_lab.deployment import Deployment
 from mla_lab.placement import PRESETS
 from mla_lab.report.cache import cached_call, plotted_rows, publish_cached, publish_cached_many
 from mla_lab.report.noise import load_noise_distribution, noise_sentences, plot_noise
@@ -111,7 +112,7 @@ from mla_lab.report.serving import (
     serving_details_html,
     swept_deployment,
 )
-from mla_lab.serving import BenchConfig, serve_benchmark
+from mla_lab.serving import serve_benchmark
 from mla_lab.strategies import equivalence_check
 
 ENGINE_PRESETS = list(PRESETS)
@@ -143,7 +144,7 @@ display(HTML(report.provenance_html(both, run_id)))
 # %%
 display(HTML(report.html_table(report.seed_answer_table())))
 display(Markdown("\n".join(f"- {line}" for line in report.seed_sentences())))
-served = cached_call(serve_benchmark, "glm-5", 8, "h200", ENGINE_PRESETS)  # the PR's setup, whatever the grid
+served = cached_call(serve_benchmark, Deployment.seed(), ENGINE_PRESETS)  # the PR's setup, whatever the grid
 display(HTML(report.html_table(report.seed_setup_table(df, measured, serving=served))))
 
 # %% [markdown]
@@ -266,14 +267,9 @@ else:
     display(HTML(serving_details_html(served_swept)))
     rates = sorted({1.0, 4.0, 16.0, float("inf")} | (set() if params.request_rate == "inf"
                                                       else {float(params.request_rate)}))
-    curve = cached_call(rate_curve, serve_dep.model, serve_dep.tp, serve_dep.arch, ["vllm-pre-53878", "vllm-53878", "vllm-56902"],
-                       rates, bench=BenchConfig(num_prompts=serve_dep.num_prompts,
-                                                random_input_len=serve_dep.prompt_len,
-                                                random_output_len=serve_dep.output_len, seed=params.seed),
-                       max_num_batched_tokens=serve_dep.max_num_batched_tokens, max_num_seqs=params.max_num_seqs,
-                       gpu_memory_utilization=serve_dep.gpu_memory_utilization,
-                       kv_cache_dtype=serve_dep.kv_cache_dtype, weight_dtype=serve_dep.weight_dtype,
-                       moe_parallel=serve_dep.moe_parallel)
+    curve_dep = serve_dep.replace(concurrency=None, max_num_seqs=params.max_num_seqs)  # no client-side limit
+    curve = cached_call(rate_curve, curve_dep, ["vllm-pre-53878", "vllm-53878", "vllm-56902"], rates,
+                        seed=params.seed)
     saved["rate_curve"] = publish_cached(lambda: plot_rate_curve(curve), "rate_curve", figs, key=curve)
 
 # %% [markdown]

@@ -193,9 +193,6 @@ PENDING = {
     "model.routes:masked_mha_ops", "model.routes:mha_transient_bytes", "model.routes:fa3_sparse_terms",
     "model.routes:route_layer_ops", "model.routes:route_step_ops", "model.routes:route_transient_bytes",
     "model.timing:attention_path_ms", "model.timing:layer_time_ms", "model.timing:step_time_ms",
-    "serving.benchmark:serve_benchmark", "serving.noise:serve_benchmark_noise",
-    "serving.engine_pricer:layer_decode_ms", "serving.engine_pricer:_Parts.__init__",
-    "serving.engine_pricer:EnginePricer.__init__",
 }
 
 
@@ -230,3 +227,39 @@ def test_nothing_new_below_the_door_takes_loose_model_tp_scalars():
     assert not gone, f"{gone} no longer take (model, tp, ...): remove them from PENDING (it only shrinks)"
     # the rule sees what it is for: the memory account's functions take the rank view now
     assert "model.memory:weights_bytes_per_rank" not in found and "model.memory:activation_peak_bytes" not in found
+
+
+#: Deployment fields that must never be defaulted in the serving simulation (issue 31: it kept nine silent
+#: weight_dtype / moe_parallel defaults); the serving half takes a Deployment or its RankView instead.
+_NO_DEFAULT = ("weight_dtype", "moe_parallel", "kv_cache_dtype")
+
+
+def _silent_defaults(tree: ast.AST, rel: str) -> list[str]:
+    """``rel:line name`` of each parameter in ``_NO_DEFAULT`` with a default, and each ``.get(name, default)`` /
+    ``.setdefault(name, default)`` call on such a name."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            a = node.args
+            pos = a.posonlyargs + a.args
+            pairs = list(zip(pos[len(pos) - len(a.defaults):], a.defaults)) + \
+                [(k, d) for k, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+            out += [f"{rel}:{node.lineno} {k.arg}=" for k, _ in pairs if k.arg in _NO_DEFAULT]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("get", "setdefault", "pop") and len(node.args) >= 2 and \
+                isinstance(node.args[0], ast.Constant) and node.args[0].value in _NO_DEFAULT:
+            out.append(f"{rel}:{node.lineno} .{node.func.attr}({node.args[0].value!r}, ...)")
+    return out
+
+
+def test_the_serving_simulation_defaults_no_dtype_or_moe_layout():
+    found = []
+    for path in sorted((PKG / "serving").rglob("*.py")):
+        found += _silent_defaults(ast.parse(path.read_text()), str(path.relative_to(PKG.parent)))
+    assert not found, (f"{found} default a deployment field in mla_lab/serving; allowed: take a Deployment or its "
+                       "RankView (mla_lab.rank), checked at the door")
+    # the rule sees what it is for (the shapes the serving half had before issue 31)
+    old = ("def f(model, tp, arch, weight_dtype='fp8', *, moe_parallel='ep', ep_size=None):\n"
+           "    kw.get('kv_cache_dtype', 'bf16'); kw.setdefault('weight_dtype', 'fp8'); kw.get('ep_size', None)\n")
+    assert [f.split(" ", 1)[1] for f in _silent_defaults(ast.parse(old), "x")] == [
+        "weight_dtype=", "moe_parallel=", ".get('kv_cache_dtype', ...)", ".setdefault('weight_dtype', ...)"]

@@ -23,7 +23,7 @@ from mla_lab.models import load_model
 from mla_lab.placement import BASELINE, PR_STRATEGY
 from mla_lab.report.seed_answer import seed_answer
 from mla_lab.seed import SEED, SEED_DEPLOYMENT, seed_point
-from mla_lab.serving import BenchConfig, serve_benchmark
+from mla_lab.serving import serve_benchmark
 from mla_lab.sweep.advise import advise
 from mla_lab.workload import Workload
 
@@ -151,11 +151,7 @@ def test_the_serving_benchmarks_prefill_only_schedule_gives_the_same_change():
     calibration's per-layer fixed cost and its kernel terms), a few ms on a ~1.08 s TTFT: the change agrees within
     0.05 percentage points."""
     d = Deployment.seed()
-    bench = BenchConfig(num_prompts=d.num_prompts, random_input_len=d.prompt_len, random_output_len=1,
-                        max_concurrency=d.concurrency)
-    res = serve_benchmark(d.model, d.tp, d.arch, [BASELINE, PR_STRATEGY], bench, d.max_num_batched_tokens,
-                          gpu_memory_utilization=d.gpu_memory_utilization, kv_cache_dtype=d.kv_cache_dtype,
-                          weight_dtype=d.weight_dtype, moe_parallel=d.moe_parallel, baseline=BASELINE)
+    res = serve_benchmark(d.replace(output_len=1), [BASELINE, PR_STRATEGY], baseline=BASELINE)
     pr = res["strategies"][PR_STRATEGY]
     assert pr["steps_by_launch"] == {"prefill:NONE": 2}  # prefill only: no decode step before the first tokens
     assert pr["change_pct"]["mean_ttft_ms"] == pytest.approx(_change_pct(d), abs=0.05)

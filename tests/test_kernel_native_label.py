@@ -141,10 +141,10 @@ def test_sglang_dense_is_not_presented_as_sglang_default():
 
 
 def test_sglang_dense_in_serve_and_the_report():
+    from mla_lab.deployment import Deployment
     from mla_lab.report.figures import strategy_style
     from mla_lab.report.serving import serving_table
     from mla_lab.serving.benchmark import serve_benchmark
-    from mla_lab.serving.client import BenchConfig
 
     r = _cli("serve", "--strategies", "sglang", "--num-prompts", "32")
     assert r.returncode == 0, r.stderr
@@ -152,8 +152,7 @@ def test_sglang_dense_in_serve_and_the_report():
     assert "its default there runs prompts of <= 8192 tokens inside breakable prefill CUDA graphs" in r.stdout
     j = json.loads(_cli("serve", "--strategies", "sglang", "--num-prompts", "32", "--json").stdout)
     assert j["strategies"]["per_call_zeros@sglang-dense"]["preset_label"] == "sglang-dense (prefill graphs off)"
-    res = serve_benchmark("glm-5", 8, "h200", ["sglang"], BenchConfig(num_prompts=8, random_input_len=1024,
-                                                                         random_output_len=8), 16384)
+    res = serve_benchmark(Deployment.seed(num_prompts=8, concurrency=None, output_len=8), ["sglang"])
     assert "sglang-dense (prefill graphs off)" in set(serving_table(res)["preset"])
     assert "default" not in strategy_style("sglang")[2].lower()
 

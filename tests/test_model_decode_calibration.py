@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mla_lab.arch import get_arch
+from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import load_calibration
 from mla_lab.model.decode_calibration import DECODE_CSV, load_decode_calibration, write_decode_calibration
 from mla_lab.placement import measured_as
@@ -78,9 +79,11 @@ def test_committed_calibration_reproduces_the_in_sample_predictions():
         if r["fit"] != "in_sample":
             continue
         B, c, P = int(r["batch"]), int(r["context"]), int(r["prefill_tokens"])
-        got = layer_decode_ms(r["model"], 8, H200, measured_as(r["strategy"]), prefill=[(10**9, 0, P)] if P else [],
+        rank = Deployment.rank_of(model=r["model"], tp=8, arch=H200, kv_cache_dtype="bf16", weight_dtype="bf16",
+                                  moe_parallel="ep", max_num_batched_tokens=16384)  # the measured layer: EP8
+        got = layer_decode_ms(rank, measured_as(r["strategy"]), prefill=[(10**9, 0, P)] if P else [],
                               decode_contexts=[c] * B, calibration=cal, decode_cal=DCAL, graph=r["mode"] == "graph",
-                              weight_dtype="bf16", moe_parallel="ep", ep_size=8, decode_kernels="fit")["total_ms"]
+                              decode_kernels="fit")["total_ms"]
         assert got == pytest.approx(float(r["predicted_ms"]), rel=1e-9), r
 
 

@@ -233,8 +233,9 @@ def test_memory_figures(measured_seed):
 
 @pytest.mark.slow
 def test_serving_throughput():
+    from mla_lab.deployment import Deployment
     from mla_lab.serving import serve_benchmark
 
-    r = serve_benchmark("glm-5", 8, "h200", ["vllm-pre-53878", "vllm-53878"])
+    r = serve_benchmark(Deployment.seed(), ["vllm-pre-53878", "vllm-53878"])
     ch = r["strategies"]["private_workspace"]["change_pct"]["total_token_throughput"]
     _in_readme(f"| +6 % | {ch:+.1f} % (serving simulation")

@@ -7,8 +7,9 @@ import math
 
 import pytest
 
+from mla_lab.deployment import Deployment
 from mla_lab.report import cache
-from mla_lab.serving import BenchConfig, serve_benchmark
+from mla_lab.serving import serve_benchmark
 from mla_lab.serving.engine_pricer import EnginePricer
 from mla_lab.serving.step import DecodeToken, PrefillChunk, Step
 
@@ -58,8 +59,8 @@ def test_truncated_cache_file_is_recomputed(tmp_cache):
 
 
 def test_cached_serving_run_equals_a_fresh_one(tmp_cache):
-    bench = BenchConfig(num_prompts=4, random_input_len=256, random_output_len=8)
-    args = ("glm-5", 8, "h200", ["vllm-53878"], bench, 2048)
+    d = Deployment.seed(num_prompts=4, concurrency=None, prompt_len=256, output_len=8, max_num_batched_tokens=2048)
+    args = (d, ["vllm-53878"])
     fresh = serve_benchmark(*args)
     cache.cached_call(serve_benchmark, *args)
     back = cache.cached_call(serve_benchmark, *args)
@@ -92,13 +93,14 @@ def test_publish_cached_renders_once(tmp_cache, tmp_path):
 
 
 def test_pricer_memo_equals_pricing_afresh():
-    p = EnginePricer("glm-5", 8, "h200", "per_call_zeros")
+    rank = Deployment.seed().rank
+    p = EnginePricer(rank, "per_call_zeros")
     steps = [Step(decode=(DecodeToken(3, 1100), DecodeToken(5, 1300)), cudagraph_mode="FULL"),
              Step(decode=(DecodeToken(9, 1100), DecodeToken(1, 1300)), cudagraph_mode="FULL"),  # other req ids
              Step(decode=(DecodeToken(1, 1100),), prefill_chunks=(PrefillChunk(2, 0, 512),),
                   cudagraph_mode="PIECEWISE")]
     for s in steps:
-        assert p(s) == pytest.approx(EnginePricer("glm-5", 8, "h200", "per_call_zeros").price(s)["total_ms"],
+        assert p(s) == pytest.approx(EnginePricer(rank, "per_call_zeros").price(s)["total_ms"],
                                      rel=1e-12)
     assert len(p._memo) == 2  # the renumbered step was read back
     assert math.isfinite(p(steps[1]))

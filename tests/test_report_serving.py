@@ -6,6 +6,7 @@ import math
 import pandas as pd
 import pytest
 
+from mla_lab.deployment import Deployment
 from mla_lab.report.serving import (
     PR_STRATEGY,
     PRINTED_METRICS,
@@ -16,19 +17,18 @@ from mla_lab.report.serving import (
 )
 from mla_lab.seed import SEED_REPORTED
 from mla_lab.serving.benchmark import PR_BENCH, serve_benchmark
-from mla_lab.serving.client import BenchConfig
 
-SMALL = BenchConfig(num_prompts=8, random_input_len=256, random_output_len=8, seed=0)
+SMALL = Deployment.seed(num_prompts=8, concurrency=None, prompt_len=256, output_len=8)  # no client-side limit
 
 
 @pytest.fixture(scope="module")
 def result():
-    return serve_benchmark("glm-5", 8, "h200", ["vllm-pre-53878", "vllm-53878", "sglang"], PR_BENCH, 16384)
+    return serve_benchmark(Deployment.seed(), ["vllm-pre-53878", "vllm-53878", "sglang"], PR_BENCH)
 
 
 @pytest.fixture(scope="module")
 def curve():
-    return rate_curve("glm-5", 8, "h200", ["vllm-53878", "sglang"], [2.0, math.inf], bench=SMALL)
+    return rate_curve(SMALL, ["vllm-53878", "sglang"], [2.0, math.inf], seed=0)
 
 
 def test_serving_table_has_every_printed_metric_per_strategy(result):
@@ -78,7 +78,7 @@ def test_rate_curve_rows(curve):
 def test_rate_curve_refuses_bad_rates():
     for bad in ([], [0.0], [-1], [True]):
         with pytest.raises(ValueError, match="rate"):
-            rate_curve("glm-5", 8, "h200", ["vllm-53878"], bad, bench=SMALL)
+            rate_curve(SMALL, ["vllm-53878"], bad)
 
 
 def test_rate_curve_figure_has_its_lines(curve):
@@ -162,10 +162,10 @@ def test_serving_figures_fit_every_preset_with_its_own_colour():
     from mla_lab.report.serving import plot_serving_changes
 
     names = [*PRESETS, "subchunk:2048:graph2"]
-    bench = BenchConfig(num_prompts=8, random_input_len=1024, random_output_len=16, seed=0)
-    fig = plot_serving_changes(serve_benchmark("glm-5", 8, "h200", names, bench, 16384))
+    d = Deployment.seed(num_prompts=8, concurrency=None, output_len=16)
+    fig = plot_serving_changes(serve_benchmark(d, names))
     colours = [to_hex(c.patches[0].get_facecolor()) for c in fig.axes[0].containers]
     assert len(colours) == len(set(colours)) >= len(PRESETS)
-    curve = plot_rate_curve(rate_curve("glm-5", 8, "h200", names, [4, float("inf")], bench=bench))
+    curve = plot_rate_curve(rate_curve(d, names, [4, float("inf")], seed=0))
     for f in (fig, curve):
         assert figure_clipping(f) == [] and label_overlaps(f) == []

@@ -56,11 +56,11 @@ def test_the_report_rate_curve_carries_the_band_at_finite_rates():
 
     from matplotlib.axes import Axes
 
+    from mla_lab.deployment import Deployment
     from mla_lab.report.serving import plot_rate_curve, rate_curve
-    from mla_lab.serving import BenchConfig
 
-    bench = BenchConfig(num_prompts=8, random_input_len=1024, random_output_len=16, seed=0)
-    df = rate_curve("glm-5", 8, "h200", ["vllm-pre-53878"], [4, float("inf")], bench=bench)
+    d = Deployment.seed(num_prompts=8, concurrency=None, output_len=16)
+    df = rate_curve(d, ["vllm-pre-53878"], [4, float("inf")], seed=0)
     other = df[df["strategy"] == "per_call_empty:stale"]
     fin, inf = other[other["request_rate"] == 4].iloc[0], other[other["request_rate"] == math.inf].iloc[0]
     assert fin["band"].startswith("95 %") and fin["band_median_ttft_ms_lo"] <= fin["band_median_ttft_ms_hi"]

@@ -5,8 +5,9 @@ import math
 
 import pytest
 
+from mla_lab.deployment import Deployment
 from mla_lab.placement import BASELINE
-from mla_lab.serving.benchmark import PR_BENCH, serve_benchmark
+from mla_lab.serving.benchmark import PR_BENCH, bench_of, serve_benchmark
 
 
 @pytest.mark.parametrize("model", ["glm-5", "glm-5.2"])
@@ -14,7 +15,7 @@ def test_pr_benchmark_gives_finite_metrics_and_the_changes_sign(model):
     """The PR's benchmark (32 x 1024 / 128, concurrency 32, rate inf, 16384-token budget, TP8 H200, fp8 weights,
     EP). Sign: the PR's pre-padded workspace lowers mean TTFT and raises total token throughput against the
     pre-PR baseline (as the PR reports, smaller in size); a stale per-call pad raises TTFT."""
-    res = serve_benchmark(model, 8, "h200", ["vllm-pre-53878", "vllm-53878"], PR_BENCH, 16384)
+    res = serve_benchmark(Deployment.seed(model=model), ["vllm-pre-53878", "vllm-53878"], PR_BENCH)
     assert res["baseline"] == BASELINE
     assert set(res["strategies"]) == {"per_call_empty:zeros", "per_call_empty:stale", "private_workspace"}
     for s, r in res["strategies"].items():
@@ -39,7 +40,7 @@ def test_serve_benchmark_refuses_a_deployment_without_kv_capacity():
 
     t0 = time.perf_counter()
     with pytest.raises(ValueError) as e:
-        serve_benchmark("glm-5", 8, "h200", ["vllm-53878"], PR_BENCH, 16384, weight_dtype="bf16")
+        serve_benchmark(Deployment.seed(weight_dtype="bf16"), ["vllm-53878"], PR_BENCH)
     msg = str(e.value)
     assert time.perf_counter() - t0 < 5  # refused before any strategy is simulated
     assert "\n" not in msg and not re.search(r"(?<![\w.])-\d", msg), msg
@@ -65,8 +66,21 @@ def test_serve_benchmark_refuses_a_strategy_whose_extra_takes_the_whole_kv_capac
     mem_u = memory_tradeoff(load_model("glm-5"), 8, get_arch("h200"), 16384, "bf16", gpu_memory_utilization=u, **kw)
     assert 0 < mem_u["kv_capacity_tokens"] < mem_u["strategies"]["private_workspace"]["kv_tokens_lost"]
     with pytest.raises(ValueError) as e:
-        serve_benchmark("glm-5", 8, "h200", ["vllm-53878"], PR_BENCH, 16384, gpu_memory_utilization=u)
+        serve_benchmark(Deployment.seed(gpu_memory_utilization=u), ["vllm-53878"], PR_BENCH)
     msg = str(e.value)
     assert "\n" not in msg and not re.search(r"(?<![\w.])-\d", msg), msg
     assert msg.startswith("strategy='private_workspace' does not fit deployment glm-5 TP8 on h200"), msg
     assert f"({extra / 2**20:.0f} MiB beyond the baseline's)" in msg and "KV capacity 0" in msg
+
+
+def test_the_workload_is_the_deployments():
+    """One truth for the workload: with no bench the client sends the deployment's (the seed's is PR_BENCH); a
+    bench sending another workload is refused in one line before anything is priced; bench_of keeps the workload
+    and takes only the client's other flags."""
+    d = Deployment.seed()
+    assert bench_of(d) == PR_BENCH and bench_of(d, seed=7).seed == 7
+    with pytest.raises(ValueError, match=r"bench_of\(deployment, ...\) got \['num_prompts'\]"):
+        bench_of(d, num_prompts=8)
+    with pytest.raises(ValueError) as e:
+        serve_benchmark(d, ["vllm-53878"], bench_of(d.replace(num_prompts=8, concurrency=None)))
+    assert "\n" not in str(e.value) and str(e.value).startswith("bench sends 8 x 1024-token prompts"), e.value

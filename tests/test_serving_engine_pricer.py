@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mla_lab.arch import get_arch
+from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import load_calibration
 from mla_lab.model.decode_calibration import DECODE_CSV, load_decode_calibration
 from mla_lab.model.ops import attention_path_ops, step_ops, step_stats
@@ -25,6 +26,10 @@ VALIDATION = DATA / "measured" / "h200" / "round2" / "decode_validation.csv"
 H200 = get_arch("h200")
 DCAL = load_decode_calibration()
 GLM = load_model("glm-5")
+SEED = Deployment.seed().rank  # GLM-5 TP8 H200, fp8 weights, EP, bf16 KV (the PR's deployment)
+#: the decode measurements' rank: bf16 weights (benchmarks/bench_decode.py)
+BF16_WEIGHTS = Deployment.rank_of(model="glm-5", tp=8, arch="h200", kv_cache_dtype="bf16", weight_dtype="bf16",
+                                  moe_parallel="ep", max_num_batched_tokens=16384)
 
 
 def decode_step(B, c, mode="FULL"):
@@ -33,7 +38,7 @@ def decode_step(B, c, mode="FULL"):
 
 @pytest.fixture(scope="module")
 def pricer():
-    return EnginePricer("glm-5", 8, "h200", "private_workspace")
+    return EnginePricer(SEED, "private_workspace")
 
 
 # ------------------------------------------------------------------------------------------ step conversion
@@ -42,8 +47,7 @@ def test_a_decode_token_is_the_chunk_ending_at_its_context():
     prefill chunks ``(req, start, n)`` (requests renumbered apart)."""
     from mla_lab.model.calibration import resolve_calibration
 
-    parts = _Parts(GLM, 8, H200, "private_workspace", [(3, 100, 50)], [1500, 5000], resolve_calibration(None), DCAL,
-                   dict(kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="ep", ep_size=None))
+    parts = _Parts(SEED, "private_workspace", [(3, 100, 50)], [1500, 5000], resolve_calibration(None), DCAL)
     ws = parts.ws
     assert [(s, n) for _, s, n in ws.chunks] == [(1499, 1), (4999, 1), (100, 50)]
     assert len({r for r, _, _ in ws.chunks}) == 3
@@ -69,7 +73,7 @@ def test_decode_only_step_runs_as_a_graph_without_the_eager_term(pricer):
                                               n * DCAL.host_us_per_op * 1e-3))
     assert e["total_ms"] > r["total_ms"]
     # a host-bound calibration: 1 ms per launch makes the eager step exactly n ms; the graph step is unchanged
-    slow = EnginePricer("glm-5", 8, "h200", "private_workspace",
+    slow = EnginePricer(SEED, "private_workspace",
                         decode_cal=replace(DCAL, host_us_per_op=1000.0, eager_gap_us=0.0))
     assert slow(decode_step(32, 1100, "NONE")) == pytest.approx(n * 1.0)
     assert slow(s) == pytest.approx(r["total_ms"])
@@ -82,7 +86,7 @@ def test_launches_counted_once_per_op_of_every_layer(pricer):
 
 
 def test_mixed_step_pays_the_eager_term():
-    gap = EnginePricer("glm-5", 8, "h200", "private_workspace",
+    gap = EnginePricer(SEED, "private_workspace",
                        decode_cal=replace(DCAL, host_us_per_op=0.0, eager_gap_us=2.0))
     s = Step((DecodeToken(0, 1030), DecodeToken(1, 1031)), (PrefillChunk(2, 0, 512),), "PIECEWISE", 520)
     assert s.kind == "mixed" and not s.cuda_graph
@@ -94,15 +98,16 @@ def test_mixed_step_pays_the_eager_term():
 # ------------------------------------------------------------------------------------------- strategies
 def test_per_call_pad_costs_on_decode_steps_with_bf16_kv_only():
     s = decode_step(32, 1100)
-    pre = EnginePricer("glm-5", 8, "h200", BASELINE)
-    fused = EnginePricer("glm-5", 8, "h200", "private_workspace")
-    sglang = EnginePricer("glm-5", 8, "h200", "per_call_zeros")
+    pre = EnginePricer(SEED, BASELINE)
+    fused = EnginePricer(SEED, "private_workspace")
+    sglang = EnginePricer(SEED, "per_call_zeros")
     assert sglang(s) > pre(s) > fused(s)
     # the difference is the pad copy of every layer: its roofline plus one kernel's graph overhead
     pad = next(op for op in attention_path_ops(GLM, 8, H200, BASELINE, 32, 32 * 1100) if op.name == "pad_copy")
     per_layer = op_time_ms(pad, H200, DCAL.graph_calibration(load_calibration())) + DCAL.attn_floor_us["pad_copy"] * 1e-3
     assert pre(s) - fused(s) == pytest.approx(GLM.num_hidden_layers * per_layer, rel=1e-9)
-    fp8 = {n: EnginePricer("glm-5", 8, "h200", n, kv_cache_dtype="fp8")(s)
+    fp8_kv = Deployment.seed(kv_cache_dtype="fp8").rank
+    fp8 = {n: EnginePricer(fp8_kv, n)(s)
            for n in (BASELINE, "private_workspace", "per_call_zeros", "kernel_native")}
     assert len(set(fp8.values())) == 1, fp8
 
@@ -118,10 +123,10 @@ def test_prefill_only_step_keeps_the_layer_model_for_the_decode_terms(pricer):
 
 def test_decode_terms_counted_over_the_right_layers():
     """GLM-5.2 has a DSA indexer on 21 of 78 layers: the decode indexer is charged 21 times, the kernel 78."""
-    p = EnginePricer("glm-5.2", 8, "h200", "private_workspace")
+    rank = Deployment.seed(model="glm-5.2").rank
+    p = EnginePricer(rank, "private_workspace")
     s = decode_step(16, 3000)
-    per = layer_decode_ms("glm-5.2", 8, "h200", "private_workspace", decode_contexts=[3000] * 16,
-                          measured_subset=False, weight_dtype="fp8")["ops"]
+    per = layer_decode_ms(rank, "private_workspace", decode_contexts=[3000] * 16, measured_subset=False)["ops"]
     by = p.price(s)["by_op"]
     assert by["idx_logits"] == pytest.approx(21 * per["idx_logits"])
     assert by["idx_topk"] == pytest.approx(21 * per["idx_topk"])
@@ -136,7 +141,7 @@ def test_decode_kernel_is_flat_then_bandwidth_bound():
     measured = {r["B"]: r["flashmla_pad64"] * 1e3 for r in decode_table(8, 8192)}
 
     def kernel_us(B):
-        return layer_decode_ms(GLM, 8, H200, "private_workspace", decode_contexts=[4096] * B)["ops"]["kernel"] * 1e3
+        return layer_decode_ms(BF16_WEIGHTS, "private_workspace", decode_contexts=[4096] * B)["ops"]["kernel"] * 1e3
 
     for B in (1, 16, 256):
         assert kernel_us(B) == pytest.approx(measured[B], rel=0.10), B

@@ -285,11 +285,12 @@ def test_measured_defaults_are_the_committed_h200_rows():
 
 # ------------------------------------------------------------------------------------------ one deployment
 def test_serve_benchmark_noise_bands_and_changes():
+    from mla_lab.deployment import Deployment
     from mla_lab.serving.noise import format_noise, serve_benchmark_noise
 
-    bench = BenchConfig(num_prompts=4, random_input_len=512, random_output_len=4, max_concurrency=4)
-    out = serve_benchmark_noise("glm-5", 8, "h200", ["per_call_empty:zeros", "private_workspace"], bench,
-                                num_runs=8, seed=1, max_num_batched_tokens=2048, baseline="per_call_empty:zeros")
+    d = Deployment.seed(num_prompts=4, prompt_len=512, output_len=4, concurrency=4, max_num_batched_tokens=2048)
+    out = serve_benchmark_noise(d, ["per_call_empty:zeros", "private_workspace"], num_runs=8, seed=1,
+                                baseline="per_call_empty:zeros")
     assert out["baseline"] == "per_call_empty:zeros" and set(out["changes"]) == {"private_workspace"}
     for s, m in out["strategies"].items():
         for k, v in m.items():
@@ -297,14 +298,14 @@ def test_serve_benchmark_noise_bands_and_changes():
     c = out["changes"]["private_workspace"]["mean_ttft_ms"]
     assert c["band95"][0] <= c["median"] <= c["band95"][1] and c["band95"][1] > c["band95"][0]
     # the same seed gives the same numbers; the text shows every band
-    again = serve_benchmark_noise("glm-5", 8, "h200", ["per_call_empty:zeros", "private_workspace"], bench,
-                                  num_runs=8, seed=1, max_num_batched_tokens=2048, baseline="per_call_empty:zeros")
+    again = serve_benchmark_noise(d, ["per_call_empty:zeros", "private_workspace"], num_runs=8, seed=1,
+                                  baseline="per_call_empty:zeros")
     assert again["changes"] == out["changes"]
     text = format_noise(out)
     assert "over 8 simulated runs" in text and "change private_workspace vs per_call_empty:zeros" in text
     assert f"[{c['band95'][0]:+.2f}, {c['band95'][1]:+.2f}]" in text
     with pytest.raises(ValueError, match="num_runs"):
-        serve_benchmark_noise("glm-5", 8, "h200", ["private_workspace"], bench, num_runs=1)
+        serve_benchmark_noise(d, ["private_workspace"], num_runs=1)
 
 
 def test_load_cold_start_refuses_bad_files(tmp_path):
@@ -430,6 +431,7 @@ def test_cli_serve_num_runs_prints_bands_and_the_changes_band(capsys):
     """``mla-lab serve --num-runs N`` (N > 1): each metric's median and 95 % band over N runs per strategy and, with
     two strategies, the change's band; the same numbers as serve_benchmark_noise with the same seed."""
     from mla_lab import cli
+    from mla_lab.deployment import Deployment
     from mla_lab.serving.noise import serve_benchmark_noise
 
     argv = ["serve", "--num-runs", "20", "--num-prompts", "4", "--random-input-len", "512", "--random-output-len", "4",
@@ -444,6 +446,6 @@ def test_cli_serve_num_runs_prints_bands_and_the_changes_band(capsys):
     lo, hi = ch["mean_ttft_ms"]["band95"]
     assert f"change {s} vs {runs['baseline']}" in text and f"[{lo:+.2f}, {hi:+.2f}]" in text
     bench = BenchConfig(num_prompts=4, random_input_len=512, random_output_len=4, max_concurrency=None, seed=3)
-    ref = serve_benchmark_noise("glm-5", 8, "h200", [s], bench, num_runs=20, seed=3, max_num_batched_tokens=2048,
-                                baseline=runs["baseline"])
+    d = Deployment.seed(num_prompts=4, prompt_len=512, output_len=4, concurrency=None, max_num_batched_tokens=2048)
+    ref = serve_benchmark_noise(d, [s], bench, num_runs=20, seed=3, baseline=runs["baseline"])
     assert ref["changes"][s]["mean_ttft_ms"]["band95"] == pytest.approx([lo, hi], rel=1e-9)

@@ -58,11 +58,12 @@ def test_presets_and_aliases_take_their_members_style():
 def test_serving_figure_gives_fa3_and_sglang_their_own_colours():
     from matplotlib.colors import to_hex
 
+    from mla_lab.deployment import Deployment
     from mla_lab.report.serving import plot_serving_changes
     from mla_lab.serving.benchmark import PR_BENCH, serve_benchmark
 
-    res = serve_benchmark("glm-5", 8, "h200", ["vllm-fa3-sparse", "sglang", "sglang-flashmla-sparse", "vllm-53878"],
-                          PR_BENCH, 16384)
+    res = serve_benchmark(Deployment.seed(), ["vllm-fa3-sparse", "sglang", "sglang-flashmla-sparse", "vllm-53878"],
+                          PR_BENCH)
     ax = plot_serving_changes(res).axes[0]
     colours = {c.get_label(): to_hex(c.patches[0].get_facecolor()) for c in ax.containers}
     assert len(colours) == 4 and len(set(colours.values())) == 4, colours

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from mla_lab.arch import get_arch
+from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import ClassEff, load_calibration
 from mla_lab.model.ops import layer_ops
 from mla_lab.model.timing import op_time_ms
@@ -45,6 +46,7 @@ from mla_lab.models import load_model
 from mla_lab.paths import REPO_ROOT as REPO
 from mla_lab.paths import calibration_dir
 from mla_lab.placement import measured_as
+from mla_lab.rank import RankView
 from mla_lab.serving.engine_pricer import (
     DECODE_CSV,
     DecodeCalibration,
@@ -77,6 +79,16 @@ def mape(pred, meas) -> float:
 def _model(name, cache={}):  # noqa: B006 - a small memo of loaded configs
     if name not in cache:
         cache[name] = load_model(name)
+    return cache[name]
+
+
+def measured_rank(name, cache={}) -> RankView:  # noqa: B006 - a small memo of the views
+    """The rank the decode measurements ran (``benchmarks/bench_decode.py``): model ``name``, TP8 (EP8 whole
+    experts) on an H200, bf16 weights, bf16 KV cache; ``max_num_batched_tokens`` 16384 (not read by the decode
+    layer), through the door :meth:`Deployment.rank_of <mla_lab.deployment.Deployment.rank_of>`."""
+    if name not in cache:
+        cache[name] = Deployment.rank_of(model=_model(name), tp=TP, arch=H200, kv_cache_dtype="bf16",
+                                         weight_dtype="bf16", moe_parallel="ep", max_num_batched_tokens=16384)
     return cache[name]
 
 
@@ -211,10 +223,9 @@ def layer_configs(layer_df) -> list[dict]:
 
 def predict(cfg, cal, dcal) -> dict:
     B, c, P = int(cfg["batch"]), int(cfg["context"]), int(cfg["prefill_tokens"])
-    return layer_decode_ms(_model(cfg["model"]), TP, H200, measured_as(cfg["strategy"]),
+    return layer_decode_ms(measured_rank(cfg["model"]), measured_as(cfg["strategy"]),
                            prefill=[(10**9, 0, P)] if P else [], decode_contexts=[c] * B, calibration=cal,
-                           decode_cal=dcal, graph=cfg["mode"] == "graph", measured_subset=True,
-                           weight_dtype="bf16", moe_parallel="ep", ep_size=EP, decode_kernels="fit")
+                           decode_cal=dcal, graph=cfg["mode"] == "graph", measured_subset=True, decode_kernels="fit")
 
 
 def fit_all(ops, cfgs, cal, models, form=None) -> DecodeCalibration:

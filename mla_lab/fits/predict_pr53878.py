@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mla_lab.deployment import Deployment
 from mla_lab.measure.spread import between_process
 from mla_lab.paths import REPO_ROOT, calibration_dir, measured_dir, models_dir
 from mla_lab.provenance import git_commit
@@ -86,10 +87,16 @@ def _rel(p: Path) -> str:
         return str(p)
 
 
+def seed_deployment() -> Deployment:
+    """The PR's deployment (:meth:`Deployment.seed`: fp8 weights, EP, bf16 KV, PR_BENCH's workload) on GLM-5.2."""
+    return Deployment.seed(model=MODEL, tp=TP, arch=ARCH, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                           max_num_seqs=MAX_NUM_SEQS)
+
+
 def deployment(bench: BenchConfig = BENCH) -> dict:
-    """KV capacity per strategy from the memory model and the engine limits (SchedulerConfig per strategy)."""
-    r = serve_benchmark(MODEL, TP, ARCH, [BEFORE, ALT_BEFORE, PR], bench, MAX_NUM_BATCHED_TOKENS,
-                        max_num_seqs=MAX_NUM_SEQS, block_size=BLOCK_SIZE)
+    """KV capacity per strategy from the memory model and the engine limits (SchedulerConfig per strategy);
+    ``bench`` sends the seed deployment's workload (:func:`mla_lab.serving.serve_benchmark` refuses another)."""
+    r = serve_benchmark(seed_deployment(), [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
     out = {}
     for s in (BEFORE, ALT_BEFORE, PR):
         cap = r["strategies"][s]["kv_capacity_tokens"]
@@ -273,7 +280,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     dep = deployment()
     noise, measured = noise_config(use_measurements)
     st = dep["strategies"]
-    pricers = {s: CachedPricer(EnginePricer(MODEL, TP, ARCH, s)) for s in st}
+    rank = seed_deployment().rank
+    pricers = {s: CachedPricer(EnginePricer(rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
                      num_runs=num_runs, seed=seed, noise=noise)

@@ -18,6 +18,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from ..deployment import Deployment
 from ..paths import REPO_ROOT
 from ..placement import PR_TRADE_BY_ENGINE, SEED_COMPARISONS
 from ..serving import PR_BENCH, serve_benchmark
@@ -45,7 +46,7 @@ def answer_figures() -> dict:
     was = seed[("glm-5.2", _WAS[1], _WAS[2])]
     was5 = seed[("glm-5", _WAS[1], _WAS[2])]
     trade = {(r["model"], r["engine"]): r for r in pr_trade_by_engine(("glm-5.2",))}
-    today = serve_benchmark("glm-5.2", 8, "h200", list(TODAY), PR_BENCH, 16384, baseline=TODAY[0])
+    today = serve_benchmark(Deployment.seed(model="glm-5.2"), list(TODAY), PR_BENCH, baseline=TODAY[0])
     ch = {s: r["change_pct"] for s, r in today["strategies"].items()}
     dec = json.loads(DECOMPOSITION.read_text())
     duration = next(s for s in dec["score"] if s["metric"] == "duration")
@@ -53,7 +54,7 @@ def answer_figures() -> dict:
          for n in ("fa3_sparse", "flashmla_vllm_pad64", "flashmla_vllm_native", "sglang_triton", "gather_only")}
     d1 = {r["B"]: r for r in decode_table(8, 8192)}
     blind = json.loads(BLIND_SCORE.read_text()) if BLIND_SCORE.exists() else None
-    seed5 = serve_benchmark("glm-5", 8, "h200", [_WAS[1]], PR_BENCH, 16384)["strategies"]
+    seed5 = serve_benchmark(Deployment.seed(), [_WAS[1]], PR_BENCH)["strategies"]
     lost = seed5[_WAS[1]]["kv_tokens_lost"]
     return {
         "was_glm52_pct": was["modelled_pct"], "was_glm5_pct": was5["modelled_pct"],

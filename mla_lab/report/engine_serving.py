@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..deployment import Deployment
 from ..paths import REPO_ROOT
 from ..placement import engine_strategies
-from ..serving import BenchConfig, serve_benchmark
+from ..serving import serve_benchmark
 
 __all__ = ["tpot_by_engine", "table_markdown", "CONCURRENCIES", "ENGINES"]
 
@@ -28,9 +29,8 @@ def tpot_by_engine(model: str = "glm-5", concurrencies=CONCURRENCIES) -> dict:
     strat = {e: engine_strategies(e)[0] for e in ENGINES}
     out = {e: {} for e in ENGINES}
     for c in concurrencies:
-        bench = BenchConfig(num_prompts=max(4, 2 * c), random_input_len=1024, random_output_len=128, max_concurrency=c)
-        r = serve_benchmark(model, 8, "h200", list(dict.fromkeys(strat.values())), bench, 16384,
-                            baseline=strat[ENGINES[0]])
+        d = Deployment.seed(model=model, num_prompts=max(4, 2 * c), concurrency=c)  # 1024 in / 128 out
+        r = serve_benchmark(d, list(dict.fromkeys(strat.values())), baseline=strat[ENGINES[0]])
         for e, s in strat.items():
             out[e][c] = float(r["strategies"][s]["metrics"]["mean_tpot_ms"])
     return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -23,7 +23,7 @@ from ..deployment import Deployment
 from ..model.memory import memory_tradeoff
 from ..placement import BASELINE, preset_label, preset_of
 from ..seed import SEED_REPORTED
-from ..serving.benchmark import serve_benchmark
+from ..serving.benchmark import bench_of, serve_benchmark
 from ..serving.client import BenchConfig
 from ..serving.noise import serve_benchmark_noise
 from .cache import cached_call
@@ -31,7 +31,7 @@ from .figures import strategy_style
 from .tables import html_table
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
-           "REPORTED_CHANGE", "SERVING_TABLE_COLUMNS", "RATE_CURVE_BENCH", "swept_deployment", "serve_swept",
+           "REPORTED_CHANGE", "SERVING_TABLE_COLUMNS", "swept_deployment", "serve_swept",
            "plot_serving_changes", "serving_details_html", "CHANGE_METRICS", "serve_swept_cached", "plotted",
            "kv_dtypes_left_out"]
 
@@ -56,8 +56,6 @@ REPORTED_CHANGE = {"mean_ttft_ms": SEED_REPORTED["ttft_change_pct"],
                    "total_token_throughput": SEED_REPORTED["throughput_change_pct"]}
 SERVING_TABLE_COLUMNS = ("model", "tp", "arch", "strategy", "preset", "metric", "label", "value", "baseline",
                          "change_pct", "reported_change_pct", "source")
-#: The rate curve's default workload: the PR's prompt shape, more prompts, no client-side concurrency limit.
-RATE_CURVE_BENCH = BenchConfig(num_prompts=64, random_input_len=1024, random_output_len=128, seed=0)
 
 
 def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
@@ -120,11 +118,12 @@ def serving_display_table(result: dict) -> pd.DataFrame:
 RATE_BAND_METRICS = ("median_ttft_ms", "p99_ttft_ms", "total_token_throughput")
 
 
-def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | None = None,
-               max_num_batched_tokens: int = 16384, baseline: str = BASELINE, num_runs: int = 20,
-               **serve_kw) -> pd.DataFrame:
-    """:func:`~mla_lab.serving.benchmark.serve_benchmark` at each request rate (req/s; ``inf`` = all at t = 0)
-    of ``rates``, ``bench`` (default :data:`RATE_CURVE_BENCH`) with its ``request_rate`` replaced.
+def rate_curve(deployment: Deployment, strategies, rates, *, seed: int = 0, baseline: str = BASELINE,
+               num_runs: int = 20) -> pd.DataFrame:
+    """:func:`~mla_lab.serving.benchmark.serve_benchmark` of ``deployment`` (its engine, KV budget and workload;
+    the report's curve uses the PR's prompt shape with 64 prompts and no client-side concurrency limit) at each
+    request rate (req/s; ``inf`` = all at t = 0) of ``rates``: the client is
+    :func:`~mla_lab.serving.benchmark.bench_of` the deployment with that ``request_rate`` and ``seed``.
 
     At a finite rate one run's change is noise-sized and flips sign from seed to seed (issue 32: the stale pad
     -2.3 % TTFT in one run, +2.3 % [-1.3, +6.3] over 20), so each finite rate also runs ``num_runs`` single runs of
@@ -147,16 +146,13 @@ def rate_curve(model, tp: int, arch, strategies, rates, bench: BenchConfig | Non
     for r in rates:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
             raise ValueError(f"rate={r!r} must be a number > 0 (req/s; float('inf') = every request at t = 0)")
-    bench = bench if bench is not None else RATE_CURVE_BENCH
     rows = []
     for rate in rates:
-        res = serve_benchmark(model, tp, arch, strategies, replace(bench, request_rate=float(rate)),
-                              max_num_batched_tokens, baseline=baseline, **serve_kw)
+        bench = bench_of(deployment, request_rate=float(rate), seed=seed)
+        res = serve_benchmark(deployment, strategies, bench, baseline=baseline)
         bands, band = {}, ("deterministic: every request at t=0" if math.isinf(rate) else "one run: band unknown")
         if not math.isinf(rate) and num_runs > 1:
-            nz = serve_benchmark_noise(model, tp, arch, strategies, replace(bench, request_rate=float(rate)),
-                                       num_runs=num_runs, seed=bench.seed, max_num_batched_tokens=max_num_batched_tokens,
-                                       baseline=baseline, **serve_kw)
+            nz = serve_benchmark_noise(deployment, strategies, bench, num_runs=num_runs, seed=seed, baseline=baseline)
             bands = nz["changes"]
             band = f"95 % band over {num_runs} single runs (mla_lab.serving.noise)"
         dep = res["deployment"]
@@ -320,13 +316,12 @@ def serve_swept(params, strategies, deployment: Deployment | None = None) -> dic
         if dep is None:
             raise ValueError(why)
     rate = math.inf if params.request_rate == "inf" else float(params.request_rate)
+    if dep.max_num_seqs != params.max_num_seqs:
+        dep = dep.replace(max_num_seqs=params.max_num_seqs)
     bench = BenchConfig(num_prompts=dep.num_prompts, random_input_len=dep.prompt_len,
                         random_output_len=dep.output_len, request_rate=rate,
                         max_concurrency=params.concurrency, seed=params.seed)
-    return serve_benchmark(dep.model, dep.tp, dep.arch, strategies, bench, dep.max_num_batched_tokens,
-                           max_num_seqs=params.max_num_seqs, gpu_memory_utilization=dep.gpu_memory_utilization,
-                           kv_cache_dtype=dep.kv_cache_dtype, weight_dtype=dep.weight_dtype,
-                           moe_parallel=dep.moe_parallel)
+    return serve_benchmark(dep, strategies, bench)
 
 
 @dataclass(frozen=True)

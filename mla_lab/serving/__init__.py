@@ -9,7 +9,8 @@ One concept per module, each with a runnable ``main()`` demo (``python -m mla_la
 - :mod:`~mla_lab.serving.metrics` the metrics ``vllm bench serve`` prints, :func:`compare`;
 - :mod:`~mla_lab.serving.pricing` pricers (Step -> ms): :class:`LinearStepPricer`, :func:`make_pricer`;
 - :mod:`~mla_lab.serving.engine_pricer` the lab's cost model as a pricer: :class:`EnginePricer`;
-- :mod:`~mla_lab.serving.benchmark` the benchmark per strategy: :func:`serve_benchmark`, :data:`PR_BENCH`.
+- :mod:`~mla_lab.serving.benchmark` the benchmark per strategy: :func:`serve_benchmark` (a :class:`~mla_lab.deployment.Deployment`),
+  :func:`bench_of`, :data:`PR_BENCH`.
 
 Example::
 
@@ -24,7 +25,7 @@ Example::
 
 from __future__ import annotations
 
-from .benchmark import PR_BENCH, serve_benchmark
+from .benchmark import PR_BENCH, bench_of, serve_benchmark
 from .client import BenchConfig, ClientRequest
 from .engine_pricer import EnginePricer, load_decode_calibration
 from .metrics import RequestRecord, bench_metrics, compare, format_metrics
@@ -36,4 +37,4 @@ from .step import DecodeToken, PrefillChunk, Step, StepPricer
 __all__ = ["BenchConfig", "ClientRequest", "RequestRecord", "bench_metrics", "compare", "format_metrics",
            "ConstantPricer", "LinearStepPricer", "make_pricer", "PreemptionRequired", "SchedulerConfig",
            "ServingResult", "StepRecord", "simulate", "DecodeToken", "PrefillChunk", "Step", "StepPricer",
-           "EnginePricer", "serve_benchmark", "load_decode_calibration", "PR_BENCH"]
+           "EnginePricer", "serve_benchmark", "bench_of", "load_decode_calibration", "PR_BENCH"]

@@ -1,6 +1,7 @@
 """``vllm bench serve`` priced by the lab's cost model: one deployment, once per strategy (issue 13).
 
-:func:`serve_benchmark` runs :func:`mla_lab.serving.simulate` once per strategy with that strategy's own KV-cache
+:func:`serve_benchmark` runs :func:`mla_lab.serving.simulate` for one :class:`~mla_lab.deployment.Deployment`
+(:func:`bench_of` its workload, or a client run of it) once per strategy with that strategy's own KV-cache
 capacity (:func:`mla_lab.model.memory.memory_tradeoff`) and :class:`~mla_lab.serving.engine_pricer.EnginePricer`
 as the step pricer, and compares every metric with a baseline. :data:`PR_BENCH` is the benchmark of vLLM PR #53878;
 :data:`MODELLED_NOTES` says what is modelled. ``python -m mla_lab.serving.benchmark`` prints the PR's benchmark per
@@ -11,17 +12,18 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from ..deployment import Deployment
 from ..model.calibration import Calibration, resolve_calibration
 from ..model.decode_calibration import DecodeCalibration, load_decode_calibration
 from ..model.memory import memory_tradeoff
 from ..placement import BASELINE, SERVE_PRESETS, expand_strategies, preset_of, resolve_strategy
 from .client import BenchConfig
-from .engine_pricer import EnginePricer, _resolve_objs
+from .engine_pricer import EnginePricer
 from .metrics import compare
 from .scheduler import SchedulerConfig
 from .simulate import simulate
 
-__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark"]
+__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of"]
 
 #: The PR's benchmark (vLLM PR #53878): 32 prompts x 1024 in / 128 out, max concurrency 32, request rate inf.
 PR_BENCH = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
@@ -46,48 +48,88 @@ MODELLED_NOTES = (
 )
 
 
-def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BENCH,
-                    max_num_batched_tokens: int = 16384, max_num_seqs: int = 256,
-                    gpu_memory_utilization: float = 0.9, kv_cache_dtype: str = "bf16", block_size: int = 64,
-                    weight_dtype: str = "fp8", moe_parallel: str = "ep", calibration: Calibration | None = None,
-                    decode_cal: DecodeCalibration | None = None, baseline: str = BASELINE,
-                    kv_admission: str = "reserve", enforce_eager: bool = False,
+def bench_of(deployment: Deployment, **options) -> BenchConfig:
+    """``vllm bench serve`` for ``deployment``'s workload: ``--num-prompts``, ``--random-input-len`` (its
+    ``prompt_len``), ``--random-output-len`` (its ``output_len``) and ``--max-concurrency`` (its ``concurrency``),
+    with the client's other flags (``request_rate``, ``burstiness``, ``random_range_ratio``, ``seed``, ...:
+    :class:`~mla_lab.serving.client.BenchConfig` fields) from ``options`` or vLLM's defaults. The seed's is
+    :data:`PR_BENCH`.
+
+    Raises:
+        ValueError: an unknown option, or as :class:`~mla_lab.serving.client.BenchConfig`.
+    """
+    wl = {"num_prompts": deployment.num_prompts, "random_input_len": deployment.prompt_len,
+          "random_output_len": deployment.output_len, "max_concurrency": deployment.concurrency}
+    bad = sorted(set(options) & set(wl)) + sorted(set(options) - set(BenchConfig.__dataclass_fields__))
+    if bad:
+        raise ValueError(f"bench_of(deployment, ...) got {bad}; allowed: the client's other flags "
+                         f"{sorted(set(BenchConfig.__dataclass_fields__) - set(wl))} (the workload is the "
+                         "deployment's: Deployment.replace(num_prompts=...) changes it)")
+    return BenchConfig(**wl, **options)
+
+
+def _workload_of(bench: BenchConfig) -> tuple:
+    return (bench.num_prompts, bench.random_input_len, bench.random_output_len,
+            bench.num_prompts if bench.max_concurrency is None else bench.max_concurrency)
+
+
+def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | None = None, *, block_size: int = 64,
+                    calibration: Calibration | None = None, decode_cal: DecodeCalibration | None = None,
+                    baseline: str = BASELINE, kv_admission: str = "reserve", enforce_eager: bool = False,
                     percentiles=(99,)) -> dict:
     """``vllm bench serve`` (``bench``) against one deployment, once per strategy, each with its own KV capacity.
+
+    ``deployment``: a :class:`~mla_lab.deployment.Deployment` (checked at its door, ``Deployment.of`` /
+    ``Deployment.seed``; nothing is defaulted or re-checked here). A Deployment rather than its rank view
+    (:attr:`~mla_lab.deployment.Deployment.rank`, which prices the steps) because the run needs two things one rank
+    does not carry: ``gpu_memory_utilization`` (the KV-cache budget, :func:`~mla_lab.model.memory.memory_tradeoff`)
+    and the workload (``num_prompts``, ``prompt_len``, ``output_len``, ``concurrency``: what the client sends).
+    ``bench``: the client's run (:class:`~mla_lab.serving.client.BenchConfig`: request rate, burstiness, range
+    ratio, seed); None: :func:`bench_of` the deployment (vLLM's defaults for the rest; the seed's is
+    :data:`PR_BENCH`). A ``bench`` given must send the deployment's workload (one truth for it); build it with
+    :func:`bench_of` or change the deployment (``Deployment.replace``).
 
     Per strategy (presets and aliases expanded; ``baseline`` added when missing): the KV-cache capacity is
     :func:`~mla_lab.model.memory.memory_tradeoff`'s ``kv_capacity_tokens`` minus the strategy's
     ``kv_tokens_lost`` (its persistent workspace beyond the baseline's), the scheduler is
-    :class:`~mla_lab.serving.scheduler.SchedulerConfig` with the engine limits given, the pricer
-    :class:`EnginePricer`; :func:`mla_lab.serving.simulate` runs the benchmark.
+    :class:`~mla_lab.serving.scheduler.SchedulerConfig` with the deployment's engine limits
+    (``max_num_batched_tokens``, ``max_num_seqs``) and ``block_size`` / ``kv_admission`` / ``enforce_eager``, the
+    pricer :class:`EnginePricer` of ``deployment.rank``; :func:`mla_lab.serving.simulate` runs the benchmark.
 
     Returns:
         ``{"strategies": {s: {"preset", "metrics", "change_pct" (vs baseline, % per metric), "kv_capacity_tokens",
         "kv_tokens_lost", "extra_mib", "num_steps", "steps_by_launch", "result" (the ServingResult)}},
-        "baseline", "deployment" (the arguments), "bench" (dict), "calibration", "decode_calibration", "notes"}``.
+        "baseline", "deployment" (the engine arguments), "bench" (dict), "calibration", "decode_calibration",
+        "notes"}``.
 
     Raises:
-        ValueError: a deployment whose weights and activations leave no KV cache (one line naming the deployment
-            and :func:`~mla_lab.model.memory.memory_tradeoff`'s ``fit_reason``, raised before any strategy is
-            priced), or a strategy whose persistent workspace extra takes the whole KV capacity (names the
-            strategy, the deployment and its extra MiB); never a negative capacity. As ``SchedulerConfig``,
-            :func:`simulate` and the cost model.
+        ValueError: a ``bench`` that is not a BenchConfig or sends another workload than the deployment's; a
+            deployment whose weights and activations leave no KV cache (one line naming the deployment and
+            :func:`~mla_lab.model.memory.memory_tradeoff`'s ``fit_reason``, raised before any strategy is priced),
+            or a strategy whose persistent workspace extra takes the whole KV capacity (names the strategy, the
+            deployment and its extra MiB); never a negative capacity. As ``SchedulerConfig``, :func:`simulate` and
+            the cost model.
     """
+    d = deployment
+    if bench is None:
+        bench = bench_of(d)
     if not isinstance(bench, BenchConfig):
         raise ValueError(f"bench={bench!r} must be a mla_lab.serving.BenchConfig")
+    if _workload_of(bench) != (d.num_prompts, d.prompt_len, d.output_len, d.concurrency):
+        raise ValueError(f"bench sends {bench.num_prompts} x {bench.random_input_len}-token prompts "
+                         f"({bench.random_output_len} out) at max_concurrency {bench.max_concurrency}, the deployment "
+                         f"{d.num_prompts} x {d.prompt_len} ({d.output_len} out) at concurrency {d.concurrency}; "
+                         "allowed: bench=None or bench_of(deployment, ...) (Deployment.replace changes the workload)")
     if isinstance(strategies, str):
         strategies = [strategies]
     names = expand_strategies(list(strategies))
     base = resolve_strategy(baseline)
     order = list(dict.fromkeys([base] + names))
-    model_obj, arch_obj = _resolve_objs(model, arch)
     cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
-    mem = memory_tradeoff(model_obj, tp, arch_obj, max_num_batched_tokens, kv_cache_dtype,
-                          gpu_memory_utilization=gpu_memory_utilization, weight_dtype=weight_dtype,
-                          moe_parallel=moe_parallel, strategies=order)
-    where = (f"{model_obj.name} TP{tp} on {arch_obj.name} (weight_dtype={weight_dtype!r}, "
-             f"max_num_batched_tokens={max_num_batched_tokens}, gpu_memory_utilization={gpu_memory_utilization})")
+    mem = memory_tradeoff(d, strategies=order)
+    where = (f"{d.model.name} TP{d.tp} on {d.arch.name} (weight_dtype={d.weight_dtype!r}, "
+             f"max_num_batched_tokens={d.max_num_batched_tokens}, gpu_memory_utilization={d.gpu_memory_utilization})")
     if not mem["fits"] or not mem["kv_capacity_tokens"] > 0:
         # checked once, before any strategy is priced; never a negative capacity in the message
         why = mem["fit_reason"] or "KV capacity 0 tokens"
@@ -104,10 +146,10 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
     out: dict = {}
     for s in order:
         lost, cap = mem["strategies"][s]["kv_tokens_lost"], caps[s]
-        sched = SchedulerConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+        sched = SchedulerConfig(max_num_batched_tokens=d.max_num_batched_tokens, max_num_seqs=d.max_num_seqs,
                                 kv_capacity_tokens=int(cap), block_size=block_size, kv_admission=kv_admission,
                                 enforce_eager=enforce_eager)
-        pricer = EnginePricer(model_obj, tp, arch_obj, s, cal, weight_dtype, moe_parallel, dcal, kv_cache_dtype)
+        pricer = EnginePricer(d.rank, s, cal, dcal)
         res = simulate(bench, sched, pricer, percentiles=percentiles)
         launches: dict = {}
         for rec in res.steps:
@@ -119,20 +161,19 @@ def serve_benchmark(model, tp: int, arch, strategies, bench: BenchConfig = PR_BE
     for s in order:
         out[s]["change_pct"] = compare(out[base]["metrics"], out[s]["metrics"])
     return {"strategies": out, "baseline": base,
-            "deployment": {"model": model_obj.name, "tp": tp, "arch": arch_obj.name,
-                           "max_num_batched_tokens": max_num_batched_tokens, "max_num_seqs": max_num_seqs,
-                           "gpu_memory_utilization": gpu_memory_utilization, "kv_cache_dtype": kv_cache_dtype,
-                           "block_size": block_size, "weight_dtype": weight_dtype, "moe_parallel": moe_parallel,
+            "deployment": {"model": d.model.name, "tp": d.tp, "arch": d.arch.name,
+                           "max_num_batched_tokens": d.max_num_batched_tokens, "max_num_seqs": d.max_num_seqs,
+                           "gpu_memory_utilization": d.gpu_memory_utilization, "kv_cache_dtype": d.kv_cache_dtype,
+                           "block_size": block_size, "weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel,
                            "kv_admission": kv_admission, "enforce_eager": enforce_eager,
-                           "model_family": model_obj.family, "model_family_note": model_obj.family_note},
+                           "model_family": d.model.family, "model_family_note": d.model.family_note},
             "bench": asdict(bench), "calibration": cal.name, "decode_calibration": dcal.name,
             "notes": list(MODELLED_NOTES)}
 
 
 def main() -> None:
     """Demo: the PR's benchmark on GLM-5 TP8 H200 (fp8 weights, EP, bf16 KV cache) per engine preset."""
-    res = serve_benchmark("glm-5", 8, "h200", [*SERVE_PRESETS, "sglang"], PR_BENCH,
-                          16384)
+    res = serve_benchmark(Deployment.seed(), [*SERVE_PRESETS, "sglang"], PR_BENCH)
     print(f"baseline {res['baseline']}; decode calibration {res['decode_calibration']}")
     keys = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "total_token_throughput")
     for s, r in res["strategies"].items():

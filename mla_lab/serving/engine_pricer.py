@@ -49,7 +49,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..arch import GPUArch, get_arch
 from ..model.calibration import Calibration, resolve_calibration
 from ..model.decode_calibration import (
     DECODE_CSV,
@@ -61,8 +60,8 @@ from ..model.decode_calibration import (
 from ..model.decode_kernels import decode_family, load_decode_kernels
 from ..model.ops import ATTN_OPS, LayerOp, layer_ops, step_ops
 from ..model.timing import op_time_ms, step_time_ms
-from ..models import ModelConfig, load_model, normalize_kv_cache_dtype
 from ..placement import parse_strategy, resolve_strategy
+from ..rank import RankView
 from ..workload import Step as WorkStep
 from .step import Step
 
@@ -81,11 +80,26 @@ OVERRIDDEN_OPS = ("idx_logits", "idx_topk", "kernel")
 _ATTN_KERNELS = {"concat": 1, "pad": 2, "pad_copy": 1, "out_slice": 1, "chunk_out": 1}
 
 
-class _Parts:
-    """Per-layer pricing of one step's tokens with the decode calibration (shared by the fit and the pricer)."""
+def _layer_kw(rank: RankView) -> dict:
+    """The dtype and MoE-layout keywords of the cost model's functions (:func:`~mla_lab.model.ops.layer_ops`,
+    :func:`~mla_lab.model.timing.step_time_ms`) for ``rank``: its KV-cache and weight dtypes, MoE layout and
+    expert-parallel size (``tp`` under ``ep``; None under ``tp``)."""
+    return dict(kv_cache_dtype=rank.kv_cache_dtype, weight_dtype=rank.weight_dtype, moe_parallel=rank.moe_parallel,
+                ep_size=rank.ep_size)
 
-    def __init__(self, model, tp, arch, strategy, prefill, decode_ctx, cal, dcal, kw, decode_kernels: str = "engine"):
-        self.model, self.tp, self.arch, self.strategy, self.kw = model, tp, arch, strategy, kw
+
+class _Parts:
+    """Per-layer pricing of one step's tokens with the decode calibration (shared by the fit and the pricer).
+
+    ``rank``: the TP rank priced (:class:`~mla_lab.rank.RankView`, checked at its door); ``strategy`` a canonical
+    name; ``prefill`` chunks ``(req, start, n)``; ``decode_ctx`` the decode tokens' contexts (tokens);
+    ``cal`` / ``dcal`` resolved calibrations; ``decode_kernels``: ``engine`` or ``fit`` (below).
+    """
+
+    def __init__(self, rank: RankView, strategy: str, prefill, decode_ctx, cal: Calibration, dcal: DecodeCalibration,
+                 decode_kernels: str = "engine"):
+        self.rank, self.strategy, self.kw = rank, strategy, _layer_kw(rank)
+        self.model, self.tp, self.arch = rank.model, rank.tp, rank.arch
         self.cal, self.dcal = cal, dcal
         self.gcal = dcal.graph_calibration(cal)
         self.icl = replace(self.gcal, classes={**self.gcal.classes, "indexer_logits": dcal.idx_decode})
@@ -93,7 +107,7 @@ class _Parts:
         self.decode_ctx = [int(c) for c in decode_ctx]
         self.ws = WorkStep([(i, c - 1, 1) for i, c in enumerate(self.decode_ctx)]
                            + [(10**9 + i, s, n) for i, (_, s, n) in enumerate(self.prefill)])
-        topk = model.topk
+        topk = rank.model.topk
         self.dec_keys = [min(c, topk) for c in self.decode_ctx]
         # "engine": the engines' own decode kernels priced by their parallelism (mla_lab.model.decode_kernels);
         # "fit": the decode calibration's KernelDecode (what h200_decode.csv was fitted with, to reproduce that fit)
@@ -153,32 +167,32 @@ def _eager_ms(gpu_ms: float, n_ops: int, dcal: DecodeCalibration) -> tuple[float
     return max(gpu_ms + n_ops * dcal.eager_gap_us * 1e-3, host), host
 
 
-def _resolve_objs(model, arch) -> tuple[ModelConfig, GPUArch]:
-    return (model if isinstance(model, ModelConfig) else load_model(model),
-            arch if isinstance(arch, GPUArch) else get_arch(arch))
-
-
-def layer_decode_ms(model: ModelConfig | str, tp: int, arch: GPUArch | str, strategy: str, prefill=(),
-                    decode_contexts=(), calibration: Calibration | None = None,
-                    decode_cal: DecodeCalibration | None = None, *, graph: bool = True, measured_subset: bool = True,
-                    kv_cache_dtype: str = "bf16", weight_dtype: str = "bf16", moe_parallel: str = "ep",
-                    ep_size: int | None = None, decode_kernels: str = "engine") -> dict:
+def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(),
+                    calibration: Calibration | None = None, decode_cal: DecodeCalibration | None = None, *,
+                    graph: bool = True, measured_subset: bool = True, decode_kernels: str = "engine") -> dict:
     """One per-rank MoE layer of a step (``prefill`` chunks ``(req, start, n)`` + decode tokens with
-    ``decode_contexts``), priced with the decode calibration: what ``benchmarks/fit_decode.py`` fits and
+    ``decode_contexts``, tokens), priced with the decode calibration: what ``mla_lab.fits.decode`` fits and
     validates against ``decode_layer.csv``.
 
-    ``measured_subset``: only the ops the measured layer runs (``layer_ops`` ops with ``impl``, no comm;
-    :data:`EXCLUDED_FROM_MEASURED`); ``graph``: CUDA-graph replay (GPU time) or eager (launch model).
+    ``rank``: the TP rank (:class:`~mla_lab.rank.RankView`: model, tp, GPU, KV-cache / weight dtypes, MoE layout,
+    expert-parallel size), built at a door (``Deployment.rank_of(...)`` or ``Deployment.of(...).rank``; another
+    ``ep_size``: :meth:`RankView.with_ep_size <mla_lab.rank.RankView.with_ep_size>`); nothing is defaulted or
+    re-checked here. The measured decode layer ran bf16 weights (``benchmarks/bench_decode.py``), so the fit's rank
+    says ``weight_dtype="bf16"``. ``measured_subset``: only the ops the measured layer runs (``layer_ops`` ops with
+    ``impl``, no comm; :data:`EXCLUDED_FROM_MEASURED`); ``graph``: CUDA-graph replay (GPU time) or eager (launch
+    model); ``decode_kernels``: ``engine`` (the engines' decode kernels by their parallelism,
+    :mod:`mla_lab.model.decode_kernels`) or ``fit`` (the decode calibration's :class:`KernelDecode`, as fitted).
 
-    Returns ``{"total_ms", "gpu_ms", "host_ms", "n_ops", "ops": {name: ms}}``.
+    Returns ``{"total_ms", "gpu_ms", "host_ms", "n_ops", "ops": {name: ms}}`` (ms, one layer).
+
+    Raises:
+        ValueError: an unknown strategy or ``decode_kernels`` (one line, the allowed values).
     """
-    model, arch = _resolve_objs(model, arch)
     strategy = resolve_strategy(strategy)
     cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
-    kw = dict(kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype, moe_parallel=moe_parallel, ep_size=ep_size)
-    parts = _Parts(model, tp, arch, strategy, prefill, decode_contexts, cal, dcal, kw, decode_kernels)
-    ops = layer_ops(model, tp, arch, strategy, parts.ws, layer_kind="moe", **kw)
+    parts = _Parts(rank, strategy, prefill, decode_contexts, cal, dcal, decode_kernels)
+    ops = layer_ops(rank.model, rank.tp, rank.arch, strategy, parts.ws, layer_kind="moe", **parts.kw)
     if measured_subset:
         ops = [op for op in ops if op.impl and not op.is_comm]
     per = {op.name: parts.op_ms(op) for op in ops}
@@ -192,34 +206,33 @@ class EnginePricer:
     (every rank runs the same step in lockstep under TP), priced by the lab's cost model (module docstring).
 
     Args:
-        model, tp, arch: model config or name, tensor-parallel size, GPU (object or name).
-        strategy: a canonical strategy, alias or preset (a two-member preset gives its first member).
+        rank: the TP rank priced (:class:`~mla_lab.rank.RankView`: model, tp, GPU, KV-cache dtype (``bf16``: the
+            padded kernel, decode included; ``fp8``: no padding), weight dtype, MoE layout and expert-parallel
+            size), built at a door (``Deployment.of(...).rank``, ``Deployment.rank_of(...)``); nothing here is
+            defaulted or re-checked. The PR's deployment: ``Deployment.seed().rank`` (GLM-5.2-FP8, ``-ep``).
+        strategy: a canonical strategy, alias or preset (a two-member preset gives its first member); an argument,
+            not a field of the rank: one rank is priced under several strategies.
         calibration: the layer model's calibration (None: the committed one).
-        weight_dtype, moe_parallel: as :func:`mla_lab.model.ops.layer_ops` (the PR ran GLM-5.2-FP8 with ``-ep``).
         decode_cal: a :class:`DecodeCalibration` (None: :func:`load_decode_calibration`).
-        kv_cache_dtype: ``bf16`` (the padded kernel, decode included) or ``fp8`` (no padding).
-        ep_size: expert-parallel size (default ``tp``).
 
     Calling it returns the step's ms; :meth:`price` returns the breakdown.
 
     Raises:
-        ValueError: as the cost model's functions (unknown strategy, model, arch, dtype).
+        ValueError: an unknown strategy (one line, the allowed values).
     """
 
-    def __init__(self, model, tp: int, arch, strategy: str, calibration: Calibration | None = None,
-                 weight_dtype: str = "fp8", moe_parallel: str = "ep", decode_cal: DecodeCalibration | None = None,
-                 kv_cache_dtype: str = "bf16", ep_size: int | None = None):
-        self.model, self.arch = _resolve_objs(model, arch)
-        self.tp = tp
+    def __init__(self, rank: RankView, strategy: str, calibration: Calibration | None = None,
+                 decode_cal: DecodeCalibration | None = None):
+        self.rank = rank
+        self.model, self.tp, self.arch = rank.model, rank.tp, rank.arch
         self.strategy = resolve_strategy(strategy)
-        self.kv_cache_dtype = normalize_kv_cache_dtype(kv_cache_dtype)
+        self.kv_cache_dtype = rank.kv_cache_dtype
         self.calibration = resolve_calibration(calibration)
         self.decode_cal = decode_cal if decode_cal is not None else load_decode_calibration()
-        self.kw = dict(kv_cache_dtype=self.kv_cache_dtype, weight_dtype=weight_dtype, moe_parallel=moe_parallel,
-                       ep_size=ep_size)
+        self.kw = _layer_kw(rank)
         self.gcal = self.decode_cal.graph_calibration(self.calibration)
         one = WorkStep([(0, 0, 1)])
-        counted = step_ops(self.model, tp, self.arch, self.strategy, one, **self.kw)
+        counted = step_ops(self.model, self.tp, self.arch, self.strategy, one, **self.kw)
         self.n_ops = sum(n for _, n in counted)  # launches per step (every op of every layer, once)
         L = self.model.num_hidden_layers
         idx_layers = len({i for i in self.model.indexer_layers if 0 <= i < L})
@@ -235,8 +248,8 @@ class EnginePricer:
         """The step's time and its parts: ``total_ms``, ``gpu_ms``, ``host_ms`` (eager steps), ``launch``
         (``graph`` or ``eager``), ``by_op`` (ms over all layers), ``attention_path_ms``, ``comm_ms``."""
         prefill = [(c.req_id, c.start, c.num_tokens) for c in step.prefill_chunks]
-        parts = _Parts(self.model, self.tp, self.arch, self.strategy, prefill,
-                       [d.context_len for d in step.decode], self.calibration, self.decode_cal, self.kw)
+        parts = _Parts(self.rank, self.strategy, prefill, [d.context_len for d in step.decode], self.calibration,
+                       self.decode_cal)
         base = step_time_ms(self.model, self.tp, self.arch, self.strategy, parts.ws, self.gcal, **self.kw)
         by = dict(base["by_op"])
         one_layer = {op.name: op for op in layer_ops(self.model, self.tp, self.arch, self.strategy, parts.ws,

@@ -46,8 +46,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..deployment import Deployment
+from ..model.calibration import Calibration
+from ..model.decode_calibration import DecodeCalibration
 from ._checks import check_float, check_int
-from .benchmark import serve_benchmark
+from .benchmark import bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
 from .engine_pricer import EnginePricer
 from .pricing import LinearStepPricer
@@ -541,14 +544,16 @@ NOISE_METRICS = (("duration", "Benchmark duration (s)"), ("request_throughput", 
                  ("p99_tpot_ms", "P99 TPOT (ms)"), ("mean_itl_ms", "Mean ITL (ms)"))
 
 
-def serve_benchmark_noise(model, tp: int, arch, strategies, bench: BenchConfig, *, num_runs: int = 200,
-                          seed: int = 0, noise: NoiseConfig | None = None, max_num_batched_tokens: int = 16384,
-                          max_num_seqs: int = 256, block_size: int = 64, baseline: str | None = None,
-                          **kw) -> dict:
+def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig | None = None, *,
+                          num_runs: int = 200, seed: int = 0, noise: NoiseConfig | None = None,
+                          block_size: int = 64, baseline: str | None = None, calibration: Calibration | None = None,
+                          decode_cal: DecodeCalibration | None = None) -> dict:
     """``num_runs`` single runs of ``vllm bench serve`` per strategy (the noise model; async scheduling on, vLLM's
     default), each strategy with its own KV capacity as :func:`~mla_lab.serving.serve_benchmark` gives it, priced
-    by :class:`~mla_lab.serving.EnginePricer`. ``kw``: the other arguments of ``serve_benchmark``
-    (``gpu_memory_utilization``, ``kv_cache_dtype``, ``weight_dtype``, ``moe_parallel``).
+    by :class:`~mla_lab.serving.EnginePricer` of ``deployment.rank``. ``deployment``, ``bench``, ``block_size``,
+    ``baseline``, ``calibration`` and ``decode_cal``: as :func:`~mla_lab.serving.serve_benchmark` (a Deployment,
+    not its rank view, for the same reason: the KV-cache budget and the workload are the deployment's; nothing is
+    defaulted or re-checked here).
 
     Every strategy's runs use the same draws (``run_noise``'s build 0 for the baseline, build 1 for the others):
     the baseline's runs are the same in every pair.
@@ -565,15 +570,16 @@ def serve_benchmark_noise(model, tp: int, arch, strategies, bench: BenchConfig, 
     if num_runs < 2:
         raise ValueError(f"num_runs={num_runs!r} must be an int >= 2 (1 is the deterministic serve_benchmark)")
     extra = {} if baseline is None else {"baseline": baseline}
-    det = serve_benchmark(model, tp, arch, strategies, bench, max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                          block_size=block_size, **extra, **kw)
+    bench = bench_of(deployment) if bench is None else bench
+    det = serve_benchmark(deployment, strategies, bench, block_size=block_size, calibration=calibration,
+                          decode_cal=decode_cal, **extra)
     base = det["baseline"]
-    pkw = {k: kw[k] for k in ("weight_dtype", "moe_parallel", "kv_cache_dtype") if k in kw}
+    d = deployment
     scheds, pricers = {}, {}
     for s, r in det["strategies"].items():
-        scheds[s] = SchedulerConfig(max_num_batched_tokens, max_num_seqs, r["kv_capacity_tokens"], block_size,
-                           async_scheduling=True)
-        pricers[s] = CachedPricer(EnginePricer(model, tp, arch, s, **pkw))
+        scheds[s] = SchedulerConfig(d.max_num_batched_tokens, d.max_num_seqs, r["kv_capacity_tokens"], block_size,
+                                    async_scheduling=True)
+        pricers[s] = CachedPricer(EnginePricer(d.rank, s, calibration, decode_cal))
     keys = [k for k, _ in NOISE_METRICS]
     res = {s: run_noise(bench, scheds[base], pricers[base], None if s == base else pricers[s],
                         sched_b=scheds[s], num_runs=num_runs, seed=seed, noise=noise) for s in det["strategies"]}

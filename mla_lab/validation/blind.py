@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..deployment import Deployment
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
 from ..serving import BenchConfig
@@ -117,10 +118,10 @@ def _run(case: dict, wl: tuple, seed: int, log) -> dict:
     wl_rec = {"random_input_len": i, "random_output_len": o, "max_concurrency": c, "num_prompts": n,
               "request_rate": "inf" if math.isinf(rate) else rate}
     try:
-        r = serve_benchmark_noise(case["model"], 8, "h200", strategies, bench, num_runs=runs, seed=seed,
-                                  max_num_batched_tokens=mbt, max_num_seqs=mns, baseline=strategies[0],
-                                  kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="tp",
-                                  gpu_memory_utilization=0.9)
+        dep = Deployment.of(model=case["model"], tp=8, arch="h200", max_num_batched_tokens=mbt, max_num_seqs=mns,
+                            kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="tp", gpu_memory_utilization=0.9,
+                            prompt_len=i, output_len=o, num_prompts=n, concurrency=c)
+        r = serve_benchmark_noise(dep, strategies, bench, num_runs=runs, seed=seed, baseline=strategies[0])
     except Exception as e:  # a run the lab cannot price is recorded as such, before reading
         log(f"  {case['id']} {wl_rec}: not priced ({type(e).__name__}: {e})")
         return {"workload": wl_rec, "not_priced": f"{type(e).__name__}: {e}"}

@@ -29,6 +29,7 @@ import sys
 from dataclasses import replace
 
 from ..arch import get_arch
+from ..deployment import Deployment
 from ..model.calibration import resolve_calibration
 from ..model.decode_calibration import load_decode_calibration
 from ..model.ops import layer_ops
@@ -54,10 +55,17 @@ BATCH, CTX, STEPS = 32, 1024 + 64, 127  # the mid-run decode step: 32 requests, 
 MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, BLOCK_SIZE = 16384, 256, 64
 
 
+def _deployment() -> Deployment:
+    """The run's deployment: the PR's (:meth:`Deployment.seed`: fp8 weights, EP, bf16 KV, PR_BENCH's workload) on
+    GLM-5.2."""
+    return Deployment.seed(model=MODEL, tp=TP, arch=ARCH, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                           max_num_seqs=MAX_NUM_SEQS)
+
+
 def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
     """The lab's decode step of the run (32 tokens, 1088-key contexts) on one rank: ``total_ms`` and ``by_op`` (ms
     over the 78 layers), :meth:`mla_lab.serving.EnginePricer.price`."""
-    p = EnginePricer(MODEL, TP, ARCH, strategy)
+    p = EnginePricer(_deployment().rank, strategy)
     dec = tuple(DecodeToken(i, CTX) for i in range(BATCH))
     st = Step(decode=dec, cudagraph_mode="FULL", cudagraph_num_tokens=BATCH) if graph else Step(decode=dec)
     r = p.price(st)
@@ -66,12 +74,12 @@ def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
 
 
 def _revised() -> dict:
-    cap = serve_benchmark(MODEL, TP, ARCH, [BEFORE], PR_BENCH, MAX_NUM_BATCHED_TOKENS, max_num_seqs=MAX_NUM_SEQS,
-                          block_size=BLOCK_SIZE)["strategies"][BEFORE]["kv_capacity_tokens"]
+    dep = _deployment()
+    cap = serve_benchmark(dep, [BEFORE], PR_BENCH, block_size=BLOCK_SIZE)["strategies"][BEFORE]["kv_capacity_tokens"]
     pred = json.loads(PREDICTION_FILE.read_text())
     noise = NoiseConfig.from_record(pred["noise"])
     sched = SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE, async_scheduling=True)
-    m = simulate_once(replace(PR_BENCH, seed=12345), sched, EnginePricer(MODEL, TP, ARCH, BEFORE),
+    m = simulate_once(replace(PR_BENCH, seed=12345), sched, EnginePricer(dep.rank, BEFORE),
                       noise.without_noise()).metrics
     return {k: float(m[k]) for k in ("duration", "request_throughput", "output_throughput", "mean_ttft_ms",
                                      "p99_ttft_ms", "mean_tpot_ms")}

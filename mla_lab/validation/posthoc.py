@@ -13,6 +13,7 @@ import json
 import math
 import sys
 
+from ..deployment import Deployment
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
 from ..serving import BenchConfig, serve_benchmark
@@ -42,8 +43,12 @@ def posthoc(log=print) -> dict:
                                 random_output_len=w["random_output_len"], max_concurrency=w.get("max_concurrency"),
                                 request_rate=math.inf if rate == "inf" else float(rate))
             strat = case["strategies"][rr["backend"]]
-            r = serve_benchmark(case["model"], 8, "h200", [strat], bench, SERVE_DEFAULTS["max_num_batched_tokens"],
-                                max_num_seqs=SERVE_DEFAULTS["max_num_seqs"], baseline=strat, moe_parallel="tp")
+            dep = Deployment.of(model=case["model"], tp=8, arch="h200", kv_cache_dtype="bf16", weight_dtype="fp8",
+                                moe_parallel="tp", max_num_batched_tokens=SERVE_DEFAULTS["max_num_batched_tokens"],
+                                max_num_seqs=SERVE_DEFAULTS["max_num_seqs"], prompt_len=bench.random_input_len,
+                                output_len=bench.random_output_len, num_prompts=bench.num_prompts,
+                                concurrency=bench.max_concurrency)
+            r = serve_benchmark(dep, [strat], bench, baseline=strat)
             m = r["strategies"][strat]["metrics"]
             for k, real in rr["metrics"].items():
                 if k in m and real:
