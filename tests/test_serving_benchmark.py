@@ -55,15 +55,12 @@ def test_serve_benchmark_refuses_a_strategy_whose_extra_takes_the_whole_kv_capac
     and comes before the baseline is simulated."""
     import re
 
-    from mla_lab.arch import get_arch
     from mla_lab.model.memory import memory_tradeoff
-    from mla_lab.models import load_model
 
-    kw = dict(weight_dtype="fp8", moe_parallel="ep", strategies=["private_workspace"])
-    mem = memory_tradeoff(load_model("glm-5"), 8, get_arch("h200"), 16384, "bf16", gpu_memory_utilization=0.9, **kw)
+    mem = memory_tradeoff(Deployment.seed(), strategies=["private_workspace"])
     extra = mem["strategies"]["private_workspace"]["extra_bytes"]
     u = (0.9 * mem["total_memory_bytes"] - mem["kv_budget_bytes"] + extra / 2) / mem["total_memory_bytes"]
-    mem_u = memory_tradeoff(load_model("glm-5"), 8, get_arch("h200"), 16384, "bf16", gpu_memory_utilization=u, **kw)
+    mem_u = memory_tradeoff(Deployment.seed(gpu_memory_utilization=u), strategies=["private_workspace"])
     assert 0 < mem_u["kv_capacity_tokens"] < mem_u["strategies"]["private_workspace"]["kv_tokens_lost"]
     with pytest.raises(ValueError) as e:
         serve_benchmark(Deployment.seed(gpu_memory_utilization=u), ["vllm-53878"], PR_BENCH)

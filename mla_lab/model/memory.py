@@ -11,10 +11,8 @@ from __future__ import annotations
 import math
 
 from .._validate import check_int
-from ..arch import GPUArch
 from ..buffers import MIB, STRATEGIES, memory_account_of, shared_workspace_other_bytes
-from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_SEQS, Deployment
-from ..models import ModelConfig
+from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
 from ..placement import BASELINE, expand
 from ..rank import RankView
 from .ops import BF16, FP32, WEIGHT_DTYPES
@@ -68,15 +66,8 @@ def activation_peak_bytes(rank: RankView) -> int:
 
 
 def memory_tradeoff(
-    deployment: Deployment | ModelConfig,
-    tp: int | None = None,
-    arch: GPUArch | None = None,
-    max_num_batched_tokens: int | None = None,
-    kv_cache_dtype: str | None = None,
-    gpu_memory_utilization: float | None = None,
+    deployment: Deployment,
     *,
-    weight_dtype: str | None = None,
-    moe_parallel: str | None = None,
     ep_size: int | None = None,
     total_memory_bytes: int | None = None,
     include_indexer: bool = True,
@@ -105,46 +96,21 @@ def memory_tradeoff(
         "fits", "accounts": {s: MemoryAccount}}`` plus the assumptions.
 
     ``deployment``: a :class:`~mla_lab.deployment.Deployment` (model, tp, arch, max_num_batched_tokens, KV dtype,
-    weight dtype, MoE layout and gpu_memory_utilization from it; the positional arguments after it must be left
-    out). The older form ``memory_tradeoff(model, tp, arch, max_num_batched_tokens, kv_cache_dtype,
-    gpu_memory_utilization, weight_dtype=..., moe_parallel=...)`` is kept for the serving benchmark; there
-    ``weight_dtype`` and ``moe_parallel`` are required (no default), ``gpu_memory_utilization`` defaults to 0.9.
+    weight dtype, MoE layout and gpu_memory_utilization from it, checked at its door; ``Deployment.replace(...)``
+    changes one). The older loose form ``memory_tradeoff(model, tp, arch, ...)`` is gone (issue 31: the serving
+    benchmark, its last caller, takes a Deployment).
     ``strategies``: :class:`~mla_lab.placement.Strategy` objects or door names (presets, aliases; default every
     fixed canonical strategy);
     ``shared_workspace_bytes``: the shared workspace's size from its other users (default
     :func:`mla_lab.buffers.shared_workspace_other_bytes`, the fused-MoE scratch at ``max_num_batched_tokens``).
 
     Raises:
-        ValueError: a Deployment given with positional deployment arguments; the older form without
-            weight_dtype / moe_parallel; as :meth:`mla_lab.deployment.Deployment.of` and the functions it calls.
+        ValueError: a bad ``total_memory_bytes`` / ``shared_workspace_bytes`` / ``ep_size`` (one line).
     """
-    if isinstance(deployment, Deployment):
-        given = {k: v for k, v in (("tp", tp), ("arch", arch), ("max_num_batched_tokens", max_num_batched_tokens),
-                                   ("kv_cache_dtype", kv_cache_dtype),
-                                   ("gpu_memory_utilization", gpu_memory_utilization),
-                                   ("weight_dtype", weight_dtype), ("moe_parallel", moe_parallel)) if v is not None}
-        if given:
-            raise ValueError(f"memory_tradeoff(deployment, ...) got {sorted(given)} as well; allowed: none of them "
-                             "(the Deployment carries them; Deployment.replace(...) changes one)")
-        d = deployment
-    else:
-        missing = [k for k, v in (("weight_dtype", weight_dtype), ("moe_parallel", moe_parallel)) if v is None]
-        if missing:
-            raise ValueError(f"memory_tradeoff(model, ...) needs {missing} (no default: nothing is priced as bf16 "
-                             "or TP-sharded by accident); allowed: weight_dtype 'bf16'/'fp8', moe_parallel 'ep'/'tp',"
-                             " or pass a mla_lab.deployment.Deployment")
-        d = Deployment.of(model=deployment, tp=tp, arch=arch, max_num_batched_tokens=max_num_batched_tokens,
-                          kv_cache_dtype=kv_cache_dtype if kv_cache_dtype is not None else "bf16",
-                          weight_dtype=weight_dtype, moe_parallel=moe_parallel, prompt_len=1,
-                          # no memory figure reads max_num_seqs; the serving door checks vLLM's rule with its own
-                          max_num_seqs=min(DEFAULT_MAX_NUM_SEQS, max_num_batched_tokens)
-                          if isinstance(max_num_batched_tokens, int) and max_num_batched_tokens > 0
-                          else DEFAULT_MAX_NUM_SEQS,
-                          gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None
-                          else gpu_memory_utilization)
+    d = deployment
     model, tp, arch, max_num_batched_tokens = d.model, d.tp, d.arch, d.max_num_batched_tokens
     kv_cache_dtype, gpu_memory_utilization = d.kv_cache_dtype, d.gpu_memory_utilization
-    weight_dtype, moe_parallel = d.weight_dtype, d.moe_parallel
+    moe_parallel = d.moe_parallel
     H = d.num_heads
     total = arch.hbm_gb * 1e9 if total_memory_bytes is None else total_memory_bytes
     if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 0:
