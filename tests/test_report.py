@@ -154,7 +154,13 @@ def test_seed_table_takes_measured_rows(modelled):
                        & (modelled["prompt_len"] == 1024)]
     meas = _fake_measured(seedish)
     t = report.seed_setup_table(modelled, meas).set_index("quantity")
-    assert t.loc[ROW, "ours (measured)"] == "-7.2%"
+    # the sweep's measured rows: one process, their rounds interleaved; the label says so (issue 31)
+    assert t.loc[ROW, "ours (measured)"].startswith("-7.2% (one process")
+    # with the seed answer's rows, the table states the seed answer's figure and basis, not the sweep rows'
+    rows = [{"model": "glm-5", "strategy": PR, "against": BASE, "measured_pct": -1.07, "measured_lo": -1.7,
+             "measured_hi": -0.9, "measured_basis": "processes", "n_processes": 5, "rounds": 5}]
+    t2 = report.seed_setup_table(modelled, meas, answer_rows=rows).set_index("quantity")
+    assert t2.loc[ROW, "ours (measured)"] == "-1.1% [-1.7, -0.9] (5 fresh processes)"
     # the fake measured rows carry no per-call peak: nothing measured to show for memory
     assert t.loc["extra memory per GPU", "ours (measured)"] == "-"
     meas = meas.assign(measured_peak_extra_bytes=[2184 * 2**20 if s == BASE else 1152 * 2**20

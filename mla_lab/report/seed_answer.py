@@ -249,7 +249,8 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
     Columns: ``model``, ``comm term``, ``priced by`` (:meth:`~mla_lab.model.calibration.Calibration.comm_source`),
     ``all-reduce ms`` (the run's all-reduces, one rank, vLLM before the PR), ``share of run %`` (of the whole
     run, the last prompt's TTFT), ``TTFT before the PR ms`` (mean over prompts, modelled), and the PR's TTFT change against vLLM before it with zero and with stale padded
-    heads, modelled and with the attention path measured (``%``)."""
+    heads, modelled and with the attention path measured (``%``; the column names the measurement's basis, e.g.
+    ``attention measured (5 fresh processes)``)."""
     import pandas as pd
 
     base = resolve_calibration(None)
@@ -262,6 +263,9 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
     out = []
     for label, cal in terms:
         rows = seed_answer(models, presets_csv, calibration=cal)
+        # the measured columns name their basis, as the seed answer's table does (one figure, one label)
+        n = {r["n_processes"] for r in rows if r.get("measured_basis") == "processes"}
+        meas = f"attention measured ({n.pop()} fresh processes)" if len(n) == 1 else "attention measured"
         for name in models:
             pr = {parse_strategy(r["against"]): r for r in rows if r["model"] == name and r["strategy"] == PR_STRATEGY}
             z, st = (next(r for s, r in pr.items() if s.placement == "per_call_empty" and s.content == c)
@@ -271,9 +275,9 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
                 "share of run %": 100 * z["comm_ms"] / z["against_run_ms"],
                 "TTFT before the PR ms": z["against_ttft_ms"],
                 "PR vs before, zeros, modelled %": z["modelled_pct"],
-                "PR vs before, zeros, attention measured %": z["measured_pct"],
+                f"PR vs before, zeros, {meas} %": z["measured_pct"],
                 "PR vs before, stale, modelled %": st["modelled_pct"],
-                "PR vs before, stale, attention measured %": st["measured_pct"],
+                f"PR vs before, stale, {meas} %": st["measured_pct"],
             })
     return pd.DataFrame(out)
 

@@ -13,7 +13,7 @@ from ..seed import SEED, SEED_REPORTED, seed_point
 from ..sweep.rows import modelled_rows
 from .data import ok_rows
 
-__all__ = ["provenance_summary", "provenance_html", "save_provenance", "seed_setup_table", "summary_table",
+__all__ = ["provenance_summary", "provenance_html", "save_provenance", "seed_setup_table", "summary_table", "measured_basis",
            "summary_html", "html_table", "validation_table"]
 
 
@@ -118,15 +118,28 @@ def save_provenance(df, figure_dir: str | Path, **extra) -> Path:
 PR = "private_workspace"
 
 
-def seed_setup_table(df=None, measured=None, serving=None):
+def measured_basis(rows) -> str:
+    """What a measured sweep row's TTFT rests on, in words: the sweep times every strategy of a point in one
+    process, ``num_runs`` interleaved rounds (:func:`mla_lab.sweep.rows.measured_rows`), unlike the seed answer's
+    fresh processes (:mod:`mla_lab.report.seed_answer`)."""
+    n = rows["num_runs"].dropna().unique() if "num_runs" in getattr(rows, "columns", ()) else []
+    return "one process" + (f", {int(n[0])} interleaved runs" if len(n) == 1 else "")
+
+
+def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
     """The seed's setup (vLLM PR #53878 benchmark: GLM-5 TP8, Hopper, bf16 KV cache, max_num_batched_tokens 16384,
     32 prompts x 1024 tokens at concurrency 32): reported numbers beside ours.
 
     ``serving``: a :func:`mla_lab.serving.serve_benchmark` result for the seed deployment; it fills the total
     token throughput row (modelled, the step-level simulation of ``vllm bench serve``).
 
+    ``answer_rows``: :func:`mla_lab.report.seed_answer.seed_answer`'s rows. Given, the measured TTFT change is
+    theirs (the attention path in fresh processes, median [min, max]), so the report states that figure once, as the
+    seed answer's table does; else it is the matching measured sweep rows' median, labelled with their basis (one
+    process, interleaved runs).
+
     Ours (modelled) comes from ``df`` when it holds the seed point, else it is priced now with
-    :func:`mla_lab.sweep.rows.modelled_rows`; ours (measured) from matching measured rows, if any.
+    :func:`mla_lab.sweep.rows.modelled_rows`; ours (measured) as above, if any.
     """
     import pandas as pd
 
@@ -165,6 +178,16 @@ def seed_setup_table(df=None, measured=None, serving=None):
     wd = str(mod["weight_dtype"].iloc[0]) if "weight_dtype" in mod.columns else "fp8"
     mp = str(mod["moe_parallel"].iloc[0]) if "moe_parallel" in mod.columns else "ep"
     pk_u, pk_f = val(meas, BASELINE, "measured_peak_extra_bytes"), val(meas, PR, "measured_peak_extra_bytes")
+    ans = [r for r in (answer_rows or []) if r["model"] == SEED["model"] and r["strategy"] == PR
+           and r["against"] == BASELINE and r["measured_pct"] is not None]
+    if ans:  # the seed answer's figure, as its table states it
+        a = ans[0]
+        basis = (f"{a['n_processes']} fresh processes" if a.get("measured_basis") == "processes"
+                 else f"{a['rounds']} rounds of one process")
+        measured_change = f"{a['measured_pct']:+.1f}% [{a['measured_lo']:+.1f}, {a['measured_hi']:+.1f}] ({basis})"
+    else:
+        v = val(meas, PR, "ttft_change_pct")
+        measured_change = "-" if v is None else f"{v:+.1f}% ({measured_basis(meas[meas['strategy'] == PR])})"
     rows = [
         ("setup", "GLM-5.2-FP8, TP8 + EP, Hopper, bf16 KV, --max-num-batched-tokens 16384, 32 x 1024 in / 128 out, "
                   "concurrency 32", f"GLM-5 geometry, TP8, h200 card, bf16 KV, 16384, 32 x 1024 at concurrency 32, "
@@ -174,7 +197,7 @@ def seed_setup_table(df=None, measured=None, serving=None):
         ("heads per rank -> workspace heads", "8 -> 64", f"{int(mod['num_heads'].iloc[0])} -> "
          f"{int(mod[mod['strategy'] == PR]['q_concat_heads'].iloc[0])}", "-", "vLLM's padding rule"),
         ("TTFT change, vLLM #53878 vs vLLM before it (zero padded heads)", f"{rep['ttft_change_pct']:+.1f}%",
-         f(t_f, "{:+.1f}%"), f(val(meas, PR, "ttft_change_pct"), "{:+.1f}%"),
+         f(t_f, "{:+.1f}%"), measured_change,
          f"modelled: TTFT scope '{scope}'" + (" (attention path only: a lower bound on TTFT, so it overstates the "
                                               "relative change)" if scope == "attention_path" else "")
          + "; measured: the attention path timed on the GPU per step, the rest of the layer from the same model"),
@@ -198,20 +221,27 @@ def seed_setup_table(df=None, measured=None, serving=None):
                                        "note"])
 
 
-def summary_table(df, tp=None, max_num_batched_tokens=None, compact: bool = False):
-    """Table: per (model, tp, arch, max_num_batched_tokens, prompt_len, strategy) the heads, extra MiB,
-    KV tokens lost, TTFT ms and change %, source. ``compact`` drops the columns that hold a single value (see
-    :func:`constant_columns` for what they were)."""
+def summary_table(df, tp=None, max_num_batched_tokens=None, compact: bool = False, label_basis: bool = False):
+    """Table: per (model, tp, arch, max_num_batched_tokens, prompt_len, strategy) the source, TTFT ms and change
+    %, extra MiB, KV tokens lost, heads. ``compact`` drops the columns that hold a single value (see
+    :func:`constant_columns` for what they were). ``label_basis``: a measured row's source says what it rests on
+    (``measured (one process, 11 interleaved runs)``, :func:`measured_basis`), so it is not read as the seed
+    answer's between-process figure."""
     d = ok_rows(df)
     if tp is not None:
         d = d[d["tp"] == tp]
     if max_num_batched_tokens is not None:
         d = d[d["max_num_batched_tokens"] == max_num_batched_tokens]
-    cols = ["model", "tp", "arch", "kv_cache_dtype", "max_num_batched_tokens", "prompt_len", "strategy", "num_heads",
-            "q_concat_heads", "extra_persistent_mib", "kv_tokens_lost", "ttft_ms", "ttft_change_pct", "ttft_scope",
-            "source"]
+    if label_basis and "source" in d.columns:
+        d = d.copy()
+        m = d["source"] == "measured"
+        d.loc[m, "source"] = [f"measured ({measured_basis(d.loc[[i]])})" for i in d.index[m]]
+    # the row's name, then its source and figures first: a narrow view (html_table) still says which row is which
+    cols = ["model", "tp", "arch", "kv_cache_dtype", "max_num_batched_tokens", "prompt_len", "strategy", "source",
+            "ttft_ms", "ttft_change_pct", "extra_persistent_mib", "kv_tokens_lost", "num_heads", "q_concat_heads",
+            "ttft_scope"]
     cols = [c for c in cols if c in d.columns]
-    out = d[cols].sort_values(cols[:7]).reset_index(drop=True)
+    out = d[cols].sort_values(cols[:8]).reset_index(drop=True)
     out = out.round({"extra_persistent_mib": 1, "kv_tokens_lost": 0, "ttft_ms": 2, "ttft_change_pct": 2})
     if compact and len(out) > 1:
         out = out[[c for c in out.columns if out[c].nunique(dropna=False) > 1 or c in ("model", "strategy")]]
@@ -219,8 +249,8 @@ def summary_table(df, tp=None, max_num_batched_tokens=None, compact: bool = Fals
 
 def summary_html(df, tp=None, max_num_batched_tokens=None) -> str:
     """:func:`summary_table` as a compact HTML table whose caption names the values shared by every row."""
-    full = summary_table(df, tp, max_num_batched_tokens)
-    table = summary_table(df, tp, max_num_batched_tokens, compact=True)
+    full = summary_table(df, tp, max_num_batched_tokens, label_basis=True)
+    table = summary_table(df, tp, max_num_batched_tokens, compact=True, label_basis=True)
     shared = ", ".join(f"{c} = {full[c].iloc[0]}" for c in full.columns if c not in table.columns and len(full))
     return html_table(table, caption=f"Every row: {shared}." if shared else None)
 

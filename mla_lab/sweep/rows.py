@@ -320,9 +320,16 @@ def compute_rows(point: dict, mode: str) -> list[dict]:
     raise ValueError(f"mode={mode!r} is not known; allowed: {list(MODES)}")
 
 
+#: The analytic memory columns of a row (:func:`memory_columns`); a measured row's are re-derived with them.
+MEMORY_COLUMNS = ("q_concat_heads", "kernel_heads", "persistent_bytes", "persistent_mib", "step_transient_bytes",
+                  "kernel_out_bytes", "call_transient_bytes", "call_transient_mib", "peak_bytes",
+                  "extra_persistent_bytes", "extra_persistent_mib", "kv_tokens_lost")
+
+
 def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
     """Re-derive the TTFT columns of measured rows with the current model (the measured attention path per step,
-    ``attn_path_ms_steps``, stays as measured). ``weight_dtype`` / ``moe_parallel`` set the layer options for every
+    ``attn_path_ms_steps``, stays as measured), and their analytic memory columns (:data:`MEMORY_COLUMNS`) with
+    the current account, so a measured row states the same bytes as the modelled row of its point. ``weight_dtype`` / ``moe_parallel`` set the layer options for every
     row (default: the row's own columns, else :data:`LAYER_OPTION_DEFAULTS`); the rows record them. Rows without the
     per-step list fall back to ``attn_path_ms_step0`` only when every step of their workload has the same shape,
     else they are left unchanged and marked in ``ttft_note``.
@@ -348,7 +355,11 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
             out.loc[legacy, col] = out.loc[legacy, "strategy"].map(f)
         out.loc[legacy, "baseline"] = "per_call_zeros"
     status = out["status"] if "status" in out.columns else "ok"
-    for i, r in out[(out["source"] == "measured") & (status == "ok")].iterrows():
+    ok = out[(out["source"] == "measured") & (status == "ok")]
+    pk = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype") if c in ok]
+    point_names = {i: sorted(set(g["strategy"])) for _, g in ok.groupby(pk, dropna=False) for i in g.index}
+    accounts: dict = {}  # (deployment, shared_workspace_bytes) -> memory_tradeoff, once per point
+    for i, r in ok.iterrows():
         point = {k: r[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "num_prompts",
                                    "concurrency", "kv_cache_dtype")}
         for k in ("tp", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency"):
@@ -374,6 +385,16 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
         t = predict_ttft(d, r["strategy"], attention_override_ms=attention_ms)
         out.at[i, "ttft_ms"], out.at[i, "ttft_ms_max"], out.at[i, "ttft_scope"] = \
             t["ttft_ms_mean"], t["ttft_ms_max"], t["scope"]
+        # the bytes are analytic, never measured: today's account, as the modelled row of the same point states it
+        key = (d, r.get("shared_workspace_bytes"))
+        if key not in accounts:
+            sw = key[1]
+            accounts[key] = memory_tradeoff(d, strategies=[BASELINE, *point_names[i]],
+                                            shared_workspace_bytes=None if sw is None or pd.isna(sw) else int(sw))
+        mem = memory_columns(point, r["strategy"], d.model, d.arch, accounts[key])
+        for c in MEMORY_COLUMNS:
+            if c in out.columns:
+                out.at[i, c] = mem[c]
     if "baseline" not in out.columns:
         out["baseline"] = BASELINE
     measured = out[out["source"] == "measured"]

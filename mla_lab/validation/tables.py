@@ -87,9 +87,12 @@ def validation_markdown(dec: dict | None = None, score: dict | None = None) -> s
         out += ["", "### Post-hoc: each run's workload as its source states it (not blind, nothing fitted)", "",
                 "The same model after reading, with the runs' own num_prompts, request rate and concurrency "
                 "(`data/validation/blind_2026-12_posthoc.json`, deterministic runs). Mean TPOT (ms):", "",
-                "| run | workload | backend | lab | real | error |", "|---|---|---|---|---|---|"]
+                "| run | workload (in / out, the run's num_prompts) | backend | lab (post-hoc, deterministic) | real | "
+                "error |", "|---|---|---|---|---|---|"]
         for r in [x for x in ph if x["metric"] == "mean_tpot_ms"]:
-            out.append(f"| {r['case']} | {_wl(r['workload'])} | {r['backend']} | {r['posthoc']:.1f} | {r['real']:.1f} | "
+            n = (r.get("as_run") or {}).get("num_prompts")
+            wl = _wl(r["workload"]) + (f", num_prompts {n}" if n else "")  # not the blind set's assumed num_prompts
+            out.append(f"| {r['case']} | {wl} | {r['backend']} | {r['posthoc']:.1f} | {r['real']:.1f} | "
                        f"{r['error_pct']:+.0f} % |")
         fm = [abs(r["error_pct"]) for r in ph if r["metric"] == "mean_tpot_ms" and r["case"] == "pr46189"
               and r["backend"] == "FLASHMLA_SPARSE" and (r["workload"]["max_concurrency"] or 0) <= 8]
