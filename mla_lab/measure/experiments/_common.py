@@ -25,6 +25,12 @@ import mla_lab.strategies as _strategies
 from mla_lab.provenance import provenance
 from mla_lab.workload import Step
 
+#: ``attention_strategies``' default ``--strategies``: the PR's path, the pre-PR per-call pad, and the sub-chunked
+#: workspaces (two S-row workspaces on two streams in one CUDA graph, S = 2048 / 4096; S = 2048 as views), the
+#: strategies of the committed ``between_process/strategies.csv``.
+STRATEGIES_TIMED = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:graph2", "subchunk:4096:graph2",
+                    "subchunk:2048:views")
+
 #: The seed step's tokens (``max_num_batched_tokens`` of PR #53878's run) and prompt length.
 SEED_T = 16384
 PROMPT = 1024
@@ -109,7 +115,7 @@ def part_main(run, doc: str, argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=11, help="interleaved rounds per measured set")
     ap.add_argument("--content-rounds", type=int, default=6)
     ap.add_argument("--smoke", action="store_true", help="tiny repeats, for the first call of a session")
-    ap.add_argument("--strategies", default="per_call_empty:zeros,private_workspace",
+    ap.add_argument("--strategies", default=",".join(STRATEGIES_TIMED),
                     help="attention_strategies: canonical names timed through mla_lab.measure.attention")
     a = ap.parse_args(argv)
     if a.process < 1 or a.repeats < 1 or a.content_rounds < 1:

@@ -12,6 +12,7 @@ from ._common import (
     PROMPT,
     PROVENANCE,  # noqa: F401 (re-exported: the provenance columns of its rows)
     SEED_T,
+    STRATEGIES_TIMED,
     Sink,
     full_step,
     log,
@@ -22,7 +23,7 @@ from ._common import (
 OUTPUTS = {"strategies.csv": ["shape", "strategy", "round", "ms", "median_ms", "workspace_bytes", "peak_bytes",
                               "repeats"]}
 #: (shape, T, strategy) at the default ``--strategies``
-SHAPES = [(s, SEED_T, n) for s in ("seed", "full") for n in ("per_call_empty:zeros", "private_workspace")]
+SHAPES = [(s, SEED_T, n) for s in ("seed", "full") for n in STRATEGIES_TIMED]
 
 
 
