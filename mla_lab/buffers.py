@@ -48,24 +48,20 @@ def check_strategy(strategy) -> Strategy:
     return parse_strategy(resolve_strategy(strategy))
 
 
-def shared_workspace_other_bytes(model: ModelConfig, tp: int, max_num_batched_tokens: int,
-                                 moe_parallel: str) -> int:
-    """Bytes the shared workspace holds for its other users at ``max_num_batched_tokens`` tokens: the fused-MoE
-    modular kernel's two scratch buffers, taken simultaneously from vLLM's workspace manager
+def shared_workspace_other_bytes(rank: RankView) -> int:
+    """Bytes the shared workspace holds for its other users at the rank's ``max_num_batched_tokens`` tokens: the
+    fused-MoE modular kernel's two scratch buffers, taken simultaneously from vLLM's workspace manager
     (``vllm/v1/worker/workspace.py``), sized as vLLM's DeepGEMM experts ask for them
     (``vllm/model_executor/layers/fused_moe``: ``workspace13 = (M*topk, max(N/2, K))``,
     ``workspace2 = (M*topk, max(N, K))``, bf16; ``M`` tokens, ``N = 2 x`` the local intermediate size, ``K`` the
     hidden size). The indexer's K-gather scratch is smaller and not added. An estimate of the largest other user;
-    pass ``shared_workspace_bytes`` to the row builder to override it. ``moe_parallel`` (``ep`` / ``tp``, no default)
-    sets the local intermediate size.
-
-    Raises:
-        ValueError: moe_parallel not ``ep`` / ``tp``.
+    pass ``shared_workspace_bytes`` to the row builder to override it. The rank's ``moe_parallel`` (``ep``: whole
+    experts, ``tp``: each expert's ``1/tp`` slice) sets the local intermediate size; ``rank`` a
+    :class:`~mla_lab.rank.RankView` (``Deployment.rank``), read and not re-checked.
     """
-    if moe_parallel not in ("ep", "tp"):
-        raise ValueError(f"moe_parallel={moe_parallel!r} is not allowed; allowed: ['ep', 'tp']")
-    inter = model.moe_intermediate_size if moe_parallel == "ep" else model.moe_intermediate_size // tp
-    m = max_num_batched_tokens * model.num_experts_per_tok
+    model = rank.model
+    inter = model.moe_intermediate_size if rank.moe_parallel == "ep" else model.moe_intermediate_size // rank.tp
+    m = rank.max_num_batched_tokens * model.num_experts_per_tok
     n, k = 2 * inter, model.hidden_size
     return m * (max(n // 2, k) + max(n, k)) * BF16_BYTES
 

@@ -285,13 +285,6 @@ class Deployment:
         """Expert-parallel size (``tp`` under ``ep``, None under ``tp``)."""
         return self.tp if self.moe_parallel == "ep" else None
 
-    @property
-    def layer_options(self) -> dict:
-        """The dtype and MoE-layout options the layer model takes (``weight_dtype``, ``moe_parallel``,
-        ``kv_cache_dtype``)."""
-        return {"kv_cache_dtype": self.kv_cache_dtype, "weight_dtype": self.weight_dtype,
-                "moe_parallel": self.moe_parallel}
-
     def describe(self) -> str:
         """One line: ``glm-5 TP8 h200, max_num_batched_tokens 16384, bf16 KV, fp8 weights, experts ep, 32 x
         1024-token prompts (128 out) at concurrency 32, gpu_memory_utilization 0.9``."""

@@ -243,6 +243,7 @@ ARCHS = r"allowed: \[.*'b200'.*'h200'.*'hopper'.*\]"
 KV_ALLOWED = r"allowed: \['auto', 'bf16', 'bfloat16', 'fp8', 'fp8_ds_mla', 'fp8_e4m3'\]"
 GLM = load_model("glm-5")
 H200 = get_arch("h200")
+SEED_RANK = Deployment.seed().rank  # the cost model takes a rank view (checked at its door)
 t_ = torch.zeros
 
 # ---------------------------------------------------------------------------------------------------- the table
@@ -276,11 +277,11 @@ CASES = [
      lambda c: make_strategy("fused", num_heads=8, max_num_batched_tokens=4)(
          torch.randn(4, 4, 512).bfloat16(), torch.randn(4, 4, 64).bfloat16(), None, None, 1.0), ValueError,
      r"ql_nope.shape=\(4, 4, 512\) must be \[T, num_heads=8, 512\]"),
-    ("costmodel_negative_step", lambda c: attention_path_ms(GLM, 8, H200, "private_workspace", -1), ValueError,
+    ("costmodel_negative_step", lambda c: attention_path_ms(SEED_RANK, "private_workspace", -1), ValueError,
      r"step=-1 must be a non-negative int"),
-    ("costmodel_float_step", lambda c: attention_path_ms(GLM, 8, H200, "private_workspace", 1.7), ValueError,
+    ("costmodel_float_step", lambda c: attention_path_ms(SEED_RANK, "private_workspace", 1.7), ValueError,
      r"step=1.7 must be a non-negative int"),
-    ("costmodel_sum_topk_too_big", lambda c: attention_path_ops(GLM, 8, H200, "private_workspace", 4, 4 * 2048 + 1),
+    ("costmodel_sum_topk_too_big", lambda c: attention_path_ops(SEED_RANK, "private_workspace", 4, 4 * 2048 + 1),
      ValueError, r"sum_topk=8193 exceeds num_tokens \* index_topk = 8192"),
     ("heads_zero_strategy", lambda c: make_strategy("fused", num_heads=0, max_num_batched_tokens=4), ValueError,
      r"num_heads=0 must be a positive int"),

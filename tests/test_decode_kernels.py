@@ -73,9 +73,9 @@ def test_decode_kernel_refuses_empty_batch():
 def test_fa3_prefill_priced_against_the_padded_kernel_by_the_paired_ratio():
     """FA3 sparse at prefill: the padded kernel's modelled time x vLLM 0.33.0's FA3 / its FlashMLA padded with zero
     heads, paired in the same processes (engine_kernels_content.csv)."""
+    from mla_lab.deployment import Deployment
     from mla_lab.model.fa3_kernel import fit_fa3_ratio
     from mla_lab.model.timing import attention_path_ms
-    from mla_lab.models import load_model
     from mla_lab.workload import Step
 
     r = fit_fa3_ratio()
@@ -84,8 +84,8 @@ def test_fa3_prefill_priced_against_the_padded_kernel_by_the_paired_ratio():
     assert r.ratio(8, 512.5) == pytest.approx(r.table[("seed", 8)]["median"])
     assert r.ratio(12, 2048) == pytest.approx((r.table[("full_topk", 8)]["median"]
                                                + r.table[("full_topk", 16)]["median"]) / 2)
-    m = load_model("glm-5")
+    rank = Deployment.seed().rank  # GLM-5 TP8 H200, bf16 KV
     seed = Step([(i, 0, 1024) for i in range(16)])
-    fa3 = attention_path_ms(m, 8, H200, "fa3_sparse", seed)["kernel"]
-    padded = attention_path_ms(m, 8, H200, "private_workspace", seed)["kernel"]
+    fa3 = attention_path_ms(rank, "fa3_sparse", seed)["kernel"]
+    padded = attention_path_ms(rank, "private_workspace", seed)["kernel"]
     assert fa3 / padded == pytest.approx(r.ratio(8, 512.5), rel=1e-6)

@@ -18,6 +18,7 @@ from mla_lab.deployment import SEED_ARGS, Deployment
 from mla_lab.explore import explore_point
 from mla_lab.model.memory import memory_tradeoff, weights_bytes_per_rank
 from mla_lab.model.ops import layer_ops
+from mla_lab.model.timing import step_time_ms
 from mla_lab.model.ttft import predict_ttft
 from mla_lab.models import load_model
 from mla_lab.placement import BASELINE, PR_STRATEGY
@@ -102,8 +103,12 @@ def test_of_has_no_default_weight_dtype_or_moe_layout():
 
 def test_nothing_below_the_door_prices_bf16_or_tp_by_default():
     m, h200 = load_model("glm-5"), get_arch("h200")
-    with pytest.raises(TypeError, match="weight_dtype.*moe_parallel"):
-        layer_ops(m, 8, h200, PR_STRATEGY, 1024)
+    with pytest.raises(AttributeError):  # the cost model takes a rank view too: loose scalars do not price
+        layer_ops(m, PR_STRATEGY, 1024)
+    with pytest.raises(TypeError, match="weight_dtype"):  # and no dtype rides beside it: the view carries it
+        layer_ops(Deployment.seed().rank, PR_STRATEGY, 1024, weight_dtype="bf16")
+    with pytest.raises(TypeError, match="moe_parallel"):
+        step_time_ms(Deployment.seed().rank, PR_STRATEGY, 1024, moe_parallel="tp")
     with pytest.raises(AttributeError):  # a rank view (Deployment.rank), not loose scalars: nothing to default
         weights_bytes_per_rank(m)
     assert weights_bytes_per_rank(Deployment.seed().rank) < weights_bytes_per_rank(

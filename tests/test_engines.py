@@ -63,7 +63,7 @@ def test_memory_split_glm5_tp8_h200_16384_by_hand():
     # vLLM after #56902: the padded view is taken per call from the shared workspace and no unpadded Q buffer
     # remains, so when that workspace is already larger than the padded Q the persistent extra over the pre-PR
     # engine is minus the unpadded buffer: -16384 x 8 x 576 x 2 B = -144 MiB
-    shared = shared_workspace_other_bytes(GLM, 8, T, "ep")
+    shared = shared_workspace_other_bytes(Deployment.seed(max_num_batched_tokens=T).rank)
     assert shared > T * Hp * row
     post = memory_account("shared_workspace:none", H, T, H200, shared_other_bytes=shared)
     assert post.persistent_bytes - base.persistent_bytes == -150_994_944 == -T * H * row

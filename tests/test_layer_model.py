@@ -17,21 +17,21 @@ from mla_lab.model.timing import attention_path_ms, comm_time_ms, op_time_ms
 from mla_lab.models import load_model
 from mla_lab.workload import Step
 
-#: The cost model has no default weight dtype or MoE layout; these tests price bf16 weights with experts sharded over
-#: TP unless a test says otherwise (stated once, here).
-BF16_TP = {"weight_dtype": "bf16", "moe_parallel": "tp"}
-
-
-def _stated(f):
-    return lambda *a, **k: f(*a, **{**BF16_TP, **k})
-
-
-layer_ops, step_ops = _stated(ops.layer_ops), _stated(ops.step_ops)
-layer_time_ms, step_time_ms = _stated(timing.layer_time_ms), _stated(timing.step_time_ms)
+layer_ops, step_ops = ops.layer_ops, ops.step_ops
+layer_time_ms, step_time_ms = timing.layer_time_ms, timing.step_time_ms
 
 H200, H800 = get_arch("h200"), get_arch("h800")
 GLM = load_model("glm-5")
 DSV = load_model("deepseek-v3.2")
+
+
+def R(model, tp, *, weight_dtype="bf16", moe_parallel="tp", kv_cache_dtype="bf16", ep_size=None):
+    """The rank view the cost model takes, built at its door (Deployment.rank_of) on the H200. The cost model has no
+    default weight dtype or MoE layout; these tests price bf16 weights with experts sharded over TP unless a test
+    says otherwise (stated once, here)."""
+    rank = Deployment.rank_of(model=model, tp=tp, arch=H200, kv_cache_dtype=kv_cache_dtype,
+                              weight_dtype=weight_dtype, moe_parallel=moe_parallel, max_num_batched_tokens=16384)
+    return rank.with_ep_size(ep_size)
 
 
 def _ops(*a, **k):
@@ -41,7 +41,7 @@ def _ops(*a, **k):
 def test_glm5_tp8_moe_layer_counts_by_hand():
     # GLM-5: hidden 6144, q_lora 2048, kv_lora 512, d_nope 192, d_rope 64, d_v 256, 64 heads -> TP8: H = 8.
     T = 1024
-    ops = _ops(GLM, 8, H200, "private_workspace", T)
+    ops = _ops(R(GLM, 8), "private_workspace", T)
     # q_a_proj: [1024 x 6144] @ [6144 x 2048]: 2*1024*6144*2048 FLOPs; weight 6144*2048*2 B; act (in+out)*2 B
     assert ops["q_a_proj"].flops == 2 * 1024 * 6144 * 2048 == 25_769_803_776
     assert ops["q_a_proj"].weight_bytes == 6144 * 2048 * 2 == 25_165_824
@@ -68,7 +68,7 @@ def test_glm5_tp8_moe_layer_counts_by_hand():
     assert ops["kernel"].flops == 2 * 1024 * 2048 * 64 * 1088 == 292_057_776_128
     # concat: read + write of the real heads, 2 * 1024 * 8 * 576 * 2 B; fused has no pad op
     assert ops["concat"].bytes == 2 * 1024 * 8 * 576 * 2 == 18_874_368
-    assert "pad" not in ops and "pad" in _ops(GLM, 8, H200, "per_call_zeros", T) and "pad_copy" in _ops(GLM, 8, H200, "per_call_empty:zeros", T)
+    assert "pad" not in ops and "pad" in _ops(R(GLM, 8), "per_call_zeros", T) and "pad_copy" in _ops(R(GLM, 8), "per_call_empty:zeros", T)
     # MoE, experts TP-sharded: 1024*8 = 8192 token-expert pairs, I/tp = 2048/8 = 256 -> gate_up N = 512
     assert ops["moe_gate_up"].dims == {"E": 256, "M": 32.0, "K": 6144, "N": 512}
     assert ops["moe_gate_up"].flops == 2 * 8192 * 6144 * 512 == 51_539_607_552
@@ -84,13 +84,13 @@ def test_glm5_tp8_moe_layer_counts_by_hand():
 
 def test_dense_layer_and_ep_shapes():
     T = 4096
-    d = _ops(GLM, 8, H200, "private_workspace", T, layer_kind="dense")
+    d = _ops(R(GLM, 8), "private_workspace", T, layer_kind="dense")
     # dense MLP: intermediate 12288 / 8 = 1536 per rank; gate_up N = 3072
     assert d["mlp_gate_up"].dims == {"M": 4096, "K": 6144, "N": 3072}
     assert d["mlp_down"].flops == 2 * 4096 * 1536 * 6144
     assert "moe_gate_up" not in d and "mlp_allreduce" in d
-    tpo = _ops(GLM, 8, H200, "private_workspace", T)
-    ep = _ops(GLM, 8, H200, "private_workspace", T, moe_parallel="ep")
+    tpo = _ops(R(GLM, 8), "private_workspace", T)
+    ep = _ops(R(GLM, 8, moe_parallel="ep"), "private_workspace", T)
     # EP8: 256/8 = 32 whole experts per rank, T*k/8 = 4096 pairs routed to them, 128 tokens each, N = 2*2048
     assert ep["moe_gate_up"].dims == {"E": 32, "M": 128.0, "K": 6144, "N": 4096}
     # balanced routing: TP-sharded and EP do the same FLOPs per rank and hold the same expert bytes
@@ -98,15 +98,15 @@ def test_dense_layer_and_ep_shapes():
     assert math.isclose(ep["moe_gate_up"].weight_bytes, tpo["moe_gate_up"].weight_bytes, rel_tol=1e-9)
     # EP with the default all-reduce: one all-reduce after the MoE, as vLLM TP+EP (DP=1)
     assert "moe_allreduce" in ep
-    a2a = _ops(GLM, 8, H200, "private_workspace", T, moe_parallel="ep", ep_comm="all_to_all")
+    a2a = _ops(R(GLM, 8, moe_parallel="ep"), "private_workspace", T, ep_comm="all_to_all")
     assert "moe_dispatch" in a2a and "moe_allreduce" not in a2a
     # dispatch: each rank sends its T/8 tokens x 8 experts x hidden x 2 B
     assert a2a["moe_dispatch"].comm_bytes == 4096 / 8 * 8 * 6144 * 2
 
 
 def test_fp8_weights_halve_weight_bytes_and_use_fp8_rate():
-    b = _ops(DSV, 8, H200, "private_workspace", 1024)
-    f = _ops(DSV, 8, H200, "private_workspace", 1024, weight_dtype="fp8")
+    b = _ops(R(DSV, 8), "private_workspace", 1024)
+    f = _ops(R(DSV, 8, weight_dtype="fp8"), "private_workspace", 1024)
     K, N = 7168, 1536  # q_a_proj of DeepSeek-V3.2
     assert b["q_a_proj"].weight_bytes == K * N * 2
     assert f["q_a_proj"].weight_bytes == K * N + math.ceil(K / 128) * math.ceil(N / 128) * 4
@@ -115,8 +115,8 @@ def test_fp8_weights_halve_weight_bytes_and_use_fp8_rate():
     assert f["w_uk_bmm"].weight_bytes == b["w_uk_bmm"].weight_bytes
     assert f["router"].dtype == "bf16" and f["idx_weights_proj"].dtype == "bf16"
     cal = default_ops_calibration()
-    big_b = _ops(DSV, 1, H200, "private_workspace", 16384)["q_a_proj"]
-    big_f = _ops(DSV, 1, H200, "private_workspace", 16384, weight_dtype="fp8")["q_a_proj"]
+    big_b = _ops(R(DSV, 1), "private_workspace", 16384)["q_a_proj"]
+    big_f = _ops(R(DSV, 1, weight_dtype="fp8"), "private_workspace", 16384)["q_a_proj"]
     # compute-bound GEMM: the fp8 rate is 2x, so with equal efficiencies the time halves
     cal_eq = OpsCalibration({**cal.classes, "gemm_fp8": cal.eff("gemm")}, cal)
     assert math.isclose(op_time_ms(big_f, H200, cal_eq), op_time_ms(big_b, H200, cal_eq) / 2, rel_tol=1e-6)
@@ -135,8 +135,8 @@ def test_allreduce_term():
     lat = cal.with_comm(comm_latency_us=10.0)
     assert math.isclose(comm_time_ms("allreduce", B, 8, H200, lat), want + 0.010, rel_tol=1e-12)
     # no collectives at TP1
-    assert not [op for op in layer_ops(GLM, 1, H200, "private_workspace", 1024) if op.is_comm]
-    t = layer_time_ms(GLM, 8, H200, "private_workspace", 16384, cal)
+    assert not [op for op in layer_ops(R(GLM, 1), "private_workspace", 1024) if op.is_comm]
+    t = layer_time_ms(R(GLM, 8), "private_workspace", 16384, cal)
     assert math.isclose(t["attn_allreduce"], want, rel_tol=1e-12)
     assert math.isclose(t["comm"], 2 * want, rel_tol=1e-12)
 
@@ -145,15 +145,15 @@ def test_attention_ops_match_costmodel():
     cal = default_ops_calibration()
     st = Step([(0, 0, 1024), (1, 0, 1024), (2, 512, 512)])
     for strategy in ("per_call_empty:zeros", "private_workspace", "kernel_native"):
-        lt = layer_time_ms(GLM, 8, H200, strategy, st, cal, out_slice_copy=True)
-        ref = attention_path_ms(GLM, 8, H200, strategy, st, "bf16", cal)
+        lt = layer_time_ms(R(GLM, 8), strategy, st, cal, out_slice_copy=True)
+        ref = attention_path_ms(R(GLM, 8), strategy, st, cal)
         for k, v in ref.items():
             if k != "total":
                 assert math.isclose(lt[k], v, rel_tol=1e-12)
         assert math.isclose(lt["attention_path"], ref["total"], rel_tol=1e-12)
     # out_slice_copy=False (the default: the W_UV bmm reads the strided view, measured) drops costmodel's out_slice
-    assert "out_slice" not in layer_time_ms(GLM, 8, H200, "private_workspace", 4096, cal)
-    assert "out_slice" in layer_time_ms(GLM, 8, H200, "private_workspace", 4096, cal, out_slice_copy=True)
+    assert "out_slice" not in layer_time_ms(R(GLM, 8), "private_workspace", 4096, cal)
+    assert "out_slice" in layer_time_ms(R(GLM, 8), "private_workspace", 4096, cal, out_slice_copy=True)
 
 
 def test_step_stats_causal():
@@ -169,7 +169,7 @@ def test_step_stats_causal():
 
 def test_step_ops_counts_layers_and_lm_head():
     st = Step([(i, 0, 1024) for i in range(16)])
-    ops = step_ops(GLM, 8, H200, "private_workspace", st)
+    ops = step_ops(R(GLM, 8), "private_workspace", st)
     counts: dict = {}
     for op, c in ops:
         counts[op.name] = counts.get(op.name, 0) + c
@@ -183,18 +183,18 @@ def test_monotone_and_strategy_order():
     cal = default_ops_calibration()
     prev = 0.0
     for T in (512, 1024, 4096, 16384):
-        t = step_time_ms(GLM, 8, H200, "private_workspace", T, cal)["total"]
+        t = step_time_ms(R(GLM, 8), "private_workspace", T, cal)["total"]
         assert t > prev
         prev = t
-    u, f, k = (step_time_ms(GLM, 8, H200, s, 16384, cal)["total"] for s in ("per_call_empty:zeros", "private_workspace", "kernel_native"))
+    u, f, k = (step_time_ms(R(GLM, 8), s, 16384, cal)["total"] for s in ("per_call_empty:zeros", "private_workspace", "kernel_native"))
     # kernel_native pays no padded heads' Q reads / output writes (issue 21: the padded kernel's time x the
     # roofline's native / padded ratio), so it is faster than the PR's path, which is faster than the pre-PR one
     assert u > f > k
-    u, f, k = (step_time_ms(GLM, 8, H200, s, 16384, cal, out_slice_copy=True)["total"]
+    u, f, k = (step_time_ms(R(GLM, 8), s, 16384, cal, out_slice_copy=True)["total"]
                for s in ("per_call_empty:zeros", "private_workspace", "kernel_native"))
     assert u > f > k
     # fp8 KV cache: no padding, the strategies cost the same
-    u8, f8 = (step_time_ms(GLM, 8, H200, s, 16384, cal, kv_cache_dtype="fp8")["total"] for s in ("per_call_empty:zeros", "private_workspace"))
+    u8, f8 = (step_time_ms(R(GLM, 8, kv_cache_dtype="fp8"), s, 16384, cal)["total"] for s in ("per_call_empty:zeros", "private_workspace"))
     assert math.isclose(u8, f8, rel_tol=1e-12)
 
 
@@ -248,7 +248,7 @@ def test_weights_per_rank():
     (dict(strategy="padded"), r"strategy='padded' is not known; allowed: \['per_call_empty:zeros'.*aliases \['unfused', 'fused', 'sglang'\]"),
     (dict(strategy="fused"), r"strategy='fused' is a preset or alias, read only at the door"),
     (dict(weight_dtype="int4"), r"weight_dtype='int4'.*allowed: \['bf16', 'fp8'\]"),
-    (dict(moe_parallel="dp"), r"moe_parallel='dp'.*allowed: \['tp', 'ep'\]"),
+    (dict(moe_parallel="dp"), r"moe_parallel='dp'.*allowed: \['ep', 'tp'\]"),
     (dict(layer_kind="mlp"), r"layer_kind='mlp'.*allowed: \['moe', 'dense'\]"),
     (dict(moe_parallel="ep", ep_size=3), r"ep_size=3 does not divide n_routed_experts=256; allowed: \[1, 2, 4"),
     (dict(tp=3), r"tp=3 does not divide num_attention_heads=64.*allowed tp: \[1, 2, 4, 8, 16, 32, 64\]"),
@@ -257,10 +257,13 @@ def test_weights_per_rank():
     (dict(ep_comm="ring"), r"ep_comm='ring'.*allowed: \['all_reduce', 'all_to_all'\]"),
 ])
 def test_bad_input(kw, match):
-    args = dict(model=GLM, tp=8, arch=H200, strategy="private_workspace", step=1024)
-    args.update(kw)
+    """The deployment's values are refused at the rank's door (Deployment.rank_of, RankView.with_ep_size), the
+    layer's own options by layer_ops: one message naming the value and what is allowed either way."""
+    door = {k: v for k, v in kw.items() if k in ("tp", "weight_dtype", "moe_parallel", "ep_size")}
+    args = {"strategy": "private_workspace", "step": 1024, **{k: v for k, v in kw.items() if k not in door}}
+    tp = door.pop("tp", 8)
     with pytest.raises(ValueError, match=match):
-        layer_ops(**args)
+        layer_ops(R(GLM, tp, **door), **args)
 
 
 def test_bad_calibration_and_comm():
@@ -269,7 +272,7 @@ def test_bad_calibration_and_comm():
     with pytest.raises(ValueError, match=r"kind='broadcast'.*allowed: \['allreduce', 'all_to_all', 'allgather'\]"):
         comm_time_ms("broadcast", 100, 8, H200)
     with pytest.raises(ValueError, match=r"calibration=.*must be a mla_lab.model.Calibration"):
-        layer_time_ms(GLM, 8, H200, "private_workspace", 1024, calibration="h200")
+        layer_time_ms(R(GLM, 8), "private_workspace", 1024, calibration="h200")
     cal = OpsCalibration({"gemm": ClassEff(0.5, 0.5)}, default_ops_calibration().attention)
     with pytest.raises(ValueError, match=r"no efficiency for op_class='norm'"):
         cal.eff("norm")

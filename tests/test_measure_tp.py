@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mla_lab.arch import get_arch
+from mla_lab.deployment import Deployment
 from mla_lab.measure.tp import (
     ALLREDUCE_COLUMNS,
     BLOCK_COLUMNS,
@@ -224,13 +225,15 @@ def test_moe_matches_a_dense_reference_and_the_cost_model_op_list():
         ref[t] = sum(w[j] * mlp(x[t], inp["w13"][ids[j]], inp["w2"][ids[j]], 32) for j in range(2))
         ref[t] += mlp(x[t], inp["w_sh13"], inp["w_sh2"], i_s)
     torch.testing.assert_close(moe_forward(inp).float(), ref, rtol=3e-2, atol=3e-2)
-    ops = layer_ops(_model("glm-5", {}), 8, get_arch("h200"), "private_workspace", 1024, weight_dtype="bf16",
-                    moe_parallel="ep")
+    def rank(m, tp):  # the layer model's rank at the door: bf16 weights and KV cache, experts ep
+        return Deployment.rank_of(model=m, tp=tp, arch="h200", kv_cache_dtype="bf16", weight_dtype="bf16",
+                                  moe_parallel="ep", max_num_batched_tokens=16384)
+
+    ops = layer_ops(rank(_model("glm-5", {}), 8), "private_workspace", 1024)
     names = [op.name for op in ops]
     assert tuple(names[names.index("post_attn_norm") + 1:]) == MOE_OPS
     ep_inp = make_moe_inputs(model, 4, 3, 8)
-    dims = {op.name: op.dims for op in layer_ops(model, 4, get_arch("h200"), "private_workspace", 8, weight_dtype="bf16",
-                                                           moe_parallel="ep")}
+    dims = {op.name: op.dims for op in layer_ops(rank(model, 4), "private_workspace", 8)}
     assert dims["moe_gate_up"]["E"] == ep_inp["num_local_experts"] == 2
     assert dims["moe_gate_up"]["N"] == ep_inp["w13"].shape[1] and dims["shared_down"]["K"] == ep_inp["w_sh2"].shape[1]
 

@@ -104,20 +104,18 @@ def test_factors_scale_with_share_and_padding():
 @pytest.fixture(scope="module")
 def seed():
     d = Deployment.seed()
-    kw = dict(d.layer_options)
-    kw.setdefault("ep_size", d.ep_size)
-    return d, schedule(d.workload, d.max_num_batched_tokens), kw
+    return d, schedule(d.workload, d.max_num_batched_tokens)
 
 
 def test_step_time_applies_step_factors(seed):
-    d, steps, kw = seed
+    d, steps = seed
     cal = resolve_calibration(None)
     assert cal.content_scope == "step" and cal.step_content() is not None
     stale = parse_strategy("per_call_empty:stale")
-    got = step_time_ms(d.model, d.tp, d.arch, stale, steps[0], cal, **kw)
+    got = step_time_ms(d.rank, stale, steps[0], cal)
     # zero-content prices of the same ops (no content model at all), scaled by hand
     bare = replace(cal, content=None, content_step=None)
-    base = step_time_ms(d.model, d.tp, d.arch, stale, steps[0], bare, **kw)
+    base = step_time_ms(d.rank, stale, steps[0], bare)
     comm = base["comm"]
     attn = sum(base["by_op"].get(a, 0.0) for a in ATTN_OPS)
     share = attn / (base["total"] - comm)
@@ -129,36 +127,36 @@ def test_step_time_applies_step_factors(seed):
     assert got["by_op"]["kernel"] == pytest.approx(base["by_op"]["kernel"] * fa, rel=1e-12)
     assert got["by_op"]["moe_gate_up"] == pytest.approx(base["by_op"]["moe_gate_up"] * fr, rel=1e-12)
     # the kernel-only scope: the kernel op alone, by the kernel factor
-    kern = step_time_ms(d.model, d.tp, d.arch, stale, steps[0], cal.with_content_scope("kernel"), **kw)
+    kern = step_time_ms(d.rank, stale, steps[0], cal.with_content_scope("kernel"))
     assert kern["content"]["scope"] == "kernel"
     assert kern["by_op"]["moe_gate_up"] == pytest.approx(base["by_op"]["moe_gate_up"], rel=1e-12)
     k = base["by_op"]["kernel"] / (d.model.num_hidden_layers)
     assert kern["by_op"]["kernel"] == pytest.approx(base["by_op"]["kernel"] * cal.content.factor(d.num_heads, 64, k),
                                                     rel=1e-9)
     # one layer, same factors (its share is the layer's)
-    lay = layer_time_ms(d.model, d.tp, d.arch, stale, steps[0], cal, layer_kind="moe", **kw)
+    lay = layer_time_ms(d.rank, stale, steps[0], cal, layer_kind="moe")
     assert lay["content"]["scope"] == "step" and 0 < lay["content"]["share"] < 1
 
 
 def test_zero_content_gives_no_change(seed):
-    d, steps, kw = seed
+    d, steps = seed
     cal = resolve_calibration(None)
     bare = replace(cal, content=None, content_step=None)
     for name in ("per_call_empty:zeros", "private_workspace", "per_call_zeros"):
         s = parse_strategy(name)
-        got = step_time_ms(d.model, d.tp, d.arch, s, steps[0], cal, **kw)
+        got = step_time_ms(d.rank, s, steps[0], cal)
         assert got["content"]["scope"] == "none"
-        assert got["total"] == pytest.approx(step_time_ms(d.model, d.tp, d.arch, s, steps[0], bare, **kw)["total"],
+        assert got["total"] == pytest.approx(step_time_ms(d.rank, s, steps[0], bare)["total"],
                                              rel=1e-15)
     # a lone stale op under the step scope is priced with zero content (the step prices the content)
-    op = next(o for o, _ in step_ops(d.model, d.tp, d.arch, parse_strategy("per_call_empty:stale"), steps[0], **kw)
+    op = next(o for o, _ in step_ops(d.rank, parse_strategy("per_call_empty:stale"), steps[0])
               if o.name == "kernel")
     assert op_time_ms(op, d.arch, cal) == pytest.approx(op_time_ms(replace(op, dims={**op.dims, "content": "zeros"}),
                                                                    d.arch, cal), rel=1e-15)
 
 
 def test_seed_stale_end_uses_the_step_effect(seed):
-    d, steps, kw = seed
+    d, steps = seed
     rows = {(r["model"], r["strategy"], r["against"]): r for r in seed_answer(models=("glm-5",))}
     r = rows[("glm-5", "private_workspace", "per_call_empty:stale")]
     assert r["content_scope"] == "step"
@@ -168,7 +166,7 @@ def test_seed_stale_end_uses_the_step_effect(seed):
     m = cal.content_step
 
     def stale_step(st):
-        b = step_time_ms(d.model, d.tp, d.arch, parse_strategy("per_call_empty:stale"), st, bare, **kw)
+        b = step_time_ms(d.rank, parse_strategy("per_call_empty:stale"), st, bare)
         attn = sum(b["by_op"].get(a, 0.0) for a in ATTN_OPS)
         fa, fr = m.factors(attn / (b["total"] - b["comm"]), d.num_heads, 64)
         return b["comm"] + attn * fa + (b["total"] - b["comm"] - attn) * fr
@@ -192,13 +190,13 @@ def test_content_scope_refused():
 
 
 def test_routes_price_stale_heads_over_the_layer(seed):
-    d, steps, kw = seed
+    d, steps = seed
     cal = resolve_calibration(None)
     fit = default_padded_kernel_fit()
-    args = (d.model, d.tp, d.arch, "sparse-mqa", steps[0], "per_call_empty:stale")
-    step_scope = route_layer_time_ms(*args, cal, fit, **kw)
-    zeros = route_layer_time_ms(*args[:-1], "per_call_empty:zeros", cal, fit, **kw)
-    kern = route_layer_time_ms(*args, cal.with_content_scope("kernel"), fit, **kw)
+    args = (d.rank, "sparse-mqa", steps[0], "per_call_empty:stale")
+    step_scope = route_layer_time_ms(*args, cal, fit)
+    zeros = route_layer_time_ms(*args[:-1], "per_call_empty:zeros", cal, fit)
+    kern = route_layer_time_ms(*args, cal.with_content_scope("kernel"), fit)
     attn = sum(zeros.get(a, 0.0) for a in ATTN_OPS)
     fa, fr = cal.content_step.factors(attn / (zeros["total"] - zeros["comm"]), d.num_heads, 64)
     assert step_scope["kernel"] == pytest.approx(zeros["kernel"] * fa, rel=1e-12)

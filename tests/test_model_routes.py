@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mla_lab.arch import get_arch
+from mla_lab.deployment import Deployment
 from mla_lab.model.route_timing import mha_pricing_source, route_layer_time_ms, route_op_time_ms
 from mla_lab.model.routes import (
     DROPPED_BY_DENSE,
@@ -26,6 +27,9 @@ from mla_lab.workload import Step
 
 GLM = load_model("glm-5")
 H200 = get_arch("h200")
+#: The seed's rank (GLM-5 TP8 H200, fp8 weights, experts ep, bf16 KV) and variants of it (Deployment.rank).
+SEED = Deployment.seed().rank
+BF16 = Deployment.seed(weight_dtype="bf16").rank
 SEED_STEP = Step([(i, 0, 1024) for i in range(16)])  # PR #53878's 16 x 1024-token prompts in one 16384-token step
 
 
@@ -34,17 +38,17 @@ def test_hand_counts_one_prompt_of_1024_glm5_tp8():
     causal keys 1024 * 1025 / 2 = 524800."""
     rs = route_stats(GLM, 1024)
     assert (rs.T, rs.Tk, rs.K_c, rs.K_s) == (1024, 1024, 524800, 524800)
-    mha = mha_attention_op(GLM, 8, rs)
+    mha = mha_attention_op(SEED, rs)
     assert mha.flops == 2 * 8 * 524800 * (256 + 256) == 4_299_161_600
     # Q 1024*8*256*2 + K,V 1024*8*(256+256)*2 + O 1024*8*256*2 + lse 1024*8*4
     assert mha.bytes == 4_194_304 + 8_388_608 + 4_194_304 + 32_768 == 16_809_984
-    proj, cat = up_projection_ops(GLM, 8, rs, "bf16")
+    proj, cat = up_projection_ops(BF16, rs)
     assert (proj.dims["M"], proj.dims["K"], proj.dims["N"]) == (1024, 512, 8 * (192 + 256))
     assert proj.flops == 2 * 1024 * 512 * 3584 == 3_758_096_384
     assert proj.weight_bytes == 512 * 3584 * 2 == 3_670_016
     assert proj.act_bytes == (1024 * 512 + 1024 * 3584) * 2 == 8_388_608
     assert cat.act_bytes == (1024 * (8 * 192 + 64) + 1024 * 8 * 256) * 2 == 7_471_104
-    tr = mha_transient_bytes(GLM, 8, 1024)
+    tr = mha_transient_bytes(SEED, 1024)
     assert tr["kv_up"] == 1024 * 8 * 448 * 2 == 7_340_032 and tr["k"] == 4_194_304
     assert tr["budgeted"] is False
 
@@ -58,14 +62,14 @@ def test_hand_counts_padded_and_fa3_at_the_seed():
     assert t["out_bytes"] == 16384 * 64 * (1024 + 8) == 1_082_130_432  # out [T,64,512] bf16 + lse, max_logits fp32
     assert t["tok_bytes"] == 16384 * 64 * 2184
     assert t["gather_bytes"] == 8_396_800 * 1152
-    f = fa3_sparse_terms(GLM, 8, 16384, rs.K_s)
+    f = fa3_sparse_terms(SEED, 16384, rs.K_s)
     assert f["flops"] == 2 * 8_396_800 * 8 * 1088 == 146_171_494_400  # real heads only
     assert f["out_bytes"] == 16384 * 8 * (1024 + 4) and f["q_bytes"] == 16384 * 8 * 1152
     assert f["padded_bytes"] == 0 and f["tile_heads"] == 64
 
 
 def test_fa3_sparse_layer_has_no_padded_bytes_and_no_padded_writes():
-    ops = route_layer_ops(GLM, 8, H200, "fa3-sparse", SEED_STEP, weight_dtype="fp8", moe_parallel="ep")
+    ops = route_layer_ops(SEED, "fa3-sparse", SEED_STEP)
     names = [op.name for op in ops]
     assert not {"concat", "pad", "pad_copy", "out_slice", "chunk_out"} & set(names)
     (fa3,) = [op for op in ops if op.name == "kernel"]
@@ -87,8 +91,7 @@ def test_fa3_sparse_layer_has_no_padded_bytes_and_no_padded_writes():
     from mla_lab.model.timing import op_time_ms
     assert op_time_ms(fa3, H200, load_calibration(kernel_roofline=True)) == pytest.approx(
         fit.time_ms(T, 64, S, H_out=8), rel=0.01)
-    padded_op = next(op for op in route_layer_ops(GLM, 8, H200, "sparse-mqa", SEED_STEP, weight_dtype="fp8",
-                                                  moe_parallel="ep") if op.name == "kernel")
+    padded_op = next(op for op in route_layer_ops(SEED, "sparse-mqa", SEED_STEP) if op.name == "kernel")
     from mla_lab.model.fa3_kernel import load_fa3_ratio
     assert op_time_ms(fa3, H200) / op_time_ms(padded_op, H200) == pytest.approx(
         load_fa3_ratio().ratio(8, S / T), rel=1e-6)
@@ -113,31 +116,29 @@ def test_fit_refuses_too_few_rows():
 
 def test_dense_route_refused_above_topk_and_its_op_swap():
     with pytest.raises(ValueError, match="route='mha-dense' is refused.*seq_len=4096"):
-        mha_dense_ops(GLM, 8, Step([(0, 0, 4096)]))
-    ops = route_layer_ops(GLM, 8, H200, "mha-dense", SEED_STEP, weight_dtype="fp8", moe_parallel="ep")
+        mha_dense_ops(SEED, Step([(0, 0, 4096)]))
+    ops = route_layer_ops(SEED, "mha-dense", SEED_STEP)
     names = [op.name for op in ops]
     assert not set(DROPPED_BY_DENSE) & set(names)
     assert names.index("kv_b_proj") < names.index("mha_attn") < names.index("o_proj")
     assert "kernel" not in names
     assert "idx_wk" in names  # the indexer's K-cache path stays
-    masked = [op.name for op in route_layer_ops(GLM, 8, H200, "mha-masked", Step([(0, 0, 4096)]),
-                                                   weight_dtype="fp8", moe_parallel="ep")]
+    masked = [op.name for op in route_layer_ops(SEED, "mha-masked", Step([(0, 0, 4096)]))]
     assert {"mask", "idx_topk", "mha_attn"} <= set(masked) and "kernel" not in masked
 
 
 def test_route_layer_times_order_at_the_seed():
     """At the seed the dense route's attention is under 30 % of the padded path's (measured: 0.655 / 2.794 ms per
     layer with the bmms); FA3 (real heads) below the padded kernel; every route's time is positive."""
-    kw = dict(weight_dtype="fp8", moe_parallel="ep")
-    t = {r: route_layer_time_ms(GLM, 8, H200, r, SEED_STEP, **kw) for r in ("sparse-mqa", "fa3-sparse", "mha-dense")}
+    t = {r: route_layer_time_ms(SEED, r, SEED_STEP) for r in ("sparse-mqa", "fa3-sparse", "mha-dense")}
     assert all(v["total"] > 0 and v["attention"] > 0 for v in t.values())
     assert t["mha-dense"]["attention"] < 0.3 * t["sparse-mqa"]["attention"]
     assert t["fa3-sparse"]["attention"] < t["sparse-mqa"]["attention"]
     assert "assumption" in mha_pricing_source() or "measured" in mha_pricing_source()
     with pytest.raises(ValueError, match="route='dense' is not valid"):
-        route_layer_ops(GLM, 8, H200, "dense", SEED_STEP, weight_dtype="fp8", moe_parallel="ep")
+        route_layer_ops(SEED, "dense", SEED_STEP)
     with pytest.raises(ValueError, match="kernel_model='x' is not valid"):
-        route_layer_time_ms(GLM, 8, H200, "sparse-mqa", SEED_STEP, kernel_model="x", **kw)
+        route_layer_time_ms(SEED, "sparse-mqa", SEED_STEP, kernel_model="x")
 
 
 def test_masked_mha_crossover_is_bracketed_and_grows_with_tp():
@@ -147,29 +148,28 @@ def test_masked_mha_crossover_is_bracketed_and_grows_with_tp():
     from mla_lab.model.route_timing import crossover_prompt_len
     from mla_lab.model.routes import prompt_len_step
 
-    kw = dict(weight_dtype="fp8", moe_parallel="ep")
-    x8 = crossover_prompt_len(GLM, 8, H200, **kw)
-    x4 = crossover_prompt_len(GLM, 4, H200, **kw)
+    x8 = crossover_prompt_len(SEED)
+    x4 = crossover_prompt_len(Deployment.seed(tp=4).rank)
     assert 16384 < x8 < 131072 and x4 < x8
 
     def attn(route, L):
-        return route_layer_time_ms(GLM, 8, H200, route, prompt_len_step(L), **kw)["attention"]
+        return route_layer_time_ms(SEED, route, prompt_len_step(L))["attention"]
 
     assert attn("mha-masked", x8 - 1) <= attn("sparse-mqa", x8 - 1)
     assert attn("mha-masked", x8) > attn("sparse-mqa", x8)
     with pytest.raises(ValueError, match="lo=10 must be below hi=5"):
-        crossover_prompt_len(GLM, 8, H200, lo=10, hi=5, **kw)
+        crossover_prompt_len(SEED, lo=10, hi=5)
 
 
 def test_route_transient_bytes():
     from mla_lab.model.routes import route_transient_bytes
 
-    fa3 = route_transient_bytes(GLM, 8, "fa3-sparse", SEED_STEP)
+    fa3 = route_transient_bytes(SEED, "fa3-sparse", SEED_STEP)
     assert fa3["total"] == 16384 * 8 * (512 * 2 + 4)  # real heads only: no [T, 64, 512] padded output
-    dense = route_transient_bytes(GLM, 8, "mha-dense", SEED_STEP)
+    dense = route_transient_bytes(SEED, "mha-dense", SEED_STEP)
     assert dense["total"] == 16384 * 8 * (448 * 2 + 256 * 2 + 256 * 2 + 4) and dense["budgeted"] is False
     with pytest.raises(ValueError, match="route='sparse-mqa' is not valid here"):
-        route_transient_bytes(GLM, 8, "sparse-mqa", SEED_STEP)
+        route_transient_bytes(SEED, "sparse-mqa", SEED_STEP)
 
 
 def test_roofline_out_of_sample_on_the_h200_route_rows():
@@ -202,7 +202,7 @@ def test_mha_class_fitted_on_the_h200_route_rows():
     classes, report = fit_route_classes(rows)
     assert classes["mha_attn"].mape_pct < 15.0 and classes["k_concat"].mape_pct < 10.0
     rs = route_stats(GLM, SEED_STEP)
-    modelled = route_op_time_ms(mha_attention_op(GLM, 8, rs), H200)
+    modelled = route_op_time_ms(mha_attention_op(SEED, rs), H200)
     measured = next(r["ms"] for r in rows if r["model"] == "glm-5" and r["route"] == "mha:sdpa:cudnn"
                     and r["prompt_len"] == 1024)
     assert abs(modelled / measured - 1) < 0.25

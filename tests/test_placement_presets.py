@@ -7,6 +7,7 @@ import pytest
 
 from mla_lab.arch import get_arch
 from mla_lab.buffers import MIB, dense_route_transient_bytes, memory_account, shared_workspace_other_bytes
+from mla_lab.deployment import Deployment
 from mla_lab.model.ops import layer_ops
 from mla_lab.model.timing import step_time_ms
 from mla_lab.models import load_model
@@ -17,7 +18,7 @@ GLM = load_model("glm-5")
 DSV = load_model("deepseek-v3.2")
 H200 = get_arch("h200")
 SEED_STEP = Step([(i, 0, 1024) for i in range(16)])
-KW = dict(weight_dtype="fp8", moe_parallel="ep")
+SEED = Deployment.seed().rank  # GLM-5 TP8 H200, fp8 weights, experts ep, bf16 KV: the rank view the cost model takes
 LENS = (512, 1024, 2048, 4096, 8192)
 
 # preset -> [(strategy, placement, content, [prefill route at LENS], decode route)], GLM-5 / DeepSeek-V3.2
@@ -76,7 +77,7 @@ def test_preset_sources_name_the_file_and_the_dates():
 def test_post_56902_persistent_extra_by_hand():
     """GLM-5 TP8, 16384 tokens: before the PR a private (16384, 8, 576) bf16 buffer = 16384 x 8 x 1152 B =
     150,994,944 B = 144 MiB; after #56902 none (the padded view lies inside the 3072 MiB shared workspace)."""
-    shared = shared_workspace_other_bytes(GLM, 8, 16384, "ep")
+    shared = shared_workspace_other_bytes(SEED)
     assert shared == 16384 * 8 * (6144 + 6144) * 2 == 3 * 1024 * MIB  # fused-MoE scratch: max(N/2,K) + max(N,K)
     pre = memory_account("per_call_empty:zeros", 8, 16384, H200, shared_other_bytes=shared)
     post = memory_account("shared_workspace:none", 8, 16384, H200, shared_other_bytes=shared)
@@ -90,23 +91,23 @@ def test_vllm_fa3_sparse_has_no_padded_bytes_and_no_padded_writes():
     acc = memory_account(st, 8, 16384, H200)
     assert acc.persistent_bytes == 0 and acc.step_transient_bytes == 0 and acc.kernel_heads == 8
     assert acc.kernel_out_bytes == 16384 * 8 * (512 * 2 + 4)  # out [T, H, 512] bf16 + lse: real heads only
-    ops = layer_ops(GLM, 8, H200, st, SEED_STEP, **KW)
+    ops = layer_ops(SEED, st, SEED_STEP)
     names = [op.name for op in ops]
     assert not {"concat", "pad", "pad_copy", "out_slice", "chunk_out"} & set(names)
     (k,) = [op for op in ops if op.name == "kernel"]
     assert k.act_bytes == 16384 * 8 * (1152 + 1024 + 4)  # nothing scales with the padded 64 heads
-    padded = next(op for op in layer_ops(GLM, 8, H200, "private_workspace", SEED_STEP, **KW) if op.name == "kernel")
+    padded = next(op for op in layer_ops(SEED, "private_workspace", SEED_STEP) if op.name == "kernel")
     assert padded.act_bytes == 16384 * 64 * 2184 and k.flops == padded.flops  # same 64-row MMAs, fewer bytes
-    r = step_time_ms(GLM, 8, H200, st, SEED_STEP, **KW)
+    r = step_time_ms(SEED, st, SEED_STEP)
     assert r["route"] == "fa3-sparse"
-    pr = step_time_ms(GLM, 8, H200, "private_workspace", SEED_STEP, **KW)
+    pr = step_time_ms(SEED, "private_workspace", SEED_STEP)
     assert r["attention_path"] < pr["attention_path"]
 
 
 def test_a_1024_token_prompt_on_sglang_pads_nothing():
     st = parse_strategy(PRESETS["sglang-dense"][0])
     assert strategy_route(st, GLM, 2048, [1024] * 16, [1024] * 16) == "mha-dense"
-    r = step_time_ms(GLM, 8, H200, st, SEED_STEP, **KW)
+    r = step_time_ms(SEED, st, SEED_STEP)
     assert r["route"] == "mha-dense"
     padded_ops = {"concat", "pad", "pad_copy", "kernel", "out_slice", "chunk_out", "chunk_overhead"}
     assert not padded_ops & set(r["by_op"]) and {"kv_b_proj", "k_concat", "mha_attn"} <= set(r["by_op"])
@@ -117,9 +118,9 @@ def test_a_1024_token_prompt_on_sglang_pads_nothing():
     # the same preset above 2048 tokens takes flashmla_sparse with a new_zeros pad
     long = memory_account(st, 8, 16384, H200, model=GLM, prompt_len=8192)
     assert long.route == "sparse-mqa" and long.step_transient_bytes == 16384 * 64 * 1152
-    assert step_time_ms(GLM, 8, H200, st, Step([(0, 0, 8192), (1, 0, 8192)]), **KW)["route"] == "sparse-mqa"
+    assert step_time_ms(SEED, st, Step([(0, 0, 8192), (1, 0, 8192)]))["route"] == "sparse-mqa"
     # the forced padded route pads at 1024 too
-    forced = step_time_ms(GLM, 8, H200, PRESETS["sglang-flashmla-sparse"][0], SEED_STEP, **KW)
+    forced = step_time_ms(SEED, PRESETS["sglang-flashmla-sparse"][0], SEED_STEP)
     assert forced["route"] == "sparse-mqa" and "pad" in forced["by_op"]
     assert r["total"] < forced["total"]
 

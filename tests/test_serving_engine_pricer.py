@@ -80,8 +80,7 @@ def test_decode_only_step_runs_as_a_graph_without_the_eager_term(pricer):
 
 
 def test_launches_counted_once_per_op_of_every_layer(pricer):
-    expect = sum(n for _, n in step_ops(GLM, 8, H200, "private_workspace", WorkStep([(0, 9, 1)]),
-                                        kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="ep"))
+    expect = sum(n for _, n in step_ops(SEED, "private_workspace", WorkStep([(0, 9, 1)])))
     assert pricer.n_ops == expect and expect > GLM.num_hidden_layers * 20
 
 
@@ -103,7 +102,7 @@ def test_per_call_pad_costs_on_decode_steps_with_bf16_kv_only():
     sglang = EnginePricer(SEED, "per_call_zeros")
     assert sglang(s) > pre(s) > fused(s)
     # the difference is the pad copy of every layer: its roofline plus one kernel's graph overhead
-    pad = next(op for op in attention_path_ops(GLM, 8, H200, BASELINE, 32, 32 * 1100) if op.name == "pad_copy")
+    pad = next(op for op in attention_path_ops(SEED, BASELINE, 32, 32 * 1100) if op.name == "pad_copy")
     per_layer = op_time_ms(pad, H200, DCAL.graph_calibration(load_calibration())) + DCAL.attn_floor_us["pad_copy"] * 1e-3
     assert pre(s) - fused(s) == pytest.approx(GLM.num_hidden_layers * per_layer, rel=1e-9)
     fp8_kv = Deployment.seed(kv_cache_dtype="fp8").rank
@@ -115,8 +114,7 @@ def test_per_call_pad_costs_on_decode_steps_with_bf16_kv_only():
 def test_prefill_only_step_keeps_the_layer_model_for_the_decode_terms(pricer):
     s = Step((), (PrefillChunk(0, 0, 1024), PrefillChunk(1, 0, 1024)), "NONE", None)
     r = pricer.price(s)
-    base = step_time_ms(GLM, 8, H200, "private_workspace", WorkStep([(0, 0, 1024), (1, 0, 1024)]), pricer.gcal,
-                        kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="ep")
+    base = step_time_ms(SEED, "private_workspace", WorkStep([(0, 0, 1024), (1, 0, 1024)]), pricer.gcal)
     for op in ("idx_logits", "idx_topk", "kernel"):
         assert r["by_op"][op] == pytest.approx(base["by_op"][op], rel=1e-12)
 

@@ -11,13 +11,12 @@ import pandas as pd
 import pytest
 import torch
 
-from mla_lab.arch import get_arch
 from mla_lab.buffers import MIB, memory_account
+from mla_lab.deployment import Deployment
 from mla_lab.kernels import concat_mla_q
 from mla_lab.measure.spread import MIN_PROCESSES, paired_change
 from mla_lab.model.calibration import load_subchunk_graph_overhead
 from mla_lab.model.timing import attention_path_ms
-from mla_lab.models import load_model
 from mla_lab.strategies import PaddedQPath, equivalence_check
 from mla_lab.workload import Step
 
@@ -120,10 +119,10 @@ def test_modelled_graph2_change_is_the_measured_one(rows, shape):
     against the PR's path (both priced alike) against the measured change against the PR's path graphed (the graph's
     saving over eager launches cancels in both). Tolerance: the fit's mean absolute residual (us) over the measured
     PR-graphed path time, in percentage points (0.49 pp at the seed, 0.15 pp at full topk)."""
-    m, arch = load_model("glm-5"), get_arch("h200")
+    rank = Deployment.seed().rank  # GLM-5 TP8 on an H200, bf16 KV (8 heads padded to 64)
     step = Step([(j, 0, 1024) for j in range(16)]) if shape == "seed" else 16384  # full: topk for every token
-    pr = attention_path_ms(m, 8, arch, "private_workspace", step)["total"]
-    g = attention_path_ms(m, 8, arch, GRAPH2, step)["total"]
+    pr = attention_path_ms(rank, "private_workspace", step)["total"]
+    g = attention_path_ms(rank, GRAPH2, step)["total"]
     modelled = 100 * (g / pr - 1)
     measured = _change(rows, MEASURED, "pr:graph", shape)
     pr_graph_ms = rows[(rows["shape"] == shape) & (rows["variant"] == "pr:graph")]["ms"].median()
@@ -131,5 +130,5 @@ def test_modelled_graph2_change_is_the_measured_one(rows, shape):
     assert abs(modelled - measured["median"]) <= tol, (modelled, measured)
     # and the eager views hand-off (the committed eager per-chunk fit) is dearer than graph2 in the model, as
     # measured (subchunk:2048:views vs pr:eager well above graph2 vs pr:graph)
-    views = attention_path_ms(m, 8, arch, "subchunk:2048:views", step)["total"]
+    views = attention_path_ms(rank, "subchunk:2048:views", step)["total"]
     assert views > g and _change(rows, "subchunk:2048:views", "pr:eager", shape)["lo"] > measured["hi"]

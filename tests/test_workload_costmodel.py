@@ -3,13 +3,18 @@
 import pytest
 
 from mla_lab.arch import get_arch
+from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import uncalibrated
 from mla_lab.model.ops import attention_path_ops
 from mla_lab.model.timing import attention_path_ms
-from mla_lab.models import load_model
 from mla_lab.workload import Workload, schedule, steps_to_first_token, sum_topk_lengths
 
 H200 = get_arch("h200")
+
+
+def _rank(tp: int = 8, kv_cache_dtype: str = "bf16"):
+    """GLM-5 on the H200 at ``tp`` (the seed's deployment otherwise): the rank view the cost model takes."""
+    return Deployment.seed(tp=tp, kv_cache_dtype=kv_cache_dtype).rank
 
 
 def test_schedule_seed_workload():
@@ -38,34 +43,32 @@ def test_sum_topk_lengths_matches_loop(start, n, topk):
 
 
 def test_attention_path_ops_bytes():
-    glm = load_model("glm-5")
     T = 16384
     def work(*a, **k):
         return {op.name: {"bytes": op.act_bytes, "flops": op.flops} for op in attention_path_ops(*a, **k)}
 
-    u = work(glm, 8, H200, "per_call_zeros", T)
-    f = work(glm, 8, H200, "private_workspace", T)
-    k = work(glm, 8, H200, "kernel_native", T)
+    u = work(_rank(), "per_call_zeros", T)
+    f = work(_rank(), "private_workspace", T)
+    k = work(_rank(), "kernel_native", T)
     assert u["concat"]["bytes"] == f["concat"]["bytes"] == 2 * T * 8 * 576 * 2
     assert u["pad"]["bytes"] == T * 64 * 1152 + 2 * T * 8 * 1152
     assert "pad" not in f and "pad" not in k and "out_slice" not in k
     assert u["kernel"]["flops"] == 2 * T * 2048 * 64 * (576 + 512) == k["kernel"]["flops"]
     assert u["out_slice"]["bytes"] == 2 * T * 8 * 512 * 2
     # fp8 KV cache: no padding anywhere
-    assert "pad" not in work(glm, 8, H200, "per_call_zeros", T, kv_cache_dtype="fp8")
+    assert "pad" not in work(_rank(kv_cache_dtype="fp8"), "per_call_zeros", T)
     # no padding needed at 64 heads on Hopper
-    assert "pad" not in work(glm, 1, H200, "per_call_zeros", T)
+    assert "pad" not in work(_rank(tp=1), "per_call_zeros", T)
 
 
 def test_calibration_reproduces_reference_kernel_time():
     cal = uncalibrated()  # attention efficiencies fitted from data/calibration/h200_reference.csv alone
     assert set(cal.attention) == {"concat", "pad", "pad_copy", "kernel", "out_slice"}
     assert all(0 < v < 1 for v in cal.attention.values())
-    glm = load_model("glm-5")
-    t = attention_path_ms(glm, 8, H200, "per_call_zeros", 16384, calibration=cal)
+    t = attention_path_ms(_rank(), "per_call_zeros", 16384, calibration=cal)
     # one H200, 2026-11-30 (data/calibration/h200_reference.csv): 7.82 ms kernel, 0.534 ms pad at T=16384, 8 -> 64; median fit is within 10%
     assert t["kernel"] == pytest.approx(7.82, rel=0.1)
     assert t["pad"] == pytest.approx(0.534, rel=0.1)
-    tf = attention_path_ms(glm, 8, H200, "private_workspace", 16384, calibration=cal)
+    tf = attention_path_ms(_rank(), "private_workspace", 16384, calibration=cal)
     assert tf["total"] < t["total"]
     assert t["total"] - tf["total"] == pytest.approx(t["pad"])

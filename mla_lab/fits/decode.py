@@ -82,14 +82,22 @@ def _model(name, cache={}):  # noqa: B006 - a small memo of loaded configs
     return cache[name]
 
 
-def measured_rank(name, cache={}) -> RankView:  # noqa: B006 - a small memo of the views
+def _rank(name: str, tp: int = TP, moe_parallel: str = "ep", ep: int | None = EP, cache={}):  # noqa: B006 - memo
+    """The rank a measured decode row ran (bf16 weights, bf16 KV cache, H200), built once per point at the
+    :meth:`~mla_lab.deployment.Deployment.rank_of` door (``max_num_batched_tokens`` 16384: the rows' engine
+    limit, not read by :func:`~mla_lab.model.ops.layer_ops`); ``ep`` the expert-parallel size under ``ep``."""
+    key = (name, tp, moe_parallel, ep)
+    if key not in cache:
+        r = Deployment.rank_of(model=_model(name), tp=tp, arch=H200, kv_cache_dtype="bf16", weight_dtype="bf16",
+                               moe_parallel=moe_parallel, max_num_batched_tokens=16384)
+        cache[key] = r.with_ep_size(ep) if moe_parallel == "ep" else r
+    return cache[key]
+
+
+def measured_rank(name) -> RankView:
     """The rank the decode measurements ran (``benchmarks/bench_decode.py``): model ``name``, TP8 (EP8 whole
-    experts) on an H200, bf16 weights, bf16 KV cache; ``max_num_batched_tokens`` 16384 (not read by the decode
-    layer), through the door :meth:`Deployment.rank_of <mla_lab.deployment.Deployment.rank_of>`."""
-    if name not in cache:
-        cache[name] = Deployment.rank_of(model=_model(name), tp=TP, arch=H200, kv_cache_dtype="bf16",
-                                         weight_dtype="bf16", moe_parallel="ep", max_num_batched_tokens=16384)
-    return cache[name]
+    experts) on an H200, bf16 weights, bf16 KV cache (:func:`_rank`)."""
+    return _rank(name)
 
 
 def decode_ws(B, c, P=0) -> WorkStep:
@@ -107,9 +115,8 @@ def op_rows(ops_df) -> list[dict]:
         if r.op in NOT_IN_MODEL:
             continue
         strat = measured_as(r.strategy or "fused")
-        m = _model(r.model)
-        ops = {op.name: op for op in layer_ops(m, TP, H200, strat, decode_ws(int(r.batch), int(r.context)),
-                                               layer_kind="moe", weight_dtype="bf16", moe_parallel="ep", ep_size=EP)}
+        ops = {op.name: op for op in layer_ops(_rank(r.model), strat, decode_ws(int(r.batch), int(r.context)),
+                                               layer_kind="moe")}
         op = ops[OP_NAMES.get(r.op, r.op)]
         rows.append({"model": r.model, "B": int(r.batch), "c": int(r.context), "op": op.name, "measured_op": r.op,
                      "cls": op.op_class, "obj": op, "us": float(r.ms) * 1e3})
@@ -303,9 +310,9 @@ def prefill_crosscheck(cal, dcal, path) -> dict:
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
     for r in rows:
         excl = set((r.get("excluded_ops") or "").split(";"))
-        ops = [op for op in layer_ops(_model(r["model"]), int(r["tp"]), H200, measured_as(r["strategy"]), int(r["T"]),
-                                      layer_kind=r["layer_kind"], weight_dtype="bf16", moe_parallel=r["moe_parallel"],
-                                      ep_size=int(r["ep"])) if op.impl and not op.is_comm and op.name not in excl]
+        rank = _rank(r["model"], int(r["tp"]), r["moe_parallel"], int(r["ep"]))
+        ops = [op for op in layer_ops(rank, measured_as(r["strategy"]), int(r["T"]), layer_kind=r["layer_kind"])
+               if op.impl and not op.is_comm and op.name not in excl]
         old = sum(op_time_ms(op, H200, cal) for op in ops)
         new = sum(op_time_ms(op, H200, g) for op in ops)
         if r["mode"] == "eager":

@@ -33,6 +33,7 @@ import torch
 
 from ..arch import GPUArch
 from ..buffers import MIB, memory_account, padded_num_heads
+from ..deployment import Deployment
 from ..model.ops import layer_ops
 from ..models import ModelConfig
 from ..workload import sum_topk_lengths
@@ -279,8 +280,11 @@ def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, 
         return
     device = settings.device
     seen = set()
+    # the seed's rank (TP8, fp8 weights, experts ep), built once at the door; the GEMM shapes do not read its limits
+    rank = Deployment.rank_of(model=model, tp=8, arch=arch, kv_cache_dtype="bf16", weight_dtype="fp8",
+                              moe_parallel="ep", max_num_batched_tokens=16384)
     for T in tokens:
-        for op in layer_ops(model, 8, arch, "private_workspace", T, weight_dtype="fp8", moe_parallel="ep"):
+        for op in layer_ops(rank, "private_workspace", T):
             if op.op_class != "gemm_fp8" or settings.out_of_time():
                 continue
             dims = op.dims

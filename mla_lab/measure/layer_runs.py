@@ -25,6 +25,7 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import torch
 
 from ..arch import GPUArch
+from ..deployment import Deployment, RankView
 from ..model.ops import layer_ops
 from ..models import ModelConfig
 from ..placement import Strategy
@@ -81,18 +82,32 @@ def layer_kinds(variant: tuple[str, int]) -> tuple[str, ...]:
     return ("moe", "dense") if variant[0] == "tp" else ("moe",)
 
 
+def measured_rank(model: ModelConfig, tp: int, arch: GPUArch, variant: tuple[str, int]) -> RankView:
+    """The rank the layer runner builds (:meth:`~mla_lab.deployment.Deployment.rank_of`, the door): bf16 weights
+    (the runner's), bf16 KV cache, the MoE ``variant`` ``(moe_parallel, ep)`` (:func:`moe_variants`);
+    ``max_num_batched_tokens`` 16384 (vLLM PR #53878's ``--max-num-batched-tokens``; the layer's ops do not read it).
+
+    Raises:
+        ValueError: as :meth:`~mla_lab.deployment.Deployment.rank_of` (a ``tp`` that does not divide the model).
+    """
+    parallel, ep = variant
+    rank = Deployment.rank_of(model=model, tp=tp, arch=arch, kv_cache_dtype="bf16", weight_dtype="bf16",
+                              moe_parallel=parallel, max_num_batched_tokens=16384)
+    return rank.with_ep_size(ep) if parallel == "ep" else rank
+
+
 def ops_to_time(model: ModelConfig, tp: int, arch: GPUArch, T: int, variant: tuple[str, int],
                 strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> dict:
     """The measurable ops of ``strategies`` and both layer kinds (``moe``; ``dense`` under TP-sharded experts)
     at ``T`` tokens: ``{(op name, concat Strategy or None): LayerOp}``, each op once (``concat`` once per
     strategy: it writes a different buffer); communication and modelled-only ops left out. Under ``ep`` only the
     ``moe_*`` ops (the rest is the same as under ``tp``)."""
-    parallel, ep = variant
+    rank = measured_rank(model, tp, arch, variant)
+    parallel = variant[0]
     ops = {}
     for kind in layer_kinds(variant):
         for strategy in strategies:
-            for op in layer_ops(model, tp, arch, strategy, T, layer_kind=kind, weight_dtype="bf16",  # bf16 weights
-                                moe_parallel=parallel, ep_size=ep):
+            for op in layer_ops(rank, strategy, T, layer_kind=kind):
                 if op.impl and not op.is_comm:
                     concat_strategy = strategy if op.name == "concat" else None
                     ops[(op.name, concat_strategy)] = op

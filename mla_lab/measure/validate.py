@@ -37,7 +37,7 @@ from ..model.timing import op_time_ms, predict_measured_op_ms
 from ..models import ModelConfig
 from ..placement import measured_as
 from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV
-from .layer_runs import read_rows
+from .layer_runs import measured_rank, read_rows
 
 __all__ = ["VALIDATION_COLUMNS", "leave_one_model_out", "validation_rows", "mape_summary", "fit_and_validate"]
 
@@ -82,16 +82,18 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
     # per layer: sum of the measured ops' predictions vs the end-to-end measurement; the strategy label read at the
     # door (the first version's unfused / fused rows: what they ran, measured_as)
     by_layer: dict = {}
+    ranks: dict = {}
     for r in e2e_rows:
         model = models_by_name.get(r["model"])
         if model is None:
             continue
         excluded = (r.get("excluded_ops") or "").split(";")
         strategy = measured_as(r["strategy"])
-        ops = [op for op in layer_ops(model, int(r["tp"]), arch, strategy, int(r["T"]),
-                                      layer_kind=r["layer_kind"], weight_dtype="bf16",  # the runner's weights
-                                      moe_parallel=r["moe_parallel"],
-                                      ep_size=int(r["ep"]), out_slice_copy=False)
+        key = (r["model"], int(r["tp"]), r["moe_parallel"], int(r["ep"]))
+        if key not in ranks:  # one view per measured point, at the door (bf16 weights: the runner's)
+            ranks[key] = measured_rank(model, key[1], arch, (key[2], key[3]))
+        ops = [op for op in layer_ops(ranks[key], strategy, int(r["T"]), layer_kind=r["layer_kind"],
+                                      out_slice_copy=False)
                if op.impl and not op.is_comm and op.name != "lm_head" and op.name not in excluded]
         splits = [("in_sample", calibration)] + ([("leave_model_out", held_out[r["model"]])]
                                                   if r["model"] in held_out else [])

@@ -108,7 +108,7 @@ def memory_tradeoff(
         ValueError: a bad ``total_memory_bytes`` / ``shared_workspace_bytes`` / ``ep_size`` (one line).
     """
     d = deployment
-    model, tp, arch, max_num_batched_tokens = d.model, d.tp, d.arch, d.max_num_batched_tokens
+    model, arch = d.model, d.arch
     kv_cache_dtype, gpu_memory_utilization = d.kv_cache_dtype, d.gpu_memory_utilization
     moe_parallel = d.moe_parallel
     H = d.num_heads
@@ -120,7 +120,7 @@ def memory_tradeoff(
     act = activation_peak_bytes(rank)
     per_tok = model.kv_cache_bytes_per_token(kv_cache_dtype, include_indexer)
     names = [st.name for st in expand(strategies if strategies is not None else STRATEGIES)]
-    shared = shared_workspace_other_bytes(model, tp, max_num_batched_tokens, moe_parallel) \
+    shared = shared_workspace_other_bytes(rank) \
         if shared_workspace_bytes is None else check_int("shared_workspace_bytes", shared_workspace_bytes,
                                                          allow_zero=True)
     # model + prompt length: a strategy whose route is dense MHA at this prompt length pads nothing (its transient

@@ -1,5 +1,11 @@
 """Per-rank ops of one decoder layer of a sparse-MLA (DSA) MoE model for one prefill step, and their modelled time.
 
+Every function here takes what one TP rank holds, a :class:`~mla_lab.rank.RankView` (``Deployment.rank``; callers
+without a workload: :meth:`Deployment.rank_of <mla_lab.deployment.Deployment.rank_of>`), as its first argument: the
+model, ``tp``, the GPU, ``num_heads`` / ``padded_num_heads``, ``kv_cache_dtype``, ``weight_dtype``,
+``moe_parallel`` and ``ep_size`` are read from it, checked once at its door and not re-checked here. The layer's own
+options (``layer_kind``, ``ep_comm``, ``indexer_dtype``, ...) stay keyword arguments, checked once per call.
+
 For an engine step of ``T`` tokens on one tensor-parallel rank (``tp`` ranks, ``H = num_attention_heads // tp``
 heads per rank) :func:`layer_ops` lists every op with its real per-rank shape, FLOPs and bytes (weights plus
 activations read and written, counted once each: a lower bound on traffic), in the order vLLM runs them
@@ -95,19 +101,18 @@ real-head count ``2 * sum_topk * H * (576 + 512)``; content zeros (the tile's un
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field, replace
 
 from .._validate import check_int
-from ..arch import GPUArch
-from ..buffers import padded_num_heads
-from ..models import ModelConfig, normalize_kv_cache_dtype
+from ..models import ModelConfig
 from ..placement import Strategy, as_strategy
+from ..rank import RankView
 from ..workload import Step, sum_topk_lengths
 
 __all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
-           "ATTN_OPS", "OP_CLASSES", "COMM_CLASSES", "WEIGHT_DTYPES", "MOE_PARALLEL", "EP_COMM", "LAYER_KINDS", "FP8_PEAK_FACTOR"]
+           "layer_kinds", "step_level_ops", "ATTN_OPS", "OP_CLASSES", "COMM_CLASSES", "WEIGHT_DTYPES", "EP_COMM",
+           "LAYER_KINDS", "FP8_PEAK_FACTOR"]
 
 BF16 = 2
 
@@ -119,8 +124,6 @@ COMM_CLASSES = ("allreduce", "all_to_all", "allgather")
 #: Classes priced by the roofline-with-overhead formula; attention-path ops have class ``attn_<op>``.
 OP_CLASSES = ("gemm", "gemm_fp8", "moe_gemm", "moe_gemm_fp8", "bmm", "norm", "elementwise", "indexer_logits",
               "topk", "reduce")
-
-MOE_PARALLEL = ("tp", "ep")
 
 EP_COMM = ("all_reduce", "all_to_all")
 
@@ -233,75 +236,27 @@ def step_stats(model: ModelConfig, step: Step | int, causal: bool = True, contex
     T = check_int("step", step, allow_zero=True)
     return StepStats(T, T * model.topk, sum_topk_lengths(0, T, big), min(T, big), 1 if T else 0)
 
-def _check_common(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
-    """Check the layer's options once per distinct combination (a Deployment's are checked at its door; the cost
-    model calls this for every layer kind of every step, so a combination already found valid is not re-checked).
-    Returns ``(H, ep)``.
+def _check_options(ep_comm: str, indexer_dtype: str, layer_kind: str | None = None) -> None:
+    """The layer options that are not deployment fields (a user's values enter here: :func:`layer_ops`,
+    :func:`step_ops` and the route functions check them once per call, then build the layers unchecked).
 
     Raises:
         ValueError: an option outside its allowed values (names it, its value and what is allowed).
     """
-    key = (model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
-    try:
-        hash(key)
-    except TypeError:  # an unhashable value (a list...): check it without the memo, which names it
-        return _check_common_once(*key)
-    return _check_common_memo(*key)
-
-
-@functools.lru_cache(maxsize=1024)
-def _check_common_memo(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
-    return _check_common_once(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
-
-
-def _heads_per_rank(model: ModelConfig, tp) -> int:
-    """:meth:`~mla_lab.models.ModelConfig.heads_per_rank`, checked once per (model, tp) (memoised like the layer
-    options: the attention path asks for every layer kind of every step)."""
-    try:
-        return _heads_memo(model, tp)
-    except TypeError:  # unhashable tp: the model's own check names it
-        return model.heads_per_rank(tp)
-
-
-@functools.lru_cache(maxsize=256)
-def _heads_memo(model: ModelConfig, tp) -> int:
-    return model.heads_per_rank(tp)
-
-
-def _check_common_once(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind):
-    if weight_dtype not in WEIGHT_DTYPES:
-        raise _err("weight_dtype", weight_dtype, list(WEIGHT_DTYPES))
-    if moe_parallel not in MOE_PARALLEL:
-        raise _err("moe_parallel", moe_parallel, list(MOE_PARALLEL))
     if ep_comm not in EP_COMM:
         raise _err("ep_comm", ep_comm, list(EP_COMM))
-    if layer_kind not in LAYER_KINDS:
+    if layer_kind is not None and layer_kind not in LAYER_KINDS:
         raise _err("layer_kind", layer_kind, list(LAYER_KINDS))
-    H = _heads_per_rank(model, tp)
-    ep = tp if ep_size is None else ep_size
-    if moe_parallel == "ep":
-        check_int("ep_size", ep)
-        if model.n_routed_experts % ep:
-            divs = [d for d in range(1, model.n_routed_experts + 1) if model.n_routed_experts % d == 0]
-            raise ValueError(f"ep_size={ep} does not divide n_routed_experts={model.n_routed_experts}; allowed: {divs}")
-    for nm, size in (("intermediate_size", model.intermediate_size),
-                     ("moe_intermediate_size", model.moe_intermediate_size)):
-        if size % tp:
-            raise ValueError(f"tp={tp} does not divide {nm}={size} of model {model.name!r}")
-    return H, ep
+    if indexer_dtype not in ("bf16", "fp8"):
+        raise _err("indexer_dtype", indexer_dtype, ["bf16", "fp8"])
+
 
 def layer_ops(
-    model: ModelConfig,
-    tp: int,
-    arch: GPUArch,
+    rank: RankView,
     strategy: Strategy | str,
     step: Step | int,
     layer_kind: str = "moe",
-    kv_cache_dtype: str = "bf16",
     *,
-    weight_dtype: str,
-    moe_parallel: str,
-    ep_size: int | None = None,
     ep_comm: str = "all_reduce",
     out_slice_copy: bool = False,
     causal: bool = True,
@@ -312,17 +267,18 @@ def layer_ops(
     """Every op of one decoder layer on one rank for one step (table in the module docstring).
 
     Args:
-        model: a :class:`~mla_lab.models.ModelConfig`; tp: tensor-parallel size (divides num_attention_heads and the MLP sizes).
-        arch: a :class:`~mla_lab.arch.GPUArch`; gives the padded head count of the attention path (vLLM rule).
+        rank: what one TP rank holds (:class:`~mla_lab.rank.RankView`: ``Deployment.rank``, or
+            :meth:`Deployment.rank_of <mla_lab.deployment.Deployment.rank_of>` for a caller without a workload).
+            The model, ``tp``, the GPU (its padding rule: ``padded_num_heads``), ``kv_cache_dtype`` (padding rule,
+            KV-cache write bytes), ``weight_dtype`` (``bf16`` 2 B or ``fp8`` 1 B at the fp8 GEMM rate for the
+            quantized linears), ``moe_parallel`` and ``ep_size`` (``ep``: ``ep_size`` ranks hold whole experts,
+            ``tp`` by default; another size: :meth:`RankView.with_ep_size <mla_lab.rank.RankView.with_ep_size>`)
+            are read from it and checked at its door, not here.
         strategy: a :class:`~mla_lab.placement.Strategy` (or a canonical name; presets and aliases are read at the
             door, :func:`mla_lab.placement.expand`); its attention path: :func:`attention_path_ops`.
         step: a :class:`~mla_lab.workload.Step` or a token count (see :func:`step_stats`).
         layer_kind: ``moe`` or ``dense`` (the first ``first_k_dense_replace`` layers).
-        kv_cache_dtype: bf16 / fp8 (padding rule, KV-cache write bytes).
-        weight_dtype: ``bf16`` (2 B) or ``fp8`` (1 B, fp8 GEMM rate) for the quantized linears; required, no
-            default (a :class:`~mla_lab.deployment.Deployment` carries it).
-        moe_parallel: ``tp`` (every expert sharded over TP) or ``ep`` (``ep_size`` ranks hold whole experts,
-            default ``ep_size = tp``); required, no default; ep_comm: ``all_reduce`` (vLLM TP+EP, DP=1) or ``all_to_all``.
+        ep_comm: ``all_reduce`` (vLLM TP+EP, DP=1) or ``all_to_all`` (under ``moe_parallel="ep"``).
         out_slice_copy: keep the ``out_slice`` op (a ``.contiguous()`` copy of ``out[:, :H]``). Default
             False: vLLM hands the ``[:, :H]`` view to the W_UV bmm, and on the H200 ``torch.bmm`` read that strided
             view with the same cuBLAS kernel, no extra allocation and the same time as a contiguous input
@@ -333,13 +289,22 @@ def layer_ops(
             model that reuse another layer's top-k (:attr:`mla_lab.models.ModelConfig.indexer_layers`).
 
     Raises:
-        ValueError: any argument outside its allowed values (message names it, its value and what is allowed).
+        ValueError: ``strategy``, ``step``, ``context`` or an option outside its allowed values (the message names
+            it, its value and what is allowed).
     """
     strategy = as_strategy(strategy)
-    H, ep = _check_common(model, tp, weight_dtype, moe_parallel, ep_size, ep_comm, layer_kind)
-    if indexer_dtype not in ("bf16", "fp8"):
-        raise _err("indexer_dtype", indexer_dtype, ["bf16", "fp8"])
-    kvd = normalize_kv_cache_dtype(kv_cache_dtype)
+    _check_options(ep_comm, indexer_dtype, layer_kind)
+    return _layer_ops(rank, strategy, step, layer_kind, ep_comm=ep_comm, out_slice_copy=out_slice_copy,
+                      causal=causal, context=context, indexer_dtype=indexer_dtype, with_indexer=with_indexer)
+
+
+def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind: str = "moe", *,
+               ep_comm: str = "all_reduce", out_slice_copy: bool = False, causal: bool = True,
+               context: int | None = None, indexer_dtype: str = "bf16", with_indexer: bool = True) -> list[LayerOp]:
+    """:func:`layer_ops` below its checks: the options already checked (:func:`_check_options`), ``strategy`` a
+    Strategy."""
+    model, tp, H, ep = rank.model, rank.tp, rank.num_heads, rank.ep_size
+    weight_dtype, moe_parallel, kvd = rank.weight_dtype, rank.moe_parallel, rank.kv_cache_dtype
     ss = step_stats(model, step, causal, context)
     T = ss.num_tokens
     wb = WEIGHT_DTYPES[weight_dtype]
@@ -377,8 +342,8 @@ def layer_ops(
             LayerOp("idx_topk", "topk", act_bytes=ss.sum_visible * FP32 + T * model.topk * FP32,
                     dims={"T": T, "keys": ss.keys_read, "k": model.topk}, impl="topk"),
         ]
-    ops += [op for op in _attention_path_ops(model, H, _padded(H, arch, kvd), kvd, strategy, T, ss.sum_topk)
-            if op.name != "out_slice" or out_slice_copy]  # H, T and sum_topk derived here: nothing re-checked
+    ops += [op for op in _attention_path_ops(rank, strategy, T, ss.sum_topk)
+            if op.name != "out_slice" or out_slice_copy]  # the rank's heads, T and sum_topk: nothing re-checked
     ops += [
         LayerOp("w_uv_bmm", "bmm", flops=2.0 * H * T * kr * dv, weight_bytes=H * kr * dv * BF16,
                 act_bytes=(T * H * kr + T * H * dv) * BF16, dims={"B": H, "M": T, "K": kr, "N": dv}, impl="bmm_uv"),
@@ -434,34 +399,48 @@ def layer_ops(
         ops.append(_comm("moe_allreduce", "allreduce", T * h * BF16))
     return ops
 
-def step_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
-             **kw) -> list[tuple[LayerOp, int]]:
+def step_ops(rank: RankView, strategy: Strategy | str, step: Step | int, **kw) -> list[tuple[LayerOp, int]]:
     """All ops of one engine step on one rank as ``(op, count)``: each kind of layer (dense for the first
     ``first_k_dense_replace``, MoE for the rest; with or without its own indexer,
     :attr:`~mla_lab.models.ModelConfig.indexer_layers`) x its count, and the embedding, final norm, LM head and
     logits gather once.
 
-    Keyword arguments are those of :func:`layer_ops` (``layer_kind`` excluded; ``weight_dtype`` and
-    ``moe_parallel`` required).
+    ``rank`` as :func:`layer_ops`; keyword arguments are those of :func:`layer_ops` (``layer_kind`` excluded),
+    checked once here.
     """
     strategy = as_strategy(strategy)
     if "layer_kind" in kw:
         raise ValueError("layer_kind=... is chosen per layer by step_ops; allowed: omit it")
+    _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"))
+    model = rank.model
     ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
-    T, h, V = ss.num_tokens, model.hidden_size, model.vocab_size
+    out: list[tuple[LayerOp, int]] = []
+    for (kind, idx), n in layer_kinds(model):
+        out += [(op, n) for op in _layer_ops(rank, strategy, step, kind, with_indexer=idx, **kw)]
+    return out + step_level_ops(rank, ss)
+
+
+def layer_kinds(model: ModelConfig) -> list[tuple[tuple[str, bool], int]]:
+    """``((layer_kind, with_indexer), count)`` over the model's layers: dense for the first
+    ``first_k_dense_replace``, MoE for the rest, with or without its own indexer
+    (:attr:`~mla_lab.models.ModelConfig.indexer_layers`); dense first, layers with an indexer first."""
     n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
     with_idx = set(model.indexer_layers)
     counts: dict[tuple[str, bool], int] = {}
     for i in range(model.num_hidden_layers):
         key = ("dense" if i < n_dense else "moe", i in with_idx)
         counts[key] = counts.get(key, 0) + 1
-    out: list[tuple[LayerOp, int]] = []
-    for (kind, idx), n in sorted(counts.items(), key=lambda kv: (kv[0][0] != "dense", not kv[0][1])):
-        out += [(op, n) for op in layer_ops(model, tp, arch, strategy, step, layer_kind=kind, with_indexer=idx, **kw)]
-    if V % tp:
-        raise ValueError(f"tp={tp} does not divide vocab_size={V}")
+    return sorted(counts.items(), key=lambda kv: (kv[0][0] != "dense", not kv[0][1]))
+
+
+def step_level_ops(rank: RankView, ss: StepStats) -> list[tuple[LayerOp, int]]:
+    """The ops a step runs once, not per layer, as ``(op, 1)``: the vocab-parallel embedding, the final norm, the LM
+    head over ``ss.num_seqs`` rows and, for ``tp > 1``, the embedding all-reduce and the logits gather (module
+    docstring). ``tp`` divides ``vocab_size``: checked at the rank's door."""
+    model, tp = rank.model, rank.tp
+    T, h, V = ss.num_tokens, model.hidden_size, model.vocab_size
     R = ss.num_seqs
-    out += [
+    out = [
         (LayerOp("embedding", "elementwise", act_bytes=T * h * BF16 / tp + T * h * BF16 + T * 8,
                  dims={"T": T, "N": h}, impl=None), 1),
         (_norm("final_norm", T, h, True), 1),
@@ -499,8 +478,8 @@ def attention_op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size
     raise ValueError(f"op={op!r} is not known; allowed: {list(ATTN_OPS) + ['concat_zero_padding']}")
 
 
-def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, num_tokens: int,
-                       sum_topk: int | None = None, kv_cache_dtype: str = "bf16") -> list[LayerOp]:
+def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int,
+                       sum_topk: int | None = None) -> list[LayerOp]:
     """The attention-path ops of one layer, one rank, one step, for ``strategy`` (absent ops omitted).
 
     ``concat`` (all; with the padded heads' zeros for ``zero_per_call``), ``pad`` (``per_call_zeros``: zero fill
@@ -515,7 +494,8 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Str
     consumer was not in the measured loop)).
 
     Args:
-        model, tp: give ``H = num_attention_heads // tp``; arch: gives ``H'`` (vLLM's padding rule).
+        rank: a :class:`~mla_lab.rank.RankView`: ``H`` = its ``num_heads``, ``H'`` its ``padded_num_heads`` (vLLM's
+            padding rule for its GPU and ``kv_cache_dtype``).
         strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (:func:`mla_lab.placement.as_strategy`).
         num_tokens: T of the step; sum_topk: keys attended summed over the step's tokens (default
             ``T * index_topk``: full topk).
@@ -524,27 +504,19 @@ def attention_path_ops(model: ModelConfig, tp: int, arch: GPUArch, strategy: Str
         ValueError: unknown strategy; negative token counts; ``sum_topk > T * index_topk``.
     """
     spec = as_strategy(strategy)
+    model = rank.model
     check_int("num_tokens", num_tokens, allow_zero=True)
     if sum_topk is not None:
         check_int("sum_topk", sum_topk, allow_zero=True)
         if sum_topk > num_tokens * model.topk:
             raise ValueError(f"sum_topk={sum_topk} exceeds num_tokens * index_topk = {num_tokens * model.topk}")
-    H = _heads_per_rank(model, tp)
-    kvd = normalize_kv_cache_dtype(kv_cache_dtype)
-    return _attention_path_ops(model, H, padded_num_heads(H, arch, kvd), kvd, spec, num_tokens,
-                               num_tokens * model.topk if sum_topk is None else sum_topk)
+    return _attention_path_ops(rank, spec, num_tokens, num_tokens * model.topk if sum_topk is None else sum_topk)
 
 
-@functools.lru_cache(maxsize=256)
-def _padded(H: int, arch: GPUArch, kvd: str) -> int:
-    """:func:`mla_lab.buffers.padded_num_heads` of already-checked heads, once per (heads, GPU, KV dtype)."""
-    return padded_num_heads(H, arch, kvd)
-
-
-def _attention_path_ops(model: ModelConfig, H: int, Hp: int, kvd: str, spec: Strategy, T: int,
-                        st: int) -> list[LayerOp]:
-    """:func:`attention_path_ops` below the door: ``H`` / ``Hp`` heads and ``kvd`` (normalised) of a checked rank,
-    ``T`` tokens and ``st`` keys of a step the caller derived; nothing re-checked."""
+def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int) -> list[LayerOp]:
+    """:func:`attention_path_ops` below its checks: the rank's heads (``H``, ``Hp``) and KV dtype, ``T`` tokens and
+    ``st`` keys of a step the caller derived; nothing re-checked."""
+    model, H, Hp, kvd = rank.model, rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype
     padded = Hp > H and kvd == "bf16"
     dims = {"T": T, "H": H, "Hp": Hp, "sum_topk": st}
 

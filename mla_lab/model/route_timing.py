@@ -3,7 +3,8 @@ masked-MHA crossover, and the model against the committed H200 route rows.
 
 :func:`mla_lab.model.timing.layer_time_ms` / ``step_time_ms`` price the route a strategy's engine rule takes; the
 functions here price a route named by the caller (``sparse-mqa``, ``fa3-sparse``, ``mha-dense``, ``mha-masked``)
-and compare kernel models: ``roofline`` (the committed calibration: FLOPs + the heads' per-token bytes,
+for one TP rank (:class:`~mla_lab.rank.RankView`, their first argument: model, ``tp``, GPU, dtypes, MoE layout and
+``max_num_batched_tokens`` read from it, checked at its door) and compare kernel models: ``roofline`` (the committed calibration: FLOPs + the heads' per-token bytes,
 :mod:`mla_lab.model.routes`) or ``calibrated`` (the FLOP-only kernel model). Every number is modelled.
 """
 
@@ -13,8 +14,9 @@ from dataclasses import replace
 
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
-from ..models import ModelConfig, load_model
+from ..deployment import Deployment
 from ..placement import Strategy
+from ..rank import RankView
 from ..routes import ROUTES
 from ..workload import Step
 from .calibration import Calibration, resolve_calibration
@@ -77,17 +79,18 @@ def route_op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None
     return op_time_ms(op, arch, cal, tp)
 
 
-def route_layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
-                        strategy: str = "private_workspace", calibration: Calibration | None = None,
-                        kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline", **kw) -> dict:
+def route_layer_time_ms(rank: RankView, route: str, step: Step | int, strategy: str = "private_workspace",
+                        calibration: Calibration | None = None, kernel_fit: PaddedKernelFit | None = None,
+                        kernel_model: str = "roofline", **kw) -> dict:
     """``{op: ms}`` of one layer on ``route`` plus ``total``, ``attention`` (the route's attention ops: the
     sparse path, FA3's one ``kernel`` op, or ``kv_b_proj + k_concat + mha_attn (+ mask)``; the absorbed bmms are
-    layer ops) and ``comm``."""
+    layer ops) and ``comm``. ``rank`` (:class:`~mla_lab.rank.RankView`) and the keyword arguments as
+    :func:`mla_lab.model.ops.layer_ops`."""
     out: dict = {}
     cal = resolve_calibration(calibration)
-    ops = list(route_layer_ops(model, tp, arch, route, step, strategy, **kw))
+    ops = list(route_layer_ops(rank, route, step, strategy, **kw))
     for op in ops:
-        out[op.name] = route_op_time_ms(op, arch, cal, tp, kernel_fit, kernel_model)
+        out[op.name] = route_op_time_ms(op, rank.arch, cal, rank.tp, kernel_fit, kernel_model)
     apply_step_content(out, ops, cal)  # stale padded heads over the layer (content_scope "step")
     comm = sum(out[op.name] for op in ops if op.is_comm)
     att = set(ATTN_OPS) | set(ROUTE_ATTN_OPS)
@@ -97,14 +100,16 @@ def route_layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, 
     return out
 
 
-def route_step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
-                       strategy: Strategy | str = "private_workspace", calibration: Calibration | None = None,
-                       kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline", **kw) -> dict:
+def route_step_time_ms(rank: RankView, route: str, step: Step | int, strategy: Strategy | str = "private_workspace",
+                       calibration: Calibration | None = None, kernel_fit: PaddedKernelFit | None = None,
+                       kernel_model: str = "roofline", **kw) -> dict:
     """Modelled ms of one engine step on ``route`` (:func:`mla_lab.model.routes.route_step_ops`): ``total``,
-    ``attention`` (summed over layers) and ``mha_pricing``."""
+    ``attention`` (summed over layers) and ``mha_pricing``. ``rank`` and the keyword arguments as
+    :func:`mla_lab.model.ops.layer_ops`."""
     cal = resolve_calibration(calibration)
-    pairs = list(route_step_ops(model, tp, arch, route, strategy, step, **kw))
+    pairs = list(route_step_ops(rank, route, strategy, step, **kw))
     by: dict = {}
+    arch, tp = rank.arch, rank.tp
     for op, c in pairs:
         by[op.name] = by.get(op.name, 0.0) + c * route_op_time_ms(op, arch, cal, tp, kernel_fit, kernel_model)
     apply_step_content(by, [op for op, _ in pairs], cal)  # stale padded heads over the step
@@ -113,32 +118,34 @@ def route_step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, route: str, s
     return {"total": total, "attention": attn, "mha_pricing": mha_pricing_source(cal)}
 
 
-def attention_by_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, prompt_lens, max_num_batched_tokens: int =
-                            16384, strategy: str = "private_workspace", calibration: Calibration | None = None,
-                            kernel_fit: PaddedKernelFit | None = None, **kw) -> list[dict]:
-    """Per prompt length (:func:`prompt_len_step`), the modelled attention ms of one layer call on every route
-    (``None`` where the route is not equivalent: ``mha-dense`` above ``topk``) and the layer total per route.
-    Keyword arguments as :func:`mla_lab.model.ops.layer_ops` (``weight_dtype``, ``moe_parallel`` ...)."""
+def attention_by_prompt_len(rank: RankView, prompt_lens, strategy: str = "private_workspace",
+                            calibration: Calibration | None = None, kernel_fit: PaddedKernelFit | None = None,
+                            **kw) -> list[dict]:
+    """Per prompt length (:func:`prompt_len_step` at the rank's ``max_num_batched_tokens``), the modelled attention
+    ms of one layer call on every route (``None`` where the route is not equivalent: ``mha-dense`` above ``topk``)
+    and the layer total per route. Keyword arguments as :func:`mla_lab.model.ops.layer_ops` (``ep_comm``,
+    ``indexer_dtype`` ...; the dtypes and the MoE layout are the rank's)."""
+    model = rank.model
     out = []
     for L in prompt_lens:
-        step = prompt_len_step(L, max_num_batched_tokens)
+        step = prompt_len_step(L, rank.max_num_batched_tokens)
         row: dict = {"prompt_len": L, "num_tokens": step.num_tokens}
         for r in ROUTES:
             if r == "mha-dense" and L > model.topk:
                 row[f"{r}_attention_ms"] = row[f"{r}_layer_ms"] = None
                 continue
-            d = route_layer_time_ms(model, tp, arch, r, step, strategy, calibration, kernel_fit, **kw)
+            d = route_layer_time_ms(rank, r, step, strategy, calibration, kernel_fit, **kw)
             row[f"{r}_attention_ms"], row[f"{r}_layer_ms"] = d["attention"], d["total"]
         out.append(row)
     return out
 
 
-def crossover_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, route: str = "mha-masked",
-                         against: str = "sparse-mqa", lo: int = 1024, hi: int = 1 << 20,
-                         max_num_batched_tokens: int = 16384, strategy: str = "private_workspace",
-                         what: str = "attention", calibration: Calibration | None = None, **kw) -> int | None:
+def crossover_prompt_len(rank: RankView, route: str = "mha-masked", against: str = "sparse-mqa", lo: int = 1024,
+                         hi: int = 1 << 20, strategy: str = "private_workspace", what: str = "attention",
+                         calibration: Calibration | None = None, **kw) -> int | None:
     """The shortest prompt length in ``[lo, hi]`` at which ``against`` is modelled faster than ``route`` (``what``:
-    ``attention`` or ``total`` of one layer call of :func:`prompt_len_step`), by bisection (the difference grows
+    ``attention`` or ``total`` of one layer call of :func:`prompt_len_step` at the rank's
+    ``max_num_batched_tokens``), by bisection (the difference grows
     with the prompt length for the MHA routes: their keys grow as L^2, the sparse keys as L * topk). None when
     ``route`` is faster over the whole range; ``lo`` when ``against`` already wins there.
 
@@ -156,9 +163,9 @@ def crossover_prompt_len(model: ModelConfig, tp: int, arch: GPUArch, route: str 
         raise ValueError(f"lo={lo} must be below hi={hi}")
 
     def margin(L: int) -> float:
-        step = prompt_len_step(L, max_num_batched_tokens)
-        a = route_layer_time_ms(model, tp, arch, route, step, strategy, calibration, **kw)[what]
-        b = route_layer_time_ms(model, tp, arch, against, step, strategy, calibration, **kw)[what]
+        step = prompt_len_step(L, rank.max_num_batched_tokens)
+        a = route_layer_time_ms(rank, route, step, strategy, calibration, **kw)[what]
+        b = route_layer_time_ms(rank, against, step, strategy, calibration, **kw)[what]
         return a - b  # > 0: `against` wins
 
     if margin(lo) > 0:
@@ -181,13 +188,15 @@ def validate_routes(rows: list[dict] | None = None, kernel_fit: PaddedKernelFit 
     meas = {(r["model"], r["route"], r["prompt_len"]): r["ms"] for r in rows}
     arch = get_arch("h200")
     out = []
+    ranks: dict = {}  # model name -> its TP8 H200 rank (bf16 weights, experts TP-sharded), built once at this door
     for (mn, route, L), ms in sorted(meas.items()):
         if route != "mqa_kernel_only:private_workspace":
             continue
-        m = load_model(mn)
+        if mn not in ranks:
+            ranks[mn] = Deployment.rank_of(model=mn, tp=8, arch=arch, kv_cache_dtype="bf16", weight_dtype="bf16",
+                                           moe_parallel="tp", max_num_batched_tokens=16384)
         step = prompt_len_step(L, next(r["T"] for r in rows if r["model"] == mn and r["prompt_len"] == L))
-        ops = {o.name: o for o in layer_ops(m, 8, arch, "private_workspace", step, weight_dtype="bf16",
-                                            moe_parallel="tp")}
+        ops = {o.name: o for o in layer_ops(ranks[mn], "private_workspace", step)}
         t = {km: route_op_time_ms(ops["concat"], arch) + route_op_time_ms(ops["kernel"], arch, None, 8, kernel_fit, km)
              for km in KERNEL_MODELS}
         bmm = route_op_time_ms(ops["w_uk_bmm"], arch) + route_op_time_ms(ops["w_uv_bmm"], arch)

@@ -44,6 +44,9 @@ causal keys (every earlier key), ``K_s = sum_p min(p + 1, topk)`` the sparse key
     the fit cannot separate them. Fitted by least squares (relative error) on the committed H200 kernel rows
     (:func:`padded_kernel_rows`): zero padded heads only (stale content is the content model's factor).
 
+The functions take the rank (:class:`~mla_lab.rank.RankView`: ``H``, the weight dtype and the rest read from it,
+checked at its door) as their first argument, as :mod:`mla_lab.model.ops` does.
+
 Efficiencies come from the committed calibration (:mod:`mla_lab.model.calibration`): ``kv_b_proj`` / ``k_concat``
 / ``mask`` as their classes; ``mha_attn`` by its own class when a calibration has one (fit it from measured rows
 with :func:`mla_lab.model.calibration.fit_calibration`), else the **assumption** that a FlashAttention-class dense
@@ -61,13 +64,25 @@ from pathlib import Path
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
 from ..buffers import dense_route_transient_bytes
-from ..models import ModelConfig, load_model
+from ..deployment import Deployment
+from ..models import ModelConfig
 from ..paths import calibration_dir, calibration_measurements_dir
-from ..placement import Strategy, strategy_route
+from ..placement import Strategy, as_strategy, strategy_route
+from ..rank import RankView
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
 from .calibration import Calibration, fit_calibration, resolve_calibration
-from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _gemm, _heads_per_rank, layer_ops, step_ops
+from .ops import (
+    ATTN_OPS,
+    WEIGHT_DTYPES,
+    LayerOp,
+    _check_options,
+    _gemm,
+    _layer_ops,
+    layer_kinds,
+    step_level_ops,
+    step_stats,
+)
 
 __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
            "masked_mha_ops", "mha_transient_bytes", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
@@ -122,9 +137,9 @@ def route_stats(model: ModelConfig, step: Step | int) -> RouteStats:
         mask_bits=sum(n * (s + n) for _, s, n in chunks), max_seq_len=max((s + n for _, s, n in chunks), default=0))
 
 
-def mha_attention_op(model: ModelConfig, tp: int, rs: RouteStats) -> LayerOp:
-    """(a): dense causal MHA with ``H`` real heads over ``K_c`` keys (module docstring)."""
-    H = _heads_per_rank(model, tp)  # checked once per (model, tp)
+def mha_attention_op(rank: RankView, rs: RouteStats) -> LayerOp:
+    """(a): dense causal MHA with the rank's ``H`` real heads over ``K_c`` keys (module docstring)."""
+    model, H = rank.model, rank.num_heads
     dqk = model.qk_nope_head_dim + model.qk_rope_head_dim
     dv = model.v_head_dim
     flops = 2.0 * H * rs.K_c * (dqk + dv)
@@ -134,15 +149,10 @@ def mha_attention_op(model: ModelConfig, tp: int, rs: RouteStats) -> LayerOp:
                    impl="flash_attn_varlen causal")
 
 
-def up_projection_ops(model: ModelConfig, tp: int, rs: RouteStats, weight_dtype: str = "bf16") -> list[LayerOp]:
-    """(b): ``kv_b_proj`` GEMM of the step's ``Tk`` latent rows and the ``k_concat`` (module docstring).
-
-    Raises:
-        ValueError: weight_dtype not bf16/fp8.
-    """
-    if weight_dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"weight_dtype={weight_dtype!r} is not valid; allowed: {list(WEIGHT_DTYPES)}")
-    H = _heads_per_rank(model, tp)  # checked once per (model, tp)
+def up_projection_ops(rank: RankView, rs: RouteStats) -> list[LayerOp]:
+    """(b): ``kv_b_proj`` GEMM of the step's ``Tk`` latent rows at the rank's ``weight_dtype`` and the ``k_concat``
+    (module docstring)."""
+    model, H, weight_dtype = rank.model, rank.num_heads, rank.weight_dtype
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     proj = _gemm("kv_b_proj", rs.Tk, model.kv_lora_rank, H * (dn + dv), WEIGHT_DTYPES[weight_dtype], weight_dtype)
     cat = LayerOp("k_concat", K_CONCAT_CLASS, act_bytes=(rs.Tk * (H * dn + dr) + rs.Tk * H * (dn + dr)) * BF16,
@@ -156,29 +166,30 @@ def mask_op(rs: RouteStats) -> LayerOp:
                    dims={"bits": rs.mask_bits}, impl=None)
 
 
-def mha_dense_ops(model: ModelConfig, tp: int, step: Step | int, weight_dtype: str = "bf16") -> list[LayerOp]:
+def mha_dense_ops(rank: RankView, step: Step | int) -> list[LayerOp]:
     """The ops the ``mha-dense`` route adds to a layer: ``kv_b_proj``, ``k_concat``, ``mha_attn``.
 
     Raises:
         ValueError: a chunk with ``start + n > topk`` (dense MHA is not equivalent there, :mod:`mla_lab.routes`).
     """
+    model = rank.model
     rs = route_stats(model, step)
     check_route("mha-dense", model.name, max(rs.max_seq_len, 1), model.topk)
-    return up_projection_ops(model, tp, rs, weight_dtype) + [mha_attention_op(model, tp, rs)]
+    return up_projection_ops(rank, rs) + [mha_attention_op(rank, rs)]
 
 
-def masked_mha_ops(model: ModelConfig, tp: int, step: Step | int, weight_dtype: str = "bf16") -> list[LayerOp]:
+def masked_mha_ops(rank: RankView, step: Step | int) -> list[LayerOp]:
     """The ops the ``mha-masked`` route adds: the dense route's plus ``mask`` (modelled; no kernel run)."""
-    rs = route_stats(model, step)
-    return up_projection_ops(model, tp, rs, weight_dtype) + [mha_attention_op(model, tp, rs), mask_op(rs)]
+    rs = route_stats(rank.model, step)
+    return up_projection_ops(rank, rs) + [mha_attention_op(rank, rs), mask_op(rs)]
 
 
-def mha_transient_bytes(model: ModelConfig, tp: int, step: Step | int) -> dict:
+def mha_transient_bytes(rank: RankView, step: Step | int) -> dict:
     """Transient bytes of the dense routes for one layer call: ``kv_up`` (``Tk*H*(d_nope+d_v)*2``), ``k``
     (``Tk*H*d_qk*2``), ``out`` (``T*H*d_v*2`` + lse ``T*H*4``), ``total``, and ``budgeted`` False (vLLM's
     profile run executes no attention route: module docstring)."""
+    model, H = rank.model, rank.num_heads
     rs = route_stats(model, step)
-    H = _heads_per_rank(model, tp)  # checked once per (model, tp)
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     d = {"kv_up": rs.Tk * H * (dn + dv) * BF16, "k": rs.Tk * H * (dn + dr) * BF16,
          "out": rs.T * H * dv * BF16 + rs.T * H * FP32}
@@ -329,10 +340,11 @@ def default_padded_kernel_fit() -> PaddedKernelFit:
     return _FIT_CACHE[key]
 
 
-def fa3_sparse_terms(model: ModelConfig, tp: int, T: int, sum_topk: int) -> dict:
-    """(d): the FA3 sparse kernel's work with the real heads: ``flops`` (real-head), ``gather_bytes``, ``q_bytes``,
-    ``out_bytes`` (out + lse, real heads), ``padded_bytes`` 0, ``tile_heads`` (the wgmma M the MMAs issue at)."""
-    H = _heads_per_rank(model, tp)  # checked once per (model, tp)
+def fa3_sparse_terms(rank: RankView, T: int, sum_topk: int) -> dict:
+    """(d): the FA3 sparse kernel's work with the rank's real heads: ``flops`` (real-head), ``gather_bytes``,
+    ``q_bytes``, ``out_bytes`` (out + lse, real heads), ``padded_bytes`` 0, ``tile_heads`` (the wgmma M the MMAs
+    issue at)."""
+    H = rank.num_heads
     return {"flops": 2.0 * sum_topk * H * (D_QK_ABSORBED + D_V_ABSORBED),
             "gather_bytes": float(sum_topk) * D_QK_ABSORBED * BF16,
             "q_bytes": float(T) * H * D_QK_ABSORBED * BF16,
@@ -381,14 +393,19 @@ def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BAC
     """
     rows = route_rows() if rows is None else rows
     fit_in = []
+    ranks: dict = {}  # model name -> its TP8 H200 rank (bf16 weights: the rows ran bf16), built once at this door
     for r in rows:
         is_mha = r["route"] == f"mha:sdpa:{backend}"
         is_cat = r["route"] == "mha:assemble" and not r.get("v_padded")
         if not (is_mha or is_cat):
             continue
-        m = load_model(r["model"])
-        rs = route_stats(m, prompt_len_step(r["prompt_len"], r["T"]))
-        op = mha_attention_op(m, 8, rs) if is_mha else up_projection_ops(m, 8, rs)[1]
+        if r["model"] not in ranks:
+            ranks[r["model"]] = Deployment.rank_of(model=r["model"], tp=8, arch="h200", kv_cache_dtype="bf16",
+                                                   weight_dtype="bf16", moe_parallel="tp",
+                                                   max_num_batched_tokens=16384)
+        rank = ranks[r["model"]]
+        rs = route_stats(rank.model, prompt_len_step(r["prompt_len"], r["T"]))
+        op = mha_attention_op(rank, rs) if is_mha else up_projection_ops(rank, rs)[1]
         fit_in.append({"op_class": MHA_CLASS if is_mha else K_CONCAT_CLASS, "flops": op.flops, "bytes": op.bytes,
                        "ms": r["ms"]})
     if not any(x["op_class"] == MHA_CLASS for x in fit_in):
@@ -397,25 +414,34 @@ def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BAC
     return {c: cal.classes[c] for c in (MHA_CLASS, K_CONCAT_CLASS) if c in cal.classes}, report
 
 
-def route_layer_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, step: Step | int,
-                    strategy: Strategy | str = "private_workspace", **kw) -> list[LayerOp]:
+def route_layer_ops(rank: RankView, route: str, step: Step | int, strategy: Strategy | str = "private_workspace",
+                    **kw) -> list[LayerOp]:
     """Every op of one layer on one rank for ``route``: :func:`mla_lab.model.ops.layer_ops` of ``strategy`` for
     ``sparse-mqa``; of ``fa3_sparse`` for ``fa3-sparse`` (one ``kernel`` op: no concat, no padded tensor, no output
     slice); for ``mha-dense`` / ``mha-masked`` the ops of :data:`DROPPED_BY_DENSE` replaced by the MHA ops
-    (``mha-masked`` keeps the indexer's top-k: its mask needs it). Keyword arguments as ``layer_ops``.
+    (``mha-masked`` keeps the indexer's top-k: its mask needs it). ``rank`` and the keyword arguments as
+    ``layer_ops`` (the options checked once here).
 
     Raises:
         ValueError: unknown route; ``mha-dense`` where not equivalent; as ``layer_ops``.
     """
+    _check_route_name(route)
+    _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"), kw.get("layer_kind"))
+    return _route_layer_ops(rank, route, step, strategy, **kw)
+
+
+def _check_route_name(route: str) -> None:
     if route not in ROUTES:
         raise ValueError(f"route={route!r} is not valid; allowed: {list(ROUTES)}")
-    if route == "fa3-sparse":
-        strategy = "fa3_sparse"
-    ops = layer_ops(model, tp, arch, strategy, step, **kw)
+
+
+def _route_layer_ops(rank: RankView, route: str, step: Step | int, strategy: Strategy | str, **kw) -> list[LayerOp]:
+    """:func:`route_layer_ops` below its checks (route and options checked by the caller)."""
+    strategy = as_strategy("fa3_sparse" if route == "fa3-sparse" else strategy)
+    ops = _layer_ops(rank, strategy, step, **kw)
     if route in ("sparse-mqa", "fa3-sparse"):
         return ops
-    wd = kw.get("weight_dtype", "bf16")
-    add = mha_dense_ops(model, tp, step, wd) if route == "mha-dense" else masked_mha_ops(model, tp, step, wd)
+    add = mha_dense_ops(rank, step) if route == "mha-dense" else masked_mha_ops(rank, step)
     drop = set(DROPPED_BY_DENSE) - ({"idx_topk", "idx_logits"} if route == "mha-masked" else set())
     i = next(k for k, op in enumerate(ops) if op.name == "w_uk_bmm")
     kept = [op for op in ops if op.name not in drop]
@@ -439,26 +465,21 @@ def step_route(model: ModelConfig, strategy: Strategy | str, step: Step | int) -
     return strategy_route(strategy, model, model.topk, seq, q)
 
 
-def route_step_ops(model: ModelConfig, tp: int, arch: GPUArch, route: str, strategy: Strategy | str,
-                   step: Step | int, **kw) -> list[tuple[LayerOp, int]]:
+def route_step_ops(rank: RankView, route: str, strategy: Strategy | str, step: Step | int,
+                   **kw) -> list[tuple[LayerOp, int]]:
     """All ops of one engine step on ``route`` as ``(op, count)``: each kind of layer (dense / MoE, with or without
     its own indexer, counted as :func:`mla_lab.model.ops.step_ops` counts them) x its count, then the step's
-    embedding, final norm, LM head and logits gather once. Keyword arguments as ``layer_ops``."""
+    embedding, final norm, LM head and logits gather once. ``rank`` and the keyword arguments as ``layer_ops``
+    (checked once here)."""
     if "layer_kind" in kw:
         raise ValueError("layer_kind=... is chosen per layer by route_step_ops; allowed: omit it")
-    n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
-    with_idx = set(model.indexer_layers)
-    counts: dict = {}
-    for i in range(model.num_hidden_layers):
-        key = ("dense" if i < n_dense else "moe", i in with_idx)
-        counts[key] = counts.get(key, 0) + 1
+    _check_route_name(route)
+    _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"))
     out: list = []
-    for (kind, idx), n in sorted(counts.items(), key=lambda kv: (kv[0][0] != "dense", not kv[0][1])):
-        out += [(op, n) for op in route_layer_ops(model, tp, arch, route, step, strategy, layer_kind=kind,
-                                                  with_indexer=idx, **kw)]
-    out += [(op, c) for op, c in step_ops(model, tp, arch, strategy if route != "fa3-sparse" else "fa3_sparse",
-                                          step, **kw) if op.name in STEP_OPS]
-    return out
+    for (kind, idx), n in layer_kinds(rank.model):
+        out += [(op, n) for op in _route_layer_ops(rank, route, step, strategy, layer_kind=kind, with_indexer=idx,
+                                                   **kw)]
+    return out + step_level_ops(rank, step_stats(rank.model, step, kw.get("causal", True), kw.get("context")))
 
 
 def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Step:
@@ -472,7 +493,7 @@ def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Ste
     return Step([(0, L - B, B)])
 
 
-def route_transient_bytes(model: ModelConfig, tp: int, route: str, step: Step | int) -> dict:
+def route_transient_bytes(rank: RankView, route: str, step: Step | int) -> dict:
     """Unbudgeted transient bytes of one layer call for the routes that need no padded-Q strategy: ``mha-dense`` /
     ``mha-masked`` (:func:`mha_transient_bytes`, plus the mask for ``mha-masked``) and ``fa3-sparse`` (``out [T, H,
     512]`` bf16 + lse ``[T, H]`` fp32: real heads only). ``sparse-mqa`` depends on the strategy
@@ -482,14 +503,13 @@ def route_transient_bytes(model: ModelConfig, tp: int, route: str, step: Step | 
         ValueError: ``sparse-mqa`` or an unknown route.
     """
     if route == "fa3-sparse":
-        rs = route_stats(model, step)
-        H = _heads_per_rank(model, tp)  # checked once per (model, tp)
-        out = rs.T * H * (D_V_ABSORBED * BF16 + FP32)
+        rs = route_stats(rank.model, step)
+        out = rs.T * rank.num_heads * (D_V_ABSORBED * BF16 + FP32)
         return {"out": out, "total": out, "budgeted": False}
     if route in ("mha-dense", "mha-masked"):
-        d = mha_transient_bytes(model, tp, step)
+        d = mha_transient_bytes(rank, step)
         if route == "mha-masked":
-            d["mask"] = math.ceil(route_stats(model, step).mask_bits / 8)
+            d["mask"] = math.ceil(route_stats(rank.model, step).mask_bits / 8)
             d["total"] += d["mask"]
         return d
     raise ValueError(f"route={route!r} is not valid here; allowed: ['fa3-sparse', 'mha-dense', 'mha-masked'] "

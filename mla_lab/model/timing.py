@@ -31,20 +31,23 @@ are assumptions (:class:`~mla_lab.model.calibration.Calibration`), used wherever
 over a world size that was measured is priced by its fit instead (:mod:`mla_lab.model.comm`: latency + bandwidth,
 same ring formula). NVLink SHARP all-reduce is not modelled.
 
-All functions take :class:`~mla_lab.models.ModelConfig` / :class:`~mla_lab.arch.GPUArch` objects (names are
-resolved by the public entry points in :mod:`mla_lab.model.ttft`).
+The layer and step functions take what one TP rank holds, :class:`~mla_lab.rank.RankView` (``Deployment.rank``, or
+:meth:`Deployment.rank_of <mla_lab.deployment.Deployment.rank_of>` for a caller without a workload), as their first
+argument: the model, ``tp``, the GPU, the dtypes and the MoE layout are read from it and were checked at its door;
+nothing here re-checks them. Options that are not deployment fields (``layer_kind``, ``ep_comm``, ``calibration``,
+the strategy, the step) stay arguments.
 """
 
 from __future__ import annotations
 
 from .._validate import check_int
 from ..arch import GPUArch
-from ..models import ModelConfig
-from ..placement import Strategy
+from ..placement import Strategy, as_strategy
+from ..rank import RankView
 from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, ClassEff, resolve_calibration
 from .fa3_kernel import load_fa3_ratio
-from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, attention_path_ops, step_ops, step_stats
+from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, _attention_path_ops, step_ops, step_stats
 from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
 __all__ = ["op_time_ms", "comm_time_ms", "kernel_rate_tflops", "layer_time_ms", "step_time_ms", "attention_path_ms",
@@ -172,35 +175,35 @@ def _comm_ms(kind: str, nbytes: float, n: int, arch: GPUArch, cal: Calibration) 
     return moved / bw * 1e3 + (cal.comm_latency_us + small) * 1e-3
 
 
-def attention_path_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
-                      kv_cache_dtype: str = "bf16", calibration: Calibration | None = None,
-                      causal: bool = True) -> dict:
+def attention_path_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
+                      calibration: Calibration | None = None, causal: bool = True) -> dict:
     """Modelled time (ms) per attention-path op and ``total`` for one layer, one rank, one step.
 
+    ``rank`` a :class:`~mla_lab.rank.RankView` (heads, padded heads, KV dtype, GPU: read, not re-checked).
     ``step`` a :class:`~mla_lab.workload.Step` (causal topk_length per chunk when ``causal``) or a token count (full
     topk for every token). Priced by :func:`op_time_ms`, the same formula the layer uses.
     """
-    ss = step_stats(model, step, causal)
+    ss = step_stats(rank.model, step, causal)
     cal = resolve_calibration(calibration)
-    out = {op.name: _op_ms(op, arch, cal, 1)
-           for op in attention_path_ops(model, tp, arch, strategy, ss.num_tokens, ss.sum_topk, kv_cache_dtype)}
+    out = {op.name: _op_ms(op, rank.arch, cal, 1)
+           for op in _attention_path_ops(rank, as_strategy(strategy), ss.num_tokens, ss.sum_topk)}
     out["total"] = sum(out.values())
     return out
 
 
-def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
+def layer_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
                   calibration: Calibration | None = None, **kw) -> dict:
-    """Modelled ms per op of one layer (``{op: ms}``) plus ``total``, ``attention_path`` and ``comm``. Keyword
-    arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required). The step
-    takes the strategy's route (:func:`mla_lab.model.routes.step_route`: dense MHA where its engine rule sends the
-    step there, :mod:`mla_lab.routes`); ``route`` says which; ``content`` how stale padded heads were priced
-    (:func:`apply_step_content`, the share taken over this layer)."""
+    """Modelled ms per op of one layer (``{op: ms}``) plus ``total``, ``attention_path`` and ``comm``. ``rank`` and
+    the keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (the dtypes and the MoE layout are the rank's).
+    The step takes the strategy's route (:func:`mla_lab.model.routes.step_route`: dense MHA where its engine rule
+    sends the step there, :mod:`mla_lab.routes`); ``route`` says which; ``content`` how stale padded heads were
+    priced (:func:`apply_step_content`, the share taken over this layer)."""
     cal = resolve_calibration(calibration)
     out: dict = {}
-    route = step_route(model, strategy, step)
-    ops = list(route_layer_ops(model, tp, arch, route, step, strategy, **kw))
+    route = step_route(rank.model, strategy, step)
+    ops = list(route_layer_ops(rank, route, step, strategy, **kw))
     for op in ops:
-        out[op.name] = _op_ms(op, arch, cal, tp)  # tp checked with the layer options (layer_ops)
+        out[op.name] = _op_ms(op, rank.arch, cal, rank.tp)  # tp checked at the rank's door
     content = apply_step_content(out, ops, cal)
     comm = sum(out[op.name] for op in ops if op.is_comm)
     total = sum(out.values())
@@ -212,20 +215,22 @@ def layer_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy
     return out
 
 
-def step_time_ms(model: ModelConfig, tp: int, arch: GPUArch, strategy: Strategy | str, step: Step | int,
+def step_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
                  calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ms of one engine step on one rank, all layers: ``total``, ``by_op`` (ms summed over layers),
     ``attention_path``, ``comm``, ``route`` (the strategy's route for this step,
     :func:`mla_lab.model.routes.step_route`), ``content`` (how stale padded heads were priced: :func:`apply_step_content`).
-    Keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (``weight_dtype`` and ``moe_parallel`` required)."""
+    ``rank`` and the keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (the dtypes, the MoE layout and
+    ``ep_size`` are the rank's)."""
     cal = resolve_calibration(calibration)
     by: dict = {}
-    route = step_route(model, strategy, step)
-    pairs = (step_ops(model, tp, arch, strategy, step, **kw) if route == "sparse-mqa"
-             else route_step_ops(model, tp, arch, route, strategy, step, **kw))
+    route = step_route(rank.model, strategy, step)
+    pairs = (step_ops(rank, strategy, step, **kw) if route == "sparse-mqa"
+             else route_step_ops(rank, route, strategy, step, **kw))
     pairs = list(pairs)
+    arch, tp = rank.arch, rank.tp
     for op, count in pairs:
-        by[op.name] = by.get(op.name, 0.0) + _op_ms(op, arch, cal, tp) * count  # tp checked by step_ops
+        by[op.name] = by.get(op.name, 0.0) + _op_ms(op, arch, cal, tp) * count  # tp checked at the rank's door
     content = apply_step_content(by, [op for op, _ in pairs], cal)
     comm = sum(by[name] for name in {op.name for op, _ in pairs if op.is_comm})
     attn = sum(by.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)

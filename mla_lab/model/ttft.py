@@ -113,9 +113,8 @@ def predict_ttft(
         comm_kw = {k: layer_kw.pop(k) for k in ("comm_efficiency", "comm_latency_us") if k in layer_kw}
         if comm_kw:
             cal = cal.with_comm(**comm_kw)
-        layer_kw.update(d.layer_options)
-        if d.moe_parallel == "ep":
-            layer_kw.setdefault("ep_size", d.ep_size)
+    # what one rank holds, derived once from the checked deployment (an ep_size option: RankView.with_ep_size, a door)
+    rank = d.rank.with_ep_size(layer_kw.pop("ep_size", None))
     step_ms, ops_ms, ttfts, step_ops_ms = [], {}, [], []
     attn_total = comm_total = elapsed = 0.0
     priced: dict = {}  # a step's price depends only on its chunks' (start, length): equal steps priced once
@@ -123,11 +122,11 @@ def predict_ttft(
         sig = tuple((start, n) for _, start, n in st.chunks)
         if sig not in priced:
             if scope == "attention_path":
-                per = attention_path_ms(model, tp, arch, strategy, st, d.kv_cache_dtype, cal)
+                per = attention_path_ms(rank, strategy, st, cal)
                 t = per["total"] * model.num_hidden_layers
                 priced[sig] = (t, {k: v * model.num_hidden_layers for k, v in per.items() if k != "total"}, t, 0.0)
             else:
-                r = step_time_ms(model, tp, arch, strategy, st, cal, **layer_kw)
+                r = step_time_ms(rank, strategy, st, cal, **layer_kw)
                 priced[sig] = (r["total"], r["by_op"], r["attention_path"], r["comm"])
         t, by_op, attn, comm = priced[sig]
         this = dict(by_op)

@@ -96,7 +96,7 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
     out = []
     for name in models:
         d = Deployment.seed(model=name)
-        model, arch, mbt, tp = d.model, d.arch, d.max_num_batched_tokens, d.tp
+        model, arch, mbt = d.model, d.arch, d.max_num_batched_tokens
         H = d.num_heads
         steps = schedule(d.workload, mbt)
         names = {s for _, a, b in COMPARISONS for s in (a, b)}
@@ -106,7 +106,7 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
         kernel_cal = cal.with_content_scope("kernel")
         kernel_only = {s: (predict_ttft(d, parse_strategy(s), kernel_cal) if parse_strategy(s).content == "stale"
                            else modelled[s]) for s in names}
-        shared = shared_workspace_other_bytes(model, tp, mbt, d.moe_parallel)
+        shared = shared_workspace_other_bytes(d.rank)
         mem = {s: memory_account(parse_strategy(s), H, mbt, arch, d.kv_cache_dtype, shared_other_bytes=shared,
                                  model=model, prompt_len=d.prompt_len)  # the step's route (dense MHA pads nothing)
                for s in names}
@@ -302,7 +302,7 @@ def pr_trade_by_engine(models=("glm-5",), calibration=None) -> list[dict]:
     for name in models:
         d = Deployment.seed(model=name)
         cal = resolve_calibration(calibration)
-        shared = shared_workspace_other_bytes(d.model, d.tp, d.max_num_batched_tokens, d.moe_parallel)
+        shared = shared_workspace_other_bytes(d.rank)
         base = memory_account(parse_strategy(BASELINE), d.num_heads, d.max_num_batched_tokens, d.arch,
                               d.kv_cache_dtype).persistent_bytes
         names = {x for _, a, b, _ in PR_TRADE_BY_ENGINE for x in (a, b)}

@@ -80,14 +80,6 @@ OVERRIDDEN_OPS = ("idx_logits", "idx_topk", "kernel")
 _ATTN_KERNELS = {"concat": 1, "pad": 2, "pad_copy": 1, "out_slice": 1, "chunk_out": 1}
 
 
-def _layer_kw(rank: RankView) -> dict:
-    """The dtype and MoE-layout keywords of the cost model's functions (:func:`~mla_lab.model.ops.layer_ops`,
-    :func:`~mla_lab.model.timing.step_time_ms`) for ``rank``: its KV-cache and weight dtypes, MoE layout and
-    expert-parallel size (``tp`` under ``ep``; None under ``tp``)."""
-    return dict(kv_cache_dtype=rank.kv_cache_dtype, weight_dtype=rank.weight_dtype, moe_parallel=rank.moe_parallel,
-                ep_size=rank.ep_size)
-
-
 class _Parts:
     """Per-layer pricing of one step's tokens with the decode calibration (shared by the fit and the pricer).
 
@@ -98,7 +90,7 @@ class _Parts:
 
     def __init__(self, rank: RankView, strategy: str, prefill, decode_ctx, cal: Calibration, dcal: DecodeCalibration,
                  decode_kernels: str = "engine"):
-        self.rank, self.strategy, self.kw = rank, strategy, _layer_kw(rank)
+        self.rank, self.strategy = rank, strategy
         self.model, self.tp, self.arch = rank.model, rank.tp, rank.arch
         self.cal, self.dcal = cal, dcal
         self.gcal = dcal.graph_calibration(cal)
@@ -121,8 +113,7 @@ class _Parts:
         if which not in self._sub:
             chunks = (self.ws.chunks[len(self.decode_ctx):] if which == "prefill"
                       else self.ws.chunks[:len(self.decode_ctx)])
-            ops = layer_ops(self.model, self.tp, self.arch, self.strategy, WorkStep(chunks), layer_kind="moe",
-                            **self.kw) if chunks else []
+            ops = layer_ops(self.rank, self.strategy, WorkStep(chunks), layer_kind="moe") if chunks else []
             self._sub[which] = {op.name: op for op in ops}
         return self._sub[which].get(name)
 
@@ -192,7 +183,7 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
     parts = _Parts(rank, strategy, prefill, decode_contexts, cal, dcal, decode_kernels)
-    ops = layer_ops(rank.model, rank.tp, rank.arch, strategy, parts.ws, layer_kind="moe", **parts.kw)
+    ops = layer_ops(rank, strategy, parts.ws, layer_kind="moe")
     if measured_subset:
         ops = [op for op in ops if op.impl and not op.is_comm]
     per = {op.name: parts.op_ms(op) for op in ops}
@@ -229,10 +220,9 @@ class EnginePricer:
         self.kv_cache_dtype = rank.kv_cache_dtype
         self.calibration = resolve_calibration(calibration)
         self.decode_cal = decode_cal if decode_cal is not None else load_decode_calibration()
-        self.kw = _layer_kw(rank)
         self.gcal = self.decode_cal.graph_calibration(self.calibration)
         one = WorkStep([(0, 0, 1)])
-        counted = step_ops(self.model, self.tp, self.arch, self.strategy, one, **self.kw)
+        counted = step_ops(self.rank, self.strategy, one)
         self.n_ops = sum(n for _, n in counted)  # launches per step (every op of every layer, once)
         L = self.model.num_hidden_layers
         idx_layers = len({i for i in self.model.indexer_layers if 0 <= i < L})
@@ -250,10 +240,9 @@ class EnginePricer:
         prefill = [(c.req_id, c.start, c.num_tokens) for c in step.prefill_chunks]
         parts = _Parts(self.rank, self.strategy, prefill, [d.context_len for d in step.decode], self.calibration,
                        self.decode_cal)
-        base = step_time_ms(self.model, self.tp, self.arch, self.strategy, parts.ws, self.gcal, **self.kw)
+        base = step_time_ms(self.rank, self.strategy, parts.ws, self.gcal)
         by = dict(base["by_op"])
-        one_layer = {op.name: op for op in layer_ops(self.model, self.tp, self.arch, self.strategy, parts.ws,
-                                                     layer_kind="moe", **self.kw)}
+        one_layer = {op.name: op for op in layer_ops(self.rank, self.strategy, parts.ws, layer_kind="moe")}
         for name in list(OVERRIDDEN_OPS) + list(_ATTN_KERNELS):
             if name in by and name in one_layer:
                 by[name] = parts.op_ms(one_layer[name]) * self.counts[name]

@@ -28,13 +28,11 @@ import json
 import sys
 from dataclasses import replace
 
-from ..arch import get_arch
 from ..deployment import Deployment
 from ..model.calibration import resolve_calibration
 from ..model.decode_calibration import load_decode_calibration
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms
-from ..models import load_model
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
 from ..serving import PR_BENCH, EnginePricer, SchedulerConfig, serve_benchmark
@@ -189,11 +187,11 @@ def _cross_check() -> dict:
 
 def _old_kernel_ms() -> float:
     """The decode kernel of the step under the lab's earlier fit (KernelDecode, h200_decode.csv), 78 layers."""
-    model, arch, dcal = load_model(MODEL), get_arch(ARCH), load_decode_calibration()
+    rank = _deployment().rank  # the run's rank: GLM-5.2-FP8 TP8, experts ep, bf16 KV
+    model, arch, dcal = rank.model, rank.arch, load_decode_calibration()
     gcal = dcal.graph_calibration(resolve_calibration(None))
     ws = WorkStep([(i, CTX - 1, 1) for i in range(BATCH)])
-    op = next(o for o in layer_ops(model, TP, arch, BEFORE, ws, layer_kind="moe", weight_dtype="fp8",
-                                   moe_parallel="ep") if o.name == "kernel")
+    op = next(o for o in layer_ops(rank, BEFORE, ws, layer_kind="moe") if o.name == "kernel")
     keys = min(CTX, model.topk)
     per = dcal.kernel_decode.ms(op_time_ms(op, arch, gcal), keys, keys * BATCH, model.head_size * 2, arch)
     return max(op_time_ms(op, arch, gcal), per) * model.num_hidden_layers

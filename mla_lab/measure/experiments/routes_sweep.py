@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from mla_lab.arch import get_arch
-from mla_lab.buffers import padded_num_heads
+from mla_lab.deployment import DEFAULT_MAX_NUM_SEQS, Deployment, RankView
 from mla_lab.kernels import sparse_mla_prefill
 from mla_lab.measure.attention import make_step_inputs
 from mla_lab.measure.timer import median_ms
@@ -40,24 +40,32 @@ from mla_lab.model.routes import (
     route_stats,
     up_projection_ops,
 )
-from mla_lab.models import load_model
 from mla_lab.provenance import provenance
 
 COLS = ["model", "tp", "H", "prompt_len", "T", "op", "impl", "v_padded", "status", "error", "ms", "modelled_ms",
         "flops", "bytes"]
 
 
-def _rows_for(model_name: str, tp: int, L: int, tokens: int, arch, dry: bool) -> list[dict]:
-    m = load_model(model_name)
-    H = m.heads_per_rank(tp)
-    step = prompt_len_step(L, tokens)
+def _ranks(model_name: str, tp: int, tokens: int, arch) -> dict[str, RankView]:
+    """The rank one point runs, by weight dtype (``bf16`` / ``fp8``: the ``kv_b_proj`` GEMM is timed at both), built
+    once per (model, tp) at the :meth:`~mla_lab.deployment.Deployment.rank_of` door: bf16 KV cache (FlashMLA's padded
+    heads), experts ``ep`` (not read by these ops), ``max_num_batched_tokens`` = ``tokens``."""
+    return {wd: Deployment.rank_of(model=model_name, tp=tp, arch=arch, kv_cache_dtype="bf16", weight_dtype=wd,
+                                   moe_parallel="ep", max_num_batched_tokens=tokens,
+                                   max_num_seqs=min(tokens, DEFAULT_MAX_NUM_SEQS))
+            for wd in ("bf16", "fp8")}
+
+
+def _rows_for(ranks: dict[str, RankView], L: int, dry: bool) -> list[dict]:
+    rank = ranks["bf16"]
+    m, tp, H, Hp, arch = rank.model, rank.tp, rank.num_heads, rank.padded_num_heads, rank.arch
+    step = prompt_len_step(L, rank.max_num_batched_tokens)
     rs = route_stats(m, step)
-    mha = mha_attention_op(m, tp, rs)
-    proj_bf16, cat = up_projection_ops(m, tp, rs, "bf16")
-    proj_fp8, _ = up_projection_ops(m, tp, rs, "fp8")
-    Hp = padded_num_heads(H, arch)
+    mha = mha_attention_op(rank, rs)
+    proj_bf16, cat = up_projection_ops(rank, rs)
+    proj_fp8, _ = up_projection_ops(ranks["fp8"], rs)
     kt = padded_kernel_terms(rs.T, Hp, rs.K_s)
-    base = {"model": model_name, "tp": tp, "H": H, "prompt_len": L, "T": rs.T, "v_padded": 0, "status": "ok",
+    base = {"model": m.name, "tp": tp, "H": H, "prompt_len": L, "T": rs.T, "v_padded": 0, "status": "ok",
             "error": ""}
     plan = [("mha_attn", "sdpa_flash", mha), ("mha_attn", "sdpa_cudnn", mha), ("kv_b_proj", "matmul_bf16", proj_bf16),
             ("kv_b_proj", "scaled_mm_fp8", proj_fp8), ("k_concat", "torch.cat", cat)]
@@ -151,8 +159,9 @@ def main(argv=None) -> int:
     prov = provenance("modelled" if a.dry_run else "measured")
     rows = []
     for mn in a.models:
+        ranks = _ranks(mn, a.tp, a.tokens, arch)  # one view per (model, tp) point
         for L in a.prompt_lens:
-            rows += _rows_for(mn, a.tp, L, a.tokens, arch, a.dry_run)
+            rows += _rows_for(ranks, L, a.dry_run)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=COLS + list(prov))
