@@ -137,10 +137,10 @@ def test_advise_gives_predict_ttfts_seed_change():
     advised = next(s["ttft_change_pct"] for s in [adv["recommendation"], *adv["alternatives"]]
                    if s["strategy"] == PR_STRATEGY)
     assert advised == pytest.approx(_change_pct(d), rel=1e-9, abs=1e-9)
-    # the older advise form, given the same deployment argument by argument, is the same deployment
-    legacy = advise("glm-5", 8, "h200", 16384, 1024, "bf16", 32, 32, "fp8", "ep", strategies=[PR_STRATEGY])
-    assert legacy["deployment"] == adv["deployment"]
-    assert legacy["recommendation"]["ttft_change_pct"] == pytest.approx(advised, rel=1e-12)
+    # the deployment built argument by argument at the door is the same deployment, priced the same
+    same = advise(Deployment.of(**SEED_ARGS), strategies=[PR_STRATEGY])
+    assert same["deployment"] == adv["deployment"]
+    assert same["recommendation"]["ttft_change_pct"] == pytest.approx(advised, rel=1e-12)
 
 
 def test_the_explorers_pricing_function_gives_predict_ttfts_seed_change():

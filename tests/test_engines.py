@@ -171,6 +171,8 @@ def test_advise_the_issues_example_and_refuses_what_does_not_fit():
         advise(Deployment.seed(model="deepseek-v3.2", tp=2))
     with pytest.raises(ValueError, match=r"memory_budget_mib=-1 must be a non-negative number"):
         advise(Deployment.seed(), memory_budget_mib=-1)
-    # the older positional form is read at the door, with no default weight dtype or MoE layout
-    with pytest.raises(ValueError, match=r"advise\(model, ...\) needs \['weight_dtype', 'moe_parallel'\]"):
-        advise("glm-5", 8, "h200", 16384, 1024, "bf16")
+    # the older loose form is gone: one door (a Deployment), refused in one line
+    with pytest.raises(ValueError, match=r"deployment='glm-5' is not a Deployment; allowed: .*Deployment.of"):
+        advise("glm-5")
+    with pytest.raises(TypeError, match="positional"):
+        advise(Deployment.seed(), 8, "h200")

@@ -65,52 +65,15 @@ def frontier(points: list[tuple[float, float]]) -> list[bool]:
     return on
 
 
-#: The older positional form of :func:`advise` (the deployment's parameters one by one, then the budgets).
-LEGACY_ARGS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts",
-               "concurrency", "weight_dtype", "moe_parallel", "memory_budget_mib", "memory_budget_tokens")
-
-
-def _door(deployment, args, kw) -> tuple[Deployment, dict]:
-    """A Deployment, or the older positional/keyword form read into one (the door: validated once, here)."""
-    budgets = {k: kw.pop(k) for k in ("memory_budget_mib", "memory_budget_tokens") if k in kw}
-    if isinstance(deployment, Deployment):
-        if args or kw:
-            raise ValueError(f"advise(deployment, ...) got deployment arguments {sorted(kw) or list(args)} as well; "
-                             "allowed: none (the Deployment carries them; Deployment.replace(...) changes one)")
-        return deployment, budgets
-    if len(args) + 1 > len(LEGACY_ARGS):
-        raise ValueError(f"advise() takes at most {len(LEGACY_ARGS)} positional arguments; allowed: "
-                         f"{list(LEGACY_ARGS)}")
-    given = dict(zip(LEGACY_ARGS, (deployment, *args)))
-    for k in ("memory_budget_mib", "memory_budget_tokens"):
-        if k in given:
-            budgets[k] = given.pop(k)
-    clash = sorted(set(given) & set(kw))
-    if clash:
-        raise ValueError(f"advise() got {clash} both positionally and by name; allowed: once")
-    given.update(kw)
-    missing = [k for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype",
-                           "weight_dtype", "moe_parallel") if k not in given]
-    if missing:
-        raise ValueError(f"advise(model, ...) needs {missing} (no default: nothing is priced as bf16 or TP-sharded "
-                         "by accident); allowed: those arguments, or a mla_lab.deployment.Deployment "
-                         "(Deployment.seed() for vLLM PR #53878's benchmark)")
-    unknown = sorted(set(given) - set(LEGACY_ARGS) - {"gpu_memory_utilization"})
-    if unknown:
-        raise ValueError(f"advise() got unknown argument(s) {unknown}; allowed: {list(LEGACY_ARGS)}, "
-                         "gpu_memory_utilization, strategies, measured")
-    return Deployment.of(**given), budgets
-
-
-def advise(deployment: Deployment, *args, strategies=None, measured=None, engine: str | None = None, **kw) -> dict:
+def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, memory_budget_tokens: float | None = None,
+           strategies=None, measured=None, engine: str | None = None) -> dict:
     """The ranked strategies for one deployment under a memory budget.
 
     Args:
-        deployment: a :class:`~mla_lab.deployment.Deployment`. The older form (``advise(model, tp, arch,
-            max_num_batched_tokens, prompt_len, kv_cache_dtype, num_prompts, concurrency, weight_dtype,
-            moe_parallel, ...)``, :data:`LEGACY_ARGS`, or those names as keywords with ``gpu_memory_utilization``) is
-            read into one by :meth:`Deployment.of <mla_lab.deployment.Deployment.of>`: ``weight_dtype`` and
-            ``moe_parallel`` must then be given (no default).
+        deployment: a :class:`~mla_lab.deployment.Deployment` (:meth:`Deployment.of
+            <mla_lab.deployment.Deployment.of>` or :meth:`Deployment.seed <mla_lab.deployment.Deployment.seed>`:
+            its values were checked there). The older loose form (``advise("glm-5", 8, "h200", ...)``) is gone
+            (issue 31: one door).
         memory_budget_mib (keyword): most persistent extra MiB per rank the strategy may add over the baseline
             (None: no limit); memory_budget_tokens (keyword): most KV-cache tokens it may cost (None: no limit).
             Both may be given.
@@ -138,13 +101,14 @@ def advise(deployment: Deployment, *args, strategies=None, measured=None, engine
         ValueError: a bad deployment argument (:meth:`~mla_lab.deployment.Deployment.of`'s message); a negative
             budget; a deployment whose weights or workload do not fit at all (the reason).
     """
-    d, budgets = _door(deployment, args, dict(kw))
+    if not isinstance(deployment, Deployment):
+        raise ValueError(f"deployment={deployment!r} is not a Deployment; allowed: mla_lab.deployment.Deployment.of("
+                         "...) or Deployment.seed(...) (the loose advise(model, tp, ...) form is gone)")
+    d = deployment
     engines = engines_block(d, engine)
     if engine is not None:
         strategies = list(strategies if strategies is not None else candidate_strategies(d.max_num_batched_tokens))
         strategies += engine_strategies(engine)
-    memory_budget_mib = budgets.get("memory_budget_mib")
-    memory_budget_tokens = budgets.get("memory_budget_tokens")
     for name, v in (("memory_budget_mib", memory_budget_mib), ("memory_budget_tokens", memory_budget_tokens)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
                               or math.isnan(v)):
