@@ -39,6 +39,17 @@ def processes_type(s: str) -> int:
     return n
 
 
+def budget_type(s: str) -> float:
+    """``--budget-s``: seconds, a finite number > 0."""
+    try:
+        v = float(s)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"--budget-s={s!r}: a number of seconds > 0 is allowed")
+    return v
+
+
 def add_parsers(sub) -> None:
     """The ``measure`` and ``report`` sub-commands on ``sub`` (argparse sub-parsers)."""
     ms = sub.add_parser("measure", help="run the measurement suite on this GPU in fresh processes; writes "
@@ -55,7 +66,7 @@ def add_parsers(sub) -> None:
     ms.add_argument("--dry-run", action="store_true", help="list the experiments, shapes and files; run nothing")
     ms.add_argument("--resume", default=None, metavar="RUN_DIR",
                     help="finish a run a budget or a kill cut: its processes that exited 0 keep their rows")
-    ms.add_argument("--budget-s", type=float, default=None, metavar="S",
+    ms.add_argument("--budget-s", type=budget_type, default=None, metavar="S",
                     help="start no new process after S seconds (a lent machine's per-call limit); exit 3 and "
                          "--resume when processes are left")
     rp = sub.add_parser("report", help="render the report for one GPU from data/measured/<gpu>/")
@@ -83,8 +94,6 @@ def cmd_measure(args, stamp) -> int:
             import json
 
             args.experiments = ",".join(json.loads((resume / "provenance.json").read_text())["experiments"])
-    if args.budget_s is not None and not args.budget_s > 0:
-        raise ValueError(f"--budget-s={args.budget_s!r}: a number of seconds > 0 is allowed")
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
     if args.out:
         _check_out_folder("--out", args.out, Path(args.out))
@@ -92,7 +101,7 @@ def cmd_measure(args, stamp) -> int:
         raise ValueError(f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
                          "mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
     if args.dry_run:  # without --experiments: every experiment, the default set marked
-        out = args.out or "data/measured/<gpu>"
+        out = args.resume or args.out or "data/measured/<gpu>"
         listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
         print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
         return 0

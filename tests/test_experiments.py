@@ -247,7 +247,8 @@ def test_resume_retries_a_failed_process_and_refuses_another_process_count(tmp_p
 
 
 def test_measure_resume_and_budget_refusals_are_one_line(tmp_path):
-    for args, name in ((["--resume", str(tmp_path)], "--resume="), (["--budget-s", "0"], "--budget-s=0")):
+    for args, name in ((["--resume", str(tmp_path)], "--resume="), (["--budget-s", "0"], "--budget-s='0'"),
+                       (["--budget-s", "-3"], "--budget-s='-3'"), (["--budget-s", "inf"], "--budget-s='inf'")):
         r = subprocess.run([sys.executable, "-m", "mla_lab.cli", "measure", *args, "--dry-run"],
                            capture_output=True, text=True, cwd=REPO)
         assert r.returncode == 2 and name in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
