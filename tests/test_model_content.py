@@ -49,9 +49,10 @@ def test_fit_reproduces_committed_calibration(tmp_path):
         assert float(got[k]) == pytest.approx(x, rel=1e-9, abs=1e-12), k
     m = load_step_content_model()
     assert m.n_processes == 5 and m.padded_fraction == pytest.approx(56 / 64)
-    # the between-process figures of the lead's H200 run: step +2.2 % [+1.9, +2.4], attention path +5.1 %
-    assert float(want["measured_step_ms_change_pct"]) == pytest.approx(2.18, abs=0.01)
-    assert float(want["measured_attn_path_ms_change_pct"]) == pytest.approx(5.06, abs=0.01)
+    # the between-process figures of the H200 run (mla-lab measure, 2026-12-02): step +2.3 % [+1.9, +2.6], attention
+    # path +4.3 % (the rows committed before, at 6a7dec28895d, gave +2.2 % and +5.1 %)
+    assert float(want["measured_step_ms_change_pct"]) == pytest.approx(2.31, abs=0.01)
+    assert float(want["measured_attn_path_ms_change_pct"]) == pytest.approx(4.27, abs=0.01)
     # the fitted model reproduces the measured step change in sample and out of sample within 0.5 point
     assert m.mape_step_pct < 0.5 and m.lopo_mape_step_pct < 0.5 and float(want["lopo_max_step_err_pts"]) < 0.5
 

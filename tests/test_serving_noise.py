@@ -274,8 +274,9 @@ def test_measured_defaults_are_the_committed_h200_rows():
     # the attention path timed alone varies more between processes: reported for contrast, not used
     sp = pd.read_csv(H200 / "step_spread.csv")
     alone = between_process(sp, ["what"], "gpu_ms")[("attention_path:private_workspace",)]
-    assert float(np.std(np.log(alone["per_process"]), ddof=1)) == pytest.approx(0.036, abs=5e-4)
-    assert "0.036" in COMPONENTS["run_sigma"]["source"]
+    alone_sd = float(np.std(np.log(alone["per_process"]), ddof=1))
+    assert alone_sd > 2 * run  # "varies more between processes"
+    assert f"attention_path:private_workspace: log sd {alone_sd:.3f})" in COMPONENTS["run_sigma"]["source"]
     for k, c in COMPONENTS.items():
         assert c["status"] in ("measured", "cited", "assumed"), k
         if c["status"] == "measured":

@@ -99,33 +99,34 @@ COMPONENTS = {
         value=0.5, unit="1", status="assumed",
         source="assumed coefficient of variation of one request's service time in the API server"),
     "run_sigma": dict(
-        value=0.00591, unit="1 (log sd)", status="measured",
+        value=0.00767, unit="1 (log sd)", status="measured",
         source="data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a "
                "sustained 78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py "
                "--parts content, 5 fresh processes x 6 rounds): sd over processes of log(per-process median), the "
-               "medians from mla_lab.measure.spread.between_process (787.4 .. 800.4 ms, median 794.1 ms). The "
+               "medians from mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The "
                "benchmark's run is whole steps, so the whole step's spread is the per-run factor; the attention path "
                "timed alone varies more between processes (step_spread.csv gpu_ms, "
-               "attention_path:private_workspace: log sd 0.036) and less inside the sustained loop (content_loop.csv "
-               "attn_path_ms: 0.005); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
+               "attention_path:private_workspace: log sd 0.035) and less inside the sustained loop (content_loop.csv "
+               "attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
                "included (the 8 GPUs of a server are not measured)"),
     "step_sigma": dict(
-        value=0.00486, unit="1 (log sd)", status="measured",
+        value=0.00398, unit="1 (log sd)", status="measured",
         source="data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': "
-               "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0030 .. "
-               "0.0094); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
-               "attention_block 2.9 %, moe_block 1.2 % relative sd), which a 78-layer step averages out"),
+               "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. "
+               "0.0067); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
+               "attention_block 2.3 %, moe_block 0.8 % relative sd, median over processes), which a 78-layer "
+               "step averages out"),
     "cold_extra_ms": dict(
-        value=0.1176, unit="ms", status="measured",
+        value=0.00254, unit="ms", status="measured",
         source="data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2, "
                "summed over attention_block:private_workspace + moe_block:grouped_mm (one layer of the TP harness), "
                "mean over the 5 fresh processes (load_cold_start). Call 2, not call 1: the fresh process's call 1 "
-               "(attention path 1.3-2.2 s: Triton JIT compile or disk-cache load and the FlashMLA module load; "
-               "the layer's blocks after it 0.08-0.11 s + 0.23-0.30 s) is paid before the timed requests, by "
+               "(attention path 1.1-1.6 s: Triton JIT compile or disk-cache load and the FlashMLA module load; "
+               "the layer's blocks after it 0.09-0.12 s + 0.18-0.27 s) is paid before the timed requests, by "
                "vLLM's start-up profile run of max_num_batched_tokens tokens and at the latest by vllm bench "
                "serve's ready-check request; charged once per step, not per layer"),
     "cold_sd_ms": dict(
-        value=0.1911, unit="ms", status="measured",
+        value=0.0798, unit="ms", status="measured",
         source="data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2 "
                "(the layer's two blocks summed, as cold_extra_ms): sd (ddof 1) over the 5 fresh processes"),
     "cold_min_tokens": dict(
