@@ -5,7 +5,7 @@ The lab first priced FA3 sparse as the padded FlashMLA kernel's per-key term wit
 bytes (:mod:`mla_lab.model.routes` (d): an assumption "until a native-head kernel is measured"). That priced the
 seed shape (16 x 1024-token prompts, 8 heads per rank) at 1.46 ms, against 2.21 ms measured for vLLM 0.33.0's FA3
 on one H200: the padded heads' per-token bytes it removed are not what the kernel spends its time on; the per-token
-top-k gather is (a gather-only kernel takes 1.60 ms of FlashMLA's 2.48 at that shape).
+top-k gather is (a gather-only kernel takes 1.61 ms of FlashMLA's 2.49 at that shape).
 
 Now (measured-paired, H200): the FA3 kernel costs the padded FlashMLA kernel's modelled time (the committed
 :class:`~mla_lab.model.routes.PaddedKernelFit`, zero padded heads) times ``r``, the ratio of vLLM 0.33.0's FA3 to

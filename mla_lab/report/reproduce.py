@@ -1,0 +1,176 @@
+"""One H200 run against the rows committed before it: how far a re-measurement moves the between-process figures.
+
+The 2026-12-02 ``mla-lab measure`` run (5 fresh processes per experiment; record in
+``data/measured/h200/runs/2026-12-02T0834_measure/``) replaced the rows under ``data/measured/h200/between_process/``
+that the lab's round-3/4 drivers had written. :func:`compare` reads the previous rows from git
+(``git show <OLD_COMMIT>:<path>``: the files as committed at :data:`OLD_COMMIT`, the tree before the swap) and the
+current ones from the checkout, and per file gives, over the keys both runs measured (a key is one row of the file's
+``KEYS`` columns): the change of the median over processes of the per-process medians, new / old - 1 in %, as median,
+p10, p90 and max |.| over keys. For launch-bound operations (old median below :data:`SMALL_MS` ms) it also counts the
+keys whose new median lies below the old run's smallest per-process median, i.e. outside the old run's own
+[min, max] over processes: the between-run change is then larger than the within-run spread.
+
+``python -m mla_lab.report.reproduce --update-docs`` writes the block between :data:`BEGIN` and :data:`END` in
+docs/perf-notes.md; tests/test_reproduce.py checks the block is current. Raises ``RuntimeError`` (one line) when git
+cannot show a file at :data:`OLD_COMMIT` (a shallow clone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import subprocess
+
+import pandas as pd
+
+from mla_lab.paths import REPO_ROOT
+
+__all__ = ["OLD_COMMIT", "FILES", "SMALL_MS", "BEGIN", "END", "compare", "largest", "small_ops", "render_markdown", "main"]
+
+#: The tree before the adopted run (main at 6a7dec2, 2026-12-02): the between-process rows as committed there.
+OLD_COMMIT = "6a7dec28895d"
+BETWEEN = "data/measured/h200/between_process/"
+#: The run's rows for strategies.csv, which stays committed as before (the run measured 2 of its 5 strategies).
+RUN_STRATEGIES = "data/measured/h200/runs/2026-12-02T0834_measure/between_process/strategies.csv"
+#: file -> (value column, key columns); concat_round4 compares its ``main`` series only.
+FILES: dict[str, tuple[str, list[str]]] = {
+    "cold_start.csv": ("steady_gpu_ms", ["what"]),
+    "step_spread.csv": ("gpu_ms", ["what"]),
+    "presets.csv": ("ms", ["shape", "strategy", "kernel_backend", "concat_backend"]),
+    "subgraph.csv": ("ms", ["shape", "variant"]),
+    "strategies.csv": ("ms", ["shape", "strategy"]),
+    "routes.csv": ("ms", ["model", "num_heads", "prompt_len", "num_prompts", "T", "route", "sdpa_backend",
+                          "v_padded", "exact_topk"]),
+    "moe_decode.csv": ("ms", ["model", "ep", "T", "pairs", "experts_hit", "local_experts", "impl", "timing"]),
+    "content_loop.csv": ("step_ms", ["content", "layers", "T", "num_heads"]),
+    "concat_ceiling.csv": ("us", ["T", "num_heads", "padded_heads", "method", "timer"]),
+    "concat_round4.csv": ("us", ["T", "H", "Hp", "dtype", "method", "variant", "config", "timer"]),
+    "fused_bmm.csv": ("us", ["model", "T", "H", "Hp", "d_nope", "method", "timer"]),
+    "engine_kernels.csv": ("ms", ["experiment", "shape", "kernel", "kernel_backend", "T", "H", "h_q", "topk",
+                                  "ctx_len", "num_splits"]),
+}
+#: Below this time (ms, the old run's best process) an operation is launch-bound on the H200 (a few kernels of tens of microseconds).
+SMALL_MS = 0.2
+BEGIN = "<!-- reproduce:begin (python -m mla_lab.report.reproduce --update-docs) -->"
+END = "<!-- reproduce:end -->"
+
+
+def _old(name: str) -> pd.DataFrame:
+    path = BETWEEN + name
+    r = subprocess.run(["git", "show", f"{OLD_COMMIT}:{path}"], cwd=REPO_ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"git show {OLD_COMMIT}:{path} failed ({r.stderr.strip()}); the comparison needs the "
+                           "repository's history (not a shallow clone)")
+    return pd.read_csv(io.StringIO(r.stdout))
+
+
+def _new(name: str) -> pd.DataFrame:
+    return pd.read_csv(REPO_ROOT / (RUN_STRATEGIES if name == "strategies.csv" else BETWEEN + name))
+
+
+def _per_key(d: pd.DataFrame, value: str, keys: list[str]) -> pd.DataFrame:
+    """Per key: median, min and max over processes of the per-process medians of ``value``."""
+    if "series" in d:
+        d = d[d["series"] == "main"]
+    d = d.dropna(subset=[value])
+    per = d.groupby(keys + ["process"], dropna=False)[value].median().groupby(level=list(range(len(keys))),
+                                                                               dropna=False)
+    return pd.DataFrame({"median": per.median(), "min": per.min(), "max": per.max()})
+
+
+def _joined(name: str) -> pd.DataFrame:
+    value, keys = FILES[name]
+    new, old = _per_key(_new(name), value, keys), _per_key(_old(name), value, keys)
+    return new.add_suffix("_new").join(old.add_suffix("_old"), how="inner")
+
+
+def compare() -> list[dict]:
+    """One dict per file of :data:`FILES`: ``file``, ``keys`` (compared), ``keys_new`` (in the new rows),
+    ``median`` / ``p10`` / ``p90`` / ``max_abs`` (% change of the per-key median, new / old - 1)."""
+    out = []
+    for name, (value, keys) in FILES.items():
+        j = _joined(name)
+        r = 100 * (j["median_new"] / j["median_old"] - 1)
+        out.append({"file": name, "keys": len(j), "keys_new": len(_per_key(_new(name), value, keys)),
+                    "median": float(r.median()), "p10": float(r.quantile(0.1)), "p90": float(r.quantile(0.9)),
+                    "max_abs": float(r.abs().max())})
+    return out
+
+
+def largest(name: str) -> dict:
+    """The key of ``name`` whose median moved most: ``key`` (its varying key values, joined), ``old`` / ``new``
+    (medians over processes), ``new_min`` / ``new_max`` / ``old_min`` / ``old_max`` (over processes), ``change``
+    (%)."""
+    j = _joined(name)
+    r = 100 * (j["median_new"] / j["median_old"] - 1)
+    pos = int(r.abs().to_numpy().argmax())
+    row, k = j.iloc[pos], j.index[pos]
+    names = list(j.index.names)
+    varying = [i for i, n in enumerate(names) if j.index.get_level_values(n).nunique(dropna=False) > 1]
+    key = k if isinstance(k, tuple) else (k,)
+    return {"key": " / ".join(str(key[i]) for i in varying if pd.notna(key[i])), "old": float(row["median_old"]),
+            "new": float(row["median_new"]), "old_min": float(row["min_old"]), "old_max": float(row["max_old"]),
+            "new_min": float(row["min_new"]), "new_max": float(row["max_new"]), "change": float(r.iloc[pos])}
+
+
+def small_ops(name: str = "routes.csv") -> dict:
+    """The launch-bound keys of ``name`` (the old run's best process under :data:`SMALL_MS` ms): ``n``, ``routes``
+    (their ``route`` values), ``below_old_min`` (new median under the old run's smallest per-process median),
+    ``median`` (their % change), ``min_ratio_median`` (% change of the per-key minimum over processes: the best
+    process of each run)."""
+    j = _joined(name)
+    j = j[j["min_old"] < SMALL_MS]
+    return {"n": len(j), "routes": sorted(set(j.index.get_level_values("route"))),
+            "below_old_min": int((j["median_new"] < j["min_old"]).sum()),
+            "median": float((100 * (j["median_new"] / j["median_old"] - 1)).median()),
+            "min_ratio_median": float((100 * (j["min_new"] / j["min_old"] - 1)).median())}
+
+
+def render_markdown() -> str:
+    rows = compare()
+    lines = [f"Rows of the 2026-12-02 run against the rows as committed at {OLD_COMMIT} (`git show "
+             f"{OLD_COMMIT}:<file>`; strategies: the run's own rows in `{RUN_STRATEGIES}` against the committed "
+             "file, which stays): per key, the median over the 5 processes of the per-process medians; new / old - 1 "
+             "over the keys both runs measured (`mla_lab.report.reproduce`).", "",
+             "| file | keys compared | median change | p10 | p90 | max abs |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        keys = f"{r['keys']}" if r["keys"] == r["keys_new"] else f"{r['keys']} of {r['keys_new']}"
+        lines.append(f"| {r['file']} | {keys} | {r['median']:+.1f} % | {r['p10']:+.1f} % | {r['p90']:+.1f} % | "
+                     f"{r['max_abs']:.1f} % |")
+    lines += ["", "Where the largest change of each file sits (median [min, max] over processes, old -> new):", ""]
+    for r in rows:
+        g = largest(r["file"])
+        unit = "us" if FILES[r["file"]][0] == "us" else "ms"
+        lines.append(f"- {r['file']}: {g['key']}: {g['old']:.3f} [{g['old_min']:.3f}, {g['old_max']:.3f}] -> "
+                     f"{g['new']:.3f} [{g['new_min']:.3f}, {g['new_max']:.3f}] {unit} ({g['change']:+.1f} %)")
+    s = small_ops()
+    lines += ["", f"routes.csv's launch-bound operations (the old run's best process under {SMALL_MS} ms; routes "
+              f"{', '.join(s['routes'])}): {s['n']} keys, median change {s['median']:+.1f} %; {s['below_old_min']} of "
+              f"{s['n']} new medians lie below the old run's smallest per-process median, while their per-key minima "
+              f"over processes moved {s['min_ratio_median']:+.1f} % (median)."]
+    return "\n".join(lines)
+
+
+def _update(path, block: str) -> None:
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"reproduce: {path} has no {BEGIN} ... {END} block; add the markers first")
+    head, rest = text.split(BEGIN, 1)
+    path.write_text(head + BEGIN + "\n" + block + "\n" + END + rest.split(END, 1)[1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.reproduce", description=__doc__.split("\n")[0])
+    ap.add_argument("--update-docs", action="store_true", help="rewrite the block in docs/perf-notes.md")
+    a = ap.parse_args(argv)
+    block = render_markdown()
+    print(block)
+    if a.update_docs:
+        _update(REPO_ROOT / "docs" / "perf-notes.md", block)
+        print("-> docs/perf-notes.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+

@@ -1,0 +1,63 @@
+"""docs/perf-notes.md's reproduction block: the 2026-12-02 run against the rows committed before it
+(``mla_lab.report.reproduce``), recomputed from the committed files and git."""
+
+import io
+import subprocess
+
+import pandas as pd
+import pytest
+
+from mla_lab.paths import REPO_ROOT
+from mla_lab.report import reproduce
+
+
+def _have_old() -> bool:
+    r = subprocess.run(["git", "cat-file", "-e", f"{reproduce.OLD_COMMIT}^{{commit}}"], cwd=REPO_ROOT,
+                       capture_output=True)
+    return r.returncode == 0
+
+
+pytestmark = pytest.mark.skipif(not _have_old(), reason=f"commit {reproduce.OLD_COMMIT} is not in this clone "
+                                "(shallow): the old rows are read from git")
+
+
+def test_perf_notes_block_is_current():
+    text = (REPO_ROOT / "docs" / "perf-notes.md").read_text()
+    block = text[text.index(reproduce.BEGIN) + len(reproduce.BEGIN):text.index(reproduce.END)].strip()
+    assert block == reproduce.render_markdown().strip()
+
+
+def test_routes_change_recomputed_by_hand():
+    """The routes row, recomputed without the module: per-process medians, median over processes, new / old - 1."""
+    path = "data/measured/h200/between_process/routes.csv"
+    old = pd.read_csv(io.StringIO(subprocess.run(["git", "show", f"{reproduce.OLD_COMMIT}:{path}"], cwd=REPO_ROOT,
+                                                 capture_output=True, text=True, check=True).stdout))
+    new = pd.read_csv(REPO_ROOT / path)
+    keys = ["model", "prompt_len", "route", "sdpa_backend", "v_padded", "exact_topk"]
+
+    def med(d):
+        return d.groupby(keys + ["process"], dropna=False)["ms"].median().groupby(level=list(range(len(keys))),
+                                                                                  dropna=False).median()
+    a, b = med(new), med(old)
+    change = 100 * (a / b - 1)
+    row = next(r for r in reproduce.compare() if r["file"] == "routes.csv")
+    assert row["keys"] == len(change) == 90
+    assert row["median"] == pytest.approx(change.median(), abs=1e-9)
+    assert row["max_abs"] == pytest.approx(change.abs().max(), abs=1e-9)
+    # the launch-bound ops moved by more than the heavy ones, and mostly downwards
+    s = reproduce.small_ops()
+    assert s["median"] < row["median"] < 0 and s["below_old_min"] > 0
+
+
+def test_the_kept_files_are_the_old_ones():
+    """strategies.csv and the density series of concat_round4.csv are the rows committed before the run."""
+    for path, sel in (("data/measured/h200/between_process/strategies.csv", None),
+                      ("data/measured/h200/between_process/concat_round4.csv", "density")):
+        old = pd.read_csv(io.StringIO(subprocess.run(["git", "show", f"{reproduce.OLD_COMMIT}:{path}"],
+                                                     cwd=REPO_ROOT, capture_output=True, text=True,
+                                                     check=True).stdout))
+        new = pd.read_csv(REPO_ROOT / path)
+        if sel:
+            old, new = old[old["series"] == sel], new[new["series"] == sel]
+            assert len(new) == 120
+        pd.testing.assert_frame_equal(old.reset_index(drop=True), new.reset_index(drop=True))
