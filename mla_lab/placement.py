@@ -468,6 +468,11 @@ EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
 MEASURED_STRATEGIES = ("per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "shared_workspace:none",
                        "shared_workspace:zero_per_call", "per_call_zeros", "subchunk:4096")
 #: ``mla-lab serve``'s default presets and the serving demo's: vLLM before PR #53878, at it, after PR #56902.
+#: ``mla-lab measure``'s ``attention_strategies`` default ``--strategies``: the PR's path, the pre-PR per-call pad,
+#: and the sub-chunked workspaces (two S-row workspaces on two streams in one CUDA graph, S = 2048 / 4096; S = 2048
+#: as views): the strategies of ``data/measured/h200/between_process/strategies.csv``.
+TIMED_STRATEGIES = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:graph2", "subchunk:4096:graph2",
+                    "subchunk:2048:views")
 SERVE_PRESETS = ("vllm-pre-53878", "vllm-53878", "vllm-56902")
 
 

@@ -51,7 +51,6 @@ PENDING = {
     "mla_lab/serving/simulate.py": 1,  # the demo's two linear pricers
     # the measurement experiments name the strategies they time (moved from benchmarks/, issue 31)
     "mla_lab/fits/predict_pr53878.py": 1,
-    "mla_lab/measure/experiments/attention_strategies.py": 1,
     "mla_lab/measure/experiments/cold_start.py": 1,
     "mla_lab/measure/experiments/decode_layer.py": 1,
     "mla_lab/measure/experiments/presets.py": 1,

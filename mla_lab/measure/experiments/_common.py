@@ -22,14 +22,12 @@ import time
 from pathlib import Path
 
 import mla_lab.strategies as _strategies
+from mla_lab.placement import TIMED_STRATEGIES
 from mla_lab.provenance import provenance
 from mla_lab.workload import Step
 
-#: ``attention_strategies``' default ``--strategies``: the PR's path, the pre-PR per-call pad, and the sub-chunked
-#: workspaces (two S-row workspaces on two streams in one CUDA graph, S = 2048 / 4096; S = 2048 as views), the
-#: strategies of the committed ``between_process/strategies.csv``.
-STRATEGIES_TIMED = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:graph2", "subchunk:4096:graph2",
-                    "subchunk:2048:views")
+#: ``attention_strategies``' default ``--strategies`` (:data:`mla_lab.placement.TIMED_STRATEGIES`).
+STRATEGIES_TIMED = TIMED_STRATEGIES
 
 #: The seed step's tokens (``max_num_batched_tokens`` of PR #53878's run) and prompt length.
 SEED_T = 16384
