@@ -19,7 +19,7 @@
 # ## 1. The answer
 #
 # <!-- answer:begin (python -m mla_lab.report.answer --update) -->
-# **What PR #53878 bought, as it was** (GLM-5.2 TP8 on an H200, 32 prompts of 1024 tokens, bf16 KV cache, FLASHMLA_SPARSE forced). Modelled: mean TTFT (time to first token) -2.4 % (GLM-5: -2.0 %) for +1008 MiB of persistent workspace per rank; with the attention path measured on one H200 (5 fresh processes, rest modelled) -2.0 % [-2.2, -1.3]. The PR reported -9.5 % TTFT and +6 % throughput; nothing the lab prices for the PR's change reaches that.
+# **What PR #53878 bought, as it was** (GLM-5.2 TP8 on an H200, 32 prompts of 1024 tokens, bf16 KV cache, FLASHMLA_SPARSE forced). Modelled: mean TTFT (time to first token) -2.4 % (GLM-5: -2.0 %) for +1008 MiB of persistent workspace per rank; with the attention path measured on one H200 (5 fresh processes, rest modelled) -2.0 % [-2.2, -1.3] (one machine lease; the attention path alone, the PR's against the pre-PR pad, measured on two leases the same day: -5.7 % and -2.8 %, docs/perf-notes.md). The PR reported -9.5 % TTFT and +6 % throughput; nothing the lab prices for the PR's change reaches that.
 #
 # **What it buys in today's engines** (code reading of the release wheels; modelled). vLLM 0.33.0 sends prompts of <= 2048 tokens to dense MHA, so on the PR's benchmark the padded kernel runs only for decode rows, and only when FLASHMLA_SPARSE is forced: the PR's workspace then changes mean TTFT by 0.0 % and TPOT (time per output token) by 0.0 %. vLLM's default there, FA3 sparse on the real heads, pads nowhere: TPOT -3.4 %, throughput +3.2 % against the forced FlashMLA path. SGLang 0.5.23's default runs these prompts through the padded `flashmla_sparse` inside its prefill CUDA graphs (`mla-lab engines`).
 #

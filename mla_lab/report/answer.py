@@ -23,6 +23,7 @@ from ..paths import REPO_ROOT
 from ..placement import PR_TRADE_BY_ENGINE, SEED_COMPARISONS
 from ..serving import PR_BENCH, serve_benchmark
 from .engine_kernels import decode_table, gather_share, kernel_ms
+from .reproduce import lease_pr_change
 from .seed_answer import pr_trade_by_engine, seed_answer
 
 __all__ = ["answer_figures", "answer_markdown", "update_readme", "BEGIN", "END"]
@@ -72,7 +73,7 @@ def answer_figures() -> dict:
         "decode_b1_flashmla": d1[1]["flashmla_pad64"], "decode_b1_fa3": d1[1]["fa3_split"],
         "decode_b256_ratio": d1[256]["flashmla_pad64"] / d1[256]["fa3_split"],
         "blind": blind, "kv_tokens_lost_glm5": lost, "dense_glm52_pct": dense["glm-5.2"],
-        "dense_glm5_pct": dense["glm-5"],
+        "dense_glm5_pct": dense["glm-5"], "lease_pr": lease_pr_change(),
     }
 
 
@@ -104,7 +105,9 @@ def answer_markdown() -> str:
         "FLASHMLA_SPARSE forced). Modelled: mean TTFT (time to first token) "
         f"{pct(f['was_glm52_pct'])} (GLM-5: {pct(f['was_glm5_pct'])}) for {f['extra_mib']:+.0f} MiB of persistent "
         "workspace per rank; with the attention path measured on one H200 (5 fresh processes, rest modelled) "
-        f"{pct(f['was_measured_pct'])} [{f['was_measured_lo']:+.1f}, {f['was_measured_hi']:+.1f}]. The PR reported "
+        f"{pct(f['was_measured_pct'])} [{f['was_measured_lo']:+.1f}, {f['was_measured_hi']:+.1f}] (one machine "
+        "lease; the attention path alone, the PR's against the pre-PR pad, measured on two leases the same day: "
+        f"{pct(f['lease_pr']['first'])} and {pct(f['lease_pr']['second'])}, docs/perf-notes.md). The PR reported "
         "-9.5 % TTFT and +6 % throughput; nothing the lab prices for the PR's change reaches that.",
         "",
         "**What it buys in today's engines** (code reading of the release wheels; modelled). vLLM 0.33.0 sends "

@@ -25,13 +25,15 @@ import pandas as pd
 
 from mla_lab.paths import REPO_ROOT
 
-__all__ = ["OLD_COMMIT", "FILES", "SMALL_MS", "BEGIN", "END", "compare", "largest", "small_ops", "render_markdown", "main"]
+__all__ = ["lease_pr_change", "OLD_COMMIT", "FILES", "SMALL_MS", "BEGIN", "END", "compare", "largest", "small_ops", "render_markdown", "main"]
 
 #: The tree before the adopted run (main at 6a7dec2, 2026-12-02): the between-process rows as committed there.
 OLD_COMMIT = "6a7dec28895d"
 BETWEEN = "data/measured/h200/between_process/"
-#: The run's rows for strategies.csv, which stays committed as before (the run measured 2 of its 5 strategies).
-RUN_STRATEGIES = "data/measured/h200/runs/2026-12-02T0834_measure/between_process/strategies.csv"
+#: strategies.csv came from a third call the same day (``mla-lab measure --experiments attention_strategies`` at
+#: 6a7dec2, all five strategies: ``data/measured/h200/runs/2026-12-02T0900_strategies/``); the 0834 run's own
+#: rows there measured 2 of the 5 and stay in its run folder.
+STRATEGIES_RUN = "data/measured/h200/runs/2026-12-02T0900_strategies/"
 #: file -> (value column, key columns); concat_round4 compares its ``main`` series only.
 FILES: dict[str, tuple[str, list[str]]] = {
     "cold_start.csv": ("steady_gpu_ms", ["what"]),
@@ -55,6 +57,24 @@ BEGIN = "<!-- reproduce:begin (python -m mla_lab.report.reproduce --update-docs)
 END = "<!-- reproduce:end -->"
 
 
+#: The 0834 run's own strategies rows (2 of the 5 strategies, the first lease of the day).
+FIRST_LEASE_STRATEGIES = "data/measured/h200/runs/2026-12-02T0834_measure/between_process/strategies.csv"
+
+
+def lease_pr_change() -> dict:
+    """The PR's attention path (``private_workspace``) against the pre-PR pad (``per_call_empty:zeros``) at the
+    seed, measured on two machine leases the same day (5 fresh processes each): ``{"first", "second"}`` in %
+    (median over processes of the per-process medians, ms; files :data:`FIRST_LEASE_STRATEGIES` and the committed
+    ``between_process/strategies.csv``)."""
+    out = {}
+    for name, path in (("first", FIRST_LEASE_STRATEGIES), ("second", BETWEEN + "strategies.csv")):
+        d = pd.read_csv(REPO_ROOT / path)
+        d = d[d["shape"] == "seed"]
+        m = d.groupby(["strategy", "process"])["ms"].median().groupby("strategy").median()
+        out[name] = float(100 * (m["private_workspace"] / m["per_call_empty:zeros"] - 1))
+    return out
+
+
 def _old(name: str) -> pd.DataFrame:
     path = BETWEEN + name
     r = subprocess.run(["git", "show", f"{OLD_COMMIT}:{path}"], cwd=REPO_ROOT, capture_output=True, text=True)
@@ -65,7 +85,7 @@ def _old(name: str) -> pd.DataFrame:
 
 
 def _new(name: str) -> pd.DataFrame:
-    return pd.read_csv(REPO_ROOT / (RUN_STRATEGIES if name == "strategies.csv" else BETWEEN + name))
+    return pd.read_csv(REPO_ROOT / BETWEEN / name)
 
 
 def _per_key(d: pd.DataFrame, value: str, keys: list[str]) -> pd.DataFrame:
@@ -129,8 +149,7 @@ def small_ops(name: str = "routes.csv") -> dict:
 def render_markdown() -> str:
     rows = compare()
     lines = [f"Rows of the 2026-12-02 run against the rows as committed at {OLD_COMMIT} (`git show "
-             f"{OLD_COMMIT}:<file>`; strategies: the run's own rows in `{RUN_STRATEGIES}` against the committed "
-             "file, which stays): per key, the median over the 5 processes of the per-process medians; new / old - 1 "
+             f"{OLD_COMMIT}:<file>`; strategies.csv from a third call the same day, `{STRATEGIES_RUN}`): per key, the median over the 5 processes of the per-process medians; new / old - 1 "
              "over the keys both runs measured (`mla_lab.report.reproduce`).", "",
              "| file | keys compared | median change | p10 | p90 | max abs |", "|---|---|---|---|---|---|"]
     for r in rows:
