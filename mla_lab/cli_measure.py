@@ -84,27 +84,38 @@ def cmd_measure(args, stamp) -> int:
     if args.experiments is not None and not args.experiments.strip(" ,"):
         raise ValueError(f"--experiments={args.experiments!r} names no experiment; allowed: comma-separated names "
                          "(mla-lab measure --dry-run lists them), or leave it out for the default set")
-    resume = None
+    resume, record = None, None
     if args.resume is not None:
+        import json
+
         resume = Path(args.resume)
+        if not resume.is_dir():
+            raise ValueError(f"--resume={args.resume!r} is not a folder; allowed: a run folder mla-lab measure wrote")
         if not (resume / "provenance.json").is_file():
             raise ValueError(f"--resume={args.resume!r} holds no provenance.json; allowed: a run folder mla-lab "
                              "measure wrote")
+        record = json.loads((resume / "provenance.json").read_text())
+        if record.get("processes") != args.processes:
+            raise ValueError(f"--processes={args.processes}: the run in {args.resume} was started with "
+                             f"{record.get('processes')}; allowed: --processes {record.get('processes')} to resume it")
         if args.experiments is None:  # the run's own experiments
-            import json
-
-            args.experiments = ",".join(json.loads((resume / "provenance.json").read_text())["experiments"])
+            args.experiments = ",".join(record["experiments"])
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
     if args.out:
         _check_out_folder("--out", args.out, Path(args.out))
-    if any(e.name == "engine_kernels" for e in experiments) and not Path(args.engine_root).is_dir():
-        raise ValueError(f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
-                         "mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
     if args.dry_run:  # without --experiments: every experiment, the default set marked
         out = args.resume or args.out or "data/measured/<gpu>"
         listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
         print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
+        if record is not None:
+            print(runner.resume_lines(record, experiments, args.processes))
+        if args.budget_s is not None:
+            print(f"--budget-s {args.budget_s:g}: no process starts after {args.budget_s:g} s (exit 3; finish with "
+                  "--resume)")
         return 0
+    if any(e.name == "engine_kernels" for e in experiments) and not Path(args.engine_root).is_dir():
+        raise ValueError(f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
+                         "mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
     import torch
 
     if not torch.cuda.is_available():

@@ -172,7 +172,10 @@ def test_advise_the_issues_example_and_refuses_what_does_not_fit():
     with pytest.raises(ValueError, match=r"memory_budget_mib=-1 must be a non-negative number"):
         advise(Deployment.seed(), memory_budget_mib=-1)
     # the older loose form is gone: one door (a Deployment), refused in one line
-    with pytest.raises(ValueError, match=r"deployment='glm-5' is not a Deployment; allowed: .*Deployment.of"):
+    with pytest.raises(ValueError, match=r"deployment= a str is not a Deployment; allowed: .*Deployment.of"):
         advise("glm-5")
+    # a request the KV cache cannot hold is refused before anything is priced (a 10**9-token prompt took minutes)
+    with pytest.raises(ValueError, match=r"one request needs 1,000,000,128 KV tokens .* no strategy"):
+        advise(Deployment.seed(prompt_len=10**9))
     with pytest.raises(TypeError, match="positional"):
         advise(Deployment.seed(), 8, "h200")

@@ -252,3 +252,16 @@ def test_measure_resume_and_budget_refusals_are_one_line(tmp_path):
         r = subprocess.run([sys.executable, "-m", "mla_lab.cli", "measure", *args, "--dry-run"],
                            capture_output=True, text=True, cwd=REPO)
         assert r.returncode == 2 and name in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_resume_runs_again_a_merged_experiment_whose_files_are_gone(tmp_path):
+    from mla_lab.measure.experiments.runner import resume_lines, run
+
+    assert run([_FakeExperiment()], 2, tmp_path, log=lambda s: None) == 0
+    rec = json.loads((tmp_path / "provenance.json").read_text())
+    assert resume_lines(rec, [_FakeExperiment()], 2).endswith("nothing left to run")
+    (tmp_path / "between_process/fake.csv").unlink()
+    log = []
+    assert run([_FakeExperiment()], 2, tmp_path, resume=tmp_path, log=log.append) == 0
+    assert any("are gone: run again" in line for line in log)
+    assert _rows(tmp_path / "between_process/fake.csv") == [(1, 10), (2, 20)]

@@ -81,3 +81,19 @@ def test_the_workload_is_the_deployments():
     with pytest.raises(ValueError) as e:
         serve_benchmark(d, ["vllm-53878"], bench_of(d.replace(num_prompts=8, concurrency=None)))
     assert "\n" not in str(e.value) and str(e.value).startswith("bench sends 8 x 1024-token prompts"), e.value
+
+
+def test_serving_entry_points_name_a_wrong_type_in_one_line():
+    """A rank where a Deployment is due (or the reverse, or the old loose form) is refused naming the argument."""
+    from mla_lab.deployment import Deployment
+    from mla_lab.serving import bench_of, serve_benchmark
+    from mla_lab.serving.engine_pricer import EnginePricer
+
+    d = Deployment.seed()
+    for call, msg in ((lambda: EnginePricer(d, "private_workspace"), "rank= a Deployment is not a RankView"),
+                      (lambda: serve_benchmark(d.rank, ["private_workspace"]), "deployment= a RankView is not a"),
+                      (lambda: bench_of(d.rank), "deployment= a RankView is not a Deployment"),
+                      (lambda: serve_benchmark("glm-5", 8, ["private_workspace"]), "deployment= a str is not a")):
+        with pytest.raises(ValueError, match=msg) as e:
+            call()
+        assert "\n" not in str(e.value)

@@ -17,6 +17,7 @@ import math
 
 from ..deployment import Deployment
 from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
+from ..model.memory import memory_tradeoff
 from ..placement import (
     BASELINE,
     advise_candidates,
@@ -102,9 +103,17 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             budget; a deployment whose weights or workload do not fit at all (the reason).
     """
     if not isinstance(deployment, Deployment):
-        raise ValueError(f"deployment={deployment!r} is not a Deployment; allowed: mla_lab.deployment.Deployment.of("
-                         "...) or Deployment.seed(...) (the loose advise(model, tp, ...) form is gone)")
+        raise ValueError(f"deployment= a {type(deployment).__name__} is not a Deployment; allowed: "
+                         "mla_lab.deployment.Deployment.of(...) or Deployment.seed(...) (the loose advise(model, tp, "
+                         "...) form is gone)")
     d = deployment
+    # before pricing anything: a deployment whose one request cannot be held is refused at once (pricing a
+    # billion-token prompt first took minutes)
+    cap = memory_tradeoff(d, strategies=[BASELINE])["kv_capacity_tokens"]
+    need = d.prompt_len + d.output_len
+    if not cap > 0 or need > cap:
+        raise ValueError(f"this deployment does not fit: one request needs {need:,} KV tokens ({d.prompt_len} + "
+                         f"{d.output_len}); KV capacity {max(int(cap), 0):,} tokens; no strategy can be recommended")
     engines = engines_block(d, engine)
     if engine is not None:
         strategies = list(strategies if strategies is not None else candidate_strategies(d.max_num_batched_tokens))

@@ -96,6 +96,21 @@ def run_dir(out: Path, experiments: list[Experiment], overwrite: bool) -> tuple[
     return out, []
 
 
+def resume_lines(record: dict, experiments: list[Experiment], processes: int) -> str:
+    """What ``--resume`` would run for a run's ``record`` (its ``provenance.json``): per experiment, merged (kept)
+    or the processes left."""
+    lines, left_total = ["--resume: what this run still needs"], 0
+    for e in experiments:
+        entry = record.get("experiments", {}).get(e.name, {})
+        n = processes if e.between_process else 1
+        left = [k for k in range(1, n + 1) if not _done(entry, k)]
+        left_total += len(left)
+        state = "merged; kept" if entry.get("merged") else (f"processes {left} left" if left else "all ran; merge")
+        lines.append(f"  {e.name:<22}{state}")
+    lines.append(f"  {left_total} processes to run" if left_total else "  nothing left to run")
+    return "\n".join(lines)
+
+
 def _done(entry: dict, k: int) -> bool:
     """Process ``k`` of an experiment's record exited 0 (a resumed run keeps its rows)."""
     ex = entry.get("exit", [])
@@ -110,7 +125,8 @@ def run(experiments: list[Experiment], processes: int, out: Path, overwrite: boo
     kept). Needs CUDA (the caller checks).
 
     ``resume``: a run folder a cut or budgeted run left (its ``provenance.json`` is rewritten after every process):
-    processes that exited 0 there keep their rows and are not run again; the rest run, then the merge. ``budget_s``:
+    processes that exited 0 there keep their rows and are not run again; the rest run, then the merge. An experiment
+    recorded as merged whose merged files are gone runs again, every process. ``budget_s``:
     no new process starts once this many seconds have passed (a lent machine's per-call limit); the record says
     which are left, and ``--resume`` finishes them.
     """
@@ -143,8 +159,12 @@ def run(experiments: list[Experiment], processes: int, out: Path, overwrite: boo
         entry = record["experiments"].setdefault(e.name, {"module": e.module, "processes": n, "commands": [],
                                                           "exit": []})
         if entry.get("merged"):
-            log(f"[measure] {e.name}: merged in the run being resumed; kept")
-            continue
+            missing = [f for f in e.outputs() if not (folder / f).is_file()]
+            if not missing:
+                log(f"[measure] {e.name}: merged in the run being resumed; kept")
+                continue
+            log(f"[measure] {e.name}: merged in the run being resumed, but {missing} are gone: run again")
+            entry.update(commands=[], exit=[], merged=False)
         parts: dict[str, list[tuple[int, Path]]] = {}
         for k in range(1, n + 1):
             pdir = dest / ".processes" / e.name / f"p{k}" if e.between_process else folder
