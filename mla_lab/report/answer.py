@@ -105,9 +105,10 @@ def answer_markdown() -> str:
         "FLASHMLA_SPARSE forced). Modelled: mean TTFT (time to first token) "
         f"{pct(f['was_glm52_pct'])} (GLM-5: {pct(f['was_glm5_pct'])}) for {f['extra_mib']:+.0f} MiB of persistent "
         "workspace per rank; with the attention path measured on one H200 (5 fresh processes, rest modelled) "
-        f"{pct(f['was_measured_pct'])} [{f['was_measured_lo']:+.1f}, {f['was_measured_hi']:+.1f}] (one machine "
-        "lease; the attention path alone, the PR's against the pre-PR pad, measured on two leases the same day: "
-        f"{pct(f['lease_pr']['first'])} and {pct(f['lease_pr']['second'])}, docs/perf-notes.md). The PR reported "
+        f"{pct(f['was_measured_pct'])} [{f['was_measured_lo']:+.1f}, {f['was_measured_hi']:+.1f}]. That interval "
+        "comes from one machine lease (docs/glossary.md) and understates the uncertainty: on two leases the "
+        "same day the PR's attention path alone, against the pre-PR pad, measured "
+        f"{pct(f['lease_pr']['first'])} and {pct(f['lease_pr']['second'])} (docs/perf-notes.md). The PR reported "
         "-9.5 % TTFT and +6 % throughput; nothing the lab prices for the PR's change reaches that.",
         "",
         "**What it buys in today's engines** (code reading of the release wheels; modelled). vLLM 0.33.0 sends "

@@ -291,7 +291,9 @@ def format_advice(result: dict) -> str:
                        "ranking (best measured: " + by_meas[0]["strategy"] + "): the ranking is modelled (whole "
                        "layer, every step); the measured column times the attention path alone on an H200 in short "
                        "windows (below the power cap), with the rest modelled, so it is shown beside the ranking, "
-                       "not used for it")
+                       "not used for it; its rows come from more than one machine lease (presets.csv and "
+                       "strategies.csv), and two leases of one experiment differed by up to 8 % "
+                       "(docs/perf-notes.md)")
     base_held = next((x.get("persistent_mib") for x in ranked + list(result["excluded"])
                       if x["strategy"] == result["baseline"] and x.get("persistent_mib") is not None), None)
     out.append("'workspace MiB' = the persistent Q workspace the strategy holds per rank; 'extra MiB' = that minus "
