@@ -61,7 +61,7 @@ def add_parsers(sub) -> None:
     ms.add_argument("--out", default=None, help="output folder (default data/measured/<gpu>)")
     ms.add_argument("--overwrite", action="store_true", help="replace files that exist in --out (default: a new "
                                                               "run folder <out>/runs/<timestamp>/)")
-    ms.add_argument("--engine-root", default=".engine",
+    ms.add_argument("--engine-root", default=None,
                     help="the packed engine kernels for engine_kernels (python -m mla_lab.measure.engine_libs pack)")
     ms.add_argument("--dry-run", action="store_true", help="list the experiments, shapes and files; run nothing")
     ms.add_argument("--resume", default=None, metavar="RUN_DIR",
@@ -103,19 +103,29 @@ def cmd_measure(args, stamp) -> int:
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
     if args.out:
         _check_out_folder("--out", args.out, Path(args.out))
+    # engine_kernels needs the packed engine kernels: a --engine-root given and missing is refused, dry run included;
+    # the default (.engine) missing is refused by the run and only noted by --dry-run (a plan on a CPU machine)
+    explicit_root = args.engine_root is not None
+    args.engine_root = args.engine_root if explicit_root else ".engine"
+    root_missing = any(e.name == "engine_kernels" for e in experiments) and not Path(args.engine_root).is_dir()
+    root_msg = (f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
+                "mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
+    if root_missing and explicit_root:
+        raise ValueError(root_msg)
     if args.dry_run:  # without --experiments: every experiment, the default set marked
         out = args.resume or args.out or "data/measured/<gpu>"
         listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
         print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
         if record is not None:
             print(runner.resume_lines(record, experiments, args.processes))
+        if root_missing:
+            print(f"note: the run would refuse: {root_msg}")
         if args.budget_s is not None:
             print(f"--budget-s {args.budget_s:g}: no process starts after {args.budget_s:g} s (exit 3; finish with "
                   "--resume)")
         return 0
-    if any(e.name == "engine_kernels" for e in experiments) and not Path(args.engine_root).is_dir():
-        raise ValueError(f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
-                         "mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
+    if root_missing:
+        raise ValueError(root_msg)
     import torch
 
     if not torch.cuda.is_available():
