@@ -86,18 +86,8 @@ def cmd_measure(args, stamp) -> int:
                          "(mla-lab measure --dry-run lists them), or leave it out for the default set")
     resume, record = None, None
     if args.resume is not None:
-        import json
-
         resume = Path(args.resume)
-        if not resume.is_dir():
-            raise ValueError(f"--resume={args.resume!r} is not a folder; allowed: a run folder mla-lab measure wrote")
-        if not (resume / "provenance.json").is_file():
-            raise ValueError(f"--resume={args.resume!r} holds no provenance.json; allowed: a run folder mla-lab "
-                             "measure wrote")
-        record = json.loads((resume / "provenance.json").read_text())
-        if record.get("processes") != args.processes:
-            raise ValueError(f"--processes={args.processes}: the run in {args.resume} was started with "
-                             f"{record.get('processes')}; allowed: --processes {record.get('processes')} to resume it")
+        record = runner.read_record(resume, args.processes)  # ValueError: one line
         if args.experiments is None:  # the run's own experiments
             args.experiments = ",".join(record["experiments"])
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names

@@ -196,6 +196,17 @@ class Deployment:
         return cls.of(**{**SEED_ARGS, **overrides})
 
     @staticmethod
+    def require(value, name: str = "deployment") -> None:
+        """``value`` must be a Deployment (an entry point's argument ``name``).
+
+        Raises:
+            ValueError: one line naming ``name``, the type given and the allowed doors.
+        """
+        if not isinstance(value, Deployment):
+            raise ValueError(f"{name}= a {type(value).__name__} is not a Deployment; allowed: "
+                             "mla_lab.deployment.Deployment.of(...) or Deployment.seed(...)")
+
+    @staticmethod
     def rank_of(*, model: str | ModelConfig, tp: int, arch: str | GPUArch, kv_cache_dtype: str, weight_dtype: str,
                 moe_parallel: str, max_num_batched_tokens: int, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 engine: str | None = None) -> RankView:

@@ -87,6 +87,17 @@ class RankView:
                    moe_parallel, ep, experts, max_num_batched_tokens, max_num_seqs,
                    model.kv_cache_bytes_per_token(kv_cache_dtype), engine)
 
+    @staticmethod
+    def require(value, name: str = "rank") -> None:
+        """``value`` must be a RankView (an entry point's argument ``name``).
+
+        Raises:
+            ValueError: one line naming ``name``, the type given and the allowed doors.
+        """
+        if not isinstance(value, RankView):
+            raise ValueError(f"{name}= a {type(value).__name__} is not a RankView; allowed: Deployment.of(...).rank, "
+                             "Deployment.seed().rank or Deployment.rank_of(...)")
+
     def with_ep_size(self, ep_size: int | None) -> RankView:
         """This rank with another expert-parallel group size (a layer option of the cost model: ``ep_size``
         ranks hold whole experts; None keeps this view's). A door: checked here.

@@ -7,8 +7,6 @@ import math
 import numbers
 
 from mla_lab._validate import check_int
-from mla_lab.deployment import Deployment
-from mla_lab.rank import RankView
 
 __all__ = ["check_int", "check_float", "check_option", "check_bool"]
 
@@ -78,16 +76,3 @@ def check_int_or_none(name: str, value, *, allow_zero: bool = False) -> int | No
     except ValueError as e:
         raise ValueError(f"{e} or None") from None
 
-
-def need_deployment(value, name: str = "deployment") -> None:
-    """A serving entry point's ``deployment``: a :class:`~mla_lab.deployment.Deployment`, else one line."""
-    if not isinstance(value, Deployment):
-        raise ValueError(f"{name}= a {type(value).__name__} is not a Deployment; allowed: "
-                         "mla_lab.deployment.Deployment.of(...) or Deployment.seed(...)")
-
-
-def need_rank(value, name: str = "rank") -> None:
-    """A serving entry point's ``rank``: a :class:`~mla_lab.rank.RankView`, else one line."""
-    if not isinstance(value, RankView):
-        raise ValueError(f"{name}= a {type(value).__name__} is not a RankView; allowed: Deployment.of(...).rank, "
-                         "Deployment.seed().rank or Deployment.rank_of(...)")

@@ -17,7 +17,6 @@ from ..model.calibration import Calibration, resolve_calibration
 from ..model.decode_calibration import DecodeCalibration, load_decode_calibration
 from ..model.memory import memory_tradeoff
 from ..placement import BASELINE, SERVE_PRESETS, expand_strategies, preset_of, resolve_strategy
-from ._checks import need_deployment
 from .client import BenchConfig
 from .engine_pricer import EnginePricer
 from .metrics import compare
@@ -59,7 +58,7 @@ def bench_of(deployment: Deployment, **options) -> BenchConfig:
     Raises:
         ValueError: an unknown option, or as :class:`~mla_lab.serving.client.BenchConfig`.
     """
-    need_deployment(deployment)
+    Deployment.require(deployment)
     wl = {"num_prompts": deployment.num_prompts, "random_input_len": deployment.prompt_len,
           "random_output_len": deployment.output_len, "max_concurrency": deployment.concurrency}
     bad = sorted(set(options) & set(wl)) + sorted(set(options) - set(BenchConfig.__dataclass_fields__))
@@ -112,7 +111,7 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
             deployment and its extra MiB); never a negative capacity. As ``SchedulerConfig``, :func:`simulate` and
             the cost model.
     """
-    need_deployment(deployment)
+    Deployment.require(deployment)
     d = deployment
     if bench is None:
         bench = bench_of(d)

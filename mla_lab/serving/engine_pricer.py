@@ -63,7 +63,6 @@ from ..model.timing import op_time_ms, step_time_ms
 from ..placement import parse_strategy, resolve_strategy
 from ..rank import RankView
 from ..workload import Step as WorkStep
-from ._checks import need_rank
 from .step import Step
 
 __all__ = ["EnginePricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
@@ -180,7 +179,7 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     Raises:
         ValueError: an unknown strategy or ``decode_kernels`` (one line, the allowed values).
     """
-    need_rank(rank)
+    RankView.require(rank)
     strategy = resolve_strategy(strategy)
     cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
@@ -216,7 +215,7 @@ class EnginePricer:
 
     def __init__(self, rank: RankView, strategy: str, calibration: Calibration | None = None,
                  decode_cal: DecodeCalibration | None = None):
-        need_rank(rank)
+        RankView.require(rank)
         self.rank = rank
         self.model, self.tp, self.arch = rank.model, rank.tp, rank.arch
         self.strategy = resolve_strategy(strategy)

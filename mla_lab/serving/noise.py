@@ -49,7 +49,7 @@ import numpy as np
 from ..deployment import Deployment
 from ..model.calibration import Calibration
 from ..model.decode_calibration import DecodeCalibration
-from ._checks import check_float, check_int, need_deployment
+from ._checks import check_float, check_int
 from .benchmark import bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
 from .engine_pricer import EnginePricer
@@ -567,7 +567,7 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     Raises:
         ValueError: ``num_runs`` < 2; as :func:`~mla_lab.serving.serve_benchmark` and :func:`run_noise`.
     """
-    need_deployment(deployment)
+    Deployment.require(deployment)
     check_int("num_runs", num_runs)
     if num_runs < 2:
         raise ValueError(f"num_runs={num_runs!r} must be an int >= 2 (1 is the deterministic serve_benchmark)")

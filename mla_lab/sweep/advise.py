@@ -102,10 +102,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         ValueError: a bad deployment argument (:meth:`~mla_lab.deployment.Deployment.of`'s message); a negative
             budget; a deployment whose weights or workload do not fit at all (the reason).
     """
-    if not isinstance(deployment, Deployment):
-        raise ValueError(f"deployment= a {type(deployment).__name__} is not a Deployment; allowed: "
-                         "mla_lab.deployment.Deployment.of(...) or Deployment.seed(...) (the loose advise(model, tp, "
-                         "...) form is gone)")
+    Deployment.require(deployment)  # the loose advise(model, tp, ...) form is gone
     d = deployment
     # before pricing anything: a deployment whose one request cannot be held is refused at once (pricing a
     # billion-token prompt first took minutes)

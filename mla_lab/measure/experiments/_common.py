@@ -26,9 +26,6 @@ from mla_lab.placement import TIMED_STRATEGIES
 from mla_lab.provenance import provenance
 from mla_lab.workload import Step
 
-#: ``attention_strategies``' default ``--strategies`` (:data:`mla_lab.placement.TIMED_STRATEGIES`).
-STRATEGIES_TIMED = TIMED_STRATEGIES
-
 #: The seed step's tokens (``max_num_batched_tokens`` of PR #53878's run) and prompt length.
 SEED_T = 16384
 PROMPT = 1024
@@ -113,7 +110,7 @@ def part_main(run, doc: str, argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=11, help="interleaved rounds per measured set")
     ap.add_argument("--content-rounds", type=int, default=6)
     ap.add_argument("--smoke", action="store_true", help="tiny repeats, for the first call of a session")
-    ap.add_argument("--strategies", default=",".join(STRATEGIES_TIMED),
+    ap.add_argument("--strategies", default=",".join(TIMED_STRATEGIES),
                     help="attention_strategies: canonical names timed through mla_lab.measure.attention")
     a = ap.parse_args(argv)
     if a.process < 1 or a.repeats < 1 or a.content_rounds < 1:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from mla_lab.measure.attention import time_attention_path
 from mla_lab.models import load_model
+from mla_lab.placement import TIMED_STRATEGIES
 
 from ._common import (
     PROMPT,
     PROVENANCE,  # noqa: F401 (re-exported: the provenance columns of its rows)
     SEED_T,
-    STRATEGIES_TIMED,
     Sink,
     full_step,
     log,
@@ -23,7 +23,7 @@ from ._common import (
 OUTPUTS = {"strategies.csv": ["shape", "strategy", "round", "ms", "median_ms", "workspace_bytes", "peak_bytes",
                               "repeats"]}
 #: (shape, T, strategy) at the default ``--strategies``
-SHAPES = [(s, SEED_T, n) for s in ("seed", "full") for n in STRATEGIES_TIMED]
+SHAPES = [(s, SEED_T, n) for s in ("seed", "full") for n in TIMED_STRATEGIES]
 
 
 

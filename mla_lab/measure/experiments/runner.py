@@ -96,6 +96,24 @@ def run_dir(out: Path, experiments: list[Experiment], overwrite: bool) -> tuple[
     return out, []
 
 
+def read_record(run_folder: Path, processes: int) -> dict:
+    """The record (``provenance.json``) of a run to resume, started with ``processes`` processes.
+
+    Raises:
+        ValueError: one line: not a folder, no ``provenance.json``, or another process count.
+    """
+    if not run_folder.is_dir():
+        raise ValueError(f"--resume={str(run_folder)!r} is not a folder; allowed: a run folder mla-lab measure wrote")
+    if not (run_folder / "provenance.json").is_file():
+        raise ValueError(f"--resume={str(run_folder)!r} holds no provenance.json; allowed: a run folder mla-lab "
+                         "measure wrote")
+    record = json.loads((run_folder / "provenance.json").read_text())
+    if record.get("processes") != processes:
+        raise ValueError(f"--processes={processes}: the run in {run_folder} was started with "
+                         f"{record.get('processes')}; allowed: --processes {record.get('processes')} to resume it")
+    return record
+
+
 def resume_lines(record: dict, experiments: list[Experiment], processes: int) -> str:
     """What ``--resume`` would run for a run's ``record`` (its ``provenance.json``): per experiment, merged (kept)
     or the processes left."""
@@ -133,10 +151,7 @@ def run(experiments: list[Experiment], processes: int, out: Path, overwrite: boo
     t_start = time.time()
     if resume is not None:
         dest = Path(resume)
-        record = json.loads((dest / "provenance.json").read_text())
-        if record.get("processes") != processes:
-            raise ValueError(f"--processes={processes}: the run in {dest} was started with "
-                             f"{record.get('processes')}; allowed: the same count to resume it")
+        record = read_record(dest, processes)
         record.setdefault("resumed_utc", []).append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         record.setdefault("resumed_provenance", []).append(provenance("measured"))
     else:
