@@ -106,6 +106,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                ("--engine-root", "{engine_root}", "--process", "{process}", "--out", "{out}/engine_kernels.csv"),
                timeout_s=300, needs="engine kernels packed by python -m mla_lab.measure.engine_libs pack "
                "(--engine-root); flash_mla"),
+    Experiment("packed_kernels", _E + "packed_kernels",
+               "the packed kernel (8 tokens x 8 heads per tile) beside every engine's kernel, over union size", _BP,
+               True, ("--engine-root", "{engine_root}", "--process", "{process}", "--out", "{out}"), timeout_s=420,
+               needs="engine kernels packed by python -m mla_lab.measure.engine_libs pack (--engine-root); flash_mla; "
+               "nvcc for the CUDA union builder (else the Triton one)"),
     # --- once: data/measured/<gpu>/ and its round2/ folder
     Experiment("padding_sweep", "mla_lab.sweep.measured",
                "the measured sweep: every real strategy's attention path per grid point, the rest modelled", "",

@@ -1,0 +1,360 @@
+"""Packed sparse-MLA prefill: g consecutive tokens x H real heads fill one 64-row tile (pack tokens, not heads).
+
+FlashMLA's sm90 sparse prefill kernel runs one 64-row tile per query token (``h_q`` a multiple of 64: FlashMLA
+``csrc/api/sparse_fwd.h``), so at H = 8 heads per rank 56 of its 64 rows are padding. Here the tile holds
+``g = 64 // H`` consecutive tokens x H heads (row ``r`` = token ``r // H`` of the group, head ``r % H``), the tile
+gathers the UNION of the g tokens' top-k key sets once, and each row is masked to its own token's set. The work then
+scales with the union size U instead of ``g x topk``, and Q stays at the real heads' size: no padded workspace.
+
+The union of a group is split in two by :func:`mla_lab.kernels.union.build_union`:
+
+- the *shared* keys, selected by every present token of the group: no mask is needed, so they run through FlashMLA
+  itself with ``s_q = G`` groups, ``h_q = 64`` (all rows real) and ``topk_length = shared_len`` (the kernel's own
+  sm90 pipeline, at its own efficiency);
+- the *rest*, each key with a g-bit membership mask: the lab's Triton kernel below (:func:`_packed_rest_kernel`),
+  which starts its online softmax from FlashMLA's output and LSE (``m = lse, l = 1, acc = out``) and updates the
+  same output in place, so there is no merge pass. Groups with no rest key are not touched again.
+
+The two key sets are disjoint, so the result is each token's exact attention over its own top-k set (up to
+accumulation order); ``packed_mode="triton"`` runs the Triton kernel over the whole union (no FlashMLA), the
+lab's kernel alone.
+
+Tensors (one line each, as FlashMLA's interface states them):
+
+- ``q``: ``[T, H, 576]`` bf16, the real heads only, H in {8, 16, 32} (g = 8, 4, 2); last dim contiguous.
+- ``kv``: ``[s_kv, 1, 576]`` or ``[s_kv, 576]`` bf16, contiguous rows (V = ``kv[:, :512]``).
+- ``sets``: :class:`mla_lab.kernels.union.UnionSets` built from ``indices [T, topk]`` int32 with the same ``g``.
+- returns ``out [T, H, 512]`` bf16 and ``lse [T, H]`` fp32 (natural log, FlashMLA's convention in its current
+  kernels: ``csrc/sm90/prefill/sparse``); a row whose token has no valid key gives ``out = 0`` and ``lse = +inf``
+  (FlashMLA ``tests/ref.py``).
+
+Constants: 512 = kv_lora_rank and 64 = qk_rope_head_dim (GLM-5 / DeepSeek-V3.2 config.json), 576 = head_size;
+64 rows = FlashMLA's sm90 tile (``h_q`` multiple of 64); 128 rows on sm100 (Blackwell: g = 16 at 8 heads, modelled
+only: the lab has no Blackwell to run on).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["packed_sparse_prefill", "packed_group_size", "full_union", "TILE_ROWS_SM90", "REST_CONFIG", "PackedCost",
+           "H200_PACKED_COST", "DISPATCH_MARGIN", "sample_sets", "choose_path", "rest_config",
+           "PACKED_MODES"]
+
+#: FlashMLA's sm90 sparse prefill tile: h_q is a multiple of 64 (csrc/api/sparse_fwd.h).
+TILE_ROWS_SM90 = 64
+#: (BLOCK_N, num_warps, num_stages) of the rest kernel, chosen on the lent H200 (docs/perf-notes.md, "Packed
+#: kernel", calls 1-2 of 2026-12-04): 64-key blocks, 8 warps, 2 stages for long rest lists (0 spills, 255 registers,
+#: 221 KB shared memory; 3 stages and Triton's warp specialization gave the same time, 128-key blocks half the speed);
+#: 16-key blocks for short ones (the seed: <= 7 rest keys per group), where the pass is set by loading Q and the
+#: FlashMLA output.
+REST_CONFIG = (64, 8, 2)
+REST_CONFIG_SHORT = (16, 8, 2)
+#: Mean rest keys per group below which :data:`REST_CONFIG_SHORT` is used.
+SHORT_REST = 64
+#: ``hybrid``: FlashMLA over the shared keys + the Triton masked kernel over the rest; ``triton``: Triton only.
+PACKED_MODES = ("hybrid", "triton")
+_D_V, _D_T, _D_QK = 512, 64, 576
+_LOG2E = 1.4426950408889634
+_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def packed_group_size(num_heads: int, tile_rows: int = TILE_ROWS_SM90) -> int:
+    """Tokens per tile, ``tile_rows // num_heads`` (8 at 8 heads on sm90, 16 on sm100's 128 rows).
+
+    Raises:
+        ValueError: ``num_heads`` not one of 8, 16, 32 (64 needs no packing), or ``tile_rows`` not 64 / 128.
+    """
+    if tile_rows not in (64, 128):
+        raise ValueError(f"tile_rows={tile_rows!r} is not a FlashMLA tile; allowed: 64 (sm90), 128 (sm100)")
+    if num_heads not in (8, 16, 32):
+        raise ValueError(f"num_heads={num_heads!r} cannot be packed; allowed: 8, 16, 32 (64 fills the tile)")
+    return tile_rows // num_heads
+
+
+try:  # Triton is in the lab's environment; without it only the torch reference runs
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _rows(gid, T, H: tl.constexpr, G: tl.constexpr):
+        # rows r = (token j of the group) * H + head h; G * H = 64 rows
+        r = tl.arange(0, G * H)
+        j = r // H
+        tok = gid * G + j
+        return j, tok.to(tl.int64), r % H, tok < T
+
+    @triton.jit
+    def _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE, qk_scale_log2,
+              H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr,
+              WS: tl.constexpr):
+        D_V: tl.constexpr = 512
+        D_T: tl.constexpr = 64
+        j, tok64, hh, present = _rows(gid, T, H, G)
+        dv = tl.arange(0, D_V)
+        dt = tl.arange(0, D_T)
+        qrow = q_ptr + tok64 * sq_t + hh * sq_h
+        q_main = tl.load(qrow[:, None] + dv[None, :], mask=present[:, None], other=0.0)
+        q_tail = tl.load(qrow[:, None] + D_V + dt[None, :], mask=present[:, None], other=0.0)
+        orow = out_ptr + (tok64 * H + hh) * D_V
+        if HAS_INIT:
+            # FlashMLA's result over the shared keys: out normalised, lse natural log (+inf: no key)
+            lse0 = tl.load(lse_ptr + tok64 * H + hh, mask=present, other=float("inf"))
+            fin = (lse0 < float("inf")) & (lse0 > -float("inf"))
+            m_i = tl.where(fin, lse0 * 1.4426950408889634, -float("inf"))
+            l_i = tl.where(fin, 1.0, 0.0)
+            acc = tl.load(orow[:, None] + dv[None, :], mask=present[:, None] & fin[:, None], other=0.0).to(tl.float32)
+        else:
+            m_i = tl.full([G * H], -float("inf"), tl.float32)
+            l_i = tl.zeros([G * H], tl.float32)
+            acc = tl.zeros([G * H, D_V], tl.float32)
+        n = tl.arange(0, BLOCK_N)
+        base = gid.to(tl.int64) * R_STRIDE
+        for k0 in tl.range(0, rl, BLOCK_N, warp_specialize=WS):
+            inb = (k0 + n) < rl
+            idx = tl.load(ridx_ptr + base + k0 + n, mask=inb, other=-1)
+            bits = tl.load(rmask_ptr + base + k0 + n, mask=inb, other=0).to(tl.int32)
+            valid = idx >= 0
+            kb = kv_ptr + tl.where(valid, idx, 0).to(tl.int64) * 576
+            k_main = tl.load(kb[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
+            k_tail = tl.load(kb[:, None] + D_V + dt[None, :], mask=valid[:, None], other=0.0)
+            s = tl.dot(q_main, tl.trans(k_main))
+            s = tl.dot(q_tail, tl.trans(k_tail), s) * qk_scale_log2
+            sel = ((bits[None, :] >> j[:, None]) & 1) != 0
+            s = tl.where(sel & valid[None, :], s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(k_main.dtype), k_main)
+            m_i = m_new
+        empty = l_i == 0.0
+        o = acc / tl.where(empty, 1.0, l_i)[:, None]
+        lse = tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
+        tl.store(orow[:, None] + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=present[:, None])
+        tl.store(lse_ptr + tok64 * H + hh, lse, mask=present)
+
+    @triton.jit
+    def _packed_rest_kernel(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, rlen_ptr, out_ptr, lse_ptr, T, sq_t, sq_h,
+                            R_STRIDE, qk_scale_log2,
+                            H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr,
+                            WS: tl.constexpr = False):
+        # one program per group of G tokens (64 rows); HAS_INIT: start from FlashMLA's shared-key result in
+        # out / lse and leave groups with no rest key untouched
+        gid = tl.program_id(0)
+        rl = tl.load(rlen_ptr + gid)
+        if HAS_INIT:
+            if rl > 0:
+                _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE,
+                      qk_scale_log2, H, G, HAS_INIT, BLOCK_N, WS)
+        else:
+            _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE,
+                  qk_scale_log2, H, G, HAS_INIT, BLOCK_N, WS)
+
+
+def rest_config(mean_rest_len: float) -> tuple[int, int, int]:
+    """The rest kernel's ``(BLOCK_N, num_warps, num_stages)`` for a chunk whose groups hold ``mean_rest_len`` rest
+    keys on average."""
+    return REST_CONFIG_SHORT if mean_rest_len < SHORT_REST else REST_CONFIG
+
+
+def _rest_kernel():
+    if triton is None:
+        raise RuntimeError("the packed kernel needs Triton (pip install triton)")
+    return _packed_rest_kernel
+
+
+def full_union(sets):
+    """The whole union of each group as one masked list: ``(idx [G, cap] int32, mask [G, cap] uint8, len [G])``.
+
+    The shared keys get the mask of the group's present tokens. For ``packed_mode="triton"`` and the FlashMLA upper
+    bound (s_q = G, h_q = 64, topk = U, no mask); a torch build (not timed as part of the kernel).
+    """
+    G, cap_s = sets.shared_idx.shape
+    cap = sets.rest_idx.shape[1] + cap_s
+    cap = -(-cap // 128) * 128
+    dev = sets.shared_idx.device
+    idx = torch.full((G, cap), -1, dtype=torch.int32, device=dev)
+    mask = torch.zeros((G, cap), dtype=sets.rest_mask.dtype, device=dev)
+    ar_s = torch.arange(cap_s, device=dev)[None, :]
+    ls = sets.shared_len.long()[:, None]
+    keep_s = ar_s < ls
+    idx[:, :cap_s] = torch.where(keep_s, sets.shared_idx, torch.full_like(sets.shared_idx, -1))
+    present = _present_bits(sets.T, sets.g, G, dev).to(mask.dtype)
+    mask[:, :cap_s] = torch.where(keep_s, present[:, None], torch.zeros_like(present)[:, None])
+    cap_r = sets.rest_idx.shape[1]
+    ar_r = torch.arange(cap_r, device=dev)[None, :]
+    keep_r = ar_r < sets.rest_len.long()[:, None]
+    pos = (ls + ar_r).clamp(max=cap - 1)
+    src_i = torch.where(keep_r, sets.rest_idx, idx.gather(1, pos))
+    src_m = torch.where(keep_r, sets.rest_mask, mask.gather(1, pos))
+    idx.scatter_(1, pos, src_i)
+    mask.scatter_(1, pos, src_m)
+    return idx, mask, (sets.shared_len + sets.rest_len).to(torch.int32)
+
+
+def _present_bits(T: int, g: int, G: int, device) -> torch.Tensor:
+    """``[G]`` int32: bit j set where token ``q * g + j`` exists (< T)."""
+    tok = torch.arange(G * g, device=device).view(G, g)
+    w = (1 << torch.arange(g, device=device))[None, :]
+    return ((tok < T).to(torch.int64) * w).sum(1).to(torch.int32)
+
+
+def _check(q, kv, sets, sm_scale, mode):
+    # fp16 is taken too, for the CPU tests under Triton's interpreter (Triton 3.9's interpreter computes bf16 dots
+    # wrongly: seen on this lab's CPU venv, 2026-12-04); FlashMLA and the engines run bf16
+    if not isinstance(q, torch.Tensor) or q.dim() != 3 or q.shape[2] != _D_QK or q.dtype not in _DTYPES:
+        raise ValueError(f"q={tuple(q.shape) if isinstance(q, torch.Tensor) else q!r} must be [T, H, 576] bf16")
+    H = q.shape[1]
+    g = packed_group_size(H)
+    if sets.g != g:
+        raise ValueError(f"sets.g={sets.g} must be 64 // num_heads = {g} for q with {H} heads")
+    if sets.T != q.shape[0]:
+        raise ValueError(f"sets.T={sets.T} must equal q.shape[0]={q.shape[0]}")
+    if q.stride(2) != 1:
+        raise ValueError("q's last dim must be contiguous (stride 1)")
+    if kv.dtype != q.dtype or kv.shape[-1] != _D_QK or not kv.is_contiguous():
+        raise ValueError(f"kv={tuple(kv.shape)} {kv.dtype} must be a contiguous [s_kv, 1, 576] bf16 tensor")
+    if not (isinstance(sm_scale, float) and math.isfinite(sm_scale) and sm_scale > 0):
+        raise ValueError(f"sm_scale={sm_scale!r} must be a positive finite float")
+    if mode not in PACKED_MODES:
+        raise ValueError(f"mode={mode!r} is not known; allowed: {list(PACKED_MODES)}")
+
+
+def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: float, mode: str = "hybrid",
+                          flash_fwd=None, config: tuple[int, int, int] = REST_CONFIG, full=None):
+    """Exact sparse MLA prefill of every token over its own top-k set, tokens packed g per 64-row tile.
+
+    Args:
+        q: ``[T, H, 576]`` bf16, H in {8, 16, 32}; last dim contiguous.
+        kv: ``[s_kv, 1, 576]`` bf16, contiguous.
+        sets: :class:`mla_lab.kernels.union.UnionSets` for the same tokens with ``g = 64 // H``.
+        sm_scale: softmax scale (GLM-5: 1 / sqrt(192 + 64), qk_nope_head_dim + qk_rope_head_dim, config.json).
+        mode: ``"hybrid"`` (FlashMLA over the shared keys, Triton over the rest) or ``"triton"`` (Triton over the
+            whole union; ``full`` = :func:`full_union` may be passed pre-built).
+        flash_fwd: FlashMLA's ``flash_mla_sparse_fwd`` (the ``flash_mla`` module's by default); hybrid only.
+        config: ``(BLOCK_N, num_warps, num_stages)`` of the Triton kernel.
+
+    Returns:
+        ``(out [T, H, 512] bf16, lse [T, H] fp32)``, natural-log LSE; no valid key: out 0, lse +inf.
+
+    Raises:
+        ValueError: a tensor of the wrong shape/dtype, ``sets`` built for another g or T, an unknown mode (one line).
+        RuntimeError: hybrid mode without a FlashMLA provider.
+    """
+    _check(q, kv, sets, sm_scale, mode)
+    T, H, _ = q.shape
+    g = sets.g
+    G = -(-T // g)
+    bn, warps, stages = config[:3]
+    ws = bool(config[3]) if len(config) > 3 else False
+    kern = _rest_kernel()
+    if mode == "triton":
+        idx, mask, length = full if full is not None else full_union(sets)
+        out = torch.empty(T, H, _D_V, dtype=q.dtype, device=q.device)
+        lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+        kern[(G,)](q, kv, idx, mask, length, out, lse, T, q.stride(0), q.stride(1), idx.stride(0),
+                   sm_scale * _LOG2E, H=H, G=g, HAS_INIT=0, BLOCK_N=bn, WS=ws, num_warps=warps, num_stages=stages)
+        return out, lse
+    if flash_fwd is None:
+        try:
+            from flash_mla import flash_mla_sparse_fwd as flash_fwd
+        except Exception as e:  # the provider is optional on CPU machines
+            raise RuntimeError(f"packed hybrid mode needs FlashMLA (flash_mla module): {e}") from e
+    qg = q if (T % g == 0 and q.is_contiguous()) else _pad_tokens(q, G * g)
+    out_g, _, lse_g = flash_fwd(qg.view(G, g * H, _D_QK), kv.view(-1, 1, _D_QK),
+                                sets.shared_idx.view(G, 1, -1), sm_scale, _D_V, topk_length=sets.shared_len)
+    out = out_g.view(G * g, H, _D_V)
+    lse = lse_g.view(G * g, H)
+    kern[(G,)](q, kv, sets.rest_idx, sets.rest_mask, sets.rest_len, out, lse, T, q.stride(0), q.stride(1),
+               sets.rest_idx.stride(0), sm_scale * _LOG2E, H=H, G=g, HAS_INIT=1, BLOCK_N=bn, WS=ws,
+               num_warps=warps, num_stages=stages)
+    return out[:T], lse[:T]
+
+
+def _pad_tokens(q: torch.Tensor, n: int) -> torch.Tensor:
+    """``q`` copied into a contiguous ``[n, H, 576]`` buffer (zero tail): only when T is not a multiple of g."""
+    buf = torch.zeros(n, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
+    buf[: q.shape[0]] = q
+    return buf
+
+
+# ------------------------------------------------------------------------------------------------------- dispatch
+
+
+@dataclass(frozen=True)
+class PackedCost:
+    """Per-chunk time model of the two paths on one GPU, in ns (measured coefficients, see ``source``).
+
+    ``packed = flash_tile * sum(shared_len) + rest_tile * sum(rest_len) + rest_group * #groups with rest keys
+    + build_entry * T * topk``; ``padded = padded_tile * sum(topk_length) + padded_token * T`` (a key-tile = one
+    key of one 64-row tile: one gathered row, 64 x (576 + 512) MACs).
+    """
+
+    flash_tile: float
+    rest_tile: float
+    rest_group: float
+    build_entry: float
+    padded_tile: float
+    padded_token: float
+    source: str
+
+    def packed_ns(self, shared: float, rest: float, groups_with_rest: float, entries: float) -> float:
+        return (self.flash_tile * shared + self.rest_tile * rest + self.rest_group * groups_with_rest
+                + self.build_entry * entries)
+
+    def padded_ns(self, sum_topk_length: float, tokens: float) -> float:
+        return self.padded_tile * sum_topk_length + self.padded_token * tokens
+
+
+#: Fitted by hand on the lent H200's second call of 2026-12-04 (docs/perf-notes.md "Packed kernel"; one lease,
+#: tokenspeed-flashmla 1.0.0.post20260429, T 16384, H 8, topk 2048): FlashMLA packed 1.087 ms over 2048 x 2048
+#: key-tiles (f = 1); the Triton rest 4.76 ms over 2048 x 3277 key-tiles (f = 0.8, after the shared part); the rest
+#: pass at the seed 0.2 ms over 2048 groups; the Triton union build 0.98 ms over 16384 x 2048 entries; padded
+#: FlashMLA 7.34 ms over 16384 x 2048 key-tiles (full top-k) and 2.34 ms at the seed (the per-token term).
+#: In-sample for those shapes; the committed packed_kernels rows test it out of sample (tests/test_packed_rows.py).
+H200_PACKED_COST = PackedCost(flash_tile=0.259, rest_tile=0.71, rest_group=100.0, build_entry=0.029,
+                              padded_tile=0.219, padded_token=30.0,
+                              source="lent H200, 2026-12-04, call 2 (docs/perf-notes.md, Packed kernel)")
+#: The dispatch keeps the padded path unless packing is predicted this much faster (the 2 % rule of issue 36).
+DISPATCH_MARGIN = 0.98
+
+
+def sample_sets(indices: torch.Tensor, topk_length, g: int, s_kv: int, stride: int = 16, builder=None):
+    """Union sets of every ``stride``-th group only (a cheap estimate of the chunk's union sizes for the dispatch).
+
+    Returns ``(sets of the sampled groups, stride)``; ``builder`` defaults to :func:`mla_lab.kernels.union.build_union`.
+    """
+    from .union import build_union
+
+    T, K = indices.shape
+    G = T // g
+    if G < 1:
+        return None, stride
+    rows = (torch.arange(0, G, stride, device=indices.device)[:, None] * g
+            + torch.arange(g, device=indices.device)[None, :]).reshape(-1)
+    tl_ = None if topk_length is None else topk_length[rows].contiguous()
+    return (builder or build_union)(indices[rows].contiguous(), tl_, g, s_kv), stride
+
+
+def choose_path(sets, stride: int, T: int, topk: int, sum_topk_length: float,
+                cost: PackedCost = H200_PACKED_COST) -> tuple[str, float, float]:
+    """``("packed" | "padded", predicted packed ms, predicted padded ms)`` for one chunk from (sampled) union sets.
+
+    Packed only when its predicted time is below :data:`DISPATCH_MARGIN` x the padded path's (host-side: reads the
+    sampled lengths; an engine would take them from the previous step of the same layer).
+    """
+    sl = sets.shared_len.double()
+    rl = sets.rest_len.double()
+    packed = cost.packed_ns(sl.sum().item() * stride, rl.sum().item() * stride,
+                            (rl > 0).double().sum().item() * stride, T * topk) / 1e6
+    padded = cost.padded_ns(sum_topk_length, T) / 1e6
+    return ("packed" if packed < DISPATCH_MARGIN * padded else "padded"), packed, padded
