@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 
 from ..paths import data_dir
-from .union import UNION_GROUP_SIZES, build_union_ref
+from .union import build_union_ref
 
 __all__ = ["IndexData", "overlap_indices", "overlap_union_expected", "causal_indices", "structured_indices",
            "union_sizes", "UnionSizeSummary", "published_overlaps", "PUBLISHED_FILE", "union_ratio_common_core",
@@ -391,15 +391,15 @@ def _main_cases():
     for s_kv in (4 * k, 16 * k):
         for o in (None, 0.5, 0.8, 0.95, 1.0):
             ov = k / s_kv if o is None else o
-            cases.append(("overlap", f"s_kv={s_kv} overlap={ov:.4g}", s_kv,
+            cases.append(("overlap", f"s_kv={s_kv} overlap={ov:.4g}",
                           lambda g, s=s_kv, ov=ov: overlap_indices(T, k, s, ov, g, seed=0),
                           lambda g, s=s_kv, ov=ov: overlap_union_expected(k, s, ov, g)["union"]))
     for f in (0.0, 0.5, 1.0):
         cases.append(("structured", f"s_kv={16 * k} window={k // 8} toeplitz_fraction={f} content_keys={k // 8}",
-                      16 * k, lambda g, f=f: structured_indices(T, k, s_kv=16 * k, window=k // 8,
+                      lambda g, f=f: structured_indices(T, k, s_kv=16 * k, window=k // 8,
                                                                  toeplitz_fraction=f, content_keys=k // 8, seed=0),
                       None))
-    cases.append(("causal", f"prompt_lens=[{T // 2}]*2 (<= topk: whole prefix)", T,
+    cases.append(("causal", f"prompt_lens=[{T // 2}]*2 (<= topk: whole prefix)",
                   lambda g: causal_indices([T // 2] * 2, k, seed=0), None))
     return cases
 
@@ -407,7 +407,7 @@ def _main_cases():
 def union_size_rows() -> list[dict]:
     """The rows of ``data/overlap/union_sizes.csv``: every case of the CPU grid x g in :data:`MAIN_GS`."""
     rows = []
-    for gen, params, s_kv, build, expect in _main_cases():
+    for gen, params, build, expect in _main_cases():
         data = build(8)  # one data set per case (overlap groups of 8 nest groups of 1, 2, 4)
         for g in MAIN_GS:
             s = union_sizes(data.indices, data.topk_length, g, data.s_kv)

@@ -399,10 +399,13 @@ def union_scratch(device, num_programs: int, s_kv: int, g: int) -> torch.Tensor:
     num_programs, W)`` and cached (the kernel leaves it zeroed). W = ceil(s_kv / 4) for g <= 4, ceil(s_kv / 2) for
     g = 8, s_kv for g = 16; a cached buffer with at least W words per program is reused."""
     words = _scratch_words(s_kv, g)
-    key = (str(torch.device(device)), num_programs)
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    key = (str(d), num_programs)
     buf = _SCRATCH.get(key)
     if buf is None or buf.shape[1] < words:
-        buf = torch.zeros(num_programs, words, dtype=torch.int32, device=device)
+        buf = torch.zeros(num_programs, words, dtype=torch.int32, device=d)
         _SCRATCH[key] = buf
     return buf
 
