@@ -1,0 +1,463 @@
+"""Top-k index data with known overlap between neighbouring query tokens, for the packed prefill kernel's union.
+
+Synthetic (modelled) data, torch only, seeded, on CPU or CUDA. Every generator returns :class:`IndexData`
+(``indices [T, topk]`` int32, ``-1`` padded; ``topk_length [T]`` int32; ``s_kv``), the inputs of
+:func:`.union.build_union` and of FlashMLA's sparse prefill.
+
+- :func:`overlap_indices`: groups of ``g`` consecutive tokens with a controlled expected pairwise overlap (the
+  "common core" model below); expected union size in closed form (:func:`overlap_union_expected`).
+- :func:`causal_indices`: the seed's case, requests of given prompt lengths laid out one after another in the kv
+  cache; prompts no longer than topk select their whole causal prefix.
+- :func:`structured_indices`: a local window + shift-invariant (Toeplitz) scores + content keys, causal.
+- :func:`union_sizes`: union size per group (mean, median, p90, U / (g x topk)).
+- :func:`published_overlaps`: the published overlap figures placed on the union-size axis
+  (``data/overlap/published.json``).
+
+**The common-core overlap model.** In each group every token holds the same ``m`` core keys (drawn uniformly without
+replacement from ``[0, s_kv)``) plus ``topk - m`` private keys drawn uniformly without replacement from the other
+``s_kv - m`` keys, independently per token. For tokens A, B of one group::
+
+    E|A n B| = m + (topk - m)^2 / (s_kv - m)                      (the core, plus private collisions)
+    E|U_g|   = m + (s_kv - m) * (1 - (1 - (topk - m) / (s_kv - m))^g)
+
+(linearity of expectation: a non-core key is in one token's private part with probability ``(topk - m) / (s_kv -
+m)``, independently across tokens). ``overlap`` is the requested ``E|A n B| / topk``; ``m`` is the integer whose
+expected overlap is nearest (the expression increases with ``m``, from the random baseline ``topk / s_kv`` at
+``m = 0`` to 1 at ``m = topk``). For ``s_kv >> g x topk``: ``m ~ overlap x topk`` and ``U ~ topk x (1 + (g - 1) x (1 -
+overlap))``, e.g. 2.4 x topk at g 8, overlap 0.8 (issue 36's "80 % pairwise overlap, about 2.4 x top-k").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import NamedTuple
+
+import torch
+
+from ..paths import data_dir
+from .union import build_union_ref
+
+__all__ = ["IndexData", "overlap_indices", "overlap_union_expected", "causal_indices", "structured_indices",
+           "union_sizes", "UnionSizeSummary", "published_overlaps", "PUBLISHED_FILE", "union_ratio_common_core",
+           "main"]
+
+#: Where :func:`published_overlaps` reads (relative to the data folder, ``mla_lab.paths.data_dir``).
+PUBLISHED_FILE = "overlap/published.json"
+#: Tokens per chunk when scoring or sampling row by row (bounds memory: CHUNK x s_kv floats).
+CHUNK = 256
+
+
+class IndexData(NamedTuple):
+    """``indices [T, topk]`` int32 (``-1`` = no key), ``topk_length [T]`` int32, ``s_kv`` (keys in the cache)."""
+
+    indices: torch.Tensor
+    topk_length: torch.Tensor
+    s_kv: int
+
+
+def _check_int(name, v, lo, hi=None) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be an int {rng}; got {name}={v!r}")
+
+
+def _gen(seed, device) -> torch.Generator:
+    _check_int("seed", seed, 0)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _sample_distinct(rows: int, n: int, N: int, gen, device) -> torch.Tensor:
+    """``[rows, n]`` int64: per row ``n`` distinct values uniform from ``[0, N)`` (random keys, top-n; by chunks)."""
+    out = torch.empty(rows, n, dtype=torch.int64, device=device)
+    if n == 0:
+        return out
+    for r0 in range(0, rows, CHUNK):
+        r1 = min(rows, r0 + CHUNK)
+        out[r0:r1] = torch.rand(r1 - r0, N, generator=gen, device=device).topk(n, dim=1).indices
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- overlap model
+
+
+def _expected_pairwise(m: int, topk: int, s_kv: int) -> float:
+    rest = s_kv - m
+    return (m + ((topk - m) ** 2 / rest if rest > 0 else 0.0)) / topk
+
+
+def overlap_union_expected(topk: int, s_kv: int, overlap: float, g: int) -> dict:
+    """The common-core model's numbers for a requested pairwise ``overlap`` (module docstring).
+
+    Returns:
+        ``{"m": core keys, "pairwise": expected |A n B| / topk at that m, "union": expected union size of g tokens,
+        "union_ratio": union / (g x topk), "min_overlap": topk / s_kv (the random baseline, m = 0)}``.
+
+    Raises:
+        ValueError: topk < 1, s_kv < topk, g < 1, overlap not in [topk / s_kv, 1].
+    """
+    _check_int("topk", topk, 1)
+    _check_int("s_kv", s_kv, topk)
+    _check_int("g", g, 1)
+    lo = topk / s_kv
+    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not (lo - 1e-12 <= overlap <= 1.0):
+        raise ValueError(f"overlap must be a number in [topk/s_kv = {lo:.4g}, 1] (below it is less than random "
+                         f"top-k); got overlap={overlap!r}")
+    a, b = 0, topk  # _expected_pairwise increases with m: the nearest integer by bisection
+    while b - a > 1:
+        mid = (a + b) // 2
+        a, b = (mid, b) if _expected_pairwise(mid, topk, s_kv) <= overlap else (a, mid)
+    m = min((a, b), key=lambda x: abs(_expected_pairwise(x, topk, s_kv) - overlap))
+    rest = s_kv - m
+    p = (topk - m) / rest if rest > 0 else 0.0
+    union = m + rest * (1.0 - (1.0 - p) ** g)
+    return {"m": m, "pairwise": _expected_pairwise(m, topk, s_kv), "union": union, "union_ratio": union / (g * topk),
+            "min_overlap": lo}
+
+
+def overlap_indices(T: int, topk: int, s_kv: int, overlap: float, g: int, seed: int = 0,
+                    device: str | torch.device = "cpu") -> IndexData:
+    """Groups of ``g`` consecutive tokens with expected pairwise overlap ``overlap`` (the common-core model).
+
+    Each group draws its core (``m`` keys, :func:`overlap_union_expected`); each token adds ``topk - m`` private
+    keys from the rest of ``[0, s_kv)``; each token's list is then shuffled. No duplicates within a token, every
+    key ``< s_kv``, ``topk_length = topk``. The last group may be partial (``T`` not a multiple of ``g``).
+
+    Args:
+        T: tokens (>= 0); topk: keys per token (>= 1); s_kv: keys in the cache (>= topk); overlap: requested
+            expected ``|A n B| / topk`` in ``[topk / s_kv, 1]``; g: tokens per group (>= 1); seed: int >= 0;
+            device: where to build (the same seed gives the same data on one device type).
+
+    Returns:
+        :class:`IndexData`.
+
+    Raises:
+        ValueError: an argument out of its range (one line naming it).
+    """
+    _check_int("T", T, 0)
+    m = overlap_union_expected(topk, s_kv, overlap, g)["m"]
+    gen = _gen(seed, device)
+    G = -(-T // g)
+    core = _sample_distinct(G, m, s_kv, gen, device)  # [G, m]
+    ranks = _sample_distinct(T, topk - m, s_kv - m, gen, device)  # ranks among the non-core keys
+    core_t = core.repeat_interleave(g, dim=0)[:T]
+    # rank r among the keys not in the (sorted) core -> key r + #{core_i - i <= r}
+    shifted = torch.sort(core_t, dim=1).values - torch.arange(m, device=device)
+    private = ranks + torch.searchsorted(shifted, ranks, right=True)
+    keys = torch.cat([core_t, private], dim=1)
+    perm = torch.rand(T, topk, generator=gen, device=device).argsort(dim=1)
+    keys = keys.gather(1, perm)
+    return IndexData(keys.to(torch.int32), torch.full((T,), topk, dtype=torch.int32, device=device), s_kv)
+
+
+# --------------------------------------------------------------------------------------------------- causal (seed)
+
+
+def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.device = "cpu") -> IndexData:
+    """Prefill of whole prompts, causal top-k: the seed's case.
+
+    Request ``r``'s keys sit at offset ``sum(prompt_lens[:r])`` in the kv cache, one after another (the layout of
+    ``mla_lab/measure/engine_kernels.py`` ``_inputs`` for shape ``seed``: request ``r`` of length L at ``r * L``;
+    ``s_kv = max(total keys, topk)`` as there). Token at position ``p`` sees ``p + 1`` keys: when ``p + 1 <= topk``
+    it selects its whole causal prefix (``topk_length = p + 1``, the rest ``-1``); otherwise ``topk`` distinct keys
+    drawn uniformly from the prefix (``topk_length = topk``).
+
+    Difference from ``engine_kernels._inputs`` (stated so the two are not mixed up): that timing input draws each of
+    the first ``p + 1`` entries uniformly *with replacement* from the prefix (random data for a timing, with
+    duplicates and about 63 % of the prefix distinct); here the set is exactly the prefix, as a top-k of a prompt
+    no longer than topk is.
+
+    Args:
+        prompt_lens: sequence of ints >= 1 (tokens per request); topk: >= 1; seed: int >= 0; device.
+
+    Returns:
+        :class:`IndexData` with ``T = sum(prompt_lens)``.
+
+    Raises:
+        ValueError: empty prompt_lens, a length < 1, topk < 1.
+    """
+    lens = list(prompt_lens) if not isinstance(prompt_lens, torch.Tensor) else prompt_lens.tolist()
+    if not lens:
+        raise ValueError("prompt_lens must hold at least one prompt length; got []")
+    for i, L in enumerate(lens):
+        _check_int(f"prompt_lens[{i}]", L, 1)
+    _check_int("topk", topk, 1)
+    gen = _gen(seed, device)
+    T = sum(lens)
+    base = torch.repeat_interleave(torch.tensor([sum(lens[:r]) for r in range(len(lens))], device=device),
+                                   torch.tensor(lens, device=device))
+    pos = torch.cat([torch.arange(L, device=device) for L in lens])
+    visible = pos + 1
+    idx = torch.arange(topk, device=device)[None, :].expand(T, topk).clone()
+    long_rows = torch.nonzero(visible > topk).flatten()
+    for r0 in range(0, long_rows.numel(), CHUNK):
+        rows = long_rows[r0:r0 + CHUNK]
+        score = torch.rand(rows.numel(), int(visible[rows].max()), generator=gen, device=device)
+        score[torch.arange(score.shape[1], device=device)[None, :] >= visible[rows, None]] = -1.0
+        idx[rows] = score.topk(topk, dim=1).indices
+    tlen = torch.clamp(visible, max=topk)
+    idx = torch.where(torch.arange(topk, device=device)[None, :] < tlen[:, None], idx + base[:, None], -1)
+    return IndexData(idx.to(torch.int32), tlen.to(torch.int32), max(T, topk))
+
+
+# ------------------------------------------------------------------------------------------------------ structured
+
+
+def _toeplitz_profile(n: int, smooth: int, gen, device) -> torch.Tensor:
+    """``[n]`` unit-variance random profile over distance, smoothed by a moving average of ``smooth`` keys (so the
+    selected offsets come in runs, as a RoPE-driven score would)."""
+    x = torch.randn(n + smooth, generator=gen, device=device)
+    c = torch.cumsum(torch.cat([torch.zeros(1, device=device), x]), 0)
+    prof = (c[smooth:] - c[:-smooth])[:n] / math.sqrt(smooth)
+    return prof
+
+
+def structured_indices(T: int, topk: int, s_kv: int | None = None, positions: torch.Tensor | None = None,
+                       window: int = 128, toeplitz_fraction: float = 0.5, content_keys: int = 64,
+                       smooth: int = 32, seed: int = 0, device: str | torch.device = "cpu") -> IndexData:
+    """One sequence's chunk of ``T`` query tokens, top-k by a structured score; causal (key ``k <= position``).
+
+    Key ``k`` is the token at position ``k`` (one request; ``s_kv`` keys). Score of key ``k`` for the query at
+    position ``p`` (``d = p - k >= 0``):
+
+    - the local window: ``d < window`` -> forced in (score +inf);
+    - content keys: ``content_keys`` keys fixed for the whole sequence (key 0, the attention sink, then keys drawn
+      uniformly once) -> forced in (+inf) when causal;
+    - the rest: ``sqrt(f) * toe[d] + sqrt(1 - f) * noise[p, k]`` with ``f = toeplitz_fraction``: ``toe`` a
+      smoothed random profile over distance (shift-invariant: the Toeplitz structure NVIDIA TensorRT-LLM tech blog
+      21 / arXiv 2604.22312 describes for indexer scores under RoPE), ``noise`` iid N(0, 1) per (query, key).
+
+    A token with at most ``topk`` visible keys takes them all. Ties among forced keys go to the window first.
+
+    Args:
+        T: query tokens (>= 1); topk (>= 1); s_kv: keys, the chunk being the last T positions ``s_kv - T ..
+            s_kv - 1``; or positions: ``[T]`` int positions (then ``s_kv = max + 1``); exactly one of the two.
+        window (>= 0), toeplitz_fraction in [0, 1], content_keys (>= 0), smooth (>= 1, keys), seed, device.
+
+    Returns:
+        :class:`IndexData`.
+
+    Raises:
+        ValueError: an argument out of range, both or neither of s_kv / positions, positions not 1-D, negative, or
+            not of length T.
+    """
+    pos = _positions(T, s_kv, positions, device)
+    s = int(pos.max()) + 1
+    for name, v, lo in (("topk", topk, 1), ("window", window, 0), ("content_keys", content_keys, 0),
+                        ("smooth", smooth, 1)):
+        _check_int(name, v, lo)
+    f = toeplitz_fraction
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
+        raise ValueError(f"toeplitz_fraction must be a number in [0, 1]; got toeplitz_fraction={f!r}")
+    gen = _gen(seed, device)
+    toe = _toeplitz_profile(s, smooth, gen, device)
+    content = torch.zeros(s, dtype=torch.bool, device=device)
+    if content_keys:
+        content[0] = True
+        content[torch.randperm(s, generator=gen, device=device)[: content_keys - 1]] = True
+    keys = torch.arange(s, device=device)
+    out = torch.full((T, topk), -1, dtype=torch.int64, device=device)
+    for r0 in range(0, T, CHUNK):
+        p = pos[r0:r0 + CHUNK, None]
+        d = p - keys[None, :]
+        score = math.sqrt(f) * toe[d.clamp(min=0)] + math.sqrt(1 - f) * torch.randn(
+            d.shape, generator=gen, device=device)
+        score = torch.where(content[None, :], torch.full_like(score, 1e30), score)
+        score = torch.where((d >= 0) & (d < window), torch.full_like(score, 2e30), score)
+        score = torch.where(d < 0, torch.full_like(score, -math.inf), score)
+        k = min(topk, s)
+        top = score.topk(k, dim=1)
+        out[r0:r0 + CHUNK, :k] = torch.where(top.values > -math.inf, top.indices, -1)
+    tlen = torch.clamp(pos + 1, max=topk)
+    return IndexData(out.to(torch.int32), tlen.to(torch.int32), s)
+
+
+def _positions(T, s_kv, positions, device) -> torch.Tensor:
+    _check_int("T", T, 1)
+    if (s_kv is None) == (positions is None):
+        raise ValueError(f"give exactly one of s_kv or positions; got s_kv={s_kv!r}, positions="
+                         f"{'None' if positions is None else 'a tensor'}")
+    if positions is None:
+        _check_int("s_kv", s_kv, T)
+        return torch.arange(s_kv - T, s_kv, device=device)
+    if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.shape[0] != T:
+        shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
+        raise ValueError(f"positions must be a 1-D tensor [T={T}]; got positions.shape={shape}")
+    if int(positions.min()) < 0:
+        raise ValueError(f"positions must be >= 0; got min {int(positions.min())}")
+    return positions.to(device=device, dtype=torch.int64)
+
+
+# ------------------------------------------------------------------------------------------------------ union sizes
+
+
+class UnionSizeSummary(NamedTuple):
+    """Union sizes of the complete groups (the partial last group left out; all groups when none is complete).
+
+    ``mean``, ``median``, ``p90`` in keys (median and p90 by ``torch.quantile``, linear interpolation); ``ratio`` =
+    ``mean / (g x topk)``, the packed kernel's work relative to the padded kernel's."""
+
+    g: int
+    topk: int
+    groups: int
+    mean: float
+    median: float
+    p90: float
+    ratio: float
+
+
+def union_sizes(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
+                s_kv: int | None = None) -> UnionSizeSummary:
+    """Per-group union size summary (the union as :func:`.union.build_union_ref` defines it).
+
+    Args:
+        indices: ``[T, topk]`` int32; topk_length: ``[T]`` int32 or None; g: one of
+            :data:`.union.UNION_GROUP_SIZES`; s_kv: keys in the cache (None: ``max(indices) + 1``).
+
+    Raises:
+        ValueError: as :func:`.union.build_union_ref`; T = 0 (no group to summarise).
+    """
+    if isinstance(indices, torch.Tensor) and indices.dim() == 2 and indices.shape[0] == 0:
+        raise ValueError("indices must hold at least one token to summarise; got indices.shape[0]=0")
+    if s_kv is None and isinstance(indices, torch.Tensor):
+        s_kv = max(1, int(indices.max()) + 1) if indices.numel() else 1
+    u = build_union_ref(indices, topk_length, g, s_kv).union_len.double()
+    T, topk = indices.shape
+    full = T // g
+    if full:
+        u = u[:full]
+    q = torch.quantile(u, torch.tensor([0.5, 0.9], dtype=torch.float64, device=u.device))
+    mean = float(u.mean())
+    return UnionSizeSummary(g, topk, u.numel(), mean, float(q[0]), float(q[1]),
+                            mean / (g * topk) if topk else float("nan"))
+
+
+# ------------------------------------------------------------------------------------------- published overlaps
+
+
+def union_ratio_common_core(overlap: float, g: int) -> float:
+    """``U / (g x topk)`` for g tokens whose neighbours share a fraction ``overlap`` of their top-k.
+
+    ``U <= topk x (1 + (g - 1) x (1 - overlap))``: each token adds at most the keys it does not share with its
+    predecessor. Equality holds in the common-core model with ``s_kv >> g x topk`` and in a drift chain whose dropped
+    keys never return; keys that return make U smaller. So the mapped ratio is an upper bound on the union given the
+    neighbour overlap."""
+    return (1.0 + (g - 1) * (1.0 - overlap)) / g
+
+
+_PUBLISHED_FIELDS = ("id", "figure", "source", "model", "layers", "context", "measures", "overlap_low",
+                     "overlap_high", "mapping", "ratio_g8_low", "ratio_g8_high", "note")
+
+
+def published_overlaps(path=None) -> list[dict]:
+    """The published overlap figures on the union-size axis, from ``data/overlap/published.json``.
+
+    Each entry: ``id``, ``figure`` (as published), ``source`` (URL / identifier), ``model``, ``layers``,
+    ``context``, ``measures``, ``overlap_low`` / ``overlap_high`` (neighbour overlap fraction ``|A n B| / topk``,
+    null where the source gives no number or it was not found), ``mapping`` (how the figure became an overlap and a
+    ratio), ``ratio_g8_low`` / ``ratio_g8_high`` (``U / (8 x topk)`` by :func:`union_ratio_common_core`: the low
+    overlap gives the high ratio) and ``note``.
+
+    Raises:
+        ValueError: the file is missing, not a JSON list, or an entry lacks a field.
+    """
+    from pathlib import Path
+
+    p = Path(path) if path is not None else data_dir() / PUBLISHED_FILE
+    if not p.is_file():
+        raise ValueError(f"published overlap file {p} does not exist (the repository ships {PUBLISHED_FILE})")
+    rows = json.loads(p.read_text())
+    if not isinstance(rows, list):
+        raise ValueError(f"{p} must hold a JSON list of entries; got {type(rows).__name__}")
+    for i, r in enumerate(rows):
+        missing = [f for f in _PUBLISHED_FIELDS if f not in r]
+        if missing:
+            raise ValueError(f"{p} entry {i} ({r.get('id', '?')}) lacks {missing}")
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------- main
+
+MAIN_T = 512
+MAIN_TOPK = 256
+MAIN_GS = (1, 2, 4, 8)
+DATA_KIND = ("synthetic: modelled index data generated on CPU by mla_lab.kernels.index_sets (seeded); "
+             "not measured on any model")
+
+
+def _main_cases():
+    T, k = MAIN_T, MAIN_TOPK
+    cases = []
+    for s_kv in (4 * k, 16 * k):
+        for o in (None, 0.5, 0.8, 0.95, 1.0):
+            ov = k / s_kv if o is None else o
+            cases.append(("overlap", f"s_kv={s_kv} overlap={ov:.4g}",
+                          lambda g, s=s_kv, ov=ov: overlap_indices(T, k, s, ov, g, seed=0),
+                          lambda g, s=s_kv, ov=ov: overlap_union_expected(k, s, ov, g)["union"]))
+    for f in (0.0, 0.5, 1.0):
+        cases.append(("structured", f"s_kv={16 * k} window={k // 8} toeplitz_fraction={f} content_keys={k // 8}",
+                      lambda g, f=f: structured_indices(T, k, s_kv=16 * k, window=k // 8,
+                                                                 toeplitz_fraction=f, content_keys=k // 8, seed=0),
+                      None))
+    cases.append(("causal", f"prompt_lens=[{T // 2}]*2 (<= topk: whole prefix)",
+                  lambda g: causal_indices([T // 2] * 2, k, seed=0), None))
+    return cases
+
+
+def union_size_rows() -> list[dict]:
+    """The rows of ``data/overlap/union_sizes.csv``: every case of the CPU grid x g in :data:`MAIN_GS`."""
+    rows = []
+    for gen, params, build, expect in _main_cases():
+        data = build(8)  # one data set per case (overlap groups of 8 nest groups of 1, 2, 4)
+        for g in MAIN_GS:
+            s = union_sizes(data.indices, data.topk_length, g, data.s_kv)
+            rows.append({"generator": gen, "params": params, "T": MAIN_T, "topk": MAIN_TOPK, "s_kv": data.s_kv,
+                         "g": g, "groups": s.groups, "mean_U": round(s.mean, 2), "median_U": s.median,
+                         "p90_U": round(s.p90, 2), "U_over_g_topk": round(s.ratio, 4),
+                         "expected_U": "" if expect is None else round(expect(g), 2), "data_kind": DATA_KIND})
+    return rows
+
+
+def main(argv=None) -> int:
+    """``python -m mla_lab.kernels.index_sets [--write [--overwrite]]``: union sizes per g for the generators on a
+    small CPU grid, and the published figures on the U axis; ``--write`` saves ``data/overlap/union_sizes.csv``
+    (refused when it exists, unless ``--overwrite``)."""
+    import argparse
+    import csv
+
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.index_sets", description=main.__doc__)
+    ap.add_argument("--write", action="store_true", help="write data/overlap/union_sizes.csv")
+    ap.add_argument("--overwrite", action="store_true", help="replace an existing CSV")
+    ap.add_argument("--out", default=None, help="CSV path (default data/overlap/union_sizes.csv)")
+    args = ap.parse_args(argv)
+    from pathlib import Path
+
+    out = Path(args.out) if args.out else data_dir() / "overlap" / "union_sizes.csv"
+    if args.write and out.exists() and not args.overwrite:
+        print(f"{out} exists; pass --overwrite to replace it")
+        return 2
+    rows = union_size_rows()
+    print(f"union sizes (T={MAIN_T}, topk={MAIN_TOPK}; {DATA_KIND})")
+    print(f"{'generator':<11} {'params':<62} {'g':>2} {'mean U':>8} {'p90 U':>8} {'U/(g k)':>8} {'expected':>9}")
+    for r in rows:
+        print(f"{r['generator']:<11} {r['params']:<62} {r['g']:>2} {r['mean_U']:>8} {r['p90_U']:>8} "
+              f"{r['U_over_g_topk']:>8} {r['expected_U']!s:>9}")
+    print("\npublished overlap figures on the U axis (g = 8; U/(8 topk) <= (1 + 7 (1 - overlap)) / 8):")
+    for p in published_overlaps():
+        if p["overlap_low"] is None:
+            print(f"  {p['id']:<28} no overlap number ({p['mapping'][:60]}...)  ({p['source']})")
+            continue
+        print(f"  {p['id']:<28} overlap {p['overlap_low']:.3g}-{p['overlap_high']:.3g}  U/(8 topk) "
+              f"{p['ratio_g8_low']:.3f}-{p['ratio_g8_high']:.3f}  ({p['source']})")
+    if args.write:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,543 @@
+"""Union builder for the packed sparse-MLA prefill kernel: per group of ``g`` consecutive query tokens, the union of
+their top-k key sets, split into the keys every present token selects (``shared``) and the rest with a ``g``-bit
+membership mask per key.
+
+The packed kernel fills FlashMLA's 64-row tile with ``g = 64 / H`` tokens x ``H`` real heads (H in {8, 16, 32}:
+g = 8, 4, 2; Blackwell's 128-row tile at 8 heads: g = 16). It runs the ``shared`` list through FlashMLA unmasked
+(``s_q`` = number of groups, ``h_q = 64``; the sm90 kernel needs ``topk`` a multiple of 128: FlashMLA
+``csrc/api/sparse_fwd.h``) and the ``rest`` list through a masked Triton kernel that keeps row ``j * H + h`` on key
+``k`` iff bit ``j`` of ``rest_mask[k]`` is set.
+
+Definitions (both builders, :func:`build_union_ref` and :func:`build_union`, give the same sets):
+
+- entry ``indices[t, i]`` is valid iff ``0 <= indices[t, i] < s_kv`` and ``i < topk_length[t]`` (FlashMLA's rule:
+  ``-1`` or ``>= s_kv`` is invalid, and so is every entry past ``topk_length``). Duplicates in one token's list count
+  once.
+- group ``q`` holds tokens ``q*g .. q*g+g-1``; tokens ``>= T`` are absent (the last group of a chunk may be partial);
+  ``G = ceil(T / g)``. Groups may cross request boundaries: nothing special, the sets just differ.
+- a key is *shared* iff every PRESENT token of the group selects it and no present token of the group has zero valid
+  keys (then ``shared`` is empty and every key goes to ``rest``: FlashMLA would otherwise give that token's rows the
+  shared keys). Every other key of the union is in ``rest`` with bit ``j`` of its mask set iff token ``q*g+j``
+  selects it.
+
+Order inside a list: :func:`build_union_ref` sorts each list by key (ascending). :func:`build_union` emits keys in
+first-selection order: by the lowest token ``j`` that selects the key, then by that token's position in its list
+(so ``shared`` follows token 0's order). Consumers must not rely on either order.
+
+Padding: ``-1`` (mask 0) is written from each length up to the next multiple of 64 past it (the 64-key block of the
+consumers); entries past that are unspecified (stale when ``out=`` buffers are reused). Consumers use the lengths.
+
+**The GPU kernel** (:func:`build_union`, Triton): a persistent grid of ``P`` programs (default 2 x the SM count),
+each owning a zeroed slice of ``scratch [P, W]`` int32 holding one field per key: ``g`` membership bits plus one
+claim bit (bit ``g``), in 8-bit fields for g <= 4 (4 keys per word), 16-bit for g = 8 (2 per word), 32-bit for
+g = 16 (1 per word); ``W = ceil(s_kv / keys per word)``. Per group:
+
+1. ``atomic_or(field[key], 1 << j)`` for every valid entry of token ``j``; valid-key counts per token; barrier.
+2. re-read each entry's field with an L1-bypassing load (``.cg``); an entry is a candidate iff ``j`` is the lowest
+   membership bit (an earlier token owns the key otherwise); candidates ``atomic_or`` the claim bit and keep the
+   entry iff it was clear (this drops duplicates within one token's list); classify shared (mask == all present
+   tokens and no present token empty) vs rest, compact with ``tl.cumsum`` into the outputs; write lengths and
+   ``-1`` padding; barrier.
+3. store 0 to the word of every union key (read back from the lists just written); barrier.
+
+The scratch is left zeroed, so one allocation serves every call (:func:`union_scratch` caches it per device and
+shape). Its bytes and the outputs' are :func:`union_buffer_bytes` (for the lab's memory account; the engine would
+allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=``).
+
+Traffic per group (g tokens x topk entries): the indices read twice (the second time from L2), one L2 atomic and one
+L2 load per valid entry, one load + one store per union key for the clean-up, the lists written. The atomics and
+the ``.cg`` loads go to L2 at random addresses, so the kernel's time is set by L2 operation throughput, not DRAM
+bandwidth: ``main()`` measures it (a prediction is not made here).
+
+**Where an indexer could emit the union directly.** The builder re-reads ``[T, topk]`` indices the indexer has just
+written. An indexer that selects per-token top-k could emit the union itself:
+
+- the top-k kernel of a group of ``g`` tokens (one CTA per group instead of per token) marks a per-group bitmap in
+  shared memory while it selects (one ``atomicOr`` per selected key, on chip), then compacts the bitmap into the
+  shared/rest lists; no ``[T, topk]`` round trip through HBM and no global atomics;
+- or the indexer scores the ``g`` tokens together (their logits rows are adjacent in ``fp8_mqa_logits`` /
+  ``fp8_paged_mqa_logits``' output), selects per token and merges in the same CTA.
+
+In vLLM that is ``vllm/model_executor/layers/sparse_attn_indexer.py`` (``sparse_attn_indexer``: the prefill branch
+runs ``fp8_mqa_logits`` then the top-k op into ``topk_indices_buffer``: the union would be written beside that
+buffer). In SGLang it is the DSA backend, ``python/sglang/srt/layers/attention/dsa/dsa_indexer.py`` (the indexer's
+top-k) and the prefill dispatch in ``dsa_backend`` (SGLang's own union, in
+``python/sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py``, sorts each token's list with torch and
+binary-searches the other tokens' lists, ``O(g^2 topk log topk)`` per group).
+
+Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the kernel runs on CPU tensors through Triton's
+interpreter (the lab's CPU tests use that).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .triton_concat import triton_available, triton_interpreting
+
+try:  # pragma: no cover - triton is optional on CPU machines
+    import triton
+    import triton.language as tl
+except Exception:  # pragma: no cover
+    triton = None
+    tl = None
+
+__all__ = ["UnionSets", "build_union_ref", "build_union", "union_buffer_bytes", "union_scratch", "union_caps",
+           "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE", "main"]
+
+#: Tokens per group the builders accept: 64 / H for H in {8, 16, 32} (sm90's 64-row tile) plus 1 (no packing) and 16
+#: (sm100's 128-row tile at 8 heads).
+UNION_GROUP_SIZES = (1, 2, 4, 8, 16)
+#: ``shared_idx``'s width is a multiple of 128: FlashMLA sm90's topk must be (``csrc/api/sparse_fwd.h``, B_TOPK).
+SHARED_CAP_MULTIPLE = 128
+#: ``rest_idx``'s width is a multiple of 64 (the masked kernel's key block).
+REST_CAP_MULTIPLE = 64
+#: ``-1`` padding is written up to the next multiple of this past each length.
+PAD_MULTIPLE = 64
+#: Programs per SM of the persistent grid (the brief's suggestion; to be swept on the GPU).
+DEFAULT_PROGRAMS_PER_SM = 2
+#: Programs under the Triton interpreter (it runs them one after another; 3 exercises the persistent loop).
+INTERPRETER_PROGRAMS = 3
+
+
+@dataclass(frozen=True)
+class UnionSets:
+    """Per-group union lists (see the module docstring for the definitions).
+
+    Fields (``G = ceil(T / g)`` groups; all on the device of the indices):
+        shared_idx: ``[G, cap_s]`` int32, keys every present token selects; ``cap_s`` a multiple of 128, ``>= topk``.
+        shared_len: ``[G]`` int32.
+        rest_idx: ``[G, cap_r]`` int32, the other union keys; ``cap_r`` a multiple of 64, ``>= g * topk``.
+        rest_mask: ``[G, cap_r]``, bit ``j`` set iff token ``q*g+j`` selects the key; uint8 for g <= 8, int32 for
+            g = 16 (bits 0..15).
+        rest_len: ``[G]`` int32.
+        union_len: ``[G]`` int32, ``shared_len + rest_len``.
+        g: tokens per group; T: tokens.
+    """
+
+    shared_idx: torch.Tensor
+    shared_len: torch.Tensor
+    rest_idx: torch.Tensor
+    rest_mask: torch.Tensor
+    rest_len: torch.Tensor
+    union_len: torch.Tensor
+    g: int
+    T: int
+
+    @property
+    def num_groups(self) -> int:
+        return self.shared_len.shape[0]
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def _mask_dtype(g: int) -> torch.dtype:
+    return torch.uint8 if g <= 8 else torch.int32
+
+
+def union_caps(topk: int, g: int) -> tuple[int, int]:
+    """``(cap_s, cap_r)``: widths of ``shared_idx`` (multiple of 128, >= topk, >= 128) and ``rest_idx`` (multiple of
+    64, >= g * topk, >= 64)."""
+    return (max(SHARED_CAP_MULTIPLE, _round_up(topk, SHARED_CAP_MULTIPLE)),
+            max(REST_CAP_MULTIPLE, _round_up(g * topk, REST_CAP_MULTIPLE)))
+
+
+def _field_bits(g: int) -> int:
+    """Bits per key in the scratch: ``g`` membership bits + 1 claim bit, rounded up to 8, 16 or 32."""
+    return 8 if g <= 7 else 16 if g <= 15 else 32
+
+
+def _scratch_words(s_kv: int, g: int) -> int:
+    return -(-s_kv // (32 // _field_bits(g)))
+
+
+def union_buffer_bytes(T: int, topk: int, g: int, s_kv: int, num_programs: int) -> dict:
+    """Bytes of :func:`build_union`'s buffers: ``{"outputs": ..., "scratch": ..., "total": ...}``.
+
+    Outputs: ``shared_idx`` ``G x cap_s x 4``, ``rest_idx`` ``G x cap_r x 4``, ``rest_mask`` ``G x cap_r x (1 or
+    4)``, three ``[G]`` int32 lengths. Scratch: ``num_programs x W x 4`` (W = ceil(s_kv / 4) words for g <= 4, ceil(s_kv /
+    2) for g = 8, s_kv for g = 16). Example: T 16384, topk 2048, g 8, s_kv 32768, 264 programs: outputs 2048 x (2048
+    x 4 + 16384 x 5 + 12) B = 184.6 MB, scratch 264 x 65536 B = 17.3 MB.
+
+    Raises:
+        ValueError: a negative T or topk, g not in :data:`UNION_GROUP_SIZES`, s_kv or num_programs < 1.
+    """
+    for name, v, lo in (("T", T, 0), ("topk", topk, 0), ("s_kv", s_kv, 1), ("num_programs", num_programs, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}; got {name}={v!r}")
+    _check_g(g)
+    G = -(-T // g)
+    cap_s, cap_r = union_caps(topk, g)
+    mb = 1 if g <= 8 else 4
+    outputs = G * (cap_s * 4 + cap_r * (4 + mb) + 3 * 4)
+    scratch = num_programs * _scratch_words(s_kv, g) * 4
+    return {"outputs": outputs, "scratch": scratch, "total": outputs + scratch}
+
+
+# ------------------------------------------------------------------------------------------------------ validation
+
+
+def _check_g(g) -> None:
+    if isinstance(g, bool) or not isinstance(g, int) or g not in UNION_GROUP_SIZES:
+        raise ValueError(f"g must be one of {list(UNION_GROUP_SIZES)}; got g={g!r}")
+
+
+def _validate(indices, topk_length, g, s_kv) -> None:
+    """One line per rule: the argument, its value, what is allowed."""
+    if not isinstance(indices, torch.Tensor):
+        raise ValueError(f"indices must be a torch.Tensor [T, topk] int32; got {type(indices).__name__}")
+    if indices.dim() != 2:
+        raise ValueError(f"indices must be 2-D [T, topk]; got indices.shape={tuple(indices.shape)}")
+    if indices.dtype != torch.int32:
+        raise ValueError(f"indices.dtype must be torch.int32; got {indices.dtype}")
+    _check_g(g)
+    if isinstance(s_kv, bool) or not isinstance(s_kv, int) or s_kv < 1:
+        raise ValueError(f"s_kv must be an int >= 1 (keys in the kv cache); got s_kv={s_kv!r}")
+    if topk_length is None:
+        return
+    T = indices.shape[0]
+    if not isinstance(topk_length, torch.Tensor) or topk_length.dim() != 1 or topk_length.shape[0] != T:
+        shape = tuple(topk_length.shape) if isinstance(topk_length, torch.Tensor) else type(topk_length).__name__
+        raise ValueError(f"topk_length must be None or a 1-D tensor [T={T}]; got topk_length.shape={shape}")
+    if topk_length.dtype != torch.int32:
+        raise ValueError(f"topk_length.dtype must be torch.int32; got {topk_length.dtype}")
+    if topk_length.device != indices.device:
+        raise ValueError(f"topk_length must be on indices' device {indices.device}; got {topk_length.device}")
+
+
+# ------------------------------------------------------------------------------------------------------ reference
+
+
+def _valid_entries(indices, topk_length, s_kv):
+    T, topk = indices.shape
+    valid = (indices >= 0) & (indices < s_kv)
+    if topk_length is not None:
+        valid &= torch.arange(topk, device=indices.device)[None, :] < topk_length[:, None].long()
+    return valid
+
+
+def _empty_sets(G, cap_s, cap_r, g, T, device) -> UnionSets:
+    i32 = dict(dtype=torch.int32, device=device)
+    zeros = torch.zeros(G, **i32)
+    return UnionSets(torch.full((G, cap_s), -1, **i32), zeros, torch.full((G, cap_r), -1, **i32),
+                     torch.zeros(G, cap_r, dtype=_mask_dtype(g), device=device), zeros.clone(), zeros.clone(), g, T)
+
+
+def _scatter_list(dst, dst_mask, grp, key, mask, G):
+    """Write ``key`` (sorted by group, then key) into ``dst[grp, rank within grp]``; returns the lengths ``[G]``."""
+    counts = torch.bincount(grp, minlength=G)
+    starts = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(grp.numel(), device=grp.device) - starts[grp]
+    dst[grp, pos] = key.to(torch.int32)
+    if dst_mask is not None:
+        dst_mask[grp, pos] = mask.to(dst_mask.dtype)
+    return counts.to(torch.int32)
+
+
+def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int) -> UnionSets:
+    """The union lists by torch sort-and-scatter (any device; each list sorted by key; ``-1`` padded to the width).
+
+    Steps: codes ``(group * s_kv + key) * g + j`` of the valid entries, ``torch.unique`` (sorts, drops duplicates
+    within a token), the mask of each ``(group, key)`` as the sum of its distinct ``1 << j``, the shared test, and a
+    scatter into the padded lists. This is also the "torch sort-and-scatter build" that :func:`main` times against
+    the Triton kernel.
+
+    Args:
+        indices: ``[T, topk]`` int32 key rows into the kv cache (invalid: ``< 0``, ``>= s_kv``, or past
+            ``topk_length``).
+        topk_length: ``[T]`` int32 or None (all ``topk`` entries considered).
+        g: tokens per group, one of :data:`UNION_GROUP_SIZES`.
+        s_kv: keys in the kv cache (int >= 1).
+
+    Returns:
+        :class:`UnionSets`.
+
+    Raises:
+        ValueError: indices not a 2-D int32 tensor; g not allowed; s_kv not an int >= 1; topk_length not None or a
+            ``[T]`` int32 tensor on indices' device.
+    """
+    _validate(indices, topk_length, g, s_kv)
+    T, topk = indices.shape
+    G = -(-T // g)
+    dev = indices.device
+    cap_s, cap_r = union_caps(topk, g)
+    out = _empty_sets(G, cap_s, cap_r, g, T, dev)
+    if G == 0:
+        return out
+    valid = _valid_entries(indices, topk_length, s_kv)
+    t = torch.arange(T, device=dev)
+    per_tok = valid.sum(1)
+    n_present = torch.bincount(t // g, minlength=G)
+    has_empty = torch.bincount(t // g, weights=(per_tok == 0).to(torch.float64), minlength=G) > 0
+    tt = t[:, None].expand(T, topk)[valid]
+    code = ((tt // g) * s_kv + indices[valid].long()) * g + (tt % g)
+    code = torch.unique(code)  # sorted; duplicates within a token gone
+    gk, j = code // g, code % g
+    uniq, inv = torch.unique(gk, return_inverse=True)
+    mask = torch.zeros(uniq.numel(), dtype=torch.int64, device=dev).index_add_(0, inv, torch.ones_like(j) << j)
+    grp, key = uniq // s_kv, uniq % s_kv
+    full = (torch.ones_like(n_present) << n_present) - 1
+    shared = (mask == full[grp]) & ~has_empty[grp]
+    s_len = _scatter_list(out.shared_idx, None, grp[shared], key[shared], None, G)
+    r_len = _scatter_list(out.rest_idx, out.rest_mask, grp[~shared], key[~shared], mask[~shared], G)
+    out.shared_len.copy_(s_len)
+    out.rest_len.copy_(r_len)
+    out.union_len.copy_(s_len + r_len)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- triton kernel
+
+if triton is not None:
+
+    @triton.jit
+    def _entries(len_ptr, t, T, topk, HAS_LEN: tl.constexpr):
+        """Entries of token ``t`` to consider: 0 if absent, else ``min(topk, topk_length[t])``."""
+        lim = tl.where(t < T, topk, 0)
+        if HAS_LEN:
+            lim = tl.minimum(lim, tl.load(len_ptr + tl.minimum(t, T - 1)))
+        return lim
+
+    @triton.jit
+    def _union_kernel(idx_ptr, len_ptr, scratch_ptr, sh_idx_ptr, sh_len_ptr, rs_idx_ptr, rs_mask_ptr, rs_len_ptr,
+                      un_len_ptr, T, topk, s_kv, num_groups, words, cap_s, cap_r, stride_t,
+                      G_TOK: tl.constexpr, BITS: tl.constexpr, HAS_LEN: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        nprog = tl.num_programs(0)
+        KPW: tl.constexpr = 32 // BITS  # keys per scratch word (4, 2 or 1)
+        LOG_KPW: tl.constexpr = 2 if BITS == 8 else (1 if BITS == 16 else 0)
+        MEMB: tl.constexpr = (1 << G_TOK) - 1  # membership bits of a field
+        CLAIM: tl.constexpr = 1 << G_TOK  # the claim bit (never bit 31: no sign trouble in the shifts)
+        offs = tl.arange(0, BLOCK)
+        pad = tl.arange(0, 64)
+        zero64 = pid.to(tl.int64) * 0  # int64 row offsets (tl.range yields plain ints in the interpreter)
+        my_scratch = scratch_ptr + (zero64 + pid) * words
+        for grp in tl.range(pid, num_groups, nprog):
+            t0 = grp * G_TOK
+            # ---- phase 1: mark every valid entry's bit; count each present token's valid keys
+            n_present = tl.minimum(T - t0, G_TOK)
+            any_empty = tl.zeros([], tl.int32)
+            for j in tl.range(0, G_TOK):
+                t = t0 + j
+                lim = _entries(len_ptr, t, T, topk, HAS_LEN)
+                n_valid = tl.zeros([], tl.int32)
+                row = idx_ptr + (zero64 + t) * stride_t
+                for k0 in tl.range(0, topk, BLOCK):
+                    i = k0 + offs
+                    key = tl.load(row + i, mask=i < lim, other=-1)
+                    ok = (key >= 0) & (key < s_kv) & (i < lim)
+                    shift = (key & (KPW - 1)) * BITS
+                    bit = tl.full([BLOCK], 1, tl.int32) << (shift + j)
+                    tl.atomic_or(my_scratch + (key >> LOG_KPW), bit, mask=ok, sem="relaxed")
+                    n_valid += tl.sum(ok.to(tl.int32), 0)
+                any_empty = any_empty | ((t < T) & (n_valid == 0)).to(tl.int32)
+            # all present tokens' bits; -1 (matches no mask) when a present token has no valid key: no shared keys
+            full = tl.where(any_empty == 0, (tl.full((), 1, tl.int32) << n_present) - 1, -1)
+            tl.debug_barrier()
+            # ---- phase 2: keep an entry iff its token is the lowest set bit and it claims the key first; compact
+            n_sh = tl.zeros([], tl.int32)
+            n_rs = tl.zeros([], tl.int32)
+            sh_row = sh_idx_ptr + (zero64 + grp) * cap_s
+            rs_row = rs_idx_ptr + (zero64 + grp) * cap_r
+            rm_row = rs_mask_ptr + (zero64 + grp) * cap_r
+            for j in tl.range(0, G_TOK):
+                t = t0 + j
+                lim = _entries(len_ptr, t, T, topk, HAS_LEN)
+                row = idx_ptr + (zero64 + t) * stride_t
+                for k0 in tl.range(0, topk, BLOCK):
+                    i = k0 + offs
+                    key = tl.load(row + i, mask=i < lim, other=-1)
+                    ok = (key >= 0) & (key < s_kv) & (i < lim)
+                    word = my_scratch + (key >> LOG_KPW)
+                    shift = (key & (KPW - 1)) * BITS
+                    w = tl.load(word, mask=ok, other=0, cache_modifier=".cg")
+                    m = (w >> shift) & MEMB
+                    cand = ok & ((m & ((tl.full([], 1, tl.int32) << j) - 1)) == 0)
+                    claim = tl.full([BLOCK], CLAIM, tl.int32) << shift
+                    old = tl.atomic_or(word, claim, mask=cand, sem="relaxed")
+                    keep = cand & (((old >> shift) & CLAIM) == 0)
+                    is_sh = keep & (m == full)
+                    is_rs = keep & ~is_sh
+                    p_sh = n_sh + tl.cumsum(is_sh.to(tl.int32), 0) - 1
+                    p_rs = n_rs + tl.cumsum(is_rs.to(tl.int32), 0) - 1
+                    tl.store(sh_row + p_sh, key, mask=is_sh)
+                    tl.store(rs_row + p_rs, key, mask=is_rs)
+                    tl.store(rm_row + p_rs, m.to(rs_mask_ptr.dtype.element_ty), mask=is_rs)
+                    n_sh += tl.sum(is_sh.to(tl.int32), 0)
+                    n_rs += tl.sum(is_rs.to(tl.int32), 0)
+            tl.store(sh_len_ptr + grp, n_sh)
+            tl.store(rs_len_ptr + grp, n_rs)
+            tl.store(un_len_ptr + grp, n_sh + n_rs)
+            # -1 padding up to the next multiple of 64 past each length (mask 0 for rest)
+            p = n_sh + pad
+            tl.store(sh_row + p, -1, mask=p < ((n_sh + 63) // 64) * 64)
+            p = n_rs + pad
+            tl.store(rs_row + p, -1, mask=p < ((n_rs + 63) // 64) * 64)
+            tl.store(rm_row + p, 0, mask=p < ((n_rs + 63) // 64) * 64)
+            tl.debug_barrier()
+            # ---- phase 3: clear the words of every union key (read back from the lists just written)
+            for k0 in tl.range(0, n_sh, BLOCK):
+                i = k0 + offs
+                key = tl.load(sh_row + i, mask=i < n_sh, other=0, cache_modifier=".cg")
+                tl.store(my_scratch + (key >> LOG_KPW), 0, mask=i < n_sh)
+            for k0 in tl.range(0, n_rs, BLOCK):
+                i = k0 + offs
+                key = tl.load(rs_row + i, mask=i < n_rs, other=0, cache_modifier=".cg")
+                tl.store(my_scratch + (key >> LOG_KPW), 0, mask=i < n_rs)
+            tl.debug_barrier()
+
+
+_SCRATCH: dict = {}
+
+
+def union_scratch(device, num_programs: int, s_kv: int, g: int) -> torch.Tensor:
+    """The zeroed ``[num_programs, W]`` int32 scratch of :func:`build_union`, allocated once per ``(device,
+    num_programs, W)`` and cached (the kernel leaves it zeroed). W = ceil(s_kv / 4) for g <= 4, ceil(s_kv / 2) for
+    g = 8, s_kv for g = 16; a cached buffer with at least W words per program is reused."""
+    words = _scratch_words(s_kv, g)
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    key = (str(d), num_programs)
+    buf = _SCRATCH.get(key)
+    if buf is None or buf.shape[1] < words:
+        buf = torch.zeros(num_programs, words, dtype=torch.int32, device=d)
+        _SCRATCH[key] = buf
+    return buf
+
+
+def _default_programs(device) -> int:
+    if torch.device(device).type != "cuda":
+        return INTERPRETER_PROGRAMS
+    return DEFAULT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _check_out(out, G, cap_s, cap_r, g, T, device) -> None:
+    want = {"shared_idx": ((G, cap_s), torch.int32), "shared_len": ((G,), torch.int32),
+            "rest_idx": ((G, cap_r), torch.int32), "rest_mask": ((G, cap_r), _mask_dtype(g)),
+            "rest_len": ((G,), torch.int32), "union_len": ((G,), torch.int32)}
+    if not isinstance(out, UnionSets):
+        raise ValueError(f"out must be None or a UnionSets; got {type(out).__name__}")
+    for name, (shape, dt) in want.items():
+        t = getattr(out, name)
+        if tuple(t.shape) != shape or t.dtype != dt or t.device != device or not t.is_contiguous():
+            raise ValueError(f"out.{name} must be a contiguous {dt} tensor of shape {shape} on {device}; got "
+                             f"{t.dtype} {tuple(t.shape)} on {t.device}")
+    if out.g != g or out.T != T:
+        raise ValueError(f"out must be built for g={g}, T={T}; got out.g={out.g}, out.T={out.T}")
+
+
+def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int, *,
+                out: UnionSets | None = None, num_programs: int | None = None, scratch: torch.Tensor | None = None,
+                block: int = 1024, num_warps: int = 4) -> UnionSets:
+    """The union lists by the Triton kernel (see the module docstring); same sets as :func:`build_union_ref`.
+
+    Args:
+        indices, topk_length, g, s_kv: as :func:`build_union_ref`; ``indices`` rows contiguous (stride 1 along
+            topk), CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1``).
+        out: a :class:`UnionSets` to write into (same ``T``, ``g``, topk, device; e.g. allocated once at
+            ``max_num_batched_tokens`` and sliced); None allocates one (``-1``-filled).
+        num_programs: persistent programs (default :data:`DEFAULT_PROGRAMS_PER_SM` x SMs; 3 in the interpreter).
+        scratch: ``[num_programs, >= W]`` int32, all zero (the kernel leaves it zero); None uses
+            :func:`union_scratch`'s cached buffer.
+        block: entries per vector step (power of two >= 64); num_warps: warps per program.
+
+    Returns:
+        :class:`UnionSets` (``out`` when given).
+
+    Raises:
+        ValueError: every rule of :func:`build_union_ref`; indices not contiguous along topk; triton missing; CPU
+            tensors outside the interpreter; ``out``, ``scratch``, ``num_programs`` or ``block`` not as stated.
+    """
+    _validate(indices, topk_length, g, s_kv)
+    ok, why = triton_available()
+    if not ok:
+        raise ValueError(f"build_union needs triton: {why}")
+    dev = indices.device
+    if dev.type != "cuda" and not triton_interpreting():
+        raise ValueError(f"indices must be a CUDA tensor (or TRITON_INTERPRET=1 for CPU); got device={dev}")
+    if indices.shape[1] > 1 and indices.stride(1) != 1:
+        raise ValueError(f"indices must be contiguous along topk (stride 1); got indices.stride()={indices.stride()}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 64 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 64; got block={block!r}")
+    T, topk = indices.shape
+    G = -(-T // g)
+    cap_s, cap_r = union_caps(topk, g)
+    if out is None:
+        out = _empty_sets(G, cap_s, cap_r, g, T, dev)
+    else:
+        _check_out(out, G, cap_s, cap_r, g, T, dev)
+    P = _default_programs(dev) if num_programs is None else num_programs
+    if isinstance(P, bool) or not isinstance(P, int) or P < 1:
+        raise ValueError(f"num_programs must be an int >= 1; got num_programs={num_programs!r}")
+    words = _scratch_words(s_kv, g)
+    if scratch is None:
+        scratch = union_scratch(dev, P, s_kv, g)
+    elif (scratch.dtype != torch.int32 or scratch.dim() != 2 or scratch.shape[0] != P or scratch.shape[1] < words
+          or scratch.device != dev or not scratch.is_contiguous()):
+        raise ValueError(f"scratch must be a contiguous zeroed int32 [{P}, >= {words}] tensor on {dev}; got "
+                         f"{scratch.dtype} {tuple(scratch.shape)} on {scratch.device}")
+    if G == 0:
+        return out
+    lens = topk_length if topk_length is not None else out.shared_len  # placeholder pointer, never read
+    _union_kernel[(min(P, G),)](
+        indices, lens, scratch, out.shared_idx, out.shared_len, out.rest_idx, out.rest_mask, out.rest_len,
+        out.union_len, T, topk, s_kv, G, scratch.shape[1], cap_s, cap_r, indices.stride(0),
+        G_TOK=g, BITS=_field_bits(g), HAS_LEN=topk_length is not None, BLOCK=block, num_warps=num_warps)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------- benchmark
+
+
+def _bench_rows(T=16384, topk=2048, g=8, s_kvs=(4096, 32768, 131072), overlaps=(None, 0.5, 0.8, 1.0)):
+    """Rows ``{s_kv, data, triton_us, torch_us, mean_U}`` timed with ``triton.testing.do_bench`` (median)."""
+    from .index_sets import overlap_indices
+
+    rows = []
+    for s_kv in s_kvs:
+        for o in overlaps:
+            o_eff = topk / s_kv if o is None else max(o, topk / s_kv)
+            data = overlap_indices(T, topk, s_kv, o_eff, g, seed=0, device="cuda")
+            idx, tlen = data.indices, data.topk_length
+            ref = build_union_ref(idx, tlen, g, s_kv)
+            build_union(idx, tlen, g, s_kv)  # compile
+            t_tr = triton.testing.do_bench(lambda idx=idx, tlen=tlen, s=s_kv: build_union(idx, tlen, g, s),
+                                           return_mode="median")
+            t_ref = triton.testing.do_bench(lambda idx=idx, tlen=tlen, s=s_kv: build_union_ref(idx, tlen, g, s),
+                                            return_mode="median")
+            rows.append({"s_kv": s_kv, "data": "random" if o is None else f"overlap {o_eff:.3g}",
+                         "triton_us": 1e3 * t_tr, "torch_us": 1e3 * t_ref,
+                         "mean_U": float(ref.union_len.float().mean())})
+    return rows
+
+
+def main(argv=None) -> int:
+    """``python -m mla_lab.kernels.union``: on CUDA, time the Triton build and the torch sort-and-scatter build at
+    T 16384, topk 2048, g 8, s_kv 4096 / 32768 / 131072, on :func:`.index_sets.overlap_indices` data, and print a
+    table (one process; for committed rows use the lab's measure runner). Without CUDA it says so and returns 1."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.union", description=main.__doc__)
+    ap.add_argument("--T", type=int, default=16384)
+    ap.add_argument("--topk", type=int, default=2048)
+    ap.add_argument("--g", type=int, default=8, choices=UNION_GROUP_SIZES)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available() or triton is None:
+        print("no CUDA GPU (or no triton): the benchmark needs one; the kernel's CPU checks are the tests")
+        return 1
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; T={args.T}, "
+          f"topk={args.topk}, g={args.g}; do_bench median (us)")
+    print(f"{'s_kv':>7} {'data':>16} {'mean U':>8} {'triton':>9} {'torch':>9} {'speed-up':>8}")
+    for r in _bench_rows(args.T, args.topk, args.g):
+        print(f"{r['s_kv']:>7} {r['data']:>16} {r['mean_U']:>8.0f} {r['triton_us']:>9.1f} {r['torch_us']:>9.1f} "
+              f"{r['torch_us'] / r['triton_us']:>7.1f}x")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
