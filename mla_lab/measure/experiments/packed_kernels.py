@@ -25,6 +25,8 @@ Kernels (``kernel`` column):
 ``fa3_sparse``            vLLM 0.33.0's FA3 sparse on the real heads (FLASH_ATTN_MLA_SPARSE, vLLM's sm90 default)
 ``sglang_triton``         SGLang 0.5.23's 16-row Triton tile; ``sglang_triton_union4``: its ``union=4`` option
                           (4 tokens x 8 heads = 32 rows, its own sort-based union build included)
+``packed_triton_no_pv``   profile variants of ``packed_triton`` (not attention): without the PV MMA, and
+``packed_triton_gather_mask``  without both MMAs (the gather and the mask only); where the rest pass dominates
 ``dispatched``            the sampled union build (every 16th group) + the path :func:`mla_lab.kernels.packed
                           .choose_path` picks (``path`` column)
 ========================  ============================================================================================
@@ -124,6 +126,7 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
     G = sets.num_groups
     cfg = rest_config(sets.rest_len.float().mean().item())
     full = full_union(sets)
+    S = sets.shared_len.float().mean().item() / idx.shape[1]
     ql_nope = q[..., :512]
     q_pe = q[..., 512:]
     ks, _ = _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, {"fa3", "flashmla_vllm", "flashmla_ts",
@@ -145,6 +148,10 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
     out["union_build"] = (lambda: build(idx, tlen, 8, s_kv, out=sets), "packed")
     out["packed_triton"] = (lambda: packed_sparse_prefill(q, kv, sets, sm_scale, mode="triton", full=full),
                             "packed")
+    if d.s_kv in (4096, 65536) and S < 0.9:  # profile variants (not attention): where the rest pass dominates
+        for drop, name in ((1, "packed_triton_no_pv"), (2, "packed_triton_gather_mask")):
+            out[name] = (lambda drop=drop: packed_sparse_prefill(q, kv, sets, sm_scale, mode="triton", full=full,
+                                                                 config=(*cfg, False, drop)), "packed")
     out["flashmla_bound"] = (lambda: ts_fwd(q.view(G, 64, 576), kv, full[0].view(G, 1, -1), sm_scale, 512,
                                             topk_length=full[2]), "flashmla_bound")
     smp, stride = sample_sets(idx, tlen, 8, s_kv, builder=build)
@@ -162,7 +169,6 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
 
     out["dispatched"] = (dispatched, path)
     U = sets.union_len.float().mean().item() / idx.shape[1]
-    S = sets.shared_len.float().mean().item() / idx.shape[1]
     return out, U, S, q64
 
 
