@@ -203,15 +203,20 @@ FIRST_TOKEN_COMPONENTS = (
      "source": "vLLM issue #49905 (2026-07): the warm-up covers 2 of the 24 DeepGEMM entry points, the rest JIT-load "
                "on first use of a shape key during serving; lightseekorg/tokenspeed PR #398: the first prefill "
                "request of DeepSeek-V4 compiled ~8 cubins, 14.6 s on B200 against 0.32 s warmed (cold on-disk "
-               "cache); with ~/.deep_gemm already holding the cubins from an earlier run it is a load, not a compile"},
+               "cache); with ~/.deep_gemm already holding the cubins from an earlier run it is a load, not a compile; "
+               "vLLM PR #56452 (2026-09): layers the warm-up missed made kernels 'JIT compile during requests, "
+               "producing 10-20 second stalls'"},
     {"component": "Triton JIT at a new specialisation (token counts, block tables) in the first mixed steps",
      "status": "cited (mechanism and size for other models; for this run: not known)", "seconds": None,
      "range_s": [0.0, 1.5],
      "source": "vLLM PR #45631 (Triton recompile detection, jit_monitor.py): '_zero_kv_blocks_kernel', "
                "'_compute_slot_mapping_kernel' compiled during inference; vLLM issue #39790: the first prompt's "
                "TTFT 1537 ms vs ~58 ms for prompts 2-50 on an H100 (lazy Triton and torch.compile on the first "
-               "real call); measurable for the lab's own kernel: mla_lab/measure/experiments/first_token.py (not "
-               "run yet)"},
+               "real call); vLLM 0.33.0 compiles registered Triton/TileLang/CuTeDSL kernels at start-up "
+               "(kernel_config.enable_jit_warmup, default True, vllm/config/kernel.py:296; "
+               "vllm/model_executor/warmup/kernel_warmup.py:177-194), a later addition whose presence in the PR's "
+               "main build is not known; measurable for the lab's own kernel: "
+               "mla_lab/measure/experiments/first_token.py (not run yet)"},
     {"component": "CUDA-graph capture or replay misses",
      "status": "cited (code reading)", "seconds": 0.0, "range_s": [0.0, 0.0],
      "source": "batch 32 is one of vLLM v1's default cudagraph_capture_sizes (1, 2, 4, then multiples of 8 up to 256), so the "
