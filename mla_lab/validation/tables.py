@@ -15,6 +15,7 @@ from pathlib import Path
 from ..paths import REPO_ROOT
 from .main_run import OUT as DECOMPOSITION
 from .posthoc import OUT as POSTHOC
+from .blind import WORKLOADS_B
 from .score import ROUND_TWO_SCORE, SCORE
 
 __all__ = ["validation_markdown", "update_docs", "BEGIN", "END", "DOCS"]
@@ -149,7 +150,28 @@ def _round_two_lines() -> list[str]:
     """Round two's sentence (issue 37), from its committed score file when it exists."""
     if not ROUND_TWO_SCORE.exists():
         return []
-    return [json.loads(ROUND_TWO_SCORE.read_text())["medians_sentence"] + ".", ""]
+    sc = json.loads(ROUND_TWO_SCORE.read_text())
+    wl = json.loads(WORKLOADS_B.read_text())
+    notes = {c["id"]: "; ".join(x.split(" (")[0] for x in c["not_modelled"]) for c in wl["cases"]}
+    out = [sc["medians_sentence"] + ".", "",
+           "Round two's protocol (`data/validation/blind_2026-12b_workloads.json`, then `blind_2026-12b.json`, then "
+           "`blind_2026-12b_results.json`, three commits): " + wl["protocol"], "",
+           "| run | workload (in / out) | not modelled (priced at the nearest configuration) | metric | lab (median) "
+           "[95 % band] | real | error |", "|---|---|---|---|---|---|---|"]
+    keep = {"duration", "total_token_throughput", "mean_ttft_ms", "mean_tpot_ms", "median_ttft_ms", "median_tpot_ms"}
+    for r in [x for x in sc["rows"] if x["comparable"] and x["metric"] in keep]:
+        if r["metric"].startswith("median") and r["case"].startswith("gpustack"):
+            continue  # the run states the mean: the table shows it
+        lo, hi = r["band95"]
+        out.append(f"| {r['case']} | {_wl(r['workload'])} | {notes.get(r['case'], '')} | "
+                   f"{_NAMES.get(r['metric'], r['metric'])} | {r['predicted']:.1f} [{lo:.1f}, {hi:.1f}] | "
+                   f"{r['real']:.1f} | {r['error_pct']:+.0f} % |")
+    out += ["", "Not predicted (decided before the predictions, in the workloads file): "
+            + "; ".join(f"{n['case']} {_wl(n['workload'])}" for n in sc["not_predicted"]) + ". The gpustack "
+            "runs' command adds `--context-length 32768` and FA3 NSA kernels to the recommended command the "
+            "workloads file recorded (seen after the predictions' commit; scored, with that note in the results "
+            "file).", ""]
+    return out
 
 
 def update_docs(path: Path = DOCS) -> None:
