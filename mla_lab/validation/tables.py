@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 from ..paths import REPO_ROOT
+from .blind import WORKLOADS_B
 from .main_run import OUT as DECOMPOSITION
 from .posthoc import OUT as POSTHOC
-from .blind import WORKLOADS_B
 from .score import ROUND_TWO_SCORE, SCORE
 
 __all__ = ["validation_markdown", "update_docs", "BEGIN", "END", "DOCS"]
