@@ -13,8 +13,15 @@ import pytest
 
 from mla_lab.arch import ARCHS, SMI_TORCH_GAP_MIB, get_arch
 from mla_lab.deployment import Deployment
-from mla_lab.model.memory import (CUDAGRAPH_ESTIMATE_BYTES, KV_BLOCK_SIZE, NON_TORCH_AFTER_SNAPSHOT_BYTES,
-                                  activation_peak_bytes, memory_tradeoff, mtp_weights_bytes, weights_bytes_per_rank)
+from mla_lab.model.memory import (
+    CUDAGRAPH_ESTIMATE_BYTES,
+    KV_BLOCK_SIZE,
+    NON_TORCH_AFTER_SNAPSHOT_BYTES,
+    activation_peak_bytes,
+    memory_tradeoff,
+    mtp_weights_bytes,
+    weights_bytes_per_rank,
+)
 from mla_lab.placement import BASELINE
 
 ROOT = Path(__file__).resolve().parents[1]
