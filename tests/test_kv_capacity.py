@@ -63,13 +63,16 @@ def test_seed_capacity_recomputed_from_its_terms():
     topk = 16384 * 2048 * 4
     q_ws = 16384 * 8 * 576 * 2  # the baseline's private unpadded Q buffer
     act = activation_peak_bytes(d.rank)
-    available = requested - weights - topk - q_ws - act - NON_TORCH_AFTER_SNAPSHOT_BYTES - CUDAGRAPH_ESTIMATE_BYTES
+    logits = 512 * MiB  # VLLM_SPARSE_INDEXER_MAX_LOGITS_MB
+    available = (requested - weights - topk - q_ws - logits - act - NON_TORCH_AFTER_SNAPSHOT_BYTES
+                 - CUDAGRAPH_ESTIMATE_BYTES)
     per_tok = 78 * (1152 + 132)  # GLM-5 config.json: 78 layers, bf16 MLA 576 x 2 B + indexer 128 + 4 B
     assert t["requested = ceil(total x utilization)"]["value"] == requested
     assert t["indexer top-k buffer"]["value"] == topk and t["baseline Q-concat workspace"]["value"] == q_ws
     assert kv["available_bytes"] == available and kv["bytes_per_token"] == per_tok == 100_152
-    assert kv["tokens"] == available // (KV_BLOCK_SIZE * per_tok) * KV_BLOCK_SIZE == 336_064
-    assert mem["kv_capacity_tokens"] == 336_064  # 271,663 before issue 37 (141e9 B, no non-torch / graph term)
+    assert kv["tokens"] == available // (KV_BLOCK_SIZE * per_tok) * KV_BLOCK_SIZE == 330_688
+    assert mem["kv_capacity_tokens"] == 330_688  # 271,663 before issue 37 (141e9 B, no non-torch / graph term)
+    assert t["sparse prefill workspaces beyond the MoE scratch"]["value"] == 0  # no max_model_len given
     for term in kv["terms"]:
         assert {"term", "value", "unit", "status", "source"} <= set(term) and term["source"]
 
@@ -85,6 +88,15 @@ def test_graph_term_by_version_and_mtp_and_max_model_len():
     assert new["available_bytes"] - mtp["available_bytes"] == mtp_weights_bytes(d.rank)
     mml = memory_tradeoff(d, strategies=[BASELINE], max_model_len=131_000)["kv_capacity"]
     assert mml["tokens"] == int(mml["num_blocks"] / math.ceil(131_000 / 64) * 131_000)
+    # a 1M-token context: the indexer's K gather (1M x 8 x 2 x 132 B) and FlashMLA's workspace (1M x 2 x 1152 B)
+    # stay below the seed's fused-MoE scratch (16384 x 8 x (6144 + 6144) x 2 B), so they add nothing; at TP8 with
+    # max_num_batched_tokens 256 the scratch is small and FlashMLA's workspace sets the size
+    assert _by_term(memory_tradeoff(d, strategies=[BASELINE], max_model_len=2**20)["kv_capacity"])[
+        "sparse prefill workspaces beyond the MoE scratch"]["value"] == 0
+    small = d.replace(max_num_batched_tokens=256)
+    got = _by_term(memory_tradeoff(small, strategies=[BASELINE], max_model_len=2**20)["kv_capacity"])
+    moe = 256 * 8 * (6144 + 6144) * 2
+    assert got["sparse prefill workspaces beyond the MoE scratch"]["value"] == 2**20 * 2 * 1152 - moe
 
 
 @pytest.mark.parametrize("kw, match", [({"vllm_version": "latest"}, "vllm_version='latest'"),
@@ -99,7 +111,7 @@ def test_advise_json_reports_the_terms():
     out = subprocess.run([sys.executable, "-m", "mla_lab.cli", "advise", "--json", "--no-measured"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     kv = json.loads(out)["kv_capacity"]
-    assert kv["tokens"] == 336_064 and kv["vllm_version"] == "0.33.0"
+    assert kv["tokens"] == 330_688 and kv["vllm_version"] == "0.33.0"
     t = _by_term(kv)
     assert t["total memory (torch)"]["value"] == 150_109_880_320 and t["total memory (torch)"]["unit"] == "bytes"
     assert "vllm/utils/mem_utils.py" in t["total memory (torch)"]["source"]

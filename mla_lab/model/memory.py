@@ -8,9 +8,10 @@ vLLM sizes the KV cache after a profile run. The lab follows vLLM 0.33.0's rule 
 - minus what the profile run leaves consumed plus its transient peak (``vllm/utils/mem_utils.py:312-321``:
   ``non_kv_cache_memory = total_consumed + transient_peak_headroom``): the weights as loaded
   (:func:`weights_bytes_per_rank`, the MTP layer when speculative decoding loads it), the persistent buffers
-  (the sparse indexer's top-k buffer, the lab's baseline Q workspace), the profile-run activation peak at
-  ``max_num_batched_tokens`` (:func:`activation_peak_bytes`) and the non-torch memory allocated after the
-  snapshot;
+  (the sparse indexer's top-k buffer, the lab's baseline Q workspace, what the sparse prefill workspaces add to
+  the shared workspace at ``max_model_len``), the profile-run activation peak at ``max_num_batched_tokens``
+  (:func:`activation_peak_bytes`) with the indexer's dummy logits tensor, and the non-torch memory allocated
+  after the snapshot;
 - minus the CUDA-graph memory estimate (``vllm/v1/worker/gpu_worker.py:707-757``; on by default since v0.21.0,
   ``vllm/envs.py:2219-2221``);
 - NCCL buffers and the cuBLAS handles are allocated *before* the snapshot (``gpu_worker.py:499-535``) and cost
@@ -39,7 +40,8 @@ from .ops import BF16, FP32, WEIGHT_DTYPES
 
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
            "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",
-           "NON_TORCH_AFTER_SNAPSHOT_BYTES", "CUDAGRAPH_ESTIMATE_BYTES", "KV_BLOCK_SIZE"]
+           "NON_TORCH_AFTER_SNAPSHOT_BYTES", "CUDAGRAPH_ESTIMATE_BYTES", "KV_BLOCK_SIZE",
+           "INDEXER_LOGITS_RESERVE_BYTES", "sparse_workspace_extra_bytes"]
 
 _W = "vllm-0.33.0 wheel: "
 #: Where each term of vLLM's KV budget is written (vLLM 0.33.0 release wheel; file:line).
@@ -57,6 +59,14 @@ KV_RULE_SOURCES = {
            "vllm/v1/spec_decode/llm_base_proposer.py:1418-1457",
     "topk_buffer": _W + "vllm/model_executor/models/deepseek_v2.py:1442-1447 topk_indices_buffer "
                    "[max_num_batched_tokens, index_topk] int32",
+    "logits_reserve": _W + "vllm/model_executor/layers/sparse_attn_indexer.py:501-506 the profile run's dummy "
+                      "indexer logits tensor of VLLM_SPARSE_INDEXER_MAX_LOGITS_MB (default 512: vllm/envs.py:1095-1097)",
+    "sparse_workspace": "what the sparse-attention prefill workspaces add to the shared workspace beyond the fused-MoE "
+                        "scratch (the workspace manager keeps one buffer at the largest demand): the indexer's K "
+                        "gather (max_model_len x 8 x factor rows of 128 fp8 + 4 B scale: " + _W +
+                        "vllm/v1/attention/backends/mla/indexer.py:916-927, sparse_attn_indexer.py:327-345, 487-499) "
+                        "and FlashMLA's (max_model_len x factor x 576 x 2 B: flashmla_sparse.py:337-344); factor 5, "
+                        "2 above 256K tokens (vllm/config/vllm.py:1866-1874); 0 without max_model_len",
     "q_workspace": "the lab's baseline Q workspace (mla_lab.placement.BASELINE; mla_lab.buffers.memory_account)",
     "activation": "estimate (mla_lab.model.memory.activation_peak_bytes): fused-MoE intermediates + 4 T x h bf16 "
                   "at max_num_batched_tokens; vLLM's profile run: " + _W + "vllm/v1/worker/gpu_worker.py:685-700",
@@ -152,7 +162,26 @@ def activation_peak_bytes(rank: RankView) -> int:
     return int(T * k * (3 * i_loc + h) * BF16 + 4 * T * h * BF16)
 
 
-_PERSISTENT_NAMES = {"topk_buffer": "indexer top-k buffer", "q_workspace": "baseline Q-concat workspace"}
+_PERSISTENT_NAMES = {"topk_buffer": "indexer top-k buffer", "q_workspace": "baseline Q-concat workspace",
+                     "logits_reserve": "indexer logits reserve (profile run)",
+                     "sparse_workspace": "sparse prefill workspaces beyond the MoE scratch"}
+_PERSISTENT_STATUS = {"topk_buffer": "cited", "logits_reserve": "cited", "q_workspace": "exact",
+                      "sparse_workspace": "estimate"}
+#: The profile run's dummy indexer logits tensor, bytes (KV_RULE_SOURCES logits_reserve).
+INDEXER_LOGITS_RESERVE_BYTES = 512 * 2**20
+
+
+def sparse_workspace_extra_bytes(rank: RankView, max_model_len: int | None, moe_scratch: int) -> int:
+    """Bytes the sparse-attention prefill workspaces add to the shared workspace beyond ``moe_scratch`` (the
+    fused-MoE scratch, :func:`mla_lab.buffers.shared_workspace_other_bytes`): ``max(0, max(indexer K gather,
+    FlashMLA prefill workspace) - moe_scratch)``, sizes as vLLM 0.33.0 reserves them (:data:`KV_RULE_SOURCES`
+    ``sparse_workspace``); 0 when ``max_model_len`` is None."""
+    if max_model_len is None:
+        return 0
+    factor = 5 if max_model_len <= 256 * 1024 else 2
+    idx = max_model_len * (576 * 2 // 132) * factor * (rank.model.index_head_dim + 4)
+    fm = max_model_len * factor * rank.model.head_size * BF16
+    return max(0, max(idx, fm) - moe_scratch)
 
 
 def _term(name: str, value: float, status: str, key: str, unit: str = "bytes") -> dict:
@@ -194,7 +223,7 @@ def kv_capacity_terms(rank: RankView, total: float, gpu_memory_utilization: floa
              _term("requested = ceil(total x utilization)", requested, "cited", "requested"),
              _term("weights", weights, "estimate", "weights"),
              _term("MTP layer weights", mtp, "estimate", "mtp"),
-             *[_term(_PERSISTENT_NAMES.get(k, k), v, "cited" if k == "topk_buffer" else "exact", k)
+             *[_term(_PERSISTENT_NAMES.get(k, k), v, _PERSISTENT_STATUS.get(k, "estimate"), k)
                for k, v in persistent.items()],
              _term("profile-run activation peak", activation, "estimate", "activation"),
              _term("non-torch memory after the snapshot", NON_TORCH_AFTER_SNAPSHOT_BYTES, "assumed", "non_torch"),
@@ -297,8 +326,10 @@ def memory_tradeoff(
     accounts = {s: memory_account_of(rank, s, shared, d.prompt_len) for s in dict.fromkeys([BASELINE] + names)}
     base_ws = accounts[BASELINE].persistent_bytes
     topk = rank.max_num_batched_tokens * model.index_topk * 4  # int32 top-k indices (KV_RULE_SOURCES topk_buffer)
-    kv = kv_capacity_terms(rank, total, gpu_memory_utilization, {"topk_buffer": topk, "q_workspace": base_ws}, act,
-                           per_tok, vllm_version=vllm_version, max_model_len=max_model_len, mtp_layers=mtp_layers)
+    persistent = {"topk_buffer": topk, "q_workspace": base_ws, "logits_reserve": INDEXER_LOGITS_RESERVE_BYTES,
+                  "sparse_workspace": sparse_workspace_extra_bytes(rank, max_model_len, shared)}
+    kv = kv_capacity_terms(rank, total, gpu_memory_utilization, persistent, act, per_tok, vllm_version=vllm_version,
+                           max_model_len=max_model_len, mtp_layers=mtp_layers)
     budget = kv["available_bytes"]
     capacity = float(kv["tokens"])
     out = {}
