@@ -314,6 +314,12 @@ def format_advice(result: dict) -> str:
     if kv:
         out.append(f"'% of KV' = KV tokens lost / the baseline's KV capacity of {kv:,.0f} tokens per rank "
                    f"(gpu_memory_utilization {d.get('gpu_memory_utilization', '')})".replace(" ()", ""))
+    cap = result.get("kv_capacity")
+    if cap:
+        assumed = [t["term"] for t in cap["terms"] if t["status"] == "assumed"]
+        out.append(f"KV capacity {cap['tokens']:,} tokens per rank as vLLM {cap['vllm_version']} computes it from "
+                   f"torch's total memory ({len(cap['terms'])} terms with their sources in --json; assumed: "
+                   f"{', '.join(assumed) or 'none'})")
     if result.get("comm_source"):
         out.append(f"all-reduce priced by: {result['comm_source']}")
     out.append(result["note"])
