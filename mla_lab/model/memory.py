@@ -75,7 +75,10 @@ KV_RULE_SOURCES = {
                  "torch_memory, counted in total_consumed); not measured",
     "nccl": _W + "vllm/v1/worker/gpu_worker.py:499-509 init_worker_distributed_environment runs BEFORE the "
             "snapshot (534-536), so NCCL buffers and custom all-reduce cost the budget nothing",
-    "cudagraph": "assumed 1.0 GiB (not measured for these models); subtracted since v0.21.0 by default: " + _W +
+    "cudagraph": "assumed 1.0 GiB (not measured for these models; public logs of other models print 0.17 GiB "
+                 "(noonghunna/club-3090#127), 2.51 GiB (vllm-project/vllm#50576), 5.97 GiB (zai-org/GLM-V#208) and "
+                 "20.88 GiB with MTP at a 1M context (local-inference-lab/vllm#501)); subtracted since v0.21.0 by "
+                 "default: " + _W +
                  "vllm/v1/worker/gpu_worker.py:707-757, vllm/envs.py:2219-2221 "
                  "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, the log text at gpu_worker.py:787-788",
     "bytes_per_token": "every layer's MLA cache (1152 B bf16 = 576 x 2; 656 B fp8_ds_mla: " + _W +
