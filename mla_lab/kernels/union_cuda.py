@@ -248,7 +248,8 @@ void union_build(int64_t idx, int64_t lens, int64_t sh_idx, int64_t sh_len, int6
 }
 """
 
-CPP_DECL = ("void union_build(int64_t idx, int64_t lens, int64_t sh_idx, int64_t sh_len, int64_t rs_idx, "
+CPP_DECL = ("#include <torch/extension.h>\n"  # for the pybind wrapper load_inline generates
+            "void union_build(int64_t idx, int64_t lens, int64_t sh_idx, int64_t sh_len, int64_t rs_idx, "
             "int64_t rs_mask, int64_t rs_len, int64_t un_len, int64_t stride4, int64_t T, int64_t topk4, "
             "int64_t s_kv, int64_t G, int64_t g, int64_t window, int64_t cap_s, int64_t cap_r, int64_t stream);")
 
@@ -256,10 +257,14 @@ CPP_DECL = ("void union_build(int64_t idx, int64_t lens, int64_t sh_idx, int64_t
 @functools.cache
 def _extension():
     """The compiled extension (``load_inline``; cached on disk under ``TORCH_EXTENSIONS_DIR`` and in this process)."""
+    import inspect
+
     from torch.utils.cpp_extension import load_inline
 
+    # the .cu needs no torch header: leave out the ones load_inline would prepend (torch >= 2.7), a faster nvcc step
+    kw = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
     return load_inline(name=EXTENSION_NAME, cpp_sources=CPP_DECL, cuda_sources=CUDA_SOURCE, functions=["union_build"],
-                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False)
+                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False, **kw)
 
 
 def _vector_rows(indices: torch.Tensor) -> torch.Tensor:
@@ -290,8 +295,8 @@ def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g:
         :class:`.union.UnionSets` (``out`` when given).
 
     Raises:
-        ValueError: every rule of :func:`.union.build_union_ref`; g = 16; CPU tensors; ``out`` or ``window`` not as
-            stated. RuntimeError: the extension fails to build or launch (the compiler's or CUDA's message).
+        ValueError: every rule of :func:`.union.build_union_ref`; g = 16; CPU tensors; a GPU other than sm90; ``out``
+            or ``window`` not as stated. RuntimeError: the extension fails to build or launch (the compiler's or CUDA's message).
     """
     _validate(indices, topk_length, g, s_kv)
     if g > 8:
@@ -305,6 +310,9 @@ def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g:
     if dev.type != "cuda":
         raise ValueError(f"indices must be a CUDA tensor for build_union_cuda; got device={dev} (on CPU use "
                          f"mla_lab.kernels.union.build_union_ref)")
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        raise ValueError(f"build_union_cuda is compiled for sm_90a (H100/H200); got compute capability "
+                         f"{torch.cuda.get_device_capability(dev)} on {dev}: use mla_lab.kernels.union.build_union")
     T, topk = indices.shape
     G = -(-T // g)
     cap_s, cap_r = union_caps(topk, g)
