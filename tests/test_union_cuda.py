@@ -151,8 +151,8 @@ def test_cuda_source_compiles_for_sm90a_without_spills(tmp_path):
 
 # ------------------------------------------------------------------------------------------------------------- GPU
 
-#: (T, topk, s_kv): partial last groups (T not a multiple of g), topk not a multiple of 4 (the padded copy), more
-#: entries per group than one register chunk (g 8 x topk 2100 > 16384), a single token.
+#: (T, topk, s_kv): partial last groups and super-groups (T not a multiple of g or 8), topk not a multiple of 128 (the
+#: padded copy), more entries per super-group than one register chunk (8 x 2176 padded > 16384), a single token.
 SMALL = [(37, 9, 24), (19, 70, 150), (1, 7, 100), (33, 64, 300), (40, 2100, 5000), (100, 128, 70000)]
 
 
@@ -174,9 +174,9 @@ def test_gpu_random_small_cases_exact(g, lengths, shape, window):
 @pytest.mark.parametrize("g", [2, 8])
 def test_gpu_strided_rows_and_empty_inputs(g):
     dev = torch.device("cuda")
-    idx, tl = make_indices(45, 64, 500, "random", seed=3, pad_cols=5)  # row stride 69: the padded copy
+    idx, tl = make_indices(45, 128, 500, "random", seed=3, pad_cols=5)  # row stride 133: the padded copy
     check_exact(idx.to(dev), tl.to(dev), g, 500)
-    idx, tl = make_indices(45, 64, 500, "random", seed=4, pad_cols=4)  # row stride 68: int4 rows, not contiguous
+    idx, tl = make_indices(45, 128, 500, "random", seed=4, pad_cols=4)  # row stride 132: read in place, not contiguous
     assert not idx.is_contiguous()
     check_exact(idx.to(dev), tl.to(dev), g, 500)
     for T, topk in ((0, 16), (9, 0)):

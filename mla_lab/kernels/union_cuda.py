@@ -2,29 +2,31 @@
 sets as :func:`.union.build_union_ref` / :func:`.union.build_union` (definitions, caps, padding: :mod:`.union`).
 
 **The kernel** (``CUDA_SOURCE``, compiled on first use by ``torch.utils.cpp_extension.load_inline``): a persistent
-grid (SMs x resident CTAs of :data:`THREADS` threads), one group of ``g`` tokens at a time per CTA. The group's
-``g x topk`` entries are held in registers (``int4`` loads, 32 entries per thread when ``g x topk <= 16384``; the
-next group's entries are loaded while this one is processed); larger groups are processed in chunks re-read from
-global memory per phase. Entries past ``topk_length``, ``< 0`` or ``>= s_kv`` are set to ``-1`` at load (and rows
-past ``topk_length`` are not read). The table holds one byte per key, bit ``j`` = token ``j`` (``g <= 8``), over a
-window of ``window`` keys (default ``min(s_kv, 196608)``: 192 KiB of shared memory). When ``s_kv > window`` the
-group's min and max key are reduced first and the range is processed window by window (each window re-scans the
-entries held in registers). Per window:
+grid (SMs x resident CTAs of :data:`THREADS` threads) over *super-groups* of 8 consecutive tokens (``8 / g`` groups;
+g = 8: one group), one at a time per CTA. A super-group's ``8 x topk`` entries are held in registers (``int4``
+loads, 32 entries per thread when ``8 x topk <= 16384``, i.e. topk <= 2048; the next super-group's entries are
+loaded while this one is processed); a larger topk is processed in chunks re-read from global memory per phase.
+Entries past ``topk_length``, ``< 0`` or ``>= s_kv`` are set to ``-1`` at load (and rows past ``topk_length`` are
+not read). The table in shared memory holds one byte per key, bit ``j`` = token ``j`` of the super-group (group ``s``
+owns bits ``s g .. s g + g - 1``), over a window of ``window`` keys (default ``min(s_kv, 196608)``: 192 KiB). When
+``s_kv > window`` the super-group's min and max key are reduced first and the range is processed window by window
+(each window re-scans the entries in registers). Per window:
 
 1. ``atomicOr`` bit ``j`` into the key's byte for every valid entry of token ``j``; barrier.
-2. every valid entry reads its byte ``m``; if ``j`` is the lowest set bit of ``m`` it clears the byte with
-   ``atomicAnd`` and keeps the key iff the old byte was non-zero (so exactly one entry of the lowest token keeps each
-   key: a duplicate within that token's list finds the byte cleared; an entry that reads 0 drops the key: its lowest
-   token has claimed it). The old byte is the key's mask: shared iff it equals the present tokens' bits and no present token has
-   zero valid keys, else rest. Positions come from a warp prefix sum and one shared-memory ``atomicAdd`` per warp
-   and register slot. Phase 2 leaves the table zeroed: no clean-up pass. Barrier.
+2. every valid entry reads its group's bits ``m`` of the byte; if its token is the lowest set bit of ``m`` it clears
+   them with ``atomicAnd`` and keeps the key iff they were non-zero (so exactly one entry of the group's lowest token
+   keeps each key: a duplicate within that token's list finds the bits cleared; an entry that reads 0 drops the key,
+   its lowest token has claimed it). The old bits are the key's mask: shared iff they equal the group's present
+   tokens and no present token of the group has zero valid keys, else rest. Positions come from a warp prefix sum
+   and one shared-memory ``atomicAdd`` per warp and register slot (a warp's slot holds one token's entries: rows are
+   multiples of 128 entries). Phase 2 leaves the table zeroed: no clean-up pass. Barrier.
 
-Then the lengths and the ``-1`` padding up to the next multiple of 64 are written. Order inside a list is arbitrary
-(warp order); consumers use the lengths (the contract of :mod:`.union`).
+Then each group's lengths and ``-1`` padding up to the next multiple of 64 are written. Order inside a list is
+arbitrary (warp order); consumers use the lengths (the contract of :mod:`.union`).
 
 ``g = 16`` (two bytes per key) is refused with one line: use :func:`.union.build_union` (Triton). Indices whose rows
-are not 16-byte aligned int4 rows (``topk % 4``, row stride % 4, data pointer % 16) are first copied into a ``-1``
-padded ``[T, ceil(topk/4)*4]`` tensor (one extra copy).
+are not 16-byte aligned rows of a multiple of 128 entries (``topk % 128``, row stride % 4, data pointer % 16) are
+first copied into a ``-1`` padded ``[T, ceil(topk / 128) * 128]`` tensor (one extra copy; topk 2048 needs none).
 
 Build: ``nvcc -O3 -gencode=arch=compute_90a,code=sm_90a`` (plus torch's default flags for the visible GPU), name
 :data:`EXTENSION_NAME`, cached under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) across
@@ -42,12 +44,14 @@ from .union import UnionSets, _check_out, _empty_sets, _validate, build_union, b
 
 __all__ = ["build_union_cuda", "union_mismatch", "CUDA_SOURCE", "EXTENSION_NAME", "THREADS", "MAX_WINDOW", "main"]
 
-#: Threads per CTA; entries per thread and chunk: ``NV x 4`` = 32 (``CUDA_SOURCE``): 16384 entries = g 8 x topk 2048.
+#: Threads per CTA; entries per thread and chunk: ``NV x 4`` = 32 (``CUDA_SOURCE``): 16384 = 8 tokens x topk 2048.
 THREADS = 512
 #: Keys (bytes) of the shared-memory table: 192 KiB; sm90 allows 227 KiB of dynamic shared memory per block (CUDA C++
 #: Programming Guide, compute capability 9.0 table).
 MAX_WINDOW = 196608
-EXTENSION_NAME = "mla_lab_union_cuda_v1"
+#: Entries per row the kernel reads without a copy: a multiple of a warp's 32 int4 loads.
+ROW_MULTIPLE = 128
+EXTENSION_NAME = "mla_lab_union_cuda_v2"
 
 CUDA_SOURCE = r"""
 #include <cuda_runtime.h>
@@ -58,26 +62,28 @@ CUDA_SOURCE = r"""
 #include <string>
 
 namespace {
-constexpr int THREADS = 512, NV = 8, CHUNK4 = THREADS * NV;  // int4 slots per thread; int4 per chunk
+// NV int4 slots per thread; CHUNK4 int4 per chunk; SG tokens per super-group (one table bit each)
+constexpr int THREADS = 512, NV = 8, CHUNK4 = THREADS * NV, SG = 8;
 constexpr unsigned FULL = 0xffffffffu;
 
 struct Args {
   const int4* idx; const int* lens; int* sh_idx; int* sh_len; int* rs_idx; unsigned char* rs_mask; int* rs_len;
-  int* un_len; long long stride4; int T, topk4, s_kv, G, g, window, cap_s, cap_r;
+  int* un_len; long long stride4; int T, topk4, s_kv, G, g, log_g, window, cap_s, cap_r;
 };
 
 __device__ __forceinline__ int elem(const int4& x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
 
-// Chunk c of group grp into k (invalid entries -> -1); returns each slot's token j in 4 bits.
-__device__ __forceinline__ unsigned load_chunk(const Args& a, int grp, int c, int4 (&k)[NV]) {
-  const int t0 = grp * a.g, n4 = min(a.g, a.T - t0) * a.topk4;
+// Chunk c of super-group sg (tokens 8 sg .. 8 sg + 7) into k, invalid entries -> -1; returns each slot's token (0..7)
+// in 4 bits. Rows are multiples of 32 int4, so the 32 lanes of a warp hold one token's entries in each slot.
+__device__ __forceinline__ unsigned load_chunk(const Args& a, int sg, int c, int4 (&k)[NV]) {
+  const int t0 = sg * SG, n4 = min(SG, a.T - t0) * a.topk4;
   unsigned jp = 0;
 #pragma unroll
   for (int v = 0; v < NV; ++v) {
-    const int q = c * CHUNK4 + v * THREADS + (int)threadIdx.x;
+    const int q = c * CHUNK4 + v * THREADS + (int)threadIdx.x, j = min(q / a.topk4, SG - 1);
     int4 x = make_int4(-1, -1, -1, -1);
     if (q < n4) {
-      const int j = q / a.topk4, i4 = q - j * a.topk4, i0 = 4 * i4;
+      const int i4 = q - j * a.topk4, i0 = 4 * i4;
       const int lim = a.lens ? min(4 * a.topk4, __ldg(a.lens + t0 + j)) : 4 * a.topk4;
       if (i0 < lim) {
         x = __ldg(a.idx + (long long)(t0 + j) * a.stride4 + i4);
@@ -87,27 +93,31 @@ __device__ __forceinline__ unsigned load_chunk(const Args& a, int grp, int c, in
         x.z = (i0 + 2 < lim && (unsigned)x.z < s) ? x.z : -1;
         x.w = (i0 + 3 < lim && (unsigned)x.w < s) ? x.w : -1;
       }
-      jp |= (unsigned)j << (4 * v);
     }
+    jp |= (unsigned)j << (4 * v);
     k[v] = x;
   }
   return jp;
 }
 
-// Phase 2 for one register slot: claim (clear) the byte if this token is the lowest, emit kept keys.
+// Phase 2 for one register slot of token j (warp-uniform): the byte's bits of j's group (g bits from s g); claim
+// (clear them) if j is the group's lowest token; emit the kept keys at positions from a warp prefix sum.
 __device__ __forceinline__ void emit_slot(const Args& a, const int4& x, unsigned j, int w0, unsigned wlen,
-                                          unsigned full, unsigned* tab, unsigned long long* cnt, long long grp) {
+                                          unsigned flags, int n_tok, unsigned* tab, unsigned long long* cnt, int sg) {
   const volatile unsigned char* tab8 = reinterpret_cast<const volatile unsigned char*>(tab);
+  const unsigned s = j >> a.log_g, sb = s * a.g, gm = (1u << a.g) - 1u;
+  const unsigned present = (1u << max(0, min(a.g, n_tok - (int)sb))) - 1u;
+  const unsigned full = ((flags >> sb) & present) == present ? present : 0x100u;  // 0x100 matches no mask
   unsigned ksh = 0, krs = 0, masks = 0;
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const unsigned off = (unsigned)(elem(x, e) - w0);
     unsigned b = 0;
     if (off < wlen) {
-      const unsigned m = tab8[off];
-      if (m != 0u && (unsigned)(__ffs(m) - 1) == j) {  // lowest token; 0: claimed already
-        const unsigned sh = (off & 3u) * 8u;
-        b = (atomicAnd(tab + (off >> 2), ~(0xffu << sh)) >> sh) & 0xffu;
+      const unsigned m = (tab8[off] >> sb) & gm;
+      if (m != 0u && (unsigned)(__ffs(m) - 1) == j - sb) {  // lowest token of the group; 0: claimed already
+        const unsigned sh = (off & 3u) * 8u + sb;
+        b = (atomicAnd(tab + (off >> 2), ~(gm << sh)) >> sh) & gm;
       }
     }
     if (b) { if (b == full) ksh |= 1u << e; else krs |= 1u << e; }
@@ -120,9 +130,10 @@ __device__ __forceinline__ void emit_slot(const Args& a, const int4& x, unsigned
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) { const unsigned y = __shfl_up_sync(FULL, inc, d); if (lane >= (unsigned)d) inc += y; }
   unsigned long long base = 0;
-  if (lane == 31u) base = atomicAdd(cnt, ((unsigned long long)(inc >> 16) << 32) | (inc & 0xffffu));
+  if (lane == 31u) base = atomicAdd(cnt + s, ((unsigned long long)(inc >> 16) << 32) | (inc & 0xffffu));
   base = __shfl_sync(FULL, base, 31);
   const unsigned ex = inc - c;
+  const long long grp = (long long)sg * (SG >> a.log_g) + s;
   long long ps = grp * a.cap_s + (long long)(unsigned)base + (ex & 0xffffu);
   long long pr = grp * a.cap_r + (long long)(base >> 32) + (ex >> 16);
 #pragma unroll
@@ -132,32 +143,48 @@ __device__ __forceinline__ void emit_slot(const Args& a, const int4& x, unsigned
   }
 }
 
+// Lengths of the super-group's groups and the -1 (mask 0) padding up to the next multiple of 64.
+__device__ __forceinline__ void finish(const Args& a, int sg, const unsigned long long* cnt) {
+  const int nsub = SG >> a.log_g, r = threadIdx.x & 127;
+  for (int s = threadIdx.x >> 7; s < nsub && (long long)sg * nsub + s < a.G; s += THREADS / 128) {
+    const long long grp = (long long)sg * nsub + s;
+    const int nsh = (int)(unsigned)cnt[s], nrs = (int)(cnt[s] >> 32);
+    if (r < 64) {
+      if (nsh + r < ((nsh + 63) & ~63)) a.sh_idx[grp * a.cap_s + nsh + r] = -1;
+    } else if (nrs + r - 64 < ((nrs + 63) & ~63)) {
+      a.rs_idx[grp * a.cap_r + nrs + r - 64] = -1; a.rs_mask[grp * a.cap_r + nrs + r - 64] = 0;
+    }
+    if (r == 0) { a.sh_len[grp] = nsh; a.rs_len[grp] = nrs; a.un_len[grp] = nsh + nrs; }
+  }
+}
+
 __global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned* tab = reinterpret_cast<unsigned*>(smem);
-  __shared__ unsigned long long s_cnt[2];  // per buffer: shared count (low 32 bits), rest count (high 32 bits)
-  __shared__ unsigned s_flags[2];          // bit j: token j has a valid key
+  __shared__ unsigned long long s_cnt[2][SG];  // per buffer and group: shared count (low 32 bits), rest (high 32)
+  __shared__ unsigned s_flags[2];              // bit j: token j has a valid key
   __shared__ int s_lo[2], s_hi[2];
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int tid = threadIdx.x, lane = tid & 31, nsg = (a.T + SG - 1) / SG;
   for (int w = tid; w < a.window / 16; w += THREADS) reinterpret_cast<int4*>(smem)[w] = make_int4(0, 0, 0, 0);
-  if (tid < 2) { s_cnt[tid] = 0; s_flags[tid] = 0; s_lo[tid] = INT_MAX; s_hi[tid] = -1; }
+  if (tid < 2 * SG) s_cnt[tid / SG][tid % SG] = 0;
+  if (tid < 2) { s_flags[tid] = 0; s_lo[tid] = INT_MAX; s_hi[tid] = -1; }
   __syncthreads();
-  const int nchunks = (a.g * a.topk4 + CHUNK4 - 1) / CHUNK4;
+  const int nchunks = (SG * a.topk4 + CHUNK4 - 1) / CHUNK4;
   const bool resident = nchunks == 1, windowed = a.s_kv > a.window;
   int4 cur[NV], nxt[NV];
   unsigned jc = 0, jn = 0;
-  if (resident && (int)blockIdx.x < a.G) jc = load_chunk(a, blockIdx.x, 0, cur);
+  if (resident && (int)blockIdx.x < nsg) jc = load_chunk(a, blockIdx.x, 0, cur);
   int it = 0;
-  for (int grp = blockIdx.x; grp < a.G; grp += gridDim.x, ++it) {
-    const int b = it & 1, n_present = min(a.g, a.T - grp * a.g);
-    if (resident && grp + (int)gridDim.x < a.G) jn = load_chunk(a, grp + gridDim.x, 0, nxt);
-    bool reset = true;  // thread 0 resets the other buffer after this group's first barrier
+  for (int sg = blockIdx.x; sg < nsg; sg += gridDim.x, ++it) {
+    const int b = it & 1, n_tok = min(SG, a.T - sg * SG);
+    if (resident && sg + (int)gridDim.x < nsg) jn = load_chunk(a, sg + gridDim.x, 0, nxt);
+    bool reset = true;  // the other buffer is reset after this super-group's first barrier
     int lo = 0, hi = a.s_kv - 1;
-    if (windowed) {  // the group's key range and non-empty tokens
+    if (windowed) {  // the super-group's key range and non-empty tokens
       int mn = INT_MAX, mx = -1;
       unsigned fl = 0;
       for (int c = 0; c < nchunks; ++c) {
-        if (!resident) jc = load_chunk(a, grp, c, cur);
+        if (!resident) jc = load_chunk(a, sg, c, cur);
 #pragma unroll
         for (int v = 0; v < NV; ++v)
 #pragma unroll
@@ -169,10 +196,11 @@ __global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
       mn = __reduce_min_sync(FULL, mn); mx = __reduce_max_sync(FULL, mx); fl = __reduce_or_sync(FULL, fl);
       if (lane == 0) { atomicMin(&s_lo[b], mn); atomicMax(&s_hi[b], mx); if (fl) atomicOr(&s_flags[b], fl); }
       __syncthreads();
-      if (tid == 0) { s_cnt[b ^ 1] = 0; s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
+      if (tid < SG) s_cnt[b ^ 1][tid] = 0;
+      if (tid == 0) { s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
       reset = false;
       lo = s_lo[b]; hi = s_hi[b];
-      if (hi < lo) __syncthreads();  // no valid key: a second barrier before the next group uses the other buffer
+      if (hi < lo) __syncthreads();  // no valid key: a second barrier before the next super-group
     }
     const int nwin = hi >= lo ? (hi - lo) / a.window + 1 : 0;
     for (int w = 0; w < nwin; ++w) {
@@ -180,7 +208,7 @@ __global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
       const unsigned wlen = (unsigned)min(a.window, hi - w0 + 1);
       unsigned fl = 0;
       for (int c = 0; c < nchunks; ++c) {  // phase 1: membership bits
-        if (!resident) jc = load_chunk(a, grp, c, cur);
+        if (!resident) jc = load_chunk(a, sg, c, cur);
 #pragma unroll
         for (int v = 0; v < NV; ++v)
 #pragma unroll
@@ -193,27 +221,21 @@ __global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
       }
       if (!windowed) { fl = __reduce_or_sync(FULL, fl); if (lane == 0 && fl) atomicOr(&s_flags[b], fl); }
       __syncthreads();
-      if (reset && tid == 0) { s_cnt[b ^ 1] = 0; s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
-      reset = false;
-      const unsigned present = (1u << n_present) - 1u;
-      const unsigned full = (s_flags[b] & present) == present ? present : 0x100u;  // 0x100 matches no byte
+      if (reset) {
+        if (tid < SG) s_cnt[b ^ 1][tid] = 0;
+        if (tid == 0) { s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
+        reset = false;
+      }
+      const unsigned flags = s_flags[b];
       for (int c = 0; c < nchunks; ++c) {  // phase 2: claim, classify, emit
-        if (!resident) jc = load_chunk(a, grp, c, cur);
+        if (!resident) jc = load_chunk(a, sg, c, cur);
 #pragma unroll
-        for (int v = 0; v < NV; ++v) emit_slot(a, cur[v], (jc >> (4 * v)) & 15u, w0, wlen, full, tab, &s_cnt[b], grp);
+        for (int v = 0; v < NV; ++v)
+          emit_slot(a, cur[v], (jc >> (4 * v)) & 15u, w0, wlen, flags, n_tok, tab, s_cnt[b], sg);
       }
       __syncthreads();
     }
-    const unsigned long long cnt = s_cnt[b];
-    const int nsh = (int)(unsigned)cnt, nrs = (int)(cnt >> 32);
-    if (tid < 64) {
-      if (nsh + tid < ((nsh + 63) & ~63)) a.sh_idx[(long long)grp * a.cap_s + nsh + tid] = -1;
-    } else if (tid < 128) {
-      const long long p = (long long)grp * a.cap_r + nrs + tid - 64;
-      if (nrs + tid - 64 < ((nrs + 63) & ~63)) { a.rs_idx[p] = -1; a.rs_mask[p] = 0; }
-    } else if (tid == 128) {
-      a.sh_len[grp] = nsh; a.rs_len[grp] = nrs; a.un_len[grp] = nsh + nrs;
-    }
+    finish(a, sg, s_cnt[b]);
     if (resident) {
 #pragma unroll
       for (int v = 0; v < NV; ++v) cur[v] = nxt[v];
@@ -230,10 +252,12 @@ void check(cudaError_t e, const char* what) {
 void union_build(int64_t idx, int64_t lens, int64_t sh_idx, int64_t sh_len, int64_t rs_idx, int64_t rs_mask,
                  int64_t rs_len, int64_t un_len, int64_t stride4, int64_t T, int64_t topk4, int64_t s_kv, int64_t G,
                  int64_t g, int64_t window, int64_t cap_s, int64_t cap_r, int64_t stream) {
+  int log_g = 0;
+  while ((1 << log_g) < g) ++log_g;
   Args a{reinterpret_cast<const int4*>(idx), reinterpret_cast<const int*>(lens), reinterpret_cast<int*>(sh_idx),
          reinterpret_cast<int*>(sh_len), reinterpret_cast<int*>(rs_idx), reinterpret_cast<unsigned char*>(rs_mask),
          reinterpret_cast<int*>(rs_len), reinterpret_cast<int*>(un_len), (long long)stride4, (int)T, (int)topk4,
-         (int)s_kv, (int)G, (int)g, (int)window, (int)cap_s, (int)cap_r};
+         (int)s_kv, (int)G, (int)g, log_g, (int)window, (int)cap_s, (int)cap_r};
   int dev = 0, sms = 0, per_sm = 0;
   check(cudaGetDevice(&dev), "cudaGetDevice");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiProcessorCount");
@@ -242,7 +266,8 @@ void union_build(int64_t idx, int64_t lens, int64_t sh_idx, int64_t sh_len, int6
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, union_kernel, THREADS, (size_t)window), "occupancy");
   if (per_sm < 1) throw std::runtime_error("union_build: the kernel does not fit on an SM with window=" +
                                            std::to_string(window) + " bytes of shared memory");
-  const int grid = (int)std::min<int64_t>(G, (int64_t)sms * per_sm);
+  const int64_t nsg = (T + SG - 1) / SG;
+  const int grid = (int)std::min<int64_t>(nsg, (int64_t)sms * per_sm);
   union_kernel<<<grid, THREADS, (size_t)window, reinterpret_cast<cudaStream_t>(stream)>>>(a);
   check(cudaGetLastError(), "launch");
 }
@@ -268,12 +293,13 @@ def _extension():
 
 
 def _vector_rows(indices: torch.Tensor) -> torch.Tensor:
-    """``indices`` if its rows are 16-byte aligned int4 rows, else a ``-1`` padded ``[T, ceil(topk/4)*4]`` copy."""
+    """``indices`` if its rows are 16-byte aligned with a multiple of 128 entries, else a ``-1`` padded
+    ``[T, ceil(topk / 128) * 128]`` copy (the kernel's warps read 32 int4 of one row)."""
     T, topk = indices.shape
-    if (topk % 4 == 0 and indices.stride(1) == 1 and indices.stride(0) % 4 == 0
+    if (topk % ROW_MULTIPLE == 0 and indices.stride(1) == 1 and indices.stride(0) % 4 == 0
             and indices.data_ptr() % 16 == 0):
         return indices
-    padded = torch.full((T, -(-topk // 4) * 4), -1, dtype=torch.int32, device=indices.device)
+    padded = torch.full((T, -(-topk // ROW_MULTIPLE) * ROW_MULTIPLE), -1, dtype=torch.int32, device=indices.device)
     padded[:, :topk] = indices
     return padded
 
@@ -328,8 +354,8 @@ def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g:
     lens = None if topk_length is None else topk_length.contiguous()  # kept alive until the launch is queued
     with torch.cuda.device(dev):
         _extension().union_build(
-            idx.data_ptr(), 0 if lens is None else lens.data_ptr(), out.shared_idx.data_ptr(), out.shared_len.data_ptr(), out.rest_idx.data_ptr(),
-            out.rest_mask.data_ptr(), out.rest_len.data_ptr(), out.union_len.data_ptr(), idx.stride(0) // 4, T,
+            idx.data_ptr(), 0 if lens is None else lens.data_ptr(), out.shared_idx.data_ptr(),
+            out.shared_len.data_ptr(), out.rest_idx.data_ptr(), out.rest_mask.data_ptr(), out.rest_len.data_ptr(), out.union_len.data_ptr(), idx.stride(0) // 4, T,
             idx.shape[1] // 4, s_kv_k, G, g, win, cap_s, cap_r, torch.cuda.current_stream(dev).cuda_stream)
     return out
 
