@@ -128,7 +128,10 @@ __device__ __forceinline__ void emit_slot(const Args& a, const int4& x, unsigned
   const unsigned lane = threadIdx.x & 31u;
   unsigned inc = c;
 #pragma unroll
-  for (int d = 1; d < 32; d <<= 1) { const unsigned y = __shfl_up_sync(FULL, inc, d); if (lane >= (unsigned)d) inc += y; }
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned y = __shfl_up_sync(FULL, inc, d);
+    if (lane >= (unsigned)d) inc += y;
+  }
   unsigned long long base = 0;
   if (lane == 31u) base = atomicAdd(cnt + s, ((unsigned long long)(inc >> 16) << 32) | (inc & 0xffffu));
   base = __shfl_sync(FULL, base, 31);
@@ -304,6 +307,24 @@ def _vector_rows(indices: torch.Tensor) -> torch.Tensor:
     return padded
 
 
+def _check_cuda_args(indices, g, s_kv, window) -> int:
+    """The rules :func:`build_union_cuda` adds to :func:`.union.build_union_ref`'s; returns the window (keys)."""
+    if g > 8:
+        raise ValueError(f"g must be <= 8 for build_union_cuda (one byte per key); got g={g}: use "
+                         f"mla_lab.kernels.union.build_union (Triton) for g = 16")
+    win = min(MAX_WINDOW, -(-s_kv // 16) * 16) if window is None else window
+    if isinstance(win, bool) or not isinstance(win, int) or win < 16 or win > MAX_WINDOW or win % 16:
+        raise ValueError(f"window must be None or an int multiple of 16 in [16, {MAX_WINDOW}]; got window={window!r}")
+    dev = indices.device
+    if dev.type != "cuda":
+        raise ValueError(f"indices must be a CUDA tensor for build_union_cuda; got device={dev} (on CPU use "
+                         f"mla_lab.kernels.union.build_union_ref)")
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        raise ValueError(f"build_union_cuda is compiled for sm_90a (H100/H200); got compute capability "
+                         f"{torch.cuda.get_device_capability(dev)} on {dev}: use mla_lab.kernels.union.build_union")
+    return win
+
+
 def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int, *,
                      out: UnionSets | None = None, window: int | None = None) -> UnionSets:
     """The union lists by the CUDA shared-memory kernel (module docstring); the same sets as
@@ -321,24 +342,14 @@ def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g:
         :class:`.union.UnionSets` (``out`` when given).
 
     Raises:
-        ValueError: every rule of :func:`.union.build_union_ref`; g = 16; CPU tensors; a GPU other than sm90; ``out``
-            or ``window`` not as stated. RuntimeError: the extension fails to build or launch (the compiler's or CUDA's message).
+        ValueError: every rule of :func:`.union.build_union_ref`; g = 16; CPU tensors; a GPU other than sm90;
+            ``out`` or ``window`` not as stated.
+        RuntimeError: the extension fails to build or to launch (the compiler's or CUDA's message).
     """
     _validate(indices, topk_length, g, s_kv)
-    if g > 8:
-        raise ValueError(f"g must be <= 8 for build_union_cuda (one byte per key); got g={g}: use "
-                         f"mla_lab.kernels.union.build_union (Triton) for g = 16")
     s_kv_k = min(s_kv, 2**31 - 1)  # keys are int32: every non-negative key is below it
-    win = min(MAX_WINDOW, -(-s_kv_k // 16) * 16) if window is None else window
-    if isinstance(win, bool) or not isinstance(win, int) or win < 16 or win > MAX_WINDOW or win % 16:
-        raise ValueError(f"window must be None or an int multiple of 16 in [16, {MAX_WINDOW}]; got window={window!r}")
+    win = _check_cuda_args(indices, g, s_kv_k, window)
     dev = indices.device
-    if dev.type != "cuda":
-        raise ValueError(f"indices must be a CUDA tensor for build_union_cuda; got device={dev} (on CPU use "
-                         f"mla_lab.kernels.union.build_union_ref)")
-    if torch.cuda.get_device_capability(dev) != (9, 0):
-        raise ValueError(f"build_union_cuda is compiled for sm_90a (H100/H200); got compute capability "
-                         f"{torch.cuda.get_device_capability(dev)} on {dev}: use mla_lab.kernels.union.build_union")
     T, topk = indices.shape
     G = -(-T // g)
     cap_s, cap_r = union_caps(topk, g)
@@ -355,8 +366,9 @@ def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g:
     with torch.cuda.device(dev):
         _extension().union_build(
             idx.data_ptr(), 0 if lens is None else lens.data_ptr(), out.shared_idx.data_ptr(),
-            out.shared_len.data_ptr(), out.rest_idx.data_ptr(), out.rest_mask.data_ptr(), out.rest_len.data_ptr(), out.union_len.data_ptr(), idx.stride(0) // 4, T,
-            idx.shape[1] // 4, s_kv_k, G, g, win, cap_s, cap_r, torch.cuda.current_stream(dev).cuda_stream)
+            out.shared_len.data_ptr(), out.rest_idx.data_ptr(), out.rest_mask.data_ptr(), out.rest_len.data_ptr(),
+            out.union_len.data_ptr(), idx.stride(0) // 4, T, idx.shape[1] // 4, s_kv_k, G, g, win, cap_s, cap_r,
+            torch.cuda.current_stream(dev).cuda_stream)
     return out
 
 
