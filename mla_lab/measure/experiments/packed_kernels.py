@@ -72,16 +72,27 @@ def _index_data(shape: str, seed: int):
     return ix.structured_indices(T_TOKENS, TOPK, s_kv=32768, seed=seed, device="cuda")
 
 
-def _builder():
-    """``(name, build)``: the CUDA shared-memory builder where it compiles, else the Triton one."""
-    from mla_lab.kernels.union import build_union
+def _builder(log=print):
+    """``(name, build)``: the CUDA shared-memory builder where it compiles and matches the reference on a small
+    case, else the Triton one (said in the log and the ``builder`` column)."""
+    import torch
+
+    from mla_lab.kernels import index_sets as ix
+    from mla_lab.kernels.union import build_union, build_union_ref
 
     try:
-        from mla_lab.kernels.union_cuda import build_union_cuda
+        from mla_lab.kernels.union_cuda import build_union_cuda, union_mismatch
 
-        return "cuda", build_union_cuda
-    except Exception:  # the CUDA builder is optional (needs nvcc); the Triton one always runs
-        return "triton", build_union
+        d = ix.overlap_indices(1024, TOPK, 65536, 0.8, 8, seed=5, device="cuda")
+        bad = union_mismatch(build_union_cuda(d.indices, d.topk_length, 8, d.s_kv),
+                             build_union_ref(d.indices, d.topk_length, 8, d.s_kv))
+        torch.cuda.synchronize()
+        if bad is None:
+            return "cuda", build_union_cuda
+        log(f"CUDA union builder differs from the reference ({bad}): using the Triton builder")
+    except Exception as e:  # the CUDA builder is optional (needs nvcc); the Triton one always runs
+        log(f"CUDA union builder unavailable ({type(e).__name__}: {str(e)[:200]}): using the Triton builder")
+    return "triton", build_union
 
 
 def _check(build, sm_scale, log) -> list[dict]:
@@ -192,7 +203,7 @@ def run(engine_root: str, out_csv: str, process: int, rounds: int = 5, shapes=No
 
     ek = load(engine_root)
     names = _backend_names(ek)
-    bname, build = _builder()
+    bname, build = _builder(log)
     sink = CsvSink(out_csv, COLUMNS + ["engine_sources"], {**bench_provenance(flash_mla_info()),
                                                           "engine_sources": ek.sources.get("vllm_wheel", "")})
     sm_scale = 1.0 / math.sqrt(192 + 64)  # GLM-5: qk_nope_head_dim 192 + qk_rope_head_dim 64 (config.json)
