@@ -141,7 +141,7 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
     ql_nope = q[..., :512]
     q_pe = q[..., 512:]
     ks, _ = _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, {"fa3", "flashmla_vllm", "flashmla_ts",
-                                                                            "sglang"})
+                                                                            "sglang"}, q=q)
     out = {n: (fn, n) for n, (fn, *_r) in ks.items() if n in ("flashmla_vllm_pad64", "flashmla_ts_pad64",
                                                               "sglang_triton") or n.startswith("fa3")}
     out = {n.split("@")[0]: v for n, v in out.items()}
@@ -201,7 +201,7 @@ def run(engine_root: str, out_csv: str, process: int, rounds: int = 5, shapes=No
         raise RuntimeError("packed_kernels needs a CUDA GPU; torch sees none")
     from flash_mla import flash_mla_sparse_fwd as ts_fwd
 
-    ek = load(engine_root)
+    ek = load(engine_root, need_concat=False)
     names = _backend_names(ek)
     bname, build = _builder(log)
     sink = CsvSink(out_csv, COLUMNS + ["engine_sources"], {**bench_provenance(flash_mla_info()),
