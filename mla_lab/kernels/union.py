@@ -47,7 +47,7 @@ allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=`
 Traffic per group (g tokens x topk entries): the indices read twice (the second time from L2), one L2 atomic and one
 L2 load per valid entry, one load + one store per union key for the clean-up, the lists written. The atomics and
 the ``.cg`` loads go to L2 at random addresses, so the kernel's time is set by L2 operation throughput, not DRAM
-bandwidth: ``main()`` measures it (a prediction is not made here).
+bandwidth: :mod:`.union_bench` measures it (``python -m mla_lab.kernels.union_bench``).
 
 **Where an indexer could emit the union directly.** The builder re-reads ``[T, topk]`` indices the indexer has just
 written. An indexer that selects per-token top-k could emit the union itself:
@@ -85,7 +85,7 @@ except Exception:  # pragma: no cover
     tl = None
 
 __all__ = ["UnionSets", "build_union_ref", "build_union", "union_buffer_bytes", "union_scratch", "union_caps",
-           "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE", "main"]
+           "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE"]
 
 #: Tokens per group the builders accept: 64 / H for H in {8, 16, 32} (sm90's 64-row tile) plus 1 (no packing) and 16
 #: (sm100's 128-row tile at 8 heads).
@@ -243,8 +243,8 @@ def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: 
 
     Steps: codes ``(group * s_kv + key) * g + j`` of the valid entries, ``torch.unique`` (sorts, drops duplicates
     within a token), the mask of each ``(group, key)`` as the sum of its distinct ``1 << j``, the shared test, and a
-    scatter into the padded lists. This is also the "torch sort-and-scatter build" that :func:`main` times against
-    the Triton kernel.
+    scatter into the padded lists. This is also the "torch sort-and-scatter build" that :mod:`.union_bench` times
+    against the Triton kernel.
 
     Args:
         indices: ``[T, topk]`` int32 key rows into the kv cache (invalid: ``< 0``, ``>= s_kv``, or past
@@ -489,55 +489,3 @@ def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
         out.union_len, T, topk, s_kv, G, scratch.shape[1], cap_s, cap_r, indices.stride(0),
         G_TOK=g, BITS=_field_bits(g), HAS_LEN=topk_length is not None, BLOCK=block, num_warps=num_warps)
     return out
-
-
-# ------------------------------------------------------------------------------------------------------- benchmark
-
-
-def _bench_rows(T=16384, topk=2048, g=8, s_kvs=(4096, 32768, 131072), overlaps=(None, 0.5, 0.8, 1.0)):
-    """Rows ``{s_kv, data, triton_us, torch_us, mean_U}`` timed with ``triton.testing.do_bench`` (median)."""
-    from .index_sets import overlap_indices
-
-    rows = []
-    for s_kv in s_kvs:
-        for o in overlaps:
-            o_eff = topk / s_kv if o is None else max(o, topk / s_kv)
-            data = overlap_indices(T, topk, s_kv, o_eff, g, seed=0, device="cuda")
-            idx, tlen = data.indices, data.topk_length
-            ref = build_union_ref(idx, tlen, g, s_kv)
-            build_union(idx, tlen, g, s_kv)  # compile
-            t_tr = triton.testing.do_bench(lambda idx=idx, tlen=tlen, s=s_kv: build_union(idx, tlen, g, s),
-                                           return_mode="median")
-            t_ref = triton.testing.do_bench(lambda idx=idx, tlen=tlen, s=s_kv: build_union_ref(idx, tlen, g, s),
-                                            return_mode="median")
-            rows.append({"s_kv": s_kv, "data": "random" if o is None else f"overlap {o_eff:.3g}",
-                         "triton_us": 1e3 * t_tr, "torch_us": 1e3 * t_ref,
-                         "mean_U": float(ref.union_len.float().mean())})
-    return rows
-
-
-def main(argv=None) -> int:
-    """``python -m mla_lab.kernels.union``: on CUDA, time the Triton build and the torch sort-and-scatter build at
-    T 16384, topk 2048, g 8, s_kv 4096 / 32768 / 131072, on :func:`.index_sets.overlap_indices` data, and print a
-    table (one process; for committed rows use the lab's measure runner). Without CUDA it says so and returns 1."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.union", description=main.__doc__)
-    ap.add_argument("--T", type=int, default=16384)
-    ap.add_argument("--topk", type=int, default=2048)
-    ap.add_argument("--g", type=int, default=8, choices=UNION_GROUP_SIZES)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available() or triton is None:
-        print("no CUDA GPU (or no triton): the benchmark needs one; the kernel's CPU checks are the tests")
-        return 1
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; T={args.T}, "
-          f"topk={args.topk}, g={args.g}; do_bench median (us)")
-    print(f"{'s_kv':>7} {'data':>16} {'mean U':>8} {'triton':>9} {'torch':>9} {'speed-up':>8}")
-    for r in _bench_rows(args.T, args.topk, args.g):
-        print(f"{r['s_kv']:>7} {r['data']:>16} {r['mean_U']:>8.0f} {r['triton_us']:>9.1f} {r['torch_us']:>9.1f} "
-              f"{r['torch_us'] / r['triton_us']:>7.1f}x")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
