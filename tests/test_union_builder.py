@@ -38,7 +38,8 @@ INTERP_CASES = [(f"g{g}-T{T}-k{k}-s{s}-{ln}", T, k, s, g, ln, 64, 3)
 INTERP_CASES += [("g8-block128-1prog", 40, 200, 500, 8, "random", 128, 1),
                  ("g4-T0", 0, 16, 32, 4, "none", 64, 3),
                  ("g8-many-empty", 24, 12, 20, 8, "empty", 64, 2),
-                 ("g16-big-skv", 40, 30, 70000, 16, "random", 64, 3)]
+                 ("g16-big-skv", 40, 30, 70000, 16, "random", 64, 3),
+                 ("g8-strided-views", 21, 40, 90, 8, "random", 64, 2)]
 GPU_T, GPU_TOPK, GPU_SKV = 16384, 2048, 32768
 
 
@@ -162,6 +163,8 @@ def test_union_buffer_bytes_counts_the_tensors(g):
     assert b["outputs"] == sum(t.numel() * t.element_size() for t in tensors)
     keys_per_word = {1: 4, 2: 4, 4: 4, 8: 2, 16: 1}[g]
     assert b["scratch"] == P * -(-s_kv // keys_per_word) * 4 and b["total"] == b["outputs"] + b["scratch"]
+    c = union_buffer_bytes(T, topk, g, s_kv, P, variant="cuda")
+    assert c["scratch"] == 0 and c["outputs"] == b["outputs"]
 
 
 def test_union_buffer_bytes_docstring_example():
@@ -191,6 +194,18 @@ def test_bad_input_one_line(fn, case):
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("kw,msg", [
+    (dict(variant="cpp"), "variant='cpp' is not known; allowed: ['triton', 'cuda']"),
+    (dict(variant="cuda", block=128), "['block'] apply to variant='triton' only"),
+    (dict(threads=256), "threads=256 applies to variant='cuda' only"),
+    (dict(variant="cuda"), "variant='cuda' needs CUDA tensors"),
+])
+def test_variant_rules(kw, msg):
+    with pytest.raises(ValueError) as e:
+        build_union(torch.zeros(4, 2, dtype=torch.int32), None, 2, 8, **kw)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
 def test_triton_refuses_cpu_tensors_outside_the_interpreter():
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("TRITON_INTERPRET=1 in this process: CPU tensors are then allowed")
@@ -204,6 +219,8 @@ def test_triton_refuses_cpu_tensors_outside_the_interpreter():
 def _worker(inp: str, outp: str) -> None:
     assert os.environ.get("TRITON_INTERPRET") == "1"
     from mla_lab.kernels.union import union_scratch
+
+    assert Path(build_union.__code__.co_filename).resolve().parent.parent.parent == Path(__file__).resolve().parent.parent
 
     cases = torch.load(inp)
     res = {}
@@ -226,9 +243,18 @@ def interp_results(tmp_path_factory):
     cases = {}
     for i, (cid, T, k, s, g, ln, block, P) in enumerate(INTERP_CASES):
         idx, tl = make_indices(T, k, s, ln, seed=100 + i)
+        if "strided" in cid:  # a row-strided slice of wider indices, a strided topk_length view
+            wide = torch.full((T, k + 13), 5, dtype=torch.int32)
+            wide[:, :k] = idx
+            idx = wide[:, :k]
+            tl = torch.stack([tl, tl + 1], 1)[:, 0]
+            assert idx.stride(0) == k + 13 and tl.stride(0) == 2
         cases[cid] = dict(T=T, topk=k, s_kv=s, g=g, block=block, P=P, idx=idx, tl=tl)
     torch.save(cases, d / "in.pt")
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    # the worker imports mla_lab from this checkout (an editable install may point at another one)
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        p for p in (repo, os.environ.get("PYTHONPATH", "")) if p))
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(d / "in.pt"),
                            str(d / "out.pt")], env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -276,28 +302,34 @@ def _cuda_reason():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("s_kv", [GPU_SKV, 131072])
 @pytest.mark.parametrize("overlap", [None, 0.8])
 @pytest.mark.parametrize("g", [8, 16, 2])
-def test_gpu_matches_reference_at_T16384(g, overlap):
+@pytest.mark.parametrize("variant", ["triton", "cuda"])
+def test_gpu_matches_reference_at_T16384(variant, g, overlap, s_kv):
     why = _cuda_reason()
     if why:
         pytest.skip(why)
     from mla_lab.kernels.index_sets import overlap_indices
     from mla_lab.kernels.union import union_scratch
 
-    o = GPU_TOPK / GPU_SKV if overlap is None else overlap
-    data = overlap_indices(GPU_T, GPU_TOPK, GPU_SKV, o, g, seed=1, device="cuda")
+    o = GPU_TOPK / s_kv if overlap is None else overlap
+    data = overlap_indices(GPU_T, GPU_TOPK, s_kv, o, g, seed=1, device="cuda")
     idx, tl = data.indices.clone(), data.topk_length.clone()
     idx[::7, ::5] = -1  # invalid entries
     idx[1::9, 3] = idx[1::9, 2]  # duplicates
     tl[::11] = 0  # empty tokens
     T = GPU_T - 3  # a partial last group
     idx, tl = idx[:T].contiguous(), tl[:T].contiguous()
-    ref = build_union_ref(idx, tl, g, GPU_SKV)
-    u = build_union(idx, tl, g, GPU_SKV)
+    ref = build_union_ref(idx, tl, g, s_kv)
+    u = build_union(idx, tl, g, s_kv, variant=variant)
     for a, b in zip(canonical(u), canonical(ref)):
         assert torch.equal(a, b)
-    assert bool((union_scratch(idx.device, u_programs(), GPU_SKV, g) == 0).all()), "the scratch was left dirty"
+    for q in (0, 1, u.num_groups - 1):  # -1 padding to the next multiple of 64 (the canonical form ignores it)
+        for lst, n in ((u.shared_idx, int(u.shared_len[q])), (u.rest_idx, int(u.rest_len[q]))):
+            assert (lst[q, n:-(-n // PAD_MULTIPLE) * PAD_MULTIPLE] == -1).all()
+    if variant == "triton":
+        assert bool((union_scratch(idx.device, u_programs(), s_kv, g) == 0).all()), "the scratch was left dirty"
 
 
 def u_programs():
