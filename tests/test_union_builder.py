@@ -163,8 +163,6 @@ def test_union_buffer_bytes_counts_the_tensors(g):
     assert b["outputs"] == sum(t.numel() * t.element_size() for t in tensors)
     keys_per_word = {1: 4, 2: 4, 4: 4, 8: 2, 16: 1}[g]
     assert b["scratch"] == P * -(-s_kv // keys_per_word) * 4 and b["total"] == b["outputs"] + b["scratch"]
-    c = union_buffer_bytes(T, topk, g, s_kv, P, variant="cuda")
-    assert c["scratch"] == 0 and c["outputs"] == b["outputs"]
 
 
 def test_union_buffer_bytes_docstring_example():
@@ -191,18 +189,6 @@ def test_bad_input_one_line(fn, case):
     args = dict(indices=torch.zeros(4, 2, dtype=torch.int32), topk_length=None, g=2, s_kv=8) | kw
     with pytest.raises(ValueError) as e:
         fn(**args)
-    assert msg in str(e.value) and "\n" not in str(e.value)
-
-
-@pytest.mark.parametrize("kw,msg", [
-    (dict(variant="cpp"), "variant='cpp' is not known; allowed: ['triton', 'cuda']"),
-    (dict(variant="cuda", block=128), "['block'] apply to variant='triton' only"),
-    (dict(threads=256), "threads=256 applies to variant='cuda' only"),
-    (dict(variant="cuda"), "variant='cuda' needs CUDA tensors"),
-])
-def test_variant_rules(kw, msg):
-    with pytest.raises(ValueError) as e:
-        build_union(torch.zeros(4, 2, dtype=torch.int32), None, 2, 8, **kw)
     assert msg in str(e.value) and "\n" not in str(e.value)
 
 
@@ -305,8 +291,7 @@ def _cuda_reason():
 @pytest.mark.parametrize("s_kv", [GPU_SKV, 131072])
 @pytest.mark.parametrize("overlap", [None, 0.8])
 @pytest.mark.parametrize("g", [8, 16, 2])
-@pytest.mark.parametrize("variant", ["triton", "cuda"])
-def test_gpu_matches_reference_at_T16384(variant, g, overlap, s_kv):
+def test_gpu_matches_reference_at_T16384(g, overlap, s_kv):
     why = _cuda_reason()
     if why:
         pytest.skip(why)
@@ -322,14 +307,13 @@ def test_gpu_matches_reference_at_T16384(variant, g, overlap, s_kv):
     T = GPU_T - 3  # a partial last group
     idx, tl = idx[:T].contiguous(), tl[:T].contiguous()
     ref = build_union_ref(idx, tl, g, s_kv)
-    u = build_union(idx, tl, g, s_kv, variant=variant)
+    u = build_union(idx, tl, g, s_kv)
     for a, b in zip(canonical(u), canonical(ref)):
         assert torch.equal(a, b)
     for q in (0, 1, u.num_groups - 1):  # -1 padding to the next multiple of 64 (the canonical form ignores it)
         for lst, n in ((u.shared_idx, int(u.shared_len[q])), (u.rest_idx, int(u.rest_len[q]))):
             assert (lst[q, n:-(-n // PAD_MULTIPLE) * PAD_MULTIPLE] == -1).all()
-    if variant == "triton":
-        assert bool((union_scratch(idx.device, u_programs(), s_kv, g) == 0).all()), "the scratch was left dirty"
+    assert bool((union_scratch(idx.device, u_programs(), s_kv, g) == 0).all()), "the scratch was left dirty"
 
 
 def u_programs():

@@ -12,8 +12,7 @@ Public API:
   ``reference`` (FlashMLA ``tests/ref.py`` math, :func:`.reference.sparse_mla_prefill_ref`).
 - :func:`last_backend` — which backend the last call of each op ran (for benchmark and sweep rows).
 - :func:`flash_mla_info`, :func:`validate_sparse_prefill_inputs` — re-exported from :mod:`.flashmla`.
-- :func:`build_union` (Triton, or ``variant="cuda"``: CUDA C++ through NVRTC, :mod:`.union_cuda`) /
-  :func:`build_union_ref` (torch) — per group of ``g`` consecutive tokens, the union
+- :func:`build_union` (Triton) / :func:`build_union_ref` (torch) — per group of ``g`` consecutive tokens, the union
   of their top-k sets split into ``shared`` keys and ``rest`` keys with a g-bit mask (:class:`UnionSets`), for the
   packed prefill kernel; :func:`union_buffer_bytes`, :func:`union_caps`, :func:`union_scratch` (:mod:`.union`;
   timed by ``python -m mla_lab.kernels.union_bench``).
@@ -61,7 +60,6 @@ from .union import (
     union_caps,
     union_scratch,
 )
-from .union import VARIANTS as UNION_VARIANTS
 
 __all__ = [
     "concat_mla_q", "make_concat_launcher", "ConcatLauncher", "CONCAT_VARIANTS", "CONCAT_DEFAULT_VARIANT",
@@ -69,7 +67,7 @@ __all__ = [
     "concat_mla_q_torch", "sparse_mla_prefill_ref", "triton_available", "CONCAT_BACKENDS", "PREFILL_BACKENDS",
     "CONCAT_DTYPES", "D_NOPE", "D_PE", "D_QK",
     "UnionSets", "build_union", "build_union_ref", "union_buffer_bytes", "union_caps", "union_scratch",
-    "UNION_GROUP_SIZES", "UNION_VARIANTS", "IndexData", "UnionSizeSummary", "overlap_indices", "overlap_union_expected",
+    "UNION_GROUP_SIZES", "IndexData", "UnionSizeSummary", "overlap_indices", "overlap_union_expected",
     "causal_indices", "structured_indices", "union_sizes", "union_ratio_common_core", "published_overlaps",
 ]
 

@@ -40,18 +40,17 @@ g = 16 (1 per word); ``W = ceil(s_kv / keys per word)``. Per group:
    ``-1`` padding; barrier.
 3. store 0 to the word of every union key (read back from the lists just written); barrier.
 
-``variant="cuda"`` runs the same algorithm with the fields in shared memory instead (:mod:`.union_cuda`: CUDA C++
-through NVRTC, one CTA per group, the key range in 64 KiB tiles), because Triton has no shared-memory atomics and
-the L2 version measured 0.98 ms at T 16384 x topk 2048 on the H200.
-
 The scratch is left zeroed, so one allocation serves every call (:func:`union_scratch` caches it per device and
 shape). Its bytes and the outputs' are :func:`union_buffer_bytes` (for the lab's memory account; the engine would
 allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=``).
 
 Traffic per group (g tokens x topk entries): the indices read twice (the second time from L2), one L2 atomic and one
 L2 load per valid entry, one load + one store per union key for the clean-up, the lists written. The atomics and
-the ``.cg`` loads go to L2 at random addresses, so the kernel's time is set by L2 operation throughput, not DRAM
-bandwidth: :mod:`.union_bench` measures it (``python -m mla_lab.kernels.union_bench``).
+the ``.cg`` loads go to L2 at random addresses, so the kernel's time is set by L2 round trips and operation
+throughput, not DRAM bandwidth: 0.98 ms at T 16384 x topk 2048 on the lent H200 (the lead's GPU call of 2026-12-04),
+about the packed attention kernel's own time, far over the 5 % budget. Triton has no shared-memory atomics; the
+on-chip builder is CUDA C++: :mod:`.union_cuda` (same contract). :mod:`.union_bench` times this kernel, its knobs
+and the torch build (``python -m mla_lab.kernels.union_bench [--sweep]``).
 
 **Where an indexer could emit the union directly.** The builder re-reads ``[T, topk]`` indices the indexer has just
 written. An indexer that selects per-token top-k could emit the union itself:
@@ -80,8 +79,6 @@ from dataclasses import dataclass
 import torch
 
 from .triton_concat import triton_available, triton_interpreting
-from .union_cuda import DEFAULT_BLOCK as CUDA_DEFAULT_THREADS
-from .union_cuda import build_union_cuda
 
 try:  # pragma: no cover - triton is optional on CPU machines
     import triton
@@ -91,7 +88,7 @@ except Exception:  # pragma: no cover
     tl = None
 
 __all__ = ["UnionSets", "build_union_ref", "build_union", "union_buffer_bytes", "union_scratch", "union_caps",
-           "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE", "VARIANTS"]
+           "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE"]
 
 #: Tokens per group the builders accept: 64 / H for H in {8, 16, 32} (sm90's 64-row tile) plus 1 (no packing) and 16
 #: (sm100's 128-row tile at 8 heads).
@@ -104,9 +101,6 @@ REST_CAP_MULTIPLE = 64
 PAD_MULTIPLE = 64
 #: Programs per SM of the persistent grid (the brief's suggestion; to be swept on the GPU).
 DEFAULT_PROGRAMS_PER_SM = 2
-#: ``build_union`` kernels: ``triton`` (this module; L2 fields, runs in the interpreter) and ``cuda`` (shared-memory
-#: fields, :mod:`.union_cuda`; CUDA only). The default stays ``triton`` until the GPU timing (``union_bench``) says.
-VARIANTS = ("triton", "cuda")
 #: Programs under the Triton interpreter (it runs them one after another; 3 exercises the persistent loop).
 INTERPRETER_PROGRAMS = 3
 
@@ -164,9 +158,8 @@ def _scratch_words(s_kv: int, g: int) -> int:
     return -(-s_kv // (32 // _field_bits(g)))
 
 
-def union_buffer_bytes(T: int, topk: int, g: int, s_kv: int, num_programs: int, variant: str = "triton") -> dict:
-    """Bytes of :func:`build_union`'s buffers: ``{"outputs": ..., "scratch": ..., "total": ...}`` (``variant="cuda"``
-    keeps its fields in shared memory: scratch 0).
+def union_buffer_bytes(T: int, topk: int, g: int, s_kv: int, num_programs: int) -> dict:
+    """Bytes of :func:`build_union`'s buffers: ``{"outputs": ..., "scratch": ..., "total": ...}``.
 
     Outputs: ``shared_idx`` ``G x cap_s x 4``, ``rest_idx`` ``G x cap_r x 4``, ``rest_mask`` ``G x cap_r x (1 or
     4)``, three ``[G]`` int32 lengths. Scratch: ``num_programs x W x 4`` (W = ceil(s_kv / 4) words for g <= 4, ceil(s_kv /
@@ -184,9 +177,7 @@ def union_buffer_bytes(T: int, topk: int, g: int, s_kv: int, num_programs: int, 
     cap_s, cap_r = union_caps(topk, g)
     mb = 1 if g <= 8 else 4
     outputs = G * (cap_s * 4 + cap_r * (4 + mb) + 3 * 4)
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
-    scratch = num_programs * _scratch_words(s_kv, g) * 4 if variant == "triton" else 0
+    scratch = num_programs * _scratch_words(s_kv, g) * 4
     return {"outputs": outputs, "scratch": scratch, "total": outputs + scratch}
 
 
@@ -443,55 +434,40 @@ def _check_out(out, G, cap_s, cap_r, g, T, device) -> None:
         raise ValueError(f"out must be built for g={g}, T={T}; got out.g={out.g}, out.T={out.T}")
 
 
-
-
 def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int, *,
-                out: UnionSets | None = None, variant: str = "triton", num_programs: int | None = None,
-                scratch: torch.Tensor | None = None, block: int | None = None, num_warps: int | None = None,
-                threads: int | None = None) -> UnionSets:
-    """The union lists by a GPU kernel (see the module docstring); same sets as :func:`build_union_ref`.
+                out: UnionSets | None = None, num_programs: int | None = None, scratch: torch.Tensor | None = None,
+                block: int = 1024, num_warps: int = 4) -> UnionSets:
+    """The union lists by the Triton kernel (see the module docstring); same sets as :func:`build_union_ref`.
 
     Args:
         indices, topk_length, g, s_kv: as :func:`build_union_ref`; ``indices`` rows contiguous (stride 1 along
-            topk), CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1`` for the Triton kernel).
+            topk), CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1``).
         out: a :class:`UnionSets` to write into (same ``T``, ``g``, topk, device; e.g. allocated once at
             ``max_num_batched_tokens`` and sliced); None allocates one (``-1``-filled).
-        variant: one of :data:`VARIANTS`: ``"triton"`` (default) or ``"cuda"`` (:mod:`.union_cuda`).
-        num_programs, scratch, block, num_warps: Triton knobs: persistent programs (default
-            :data:`DEFAULT_PROGRAMS_PER_SM` x SMs; 3 in the interpreter); ``[num_programs, >= W]`` int32 all-zero
-            scratch (None: :func:`union_scratch`'s cached buffer); entries per vector step (power of two >= 64,
-            default 1024); warps per program (default 4).
-        threads: CUDA knob: threads per CTA (default 512).
+        num_programs: persistent programs (default :data:`DEFAULT_PROGRAMS_PER_SM` x SMs; 3 in the interpreter).
+        scratch: ``[num_programs, >= W]`` int32, all zero (the kernel leaves it zero); None uses
+            :func:`union_scratch`'s cached buffer.
+        block: entries per vector step (power of two >= 64); num_warps: warps per program.
 
     Returns:
-        :class:`UnionSets` (``out`` when given). With ``out`` given (and, for Triton, the scratch given or cached
-        by an earlier call) the call allocates nothing and does not synchronise: one kernel launch (the CUDA
-        variant compiles with NVRTC on its first call).
+        :class:`UnionSets` (``out`` when given). With ``out`` and ``scratch`` given (or the scratch cached by an
+        earlier call) the call allocates nothing and does not synchronise: one kernel launch, CUDA-graph capturable.
 
     Raises:
-        ValueError: every rule of :func:`build_union_ref`; indices not contiguous along topk; an unknown variant or
-            a knob of the other variant; triton missing; CPU tensors outside the interpreter (or with
-            ``variant="cuda"``); ``out``, ``scratch``, ``num_programs``, ``block`` or ``threads`` not as stated.
+        ValueError: every rule of :func:`build_union_ref`; indices not contiguous along topk; triton missing; CPU
+            tensors outside the interpreter; ``out``, ``scratch``, ``num_programs`` or ``block`` not as stated.
     """
     _validate(indices, topk_length, g, s_kv)
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
-    knobs = {"num_programs": num_programs, "scratch": scratch, "block": block, "num_warps": num_warps}
-    if variant == "cuda" and any(v is not None for v in knobs.values()):
-        raise ValueError(f"{[k for k, v in knobs.items() if v is not None]} apply to variant='triton' only")
-    if variant == "triton" and threads is not None:
-        raise ValueError(f"threads={threads!r} applies to variant='cuda' only")
+    ok, why = triton_available()
+    if not ok:
+        raise ValueError(f"build_union needs triton: {why}")
     dev = indices.device
-    if variant == "cuda" and dev.type != "cuda":
-        raise ValueError(f"variant='cuda' needs CUDA tensors; got device={dev}")
-    if variant == "triton":
-        ok, why = triton_available()
-        if not ok:
-            raise ValueError(f"build_union needs triton: {why}")
-        if dev.type != "cuda" and not triton_interpreting():
-            raise ValueError(f"indices must be a CUDA tensor (or TRITON_INTERPRET=1 for CPU); got device={dev}")
+    if dev.type != "cuda" and not triton_interpreting():
+        raise ValueError(f"indices must be a CUDA tensor (or TRITON_INTERPRET=1 for CPU); got device={dev}")
     if indices.shape[1] > 1 and indices.stride(1) != 1:
         raise ValueError(f"indices must be contiguous along topk (stride 1); got indices.stride()={indices.stride()}")
+    if isinstance(block, bool) or not isinstance(block, int) or block < 64 or block & (block - 1):
+        raise ValueError(f"block must be a power of two >= 64; got block={block!r}")
     T, topk = indices.shape
     G = -(-T // g)
     cap_s, cap_r = union_caps(topk, g)
@@ -499,18 +475,6 @@ def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
         out = _empty_sets(G, cap_s, cap_r, g, T, dev)
     else:
         _check_out(out, G, cap_s, cap_r, g, T, dev)
-    if variant == "cuda":
-        return build_union_cuda(indices, topk_length, g, s_kv, out, block=threads or CUDA_DEFAULT_THREADS)
-    return _launch_triton(indices, topk_length, g, s_kv, out, num_programs, scratch, block or 1024, num_warps or 4)
-
-
-def _launch_triton(indices, topk_length, g, s_kv, out, num_programs, scratch, block, num_warps) -> UnionSets:
-    dev = indices.device
-    T, topk = indices.shape
-    G = out.num_groups
-    cap_s, cap_r = out.shared_idx.shape[1], out.rest_idx.shape[1]
-    if isinstance(block, bool) or not isinstance(block, int) or block < 64 or block & (block - 1):
-        raise ValueError(f"block must be a power of two >= 64; got block={block!r}")
     P = _default_programs(dev) if num_programs is None else num_programs
     if isinstance(P, bool) or not isinstance(P, int) or P < 1:
         raise ValueError(f"num_programs must be an int >= 1; got num_programs={num_programs!r}")

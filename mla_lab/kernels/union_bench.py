@@ -1,13 +1,12 @@
 """Time the union builders on the GPU: ``python -m mla_lab.kernels.union_bench [--sweep]``.
 
-Both kernels of :func:`.union.build_union` (``triton``: L2 fields; ``cuda``: shared-memory fields) against the torch
-sort-and-scatter build (:func:`.union.build_union_ref`),
+The Triton kernel (:func:`.union.build_union`) against the torch sort-and-scatter build (:func:`.union.build_union_ref`),
 ``triton.testing.do_bench`` medians (one process: an indication, not a committed measurement; committed rows go
 through the lab's measure runner), at T 16384, topk 2048, g 8, s_kv 4096 / 32768 / 131072, on the generators of
 :mod:`.index_sets`: the common-core overlap model (random top-k, overlap 0.5, 0.8, 1.0), the structured generator
 (s_kv >= T only: the chunk is the last T positions) and the seed's causal case (1024-token prompts). Each row checks
-each kernel's list lengths against the reference's. ``--sweep`` also times the kernels' knobs (Triton: programs
-per SM, block, warps; CUDA: threads per CTA) at s_kv 32768, overlap 0.8.
+the Triton lists' lengths against the reference's (``lens ok``). ``--sweep`` also times the kernel's knobs
+(programs per SM, block, warps) at s_kv 32768, overlap 0.8.
 
 A separate module because it needs both the builders and the generators, and :mod:`.index_sets` imports
 :mod:`.union` (the package's import graph has no cycles: tests/test_architecture.py).
@@ -48,19 +47,14 @@ def _time(fn) -> float:
     return 1e3 * triton.testing.do_bench(fn, return_mode="median")
 
 
-def _row(label, data, g, variants=("triton", "cuda"), **knobs) -> dict:
-    """One data set: the reference once, each variant timed into a preallocated ``out`` (checked: lengths equal the
-    reference's, ``<variant>_lens_ok``)."""
+def _row(label, data, g, **knobs) -> dict:
     idx, tlen, s_kv = data.indices, data.topk_length, data.s_kv
     ref = build_union_ref(idx, tlen, g, s_kv)
-    row = {"s_kv": s_kv, "data": label, "mean_U": float(ref.union_len.float().mean()),
-           "torch_us": _time(lambda: build_union_ref(idx, tlen, g, s_kv))}
-    for v in variants:
-        kw = {k: x for k, x in knobs.items() if (k == "threads") == (v == "cuda")}
-        got = build_union(idx, tlen, g, s_kv, variant=v, **kw)  # also compiles
-        row[f"{v}_lens_ok"] = torch.equal(got.shared_len, ref.shared_len) and torch.equal(got.rest_len, ref.rest_len)
-        row[f"{v}_us"] = _time(lambda v=v, got=got, kw=kw: build_union(idx, tlen, g, s_kv, out=got, variant=v, **kw))
-    return row
+    got = build_union(idx, tlen, g, s_kv, **knobs)  # also compiles
+    ok = torch.equal(got.shared_len, ref.shared_len) and torch.equal(got.rest_len, ref.rest_len)
+    return {"s_kv": s_kv, "data": label, "mean_U": float(ref.union_len.float().mean()), "lens_ok": ok,
+            "triton_us": _time(lambda: build_union(idx, tlen, g, s_kv, out=got, **knobs)),
+            "torch_us": _time(lambda: build_union_ref(idx, tlen, g, s_kv))}
 
 
 def bench_rows(T=16384, topk=2048, g=8, s_kvs=S_KVS) -> list[dict]:
@@ -75,22 +69,16 @@ def bench_rows(T=16384, topk=2048, g=8, s_kvs=S_KVS) -> list[dict]:
 
 
 def sweep_rows(T=16384, topk=2048, g=8, s_kv=32768, overlap=0.8) -> list[dict]:
-    """The kernels' knobs at one shape: Triton programs per SM {1, 2, 4, 8} x block {1024, 4096} x warps {4, 8, 16};
-    CUDA threads per CTA {256, 512, 1024}."""
+    """The kernel's knobs at one shape: programs per SM {1, 2, 4, 8} x block {1024, 4096} x warps {4, 8, 16} (the
+    kernel waits on L2 round trips: more programs and warps in flight should help; the sweep says how much)."""
     data = overlap_indices(T, topk, s_kv, overlap, g, seed=0, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for per_sm in (1, 2, 4, 8):
         for block in (1024, 4096):
             for warps in (4, 8, 16):
-                knobs = {"num_programs": per_sm * sms, "block": block, "num_warps": warps}
-                r = _row(f"overlap {overlap}", data, g, variants=("triton",), **knobs)
-                rows.append({"variant": "triton", "knobs": f"programs/SM {per_sm}, block {block}, warps {warps}",
-                             "us": r["triton_us"], "lens_ok": r["triton_lens_ok"]})
-    for threads in (256, 512, 1024):
-        r = _row(f"overlap {overlap}", data, g, variants=("cuda",), threads=threads)
-        rows.append({"variant": "cuda", "knobs": f"threads {threads}", "us": r["cuda_us"],
-                     "lens_ok": r["cuda_lens_ok"]})
+                r = _row(f"overlap {overlap}", data, g, num_programs=per_sm * sms, block=block, num_warps=warps)
+                rows.append({**r, "programs_per_sm": per_sm, "block": block, "num_warps": warps})
     return rows
 
 
@@ -110,16 +98,16 @@ def main(argv=None) -> int:
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"T={args.T}, topk={args.topk}, g={args.g}; do_bench median, us; default programs = "
           f"{DEFAULT_PROGRAMS_PER_SM} x SMs")
-    print(f"{'s_kv':>7} {'data':>26} {'mean U':>8} {'triton':>9} {'cuda':>9} {'torch':>9}  lengths = reference")
+    print(f"{'s_kv':>7} {'data':>26} {'mean U':>8} {'lens ok':>7} {'triton':>9} {'torch':>9} {'torch/triton':>12}")
     for r in bench_rows(args.T, args.topk, args.g):
-        ok = "yes" if r["triton_lens_ok"] and r["cuda_lens_ok"] else f"NO (triton {r['triton_lens_ok']}, cuda " \
-            f"{r['cuda_lens_ok']})"
-        print(f"{r['s_kv']:>7} {r['data']:>26} {r['mean_U']:>8.0f} {r['triton_us']:>9.1f} {r['cuda_us']:>9.1f} "
-              f"{r['torch_us']:>9.1f}  {ok}")
+        print(f"{r['s_kv']:>7} {r['data']:>26} {r['mean_U']:>8.0f} {r['lens_ok']!s:>7} {r['triton_us']:>9.1f} "
+              f"{r['torch_us']:>9.1f} {r['torch_us'] / r['triton_us']:>11.1f}x")
     if args.sweep:
         print("\nknob sweep (s_kv 32768, overlap 0.8)")
+        print(f"{'progs/SM':>8} {'block':>6} {'warps':>5} {'triton us':>10} {'lens ok':>7}")
         for r in sweep_rows(args.T, args.topk, args.g):
-            print(f"{r['variant']:>7} {r['knobs']:<36} {r['us']:>9.1f} us  lengths ok {r['lens_ok']}")
+            print(f"{r['programs_per_sm']:>8} {r['block']:>6} {r['num_warps']:>5} {r['triton_us']:>10.1f} "
+                  f"{r['lens_ok']!s:>7}")
     return 0
 
 
