@@ -58,14 +58,15 @@ written. An indexer that selects per-token top-k could emit the union itself:
 - the top-k kernel of a group of ``g`` tokens (one CTA per group instead of per token) marks a per-group bitmap in
   shared memory while it selects (one ``atomicOr`` per selected key, on chip), then compacts the bitmap into the
   shared/rest lists; no ``[T, topk]`` round trip through HBM and no global atomics;
-- or the indexer scores the ``g`` tokens together (their logits rows are adjacent in ``fp8_mqa_logits`` /
-  ``fp8_paged_mqa_logits``' output), selects per token and merges in the same CTA.
+- or the indexer scores the ``g`` tokens together (their logits rows are adjacent in the MQA-logits output),
+  selects per token and merges in the same CTA.
 
-In vLLM that is ``vllm/model_executor/layers/sparse_attn_indexer.py`` (``sparse_attn_indexer``: the prefill branch
-runs ``fp8_mqa_logits`` then the top-k op into ``topk_indices_buffer``: the union would be written beside that
-buffer). In SGLang it is the DSA backend, ``python/sglang/srt/layers/attention/dsa/dsa_indexer.py`` (the indexer's
-top-k) and the prefill dispatch in ``dsa_backend`` (SGLang's own union, in
-``python/sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py``, sorts each token's list with torch and
+In vLLM that is ``vllm/model_executor/layers/sparse_attn_indexer.py`` (``sparse_attn_indexer``, read at
+vllm-project/vllm 006475fe: the prefill branch computes the logits with DeepGEMM's ``fp8_fp4_mqa_logits``, named
+``fp8_mqa_logits`` in earlier versions, then writes each token's top-k into ``topk_indices_buffer``, pre-filled with
+``-1``: the union would be written beside that buffer). In SGLang it is the DSA backend,
+``python/sglang/srt/layers/attention/dsa_backend.py`` with its indexer ``dsa/dsa_indexer.py`` (SGLang's own union,
+in ``python/sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py``, sorts each token's list with torch and
 binary-searches the other tokens' lists, ``O(g^2 topk log topk)`` per group).
 
 Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the kernel runs on CPU tensors through Triton's
