@@ -47,7 +47,8 @@ allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=`
 Traffic per group (g tokens x topk entries): the indices read twice (the second time from L2), one L2 atomic and one
 L2 load per valid entry, one load + one store per union key for the clean-up, the lists written. The atomics and
 the ``.cg`` loads go to L2 at random addresses, so the kernel's time is set by L2 round trips and operation
-throughput, not DRAM bandwidth: 0.98 ms at T 16384 x topk 2048 on the lent H200 (the lead's GPU call of 2026-12-04),
+throughput, not DRAM bandwidth: 0.98 ms at T 16384 x topk 2048 on the lent H200 (2026-12-04; ``H200_PACKED_COST`` in
+``mla_lab/kernels/packed.py``, docs/perf-notes.md "Packed kernel"),
 about the packed attention kernel's own time, far over the 5 % budget. Triton has no shared-memory atomics; the
 on-chip builder is CUDA C++: :mod:`.union_cuda` (same contract). :mod:`.union_bench` times this kernel, its knobs
 and the torch build (``python -m mla_lab.kernels.union_bench [--sweep]``).
