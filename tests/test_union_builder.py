@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from mla_lab.kernels.union import (
     PAD_MULTIPLE,
@@ -136,14 +134,6 @@ def test_reference_matches_brute_force(g, shape, lengths):
     for q in range(u.num_groups):
         r = u.rest_idx[q, : int(u.rest_len[q])]
         assert torch.equal(r, r.sort().values)
-
-
-@settings(max_examples=60, deadline=None)
-@given(T=st.integers(1, 40), topk=st.integers(0, 12), s_kv=st.integers(1, 30), g=st.sampled_from(GS),
-       lengths=st.sampled_from(("none", "random", "empty")), seed=st.integers(0, 10**6))
-def test_reference_matches_brute_force_random(T, topk, s_kv, g, lengths, seed):
-    idx, tl = make_indices(T, topk, s_kv, lengths, seed)
-    assert as_sets(build_union_ref(idx, tl, g, s_kv)) == brute(idx, tl, g, s_kv)
 
 
 def test_shared_rules_on_a_hand_case():

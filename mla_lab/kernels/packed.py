@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .union import build_union
+
 __all__ = ["packed_sparse_prefill", "packed_group_size", "full_union", "TILE_ROWS_SM90", "REST_CONFIG", "PackedCost",
            "H200_PACKED_COST", "DISPATCH_MARGIN", "sample_sets", "choose_path", "rest_config", "REST_CONFIG_SHORT",
            "PACKED_MODES"]
@@ -130,21 +132,23 @@ if triton is not None:
             l_i = tl.where(fin, 1.0, 0.0)
             acc = tl.load(orow[:, None] + dv[None, :], mask=present[:, None] & fin[:, None], other=0.0).to(tl.float32)
         else:
-            # the shared keys here too: every present row attends them (no mask beyond presence)
+            # Triton-only mode: one loop over the shared list followed by the rest (a key at position k < sl is
+            # shared: every present row attends it); one loop, so the registers stay as in the hybrid pass (two
+            # loops spilled: ncu, docs/perf-notes.md)
             m_i = tl.full([G * H], -float("inf"), tl.float32)
             l_i = tl.zeros([G * H], tl.float32)
             acc = tl.zeros([G * H, D_V], tl.float32)
-            sbase = gid.to(tl.int64) * S_STRIDE
-            for k0 in tl.range(0, sl, BLOCK_N):
-                idx = tl.load(sidx_ptr + sbase + k0 + n, mask=(k0 + n) < sl, other=-1)
-                m_i, l_i, acc = _block(q_main, q_tail, kv_ptr, idx, present[:, None], m_i, l_i, acc,
-                                       qk_scale_log2, dv, dt)
         base = gid.to(tl.int64) * R_STRIDE
-        for k0 in tl.range(0, rl, BLOCK_N):
-            inb = (k0 + n) < rl
-            idx = tl.load(ridx_ptr + base + k0 + n, mask=inb, other=-1)
-            bits = tl.load(rmask_ptr + base + k0 + n, mask=inb, other=0).to(tl.int32)
-            sel = ((bits[None, :] >> j[:, None]) & 1) != 0
+        sbase = gid.to(tl.int64) * S_STRIDE
+        for k0 in tl.range(0, sl + rl, BLOCK_N):
+            k = k0 + n
+            in_s = k < sl
+            in_r = (k >= sl) & (k < sl + rl)
+            idx_s = tl.load(sidx_ptr + sbase + k, mask=in_s, other=-1)
+            idx_r = tl.load(ridx_ptr + base + (k - sl), mask=in_r, other=-1)
+            bits_r = tl.load(rmask_ptr + base + (k - sl), mask=in_r, other=0).to(tl.int32)
+            idx = tl.where(in_s, idx_s, idx_r)
+            sel = (((bits_r[None, :] >> j[:, None]) & 1) != 0) | (in_s[None, :] & present[:, None])
             m_i, l_i, acc = _block(q_main, q_tail, kv_ptr, idx, sel, m_i, l_i, acc, qk_scale_log2, dv, dt)
         empty = l_i == 0.0
         o = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -346,8 +350,6 @@ def sample_sets(indices: torch.Tensor, topk_length, g: int, s_kv: int, stride: i
 
     Returns ``(sets of the sampled groups, stride)``; ``builder`` defaults to :func:`mla_lab.kernels.union.build_union`.
     """
-    from .union import build_union
-
     T, K = indices.shape
     G = T // g
     if G < 1:
