@@ -533,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     en = sub.add_parser("engines", help="the engine versions the lab describes (vLLM / SGLang releases and PR-era "
                                         "builds): route, padding, decode backend, sources; or check a wheel")
     en.add_argument("--json", action="store_true", help="every preset with its facts and their file:line")
+    en.add_argument("--arch", default="h200",
+                    help="the GPU whose backends and padding to show: h200 (sm90, default) or b200 (sm100; modelled "
+                         "from the engines' sources, nothing ran on a B200)")
     en.add_argument("--check-wheel", nargs="+", default=None, metavar="WHEEL",
                     help="release wheel(s) to check the facts against (read with ast; never installed or imported)")
     en.add_argument("--download", nargs="+", default=None, metavar="ENGINE==VERSION",

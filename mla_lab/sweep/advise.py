@@ -28,7 +28,7 @@ from ..placement import (
     resolve_engine,
     strategy_notes,
 )
-from .rows import between_process_changes, measured_changes, modelled_rows
+from .rows import between_process_changes, measured_changes, measured_withheld, modelled_rows
 
 __all__ = ["advise", "candidate_strategies", "frontier", "format_advice", "TODAY_ENGINES", "engines_block"]
 
@@ -128,6 +128,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         raise ValueError(f"this deployment does not fit: {base['fit_reason']}; no strategy can be recommended")
     _splice_measured(rows, point, measured)
     _splice_between_process(rows, d, measured)
+    withheld = _withhold(rows, d, base) if measured is not None else ""
     excluded, kept, modelled_only = [], [], []
     for r in rows:
         reason = ""
@@ -155,7 +156,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
             "modelled_only": modelled_only,
             "frontier": front, "baseline": BASELINE, "engines": engines,
-            "comm_source": rows[0].get("comm_source", "") if rows else "",
+            "comm_source": rows[0].get("comm_source", "") if rows else "", "measured_withheld": withheld,
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
                     "change with the attention path timed on an H200 (rest modelled) and its interval, where "
                     "measured: at the seed's attention step the median and [min, max] over >= 5 fresh processes "
@@ -173,6 +174,17 @@ def _summary(r: dict, reason: str) -> dict:
             "ttft_source": "modelled", "memory_source": "exact", "reason": reason,
             "measured_change_pct": r.get("measured_change_pct"), "measured_ci_lo": r.get("measured_ci_lo"),
             "measured_ci_hi": r.get("measured_ci_hi"), "measured_basis": r.get("measured_basis")}
+
+
+def _withhold(rows: list[dict], d: Deployment, base: dict) -> str:
+    """Clear the measured columns of every row whose route here is not the measured kernel's or that does not fit
+    (:func:`mla_lab.sweep.rows.measured_withheld`); returns the baseline's reason ("" when its route is the
+    measured one): the line advise prints under an empty measured column."""
+    for r in rows:
+        if r.get("measured_change_pct") is not None and measured_withheld(d, r["strategy"], {r["strategy"]: r,
+                                                                                            BASELINE: base}):
+            r.update(measured_change_pct=None, measured_ci_lo=None, measured_ci_hi=None, measured_basis=None)
+    return measured_withheld(d, BASELINE, {BASELINE: base})
 
 
 def _splice_measured(rows: list[dict], point: dict, measured) -> None:
@@ -301,6 +313,8 @@ def format_advice(result: dict) -> str:
     if kv:
         out.append(f"'% of KV' = KV tokens lost / the baseline's KV capacity of {kv:,.0f} tokens per rank "
                    f"(gpu_memory_utilization {d.get('gpu_memory_utilization', '')})".replace(" ()", ""))
+    if result.get("measured_withheld"):
+        out.append(f"measured column empty: {result['measured_withheld']}")
     if result.get("comm_source"):
         out.append(f"all-reduce priced by: {result['comm_source']}")
     out.append(result["note"])
