@@ -73,7 +73,7 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
            "preset_table", "SUBCHUNK_GRAPH", "ENGINE_PRESET_MEMBERS", "engine_strategies",
            "ENGINE_LEGACY_NAMES", "resolve_engine", "engine_summary", "engine_table", "blackwell_rows",
-           "PR_TRADE_BY_ENGINE", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label", "strategy_notes"]
+           "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label", "strategy_notes"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
               "kernel_native", "fa3_sparse")
@@ -498,6 +498,9 @@ def advise_candidates(max_num_batched_tokens: int) -> list[str]:
         s *= 2
     return names
 
+
+#: The lab's proposals ``mla-lab advise`` also prices on vLLM 0.33.0's routes with FLASHMLA_SPARSE forced.
+FORCED_TODAY = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:graph2")
 
 #: (label, strategy, against) of the seed answer (:mod:`mla_lab.report.seed_answer`).
 SEED_COMPARISONS = (

@@ -6,7 +6,7 @@ import pytest
 
 from mla_lab.deployment import Deployment
 from mla_lab.placement import BASELINE, PR_STRATEGY
-from mla_lab.report.data import load_measured
+from mla_lab.report.data import load_measured, withhold_off_route
 from mla_lab.report.seed_answer import seed_answer
 from mla_lab.sweep.advise import advise, format_advice
 from mla_lab.sweep.rows import MEASURED_ROUTE, between_process_changes, measured_change_pct, measured_withheld
@@ -25,26 +25,27 @@ def test_the_dense_route_gets_no_measured_number():
     assert measured_withheld(Deployment.seed(model="deepseek-v3.2", prompt_len=8192), PR_STRATEGY) == ""
 
 
-def test_load_measured_withholds_dense_and_unfit_deployments(measured):
-    assert len(measured)
+def test_the_report_withholds_dense_and_unfit_deployments(measured):
+    shown, notes = withhold_off_route(measured)  # what measured_for gives the report's figures and tables
+    assert len(shown) and len(shown) < len(measured)
+    measured = shown
     dense = measured[(measured["model"] == "deepseek-v3.2") & (measured["prompt_len"] == 1024)]
     assert dense.empty  # the committed file holds 28 such rows; none is shown
     assert (measured["tp"] != 4).all()  # TP4 does not fit GLM-5 / DeepSeek-V3.2 weights on an H200
-    notes = measured.attrs["withheld"]
     assert any("deepseek-v3.2 tp=8" in n and "prompt_len=1024" in n and "mha-dense" in n for n in notes)
     assert any("tp=4" in n and "does not fit" in n for n in notes)
 
 
 def test_advise_shows_no_measured_change_on_the_dense_route(measured):
     res = advise(Deployment.seed(model="deepseek-v3.2"), measured=measured)
-    rows = [res["recommendation"], *res["alternatives"], *res["excluded"]]
+    rows = [res["recommendation"], *res["alternatives"], *res["other_engines"], *res["excluded"]]
     assert all(r["measured_change_pct"] is None for r in rows)
     assert "mha-dense" in res["measured_withheld"]
     assert "measured column empty" in format_advice(res)
     # with rows that were never screened (the Python API given a raw frame), advise screens them itself
     raw = measured.copy()
     res2 = advise(Deployment.seed(model="deepseek-v3.2", prompt_len=8192), measured=raw)
-    assert any(r["measured_change_pct"] is not None for r in [res2["recommendation"], *res2["alternatives"]])
+    assert any(r["measured_change_pct"] is not None for r in [res2["recommendation"], *res2["alternatives"], *res2["other_engines"]])
 
 
 def test_one_measured_figure_per_cell(measured):
@@ -57,5 +58,5 @@ def test_one_measured_figure_per_cell(measured):
     seed = {(r["model"], r["strategy"], r["against"]): r for r in seed_answer(("glm-5",))}
     assert round(seed[("glm-5", PR_STRATEGY, BASELINE)]["measured_pct"], 1) == round(measured_change_pct(g), 1)
     res = advise(Deployment.seed(), measured=measured)
-    pr = next(r for r in [res["recommendation"], *res["alternatives"]] if r["strategy"] == PR_STRATEGY)
+    pr = next(r for r in [res["recommendation"], *res["alternatives"], *res["other_engines"]] if r["strategy"] == PR_STRATEGY)
     assert pr["measured_change_pct"] == pytest.approx(bp["median"])

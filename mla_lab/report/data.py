@@ -174,9 +174,7 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
     both, detached = detach_stale(rows, root)
     # the attention path is measured; the rest of TTFT comes from the current model, so re-derive it here
     out = reprice_measured_rows(both, weight_dtype, moe_parallel) if len(both) else both
-    out, withheld = withhold_off_route(out)
     out.attrs["detached"], out.attrs["unstamped"] = detached, unstamped_files(both, root)
-    out.attrs["withheld"] = withheld
     return out
 
 
@@ -361,6 +359,7 @@ def measured_for(params, root: str | Path | None = None):
     for k, allowed in keep.items():
         if k in m.columns:
             m = m[m[k].astype(str).isin({str(v) for v in allowed})]
+    m, notes["withheld"] = withhold_off_route(m)  # measured only where the measured kernel runs and it fits
     m = m.reset_index(drop=True)
     m.attrs.update(notes)  # the notes are about the whole measured set (the banner says them)
     return m

@@ -156,7 +156,7 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("attention_path_presets_pct", "the PR's attention path vs the pre-PR pad, paired over 5 processes: "
              "data/measured/h200/between_process/presets.csv (the 0834 lease)",
              lambda: _presets_copy()["change_pct"],
-             (r"attention path " + _PCT + r" \[[-+]\d\.\d, [-+]\d\.\d\]",)),
+             (r"ms measured, attention path " + _PCT + r" \[[-+]\d\.\d, [-+]\d\.\d\]",)),
     Quantity("attention_path_lease1_pct", "the same, ratio of medians, the 0834 lease's strategies run: "
              "data/measured/h200/runs/2026-12-02T0834_measure/between_process/strategies.csv "
              "(mla_lab.report.reproduce.lease_pr_change)", _lease("first"),
@@ -186,7 +186,7 @@ QUANTITIES: tuple[Quantity, ...] = (
              (r"vLLM 0\.33\.0 forced, (?:it|the shared view) (?:prices|costs) (?P<v>[-+]\d+) MiB",)),
     Quantity("default_grid_points", "the sweep's default grid: mla_lab.sweep.run.plan_sweep(DEFAULTS)",
              _default_grid_points,
-             (r"the default grid \((?P<v>\d+) points", r'"points": (?P<v>\d+),\n "stored"')),
+             (r"(?<!earlier )default grid (?:is )?\(?(?P<v>\d+) points", r'"points": (?P<v>\d+),\n "stored"')),
 )
 
 

@@ -465,7 +465,8 @@ def _attach_between_process(out) -> None:
         out[c] = float("nan")
     out["measured_basis"] = out.get("measured_basis", "")
     out["measured_basis"] = out["measured_basis"].fillna("").astype(object)
-    ok = out[(out["source"] == "measured") & (out.get("status", "ok") == "ok")]
+    ok = out[(out["source"] == "measured") & (out.get("status", "ok") == "ok")
+             & (out["baseline"].fillna(BASELINE) == BASELINE)]  # changes against the same baseline only
     keys = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency",
                         "kv_cache_dtype") if c in ok.columns]
     for k, g in ok.groupby(keys, dropna=False):
