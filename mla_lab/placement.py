@@ -645,7 +645,8 @@ def engine_summary(engine: str, model, topk: int, num_heads: int, sm: str = "sm9
         "nowhere at this prompt length (prefill rows dense MHA, decode rows another backend)")
     if where == ["decode rows"] and prefill_route == "mha-dense":
         padded_path += "; prefill rows dense MHA"
-    note = (f"SGLang's step holds at most its chunked_prefill_size ({budget} on an H200); the lab's serving model "
+    where = "an H200" if sm == "sm90" else f"an H200; read for sm90, applied to {sm}"
+    note = (f"SGLang's step holds at most its chunked_prefill_size ({budget} on {where}); the lab's serving model "
             f"steps at max_num_batched_tokens {max_num_batched_tokens}: give --max-num-batched-tokens {budget} to "
             "price SGLang's own steps" if budget < max_num_batched_tokens else "")
     return {**out, "backend": backend, "padding": pad, "prefill_route": prefill_route, "note": note,

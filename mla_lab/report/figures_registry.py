@@ -15,14 +15,27 @@ pattern) say which is which.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Callable
 
+import pandas as pd
+
+from ..deployment import Deployment
+from ..measure.spread import paired_change
 from ..paths import REPO_ROOT
+from ..placement import BASELINE
+from ..sweep.advise import advise, format_advice
+from ..sweep.params import validate_params
+from ..sweep.rows import modelled_rows
+from ..sweep.run import plan_sweep
+from .answer import answer_figures
+from .data import load_measured
+from .reproduce import lease_pr_change
+from .seed_answer import pr_trade_by_engine, seed_answer
 
 __all__ = ["Quantity", "QUANTITIES", "pages", "statements", "agrees"]
 
@@ -48,8 +61,6 @@ class Quantity:
 
 @lru_cache(maxsize=None)
 def _seed_rows() -> dict:
-    from .seed_answer import seed_answer
-
     return {(r["model"], r["strategy"], r["against"]): r for r in seed_answer(("glm-5", "glm-5.2"))}
 
 
@@ -61,10 +72,6 @@ def _seed(model: str, strategy: str, against: str, key: str) -> Callable[[], flo
 def _presets_copy() -> dict:
     """The PR's attention path against the pre-PR pad in ``data/measured/h200/between_process/presets.csv`` (5 fresh
     processes): the copy removed (median over processes of the per-process difference, ms) and the paired change."""
-    import pandas as pd
-
-    from ..measure.spread import paired_change
-
     p = pd.read_csv(REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "presets.csv")
     p = p[p["shape"] == "seed"]
     med = p.groupby(["strategy", "process"])["ms"].median().unstack()
@@ -77,10 +84,6 @@ def _pad_copy_modelled_ms() -> float:
     """The cost model's pad copy of vLLM before the PR (``per_call_empty``) per layer call at the seed (T = 16384,
     8 -> 64 heads): the baseline row's ``pad_copy_ms`` over its steps and layers (:func:`mla_lab.sweep.rows.
     modelled_rows`, calibration ``data/calibration/h200_ops.csv``)."""
-    from ..deployment import Deployment
-    from ..placement import BASELINE
-    from ..sweep.rows import modelled_rows
-
     d = Deployment.seed()
     row = next(r for r in modelled_rows(d.to_point(strategies=[BASELINE], shared_workspace_bytes=None, num_runs=7),
                                         deployment=d) if r["strategy"] == BASELINE)
@@ -89,24 +92,17 @@ def _pad_copy_modelled_ms() -> float:
 
 def _lease(which: str) -> Callable[[], float]:
     def f():
-        from .reproduce import lease_pr_change
-
         return lease_pr_change()[which]
     return f
 
 
 def _answer(key: str) -> Callable[[], float]:
     def f():
-        from .answer import answer_figures
-
         return float(answer_figures()[key])
     return f
 
 
 def _default_grid_points() -> float:
-    from ..sweep.params import validate_params
-    from ..sweep.run import plan_sweep
-
     return float(plan_sweep(validate_params({}))["points"])
 
 
@@ -114,8 +110,6 @@ def _forced_today_mib() -> float:
     """vLLM 0.33.0 with FLASHMLA_SPARSE forced: the PR's workspace as the per-call view of the shared workspace,
     extra persistent MiB per rank over the pre-PR unpadded buffer (GLM-5.2 TP8, 16384 tokens;
     :func:`mla_lab.report.seed_answer.pr_trade_by_engine`, byte accounting :func:`mla_lab.buffers.memory_account`)."""
-    from .seed_answer import pr_trade_by_engine
-
     r = {x["engine"]: x for x in pr_trade_by_engine(("glm-5.2",))}
     return float(r["vllm@0.33.0-flashmla"]["extra_persistent_mib"])
 
@@ -128,7 +122,7 @@ QUANTITIES: tuple[Quantity, ...] = (
              (r"\| -9\.5 % \| " + _PCT + r" \(GLM-5\.2", r"\(GLM-5: " + _PCT + r"\) for [-+]\d+ MiB",
               r"PR vs before it, padded heads zeros, modelled \| " + _PCT,
               r"\| committed: the assumption \| \d+ \| " + _PCT,
-              r"\nprivate_workspace +vllm-53878 +[\d.]+ +" + _PCT.replace(" ?%", ""))),
+              r"\nprivate_workspace@vllm-pr53878 +[\d.]+ +" + _PCT.replace(" ?%", ""))),
     Quantity("pr_ttft_modelled_glm52", f"{SEED}, GLM-5.2, modelled: mla_lab.report.seed_answer",
              _seed("glm-5.2", "private_workspace", "per_call_empty:zeros", "modelled_pct"),
              (r"\| -9\.5 % \| [-+]\d\.\d % \(GLM-5\.2: " + _PCT, r"Modelled: mean TTFT \(time to first token\) " + _PCT,
@@ -139,7 +133,7 @@ QUANTITIES: tuple[Quantity, ...] = (
              _seed("glm-5", "private_workspace", "per_call_empty:zeros", "measured_pct"),
              (r"\| " + _PCT + r" \[[-+]\d\.\d, [-+]\d\.\d\] \(GLM-5\.2: [-+]\d\.\d %\) \|",
               r"zeros, attention path measured[^|\n]*\| " + _PCT + r" \[",
-              r"\nprivate_workspace +vllm-53878 +(?:\S+ +){7}(?P<v>[-+]\d+\.\d+) \[")),
+              r"\nprivate_workspace@vllm-pr53878 +(?:\S+ +){7}(?P<v>[-+]\d+\.\d+) \[")),
     Quantity("pr_ttft_measured_glm52", f"{SEED}, GLM-5.2, attention path measured: between_process/presets.csv",
              _seed("glm-5.2", "private_workspace", "per_call_empty:zeros", "measured_pct"),
              (r"\] \(GLM-5\.2: " + _PCT + r"\) \|", r"rest modelled\) " + _PCT + r" \[",
@@ -171,7 +165,7 @@ QUANTITIES: tuple[Quantity, ...] = (
              (r"keys, heads up-projected; exact up to top-k\) is modelled at " + _PCT,
               r"is modelled at " + _PCT + r" TTFT\s+against the PR's path for GLM-5\.2")),
     Quantity("dense_route_glm5_pct", "the same, GLM-5", _answer("dense_glm5_pct"),
-             (r"TTFT against the PR's path \(GLM-5: " + _PCT + r"\)", r"for GLM-5\.2 \(GLM-5: " + _PCT + r"\)")),
+             (r"TTFT against the PR's path \(GLM-5: " + _PCT + r"[;)]", r"for GLM-5\.2 \(GLM-5: " + _PCT + r"\)")),
     Quantity("fa3_tpot_today_pct", "vLLM 0.33.0's FA3 sparse vs FLASHMLA_SPARSE forced, TPOT, GLM-5.2, the serving "
              "simulation (mla_lab.serving.serve_benchmark)", _answer("fa3_tpot_pct"),
              (r"pads nowhere: TPOT " + _PCT,)),
@@ -180,10 +174,12 @@ QUANTITIES: tuple[Quantity, ...] = (
     Quantity("pr_extra_mib", "the PR's build: persistent extra MiB per rank (mla_lab.buffers.memory_account)",
              _answer("extra_mib"),
              (r"with the PR's build the pre-padded workspace costs (?P<v>\d+) MiB per rank",
+              r"\nprivate_workspace@vllm-pr53878 +[\d.]+ +\S+ +\d+ +(?P<v>[-+]\d+) ",
               r"\| \+1032 MiB peak \| \+(?P<v>\d+) MiB \(")),
     Quantity("forced_today_mib", "vLLM 0.33.0, FLASHMLA_SPARSE forced: extra MiB per rank "
              "(mla_lab.report.seed_answer.pr_trade_by_engine)", _forced_today_mib,
-             (r"vLLM 0\.33\.0 forced, (?:it|the shared view) (?:prices|costs) (?P<v>[-+]\d+) MiB",)),
+             (r"vLLM 0\.33\.0 forced, (?:it|the shared view) (?:prices|costs) (?P<v>[-+]\d+) MiB",
+              r"\nshared_workspace:none@vllm-0\.33\.0-flashmla +[\d.]+ +\S+ +\d+ +(?P<v>[-+]\d+) ")),
     Quantity("default_grid_points", "the sweep's default grid: mla_lab.sweep.run.plan_sweep(DEFAULTS)",
              _default_grid_points,
              (r"(?<!earlier )default grid (?:is )?\(?(?P<v>\d+) points", r'"points": (?P<v>\d+),\n "stored"')),
@@ -193,14 +189,6 @@ QUANTITIES: tuple[Quantity, ...] = (
 def _cli_texts() -> dict[str, str]:
     """The CLI's own text for the PR's deployment: ``mla-lab advise`` (the measured rows read as the CLI reads
     them) and ``mla-lab sweep --dry-run``, rendered in-process by the functions the commands call."""
-    import json
-
-    from ..deployment import Deployment
-    from ..sweep.advise import advise, format_advice
-    from ..sweep.params import validate_params
-    from ..sweep.run import plan_sweep
-    from .data import load_measured
-
     adv = format_advice(advise(Deployment.seed(), measured=load_measured(), engine=None))
     dry = json.dumps(plan_sweep(validate_params({})), indent=1, default=str)
     return {"cli: mla-lab advise": "\n" + adv, "cli: mla-lab sweep --dry-run": dry}
@@ -231,7 +219,7 @@ def statements(q: Quantity, texts: dict[str, str]) -> list[tuple[str, str]]:
     """``[(page, printed number)]``: every statement of ``q`` the patterns find on ``texts``."""
     out = []
     for name, text in texts.items():
-        flat = _flat(text)
+        flat = text if name.startswith("cli:") else _flat(text)  # a terminal's lines are its layout
         for pat in q.patterns:
             for m in re.finditer(pat, flat):
                 out.append((name, m.group("v")))
@@ -254,7 +242,8 @@ def main(argv=None) -> int:
         found = statements(q, texts)
         wrong = [(p, s) for p, s in found if not agrees(s, v)]
         bad += len(wrong)
-        print(f"{q.name} = {v:.4g}  ({q.source}); stated {len(found)}x"
+        print(f"{q.name} = {v:.4g}  ({q.source}); stated {len(found)}x: "
+              + ", ".join(sorted({p for p, _ in found}))
               + "".join(f"\n    DIFFERS: {p} says {s}" for p, s in wrong))
     return 1 if bad else 0
 

@@ -172,6 +172,8 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         engines = engines_block(d, engine)
         strategies = list(strategies if strategies is not None else candidate_strategies(d.max_num_batched_tokens))
         strategies += engine_strategies(engine)
+        for e in TODAY_ENGINES:  # today's engines' own paths: listed beside the answer (or in it)
+            strategies += engine_strategies(e)
         if group == "vllm@0.33.0":  # the engine's default and forced paths, and the lab's proposals on its routes
             strategies += (engine_strategies("vllm@0.33.0-flashmla")
                            + [f"{s}@vllm-0.33.0-flashmla" for s in FORCED_TODAY])
@@ -193,7 +195,8 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     for r in rows:
         reason = ""
         if r["placement"] == "kernel_native":  # no engine's backend runs it: shown beside the ranking, never in it
-            modelled_only.append(_summary(r, KERNEL_NATIVE_NOTE) | {"label": KERNEL_NATIVE_LABEL})
+            modelled_only.append(_summary(r, KERNEL_NATIVE_NOTE if d.arch.sm == "sm90" else KERNEL_NATIVE_SHORT)
+                                 | {"label": KERNEL_NATIVE_LABEL})
             continue
         if not r["fits_in_memory"]:
             reason = r["fit_reason"]
@@ -209,6 +212,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     for s in kept + excluded + modelled_only:
         s["on_frontier"] = s["strategy"] in front
     kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
+    kept, arch_notes = _on_this_gpu(kept, excluded, d, engines)
     others = [s for s in kept if group not in (None, engine_group(s["engine"]))]  # own section, never ranked
     kept = [s for s in kept if group in (None, engine_group(s["engine"]))]
     return {"deployment": {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len",
@@ -216,12 +220,13 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
                                                  "moe_parallel", "gpu_memory_utilization") if k in point}
             | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
-            "engine": engine, "engine_group": group, "other_engines": others,
+            "engine": engine, "engine_group": group, "other_engines": others, "arch_sm": d.arch.sm,
+            "arch_notes": arch_notes,
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
             "modelled_only": modelled_only,
             "frontier": front, "baseline": BASELINE, "engines": engines,
             "comm_source": rows[0].get("comm_source", "") if rows else "", "measured_withheld": withheld,
-            "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
+            "note": _NOTE_MODELLED if d.arch.sm != "sm90" else "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
                     "change with the attention path timed on an H200 (rest modelled) and its interval, where "
                     "measured: at the seed's attention step the median and [min, max] over >= 5 fresh processes "
                     "(data/measured/h200/between_process/presets.csv), elsewhere one process's 95 % interval of "
@@ -239,6 +244,46 @@ def _summary(r: dict, reason: str) -> dict:
             "ttft_source": "modelled", "memory_source": "exact", "reason": reason,
             "measured_change_pct": r.get("measured_change_pct"), "measured_ci_lo": r.get("measured_ci_lo"),
             "measured_ci_hi": r.get("measured_ci_hi"), "measured_basis": r.get("measured_basis")}
+
+
+#: The kernel_native line on a GPU where nothing was measured (the H200 kernel timings are not its evidence).
+KERNEL_NATIVE_SHORT = (f"{KERNEL_NATIVE_LABEL}: a FlashMLA-style kernel taking the real head count, which no engine's "
+                       "backend runs; priced as the padded kernel's time without the padded heads' Q reads and output "
+                       "writes, always on the sparse route, so it is shown, not ranked")
+#: advise's closing note on a GPU the lab never measured.
+_NOTE_MODELLED = ("ranked by the modelled TTFT (full_layer scope, content factor included; modelled: the arch card's "
+                  "datasheet rates, the H200's calibrated efficiencies); memory exact (byte accounting); a negative "
+                  "extra = a workspace smaller than the baseline's unpadded Q buffer")
+#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab.engines.versions``: FA4 for bf16 KV at <= 16 heads,
+#: FlashInfer for fp8 KV): the name the FA3-sparse placement takes in a label there.
+SM100_REAL_HEAD = {"FLASH_ATTN_MLA_SPARSE_FA4": "fa4_sparse", "FLASHINFER_MLA_SPARSE": "flashinfer_sparse"}
+
+
+def _on_this_gpu(kept: list[dict], excluded: list[dict], d: Deployment, engines: list[dict]):
+    """On a GPU other than sm90 (issue 39: B200): vLLM 0.33.0's FA3-sparse row is named as the backend that GPU
+    runs (FA4 / FlashInfer, :data:`SM100_REAL_HEAD`) and PR #46189's FA3 sparse, a Hopper kernel, moves to
+    ``excluded`` with the reason. Returns ``(kept, notes)``; ``excluded`` grows in place."""
+    if d.arch.sm == "sm90":
+        return kept, []
+    backend = next((e.get("backend") for e in engines if e["preset"] == "vllm@0.33.0"), None)
+    real = SM100_REAL_HEAD.get(backend)
+    notes = [f"nothing here ran on a {d.arch.name.upper()} ({d.arch.sm}): every number is modelled (the arch card's "
+             "datasheet rates with the H200's calibrated efficiencies); no measured column"]
+    out = []
+    for s in kept:
+        st = parse_strategy(s["strategy"])
+        if st.placement == "fa3_sparse" and st.rule == "vllm-fa3":
+            excluded.append(s | {"reason": f"FA3 sparse (vLLM PR #46189) is a Hopper (sm90) kernel; on {d.arch.name} "
+                                           f"vLLM 0.33.0 runs {backend or 'another backend'}"})
+            continue
+        if st.placement == "fa3_sparse" and real:
+            s["label"] = s["label"].replace("fa3_sparse", real, 1)
+        out.append(s)
+    if real:
+        notes.append(f"{real}@vllm-0.33.0 = vLLM 0.33.0's {backend} on {d.arch.sm} with the real {d.num_heads} heads "
+                     "(no padding; mla_lab/engines/versions.py); its kernel is priced with FA3 sparse's model, "
+                     "nothing ran on a B200")
+    return out, notes
 
 
 def _withhold(rows: list[dict], d: Deployment, base: dict) -> str:
@@ -362,8 +407,10 @@ def format_advice(result: dict) -> str:
         out.append(f"modelled only, not a recommendation: {s['strategy']} {s['ttft_change_pct']:+.2f} % "
                    f"({s['reason']})")
     ranked = ([rec] if rec else []) + list(result["alternatives"])
-    out += [f"note: {n}" for n in strategy_notes([x["strategy"] for x in ranked + list(result.get("other_engines", []))
-                                                  + list(result["excluded"])])]
+    out += [f"note: {n}" for n in result.get("arch_notes", [])]
+    hopper = result.get("arch_sm", "sm90") == "sm90"
+    out += [f"note: {n if hopper else n.replace('on an H200 ', '(read for sm90) ')}" for n in strategy_notes(
+        [x["strategy"] for x in ranked + list(result.get("other_engines", [])) + list(result["excluded"])])]
     meas = [x for x in ranked if x.get("measured_change_pct") is not None]
     if len(meas) >= 2:
         by_meas = sorted(meas, key=lambda x: x["measured_change_pct"])
