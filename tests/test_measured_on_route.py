@@ -60,3 +60,33 @@ def test_one_measured_figure_per_cell(measured):
     res = advise(Deployment.seed(), measured=measured)
     pr = next(r for r in [res["recommendation"], *res["alternatives"], *res["other_engines"]] if r["strategy"] == PR_STRATEGY)
     assert pr["measured_change_pct"] == pytest.approx(bp["median"])
+
+
+def test_figures_draw_no_withheld_measured_point(measured):
+    """The TP bars given every measured row (TP4 included, which does not fit) draw no measured diamond there and
+    no TP4 slot; the heatmap of DeepSeek-V3.2 at 1024 tokens carries no 'm:' figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from mla_lab.report import figures
+    from mla_lab.report.data import combine
+    from mla_lab.sweep.rows import modelled_rows
+
+    frames = []
+    for model in ("glm-5", "deepseek-v3.2"):
+        d = Deployment.seed(model=model)
+        frames.append(pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, PR_STRATEGY],
+                                                            shared_workspace_bytes=None, num_runs=7), deployment=d)))
+    both = combine(pd.concat(frames, ignore_index=True), measured)
+    both = both[(both["max_num_batched_tokens"] == 16384) & (both["prompt_len"] == 1024)]
+    assert (both[both["source"] == "measured"]["tp"] == 4).any()  # the raw measured rows hold TP4
+    fig = figures.plot_tp_bars(both)
+    ticks = [t.get_text() for ax in fig.axes for t in ax.get_xticklabels()]
+    assert ticks and not any(t.startswith("TP4") for t in ticks)
+    diamonds = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_marker() == "D"]
+    assert len(diamonds) == 1  # GLM-5 TP8 only: DeepSeek-V3.2 at 1024 tokens runs dense MHA
+    fig = figures.plot_heatmap(both)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert sum("m:" in t for t in texts) == 1
