@@ -87,3 +87,45 @@ def test_readme_stays_a_front_door():
     readme = (REPO_ROOT / "README.md").read_text()
     assert readme.count("\n") <= 160
     assert "B200" in readme and "--model glm-5.2" in readme
+
+
+def _answer_text():
+    from mla_lab.report.answer import BEGIN, END
+
+    readme = (REPO_ROOT / "README.md").read_text()
+    return " ".join(readme[readme.index(BEGIN):readme.index(END)].split())
+
+
+def test_readmes_glm52_figures_reproduce_with_the_commands_it_shows():
+    """README's -28.4 % / -3.4 % / +3.2 % are GLM-5.2's: the block names the commands (with ``--model glm-5.2``)
+    and running them gives the figures (issue 39: the commands defaulted to GLM-5)."""
+    import json
+    import re
+    import shlex
+
+    from conftest import run_cli
+
+    from mla_lab.report.figures_registry import QUANTITIES
+
+    text = _answer_text()
+    q = {x.name: x for x in QUANTITIES}
+    advise_cmd = re.search(r"`mla-lab (advise --model glm-5\.2)`: its `(\S+)` row against its `(\S+)` row", text)
+    serve_cmd = re.search(r"the ratio of the two rows of `mla-lab (serve --model glm-5\.2 --strategies (\S+) (\S+))`",
+                          text)
+    assert advise_cmd and serve_cmd, "the answer block names the commands behind its GLM-5.2 figures"
+    rc, out, _ = run_cli(shlex.split(advise_cmd.group(1)) + ["--json"])
+    assert rc == 0
+    res = json.loads(out)
+    rows = {r["label"]: r["ttft_change_pct"] for r in [res["recommendation"], *res["alternatives"],
+                                                        *res["other_engines"]]}
+    dense = 100 * ((1 + rows[advise_cmd.group(2)] / 100) / (1 + rows[advise_cmd.group(3)] / 100) - 1)
+    stated = [s for p, s in statements(q["dense_route_glm52_pct"], {"README.md": (REPO_ROOT / "README.md").read_text()})]
+    assert stated and all(agrees(s, dense) for s in stated)
+    rc, out, _ = run_cli(shlex.split(serve_cmd.group(1)) + ["--json"])
+    assert rc == 0
+    m = {k: v["metrics"] for k, v in json.loads(out)["strategies"].items()}
+    forced, fa3 = m[serve_cmd.group(2)], m[serve_cmd.group(3)]
+    for name, metric in (("fa3_tpot_today_pct", "mean_tpot_ms"), ("fa3_tput_today_pct", "output_throughput")):
+        v = 100 * (fa3[metric] / forced[metric] - 1)
+        stated = [s for p, s in statements(q[name], {"README.md": (REPO_ROOT / "README.md").read_text()})]
+        assert stated and all(agrees(s, v) for s in stated), (name, v, stated)
