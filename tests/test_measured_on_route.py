@@ -90,3 +90,13 @@ def test_figures_draw_no_withheld_measured_point(measured):
     fig = figures.plot_heatmap(both)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert sum("m:" in t for t in texts) == 1
+
+
+def test_the_explorer_shows_no_measured_change_on_the_dense_route(measured):
+    from mla_lab.explore import explore_point, measured_html
+
+    res = explore_point(Deployment.seed(model="deepseek-v3.2"), measured=measured)
+    assert all(r["measured_change_pct"] is None for r in res["per_strategy"])
+    assert "No measured rows" in measured_html(res)
+    seed = explore_point(Deployment.seed(), measured=measured)
+    assert any(r["measured_change_pct"] is not None for r in seed["per_strategy"])
