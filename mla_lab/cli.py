@@ -496,8 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--request-rate", default=None, help=argparse.SUPPRESS)  # refused with a reason
     ad.add_argument("--no-measured", action="store_true", help="use modelled TTFT only (ignore data/measured)")
     ad.add_argument("--engine", default=None,
-                    help="an engine version preset, e.g. vllm@0.33.0 (mla-lab engines lists them; first names such "
-                         "as vllm-53878 map to theirs): its strategies join the candidates, its route heads the list")
+                    help="the engine version to answer within (default vllm@0.33.0; e.g. sglang@0.5.23, vllm@pr53878: "
+                         "mla-lab engines lists them; first names such as vllm-53878 map to theirs): only its "
+                         "strategies are ranked, other engines' options are listed in their own section")
     ad.add_argument("--json", action="store_true", help="print the result as JSON")
     sv = sub.add_parser("serve", help="the vllm bench serve simulation for one deployment: every metric per "
                                       "strategy and its change vs the baseline (modelled)")
@@ -533,6 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
     en = sub.add_parser("engines", help="the engine versions the lab describes (vLLM / SGLang releases and PR-era "
                                         "builds): route, padding, decode backend, sources; or check a wheel")
     en.add_argument("--json", action="store_true", help="every preset with its facts and their file:line")
+    en.add_argument("--arch", default="h200",
+                    help="the GPU whose backends and padding to show: h200 (sm90, default) or b200 (sm100; modelled "
+                         "from the engines' sources, nothing ran on a B200)")
     en.add_argument("--check-wheel", nargs="+", default=None, metavar="WHEEL",
                     help="release wheel(s) to check the facts against (read with ast; never installed or imported)")
     en.add_argument("--download", nargs="+", default=None, metavar="ENGINE==VERSION",

@@ -29,7 +29,8 @@ def cmd_engines(args) -> int:
         if on:
             raise DoorError(f"{flag} writes the wheel check's report; allowed: with --check-wheel PATH.whl or "
                             "--download ENGINE==VERSION")
-    rows = engine_table()
+    arch = _engines_arch(getattr(args, "arch", "h200"))
+    rows = engine_table(sm=arch.sm)
     for r in rows:
         p = engine_preset(r["preset"])
         r["decode_backend"] = "FLASH_ATTN_MLA_SPARSE (fa3)" if r["decode_route"] == "fa3-sparse" and \
@@ -39,8 +40,9 @@ def cmd_engines(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
-    print("engine presets for GLM-5 TP8 (8 heads per rank), H200 (sm90), bf16 KV, 1024-token prompts, 16384 "
-          "tokens per step (PR #53878's benchmark); modelled from the engines' sources (a code reading, not run)")
+    print(f"engine presets for GLM-5 TP8 (8 heads per rank), {arch.name.upper()} ({arch.sm}), bf16 KV, 1024-token "
+          "prompts, 16384 tokens per step (PR #53878's benchmark); modelled from the engines' sources (a code "
+          "reading, not run" + (f"; nothing ran on a {arch.name.upper()}" if arch.sm != "sm90" else "") + ")")
     print(" ".join(t.ljust(w) for t, w in _ENGINE_COLS).rstrip())
     for r in rows:
         vals = (r["preset"], r["engine"], r["version"], r["release_date"], r["prefill_route"] or "-",
@@ -49,6 +51,28 @@ def cmd_engines(args) -> int:
         print("    sources: " + ", ".join(r["sources"]))
     print("mla-lab engines --json gives every fact with its file:line; --check-wheel PATH.whl checks them (ast)")
     return 0
+
+
+#: GPUs whose engine facts the lab holds (:mod:`mla_lab.engines.versions`: sm90 and sm100).
+ENGINE_SMS = ("sm90", "sm100")
+
+
+def _engines_arch(name):
+    """The GPU card of ``--arch`` (one whose sm the engine facts cover: :data:`ENGINE_SMS`).
+
+    Raises:
+        DoorError: one line naming ``--arch``, the value and the allowed ones.
+    """
+    from .arch import ARCHS, get_arch
+
+    allowed = [a for a in ARCHS if get_arch(a).sm in ENGINE_SMS]
+    try:
+        arch = get_arch(name)
+    except (ValueError, KeyError, TypeError):
+        arch = None
+    if arch is None or arch.sm not in ENGINE_SMS:
+        raise DoorError(f"--arch={name!r} is not valid; allowed: {allowed} (GPUs whose engine facts the lab holds)")
+    return arch
 
 
 def _check_wheels(args) -> int:

@@ -21,7 +21,7 @@ from .deployment import MOE_PARALLEL, WEIGHT_DTYPES, Deployment
 from .labels import KERNEL_NATIVE_NOTE
 from .models import KV_CACHE_DTYPES, load_model, model_names
 from .placement import BASELINE, EXPLORER_STRATEGIES, PR_STRATEGY, resolve_strategy
-from .report.data import load_measured
+from .report.data import load_measured, withhold_off_route
 from .report.figures import strategy_style
 from .seed import SEED_DEPLOYMENT
 from .sweep.advise import advise, engines_block, format_advice
@@ -66,6 +66,7 @@ def _match_measured(measured, sel: dict):
     for k in MATCH_KEYS:
         if k in d.columns:
             d = d[d[k].astype(str) == str(sel[k])]
+    d, _ = withhold_off_route(d)  # measured only where the measured kernel runs and the deployment fits (issue 39)
     return d.reset_index(drop=True) if len(d) else None
 
 
@@ -279,7 +280,8 @@ def measured_html(result: dict) -> str:
         return ("<i>This deployment does not fit, so no measured row is shown for it (a row measured on a one-GPU "
                 "share of it is not a result of the deployment).</i>")
     if meas is None or len(meas) == 0:
-        return ("<i>No measured rows in data/measured for this selection: the numbers above are modelled.</i>")
+        return ("<i>No measured rows in data/measured for this selection (or none whose route runs the measured "
+                "kernel: a dense-MHA route shows none): the numbers above are modelled.</i>")
     cols = [c for c in ("strategy", "ttft_ms", "ttft_change_pct", "extra_persistent_mib", "peak_bytes", "device",
                         "torch", "flash_mla", "git_commit", "timestamp", "file") if c in meas.columns]
     return f"<b>Measured rows for this selection ({len(meas)})</b>" + meas[cols].to_html(index=False, float_format=
