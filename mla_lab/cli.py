@@ -58,6 +58,31 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ----------------------------------------------------------------------------------------------------- sweep
+#: The largest ``-f`` file and ``-p`` value read (bytes): the default grid's YAML is ~0.5 KB, a full one a few KB.
+MAX_PARAM_BYTES = 64 * 1024
+
+
+def _yaml_load(text: str, where: str):
+    """``text`` parsed as YAML without anchors or aliases (an alias bomb of 491 bytes expands to 10**8 nodes the
+    moment anything formats it, issue 39): a parameter file has no use for them.
+
+    Raises:
+        DoorError: an anchor or alias in ``text`` (``where`` names the file or the ``-p`` name); yaml.YAMLError
+        for text that is not YAML.
+    """
+    import yaml
+
+    class _NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                raise DoorError(f"{where}: holds a YAML anchor or alias (line {event.start_mark.line + 1}); "
+                                "allowed: plain YAML values, each written out")
+            return super().compose_node(parent, index)
+
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
     import yaml
 
@@ -69,9 +94,12 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
         if not path.is_file():
             raise DoorError(f"-f {f!r} is not a regular file (a device, a folder or a pipe holds no parameters); "
                             "allowed: a YAML file mapping sweep parameter names to values")
+        if path.stat().st_size > MAX_PARAM_BYTES:
+            raise DoorError(f"-f {f}: {path.stat().st_size:,} bytes; allowed: a YAML file of sweep parameters of at "
+                            f"most {MAX_PARAM_BYTES:,} bytes")
         try:
             text = path.read_text()
-            data = yaml.safe_load(text)
+            data = _yaml_load(text, f"-f {f}")
         except UnicodeDecodeError:
             raise DoorError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
         except yaml.YAMLError as e:
@@ -83,8 +111,10 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
             raise DoorError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
         raw.update(data)
     for name, value in pairs or []:
+        if len(value) > MAX_PARAM_BYTES:
+            raise DoorError(f"-p {name}: a value of {len(value):,} characters; allowed: at most {MAX_PARAM_BYTES:,}")
         try:
-            raw[name] = yaml.safe_load(value)
+            raw[name] = _yaml_load(value, f"-p {name}")
         except yaml.YAMLError as e:
             raise DoorError(f"-p {name} {value!r}: not a valid YAML value: {' '.join(str(e).split())}") from None
     return raw
@@ -632,8 +662,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+#: The longest error line printed (characters): a message that echoes a value is cut, never the terminal flooded.
+MAX_ERROR_CHARS = 1500
+
+
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+    s = " ".join(str(e)[: 4 * MAX_ERROR_CHARS].split()) or type(e).__name__
+    return s if len(s) <= MAX_ERROR_CHARS else s[: MAX_ERROR_CHARS - 5] + " ..."
 
 
 if __name__ == "__main__":

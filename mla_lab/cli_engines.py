@@ -6,6 +6,7 @@ against a release wheel (``--check-wheel`` / ``--download``, mla_lab.engines.whe
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from .cli_doors import DoorError, rel_path
@@ -75,8 +76,12 @@ def _check_wheels(args) -> int:
             rep = check_wheel(w)
         except ValueError as e:
             raise DoorError(f"--check-wheel={w!r}: {e}") from None
-        bad += rep["counts"]["fails"] + rep["counts"]["missing"]
-        if args.write:
+        failed = rep["counts"]["fails"] + rep["counts"]["missing"]
+        bad += failed
+        if args.write and failed:  # a failed check writes nothing: the committed facts stay as they are
+            print(f"mla-lab: {w}: not written (the check failed: {rep['counts']['fails']} fails, "
+                  f"{rep['counts']['missing']} missing); the facts under data/engines are unchanged", file=sys.stderr)
+        elif args.write:
             try:
                 j, m = write_report(rep, data_dir() / "engines", overwrite=args.overwrite)
             except ValueError as e:

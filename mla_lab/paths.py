@@ -18,7 +18,9 @@ import os
 from pathlib import Path
 
 __all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "calibration_measurements_dir",
-           "notebooks_dir", "cache_dir", "resolve", "is_committed", "MANIFEST_NAME", "find_manifest", "read_measured_csv"]
+           "notebooks_dir", "cache_dir", "resolve", "is_committed", "MANIFEST_NAME", "find_manifest", "read_measured_csv",
+           "OUTPUT_MANIFEST", "special_filesystem", "committed_data_folder", "sha256_file", "write_output_manifest",
+           "lab_files", "replaceable_files", "remove_lab_files"]
 
 #: The repository this package sits in (``mla_lab/..``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -157,3 +159,172 @@ def read_measured_csv(p: str | Path):
     return pd.read_csv(p)
 
 
+
+
+# ------------------------------------------------------------------------------------------ output folders (issue 39)
+#: The file the lab writes into every output folder it fills (``mla-lab report --report-dir``): the files it wrote
+#: there, each with its sha256. ``--overwrite`` removes or replaces only those files.
+OUTPUT_MANIFEST = ".mla_lab_manifest.json"
+
+#: Filesystems that hold no files a run may write (kernel views and devices): a path on one is refused at the door.
+SPECIAL_FS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs",
+                        "securityfs", "pstore", "bpf", "configfs", "fusectl", "mqueue", "hugetlbfs", "autofs",
+                        "binfmt_misc", "efivarfs", "rpc_pipefs", "nsfs"})
+_SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
+
+
+def special_filesystem(p: str | Path) -> str | None:
+    """The special filesystem ``p`` lies on (``proc``, ``sysfs``, ``devtmpfs`` ...: :data:`SPECIAL_FS`, from the
+    longest mount point above it in ``/proc/self/mounts``; ``/proc``, ``/sys`` and ``/dev`` by name where that file
+    cannot be read), or None for an ordinary path. The path need not exist."""
+    q = Path(os.path.abspath(Path(p).expanduser()))
+    q = Path(os.path.realpath(q))
+    s = q.as_posix()
+    best, fs = "", None
+    try:
+        with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                if (s == mnt or s.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
+                    best, fs = mnt, parts[2]
+    except OSError:
+        pass
+    if fs in SPECIAL_FS:
+        return fs
+    for root in _SPECIAL_ROOTS:
+        if s == root or s.startswith(root + "/"):
+            return root.strip("/")
+    return None
+
+
+def committed_data_folder(p: str | Path) -> Path | None:
+    """The repository's ``data/`` folder holding ``p`` (or ``p`` itself) when git tracks a file under ``p``: a
+    committed data folder (``data/measured/h200``, ``data/calibration`` ...), which no lab command takes as an
+    output folder. None otherwise (outside ``data/``, nothing tracked, or git unavailable)."""
+    import subprocess
+
+    q = Path(os.path.realpath(Path(p).expanduser().absolute()))
+    data = Path(os.path.realpath(REPO_ROOT / "data"))
+    if not (q == data or q.is_relative_to(data)) or not q.is_dir():
+        return None
+    try:
+        r = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "--", str(q)], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return q if r.returncode == 0 and r.stdout.strip() else None
+
+
+def sha256_file(p: str | Path) -> str:
+    """The hex sha256 of a file's bytes."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_output_manifest(folder: str | Path, files, writer: str) -> Path:
+    """Write :data:`OUTPUT_MANIFEST` in ``folder``: ``{"writer": writer, "files": {relative path: sha256}}`` for
+    ``files`` (paths under ``folder``). Returns its path."""
+    folder = Path(folder)
+    entries = {Path(f).relative_to(folder).as_posix(): sha256_file(f) for f in sorted(map(Path, files))}
+    path = folder / OUTPUT_MANIFEST
+    path.write_text(json.dumps({"writer": writer, "files": entries}, indent=1) + "\n")
+    return path
+
+
+def _files_under(folder: Path) -> list[Path]:
+    """Every entry under ``folder`` that is not a folder (files, links, pipes ...), sorted; links not followed."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        d = Path(dirpath)
+        out += [d / n for n in filenames]
+        out += [d / n for n in dirnames if (d / n).is_symlink()]
+    return sorted(out)
+
+
+def lab_files(folder: str | Path, legacy=None) -> tuple[dict[str, str | None], str]:
+    """The files of ``folder`` the lab wrote: {relative path: sha256 recorded, or None}, and how they are known.
+
+    From :data:`OUTPUT_MANIFEST` when the folder holds one; else from ``legacy(folder)`` (a function returning the
+    relative paths a writer recognises as its own by a stamp in them, for folders written before manifests
+    existed); else none.
+
+    Raises:
+        ValueError: a manifest that cannot be read (one line naming it).
+    """
+    folder = Path(folder)
+    m = folder / OUTPUT_MANIFEST
+    if m.is_file():
+        try:
+            files = json.loads(m.read_text(encoding="utf-8"))["files"]
+            if not isinstance(files, dict) or not all(isinstance(k, str) for k in files):
+                raise TypeError("files is not a mapping of paths")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{m}: not a manifest the lab wrote ({' '.join(str(e).split())[:80]}); allowed: remove "
+                             "the folder's files by hand, or another folder") from None
+        return {k: v for k, v in files.items()}, f"its {OUTPUT_MANIFEST}"
+    found = legacy(folder) if legacy is not None else []
+    if found:
+        return {k: None for k in found}, "its own stamp (no manifest yet)"
+    return {}, f"no {OUTPUT_MANIFEST} there"
+
+
+def replaceable_files(folder: str | Path, flag: str, overwrite: bool, legacy=None) -> list[Path]:
+    """The files ``--overwrite`` may remove from output folder ``folder`` before the lab writes it again: those the
+    lab wrote there (:func:`lab_files`), unchanged since. An empty or missing folder gives [].
+
+    Raises:
+        ValueError: one line naming ``flag``, the folder and what is allowed: a special filesystem
+            (:func:`special_filesystem`), a committed data folder (:func:`committed_data_folder`), a folder holding a
+            file the lab did not write (the first one named) or one changed since the lab wrote it, or a folder of
+            the lab's files without ``overwrite``.
+    """
+    folder = Path(folder)
+    fs = special_filesystem(folder)
+    if fs:
+        raise ValueError(f"{flag}={str(folder)!r} is on the {fs} filesystem (kernel or device files, not a folder "
+                         "for results); allowed: a folder on an ordinary disk")
+    if committed_data_folder(folder):
+        raise ValueError(f"{flag}={str(folder)!r} is a committed data folder (git tracks files under it); the lab "
+                         "never writes its outputs there, --overwrite or not; allowed: another folder, e.g. reports/<gpu>")
+    if not folder.is_dir():
+        return []
+    present = _files_under(folder)
+    if not present:
+        return []
+    known, how = lab_files(folder, legacy)
+    ours = []
+    for p in present:
+        rel = p.relative_to(folder).as_posix()
+        if rel == OUTPUT_MANIFEST and how.startswith("its"):
+            ours.append(p)
+            continue
+        if rel not in known or p.is_symlink() or not p.is_file():
+            raise ValueError(f"{flag}={str(folder)!r} holds {rel}, a file the lab did not write there (the lab's "
+                             f"files known by {how}); the lab replaces only its own files; allowed: an empty or new folder, or one "
+                             "the lab wrote")
+        if known[rel] is not None and sha256_file(p) != known[rel]:
+            raise ValueError(f"{flag}={str(folder)!r}: {rel} changed since the lab wrote it (sha256 differs from "
+                             f"{OUTPUT_MANIFEST}); allowed: restore or move it, or another folder")
+        ours.append(p)
+    if not overwrite:
+        raise ValueError(f"{flag}={str(folder)!r} holds output the lab wrote ({len(ours)} files, known by {how}); "
+                         "allowed: --overwrite to replace those files, or another folder")
+    return ours
+
+
+def remove_lab_files(folder: str | Path, files: list[Path]) -> None:
+    """Remove ``files`` (from :func:`replaceable_files`) and the folders under ``folder`` they leave empty."""
+    folder = Path(folder)
+    for p in files:
+        p.unlink(missing_ok=True)
+    for p in sorted({q.parent for q in files}, key=lambda q: len(q.parts), reverse=True):
+        while p != folder and p.is_relative_to(folder) and p.is_dir() and not any(p.iterdir()):
+            p.rmdir()
+            p = p.parent
