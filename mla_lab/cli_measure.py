@@ -139,7 +139,13 @@ def cmd_measure(args, stamp) -> int:
 def _check_out_folder(flag: str, value: str, p: Path) -> None:
     """A folder path that can be created or written: not a file, not under a file, in a writable parent. Raises
     ValueError naming the flag, the value and what is allowed."""
+    from mla_lab.paths import special_filesystem
+
     allowed = "allowed: a folder path in a writable folder"
+    fs = special_filesystem(p)
+    if fs:
+        raise ValueError(f"{flag}={value!r} is on the {fs} filesystem (kernel or device files, not a place for "
+                         f"results); {allowed} on an ordinary disk")
     for q in [p, *p.parents]:
         if q.exists() and not q.is_dir():
             raise ValueError(f"{flag}={value!r}: {q} is a file, not a folder; {allowed}")

@@ -180,7 +180,7 @@ def special_filesystem(p: str | Path) -> str | None:
     q = Path(os.path.abspath(Path(p).expanduser()))
     q = Path(os.path.realpath(q))
     s = q.as_posix()
-    best, fs = "", None
+    best, fs, read = "", None, False
     try:
         with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -190,11 +190,12 @@ def special_filesystem(p: str | Path) -> str | None:
                 mnt = parts[1].replace("\\040", " ")
                 if (s == mnt or s.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
                     best, fs = mnt, parts[2]
+            read = True
     except OSError:
         pass
     if fs in SPECIAL_FS:
         return fs
-    for root in _SPECIAL_ROOTS:
+    for root in () if read and fs else _SPECIAL_ROOTS:  # by name only where the mount table says nothing
         if s == root or s.startswith(root + "/"):
             return root.strip("/")
     return None
