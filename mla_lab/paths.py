@@ -20,7 +20,8 @@ from pathlib import Path
 __all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "calibration_measurements_dir",
            "notebooks_dir", "cache_dir", "resolve", "is_committed", "MANIFEST_NAME", "find_manifest", "read_measured_csv",
            "OUTPUT_MANIFEST", "special_filesystem", "committed_data_folder", "sha256_file", "write_output_manifest",
-           "lab_files", "replaceable_files", "remove_lab_files"]
+           "lab_files", "replaceable_files", "remove_lab_files", "MEASURED_RANGES", "SPREAD_FACTOR",
+           "measured_row_problem", "check_measured_cells"]
 
 #: The repository this package sits in (``mla_lab/..``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -110,6 +111,157 @@ def find_manifest(root: str | Path) -> Path | None:
     return None
 
 
+# ------------------------------------------------------------------------ measured values: range and provenance (issue 39)
+_MS_WHY = ("a GPU time in ms: > 0 and under a minute (the longest call the suite times, one layer step, is ~10 ms on "
+           "an H200; data/measured/h200 spans 0.017-20.9 ms)")
+#: Plausible range of every measured column the lab reads: ``column: (low, high, low excluded, why)``. Bounds come
+#: from what the column is (a time is > 0; bytes fit a GPU), not from the committed values.
+MEASURED_RANGES = {
+    **{c: (0.0, 60_000.0, True, _MS_WHY) for c in ("ms", "median_ms", "attn_path_ms_step0", "attn_path_q1_step0",
+                                                  "attn_path_q3_step0", "concat_ms", "kernel_ms")},
+    **{c: (0.0, 3.6e6, True, "a TTFT in ms: > 0 and under an hour") for c in ("ttft_ms", "ttft_ms_max")},
+    **{c: (0.0, 2.0 ** 38, False, "bytes on one GPU: >= 0 and under 256 GiB, more than any GPU's HBM (B200: 192 GB, "
+                                  "NVIDIA's datasheet)") for c in ("workspace_bytes", "peak_bytes", "bytes")},
+    "process": (1.0, 64.0, False, "the fresh process's number: 1..64 (mla-lab measure --processes)"),
+    "max_abs_err": (0.0, 1e4, False, "an absolute error of bf16 attention outputs: >= 0 and finite"),
+}
+#: Columns that must hold a number in every row of a file (by file name): a repeated timing has no empty cell.
+MEASURED_REQUIRED = {"strategies.csv": ("ms", "median_ms"), "presets.csv": ("ms", "median_ms")}
+#: How far one repeat of a measurement may lie from its group's median (the same shape, strategy and kernel over
+#: processes and rounds), as a factor either way: 5. The committed files' widest spread is 3.1x (one 21 us kernel
+#: call of data/measured/h200/runs/2026-12-02T0719_measure/between_process/engine_kernels.csv, where launch jitter
+#: is a large part of the time; presets.csv 1.24x, strategies.csv 1.10x, a sweep row's q3/q1 1.18x, its per-step
+#: list 1.00x of step 0): 5x leaves ~1.6x margin over it, and a cell off by 10x is refused.
+SPREAD_FACTOR = 5.0
+#: Files of repeated timings (by name) and the columns that name one measured quantity in them; ``median_ms`` is
+#: checked against its process's ``ms`` cells where the file has both.
+MEASURED_GROUPS = {"strategies.csv": ("shape", "strategy"), "presets.csv": ("shape", "strategy"),
+                   "engine_kernels.csv": ("experiment", "shape", "kernel", "kernel_backend", "T", "H", "h_q", "topk",
+                                          "ctx_len", "num_splits")}
+
+
+def _range_problem(col: str, text: str) -> str | None:
+    """Why a measured cell ``text`` of ``col`` is not plausible (:data:`MEASURED_RANGES`), or None."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        return f"{col}={text[:40]!r} is not a number"
+    if not math.isfinite(v):
+        return f"{col}={text[:40]!r} is not a finite number"
+    if col in MEASURED_RANGES:
+        lo, hi, open_lo, why = MEASURED_RANGES[col]
+        if v > hi or v < lo or (open_lo and v == lo):
+            return f"{col}={v:g} is outside its plausible range ({why})"
+    return None
+
+
+def _num(v) -> float | None:
+    """A cell as a finite float, or None (empty, None, text, NaN)."""
+    import math
+
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def measured_row_problem(row: dict) -> str | None:
+    """Why a measured row (a CSV row as text, or a stored point's row) is not plausible, or None: every column of
+    :data:`MEASURED_RANGES` it holds is a finite number in range (an empty cell or None is "not measured"); its
+    TTFT lies within its own interval (``ttft_ms_ci_lo`` .. ``ttft_ms_ci_hi``, as in all 224 committed measured sweep
+    rows), its attention-path median within its own quartiles, q3/q1 <= :data:`SPREAD_FACTOR`, and every per-step value
+    (``attn_path_ms_steps``, a JSON list) is a finite number within :data:`SPREAD_FACTOR` of step 0's (sparse
+    attention reads the same topk per token at every step). Rows whose ``source`` is not ``measured`` pass."""
+    import math
+
+    if row.get("source") != "measured":
+        return None
+    vals = {}
+    for c in MEASURED_RANGES:
+        v = row.get(c)
+        if v is None or (isinstance(v, str) and not v.strip()):
+            continue  # not measured in this row (an empty cell)
+        why = _range_problem(c, str(v).strip())
+        if why:
+            return why
+        vals[c] = float(v)
+    t, lo, hi = (_num(row.get(c)) for c in ("ttft_ms", "ttft_ms_ci_lo", "ttft_ms_ci_hi"))
+    if None not in (t, lo, hi) and not lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9):
+        return f"ttft_ms={t:g} lies outside its own interval [{lo:g}, {hi:g}] (an edited cell)"
+    m, q1, q3 = (vals.get(c) for c in ("attn_path_ms_step0", "attn_path_q1_step0", "attn_path_q3_step0"))
+    if None not in (m, q1, q3):
+        if not q1 * (1 - 1e-9) <= m <= q3 * (1 + 1e-9):
+            return f"attn_path_ms_step0={m:g} lies outside its own quartiles [{q1:g}, {q3:g}] (an edited cell)"
+        if q3 > SPREAD_FACTOR * q1:
+            return f"attn_path_q3_step0={q3:g} is over {SPREAD_FACTOR:g}x attn_path_q1_step0={q1:g} (an edited cell)"
+    steps = row.get("attn_path_ms_steps")
+    if isinstance(steps, str) and steps.strip():
+        try:
+            steps = json.loads(steps)
+        except ValueError:
+            return f"attn_path_ms_steps={steps[:40]!r} is not a JSON list of numbers"
+    if steps is None or (isinstance(steps, float) and math.isnan(steps)) or steps == "":
+        return None
+    if not isinstance(steps, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and
+                                               math.isfinite(x) and x > 0 for x in steps):
+        return f"attn_path_ms_steps={str(steps)[:40]!r} is not a list of finite times > 0"
+    if m is not None and any(not m / SPREAD_FACTOR <= x <= m * SPREAD_FACTOR for x in steps):
+        return (f"attn_path_ms_steps holds {max(steps, key=lambda x: max(x / m, m / x)):g}, over {SPREAD_FACTOR:g}x "
+                f"away from step 0's {m:g} (an edited cell)")
+    return None
+
+
+def check_measured_cells(p: Path, head: list[str], row: list[str], n: int, fix: str) -> None:
+    """One CSV row's measured cells (:data:`MEASURED_RANGES`, :data:`MEASURED_REQUIRED`, :func:`measured_row_problem`).
+
+    Raises:
+        ValueError: ``<file>: row <n>: <column>=<value> ...`` (row 1 is the header).
+    """
+    required = MEASURED_REQUIRED.get(p.name, ())
+    rec = dict(zip(head, row))
+    rec.setdefault("source", "measured")  # a file under data/measured without the column holds measurements
+    if rec["source"] != "measured":
+        return
+    for c in required:
+        if c in rec and not rec[c].strip():
+            raise ValueError(f"{p}: row {n}: {c} is empty (every row of {p.name} holds a measurement); {fix}")
+    why = measured_row_problem(rec)
+    if why:
+        raise ValueError(f"{p}: row {n}: {why}; {fix}")
+
+
+def _check_measured_spread(p: Path, df, fix: str) -> None:
+    """Repeats of one measurement (:data:`MEASURED_GROUPS`) within :data:`SPREAD_FACTOR` of their median, and
+    ``median_ms`` the median of its process's ``ms`` (a derived column agrees with what it is derived from).
+
+    Raises:
+        ValueError: ``<file>: row <n>: ...`` naming the column and the group's median.
+    """
+    if "ms" not in df.columns or not len(df) or p.name not in MEASURED_GROUPS:
+        return
+    d = df[df["source"] == "measured"] if "source" in df.columns else df
+    d = d[d["ms"].notna()]
+    keys = [c for c in MEASURED_GROUPS[p.name] if c in d.columns]
+    if not len(d) or not keys:
+        return
+    med = d.groupby(keys, dropna=False)["ms"].transform("median")
+    bad = d[(d["ms"] > med * SPREAD_FACTOR) | (d["ms"] < med / SPREAD_FACTOR)]
+    if len(bad):
+        i = bad.index[0]
+        raise ValueError(f"{p}: row {i + 2}: ms={d.at[i, 'ms']:g} is over {SPREAD_FACTOR:g}x away from the median "
+                         f"{med[i]:g} of its repeats ({', '.join(keys)} alike; an edited or broken cell); {fix}")
+    if "median_ms" in d.columns and "process" in d.columns:
+        pm = d.groupby(["process", *keys], dropna=False)["ms"].transform("median")
+        off = d[(d["median_ms"] - pm).abs() > 1e-6 * pm.abs() + 1e-9]
+        if len(off):
+            i = off.index[0]
+            raise ValueError(f"{p}: row {i + 2}: median_ms={d.at[i, 'median_ms']:g} is not the median {pm[i]:g} of "
+                             f"its process's ms cells (an edited cell); {fix}")
+
+
 def read_measured_csv(p: str | Path):
     """A measured CSV read whole, or refused in one line naming the file: every row has the header's number of
     fields, and when the manifest (``config_digests.json`` in the file's folder or above) counts the file's rows
@@ -139,6 +291,7 @@ def read_measured_csv(p: str | Path):
                 if len(row) != len(head):
                     raise ValueError(f"{p}: row {n + 1} has {len(row)} fields, the header {len(head)} (a truncated "
                                      f"or edited file); {fix}")
+                check_measured_cells(p, head, row, n + 1, fix)
     except (UnicodeDecodeError, _csv.Error) as e:
         raise ValueError(f"{p}: not a readable CSV ({' '.join(str(e).split())[:80]}); {fix}") from None
     manifest = find_manifest(p.parent)
@@ -156,7 +309,9 @@ def read_measured_csv(p: str | Path):
         if isinstance(want, int) and n < want:
             raise ValueError(f"{p} holds {n} rows; its stamp in {manifest} counts {want} (rows were lost: a truncated "
                              f"or cut file); {fix}")
-    return pd.read_csv(p)
+    df = pd.read_csv(p)
+    _check_measured_spread(p, df, fix)
+    return df
 
 
 
