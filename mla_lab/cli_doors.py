@@ -352,6 +352,12 @@ def _check_path(name: str, value: str, folder: bool) -> None:
     if "\x00" in value:
         raise DoorError(f"{name}={_short(value)} holds a NUL byte; allowed: a path")
     check_special_fs(name, value)
+    from .paths import committed_data_folder
+
+    if committed_data_folder(p if folder else p.parent, direct=not folder):
+        raise DoorError(f"{name}={_short(value)} is in a committed data folder (git tracks the files there); the lab "
+                        "never writes its outputs there, --overwrite or not; allowed: a path outside it, e.g. the "
+                        "default")
     blocker = file_in_the_way(p if folder else p.parent)
     if blocker is not None:
         where = "is a file" if blocker == Path(p if folder else p.parent).expanduser().absolute() else \

@@ -356,10 +356,11 @@ def special_filesystem(p: str | Path) -> str | None:
     return None
 
 
-def committed_data_folder(p: str | Path) -> Path | None:
-    """The repository's ``data/`` folder holding ``p`` (or ``p`` itself) when git tracks a file under ``p``: a
-    committed data folder (``data/measured/h200``, ``data/calibration`` ...), which no lab command takes as an
-    output folder. None otherwise (outside ``data/``, nothing tracked, or git unavailable)."""
+def committed_data_folder(p: str | Path, direct: bool = False) -> Path | None:
+    """``p`` (resolved) when it is a folder under the repository's ``data/`` (or ``data/`` itself) in which git
+    tracks a file (``direct``: a file directly in it, not in a subfolder): a committed data folder
+    (``data/measured/h200``, ``data/calibration`` ...), which no lab command takes as an output folder. None
+    otherwise (outside ``data/``, nothing tracked, or git unavailable)."""
     import subprocess
 
     q = Path(os.path.realpath(Path(p).expanduser().absolute()))
@@ -370,7 +371,10 @@ def committed_data_folder(p: str | Path) -> Path | None:
         r = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "--", str(q)], capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return None
-    return q if r.returncode == 0 and r.stdout.strip() else None
+    tracked = [Path(x) for x in r.stdout.decode(errors="replace").splitlines() if x] if r.returncode == 0 else []
+    if direct:
+        tracked = [t for t in tracked if Path(os.path.realpath(REPO_ROOT / t)).parent == q]
+    return q if tracked else None
 
 
 def sha256_file(p: str | Path) -> str:

@@ -345,3 +345,16 @@ def test_git_status_is_unchanged_by_these_doors():
     r = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--", "data/measured", "data/engines"],
                        capture_output=True, text=True, timeout=30)
     assert r.stdout == ""
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git (committed data folders are found with it)")
+@pytest.mark.parametrize("name, value", [("store_dir", "data"), ("store_dir", "data/measured/h200"),
+                                         ("report_dir", "data/calibration"),
+                                         ("data_file", "data/measured/h200/padding_sweep.csv")])
+def test_the_sweep_never_writes_into_a_committed_data_folder(name, value):
+    before = _tree(REPO_ROOT / "data" / "measured")
+    _one_line_refusal(["sweep", "--dry-run", "-p", name, str(REPO_ROOT / value), "--overwrite"],
+                      [name, "committed data folder"])
+    _one_line_refusal(["sweep", "-p", name, str(REPO_ROOT / value), "--overwrite"], [name, "committed data folder"])
+    assert _tree(REPO_ROOT / "data" / "measured") == before
+    assert committed_data_folder(REPO_ROOT / "data", direct=True) is None  # the default data/padding_sweep.csv
