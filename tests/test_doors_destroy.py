@@ -358,3 +358,17 @@ def test_the_sweep_never_writes_into_a_committed_data_folder(name, value):
     _one_line_refusal(["sweep", "-p", name, str(REPO_ROOT / value), "--overwrite"], [name, "committed data folder"])
     assert _tree(REPO_ROOT / "data" / "measured") == before
     assert committed_data_folder(REPO_ROOT / "data", direct=True) is None  # the default data/padding_sweep.csv
+
+
+def test_the_explorer_prices_no_more_steps_than_advise():
+    from mla_lab import explore
+    from mla_lab.cli_doors import MAX_PRICED_STEPS
+    from mla_lab.deployment import Deployment
+
+    assert explore.MAX_PRICED_STEPS == MAX_PRICED_STEPS
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match="prefill steps to price per strategy; allowed: at most 2,048"):
+        explore.explore_point(Deployment.seed(prompt_len=2**40))
+    with pytest.raises(ValueError, match="measured= a int is not a DataFrame"):
+        explore.explore_point(measured=5)
+    assert time.monotonic() - t0 < 5
