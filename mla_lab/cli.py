@@ -60,6 +60,8 @@ class _Parser(argparse.ArgumentParser):
 # ----------------------------------------------------------------------------------------------------- sweep
 #: The largest ``-f`` file and ``-p`` value read (bytes): the default grid's YAML is ~0.5 KB, a full one a few KB.
 MAX_PARAM_BYTES = 64 * 1024
+#: The deepest nesting a parameter file may have: a parameter is a value or a list (a mapping of them at the top).
+MAX_PARAM_DEPTH = 16
 
 
 def _yaml_load(text: str, where: str):
@@ -73,12 +75,21 @@ def _yaml_load(text: str, where: str):
     import yaml
 
     class _NoAliasLoader(yaml.SafeLoader):
+        depth = 0
+
         def compose_node(self, parent, index):
             event = self.peek_event()
             if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
                 raise DoorError(f"{where}: holds a YAML anchor or alias (line {event.start_mark.line + 1}); "
                                 "allowed: plain YAML values, each written out")
-            return super().compose_node(parent, index)
+            self.depth += 1
+            if self.depth > MAX_PARAM_DEPTH:
+                raise DoorError(f"{where}: nests values more than {MAX_PARAM_DEPTH} levels deep (line "
+                                f"{event.start_mark.line + 1}); allowed: a parameter is a value or a list of values")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
 
     return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
 

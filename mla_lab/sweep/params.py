@@ -216,6 +216,11 @@ def validate_params(raw: dict) -> SweepParams:
     if isinstance(sd, bool) or not isinstance(sd, int) or not 0 <= sd <= 2**32 - 1:
         raise ValueError(f"seed={short_repr(sd)} must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)")
     rate = p["request_rate"]
+    if isinstance(rate, str) and rate != "inf":  # YAML 1.1 reads 4e-7 (no dot) as text: a number all the same
+        try:
+            rate = p["request_rate"] = float(rate)
+        except ValueError:
+            pass
     if not (rate == "inf" or (not isinstance(rate, bool) and isinstance(rate, (int, float)) and rate > 0)):
         raise ValueError(f"request_rate={short_repr(rate)} must be 'inf' or a positive number of requests per second")
     sw = p["shared_workspace_bytes"]
