@@ -189,8 +189,14 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
     function that moves it to ``report_dir`` (default ``reports/<gpu>``) once rendered. Raises ValueError for a GPU
     without measured rows or unknown to the lab."""
     from mla_lab.arch import get_arch
-    from mla_lab.paths import (OUTPUT_MANIFEST, REPO_ROOT, measured_dir, remove_lab_files, replaceable_files,
-                               write_output_manifest)
+    from mla_lab.paths import (
+        OUTPUT_MANIFEST,
+        REPO_ROOT,
+        measured_dir,
+        remove_lab_files,
+        replaceable_files,
+        write_output_manifest,
+    )
     from mla_lab.sweep.measured import GRID
 
     folder = measured_dir(gpu)

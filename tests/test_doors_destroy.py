@@ -16,8 +16,15 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from mla_lab.paths import (OUTPUT_MANIFEST, REPO_ROOT, committed_data_folder, read_measured_csv, replaceable_files,
-                           special_filesystem, write_output_manifest)
+from mla_lab.paths import (
+    OUTPUT_MANIFEST,
+    REPO_ROOT,
+    committed_data_folder,
+    read_measured_csv,
+    replaceable_files,
+    special_filesystem,
+    write_output_manifest,
+)
 
 MEASURED = REPO_ROOT / "data" / "measured" / "h200"
 
