@@ -387,13 +387,17 @@ def run_cli_case(case: Case, tmp: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLA_LAB_CACHE": str(tmp / "cache"),
            **{k: v.replace("{tmp}", str(tmp)) for k, v in case.env.items()}}
     t0 = time.monotonic()
+    # its own process group: a case cut at the timeout takes its children (a notebook kernel) with it
+    proc = subprocess.Popen([sys.executable, "-m", "mla_lab.cli", *argv], cwd=tmp / "work", env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+                            start_new_session=True)
     try:
-        r = subprocess.run([sys.executable, "-m", "mla_lab.cli", *argv], cwd=tmp / "work", env=env,
-                           capture_output=True, text=True, timeout=TIMEOUT_S, errors="replace")
-        rc, err, out, timed_out = r.returncode, r.stderr, r.stdout, False
-    except subprocess.TimeoutExpired as e:
-        rc, err, out, timed_out = None, (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) \
-            else (e.stderr or ""), "", True
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+        rc, timed_out = proc.returncode, False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc, timed_out = None, True
     return {"rc": rc, "seconds": round(time.monotonic() - t0, 2), "stderr": err, "stdout_chars": len(out or ""),
             "timed_out": timed_out}
 
