@@ -74,6 +74,9 @@ def _user_files(tmp: Path) -> None:
     (tmp / "userdir" / "padding_sweep_h200.html").write_text("<html>my page</html>")
     (tmp / "afile").write_text("x")
     (tmp / "empty").mkdir(exist_ok=True)
+    (tmp / "site").mkdir(exist_ok=True)  # a user's web folder: the sweep would rewrite its index
+    (tmp / "site" / "index.html").write_text("<html>my site</html>")
+    (tmp / "site" / "padding_sweep.html").write_text("<html>my page</html>")
 
 
 def _bomb(levels: int, key: str) -> str:
@@ -184,7 +187,8 @@ def cli_cases() -> list[Case]:
          ("store_dir", str(REPO / "data/measured/h200")), ("data_file", "/proc/self/rows.csv"),
          ("data_file", "/sys/kernel/rows.csv"), ("data_file", "{tmp}/userdir"), ("data_file", "{tmp}/work/README.md"),
          ("data_file", str(REPO / "data/measured/h200/padding_sweep.csv")), ("data_file", "{tmp}/afile/x.csv"),
-         ("report_dir", "/sys/mla_lab"), ("report_dir", "{tmp}/afile"), ("report_dir", str(REPO / "data/calibration"))]
+         ("report_dir", "/sys/mla_lab"), ("report_dir", "{tmp}/afile"), ("report_dir", str(REPO / "data/calibration")),
+         ("report_dir", "{tmp}/site")]
     for name, v in P:
         C.append(Case("sweep", f"--dry-run -p {name} {v[:40]}", ["sweep", "--dry-run", "-p", name, v]))
     for name, v in P[::3]:  # the run makes the same checks before anything runs
@@ -194,6 +198,8 @@ def cli_cases() -> list[Case]:
                        "--max-num-batched-tokens") for v in ("-1", "abc", "[]", "99999999999999999999")]
     C += [Case("sweep", "flag against its -p twin", ["sweep", "--dry-run", "--tensor-parallel-size", "8", "-p",
                                                      "tp_sizes", "[4]"]),
+          Case("sweep", "--overwrite into a user's page", ["sweep", "--dry-run", "-p", "report_dir", "{tmp}/site",
+                                                          "--overwrite"]),
           Case("sweep", "--report-name sub/dir", ["sweep", "--dry-run", "--report-name", "sub/dir"]),
           Case("sweep", "--report-name ..", ["sweep", "--dry-run", "--report-name", ".."]),
           Case("sweep", "--notebook missing", ["sweep", "--notebook", "{tmp}/nope.ipynb"]),

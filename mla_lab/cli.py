@@ -344,6 +344,7 @@ def plan_outputs(params: dict, report_name: str, report_name_given: bool = False
     from .sweep.run import check_output_file
 
     checked = validate_params(params)
+    _check_report_dir_files(resolve(checked.report_dir), report_name, checked.overwrite)
     if checked.overwrite:
         return params, report_name, []
     grid = {k: getattr(checked, k) for k in doors.GRID_KEYS}
@@ -370,6 +371,31 @@ def plan_outputs(params: dict, report_name: str, report_name_given: bool = False
             notes.append(f"{checked.data_file} {why}: kept; this run writes {data_file} (--overwrite replaces the "
                          "default one)")
     return params, named if notes else report_name, notes
+
+
+def _check_report_dir_files(report_dir: Path, report_name: str, overwrite: bool) -> None:
+    """The files a sweep rewrites in ``report_dir`` whatever the grid (its ``index.html``, and with ``--overwrite``
+    ``<report_name>.html``) must be the lab's: an index carrying the lab's title, a report a published run names
+    (:func:`mla_lab.report.site.list_runs`). A user's page of that name is refused, ``--overwrite`` or not (issue 39).
+
+    Raises:
+        DoorError: one line naming the file.
+    """
+    from .report import site
+
+    index = report_dir / "index.html"
+    if index.is_file():
+        try:
+            ours = site.INDEX_TITLE in index.read_text(encoding="utf-8", errors="replace")[:4096]
+        except OSError:
+            ours = False
+        if not ours:
+            raise DoorError(f"report_dir={str(report_dir)!r} holds index.html, which the lab did not write (each "
+                            "sweep rewrites the index there); allowed: another report_dir, or move that file")
+    latest = report_dir / f"{report_name}.html"  # without --overwrite another's report is kept (a named one written)
+    if overwrite and latest.is_file() and not any(m.get("report_name") == report_name for m in site.list_runs(report_dir)):
+        raise DoorError(f"report_dir={str(report_dir)!r} holds {latest.name}, which no run the lab published there "
+                        "names; the lab replaces only its own reports; allowed: another --report-name or report_dir")
 
 
 def _jsonable(d: dict) -> dict:

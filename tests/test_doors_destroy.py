@@ -379,3 +379,15 @@ def test_the_explorer_prices_no_more_steps_than_advise():
     with pytest.raises(ValueError, match="measured= a int is not a DataFrame"):
         explore.explore_point(measured=5)
     assert time.monotonic() - t0 < 5
+
+
+def test_the_sweep_never_rewrites_a_users_index_or_page(tmp_path):
+    d = tmp_path / "site"
+    d.mkdir()
+    (d / "index.html").write_text("<html>my site</html>")
+    _one_line_refusal(["sweep", "--dry-run", "-p", "report_dir", str(d)], ["holds index.html, which the lab did not"])
+    (d / "index.html").unlink()
+    (d / "padding_sweep.html").write_text("<html>my page</html>")
+    _one_line_refusal(["sweep", "--dry-run", "-p", "report_dir", str(d), "--overwrite"],
+                      ["holds padding_sweep.html, which no run the lab published there names"])
+    assert (d / "padding_sweep.html").read_text() == "<html>my page</html>"

@@ -195,6 +195,8 @@ HEADLINE_STRATEGY = "private_workspace"
 #: The committed H200 report (measured on a lent H200), linked from every index.
 H200_REPORT = "h200/padding_sweep_h200.html"
 
+#: The index page's title: what marks an ``index.html`` as the lab's (a sweep rewrites only its own index).
+INDEX_TITLE = "<title>mla_lab reports</title>"
 _INDEX_TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>mla_lab reports</title>
