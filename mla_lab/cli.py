@@ -99,28 +99,7 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
 
     raw: dict = {}
     for f in files or []:
-        path = Path(f)
-        if not path.exists():
-            raise DoorError(f"-f {f}: no such file; allowed: a YAML file of sweep parameters")
-        if not path.is_file():
-            raise DoorError(f"-f {f!r} is not a regular file (a device, a folder or a pipe holds no parameters); "
-                            "allowed: a YAML file mapping sweep parameter names to values")
-        if path.stat().st_size > MAX_PARAM_BYTES:
-            raise DoorError(f"-f {f}: {path.stat().st_size:,} bytes; allowed: a YAML file of sweep parameters of at "
-                            f"most {MAX_PARAM_BYTES:,} bytes")
-        try:
-            text = path.read_text()
-            data = _yaml_load(text, f"-f {f}")
-        except UnicodeDecodeError:
-            raise DoorError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
-        except yaml.YAMLError as e:
-            raise DoorError(f"-f {f}: not valid YAML: {' '.join(str(e).split())}") from None
-        if data is None:
-            raise DoorError(f"-f {f!r} is empty (no YAML mapping in it); allowed: a YAML file mapping sweep "
-                            "parameter names to values, e.g. 'tp_sizes: [8]'")
-        if not isinstance(data, dict):
-            raise DoorError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
-        raw.update(data)
+        raw.update(_load_param_file(f))
     for name, value in pairs or []:
         if len(value) > MAX_PARAM_BYTES:
             raise DoorError(f"-p {name}: a value of {len(value):,} characters; allowed: at most {MAX_PARAM_BYTES:,}")
@@ -129,6 +108,37 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
         except yaml.YAMLError as e:
             raise DoorError(f"-p {name} {value!r}: not a valid YAML value: {' '.join(str(e).split())}") from None
     return raw
+
+
+def _load_param_file(f: str) -> dict:
+    """One ``-f`` file: a regular UTF-8 file of at most :data:`MAX_PARAM_BYTES` holding a YAML mapping.
+
+    Raises:
+        DoorError: one line naming the file.
+    """
+    import yaml
+
+    path = Path(f)
+    if not path.exists():
+        raise DoorError(f"-f {f}: no such file; allowed: a YAML file of sweep parameters")
+    if not path.is_file():
+        raise DoorError(f"-f {f!r} is not a regular file (a device, a folder or a pipe holds no parameters); "
+                        "allowed: a YAML file mapping sweep parameter names to values")
+    if path.stat().st_size > MAX_PARAM_BYTES:
+        raise DoorError(f"-f {f}: {path.stat().st_size:,} bytes; allowed: a YAML file of sweep parameters of at "
+                        f"most {MAX_PARAM_BYTES:,} bytes")
+    try:
+        data = _yaml_load(path.read_text(), f"-f {f}")
+    except UnicodeDecodeError:
+        raise DoorError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
+    except yaml.YAMLError as e:
+        raise DoorError(f"-f {f}: not valid YAML: {' '.join(str(e).split())}") from None
+    if data is None:
+        raise DoorError(f"-f {f!r} is empty (no YAML mapping in it); allowed: a YAML file mapping sweep "
+                        "parameter names to values, e.g. 'tp_sizes: [8]'")
+    if not isinstance(data, dict):
+        raise DoorError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
+    return data
 
 
 def _resolve(p: str, cwd: Path) -> Path:

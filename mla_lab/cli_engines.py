@@ -53,8 +53,7 @@ def cmd_engines(args) -> int:
 
 
 def _check_wheels(args) -> int:
-    from .engines.wheel_check import check_wheel, download_wheel, format_report, write_report
-    from .paths import data_dir
+    from .engines.wheel_check import check_wheel, download_wheel, format_report
 
     wd = Path(args.wheel_dir)
     if args.download and any(q.exists() and not q.is_dir() for q in (wd, *wd.parents)):
@@ -76,18 +75,30 @@ def _check_wheels(args) -> int:
             rep = check_wheel(w)
         except ValueError as e:
             raise DoorError(f"--check-wheel={w!r}: {e}") from None
-        failed = rep["counts"]["fails"] + rep["counts"]["missing"]
-        bad += failed
-        if args.write and failed:  # a failed check writes nothing: the committed facts stay as they are
-            print(f"mla-lab: {w}: not written (the check failed: {rep['counts']['fails']} fails, "
-                  f"{rep['counts']['missing']} missing); the facts under data/engines are unchanged", file=sys.stderr)
-        elif args.write:
-            try:
-                j, m = write_report(rep, data_dir() / "engines", overwrite=args.overwrite)
-            except ValueError as e:
-                raise DoorError(str(e)) from None
-            print(f"mla-lab: wrote {rel_path(j)} and {rel_path(m)}")
+        bad += rep["counts"]["fails"] + rep["counts"]["missing"]
+        if args.write:
+            _write_checked(w, rep, args.overwrite)
         print(json.dumps(rep, indent=1) if args.json else format_report(rep))
     return 1 if bad else 0
 
 
+def _write_checked(wheel: str, rep: dict, overwrite: bool) -> None:
+    """``--write``: the wheel check's report into ``data/engines`` when every fact held or moved; a failed check
+    writes nothing (the committed facts stay as they are, issue 39) and says so on stderr.
+
+    Raises:
+        DoorError: a report file exists and ``overwrite`` is False.
+    """
+    from .engines.wheel_check import write_report
+    from .paths import data_dir
+
+    c = rep["counts"]
+    if c["fails"] + c["missing"]:
+        print(f"mla-lab: {wheel}: not written (the check failed: {c['fails']} fails, {c['missing']} missing); the "
+              "facts under data/engines are unchanged", file=sys.stderr)
+        return
+    try:
+        j, m = write_report(rep, data_dir() / "engines", overwrite=overwrite)
+    except ValueError as e:
+        raise DoorError(str(e)) from None
+    print(f"mla-lab: wrote {rel_path(j)} and {rel_path(m)}")

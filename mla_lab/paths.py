@@ -177,8 +177,6 @@ def measured_row_problem(row: dict) -> str | None:
     rows), its attention-path median within its own quartiles, q3/q1 <= :data:`SPREAD_FACTOR`, and every per-step value
     (``attn_path_ms_steps``, a JSON list) is a finite number within :data:`SPREAD_FACTOR` of step 0's (sparse
     attention reads the same topk per token at every step). Rows whose ``source`` is not ``measured`` pass."""
-    import math
-
     if row.get("source") != "measured":
         return None
     vals = {}
@@ -190,16 +188,30 @@ def measured_row_problem(row: dict) -> str | None:
         if why:
             return why
         vals[c] = float(v)
+    return _interval_problem(row, vals) or _steps_problem(row.get("attn_path_ms_steps"), vals.get("attn_path_ms_step0"))
+
+
+def _interval_problem(row: dict, vals: dict) -> str | None:
+    """A measured row's TTFT outside its own interval, or its attention-path median outside its own quartiles or
+    those quartiles over :data:`SPREAD_FACTOR` apart; None when they agree (or are not all there)."""
     t, lo, hi = (_num(row.get(c)) for c in ("ttft_ms", "ttft_ms_ci_lo", "ttft_ms_ci_hi"))
     if None not in (t, lo, hi) and not lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9):
         return f"ttft_ms={t:g} lies outside its own interval [{lo:g}, {hi:g}] (an edited cell)"
     m, q1, q3 = (vals.get(c) for c in ("attn_path_ms_step0", "attn_path_q1_step0", "attn_path_q3_step0"))
-    if None not in (m, q1, q3):
-        if not q1 * (1 - 1e-9) <= m <= q3 * (1 + 1e-9):
-            return f"attn_path_ms_step0={m:g} lies outside its own quartiles [{q1:g}, {q3:g}] (an edited cell)"
-        if q3 > SPREAD_FACTOR * q1:
-            return f"attn_path_q3_step0={q3:g} is over {SPREAD_FACTOR:g}x attn_path_q1_step0={q1:g} (an edited cell)"
-    steps = row.get("attn_path_ms_steps")
+    if None in (m, q1, q3):
+        return None
+    if not q1 * (1 - 1e-9) <= m <= q3 * (1 + 1e-9):
+        return f"attn_path_ms_step0={m:g} lies outside its own quartiles [{q1:g}, {q3:g}] (an edited cell)"
+    if q3 > SPREAD_FACTOR * q1:
+        return f"attn_path_q3_step0={q3:g} is over {SPREAD_FACTOR:g}x attn_path_q1_step0={q1:g} (an edited cell)"
+    return None
+
+
+def _steps_problem(steps, m: float | None) -> str | None:
+    """``attn_path_ms_steps`` (a JSON list, as text or parsed) not a list of finite times > 0, or one over
+    :data:`SPREAD_FACTOR` away from step 0's ``m``; None when it is fine or absent."""
+    import math
+
     if isinstance(steps, str) and steps.strip():
         try:
             steps = json.loads(steps)

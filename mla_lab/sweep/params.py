@@ -152,6 +152,17 @@ def check_notebook_names(names) -> None:
         raise ValueError(f"unknown notebook parameter(s) {unknown}; allowed: {sorted(set(DEFAULTS) | set(NOTEBOOK_ONLY))}")
 
 
+def _rate_number(rate):
+    """``request_rate`` text that is a number as that number (YAML 1.1 reads ``4e-7``, without a dot, as text);
+    anything else unchanged (``'inf'``, or what the check then refuses)."""
+    if isinstance(rate, str) and rate != "inf":
+        try:
+            return float(rate)
+        except ValueError:
+            return rate
+    return rate
+
+
 def validate_params(raw: dict) -> SweepParams:
     """Check names and types of sweep parameters (from YAML, ``-p`` pairs or the notebook) and build
     :class:`SweepParams`.
@@ -215,12 +226,7 @@ def validate_params(raw: dict) -> SweepParams:
     sd = p["seed"]
     if isinstance(sd, bool) or not isinstance(sd, int) or not 0 <= sd <= 2**32 - 1:
         raise ValueError(f"seed={short_repr(sd)} must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)")
-    rate = p["request_rate"]
-    if isinstance(rate, str) and rate != "inf":  # YAML 1.1 reads 4e-7 (no dot) as text: a number all the same
-        try:
-            rate = p["request_rate"] = float(rate)
-        except ValueError:
-            pass
+    rate = p["request_rate"] = _rate_number(p["request_rate"])
     if not (rate == "inf" or (not isinstance(rate, bool) and isinstance(rate, (int, float)) and rate > 0)):
         raise ValueError(f"request_rate={short_repr(rate)} must be 'inf' or a positive number of requests per second")
     sw = p["shared_workspace_bytes"]
