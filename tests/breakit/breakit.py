@@ -21,7 +21,7 @@ which Python's ``int`` reads: only a traceback, a hang or a write counts against
   ``.hypothesis`` left out; inside the temporary folder a refusal may create nothing) and ``data_loss`` (a file
   that existed before the case, in the worktree or in the temporary folder, deleted or changed).
 
-Run: ``python benchmarks/breakit.py [--out data/validation/breakit_<date>.json] [--only DOOR]``. ~5 min on a
+Run: ``python tests/breakit/breakit.py [--out data/validation/breakit_<date>.json] [--only DOOR]``. 1-4 min on a
 2-core machine. Exit 0 when there are 0 data losses, 0 wrong writes and 0 hangs.
 """
 
@@ -41,7 +41,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10.0
 SKIP_PARTS = {".git", "__pycache__", ".hypothesis", ".pytest_cache", ".ipynb_checkpoints"}
 
