@@ -6,6 +6,7 @@ against a release wheel (``--check-wheel`` / ``--download``, mla_lab.engines.whe
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from .cli_doors import DoorError, rel_path
@@ -76,8 +77,7 @@ def _engines_arch(name):
 
 
 def _check_wheels(args) -> int:
-    from .engines.wheel_check import check_wheel, download_wheel, format_report, write_report
-    from .paths import data_dir
+    from .engines.wheel_check import check_wheel, download_wheel, format_report
 
     wd = Path(args.wheel_dir)
     if args.download and any(q.exists() and not q.is_dir() for q in (wd, *wd.parents)):
@@ -101,12 +101,28 @@ def _check_wheels(args) -> int:
             raise DoorError(f"--check-wheel={w!r}: {e}") from None
         bad += rep["counts"]["fails"] + rep["counts"]["missing"]
         if args.write:
-            try:
-                j, m = write_report(rep, data_dir() / "engines", overwrite=args.overwrite)
-            except ValueError as e:
-                raise DoorError(str(e)) from None
-            print(f"mla-lab: wrote {rel_path(j)} and {rel_path(m)}")
+            _write_checked(w, rep, args.overwrite)
         print(json.dumps(rep, indent=1) if args.json else format_report(rep))
     return 1 if bad else 0
 
 
+def _write_checked(wheel: str, rep: dict, overwrite: bool) -> None:
+    """``--write``: the wheel check's report into ``data/engines`` when every fact held or moved; a failed check
+    writes nothing (the committed facts stay as they are, issue 39) and says so on stderr.
+
+    Raises:
+        DoorError: a report file exists and ``overwrite`` is False.
+    """
+    from .engines.wheel_check import write_report
+    from .paths import data_dir
+
+    c = rep["counts"]
+    if c["fails"] + c["missing"]:
+        print(f"mla-lab: {wheel}: not written (the check failed: {c['fails']} fails, {c['missing']} missing); the "
+              "facts under data/engines are unchanged", file=sys.stderr)
+        return
+    try:
+        j, m = write_report(rep, data_dir() / "engines", overwrite=overwrite)
+    except ValueError as e:
+        raise DoorError(str(e)) from None
+    print(f"mla-lab: wrote {rel_path(j)} and {rel_path(m)}")

@@ -43,6 +43,11 @@ CONTROL_OPTIONS = {
 }
 
 
+#: The most prefill steps one explored point prices per strategy: the bound ``mla-lab advise`` applies
+#: (:data:`mla_lab.cli_doors.MAX_PRICED_STEPS`, ~1-2 ms per step per strategy; a test keeps the two equal).
+MAX_PRICED_STEPS = 2048
+
+
 def tp_options(model: str) -> list[int]:
     """TP sizes offered for ``model``: powers of two up to 64 that divide its ``num_attention_heads``."""
     heads = load_model(model).num_attention_heads
@@ -95,11 +100,20 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         costs the KV tokens the workload needs) has its numbers None the same way.
 
     Raises:
-        ValueError: not a Deployment; an unknown strategy; anything the row builder rejects.
+        ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` prefill steps; ``measured`` not a
+            DataFrame; an unknown strategy; anything the row builder rejects.
     """
     if not isinstance(deployment, Deployment):
         raise ValueError(f"deployment={deployment!r} must be a mla_lab.deployment.Deployment (Deployment.of(...) "
                          "or Deployment.seed())")
+    steps = deployment.num_prompts * -(-deployment.prompt_len // deployment.max_num_batched_tokens)
+    if steps > MAX_PRICED_STEPS:  # the explorer's door: a 2**40-token prompt priced for minutes (issue 39)
+        raise ValueError(f"num_prompts={deployment.num_prompts} x prompt_len={deployment.prompt_len} at "
+                         f"max_num_batched_tokens={deployment.max_num_batched_tokens} is {steps:,} prefill steps to "
+                         f"price per strategy; allowed: at most {MAX_PRICED_STEPS:,} (fewer or shorter prompts)")
+    if measured is not None and not hasattr(measured, "columns"):
+        raise ValueError(f"measured= a {type(measured).__name__} is not a DataFrame of measured sweep rows; allowed: "
+                         "mla_lab.report.data.load_measured() or None")
     strategy = resolve_strategy(strategy)
     point = deployment.to_point()
     rows = [dict(r) for r in _rows(deployment)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..arch import get_arch
 from ..models import load_model, model_config_path
-from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir, read_measured_csv
+from ..paths import REPO_ROOT, cache_dir, check_measured_cells, data_dir, measured_dir, read_measured_csv
 from ..sweep.rows import NOT_PRICED, reprice_measured_rows
 from .stamps import config_digest, find_manifest, read_manifest, stamp_for
 
@@ -97,6 +97,7 @@ def _check_sweep_csv(p: Path) -> None:
                                      f"edited file: its rows would be dropped); {fix}")
                 if row[where["source"]] != "measured":
                     continue
+                check_measured_cells(p, head, row, n, fix)  # ranges and the row's own quartiles (issue 39)
                 for c in _INT_COLUMNS:
                     if not row[where[c]].strip().lstrip("-").replace(".0", "", 1).isdigit():
                         raise ValueError(f"{p}: row {n}: {c}={row[where[c]]!r} is not an integer; {fix}")
