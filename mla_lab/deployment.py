@@ -21,6 +21,14 @@ field                       meaning (vLLM flag)
 ``max_num_seqs``            ``--max-num-seqs`` (most sequences per engine step; the lab's default 256, the
                             figure ``mla-lab serve`` has always used); vLLM requires ``max_num_batched_tokens >=
                             max_num_seqs`` (``vllm/config/scheduler.py``), checked here
+``num_speculative_tokens``  MTP / EAGLE draft tokens per step (vLLM ``--speculative-config '{"method": "mtp",
+                            "num_speculative_tokens": k}'``; 0 = off). Priced by
+                            :mod:`mla_lab.serving.deploy_options`
+``acceptance_length``       mean tokens accepted per request per step, the bonus token included (an INPUT: the
+                            lab does not predict acceptance); in [1, k + 1]; 1.0 when k = 0
+``dp_attention``            SGLang ``--dp <n> --enable-dp-attention``: attention data-parallel over ``n`` of the
+                            ``tp`` ranks (each rank ``num_attention_heads / (tp / n)`` heads, its own requests and
+                            KV), MoE still over all ``tp`` GPUs; 1 = off. Divides ``tp``
 ==========================  ==================================================================================
 
 Validation happens once, in :meth:`Deployment.of` (and :meth:`Deployment.seed`, which goes through it): names are
@@ -84,6 +92,19 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _check_options(num_speculative_tokens, acceptance_length, dp_attention, tp: int) -> tuple[int, float, int]:
+    """The deployment options (speculative decoding, DP attention) checked: ``(k, acceptance_length, dp)``."""
+    k = check_int("num_speculative_tokens", num_speculative_tokens, allow_zero=True)
+    a = acceptance_length
+    if isinstance(a, bool) or not isinstance(a, numbers.Real) or not 1 <= a <= k + 1:
+        raise ValueError(f"acceptance_length={a!r} is not allowed; allowed: a number in [1, num_speculative_tokens "
+                         f"+ 1] = [1, {k + 1}] (mean tokens accepted per step, the bonus token included)")
+    dp = check_int("dp_attention", dp_attention)
+    if tp % dp:
+        raise ValueError(f"dp_attention={dp} does not divide tp={tp}; allowed: {_divisors(tp)}")
+    return k, float(a), dp
+
+
 def _check_tp(model: ModelConfig, tp, moe_parallel: str) -> int:
     """``tp`` as an int that divides every size a TP rank splits (one message naming the first it does not)."""
     tp = check_int("tp", tp)
@@ -145,6 +166,9 @@ class Deployment:
     workload: Workload
     output_len: int = DEFAULT_OUTPUT_LEN
     max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    num_speculative_tokens: int = 0
+    acceptance_length: float = 1.0
+    dp_attention: int = 1
 
     # ------------------------------------------------------------------------------------------------ the door
     @classmethod
@@ -152,7 +176,8 @@ class Deployment:
            kv_cache_dtype: str, weight_dtype: str, moe_parallel: str, prompt_len: int, num_prompts: int = 1,
            concurrency: int | None = None, output_len: int = DEFAULT_OUTPUT_LEN,
            gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
-           max_num_seqs: int = DEFAULT_MAX_NUM_SEQS) -> Deployment:
+           max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, num_speculative_tokens: int = 0,
+           acceptance_length: float = 1.0, dp_attention: int = 1) -> Deployment:
         """Validate and build a deployment (every argument keyword-only; names resolved here, once).
 
         Args:
@@ -166,6 +191,9 @@ class Deployment:
             prompt_len, num_prompts: positive ints; concurrency: 1..num_prompts or None (= num_prompts).
             output_len: positive int (default 128, vllm bench serve's). gpu_memory_utilization: in (0, 1] (0.9).
             max_num_seqs: positive int <= max_num_batched_tokens (default :data:`DEFAULT_MAX_NUM_SEQS`).
+            num_speculative_tokens: int >= 0 (MTP draft tokens per step; 0 off). acceptance_length: a number in
+                [1, num_speculative_tokens + 1] (tokens per request per step, an input). dp_attention: a divisor of
+                ``tp`` (SGLang DP attention size; 1 off).
 
         Raises:
             ValueError: one line naming the first bad argument, its value and what is allowed.
@@ -179,7 +207,8 @@ class Deployment:
         num_prompts = check_int("num_prompts", num_prompts)
         wl = Workload(check_int("prompt_len", prompt_len), num_prompts,
                       num_prompts if concurrency is None else check_int("concurrency", concurrency))
-        return cls(model, arch, tp, mbt, kv, weight_dtype, moe_parallel, float(g), wl, output_len, mns)
+        k, acc, dp = _check_options(num_speculative_tokens, acceptance_length, dp_attention, tp)
+        return cls(model, arch, tp, mbt, kv, weight_dtype, moe_parallel, float(g), wl, output_len, mns, k, acc, dp)
 
     @classmethod
     def seed(cls, **overrides) -> Deployment:
@@ -192,7 +221,7 @@ class Deployment:
         Raises:
             ValueError: an unknown override name (lists the allowed), or as :meth:`of`.
         """
-        allowed = set(SEED_ARGS) | {"max_num_seqs"}  # the PR's command leaves --max-num-seqs at its default
+        allowed = set(SEED_ARGS) | {"max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention"}  # the PR's command leaves --max-num-seqs at its default
         unknown = sorted(set(overrides) - allowed)
         if unknown:
             raise ValueError(f"Deployment.seed() got unknown argument(s) {unknown}; allowed: {sorted(allowed)}")
@@ -244,7 +273,8 @@ class Deployment:
         if missing:
             raise ValueError(f"point lacks {missing}; allowed: a point with {list(need)}")
         kw = {k: point[k] for k in need}
-        for k in ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization", "max_num_seqs"):
+        for k in ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization", "max_num_seqs",
+                  "num_speculative_tokens", "acceptance_length", "dp_attention"):
             if point.get(k) is not None:
                 kw[k] = point[k]
         return cls.of(**kw)
@@ -266,12 +296,14 @@ class Deployment:
                 "weight_dtype": self.weight_dtype, "moe_parallel": self.moe_parallel,
                 "gpu_memory_utilization": self.gpu_memory_utilization, "prompt_len": wl.prompt_len,
                 "output_len": self.output_len, "num_prompts": wl.num_prompts, "concurrency": wl.concurrency,
-                "max_num_seqs": self.max_num_seqs}
+                "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
+                "acceptance_length": self.acceptance_length, "dp_attention": self.dp_attention}
 
     def to_point(self, **extra) -> dict:
         """The deployment as a flat sweep point (the sweep's parameter names), ``extra`` keys added (e.g.
         ``strategies=[...]``); ``output_len`` and ``max_num_seqs`` are left out, as the sweep's points leave them."""
-        p = {k: v for k, v in self.args().items() if k not in ("output_len", "max_num_seqs")}
+        p = {k: v for k, v in self.args().items()
+             if k not in ("output_len", "max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention")}
         p.update(extra)
         return p
 
@@ -281,6 +313,17 @@ class Deployment:
         experts, dtypes, KV bytes per token, engine limits), derived once and cached on the object."""
         return RankView.derive(self.model, self.arch, self.tp, self.kv_cache_dtype, self.weight_dtype,
                                self.moe_parallel, self.max_num_batched_tokens, self.max_num_seqs)
+
+    @cached_property
+    def attention_rank(self) -> RankView:
+        """What one rank's attention holds: :attr:`rank` itself without DP attention; with ``dp_attention`` n, a
+        view at ``tp / n`` (``num_attention_heads / (tp / n)`` heads per rank: all 64 of GLM-5 at ``--dp 8``,
+        nothing padded under FlashMLA's 64-head tile), used for the attention side only (the MoE stays on
+        :attr:`rank`: :mod:`mla_lab.serving.deploy_options`)."""
+        if self.dp_attention == 1:
+            return self.rank
+        return RankView.derive(self.model, self.arch, self.tp // self.dp_attention, self.kv_cache_dtype,
+                               self.weight_dtype, self.moe_parallel, self.max_num_batched_tokens, self.max_num_seqs)
 
     @property
     def prompt_len(self) -> int:
@@ -311,4 +354,7 @@ class Deployment:
         return (f"{self.model.name} TP{self.tp} {self.arch.name}, max_num_batched_tokens "
                 f"{self.max_num_batched_tokens}, {self.kv_cache_dtype} KV, {self.weight_dtype} weights, experts "
                 f"{self.moe_parallel}, {wl.num_prompts} x {wl.prompt_len}-token prompts ({self.output_len} out) at "
-                f"concurrency {wl.concurrency}, gpu_memory_utilization {self.gpu_memory_utilization:g}")
+                f"concurrency {wl.concurrency}, gpu_memory_utilization {self.gpu_memory_utilization:g}"
+                + (f", MTP {self.num_speculative_tokens} draft tokens (acceptance length {self.acceptance_length:g})"
+                   if self.num_speculative_tokens else "")
+                + (f", DP attention {self.dp_attention}" if self.dp_attention > 1 else ""))

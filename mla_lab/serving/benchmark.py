@@ -10,7 +10,7 @@ engine preset.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from ..deployment import Deployment
 from ..model.calibration import Calibration, resolve_calibration
@@ -18,6 +18,14 @@ from ..model.decode_calibration import DecodeCalibration, load_decode_calibratio
 from ..model.memory import memory_tradeoff
 from ..placement import BASELINE, SERVE_PRESETS, expand_strategies, preset_of, resolve_strategy
 from .client import BenchConfig
+from .deploy_options import (
+    OPTIONS_NOTES,
+    DPAttentionPricer,
+    SpecDecodePricer,
+    dp_attention_memory,
+    dp_share,
+    per_rank_deployment,
+)
 from .engine_pricer import EnginePricer
 from .metrics import compare
 from .scheduler import SchedulerConfig
@@ -43,8 +51,10 @@ MODELLED_NOTES = (
     "API server's hand-off, per-step CPU time (scheduling, sampling, output handling), token delivery "
     "(detokenisation, HTTP) and the run-to-run spread; mla_lab.serving.noise adds them (mla-lab serve --num-runs "
     "N; docs/serving.md gives each component's source and whether it is measured, cited or assumed).",
-    "Not modelled anywhere: CUDA-graph batch padding, MTP / speculative decoding, expert load imbalance (uniform "
-    "routing), all-reduce latency at decode sizes (the ring model with comm_latency_us = 0).",
+    "Not modelled anywhere: CUDA-graph batch padding, expert load imbalance (uniform routing), all-reduce latency "
+    "at decode sizes (the ring model with comm_latency_us = 0). MTP / speculative decoding and DP attention are "
+    "priced only when the deployment sets them (num_speculative_tokens, dp_attention: mla_lab.serving."
+    "deploy_options), acceptance length an input.",
 )
 
 
@@ -129,7 +139,9 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     order = list(dict.fromkeys([base] + names))
     cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
-    mem = memory_tradeoff(d, strategies=order)
+    opts = _Options(d, bench)
+    d_run, bench = opts.deployment, opts.bench
+    mem = opts.memory(order)
     where = (f"{d.model.name} TP{d.tp} on {d.arch.name} (weight_dtype={d.weight_dtype!r}, "
              f"max_num_batched_tokens={d.max_num_batched_tokens}, gpu_memory_utilization={d.gpu_memory_utilization})")
     if not mem["fits"] or not mem["kv_capacity_tokens"] > 0:
@@ -148,11 +160,11 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     out: dict = {}
     for s in order:
         lost, cap = mem["strategies"][s]["kv_tokens_lost"], caps[s]
-        sched = SchedulerConfig(max_num_batched_tokens=d.max_num_batched_tokens, max_num_seqs=d.max_num_seqs,
-                                kv_capacity_tokens=int(cap), block_size=block_size, kv_admission=kv_admission,
-                                enforce_eager=enforce_eager)
-        pricer = EnginePricer(d.rank, s, cal, dcal)
-        res = simulate(bench, sched, pricer, percentiles=percentiles)
+        sched = SchedulerConfig(max_num_batched_tokens=d_run.max_num_batched_tokens,
+                                max_num_seqs=d_run.max_num_seqs, kv_capacity_tokens=int(cap), block_size=block_size,
+                                kv_admission=kv_admission, enforce_eager=enforce_eager)
+        pricer = opts.pricer(s, cal, dcal)
+        res = opts.scale(simulate(bench, sched, pricer, percentiles=percentiles))
         launches: dict = {}
         for rec in res.steps:
             k = f"{rec.step.kind}:{rec.step.cudagraph_mode}"
@@ -168,9 +180,68 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                            "gpu_memory_utilization": d.gpu_memory_utilization, "kv_cache_dtype": d.kv_cache_dtype,
                            "block_size": block_size, "weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel,
                            "kv_admission": kv_admission, "enforce_eager": enforce_eager,
-                           "model_family": d.model.family, "model_family_note": d.model.family_note},
+                           "model_family": d.model.family, "model_family_note": d.model.family_note,
+                           "num_speculative_tokens": d.num_speculative_tokens,
+                           "acceptance_length": d.acceptance_length, "dp_attention": d.dp_attention},
+            "options": opts.describe(),
             "bench": asdict(bench), "calibration": cal.name, "decode_calibration": dcal.name,
-            "notes": list(MODELLED_NOTES)}
+            "notes": list(MODELLED_NOTES) + opts.notes()}
+
+
+class _Options:
+    """The deployment options of one serving run (:mod:`mla_lab.serving.deploy_options`): the deployment and
+    bench simulated (one DP rank's share under DP attention), its memory, its pricer and the metric scaling."""
+
+    def __init__(self, d: Deployment, bench: BenchConfig):
+        self.d, self.k, self.dp = d, d.num_speculative_tokens, d.dp_attention
+        self.mtp_layers = 1 if self.k else 0
+        if self.dp > 1:
+            self.share = dp_share(d)
+            self.deployment = per_rank_deployment(d)
+            self.bench = replace(bench, num_prompts=self.deployment.num_prompts,
+                                 max_concurrency=self.deployment.concurrency)
+        else:
+            self.share, self.deployment, self.bench = None, d, bench
+
+    def memory(self, order) -> dict:
+        if self.dp > 1:
+            return dp_attention_memory(self.deployment, order, mtp_layers=self.mtp_layers)
+        return memory_tradeoff(self.d, strategies=order, mtp_layers=self.mtp_layers)
+
+    def pricer(self, strategy, cal, dcal):
+        base = (DPAttentionPricer(self.deployment, strategy, cal, dcal) if self.dp > 1
+                else EnginePricer(self.d.rank, strategy, cal, dcal))
+        if not self.k:
+            return base
+        return SpecDecodePricer(base, self.d.model.num_hidden_layers, self.k, self.d.acceptance_length)
+
+    def scale(self, res):
+        """Under DP attention, the run's throughputs and token counts are the simulated rank's x the active
+        ranks (every rank runs the same share in lockstep); latencies are the rank's."""
+        if self.dp == 1:
+            return res
+        n = self.share["active_ranks"]
+        m = dict(res.metrics)
+        for key in list(m):
+            if key.endswith("_throughput") or key in ("completed", "total_input_tokens", "total_output_tokens",
+                                                      "max_output_tokens_per_s"):
+                m[key] = m[key] * n
+        return replace(res, metrics=m)
+
+    def describe(self) -> dict:
+        out = {}
+        if self.k:
+            out["speculative"] = {"method": "mtp", "num_speculative_tokens": self.k,
+                                  "acceptance_length": self.d.acceptance_length, "acceptance_length_status": "input",
+                                  "status": "modelled"}
+        if self.dp > 1:
+            out["dp_attention"] = {"dp": self.dp, **self.share, "heads_per_rank": self.deployment.attention_rank
+                                   .num_heads, "padded_heads_per_rank": self.deployment.attention_rank
+                                   .padded_num_heads, "status": "modelled"}
+        return out
+
+    def notes(self) -> list:
+        return [OPTIONS_NOTES[k] for k in ("speculative", "dp_attention") if k in self.describe()]
 
 
 def main() -> None:

@@ -1,0 +1,250 @@
+"""The deployments public runs use, priced: MTP / EAGLE speculative decoding and SGLang's DP attention (issue 37).
+
+Both are options of a :class:`~mla_lab.deployment.Deployment` (``num_speculative_tokens`` and ``acceptance_length``;
+``dp_attention``), checked at its door; :func:`mla_lab.serving.benchmark.serve_benchmark` reads them and uses the
+pricers and the memory below. Every number they give is **modelled**: the lab's cost model composed as follows,
+nothing fitted to a run that uses these options.
+
+**Speculative decoding** (:class:`SpecDecodePricer`; vLLM ``--speculative-config '{"method": "mtp",
+"num_speculative_tokens": k}'``). What one engine step runs at vLLM 0.33.0:
+
+- the target model verifies ``k + 1`` query tokens per decoding request (the last sampled token and the ``k``
+  drafts): its attention, indexer, GEMMs and MoE see ``(k + 1) x batch`` tokens
+  (``vllm/v1/worker/gpu_model_runner.py``: the scheduled spec tokens join the request's query;
+  ``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``). Priced as the base pricer's step with each decode token
+  expanded to ``k + 1`` decode tokens at contexts ``c .. c + k``;
+- the drafter (the MTP layer) runs ``k`` passes: the first over every token the target computed in the step
+  (``vllm/v1/spec_decode/llm_base_proposer.py:599``, ``num_tokens``), then ``k - 1`` passes at the batch size
+  (``llm_base_proposer.py:688-753``, ``for token_index in range(self.num_speculative_tokens - 1)``). Each pass is
+  priced as one more decoder layer at that token count: the base pricer's GPU time of the same tokens divided by
+  ``num_hidden_layers`` (the mean layer, the LM head's share included; the drafter computes logits on each pass);
+- ``acceptance_length`` tokens per request leave each step on average (an input): the simulation emits one token
+  per request per simulated step, so a decode step is charged ``(verify + drafts) / acceptance_length`` (TPOT and
+  ITL = step time / acceptance_length; vLLM's client sees the accepted tokens of a step in one chunk, so its
+  per-chunk ITL would be the whole step: the lab reports the per-token figure). A mixed step pays its prefill
+  chunks' share in full and the decode increment divided by ``acceptance_length``.
+- memory: the MTP layer's weights and one more layer of KV per token (:func:`mla_lab.model.memory.memory_tradeoff`
+  with ``mtp_layers=1``). vLLM's ``k`` lookahead slots per request are not counted.
+
+**DP attention** (:class:`DPAttentionPricer`; SGLang ``--tp 8 --dp 8 --enable-dp-attention``): each of the ``dp``
+attention groups holds ``num_attention_heads / (tp / dp)`` heads (all 64 of GLM-5 at ``dp = tp``: FlashMLA's
+64-head tile is full, nothing padded), its own requests (``num_prompts / dp``, ``concurrency / dp``,
+``max_num_batched_tokens / dp``, ``max_num_seqs / dp``) and its own KV cache; the MoE stays over all ``tp`` GPUs
+(``moe_parallel="ep"``: whole experts per rank, DeepEP-style dispatch and combine all-to-all; ``"tp"``: sharded,
+all-reduce). A step of one rank is priced as the attention side of the rank's own tokens on
+:attr:`Deployment.attention_rank <mla_lab.deployment.Deployment.attention_rank>` plus the MoE side of every active
+rank's tokens (the rank's step replicated ``min(dp, concurrency)`` times) on :attr:`Deployment.rank
+<mla_lab.deployment.Deployment.rank>`. One representative rank is simulated; throughputs are that rank's times
+the active ranks. Memory per rank (:func:`dp_attention_memory`): the attention weights replicated over the group
+(``tp / dp`` ranks) instead of split over ``tp``, the rest as TP; KV per rank holds only its requests' tokens.
+SGLang's own memory rule (``--mem-fraction-static``) is priced with vLLM 0.33.0's (the lab's), an assumption.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..deployment import Deployment
+from ..model.memory import _layer_bytes, memory_tradeoff
+from .engine_pricer import EnginePricer, _eager_ms
+from .step import DecodeToken, PrefillChunk, Step
+
+__all__ = ["SpecDecodePricer", "DPAttentionPricer", "dp_attention_memory", "MOE_SIDE_OPS", "dp_share",
+           "spec_verify_step", "OPTIONS_NOTES"]
+
+#: Ops of :func:`mla_lab.model.ops.layer_ops` on the MoE / MLP side of a layer (run over every rank's tokens under
+#: DP attention); every other op (attention, indexer, norms, embedding, LM head) is the rank's own.
+MOE_SIDE_OPS = ("mlp_gate_up", "mlp_act", "mlp_down", "mlp_allreduce", "router", "router_topk", "moe_gate_up",
+                "moe_act", "moe_down", "moe_combine", "shared_gate_up", "shared_act", "shared_down", "moe_allreduce",
+                "moe_dispatch", "moe_combine_a2a", "shared_allreduce")
+
+OPTIONS_NOTES = {
+    "speculative": "MTP / EAGLE: k + 1 query tokens verified per request per step, k drafter passes (the first over "
+                   "the step's tokens, k - 1 at the batch), acceptance_length tokens per step (an input); "
+                   "mla_lab.serving.deploy_options",
+    "dp_attention": "DP attention: each rank all heads of its group, its own requests and KV, MoE over all GPUs; "
+                    "one representative rank simulated; mla_lab.serving.deploy_options",
+}
+
+
+def spec_verify_step(step: Step, k: int) -> Step:
+    """``step`` with each decode token (context ``c``) expanded to ``k + 1`` decode tokens at contexts
+    ``c, ..., c + k`` (the verification of ``k`` drafts); prefill chunks unchanged."""
+    dec = tuple(DecodeToken(d.req_id, d.context_len + j) for d in step.decode for j in range(k + 1))
+    return Step(dec, step.prefill_chunks, step.cudagraph_mode, step.cudagraph_num_tokens)
+
+
+class SpecDecodePricer:
+    """A step pricer under MTP speculative decoding (module docstring), wrapping a base pricer with a ``price``
+    method (:class:`~mla_lab.serving.engine_pricer.EnginePricer` or :class:`DPAttentionPricer`).
+
+    Args:
+        base: the target model's pricer (``price(step) -> {"total_ms", "gpu_ms", ...}``).
+        num_layers: the target's ``num_hidden_layers`` (a drafter pass = the mean layer).
+        num_speculative_tokens: k >= 1. acceptance_length: in [1, k + 1] (checked at the Deployment's door).
+    """
+
+    def __init__(self, base, num_layers: int, num_speculative_tokens: int, acceptance_length: float):
+        self.base, self.L = base, num_layers
+        self.k, self.a = num_speculative_tokens, acceptance_length
+        self._memo: dict = {}
+
+    def _total(self, step: Step) -> float:
+        return self.base.price(step)["total_ms"]
+
+    def _pass_ms(self, step: Step) -> float:
+        """One drafter pass over ``step``'s tokens: the base's GPU ms / num_hidden_layers."""
+        return self.base.price(step)["gpu_ms"] / self.L
+
+    def price(self, step: Step) -> dict:
+        """``{"total_ms" (the simulated step: one token per request), "verify_ms", "draft_ms", "prefill_ms",
+        "engine_step_ms" (what one real engine step costs)}``, ms."""
+        prefill_only = Step((), step.prefill_chunks, "NONE", None) if step.prefill_chunks else None
+        pre = (self._total(prefill_only) + self._pass_ms(prefill_only)) if prefill_only else 0.0
+        if not step.decode:
+            return {"total_ms": pre, "verify_ms": 0.0, "draft_ms": self._pass_ms(step), "prefill_ms": pre,
+                    "engine_step_ms": pre}
+        verify = spec_verify_step(step, self.k)
+        batch = Step(step.decode, (), step.cudagraph_mode, step.cudagraph_num_tokens)
+        draft = self._pass_ms(verify) + (self.k - 1) * self._pass_ms(batch)
+        engine = self._total(verify) + draft
+        total = pre + (engine - pre) / self.a if prefill_only else engine / self.a
+        return {"total_ms": total, "verify_ms": self._total(verify), "draft_ms": draft, "prefill_ms": pre,
+                "engine_step_ms": engine}
+
+    def __call__(self, step: Step) -> float:
+        key = EnginePricer.step_key(step)
+        if key not in self._memo:
+            self._memo[key] = self.price(step)["total_ms"]
+        return self._memo[key]
+
+
+def dp_share(deployment: Deployment) -> dict:
+    """One DP-attention rank's share of the run (module docstring): ``num_prompts``, ``concurrency``,
+    ``max_num_batched_tokens``, ``max_num_seqs`` (each ``ceil(x / dp)``, at least 1) and ``active_ranks``
+    (``min(dp, concurrency)``: the ranks that hold requests)."""
+    d, dp = deployment, deployment.dp_attention
+    return {"num_prompts": math.ceil(d.num_prompts / dp), "concurrency": math.ceil(d.concurrency / dp),
+            "max_num_batched_tokens": max(1, d.max_num_batched_tokens // dp),
+            "max_num_seqs": max(1, math.ceil(d.max_num_seqs / dp)), "active_ranks": min(dp, d.concurrency)}
+
+
+def _replicate(step: Step, n: int) -> Step:
+    """``step`` as ``n`` ranks' identical shares (request ids offset per rank)."""
+    off = 1 + max([d.req_id for d in step.decode] + [c.req_id for c in step.prefill_chunks] + [0])
+    dec = tuple(DecodeToken(d.req_id + r * off, d.context_len) for r in range(n) for d in step.decode)
+    ch = tuple(PrefillChunk(c.req_id + r * off, c.start, c.num_tokens) for r in range(n) for c in step.prefill_chunks)
+    return Step(dec, ch, step.cudagraph_mode, step.cudagraph_num_tokens)
+
+
+class DPAttentionPricer:
+    """One DP-attention rank's step (module docstring): the attention side of its own tokens on the attention
+    rank (all heads of its group), the MoE side of every active rank's tokens on the TP rank.
+
+    Args:
+        deployment: a Deployment with ``dp_attention > 1`` (its door checked it). strategy: as
+            :class:`~mla_lab.serving.engine_pricer.EnginePricer`. calibration, decode_cal: as there.
+    """
+
+    def __init__(self, deployment: Deployment, strategy: str, calibration=None, decode_cal=None):
+        d = deployment
+        self.attn = EnginePricer(d.attention_rank, strategy, calibration, decode_cal)
+        self.moe = EnginePricer(d.rank, strategy, calibration, decode_cal)
+        self.moe_a2a = d.moe_parallel == "ep"
+        self.active = dp_share(d)["active_ranks"]
+        self.L = d.model.num_hidden_layers
+        self.dcal = self.attn.decode_cal
+        self._memo: dict = {}
+
+    def _moe_by_op(self, step: Step) -> dict:
+        glob = _replicate(step, self.active)
+        if not self.moe_a2a:
+            return self.moe.price(glob)["by_op"]
+        # DeepEP dispatch / combine: the rank's own T/ep share goes out and comes back (ops.py ep_comm="all_to_all"
+        # with ep = the active ranks' tokens); no all-gather (attention is data-parallel, nothing to replicate)
+        from ..model.ops import layer_ops
+        from ..model.timing import op_time_ms
+        by = dict(self.moe.price(glob)["by_op"])
+        by.pop("moe_allreduce", None)
+        n_moe = self.L - min(self.moe.model.first_k_dense_replace, self.L)
+        ops = {op.name: op for op in layer_ops(self.moe.rank, self.moe.strategy, _work(glob), "moe",
+                                               ep_comm="all_to_all")}
+        for name in ("moe_dispatch", "moe_combine_a2a", "shared_allreduce"):
+            if name in ops:
+                by[name] = op_time_ms(ops[name], self.moe.arch, self.moe.gcal, self.moe.tp) * n_moe
+        return by
+
+    def price(self, step: Step) -> dict:
+        """``{"total_ms", "gpu_ms", "host_ms", "launch", "attention_side_ms", "moe_side_ms", "by_op"}`` (ms)."""
+        a = self.attn.price(step)["by_op"]
+        m = self._moe_by_op(step)
+        by = {k: v for k, v in a.items() if k not in MOE_SIDE_OPS}
+        by.update({k: v for k, v in m.items() if k in MOE_SIDE_OPS})
+        attn_ms = sum(v for k, v in by.items() if k not in MOE_SIDE_OPS)
+        moe_ms = sum(v for k, v in by.items() if k in MOE_SIDE_OPS)
+        gpu = attn_ms + moe_ms + self.dcal.layer_fixed_us * 1e-3 * self.L
+        if step.cuda_graph:
+            total, host, launch = gpu, 0.0, "graph"
+        else:
+            total, host = _eager_ms(gpu, self.attn.n_ops, self.dcal)
+            launch = "eager"
+        return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "launch": launch, "attention_side_ms": attn_ms,
+                "moe_side_ms": moe_ms, "by_op": by}
+
+    def __call__(self, step: Step) -> float:
+        key = EnginePricer.step_key(step)
+        if key not in self._memo:
+            self._memo[key] = self.price(step)["total_ms"]
+        return self._memo[key]
+
+
+def _work(step: Step):
+    """``step`` as a :class:`mla_lab.workload.Step` (the cost model's chunks)."""
+    from ..workload import Step as WorkStep
+    return WorkStep([(d.req_id, d.context_len - 1, 1) for d in step.decode]
+                    + [(10**9 + c.req_id, c.start, c.num_tokens) for c in step.prefill_chunks])
+
+
+def dp_attention_memory(deployment: Deployment, strategies, *, mtp_layers: int = 0) -> dict:
+    """:func:`~mla_lab.model.memory.memory_tradeoff` of one DP-attention rank: the attention weights replicated
+    over its group (``num_hidden_layers x`` (one attention block at ``tp / dp`` minus one at ``tp``) more bytes per
+    rank), KV per rank for its own requests only (the capacity in tokens is the rank's; nothing replicated across
+    the DP ranks). The memory rule otherwise as vLLM 0.33.0's (:func:`~mla_lab.model.memory.kv_capacity_terms`):
+    the extra bytes come off the KV budget in whole blocks. Returns memory_tradeoff's dict with
+    ``kv_capacity_tokens`` the rank's and ``dp_attention`` ``{"extra_attention_weight_bytes", "tokens_before",
+    "dp"}`` added."""
+    d = deployment
+    mem = memory_tradeoff(d, strategies=strategies, mtp_layers=mtp_layers)
+    attn_dp = _layer_bytes(d.attention_rank)[0]
+    attn_tp = _layer_bytes(d.rank)[0]
+    extra = d.model.num_hidden_layers * (attn_dp - attn_tp) + mtp_layers * (attn_dp - attn_tp)
+    kv = mem["kv_capacity"]
+    block = kv["block_size"] * kv["bytes_per_token"]
+    available = kv["available_bytes"] - extra
+    blocks = max(int(available // block), 0)
+    tokens = blocks * kv["block_size"]
+    out = dict(mem)
+    out["kv_capacity"] = {**kv, "available_bytes": available, "num_blocks": blocks, "tokens": tokens,
+                          "terms": kv["terms"] + [
+                              {"term": "DP attention: attention weights replicated over the group", "value": extra,
+                               "unit": "bytes", "status": "estimate",
+                               "source": "mla_lab.model.memory._layer_bytes at tp / dp minus at tp, x layers"},
+                              {"term": "KV capacity per DP rank (its own requests)", "value": tokens,
+                               "unit": "tokens", "status": "computed", "source": "mla_lab.serving.deploy_options"}]}
+    out["kv_capacity_tokens"] = float(tokens)
+    out["kv_budget_bytes"] = available
+    out["fits"] = available > 0 and tokens > 0
+    if not out["fits"]:
+        out["fit_reason"] = (f"DP attention's replicated attention weights ({extra / 2**30:.1f} GiB per rank) leave "
+                             "no KV cache")
+    out["dp_attention"] = {"dp": d.dp_attention, "extra_attention_weight_bytes": extra,
+                           "tokens_before": mem["kv_capacity_tokens"]}
+    return out
+
+
+def per_rank_deployment(deployment: Deployment) -> Deployment:
+    """The representative DP rank's workload and engine limits as a Deployment (same engine, ``dp_share``)."""
+    sh = dp_share(deployment)
+    return deployment.replace(num_prompts=sh["num_prompts"], concurrency=sh["concurrency"],
+                              max_num_batched_tokens=max(sh["max_num_batched_tokens"], sh["max_num_seqs"]),
+                              max_num_seqs=sh["max_num_seqs"])
