@@ -454,7 +454,8 @@ def _cmd_advise(args) -> int:
                             "it here, or use 'mla-lab serve' (the vllm bench serve simulation) with it")
     dep, _ = doors.check_deployment(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
                                     args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
-                                    args.moe_parallel, args.gpu_memory_utilization, strategies=None)
+                                    args.moe_parallel, args.gpu_memory_utilization, strategies=None,
+                                    options=doors.deployment_options(args))
     from .sweep.advise import advise, format_advice
 
     _check_engine(args.engine)
@@ -656,6 +657,16 @@ def _deployment_flags(p, tp_flags, tp_dest) -> None:
     p.add_argument("--gpu-memory-utilization", type=doors.fraction_type, default=0.9,
                    help="vLLM's fraction of GPU memory for weights, activations and KV cache, in (0, 1] "
                         "(default 0.9)")
+    p.add_argument("--num-speculative-tokens", type=B("num_speculative_tokens"), default=0,
+                   help="MTP / EAGLE draft tokens per step (vLLM --speculative-config num_speculative_tokens), "
+                        f"{_range('num_speculative_tokens')} (default 0: off; modelled)")
+    p.add_argument("--acceptance-length", type=doors.acceptance_type, default=None,
+                   help="mean tokens accepted per request per step, the bonus token included: an input, in "
+                        "[1, num_speculative_tokens + 1] (default 1)")
+    p.add_argument("--dp-attention", type=B("dp_attention"), default=1,
+                   help="SGLang --dp N --enable-dp-attention: attention data-parallel over N ranks (all heads of "
+                        "the group per rank, KV per rank), MoE over all GPUs; a divisor of tp (default 1: off; "
+                        "modelled)")
 
 
 _COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "engines": cli_engines.cmd_engines,

@@ -59,6 +59,8 @@ BOUNDS = {
     "seed": (0, 2**32 - 1, "numpy's RandomState takes seeds in [0, 2**32 - 1]"),
     "timeout": (1, 7 * 86400, "one week per cell"),
     "shared_workspace_bytes": (0, 2**40, "1 TiB: above any GPU's memory"),
+    "num_speculative_tokens": (0, 16, "MTP / EAGLE drafts per step; public runs use 1-5 (0: off)"),
+    "dp_attention": (1, 1024, "SGLang --dp with --enable-dp-attention, a divisor of tp (1: off)"),
 }
 #: -p names holding a list of ints, and the bound each entry takes.
 _LIST_BOUNDS = {"tp_sizes": "tp", "max_num_batched_tokens": "max_num_batched_tokens", "prompt_lens": "prompt_len"}
@@ -183,6 +185,33 @@ def fraction_type(text: str) -> float:
     if not 0 < v <= 1:
         raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: a number in (0, 1]")
     return v
+
+
+def acceptance_type(text: str) -> float:
+    """argparse ``type=`` for ``--acceptance-length``: a number >= 1 (tokens accepted per step, bonus included; the
+    upper bound ``num_speculative_tokens + 1`` is checked by :meth:`mla_lab.deployment.Deployment.of`)."""
+    v = _float(text)
+    if not 1 <= v <= BOUNDS["num_speculative_tokens"][1] + 1:
+        raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: a number in [1, "
+                                         "num_speculative_tokens + 1]")
+    return v
+
+
+def deployment_options(args) -> dict:
+    """The deployment options of ``advise`` / ``serve`` (``--num-speculative-tokens``, ``--acceptance-length``,
+    ``--dp-attention``) as :meth:`mla_lab.deployment.Deployment.of` arguments; the cross-check (acceptance length
+    within ``[1, k + 1]``, dp dividing tp) is the Deployment's door.
+
+    Raises:
+        DoorError: ``--acceptance-length`` given without ``--num-speculative-tokens``.
+    """
+    k = getattr(args, "num_speculative_tokens", 0) or 0
+    a = getattr(args, "acceptance_length", None)
+    if a is not None and k == 0 and a != 1:
+        raise DoorError(f"--acceptance-length={a!r} is given without --num-speculative-tokens; allowed: "
+                        "--num-speculative-tokens k >= 1 with it (acceptance length in [1, k + 1])")
+    return {"num_speculative_tokens": k, "acceptance_length": 1.0 if a is None else a,
+            "dp_attention": getattr(args, "dp_attention", 1) or 1}
 
 
 def rate_type(text: str) -> float:
@@ -452,11 +481,12 @@ def check_strategies(names) -> list[str]:
 def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cache_dtype, num_prompts,
                      concurrency, weight_dtype, moe_parallel, gpu_memory_utilization, strategies=None,
                      output_len: int = 0, max_num_seqs: int | None = None,
-                     workload_in_flight: bool = True) -> tuple:
+                     workload_in_flight: bool = True, options: dict | None = None) -> tuple:
     """O(1) checks of one deployment before any step is priced: :meth:`mla_lab.deployment.Deployment.of` (names,
     dtypes, TP against every size it divides), vLLM's engine rule, the step bound, and whether the weights and the
     workload's KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`); returns memory_tradeoff's result.
 
+    ``options``: the deployment options (:func:`deployment_options`: MTP, DP attention), passed to the door.
     ``workload_in_flight``: the workload's ``concurrency x prompt_len`` tokens must fit the KV cache at once (advise
     and the row builder price it so); False (serve): one request (``prompt_len + output_len``) must fit, the
     scheduler queues the rest.
@@ -478,7 +508,8 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
                         kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype, moe_parallel=moe_parallel,
                         prompt_len=prompt_len, num_prompts=num_prompts, concurrency=conc,
                         output_len=max(output_len, 1), gpu_memory_utilization=gpu_memory_utilization,
-                        **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}))  # vLLM's rule: there
+                        **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),  # vLLM's rule: there
+                        **(options or {}))
     m, a = dep.model, dep.arch
     if workload_in_flight:
         _check_steps(num_prompts, prompt_len, max_num_batched_tokens, "deployment")
@@ -552,7 +583,8 @@ def check_serve(args, strategies=None):
     dep, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
                            args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
                            args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
-                           max_num_seqs=args.max_num_seqs, workload_in_flight=False)
+                           max_num_seqs=args.max_num_seqs, workload_in_flight=False,
+                           options=deployment_options(args))
     steps, case = serve_step_bound(args.num_prompts, args.random_input_len, args.random_output_len,
                                    args.max_num_batched_tokens, args.max_num_seqs, conc, args.request_rate,
                                    float(mem["kv_capacity_tokens"]))

@@ -18,6 +18,7 @@ import math
 from ..deployment import Deployment
 from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..model.memory import memory_tradeoff
+from ..serving.deploy_options import options_summary
 from ..placement import (
     BASELINE,
     FORCED_TODAY,
@@ -229,6 +230,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             "modelled_only": modelled_only,
             "frontier": front, "baseline": BASELINE, "engines": engines,
             "kv_capacity": _kv_capacity_block(mem),
+            "deployment_options": options_summary(d, BASELINE),  # MTP / DP attention (modelled; {} when off)
             "comm_source": rows[0].get("comm_source", "") if rows else "", "measured_withheld": withheld,
             "note": _NOTE_MODELLED if d.arch.sm != "sm90" else "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
                     "change with the attention path timed on an H200 (rest modelled) and its interval, where "
@@ -452,6 +454,15 @@ def format_advice(result: dict) -> str:
         out.append(f"KV capacity {cap['tokens']:,} tokens per rank as vLLM {cap['vllm_version']} computes it from "
                    f"torch's total memory ({len(cap['terms'])} terms with their sources in --json; assumed: "
                    f"{', '.join(assumed) or 'none'})")
+    for name, o in (result.get("deployment_options") or {}).items():
+        if name == "dp_attention":
+            out.append(f"DP attention {o['dp']} (modelled): {o['heads_per_rank']} heads per rank "
+                       f"({o['padded_heads_per_rank']} padded), KV {o['kv_capacity_tokens_per_rank']:,.0f} tokens per "
+                       f"rank, mean TTFT {o['ttft_ms']:.1f} ms vs {o['ttft_ms_without']:.1f} ms without")
+        else:
+            out.append(f"MTP {o['num_speculative_tokens']} draft tokens, acceptance length {o['acceptance_length']:g} "
+                       f"(input): KV {o['kv_capacity_tokens']:,.0f} tokens per rank (MTP layer's weights and KV; "
+                       f"{o['kv_capacity_tokens_without']:,.0f} without); decode priced by mla-lab serve")
     if result.get("measured_withheld"):
         out.append(f"measured column empty: {result['measured_withheld']}")
     if result.get("comm_source"):
