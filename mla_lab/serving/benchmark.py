@@ -164,14 +164,16 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                                 max_num_seqs=d_run.max_num_seqs, kv_capacity_tokens=int(cap), block_size=block_size,
                                 kv_admission=kv_admission, enforce_eager=enforce_eager)
         pricer = opts.pricer(s, cal, dcal)
-        res = opts.scale(simulate(bench, sched, pricer, percentiles=percentiles))
+        raw = simulate(bench, sched, pricer, percentiles=percentiles)
+        res = opts.scale(raw)
         launches: dict = {}
         for rec in res.steps:
             k = f"{rec.step.kind}:{rec.step.cudagraph_mode}"
             launches[k] = launches.get(k, 0) + 1
         out[s] = {"preset": preset_of(s), "metrics": res.metrics, "kv_capacity_tokens": int(cap),
                   "kv_tokens_lost": lost, "extra_mib": mem["strategies"][s]["extra_mib"],
-                  "num_steps": len(res.steps), "steps_by_launch": launches, "result": res}
+                  "num_steps": len(res.steps), "steps_by_launch": launches, "result": res,
+                  "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
     for s in order:
         out[s]["change_pct"] = compare(out[base]["metrics"], out[s]["metrics"])
     return {"strategies": out, "baseline": base,

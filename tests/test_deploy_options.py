@@ -1,0 +1,147 @@
+"""MTP speculative decoding and SGLang DP attention as deployment options (issue 37): the door, the pricers'
+composition recomputed from their parts, the memory per rank, the serve run and the CLI flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from mla_lab.deployment import Deployment
+from mla_lab.model.memory import _layer_bytes, memory_tradeoff
+from mla_lab.serving.deploy_options import (
+    MOE_SIDE_OPS,
+    DPAttentionPricer,
+    SpecDecodePricer,
+    dp_attention_memory,
+    dp_share,
+    per_rank_deployment,
+    spec_verify_step,
+)
+from mla_lab.serving.engine_pricer import EnginePricer
+from mla_lab.serving.step import DecodeToken, PrefillChunk, Step
+
+S = "per_call_empty:zeros@vllm-flashmla-mqa"
+
+
+@pytest.mark.parametrize("kw, msg", [
+    ({"num_speculative_tokens": -1}, "num_speculative_tokens=-1"),
+    ({"num_speculative_tokens": 2, "acceptance_length": 3.5}, "acceptance_length=3.5 is not allowed; allowed: a "
+                                                              "number in [1, num_speculative_tokens + 1] = [1, 3]"),
+    ({"acceptance_length": 0.5}, "acceptance_length=0.5"),
+    ({"dp_attention": 3}, "dp_attention=3 does not divide tp=8; allowed: [1, 2, 4, 8]"),
+])
+def test_the_door_names_the_option(kw, msg):
+    with pytest.raises(ValueError) as e:
+        Deployment.seed(**kw)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_options_round_trip_and_attention_rank():
+    d = Deployment.seed(num_speculative_tokens=3, acceptance_length=2.5, dp_attention=8)
+    assert d.replace().args() == d.args()
+    ar = d.attention_rank
+    assert ar.num_heads == d.model.num_attention_heads  # GLM-5: all 64 heads on each rank at --dp 8
+    assert ar.padded_num_heads == ar.num_heads == 64  # a full FlashMLA tile: nothing padded
+    assert d.rank.padded_num_heads == 64 and d.rank.num_heads == 8  # the TP8 rank pads 8 -> 64
+    plain = Deployment.seed()
+    assert plain.attention_rank is plain.rank
+    assert "MTP 3 draft tokens" in d.describe() and "DP attention 8" in d.describe()
+
+
+def test_spec_step_is_verify_plus_drafts_over_acceptance():
+    d = Deployment.seed()
+    base = EnginePricer(d.rank, S)
+    k, a = 3, 2.5
+    p = SpecDecodePricer(base, d.model.num_hidden_layers, k, a)
+    step = Step(tuple(DecodeToken(i, 1100 + i) for i in range(4)), (), "FULL", 4)
+    verify = spec_verify_step(step, k)
+    assert len(verify.decode) == (k + 1) * 4
+    assert [t.context_len for t in verify.decode[:k + 1]] == [1100, 1101, 1102, 1103]
+    L = d.model.num_hidden_layers
+    draft = base.price(verify)["gpu_ms"] / L + (k - 1) * base.price(step)["gpu_ms"] / L
+    want = (base.price(verify)["total_ms"] + draft) / a
+    assert p(step) == pytest.approx(want, rel=1e-12)
+    assert p.price(step)["engine_step_ms"] == pytest.approx(want * a, rel=1e-12)
+
+
+def test_spec_mixed_step_pays_prefill_in_full():
+    d = Deployment.seed()
+    base = EnginePricer(d.rank, S)
+    k, a = 1, 2.0
+    p = SpecDecodePricer(base, d.model.num_hidden_layers, k, a)
+    step = Step((DecodeToken(0, 1500),), (PrefillChunk(1, 0, 512),), "PIECEWISE", 520)
+    pre_step = Step((), step.prefill_chunks, "NONE", None)
+    L = d.model.num_hidden_layers
+    pre = base.price(pre_step)["total_ms"] + base.price(pre_step)["gpu_ms"] / L
+    verify = spec_verify_step(step, k)
+    engine = base.price(verify)["total_ms"] + base.price(verify)["gpu_ms"] / L
+    assert p(step) == pytest.approx(pre + (engine - pre) / a, rel=1e-12)
+    only_pre = p.price(pre_step)
+    assert only_pre["total_ms"] == pytest.approx(pre, rel=1e-12)
+
+
+def test_dp_pricer_composes_attention_of_the_rank_and_moe_of_all_ranks():
+    d = per_rank_deployment(Deployment.seed(dp_attention=8, moe_parallel="tp", concurrency=32))
+    p = DPAttentionPricer(d, S)
+    step = Step(tuple(DecodeToken(i, 2000) for i in range(4)), (), "FULL", 4)
+    got = p.price(step)
+    attn = EnginePricer(d.attention_rank, S).price(step)["by_op"]
+    want_attn = sum(v for k, v in attn.items() if k not in MOE_SIDE_OPS)
+    assert got["attention_side_ms"] == pytest.approx(want_attn, rel=1e-12)
+    glob = Step(tuple(DecodeToken(i + r * 4, 2000) for r in range(p.active) for i in range(4)), (), "FULL", 32)
+    moe = EnginePricer(d.rank, S).price(glob)["by_op"]
+    assert got["moe_side_ms"] == pytest.approx(sum(v for k, v in moe.items() if k in MOE_SIDE_OPS), rel=1e-12)
+    assert "moe_allgather" not in got["by_op"]
+
+
+def test_dp_share_and_memory_per_rank():
+    d = Deployment.seed(dp_attention=8, num_prompts=100, concurrency=20, max_num_seqs=256)
+    sh = dp_share(d)
+    assert sh == {"num_prompts": 13, "concurrency": 3, "max_num_batched_tokens": 16384 // 8, "max_num_seqs": 32,
+                  "active_ranks": 8}
+    assert dp_share(Deployment.seed(dp_attention=8, num_prompts=4))["active_ranks"] == 4
+    mem = dp_attention_memory(d, [S])
+    base = memory_tradeoff(d, strategies=[S])
+    extra = d.model.num_hidden_layers * (_layer_bytes(d.attention_rank)[0] - _layer_bytes(d.rank)[0])
+    assert mem["dp_attention"]["extra_attention_weight_bytes"] == extra > 0
+    kv = base["kv_capacity"]
+    blocks = int((kv["available_bytes"] - extra) // (kv["block_size"] * kv["bytes_per_token"]))
+    assert mem["kv_capacity_tokens"] == blocks * kv["block_size"] < base["kv_capacity_tokens"]
+
+
+def test_mtp_memory_is_the_mtp_layer():
+    d = Deployment.seed(num_speculative_tokens=1, acceptance_length=1.6)
+    with_mtp = memory_tradeoff(d, strategies=[S], mtp_layers=1)["kv_capacity"]
+    per_layer = d.model.kv_cache_bytes_per_token_layer(d.kv_cache_dtype)
+    assert with_mtp["bytes_per_token"] == d.model.kv_cache_bytes_per_token(d.kv_cache_dtype) + per_layer
+
+
+def test_serve_runs_the_options():
+    from mla_lab.serving.benchmark import serve_benchmark
+
+    plain = serve_benchmark(Deployment.seed(), [S], baseline=S)["strategies"][S]
+    spec = serve_benchmark(Deployment.seed(num_speculative_tokens=1, acceptance_length=2.0), [S], baseline=S)
+    s = spec["strategies"][S]
+    assert spec["options"]["speculative"]["status"] == "modelled"
+    assert s["metrics"]["mean_tpot_ms"] < plain["metrics"]["mean_tpot_ms"]  # 2 tokens per step at a=2
+    assert s["kv_capacity_tokens"] < plain["kv_capacity_tokens"]  # the MTP layer's weights and KV
+    assert s["metrics"]["total_output_tokens"] == plain["metrics"]["total_output_tokens"]
+    dp = serve_benchmark(Deployment.seed(dp_attention=8), [S], baseline=S)
+    r = dp["strategies"][S]
+    rank = r["rank_metrics"]  # the representative rank's own (unscaled) metrics
+    assert r["metrics"]["completed"] == rank["completed"] * 8 == 32
+    assert r["metrics"]["total_token_throughput"] == pytest.approx(rank["total_token_throughput"] * 8)
+    assert dp["options"]["dp_attention"]["padded_heads_per_rank"] == 64
+
+
+def test_cli_flags_are_checked_at_the_door(capsys):
+    from mla_lab.cli import main
+
+    with pytest.raises(SystemExit) as e:  # argparse's type check: exit status 2
+        main(["serve", "--dp-attention", "0"])
+    assert e.value.code == 2
+    assert "--dp-attention: '0' is out of range; allowed: 1..1,024" in capsys.readouterr().err
+    assert main(["serve", "--acceptance-length", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--acceptance-length=2.0 is given without --num-speculative-tokens" in err
+    assert main(["serve", "--num-speculative-tokens", "1", "--acceptance-length", "2.5"]) == 2
+    assert "acceptance_length=2.5 is not allowed" in capsys.readouterr().err
