@@ -31,7 +31,7 @@ from .metrics import compare
 from .scheduler import SchedulerConfig
 from .simulate import simulate
 
-__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of"]
+__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary"]
 
 #: The PR's benchmark (vLLM PR #53878): 32 prompts x 1024 in / 128 out, max concurrency 32, request rate inf.
 PR_BENCH = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
@@ -244,6 +244,37 @@ class _Options:
 
     def notes(self) -> list:
         return [OPTIONS_NOTES[k] for k in ("speculative", "dp_attention") if k in self.describe()]
+
+
+def options_summary(deployment: Deployment, strategy: str) -> dict:
+    """What the deployment options change, for ``mla-lab advise`` and the report's frontier (modelled): ``{}``
+    without options; else ``{"speculative": {...}, "dp_attention": {...}}`` with the KV capacity per rank under the
+    option and, for DP attention, the no-padding point: heads and padded heads per rank, the extra persistent Q
+    workspace (0 MiB: nothing padded when the rank holds a full tile) and the workload's mean TTFT (ms, the
+    ``vllm bench serve`` simulation at ``output_len`` 1: every prompt's prefill, queueing included) with and
+    without DP attention, priced the same way (:func:`mla_lab.serving.benchmark.serve_benchmark`)."""
+    d, out = deployment, {}
+    if d.num_speculative_tokens:
+        mem = memory_tradeoff(d, strategies=[strategy], mtp_layers=1)
+        out["speculative"] = {"num_speculative_tokens": d.num_speculative_tokens,
+                              "acceptance_length": d.acceptance_length, "acceptance_length_status": "input",
+                              "kv_capacity_tokens": mem["kv_capacity_tokens"],
+                              "kv_capacity_tokens_without": memory_tradeoff(d, strategies=[strategy])[
+                                  "kv_capacity_tokens"], "status": "modelled"}
+    if d.dp_attention > 1:
+        first = d.replace(output_len=1, num_speculative_tokens=0, acceptance_length=1.0)
+        ttft = serve_benchmark(first, [strategy], baseline=strategy)["strategies"][strategy]["metrics"]
+        ttft_tp = serve_benchmark(first.replace(dp_attention=1), [strategy], baseline=strategy)[
+            "strategies"][strategy]["metrics"]
+        ar = d.attention_rank
+        mem = dp_attention_memory(per_rank_deployment(d), [strategy], mtp_layers=1 if d.num_speculative_tokens else 0)
+        out["dp_attention"] = {"dp": d.dp_attention, "heads_per_rank": ar.num_heads,
+                               "padded_heads_per_rank": ar.padded_num_heads, "extra_persistent_mib": 0.0,
+                               "kv_capacity_tokens_per_rank": mem["kv_capacity_tokens"],
+                               "ttft_ms": ttft["mean_ttft_ms"], "ttft_ms_without": ttft_tp["mean_ttft_ms"],
+                               "ttft_scope": "mean TTFT of the workload (serve simulation, output_len 1)",
+                               "strategy": strategy, "status": "modelled"}
+    return out
 
 
 def main() -> None:

@@ -46,11 +46,14 @@ import math
 
 from ..deployment import Deployment
 from ..model.memory import _layer_bytes, memory_tradeoff
+from ..model.ops import layer_ops
+from ..model.timing import op_time_ms
+from ..workload import Step as WorkStep
 from .engine_pricer import EnginePricer, _eager_ms
 from .step import DecodeToken, PrefillChunk, Step
 
 __all__ = ["SpecDecodePricer", "DPAttentionPricer", "dp_attention_memory", "MOE_SIDE_OPS", "dp_share",
-           "spec_verify_step", "OPTIONS_NOTES"]
+           "spec_verify_step", "OPTIONS_NOTES", "per_rank_deployment"]
 
 #: Ops of :func:`mla_lab.model.ops.layer_ops` on the MoE / MLP side of a layer (run over every rank's tokens under
 #: DP attention); every other op (attention, indexer, norms, embedding, LM head) is the rank's own.
@@ -162,8 +165,6 @@ class DPAttentionPricer:
             return self.moe.price(glob)["by_op"]
         # DeepEP dispatch / combine: the rank's own T/ep share goes out and comes back (ops.py ep_comm="all_to_all"
         # with ep = the active ranks' tokens); no all-gather (attention is data-parallel, nothing to replicate)
-        from ..model.ops import layer_ops
-        from ..model.timing import op_time_ms
         by = dict(self.moe.price(glob)["by_op"])
         by.pop("moe_allreduce", None)
         n_moe = self.L - min(self.moe.model.first_k_dense_replace, self.L)
@@ -200,7 +201,6 @@ class DPAttentionPricer:
 
 def _work(step: Step):
     """``step`` as a :class:`mla_lab.workload.Step` (the cost model's chunks)."""
-    from ..workload import Step as WorkStep
     return WorkStep([(d.req_id, d.context_len - 1, 1) for d in step.decode]
                     + [(10**9 + c.req_id, c.start, c.num_tokens) for c in step.prefill_chunks])
 
@@ -249,35 +249,3 @@ def per_rank_deployment(deployment: Deployment) -> Deployment:
                               max_num_batched_tokens=max(sh["max_num_batched_tokens"], sh["max_num_seqs"]),
                               max_num_seqs=sh["max_num_seqs"])
 
-
-def options_summary(deployment: Deployment, strategy: str) -> dict:
-    """What the deployment options change, for ``mla-lab advise`` and the report's frontier (modelled): ``{}``
-    without options; else ``{"speculative": {...}, "dp_attention": {...}}`` with the KV capacity per rank under the
-    option and, for DP attention, the no-padding point: heads and padded heads per rank, the extra persistent Q
-    workspace (0 MiB: nothing padded when the rank holds a full tile) and the workload's mean TTFT (ms, the
-    ``vllm bench serve`` simulation at ``output_len`` 1: every prompt's prefill, queueing included) with and
-    without DP attention, priced the same way (:func:`mla_lab.serving.benchmark.serve_benchmark`)."""
-    from .benchmark import serve_benchmark  # the serving run reads this module's pricers
-
-    d, out = deployment, {}
-    if d.num_speculative_tokens:
-        mem = memory_tradeoff(d, strategies=[strategy], mtp_layers=1)
-        out["speculative"] = {"num_speculative_tokens": d.num_speculative_tokens,
-                              "acceptance_length": d.acceptance_length, "acceptance_length_status": "input",
-                              "kv_capacity_tokens": mem["kv_capacity_tokens"],
-                              "kv_capacity_tokens_without": memory_tradeoff(d, strategies=[strategy])[
-                                  "kv_capacity_tokens"], "status": "modelled"}
-    if d.dp_attention > 1:
-        first = d.replace(output_len=1, num_speculative_tokens=0, acceptance_length=1.0)
-        ttft = serve_benchmark(first, [strategy], baseline=strategy)["strategies"][strategy]["metrics"]
-        ttft_tp = serve_benchmark(first.replace(dp_attention=1), [strategy], baseline=strategy)[
-            "strategies"][strategy]["metrics"]
-        ar = d.attention_rank
-        mem = dp_attention_memory(per_rank_deployment(d), [strategy], mtp_layers=1 if d.num_speculative_tokens else 0)
-        out["dp_attention"] = {"dp": d.dp_attention, "heads_per_rank": ar.num_heads,
-                               "padded_heads_per_rank": ar.padded_num_heads, "extra_persistent_mib": 0.0,
-                               "kv_capacity_tokens_per_rank": mem["kv_capacity_tokens"],
-                               "ttft_ms": ttft["mean_ttft_ms"], "ttft_ms_without": ttft_tp["mean_ttft_ms"],
-                               "ttft_scope": "mean TTFT of the workload (serve simulation, output_len 1)",
-                               "strategy": strategy, "status": "modelled"}
-    return out

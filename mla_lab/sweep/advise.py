@@ -18,7 +18,7 @@ import math
 from ..deployment import Deployment
 from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..model.memory import memory_tradeoff
-from ..serving.deploy_options import options_summary
+from ..serving.benchmark import options_summary
 from ..placement import (
     BASELINE,
     FORCED_TODAY,
