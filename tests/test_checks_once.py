@@ -48,7 +48,8 @@ def test_one_advise_call_checks_each_deployment_integer_once(monkeypatch):
     rc, out, err = run_cli(["advise", "--no-measured"])
     assert rc == 0, err
     assert "recommended" in out
-    for name in ("max_num_batched_tokens", "max_num_seqs", "num_prompts", "concurrency", "output_len"):
+    for name in ("max_num_batched_tokens", "max_num_seqs", "num_prompts", "concurrency", "output_len",
+                 "num_speculative_tokens", "dp_attention"):
         assert calls[name] == 1, (name, calls[name])
     # tp: Deployment.of only (the cost model reads the rank view: 2 before, with ops._check_common's memo)
     assert calls["tp"] == 1, calls["tp"]
@@ -60,8 +61,9 @@ def test_one_advise_call_checks_each_deployment_integer_once(monkeypatch):
     # 2,218 before the rank view, 1,070 before the cost model took it, 1,066 after; +3 since advise checks that one
     # request fits the KV cache before pricing anything (its memory account: issue 31 fresh-user pass); +312 since
     # advise answers within vLLM 0.33.0 and prices today's engines' own paths too (issue 39: 6 more candidates,
-    # each route's seq_len / query_len checked per step)
-    assert sum(calls.values()) <= 1381, dict(calls)
+    # each route's seq_len / query_len checked per step); +2 for the deployment options (issue 37: MTP's
+    # num_speculative_tokens and dp_attention, once each at the door)
+    assert sum(calls.values()) <= 1383, dict(calls)
 
 
 def test_one_modelled_grid_point_checks_max_num_batched_tokens_once(monkeypatch):

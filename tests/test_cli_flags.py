@@ -47,8 +47,14 @@ ADVISE = [
     (["--no-measured"], "change", None),
     (["--random-output-len", "512"], "refuse", r"--random-output-len='512' is not used by advise"),
     (["--request-rate", "4"], "refuse", r"--request-rate='4' is not used by advise"),
+    (["--num-speculative-tokens", "1", "--acceptance-length", "1.7"], "change", None),
+    (["--acceptance-length", "1.7"], "refuse", r"--acceptance-length=1.7 is given without --num-speculative-tokens"),
+    (["--dp-attention", "8"], "change", None),
 ]
 SERVE = [
+    (["--num-speculative-tokens", "1", "--acceptance-length", "1.7"], "change", None),
+    (["--num-speculative-tokens", "1", "--acceptance-length", "2.5"], "refuse", r"acceptance_length=2.5 is not allowed"),
+    (["--dp-attention", "8"], "change", None),
     (["--engine", "vllm@0.33.0"], "change", None),
     (["--engine", "sglang@9"], "refuse", r"--engine='sglang@9' is not valid; allowed:"),
     (["--model", "deepseek-v3.2"], "change", None),

@@ -18,7 +18,6 @@ import math
 from ..deployment import Deployment
 from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..model.memory import memory_tradeoff
-from ..serving.benchmark import options_summary
 from ..placement import (
     BASELINE,
     FORCED_TODAY,
@@ -31,6 +30,7 @@ from ..placement import (
     resolve_engine,
     strategy_notes,
 )
+from ..serving.benchmark import options_summary
 from .rows import between_process_changes, measured_changes, measured_withheld, modelled_rows
 
 __all__ = ["DEFAULT_ENGINE", "strategy_engine", "strategy_label", "engine_group", "advise", "candidate_strategies", "frontier", "format_advice", "TODAY_ENGINES", "engines_block"]
