@@ -145,3 +145,29 @@ def test_cli_flags_are_checked_at_the_door(capsys):
     assert "--acceptance-length=2.0 is given without --num-speculative-tokens" in err
     assert main(["serve", "--num-speculative-tokens", "1", "--acceptance-length", "2.5"]) == 2
     assert "acceptance_length=2.5 is not allowed" in capsys.readouterr().err
+
+
+def test_frontier_shows_dp_attention_as_its_own_modelled_point():
+    """The report's memory-vs-TTFT panel with ``dp_attention=True``: one hollow star at 0 extra MiB and the TTFT
+    change recomputed from options_summary; off by default (the committed figures are unchanged)."""
+    import pandas as pd
+
+    from mla_lab.placement import BASELINE
+    from mla_lab.report.figures import DP_POINT, plot_frontier_grid, y_window
+    from mla_lab.serving.benchmark import options_summary
+    from mla_lab.sweep.rows import modelled_rows
+
+    d = Deployment.seed()
+    rows = pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, "private_workspace"]), deployment=d))
+    o = options_summary(d.replace(dp_attention=8), BASELINE)["dp_attention"]
+    want = 100.0 * (o["ttft_ms"] - o["ttft_ms_without"]) / o["ttft_ms_without"]
+    assert o["heads_per_rank"] == o["padded_heads_per_rank"] == 64
+    fig = plot_frontier_grid(rows, dp_attention=True)[0]
+    stars = [c for ax in fig.axes for c in ax.collections if c.get_gid() == DP_POINT]
+    assert len(stars) == 1
+    (x, y), = stars[0].get_offsets()
+    w = y_window(list(rows["ttft_change_pct"]) + [want])  # a point far off is drawn at the window's edge
+    shown = want if w is None else min(max(want, w[0]), w[1])
+    assert x == 0.0 and y == pytest.approx(shown, rel=1e-9)
+    off = plot_frontier_grid(rows)[0]
+    assert not [c for ax in off.axes for c in ax.collections if c.get_gid() == DP_POINT]

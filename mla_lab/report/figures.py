@@ -12,7 +12,10 @@ import io
 import textwrap
 from pathlib import Path
 
+from ..deployment import Deployment
+from ..placement import BASELINE
 from ..seed import SEED
+from ..serving.benchmark import options_summary
 from ..sweep.advise import frontier
 from ..sweep.rows import NOT_PRICED, measured_change_pct
 from .data import ok_rows, pick
@@ -131,12 +134,48 @@ def _deployment_rows(df):
     return [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in d.groupby(keys, sort=True)]
 
 
-def plot_deployment(ax, rows, title: str | None = None) -> int:
+#: gid of the DP-attention point on a frontier panel (:func:`plot_deployment` ``dp_point``).
+DP_POINT = "dp_attention_point"
+
+
+def dp_attention_point(rows) -> dict | None:
+    """The deployment of ``rows`` (one frontier panel) under SGLang's DP attention at ``dp = tp`` (every rank all
+    heads: nothing padded where the heads fill the tile), as a point of that panel, modelled:
+    ``{"extra_persistent_mib": 0.0, "ttft_change_pct", "heads_per_rank", "padded_heads_per_rank",
+    "kv_capacity_tokens_per_rank"}``. The TTFT change is the workload's mean TTFT with DP attention against the
+    same deployment without it, both from the ``vllm bench serve`` simulation at ``output_len`` 1
+    (:func:`mla_lab.serving.benchmark.options_summary`), baseline strategy. None when the panel's rows do not name
+    a whole deployment (a point stored before ``weight_dtype`` / ``moe_parallel``) or it does not fit."""
+    r = rows.iloc[0].to_dict()
+    try:
+        d = Deployment.from_point(r)
+        d = d.replace(dp_attention=d.tp)
+        o = options_summary(d, BASELINE)["dp_attention"]
+    except (ValueError, KeyError):
+        return None
+    return {"extra_persistent_mib": o["extra_persistent_mib"],
+            "ttft_change_pct": 100.0 * (o["ttft_ms"] - o["ttft_ms_without"]) / o["ttft_ms_without"],
+            "heads_per_rank": o["heads_per_rank"], "padded_heads_per_rank": o["padded_heads_per_rank"],
+            "kv_capacity_tokens_per_rank": o["kv_capacity_tokens_per_rank"]}
+
+
+def _draw_dp_point(ax, p: dict) -> None:
+    """The DP-attention point on a panel: a hollow black star (modelled) labelled with its heads per rank."""
+    ax.scatter([p["extra_persistent_mib"]], [p["ttft_change_pct"]], marker="*", s=110, facecolors="none",
+               edgecolors="black", linewidths=1.1, zorder=5, gid=DP_POINT)
+    ax.annotate(f"DP attention, {p['heads_per_rank']} heads/rank (modelled)",
+                (p["extra_persistent_mib"], p["ttft_change_pct"]), textcoords="offset points", xytext=(5, -9),
+                fontsize=6.5, gid=DP_POINT)
+
+
+def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = None) -> int:
     """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
     %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured (95 %
     interval of the change from paired rounds), the S curves through the sub-chunk sizes, and the deployment's own
     Pareto frontier over the runnable strategies that fit (kernel_native, real-head FlashMLA, is modelled only: never on it). A deployment
-    whose weights or workload do not fit shows its reason and no points.
+    whose weights or workload do not fit shows its reason and no points. ``dp_point``
+    (:func:`dp_attention_point`): SGLang's DP attention drawn as its own modelled point (a hollow star), off the
+    frontier (another engine layout, not a strategy of this one); None: not drawn.
 
     When a few points dwarf the rest (SGLang's dense route at -35 % beside the PR's -2 %), the y axis shows the
     window of :func:`y_window` and each point beyond it is drawn at the window's edge with a label
@@ -157,7 +196,7 @@ def plot_deployment(ax, rows, title: str | None = None) -> int:
     src = rows["source"] if "source" in rows.columns else None
     modelled = rows[src != "measured"] if src is not None else rows
     measured = shown_measured(rows[src == "measured"]) if src is not None else rows.iloc[0:0]
-    window = y_window(list(rows["ttft_change_pct"]))
+    window = y_window(list(rows["ttft_change_pct"]) + ([dp_point["ttft_change_pct"]] if dp_point else []))
     clip = (lambda y: y) if window is None else (lambda y: min(max(y, window[0]), window[1]))  # noqa: E731
     off: list = []  # (x, y, colour, filled) of the points beyond the window, drawn at its edge
     handoff = modelled["strategy"].str.extract(r"^subchunk:\d+(:views|:graph2)?$", expand=False)
@@ -201,6 +240,8 @@ def plot_deployment(ax, rows, title: str | None = None) -> int:
         front = fits[on].sort_values("extra_persistent_mib")
         ax.step(front["extra_persistent_mib"], front["ttft_change_pct"], where="post", color="#d62728", lw=1.2,
                 alpha=0.7, zorder=2)
+    if dp_point is not None:
+        _draw_dp_point(ax, {**dp_point, "ttft_change_pct": clip(dp_point["ttft_change_pct"])})
     ax.axhline(0, color="k", lw=0.6)
     if window is not None:
         span = window[1] - window[0]
@@ -297,13 +338,14 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
 
 
 def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
-                       include_not_fitting: bool = False) -> list:
+                       include_not_fitting: bool = False, dp_attention: bool = False) -> list:
     """Every deployment of ``df`` that fits as its own panel (:func:`plot_deployment`), faceted ``ncols`` wide and
     wrapped, at most ``per_page`` panels per figure (more deployments give more figures), one legend per figure
     below the panels. Colours and markers are fixed per strategy (:data:`STRATEGY_STYLE`) across all reports.
     Deployments that do not fit are left out (:func:`not_fitting` lists them) unless ``include_not_fitting``;
     deployments of another KV-cache dtype than ``kv_cache_dtype`` (None: all) too, and the title says so
-    (:func:`kv_dtype_note`).
+    (:func:`kv_dtype_note`). ``dp_attention``: each panel also shows SGLang's DP attention at ``dp = tp`` as its own
+    modelled point (:func:`dp_attention_point`; off by default, so the committed report's figures are unchanged).
 
     Returns a list of matplotlib Figures (empty when there is no row).
     """
@@ -325,7 +367,8 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
         width = max(7.0, 4.3 * nc)  # room for the legend and title even for one panel
         fig = _figure((width, 3.3 * nr + 1.6))
         axes = fig.subplots(nr, nc, squeeze=False)
-        n_off = sum(plot_deployment(ax, rows) for ax, (_, rows) in zip(axes.flat, page))
+        n_off = sum(plot_deployment(ax, rows, dp_point=dp_attention_point(rows) if dp_attention else None)
+                    for ax, (_, rows) in zip(axes.flat, page))
         for ax in list(axes.flat)[len(page):]:
             ax.set_visible(False)
         for ax in axes[:, 0]:
@@ -340,6 +383,9 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
         handles += [Line2D([], [], ls="", marker="o", markerfacecolor="#999", markeredgecolor="black",
                            label="measured (interval)"),
                     Line2D([], [], color="#d62728", lw=1.2, label="this deployment's Pareto frontier")]
+        if dp_attention:
+            handles.append(Line2D([], [], ls="", marker="*", markerfacecolor="none", markeredgecolor="black",
+                                  markersize=9, label="SGLang DP attention, dp = tp (modelled: serve-simulation TTFT)"))
         fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))),
                    fontsize=7.5, frameon=False)
         title = ("Memory vs TTFT per deployment, changes vs vLLM before PR #53878 with zero padded heads"

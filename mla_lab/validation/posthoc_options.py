@@ -153,6 +153,10 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
             "runs": runs, "rows": rows, "summary": summarise(rows)}
 
 
+def _med(xs: list) -> float | None:
+    return statistics.median(abs(x) for x in xs) if xs else None
+
+
 def summarise(rows: list[dict]) -> dict:
     """Median |error| (%) per metric class and over all rows: with the options, without them, and blind, over the
     rows that have all three (``n``); and with the options over every row (``n_all``)."""
@@ -161,11 +165,10 @@ def summarise(rows: list[dict]) -> dict:
     for cl in classes:
         rs = [r for r in rows if cl in ("all", r["class"])]
         full = [r for r in rs if r["error_pct_without_options"] is not None and r["blind_error_pct"] is not None]
-        med = (lambda xs: statistics.median(abs(x) for x in xs) if xs else None)
-        out[cl] = {"n": len(full), "median_abs_error_pct": med([r["error_pct"] for r in full]),
-                   "median_abs_error_pct_without_options": med([r["error_pct_without_options"] for r in full]),
-                   "median_abs_blind_error_pct": med([r["blind_error_pct"] for r in full]),
-                   "n_all": len(rs), "median_abs_error_pct_all": med([r["error_pct"] for r in rs])}
+        out[cl] = {"n": len(full), "median_abs_error_pct": _med([r["error_pct"] for r in full]),
+                   "median_abs_error_pct_without_options": _med([r["error_pct_without_options"] for r in full]),
+                   "median_abs_blind_error_pct": _med([r["blind_error_pct"] for r in full]),
+                   "n_all": len(rs), "median_abs_error_pct_all": _med([r["error_pct"] for r in rs])}
     return out
 
 
