@@ -201,3 +201,30 @@ def test_decode_gap_per_layer_beside_the_kernel_rows():
     assert by[(4096, 512, 1)]["pad64_us"] == pytest.approx(22, abs=1)
     assert by[(4096, 512, 1)]["native_us"] == pytest.approx(151, abs=1)
     assert by[(512, 512, 1)]["real_us_per_layer"] == pytest.approx(58, abs=1)
+
+
+def test_first_token_measured_components_come_from_the_h200_rows():
+    """The cold Triton JIT and the allocator growth are measured (issue 37, first_token.csv: 5 fresh processes on
+    the H200): each size in the committed decomposition is recomputed here from the CSV (call 1's wall over the
+    process's steady median, median over processes), and their share of the gap is unchanged (None: as argued)."""
+    import csv
+    import statistics
+
+    rows = list(csv.DictReader(main_run.FIRST_TOKEN_CSV.open()))
+
+    def size(what, T):
+        xs = [float(r["wall_ms"]) - float(r["steady_wall_ms"]) for r in rows
+              if r["what"] == what and int(r["T"]) == T and r["call"] == "1"]
+        assert len(xs) == 5
+        return statistics.median(xs)
+
+    comps = {c["component"].split(" ")[0]: c for c in DEC["first_token"]["components"]}
+    jit, alloc = comps["Triton"], comps["allocator"]
+    for c in (jit, alloc):
+        assert c["status"].startswith("measured") and c["seconds"] is None and c["share_of_gap"] is None
+    got = {(m["what"], m["T"]): m["call1_over_steady_ms"] for m in jit["measured"] + alloc["measured"]}
+    for (what, T), v in got.items():
+        assert v == pytest.approx(size(what, T), rel=1e-9), (what, T)
+    assert got[("triton_jit:concat_mla_q", 1024)] > 500  # the cold compile: about a second
+    assert alloc["measured"][0]["reserved_growth_mib"] > 0
+    assert DEC["first_token"] == main_run.first_token(DEC["first_token"]["gap_s"])  # the file is the code's

@@ -42,7 +42,7 @@ from ..workload import Step as WorkStep
 from . import write_record
 
 __all__ = ["REAL", "PREDICTION_FILE", "OUT", "decompose", "decode_step_parts", "main", "first_token",
-           "FIRST_TOKEN_COMPONENTS"]
+           "FIRST_TOKEN_COMPONENTS", "FIRST_TOKEN_CSV", "first_token_measured"]
 
 REAL = {"duration": 9.92, "request_throughput": 3.23, "output_throughput": 413.04,
         "source": "vLLM PR #53878 description, 'main' run (vLLM main before the PR, GLM-5.2-FP8 TP8 EP, "
@@ -215,8 +215,8 @@ FIRST_TOKEN_COMPONENTS = (
                "real call); vLLM 0.33.0 compiles registered Triton/TileLang/CuTeDSL kernels at start-up "
                "(kernel_config.enable_jit_warmup, default True, vllm/config/kernel.py:296; "
                "vllm/model_executor/warmup/kernel_warmup.py:177-194), a later addition whose presence in the PR's "
-               "main build is not known; measurable for the lab's own kernel: "
-               "mla_lab/measure/experiments/first_token.py (not run yet)"},
+               "main build is not known; measured for the lab's own Triton kernel: "
+               "mla_lab/measure/experiments/first_token.py (first_token.csv)"},
     {"component": "CUDA-graph capture or replay misses",
      "status": "cited (code reading)", "seconds": 0.0, "range_s": [0.0, 0.0],
      "source": "batch 32 is one of vLLM v1's default cudagraph_capture_sizes (1, 2, 4, then multiples of 8 up to 256), so the "
@@ -234,7 +234,7 @@ FIRST_TOKEN_COMPONENTS = (
                "capture_model so that empty_cache does not free its buffers (gpu_worker.py:1068-1090 at 0.33.0): "
                "the first full prefill step grows the allocator again; bounded by the attention block's whole "
                "call-1 extra (+104 ms, cold_start.csv, which also holds its first launch); "
-               "mla_lab/measure/experiments/first_token.py measures the growth alone (not run yet)"},
+               "mla_lab/measure/experiments/first_token.py measures the growth alone (first_token.csv)"},
     {"component": "the indexer at long context", "status": "measured (the lab's indexer rows)", "seconds": 0.0,
      "range_s": [0.0, 0.0],
      "source": "1024-token prompts are below index_topk 2048: every key is selected; the lab prices the indexer's "
@@ -246,12 +246,81 @@ FIRST_TOKEN_COMPONENTS = (
 )
 
 
+#: The first_token experiment's rows (mla_lab/measure/experiments/first_token.py): 5 fresh processes on the H200,
+#: commit 0bbb393, an empty Triton cache per process (``triton_cache`` cold).
+FIRST_TOKEN_CSV = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "first_token.csv"
+#: component (its first words in :data:`FIRST_TOKEN_COMPONENTS`) -> the rows of FIRST_TOKEN_CSV that measure it:
+#: ``(what, T, name)``: the call-1 cost over the steady state at that shape
+_MEASURED_ROWS = {
+    "Triton JIT": (("triton_jit:concat_mla_q", 1024, "cold compile at the first shape (the ready-check's 1024 "
+                                                      "tokens)"),
+                   ("triton_jit:concat_mla_q", 16383, "a new specialisation (16383 tokens, not a multiple of 16)"),
+                   ("triton_jit:concat_mla_q", 16384, "a new token count of the same specialisation (16384)")),
+    "allocator growth": (("alloc_growth:workspace+moe_block", 16384, "the seed step's workspace fill + one layer's "
+                                                                     "routed-expert block from an empty allocator"),),
+}
+
+
+def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
+    """What the first_token experiment measured, per component of :data:`_MEASURED_ROWS`: for each shape, call 1's
+    host wall time over the steady median of its process (ms), median and [min, max] over the fresh processes, and
+    for the allocator the reserved growth (MiB). Returns ``{component: {"rows": [...], "source"}}``.
+
+    Raises:
+        ValueError: the file lacks a column or a (what, T) row it needs (names it).
+    """
+    import pandas as pd
+
+    df = pd.read_csv(path)
+    need = {"process", "what", "T", "call", "wall_ms", "steady_wall_ms", "reserved_before_mib", "reserved_after_mib",
+            "git_commit", "device"}
+    if need - set(df.columns):
+        raise ValueError(f"{path} lacks columns {sorted(need - set(df.columns))}; allowed: first_token.csv as "
+                         "mla_lab/measure/experiments/first_token.py writes it")
+    out = {}
+    for comp, shapes in _MEASURED_ROWS.items():
+        rows = []
+        for what, T, name in shapes:
+            first = df[(df["what"] == what) & (df["T"] == T) & (df["call"] == 1)]
+            if first.empty:
+                raise ValueError(f"{path} has no call-1 row for what={what!r}, T={T}")
+            extra = first["wall_ms"] - first["steady_wall_ms"]
+            row = {"what": what, "T": T, "shape": name, "call1_over_steady_ms": float(extra.median()),
+                   "min_ms": float(extra.min()), "max_ms": float(extra.max()), "processes": int(first["process"].nunique())}
+            grow = first["reserved_after_mib"] - first["reserved_before_mib"]
+            if grow.notna().any():
+                row["reserved_growth_mib"] = float(grow.median())
+            rows.append(row)
+        out[comp] = {"rows": rows, "source": f"{path.relative_to(REPO_ROOT) if hasattr(path, 'relative_to') else path}"
+                     f" (commit {df['git_commit'].iloc[0][:7]}, {df['device'].iloc[0]}, median over "
+                     f"{df['process'].nunique()} fresh processes; host wall ms of call 1 over the process's steady "
+                     "median)"}
+    return out
+
+
+def _with_measured(c: dict, measured: dict) -> dict:
+    """A component of :data:`FIRST_TOKEN_COMPONENTS` with its H200 measurement where the experiment has one: the
+    status becomes ``measured``, the size on the H200 is attached, the share of this run's gap (``seconds``) stays
+    what the decomposition argues (vLLM warms these up at start-up: the ``source``)."""
+    key = next((k for k in measured if c["component"].startswith(k) or k in c["component"]), None)
+    if key is None:
+        return c
+    m = measured[key]
+    sizes = "; ".join(f"{r['shape']}: +{r['call1_over_steady_ms']:.1f} ms [{r['min_ms']:.1f}, {r['max_ms']:.1f}]"
+                      + (f", reserved +{r['reserved_growth_mib']:.0f} MiB" if "reserved_growth_mib" in r else "")
+                      for r in m["rows"])
+    return {**c, "status": "measured (its size on the H200; its share of this run's gap as argued: vLLM warms up "
+                           "at start-up)", "measured": m["rows"], "measured_source": m["source"],
+            "measured_summary": sizes}
+
+
 def first_token(gap_s: float) -> dict:
     """The first-token gap (``gap_s``: the implied TTFT of the last request minus the lab's) split over
     :data:`FIRST_TOKEN_COMPONENTS`: each component's share, and the share explained by measured or cited
     components with a stated size (the issue's target: >= 80 %)."""
     rows = []
-    for c in FIRST_TOKEN_COMPONENTS:
+    measured = first_token_measured()
+    for c in (_with_measured(c, measured) for c in FIRST_TOKEN_COMPONENTS):
         share = None if c["seconds"] is None else c["seconds"] / gap_s
         rows.append({**c, "share_of_gap": share})
     sized = [r for r in rows if r["seconds"] is not None and not r["status"].startswith("assumed")]
