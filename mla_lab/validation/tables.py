@@ -138,9 +138,12 @@ def _first_token_lines(dec: dict) -> list[str]:
     for c in ft["components"]:
         sec = "not known" if c["seconds"] is None else f"{c['seconds']:.3f}"
         share = "-" if c["share_of_gap"] is None else f"{100 * c['share_of_gap']:.0f} %"
-        out.append(f"| {c['component']} | {c['status']} | {sec} | {c['range_s'][0]:g} - {c['range_s'][1]:g} | "
+        status = c["status"] + (f": {c['measured_summary']}" if c.get("measured_summary") else "")
+        out.append(f"| {c['component']} | {status} | {sec} | {c['range_s'][0]:g} - {c['range_s'][1]:g} | "
                    f"{share} |")
-    out += ["", "Sources: " + " ".join(f"({i}) {c['source']}." for i, c in enumerate(ft["components"], 1)), "",
+    measured = sorted({c["measured_source"] for c in ft["components"] if c.get("measured_source")})
+    out += ["", "Sources: " + " ".join(f"({i}) {c['source']}." for i, c in enumerate(ft["components"], 1))
+            + "".join(f" Measured: {m}." for m in measured), "",
             f"Explained by measured or cited components with a size: {ft['explained_s']:.3f} s "
             f"({100 * ft['explained_share']:.0f} %); {ft['note']}.", ""]
     return out
