@@ -34,7 +34,8 @@ from . import write_record
 from .blind import _DEPLOYMENT_DEFAULTS, OUT_B, WORKLOADS_B, cases_of
 from .score import METRIC_CLASS
 
-__all__ = ["posthoc_options", "options_of", "OUT", "main", "RESULTS_B", "SCORE_B", "WITHOUT_MAX_REQUEST_STEPS"]
+__all__ = ["posthoc_options", "options_of", "OUT", "main", "RESULTS_B", "SCORE_B", "WITHOUT_MAX_REQUEST_STEPS",
+           "posthoc_sentence", "summarise"]
 
 OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12b_posthoc.json"
 RESULTS_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b_results.json"
@@ -170,6 +171,21 @@ def summarise(rows: list[dict]) -> dict:
                    "median_abs_blind_error_pct": _med([r["blind_error_pct"] for r in full]),
                    "n_all": len(rs), "median_abs_error_pct_all": _med([r["error_pct"] for r in rs])}
     return out
+
+
+def posthoc_sentence(doc: dict) -> str:
+    """One line for docs/serving.md from the committed file's summary (the median |error| per metric class with the
+    options, without them and blind, over the cells that have all three)."""
+    sm = doc["summary"]
+    parts = []
+    for cl in ("TTFT", "TPOT", "throughput"):
+        if cl in sm and sm[cl]["n"]:
+            x = sm[cl]
+            parts.append(f"{cl} {x['median_abs_error_pct']:.0f} % (without the options "
+                         f"{x['median_abs_error_pct_without_options']:.0f} %, blind {x['median_abs_blind_error_pct']:.0f}"
+                         f" %, {x['n']} rows)")
+    return ("Post hoc (not blind; data/validation/blind_2026-12b_posthoc.json), the round-two cells with MTP or DP "
+            "attention re-predicted with the options, median |error|: " + "; ".join(parts) + ".")
 
 
 def main(argv=None) -> int:
