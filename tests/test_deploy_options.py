@@ -171,3 +171,70 @@ def test_frontier_shows_dp_attention_as_its_own_modelled_point():
     assert x == 0.0 and y == pytest.approx(shown, rel=1e-9)
     off = plot_frontier_grid(rows)[0]
     assert not [c for ax in off.axes for c in ax.collections if c.get_gid() == DP_POINT]
+
+
+def test_posthoc_file_recomputes_from_its_inputs():
+    """data/validation/blind_2026-12b_posthoc.json (POST HOC, not blind): every error recomputed from the published
+    figure and the file's own predictions, the blind errors are the score file's, the summary is summarise(rows)
+    and docs/serving.md states the sentence built from it."""
+    import json
+
+    from mla_lab.paths import REPO_ROOT
+    from mla_lab.validation.blind import cases_of
+    from mla_lab.validation.posthoc_options import (
+        OUT,
+        RESULTS_B,
+        SCORE_B,
+        options_of,
+        posthoc_sentence,
+        summarise,
+    )
+
+    doc = json.loads(OUT.read_text())
+    assert doc["posthoc"] is True and "POST HOC" in doc["what"]
+    results = json.loads(RESULTS_B.read_text())
+    score = {(r["case"], json.dumps(r["workload"], sort_keys=True), r["metric"]): r
+             for r in json.loads(SCORE_B.read_text())["rows"]}
+    real = {(c["id"], r["workload"]["random_input_len"], r["workload"]["random_output_len"],
+             r["workload"]["max_concurrency"], m): v for c in results["cases"] for r in c["runs"]
+            for m, v in (r.get("metrics") or {}).items()}
+    assert doc["rows"]
+    for r in doc["rows"]:
+        w = r["workload"]
+        assert r["real"] == real[(r["case"], w["random_input_len"], w["random_output_len"], w["max_concurrency"],
+                                  r["metric"])]
+        assert r["error_pct"] == pytest.approx((r["posthoc"] - r["real"]) / r["real"] * 100, rel=1e-12)
+        if r["without_options"] is not None:
+            assert r["error_pct_without_options"] == pytest.approx(
+                (r["without_options"] - r["real"]) / r["real"] * 100, rel=1e-12)
+        key = (r["case"], json.dumps({k: w[k] for k in ("random_input_len", "random_output_len", "max_concurrency")},
+                                     sort_keys=True), r["metric"])
+        assert r["blind_error_pct"] == (score[key]["error_pct"] if key in score else None)
+    assert doc["summary"] == summarise(doc["rows"])
+    docs = " ".join((REPO_ROOT / "docs" / "serving.md").read_text().split())
+    assert posthoc_sentence(doc) in docs
+    opts = {c["id"]: options_of(c) for c in cases_of("2026-12b")}
+    assert opts["sglang_glm52_h200_fp8_balanced"] == {"num_speculative_tokens": 1, "acceptance_length": 2.0,
+                                                      "dp_attention": 8}
+    assert opts["sglang_glm52_h200_fp8_low-latency"] == {"num_speculative_tokens": 5, "acceptance_length": 3.5}
+    assert opts["gpustack_dsv32_sglang_dp8"] == {"dp_attention": 8}
+    assert {r["case"] for r in doc["runs"]} == {k for k, v in opts.items() if v}
+
+
+@pytest.mark.slow
+def test_posthoc_cell_is_reproduced():
+    """One cell of the post-hoc file (the cheapest: H200 low-latency at concurrency 1) re-run: deterministic, so
+    equal."""
+    import json
+
+    from mla_lab.validation.posthoc_options import OUT, posthoc_options
+
+    doc = json.loads(OUT.read_text())
+    fresh = posthoc_options(only="sglang_glm52_h200_fp8_low-latency", log=lambda *a: None)
+    pick = [r for r in fresh["rows"] if r["workload"]["max_concurrency"] == 1]
+    stored = {(r["metric"]): r for r in doc["rows"] if r["case"] == "sglang_glm52_h200_fp8_low-latency"
+              and r["workload"]["max_concurrency"] == 1}
+    assert pick
+    for r in pick:
+        assert r["posthoc"] == pytest.approx(stored[r["metric"]]["posthoc"], rel=1e-9)
+        assert r["without_options"] == pytest.approx(stored[r["metric"]]["without_options"], rel=1e-9)
