@@ -606,6 +606,11 @@ def check_serve(args, strategies=None):
                         f"{n_strat} strategies (baseline included) = {work * n_strat:,} request-steps to simulate; "
                         f"allowed: at most {MAX_SERVE_TOTAL_STEPS:,} (~14 s; fewer strategies, prompts or output "
                         "tokens)")
+    opts = deployment_options(args)
+    if args.num_runs > 1 and (opts["num_speculative_tokens"] or opts["dp_attention"] > 1):
+        raise DoorError(f"--num-runs={args.num_runs} with --num-speculative-tokens / --dp-attention: the noise "
+                        "Monte-Carlo does not price these options; allowed: --num-runs 1 (one deterministic "
+                        "simulation with them)")
     if args.num_runs > 1 and _noise_module() is None:
         raise DoorError(f"--num-runs={args.num_runs} needs the noise Monte-Carlo (mla_lab.serving.noise), which this "
                         "checkout does not have; allowed: 1 (one deterministic simulation)")
@@ -662,7 +667,7 @@ def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
                          if base_cap > 0 else float("nan"),
                          "extra_mib": float(r["extra_mib"]), "num_steps": int(r["num_steps"])}
     out = {"deployment": res["deployment"], "bench": res["bench"], "baseline": res["baseline"],
-           "strategies": strategies, "source": "modelled",
+           "strategies": strategies, "source": "modelled", "options": res.get("options", {}),
            "notes": list(res.get("notes", [])) + strategy_notes(strategies)}
     if runs is not None:
         out["noise"] = runs
@@ -682,6 +687,21 @@ def band_note(request_rate: float, num_runs: int) -> str:
     return "one run: band unknown"
 
 
+def _options_lines(opts: dict) -> list[str]:
+    """The deployment options of a serve result (modelled), one line each."""
+    out = []
+    if "speculative" in opts:
+        o = opts["speculative"]
+        out.append(f"MTP (modelled): {o['num_speculative_tokens']} draft tokens per step, acceptance length "
+                   f"{o['acceptance_length']:g} (an input)")
+    if "dp_attention" in opts:
+        o = opts["dp_attention"]
+        out.append(f"DP attention {o['dp']} (modelled): {o['heads_per_rank']} heads per rank "
+                   f"({o['padded_heads_per_rank']} padded), one rank simulated with {o['num_prompts']} prompts at "
+                   f"concurrency {o['concurrency']}, throughputs x {o['active_ranks']} ranks")
+    return out
+
+
 def format_serve(out: dict) -> str:
     """The serving result as a terminal table: one row per metric, the baseline's value, then each strategy's
     change in percent (one decimal... two: the changes are small), then each strategy's memory cost."""
@@ -695,7 +715,8 @@ def format_serve(out: dict) -> str:
             *([f"model family: {d['model_family_note']}"] if d.get("model_family_note") else []),
             f"workload: {b['num_prompts']} prompts, input {b['random_input_len']}, output {b['random_output_len']}, "
             f"max concurrency {b['max_concurrency'] or 'unlimited'}, request rate "
-            f"{'inf' if math.isinf(rate) else f'{rate:g}/s'}, seed {b['seed']}", ""]
+            f"{'inf' if math.isinf(rate) else f'{rate:g}/s'}, seed {b['seed']}",
+            *_options_lines(out.get("options") or {}), ""]
     names = [out["strategies"][s].get("preset_label") or out["strategies"][s]["preset"] or s for s in others]
     w0, w = 32, max([16] + [len(n) + 2 for n in names])  # every column as wide as its name: none truncated
     lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n:>{w}}" for n in names),

@@ -238,3 +238,23 @@ def test_posthoc_cell_is_reproduced():
     for r in pick:
         assert r["posthoc"] == pytest.approx(stored[r["metric"]]["posthoc"], rel=1e-9)
         assert r["without_options"] == pytest.approx(stored[r["metric"]]["without_options"], rel=1e-9)
+
+
+def test_serve_json_carries_the_options_and_the_noise_path_refuses_them(capsys):
+    import json
+
+    from mla_lab.cli import main
+    from mla_lab.serving.noise import serve_benchmark_noise
+
+    assert main(["serve", "--dp-attention", "8", "--num-speculative-tokens", "1", "--acceptance-length", "2",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["bench"]["num_prompts"] == 32  # the client's run, not the simulated rank's
+    dp = out["options"]["dp_attention"]
+    assert dp["num_prompts"] == dp["rank_bench"]["num_prompts"] == 4 and dp["active_ranks"] == 8
+    assert out["options"]["speculative"]["acceptance_length"] == 2.0
+    assert out["deployment"]["dp_attention"] == 8 and out["deployment"]["num_speculative_tokens"] == 1
+    assert main(["serve", "--dp-attention", "8", "--num-runs", "20"]) == 2
+    assert "the noise Monte-Carlo does not price these options" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="the noise model does not price these options"):
+        serve_benchmark_noise(Deployment.seed(dp_attention=8), [S], num_runs=20)

@@ -140,7 +140,7 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
     opts = _Options(d, bench)
-    d_run, bench = opts.deployment, opts.bench
+    client_bench, d_run, bench = bench, opts.deployment, opts.bench
     mem = opts.memory(order)
     where = (f"{d.model.name} TP{d.tp} on {d.arch.name} (weight_dtype={d.weight_dtype!r}, "
              f"max_num_batched_tokens={d.max_num_batched_tokens}, gpu_memory_utilization={d.gpu_memory_utilization})")
@@ -186,7 +186,7 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                            "num_speculative_tokens": d.num_speculative_tokens,
                            "acceptance_length": d.acceptance_length, "dp_attention": d.dp_attention},
             "options": opts.describe(),
-            "bench": asdict(bench), "calibration": cal.name, "decode_calibration": dcal.name,
+            "bench": asdict(client_bench), "calibration": cal.name, "decode_calibration": dcal.name,
             "notes": list(MODELLED_NOTES) + opts.notes()}
 
 
@@ -237,7 +237,8 @@ class _Options:
                                   "acceptance_length": self.d.acceptance_length, "acceptance_length_status": "input",
                                   "status": "modelled"}
         if self.dp > 1:
-            out["dp_attention"] = {"dp": self.dp, **self.share, "heads_per_rank": self.deployment.attention_rank
+            out["dp_attention"] = {"dp": self.dp, **self.share, "rank_bench": asdict(self.bench),
+                                   "heads_per_rank": self.deployment.attention_rank
                                    .num_heads, "padded_heads_per_rank": self.deployment.attention_rank
                                    .padded_num_heads, "status": "modelled"}
         return out

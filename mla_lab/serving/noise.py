@@ -572,6 +572,10 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     if num_runs < 2:
         raise ValueError(f"num_runs={num_runs!r} must be an int >= 2 (1 is the deterministic serve_benchmark)")
     extra = {} if baseline is None else {"baseline": baseline}
+    if deployment.num_speculative_tokens or deployment.dp_attention > 1:
+        raise ValueError(f"deployment with num_speculative_tokens={deployment.num_speculative_tokens}, dp_attention="
+                         f"{deployment.dp_attention}: the noise model does not price these options; allowed: "
+                         "serve_benchmark (deterministic) for them, or num_speculative_tokens=0 and dp_attention=1")
     bench = bench_of(deployment) if bench is None else bench
     det = serve_benchmark(deployment, strategies, bench, block_size=block_size, calibration=calibration,
                           decode_cal=decode_cal, **extra)
