@@ -665,8 +665,8 @@ def _deployment_flags(p, tp_flags, tp_dest) -> None:
                         "[1, num_speculative_tokens + 1] (default 1)")
     p.add_argument("--dp-attention", type=B("dp_attention"), default=1,
                    help="SGLang --dp N --enable-dp-attention: attention data-parallel over N ranks (all heads of "
-                        "the group per rank, KV per rank), MoE over all GPUs; a divisor of tp (default 1: off; "
-                        "modelled)")
+                        f"the group per rank, KV per rank), MoE over all GPUs; {_range('dp_attention')}, a divisor "
+                        "of tp (default 1: off; modelled)")
 
 
 _COMMANDS = {"sweep": _cmd_sweep, "advise": _cmd_advise, "serve": _cmd_serve, "engines": cli_engines.cmd_engines,
