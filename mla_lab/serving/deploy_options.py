@@ -24,7 +24,8 @@ nothing fitted to a run that uses these options.
   per-chunk ITL would be the whole step: the lab reports the per-token figure). A mixed step pays its prefill
   chunks' share in full and the decode increment divided by ``acceptance_length``.
 - memory: the MTP layer's weights and one more layer of KV per token (:func:`mla_lab.model.memory.memory_tradeoff`
-  with ``mtp_layers=1``). vLLM's ``k`` lookahead slots per request are not counted.
+  with ``mtp_layers=1``). Not modelled: vLLM's ``k`` lookahead slots per request, and the scheduler's token
+  budget counting ``k + 1`` tokens per decoding request (it counts one).
 
 **DP attention** (:class:`DPAttentionPricer`; SGLang ``--tp 8 --dp 8 --enable-dp-attention``): each of the ``dp``
 attention groups holds ``num_attention_heads / (tp / dp)`` heads (all 64 of GLM-5 at ``dp = tp``: FlashMLA's
