@@ -24,7 +24,7 @@ __all__ = [
     "memory_account_of",
     "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
     "kv_tokens_lost", "check_strategy", "call_peak_bytes", "shared_workspace_other_bytes",
-    "dense_route_transient_bytes",
+    "dense_route_transient_bytes", "union_buffer_bytes", "union_caps", "UNION_GROUP_SIZES",
 ]
 
 MIB = 1024**2
@@ -207,19 +207,25 @@ def memory_account(
 
 
 def memory_account_of(rank: RankView, strategy: Strategy | str, shared_other_bytes: int,
-                      prompt_len: int | None) -> MemoryAccount:
+                      prompt_len: int | None, union_bytes: int = 0) -> MemoryAccount:
     """:func:`memory_account` of one TP rank (:class:`~mla_lab.rank.RankView`, derived from a checked
     Deployment) at its ``max_num_batched_tokens`` (``num_tokens`` = the workspace rows), with the model's head_size
     and d_v: nothing re-checked. ``shared_other_bytes`` a checked non-negative int; ``prompt_len`` the deployment's
-    (or None: the padded route)."""
+    (or None: the padded route); ``union_bytes``: ``packed`` only, the union builder's buffers and scratch
+    (:func:`mla_lab.model.packed_kernel.packed_union_bytes`).
+
+    Raises:
+        ValueError: ``packed`` without ``union_bytes`` (its account needs them).
+    """
     m = rank.model
     return _account(as_strategy(strategy), rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype,
                     rank.max_num_batched_tokens, rank.max_num_batched_tokens, m.head_size, m.d_v, shared_other_bytes,
-                    m, prompt_len)
+                    m, prompt_len, union_bytes)
 
 
 def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: int, T: int, head_size: int, d_v: int,
-             shared_other_bytes: int, model: ModelConfig | None, prompt_len: int | None) -> MemoryAccount:
+             shared_other_bytes: int, model: ModelConfig | None, prompt_len: int | None,
+             union_bytes: int = 0) -> MemoryAccount:
     padded = hp != H and kvd == "bf16"
     row = head_size * BF16_BYTES
     out_per_token = d_v * BF16_BYTES + 2 * FP32_BYTES
@@ -249,6 +255,16 @@ def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: in
         # FA3 takes q_nope / q_rope as they are (no concat buffer) and writes out [T, H, d_v] + lse [T, H]
         kernel_heads = H
         persistent = 0
+        kernel_out = T * H * (d_v * BF16_BYTES + FP32_BYTES)
+    elif st.placement == "packed":
+        # the lab's packed kernel: Q concatenated at the real heads (as kernel_native), the union builder's buffers
+        # and scratch at max_num_batched_tokens, no padded workspace; out + lse at the real heads
+        if union_bytes <= 0:
+            raise ValueError("strategy='packed' needs union_bytes (its union buffers and scratch); allowed: the "
+                             "account of mla_lab.model.memory.memory_tradeoff / buffers.memory_account_of(..., "
+                             "union_bytes=mla_lab.model.packed_kernel.packed_union_bytes(rank, prompt_len))")
+        kernel_heads = H
+        persistent = unpadded + union_bytes
         kernel_out = T * H * (d_v * BF16_BYTES + FP32_BYTES)
     else:  # kernel_native
         kernel_heads = H
@@ -354,3 +370,62 @@ def call_peak_bytes(strategy: Strategy | str, num_heads: int, max_num_batched_to
     acc = memory_account(strategy, num_heads, max_num_batched_tokens, arch, "bf16", num_tokens=num_tokens,
                          head_size=model.head_size, d_v=model.d_v)
     return acc.call_transient_bytes
+
+
+# ------------------------------------------------------------------------------------ the packed kernel's union buffers
+# The union builder's buffers (mla_lab.kernels.union, which re-exports these): here so that the memory account prices
+# them without loading torch.
+
+#: Tokens per group the union builders accept: 64 / H for H in {8, 16, 32} (sm90's 64-row tile) plus 1 (no packing)
+#: and 16 (sm100's 128-row tile at 8 heads).
+UNION_GROUP_SIZES = (1, 2, 4, 8, 16)
+#: ``shared_idx``'s width is a multiple of 128: FlashMLA sm90's topk must be (``csrc/api/sparse_fwd.h``, B_TOPK).
+SHARED_CAP_MULTIPLE = 128
+#: ``rest_idx``'s width is a multiple of 64 (the masked kernel's key block).
+REST_CAP_MULTIPLE = 64
+
+
+def union_caps(topk: int, g: int) -> tuple[int, int]:
+    """``(cap_s, cap_r)``: widths of ``shared_idx`` (multiple of 128, >= topk, >= 128) and ``rest_idx`` (multiple of
+    64, >= g * topk, >= 64)."""
+    return (max(SHARED_CAP_MULTIPLE, -(-topk // SHARED_CAP_MULTIPLE) * SHARED_CAP_MULTIPLE),
+            max(REST_CAP_MULTIPLE, -(-(g * topk) // REST_CAP_MULTIPLE) * REST_CAP_MULTIPLE))
+
+
+def union_field_bits(g: int) -> int:
+    """Bits per key in the builder's scratch: ``g`` membership bits + 1 claim bit, rounded up to 8, 16 or 32."""
+    return 8 if g <= 7 else 16 if g <= 15 else 32
+
+
+def union_scratch_words(s_kv: int, g: int) -> int:
+    """int32 words per program of the builder's scratch: ``ceil(s_kv / keys per word)``."""
+    return -(-s_kv // (32 // union_field_bits(g)))
+
+
+def check_union_group(g) -> None:
+    """Raises ValueError (one line) unless ``g`` is one of :data:`UNION_GROUP_SIZES`."""
+    if isinstance(g, bool) or not isinstance(g, int) or g not in UNION_GROUP_SIZES:
+        raise ValueError(f"g must be one of {list(UNION_GROUP_SIZES)}; got g={g!r}")
+
+
+def union_buffer_bytes(T: int, topk: int, g: int, s_kv: int, num_programs: int) -> dict:
+    """Bytes of :func:`mla_lab.kernels.union.build_union`'s buffers: ``{"outputs": ..., "scratch": ..., "total": ...}``.
+
+    Outputs: ``shared_idx`` ``G x cap_s x 4``, ``rest_idx`` ``G x cap_r x 4``, ``rest_mask`` ``G x cap_r x (1 or
+    4)``, three ``[G]`` int32 lengths. Scratch: ``num_programs x W x 4`` (W = ceil(s_kv / 4) words for g <= 4, ceil(s_kv /
+    2) for g = 8, s_kv for g = 16). Example: T 16384, topk 2048, g 8, s_kv 32768, 264 programs: outputs 2048 x (2048
+    x 4 + 16384 x 5 + 12) B = 184.6 MB, scratch 264 x 65536 B = 17.3 MB.
+
+    Raises:
+        ValueError: a negative T or topk, g not in :data:`UNION_GROUP_SIZES`, s_kv or num_programs < 1.
+    """
+    for name, v, lo in (("T", T, 0), ("topk", topk, 0), ("s_kv", s_kv, 1), ("num_programs", num_programs, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{name} must be an int >= {lo}; got {name}={v!r}")
+    check_union_group(g)
+    G = -(-T // g)
+    cap_s, cap_r = union_caps(topk, g)
+    mb = 1 if g <= 8 else 4
+    outputs = G * (cap_s * 4 + cap_r * (4 + mb) + 3 * 4)
+    scratch = num_programs * union_scratch_words(s_kv, g) * 4
+    return {"outputs": outputs, "scratch": scratch, "total": outputs + scratch}

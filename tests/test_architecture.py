@@ -10,7 +10,8 @@ never a sibling unit on the same layer, and nothing in a circle:
     measure, serving
     model
     strategies, seed
-    kernels, buffers, deployment
+    kernels (the union builder re-exports its byte figures from buffers)
+    buffers, deployment
     rank (what one TP rank of a deployment holds: the view the layers below the door take)
     models, arch, workload, provenance, kernelspec, placement
     labels (how outputs name the strategies whose names mislead, and the measurement they quote)
@@ -41,7 +42,8 @@ STACK = [
     ("measure", "serving"),
     ("model",),
     ("strategies", "seed"),
-    ("kernels", "buffers", "deployment"),
+    ("kernels",),
+    ("buffers", "deployment"),
     ("rank",),
     ("models", "arch", "workload", "provenance", "kernelspec", "placement"),
     ("labels",),

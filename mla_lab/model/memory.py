@@ -12,6 +12,7 @@ import math
 
 from .._validate import check_int
 from ..buffers import MIB, STRATEGIES, memory_account_of, shared_workspace_other_bytes
+from .packed_kernel import packed_union_bytes
 from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
 from ..placement import BASELINE, expand
 from ..rank import RankView
@@ -125,7 +126,9 @@ def memory_tradeoff(
                                                          allow_zero=True)
     # model + prompt length: a strategy whose route is dense MHA at this prompt length pads nothing (its transient
     # is the up-projected K/V, mla_lab.buffers.memory_account)
-    accounts = {s: memory_account_of(rank, s, shared, d.prompt_len) for s in dict.fromkeys([BASELINE] + names)}
+    accounts = {s: memory_account_of(rank, s, shared, d.prompt_len,
+                                     union_bytes=packed_union_bytes(rank, d.prompt_len) if s.startswith("packed") else 0)
+                for s in dict.fromkeys([BASELINE] + names)}
     base_ws = accounts[BASELINE].persistent_bytes
     budget = total * gpu_memory_utilization - weights - act - base_ws
     capacity = budget / per_tok

@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 
 from ..deployment import Deployment
-from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
+from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, PACKED_LABEL
 from ..model.memory import memory_tradeoff
+from ..model.packed_kernel import packed_strategy, packed_summary
 from ..placement import (
     BASELINE,
     advise_candidates,
@@ -67,7 +68,7 @@ def frontier(points: list[tuple[float, float]]) -> list[bool]:
 
 
 def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, memory_budget_tokens: float | None = None,
-           strategies=None, measured=None, engine: str | None = None) -> dict:
+           strategies=None, measured=None, engine: str | None = None, packed_overlap: float | None = None) -> dict:
     """The ranked strategies for one deployment under a memory budget.
 
     Args:
@@ -84,6 +85,11 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             (``measured_change_pct``, ``measured_ci_lo``, ``measured_ci_hi``).
         engine: an engine preset (``vllm@0.33.0``; first names such as ``vllm-53878`` map to theirs): its
             strategies join the candidates and its summary heads the ``engines`` block.
+        packed_overlap: the pairwise overlap of neighbouring tokens' top-k sets past the top-k that the lab's
+            ``packed`` strategy assumes (a number in [0, 1]; None: :data:`mla_lab.model.packed_kernel
+            .PACKED_OVERLAP_DEFAULT`, an assumption from TensorRT-LLM tech blog 21); ``packed`` (or
+            ``packed:<overlap>``) joins the candidates, ranked like the lab's other proposals, labelled
+            :data:`mla_lab.labels.PACKED_LABEL`; ``packed`` in the result says how its steps were priced.
 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
@@ -119,8 +125,9 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
                               or math.isnan(v)):
             raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
-    cands = expand_strategies(strategies if strategies is not None
-                              else candidate_strategies(d.max_num_batched_tokens))
+    packed = packed_strategy(packed_overlap)  # checks the overlap (one line) before anything is priced
+    cands = expand_strategies(list(strategies if strategies is not None
+                                   else candidate_strategies(d.max_num_batched_tokens)) + [packed])
     point = d.to_point(strategies=cands, shared_workspace_bytes=None, num_runs=7)
     rows = modelled_rows(point, deployment=d)
     base = next(r for r in rows if r["strategy"] == BASELINE)
@@ -153,7 +160,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
-            "modelled_only": modelled_only,
+            "modelled_only": modelled_only, "packed": packed_summary(d, packed),
             "frontier": front, "baseline": BASELINE, "engines": engines,
             "comm_source": rows[0].get("comm_source", "") if rows else "",
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
@@ -166,6 +173,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
 
 def _summary(r: dict, reason: str) -> dict:
     return {"strategy": r["strategy"], "preset": r["preset"], "preset_label": preset_label(r["preset"]),
+            **({"label": PACKED_LABEL} if r["placement"] == "packed" else {}),
             "ttft_ms": r["ttft_ms"],
             "ttft_change_pct": r["ttft_change_pct"], "persistent_mib": r.get("persistent_mib"),
             "extra_persistent_mib": r["extra_persistent_mib"], "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": round(r["kv_tokens_lost"]),
@@ -279,6 +287,8 @@ def format_advice(result: dict) -> str:
         out.append(f"modelled only, not a recommendation: {s['strategy']} {s['ttft_change_pct']:+.2f} % "
                    f"({s['reason']})")
     ranked = ([rec] if rec else []) + list(result["alternatives"])
+    if result.get("packed"):
+        out.append(f"packed: {result['packed']['line']}")
     out += [f"note: {n}" for n in strategy_notes([x["strategy"] for x in ranked + list(result["excluded"])])]
     meas = [x for x in ranked if x.get("measured_change_pct") is not None]
     if len(meas) >= 2:
