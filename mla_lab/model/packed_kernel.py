@@ -159,16 +159,15 @@ def _shape_terms(shape: str, T: int, topk: int, U: float, S: float) -> dict:
             "entries": float(T * topk), "sum_topk": float(st), "T": float(T)}
 
 
-def _medians(rows) -> dict:
-    """``{(shape, kernel): ms}``: median over processes of each process's median; plus the shape's T, topk, U, S."""
+def _medians(rows) -> tuple[dict, dict]:
+    """``({(shape, kernel): ms}, {shape: (T, topk, U, S)})``: median over processes of each process's median."""
     per: dict = {}
     geo: dict = {}
     for r in rows:
         if r.get("experiment") != "packed_kernels" or r["kernel"] not in KERNEL_ROWS.values():
             continue
         per.setdefault((r["shape"], r["kernel"], r["process"]), []).append(float(r["ms"]))
-        if r["kernel"] == KERNEL_ROWS["kernel"]:
-            geo.setdefault(r["shape"], (int(float(r["T"])), int(float(r["topk"])), float(r["U"]), float(r["S"])))
+        geo.setdefault(r["shape"], (int(float(r["T"])), int(float(r["topk"])), float(r["U"]), float(r["S"])))
     by: dict = {}
     for (shape, kernel, _p), xs in per.items():
         by.setdefault((shape, kernel), []).append(float(np.median(xs)))
@@ -179,51 +178,53 @@ def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(X, y, rcond=None)[0]
 
 
-def _fit_block(shapes, X, y) -> tuple[np.ndarray, list, list]:
-    """Coefficients on all shapes, in-sample predictions, leave-one-shape-out predictions (None when too few)."""
+def _fit_block(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list, list]:
+    """Coefficients on all shapes, in-sample predictions, leave-one-shape-out predictions (None where fewer shapes
+    than terms would remain)."""
     coef = _lstsq(X, y)
     loso = []
-    for i in range(len(shapes)):
-        keep = [j for j in range(len(shapes)) if j != i]
+    for i in range(len(y)):
+        keep = [j for j in range(len(y)) if j != i]
         loso.append(float(X[i] @ _lstsq(X[keep], y[keep])) if len(keep) >= X.shape[1] else None)
     return coef, list(X @ coef), loso
 
 
+#: block -> (regressors, row kernel); the coefficients in :data:`TERMS` order.
+BLOCKS = {"kernel": (("shared", "rest", "groups_with_rest"), "packed_kernel"), "build": (("entries",), "union_build"),
+          "padded": (("sum_topk", "T"), "flashmla_ts_pad64")}
+
+
 def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str | None = None) -> PackedFit:
     """The fit of the module docstring on the rows of ``rows_csv`` (default :data:`ROWS_CSV`) or ``rows`` (dicts
-    with the file's columns).
+    with the file's columns); each block on the shapes that have its rows.
 
     Raises:
-        ValueError: fewer than 3 shapes with ``packed_kernel``, ``union_build`` and ``flashmla_ts_pad64`` rows.
+        ValueError: a block with fewer shapes than terms (names the block and the kernel rows it needs).
     """
     path = Path(rows_csv) if rows_csv is not None else REPO_ROOT / ROWS_CSV
     if rows is None:
         with open(path, newline="") as f:
             rows = list(csv.DictReader(f))
     med, geo = _medians(rows)
-    shapes = sorted(s for s in geo if all((s, k) in med for k in ("packed_kernel", "union_build",
-                                                                    "flashmla_ts_pad64")))
-    if len(shapes) < 3:
-        raise ValueError(f"{path} has {len(shapes)} shapes with packed_kernel, union_build and flashmla_ts_pad64 "
-                         "rows; allowed: >= 3 (the fit has 3 kernel terms)")
-    t = {s: _shape_terms(s, *geo[s]) for s in shapes}
-    blocks = {"kernel": (["shared", "rest", "groups_with_rest"], "packed_kernel"),
-              "build": (["entries"], "union_build"), "padded": (["sum_topk", "T"], "flashmla_ts_pad64")}
+    t = {s: _shape_terms(s, *geo[s]) for s in geo}
     coef, errors = {}, []
-    for block, (cols, kernel) in blocks.items():
+    for block, (cols, kernel) in BLOCKS.items():
+        shapes = sorted(s for s in geo if (s, kernel) in med)
+        if len(shapes) < len(cols):
+            raise ValueError(f"{path}: {len(shapes)} shapes have {kernel} rows; allowed: >= {len(cols)} (the "
+                             f"{block} block has {len(cols)} terms)")
         X = np.array([[t[s][c] for c in cols] for s in shapes])
         y = np.array([med[(s, kernel)] * 1e6 for s in shapes])
-        c, fitted, loso = _fit_block(shapes, X, y)
-        coef[block] = c
+        coef[block], fitted, loso = _fit_block(X, y)
         for s, yi, fi, li in zip(shapes, y, fitted, loso):
             errors.append({"block": block, "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": yi / 1e6,
                            "fitted_ms": fi / 1e6, "in_sample_pct": 100.0 * (fi - yi) / yi,
                            "loso_ms": None if li is None else li / 1e6,
                            "loso_pct": None if li is None else 100.0 * (li - yi) / yi})
-    fit = PackedFit(*coef["kernel"], coef["build"][0], *coef["padded"],
-                    source=str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path),
+    src = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+    fit = PackedFit(*coef["kernel"], coef["build"][0], *coef["padded"], source=src,
                     source_commit=source_commit if source_commit is not None else _commit_of(path))
-    for s in shapes:  # the packed rows (build + kernel in one graph): not fitted, a check of the sum
+    for s in sorted(geo):  # the packed rows (build + kernel in one graph): not fitted, a check of the sum
         if (s, KERNEL_ROWS["path"]) in med:
             y = med[(s, KERNEL_ROWS["path"])]
             f = fit.packed_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"], t[s]["entries"]) / 1e6
