@@ -29,24 +29,25 @@ NO_MEASURED = None
 # data/measured/h200/between_process/packed_kernels.csv, one process, one round. packed_kernel = the hybrid kernel
 # at (64, 8, 2) (call 1; the seed at (16, 8, 2), call 2), union_build = the Triton builder (call 2),
 # flashmla_ts_pad64 = padded tokenspeed FlashMLA (call 1). U, S per group over topk (call 1's means / 2048).
-_FIXTURE = {  # shape: (U, S, packed_kernel ms, union_build ms or None, flashmla_ts_pad64 ms)
-    "seed": (516.0 / 2048, 509.0 / 2048, 0.5277, 0.5332, 2.3394),
-    "o1.0": (1.0, 1.0, 1.0617, 0.9755, 7.2762),
-    "o0.8": (4918.0 / 2048, 1638.0 / 2048, 5.5541, 1.1245, 7.4886),
-    "o0.5": (9216.0 / 2048, 1024.0 / 2048, 11.7731, None, 7.6140),
-    "ctx4096": (4079.92 / 2048, 16.22 / 2048, 5.8382, 1.1315, 7.4073),
-    "ctx32768": (13213.56 / 2048, 0.0, 18.0022, 1.4850, 7.7430),
+_FIXTURE = {  # shape: (U, S, packed_kernel ms, union_build ms, flashmla_ts_pad64 ms, s_kv); None: not measured
+    "seed": (516.0 / 2048, 509.0 / 2048, 0.5277, 0.5332, 2.3394, 16384),
+    "o1.0": (1.0, 1.0, 1.0617, 0.9755, 7.2762, 65536),
+    "o0.8": (4918.0 / 2048, 1638.0 / 2048, 5.5541, 1.1245, 7.4886, 65536),
+    "o0.5": (9216.0 / 2048, 1024.0 / 2048, 11.7731, None, 7.6140, 65536),
+    "ctx4096": (4079.92 / 2048, 16.22 / 2048, 5.8382, 1.1315, 7.4073, 4096),
+    "ctx32768": (13213.56 / 2048, 0.0, 18.0022, 1.4850, 7.7430, 32768),
+    "ctx131072": (7.5763, 0.0, None, 3.6291, None, 131072),
 }
 
 
 def _fixture_rows() -> list[dict]:
     rows = []
-    for shape, (U, S, kern, build, pad) in _FIXTURE.items():
+    for shape, (U, S, kern, build, pad, s_kv) in _FIXTURE.items():
         for kernel, ms in (("packed_kernel", kern), ("union_build", build), ("flashmla_ts_pad64", pad)):
             if ms is not None:
                 rows.append({"experiment": "packed_kernels", "shape": shape, "kernel": kernel, "T": "16384",
-                             "H": "8", "topk": "2048", "U": str(U), "S": str(S), "process": "1", "round": "0",
-                             "ms": str(ms)})
+                             "H": "8", "topk": "2048", "s_kv": str(s_kv), "U": str(U), "S": str(S),
+                             "process": "1", "round": "0", "ms": str(ms)})
     return rows
 
 
@@ -55,19 +56,27 @@ def test_fit_on_the_fixture_is_least_squares_with_honest_errors(tmp_path):
     leave-one-shape-out errors are those of the refit, and the CSV round-trips."""
     fit = pk.fit_packed(rows=_fixture_rows(), rows_csv=tmp_path / "fixture.csv", source_commit="fixture")
     G, K, T = 2048, 2048, 16384
-    shapes = [s for s in _FIXTURE]
-    X = np.array([[G * _FIXTURE[s][1] * K, G * (_FIXTURE[s][0] - _FIXTURE[s][1]) * K,
-                   G if _FIXTURE[s][0] > _FIXTURE[s][1] else 0] for s in shapes])
-    y = np.array([_FIXTURE[s][2] * 1e6 for s in shapes])
+    F = _FIXTURE
+    shapes = [s for s in F if F[s][2] is not None]
+    X = np.array([[G * F[s][1] * K, G * (F[s][0] - F[s][1]) * K, G if F[s][0] > F[s][1] else 0] for s in shapes])
+    y = np.array([F[s][2] * 1e6 for s in shapes])
     ref = np.linalg.solve(X.T @ X, X.T @ y)
     assert np.allclose([fit.flash_tile, fit.rest_tile, fit.rest_group], ref, rtol=1e-6)
     # seed's padded kernel: 16 causal 1024-token prompts, sum(topk_length) = 16 x 1024 x 1025 / 2
-    sum_topk = [16 * 1024 * 1025 // 2 if s == "seed" else T * K for s in shapes]
-    Xp = np.array([[st, T] for st in sum_topk], dtype=float)
-    yp = np.array([_FIXTURE[s][4] * 1e6 for s in shapes])
+    valid = {s: 16 * 1024 * 1025 // 2 if s == "seed" else T * K for s in F}
+    p = [s for s in F if F[s][4] is not None]
+    Xp = np.array([[valid[s], T] for s in p], dtype=float)
+    yp = np.array([F[s][4] * 1e6 for s in p])
     assert np.allclose([fit.padded_tile, fit.padded_token], np.linalg.lstsq(Xp, yp, rcond=None)[0], rtol=1e-6)
-    b = [s for s in shapes if _FIXTURE[s][3] is not None]
-    assert fit.build_entry == pytest.approx(sum(_FIXTURE[s][3] * 1e6 for s in b) / (len(b) * T * K), rel=1e-9)
+    # the build: reads, valid entries, union keys, union keys x the scratch beyond the H200's 50 MB L2 (264
+    # programs x ceil(s_kv / 2) int32 words at g = 8)
+    b = [s for s in F if F[s][3] is not None]
+    beyond = {s: max(0.0, 1 - 50e6 / (264 * math.ceil(F[s][5] / 2) * 4)) for s in b}
+    assert [s for s in b if beyond[s] > 0] == ["ctx131072"]
+    Xb = np.array([[T * K, valid[s], G * F[s][0] * K, G * F[s][0] * K * beyond[s]] for s in b])
+    yb = np.array([F[s][3] * 1e6 for s in b])
+    cb = np.linalg.lstsq(Xb, yb, rcond=None)[0]
+    assert np.allclose([fit.build_read, fit.build_entry, fit.build_key, fit.build_spill], cb, rtol=1e-6)
     # leave-one-shape-out of the kernel block at o0.8: refit on the other five, predict it
     keep = [i for i, s in enumerate(shapes) if s != "o0.8"]
     c = np.linalg.lstsq(X[keep], y[keep], rcond=None)[0]
@@ -118,6 +127,7 @@ def test_constants_agree_with_the_kernels():
     assert (pk.HAND_FIT.flash_tile, pk.HAND_FIT.rest_tile, pk.HAND_FIT.rest_group, pk.HAND_FIT.build_entry,
             pk.HAND_FIT.padded_tile, pk.HAND_FIT.padded_token) == (h.flash_tile, h.rest_tile, h.rest_group,
                                                                    h.build_entry, h.padded_tile, h.padded_token)
+    assert pk.HAND_FIT.build_key == 0.0  # the hand fit has no union-key term
     for H in (8, 16, 32):
         for rows in (64, 128):
             assert pk.packed_group_size(H, rows) == packed.packed_group_size(H, rows)

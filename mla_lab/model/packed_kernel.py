@@ -12,7 +12,13 @@ H 8, topk 2048), the terms of :class:`mla_lab.kernels.packed.PackedCost`, in ns:
 
 - packed kernel (``packed_kernel`` rows) = ``flash_tile x sum(S) + rest_tile x sum(R) + rest_group x #groups with
   rest keys`` (a key-tile = one key of one 64-row tile: one gathered 576-wide row, 64 x (576 + 512) MACs);
-- union build (``union_build`` rows) = ``build_entry x T x topk`` (the builder reads every ``[T, topk]`` entry);
+- union build (``union_build`` rows) = ``build_read x T x topk + build_entry x sum(topk_length) + build_key x sum(U)
+  + build_spill x sum(U) x max(0, 1 - L2 / scratch)``: every ``[T, topk]`` entry read, one L2 atomic per valid entry,
+  the lists written and the scratch cleared per union key, and the share of those keys whose scratch word misses L2
+  when the builder's scratch (``2 x SMs`` programs x ``ceil(s_kv / 2)`` int32 words at g = 8) outgrows the L2
+  (H200: 50 MB, NVIDIA H200 datasheet / H100 whitepaper, the same GH100 die; other GPUs are priced with the H200's
+  figure: not modelled). Only the longest measured context's scratch outgrows L2, so ``build_spill`` is fitted to
+  that one shape (in-sample; its leave-one-shape-out error says what the other terms alone predict there);
 - padded FlashMLA (``flashmla_ts_pad64`` rows, the same FlashMLA build the packed kernel calls) = ``padded_tile x
   sum(topk_length) + padded_token x T``.
 
@@ -93,6 +99,10 @@ PACKED_LABEL_SHORT = "packed (mla_lab kernel)"
 DISPATCH_MARGIN = 0.98
 #: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
 PROGRAMS_PER_SM = 2
+#: L2 of the H200 (50 MB: NVIDIA H100 whitepaper / H200 datasheet, the same GH100 die), bytes.
+L2_BYTES = 50e6
+#: Union builder programs on the measured H200 (2 per SM x 132 SMs).
+MEASURED_PROGRAMS = PROGRAMS_PER_SM * NUM_SMS["h200"]
 #: The measured shapes' geometry (mla_lab.measure.experiments.packed_kernels: T_TOKENS, HEADS, TOPK, the seed's
 #: 1024-token causal prompts) and its tokens per group there (g = 64 / 8).
 SEED_PROMPT_LEN = 1024
@@ -101,7 +111,9 @@ MEASURED_G = 8
 KERNEL_ROWS = {"kernel": "packed_kernel", "build": "union_build", "padded": "flashmla_ts_pad64", "path": "packed"}
 #: Coefficients (ns) and what each multiplies.
 TERMS = {"flash_tile": "shared key-tiles", "rest_tile": "rest key-tiles", "rest_group": "groups with rest keys",
-         "build_entry": "[T, topk] entries read by the union build", "padded_tile": "padded kernel: sum(topk_length)",
+         "build_read": "union build: [T, topk] entries read", "build_entry": "union build: valid entries, sum(topk_length)",
+         "build_key": "union build: union keys written, sum(U)",
+         "build_spill": "union build: union keys x the scratch's share beyond L2", "padded_tile": "padded kernel: sum(topk_length)",
          "padded_token": "padded kernel: tokens"}
 
 
@@ -126,48 +138,67 @@ class PackedFit:
     flash_tile: float
     rest_tile: float
     rest_group: float
+    build_read: float
     build_entry: float
+    build_key: float
+    build_spill: float
     padded_tile: float
     padded_token: float
     source: str
     source_commit: str = ""
     errors: tuple = ()
 
-    def packed_ns(self, shared: float, rest: float, groups_with_rest: float, entries: float) -> float:
-        """Packed path (kernel + union build) in ns for the key-tile counts of one call."""
-        return (self.flash_tile * shared + self.rest_tile * rest + self.rest_group * groups_with_rest
-                + self.build_entry * entries)
+    def kernel_ns(self, shared: float, rest: float, groups_with_rest: float) -> float:
+        """The packed kernel in ns for the 64-row key-tile counts of one call."""
+        return self.flash_tile * shared + self.rest_tile * rest + self.rest_group * groups_with_rest
+
+    def build_ns(self, read: float, entries: float, union_keys: float, spill: float) -> float:
+        """The union build in ns: ``read`` ``[T, topk]`` entries, ``entries`` valid ones, ``union_keys`` keys
+        written, ``spill`` = union keys x the scratch's share beyond L2 (:func:`spill_share`)."""
+        return (self.build_read * read + self.build_entry * entries + self.build_key * union_keys
+                + self.build_spill * spill)
 
     def padded_ns(self, sum_topk_length: float, tokens: float) -> float:
         """Padded FlashMLA in ns."""
         return self.padded_tile * sum_topk_length + self.padded_token * tokens
 
 
-#: The dispatch's hand fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample):
-#: used only while data/calibration/h200_packed.csv is absent.
-HAND_FIT = PackedFit(0.259, 0.71, 100.0, 0.029, 0.219, 30.0,
+#: The dispatch's hand fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample;
+#: its build term per ``T x topk`` entry at full top-k, applied here per valid entry; no read, union-key or L2
+#: term): used only
+#: while data/calibration/h200_packed.csv is absent.
+HAND_FIT = PackedFit(0.259, 0.71, 100.0, 0.0, 0.029, 0.0, 0.0, 0.219, 30.0,
                      source="hand fit of one H200 lease (mla_lab.kernels.packed.H200_PACKED_COST; in-sample, "
                             "no between-process rows)")
 
 
-def _shape_terms(shape: str, T: int, topk: int, U: float, S: float) -> dict:
+def spill_share(s_kv: int, g: int, num_programs: int) -> float:
+    """The share of the union builder's scratch beyond L2: ``max(0, 1 - L2 / scratch bytes)`` (:data:`L2_BYTES`)."""
+    scratch = union_buffer_bytes(0, 0, g, s_kv, num_programs)["scratch"]
+    return max(0.0, 1.0 - L2_BYTES / scratch)
+
+
+def _shape_terms(shape: str, T: int, topk: int, U: float, S: float, s_kv: int) -> dict:
     """The fit's regressors of one measured shape (U, S: mean per group over topk)."""
     G = -(-T // MEASURED_G)
     st = (T // SEED_PROMPT_LEN) * sum_topk_lengths(0, SEED_PROMPT_LEN, topk) if shape == "seed" else T * topk
     rest = max(0.0, U - S)
+    keys = G * U * topk
     return {"shared": G * S * topk, "rest": G * rest * topk, "groups_with_rest": float(G) if rest > 0 else 0.0,
-            "entries": float(T * topk), "sum_topk": float(st), "T": float(T)}
+            "read": float(T * topk), "entries": float(st), "union_keys": keys,
+            "spill": keys * spill_share(s_kv, MEASURED_G, MEASURED_PROGRAMS), "sum_topk": float(st), "T": float(T)}
 
 
 def _medians(rows) -> tuple[dict, dict]:
-    """``({(shape, kernel): ms}, {shape: (T, topk, U, S)})``: median over processes of each process's median."""
+    """``({(shape, kernel): ms}, {shape: (T, topk, U, S, s_kv)})``: median over processes of each process's median."""
     per: dict = {}
     geo: dict = {}
     for r in rows:
         if r.get("experiment") != "packed_kernels" or r["kernel"] not in KERNEL_ROWS.values():
             continue
         per.setdefault((r["shape"], r["kernel"], r["process"]), []).append(float(r["ms"]))
-        geo.setdefault(r["shape"], (int(float(r["T"])), int(float(r["topk"])), float(r["U"]), float(r["S"])))
+        geo.setdefault(r["shape"], (int(float(r["T"])), int(float(r["topk"])), float(r["U"]), float(r["S"]),
+                                    int(float(r["s_kv"]))))
     by: dict = {}
     for (shape, kernel, _p), xs in per.items():
         by.setdefault((shape, kernel), []).append(float(np.median(xs)))
@@ -190,7 +221,8 @@ def _fit_block(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list, list]:
 
 
 #: block -> (regressors, row kernel); the coefficients in :data:`TERMS` order.
-BLOCKS = {"kernel": (("shared", "rest", "groups_with_rest"), "packed_kernel"), "build": (("entries",), "union_build"),
+BLOCKS = {"kernel": (("shared", "rest", "groups_with_rest"), "packed_kernel"),
+          "build": (("read", "entries", "union_keys", "spill"), "union_build"),
           "padded": (("sum_topk", "T"), "flashmla_ts_pad64")}
 
 
@@ -222,12 +254,13 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
                            "loso_ms": None if li is None else li / 1e6,
                            "loso_pct": None if li is None else 100.0 * (li - yi) / yi})
     src = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
-    fit = PackedFit(*coef["kernel"], coef["build"][0], *coef["padded"], source=src,
+    fit = PackedFit(*coef["kernel"], *coef["build"], *coef["padded"], source=src,
                     source_commit=source_commit if source_commit is not None else _commit_of(path))
     for s in sorted(geo):  # the packed rows (build + kernel in one graph): not fitted, a check of the sum
         if (s, KERNEL_ROWS["path"]) in med:
             y = med[(s, KERNEL_ROWS["path"])]
-            f = fit.packed_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"], t[s]["entries"]) / 1e6
+            f = (fit.kernel_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"])
+                 + fit.build_ns(t[s]["read"], t[s]["entries"], t[s]["union_keys"], t[s]["spill"])) / 1e6
             errors.append({"block": "path_check", "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": y,
                            "fitted_ms": f, "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None, "loso_pct": None})
     return PackedFit(**{**fit.__dict__, "errors": tuple(errors)})
@@ -324,7 +357,8 @@ class UnionStats:
     """One step's union sizes summed over its groups (key-tiles, :mod:`mla_lab.kernels.packed`'s units).
 
     ``T`` tokens, ``groups`` (``ceil(T / g)``), ``shared`` (sum of S), ``rest`` (sum of U - S), ``groups_with_rest``,
-    ``entries`` (``T x topk``: what the builder reads), ``sum_topk`` (``sum(topk_length)``: the padded kernel's
+    ``entries`` (valid ``[T, topk]`` entries, ``sum(topk_length)``: the builder's atomics), ``read`` (``T x topk``),
+    ``max_seq_len`` (the longest chunk's ``start + n``), ``sum_topk`` (``sum(topk_length)``: the padded kernel's
     keys), ``g``, ``overlap`` (the assumption used past the top-k)."""
 
     T: int
@@ -336,6 +370,8 @@ class UnionStats:
     sum_topk: float
     g: int
     overlap: float
+    read: float = 0.0
+    max_seq_len: int = 0
 
     @property
     def union(self) -> float:
@@ -370,8 +406,9 @@ def step_union(chunks, topk: int, g: int, overlap: float) -> UnionStats:
             tot += float(_segment_union(seg[:1], seg[-1:], np.array([len(seg)]), topk, overlap)[1][0])
         U[q] = tot
     rest = U - S
-    return UnionStats(T, G, float(S.sum()), float(rest.sum()), float((rest > 0.5).sum()), float(T * topk),
-                      float(np.minimum(pos + 1, topk).sum()), g, overlap)
+    st = float(np.minimum(pos + 1, topk).sum())
+    return UnionStats(T, G, float(S.sum()), float(rest.sum()), float((rest > 0.5).sum()), st, st, g, overlap,
+                      float(T * topk), int(max((s + n for _, s, n in chunks), default=0)))
 
 
 def _step_chunks(step: Step | int) -> list:
@@ -412,7 +449,9 @@ def packed_plan(rank: RankView, step: Step | int, overlap: float | None = None,
                           f"(8, 16 or 32 can): FA3 sparse", fit.source)
     stats = step_union(_step_chunks(step), rank.model.topk, g, o)
     scale = rows / 64.0  # per 64-row key-tile (the fit's unit)
-    pk = fit.packed_ns(stats.shared * scale, stats.rest * scale, stats.groups_with_rest, stats.entries) / 1e6
+    pk = (fit.kernel_ns(stats.shared * scale, stats.rest * scale, stats.groups_with_rest)
+          + fit.build_ns(stats.read, stats.entries, stats.union, stats.union * spill_share(
+              max(rank.max_num_batched_tokens, stats.max_seq_len), g, PROGRAMS_PER_SM * NUM_SMS[rank.arch.name]))) / 1e6
     pd = fit.padded_ns(stats.sum_topk, stats.T) / 1e6 * max(1.0, rank.padded_num_heads / 64.0)
     if stats.T == 0 or pk < DISPATCH_MARGIN * pd:
         return PackedPlan("packed", pk, pd, stats, rows, f"packed: predicted {pk:.3f} ms < {DISPATCH_MARGIN} x "
