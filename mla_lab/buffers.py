@@ -207,12 +207,12 @@ def memory_account(
 
 
 def memory_account_of(rank: RankView, strategy: Strategy | str, shared_other_bytes: int,
-                      prompt_len: int | None, union_bytes: int = 0) -> MemoryAccount:
+                      prompt_len: int | None, union_bytes: int | None = None) -> MemoryAccount:
     """:func:`memory_account` of one TP rank (:class:`~mla_lab.rank.RankView`, derived from a checked
     Deployment) at its ``max_num_batched_tokens`` (``num_tokens`` = the workspace rows), with the model's head_size
     and d_v: nothing re-checked. ``shared_other_bytes`` a checked non-negative int; ``prompt_len`` the deployment's
     (or None: the padded route); ``union_bytes``: ``packed`` only, the union builder's buffers and scratch
-    (:func:`mla_lab.model.packed_kernel.packed_union_bytes`).
+    (:func:`mla_lab.model.packed_kernel.packed_union_bytes`; 0 where the heads cannot be packed).
 
     Raises:
         ValueError: ``packed`` without ``union_bytes`` (its account needs them).
@@ -225,7 +225,7 @@ def memory_account_of(rank: RankView, strategy: Strategy | str, shared_other_byt
 
 def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: int, T: int, head_size: int, d_v: int,
              shared_other_bytes: int, model: ModelConfig | None, prompt_len: int | None,
-             union_bytes: int = 0) -> MemoryAccount:
+             union_bytes: int | None = None) -> MemoryAccount:
     padded = hp != H and kvd == "bf16"
     row = head_size * BF16_BYTES
     out_per_token = d_v * BF16_BYTES + 2 * FP32_BYTES
@@ -259,7 +259,7 @@ def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: in
     elif st.placement == "packed":
         # the lab's packed kernel: Q concatenated at the real heads (as kernel_native), the union builder's buffers
         # and scratch at max_num_batched_tokens, no padded workspace; out + lse at the real heads
-        if union_bytes <= 0:
+        if union_bytes is None:
             raise ValueError("strategy='packed' needs union_bytes (its union buffers and scratch); allowed: the "
                              "account of mla_lab.model.memory.memory_tradeoff / buffers.memory_account_of(..., "
                              "union_bytes=mla_lab.model.packed_kernel.packed_union_bytes(rank, prompt_len))")

@@ -127,7 +127,7 @@ def memory_tradeoff(
     # model + prompt length: a strategy whose route is dense MHA at this prompt length pads nothing (its transient
     # is the up-projected K/V, mla_lab.buffers.memory_account)
     accounts = {s: memory_account_of(rank, s, shared, d.prompt_len,
-                                     union_bytes=packed_union_bytes(rank, d.prompt_len) if s.startswith("packed") else 0)
+                                     union_bytes=packed_union_bytes(rank, d.prompt_len) if s.startswith("packed") else None)
                 for s in dict.fromkeys([BASELINE] + names)}
     base_ws = accounts[BASELINE].persistent_bytes
     budget = total * gpu_memory_utilization - weights - act - base_ws

@@ -88,8 +88,9 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         packed_overlap: the pairwise overlap of neighbouring tokens' top-k sets past the top-k that the lab's
             ``packed`` strategy assumes (a number in [0, 1]; None: :data:`mla_lab.model.packed_kernel
             .PACKED_OVERLAP_DEFAULT`, an assumption from TensorRT-LLM tech blog 21); ``packed`` (or
-            ``packed:<overlap>``) joins the candidates, ranked like the lab's other proposals, labelled
-            :data:`mla_lab.labels.PACKED_LABEL`; ``packed`` in the result says how its steps were priced.
+            ``packed:<overlap>``) joins the default candidates (and a given list when ``packed_overlap`` is given),
+            ranked like the lab's other proposals, labelled :data:`mla_lab.labels.PACKED_LABEL`; ``packed`` in the
+            result says how its steps were priced (None when it was not a candidate).
 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
@@ -126,8 +127,10 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
                               or math.isnan(v)):
             raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
     packed = packed_strategy(packed_overlap)  # checks the overlap (one line) before anything is priced
+    # packed joins the default candidates, and any list when an overlap is asked for
+    extra = [packed] if strategies is None or packed_overlap is not None else []
     cands = expand_strategies(list(strategies if strategies is not None
-                                   else candidate_strategies(d.max_num_batched_tokens)) + [packed])
+                                   else candidate_strategies(d.max_num_batched_tokens)) + extra)
     point = d.to_point(strategies=cands, shared_workspace_bytes=None, num_runs=7)
     rows = modelled_rows(point, deployment=d)
     base = next(r for r in rows if r["strategy"] == BASELINE)
@@ -160,7 +163,8 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
-            "modelled_only": modelled_only, "packed": packed_summary(d, packed),
+            "modelled_only": modelled_only,
+            "packed": packed_summary(d, packed) if any(c.startswith("packed") for c in cands) else None,
             "frontier": front, "baseline": BASELINE, "engines": engines,
             "comm_source": rows[0].get("comm_source", "") if rows else "",
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
