@@ -17,6 +17,17 @@ Sources:
 - H20: NVIDIA H20 product brief (96 GB HBM3, 4.0 TB/s, 148 TFLOP/s dense BF16, NVLink 900 GB/s).
 - B200: NVIDIA DGX/HGX B200 datasheet (180 GB HBM3e per GPU in HGX B200, 8 TB/s, 2.25 PFLOP/s dense BF16,
   NVLink 5 1800 GB/s).
+
+Memory as the software sees it (``torch_total_bytes``): what ``torch.cuda.mem_get_info()`` (``cudaMemGetInfo``)
+returns as the total, the figure vLLM multiplies by ``gpu_memory_utilization`` (vLLM 0.33.0
+``vllm/utils/mem_utils.py:143`` ``torch.accelerator.get_memory_info``; ``vllm/v1/worker/utils.py:724-726``
+``ceil(total_memory * gpu_memory_utilization)``). It is *above* the datasheet figure read as decimal GB (``hbm_gb``:
+H200 150.1e9 bytes against "141 GB") and below ``nvidia-smi``'s memory.total (the driver keeps part of the
+framebuffer). Each card's figure has a
+``torch_total_status``: ``measured`` (a reading on the lab's GPU), ``cited`` (a public log printing torch's total)
+or ``assumed`` (an ``nvidia-smi`` total from a public log minus the H200's measured gap of 616 MiB between the
+two); ``torch_total_source`` names it. Every KV-capacity figure of the lab uses ``torch_total_bytes``
+(:func:`mla_lab.model.memory.memory_tradeoff`); ``hbm_gb`` stays the datasheet figure.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass
 
-__all__ = ["GPUArch", "ARCHS", "get_arch", "detect_arch", "arch_names", "prefill_padding_for_capability"]
+__all__ = ["GPUArch", "ARCHS", "TORCH_TOTALS", "SMI_TORCH_GAP_MIB", "get_arch", "detect_arch", "arch_names", "prefill_padding_for_capability"]
 
 GIB = 1024**3
 
@@ -46,6 +57,11 @@ class GPUArch:
         sparse_prefill_tflops: FlashMLA's published sparse-prefill rate on this GPU, TFLOP/s (FlashMLA README:
             "up to 640 TFLOP/s on H800, 1450 on B200"); the cost model prices the Blackwell kernel with it
             instead of H200 efficiencies (None: use the calibration).
+        torch_total_bytes: device memory as torch reports it (``torch.cuda.mem_get_info()[1]``), bytes: the total
+            vLLM sizes its KV cache from (module docstring).
+        torch_total_status: ``measured`` / ``cited`` / ``assumed`` (module docstring).
+        torch_total_source: where ``torch_total_bytes`` comes from (a device reading with date, driver and torch,
+            or a public log with its address).
     """
 
     name: str
@@ -58,6 +74,9 @@ class GPUArch:
     nvlink_gbps: float
     source: str
     sparse_prefill_tflops: float | None = None
+    torch_total_bytes: int = 0
+    torch_total_status: str = ""
+    torch_total_source: str = ""
 
     @property
     def sm(self) -> str:
@@ -76,7 +95,8 @@ class GPUArch:
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(sm=self.sm, prefill_padding=self.prefill_padding, hbm_gib=round(self.hbm_gib, 2))
+        d.update(sm=self.sm, prefill_padding=self.prefill_padding, hbm_gib=round(self.hbm_gib, 2),
+                 torch_total_gib=round(self.torch_total_bytes / GIB, 2))
         return d
 
 
@@ -90,15 +110,49 @@ def prefill_padding_for_capability(capability: tuple[int, int]) -> int:
 
 
 _DS_H100 = "NVIDIA H100 Tensor Core GPU datasheet (SXM5)"
+MIB_BYTES = 1024**2
+#: The H200's measured gap between ``nvidia-smi`` memory.total (143,771 MiB) and torch's total (150,109,880,320 B =
+#: 143,155.9 MiB): 616 MiB (rounded up) the driver keeps (lab's lent H200, driver 580.159.04, torch 2.11.0+cu130, 2026-12-03).
+SMI_TORCH_GAP_MIB = 143_771 - 150_109_880_320 // MIB_BYTES
+#: torch's total of each card: (bytes, status, source). The ``assumed`` rows are an nvidia-smi total minus
+#: :data:`SMI_TORCH_GAP_MIB`; H100's ``cited`` figure is printed to 0.01 GiB (+-5 MiB), and other H100 logs print
+#: 79.11-79.33 GiB (the driver's reserve varies by driver version: +-0.15 %).
+TORCH_TOTALS = {
+    "h100": (round(79.22 * GIB), "cited",
+             "vllm-project/vllm#10511 (youkaichao, 2024-12-13): 'total_gpu_memory 79.22GiB' on an H100 80GB "
+             "(torch.cuda.mem_get_info total; printed to 0.01 GiB); nvidia-smi 81559MiB (NVIDIA/nccl#1264)"),
+    "h200": (150_109_880_320, "measured",
+             "torch.cuda.mem_get_info() total on the lab's lent H200 (2026-12-03, driver 580.159.04, torch "
+             "2.11.0+cu130; data/measured/h200/mem_get_info.json); nvidia-smi memory.total 143771 MiB "
+             "(data/measured/h200/round3/gpu.txt); a public vLLM log prints 'total_gpu_memory (139.81GiB)' on an H200"),
+    "h800": (round(79.22 * GIB), "assumed",
+             "the H100 80GB figure (vllm-project/vllm#10511, 79.22 GiB): the H800 is H100 silicon with the same 80 GB "
+             "HBM3 stack; no H800 torch total read"),
+    "h20": ((97_871 - SMI_TORCH_GAP_MIB) * MIB_BYTES, "assumed",
+            "nvidia-smi 97871MiB on an H20 (deepseek-ai/DeepGEMM#268) minus the H200's measured 616 MiB gap "
+            "(SMI_TORCH_GAP_MIB)"),
+    "b200": (round(178.35 * GIB), "cited",
+             "pytorch/ao#4002 (2026-03-05): cudaGetDeviceProperties 'Total Global Memory: 178.35 GB' on a B200 "
+             "(GiB: /2**30; equal to cudaMemGetInfo's total; printed to 0.01 GiB); nvidia-smi 183359MiB "
+             "(NVIDIA/TensorRT-LLM#10278)"),
+}
+
+
+def _card(name, product, family, cap, hbm, gbps, tflops, nvlink, source, **kw) -> GPUArch:
+    b, status, src = TORCH_TOTALS[name]
+    return GPUArch(name, product, family, cap, hbm, gbps, tflops, nvlink, source, torch_total_bytes=int(b),
+                   torch_total_status=status, torch_total_source=src, **kw)
+
+
 ARCHS: dict[str, GPUArch] = {
     a.name: a
     for a in (
-        GPUArch("h100", "NVIDIA H100 80GB HBM3", "hopper", (9, 0), 80, 3350, 989, 900, _DS_H100),
-        GPUArch("h200", "NVIDIA H200", "hopper", (9, 0), 141, 4800, 989, 900, "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
-        GPUArch("h800", "NVIDIA H800", "hopper", (9, 0), 80, 3350, 989, 400, "NVIDIA H800 datasheet (SXM)"),
-        GPUArch("h20", "NVIDIA H20", "hopper", (9, 0), 96, 4000, 148, 900, "NVIDIA H20 product brief"),
-        GPUArch("b200", "NVIDIA B200", "blackwell", (10, 0), 180, 8000, 2250, 1800, "NVIDIA HGX/DGX B200 datasheet",
-                sparse_prefill_tflops=1450),
+        _card("h100", "NVIDIA H100 80GB HBM3", "hopper", (9, 0), 80, 3350, 989, 900, _DS_H100),
+        _card("h200", "NVIDIA H200", "hopper", (9, 0), 141, 4800, 989, 900, "NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+        _card("h800", "NVIDIA H800", "hopper", (9, 0), 80, 3350, 989, 400, "NVIDIA H800 datasheet (SXM)"),
+        _card("h20", "NVIDIA H20", "hopper", (9, 0), 96, 4000, 148, 900, "NVIDIA H20 product brief"),
+        _card("b200", "NVIDIA B200", "blackwell", (10, 0), 180, 8000, 2250, 1800, "NVIDIA HGX/DGX B200 datasheet",
+              sparse_prefill_tflops=1450),
     )
 }
 

@@ -274,3 +274,21 @@ def test_resume_runs_again_a_merged_experiment_whose_files_are_gone(tmp_path):
     assert run([_FakeExperiment()], 2, tmp_path, resume=tmp_path, log=log.append) == 0
     assert any("are gone: run again" in line for line in log)
     assert _rows(tmp_path / "between_process/fake.csv") == [(1, 10), (2, 20)]
+
+
+def test_first_token_dry_run_prints_its_plan_on_cpu():
+    """issue 37: the first-token experiment's plan (new shapes after the ready-check shape; allocator growth at the
+    seed step) prints without CUDA; a real run without CUDA or without --out is refused in one line."""
+    from mla_lab.measure.experiments import first_token
+
+    r = subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments.first_token", "--dry-run"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["outputs"] == first_token.OUTPUTS
+    ts = [p["T"] for p in doc["plan"] if p["what"].startswith("triton_jit")]
+    assert ts[0] == 1024 and len(set(ts)) == len(ts)  # the ready-check shape first, then shapes not seen before
+    assert any(t % 16 for t in ts)  # one token count Triton specialises differently
+    assert first_token.main(["--process", "0", "--dry-run"]) == 2
+    if not __import__("torch").cuda.is_available():
+        assert first_token.main(["--out", "/nonexistent/never-written"]) == 2

@@ -94,7 +94,7 @@ if triton is not None:
     @triton.jit
     def _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE, qk_scale_log2,
               H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr,
-              WS: tl.constexpr):
+              WS: tl.constexpr, DROP: tl.constexpr):
         D_V: tl.constexpr = 512
         D_T: tl.constexpr = 64
         j, tok64, hh, present = _rows(gid, T, H, G)
@@ -125,8 +125,11 @@ if triton is not None:
             kb = kv_ptr + tl.where(valid, idx, 0).to(tl.int64) * 576
             k_main = tl.load(kb[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
             k_tail = tl.load(kb[:, None] + D_V + dt[None, :], mask=valid[:, None], other=0.0)
-            s = tl.dot(q_main, tl.trans(k_main))
-            s = tl.dot(q_tail, tl.trans(k_tail), s) * qk_scale_log2
+            if DROP < 2:
+                s = tl.dot(q_main, tl.trans(k_main))
+                s = tl.dot(q_tail, tl.trans(k_tail), s) * qk_scale_log2
+            else:  # profile variant: the gather and the mask only (k_tail kept live through the mask)
+                s = tl.zeros([G * H, BLOCK_N], tl.float32) + tl.sum(k_tail.to(tl.float32), axis=1)[None, :]
             sel = ((bits[None, :] >> j[:, None]) & 1) != 0
             s = tl.where(sel & valid[None, :], s, -float("inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -134,7 +137,10 @@ if triton is not None:
             alpha = tl.exp2(m_i - m_safe)
             p = tl.exp2(s - m_safe[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(k_main.dtype), k_main)
+            if DROP < 1:
+                acc = acc * alpha[:, None] + tl.dot(p.to(k_main.dtype), k_main)
+            else:  # profile variants: no PV MMA (k_main kept live)
+                acc = acc * alpha[:, None] + tl.sum(k_main.to(tl.float32), axis=0)[None, :]
             m_i = m_new
         empty = l_i == 0.0
         o = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -146,7 +152,8 @@ if triton is not None:
     def _packed_rest_kernel(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, rlen_ptr, out_ptr, lse_ptr, T, sq_t, sq_h,
                             R_STRIDE, qk_scale_log2,
                             H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                            WS: tl.constexpr = False):
+                            WS: tl.constexpr = False, DROP: tl.constexpr = 0):
+        # DROP (profile variants only, docs/perf-notes.md): 1 = no PV MMA, 2 = no QK and no PV MMA
         # one program per group of G tokens (64 rows); HAS_INIT: start from FlashMLA's shared-key result in
         # out / lse and leave groups with no rest key untouched
         gid = tl.program_id(0)
@@ -154,10 +161,10 @@ if triton is not None:
         if HAS_INIT:
             if rl > 0:
                 _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE,
-                      qk_scale_log2, H, G, HAS_INIT, BLOCK_N, WS)
+                      qk_scale_log2, H, G, HAS_INIT, BLOCK_N, WS, DROP)
         else:
             _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE,
-                  qk_scale_log2, H, G, HAS_INIT, BLOCK_N, WS)
+                  qk_scale_log2, H, G, HAS_INIT, BLOCK_N, WS, DROP)
 
 
 def rest_config(mean_rest_len: float) -> tuple[int, int, int]:
@@ -241,7 +248,8 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
         mode: ``"hybrid"`` (FlashMLA over the shared keys, Triton over the rest) or ``"triton"`` (Triton over the
             whole union; ``full`` = :func:`full_union` may be passed pre-built).
         flash_fwd: FlashMLA's ``flash_mla_sparse_fwd`` (the ``flash_mla`` module's by default); hybrid only.
-        config: ``(BLOCK_N, num_warps, num_stages)`` of the Triton kernel.
+        config: ``(BLOCK_N, num_warps, num_stages[, warp_specialize[, drop]])`` of the Triton kernel; ``drop`` 1 / 2
+            leaves out the PV MMA / both MMAs: profile variants whose output is not attention (docs/perf-notes.md).
 
     Returns:
         ``(out [T, H, 512] bf16, lse [T, H] fp32)``, natural-log LSE; no valid key: out 0, lse +inf.
@@ -256,13 +264,15 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
     G = -(-T // g)
     bn, warps, stages = config[:3]
     ws = bool(config[3]) if len(config) > 3 else False
+    drop = int(config[4]) if len(config) > 4 else 0  # profile variants (not exact): docs/perf-notes.md
     kern = _rest_kernel()
     if mode == "triton":
         idx, mask, length = full if full is not None else full_union(sets)
         out = torch.empty(T, H, _D_V, dtype=q.dtype, device=q.device)
         lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
         kern[(G,)](q, kv, idx, mask, length, out, lse, T, q.stride(0), q.stride(1), idx.stride(0),
-                   sm_scale * _LOG2E, H=H, G=g, HAS_INIT=0, BLOCK_N=bn, WS=ws, num_warps=warps, num_stages=stages)
+                   sm_scale * _LOG2E, H=H, G=g, HAS_INIT=0, BLOCK_N=bn, WS=ws, DROP=drop, num_warps=warps,
+                   num_stages=stages)
         return out, lse
     if flash_fwd is None:
         try:
@@ -276,7 +286,7 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
     lse = lse_g.view(G * g, H)
     kern[(G,)](q, kv, sets.rest_idx, sets.rest_mask, sets.rest_len, out, lse, T, q.stride(0), q.stride(1),
                sets.rest_idx.stride(0), sm_scale * _LOG2E, H=H, G=g, HAS_INIT=1, BLOCK_N=bn, WS=ws,
-               num_warps=warps, num_stages=stages)
+               DROP=drop, num_warps=warps, num_stages=stages)
     return out[:T], lse[:T]
 
 

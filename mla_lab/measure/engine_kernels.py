@@ -144,13 +144,15 @@ def _inputs(T, H, kind, seed, ctx_len=None, B=None):
     return ql_nope, q_pe, kv, idx.to(torch.int32).contiguous(), tlen.to(torch.int32)
 
 
-def _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, which, num_splits=(0,)):
-    """``{kernel name: (callable, h_q, num_splits, bytes or None)}`` for the kernels in ``which``."""
+def _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, which, num_splits=(0,), q=None):
+    """``{kernel name: (callable, h_q, num_splits, bytes or None)}`` for the kernels in ``which``; ``q`` (``[T, H,
+    576]``) given: used as it is (no concat: ``ql_nope`` / ``q_pe`` are then its views)."""
     import torch
 
     T = ql_nope.shape[0]
-    q = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
-    ek.concat_mla_q(ql_nope, q_pe, q)
+    if q is None:
+        q = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
+        ek.concat_mla_q(ql_nope, q_pe, q)
     q64 = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)
     q64[:, :H] = q
     q64[:, H:] = torch.randn_like(q64[:, H:]) if H < 64 else q64[:, H:]  # stale, as vLLM 0.33.0's shared workspace

@@ -189,10 +189,12 @@ def _unxz(root: Path) -> None:
             target.write_bytes(lzma.decompress(xz.read_bytes()))
 
 
-def load(root: str | Path) -> EngineKernels:
+def load(root: str | Path, need_concat: bool = True) -> EngineKernels:
     """Load the packed kernels of ``root`` (a :func:`pack` folder): unpack ``*.xz`` beside themselves, put ``root``
     first on ``sys.path`` so ``import vllm`` finds the stub, import the FA3 interface, load the concat library and
-    vLLM's FlashMLA, import SGLang's Triton file.
+    vLLM's FlashMLA, import SGLang's Triton file. ``need_concat=False``: a folder without the concat library (16 MB
+    of the 29 MB a device call carries; the packed_kernels experiment needs no concat) loads with
+    ``concat_mla_q = None``.
 
     Raises:
         FileNotFoundError: ``root`` lacks a packed file; RuntimeError: a library failed to load (its name and why).
@@ -203,8 +205,11 @@ def load(root: str | Path) -> EngineKernels:
     import torch
 
     root = Path(root).resolve()
+    concat_file = "vllm/_C_stable_libtorch.abi3.so"
     for name, compress in VLLM_FILES:
         p = root / (name + (".xz" if compress else ""))
+        if name == concat_file and not need_concat:
+            continue
         if not p.exists() and not (root / name).exists():
             raise FileNotFoundError(f"root={root} lacks {name}: pack it with mla_lab.measure.engine_libs.pack")
     _unxz(root)
@@ -218,9 +223,11 @@ def load(root: str | Path) -> EngineKernels:
         raise RuntimeError(f"vLLM FA3 library failed to load: {type(e).__name__}: {e}") from e
     if not getattr(fa, "FA3_AVAILABLE", False):
         raise RuntimeError(f"vLLM FA3 library failed to load: {getattr(fa, 'FA3_UNAVAILABLE_REASON', '?')}")
+    concat = None
     try:
-        torch.ops.load_library(str(root / "vllm" / "_C_stable_libtorch.abi3.so"))
-        concat = torch.ops._C_cache_ops.concat_mla_q
+        if need_concat or (root / concat_file).exists():
+            torch.ops.load_library(str(root / concat_file))
+            concat = torch.ops._C_cache_ops.concat_mla_q
     except Exception as e:
         raise RuntimeError(f"vLLM _C_stable_libtorch (concat_mla_q) failed to load: {type(e).__name__}: {e}") from e
     try:

@@ -1,14 +1,35 @@
 """Memory per rank: weights, the profile-run activation estimate, and the KV-cache budget they leave.
 
-vLLM sizes the KV cache after a profile run: budget = total memory x ``gpu_memory_utilization`` - weights -
-the profiled activation peak - persistent buffers reserved before profiling (the workspace manager's buffer).
-The lab follows that rule (:func:`memory_tradeoff`); the Q path's own bytes per strategy come from
-:func:`mla_lab.buffers.memory_account`.
+vLLM sizes the KV cache after a profile run. The lab follows vLLM 0.33.0's rule (read in the release wheel
+``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl``), one term per line of :data:`KV_RULE_SOURCES`:
+
+- total memory as torch reports it (:attr:`mla_lab.arch.GPUArch.torch_total_bytes`) times
+  ``gpu_memory_utilization``, rounded up (``vllm/v1/worker/utils.py:724-726``);
+- minus what the profile run leaves consumed plus its transient peak (``vllm/utils/mem_utils.py:312-321``:
+  ``non_kv_cache_memory = total_consumed + transient_peak_headroom``): the weights as loaded
+  (:func:`weights_bytes_per_rank`, the MTP layer when speculative decoding loads it), the persistent buffers
+  (the sparse indexer's top-k buffer, the lab's baseline Q workspace, what the sparse prefill workspaces add to
+  the shared workspace at ``max_model_len``), the profile-run activation peak at ``max_num_batched_tokens``
+  (:func:`activation_peak_bytes`) with the indexer's dummy logits tensor, and the non-torch memory allocated
+  after the snapshot;
+- minus the CUDA-graph memory estimate (``vllm/v1/worker/gpu_worker.py:707-757``; on by default since v0.21.0,
+  ``vllm/envs.py:2219-2221``);
+- NCCL buffers and the cuBLAS handles are allocated *before* the snapshot (``gpu_worker.py:499-535``) and cost
+  the budget nothing;
+- tokens = whole blocks: ``num_blocks = available // (block_size x bytes per token)`` over every layer's MLA
+  cache and indexer cache in one group (``vllm/v1/core/kv_cache_planning.py:681``,
+  ``vllm/v1/kv_cache_interface.py:1319-1320``), reported as ``int(num_blocks / cdiv(max_model_len, block_size)
+  x max_model_len)`` (``vllm/v1/core/kv_cache_utils.py:1061-1127``).
+
+:func:`memory_tradeoff` is the one function that computes the KV capacity; its ``kv_capacity`` entry lists every
+term with its value, unit, status (cited / estimate / assumed) and source. The Q path's own bytes per strategy
+come from :func:`mla_lab.buffers.memory_account`.
 """
 
 from __future__ import annotations
 
 import math
+import re
 
 from .._validate import check_int
 from ..buffers import MIB, STRATEGIES, memory_account_of, shared_workspace_other_bytes
@@ -18,7 +39,67 @@ from ..placement import BASELINE, expand
 from ..rank import RankView
 from .ops import BF16, FP32, WEIGHT_DTYPES
 
-__all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION"]
+__all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
+           "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",
+           "NON_TORCH_AFTER_SNAPSHOT_BYTES", "CUDAGRAPH_ESTIMATE_BYTES", "KV_BLOCK_SIZE",
+           "INDEXER_LOGITS_RESERVE_BYTES", "sparse_workspace_extra_bytes"]
+
+_W = "vllm-0.33.0 wheel: "
+#: Where each term of vLLM's KV budget is written (vLLM 0.33.0 release wheel; file:line).
+KV_RULE_SOURCES = {
+    "total": "arch.torch_total_bytes (mla_lab/arch.py TORCH_TOTALS); vLLM reads it with "
+             "torch.accelerator.get_memory_info: " + _W + "vllm/utils/mem_utils.py:143",
+    "requested": _W + "vllm/v1/worker/utils.py:724-726 requested_memory = ceil(total_memory * "
+                 "gpu_memory_utilization)",
+    "non_kv": _W + "vllm/utils/mem_utils.py:312-321 non_kv_cache_memory = total_consumed (free memory before the "
+              "engine - after the profile run) + transient_peak_headroom (torch peak - allocated)",
+    "weights": "config count at weight_dtype (mla_lab.model.memory.weights_bytes_per_rank); vLLM passes "
+               "model_memory_usage to memory_profiling: " + _W + "vllm/v1/worker/gpu_worker.py:686-689",
+    "mtp": "one MTP layer (a decoder layer with its MoE, eh_proj 2h x h bf16 nn.Linear, two norms; embedding and "
+           "head shared with the target): " + _W + "vllm/model_executor/models/deepseek_mtp.py:87, "
+           "vllm/v1/spec_decode/llm_base_proposer.py:1418-1457",
+    "topk_buffer": _W + "vllm/model_executor/models/deepseek_v2.py:1442-1447 topk_indices_buffer "
+                   "[max_num_batched_tokens, index_topk] int32",
+    "logits_reserve": _W + "vllm/model_executor/layers/sparse_attn_indexer.py:501-506 the profile run's dummy "
+                      "indexer logits tensor of VLLM_SPARSE_INDEXER_MAX_LOGITS_MB (default 512: vllm/envs.py:1095-1097)",
+    "sparse_workspace": "what the sparse-attention prefill workspaces add to the shared workspace beyond the fused-MoE "
+                        "scratch (the workspace manager keeps one buffer at the largest demand): the indexer's K "
+                        "gather (max_model_len x 8 x factor rows of 128 fp8 + 4 B scale: " + _W +
+                        "vllm/v1/attention/backends/mla/indexer.py:916-927, sparse_attn_indexer.py:327-345, 487-499) "
+                        "and FlashMLA's (max_model_len x factor x 576 x 2 B: flashmla_sparse.py:337-344); factor 5, "
+                        "2 above 256K tokens (vllm/config/vllm.py:1866-1874); 0 without max_model_len",
+    "q_workspace": "the lab's baseline Q workspace (mla_lab.placement.BASELINE; mla_lab.buffers.memory_account)",
+    "activation": "estimate (mla_lab.model.memory.activation_peak_bytes): fused-MoE intermediates + 4 T x h bf16 "
+                  "at max_num_batched_tokens; vLLM's profile run: " + _W + "vllm/v1/worker/gpu_worker.py:685-700",
+    "non_torch": "assumed 0.5 GiB: CUDA modules and library handles loaded during load/profile, after the "
+                 "snapshot (" + _W + "vllm/utils/mem_utils.py:160 non_torch_memory = cuda_memory - "
+                 "torch_memory, counted in total_consumed); not measured",
+    "nccl": _W + "vllm/v1/worker/gpu_worker.py:499-509 init_worker_distributed_environment runs BEFORE the "
+            "snapshot (534-536), so NCCL buffers and custom all-reduce cost the budget nothing",
+    "cudagraph": "assumed 1.0 GiB (not measured for these models; public logs of other models print 0.17 GiB "
+                 "(noonghunna/club-3090#127), 2.51 GiB (vllm-project/vllm#50576), 5.97 GiB (zai-org/GLM-V#208) and "
+                 "20.88 GiB with MTP at a 1M context (local-inference-lab/vllm#501)); subtracted since v0.21.0 by "
+                 "default: " + _W +
+                 "vllm/v1/worker/gpu_worker.py:707-757, vllm/envs.py:2219-2221 "
+                 "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1, the log text at gpu_worker.py:787-788",
+    "bytes_per_token": "every layer's MLA cache (1152 B bf16 = 576 x 2; 656 B fp8_ds_mla: " + _W +
+                       "vllm/model_executor/layers/attention/mla_attention.py:1386) + the indexer cache (128 fp8 + "
+                       "4 B scale = 132 B uint8: vllm/model_executor/models/deepseek_v2.py:731-736) on its "
+                       "layers, one group: vllm/v1/kv_cache_interface.py:1319-1320 (page = sum of pages)",
+    "blocks": _W + "vllm/v1/core/kv_cache_planning.py:681 num_blocks = available_memory // bytes_per_block; "
+              "tokens: vllm/v1/core/kv_cache_utils.py:1061-1127 int(num_blocks / cdiv(max_model_len, block_size) "
+              "x max_model_len)",
+}
+#: vLLM releases whose rule the lab knows (read: 0.33.0; earlier ones differ in the CUDA-graph term only as far
+#: as the lab knows: on by default since 0.21.0, per 0.33.0's own log text, gpu_worker.py:787-788).
+VLLM_MEMORY_VERSIONS = ("0.33.0",)
+#: Non-torch memory allocated after vLLM's snapshot (assumed; :data:`KV_RULE_SOURCES` ``non_torch``).
+NON_TORCH_AFTER_SNAPSHOT_BYTES = 512 * 2**20
+#: vLLM's CUDA-graph memory estimate (assumed; :data:`KV_RULE_SOURCES` ``cudagraph``).
+CUDAGRAPH_ESTIMATE_BYTES = 2**30
+#: KV-cache block size of the sparse MLA backends, tokens (FlashMLA's 64-token pages: vllm-0.33.0 wheel
+#: vllm/v1/attention/backends/mla/flashmla_sparse.py:136-144).
+KV_BLOCK_SIZE = 64
 
 def weights_bytes_per_rank(rank: RankView) -> int:
     """Estimated weight bytes one rank holds (vLLM layout), of a :class:`~mla_lab.rank.RankView`
@@ -28,9 +109,18 @@ def weights_bytes_per_rank(rank: RankView) -> int:
     o_proj (1/tp), the indexer (wq_b, wk, weights_proj; replicated), norms; dense MLP (1/tp) or router + experts
     (1/tp each under TP; ``E/ep`` whole experts under EP) + shared experts (1/tp); embedding and LM head (1/tp each).
     Linears in the rank's ``weight_dtype`` (fp8: 1 B + fp32 scale per 128x128 block); norms, router, embedding, LM
-    head, ``idx_weights_proj`` and the W_UK/W_UV copies bf16. The MTP layer is not counted (vLLM loads it only for
-    speculative decoding).
+    head, ``idx_weights_proj`` and the W_UK/W_UV copies bf16. The MTP layer is not counted here (vLLM loads it only
+    for speculative decoding: :func:`mtp_weights_bytes`).
     """
+    model = rank.model
+    attn, dense, moe, emb = _layer_bytes(rank)
+    n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
+    n_moe = model.num_hidden_layers - n_dense
+    return int(model.num_hidden_layers * attn + n_dense * dense + n_moe * moe + emb)
+
+
+def _layer_bytes(rank: RankView) -> tuple[int, int, int, int]:
+    """Bytes one rank holds of (one attention block, one dense MLP, one MoE block, embedding + LM head)."""
     model, tp, H, weight_dtype, moe_parallel = rank.model, rank.tp, rank.num_heads, rank.weight_dtype, rank.moe_parallel
     ep = rank.ep_size
     wb = WEIGHT_DTYPES[weight_dtype]
@@ -48,10 +138,20 @@ def weights_bytes_per_rank(rank: RankView) -> int:
     E, im = model.n_routed_experts, model.moe_intermediate_size
     experts = E * 3 * lin(h, im // tp) if moe_parallel == "tp" else (E // ep) * 3 * lin(h, im)
     moe = h * E * BF16 + E * FP32 + experts + model.n_shared_experts * 3 * lin(h, im // tp)
-    n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
-    n_moe = model.num_hidden_layers - n_dense
     emb = 2 * (model.vocab_size // tp) * h * BF16 + h * BF16
-    return int(model.num_hidden_layers * attn + n_dense * dense + n_moe * moe + emb)
+    return attn, dense, moe, emb
+
+
+def mtp_weights_bytes(rank: RankView) -> int:
+    """Bytes one rank holds of one MTP (next-token prediction) layer, loaded only with speculative decoding
+    (``--speculative-config '{"method": "mtp", ...}'``): a decoder layer (attention + MoE, as counted by
+    :func:`weights_bytes_per_rank`), ``eh_proj`` ``[2h, h]`` bf16 (an unquantized ``nn.Linear``, replicated) and
+    two norms; the embedding and LM head are shared with the target model (vLLM 0.33.0
+    ``vllm/model_executor/models/deepseek_mtp.py:87``, ``vllm/v1/spec_decode/llm_base_proposer.py:1418-1457``).
+    ``rank``: a :class:`~mla_lab.rank.RankView`, not re-checked."""
+    attn, _, moe, _ = _layer_bytes(rank)
+    h = rank.model.hidden_size
+    return int(attn + moe + 2 * h * h * BF16 + 2 * h * BF16)
 
 
 def activation_peak_bytes(rank: RankView) -> int:
@@ -66,6 +166,100 @@ def activation_peak_bytes(rank: RankView) -> int:
     return int(T * k * (3 * i_loc + h) * BF16 + 4 * T * h * BF16)
 
 
+_PERSISTENT_NAMES = {"topk_buffer": "indexer top-k buffer", "q_workspace": "baseline Q-concat workspace",
+                     "logits_reserve": "indexer logits reserve (profile run)",
+                     "sparse_workspace": "sparse prefill workspaces beyond the MoE scratch"}
+_PERSISTENT_STATUS = {"topk_buffer": "cited", "logits_reserve": "cited", "q_workspace": "exact",
+                      "sparse_workspace": "estimate"}
+#: The profile run's dummy indexer logits tensor, bytes (KV_RULE_SOURCES logits_reserve).
+INDEXER_LOGITS_RESERVE_BYTES = 512 * 2**20
+
+
+def sparse_workspace_extra_bytes(rank: RankView, max_model_len: int | None, moe_scratch: int) -> int:
+    """Bytes the sparse-attention prefill workspaces add to the shared workspace beyond ``moe_scratch`` (the
+    fused-MoE scratch, :func:`mla_lab.buffers.shared_workspace_other_bytes`): ``max(0, max(indexer K gather,
+    FlashMLA prefill workspace) - moe_scratch)``, sizes as vLLM 0.33.0 reserves them (:data:`KV_RULE_SOURCES`
+    ``sparse_workspace``); 0 when ``max_model_len`` is None."""
+    if max_model_len is None:
+        return 0
+    factor = 5 if max_model_len <= 256 * 1024 else 2
+    idx = max_model_len * (576 * 2 // 132) * factor * (rank.model.index_head_dim + 4)
+    fm = max_model_len * factor * rank.model.head_size * BF16
+    return max(0, max(idx, fm) - moe_scratch)
+
+
+def _term(name: str, value: float, status: str, key: str, unit: str = "bytes") -> dict:
+    return {"term": name, "value": value, "unit": unit, "status": status, "source": KV_RULE_SOURCES[key]}
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split(".")[:3])
+
+
+def kv_capacity_terms(rank: RankView, total: float, gpu_memory_utilization: float, persistent: dict,
+                      activation: int, per_tok: int, *, vllm_version: str = "0.33.0",
+                      max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
+    """vLLM's KV-cache capacity of one rank, term by term (module docstring; sources :data:`KV_RULE_SOURCES`).
+
+    Args:
+        rank: the deployment's :class:`~mla_lab.rank.RankView` (not re-checked).
+        total: device memory as torch reports it, bytes. gpu_memory_utilization: in (0, 1].
+        persistent: ``{term key: bytes}`` of persistent buffers the lab counts (``q_workspace`` ...).
+        activation: the profile-run activation peak, bytes. per_tok: KV bytes per token, all layers (MTP excluded).
+        vllm_version: ``"X.Y.Z"``; the CUDA-graph estimate is subtracted from 0.21.0 on.
+        max_model_len: tokens (None: the capacity is whole blocks x block size).
+        mtp_layers: MTP layers loaded (0, or 1 with ``--speculative-config`` method mtp): their weights and one
+            more layer of KV cache per token.
+
+    Returns:
+        ``{"tokens", "available_bytes", "requested_bytes", "non_kv_bytes", "bytes_per_token", "num_blocks",
+        "block_size", "vllm_version", "terms": [{term, value, unit, status, source}]}`` (bytes; ``tokens`` an int,
+        0 when nothing is left).
+    """
+    requested = math.ceil(total * gpu_memory_utilization)
+    weights = weights_bytes_per_rank(rank)
+    mtp = mtp_layers * mtp_weights_bytes(rank)
+    layer = rank.model.kv_cache_bytes_per_token_layer(rank.kv_cache_dtype)
+    bpt = per_tok + mtp_layers * layer
+    cg = CUDAGRAPH_ESTIMATE_BYTES if _version_tuple(vllm_version) >= (0, 21, 0) else 0
+    terms = [_term("total memory (torch)", int(total), rank.arch.torch_total_status or "given", "total"),
+             _term("gpu_memory_utilization", gpu_memory_utilization, "given", "requested", unit="fraction"),
+             _term("requested = ceil(total x utilization)", requested, "cited", "requested"),
+             _term("weights", weights, "estimate", "weights"),
+             _term("MTP layer weights", mtp, "estimate", "mtp"),
+             *[_term(_PERSISTENT_NAMES.get(k, k), v, _PERSISTENT_STATUS.get(k, "estimate"), k)
+               for k, v in persistent.items()],
+             _term("profile-run activation peak", activation, "estimate", "activation"),
+             _term("non-torch memory after the snapshot", NON_TORCH_AFTER_SNAPSHOT_BYTES, "assumed", "non_torch"),
+             _term("NCCL buffers", 0, "cited", "nccl"),
+             _term("CUDA-graph estimate", cg, "assumed" if cg else "cited", "cudagraph")]
+    non_kv = weights + mtp + sum(persistent.values()) + activation + NON_TORCH_AFTER_SNAPSHOT_BYTES
+    available = requested - non_kv - cg
+    num_blocks = max(int(available // (KV_BLOCK_SIZE * bpt)), 0)
+    if max_model_len is None:
+        tokens = num_blocks * KV_BLOCK_SIZE
+    else:
+        tokens = int(num_blocks / math.ceil(max_model_len / KV_BLOCK_SIZE) * max_model_len)
+    terms += [_term("available KV memory", available, "computed", "non_kv"),
+              _term("KV bytes per token (all layers)", bpt, "cited", "bytes_per_token", unit="bytes/token"),
+              _term("KV blocks", num_blocks, "computed", "blocks", unit="blocks"),
+              _term("KV capacity", tokens, "computed", "blocks", unit="tokens")]
+    return {"tokens": tokens, "available_bytes": available, "requested_bytes": requested, "non_kv_bytes": non_kv,
+            "bytes_per_token": bpt, "num_blocks": num_blocks, "block_size": KV_BLOCK_SIZE,
+            "vllm_version": vllm_version, "max_model_len": max_model_len, "terms": terms}
+
+
+def _check_rule_args(vllm_version, max_model_len, mtp_layers) -> None:
+    if not isinstance(vllm_version, str) or not re.fullmatch(r"\d+\.\d+\.\d+", vllm_version):
+        raise ValueError(f"vllm_version={vllm_version!r} must be a release 'X.Y.Z'; allowed: e.g. "
+                         f"{list(VLLM_MEMORY_VERSIONS)}")
+    if max_model_len is not None:
+        check_int("max_model_len", max_model_len)
+    if isinstance(mtp_layers, bool) or mtp_layers not in (0, 1):
+        raise ValueError(f"mtp_layers={mtp_layers!r} is not allowed; allowed: 0 or 1 (the MTP layer vLLM loads "
+                         "for speculative decoding)")
+
+
 def memory_tradeoff(
     deployment: Deployment,
     *,
@@ -74,17 +268,21 @@ def memory_tradeoff(
     include_indexer: bool = True,
     strategies=None,
     shared_workspace_bytes: int | None = None,
+    vllm_version: str = "0.33.0",
+    max_model_len: int | None = None,
+    mtp_layers: int = 0,
 ) -> dict:
     """The persistent Q-workspace bytes of each strategy as KV-cache tokens lost per rank and % of KV capacity.
 
-    KV budget per rank = ``total_memory x gpu_memory_utilization`` (vLLM's rule, default 0.9) minus the weights one
-    rank holds (:func:`weights_bytes_per_rank`, counted from the config at ``weight_dtype``)
-    minus the profile-run activation peak (:func:`activation_peak_bytes`, an estimate) minus
-    the baseline's Q-concat buffer (:data:`mla_lab.placement.BASELINE`). ``total_memory`` defaults to the datasheet HBM (decimal GB; the H200
-    reports 143771 MiB to nvidia-smi, pass ``total_memory_bytes`` to use that). Capacity in tokens = budget /
-    :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token` (latent cache + indexer keys, all layers; the
-    MLA latent cache is replicated on every TP rank). The workspace is shared by all layers (one per rank), so its
-    cost does not scale with the layer count.
+    KV capacity per rank as vLLM computes it (:func:`kv_capacity_terms`, module docstring): torch's total
+    (:attr:`~mla_lab.arch.GPUArch.torch_total_bytes`; ``total_memory_bytes`` overrides it) x
+    ``gpu_memory_utilization`` minus the weights one rank holds (:func:`weights_bytes_per_rank`, at
+    ``weight_dtype``; the MTP layer with ``mtp_layers=1``), the persistent buffers (the indexer's top-k buffer,
+    the baseline's Q-concat buffer :data:`mla_lab.placement.BASELINE`), the profile-run activation peak
+    (:func:`activation_peak_bytes`, an estimate), non-torch memory and the CUDA-graph estimate (assumed), in whole
+    blocks of :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token` (latent cache + indexer keys, all
+    layers; the MLA latent cache is replicated on every TP rank). The workspace is shared by all layers (one per
+    rank), so its cost does not scale with the layer count.
 
     Only persistent bytes reduce the KV cache: vLLM sizes the cache after a profile run at
     ``max_num_batched_tokens``; the unfused pad tensor is transient and is freed inside each layer, and whether it
@@ -94,7 +292,7 @@ def memory_tradeoff(
     Returns:
         ``{"strategies": {s: {persistent_bytes, extra_bytes, extra_mib, kv_tokens_lost, kv_capacity_pct_lost}},
         "kv_capacity_tokens", "kv_budget_bytes", "weights_bytes", "activation_bytes", "kv_bytes_per_token",
-        "fits", "accounts": {s: MemoryAccount}}`` plus the assumptions.
+        "fits", "accounts": {s: MemoryAccount}, "kv_capacity": kv_capacity_terms(...)}`` plus the assumptions.
 
     ``deployment``: a :class:`~mla_lab.deployment.Deployment` (model, tp, arch, max_num_batched_tokens, KV dtype,
     weight dtype, MoE layout and gpu_memory_utilization from it, checked at its door; ``Deployment.replace(...)``
@@ -103,19 +301,22 @@ def memory_tradeoff(
     ``strategies``: :class:`~mla_lab.placement.Strategy` objects or door names (presets, aliases; default every
     fixed canonical strategy);
     ``shared_workspace_bytes``: the shared workspace's size from its other users (default
-    :func:`mla_lab.buffers.shared_workspace_other_bytes`, the fused-MoE scratch at ``max_num_batched_tokens``).
+    :func:`mla_lab.buffers.shared_workspace_other_bytes`, the fused-MoE scratch at ``max_num_batched_tokens``);
+    ``vllm_version``, ``max_model_len``, ``mtp_layers``: as :func:`kv_capacity_terms`.
 
     Raises:
-        ValueError: a bad ``total_memory_bytes`` / ``shared_workspace_bytes`` / ``ep_size`` (one line).
+        ValueError: a bad ``total_memory_bytes`` / ``shared_workspace_bytes`` / ``ep_size`` / ``vllm_version`` /
+            ``max_model_len`` / ``mtp_layers`` (one line).
     """
     d = deployment
     model, arch = d.model, d.arch
     kv_cache_dtype, gpu_memory_utilization = d.kv_cache_dtype, d.gpu_memory_utilization
     moe_parallel = d.moe_parallel
     H = d.num_heads
-    total = arch.hbm_gb * 1e9 if total_memory_bytes is None else total_memory_bytes
+    total = arch.torch_total_bytes if total_memory_bytes is None else total_memory_bytes
     if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 0:
         raise ValueError(f"total_memory_bytes={total_memory_bytes!r} must be a positive number")
+    _check_rule_args(vllm_version, max_model_len, mtp_layers)
     rank = d.rank.with_ep_size(ep_size) if moe_parallel == "ep" else d.rank  # derived once from the checked deployment
     weights = weights_bytes_per_rank(rank)
     act = activation_peak_bytes(rank)
@@ -130,8 +331,13 @@ def memory_tradeoff(
                                      union_bytes=packed_union_bytes(rank, d.prompt_len) if s.startswith("packed") else None)
                 for s in dict.fromkeys([BASELINE] + names)}
     base_ws = accounts[BASELINE].persistent_bytes
-    budget = total * gpu_memory_utilization - weights - act - base_ws
-    capacity = budget / per_tok
+    topk = rank.max_num_batched_tokens * model.index_topk * 4  # int32 top-k indices (KV_RULE_SOURCES topk_buffer)
+    persistent = {"topk_buffer": topk, "q_workspace": base_ws, "logits_reserve": INDEXER_LOGITS_RESERVE_BYTES,
+                  "sparse_workspace": sparse_workspace_extra_bytes(rank, max_model_len, shared)}
+    kv = kv_capacity_terms(rank, total, gpu_memory_utilization, persistent, act, per_tok, vllm_version=vllm_version,
+                           max_model_len=max_model_len, mtp_layers=mtp_layers)
+    budget = kv["available_bytes"]
+    capacity = float(kv["tokens"])
     out = {}
     for s, a in accounts.items():
         extra = a.persistent_bytes - base_ws
@@ -147,7 +353,7 @@ def memory_tradeoff(
         "padded_heads": rank.padded_num_heads,
         "accounts": accounts,  # name -> mla_lab.buffers.MemoryAccount (the row builder's memory columns)
         "kv_capacity_tokens": max(capacity, 0.0),  # never negative: "fits" and "fit_reason" say why it is 0
-        "fit_reason": "" if budget > 0 else (
+        "fit_reason": "" if budget > 0 and capacity > 0 else (
             f"weights ({weights / 2**30:.1f} GiB per rank), activations ({act / 2**30:.1f} GiB) and the baseline "
             f"workspace leave no KV cache in {gpu_memory_utilization} x {total / 2**30:.1f} GiB"),
         "kv_budget_bytes": budget,
@@ -157,8 +363,11 @@ def memory_tradeoff(
         "total_memory_bytes": total,
         "gpu_memory_utilization": gpu_memory_utilization,
         "shared_workspace_bytes": shared,
-        "fits": budget > 0,
-        "assumptions": ("KV budget = total x gpu_memory_utilization - weights (config count at weight_dtype) - "
-                        "activation estimate - unfused workspace; CUDA graphs, NCCL buffers and other non-torch "
-                        "memory not subtracted (capacity is an upper bound, % lost a lower bound)"),
+        "fits": budget > 0 and capacity > 0,
+        "kv_capacity": kv,
+        "assumptions": (f"KV capacity as vLLM {vllm_version} computes it (mla_lab.model.memory module docstring): "
+                        "torch's total x gpu_memory_utilization - weights (config count at weight_dtype) - "
+                        "persistent buffers - the profile-run activation estimate - non-torch memory and the "
+                        "CUDA-graph estimate (both assumed), in whole blocks of KV bytes per token (MLA + indexer "
+                        "caches); each term and its source in 'kv_capacity'"),
     }

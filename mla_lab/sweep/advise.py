@@ -97,7 +97,9 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         reason], "modelled_only": [rows of ``kernel_native``, "real-head FlashMLA (modelled)", with its ``label``
         and :data:`mla_lab.placement.KERNEL_NATIVE_NOTE` as the reason: no engine's backend runs it, so it is never
         ranked], "frontier": [strategy names], "engines": [engine_summary rows: what each engine version runs for
-        this deployment, a code reading]}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
+        this deployment, a code reading], "kv_capacity": {tokens, vllm_version, block_size, status, terms: [{term,
+        value, unit, status, source}]} (the baseline's KV capacity per rank as vLLM computes it,
+        :func:`mla_lab.model.memory.kv_capacity_terms`)}``; each row: strategy, preset, ttft_ms, ttft_change_pct (vs
         :data:`mla_lab.placement.BASELINE`), persistent_mib (the persistent Q workspace the strategy holds per
         rank), extra_persistent_mib (that minus the baseline's: what the budget and KV tokens lost count),
         call_transient_mib, kv_tokens_lost, preset_label (:func:`mla_lab.labels.preset_label`: ``sglang-dense
@@ -113,7 +115,8 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     d = deployment
     # before pricing anything: a deployment whose one request cannot be held is refused at once (pricing a
     # billion-token prompt first took minutes)
-    cap = memory_tradeoff(d, strategies=[BASELINE])["kv_capacity_tokens"]
+    mem = memory_tradeoff(d, strategies=[BASELINE])
+    cap = mem["kv_capacity_tokens"]
     need = d.prompt_len + d.output_len
     if not cap > 0 or need > cap:
         raise ValueError(f"this deployment does not fit: one request needs {need:,} KV tokens ({d.prompt_len} + "
@@ -166,6 +169,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             "modelled_only": modelled_only,
             "packed": packed_summary(d, packed) if any(c.startswith("packed") for c in cands) else None,
             "frontier": front, "baseline": BASELINE, "engines": engines,
+            "kv_capacity": _kv_capacity_block(mem),
             "comm_source": rows[0].get("comm_source", "") if rows else "",
             "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
                     "change with the attention path timed on an H200 (rest modelled) and its interval, where "
@@ -173,6 +177,15 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
                     "(data/measured/h200/between_process/presets.csv), elsewhere one process's 95 % interval of "
                     "its rounds (the measured sweep); memory exact (byte accounting); a negative extra = a workspace smaller than the "
                     "baseline's unpadded Q buffer"}
+
+
+def _kv_capacity_block(mem: dict) -> dict:
+    """The baseline's KV capacity per rank as vLLM computes it (:func:`mla_lab.model.memory.kv_capacity_terms`):
+    tokens, the vLLM release whose rule it follows, and every term with value, unit, status and source."""
+    kv = mem["kv_capacity"]
+    return {"tokens": kv["tokens"], "vllm_version": kv["vllm_version"], "block_size": kv["block_size"],
+            "status": "modelled (terms marked assumed are not measured; see mla_lab.model.memory)",
+            "terms": kv["terms"]}
 
 
 def _summary(r: dict, reason: str) -> dict:
@@ -315,6 +328,12 @@ def format_advice(result: dict) -> str:
     if kv:
         out.append(f"'% of KV' = KV tokens lost / the baseline's KV capacity of {kv:,.0f} tokens per rank "
                    f"(gpu_memory_utilization {d.get('gpu_memory_utilization', '')})".replace(" ()", ""))
+    cap = result.get("kv_capacity")
+    if cap:
+        assumed = [t["term"] for t in cap["terms"] if t["status"] == "assumed"]
+        out.append(f"KV capacity {cap['tokens']:,} tokens per rank as vLLM {cap['vllm_version']} computes it from "
+                   f"torch's total memory ({len(cap['terms'])} terms with their sources in --json; assumed: "
+                   f"{', '.join(assumed) or 'none'})")
     if result.get("comm_source"):
         out.append(f"all-reduce priced by: {result['comm_source']}")
     out.append(result["note"])

@@ -11,6 +11,11 @@ Every case names the run as the issue describes it and what the lab did NOT know
 (``assumed``): the number of prompts, the concurrency, the server flags that were not stated. Where the lab cannot
 price a run it says so here, before reading (``not_priced``), rather than dropping the case afterwards.
 
+Round two (issue 37, ``--round 2026-12b``): the cases are data, ``data/validation/blind_2026-12b_workloads.json``
+(workload, deployment, what the lab does not model and prices at the nearest configuration, what was assumed; no
+result), committed before ``data/validation/blind_2026-12b.json``; a case may set its own ``deployment``
+(:func:`Deployment.of` arguments) and a ``not_priced_reason`` decided before the predictions.
+
 Engine versions (read from the release wheels' sources, not run):
 
 - vLLM 0.13.0 (2025-12-19) and 0.24.0 (2026-06-29) on Hopper: the only sparse-MLA backend is ``FLASHMLA_SPARSE``
@@ -39,9 +44,13 @@ from ..provenance import git_commit
 from ..serving import BenchConfig
 from ..serving.noise import NOISE_METRICS, serve_benchmark_noise
 
-__all__ = ["CASES", "predict", "OUT", "main", "PRODUCED_BY"]
+__all__ = ["CASES", "predict", "OUT", "main", "PRODUCED_BY", "ROUNDS", "cases_of", "WORKLOADS_B", "OUT_B"]
 
 OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12.json"
+#: round two (issue 37): the cases are data, written before the predictions (``blind_2026-12b_workloads.json``:
+#: workload, deployment, what the lab does not model, what was assumed; no result)
+WORKLOADS_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b_workloads.json"
+OUT_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b.json"
 PRODUCED_BY = "python -m mla_lab.validation.blind predict"
 #: request-steps above which a run gets fewer Monte-Carlo runs (the simulation costs ~70 us per request-step here)
 HEAVY_REQUEST_STEPS = 150_000
@@ -102,13 +111,54 @@ CASES = [
 ]
 
 
+#: round name -> (prediction file, where its cases come from: the list above, or a committed workloads file)
+ROUNDS = {"2026-12": (OUT, None), "2026-12b": (OUT_B, WORKLOADS_B)}
+#: Deployment.of arguments a case may set (round two: ``deployment``); the rest are round one's fixed values
+_DEPLOYMENT_DEFAULTS = {"tp": 8, "arch": "h200", "max_num_batched_tokens": SERVE_DEFAULTS["max_num_batched_tokens"],
+                        "max_num_seqs": SERVE_DEFAULTS["max_num_seqs"], "kv_cache_dtype": "bf16",
+                        "weight_dtype": "fp8", "moe_parallel": "tp", "gpu_memory_utilization": 0.9}
+
+
+def _wl_tuple(w: dict) -> tuple:
+    rate = w.get("request_rate", "inf")
+    return (int(w["random_input_len"]), int(w["random_output_len"]),
+            None if w.get("max_concurrency") is None else int(w["max_concurrency"]), int(w["num_prompts"]),
+            math.inf if rate in ("inf", None) else float(rate))
+
+
+def cases_of(round_: str) -> list[dict]:
+    """The cases of ``round_`` (a key of :data:`ROUNDS`): round one's :data:`CASES`, or the cases of the round's
+    committed workloads file with their workloads as ``(input, output, concurrency, num_prompts, rate)`` tuples.
+
+    Raises:
+        ValueError: an unknown round; FileNotFoundError: its workloads file is missing.
+    """
+    if round_ not in ROUNDS:
+        raise ValueError(f"round={round_!r} is not a blind round; allowed: {sorted(ROUNDS)}")
+    src = ROUNDS[round_][1]
+    if src is None:
+        return CASES
+    doc = json.loads(Path(src).read_text())
+    return [{**c, "workloads": [_wl_tuple(w) for w in c["workloads"]]} for c in doc["cases"]]
+
+
+_PROTOCOL = {
+    "2026-12": "this file is committed before its sources are read; the results go in blind_2026-12_results.json "
+               "in a later commit; nothing is fitted to them",
+    "2026-12b": "the workloads (blind_2026-12b_workloads.json, whose protocol says what was seen while finding the "
+                "runs) were written first; this file comes from the model as committed and is committed before any "
+                "result is written down (blind_2026-12b_results.json, a later commit); nothing is fitted to them",
+}
+
+
 def _request_steps(i, o, n, mbt) -> int:
     return n * (2 * math.ceil(i / mbt) + o)
 
 
 def _run(case: dict, wl: tuple, seed: int, log) -> dict:
     i, o, c, n, rate = wl
-    mbt, mns = SERVE_DEFAULTS["max_num_batched_tokens"], SERVE_DEFAULTS["max_num_seqs"]
+    d = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {})}
+    mbt = d["max_num_batched_tokens"]
     bench = BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c,
                         request_rate=rate, seed=seed)
     strategies = list(case["strategies"].values())
@@ -117,10 +167,11 @@ def _run(case: dict, wl: tuple, seed: int, log) -> dict:
     t0 = time.time()
     wl_rec = {"random_input_len": i, "random_output_len": o, "max_concurrency": c, "num_prompts": n,
               "request_rate": "inf" if math.isinf(rate) else rate}
+    if case.get("not_priced_reason"):  # decided before reading, in the workloads file
+        log(f"  {case['id']} {wl_rec}: not priced ({case['not_priced_reason']})")
+        return {"workload": wl_rec, "not_priced": case["not_priced_reason"]}
     try:
-        dep = Deployment.of(model=case["model"], tp=8, arch="h200", max_num_batched_tokens=mbt, max_num_seqs=mns,
-                            kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="tp", gpu_memory_utilization=0.9,
-                            prompt_len=i, output_len=o, num_prompts=n, concurrency=c)
+        dep = Deployment.of(model=case["model"], prompt_len=i, output_len=o, num_prompts=n, concurrency=c, **d)
         r = serve_benchmark_noise(dep, strategies, bench, num_runs=runs, seed=seed, baseline=strategies[0])
     except Exception as e:  # a run the lab cannot price is recorded as such, before reading
         log(f"  {case['id']} {wl_rec}: not priced ({type(e).__name__}: {e})")
@@ -141,25 +192,28 @@ def _run(case: dict, wl: tuple, seed: int, log) -> dict:
     return out
 
 
-def predict(out: Path = OUT, seed: int = 0, only: str | None = None, log=print) -> dict:
-    """Run every case (or the one ``only`` names) and write ``out`` (a new file, or one this function wrote).
+def predict(out: Path | None = None, seed: int = 0, only: str | None = None, log=print,
+            round_: str = "2026-12") -> dict:
+    """Run every case of ``round_`` (or the one ``only`` names) and write ``out`` (default: the round's file in
+    :data:`ROUNDS`; a new file, or one this function wrote).
 
     Raises:
-        FileExistsError: ``out`` exists and was not written by :data:`PRODUCED_BY`; ValueError: unknown ``only``.
+        FileExistsError: ``out`` exists and was not written by :data:`PRODUCED_BY`; ValueError: unknown ``only`` or
+        ``round_``.
     """
-    out = Path(out)
+    all_cases = cases_of(round_)
+    out = Path(ROUNDS[round_][0] if out is None else out)
     if out.exists():
         prev = json.loads(out.read_text())
         if prev.get("produced_by") != PRODUCED_BY:
             raise FileExistsError(f"out={out} exists and was not written by {PRODUCED_BY}: refusing to replace it")
-    cases = [c for c in CASES if only in (None, c["id"])]
+    cases = [c for c in all_cases if only in (None, c["id"])]
     if not cases:
-        raise ValueError(f"only={only!r} is not a case; allowed: {[c['id'] for c in CASES]}")
+        raise ValueError(f"only={only!r} is not a case; allowed: {[c['id'] for c in all_cases]}")
     rec = {"what": "blind predictions of public serving runs, written before any result of them was read (issue 30)",
            "produced_by": PRODUCED_BY, "git_commit": git_commit(),
            "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-           "protocol": "this file is committed before its sources are read; the results go in "
-                       "blind_2026-12_results.json in a later commit; nothing is fitted to them",
+           "round": round_, "protocol": _PROTOCOL[round_],
            "model": "modelled: mla_lab.serving.noise.serve_benchmark_noise (step-level vllm bench serve simulation, "
                     "cost model with the committed H200 calibration, decode kernels priced by their parallelism "
                     "(data/calibration/h200_decode_kernels.csv), single-run 95 % bands of the noise model; band = "
@@ -180,13 +234,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.blind")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("predict", help="write the blind predictions (before reading any source)")
-    p.add_argument("--out", default=str(OUT))
+    p.add_argument("--round", dest="round_", default="2026-12", help=f"one of {sorted(ROUNDS)}")
+    p.add_argument("--out", default=None, help="default: the round's file")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", default=None, help=f"one case: {[c['id'] for c in CASES]}")
+    p.add_argument("--only", default=None, help="one case id of the round")
     a = ap.parse_args(argv)
     try:
-        predict(Path(a.out), a.seed, a.only)
-    except (FileExistsError, ValueError) as e:
+        predict(None if a.out is None else Path(a.out), a.seed, a.only, round_=a.round_)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:
         ap.error(str(e))
     return 0
 

@@ -13,9 +13,10 @@ import sys
 from pathlib import Path
 
 from ..paths import REPO_ROOT
+from .blind import WORKLOADS_B
 from .main_run import OUT as DECOMPOSITION
 from .posthoc import OUT as POSTHOC
-from .score import SCORE
+from .score import ROUND_TWO_SCORE, SCORE
 
 __all__ = ["validation_markdown", "update_docs", "BEGIN", "END", "DOCS"]
 
@@ -65,8 +66,11 @@ def validation_markdown(dec: dict | None = None, score: dict | None = None) -> s
             f"{r['duration']:.2f} s, {r['output_throughput']:.0f} output tok/s, mean TPOT {r['mean_tpot_ms']:.1f} ms. "
             "No candidate the lab can price closes the gap; a decode step launched eagerly would close most of it, "
             "but the engine's code says decode ran as one CUDA graph, so the gap stays unexplained and is "
-            "published as a miss.", "",
-            "### The blind set", "", score["sentence"] + ".", "",
+            "published as a miss.", ""]
+    out += _first_token_lines(dec)
+    out += ["### The blind set", "", score["sentence"] + ".", ""]
+    out += _round_two_lines()
+    out += [
             "| run | workload (in / out) | backend | metric | lab (median) [95 % band] | real | error |",
             "|---|---|---|---|---|---|---|"]
     for row in [x for x in score["rows"] if x["comparable"]]:
@@ -118,6 +122,56 @@ def validation_markdown(dec: dict | None = None, score: dict | None = None) -> s
             "claim to rule out that -9.5 % (or +6 %) is one run's noise; the percentiles in the prediction block "
             "above are the model's, not the world's."]
     return "\n".join(out)
+
+
+def _first_token_lines(dec: dict) -> list[str]:
+    """The first token, explained (issue 37): the components of the first-token gap, their status and share."""
+    ft = dec.get("first_token")
+    if not ft:
+        return []
+    out = ["#### The first token, explained", "",
+           f"PR #46189's decode steps put the missing time in the first token: the last request's TTFT about "
+           f"{dec['cross_check']['implied_ttft_last_s']:.2f} s against the lab's {dec['lab_ttft_last_s']:.2f} s, a "
+           f"{ft['gap_s']:.2f} s gap. Its candidates (`first_token` in the decomposition file):", "",
+           "| component | status | seconds in this run | what the sources allow (s) | share of the gap |",
+           "|---|---|---|---|---|"]
+    for c in ft["components"]:
+        sec = "not known" if c["seconds"] is None else f"{c['seconds']:.3f}"
+        share = "-" if c["share_of_gap"] is None else f"{100 * c['share_of_gap']:.0f} %"
+        out.append(f"| {c['component']} | {c['status']} | {sec} | {c['range_s'][0]:g} - {c['range_s'][1]:g} | "
+                   f"{share} |")
+    out += ["", "Sources: " + " ".join(f"({i}) {c['source']}." for i, c in enumerate(ft["components"], 1)), "",
+            f"Explained by measured or cited components with a size: {ft['explained_s']:.3f} s "
+            f"({100 * ft['explained_share']:.0f} %); {ft['note']}.", ""]
+    return out
+
+
+def _round_two_lines() -> list[str]:
+    """Round two's sentence (issue 37), from its committed score file when it exists."""
+    if not ROUND_TWO_SCORE.exists():
+        return []
+    sc = json.loads(ROUND_TWO_SCORE.read_text())
+    wl = json.loads(WORKLOADS_B.read_text())
+    notes = {c["id"]: "; ".join(x.split(" (")[0] for x in c["not_modelled"]) for c in wl["cases"]}
+    out = [sc["medians_sentence"] + ".", "",
+           "Round two's protocol (`data/validation/blind_2026-12b_workloads.json`, then `blind_2026-12b.json`, then "
+           "`blind_2026-12b_results.json`, three commits): " + wl["protocol"], "",
+           "| run | workload (in / out) | not modelled (priced at the nearest configuration) | metric | lab (median) "
+           "[95 % band] | real | error |", "|---|---|---|---|---|---|---|"]
+    keep = {"duration", "total_token_throughput", "mean_ttft_ms", "mean_tpot_ms", "median_ttft_ms", "median_tpot_ms"}
+    for r in [x for x in sc["rows"] if x["comparable"] and x["metric"] in keep]:
+        if r["metric"].startswith("median") and r["case"].startswith("gpustack"):
+            continue  # the run states the mean: the table shows it
+        lo, hi = r["band95"]
+        out.append(f"| {r['case']} | {_wl(r['workload'])} | {notes.get(r['case'], '')} | "
+                   f"{_NAMES.get(r['metric'], r['metric'])} | {r['predicted']:.1f} [{lo:.1f}, {hi:.1f}] | "
+                   f"{r['real']:.1f} | {r['error_pct']:+.0f} % |")
+    out += ["", "Not predicted (decided before the predictions, in the workloads file): "
+            + "; ".join(f"{n['case']} {_wl(n['workload'])}" for n in sc["not_predicted"]) + ". The gpustack "
+            "runs' command adds `--context-length 32768` and FA3 NSA kernels to the recommended command the "
+            "workloads file recorded (seen after the predictions' commit; scored, with that note in the results "
+            "file).", ""]
+    return out
 
 
 def update_docs(path: Path = DOCS) -> None:

@@ -101,6 +101,9 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("fused_bmm", _E + "fused_bmm", "W_UK bmm writing into the padded workspace vs bmm + concat", _BP,
                True, ("--out", "{out}"), default=True, timeout_s=90, needs="",
                replaces="benchmarks/bench_fused_bmm.py"),
+    Experiment("first_token", _E + "first_token", "first calls at new shapes (cold Triton JIT) and allocator growth "
+               "from an empty cache to the step's peak (issue 37)", _BP, True,
+               ("--out", "{out}", "--process", "{process}"), timeout_s=200, needs=""),
     Experiment("engine_kernels", _E + "engine_kernels",
                "the engines' own sparse-MLA kernels: prefill, decode sizes, gather vs MMA, concat_mla_q", _BP, True,
                ("--engine-root", "{engine_root}", "--process", "{process}", "--out", "{out}/engine_kernels.csv"),

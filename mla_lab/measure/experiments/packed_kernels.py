@@ -25,6 +25,8 @@ Kernels (``kernel`` column):
 ``fa3_sparse``            vLLM 0.33.0's FA3 sparse on the real heads (FLASH_ATTN_MLA_SPARSE, vLLM's sm90 default)
 ``sglang_triton``         SGLang 0.5.23's 16-row Triton tile; ``sglang_triton_union4``: its ``union=4`` option
                           (4 tokens x 8 heads = 32 rows, its own sort-based union build included)
+``packed_triton_no_pv``   profile variants of ``packed_triton`` (not attention): without the PV MMA, and
+``packed_triton_gather_mask``  without both MMAs (the gather and the mask only); where the rest pass dominates
 ``dispatched``            the sampled union build (every 16th group) + the path :func:`mla_lab.kernels.packed
                           .choose_path` picks (``path`` column)
 ========================  ============================================================================================
@@ -70,16 +72,27 @@ def _index_data(shape: str, seed: int):
     return ix.structured_indices(T_TOKENS, TOPK, s_kv=32768, seed=seed, device="cuda")
 
 
-def _builder():
-    """``(name, build)``: the CUDA shared-memory builder where it compiles, else the Triton one."""
-    from mla_lab.kernels.union import build_union
+def _builder(log=print):
+    """``(name, build)``: the CUDA shared-memory builder where it compiles and matches the reference on a small
+    case, else the Triton one (said in the log and the ``builder`` column)."""
+    import torch
+
+    from mla_lab.kernels import index_sets as ix
+    from mla_lab.kernels.union import build_union, build_union_ref
 
     try:
-        from mla_lab.kernels.union_cuda import build_union_cuda
+        from mla_lab.kernels.union_cuda import build_union_cuda, union_mismatch
 
-        return "cuda", build_union_cuda
-    except Exception:  # the CUDA builder is optional (needs nvcc); the Triton one always runs
-        return "triton", build_union
+        d = ix.overlap_indices(1024, TOPK, 65536, 0.8, 8, seed=5, device="cuda")
+        bad = union_mismatch(build_union_cuda(d.indices, d.topk_length, 8, d.s_kv),
+                             build_union_ref(d.indices, d.topk_length, 8, d.s_kv))
+        torch.cuda.synchronize()
+        if bad is None:
+            return "cuda", build_union_cuda
+        log(f"CUDA union builder differs from the reference ({bad}): using the Triton builder")
+    except Exception as e:  # the CUDA builder is optional (needs nvcc); the Triton one always runs
+        log(f"CUDA union builder unavailable ({type(e).__name__}: {str(e)[:200]}): using the Triton builder")
+    return "triton", build_union
 
 
 def _check(build, sm_scale, log) -> list[dict]:
@@ -124,10 +137,11 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
     G = sets.num_groups
     cfg = rest_config(sets.rest_len.float().mean().item())
     full = full_union(sets)
+    S = sets.shared_len.float().mean().item() / idx.shape[1]
     ql_nope = q[..., :512]
     q_pe = q[..., 512:]
     ks, _ = _kernels(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, {"fa3", "flashmla_vllm", "flashmla_ts",
-                                                                            "sglang"})
+                                                                            "sglang"}, q=q)
     out = {n: (fn, n) for n, (fn, *_r) in ks.items() if n in ("flashmla_vllm_pad64", "flashmla_ts_pad64",
                                                               "sglang_triton") or n.startswith("fa3")}
     out = {n.split("@")[0]: v for n, v in out.items()}
@@ -145,6 +159,10 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
     out["union_build"] = (lambda: build(idx, tlen, 8, s_kv, out=sets), "packed")
     out["packed_triton"] = (lambda: packed_sparse_prefill(q, kv, sets, sm_scale, mode="triton", full=full),
                             "packed")
+    if d.s_kv in (4096, 65536) and S < 0.9:  # profile variants (not attention): where the rest pass dominates
+        for drop, name in ((1, "packed_triton_no_pv"), (2, "packed_triton_gather_mask")):
+            out[name] = (lambda drop=drop: packed_sparse_prefill(q, kv, sets, sm_scale, mode="triton", full=full,
+                                                                 config=(*cfg, False, drop)), "packed")
     out["flashmla_bound"] = (lambda: ts_fwd(q.view(G, 64, 576), kv, full[0].view(G, 1, -1), sm_scale, 512,
                                             topk_length=full[2]), "flashmla_bound")
     smp, stride = sample_sets(idx, tlen, 8, s_kv, builder=build)
@@ -162,7 +180,6 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
 
     out["dispatched"] = (dispatched, path)
     U = sets.union_len.float().mean().item() / idx.shape[1]
-    S = sets.shared_len.float().mean().item() / idx.shape[1]
     return out, U, S, q64
 
 
@@ -184,9 +201,9 @@ def run(engine_root: str, out_csv: str, process: int, rounds: int = 5, shapes=No
         raise RuntimeError("packed_kernels needs a CUDA GPU; torch sees none")
     from flash_mla import flash_mla_sparse_fwd as ts_fwd
 
-    ek = load(engine_root)
+    ek = load(engine_root, need_concat=False)
     names = _backend_names(ek)
-    bname, build = _builder()
+    bname, build = _builder(log)
     sink = CsvSink(out_csv, COLUMNS + ["engine_sources"], {**bench_provenance(flash_mla_info()),
                                                           "engine_sources": ek.sources.get("vllm_wheel", "")})
     sm_scale = 1.0 / math.sqrt(192 + 64)  # GLM-5: qk_nope_head_dim 192 + qk_rope_head_dim 64 (config.json)

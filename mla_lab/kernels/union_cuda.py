@@ -1,0 +1,452 @@
+"""Union builder as a CUDA C++ kernel with the membership table in shared memory: the same contract and the same
+sets as :func:`.union.build_union_ref` / :func:`.union.build_union` (definitions, caps, padding: :mod:`.union`).
+
+**The kernel** (``CUDA_SOURCE``, compiled on first use by ``torch.utils.cpp_extension.load_inline``): a persistent
+grid (SMs x resident CTAs of :data:`THREADS` threads) over *super-groups* of 8 consecutive tokens (``8 / g`` groups;
+g = 8: one group), one at a time per CTA. A super-group's ``8 x topk`` entries are held in registers (``int4``
+loads, 32 entries per thread when ``8 x topk <= 16384``, i.e. topk <= 2048; the next super-group's entries are
+loaded while this one is processed); a larger topk is processed in chunks re-read from global memory per phase.
+Entries past ``topk_length``, ``< 0`` or ``>= s_kv`` are set to ``-1`` at load (and rows past ``topk_length`` are
+not read). The table in shared memory holds one byte per key, bit ``j`` = token ``j`` of the super-group (group ``s``
+owns bits ``s g .. s g + g - 1``), over a window of ``window`` keys (default ``min(s_kv, 196608)``: 192 KiB). When
+``s_kv > window`` the super-group's min and max key are reduced first and the range is processed window by window
+(each window re-scans the entries in registers). Per window:
+
+1. ``atomicOr`` bit ``j`` into the key's byte for every valid entry of token ``j``; barrier.
+2. every valid entry reads its group's bits ``m`` of the byte; if its token is the lowest set bit of ``m`` it clears
+   them with ``atomicAnd`` and keeps the key iff they were non-zero (so exactly one entry of the group's lowest token
+   keeps each key: a duplicate within that token's list finds the bits cleared; an entry that reads 0 drops the key,
+   its lowest token has claimed it). The old bits are the key's mask: shared iff they equal the group's present
+   tokens and no present token of the group has zero valid keys, else rest. Positions come from a warp prefix sum
+   and one shared-memory ``atomicAdd`` per warp and register slot (a warp's slot holds one token's entries: rows are
+   multiples of 128 entries). Phase 2 leaves the table zeroed: no clean-up pass. Barrier.
+
+Then each group's lengths and ``-1`` padding up to the next multiple of 64 are written. Order inside a list is
+arbitrary (warp order); consumers use the lengths (the contract of :mod:`.union`).
+
+``g = 16`` (two bytes per key) is refused with one line: use :func:`.union.build_union` (Triton). Indices whose rows
+are not 16-byte aligned rows of a multiple of 128 entries (``topk % 128``, row stride % 4, data pointer % 16) are
+first copied into a ``-1`` padded ``[T, ceil(topk / 128) * 128]`` tensor (one extra copy; topk 2048 needs none).
+
+Build: ``nvcc -O3 -gencode=arch=compute_90a,code=sm_90a`` (plus torch's default flags for the visible GPU), name
+:data:`EXTENSION_NAME`, cached under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) across
+processes; the first call in a fresh cache compiles (tens of seconds: the pybind wrapper includes torch's headers).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .index_sets import causal_indices, overlap_indices
+from .union import UnionSets, _check_out, _empty_sets, _validate, build_union, build_union_ref, union_caps
+
+__all__ = ["build_union_cuda", "union_mismatch", "CUDA_SOURCE", "EXTENSION_NAME", "THREADS", "MAX_WINDOW", "main"]
+
+#: Threads per CTA; entries per thread and chunk: ``NV x 4`` = 32 (``CUDA_SOURCE``): 16384 = 8 tokens x topk 2048.
+THREADS = 512
+#: Keys (bytes) of the shared-memory table: 192 KiB; sm90 allows 227 KiB of dynamic shared memory per block (CUDA C++
+#: Programming Guide, compute capability 9.0 table).
+MAX_WINDOW = 196608
+#: Entries per row the kernel reads without a copy: a multiple of a warp's 32 int4 loads.
+ROW_MULTIPLE = 128
+EXTENSION_NAME = "mla_lab_union_cuda_v2"
+
+CUDA_SOURCE = r"""
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace {
+// NV int4 slots per thread; CHUNK4 int4 per chunk; SG tokens per super-group (one table bit each)
+constexpr int THREADS = 512, NV = 8, CHUNK4 = THREADS * NV, SG = 8;
+constexpr unsigned FULL = 0xffffffffu;
+
+struct Args {
+  const int4* idx; const int* lens; int* sh_idx; int* sh_len; int* rs_idx; unsigned char* rs_mask; int* rs_len;
+  int* un_len; long long stride4; int T, topk4, s_kv, G, g, log_g, window, cap_s, cap_r;
+};
+
+__device__ __forceinline__ int elem(const int4& x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
+
+// Chunk c of super-group sg (tokens 8 sg .. 8 sg + 7) into k, invalid entries -> -1; returns each slot's token (0..7)
+// in 4 bits. Rows are multiples of 32 int4, so the 32 lanes of a warp hold one token's entries in each slot.
+__device__ __forceinline__ unsigned load_chunk(const Args& a, int sg, int c, int4 (&k)[NV]) {
+  const int t0 = sg * SG, n4 = min(SG, a.T - t0) * a.topk4;
+  unsigned jp = 0;
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    const int q = c * CHUNK4 + v * THREADS + (int)threadIdx.x, j = min(q / a.topk4, SG - 1);
+    int4 x = make_int4(-1, -1, -1, -1);
+    if (q < n4) {
+      const int i4 = q - j * a.topk4, i0 = 4 * i4;
+      const int lim = a.lens ? min(4 * a.topk4, __ldg(a.lens + t0 + j)) : 4 * a.topk4;
+      if (i0 < lim) {
+        x = __ldg(a.idx + (long long)(t0 + j) * a.stride4 + i4);
+        const unsigned s = (unsigned)a.s_kv;
+        x.x = ((unsigned)x.x < s) ? x.x : -1;
+        x.y = (i0 + 1 < lim && (unsigned)x.y < s) ? x.y : -1;
+        x.z = (i0 + 2 < lim && (unsigned)x.z < s) ? x.z : -1;
+        x.w = (i0 + 3 < lim && (unsigned)x.w < s) ? x.w : -1;
+      }
+    }
+    jp |= (unsigned)j << (4 * v);
+    k[v] = x;
+  }
+  return jp;
+}
+
+// Phase 2 for one register slot of token j (warp-uniform): the byte's bits of j's group (g bits from s g); claim
+// (clear them) if j is the group's lowest token; emit the kept keys at positions from a warp prefix sum.
+__device__ __forceinline__ void emit_slot(const Args& a, const int4& x, unsigned j, int w0, unsigned wlen,
+                                          unsigned flags, int n_tok, unsigned* tab, unsigned long long* cnt, int sg) {
+  const volatile unsigned char* tab8 = reinterpret_cast<const volatile unsigned char*>(tab);
+  const unsigned s = j >> a.log_g, sb = s * a.g, gm = (1u << a.g) - 1u;
+  const unsigned present = (1u << max(0, min(a.g, n_tok - (int)sb))) - 1u;
+  const unsigned full = ((flags >> sb) & present) == present ? present : 0x100u;  // 0x100 matches no mask
+  unsigned ksh = 0, krs = 0, masks = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const unsigned off = (unsigned)(elem(x, e) - w0);
+    unsigned b = 0;
+    if (off < wlen) {
+      const unsigned m = (tab8[off] >> sb) & gm;
+      if (m != 0u && (unsigned)(__ffs(m) - 1) == j - sb) {  // lowest token of the group; 0: claimed already
+        const unsigned sh = (off & 3u) * 8u + sb;
+        b = (atomicAnd(tab + (off >> 2), ~(gm << sh)) >> sh) & gm;
+      }
+    }
+    if (b) { if (b == full) ksh |= 1u << e; else krs |= 1u << e; }
+    masks |= b << (8 * e);
+  }
+  const unsigned c = __popc(ksh) | (__popc(krs) << 16);
+  if (!__any_sync(FULL, c)) return;
+  const unsigned lane = threadIdx.x & 31u;
+  unsigned inc = c;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const unsigned y = __shfl_up_sync(FULL, inc, d);
+    if (lane >= (unsigned)d) inc += y;
+  }
+  unsigned long long base = 0;
+  if (lane == 31u) base = atomicAdd(cnt + s, ((unsigned long long)(inc >> 16) << 32) | (inc & 0xffffu));
+  base = __shfl_sync(FULL, base, 31);
+  const unsigned ex = inc - c;
+  const long long grp = (long long)sg * (SG >> a.log_g) + s;
+  long long ps = grp * a.cap_s + (long long)(unsigned)base + (ex & 0xffffu);
+  long long pr = grp * a.cap_r + (long long)(base >> 32) + (ex >> 16);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if ((ksh >> e) & 1u) a.sh_idx[ps++] = elem(x, e);
+    if ((krs >> e) & 1u) { a.rs_idx[pr] = elem(x, e); a.rs_mask[pr] = (unsigned char)(masks >> (8 * e)); ++pr; }
+  }
+}
+
+// Lengths of the super-group's groups and the -1 (mask 0) padding up to the next multiple of 64.
+__device__ __forceinline__ void finish(const Args& a, int sg, const unsigned long long* cnt) {
+  const int nsub = SG >> a.log_g, r = threadIdx.x & 127;
+  for (int s = threadIdx.x >> 7; s < nsub && (long long)sg * nsub + s < a.G; s += THREADS / 128) {
+    const long long grp = (long long)sg * nsub + s;
+    const int nsh = (int)(unsigned)cnt[s], nrs = (int)(cnt[s] >> 32);
+    if (r < 64) {
+      if (nsh + r < ((nsh + 63) & ~63)) a.sh_idx[grp * a.cap_s + nsh + r] = -1;
+    } else if (nrs + r - 64 < ((nrs + 63) & ~63)) {
+      a.rs_idx[grp * a.cap_r + nrs + r - 64] = -1; a.rs_mask[grp * a.cap_r + nrs + r - 64] = 0;
+    }
+    if (r == 0) { a.sh_len[grp] = nsh; a.rs_len[grp] = nrs; a.un_len[grp] = nsh + nrs; }
+  }
+}
+
+__global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned* tab = reinterpret_cast<unsigned*>(smem);
+  __shared__ unsigned long long s_cnt[2][SG];  // per buffer and group: shared count (low 32 bits), rest (high 32)
+  __shared__ unsigned s_flags[2];              // bit j: token j has a valid key
+  __shared__ int s_lo[2], s_hi[2];
+  const int tid = threadIdx.x, lane = tid & 31, nsg = (a.T + SG - 1) / SG;
+  for (int w = tid; w < a.window / 16; w += THREADS) reinterpret_cast<int4*>(smem)[w] = make_int4(0, 0, 0, 0);
+  if (tid < 2 * SG) s_cnt[tid / SG][tid % SG] = 0;
+  if (tid < 2) { s_flags[tid] = 0; s_lo[tid] = INT_MAX; s_hi[tid] = -1; }
+  __syncthreads();
+  const int nchunks = (SG * a.topk4 + CHUNK4 - 1) / CHUNK4;
+  const bool resident = nchunks == 1, windowed = a.s_kv > a.window;
+  int4 cur[NV], nxt[NV];
+  unsigned jc = 0, jn = 0;
+  if (resident && (int)blockIdx.x < nsg) jc = load_chunk(a, blockIdx.x, 0, cur);
+  int it = 0;
+  for (int sg = blockIdx.x; sg < nsg; sg += gridDim.x, ++it) {
+    const int b = it & 1, n_tok = min(SG, a.T - sg * SG);
+    if (resident && sg + (int)gridDim.x < nsg) jn = load_chunk(a, sg + gridDim.x, 0, nxt);
+    bool reset = true;  // the other buffer is reset after this super-group's first barrier
+    int lo = 0, hi = a.s_kv - 1;
+    if (windowed) {  // the super-group's key range and non-empty tokens
+      int mn = INT_MAX, mx = -1;
+      unsigned fl = 0;
+      for (int c = 0; c < nchunks; ++c) {
+        if (!resident) jc = load_chunk(a, sg, c, cur);
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int k = elem(cur[v], e);
+            if (k >= 0) { mn = min(mn, k); mx = max(mx, k); fl |= 1u << ((jc >> (4 * v)) & 15u); }
+          }
+      }
+      mn = __reduce_min_sync(FULL, mn); mx = __reduce_max_sync(FULL, mx); fl = __reduce_or_sync(FULL, fl);
+      if (lane == 0) { atomicMin(&s_lo[b], mn); atomicMax(&s_hi[b], mx); if (fl) atomicOr(&s_flags[b], fl); }
+      __syncthreads();
+      if (tid < SG) s_cnt[b ^ 1][tid] = 0;
+      if (tid == 0) { s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
+      reset = false;
+      lo = s_lo[b]; hi = s_hi[b];
+      if (hi < lo) __syncthreads();  // no valid key: a second barrier before the next super-group
+    }
+    const int nwin = hi >= lo ? (hi - lo) / a.window + 1 : 0;
+    for (int w = 0; w < nwin; ++w) {
+      const int w0 = lo + w * a.window;
+      const unsigned wlen = (unsigned)min(a.window, hi - w0 + 1);
+      unsigned fl = 0;
+      for (int c = 0; c < nchunks; ++c) {  // phase 1: membership bits
+        if (!resident) jc = load_chunk(a, sg, c, cur);
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int k = elem(cur[v], e);
+            const unsigned off = (unsigned)(k - w0), j = (jc >> (4 * v)) & 15u;
+            if (off < wlen) atomicOr(tab + (off >> 2), (1u << j) << ((off & 3u) * 8u));
+            if (k >= 0) fl |= 1u << j;
+          }
+      }
+      if (!windowed) { fl = __reduce_or_sync(FULL, fl); if (lane == 0 && fl) atomicOr(&s_flags[b], fl); }
+      __syncthreads();
+      if (reset) {
+        if (tid < SG) s_cnt[b ^ 1][tid] = 0;
+        if (tid == 0) { s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
+        reset = false;
+      }
+      const unsigned flags = s_flags[b];
+      for (int c = 0; c < nchunks; ++c) {  // phase 2: claim, classify, emit
+        if (!resident) jc = load_chunk(a, sg, c, cur);
+#pragma unroll
+        for (int v = 0; v < NV; ++v)
+          emit_slot(a, cur[v], (jc >> (4 * v)) & 15u, w0, wlen, flags, n_tok, tab, s_cnt[b], sg);
+      }
+      __syncthreads();
+    }
+    finish(a, sg, s_cnt[b]);
+    if (resident) {
+#pragma unroll
+      for (int v = 0; v < NV; ++v) cur[v] = nxt[v];
+      jc = jn;
+    }
+  }
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string("union_build: ") + what + ": " + cudaGetErrorString(e));
+}
+}  // namespace
+
+void union_build(int64_t idx, int64_t lens, int64_t sh_idx, int64_t sh_len, int64_t rs_idx, int64_t rs_mask,
+                 int64_t rs_len, int64_t un_len, int64_t stride4, int64_t T, int64_t topk4, int64_t s_kv, int64_t G,
+                 int64_t g, int64_t window, int64_t cap_s, int64_t cap_r, int64_t stream) {
+  int log_g = 0;
+  while ((1 << log_g) < g) ++log_g;
+  Args a{reinterpret_cast<const int4*>(idx), reinterpret_cast<const int*>(lens), reinterpret_cast<int*>(sh_idx),
+         reinterpret_cast<int*>(sh_len), reinterpret_cast<int*>(rs_idx), reinterpret_cast<unsigned char*>(rs_mask),
+         reinterpret_cast<int*>(rs_len), reinterpret_cast<int*>(un_len), (long long)stride4, (int)T, (int)topk4,
+         (int)s_kv, (int)G, (int)g, log_g, (int)window, (int)cap_s, (int)cap_r};
+  int dev = 0, sms = 0, per_sm = 0;
+  check(cudaGetDevice(&dev), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiProcessorCount");
+  check(cudaFuncSetAttribute(union_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)window),
+        "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, union_kernel, THREADS, (size_t)window), "occupancy");
+  if (per_sm < 1) throw std::runtime_error("union_build: the kernel does not fit on an SM with window=" +
+                                           std::to_string(window) + " bytes of shared memory");
+  const int64_t nsg = (T + SG - 1) / SG;
+  const int grid = (int)std::min<int64_t>(nsg, (int64_t)sms * per_sm);
+  union_kernel<<<grid, THREADS, (size_t)window, reinterpret_cast<cudaStream_t>(stream)>>>(a);
+  check(cudaGetLastError(), "launch");
+}
+"""
+
+CPP_DECL = ("#include <torch/extension.h>\n"  # for the pybind wrapper load_inline generates
+            "void union_build(int64_t idx, int64_t lens, int64_t sh_idx, int64_t sh_len, int64_t rs_idx, "
+            "int64_t rs_mask, int64_t rs_len, int64_t un_len, int64_t stride4, int64_t T, int64_t topk4, "
+            "int64_t s_kv, int64_t G, int64_t g, int64_t window, int64_t cap_s, int64_t cap_r, int64_t stream);")
+
+
+@functools.cache
+def _extension():
+    """The compiled extension (``load_inline``; cached on disk under ``TORCH_EXTENSIONS_DIR`` and in this process)."""
+    import inspect
+
+    from torch.utils.cpp_extension import load_inline
+
+    # the .cu needs no torch header: leave out the ones load_inline would prepend (torch >= 2.7), a faster nvcc step
+    kw = {"no_implicit_headers": True} if "no_implicit_headers" in inspect.signature(load_inline).parameters else {}
+    return load_inline(name=EXTENSION_NAME, cpp_sources=CPP_DECL, cuda_sources=CUDA_SOURCE, functions=["union_build"],
+                       extra_cuda_cflags=["-O3", "-gencode=arch=compute_90a,code=sm_90a"], verbose=False, **kw)
+
+
+def _vector_rows(indices: torch.Tensor) -> torch.Tensor:
+    """``indices`` if its rows are 16-byte aligned with a multiple of 128 entries, else a ``-1`` padded
+    ``[T, ceil(topk / 128) * 128]`` copy (the kernel's warps read 32 int4 of one row)."""
+    T, topk = indices.shape
+    if (topk % ROW_MULTIPLE == 0 and indices.stride(1) == 1 and indices.stride(0) % 4 == 0
+            and indices.data_ptr() % 16 == 0):
+        return indices
+    padded = torch.full((T, -(-topk // ROW_MULTIPLE) * ROW_MULTIPLE), -1, dtype=torch.int32, device=indices.device)
+    padded[:, :topk] = indices
+    return padded
+
+
+def _check_cuda_args(indices, g, s_kv, window) -> int:
+    """The rules :func:`build_union_cuda` adds to :func:`.union.build_union_ref`'s; returns the window (keys)."""
+    if g > 8:
+        raise ValueError(f"g must be <= 8 for build_union_cuda (one byte per key); got g={g}: use "
+                         f"mla_lab.kernels.union.build_union (Triton) for g = 16")
+    win = min(MAX_WINDOW, -(-s_kv // 16) * 16) if window is None else window
+    if isinstance(win, bool) or not isinstance(win, int) or win < 16 or win > MAX_WINDOW or win % 16:
+        raise ValueError(f"window must be None or an int multiple of 16 in [16, {MAX_WINDOW}]; got window={window!r}")
+    dev = indices.device
+    if dev.type != "cuda":
+        raise ValueError(f"indices must be a CUDA tensor for build_union_cuda; got device={dev} (on CPU use "
+                         f"mla_lab.kernels.union.build_union_ref)")
+    if torch.cuda.get_device_capability(dev) != (9, 0):
+        raise ValueError(f"build_union_cuda is compiled for sm_90a (H100/H200); got compute capability "
+                         f"{torch.cuda.get_device_capability(dev)} on {dev}: use mla_lab.kernels.union.build_union")
+    return win
+
+
+def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int, *,
+                     out: UnionSets | None = None, window: int | None = None) -> UnionSets:
+    """The union lists by the CUDA shared-memory kernel (module docstring); the same sets as
+    :func:`.union.build_union_ref`, lists in arbitrary order.
+
+    Args:
+        indices: ``[T, topk]`` int32 CUDA tensor (any strides; see the module docstring for the copy).
+        topk_length: ``[T]`` int32 on the same device, or None.
+        g: tokens per group, 1, 2, 4 or 8. s_kv: keys in the kv cache (int >= 1).
+        out: a :class:`.union.UnionSets` to write into (as :func:`.union.build_union`); None allocates one.
+        window: keys of the shared-memory table, a multiple of 16 in ``[16, MAX_WINDOW]`` (default
+            ``min(MAX_WINDOW, s_kv rounded up to 16)``); a smaller one forces the windowed path (tests).
+
+    Returns:
+        :class:`.union.UnionSets` (``out`` when given).
+
+    Raises:
+        ValueError: every rule of :func:`.union.build_union_ref`; g = 16; CPU tensors; a GPU other than sm90;
+            ``out`` or ``window`` not as stated.
+        RuntimeError: the extension fails to build or to launch (the compiler's or CUDA's message).
+    """
+    _validate(indices, topk_length, g, s_kv)
+    s_kv_k = min(s_kv, 2**31 - 1)  # keys are int32: every non-negative key is below it
+    win = _check_cuda_args(indices, g, s_kv_k, window)
+    dev = indices.device
+    T, topk = indices.shape
+    G = -(-T // g)
+    cap_s, cap_r = union_caps(topk, g)
+    if out is None:
+        out = _empty_sets(G, cap_s, cap_r, g, T, dev)
+    else:
+        _check_out(out, G, cap_s, cap_r, g, T, dev)
+    if G == 0 or topk == 0:
+        for t in (out.shared_len, out.rest_len, out.union_len):
+            t.zero_()
+        return out
+    idx = _vector_rows(indices)
+    lens = None if topk_length is None else topk_length.contiguous()  # kept alive until the launch is queued
+    with torch.cuda.device(dev):
+        _extension().union_build(
+            idx.data_ptr(), 0 if lens is None else lens.data_ptr(), out.shared_idx.data_ptr(),
+            out.shared_len.data_ptr(), out.rest_idx.data_ptr(), out.rest_mask.data_ptr(), out.rest_len.data_ptr(),
+            out.union_len.data_ptr(), idx.stride(0) // 4, T, idx.shape[1] // 4, s_kv_k, G, g, win, cap_s, cap_r,
+            torch.cuda.current_stream(dev).cuda_stream)
+    return out
+
+
+def union_mismatch(got: UnionSets, ref: UnionSets) -> str | None:
+    """None when ``got`` and ``ref`` hold the same sets (lengths equal; per group, each list equal as a sorted list;
+    ``rest`` masks equal per key; ``got``'s ``-1`` / mask-0 padding up to the next multiple of 64), else one line
+    saying what differs first. Lists are compared sorted, so the order inside a list is free."""
+    for name in ("shared_len", "rest_len", "union_len"):
+        a, b = getattr(got, name), getattr(ref, name)
+        if not torch.equal(a.cpu(), b.cpu()):
+            q = int((a.cpu() != b.cpu()).nonzero()[0, 0])
+            return f"{name} differs first at group {q}: {int(a[q])} vs {int(b[q])}"
+    big = torch.iinfo(torch.int64).max
+    for name, ln, mask in (("shared", got.shared_len, None), ("rest", got.rest_len, "rest_mask")):
+        rows = []
+        for s in (got, ref):
+            key = getattr(s, f"{name}_idx").long()
+            code = key * 256 + getattr(s, mask).long() if mask else key
+            col = torch.arange(key.shape[1], device=key.device)[None, :]
+            rows.append(torch.where(col < ln.to(key.device).long()[:, None], code, big).sort(dim=1).values)
+        if not torch.equal(rows[0].cpu(), rows[1].cpu()):
+            q = int((rows[0] != rows[1]).any(1).nonzero()[0, 0])
+            return f"{name} list (keys{' and masks' if mask else ''}) of group {q} differs from the reference"
+        col = torch.arange(getattr(got, f"{name}_idx").shape[1], device=ln.device)[None, :]
+        pad = (col >= ln.long()[:, None]) & (col < ((ln.long() + 63) // 64 * 64)[:, None])
+        bad_pad = bool((getattr(got, f"{name}_idx")[pad] != -1).any())
+        if mask:
+            bad_pad |= bool((got.rest_mask[pad] != 0).any())
+        if bad_pad:
+            return f"{name} padding: an entry between the length and the next multiple of 64 is not -1 (mask 0)"
+    return None
+
+
+def _cases(T, topk):
+    """(name, IndexData) of the benchmark: the seed layout (1024-token causal prompts), overlap 1.0 and 0.8 at
+    s_kv 32768, random top-k (the model's baseline overlap topk / s_kv) at 4096, 32768, 131072 keys."""
+    g = 8
+    yield "seed causal 1024", causal_indices([1024] * max(1, T // 1024), topk, seed=0, device="cuda")
+    for o in (1.0, 0.8):
+        yield f"overlap {o} 32K", overlap_indices(T, topk, 32768, o, g, seed=0, device="cuda")
+    for s in (4096, 32768, 131072):
+        yield f"random {s // 1024}K", overlap_indices(T, topk, s, topk / s, g, seed=0, device="cuda")
+
+
+def main(argv=None) -> int:
+    """``python -m mla_lab.kernels.union_cuda [--T --topk --g]``: on CUDA, check ``build_union_cuda`` against the
+    reference and time it, the Triton build and the torch reference (``triton.testing.do_bench`` medians, one
+    process, ``out=`` buffers preallocated for both kernels); exit 1 if any case is not exact (or no CUDA)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.union_cuda", description=main.__doc__)
+    ap.add_argument("--T", type=int, default=16384)
+    ap.add_argument("--topk", type=int, default=2048)
+    ap.add_argument("--g", type=int, default=8, choices=(1, 2, 4, 8))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: the benchmark needs one (the CPU tests cover the module's checks)")
+        return 1
+    import triton
+
+    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; T={args.T}, "
+          f"topk={args.topk}, g={args.g}; do_bench median (us), out= preallocated for cuda and triton")
+    print(f"{'case':<18} {'s_kv':>7} {'mean U':>8} {'exact':>6} {'cuda':>8} {'triton':>8} {'torch':>9}")
+    bad = 0
+    for name, d in _cases(args.T, args.topk):
+        ref = build_union_ref(d.indices, d.topk_length, args.g, d.s_kv)
+        o_cu = build_union_cuda(d.indices, d.topk_length, args.g, d.s_kv)
+        o_tr = build_union(d.indices, d.topk_length, args.g, d.s_kv)
+        why = union_mismatch(o_cu, ref)
+        bad += why is not None
+        t = [1e3 * triton.testing.do_bench(f, return_mode="median") for f in (
+            lambda d=d, o=o_cu: build_union_cuda(d.indices, d.topk_length, args.g, d.s_kv, out=o),
+            lambda d=d, o=o_tr: build_union(d.indices, d.topk_length, args.g, d.s_kv, out=o),
+            lambda d=d: build_union_ref(d.indices, d.topk_length, args.g, d.s_kv))]
+        print(f"{name:<18} {d.s_kv:>7} {float(ref.union_len.float().mean()):>8.0f} {'yes' if why is None else 'NO':>6} "
+              f"{t[0]:>8.1f} {t[1]:>8.1f} {t[2]:>9.1f}" + ("" if why is None else f"  {why}"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,97 @@
+"""PR #46189's FA3-vs-FLASHMLA_SPARSE decode gap per layer beside the H200 kernel rows (issue 37, reading only; no
+model changes, nothing fitted).
+
+For each of PR #46189's GLM-5.1 runs at concurrency 1 and 8 (``data/validation/blind_2026-12_results.json``): the
+mean-TPOT difference FLASHMLA_SPARSE minus FLASH_ATTN_MLA_SPARSE divided by the 78 layers (``data/models/glm-5``
+``num_hidden_layers``; GLM-5.1 assumed to share it), in us per layer, beside the difference of the measured decode
+kernels at the same batch (T = concurrency) and the run's mean key count (``data/measured/h200/between_process/
+engine_kernels.csv``, vLLM 0.33.0's bundled kernels on one H200, median over rows):
+
+- ``pad64``: ``flashmla_vllm_pad64`` (FlashMLA's sparse kernel with the query padded to 64 heads, what vLLM runs)
+  minus ``fa3_sparse`` (FA3 with the real heads);
+- ``native``: ``flashmla_vllm_native`` (the same library called with h_q = 8) minus ``fa3_sparse``.
+
+Keys: the mean over the run's decode steps of ``min(context, index_topk)``, context from input + 1 to input +
+output; each kernel's time is interpolated linearly in keys between its two measured key counts (1088 and 2048,
+the rows' ``ctx_len`` 1088 and 8192 with topk 2048).
+
+Which row matches the runs was seen only after the table was read: any agreement here is **in-sample** (a
+selection, not a prediction) and says where to measure next, not what the lab prices.
+
+    python -m mla_lab.validation.decode_gap
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+from ..paths import REPO_ROOT
+from .score import RESULTS
+
+__all__ = ["decode_gap_rows", "KERNEL_ROWS", "LAYERS", "TOPK"]
+
+KERNEL_ROWS = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "engine_kernels.csv"
+#: GLM-5's num_hidden_layers and index_topk (data/models/glm-5/config.json)
+LAYERS, TOPK = 78, 2048
+_KEYS_AT_CTX = {1088: 1088, 8192: TOPK}
+
+
+def _kernel_table(path=KERNEL_ROWS) -> dict:
+    """(kernel, T, keys) -> median us of the H = 8 rows (module docstring)."""
+    acc = defaultdict(list)
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            if r["experiment"] != "engine_kernels" or r["H"] != "8" or not r["ms"] or not r["ctx_len"]:
+                continue
+            keys = _KEYS_AT_CTX.get(int(r["ctx_len"]))
+            if keys is not None:
+                acc[(r["kernel"], int(r["T"]), keys)].append(float(r["ms"]) * 1e3)
+    return {k: statistics.median(v) for k, v in acc.items()}
+
+
+def _kernel_us(table: dict, kernel: str, T: int, keys: float) -> float:
+    a, b = table[(kernel, T, 1088)], table[(kernel, T, TOPK)]
+    return a + (b - a) * (keys - 1088) / (TOPK - 1088)
+
+
+def _mean_keys(i: int, o: int) -> float:
+    return sum(min(c, TOPK) for c in range(i + 1, i + o + 1)) / o
+
+
+def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> list[dict]:
+    """One row per PR #46189 workload at concurrency 1 and 8: ``real_us_per_layer`` and the kernel differences
+    ``pad64_us`` / ``native_us`` (us per layer; module docstring), ``mean_keys``."""
+    results = results or json.loads(RESULTS.read_text())
+    table = table or _kernel_table()
+    case = next(c for c in results["cases"] if c["id"] == "pr46189")
+    tpot = {(r["workload"]["random_input_len"], r["workload"]["random_output_len"], r["workload"]["max_concurrency"],
+             r["backend"]): r["metrics"]["mean_tpot_ms"] for r in case["runs"]}
+    rows = []
+    for (i, o, c, b) in sorted(tpot):
+        if b != "FLASHMLA_SPARSE" or c not in (1, 8):
+            continue
+        keys = _mean_keys(i, o)
+        fa3 = _kernel_us(table, "fa3_sparse", c, keys)
+        rows.append({"workload": {"random_input_len": i, "random_output_len": o, "max_concurrency": c},
+                     "mean_keys": keys,
+                     "real_us_per_layer": (tpot[(i, o, c, b)] - tpot[(i, o, c, "FLASH_ATTN_MLA_SPARSE")]) / LAYERS * 1e3,
+                     "pad64_us": _kernel_us(table, "flashmla_vllm_pad64", c, keys) - fa3,
+                     "native_us": _kernel_us(table, "flashmla_vllm_native", c, keys) - fa3})
+    return rows
+
+
+def main(argv=None) -> int:
+    for r in decode_gap_rows():
+        w = r["workload"]
+        print(f"{w['random_input_len']}/{w['random_output_len']} conc {w['max_concurrency']}: keys "
+              f"{r['mean_keys']:.0f}, real {r['real_us_per_layer']:.0f} us/layer, pad64 kernels {r['pad64_us']:.0f}, "
+              f"native-8 kernels {r['native_us']:.0f}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""KV capacity against public vLLM startup logs (issue 37): the lab's prediction of each log's ``GPU KV cache size:
+N tokens`` and ``Available KV cache memory: X GiB`` (:func:`mla_lab.model.memory.memory_tradeoff`, vLLM 0.33.0's
+rule term by term), committed before the logs' numbers were read, then scored.
+
+Files (``data/validation/``): ``kv_capacity_2026-12_workloads.json`` (each log's configuration, what was assumed,
+what was seen before predicting), ``kv_capacity_2026-12.json`` (the predictions: ``python -m
+mla_lab.validation.kv_capacity predict``), ``kv_capacity_2026-12_results.json`` (the logs' numbers, committed
+after) and ``kv_capacity_2026-12_score.json`` (``... score``: error per case, median |error| of the blind cases;
+a case marked ``blind: false`` is scored apart). Nothing here changes a prediction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+from ..deployment import Deployment
+from ..model.memory import memory_tradeoff
+from ..paths import REPO_ROOT
+from ..placement import BASELINE
+from ..provenance import git_commit
+from . import write_record
+
+__all__ = ["WORKLOADS", "PRED", "RESULTS", "SCORE", "PROTOCOL", "deployment_of", "predict", "predicted_figures", "score",
+           "main"]
+
+_DIR = REPO_ROOT / "data" / "validation"
+WORKLOADS = _DIR / "kv_capacity_2026-12_workloads.json"
+PRED = _DIR / "kv_capacity_2026-12.json"
+RESULTS = _DIR / "kv_capacity_2026-12_results.json"
+SCORE = _DIR / "kv_capacity_2026-12_score.json"
+GIB = 2**30
+PROTOCOL = ("Each case's configuration was recorded first (kv_capacity_2026-12_workloads.json, its own commit). "
+            "These predictions are computed from it by mla_lab.model.memory.memory_tradeoff at the code commit "
+            "named here and committed on their own, before the logs' KV numbers are read; the numbers go into "
+            "kv_capacity_2026-12_results.json in a later commit and the errors into kv_capacity_2026-12_score.json. "
+            "No term of the model is tuned to these logs; a genuine bug fixed afterwards keeps this blind score and "
+            "adds a post-hoc score labelled as such. A case marked blind=false had a compared figure seen in a "
+            "search excerpt before its prediction and is scored apart.")
+
+_GPU = {"8x NVIDIA B200": "b200", "8x NVIDIA H200": "h200"}
+
+
+def _value(case: dict, key: str):
+    """A stated field, else the assumed one (``[value, reason]``)."""
+    if key in case["assumed"]:
+        return case["assumed"][key][0]
+    return case["stated"][key]
+
+
+def deployment_of(case: dict) -> tuple[Deployment, dict]:
+    """The case as a :class:`~mla_lab.deployment.Deployment` and the rule arguments of
+    :func:`~mla_lab.model.memory.memory_tradeoff` (``vllm_version``, ``max_model_len``, ``mtp_layers``); the workload
+    (one 1024-token prompt) does not enter the KV capacity."""
+    ep = bool(_value(case, "enable_expert_parallel"))
+    kv = "fp8" if "fp8" in str(case["stated"]["kv_cache_dtype"]) else "bf16"
+    mns = case["stated"].get("max_num_seqs", 256)
+    d = Deployment.of(model=case["assumed"]["model_geometry"][0], tp=case["stated"]["tensor_parallel_size"],
+                      arch=_GPU[case["stated"]["gpu"]], max_num_batched_tokens=_value(case, "max_num_batched_tokens"),
+                      kv_cache_dtype=kv, weight_dtype="fp8", moe_parallel="ep" if ep else "tp",
+                      gpu_memory_utilization=_value(case, "gpu_memory_utilization"), prompt_len=1024, num_prompts=1,
+                      max_num_seqs=mns)
+    mml = _value(case, "max_model_len")
+    rule = {"vllm_version": case["assumed"]["vllm_rule_version"][0], "max_model_len": int(mml),
+            "mtp_layers": int(case["assumed"].get("mtp_layers", [0])[0])}
+    return d, rule
+
+
+def predict(workloads: dict) -> dict:
+    """The prediction record of every case: ``gpu_kv_cache_tokens`` (vLLM's ``GPU KV cache size``) and
+    ``available_kv_gib`` (``Available KV cache memory``), with the deployment, rule arguments and every term."""
+    out = []
+    for case in workloads["cases"]:
+        d, rule = deployment_of(case)
+        kv = memory_tradeoff(d, strategies=[BASELINE], **rule)["kv_capacity"]
+        out.append({"id": case["id"], "blind": case["blind"], "deployment": d.describe(), "rule": rule,
+                    "predicted": {"gpu_kv_cache_tokens": kv["tokens"],
+                                  "available_kv_gib": round(kv["available_bytes"] / GIB, 2)},
+                    "terms": kv["terms"]})
+    return {"what": "the lab's KV-capacity predictions for public vLLM startup logs (issue 37)",
+            "protocol": PROTOCOL, "produced_by": "python -m mla_lab.validation.kv_capacity predict",
+            "model_commit": git_commit(), "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "workloads": str(WORKLOADS.relative_to(REPO_ROOT)), "cases": out}
+
+
+def predicted_figures(case: dict) -> dict:
+    """A prediction record's figures a log can state: ``gpu_kv_cache_tokens``, ``available_kv_gib`` and
+    ``weights_gib`` (the weights and MTP-layer terms, GiB)."""
+    t = {x["term"]: x["value"] for x in case["terms"]}
+    return {**case["predicted"], "weights_gib": round((t["weights"] + t["MTP layer weights"]) / GIB, 2)}
+
+
+def score(pred: dict, results: dict) -> dict:
+    """``error_pct = (predicted - real) / real x 100`` per case and figure the log states; ``median_abs_error_pct``
+    over the blind cases, per figure (not-blind cases are listed with ``blind: false`` and left out of it)."""
+    real = {r["id"]: r for r in results["cases"]}
+    rows = []
+    for p in pred["cases"]:
+        r = real.get(p["id"])
+        if r is None:
+            continue
+        for fig, v in predicted_figures(p).items():
+            if r.get(fig) is not None:
+                rows.append({"id": p["id"], "blind": p["blind"], "figure": fig, "predicted": v, "real": r[fig],
+                             "error_pct": (v - r[fig]) / r[fig] * 100})
+    summary = {}
+    for fig in sorted({x["figure"] for x in rows}):
+        errs = [abs(x["error_pct"]) for x in rows if x["figure"] == fig and x["blind"]]
+        summary[fig] = {"blind_cases": len(errs), "median_abs_error_pct": statistics.median(errs) if errs else None,
+                        "within_5pct": sum(e <= 5 for e in errs)}
+    unread = [r["id"] for r in results["cases"] if all(r.get(f) is None for f in ("gpu_kv_cache_tokens",
+                                                                                "available_kv_gib", "weights_gib"))]
+    return {"what": "KV-capacity predictions scored against the logs (issue 37); target |error| <= 5 %",
+            "not_scored": {i: real[i].get("note", "") for i in unread},
+            "predictions": str(PRED.relative_to(REPO_ROOT)), "results": str(RESULTS.relative_to(REPO_ROOT)),
+            "rows": rows, "summary": summary}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.kv_capacity")
+    ap.add_argument("step", choices=["predict", "score"], help="predict: write the prediction file; score: the errors")
+    ap.add_argument("--overwrite", action="store_true", help="replace a committed file")
+    a = ap.parse_args(argv)
+    if a.step == "predict":
+        write_record(PRED, predict(json.loads(WORKLOADS.read_text())), a.overwrite, ap)
+    else:
+        if not RESULTS.exists():
+            ap.error(f"{RESULTS} is missing: commit the logs' numbers first")
+        write_record(SCORE, score(json.loads(PRED.read_text()), json.loads(RESULTS.read_text())), a.overwrite, ap)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
