@@ -275,3 +275,16 @@ def test_memory_account_is_computed_once_and_refuses_packed_without_union_bytes(
     assert m["accounts"]["packed"].persistent_bytes == 16384 * 8 * 576 * 2 + _seed_union_bytes(Deployment.seed())
     with pytest.raises(ValueError, match="strategy='packed' needs union_bytes"):
         memory_account("packed", 8, 16384, "h200", "bf16")
+
+
+def test_seed_memory_figures_of_the_doc():
+    """docs/packed.md, "Pricing": 144 MiB of Q + 184.3 MiB of union buffers = 328.3 MiB per rank at the seed,
+    against PR #53878's 1152 MiB padded workspace."""
+    d = Deployment.seed()
+    acc = memory_tradeoff(d, strategies=["packed", "private_workspace"])["accounts"]
+    q = d.max_num_batched_tokens * d.num_heads * 576 * 2
+    text = (REPO_ROOT / "docs" / "packed.md").read_text()
+    figures = (f"{q / 2**20:.0f} MiB of Q + {(acc['packed'].persistent_bytes - q) / 2**20:.1f} MiB of\nunion buffers"
+               f" = {acc['packed'].persistent_bytes / 2**20:.1f} MiB per rank, against PR #53878's "
+               f"{acc['private_workspace'].persistent_bytes / 2**20:.0f} MiB")
+    assert figures.replace("\n", " ") in " ".join(text.split())
