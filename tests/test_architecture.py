@@ -10,14 +10,13 @@ never a sibling unit on the same layer, and nothing in a circle:
     measure, serving
     model
     strategies, seed
-    kernels (the union builder re-exports its byte figures from buffers)
-    buffers, deployment
+    kernels, buffers, deployment
     rank (what one TP rank of a deployment holds: the view the layers below the door take)
     models, arch, workload, provenance, kernelspec, placement
     labels (how outputs name the strategies whose names mislead, and the measurement they quote)
     routes (engine route rules: placement's presets name their routes)
     engines (engine versions and their facts as data; the wheel check)
-    paths, _validate
+    paths, _validate, union_layout (the union builder's byte layout, shared by kernels and buffers without torch)
 
 Function-local imports are only for optional heavy dependencies (torch.cuda paths, triton, flash_mla, ray,
 ipywidgets, matplotlib, papermill, the browser library): a function-local import of a module of this package fails,
@@ -42,14 +41,13 @@ STACK = [
     ("measure", "serving"),
     ("model",),
     ("strategies", "seed"),
-    ("kernels",),
-    ("buffers", "deployment"),
+    ("kernels", "buffers", "deployment"),
     ("rank",),
     ("models", "arch", "workload", "provenance", "kernelspec", "placement"),
     ("labels",),
     ("routes",),
     ("engines",),
-    ("paths", "_validate"),
+    ("paths", "_validate", "union_layout"),
 ]
 #: Modules allowed function-local imports of the package (the CLI's lazy imports; issue 22).
 LAZY_OK = {"mla_lab.cli", "mla_lab.cli_doors", "mla_lab.cli_measure", "mla_lab.cli_engines", "mla_lab.cli_report"}

@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 
-from mla_lab.buffers import union_buffer_bytes
 from mla_lab.deployment import Deployment
 from mla_lab.model import packed_kernel as pk
 from mla_lab.model.decode_kernels import NUM_SMS
@@ -19,6 +18,7 @@ from mla_lab.model.timing import kernel_rate_tflops, step_time_ms
 from mla_lab.paths import REPO_ROOT, calibration_dir
 from mla_lab.placement import parse_strategy
 from mla_lab.sweep.advise import advise, format_advice
+from mla_lab.union_layout import union_buffer_bytes
 from mla_lab.workload import Step
 
 NO_MEASURED = None

@@ -75,16 +75,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ..buffers import (
+from ..union_layout import (
     REST_CAP_MULTIPLE,
     SHARED_CAP_MULTIPLE,
     UNION_GROUP_SIZES,
     union_buffer_bytes,
     union_caps,
 )
-from ..buffers import check_union_group as _check_g
-from ..buffers import union_field_bits as _field_bits
-from ..buffers import union_scratch_words as _scratch_words
+from ..union_layout import check_union_group as _check_g
+from ..union_layout import union_field_bits as _field_bits
+from ..union_layout import union_scratch_words as _scratch_words
 from .triton_concat import triton_available, triton_interpreting
 
 try:  # pragma: no cover - triton is optional on CPU machines
@@ -97,8 +97,8 @@ except Exception:  # pragma: no cover
 __all__ = ["UnionSets", "build_union_ref", "build_union", "union_buffer_bytes", "union_scratch", "union_caps",
            "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE", "main"]
 
-# UNION_GROUP_SIZES, the caps' multiples and union_buffer_bytes live in mla_lab.buffers (the memory account prices
-# them without loading torch) and are re-exported here.
+# UNION_GROUP_SIZES, the caps' multiples and union_buffer_bytes live in mla_lab.union_layout (the memory account
+# prices them without loading torch) and are re-exported here.
 #: ``-1`` padding is written up to the next multiple of this past each length.
 PAD_MULTIPLE = 64
 #: Programs per SM of the persistent grid (the brief's suggestion; to be swept on the GPU).

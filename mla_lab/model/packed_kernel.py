@@ -73,9 +73,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..buffers import union_buffer_bytes
 from ..paths import REPO_ROOT, calibration_dir
 from ..rank import RankView
+from ..union_layout import union_buffer_bytes
 from ..workload import Step, schedule, sum_topk_lengths
 from .decode_kernels import NUM_SMS
 
