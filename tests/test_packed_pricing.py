@@ -124,10 +124,11 @@ def test_constants_agree_with_the_kernels():
     assert pk.DISPATCH_MARGIN == packed.DISPATCH_MARGIN
     assert pk.PROGRAMS_PER_SM == union.DEFAULT_PROGRAMS_PER_SM
     h = packed.H200_PACKED_COST
-    assert (pk.HAND_FIT.flash_tile, pk.HAND_FIT.rest_tile, pk.HAND_FIT.rest_group, pk.HAND_FIT.build_entry,
+    assert (pk.HAND_FIT.flash_tile, pk.HAND_FIT.rest_tile, pk.HAND_FIT.rest_group, pk.HAND_FIT.build_read,
             pk.HAND_FIT.padded_tile, pk.HAND_FIT.padded_token) == (h.flash_tile, h.rest_tile, h.rest_group,
                                                                    h.build_entry, h.padded_tile, h.padded_token)
-    assert pk.HAND_FIT.build_key == 0.0  # the hand fit has no union-key term
+    # the hand fit prices the build per [T, topk] entry read, as PackedCost does; no other build term
+    assert pk.HAND_FIT.build_entry == pk.HAND_FIT.build_key == pk.HAND_FIT.build_spill == 0.0
     for H in (8, 16, 32):
         for rows in (64, 128):
             assert pk.packed_group_size(H, rows) == packed.packed_group_size(H, rows)
@@ -288,3 +289,21 @@ def test_seed_memory_figures_of_the_doc():
                f" = {acc['packed'].persistent_bytes / 2**20:.1f} MiB per rank, against PR #53878's "
                f"{acc['private_workspace'].persistent_bytes / 2**20:.0f} MiB")
     assert figures.replace("\n", " ") in " ".join(text.split())
+
+
+def test_plan_matches_the_kernels_dispatch_on_built_sets():
+    """Under the hand fit the plan's predictions equal mla_lab.kernels.packed.choose_path's on the union sets the
+    builder's reference makes for the same causal prompts (every group, stride 1)."""
+    from mla_lab.kernels.index_sets import causal_indices
+    from mla_lab.kernels.packed import choose_path
+    from mla_lab.kernels.union import build_union_ref
+
+    d = Deployment.seed()
+    lens = [1024, 700, 300, 2000, 72]
+    data = causal_indices(lens, d.model.topk, seed=1)
+    sets = build_union_ref(data.indices, data.topk_length, 8, data.s_kv)
+    T = sum(lens)
+    path, packed_ms, padded_ms = choose_path(sets, 1, T, d.model.topk, float(data.topk_length.sum()))
+    plan = pk.packed_plan(d.rank, Step([(i, 0, n) for i, n in enumerate(lens)]), fit=pk.HAND_FIT)
+    assert plan.path == path == "packed"
+    assert plan.packed_ms == pytest.approx(packed_ms, rel=1e-9) and plan.padded_ms == pytest.approx(padded_ms, rel=1e-9)

@@ -164,10 +164,10 @@ class PackedFit:
 
 
 #: The dispatch's hand fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample;
-#: its build term per ``T x topk`` entry at full top-k, applied here per valid entry; no read, union-key or L2
-#: term): used only
+#: its build term per ``T x topk`` entry read, as its PackedCost prices it; no valid-entry, union-key or L2 term):
+#: used only
 #: while data/calibration/h200_packed.csv is absent.
-HAND_FIT = PackedFit(0.259, 0.71, 100.0, 0.0, 0.029, 0.0, 0.0, 0.219, 30.0,
+HAND_FIT = PackedFit(0.259, 0.71, 100.0, 0.029, 0.0, 0.0, 0.0, 0.219, 30.0,
                      source="hand fit of one H200 lease (mla_lab.kernels.packed.H200_PACKED_COST; in-sample, "
                             "no between-process rows)")
 
