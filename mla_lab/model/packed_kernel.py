@@ -22,7 +22,8 @@ H 8, topk 2048), the terms of :class:`mla_lab.kernels.packed.PackedCost`, in ns:
 - padded FlashMLA (``flashmla_ts_pad64`` rows, the same FlashMLA build the packed kernel calls) = ``padded_tile x
   sum(topk_length) + padded_token x T``.
 
-The path's time per layer call is packed kernel + union build; the ``packed`` rows (build and kernel in one graph)
+The rows are at H = 8 (g = 8); 16 and 32 heads per rank (g = 4, 2) are priced with the same per-64-row-tile
+coefficients (an extrapolation: not measured). The path's time per layer call is packed kernel + union build; the ``packed`` rows (build and kernel in one graph)
 are not fitted and are reported as a check. The rows' ``U`` / ``S`` are the mean union / shared size per group over
 topk; every group of a shape with ``U > S`` is counted as having rest keys (true of the measured shapes: the seed's
 groups each hold g - 1 rest keys, the overlap and context shapes' groups hundreds). ``data/calibration/h200_packed.csv``
