@@ -69,7 +69,13 @@ from ._validate import check_int
 from .engines import ENGINE_PRESETS as _ENGINE_PRESETS
 from .engines import decode_threshold, engine_preset, padding_for, sparse_backend
 from .engines import engine_names as _engine_names
-from .labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, PACKED_LABEL, PACKED_NOTE, SGLANG_DENSE_LABEL, SGLANG_DENSE_NOTE
+from .labels import (
+    KERNEL_NATIVE_LABEL,
+    KERNEL_NATIVE_NOTE,
+    PACKED_NOTE,
+    SGLANG_DENSE_LABEL,
+    SGLANG_DENSE_NOTE,
+)
 from .routes import ENGINE_RULES, RULE_ALIASES, model_family, route_for
 
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
@@ -401,11 +407,7 @@ def canonical_names() -> list[str]:
 
 
 def _packed(name: str) -> Strategy:
-    """``packed:<overlap>``: the packed kernel under an assumed pairwise overlap in [0, 1].
-
-    Raises:
-        ValueError: the overlap not a number in [0, 1] (one line, the allowed form).
-    """
+    """``packed:<overlap>``; raises ValueError (one line) unless the overlap is a number in [0, 1]."""
     raw = name.partition(":")[2]
     try:
         o = float(raw)

@@ -33,11 +33,11 @@ import re
 
 from .._validate import check_int
 from ..buffers import MIB, STRATEGIES, memory_account_of, shared_workspace_other_bytes
-from .packed_kernel import packed_union_bytes
 from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
 from ..placement import BASELINE, expand
 from ..rank import RankView
 from .ops import BF16, FP32, WEIGHT_DTYPES
+from .packed_kernel import packed_union_bytes
 
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
            "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",

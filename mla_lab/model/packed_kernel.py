@@ -66,7 +66,6 @@ tile, ``csrc/api/sparse_fwd.h``), :data:`PROGRAMS_PER_SM` the union builder's pe
 from __future__ import annotations
 
 import csv
-import math
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
