@@ -15,7 +15,7 @@ import torch
 
 from mla_lab.kernels.index_sets import causal_indices, overlap_indices
 from mla_lab.kernels.union import _empty_sets, build_union_ref, union_caps
-from mla_lab.kernels.union_cuda import CUDA_SOURCE, MAX_WINDOW, build_union_cuda, union_mismatch
+from mla_lab.kernels.union_cuda import CUDA_SOURCE, MAX_WINDOW, _vector_rows, build_union_cuda, union_mismatch
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="torch.cuda.is_available() is False: no CUDA GPU on this machine")
@@ -86,6 +86,16 @@ def test_main_without_cuda_says_so_and_fails(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert union_cuda.main([]) == 1
     assert "no CUDA GPU" in capsys.readouterr().out
+
+
+def test_rows_are_read_in_place_or_copied_padded_to_128():
+    full = torch.arange(4 * 256, dtype=torch.int32).reshape(4, 256)
+    assert _vector_rows(full) is full
+    assert _vector_rows(full[:, :128]) is not None and _vector_rows(full[:, :128]).data_ptr() == full.data_ptr()
+    for view in (full[:, :9], full[:, 1:129]):  # topk 9; rows not 16-byte aligned
+        rows = _vector_rows(view)
+        assert rows.shape == (4, -(-view.shape[1] // 128) * 128) and rows.is_contiguous()
+        assert torch.equal(rows[:, : view.shape[1]], view) and bool((rows[:, view.shape[1]:] == -1).all())
 
 
 def _permuted(sets, seed):

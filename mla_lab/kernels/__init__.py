@@ -12,6 +12,13 @@ Public API:
   ``reference`` (FlashMLA ``tests/ref.py`` math, :func:`.reference.sparse_mla_prefill_ref`).
 - :func:`last_backend` — which backend the last call of each op ran (for benchmark and sweep rows).
 - :func:`flash_mla_info`, :func:`validate_sparse_prefill_inputs` — re-exported from :mod:`.flashmla`.
+- :func:`build_union` (Triton) / :func:`build_union_ref` (torch) — per group of ``g`` consecutive tokens, the union
+  of their top-k sets split into ``shared`` keys and ``rest`` keys with a g-bit mask (:class:`UnionSets`), for the
+  packed prefill kernel; :func:`union_buffer_bytes`, :func:`union_caps`, :func:`union_scratch` (:mod:`.union`;
+  timed by ``python -m mla_lab.kernels.union_bench``).
+- Index data with known overlap (:mod:`.index_sets`): :func:`overlap_indices`, :func:`causal_indices`,
+  :func:`structured_indices`, :func:`union_sizes`, :func:`overlap_union_expected`, :func:`union_ratio_common_core`,
+  :func:`published_overlaps`.
 
 Constants: 512 = ``kv_lora_rank``, 64 = ``qk_rope_head_dim``, 576 = head_size (GLM-5 / DeepSeek-V3.2 config.json;
 vLLM flashmla_sparse.py); d_v 512, d_qk 576/512, h_q 64/128 and the topk multiples come from FlashMLA
@@ -23,6 +30,17 @@ from __future__ import annotations
 import torch
 
 from .flashmla import flash_mla_info, flash_mla_sparse_prefill, validate_sparse_prefill_inputs
+from .index_sets import (
+    IndexData,
+    UnionSizeSummary,
+    causal_indices,
+    overlap_indices,
+    overlap_union_expected,
+    published_overlaps,
+    structured_indices,
+    union_ratio_common_core,
+    union_sizes,
+)
 from .reference import D_NOPE, D_PE, D_QK, concat_mla_q_torch, sparse_mla_prefill_ref
 from .triton_concat import DEFAULT_VARIANT as CONCAT_DEFAULT_VARIANT
 from .triton_concat import VARIANTS as CONCAT_VARIANTS
@@ -33,12 +51,24 @@ from .triton_concat import (
     triton_available,
     triton_interpreting,
 )
+from .union import (
+    UNION_GROUP_SIZES,
+    UnionSets,
+    build_union,
+    build_union_ref,
+    union_buffer_bytes,
+    union_caps,
+    union_scratch,
+)
 
 __all__ = [
     "concat_mla_q", "make_concat_launcher", "ConcatLauncher", "CONCAT_VARIANTS", "CONCAT_DEFAULT_VARIANT",
     "sparse_mla_prefill", "last_backend", "flash_mla_info", "validate_sparse_prefill_inputs",
     "concat_mla_q_torch", "sparse_mla_prefill_ref", "triton_available", "CONCAT_BACKENDS", "PREFILL_BACKENDS",
     "CONCAT_DTYPES", "D_NOPE", "D_PE", "D_QK",
+    "UnionSets", "build_union", "build_union_ref", "union_buffer_bytes", "union_caps", "union_scratch",
+    "UNION_GROUP_SIZES", "IndexData", "UnionSizeSummary", "overlap_indices", "overlap_union_expected",
+    "causal_indices", "structured_indices", "union_sizes", "union_ratio_common_core", "published_overlaps",
 ]
 
 CONCAT_BACKENDS = ("auto", "torch", "triton")

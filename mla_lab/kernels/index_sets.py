@@ -221,8 +221,9 @@ def structured_indices(T: int, topk: int, s_kv: int | None = None, positions: to
     position ``p`` (``d = p - k >= 0``):
 
     - the local window: ``d < window`` -> forced in (score +inf);
-    - content keys: ``content_keys`` keys fixed for the whole sequence (key 0, the attention sink, then keys drawn
-      uniformly once) -> forced in (+inf) when causal;
+    - content keys: ``content_keys`` keys fixed for the whole chunk (key 0, the attention sink, then keys drawn
+      uniformly once from ``1 ..`` the chunk's smallest position, so every query sees them; fewer when that range is
+      short) -> forced in (+inf): every token of the chunk selects them;
     - the rest: ``sqrt(f) * toe[d] + sqrt(1 - f) * noise[p, k]`` with ``f = toeplitz_fraction``: ``toe`` a
       smoothed random profile over distance (shift-invariant: the Toeplitz structure NVIDIA TensorRT-LLM tech blog
       21 / arXiv 2604.22312 describes for indexer scores under RoPE), ``noise`` iid N(0, 1) per (query, key).
@@ -252,9 +253,10 @@ def structured_indices(T: int, topk: int, s_kv: int | None = None, positions: to
     gen = _gen(seed, device)
     toe = _toeplitz_profile(s, smooth, gen, device)
     content = torch.zeros(s, dtype=torch.bool, device=device)
-    if content_keys:
+    if content_keys:  # key 0, then keys every query of the chunk sees (1 .. the smallest position)
         content[0] = True
-        content[torch.randperm(s, generator=gen, device=device)[: content_keys - 1]] = True
+        p_min = int(pos.min())
+        content[1 + torch.randperm(p_min, generator=gen, device=device)[: content_keys - 1]] = True
     keys = torch.arange(s, device=device)
     out = torch.full((T, topk), -1, dtype=torch.int64, device=device)
     for r0 in range(0, T, CHUNK):

@@ -11,13 +11,13 @@ The union of a group is split in two by :func:`mla_lab.kernels.union.build_union
 - the *shared* keys, selected by every present token of the group: no mask is needed, so they run through FlashMLA
   itself with ``s_q = G`` groups, ``h_q = 64`` (all rows real) and ``topk_length = shared_len`` (the kernel's own
   sm90 pipeline, at its own efficiency);
-- the *rest*, each key with a g-bit membership mask: the lab's Triton kernel below (:func:`_packed_rest_kernel`),
+- the *rest*, each key with a g-bit membership mask: the lab's Triton kernel below (:func:`_packed_kernel`),
   which starts its online softmax from FlashMLA's output and LSE (``m = lse, l = 1, acc = out``) and updates the
   same output in place, so there is no merge pass. Groups with no rest key are not touched again.
 
 The two key sets are disjoint, so the result is each token's exact attention over its own top-k set (up to
-accumulation order); ``packed_mode="triton"`` runs the Triton kernel over the whole union (no FlashMLA), the
-lab's kernel alone.
+accumulation order); ``mode="triton"`` runs the Triton kernel over both lists (no FlashMLA): the lab's kernel
+alone, and the faster path where few keys are shared (the FlashMLA pass then costs more than it saves).
 
 Tensors (one line each, as FlashMLA's interface states them):
 
@@ -40,8 +40,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .union import build_union
+
 __all__ = ["packed_sparse_prefill", "packed_group_size", "full_union", "TILE_ROWS_SM90", "REST_CONFIG", "PackedCost",
-           "H200_PACKED_COST", "DISPATCH_MARGIN", "sample_sets", "choose_path", "rest_config",
+           "H200_PACKED_COST", "DISPATCH_MARGIN", "sample_sets", "choose_path", "rest_config", "REST_CONFIG_SHORT",
            "PACKED_MODES"]
 
 #: FlashMLA's sm90 sparse prefill tile: h_q is a multiple of 64 (csrc/api/sparse_fwd.h).
@@ -92,18 +94,36 @@ if triton is not None:
         return j, tok.to(tl.int64), r % H, tok < T
 
     @triton.jit
-    def _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE, qk_scale_log2,
-              H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr,
-              WS: tl.constexpr, DROP: tl.constexpr):
+    def _block(q_main, q_tail, kv_ptr, idx, sel, m_i, l_i, acc, qk_scale_log2, dv, dt):
+        # one block of keys: gather, QK over 576, per-row mask, online softmax (base 2), PV over 512
+        valid = idx >= 0
+        kb = kv_ptr + tl.where(valid, idx, 0).to(tl.int64) * 576
+        k_main = tl.load(kb[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
+        k_tail = tl.load(kb[:, None] + 512 + dt[None, :], mask=valid[:, None], other=0.0)
+        s = tl.dot(q_main, tl.trans(k_main))
+        s = tl.dot(q_tail, tl.trans(k_tail), s) * qk_scale_log2
+        s = tl.where(sel & valid[None, :], s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(k_main.dtype), k_main)
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _body(q_ptr, kv_ptr, sidx_ptr, sl, S_STRIDE, ridx_ptr, rmask_ptr, rl, R_STRIDE, out_ptr, lse_ptr, gid, T,
+              sq_t, sq_h, qk_scale_log2, H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr,
+              BLOCK_N: tl.constexpr):
         D_V: tl.constexpr = 512
-        D_T: tl.constexpr = 64
         j, tok64, hh, present = _rows(gid, T, H, G)
         dv = tl.arange(0, D_V)
-        dt = tl.arange(0, D_T)
+        dt = tl.arange(0, 64)
         qrow = q_ptr + tok64 * sq_t + hh * sq_h
         q_main = tl.load(qrow[:, None] + dv[None, :], mask=present[:, None], other=0.0)
         q_tail = tl.load(qrow[:, None] + D_V + dt[None, :], mask=present[:, None], other=0.0)
         orow = out_ptr + (tok64 * H + hh) * D_V
+        n = tl.arange(0, BLOCK_N)
         if HAS_INIT:
             # FlashMLA's result over the shared keys: out normalised, lse natural log (+inf: no key)
             lse0 = tl.load(lse_ptr + tok64 * H + hh, mask=present, other=float("inf"))
@@ -112,36 +132,24 @@ if triton is not None:
             l_i = tl.where(fin, 1.0, 0.0)
             acc = tl.load(orow[:, None] + dv[None, :], mask=present[:, None] & fin[:, None], other=0.0).to(tl.float32)
         else:
+            # Triton-only mode: one loop over the shared list followed by the rest (a key at position k < sl is
+            # shared: every present row attends it); one loop, so the registers stay as in the hybrid pass (two
+            # loops spilled: ncu, docs/perf-notes.md)
             m_i = tl.full([G * H], -float("inf"), tl.float32)
             l_i = tl.zeros([G * H], tl.float32)
             acc = tl.zeros([G * H, D_V], tl.float32)
-        n = tl.arange(0, BLOCK_N)
         base = gid.to(tl.int64) * R_STRIDE
-        for k0 in tl.range(0, rl, BLOCK_N, warp_specialize=WS):
-            inb = (k0 + n) < rl
-            idx = tl.load(ridx_ptr + base + k0 + n, mask=inb, other=-1)
-            bits = tl.load(rmask_ptr + base + k0 + n, mask=inb, other=0).to(tl.int32)
-            valid = idx >= 0
-            kb = kv_ptr + tl.where(valid, idx, 0).to(tl.int64) * 576
-            k_main = tl.load(kb[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
-            k_tail = tl.load(kb[:, None] + D_V + dt[None, :], mask=valid[:, None], other=0.0)
-            if DROP < 2:
-                s = tl.dot(q_main, tl.trans(k_main))
-                s = tl.dot(q_tail, tl.trans(k_tail), s) * qk_scale_log2
-            else:  # profile variant: the gather and the mask only (k_tail kept live through the mask)
-                s = tl.zeros([G * H, BLOCK_N], tl.float32) + tl.sum(k_tail.to(tl.float32), axis=1)[None, :]
-            sel = ((bits[None, :] >> j[:, None]) & 1) != 0
-            s = tl.where(sel & valid[None, :], s, -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            p = tl.exp2(s - m_safe[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            if DROP < 1:
-                acc = acc * alpha[:, None] + tl.dot(p.to(k_main.dtype), k_main)
-            else:  # profile variants: no PV MMA (k_main kept live)
-                acc = acc * alpha[:, None] + tl.sum(k_main.to(tl.float32), axis=0)[None, :]
-            m_i = m_new
+        sbase = gid.to(tl.int64) * S_STRIDE
+        for k0 in tl.range(0, sl + rl, BLOCK_N):
+            k = k0 + n
+            in_s = k < sl
+            in_r = (k >= sl) & (k < sl + rl)
+            idx_s = tl.load(sidx_ptr + sbase + k, mask=in_s, other=-1)
+            idx_r = tl.load(ridx_ptr + base + (k - sl), mask=in_r, other=-1)
+            bits_r = tl.load(rmask_ptr + base + (k - sl), mask=in_r, other=0).to(tl.int32)
+            idx = tl.where(in_s, idx_s, idx_r)
+            sel = (((bits_r[None, :] >> j[:, None]) & 1) != 0) | (in_s[None, :] & present[:, None])
+            m_i, l_i, acc = _block(q_main, q_tail, kv_ptr, idx, sel, m_i, l_i, acc, qk_scale_log2, dv, dt)
         empty = l_i == 0.0
         o = acc / tl.where(empty, 1.0, l_i)[:, None]
         lse = tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
@@ -149,22 +157,22 @@ if triton is not None:
         tl.store(lse_ptr + tok64 * H + hh, lse, mask=present)
 
     @triton.jit
-    def _packed_rest_kernel(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, rlen_ptr, out_ptr, lse_ptr, T, sq_t, sq_h,
-                            R_STRIDE, qk_scale_log2,
-                            H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr,
-                            WS: tl.constexpr = False, DROP: tl.constexpr = 0):
-        # DROP (profile variants only, docs/perf-notes.md): 1 = no PV MMA, 2 = no QK and no PV MMA
-        # one program per group of G tokens (64 rows); HAS_INIT: start from FlashMLA's shared-key result in
-        # out / lse and leave groups with no rest key untouched
+    def _packed_kernel(q_ptr, kv_ptr, sidx_ptr, slen_ptr, S_STRIDE, ridx_ptr, rmask_ptr, rlen_ptr, R_STRIDE,
+                       out_ptr, lse_ptr, T, sq_t, sq_h, qk_scale_log2,
+                       H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr):
+        # one program per group of G tokens (64 rows). HAS_INIT 1: the rest keys only, starting from FlashMLA's
+        # shared-key result in out / lse; groups with no rest key are left untouched. HAS_INIT 0: the shared
+        # keys, then the rest (the Triton-only mode)
         gid = tl.program_id(0)
         rl = tl.load(rlen_ptr + gid)
         if HAS_INIT:
             if rl > 0:
-                _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE,
-                      qk_scale_log2, H, G, HAS_INIT, BLOCK_N, WS, DROP)
+                _body(q_ptr, kv_ptr, sidx_ptr, 0, S_STRIDE, ridx_ptr, rmask_ptr, rl, R_STRIDE, out_ptr, lse_ptr, gid,
+                      T, sq_t, sq_h, qk_scale_log2, H, G, HAS_INIT, BLOCK_N)
         else:
-            _body(q_ptr, kv_ptr, ridx_ptr, rmask_ptr, out_ptr, lse_ptr, gid, rl, T, sq_t, sq_h, R_STRIDE,
-                  qk_scale_log2, H, G, HAS_INIT, BLOCK_N, WS, DROP)
+            sl = tl.load(slen_ptr + gid)
+            _body(q_ptr, kv_ptr, sidx_ptr, sl, S_STRIDE, ridx_ptr, rmask_ptr, rl, R_STRIDE, out_ptr, lse_ptr, gid,
+                  T, sq_t, sq_h, qk_scale_log2, H, G, HAS_INIT, BLOCK_N)
 
 
 def rest_config(mean_rest_len: float) -> tuple[int, int, int]:
@@ -176,7 +184,7 @@ def rest_config(mean_rest_len: float) -> tuple[int, int, int]:
 def _rest_kernel():
     if triton is None:
         raise RuntimeError("the packed kernel needs Triton (pip install triton)")
-    return _packed_rest_kernel
+    return _packed_kernel
 
 
 def full_union(sets):
@@ -237,7 +245,7 @@ def _check(q, kv, sets, sm_scale, mode):
 
 
 def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: float, mode: str = "hybrid",
-                          flash_fwd=None, config: tuple[int, int, int] = REST_CONFIG, full=None):
+                          flash_fwd=None, config: tuple[int, int, int] = REST_CONFIG):
     """Exact sparse MLA prefill of every token over its own top-k set, tokens packed g per 64-row tile.
 
     Args:
@@ -245,11 +253,10 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
         kv: ``[s_kv, 1, 576]`` bf16, contiguous.
         sets: :class:`mla_lab.kernels.union.UnionSets` for the same tokens with ``g = 64 // H``.
         sm_scale: softmax scale (GLM-5: 1 / sqrt(192 + 64), qk_nope_head_dim + qk_rope_head_dim, config.json).
-        mode: ``"hybrid"`` (FlashMLA over the shared keys, Triton over the rest) or ``"triton"`` (Triton over the
-            whole union; ``full`` = :func:`full_union` may be passed pre-built).
+        mode: ``"hybrid"`` (FlashMLA over the shared keys, Triton over the rest) or ``"triton"`` (the Triton kernel
+            over both lists: no FlashMLA call).
         flash_fwd: FlashMLA's ``flash_mla_sparse_fwd`` (the ``flash_mla`` module's by default); hybrid only.
-        config: ``(BLOCK_N, num_warps, num_stages[, warp_specialize[, drop]])`` of the Triton kernel; ``drop`` 1 / 2
-            leaves out the PV MMA / both MMAs: profile variants whose output is not attention (docs/perf-notes.md).
+        config: ``(BLOCK_N, num_warps, num_stages)`` of the Triton kernel.
 
     Returns:
         ``(out [T, H, 512] bf16, lse [T, H] fp32)``, natural-log LSE; no valid key: out 0, lse +inf.
@@ -262,17 +269,14 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
     T, H, _ = q.shape
     g = sets.g
     G = -(-T // g)
-    bn, warps, stages = config[:3]
-    ws = bool(config[3]) if len(config) > 3 else False
-    drop = int(config[4]) if len(config) > 4 else 0  # profile variants (not exact): docs/perf-notes.md
+    bn, warps, stages = config
     kern = _rest_kernel()
     if mode == "triton":
-        idx, mask, length = full if full is not None else full_union(sets)
         out = torch.empty(T, H, _D_V, dtype=q.dtype, device=q.device)
         lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
-        kern[(G,)](q, kv, idx, mask, length, out, lse, T, q.stride(0), q.stride(1), idx.stride(0),
-                   sm_scale * _LOG2E, H=H, G=g, HAS_INIT=0, BLOCK_N=bn, WS=ws, DROP=drop, num_warps=warps,
-                   num_stages=stages)
+        kern[(G,)](q, kv, sets.shared_idx, sets.shared_len, sets.shared_idx.stride(0), sets.rest_idx, sets.rest_mask,
+                   sets.rest_len, sets.rest_idx.stride(0), out, lse, T, q.stride(0), q.stride(1), sm_scale * _LOG2E,
+                   H=H, G=g, HAS_INIT=0, BLOCK_N=bn, num_warps=warps, num_stages=stages)
         return out, lse
     if flash_fwd is None:
         try:
@@ -284,9 +288,9 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
                                 sets.shared_idx.view(G, 1, -1), sm_scale, _D_V, topk_length=sets.shared_len)
     out = out_g.view(G * g, H, _D_V)
     lse = lse_g.view(G * g, H)
-    kern[(G,)](q, kv, sets.rest_idx, sets.rest_mask, sets.rest_len, out, lse, T, q.stride(0), q.stride(1),
-               sets.rest_idx.stride(0), sm_scale * _LOG2E, H=H, G=g, HAS_INIT=1, BLOCK_N=bn, WS=ws,
-               DROP=drop, num_warps=warps, num_stages=stages)
+    kern[(G,)](q, kv, sets.shared_idx, sets.shared_len, sets.shared_idx.stride(0), sets.rest_idx, sets.rest_mask,
+               sets.rest_len, sets.rest_idx.stride(0), out, lse, T, q.stride(0), q.stride(1), sm_scale * _LOG2E,
+               H=H, G=g, HAS_INIT=1, BLOCK_N=bn, num_warps=warps, num_stages=stages)
     return out[:T], lse[:T]
 
 
@@ -302,38 +306,41 @@ def _pad_tokens(q: torch.Tensor, n: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PackedCost:
-    """Per-chunk time model of the two paths on one GPU, in ns (measured coefficients, see ``source``).
+    """Per-chunk time model of the paths on one GPU, in ns (measured coefficients, see ``source``).
 
-    ``packed = flash_tile * sum(shared_len) + rest_tile * sum(rest_len) + rest_group * #groups with rest keys
-    + build_entry * T * topk``; ``padded = padded_tile * sum(topk_length) + padded_token * T`` (a key-tile = one
-    key of one 64-row tile: one gathered row, 64 x (576 + 512) MACs).
+    A key-tile = one key of one 64-row tile (one gathered 576-wide row, 64 x (576 + 512) MACs). Per chunk:
+    ``hybrid = flash_tile * sum(shared_len) + rest_tile * sum(rest_len)``, ``triton = triton_tile * sum(union_len)
+    + triton_group * groups``, both ``+ build_entry * T * topk``; ``padded = padded_tile * sum(topk_length) +
+    padded_token * T``.
     """
 
     flash_tile: float
     rest_tile: float
-    rest_group: float
+    triton_tile: float
+    triton_group: float
     build_entry: float
     padded_tile: float
     padded_token: float
     source: str
 
-    def packed_ns(self, shared: float, rest: float, groups_with_rest: float, entries: float) -> float:
-        return (self.flash_tile * shared + self.rest_tile * rest + self.rest_group * groups_with_rest
-                + self.build_entry * entries)
+    def paths_ns(self, shared: float, rest: float, groups: float, entries: float, sum_topk_length: float,
+                 tokens: float) -> dict:
+        """``{"packed": hybrid, "packed_triton": Triton only, "padded": padded FlashMLA}`` in ns."""
+        build = self.build_entry * entries
+        return {"packed": self.flash_tile * shared + self.rest_tile * rest + build,
+                "packed_triton": self.triton_tile * (shared + rest) + self.triton_group * groups + build,
+                "padded": self.padded_tile * sum_topk_length + self.padded_token * tokens}
 
-    def padded_ns(self, sum_topk_length: float, tokens: float) -> float:
-        return self.padded_tile * sum_topk_length + self.padded_token * tokens
 
-
-#: Fitted by hand on the lent H200's second call of 2026-12-04 (docs/perf-notes.md "Packed kernel"; one lease,
-#: tokenspeed-flashmla 1.0.0.post20260429, T 16384, H 8, topk 2048): FlashMLA packed 1.087 ms over 2048 x 2048
-#: key-tiles (f = 1); the Triton rest 4.76 ms over 2048 x 3277 key-tiles (f = 0.8, after the shared part); the rest
-#: pass at the seed 0.2 ms over 2048 groups; the Triton union build 0.98 ms over 16384 x 2048 entries; padded
-#: FlashMLA 7.34 ms over 16384 x 2048 key-tiles (full top-k) and 2.34 ms at the seed (the per-token term).
-#: In-sample for those shapes; the committed packed_kernels rows test it out of sample (tests/test_packed_rows.py).
-H200_PACKED_COST = PackedCost(flash_tile=0.259, rest_tile=0.71, rest_group=100.0, build_entry=0.029,
-                              padded_tile=0.219, padded_token=30.0,
-                              source="lent H200, 2026-12-04, call 2 (docs/perf-notes.md, Packed kernel)")
+#: Fitted (non-negative least squares over the per-shape medians) on the lent H200's rows of 2026-12-04, call 3
+#: (data/measured/h200/runs/2026-12-04T1547_packed/packed_kernels.csv: 5 fresh processes, graph timing, T 16384,
+#: H 8, topk 2048, 13 shapes): hybrid within 5 % of its rows from 0.0 to 0.9 overlap and 4K-128K contexts, 34 %
+#: under at the seed and 30 % over at overlap 1.0 (where packing wins 3-6x either way); Triton only within 8 %;
+#: padded (tokenspeed-flashmla, stale padded heads) 0.213 ns per key-tile + 35 ns per token; the CUDA union build
+#: 0.22-0.35 ms per 16384 x 2048 entries. In-sample for those rows; the adopted run (call 4) tests it out of sample.
+H200_PACKED_COST = PackedCost(flash_tile=0.328, rest_tile=0.738, triton_tile=0.687, triton_group=15.6,
+                              build_entry=0.0098, padded_tile=0.213, padded_token=34.9,
+                              source="lent H200, 2026-12-04, call 3 rows (docs/perf-notes.md, Packed kernel)")
 #: The dispatch keeps the padded path unless packing is predicted this much faster (the 2 % rule of issue 36).
 DISPATCH_MARGIN = 0.98
 
@@ -343,8 +350,6 @@ def sample_sets(indices: torch.Tensor, topk_length, g: int, s_kv: int, stride: i
 
     Returns ``(sets of the sampled groups, stride)``; ``builder`` defaults to :func:`mla_lab.kernels.union.build_union`.
     """
-    from .union import build_union
-
     T, K = indices.shape
     G = T // g
     if G < 1:
@@ -356,15 +361,16 @@ def sample_sets(indices: torch.Tensor, topk_length, g: int, s_kv: int, stride: i
 
 
 def choose_path(sets, stride: int, T: int, topk: int, sum_topk_length: float,
-                cost: PackedCost = H200_PACKED_COST) -> tuple[str, float, float]:
-    """``("packed" | "padded", predicted packed ms, predicted padded ms)`` for one chunk from (sampled) union sets.
+                cost: PackedCost = H200_PACKED_COST) -> tuple[str, dict]:
+    """``(path, {path: predicted ms})`` for one chunk from (sampled) union sets: ``"packed"`` (hybrid),
+    ``"packed_triton"`` (Triton only: better where few keys are shared, the FlashMLA pass then costing more than it
+    saves) or ``"padded"``.
 
-    Packed only when its predicted time is below :data:`DISPATCH_MARGIN` x the padded path's (host-side: reads the
+    A packed path only when predicted below :data:`DISPATCH_MARGIN` x the padded path's time (host-side: reads the
     sampled lengths; an engine would take them from the previous step of the same layer).
     """
-    sl = sets.shared_len.double()
-    rl = sets.rest_len.double()
-    packed = cost.packed_ns(sl.sum().item() * stride, rl.sum().item() * stride,
-                            (rl > 0).double().sum().item() * stride, T * topk) / 1e6
-    padded = cost.padded_ns(sum_topk_length, T) / 1e6
-    return ("packed" if packed < DISPATCH_MARGIN * padded else "padded"), packed, padded
+    sl = sets.shared_len.double().sum().item() * stride
+    rl = sets.rest_len.double().sum().item() * stride
+    ms = {k: v / 1e6 for k, v in cost.paths_ns(sl, rl, -(-T // sets.g), T * topk, sum_topk_length, T).items()}
+    best = min(("packed", "packed_triton"), key=ms.get)
+    return (best if ms[best] < DISPATCH_MARGIN * ms["padded"] else "padded"), ms

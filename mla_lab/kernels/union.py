@@ -46,8 +46,12 @@ allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=`
 
 Traffic per group (g tokens x topk entries): the indices read twice (the second time from L2), one L2 atomic and one
 L2 load per valid entry, one load + one store per union key for the clean-up, the lists written. The atomics and
-the ``.cg`` loads go to L2 at random addresses, so the kernel's time is set by L2 operation throughput, not DRAM
-bandwidth: ``main()`` measures it (a prediction is not made here).
+the ``.cg`` loads go to L2 at random addresses, so the kernel's time is set by L2 round trips and operation
+throughput, not DRAM bandwidth: 0.98 ms at T 16384 x topk 2048 on the lent H200 (2026-12-04; ``H200_PACKED_COST`` in
+``mla_lab/kernels/packed.py``, docs/perf-notes.md "Packed kernel"),
+about the packed attention kernel's own time, far over the 5 % budget. Triton has no shared-memory atomics; the
+on-chip builder is CUDA C++: :mod:`.union_cuda` (same contract). :mod:`.union_bench` times this kernel, its knobs
+and the torch build (``python -m mla_lab.kernels.union_bench [--sweep]``).
 
 **Where an indexer could emit the union directly.** The builder re-reads ``[T, topk]`` indices the indexer has just
 written. An indexer that selects per-token top-k could emit the union itself:
@@ -55,14 +59,15 @@ written. An indexer that selects per-token top-k could emit the union itself:
 - the top-k kernel of a group of ``g`` tokens (one CTA per group instead of per token) marks a per-group bitmap in
   shared memory while it selects (one ``atomicOr`` per selected key, on chip), then compacts the bitmap into the
   shared/rest lists; no ``[T, topk]`` round trip through HBM and no global atomics;
-- or the indexer scores the ``g`` tokens together (their logits rows are adjacent in ``fp8_mqa_logits`` /
-  ``fp8_paged_mqa_logits``' output), selects per token and merges in the same CTA.
+- or the indexer scores the ``g`` tokens together (their logits rows are adjacent in the MQA-logits output),
+  selects per token and merges in the same CTA.
 
-In vLLM that is ``vllm/model_executor/layers/sparse_attn_indexer.py`` (``sparse_attn_indexer``: the prefill branch
-runs ``fp8_mqa_logits`` then the top-k op into ``topk_indices_buffer``: the union would be written beside that
-buffer). In SGLang it is the DSA backend, ``python/sglang/srt/layers/attention/dsa/dsa_indexer.py`` (the indexer's
-top-k) and the prefill dispatch in ``dsa_backend`` (SGLang's own union, in
-``python/sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py``, sorts each token's list with torch and
+In vLLM that is ``vllm/model_executor/layers/sparse_attn_indexer.py`` (``sparse_attn_indexer``, read at
+vllm-project/vllm 006475fe: the prefill branch computes the logits with DeepGEMM's ``fp8_fp4_mqa_logits``, named
+``fp8_mqa_logits`` in earlier versions, then writes each token's top-k into ``topk_indices_buffer``, pre-filled with
+``-1``: the union would be written beside that buffer). In SGLang it is the DSA backend,
+``python/sglang/srt/layers/attention/dsa_backend.py`` with its indexer ``dsa/dsa_indexer.py`` (SGLang's own union,
+in ``python/sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py``, sorts each token's list with torch and
 binary-searches the other tokens' lists, ``O(g^2 topk log topk)`` per group).
 
 Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the kernel runs on CPU tensors through Triton's
@@ -95,7 +100,7 @@ except Exception:  # pragma: no cover
     tl = None
 
 __all__ = ["UnionSets", "build_union_ref", "build_union", "union_buffer_bytes", "union_scratch", "union_caps",
-           "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE", "main"]
+           "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE"]
 
 # UNION_GROUP_SIZES, the caps' multiples and union_buffer_bytes live in mla_lab.union_layout (the memory account
 # prices them without loading torch) and are re-exported here.
@@ -204,8 +209,8 @@ def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: 
 
     Steps: codes ``(group * s_kv + key) * g + j`` of the valid entries, ``torch.unique`` (sorts, drops duplicates
     within a token), the mask of each ``(group, key)`` as the sum of its distinct ``1 << j``, the shared test, and a
-    scatter into the padded lists. This is also the "torch sort-and-scatter build" that :func:`main` times against
-    the Triton kernel.
+    scatter into the padded lists. This is also the "torch sort-and-scatter build" that :mod:`.union_bench` times
+    against the Triton kernel.
 
     Args:
         indices: ``[T, topk]`` int32 key rows into the kv cache (invalid: ``< 0``, ``>= s_kv``, or past
@@ -408,7 +413,8 @@ def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
         block: entries per vector step (power of two >= 64); num_warps: warps per program.
 
     Returns:
-        :class:`UnionSets` (``out`` when given).
+        :class:`UnionSets` (``out`` when given). With ``out`` and ``scratch`` given (or the scratch cached by an
+        earlier call) the call allocates nothing and does not synchronise: one kernel launch, CUDA-graph capturable.
 
     Raises:
         ValueError: every rule of :func:`build_union_ref`; indices not contiguous along topk; triton missing; CPU
@@ -444,61 +450,10 @@ def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
                          f"{scratch.dtype} {tuple(scratch.shape)} on {scratch.device}")
     if G == 0:
         return out
-    lens = topk_length if topk_length is not None else out.shared_len  # placeholder pointer, never read
+    # the kernel reads topk_length[t] at t: a strided view is copied (a no-op when contiguous)
+    lens = topk_length.contiguous() if topk_length is not None else out.shared_len  # else a pointer never read
     _union_kernel[(min(P, G),)](
         indices, lens, scratch, out.shared_idx, out.shared_len, out.rest_idx, out.rest_mask, out.rest_len,
         out.union_len, T, topk, s_kv, G, scratch.shape[1], cap_s, cap_r, indices.stride(0),
         G_TOK=g, BITS=_field_bits(g), HAS_LEN=topk_length is not None, BLOCK=block, num_warps=num_warps)
     return out
-
-
-# ------------------------------------------------------------------------------------------------------- benchmark
-
-
-def _bench_rows(T=16384, topk=2048, g=8, s_kvs=(4096, 32768, 131072), overlaps=(None, 0.5, 0.8, 1.0)):
-    """Rows ``{s_kv, data, triton_us, torch_us, mean_U}`` timed with ``triton.testing.do_bench`` (median)."""
-    from .index_sets import overlap_indices
-
-    rows = []
-    for s_kv in s_kvs:
-        for o in overlaps:
-            o_eff = topk / s_kv if o is None else max(o, topk / s_kv)
-            data = overlap_indices(T, topk, s_kv, o_eff, g, seed=0, device="cuda")
-            idx, tlen = data.indices, data.topk_length
-            ref = build_union_ref(idx, tlen, g, s_kv)
-            build_union(idx, tlen, g, s_kv)  # compile
-            t_tr = triton.testing.do_bench(lambda idx=idx, tlen=tlen, s=s_kv: build_union(idx, tlen, g, s),
-                                           return_mode="median")
-            t_ref = triton.testing.do_bench(lambda idx=idx, tlen=tlen, s=s_kv: build_union_ref(idx, tlen, g, s),
-                                            return_mode="median")
-            rows.append({"s_kv": s_kv, "data": "random" if o is None else f"overlap {o_eff:.3g}",
-                         "triton_us": 1e3 * t_tr, "torch_us": 1e3 * t_ref,
-                         "mean_U": float(ref.union_len.float().mean())})
-    return rows
-
-
-def main(argv=None) -> int:
-    """``python -m mla_lab.kernels.union``: on CUDA, time the Triton build and the torch sort-and-scatter build at
-    T 16384, topk 2048, g 8, s_kv 4096 / 32768 / 131072, on :func:`.index_sets.overlap_indices` data, and print a
-    table (one process; for committed rows use the lab's measure runner). Without CUDA it says so and returns 1."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.union", description=main.__doc__)
-    ap.add_argument("--T", type=int, default=16384)
-    ap.add_argument("--topk", type=int, default=2048)
-    ap.add_argument("--g", type=int, default=8, choices=UNION_GROUP_SIZES)
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available() or triton is None:
-        print("no CUDA GPU (or no triton): the benchmark needs one; the kernel's CPU checks are the tests")
-        return 1
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; T={args.T}, "
-          f"topk={args.topk}, g={args.g}; do_bench median (us)")
-    print(f"{'s_kv':>7} {'data':>16} {'mean U':>8} {'triton':>9} {'torch':>9} {'speed-up':>8}")
-    for r in _bench_rows(args.T, args.topk, args.g):
-        print(f"{r['s_kv']:>7} {r['data']:>16} {r['mean_U']:>8.0f} {r['triton_us']:>9.1f} {r['torch_us']:>9.1f} "
-              f"{r['torch_us'] / r['triton_us']:>7.1f}x")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

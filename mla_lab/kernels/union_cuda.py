@@ -5,12 +5,13 @@ sets as :func:`.union.build_union_ref` / :func:`.union.build_union` (definitions
 grid (SMs x resident CTAs of :data:`THREADS` threads) over *super-groups* of 8 consecutive tokens (``8 / g`` groups;
 g = 8: one group), one at a time per CTA. A super-group's ``8 x topk`` entries are held in registers (``int4``
 loads, 32 entries per thread when ``8 x topk <= 16384``, i.e. topk <= 2048; the next super-group's entries are
-loaded while this one is processed); a larger topk is processed in chunks re-read from global memory per phase.
-Entries past ``topk_length``, ``< 0`` or ``>= s_kv`` are set to ``-1`` at load (and rows past ``topk_length`` are
-not read). The table in shared memory holds one byte per key, bit ``j`` = token ``j`` of the super-group (group ``s``
-owns bits ``s g .. s g + g - 1``), over a window of ``window`` keys (default ``min(s_kv, 196608)``: 192 KiB). When
-``s_kv > window`` the super-group's min and max key are reduced first and the range is processed window by window
-(each window re-scans the entries in registers). Per window:
+loaded, unchecked, while this one is processed, and the ``topk_length`` of the one after that goes through a ring in
+shared memory, so no load waits on another); a larger topk is processed in chunks re-read from global memory per
+phase. Entries past ``topk_length``, ``< 0`` or ``>= s_kv`` become ``-1`` before use (``int4`` loads wholly past
+``topk_length`` are not issued). The table in shared memory holds one byte per key, bit ``j`` = token ``j`` of the
+super-group (group ``s`` owns bits ``s g .. s g + g - 1``), over a window of ``window`` keys (default ``min(s_kv,
+196608)``: 192 KiB). When ``s_kv > window`` the super-group's min and max key are reduced first and the range is
+processed window by window (each window re-scans the entries in registers). Per window:
 
 1. ``atomicOr`` bit ``j`` into the key's byte for every valid entry of token ``j``; barrier.
 2. every valid entry reads its group's bits ``m`` of the byte; if its token is the lowest set bit of ``m`` it clears
@@ -51,7 +52,7 @@ THREADS = 512
 MAX_WINDOW = 196608
 #: Entries per row the kernel reads without a copy: a multiple of a warp's 32 int4 loads.
 ROW_MULTIPLE = 128
-EXTENSION_NAME = "mla_lab_union_cuda_v2"
+EXTENSION_NAME = "mla_lab_union_cuda_v3"
 
 CUDA_SOURCE = r"""
 #include <cuda_runtime.h>
@@ -73,31 +74,40 @@ struct Args {
 
 __device__ __forceinline__ int elem(const int4& x, int e) { return e == 0 ? x.x : e == 1 ? x.y : e == 2 ? x.z : x.w; }
 
-// Chunk c of super-group sg (tokens 8 sg .. 8 sg + 7) into k, invalid entries -> -1; returns each slot's token (0..7)
-// in 4 bits. Rows are multiples of 32 int4, so the 32 lanes of a warp hold one token's entries in each slot.
-__device__ __forceinline__ unsigned load_chunk(const Args& a, int sg, int c, int4 (&k)[NV]) {
-  const int t0 = sg * SG, n4 = min(SG, a.T - t0) * a.topk4;
+// Entries of token t of super-group sg to consider (FlashMLA's rule): min(topk, topk_length[t]); 0 when absent.
+__device__ __forceinline__ int token_limit(const Args& a, int sg, int t, int raw_len) {
+  const long long tok = (long long)sg * SG + t;
+  if (sg >= (a.T + SG - 1) / SG || tok >= a.T) return 0;
+  return a.lens ? min(4 * a.topk4, raw_len) : 4 * a.topk4;
+}
+
+// Chunk c of super-group sg into k, unchecked (no wait on the data: the next super-group's prefetch); int4 slots past
+// a token's limit are not read (-1). lim: the super-group's token limits. Returns each slot's token (0..7), 4 bits.
+// Rows are multiples of 32 int4, so the 32 lanes of a warp hold one token's entries in each slot.
+__device__ __forceinline__ unsigned load_raw(const Args& a, int sg, int c, const int* lim, int4 (&k)[NV]) {
   unsigned jp = 0;
 #pragma unroll
   for (int v = 0; v < NV; ++v) {
-    const int q = c * CHUNK4 + v * THREADS + (int)threadIdx.x, j = min(q / a.topk4, SG - 1);
-    int4 x = make_int4(-1, -1, -1, -1);
-    if (q < n4) {
-      const int i4 = q - j * a.topk4, i0 = 4 * i4;
-      const int lim = a.lens ? min(4 * a.topk4, __ldg(a.lens + t0 + j)) : 4 * a.topk4;
-      if (i0 < lim) {
-        x = __ldg(a.idx + (long long)(t0 + j) * a.stride4 + i4);
-        const unsigned s = (unsigned)a.s_kv;
-        x.x = ((unsigned)x.x < s) ? x.x : -1;
-        x.y = (i0 + 1 < lim && (unsigned)x.y < s) ? x.y : -1;
-        x.z = (i0 + 2 < lim && (unsigned)x.z < s) ? x.z : -1;
-        x.w = (i0 + 3 < lim && (unsigned)x.w < s) ? x.w : -1;
-      }
-    }
+    const int q = c * CHUNK4 + v * THREADS + (int)threadIdx.x, j = min(q / a.topk4, SG - 1), i4 = q - j * a.topk4;
+    k[v] = make_int4(-1, -1, -1, -1);
+    if (4 * i4 < lim[j]) k[v] = __ldg(a.idx + ((long long)sg * SG + j) * a.stride4 + i4);
     jp |= (unsigned)j << (4 * v);
-    k[v] = x;
   }
   return jp;
+}
+
+// Entries past the token's limit, < 0 or >= s_kv -> -1.
+__device__ __forceinline__ void sanitize(const Args& a, int c, const int* lim, unsigned jp, int4 (&k)[NV]) {
+  const unsigned s = (unsigned)a.s_kv;
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    const int q = c * CHUNK4 + v * THREADS + (int)threadIdx.x, j = (jp >> (4 * v)) & 15u;
+    const int n = lim[j] - 4 * (q - j * a.topk4);  // valid positions left in this int4
+    k[v].x = (n > 0 && (unsigned)k[v].x < s) ? k[v].x : -1;
+    k[v].y = (n > 1 && (unsigned)k[v].y < s) ? k[v].y : -1;
+    k[v].z = (n > 2 && (unsigned)k[v].z < s) ? k[v].z : -1;
+    k[v].w = (n > 3 && (unsigned)k[v].w < s) ? k[v].w : -1;
+  }
 }
 
 // Phase 2 for one register slot of token j (warp-uniform): the byte's bits of j's group (g bits from s g); claim
@@ -161,33 +171,54 @@ __device__ __forceinline__ void finish(const Args& a, int sg, const unsigned lon
   }
 }
 
+// After a super-group's first barrier: reset the other buffer (last used by the previous super-group) and store the
+// token limits of the super-group two ahead (loaded at the top of this one) into the ring.
+__device__ __forceinline__ void rotate(const Args& a, int b, int slot2, int sg2, int raw_len,
+                                       unsigned long long (*s_cnt)[SG], unsigned* s_flags, int* s_lo, int* s_hi,
+                                       int (*s_lim)[SG]) {
+  const int tid = threadIdx.x;
+  if (tid < SG) { s_cnt[b ^ 1][tid] = 0; s_lim[slot2][tid] = token_limit(a, sg2, tid, raw_len); }
+  if (tid == 0) { s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
+}
+
 __global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned* tab = reinterpret_cast<unsigned*>(smem);
   __shared__ unsigned long long s_cnt[2][SG];  // per buffer and group: shared count (low 32 bits), rest (high 32)
   __shared__ unsigned s_flags[2];              // bit j: token j has a valid key
   __shared__ int s_lo[2], s_hi[2];
-  const int tid = threadIdx.x, lane = tid & 31, nsg = (a.T + SG - 1) / SG;
+  __shared__ int s_lim[3][SG];                 // token limits of this super-group and the next two (ring)
+  const int tid = threadIdx.x, lane = tid & 31, nsg = (a.T + SG - 1) / SG, step = gridDim.x;
   for (int w = tid; w < a.window / 16; w += THREADS) reinterpret_cast<int4*>(smem)[w] = make_int4(0, 0, 0, 0);
-  if (tid < 2 * SG) s_cnt[tid / SG][tid % SG] = 0;
+  if (tid < 2 * SG) {
+    s_cnt[tid / SG][tid % SG] = 0;
+    const int sg = blockIdx.x + (tid / SG) * step, t = sg * SG + tid % SG;
+    s_lim[tid / SG][tid % SG] = token_limit(a, sg, tid % SG, (a.lens && sg < nsg && t < a.T) ? a.lens[t] : 0);
+  }
   if (tid < 2) { s_flags[tid] = 0; s_lo[tid] = INT_MAX; s_hi[tid] = -1; }
   __syncthreads();
   const int nchunks = (SG * a.topk4 + CHUNK4 - 1) / CHUNK4;
   const bool resident = nchunks == 1, windowed = a.s_kv > a.window;
   int4 cur[NV], nxt[NV];
   unsigned jc = 0, jn = 0;
-  if (resident && (int)blockIdx.x < nsg) jc = load_chunk(a, blockIdx.x, 0, cur);
+  if (resident && (int)blockIdx.x < nsg) jc = load_raw(a, blockIdx.x, 0, s_lim[0], cur);
   int it = 0;
-  for (int sg = blockIdx.x; sg < nsg; sg += gridDim.x, ++it) {
-    const int b = it & 1, n_tok = min(SG, a.T - sg * SG);
-    if (resident && sg + (int)gridDim.x < nsg) jn = load_chunk(a, sg + gridDim.x, 0, nxt);
-    bool reset = true;  // the other buffer is reset after this super-group's first barrier
+  for (int sg = blockIdx.x; sg < nsg; sg += step, ++it) {
+    const int b = it & 1, n_tok = min(SG, a.T - sg * SG), sg2 = sg + 2 * step;
+    const int* lim = s_lim[it % 3];
+    int raw_len = 0;  // topk_length of token tid of the super-group two ahead, stored after the first barrier
+    if (tid < SG && a.lens && sg2 < nsg && sg2 * SG + tid < a.T) raw_len = __ldg(a.lens + sg2 * SG + tid);
+    if (resident) {
+      if (sg + step < nsg) jn = load_raw(a, sg + step, 0, s_lim[(it + 1) % 3], nxt);
+      sanitize(a, 0, lim, jc, cur);
+    }
+    bool first = true;
     int lo = 0, hi = a.s_kv - 1;
     if (windowed) {  // the super-group's key range and non-empty tokens
       int mn = INT_MAX, mx = -1;
       unsigned fl = 0;
       for (int c = 0; c < nchunks; ++c) {
-        if (!resident) jc = load_chunk(a, sg, c, cur);
+        if (!resident) { jc = load_raw(a, sg, c, lim, cur); sanitize(a, c, lim, jc, cur); }
 #pragma unroll
         for (int v = 0; v < NV; ++v)
 #pragma unroll
@@ -199,9 +230,8 @@ __global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
       mn = __reduce_min_sync(FULL, mn); mx = __reduce_max_sync(FULL, mx); fl = __reduce_or_sync(FULL, fl);
       if (lane == 0) { atomicMin(&s_lo[b], mn); atomicMax(&s_hi[b], mx); if (fl) atomicOr(&s_flags[b], fl); }
       __syncthreads();
-      if (tid < SG) s_cnt[b ^ 1][tid] = 0;
-      if (tid == 0) { s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
-      reset = false;
+      rotate(a, b, (it + 2) % 3, sg2, raw_len, s_cnt, s_flags, s_lo, s_hi, s_lim);
+      first = false;
       lo = s_lo[b]; hi = s_hi[b];
       if (hi < lo) __syncthreads();  // no valid key: a second barrier before the next super-group
     }
@@ -211,7 +241,7 @@ __global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
       const unsigned wlen = (unsigned)min(a.window, hi - w0 + 1);
       unsigned fl = 0;
       for (int c = 0; c < nchunks; ++c) {  // phase 1: membership bits
-        if (!resident) jc = load_chunk(a, sg, c, cur);
+        if (!resident) { jc = load_raw(a, sg, c, lim, cur); sanitize(a, c, lim, jc, cur); }
 #pragma unroll
         for (int v = 0; v < NV; ++v)
 #pragma unroll
@@ -224,14 +254,11 @@ __global__ void __launch_bounds__(THREADS, 1) union_kernel(Args a) {
       }
       if (!windowed) { fl = __reduce_or_sync(FULL, fl); if (lane == 0 && fl) atomicOr(&s_flags[b], fl); }
       __syncthreads();
-      if (reset) {
-        if (tid < SG) s_cnt[b ^ 1][tid] = 0;
-        if (tid == 0) { s_flags[b ^ 1] = 0; s_lo[b ^ 1] = INT_MAX; s_hi[b ^ 1] = -1; }
-        reset = false;
-      }
+      if (first) rotate(a, b, (it + 2) % 3, sg2, raw_len, s_cnt, s_flags, s_lo, s_hi, s_lim);
+      first = false;
       const unsigned flags = s_flags[b];
       for (int c = 0; c < nchunks; ++c) {  // phase 2: claim, classify, emit
-        if (!resident) jc = load_chunk(a, sg, c, cur);
+        if (!resident) { jc = load_raw(a, sg, c, lim, cur); sanitize(a, c, lim, jc, cur); }
 #pragma unroll
         for (int v = 0; v < NV; ++v)
           emit_slot(a, cur[v], (jc >> (4 * v)) & 15u, w0, wlen, flags, n_tok, tab, s_cnt[b], sg);

@@ -20,15 +20,15 @@ Kernels (``kernel`` column):
 ``union_build``           the union builder alone (``builder`` column: ``cuda`` / ``triton``)
 ``packed_triton``         the lab's Triton masked kernel over the whole union (no FlashMLA)
 ``flashmla_bound``        FlashMLA with s_q = T / 8, h_q = 64, topk = U (all rows real, no mask): the upper bound
-``flashmla_ts_pad64``     tokenspeed-flashmla on Q padded to 64 heads (per token)
+``flashmla_ts_pad64``     tokenspeed-flashmla on Q padded to 64 heads (per token), padded heads stale (random);
+                          ``_zeros``: zero padded heads (the dispatch's fallback runs this one)
 ``flashmla_vllm_pad64``   vLLM 0.33.0's bundled FlashMLA on Q padded to 64 heads (FLASHMLA_SPARSE)
 ``fa3_sparse``            vLLM 0.33.0's FA3 sparse on the real heads (FLASH_ATTN_MLA_SPARSE, vLLM's sm90 default)
 ``sglang_triton``         SGLang 0.5.23's 16-row Triton tile; ``sglang_triton_union4``: its ``union=4`` option
                           (4 tokens x 8 heads = 32 rows, its own sort-based union build included)
-``packed_triton_no_pv``   profile variants of ``packed_triton`` (not attention): without the PV MMA, and
-``packed_triton_gather_mask``  without both MMAs (the gather and the mask only); where the rest pass dominates
 ``dispatched``            the sampled union build (every 16th group) + the path :func:`mla_lab.kernels.packed
-                          .choose_path` picks (``path`` column)
+                          .choose_path` picks (``path`` column: packed, packed_triton or padded), the union
+                          build included where a packed path is picked
 ========================  ============================================================================================
 
 ``U`` / ``S`` columns: the mean union and shared sizes per group over topk; ``max_abs_err``: the ``check`` rows
@@ -43,6 +43,17 @@ import os
 import sys
 import zlib
 from pathlib import Path
+
+from mla_lab.kernels import flash_mla_info
+from mla_lab.kernels import index_sets as ix
+from mla_lab.kernels.packed import choose_path, full_union, packed_sparse_prefill, rest_config, sample_sets
+from mla_lab.kernels.reference import sparse_mla_prefill_ref
+from mla_lab.kernels.union import build_union, build_union_ref
+from mla_lab.kernels.union_cuda import build_union_cuda, union_mismatch
+from mla_lab.measure.engine_kernels import _backend_names, _kernels
+from mla_lab.measure.engine_libs import load
+from mla_lab.measure.record import CsvSink, bench_provenance
+from mla_lab.measure.timer import graphed, interleaved
 
 __all__ = ["run", "main", "OUTPUTS", "SHAPES", "PROVENANCE", "COLUMNS"]
 
@@ -59,7 +70,6 @@ SHAPES = ([("seed", HEADS, None)] + [(f"o{o}", HEADS, 65536) for o in OVERLAPS]
 
 
 def _index_data(shape: str, seed: int):
-    from mla_lab.kernels import index_sets as ix
 
     if shape == "seed":
         return ix.causal_indices([1024] * (T_TOKENS // 1024), TOPK, seed=seed, device="cuda")
@@ -77,12 +87,8 @@ def _builder(log=print):
     case, else the Triton one (said in the log and the ``builder`` column)."""
     import torch
 
-    from mla_lab.kernels import index_sets as ix
-    from mla_lab.kernels.union import build_union, build_union_ref
 
     try:
-        from mla_lab.kernels.union_cuda import build_union_cuda, union_mismatch
-
         d = ix.overlap_indices(1024, TOPK, 65536, 0.8, 8, seed=5, device="cuda")
         bad = union_mismatch(build_union_cuda(d.indices, d.topk_length, 8, d.s_kv),
                              build_union_ref(d.indices, d.topk_length, 8, d.s_kv))
@@ -100,9 +106,6 @@ def _check(build, sm_scale, log) -> list[dict]:
     groups, a partial last group and tokens with no valid key."""
     import torch
 
-    from mla_lab.kernels import index_sets as ix
-    from mla_lab.kernels.packed import packed_sparse_prefill
-    from mla_lab.kernels.reference import sparse_mla_prefill_ref
 
     rows = []
     for H in (8, 16, 32):
@@ -128,8 +131,6 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
     """``{kernel: (callable, backend, path)}`` for one shape, and the (U, S) means."""
     import torch
 
-    from mla_lab.kernels.packed import choose_path, full_union, packed_sparse_prefill, rest_config, sample_sets
-    from mla_lab.measure.engine_kernels import _kernels
 
     T, H = q.shape[0], q.shape[1]
     idx, tlen, s_kv = d.indices, d.topk_length, d.s_kv
@@ -157,26 +158,28 @@ def _callables(ek, ts_fwd, build, d, q, kv, sm_scale):
     out["packed_kernel"] = (lambda: packed_sparse_prefill(q, kv, sets, sm_scale, mode="hybrid", flash_fwd=ts_fwd,
                                                           config=cfg), "packed")
     out["union_build"] = (lambda: build(idx, tlen, 8, s_kv, out=sets), "packed")
-    out["packed_triton"] = (lambda: packed_sparse_prefill(q, kv, sets, sm_scale, mode="triton", full=full),
+    cfg_t = rest_config(sets.union_len.float().mean().item())
+    out["packed_triton"] = (lambda: packed_sparse_prefill(q, kv, sets, sm_scale, mode="triton", config=cfg_t),
                             "packed")
-    if d.s_kv in (4096, 65536) and S < 0.9:  # profile variants (not attention): where the rest pass dominates
-        for drop, name in ((1, "packed_triton_no_pv"), (2, "packed_triton_gather_mask")):
-            out[name] = (lambda drop=drop: packed_sparse_prefill(q, kv, sets, sm_scale, mode="triton", full=full,
-                                                                 config=(*cfg, False, drop)), "packed")
     out["flashmla_bound"] = (lambda: ts_fwd(q.view(G, 64, 576), kv, full[0].view(G, 1, -1), sm_scale, 512,
                                             topk_length=full[2]), "flashmla_bound")
     smp, stride = sample_sets(idx, tlen, 8, s_kv, builder=build)
-    path, _, _ = choose_path(smp, stride, T, idx.shape[1], float(tlen.double().sum().item()))
-    q64 = torch.zeros(T, 64, 576, device="cuda", dtype=torch.bfloat16)
+    path, _ = choose_path(smp, stride, T, idx.shape[1], float(tlen.double().sum().item()))
+    q64 = torch.zeros(T, 64, 576, device="cuda", dtype=torch.bfloat16)  # the fallback's padded Q: zero heads
     q64[:, :H] = q
+    out["flashmla_ts_pad64_zeros"] = (lambda: ts_fwd(q64, kv, idx.view(T, 1, -1), sm_scale, 512, topk_length=tlen),
+                                      "flashmla_ts_pad64")
     rows = (torch.arange(0, G, stride, device="cuda")[:, None] * 8 + torch.arange(8, device="cuda")).reshape(-1)
     idx_s, tl_s = idx[rows].contiguous(), tlen[rows].contiguous()
 
     def dispatched():
         build(idx_s, tl_s, 8, s_kv)
-        if path == "packed":
-            return packed()
-        return ts_fwd(q64, kv, idx.view(T, 1, -1), sm_scale, 512, topk_length=tlen)
+        if path == "padded":
+            return ts_fwd(q64, kv, idx.view(T, 1, -1), sm_scale, 512, topk_length=tlen)
+        s = build(idx, tlen, 8, s_kv, out=sets)
+        hybrid = path == "packed"
+        return packed_sparse_prefill(q, kv, s, sm_scale, mode="hybrid" if hybrid else "triton", flash_fwd=ts_fwd,
+                                     config=cfg if hybrid else cfg_t)
 
     out["dispatched"] = (dispatched, path)
     U = sets.union_len.float().mean().item() / idx.shape[1]
@@ -191,11 +194,6 @@ def run(engine_root: str, out_csv: str, process: int, rounds: int = 5, shapes=No
     """
     import torch
 
-    from mla_lab.kernels import flash_mla_info
-    from mla_lab.measure.engine_kernels import _backend_names
-    from mla_lab.measure.engine_libs import load
-    from mla_lab.measure.record import CsvSink, bench_provenance
-    from mla_lab.measure.timer import graphed, interleaved
 
     if not torch.cuda.is_available():
         raise RuntimeError("packed_kernels needs a CUDA GPU; torch sees none")
