@@ -27,23 +27,25 @@ NO_MEASURED = None
 # TEST FIXTURE, not data: the lead's preliminary single-lease numbers on one H200 (2026-12-04, calls 1-2 of the
 # packed kernel's development, docs/perf-notes.md "Packed kernel"; T 16384, H 8, topk 2048), in the layout of
 # data/measured/h200/between_process/packed_kernels.csv, one process, one round. packed_kernel = the hybrid kernel
-# at (64, 8, 2) (call 1; the seed at (16, 8, 2), call 2), union_build = the Triton builder (call 2),
-# flashmla_ts_pad64 = padded tokenspeed FlashMLA (call 1). U, S per group over topk (call 1's means / 2048).
-_FIXTURE = {  # shape: (U, S, packed_kernel ms, union_build ms, flashmla_ts_pad64 ms, s_kv); None: not measured
-    "seed": (516.0 / 2048, 509.0 / 2048, 0.5277, 0.5332, 2.3394, 16384),
-    "o1.0": (1.0, 1.0, 1.0617, 0.9755, 7.2762, 65536),
-    "o0.8": (4918.0 / 2048, 1638.0 / 2048, 5.5541, 1.1245, 7.4886, 65536),
-    "o0.5": (9216.0 / 2048, 1024.0 / 2048, 11.7731, None, 7.6140, 65536),
-    "ctx4096": (4079.92 / 2048, 16.22 / 2048, 5.8382, 1.1315, 7.4073, 4096),
-    "ctx32768": (13213.56 / 2048, 0.0, 18.0022, 1.4850, 7.7430, 32768),
-    "ctx131072": (7.5763, 0.0, None, 3.6291, None, 131072),
+# at (64, 8, 2) (call 1; the seed at (16, 8, 2), call 2), packed_triton = the Triton kernel over the whole union at
+# (64, 8, 2) (call 1), union_build = the Triton builder (call 2), flashmla_ts_pad64 = padded tokenspeed FlashMLA
+# (call 1; stale padded heads: the file has no _zeros rows, so the fit takes these). U, S per group over topk.
+_FIXTURE = {  # shape: (U, S, packed_kernel, union_build, flashmla_ts_pad64 ms, s_kv, packed_triton); None: not run
+    "seed": (516.0 / 2048, 509.0 / 2048, 0.5277, 0.5332, 2.3394, 16384, 0.8435),
+    "o1.0": (1.0, 1.0, 1.0617, 0.9755, 7.2762, 65536, 3.3125),
+    "o0.8": (4918.0 / 2048, 1638.0 / 2048, 5.5541, 1.1245, 7.4886, 65536, 6.7824),
+    "o0.5": (9216.0 / 2048, 1024.0 / 2048, 11.7731, None, 7.6140, 65536, 12.2475),
+    "ctx4096": (4079.92 / 2048, 16.22 / 2048, 5.8382, 1.1315, 7.4073, 4096, 5.4580),
+    "ctx32768": (13213.56 / 2048, 0.0, 18.0022, 1.4850, 7.7430, 32768, 17.3404),
+    "ctx131072": (7.5763, 0.0, None, 3.6291, None, 131072, None),
 }
 
 
 def _fixture_rows() -> list[dict]:
     rows = []
-    for shape, (U, S, kern, build, pad, s_kv) in _FIXTURE.items():
-        for kernel, ms in (("packed_kernel", kern), ("union_build", build), ("flashmla_ts_pad64", pad)):
+    for shape, (U, S, kern, build, pad, s_kv, tri) in _FIXTURE.items():
+        for kernel, ms in (("packed_kernel", kern), ("union_build", build), ("flashmla_ts_pad64", pad),
+                           ("packed_triton", tri)):
             if ms is not None:
                 rows.append({"experiment": "packed_kernels", "shape": shape, "kernel": kernel, "T": "16384",
                              "H": "8", "topk": "2048", "s_kv": str(s_kv), "U": str(U), "S": str(S),
@@ -62,6 +64,10 @@ def test_fit_on_the_fixture_is_least_squares_with_honest_errors(tmp_path):
     y = np.array([F[s][2] * 1e6 for s in shapes])
     ref = np.linalg.solve(X.T @ X, X.T @ y)
     assert np.allclose([fit.flash_tile, fit.rest_tile, fit.rest_group], ref, rtol=1e-6)
+    t = [s for s in F if F[s][6] is not None]  # Triton only: union key-tiles and groups
+    Xt = np.array([[G * F[s][0] * K, G] for s in t])
+    yt = np.array([F[s][6] * 1e6 for s in t])
+    assert np.allclose([fit.triton_tile, fit.triton_group], np.linalg.lstsq(Xt, yt, rcond=None)[0], rtol=1e-6)
     # seed's padded kernel: 16 causal 1024-token prompts, sum(topk_length) = 16 x 1024 x 1025 / 2
     valid = {s: 16 * 1024 * 1025 // 2 if s == "seed" else T * K for s in F}
     p = [s for s in F if F[s][4] is not None]
@@ -108,7 +114,7 @@ def test_committed_calibration_is_the_fit_of_the_committed_rows():
     rows, cal = REPO_ROOT / pk.ROWS_CSV, calibration_dir() / pk.PACKED_CSV
     if not rows.is_file():
         assert not cal.exists(), f"{cal} without its rows {rows}"
-        assert pk.load_packed_fit() is pk.HAND_FIT and "hand fit" in pk.HAND_FIT.source
+        assert pk.load_packed_fit() is pk.HAND_FIT and "rows not committed" in pk.HAND_FIT.source
         return
     assert cal.is_file(), "rows committed: write the fit (python -m mla_lab.model.packed_kernel --write)"
     committed, refit = pk.read_packed_csv(cal), pk.fit_packed(rows)
@@ -124,11 +130,12 @@ def test_constants_agree_with_the_kernels():
     assert pk.DISPATCH_MARGIN == packed.DISPATCH_MARGIN
     assert pk.PROGRAMS_PER_SM == union.DEFAULT_PROGRAMS_PER_SM
     h = packed.H200_PACKED_COST
-    assert (pk.HAND_FIT.flash_tile, pk.HAND_FIT.rest_tile, pk.HAND_FIT.rest_group, pk.HAND_FIT.build_read,
-            pk.HAND_FIT.padded_tile, pk.HAND_FIT.padded_token) == (h.flash_tile, h.rest_tile, h.rest_group,
-                                                                   h.build_entry, h.padded_tile, h.padded_token)
-    # the hand fit prices the build per [T, topk] entry read, as PackedCost does; no other build term
-    assert pk.HAND_FIT.build_entry == pk.HAND_FIT.build_key == pk.HAND_FIT.build_spill == 0.0
+    f = pk.HAND_FIT
+    assert (f.flash_tile, f.rest_tile, f.triton_tile, f.triton_group, f.build_read, f.padded_tile,
+            f.padded_token) == (h.flash_tile, h.rest_tile, h.triton_tile, h.triton_group, h.build_entry,
+                                h.padded_tile, h.padded_token)
+    # the dispatch's fit prices the build per [T, topk] entry read, as PackedCost does; no other term
+    assert f.rest_group == f.build_entry == f.build_key == f.build_spill == 0.0
     for H in (8, 16, 32):
         for rows in (64, 128):
             assert pk.packed_group_size(H, rows) == packed.packed_group_size(H, rows)
@@ -303,7 +310,8 @@ def test_plan_matches_the_kernels_dispatch_on_built_sets():
     data = causal_indices(lens, d.model.topk, seed=1)
     sets = build_union_ref(data.indices, data.topk_length, 8, data.s_kv)
     T = sum(lens)
-    path, packed_ms, padded_ms = choose_path(sets, 1, T, d.model.topk, float(data.topk_length.sum()))
+    path, ms = choose_path(sets, 1, T, d.model.topk, float(data.topk_length.sum()))
     plan = pk.packed_plan(d.rank, Step([(i, 0, n) for i, n in enumerate(lens)]), fit=pk.HAND_FIT)
-    assert plan.path == path == "packed"
-    assert plan.packed_ms == pytest.approx(packed_ms, rel=1e-9) and plan.padded_ms == pytest.approx(padded_ms, rel=1e-9)
+    assert plan.path == "packed" and path == {"hybrid": "packed", "triton": "packed_triton"}[plan.mode]
+    assert plan.packed_ms == pytest.approx(ms[path], rel=1e-9)
+    assert plan.padded_ms == pytest.approx(ms["padded"], rel=1e-9)

@@ -584,7 +584,7 @@ def _packed_ops(rank: RankView, spec: Strategy, T: int, st: int, step: Step | in
         return [replace(o, dims={**o.dims, **info}) for o in _attention_path_ops(rank, _FA3, T, st)]
     s = plan.stats
     dims = {"T": T, "H": H, "Hp": H, "sum_topk": st, "content": "zeros", "native": 1, "packed_ms": plan.packed_ms,
-            "padded_ms": plan.padded_ms, "tile_rows": plan.tile_rows, "g": s.g, "overlap": s.overlap,
+            "padded_ms": plan.padded_ms, "packed_mode": plan.mode, "tile_rows": plan.tile_rows, "g": s.g, "overlap": s.overlap,
             "shared": s.shared, "rest": s.rest, "groups_with_rest": s.groups_with_rest, **info}
     concat = attention_op_work("concat", T, H, H, st, model.head_size, model.d_v)
     tok = model.head_size * 2 + model.d_v * 2 + 4

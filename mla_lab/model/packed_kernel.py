@@ -10,8 +10,11 @@ the rest (R = U - S) through the lab's Triton masked kernel.
 ``data/measured/h200/between_process/packed_kernels.csv``: median over processes of each process's median, T 16384,
 H 8, topk 2048), the terms of :class:`mla_lab.kernels.packed.PackedCost`, in ns:
 
-- packed kernel (``packed_kernel`` rows) = ``flash_tile x sum(S) + rest_tile x sum(R) + rest_group x #groups with
-  rest keys`` (a key-tile = one key of one 64-row tile: one gathered 576-wide row, 64 x (576 + 512) MACs);
+- hybrid packed kernel (``packed_kernel`` rows: FlashMLA over the shared keys, the Triton masked kernel over the
+  rest) = ``flash_tile x sum(S) + rest_tile x sum(R) + rest_group x #groups with rest keys`` (a key-tile = one key of
+  one 64-row tile: one gathered 576-wide row, 64 x (576 + 512) MACs);
+- Triton-only packed kernel (``packed_triton`` rows: the masked kernel over the whole union) = ``triton_tile x sum(U)
+  + triton_group x #groups``;
 - union build (``union_build`` rows) = ``build_read x T x topk + build_entry x sum(topk_length) + build_key x sum(U)
   + build_spill x sum(U) x max(0, 1 - L2 / scratch)``: every ``[T, topk]`` entry read, one L2 atomic per valid entry,
   the lists written and the scratch cleared per union key, and the share of those keys whose scratch word misses L2
@@ -19,16 +22,18 @@ H 8, topk 2048), the terms of :class:`mla_lab.kernels.packed.PackedCost`, in ns:
   (H200: 50 MB, NVIDIA H200 datasheet / H100 whitepaper, the same GH100 die; other GPUs are priced with the H200's
   figure: not modelled). Only the longest measured context's scratch outgrows L2, so ``build_spill`` is fitted to
   that one shape (in-sample; its leave-one-shape-out error says what the other terms alone predict there);
-- padded FlashMLA (``flashmla_ts_pad64`` rows, the same FlashMLA build the packed kernel calls) = ``padded_tile x
+- padded FlashMLA (``flashmla_ts_pad64_zeros`` rows, zero padded heads: the dispatch's own yardstick; files
+  without them: ``flashmla_ts_pad64``; the same FlashMLA build the packed kernel calls) = ``padded_tile x
   sum(topk_length) + padded_token x T``.
 
 The rows are at H = 8 (g = 8); 16 and 32 heads per rank (g = 4, 2) are priced with the same per-64-row-tile
-coefficients (an extrapolation: not measured). The path's time per layer call is packed kernel + union build; the ``packed`` rows (build and kernel in one graph)
+coefficients (an extrapolation: not measured). The path's time per layer call is the faster packed kernel (hybrid or
+Triton only, as :func:`mla_lab.kernels.packed.choose_path` picks) + union build; the ``packed`` rows (build and kernel in one graph)
 are not fitted and are reported as a check. The rows' ``U`` / ``S`` are the mean union / shared size per group over
 topk; every group of a shape with ``U > S`` is counted as having rest keys (true of the measured shapes: the seed's
 groups each hold g - 1 rest keys, the overlap and context shapes' groups hundreds). ``data/calibration/h200_packed.csv``
 (:func:`write_packed_csv`) holds the coefficients, their source file and commit, and each shape's in-sample and
-leave-one-shape-out error. Without that file the cost model uses the dispatch's hand fit
+leave-one-shape-out error. Without that file the cost model uses the dispatch's own fit
 (:data:`HAND_FIT`, :data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease, in-sample) and says so.
 
 **The union a step has** (:func:`step_union`): the step's chunks ``(req, start, n)`` laid out one after another, cut
@@ -46,7 +51,7 @@ into groups of g consecutive tokens. Token ``p`` (0-based position) of a prompt 
   segments' unions.
 
 **The dispatch** (:func:`packed_plan`, the rule of :func:`mla_lab.kernels.packed.choose_path`): the step packs only
-where the fitted packed time (kernel + build) is below :data:`DISPATCH_MARGIN` x the fitted padded FlashMLA time;
+where the fitted packed time (the faster mode + build) is below :data:`DISPATCH_MARGIN` x the fitted padded FlashMLA time;
 elsewhere it is priced on the fallback path, vLLM 0.33.0's FA3 sparse (the engine path with no padded workspace, the
 one ``packed``'s memory account holds), and the plan says so. Heads that cannot be packed (H not 8, 16 or 32) always
 take the fallback.
@@ -108,9 +113,12 @@ MEASURED_PROGRAMS = PROGRAMS_PER_SM * NUM_SMS["h200"]
 SEED_PROMPT_LEN = 1024
 MEASURED_G = 8
 #: Row kernels the fit reads.
-KERNEL_ROWS = {"kernel": "packed_kernel", "build": "union_build", "padded": "flashmla_ts_pad64", "path": "packed"}
+KERNEL_ROWS = {"kernel": "packed_kernel", "triton": "packed_triton", "build": "union_build",
+               "padded": "flashmla_ts_pad64_zeros", "padded_stale": "flashmla_ts_pad64", "path": "packed"}
 #: Coefficients (ns) and what each multiplies.
-TERMS = {"flash_tile": "shared key-tiles", "rest_tile": "rest key-tiles", "rest_group": "groups with rest keys",
+TERMS = {"flash_tile": "hybrid: shared key-tiles", "rest_tile": "hybrid: rest key-tiles",
+         "rest_group": "hybrid: groups with rest keys", "triton_tile": "Triton only: union key-tiles",
+         "triton_group": "Triton only: groups",
          "build_read": "union build: [T, topk] entries read", "build_entry": "union build: valid entries, sum(topk_length)",
          "build_key": "union build: union keys written, sum(U)",
          "build_spill": "union build: union keys x the scratch's share beyond L2", "padded_tile": "padded kernel: sum(topk_length)",
@@ -138,6 +146,8 @@ class PackedFit:
     flash_tile: float
     rest_tile: float
     rest_group: float
+    triton_tile: float
+    triton_group: float
     build_read: float
     build_entry: float
     build_key: float
@@ -148,9 +158,12 @@ class PackedFit:
     source_commit: str = ""
     errors: tuple = ()
 
-    def kernel_ns(self, shared: float, rest: float, groups_with_rest: float) -> float:
-        """The packed kernel in ns for the 64-row key-tile counts of one call."""
-        return self.flash_tile * shared + self.rest_tile * rest + self.rest_group * groups_with_rest
+    def kernel_ns(self, shared: float, rest: float, groups_with_rest: float, groups: float) -> tuple[str, float]:
+        """``(mode, ns)``: the faster packed kernel (``hybrid`` or ``triton``) for the 64-row key-tile counts of one
+        call."""
+        hybrid = self.flash_tile * shared + self.rest_tile * rest + self.rest_group * groups_with_rest
+        triton = self.triton_tile * (shared + rest) + self.triton_group * groups
+        return ("hybrid", hybrid) if hybrid <= triton else ("triton", triton)
 
     def build_ns(self, read: float, entries: float, union_keys: float, spill: float) -> float:
         """The union build in ns: ``read`` ``[T, topk]`` entries, ``entries`` valid ones, ``union_keys`` keys
@@ -163,13 +176,13 @@ class PackedFit:
         return self.padded_tile * sum_topk_length + self.padded_token * tokens
 
 
-#: The dispatch's hand fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample;
-#: its build term per ``T x topk`` entry read, as its PackedCost prices it; no valid-entry, union-key or L2 term):
-#: used only
+#: The dispatch's fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample, its
+#: rows not committed; its build term per ``T x topk`` entry read, as its PackedCost prices it; no rest-group,
+#: valid-entry, union-key or L2 term): used only
 #: while data/calibration/h200_packed.csv is absent.
-HAND_FIT = PackedFit(0.259, 0.71, 100.0, 0.029, 0.0, 0.0, 0.0, 0.219, 30.0,
-                     source="hand fit of one H200 lease (mla_lab.kernels.packed.H200_PACKED_COST; in-sample, "
-                            "no between-process rows)")
+HAND_FIT = PackedFit(0.328, 0.738, 0.0, 0.687, 15.6, 0.0098, 0.0, 0.0, 0.0, 0.213, 34.9,
+                     source="the dispatch's fit of one H200 lease's rows (mla_lab.kernels.packed.H200_PACKED_COST; "
+                            "in-sample, rows not committed)")
 
 
 def spill_share(s_kv: int, g: int, num_programs: int) -> float:
@@ -185,6 +198,7 @@ def _shape_terms(shape: str, T: int, topk: int, U: float, S: float, s_kv: int) -
     rest = max(0.0, U - S)
     keys = G * U * topk
     return {"shared": G * S * topk, "rest": G * rest * topk, "groups_with_rest": float(G) if rest > 0 else 0.0,
+            "union": G * U * topk, "groups": float(G),
             "read": float(T * topk), "entries": float(st), "union_keys": keys,
             "spill": keys * spill_share(s_kv, MEASURED_G, MEASURED_PROGRAMS), "sum_topk": float(st), "T": float(T)}
 
@@ -222,8 +236,9 @@ def _fit_block(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list, list]:
 
 #: block -> (regressors, row kernel); the coefficients in :data:`TERMS` order.
 BLOCKS = {"kernel": (("shared", "rest", "groups_with_rest"), "packed_kernel"),
+          "triton": (("union", "groups"), "packed_triton"),
           "build": (("read", "entries", "union_keys", "spill"), "union_build"),
-          "padded": (("sum_topk", "T"), "flashmla_ts_pad64")}
+          "padded": (("sum_topk", "T"), "flashmla_ts_pad64_zeros")}
 
 
 def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str | None = None) -> PackedFit:
@@ -241,6 +256,8 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
     t = {s: _shape_terms(s, *geo[s]) for s in geo}
     coef, errors = {}, []
     for block, (cols, kernel) in BLOCKS.items():
+        if block == "padded" and not any(k == kernel for _, k in med):
+            kernel = KERNEL_ROWS["padded_stale"]  # files before the zero-padded-heads rows
         shapes = sorted(s for s in geo if (s, kernel) in med)
         if len(shapes) < len(cols):
             raise ValueError(f"{path}: {len(shapes)} shapes have {kernel} rows; allowed: >= {len(cols)} (the "
@@ -254,12 +271,12 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
                            "loso_ms": None if li is None else li / 1e6,
                            "loso_pct": None if li is None else 100.0 * (li - yi) / yi})
     src = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
-    fit = PackedFit(*coef["kernel"], *coef["build"], *coef["padded"], source=src,
+    fit = PackedFit(*coef["kernel"], *coef["triton"], *coef["build"], *coef["padded"], source=src,
                     source_commit=source_commit if source_commit is not None else _commit_of(path))
     for s in sorted(geo):  # the packed rows (build + kernel in one graph): not fitted, a check of the sum
         if (s, KERNEL_ROWS["path"]) in med:
             y = med[(s, KERNEL_ROWS["path"])]
-            f = (fit.kernel_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"])
+            f = (fit.kernel_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"], t[s]["groups"])[1]
                  + fit.build_ns(t[s]["read"], t[s]["entries"], t[s]["union_keys"], t[s]["spill"])) / 1e6
             errors.append({"block": "path_check", "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": y,
                            "fitted_ms": f, "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None, "loso_pct": None})
@@ -423,18 +440,30 @@ def _step_chunks(step: Step | int) -> list:
 
 @dataclass(frozen=True)
 class PackedPlan:
-    """What a step runs under ``packed``: ``path`` ``packed`` or ``fallback`` (vLLM 0.33.0's FA3 sparse), the
-    predicted ms per layer call of both sides at H200 rates (``packed_ms``: kernel + build; ``padded_ms``: padded
-    FlashMLA, the dispatch's yardstick; None where the heads cannot be packed), the union sizes, the tile rows and
-    ``reason``."""
+    """What a step runs under ``packed``: ``path`` ``packed`` or ``fallback`` (vLLM 0.33.0's FA3 sparse), ``mode``
+    (the packed kernel the dispatch would pick: ``hybrid`` or ``triton``; None where the heads cannot be packed), the
+    predicted ms per layer call at H200 rates (``packed_ms``: that kernel + the union build; ``padded_ms``: padded
+    FlashMLA, the dispatch's yardstick), the union sizes, the tile rows, ``reason`` and the fit's ``source``."""
 
     path: str
+    mode: str | None
     packed_ms: float | None
     padded_ms: float | None
     stats: UnionStats | None
     tile_rows: int
     reason: str
     source: str
+
+
+def _predict(rank: RankView, stats: UnionStats, fit: PackedFit, rows: int) -> tuple[str, float, float]:
+    """``(mode, packed ms, padded ms)`` of one step's union sizes (module docstring: Blackwell's tile scaling)."""
+    scale = rows / 64.0  # the fit's unit is a 64-row key-tile
+    mode, kern = fit.kernel_ns(stats.shared * scale, stats.rest * scale, stats.groups_with_rest, stats.groups)
+    s_kv = max(rank.max_num_batched_tokens, stats.max_seq_len)
+    spill = stats.union * spill_share(s_kv, stats.g, PROGRAMS_PER_SM * NUM_SMS[rank.arch.name])
+    build = fit.build_ns(stats.read, stats.entries, stats.union, spill)
+    padded = fit.padded_ns(stats.sum_topk, stats.T) * max(1.0, rank.padded_num_heads / 64.0)
+    return mode, (kern + build) / 1e6, padded / 1e6
 
 
 def packed_plan(rank: RankView, step: Step | int, overlap: float | None = None,
@@ -445,20 +474,16 @@ def packed_plan(rank: RankView, step: Step | int, overlap: float | None = None,
     rows = tile_rows_of(rank.arch)
     g = packed_group_size(rank.num_heads, rows)
     if g is None:
-        return PackedPlan("fallback", None, None, None, rows, f"{rank.num_heads} heads per rank cannot be packed "
-                          f"(8, 16 or 32 can): FA3 sparse", fit.source)
+        return PackedPlan("fallback", None, None, None, None, rows, f"{rank.num_heads} heads per rank cannot be "
+                          "packed (8, 16 or 32 can): FA3 sparse", fit.source)
     stats = step_union(_step_chunks(step), rank.model.topk, g, o)
-    scale = rows / 64.0  # per 64-row key-tile (the fit's unit)
-    pk = (fit.kernel_ns(stats.shared * scale, stats.rest * scale, stats.groups_with_rest)
-          + fit.build_ns(stats.read, stats.entries, stats.union, stats.union * spill_share(
-              max(rank.max_num_batched_tokens, stats.max_seq_len), g, PROGRAMS_PER_SM * NUM_SMS[rank.arch.name]))) / 1e6
-    pd = fit.padded_ns(stats.sum_topk, stats.T) / 1e6 * max(1.0, rank.padded_num_heads / 64.0)
+    mode, pk, pd = _predict(rank, stats, fit, rows)
     if stats.T == 0 or pk < DISPATCH_MARGIN * pd:
-        return PackedPlan("packed", pk, pd, stats, rows, f"packed: predicted {pk:.3f} ms < {DISPATCH_MARGIN} x "
-                          f"padded {pd:.3f} ms", fit.source)
-    return PackedPlan("fallback", pk, pd, stats, rows, f"fallback to FA3 sparse: packed predicted {pk:.3f} ms >= "
-                      f"{DISPATCH_MARGIN} x padded {pd:.3f} ms (U {stats.union / max(stats.groups, 1):.0f} keys per "
-                      "group)", fit.source)
+        return PackedPlan("packed", mode, pk, pd, stats, rows, f"packed ({mode}): predicted {pk:.3f} ms < "
+                          f"{DISPATCH_MARGIN} x padded {pd:.3f} ms", fit.source)
+    return PackedPlan("fallback", mode, pk, pd, stats, rows, f"fallback to FA3 sparse: packed ({mode}) predicted "
+                      f"{pk:.3f} ms >= {DISPATCH_MARGIN} x padded {pd:.3f} ms (U "
+                      f"{stats.union / max(stats.groups, 1):.0f} keys per group)", fit.source)
 
 
 def packed_strategy(overlap: float | None) -> str:
