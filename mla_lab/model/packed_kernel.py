@@ -468,15 +468,25 @@ def _predict(rank: RankView, stats: UnionStats, fit: PackedFit, rows: int) -> tu
 
 def packed_plan(rank: RankView, step: Step | int, overlap: float | None = None,
                 fit: PackedFit | None = None) -> PackedPlan:
-    """The dispatch of the module docstring for one step on one rank (``overlap`` None: the default)."""
+    """The dispatch of the module docstring for one step on one rank (``overlap`` None: the default; ``fit`` None:
+    :func:`load_packed_fit`, plans cached per rank, chunks and overlap: a step is priced once per layer kind)."""
     o = PACKED_OVERLAP_DEFAULT if overlap is None else overlap
-    fit = fit or load_packed_fit()
+    chunks = tuple(tuple(c) for c in _step_chunks(step))
+    return _plan_cached(rank, chunks, o) if fit is None else _plan(rank, chunks, o, fit)
+
+
+@lru_cache(maxsize=4096)
+def _plan_cached(rank: RankView, chunks: tuple, o: float) -> PackedPlan:
+    return _plan(rank, chunks, o, load_packed_fit())
+
+
+def _plan(rank: RankView, chunks: tuple, o: float, fit: PackedFit) -> PackedPlan:
     rows = tile_rows_of(rank.arch)
     g = packed_group_size(rank.num_heads, rows)
     if g is None:
         return PackedPlan("fallback", None, None, None, None, rows, f"{rank.num_heads} heads per rank cannot be "
                           "packed (8, 16 or 32 can): FA3 sparse", fit.source)
-    stats = step_union(_step_chunks(step), rank.model.topk, g, o)
+    stats = step_union(chunks, rank.model.topk, g, o)
     mode, pk, pd = _predict(rank, stats, fit, rows)
     if stats.T == 0 or pk < DISPATCH_MARGIN * pd:
         return PackedPlan("packed", mode, pk, pd, stats, rows, f"packed ({mode}): predicted {pk:.3f} ms < "
