@@ -3,6 +3,19 @@
 from __future__ import annotations
 
 import numbers
+import reprlib
+
+#: How an error message echoes a value: at most 60 characters, 6 entries of a list, 3 levels deep (a parsed value
+#: can be 10**8 nodes behind a few bytes of YAML; the message never formats more than this).
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = _REPR.maxset = 6
+_REPR.maxlevel = 3
+
+
+def short_repr(value) -> str:
+    """``repr(value)`` bounded (:data:`_REPR`): what every error message echoing a user's value prints."""
+    return _REPR.repr(value)
 
 
 def check_int(name: str, value, allow_zero: bool = False) -> int:

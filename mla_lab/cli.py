@@ -58,36 +58,87 @@ class _Parser(argparse.ArgumentParser):
 
 
 # ----------------------------------------------------------------------------------------------------- sweep
+#: The largest ``-f`` file and ``-p`` value read (bytes): the default grid's YAML is ~0.5 KB, a full one a few KB.
+MAX_PARAM_BYTES = 64 * 1024
+#: The deepest nesting a parameter file may have: a parameter is a value or a list (a mapping of them at the top).
+MAX_PARAM_DEPTH = 16
+
+
+def _yaml_load(text: str, where: str):
+    """``text`` parsed as YAML without anchors or aliases (an alias bomb of 491 bytes expands to 10**8 nodes the
+    moment anything formats it, issue 39): a parameter file has no use for them.
+
+    Raises:
+        DoorError: an anchor or alias in ``text`` (``where`` names the file or the ``-p`` name); yaml.YAMLError
+        for text that is not YAML.
+    """
+    import yaml
+
+    class _NoAliasLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent, index):
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+                raise DoorError(f"{where}: holds a YAML anchor or alias (line {event.start_mark.line + 1}); "
+                                "allowed: plain YAML values, each written out")
+            self.depth += 1
+            if self.depth > MAX_PARAM_DEPTH:
+                raise DoorError(f"{where}: nests values more than {MAX_PARAM_DEPTH} levels deep (line "
+                                f"{event.start_mark.line + 1}); allowed: a parameter is a value or a list of values")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
     import yaml
 
     raw: dict = {}
     for f in files or []:
-        path = Path(f)
-        if not path.exists():
-            raise DoorError(f"-f {f}: no such file; allowed: a YAML file of sweep parameters")
-        if not path.is_file():
-            raise DoorError(f"-f {f!r} is not a regular file (a device, a folder or a pipe holds no parameters); "
-                            "allowed: a YAML file mapping sweep parameter names to values")
-        try:
-            text = path.read_text()
-            data = yaml.safe_load(text)
-        except UnicodeDecodeError:
-            raise DoorError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
-        except yaml.YAMLError as e:
-            raise DoorError(f"-f {f}: not valid YAML: {' '.join(str(e).split())}") from None
-        if data is None:
-            raise DoorError(f"-f {f!r} is empty (no YAML mapping in it); allowed: a YAML file mapping sweep "
-                            "parameter names to values, e.g. 'tp_sizes: [8]'")
-        if not isinstance(data, dict):
-            raise DoorError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
-        raw.update(data)
+        raw.update(_load_param_file(f))
     for name, value in pairs or []:
+        if len(value) > MAX_PARAM_BYTES:
+            raise DoorError(f"-p {name}: a value of {len(value):,} characters; allowed: at most {MAX_PARAM_BYTES:,}")
         try:
-            raw[name] = yaml.safe_load(value)
+            raw[name] = _yaml_load(value, f"-p {name}")
         except yaml.YAMLError as e:
             raise DoorError(f"-p {name} {value!r}: not a valid YAML value: {' '.join(str(e).split())}") from None
     return raw
+
+
+def _load_param_file(f: str) -> dict:
+    """One ``-f`` file: a regular UTF-8 file of at most :data:`MAX_PARAM_BYTES` holding a YAML mapping.
+
+    Raises:
+        DoorError: one line naming the file.
+    """
+    import yaml
+
+    path = Path(f)
+    if not path.exists():
+        raise DoorError(f"-f {f}: no such file; allowed: a YAML file of sweep parameters")
+    if not path.is_file():
+        raise DoorError(f"-f {f!r} is not a regular file (a device, a folder or a pipe holds no parameters); "
+                        "allowed: a YAML file mapping sweep parameter names to values")
+    if path.stat().st_size > MAX_PARAM_BYTES:
+        raise DoorError(f"-f {f}: {path.stat().st_size:,} bytes; allowed: a YAML file of sweep parameters of at "
+                        f"most {MAX_PARAM_BYTES:,} bytes")
+    try:
+        data = _yaml_load(path.read_text(), f"-f {f}")
+    except UnicodeDecodeError:
+        raise DoorError(f"-f {f}: not a text file; allowed: a UTF-8 YAML mapping of parameter names") from None
+    except yaml.YAMLError as e:
+        raise DoorError(f"-f {f}: not valid YAML: {' '.join(str(e).split())}") from None
+    if data is None:
+        raise DoorError(f"-f {f!r} is empty (no YAML mapping in it); allowed: a YAML file mapping sweep "
+                        "parameter names to values, e.g. 'tp_sizes: [8]'")
+    if not isinstance(data, dict):
+        raise DoorError(f"-f {f}: must hold a mapping of parameter names to values, got {type(data).__name__}")
+    return data
 
 
 def _resolve(p: str, cwd: Path) -> Path:
@@ -303,6 +354,7 @@ def plan_outputs(params: dict, report_name: str, report_name_given: bool = False
     from .sweep.run import check_output_file
 
     checked = validate_params(params)
+    _check_report_dir_files(resolve(checked.report_dir), report_name, checked.overwrite)
     if checked.overwrite:
         return params, report_name, []
     grid = {k: getattr(checked, k) for k in doors.GRID_KEYS}
@@ -329,6 +381,31 @@ def plan_outputs(params: dict, report_name: str, report_name_given: bool = False
             notes.append(f"{checked.data_file} {why}: kept; this run writes {data_file} (--overwrite replaces the "
                          "default one)")
     return params, named if notes else report_name, notes
+
+
+def _check_report_dir_files(report_dir: Path, report_name: str, overwrite: bool) -> None:
+    """The files a sweep rewrites in ``report_dir`` whatever the grid (its ``index.html``, and with ``--overwrite``
+    ``<report_name>.html``) must be the lab's: an index carrying the lab's title, a report a published run names
+    (:func:`mla_lab.report.site.list_runs`). A user's page of that name is refused, ``--overwrite`` or not (issue 39).
+
+    Raises:
+        DoorError: one line naming the file.
+    """
+    from .report import site
+
+    index = report_dir / "index.html"
+    if index.is_file():
+        try:
+            ours = site.INDEX_TITLE in index.read_text(encoding="utf-8", errors="replace")[:4096]
+        except OSError:
+            ours = False
+        if not ours:
+            raise DoorError(f"report_dir={str(report_dir)!r} holds index.html, which the lab did not write (each "
+                            "sweep rewrites the index there); allowed: another report_dir, or move that file")
+    latest = report_dir / f"{report_name}.html"  # without --overwrite another's report is kept (a named one written)
+    if overwrite and latest.is_file() and not any(m.get("report_name") == report_name for m in site.list_runs(report_dir)):
+        raise DoorError(f"report_dir={str(report_dir)!r} holds {latest.name}, which no run the lab published there "
+                        "names; the lab replaces only its own reports; allowed: another --report-name or report_dir")
 
 
 def _jsonable(d: dict) -> dict:
@@ -501,8 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     ad.add_argument("--request-rate", default=None, help=argparse.SUPPRESS)  # refused with a reason
     ad.add_argument("--no-measured", action="store_true", help="use modelled TTFT only (ignore data/measured)")
     ad.add_argument("--engine", default=None,
-                    help="an engine version preset, e.g. vllm@0.33.0 (mla-lab engines lists them; first names such "
-                         "as vllm-53878 map to theirs): its strategies join the candidates, its route heads the list")
+                    help="the engine version to answer within (default vllm@0.33.0; e.g. sglang@0.5.23, vllm@pr53878: "
+                         "mla-lab engines lists them; first names such as vllm-53878 map to theirs): only its "
+                         "strategies are ranked, other engines' options are listed in their own section")
     ad.add_argument("--packed-overlap", type=float, default=None,
                     help="the pairwise overlap of neighbouring tokens' top-k sets past the top-k that the lab's "
                          "packed kernel is priced at, 0..1 (default 0.44: TensorRT-LLM tech blog 21, an assumption)")
@@ -541,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     en = sub.add_parser("engines", help="the engine versions the lab describes (vLLM / SGLang releases and PR-era "
                                         "builds): route, padding, decode backend, sources; or check a wheel")
     en.add_argument("--json", action="store_true", help="every preset with its facts and their file:line")
+    en.add_argument("--arch", default="h200",
+                    help="the GPU whose backends and padding to show: h200 (sm90, default) or b200 (sm100; modelled "
+                         "from the engines' sources, nothing ran on a B200)")
     en.add_argument("--check-wheel", nargs="+", default=None, metavar="WHEEL",
                     help="release wheel(s) to check the facts against (read with ast; never installed or imported)")
     en.add_argument("--download", nargs="+", default=None, metavar="ENGINE==VERSION",
@@ -640,8 +721,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+#: The longest error line printed (characters): a message that echoes a value is cut, never the terminal flooded.
+MAX_ERROR_CHARS = 1500
+
+
 def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__
+    s = " ".join(str(e)[: 4 * MAX_ERROR_CHARS].split()) or type(e).__name__
+    return s if len(s) <= MAX_ERROR_CHARS else s[: MAX_ERROR_CHARS - 5] + " ..."
 
 
 if __name__ == "__main__":

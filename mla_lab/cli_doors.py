@@ -85,6 +85,12 @@ MIN_NOISE_RUNS = 20
 #: 330,240 in 11.6 s; ``--num-prompts 256 --random-output-len 16``, 348,160 in 12.2 s): 350,000 is <= ~13 s.
 MAX_NOISE_STEPS = 350_000
 #: The most points x strategies one sweep grid may hold, and the most entries one grid list may hold.
+#: The longest benchmark a serving simulation may span (simulated seconds, num_prompts / request_rate, the arrivals'
+#: expected span): 1e8 s (~3 years). Timestamps are float64 seconds; at 1e8 s one ulp is 15 ns (2**-26 s), well
+#: below the millisecond-scale engine steps priced, so step times and ITLs stay exact; at 1e12 s (1e-12 req/s) an
+#: ulp is 0.12 ms, the size of a step's parts (and the metrics' per-second array, now sparse, asked for 8.91 TiB,
+#: issue 39).
+MAX_SIM_SECONDS = 1e8
 MAX_GRID_POINTS = 4096
 MAX_LIST_LEN = 64
 #: The most grid points (deployment x prompt length x KV dtype) one sweep's report draws: one frontier panel each,
@@ -283,6 +289,7 @@ def check_sweep_serving(checked) -> None:
     """
     from .placement import BASELINE, PRESETS, expand_strategies
 
+    check_sim_time(checked.num_prompts, checked.request_rate, "request_rate")
     n_strat = len(set(expand_strategies(list(PRESETS))) | {BASELINE})
     L, mbt = max(((L, T) for L in checked.prompt_lens for T in checked.max_num_batched_tokens),
                  key=lambda lt: math.ceil(lt[0] / lt[1]))
@@ -292,6 +299,20 @@ def check_sweep_serving(checked) -> None:
                         f"+ output_len={checked.output_len}) x {n_strat} strategies is {work * n_strat:,} request-steps "
                         f"for the report's serving simulation; allowed: at most {MAX_SERVE_TOTAL_STEPS:,}, the bound "
                         "of 'mla-lab serve' (fewer prompts or output tokens)")
+
+
+def check_sim_time(num_prompts: int, request_rate: float, label: str) -> None:
+    """The serving simulation's simulated span: ``num_prompts / request_rate`` <= :data:`MAX_SIM_SECONDS`.
+
+    Raises:
+        DoorError: one line naming ``label`` (the rate's flag or parameter), the value and the smallest rate allowed.
+    """
+    request_rate = float(request_rate)  # the sweep's parameter is 'inf' or a number
+    if math.isinf(request_rate) or num_prompts / request_rate <= MAX_SIM_SECONDS:
+        return
+    raise DoorError(f"{label}={request_rate:g} req/s spreads {num_prompts} prompts over ~{num_prompts / request_rate:.3g} "
+                    f"simulated seconds; allowed: >= {num_prompts / MAX_SIM_SECONDS:.3g} req/s (a benchmark of at "
+                    f"most {MAX_SIM_SECONDS:.0e} s, where float64 timestamps keep step times exact), or inf")
 
 
 def _check_steps(num_prompts: int, prompt_len: int, mbt: int, what: str) -> None:
@@ -311,10 +332,32 @@ def file_in_the_way(path: str | Path) -> Path | None:
     return None
 
 
+def check_special_fs(name: str, value) -> None:
+    """A path on a special filesystem (``/proc``, ``/sys``, ``/dev``, :func:`mla_lab.paths.special_filesystem`) is
+    refused: the run would fail late, after the door and the dry run accepted it.
+
+    Raises:
+        DoorError: one line naming the argument, the value and the filesystem.
+    """
+    from .paths import special_filesystem
+
+    fs = special_filesystem(value)
+    if fs:
+        raise DoorError(f"{name}={_short(str(value))} is on the {fs} filesystem (kernel or device files, not a place "
+                        "for results); allowed: a path on an ordinary disk")
+
+
 def _check_path(name: str, value: str, folder: bool) -> None:
     p = Path(value)
     if "\x00" in value:
         raise DoorError(f"{name}={_short(value)} holds a NUL byte; allowed: a path")
+    check_special_fs(name, value)
+    from .paths import committed_data_folder
+
+    if committed_data_folder(p if folder else p.parent, direct=not folder):
+        raise DoorError(f"{name}={_short(value)} is in a committed data folder (git tracks the files there); the lab "
+                        "never writes its outputs there, --overwrite or not; allowed: a path outside it, e.g. the "
+                        "default")
     blocker = file_in_the_way(p if folder else p.parent)
     if blocker is not None:
         where = "is a file" if blocker == Path(p if folder else p.parent).expanduser().absolute() else \
@@ -504,6 +547,7 @@ def check_serve(args, strategies=None):
         raise DoorError(f"--num-runs={args.num_runs} is too few for the 95 % band the noise Monte-Carlo prints (its "
                         f"2.5th and 97.5th percentiles need at least {MIN_NOISE_RUNS} runs); allowed: 1 (one "
                         f"deterministic simulation) or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,}")
+    check_sim_time(args.num_prompts, args.request_rate, "--request-rate")
     conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
     dep, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
                            args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,

@@ -6,6 +6,7 @@ against a release wheel (``--check-wheel`` / ``--download``, mla_lab.engines.whe
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from .cli_doors import DoorError, rel_path
@@ -29,7 +30,8 @@ def cmd_engines(args) -> int:
         if on:
             raise DoorError(f"{flag} writes the wheel check's report; allowed: with --check-wheel PATH.whl or "
                             "--download ENGINE==VERSION")
-    rows = engine_table()
+    arch = _engines_arch(getattr(args, "arch", "h200"))
+    rows = engine_table(sm=arch.sm)
     for r in rows:
         p = engine_preset(r["preset"])
         r["decode_backend"] = "FLASH_ATTN_MLA_SPARSE (fa3)" if r["decode_route"] == "fa3-sparse" and \
@@ -39,8 +41,9 @@ def cmd_engines(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1, default=str))
         return 0
-    print("engine presets for GLM-5 TP8 (8 heads per rank), H200 (sm90), bf16 KV, 1024-token prompts, 16384 "
-          "tokens per step (PR #53878's benchmark); modelled from the engines' sources (a code reading, not run)")
+    print(f"engine presets for GLM-5 TP8 (8 heads per rank), {arch.name.upper()} ({arch.sm}), bf16 KV, 1024-token "
+          "prompts, 16384 tokens per step (PR #53878's benchmark); modelled from the engines' sources (a code "
+          "reading, not run" + (f"; nothing ran on a {arch.name.upper()}" if arch.sm != "sm90" else "") + ")")
     print(" ".join(t.ljust(w) for t, w in _ENGINE_COLS).rstrip())
     for r in rows:
         vals = (r["preset"], r["engine"], r["version"], r["release_date"], r["prefill_route"] or "-",
@@ -51,9 +54,30 @@ def cmd_engines(args) -> int:
     return 0
 
 
+#: GPUs whose engine facts the lab holds (:mod:`mla_lab.engines.versions`: sm90 and sm100).
+ENGINE_SMS = ("sm90", "sm100")
+
+
+def _engines_arch(name):
+    """The GPU card of ``--arch`` (one whose sm the engine facts cover: :data:`ENGINE_SMS`).
+
+    Raises:
+        DoorError: one line naming ``--arch``, the value and the allowed ones.
+    """
+    from .arch import ARCHS, get_arch
+
+    allowed = [a for a in ARCHS if get_arch(a).sm in ENGINE_SMS]
+    try:
+        arch = get_arch(name)
+    except (ValueError, KeyError, TypeError):
+        arch = None
+    if arch is None or arch.sm not in ENGINE_SMS:
+        raise DoorError(f"--arch={name!r} is not valid; allowed: {allowed} (GPUs whose engine facts the lab holds)")
+    return arch
+
+
 def _check_wheels(args) -> int:
-    from .engines.wheel_check import check_wheel, download_wheel, format_report, write_report
-    from .paths import data_dir
+    from .engines.wheel_check import check_wheel, download_wheel, format_report
 
     wd = Path(args.wheel_dir)
     if args.download and any(q.exists() and not q.is_dir() for q in (wd, *wd.parents)):
@@ -77,12 +101,28 @@ def _check_wheels(args) -> int:
             raise DoorError(f"--check-wheel={w!r}: {e}") from None
         bad += rep["counts"]["fails"] + rep["counts"]["missing"]
         if args.write:
-            try:
-                j, m = write_report(rep, data_dir() / "engines", overwrite=args.overwrite)
-            except ValueError as e:
-                raise DoorError(str(e)) from None
-            print(f"mla-lab: wrote {rel_path(j)} and {rel_path(m)}")
+            _write_checked(w, rep, args.overwrite)
         print(json.dumps(rep, indent=1) if args.json else format_report(rep))
     return 1 if bad else 0
 
 
+def _write_checked(wheel: str, rep: dict, overwrite: bool) -> None:
+    """``--write``: the wheel check's report into ``data/engines`` when every fact held or moved; a failed check
+    writes nothing (the committed facts stay as they are, issue 39) and says so on stderr.
+
+    Raises:
+        DoorError: a report file exists and ``overwrite`` is False.
+    """
+    from .engines.wheel_check import write_report
+    from .paths import data_dir
+
+    c = rep["counts"]
+    if c["fails"] + c["missing"]:
+        print(f"mla-lab: {wheel}: not written (the check failed: {c['fails']} fails, {c['missing']} missing); the "
+              "facts under data/engines are unchanged", file=sys.stderr)
+        return
+    try:
+        j, m = write_report(rep, data_dir() / "engines", overwrite=overwrite)
+    except ValueError as e:
+        raise DoorError(str(e)) from None
+    print(f"mla-lab: wrote {rel_path(j)} and {rel_path(m)}")

@@ -73,7 +73,9 @@ def add_parsers(sub) -> None:
     rp.add_argument("--measured", required=True, help="a GPU folder under data/measured, e.g. h200")
     rp.add_argument("--report-dir", default=None, help="where the report goes (default reports/<gpu>)")
     rp.add_argument("--overwrite", action="store_true",
-                    help="replace a report already in --report-dir (the committed reports/h200/ among them)")
+                    help="replace the files of a report the lab wrote in --report-dir (listed in its "
+                         ".mla_lab_manifest.json; the committed reports/h200/ among them); a folder holding any other "
+                         "file is refused")
 
 
 def cmd_measure(args, stamp) -> int:
@@ -137,7 +139,13 @@ def cmd_measure(args, stamp) -> int:
 def _check_out_folder(flag: str, value: str, p: Path) -> None:
     """A folder path that can be created or written: not a file, not under a file, in a writable parent. Raises
     ValueError naming the flag, the value and what is allowed."""
+    from mla_lab.paths import special_filesystem
+
     allowed = "allowed: a folder path in a writable folder"
+    fs = special_filesystem(p)
+    if fs:
+        raise ValueError(f"{flag}={value!r} is on the {fs} filesystem (kernel or device files, not a place for "
+                         f"results); {allowed} on an ordinary disk")
     for q in [p, *p.parents]:
         if q.exists() and not q.is_dir():
             raise ValueError(f"{flag}={value!r}: {q} is a file, not a folder; {allowed}")
@@ -147,12 +155,48 @@ def _check_out_folder(flag: str, value: str, p: Path) -> None:
             break
 
 
+#: What one ``mla-lab report`` writes besides its figure folder ``<name>/`` (``<name>`` = the run's report_name).
+REPORT_SUFFIXES = (".html", ".ipynb", ".png", ".svg", "_rows.csv")
+
+
+def legacy_report_files(folder: Path) -> list[str]:
+    """The files of a report folder written before :data:`mla_lab.paths.OUTPUT_MANIFEST` existed (the committed
+    ``reports/h200/``), recognised by the report's own stamp: ``run_metadata.json`` names a ``report_name`` R and a
+    ``run_id`` that ``R.html`` contains. Then the lab's files are ``run_metadata.json``, ``R`` + each of
+    :data:`REPORT_SUFFIXES` and the figures ``R/<figure>.png`` that have their ``R/<figure>.svg`` twin (and the
+    reverse); anything else in the folder is not the lab's. Without the stamp: [] (nothing is the lab's)."""
+    import json
+
+    try:
+        meta = json.loads((folder / "run_metadata.json").read_text(encoding="utf-8"))
+        name, run_id = meta["report_name"], meta["run_id"]
+        if not (isinstance(name, str) and isinstance(run_id, str) and run_id and "/" not in name):
+            return []
+        if run_id not in (folder / f"{name}.html").read_text(encoding="utf-8", errors="replace"):
+            return []
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    files = ["run_metadata.json"] + [f"{name}{s}" for s in REPORT_SUFFIXES if (folder / f"{name}{s}").is_file()]
+    figs = folder / name
+    if figs.is_dir():
+        files += [f"{name}/{p.name}" for p in sorted(figs.iterdir()) if p.is_file() and p.suffix in (".png", ".svg")
+                  and (figs / (p.stem + (".svg" if p.suffix == ".png" else ".png"))).is_file()]
+    return files
+
+
 def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
     """The ``mla-lab sweep`` argument list that renders the report of ``gpu`` into a temporary folder, and the
     function that moves it to ``report_dir`` (default ``reports/<gpu>``) once rendered. Raises ValueError for a GPU
     without measured rows or unknown to the lab."""
     from mla_lab.arch import get_arch
-    from mla_lab.paths import REPO_ROOT, measured_dir
+    from mla_lab.paths import (
+        OUTPUT_MANIFEST,
+        REPO_ROOT,
+        measured_dir,
+        remove_lab_files,
+        replaceable_files,
+        write_output_manifest,
+    )
     from mla_lab.sweep.measured import GRID
 
     folder = measured_dir(gpu)
@@ -165,10 +209,8 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
     except (KeyError, ValueError) as e:
         raise ValueError(f"--measured={gpu!r}: not a GPU the lab models ({e})") from None
     dest = Path(report_dir) if report_dir else REPO_ROOT / "reports" / gpu
+    replaceable_files(dest, "--report-dir", overwrite, legacy=legacy_report_files)  # before the render: one line
     _check_out_folder("--report-dir", str(report_dir or dest), dest)
-    if dest.is_dir() and any(dest.iterdir()) and not overwrite:
-        raise ValueError(f"--report-dir={str(report_dir or dest)!r} already holds a report (reports/<gpu>/ is "
-                         "committed); allowed: --overwrite to replace it, or another --report-dir")
     tmp = Path(tempfile.mkdtemp(prefix=f"mla_lab_report_{gpu}_"))
     name = f"padding_sweep_{gpu}"
     archs = [gpu] + ([] if gpu == "b200" else ["b200"])
@@ -183,10 +225,10 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
             str(tmp / "reports"), "--report-name", name]
 
     def finish() -> Path:
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
-        shutil.copytree(tmp / "reports" / name, dest / name)
+        # checked again: a file that appeared during the render is refused, never removed
+        remove_lab_files(dest, replaceable_files(dest, "--report-dir", overwrite, legacy=legacy_report_files))
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(tmp / "reports" / name, dest / name, dirs_exist_ok=True)
         for ext in ("html", "ipynb", "png", "svg"):
             src = tmp / "reports" / f"{name}.{ext}"
             if src.is_file():
@@ -195,6 +237,8 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
         runs = sorted((tmp / "reports" / "runs").glob("*.json"))
         if runs:
             shutil.copy2(runs[-1], dest / "run_metadata.json")
+        written = [p for p in dest.rglob("*") if p.is_file() and p.name != OUTPUT_MANIFEST]
+        write_output_manifest(dest, written, "mla-lab report --measured " + gpu)
         shutil.rmtree(tmp, ignore_errors=True)
         return dest / f"{name}.html"
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from . import cli_doors as doors
@@ -44,11 +45,14 @@ def cmd_index(args) -> int:
 
     doors.check_report_name(args.report_name)
     rd = _check_report_dir(args.report_dir)  # exists, a folder, holds a published run: nothing is created
+    skipped: list = []
     try:
-        out = site.build_index(rd, args.report_name)
+        out = site.build_index(rd, args.report_name, skipped)
     except (OSError, ValueError) as e:
         what = getattr(e, "strerror", None) or str(e)
         raise DoorError(f"--report-dir {args.report_dir}: {what}; give the folder the reports are in") from None
+    for path, why in skipped:  # a hand-edited or corrupt run record is named, never a traceback
+        print(f"mla-lab: note: {rel_path(path)} skipped: {why}", file=sys.stderr)
     print(f"mla-lab: index of {len(site.list_runs(args.report_dir))} report(s) written to {rel_path(out)}")
     return 0
 

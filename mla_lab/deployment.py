@@ -184,7 +184,10 @@ class Deployment:
     @classmethod
     def seed(cls, **overrides) -> Deployment:
         """vLLM PR #53878's benchmark (:data:`SEED_ARGS`; module docstring), with ``overrides`` (names as
-        :meth:`of`) applied, e.g. ``Deployment.seed(model="glm-5.2")``.
+        :meth:`of`) applied, e.g. ``Deployment.seed(model="glm-5.2")``. A ``num_prompts`` given without
+        ``concurrency`` caps the PR's concurrency at it (``Deployment.seed(num_prompts=1)`` runs one request at a time,
+        as ``vllm bench serve --num-prompts 1 --max-concurrency 32`` does): a concurrency the caller never gave is
+        never the reason for a refusal (issue 39).
 
         Raises:
             ValueError: an unknown override name (lists the allowed), or as :meth:`of`.
@@ -193,7 +196,12 @@ class Deployment:
         unknown = sorted(set(overrides) - allowed)
         if unknown:
             raise ValueError(f"Deployment.seed() got unknown argument(s) {unknown}; allowed: {sorted(allowed)}")
-        return cls.of(**{**SEED_ARGS, **overrides})
+        args = {**SEED_ARGS, **overrides}
+        n, c = args.get("num_prompts"), SEED_ARGS.get("concurrency")
+        if "concurrency" not in overrides and isinstance(c, int) and isinstance(n, int) and not isinstance(n, bool) \
+                and 0 < n < c:
+            args["concurrency"] = n
+        return cls.of(**args)
 
     @staticmethod
     def require(value, name: str = "deployment") -> None:

@@ -21,7 +21,7 @@ from .deployment import MOE_PARALLEL, WEIGHT_DTYPES, Deployment
 from .labels import KERNEL_NATIVE_NOTE, PACKED_NOTE
 from .models import KV_CACHE_DTYPES, load_model, model_names
 from .placement import BASELINE, EXPLORER_STRATEGIES, PR_STRATEGY, resolve_strategy
-from .report.data import load_measured
+from .report.data import load_measured, withhold_off_route
 from .report.figures import strategy_style
 from .seed import SEED_DEPLOYMENT
 from .sweep.advise import advise, engines_block, format_advice
@@ -41,6 +41,11 @@ CONTROL_OPTIONS = {
     "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
     "num_prompts": (1, 256),
 }
+
+
+#: The most prefill steps one explored point prices per strategy: the bound ``mla-lab advise`` applies
+#: (:data:`mla_lab.cli_doors.MAX_PRICED_STEPS`, ~1-2 ms per step per strategy; a test keeps the two equal).
+MAX_PRICED_STEPS = 2048
 
 
 def tp_options(model: str) -> list[int]:
@@ -66,6 +71,7 @@ def _match_measured(measured, sel: dict):
     for k in MATCH_KEYS:
         if k in d.columns:
             d = d[d[k].astype(str) == str(sel[k])]
+    d, _ = withhold_off_route(d)  # measured only where the measured kernel runs and the deployment fits (issue 39)
     return d.reset_index(drop=True) if len(d) else None
 
 
@@ -94,11 +100,20 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         costs the KV tokens the workload needs) has its numbers None the same way.
 
     Raises:
-        ValueError: not a Deployment; an unknown strategy; anything the row builder rejects.
+        ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` prefill steps; ``measured`` not a
+            DataFrame; an unknown strategy; anything the row builder rejects.
     """
     if not isinstance(deployment, Deployment):
         raise ValueError(f"deployment={deployment!r} must be a mla_lab.deployment.Deployment (Deployment.of(...) "
                          "or Deployment.seed())")
+    steps = deployment.num_prompts * -(-deployment.prompt_len // deployment.max_num_batched_tokens)
+    if steps > MAX_PRICED_STEPS:  # the explorer's door: a 2**40-token prompt priced for minutes (issue 39)
+        raise ValueError(f"num_prompts={deployment.num_prompts} x prompt_len={deployment.prompt_len} at "
+                         f"max_num_batched_tokens={deployment.max_num_batched_tokens} is {steps:,} prefill steps to "
+                         f"price per strategy; allowed: at most {MAX_PRICED_STEPS:,} (fewer or shorter prompts)")
+    if measured is not None and not hasattr(measured, "columns"):
+        raise ValueError(f"measured= a {type(measured).__name__} is not a DataFrame of measured sweep rows; allowed: "
+                         "mla_lab.report.data.load_measured() or None")
     strategy = resolve_strategy(strategy)
     point = deployment.to_point()
     rows = [dict(r) for r in _rows(deployment)]
@@ -281,7 +296,8 @@ def measured_html(result: dict) -> str:
         return ("<i>This deployment does not fit, so no measured row is shown for it (a row measured on a one-GPU "
                 "share of it is not a result of the deployment).</i>")
     if meas is None or len(meas) == 0:
-        return ("<i>No measured rows in data/measured for this selection: the numbers above are modelled.</i>")
+        return ("<i>No measured rows in data/measured for this selection (or none whose route runs the measured "
+                "kernel: a dense-MHA route shows none): the numbers above are modelled.</i>")
     cols = [c for c in ("strategy", "ttft_ms", "ttft_change_pct", "extra_persistent_mib", "peak_bytes", "device",
                         "torch", "flash_mla", "git_commit", "timestamp", "file") if c in meas.columns]
     return f"<b>Measured rows for this selection ({len(meas)})</b>" + meas[cols].to_html(index=False, float_format=

@@ -85,7 +85,7 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
            "preset_table", "SUBCHUNK_GRAPH", "ENGINE_PRESET_MEMBERS", "engine_strategies",
            "ENGINE_LEGACY_NAMES", "resolve_engine", "engine_summary", "engine_table", "blackwell_rows",
-           "PR_TRADE_BY_ENGINE", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label", "strategy_notes",
+           "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label", "strategy_notes",
            "FA3_DECODE_PLACEMENTS"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
@@ -540,6 +540,9 @@ def advise_candidates(max_num_batched_tokens: int) -> list[str]:
     return names
 
 
+#: The lab's proposals ``mla-lab advise`` also prices on vLLM 0.33.0's routes with FLASHMLA_SPARSE forced.
+FORCED_TODAY = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:graph2")
+
 #: (label, strategy, against) of the seed answer (:mod:`mla_lab.report.seed_answer`).
 SEED_COMPARISONS = (
     ("vLLM #53878 vs vLLM before it, padded heads zeros", "private_workspace", "per_call_empty:zeros"),
@@ -683,7 +686,8 @@ def engine_summary(engine: str, model, topk: int, num_heads: int, sm: str = "sm9
         "nowhere at this prompt length (prefill rows dense MHA, decode rows another backend)")
     if where == ["decode rows"] and prefill_route == "mha-dense":
         padded_path += "; prefill rows dense MHA"
-    note = (f"SGLang's step holds at most its chunked_prefill_size ({budget} on an H200); the lab's serving model "
+    where = "an H200" if sm == "sm90" else f"an H200; read for sm90, applied to {sm}"
+    note = (f"SGLang's step holds at most its chunked_prefill_size ({budget} on {where}); the lab's serving model "
             f"steps at max_num_batched_tokens {max_num_batched_tokens}: give --max-num-batched-tokens {budget} to "
             "price SGLang's own steps" if budget < max_num_batched_tokens else "")
     return {**out, "backend": backend, "padding": pad, "prefill_route": prefill_route, "note": note,

@@ -20,7 +20,7 @@ def seed_advice():
 
 
 def _all(result):
-    return [result["recommendation"], *result["alternatives"]]
+    return [result["recommendation"], *result["alternatives"], *result["other_engines"]]
 
 
 def test_seed_measured_changes_are_between_processes_and_match_the_seed_answer(seed_advice):

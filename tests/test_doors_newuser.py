@@ -16,7 +16,9 @@ def test_report_refuses_to_replace_a_report_without_overwrite(tmp_path):
     d.mkdir()
     (d / "padding_sweep_h200.html").write_text("<html>an earlier report</html>")
     rc, out, err = run_cli(["report", "--measured", "h200", "--report-dir", str(d)])
-    assert rc == 2 and "already holds a report" in err and "--overwrite" in err and len(err.strip().splitlines()) == 1
+    # issue 39: the folder holds a file the lab did not write (no manifest, no stamp): named, not "a report"
+    assert rc == 2 and "padding_sweep_h200.html, a file the lab did not write" in err
+    assert "already holds a report" not in err and len(err.strip().splitlines()) == 1
     assert (d / "padding_sweep_h200.html").read_text() == "<html>an earlier report</html>"
 
 

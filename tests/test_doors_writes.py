@@ -151,8 +151,12 @@ def test_default_outputs_of_another_grid_give_a_named_report(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     run_sweep(dict(ONE_POINT, store_dir="data/sweeps/padding_sweep", data_file="data/padding_sweep.csv"),
               progress=False)
-    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "runs").mkdir(parents=True)
     (tmp_path / "reports" / "padding_sweep.html").write_text("<html>the main report</html>")
+    # published as the lab publishes it (a run record naming it): --overwrite replaces only the lab's own report
+    (tmp_path / "reports" / "runs" / "r0.html").write_text("<html>run r0</html>")
+    (tmp_path / "reports" / "runs" / "r0.json").write_text(json.dumps(
+        {"run_id": "r0", "html": "runs/r0.html", "report_name": "padding_sweep", "params": {}}))
     before = _digest(tmp_path)
     argv = ["sweep", "--dry-run", *sum((["-p", k, json.dumps(v)] for k, v in ONE_POINT.items()
                                         if k != "prompt_lens"), []), "-p", "prompt_lens", "[2048]"]

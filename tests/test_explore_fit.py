@@ -75,10 +75,11 @@ def test_the_advice_table_fits_a_1280_px_report():
     from mla_lab.sweep.advise import advise, format_advice
 
     text = format_advice(advise(Deployment.seed(), memory_budget_mib=300))
-    header = next(ln for ln in text.splitlines() if ln.startswith("strategy "))
+    header = next(ln for ln in text.splitlines() if ln.startswith("strategy@engine version "))
     assert header.endswith("frontier") and "measured dTTFT [int.]" in header
     rows = [ln for ln in text.splitlines() if ln.split() and ln.split()[0] in
-            {"per_call_empty:zeros", "private_workspace", "fa3_sparse", "per_call_zeros@sglang-dense"}]
+            {"per_call_empty:zeros@vllm-pr53878-before", "private_workspace@vllm-pr53878", "fa3_sparse@vllm-0.33.0",
+             "fa3_sparse@vllm-pr46189", "per_call_zeros@sglang-dense"}]
     assert len(rows) >= 3
     for ln in [header, *rows]:
         assert len(ln) <= 143 and ln == ln.rstrip(), ln

@@ -135,8 +135,11 @@ def test_tp_bars_legend_does_not_call_kernel_native_a_bound():
 # ------------------------------------------------------------------------------------------ sglang-dense
 def test_sglang_dense_is_not_presented_as_sglang_default():
     text = format_advice(advise(Deployment.seed(), measured=NO_MEASURED))
-    rec = text.split("recommended:\n", 1)[1].splitlines()[1].split()
-    assert rec[:2] == ["per_call_zeros@sglang-dense", "sglang-dense"]  # not preset "sglang", not "@sglang-default"
+    # SGLang's dense route is another engine's option: listed in its own section, never the vLLM 0.33.0 answer
+    rec = text.split("recommended within vllm@0.33.0", 1)[1].splitlines()[2].split()
+    assert rec[0] == "fa3_sparse@vllm-0.33.0"
+    other = text.split("other engine versions' options", 1)[1]
+    assert re.search(r"^per_call_zeros@sglang-dense ", other, re.M)  # not preset "sglang", not "@sglang-default"
     assert "sglang-default" not in text and not re.search(r"SGLang'?s? default H200 route", text)
     note = [ln for ln in text.splitlines() if ln.startswith("note: sglang-dense (prefill graphs off)")]
     assert len(note) == 1 and "prefill CUDA graphs off" in note[0] and "sglang@0.5.23" in note[0]

@@ -45,7 +45,7 @@ def _glm96() -> dict:
 
 
 def _by_strategy(advice: dict) -> dict:
-    rows = [advice["recommendation"], *advice["alternatives"], *advice["modelled_only"]]
+    rows = [advice["recommendation"], *advice["alternatives"], *advice["other_engines"], *advice["modelled_only"]]
     return {r["strategy"]: r for r in rows if isinstance(r, dict) and "strategy" in r}
 
 

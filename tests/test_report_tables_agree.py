@@ -359,7 +359,7 @@ ANSWER_PATTERNS = [
      r"\+-(?P<bt>\d+\.\d) % and \+-(?P<bp>\d+\.\d) %", "repeats"),
     (r"FA3 sparse (?P<fa3>\d+\.\d+) ms against FlashMLA padded to 64 heads (?P<pad>\d+\.\d+) ms .*?FlashMLA's own "
      r"8-head path (?P<native>\d+\.\d+) ms .*?top-k rows takes (?P<gather>\d+\.\d+) ms", "kernels"),
-    (r"dense MHA .*? is modelled at (?P<d>[-+]\d+\.\d) % TTFT against the PR's path \(GLM-5: (?P<d5>[-+]\d+\.\d) %\)",
+    (r"dense MHA .*? is modelled at (?P<d>[-+]\d+\.\d) % TTFT against the PR's path \(GLM-5: (?P<d5>[-+]\d+\.\d) %[;)]",
      "dense"),
     (r"costs (?P<mib>\d+) MiB per rank at max_num_batched_tokens 16384 \((?P<lost>[\d,]+) KV tokens at GLM-5 TP8\)",
      "memory"),

@@ -16,8 +16,9 @@ The union of a group is split in two by :func:`mla_lab.kernels.union.build_union
   same output in place, so there is no merge pass. Groups with no rest key are not touched again.
 
 The two key sets are disjoint, so the result is each token's exact attention over its own top-k set (up to
-accumulation order); ``mode="triton"`` runs the Triton kernel over both lists (no FlashMLA): the lab's kernel
-alone, and the faster path where few keys are shared (the FlashMLA pass then costs more than it saves).
+accumulation order); ``mode="triton"`` runs the Triton kernel twice (the rest, then the shared keys on top; no
+FlashMLA): the lab's kernel alone, and the faster path where few keys are shared (the FlashMLA pass then costs
+more than it saves). One key list per launch: two loops in one program spilled registers (ncu on the H200).
 
 Tensors (one line each, as FlashMLA's interface states them):
 
@@ -94,62 +95,54 @@ if triton is not None:
         return j, tok.to(tl.int64), r % H, tok < T
 
     @triton.jit
-    def _block(q_main, q_tail, kv_ptr, idx, sel, m_i, l_i, acc, qk_scale_log2, dv, dt):
-        # one block of keys: gather, QK over 576, per-row mask, online softmax (base 2), PV over 512
-        valid = idx >= 0
-        kb = kv_ptr + tl.where(valid, idx, 0).to(tl.int64) * 576
-        k_main = tl.load(kb[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
-        k_tail = tl.load(kb[:, None] + 512 + dt[None, :], mask=valid[:, None], other=0.0)
-        s = tl.dot(q_main, tl.trans(k_main))
-        s = tl.dot(q_tail, tl.trans(k_tail), s) * qk_scale_log2
-        s = tl.where(sel & valid[None, :], s, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(k_main.dtype), k_main)
-        return m_new, l_i, acc
-
-    @triton.jit
-    def _body(q_ptr, kv_ptr, sidx_ptr, sl, S_STRIDE, ridx_ptr, rmask_ptr, rl, R_STRIDE, out_ptr, lse_ptr, gid, T,
-              sq_t, sq_h, qk_scale_log2, H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr,
+    def _body(q_ptr, kv_ptr, idx_ptr, mask_ptr, n_keys, STRIDE, out_ptr, lse_ptr, gid, T, sq_t, sq_h, qk_scale_log2,
+              H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, ALL_PRESENT: tl.constexpr,
               BLOCK_N: tl.constexpr):
         D_V: tl.constexpr = 512
+        D_T: tl.constexpr = 64
         j, tok64, hh, present = _rows(gid, T, H, G)
         dv = tl.arange(0, D_V)
-        dt = tl.arange(0, 64)
+        dt = tl.arange(0, D_T)
         qrow = q_ptr + tok64 * sq_t + hh * sq_h
         q_main = tl.load(qrow[:, None] + dv[None, :], mask=present[:, None], other=0.0)
         q_tail = tl.load(qrow[:, None] + D_V + dt[None, :], mask=present[:, None], other=0.0)
         orow = out_ptr + (tok64 * H + hh) * D_V
-        n = tl.arange(0, BLOCK_N)
         if HAS_INIT:
-            # FlashMLA's result over the shared keys: out normalised, lse natural log (+inf: no key)
+            # a result over other keys already in out / lse (FlashMLA's, or this kernel's first pass): out
+            # normalised, lse natural log (+inf: no key)
             lse0 = tl.load(lse_ptr + tok64 * H + hh, mask=present, other=float("inf"))
             fin = (lse0 < float("inf")) & (lse0 > -float("inf"))
             m_i = tl.where(fin, lse0 * 1.4426950408889634, -float("inf"))
             l_i = tl.where(fin, 1.0, 0.0)
             acc = tl.load(orow[:, None] + dv[None, :], mask=present[:, None] & fin[:, None], other=0.0).to(tl.float32)
         else:
-            # Triton-only mode: one loop over the shared list followed by the rest (a key at position k < sl is
-            # shared: every present row attends it); one loop, so the registers stay as in the hybrid pass (two
-            # loops spilled: ncu, docs/perf-notes.md)
             m_i = tl.full([G * H], -float("inf"), tl.float32)
             l_i = tl.zeros([G * H], tl.float32)
             acc = tl.zeros([G * H, D_V], tl.float32)
-        base = gid.to(tl.int64) * R_STRIDE
-        sbase = gid.to(tl.int64) * S_STRIDE
-        for k0 in tl.range(0, sl + rl, BLOCK_N):
-            k = k0 + n
-            in_s = k < sl
-            in_r = (k >= sl) & (k < sl + rl)
-            idx_s = tl.load(sidx_ptr + sbase + k, mask=in_s, other=-1)
-            idx_r = tl.load(ridx_ptr + base + (k - sl), mask=in_r, other=-1)
-            bits_r = tl.load(rmask_ptr + base + (k - sl), mask=in_r, other=0).to(tl.int32)
-            idx = tl.where(in_s, idx_s, idx_r)
-            sel = (((bits_r[None, :] >> j[:, None]) & 1) != 0) | (in_s[None, :] & present[:, None])
-            m_i, l_i, acc = _block(q_main, q_tail, kv_ptr, idx, sel, m_i, l_i, acc, qk_scale_log2, dv, dt)
+        n = tl.arange(0, BLOCK_N)
+        base = gid.to(tl.int64) * STRIDE
+        for k0 in tl.range(0, n_keys, BLOCK_N):
+            inb = (k0 + n) < n_keys
+            idx = tl.load(idx_ptr + base + k0 + n, mask=inb, other=-1)
+            valid = idx >= 0
+            if ALL_PRESENT:  # the shared list: every present row attends every key
+                sel = present[:, None] & valid[None, :]
+            else:
+                bits = tl.load(mask_ptr + base + k0 + n, mask=inb, other=0).to(tl.int32)
+                sel = (((bits[None, :] >> j[:, None]) & 1) != 0) & valid[None, :]
+            kb = kv_ptr + tl.where(valid, idx, 0).to(tl.int64) * 576
+            k_main = tl.load(kb[:, None] + dv[None, :], mask=valid[:, None], other=0.0)
+            k_tail = tl.load(kb[:, None] + D_V + dt[None, :], mask=valid[:, None], other=0.0)
+            s = tl.dot(q_main, tl.trans(k_main))
+            s = tl.dot(q_tail, tl.trans(k_tail), s) * qk_scale_log2
+            s = tl.where(sel, s, -float("inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = tl.exp2(m_i - m_safe)
+            p = tl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(k_main.dtype), k_main)
+            m_i = m_new
         empty = l_i == 0.0
         o = acc / tl.where(empty, 1.0, l_i)[:, None]
         lse = tl.where(empty, float("inf"), (m_i + tl.log2(tl.where(empty, 1.0, l_i))) * 0.6931471805599453)
@@ -157,22 +150,21 @@ if triton is not None:
         tl.store(lse_ptr + tok64 * H + hh, lse, mask=present)
 
     @triton.jit
-    def _packed_kernel(q_ptr, kv_ptr, sidx_ptr, slen_ptr, S_STRIDE, ridx_ptr, rmask_ptr, rlen_ptr, R_STRIDE,
-                       out_ptr, lse_ptr, T, sq_t, sq_h, qk_scale_log2,
-                       H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_N: tl.constexpr):
-        # one program per group of G tokens (64 rows). HAS_INIT 1: the rest keys only, starting from FlashMLA's
-        # shared-key result in out / lse; groups with no rest key are left untouched. HAS_INIT 0: the shared
-        # keys, then the rest (the Triton-only mode)
+    def _packed_kernel(q_ptr, kv_ptr, idx_ptr, mask_ptr, len_ptr, STRIDE, out_ptr, lse_ptr, T, sq_t, sq_h,
+                       qk_scale_log2, H: tl.constexpr, G: tl.constexpr, HAS_INIT: tl.constexpr,
+                       ALL_PRESENT: tl.constexpr, BLOCK_N: tl.constexpr):
+        # one program per group of G tokens (64 rows), one key list (one loop: two loops in one program spilled,
+        # ncu on the H200, docs/perf-notes.md). HAS_INIT 1: continue the softmax of the result in out / lse and
+        # leave groups with no key in this list untouched. ALL_PRESENT 1: the list is the shared one (no masks)
         gid = tl.program_id(0)
-        rl = tl.load(rlen_ptr + gid)
+        nk = tl.load(len_ptr + gid)
         if HAS_INIT:
-            if rl > 0:
-                _body(q_ptr, kv_ptr, sidx_ptr, 0, S_STRIDE, ridx_ptr, rmask_ptr, rl, R_STRIDE, out_ptr, lse_ptr, gid,
-                      T, sq_t, sq_h, qk_scale_log2, H, G, HAS_INIT, BLOCK_N)
+            if nk > 0:
+                _body(q_ptr, kv_ptr, idx_ptr, mask_ptr, nk, STRIDE, out_ptr, lse_ptr, gid, T, sq_t, sq_h,
+                      qk_scale_log2, H, G, HAS_INIT, ALL_PRESENT, BLOCK_N)
         else:
-            sl = tl.load(slen_ptr + gid)
-            _body(q_ptr, kv_ptr, sidx_ptr, sl, S_STRIDE, ridx_ptr, rmask_ptr, rl, R_STRIDE, out_ptr, lse_ptr, gid,
-                  T, sq_t, sq_h, qk_scale_log2, H, G, HAS_INIT, BLOCK_N)
+            _body(q_ptr, kv_ptr, idx_ptr, mask_ptr, nk, STRIDE, out_ptr, lse_ptr, gid, T, sq_t, sq_h, qk_scale_log2,
+                  H, G, HAS_INIT, ALL_PRESENT, BLOCK_N)
 
 
 def rest_config(mean_rest_len: float) -> tuple[int, int, int]:
@@ -254,7 +246,7 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
         sets: :class:`mla_lab.kernels.union.UnionSets` for the same tokens with ``g = 64 // H``.
         sm_scale: softmax scale (GLM-5: 1 / sqrt(192 + 64), qk_nope_head_dim + qk_rope_head_dim, config.json).
         mode: ``"hybrid"`` (FlashMLA over the shared keys, Triton over the rest) or ``"triton"`` (the Triton kernel
-            over both lists: no FlashMLA call).
+            over the rest, then over the shared keys on top: no FlashMLA call).
         flash_fwd: FlashMLA's ``flash_mla_sparse_fwd`` (the ``flash_mla`` module's by default); hybrid only.
         config: ``(BLOCK_N, num_warps, num_stages)`` of the Triton kernel.
 
@@ -271,12 +263,15 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
     G = -(-T // g)
     bn, warps, stages = config
     kern = _rest_kernel()
+    q_strides = (q.stride(0), q.stride(1))
     if mode == "triton":
+        # two passes of the one-list kernel: the rest (masked) from scratch, then the shared keys on top of it
         out = torch.empty(T, H, _D_V, dtype=q.dtype, device=q.device)
         lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
-        kern[(G,)](q, kv, sets.shared_idx, sets.shared_len, sets.shared_idx.stride(0), sets.rest_idx, sets.rest_mask,
-                   sets.rest_len, sets.rest_idx.stride(0), out, lse, T, q.stride(0), q.stride(1), sm_scale * _LOG2E,
-                   H=H, G=g, HAS_INIT=0, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+        for lst, mask, length, init, allp in ((sets.rest_idx, sets.rest_mask, sets.rest_len, 0, 0),
+                                              (sets.shared_idx, sets.shared_idx, sets.shared_len, 1, 1)):
+            kern[(G,)](q, kv, lst, mask, length, lst.stride(0), out, lse, T, *q_strides, sm_scale * _LOG2E, H=H,
+                       G=g, HAS_INIT=init, ALL_PRESENT=allp, BLOCK_N=bn, num_warps=warps, num_stages=stages)
         return out, lse
     if flash_fwd is None:
         try:
@@ -288,9 +283,9 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
                                 sets.shared_idx.view(G, 1, -1), sm_scale, _D_V, topk_length=sets.shared_len)
     out = out_g.view(G * g, H, _D_V)
     lse = lse_g.view(G * g, H)
-    kern[(G,)](q, kv, sets.shared_idx, sets.shared_len, sets.shared_idx.stride(0), sets.rest_idx, sets.rest_mask,
-               sets.rest_len, sets.rest_idx.stride(0), out, lse, T, q.stride(0), q.stride(1), sm_scale * _LOG2E,
-               H=H, G=g, HAS_INIT=1, BLOCK_N=bn, num_warps=warps, num_stages=stages)
+    kern[(G,)](q, kv, sets.rest_idx, sets.rest_mask, sets.rest_len, sets.rest_idx.stride(0), out, lse, T, *q_strides,
+               sm_scale * _LOG2E, H=H, G=g, HAS_INIT=1, ALL_PRESENT=0, BLOCK_N=bn, num_warps=warps,
+               num_stages=stages)
     return out[:T], lse[:T]
 
 

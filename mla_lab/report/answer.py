@@ -72,6 +72,7 @@ def answer_figures() -> dict:
         "gather_share": gather_share("seed", 8)["of_flashmla_pad64"],
         "decode_b1_flashmla": d1[1]["flashmla_pad64"], "decode_b1_fa3": d1[1]["fa3_split"],
         "decode_b256_ratio": d1[256]["flashmla_pad64"] / d1[256]["fa3_split"],
+        "forced_today_mib": trade[("glm-5.2", "vllm@0.33.0-flashmla")]["extra_persistent_mib"],
         "blind": blind, "kv_tokens_lost_glm5": lost, "dense_glm52_pct": dense["glm-5.2"],
         "dense_glm5_pct": dense["glm-5"], "lease_pr": lease_pr_change(),
     }
@@ -116,8 +117,11 @@ def answer_markdown() -> str:
         "rows, and only when FLASHMLA_SPARSE is forced: the PR's workspace then changes mean TTFT by "
         f"{pct(f['today_ttft_pct'])} and TPOT (time per output token) by {pct(f['today_tpot_pct'])}. vLLM's default there, FA3 sparse on the "
         f"real heads, pads nowhere: TPOT {pct(f['fa3_tpot_pct'])}, throughput {pct(f['fa3_tput_pct'])} against the "
-        "forced FlashMLA path. SGLang 0.5.23's default runs these prompts through the padded `flashmla_sparse` "
-        "inside its prefill CUDA graphs (`mla-lab engines`).",
+        "forced FlashMLA path (the ratio of the two rows of `mla-lab serve --model glm-5.2 --strategies "
+        "shared_workspace:none@vllm-0.33.0-flashmla fa3_sparse@vllm-0.33.0`). SGLang 0.5.23's default runs these "
+        "prompts through the padded `flashmla_sparse` inside its prefill CUDA graphs (`mla-lab engines`). On a B200 "
+        "(sm100; modelled, nothing ran there) vLLM 0.33.0 takes FA4's sparse kernel (bf16 KV) or FlashInfer's (fp8 "
+        "KV) on the real heads and pads nowhere (`mla-lab engines --arch b200`, `mla-lab advise --arch b200`).",
         "",
         "**Can -9.5 % be told from one run's noise?** Not by this lab. Its model predicted the PR's own 'main' run, "
         f"blind, at {f['pred_duration_s']:.2f} s; the run took {f['real_duration_s']:.2f} s (ratio "
@@ -139,13 +143,17 @@ def answer_markdown() -> str:
         "",
         "**What to do.** For prompts of <= 2048 tokens the route matters more than the padding: dense MHA (all "
         "keys, heads up-projected; exact up to top-k) is modelled at "
-        f"{pct(f['dense_glm52_pct'])} TTFT against the PR's path (GLM-5: {pct(f['dense_glm5_pct'])}); vLLM "
-        "0.33.0 takes it by default, SGLang 0.5.23 only with its prefill CUDA graphs off (`mla-lab advise` lists it "
-        "as `sglang-dense`). For longer prompts keep vLLM 0.33.0's default backend, FA3 sparse: no padded "
-        "workspace, no copy. If FLASHMLA_SPARSE must be forced, the pre-padded workspace costs "
-        f"{f['extra_mib']:.0f} MiB per rank at max_num_batched_tokens 16384 ({f['kv_tokens_lost_glm5']:,.0f} KV "
-        "tokens at GLM-5 TP8); `mla-lab advise --memory-budget-mib N` ranks the strategies that fit a budget and "
-        "says which deployments it tips out of fitting.",
+        f"{pct(f['dense_glm52_pct'])} TTFT against the PR's path (GLM-5: {pct(f['dense_glm5_pct'])}; "
+        "`mla-lab advise --model glm-5.2`: its `fa3_sparse@vllm-0.33.0` row against its "
+        "`private_workspace@vllm-pr53878` row); vLLM 0.33.0 takes it by default, and plain `mla-lab advise` "
+        "recommends that, within vLLM 0.33.0; SGLang 0.5.23 takes it only with its prefill CUDA graphs off (listed "
+        "under other engines as `per_call_zeros@sglang-dense`). For longer prompts keep vLLM 0.33.0's default "
+        "backend, FA3 sparse: no padded workspace, no copy. If FLASHMLA_SPARSE must be forced: with the PR's build "
+        f"the pre-padded workspace costs {f['extra_mib']:.0f} MiB per rank at max_num_batched_tokens 16384 "
+        f"({f['kv_tokens_lost_glm5']:,.0f} KV tokens at GLM-5 TP8); with vLLM 0.33.0 forced, the shared view "
+        f"costs {f['forced_today_mib']:+.0f} MiB (no unpadded Q buffer is left). `mla-lab advise "
+        "--memory-budget-mib N` ranks the strategies that fit a budget and says which deployments it tips out of "
+        "fitting.",
     ]
     return "\n".join(lines)
 

@@ -10,13 +10,16 @@ from pathlib import Path
 
 from ..arch import get_arch
 from ..models import load_model, model_config_path
-from ..paths import REPO_ROOT, cache_dir, data_dir, measured_dir, read_measured_csv
+from ..paths import REPO_ROOT, cache_dir, check_measured_cells, data_dir, measured_dir, read_measured_csv
 from ..sweep.rows import NOT_PRICED, reprice_measured_rows
 from .stamps import config_digest, find_manifest, read_manifest, stamp_for
 
-__all__ = ["load_measured", "measured_sweep_frames", "check_stamped_rows", "load_measured_cached", "measured_digest", "detach_stale", "unstamped_files", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
+__all__ = ["MEASURED_NOTES", "withhold_off_route", "load_measured", "measured_sweep_frames", "check_stamped_rows", "load_measured_cached", "measured_digest", "detach_stale", "unstamped_files", "measured_for", "combine", "pick", "failed_points", "load_validation", "ok_rows"]
 
 
+#: The notes a measured frame carries in ``attrs`` (the provenance banner and advise print them): rows detached
+#: (another model config), files unstamped, rows withheld (:func:`withhold_off_route`).
+MEASURED_NOTES = ("detached", "unstamped", "withheld")
 # Columns a measured file must have to be read as sweep rows.
 _SWEEP_COLUMNS = {"model", "tp", "arch", "strategy", "source", "max_num_batched_tokens", "prompt_len", "ttft_ms"}
 
@@ -94,6 +97,7 @@ def _check_sweep_csv(p: Path) -> None:
                                      f"edited file: its rows would be dropped); {fix}")
                 if row[where["source"]] != "measured":
                     continue
+                check_measured_cells(p, head, row, n, fix)  # ranges and the row's own quartiles (issue 39)
                 for c in _INT_COLUMNS:
                     if not row[where[c]].strip().lstrip("-").replace(".0", "", 1).isdigit():
                         raise ValueError(f"{p}: row {n}: {c}={row[where[c]]!r} is not an integer; {fix}")
@@ -173,6 +177,27 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
     out = reprice_measured_rows(both, weight_dtype, moe_parallel) if len(both) else both
     out.attrs["detached"], out.attrs["unstamped"] = detached, unstamped_files(both, root)
     return out
+
+
+def withhold_off_route(df):
+    """``(kept, notes)``: the measured rows whose change applies to their deployment, and one line per deployment
+    whose rows were left out (``measured_withheld`` set by :func:`mla_lab.sweep.rows.reprice_measured_rows`: the
+    deployment's route for the strategy or the baseline is not the measured kernel's, or it does not fit). A
+    measured number is shown only where the measured kernel runs and the deployment fits (issue 39)."""
+    if "measured_withheld" not in df.columns or not len(df):
+        return df, []
+    off = df["measured_withheld"].fillna("").astype(str) != ""
+    notes = []
+    keys = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype") if c in df]
+    for k, g in df[off].groupby(keys, dropna=False):
+        k = k if isinstance(k, tuple) else (k,)
+        where = " ".join(f"{c}={v}" for c, v in zip(keys, k))
+        why = list(dict.fromkeys(g["measured_withheld"].astype(str)))
+        notes.append(f"{len(g)} measured row(s) of {where} not shown: {why[0]}"
+                     + (f" (and {len(why) - 1} other reason(s))" if len(why) > 1 else ""))
+    kept = df[~off].copy()
+    kept.attrs.update(df.attrs)
+    return kept, notes
 
 
 def detach_stale(df, root: str | Path | None = None):
@@ -325,7 +350,7 @@ def measured_for(params, root: str | Path | None = None):
     same models, TP sizes, archs (aliases resolved), max_num_batched_tokens, prompt lengths and KV-cache dtypes."""
 
     m = load_measured_cached(root, weight_dtype=params.weight_dtype, moe_parallel=params.moe_parallel)  # priced once
-    notes = {k: list(m.attrs.get(k, [])) for k in ("detached", "unstamped")}
+    notes = {k: list(m.attrs.get(k, [])) for k in MEASURED_NOTES}
     if len(m) == 0:
         return m
     keep = {"model": set(params.models), "tp": set(params.tp_sizes),
@@ -335,6 +360,7 @@ def measured_for(params, root: str | Path | None = None):
     for k, allowed in keep.items():
         if k in m.columns:
             m = m[m[k].astype(str).isin({str(v) for v in allowed})]
+    m, notes["withheld"] = withhold_off_route(m)  # measured only where the measured kernel runs and it fits
     m = m.reset_index(drop=True)
     m.attrs.update(notes)  # the notes are about the whole measured set (the banner says them)
     return m
@@ -345,7 +371,7 @@ def combine(modelled, measured=None):
     kept once. The measured frame's ``attrs["detached"]`` and ``attrs["unstamped"]`` lines carry over."""
     import pandas as pd
 
-    notes = {k: list(measured.attrs.get(k, [])) for k in ("detached", "unstamped")} if measured is not None else {}
+    notes = {k: list(measured.attrs.get(k, [])) for k in MEASURED_NOTES} if measured is not None else {}
     if measured is None or len(measured) == 0:
         out = modelled.copy()
         out.attrs.update(notes)

@@ -48,6 +48,15 @@ def fits_mask(d):
     return d["fits_in_memory"].map(lambda v: str(v).strip().lower() not in ("false", "0", "0.0"))
 
 
+def shown_measured(meas):
+    """The measured rows a figure may draw: those whose change applies to their deployment (``measured_withheld``
+    empty, :func:`mla_lab.sweep.rows.measured_withheld`: the measured kernel runs on the deployment's route and it
+    fits; issue 39). Rows without the column (older frames) are kept."""
+    if "measured_withheld" not in meas.columns:
+        return meas
+    return meas[meas["measured_withheld"].fillna("").astype(str) == ""]
+
+
 def _priced(d):
     """True where a row carries a TTFT number: status ok (not :data:`mla_lab.sweep.rows.NOT_PRICED`) and its
     deployment fits (:func:`fits_mask`)."""
@@ -147,7 +156,7 @@ def plot_deployment(ax, rows, title: str | None = None) -> int:
         return 0
     src = rows["source"] if "source" in rows.columns else None
     modelled = rows[src != "measured"] if src is not None else rows
-    measured = rows[src == "measured"] if src is not None else rows.iloc[0:0]
+    measured = shown_measured(rows[src == "measured"]) if src is not None else rows.iloc[0:0]
     window = y_window(list(rows["ttft_change_pct"]))
     clip = (lambda y: y) if window is None else (lambda y: min(max(y, window[0]), window[1]))  # noqa: E731
     off: list = []  # (x, y, colour, filled) of the points beyond the window, drawn at its edge
@@ -398,10 +407,10 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
     d = d[(d["max_num_batched_tokens"] == mbt) & (d["prompt_len"] == L)]
     src = d["source"] if "source" in d.columns else None
     mod = d[src != "measured"] if src is not None else d
-    meas = d[src == "measured"] if src is not None else d.iloc[0:0]
+    meas = shown_measured(d[src == "measured"]) if src is not None else d.iloc[0:0]
     archs = sorted(d["arch"].unique()) or ["-"]
     models = sorted(d["model"].unique())
-    tps = sorted(d["tp"].unique())
+    tps = sorted(set(mod["tp"]) | set(meas["tp"]))  # a TP only withheld measured rows hold has no slot (issue 39)
     fig = _figure((12.5, 3.3 * len(archs) + 0.9))
     axes = fig.subplots(len(archs), 2, squeeze=False)
     nb = max(1, len(models))
@@ -425,7 +434,7 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
                                   color="0.35")
                 gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
                 for t, v in ((t, measured_change_pct(g)) for t, g in gm.groupby("tp")):
-                    if t in g.index and not bool(fit.get(t, True)):
+                    if t not in g.index or not bool(fit.get(t, True)):  # no modelled row says it fits: no point
                         continue  # measured on a one-GPU share of a deployment that does not fit: no number
                     ax_t.plot(xs[tps.index(t)], v, "D", markerfacecolor=col, markeredgecolor="black", ms=6,
                               zorder=4)
@@ -493,7 +502,7 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     d = d[(d["max_num_batched_tokens"] == mbt) & (d["strategy"] == strategy)]
     src = d["source"] if "source" in d.columns else None
     mod = d[src != "measured"] if src is not None else d
-    meas = d[src == "measured"] if src is not None else d.iloc[0:0]
+    meas = shown_measured(d[src == "measured"]) if src is not None else d.iloc[0:0]
     archs = sorted(d["arch"].unique()) or ["-"]
     Ls = sorted(d["prompt_len"].unique())
     ykeys = sorted({(int(h), m) for h, m in zip(mod["num_heads"], mod["model"])})

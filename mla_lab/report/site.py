@@ -117,18 +117,49 @@ def publish_latest(report_dir: Path, report_name: str, run_id: str) -> dict:
         out["figures"] = figs_dst
     return out
 
-def list_runs(report_dir: str | Path) -> list[dict]:
-    """Metadata of every published run under ``<report_dir>/runs`` (newest first); unreadable files are skipped."""
+#: The keys of a run's metadata (``runs/<run_id>.json``, hand-editable) the index reads, and their types.
+_META_TYPES = {"run_id": str, "html": str, "created_utc": str, "report_name": str, "csv": str, "ipynb": str,
+               "params": dict, "figures": dict, "provenance": dict, "duration_s": (int, float)}
+
+
+def _meta_problem(meta) -> str | None:
+    """Why a run's metadata cannot be listed (one phrase), or None: a JSON object with ``run_id`` and ``html``
+    strings and every key of :data:`_META_TYPES` of its type; figures and provenance sources objects of objects."""
+    if not isinstance(meta, dict):
+        return f"a JSON {type(meta).__name__}, not an object"
+    for k in ("run_id", "html"):
+        if not meta.get(k):
+            return f"no {k}"
+    for k, t in _META_TYPES.items():
+        if k in meta and meta[k] is not None and (isinstance(meta[k], bool) or not isinstance(meta[k], t)):
+            return f"{k} is a {type(meta[k]).__name__}"
+    if any(not isinstance(v, dict) for v in (meta.get("figures") or {}).values()):
+        return "figures holds an entry that is not an object"
+    src = (meta.get("provenance") or {}).get("sources") or {}
+    if not isinstance(src, dict) or any(v is not None and not isinstance(v, dict) for v in src.values()):
+        return "provenance.sources is not an object of objects"
+    return None
+
+
+def list_runs(report_dir: str | Path, skipped: list | None = None) -> list[dict]:
+    """Metadata of every published run under ``<report_dir>/runs`` (newest first). A file that is not UTF-8 JSON
+    of a run's metadata (:func:`_meta_problem`) is skipped, and named with why in ``skipped`` (``[(path,
+    reason)]``) when given; a run whose ``.html`` is gone is skipped silently."""
     runs = Path(report_dir) / RUNS_DIR
     out = []
     for p in sorted(runs.glob("*.json")) if runs.is_dir() else []:
         try:
-            meta = json.loads(p.read_text())
-        except (OSError, json.JSONDecodeError):
+            meta = json.loads(p.read_text(encoding="utf-8"))
+            why = _meta_problem(meta)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            why = f"not readable UTF-8 JSON ({type(e).__name__})"
+        if why is not None:
+            if skipped is not None:
+                skipped.append((p, why))
             continue
-        if isinstance(meta, dict) and meta.get("run_id") and (runs / f"{meta['run_id']}.html").is_file():
+        if (runs / f"{meta['run_id']}.html").is_file():
             out.append(meta)
-    return sorted(out, key=lambda m: (m.get("created_utc", ""), m["run_id"]), reverse=True)
+    return sorted(out, key=lambda m: (m.get("created_utc") or "", m["run_id"]), reverse=True)
 
 def _fmt_val(v) -> str:
     if isinstance(v, list):
@@ -164,6 +195,8 @@ HEADLINE_STRATEGY = "private_workspace"
 #: The committed H200 report (measured on a lent H200), linked from every index.
 H200_REPORT = "h200/padding_sweep_h200.html"
 
+#: The index page's title: what marks an ``index.html`` as the lab's (a sweep rewrites only its own index).
+INDEX_TITLE = "<title>mla_lab reports</title>"
 _INDEX_TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>mla_lab reports</title>
@@ -246,17 +279,18 @@ def run_headline(report_dir: str | Path, meta: dict) -> str:
     return f"PR #53878 (private pre-padded workspace) at {where}: {ttft}, {mem}".rstrip(", ")
 
 
-def build_index(report_dir: str | Path, latest_name: str = "padding_sweep") -> Path:
+def build_index(report_dir: str | Path, latest_name: str = "padding_sweep", skipped: list | None = None) -> Path:
     """Write ``<report_dir>/index.html`` (a Jinja2 template, :data:`_INDEX_TEMPLATE`): every published run, newest
     first, as a block no wider than the page (1280 px windows need no sideways scrolling): its date, headline
     (:func:`run_headline`), thumbnail, provenance, figure and data links, parameters folded in ``<details>``; the
-    latest report and the committed H200 report (:data:`H200_REPORT`) linked at the top. Returns its path."""
+    latest report and the committed H200 report (:data:`H200_REPORT`) linked at the top. ``skipped``: as
+    :func:`list_runs`. Returns its path."""
     import jinja2
 
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
     runs = []
-    for m in list_runs(report_dir):
+    for m in list_runs(report_dir, skipped):
         p = m.get("params") or {}
         figs = m.get("figures") or {}
         created = m.get("created_utc", "?").replace("T", " ").replace("+00:00", " UTC")

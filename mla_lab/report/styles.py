@@ -32,7 +32,7 @@ STRATEGY_STYLE = {
     "shared_workspace:none": ("#56B4E9", "D", "vLLM #56902 (shared workspace, stale)"),
     "shared_workspace:zero_per_call": ("#882255", "P", "shared workspace + zero per call"),
     "kernel_native": ("#009E73", "*", "real-head FlashMLA (modelled; kernel_native)"),
-    "fa3_sparse": ("#332288", "p", "vLLM FA3 sparse (real heads, no padding)"),
+    "fa3_sparse": ("#332288", "p", "fa3_sparse@vllm-pr46189 (FA3, always sparse)"),
     "subchunk": ("#E69F00", "^", "sub-chunk S (copy out)"),
     "subchunk_views": ("#999933", "<", "sub-chunk S (views to consumer)"),
     "subchunk_graph2": ("#44AA99", ">", "sub-chunk S (2 workspaces, 2 streams, one CUDA graph)"),

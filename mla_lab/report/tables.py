@@ -101,6 +101,8 @@ def provenance_html(df, run_id: str | None = None) -> str:
         rows.append(f"<li style='color:#a00'><b>Detached:</b> {e(n)}.</li>")
     for n in attrs.get("unstamped", []):
         rows.append(f"<li><b>Unstamped:</b> {e(n)}.</li>")
+    for n in attrs.get("withheld", []):  # measured where the kernel does not run or nothing fits (issue 39)
+        rows.append(f"<li><b>Measured, not shown:</b> {e(n)}.</li>")
     rid = f" &middot; run <code>{e(run_id)}</code>" if run_id else ""
     return ("<div style='border:2px solid #1f77b4;border-radius:6px;padding:8px 14px;background:#f3f8fd;"
             f"margin:8px 0'><b>Provenance</b>{rid}<ul style='margin:4px 0'>{''.join(rows)}</ul></div>")

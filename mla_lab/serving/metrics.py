@@ -27,6 +27,7 @@ Run ``python -m mla_lab.serving.metrics`` for the 2-request example of the tests
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -150,18 +151,15 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
     # peak output tokens in one-second buckets and peak concurrency (serve.py calculate_metrics)
     t0 = min(r.send_s for r in records)
     end = max(r.send_s + r.e2el_s for r in records)
-    buckets = np.zeros(int(np.ceil(end - t0)) + 1)
-    for r in records:
-        for t in r.token_times_s:
-            b = int(t - t0)
-            if 0 <= b < len(buckets):
-                buckets[b] += 1
+    # sparse buckets (issue 39): a dense array of one float per simulated second asked 8.91 TiB at 1e-12 req/s
+    n_buckets = int(np.ceil(end - t0)) + 1
+    buckets = Counter(b for r in records for b in (int(t - t0) for t in r.token_times_s) if 0 <= b < n_buckets)
     events = sorted([(r.send_s, 1) for r in records] + [(r.send_s + r.e2el_s, -1) for r in records])
     cur = peak = 0
     for _, d in events:
         cur += d
         peak = max(peak, cur)
-    out["max_output_tokens_per_s"] = float(buckets.max())
+    out["max_output_tokens_per_s"] = float(max(buckets.values(), default=0))
     out["max_concurrent_requests"] = peak
 
     _stats("ttft", [r.ttft_s for r in records], percentiles, out)

@@ -21,17 +21,19 @@ from ..model.memory import memory_tradeoff
 from ..model.packed_kernel import packed_strategy, packed_summary
 from ..placement import (
     BASELINE,
+    FORCED_TODAY,
     advise_candidates,
     engine_strategies,
     engine_summary,
     expand_strategies,
+    parse_strategy,
     preset_label,
     resolve_engine,
     strategy_notes,
 )
-from .rows import between_process_changes, measured_changes, modelled_rows
+from .rows import between_process_changes, measured_changes, measured_withheld, modelled_rows
 
-__all__ = ["advise", "candidate_strategies", "frontier", "format_advice", "TODAY_ENGINES", "engines_block"]
+__all__ = ["DEFAULT_ENGINE", "strategy_engine", "strategy_label", "engine_group", "advise", "candidate_strategies", "frontier", "format_advice", "TODAY_ENGINES", "engines_block"]
 
 #: Engine versions every advice describes (today's releases; ``--engine`` puts another first).
 TODAY_ENGINES = ("vllm@0.33.0", "vllm@0.33.0-flashmla", "sglang@0.5.23")
@@ -49,6 +51,55 @@ def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
     sm = "sm90" if d.arch.capability[0] == 9 else "sm100" if d.arch.capability[0] == 10 else d.arch.sm
     return [engine_summary(n, d.model, d.model.topk, d.num_heads, sm, d.kv_cache_dtype, d.prompt_len,
                            d.max_num_batched_tokens, d.num_prompts) for n in names]
+
+
+#: The engine version ``advise`` answers within when ``--engine`` is not given (issue 39: one answer per engine;
+#: vLLM's release the lab read, ``mla_lab/engines/versions.py``).
+DEFAULT_ENGINE = "vllm@0.33.0"
+#: Route rule (:data:`mla_lab.routes.ENGINE_RULES`) -> the engine version whose code it reads. ``vllm-fa3`` is FA3
+#: sparse as PR #46189 added it (always sparse, PR-era); ``sglang-dense`` / ``sglang-flashmla`` are SGLang 0.5.23 with
+#: its prefill CUDA graphs off / flashmla_sparse forced; ``vllm-flashmla`` the PR-era FLASHMLA_SPARSE path.
+RULE_ENGINE = {"vllm-0.33.0": "vllm@0.33.0", "vllm-0.33.0-flashmla": "vllm@0.33.0", "vllm-0.24.0": "vllm@0.24.0",
+               "vllm-0.13.0": "vllm@0.13.0", "sglang-0.5.23": "sglang@0.5.23", "sglang-dense": "sglang@0.5.23",
+               "sglang-flashmla": "sglang@0.5.23", "vllm-fa3": "vllm@pr46189", "vllm-flashmla": "vllm@pr53878",
+               "vllm-flashmla-mqa": "vllm@0.24.0", "mla_lab-packed": "mla_lab"}
+#: Engine versions answered together: the PR-era builds (mid-2026 vLLM main, #53878, #56902, FA3 sparse as #46189
+#: added it, and the lab's proposals priced on those routes) are one; vLLM 0.33.0 with FLASHMLA_SPARSE forced is
+#: vLLM 0.33.0.
+ENGINE_GROUP = {"vllm@0.33.0-flashmla": "vllm@0.33.0", "vllm@pr53878-before": "vllm PR-era",
+                "vllm@pr53878": "vllm PR-era", "vllm@56902": "vllm PR-era", "vllm@pr46189": "vllm PR-era"}
+
+
+def strategy_engine(name: str) -> str:
+    """The engine version a canonical strategy is priced as (``vllm@0.33.0``, ``vllm@pr46189``, ``sglang@0.5.23``,
+    ``vllm@pr53878-before`` / ``vllm@pr53878`` / ``vllm@56902`` for the PR-era presets and ``vllm@pr53878`` for the
+    lab's proposals on the PR-era routes; ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for
+    ``packed``, the lab's own kernel)."""
+    st = parse_strategy(name)
+    if st.rule is None:
+        return "modelled"
+    if st.rule == "vllm-flashmla":
+        if st.placement == "per_call_empty":
+            return "vllm@pr53878-before"
+        if st.placement == "shared_workspace" and st.zero_policy == "none":
+            return "vllm@56902"
+    return RULE_ENGINE.get(st.rule, st.rule)
+
+
+def engine_group(engine: str) -> str:
+    """The engine version an answer is given within (:data:`ENGINE_GROUP`; others are their own)."""
+    return ENGINE_GROUP.get(engine, engine)
+
+
+def strategy_label(name: str) -> str:
+    """The strategy as outputs print it: its name with the engine version it is priced as
+    (``fa3_sparse@vllm-pr46189`` vs ``fa3_sparse@vllm-0.33.0``); a name that already says its rule stays."""
+    if "@" in name:
+        return name
+    e = strategy_engine(name)
+    if parse_strategy(name).rule == "sglang-flashmla":  # SGLang 0.5.23 with flashmla_sparse forced, not its default
+        return f"{name}@sglang-0.5.23-flashmla"
+    return name if e in ("modelled", "mla_lab") else f"{name}@{e.replace('@', '-')}"
 
 
 def candidate_strategies(max_num_batched_tokens: int) -> list[str]:
@@ -83,14 +134,18 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         measured: a DataFrame of measured rows (``mla_lab.report.data.load_measured``); where one matches the
             deployment and a strategy, its change against the same baseline and interval are attached
             (``measured_change_pct``, ``measured_ci_lo``, ``measured_ci_hi``).
-        engine: an engine preset (``vllm@0.33.0``; first names such as ``vllm-53878`` map to theirs): its
-            strategies join the candidates and its summary heads the ``engines`` block.
+        engine: the engine version to answer within (default :data:`DEFAULT_ENGINE`, vLLM 0.33.0; an engine preset
+            such as ``sglang@0.5.23``, first names such as ``vllm-53878`` map to theirs): its strategies join the
+            candidates, its summary heads the ``engines`` block, and only strategies priced as that engine version
+            (:func:`strategy_engine`, :func:`engine_group`) are ranked; the others are listed in ``other_engines``.
         packed_overlap: the pairwise overlap of neighbouring tokens' top-k sets past the top-k that the lab's
             ``packed`` strategy assumes (a number in [0, 1]; None: :data:`mla_lab.model.packed_kernel
             .PACKED_OVERLAP_DEFAULT`, an assumption from TensorRT-LLM tech blog 21); ``packed`` (or
             ``packed:<overlap>``) joins the default candidates (and a given list when ``packed_overlap`` is given),
-            ranked like the lab's other proposals, labelled :data:`mla_lab.labels.PACKED_LABEL`; ``packed`` in the
-            result says how its steps were priced (None when it was not a candidate).
+            labelled :data:`mla_lab.labels.PACKED_LABEL`. Answering within an engine version it is listed in
+            ``lab_kernels`` (the lab's kernel runs in no engine: not ranked against it); with the caller's own
+            candidates and no engine it is ranked with them. ``packed`` in the result says how its steps were priced
+            (None when it was not a candidate).
 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
@@ -121,17 +176,27 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     if not cap > 0 or need > cap:
         raise ValueError(f"this deployment does not fit: one request needs {need:,} KV tokens ({d.prompt_len} + "
                          f"{d.output_len}); KV capacity {max(int(cap), 0):,} tokens; no strategy can be recommended")
-    engines = engines_block(d, engine)
-    if engine is not None:
+    packed = packed_strategy(packed_overlap)  # checks the overlap (one line) before anything is priced
+    # packed joins the default candidates, and any list when an overlap is asked for
+    extra = [packed] if strategies is None or packed_overlap is not None else []
+    if engine is None and strategies is not None:  # the caller's own candidates, ranked together (Python API)
+        group = None
+        engines = engines_block(d, None)
+    else:
+        engine = resolve_engine(engine if engine is not None else DEFAULT_ENGINE)
+        group = engine_group(engine)
+        engines = engines_block(d, engine)
         strategies = list(strategies if strategies is not None else candidate_strategies(d.max_num_batched_tokens))
         strategies += engine_strategies(engine)
+        for e in TODAY_ENGINES:  # today's engines' own paths: listed beside the answer (or in it)
+            strategies += engine_strategies(e)
+        if group == "vllm@0.33.0":  # the engine's default and forced paths, and the lab's proposals on its routes
+            strategies += (engine_strategies("vllm@0.33.0-flashmla")
+                           + [f"{s}@vllm-0.33.0-flashmla" for s in FORCED_TODAY])
     for name, v in (("memory_budget_mib", memory_budget_mib), ("memory_budget_tokens", memory_budget_tokens)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
                               or math.isnan(v)):
             raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
-    packed = packed_strategy(packed_overlap)  # checks the overlap (one line) before anything is priced
-    # packed joins the default candidates, and any list when an overlap is asked for
-    extra = [packed] if strategies is None or packed_overlap is not None else []
     cands = expand_strategies(list(strategies if strategies is not None
                                    else candidate_strategies(d.max_num_batched_tokens)) + extra)
     point = d.to_point(strategies=cands, shared_workspace_bytes=None, num_runs=7)
@@ -141,11 +206,16 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         raise ValueError(f"this deployment does not fit: {base['fit_reason']}; no strategy can be recommended")
     _splice_measured(rows, point, measured)
     _splice_between_process(rows, d, measured)
-    excluded, kept, modelled_only = [], [], []
+    withheld = _withhold(rows, d, base) if measured is not None else ""
+    excluded, kept, modelled_only, lab = [], [], [], []
     for r in rows:
         reason = ""
+        if r["placement"] == "packed" and group is not None:  # the lab's kernel: beside the engine's answer
+            lab.append(_summary(r, r["fit_reason"] if not r["fits_in_memory"] else "") | {"label": PACKED_LABEL})
+            continue
         if r["placement"] == "kernel_native":  # no engine's backend runs it: shown beside the ranking, never in it
-            modelled_only.append(_summary(r, KERNEL_NATIVE_NOTE) | {"label": KERNEL_NATIVE_LABEL})
+            modelled_only.append(_summary(r, KERNEL_NATIVE_NOTE if d.arch.sm == "sm90" else KERNEL_NATIVE_SHORT)
+                                 | {"label": KERNEL_NATIVE_LABEL})
             continue
         if not r["fits_in_memory"]:
             reason = r["fit_reason"]
@@ -154,24 +224,33 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         elif memory_budget_tokens is not None and r["kv_tokens_lost"] > memory_budget_tokens + 1e-9:
             reason = f"{r['kv_tokens_lost']:.0f} KV tokens lost > budget {memory_budget_tokens:g}"
         (excluded if reason else kept).append(_summary(r, reason))
-    fits = [_summary(r, "") for r in rows if r["fits_in_memory"] and r["placement"] != "kernel_native"]
+    fits = [_summary(r, "") for r in rows if r["fits_in_memory"] and r["placement"] != "kernel_native"
+            and group in (None, engine_group(strategy_engine(r["strategy"])))]
     on = frontier([(s["extra_persistent_mib"], s["ttft_ms"]) for s in fits])
     front = [s["strategy"] for s, f in zip(fits, on) if f]
     for s in kept + excluded + modelled_only:
         s["on_frontier"] = s["strategy"] in front
+    for s in lab:  # would it be on the answer's frontier (packed beside the engine's own strategies)?
+        s["on_frontier"] = not s["reason"] and frontier([(x["extra_persistent_mib"], x["ttft_ms"])
+                                                         for x in fits + [s]])[-1]
     kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
+    kept, arch_notes = _on_this_gpu(kept, excluded, d, engines)
+    others = [s for s in kept if group not in (None, engine_group(s["engine"]))]  # own section, never ranked
+    kept = [s for s in kept if group in (None, engine_group(s["engine"]))]
     return {"deployment": {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len",
                                                  "kv_cache_dtype", "num_prompts", "concurrency", "weight_dtype",
                                                  "moe_parallel", "gpu_memory_utilization") if k in point}
             | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens},
+            "engine": engine, "engine_group": group, "other_engines": others, "arch_sm": d.arch.sm,
+            "arch_notes": arch_notes,
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
-            "modelled_only": modelled_only,
+            "modelled_only": modelled_only, "lab_kernels": lab,
             "packed": packed_summary(d, packed) if any(c.startswith("packed") for c in cands) else None,
             "frontier": front, "baseline": BASELINE, "engines": engines,
             "kv_capacity": _kv_capacity_block(mem),
-            "comm_source": rows[0].get("comm_source", "") if rows else "",
-            "note": "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
+            "comm_source": rows[0].get("comm_source", "") if rows else "", "measured_withheld": withheld,
+            "note": _NOTE_MODELLED if d.arch.sm != "sm90" else "ranked by the modelled TTFT (full_layer scope, content factor included); 'measured' = the "
                     "change with the attention path timed on an H200 (rest modelled) and its interval, where "
                     "measured: at the seed's attention step the median and [min, max] over >= 5 fresh processes "
                     "(data/measured/h200/between_process/presets.csv), elsewhere one process's 95 % interval of "
@@ -189,8 +268,8 @@ def _kv_capacity_block(mem: dict) -> dict:
 
 
 def _summary(r: dict, reason: str) -> dict:
-    return {"strategy": r["strategy"], "preset": r["preset"], "preset_label": preset_label(r["preset"]),
-            **({"label": PACKED_LABEL} if r["placement"] == "packed" else {}),
+    return {"strategy": r["strategy"], "engine": strategy_engine(r["strategy"]), "label": strategy_label(r["strategy"]),
+            "preset": r["preset"], "preset_label": preset_label(r["preset"]),
             "ttft_ms": r["ttft_ms"],
             "ttft_change_pct": r["ttft_change_pct"], "persistent_mib": r.get("persistent_mib"),
             "extra_persistent_mib": r["extra_persistent_mib"], "call_transient_mib": r["call_transient_mib"], "kv_tokens_lost": round(r["kv_tokens_lost"]),
@@ -198,6 +277,57 @@ def _summary(r: dict, reason: str) -> dict:
             "ttft_source": "modelled", "memory_source": "exact", "reason": reason,
             "measured_change_pct": r.get("measured_change_pct"), "measured_ci_lo": r.get("measured_ci_lo"),
             "measured_ci_hi": r.get("measured_ci_hi"), "measured_basis": r.get("measured_basis")}
+
+
+#: The kernel_native line on a GPU where nothing was measured (the H200 kernel timings are not its evidence).
+KERNEL_NATIVE_SHORT = (f"{KERNEL_NATIVE_LABEL}: a FlashMLA-style kernel taking the real head count, which no engine's "
+                       "backend runs; priced as the padded kernel's time without the padded heads' Q reads and output "
+                       "writes, always on the sparse route, so it is shown, not ranked")
+#: advise's closing note on a GPU the lab never measured.
+_NOTE_MODELLED = ("ranked by the modelled TTFT (full_layer scope, content factor included; modelled: the arch card's "
+                  "datasheet rates, the H200's calibrated efficiencies); memory exact (byte accounting); a negative "
+                  "extra = a workspace smaller than the baseline's unpadded Q buffer")
+#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab.engines.versions``: FA4 for bf16 KV at <= 16 heads,
+#: FlashInfer for fp8 KV): the name the FA3-sparse placement takes in a label there.
+SM100_REAL_HEAD = {"FLASH_ATTN_MLA_SPARSE_FA4": "fa4_sparse", "FLASHINFER_MLA_SPARSE": "flashinfer_sparse"}
+
+
+def _on_this_gpu(kept: list[dict], excluded: list[dict], d: Deployment, engines: list[dict]):
+    """On a GPU other than sm90 (issue 39: B200): vLLM 0.33.0's FA3-sparse row is named as the backend that GPU
+    runs (FA4 / FlashInfer, :data:`SM100_REAL_HEAD`) and PR #46189's FA3 sparse, a Hopper kernel, moves to
+    ``excluded`` with the reason. Returns ``(kept, notes)``; ``excluded`` grows in place."""
+    if d.arch.sm == "sm90":
+        return kept, []
+    backend = next((e.get("backend") for e in engines if e["preset"] == "vllm@0.33.0"), None)
+    real = SM100_REAL_HEAD.get(backend)
+    notes = [f"nothing here ran on a {d.arch.name.upper()} ({d.arch.sm}): every number is modelled (the arch card's "
+             "datasheet rates with the H200's calibrated efficiencies); no measured column"]
+    out = []
+    for s in kept:
+        st = parse_strategy(s["strategy"])
+        if st.placement == "fa3_sparse" and st.rule == "vllm-fa3":
+            excluded.append(s | {"reason": f"FA3 sparse (vLLM PR #46189) is a Hopper (sm90) kernel; on {d.arch.name} "
+                                           f"vLLM 0.33.0 runs {backend or 'another backend'}"})
+            continue
+        if st.placement == "fa3_sparse" and real:
+            s["label"] = s["label"].replace("fa3_sparse", real, 1)
+        out.append(s)
+    if real:
+        notes.append(f"{real}@vllm-0.33.0 = vLLM 0.33.0's {backend} on {d.arch.sm} with the real {d.num_heads} heads "
+                     "(no padding; mla_lab/engines/versions.py); its kernel is priced with FA3 sparse's model, "
+                     "nothing ran on a B200")
+    return out, notes
+
+
+def _withhold(rows: list[dict], d: Deployment, base: dict) -> str:
+    """Clear the measured columns of every row whose route here is not the measured kernel's or that does not fit
+    (:func:`mla_lab.sweep.rows.measured_withheld`); returns the baseline's reason ("" when its route is the
+    measured one): the line advise prints under an empty measured column."""
+    for r in rows:
+        if r.get("measured_change_pct") is not None and measured_withheld(d, r["strategy"], {r["strategy"]: r,
+                                                                                            BASELINE: base}):
+            r.update(measured_change_pct=None, measured_ci_lo=None, measured_ci_hi=None, measured_basis=None)
+    return measured_withheld(d, BASELINE, {BASELINE: base})
 
 
 def _splice_measured(rows: list[dict], point: dict, measured) -> None:
@@ -260,8 +390,8 @@ def format_advice(result: dict) -> str:
             f"changes vs {result['baseline']}")
     # each column as wide as its title or its widest value, one space apart, no trailing blanks: 143 characters,
     # so the table fits a report's <pre> at 1280 px (160 wrapped the header: "frontie" / "r")
-    widths = (30, 15, 7, 7, 13, 9, 8, 7, 7, 22, 8)
-    titles = ("strategy", "preset", "TTFT ms", "dTTFT %", "workspace MiB", "extra MiB", "call MiB", "KV lost",
+    widths = (44, 7, 7, 13, 9, 8, 7, 7, 22, 8)
+    titles = ("strategy@engine version", "TTFT ms", "dTTFT %", "workspace MiB", "extra MiB", "call MiB", "KV lost",
               "% of KV", "measured dTTFT [int.]", "frontier")
 
     def line(vals):
@@ -276,7 +406,7 @@ def format_advice(result: dict) -> str:
 
     def fmt(s):
         held = s.get("persistent_mib")
-        return [s["strategy"], s["preset"] or "-", f"{s['ttft_ms']:.1f}", f"{s['ttft_change_pct']:+.2f}",
+        return [s.get("label") or s["strategy"], f"{s['ttft_ms']:.1f}", f"{s['ttft_change_pct']:+.2f}",
                 "-" if held is None or held != held else f"{held:.0f}", f"{s['extra_persistent_mib']:+.0f}", f"{s['call_transient_mib']:.0f}", f"{s['kv_tokens_lost']:.0f}",
                 pct(s), measured(s), "yes" if s["on_frontier"] else ""]
 
@@ -290,13 +420,19 @@ def format_advice(result: dict) -> str:
     if result.get("engines"):
         out.append("")
     rec = result["recommendation"]
-    out.append("recommended:" if rec else "no strategy fits this budget")
+    eng = result.get("engine_group") or ""
+    within = f" within {eng} (one engine version; --engine picks another)" if eng else " (of the strategies given)"
+    out.append(f"recommended{within}:" if rec else f"no strategy{' of ' + eng if eng else ''} fits this budget")
     out.append(line(titles))
     if rec:
         out.append(line(fmt(rec)))
         if result["alternatives"]:
-            out.append("alternatives (by TTFT):")
+            out.append(f"alternatives{' within ' + eng if eng else ''} (by TTFT):")
             out += [line(fmt(s)) for s in result["alternatives"]]
+    if result.get("other_engines"):
+        out.append(f"other engine versions' options (each priced on its own engine's routes; not ranked against "
+                   f"{eng}):")
+        out += [line(fmt(s)) for s in result["other_engines"]]
     if result["excluded"]:
         out.append("excluded:")
         out += [f"  {s['strategy']}: {s['reason']}" for s in result["excluded"]]
@@ -304,9 +440,17 @@ def format_advice(result: dict) -> str:
         out.append(f"modelled only, not a recommendation: {s['strategy']} {s['ttft_change_pct']:+.2f} % "
                    f"({s['reason']})")
     ranked = ([rec] if rec else []) + list(result["alternatives"])
+    if result.get("lab_kernels"):
+        out.append(f"{PACKED_LABEL}, in no engine, not ranked against {eng or 'the engines'}:")
+        out += [line(fmt({**s, "label": s["strategy"]})) + (f"  [{s['reason']}]" if s["reason"] else "")
+                for s in result["lab_kernels"]]
     if result.get("packed"):
         out.append(f"packed: {result['packed']['line']}")
-    out += [f"note: {n}" for n in strategy_notes([x["strategy"] for x in ranked + list(result["excluded"])])]
+    out += [f"note: {n}" for n in result.get("arch_notes", [])]
+    hopper = result.get("arch_sm", "sm90") == "sm90"
+    out += [f"note: {n if hopper else n.replace('on an H200 ', '(read for sm90) ')}" for n in strategy_notes(
+        [x["strategy"] for x in ranked + list(result.get("other_engines", [])) + list(result["excluded"])
+         + list(result.get("lab_kernels", []))])]
     meas = [x for x in ranked if x.get("measured_change_pct") is not None]
     if len(meas) >= 2:
         by_meas = sorted(meas, key=lambda x: x["measured_change_pct"])
@@ -318,7 +462,8 @@ def format_advice(result: dict) -> str:
                        "not used for it; its rows come from more than one machine lease (presets.csv and "
                        "strategies.csv), and two leases of one experiment differed by up to 8 % "
                        "(docs/perf-notes.md)")
-    base_held = next((x.get("persistent_mib") for x in ranked + list(result["excluded"])
+    base_held = next((x.get("persistent_mib") for x in ranked + list(result.get("other_engines", []))
+                      + list(result["excluded"])
                       if x["strategy"] == result["baseline"] and x.get("persistent_mib") is not None), None)
     out.append("'workspace MiB' = the persistent Q workspace the strategy holds per rank; 'extra MiB' = that minus "
                + (f"the baseline's {base_held:.0f} MiB unpadded buffer" if base_held is not None
@@ -334,6 +479,8 @@ def format_advice(result: dict) -> str:
         out.append(f"KV capacity {cap['tokens']:,} tokens per rank as vLLM {cap['vllm_version']} computes it from "
                    f"torch's total memory ({len(cap['terms'])} terms with their sources in --json; assumed: "
                    f"{', '.join(assumed) or 'none'})")
+    if result.get("measured_withheld"):
+        out.append(f"measured column empty: {result['measured_withheld']}")
     if result.get("comm_source"):
         out.append(f"all-reduce priced by: {result['comm_source']}")
     out.append(result["note"])

@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
+from .._validate import short_repr
 from ..arch import get_arch
 from ..models import load_model, normalize_kv_cache_dtype
 from ..placement import ALIASES, ENGINE_PRESET_MEMBERS, PRESETS, SWEEP_STRATEGIES, canonical_names, expand_strategies
@@ -127,7 +128,7 @@ def normalize_names(raw: dict) -> dict:
         key = str(k).replace("-", "_")
         key = VLLM_ALIASES.get(key, key)
         if key in out:
-            raise ValueError(f"parameter {key!r} is given twice (as {k!r} and another spelling); allowed: once")
+            raise ValueError(f"parameter {short_repr(key)} is given twice (as {short_repr(k)} and another spelling); allowed: once")
         out[key] = v
     return out
 
@@ -151,6 +152,17 @@ def check_notebook_names(names) -> None:
         raise ValueError(f"unknown notebook parameter(s) {unknown}; allowed: {sorted(set(DEFAULTS) | set(NOTEBOOK_ONLY))}")
 
 
+def _rate_number(rate):
+    """``request_rate`` text that is a number as that number (YAML 1.1 reads ``4e-7``, without a dot, as text);
+    anything else unchanged (``'inf'``, or what the check then refuses)."""
+    if isinstance(rate, str) and rate != "inf":
+        try:
+            return float(rate)
+        except ValueError:
+            return rate
+    return rate
+
+
 def validate_params(raw: dict) -> SweepParams:
     """Check names and types of sweep parameters (from YAML, ``-p`` pairs or the notebook) and build
     :class:`SweepParams`.
@@ -170,20 +182,20 @@ def validate_params(raw: dict) -> SweepParams:
         if isinstance(v, (str, int)) and not isinstance(v, bool):
             v = [v]
         if not isinstance(v, (list, tuple)):
-            raise ValueError(f"{k}={v!r} must be a list")
+            raise ValueError(f"{k}={short_repr(v)} must be a list")
         if not v:
             raise ValueError(f"{k}=[] gives an empty grid; give at least one value")
         want = int if k in _LIST_INT else str
         for x in v:
             if isinstance(x, bool) or not isinstance(x, want):
-                raise ValueError(f"{k} holds {x!r} ({type(x).__name__}); every entry must be {want.__name__}")
+                raise ValueError(f"{k} holds {short_repr(x)} ({type(x).__name__}); every entry must be {want.__name__}")
             if want is int and x <= 0:
-                raise ValueError(f"{k} holds {x!r}; every entry must be a positive int")
+                raise ValueError(f"{k} holds {short_repr(x)}; every entry must be a positive int")
         p[k] = list(dict.fromkeys(v))  # a value given twice is one grid value (order kept)
     kv = p["kv_cache_dtype"]
     kv = [kv] if isinstance(kv, str) else kv
     if not isinstance(kv, (list, tuple)) or not kv:
-        raise ValueError(f"kv_cache_dtype={p['kv_cache_dtype']!r} must be 'bf16', 'fp8' or a non-empty list of them")
+        raise ValueError(f"kv_cache_dtype={short_repr(p['kv_cache_dtype'])} must be 'bf16', 'fp8' or a non-empty list of them")
     p["kv_cache_dtype"] = list(dict.fromkeys(normalize_kv_cache_dtype(x) for x in kv))
     p["models"] = list(dict.fromkeys(load_model(m).name for m in p["models"]))  # case-insensitive, normalised once
     for a in p["archs"]:
@@ -192,57 +204,57 @@ def validate_params(raw: dict) -> SweepParams:
         try:
             expand_strategies([name])
         except ValueError:
-            raise ValueError(f"strategies holds {name!r}; allowed: canonical strategies {canonical_names()}, "
+            raise ValueError(f"strategies holds {short_repr(name)}; allowed: canonical strategies {canonical_names()}, "
                              f"presets {list(PRESETS)}, engine presets {list(ENGINE_PRESET_MEMBERS)} or aliases "
                              f"{list(ALIASES)}") from None
     p["strategies"] = expand_strategies(p["strategies"])
     for k in ("num_prompts", "num_runs"):
         if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
-            raise ValueError(f"{k}={p[k]!r} must be a positive int")
+            raise ValueError(f"{k}={short_repr(p[k])} must be a positive int")
     if p["concurrency"] is not None and (isinstance(p["concurrency"], bool) or not isinstance(p["concurrency"], int)
                                          or p["concurrency"] <= 0):
-        raise ValueError(f"concurrency={p['concurrency']!r} must be a positive int or null")
+        raise ValueError(f"concurrency={short_repr(p['concurrency'])} must be a positive int or null")
     if p["concurrency"] is not None and p["concurrency"] > p["num_prompts"]:
-        raise ValueError(f"concurrency={p['concurrency']!r} exceeds num_prompts={p['num_prompts']!r}; allowed: "
+        raise ValueError(f"concurrency={short_repr(p['concurrency'])} exceeds num_prompts={short_repr(p['num_prompts'])}; allowed: "
                          f"1..{p['num_prompts']} or null (= num_prompts)")
     g = p["gpu_memory_utilization"]
     if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
-        raise ValueError(f"gpu_memory_utilization={g!r} must be a number in (0, 1]")
+        raise ValueError(f"gpu_memory_utilization={short_repr(g)} must be a number in (0, 1]")
     for k in ("output_len", "max_num_seqs"):
         if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
-            raise ValueError(f"{k}={p[k]!r} must be a positive int")
+            raise ValueError(f"{k}={short_repr(p[k])} must be a positive int")
     sd = p["seed"]
     if isinstance(sd, bool) or not isinstance(sd, int) or not 0 <= sd <= 2**32 - 1:
-        raise ValueError(f"seed={sd!r} must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)")
-    rate = p["request_rate"]
+        raise ValueError(f"seed={short_repr(sd)} must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)")
+    rate = p["request_rate"] = _rate_number(p["request_rate"])
     if not (rate == "inf" or (not isinstance(rate, bool) and isinstance(rate, (int, float)) and rate > 0)):
-        raise ValueError(f"request_rate={rate!r} must be 'inf' or a positive number of requests per second")
+        raise ValueError(f"request_rate={short_repr(rate)} must be 'inf' or a positive number of requests per second")
     sw = p["shared_workspace_bytes"]
     if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int) or sw < 0):
-        raise ValueError(f"shared_workspace_bytes={sw!r} must be a non-negative int (bytes) or null")
+        raise ValueError(f"shared_workspace_bytes={short_repr(sw)} must be a non-negative int (bytes) or null")
     if p["device"] not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device={p['device']!r} is not allowed; allowed: ['auto', 'cpu', 'cuda']")
+        raise ValueError(f"device={short_repr(p['device'])} is not allowed; allowed: ['auto', 'cpu', 'cuda']")
     for k in ("store_dir", "data_file", "report_dir"):
         if not isinstance(p[k], str) or not p[k]:
-            raise ValueError(f"{k}={p[k]!r} must be a non-empty path string")
+            raise ValueError(f"{k}={short_repr(p[k])} must be a non-empty path string")
     for k in ("check_equivalence", "force", "overwrite"):
         if not isinstance(p[k], bool):
-            raise ValueError(f"{k}={p[k]!r} must be true or false")
+            raise ValueError(f"{k}={short_repr(p[k])} must be true or false")
     for k, allowed in (("weight_dtype", ("fp8", "bf16")), ("moe_parallel", ("ep", "tp"))):
         if p[k] not in allowed:
-            raise ValueError(f"{k}={p[k]!r} is not allowed; allowed: {list(allowed)}")
+            raise ValueError(f"{k}={short_repr(p[k])} is not allowed; allowed: {list(allowed)}")
     _validate_executor(p)
     return SweepParams(**p)
 
 def _validate_executor(p: dict) -> None:
     if p["executor"] not in EXECUTORS:
-        raise ValueError(f"executor={p['executor']!r} is not allowed; allowed: {list(EXECUTORS)}")
+        raise ValueError(f"executor={short_repr(p['executor'])} is not allowed; allowed: {list(EXECUTORS)}")
     addr = p["ray_address"]
     if addr is not None and (not isinstance(addr, str) or not addr.strip()):
-        raise ValueError(f"ray_address={addr!r} must be a Ray address string (auto, host:6379, ray://host:10001) "
+        raise ValueError(f"ray_address={short_repr(addr)} must be a Ray address string (auto, host:6379, ray://host:10001) "
                          "or null")
     if addr is not None and p["executor"] != "ray":
-        raise ValueError(f"ray_address={addr!r} is only used with executor='ray' (executor={p['executor']!r})")
+        raise ValueError(f"ray_address={short_repr(addr)} is only used with executor='ray' (executor={short_repr(p['executor'])})")
     if p["executor"] == "ray" and not executors.ray_available():
         raise ValueError(f"executor='ray' needs the optional ray package, which is not installed here; install it "
                          f"with {RAY_INSTALL_HINT}")

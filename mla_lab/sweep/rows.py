@@ -22,6 +22,7 @@ from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
 from ..model.memory import memory_tradeoff
 from ..model.ops import ATTN_OPS
+from ..model.routes import step_route
 from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
 from ..models import ModelConfig, model_config_path
@@ -30,7 +31,7 @@ from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, pa
 from ..provenance import provenance
 from ..workload import schedule
 
-__all__ = ["between_process_changes", "fit_status", "NOT_PRICED", "TTFT_COLUMNS", "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
+__all__ = ["MEASURED_ROUTE", "measured_withheld", "ONE_PROCESS_COLUMNS", "between_process_changes", "fit_status", "NOT_PRICED", "TTFT_COLUMNS", "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
            "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
            "strategy_columns", "point_deployment"]
 
@@ -326,6 +327,33 @@ MEMORY_COLUMNS = ("q_concat_heads", "kernel_heads", "persistent_bytes", "persist
                   "extra_persistent_bytes", "extra_persistent_mib", "kv_tokens_lost")
 
 
+#: The route the measured attention path ran (:func:`measured_rows`: FlashMLA's sparse prefill kernel on the padded
+#: heads): a measured change stands for a configuration only where it and the baseline take this route.
+MEASURED_ROUTE = "sparse-mqa"
+
+
+def measured_withheld(d: Deployment, strategy: str, fits: dict | None = None) -> str:
+    """Why a measured change of ``strategy`` (against :data:`mla_lab.placement.BASELINE`) must not be shown for the
+    deployment ``d``: "" when it may. A measured row timed :data:`MEASURED_ROUTE`; where the deployment's route
+    (:func:`mla_lab.model.routes.step_route`, every step of its schedule) is another for the strategy or the
+    baseline (e.g. DeepSeek-V3.2 at 1024-token prompts: dense MHA, vLLM #47327), the measured kernel does not run
+    there; where the deployment or the strategy does not fit (``fits``: ``{strategy: {"fits_in_memory",
+    "fit_reason"}}``, as the sweep rows state it), nothing is priced at all (issue 39)."""
+    order = tuple(dict.fromkeys((BASELINE, strategy)))  # the deployment's own reason first: one line for all rows
+    for s in order:
+        if fits and s in fits and not fits[s]["fits_in_memory"]:
+            who = "the deployment" if s == BASELINE else strategy
+            return f"{who} does not fit ({fits[s]['fit_reason']}): no measured number"
+    for s in order:
+        routes = {step_route(d.model, s, st) for st in schedule(d.workload, d.max_num_batched_tokens)}
+        other = sorted(routes - {MEASURED_ROUTE})
+        if other:
+            who = f"the baseline ({s})" if s == BASELINE else s
+            return (f"{who} takes {', '.join(other)} here, not the measured {MEASURED_ROUTE} kernel: the measured "
+                    "change does not apply")
+    return ""
+
+
 def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
     """Re-derive the TTFT columns of measured rows with the current model (the measured attention path per step,
     ``attn_path_ms_steps``, stays as measured), and their analytic memory columns (:data:`MEMORY_COLUMNS`) with
@@ -343,6 +371,8 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
     out = df.copy()
     if out.empty or "source" not in out.columns:
         return out
+    out["measured_withheld"] = out.get("measured_withheld", pd.Series([""] * len(out), index=out.index))
+    out["measured_withheld"] = out["measured_withheld"].fillna("").astype(object)
     out["ttft_note"] = out.get("ttft_note", pd.Series([""] * len(out), index=out.index)).fillna("")
     legacy = out["placement"].isna() if "placement" in out.columns else pd.Series(True, index=out.index)
     if legacy.any():
@@ -395,6 +425,9 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
         for c in MEMORY_COLUMNS:
             if c in out.columns:
                 out.at[i, c] = mem[c]
+        fits = {s: _capacity_columns(accounts[key], s, point) for s in {BASELINE, r["strategy"]}}
+        out.at[i, "fits_in_memory"] = fits[r["strategy"]]["fits_in_memory"]
+        out.at[i, "measured_withheld"] = measured_withheld(d, r["strategy"], fits)
     if "baseline" not in out.columns:
         out["baseline"] = BASELINE
     measured = out[out["source"] == "measured"]
@@ -413,7 +446,46 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
                     if c in out.columns:
                         out.loc[g.index, c] = out.loc[g.index, c] + shift
             out.loc[g.index, "ttft_change_pct"] = new
+    _attach_between_process(out)
     return out
+
+
+#: Where the committed between-process rows measured a row's deployment (median and [min, max] over >= 5 fresh
+#: processes), :func:`reprice_measured_rows` writes that change into the row's ``ttft_change_pct`` /
+#: ``ttft_change_ci_lo`` / ``ttft_change_ci_hi`` (``measured_basis`` says so) and keeps the sweep's own one-process
+#: figures in these columns: every view (heatmap, TP bars, frontier, tables, advise, the explorer) then states one
+#: measured change per cell, the seed answer's (issue 39: the heatmap said -1.6 % where the table said -1.8 %).
+ONE_PROCESS_COLUMNS = ("one_process_change_pct", "one_process_ci_lo", "one_process_ci_hi")
+
+
+def _attach_between_process(out) -> None:
+    """Put :func:`between_process_changes` into the change columns of the measured rows of each deployment it
+    covers; the one-process figures move to :data:`ONE_PROCESS_COLUMNS` (in place)."""
+    for c in ONE_PROCESS_COLUMNS:
+        out[c] = float("nan")
+    out["measured_basis"] = out.get("measured_basis", "")
+    out["measured_basis"] = out["measured_basis"].fillna("").astype(object)
+    ok = out[(out["source"] == "measured") & (out.get("status", "ok") == "ok")
+             & (out["baseline"].fillna(BASELINE) == BASELINE)]  # changes against the same baseline only
+    keys = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency",
+                        "kv_cache_dtype") if c in ok.columns]
+    for k, g in ok.groupby(keys, dropna=False):
+        point = dict(zip(keys, k)) | {c: g.iloc[0][c] for c in ("weight_dtype", "moe_parallel") if c in g.columns}
+        for c in ("tp", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency"):
+            point[c] = int(point[c])
+        try:
+            bp = between_process_changes(point_deployment(point), sorted(set(g["strategy"])))
+        except ValueError:
+            continue
+        for i, r in g.iterrows():
+            v = bp.get(r["strategy"])
+            if v is None:
+                out.loc[i, "measured_basis"] = "one process, 95 % interval of its rounds"
+                continue
+            cols = ["ttft_change_pct", "ttft_change_ci_lo", "ttft_change_ci_hi"]
+            out.loc[i, list(ONE_PROCESS_COLUMNS)] = [r.get(c) for c in cols]
+            out.loc[i, cols] = [v["median"], v["lo"], v["hi"]]
+            out.loc[i, "measured_basis"] = f"{v['n_processes']} fresh processes, [min, max]"
 
 
 #: The committed between-process rows of the seed attention path (``mla_lab/measure/experiments/presets.py``:
@@ -461,7 +533,8 @@ def between_process_changes(deployment: Deployment, strategies, path=None) -> di
         return predict_ttft(d, parse_strategy(name), attention_override_ms=[x] * len(steps))["ttft_ms_mean"]
 
     out = {}
-    names = [s if isinstance(s, str) else s.name for s in strategies]
+    # a strategy whose route here is not the measured kernel's gets no measured number (issue 39)
+    names = [n for n in (s if isinstance(s, str) else s.name for s in strategies) if not measured_withheld(d, n)]
     # each file pairs its strategies with the baseline timed in the same processes; the first file wins
     for f in ([path] if path else [None, BETWEEN_PROCESS_STRATEGIES]):
         ms = _between_process_seed_ms(f)
@@ -487,7 +560,8 @@ MEASURED_MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cach
 
 def measured_change_pct(rows, base_rows=None) -> float | None:
     """THE measured TTFT change (%) of one strategy's measured sweep rows against
-    :data:`mla_lab.placement.BASELINE`: the median of the rows' ``ttft_change_pct`` (each row's change is paired
+    :data:`mla_lab.placement.BASELINE`: the median of the rows' ``ttft_change_pct`` (the between-process change
+    where >= 5 fresh processes measured the deployment: :func:`reprice_measured_rows`; else each row's change, paired
     with the baseline timed in the same process, in interleaved rounds: :func:`measured_rows`); for rows without
     that column, ``100 * (median ttft_ms / median ttft_ms of base_rows - 1)`` when ``base_rows`` (the baseline's
     measured rows) are given. None for no row. Every view that shows a measured change (the explorer's chart and

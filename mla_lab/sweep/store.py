@@ -23,7 +23,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from ..paths import REPO_ROOT
+from ..paths import REPO_ROOT, measured_row_problem
 
 __all__ = ["ResultStore", "code_version", "point_key", "inputs_digest", "payload_problem"]
 
@@ -258,6 +258,10 @@ def payload_problem(payload) -> str:
         return f"holding status={payload['status'][:30]!r} (allowed: ok, failed)"
     if not all(isinstance(r, dict) for r in payload["rows"]):
         return "holding rows that are not objects"
+    for i, r in enumerate(payload["rows"]):  # a measured value out of its range never reaches the CSV (issue 39)
+        why = measured_row_problem(r)
+        if why:
+            return f"holding an implausible measured value in rows[{i}]: {why}"
     return ""
 
 

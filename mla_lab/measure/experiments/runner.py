@@ -107,10 +107,49 @@ def read_record(run_folder: Path, processes: int) -> dict:
     if not (run_folder / "provenance.json").is_file():
         raise ValueError(f"--resume={str(run_folder)!r} holds no provenance.json; allowed: a run folder mla-lab "
                          "measure wrote")
-    record = json.loads((run_folder / "provenance.json").read_text())
+    record = _checked_record(run_folder / "provenance.json")
     if record.get("processes") != processes:
         raise ValueError(f"--processes={processes}: the run in {run_folder} was started with "
                          f"{record.get('processes')}; allowed: --processes {record.get('processes')} to resume it")
+    return record
+
+
+def _checked_record(path: Path) -> dict:
+    """A run's ``provenance.json`` (hand-editable) read and checked before anything uses it: a UTF-8 JSON object
+    with ``processes`` (an int >= 1) and ``experiments`` (an object of experiment name -> object whose ``commands``
+    is a list of strings, ``exit`` a list of ints or nulls and ``merged`` a bool, each optional).
+
+    Raises:
+        ValueError: one line naming the file, the key and what is allowed.
+    """
+    fix = "allowed: the provenance.json mla-lab measure wrote (restore it, or start a new run without --resume)"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--resume: {path} is not readable JSON ({' '.join(str(e).split())[:80]}); {fix}") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"--resume: {path} holds a JSON {type(record).__name__}, not an object; {fix}")
+    n = record.get("processes")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"--resume: {path}: processes={str(n)[:40]!r} is not an int >= 1; {fix}")
+    exps = record.get("experiments")
+    if not isinstance(exps, dict):
+        raise ValueError(f"--resume: {path}: experiments is {type(exps).__name__}, not an object of experiment name "
+                         f"-> its record; {fix}")
+    for name, entry in exps.items():
+        where = f"--resume: {path}: experiments[{name[:40]!r}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where} is {type(entry).__name__}, not an object; {fix}")
+        cmds, exits, merged = entry.get("commands", []), entry.get("exit", []), entry.get("merged", False)
+        if not (isinstance(cmds, list) and all(isinstance(c, str) for c in cmds)):
+            raise ValueError(f"{where}.commands is not a list of strings; {fix}")
+        if not (isinstance(exits, list) and all(x is None or (isinstance(x, int) and not isinstance(x, bool))
+                                                 for x in exits)):
+            raise ValueError(f"{where}.exit is not a list of exit codes (ints or null); {fix}")
+        if not isinstance(merged, bool):
+            raise ValueError(f"{where}.merged is not true or false; {fix}")
+        entry.setdefault("commands", [])
+        entry.setdefault("exit", [])
     return record
 
 
