@@ -15,18 +15,16 @@ H 8, topk 2048), the terms of :class:`mla_lab.kernels.packed.PackedCost`, in ns:
   one 64-row tile: one gathered 576-wide row, 64 x (576 + 512) MACs);
 - Triton-only packed kernel (``packed_triton`` rows: the masked kernel over the whole union) = ``triton_tile x sum(U)
   + triton_group x #groups``;
-- union build (``union_build`` rows) = ``build_read x T x topk + build_entry x sum(topk_length) + build_key x sum(U)
-  + build_spill x sum(U) x max(0, 1 - L2 / scratch)``: every ``[T, topk]`` entry read, one L2 atomic per valid entry,
-  the lists written and the scratch cleared per union key, and the share of those keys whose scratch word misses L2
-  when the builder's scratch (``2 x SMs`` programs x ``ceil(s_kv / 2)`` int32 words at g = 8) outgrows the L2
-  (H200: 50 MB, NVIDIA H200 datasheet / H100 whitepaper, the same GH100 die; other GPUs are priced with the H200's
-  figure: not modelled). Only the longest measured context's scratch outgrows L2, so ``build_spill`` is fitted to
-  that one shape (in-sample; its leave-one-shape-out error says what the other terms alone predict there);
+- union build (``union_build`` rows, the builder the experiment ran: the CUDA shared-memory one where it compiled)
+  = ``build_read x T x topk + build_entry x sum(topk_length) + build_key x sum(U)``: every ``[T, topk]`` entry read,
+  one membership update per valid entry, the lists written per union key;
 - padded FlashMLA (``flashmla_ts_pad64_zeros`` rows, zero padded heads: the dispatch's own yardstick; files
   without them: ``flashmla_ts_pad64``; the same FlashMLA build the packed kernel calls) = ``padded_tile x
   sum(topk_length) + padded_token x T``.
 
-The rows are at H = 8 (g = 8); 16 and 32 heads per rank (g = 4, 2) are priced with the same per-64-row-tile
+Each block is fitted by least squares on relative errors (each shape's row divided by its measured time: the shapes
+span 0.5 to 25 ms, and an unweighted fit leaves the small ones, the seed among them, 40 % off). The rows are at H = 8
+(g = 8); 16 and 32 heads per rank (g = 4, 2) are priced with the same per-64-row-tile
 coefficients (an extrapolation: not measured). The path's time per layer call is the faster packed kernel (hybrid or
 Triton only, as :func:`mla_lab.kernels.packed.choose_path` picks) + union build; the ``packed`` rows (build and kernel in one graph)
 are not fitted and are reported as a check. The rows' ``U`` / ``S`` are the mean union / shared size per group over
@@ -104,10 +102,6 @@ PACKED_LABEL_SHORT = "packed (mla_lab kernel)"
 DISPATCH_MARGIN = 0.98
 #: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
 PROGRAMS_PER_SM = 2
-#: L2 of the H200 (50 MB: NVIDIA H100 whitepaper / H200 datasheet, the same GH100 die), bytes.
-L2_BYTES = 50e6
-#: Union builder programs on the measured H200 (2 per SM x 132 SMs).
-MEASURED_PROGRAMS = PROGRAMS_PER_SM * NUM_SMS["h200"]
 #: The measured shapes' geometry (mla_lab.measure.experiments.packed_kernels: T_TOKENS, HEADS, TOPK, the seed's
 #: 1024-token causal prompts) and its tokens per group there (g = 64 / 8).
 SEED_PROMPT_LEN = 1024
@@ -120,8 +114,7 @@ TERMS = {"flash_tile": "hybrid: shared key-tiles", "rest_tile": "hybrid: rest ke
          "rest_group": "hybrid: groups with rest keys", "triton_tile": "Triton only: union key-tiles",
          "triton_group": "Triton only: groups",
          "build_read": "union build: [T, topk] entries read", "build_entry": "union build: valid entries, sum(topk_length)",
-         "build_key": "union build: union keys written, sum(U)",
-         "build_spill": "union build: union keys x the scratch's share beyond L2", "padded_tile": "padded kernel: sum(topk_length)",
+         "build_key": "union build: union keys written, sum(U)", "padded_tile": "padded kernel: sum(topk_length)",
          "padded_token": "padded kernel: tokens"}
 
 
@@ -151,7 +144,6 @@ class PackedFit:
     build_read: float
     build_entry: float
     build_key: float
-    build_spill: float
     padded_tile: float
     padded_token: float
     source: str
@@ -165,11 +157,10 @@ class PackedFit:
         triton = self.triton_tile * (shared + rest) + self.triton_group * groups
         return ("hybrid", hybrid) if hybrid <= triton else ("triton", triton)
 
-    def build_ns(self, read: float, entries: float, union_keys: float, spill: float) -> float:
+    def build_ns(self, read: float, entries: float, union_keys: float) -> float:
         """The union build in ns: ``read`` ``[T, topk]`` entries, ``entries`` valid ones, ``union_keys`` keys
-        written, ``spill`` = union keys x the scratch's share beyond L2 (:func:`spill_share`)."""
-        return (self.build_read * read + self.build_entry * entries + self.build_key * union_keys
-                + self.build_spill * spill)
+        written."""
+        return self.build_read * read + self.build_entry * entries + self.build_key * union_keys
 
     def padded_ns(self, sum_topk_length: float, tokens: float) -> float:
         """Padded FlashMLA in ns."""
@@ -178,20 +169,14 @@ class PackedFit:
 
 #: The dispatch's fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample, its
 #: rows not committed; its build term per ``T x topk`` entry read, as its PackedCost prices it; no rest-group,
-#: valid-entry, union-key or L2 term): used only
+#: valid-entry or union-key term): used only
 #: while data/calibration/h200_packed.csv is absent.
-HAND_FIT = PackedFit(0.328, 0.738, 0.0, 0.687, 15.6, 0.0098, 0.0, 0.0, 0.0, 0.213, 34.9,
+HAND_FIT = PackedFit(0.328, 0.738, 0.0, 0.687, 15.6, 0.0098, 0.0, 0.0, 0.213, 34.9,
                      source="the dispatch's fit of one H200 lease's rows (mla_lab.kernels.packed.H200_PACKED_COST; "
                             "in-sample, rows not committed)")
 
 
-def spill_share(s_kv: int, g: int, num_programs: int) -> float:
-    """The share of the union builder's scratch beyond L2: ``max(0, 1 - L2 / scratch bytes)`` (:data:`L2_BYTES`)."""
-    scratch = union_buffer_bytes(0, 0, g, s_kv, num_programs)["scratch"]
-    return max(0.0, 1.0 - L2_BYTES / scratch)
-
-
-def _shape_terms(shape: str, T: int, topk: int, U: float, S: float, s_kv: int) -> dict:
+def _shape_terms(shape: str, T: int, topk: int, U: float, S: float) -> dict:
     """The fit's regressors of one measured shape (U, S: mean per group over topk)."""
     G = -(-T // MEASURED_G)
     st = (T // SEED_PROMPT_LEN) * sum_topk_lengths(0, SEED_PROMPT_LEN, topk) if shape == "seed" else T * topk
@@ -199,20 +184,18 @@ def _shape_terms(shape: str, T: int, topk: int, U: float, S: float, s_kv: int) -
     keys = G * U * topk
     return {"shared": G * S * topk, "rest": G * rest * topk, "groups_with_rest": float(G) if rest > 0 else 0.0,
             "union": G * U * topk, "groups": float(G),
-            "read": float(T * topk), "entries": float(st), "union_keys": keys,
-            "spill": keys * spill_share(s_kv, MEASURED_G, MEASURED_PROGRAMS), "sum_topk": float(st), "T": float(T)}
+            "read": float(T * topk), "entries": float(st), "union_keys": keys, "sum_topk": float(st), "T": float(T)}
 
 
 def _medians(rows) -> tuple[dict, dict]:
-    """``({(shape, kernel): ms}, {shape: (T, topk, U, S, s_kv)})``: median over processes of each process's median."""
+    """``({(shape, kernel): ms}, {shape: (T, topk, U, S)})``: median over processes of each process's median."""
     per: dict = {}
     geo: dict = {}
     for r in rows:
         if r.get("experiment") != "packed_kernels" or r["kernel"] not in KERNEL_ROWS.values():
             continue
         per.setdefault((r["shape"], r["kernel"], r["process"]), []).append(float(r["ms"]))
-        geo.setdefault(r["shape"], (int(float(r["T"])), int(float(r["topk"])), float(r["U"]), float(r["S"]),
-                                    int(float(r["s_kv"]))))
+        geo.setdefault(r["shape"], (int(float(r["T"])), int(float(r["topk"])), float(r["U"]), float(r["S"])))
     by: dict = {}
     for (shape, kernel, _p), xs in per.items():
         by.setdefault((shape, kernel), []).append(float(np.median(xs)))
@@ -220,7 +203,8 @@ def _medians(rows) -> tuple[dict, dict]:
 
 
 def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.linalg.lstsq(X, y, rcond=None)[0]
+    """Least squares on relative errors: minimises ``sum(((X c - y) / y)^2)``."""
+    return np.linalg.lstsq(X / y[:, None], np.ones_like(y), rcond=None)[0]
 
 
 def _fit_block(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list, list]:
@@ -237,7 +221,7 @@ def _fit_block(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list, list]:
 #: block -> (regressors, row kernel); the coefficients in :data:`TERMS` order.
 BLOCKS = {"kernel": (("shared", "rest", "groups_with_rest"), "packed_kernel"),
           "triton": (("union", "groups"), "packed_triton"),
-          "build": (("read", "entries", "union_keys", "spill"), "union_build"),
+          "build": (("read", "entries", "union_keys"), "union_build"),
           "padded": (("sum_topk", "T"), "flashmla_ts_pad64_zeros")}
 
 
@@ -277,7 +261,7 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
         if (s, KERNEL_ROWS["path"]) in med:
             y = med[(s, KERNEL_ROWS["path"])]
             f = (fit.kernel_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"], t[s]["groups"])[1]
-                 + fit.build_ns(t[s]["read"], t[s]["entries"], t[s]["union_keys"], t[s]["spill"])) / 1e6
+                 + fit.build_ns(t[s]["read"], t[s]["entries"], t[s]["union_keys"])) / 1e6
             errors.append({"block": "path_check", "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": y,
                            "fitted_ms": f, "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None, "loso_pct": None})
     return PackedFit(**{**fit.__dict__, "errors": tuple(errors)})
@@ -375,7 +359,7 @@ class UnionStats:
 
     ``T`` tokens, ``groups`` (``ceil(T / g)``), ``shared`` (sum of S), ``rest`` (sum of U - S), ``groups_with_rest``,
     ``entries`` (valid ``[T, topk]`` entries, ``sum(topk_length)``: the builder's atomics), ``read`` (``T x topk``),
-    ``max_seq_len`` (the longest chunk's ``start + n``), ``sum_topk`` (``sum(topk_length)``: the padded kernel's
+    ``sum_topk`` (``sum(topk_length)``: the padded kernel's
     keys), ``g``, ``overlap`` (the assumption used past the top-k)."""
 
     T: int
@@ -388,7 +372,6 @@ class UnionStats:
     g: int
     overlap: float
     read: float = 0.0
-    max_seq_len: int = 0
 
     @property
     def union(self) -> float:
@@ -425,7 +408,7 @@ def step_union(chunks, topk: int, g: int, overlap: float) -> UnionStats:
     rest = U - S
     st = float(np.minimum(pos + 1, topk).sum())
     return UnionStats(T, G, float(S.sum()), float(rest.sum()), float((rest > 0.5).sum()), st, st, g, overlap,
-                      float(T * topk), int(max((s + n for _, s, n in chunks), default=0)))
+                      float(T * topk))
 
 
 def _step_chunks(step: Step | int) -> list:
@@ -459,9 +442,7 @@ def _predict(rank: RankView, stats: UnionStats, fit: PackedFit, rows: int) -> tu
     """``(mode, packed ms, padded ms)`` of one step's union sizes (module docstring: Blackwell's tile scaling)."""
     scale = rows / 64.0  # the fit's unit is a 64-row key-tile
     mode, kern = fit.kernel_ns(stats.shared * scale, stats.rest * scale, stats.groups_with_rest, stats.groups)
-    s_kv = max(rank.max_num_batched_tokens, stats.max_seq_len)
-    spill = stats.union * spill_share(s_kv, stats.g, PROGRAMS_PER_SM * NUM_SMS[rank.arch.name])
-    build = fit.build_ns(stats.read, stats.entries, stats.union, spill)
+    build = fit.build_ns(stats.read, stats.entries, stats.union)
     padded = fit.padded_ns(stats.sum_topk, stats.T) * max(1.0, rank.padded_num_heads / 64.0)
     return mode, (kern + build) / 1e6, padded / 1e6
 
