@@ -116,7 +116,8 @@ class MemoryAccount:
             view taken per call from the shared workspace, no separate unpadded buffer) only what the padded view
             adds beyond the shared workspace's other users (``shared_other_bytes``); 0 for ``fa3_sparse`` (FA3
             takes ``q_nope`` / ``q_rope`` as they are: no concat buffer); for ``packed`` the real-head Q buffer plus
-            the union builder's buffers and scratch (:func:`mla_lab.union_layout.union_buffer_bytes`), no padded workspace.
+            the union builder's buffers (:func:`mla_lab.model.packed_kernel.packed_union_bytes`), no padded
+            workspace.
         step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``
             placements with padding; else 0).
         kernel_out_bytes: kernel output + lse + max_logits alive at once: ``T*h*(d_v*2 + 2*4)`` at the kernel's heads

@@ -11,7 +11,6 @@ import pytest
 
 from mla_lab.deployment import Deployment
 from mla_lab.model import packed_kernel as pk
-from mla_lab.model.decode_kernels import NUM_SMS
 from mla_lab.model.memory import memory_tradeoff
 from mla_lab.model.ops import step_ops
 from mla_lab.model.timing import kernel_rate_tflops, step_time_ms
@@ -238,11 +237,17 @@ def test_blackwell_is_modelled_at_a_128_row_tile():
 
 
 def _seed_union_bytes(d: Deployment) -> int:
-    """Independently: the builder's buffers at max_num_batched_tokens (g = 8 at 8 heads on sm90), the key space
-    max(max_num_batched_tokens, prompt_len), 2 programs per SM on the H200's 132 SMs."""
-    s_kv = max(d.max_num_batched_tokens, d.prompt_len)
-    return union_buffer_bytes(d.max_num_batched_tokens, d.model.topk, 64 // d.num_heads, s_kv,
-                              2 * NUM_SMS[d.arch.name])["total"]
+    """Independently: the builder's outputs at max_num_batched_tokens (g = 8 at 8 heads on sm90; the CUDA builder,
+    whose table is in shared memory: no global scratch)."""
+    return union_buffer_bytes(d.max_num_batched_tokens, d.model.topk, 64 // d.num_heads, 16384, 1)["outputs"]
+
+
+def test_blackwell_union_bytes_count_the_triton_builders_scratch():
+    """g = 16 runs the Triton builder (the CUDA one refuses it): its scratch at 2 programs per SM x 148 SMs over
+    max(max_num_batched_tokens, prompt_len) keys is counted too."""
+    d = Deployment.seed(arch="b200")
+    b = union_buffer_bytes(d.max_num_batched_tokens, d.model.topk, 16, max(16384, d.prompt_len), 2 * 148)
+    assert pk.packed_union_bytes(d.rank, d.prompt_len) == b["total"] > b["outputs"]
 
 
 def _all_rows(a: dict) -> list[dict]:

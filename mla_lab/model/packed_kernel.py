@@ -524,16 +524,23 @@ def union_key_space(rank: RankView, prompt_len: int | None) -> int:
     return max(rank.max_num_batched_tokens, prompt_len or 0)
 
 
+#: Tokens per group the CUDA union builder takes (:mod:`mla_lab.kernels.union_cuda`: g = 16 is refused there, the
+#: Triton builder runs it); its membership table lives in shared memory, so it holds no global scratch.
+CUDA_BUILDER_GROUPS = (1, 2, 4, 8)
+
+
 def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
-    """The union builder's outputs and scratch at ``max_num_batched_tokens`` (:func:`mla_lab.buffers
-    .union_buffer_bytes`, ``num_programs`` = :data:`PROGRAMS_PER_SM` x the GPU's SMs,
-    :data:`mla_lab.model.decode_kernels.NUM_SMS`); 0 where the heads cannot be packed."""
+    """The union builder's buffers at ``max_num_batched_tokens`` (:func:`mla_lab.union_layout.union_buffer_bytes`):
+    the outputs, plus the Triton builder's global scratch (``num_programs`` = :data:`PROGRAMS_PER_SM` x the GPU's
+    SMs, :data:`mla_lab.model.decode_kernels.NUM_SMS`, over :func:`union_key_space` keys) only where it is the
+    builder that runs (g = 16: Blackwell at 8 heads); the CUDA builder the measured rows ran (g <= 8) keeps its table
+    in shared memory. 0 where the heads cannot be packed."""
     g = packed_group_size(rank.num_heads, tile_rows_of(rank.arch))
     if g is None:
         return 0
     progs = PROGRAMS_PER_SM * NUM_SMS[rank.arch.name]
-    return union_buffer_bytes(rank.max_num_batched_tokens, rank.model.topk, g, union_key_space(rank, prompt_len),
-                              progs)["total"]
+    b = union_buffer_bytes(rank.max_num_batched_tokens, rank.model.topk, g, union_key_space(rank, prompt_len), progs)
+    return b["outputs"] if g in CUDA_BUILDER_GROUPS else b["total"]
 
 
 def main(argv=None) -> int:
