@@ -89,6 +89,7 @@ def test_docs_state_the_figures_of_the_rows(med):
         assert f"{value:.2f}x" == stated
     slow = max(med.loc[s, "dispatched"] / med.loc[s, "flashmla_ts_pad64_zeros"] for s in pk.SHAPE_ORDER)
     assert "never more than 1.5 % slower" in text and round((slow - 1) * 100, 1) == 1.5
+    assert f"packed path's {med.loc['seed', 'packed']:.2f} ms" in text
     share = med.loc["seed", "union_build"] / med.loc["seed", "packed_kernel"]
     assert re.search(r"at the\s+seed \(35 %\)", text) and round(share * 100) == 35
 
