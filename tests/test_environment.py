@@ -148,6 +148,7 @@ NOT_IMPORTED = {
 def _imported_modules(base: Path = REPO, roots=("mla_lab", "notebooks", "tests", "benchmarks")) -> dict[str, set[str]]:
     """Top-level third-party modules imported anywhere under ``base/roots`` -> the files importing them."""
     found: dict[str, set[str]] = {}
+    siblings = {p.stem for p in (base / "tests").glob("*.py")}  # a test module importing another (tests/ on sys.path)
     for root in roots:
         for p in sorted((base / root).rglob("*.py")):
             for n in ast.walk(ast.parse(p.read_text(), filename=str(p))):
@@ -159,7 +160,8 @@ def _imported_modules(base: Path = REPO, roots=("mla_lab", "notebooks", "tests",
                     continue
                 for name in names:
                     top = name.split(".")[0]
-                    if top not in sys.stdlib_module_names and top not in ("mla_lab", "conftest", "__future__"):
+                    if top not in sys.stdlib_module_names and top not in ("mla_lab", "conftest", "__future__") \
+                            and top not in siblings:
                         found.setdefault(top, set()).add(str(p.relative_to(base)))
     return found
 
