@@ -61,19 +61,10 @@ def test_committed_rows_have_the_columns_the_registry_says():
     assert checked >= 15
 
 
-#: Calibration files registered before their rows are committed (the fit waits for them; issue 36: the packed
-#: kernel's rows come from the lead's H200 run).
-AWAITING_ROWS = {"h200_packed.csv"}
-
-
 def test_calibration_table_covers_every_calibration_file():
     files = {p.name for p in (REPO / "data" / "calibration").glob("*.csv")}
-    pending = {n for n in AWAITING_ROWS - files
-               if not any((MEASURED / i).is_file() for i in CALIBRATION[n].inputs if i.endswith(".csv"))}
-    assert files == set(CALIBRATION) - pending  # rows committed: the fit must be written too
+    assert files == set(CALIBRATION)
     for name, fit in CALIBRATION.items():
-        if name in pending:
-            continue
         assert set(fit.experiments) <= set(EXPERIMENTS), name
         module = fit.function.split(":")[0]
         assert (REPO / (module.replace(".", "/") + ".py")).is_file(), (name, module)
