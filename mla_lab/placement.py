@@ -498,9 +498,11 @@ SEED_STRATEGIES = tuple(expand_strategies(list(PRESETS) + ["shared_workspace:zer
                                           + [f"subchunk:{s}" for s in SUBCHUNK_ROWS] + [SUBCHUNK_GRAPH]))
 
 #: The sweep's default ``strategies`` parameter: every engine preset, the shared workspace with the concat zeroing
-#: its padded heads, and the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with the three hand-offs (door names).
+#: its padded heads, the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with the three hand-offs, and the lab's
+#: packed kernel (door names; the report's frontier draws ``packed`` beside the engines' strategies).
 SWEEP_STRATEGIES = (*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
-                    *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS), *(f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS))
+                    *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS), *(f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS),
+                    "packed")
 
 #: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
 EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")

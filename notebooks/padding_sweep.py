@@ -70,7 +70,7 @@ strategies: list = ["vllm-pre-53878", "vllm-53878", "vllm-56902", "vllm-fa3-spar
                     "sglang-flashmla-sparse", "kernel-native", "shared_workspace:zero_per_call", "subchunk:1024",
                     "subchunk:2048", "subchunk:4096", "subchunk:8192", "subchunk:1024:views", "subchunk:2048:views",
                     "subchunk:4096:views", "subchunk:8192:views", "subchunk:1024:graph2", "subchunk:2048:graph2",
-                    "subchunk:4096:graph2", "subchunk:8192:graph2"]  # presets and canonical strategies
+                    "subchunk:4096:graph2", "subchunk:8192:graph2", "packed"]  # presets, canonical, the lab's kernel
 device: str = "auto"  # auto (GPU if torch sees one), cpu (modelled only) or cuda
 store_dir: str = "data/sweeps/padding_sweep"  # the point store (one file per point; a re-run resumes)
 data_file: str = "data/padding_sweep.csv"  # the tidy CSV written at the end

@@ -37,7 +37,7 @@ STRATEGY_STYLE = {
     "subchunk_views": ("#999933", "<", "sub-chunk S (views to consumer)"),
     "subchunk_graph2": ("#44AA99", ">", "sub-chunk S (2 workspaces, 2 streams, one CUDA graph)"),
     # Paul Tol's muted rose: the lab's packed kernel (packed:<overlap> shares it)
-    "packed": ("#CC6677", "d", "packed (mla_lab kernel; measured kernel, modelled step)"),
+    "packed": ("#CC6677", "d", "packed (lab kernel, 8 tokens x 8 heads)"),
 }
 #: What a name outside the table gets (black circle, the name as its label): never a name of mla_lab.placement.
 FALLBACK_STYLE = ("#000000", "o")
