@@ -115,7 +115,9 @@ class MemoryAccount:
             ``2 * S * q_concat_heads * head_size * 2``); for ``shared_workspace`` (vLLM after #56902: the padded
             view taken per call from the shared workspace, no separate unpadded buffer) only what the padded view
             adds beyond the shared workspace's other users (``shared_other_bytes``); 0 for ``fa3_sparse`` (FA3
-            takes ``q_nope`` / ``q_rope`` as they are: no concat buffer).
+            takes ``q_nope`` / ``q_rope`` as they are: no concat buffer); for ``packed`` the real-head Q buffer plus
+            the union builder's buffers (:func:`mla_lab.model.packed_kernel.packed_union_bytes`), no padded
+            workspace.
         step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``
             placements with padding; else 0).
         kernel_out_bytes: kernel output + lse + max_logits alive at once: ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
@@ -207,19 +209,25 @@ def memory_account(
 
 
 def memory_account_of(rank: RankView, strategy: Strategy | str, shared_other_bytes: int,
-                      prompt_len: int | None) -> MemoryAccount:
+                      prompt_len: int | None, union_bytes: int | None = None) -> MemoryAccount:
     """:func:`memory_account` of one TP rank (:class:`~mla_lab.rank.RankView`, derived from a checked
     Deployment) at its ``max_num_batched_tokens`` (``num_tokens`` = the workspace rows), with the model's head_size
     and d_v: nothing re-checked. ``shared_other_bytes`` a checked non-negative int; ``prompt_len`` the deployment's
-    (or None: the padded route)."""
+    (or None: the padded route); ``union_bytes``: ``packed`` only, the union builder's buffers and scratch
+    (:func:`mla_lab.model.packed_kernel.packed_union_bytes`; 0 where the heads cannot be packed).
+
+    Raises:
+        ValueError: ``packed`` without ``union_bytes`` (its account needs them).
+    """
     m = rank.model
     return _account(as_strategy(strategy), rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype,
                     rank.max_num_batched_tokens, rank.max_num_batched_tokens, m.head_size, m.d_v, shared_other_bytes,
-                    m, prompt_len)
+                    m, prompt_len, union_bytes)
 
 
 def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: int, T: int, head_size: int, d_v: int,
-             shared_other_bytes: int, model: ModelConfig | None, prompt_len: int | None) -> MemoryAccount:
+             shared_other_bytes: int, model: ModelConfig | None, prompt_len: int | None,
+             union_bytes: int | None = None) -> MemoryAccount:
     padded = hp != H and kvd == "bf16"
     row = head_size * BF16_BYTES
     out_per_token = d_v * BF16_BYTES + 2 * FP32_BYTES
@@ -249,6 +257,16 @@ def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: in
         # FA3 takes q_nope / q_rope as they are (no concat buffer) and writes out [T, H, d_v] + lse [T, H]
         kernel_heads = H
         persistent = 0
+        kernel_out = T * H * (d_v * BF16_BYTES + FP32_BYTES)
+    elif st.placement == "packed":
+        # the lab's packed kernel: Q concatenated at the real heads (as kernel_native), the union builder's buffers
+        # and scratch at max_num_batched_tokens, no padded workspace; out + lse at the real heads
+        if union_bytes is None:
+            raise ValueError("strategy='packed' needs union_bytes (its union buffers and scratch); allowed: the "
+                             "account of mla_lab.model.memory.memory_tradeoff / buffers.memory_account_of(..., "
+                             "union_bytes=mla_lab.model.packed_kernel.packed_union_bytes(rank, prompt_len))")
+        kernel_heads = H
+        persistent = unpadded + union_bytes
         kernel_out = T * H * (d_v * BF16_BYTES + FP32_BYTES)
     else:  # kernel_native
         kernel_heads = H

@@ -464,8 +464,13 @@ def _cmd_advise(args) -> int:
         from .report.data import load_measured_cached
 
         measured = load_measured_cached()
-    res = advise(dep, memory_budget_mib=args.memory_budget_mib, memory_budget_tokens=args.memory_budget_tokens,
-                 measured=measured, engine=args.engine)  # the deployment built (and checked) once, above
+    try:
+        res = advise(dep, memory_budget_mib=args.memory_budget_mib, memory_budget_tokens=args.memory_budget_tokens,
+                     measured=measured, engine=args.engine, packed_overlap=args.packed_overlap)
+    except ValueError as e:  # the deployment was built (and checked) once, above; a bad --packed-overlap is refused
+        if "packed_overlap" in str(e):
+            raise DoorError(str(e).replace("packed_overlap=", "--packed-overlap=")) from None
+        raise
     attrs = getattr(measured, "attrs", {}) if measured is not None else {}
     detached = list(attrs.get("detached", [])) + [  # rows no manifest counts: a cut file could not be detected
         f"{u} (no stamp in a manifest: lost rows cannot be detected; python -m mla_lab.report.stamp_measured)"
@@ -577,6 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the engine version to answer within (default vllm@0.33.0; e.g. sglang@0.5.23, vllm@pr53878: "
                          "mla-lab engines lists them; first names such as vllm-53878 map to theirs): only its "
                          "strategies are ranked, other engines' options are listed in their own section")
+    ad.add_argument("--packed-overlap", type=float, default=None,
+                    help="the pairwise overlap of neighbouring tokens' top-k sets past the top-k that the lab's "
+                         "packed kernel is priced at, 0..1 (default 0.44: TensorRT-LLM tech blog 21, an assumption)")
     ad.add_argument("--json", action="store_true", help="print the result as JSON")
     sv = sub.add_parser("serve", help="the vllm bench serve simulation for one deployment: every metric per "
                                       "strategy and its change vs the baseline (modelled)")

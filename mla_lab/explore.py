@@ -18,7 +18,7 @@ import textwrap
 from .arch import ARCHS, get_arch
 from .buffers import MIB
 from .deployment import MOE_PARALLEL, WEIGHT_DTYPES, Deployment
-from .labels import KERNEL_NATIVE_NOTE
+from .labels import KERNEL_NATIVE_NOTE, PACKED_NOTE
 from .models import KV_CACHE_DTYPES, load_model, model_names
 from .placement import BASELINE, EXPLORER_STRATEGIES, PR_STRATEGY, resolve_strategy
 from .report.data import load_measured, withhold_off_route
@@ -275,6 +275,8 @@ def summary_html(result: dict) -> str:
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
     if any(r["strategy"] == "kernel_native" for r in result["per_strategy"]):
         note += f"<br><small>kernel_native = {e(KERNEL_NATIVE_NOTE)}.</small>"
+    if any(r["strategy"] == "packed" for r in result["per_strategy"]):
+        note += f"<br><small>packed = {e(PACKED_NOTE)}.</small>"
     eng = "".join(
         f"<tr><td {td}>{e(x['preset'])} ({e(str(x['release_date']))})</td><td {td}>{e(str(x['backend']))}</td>"
         f"<td {td}>{e(str(x['prefill_route']))}</td><td {td}>{x['padding'] if x['padding'] else 'none'}</td>"

@@ -12,7 +12,7 @@ Plain strings and the measured numbers they quote: no import of the package (the
 from __future__ import annotations
 
 __all__ = ["KERNEL_NATIVE_MEASURED", "KERNEL_NATIVE_LABEL", "KERNEL_NATIVE_NOTE", "SGLANG_DENSE_LABEL",
-           "SGLANG_DENSE_NOTE"]
+           "SGLANG_DENSE_NOTE", "PACKED_LABEL", "PACKED_NOTE"]
 
 #: kernel_native at the seed's attention step measured on one H200 (16 prompts x 1024 tokens = 16384 tokens, GLM-5
 #: TP8: 8 heads, topk 2048; CUDA-graph timing, median over 5 fresh processes of each process's median, ms), from
@@ -42,3 +42,14 @@ SGLANG_DENSE_NOTE = (f"{SGLANG_DENSE_LABEL} = SGLang's documented dense route (d
                      "<= 2048 tokens), which SGLang 0.5.23 takes on an H200 only with its prefill CUDA graphs off; "
                      "its default there runs prompts of <= 8192 tokens inside breakable prefill CUDA graphs on "
                      "padded flashmla_sparse with a new_zeros pad (engine preset sglang@0.5.23, a code reading)")
+#: How every output names ``packed`` (the lab's packed sparse-MLA prefill kernel, mla_lab/kernels/packed.py).
+PACKED_LABEL = "packed (mla_lab kernel: 8 tokens x 8 heads per tile; measured kernel, modelled step)"
+#: The line an output prints beside ``packed``.
+PACKED_NOTE = (
+    f"{PACKED_LABEL}: the lab's kernel, in no engine; its kernel time per layer is fitted on the H200 rows of "
+    "data/measured/h200/between_process/packed_kernels.csv by union size (data/calibration/h200_packed.csv), the "
+    "union size of each step follows from the prompts' positions up to the top-k and from an ASSUMED pairwise "
+    "overlap past it (packed:<overlap>; default the TensorRT-LLM tech blog 21 figure, about 44 %); where packing is "
+    "predicted slower than 0.98 x padded FlashMLA the step is priced on the fallback (vLLM 0.33.0's FA3 sparse); "
+    "every prefill takes the sparse route, decode FA3 sparse; memory = Q at the real heads + the union buffers, no "
+    "padded workspace; on Blackwell modelled (no Blackwell measurement)")

@@ -24,6 +24,12 @@ placement           where the padded ``[T, H', 576]`` Q lives
                     ``vllm/v1/attention/backends/mla/flashattn_mla_sparse.py``; vLLM's Hopper default for head size
                     576): FA3 varlen with ``q = q_rope``, ``q_v = q_nope``, the top-k indices as a page-size-1 block
                     table, the real heads; no concat, no padded tensor, no padded output
+``packed``          the lab's packed kernel (:mod:`mla_lab.kernels.packed`: ``g = 64 / H`` tokens x ``H`` heads per
+                    64-row tile over the union of the group's top-k sets): Q at the real heads, the union builder's
+                    buffers, no padded workspace; every prefill on it (no dense-MHA route of its own), decode tokens
+                    on vLLM 0.33.0's FA3 sparse (per token); measured kernel, modelled step
+                    (:mod:`mla_lab.model.packed_kernel`); ``packed:<overlap>`` names another assumed pairwise overlap
+                    of neighbouring tokens' top-k sets past the top-k (``packed`` = the default there)
 ==================  =============================================================================================
 
 **Routes.** A strategy also carries the engine's route rule (:mod:`mla_lab.routes`): which attention route
@@ -63,7 +69,13 @@ from ._validate import check_int
 from .engines import ENGINE_PRESETS as _ENGINE_PRESETS
 from .engines import decode_threshold, engine_preset, padding_for, sparse_backend
 from .engines import engine_names as _engine_names
-from .labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, SGLANG_DENSE_LABEL, SGLANG_DENSE_NOTE
+from .labels import (
+    KERNEL_NATIVE_LABEL,
+    KERNEL_NATIVE_NOTE,
+    PACKED_NOTE,
+    SGLANG_DENSE_LABEL,
+    SGLANG_DENSE_NOTE,
+)
 from .routes import ENGINE_RULES, RULE_ALIASES, model_family, route_for
 
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS", "ALIASES", "PRESET_SOURCES",
@@ -73,17 +85,21 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route",
            "preset_table", "SUBCHUNK_GRAPH", "ENGINE_PRESET_MEMBERS", "engine_strategies",
            "ENGINE_LEGACY_NAMES", "resolve_engine", "engine_summary", "engine_table", "blackwell_rows",
-           "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label", "strategy_notes"]
+           "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label", "strategy_notes",
+           "FA3_DECODE_PLACEMENTS"]
 
 PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
-              "kernel_native", "fa3_sparse")
+              "kernel_native", "fa3_sparse", "packed")
 #: The engine route rule (:data:`mla_lab.routes.ENGINE_RULES`) each placement runs under unless its name says
 #: ``@<rule>``: vLLM's FLASHMLA_SPARSE paths (DeepSeek-V3.2 takes dense MHA when every prefill has seq_len <= topk,
 #: vLLM #47327; GLM-5/5.2 is MQA-only, #52512); SGLang with ``flashmla_sparse`` forced; vLLM's FA3 sparse backend;
 #: ``kernel_native`` none (always ``sparse-mqa``: no engine's dense-MHA route for short prompts).
 DEFAULT_RULES = {"per_call_empty": "vllm-flashmla", "private_workspace": "vllm-flashmla",
                  "shared_workspace": "vllm-flashmla", "subchunk": "vllm-flashmla", "per_call_zeros": "sglang-flashmla",
-                 "fa3_sparse": "vllm-fa3", "kernel_native": None}
+                 "fa3_sparse": "vllm-fa3", "kernel_native": None, "packed": "mla_lab-packed"}
+#: Placements whose decode tokens run on vLLM 0.33.0's FA3 sparse (real heads, per token): FA3 sparse itself and the
+#: lab's packed kernel (a decode step's tokens belong to different requests: nothing to pack).
+FA3_DECODE_PLACEMENTS = ("fa3_sparse", "packed")
 CONTENTS = ("zeros", "stale")
 ZERO_POLICIES = ("zero_once", "zero_per_call", "none")
 #: Sub-chunk sizes the sweep prices by default (rows of the padded workspace).
@@ -106,6 +122,8 @@ class Strategy:
             launch cost; measured on an H200, ``data/measured/h200/between_process/subgraph.csv``).
         route_rule: the engine route rule when it is not the placement's default (:data:`DEFAULT_RULES`), else
             None; :attr:`rule` is the one in force.
+        overlap: ``packed`` only: the assumed pairwise overlap of neighbouring tokens' top-k sets past the top-k
+            (``packed:<overlap>``); None: the default (:data:`mla_lab.model.packed_kernel.PACKED_OVERLAP_DEFAULT`).
     """
 
     placement: str
@@ -114,6 +132,7 @@ class Strategy:
     rows: int | None = None
     handoff: str | None = None
     route_rule: str | None = None
+    overlap: float | None = None
 
     @property
     def rule(self) -> str | None:
@@ -122,8 +141,9 @@ class Strategy:
 
     @property
     def padded(self) -> bool:
-        """The placement feeds FlashMLA a head-padded Q (every placement but ``kernel_native`` and ``fa3_sparse``)."""
-        return self.placement not in ("kernel_native", "fa3_sparse")
+        """The placement feeds FlashMLA a head-padded Q (every placement but ``kernel_native``, ``fa3_sparse`` and
+        ``packed``)."""
+        return self.placement not in ("kernel_native", "fa3_sparse", "packed")
 
     @property
     def views_handoff(self) -> bool:
@@ -153,6 +173,8 @@ class Strategy:
             base = f"shared_workspace:{self.zero_policy}"
         elif p == "subchunk":
             base = f"subchunk:{self.rows}" + (f":{self.handoff}" if self.handoff in ("views", "graph2") else "")
+        elif p == "packed" and self.overlap is not None:
+            base = f"packed:{self.overlap:g}"
         else:
             base = p
         return base + (f"@{self.route_rule}" if self.route_rule else "")
@@ -186,6 +208,7 @@ _FIXED = {
     "shared_workspace:zero_per_call": _fixed("shared_workspace", "zeros", "zero_per_call"),
     "kernel_native": _fixed("kernel_native", "zeros"),
     "fa3_sparse": _fixed("fa3_sparse", "zeros"),
+    "packed": _fixed("packed", "zeros"),
 }
 
 #: Engine presets -> canonical strategies (two names = the range the engine can be in).
@@ -237,7 +260,8 @@ PRESET_SOURCES = {
 #: ``sglang-dense`` is not SGLang's default today (that is ``sglang@0.5.23``), ``kernel-native`` no engine's kernel.
 PRESET_LABELS = {"sglang-dense": SGLANG_DENSE_LABEL, "kernel-native": KERNEL_NATIVE_LABEL}
 #: The line an output prints under a table holding these strategies (:func:`strategy_notes`).
-STRATEGY_NOTES = {"kernel_native": KERNEL_NATIVE_NOTE, "per_call_zeros@sglang-dense": SGLANG_DENSE_NOTE}
+STRATEGY_NOTES = {"kernel_native": KERNEL_NATIVE_NOTE, "per_call_zeros@sglang-dense": SGLANG_DENSE_NOTE,
+                  "packed": PACKED_NOTE}
 
 
 def preset_label(preset: str) -> str:
@@ -249,6 +273,7 @@ def strategy_notes(strategies) -> list[str]:
     """The notes an output prints under a table holding ``strategies`` (canonical names): :data:`STRATEGY_NOTES`
     of those present, once each, in that order; [] when none is."""
     names = {str(s) for s in strategies}
+    names |= {n.partition(":")[0] for n in names if n.startswith("packed:")}  # packed:<overlap> has packed's note
     return [note for s, note in STRATEGY_NOTES.items() if s in names]
 
 
@@ -361,6 +386,8 @@ def parse_strategy(name: str) -> Strategy:
                              "'graph2' (e.g. subchunk:4096:views, subchunk:2048:graph2)")
         handoff = parts[2] if len(parts) == 3 else "copy"
         return Strategy("subchunk", "zeros", "zero_once", rows, handoff)
+    if name.startswith("packed:"):
+        return _packed(name)
     if name in PRESETS or name in ALIASES or name == "kernel-native" or name in ENGINE_PRESET_MEMBERS:
         raise ValueError(f"strategy={name!r} is a preset or alias, read only at the door (parameters, CLI, legacy "
                          f"rows: mla_lab.placement.expand / resolve_strategy); allowed here: {canonical_names()}")
@@ -375,7 +402,21 @@ as_strategy = parse_strategy
 
 def canonical_names() -> list[str]:
     """Every fixed canonical name plus the ``subchunk:<S>`` pattern."""
-    return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views", "subchunk:<S>:graph2", "<name>@<rule>"]
+    return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views", "subchunk:<S>:graph2", "packed:<overlap>",
+                           "<name>@<rule>"]
+
+
+def _packed(name: str) -> Strategy:
+    """``packed:<overlap>``; raises ValueError (one line) unless the overlap is a number in [0, 1]."""
+    raw = name.partition(":")[2]
+    try:
+        o = float(raw)
+    except ValueError:
+        o = float("nan")
+    if not 0.0 <= o <= 1.0:
+        raise ValueError(f"strategy={name!r}: the packed overlap {raw!r} must be a number in [0, 1] "
+                         "(e.g. packed:0.44; plain 'packed' takes the default)")
+    return Strategy("packed", "zeros", overlap=o)
 
 
 def _door_name(n) -> list[str]:
@@ -457,9 +498,11 @@ SEED_STRATEGIES = tuple(expand_strategies(list(PRESETS) + ["shared_workspace:zer
                                           + [f"subchunk:{s}" for s in SUBCHUNK_ROWS] + [SUBCHUNK_GRAPH]))
 
 #: The sweep's default ``strategies`` parameter: every engine preset, the shared workspace with the concat zeroing
-#: its padded heads, and the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with the three hand-offs (door names).
+#: its padded heads, the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with the three hand-offs, and the lab's
+#: packed kernel (door names; the report's frontier draws ``packed`` beside the engines' strategies).
 SWEEP_STRATEGIES = (*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
-                    *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS), *(f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS))
+                    *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS), *(f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS),
+                    "packed")
 
 #: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
 EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")

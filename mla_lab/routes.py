@@ -315,6 +315,15 @@ ENGINE_RULES.update({
 })
 
 
+#: The lab's packed kernel (:mod:`mla_lab.kernels.packed`; strategy ``packed``): every prefill on the packed sparse
+#: path (no dense-MHA route of its own: the lab built none), decode tokens per token on vLLM 0.33.0's FA3 sparse
+#: (``FLASH_ATTN_MLA_SPARSE``: a decode step's tokens belong to different requests, nothing to pack); only
+#: single-token requests are decodes (no engine's reorder threshold: an assumption of the lab's, not a code reading).
+ENGINE_RULES["mla_lab-packed"] = EngineRule(
+    "mla_lab-packed", "mla_lab", "sparse-mqa", "fa3-sparse", 0, (), True,
+    "the lab's packed kernel (mla_lab/kernels/packed.py, not in any engine): prefill packed, decode vLLM 0.33.0 "
+    "FLASH_ATTN_MLA_SPARSE per token", mqa_only_reason="the packed kernel has no dense-MHA route of its own")
+
 #: Rule names read at the door for an older name: ``sglang-default`` was the lab's name for SGLang's documented
 #: dense route before SGLang 0.5.23's default was read (issue 32: it is not SGLang's default today).
 RULE_ALIASES = {"sglang-default": "sglang-dense"}

@@ -16,7 +16,7 @@ never a sibling unit on the same layer, and nothing in a circle:
     labels (how outputs name the strategies whose names mislead, and the measurement they quote)
     routes (engine route rules: placement's presets name their routes)
     engines (engine versions and their facts as data; the wheel check)
-    paths, _validate
+    paths, _validate, union_layout (the union builder's byte layout, shared by kernels and buffers without torch)
 
 Function-local imports are only for optional heavy dependencies (torch.cuda paths, triton, flash_mla, ray,
 ipywidgets, matplotlib, papermill, the browser library): a function-local import of a module of this package fails,
@@ -47,7 +47,7 @@ STACK = [
     ("labels",),
     ("routes",),
     ("engines",),
-    ("paths", "_validate"),
+    ("paths", "_validate", "union_layout"),
 ]
 #: Modules allowed function-local imports of the package (the CLI's lazy imports; issue 22).
 LAZY_OK = {"mla_lab.cli", "mla_lab.cli_doors", "mla_lab.cli_measure", "mla_lab.cli_engines", "mla_lab.cli_report"}

@@ -344,6 +344,10 @@ UNREAD_TABLES = {
     "TP | priced by | latency_us | bw_gbps": "the all-reduce fit per TP (shown once)",
     "model | tp | arch | max_num_batched_tokens": "deployments that do not fit (status and reason, no figure)",
     "num_heads | padded_heads | strategies | max_abs_diff_out": "the equivalence check (shown once)",
+    "component | status | seconds in this run | what the sources allow (s)": "the first token's gap by component "
+    "(shown once; the answer states none of its cells)",
+    "run | workload (in / out) | not modelled (priced at the nearest configuration) | metric": "blind round two per "
+    "run (the answer states only the medians, computed from the same score file)",
 }
 
 # ------------------------------------------------------------------------------------------------ the answer block

@@ -80,6 +80,16 @@ from dataclasses import dataclass
 
 import torch
 
+from ..union_layout import (
+    REST_CAP_MULTIPLE,
+    SHARED_CAP_MULTIPLE,
+    UNION_GROUP_SIZES,
+    union_buffer_bytes,
+    union_caps,
+)
+from ..union_layout import check_union_group as _check_g
+from ..union_layout import union_field_bits as _field_bits
+from ..union_layout import union_scratch_words as _scratch_words
 from .triton_concat import triton_available, triton_interpreting
 
 try:  # pragma: no cover - triton is optional on CPU machines
@@ -92,13 +102,8 @@ except Exception:  # pragma: no cover
 __all__ = ["UnionSets", "build_union_ref", "build_union", "union_buffer_bytes", "union_scratch", "union_caps",
            "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE"]
 
-#: Tokens per group the builders accept: 64 / H for H in {8, 16, 32} (sm90's 64-row tile) plus 1 (no packing) and 16
-#: (sm100's 128-row tile at 8 heads).
-UNION_GROUP_SIZES = (1, 2, 4, 8, 16)
-#: ``shared_idx``'s width is a multiple of 128: FlashMLA sm90's topk must be (``csrc/api/sparse_fwd.h``, B_TOPK).
-SHARED_CAP_MULTIPLE = 128
-#: ``rest_idx``'s width is a multiple of 64 (the masked kernel's key block).
-REST_CAP_MULTIPLE = 64
+# UNION_GROUP_SIZES, the caps' multiples and union_buffer_bytes live in mla_lab.union_layout (the memory account
+# prices them without loading torch) and are re-exported here.
 #: ``-1`` padding is written up to the next multiple of this past each length.
 PAD_MULTIPLE = 64
 #: Programs per SM of the persistent grid (the brief's suggestion; to be swept on the GPU).
@@ -144,51 +149,7 @@ def _mask_dtype(g: int) -> torch.dtype:
     return torch.uint8 if g <= 8 else torch.int32
 
 
-def union_caps(topk: int, g: int) -> tuple[int, int]:
-    """``(cap_s, cap_r)``: widths of ``shared_idx`` (multiple of 128, >= topk, >= 128) and ``rest_idx`` (multiple of
-    64, >= g * topk, >= 64)."""
-    return (max(SHARED_CAP_MULTIPLE, _round_up(topk, SHARED_CAP_MULTIPLE)),
-            max(REST_CAP_MULTIPLE, _round_up(g * topk, REST_CAP_MULTIPLE)))
-
-
-def _field_bits(g: int) -> int:
-    """Bits per key in the scratch: ``g`` membership bits + 1 claim bit, rounded up to 8, 16 or 32."""
-    return 8 if g <= 7 else 16 if g <= 15 else 32
-
-
-def _scratch_words(s_kv: int, g: int) -> int:
-    return -(-s_kv // (32 // _field_bits(g)))
-
-
-def union_buffer_bytes(T: int, topk: int, g: int, s_kv: int, num_programs: int) -> dict:
-    """Bytes of :func:`build_union`'s buffers: ``{"outputs": ..., "scratch": ..., "total": ...}``.
-
-    Outputs: ``shared_idx`` ``G x cap_s x 4``, ``rest_idx`` ``G x cap_r x 4``, ``rest_mask`` ``G x cap_r x (1 or
-    4)``, three ``[G]`` int32 lengths. Scratch: ``num_programs x W x 4`` (W = ceil(s_kv / 4) words for g <= 4, ceil(s_kv /
-    2) for g = 8, s_kv for g = 16). Example: T 16384, topk 2048, g 8, s_kv 32768, 264 programs: outputs 2048 x (2048
-    x 4 + 16384 x 5 + 12) B = 184.6 MB, scratch 264 x 65536 B = 17.3 MB.
-
-    Raises:
-        ValueError: a negative T or topk, g not in :data:`UNION_GROUP_SIZES`, s_kv or num_programs < 1.
-    """
-    for name, v, lo in (("T", T, 0), ("topk", topk, 0), ("s_kv", s_kv, 1), ("num_programs", num_programs, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ValueError(f"{name} must be an int >= {lo}; got {name}={v!r}")
-    _check_g(g)
-    G = -(-T // g)
-    cap_s, cap_r = union_caps(topk, g)
-    mb = 1 if g <= 8 else 4
-    outputs = G * (cap_s * 4 + cap_r * (4 + mb) + 3 * 4)
-    scratch = num_programs * _scratch_words(s_kv, g) * 4
-    return {"outputs": outputs, "scratch": scratch, "total": outputs + scratch}
-
-
 # ------------------------------------------------------------------------------------------------------ validation
-
-
-def _check_g(g) -> None:
-    if isinstance(g, bool) or not isinstance(g, int) or g not in UNION_GROUP_SIZES:
-        raise ValueError(f"g must be one of {list(UNION_GROUP_SIZES)}; got g={g!r}")
 
 
 def _validate(indices, topk_length, g, s_kv) -> None:

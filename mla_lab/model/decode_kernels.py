@@ -41,6 +41,7 @@ import numpy as np
 
 from ..arch import GPUArch, get_arch
 from ..paths import REPO_ROOT, calibration_dir
+from ..placement import FA3_DECODE_PLACEMENTS
 
 __all__ = ["NUM_SMS", "FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
            "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV"]
@@ -131,9 +132,10 @@ def _model(B, n, a, k, eff, p, family, arch) -> np.ndarray:
 
 
 def decode_family(placement: str) -> str:
-    """The decode kernel family of a strategy's placement: ``fa3_sparse`` for ``fa3_sparse``, else the padded
-    FlashMLA (every vLLM/SGLang FlashMLA placement pads decode tokens to 64 heads the same way)."""
-    return "fa3_sparse" if placement == "fa3_sparse" else "flashmla_pad64"
+    """The decode kernel family of a strategy's placement: ``fa3_sparse`` for ``fa3_sparse`` and ``packed`` (the
+    lab's packed kernel decodes per token on vLLM 0.33.0's FA3 sparse), else the padded FlashMLA (every vLLM/SGLang
+    FlashMLA placement pads decode tokens to 64 heads the same way)."""
+    return "fa3_sparse" if placement in FA3_DECODE_PLACEMENTS else "flashmla_pad64"
 
 
 def _rows(path: Path) -> list[tuple[str, int, int, int, float]]:

@@ -37,6 +37,7 @@ from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
 from ..placement import BASELINE, expand
 from ..rank import RankView
 from .ops import BF16, FP32, WEIGHT_DTYPES
+from .packed_kernel import packed_union_bytes
 
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
            "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",
@@ -326,7 +327,9 @@ def memory_tradeoff(
                                                          allow_zero=True)
     # model + prompt length: a strategy whose route is dense MHA at this prompt length pads nothing (its transient
     # is the up-projected K/V, mla_lab.buffers.memory_account)
-    accounts = {s: memory_account_of(rank, s, shared, d.prompt_len) for s in dict.fromkeys([BASELINE] + names)}
+    accounts = {s: memory_account_of(rank, s, shared, d.prompt_len,
+                                     union_bytes=packed_union_bytes(rank, d.prompt_len) if s.startswith("packed") else None)
+                for s in dict.fromkeys([BASELINE] + names)}
     base_ws = accounts[BASELINE].persistent_bytes
     topk = rank.max_num_batched_tokens * model.index_topk * 4  # int32 top-k indices (KV_RULE_SOURCES topk_buffer)
     persistent = {"topk_buffer": topk, "q_workspace": base_ws, "logits_reserve": INDEXER_LOGITS_RESERVE_BYTES,

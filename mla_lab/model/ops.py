@@ -109,6 +109,7 @@ from ..models import ModelConfig
 from ..placement import Strategy, as_strategy
 from ..rank import RankView
 from ..workload import Step, sum_topk_lengths
+from .packed_kernel import packed_plan
 
 __all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
            "layer_kinds", "step_level_ops", "ATTN_OPS", "OP_CLASSES", "COMM_CLASSES", "WEIGHT_DTYPES", "EP_COMM",
@@ -342,7 +343,7 @@ def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind:
             LayerOp("idx_topk", "topk", act_bytes=ss.sum_visible * FP32 + T * model.topk * FP32,
                     dims={"T": T, "keys": ss.keys_read, "k": model.topk}, impl="topk"),
         ]
-    ops += [op for op in _attention_path_ops(rank, strategy, T, ss.sum_topk)
+    ops += [op for op in _attention_path_ops(rank, strategy, T, ss.sum_topk, step)
             if op.name != "out_slice" or out_slice_copy]  # the rank's heads, T and sum_topk: nothing re-checked
     ops += [
         LayerOp("w_uv_bmm", "bmm", flops=2.0 * H * T * kr * dv, weight_bytes=H * kr * dv * BF16,
@@ -513,9 +514,12 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
     return _attention_path_ops(rank, spec, num_tokens, num_tokens * model.topk if sum_topk is None else sum_topk)
 
 
-def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int) -> list[LayerOp]:
+def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step: Step | int | None = None) -> list[LayerOp]:
     """:func:`attention_path_ops` below its checks: the rank's heads (``H``, ``Hp``) and KV dtype, ``T`` tokens and
-    ``st`` keys of a step the caller derived; nothing re-checked."""
+    ``st`` keys of a step the caller derived; nothing re-checked. ``step``: the step's chunks (``packed`` prices
+    its union sizes from them; None: ``T`` tokens at full top-k)."""
+    if spec.placement == "packed":
+        return _packed_ops(rank, spec, T, st, step)
     model, H, Hp, kvd = rank.model, rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype
     padded = Hp > H and kvd == "bf16"
     dims = {"T": T, "H": H, "Hp": Hp, "sum_topk": st}
@@ -563,3 +567,28 @@ def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int) -> list
     if spec.placement != "kernel_native" and Hp > H:
         ops.append(op("out_slice", "bytes"))
     return ops
+
+
+_FA3 = as_strategy("fa3_sparse")
+
+
+def _packed_ops(rank: RankView, spec: Strategy, T: int, st: int, step: Step | int | None) -> list[LayerOp]:
+    """``packed`` (:mod:`mla_lab.model.packed_kernel`): the concat into the real-head Q buffer and one ``kernel`` op
+    (``impl="attn_packed"``) carrying the plan's predicted ms (H200 rates; :mod:`mla_lab.model.timing` scales other
+    GPUs); where the dispatch falls back, FA3 sparse's ops, with ``dims["packed_path"] = "fallback"`` and the
+    reason. ``step`` None: ``T`` tokens at full top-k (one prompt from position ``topk - 1``)."""
+    model, H = rank.model, rank.num_heads
+    plan = packed_plan(rank, step if step is not None else Step([(0, model.topk - 1, T)] if T else []), spec.overlap)
+    info = {"packed_path": plan.path, "packed_reason": plan.reason, "packed_source": plan.source}
+    if plan.path == "fallback":
+        return [replace(o, dims={**o.dims, **info}) for o in _attention_path_ops(rank, _FA3, T, st)]
+    s = plan.stats
+    dims = {"T": T, "H": H, "Hp": H, "sum_topk": st, "content": "zeros", "native": 1, "packed_ms": plan.packed_ms,
+            "padded_ms": plan.padded_ms, "packed_mode": plan.mode, "tile_rows": plan.tile_rows, "g": s.g, "overlap": s.overlap,
+            "shared": s.shared, "rest": s.rest, "groups_with_rest": s.groups_with_rest, **info}
+    concat = attention_op_work("concat", T, H, H, st, model.head_size, model.d_v)
+    tok = model.head_size * 2 + model.d_v * 2 + 4
+    return [LayerOp("concat", "attn_concat", act_bytes=concat, dims={"T": T, "H": H, "Hp": H, "sum_topk": st},
+                    impl="attn_concat"),
+            LayerOp("kernel", "attn_kernel", flops=2.0 * s.union * plan.tile_rows * (model.head_size + model.d_v),
+                    act_bytes=T * H * tok, dims=dims, impl="attn_packed")]

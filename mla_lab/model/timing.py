@@ -41,7 +41,7 @@ the strategy, the step) stay arguments.
 from __future__ import annotations
 
 from .._validate import check_int
-from ..arch import GPUArch
+from ..arch import GPUArch, get_arch
 from ..placement import Strategy, as_strategy
 from ..rank import RankView
 from ..workload import Step
@@ -109,6 +109,8 @@ def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
     name = op.op_class[5:]
     if name == "kernel":
         rate, _ = kernel_rate_tflops(arch, cal)
+        if op.impl == "attn_packed":  # the packed kernel's H200 fit x the H200's kernel rate over this GPU's
+            return op.dims["packed_ms"] * kernel_rate_tflops(get_arch("h200"), cal)[0] / rate
         t = op.flops / (rate * 1e12) * 1e3
         if op.impl == "attn_fa3_sparse" and arch.name == "h200" and "kernel_bytes" not in cal.attention:
             r = load_fa3_ratio()
@@ -186,7 +188,7 @@ def attention_path_ms(rank: RankView, strategy: Strategy | str, step: Step | int
     ss = step_stats(rank.model, step, causal)
     cal = resolve_calibration(calibration)
     out = {op.name: _op_ms(op, rank.arch, cal, 1)
-           for op in _attention_path_ops(rank, as_strategy(strategy), ss.num_tokens, ss.sum_topk)}
+           for op in _attention_path_ops(rank, as_strategy(strategy), ss.num_tokens, ss.sum_topk, step)}
     out["total"] = sum(out.values())
     return out
 

@@ -10,7 +10,7 @@ the sizes, each point labelled with its ``S``.
 Colours are from colour-blind-safe qualitative palettes: Okabe & Ito, "Color Universal Design" (2008; black,
 orange ``#E69F00``, sky blue ``#56B4E9``, bluish green ``#009E73``, blue ``#0072B2``, vermillion ``#D55E00``,
 reddish purple ``#CC79A7``) and Paul Tol's "muted" scheme (https://personal.sron.nl/~pault/, indigo
-``#332288``, wine ``#882255``, olive ``#999933``, teal ``#44AA99``), with two greys for vLLM before PR #53878
+``#332288``, wine ``#882255``, olive ``#999933``, teal ``#44AA99``, rose ``#CC6677``), with two greys for vLLM before PR #53878
 (its zeros and stale ends).
 """
 
@@ -36,6 +36,8 @@ STRATEGY_STYLE = {
     "subchunk": ("#E69F00", "^", "sub-chunk S (copy out)"),
     "subchunk_views": ("#999933", "<", "sub-chunk S (views to consumer)"),
     "subchunk_graph2": ("#44AA99", ">", "sub-chunk S (2 workspaces, 2 streams, one CUDA graph)"),
+    # Paul Tol's muted rose: the lab's packed kernel (packed:<overlap> shares it)
+    "packed": ("#CC6677", "d", "packed (lab kernel, 8 tokens x 8 heads)"),
 }
 #: What a name outside the table gets (black circle, the name as its label): never a name of mla_lab.placement.
 FALLBACK_STYLE = ("#000000", "o")
@@ -49,6 +51,8 @@ def style_key(name: str) -> str | None:
     name = str(name)
     if name in STRATEGY_STYLE:
         return name
+    if name.startswith("packed:"):
+        return "packed"
     if name.startswith("subchunk:"):
         end = name.rsplit(":", 1)[-1]
         return {"views": "subchunk_views", "graph2": "subchunk_graph2"}.get(end, "subchunk")

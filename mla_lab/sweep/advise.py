@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 
 from ..deployment import Deployment
-from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
+from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, PACKED_LABEL
 from ..model.memory import memory_tradeoff
+from ..model.packed_kernel import packed_strategy, packed_summary
 from ..placement import (
     BASELINE,
     FORCED_TODAY,
@@ -62,7 +63,7 @@ DEFAULT_ENGINE = "vllm@0.33.0"
 RULE_ENGINE = {"vllm-0.33.0": "vllm@0.33.0", "vllm-0.33.0-flashmla": "vllm@0.33.0", "vllm-0.24.0": "vllm@0.24.0",
                "vllm-0.13.0": "vllm@0.13.0", "sglang-0.5.23": "sglang@0.5.23", "sglang-dense": "sglang@0.5.23",
                "sglang-flashmla": "sglang@0.5.23", "vllm-fa3": "vllm@pr46189", "vllm-flashmla": "vllm@pr53878",
-               "vllm-flashmla-mqa": "vllm@0.24.0"}
+               "vllm-flashmla-mqa": "vllm@0.24.0", "mla_lab-packed": "mla_lab"}
 #: Engine versions answered together: the PR-era builds (mid-2026 vLLM main, #53878, #56902, FA3 sparse as #46189
 #: added it, and the lab's proposals priced on those routes) are one; vLLM 0.33.0 with FLASHMLA_SPARSE forced is
 #: vLLM 0.33.0.
@@ -73,7 +74,8 @@ ENGINE_GROUP = {"vllm@0.33.0-flashmla": "vllm@0.33.0", "vllm@pr53878-before": "v
 def strategy_engine(name: str) -> str:
     """The engine version a canonical strategy is priced as (``vllm@0.33.0``, ``vllm@pr46189``, ``sglang@0.5.23``,
     ``vllm@pr53878-before`` / ``vllm@pr53878`` / ``vllm@56902`` for the PR-era presets and ``vllm@pr53878`` for the
-    lab's proposals on the PR-era routes; ``modelled`` for ``kernel_native``, which no engine runs)."""
+    lab's proposals on the PR-era routes; ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for
+    ``packed``, the lab's own kernel)."""
     st = parse_strategy(name)
     if st.rule is None:
         return "modelled"
@@ -98,7 +100,7 @@ def strategy_label(name: str) -> str:
     e = strategy_engine(name)
     if parse_strategy(name).rule == "sglang-flashmla":  # SGLang 0.5.23 with flashmla_sparse forced, not its default
         return f"{name}@sglang-0.5.23-flashmla"
-    return name if e == "modelled" else f"{name}@{e.replace('@', '-')}"
+    return name if e in ("modelled", "mla_lab") else f"{name}@{e.replace('@', '-')}"
 
 
 def candidate_strategies(max_num_batched_tokens: int) -> list[str]:
@@ -118,7 +120,7 @@ def frontier(points: list[tuple[float, float]]) -> list[bool]:
 
 
 def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, memory_budget_tokens: float | None = None,
-           strategies=None, measured=None, engine: str | None = None) -> dict:
+           strategies=None, measured=None, engine: str | None = None, packed_overlap: float | None = None) -> dict:
     """The ranked strategies for one deployment under a memory budget.
 
     Args:
@@ -137,6 +139,14 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             such as ``sglang@0.5.23``, first names such as ``vllm-53878`` map to theirs): its strategies join the
             candidates, its summary heads the ``engines`` block, and only strategies priced as that engine version
             (:func:`strategy_engine`, :func:`engine_group`) are ranked; the others are listed in ``other_engines``.
+        packed_overlap: the pairwise overlap of neighbouring tokens' top-k sets past the top-k that the lab's
+            ``packed`` strategy assumes (a number in [0, 1]; None: :data:`mla_lab.model.packed_kernel
+            .PACKED_OVERLAP_DEFAULT`, an assumption from TensorRT-LLM tech blog 21); ``packed`` (or
+            ``packed:<overlap>``) joins the default candidates (and a given list when ``packed_overlap`` is given),
+            labelled :data:`mla_lab.labels.PACKED_LABEL`. Answering within an engine version it is listed in
+            ``lab_kernels`` (the lab's kernel runs in no engine: not ranked against it); with the caller's own
+            candidates and no engine it is ranked with them. ``packed`` in the result says how its steps were priced
+            (None when it was not a candidate).
 
     Returns:
         ``{"deployment", "budget", "recommendation": row | None, "alternatives": [rows], "excluded": [rows with a
@@ -167,6 +177,9 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     if not cap > 0 or need > cap:
         raise ValueError(f"this deployment does not fit: one request needs {need:,} KV tokens ({d.prompt_len} + "
                          f"{d.output_len}); KV capacity {max(int(cap), 0):,} tokens; no strategy can be recommended")
+    packed = packed_strategy(packed_overlap)  # checks the overlap (one line) before anything is priced
+    # packed joins the default candidates, and any list when an overlap is asked for
+    extra = [packed] if strategies is None or packed_overlap is not None else []
     if engine is None and strategies is not None:  # the caller's own candidates, ranked together (Python API)
         group = None
         engines = engines_block(d, None)
@@ -185,8 +198,8 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0
                               or math.isnan(v)):
             raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
-    cands = expand_strategies(strategies if strategies is not None
-                              else candidate_strategies(d.max_num_batched_tokens))
+    cands = expand_strategies(list(strategies if strategies is not None
+                                   else candidate_strategies(d.max_num_batched_tokens)) + extra)
     point = d.to_point(strategies=cands, shared_workspace_bytes=None, num_runs=7)
     rows = modelled_rows(point, deployment=d)
     base = next(r for r in rows if r["strategy"] == BASELINE)
@@ -195,9 +208,12 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     _splice_measured(rows, point, measured)
     _splice_between_process(rows, d, measured)
     withheld = _withhold(rows, d, base) if measured is not None else ""
-    excluded, kept, modelled_only = [], [], []
+    excluded, kept, modelled_only, lab = [], [], [], []
     for r in rows:
         reason = ""
+        if r["placement"] == "packed" and group is not None:  # the lab's kernel: beside the engine's answer
+            lab.append(_summary(r, r["fit_reason"] if not r["fits_in_memory"] else "") | {"label": PACKED_LABEL})
+            continue
         if r["placement"] == "kernel_native":  # no engine's backend runs it: shown beside the ranking, never in it
             modelled_only.append(_summary(r, KERNEL_NATIVE_NOTE if d.arch.sm == "sm90" else KERNEL_NATIVE_SHORT)
                                  | {"label": KERNEL_NATIVE_LABEL})
@@ -215,6 +231,9 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     front = [s["strategy"] for s, f in zip(fits, on) if f]
     for s in kept + excluded + modelled_only:
         s["on_frontier"] = s["strategy"] in front
+    for s in lab:  # would it be on the answer's frontier (packed beside the engine's own strategies)?
+        s["on_frontier"] = not s["reason"] and frontier([(x["extra_persistent_mib"], x["ttft_ms"])
+                                                         for x in fits + [s]])[-1]
     kept.sort(key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"]))
     kept, arch_notes = _on_this_gpu(kept, excluded, d, engines)
     others = [s for s in kept if group not in (None, engine_group(s["engine"]))]  # own section, never ranked
@@ -227,7 +246,8 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             "engine": engine, "engine_group": group, "other_engines": others, "arch_sm": d.arch.sm,
             "arch_notes": arch_notes,
             "recommendation": kept[0] if kept else None, "alternatives": kept[1:], "excluded": excluded,
-            "modelled_only": modelled_only,
+            "modelled_only": modelled_only, "lab_kernels": lab,
+            "packed": packed_summary(d, packed) if any(c.startswith("packed") for c in cands) else None,
             "frontier": front, "baseline": BASELINE, "engines": engines,
             "kv_capacity": _kv_capacity_block(mem),
             "deployment_options": options_summary(d, BASELINE),  # MTP / DP attention (modelled; {} when off)
@@ -422,10 +442,17 @@ def format_advice(result: dict) -> str:
         out.append(f"modelled only, not a recommendation: {s['strategy']} {s['ttft_change_pct']:+.2f} % "
                    f"({s['reason']})")
     ranked = ([rec] if rec else []) + list(result["alternatives"])
+    if result.get("lab_kernels"):
+        out.append(f"{PACKED_LABEL}, in no engine, not ranked against {eng or 'the engines'}:")
+        out += [line(fmt({**s, "label": s["strategy"]})) + (f"  [{s['reason']}]" if s["reason"] else "")
+                for s in result["lab_kernels"]]
+    if result.get("packed"):
+        out.append(f"packed: {result['packed']['line']}")
     out += [f"note: {n}" for n in result.get("arch_notes", [])]
     hopper = result.get("arch_sm", "sm90") == "sm90"
     out += [f"note: {n if hopper else n.replace('on an H200 ', '(read for sm90) ')}" for n in strategy_notes(
-        [x["strategy"] for x in ranked + list(result.get("other_engines", [])) + list(result["excluded"])])]
+        [x["strategy"] for x in ranked + list(result.get("other_engines", [])) + list(result["excluded"])
+         + list(result.get("lab_kernels", []))])]
     meas = [x for x in ranked if x.get("measured_change_pct") is not None]
     if len(meas) >= 2:
         by_meas = sorted(meas, key=lambda x: x["measured_change_pct"])

@@ -174,6 +174,8 @@ CALIBRATION: dict[str, Fit] = {
     "h200_subchunk_graph.csv": Fit((_H + "subgraph.csv",), ("subgraph",), "mla_lab.fits.subgraph:main"),
     "h200_decode_kernels.csv": Fit((_H + "engine_kernels.csv",), ("engine_kernels",),
                                    "mla_lab.model.decode_kernels:main (--write)"),
+    "h200_packed.csv": Fit((_H + "packed_kernels.csv",), ("packed_kernels",),
+                           "mla_lab.model.packed_kernel:main (--write)"),
 }
 
 

@@ -1,0 +1,574 @@
+"""The packed sparse-MLA prefill (strategy ``packed``) priced by union size: a fit on the H200 kernel rows, the union
+sizes a step has, and the dispatch between packing and the fallback path.
+
+**The kernel** (:mod:`mla_lab.kernels.packed`): ``g = tile_rows / H`` consecutive tokens x ``H`` real heads fill one
+FlashMLA tile (64 rows on sm90: g = 8 at 8 heads); per group the union of the g tokens' top-k sets is built once
+(:mod:`mla_lab.kernels.union`), the keys every token selects ("shared", S per group) go through FlashMLA unmasked and
+the rest (R = U - S) through the lab's Triton masked kernel.
+
+**The fit** (:func:`fit_packed`, numpy least squares on the per-shape medians of
+``data/measured/h200/between_process/packed_kernels.csv``: median over processes of each process's median, T 16384,
+H 8, topk 2048), the terms of :class:`mla_lab.kernels.packed.PackedCost`, in ns:
+
+- hybrid packed kernel (``packed_kernel`` rows: FlashMLA over the shared keys, the Triton masked kernel over the
+  rest) = ``flash_tile x sum(S) + rest_tile x sum(R) + rest_group x #groups with rest keys`` (a key-tile = one key of
+  one 64-row tile: one gathered 576-wide row, 64 x (576 + 512) MACs);
+- Triton-only packed kernel (``packed_triton`` rows: the masked kernel over the whole union) = ``triton_tile x sum(U)
+  + triton_group x #groups``;
+- union build (``union_build`` rows, the builder the experiment ran: the CUDA shared-memory one where it compiled)
+  = ``build_read x T x topk + build_entry x sum(topk_length) + build_key x sum(U)``: every ``[T, topk]`` entry read,
+  one membership update per valid entry, the lists written per union key;
+- padded FlashMLA (``flashmla_ts_pad64_zeros`` rows, zero padded heads: the dispatch's own yardstick; files
+  without them: ``flashmla_ts_pad64``; the same FlashMLA build the packed kernel calls) = ``padded_tile x
+  sum(topk_length) + padded_token x T``.
+
+Each block is fitted by least squares on relative errors (each shape's row divided by its measured time: the shapes
+span 0.5 to 25 ms, and an unweighted fit leaves the small ones, the seed among them, 40 % off). The rows are at H = 8
+(g = 8); 16 and 32 heads per rank (g = 4, 2) are priced with the same per-64-row-tile
+coefficients (an extrapolation: not measured). The path's time per layer call is the faster packed kernel (hybrid or
+Triton only, as :func:`mla_lab.kernels.packed.choose_path` picks) + union build; the ``packed`` rows (build and kernel in one graph)
+are not fitted and are reported as a check. The rows' ``U`` / ``S`` are the mean union / shared size per group over
+topk; every group of a shape with ``U > S`` is counted as having rest keys (true of the measured shapes: the seed's
+groups each hold g - 1 rest keys, the overlap and context shapes' groups hundreds). ``data/calibration/h200_packed.csv``
+(:func:`write_packed_csv`) holds the coefficients, their source file and commit, and each shape's in-sample and
+leave-one-shape-out error. Without that file the cost model uses the dispatch's own fit
+(:data:`HAND_FIT`, :data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease, in-sample) and says so.
+
+**The union a step has** (:func:`step_union`): the step's chunks ``(req, start, n)`` laid out one after another, cut
+into groups of g consecutive tokens. Token ``p`` (0-based position) of a prompt selects ``min(p + 1, topk)`` keys.
+
+- positions ``< topk`` (causal, exact: the indexer selects the whole prefix): a group of one prompt has ``S = first
+  + 1`` (the first token's prefix) and ``U = last + 1`` (the last token's prefix) (:func:`causal_group_union`);
+- past the top-k an ASSUMED pairwise overlap ``o`` of neighbouring tokens' sets (the common-core model of
+  :mod:`mla_lab.kernels.index_sets`, with ``c = last + 1`` keys visible): core ``m = topk (o c - topk) / (c - 2 topk
+  + o topk)`` (the model's ``E|A n B| = o topk`` solved for m), ``p = (topk - m) / (c - m)``, ``U = m + (c - m)(1 -
+  (1 - p)^n)``, ``S = m + (c - m) p^n`` for n present tokens; ``o`` below the random baseline ``topk / c`` is
+  raised to it. Default :data:`PACKED_OVERLAP_DEFAULT` (0.44: TensorRT-LLM tech blog 21, consecutive DeepSeek-V3.2
+  decode steps, layers 20-60; an assumption for neighbouring prefill tokens, ``data/overlap/published.json``);
+- a group crossing a prompt boundary: ``S = 0`` (no key is selected by tokens of two prompts), ``U`` = the sum of its
+  segments' unions.
+
+**The dispatch** (:func:`packed_plan`, the rule of :func:`mla_lab.kernels.packed.choose_path`): the step packs only
+where the fitted packed time (the faster mode + build) is below :data:`DISPATCH_MARGIN` x the fitted padded FlashMLA time;
+elsewhere it is priced on the fallback path, vLLM 0.33.0's FA3 sparse (the engine path with no padded workspace, the
+one ``packed``'s memory account holds), and the plan says so. Heads that cannot be packed (H not 8, 16 or 32) always
+take the fallback.
+
+**Blackwell** (sm100: a 128-row tile, g = 16 at 8 heads, ``packed_group_size(8, 128)``): modelled, no Blackwell
+measurement. The H200 coefficients per 64-row key-tile are scaled by ``tile_rows / 64`` (a 128-row tile does twice
+the MMA work per gathered key) and by the lab's Blackwell rule for FlashMLA (:func:`mla_lab.model.timing
+.kernel_rate_tflops`: the H200's calibrated kernel rate over FlashMLA's published B200 rate,
+:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`); the padded side by ``padded_num_heads / 64`` and the same rate.
+
+Constants: :data:`DISPATCH_MARGIN` and the tile rows are :mod:`mla_lab.kernels.packed`'s (FlashMLA sm90's 64-row
+tile, ``csrc/api/sparse_fwd.h``), :data:`PROGRAMS_PER_SM` the union builder's persistent grid
+(:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`), repeated here because importing the kernels loads torch
+(tests/test_packed_pricing.py checks they agree).
+"""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..paths import REPO_ROOT, calibration_dir
+from ..rank import RankView
+from ..union_layout import union_buffer_bytes
+from ..workload import Step, schedule, sum_topk_lengths
+from .decode_kernels import NUM_SMS
+
+__all__ = ["ROWS_CSV", "PACKED_CSV", "PACKED_OVERLAP_DEFAULT", "PACKED_OVERLAP_SOURCE", "DISPATCH_MARGIN", "PackedFit",
+           "HAND_FIT", "fit_packed", "write_packed_csv", "read_packed_csv", "load_packed_fit", "causal_group_union",
+           "step_union", "UnionStats", "packed_plan", "PackedPlan", "packed_union_bytes", "union_key_space",
+           "packed_group_size", "tile_rows_of", "packed_strategy", "packed_summary", "main"]
+
+#: The measured rows the fit reads (``mla-lab measure --experiments packed_kernels``).
+ROWS_CSV = "data/measured/h200/between_process/packed_kernels.csv"
+#: The calibration file :func:`write_packed_csv` writes (``data/calibration``).
+PACKED_CSV = "h200_packed.csv"
+#: The assumed pairwise overlap of neighbouring tokens' top-k sets past the top-k (strategy ``packed``).
+PACKED_OVERLAP_DEFAULT = 0.44
+PACKED_OVERLAP_SOURCE = ("NVIDIA TensorRT-LLM tech blog 21 (GVR top-k): about 44 % raw overlap between consecutive "
+                         "DeepSeek-V3.2 decode steps' top-2048 in layers 20-60 (data/overlap/published.json, "
+                         "trtllm_blog21_ablation); taken for neighbouring prefill tokens: an assumption")
+#: How the one-line summary names the kernel.
+PACKED_LABEL_SHORT = "packed (mla_lab kernel)"
+#: Packed only where predicted below this x the padded kernel (:data:`mla_lab.kernels.packed.DISPATCH_MARGIN`).
+DISPATCH_MARGIN = 0.98
+#: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
+PROGRAMS_PER_SM = 2
+#: The measured shapes' geometry (mla_lab.measure.experiments.packed_kernels: T_TOKENS, HEADS, TOPK, the seed's
+#: 1024-token causal prompts) and its tokens per group there (g = 64 / 8).
+SEED_PROMPT_LEN = 1024
+MEASURED_G = 8
+#: Row kernels the fit reads.
+KERNEL_ROWS = {"kernel": "packed_kernel", "triton": "packed_triton", "build": "union_build",
+               "padded": "flashmla_ts_pad64_zeros", "padded_stale": "flashmla_ts_pad64", "path": "packed"}
+#: Coefficients (ns) and what each multiplies.
+TERMS = {"flash_tile": "hybrid: shared key-tiles", "rest_tile": "hybrid: rest key-tiles",
+         "rest_group": "hybrid: groups with rest keys", "triton_tile": "Triton only: union key-tiles",
+         "triton_group": "Triton only: groups",
+         "build_read": "union build: [T, topk] entries read", "build_entry": "union build: valid entries, sum(topk_length)",
+         "build_key": "union build: union keys written, sum(U)", "padded_tile": "padded kernel: sum(topk_length)",
+         "padded_token": "padded kernel: tokens"}
+
+
+def tile_rows_of(arch) -> int:
+    """FlashMLA's tile rows on ``arch``: 128 on Blackwell (sm100), 64 otherwise (sm90)."""
+    return 128 if arch.family == "blackwell" else 64
+
+
+def packed_group_size(num_heads: int, tile_rows: int = 64) -> int | None:
+    """Tokens per tile, ``tile_rows // num_heads`` (:func:`mla_lab.kernels.packed.packed_group_size`), or None where
+    the heads cannot be packed (not 8, 16 or 32)."""
+    return tile_rows // num_heads if num_heads in (8, 16, 32) and tile_rows in (64, 128) else None
+
+
+# ------------------------------------------------------------------------------------------------------ the fit
+
+
+@dataclass(frozen=True)
+class PackedFit:
+    """The fitted terms (ns; :data:`TERMS`), where they come from, and the per-shape errors (list of dicts)."""
+
+    flash_tile: float
+    rest_tile: float
+    rest_group: float
+    triton_tile: float
+    triton_group: float
+    build_read: float
+    build_entry: float
+    build_key: float
+    padded_tile: float
+    padded_token: float
+    source: str
+    source_commit: str = ""
+    errors: tuple = ()
+
+    def kernel_ns(self, shared: float, rest: float, groups_with_rest: float, groups: float) -> tuple[str, float]:
+        """``(mode, ns)``: the faster packed kernel (``hybrid`` or ``triton``) for the 64-row key-tile counts of one
+        call."""
+        hybrid = self.flash_tile * shared + self.rest_tile * rest + self.rest_group * groups_with_rest
+        triton = self.triton_tile * (shared + rest) + self.triton_group * groups
+        return ("hybrid", hybrid) if hybrid <= triton else ("triton", triton)
+
+    def build_ns(self, read: float, entries: float, union_keys: float) -> float:
+        """The union build in ns: ``read`` ``[T, topk]`` entries, ``entries`` valid ones, ``union_keys`` keys
+        written."""
+        return self.build_read * read + self.build_entry * entries + self.build_key * union_keys
+
+    def padded_ns(self, sum_topk_length: float, tokens: float) -> float:
+        """Padded FlashMLA in ns."""
+        return self.padded_tile * sum_topk_length + self.padded_token * tokens
+
+
+#: The dispatch's fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample, its
+#: rows not committed; its build term per ``T x topk`` entry read, as its PackedCost prices it; no rest-group,
+#: valid-entry or union-key term): used only
+#: while data/calibration/h200_packed.csv is absent.
+HAND_FIT = PackedFit(0.328, 0.738, 0.0, 0.687, 15.6, 0.0098, 0.0, 0.0, 0.213, 34.9,
+                     source="the dispatch's fit of one H200 lease's rows (mla_lab.kernels.packed.H200_PACKED_COST; "
+                            "in-sample, rows not committed)")
+
+
+def _shape_terms(shape: str, T: int, topk: int, U: float, S: float) -> dict:
+    """The fit's regressors of one measured shape (U, S: mean per group over topk)."""
+    G = -(-T // MEASURED_G)
+    st = (T // SEED_PROMPT_LEN) * sum_topk_lengths(0, SEED_PROMPT_LEN, topk) if shape == "seed" else T * topk
+    rest = max(0.0, U - S)
+    keys = G * U * topk
+    return {"shared": G * S * topk, "rest": G * rest * topk, "groups_with_rest": float(G) if rest > 0 else 0.0,
+            "union": G * U * topk, "groups": float(G),
+            "read": float(T * topk), "entries": float(st), "union_keys": keys, "sum_topk": float(st), "T": float(T)}
+
+
+def _medians(rows) -> tuple[dict, dict]:
+    """``({(shape, kernel): ms}, {shape: (T, topk, U, S)})``: median over processes of each process's median."""
+    per: dict = {}
+    geo: dict = {}
+    for r in rows:
+        if r.get("experiment") != "packed_kernels" or r["kernel"] not in KERNEL_ROWS.values():
+            continue
+        per.setdefault((r["shape"], r["kernel"], r["process"]), []).append(float(r["ms"]))
+        geo.setdefault(r["shape"], (int(float(r["T"])), int(float(r["topk"])), float(r["U"]), float(r["S"])))
+    by: dict = {}
+    for (shape, kernel, _p), xs in per.items():
+        by.setdefault((shape, kernel), []).append(float(np.median(xs)))
+    return {k: float(np.median(v)) for k, v in by.items()}, geo
+
+
+def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares on relative errors: minimises ``sum(((X c - y) / y)^2)``."""
+    return np.linalg.lstsq(X / y[:, None], np.ones_like(y), rcond=None)[0]
+
+
+def _fit_block(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list, list]:
+    """Coefficients on all shapes, in-sample predictions, leave-one-shape-out predictions (None where fewer shapes
+    than terms would remain)."""
+    coef = _lstsq(X, y)
+    loso = []
+    for i in range(len(y)):
+        keep = [j for j in range(len(y)) if j != i]
+        loso.append(float(X[i] @ _lstsq(X[keep], y[keep])) if len(keep) >= X.shape[1] else None)
+    return coef, list(X @ coef), loso
+
+
+#: block -> (regressors, row kernel); the coefficients in :data:`TERMS` order.
+BLOCKS = {"kernel": (("shared", "rest", "groups_with_rest"), "packed_kernel"),
+          "triton": (("union", "groups"), "packed_triton"),
+          "build": (("read", "entries", "union_keys"), "union_build"),
+          "padded": (("sum_topk", "T"), "flashmla_ts_pad64_zeros")}
+
+
+def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str | None = None) -> PackedFit:
+    """The fit of the module docstring on the rows of ``rows_csv`` (default :data:`ROWS_CSV`) or ``rows`` (dicts
+    with the file's columns); each block on the shapes that have its rows.
+
+    Raises:
+        ValueError: a block with fewer shapes than terms (names the block and the kernel rows it needs).
+    """
+    path = Path(rows_csv) if rows_csv is not None else REPO_ROOT / ROWS_CSV
+    if rows is None:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    med, geo = _medians(rows)
+    t = {s: _shape_terms(s, *geo[s]) for s in geo}
+    coef, errors = {}, []
+    for block, (cols, kernel) in BLOCKS.items():
+        if block == "padded" and not any(k == kernel for _, k in med):
+            kernel = KERNEL_ROWS["padded_stale"]  # files before the zero-padded-heads rows
+        shapes = sorted(s for s in geo if (s, kernel) in med)
+        if len(shapes) < len(cols):
+            raise ValueError(f"{path}: {len(shapes)} shapes have {kernel} rows; allowed: >= {len(cols)} (the "
+                             f"{block} block has {len(cols)} terms)")
+        X = np.array([[t[s][c] for c in cols] for s in shapes])
+        y = np.array([med[(s, kernel)] * 1e6 for s in shapes])
+        coef[block], fitted, loso = _fit_block(X, y)
+        for s, yi, fi, li in zip(shapes, y, fitted, loso):
+            errors.append({"block": block, "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": yi / 1e6,
+                           "fitted_ms": fi / 1e6, "in_sample_pct": 100.0 * (fi - yi) / yi,
+                           "loso_ms": None if li is None else li / 1e6,
+                           "loso_pct": None if li is None else 100.0 * (li - yi) / yi})
+    src = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+    fit = PackedFit(*coef["kernel"], *coef["triton"], *coef["build"], *coef["padded"], source=src,
+                    source_commit=source_commit if source_commit is not None else _commit_of(path))
+    for s in sorted(geo):  # the packed rows (build + kernel in one graph): not fitted, a check of the sum
+        if (s, KERNEL_ROWS["path"]) in med:
+            y = med[(s, KERNEL_ROWS["path"])]
+            f = (fit.kernel_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"], t[s]["groups"])[1]
+                 + fit.build_ns(t[s]["read"], t[s]["entries"], t[s]["union_keys"])) / 1e6
+            errors.append({"block": "path_check", "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": y,
+                           "fitted_ms": f, "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None, "loso_pct": None})
+    return PackedFit(**{**fit.__dict__, "errors": tuple(errors)})
+
+
+def _commit_of(path: Path) -> str:
+    """The last commit touching ``path`` ("uncommitted" when git has none)."""
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", str(path)],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    return out or "uncommitted"
+
+
+CSV_COLUMNS = ["kind", "name", "block", "shape", "value", "unit", "U", "S", "measured_ms", "fitted_ms",
+               "in_sample_pct", "loso_ms", "loso_pct", "meaning", "source", "source_commit"]
+
+
+def write_packed_csv(fit: PackedFit, path: str | Path, overwrite: bool = False) -> Path:
+    """Write the coefficients and the per-shape errors (:data:`CSV_COLUMNS`).
+
+    Raises:
+        FileExistsError: ``path`` exists and ``overwrite`` is False.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path} exists: pass --overwrite to replace it")
+    rows = [{"kind": "coefficient", "name": n, "value": getattr(fit, n), "unit": "ns", "meaning": m,
+             "source": fit.source, "source_commit": fit.source_commit} for n, m in TERMS.items()]
+    rows += [{"kind": "error", "name": e["block"], **{k: e[k] for k in e if k != "block"}, "block": e["block"],
+              "source": fit.source, "source_commit": fit.source_commit} for e in fit.errors]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, CSV_COLUMNS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in CSV_COLUMNS})
+    return path
+
+
+def read_packed_csv(path: str | Path) -> PackedFit:
+    """The :class:`PackedFit` of a file :func:`write_packed_csv` wrote."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    c = {r["name"]: float(r["value"]) for r in rows if r["kind"] == "coefficient"}
+    first = rows[0]
+    errors = tuple({**r} for r in rows if r["kind"] == "error")
+    return PackedFit(**{n: c[n] for n in TERMS}, source=first["source"], source_commit=first["source_commit"],
+                     errors=errors)
+
+
+@lru_cache(maxsize=1)
+def load_packed_fit() -> PackedFit:
+    """The committed fit (``data/calibration/h200_packed.csv``), else :data:`HAND_FIT` (its ``source`` says so)."""
+    p = calibration_dir() / PACKED_CSV
+    return read_packed_csv(p) if p.exists() else HAND_FIT
+
+
+# ----------------------------------------------------------------------------------------------- union sizes
+
+
+def causal_group_union(first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(S, U)`` of groups of consecutive tokens of ONE prompt, every position ``< topk`` (each token selects its
+    whole causal prefix): ``S = first + 1``, ``U = last + 1`` (0-based positions of the group's first and last
+    token)."""
+    return np.asarray(first) + 1.0, np.asarray(last) + 1.0
+
+
+def _overlap_union(last: np.ndarray, n: np.ndarray, topk: int, overlap: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(S, U)`` in the common-core model of groups of ``n`` tokens selecting ``topk`` of ``c = last + 1`` keys."""
+    c = np.asarray(last, dtype=float) + 1.0
+    k = float(topk)
+    o = np.maximum(overlap, k / c)
+    m = np.where(c > k, k * (o * c - k) / np.maximum(c - 2 * k + o * k, 1e-12), c)
+    m = np.clip(m, 0.0, np.minimum(k, c))
+    rest = c - m
+    p = np.where(rest > 0, (k - m) / np.where(rest > 0, rest, 1.0), 0.0)
+    U = m + rest * (1.0 - (1.0 - p) ** n)
+    S = m + rest * p ** n
+    return S, U
+
+
+def _segment_union(first, last, n, topk, overlap):
+    """``(S, U)`` of single-prompt segments: exact where the last position is below topk, else the overlap model."""
+    Sc, Uc = causal_group_union(first, last)
+    So, Uo = _overlap_union(last, n, topk, overlap)
+    exact = np.asarray(last) + 1 <= topk
+    return np.where(exact, Sc, So), np.where(exact, Uc, Uo)
+
+
+@dataclass(frozen=True)
+class UnionStats:
+    """One step's union sizes summed over its groups (key-tiles, :mod:`mla_lab.kernels.packed`'s units).
+
+    ``T`` tokens, ``groups`` (``ceil(T / g)``), ``shared`` (sum of S), ``rest`` (sum of U - S), ``groups_with_rest``,
+    ``entries`` (valid ``[T, topk]`` entries, ``sum(topk_length)``: the builder's atomics), ``read`` (``T x topk``),
+    ``sum_topk`` (``sum(topk_length)``: the padded kernel's
+    keys), ``g``, ``overlap`` (the assumption used past the top-k)."""
+
+    T: int
+    groups: int
+    shared: float
+    rest: float
+    groups_with_rest: float
+    entries: float
+    sum_topk: float
+    g: int
+    overlap: float
+    read: float = 0.0
+
+    @property
+    def union(self) -> float:
+        return self.shared + self.rest
+
+
+def _positions(chunks) -> tuple[np.ndarray, np.ndarray]:
+    pos = [np.arange(s, s + n, dtype=np.int64) for _, s, n in chunks]
+    req = [np.full(n, i, dtype=np.int64) for i, (_, _, n) in enumerate(chunks)]
+    return (np.concatenate(pos), np.concatenate(req)) if pos else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+
+def step_union(chunks, topk: int, g: int, overlap: float) -> UnionStats:
+    """The union sizes of a step whose chunks ``(req, start, n)`` are laid out one after another, ``g`` tokens per
+    group (module docstring: exact below the top-k, the overlap model past it, ``S = 0`` for groups crossing a
+    prompt boundary)."""
+    pos, req = _positions(chunks)
+    T = len(pos)
+    G = -(-T // g) if T else 0
+    pad = G * g - T
+    P = np.concatenate([pos, np.full(pad, -1)]).reshape(G, g)
+    R = np.concatenate([req, np.full(pad, -1)]).reshape(G, g)
+    n = (R >= 0).sum(1)
+    last_i = n - 1
+    same = R[np.arange(G), last_i] == R[:, 0] if G else np.zeros(0, bool)
+    S, U = _segment_union(P[:, 0], P[np.arange(G), last_i], n, topk, overlap)
+    S, U = np.where(same, S, 0.0), np.where(same, U, 0.0)
+    for q in np.nonzero(~same)[0]:  # crossing groups: disjoint keys per prompt, nothing shared
+        tot = 0.0
+        for r in np.unique(R[q][R[q] >= 0]):
+            seg = P[q][R[q] == r]
+            tot += float(_segment_union(seg[:1], seg[-1:], np.array([len(seg)]), topk, overlap)[1][0])
+        U[q] = tot
+    rest = U - S
+    st = float(np.minimum(pos + 1, topk).sum())
+    return UnionStats(T, G, float(S.sum()), float(rest.sum()), float((rest > 0.5).sum()), st, st, g, overlap,
+                      float(T * topk))
+
+
+def _step_chunks(step: Step | int) -> list:
+    """A :class:`~mla_lab.workload.Step`'s chunks; an int T: one fresh prompt of T tokens."""
+    if isinstance(step, Step):
+        return list(step.chunks)
+    return [(0, 0, step)] if step else []
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class PackedPlan:
+    """What a step runs under ``packed``: ``path`` ``packed`` or ``fallback`` (vLLM 0.33.0's FA3 sparse), ``mode``
+    (the packed kernel the dispatch would pick: ``hybrid`` or ``triton``; None where the heads cannot be packed), the
+    predicted ms per layer call at H200 rates (``packed_ms``: that kernel + the union build; ``padded_ms``: padded
+    FlashMLA, the dispatch's yardstick), the union sizes, the tile rows, ``reason`` and the fit's ``source``."""
+
+    path: str
+    mode: str | None
+    packed_ms: float | None
+    padded_ms: float | None
+    stats: UnionStats | None
+    tile_rows: int
+    reason: str
+    source: str
+
+
+def _predict(rank: RankView, stats: UnionStats, fit: PackedFit, rows: int) -> tuple[str, float, float]:
+    """``(mode, packed ms, padded ms)`` of one step's union sizes (module docstring: Blackwell's tile scaling)."""
+    scale = rows / 64.0  # the fit's unit is a 64-row key-tile
+    mode, kern = fit.kernel_ns(stats.shared * scale, stats.rest * scale, stats.groups_with_rest, stats.groups)
+    build = fit.build_ns(stats.read, stats.entries, stats.union)
+    padded = fit.padded_ns(stats.sum_topk, stats.T) * max(1.0, rank.padded_num_heads / 64.0)
+    return mode, (kern + build) / 1e6, padded / 1e6
+
+
+def packed_plan(rank: RankView, step: Step | int, overlap: float | None = None,
+                fit: PackedFit | None = None) -> PackedPlan:
+    """The dispatch of the module docstring for one step on one rank (``overlap`` None: the default; ``fit`` None:
+    :func:`load_packed_fit`, plans cached per rank, chunks and overlap: a step is priced once per layer kind)."""
+    o = PACKED_OVERLAP_DEFAULT if overlap is None else overlap
+    chunks = tuple(tuple(c) for c in _step_chunks(step))
+    return _plan_cached(rank, chunks, o) if fit is None else _plan(rank, chunks, o, fit)
+
+
+@lru_cache(maxsize=4096)
+def _plan_cached(rank: RankView, chunks: tuple, o: float) -> PackedPlan:
+    return _plan(rank, chunks, o, load_packed_fit())
+
+
+def _plan(rank: RankView, chunks: tuple, o: float, fit: PackedFit) -> PackedPlan:
+    rows = tile_rows_of(rank.arch)
+    g = packed_group_size(rank.num_heads, rows)
+    if g is None:
+        return PackedPlan("fallback", None, None, None, None, rows, f"{rank.num_heads} heads per rank cannot be "
+                          "packed (8, 16 or 32 can): FA3 sparse", fit.source)
+    stats = step_union(chunks, rank.model.topk, g, o)
+    mode, pk, pd = _predict(rank, stats, fit, rows)
+    if stats.T == 0 or pk < DISPATCH_MARGIN * pd:
+        return PackedPlan("packed", mode, pk, pd, stats, rows, f"packed ({mode}): predicted {pk:.3f} ms < "
+                          f"{DISPATCH_MARGIN} x padded {pd:.3f} ms", fit.source)
+    return PackedPlan("fallback", mode, pk, pd, stats, rows, f"fallback to FA3 sparse: packed ({mode}) predicted "
+                      f"{pk:.3f} ms >= {DISPATCH_MARGIN} x padded {pd:.3f} ms (U "
+                      f"{stats.union / max(stats.groups, 1):.0f} keys per group)", fit.source)
+
+
+def packed_strategy(overlap: float | None) -> str:
+    """The strategy name for an assumed overlap (``packed`` for None or the default, else ``packed:<overlap>``).
+
+    Raises:
+        ValueError: ``packed_overlap`` not a number in [0, 1] (one line).
+    """
+    if overlap is None:
+        return "packed"
+    if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"packed_overlap={overlap!r} must be a number in [0, 1] (the assumed pairwise overlap of "
+                         f"neighbouring tokens' top-k sets past the top-k; default {PACKED_OVERLAP_DEFAULT})")
+    return "packed" if overlap == PACKED_OVERLAP_DEFAULT else f"packed:{overlap:g}"
+
+
+def packed_summary(deployment, strategy: str = "packed") -> dict:
+    """How ``strategy`` (``packed`` / ``packed:<overlap>``) is priced for ``deployment``'s prefill steps: the plan of
+    every step of its schedule (:func:`packed_plan`), counted; ``line`` says it in one sentence."""
+    from_name = strategy.partition(":")[2]
+    o = float(from_name) if from_name else PACKED_OVERLAP_DEFAULT
+    rank = deployment.rank
+    plans = [packed_plan(rank, st, o) for st in schedule(deployment.workload, deployment.max_num_batched_tokens)]
+    fb = [p for p in plans if p.path == "fallback"]
+    arch = rank.arch
+    scope = ("modelled (no Blackwell measurement): the H200 fit at a 128-row tile scaled by the lab's Blackwell rule"
+             if arch.family == "blackwell" else f"measured kernel ({plans[0].source if plans else ''}), modelled step")
+    line = (f"{PACKED_LABEL_SHORT}: {scope}; overlap past the top-k {o:g} (assumed"
+            + (f": {PACKED_OVERLAP_SOURCE}" if o == PACKED_OVERLAP_DEFAULT else ", packed_overlap") + "); "
+            f"{len(plans) - len(fb)} of {len(plans)} prefill steps packed"
+            + (f", {len(fb)} priced on the fallback (FA3 sparse): {fb[0].reason}" if fb else "")
+            + "; decode: FA3 sparse per token; prefill always sparse (no dense-MHA route)")
+    return {"strategy": strategy, "overlap": o, "overlap_assumed": True, "overlap_source": PACKED_OVERLAP_SOURCE,
+            "steps": len(plans), "steps_packed": len(plans) - len(fb), "steps_fallback": len(fb),
+            "fallback_reason": fb[0].reason if fb else "", "calibration": plans[0].source if plans else "",
+            "scope": scope, "line": line}
+
+
+# ------------------------------------------------------------------------------------------------ the memory
+
+
+def union_key_space(rank: RankView, prompt_len: int | None) -> int:
+    """``s_kv`` the union builder's scratch covers: the step's gathered keys, ``max(max_num_batched_tokens,
+    prompt_len)`` (an engine would build the union on the indexer's request-local indices over the chunk's gathered
+    keys, as vLLM's indexer gathers them, ``cp_gather_indexer_k_quant_cache``, and convert to KV-cache slots after:
+    the lab's assumption, no engine runs it)."""
+    return max(rank.max_num_batched_tokens, prompt_len or 0)
+
+
+#: Tokens per group the CUDA union builder takes (:mod:`mla_lab.kernels.union_cuda`: g = 16 is refused there, the
+#: Triton builder runs it); its membership table lives in shared memory, so it holds no global scratch.
+CUDA_BUILDER_GROUPS = (1, 2, 4, 8)
+
+
+def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
+    """The union builder's buffers at ``max_num_batched_tokens`` (:func:`mla_lab.union_layout.union_buffer_bytes`):
+    the outputs, plus the Triton builder's global scratch (``num_programs`` = :data:`PROGRAMS_PER_SM` x the GPU's
+    SMs, :data:`mla_lab.model.decode_kernels.NUM_SMS`, over :func:`union_key_space` keys) only where it is the
+    builder that runs (g = 16: Blackwell at 8 heads); the CUDA builder the measured rows ran (g <= 8) keeps its table
+    in shared memory. 0 where the heads cannot be packed."""
+    g = packed_group_size(rank.num_heads, tile_rows_of(rank.arch))
+    if g is None:
+        return 0
+    progs = PROGRAMS_PER_SM * NUM_SMS[rank.arch.name]
+    b = union_buffer_bytes(rank.max_num_batched_tokens, rank.model.topk, g, union_key_space(rank, prompt_len), progs)
+    return b["outputs"] if g in CUDA_BUILDER_GROUPS else b["total"]
+
+
+def main(argv=None) -> int:
+    """``python -m mla_lab.model.packed_kernel [--rows CSV] [--write [--overwrite]]``: fit and print (and write
+    ``data/calibration/h200_packed.csv``; an existing file is replaced only with ``--overwrite``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.model.packed_kernel")
+    ap.add_argument("--rows", default=str(REPO_ROOT / ROWS_CSV), help="the packed_kernels rows (default: committed)")
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--overwrite", action="store_true")
+    a = ap.parse_args(argv)
+    if not Path(a.rows).is_file():
+        ap.error(f"--rows={a.rows} is not a file; run mla-lab measure --experiments packed_kernels first")
+    fit = fit_packed(a.rows)
+    for n in TERMS:
+        print(f"{n:13s} {getattr(fit, n):10.4f} ns  ({TERMS[n]})")
+    for e in fit.errors:
+        lo = "" if e["loso_pct"] is None else f", leave-one-shape-out {e['loso_pct']:+.1f} %"
+        print(f"{e['block']:10s} {e['shape']:12s} measured {e['measured_ms']:.3f} ms, fitted "
+              f"{e['fitted_ms']:.3f} ms ({e['in_sample_pct']:+.1f} %{lo})")
+    if a.write:
+        path = calibration_dir() / PACKED_CSV
+        if path.exists() and not a.overwrite:
+            ap.error(f"{path} exists: pass --overwrite to replace it")
+        print(f"wrote {write_packed_csv(fit, path, overwrite=a.overwrite)}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

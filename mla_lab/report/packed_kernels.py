@@ -1,0 +1,194 @@
+"""The packed kernel on the H200 beside every engine's kernel, summarised between processes (issue 36): the one place
+the answer block, docs/packed.md and the tests take its figures from.
+
+Source: ``data/measured/h200/between_process/packed_kernels.csv`` (:mod:`mla_lab.measure.experiments.packed_kernels`;
+one NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0, tokenspeed-flashmla 1.0.0.post20260429, vLLM
+0.33.0 and SGLang 0.5.23 kernels from their release wheels; graph timing; 5 fresh processes x 5 interleaved rounds;
+one machine lease, 2026-12-04, commit 0bbb393). T = 16384 query tokens, H = 8 heads per rank, topk 2048. Every
+figure: the median over processes of the per-process medians, ``[min, max]`` over processes.
+
+The issue's targets (:data:`TARGETS`) are read off the rows by :func:`targets`: each says its value, the bar, met or
+missed, and by how much. ``python -m mla_lab.report.packed_kernels --update-docs`` rewrites the generated tables of
+docs/packed.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from functools import lru_cache
+
+import pandas as pd
+
+from ..measure.spread import between_process
+from ..paths import REPO_ROOT, read_measured_csv
+
+__all__ = ["PACKED_CSV", "kernel_ms", "speedup", "targets", "shape_table", "TARGETS", "SHAPE_ORDER", "KERNELS",
+           "update_docs", "main"]
+
+PACKED_CSV = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "packed_kernels.csv"
+DOC = REPO_ROOT / "docs" / "packed.md"
+#: the reference every speedup is taken against: padded FlashMLA (tokenspeed build), the padded heads stale (as in
+#: vLLM 0.33.0's shared workspace); ``_zeros`` is the same kernel with zero padded heads (the dispatch's fallback)
+PADDED = "flashmla_ts_pad64"
+SHAPE_ORDER = ("seed", "o1.0", "o0.9", "o0.8", "o0.6", "o0.4", "o0.2", "o0.0", "ctx4096", "ctx8192", "ctx32768",
+               "ctx131072", "structured")
+#: kernel -> label, in the order the tables show them
+KERNELS = {
+    "packed": "packed: union build + kernel (the lab's)",
+    "packed_kernel": "packed kernel alone (FlashMLA shared + Triton rest)",
+    "packed_triton": "packed, Triton only (rest, then shared)",
+    "union_build": "union build alone (CUDA, shared memory)",
+    "dispatched": "dispatched: sampled build + the chosen path",
+    "flashmla_bound": "FlashMLA, s_q = T/8, h_q = 64, topk = U (bound)",
+    "flashmla_ts_pad64": "FlashMLA padded to 64 (tokenspeed)",
+    "flashmla_ts_pad64_zeros": "FlashMLA padded to 64, zero heads (tokenspeed)",
+    "flashmla_vllm_pad64": "FlashMLA padded to 64 (vLLM 0.33.0)",
+    "fa3_sparse": "FA3 sparse, real heads (vLLM 0.33.0)",
+    "sglang_triton": "SGLang 0.5.23 Triton, 16-row tile",
+    "sglang_triton_union4": "SGLang 0.5.23 Triton, union=4",
+}
+
+
+@lru_cache(maxsize=4)
+def _rows(path: str) -> pd.DataFrame:
+    d = read_measured_csv(path)  # whole or refused in one line
+    return d[d["experiment"] == "packed_kernels"].copy()
+
+
+def kernel_ms(kernel: str, shape: str, path=PACKED_CSV) -> dict:
+    """``{"median", "lo", "hi", "n_processes", ...}`` (ms) of one kernel at one shape (median over processes of
+    per-process medians, ``[lo, hi]`` over processes).
+
+    Raises:
+        ValueError: no rows match (names the selection and the file).
+    """
+    d = _rows(str(path))
+    sel = d[(d["kernel"] == kernel) & (d["shape"] == shape)]
+    if sel.empty:
+        raise ValueError(f"no rows for kernel={kernel!r} shape={shape!r} in {path}")
+    return next(iter(between_process(sel, ["kernel"], "ms").values()))
+
+
+def union_size(shape: str, path=PACKED_CSV) -> tuple[float, float]:
+    """``(U, S)``: the shape's mean union and shared keys per group, over topk."""
+    d = _rows(str(path))
+    r = d[d["shape"] == shape].iloc[0]
+    return float(r["U"]), float(r["S"])
+
+
+def dispatch_path(shape: str, path=PACKED_CSV) -> str:
+    """The path the dispatch chose at ``shape`` (``packed``, ``packed_triton`` or ``padded``)."""
+    d = _rows(str(path))
+    return str(d[(d["shape"] == shape) & (d["kernel"] == "dispatched")]["path"].iloc[0])
+
+
+def speedup(kernel: str, shape: str, against: str = PADDED, path=PACKED_CSV) -> float:
+    """``time(against) / time(kernel)`` at ``shape`` (between-process medians)."""
+    return kernel_ms(against, shape, path)["median"] / kernel_ms(kernel, shape, path)["median"]
+
+
+#: issue 36's done-when bars on the H200: (name, kernel, shape, quantity, bar, "min" = at least / "max" = at most)
+TARGETS = (
+    ("packed >= 5x padded FlashMLA at the seed (union build included)", "packed", ("seed",), "speedup", 5.0, "min"),
+    ("packed >= 2x at 80 % pairwise overlap (U ~ 2.4 x topk)", "packed", ("o0.8",), "speedup", 2.0, "min"),
+    ("packed >= 2.5x at a 4096-token context, random top-k", "packed", ("ctx4096",), "speedup", 2.5, "min"),
+    ("dispatched never > 2 % slower than padded FlashMLA (the same kernel it falls back to, zero padded heads)",
+     "dispatched", SHAPE_ORDER, "slowdown_vs_zeros", 1.02, "max"),
+    ("union build <= 5 % of the packed kernel where the dispatch packs", "union_build", SHAPE_ORDER, "build_share",
+     0.05, "max"),
+)
+
+
+def _quantity(q: str, kernel: str, shape: str, path) -> float:
+    if q == "speedup":
+        return speedup(kernel, shape, path=path)
+    if q == "slowdown_vs_zeros":
+        return kernel_ms(kernel, shape, path)["median"] / kernel_ms("flashmla_ts_pad64_zeros", shape, path)["median"]
+    if q == "build_share":
+        return kernel_ms("union_build", shape, path)["median"] / kernel_ms("packed_kernel", shape, path)["median"]
+    raise ValueError(f"quantity={q!r} is not known")
+
+
+def targets(path=PACKED_CSV) -> list[dict]:
+    """Each target: ``{"target", "value", "worst_shape", "bar", "met"}`` (value: the worst over its shapes; the build
+    share only over the shapes where the dispatch packs)."""
+    out = []
+    for name, kernel, shapes, q, bar, kind in TARGETS:
+        if q == "build_share":
+            shapes = tuple(s for s in shapes if dispatch_path(s, path) != "padded")
+        vals = {s: _quantity(q, kernel, s, path) for s in shapes}
+        worst = (min if kind == "min" else max)(vals, key=vals.get)
+        v = vals[worst]
+        out.append({"target": name, "value": v, "worst_shape": worst, "bar": bar,
+                    "met": v >= bar if kind == "min" else v <= bar, "per_shape": vals})
+    return out
+
+
+def shape_table(path=PACKED_CSV) -> list[dict]:
+    """One row per shape: U, S, the padded time, each kernel's speedup against it, the dispatch's choice, the packed
+    kernel's efficiency against the FlashMLA bound (bound / packed kernel)."""
+    rows = []
+    for s in SHAPE_ORDER:
+        u, sh = union_size(s, path)
+        pad = kernel_ms(PADDED, s, path)
+        r = {"shape": s, "U": u, "S": sh, "padded_ms": pad["median"], "padded_lo": pad["lo"], "padded_hi": pad["hi"],
+             "path": dispatch_path(s, path),
+             "efficiency": kernel_ms("flashmla_bound", s, path)["median"] / kernel_ms("packed_kernel", s, path)["median"]}
+        for k in KERNELS:
+            if k != PADDED:
+                r[k] = speedup(k, s, path=path)
+        rows.append(r)
+    return rows
+
+
+def _markdown(path=PACKED_CSV) -> str:
+    cols = ["packed", "packed_kernel", "packed_triton", "dispatched", "flashmla_bound", "flashmla_vllm_pad64",
+            "fa3_sparse", "sglang_triton", "sglang_triton_union4"]
+    lines = ["| shape | U / topk | S / topk | padded ms [min, max] | " + " | ".join(cols) + " | dispatch | "
+             "kernel / bound |", "|" + "---|" * (len(cols) + 6)]
+    for r in shape_table(path):
+        lines.append(f"| {r['shape']} | {r['U']:.2f} | {r['S']:.2f} | {r['padded_ms']:.2f} [{r['padded_lo']:.2f}, "
+                     f"{r['padded_hi']:.2f}] | " + " | ".join(f"{r[c]:.2f}x" for c in cols)
+                     + f" | {r['path']} | {r['efficiency']:.2f} |")
+    lines += ["", "| target (issue 36) | value | worst at | bar | met |", "|---|---|---|---|---|"]
+    for t in targets(path):
+        lines.append(f"| {t['target']} | {t['value']:.3f} | {t['worst_shape']} | {t['bar']} | "
+                     f"{'yes' if t['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
+_BEGIN, _END = "<!-- packed-table:begin (python -m mla_lab.report.packed_kernels --update-docs) -->", \
+    "<!-- packed-table:end -->"
+
+
+def update_docs(doc=DOC, path=PACKED_CSV) -> bool:
+    """Rewrite the generated block of ``doc`` from the rows; True when it changed.
+
+    Raises:
+        ValueError: the doc lacks the block's markers (names them).
+    """
+    text = doc.read_text()
+    if _BEGIN not in text or _END not in text:
+        raise ValueError(f"{doc} lacks the markers {_BEGIN!r} ... {_END!r}")
+    new = re.sub(re.escape(_BEGIN) + r".*?" + re.escape(_END), lambda m: f"{_BEGIN}\n{_markdown(path)}\n{_END}",
+                 text, flags=re.S)
+    if new != text:
+        doc.write_text(new)
+    return new != text
+
+
+def main(argv=None) -> int:
+    """``python -m mla_lab.report.packed_kernels [--update-docs]``: print the table (and rewrite docs/packed.md's)."""
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.packed_kernels", description=main.__doc__)
+    ap.add_argument("--update-docs", action="store_true", help="rewrite the generated block of docs/packed.md")
+    a = ap.parse_args(argv)
+    print(_markdown())
+    if a.update_docs:
+        print(f"docs/packed.md {'updated' if update_docs() else 'already current'}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
