@@ -290,9 +290,12 @@ else:
 # %%
 has_ok = len(report.ok_rows(both)) > 0
 if has_ok:
-    frontier_key = (plotted_rows(both), kv_shown)  # each figure rendered once per input (mla_lab.report.cache)
-    for i, out in enumerate(publish_cached_many(lambda: report.plot_frontier_grid(both, kv_cache_dtype=kv_shown),
-                                                "frontier_", figs, key=frontier_key)):
+    # each figure rendered once per input (mla_lab.report.cache); SGLang's DP attention drawn as its own modelled
+    # point (every rank holds all heads: the no-padding point)
+    frontier_key = (plotted_rows(both), kv_shown, "dp_attention")
+    for i, out in enumerate(publish_cached_many(
+            lambda: report.plot_frontier_grid(both, kv_cache_dtype=kv_shown, dp_attention=True),
+            "frontier_", figs, key=frontier_key)):
         saved[f"frontier_{i + 1}"] = out
     unfit = report.not_fitting(both, kv_cache_dtype=kv_shown)
     if report.kv_dtype_note(both, kv_shown):  # the figure's title says it too; so does this section's text

@@ -385,7 +385,7 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
                     Line2D([], [], color="#d62728", lw=1.2, label="this deployment's Pareto frontier")]
         if dp_attention:
             handles.append(Line2D([], [], ls="", marker="*", markerfacecolor="none", markeredgecolor="black",
-                                  markersize=9, label="SGLang DP attention, dp = tp (modelled: serve-simulation TTFT)"))
+                                  markersize=9, label="SGLang DP attention, dp = tp (modelled)"))
         fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))),
                    fontsize=7.5, frameon=False)
         title = ("Memory vs TTFT per deployment, changes vs vLLM before PR #53878 with zero padded heads"
