@@ -354,3 +354,23 @@ def test_fit_figures_of_the_doc():
         assert claim in text, claim
     assert max(worst, key=worst.get) != "kernel" and worst["path_check"] == pytest.approx(
         abs(float(ctx["in_sample_pct"])))  # the path's worst shape is the 128K context
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--rows", "README.md"], "--rows=README.md cannot be fitted: 0 shapes have packed_kernel rows"),
+    (["--rows", "{tmp}/binary.csv"], "cannot be fitted: 'utf-8' codec can't decode"),
+    (["--rows", "{tmp}"], "is not a file"),
+    (["--overwrite"], "--overwrite is given without --write"),
+    (["--write", "--rows", "README.md"], "h200_packed.csv exists: pass --overwrite"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_packed_kernel_main_refuses_in_one_line(argv, names, tmp_path, capsys):
+    """``python -m mla_lab.model.packed_kernel``: a rows file that is not the packed_kernels rows used to end in a
+    ValueError traceback; each refusal is one line on stderr, exit 2, nothing printed on stdout (no fit ran)."""
+    (tmp_path / "binary.csv").write_bytes(b"shape,variant\n\xd0\xff\xfe\n")
+    committed = (calibration_dir() / pk.PACKED_CSV).read_bytes()
+    with pytest.raises(SystemExit) as e:
+        pk.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and names in err and len(err.strip().splitlines()) == 1 and out == ""
+    assert (calibration_dir() / pk.PACKED_CSV).read_bytes() == committed

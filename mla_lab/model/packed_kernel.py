@@ -543,6 +543,30 @@ def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
     return b["outputs"] if g in CUDA_BUILDER_GROUPS else b["total"]
 
 
+def _refuse(message: str):
+    """Print ``message`` as one line on stderr and exit 2 (argparse's ``error`` hook and the door's own checks)."""
+    import sys
+
+    print(f"python -m mla_lab.model.packed_kernel: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _main_fit(a) -> PackedFit:
+    """The fit :func:`main` prints, after its flags are checked (every refusal before the fit: :func:`_refuse`)."""
+    if a.overwrite and not a.write:
+        _refuse("--overwrite is given without --write; allowed: with --write (nothing is written without it)")
+    if a.write and (calibration_dir() / PACKED_CSV).exists() and not a.overwrite:
+        _refuse(f"{calibration_dir() / PACKED_CSV} exists: pass --overwrite to replace it")
+    if not Path(a.rows).is_file():
+        _refuse(f"--rows={a.rows} is not a file; run mla-lab measure --experiments packed_kernels first")
+    try:
+        return fit_packed(a.rows)
+    except (ValueError, KeyError, OSError) as e:  # not a packed_kernels rows file (UnicodeDecodeError included)
+        why = " ".join(str(e).split()).removeprefix(f"{a.rows}: ")
+        _refuse(f"--rows={a.rows} cannot be fitted: {why}" + ("" if "allowed:" in why else "; allowed: the rows "
+                "mla-lab measure --experiments packed_kernels writes (between_process/packed_kernels.csv)"))
+
+
 def main(argv=None) -> int:
     """``python -m mla_lab.model.packed_kernel [--rows CSV] [--write [--overwrite]]``: fit and print (and write
     ``data/calibration/h200_packed.csv``; an existing file is replaced only with ``--overwrite``)."""
@@ -552,10 +576,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=str(REPO_ROOT / ROWS_CSV), help="the packed_kernels rows (default: committed)")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
+    ap.error = _refuse  # one line, exit 2
     a = ap.parse_args(argv)
-    if not Path(a.rows).is_file():
-        ap.error(f"--rows={a.rows} is not a file; run mla-lab measure --experiments packed_kernels first")
-    fit = fit_packed(a.rows)
+    fit = _main_fit(a)
     for n in TERMS:
         print(f"{n:13s} {getattr(fit, n):10.4f} ns  ({TERMS[n]})")
     for e in fit.errors:
@@ -564,8 +587,6 @@ def main(argv=None) -> int:
               f"{e['fitted_ms']:.3f} ms ({e['in_sample_pct']:+.1f} %{lo})")
     if a.write:
         path = calibration_dir() / PACKED_CSV
-        if path.exists() and not a.overwrite:
-            ap.error(f"{path} exists: pass --overwrite to replace it")
         print(f"wrote {write_packed_csv(fit, path, overwrite=a.overwrite)}")
     return 0
 
