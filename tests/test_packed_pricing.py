@@ -374,3 +374,15 @@ def test_packed_kernel_main_refuses_in_one_line(argv, names, tmp_path, capsys):
     out, err = capsys.readouterr()
     assert e.value.code == 2 and names in err and len(err.strip().splitlines()) == 1 and out == ""
     assert (calibration_dir() / pk.PACKED_CSV).read_bytes() == committed
+
+
+def test_packed_line_on_b200_names_no_hopper_kernel_as_running():
+    """FA3 sparse is a Hopper kernel (advise --arch b200 excludes fa3_sparse for it): on sm100 the packed line names
+    vLLM 0.33.0's real-head sm100 kernel for the fallback and decode, and says it is priced with FA3 sparse's model;
+    on an H200 it still names FA3 sparse."""
+    b = pk.packed_summary(Deployment.seed(arch="b200", prompt_len=32768, num_prompts=4, concurrency=4))
+    assert b["steps_fallback"] > 0  # the fallback wording is exercised too
+    assert "FA3 sparse per token" not in b["line"] and "fallback to FA3 sparse" not in b["line"]
+    assert b["line"].count(pk.SM100_REAL_HEAD) == 2 and "FA4 or FlashInfer sparse" in pk.SM100_REAL_HEAD
+    h = pk.packed_summary(Deployment.seed(prompt_len=32768, num_prompts=4, concurrency=4))
+    assert "decode per token: FA3 sparse;" in h["line"] and "priced on the fallback (FA3 sparse)" in h["line"]

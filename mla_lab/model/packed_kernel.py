@@ -491,6 +491,12 @@ def packed_strategy(overlap: float | None) -> str:
     return "packed" if overlap == PACKED_OVERLAP_DEFAULT else f"packed:{overlap:g}"
 
 
+#: What :func:`packed_summary` names as the fallback and decode kernel on sm100, where FA3 sparse (a Hopper kernel)
+#: does not run: vLLM 0.33.0's real-head sparse backend there (FLASH_ATTN_MLA_SPARSE_FA4 with a bf16 KV cache,
+#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/versions.py), priced with FA3 sparse's model.
+SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer sparse, priced with FA3 sparse's model"
+
+
 def packed_summary(deployment, strategy: str = "packed") -> dict:
     """How ``strategy`` (``packed`` / ``packed:<overlap>``) is priced for ``deployment``'s prefill steps: the plan of
     every step of its schedule (:func:`packed_plan`), counted; ``line`` says it in one sentence."""
@@ -502,11 +508,16 @@ def packed_summary(deployment, strategy: str = "packed") -> dict:
     arch = rank.arch
     scope = ("modelled (no Blackwell measurement): the H200 fit at a 128-row tile scaled by the lab's Blackwell rule"
              if arch.family == "blackwell" else f"measured kernel ({plans[0].source if plans else ''}), modelled step")
+    # FA3 sparse is a Hopper kernel: on sm100 the fallback and decode are vLLM's real-head sm100 kernel, priced with
+    # FA3 sparse's model (as fa4_sparse / flashinfer_sparse are: mla_lab/engines/versions.py)
+    real = (SM100_REAL_HEAD if arch.family == "blackwell" else "FA3 sparse")
     line = (f"{PACKED_LABEL_SHORT}: {scope}; overlap past the top-k {o:g} (assumed"
             + (f": {PACKED_OVERLAP_SOURCE}" if o == PACKED_OVERLAP_DEFAULT else ", packed_overlap") + "); "
             f"{len(plans) - len(fb)} of {len(plans)} prefill steps packed"
-            + (f", {len(fb)} priced on the fallback (FA3 sparse): {fb[0].reason}" if fb else "")
-            + "; decode: FA3 sparse per token; prefill always sparse (no dense-MHA route)")
+            + (f", {len(fb)} priced on the fallback ({real}): {fb[0].reason}" if fb else "")
+            + f"; decode per token: {real}; prefill always sparse (no dense-MHA route)")
+    if arch.family == "blackwell":
+        line = line.replace("fallback to FA3 sparse:", "fallback:")
     return {"strategy": strategy, "overlap": o, "overlap_assumed": True, "overlap_source": PACKED_OVERLAP_SOURCE,
             "steps": len(plans), "steps_packed": len(plans) - len(fb), "steps_fallback": len(fb),
             "fallback_reason": fb[0].reason if fb else "", "calibration": plans[0].source if plans else "",
