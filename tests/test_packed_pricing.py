@@ -386,3 +386,14 @@ def test_packed_line_on_b200_names_no_hopper_kernel_as_running():
     assert b["line"].count(pk.SM100_REAL_HEAD) == 2 and "FA4 or FlashInfer sparse" in pk.SM100_REAL_HEAD
     h = pk.packed_summary(Deployment.seed(prompt_len=32768, num_prompts=4, concurrency=4))
     assert "decode per token: FA3 sparse;" in h["line"] and "priced on the fallback (FA3 sparse)" in h["line"]
+
+
+def test_doc_says_what_the_sweep_default_holds():
+    """docs/packed.md, "Where it shows": the sweep prices ``packed`` by default (it said the opposite after the
+    default changed); the sentence follows :data:`mla_lab.placement.SWEEP_STRATEGIES`."""
+    from mla_lab.placement import SWEEP_STRATEGIES
+
+    text = " ".join((REPO_ROOT / "docs" / "packed.md").read_text().split())
+    assert SWEEP_STRATEGIES[-1] == "packed"
+    assert "The sweep prices it by default: `packed` is the last of the sweep's default `strategies`" in text
+    assert "not in the sweep's default list" not in text
