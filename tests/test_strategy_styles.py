@@ -111,3 +111,28 @@ def test_frontier_panel_keeps_the_pr_readable_and_writes_the_off_scale_value():
     assert off[f"\u25bc {packed:+.1f} %"].get_color() == strategy_style("packed")[0]
     assert "\u25b2/\u25bc" in fig._suptitle.get_text()
     assert figure_clipping(fig) == [] and label_overlaps(fig) == []
+
+
+def test_frontier_staircase_stays_inside_the_y_window():
+    """GLM-5 TP8 B200, 8192-token prompts: the frontier (fa3_sparse, then packed) lies far below the panel's y window;
+    its points sit at the window's edge with their values, and the staircase was drawn at the true values, outside
+    the axes (the report's B200 panels showed no frontier). It is clipped to the window as its points are."""
+    import pandas as pd
+
+    from mla_lab.report.figures import FRONTIER, plot_frontier_grid
+    from mla_lab.sweep import expand_grid, validate_params
+    from mla_lab.sweep.advise import frontier
+    from mla_lab.sweep.rows import modelled_rows
+
+    pt = expand_grid(validate_params(dict(models=["glm-5"], tp_sizes=[8], archs=["b200"], prompt_lens=[8192],
+                                          max_num_batched_tokens=[16384], device="cpu",
+                                          strategies=list(SWEEP_STRATEGIES))))[0]
+    df = pd.DataFrame(modelled_rows(pt))
+    fits = df[df["fits_in_memory"].astype(bool) & (df["placement"] != "kernel_native")]
+    front = fits[frontier(list(zip(fits["extra_persistent_mib"], fits["ttft_change_pct"])))]
+    ax = plot_frontier_grid(df)[0].axes[0]
+    lo, hi = ax.get_ylim()
+    assert len(front) >= 2 and (front["ttft_change_pct"] < lo).all()  # the case: every frontier point off-scale
+    (line,) = [ln for ln in ax.lines if ln.get_gid() == FRONTIER]
+    assert list(line.get_xdata()) == sorted(front["extra_persistent_mib"])
+    assert all(lo <= y <= hi for y in line.get_ydata())
