@@ -136,3 +136,16 @@ def test_frontier_staircase_stays_inside_the_y_window():
     (line,) = [ln for ln in ax.lines if ln.get_gid() == FRONTIER]
     assert list(line.get_xdata()) == sorted(front["extra_persistent_mib"])
     assert all(lo <= y <= hi for y in line.get_ydata())
+
+
+def test_frontier_caption_names_the_sub_chunk_lines_colours():
+    """The report's caption of the frontier panels named "orange and pink" sub-chunk lines; the three families are
+    drawn in Okabe-Ito orange, Tol's olive and teal (:data:`STRATEGY_STYLE`), in the notebook and its .ipynb twin."""
+    from mla_lab.paths import REPO_ROOT
+
+    names = {"#E69F00": "orange", "#999933": "olive", "#44AA99": "teal"}
+    colours = [names[STRATEGY_STYLE[f][0]] for f in ("subchunk", "subchunk_views", "subchunk_graph2")]
+    want = f"The {colours[0]}, {colours[1]} and {colours[2]} lines are the sub-chunked workspace"
+    for f in ("padding_sweep.py", "padding_sweep.ipynb"):
+        text = (REPO_ROOT / "notebooks" / f).read_text().replace('\\n",\n    "', " ").replace("\n# ", " ")
+        assert want in text and "orange and pink" not in text, f
