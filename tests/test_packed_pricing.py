@@ -397,3 +397,18 @@ def test_doc_says_what_the_sweep_default_holds():
     assert SWEEP_STRATEGIES[-1] == "packed"
     assert "The sweep prices it by default: `packed` is the last of the sweep's default `strategies`" in text
     assert "not in the sweep's default list" not in text
+
+
+@pytest.mark.parametrize("over, tile, scope", [
+    ({}, "8 tokens x 8 heads per 64-row tile", "measured kernel ("),
+    ({"arch": "b200"}, "16 tokens x 8 heads per 128-row tile", "modelled (no Blackwell measurement)"),
+    ({"model": "deepseek-v3.2"}, "4 tokens x 16 heads per 64-row tile",
+     "modelled kernel (the 8-head rows' per-tile fit applied at g = 4, an extrapolation"),
+    ({"tp": 16}, "4 heads per rank: not packed", "the packed kernel unused (every step on the fallback)"),
+])
+def test_packed_line_says_its_packing_and_whether_its_kernel_was_measured(over, tile, scope):
+    """The strategy's label says "8 tokens x 8 heads per tile" (the measured case); the per-deployment line says
+    the deployment's own packing, and "measured kernel" only where the rows were measured (8 heads, a 64-row tile):
+    at 16 heads per rank (DeepSeek-V3.2 TP8) the per-tile fit is an extrapolation (docs/packed.md) and said so."""
+    s = pk.packed_summary(Deployment.seed(**over))
+    assert s["line"].startswith(f"{pk.PACKED_LABEL_SHORT}, {tile}: {scope}") and s["scope"].startswith(scope)

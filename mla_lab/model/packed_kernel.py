@@ -497,6 +497,31 @@ def packed_strategy(overlap: float | None) -> str:
 SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer sparse, priced with FA3 sparse's model"
 
 
+#: The tokens per tile the packed_kernels rows were measured at (8 heads per rank, a 64-row tile: docs/packed.md).
+MEASURED_GROUP = 8
+
+
+def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
+    """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing of ``rank`` (the label's "8 tokens x 8
+    heads" is the measured case only), whether its kernel time is measured or extrapolated, and the real-head kernel
+    of the fallback and decode (FA3 sparse is a Hopper kernel: on sm100 vLLM 0.33.0's own, priced with FA3 sparse's
+    model, as fa4_sparse / flashinfer_sparse are: mla_lab/engines/versions.py)."""
+    rows = tile_rows_of(rank.arch)
+    g = packed_group_size(rank.num_heads, rows)
+    tile = (f"{g} tokens x {rank.num_heads} heads per {rows}-row tile" if g else
+            f"{rank.num_heads} heads per rank: not packed")
+    real = SM100_REAL_HEAD if rank.arch.family == "blackwell" else "FA3 sparse"
+    if g is None:
+        return tile, "the packed kernel unused (every step on the fallback), modelled step", real
+    if rank.arch.family == "blackwell":
+        return tile, ("modelled (no Blackwell measurement): the H200 fit at a 128-row tile scaled by the lab's "
+                      "Blackwell rule"), real
+    if g != MEASURED_GROUP:
+        return tile, (f"modelled kernel (the 8-head rows' per-tile fit applied at g = {g}, an extrapolation: nothing "
+                      f"measured at {rank.num_heads} heads per rank; {source}), modelled step"), real
+    return tile, f"measured kernel ({source}), modelled step", real
+
+
 def packed_summary(deployment, strategy: str = "packed") -> dict:
     """How ``strategy`` (``packed`` / ``packed:<overlap>``) is priced for ``deployment``'s prefill steps: the plan of
     every step of its schedule (:func:`packed_plan`), counted; ``line`` says it in one sentence."""
@@ -506,12 +531,8 @@ def packed_summary(deployment, strategy: str = "packed") -> dict:
     plans = [packed_plan(rank, st, o) for st in schedule(deployment.workload, deployment.max_num_batched_tokens)]
     fb = [p for p in plans if p.path == "fallback"]
     arch = rank.arch
-    scope = ("modelled (no Blackwell measurement): the H200 fit at a 128-row tile scaled by the lab's Blackwell rule"
-             if arch.family == "blackwell" else f"measured kernel ({plans[0].source if plans else ''}), modelled step")
-    # FA3 sparse is a Hopper kernel: on sm100 the fallback and decode are vLLM's real-head sm100 kernel, priced with
-    # FA3 sparse's model (as fa4_sparse / flashinfer_sparse are: mla_lab/engines/versions.py)
-    real = (SM100_REAL_HEAD if arch.family == "blackwell" else "FA3 sparse")
-    line = (f"{PACKED_LABEL_SHORT}: {scope}; overlap past the top-k {o:g} (assumed"
+    tile, scope, real = _summary_terms(rank, plans[0].source if plans else "")
+    line = (f"{PACKED_LABEL_SHORT}, {tile}: {scope}; overlap past the top-k {o:g} (assumed"
             + (f": {PACKED_OVERLAP_SOURCE}" if o == PACKED_OVERLAP_DEFAULT else ", packed_overlap") + "); "
             f"{len(plans) - len(fb)} of {len(plans)} prefill steps packed"
             + (f", {len(fb)} priced on the fallback ({real}): {fb[0].reason}" if fb else "")
