@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..paths import data_dir
+from ..paths import data_dir, special_filesystem
 from .union import build_union_ref
 
 __all__ = ["IndexData", "overlap_indices", "overlap_union_expected", "causal_indices", "structured_indices",
@@ -431,8 +431,6 @@ def _refuse(message: str):
 def _out_problem(args) -> str | None:
     """What is wrong with ``--write`` / ``--out`` / ``--overwrite`` before the rows are computed, or None."""
     from pathlib import Path
-
-    from ..paths import special_filesystem
 
     if not args.write and (args.overwrite or args.out is not None):
         flag = "--overwrite" if args.overwrite else f"--out={args.out!r}"
