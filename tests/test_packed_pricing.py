@@ -412,3 +412,16 @@ def test_packed_line_says_its_packing_and_whether_its_kernel_was_measured(over, 
     at 16 heads per rank (DeepSeek-V3.2 TP8) the per-tile fit is an extrapolation (docs/packed.md) and said so."""
     s = pk.packed_summary(Deployment.seed(**over))
     assert s["line"].startswith(f"{pk.PACKED_LABEL_SHORT}, {tile}: {scope}") and s["scope"].startswith(scope)
+
+
+def test_packed_line_says_when_the_overlap_does_not_enter():
+    """``advise --packed-overlap 0.8`` at the seed printed the same TTFT as the default with nothing saying why: with
+    1024-token prompts (<= the top-k of 2048) every token selects its whole prefix and the assumed overlap past the
+    top-k does not enter. The line says so there, and not at 4096-token prompts, where the overlap moves the TTFT."""
+    seed = {o: pk.packed_summary(Deployment.seed(), f"packed:{o}") for o in (0.2, 0.8)}
+    long = {o: pk.packed_summary(Deployment.seed(prompt_len=4096), f"packed:{o}") for o in (0.2, 0.8)}
+    assert all("unused here: no prompt is longer than the top-k" in s["line"] for s in seed.values())
+    assert not any("unused here" in s["line"] for s in long.values())
+    t = {(n, o): advise(d, measured=NO_MEASURED, packed_overlap=o)["lab_kernels"][0]["ttft_ms"]
+         for n, d in (("seed", Deployment.seed()), ("long", Deployment.seed(prompt_len=4096))) for o in (0.2, 0.8)}
+    assert t[("seed", 0.2)] == t[("seed", 0.8)] and t[("long", 0.2)] != t[("long", 0.8)]

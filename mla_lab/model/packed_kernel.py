@@ -533,7 +533,9 @@ def packed_summary(deployment, strategy: str = "packed") -> dict:
     arch = rank.arch
     tile, scope, real = _summary_terms(rank, plans[0].source if plans else "")
     line = (f"{PACKED_LABEL_SHORT}, {tile}: {scope}; overlap past the top-k {o:g} (assumed"
-            + (f": {PACKED_OVERLAP_SOURCE}" if o == PACKED_OVERLAP_DEFAULT else ", packed_overlap") + "); "
+            + (f": {PACKED_OVERLAP_SOURCE}" if o == PACKED_OVERLAP_DEFAULT else ", packed_overlap")
+            + ("; unused here: no prompt is longer than the top-k"
+               if deployment.workload.prompt_len <= rank.model.topk else "") + "); "
             f"{len(plans) - len(fb)} of {len(plans)} prefill steps packed"
             + (f", {len(fb)} priced on the fallback ({real}): {fb[0].reason}" if fb else "")
             + f"; decode per token: {real}; prefill always sparse (no dense-MHA route)")
