@@ -582,7 +582,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the engine version to answer within (default vllm@0.33.0; e.g. sglang@0.5.23, vllm@pr53878: "
                          "mla-lab engines lists them; first names such as vllm-53878 map to theirs): only its "
                          "strategies are ranked, other engines' options are listed in their own section")
-    ad.add_argument("--packed-overlap", type=float, default=None,
+    ad.add_argument("--packed-overlap", type=doors.overlap_type, default=None,
                     help="the pairwise overlap of neighbouring tokens' top-k sets past the top-k that the lab's "
                          "packed kernel is priced at, 0..1 (default 0.44: TensorRT-LLM tech blog 21, an assumption)")
     ad.add_argument("--json", action="store_true", help="print the result as JSON")

@@ -214,6 +214,16 @@ def deployment_options(args) -> dict:
             "dp_attention": getattr(args, "dp_attention", 1) or 1}
 
 
+def overlap_type(text: str) -> float:
+    """argparse ``type=`` for ``--packed-overlap``: a number (its range, [0, 1], is checked where it is used:
+    :func:`mla_lab.model.packed_kernel.packed_strategy`, whose one line the CLI prints)."""
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{_short(text)} is not a number; allowed: a number in [0, 1] (the assumed "
+                                         "pairwise overlap of neighbouring tokens' top-k sets past the top-k)") from None
+
+
 def rate_type(text: str) -> float:
     """argparse ``type=`` for ``--request-rate``: requests/s > 0, or ``inf``."""
     v = _float(text)

@@ -283,8 +283,8 @@ else:
 # ### Memory vs TTFT, one panel per deployment
 # x: persistent extra Q memory per rank against vLLM before the PR (MiB; persistent bytes are budgeted and cost
 # KV-cache tokens). y: TTFT change against vLLM before the PR with zero padded heads (%). Hollow markers are
-# modelled; filled markers with error bars are measured. The orange and pink lines are the sub-chunked workspace
-# at S rows (copy out / views to the consumer); the red staircase is that deployment's Pareto frontier
+# modelled; filled markers with error bars are measured. The orange, olive and teal lines are the sub-chunked
+# workspace at S rows (copy out / views to the consumer / two workspaces in one CUDA graph); the red staircase is that deployment's Pareto frontier
 # (kernel-native, real-head FlashMLA, is modelled only: never on it). Deployments whose weights or workload do not fit say so.
 
 # %%

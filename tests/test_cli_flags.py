@@ -47,6 +47,7 @@ ADVISE = [
     (["--no-measured"], "change", None),
     (["--prompt-len", "4096", "--packed-overlap", "0.9"], "change-vs:--prompt-len=4096", None),
     (["--packed-overlap", "1.5"], "refuse", r"--packed-overlap=1.5 must be a number in \[0, 1\]"),
+    (["--packed-overlap", "abc"], "refuse", r"--packed-overlap: 'abc' is not a number; allowed: a number in \[0, 1\]"),
     (["--random-output-len", "512"], "refuse", r"--random-output-len='512' is not used by advise"),
     (["--request-rate", "4"], "refuse", r"--request-rate='4' is not used by advise"),
     (["--num-speculative-tokens", "1", "--acceptance-length", "1.7"], "change", None),

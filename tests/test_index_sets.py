@@ -295,7 +295,36 @@ def test_main_refuses_to_replace_without_overwrite(tmp_path, capsys, monkeypatch
     monkeypatch.setattr(mod, "union_size_rows", lambda: [row])  # the real rows: test_committed_csv_is_recomputed
     out = tmp_path / "u.csv"
     out.write_text("mine\n")
-    assert main(["--write", "--out", str(out)]) == 2
-    assert out.read_text() == "mine\n" and "--overwrite" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["--write", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and out.read_text() == "mine\n" and "--overwrite" in err and len(err.splitlines()) == 1
     assert main(["--write", "--overwrite", "--out", str(out)]) == 0
     assert out.read_text().startswith("generator,params,T,topk,s_kv,g,")
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--overwrite"], "--overwrite is given without --write"),
+    (["--out", "x.csv"], "--out='x.csv' is given without --write"),
+    (["--write", "--out", ""], "--out='' is empty"),
+    (["--write", "--out", "/proc/union_sizes.csv"], "is on the proc filesystem"),
+    (["--write", "--out", "{tmp}"], "is a folder"),
+    (["--write", "--out", "{tmp}/file/u.csv"], "which is a file"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_main_refuses_bad_out_in_one_line_before_computing(argv, names, tmp_path, capsys, monkeypatch):
+    """Each bad ``--write`` / ``--out`` / ``--overwrite`` is one line on stderr, exit 2, before the rows are
+    computed (they took 10-20 s; ``/proc`` used to end in a traceback after them) and nothing is written."""
+    import mla_lab.kernels.index_sets as mod
+
+    def never():
+        raise AssertionError("computed before the refusal")
+
+    monkeypatch.setattr(mod, "union_size_rows", never)
+    (tmp_path / "file").write_text("mine\n")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(SystemExit) as e:
+        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and names in err and len(err.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and (tmp_path / "file").read_text() == "mine\n"

@@ -354,3 +354,74 @@ def test_fit_figures_of_the_doc():
         assert claim in text, claim
     assert max(worst, key=worst.get) != "kernel" and worst["path_check"] == pytest.approx(
         abs(float(ctx["in_sample_pct"])))  # the path's worst shape is the 128K context
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--rows", "README.md"], "--rows=README.md cannot be fitted: 0 shapes have packed_kernel rows"),
+    (["--rows", "{tmp}/binary.csv"], "cannot be fitted: 'utf-8' codec can't decode"),
+    (["--rows", "{tmp}"], "is not a file"),
+    (["--overwrite"], "--overwrite is given without --write"),
+    (["--write", "--rows", "README.md"], "h200_packed.csv exists: pass --overwrite"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_packed_kernel_main_refuses_in_one_line(argv, names, tmp_path, capsys):
+    """``python -m mla_lab.model.packed_kernel``: a rows file that is not the packed_kernels rows used to end in a
+    ValueError traceback; each refusal is one line on stderr, exit 2, nothing printed on stdout (no fit ran)."""
+    (tmp_path / "binary.csv").write_bytes(b"shape,variant\n\xd0\xff\xfe\n")
+    committed = (calibration_dir() / pk.PACKED_CSV).read_bytes()
+    with pytest.raises(SystemExit) as e:
+        pk.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and names in err and len(err.strip().splitlines()) == 1 and out == ""
+    assert (calibration_dir() / pk.PACKED_CSV).read_bytes() == committed
+
+
+def test_packed_line_on_b200_names_no_hopper_kernel_as_running():
+    """FA3 sparse is a Hopper kernel (advise --arch b200 excludes fa3_sparse for it): on sm100 the packed line names
+    vLLM 0.33.0's real-head sm100 kernel for the fallback and decode, and says it is priced with FA3 sparse's model;
+    on an H200 it still names FA3 sparse."""
+    b = pk.packed_summary(Deployment.seed(arch="b200", prompt_len=32768, num_prompts=4, concurrency=4))
+    assert b["steps_fallback"] > 0  # the fallback wording is exercised too
+    assert "FA3 sparse per token" not in b["line"] and "fallback to FA3 sparse" not in b["line"]
+    assert b["line"].count(pk.SM100_REAL_HEAD) == 2 and "FA4 or FlashInfer sparse" in pk.SM100_REAL_HEAD
+    h = pk.packed_summary(Deployment.seed(prompt_len=32768, num_prompts=4, concurrency=4))
+    assert "decode per token: FA3 sparse;" in h["line"] and "priced on the fallback (FA3 sparse)" in h["line"]
+
+
+def test_doc_says_what_the_sweep_default_holds():
+    """docs/packed.md, "Where it shows": the sweep prices ``packed`` by default (it said the opposite after the
+    default changed); the sentence follows :data:`mla_lab.placement.SWEEP_STRATEGIES`."""
+    from mla_lab.placement import SWEEP_STRATEGIES
+
+    text = " ".join((REPO_ROOT / "docs" / "packed.md").read_text().split())
+    assert SWEEP_STRATEGIES[-1] == "packed"
+    assert "The sweep prices it by default: `packed` is the last of the sweep's default `strategies`" in text
+    assert "not in the sweep's default list" not in text
+
+
+@pytest.mark.parametrize("over, tile, scope", [
+    ({}, "8 tokens x 8 heads per 64-row tile", "measured kernel ("),
+    ({"arch": "b200"}, "16 tokens x 8 heads per 128-row tile", "modelled (no Blackwell measurement)"),
+    ({"model": "deepseek-v3.2"}, "4 tokens x 16 heads per 64-row tile",
+     "modelled kernel (the 8-head rows' per-tile fit applied at g = 4, an extrapolation"),
+    ({"tp": 16}, "4 heads per rank: not packed", "the packed kernel unused (every step on the fallback)"),
+])
+def test_packed_line_says_its_packing_and_whether_its_kernel_was_measured(over, tile, scope):
+    """The strategy's label says "8 tokens x 8 heads per tile" (the measured case); the per-deployment line says
+    the deployment's own packing, and "measured kernel" only where the rows were measured (8 heads, a 64-row tile):
+    at 16 heads per rank (DeepSeek-V3.2 TP8) the per-tile fit is an extrapolation (docs/packed.md) and said so."""
+    s = pk.packed_summary(Deployment.seed(**over))
+    assert s["line"].startswith(f"{pk.PACKED_LABEL_SHORT}, {tile}: {scope}") and s["scope"].startswith(scope)
+
+
+def test_packed_line_says_when_the_overlap_does_not_enter():
+    """``advise --packed-overlap 0.8`` at the seed printed the same TTFT as the default with nothing saying why: with
+    1024-token prompts (<= the top-k of 2048) every token selects its whole prefix and the assumed overlap past the
+    top-k does not enter. The line says so there, and not at 4096-token prompts, where the overlap moves the TTFT."""
+    seed = {o: pk.packed_summary(Deployment.seed(), f"packed:{o}") for o in (0.2, 0.8)}
+    long = {o: pk.packed_summary(Deployment.seed(prompt_len=4096), f"packed:{o}") for o in (0.2, 0.8)}
+    assert all("unused here: no prompt is longer than the top-k" in s["line"] for s in seed.values())
+    assert not any("unused here" in s["line"] for s in long.values())
+    t = {(n, o): advise(d, measured=NO_MEASURED, packed_overlap=o)["lab_kernels"][0]["ttft_ms"]
+         for n, d in (("seed", Deployment.seed()), ("long", Deployment.seed(prompt_len=4096))) for o in (0.2, 0.8)}
+    assert t[("seed", 0.2)] == t[("seed", 0.8)] and t[("long", 0.2)] != t[("long", 0.8)]

@@ -111,3 +111,41 @@ def test_frontier_panel_keeps_the_pr_readable_and_writes_the_off_scale_value():
     assert off[f"\u25bc {packed:+.1f} %"].get_color() == strategy_style("packed")[0]
     assert "\u25b2/\u25bc" in fig._suptitle.get_text()
     assert figure_clipping(fig) == [] and label_overlaps(fig) == []
+
+
+def test_frontier_staircase_stays_inside_the_y_window():
+    """GLM-5 TP8 B200, 8192-token prompts: the frontier (fa3_sparse, then packed) lies far below the panel's y window;
+    its points sit at the window's edge with their values, and the staircase was drawn at the true values, outside
+    the axes (the report's B200 panels showed no frontier). It is clipped to the window as its points are."""
+    import pandas as pd
+
+    from mla_lab.report.figures import FRONTIER, plot_frontier_grid
+    from mla_lab.sweep import expand_grid, validate_params
+    from mla_lab.sweep.advise import frontier
+    from mla_lab.sweep.rows import modelled_rows
+
+    pt = expand_grid(validate_params(dict(models=["glm-5"], tp_sizes=[8], archs=["b200"], prompt_lens=[8192],
+                                          max_num_batched_tokens=[16384], device="cpu",
+                                          strategies=list(SWEEP_STRATEGIES))))[0]
+    df = pd.DataFrame(modelled_rows(pt))
+    fits = df[df["fits_in_memory"].astype(bool) & (df["placement"] != "kernel_native")]
+    front = fits[frontier(list(zip(fits["extra_persistent_mib"], fits["ttft_change_pct"])))]
+    ax = plot_frontier_grid(df)[0].axes[0]
+    lo, hi = ax.get_ylim()
+    assert len(front) >= 2 and (front["ttft_change_pct"] < lo).all()  # the case: every frontier point off-scale
+    (line,) = [ln for ln in ax.lines if ln.get_gid() == FRONTIER]
+    assert list(line.get_xdata()) == sorted(front["extra_persistent_mib"])
+    assert all(lo <= y <= hi for y in line.get_ydata())
+
+
+def test_frontier_caption_names_the_sub_chunk_lines_colours():
+    """The report's caption of the frontier panels named "orange and pink" sub-chunk lines; the three families are
+    drawn in Okabe-Ito orange, Tol's olive and teal (:data:`STRATEGY_STYLE`), in the notebook and its .ipynb twin."""
+    from mla_lab.paths import REPO_ROOT
+
+    names = {"#E69F00": "orange", "#999933": "olive", "#44AA99": "teal"}
+    colours = [names[STRATEGY_STYLE[f][0]] for f in ("subchunk", "subchunk_views", "subchunk_graph2")]
+    want = f"The {colours[0]}, {colours[1]} and {colours[2]} lines are the sub-chunked workspace"
+    for f in ("padding_sweep.py", "padding_sweep.ipynb"):
+        text = (REPO_ROOT / "notebooks" / f).read_text().replace('\\n",\n    "', " ").replace("\n# ", " ")
+        assert want in text and "orange and pink" not in text, f

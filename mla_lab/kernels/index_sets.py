@@ -35,7 +35,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..paths import data_dir
+from ..paths import data_dir, special_filesystem
 from .union import build_union_ref
 
 __all__ = ["IndexData", "overlap_indices", "overlap_union_expected", "causal_indices", "structured_indices",
@@ -420,6 +420,37 @@ def union_size_rows() -> list[dict]:
     return rows
 
 
+def _refuse(message: str):
+    """Print ``message`` as one line on stderr and exit 2 (argparse's ``error`` hook, and the door's own checks)."""
+    import sys
+
+    print(f"python -m mla_lab.kernels.index_sets: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _out_problem(args) -> str | None:
+    """What is wrong with ``--write`` / ``--out`` / ``--overwrite`` before the rows are computed, or None."""
+    from pathlib import Path
+
+    if not args.write and (args.overwrite or args.out is not None):
+        flag = "--overwrite" if args.overwrite else f"--out={args.out!r}"
+        return f"{flag} is given without --write; allowed: with --write (nothing is written without it)"
+    if args.out is not None and not args.out.strip():
+        return "--out='' is empty; allowed: a CSV file path (default data/overlap/union_sizes.csv)"
+    out = Path(args.out) if args.out is not None else data_dir() / "overlap" / "union_sizes.csv"
+    fs = special_filesystem(out)
+    if fs:
+        return f"--out={str(out)!r} is on the {fs} filesystem; allowed: a CSV file path on an ordinary disk"
+    if out.is_dir():
+        return f"--out={str(out)!r} is a folder; allowed: a CSV file path"
+    parent = next((q for q in out.parents if q.exists()), None)
+    if parent is not None and not parent.is_dir():
+        return f"--out={str(out)!r} lies under {str(parent)!r}, which is a file; allowed: a CSV file path"
+    if args.write and out.exists() and not args.overwrite:
+        return f"--out={str(out)!r} exists; allowed: another path, or --overwrite to replace it"
+    return None
+
+
 def main(argv=None) -> int:
     """``python -m mla_lab.kernels.index_sets [--write [--overwrite]]``: union sizes per g for the generators on a
     small CPU grid, and the published figures on the U axis; ``--write`` saves ``data/overlap/union_sizes.csv``
@@ -431,13 +462,14 @@ def main(argv=None) -> int:
     ap.add_argument("--write", action="store_true", help="write data/overlap/union_sizes.csv")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing CSV")
     ap.add_argument("--out", default=None, help="CSV path (default data/overlap/union_sizes.csv)")
+    ap.error = _refuse  # one line, exit 2, before anything is computed
     args = ap.parse_args(argv)
     from pathlib import Path
 
-    out = Path(args.out) if args.out else data_dir() / "overlap" / "union_sizes.csv"
-    if args.write and out.exists() and not args.overwrite:
-        print(f"{out} exists; pass --overwrite to replace it")
-        return 2
+    problem = _out_problem(args)
+    if problem:
+        _refuse(problem)
+    out = Path(args.out) if args.out is not None else data_dir() / "overlap" / "union_sizes.csv"
     rows = union_size_rows()
     print(f"union sizes (T={MAIN_T}, topk={MAIN_TOPK}; {DATA_KIND})")
     print(f"{'generator':<11} {'params':<62} {'g':>2} {'mean U':>8} {'p90 U':>8} {'U/(g k)':>8} {'expected':>9}")

@@ -491,6 +491,37 @@ def packed_strategy(overlap: float | None) -> str:
     return "packed" if overlap == PACKED_OVERLAP_DEFAULT else f"packed:{overlap:g}"
 
 
+#: What :func:`packed_summary` names as the fallback and decode kernel on sm100, where FA3 sparse (a Hopper kernel)
+#: does not run: vLLM 0.33.0's real-head sparse backend there (FLASH_ATTN_MLA_SPARSE_FA4 with a bf16 KV cache,
+#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/versions.py), priced with FA3 sparse's model.
+SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer sparse, priced with FA3 sparse's model"
+
+
+#: The tokens per tile the packed_kernels rows were measured at (8 heads per rank, a 64-row tile: docs/packed.md).
+MEASURED_GROUP = 8
+
+
+def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
+    """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing of ``rank`` (the label's "8 tokens x 8
+    heads" is the measured case only), whether its kernel time is measured or extrapolated, and the real-head kernel
+    of the fallback and decode (FA3 sparse is a Hopper kernel: on sm100 vLLM 0.33.0's own, priced with FA3 sparse's
+    model, as fa4_sparse / flashinfer_sparse are: mla_lab/engines/versions.py)."""
+    rows = tile_rows_of(rank.arch)
+    g = packed_group_size(rank.num_heads, rows)
+    tile = (f"{g} tokens x {rank.num_heads} heads per {rows}-row tile" if g else
+            f"{rank.num_heads} heads per rank: not packed")
+    real = SM100_REAL_HEAD if rank.arch.family == "blackwell" else "FA3 sparse"
+    if g is None:
+        return tile, "the packed kernel unused (every step on the fallback), modelled step", real
+    if rank.arch.family == "blackwell":
+        return tile, ("modelled (no Blackwell measurement): the H200 fit at a 128-row tile scaled by the lab's "
+                      "Blackwell rule"), real
+    if g != MEASURED_GROUP:
+        return tile, (f"modelled kernel (the 8-head rows' per-tile fit applied at g = {g}, an extrapolation: nothing "
+                      f"measured at {rank.num_heads} heads per rank; {source}), modelled step"), real
+    return tile, f"measured kernel ({source}), modelled step", real
+
+
 def packed_summary(deployment, strategy: str = "packed") -> dict:
     """How ``strategy`` (``packed`` / ``packed:<overlap>``) is priced for ``deployment``'s prefill steps: the plan of
     every step of its schedule (:func:`packed_plan`), counted; ``line`` says it in one sentence."""
@@ -500,13 +531,16 @@ def packed_summary(deployment, strategy: str = "packed") -> dict:
     plans = [packed_plan(rank, st, o) for st in schedule(deployment.workload, deployment.max_num_batched_tokens)]
     fb = [p for p in plans if p.path == "fallback"]
     arch = rank.arch
-    scope = ("modelled (no Blackwell measurement): the H200 fit at a 128-row tile scaled by the lab's Blackwell rule"
-             if arch.family == "blackwell" else f"measured kernel ({plans[0].source if plans else ''}), modelled step")
-    line = (f"{PACKED_LABEL_SHORT}: {scope}; overlap past the top-k {o:g} (assumed"
-            + (f": {PACKED_OVERLAP_SOURCE}" if o == PACKED_OVERLAP_DEFAULT else ", packed_overlap") + "); "
+    tile, scope, real = _summary_terms(rank, plans[0].source if plans else "")
+    line = (f"{PACKED_LABEL_SHORT}, {tile}: {scope}; overlap past the top-k {o:g} (assumed"
+            + (f": {PACKED_OVERLAP_SOURCE}" if o == PACKED_OVERLAP_DEFAULT else ", packed_overlap")
+            + ("; unused here: no prompt is longer than the top-k"
+               if deployment.workload.prompt_len <= rank.model.topk else "") + "); "
             f"{len(plans) - len(fb)} of {len(plans)} prefill steps packed"
-            + (f", {len(fb)} priced on the fallback (FA3 sparse): {fb[0].reason}" if fb else "")
-            + "; decode: FA3 sparse per token; prefill always sparse (no dense-MHA route)")
+            + (f", {len(fb)} priced on the fallback ({real}): {fb[0].reason}" if fb else "")
+            + f"; decode per token: {real}; prefill always sparse (no dense-MHA route)")
+    if arch.family == "blackwell":
+        line = line.replace("fallback to FA3 sparse:", "fallback:")
     return {"strategy": strategy, "overlap": o, "overlap_assumed": True, "overlap_source": PACKED_OVERLAP_SOURCE,
             "steps": len(plans), "steps_packed": len(plans) - len(fb), "steps_fallback": len(fb),
             "fallback_reason": fb[0].reason if fb else "", "calibration": plans[0].source if plans else "",
@@ -543,6 +577,30 @@ def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
     return b["outputs"] if g in CUDA_BUILDER_GROUPS else b["total"]
 
 
+def _refuse(message: str):
+    """Print ``message`` as one line on stderr and exit 2 (argparse's ``error`` hook and the door's own checks)."""
+    import sys
+
+    print(f"python -m mla_lab.model.packed_kernel: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _main_fit(a) -> PackedFit:
+    """The fit :func:`main` prints, after its flags are checked (every refusal before the fit: :func:`_refuse`)."""
+    if a.overwrite and not a.write:
+        _refuse("--overwrite is given without --write; allowed: with --write (nothing is written without it)")
+    if a.write and (calibration_dir() / PACKED_CSV).exists() and not a.overwrite:
+        _refuse(f"{calibration_dir() / PACKED_CSV} exists: pass --overwrite to replace it")
+    if not Path(a.rows).is_file():
+        _refuse(f"--rows={a.rows} is not a file; run mla-lab measure --experiments packed_kernels first")
+    try:
+        return fit_packed(a.rows)
+    except (ValueError, KeyError, OSError) as e:  # not a packed_kernels rows file (UnicodeDecodeError included)
+        why = " ".join(str(e).split()).removeprefix(f"{a.rows}: ")
+        _refuse(f"--rows={a.rows} cannot be fitted: {why}" + ("" if "allowed:" in why else "; allowed: the rows "
+                "mla-lab measure --experiments packed_kernels writes (between_process/packed_kernels.csv)"))
+
+
 def main(argv=None) -> int:
     """``python -m mla_lab.model.packed_kernel [--rows CSV] [--write [--overwrite]]``: fit and print (and write
     ``data/calibration/h200_packed.csv``; an existing file is replaced only with ``--overwrite``)."""
@@ -552,10 +610,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default=str(REPO_ROOT / ROWS_CSV), help="the packed_kernels rows (default: committed)")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
+    ap.error = _refuse  # one line, exit 2
     a = ap.parse_args(argv)
-    if not Path(a.rows).is_file():
-        ap.error(f"--rows={a.rows} is not a file; run mla-lab measure --experiments packed_kernels first")
-    fit = fit_packed(a.rows)
+    fit = _main_fit(a)
     for n in TERMS:
         print(f"{n:13s} {getattr(fit, n):10.4f} ns  ({TERMS[n]})")
     for e in fit.errors:
@@ -564,8 +621,6 @@ def main(argv=None) -> int:
               f"{e['fitted_ms']:.3f} ms ({e['in_sample_pct']:+.1f} %{lo})")
     if a.write:
         path = calibration_dir() / PACKED_CSV
-        if path.exists() and not a.overwrite:
-            ap.error(f"{path} exists: pass --overwrite to replace it")
         print(f"wrote {write_packed_csv(fit, path, overwrite=a.overwrite)}")
     return 0
 

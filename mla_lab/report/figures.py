@@ -238,8 +238,9 @@ def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = 
     if len(fits):
         on = frontier(list(zip(fits["extra_persistent_mib"], fits["ttft_change_pct"])))
         front = fits[on].sort_values("extra_persistent_mib")
-        ax.step(front["extra_persistent_mib"], front["ttft_change_pct"], where="post", color="#d62728", lw=1.2,
-                alpha=0.7, zorder=2)
+        # clipped to the window as its points are: a frontier of off-scale points (a B200 panel's) runs along the edge
+        ax.step(front["extra_persistent_mib"], [clip(y) for y in front["ttft_change_pct"]], where="post",
+                color="#d62728", lw=1.2, alpha=0.7, zorder=2, gid=FRONTIER)
     if dp_point is not None:
         _draw_dp_point(ax, {**dp_point, "ttft_change_pct": clip(dp_point["ttft_change_pct"])})
     ax.axhline(0, color="k", lw=0.6)
@@ -261,6 +262,8 @@ def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = 
 
 #: gid of the value labels of points beyond a frontier panel's y window (:func:`y_window`).
 OFF_SCALE = "off_scale"
+#: gid of a frontier panel's Pareto staircase.
+FRONTIER = "frontier"
 
 
 def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1.0):
