@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from . import cli_doors as doors
-from . import cli_engines, cli_measure, cli_report
+from . import cli_engines, cli_measure, cli_report, cli_serve
 from .cli_doors import CLIError, DoorError, rel_path
 from .placement import SERVE_PRESETS
 
@@ -504,7 +504,7 @@ def _cmd_serve(args) -> int:
     strategies = doors.check_strategies(args.strategies)
     if args.num_runs is None:  # a finite rate: one run's change is noise-sized, so the band is the default
         args.num_runs = 1 if math.isinf(args.request_rate) else doors.MIN_NOISE_RUNS
-    dep = doors.check_serve(args, strategies)  # the Deployment, checked once
+    dep = cli_serve.check_serve(args, strategies)  # the Deployment, checked once
     from .serving import BenchConfig, serve_benchmark
 
     bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.random_input_len,
@@ -513,9 +513,9 @@ def _cmd_serve(args) -> int:
     res = serve_benchmark(dep, strategies, bench)
     runs = None
     if args.num_runs > 1:
-        runs = doors.serve_noise_runs(args, dep, strategies, bench)
-    out = doors.serve_summary(res, runs, num_runs=args.num_runs)
-    print(json.dumps(out, indent=1, default=str) if args.json else doors.format_serve(out))
+        runs = cli_serve.serve_noise_runs(args, dep, strategies, bench)
+    out = cli_serve.serve_summary(res, runs, num_runs=args.num_runs)
+    print(json.dumps(out, indent=1, default=str) if args.json else cli_serve.format_serve(out))
     return 0
 
 

@@ -35,7 +35,7 @@ PKG = Path(__file__).resolve().parent.parent / "mla_lab"
 
 STACK = [
     ("mla_lab", "cli", "explore"),
-    ("cli_engines", "cli_report"),
+    ("cli_engines", "cli_report", "cli_serve"),
     ("report", "cli_doors", "cli_measure"),
     ("sweep", "fits", "validation"),
     ("measure", "serving"),
@@ -50,7 +50,8 @@ STACK = [
     ("paths", "_validate", "union_layout"),
 ]
 #: Modules allowed function-local imports of the package (the CLI's lazy imports; issue 22).
-LAZY_OK = {"mla_lab.cli", "mla_lab.cli_doors", "mla_lab.cli_measure", "mla_lab.cli_engines", "mla_lab.cli_report"}
+LAZY_OK = {"mla_lab.cli", "mla_lab.cli_doors", "mla_lab.cli_measure", "mla_lab.cli_engines", "mla_lab.cli_report",
+           "mla_lab.cli_serve"}
 LAYER = {unit: i for i, units in enumerate(STACK) for unit in units}
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from mla_lab import cli
+from mla_lab import cli, cli_serve
 from mla_lab import cli_doors as doors
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def test_serve_step_bound_bounds_the_simulated_steps(kw):
     rc, out, err = _run(argv)
     assert rc == 0, err
     res = json.loads(out)
-    bound, _ = doors.serve_step_bound(kw["num_prompts"], kw["prompt_len"], kw["output_len"], kw["mbt"], kw["mns"],
+    bound, _ = cli_serve.serve_step_bound(kw["num_prompts"], kw["prompt_len"], kw["output_len"], kw["mbt"], kw["mns"],
                                       kw["num_prompts"], kw["rate"],
                                       res["strategies"][res["baseline"]]["kv_capacity_tokens"])
     steps = [s["num_steps"] for s in res["strategies"].values()]

@@ -1,0 +1,234 @@
+"""The serve door: checks of a ``mla-lab serve`` run before it simulates anything, its noise runs, and the text and
+JSON it prints (split from :mod:`mla_lab.cli_doors`, which keeps the checks every door shares).
+
+Imports of the lab's heavier modules are function-local on purpose (``mla-lab --help`` loads none of them).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .cli_doors import (
+    BOUNDS,
+    MAX_NOISE_STEPS,
+    MAX_SERVE_STEPS,
+    MAX_SERVE_TOTAL_STEPS,
+    MIN_NOISE_RUNS,
+    DoorError,
+    check_deployment,
+    check_sim_time,
+    deployment_options,
+)
+
+__all__ = ["serve_step_bound", "check_serve", "serve_noise_runs", "serve_summary", "band_note", "format_serve"]
+
+
+def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num_batched_tokens: int,
+                     max_num_seqs: int, concurrency: int, request_rate: float,
+                     kv_capacity_tokens: float = math.inf) -> tuple[int, str]:
+    """An upper bound on the engine steps one serving strategy simulates, and the case it assumes (for messages).
+
+    Every request needs at most ``ceil(L / T) + 1`` prefill chunks (the first output token comes with the last
+    one) and ``output_len - 1`` decode steps, and every engine step with work advances at least one request (the
+    simulation jumps over idle time). So in every case steps <= ``P x (ceil(L / T) + output_len)`` (serial: a
+    finite ``--request-rate``, whose arrivals may not overlap). With every request at t = 0 (``--request-rate inf``)
+    ``lanes = min(concurrency, max_num_seqs, KV capacity // (L + output_len))`` requests run together, in
+    ``ceil(P / lanes)`` waves of at most ``ceil(lanes x L / T) + output_len`` steps each.
+    """
+    serial = num_prompts * (math.ceil(prompt_len / max_num_batched_tokens) + output_len)
+    if not math.isinf(request_rate):
+        return serial, f"--request-rate {request_rate:g}/s (arrivals may not overlap: bounded as serial)"
+    fit = kv_capacity_tokens // (prompt_len + output_len) if math.isfinite(kv_capacity_tokens) else concurrency
+    lanes = int(max(min(concurrency, max_num_seqs, fit), 1))
+    waves = math.ceil(num_prompts / lanes) * (math.ceil(lanes * prompt_len / max_num_batched_tokens) + output_len)
+    return min(serial, waves), f"{lanes} request(s) at a time"
+
+
+def check_serve(args, strategies=None):
+    """:func:`check_deployment` for ``mla-lab serve`` plus its step bounds: :func:`serve_step_bound` per strategy
+    (:data:`MAX_SERVE_STEPS`), over all strategies (:data:`MAX_SERVE_TOTAL_STEPS`) and over the noise runs
+    (:data:`MAX_NOISE_STEPS`); ``--num-runs`` 1 or at least :data:`MIN_NOISE_RUNS`. Returns the checked
+    :class:`~mla_lab.deployment.Deployment` (built once, here; the serving simulation takes it).
+
+    ``strategies``: the canonical strategies (:func:`check_strategies`), the baseline not included; default
+    ``args.strategies``.
+
+    Raises:
+        DoorError: one line, O(1) (nothing simulated).
+    """
+    if 1 < args.num_runs < MIN_NOISE_RUNS:
+        raise DoorError(f"--num-runs={args.num_runs} is too few for the 95 % band the noise Monte-Carlo prints (its "
+                        f"2.5th and 97.5th percentiles need at least {MIN_NOISE_RUNS} runs); allowed: 1 (one "
+                        f"deterministic simulation) or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,}")
+    check_sim_time(args.num_prompts, args.request_rate, "--request-rate")
+    conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
+    dep, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
+                           args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
+                           args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
+                           max_num_seqs=args.max_num_seqs, workload_in_flight=False,
+                           options=deployment_options(args))
+    steps, case = serve_step_bound(args.num_prompts, args.random_input_len, args.random_output_len,
+                                   args.max_num_batched_tokens, args.max_num_seqs, conc, args.request_rate,
+                                   float(mem["kv_capacity_tokens"]))
+    what = (f"--num-prompts {args.num_prompts} x (--random-input-len {args.random_input_len}, --random-output-len "
+            f"{args.random_output_len}) at {case} is up to {steps:,} engine steps per strategy")
+    if steps > MAX_SERVE_STEPS:
+        raise DoorError(f"{what}; allowed: at most {MAX_SERVE_STEPS:,} (fewer prompts or output tokens, more "
+                        "concurrency, --request-rate inf)")
+    from .placement import BASELINE
+
+    n_strat = len(set(strategies if strategies is not None else args.strategies) | {BASELINE})
+    # a prefill chunk costs ~2 decode request-steps (measured: --max-num-batched-tokens 256 --random-input-len 16384
+    # --num-prompts 700 --random-output-len 1, 4 strategies x 45,500 request-steps: 20.7 s), so it counts twice
+    work = args.num_prompts * (2 * math.ceil(args.random_input_len / args.max_num_batched_tokens)
+                               + args.random_output_len)
+    if work * n_strat > MAX_SERVE_TOTAL_STEPS:
+        raise DoorError(f"--num-prompts {args.num_prompts} x (2 x ceil(--random-input-len {args.random_input_len} / "
+                        f"{args.max_num_batched_tokens}) + --random-output-len {args.random_output_len}) x "
+                        f"{n_strat} strategies (baseline included) = {work * n_strat:,} request-steps to simulate; "
+                        f"allowed: at most {MAX_SERVE_TOTAL_STEPS:,} (~14 s; fewer strategies, prompts or output "
+                        "tokens)")
+    opts = deployment_options(args)
+    if args.num_runs > 1 and (opts["num_speculative_tokens"] or opts["dp_attention"] > 1):
+        raise DoorError(f"--num-runs={args.num_runs} with --num-speculative-tokens / --dp-attention: the noise "
+                        "Monte-Carlo does not price these options; allowed: --num-runs 1 (one deterministic "
+                        "simulation with them)")
+    if args.num_runs > 1 and _noise_module() is None:
+        raise DoorError(f"--num-runs={args.num_runs} needs the noise Monte-Carlo (mla_lab.serving.noise), which this "
+                        "checkout does not have; allowed: 1 (one deterministic simulation)")
+    total = work * args.num_runs * n_strat
+    if args.num_runs > 1 and total > MAX_NOISE_STEPS:
+        raise DoorError(f"--num-runs={args.num_runs} x {n_strat} strategies x {work:,} request-steps is {total:,} "
+                        f"simulated request-steps; allowed: at most {MAX_NOISE_STEPS:,} (~13 s; fewer runs, "
+                        "strategies, prompts or output tokens)")
+    return dep
+
+
+def _noise_module():
+    import importlib.util
+
+    if importlib.util.find_spec("mla_lab.serving.noise") is None:
+        return None
+    from .serving import noise  # noqa: F401 - optional until it lands
+
+    return noise
+
+
+def serve_noise_runs(args, deployment, strategies, bench):
+    """``--num-runs N``: :func:`mla_lab.serving.noise.serve_benchmark_noise` of ``deployment`` (the one
+    :func:`check_serve` built; N single runs per strategy of the noise model, seeded by ``--seed``): each metric's
+    median and 95 % band, and each change's."""
+    noise = _noise_module()
+    return noise.serve_benchmark_noise(deployment, strategies, bench, num_runs=args.num_runs, seed=args.seed)
+
+
+#: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.
+SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
+                 ("request_throughput", "Request throughput (req/s)"),
+                 ("output_throughput", "Output token throughput (tok/s)"),
+                 ("total_token_throughput", "Total token throughput (tok/s)"),
+                 ("mean_ttft_ms", "Mean TTFT (ms)"), ("median_ttft_ms", "Median TTFT (ms)"),
+                 ("p99_ttft_ms", "P99 TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
+                 ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
+                 ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"))
+
+
+def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
+    """A JSON-able view of a ``serve_benchmark`` result: per strategy every metric, its change vs the baseline,
+    the KV capacity, KV tokens lost and % of capacity beside the extra MiB (``runs``: the noise Monte-Carlo's
+    result, attached as given)."""
+    from .placement import preset_label, strategy_notes
+    strategies = {}
+    base_cap = res["strategies"][res["baseline"]]["kv_capacity_tokens"]
+    for s, r in res["strategies"].items():
+        strategies[s] = {"preset": r["preset"], "preset_label": preset_label(r["preset"] or ""), "metrics": {k: float(v) for k, v in r["metrics"].items()},
+                         "change_pct": {k: float(v) for k, v in r["change_pct"].items()},
+                         "kv_capacity_tokens": int(r["kv_capacity_tokens"]),
+                         "kv_tokens_lost": round(float(r["kv_tokens_lost"])),
+                         "kv_capacity_pct_lost": 100.0 * float(r["kv_tokens_lost"]) / base_cap
+                         if base_cap > 0 else float("nan"),
+                         "extra_mib": float(r["extra_mib"]), "num_steps": int(r["num_steps"])}
+    out = {"deployment": res["deployment"], "bench": res["bench"], "baseline": res["baseline"],
+           "strategies": strategies, "source": "modelled", "options": res.get("options", {}),
+           "notes": list(res.get("notes", [])) + strategy_notes(strategies)}
+    if runs is not None:
+        out["noise"] = runs
+    out["num_runs"] = num_runs
+    out["band"] = band_note(res["bench"]["request_rate"], num_runs)
+    return out
+
+
+def band_note(request_rate: float, num_runs: int) -> str:
+    """What the serving changes' band is: ``deterministic`` at an infinite rate with one run (every request at t=0;
+    the noise runs are optional), ``95 % band over N single runs`` with the noise Monte-Carlo, and ``one run: band
+    unknown`` for one run at a finite rate (there one run's change flips sign from seed to seed: issue 32)."""
+    if num_runs > 1:
+        return f"95 % band over {num_runs} single runs (2.5th-97.5th percentile; mla_lab.serving.noise)"
+    if math.isinf(request_rate):
+        return "deterministic: one run, every request at t=0 (--num-runs 20 adds the single-run band)"
+    return "one run: band unknown"
+
+
+def _options_lines(opts: dict) -> list[str]:
+    """The deployment options of a serve result (modelled), one line each."""
+    out = []
+    if "speculative" in opts:
+        o = opts["speculative"]
+        out.append(f"MTP (modelled): {o['num_speculative_tokens']} draft tokens per step, acceptance length "
+                   f"{o['acceptance_length']:g} (an input)")
+    if "dp_attention" in opts:
+        o = opts["dp_attention"]
+        out.append(f"DP attention {o['dp']} (modelled): {o['heads_per_rank']} heads per rank "
+                   f"({o['padded_heads_per_rank']} padded), one rank simulated with {o['num_prompts']} prompts at "
+                   f"concurrency {o['concurrency']}, throughputs x {o['active_ranks']} ranks")
+    return out
+
+
+def format_serve(out: dict) -> str:
+    """The serving result as a terminal table: one row per metric, the baseline's value, then each strategy's
+    change in percent (one decimal... two: the changes are small), then each strategy's memory cost."""
+    d, b = out["deployment"], out["bench"]
+    base = out["baseline"]
+    others = [s for s in out["strategies"] if s != base]
+    rate = b["request_rate"]
+    head = [f"vllm bench serve (modelled): {d['model']} TP{d['tp']} {d['arch']}, max_num_batched_tokens "
+            f"{d['max_num_batched_tokens']}, max_num_seqs {d['max_num_seqs']}, {d['kv_cache_dtype']} KV, "
+            f"{d['weight_dtype']} weights, experts {d['moe_parallel']}",
+            *([f"model family: {d['model_family_note']}"] if d.get("model_family_note") else []),
+            f"workload: {b['num_prompts']} prompts, input {b['random_input_len']}, output {b['random_output_len']}, "
+            f"max concurrency {b['max_concurrency'] or 'unlimited'}, request rate "
+            f"{'inf' if math.isinf(rate) else f'{rate:g}/s'}, seed {b['seed']}",
+            *_options_lines(out.get("options") or {}), ""]
+    names = [out["strategies"][s].get("preset_label") or out["strategies"][s]["preset"] or s for s in others]
+    w0, w = 32, max([16] + [len(n) + 2 for n in names])  # every column as wide as its name: none truncated
+    lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n:>{w}}" for n in names),
+             f"{'':<{w0}}{'value':>{w}}" + "".join(f"{'change %':>{w}}" for _ in names)]
+    bm = out["strategies"][base]["metrics"]
+    for k, label in SERVE_METRICS:
+        if k not in bm:
+            continue
+        v = bm[k]
+        row = f"{label:<{w0}}" + (f"{v:>{w},.0f}" if float(v).is_integer() and k == "completed" else f"{v:>{w},.2f}")
+        for s in others:
+            c = out["strategies"][s]["change_pct"].get(k, float("nan"))
+            row += f"{c:>+{w}.2f}" if c == c else f"{'-':>{w}}"
+        lines.append(row)
+    lines.append(f"baseline: {base}; changes are (strategy - baseline) / baseline x 100"
+                 + (f"; {out['band']} (--num-runs 20 gives it)" if out.get("band") == "one run: band unknown"
+                    else ""))
+    lines.append("")
+    lines.append("memory per rank vs the baseline (persistent workspace):")
+    names_of = dict(zip(others, names))
+    wp = max([16] + [len(n) for n in names])
+    ws = max([28] + [len(s) for s in others])
+    for s in others:
+        r = out["strategies"][s]
+        lines.append(f"  {names_of[s]:<{wp}} {s:<{ws}} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
+                     f"tokens lost ({r['kv_capacity_pct_lost']:.1f} % of KV capacity)")
+    if out.get("noise"):
+        lines.append("")
+        lines.append(_noise_module().format_noise(out["noise"]))
+    from .placement import strategy_notes
+    lines += [f"note: {n}" for n in strategy_notes(out["strategies"])]
+    lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")
+    return "\n".join(head + lines)
