@@ -397,6 +397,22 @@ def _check_out(out, G, cap_s, cap_r, g, T, device) -> None:
         raise ValueError(f"out must be built for g={g}, T={T}; got out.g={out.g}, out.T={out.T}")
 
 
+def output_sets(indices: torch.Tensor, g: int, out: UnionSets | None = None) -> UnionSets:
+    """The builders' output: ``out`` checked against ``indices`` and ``g`` (same T, g, caps, device), or a new
+    ``-1``-filled :class:`UnionSets` (shared by the Triton and the CUDA builder).
+
+    Raises:
+        ValueError: ``out`` not built for these indices (one line).
+    """
+    T, topk = indices.shape
+    G = -(-T // g)
+    cap_s, cap_r = union_caps(topk, g)
+    if out is None:
+        return _empty_sets(G, cap_s, cap_r, g, T, indices.device)
+    _check_out(out, G, cap_s, cap_r, g, T, indices.device)
+    return out
+
+
 def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int, *,
                 out: UnionSets | None = None, num_programs: int | None = None, scratch: torch.Tensor | None = None,
                 block: int = 1024, num_warps: int = 4) -> UnionSets:
@@ -431,13 +447,10 @@ def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
         raise ValueError(f"indices must be contiguous along topk (stride 1); got indices.stride()={indices.stride()}")
     if isinstance(block, bool) or not isinstance(block, int) or block < 64 or block & (block - 1):
         raise ValueError(f"block must be a power of two >= 64; got block={block!r}")
+    out = output_sets(indices, g, out)
     T, topk = indices.shape
-    G = -(-T // g)
-    cap_s, cap_r = union_caps(topk, g)
-    if out is None:
-        out = _empty_sets(G, cap_s, cap_r, g, T, dev)
-    else:
-        _check_out(out, G, cap_s, cap_r, g, T, dev)
+    G = out.num_groups
+    cap_s, cap_r = out.shared_idx.shape[1], out.rest_idx.shape[1]
     P = _default_programs(dev) if num_programs is None else num_programs
     if isinstance(P, bool) or not isinstance(P, int) or P < 1:
         raise ValueError(f"num_programs must be an int >= 1; got num_programs={num_programs!r}")

@@ -41,7 +41,7 @@ import functools
 import torch
 
 from .index_sets import causal_indices, overlap_indices
-from .union import UnionSets, _check_out, _empty_sets, _validate, build_union, build_union_ref, union_caps
+from .union import UnionSets, _validate, build_union, build_union_ref, output_sets
 
 __all__ = ["build_union_cuda", "union_mismatch", "CUDA_SOURCE", "EXTENSION_NAME", "THREADS", "MAX_WINDOW", "main"]
 
@@ -377,13 +377,9 @@ def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g:
     s_kv_k = min(s_kv, 2**31 - 1)  # keys are int32: every non-negative key is below it
     win = _check_cuda_args(indices, g, s_kv_k, window)
     dev = indices.device
+    out = output_sets(indices, g, out)
     T, topk = indices.shape
-    G = -(-T // g)
-    cap_s, cap_r = union_caps(topk, g)
-    if out is None:
-        out = _empty_sets(G, cap_s, cap_r, g, T, dev)
-    else:
-        _check_out(out, G, cap_s, cap_r, g, T, dev)
+    G = out.num_groups
     if G == 0 or topk == 0:
         for t in (out.shared_len, out.rest_len, out.union_len):
             t.zero_()
@@ -394,7 +390,7 @@ def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g:
         _extension().union_build(
             idx.data_ptr(), 0 if lens is None else lens.data_ptr(), out.shared_idx.data_ptr(),
             out.shared_len.data_ptr(), out.rest_idx.data_ptr(), out.rest_mask.data_ptr(), out.rest_len.data_ptr(),
-            out.union_len.data_ptr(), idx.stride(0) // 4, T, idx.shape[1] // 4, s_kv_k, G, g, win, cap_s, cap_r,
+            out.union_len.data_ptr(), idx.stride(0) // 4, T, idx.shape[1] // 4, s_kv_k, G, g, win, out.shared_idx.shape[1], out.rest_idx.shape[1],
             torch.cuda.current_stream(dev).cuda_stream)
     return out
 
