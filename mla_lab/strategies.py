@@ -34,7 +34,7 @@ import torch
 
 from .buffers import QConcatWorkspace, padded_num_heads
 from .kernels import concat_mla_q, sparse_mla_prefill
-from .placement import Strategy, parse_strategy, real_strategies, resolve_strategy
+from .placement import Strategy, as_strategy, parse_strategy, real_strategies, resolve_strategy
 
 __all__ = ["PaddedQPath", "make_strategy", "stale_fill", "equivalence_check", "REAL_STRATEGIES",
            "real_strategies"]
@@ -78,7 +78,7 @@ class PaddedQPath:
                  kv_cache_dtype: str = "bf16", head_size: int = 576, device="cpu", dtype=None,
                  kernel_backend: str = "auto", concat_backend: str = "auto", fill_stale=None,
                  reuse_pad_block: bool = False, capture_graph: bool = True):
-        self.spec = parse_strategy(strategy)
+        self.spec = as_strategy(strategy)
         if not self.spec.padded:
             raise ValueError(f"strategy={self.spec.name!r} cannot be run on tensors; allowed: "
                              f"{list(REAL_STRATEGIES)} ('kernel_native' and 'fa3_sparse' are modelled only)")

@@ -1,10 +1,10 @@
 """Check the engine facts the lab relies on against a release wheel, by reading its Python sources with ``ast``.
 
 A release wheel is a zip file; this module opens it with :mod:`zipfile`, reads the ``.py`` files the presets cite
-(:attr:`mla_lab.engines.versions.Source.path`) and parses them with :mod:`ast`. It never installs or imports the
+(:attr:`mla_lab.engines.record.Source.path`) and parses them with :mod:`ast`. It never installs or imports the
 engine (vLLM 0.33.0 pins torch 2.14 and ships CUDA libraries; importing it is neither needed nor wanted).
 
-How one :class:`~mla_lab.engines.versions.Source` is checked (structure, not text: no regular expression on prose):
+How one :class:`~mla_lab.engines.record.Source` is checked (structure, not text: no regular expression on prose):
 
 1. **scope**: ``""`` is the whole module; ``"Cls.method"`` / ``"function"`` is that class / function (nested
    definitions are found by their dotted name); a module-level variable name (``DEFAULT_..._ARCHITECTURES``,
@@ -39,7 +39,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .versions import ENGINE_PRESETS, EngineVersion, Source, engine_version, version_facts
+from .record import EngineVersion, Source
+from .registry import ENGINE_PRESETS, engine_version, version_facts
 
 __all__ = ["FactResult", "check_source", "check_wheel", "find_wheel", "download_wheel", "write_report",
            "format_report", "wheel_version"]
@@ -211,11 +212,11 @@ def check_wheel(wheel: str | Path) -> dict:
     Returns:
         ``{"engine", "version", "wheel", "wheel_built" (the newest zip entry's date), "counts" {status: n} (of the
         presets' facts), "facts": [FactResult.as_dict()], "lab_claims": [FactResult.as_dict() + still_holds]}``
-        (``lab_claims``: what the lab's PR-era presets relied on, :data:`mla_lab.engines.versions.LAB_CLAIMS`).
+        (``lab_claims``: what the lab's PR-era presets relied on, :data:`mla_lab.engines.LAB_CLAIMS`).
 
     Raises:
         ValueError: no file at ``wheel``, not a zip, or an engine version the lab does not describe
-            (:func:`mla_lab.engines.versions.engine_version` names those it does).
+            (:func:`mla_lab.engines.engine_version` names those it does).
     """
     p = Path(wheel)
     if not p.is_file():
