@@ -20,42 +20,38 @@ from ..placement import (
     BASELINE,
     FORCED_TODAY,
     advise_candidates,
+    as_strategy,
     engine_strategies,
     engine_summary,
     expand,
-    parse_strategy,
     preset_label,
     preset_of,
     resolve_engine,
     strategy_notes,
+    today_engines,
 )
 from ..serving.benchmark import options_summary
 from .rows import Row, between_process_changes, measured_changes, measured_withheld, price
 
 __all__ = ["DEFAULT_ENGINE", "strategy_engine", "strategy_label", "engine_group", "advise", "frontier",
-           "format_advice", "TODAY_ENGINES", "engines_block"]
-
-#: Engine versions every advice describes (today's releases; ``--engine`` puts another first).
-TODAY_ENGINES = ("vllm@0.33.0", "vllm@0.33.0-flashmla", "sglang@0.5.23")
+           "format_advice", "engines_block"]
 
 
 def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
-    """:func:`mla_lab.placement.engine_summary` of ``engine`` (first, if given) and :data:`TODAY_ENGINES` for the
+    """:func:`mla_lab.placement.engine_summary` of ``engine`` (first, if given) and today's engine versions (:func:`mla_lab.placement.today_engines`) for the
     deployment ``d``.
 
     Raises:
         ValueError: a bad engine name (one line, the allowed values).
     """
-    names = list(dict.fromkeys(([resolve_engine(engine)] if engine else []) + list(TODAY_ENGINES)))
-    sm = "sm90" if d.arch.capability[0] == 9 else "sm100" if d.arch.capability[0] == 10 else d.arch.sm
-    return [engine_summary(n, d.model, d.model.topk, d.num_heads, sm, d.kv_cache_dtype, d.prompt_len,
-                           d.max_num_batched_tokens, d.num_prompts) for n in names]
+    names = list(dict.fromkeys(([resolve_engine(engine)] if engine else []) + today_engines()))
+    return [engine_summary(n, d) for n in names]
 
 
 #: The engine version ``advise`` answers within when ``--engine`` is not given (issue 39: one answer per engine;
-#: vLLM's release the lab read, ``mla_lab/engines/versions.py``).
+#: vLLM's release the lab read, ``mla_lab/engines/presets/vllm_0_33_0.py``).
 DEFAULT_ENGINE = "vllm@0.33.0"
-#: Route rule (:data:`mla_lab.routes.ENGINE_RULES`) -> the engine version whose code it reads. ``vllm-fa3`` is FA3
+#: Route rule (:func:`mla_lab.routes.rules`) -> the engine version whose code it reads. ``vllm-fa3`` is FA3
 #: sparse as PR #46189 added it (always sparse, PR-era); ``sglang-dense`` / ``sglang-flashmla`` are SGLang 0.5.23 with
 #: its prefill CUDA graphs off / flashmla_sparse forced; ``vllm-flashmla`` the PR-era FLASHMLA_SPARSE path.
 RULE_ENGINE = {"vllm-0.33.0": "vllm@0.33.0", "vllm-0.33.0-flashmla": "vllm@0.33.0", "vllm-0.24.0": "vllm@0.24.0",
@@ -74,14 +70,14 @@ def strategy_engine(strategy) -> str:
     (``vllm@0.33.0``, ``vllm@pr46189``, ``sglang@0.5.23``, ``vllm@pr53878-before`` / ``vllm@pr53878`` /
     ``vllm@56902`` for the PR-era presets and ``vllm@pr53878`` for the lab's proposals on the PR-era routes;
     ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for ``packed``, the lab's own kernel)."""
-    st = parse_strategy(strategy)
+    st = as_strategy(strategy)
     if st.rule is None:
         return "modelled"
     if st.rule == "vllm-flashmla" and st.placement == "per_call_empty":
         return "vllm@pr53878-before"
     if st.rule == "vllm-flashmla" and st.placement == "shared_workspace" and st.zero_policy == "none":
         return "vllm@56902"
-    return RULE_ENGINE.get(st.rule, st.rule)
+    return RULE_ENGINE.get(st.rule) or st.engine or st.rule  # a version registered later: its own record
 
 
 def engine_group(engine: str) -> str:
@@ -92,7 +88,7 @@ def engine_group(engine: str) -> str:
 def strategy_label(strategy) -> str:
     """The strategy as outputs print it: its name with the engine version it is priced as
     (``fa3_sparse@vllm-pr46189`` vs ``fa3_sparse@vllm-0.33.0``); a name that already says its rule stays."""
-    st = parse_strategy(strategy)
+    st = as_strategy(strategy)
     if "@" in st.name:
         return st.name
     if st.rule == "sglang-flashmla":  # SGLang 0.5.23 with flashmla_sparse forced, not its default
@@ -123,7 +119,7 @@ def _candidates(d: Deployment, strategies, engine: str | None, packed: str, with
     engine = resolve_engine(engine if engine is not None else DEFAULT_ENGINE)
     group = engine_group(engine)
     names = list(strategies if strategies is not None else advise_candidates(d.max_num_batched_tokens))
-    for e in (engine, *TODAY_ENGINES):  # today's engines' own paths: listed beside the answer (or in it)
+    for e in (engine, *today_engines()):  # today's engines' own paths: listed beside the answer (or in it)
         names += engine_strategies(e)
     if group == "vllm@0.33.0":  # the engine's default and forced paths, and the lab's proposals on its routes
         names += engine_strategies("vllm@0.33.0-flashmla") + [f"{s}@vllm-0.33.0-flashmla" for s in FORCED_TODAY]
@@ -295,7 +291,7 @@ _NOTE_MEASURED = ("ranked by the modelled TTFT (full_layer scope, content factor
                   "(data/measured/h200/between_process/presets.csv), elsewhere one process's 95 % interval of its "
                   "rounds (the measured sweep); memory exact (byte accounting); a negative extra = a workspace "
                   "smaller than the baseline's unpadded Q buffer")
-#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab.engines.versions``: FA4 for bf16 KV at <= 16 heads,
+#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab/engines/presets/vllm_0_33_0.py``: FA4 for bf16 KV at <= 16 heads,
 #: FlashInfer for fp8 KV): the name the FA3-sparse placement takes in a label there.
 SM100_REAL_HEAD = {"FLASH_ATTN_MLA_SPARSE_FA4": "fa4_sparse", "FLASHINFER_MLA_SPARSE": "flashinfer_sparse"}
 
@@ -322,7 +318,7 @@ def _on_this_gpu(kept: list[dict], excluded: list[dict], d: Deployment, engines:
         out.append(s)
     if real:
         notes.append(f"{real}@vllm-0.33.0 = vLLM 0.33.0's {backend} on {d.arch.sm} with the real {d.num_heads} heads "
-                     "(no padding; mla_lab/engines/versions.py); its kernel is priced with FA3 sparse's model, "
+                     "(no padding; mla_lab/engines/presets/vllm_0_33_0.py); its kernel is priced with FA3 sparse's model, "
                      "nothing ran on a B200")
     return out, notes
 
