@@ -263,10 +263,10 @@ def _check_rule_args(vllm_version, max_model_len, mtp_layers) -> None:
 def _accounts(d: Deployment, rank: RankView, strategies, shared: int) -> dict:
     """``{name: MemoryAccount}`` of the baseline and ``strategies`` at the deployment's prompt length (a strategy
     whose route is dense MHA there pads nothing: :func:`mla_lab.buffers.memory_account`)."""
-    names = [st.name for st in expand(strategies if strategies is not None else STRATEGIES)]
-    return {s: memory_account_of(rank, s, shared, d.prompt_len,
-                                 union_bytes=packed_union_bytes(rank, d.prompt_len) if s.startswith("packed") else None)
-            for s in dict.fromkeys([BASELINE] + names)}
+    sts = expand(strategies if strategies is not None else STRATEGIES)
+    sts = sts if any(st.name == BASELINE for st in sts) else [*expand(BASELINE), *sts]
+    return {st.name: memory_account_of(rank, st, shared, d.prompt_len, union_bytes=packed_union_bytes(
+        rank, d.prompt_len) if st.placement == "packed" else None) for st in sts}
 
 
 def _costs(accounts: dict, per_tok: int, capacity: float) -> dict:

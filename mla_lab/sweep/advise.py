@@ -145,12 +145,12 @@ def _measured(rows: list[Row], d: Deployment, measured) -> tuple[dict, str]:
     ch = measured_changes(measured, d)
     out = {n: (v["change_pct"], v["ci_lo"], v["ci_hi"], "one process, 95 % interval of its rounds")
            for n, v in ch.items() if BASELINE in ch and v["change_pct"] is not None}
-    for n, v in between_process_changes(d, list(by)).items():
+    for n, v in between_process_changes(d, [r.strategy for r in rows]).items():
         out[n] = (v["median"], v["lo"], v["hi"], f"{v['n_processes']} fresh processes, [min, max]")
     keys = ("measured_change_pct", "measured_ci_lo", "measured_ci_hi", "measured_basis")
     return ({n: dict(zip(keys, v)) for n, v in out.items()
-             if n in by and not measured_withheld(d, n, {n: by[n], BASELINE: by[BASELINE]})},
-            measured_withheld(d, BASELINE, {BASELINE: by[BASELINE]}))
+             if n in by and not measured_withheld(d, by[n].strategy, {n: by[n], BASELINE: by[BASELINE]})},
+            measured_withheld(d, by[BASELINE].strategy, {BASELINE: by[BASELINE]}))
 
 
 def _summary(r: Row, reason: str, meas: dict) -> dict:
@@ -244,7 +244,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     d, budget = deployment, {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens}
     packed = packed_strategy(packed_overlap)  # checks the overlap (one line) before anything is priced
     cands, engine, group = _candidates(d, strategies, engine, packed, strategies is None or packed_overlap is not None)
-    mem = memory_tradeoff(d, strategies=[BASELINE, *cands])  # the one memory account of this advice
+    mem = memory_tradeoff(d, strategies=cands)  # the one memory account of this advice (the baseline's included)
     _check_fits(d, mem)  # a request that cannot be held is refused before pricing (a billion-token prompt: minutes)
     _check_budgets(**budget)
     rows = price(d, cands, memory=mem)

@@ -27,7 +27,7 @@ from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
 from ..models import model_config_path
 from ..paths import calibration_dir, measured_dir, read_measured_csv
-from ..placement import BASELINE, LEGACY_MEASURED, Strategy, expand, parse_strategy, preset_of
+from ..placement import BASELINE, LEGACY_MEASURED, Strategy, as_strategy, expand, parse_strategy, preset_of
 from ..provenance import provenance
 from ..workload import schedule
 
@@ -38,6 +38,7 @@ __all__ = ["Row", "price", "modelled_rows", "measured_rows", "compute_rows", "fi
 
 MODES = ("modelled", "measured")
 NAN = float("nan")
+_BASE = parse_strategy(BASELINE)
 
 
 def time_attention_path(*args, **kwargs):
@@ -177,7 +178,8 @@ def price(deployment: Deployment, strategies, *, calibration=None, memory: dict 
         ValueError: an unknown strategy (one line); as the model functions.
     """
     d, cal = deployment, resolve_calibration(calibration)
-    sts = expand([BASELINE, *strategies])
+    sts = expand(strategies)
+    sts = [_BASE, *(st for st in sts if st.name != BASELINE)]
     mem = memory if memory is not None else memory_tradeoff(d, strategies=sts)
     notes = {"kernel_rate_source": kernel_rate_tflops(d.arch, cal)[1]}
     rows = []
@@ -348,23 +350,24 @@ MEMORY_COLUMNS = ("q_concat_heads", "kernel_heads", "persistent_bytes", "persist
 MEASURED_ROUTE = "sparse-mqa"
 
 
-def measured_withheld(d: Deployment, strategy: str, fits: dict | None = None) -> str:
+def measured_withheld(d: Deployment, strategy: Strategy | str, fits: dict | None = None) -> str:
     """Why a measured change of ``strategy`` (against :data:`mla_lab.placement.BASELINE`) must not be shown for the
     deployment ``d``: "" when it may. A measured row timed :data:`MEASURED_ROUTE`; where the deployment's route
     (:func:`mla_lab.model.routes.step_route`, every step of its schedule) is another for the strategy or the
     baseline (e.g. DeepSeek-V3.2 at 1024-token prompts: dense MHA, vLLM #47327), the measured kernel does not run
     there; where the deployment or the strategy does not fit (``fits``: ``{strategy name: Row}``), nothing is
     priced at all (issue 39)."""
-    order = tuple(dict.fromkeys((BASELINE, strategy)))  # the deployment's own reason first: one line for all rows
+    st = as_strategy(strategy)
+    order = (_BASE, st) if st.name != BASELINE else (_BASE,)  # the deployment's own reason first: one line for all
     for s in order:
-        if fits and s in fits and not fits[s].fits_in_memory:
-            who = "the deployment" if s == BASELINE else strategy
-            return f"{who} does not fit ({fits[s].fit_reason}): no measured number"
+        if fits and s.name in fits and not fits[s.name].fits_in_memory:
+            who = "the deployment" if s.name == BASELINE else st.name
+            return f"{who} does not fit ({fits[s.name].fit_reason}): no measured number"
+    steps = schedule(d.workload, d.max_num_batched_tokens)
     for s in order:
-        routes = {step_route(d.model, s, st) for st in schedule(d.workload, d.max_num_batched_tokens)}
-        other = sorted(routes - {MEASURED_ROUTE})
+        other = sorted({step_route(d.model, s, step) for step in steps} - {MEASURED_ROUTE})
         if other:
-            who = f"the baseline ({s})" if s == BASELINE else s
+            who = f"the baseline ({s.name})" if s.name == BASELINE else s.name
             return (f"{who} takes {', '.join(other)} here, not the measured {MEASURED_ROUTE} kernel: the measured "
                     "change does not apply")
     return ""
@@ -569,20 +572,20 @@ def between_process_changes(deployment: Deployment, strategies, path=None) -> di
         return {}
     n_steps = len(schedule(d.workload, d.max_num_batched_tokens))
 
-    def ttft(name, x):
-        return predict_ttft(d, name, attention_override_ms=[x] * n_steps)["ttft_ms_mean"]
+    def ttft(st, x):
+        return predict_ttft(d, st, attention_override_ms=[x] * n_steps)["ttft_ms_mean"]
 
     out = {}
     # a strategy whose route here is not the measured kernel's gets no measured number (issue 39)
-    names = [n for n in (s if isinstance(s, str) else s.name for s in strategies) if not measured_withheld(d, n)]
+    sts = {st.name: st for st in map(as_strategy, strategies) if not measured_withheld(d, st)}
     # each file pairs its strategies with the baseline timed in the same processes; the first file wins
     for f in ([path] if path else [None, BETWEEN_PROCESS_STRATEGIES]):
         ms = _between_process_seed_ms(f)
         if BASELINE not in ms:
             continue
-        base = {k: ttft(BASELINE, x) for k, x in ms[BASELINE].items()}
-        for name in (n for n in names if n not in out and n in ms):
-            ch = sorted(100.0 * (ttft(name, x) / base[k] - 1) for k, x in ms[name].items() if k in base)
+        base = {k: ttft(_BASE, x) for k, x in ms[BASELINE].items()}
+        for name in (n for n in sts if n not in out and n in ms):
+            ch = sorted(100.0 * (ttft(sts[name], x) / base[k] - 1) for k, x in ms[name].items() if k in base)
             n = len(ch)
             if n >= 2:
                 mid = ch[n // 2] if n % 2 else 0.5 * (ch[n // 2 - 1] + ch[n // 2])
