@@ -86,18 +86,13 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.data.load_measured`) or None.
 
     Returns:
-        dict with ``num_heads`` (per rank), ``prefill_padding``, ``padded_heads`` (the workspace heads vLLM's rule
-        gives: H' for bf16, H for fp8), ``workspace_bytes``/``workspace_mib`` (persistent Q workspace of
-        ``strategy``), ``extra_bytes``/``extra_mib`` (vs the baseline, ``per_call_empty:zeros``), ``kv_tokens_lost``, ``per_strategy`` (list of
-        dicts: strategy, persistent_bytes, workspace_mib, peak_bytes, ttft_ms, ttft_ms_max, ttft_change_pct,
-        measured_ttft_ms and measured_change_pct (:func:`mla_lab.sweep.rows.measured_changes`: the measured
-        change against the baseline timed in the same process, never against the modelled baseline) or None,
-        fits_in_memory, fit_reason), ``ttft_scope``, ``num_steps``, ``fits_in_memory``,
-        ``fit_reason``, ``measured`` (matching rows or None) and ``selection``. A deployment that does not fit
-        (``fits_in_memory`` False: its weights leave no KV cache, or its workload exceeds the KV capacity) has no
-        TTFT or memory number: every workspace/extra/KV/TTFT field, top-level and per strategy, is None (and
-        ``measured`` None); ``fit_reason`` says why. A strategy row that does not fit on its own (its workspace
-        costs the KV tokens the workload needs) has its numbers None the same way.
+        ``{"selection", "num_heads" (per rank), "prefill_padding", "padded_heads" (H' for bf16, H for fp8),
+        "workspace_bytes" / "workspace_mib" (``strategy``'s persistent Q workspace), "extra_bytes" / "extra_mib"
+        (vs the baseline), "kv_tokens_lost", "kv_capacity_pct_lost", "kv_capacity_tokens", "per_strategy" (one dict
+        per strategy: heads, bytes, TTFT and its change, the measured ms and change or None, fits_in_memory,
+        fit_reason), "ttft_scope", "num_steps", "fits_in_memory", "fit_reason", "measured" (matching rows or None),
+        "engines"}``. Where the deployment (or one strategy) does not fit, its memory and TTFT numbers are None and
+        ``fit_reason`` says why.
 
     Raises:
         ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` prefill steps; ``measured`` not a

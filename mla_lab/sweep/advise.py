@@ -227,14 +227,13 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
             ``lab_kernels``, not ranked; ``packed`` in the result says how its steps were priced.
 
     Returns:
-        ``{"deployment", "budget", "engine", "engine_group", "recommendation": summary | None, "alternatives",
-        "other_engines", "excluded" (with a reason), "modelled_only" (``kernel_native``: shown, never ranked),
-        "lab_kernels", "packed", "frontier": [strategy names], "engines": [engine_summary rows], "kv_capacity"
-        (the baseline's, term by term: :func:`mla_lab.model.memory.kv_capacity_terms`), "deployment_options",
-        "arch_sm", "arch_notes", "comm_source", "measured_withheld", "note"}``; each summary: strategy, engine,
-        label, preset, preset_label, ttft_ms, ttft_change_pct (vs :data:`mla_lab.placement.BASELINE`),
-        persistent_mib, extra_persistent_mib, call_transient_mib, kv_tokens_lost, kv_capacity_pct_lost,
-        kv_capacity_tokens, ttft_source, memory_source, reason, the measured columns (or None), on_frontier.
+        ``{"deployment", "budget", "engine", "engine_group", "recommendation" (a summary or None), "alternatives",
+        "other_engines", "excluded" (with the reason), "modelled_only" (``kernel_native``, never ranked),
+        "lab_kernels", "packed", "frontier" (names), "engines" (:func:`engines_block`), "kv_capacity" (the
+        baseline's, term by term), "deployment_options", "arch_sm", "arch_notes", "comm_source",
+        "measured_withheld", "note"}``; a summary holds the strategy, its engine and label, preset, TTFT (ms) and
+        its change (%), persistent / extra / call MiB, KV tokens lost and % of capacity, the measured columns (or
+        None), the reason and ``on_frontier``.
 
     Raises:
         ValueError: a bad deployment argument, engine, overlap or budget (one line); a deployment whose weights or

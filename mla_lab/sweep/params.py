@@ -29,46 +29,24 @@ DEFAULT_STRATEGIES = list(SWEEP_STRATEGIES)
 
 @dataclass
 class SweepParams:
-    """Sweep parameters (the notebook's ``parameters`` cell holds the same names).
+    """Sweep parameters (the notebook's ``parameters`` cell holds the same names; vLLM's spellings are aliases:
+    :data:`VLLM_ALIASES`).
 
     Attributes:
-        models: model names under ``data/models`` (``glm-5``, ``deepseek-v3.2``).
-        tp_sizes: TP sizes; each must divide every model's num_attention_heads (else the point fails, recorded).
-            Default ``[8]``: the fp8 weights of GLM-5 and DeepSeek-V3.2 need 176-697 GiB per rank at TP 1-4, more
-            than an H200 or a B200 holds, so only TP8 loads (a smaller TP is listed as ``does_not_fit``, never
-            priced).
-        archs: arch names or aliases (``h200``, ``b200``, ``hopper``, ``blackwell``...).
-        max_num_batched_tokens: chunk sizes (vLLM ``--max-num-batched-tokens``), also the workspace rows.
-        prompt_lens: prompt lengths in tokens.
-        kv_cache_dtype: ``bf16`` or ``fp8`` (or a list of both).
-        num_prompts, concurrency: the workload (default: the PR's 32 prompts at concurrency 32).
-        strategies: engine presets (``vllm-pre-53878``, ``vllm-53878``, ``vllm-56902``, ``sglang-dense``,
-            ``kernel-native``), canonical strategies (``private_workspace``, ``subchunk:4096``... :mod:`mla_lab.placement`)
-            or the first version's ``unfused`` / ``fused`` (aliases of vllm-pre-53878 / vllm-53878); expanded to
-            canonical names. The baseline (``per_call_empty:zeros``) is always priced.
-        num_runs: interleaved repeats of each measured strategy (>= 5 for an interval; default 7).
-        shared_workspace_bytes: the shared workspace's size from its other users (null: the fused-MoE scratch at
-            max_num_batched_tokens, :func:`mla_lab.buffers.shared_workspace_other_bytes`).
-        gpu_memory_utilization: vLLM's ``--gpu-memory-utilization`` (the KV-cache budget, default 0.9).
-        output_len, max_num_seqs, request_rate, seed: the serving simulation's ``--random-output-len`` (128),
-            ``--max-num-seqs`` (256), ``--request-rate`` (``inf`` or requests/s) and ``--seed`` (0; vllm bench
-            serve's, the arrival times) for the report's serving section and its advice.
-
-    vLLM's spellings are accepted as aliases (:data:`VLLM_ALIASES`), with dashes or underscores.
-        device: ``auto`` (GPU if torch sees one, else CPU), ``cpu`` (modelled only) or ``cuda`` (measure; error if no
-            GPU). Measured rows are produced only for archs whose family matches the running GPU.
-        store_dir: where point files go; data_file: the tidy CSV written at the end; report_dir: charts.
-        check_equivalence: run fused and unfused on small CPU shapes and compare outputs.
-        force: recompute points already stored.
-        overwrite: let ``data_file`` replace an existing file the lab did not write (default False: refused).
-        executor: ``local`` (points in this process, the default) or ``ray`` (points as Ray tasks:
-            :mod:`mla_lab.sweep.executors`; needs the ``ray`` extra).
-        ray_address: Ray cluster to join with ``executor="ray"`` (``auto``, ``host:6379``, ``ray://host:10001``);
-            null starts a local Ray instance.
-        weight_dtype: ``fp8`` (default: the PR ran GLM-5.2-FP8, and DeepSeek-V3.2 ships fp8 weights) or ``bf16``;
-            moe_parallel: ``ep`` (default: expert parallelism over the TP ranks, vLLM ``-ep`` as in the PR) or
-            ``tp`` (every expert sharded over TP). Both enter the TTFT model (:mod:`mla_lab.model`) and the
-            KV-capacity columns; bf16 weights of these models do not fit an H200 at TP <= 8.
+        models, archs: names under ``data/models`` / GPU names or aliases. tp_sizes: default ``[8]``, the one TP at
+            which the fp8 weights of GLM-5 and DeepSeek-V3.2 load on an H200 or a B200 (a smaller TP is listed as
+            ``does_not_fit``, never priced). max_num_batched_tokens, prompt_lens: the other grid axes (tokens).
+        kv_cache_dtype: ``bf16`` / ``fp8`` or a list of both. weight_dtype (``fp8``), moe_parallel (``ep``): the
+            PR's. num_prompts, concurrency: the workload (the PR's 32 at 32). gpu_memory_utilization: vLLM's (0.9).
+        strategies: door names (presets, engine versions, canonical names, the first version's ``unfused`` /
+            ``fused``), expanded to canonical names; the baseline is always priced.
+        num_runs: interleaved repeats of each measured strategy (>= 5 for an interval). shared_workspace_bytes: the
+            shared workspace's other users (null: the fused-MoE scratch).
+        output_len, max_num_seqs, request_rate, seed: the serving simulation's (``vllm bench serve``'s).
+        device: ``auto``, ``cpu`` (modelled only) or ``cuda`` (measured rows for archs of the running GPU's family).
+        store_dir, data_file, report_dir: point files, the CSV, charts. check_equivalence: compare fused and unfused
+            on CPU shapes. force: recompute stored points. overwrite: let ``data_file`` replace a file the lab did
+            not write. executor: ``local`` or ``ray`` (:mod:`mla_lab.sweep.executors`); ray_address: its cluster.
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])

@@ -49,22 +49,12 @@ def time_attention_path(*args, **kwargs):
 
 @dataclass
 class Row:
-    """One (deployment, strategy), priced: bytes per rank, ms, KV tokens per rank.
-
-    Attributes:
-        deployment, strategy: what was priced (a :class:`~mla_lab.placement.Strategy`).
-        memory: the Q path's bytes (:class:`~mla_lab.buffers.MemoryAccount`, the strategy's route at this prompt
-            length: dense MHA pads nothing).
-        extra_persistent_bytes, kv_tokens_lost: persistent bytes over :data:`~mla_lab.placement.BASELINE`'s, and
-            as KV-cache tokens. kv_capacity_tokens (>= 0), kv_capacity_pct_lost (nan at no capacity),
-            weights_bytes_per_rank, shared_workspace_bytes: the account's.
-        fits_in_memory, fit_reason: whether the weights and the workload's KV tokens fit, and why not.
-        ttft_ms, ttft_ms_max, num_steps, ttft_scope, calibration, comm_source: the TTFT and what priced it; ops_ms:
-            the attention path's ms per op (:data:`~mla_lab.model.ops.ATTN_OPS`; modelled rows only).
-        ttft_change_pct: against the baseline's row of the same call. source: ``modelled`` / ``measured``.
-        notes: more columns (a modelled row's kernel-rate source and content note; a measured row's intervals,
-            attention-path timings and backends).
-    """
+    """One (deployment, strategy), priced (bytes and KV tokens per rank, ms). ``memory``: the Q path's bytes on
+    the strategy's route at this prompt length (:class:`~mla_lab.buffers.MemoryAccount`); ``extra_persistent_bytes``
+    / ``kv_tokens_lost``: over :data:`~mla_lab.placement.BASELINE`'s; ``kv_capacity_pct_lost`` nan at no capacity;
+    ``fit_reason`` says why the weights or the workload's KV tokens do not fit; ``ops_ms``: attention-path ms per op
+    (modelled rows); ``ttft_change_pct`` against the baseline's row; ``notes``: more columns (a modelled row's
+    kernel-rate source and content note, a measured row's intervals, timings and backends)."""
 
     deployment: Deployment
     strategy: Strategy
@@ -269,14 +259,10 @@ def _measured_notes(d: Deployment, name: str, steps, per_step, rounds: dict, run
 
 
 def measured_rows(point: dict, calibration=None) -> list[dict]:
-    """Measured rows for one grid point on the running GPU: every real strategy of the point (and the baseline).
-
-    The attention path is measured for every distinct step of the point's workload (identical steps once),
-    ``num_runs`` interleaved rounds per strategy (:func:`mla_lab.measure.attention.time_attention_path`); TTFT is
-    the modelled TTFT with each step's attention path replaced by the measured median (``ttft_scope`` says so).
-    Each round also gives a TTFT, so rows carry the TTFT's 95 % interval (``ttft_ms_ci_lo/hi``) and the change's
-    interval from the rounds paired with the baseline's (``ttft_change_ci_lo/hi``); ``change_measurable`` is False
-    when that interval holds 0.
+    """Measured rows of one grid point on the running GPU (every real strategy and the baseline): the attention
+    path timed per distinct step, ``num_runs`` interleaved rounds (:func:`time_attention_path`), spliced into the
+    modelled TTFT; each round gives a TTFT, so rows carry its 95 % interval and the change's interval from the
+    rounds paired with the baseline's (``change_measurable``: that interval excludes 0).
 
     Raises:
         RuntimeError: no CUDA GPU; ValueError: the point's arch family differs from the running GPU's, or the KV
@@ -465,18 +451,13 @@ def _rechange(out) -> None:
 
 
 def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
-    """Re-derive the TTFT columns of measured rows with the current model (the measured attention path per step,
-    ``attn_path_ms_steps``, stays as measured), and their analytic memory columns (:data:`MEMORY_COLUMNS`) with
-    the current account, so a measured row states the same bytes as the modelled row of its point.
-    ``weight_dtype`` / ``moe_parallel`` set the layer options for every row (default: the row's own columns, else
-    the seed's fp8 / ep); the rows record them. Rows without the per-step list fall back to
-    ``attn_path_ms_step0`` only when every step of their workload has the same shape, else they are left unchanged
-    and marked in ``ttft_note``.
-
-    Rows of the first version (no ``placement`` column) name what was measured then: ``unfused`` was a
-    ``new_zeros`` pad per call and ``fused`` a zero-initialised private workspace; they are relabelled
-    ``per_call_zeros`` and ``private_workspace`` (``legacy_strategy`` keeps the old name), and their change is
-    taken against ``per_call_zeros``, the baseline they were measured with. Returns a new DataFrame."""
+    """Measured rows (a DataFrame) re-derived with the current model, as a new DataFrame: TTFT around the measured
+    attention path per step (``attn_path_ms_steps``; ``attn_path_ms_step0`` only where every step has one shape,
+    else ``ttft_note`` says why TTFT stays), the analytic memory columns (:data:`MEMORY_COLUMNS`) from today's
+    account, ``measured_withheld``, the change against the baseline and the between-process change where it
+    exists. ``weight_dtype`` / ``moe_parallel``: every row's layer options (default the row's, else the seed's fp8 /
+    ep). First-version rows (no ``placement``) are relabelled (``unfused`` -> ``per_call_zeros``, ``fused`` ->
+    ``private_workspace``; ``legacy_strategy`` keeps the name) and changed against ``per_call_zeros``."""
     out = df.copy()
     if out.empty or "source" not in out.columns:
         return out
@@ -496,11 +477,8 @@ def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str
     return out
 
 
-#: Where the committed between-process rows measured a row's deployment (median and [min, max] over >= 5 fresh
-#: processes), :func:`reprice_measured_rows` writes that change into the row's ``ttft_change_pct`` /
-#: ``ttft_change_ci_lo`` / ``ttft_change_ci_hi`` (``measured_basis`` says so) and keeps the sweep's own one-process
-#: figures in these columns: every view (heatmap, TP bars, frontier, tables, advise, the explorer) then states one
-#: measured change per cell, the seed answer's (issue 39: the heatmap said -1.6 % where the table said -1.8 %).
+#: Where the between-process rows measured a deployment, its change columns hold theirs (``measured_basis`` says
+#: so) and the sweep's one-process figures move here: every view states one measured change per cell (issue 39).
 ONE_PROCESS_COLUMNS = ("one_process_change_pct", "one_process_ci_lo", "one_process_ci_hi")
 
 
@@ -559,14 +537,10 @@ def _is_seed_step(d: Deployment) -> bool:
 
 def between_process_changes(deployment: Deployment, strategies, path=None) -> dict:
     """The TTFT change against :data:`mla_lab.placement.BASELINE` with the attention path measured in >= 5 fresh
-    processes (the rest modelled), for a deployment whose attention step is the one measured (8 heads per rank,
-    head_size 576, topk 2048, 16384 batched tokens, 1024-token prompts, an H200, bf16 KV cache).
-
-    Per process: that process's median attention-path ms (interleaved rounds) in every step, the TTFT model
-    around it (:func:`mla_lab.model.ttft.predict_ttft` with ``attention_override_ms``), the change against the
-    baseline's of the same process; then the median and ``[min, max]`` over processes (the between-process
-    interval; :mod:`mla_lab.measure.spread`). Returns ``{strategy name: {"median", "lo", "hi", "n_processes"}}``
-    (``{}`` where the deployment is not the measured one or the file is absent)."""
+    processes (:func:`_is_seed_step`; the rest modelled): per process its median attention-path ms in every step,
+    the TTFT model around it, the change against that process's baseline; then the median and ``[min, max]`` over
+    processes. Returns ``{strategy name: {"median", "lo", "hi", "n_processes"}}`` (``{}`` elsewhere or without the
+    file)."""
     d = deployment
     if not _is_seed_step(d):
         return {}
@@ -599,14 +573,9 @@ MEASURED_MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cach
 
 
 def measured_change_pct(rows, base_rows=None) -> float | None:
-    """THE measured TTFT change (%) of one strategy's measured sweep rows against
-    :data:`mla_lab.placement.BASELINE`: the median of the rows' ``ttft_change_pct`` (the between-process change
-    where >= 5 fresh processes measured the deployment: :func:`reprice_measured_rows`; else each row's change, paired
-    with the baseline timed in the same process, in interleaved rounds: :func:`measured_rows`); for rows without
-    that column, ``100 * (median ttft_ms / median ttft_ms of base_rows - 1)`` when ``base_rows`` (the baseline's
-    measured rows) are given. None for no row. Every view that shows a measured change (the explorer's chart and
-    tables, advise, the report's figures) takes it from here, so a chart and the table under it cannot disagree.
-    ``rows``, ``base_rows``: DataFrames of measured sweep rows."""
+    """THE measured TTFT change (%) of one strategy's measured rows (a DataFrame) against
+    :data:`mla_lab.placement.BASELINE`, the one every view shows: the median of their ``ttft_change_pct``; without
+    that column ``100 * (median ttft_ms / median ttft_ms of base_rows - 1)``; None for no row."""
     if not len(rows):
         return None
     if "ttft_change_pct" in rows.columns and rows["ttft_change_pct"].notna().any():
