@@ -110,8 +110,8 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         raise ValueError(f"measured= a {type(measured).__name__} is not a DataFrame of measured sweep rows; allowed: "
                          "mla_lab.report.data.load_measured() or None")
     strategy = resolve_strategy(strategy)
-    rows, point = _rows(deployment), deployment.to_point()
-    sel = {k: point[k] for k in MATCH_KEYS} | {"strategy": strategy}
+    rows, args = _rows(deployment), deployment.args()
+    sel = {k: args[k] for k in MATCH_KEYS} | {"strategy": strategy}
     meas = _match_measured(measured, sel)
     changes = measured_changes(meas, deployment) if meas is not None else {}  # the one measured-change function
     c = rows[strategy]

@@ -256,8 +256,8 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     kept, arch_notes = _on_this_gpu(sorted(placed["kept"], key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"])),
                                     placed["excluded"], d, engines, {r.name: r.strategy for r in rows})
     ranked = [s for s in kept if group in (None, engine_group(s["engine"]))]
-    point, kv = d.to_point(), mem["kv_capacity"]
-    return {"deployment": {k: point[k] for k in _DEPLOYMENT_KEYS}
+    args, kv = d.args(), mem["kv_capacity"]
+    return {"deployment": {k: args[k] for k in _DEPLOYMENT_KEYS}
             | {"model_family": d.model.family, "model_family_note": d.model.family_note},
             "budget": budget, "engine": engine, "engine_group": group,
             "other_engines": [s for s in kept if s not in ranked], "arch_sm": d.arch.sm, "arch_notes": arch_notes,

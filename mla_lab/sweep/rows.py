@@ -598,7 +598,7 @@ def measured_changes(measured, deployment: Deployment, keys=MEASURED_MATCH_KEYS)
     "n_rows"}}``. ``{}`` when nothing matches."""
     if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
         return {}
-    point, d = deployment.to_point(), measured
+    point, d = deployment.args(), measured
     if "status" in d.columns:
         d = d[d["status"].fillna("ok") == "ok"]
     for k in (k for k in keys if k in d.columns and k in point):
