@@ -62,8 +62,8 @@ def test_call_peak_bytes():
 
 
 def test_measured_ttft_recombination_replaces_attention_path():
-    from mla_lab.model.ttft import predict_ttft
     from mla_lab.deployment import Deployment
+    from mla_lab.model.ttft import predict_ttft
     from mla_lab.workload import Workload, schedule
 
     point = dict(model="glm-5", tp=8, arch="h200", max_num_batched_tokens=16384, prompt_len=1024, num_prompts=32,

@@ -67,9 +67,8 @@ def test_one_advise_call_checks_each_deployment_integer_once(monkeypatch):
 
 
 def test_one_modelled_grid_point_checks_max_num_batched_tokens_once(monkeypatch):
-    from mla_lab.placement import expand_strategies
+    from mla_lab.placement import advise_candidates, expand_strategies
     from mla_lab.seed import seed_point
-    from mla_lab.placement import advise_candidates
     from mla_lab.sweep.rows import modelled_rows
 
     calls = _count_checks(monkeypatch)
