@@ -196,14 +196,13 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split(".")[:3])
 
 
-def kv_capacity_terms(rank: RankView, total: float, gpu_memory_utilization: float, persistent: dict,
-                      activation: int, per_tok: int, *, vllm_version: str = "0.33.0",
-                      max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
+def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int, per_tok: int, *,
+                      vllm_version: str = "0.33.0", max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
     """vLLM's KV-cache capacity of one rank, term by term (module docstring; sources :data:`KV_RULE_SOURCES`).
 
     Args:
-        rank: the deployment's :class:`~mla_lab.rank.RankView` (not re-checked).
-        total: device memory as torch reports it, bytes. gpu_memory_utilization: in (0, 1].
+        deployment: a checked :class:`~mla_lab.deployment.Deployment` (its rank, the GPU's memory as torch reports
+            it, ``gpu_memory_utilization``; nothing re-checked).
         persistent: ``{term key: bytes}`` of persistent buffers the lab counts (``q_workspace`` ...).
         activation: the profile-run activation peak, bytes. per_tok: KV bytes per token, all layers (MTP excluded).
         vllm_version: ``"X.Y.Z"``; the CUDA-graph estimate is subtracted from 0.21.0 on.
@@ -216,6 +215,8 @@ def kv_capacity_terms(rank: RankView, total: float, gpu_memory_utilization: floa
         "block_size", "vllm_version", "terms": [{term, value, unit, status, source}]}`` (bytes; ``tokens`` an int,
         0 when nothing is left).
     """
+    rank, total, gpu_memory_utilization = deployment.rank, deployment.arch.torch_total_bytes, \
+        deployment.gpu_memory_utilization
     requested = math.ceil(total * gpu_memory_utilization)
     weights = weights_bytes_per_rank(rank)
     mtp = mtp_layers * mtp_weights_bytes(rank)
@@ -321,8 +322,8 @@ def memory_tradeoff(deployment: Deployment, *, strategies=None, shared_workspace
     persistent = {"topk_buffer": rank.max_num_batched_tokens * d.model.index_topk * 4,  # int32 (KV_RULE_SOURCES)
                   "q_workspace": accounts[BASELINE].persistent_bytes, "logits_reserve": INDEXER_LOGITS_RESERVE_BYTES,
                   "sparse_workspace": sparse_workspace_extra_bytes(rank, max_model_len, shared)}
-    kv = kv_capacity_terms(rank, total, d.gpu_memory_utilization, persistent, act, per_tok, vllm_version=vllm_version,
-                           max_model_len=max_model_len, mtp_layers=mtp_layers)
+    kv = kv_capacity_terms(d, persistent, act, per_tok, vllm_version=vllm_version, max_model_len=max_model_len,
+                           mtp_layers=mtp_layers)
     capacity, fits = float(kv["tokens"]), kv["available_bytes"] > 0 and kv["tokens"] > 0
     return {"strategies": _costs(accounts, per_tok, capacity), "accounts": accounts,
             "kv_capacity_tokens": max(capacity, 0.0),  # never negative: "fits" and "fit_reason" say why it is 0
