@@ -26,8 +26,7 @@ The model (per family, ``us``)::
 leave-one-context-out MAPE (fit on one context, predict the other). Measured-fit: every figure priced from it is
 modelled, in sample for the rows it was fitted on.
 
-SM counts (:data:`NUM_SMS`): NVIDIA H100/H200 SXM 132 (H100 whitepaper, H200 datasheet: the same GH100 die as the
-H100 SXM5), H800 132, H20 78, B200 148 (NVIDIA Blackwell datasheet). Only the H200 is calibrated.
+SM counts: :attr:`mla_lab.arch.GPUArch.sm_count` of the GPU's record. Only the H200 is calibrated.
 """
 
 from __future__ import annotations
@@ -43,10 +42,9 @@ from ..arch import GPUArch, get_arch
 from ..paths import REPO_ROOT, calibration_dir
 from ..placement import FA3_DECODE_PLACEMENTS
 
-__all__ = ["NUM_SMS", "FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
+__all__ = ["FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
            "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV"]
 
-NUM_SMS = {"h100": 132, "h200": 132, "h800": 132, "h20": 78, "b200": 148}
 FAMILIES = ("flashmla_pad64", "fa3_sparse")
 DECODE_KERNELS_CSV = "h200_decode_kernels.csv"
 ROWS_CSV = "data/measured/h200/between_process/engine_kernels.csv"
@@ -103,7 +101,7 @@ class DecodeKernel:
         """CTAs per token: FA3's heuristic for ``fa3_sparse``, 1 for FlashMLA."""
         if self.family != "fa3_sparse":
             return 1
-        return fa3_num_splits(B, NUM_SMS.get(arch.name, 132), max(1, math.ceil(keys / FA3_BLOCK_N)))
+        return fa3_num_splits(B, arch.sm_count, max(1, math.ceil(keys / FA3_BLOCK_N)))
 
     def ms(self, B: int, keys: int, arch: GPUArch) -> float:
         """Kernel time (ms) of ``B`` decode tokens with ``keys`` keys each (the step's largest ``topk_length``).
@@ -119,7 +117,7 @@ class DecodeKernel:
 
 def _one(b: int, x: int, a, k, eff, p, family: str, arch: GPUArch):
     """The model for one (B, keys); ``a``, ``k``, ``eff`` may be arrays (the fit's grid)."""
-    sms = NUM_SMS.get(arch.name, 132)
+    sms = arch.sm_count
     s = fa3_num_splits(b, sms, max(1, math.ceil(x / FA3_BLOCK_N))) if family == "fa3_sparse" else 1
     waves = math.ceil(b * s / sms)
     lat = waves * k * x / s

@@ -76,19 +76,21 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arch import GPUArch, get_arch
+from ..engines.versions import BACKENDS
 from ..paths import REPO_ROOT, calibration_dir
 from ..rank import RankView
 from ..union_layout import union_buffer_bytes
 from ..workload import Step, schedule, sum_topk_lengths
-from .decode_kernels import NUM_SMS
 
 __all__ = ["ROWS_CSV", "PACKED_CSV", "PACKED_OVERLAP_DEFAULT", "PACKED_OVERLAP_SOURCE", "DISPATCH_MARGIN", "PackedFit",
            "HAND_FIT", "fit_packed", "write_packed_csv", "read_packed_csv", "load_packed_fit", "causal_group_union",
            "step_union", "UnionStats", "packed_plan", "PackedPlan", "packed_union_bytes", "union_key_space",
-           "packed_group_size", "tile_rows_of", "packed_strategy", "packed_summary", "main"]
+           "packed_group_size", "packed_strategy", "packed_summary", "main"]
 
-#: The measured rows the fit reads (``mla-lab measure --experiments packed_kernels``).
-ROWS_CSV = "data/measured/h200/between_process/packed_kernels.csv"
+#: The GPU the fit's rows ran on, and the rows (``mla-lab measure --experiments packed_kernels``).
+FIT_GPU = "h200"
+ROWS_CSV = f"data/measured/{FIT_GPU}/between_process/packed_kernels.csv"
 #: The calibration file :func:`write_packed_csv` writes (``data/calibration``).
 PACKED_CSV = "h200_packed.csv"
 #: The assumed pairwise overlap of neighbouring tokens' top-k sets past the top-k (strategy ``packed``).
@@ -118,9 +120,9 @@ TERMS = {"flash_tile": "hybrid: shared key-tiles", "rest_tile": "hybrid: rest ke
          "padded_token": "padded kernel: tokens"}
 
 
-def tile_rows_of(arch) -> int:
-    """FlashMLA's tile rows on ``arch``: 128 on Blackwell (sm100), 64 otherwise (sm90)."""
-    return 128 if arch.family == "blackwell" else 64
+def _fa3_runs(arch: GPUArch) -> bool:
+    """FA3 sparse (FLASH_ATTN_MLA_SPARSE) runs on ``arch`` (:data:`mla_lab.engines.versions.BACKENDS`)."""
+    return arch.capability[0] in BACKENDS["FLASH_ATTN_MLA_SPARSE"][0]
 
 
 def packed_group_size(num_heads: int, tile_rows: int = 64) -> int | None:
@@ -462,7 +464,7 @@ def _plan_cached(rank: RankView, chunks: tuple, o: float) -> PackedPlan:
 
 
 def _plan(rank: RankView, chunks: tuple, o: float, fit: PackedFit) -> PackedPlan:
-    rows = tile_rows_of(rank.arch)
+    rows = rank.arch.prefill_padding
     g = packed_group_size(rank.num_heads, rows)
     if g is None:
         return PackedPlan("fallback", None, None, None, None, rows, f"{rank.num_heads} heads per rank cannot be "
@@ -506,16 +508,17 @@ def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
     heads" is the measured case only), whether its kernel time is measured or extrapolated, and the real-head kernel
     of the fallback and decode (FA3 sparse is a Hopper kernel: on sm100 vLLM 0.33.0's own, priced with FA3 sparse's
     model, as fa4_sparse / flashinfer_sparse are: mla_lab/engines/versions.py)."""
-    rows = tile_rows_of(rank.arch)
+    arch, rows = rank.arch, rank.arch.prefill_padding
     g = packed_group_size(rank.num_heads, rows)
     tile = (f"{g} tokens x {rank.num_heads} heads per {rows}-row tile" if g else
             f"{rank.num_heads} heads per rank: not packed")
-    real = SM100_REAL_HEAD if rank.arch.family == "blackwell" else "FA3 sparse"
+    real = "FA3 sparse" if _fa3_runs(arch) else SM100_REAL_HEAD
     if g is None:
         return tile, "the packed kernel unused (every step on the fallback), modelled step", real
-    if rank.arch.family == "blackwell":
-        return tile, ("modelled (no Blackwell measurement): the H200 fit at a 128-row tile scaled by the lab's "
-                      "Blackwell rule"), real
+    if arch.sm != get_arch(FIT_GPU).sm:
+        fam = arch.family.capitalize()
+        return tile, (f"modelled (no {fam} measurement): the {FIT_GPU.upper()} fit at a {rows}-row tile scaled by "
+                      f"the lab's {fam} rule"), real
     if g != MEASURED_GROUP:
         return tile, (f"modelled kernel (the 8-head rows' per-tile fit applied at g = {g}, an extrapolation: nothing "
                       f"measured at {rank.num_heads} heads per rank; {source}), modelled step"), real
@@ -539,7 +542,7 @@ def packed_summary(deployment, strategy: str = "packed") -> dict:
             f"{len(plans) - len(fb)} of {len(plans)} prefill steps packed"
             + (f", {len(fb)} priced on the fallback ({real}): {fb[0].reason}" if fb else "")
             + f"; decode per token: {real}; prefill always sparse (no dense-MHA route)")
-    if arch.family == "blackwell":
+    if not _fa3_runs(arch):
         line = line.replace("fallback to FA3 sparse:", "fallback:")
     return {"strategy": strategy, "overlap": o, "overlap_assumed": True, "overlap_source": PACKED_OVERLAP_SOURCE,
             "steps": len(plans), "steps_packed": len(plans) - len(fb), "steps_fallback": len(fb),
@@ -566,13 +569,13 @@ CUDA_BUILDER_GROUPS = (1, 2, 4, 8)
 def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
     """The union builder's buffers at ``max_num_batched_tokens`` (:func:`mla_lab.union_layout.union_buffer_bytes`):
     the outputs, plus the Triton builder's global scratch (``num_programs`` = :data:`PROGRAMS_PER_SM` x the GPU's
-    SMs, :data:`mla_lab.model.decode_kernels.NUM_SMS`, over :func:`union_key_space` keys) only where it is the
+    SMs, :attr:`mla_lab.arch.GPUArch.sm_count`, over :func:`union_key_space` keys) only where it is the
     builder that runs (g = 16: Blackwell at 8 heads); the CUDA builder the measured rows ran (g <= 8) keeps its table
     in shared memory. 0 where the heads cannot be packed."""
-    g = packed_group_size(rank.num_heads, tile_rows_of(rank.arch))
+    g = packed_group_size(rank.num_heads, rank.arch.prefill_padding)
     if g is None:
         return 0
-    progs = PROGRAMS_PER_SM * NUM_SMS[rank.arch.name]
+    progs = PROGRAMS_PER_SM * rank.arch.sm_count
     b = union_buffer_bytes(rank.max_num_batched_tokens, rank.model.topk, g, union_key_space(rank, prompt_len), progs)
     return b["outputs"] if g in CUDA_BUILDER_GROUPS else b["total"]
 

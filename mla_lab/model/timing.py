@@ -46,7 +46,9 @@ from ..placement import Strategy, as_strategy
 from ..rank import RankView
 from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, ClassEff, resolve_calibration
+from .fa3_kernel import GPU as FA3_RATIO_GPU
 from .fa3_kernel import load_fa3_ratio
+from .packed_kernel import FIT_GPU as PACKED_FIT_GPU
 from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, _attention_path_ops, step_ops, step_stats
 from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
@@ -97,11 +99,11 @@ def _class_eff(cal: Calibration, op_class: str):
 
 
 def kernel_rate_tflops(arch: GPUArch, calibration: Calibration) -> tuple[float, str]:
-    """The sparse kernel's achieved TFLOP/s on ``arch`` and where the figure comes from: on Hopper the calibrated
-    fraction of the datasheet rate (measured on an H200); on Blackwell FlashMLA's published B200 figure
-    (:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`, FlashMLA README: 1450 TFLOP/s sparse prefill on B200)."""
-    if arch.family == "blackwell" and arch.sparse_prefill_tflops:
-        return arch.sparse_prefill_tflops, "FlashMLA README B200 figure"
+    """The sparse kernel's achieved TFLOP/s on ``arch`` and where the figure comes from: FlashMLA's published rate
+    where the record has one (:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`), else the calibrated fraction of
+    the datasheet rate."""
+    if arch.sparse_prefill_tflops:
+        return arch.sparse_prefill_tflops, f"FlashMLA README {arch.name.upper()} figure"
     return arch.bf16_tflops * calibration.attention_eff("kernel"), f"calibrated ({calibration.name})"
 
 
@@ -110,9 +112,9 @@ def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
     if name == "kernel":
         rate, _ = kernel_rate_tflops(arch, cal)
         if op.impl == "attn_packed":  # the packed kernel's H200 fit x the H200's kernel rate over this GPU's
-            return op.dims["packed_ms"] * kernel_rate_tflops(get_arch("h200"), cal)[0] / rate
+            return op.dims["packed_ms"] * kernel_rate_tflops(get_arch(PACKED_FIT_GPU), cal)[0] / rate
         t = op.flops / (rate * 1e12) * 1e3
-        if op.impl == "attn_fa3_sparse" and arch.name == "h200" and "kernel_bytes" not in cal.attention:
+        if op.impl == "attn_fa3_sparse" and arch.name == FA3_RATIO_GPU and "kernel_bytes" not in cal.attention:
             r = load_fa3_ratio()
             if r is not None:  # the padded kernel's time x vLLM 0.33.0's FA3 / its padded FlashMLA (model.fa3_kernel)
                 return t * r.ratio(op.dims["H"], op.dims["sum_topk"] / max(1, op.dims["T"]))
