@@ -1,29 +1,25 @@
-"""The padded Q-concat workspace and its byte accounting.
+"""The padded Q-concat workspace and its byte accounting (allocating nothing but :class:`QConcatWorkspace`).
 
-vLLM PR #53878 (``vllm/v1/attention/backends/mla/flashmla_sparse.py``) allocates the Q-concat workspace with
-``q_concat_heads = ceil(num_heads / prefill_padding) * prefill_padding`` heads when the KV cache is bf16, and with
-``num_heads`` heads when it is fp8 (the fp8 path does not use the bf16 sparse prefill kernel's padding).
-``prefill_padding`` is 128 on Blackwell (capability family 100) and 64 otherwise (:mod:`mla_lab.arch`).
-
-Byte accounting here allocates nothing. All sizes are bytes; Q is bf16 (2 bytes), ``head_size`` 576
-(kv_lora_rank 512 + qk_rope_head_dim 64), kernel output ``d_v`` 512, kernel lse and max_logits fp32.
+vLLM PR #53878 (``vllm/v1/attention/backends/mla/flashmla_sparse.py``) sizes the workspace at ``q_concat_heads``
+(:func:`mla_lab.rank.pad_heads`: padded to the GPU's ``prefill_padding`` for a bf16 KV cache, the real heads for
+fp8). Bytes throughout; Q bf16 (2 B), ``head_size`` 576 (kv_lora_rank 512 + qk_rope_head_dim 64), kernel output
+``d_v`` 512 bf16, lse and max_logits fp32.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
-from .placement import Strategy, as_strategy, fixed_strategies, parse_strategy, resolve_strategy, strategy_route
-from .rank import RankView
+from .placement import Strategy, as_strategy, fixed_strategies, strategy_route
+from .rank import RankView, pad_heads
 
 __all__ = [
     "memory_account_of",
     "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
-    "kv_tokens_lost", "check_strategy", "call_peak_bytes", "shared_workspace_other_bytes",
+    "kv_tokens_lost", "call_peak_bytes", "shared_workspace_other_bytes",
     "dense_route_transient_bytes",
 ]
 
@@ -32,20 +28,6 @@ BF16_BYTES = 2
 FP32_BYTES = 4
 #: Every fixed canonical strategy (:func:`mla_lab.placement.fixed_strategies`); ``subchunk:<S>`` takes any positive S.
 STRATEGIES = tuple(fixed_strategies())
-
-
-
-
-def check_strategy(strategy) -> Strategy:
-    """The door's reading of one strategy name (kept for callers that take user input): the
-    :class:`~mla_lab.placement.Strategy` of a canonical name, alias or preset
-    (:func:`mla_lab.placement.resolve_strategy`: ``unfused`` -> ``per_call_empty:zeros``, ``fused`` ->
-    ``private_workspace``). The functions of this module take a Strategy (or a canonical name) instead.
-
-    Raises:
-        ValueError: naming the value and the allowed names.
-    """
-    return parse_strategy(resolve_strategy(strategy))
 
 
 def shared_workspace_other_bytes(rank: RankView) -> int:
@@ -75,24 +57,18 @@ def _padding_of(arch: str | GPUArch | int) -> int:
 
 
 def padded_num_heads(num_heads: int, arch: str | GPUArch | int = "hopper", kv_cache_dtype: str = "bf16") -> int:
-    """Heads of the Q-concat workspace (``q_concat_heads``), vLLM's rule exactly.
+    """Heads of the Q-concat workspace (``q_concat_heads``): :func:`mla_lab.rank.pad_heads` after checking.
 
     Args:
         num_heads: attention heads on this rank (``num_attention_heads // tp``), > 0.
         arch: arch name/alias, a :class:`GPUArch`, or the ``prefill_padding`` itself (64 or 128).
-        kv_cache_dtype: ``"bf16"`` (also ``auto``/``bfloat16``) pads; ``"fp8"`` (also ``fp8_ds_mla``) does not.
-
-    Returns:
-        ``ceil(num_heads / prefill_padding) * prefill_padding`` for bf16, ``num_heads`` for fp8.
+        kv_cache_dtype: ``bf16`` (``auto``/``bfloat16``) pads; ``fp8`` (``fp8_ds_mla``) does not.
 
     Raises:
         ValueError: num_heads not a positive int; unknown arch; unsupported kv_cache_dtype.
     """
     check_int("num_heads", num_heads)
-    padding = _padding_of(arch)
-    if normalize_kv_cache_dtype(kv_cache_dtype) == "fp8":
-        return num_heads
-    return math.ceil(num_heads / padding) * padding
+    return pad_heads(num_heads, _padding_of(arch), normalize_kv_cache_dtype(kv_cache_dtype))
 
 
 def kv_tokens_lost(extra_bytes: int, model: ModelConfig, kv_cache_dtype: str = "bf16",
@@ -299,13 +275,10 @@ def dense_route_transient_bytes(model: ModelConfig, num_heads: int, num_tokens: 
 class QConcatWorkspace:
     """A ``(max_num_batched_tokens, q_concat_heads, head_size)`` buffer allocated once; hands out ``[:T]`` views.
 
-    The real heads occupy ``[:, :num_heads]``; heads ``num_heads..q_concat_heads-1`` are never written by
-    :func:`mla_lab.kernels.concat_mla_q`. With ``zero_init=True`` (default) the buffer is zeroed once at allocation,
-    so the padded heads stay zero for the workspace's life at the cost of one memset; ``zero_init=False`` leaves
-    them as the allocator gave them (``torch.empty``), as vLLM does. Why zero: on an H200 FlashMLA's sparse prefill
-    kernel ran 12 % faster with zero padded heads than with random ones (GLM-5 TP8, T = 16384: 7.19 vs 8.14 ms,
-    NaN 8.95 ms; ``data/measured/h200/layer_run2/layer_extras.csv``, experiment ``kernel_pad_values``), and the
-    unfused path's ``new_zeros`` pad tensor always gives zeros.
+    The real heads occupy ``[:, :num_heads]``; :func:`mla_lab.kernels.concat_mla_q` never writes the padded ones.
+    ``zero_init=True`` (default) zeroes the buffer once, so they stay zero: FlashMLA's sparse prefill ran 12 % faster
+    with zero padded heads than with random ones on an H200 (GLM-5 TP8, T = 16384: 7.19 vs 8.14 ms;
+    ``data/measured/h200/layer_run2/layer_extras.csv``, ``kernel_pad_values``); ``False`` is ``torch.empty``, as vLLM.
 
     Args:
         max_num_batched_tokens: rows, > 0.

@@ -1,69 +1,28 @@
-"""The packed sparse-MLA prefill (strategy ``packed``) priced by union size: a fit on the H200 kernel rows, the union
-sizes a step has, and the dispatch between packing and the fallback path.
+"""The packed sparse-MLA prefill (strategy ``packed``) priced by union size (docs/packed.md, "Pricing"): a fit on the
+H200 kernel rows, the union sizes a step has, and the dispatch between packing and the fallback path.
 
-**The kernel** (:mod:`mla_lab.kernels.packed`): ``g = tile_rows / H`` consecutive tokens x ``H`` real heads fill one
-FlashMLA tile (64 rows on sm90: g = 8 at 8 heads); per group the union of the g tokens' top-k sets is built once
-(:mod:`mla_lab.kernels.union`), the keys every token selects ("shared", S per group) go through FlashMLA unmasked and
-the rest (R = U - S) through the lab's Triton masked kernel.
+**The fit** (:func:`fit_packed`): numpy least squares on relative errors over the per-shape medians (median over
+processes of each process's median) of :data:`ROWS_CSV`, four blocks in ns (:data:`TERMS`, :data:`BLOCKS`); a
+key-tile is one key of one 64-row tile. ``data/calibration/h200_packed.csv`` (:func:`write_packed_csv`) holds the
+coefficients, their rows' file and commit, and each shape's in-sample and leave-one-shape-out error; without it,
+:data:`HAND_FIT` (in-sample) prices and says so. 16 and 32 heads (g = 4, 2) reuse the 8-head per-tile
+coefficients: an extrapolation.
 
-**The fit** (:func:`fit_packed`, numpy least squares on the per-shape medians of
-``data/measured/h200/between_process/packed_kernels.csv``: median over processes of each process's median, T 16384,
-H 8, topk 2048), the terms of :class:`mla_lab.kernels.packed.PackedCost`, in ns:
+**The union a step has** (:func:`step_union`): chunks ``(req, start, n)`` laid out one after another, cut into
+groups of g tokens; token ``p`` selects ``min(p + 1, topk)`` keys. Below the top-k exact (a one-prompt group has
+``S = first + 1``, ``U = last + 1``); past it an ASSUMED pairwise overlap ``o`` (the common-core model of
+:mod:`mla_lab.kernels.index_sets`, ``c = last + 1`` keys visible): core ``m = topk (o c - topk) / (c - 2 topk +
+o topk)``, ``p = (topk - m) / (c - m)``, ``U = m + (c - m)(1 - (1 - p)^n)``, ``S = m + (c - m) p^n``; ``o`` below
+``topk / c`` is raised to it (default :data:`PACKED_OVERLAP_DEFAULT`); a group crossing a prompt boundary has
+``S = 0`` and ``U`` = the sum of its segments' unions.
 
-- hybrid packed kernel (``packed_kernel`` rows: FlashMLA over the shared keys, the Triton masked kernel over the
-  rest) = ``flash_tile x sum(S) + rest_tile x sum(R) + rest_group x #groups with rest keys`` (a key-tile = one key of
-  one 64-row tile: one gathered 576-wide row, 64 x (576 + 512) MACs);
-- Triton-only packed kernel (``packed_triton`` rows: the masked kernel over the whole union) = ``triton_tile x sum(U)
-  + triton_group x #groups``;
-- union build (``union_build`` rows, the builder the experiment ran: the CUDA shared-memory one where it compiled)
-  = ``build_read x T x topk + build_entry x sum(topk_length) + build_key x sum(U)``: every ``[T, topk]`` entry read,
-  one membership update per valid entry, the lists written per union key;
-- padded FlashMLA (``flashmla_ts_pad64_zeros`` rows, zero padded heads: the dispatch's own yardstick; files
-  without them: ``flashmla_ts_pad64``; the same FlashMLA build the packed kernel calls) = ``padded_tile x
-  sum(topk_length) + padded_token x T``.
+**The dispatch** (:func:`packed_plan`, :func:`mla_lab.kernels.packed.choose_path`'s rule): pack where the faster
+packed kernel + build is below :data:`DISPATCH_MARGIN` x padded FlashMLA, else price vLLM 0.33.0's FA3 sparse
+(the fallback). Another tile (``prefill_padding`` 128 on sm100: g = 16 at 8 heads) scales the per-64-row-tile
+coefficients by ``tile_rows / 64`` and :func:`mla_lab.model.timing.kernel_rate_tflops` (modelled, not measured).
 
-Each block is fitted by least squares on relative errors (each shape's row divided by its measured time: the shapes
-span 0.5 to 25 ms, and an unweighted fit leaves the small ones, the seed among them, 40 % off). The rows are at H = 8
-(g = 8); 16 and 32 heads per rank (g = 4, 2) are priced with the same per-64-row-tile
-coefficients (an extrapolation: not measured). The path's time per layer call is the faster packed kernel (hybrid or
-Triton only, as :func:`mla_lab.kernels.packed.choose_path` picks) + union build; the ``packed`` rows (build and kernel in one graph)
-are not fitted and are reported as a check. The rows' ``U`` / ``S`` are the mean union / shared size per group over
-topk; every group of a shape with ``U > S`` is counted as having rest keys (true of the measured shapes: the seed's
-groups each hold g - 1 rest keys, the overlap and context shapes' groups hundreds). ``data/calibration/h200_packed.csv``
-(:func:`write_packed_csv`) holds the coefficients, their source file and commit, and each shape's in-sample and
-leave-one-shape-out error. Without that file the cost model uses the dispatch's own fit
-(:data:`HAND_FIT`, :data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease, in-sample) and says so.
-
-**The union a step has** (:func:`step_union`): the step's chunks ``(req, start, n)`` laid out one after another, cut
-into groups of g consecutive tokens. Token ``p`` (0-based position) of a prompt selects ``min(p + 1, topk)`` keys.
-
-- positions ``< topk`` (causal, exact: the indexer selects the whole prefix): a group of one prompt has ``S = first
-  + 1`` (the first token's prefix) and ``U = last + 1`` (the last token's prefix) (:func:`causal_group_union`);
-- past the top-k an ASSUMED pairwise overlap ``o`` of neighbouring tokens' sets (the common-core model of
-  :mod:`mla_lab.kernels.index_sets`, with ``c = last + 1`` keys visible): core ``m = topk (o c - topk) / (c - 2 topk
-  + o topk)`` (the model's ``E|A n B| = o topk`` solved for m), ``p = (topk - m) / (c - m)``, ``U = m + (c - m)(1 -
-  (1 - p)^n)``, ``S = m + (c - m) p^n`` for n present tokens; ``o`` below the random baseline ``topk / c`` is
-  raised to it. Default :data:`PACKED_OVERLAP_DEFAULT` (0.44: TensorRT-LLM tech blog 21, consecutive DeepSeek-V3.2
-  decode steps, layers 20-60; an assumption for neighbouring prefill tokens, ``data/overlap/published.json``);
-- a group crossing a prompt boundary: ``S = 0`` (no key is selected by tokens of two prompts), ``U`` = the sum of its
-  segments' unions.
-
-**The dispatch** (:func:`packed_plan`, the rule of :func:`mla_lab.kernels.packed.choose_path`): the step packs only
-where the fitted packed time (the faster mode + build) is below :data:`DISPATCH_MARGIN` x the fitted padded FlashMLA time;
-elsewhere it is priced on the fallback path, vLLM 0.33.0's FA3 sparse (the engine path with no padded workspace, the
-one ``packed``'s memory account holds), and the plan says so. Heads that cannot be packed (H not 8, 16 or 32) always
-take the fallback.
-
-**Blackwell** (sm100: a 128-row tile, g = 16 at 8 heads, ``packed_group_size(8, 128)``): modelled, no Blackwell
-measurement. The H200 coefficients per 64-row key-tile are scaled by ``tile_rows / 64`` (a 128-row tile does twice
-the MMA work per gathered key) and by the lab's Blackwell rule for FlashMLA (:func:`mla_lab.model.timing
-.kernel_rate_tflops`: the H200's calibrated kernel rate over FlashMLA's published B200 rate,
-:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`); the padded side by ``padded_num_heads / 64`` and the same rate.
-
-Constants: :data:`DISPATCH_MARGIN` and the tile rows are :mod:`mla_lab.kernels.packed`'s (FlashMLA sm90's 64-row
-tile, ``csrc/api/sparse_fwd.h``), :data:`PROGRAMS_PER_SM` the union builder's persistent grid
-(:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`), repeated here because importing the kernels loads torch
-(tests/test_packed_pricing.py checks they agree).
+:data:`DISPATCH_MARGIN` and :data:`PROGRAMS_PER_SM` repeat :mod:`mla_lab.kernels.packed` /
+:mod:`mla_lab.kernels.union` (importing them loads torch; tests/test_packed_pricing.py checks they agree).
 """
 
 from __future__ import annotations
@@ -104,8 +63,8 @@ PACKED_LABEL_SHORT = "packed (mla_lab kernel)"
 DISPATCH_MARGIN = 0.98
 #: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
 PROGRAMS_PER_SM = 2
-#: The measured shapes' geometry (mla_lab.measure.experiments.packed_kernels: T_TOKENS, HEADS, TOPK, the seed's
-#: 1024-token causal prompts) and its tokens per group there (g = 64 / 8).
+#: The measured shapes' seed prompts (causal, 1024 tokens) and tokens per group (8 heads, 64-row tile: g = 8;
+#: mla_lab.measure.experiments.packed_kernels).
 SEED_PROMPT_LEN = 1024
 MEASURED_G = 8
 #: Row kernels the fit reads.
@@ -499,10 +458,6 @@ def packed_strategy(overlap: float | None) -> str:
 SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer sparse, priced with FA3 sparse's model"
 
 
-#: The tokens per tile the packed_kernels rows were measured at (8 heads per rank, a 64-row tile: docs/packed.md).
-MEASURED_GROUP = 8
-
-
 def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
     """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing of ``rank`` (the label's "8 tokens x 8
     heads" is the measured case only), whether its kernel time is measured or extrapolated, and the real-head kernel
@@ -519,7 +474,7 @@ def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
         fam = arch.family.capitalize()
         return tile, (f"modelled (no {fam} measurement): the {FIT_GPU.upper()} fit at a {rows}-row tile scaled by "
                       f"the lab's {fam} rule"), real
-    if g != MEASURED_GROUP:
+    if g != MEASURED_G:
         return tile, (f"modelled kernel (the 8-head rows' per-tile fit applied at g = {g}, an extrapolation: nothing "
                       f"measured at {rank.num_heads} heads per rank; {source}), modelled step"), real
     return tile, f"measured kernel ({source}), modelled step", real
