@@ -1,30 +1,17 @@
-"""The all-reduce as measured: a latency + bandwidth fit of NCCL ring all-reduce times, one per world size.
+"""The all-reduce as measured: a latency + bandwidth fit of NCCL ring all-reduce times, one per world size
+(docs/ttft-model.md, "Communication").
 
-The cost model's collective formula (:func:`mla_lab.model.timing.comm_time_ms`) prices a ring all-reduce of ``B``
-bytes over ``n`` ranks as ``2 (n-1)/n x B`` bytes moved per rank and direction. Without a measurement it assumes the
-datasheet NVLink bandwidth (:attr:`mla_lab.arch.GPUArch.nvlink_gbps`, both directions together, so ``/ 2`` per
-direction) at ``comm_efficiency`` 0.8 and no latency. Where the all-reduce has been measured at world size ``n``
-this module replaces that assumption, for that ``n`` only, with
+Without a measurement :func:`mla_lab.model.timing.comm_time_ms` assumes the datasheet NVLink rate
+(``nvlink_gbps / 2`` per direction) x ``comm_efficiency`` 0.8, no latency. Where world size ``n`` was measured
+this module prices it, for that ``n`` only, as
 
     t(B) = latency_us x 1e-3 + 2 (n-1)/n x B / (bw_gbps x 1e9) x 1e3     [ms]
 
-``latency_us`` and ``bw_gbps`` (the per-direction rate the ring's moved bytes reach; NCCL's "bus bandwidth" is
-the same quantity) fitted by least squares on relative error (:func:`fit_comm`) to every rank's median time of an
-all-reduce (sum) of a bf16 tensor, each call after a barrier of all ranks (:mod:`mla_lab.measure.tp`). The fit's
-in-sample MAPE and its leave-one-size-out MAPE are kept with it. A world size that was never measured keeps the
-assumption, and every modelled row says which of the two priced it (:meth:`CommModel.source`): a fit at ``n = 2``
-says nothing measured about ``n = 8`` (more hops, other NCCL algorithms and channel counts).
-
-:func:`extrapolated` is the one exception, for sensitivity only: it prices world size ``n`` with the fit of another
-world size (the ring formula carries the ``2 (n-1)/n`` factor; latency and bandwidth are taken as they are). The
-report shows it beside the assumption as the range the TP=8 denominator may take; it is never the default.
-
-Measured rows are read by :func:`measured_allreduce_rows` from ``data/measured/<gpu>x<n>/``: ``allreduce.csv``
-(columns ``world_size, rank, nbytes, ms``, the harness's all-reduce sweep) and the older
-``tp2_attention.csv`` (``run == "tp"``: ``world_size, rank, allreduce_bytes, allreduce_ms``, one all-reduce per
-(model, T), repeated on each strategy's row). The fit lives in ``data/calibration/h200_comm.csv``
-(:func:`write_comm_model`; ``mla_lab/fits/comm.py`` writes it) and is loaded by
-:func:`mla_lab.model.calibration.load_calibration`.
+fitted by least squares on relative error (:func:`fit_comm`) to every rank's median all-reduce (sum, bf16, after a
+barrier; :mod:`mla_lab.measure.tp`), with its in-sample and leave-one-size-out MAPE. Every modelled row says which
+priced it (:meth:`CommModel.source`). :func:`extrapolated` (sensitivity only, never the default) carries another
+world size's fit. Rows: ``data/measured/<gpu>x<n>/allreduce.csv`` (``world_size, rank, nbytes, ms``) and the older
+``tp2_attention.csv`` (``run == "tp"``); the fit: ``data/calibration/h200_comm.csv`` (``mla_lab/fits/comm.py``).
 """
 
 from __future__ import annotations
@@ -189,6 +176,23 @@ def _solve(rows) -> tuple[float, float]:
     return a * 1e3, 1.0 / b * 1e3 / 1e9  # ms -> us; ms per byte -> GB/s
 
 
+def _comm_row(i: int, r) -> tuple[int, float, float]:
+    """``(world_size, ms, nbytes)`` of ``rows[i]`` (:func:`fit_comm`). Raises ValueError naming the row."""
+    if not isinstance(r, dict) or any(k not in r for k in ("world_size", "nbytes", "ms")):
+        raise ValueError(f"rows[{i}]={r!r:.120} is not valid; allowed: a dict with keys world_size, nbytes, ms")
+    try:
+        n = _world_size(r["world_size"], f"rows[{i}] world_size", lo=0)
+    except ValueError:
+        raise ValueError(f"rows[{i}] world_size={r['world_size']!r} is not valid; allowed: an integer number "
+                         "of ranks") from None
+    ms, nb = (float(r[k]) if isinstance(r[k], numbers.Real) and not isinstance(r[k], bool) else math.nan
+              for k in ("ms", "nbytes"))
+    for k, v in (("ms", ms), ("nbytes", nb)):
+        if not math.isfinite(v):
+            raise ValueError(f"rows[{i}] {k}={r[k]!r} is not valid; allowed: a finite number")
+    return n, ms, nb
+
+
 def fit_comm(rows: list[dict], name: str = "") -> CommModel:
     """Fit one :class:`CommFit` per world size.
 
@@ -210,18 +214,7 @@ def fit_comm(rows: list[dict], name: str = "") -> CommModel:
         raise ValueError(f"rows={rows!r:.80} is not valid; allowed: a list of dicts with keys {list(ALLREDUCE_NEEDED)}")
     by: dict[int, list] = {}
     for i, r in enumerate(rows):
-        if not isinstance(r, dict) or any(k not in r for k in ("world_size", "nbytes", "ms")):
-            raise ValueError(f"rows[{i}]={r!r:.120} is not valid; allowed: a dict with keys world_size, nbytes, ms")
-        try:
-            n = _world_size(r["world_size"], f"rows[{i}] world_size", lo=0)
-            ms, nb = (float(r[k]) if isinstance(r[k], numbers.Real) and not isinstance(r[k], bool) else math.nan
-                      for k in ("ms", "nbytes"))
-        except ValueError:
-            raise ValueError(f"rows[{i}] world_size={r['world_size']!r} is not valid; allowed: an integer number "
-                             "of ranks") from None
-        for k, v in (("ms", ms), ("nbytes", nb)):
-            if not math.isfinite(v):
-                raise ValueError(f"rows[{i}] {k}={r[k]!r} is not valid; allowed: a finite number")
+        n, ms, nb = _comm_row(i, r)
         if n >= 2 and ms > 0 and nb > 0:
             by.setdefault(n, []).append((2.0 * (n - 1) / n * nb, ms, nb))
     fits = {}
