@@ -85,25 +85,17 @@ class MemoryAccount:
     Attributes:
         strategy: canonical strategy name (:mod:`mla_lab.placement`).
         num_heads: real heads per rank (H); q_concat_heads: workspace heads; kernel_heads: h_q the kernel runs at.
-        persistent_bytes: what the Q path holds for the engine's life, budgeted before the KV cache is sized (it
-            costs KV tokens): the Q-concat buffer ``rows * q_concat_heads * head_size * 2`` (rows =
-            max_num_batched_tokens, or S for ``subchunk``; ``subchunk:<S>:graph2`` holds two S-row workspaces,
-            ``2 * S * q_concat_heads * head_size * 2``); for ``shared_workspace`` (vLLM after #56902: the padded
-            view taken per call from the shared workspace, no separate unpadded buffer) only what the padded view
-            adds beyond the shared workspace's other users (``shared_other_bytes``); 0 for ``fa3_sparse`` (FA3
-            takes ``q_nope`` / ``q_rope`` as they are: no concat buffer); for ``packed`` the real-head Q buffer plus
-            the union builder's buffers (:func:`mla_lab.model.packed_kernel.packed_union_bytes`), no padded
-            workspace.
-        step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``
-            placements with padding; else 0).
-        kernel_out_bytes: kernel output + lse + max_logits alive at once: ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
-            (``fa3_sparse``: out + lse at the real heads, ``T*H*(d_v*2 + 4)``)
-            (for ``subchunk``: two chunks' outputs, the next allocated before the previous is freed; ``graph2``
-            the same, one chunk per stream, held in the captured graph's memory pool while the graph lives; plus the
-            delivered ``[T, H, d_v]`` output).
-        call_transient_bytes: the unbudgeted transient peak of one layer call: step_transient + kernel_out (vLLM's
-            profile run does not run the sparse kernel, so none of it is counted when the KV cache is sized).
-        peak_bytes: persistent + call_transient (the Q path's high-water mark in a step).
+        persistent_bytes: held for the engine's life and budgeted before the KV cache (costs KV tokens): the
+            Q-concat buffer ``rows * q_concat_heads * head_size * 2`` (rows = max_num_batched_tokens, or S for
+            ``subchunk``, twice for ``:graph2``); ``shared_workspace`` (vLLM #56902) only what the padded view adds
+            beyond the shared workspace's other users; 0 for ``fa3_sparse`` (no concat buffer); ``packed`` the
+            real-head buffer plus the union builder's (:func:`mla_lab.model.packed_kernel.packed_union_bytes`).
+        step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``).
+        kernel_out_bytes: out + lse + max_logits alive at once, ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
+            (``fa3_sparse``: out + lse at the real heads; ``subchunk``: two chunks' outputs plus the delivered
+            ``[T, H, d_v]``).
+        call_transient_bytes: step_transient + kernel_out, unbudgeted (vLLM's profile run skips the sparse kernel).
+        peak_bytes: persistent + call_transient.
     """
 
     strategy: str

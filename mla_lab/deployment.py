@@ -155,20 +155,12 @@ class Deployment:
            acceptance_length: float = 1.0, dp_attention: int = 1) -> Deployment:
         """Validate and build a deployment (every argument keyword-only; names resolved here, once).
 
-        Args:
-            model: a model name under ``data/models`` (case-insensitive) or a ModelConfig.
-            tp: TP size (divides num_attention_heads, intermediate_size, moe_intermediate_size, vocab_size and,
-                under ``ep``, n_routed_experts).
-            arch: a GPU name or alias (:func:`mla_lab.arch.arch_names`) or a GPUArch.
-            max_num_batched_tokens: positive int. kv_cache_dtype: vLLM spellings (``auto``, ``bf16``, ``fp8``,
-                ``fp8_ds_mla``...), normalised to ``bf16`` / ``fp8``.
-            weight_dtype: ``bf16`` or ``fp8`` (no default). moe_parallel: ``ep`` or ``tp`` (no default).
-            prompt_len, num_prompts: positive ints; concurrency: 1..num_prompts or None (= num_prompts).
-            output_len: positive int (default 128, vllm bench serve's). gpu_memory_utilization: in (0, 1] (0.9).
-            max_num_seqs: positive int <= max_num_batched_tokens (default :data:`DEFAULT_MAX_NUM_SEQS`).
-            num_speculative_tokens: int >= 0 (MTP draft tokens per step; 0 off). acceptance_length: a number in
-                [1, num_speculative_tokens + 1] (tokens per request per step, an input). dp_attention: a divisor of
-                ``tp`` (SGLang DP attention size; 1 off).
+        Args (module docstring for their meaning): model a name under ``data/models`` or a ModelConfig; tp dividing
+        num_attention_heads, the MLP sizes, vocab_size and, under ``ep``, n_routed_experts; arch a record name or
+        alias (:func:`mla_lab.arch.arch_names`) or a GPUArch; kv_cache_dtype in vLLM spellings; weight_dtype and
+        moe_parallel without default; concurrency 1..num_prompts or None (= num_prompts); gpu_memory_utilization
+        in (0, 1]; max_num_seqs <= max_num_batched_tokens; acceptance_length in [1, num_speculative_tokens + 1];
+        dp_attention a divisor of ``tp``; the rest positive ints.
 
         Raises:
             ValueError: one line naming the first bad argument, its value and what is allowed.

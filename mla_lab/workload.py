@@ -1,11 +1,9 @@
 """Prefill workloads and chunked-prefill scheduling (which prompt tokens run in which engine step).
 
-Scheduling rule (vLLM v1 with chunked prefill, all prompts arriving together, FCFS): each step takes up to
-``max_num_batched_tokens`` prompt tokens, continuing the oldest unfinished prompt first and starting the next
-prompts in order, at most ``concurrency`` prompts in flight. A prompt's first token is produced at the end of the
-step that processes its last prompt token, so its TTFT is the sum of the step times up to and including that step
-(queueing included; decode steps of finished prompts are ignored since they are cheap next to prefill steps and the
-PR's benchmark generates only after prefill).
+Scheduling rule (vLLM v1 chunked prefill, all prompts arriving together, FCFS): each step takes up to
+``max_num_batched_tokens`` prompt tokens, the oldest unfinished prompt first, at most ``concurrency`` prompts in
+flight. A prompt's TTFT is the sum of step times up to the step holding its last prompt token (decode steps of
+finished prompts ignored).
 
 Causal sparse attention: the token at position ``p`` of its prompt attends to ``min(p + 1, topk)`` keys (the DSA
 indexer picks at most ``index_topk`` of the ``p + 1`` visible keys), which is the ``topk_length`` FlashMLA sees.
@@ -21,8 +19,6 @@ from ._validate import check_int
 __all__ = ["Workload", "Step", "schedule", "sum_topk_lengths", "steps_to_first_token"]
 
 
-_pos_int = check_int
-
 
 @dataclass(frozen=True)
 class Workload:
@@ -36,17 +32,13 @@ class Workload:
     concurrency: int | None = None
 
     def __post_init__(self):
-        _pos_int("prompt_len", self.prompt_len)
-        _pos_int("num_prompts", self.num_prompts)
+        check_int("prompt_len", self.prompt_len)
+        check_int("num_prompts", self.num_prompts)
         if self.concurrency is not None:
-            _pos_int("concurrency", self.concurrency)
+            check_int("concurrency", self.concurrency)
             if self.concurrency > self.num_prompts:
                 raise ValueError(f"concurrency={self.concurrency} exceeds num_prompts={self.num_prompts}; allowed: "
                                  f"1..{self.num_prompts} or None (= num_prompts)")
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_len * self.num_prompts
 
 
 @dataclass
@@ -73,7 +65,7 @@ def schedule(workload: Workload, max_num_batched_tokens: int) -> list[Step]:
     if not isinstance(workload, Workload):
         raise ValueError(f"workload={workload!r} must be a Workload(prompt_len, num_prompts, concurrency), "
                          f"got {type(workload).__name__}")
-    _pos_int("max_num_batched_tokens", max_num_batched_tokens)
+    check_int("max_num_batched_tokens", max_num_batched_tokens)
     conc = workload.concurrency or workload.num_prompts
     L = workload.prompt_len
     done_pos = [0] * workload.num_prompts
@@ -122,6 +114,6 @@ def sum_topk_lengths(start: int, n: int, topk: int) -> int:
 
 def steps_to_first_token(prompt_len: int, max_num_batched_tokens: int) -> int:
     """Steps a lone prompt needs before its first token: ``ceil(prompt_len / max_num_batched_tokens)``."""
-    _pos_int("prompt_len", prompt_len)
-    _pos_int("max_num_batched_tokens", max_num_batched_tokens)
+    check_int("prompt_len", prompt_len)
+    check_int("max_num_batched_tokens", max_num_batched_tokens)
     return math.ceil(prompt_len / max_num_batched_tokens)

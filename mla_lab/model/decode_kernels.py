@@ -19,14 +19,10 @@ The model (per family, ``us``)::
     kv    = B * n * 576 * 2 / (HBM * eff_bytes)  # the gathered KV rows at HBM bandwidth
     t     = a_us + (lat^p + kv^p)^(1/p)
 
-``s = 1`` for FlashMLA. The four parameters of each family are fitted on the H200 rows of the engines' own kernels
-(``data/measured/h200/between_process/engine_kernels.csv``, shape ``decode``: B 1..256, H 8 / 16, contexts 1088 and
-8192, 5 fresh processes, graph timing) by :func:`fit_decode_kernels` (``python -m mla_lab.model.decode_kernels
---write``) -> ``data/calibration/h200_decode_kernels.csv``; the file also records the in-sample MAPE and the
-leave-one-context-out MAPE (fit on one context, predict the other). Measured-fit: every figure priced from it is
-modelled, in sample for the rows it was fitted on.
-
-SM counts: :attr:`mla_lab.arch.GPUArch.sm_count` of the GPU's record. Only the H200 is calibrated.
+``s = 1`` for FlashMLA; ``num_sms`` the GPU record's ``sm_count``. Each family's four parameters are fitted
+(:func:`fit_decode_kernels`) on the H200 ``decode`` rows of :data:`ROWS_CSV` (B 1..256, H 8 / 16, contexts 1088 and
+8192, 5 fresh processes, graph timing) into ``data/calibration/h200_decode_kernels.csv`` with the in-sample and
+leave-one-context-out MAPE: modelled, in sample for those rows. Only the H200 is calibrated.
 """
 
 from __future__ import annotations
@@ -47,7 +43,9 @@ __all__ = ["FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", 
 
 FAMILIES = ("flashmla_pad64", "fa3_sparse")
 DECODE_KERNELS_CSV = "h200_decode_kernels.csv"
-ROWS_CSV = "data/measured/h200/between_process/engine_kernels.csv"
+#: The GPU the fitted rows ran on, and the rows.
+FIT_GPU = "h200"
+ROWS_CSV = f"data/measured/{FIT_GPU}/between_process/engine_kernels.csv"
 ROW_BYTES = 576 * 2  # head_size 576, bf16 KV cache
 #: FA3's key-block width for the MLA shape (hdim 64 + hdimv 512) used to count ``n_blocks`` in the heuristic.
 FA3_BLOCK_N = 64
@@ -187,7 +185,7 @@ def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArc
         ValueError: the file has no decode rows.
     """
 
-    arch = arch or get_arch("h200")
+    arch = arch or get_arch(FIT_GPU)
     rows = _rows(Path(rows_csv))
     out = {}
     for fam in FAMILIES:

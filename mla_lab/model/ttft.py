@@ -46,30 +46,22 @@ def predict_ttft(
     """Modelled TTFT of ``deployment``'s workload on one rank (optionally with a measured attention path spliced in).
 
     Args:
-        deployment: a :class:`~mla_lab.deployment.Deployment` (model, tp, arch, max_num_batched_tokens,
-            kv_cache_dtype, weight_dtype, moe_parallel, workload).
-        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (presets and aliases are read at the
-            door: :func:`mla_lab.placement.expand`).
-        calibration: ``None`` (the committed calibration) or a :class:`~mla_lab.model.calibration.Calibration`.
+        deployment: a :class:`~mla_lab.deployment.Deployment`; strategy: a Strategy or canonical name.
+        calibration: None (the committed one) or a :class:`~mla_lab.model.calibration.Calibration`.
         scope: ``full_layer`` (default) or ``attention_path``.
-        attention_override_ms: the attention path per layer of every step, measured (ms, one entry per step of
-            the schedule): each step's modelled attention-path ops are replaced by ``num_hidden_layers x`` this,
-            the rest of the step stays modelled, and ``scope`` says ``(attention path measured)``.
-        **layer_kw: ``full_layer`` options (:data:`LAYER_OPTIONS`): ``ep_size``, ``ep_comm``, ``out_slice_copy``,
-            ``indexer_dtype``, ``context`` (:func:`mla_lab.model.ops.layer_ops`) and ``comm_efficiency``,
-            ``comm_latency_us``. The weight dtype, MoE layout and KV dtype are the deployment's.
+        attention_override_ms: the measured attention path per layer of every step (ms, one per step): it replaces
+            each step's modelled attention-path ops x ``num_hidden_layers``; ``scope`` then says so.
+        **layer_kw: ``full_layer`` options (:data:`LAYER_OPTIONS`; :func:`mla_lab.model.ops.layer_ops` and
+            ``comm_efficiency``, ``comm_latency_us``).
 
     Returns:
-        ``ttft_ms_mean``, ``ttft_ms_max`` (ms, over prompts), ``num_steps``, ``step_ms`` (list), ``ops_ms`` (ms per
-        op summed over steps and layers), ``scope``; plus ``ttft_ms_list`` (per prompt, in finishing order),
-        ``step_ops_ms`` (per step, ms per op over all layers), ``strategy`` (canonical name), ``attention_path_ms``
-        and ``comm_ms`` (summed over steps), ``calibration`` (its name), ``comm_source`` (what priced the
-        all-reduces: :meth:`~mla_lab.model.calibration.Calibration.comm_source`), ``source`` (``modelled``).
+        ``ttft_ms_mean``, ``ttft_ms_max``, ``ttft_ms_list`` (per prompt, finishing order), ``num_steps``, ``step_ms``,
+        ``ops_ms`` (per op, summed over steps and layers), ``step_ops_ms``, ``attention_path_ms``, ``comm_ms``,
+        ``scope``, ``strategy``, ``calibration``, ``comm_source``, ``source`` (``modelled``); times in ms.
 
     Raises:
-        ValueError: not a Deployment; unknown scope or strategy; a layer option that is not one of
-            :data:`LAYER_OPTIONS` or given with ``scope="attention_path"``; anything the cost functions raise
-            (each message names the argument, its value and what is allowed).
+        ValueError: not a Deployment; unknown scope or strategy; a layer option not in :data:`LAYER_OPTIONS` or
+            given with ``scope="attention_path"``; anything the cost functions raise (one line each).
     """
     d = _check_deployment(deployment)
     if scope not in SCOPES:
