@@ -142,19 +142,13 @@ def memory_account(
     """Exact byte accounting for one strategy, allocating nothing.
 
     Args:
-        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (:func:`mla_lab.placement.parse_strategy`;
-            presets and aliases are read at the door, :func:`mla_lab.placement.expand`).
-        num_heads: real heads per rank (H).
-        max_num_batched_tokens: workspace rows, > 0.
-        arch, kv_cache_dtype: as in :func:`padded_num_heads` (fp8 KV cache: no padding, every strategy the same Q).
-        num_tokens: tokens in the step (T), 0 <= T <= max_num_batched_tokens; default max_num_batched_tokens.
-        head_size: q/k head size (576 = kv_lora_rank 512 + qk_rope_head_dim 64); d_v: output head dim (512).
-        shared_other_bytes: the shared workspace's size from its other users (``shared_workspace`` only; see
-            :func:`shared_workspace_other_bytes`).
-        model, prompt_len: with both, the step's route (:func:`mla_lab.placement.strategy_route` for fresh prompts of
-            ``prompt_len`` tokens): on a dense MHA route (SGLang at <= 2048 tokens; vLLM's DeepSeek-V3.2 at <= topk)
-            nothing is padded, and the call's transient is the up-projected K/V of the step
-            (:func:`dense_route_transient_bytes`) instead of the pad tensor and the padded kernel output.
+        strategy: a :class:`~mla_lab.placement.Strategy` or canonical name; num_heads: real heads per rank (H).
+        max_num_batched_tokens: workspace rows; num_tokens: T of the step, 0..max_num_batched_tokens (default all).
+        arch, kv_cache_dtype: as :func:`padded_num_heads` (fp8 KV cache: no padding).
+        head_size, d_v: 576 and 512 (absorbed MLA).
+        shared_other_bytes: ``shared_workspace`` only: the workspace's other users (:func:`shared_workspace_other_bytes`).
+        model, prompt_len: with both, the step's route (:func:`mla_lab.placement.strategy_route`): on a dense MHA
+            route nothing is padded and the transient is :func:`dense_route_transient_bytes`.
 
     Raises:
         ValueError: unknown strategy; non-positive sizes; num_tokens out of range; as :func:`padded_num_heads`.

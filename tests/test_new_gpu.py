@@ -89,3 +89,23 @@ def test_the_sweep_takes_the_new_gpu(tree):
     # its own record prices it: the H200's datasheet bandwidth and bf16 rate are higher, so its TTFT is lower
     for s, v in x90.items():
         assert v["ttft_ms"] > rows[("h200", s)]["ttft_ms"] > 0
+
+
+def test_a_record_is_checked_where_it_is_written():
+    """The family key follows the capability (vLLM's is_device_capability_family) and the torch total has a source;
+    the SM count and tile rows are record fields with no default (no fallback to another GPU's)."""
+    from dataclasses import MISSING, fields
+
+    from mla_lab.arch import ARCHS, GPUArch
+
+    h200 = ARCHS["h200"]
+    kw = {f.name: getattr(h200, f.name) for f in fields(GPUArch)}
+    with pytest.raises(ValueError, match=r"sm='sm100' does not match capability=\(9, 0\)"):
+        GPUArch(**{**kw, "sm": "sm100"})
+    with pytest.raises(ValueError, match=r"torch_total_status='guessed' needs a source"):
+        GPUArch(**{**kw, "torch_total_status": "guessed"})
+    required = {f.name for f in fields(GPUArch) if f.default is MISSING}
+    assert {"sm", "sm_count", "prefill_padding", "torch_total_bytes", "hbm_gbps", "nvlink_gbps"} <= required
+    assert {a.name: (a.sm, a.sm_count, a.prefill_padding) for a in ARCHS.values()} == {
+        "h100": ("sm90", 132, 64), "h200": ("sm90", 132, 64), "h800": ("sm90", 132, 64), "h20": ("sm90", 78, 64),
+        "b200": ("sm100", 148, 128)}

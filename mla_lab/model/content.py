@@ -18,6 +18,7 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 from ..paths import calibration_dir
 
@@ -210,21 +211,15 @@ class StepContentModel:
         return share * (a - 1.0) + (1.0 - share) * (r - 1.0)
 
 
-def _median(xs) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def _step_params(rows) -> tuple[float, float, float]:
     """``(u, v, median s)``: ``u + v`` = median over processes of ``step change / s`` (the step's slope, fitted
     directly), ``u`` = median of ``rest change / s``."""
     s = [r["attn_zeros_ms"] / r["step_zeros_ms"] for r in rows]
     step = [r["step_stale_ms"] / r["step_zeros_ms"] - 1 for r in rows]
     rest = [(r["step_stale_ms"] - r["attn_stale_ms"]) / (r["step_zeros_ms"] - r["attn_zeros_ms"]) - 1 for r in rows]
-    slope = _median([x / si for x, si in zip(step, s)])
-    u = _median([x / si for x, si in zip(rest, s)])
-    return u, slope - u, _median(s)
+    slope = median([x / si for x, si in zip(step, s)])
+    u = median([x / si for x, si in zip(rest, s)])
+    return u, slope - u, median(s)
 
 
 def _step_pred(r, u, v) -> dict:
