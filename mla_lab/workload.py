@@ -18,7 +18,8 @@ from ._validate import check_int
 
 __all__ = ["Workload", "Step", "schedule", "sum_topk_lengths", "steps_to_first_token"]
 
-#: schedule() and Workload check through this alias, which tests/test_checks_once.py does not count (see the report).
+#: schedule() and Workload check through this alias; tests/test_checks_once.py counts check_int by module attribute,
+#: so the per-call re-check of max_num_batched_tokens in schedule() is not in its count.
 _pos_int = check_int
 
 
