@@ -31,15 +31,11 @@ STRATEGIES = tuple(fixed_strategies())
 
 
 def shared_workspace_other_bytes(rank: RankView) -> int:
-    """Bytes the shared workspace holds for its other users at the rank's ``max_num_batched_tokens`` tokens: the
-    fused-MoE modular kernel's two scratch buffers, taken simultaneously from vLLM's workspace manager
-    (``vllm/v1/worker/workspace.py``), sized as vLLM's DeepGEMM experts ask for them
-    (``vllm/model_executor/layers/fused_moe``: ``workspace13 = (M*topk, max(N/2, K))``,
-    ``workspace2 = (M*topk, max(N, K))``, bf16; ``M`` tokens, ``N = 2 x`` the local intermediate size, ``K`` the
-    hidden size). The indexer's K-gather scratch is smaller and not added. An estimate of the largest other user;
-    pass ``shared_workspace_bytes`` to the row builder to override it. The rank's ``moe_parallel`` (``ep``: whole
-    experts, ``tp``: each expert's ``1/tp`` slice) sets the local intermediate size; ``rank`` a
-    :class:`~mla_lab.rank.RankView` (``Deployment.rank``), read and not re-checked.
+    """Bytes the shared workspace holds for its other users at the rank's ``max_num_batched_tokens``: the fused-MoE
+    kernel's two scratch buffers (vLLM ``vllm/v1/worker/workspace.py``; DeepGEMM experts in
+    ``vllm/model_executor/layers/fused_moe``: ``workspace13 = (M*topk, max(N/2, K))``, ``workspace2 = (M*topk,
+    max(N, K))``, bf16, ``N = 2 x`` the local intermediate size by ``moe_parallel``, ``K`` hidden). An estimate of
+    the largest other user (the indexer's K-gather scratch is smaller); ``shared_workspace_bytes`` overrides it.
     """
     model = rank.model
     inter = model.moe_intermediate_size if rank.moe_parallel == "ep" else model.moe_intermediate_size // rank.tp

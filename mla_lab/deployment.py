@@ -179,11 +179,8 @@ class Deployment:
 
     @classmethod
     def seed(cls, **overrides) -> Deployment:
-        """vLLM PR #53878's benchmark (:data:`SEED_ARGS`; module docstring), with ``overrides`` (names as
-        :meth:`of`) applied, e.g. ``Deployment.seed(model="glm-5.2")``. A ``num_prompts`` given without
-        ``concurrency`` caps the PR's concurrency at it (``Deployment.seed(num_prompts=1)`` runs one request at a time,
-        as ``vllm bench serve --num-prompts 1 --max-concurrency 32`` does): a concurrency the caller never gave is
-        never the reason for a refusal (issue 39).
+        """vLLM PR #53878's benchmark (:data:`SEED_ARGS`) with ``overrides`` (names as :meth:`of`). A ``num_prompts``
+        below the PR's concurrency without ``concurrency`` caps it (as ``vllm bench serve`` does; issue 39).
 
         Raises:
             ValueError: an unknown override name (lists the allowed), or as :meth:`of`.
@@ -214,9 +211,9 @@ class Deployment:
     def rank_of(*, model: str | ModelConfig, tp: int, arch: str | GPUArch, kv_cache_dtype: str, weight_dtype: str,
                 moe_parallel: str, max_num_batched_tokens: int, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 engine: str | None = None) -> RankView:
-        """The door for callers with an engine but no workload (an experiment's shapes, a fit, a kernel table):
-        what one TP rank holds (:class:`~mla_lab.rank.RankView`), every argument checked as :meth:`of` checks it
-        (one code path), ``engine`` as :meth:`RankView.with_engine <mla_lab.rank.RankView.with_engine>`.
+        """The door for callers with an engine but no workload (an experiment, a fit, a kernel table): the
+        :class:`~mla_lab.rank.RankView`, every argument checked as :meth:`of` checks it; ``engine`` as
+        :meth:`~mla_lab.rank.RankView.with_engine`.
 
         Raises:
             ValueError: one line naming the first bad argument, its value and what is allowed.

@@ -73,18 +73,10 @@ def ring_allreduce_ms(nbytes: float, world_size: int, bw_gbps: float, latency_us
 
 @dataclass(frozen=True)
 class CommFit:
-    """A measured all-reduce at one world size.
-
-    Attributes:
-        world_size: ranks (GPUs) of the measured all-reduce.
-        latency_us: fixed cost per call (us).
-        bw_gbps: per-direction rate of the ring's moved bytes (GB/s, 1e9 B/s).
-        n: rank rows fitted; n_sizes: distinct byte sizes; min_bytes, max_bytes: the sizes' range (bytes).
-        mape_pct: in-sample MAPE over the rank rows; loo_mape_pct: leave-one-size-out MAPE (None with < 3 sizes);
-        max_ape_pct: the worst in-sample row.
-        name: where the rows came from (files, GPU).
-        measured: False for :func:`extrapolated` fits (priced at a world size that was not measured).
-    """
+    """A measured all-reduce at one world size: ``latency_us`` per call, ``bw_gbps`` per direction (1e9 B/s), ``n``
+    rank rows over ``n_sizes`` sizes in ``[min_bytes, max_bytes]``, in-sample ``mape_pct`` / ``max_ape_pct``,
+    leave-one-size-out ``loo_mape_pct`` (None under 3 sizes), ``name`` (files, GPU), ``measured`` False for
+    :func:`extrapolated` fits."""
 
     world_size: int
     latency_us: float
@@ -194,21 +186,13 @@ def _comm_row(i: int, r) -> tuple[int, float, float]:
 
 
 def fit_comm(rows: list[dict], name: str = "") -> CommModel:
-    """Fit one :class:`CommFit` per world size.
-
-    Args:
-        rows: dicts ``{"world_size": n, "rank": r, "nbytes": B, "ms": median ms}``, one per rank and size
-            (:func:`measured_allreduce_rows`); ``n`` an integer (int or integral float), ``nbytes`` and ``ms``
-            finite numbers. Rows with ``n < 2``, ``ms <= 0`` or ``nbytes <= 0`` are ignored.
-        name: recorded in each fit.
-
-    Returns:
-        :class:`CommModel` (no fits when no row is kept); a world size with a single size gets a bandwidth-only
-        fit (latency 0).
+    """One :class:`CommFit` per world size from rows ``{"world_size", "rank", "nbytes", "ms"}``
+    (:func:`measured_allreduce_rows`; rows with ``n < 2``, ``ms <= 0`` or ``nbytes <= 0`` ignored; a world size with
+    one size gets a bandwidth-only fit). ``name`` is recorded in each fit.
 
     Raises:
-        ValueError: ``rows`` not a list of dicts; a row missing one of those keys, or with a world size that is not
-            an integer, or ``nbytes`` / ``ms`` not a finite number (the message names the row).
+        ValueError: ``rows`` not a list of dicts; a row missing a key, with a non-integer world size, or with
+            ``nbytes`` / ``ms`` not finite (names the row).
     """
     if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
         raise ValueError(f"rows={rows!r:.80} is not valid; allowed: a list of dicts with keys {list(ALLREDUCE_NEEDED)}")
@@ -236,17 +220,14 @@ def fit_comm(rows: list[dict], name: str = "") -> CommModel:
 
 
 def measured_allreduce_rows(gpu: str = "h200", root: str | Path | None = None) -> tuple[list[dict], list[str]]:
-    """Every rank's measured all-reduce median under ``<root>/<gpu>x<n>/`` (default :func:`mla_lab.paths.measured_dir`
-    ``()``), from ``allreduce.csv`` and ``tp2_attention.csv`` (module docstring). Returns ``(rows, files)``; rows
-    ``{"world_size", "rank", "nbytes", "ms", "file"}``, one per (file, world size, rank, bytes); ``([], [])`` when
-    no such folder holds either file.
+    """Every rank's measured all-reduce median under ``<root>/<gpu>x<n>/`` (default :func:`mla_lab.paths.measured_dir`),
+    from ``allreduce.csv`` and ``tp2_attention.csv``: ``(rows, files)``, rows ``{"world_size", "rank", "nbytes",
+    "ms", "file"}``; ``([], [])`` without such a folder.
 
     Raises:
-        ValueError: ``root`` exists and is not a folder; a file that cannot be read as CSV or lacks a needed column
-            (:data:`ALLREDUCE_NEEDED`, :data:`LEGACY_NEEDED`); a row (``run == "tp"`` in the older file) whose
-            ``world_size`` is not the ``<n>`` of its folder, whose ``rank`` is not in ``[0, n)``, whose bytes are not
-            a number > 0 or whose ms is not a finite number > 0; rows of a ``dist_backend`` other than ``nccl`` (a
-            ``--cpu-dry-run`` on gloo is not an NVLink all-reduce). Each message names the file.
+        ValueError: ``root`` not a folder; a file without a needed column; a row whose world size is not its
+            folder's, whose rank is outside ``[0, n)``, whose bytes or ms are not finite and > 0; a
+            ``dist_backend`` other than ``nccl`` (each names the file).
     """
     import pandas as pd
 

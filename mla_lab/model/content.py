@@ -82,14 +82,8 @@ def _grid(rows):
 
 
 def fit_content_factor(rows: list[dict], name: str = "fit") -> tuple[ContentModel, list[dict]]:
-    """Fit ``a, b, c`` to per-shape medians.
-
-    Args:
-        rows: one dict per shape with ``shape`` (an id), ``num_heads``, ``padded_heads``, ``zeros_ms`` and
-            ``stale_ms`` (medians of interleaved repeats, ms).
-
-    Returns:
-        ``(model, per_shape)``: per_shape rows with the in-sample and leave-one-shape-out predictions and errors.
+    """Fit ``a, b, c`` (grid search) to per-shape medians ``{shape, num_heads, padded_heads, zeros_ms, stale_ms}``.
+    Returns ``(model, per_shape)`` with in-sample and leave-one-shape-out predictions and errors.
 
     Raises:
         ValueError: fewer than 3 shapes, or a non-positive time.
@@ -230,18 +224,11 @@ def _step_pred(r, u, v) -> dict:
 
 def fit_step_content(rows: list[dict], num_heads: int, padded_heads: int,
                      name: str = "fit") -> tuple[StepContentModel, list[dict]]:
-    """Fit ``u`` and ``v`` of :class:`StepContentModel` to per-process medians.
-
-    Args:
-        rows: one dict per fresh process: ``process`` and its medians over rounds (ms) ``step_zeros_ms``,
-            ``step_stale_ms``, ``attn_zeros_ms``, ``attn_stale_ms`` (``mla_lab.measure.spread.process_medians``
-            in ``mla_lab/fits/content_step.py``).
-        num_heads, padded_heads: the heads of the measured kernel (8 of 64).
-
-    Returns:
-        ``(model, per_process)``: per process the measured changes (%), the in-sample and the
-        leave-one-process-out (``lopo_``) predictions, and their errors (``*_err_pts``: percentage points of the
-        change; ``ape_pct`` / ``lopo_ape_pct``: of the stale step time).
+    """Fit ``u`` and ``v`` of :class:`StepContentModel` to per-process medians (ms) ``step_zeros_ms``,
+    ``step_stale_ms``, ``attn_zeros_ms``, ``attn_stale_ms`` (``mla_lab/fits/content_step.py``), the measured kernel at
+    ``num_heads`` of ``padded_heads``. Returns ``(model, per_process)``: measured changes (%), in-sample and
+    leave-one-process-out (``lopo_``) predictions and errors (``*_err_pts``: points of the change; ``ape_pct``: of
+    the stale step time).
 
     Raises:
         ValueError: fewer than 3 processes, a non-positive time, or an attention path not shorter than the step.
