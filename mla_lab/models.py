@@ -4,14 +4,10 @@ Field names are the HF ones (``num_attention_heads``, ``kv_lora_rank``, ...). De
 absorbed-MLA sparse prefill kernel sees: ``head_size = kv_lora_rank + qk_rope_head_dim`` (576 for GLM-5 and
 DeepSeek-V3.2) and ``d_v = kv_lora_rank`` (512).
 
-KV-cache layout assumed (per token, per layer, per rank; the latent cache is replicated on every TP rank because
-MLA has a single latent KV head, as in vLLM):
-
-- ``bf16``: ``head_size * 2`` bytes = 1152 B (vLLM MLA cache, ``auto``/bf16 dtype).
-- ``fp8`` (``fp8_ds_mla``): 656 B = 512 fp8 NoPE bytes + 4 fp32 scales (16 B) + 64 bf16 RoPE values (128 B)
-  (FlashMLA README "FP8 KV cache" format, used by vLLM's FlashMLA sparse backend).
-- DSA indexer key cache (``include_indexer=True``): ``index_head_dim`` fp8 bytes + one fp32 scale per 128 values
-  = 132 B for index_head_dim 128 (vLLM ``DeepseekV32IndexerCache``), present for both dtypes.
+KV-cache bytes per token, per layer, per rank (the latent cache is replicated on every TP rank: MLA has one latent
+KV head): ``bf16`` ``head_size * 2`` = 1152 B; ``fp8`` (``fp8_ds_mla``) 656 B = 512 fp8 NoPE + 4 fp32 scales + 64
+bf16 RoPE values (FlashMLA README "FP8 KV cache"); plus the DSA indexer key, ``index_head_dim`` fp8 bytes + one fp32
+scale per 128 values = 132 B (vLLM ``DeepseekV32IndexerCache``), for both dtypes.
 """
 
 from __future__ import annotations

@@ -64,17 +64,10 @@ def _err(name, value, allowed) -> ValueError:
 
 @dataclass(frozen=True)
 class LayerOp:
-    """One op of a layer (or of the step) on one rank.
-
-    Attributes:
-        name: op name (``q_a_proj``...); op_class: efficiency class (:data:`OP_CLASSES`, ``attn_<op>`` for the
-            attention path, or a :data:`COMM_CLASSES` entry).
-        flops: floating-point operations; weight_bytes / act_bytes: bytes of weights and of activations read plus
-            written; comm_bytes: for comm ops, the message size (bytes each rank holds before the collective).
-        dims: the per-rank shape (``M``, ``K``, ``N``, ``B`` ...), used by the benchmark to run the op.
-        impl: how ``mla_lab/measure/experiments/layer_calibration.py`` measures the op (None: modelled only, never measured).
-        dtype: compute dtype of the op (``bf16``/``fp8``).
-    """
+    """One op of a layer (or of the step) on one rank: ``name``, ``op_class`` (:data:`OP_CLASSES`, ``attn_<op>``
+    or :data:`COMM_CLASSES`), ``flops``, ``weight_bytes`` / ``act_bytes`` (read plus written), ``comm_bytes`` (the
+    message each rank holds before a collective), ``dims`` (the per-rank shape the benchmark runs), ``impl`` (how
+    ``mla_lab/measure/experiments/layer_calibration.py`` measures it; None: modelled only), ``dtype``."""
 
     name: str
     op_class: str
@@ -124,14 +117,10 @@ def _comm(name, cls, nbytes) -> LayerOp:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What a step's shape means for the attention and the indexer.
-
-    Attributes:
-        num_tokens: T. sum_topk: sparse-attention keys summed over the step's tokens (FlashMLA ``topk_length``).
-        sum_visible: keys visible to the indexer summed over tokens (token at position p sees ``min(p+1, context)``).
-        keys_read: indexer keys read, one pass per chunk over its ``start + n`` visible keys (capped by context).
-        num_seqs: chunks (requests) in the step: the LM head rows.
-    """
+    """What a step's shape means for the attention and the indexer: ``num_tokens`` T, ``sum_topk`` (sparse keys
+    over the tokens, FlashMLA ``topk_length``), ``sum_visible`` (indexer keys: position p sees ``min(p+1,
+    context)``), ``keys_read`` (one indexer pass per chunk over its ``start + n`` keys), ``num_seqs`` (chunks: the
+    LM head rows)."""
 
     num_tokens: int
     sum_topk: int

@@ -128,10 +128,8 @@ class PackedFit:
         return self.padded_tile * sum_topk_length + self.padded_token * tokens
 
 
-#: The dispatch's fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample, its
-#: rows not committed; its build term per ``T x topk`` entry read, as its PackedCost prices it; no rest-group,
-#: valid-entry or union-key term): used only
-#: while data/calibration/h200_packed.csv is absent.
+#: The dispatch's fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample, rows not
+#: committed; build term per ``T x topk`` entry read), used only while data/calibration/h200_packed.csv is absent.
 HAND_FIT = PackedFit(0.328, 0.738, 0.0, 0.687, 15.6, 0.0098, 0.0, 0.0, 0.213, 34.9,
                      source="the dispatch's fit of one H200 lease's rows (mla_lab.kernels.packed.H200_PACKED_COST; "
                             "in-sample, rows not committed)")
@@ -316,12 +314,9 @@ def _segment_union(first, last, n, topk, overlap):
 
 @dataclass(frozen=True)
 class UnionStats:
-    """One step's union sizes summed over its groups (key-tiles, :mod:`mla_lab.kernels.packed`'s units).
-
-    ``T`` tokens, ``groups`` (``ceil(T / g)``), ``shared`` (sum of S), ``rest`` (sum of U - S), ``groups_with_rest``,
-    ``entries`` (valid ``[T, topk]`` entries, ``sum(topk_length)``: the builder's atomics), ``read`` (``T x topk``),
-    ``sum_topk`` (``sum(topk_length)``: the padded kernel's
-    keys), ``g``, ``overlap`` (the assumption used past the top-k)."""
+    """One step's union sizes summed over its groups, in key-tiles (:mod:`mla_lab.kernels.packed`'s units): ``T``
+    tokens, ``groups`` ``ceil(T / g)``, ``shared`` sum of S, ``rest`` sum of U - S, ``groups_with_rest``,
+    ``entries`` and ``sum_topk`` ``sum(topk_length)``, ``read`` ``T x topk``, ``g``, ``overlap`` (assumed)."""
 
     T: int
     groups: int
@@ -385,9 +380,8 @@ def _step_chunks(step: Step | int) -> list:
 @dataclass(frozen=True)
 class PackedPlan:
     """What a step runs under ``packed``: ``path`` ``packed`` or ``fallback`` (vLLM 0.33.0's FA3 sparse), ``mode``
-    (the packed kernel the dispatch would pick: ``hybrid`` or ``triton``; None where the heads cannot be packed), the
-    predicted ms per layer call at H200 rates (``packed_ms``: that kernel + the union build; ``padded_ms``: padded
-    FlashMLA, the dispatch's yardstick), the union sizes, the tile rows, ``reason`` and the fit's ``source``."""
+    (``hybrid`` / ``triton``; None where the heads cannot be packed), ``packed_ms`` (kernel + union build) and
+    ``padded_ms`` (the yardstick) per layer call at H200 rates, ``stats``, ``tile_rows``, ``reason``, ``source``."""
 
     path: str
     mode: str | None
@@ -459,10 +453,9 @@ SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer spars
 
 
 def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
-    """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing of ``rank`` (the label's "8 tokens x 8
-    heads" is the measured case only), whether its kernel time is measured or extrapolated, and the real-head kernel
-    of the fallback and decode (FA3 sparse is a Hopper kernel: on sm100 vLLM 0.33.0's own, priced with FA3 sparse's
-    model, as fa4_sparse / flashinfer_sparse are: mla_lab/engines/versions.py)."""
+    """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing, whether the kernel time is measured or
+    extrapolated, and the real-head kernel of the fallback and decode (FA3 sparse where it runs, else
+    :data:`SM100_REAL_HEAD`)."""
     arch, rows = rank.arch, rank.arch.prefill_padding
     g = packed_group_size(rank.num_heads, rows)
     tile = (f"{g} tokens x {rank.num_heads} heads per {rows}-row tile" if g else

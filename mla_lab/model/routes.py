@@ -396,11 +396,9 @@ def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BAC
 
 def route_layer_ops(rank: RankView, route: str, step: Step | int, strategy: Strategy | str = "private_workspace",
                     **kw) -> list[LayerOp]:
-    """Every op of one layer on one rank for ``route``: :func:`mla_lab.model.ops.layer_ops` of ``strategy`` for
-    ``sparse-mqa``; of ``fa3_sparse`` for ``fa3-sparse`` (one ``kernel`` op: no concat, no padded tensor, no output
-    slice); for ``mha-dense`` / ``mha-masked`` the ops of :data:`DROPPED_BY_DENSE` replaced by the MHA ops
-    (``mha-masked`` keeps the indexer's top-k: its mask needs it). ``rank`` and the keyword arguments as
-    ``layer_ops`` (the options checked once here).
+    """Every op of one layer on one rank for ``route``: :func:`mla_lab.model.ops.layer_ops` of ``strategy``
+    (``sparse-mqa``) or of ``fa3_sparse`` (``fa3-sparse``); for the MHA routes :data:`DROPPED_BY_DENSE` replaced by
+    the MHA ops (``mha-masked`` keeps the indexer's top-k). Keyword arguments as ``layer_ops``, checked here.
 
     Raises:
         ValueError: unknown route; ``mha-dense`` where not equivalent; as ``layer_ops``.
@@ -474,10 +472,9 @@ def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Ste
 
 
 def route_transient_bytes(rank: RankView, route: str, step: Step | int) -> dict:
-    """Unbudgeted transient bytes of one layer call for the routes that need no padded-Q strategy: ``mha-dense`` /
-    ``mha-masked`` (:func:`mha_transient_bytes`, plus the mask for ``mha-masked``) and ``fa3-sparse`` (``out [T, H,
-    512]`` bf16 + lse ``[T, H]`` fp32: real heads only). ``sparse-mqa`` depends on the strategy
-    (:func:`mla_lab.buffers.memory_account`) and is refused here.
+    """Unbudgeted transient bytes of one layer call on ``mha-dense`` / ``mha-masked`` (:func:`mha_transient_bytes`,
+    plus the mask) or ``fa3-sparse`` (out + lse at the real heads); ``sparse-mqa`` depends on the strategy
+    (:func:`mla_lab.buffers.memory_account`).
 
     Raises:
         ValueError: ``sparse-mqa`` or an unknown route.
@@ -496,14 +493,10 @@ def route_transient_bytes(rank: RankView, route: str, step: Step | int) -> dict:
                      "(sparse-mqa: mla_lab.buffers.memory_account of its strategy)")
 
 
-
-
 def route_calibration_rows() -> list[dict]:
-    """The rows ``data/calibration/h200_routes.csv`` holds (the format of
-    :func:`mla_lab.model.calibration.write_calibration_csv`): ``attention`` ``kernel`` (the roofline's eff_flops)
-    and ``kernel_bytes`` (its eff_bytes, in ``eff_bytes``), fitted on the committed H200 kernel rows
-    (:func:`default_padded_kernel_fit`), and the classes ``mha_attn`` / ``k_concat`` fitted on the committed route
-    rows (:func:`fit_route_classes`). ``mla_lab/fits/routes.py`` writes them with provenance columns."""
+    """The rows of ``data/calibration/h200_routes.csv`` (:func:`mla_lab.model.calibration.write_calibration_csv`
+    format; ``mla_lab/fits/routes.py`` writes them): the roofline's ``kernel`` / ``kernel_bytes`` efficiencies
+    (:func:`default_padded_kernel_fit`) and the ``mha_attn`` / ``k_concat`` classes (:func:`fit_route_classes`)."""
     fit = default_padded_kernel_fit()
     rows = [{"kind": "attention", "op_class": "kernel", "eff_flops": fit.eff_flops, "eff_bytes": 1.0,
              "floor_us": 0.0, "overhead_mode": "max", "n": fit.n, "mape_pct": fit.mape_pct},
