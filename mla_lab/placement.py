@@ -99,6 +99,11 @@ class Strategy:
         return self.route_rule or DEFAULT_RULES[self.placement]
 
     @property
+    def engine_release(self) -> str | None:
+        """The release of :attr:`engine` (``vllm@0.33.0`` for ``vllm@0.33.0-flashmla``), else None."""
+        return engine_preset(self.engine).engine_version.name if self.engine else None
+
+    @property
     def padded(self) -> bool:
         """FlashMLA gets a head-padded Q (all but ``kernel_native``, ``fa3_sparse`` and ``packed``)."""
         return self.placement not in ("kernel_native", "fa3_sparse", "packed")
@@ -226,17 +231,20 @@ def strategy_notes(strategies) -> list[str]:
     return [note for s, note in STRATEGY_NOTES.items() if s in names]
 
 
+_MEMBERS: dict = {}  # preset name -> (its record, its members as values): each record's names parsed once
+
+
 def engine_members(engine: str) -> list[Strategy]:
     """The strategies of an engine version (a preset name or a first name; its record's ``members`` under its
     route rule). Raises ValueError as :func:`mla_lab.engines.resolve_engine`."""
     p = engine_preset(engine)
-    out = []
-    for base in p.members:
-        st = _parse(base)
-        if p.rule.name != DEFAULT_RULES[st.placement]:
-            st = replace(st, engine=p.name) if preset_of_rule(p.rule.name) is p else replace(st, route_rule=p.rule.name)
-        out.append(st)
-    return out
+    if _MEMBERS.get(p.name, (None,))[0] is not p:
+        owner = preset_of_rule(p.rule.name) is p
+        sts = [_parse(base) for base in p.members]
+        _MEMBERS[p.name] = p, [st if p.rule.name == DEFAULT_RULES[st.placement] else
+                               replace(st, engine=p.name) if owner else replace(st, route_rule=p.rule.name)
+                               for st in sts]
+    return list(_MEMBERS[p.name][1])
 
 
 def engine_strategies(engine: str) -> list[str]:
@@ -367,13 +375,18 @@ def canonical_names() -> list[str]:
                            "<name>@<rule>"]
 
 
+_PRESET_VALUES: dict = {}
+
+
 def _door(n) -> list[Strategy]:
     if isinstance(n, Strategy):
         return [n]
     n = ALIASES.get(n, n)
     n = "kernel-native" if n == "kernel_native" else n
     if n in PRESETS:
-        return [parse_strategy(m) for m in PRESETS[n]]
+        if n not in _PRESET_VALUES:  # each preset's names parsed once
+            _PRESET_VALUES[n] = [_parse(m) for m in PRESETS[n]]
+        return list(_PRESET_VALUES[n])
     if n in ENGINE_PRESETS:
         return engine_members(n)
     return [parse_strategy(n)]
@@ -389,7 +402,7 @@ def expand(names) -> list[Strategy]:
     if isinstance(names, (str, Strategy)):
         names = [names]
     out = {}
-    for n in names:
+    for n in dict.fromkeys(names):  # a name given twice is read once
         for st in _door(n):
             out.setdefault(st.name, st)
     return list(out.values())

@@ -77,6 +77,8 @@ def strategy_engine(name: str) -> str:
     lab's proposals on the PR-era routes; ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for
     ``packed``, the lab's own kernel)."""
     st = parse_strategy(name)
+    if st.engine:  # an engine version's own rule: its release (mla_lab.engines record)
+        return st.engine_release
     if st.rule is None:
         return "modelled"
     if st.rule == "vllm-flashmla":
