@@ -45,18 +45,22 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route", "preset_table", "SUBCHUNK_GRAPH",
            "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "today_engines", "resolve_engine",
            "engine_summary", "engine_table", "blackwell_rows", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
-           "STRATEGY_NOTES", "preset_label", "strategy_notes", "FA3_DECODE_PLACEMENTS"]
+           "STRATEGY_NOTES", "preset_label", "strategy_notes", "FA3_DECODE_PLACEMENTS", "KINDS"]
 
-PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
-              "kernel_native", "fa3_sparse", "packed")
-#: The route rule (:func:`mla_lab.routes.rules`) each placement runs under unless its value says otherwise:
-#: vLLM's FLASHMLA_SPARSE on the PR-era routes, SGLang with ``flashmla_sparse`` forced, vLLM's FA3 sparse as PR
-#: #46189 added it, the lab's packed kernel; ``kernel_native`` none (always ``sparse-mqa``).
-DEFAULT_RULES = {"per_call_empty": "vllm-flashmla", "private_workspace": "vllm-flashmla",
-                 "shared_workspace": "vllm-flashmla", "subchunk": "vllm-flashmla", "per_call_zeros": "sglang-flashmla",
-                 "fa3_sparse": "vllm-fa3", "kernel_native": None, "packed": "mla_lab-packed"}
-#: Placements whose decode tokens run on vLLM 0.33.0's FA3 sparse (per token: nothing to pack or pad).
-FA3_DECODE_PLACEMENTS = ("fa3_sparse", "packed")
+#: One row per placement (adding a strategy adds a row here, and its pricing in :mod:`mla_lab.model`):
+#: ``(default route rule, Q layout, decode on FA3 sparse)``. The rule (:func:`mla_lab.routes.rules`) holds unless the
+#: value says otherwise (vLLM's FLASHMLA_SPARSE on the PR-era routes, SGLang with ``flashmla_sparse`` forced, FA3
+#: sparse as PR #46189 added it, the lab's packed kernel; ``kernel_native``: none, always ``sparse-mqa``). Layout:
+#: ``per_call`` (a pad tensor + copy per call), ``workspace`` (a padded workspace the concat writes), ``real`` (no
+#: padded Q). FA3 decode: decode tokens run per token on vLLM 0.33.0's FA3 sparse (nothing to pack or pad).
+KINDS = {"per_call_empty": ("vllm-flashmla", "per_call", False),
+         "per_call_zeros": ("sglang-flashmla", "per_call", False), "private_workspace": ("vllm-flashmla", "workspace", False),
+         "shared_workspace": ("vllm-flashmla", "workspace", False), "subchunk": ("vllm-flashmla", "workspace", False),
+         "kernel_native": (None, "real", False), "fa3_sparse": ("vllm-fa3", "real", True),
+         "packed": ("mla_lab-packed", "real", True)}
+PLACEMENTS = tuple(KINDS)
+DEFAULT_RULES = {p: k[0] for p, k in KINDS.items()}
+FA3_DECODE_PLACEMENTS = tuple(p for p, k in KINDS.items() if k[2])
 CONTENTS = ("zeros", "stale")
 ZERO_POLICIES = ("zero_once", "zero_per_call", "none")
 #: Sub-chunk sizes the sweep prices by default (rows of the padded workspace).
@@ -105,8 +109,8 @@ class Strategy:
 
     @property
     def padded(self) -> bool:
-        """FlashMLA gets a head-padded Q (all but ``kernel_native``, ``fa3_sparse`` and ``packed``)."""
-        return self.placement not in ("kernel_native", "fa3_sparse", "packed")
+        """FlashMLA gets a head-padded Q (layout not ``real``)."""
+        return KINDS[self.placement][1] != "real"
 
     @property
     def views_handoff(self) -> bool:
@@ -124,12 +128,12 @@ class Strategy:
     @property
     def pre_padded(self) -> bool:
         """The padded Q is a workspace the concat writes into (no per-call pad)."""
-        return self.placement in ("private_workspace", "shared_workspace", "subchunk")
+        return KINDS[self.placement][1] == "workspace"
 
     @property
     def per_call_pad(self) -> bool:
         """A pad tensor is allocated and the real heads copied in on every layer call."""
-        return self.placement in ("per_call_empty", "per_call_zeros")
+        return KINDS[self.placement][1] == "per_call"
 
     @property
     def concat_zeroes_padding(self) -> bool:
@@ -436,35 +440,27 @@ def fixed_strategies() -> list[str]:
     return list(_FIXED)
 
 
-#: The sub-chunk strategy measured fastest (H200, 5 fresh processes, ``subgraph.csv``): 2 x 2048-row workspaces,
-#: two streams, the chunk loop in one CUDA graph (issue 23).
+#: The sub-chunk strategy measured fastest (H200, 5 fresh processes, ``subgraph.csv``; issue 23).
 SUBCHUNK_GRAPH = "subchunk:2048:graph2"
 
-#: What the seed's model comparison prices (:func:`mla_lab.model.ttft.compare_strategies` default): every engine
-#: preset's members, the shared workspace zeroed per call, the sub-chunk sizes of :data:`SUBCHUNK_ROWS` and
-#: :data:`SUBCHUNK_GRAPH`.
+#: What the seed's model comparison prices (:func:`mla_lab.model.ttft.compare_strategies` default).
 SEED_STRATEGIES = tuple(expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"]
                                           + [f"subchunk:{s}" for s in SUBCHUNK_ROWS] + [SUBCHUNK_GRAPH]))
 
-#: The sweep's default ``strategies`` parameter: every engine preset, the shared workspace with the concat zeroing
-#: its padded heads, the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with the three hand-offs, and the lab's
-#: packed kernel (door names; the report's frontier draws ``packed`` beside the engines' strategies).
+#: The sweep's default ``strategies`` parameter (door names).
 SWEEP_STRATEGIES = (*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
                     *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS), *(f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS),
                     "packed")
 
-#: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
+#: The strategies the explorer prices.
 EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
-#: Measured by default on a GPU (:mod:`mla_lab.measure.attention`): both ends of vLLM before PR #53878, the PR, after
-#: PR #56902 (and with the concat zeroing the padded heads), SGLang's padded route and a sub-chunked workspace.
+#: Measured by default on a GPU (:mod:`mla_lab.measure.attention`).
 MEASURED_STRATEGIES = ("per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "shared_workspace:none",
                        "shared_workspace:zero_per_call", "per_call_zeros", "subchunk:4096")
-#: ``mla-lab serve``'s default presets and the serving demo's: vLLM before PR #53878, at it, after PR #56902.
-#: ``mla-lab measure``'s ``attention_strategies`` default ``--strategies``: the PR's path, the pre-PR per-call pad,
-#: and the sub-chunked workspaces (two S-row workspaces on two streams in one CUDA graph, S = 2048 / 4096; S = 2048
-#: as views): the strategies of ``data/measured/h200/between_process/strategies.csv``.
+#: ``mla-lab measure``'s ``attention_strategies`` default: those of ``data/measured/h200/between_process/strategies.csv``.
 TIMED_STRATEGIES = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:graph2", "subchunk:4096:graph2",
                     "subchunk:2048:views")
+#: ``mla-lab serve``'s default presets: vLLM before PR #53878, at it, after PR #56902.
 SERVE_PRESETS = ("vllm-pre-53878", "vllm-53878", "vllm-56902")
 
 
@@ -505,10 +501,7 @@ SEED_COMPARISONS = (
 )
 
 #: (label, strategy, against, engine) of the PR's trade by engine version
-#: (:func:`mla_lab.report.seed_answer.pr_trade_by_engine`): as it was (the PR's build), as it is in vLLM 0.33.0 with
-#: FLASHMLA_SPARSE forced (the PR's workspace, by then the per-call shared view, against the pre-PR per-call pad, both
-#: under 0.33.0's routes: 1024-token prefills dense MHA, the padded kernel on decode rows only), and vLLM 0.33.0's
-#: default FA3 sparse against that forced path.
+#: (:func:`mla_lab.report.seed_answer.pr_trade_by_engine`).
 PR_TRADE_BY_ENGINE = (
     ("as it was: the PR's build vs vLLM before it (FLASHMLA_SPARSE forced)", "private_workspace",
      "per_call_empty:zeros", "vllm@pr53878"),

@@ -150,17 +150,20 @@ class RouteChoice:
     source: str
 
 
+def _as_list(v) -> list:
+    return [v] if isinstance(v, int) and not isinstance(v, bool) else list(v)
+
+
 def _lengths(seq_lens, query_lens) -> tuple[list, list]:
     """Checked ``(seq_lens, query_lens)`` lists (an int is a batch of one)."""
     if seq_lens is None:
         raise ValueError("seq_lens=None: a prefill route needs each prefill's seq_len (an int or a list of ints)")
-    as_list = (lambda v: [v] if isinstance(v, int) and not isinstance(v, bool) else list(v))
-    lens = as_list(seq_lens)
+    lens = _as_list(seq_lens)
     if not lens:
         raise ValueError("seq_lens=[] is empty; allowed: at least one positive int")
     for s in lens:
         check_int("seq_len", s)
-    qlens = lens if query_lens is None else as_list(query_lens)
+    qlens = lens if query_lens is None else _as_list(query_lens)
     if len(qlens) != len(lens):
         raise ValueError(f"query_lens has {len(qlens)} entries for {len(lens)} seq_lens; allowed: one per request")
     for q, s in zip(qlens, lens):

@@ -1,32 +1,14 @@
-"""Check the engine facts the lab relies on against a release wheel, by reading its Python sources with ``ast``.
+"""Check the engine records' facts against a release wheel by reading its Python sources with ``ast``.
 
-A release wheel is a zip file; this module opens it with :mod:`zipfile`, reads the ``.py`` files the presets cite
-(:attr:`mla_lab.engines.record.Source.path`) and parses them with :mod:`ast`. It never installs or imports the
-engine (vLLM 0.33.0 pins torch 2.14 and ships CUDA libraries; importing it is neither needed nor wanted).
-
-How one :class:`~mla_lab.engines.record.Source` is checked (structure, not text: no regular expression on prose):
-
-1. **scope**: ``""`` is the whole module; ``"Cls.method"`` / ``"function"`` is that class / function (nested
-   definitions are found by their dotted name); a module-level variable name (``DEFAULT_..._ARCHITECTURES``,
-   ``_TEXT_GENERATION_MODELS``) is the value assigned to it.
-2. **code**: a snippet of Python parsed with :func:`ast.parse`. A node inside the scope *matches* when its
-   ``ast.dump`` (positions left out) equals the snippet's, with three widenings: a ``Call`` matches when the
-   callee is the same and every keyword / leading positional argument of the snippet is there (so
-   ``flash_attn_varlen_func(q_v=q_nope, fa_version=3)`` matches the full call); a ``Dict`` matches a dict literal
-   holding every key/value pair of the snippet; a ``Set`` / ``frozenset({...})`` snippet matches a set literal
-   holding its elements.
-3. **line**: the fact's recorded line (``"754"`` or ``"766-777"``) must overlap a matching node's lines, else the
-   fact *holds but moved* (reported with the line found).
-
-The report (:func:`check_wheel`) lists every fact as ``holds`` (with ``file:line`` found), ``moved`` (holds at
-another line), ``fails`` (the scope exists but nothing matches: what stands there instead, for assignments to the
-same target), ``missing`` (file or scope absent). :func:`write_report` writes it as JSON and Markdown under
-``data/engines/`` (``wheel_facts_<engine>-<version>.json`` / ``.md``); an existing file is replaced only with
-``overwrite=True`` (the lab's own reports are rewritten by the same command, see :func:`write_report`).
-
-Downloading (:func:`download_wheel`) runs ``python -m pip download --no-deps --only-binary=:all:`` for one
-``engine==version`` into a folder (no install): the vLLM wheel is ~336 MB, so tests run the check only when the
-wheels are already present (env ``MLA_LAB_WHEELS``, default ``/work/wheels``).
+The wheel is opened as a zip (:mod:`zipfile`); the engine is never installed or imported. A
+:class:`~mla_lab.engines.record.Source` is checked by structure: its ``scope`` (``""`` the module, ``"Cls.method"``,
+a function, or a module-level variable's value) must hold a node matching its ``code`` (``ast.dump`` equal, or a
+``Call`` with the snippet's callee and arguments among more, a ``Dict`` / ``Set`` literal holding the snippet's
+entries); its recorded line must overlap the match, else the fact *moved*. Statuses: ``holds``, ``moved``, ``fails``
+(the scope exists, nothing matches: what stands there instead), ``missing`` (file or scope absent).
+:func:`write_report` writes ``wheel_facts_<engine>-<version>.json`` / ``.md`` (``overwrite=True`` to replace);
+:func:`download_wheel` runs ``pip download --no-deps --only-binary=:all:`` (tests use wheels already in
+``MLA_LAB_WHEELS``, default ``/work/wheels``).
 """
 
 from __future__ import annotations
@@ -112,7 +94,7 @@ def _matches(want, node) -> bool:
 
 
 def _scope(tree: ast.Module, scope: str):
-    """The node ``scope`` names (see the module docstring), or None."""
+    """The node ``scope`` names, or None."""
     if not scope:
         return tree
     parts = scope.split(".")
