@@ -86,6 +86,7 @@ class EngineRule:
         prefill_graph_max_tokens: steps of at most this many tokens run in a prefill CUDA graph, dense route off
             (SGLang 0.5.23); 0: none.
         mqa_only_reason: why a family outside ``dense_models`` takes the backend route.
+        family_reasons: ``((family, why), ...)``: that reason for one family (GLM on vLLM's MQA-only wrapper).
     """
 
     name: str
@@ -101,6 +102,7 @@ class EngineRule:
     uniform_decodes: bool = False
     prefill_graph_max_tokens: int = 0
     mqa_only_reason: str = ""
+    family_reasons: tuple = ()
 
     def decode_threshold(self, num_heads: int | None = None) -> int:
         """Query tokens per request still a decode at ``num_heads`` heads per rank (None: the default)."""

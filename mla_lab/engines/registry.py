@@ -11,6 +11,7 @@ import importlib
 import pkgutil
 
 from . import presets as _presets
+from .presets._pr_era import LAB_CLAIMS
 from .record import EnginePreset, EngineVersion, Fact
 
 __all__ = ["ENGINE_PRESETS", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS", "register", "engine_names",
@@ -55,7 +56,6 @@ def register(preset: EnginePreset) -> EnginePreset:
 for _m in pkgutil.iter_modules(_presets.__path__):
     if not _m.name.startswith("_"):
         register(importlib.import_module(f"{_presets.__name__}.{_m.name}").PRESET)
-from .presets._pr_era import LAB_CLAIMS  # noqa: E402  (what the PR-era presets relied on, checked in each wheel)
 
 
 def engine_names() -> list[str]:
