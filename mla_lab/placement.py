@@ -54,7 +54,8 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
 #: ``per_call`` (a pad tensor + copy per call), ``workspace`` (a padded workspace the concat writes), ``real`` (no
 #: padded Q). FA3 decode: decode tokens run per token on vLLM 0.33.0's FA3 sparse (nothing to pack or pad).
 KINDS = {"per_call_empty": ("vllm-flashmla", "per_call", False),
-         "per_call_zeros": ("sglang-flashmla", "per_call", False), "private_workspace": ("vllm-flashmla", "workspace", False),
+         "per_call_zeros": ("sglang-flashmla", "per_call", False),
+         "private_workspace": ("vllm-flashmla", "workspace", False),
          "shared_workspace": ("vllm-flashmla", "workspace", False), "subchunk": ("vllm-flashmla", "workspace", False),
          "kernel_native": (None, "real", False), "fa3_sparse": ("vllm-fa3", "real", True),
          "packed": ("mla_lab-packed", "real", True)}
@@ -457,7 +458,7 @@ EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
 #: Measured by default on a GPU (:mod:`mla_lab.measure.attention`).
 MEASURED_STRATEGIES = ("per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "shared_workspace:none",
                        "shared_workspace:zero_per_call", "per_call_zeros", "subchunk:4096")
-#: ``mla-lab measure``'s ``attention_strategies`` default: those of ``data/measured/h200/between_process/strategies.csv``.
+#: ``mla-lab measure``'s ``attention_strategies`` default (``data/measured/h200/between_process/strategies.csv``).
 TIMED_STRATEGIES = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:graph2", "subchunk:4096:graph2",
                     "subchunk:2048:views")
 #: ``mla-lab serve``'s default presets: vLLM before PR #53878, at it, after PR #56902.
@@ -556,7 +557,8 @@ _BACKEND_LABELS = {"FLASH_ATTN_MLA_SPARSE": "FA3 sparse", "FLASH_ATTN_MLA_SPARSE
 def _padded_path(backend: str, pad: int, num_heads: int, prefill_route: str, decode_route: str) -> str:
     """Where the padded FlashMLA kernel runs, in words."""
     label = _BACKEND_LABELS.get(backend, backend)
-    where = [w for w, r in (("prefill rows", prefill_route), ("decode rows", decode_route)) if pad and r == "sparse-mqa"]
+    where = [w for w, r in (("prefill rows", prefill_route), ("decode rows", decode_route))
+             if pad and r == "sparse-mqa"]
     if not where:
         return (f"nowhere: {label} takes the real {num_heads} heads" if not pad else
                 "nowhere at this prompt length (prefill rows dense MHA, decode rows another backend)")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Source", "Fact", "EngineVersion", "EngineRule", "EnginePreset", "src", "pr_src", "rule_name", "version_rule"]
+__all__ = ["Source", "Fact", "EngineVersion", "EngineRule", "EnginePreset", "src", "pr_src", "rule_name",
+           "version_rule"]
 
 
 @dataclass(frozen=True)
