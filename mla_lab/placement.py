@@ -1,22 +1,13 @@
-"""Strategies: where the padded Q lives (placement) x what its padded heads hold (content), and the route rule
-it runs under. A :class:`Strategy` is one typed value, parsed once at the door (:func:`expand`,
-:func:`parse_strategy`) and carried below it; ``docs/design.md`` and ``docs/glossary.md`` describe each placement.
+"""Strategies: where the padded Q lives (placement, :data:`KINDS`) x what its padded heads hold (content) x the
+route rule it runs under. A :class:`Strategy` is one typed value, parsed once at the door (:func:`expand`) and
+carried below it; ``docs/glossary.md`` describes each placement. FlashMLA's sparse prefill takes 64 or 128 query
+heads (``csrc/api/sparse_fwd.h``); a TP rank's ``H`` real heads are padded to ``H'``
+(:func:`mla_lab.buffers.padded_num_heads`).
 
-FlashMLA's sparse prefill kernel takes 64 or 128 query heads (``csrc/api/sparse_fwd.h``); a TP rank holds fewer, so
-the Q of ``H`` real heads is padded to ``H'`` (:func:`mla_lab.buffers.padded_num_heads`). Placements
-(:data:`PLACEMENTS`): ``per_call_empty`` (``q.new_empty`` pad + copy per call: vLLM before PR #53878),
-``per_call_zeros`` (``new_zeros``: SGLang), ``private_workspace`` (a padded workspace of its own: vLLM PR #53878),
-``shared_workspace`` (a padded view of the workspace shared with MoE / indexer scratch: vLLM PR #56902),
-``subchunk`` (``S`` rows at a time: the lab's proposal), ``kernel_native`` (real-head FlashMLA, modelled),
-``fa3_sparse`` (vLLM ``FLASH_ATTN_MLA_SPARSE``: no padded Q) and ``packed`` (the lab's packed kernel,
-:mod:`mla_lab.kernels.packed`; ``packed:<overlap>`` assumes another pairwise top-k overlap).
-
-Canonical names (:func:`canonical_names`): ``per_call_empty:zeros|stale``, ``per_call_zeros``,
-``private_workspace``, ``shared_workspace:none|zero_per_call``, ``subchunk:<S>[:views|:graph2]``,
-``kernel_native``, ``fa3_sparse``, ``packed[:<overlap>]``, each optionally ``@<rule>``: a route rule that is not the
-placement's default (:data:`DEFAULT_RULES`). The rule of an engine version (``@vllm-0.33.0``) makes the value's
-:attr:`Strategy.engine` that version (``vllm@0.33.0``). Door names: strategy presets (:data:`PRESETS`), the first
-version's aliases (:data:`ALIASES`) and engine versions (:mod:`mla_lab.engines`: their members).
+Canonical names (:func:`canonical_names`): ``per_call_empty:zeros|stale``, ``per_call_zeros``, ``private_workspace``,
+``shared_workspace:none|zero_per_call``, ``subchunk:<S>[:views|:graph2]``, ``kernel_native``, ``fa3_sparse``,
+``packed[:<overlap>]``, each optionally ``@<rule>`` (a rule not the placement's default; an engine version's rule,
+``@vllm-0.33.0``, sets :attr:`Strategy.engine`). Door names: :data:`PRESETS`, :data:`ALIASES`, engine versions.
 """
 
 from __future__ import annotations

@@ -18,37 +18,15 @@ import json
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .record import EngineVersion, Source
-from .registry import ENGINE_PRESETS, engine_version, version_facts
+from .record import Source
+from .registry import engine_version, version_facts
 
-__all__ = ["FactResult", "check_source", "check_wheel", "find_wheel", "download_wheel", "write_report",
+__all__ = ["check_source", "check_wheel", "find_wheel", "download_wheel", "write_report",
            "format_report", "wheel_version"]
 
 STATUSES = ("holds", "moved", "fails", "missing")
-
-
-@dataclass
-class FactResult:
-    """One fact checked: ``status`` in :data:`STATUSES`, ``found`` = lines of the matching nodes (``"754"`` /
-    ``"766-777"``), ``instead`` = what stands in the scope instead (``fails``), ``detail`` = why."""
-
-    preset: str
-    key: str
-    text: str
-    path: str
-    line: str
-    scope: str
-    code: str
-    status: str
-    found: list = field(default_factory=list)
-    instead: list = field(default_factory=list)
-    detail: str = ""
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 def _dump(node) -> str:
@@ -193,7 +171,8 @@ def check_wheel(wheel: str | Path) -> dict:
 
     Returns:
         ``{"engine", "version", "wheel", "wheel_built" (the newest zip entry's date), "counts" {status: n} (of the
-        presets' facts), "facts": [FactResult.as_dict()], "lab_claims": [FactResult.as_dict() + still_holds]}``
+        presets' facts), "facts": [{preset, key, text, path, line, scope, code, status, found, instead, detail}],
+        "lab_claims": [the same + still_holds]}``
         (``lab_claims``: what the lab's PR-era presets relied on, :data:`mla_lab.engines.LAB_CLAIMS`).
 
     Raises:
@@ -219,15 +198,15 @@ def check_wheel(wheel: str | Path) -> dict:
             if src.path not in cache:
                 cache[src.path] = zf.read(src.path).decode() if src.path in names else None
             status, found, instead, detail = check_source(cache[src.path], src)
-            results.append(FactResult(preset, fact.key, fact.text, src.path, src.line, src.scope, src.code,
-                                      status, found, instead, detail))
-    lab = [r for r in results if r.preset == "lab (PR-era)"]
-    results = [r for r in results if r.preset != "lab (PR-era)"]
-    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+            results.append(dict(preset=preset, key=fact.key, text=fact.text, path=src.path, line=src.line,
+                                scope=src.scope, code=src.code, status=status, found=found, instead=instead,
+                                detail=detail))
+    lab = [r for r in results if r["preset"] == "lab (PR-era)"]
+    results = [r for r in results if r["preset"] != "lab (PR-era)"]
+    counts = {s: sum(r["status"] == s for r in results) for s in STATUSES}
     return {"engine": ev.engine, "version": ev.version, "wheel": p.name,
             "wheel_built": "%04d-%02d-%02d" % built[:3], "release_date": ev.release_date, "counts": counts,
-            "facts": [r.as_dict() for r in results],
-            "lab_claims": [{**r.as_dict(), "still_holds": r.status in ("holds", "moved")} for r in lab]}
+            "facts": results, "lab_claims": [{**r, "still_holds": r["status"] in ("holds", "moved")} for r in lab]}
 
 
 def find_wheel(folder: str | Path, engine: str, version: str) -> Path | None:
@@ -306,7 +285,3 @@ def write_report(rep: dict, folder: str | Path, overwrite: bool = False) -> tupl
     paths[0].write_text(json.dumps(rep, indent=1) + "\n")
     paths[1].write_text(format_report(rep))
     return paths
-
-
-def _presets_of(ev: EngineVersion) -> list[str]:
-    return [p.name for p in ENGINE_PRESETS.values() if p.engine_version == ev]
