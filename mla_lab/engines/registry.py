@@ -1,15 +1,13 @@
-"""The engine versions the lab describes: every ``PRESET`` of :mod:`mla_lab.engines.presets` (one module each, found
-at import), plus any :func:`register` ed at run time; and the lookups every layer above reads them through.
-
-Backend availability (:data:`BACKENDS`) is vLLM 0.33.0's ``supports_compute_capability`` /
-``supported_kv_cache_dtypes`` of each sparse backend class.
-"""
+"""The engine versions the lab describes: the ``PRESET`` of every module of :mod:`mla_lab.engines.presets` (found
+at import) and any :func:`register` ed later; the lookups every layer above reads them through. :data:`BACKENDS`:
+vLLM 0.33.0's ``supports_compute_capability`` / ``supported_kv_cache_dtypes`` of each sparse backend class."""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
 
+from .._validate import check_int
 from . import presets as _presets
 from .presets._pr_era import LAB_CLAIMS
 from .record import EnginePreset, EngineVersion, Fact
@@ -212,8 +210,7 @@ def fp8_reserved_bytes(num_heads: int, max_num_batched_tokens: int, max_model_le
     """
     for name, v in (("num_heads", num_heads), ("max_num_batched_tokens", max_num_batched_tokens),
                     ("max_model_len", max_model_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ValueError(f"{name}={v!r} must be a positive int")
+        check_int(name, v)
     T, H, Hp = max_num_batched_tokens, num_heads, -(-num_heads // 64) * 64
     factor = 5 if max_model_len <= 256 * 1024 else 2
     out = {"q_concat": T * H * head_size * 2, "prefill_gather": factor * max_model_len * head_size * 2,
