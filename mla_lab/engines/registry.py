@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .._validate import check_int
 from . import presets as _presets
 from .presets._pr_era import LAB_CLAIMS
 from .record import EnginePreset, EngineVersion, Fact
@@ -210,7 +209,8 @@ def fp8_reserved_bytes(num_heads: int, max_num_batched_tokens: int, max_model_le
     """
     for name, v in (("num_heads", num_heads), ("max_num_batched_tokens", max_num_batched_tokens),
                     ("max_model_len", max_model_len)):
-        check_int(name, v)
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name}={v!r} must be a positive int")
     T, H, Hp = max_num_batched_tokens, num_heads, -(-num_heads // 64) * 64
     factor = 5 if max_model_len <= 256 * 1024 else 2
     out = {"q_concat": T * H * head_size * 2, "prefill_gather": factor * max_model_len * head_size * 2,
