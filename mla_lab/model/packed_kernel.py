@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..arch import GPUArch, get_arch
-from ..engines.versions import BACKENDS
+from ..engines import BACKENDS
 from ..paths import REPO_ROOT, calibration_dir
 from ..rank import RankView
 from ..union_layout import union_buffer_bytes
@@ -80,7 +80,7 @@ TERMS = {"flash_tile": "hybrid: shared key-tiles", "rest_tile": "hybrid: rest ke
 
 
 def _fa3_runs(arch: GPUArch) -> bool:
-    """FA3 sparse (FLASH_ATTN_MLA_SPARSE) runs on ``arch`` (:data:`mla_lab.engines.versions.BACKENDS`)."""
+    """FA3 sparse (FLASH_ATTN_MLA_SPARSE) runs on ``arch`` (:data:`mla_lab.engines.BACKENDS`)."""
     return arch.capability[0] in BACKENDS["FLASH_ATTN_MLA_SPARSE"][0]
 
 
@@ -448,7 +448,7 @@ def packed_strategy(overlap: float | None) -> str:
 
 #: What :func:`packed_summary` names as the fallback and decode kernel on sm100, where FA3 sparse (a Hopper kernel)
 #: does not run: vLLM 0.33.0's real-head sparse backend there (FLASH_ATTN_MLA_SPARSE_FA4 with a bf16 KV cache,
-#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/versions.py), priced with FA3 sparse's model.
+#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/presets/vllm_0_33_0.py), priced with FA3 sparse's model.
 SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer sparse, priced with FA3 sparse's model"
 
 
