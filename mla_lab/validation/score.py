@@ -15,23 +15,18 @@ import json
 import statistics
 import sys
 
-from ..paths import REPO_ROOT
+from . import BLIND as PRED
+from . import BLIND_B as ROUND_TWO_PRED
+from . import BLIND_B_RESULTS as ROUND_TWO_RESULTS
+from . import BLIND_B_SCORE as ROUND_TWO_SCORE
+from . import BLIND_RESULTS as RESULTS
+from . import BLIND_SCORE as SCORE
+from . import PR53878_PREDICTION as LAB_NOISE
 from . import write_record
 
 __all__ = ["PRED", "RESULTS", "SCORE", "score", "repeat_spreads", "main", "METRIC_CLASS", "LAB_NOISE",
            "ROUND_TWO_PRED", "ROUND_TWO_RESULTS", "ROUND_TWO_SCORE", "score_round_two", "round_medians", "GROUPS"]
 
-#: the lab's single-run model: two runs of one build (A vs A') differ by this 95 % band (%), per metric
-#: (data/validation/pr53878_main_prediction.json, change_distribution.*.identical_builds.band95)
-LAB_NOISE = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
-
-PRED = REPO_ROOT / "data" / "validation" / "blind_2026-12.json"
-RESULTS = REPO_ROOT / "data" / "validation" / "blind_2026-12_results.json"
-SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12_score.json"
-#: round two (issue 37): predictions committed before the results; the score adds the medians of both rounds
-ROUND_TWO_PRED = REPO_ROOT / "data" / "validation" / "blind_2026-12b.json"
-ROUND_TWO_RESULTS = REPO_ROOT / "data" / "validation" / "blind_2026-12b_results.json"
-ROUND_TWO_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12b_score.json"
 #: the four figures the issue asks the median |error| of; TTFT and TPOT take the mean where the run states it,
 #: else the median (the SGLang cookbook states P50 only): one figure per run and backend
 GROUPS = {"duration": (("duration",),), "throughput": (("request_throughput",), ("output_throughput",),
