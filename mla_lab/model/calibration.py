@@ -1,16 +1,5 @@
-"""The lab's one calibration type: per op-class efficiencies, attention-path efficiencies, comm assumptions.
-
-An op's modelled time (:func:`mla_lab.model.timing.op_time_ms`) is a roofline against the GPU's datasheet rates
-(:mod:`mla_lab.arch`) scaled by the efficiencies held here:
-
-- ``classes``: ``{op_class: ClassEff}`` for the layer's roofline classes (``gemm``, ``moe_gemm``, ``bmm``, ``norm``,
-  ...), each with a per-op overhead (floor or added, :class:`ClassEff`).
-- ``attention``: ``{op: eff}`` for the attention-path ops (``concat``, ``pad``, ``kernel``, ``out_slice``): the
-  kernel's fraction of dense bf16 TFLOP/s, the byte ops' fraction of HBM bandwidth.
-- ``comm_efficiency`` / ``comm_latency_us``: the ring-collective assumptions (not measured: 0.8, 0), used for
-  every collective and world size without a measurement.
-- ``comm``: the measured all-reduce fits by world size (:mod:`mla_lab.model.comm`), which replace the assumption
-  for an all-reduce over a world size that was measured.
+"""The lab's one calibration type (:class:`Calibration`: per op-class and attention-path efficiencies against the
+GPU's datasheet rates, comm assumptions and fits) and the one way a calibration file is read (:func:`load_file`).
 
 Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibration_dir`), each read once per
 (reader, path, mtime) by :func:`load_file` and fitted by its entry of :data:`mla_lab.fits.FITS`: ``h200_ops.csv``
@@ -85,37 +74,22 @@ _FALLBACK = {"gemm_fp8": "gemm", "moe_gemm": "gemm", "moe_gemm_fp8": "gemm_fp8",
 
 @dataclass(frozen=True)
 class Calibration:
-    """Efficiencies and assumptions the cost model prices ops with (the only calibration type).
+    """Efficiencies and assumptions the cost model prices ops with (:func:`mla_lab.model.timing.op_time_ms`).
 
     Attributes:
         classes: ``{op_class: ClassEff}`` (roofline classes; missing classes borrow via ``_FALLBACK``).
-        attention: ``{op: eff}`` for ``concat``/``pad``/``kernel``/``out_slice`` (fractions of HBM GB/s for the
-            byte ops, of dense bf16 TFLOP/s for ``kernel``).
-        name: where the numbers came from (file and GPU); shown in every modelled row.
-        arch: the GPU the efficiencies were measured on.
-        comm_efficiency: fraction of per-direction NVLink bandwidth a ring collective reaches (assumption 0.8).
-        comm_latency_us: fixed cost per collective (assumption 0).
+        attention: ``{op: eff}``: ``kernel`` a fraction of dense bf16 TFLOP/s; ``concat``, ``pad``, ``pad_copy``,
+            ``out_slice``, ``chunk_out`` (default ``out_slice``'s) fractions of HBM GB/s; ``chunk_overhead_us`` /
+            ``graph_chunk_overhead_us`` a fixed cost per extra eager / graphed sub-chunk (us, 0 unless measured).
+        name: where the numbers came from (file and GPU); shown in every modelled row. arch: the GPU measured on.
+        comm_efficiency, comm_latency_us: the ring collective's assumption (0.8 of per-direction NVLink, 0 us).
         comm_small_latency_us, comm_small_max_bytes, comm_small_source: an extra fixed cost (us) of an all-reduce
-            smaller than ``comm_small_max_bytes`` (B) that no measured fit prices, and where it comes from
-            (:meth:`with_small_comm_latency`; 0 unless set: the serving pricer's decode calibration sets it).
-        comm: measured all-reduce fits by world size (:class:`~mla_lab.model.comm.CommModel`) or None; where one
-            exists for a world size it prices that world size's all-reduce instead of the assumption.
-        content: the padded-head content factor (:class:`~mla_lab.model.content.ContentModel`, fitted on an H200)
-            or None when no fit exists (stale content then costs nothing extra, and rows say the factor is absent).
-        content_step: stale padded heads priced over the whole step (:class:`~mla_lab.model.content.StepContentModel`,
-            fitted on an H200 78-layer loop, ``h200_content_step.csv``) or None.
-        content_scope: ``step`` (default: :attr:`content_step` prices stale content in
-            :func:`~mla_lab.model.timing.step_time_ms` / ``layer_time_ms`` — the attention path and every other
-            compute op of the step — and a lone op is priced with zero content) or ``kernel`` (the kernel-only
-            factor :attr:`content` on the kernel op, the lab's model before issue 21; kept for comparison:
-            :meth:`with_content_scope`). ``step`` without a step fit falls back to ``kernel``
-            (:meth:`step_content`).
-
-    Attention entries beyond the four ops: ``pad_copy`` (a copy into a ``new_empty`` pad tensor), ``chunk_out``
-    (the sub-chunk's ``out[:, :H]`` copy; the ``out_slice`` efficiency unless measured) and
-    ``chunk_overhead_us`` (a fixed cost per sub-chunk, us; 0 unless measured) and ``graph_chunk_overhead_us``
-    (the same for ``subchunk:<S>:graph2``'s graphed two-stream loop against the PR's path graphed, us; 0 unless
-    measured: :func:`load_subchunk_graph_overhead`).
+            below ``comm_small_max_bytes`` (B) that no fit prices, and its source (:meth:`with_small_comm_latency`).
+        comm: measured all-reduce fits by world size (:class:`~mla_lab.model.comm.CommModel`) or None.
+        content, content_step: the kernel-only and the whole-step padded-head content fits
+            (:mod:`mla_lab.model.content`) or None.
+        content_scope: ``step`` (default; stale content priced over the step, :meth:`step_content`; falls back to
+            ``kernel`` without a step fit) or ``kernel`` (the factor on the kernel op only, before issue 21).
     """
 
     classes: dict = field(default_factory=dict)

@@ -1,36 +1,17 @@
-"""The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200.
+"""The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200
+(``data/measured/h200/round2/decode_*.csv`` -> ``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits
+decode``), used by :class:`mla_lab.serving.engine_pricer.EnginePricer` on top of the prefill
+:class:`~mla_lab.model.calibration.Calibration`:
 
-The cost model's :class:`~mla_lab.model.calibration.Calibration` holds the per-class efficiencies fitted on prefill
-shapes (``data/calibration/h200_ops.csv``); :class:`DecodeCalibration` adds what decode-sized steps need, fitted on
-the H200 decode measurements (``data/measured/h200/round2/decode_*.csv`` -> ``data/calibration/h200_decode.csv``,
-``python -m mla_lab.fits decode``). The pricer that uses it is :class:`mla_lab.serving.engine_pricer.EnginePricer`.
-
-- **GPU time of small ops** (:attr:`DecodeCalibration.graph_floors`): the committed per-class overheads were fitted
-  on eagerly launched ops, where the host's launch cost shows up as a floor (5-15 us); replayed inside a CUDA graph
-  the same kernels cost 2-6 us. Each roofline class gets its graph-replay overhead
-  (:meth:`DecodeCalibration.graph_calibration`; its efficiencies stay the committed ones); the attention-path byte
-  ops (concat, pad, ...) get a fixed cost per kernel launched (:attr:`~DecodeCalibration.attn_floor_us`).
-- **The decode indexer** (:attr:`~DecodeCalibration.idx_decode`): a bandwidth-bound scan of the request's cached
-  indexer keys (a :class:`~mla_lab.model.calibration.ClassEff`).
-- **The decode top-k** (:attr:`~DecodeCalibration.topk_decode`, :meth:`~DecodeCalibration.topk_ms`):
-  ``f + a * c_max + b * sum(c)`` us for ``torch.topk`` over ``[B, c]``.
-- **The sparse kernel at decode** (:class:`KernelDecode`): ``a + (lat^p + flop^p + kv^p)^(1/p)`` with ``lat =
-  us_per_key x max(topk_length)`` (one CTA's walk over its keys), ``flop`` the layer model's roofline and ``kv``
-  the KV rows read at ``eff_bytes`` of HBM bandwidth.
-- **A per-layer fixed cost** (:attr:`~DecodeCalibration.layer_fixed_us`) and **the launch model**
-  (:attr:`~DecodeCalibration.host_us_per_op`, :attr:`~DecodeCalibration.eager_gap_us`,
-  :attr:`~DecodeCalibration.eager_form`).
-
-- **The fp8 routed experts at decode sizes** (:attr:`~DecodeCalibration.moe_fp8`, measured-fit): the
-  ``moe_gemm_fp8`` class inside the graph calibration is ``a + weight_bytes / BW`` fitted on the H200's
-  ``torch._scaled_grouped_mm`` rows (``data/measured/h200/between_process/moe_decode.csv``, GLM-5 EP8 rank share,
-  T = 1..256, 5 processes; ``python -m mla_lab.fits moe_decode`` -> ``data/calibration/h200_moe_decode.csv``):
-  ``eff_bytes = BW / HBM`` and ``a`` split over the block's two grouped GEMMs (``add`` mode).
-- **All-reduce latency at decode sizes** (:data:`DECODE_ALLREDUCE_LATENCY_US`, assumption (cited)): the TP fit
-  (``h200_comm.csv``) prices 24-448 MiB only; an all-reduce below :data:`DECODE_ALLREDUCE_MAX_BYTES` that no fit
-  prices pays this fixed latency on top of the ring's bandwidth term.
-
-Stored as one CSV row per parameter (:func:`decode_calibration_rows`, :func:`load_decode_calibration`).
+- the graph-replay overhead of each roofline class and a fixed cost per attention-path byte-op kernel (eager
+  launches showed the host's 5-15 us as a floor; inside a CUDA graph the same kernels cost 2-6 us);
+- the decode indexer (a bandwidth-bound :class:`~mla_lab.model.calibration.ClassEff`), the decode top-k
+  (``f + a * c_max + b * sum(c)`` us) and the sparse kernel on decode tokens (:class:`KernelDecode`);
+- a per-layer fixed cost and the eager launch model (host cost and GPU gap per op);
+- the fp8 routed experts at decode sizes (measured-fit ``a + weight_bytes / BW`` on ``torch._scaled_grouped_mm``,
+  ``h200_moe_decode.csv``, ``python -m mla_lab.fits moe_decode``);
+- an all-reduce latency below 24 MiB, where the TP fit (``h200_comm.csv``) prices nothing (assumption, cited:
+  :data:`DECODE_ALLREDUCE_LATENCY_US`).
 """
 
 from __future__ import annotations
