@@ -36,9 +36,10 @@ def test_refit_gives_the_committed_file(name):
 
 
 @pytest.mark.parametrize("name", sorted(FITS))
-def test_each_file_has_its_loader(name):
+def test_each_file_has_its_loader_and_its_inputs(name):
     fit = FITS[name]
     assert fit.load() is not None and (calibration_dir() / fit.file).is_file()
+    assert all((measured_dir() / i).is_file() for i in fit.inputs if "<" not in i), fit.inputs
 
 
 def test_refit_writes_what_the_loader_reads(tmp_path):

@@ -24,7 +24,6 @@ from pathlib import Path
 import pandas as pd
 
 from ..model.calibration import (
-    attention_from_reference,
     load_calibration,
     load_subchunk_graph_overhead,
     load_subchunk_overhead,
@@ -56,8 +55,9 @@ class Fit:
 
 
 _H = "h200/between_process/"
-#: name -> the fit of one calibration file (``h200_ops.csv``: ``mla_lab.measure.validate.fit_and_validate``;
-#: ``h200_decode_kernels.csv`` / ``h200_packed.csv``: ``main --write`` of their model modules).
+#: name -> the fit of one calibration file. Elsewhere: ``h200_ops.csv`` (``mla_lab.measure.validate.fit_and_validate``),
+#: ``h200_decode_kernels.csv`` / ``h200_packed.csv`` (``main --write`` of their model modules); not fitted:
+#: ``h200_reference.csv`` (do_bench medians, read by :func:`~mla_lab.model.calibration.attention_from_reference`).
 FITS: dict[str, Fit] = {
     "comm": Fit("h200_comm.csv", ("h200x<n>/allreduce.csv", "h200x2/tp2_attention.csv"), files.fit_comm_file,
                 load_comm_model),
@@ -74,8 +74,6 @@ FITS: dict[str, Fit] = {
     "decode": Fit("h200_decode.csv", ("h200/round2/decode_ops.csv", "h200/round2/decode_layer.csv"),
                   decode.fit_decode_file, load_decode_calibration, ("fit_commit", "calibration")),
 }
-#: Read, not fitted: attention-path do_bench medians on one H200 (rows in the file).
-REFERENCE = ("h200_reference.csv", attention_from_reference)
 
 
 def render(rows) -> str:
