@@ -42,7 +42,7 @@ from ..serving.engine_pricer import layer_decode_ms
 from ..workload import Step as WorkStep
 from .files import provenance, rel
 
-__all__ = ["fit_decode_file", "fit_all", "validate", "measured_rank"]
+__all__ = ["fit_decode_file", "fit_all", "validate"]
 
 _PROV = ("source", "gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
 H200 = get_arch("h200")
@@ -64,15 +64,10 @@ def mape(pred, meas) -> float:
 
 
 @functools.cache
-def _rank(name: str, tp: int = TP, moe_parallel: str = "ep", ep: int = EP) -> RankView:
-    """The rank a measured row ran (:func:`mla_lab.measure.layer_runs.measured_rank`: bf16 weights and KV cache)."""
-    return _layer_rank(load_model(name), tp, H200, (moe_parallel, ep))
-
-
-def measured_rank(name) -> RankView:
+def _rank(name: str) -> RankView:
     """The rank the decode measurements ran (``mla_lab/measure/experiments/decode_layer.py``): model ``name``, TP8
-    (EP8 whole experts) on an H200, bf16 weights, bf16 KV cache."""
-    return _rank(name)
+    (EP8 whole experts) on an H200, bf16 weights and KV cache (:func:`mla_lab.measure.layer_runs.measured_rank`)."""
+    return _layer_rank(load_model(name), TP, H200, ("ep", EP))
 
 
 def decode_ws(B, c, P=0) -> WorkStep:
@@ -205,7 +200,7 @@ def layer_configs(layer_df) -> list[dict]:
 
 def predict(cfg, cal, dcal) -> dict:
     B, c, P = int(cfg["batch"]), int(cfg["context"]), int(cfg["prefill_tokens"])
-    return layer_decode_ms(measured_rank(cfg["model"]), measured_as(cfg["strategy"]),
+    return layer_decode_ms(_rank(cfg["model"]), measured_as(cfg["strategy"]),
                            prefill=[(10**9, 0, P)] if P else [], decode_contexts=[c] * B, calibration=cal,
                            decode_cal=dcal, graph=cfg["mode"] == "graph", measured_subset=True, decode_kernels="fit")
 
@@ -224,8 +219,8 @@ def fit_all(ops, cfgs, cal, models, form=None) -> DecodeCalibration:
     dcal = replace(dcal, layer_fixed_us=fixed)
     # 3. the launch model on eager rows
     e = [r for r in c if r["mode"] == "eager"]
-    gpu = np.array([predict(r, cal, dcal)["gpu_ms"] for r in e])
-    n = np.array([predict(r, cal, dcal)["n_ops"] for r in e], float)
+    priced = [predict(r, cal, dcal) for r in e]
+    gpu, n = np.array([p["gpu_ms"] for p in priced]), np.array([p["n_ops"] for p in priced], float)
     meas = np.array([r["measured_ms"] for r in e])
     hosts = np.arange(0.0, 40.01, 0.25)
     gaps = np.arange(0.0, 8.01, 0.1)
