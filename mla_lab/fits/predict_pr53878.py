@@ -48,6 +48,8 @@ from mla_lab.provenance import git_commit
 from mla_lab.serving import PR_BENCH, BenchConfig, EnginePricer, SchedulerConfig, serve_benchmark
 from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
+from .files import rel as _rel
+
 PRODUCED_BY = "mla_lab.fits.predict_pr53878"
 #: The committed prediction's ``produced_by`` (this module's former path): a file it names is ours too.
 EARLIER_PRODUCERS = ("benchmarks/predict_pr53878.py",)
@@ -77,13 +79,6 @@ DIST_HEADER = "case,run," + ",".join(f"change_{k}_pct" for k in DIST_METRICS)
 
 def _sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-def _rel(p: Path) -> str:
-    try:
-        return str(p.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(p)
 
 
 def seed_deployment() -> Deployment:
