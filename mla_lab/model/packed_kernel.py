@@ -493,7 +493,7 @@ def packed_strategy(overlap: float | None) -> str:
 
 #: What :func:`packed_summary` names as the fallback and decode kernel on sm100, where FA3 sparse (a Hopper kernel)
 #: does not run: vLLM 0.33.0's real-head sparse backend there (FLASH_ATTN_MLA_SPARSE_FA4 with a bf16 KV cache,
-#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/versions.py), priced with FA3 sparse's model.
+#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/presets/vllm_0_33_0.py), priced with FA3 sparse's model.
 SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer sparse, priced with FA3 sparse's model"
 
 
@@ -505,7 +505,7 @@ def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
     """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing of ``rank`` (the label's "8 tokens x 8
     heads" is the measured case only), whether its kernel time is measured or extrapolated, and the real-head kernel
     of the fallback and decode (FA3 sparse is a Hopper kernel: on sm100 vLLM 0.33.0's own, priced with FA3 sparse's
-    model, as fa4_sparse / flashinfer_sparse are: mla_lab/engines/versions.py)."""
+    model, as fa4_sparse / flashinfer_sparse are: mla_lab/engines/presets/vllm_0_33_0.py)."""
     rows = tile_rows_of(rank.arch)
     g = packed_group_size(rank.num_heads, rows)
     tile = (f"{g} tokens x {rank.num_heads} heads per {rows}-row tile" if g else
