@@ -1,22 +1,13 @@
-"""Strategies: where the padded Q lives (placement) x what its padded heads hold (content), and the route rule
-it runs under. A :class:`Strategy` is one typed value, parsed once at the door (:func:`expand`,
-:func:`parse_strategy`) and carried below it; ``docs/design.md`` and ``docs/glossary.md`` describe each placement.
+"""Strategies: where the padded Q lives (placement, :data:`KINDS`) x what its padded heads hold (content) x the
+route rule it runs under. A :class:`Strategy` is one typed value, parsed once at the door (:func:`expand`) and
+carried below it; ``docs/glossary.md`` describes each placement. FlashMLA's sparse prefill takes 64 or 128 query
+heads (``csrc/api/sparse_fwd.h``); a TP rank's ``H`` real heads are padded to ``H'``
+(:func:`mla_lab.buffers.padded_num_heads`).
 
-FlashMLA's sparse prefill kernel takes 64 or 128 query heads (``csrc/api/sparse_fwd.h``); a TP rank holds fewer, so
-the Q of ``H`` real heads is padded to ``H'`` (:func:`mla_lab.buffers.padded_num_heads`). Placements
-(:data:`PLACEMENTS`): ``per_call_empty`` (``q.new_empty`` pad + copy per call: vLLM before PR #53878),
-``per_call_zeros`` (``new_zeros``: SGLang), ``private_workspace`` (a padded workspace of its own: vLLM PR #53878),
-``shared_workspace`` (a padded view of the workspace shared with MoE / indexer scratch: vLLM PR #56902),
-``subchunk`` (``S`` rows at a time: the lab's proposal), ``kernel_native`` (real-head FlashMLA, modelled),
-``fa3_sparse`` (vLLM ``FLASH_ATTN_MLA_SPARSE``: no padded Q) and ``packed`` (the lab's packed kernel,
-:mod:`mla_lab.kernels.packed`; ``packed:<overlap>`` assumes another pairwise top-k overlap).
-
-Canonical names (:func:`canonical_names`): ``per_call_empty:zeros|stale``, ``per_call_zeros``,
-``private_workspace``, ``shared_workspace:none|zero_per_call``, ``subchunk:<S>[:views|:graph2]``,
-``kernel_native``, ``fa3_sparse``, ``packed[:<overlap>]``, each optionally ``@<rule>``: a route rule that is not the
-placement's default (:data:`DEFAULT_RULES`). The rule of an engine version (``@vllm-0.33.0``) makes the value's
-:attr:`Strategy.engine` that version (``vllm@0.33.0``). Door names: strategy presets (:data:`PRESETS`), the first
-version's aliases (:data:`ALIASES`) and engine versions (:mod:`mla_lab.engines`: their members).
+Canonical names (:func:`canonical_names`): ``per_call_empty:zeros|stale``, ``per_call_zeros``, ``private_workspace``,
+``shared_workspace:none|zero_per_call``, ``subchunk:<S>[:views|:graph2]``, ``kernel_native``, ``fa3_sparse``,
+``packed[:<overlap>]``, each optionally ``@<rule>`` (a rule not the placement's default; an engine version's rule,
+``@vllm-0.33.0``, sets :attr:`Strategy.engine`). Door names: :data:`PRESETS`, :data:`ALIASES`, engine versions.
 """
 
 from __future__ import annotations
@@ -45,18 +36,23 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route", "preset_table", "SUBCHUNK_GRAPH",
            "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "today_engines", "resolve_engine",
            "engine_summary", "engine_table", "blackwell_rows", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
-           "STRATEGY_NOTES", "preset_label", "strategy_notes", "FA3_DECODE_PLACEMENTS"]
+           "STRATEGY_NOTES", "preset_label", "strategy_notes", "FA3_DECODE_PLACEMENTS", "KINDS"]
 
-PLACEMENTS = ("per_call_empty", "per_call_zeros", "private_workspace", "shared_workspace", "subchunk",
-              "kernel_native", "fa3_sparse", "packed")
-#: The route rule (:func:`mla_lab.routes.rules`) each placement runs under unless its value says otherwise:
-#: vLLM's FLASHMLA_SPARSE on the PR-era routes, SGLang with ``flashmla_sparse`` forced, vLLM's FA3 sparse as PR
-#: #46189 added it, the lab's packed kernel; ``kernel_native`` none (always ``sparse-mqa``).
-DEFAULT_RULES = {"per_call_empty": "vllm-flashmla", "private_workspace": "vllm-flashmla",
-                 "shared_workspace": "vllm-flashmla", "subchunk": "vllm-flashmla", "per_call_zeros": "sglang-flashmla",
-                 "fa3_sparse": "vllm-fa3", "kernel_native": None, "packed": "mla_lab-packed"}
-#: Placements whose decode tokens run on vLLM 0.33.0's FA3 sparse (per token: nothing to pack or pad).
-FA3_DECODE_PLACEMENTS = ("fa3_sparse", "packed")
+#: One row per placement (adding a strategy adds a row here, and its pricing in :mod:`mla_lab.model`):
+#: ``(default route rule, Q layout, decode on FA3 sparse)``. The rule (:func:`mla_lab.routes.rules`) holds unless the
+#: value says otherwise (vLLM's FLASHMLA_SPARSE on the PR-era routes, SGLang with ``flashmla_sparse`` forced, FA3
+#: sparse as PR #46189 added it, the lab's packed kernel; ``kernel_native``: none, always ``sparse-mqa``). Layout:
+#: ``per_call`` (a pad tensor + copy per call), ``workspace`` (a padded workspace the concat writes), ``real`` (no
+#: padded Q). FA3 decode: decode tokens run per token on vLLM 0.33.0's FA3 sparse (nothing to pack or pad).
+KINDS = {"per_call_empty": ("vllm-flashmla", "per_call", False),
+         "per_call_zeros": ("sglang-flashmla", "per_call", False),
+         "private_workspace": ("vllm-flashmla", "workspace", False),
+         "shared_workspace": ("vllm-flashmla", "workspace", False), "subchunk": ("vllm-flashmla", "workspace", False),
+         "kernel_native": (None, "real", False), "fa3_sparse": ("vllm-fa3", "real", True),
+         "packed": ("mla_lab-packed", "real", True)}
+PLACEMENTS = tuple(KINDS)
+DEFAULT_RULES = {p: k[0] for p, k in KINDS.items()}
+FA3_DECODE_PLACEMENTS = tuple(p for p, k in KINDS.items() if k[2])
 CONTENTS = ("zeros", "stale")
 ZERO_POLICIES = ("zero_once", "zero_per_call", "none")
 #: Sub-chunk sizes the sweep prices by default (rows of the padded workspace).
@@ -99,9 +95,14 @@ class Strategy:
         return self.route_rule or DEFAULT_RULES[self.placement]
 
     @property
+    def engine_release(self) -> str | None:
+        """The release of :attr:`engine` (``vllm@0.33.0`` for ``vllm@0.33.0-flashmla``), else None."""
+        return engine_preset(self.engine).engine_version.name if self.engine else None
+
+    @property
     def padded(self) -> bool:
-        """FlashMLA gets a head-padded Q (all but ``kernel_native``, ``fa3_sparse`` and ``packed``)."""
-        return self.placement not in ("kernel_native", "fa3_sparse", "packed")
+        """FlashMLA gets a head-padded Q (layout not ``real``)."""
+        return KINDS[self.placement][1] != "real"
 
     @property
     def views_handoff(self) -> bool:
@@ -119,12 +120,12 @@ class Strategy:
     @property
     def pre_padded(self) -> bool:
         """The padded Q is a workspace the concat writes into (no per-call pad)."""
-        return self.placement in ("private_workspace", "shared_workspace", "subchunk")
+        return KINDS[self.placement][1] == "workspace"
 
     @property
     def per_call_pad(self) -> bool:
         """A pad tensor is allocated and the real heads copied in on every layer call."""
-        return self.placement in ("per_call_empty", "per_call_zeros")
+        return KINDS[self.placement][1] == "per_call"
 
     @property
     def concat_zeroes_padding(self) -> bool:
@@ -226,17 +227,20 @@ def strategy_notes(strategies) -> list[str]:
     return [note for s, note in STRATEGY_NOTES.items() if s in names]
 
 
+_MEMBERS: dict = {}  # preset name -> (its record, its members as values): each record's names parsed once
+
+
 def engine_members(engine: str) -> list[Strategy]:
     """The strategies of an engine version (a preset name or a first name; its record's ``members`` under its
     route rule). Raises ValueError as :func:`mla_lab.engines.resolve_engine`."""
     p = engine_preset(engine)
-    out = []
-    for base in p.members:
-        st = _parse(base)
-        if p.rule.name != DEFAULT_RULES[st.placement]:
-            st = replace(st, engine=p.name) if preset_of_rule(p.rule.name) is p else replace(st, route_rule=p.rule.name)
-        out.append(st)
-    return out
+    if _MEMBERS.get(p.name, (None,))[0] is not p:
+        owner = preset_of_rule(p.rule.name) is p
+        sts = [_parse(base) for base in p.members]
+        _MEMBERS[p.name] = p, [st if p.rule.name == DEFAULT_RULES[st.placement] else
+                               replace(st, engine=p.name) if owner else replace(st, route_rule=p.rule.name)
+                               for st in sts]
+    return list(_MEMBERS[p.name][1])
 
 
 def engine_strategies(engine: str) -> list[str]:
@@ -367,13 +371,18 @@ def canonical_names() -> list[str]:
                            "<name>@<rule>"]
 
 
+_PRESET_VALUES: dict = {}
+
+
 def _door(n) -> list[Strategy]:
     if isinstance(n, Strategy):
         return [n]
     n = ALIASES.get(n, n)
     n = "kernel-native" if n == "kernel_native" else n
     if n in PRESETS:
-        return [parse_strategy(m) for m in PRESETS[n]]
+        if n not in _PRESET_VALUES:  # each preset's names parsed once
+            _PRESET_VALUES[n] = [_parse(m) for m in PRESETS[n]]
+        return list(_PRESET_VALUES[n])
     if n in ENGINE_PRESETS:
         return engine_members(n)
     return [parse_strategy(n)]
@@ -389,7 +398,7 @@ def expand(names) -> list[Strategy]:
     if isinstance(names, (str, Strategy)):
         names = [names]
     out = {}
-    for n in names:
+    for n in dict.fromkeys(names):  # a name given twice is read once
         for st in _door(n):
             out.setdefault(st.name, st)
     return list(out.values())
@@ -423,35 +432,27 @@ def fixed_strategies() -> list[str]:
     return list(_FIXED)
 
 
-#: The sub-chunk strategy measured fastest (H200, 5 fresh processes, ``subgraph.csv``): 2 x 2048-row workspaces,
-#: two streams, the chunk loop in one CUDA graph (issue 23).
+#: The sub-chunk strategy measured fastest (H200, 5 fresh processes, ``subgraph.csv``; issue 23).
 SUBCHUNK_GRAPH = "subchunk:2048:graph2"
 
-#: What the seed's model comparison prices (:func:`mla_lab.model.ttft.compare_strategies` default): every engine
-#: preset's members, the shared workspace zeroed per call, the sub-chunk sizes of :data:`SUBCHUNK_ROWS` and
-#: :data:`SUBCHUNK_GRAPH`.
+#: What the seed's model comparison prices (:func:`mla_lab.model.ttft.compare_strategies` default).
 SEED_STRATEGIES = tuple(expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"]
                                           + [f"subchunk:{s}" for s in SUBCHUNK_ROWS] + [SUBCHUNK_GRAPH]))
 
-#: The sweep's default ``strategies`` parameter: every engine preset, the shared workspace with the concat zeroing
-#: its padded heads, the sub-chunked workspace at :data:`SUBCHUNK_ROWS` with the three hand-offs, and the lab's
-#: packed kernel (door names; the report's frontier draws ``packed`` beside the engines' strategies).
+#: The sweep's default ``strategies`` parameter (door names).
 SWEEP_STRATEGIES = (*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
                     *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS), *(f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS),
                     "packed")
 
-#: The strategies the explorer prices: every fixed canonical strategy and the sub-chunked workspace at 4096 rows.
+#: The strategies the explorer prices.
 EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
-#: Measured by default on a GPU (:mod:`mla_lab.measure.attention`): both ends of vLLM before PR #53878, the PR, after
-#: PR #56902 (and with the concat zeroing the padded heads), SGLang's padded route and a sub-chunked workspace.
+#: Measured by default on a GPU (:mod:`mla_lab.measure.attention`).
 MEASURED_STRATEGIES = ("per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "shared_workspace:none",
                        "shared_workspace:zero_per_call", "per_call_zeros", "subchunk:4096")
-#: ``mla-lab serve``'s default presets and the serving demo's: vLLM before PR #53878, at it, after PR #56902.
-#: ``mla-lab measure``'s ``attention_strategies`` default ``--strategies``: the PR's path, the pre-PR per-call pad,
-#: and the sub-chunked workspaces (two S-row workspaces on two streams in one CUDA graph, S = 2048 / 4096; S = 2048
-#: as views): the strategies of ``data/measured/h200/between_process/strategies.csv``.
+#: ``mla-lab measure``'s ``attention_strategies`` default (``data/measured/h200/between_process/strategies.csv``).
 TIMED_STRATEGIES = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:graph2", "subchunk:4096:graph2",
                     "subchunk:2048:views")
+#: ``mla-lab serve``'s default presets: vLLM before PR #53878, at it, after PR #56902.
 SERVE_PRESETS = ("vllm-pre-53878", "vllm-53878", "vllm-56902")
 
 
@@ -492,10 +493,7 @@ SEED_COMPARISONS = (
 )
 
 #: (label, strategy, against, engine) of the PR's trade by engine version
-#: (:func:`mla_lab.report.seed_answer.pr_trade_by_engine`): as it was (the PR's build), as it is in vLLM 0.33.0 with
-#: FLASHMLA_SPARSE forced (the PR's workspace, by then the per-call shared view, against the pre-PR per-call pad, both
-#: under 0.33.0's routes: 1024-token prefills dense MHA, the padded kernel on decode rows only), and vLLM 0.33.0's
-#: default FA3 sparse against that forced path.
+#: (:func:`mla_lab.report.seed_answer.pr_trade_by_engine`).
 PR_TRADE_BY_ENGINE = (
     ("as it was: the PR's build vs vLLM before it (FLASHMLA_SPARSE forced)", "private_workspace",
      "per_call_empty:zeros", "vllm@pr53878"),
@@ -550,7 +548,8 @@ _BACKEND_LABELS = {"FLASH_ATTN_MLA_SPARSE": "FA3 sparse", "FLASH_ATTN_MLA_SPARSE
 def _padded_path(backend: str, pad: int, num_heads: int, prefill_route: str, decode_route: str) -> str:
     """Where the padded FlashMLA kernel runs, in words."""
     label = _BACKEND_LABELS.get(backend, backend)
-    where = [w for w, r in (("prefill rows", prefill_route), ("decode rows", decode_route)) if pad and r == "sparse-mqa"]
+    where = [w for w, r in (("prefill rows", prefill_route), ("decode rows", decode_route))
+             if pad and r == "sparse-mqa"]
     if not where:
         return (f"nowhere: {label} takes the real {num_heads} heads" if not pad else
                 "nowhere at this prompt length (prefill rows dense MHA, decode rows another backend)")

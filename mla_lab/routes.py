@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ._validate import check_int
 from .engines import ENGINE_PRESETS, EngineRule
+from .engines.presets._pr_era import GLM_MQA_ONLY
 
 __all__ = ["ROUTES", "PHASES", "EngineRule", "RouteChoice", "rules", "engine_rule", "check_route", "route_for",
            "route_table", "model_family", "config_family", "FAMILIES", "is_equivalent", "RULE_ALIASES"]
@@ -45,12 +46,12 @@ _GENERIC = (
                "vLLM FLASHMLA_SPARSE before PR #47327 (release wheels 0.13.0, 2025-12-19, and 0.24.0, 2026-06-29: "
                "vllm/v1/attention/backends/mla/flashmla_sparse.py has no dense-MHA prefill; every prefill and decode "
                "token goes through the padded sparse kernel, `q.new_empty((T, padding, 576))` per call: 0.13.0 line "
-               "936, 0.24.0 line 841)"),
+               "936, 0.24.0 line 841)", family_reasons=GLM_MQA_ONLY),
     EngineRule("vllm-fa3", "vllm", "fa3-sparse", "fa3-sparse", "topk", ("deepseek",), True,
                _VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py at 0299fca7: FA3 varlen, "
                "q=q_rope, q_v=q_nope, max_seqlen_q=1, block_table=top-k indices; requests of <= 1024 query tokens "
                "handled as decodes), vLLM's sm90 default for head size 576 (sparse priority list quoted in vLLM "
-               "issue #56564)", 1024),
+               "issue #56564)", 1024, family_reasons=GLM_MQA_ONLY),
     EngineRule("sglang-dense", "sglang", "sparse-mqa", "fa3-sparse", 2048, ("deepseek", "glm"), False,
                "SGLang's documented dense route, prefill CUDA graphs off (not SGLang 0.5.23's H200 default, which "
                "runs short prompts in breakable prefill graphs on the padded route: rule sglang-0.5.23); "
@@ -150,17 +151,20 @@ class RouteChoice:
     source: str
 
 
+def _as_list(v) -> list:
+    return [v] if isinstance(v, int) and not isinstance(v, bool) else list(v)
+
+
 def _lengths(seq_lens, query_lens) -> tuple[list, list]:
     """Checked ``(seq_lens, query_lens)`` lists (an int is a batch of one)."""
     if seq_lens is None:
         raise ValueError("seq_lens=None: a prefill route needs each prefill's seq_len (an int or a list of ints)")
-    as_list = (lambda v: [v] if isinstance(v, int) and not isinstance(v, bool) else list(v))
-    lens = as_list(seq_lens)
+    lens = _as_list(seq_lens)
     if not lens:
         raise ValueError("seq_lens=[] is empty; allowed: at least one positive int")
     for s in lens:
         check_int("seq_len", s)
-    qlens = lens if query_lens is None else as_list(query_lens)
+    qlens = lens if query_lens is None else _as_list(query_lens)
     if len(qlens) != len(lens):
         raise ValueError(f"query_lens has {len(qlens)} entries for {len(lens)} seq_lens; allowed: one per request")
     for q, s in zip(qlens, lens):
@@ -172,7 +176,7 @@ def _lengths(seq_lens, query_lens) -> tuple[list, list]:
 
 def _mqa_only(r: EngineRule, fam: str, model) -> RouteChoice:
     why = (r.mqa_only_reason if r.mqa_only_reason and fam != "other"
-           else "MQA-only attention wrapper (vLLM #52512)" if r.engine == "vllm" and fam == "glm"
+           else dict(r.family_reasons)[fam] if fam in dict(r.family_reasons)
            else "no engine rule names this model" if fam == "other" else "no dense route in this configuration")
     return RouteChoice(r.backend_route, f"{r.name}: {getattr(model, 'name', model)} prefill takes {r.backend_route} "
                        f"({why})", r.source)

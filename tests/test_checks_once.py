@@ -54,7 +54,7 @@ def test_one_advise_call_checks_each_deployment_integer_once(monkeypatch):
     # tp: Deployment.of only (the cost model reads the rank view: 2 before, with ops._check_common's memo)
     assert calls["tp"] == 1, calls["tp"]
     # prompt_len / num_heads: Deployment.of plus one engine summary per engine version
-    # (mla_lab.placement.engine_summary, three today: TODAY_ENGINES)
+    # (mla_lab.placement.engine_summary, three today: placement.today_engines())
     assert calls["prompt_len"] <= 4 and calls["num_heads"] <= 3, (calls["prompt_len"], calls["num_heads"])
     for name in ("head_size", "d_v", "shared_other_bytes", "world_size", "num_tokens", "sum_topk", "ep_size"):
         assert calls[name] == 0, (name, calls[name])  # below the door: the rank view's, never re-checked

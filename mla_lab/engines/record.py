@@ -1,18 +1,13 @@
-"""The engine-version record (a foundation module: stdlib only).
-
-An :class:`EnginePreset` is one engine version as the lab runs it (``vllm@0.33.0``; ``vllm@0.33.0-flashmla`` =
-the same release with ``--attention-backend FLASHMLA_SPARSE`` forced): its release (:class:`EngineVersion`), its
-route rule (:class:`EngineRule`), its :class:`Fact` s (``prefill_padding`` per sm, ``decode_threshold``,
-``backend_priority`` ..., each with the ``file:line`` in the release wheel it is read from, :class:`Source`), the
-lab's strategies of its sm90 bf16-KV default (``members``), its label and the lab's first names for it. One module
-under :mod:`mla_lab.engines.presets` builds one record (:mod:`mla_lab.engines.registry` finds it).
-"""
+"""The engine-version record (a foundation module: stdlib only): one :class:`EnginePreset` per engine version, its
+:class:`EngineVersion` (release), :class:`EngineRule` (routing) and :class:`Fact` s, each with the ``file:line`` in the
+release wheel it is read from (:class:`Source`). One module under :mod:`mla_lab.engines.presets` builds one record."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Source", "Fact", "EngineVersion", "EngineRule", "EnginePreset", "src", "pr_src", "rule_name", "version_rule"]
+__all__ = ["Source", "Fact", "EngineVersion", "EngineRule", "EnginePreset", "src", "pr_src", "rule_name",
+           "version_rule"]
 
 
 @dataclass(frozen=True)
@@ -79,22 +74,20 @@ class EngineRule:
     """How one engine configuration routes sparse-MLA attention (:func:`mla_lab.routes.route_for` reads it).
 
     Attributes:
-        name: the rule's name, the ``@<rule>`` of strategy names (``vllm-flashmla``, ``vllm-0.33.0`` ...).
-        engine: ``vllm``, ``sglang`` or ``mla_lab``.
-        backend_route / decode_route: the route of MQA prefill tokens / of decode tokens (``sparse-mqa``,
-            ``fa3-sparse``).
+        name: the ``@<rule>`` of strategy names; engine: ``vllm`` / ``sglang`` / ``mla_lab``.
+        backend_route / decode_route: route of MQA prefill tokens / of decode tokens.
         dense_kv_len_threshold: prefills of seq_len <= this go ``mha-dense`` (``"topk"``: ``index_topk``; 0: never).
         dense_models: families allowed the dense route (the others are MQA-only).
-        all_prefills: True when the dense route needs *every* prefill of the step under the threshold (vLLM #47327);
-            False: SGLang's per-batch ``max_kv_len`` (decode rows count too).
+        all_prefills: the dense route needs *every* prefill of the step under the threshold (vLLM #47327); False:
+            SGLang's per-batch ``max_kv_len`` (decode rows count too).
         source: files and PRs the rule follows.
-        decode_query_len_threshold: requests of at most this many query tokens are decodes (vLLM
-            ``reorder_batch_threshold``; the default of ``decode_thresholds``).
-        decode_thresholds: ``((num_heads, n), ...)`` per head count (vLLM 0.33.0).
+        decode_query_len_threshold / decode_thresholds: requests of at most this many query tokens are decodes
+            (vLLM ``reorder_batch_threshold``; ``((num_heads, n), ...)`` per head count, this the default).
         uniform_decodes: decodes must share one query length (vLLM ``require_uniform_decodes``).
-        prefill_graph_max_tokens: steps of at most this many tokens run in a prefill CUDA graph where the dense
-            route is off (SGLang 0.5.23); 0: none.
+        prefill_graph_max_tokens: steps of at most this many tokens run in a prefill CUDA graph, dense route off
+            (SGLang 0.5.23); 0: none.
         mqa_only_reason: why a family outside ``dense_models`` takes the backend route.
+        family_reasons: ``((family, why), ...)``: that reason for one family (GLM on vLLM's MQA-only wrapper).
     """
 
     name: str
@@ -110,6 +103,7 @@ class EngineRule:
     uniform_decodes: bool = False
     prefill_graph_max_tokens: int = 0
     mqa_only_reason: str = ""
+    family_reasons: tuple = ()
 
     def decode_threshold(self, num_heads: int | None = None) -> int:
         """Query tokens per request still a decode at ``num_heads`` heads per rank (None: the default)."""
@@ -131,7 +125,8 @@ class EnginePreset:
         rule: its :class:`EngineRule` (the ``@<rule>`` of its members' names is ``rule.name``).
         forced_backend: the ``--attention-backend`` forced (None: the engine's own choice).
         facts: its :class:`Fact` s (``prefill_padding``, ``decode_threshold``, ``backend_priority``, ...).
-        members: the lab's canonical strategies of its sm90 bf16-KV default (two: the range zeros / stale).
+        members: the lab's strategies of its sm90 bf16-KV default as placement names (``fa3_sparse``), run under
+            ``rule`` (two: the range zeros / stale).
         order: where ``mla-lab engines`` lists it (ascending).
         first_names: the lab's earlier door names for it (``vllm-53878`` -> ``vllm@pr53878``).
         label: how outputs name it ("": its name).

@@ -1,9 +1,6 @@
-"""The engine versions the lab describes: every ``PRESET`` of :mod:`mla_lab.engines.presets` (one module each, found
-at import), plus any :func:`register` ed at run time; and the lookups every layer above reads them through.
-
-Backend availability (:data:`BACKENDS`) is vLLM 0.33.0's ``supports_compute_capability`` /
-``supported_kv_cache_dtypes`` of each sparse backend class.
-"""
+"""The engine versions the lab describes: the ``PRESET`` of every module of :mod:`mla_lab.engines.presets` (found
+at import) and any :func:`register` ed later; the lookups every layer above reads them through. :data:`BACKENDS`:
+vLLM 0.33.0's ``supports_compute_capability`` / ``supported_kv_cache_dtypes`` of each sparse backend class."""
 
 from __future__ import annotations
 
@@ -11,6 +8,7 @@ import importlib
 import pkgutil
 
 from . import presets as _presets
+from .presets._pr_era import LAB_CLAIMS
 from .record import EnginePreset, EngineVersion, Fact
 
 __all__ = ["ENGINE_PRESETS", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS", "register", "engine_names",
@@ -55,7 +53,6 @@ def register(preset: EnginePreset) -> EnginePreset:
 for _m in pkgutil.iter_modules(_presets.__path__):
     if not _m.name.startswith("_"):
         register(importlib.import_module(f"{_presets.__name__}.{_m.name}").PRESET)
-from .presets._pr_era import LAB_CLAIMS  # noqa: E402  (what the PR-era presets relied on, checked in each wheel)
 
 
 def engine_names() -> list[str]:

@@ -71,13 +71,15 @@ def strategy_engine(strategy) -> str:
     ``vllm@56902`` for the PR-era presets and ``vllm@pr53878`` for the lab's proposals on the PR-era routes;
     ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for ``packed``, the lab's own kernel)."""
     st = as_strategy(strategy)
+    if st.engine:  # an engine version's own rule: its release (mla_lab.engines record)
+        return st.engine_release
     if st.rule is None:
         return "modelled"
     if st.rule == "vllm-flashmla" and st.placement == "per_call_empty":
         return "vllm@pr53878-before"
     if st.rule == "vllm-flashmla" and st.placement == "shared_workspace" and st.zero_policy == "none":
         return "vllm@56902"
-    return RULE_ENGINE.get(st.rule) or st.engine or st.rule  # a version registered later: its own record
+    return RULE_ENGINE.get(st.rule, st.rule)
 
 
 def engine_group(engine: str) -> str:

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 
 from .. import measure
-from ..arch import GPUArch, detect_arch
+from ..arch import GPUArch, detect_arch, get_arch
 from ..buffers import MIB, MemoryAccount, call_peak_bytes
 from ..deployment import SEED_ARGS, Deployment
 from ..measure.timer import summarize
@@ -151,7 +151,7 @@ def _content_note(st: Strategy, arch: GPUArch, cal) -> str:
     if m is None:
         return "stale content not priced: no content-factor fit in data/calibration"
     what = "content over the whole step" if cal.step_content() is not None else "content factor (kernel only)"
-    if arch.family != "hopper":
+    if arch.sm != get_arch(cal.arch).sm:
         return f"{what} measured on an H200 ({m.name}); the {arch.sm} effect is unmeasured"
     return f"{what}: {m.name}"
 
@@ -532,7 +532,7 @@ def _is_seed_step(d: Deployment) -> bool:
     """The deployment's attention step is the one the between-process rows measured."""
     m = d.model
     return (d.num_heads == 8 and m.head_size == 576 and m.topk == 2048 and d.max_num_batched_tokens == 16384
-            and d.prompt_len == 1024 and d.arch.name == "h200" and d.kv_cache_dtype == "bf16")
+            and d.prompt_len == 1024 and d.arch.name == BETWEEN_PROCESS_PRESETS[0] and d.kv_cache_dtype == "bf16")
 
 
 def between_process_changes(deployment: Deployment, strategies, path=None) -> dict:

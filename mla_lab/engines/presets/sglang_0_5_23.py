@@ -56,4 +56,5 @@ PRESET = EnginePreset(
     version_rule("sglang@0.5.23", FACTS, "sparse-mqa", 2048, ("deepseek", "glm"), decode_route="fa3-sparse",
                  all_prefills=False, graph_tokens=FACTS[4].value["prefill_graph_max_tokens"],
                  source_keys=("prefill_route", "cuda_graph", "pad_call")),
-    None, FACTS, members=("per_call_zeros",), decode_backend="FLASH_ATTN_MLA_SPARSE", order=7, first_names=("sglang", "sglang-flashmla-sparse"), today=True)
+    None, FACTS, members=("per_call_zeros",), decode_backend="FLASH_ATTN_MLA_SPARSE", order=7,
+    first_names=("sglang", "sglang-flashmla-sparse"), today=True)

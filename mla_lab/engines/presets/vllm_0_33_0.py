@@ -67,13 +67,15 @@ _V33_BACKENDS = Fact("backend_priority",
                      "padding\"), > 16 heads FlashMLA first",
                      (src(CUDA, "138-141", "sparse_tail = " + backend_list("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE"),
                            "_get_backend_priorities"),
-                      src(CUDA, "101-104", "sparse_backends = " + backend_list("FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"),
+                      src(CUDA, "101-104", "sparse_backends = " + backend_list(
+                          "FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"),
                            "_get_backend_priorities"),
                       src(CUDA, "109-113", "sparse_backends = " + backend_list(
                           "FLASH_ATTN_MLA_SPARSE_FA4", "FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"),
                           "_get_backend_priorities"),
                       src(CUDA, "110", "num_heads is not None and num_heads <= 16", "_get_backend_priorities"),
-                      src(CUDA, "115-118", "sparse_backends = " + backend_list("FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"),
+                      src(CUDA, "115-118", "sparse_backends = " + backend_list(
+                          "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"),
                            "_get_backend_priorities"),
                       src(FA, "83", "return capability.major == 9", "FlashAttnMLASparseBackend"),
                       src(FA, "98", "kv_cache_dtype not in (None, 'auto', 'float16', 'bfloat16')",
@@ -127,4 +129,5 @@ COMMON = (_V33_PAD, _V33_WS, _V33_WS_FP8, _V33_PADCALL, _V33_DECODE, _V33_BACKEN
 PRESET = EnginePreset(
     "vllm@0.33.0", RELEASE, "defaults: sm90 bf16 FA3 sparse (real heads); short prefills dense MHA",
     version_rule("vllm@0.33.0", COMMON, "fa3-sparse", "topk", ("deepseek", "glm"), backend="FLASH_ATTN_MLA_SPARSE"),
-    None, COMMON, members=("fa3_sparse",), uniform_decodes=("FLASHMLA_SPARSE",), order=5, first_names=("vllm-fa3-sparse",), today=True)
+    None, COMMON, members=("fa3_sparse",), uniform_decodes=("FLASHMLA_SPARSE",), order=5,
+    first_names=("vllm-fa3-sparse",), today=True)
