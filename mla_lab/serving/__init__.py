@@ -1,6 +1,6 @@
 """Step-level simulation of a ``vllm bench serve`` run against a vLLM v1 engine (docs/serving.md).
 
-One concept per module, each with a runnable ``main()`` demo (``python -m mla_lab.serving.<module>``):
+One concept per module:
 
 - :mod:`~mla_lab.serving.client` the benchmark client: :class:`BenchConfig`, request lengths, arrival times;
 - :mod:`~mla_lab.serving.step` one engine step: :class:`Step`, :class:`PrefillChunk`, :class:`DecodeToken`;

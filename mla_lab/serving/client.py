@@ -31,7 +31,6 @@ Defaults are vLLM's (``vllm/benchmarks/datasets/arg_utils.py`` @ 237145ea: ``--s
 ``--random-input-len 1024``, ``--random-output-len 128``, ``--random-range-ratio 0.0``; ``serve.py``:
 ``--request-rate inf``, ``--burstiness 1.0``, ``--max-concurrency None``).
 
-Run ``python -m mla_lab.serving.client`` for a demo.
 """
 
 from __future__ import annotations
@@ -173,21 +172,3 @@ def make_requests(bench: BenchConfig) -> list[ClientRequest]:
     ins, outs = sample_lengths(bench)
     ts = arrival_times(bench)
     return [ClientRequest(i, float(ts[i]), int(ins[i]), int(outs[i])) for i in range(bench.num_prompts)]
-
-
-def main() -> None:
-    """Demo: the PR #53878 benchmark's client (32 x 1024 / 128, all at t = 0), then a bursty variant."""
-    pr = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
-    reqs = make_requests(pr)
-    print(f"{pr}\n  -> {len(reqs)} requests, input {reqs[0].input_len}, output {reqs[0].output_len}, "
-          f"all at t={reqs[-1].arrival_s}")
-    bursty = BenchConfig(num_prompts=8, random_input_len=1024, random_output_len=128, random_range_ratio=0.25,
-                         request_rate=4.0, burstiness=0.5, seed=1)
-    (ilo, ihi), (olo, ohi) = length_bounds(bursty)
-    print(f"bursty: rate 4/s, burstiness 0.5, inputs in [{ilo}, {ihi}], outputs in [{olo}, {ohi}]")
-    for r in make_requests(bursty):
-        print(f"  req {r.req_id}: arrives {r.arrival_s:7.3f} s, input {r.input_len:5d}, output {r.output_len:4d}")
-
-
-if __name__ == "__main__":
-    main()

@@ -21,7 +21,6 @@ Definitions read in ``vllm/benchmarks/serve.py`` (``calculate_metrics`` and ``be
 ``vllm bench serve`` prints only ttft, tpot and itl percentiles by default (``--percentile-metrics``); e2el is
 computed here too. Every request of the simulation succeeds (``failed`` = 0).
 
-Run ``python -m mla_lab.serving.metrics`` for the 2-request example of the tests.
 """
 
 from __future__ import annotations
@@ -231,19 +230,3 @@ def format_metrics(metrics: Mapping[str, float], title: str = " Serving Benchmar
                 lines.append("{:<40} {:<10.2f}".format(f"P{k[1:-len(name) - 4]} {short} (ms):", metrics[k]))
     lines.append("=" * 50)
     return "\n".join(lines)
-
-
-def main() -> None:
-    """Demo: the tests' hand-computed 2-request run."""
-    recs = [RequestRecord(0, 100, 3, 0.0, 0.0, (0.010, 0.030, 0.060)),
-            RequestRecord(1, 200, 2, 0.0, 0.020, (0.050, 0.070))]
-    m = bench_metrics(recs)
-    print(format_metrics(m))
-    faster = [RequestRecord(0, 100, 3, 0.0, 0.0, (0.009, 0.027, 0.054)),
-              RequestRecord(1, 200, 2, 0.0, 0.020, (0.047, 0.065))]
-    ch = compare(m, bench_metrics(faster))
-    print("change (%):", {k: round(ch[k], 2) for k in ("mean_ttft_ms", "mean_tpot_ms", "total_token_throughput")})
-
-
-if __name__ == "__main__":
-    main()

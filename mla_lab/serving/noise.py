@@ -53,7 +53,6 @@ from ._checks import check_float, check_int
 from .benchmark import bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
 from .engine_pricer import EnginePricer
-from .pricing import LinearStepPricer
 from .scheduler import SchedulerConfig
 from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
@@ -424,7 +423,7 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
 
 
 # ------------------------------------------------------------------------------------------ H200 measurements
-#: Required columns of ``cold_start.csv`` as ``benchmarks/round3.py --parts cold`` writes it (one row per fresh
+#: Required columns of ``cold_start.csv`` as ``the cold_start experiment (mla-lab measure)`` writes it (one row per fresh
 #: process, case and call); see :func:`load_cold_start`.
 COLD_START_COLUMNS = ("process", "what", "call", "wall_ms", "gpu_ms", "steady_wall_ms", "steady_gpu_ms", "T")
 _LAYER_PARTS = ("attention_block:", "moe_block:")
@@ -442,7 +441,7 @@ def _num(p: Path, n: int, c: str, v) -> float:
 
 def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min_tokens: int = 8192) -> dict:
     """The cold first large step measured on the H200 from ``cold_start.csv`` (and, for contrast only, the layer
-    blocks' spreads from ``step_spread.csv`` beside it), as ``benchmarks/round3.py --parts cold`` writes them
+    blocks' spreads from ``step_spread.csv`` beside it), as ``the cold_start experiment (mla-lab measure)`` writes them
     (``data/measured/h200/between_process/``).
 
     ``cold_start.csv``: one row per fresh ``process``, case ``what`` and ``call`` (1, 2, 3: the first calls of that
@@ -476,30 +475,9 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
             usable row is left; one line naming the file, the line and the column.
     """
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
-                         f"{', '.join(COLD_START_COLUMNS)}) from benchmarks/round3.py --parts cold")
     check_int("min_tokens", min_tokens)
-    with open(p, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in COLD_START_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
-        rows = []
-        for n, r in enumerate(reader, start=2):
-            row = {"what": r["what"]}
-            for c in COLD_START_COLUMNS:
-                if c != "what":
-                    row[c] = _num(p, n, c, r[c])
-            if row["T"] >= min_tokens:
-                rows.append(row)
-    whats = sorted({r["what"] for r in rows})
-    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
-             if any(w.startswith(pre) for w in whats)]
-    if len(layer) < len(_LAYER_PARTS):
-        layer = [w for w in whats if w.startswith("attention_path:")][:1]
-    if not layer:
-        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
+    rows = _cold_rows(p, min_tokens)
+    layer = _layer_cases(p, rows, min_tokens)
     by: dict = {}
     for r in rows:
         if r["what"] in layer:
@@ -516,23 +494,56 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
         vals["cold_sd_ms"] = float(np.std(cold2, ddof=1))
         layer_spread["run_log_sd"] = float(np.std(np.log(steady), ddof=1))
     sp = Path(spread_path) if spread_path is not None else p.with_name("step_spread.csv")
-    if sp.is_file():
-        samples: dict = {}
-        with open(sp, newline="") as f:
-            for n, r in enumerate(csv.DictReader(f), start=2):
-                if r.get("what") in layer:
-                    key = (_num(sp, n, "process", r.get("process")), _num(sp, n, "sample", r.get("sample")))
-                    samples[key] = samples.get(key, 0.0) + _num(sp, n, "gpu_ms", r.get("gpu_ms"))
-        per: dict = {}
-        for (proc, _), v in samples.items():
-            per.setdefault(proc, []).append(v)
-        rel = [float(np.std(v, ddof=1) / np.median(v)) for v in per.values() if len(v) >= 2]
-        if rel:
-            layer_spread["step_rel_sd"] = float(np.median(rel))
+    rel = _step_rel_sds(sp, layer) if sp.is_file() else []
+    if rel:
+        layer_spread["step_rel_sd"] = float(np.median(rel))
     return {"values": vals, "cold_call1_ms": float(np.mean(cold1)), "layer_spread": layer_spread, "cases": layer,
             "num_processes": len(procs),
             "source": f"{p.name}{' + ' + sp.name if sp.is_file() else ''} (cases {' + '.join(layer)}, "
                       f"{len(procs)} fresh process(es))"}
+
+
+def _cold_rows(p: Path, min_tokens: int) -> list[dict]:
+    """``cold_start.csv``'s rows with ``T >= min_tokens``, numbers parsed (:data:`COLD_START_COLUMNS`)."""
+    if not p.is_file():
+        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
+                         f"{', '.join(COLD_START_COLUMNS)}) from the cold_start experiment (mla-lab measure)")
+    with open(p, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLD_START_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
+        rows = [{"what": r["what"], **{c: _num(p, n, c, r[c]) for c in COLD_START_COLUMNS if c != "what"}}
+                for n, r in enumerate(reader, start=2)]
+    return [r for r in rows if r["T"] >= min_tokens]
+
+
+def _layer_cases(p: Path, rows: list[dict], min_tokens: int) -> list[str]:
+    """The layer's cases: one ``attention_block:*`` and one ``moe_block:*`` when both are there, else the first
+    ``attention_path:*``."""
+    whats = sorted({r["what"] for r in rows})
+    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
+             if any(w.startswith(pre) for w in whats)]
+    if len(layer) < len(_LAYER_PARTS):
+        layer = [w for w in whats if w.startswith("attention_path:")][:1]
+    if not layer:
+        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
+    return layer
+
+
+def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:
+    """Per process, ``sd(gpu) / median(gpu)`` of the layer's steady samples in ``step_spread.csv`` (the cases
+    summed sample by sample)."""
+    samples: dict = {}
+    with open(sp, newline="") as f:
+        for n, r in enumerate(csv.DictReader(f), start=2):
+            if r.get("what") in layer:
+                key = (_num(sp, n, "process", r.get("process")), _num(sp, n, "sample", r.get("sample")))
+                samples[key] = samples.get(key, 0.0) + _num(sp, n, "gpu_ms", r.get("gpu_ms"))
+    per: dict = {}
+    for (proc, _), v in samples.items():
+        per.setdefault(proc, []).append(v)
+    return [float(np.std(v, ddof=1) / np.median(v)) for v in per.values() if len(v) >= 2]
 
 
 # ------------------------------------------------------------------------------------------ one deployment
@@ -622,24 +633,3 @@ def format_noise(runs: dict) -> str:
             lines.append(f"    {label:<32}{v['median']:>+12.2f}  [{v['band95'][0]:+.2f}, {v['band95'][1]:+.2f}]")
     lines.append(runs["note"])
     return "\n".join(lines)
-
-
-def main() -> None:
-    """Demo: identical builds vs a build 2 % faster per step, with an illustrative linear pricer (not the lab's
-    cost model; ``benchmarks/predict_pr53878.py`` runs the lab's)."""
-    bench = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
-    sched = SchedulerConfig(max_num_batched_tokens=16384, max_num_seqs=256, kv_capacity_tokens=270_000,
-                            block_size=64, async_scheduling=True)
-    a = LinearStepPricer(per_token_ms=0.05, per_step_ms=25.0)
-    b = LinearStepPricer(per_token_ms=0.049, per_step_ms=24.5)
-    for name, res in (("A vs A'", run_noise(bench, sched, a, num_runs=100)),
-                      ("A vs B (2 % faster)", run_noise(bench, sched, a, b, num_runs=100))):
-        print(name)
-        for m in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput"):
-            lo, hi = res.band(m)
-            print(f"  {m:24s} change 95 % band [{lo:+.2f}, {hi:+.2f}] %, -9.5 % at percentile "
-                  f"{res.percentile_of(m, -9.5):.1f}")
-
-
-if __name__ == "__main__":
-    main()

@@ -48,7 +48,6 @@ scheduling, ``max_model_len`` checks.
 the FlashMLA sparse backend supports only 64 (``FlashMLASparseBackend.get_supported_kernel_block_sizes``), so
 pass ``block_size=64`` for the PR's setup.
 
-Run ``python -m mla_lab.serving.scheduler`` for the hand-worked trace of the tests.
 """
 
 from __future__ import annotations
@@ -212,20 +211,9 @@ class Scheduler:
         t = self.config.long_prefill_token_threshold
         return t if 0 < t < n else n
 
-    def schedule(self) -> Step | None:
-        """Build the next step (module docstring) and advance the scheduled requests' computed tokens.
-
-        Returns None when nothing can run (no request waiting or running). Sets :attr:`last_kv_wait` when the
-        head of the waiting queue had budget and a free slot but waited for KV blocks.
-        """
-        if self._pending is not None:
-            raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
+    def _schedule_running(self, budget: int, decode: list, chunks: list) -> int:
+        """The running requests' next tokens, in order, while budget lasts; the budget left."""
         c = self.config
-        budget = c.max_num_batched_tokens
-        decode: list[DecodeToken] = []
-        chunks: list[PrefillChunk] = []
-        self.last_kv_wait = False
-
         for req in self.running:
             if budget <= 0:
                 break
@@ -247,22 +235,32 @@ class Scheduler:
                 chunks.append(PrefillChunk(req.req_id, req.num_computed, n))
             req.num_computed += n
             budget -= n
+        return budget
 
-        while self.waiting and budget > 0:
-            if len(self.running) >= c.max_num_seqs:
-                break
+    def _kv_admits(self, req, need: int) -> bool:
+        """Whether the KV cache admits ``req`` now (reserving its whole footprint under ``kv_admission="reserve"``);
+        sets :attr:`last_kv_wait` when it does not."""
+        c = self.config
+        if c.kv_admission == "reserve":
+            promise = c.footprint_blocks(req.prompt_len, req.output_len)
+            if self.reserved_blocks + promise > c.num_blocks:
+                self.last_kv_wait = True
+                return False
+            req.reserved = promise
+            self.reserved_blocks += promise
+        elif need > c.num_blocks - self.used_blocks:
+            self.last_kv_wait = True
+            return False
+        return True
+
+    def _schedule_waiting(self, budget: int, chunks: list) -> None:
+        """Waiting requests admitted in FIFO order while budget, a free slot and KV blocks last."""
+        c = self.config
+        while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs:
             req = self.waiting[0]
             n = min(self._chunk_cap(req.prompt_len), budget)
             need = _cdiv(n, c.block_size)
-            if c.kv_admission == "reserve":
-                promise = c.footprint_blocks(req.prompt_len, req.output_len)
-                if self.reserved_blocks + promise > c.num_blocks:
-                    self.last_kv_wait = True
-                    break
-                req.reserved = promise
-                self.reserved_blocks += promise
-            elif need > c.num_blocks - self.used_blocks:
-                self.last_kv_wait = True
+            if not self._kv_admits(req, need):
                 break
             self.waiting.popleft()
             self.running.append(req)
@@ -272,9 +270,23 @@ class Scheduler:
             req.num_computed = n
             budget -= n
 
+    def schedule(self) -> Step | None:
+        """Build the next step (module docstring) and advance the scheduled requests' computed tokens.
+
+        Returns None when nothing can run (no request waiting or running). Sets :attr:`last_kv_wait` when the
+        head of the waiting queue had budget and a free slot but waited for KV blocks.
+        """
+        if self._pending is not None:
+            raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
+        budget = self.config.max_num_batched_tokens
+        decode: list[DecodeToken] = []
+        chunks: list[PrefillChunk] = []
+        self.last_kv_wait = False
+        budget = self._schedule_running(budget, decode, chunks)
+        self._schedule_waiting(budget, chunks)
         if not decode and not chunks:
             return None
-        mode, padded = launch_mode(tuple(decode), tuple(chunks), self._capture, c.enforce_eager)
+        mode, padded = launch_mode(tuple(decode), tuple(chunks), self._capture, self.config.enforce_eager)
         step = Step(tuple(decode), tuple(chunks), mode, padded)
         self._pending = step
         return step
@@ -334,20 +346,3 @@ def _describe(step: Step) -> str:
     pre = " ".join(f"r{c.req_id}[{c.start}:{c.end}]" for c in step.prefill_chunks)
     return (f"{step.kind:8s} {step.num_tokens:5d} tok  {step.cudagraph_mode:9s} decode: {dec or '-':24s} "
             f"prefill: {pre or '-'}")
-
-
-def main() -> None:
-    """Demo: the tests' hand-worked trace (3 x 1500-token prompts, output 3, budget 2048) and a KV wait."""
-    cfg = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, kv_capacity_tokens=1 << 20)
-    print("3 x 1500-token prompts, output 3, max_num_batched_tokens 2048:")
-    for i, st in enumerate(schedule_all(cfg, [(1500, 3)] * 3), 1):
-        print(f"  step {i}: {_describe(st)}")
-    tight = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256, kv_capacity_tokens=3200)
-    print(f"same requests, KV cache {tight.kv_capacity_tokens} tokens ({tight.num_blocks} blocks; a request peaks at "
-          f"{tight.footprint_blocks(1500, 3)}), kv_admission='reserve':")
-    for i, st in enumerate(schedule_all(tight, [(1500, 3)] * 3), 1):
-        print(f"  step {i}: {_describe(st)}")
-
-
-if __name__ == "__main__":
-    main()

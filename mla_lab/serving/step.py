@@ -22,7 +22,6 @@ Capture sizes follow the docstring of ``VllmConfig._set_cudagraph_sizes`` (``vll
 ``max = min(max_num_seqs * 2, 512)``; sizes ``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, kept
 ``<= max``.
 
-Run ``python -m mla_lab.serving.step`` for a demo.
 """
 
 from __future__ import annotations
@@ -120,24 +119,3 @@ def launch_mode(decode: tuple[DecodeToken, ...], prefill_chunks: tuple[PrefillCh
     padded = capture_sizes[bisect.bisect_left(capture_sizes, n)]
     uniform = all(c.num_tokens == 1 for c in prefill_chunks)  # max_query_len == 1 and num_tokens == num_reqs
     return ("FULL" if uniform else "PIECEWISE"), padded
-
-
-def main() -> None:
-    """Demo: the three kinds of step and their launch mode (max_num_seqs 256 -> capture sizes up to 512)."""
-    sizes = cudagraph_capture_sizes(256)
-    print(f"capture sizes (max_num_seqs=256): {len(sizes)} sizes, {sizes[:6]} ... {sizes[-3:]}")
-    cases = {
-        "decode x5": ((DecodeToken(0, 1030), DecodeToken(1, 1025), DecodeToken(2, 1100), DecodeToken(3, 1030),
-                       DecodeToken(4, 1030)), ()),
-        "prefill 1024": ((), (PrefillChunk(5, 0, 1024),)),
-        "mixed 1 + 300": ((DecodeToken(0, 1031),), (PrefillChunk(6, 0, 300),)),
-    }
-    for name, (dec, pre) in cases.items():
-        mode, padded = launch_mode(dec, pre, sizes, enforce_eager=False)
-        s = Step(dec, pre, mode, padded)
-        print(f"{name:14s} kind={s.kind:8s} tokens={s.num_tokens:5d} mode={s.cudagraph_mode:9s} "
-              f"padded={s.cudagraph_num_tokens} cuda_graph={s.cuda_graph}")
-
-
-if __name__ == "__main__":
-    main()
