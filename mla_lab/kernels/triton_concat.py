@@ -288,20 +288,8 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, stre
     declare every constexpr after every runtime argument; :func:`make_concat_launcher_triton` relies on it)."""
     if triton is None:
         raise RuntimeError(f"triton is not available: {_TRITON_IMPORT_ERROR}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
-    knobs = {"block_rows": block_rows, "num_warps": num_warps, "block_t": block_t, "block_h": block_h,
-             "head_tiles": head_tiles, "progs_per_sm": progs_per_sm}
-    for name, v in knobs.items():
-        if v is None:
-            continue
-        if name not in KNOBS[variant]:
-            users = [k for k, ks in KNOBS.items() if name in ks]
-            raise ValueError(f"{name} applies to variant {' / '.join(map(repr, users))} only; got variant={variant!r}")
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must be an int; got {name}={v!r}")
-    if order is not None and "order" not in KNOBS[variant]:
-        raise ValueError(f"order applies to variant 'v4' only; got variant={variant!r}")
+    _check_knobs(variant, {"block_rows": block_rows, "num_warps": num_warps, "block_t": block_t, "block_h": block_h,
+                           "head_tiles": head_tiles, "progs_per_sm": progs_per_sm}, order)
     T, H, _ = ql_nope.shape
     Hp = out.shape[1]
     zp = bool(zero_padding) and Hp > H
@@ -326,7 +314,31 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, stre
         cx = {"D_NOPE_C": D_NOPE, "D_PE_C": D_PE, "BLOCK_R": br, "ZERO_PAD": zp, "EVEN_ROWS": n_rows % br == 0,
               "ROWS_I64": n_rows + br >= 2**31, **hints}
         return _concat_mla_q_kernel, grid, args, cx, nw
-    cfg = v3_config(H, heads_written, block_t, block_h, head_tiles, num_warps)
+    return _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, (block_t, block_h, head_tiles, num_warps))
+
+
+def _check_knobs(variant: str, knobs: dict, order) -> None:
+    """Each knob given is one ``variant`` reads (:data:`KNOBS`) and an int; ``order`` only for v4.
+
+    Raises:
+        ValueError: an unknown variant, or the first knob that breaks a rule (named with its value).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
+    for name, v in knobs.items():
+        if v is not None and name not in KNOBS[variant]:
+            users = [k for k, ks in KNOBS.items() if name in ks]
+            raise ValueError(f"{name} applies to variant {' / '.join(map(repr, users))} only; got variant={variant!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"{name} must be an int; got {name}={v!r}")
+    if order is not None and "order" not in KNOBS[variant]:
+        raise ValueError(f"order applies to variant 'v4' only; got variant={variant!r}")
+
+
+def _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, knobs):
+    """:func:`_plan` for v3 (token runs); ``knobs``: ``(block_t, block_h, head_tiles, num_warps)``."""
+    T, H, _ = ql_nope.shape
+    cfg = v3_config(H, heads_written, *knobs)
     bt, bh, ht, runs = cfg["block_t"], cfg["block_h"], cfg["head_tiles"], cfg["num_runs"]
     n_prog = triton.cdiv(T, bt) * runs
     if n_prog >= 2**31:  # pragma: no cover - T >= 2**31 / runs tokens
