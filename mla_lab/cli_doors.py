@@ -272,31 +272,50 @@ def check_sweep(params: dict) -> None:
     if unknown:
         raise DoorError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
     for name, bound in _SCALAR_BOUNDS.items():
-        v = params.get(name)
-        if isinstance(v, int) and not isinstance(v, bool):
-            check_bounded_int(bound, v, name)
-    sizes = 1
-    for name in ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_lens", "kv_cache_dtype",
-                 "strategies"):
-        v = params.get(name)
-        if isinstance(v, (list, tuple)):
-            if len(v) > MAX_LIST_LEN:
-                raise DoorError(f"{name} holds {len(v)} entries; allowed: at most {MAX_LIST_LEN}")
-            sizes *= max(len(v), 1)
-            if name in _LIST_BOUNDS:
-                for x in v:
-                    if isinstance(x, int) and not isinstance(x, bool):
-                        check_bounded_int(_LIST_BOUNDS[name], x, f"{name} entry")
-        elif name in _LIST_BOUNDS and isinstance(v, int) and not isinstance(v, bool):
-            check_bounded_int(_LIST_BOUNDS[name], v, name)
-    if sizes > MAX_GRID_POINTS:
-        raise DoorError(f"the grid spans {sizes:,} points; allowed: at most {MAX_GRID_POINTS:,} per sweep (split it)")
+        if _is_int(params.get(name)):
+            check_bounded_int(bound, params[name], name)
+    _check_grid_lists(params)
     for k in ("store_dir", "data_file", "report_dir"):
         v = params.get(k)
         if isinstance(v, str) and v:
             _check_path(k, v, folder=(k != "data_file"))
     checked = validate_params(params)
     check_tp_sizes(checked)
+    _check_grid_size(checked)
+    for mbt in checked.max_num_batched_tokens:
+        if mbt < checked.max_num_seqs:
+            raise DoorError(f"max_num_batched_tokens={mbt} is below max_num_seqs={checked.max_num_seqs}; allowed: "
+                            f">= max_num_seqs ({VLLM_MBT_RULE})")
+        for L in checked.prompt_lens:
+            _check_steps(checked.num_prompts, L, mbt, "sweep point")
+    check_sweep_serving(checked)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_grid_lists(params: dict) -> None:
+    """The grid's lists before the sweep parses them: at most :data:`MAX_LIST_LEN` entries, integer entries within
+    :data:`BOUNDS`, at most :data:`MAX_GRID_POINTS` combinations."""
+    sizes = 1
+    for name in ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_lens", "kv_cache_dtype",
+                 "strategies"):
+        v = params.get(name)
+        if isinstance(v, (list, tuple)) and len(v) > MAX_LIST_LEN:
+            raise DoorError(f"{name} holds {len(v)} entries; allowed: at most {MAX_LIST_LEN}")
+        values = v if isinstance(v, (list, tuple)) else [v]
+        sizes *= max(len(values), 1)
+        label = f"{name} entry" if isinstance(v, (list, tuple)) else name
+        for x in values if name in _LIST_BOUNDS else ():
+            if _is_int(x):
+                check_bounded_int(_LIST_BOUNDS[name], x, label)
+    if sizes > MAX_GRID_POINTS:
+        raise DoorError(f"the grid spans {sizes:,} points; allowed: at most {MAX_GRID_POINTS:,} per sweep (split it)")
+
+
+def _check_grid_size(checked) -> None:
+    """At most :data:`MAX_REPORT_POINTS` report panels and :data:`MAX_TP_BARS` bars per row of the TP chart."""
     points = math.prod(len(getattr(checked, k)) for k in ("models", "tp_sizes", "archs", "max_num_batched_tokens",
                                                           "prompt_lens", "kv_cache_dtype"))
     if points > MAX_REPORT_POINTS:
@@ -308,13 +327,6 @@ def check_sweep(params: dict) -> None:
         raise DoorError(f"models x tp_sizes = {len(checked.models)} x {len(checked.tp_sizes)} = {bars} bars per row of "
                         f"the report's TP chart; allowed: at most {MAX_TP_BARS} (fewer TP sizes, or one model per "
                         "sweep)")
-    for mbt in checked.max_num_batched_tokens:
-        if mbt < checked.max_num_seqs:
-            raise DoorError(f"max_num_batched_tokens={mbt} is below max_num_seqs={checked.max_num_seqs}; allowed: "
-                            f">= max_num_seqs ({VLLM_MBT_RULE})")
-        for L in checked.prompt_lens:
-            _check_steps(checked.num_prompts, L, mbt, "sweep point")
-    check_sweep_serving(checked)
 
 
 def check_sweep_serving(checked) -> None:
