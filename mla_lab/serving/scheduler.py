@@ -339,10 +339,3 @@ def schedule_all(config: SchedulerConfig, requests: list[tuple[int, int]]) -> li
         s.update_from_step(step)
         steps.append(step)
     return steps
-
-
-def _describe(step: Step) -> str:
-    dec = " ".join(f"r{d.req_id}@{d.context_len}" for d in step.decode)
-    pre = " ".join(f"r{c.req_id}[{c.start}:{c.end}]" for c in step.prefill_chunks)
-    return (f"{step.kind:8s} {step.num_tokens:5d} tok  {step.cudagraph_mode:9s} decode: {dec or '-':24s} "
-            f"prefill: {pre or '-'}")
