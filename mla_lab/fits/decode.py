@@ -8,7 +8,7 @@ per-rank layer: decode batches B = 1..256 at contexts 1k-8k, eager and graph; mi
 configuration the measured value is the median over repeats of each window's median.
 
 Fit (each part with the committed layer calibration ``h200_ops.csv`` underneath; what each part means:
-``mla_lab/serving/engine_pricer.py``):
+``mla_lab/serving/step_pricer.py``):
 
 1. from ``decode_ops.csv``: the sparse kernel on decode tokens (:class:`KernelDecode`), the decode indexer logits
    (a :class:`ClassEff`), the decode top-k (``f + a max(c) + b sum(c)``, least squares on relative error), the
@@ -20,7 +20,7 @@ Fit (each part with the committed layer calibration ``h200_ops.csv`` underneath;
    lowest leave-one-model-out error kept.
 
 Validation: every (model, strategy, mode, B, c, prefill) of ``decode_layer.csv`` predicted by
-:func:`mla_lab.serving.engine_pricer.layer_decode_ms` over the measured op subset (``layer_ops`` ops with ``impl``
+:func:`mla_lab.serving.step_pricer.layer_decode_ms` over the measured op subset (``layer_ops`` ops with ``impl``
 and not comm, bf16 weights, EP8: what the benchmark runs; no KV-cache write, RoPE, indexer k-prep, router top-k or
 all-reduce), in sample and leave-one-model-out (every part refitted on the other model's rows). Outputs:
 ``data/calibration/h200_decode.csv`` (parameters + provenance columns copied from the CSV) and
@@ -47,7 +47,7 @@ from mla_lab.paths import REPO_ROOT as REPO
 from mla_lab.paths import calibration_dir
 from mla_lab.placement import measured_as
 from mla_lab.rank import RankView
-from mla_lab.serving.engine_pricer import (
+from mla_lab.serving.step_pricer import (
     DECODE_CSV,
     DecodeCalibration,
     KernelDecode,

@@ -3,7 +3,7 @@
 The cost model's :class:`~mla_lab.model.calibration.Calibration` holds the per-class efficiencies fitted on prefill
 shapes (``data/calibration/h200_ops.csv``); :class:`DecodeCalibration` adds what decode-sized steps need, fitted on
 the H200 decode measurements (``data/measured/h200/round2/decode_*.csv``, ``mla_lab/fits/decode.py`` ->
-``data/calibration/h200_decode.csv``). The pricer that uses it is :class:`mla_lab.serving.engine_pricer.EnginePricer`.
+``data/calibration/h200_decode.csv``). The pricer that uses it is :class:`mla_lab.serving.step_pricer.CostModelPricer`.
 
 - **GPU time of small ops** (:attr:`DecodeCalibration.graph_floors`): the committed per-class overheads were fitted
   on eagerly launched ops, where the host's launch cost shows up as a floor (5-15 us); replayed inside a CUDA graph

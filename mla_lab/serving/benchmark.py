@@ -2,7 +2,7 @@
 
 :func:`serve_benchmark` runs :func:`mla_lab.serving.simulate` for one :class:`~mla_lab.deployment.Deployment`
 (:func:`bench_of` its workload, or a client run of it) once per strategy with that strategy's own KV-cache
-capacity (:func:`mla_lab.model.memory.memory_tradeoff`) and :class:`~mla_lab.serving.engine_pricer.EnginePricer`
+capacity (:func:`mla_lab.model.memory.memory_tradeoff`) and :class:`~mla_lab.serving.step_pricer.CostModelPricer`
 as the step pricer, and compares every metric with a baseline. :data:`PR_BENCH` is the benchmark of vLLM PR #53878;
 :data:`MODELLED_NOTES` says what is modelled.
 """
@@ -26,10 +26,10 @@ from .deploy_options import (
     dp_share,
     per_rank_deployment,
 )
-from .engine_pricer import EnginePricer
 from .metrics import compare
 from .scheduler import SchedulerConfig
 from .simulate import simulate
+from .step_pricer import CostModelPricer
 
 __all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary"]
 
@@ -105,7 +105,7 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     ``kv_tokens_lost`` (its persistent workspace beyond the baseline's), the scheduler is
     :class:`~mla_lab.serving.scheduler.SchedulerConfig` with the deployment's engine limits
     (``max_num_batched_tokens``, ``max_num_seqs``) and ``block_size`` / ``kv_admission`` / ``enforce_eager``, the
-    pricer :class:`EnginePricer` of ``deployment.rank``; :func:`mla_lab.serving.simulate` runs the benchmark.
+    pricer :class:`CostModelPricer` of ``deployment.rank``; :func:`mla_lab.serving.simulate` runs the benchmark.
 
     Returns:
         ``{"strategies": {s: {"preset", "metrics", "change_pct" (vs baseline, % per metric), "kv_capacity_tokens",
@@ -226,7 +226,7 @@ class _Options:
 
     def pricer(self, strategy, cal, dcal):
         base = (DPAttentionPricer(self.deployment, strategy, cal, dcal) if self.dp > 1
-                else EnginePricer(self.d.rank, strategy, cal, dcal))
+                else CostModelPricer(self.d.rank, strategy, cal, dcal))
         if not self.k:
             return base
         return SpecDecodePricer(base, self.d.model.num_hidden_layers, self.k, self.d.acceptance_length)

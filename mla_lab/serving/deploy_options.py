@@ -50,8 +50,8 @@ from ..model.memory import _layer_bytes, memory_tradeoff
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms
 from ..workload import Step as WorkStep
-from .engine_pricer import EnginePricer, _eager_ms
 from .step import DecodeToken, PrefillChunk, Step
+from .step_pricer import CostModelPricer, _eager_ms
 
 __all__ = ["SpecDecodePricer", "DPAttentionPricer", "dp_attention_memory", "MOE_SIDE_OPS", "dp_share",
            "spec_verify_step", "OPTIONS_NOTES", "per_rank_deployment"]
@@ -80,7 +80,7 @@ def spec_verify_step(step: Step, k: int) -> Step:
 
 class SpecDecodePricer:
     """A step pricer under MTP speculative decoding (module docstring), wrapping a base pricer with a ``price``
-    method (:class:`~mla_lab.serving.engine_pricer.EnginePricer` or :class:`DPAttentionPricer`).
+    method (:class:`~mla_lab.serving.step_pricer.CostModelPricer` or :class:`DPAttentionPricer`).
 
     Args:
         base: the target model's pricer (``price(step) -> {"total_ms", "gpu_ms", ...}``).
@@ -117,7 +117,7 @@ class SpecDecodePricer:
                 "engine_step_ms": engine}
 
     def __call__(self, step: Step) -> float:
-        key = EnginePricer.step_key(step)
+        key = CostModelPricer.step_key(step)
         if key not in self._memo:
             self._memo[key] = self.price(step)["total_ms"]
         return self._memo[key]
@@ -147,13 +147,13 @@ class DPAttentionPricer:
 
     Args:
         deployment: a Deployment with ``dp_attention > 1`` (its door checked it). strategy: as
-            :class:`~mla_lab.serving.engine_pricer.EnginePricer`. calibration, decode_cal: as there.
+            :class:`~mla_lab.serving.step_pricer.CostModelPricer`. calibration, decode_cal: as there.
     """
 
     def __init__(self, deployment: Deployment, strategy: str, calibration=None, decode_cal=None):
         d = deployment
-        self.attn = EnginePricer(d.attention_rank, strategy, calibration, decode_cal)
-        self.moe = EnginePricer(d.rank, strategy, calibration, decode_cal)
+        self.attn = CostModelPricer(d.attention_rank, strategy, calibration, decode_cal)
+        self.moe = CostModelPricer(d.rank, strategy, calibration, decode_cal)
         self.moe_a2a = d.moe_parallel == "ep"
         self.active = dp_share(d)["active_ranks"]
         self.L = d.model.num_hidden_layers
@@ -194,7 +194,7 @@ class DPAttentionPricer:
                 "moe_side_ms": moe_ms, "by_op": by}
 
     def __call__(self, step: Step) -> float:
-        key = EnginePricer.step_key(step)
+        key = CostModelPricer.step_key(step)
         if key not in self._memo:
             self._memo[key] = self.price(step)["total_ms"]
         return self._memo[key]

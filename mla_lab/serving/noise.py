@@ -52,10 +52,10 @@ from ..model.decode_calibration import DecodeCalibration
 from ._checks import check_float, check_int
 from .benchmark import bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
-from .engine_pricer import EnginePricer
 from .scheduler import SchedulerConfig
 from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
+from .step_pricer import CostModelPricer
 
 __all__ = ["ArrivalModel", "NoiseConfig", "CachedPricer", "NoiseResult", "run_noise", "simulate_once",
            "load_cold_start", "COMPONENTS", "METRICS", "COLD_START_COLUMNS", "serve_benchmark_noise", "format_noise",
@@ -263,7 +263,7 @@ def step_key(step: Step) -> tuple:
 
 class CachedPricer:
     """``pricer`` priced once per distinct :func:`step_key` (a pricer that depends only on what the key holds,
-    as :class:`~mla_lab.serving.EnginePricer` and the pricers of :mod:`~mla_lab.serving.pricing` do).
+    as :class:`~mla_lab.serving.CostModelPricer` and the pricers of :mod:`~mla_lab.serving.pricing` do).
     ``hits`` / ``misses`` count the look-ups."""
 
     def __init__(self, pricer: StepPricer):
@@ -562,7 +562,7 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
                           decode_cal: DecodeCalibration | None = None) -> dict:
     """``num_runs`` single runs of ``vllm bench serve`` per strategy (the noise model; async scheduling on, vLLM's
     default), each strategy with its own KV capacity as :func:`~mla_lab.serving.serve_benchmark` gives it, priced
-    by :class:`~mla_lab.serving.EnginePricer` of ``deployment.rank``. ``deployment``, ``bench``, ``block_size``,
+    by :class:`~mla_lab.serving.CostModelPricer` of ``deployment.rank``. ``deployment``, ``bench``, ``block_size``,
     ``baseline``, ``calibration`` and ``decode_cal``: as :func:`~mla_lab.serving.serve_benchmark` (a Deployment,
     not its rank view, for the same reason: the KV-cache budget and the workload are the deployment's; nothing is
     defaulted or re-checked here).
@@ -596,7 +596,7 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     for s, r in det["strategies"].items():
         scheds[s] = SchedulerConfig(d.max_num_batched_tokens, d.max_num_seqs, r["kv_capacity_tokens"], block_size,
                                     async_scheduling=True)
-        pricers[s] = CachedPricer(EnginePricer(d.rank, s, calibration, decode_cal))
+        pricers[s] = CachedPricer(CostModelPricer(d.rank, s, calibration, decode_cal))
     keys = [k for k, _ in NOISE_METRICS]
     res = {s: run_noise(bench, scheds[base], pricers[base], None if s == base else pricers[s],
                         sched_b=scheds[s], num_runs=num_runs, seed=seed, noise=noise) for s in det["strategies"]}

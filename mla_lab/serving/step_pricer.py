@@ -1,6 +1,6 @@
 """The lab's cost model as a serving pricer: a vLLM v1 engine step -> milliseconds, decode included (issue 13).
 
-:class:`EnginePricer` turns a :class:`~mla_lab.serving.step.Step` (prefill chunks with their start positions,
+:class:`CostModelPricer` turns a :class:`~mla_lab.serving.step.Step` (prefill chunks with their start positions,
 decode tokens with their contexts) into a :class:`mla_lab.workload.Step` of chunks ``(req, start, n)`` (a decode
 token with context ``c`` is the chunk ``(req, c - 1, 1)``: it attends ``min(c, topk)`` keys and its indexer scans
 ``c`` keys), prices it with :func:`mla_lab.model.timing.step_time_ms` (every layer, the strategy's attention path,
@@ -37,7 +37,7 @@ layer model lacks at decode batch sizes, fitted on the H200 decode measurements
 What the decode measurements time (``benchmarks/bench_decode.py``): one per-rank MoE layer, bf16 weights, EP8
 experts as a ``bmm`` over the expected active experts, no KV-cache write, RoPE, indexer k-prep, router top-k or
 all-reduce. :func:`layer_decode_ms` prices that same subset (``layer_ops`` ops with ``impl`` and not comm; the
-excluded ops are :data:`EXCLUDED_FROM_MEASURED`) for the fit and its validation; :class:`EnginePricer` prices the
+excluded ops are :data:`EXCLUDED_FROM_MEASURED`) for the fit and its validation; :class:`CostModelPricer` prices the
 whole step: every op of :func:`mla_lab.model.ops.step_ops`, the excluded ones with the committed model and graph
 overheads, collectives with the lab's one ring model (not calibrated at decode sizes).
 
@@ -65,7 +65,7 @@ from ..rank import RankView
 from ..workload import Step as WorkStep
 from .step import Step
 
-__all__ = ["EnginePricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
+__all__ = ["CostModelPricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
            "layer_decode_ms", "DECODE_CSV", "EXCLUDED_FROM_MEASURED", "OVERRIDDEN_OPS"]
 
 #: Ops of :func:`~mla_lab.model.ops.layer_ops` that the measured decode layer does not run (no ``impl``), plus the
@@ -193,7 +193,7 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "n_ops": len(ops), "ops": per}
 
 
-class EnginePricer:
+class CostModelPricer:
     """A :data:`~mla_lab.serving.step.StepPricer` for :func:`mla_lab.serving.simulate`: one engine step on one rank
     (every rank runs the same step in lockstep under TP), priced by the lab's cost model (module docstring).
 
@@ -233,7 +233,7 @@ class EnginePricer:
         self._memo: dict = {}  # step_key -> total_ms (__call__)
 
     def __repr__(self) -> str:
-        return (f"EnginePricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
+        return (f"CostModelPricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
                 f"strategy={self.strategy!r}, kv_cache_dtype={self.kv_cache_dtype!r})")
 
     def price(self, step: Step) -> dict:
