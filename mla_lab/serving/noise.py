@@ -1,39 +1,19 @@
 """Run-to-run noise of one ``vllm bench serve`` run: a seeded Monte-Carlo over what varies between two runs of the
-same build (issue 20), and the distribution of the change between two builds. Everything here is **modelled**.
+same build, and the distribution of the change between two builds (issue 20; **modelled**; docs/serving.md,
+"Run-to-run noise").
 
-One simulated run (:func:`mla_lab.serving.simulate.simulate`) gets, on top of the GPU time its pricer gives:
-
-- **arrival at the engine core** (:class:`ArrivalModel`): the API server handles the requests one after another
-  (HTTP, pydantic, tokenisation on a one-thread executor, hand-off to the engine core over ZMQ), so the k-th
-  request sent reaches the engine core ``first_ms + sum of k service times`` after the send (a single-server
-  queue over the client's arrival times); each service time is gamma-distributed with mean ``per_request_ms``
-  and coefficient of variation ``cv``;
-- **async scheduling** (``SchedulerConfig.async_scheduling``, on by default in vLLM v1): a request reaching the
-  engine core while step N runs joins step N+2, so the arrival spread decides how the 32 prompts split over steps;
-- **per-step CPU time** ``cpu_step_ms`` (scheduling, input preparation, sampling bookkeeping, output handling in
-  the engine core), hidden behind the previous step's GPU time under async scheduling;
-- **token delivery** ``output_delay_ms`` (detokenisation and streaming in the API server process, HTTP);
-- **step-time noise**: every step's GPU time times ``exp(N(0, run_sigma))`` (one draw per run: clocks, power and
-  thermal state, the server process; shared by all its steps) times ``exp(N(0, step_sigma))`` (one draw per step);
-- **the cold first large step**: ``cold_extra_ms`` (gamma, mean ``cold_extra_ms``, sd ``cold_sd_ms``) added to the
-  first step of at least ``cold_min_tokens`` tokens of the run (the benchmark's ready check is one 1024-token
-  request, so the first 16384-token step is the first of its size since start-up).
-
-The defaults and their sources (cited, assumed or measured) are in :data:`COMPONENTS` and ``docs/serving.md``;
-the measured ones come from the H200 rows of ``data/measured/h200/between_process/`` (5 fresh processes:
-``content_loop.csv`` for the per-run and per-step GPU-time spread of a whole step, ``cold_start.csv`` for the cold
-first large step; ``tests/test_serving_noise.py`` recomputes each default from those files).
-:func:`load_cold_start` reads ``cold_start.csv`` (schema in its docstring: the columns ``benchmarks/round3.py
---parts cold`` writes) and :meth:`NoiseConfig.with_measurements` puts measured values in.
-
-Speed: GPU times are priced once per distinct step (:class:`CachedPricer`; the key is the step's shape, not its
-request ids) and the noise is applied multiplicatively to the cached value.
+One simulated run gets, on top of its pricer's GPU time: the API server's single-server queue to the engine core
+(:class:`ArrivalModel`, gamma service times), async scheduling, a per-step CPU time, a token delivery delay, a
+per-run and a per-step log-normal factor on the GPU time, and a cold extra on the first step of at least
+``cold_min_tokens`` tokens. Each default with its source and status (cited, assumed, measured) is in
+:data:`COMPONENTS`; the measured ones come from ``data/measured/h200/between_process/`` (``content_loop.csv``,
+``cold_start.csv``: :func:`load_cold_start`), recomputed by tests/test_serving_noise.py. GPU times are priced once
+per distinct step shape (:class:`CachedPricer`) and the noise applied to the cached value.
 
 Example::
 
     res = run_noise(PR_BENCH, sched, pricer_before, pricer_pr, num_runs=400, seed=0)
     res.band("mean_ttft_ms", "change")           # 95 % band of the change (%), PR vs before, one run each
-    res.percentile_of("mean_ttft_ms", -9.5)      # where the PR's -9.5 % falls in it (percentile)
 """
 
 from __future__ import annotations

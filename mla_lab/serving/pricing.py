@@ -1,19 +1,13 @@
-"""Step pricers: a :class:`~mla_lab.serving.step.Step` -> milliseconds.
+"""Step pricers: a :class:`~mla_lab.serving.step.Step` -> milliseconds (any ``StepPricer = Callable[[Step],
+float]`` returning a finite ms > 0; docs/serving.md, "How the pricer plugs in").
 
-A pricer is any callable ``StepPricer = Callable[[Step], float]`` returning the step's duration in ms (finite,
-> 0). This module has
-
-- the sparse-attention view of a step: with DeepSeek sparse attention every query token attends to at most
-  ``topk`` keys chosen by the indexer (``index_topk`` in the model's ``config.json``: 2048 for GLM-5 and
-  DeepSeek-V3.2), causally: a prompt token at position ``p`` sees ``min(p + 1, topk)`` keys
-  (:func:`prefill_topk_lengths`), a decode token with context ``c`` sees ``min(c, topk)``
-  (:func:`decode_topk_length`). With a bf16 KV cache vLLM sends every token of the step, decode included, through
-  the same padded ``flash_mla_sparse_fwd`` call (vLLM mla_attention.py sends every token down the sparse path), so :func:`step_topk_lengths` gives the one
-  ``topk_length`` vector of that call (decodes first: vLLM reorders the batch decode-first);
-- :class:`LinearStepPricer`, a simple explicit reference pricer for tests and demos (its coefficients are
-  illustrative, not calibrated);
-- :func:`make_pricer`, the adapter hook for the lab's cost model: ``fn(prefill_topk, decode_topk, cuda_graph)``.
-
+- The sparse-attention view of a step: a prompt token at position ``p`` sees ``min(p + 1, topk)`` keys, a decode
+  token of context ``c`` ``min(c, topk)`` (``index_topk`` of the model's config.json: 2048 for GLM-5 and
+  DeepSeek-V3.2); :func:`step_topk_lengths` is the one padded ``flash_mla_sparse_fwd`` call's ``topk_length``
+  (decodes first, as vLLM reorders the batch; bf16 KV sends every token down the sparse path, vLLM
+  ``mla_attention.py``).
+- :class:`LinearStepPricer` (illustrative coefficients, for tests) and :class:`ConstantPricer`.
+- :func:`make_pricer`: the adapter hook ``fn(prefill_topk, decode_topk, cuda_graph)``.
 """
 
 from __future__ import annotations

@@ -1,53 +1,16 @@
-"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off).
+"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off), read in
+``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` @ 00024d31) and ``vllm/v1/core/kv_cache_manager.py``
+(``allocate_slots`` @ 003df296); the rules are in docs/serving.md ("Engine").
 
-Read in ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, vllm-project/vllm @ 00024d31) and
-``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager.allocate_slots``, @ 003df296). Each step:
-
-1. **Running requests first**, in the order they were admitted, within the token budget
-   ``max_num_batched_tokens``: a request that has finished its prompt gets its one decode token, one still in
-   its prompt gets the rest of it (capped by ``long_prefill_token_threshold`` when > 0, and by the budget left).
-   vLLM has no separate "decode phase": a request gets ``num_tokens - num_computed_tokens`` tokens.
-2. **Then waiting requests**, in arrival order, while budget is left and fewer than ``max_num_seqs`` requests are
-   running: the head of the queue gets ``min(prompt_len, threshold, budget left)`` prompt tokens (chunked
-   prefill); if the KV cache cannot hold them the head waits and so does everyone behind it (FCFS ``break``).
-3. **KV blocks** of ``block_size`` tokens are allocated per request as its tokens are scheduled: after a step a
-   request holds ``ceil(num_computed_tokens / block_size)`` blocks; ``kv_capacity_tokens // block_size`` blocks
-   exist. A finished request frees its blocks before the next step. A request's peak footprint is
-   ``prompt_len + output_len - 1`` tokens (its last output token is sampled, never fed back).
-
-Tokens: the step that computes a prompt's last position samples the request's first output token; every later
-step with its decode token samples one more; after ``output_len`` tokens it finishes (``--ignore-eos``).
-
-**No preemption** (vLLM preempts the most recently admitted running request, recompute-style, when a running
-request cannot get a block). Two honest ways to stay out of that regime, ``kv_admission``:
-
-- ``"reserve"`` (default): a waiting request is admitted only when its whole peak footprint fits in the blocks
-  not yet promised to admitted requests; blocks are still allocated lazily, but a running request can never run
-  out, so no preemption is ever needed. Identical to vLLM whenever vLLM would not preempt *and* would not have
-  admitted a request earlier; under KV pressure it admits later than vLLM (conservative).
-- ``"lazy"``: admission exactly as vLLM (only the scheduled chunk's blocks must be free); when a running request
-  cannot get its next block, the step where vLLM would preempt, :class:`PreemptionRequired` is raised.
-
-**Async scheduling** (``async_scheduling=True``; on by default in vLLM v1: ``vllm/config/scheduler.py``
-``async_scheduling: bool | None = None``, which ``vllm/config/vllm.py`` turns into True unless an incompatible
-option is set): the engine core keeps a batch queue of two
-(``EngineCore.step_with_batch_queue``, ``vllm/v1/engine/core.py`` @ 00080ee1) and schedules step N+1 right after
-submitting step N, before step N's outputs exist, with "output placeholders" for the tokens step N will sample
-(vllm-project/vllm PR #19970). The tokens scheduled are the same as without it (placeholders stand for the
-sampled tokens; with ``--ignore-eos`` a request's length is known), so this class builds the same steps; what
-changes is *when* a step is built: a request that reaches the engine core while step N runs joins step N+2, not
-N+1. That timing lives in :func:`mla_lab.serving.simulate.simulate`; the flag is carried here because it is an
-engine setting. Not modelled under async: blocks of a request finishing in step N are freed one step later
-(matters only under KV pressure).
-
-Not modelled: prefix caching (off, as in the PR's benchmark: ``--no-enable-prefix-caching``), preemption,
-speculative decoding, the admission watermark and ``full_sequence_must_fit`` gate of newer ``allocate_slots``, priority
-scheduling, ``max_model_len`` checks.
-
-``block_size`` defaults to 16, vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE`` (``vllm/config/cache.py`` @ 002f10e0);
-the FlashMLA sparse backend supports only 64 (``FlashMLASparseBackend.get_supported_kernel_block_sizes``), so
-pass ``block_size=64`` for the PR's setup.
-
+Each step: running requests first (decode token, or the rest of the prompt capped by
+``long_prefill_token_threshold`` and the budget), then waiting requests in arrival order while budget, a
+``max_num_seqs`` slot and KV blocks last (FCFS ``break``). A request holds ``ceil(num_computed / block_size)``
+blocks and peaks at ``prompt_len + output_len - 1`` tokens. No preemption: ``kv_admission="reserve"`` (default)
+admits a request only when its whole footprint fits; ``"lazy"`` admits as vLLM and raises
+:class:`PreemptionRequired` where vLLM would preempt. ``async_scheduling`` (vLLM v1's default,
+``vllm/config/scheduler.py``; batch queue ``EngineCore.step_with_batch_queue`` @ 00080ee1) builds the same steps;
+its timing lives in :func:`mla_lab.serving.simulate.simulate`. ``block_size`` defaults to 16
+(``CacheConfig.DEFAULT_BLOCK_SIZE``, ``vllm/config/cache.py`` @ 002f10e0); FlashMLA sparse supports only 64.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
-"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine.
+"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine (docs/serving.md, "Time").
 
-- **Client** (:mod:`mla_lab.serving.client`): request ``i`` arrives at ``arrival_s``; with ``max_concurrency``
-  it is *sent* only when fewer than ``max_concurrency`` requests are in flight (FIFO, as the waiters of an
-  ``asyncio.Semaphore``), at ``send_s = max(arrival_s, the time a slot freed)``. TTFT and E2EL are measured
-  from ``send_s``.
-- **Engine**: steps run back to back; a step starts when the previous one ends. A request sent at ``send_s``
-  reaches the engine core at ``send_s + engine_delay_s[req_id]`` (the API server's HTTP handling, tokenisation
-  and hand-off; 0 by default). Without async scheduling a step is built when the previous one ends and sees every
-  request that has reached the engine core by then; with ``sched.async_scheduling`` step N+1 is built when step N
-  starts (vLLM's batch queue of two, :mod:`mla_lab.serving.scheduler`), so it sees only the requests that arrived
-  by then: a request arriving while step N runs joins step N+2. If that leaves nothing to run, the step is built
-  when step N ends instead (the engine core blocks on step N, then schedules). If nothing is runnable, time jumps
-  to the next arrival. Each step is built by :class:`~mla_lab.serving.scheduler.Scheduler`; the pricer gives its
-  GPU time ``pricer(step)`` (ms).
-- **Per-step CPU time** ``cpu_step_ms`` (scheduling, input preparation, output handling in the engine core; 0 by
-  default): without async scheduling it adds to every step (``gpu + cpu``); with it, it overlaps the previous
-  step's GPU time (``max(gpu, cpu)``), except for a step that follows an idle engine (``gpu + cpu``).
-- **Tokens**: every token sampled in a step reaches the client ``output_delay_s`` after the step's end
-  (detokenisation, the API server's streaming, HTTP; 0 by default): the step completing a prompt gives the first
-  token, each later step with the request's decode token one more. A ``max_concurrency`` slot frees when a
-  request's last token reaches the client.
-- **Metrics** (:mod:`mla_lab.serving.metrics`): the benchmark starts at t = 0 (when ``get_request`` starts), its
-  duration ends with the last token.
+The client sends request ``i`` at ``send_s = max(arrival_s, a max_concurrency slot freed)`` (TTFT and E2EL run
+from it); it reaches the engine core ``engine_delay_s[req_id]`` later. Steps run back to back; without async
+scheduling a step is built when the previous one ends, with ``sched.async_scheduling`` when it starts (a request
+arriving while step N runs joins step N+2; if that leaves nothing, the step is built when step N ends); idle time
+jumps to the next arrival. A step lasts ``pricer(step)`` ms of GPU time plus ``cpu_step_ms`` (``max`` of the two
+under async scheduling, except after an idle engine); its tokens reach the client ``output_delay_s`` after its end.
+The benchmark starts at t = 0 and its duration ends with the last token.
 """
 
 from __future__ import annotations
