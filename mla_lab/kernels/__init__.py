@@ -1,4 +1,6 @@
-"""Kernels of the sparse-MLA prefill Q path (the public API; each concept in its module).
+"""Kernels of the sparse-MLA prefill Q path: Q concat into a head-padded workspace, and sparse prefill attention.
+
+This is the public API; each concept lives in its module:
 
 - :mod:`.ops`: :func:`concat_mla_q` (vLLM's Q concat into a head-padded workspace), :func:`make_concat_launcher`
   (its hot path), :func:`sparse_mla_prefill` (FlashMLA's sparse prefill, sliced to the real heads),
