@@ -34,8 +34,6 @@ from ..model.decode_calibration import load_decode_calibration, load_moe_decode_
 from ..paths import calibration_dir, measured_dir
 from . import decode, files
 
-__all__ = ["Fit", "FITS", "render", "refit", "main"]
-
 
 @dataclass(frozen=True)
 class Fit:

@@ -1,22 +1,8 @@
-"""The decode calibration of the serving pricer, fitted on the H200 decode measurements and validated
-(``h200_decode.csv``; registered in :data:`mla_lab.fits.FITS` beside :func:`~mla_lab.model.decode_calibration.load_decode_calibration`).
-
-Inputs (``mla_lab/measure/experiments/decode_layer.py``, GPU round 2): ``decode_ops.csv`` (every op of the decode layer
-alone, CUDA-graph replay of 10 back-to-back calls) and ``decode_layer.csv`` (the per-rank layer: decode batches
-B = 1..256 at contexts 1k-8k, eager and graph; mixed steps, eager); per configuration the median over repeats of
-each window's median. Each part is fitted with the committed layer calibration underneath:
-
-1. from ``decode_ops.csv``: the sparse kernel on decode tokens (:class:`KernelDecode`), the decode indexer logits
-   (a :class:`ClassEff`), the decode top-k (``f + a max(c) + b sum(c)``, least squares on relative error), the
-   graph-replay overhead of each roofline class and the per-kernel cost of the attention byte ops (grids, minimum
-   MAPE);
-2. from ``decode_layer.csv`` graph rows: the fixed cost per layer;
-3. from its eager rows: the launch model ``max(GPU + n x gap, n x host)`` in three forms (host floor only, gaps
-   only, both), the one with the lowest error kept.
-
-Validation (``data/measured/h200/round2/decode_validation.csv``): every configuration predicted by
-:func:`mla_lab.serving.engine_pricer.layer_decode_ms` over the measured op subset, in sample and
-leave-one-model-out (every part refitted on the other model's rows).
+"""The decode calibration fit (``h200_decode.csv``) on ``data/measured/h200/round2/decode_ops.csv`` (each decode op,
+CUDA-graph replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph), over
+the committed layer calibration: op-level grids (kernel, indexer, top-k, class and attention floors), then the
+per-layer cost on graph rows, then the eager launch model; validated in sample and leave-one-model-out
+(``decode_validation.csv``).
 """
 
 from __future__ import annotations
@@ -41,8 +27,6 @@ from ..rank import RankView
 from ..serving.engine_pricer import layer_decode_ms
 from ..workload import Step as WorkStep
 from .files import provenance, rel
-
-__all__ = ["fit_decode_file", "fit_all", "validate"]
 
 _PROV = ("source", "gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
 H200 = get_arch("h200")

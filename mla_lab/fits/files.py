@@ -27,9 +27,6 @@ from ..model.routes import route_calibration_rows
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
 
-__all__ = ["fit_comm_file", "fit_content_file", "fit_subchunk_file", "fit_subchunk_graph_file",
-           "fit_content_step_file", "fit_moe_decode_file", "fit_routes_file", "provenance", "rel"]
-
 _PROV = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit")
 _ROUND2_PROV = ("gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
 #: The tokens of one step in ``subgraph.csv`` (:data:`mla_lab.measure.experiments._common.SEED_T`).

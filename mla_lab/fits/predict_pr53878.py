@@ -1,29 +1,14 @@
 #!/usr/bin/env python3
-"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR), issue 20. Modelled, not
-measured; no coefficient is fitted to any end-to-end figure of that run.
+"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR), issue 20: modelled, no
+coefficient fitted to an end-to-end figure of that run. The run: ``vllm serve zai-org/GLM-5.2-FP8`` TP8 EP,
+max_num_batched_tokens 16384, FLASHMLA_SPARSE, bf16 KV, async scheduling on, 8 H200; ``vllm bench serve`` random
+1024 in / 128 out, 32 prompts, concurrency 32, rate inf, seed 12345 (the PR's description).
 
-The run predicted: server ``vllm serve zai-org/GLM-5.2-FP8 --tensor-parallel-size 8 -ep --max-num-batched-tokens
-16384 --attention-backend FLASHMLA_SPARSE --no-enable-prefix-caching --gpu-memory-utilization 0.9`` (bf16 KV cache,
-MTP off, async scheduling at vLLM's default: on) on 8 H200; client ``vllm bench serve --dataset-name random
---random-input-len 1024 --random-output-len 128 --num-prompts 32 --max-concurrency 32 --request-rate inf
---ignore-eos --seed 12345``.
-
-How: each step priced by the lab's cost model (``mla_lab.serving.EnginePricer``, committed calibration, the pre-PR
-strategy ``per_call_empty:zeros``: ``new_empty`` pad whose block held zeros; ``per_call_empty:stale`` beside it),
-KV capacity from the memory model (``serve_benchmark``), the components of ``mla_lab.serving.noise`` (API-server
-arrival queue, async scheduling, per-step CPU time, token delivery, cold first large step, step-time noise), and
-``--num-runs`` seeded Monte-Carlo runs for each metric's single-run 95 % band. The measured components come from
-the H200 rows of ``data/measured/h200/between_process/`` (5 fresh processes; :func:`measured_noise`): the per-run
-and per-step GPU-time spread of a whole sustained step (``content_loop.csv``, via ``mla_lab.measure.spread``) and
-the cold first large step (``cold_start.csv``, ``mla_lab.serving.noise.load_cold_start``); they are recomputed
-here from the files and recorded in the output (``measurements_used``, with the files' sha256). The same runs give
-the distribution of the change between two builds (identical builds, and the PR's private workspace vs before it)
-per TTFT statistic.
-
-Writes ``data/validation/pr53878_main_prediction.json`` (``--out``) and, beside it, the per-run changes of the
-prediction's two Monte-Carlo runs, ``pr53878_noise_distribution.csv`` (what ``mla_lab.report.noise`` draws);
-refuses to overwrite a file the lab did not write (a JSON without ``"produced_by":
-"mla_lab/fits/predict_pr53878.py"``, a CSV without its header).
+Each step priced by :class:`mla_lab.serving.EnginePricer` (pre-PR strategy ``per_call_empty:zeros``, ``:stale``
+beside it), KV capacity by ``serve_benchmark``, the noise components of :mod:`mla_lab.serving.noise` with the
+measured ones recomputed from ``data/measured/h200/between_process/`` (:func:`measured_noise`), ``--num-runs``
+seeded Monte-Carlo runs per build. Writes ``data/validation/pr53878_main_prediction.json`` and, beside it,
+``pr53878_noise_distribution.csv``; refuses to overwrite a file the lab did not write.
 
     python -m mla_lab.fits.predict_pr53878 [--num-runs 1000] [--seed 0] [--out PATH] [--no-measurements]
         [--update-docs | --docs-only]

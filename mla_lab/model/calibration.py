@@ -1,15 +1,7 @@
-"""The lab's one calibration type (:class:`Calibration`: per op-class and attention-path efficiencies against the
+"""The lab's one calibration type (:class:`Calibration`: efficiencies per op class and attention op against the
 GPU's datasheet rates, comm assumptions and fits) and the one way a calibration file is read (:func:`load_file`).
-
-Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibration_dir`), each read once per
-(reader, path, mtime) by :func:`load_file` and fitted by its entry of :data:`mla_lab.fits.FITS`: ``h200_ops.csv``
-(:func:`fit_calibration` over the op rows of ``mla_lab/measure/experiments/layer_calibration.py``; the default),
-``h200_routes.csv`` (the sparse kernel's roofline and the dense routes' classes, read beside the default only),
-``h200_reference.csv`` (attention-path reference timings, :func:`attention_from_reference`), ``h200_comm.csv``,
-``h200_content.csv``, ``h200_content_step.csv``, ``h200_subchunk.csv`` and ``h200_subchunk_graph.csv``.
-
-Other GPUs reuse the H200 efficiencies against their own datasheet rates — an assumption every modelled row states
-in its ``calibration`` column.
+Files under ``data/calibration/``, each fitted by its entry of :data:`mla_lab.fits.FITS`. Other GPUs reuse the
+H200 efficiencies against their own datasheet rates (stated in every modelled row's ``calibration`` column).
 """
 
 from __future__ import annotations
@@ -27,11 +19,6 @@ from ..paths import calibration_dir
 from .comm import CommModel, load_comm_model
 from .content import CONTENT_SCOPES, ContentModel, StepContentModel, load_content_model, load_step_content_model
 from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
-
-__all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "load_calibration",
-           "uncalibrated", "attention_from_reference", "fit_calibration", "write_calibration_csv", "resolve_calibration",
-           "fit_subchunk_overhead", "load_subchunk_overhead", "SUBCHUNK_CSV", "SUBCHUNK_GRAPH_CSV",
-           "load_subchunk_graph_overhead", "load_file", "csv_rows", "CALIBRATION_COLUMNS"]
 
 OVERHEAD_MODES = ("max", "add")
 #: A measured all-reduce fit prices sizes within [min_bytes / F, max_bytes x F] of what was measured (F = 2).

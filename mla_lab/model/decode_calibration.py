@@ -1,17 +1,8 @@
-"""The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200
-(``data/measured/h200/round2/decode_*.csv`` -> ``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits
-decode``), used by :class:`mla_lab.serving.engine_pricer.EnginePricer` on top of the prefill
-:class:`~mla_lab.model.calibration.Calibration`:
-
-- the graph-replay overhead of each roofline class and a fixed cost per attention-path byte-op kernel (eager
-  launches showed the host's 5-15 us as a floor; inside a CUDA graph the same kernels cost 2-6 us);
-- the decode indexer (a bandwidth-bound :class:`~mla_lab.model.calibration.ClassEff`), the decode top-k
-  (``f + a * c_max + b * sum(c)`` us) and the sparse kernel on decode tokens (:class:`KernelDecode`);
-- a per-layer fixed cost and the eager launch model (host cost and GPU gap per op);
-- the fp8 routed experts at decode sizes (measured-fit ``a + weight_bytes / BW`` on ``torch._scaled_grouped_mm``,
-  ``h200_moe_decode.csv``, ``python -m mla_lab.fits moe_decode``);
-- an all-reduce latency below 24 MiB, where the TP fit (``h200_comm.csv``) prices nothing (assumption, cited:
-  :data:`DECODE_ALLREDUCE_LATENCY_US`).
+"""The decode calibration (``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits decode``): what the layer
+model lacks at decode batch sizes, used by :class:`mla_lab.serving.engine_pricer.EnginePricer` on top of the prefill
+:class:`~mla_lab.model.calibration.Calibration`: graph-replay overheads, the decode indexer, top-k and sparse kernel,
+a per-layer cost, the eager launch model, the fp8 MoE decode fit (``h200_moe_decode.csv``) and a small all-reduce
+latency (:data:`DECODE_ALLREDUCE_LATENCY_US`).
 """
 
 from __future__ import annotations
@@ -24,10 +15,6 @@ from pathlib import Path
 from ..arch import GPUArch
 from ..paths import calibration_dir
 from .calibration import Calibration, ClassEff, csv_rows, load_file
-
-__all__ = ["DECODE_CSV", "MOE_DECODE_CSV", "DECODE_ALLREDUCE_LATENCY_US", "DECODE_ALLREDUCE_MAX_BYTES",
-           "DECODE_ALLREDUCE_SOURCE", "KernelDecode", "DecodeCalibration", "write_decode_calibration", "decode_calibration_rows",
-           "load_decode_calibration", "load_moe_decode_fit"]
 
 #: The committed decode calibration's file name (in :func:`mla_lab.paths.calibration_dir`).
 DECODE_CSV = "h200_decode.csv"

@@ -9,10 +9,6 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 
-__all__ = ["write_record", "DIR", "PR53878_PREDICTION", "PR53878_DECOMPOSITION", "BLIND", "BLIND_RESULTS",
-           "BLIND_SCORE", "BLIND_POSTHOC", "BLIND_B_WORKLOADS", "BLIND_B", "BLIND_B_RESULTS", "BLIND_B_SCORE",
-           "BLIND_B_POSTHOC"]
-
 DIR = REPO_ROOT / "data" / "validation"
 #: vLLM PR #53878's main run: the lab's prediction (``mla_lab.fits.predict_pr53878``) and its decomposition
 PR53878_PREDICTION, PR53878_DECOMPOSITION = DIR / "pr53878_main_prediction.json", DIR / "pr53878_main_decomposition.json"

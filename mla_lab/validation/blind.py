@@ -1,31 +1,11 @@
-"""Blind predictions of public serving runs (issue 30): written and committed before any result of those runs is read.
+"""Blind predictions of public serving runs (issues 30, 37), committed before any result is read (protocol:
+docs/serving.md). ``python -m mla_lab.validation.blind predict [--round 2026-12b]`` writes the round's file from
+:func:`mla_lab.serving.noise.serve_benchmark_noise`; round two's cases come from its committed workloads file.
 
-Protocol: ``python -m mla_lab.validation.blind predict`` writes ``data/validation/blind_2026-12.json`` from the lab's
-shipped model (:func:`mla_lab.serving.noise.serve_benchmark_noise`: the step-level ``vllm bench serve`` simulation,
-each step priced by the cost model, decode kernels by their parallelism, single-run 95 % bands from the noise
-model). The file is committed on its own; only then are the sources read and their figures committed beside it in
-``data/validation/blind_2026-12_results.json`` (git history shows the order); :mod:`mla_lab.validation.score` puts
-the two side by side. Nothing is fitted to the results.
-
-Every case names the run as the issue describes it and what the lab did NOT know before reading the source
-(``assumed``): the number of prompts, the concurrency, the server flags that were not stated. Where the lab cannot
-price a run it says so here, before reading (``not_priced``), rather than dropping the case afterwards.
-
-Round two (issue 37, ``--round 2026-12b``): the cases are data, ``data/validation/blind_2026-12b_workloads.json``
-(workload, deployment, what the lab does not model and prices at the nearest configuration, what was assumed; no
-result), committed before ``data/validation/blind_2026-12b.json``; a case may set its own ``deployment``
-(:func:`Deployment.of` arguments) and a ``not_priced_reason`` decided before the predictions.
-
-Engine versions (read from the release wheels' sources, not run):
-
-- vLLM 0.13.0 (2025-12-19) and 0.24.0 (2026-06-29) on Hopper: the only sparse-MLA backend is ``FLASHMLA_SPARSE``
-  (``vllm/platforms/cuda.py``: the sm90 MLA priority list ends with it), every prefill on the padded sparse kernel
-  (no dense-MHA prefill route), Q padded to 64 heads with ``q.new_empty`` per call (0.13.0
-  ``flashmla_sparse.py:936``, 0.24.0 ``:841``): the lab's ``per_call_empty:zeros@vllm-flashmla-mqa``.
-- vLLM at PR #46189 (June 2026): ``FLASHMLA_SPARSE`` as above (the lab's pre-#53878 path) vs
-  ``FLASH_ATTN_MLA_SPARSE`` (``fa3_sparse``: FA3 with the real heads).
-- ``vllm serve`` defaults on a >= 70 GiB GPU (0.13.0 and 0.24.0 ``vllm/engine/arg_utils.py``:
-  ``default_max_num_batched_tokens`` 8192 and ``default_max_num_seqs`` 1024 for ``OPENAI_API_SERVER``).
+Engine facts (release wheels' sources, not run): vLLM 0.13.0 / 0.24.0 on Hopper serve sparse MLA only through
+``FLASHMLA_SPARSE`` (``vllm/platforms/cuda.py``), Q padded to 64 heads by ``q.new_empty`` per call (0.13.0
+``flashmla_sparse.py:936``, 0.24.0 ``:841``); ``vllm serve`` defaults on a >= 70 GiB GPU: max_num_batched_tokens
+8192, max_num_seqs 1024 (``vllm/engine/arg_utils.py``).
 """
 
 from __future__ import annotations
@@ -45,9 +25,6 @@ from ..serving.noise import NOISE_METRICS, serve_benchmark_noise
 from . import BLIND as OUT
 from . import BLIND_B as OUT_B
 from . import BLIND_B_WORKLOADS as WORKLOADS_B
-
-__all__ = ["CASES", "predict", "OUT", "main", "PRODUCED_BY", "ROUNDS", "cases_of", "WORKLOADS_B", "OUT_B",
-           "deterministic", "request_steps"]
 
 PRODUCED_BY = "python -m mla_lab.validation.blind predict"
 #: request-steps above which a run gets fewer Monte-Carlo runs (the simulation costs ~70 us per request-step here)

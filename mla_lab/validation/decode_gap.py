@@ -32,8 +32,6 @@ from collections import defaultdict
 from ..paths import REPO_ROOT
 from . import BLIND_RESULTS as RESULTS
 
-__all__ = ["decode_gap_rows", "KERNEL_ROWS", "LAYERS", "TOPK"]
-
 KERNEL_ROWS = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "engine_kernels.csv"
 #: GLM-5's num_hidden_layers and index_topk (data/models/glm-5/config.json)
 LAYERS, TOPK = 78, 2048

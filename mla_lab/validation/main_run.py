@@ -1,24 +1,10 @@
-"""vLLM PR #53878's "main" run scored and decomposed (issue 30): where the lab's prediction missed a third of it.
+"""vLLM PR #53878's "main" run scored and its gap decomposed (issue 30); the first token explained (issue 37).
 
-The run (the PR's description; vLLM main before the PR, GLM-5.2-FP8 TP8 EP, 32 x 1024 in / 128 out, concurrency 32,
-request rate inf): benchmark duration 9.92 s, request throughput 3.23 req/s, output token throughput 413.04 tok/s
-(:data:`REAL`). The lab's prediction, committed before that run was read (``data/validation/
-pr53878_main_prediction.json``, commit 3ef3de1), said 6.70 s [6.63, 6.78], 4.77 req/s, 611 tok/s.
-
-:func:`decompose` (``python -m mla_lab.validation.main_run --write``) writes
-``data/validation/pr53878_main_decomposition.json``:
-
-- **score**: prediction vs run, ratio per metric (validation, not a fit);
-- **consistent pairs**: a run of 32 requests at concurrency 32 ends when the last request's 128th token arrives,
-  ``duration ~ TTFT_last + 127 x TPOT``: the (TTFT_last, TPOT) pairs consistent with 9.92 s, beside the lab's own;
-- **components**: each candidate for the missing ~3.2 s, its per-step time in the lab's model, its status
-  (``measured`` on the H200 with the engine's own kernel, ``measured-fit``, ``cited``, ``assumed``, ``code
-  reading``) and the share of the gap it would close: a component's ``closes_s`` is the duration change when it
-  alone moves from the lab's value to the stated alternative (all 127 decode steps, or the first steps for cold
-  costs);
-- **revised**: the lab's deterministic run today (decode kernels priced by their parallelism from the engines'
-  own kernels, ``data/calibration/h200_decode_kernels.csv``). It was made after the run was read: in-sample for this
-  run, not a prediction.
+The run (:data:`REAL`, the PR's description) against the lab's prediction committed before it was read
+(``data/validation/pr53878_main_prediction.json``). ``python -m mla_lab.validation.main_run --write`` writes
+``data/validation/pr53878_main_decomposition.json``: the score, the (TTFT_last, TPOT) pairs consistent with the
+run (``duration ~ TTFT_last + 127 x TPOT``), each candidate component with its status and the seconds it would
+close, and the revised run (made after reading: in-sample, not a prediction).
 """
 
 from __future__ import annotations
@@ -42,9 +28,6 @@ from ..workload import Step as WorkStep
 from . import BLIND_RESULTS, write_record
 from . import PR53878_DECOMPOSITION as OUT
 from . import PR53878_PREDICTION as PREDICTION_FILE
-
-__all__ = ["REAL", "PREDICTION_FILE", "OUT", "decompose", "decode_step_parts", "main", "first_token",
-           "FIRST_TOKEN_COMPONENTS", "FIRST_TOKEN_CSV", "first_token_measured"]
 
 REAL = {"duration": 9.92, "request_throughput": 3.23, "output_throughput": 413.04,
         "source": "vLLM PR #53878 description, 'main' run (vLLM main before the PR, GLM-5.2-FP8 TP8 EP, "

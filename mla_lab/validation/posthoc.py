@@ -1,7 +1,5 @@
-"""Post-hoc runs of the blind set (issue 30): the same model, each public run's workload as its source states it
-(num_prompts, request rate, concurrency), priced after the results were read. NOT blind and NOT a fit: no coefficient
-changes; it separates what the blind errors owe to the lab's workload assumptions from what they owe to the model.
-The H20 run (vllm-project/recipes) is left out: the lab has no H20 calibration.
+"""Post-hoc runs of blind round one (issue 30): the same model with each run's workload as its source states it.
+NOT blind, nothing fitted; the H20 run is left out (no H20 calibration).
 
     python -m mla_lab.validation.posthoc [--write [--overwrite]]   # -> data/validation/blind_2026-12_posthoc.json
 """
@@ -19,8 +17,6 @@ from . import BLIND_RESULTS as RESULTS
 from . import write_record
 from .blind import CASES, deterministic
 from .score import METRIC_CLASS
-
-__all__ = ["posthoc", "OUT", "main"]
 
 
 def posthoc(log=print) -> dict:

@@ -1,20 +1,10 @@
-"""Blind round two re-predicted POST HOC with the deployment options (issue 37): MTP / EAGLE speculative decoding and
-SGLang's DP attention, which the blind predictions (``data/validation/blind_2026-12b.json``) priced at the nearest
-vLLM TP8 configuration with a "not modelled" note.
-
-NOT blind: written after the results (``blind_2026-12b_results.json``) were read, with options built after reading
-them. Nothing is fitted: no coefficient changes, the acceptance lengths are the ones the cells state as inputs
-(``SGLANG_SIMULATE_ACC_LEN``, in the workloads file written before the predictions), the rest of each case's
-deployment is the workloads file's. The blind scores stay as they are (``blind_2026-12b_score.json``); this file
-puts three errors side by side per cell and metric: the blind one (noise-model median, from the score file), the
-deterministic run without the options (the same configuration the blind round priced, no noise model) and the
-deterministic run with them, so the options' effect is read apart from the noise model's.
-
-SGLang's EAGLE ``speculative_num_steps`` s with ``eagle_topk`` 1 and ``num_draft_tokens`` s + 1 is
-``num_speculative_tokens`` s (k drafts, k + 1 tokens verified).
+"""Blind round two re-predicted POST HOC with the deployment options (issue 37): MTP / EAGLE and SGLang's DP
+attention, which ``data/validation/blind_2026-12b.json`` priced at the nearest vLLM TP8 configuration. NOT blind,
+nothing fitted (acceptance lengths as the cells state them). Per cell and metric: the blind error, the deterministic
+run without the options and with them. SGLang's EAGLE ``speculative_num_steps`` s (``eagle_topk`` 1) is
+``num_speculative_tokens`` s.
 
     python -m mla_lab.validation.posthoc_options [--write [--overwrite]] [--only CASE]
-        # -> data/validation/blind_2026-12b_posthoc.json
 """
 
 from __future__ import annotations
@@ -35,9 +25,6 @@ from . import BLIND_B_WORKLOADS as WORKLOADS_B
 from . import write_record
 from .blind import cases_of, deterministic, request_steps
 from .score import METRIC_CLASS
-
-__all__ = ["posthoc_options", "options_of", "OUT", "main", "RESULTS_B", "SCORE_B", "WITHOUT_MAX_REQUEST_STEPS",
-           "posthoc_sentence", "summarise"]
 
 PRODUCED_BY = "python -m mla_lab.validation.posthoc_options --write"
 #: the run without the options is skipped above this many request-steps (the TP8 simulation of 5120+ prompts x 1025

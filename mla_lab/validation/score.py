@@ -1,11 +1,7 @@
-"""The blind set scored (issue 30): the lab's predictions (``data/validation/blind_2026-12.json``, committed first)
-beside the runs' published figures (``data/validation/blind_2026-12_results.json``, committed after, with their
-sources), and the errors per metric. Nothing here changes a prediction; a miss is published as it is.
+"""The blind set scored (issues 30, 37): predictions beside the runs' published figures, nothing changed.
+``error_pct = (predicted median - real) / real x 100``; ``inside_band``: the real figure in the single-run 95 % band.
 
-``error_pct = (predicted median - real) / real x 100``; ``inside_band``: the real figure lies in the lab's single-run
-95 % band. A workload of the source that the file did not predict is listed under ``not_predicted``; a prediction the
-source has no figure for, under ``no_result``. ``python -m mla_lab.validation.score --write`` writes
-``data/validation/blind_2026-12_score.json`` (what the report, README and tests read).
+    python -m mla_lab.validation.score [--round 2026-12b] [--write [--overwrite]]
 """
 
 from __future__ import annotations
@@ -23,9 +19,6 @@ from . import BLIND_RESULTS as RESULTS
 from . import BLIND_SCORE as SCORE
 from . import PR53878_PREDICTION as LAB_NOISE
 from . import write_record
-
-__all__ = ["PRED", "RESULTS", "SCORE", "score", "repeat_spreads", "main", "METRIC_CLASS", "LAB_NOISE",
-           "ROUND_TWO_PRED", "ROUND_TWO_RESULTS", "ROUND_TWO_SCORE", "score_round_two", "round_medians", "GROUPS"]
 
 #: the four figures the issue asks the median |error| of; TTFT and TPOT take the mean where the run states it,
 #: else the median (the SGLang cookbook states P50 only): one figure per run and backend

@@ -19,8 +19,6 @@ from . import BLIND_POSTHOC as POSTHOC
 from . import BLIND_SCORE as SCORE
 from . import PR53878_DECOMPOSITION as DECOMPOSITION
 
-__all__ = ["validation_markdown", "update_docs", "BEGIN", "END", "DOCS"]
-
 BEGIN = "<!-- validation:begin (python -m mla_lab.validation.tables --update-docs) -->"
 END = "<!-- validation:end -->"
 DOCS = REPO_ROOT / "docs" / "serving.md"
