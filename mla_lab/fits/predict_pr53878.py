@@ -517,20 +517,6 @@ def _refuse_out(a) -> str | None:
     return None
 
 
-def _print(res: dict, out: Path, dist: Path) -> None:
-    p = res["prediction"]
-    for k in PREDICTED:
-        lo, hi = p[k]["band95"]
-        print(f"{k:24s} {p[k]['deterministic']:10.2f} {p[k]['unit']:6s} 95 % [{lo:.2f}, {hi:.2f}]")
-    for k, row in res["change_distribution"].items():
-        i, q = row["identical_builds"], row["pr_vs_before"]
-        extra = (f"; reported {row['reported_by_pr']:+.1f} % at percentile {i['percentile_of_reported']:.2f} (A vs A') "
-                 f"/ {q['percentile_of_reported']:.2f} (PR vs before)" if "reported_by_pr" in row else "")
-        print(f"change {k:22s} A vs A' [{i['band95'][0]:+.2f}, {i['band95'][1]:+.2f}] %, PR vs before "
-              f"[{q['band95'][0]:+.2f}, {q['band95'][1]:+.2f}] % (det {q['deterministic']:+.2f}){extra}")
-    print(f"-> {out}\n-> {dist}")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-runs", type=int, default=1000, help="Monte-Carlo runs per build (>= 2)")
@@ -561,7 +547,7 @@ def main(argv=None) -> int:
     res["distribution_file"].update(path=_rel(dist), sha256=hashlib.sha256(text.encode()).hexdigest())
     dist.write_text(text)
     out.write_text(json.dumps(res, indent=1) + "\n")
-    _print(res, out, dist)
+    print(f"-> {out}\n-> {dist}")
     if a.update_docs:
         update_docs(res)
         print(f"-> {DOCS}")
