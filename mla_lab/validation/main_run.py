@@ -25,7 +25,7 @@ from ..serving import PR_BENCH, EnginePricer, SchedulerConfig, serve_benchmark
 from ..serving.noise import NoiseConfig, simulate_once
 from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
-from . import BLIND_RESULTS, write_record
+from . import BLIND_RESULTS, DIR, write_record
 from . import PR53878_DECOMPOSITION as OUT
 from . import PR53878_PREDICTION as PREDICTION_FILE
 
@@ -170,69 +170,14 @@ def _cross_check() -> dict:
                     "prefill and cold costs the one 1024-token ready check did not warm) than in the decode steps"}
 
 
-#: The first token's candidates (issue 37): what the last request's TTFT may pay beyond the lab's 1.34 s, each with
-#: its status (measured: an H200 row; cited: a public source with its figure; assumed) and the seconds it explains
-#: *in this run* (``seconds``: None where a source shows the mechanism but not its size here; ``range_s``: what the
-#: sources allow). Only measured or cited components with a stated size count towards the explained share.
-FIRST_TOKEN_COMPONENTS = (
-    {"component": "DeepGEMM JIT of the fp8 linear and grouped-MoE GEMMs at a new token count",
-     "status": "cited", "seconds": 0.0, "range_s": [0.0, 0.0],
-     "source": "vLLM PR #22215 (merged 2025-08): a 'Kernel Warmup' phase at start-up invokes DeepGEMM's fp8_gemm_nt "
-               "and m_grouped_fp8_gemm_nt_contiguous at every possible M so no JIT happens in the hot path (its "
-               "test: 83 s and 48 s of warm-up at start-up); the PR's main run is later vLLM main"},
-    {"component": "DeepGEMM JIT of kernels outside that warm-up (the indexer's fp8 MQA logits at a new prefill shape)",
-     "status": "cited (mechanism and per-cubin size; whether this run hit it: not known)", "seconds": None,
-     "range_s": [0.0, 14.3],
-     "source": "vLLM issue #49905 (2026-07): the warm-up covers 2 of the 24 DeepGEMM entry points, the rest JIT-load "
-               "on first use of a shape key during serving; lightseekorg/tokenspeed PR #398: the first prefill "
-               "request of DeepSeek-V4 compiled ~8 cubins, 14.6 s on B200 against 0.32 s warmed (cold on-disk "
-               "cache); with ~/.deep_gemm already holding the cubins from an earlier run it is a load, not a compile; "
-               "vLLM PR #56452 (2026-09): layers the warm-up missed made kernels 'JIT compile during requests, "
-               "producing 10-20 second stalls'"},
-    {"component": "Triton JIT at a new specialisation (token counts, block tables) in the first mixed steps",
-     "status": "cited (mechanism and size for other models; for this run: not known)", "seconds": None,
-     "range_s": [0.0, 1.5],
-     "source": "vLLM PR #45631 (Triton recompile detection, jit_monitor.py): '_zero_kv_blocks_kernel', "
-               "'_compute_slot_mapping_kernel' compiled during inference; vLLM issue #39790: the first prompt's "
-               "TTFT 1537 ms vs ~58 ms for prompts 2-50 on an H100 (lazy Triton and torch.compile on the first "
-               "real call); vLLM 0.33.0 compiles registered Triton/TileLang/CuTeDSL kernels at start-up "
-               "(kernel_config.enable_jit_warmup, default True, vllm/config/kernel.py:296; "
-               "vllm/model_executor/warmup/kernel_warmup.py:177-194), a later addition whose presence in the PR's "
-               "main build is not known; measured for the lab's own Triton kernel: "
-               "mla_lab/measure/experiments/first_token.py (first_token.csv)"},
-    {"component": "CUDA-graph capture or replay misses",
-     "status": "cited (code reading)", "seconds": 0.0, "range_s": [0.0, 0.0],
-     "source": "batch 32 is one of vLLM v1's default cudagraph_capture_sizes (1, 2, 4, then multiples of 8 up to 256), so the "
-               "decode steps replay a captured graph with no padding; prefill steps above the largest capture size "
-               "run piecewise and the lab already prices them so"},
-    {"component": "first use of a kernel in the process (module load, GEMM heuristics, first launch)",
-     "status": "cited (code reading; its size measured in a fresh process)", "seconds": 0.0, "range_s": [0.0, 1.45],
-     "source": "data/measured/h200/between_process/cold_start.csv, call 1 over the steady state (median of 5 fresh "
-               "processes): FlashMLA attention path +1447 ms, attention block +104 ms, MoE block (grouped GEMM) +237 "
-               "ms; vLLM pays these before the first request: compile_or_warm_up_model runs the model at its warm-up "
-               "sizes and kernel_warmup before serving (vllm/v1/worker/gpu_worker.py:970-982 at 0.33.0)"},
-    {"component": "allocator growth from the post-capture caching allocator to the first 16384-token step's peak",
-     "status": "measured (an upper bound only)", "seconds": None, "range_s": [0.0, 0.104],
-     "source": "the last warm-up run before serving is max_num_reqs tokens with CUDA graphs off, placed after "
-               "capture_model so that empty_cache does not free its buffers (gpu_worker.py:1068-1090 at 0.33.0): "
-               "the first full prefill step grows the allocator again; bounded by the attention block's whole "
-               "call-1 extra (+104 ms, cold_start.csv, which also holds its first launch); "
-               "mla_lab/measure/experiments/first_token.py measures the growth alone (first_token.csv)"},
-    {"component": "the indexer at long context", "status": "measured (the lab's indexer rows)", "seconds": 0.0,
-     "range_s": [0.0, 0.0],
-     "source": "1024-token prompts are below index_topk 2048: every key is selected; the lab prices the indexer's "
-               "prefill from its H200 fit (data/calibration/h200_ops.csv), already in the 1.34 s"},
-    {"component": "API server, tokenizer, HTTP and streaming (TTFT measured at the client)",
-     "status": "assumed", "seconds": 0.045, "range_s": [0.0, 0.5],
-     "source": "the lab's arrival model: 1.4 ms per request through the API server, 32 requests (docs/serving.md, "
-               "serving/noise.py ArrivalModel); no public figure for this run"},
-)
+#: The first token's candidates (issue 37), each with its status, sources and the seconds it explains in this run.
+FIRST_TOKEN_COMPONENTS_FILE = DIR / "pr53878_first_token_components.json"
 
 
 #: The first_token experiment's rows (mla_lab/measure/experiments/first_token.py): 5 fresh processes on the H200,
 #: commit 0bbb393, an empty Triton cache per process (``triton_cache`` cold).
 FIRST_TOKEN_CSV = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "first_token.csv"
-#: component (its first words in :data:`FIRST_TOKEN_COMPONENTS`) -> the rows of FIRST_TOKEN_CSV that measure it:
+#: component (its first words in :data:`FIRST_TOKEN_COMPONENTS_FILE`) -> the rows of FIRST_TOKEN_CSV that measure it:
 #: ``(what, T, name)``: the call-1 cost over the steady state at that shape
 _MEASURED_ROWS = {
     "Triton JIT": (("triton_jit:concat_mla_q", 1024, "cold compile at the first shape (the ready-check's 1024 "
@@ -282,7 +227,7 @@ def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
 
 
 def _with_measured(c: dict, measured: dict) -> dict:
-    """A component of :data:`FIRST_TOKEN_COMPONENTS` with its H200 measurement where the experiment has one: the
+    """A component of :data:`FIRST_TOKEN_COMPONENTS_FILE` with its H200 measurement where the experiment has one: the
     status becomes ``measured``, the size on the H200 is attached, the share of this run's gap (``seconds``) stays
     what the decomposition argues (vLLM warms these up at start-up: the ``source``)."""
     key = next((k for k in measured if c["component"].startswith(k) or k in c["component"]), None)
@@ -299,11 +244,11 @@ def _with_measured(c: dict, measured: dict) -> dict:
 
 def first_token(gap_s: float) -> dict:
     """The first-token gap (``gap_s``: the implied TTFT of the last request minus the lab's) split over
-    :data:`FIRST_TOKEN_COMPONENTS`: each component's share, and the share explained by measured or cited
+    :data:`FIRST_TOKEN_COMPONENTS_FILE`: each component's share, and the share explained by measured or cited
     components with a stated size (the issue's target: >= 80 %)."""
     rows = []
     measured = first_token_measured()
-    for c in (_with_measured(c, measured) for c in FIRST_TOKEN_COMPONENTS):
+    for c in (_with_measured(c, measured) for c in json.loads(FIRST_TOKEN_COMPONENTS_FILE.read_text())["components"]):
         share = None if c["seconds"] is None else c["seconds"] / gap_s
         rows.append({**c, "share_of_gap": share})
     sized = [r for r in rows if r["seconds"] is not None and not r["status"].startswith("assumed")]
