@@ -14,6 +14,8 @@ DIR = REPO_ROOT / "data" / "validation"
 PR53878_PREDICTION, PR53878_DECOMPOSITION = DIR / "pr53878_main_prediction.json", DIR / "pr53878_main_decomposition.json"
 #: blind round one (issue 30): predictions, the runs' figures (committed after), score, post-hoc runs
 BLIND, BLIND_RESULTS = DIR / "blind_2026-12.json", DIR / "blind_2026-12_results.json"
+#: round one's cases (the runs as the issue named them, workloads, assumptions), read by ``blind.cases_of``
+BLIND_CASES = DIR / "blind_2026-12_cases.json"
 BLIND_SCORE, BLIND_POSTHOC = DIR / "blind_2026-12_score.json", DIR / "blind_2026-12_posthoc.json"
 #: blind round two (issue 37): workloads (committed first), predictions, figures, score, post-hoc with the options
 BLIND_B_WORKLOADS, BLIND_B = DIR / "blind_2026-12b_workloads.json", DIR / "blind_2026-12b.json"
