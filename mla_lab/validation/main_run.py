@@ -89,50 +89,17 @@ def decompose() -> dict:
     per_step_gap = gap_s / STEPS * 1e3
 
     old = _old_kernel_ms()
-    comps = [
-        {"component": "padded decode attention kernel (FlashMLA, 64 heads, B 32, 1088 keys)",
-         "status": "measured (vLLM 0.33.0's bundled FlashMLA on the H200, engine_kernels.csv; model "
-                   "h200_decode_kernels.csv)", "lab_ms_per_step": by["kernel"],
-         "alternative_ms_per_step": old, "alternative": "the lab's earlier decode-kernel fit (h200_decode.csv)",
-         "closes_s": (by["kernel"] - old) * STEPS / 1e3},
-        {"component": "routed experts at decode (fp8, EP8, 32 tokens x top-8)",
-         "status": "measured-fit on torch._scaled_grouped_mm (moe_decode.csv); vLLM's own fused-MoE kernel not run",
-         "lab_ms_per_step": moe,
-         "alternative_ms_per_step": moe + per_step_gap,
-         "alternative": f"the MoE alone closing the gap needs {100 * (moe + per_step_gap) / moe - 100:.0f} % more "
-                        "time than the grouped-GEMM fit (an engine kernel at that share of its bandwidth)",
-         "closes_s": None},
-        {"component": "all-reduces (2 per layer + embedding + logits)", "status": "assumed (cited): 26 us latency "
-         "below 24 MiB, NVIDIA/nccl#1453; vLLM's custom all-reduce inside graphs may cost less",
-         "lab_ms_per_step": comm, "alternative_ms_per_step": None, "alternative": "", "closes_s": None},
-        {"component": "indexer at decode (logits + top-k over the growing context)",
-         "status": "measured-fit (h200_decode.csv, round-2 decode rows)",
-         "lab_ms_per_step": by.get("idx_logits", 0) + by.get("idx_topk", 0) + by.get("idx_wq_b", 0)
-         + by.get("idx_wk", 0) + by.get("idx_weights_proj", 0) + by.get("idx_prep", 0),
-         "alternative_ms_per_step": None, "alternative": "", "closes_s": None},
-        {"component": "sampler and logits (lm_head, logits all-gather; greedy at temperature 0)",
-         "status": "modelled (roofline); the sampler itself assumed negligible",
-         "lab_ms_per_step": by.get("lm_head", 0) + by.get("logits_gather", 0),
-         "alternative_ms_per_step": None, "alternative": "", "closes_s": None},
-        {"component": "decode steps launched eagerly instead of one full CUDA graph",
-         "status": "code reading: unlikely (vLLM 0.24.0 FLASHMLA_SPARSE and the indexer declare UNIFORM_BATCH "
-                   "cudagraph support, flashmla_sparse.py:232, indexer.py:241; FULL_AND_PIECEWISE is v1's "
-                   "default); the eager figure is the lab's launch model (30.25 us per op, measured)",
-         "lab_ms_per_step": g["total_ms"], "alternative_ms_per_step": e["total_ms"],
-         "alternative": f"eager: {e['n_ops']} launches per step, host-bound",
-         "closes_s": (e["total_ms"] - g["total_ms"]) * STEPS / 1e3},
-        {"component": "per-step CPU time (scheduling, input prep, output processing)",
-         "status": "assumed 2 ms per step, hidden behind the GPU under async scheduling (cited: on by default)",
-         "lab_ms_per_step": 0.0, "alternative_ms_per_step": 2.0,
-         "alternative": "not hidden (async scheduling off)", "closes_s": 2.0 * (STEPS + 2) / 1e3},
-        {"component": "first steps' cold costs (allocator growth, first use of a shape)",
-         "status": "measured for the attention and MoE blocks (cold_start.csv: +0.12 ms at call 2); JIT "
-                   "compilation of a shape the client's one warm-up request did not reach: not measured",
-         "lab_ms_per_step": None, "alternative_ms_per_step": None, "alternative": "", "closes_s": 0.00012},
-        {"component": "API server, detokenisation and streaming of 32 concurrent requests",
-         "status": "assumed (1.4 ms per request arrival, 1 ms delivery per step: docs/serving.md)",
-         "lab_ms_per_step": 1.0, "alternative_ms_per_step": None, "alternative": "", "closes_s": None},
-    ]
+    idx = sum(by.get(k, 0) for k in ("idx_logits", "idx_topk", "idx_wq_b", "idx_wk", "idx_weights_proj", "idx_prep"))
+    fill = {"moe_pct": 100 * (moe + per_step_gap) / moe - 100, "n_ops": e["n_ops"]}
+    # (lab_ms_per_step, alternative_ms_per_step, closes_s) per component of COMPONENTS_FILE, in its order
+    numbers = [(by["kernel"], old, (by["kernel"] - old) * STEPS / 1e3), (moe, moe + per_step_gap, None),
+               (comm, None, None), (idx, None, None), (by.get("lm_head", 0) + by.get("logits_gather", 0), None, None),
+               (g["total_ms"], e["total_ms"], (e["total_ms"] - g["total_ms"]) * STEPS / 1e3),
+               (0.0, 2.0, 2.0 * (STEPS + 2) / 1e3), (None, None, 0.00012), (1.0, None, None)]
+    comps = [{"component": c["component"], "status": c["status"], "lab_ms_per_step": lab,
+              "alternative_ms_per_step": alt, "alternative": c["alternative"].format(**fill), "closes_s": closes}
+             for c, (lab, alt, closes) in zip(json.loads(COMPONENTS_FILE.read_text())["components"], numbers,
+                                                 strict=True)]
     for c in comps:
         c["share_of_gap"] = None if c["closes_s"] is None else c["closes_s"] / gap_s
     cross = _cross_check()
@@ -170,6 +137,8 @@ def _cross_check() -> dict:
                     "prefill and cold costs the one 1024-token ready check did not warm) than in the decode steps"}
 
 
+#: The candidates for the missing time (issue 30): component, status, the alternative priced (prose with sources).
+COMPONENTS_FILE = DIR / "pr53878_components.json"
 #: The first token's candidates (issue 37), each with its status, sources and the seconds it explains in this run.
 FIRST_TOKEN_COMPONENTS_FILE = DIR / "pr53878_first_token_components.json"
 
