@@ -22,11 +22,9 @@ from ..deployment import Deployment
 from ..provenance import git_commit
 from ..serving import BenchConfig, serve_benchmark
 from ..serving.noise import NOISE_METRICS, serve_benchmark_noise
-from . import BLIND as OUT
-from . import BLIND_B as OUT_B
-from . import BLIND_B_WORKLOADS as WORKLOADS_B
-from . import BLIND_CASES as CASES_FILE
+from . import BLIND, BLIND_B, BLIND_B_WORKLOADS, BLIND_CASES
 
+OUT, OUT_B, WORKLOADS_B, CASES_FILE = BLIND, BLIND_B, BLIND_B_WORKLOADS, BLIND_CASES
 PRODUCED_BY = "python -m mla_lab.validation.blind predict"
 #: request-steps above which a run gets fewer Monte-Carlo runs (the simulation costs ~70 us per request-step here)
 HEAVY_REQUEST_STEPS = 150_000

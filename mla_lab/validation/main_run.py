@@ -25,10 +25,9 @@ from ..serving import PR_BENCH, EnginePricer, SchedulerConfig, serve_benchmark
 from ..serving.noise import NoiseConfig, simulate_once
 from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
-from . import BLIND_RESULTS, DIR, write_record
-from . import PR53878_DECOMPOSITION as OUT
-from . import PR53878_PREDICTION as PREDICTION_FILE
+from . import BLIND_RESULTS, DIR, PR53878_DECOMPOSITION, PR53878_PREDICTION, write_record
 
+OUT, PREDICTION_FILE = PR53878_DECOMPOSITION, PR53878_PREDICTION
 REAL = {"duration": 9.92, "request_throughput": 3.23, "output_throughput": 413.04,
         "source": "vLLM PR #53878 description, 'main' run (vLLM main before the PR, GLM-5.2-FP8 TP8 EP, "
                   "vllm bench serve 32 x 1024 / 128, concurrency 32, rate inf)"}

@@ -12,16 +12,14 @@ import math
 import sys
 
 from ..provenance import git_commit
-from . import BLIND_POSTHOC as OUT
-from . import BLIND_RESULTS as RESULTS
-from . import write_record
+from . import BLIND_POSTHOC, BLIND_RESULTS, write_record
 from .blind import CASES, deterministic
 from .score import METRIC_CLASS
 
 
 def posthoc(log=print) -> dict:
     """Deterministic runs (no noise model) of every published run the lab can price, as the source states it."""
-    res = json.loads(RESULTS.read_text())
+    res = json.loads(BLIND_RESULTS.read_text())
     cases = {c["id"]: c for c in CASES}
     rows = []
     for rc in res["cases"]:
@@ -50,7 +48,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     d = posthoc()
     if a.write:
-        write_record(OUT, d, a.overwrite, ap)
+        write_record(BLIND_POSTHOC, d, a.overwrite, ap)
     return 0
 
 

@@ -17,15 +17,11 @@ import time
 
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from . import BLIND_B as OUT_B
-from . import BLIND_B_POSTHOC as OUT
-from . import BLIND_B_RESULTS as RESULTS_B
-from . import BLIND_B_SCORE as SCORE_B
-from . import BLIND_B_WORKLOADS as WORKLOADS_B
-from . import write_record
+from . import BLIND_B, BLIND_B_POSTHOC, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_B_WORKLOADS, write_record
 from .blind import cases_of, deterministic, request_steps
 from .score import METRIC_CLASS
 
+OUT, RESULTS_B, SCORE_B = BLIND_B_POSTHOC, BLIND_B_RESULTS, BLIND_B_SCORE
 PRODUCED_BY = "python -m mla_lab.validation.posthoc_options --write"
 #: the run without the options is skipped above this many request-steps (the TP8 simulation of 5120+ prompts x 1025
 #: steps, ~7 min each on a 2-core machine: why the blind round left those cells unpriced)
@@ -114,9 +110,8 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
                     "deployment options built after the results were read (issue 37); nothing fitted, acceptance "
                     "lengths as the cells state them; the blind scores stay in blind_2026-12b_score.json",
             "produced_by": PRODUCED_BY, "git_commit": git_commit(), "posthoc": True,
-            "inputs": {"workloads": str(WORKLOADS_B.relative_to(REPO_ROOT)),
-                       "predictions": str(OUT_B.relative_to(REPO_ROOT)),
-                       "results": str(RESULTS_B.relative_to(REPO_ROOT)), "score": str(SCORE_B.relative_to(REPO_ROOT))},
+            "inputs": {k: str(v.relative_to(REPO_ROOT)) for k, v in (("workloads", BLIND_B_WORKLOADS),
+                       ("predictions", BLIND_B), ("results", RESULTS_B), ("score", SCORE_B))},
             "model": "deterministic mla_lab.serving.serve_benchmark (no noise model) with the deployment options "
                      "(mla_lab.serving.deploy_options); 'without_options' the same run at the blind round's nearest "
                      "configuration; 'blind_error_pct' the blind round's noise-model median error",

@@ -11,14 +11,11 @@ import json
 import statistics
 import sys
 
-from . import BLIND as PRED
-from . import BLIND_B as ROUND_TWO_PRED
-from . import BLIND_B_RESULTS as ROUND_TWO_RESULTS
-from . import BLIND_B_SCORE as ROUND_TWO_SCORE
-from . import BLIND_RESULTS as RESULTS
-from . import BLIND_SCORE as SCORE
+from . import BLIND, BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_RESULTS, BLIND_SCORE, write_record
 from . import PR53878_PREDICTION as LAB_NOISE
-from . import write_record
+
+PRED, RESULTS, SCORE = BLIND, BLIND_RESULTS, BLIND_SCORE
+ROUND_TWO_PRED, ROUND_TWO_RESULTS, ROUND_TWO_SCORE = BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE
 
 #: the four figures the issue asks the median |error| of; TTFT and TPOT take the mean where the run states it,
 #: else the median (the SGLang cookbook states P50 only): one figure per run and backend
