@@ -207,12 +207,8 @@ def _cached(reader: Callable, path: str, mtime_ns: int):
 
 
 def load_file(reader: Callable[[Path], object], name: str, path: str | Path | None = None):
-    """What ``reader`` makes of the calibration file ``path`` (default ``data/calibration/<name>``), read once per
-    (reader, path, mtime): the lab's one calibration cache. None when the file does not exist.
-
-    Raises:
-        ValueError: as ``reader`` (a malformed file, named).
-    """
+    """What ``reader`` makes of the calibration file ``path`` (default ``data/calibration/<name>``; None: no file),
+    read once per (reader, path, mtime): the lab's one calibration cache. Raises ValueError: as ``reader``."""
     p = Path(path) if path is not None else calibration_dir() / name
     if not p.is_file():
         return None
@@ -239,14 +235,9 @@ def _read_reference(path: Path) -> tuple[dict, str]:
 
 
 def attention_from_reference(path: str | Path | None = None) -> tuple[dict, str]:
-    """One efficiency per attention op from reference timings (``h200_reference.csv``: do_bench medians on one H200,
-    torch 2.11.0+cu130, driver 580.159.04, 2026-11-30): the median over each op's rows of achieved / datasheet
-    rate, the work recomputed with :func:`mla_lab.model.ops.attention_op_work`. Columns ``op, T, num_heads,
-    padded_heads, topk, ms, arch, source``. Returns ``({op: eff}, name)`` (a fresh dict).
-
-    Raises:
-        ValueError: the file does not exist.
-    """
+    """``({op: eff}, name)``: per attention op the median achieved / datasheet rate of the reference timings
+    (``h200_reference.csv``: do_bench medians on one H200, torch 2.11.0+cu130, driver 580.159.04, 2026-11-30; work by
+    :func:`mla_lab.model.ops.attention_op_work`). Raises ValueError: the file does not exist."""
     got = load_file(_read_reference, REFERENCE_CSV, path)
     if got is None:
         raise ValueError(f"reference timings path={str(path or calibration_dir() / REFERENCE_CSV)!r} do not exist")
@@ -313,10 +304,7 @@ def load_calibration(path: str | Path | None = None, kernel_roofline: bool = Fal
     """The calibration in ``path`` (default ``data/calibration/h200_ops.csv``, plus the dense routes' classes of
     ``h200_routes.csv`` beside it and, with ``kernel_roofline``, its sparse-kernel roofline in place of the FLOP-only
     kernel efficiency, kept as ``kernel_flop_only``; :func:`uncalibrated` when the default file is missing).
-
-    Raises:
-        ValueError: an explicit ``path`` that does not exist; a malformed row (names the file and the row).
-    """
+    Raises ValueError: an explicit ``path`` that does not exist; a malformed row (names the file and the row)."""
     reader = _explicit if path is not None else (_default_roofline if kernel_roofline else _default)
     cal = load_file(reader, OPS_CSV, path)
     if cal is None and path is not None:

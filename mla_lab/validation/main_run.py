@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -114,13 +115,8 @@ def decompose() -> dict:
 
 
 def _cross_check() -> dict:
-    """What another public run of the same vLLM era says about the decode step: vLLM PR #46189's GLM-5.1-FP8 TP8
-    Hopper table (data/validation/blind_2026-12_results.json), FLASHMLA_SPARSE, 512 in / 512 out: mean TPOT at
-    concurrency 8 and 64, interpolated log-linearly in the batch to 32; the TTFT of the last request that the PR's
-    9.92 s then implies. A cross-check, not a fit: GLM-5.1 runs the indexer on every layer (GLM-5.2 on 21 of 78), so
-    its decode step is if anything slower than GLM-5.2's."""
-    import math
-
+    """A cross-check, not a fit: vLLM PR #46189's GLM-5.1 TP8 FLASHMLA_SPARSE mean TPOT (512 / 512) at concurrency 8
+    and 64, log-linear in the batch to 32, and the last request's TTFT the PR's 9.92 s then implies."""
     res = json.loads(BLIND_RESULTS.read_text())
     case = next(c for c in res["cases"] if c["id"] == "pr46189")
     tp = {r["workload"]["max_concurrency"]: r["metrics"]["mean_tpot_ms"] for r in case["runs"]
@@ -158,13 +154,8 @@ _MEASURED_ROWS = {
 
 
 def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
-    """What the first_token experiment measured, per component of :data:`_MEASURED_ROWS`: for each shape, call 1's
-    host wall time over the steady median of its process (ms), median and [min, max] over the fresh processes, and
-    for the allocator the reserved growth (MiB). Returns ``{component: {"rows": [...], "source"}}``.
-
-    Raises:
-        ValueError: the file lacks a column or a (what, T) row it needs (names it).
-    """
+    """Per component of :data:`_MEASURED_ROWS`: call 1's host wall time over its process's steady median (ms; median,
+    min, max over processes) and the reserved growth (MiB). Raises ValueError: a column or (what, T) row missing."""
     import pandas as pd
 
     df = pd.read_csv(path)

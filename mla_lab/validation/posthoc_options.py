@@ -29,13 +29,8 @@ WITHOUT_MAX_REQUEST_STEPS = 1_500_000
 
 
 def options_of(case: dict) -> dict:
-    """The deployment options a round-two case states (:meth:`Deployment.of` arguments; ``{}`` for none):
-    ``num_speculative_tokens`` = SGLang's ``speculative_num_steps``, ``acceptance_length`` as the cell states it,
-    ``dp_attention`` = ``--dp`` with ``--enable-dp-attention``.
-
-    Raises:
-        ValueError: a speculative config with ``speculative_eagle_topk`` other than 1 (a tree of drafts: not priced).
-    """
+    """The :meth:`Deployment.of` options a round-two case states (``{}``: none): ``num_speculative_tokens``,
+    ``acceptance_length``, ``dp_attention``. Raises ValueError: ``speculative_eagle_topk`` other than 1."""
     out: dict = {}
     spec = case.get("speculative")
     if spec:
