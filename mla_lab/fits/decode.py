@@ -24,7 +24,7 @@ from ..models import load_model
 from ..placement import measured_as
 from ..provenance import git_commit
 from ..rank import RankView
-from ..serving.engine_pricer import layer_decode_ms
+from ..serving.step_pricer import layer_decode_ms
 from ..workload import Step as WorkStep
 from .files import provenance, rel
 

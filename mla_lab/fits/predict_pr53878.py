@@ -4,7 +4,7 @@ coefficient fitted to an end-to-end figure of that run. The run: ``vllm serve za
 max_num_batched_tokens 16384, FLASHMLA_SPARSE, bf16 KV, async scheduling on, 8 H200; ``vllm bench serve`` random
 1024 in / 128 out, 32 prompts, concurrency 32, rate inf, seed 12345 (the PR's description).
 
-Each step priced by :class:`mla_lab.serving.EnginePricer` (pre-PR strategy ``per_call_empty:zeros``, ``:stale``
+Each step priced by :class:`mla_lab.serving.CostModelPricer` (pre-PR strategy ``per_call_empty:zeros``, ``:stale``
 beside it), KV capacity by ``serve_benchmark``, the noise components of :mod:`mla_lab.serving.noise` with the
 measured ones recomputed from ``data/measured/h200/between_process/`` (:func:`measured_noise`), ``--num-runs``
 seeded Monte-Carlo runs per build. Writes ``data/validation/pr53878_main_prediction.json`` and, beside it,
@@ -30,7 +30,7 @@ from mla_lab.deployment import Deployment
 from mla_lab.measure.spread import between_process
 from mla_lab.paths import REPO_ROOT, calibration_dir, measured_dir, models_dir
 from mla_lab.provenance import git_commit
-from mla_lab.serving import PR_BENCH, BenchConfig, EnginePricer, SchedulerConfig, serve_benchmark
+from mla_lab.serving import PR_BENCH, BenchConfig, CostModelPricer, SchedulerConfig, serve_benchmark
 from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
 from .files import rel as _rel
@@ -227,7 +227,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     noise, measured = noise_config(use_measurements)
     st = dep["strategies"]
     rank = seed_deployment().rank
-    pricers = {s: CachedPricer(EnginePricer(rank, s)) for s in st}
+    pricers = {s: CachedPricer(CostModelPricer(rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
                      num_runs=num_runs, seed=seed, noise=noise)

@@ -1,5 +1,5 @@
 """The decode calibration (``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits decode``): what the layer
-model lacks at decode batch sizes, used by :class:`mla_lab.serving.engine_pricer.EnginePricer` on top of the prefill
+model lacks at decode batch sizes, used by :class:`mla_lab.serving.step_pricer.CostModelPricer` on top of the prefill
 :class:`~mla_lab.model.calibration.Calibration`: graph-replay overheads, the decode indexer, top-k and sparse kernel,
 a per-layer cost, the eager launch model, the fp8 MoE decode fit (``h200_moe_decode.csv``) and a small all-reduce
 latency (:data:`DECODE_ALLREDUCE_LATENCY_US`).
