@@ -144,8 +144,7 @@ FIRST_TOKEN_CSV = REPO_ROOT / "data" / "measured" / "h200" / "between_process" /
 #: component (its first words in :data:`FIRST_TOKEN_COMPONENTS_FILE`) -> the rows of FIRST_TOKEN_CSV that measure it:
 #: ``(what, T, name)``: the call-1 cost over the steady state at that shape
 _MEASURED_ROWS = {
-    "Triton JIT": (("triton_jit:concat_mla_q", 1024, "cold compile at the first shape (the ready-check's 1024 "
-                                                      "tokens)"),
+    "Triton JIT": (("triton_jit:concat_mla_q", 1024, "cold compile at the first shape (the ready-check's 1024 tokens)"),
                    ("triton_jit:concat_mla_q", 16383, "a new specialisation (16383 tokens, not a multiple of 16)"),
                    ("triton_jit:concat_mla_q", 16384, "a new token count of the same specialisation (16384)")),
     "allocator growth": (("alloc_growth:workspace+moe_block", 16384, "the seed step's workspace fill + one layer's "

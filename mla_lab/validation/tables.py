@@ -165,10 +165,9 @@ def _round_two_lines() -> list[str]:
                    f"{_NAMES.get(r['metric'], r['metric'])} | {r['predicted']:.1f} [{lo:.1f}, {hi:.1f}] | "
                    f"{r['real']:.1f} | {r['error_pct']:+.0f} % |")
     out += ["", "Not predicted (decided before the predictions, in the workloads file): "
-            + "; ".join(f"{n['case']} {_wl(n['workload'])}" for n in sc["not_predicted"]) + ". The gpustack "
-            "runs' command adds `--context-length 32768` and FA3 NSA kernels to the recommended command the "
-            "workloads file recorded (seen after the predictions' commit; scored, with that note in the results "
-            "file).", ""]
+            + "; ".join(f"{n['case']} {_wl(n['workload'])}" for n in sc["not_predicted"]) + ". The gpustack runs' "
+            "command adds `--context-length 32768` and FA3 NSA kernels to the recommended command the workloads file "
+            "recorded (seen after the predictions' commit; scored, with that note in the results file).", ""]
     return out
 
 
