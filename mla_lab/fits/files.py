@@ -146,9 +146,9 @@ def fit_subchunk_graph_file(measured: Path) -> dict:
 #: the lab's lead on one H200, rows not committed. The seed kernel's zero-content time there: 2.31 ms.
 BLOCKS = ((1, 6.3, 8.0), (6, 1.7, 3.3))
 BLOCK_KERNEL_ZEROS_MS = 2.31
-STEP_METHOD = ("per process: median over rounds of step_ms and attn_path_ms for zeros and stale (process_medians); s = "
-               "attn_zeros/step_zeros, rest change r = (step-attn)_stale/(step-attn)_zeros - 1, attention change a; u + "
-               "v = median_p(step change / s), u = median_p(r / s); errors in sample and leaving one process out")
+STEP_METHOD = ("per process: median over rounds of step_ms and attn_path_ms for zeros and stale (process_medians); "
+               "s = attn_zeros/step_zeros, rest change r = (step-attn)_stale/(step-attn)_zeros - 1, attention change "
+               "a; u + v = median_p(step change / s), u = median_p(r / s); errors in sample and leaving one process out")
 
 
 def _per_process_rows(df: pd.DataFrame) -> list[dict]:

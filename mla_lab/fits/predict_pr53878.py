@@ -280,7 +280,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
                   "random_output_len": BENCH.random_output_len, "max_concurrency": BENCH.max_concurrency,
                   "request_rate": "inf", "ignore_eos": True, "seed": BENCH.seed},
         "calibration": {"layer": dep["calibration"], "decode": dep["decode_calibration"]},
-        "calibration_files": [{"path": _rel(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()} for p in cal_files if p.is_file()],
+        "calibration_files": [{"path": _rel(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                              for p in cal_files if p.is_file()],
         "measurements_used": None if measured is None else {k: v for k, v in measured.items()},
         "distribution_file": {"path": _rel(OUT.with_name(DIST_NAME)), "columns": DIST_HEADER.split(","),
                               "what": "per-run change (%) of each metric, one row per case and Monte-Carlo run "

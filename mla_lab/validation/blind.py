@@ -160,7 +160,8 @@ def predict(out: Path | None = None, seed: int = 0, only: str | None = None, log
                     "cost model with the committed H200 calibration, decode kernels priced by their parallelism "
                     "(data/calibration/h200_decode_kernels.csv), single-run 95 % bands of the noise model; band = "
                     "the 2.5-97.5 % of num_runs simulated single runs)",
-           "metrics": [k for k, _ in NOISE_METRICS], "assumed_everywhere": json.loads(CASES_FILE.read_text())["assumed_everywhere"],
+           "metrics": [k for k, _ in NOISE_METRICS],
+           "assumed_everywhere": json.loads(CASES_FILE.read_text())["assumed_everywhere"],
            "serve_defaults": SERVE_DEFAULTS, "seed": seed, "cases": []}
     for case in cases:
         log(f"{case['id']}: {len(case['workloads'])} workloads")

@@ -38,8 +38,7 @@ MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, BLOCK_SIZE = 16384, 256, 64
 
 
 def _deployment() -> Deployment:
-    """The run's deployment: the PR's (:meth:`Deployment.seed`: fp8 weights, EP, bf16 KV, PR_BENCH's workload) on
-    GLM-5.2."""
+    """The run's deployment: :meth:`Deployment.seed` (fp8 weights, EP, bf16 KV, PR_BENCH's workload) on GLM-5.2."""
     return Deployment.seed(model=MODEL, tp=TP, arch=ARCH, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                            max_num_seqs=MAX_NUM_SEQS)
 
@@ -70,12 +69,10 @@ def _revised() -> dict:
 def decompose() -> dict:
     """Everything the decomposition file holds (module docstring)."""
     pred = json.loads(PREDICTION_FILE.read_text())["prediction"]
-    score = []
-    for k in ("duration", "request_throughput", "output_throughput"):
-        p = pred[k]
-        score.append({"metric": k, "predicted": p["deterministic"], "band95": p["band95"], "real": REAL[k],
-                      "ratio_predicted_over_real": p["deterministic"] / REAL[k],
-                      "inside_band": p["band95"][0] <= REAL[k] <= p["band95"][1]})
+    score = [{"metric": k, "predicted": p["deterministic"], "band95": p["band95"], "real": REAL[k],
+              "ratio_predicted_over_real": p["deterministic"] / REAL[k],
+              "inside_band": p["band95"][0] <= REAL[k] <= p["band95"][1]}
+             for k, p in ((k, pred[k]) for k in ("duration", "request_throughput", "output_throughput"))]
     lab_ttft_last_s = pred["p99_ttft_ms"]["deterministic"] / 1e3
     lab_tpot = pred["mean_tpot_ms"]["deterministic"]
     gap_s = REAL["duration"] - pred["duration"]["deterministic"]
@@ -204,11 +201,9 @@ def first_token(gap_s: float) -> dict:
     """The first-token gap (``gap_s``: the implied TTFT of the last request minus the lab's) split over
     :data:`FIRST_TOKEN_COMPONENTS_FILE`: each component's share, and the share explained by measured or cited
     components with a stated size (the issue's target: >= 80 %)."""
-    rows = []
-    measured = first_token_measured()
-    for c in (_with_measured(c, measured) for c in json.loads(FIRST_TOKEN_COMPONENTS_FILE.read_text())["components"]):
-        share = None if c["seconds"] is None else c["seconds"] / gap_s
-        rows.append({**c, "share_of_gap": share})
+    measured, comps = first_token_measured(), json.loads(FIRST_TOKEN_COMPONENTS_FILE.read_text())["components"]
+    rows = [{**c, "share_of_gap": None if c["seconds"] is None else c["seconds"] / gap_s}
+            for c in (_with_measured(c, measured) for c in comps)]
     sized = [r for r in rows if r["seconds"] is not None and not r["status"].startswith("assumed")]
     explained = sum(r["seconds"] for r in sized)
     return {"gap_s": gap_s, "components": rows, "explained_s": explained, "explained_share": explained / gap_s,
