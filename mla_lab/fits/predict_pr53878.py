@@ -31,7 +31,7 @@ from mla_lab.measure.spread import between_process
 from mla_lab.paths import REPO_ROOT, calibration_dir, measured_dir, models_dir
 from mla_lab.provenance import git_commit
 from mla_lab.serving import PR_BENCH, BenchConfig, CostModelPricer, SchedulerConfig, serve_benchmark
-from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
+from mla_lab.serving.noise import NOISE_METRICS, CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
 from .files import rel as _rel
 
@@ -308,11 +308,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
 
 DOCS = REPO_ROOT / "docs" / "serving.md"
 BEGIN, END = "<!-- prediction:begin (mla_lab/fits/predict_pr53878.py --update-docs) -->", "<!-- prediction:end -->"
-_LABEL = {"duration": "benchmark duration", "request_throughput": "request throughput",
-          "output_throughput": "output token throughput", "total_token_throughput": "total token throughput",
-          "mean_ttft_ms": "mean TTFT", "median_ttft_ms": "median TTFT", "p99_ttft_ms": "P99 TTFT",
-          "mean_tpot_ms": "mean TPOT", "median_tpot_ms": "median TPOT", "p99_tpot_ms": "P99 TPOT",
-          "mean_itl_ms": "mean ITL"}
+#: metric -> its name in the docs (NOISE_METRICS' label without its unit, lower case but for "P99")
+_LABEL = {k: (lb[0].lower() + lb[1:] if lb[1].islower() else lb).rsplit(" (", 1)[0] for k, lb in NOISE_METRICS}
 
 
 def _f(x: float, unit: str = "") -> str:

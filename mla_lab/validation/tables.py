@@ -13,16 +13,14 @@ import sys
 from pathlib import Path
 
 from ..paths import REPO_ROOT
+from ..serving.noise import NOISE_METRICS
 from . import BLIND_B_SCORE, BLIND_B_WORKLOADS, BLIND_POSTHOC, BLIND_SCORE, PR53878_DECOMPOSITION
 
 BEGIN = "<!-- validation:begin (python -m mla_lab.validation.tables --update-docs) -->"
 END = "<!-- validation:end -->"
 DOCS = REPO_ROOT / "docs" / "serving.md"
-_NAMES = {"duration": "benchmark duration (s)", "request_throughput": "request throughput (req/s)",
-          "output_throughput": "output token throughput (tok/s)", "total_token_throughput": "total token throughput (tok/s)",
-          "mean_ttft_ms": "mean TTFT (ms)", "median_ttft_ms": "median TTFT (ms)", "p99_ttft_ms": "P99 TTFT (ms)",
-          "mean_tpot_ms": "mean TPOT (ms)", "median_tpot_ms": "median TPOT (ms)", "p99_tpot_ms": "P99 TPOT (ms)",
-          "mean_itl_ms": "mean ITL (ms)"}
+#: metric -> its name in the tables: NOISE_METRICS' label, lower case but for an abbreviation ("P99 TTFT (ms)")
+_NAMES = {k: label[0].lower() + label[1:] if label[1].islower() else label for k, label in NOISE_METRICS}
 
 
 def _wl(w: dict) -> str:
