@@ -42,10 +42,15 @@ import sys
 import zipfile
 from pathlib import Path
 
-__all__ = ["VLLM_FILES", "SGLANG_FILE", "pack", "load", "prune_fatbin", "EngineKernels"]
+from . import flash_mla_info, make_concat_launcher
+
+__all__ = ["VLLM_FILES", "SGLANG_FILE", "pack", "load", "prune_fatbin", "EngineKernels", "engine_inputs", "engine_calls",
+           "backend_names", "gather_kernel", "TOPK"]
 
 VLLM_VERSION = "0.33.0"
 SGLANG_VERSION = "0.5.23"
+#: GLM-5 / DeepSeek-V3.2 geometry (config.json): kv_lora_rank 512, qk_rope_head_dim 64, index_topk 2048; 576 = head_size.
+KV_LORA, ROPE, TOPK, D_QK = 512, 64, 2048, 576
 #: (path in the vLLM wheel, compress with xz) for every file the stub needs.
 VLLM_FILES = (
     ("vllm/vllm_flash_attn/__init__.py", False),
@@ -135,7 +140,7 @@ def pack(vllm_wheel: str | Path, sglang_wheel: str | Path, out: str | Path) -> d
            "sglang_wheel": Path(sglang_wheel).name, "sglang_wheel_sha256": _sha256(Path(sglang_wheel).read_bytes()),
            "files": {}}
     (out / "vllm").mkdir()
-    (out / "vllm" / "__init__.py").write_text('"""Stub: only the kernels mla_lab times (mla_lab.measure.engine_libs)."""\n')
+    (out / "vllm" / "__init__.py").write_text('"""Stub: only the kernels mla_lab times (mla_lab.kernels.engine_libs)."""\n')
     with zipfile.ZipFile(vllm_wheel) as z:
         for name, compress in VLLM_FILES:
             data = z.read(name)
@@ -211,7 +216,7 @@ def load(root: str | Path, need_concat: bool = True) -> EngineKernels:
         if name == concat_file and not need_concat:
             continue
         if not p.exists() and not (root / name).exists():
-            raise FileNotFoundError(f"root={root} lacks {name}: pack it with mla_lab.measure.engine_libs.pack")
+            raise FileNotFoundError(f"root={root} lacks {name}: pack it with mla_lab.kernels.engine_libs.pack")
     _unxz(root)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
@@ -245,11 +250,166 @@ def load(root: str | Path, need_concat: bool = True) -> EngineKernels:
     return EngineKernels(fa.flash_attn_varlen_func, concat, fm.flash_mla_sparse_fwd, sg, sources)
 
 
+def backend_names(ek: EngineKernels) -> dict:
+    """Kernel family -> the library and version that runs it (the ``kernel_backend`` column)."""
+    v, s = ek.versions["vllm"], ek.versions["sglang"]
+    fi = flash_mla_info()
+    ts = f"{fi.get('provider')}=={fi.get('version')}" if fi.get("available") else "none"
+    return {"fa3": f"vllm-{v} _vllm_fa3_C (FA3)", "flashmla_vllm": f"vllm-{v} _flashmla_C (FlashMLA)",
+            "flashmla_ts": f"{ts} (FlashMLA)", "sglang": f"sglang-{s} triton_sparse_mla_prefill",
+            "concat_vllm": f"vllm-{v} _C_stable_libtorch concat_mla_q (CUDA)", "lab": "mla_lab triton",
+            "torch": "torch copy_"}
+
+
+def gather_kernel():
+    """A Triton gather floor: each token's valid top-k rows streamed through registers, fp32 adds only (no MMA)."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gather_sum(kv, idx, tlen, out, topk, REPS: tl.constexpr, BN: tl.constexpr):
+        # one program per (token, rep): stream the token's valid top-k rows (512 + 64 bf16 each) through registers,
+        # elementwise fp32 adds only (no reduction inside the loop, no MMA), one [576] row written at the end
+        pid = tl.program_id(0)
+        t = pid // REPS
+        n = tl.load(tlen + t)
+        ca = tl.arange(0, 512)
+        cb = tl.arange(0, 64)
+        acc_a = tl.zeros([BN, 512], dtype=tl.float32)
+        acc_b = tl.zeros([BN, 64], dtype=tl.float32)
+        for k0 in range(0, n, BN):
+            r = k0 + tl.arange(0, BN)
+            m = r < n
+            i = tl.load(idx + t.to(tl.int64) * topk + r, mask=m, other=0).to(tl.int64)
+            acc_a += tl.load(kv + i[:, None] * 576 + ca[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+            acc_b += tl.load(kv + i[:, None] * 576 + 512 + cb[None, :], mask=m[:, None], other=0.0).to(tl.float32)
+        o = out + pid.to(tl.int64) * 576
+        tl.store(o + ca, tl.sum(acc_a, axis=0))
+        tl.store(o + 512 + cb, tl.sum(acc_b, axis=0))
+
+    return gather_sum
+
+
+def engine_inputs(T: int, H: int, kind: str, seed: int, ctx_len: int | None = None):
+    """``(ql_nope [T,H,512] head-major strides, q_pe [T,H,64] strided, kv [s_kv,1,576], idx [T,topk] int32,
+    tl [T] int32)`` bf16 on CUDA. ``kind``: ``seed`` (causal prompts of 1024 tokens, request r's keys at r * 1024,
+    ``topk_length = min(pos + 1, 2048)``), ``full_topk`` (2048 random keys each) or ``decode`` (one token per
+    request, each request ``ctx_len`` keys long)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    ql_nope = torch.randn(H, T, KV_LORA, device=dev, dtype=torch.bfloat16, generator=g).transpose(0, 1)
+    q_pe = torch.randn(T, H, 192 + ROPE, device=dev, dtype=torch.bfloat16, generator=g)[..., 192:]
+    if kind == "seed":
+        n_prompts, L = T // 1024, 1024
+        s_kv = max(n_prompts * L, TOPK)
+        pos = torch.arange(T, device=dev) % L
+        base = (torch.arange(T, device=dev) // L) * L
+        visible = pos + 1
+        r = torch.rand(T, TOPK, device=dev, generator=g)
+        idx = base[:, None] + (r * visible[:, None]).long()
+        tlen = torch.clamp(visible, max=TOPK)
+    elif kind == "full_topk":
+        s_kv = T
+        idx = torch.randint(0, s_kv, (T, TOPK), device=dev, generator=g)
+        tlen = torch.full((T,), TOPK, device=dev)
+    else:  # decode: T = B tokens, request j owns keys [j*ctx_len, (j+1)*ctx_len)
+        s_kv = T * ctx_len
+        n = min(ctx_len, TOPK)
+        base = torch.arange(T, device=dev)[:, None] * ctx_len
+        idx = base + torch.stack([torch.randperm(ctx_len, device=dev, generator=g)[:TOPK] for _ in range(T)])
+        if n < TOPK:
+            idx = torch.cat([idx, torch.full((T, TOPK - n), -1, device=dev, dtype=idx.dtype)], 1)
+        tlen = torch.full((T,), n, device=dev)
+    kv = torch.randn(s_kv, 1, D_QK, device=dev, dtype=torch.bfloat16, generator=g)
+    return ql_nope, q_pe, kv, idx.to(torch.int32).contiguous(), tlen.to(torch.int32)
+
+
+def engine_calls(ek: EngineKernels, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H: int, sm_scale: float, which,
+                 num_splits=(0,), q=None):
+    """The engines' kernels as argument-free calls on one set of inputs (:func:`engine_inputs`): ``({kernel name:
+    (callable, h_q, num_splits, bytes or None)}, q [T,H,576])`` for the families in ``which`` (``fa3``,
+    ``flashmla_vllm``, ``flashmla_ts`` (``ts_fwd``: tokenspeed's ``flash_mla_sparse_fwd`` or None), ``sglang``,
+    ``content``, ``gather``, ``concat``); ``q`` given: used as it is (no concat). Each call is vLLM 0.33.0's own:
+    FA3 as ``flashattn_mla_sparse.py:215-259`` calls it, FlashMLA on Q padded to 64 heads (``prefill_padding``)."""
+    import torch
+
+    T = ql_nope.shape[0]
+    if q is None:
+        q = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
+        ek.concat_mla_q(ql_nope, q_pe, q)
+    q64 = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)
+    q64[:, :H] = q
+    q64[:, H:] = torch.randn_like(q64[:, H:]) if H < 64 else q64[:, H:]  # stale, as vLLM 0.33.0's shared workspace
+    idx3 = idx.view(T, 1, TOPK)
+    kv_rows = kv.view(-1, D_QK)
+    k_cache = kv_rows[:, KV_LORA:].unsqueeze(1).unsqueeze(1)
+    v_cache = kv_rows[:, :KV_LORA].unsqueeze(1).unsqueeze(1)
+    cu = torch.arange(T + 1, device="cuda", dtype=torch.int32)
+    q_rope, q_nope = q[..., KV_LORA:], q[..., :KV_LORA]
+    out = {}
+    if "fa3" in which:
+        for ns in num_splits:
+            out[f"fa3_sparse@{ns}"] = (lambda ns=ns: ek.fa3_varlen(
+                q=q_rope, k=k_cache, v=v_cache, q_v=q_nope, max_seqlen_q=1, cu_seqlens_q=cu, max_seqlen_k=TOPK,
+                seqused_k=tlen, block_table=idx, softmax_scale=sm_scale, causal=True, num_splits=ns,
+                fa_version=3), H, ns, None)
+    if "flashmla_vllm" in which:
+        out["flashmla_vllm_pad64"] = (lambda: ek.flashmla_sparse_fwd(q64, kv, idx3, sm_scale, 512, None, tlen),
+                                      64, None, None)
+        if H < 64:
+            out["flashmla_vllm_native"] = (lambda: ek.flashmla_sparse_fwd(q, kv, idx3, sm_scale, 512, None, tlen),
+                                           H, None, None)
+    if "content" in which and H < 64:
+        # the padded heads holding zeros (the PR's never-written workspace, SGLang's new_zeros) beside the stale
+        # (random) heads above: the same kernels, the same real heads
+        q64z = torch.zeros_like(q64)
+        q64z[:, :H] = q
+        out["flashmla_vllm_pad64_zeros"] = (lambda: ek.flashmla_sparse_fwd(q64z, kv, idx3, sm_scale, 512, None,
+                                                                           tlen), 64, None, None)
+        if ts_fwd is not None:
+            out["flashmla_ts_pad64_zeros"] = (lambda: ts_fwd(q64z, kv, idx3, sm_scale, 512, topk_length=tlen), 64,
+                                              None, None)
+    if "flashmla_ts" in which and ts_fwd is not None:
+        out["flashmla_ts_pad64"] = (lambda: ts_fwd(q64, kv, idx3, sm_scale, 512, topk_length=tlen), 64, None, None)
+        if H == 64:
+            q128 = torch.cat([q64, q64], 1)
+            out["flashmla_ts_h128"] = (lambda: ts_fwd(q128, kv, idx3, sm_scale, 512, topk_length=tlen), 128, None,
+                                       None)
+    if "sglang" in which and ek.sglang_sparse_mla_prefill is not None:
+        out["sglang_triton"] = (lambda: ek.sglang_sparse_mla_prefill(q, kv, idx, sm_scale, 512, topk_length=tlen),
+                                H, None, None)
+    if "gather" in which:
+        gk = gather_kernel()
+        for reps, name in ((1, "gather_only"), (2, "gather_only_x2")):
+            g_out = torch.empty(T * reps, D_QK, device="cuda", dtype=torch.float32)
+            out[name] = (lambda reps=reps, g_out=g_out: gk[(T * reps,)](kv_rows, idx, tlen, g_out, TOPK, REPS=reps,
+                                                                         BN=16, num_warps=4), 64 * reps, None, None)
+    if "concat" in which:
+        ws = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)  # the PR's workspace: never written
+        un = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
+        nbytes = 2 * T * H * D_QK * 2
+        src = torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        lab = make_concat_launcher(ql_nope, q_pe, ws[:, :H])
+        out["concat_vllm_padded"] = (lambda: ek.concat_mla_q(ql_nope, q_pe, ws[:, :H]), 64, None, nbytes)
+        out["concat_vllm_unpadded"] = (lambda: ek.concat_mla_q(ql_nope, q_pe, un), H, None, nbytes)
+        out["concat_lab_padded"] = (lab, 64, None, nbytes)
+        out["copy_same_bytes"] = (lambda: dst.copy_(src), H, None, nbytes)
+        if "flashmla_vllm" in which:
+            def pr_path():
+                ek.concat_mla_q(ql_nope, q_pe, ws[:, :H])
+                return ek.flashmla_sparse_fwd(ws, kv, idx3, sm_scale, 512, None, tlen)
+            out["path_pr53878"] = (pr_path, 64, None, None)
+    return out, q
+
+
 def main(argv=None) -> int:
-    """``python -m mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT`` (what travels to the GPU)."""
+    """``python -m mla_lab.kernels.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT`` (what travels to the GPU)."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.measure.engine_libs")
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.engine_libs")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="pack the engines' kernels from their wheels into a new folder")
     p.add_argument("vllm_wheel")
