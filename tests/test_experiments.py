@@ -35,7 +35,9 @@ def test_every_experiment_has_rows_shapes_and_provenance():
 
 #: Committed round-2 rows written before their module gained columns (the module adds them; the fits read the rest).
 OLDER_ROWS = {("engines", "presets.csv"): ["strategy", "content"], ("decode_layer", "decode_layer.csv"): ["content"],
-              ("decode_layer", "decode_attn.csv"): ["content"], ("decode_layer", "decode_ops.csv"): ["content"]}
+              ("decode_layer", "decode_attn.csv"): ["content"], ("decode_layer", "decode_ops.csv"): ["content"],
+              **{("layer_calibration", f): ["content"] for f in ("layer_ops.csv", "layer_e2e.csv", "layer_extras.csv")},
+              ("attention_path", "attention_path.csv"): ["content", "q1_ms", "q3_ms"]}
 
 
 def test_committed_rows_have_the_columns_the_registry_says():
