@@ -15,6 +15,12 @@ from mla_lab.models import load_model
 from mla_lab.workload import Step
 
 
+def _rank(model):
+    from mla_lab.deployment import Deployment
+
+    return Deployment.seed(model=model).rank  # TP 8 on an H200 (prefill_padding 64)
+
+
 @pytest.fixture
 def small_glm():
     return dataclasses.replace(load_model("glm-5"), index_topk=64)
@@ -22,7 +28,7 @@ def small_glm():
 
 def test_step_inputs_are_causal_and_strided(small_glm):
     step = Step([(0, 0, 40), (1, 10, 30)])
-    ql, qpe, kv, idx, tl = make_step_inputs(small_glm, 8, step, prompt_len=40, device="cpu")
+    ql, qpe, kv, idx, tl = make_step_inputs(_rank(small_glm), step, prompt_len=40, device="cpu")
     assert ql.shape == (70, 8, 512) and not ql.is_contiguous() and ql.stride(-1) == 1
     assert qpe.shape == (70, 8, 64) and not qpe.is_contiguous()
     assert kv.shape == (80, 1, 576) and idx.shape == (70, 1, 64) and idx.dtype == torch.int32
@@ -35,7 +41,7 @@ def test_step_inputs_are_causal_and_strided(small_glm):
 
 
 def test_time_attention_path_dry_run(small_glm):
-    res = time_attention_path(small_glm, 8, Step([(0, 0, 16)]), 16, "hopper", device="cpu", repeats=3,
+    res = time_attention_path(_rank(small_glm), Step([(0, 0, 16)]), 16, device="cpu", repeats=3,
                               strategies=("per_call_empty:zeros", "private_workspace", "subchunk:4"))
     for name in ("per_call_empty:zeros", "private_workspace", "subchunk:4"):
         r = res[name]
@@ -101,8 +107,7 @@ def test_measure_point_rows_with_stubbed_timings(monkeypatch):
     totals = {"per_call_empty:zeros": 7.8, "private_workspace": 7.3}
     runs = 5
 
-    def fake_time(model, tp, step, prompt_len, arch_name, strategies, full_topk=False, seed=0, device="cuda",
-                  repeats=7):
+    def fake_time(rank, step, prompt_len, strategies, full_topk=False, seed=0, device="cuda", repeats=7):
         calls.append((step.num_tokens, tuple(strategies), repeats))
         # the baseline is 0.5 ms slower in every round, with round-to-round noise common to both
         res = {n: {"total": totals[n], "samples": [totals[n] + 0.01 * r for r in range(repeats)], "q1": totals[n],

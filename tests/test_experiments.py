@@ -272,7 +272,9 @@ def test_first_token_dry_run_prints_its_plan_on_cpu():
     seed step) prints without CUDA; a real run without CUDA or without --out is refused in one line."""
     from mla_lab.measure.experiments import first_token
 
-    r = subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments.first_token", "--dry-run"],
+    from mla_lab.measure.experiments import main
+
+    r = subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments", "first_token", "--dry-run"],
                        capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -280,6 +282,7 @@ def test_first_token_dry_run_prints_its_plan_on_cpu():
     ts = [p["T"] for p in doc["plan"] if p["what"].startswith("triton_jit")]
     assert ts[0] == 1024 and len(set(ts)) == len(ts)  # the ready-check shape first, then shapes not seen before
     assert any(t % 16 for t in ts)  # one token count Triton specialises differently
-    assert first_token.main(["--process", "0", "--dry-run"]) == 2
+    assert main(["first_token", "--process", "0", "--dry-run"]) == 2
+    assert main(["first_token"]) == 2  # a run without --out
     if not __import__("torch").cuda.is_available():
-        assert first_token.main(["--out", "/nonexistent/never-written"]) == 2
+        assert main(["first_token", "--out", "/nonexistent/never-written"]) == 2

@@ -244,7 +244,7 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     for st in steps:
         sig = _step_signature(st)
         if sig not in cache:
-            cache[sig] = time_attention_path(model, tp, st, L, arch.name, strategies=names, repeats=runs)
+            cache[sig] = time_attention_path(d.rank, st, L, strategies=names, repeats=runs)
         per_step.append(cache[sig])
     prov = provenance("measured")
     kw = {"weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel}

@@ -57,3 +57,12 @@ def stale_fill_on_gpu() -> None:
         return t
 
     _strategies.stale_fill = fill
+
+
+def ranks_of(rank, models, tp: int | None = None) -> list:
+    """The rank with each of ``models`` (names) in its place: same TP (or ``tp``), GPU and step tokens (a
+    multi-model experiment's loop). Raises ValueError as :meth:`mla_lab.deployment.Deployment.seed`."""
+    from mla_lab.deployment import Deployment
+
+    return [Deployment.seed(model=m, tp=tp or rank.tp, arch=rank.arch.name,
+                            max_num_batched_tokens=rank.max_num_batched_tokens).rank for m in models]

@@ -9,10 +9,9 @@ import statistics
 
 import torch
 
-from mla_lab.measure.attention import make_step_inputs
+from mla_lab.measure.attention import make_step_inputs, padded_path
 from mla_lab.measure.record import log
 from mla_lab.measure.tp import block_forward, make_block_inputs, make_moe_inputs, moe_forward
-from mla_lab.strategies import PaddedQPath
 
 from ._common import PROMPT, seed_step, sm_scale_of, wall_and_gpu
 
@@ -30,8 +29,8 @@ def _cases(rank) -> list:
     ql, qpe, kv, idx, tl = make_step_inputs(rank, seed_step(rank), PROMPT, seed=0)
     blk = make_block_inputs(rank.model, rank.tp, 0, T, seed=0, device="cuda")
     moe = make_moe_inputs(rank.model, rank.tp, 0, T, seed=0, device="cuda")
-    path = {n: PaddedQPath.of(rank, n) for n in ("private_workspace", "per_call_empty:zeros")}
-    block = PaddedQPath.of(rank, "private_workspace")
+    path = {n: padded_path(rank, n) for n in ("private_workspace", "per_call_empty:zeros")}
+    block = padded_path(rank, "private_workspace")
     return [*((f"attention_path:{n}", lambda p=p: p(ql, qpe, kv, idx, sm, tl)) for n, p in path.items()),
             ("attention_block:private_workspace", lambda: block_forward(block, blk, sm, parts="compute")),
             ("moe_block:grouped_mm", lambda: moe_forward(moe, parts="compute", impl="grouped_mm"))]

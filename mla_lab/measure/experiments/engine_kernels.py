@@ -99,6 +99,34 @@ class _Run:
             torch.cuda.empty_cache()
 
 
+def _content(x, heads) -> None:
+    x.file = "engine_kernels_content.csv"
+    for shape in ("seed", "full_topk"):
+        for H in heads[:2]:
+            x.timed(shape, x.T, H, {"fa3", "flashmla_vllm", "flashmla_ts", "content", "concat"},
+                    seed=x.options.process * 100 + H, drop=("concat", "copy"))
+    x.file = "engine_kernels.csv"
+
+
+def _prefill(x, heads) -> None:
+    for shape in ("seed", "full_topk"):
+        for H in heads:
+            x.timed(shape, x.T, H, {"fa3", "flashmla_vllm", "flashmla_ts", "sglang", "gather", "concat"},
+                    seed=x.options.process * 100 + H)
+
+
+def _decode(x, heads) -> None:
+    smoke = x.options.smoke
+    for H in heads[:2]:
+        for ctx in DECODE_CTX[:1] if smoke else DECODE_CTX:
+            for B in (1, 16) if smoke else DECODE_B:
+                x.timed("decode", B, H, {"fa3", "flashmla_vllm"}, ctx_len=ctx, num_splits=(0, 1),
+                        seed=x.options.process * 1000 + B)
+
+
+_PARTS = {"check": lambda x, heads: x.check(), "content": _content, "prefill": _prefill, "decode": _decode}
+
+
 def run(rank, sink, options) -> None:
     """The parts of ``options.param("parts")`` in this process (smoke: H 8, decode B 1 and 16, one context).
 
@@ -107,29 +135,10 @@ def run(rank, sink, options) -> None:
             (:func:`mla_lab.kernels.engine_libs.load`); ValueError: an unknown part.
     """
     parts = options.param("parts", ("check", "prefill", "decode"))
-    bad = set(parts) - {"check", "prefill", "decode", "content"}
+    bad = set(parts) - set(_PARTS)
     if bad:
-        raise ValueError(f"--param parts={','.join(parts)} holds {sorted(bad)}; allowed: check, prefill, decode, "
-                         "content")
+        raise ValueError(f"--param parts={','.join(parts)} holds {sorted(bad)}; allowed: {', '.join(_PARTS)}")
     x = _Run(rank, sink, options)
-    heads = x.heads[:1] if options.smoke else x.heads
-    if "check" in parts:
-        x.check()
-    if "content" in parts:
-        x.file = "engine_kernels_content.csv"
-        for shape in ("seed", "full_topk"):
-            for H in heads[:2]:
-                x.timed(shape, x.T, H, {"fa3", "flashmla_vllm", "flashmla_ts", "content", "concat"},
-                        seed=options.process * 100 + H, drop=("concat", "copy"))
-        x.file = "engine_kernels.csv"
-    if "prefill" in parts:
-        for shape in ("seed", "full_topk"):
-            for H in heads:
-                x.timed(shape, x.T, H, {"fa3", "flashmla_vllm", "flashmla_ts", "sglang", "gather", "concat"},
-                        seed=options.process * 100 + H)
-    if "decode" in parts:
-        for H in heads[:2]:
-            for ctx in DECODE_CTX[:1] if options.smoke else DECODE_CTX:
-                for B in (1, 16) if options.smoke else DECODE_B:
-                    x.timed("decode", B, H, {"fa3", "flashmla_vllm"}, ctx_len=ctx, num_splits=(0, 1),
-                            seed=options.process * 1000 + B)
+    for part in _PARTS:  # in this order
+        if part in parts:
+            _PARTS[part](x, x.heads[:1] if options.smoke else x.heads)
