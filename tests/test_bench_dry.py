@@ -162,10 +162,11 @@ def test_bench_engines_presets_are_the_strategies_and_agree(tmp_path):
     workspace's, persistent bytes = the strategy's workspace, the padded heads the kernel read as the content
     says (per_call_empty's depend on the allocator, not checked on CPU)."""
     import mla_lab.measure.experiments.engine_presets as be
+    from mla_lab.deployment import Deployment
     from mla_lab.placement import BENCH_PRESET_LABELS
-    kern = be.Kernels("cpu")
+    from mla_lab.strategies import PaddedQPath
     gen = torch.Generator().manual_seed(0)
-    P = be.Presets(kern, "cpu", torch.bfloat16, 8, 16, "causal_8", [8], [8], gen, 8, 64)
+    P = be.Presets(Deployment.seed().rank, "cpu", torch.bfloat16, 16, "causal_8", gen, 8, 64)  # 8 heads -> 64
     ref = P.build("private_workspace_zeros")[0]().clone()
     labels = [(n, None) for n in BENCH_PRESET_LABELS] + [("subchunk", 8), ("subchunk_views", 8),
                                                          ("subchunk_2stream", 8)]
@@ -174,14 +175,14 @@ def test_bench_engines_presets_are_the_strategies_and_agree(tmp_path):
         if prep:
             prep()
         check = {}
-        out = be._as_tensor(fn(check))
+        out = be.as_tensor(fn(check))
         assert torch.equal(out, ref), label
-        content = be._content(label, strategy)
+        content = be.content_of(label, strategy)
         if strategy is None:
             assert label == "subchunk_2stream" and n_chunks == 2 and content == "zeros"
             continue
         want = BENCH_PRESET_LABELS.get(label) or (f"subchunk:{S}" + (":views" if label.endswith("views") else ""))
-        assert strategy.name == want and persistent == be.PaddedQPath(
+        assert strategy.name == want and persistent == PaddedQPath(
             strategy, num_heads=8, max_num_batched_tokens=16).workspace.nbytes
         assert n_chunks == (2 if strategy.placement == "subchunk" else 1)
         if strategy.placement != "per_call_empty":
