@@ -85,7 +85,7 @@ def add_parsers(sub) -> None:
 def cmd_measure(args, stamp) -> int:
     """``stamp(root)``: :func:`mla_lab.report.stamp_measured.main` for ``root`` (passed in by :mod:`mla_lab.cli`: the
     report layer is not below this one)."""
-    from mla_lab.measure.experiments import EXPERIMENTS, resolve, runner
+    from mla_lab.measure.experiments import resolve, runner
 
     if args.experiments is not None and not args.experiments.strip(" ,"):
         raise ValueError(f"--experiments={args.experiments!r} names no experiment; allowed: comma-separated names "
@@ -99,34 +99,24 @@ def cmd_measure(args, stamp) -> int:
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
     if args.out:
         _check_out_folder("--out", args.out, Path(args.out))
-    # engine_kernels needs the packed engine kernels: a --engine-root given and missing is refused, dry run included;
-    # the default (.engine) missing is refused by the run and only noted by --dry-run (a plan on a CPU machine)
-    explicit_root = args.engine_root is not None
-    args.engine_root = args.engine_root if explicit_root else ".engine"
-    root_missing = any(e.name == "engine_kernels" for e in experiments) and not Path(args.engine_root).is_dir()
-    root_msg = (f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
-                "mla_lab.kernels.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
-    if root_missing and explicit_root:
+    root_msg = _engine_root_refusal(args, experiments)
+    if args.dry_run:
+        return _dry_run(args, experiments, record, root_msg)
+    if root_msg:
         raise ValueError(root_msg)
-    if args.dry_run:  # without --experiments: every experiment, the default set marked
-        out = args.resume or args.out or "data/measured/<gpu>"
-        listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
-        print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
-        if record is not None:
-            print(runner.resume_lines(record, experiments, args.processes))
-        if root_missing:
-            print(f"note: the run would refuse: {root_msg}")
-        if args.budget_s is not None:
-            print(f"--budget-s {args.budget_s:g}: no process starts after {args.budget_s:g} s (exit 3; finish with "
-                  "--resume)")
-        return 0
-    if root_missing:
-        raise ValueError(root_msg)
+    return _run(args, experiments, resume, stamp)
+
+
+def _run(args, experiments, resume, stamp) -> int:
+    """The run on this machine's GPU (refused in one line without one); a run that wrote the measured sweep under
+    the measured root is stamped."""
     import torch
+
+    from mla_lab.measure.experiments import runner
 
     if not torch.cuda.is_available():
         raise ValueError("mla-lab measure needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run lists "
-                        "what it would run")
+                         "what it would run")
     gpu = runner.gpu_slug(torch.cuda.get_device_name(0))
     out = Path(args.out) if args.out else runner.default_out(gpu)
     if args.smoke:  # rows of tiny shapes never go where the measured rows live
@@ -141,6 +131,38 @@ def cmd_measure(args, stamp) -> int:
         if out.resolve().is_relative_to(root):
             stamp(root)
     return rc
+
+
+def _engine_root_refusal(args, experiments) -> str:
+    """The refusal of a missing ``--engine-root`` the chosen experiments need ("" when none); an explicit one
+    missing is refused now, dry run included (the default ``.engine`` missing only by a real run)."""
+    explicit = args.engine_root is not None
+    args.engine_root = args.engine_root if explicit else ".engine"
+    needs = any("engine kernels packed" in e.needs for e in experiments)
+    if not needs or Path(args.engine_root).is_dir():
+        return ""
+    msg = (f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
+           "mla_lab.kernels.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
+    if explicit:
+        raise ValueError(msg)
+    return msg
+
+
+def _dry_run(args, experiments, record, root_msg: str) -> int:
+    """``--dry-run``: every experiment (without ``--experiments``; the default set marked) or the chosen ones."""
+    from mla_lab.measure.experiments import EXPERIMENTS, runner
+
+    out = args.resume or args.out or "data/measured/<gpu>"
+    listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
+    print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
+    if record is not None:
+        print(runner.resume_lines(record, experiments, args.processes))
+    if root_msg:
+        print(f"note: the run would refuse: {root_msg}")
+    if args.budget_s is not None:
+        print(f"--budget-s {args.budget_s:g}: no process starts after {args.budget_s:g} s (exit 3; finish with "
+              "--resume)")
+    return 0
 
 
 def _check_out_folder(flag: str, value: str, p: Path) -> None:

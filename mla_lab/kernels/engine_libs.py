@@ -63,7 +63,8 @@ VLLM_FILES = (
     ("vllm/third_party/flashmla/flash_mla_interface.py", False),
 )
 SGLANG_FILE = "sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py"
-_PRUNE = {"vllm/_C_stable_libtorch.abi3.so"}
+_CONCAT_FILE = "vllm/_C_stable_libtorch.abi3.so"
+_PRUNE = {_CONCAT_FILE}
 _FATBIN_MAGIC = 0xBA55ED50
 
 
@@ -194,60 +195,69 @@ def _unxz(root: Path) -> None:
             target.write_bytes(lzma.decompress(xz.read_bytes()))
 
 
+def _import(what: str, module: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except Exception as e:
+        raise RuntimeError(f"{what} failed to load: {type(e).__name__}: {e}") from e
+
+
+def _concat_op(root: Path, need_concat: bool):
+    """``torch.ops._C_cache_ops.concat_mla_q`` from the packed library, or None when it is not needed and not
+    there."""
+    import torch
+
+    lib = root / _CONCAT_FILE
+    if not (need_concat or lib.exists()):
+        return None
+    try:
+        torch.ops.load_library(str(lib))
+        return torch.ops._C_cache_ops.concat_mla_q
+    except Exception as e:
+        raise RuntimeError(f"vLLM _C_stable_libtorch (concat_mla_q) failed to load: {type(e).__name__}: {e}") from e
+
+
+def _sglang(root: Path):
+    """SGLang's Triton ``sparse_mla_prefill`` from the packed file, or None without it."""
+    import importlib.util
+
+    path = root / "sglang_triton_sparse_mla_prefill.py"
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location("sglang_triton_sparse_mla_prefill", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.sparse_mla_prefill
+
+
 def load(root: str | Path, need_concat: bool = True) -> EngineKernels:
     """Load the packed kernels of ``root`` (a :func:`pack` folder): unpack ``*.xz`` beside themselves, put ``root``
     first on ``sys.path`` so ``import vllm`` finds the stub, import the FA3 interface, load the concat library and
     vLLM's FlashMLA, import SGLang's Triton file. ``need_concat=False``: a folder without the concat library (16 MB
-    of the 29 MB a device call carries; the packed_kernels experiment needs no concat) loads with
-    ``concat_mla_q = None``.
+    of the 29 MB a device call carries) loads with ``concat_mla_q = None``.
 
     Raises:
         FileNotFoundError: ``root`` lacks a packed file; RuntimeError: a library failed to load (its name and why).
     """
-    import importlib
-    import importlib.util
-
-    import torch
-
     root = Path(root).resolve()
-    concat_file = "vllm/_C_stable_libtorch.abi3.so"
     for name, compress in VLLM_FILES:
-        p = root / (name + (".xz" if compress else ""))
-        if name == concat_file and not need_concat:
-            continue
-        if not p.exists() and not (root / name).exists():
+        if (need_concat or name != _CONCAT_FILE) and not (root / (name + (".xz" if compress else ""))).exists() \
+                and not (root / name).exists():
             raise FileNotFoundError(f"root={root} lacks {name}: pack it with mla_lab.kernels.engine_libs.pack")
     _unxz(root)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     for mod in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         del sys.modules[mod]
-    try:
-        fa = importlib.import_module("vllm.vllm_flash_attn.flash_attn_interface")
-    except Exception as e:
-        raise RuntimeError(f"vLLM FA3 library failed to load: {type(e).__name__}: {e}") from e
+    fa = _import("vLLM FA3 library", "vllm.vllm_flash_attn.flash_attn_interface")
     if not getattr(fa, "FA3_AVAILABLE", False):
         raise RuntimeError(f"vLLM FA3 library failed to load: {getattr(fa, 'FA3_UNAVAILABLE_REASON', '?')}")
-    concat = None
-    try:
-        if need_concat or (root / concat_file).exists():
-            torch.ops.load_library(str(root / concat_file))
-            concat = torch.ops._C_cache_ops.concat_mla_q
-    except Exception as e:
-        raise RuntimeError(f"vLLM _C_stable_libtorch (concat_mla_q) failed to load: {type(e).__name__}: {e}") from e
-    try:
-        fm = importlib.import_module("vllm.third_party.flashmla.flash_mla_interface")
-    except Exception as e:
-        raise RuntimeError(f"vLLM _flashmla_C failed to load: {type(e).__name__}: {e}") from e
-    sg = None
-    sg_path = root / "sglang_triton_sparse_mla_prefill.py"
-    if sg_path.exists():
-        spec = importlib.util.spec_from_file_location("sglang_triton_sparse_mla_prefill", sg_path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        sg = mod.sparse_mla_prefill
+    concat = _concat_op(root, need_concat)
+    fm = _import("vLLM _flashmla_C", "vllm.third_party.flashmla.flash_mla_interface")
     sources = json.loads((root / "SOURCES.json").read_text()) if (root / "SOURCES.json").exists() else {}
-    return EngineKernels(fa.flash_attn_varlen_func, concat, fm.flash_mla_sparse_fwd, sg, sources)
+    return EngineKernels(fa.flash_attn_varlen_func, concat, fm.flash_mla_sparse_fwd, _sglang(root), sources)
 
 
 def backend_names(ek: EngineKernels) -> dict:
@@ -326,83 +336,128 @@ def engine_inputs(T: int, H: int, kind: str, seed: int, ctx_len: int | None = No
     return ql_nope, q_pe, kv, idx.to(torch.int32).contiguous(), tlen.to(torch.int32)
 
 
-def engine_calls(ek: EngineKernels, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H: int, sm_scale: float, which,
-                 num_splits=(0,), q=None):
-    """The engines' kernels as argument-free calls on one set of inputs (:func:`engine_inputs`): ``({kernel name:
-    (callable, h_q, num_splits, bytes or None)}, q [T,H,576])`` for the families in ``which`` (``fa3``,
-    ``flashmla_vllm``, ``flashmla_ts`` (``ts_fwd``: tokenspeed's ``flash_mla_sparse_fwd`` or None), ``sglang``,
-    ``content``, ``gather``, ``concat``); ``q`` given: used as it is (no concat). Each call is vLLM 0.33.0's own:
-    FA3 as ``flashattn_mla_sparse.py:215-259`` calls it, FlashMLA on Q padded to 64 heads (``prefill_padding``)."""
-    import torch
+class _Calls:
+    """One set of inputs and the tensors the engines' calls share; one method per kernel family, each adding
+    ``{kernel name: (callable, h_q, num_splits, bytes or None)}`` entries (a new wrapper: one method here)."""
 
-    T = ql_nope.shape[0]
-    if q is None:
-        q = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
-        ek.concat_mla_q(ql_nope, q_pe, q)
-    q64 = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)
-    q64[:, :H] = q
-    q64[:, H:] = torch.randn_like(q64[:, H:]) if H < 64 else q64[:, H:]  # stale, as vLLM 0.33.0's shared workspace
-    idx3 = idx.view(T, 1, TOPK)
-    kv_rows = kv.view(-1, D_QK)
-    k_cache = kv_rows[:, KV_LORA:].unsqueeze(1).unsqueeze(1)
-    v_cache = kv_rows[:, :KV_LORA].unsqueeze(1).unsqueeze(1)
-    cu = torch.arange(T + 1, device="cuda", dtype=torch.int32)
-    q_rope, q_nope = q[..., KV_LORA:], q[..., :KV_LORA]
-    out = {}
-    if "fa3" in which:
+    def __init__(self, ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, q):
+        import torch
+
+        T = ql_nope.shape[0]
+        self.ek, self.ts_fwd, self.ql_nope, self.q_pe, self.kv, self.idx, self.tlen, self.H, self.sm = (
+            ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale)
+        self.T, self.out = T, {}
+        if q is None:
+            q = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
+            ek.concat_mla_q(ql_nope, q_pe, q)
+        self.q, self.idx3 = q, idx.view(T, 1, TOPK)
+        self.q64 = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)
+        self.q64[:, :H] = q
+        if H < 64:  # stale, as vLLM 0.33.0's shared workspace
+            self.q64[:, H:] = torch.randn_like(self.q64[:, H:])
+
+    def fa3(self, num_splits) -> None:
+        """vLLM's FA3 call (``flashattn_mla_sparse.py:215-259``): the latent cache as page-size-1 blocks, the top-k
+        indices as the block table; ``num_splits`` 0 (the kernel's heuristic) or 1 (split-KV off)."""
+        import torch
+
+        rows, q_rope, q_nope = self.kv.view(-1, D_QK), self.q[..., KV_LORA:], self.q[..., :KV_LORA]
+        k_cache, v_cache = rows[:, KV_LORA:].unsqueeze(1).unsqueeze(1), rows[:, :KV_LORA].unsqueeze(1).unsqueeze(1)
+        cu = torch.arange(self.T + 1, device="cuda", dtype=torch.int32)
         for ns in num_splits:
-            out[f"fa3_sparse@{ns}"] = (lambda ns=ns: ek.fa3_varlen(
-                q=q_rope, k=k_cache, v=v_cache, q_v=q_nope, max_seqlen_q=1, cu_seqlens_q=cu, max_seqlen_k=TOPK,
-                seqused_k=tlen, block_table=idx, softmax_scale=sm_scale, causal=True, num_splits=ns,
-                fa_version=3), H, ns, None)
-    if "flashmla_vllm" in which:
-        out["flashmla_vllm_pad64"] = (lambda: ek.flashmla_sparse_fwd(q64, kv, idx3, sm_scale, 512, None, tlen),
-                                      64, None, None)
-        if H < 64:
-            out["flashmla_vllm_native"] = (lambda: ek.flashmla_sparse_fwd(q, kv, idx3, sm_scale, 512, None, tlen),
-                                           H, None, None)
-    if "content" in which and H < 64:
-        # the padded heads holding zeros (the PR's never-written workspace, SGLang's new_zeros) beside the stale
-        # (random) heads above: the same kernels, the same real heads
-        q64z = torch.zeros_like(q64)
-        q64z[:, :H] = q
-        out["flashmla_vllm_pad64_zeros"] = (lambda: ek.flashmla_sparse_fwd(q64z, kv, idx3, sm_scale, 512, None,
-                                                                           tlen), 64, None, None)
-        if ts_fwd is not None:
-            out["flashmla_ts_pad64_zeros"] = (lambda: ts_fwd(q64z, kv, idx3, sm_scale, 512, topk_length=tlen), 64,
-                                              None, None)
-    if "flashmla_ts" in which and ts_fwd is not None:
-        out["flashmla_ts_pad64"] = (lambda: ts_fwd(q64, kv, idx3, sm_scale, 512, topk_length=tlen), 64, None, None)
-        if H == 64:
-            q128 = torch.cat([q64, q64], 1)
-            out["flashmla_ts_h128"] = (lambda: ts_fwd(q128, kv, idx3, sm_scale, 512, topk_length=tlen), 128, None,
-                                       None)
-    if "sglang" in which and ek.sglang_sparse_mla_prefill is not None:
-        out["sglang_triton"] = (lambda: ek.sglang_sparse_mla_prefill(q, kv, idx, sm_scale, 512, topk_length=tlen),
-                                H, None, None)
-    if "gather" in which:
-        gk = gather_kernel()
+            self.out[f"fa3_sparse@{ns}"] = (lambda ns=ns: self.ek.fa3_varlen(
+                q=q_rope, k=k_cache, v=v_cache, q_v=q_nope, max_seqlen_q=1, cu_seqlens_q=cu,
+                max_seqlen_k=TOPK, seqused_k=self.tlen, block_table=self.idx, softmax_scale=self.sm, causal=True,
+                num_splits=ns, fa_version=3), self.H, ns, None)
+
+    def _flashmla(self, name, fwd, q, h_q, ts: bool) -> None:
+        call = ((lambda: fwd(q, self.kv, self.idx3, self.sm, 512, topk_length=self.tlen)) if ts
+                else (lambda: fwd(q, self.kv, self.idx3, self.sm, 512, None, self.tlen)))
+        self.out[name] = (call, h_q, None, None)
+
+    def flashmla_vllm(self, num_splits) -> None:
+        """vLLM's bundled FlashMLA on Q padded to 64 heads (``prefill_padding``) and, below 64, at ``h_q = H``."""
+        self._flashmla("flashmla_vllm_pad64", self.ek.flashmla_sparse_fwd, self.q64, 64, False)
+        if self.H < 64:
+            self._flashmla("flashmla_vllm_native", self.ek.flashmla_sparse_fwd, self.q, self.H, False)
+
+    def content(self, num_splits) -> None:
+        """The padded FlashMLA kernels with zeros in the padded heads (the PR's never-written workspace)."""
+        import torch
+
+        if self.H >= 64:
+            return
+        q64z = torch.zeros_like(self.q64)
+        q64z[:, :self.H] = self.q
+        self._flashmla("flashmla_vllm_pad64_zeros", self.ek.flashmla_sparse_fwd, q64z, 64, False)
+        if self.ts_fwd is not None:
+            self._flashmla("flashmla_ts_pad64_zeros", self.ts_fwd, q64z, 64, True)
+
+    def flashmla_ts(self, num_splits) -> None:
+        """tokenspeed-flashmla (the lab's FlashMLA build) at 64 padded heads, and at 128 (two CTAs per token)."""
+        import torch
+
+        if self.ts_fwd is None:
+            return
+        self._flashmla("flashmla_ts_pad64", self.ts_fwd, self.q64, 64, True)
+        if self.H == 64:
+            self._flashmla("flashmla_ts_h128", self.ts_fwd, torch.cat([self.q64, self.q64], 1), 128, True)
+
+    def sglang(self, num_splits) -> None:
+        """SGLang's Triton ``sparse_mla_prefill`` (heads padded to a 16-row tile inside)."""
+        fwd = self.ek.sglang_sparse_mla_prefill
+        if fwd is not None:
+            self.out["sglang_triton"] = (lambda: fwd(self.q, self.kv, self.idx, self.sm, 512, topk_length=self.tlen),
+                                         self.H, None, None)
+
+    def gather(self, num_splits) -> None:
+        """The gather floor (:func:`gather_kernel`): one and two programs per token (h_q 64 and 128)."""
+        import torch
+
+        gk, rows = gather_kernel(), self.kv.view(-1, D_QK)
         for reps, name in ((1, "gather_only"), (2, "gather_only_x2")):
-            g_out = torch.empty(T * reps, D_QK, device="cuda", dtype=torch.float32)
-            out[name] = (lambda reps=reps, g_out=g_out: gk[(T * reps,)](kv_rows, idx, tlen, g_out, TOPK, REPS=reps,
-                                                                         BN=16, num_warps=4), 64 * reps, None, None)
-    if "concat" in which:
+            g_out = torch.empty(self.T * reps, D_QK, device="cuda", dtype=torch.float32)
+            self.out[name] = (lambda reps=reps, g_out=g_out: gk[(self.T * reps,)](
+                rows, self.idx, self.tlen, g_out, TOPK, REPS=reps, BN=16, num_warps=4), 64 * reps, None, None)
+
+    def concat(self, num_splits, with_path: bool = False) -> None:
+        """vLLM's CUDA ``concat_mla_q`` into the padded workspace and into ``[T, H, 576]``, the lab's Triton concat,
+        a copy of the same bytes; ``with_path``: the PR's concat + FlashMLA pad64 (``path_pr53878``)."""
+        import torch
+
+        T, H, ek, ql, pe = self.T, self.H, self.ek, self.ql_nope, self.q_pe
         ws = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)  # the PR's workspace: never written
         un = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
         nbytes = 2 * T * H * D_QK * 2
         src = torch.empty(nbytes // 4, device="cuda", dtype=torch.bfloat16)
         dst = torch.empty_like(src)
-        lab = make_concat_launcher(ql_nope, q_pe, ws[:, :H])
-        out["concat_vllm_padded"] = (lambda: ek.concat_mla_q(ql_nope, q_pe, ws[:, :H]), 64, None, nbytes)
-        out["concat_vllm_unpadded"] = (lambda: ek.concat_mla_q(ql_nope, q_pe, un), H, None, nbytes)
-        out["concat_lab_padded"] = (lab, 64, None, nbytes)
-        out["copy_same_bytes"] = (lambda: dst.copy_(src), H, None, nbytes)
-        if "flashmla_vllm" in which:
+        self.out.update({"concat_vllm_padded": (lambda: ek.concat_mla_q(ql, pe, ws[:, :H]), 64, None, nbytes),
+                         "concat_vllm_unpadded": (lambda: ek.concat_mla_q(ql, pe, un), H, None, nbytes),
+                         "concat_lab_padded": (make_concat_launcher(ql, pe, ws[:, :H]), 64, None, nbytes),
+                         "copy_same_bytes": (lambda: dst.copy_(src), H, None, nbytes)})
+        if with_path:
             def pr_path():
-                ek.concat_mla_q(ql_nope, q_pe, ws[:, :H])
-                return ek.flashmla_sparse_fwd(ws, kv, idx3, sm_scale, 512, None, tlen)
-            out["path_pr53878"] = (pr_path, 64, None, None)
-    return out, q
+                ek.concat_mla_q(ql, pe, ws[:, :H])
+                return ek.flashmla_sparse_fwd(ws, self.kv, self.idx3, self.sm, 512, None, self.tlen)
+            self.out["path_pr53878"] = (pr_path, 64, None, None)
+
+
+#: The kernel families of :func:`engine_calls`, in the order their calls are listed (and timed).
+FAMILIES = ("fa3", "flashmla_vllm", "content", "flashmla_ts", "sglang", "gather", "concat")
+
+
+def engine_calls(ek: EngineKernels, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H: int, sm_scale: float, which,
+                 num_splits=(0,), q=None):
+    """The engines' kernels as argument-free calls on one set of inputs (:func:`engine_inputs`): ``({kernel name:
+    (callable, h_q, num_splits, bytes or None)}, q [T,H,576])`` for the families in ``which`` (:data:`FAMILIES`;
+    ``ts_fwd``: tokenspeed's ``flash_mla_sparse_fwd`` or None); ``q`` given: used as it is (no concat)."""
+    calls = _Calls(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, q)
+    for family in FAMILIES:
+        if family == "concat" and "concat" in which:
+            calls.concat(num_splits, with_path="flashmla_vllm" in which)
+        elif family in which:
+            getattr(calls, family)(num_splits)
+    return calls.out, calls.q
 
 
 def main(argv=None) -> int:

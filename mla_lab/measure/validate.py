@@ -86,10 +86,22 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
     for name, held_calibration in held_out.items():
         rows += [_row("op", "leave_model_out", r, float(r["ms"]), predict_measured_op_ms(r, arch, held_calibration),
                       r["op"], r["op_class"]) for r in op_rows if r["model"] == name]
-    # per layer: sum of the measured ops' predictions vs the end-to-end measurement; the strategy label read at the
-    # door (the first version's unfused / fused rows: what they ran, measured_as)
     by_layer: dict = {}
-    ranks: dict = {}
+    rows += _layer_rows(e2e_rows, arch, models_by_name, calibration, held_out, by_layer)
+    rows += _delta_rows(by_layer)
+    kernel_eff = calibration.attention.get("kernel")
+    for r in extras_rows:
+        if r.get("experiment") == "kernel_topk_length" and r.get("ms"):
+            predicted = float(r["flops"]) / (arch.bf16_tflops * 1e12 * kernel_eff) * 1e3
+            rows.append(_row("extra", "in_sample", r, float(r["ms"]), predicted, r["name"], "attn_kernel"))
+    return rows
+
+
+def _layer_rows(e2e_rows, arch, models_by_name, calibration, held_out, by_layer: dict) -> list[dict]:
+    """Per layer: the sum of its measured ops' predictions vs the end-to-end measurement (the strategy label read
+    at the door: the first version's unfused / fused rows, :func:`~mla_lab.placement.measured_as`); the in-sample
+    rows also go to ``by_layer`` for :func:`_delta_rows`."""
+    rows, ranks = [], {}
     for r in e2e_rows:
         model = models_by_name.get(r["model"])
         if model is None:
@@ -113,7 +125,12 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
                 key = (rows[-1]["model"], rows[-1]["tp"], rows[-1]["moe_parallel"], rows[-1]["T"], r["layer_kind"],
                        level)
                 by_layer.setdefault(key, {})[strategy] = (r["strategy"], rows[-1])
-    # per-call pad vs private workspace per layer: measured vs predicted (ms, pad minus workspace)
+    return rows
+
+
+def _delta_rows(by_layer: dict) -> list[dict]:
+    """Per-call pad minus private workspace per layer: measured vs predicted (ms)."""
+    rows = []
     for (model_name, tp, parallel, T, kind, level), strategies in by_layer.items():
         if "per_call_zeros" in strategies and "private_workspace" in strategies:
             (label_a, a), (label_b, b) = strategies["per_call_zeros"], strategies["private_workspace"]
@@ -121,14 +138,8 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
             predicted = a["predicted_ms"] - b["predicted_ms"]
             rows.append({"level": level + "_delta", "split": "in_sample", "model": model_name, "tp": tp,
                          "moe_parallel": parallel, "T": T, "name": f"{kind}_{label_a}_minus_{label_b}",
-                         "op_class": "delta",
-                         "measured_ms": measured, "predicted_ms": predicted,
+                         "op_class": "delta", "measured_ms": measured, "predicted_ms": predicted,
                          "ape_pct": abs(predicted - measured) / abs(measured) * 100 if measured else float("nan")})
-    kernel_eff = calibration.attention.get("kernel")
-    for r in extras_rows:
-        if r.get("experiment") == "kernel_topk_length" and r.get("ms"):
-            predicted = float(r["flops"]) / (arch.bf16_tflops * 1e12 * kernel_eff) * 1e3
-            rows.append(_row("extra", "in_sample", r, float(r["ms"]), predicted, r["name"], "attn_kernel"))
     return rows
 
 
