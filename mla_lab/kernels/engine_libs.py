@@ -1,34 +1,21 @@
-"""The engines' own compiled kernels, loaded from their release wheels without installing the engines.
+"""The engines' own compiled kernels, packed from their release wheels (:func:`pack`) into a folder that travels to
+a GPU machine and loaded there through a minimal ``vllm`` package stub (:func:`load`); their calls as vLLM makes
+them (:func:`engine_calls`, one :class:`_Calls` method per kernel family: a new wrapper is one method there).
+vLLM 0.33.0 pins torch 2.14 but its libraries use only torch's stable ABI, so they load on another torch (the lent
+H200's 2.11.0+cu130).
 
-vLLM 0.33.0 pins torch 2.14 but its compiled libraries use only torch's stable ABI, so they load on another torch
-(seen on the lent H200's torch 2.11.0+cu130). This module packs them out of the release wheel into a folder that can
-travel to a GPU machine (:func:`pack`) and loads them there through a minimal ``vllm`` package stub (:func:`load`).
+Packed from ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl`` (built 2026-11-01): ``vllm_flash_attn/
+_vllm_fa3_C.abi3.so`` + ``flash_attn_interface.py`` (FA3, vLLM's Hopper default sparse-MLA backend
+``FLASH_ATTN_MLA_SPARSE``: ``flash_attn_varlen_func``), ``_C_stable_libtorch.abi3.so`` (``torch.ops._C_cache_ops.
+concat_mla_q``, the CUDA concat PR #53878 changed), ``_flashmla_C.abi3.so`` + ``third_party/flashmla/
+flash_mla_interface.py`` (vLLM's bundled FlashMLA, ``flash_mla_sparse_fwd``: "SM90 supports 8, 16, 32, 64 or 128
+heads"); from ``sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl`` (2026-10-30) the self-contained Triton
+``sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py`` (heads padded to a 16-row tile).
 
-What is packed (paths inside ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl``, built 2026-11-01):
-
-====================================================  =========================================================
-``vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so``          FA3 (``torch.ops._vllm_fa3_C.fwd``): vLLM's Hopper default
-                                                      sparse-MLA backend ``FLASH_ATTN_MLA_SPARSE``
-``vllm/vllm_flash_attn/flash_attn_interface.py``      ``flash_attn_varlen_func`` (the call vLLM makes)
-``vllm/_C_stable_libtorch.abi3.so``                   ``torch.ops._C_cache_ops.concat_mla_q`` (the CUDA concat
-                                                      PR #53878 changed); pruned to its sm_90 code (below)
-``vllm/_flashmla_C.abi3.so``                          vLLM's bundled FlashMLA (``sparse_prefill_fwd``)
-``vllm/third_party/flashmla/flash_mla_interface.py``  ``flash_mla_sparse_fwd`` ("SM90 supports 8, 16, 32, 64 or
-                                                      128 heads")
-====================================================  =========================================================
-
-and, from ``sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl`` (2026-10-30), the self-contained Triton kernel
-``sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py`` (``sparse_mla_prefill``; heads padded to a 16-row
-tile), copied as ``sglang_triton_sparse_mla_prefill.py``.
-
-Pruning: ``_C_stable_libtorch.abi3.so`` is 92.6 MB (64 MB xz), over what one device call may carry beside the
-repository. :func:`prune_fatbin` drops the fatbin entries for archs other than sm_90 / sm_90a (each fatbin keeps its
-address; kept entries move to its front, ``fatSize`` shrinks): the sm_90 machine code of every kernel, the
-``ConcatMLAQKernel<bf16, 512>`` cubin among them, is byte-identical to the wheel's. ``SOURCES.json`` in the packed
-folder records each original file's sha256 and the wheel's.
-
-Errors: :func:`load` raises ``FileNotFoundError`` naming the missing file, ``RuntimeError`` naming the library whose
-load failed (with the loader's message).
+Pruning: ``_C_stable_libtorch.abi3.so`` is 92.6 MB (64 MB xz), over what a device call carries;
+:func:`prune_fatbin` drops the fatbin entries of archs other than sm_90 / sm_90a (kept entries move to the front of
+their fatbin, ``fatSize`` shrinks): the sm_90 code of every kernel, ``ConcatMLAQKernel<bf16, 512>`` among them, is
+byte-identical to the wheel's. ``SOURCES.json`` records each original file's sha256 and the wheels'.
 """
 
 from __future__ import annotations

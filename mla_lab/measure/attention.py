@@ -1,16 +1,11 @@
-"""Measurement on a GPU: the sparse-MLA prefill attention path per strategy, per op and end to end, plus peak memory.
+"""The sparse-MLA prefill attention path of a rank per strategy, timed on a GPU, and each call's peak memory.
 
-Timing: :func:`mla_lab.measure.timer.median_ms` (do_bench medians on CUDA). Inputs are
-fresh random bf16 tensors (never zeros) shaped as vLLM hands them over: ``ql_nope`` is the transposed output of the
-W_UK bmm (``[H, T, 512]`` viewed as ``[T, H, 512]``, head-major strides) and ``q_pe`` a slice of the q_b projection
-output (``[T, H, qk_nope_head_dim + 64][..., -64:]``). Causal prompts: the token at position p of its prompt sees
-``min(p + 1, topk)`` keys of its own prompt (``topk_length``); indices are random among those keys.
-
-Peak memory: ``torch.cuda.reset_peak_memory_stats`` then ``max_memory_allocated`` minus the bytes allocated before
-the call, i.e. what one layer call of the strategy adds on top of its inputs and persistent workspace.
-
-Timing goes through :mod:`mla_lab.measure.timer`. This module returns timings; sweep rows are built by
-:mod:`mla_lab.sweep.rows`.
+Inputs (:func:`make_step_inputs`) are fresh random bf16 tensors (never zeros) shaped as vLLM hands them over:
+``ql_nope`` the transposed W_UK bmm output (``[H, T, 512]`` viewed ``[T, H, 512]``), ``q_pe`` a slice of the q_b
+output; causal prompts: the token at position p sees ``min(p + 1, topk)`` keys of its own prompt
+(``topk_length``), indices random among them. Peak memory: ``max_memory_allocated`` after
+``reset_peak_memory_stats`` minus the bytes allocated before the call (what one call adds on top of its inputs and
+persistent workspace). Timings only; sweep rows are built by :mod:`mla_lab.sweep.rows`.
 """
 
 from __future__ import annotations

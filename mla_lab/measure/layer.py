@@ -1,44 +1,18 @@
 """The per-rank layer: every op of :func:`mla_lab.model.ops.layer_ops` at its real shape, and the layer end to end,
-on one GPU (or on CPU through the Triton interpreter, to check the logic).
+on one GPU (or on CPU through the Triton interpreter, to check the logic). The loops over it: :mod:`.layer_runs`;
+its Triton stand-ins: :mod:`.triton_ops`; the extras: :mod:`.layer_experiments`; the fit: :mod:`.validate`.
 
-What is here (the runs over it are in :mod:`.layer_runs`, the Triton stand-ins in :mod:`.triton_ops`; the extra
-experiments in :mod:`.layer_experiments`, the fit in :mod:`.validate`; ``mla_lab/measure/experiments/layer_calibration.py`` is the command
-line):
-
-- :class:`Layer`: random bf16 weights (scaled ``1/sqrt(K)``, never zeros) and buffers of one per-rank layer
-  (model, tp, MoE variants), :meth:`Layer.runner` (a closure running one op on prepared inputs) and
-  :meth:`Layer.e2e` (a closure running the whole layer, per :class:`mla_lab.placement.Strategy`).
-- :class:`MeasureSettings` (device, dtype, timer budgets, deadline, what the private workspace's padded heads hold,
-  kernels left out) and :class:`Implementations` (the sparse prefill kernel and the Q concat in use, with the text
-  every row records): the run's state, passed explicitly. :func:`select_implementations`,
-  :func:`run_kernel_checks`, :func:`tiny_model`.
+- :class:`Layer`: random bf16 weights (``1/sqrt(K)``, never zeros) and buffers of one per-rank layer;
+  :meth:`Layer.runner` (one op on prepared inputs, a builder per op ``impl``) and :meth:`Layer.e2e` (the layer per
+  :class:`~mla_lab.placement.Strategy`: ``per_call_zeros`` concat into the H-head buffer then ``new_zeros`` + copy;
+  ``per_call_empty`` the pad from one block filled once with its content (vLLM before PR #53878);
+  ``private_workspace`` concat into the padded workspace, its padded heads holding :attr:`MeasureSettings.content`).
+- :class:`MeasureSettings` and :class:`Implementations` (the kernel and concat in use, with the text rows record):
+  the run's state, passed explicitly; :func:`select_implementations`, :func:`run_kernel_checks`, :func:`tiny_model`.
 - The files and columns a run writes (:data:`OPS_COLUMNS`, :data:`E2E_COLUMNS`, :data:`EXTRAS_COLUMNS`).
 
-Strategies (:data:`LAYER_STRATEGIES`, :data:`LAYER_PLACEMENTS`): the layer runs a :class:`~mla_lab.placement.Strategy`
-(names are parsed at the door, :func:`mla_lab.placement.parse_strategy`; the first version's ``unfused`` / ``fused``
-*rows* stand for ``per_call_zeros`` / ``private_workspace``, :func:`mla_lab.placement.measured_as`):
-``per_call_zeros`` concat into the H-head buffer then (when ``Hp > H``) ``new_zeros`` + copy per call (SGLang;
-what the first version timed as ``unfused``); ``per_call_empty`` the same with the pad taken from one block filled
-once with the strategy's content (what the caching allocator hands ``new_empty`` back: no fill is timed; vLLM before
-PR #53878); ``private_workspace`` concat into the padded workspace, whose padded heads hold
-:attr:`MeasureSettings.content` (vLLM PR #53878).
-
-Op implementations (the ``impl`` of a :class:`~mla_lab.model.ops.LayerOp`): ``linear`` ``F.linear``; ``moe_bmm``
-``torch.bmm`` over balanced experts (``E_loc x [T*k/E, K] @ [K, N]``; the token gather vLLM's fused_moe folds
-into its GEMM is not timed); ``bmm_uk`` / ``bmm_uv`` ``torch.bmm`` in vLLM's absorbed layouts (W_UK on the
-strided ``q_nope`` view; W_UV reading ``out[:, :H]`` and writing a transposed view of ``[T, H*d_v]``);
-``rmsnorm`` / ``rmsnorm_add`` / ``silu_mul`` / ``mqa_logits`` the Triton kernels of :mod:`.triton_ops`; ``topk``
-``torch.topk`` (``sorted=False``); ``moe_sum`` ``torch.sum`` over the k expert outputs; ``attn_concat`` the Q
-concat into the H-head buffer (per-call pads) or the padded workspace; ``attn_pad`` ``new_zeros`` + copy;
-``attn_pad_copy`` the copy into a pad block; ``attn_kernel`` the sparse prefill at full topk, random indices over
-``s_kv = max(max_T, 2 topk)`` keys; ``attn_out_slice`` ``out[:, :H].contiguous()``.
-
-CPU runs go through Triton's interpreter: set ``TRITON_INTERPRET=1`` *before this module is imported* (see
-:mod:`.triton_ops`).
-
-Timing: :func:`mla_lab.measure.timer.median_ms` (do_bench medians on CUDA: warm-up, L2 flushed before every
-repetition, CUDA events; CPU: wall-clock median, meaningless as GPU numbers), :func:`mla_lab.measure.timer.graphed`
-for CUDA-graph replay, :func:`mla_lab.measure.timer.interleaved` for paired timings.
+CPU runs need ``TRITON_INTERPRET=1`` set before this module is imported (:mod:`.triton_ops`). Timing:
+:func:`mla_lab.measure.timer.median_ms`.
 """
 
 from __future__ import annotations

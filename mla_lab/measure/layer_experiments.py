@@ -1,26 +1,15 @@
-"""Experiments beside the layer runner (:mod:`.layer`): ceilings, the W_UV slice, peak memory per strategy, the
-sparse kernel with causal ``topk_length`` and with different padded-head contents, and fp8 GEMMs.
+"""Experiments beside the layer runner (:mod:`.layer`), each a generator of ``layer_extras.csv`` rows (fp8 GEMMs:
+``layer_ops.csv`` rows) yielded as measured; :func:`run_extras` runs the five extras, each guarded on its own.
 
-Each experiment is a generator of ``layer_extras.csv`` rows (columns :data:`.layer.EXTRAS_COLUMNS`; fp8 GEMMs:
-``layer_ops.csv`` rows, :data:`.layer.OPS_COLUMNS`) taking what it needs as arguments: a
-:class:`~.layer.MeasureSettings` (device, dtype, timer budgets, deadline), the :class:`~.layer.Implementations`
-(sparse kernel, Q concat), the models as ``[(name, ModelConfig)]``, the :class:`~mla_lab.arch.GPUArch` and the
-largest step ``max_T``. Rows are yielded as they are measured, so a caller writing them out loses nothing when a
-later measurement fails. :func:`run_extras` runs the five ``layer_extras`` experiments, each guarded on its own.
-
-- :func:`ceilings`: a device-to-device copy (``2^28`` elements; GB/s read + write) and an ``s^3`` matmul (``s`` 8192;
-  TFLOP/s) — what the byte and FLOP ops are measured against.
-- :func:`w_uv_slice`: does the W_UV bmm copy the ``out[:, :H]`` slice of the kernel output? Time on the strided
-  view vs on contiguous copies, the CUDA kernels launched (``torch.profiler``) and the peak extra bytes of the call.
-- :func:`peak_memory`: the attention path alone per strategy, persistent workspace allocated inside the window,
-  ``torch.cuda.max_memory_allocated`` against :func:`mla_lab.buffers.memory_account` (GPU with a kernel only).
-- :func:`causal_kernel`: the sparse kernel with causal ``topk_length`` (the seed step: 16 prompts x 1024 tokens;
-  one 4096-token prompt; full topk at 16384).
-- :func:`pad_values`: the sparse kernel with the padded heads zero / random / NaN (real heads random).
+- :func:`ceilings`: a device copy (``2^28`` elements, GB/s) and an ``8192^3`` matmul (TFLOP/s).
+- :func:`w_uv_slice`: does the W_UV bmm copy the ``out[:, :H]`` slice? Strided view vs contiguous copies, the
+  kernels launched (``torch.profiler``), the call's peak extra bytes.
+- :func:`peak_memory`: the attention path per strategy against :func:`mla_lab.buffers.memory_account` (GPU).
+- :func:`causal_kernel`: the sparse kernel with causal ``topk_length`` (16 x 1024; one 4096 prompt; full topk).
+- :func:`pad_values`: the sparse kernel with the padded heads zero / random / NaN.
 - :func:`fp8_gemm_rows`: ``torch._scaled_mm`` (per-tensor scales) at the model's TP8 per-rank fp8 GEMM shapes.
 
-On CPU (dry runs) the shapes shrink (``tp`` 2, tiny cases) and the GPU-only parts (memory statistics, profiler,
-fp8) are skipped.
+On CPU the shapes shrink and the GPU-only parts (memory statistics, profiler, fp8) are skipped.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""The layer runs: the measurement loops over :class:`mla_lab.measure.layer.Layer`, the sinks they write to and the
-run's log.
-
-- :func:`measure_ops`, :func:`measure_layers`, :func:`measure_layer_pairs`, :func:`run_layer_benchmark`: the
-  measurement loops; they yield or write rows of measurements (the columns :data:`~mla_lab.measure.layer.OPS_COLUMNS`,
-  :data:`~mla_lab.measure.layer.E2E_COLUMNS`, :data:`~mla_lab.measure.layer.EXTRAS_COLUMNS`), never sweep rows.
-  Strategies travel as :class:`mla_lab.placement.Strategy` (default :data:`~mla_lab.measure.layer.LAYER_STRATEGIES`;
-  names are parsed at the door, :func:`~mla_lab.measure.layer.layer_strategies`); every ``layer_e2e.csv`` row
-  records its canonical ``strategy`` and the ``content`` of its padded heads.
-- :func:`paired_timing` (two callables timed alternately), :func:`moe_variants`, :func:`layer_kinds`,
-  :func:`ops_to_time`.
-- :data:`LAYER_OUTPUTS` (the files a run writes through one :class:`mla_lab.measure.record.Sink`: rows appended as
-  they are measured, so a killed run loses nothing measured) and :func:`read_rows`.
+"""The layer runs: the measurement loops over :class:`mla_lab.measure.layer.Layer` (:func:`measure_ops`,
+:func:`measure_layers`, :func:`measure_layer_pairs`, :func:`run_layer_benchmark`), yielding or writing rows of
+:data:`LAYER_OUTPUTS` (through one :class:`mla_lab.measure.record.Sink`: appended as measured, so a killed run loses
+nothing measured); every ``layer_e2e.csv`` row records its canonical ``strategy`` and the ``content`` of its padded
+heads. Also :func:`paired_timing`, :func:`moe_variants`, :func:`layer_kinds`, :func:`ops_to_time`, :func:`read_rows`.
 """
 
 from __future__ import annotations

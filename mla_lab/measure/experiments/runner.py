@@ -1,13 +1,10 @@
 """``mla-lab measure``: run the chosen experiments of :data:`~mla_lab.measure.experiments.EXPERIMENTS` in fresh
-processes on the GPU that is there and write ``data/measured/<gpu>/``.
-
-A between-process experiment runs ``processes`` times (default 5), each a new ``python -m <module>`` (a fresh CUDA
-context, allocator, Triton cache, FlashMLA load) writing into ``<run>/.processes/<name>/p<k>/``; its files are then
-merged, ``process`` = k first in every row (:func:`merge_processes`). Other experiments run once. Every run writes
-``provenance.json`` (GPU, driver, torch, triton, flash_mla, commit, the experiments and their command lines).
-
-Where: ``--out`` (default ``data/measured/<gpu>``). A file the run would write that exists there is never replaced
-without ``overwrite``: the run then goes to ``<out>/runs/<UTC timestamp>/`` (same layout) and says so.
+processes (:meth:`~mla_lab.measure.experiments.Experiment.command`) on the GPU that is there. A between-process
+experiment runs ``processes`` times (default 5), each process into ``<run>/.processes/<name>/p<k>/``, its files then
+merged with ``process`` = k first (:func:`merge_processes`); the others run once. Every run writes
+``provenance.json`` (the provenance, the experiments, their command lines and exit codes; rewritten after every
+process, so ``--resume`` can finish a cut run). Where: ``--out`` (default ``data/measured/<gpu>``); a file there is
+never replaced without ``overwrite``: the run then goes to ``<out>/runs/<UTC timestamp>/`` and says so.
 """
 
 from __future__ import annotations
