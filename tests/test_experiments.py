@@ -280,7 +280,7 @@ def test_first_token_dry_run_prints_its_plan_on_cpu():
     seed step) prints without CUDA; a real run without CUDA or without --out is refused in one line."""
     from mla_lab.measure.experiments import first_token
 
-    from mla_lab.measure.experiments import main
+    from mla_lab.measure.experiments.entry import main
 
     r = subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments", "first_token", "--dry-run"],
                        capture_output=True, text=True, timeout=120, cwd=REPO)

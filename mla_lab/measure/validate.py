@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from ..arch import GPUArch
+from ..arch import GPUArch, get_arch
 from ..model.calibration import Calibration, fit_calibration, write_calibration_csv
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms, predict_measured_op_ms
@@ -227,8 +227,6 @@ def _outputs(ap, a) -> tuple[Path, Path]:
 def main(argv=None) -> int:
     """Refit the calibration from a measured folder's CSVs (module docstring); the fitted efficiencies inherit the
     provenance of the measurements, ``fit_commit`` the commit that fitted them. Exit 2 (argparse) on bad paths."""
-    from ..arch import get_arch
-
     ap = argparse.ArgumentParser(prog="python -m mla_lab.measure.validate", description=__doc__.split("\n")[0])
     ap.add_argument("--fit-only", required=True, metavar="DIR", help="refit from the CSVs in DIR (read only)")
     ap.add_argument("--cal-out", default=None, help="the calibration CSV to write (required)")

@@ -1,7 +1,7 @@
-"""``python -m mla_lab.measure.experiments NAME ...``: :func:`mla_lab.measure.experiments.main`."""
+"""``python -m mla_lab.measure.experiments NAME ...``: :func:`mla_lab.measure.experiments.entry.main`."""
 
 import sys
 
-from . import main
+from .entry import main
 
 sys.exit(main())

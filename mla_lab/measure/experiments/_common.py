@@ -11,6 +11,7 @@ import math
 import time
 
 import mla_lab.strategies as _strategies
+from mla_lab.deployment import Deployment
 from mla_lab.workload import Step
 
 #: The prompt length of the seed step (``vllm bench serve --random-input-len 1024``).
@@ -62,7 +63,5 @@ def stale_fill_on_gpu() -> None:
 def ranks_of(rank, models, tp: int | None = None) -> list:
     """The rank with each of ``models`` (names) in its place: same TP (or ``tp``), GPU and step tokens (a
     multi-model experiment's loop). Raises ValueError as :meth:`mla_lab.deployment.Deployment.seed`."""
-    from mla_lab.deployment import Deployment
-
     return [Deployment.seed(model=m, tp=tp or rank.tp, arch=rank.arch.name,
                             max_num_batched_tokens=rank.max_num_batched_tokens).rank for m in models]
