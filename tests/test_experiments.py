@@ -279,7 +279,6 @@ def test_first_token_dry_run_prints_its_plan_on_cpu():
     """issue 37: the first-token experiment's plan (new shapes after the ready-check shape; allocator growth at the
     seed step) prints without CUDA; a real run without CUDA or without --out is refused in one line."""
     from mla_lab.measure.experiments import first_token
-
     from mla_lab.measure.experiments.entry import main
 
     r = subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments", "first_token", "--dry-run"],

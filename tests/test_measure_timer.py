@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from mla_lab.measure.record import Sink
-from mla_lab.provenance import PROVENANCE_COLUMNS
 from mla_lab.measure.timer import WINDOW_COLUMNS, est_ms, quantile, timed_window
+from mla_lab.provenance import PROVENANCE_COLUMNS
 
 
 def test_quantile_is_numpys_linear_interpolation():

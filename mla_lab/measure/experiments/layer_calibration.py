@@ -31,6 +31,7 @@ import traceback
 import torch
 
 from mla_lab.measure.layer import (
+    LAYER_STRATEGIES,
     MeasureSettings,
     layer_strategies,
     run_kernel_checks,
@@ -68,7 +69,7 @@ def _grid(rank, options) -> tuple[list, list, list]:
 
 def run(rank, sink, options) -> None:
     settings = _settings(options)
-    strategies = layer_strategies(options.param("strategies", ("per_call_zeros", "private_workspace")))
+    strategies = layer_strategies(options.param("strategies", tuple(s.name for s in LAYER_STRATEGIES)))
     implementations = select_implementations(settings, use_flash_mla=options.param("flash_mla", True),
                                              flash_mla_version=sink.prov["flash_mla"], log=log)
     log(f"kernel: {implementations.kernel_detail}; concat: {implementations.concat_detail}")
