@@ -105,31 +105,16 @@ ALLREDUCE_COLUMNS = ["world_size", "rank", "nbytes", "T", "hidden_size", "ms", "
 
 @dataclass
 class TPBenchmarkConfig:
-    """What to run.
-
-    Attributes:
-        models: model names (``data/models``).
-        tokens: step sizes ``T`` of the blocks (one causal prompt of ``T`` tokens: token ``i`` sees
-            ``min(i + 1, topk)`` keys).
-        tp: TP size of the real run (= number of processes / GPUs, ranks on GPUs ``0..tp-1``) and of the share the
-            sim run simulates (``ep = tp`` for the moe block).
-        blocks: of :data:`BLOCKS`.
-        strategies: attention strategies, door names (:func:`resolve_strategies`; default the two ends of PR
-            #53878: vLLM before it with zero padded heads, its private workspace); the moe block has none.
-        arch: arch card for the padding rule and the all-reduce model (``None``: h200).
-        device: ``cuda`` (NCCL, one GPU per rank) or ``cpu`` (gloo; a dry run of the logic).
-        warmup, iters: calls before timing, timed calls (median and spread).
-        kernel_backend, concat_backend: passed to the strategies (``auto``: FlashMLA / Triton on a GPU).
-        seed: inputs' seed.
-        model_overrides: ``ModelConfig`` fields to replace (tiny CPU shapes; see :func:`tiny_overrides`).
-        save_outputs: also save each rank's block output (``.pt``, for the CPU correctness test).
-        runs: of :data:`RUNS`: ``tp`` (sharded) and/or ``sim`` (one rank's share on one device).
-        allreduce_tokens: ``T`` of the all-reduce rows at ``[T, hidden]`` (with ``tokens``, for each model's hidden).
-        allreduce_mib: sizes of the all-reduce bytes sweep, MiB (2^20 bytes; fractions allowed); ``[]``: none.
-        moe_impl: the routed experts' GEMMs (:data:`MOE_IMPLS`): ``grouped_mm`` (``torch._grouped_mm``, two
-            launches for all local experts, no host sync after routing; CUDA sm90+), ``loop`` (one GEMM pair per
-            expert, counts on the host) or ``auto`` (grouped_mm where available, else loop).
-    """
+    """What to run: ``models`` (names, ``data/models``), ``tokens`` (block step sizes T: one causal prompt of T
+    tokens), ``tp`` (processes of the real run, ranks on GPUs ``0..tp-1``, and the share the sim run simulates;
+    ``ep = tp`` for moe), ``blocks`` (:data:`BLOCKS`), ``strategies`` (attention, door names:
+    :func:`resolve_strategies`), ``arch`` (padding rule and all-reduce model; None: h200), ``device`` (``cuda``:
+    NCCL; ``cpu``: gloo, a dry run), ``warmup`` / ``iters`` (calls before timing / timed), ``kernel_backend`` /
+    ``concat_backend`` (passed to the strategies), ``moe_impl`` (:data:`MOE_IMPLS`: ``grouped_mm`` two
+    ``torch._grouped_mm`` launches, CUDA sm90+; ``loop`` a GEMM pair per expert; ``auto``), ``seed``,
+    ``model_overrides`` (tiny CPU shapes, :func:`tiny_overrides`), ``save_outputs`` (each rank's block output as
+    ``.pt``, for the CPU correctness test), ``runs`` (:data:`RUNS`), ``allreduce_tokens`` (T of the ``[T, hidden]``
+    all-reduce rows, with ``tokens``) and ``allreduce_mib`` (the bytes sweep, MiB; ``[]``: none)."""
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
     tokens: list = field(default_factory=lambda: [4096, 16384])
