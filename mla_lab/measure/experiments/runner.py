@@ -222,6 +222,9 @@ class _Run:
             self.left += 1
             return
         pdir.mkdir(parents=True, exist_ok=True)
+        if not e.between_process:  # its rows are appended: a file left there (--overwrite, --resume) is replaced
+            for f in e.outputs():
+                (pdir / f).unlink(missing_ok=True)
         cmd = [self.opts["python"], *e.command(str(pdir), k, self.opts["engine_root"], self.opts["smoke"])]
         self.log(f"[measure] {e.name} process {k}/{n}: {' '.join(cmd[1:])}")
         t0 = time.time()
