@@ -15,7 +15,7 @@ each window's median. Each part is fitted with the committed layer calibration u
    only, both), the one with the lowest error kept.
 
 Validation (``data/measured/h200/round2/decode_validation.csv``): every configuration predicted by
-:func:`mla_lab.serving.engine_pricer.layer_decode_ms` over the measured op subset, in sample and
+:func:`mla_lab.serving.step_pricer.layer_decode_ms` over the measured op subset, in sample and
 leave-one-model-out (every part refitted on the other model's rows).
 """
 
@@ -38,7 +38,7 @@ from ..models import load_model
 from ..placement import measured_as
 from ..provenance import git_commit
 from ..rank import RankView
-from ..serving.engine_pricer import layer_decode_ms
+from ..serving.step_pricer import layer_decode_ms
 from ..workload import Step as WorkStep
 from .files import provenance, rel
 

@@ -8,7 +8,7 @@ MTP off, async scheduling at vLLM's default: on) on 8 H200; client ``vllm bench 
 --random-input-len 1024 --random-output-len 128 --num-prompts 32 --max-concurrency 32 --request-rate inf
 --ignore-eos --seed 12345``.
 
-How: each step priced by the lab's cost model (``mla_lab.serving.EnginePricer``, committed calibration, the pre-PR
+How: each step priced by the lab's cost model (``mla_lab.serving.CostModelPricer``, committed calibration, the pre-PR
 strategy ``per_call_empty:zeros``: ``new_empty`` pad whose block held zeros; ``per_call_empty:stale`` beside it),
 KV capacity from the memory model (``serve_benchmark``), the components of ``mla_lab.serving.noise`` (API-server
 arrival queue, async scheduling, per-step CPU time, token delivery, cold first large step, step-time noise), and
@@ -45,7 +45,7 @@ from mla_lab.deployment import Deployment
 from mla_lab.measure.spread import between_process
 from mla_lab.paths import REPO_ROOT, calibration_dir, measured_dir, models_dir
 from mla_lab.provenance import git_commit
-from mla_lab.serving import PR_BENCH, BenchConfig, EnginePricer, SchedulerConfig, serve_benchmark
+from mla_lab.serving import PR_BENCH, BenchConfig, CostModelPricer, SchedulerConfig, serve_benchmark
 from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
 from .files import rel as _rel
@@ -275,7 +275,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     noise, measured = noise_config(use_measurements)
     st = dep["strategies"]
     rank = seed_deployment().rank
-    pricers = {s: CachedPricer(EnginePricer(rank, s)) for s in st}
+    pricers = {s: CachedPricer(CostModelPricer(rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
                      num_runs=num_runs, seed=seed, noise=noise)

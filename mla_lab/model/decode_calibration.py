@@ -1,6 +1,6 @@
 """The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200
 (``data/measured/h200/round2/decode_*.csv`` -> ``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits
-decode``), used by :class:`mla_lab.serving.engine_pricer.EnginePricer` on top of the prefill
+decode``), used by :class:`mla_lab.serving.step_pricer.CostModelPricer` on top of the prefill
 :class:`~mla_lab.model.calibration.Calibration`:
 
 - the graph-replay overhead of each roofline class and a fixed cost per attention-path byte-op kernel (eager

@@ -35,7 +35,7 @@ from ..model.ops import layer_ops
 from ..model.timing import op_time_ms
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from ..serving import PR_BENCH, EnginePricer, SchedulerConfig, serve_benchmark
+from ..serving import PR_BENCH, CostModelPricer, SchedulerConfig, serve_benchmark
 from ..serving.noise import NoiseConfig, simulate_once
 from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
@@ -63,8 +63,8 @@ def _deployment() -> Deployment:
 
 def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
     """The lab's decode step of the run (32 tokens, 1088-key contexts) on one rank: ``total_ms`` and ``by_op`` (ms
-    over the 78 layers), :meth:`mla_lab.serving.EnginePricer.price`."""
-    p = EnginePricer(_deployment().rank, strategy)
+    over the 78 layers), :meth:`mla_lab.serving.CostModelPricer.price`."""
+    p = CostModelPricer(_deployment().rank, strategy)
     dec = tuple(DecodeToken(i, CTX) for i in range(BATCH))
     st = Step(decode=dec, cudagraph_mode="FULL", cudagraph_num_tokens=BATCH) if graph else Step(decode=dec)
     r = p.price(st)
@@ -78,7 +78,7 @@ def _revised() -> dict:
     pred = json.loads(PREDICTION_FILE.read_text())
     noise = NoiseConfig.from_record(pred["noise"])
     sched = SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE, async_scheduling=True)
-    m = simulate_once(replace(PR_BENCH, seed=12345), sched, EnginePricer(dep.rank, BEFORE),
+    m = simulate_once(replace(PR_BENCH, seed=12345), sched, CostModelPricer(dep.rank, BEFORE),
                       noise.without_noise()).metrics
     return {k: float(m[k]) for k in ("duration", "request_throughput", "output_throughput", "mean_ttft_ms",
                                      "p99_ttft_ms", "mean_tpot_ms")}
