@@ -90,13 +90,13 @@ def decode_logits(q, kc, w, out):
     return out
 
 
-def check_decode_logits(dev="cuda") -> None:
+def check_decode_logits(dev="cuda", dtype=torch.bfloat16) -> None:
     """:func:`decode_logits` against fp64 torch on fresh inputs (poisoned output). Raises RuntimeError when the
     relative error is 2e-2 or more (nothing is timed then)."""
     g = torch.Generator(device=dev).manual_seed(11)
     for NH in (4, 32, 64):
-        q = torch.randn(3, NH, 128, device=dev, dtype=torch.bfloat16, generator=g)
-        kc = torch.randn(3, 200, q.shape[2], device=dev, dtype=torch.bfloat16, generator=g)
+        q = torch.randn(3, NH, 128, device=dev, dtype=dtype, generator=g)
+        kc = torch.randn(3, 200, q.shape[2], device=dev, dtype=dtype, generator=g)
         w = torch.rand(3, NH, device=dev, generator=g)
         o = decode_logits(q, kc, w, torch.full((3, 200), float("nan"), device=dev))
         ref = (torch.relu(torch.einsum("bhd,bsd->bhs", q.double(), kc.double())) * w.double()[:, :, None]).sum(1)
@@ -117,21 +117,18 @@ def active_experts(tokens: int, model, ep: int) -> tuple[int, int, int]:
 
 class DecodeLayer:
     """Weights (:class:`~mla_lab.measure.layer.Layer`, EP experts, the private workspace's padded heads zero) and the
-    KV and indexer-key caches of one rank (bf16 on CUDA), ``max_rows`` cached tokens."""
+    KV and indexer-key caches of one rank, ``max_rows`` cached tokens (bf16 on CUDA; CPU tests: Triton's
+    interpreter, fp32)."""
 
-    def __init__(self, rank, max_T, max_rows, dev="cuda"):
-        self.rank, self.m, self.dev, self.dtype, self.k = rank, rank.model, dev, torch.bfloat16, Kernels(dev)
+    def __init__(self, rank, max_T, max_rows, dev="cuda", dtype=torch.bfloat16):
+        self.rank, self.m, self.dev, self.dtype, self.k = rank, rank.model, dev, dtype, Kernels(dev)
         self.ep = rank.ep_size or rank.tp
-        dtype = self.dtype
         self.L = Layer(rank.model, rank.tp, rank.arch, dev, dtype, max_T, None, None, False, [("ep", self.ep)],
                        content="zeros")
         self.H, self.Hp = self.L.H, self.L.Hp
         self.g = torch.Generator(device=dev).manual_seed(5)
         self.kv_all = torch.randn(max_rows, 1, D_QK, device=dev, dtype=dtype, generator=self.g)
         self.ik_all = torch.randn(max_rows, self.m.index_head_dim, device=dev, dtype=dtype, generator=self.g)
-
-    def step(self, Bd, c, P=0) -> Step:
-        return Step(self, Bd, c, P)
 
 
 class Step:
@@ -413,7 +410,7 @@ def run(rank, sink, options) -> None:
     with NvmlSampler(0.02) as sampler:
         ctx = SimpleNamespace(sink=sink, sampler=sampler, **s)
         for B, c in shapes:
-            S = D.step(B, c)
+            S = Step(D, B, c)
             time_step(ctx, S, _config(D, S, base), mixed=False)
             if ctx.ops:
                 time_ops(ctx, S, base, done)
@@ -421,7 +418,7 @@ def run(rank, sink, options) -> None:
             del S
             torch.cuda.empty_cache()
         for P in mixed:
-            S = D.step(md, mc, P=P)
+            S = Step(D, md, mc, P=P)
             time_step(ctx, S, {**_config(D, S, base), "notes": (
                 "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
                 "indices; indexer top-k computed, not used")}, mixed=True)
