@@ -27,7 +27,7 @@ from mla_lab.measure.record import log
 from mla_lab.measure.timer import median_ms
 from mla_lab.rank import pad_heads
 
-from .concat_variants import check_concat, host_us
+from .concat_variants import concat_tensors, check_concat, host_us
 
 DEFAULT_T = (1024, 4096, 16384, 32768)
 DEFAULT_H = (8, 16, 32, 64, 128)
@@ -48,10 +48,10 @@ _V2 = {"block_rows": DEFAULT_BLOCK_ROWS, "num_warps": DEFAULT_NUM_WARPS, "stream
 
 def _methods(T, H, Hp) -> tuple:
     """``(a, b, out, {method: (fn, zero_padding, layout, triton config or None)})``, inputs checked first."""
-    r = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    a, b, av, bv = r(T, H, 512), r(T, H, 64), r(H, T, 512).transpose(0, 1), r(T, H, 256)[..., 192:]
-    out, buf, src = r(T, Hp, 576), r(T, H, 576), r(T * H * 576)
-    dst = torch.empty_like(src)
+    t = concat_tensors(T, H, Hp)
+    a, b, out, buf, src, dst = t.a, t.b, t.out, t.buf, t.src, t.dst
+    av = torch.randn(H, T, 512, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
+    bv = torch.randn(T, H, 256, device="cuda", dtype=torch.bfloat16)[..., 192:]
 
     def two_copy(x, y):
         out[:, :H, :512].copy_(x)
@@ -108,17 +108,13 @@ def time_shape(sink, T, H, Hp, s, big_copy_gbps) -> None:
 
 def host_launch(sink, H, Hp, big_copy_gbps) -> None:
     """Host microseconds per call at T 16 (back to back, no sync): there the device time is below the host cost."""
-    a, b = torch.randn(16, H, 512, device="cuda", dtype=torch.bfloat16), torch.randn(16, H, 64, device="cuda",
-                                                                                     dtype=torch.bfloat16)
-    out, buf = torch.empty(16, Hp, 576, device="cuda", dtype=torch.bfloat16), torch.empty(16, H, 576, device="cuda",
-                                                                                          dtype=torch.bfloat16)
-    src = torch.randn(16 * H * 576, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
+    t = concat_tensors(16, H, Hp)
+    a, b, out = t.a, t.b, t.out
     fns = {"concat_mla_q(api, triton)": lambda: concat_mla_q(a, b, out, backend="triton"),
            "concat_mla_q_triton(direct)": lambda: concat_mla_q_triton(a, b, out),
-           "torch_cat": lambda: torch.cat([a, b], dim=-1, out=buf),
+           "torch_cat": lambda: torch.cat([a, b], dim=-1, out=t.buf),
            "two_copy": lambda: (out[:, :H, :512].copy_(a), out[:, :H, 512:].copy_(b)),
-           "d2d_copy": lambda: dst.copy_(src)}
+           "d2d_copy": lambda: t.dst.copy_(t.src)}
     for name, fn in fns.items():
         sink.write("concat_bench.csv", {"T": 16, "H": H, "Hp": Hp, "dtype": "bfloat16", "method": name,
                                         "timing": "host_per_call", "ms": host_us(fn, 2000, 1) * 1e-3,

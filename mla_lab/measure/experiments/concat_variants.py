@@ -155,18 +155,16 @@ def plan(rank, options) -> list[dict]:
 
 
 def _cudart():
-    """The CUDA runtime library (for ``cudaMemcpy2DAsync``), or None."""
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+    """The CUDA runtime library (torch's own first, for ``cudaMemcpy2DAsync``), or None."""
+    import glob
+    import os
+
+    ours = glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "*", "lib", "libcudart*"))
+    for name in sorted(ours) + ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]:
         try:
             return ctypes.CDLL(name)
         except OSError:
             continue
-    import glob
-    import os
-
-    for f in sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "*", "lib",
-                                           "libcudart.so*"))):
-        return ctypes.CDLL(f)
     return None
 
 
@@ -214,7 +212,9 @@ def _method(name, t, H):
     return None, None, *other[name]
 
 
-def _tensors(T, H, Hp):
+def concat_tensors(T, H, Hp) -> SimpleNamespace:
+    """Seeded bf16 inputs on CUDA: ``a [T,H,512]``, ``b [T,H,64]``, ``out [T,Hp,576]``, ``buf [T,H,576]``, ``src`` /
+    ``dst`` (the same bytes flat), ``cat`` (a and b concatenated, contiguous)."""
     torch.manual_seed(T * 131 + H)
     t = SimpleNamespace(a=torch.randn(T, H, 512, device="cuda", dtype=torch.bfloat16),
                         b=torch.randn(T, H, 64, device="cuda", dtype=torch.bfloat16),
@@ -258,7 +258,7 @@ def _cfg_str(variant, cfg) -> str:
 
 def time_shape(s, T, H, sink) -> None:
     """Every method of the set at (T, H): checked, then ``s.rounds`` rotated rounds per timer, one row each."""
-    t = _tensors(T, H, s.Hp)
+    t = concat_tensors(T, H, s.Hp)
     ms = {n: _method(n, t, H) for n in methods(s.which, s.tune)}
     ms = {n: m for n, m in ms.items() if m[2] is not None}  # memcpy2d without a CUDA runtime library
     for n, (_, _, fn, o) in ms.items():
@@ -323,7 +323,7 @@ def host_launch(s, sink) -> None:
     """The host cost per call of the concat's entry points at T 16 (rows ``timer`` = ``host_per_call``), then the
     hot launchers' CUDA-graph check."""
     H, variants = s.heads[0], {"round3": ("v2", "v3"), "round4": ("v2", "v4", "v5")}.get(s.which, ("v2",))
-    t = _tensors(16, H, s.Hp)
+    t = concat_tensors(16, H, s.Hp)
     fns, launchers = {}, {}
     for v in variants:
         fns[f"concat_mla_q({v}, checked)"] = lambda v=v: concat_mla_q(t.a, t.b, t.out, backend="triton", variant=v)

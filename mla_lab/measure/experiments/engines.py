@@ -50,12 +50,13 @@ _FILL = "randn N(0,1), same distribution as the real heads and kv (stands for ac
 _SM = D_QK ** -0.5
 
 
-def _content_shapes(rank):
-    """(T, H, pattern) of the content factor; a causal pattern whose prompt covers T is measured once."""
+def _content_shapes(rank, smoke=False):
+    """(T, H, pattern) of the content factor (smoke: the step's T and the rank's H only); a causal pattern whose
+    prompt covers T is measured once."""
     T_max, H, topk = rank.max_num_batched_tokens, rank.num_heads, rank.model.topk
     seen = set()
-    for T in (T_max, T_max // 4, T_max // 16):
-        for h in [x for x in (H, 2 * H, 4 * H) if x < rank.padded_num_heads]:
+    for T in (T_max,) if smoke else (T_max, T_max // 4, T_max // 16):
+        for h in [x for x in ((H,) if smoke else (H, 2 * H, 4 * H)) if x < rank.padded_num_heads]:
             for pat in (f"causal_{PROMPT}", f"causal_{T_max // 2}", f"full_{topk}"):
                 key = (T, h, min(int(pat[7:]), T) if pat.startswith("causal_") else pat)
                 if key not in seen:
@@ -108,7 +109,7 @@ def time_content(ctx, shape_id, T, H, pat, gen) -> None:
 
 def part_content(ctx) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    for shape_id, (T, H, pat) in enumerate(_content_shapes(ctx.rank), 1):
+    for shape_id, (T, H, pat) in enumerate(_content_shapes(ctx.rank, ctx.smoke), 1):
         time_content(ctx, shape_id, T, H, pat, gen)
         torch.cuda.empty_cache()
 
