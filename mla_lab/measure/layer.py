@@ -240,7 +240,7 @@ def select_implementations(settings: MeasureSettings, use_flash_mla: bool = True
 
 
 def run_kernel_checks(settings: MeasureSettings, sink, log: Callable[[str], None] = print) -> frozenset:
-    """:func:`check_kernels`, one ``correctness`` row per kernel into ``sink`` (tolerance 2e-2 in bf16, 1e-4
+    """:func:`check_kernels`, one ``correctness`` row per kernel into ``sink``'s ``layer_extras.csv`` (tolerance 2e-2 in bf16, 1e-4
     otherwise). Returns the kernels to leave out: ``{"mqa_logits"}`` when that kernel raised or is wrong, else
     empty.
 
@@ -260,7 +260,7 @@ def run_kernel_checks(settings: MeasureSettings, sink, log: Callable[[str], None
     tol = 2e-2 if settings.dtype == torch.bfloat16 else 1e-4
     for check in checks:
         ok = check.error < tol and check.aux_error < tol
-        sink.write({"experiment": "correctness", "name": check.name, "value": check.error,
+        sink.write(EXTRAS_CSV, {"experiment": "correctness", "name": check.name, "value": check.error,
                     "note": f"aux={check.aux_error} tol={tol} ok={ok}"})
         log(f"check {check.name}: rel err {check.error:.2e} aux {check.aux_error:.2e} ok={ok}")
         if not ok and check.name == "mqa_logits":

@@ -37,7 +37,7 @@ from ..deployment import Deployment
 from ..model.ops import layer_ops
 from ..models import ModelConfig
 from ..workload import sum_topk_lengths
-from .layer import LAYER_STRATEGIES, Implementations, MeasureSettings
+from .layer import EXTRAS_CSV, LAYER_STRATEGIES, Implementations, MeasureSettings
 
 __all__ = ["ceilings", "w_uv_slice", "peak_memory", "causal_kernel", "pad_values", "run_extras", "fp8_gemm_rows"]
 
@@ -250,7 +250,7 @@ def run_extras(sink, settings: MeasureSettings, implementations: Implementations
                models: list[tuple[str, ModelConfig]], arch: GPUArch, max_T: int,
                log: Callable[[str], None] = print) -> None:
     """The five ``layer_extras`` experiments in order (:func:`ceilings`, :func:`w_uv_slice`, :func:`peak_memory`,
-    :func:`causal_kernel`, :func:`pad_values`), rows written to ``sink`` (``write(row)``) as they come. Each is
+    :func:`causal_kernel`, :func:`pad_values`), rows written to ``sink``'s ``layer_extras.csv`` as they come. Each is
     guarded on its own: one failing logs its traceback, writes an ``error`` row naming it and does not lose the
     others."""
     experiments = (
@@ -263,11 +263,11 @@ def run_extras(sink, settings: MeasureSettings, implementations: Implementations
     for name, experiment in experiments:
         try:
             for row in experiment():
-                sink.write(row)
+                sink.write(EXTRAS_CSV, row)
             log(f"{name} done")
         except Exception as e:
             log(f"{name} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-            sink.write({"experiment": "error", "name": name, "note": f"{type(e).__name__}: {str(e)[:200]}"})
+            sink.write(EXTRAS_CSV, {"experiment": "error", "name": name, "note": f"{type(e).__name__}: {str(e)[:200]}"})
 
 
 def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, tokens: list[int]) -> Iterator[dict]:

@@ -9,16 +9,13 @@ run's log.
   records its canonical ``strategy`` and the ``content`` of its padded heads.
 - :func:`paired_timing` (two callables timed alternately), :func:`moe_variants`, :func:`layer_kinds`,
   :func:`ops_to_time`.
-- :func:`open_sinks` (:class:`mla_lab.measure.record.CsvSink` s: rows appended as they are measured, so a killed
-  run loses nothing measured), :class:`RowList` (in memory), :func:`read_rows`, :class:`RunLog` (timestamped
-  progress lines, kept for the run's log file).
+- :data:`LAYER_OUTPUTS` (the files a run writes through one :class:`mla_lab.measure.record.Sink`: rows appended as
+  they are measured, so a killed run loses nothing measured) and :func:`read_rows`.
 """
 
 from __future__ import annotations
 
 import csv
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Sequence
 
@@ -41,12 +38,13 @@ from .layer import (
     Layer,
     MeasureSettings,
 )
-from .record import CsvSink
 from .timer import interleaved, summarize
 
 __all__ = ["PairedTiming", "paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops",
-           "measure_layers", "measure_layer_pairs", "run_layer_benchmark", "RowList", "LayerSinks", "open_sinks",
-           "read_rows", "RunLog"]
+           "measure_layers", "measure_layer_pairs", "run_layer_benchmark", "LAYER_OUTPUTS", "read_rows"]
+
+#: The files one layer run writes (its :class:`~mla_lab.measure.record.Sink`'s outputs).
+LAYER_OUTPUTS = {OPS_CSV: OPS_COLUMNS, E2E_CSV: E2E_COLUMNS, EXTRAS_CSV: EXTRAS_COLUMNS}
 
 
 class PairedTiming(NamedTuple):
@@ -230,13 +228,14 @@ def measure_layer_pairs(layer: Layer, model_name: str, T: int, variant: tuple[st
 
 
 def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], tokens: list[int], arch: GPUArch,
-                        settings: MeasureSettings, implementations: Implementations, sinks: "LayerSinks",
+                        settings: MeasureSettings, implementations: Implementations, sink,
                         log: Callable[[str], None] = print, pairs: int = 0, skip_e2e: bool = False,
                         strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> None:
     """Every model x TP x T: the ops (:func:`measure_ops`, each unique shape once over the whole run) and, unless
     ``skip_e2e``, per layer kind the layer end to end (:func:`measure_layers`; under ``ep`` only at the largest
     TP) then, with ``pairs`` > 0, its interleaved pairs of the first two ``strategies`` (:func:`measure_layer_pairs`). One :class:`Layer` per (model, tp), sized
-    for ``max(tokens)``. Rows go to ``sinks`` as they are measured. Failures are logged and skipped (a failed
+    for ``max(tokens)``. Rows go to ``sink`` (a :class:`~mla_lab.measure.record.Sink` over
+    :data:`LAYER_OUTPUTS`) as they are measured. Failures are logged and skipped (a failed
     allocation skips that (model, tp)); the deadline stops the run.
     """
     max_T = max(tokens)
@@ -260,13 +259,13 @@ def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], t
                 for variant in variants:
                     for row in measure_ops(layer, model_name, T, variant, arch, settings, implementations, measured,
                                            log, strategies):
-                        sinks.ops.write(row)
+                        sink.write(OPS_CSV, row)
                     if skip_e2e or (variant[0] == "ep" and tp != max(tps)):
                         continue
                     for kind in layer_kinds(variant):
                         for row in measure_layers(layer, model_name, T, variant, kind, settings, implementations,
                                                   log, strategies):
-                            sinks.e2e.write(row)
+                            sink.write(E2E_CSV, row)
                         if not pairs or len(strategies) < 2 or settings.out_of_time():
                             continue
                         try:
@@ -278,45 +277,12 @@ def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], t
                                 torch.cuda.empty_cache()
                             continue
                         for row in layer_rows:
-                            sinks.e2e.write(row)
-                        sinks.extras.write(delta_row)
-                log(f"{model_name} tp={tp} T={T}: {sinks.ops.n} op rows, {sinks.e2e.n} e2e rows")
+                            sink.write(E2E_CSV, row)
+                        sink.write(EXTRAS_CSV, delta_row)
+                log(f"{model_name} tp={tp} T={T}: {sink.rows.get(OPS_CSV, 0)} op rows, {sink.rows.get(E2E_CSV, 0)} e2e rows")
             del layer
             if settings.gpu:
                 torch.cuda.empty_cache()
-
-
-# ------------------------------------------------------------------------------------------------ rows, log
-
-
-class RowList(list):
-    """A sink that keeps rows in memory (``write`` appends; ``n`` the count): for tests and notebooks."""
-
-    def write(self, row: dict) -> None:
-        self.append(dict(row))
-
-    @property
-    def n(self) -> int:
-        return len(self)
-
-
-@dataclass
-class LayerSinks:
-    """Where a run's rows go: ``ops`` (``layer_ops.csv``), ``e2e`` (``layer_e2e.csv``), ``extras``
-    (``layer_extras.csv``); anything with ``write(row)`` and ``n``."""
-
-    ops: object
-    e2e: object
-    extras: object
-
-
-def open_sinks(out_dir: str | Path, provenance: dict) -> LayerSinks:
-    """:class:`CsvSink` s for the three files in ``out_dir`` (created), every row carrying ``provenance``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return LayerSinks(CsvSink(out_dir / OPS_CSV, OPS_COLUMNS, provenance),
-                      CsvSink(out_dir / E2E_CSV, E2E_COLUMNS, provenance),
-                      CsvSink(out_dir / EXTRAS_CSV, EXTRAS_COLUMNS, provenance))
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -325,25 +291,3 @@ def read_rows(path: str | Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-class RunLog:
-    """Progress lines stamped with the seconds since ``start`` (default: now), printed as they come (``echo``) and
-    kept in ``lines`` for the run's log file (:meth:`write`). Call it like ``print``."""
-
-    def __init__(self, start: float | None = None, echo: bool = True):
-        self.start = time.time() if start is None else start
-        self.echo = echo
-        self.lines: list[str] = []
-
-    def __call__(self, *parts) -> None:
-        line = f"[{self.elapsed():7.1f}s] " + " ".join(str(p) for p in parts)
-        self.lines.append(line)
-        if self.echo:
-            print(line, flush=True)
-
-    def elapsed(self) -> float:
-        return time.time() - self.start
-
-    def write(self, path: str | Path) -> None:
-        Path(path).write_text("\n".join(self.lines) + "\n")

@@ -21,12 +21,17 @@ Inputs are the three CSVs one run of ``mla_lab/measure/experiments/layer_calibra
   - ``extra``: the sparse kernel with causal ``topk_length`` (``kernel_topk_length`` rows) against FLOPs at the
     fitted kernel efficiency.
 
-:func:`mape_summary` gives the per-(level, split, class) MAPE table the run prints.
+:func:`mape_summary` gives the per-(level, split, class) MAPE table the run prints. The refit door:
+``python -m mla_lab.measure.validate --fit-only DIR --cal-out PATH [--validation-out PATH] [--overwrite]``
+(:func:`main`; the folder read is never written).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import os
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -34,12 +39,14 @@ from ..arch import GPUArch
 from ..model.calibration import Calibration, fit_calibration, write_calibration_csv
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms, predict_measured_op_ms
-from ..models import ModelConfig
+from ..models import ModelConfig, load_model
+from ..paths import is_committed
 from ..placement import measured_as
+from ..provenance import PROVENANCE_COLUMNS, provenance
 from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV
 from .layer_runs import measured_rank, read_rows
 
-__all__ = ["VALIDATION_COLUMNS", "leave_one_model_out", "validation_rows", "mape_summary", "fit_and_validate"]
+__all__ = ["VALIDATION_COLUMNS", "leave_one_model_out", "validation_rows", "mape_summary", "fit_and_validate", "main"]
 
 #: Columns of ``layer_validation.csv`` before the provenance columns.
 VALIDATION_COLUMNS = ["level", "split", "model", "tp", "moe_parallel", "T", "name", "op_class", "measured_ms",
@@ -179,3 +186,52 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
             f"bytes={fitted['eff_bytes']:.3f} overhead={fitted['floor_us']}us ({fitted['overhead_mode']}) "
             f"n={fitted['n']} mape={fitted['mape_pct']:.1f}%")
     return calibration
+
+
+def _outputs(ap, a) -> tuple[Path, Path]:
+    """``--cal-out`` (required: the folder read is never written) and ``--validation-out`` (default
+    ``layer_validation.csv`` beside it), checked before anything is fitted: a committed file (tracked by git) is
+    replaced only with ``--overwrite``; a folder or an unwritable path never."""
+    if not a.cal_out:
+        ap.error(f"--fit-only {a.fit_only} needs --cal-out PATH (the calibration CSV to write; nothing is written "
+                 "into the folder read), e.g. --cal-out /tmp/h200_ops.csv")
+    cal = Path(a.cal_out)
+    val = Path(a.validation_out) if a.validation_out else cal.with_name(VALIDATION_CSV)
+    if cal.resolve() == val.resolve():
+        ap.error(f"--cal-out and --validation-out are one file ({cal}); allowed: two paths")
+    for flag, p in (("--cal-out", cal), ("--validation-out", val)):
+        if p.is_dir() or (p.exists() and not p.is_file()):
+            ap.error(f"{flag} {p} is not a regular file; allowed: a CSV path")
+        if is_committed(p) and not a.overwrite:
+            ap.error(f"{flag} {p} is a committed file (tracked by git); allowed: another path, or --overwrite to "
+                     "replace it")
+        folder = next((q for q in [p.parent.absolute(), *p.parent.absolute().parents] if q.exists()), None)
+        if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or \
+                (p.exists() and not os.access(p, os.W_OK)):
+            ap.error(f"{flag} {p} is not writable; allowed: a path in a writable folder")
+        p.parent.mkdir(parents=True, exist_ok=True)
+    return cal, val
+
+
+def main(argv=None) -> int:
+    """Refit the calibration from a measured folder's CSVs (module docstring); the fitted efficiencies inherit the
+    provenance of the measurements, ``fit_commit`` the commit that fitted them. Exit 2 (argparse) on bad paths."""
+    from ..arch import get_arch
+
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.measure.validate", description=__doc__.split("\n")[0])
+    ap.add_argument("--fit-only", required=True, metavar="DIR", help="refit from the CSVs in DIR (read only)")
+    ap.add_argument("--cal-out", default=None, help="the calibration CSV to write (required)")
+    ap.add_argument("--validation-out", default=None, help="the validation CSV (default beside --cal-out)")
+    ap.add_argument("--overwrite", action="store_true", help="let the outputs replace a committed file")
+    a = ap.parse_args(argv)
+    cal, val = _outputs(ap, a)
+    ops = read_rows(Path(a.fit_only) / OPS_CSV)
+    prov = {k: ops[0][k] for k in PROVENANCE_COLUMNS if k in ops[0]} if ops else provenance("modelled")
+    prov["fit_commit"] = provenance("modelled")["git_commit"]
+    models = {n: load_model(n) for n in ("glm-5", "deepseek-v3.2")}
+    fit_and_validate(a.fit_only, get_arch("h200"), prov, models, cal, log=print, validation_path=val)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
