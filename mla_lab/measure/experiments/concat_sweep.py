@@ -27,7 +27,7 @@ from mla_lab.measure.record import log
 from mla_lab.measure.timer import median_ms
 from mla_lab.rank import pad_heads
 
-from .concat_variants import concat_tensors, check_concat, host_us
+from .concat_variants import check_concat, concat_tensors, host_us
 
 DEFAULT_T = (1024, 4096, 16384, 32768)
 DEFAULT_H = (8, 16, 32, 64, 128)

@@ -33,6 +33,7 @@ from mla_lab.measure.record import NvmlSampler, log
 from mla_lab.measure.timer import est_ms, graphed, timed_window
 from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
 
+from ._common import ranks_of
 from .engine_presets import D_QK, causal_indices
 
 #: The attention paths timed (the first version's rows label them unfused / fused: mla_lab.placement.measured_as).
@@ -51,7 +52,9 @@ LAYER_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", 
 OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "content",
             "c_dependent", "repeat", "inner", "ms", "status"]
 OUTPUTS = {"decode_layer.csv": LAYER_COLS, "decode_attn.csv": LAYER_COLS, "decode_ops.csv": OPS_COLS}
-#: (B, c) of a full run per rank; the mixed steps (P prefill tokens + 32 decode tokens at c 4096) follow them.
+#: The models measured (parameter ``models``), each at the rank's TP and GPU.
+MODELS = ("glm-5", "deepseek-v3.2")
+#: (B, c) of a full run per model; the mixed steps (P prefill tokens + 32 decode tokens at c 4096) follow them.
 SHAPES = [(B, c) for B in (1, 4, 16, 64, 128, 256) for c in (1024, 4096, 8192)]
 MIXED = (2048, 8192)
 #: The smoke run's shapes and mixed step.
@@ -389,39 +392,47 @@ def _settings(options) -> dict:
 
 
 def plan(rank, options) -> list[dict]:
-    """What :func:`run` measures on ``rank``: one entry per decode shape and mixed step."""
+    """What :func:`run` measures per model: one entry per decode shape and mixed step."""
     s = _settings(options)
     return ([{"what": "decode", "batch": B, "context": c} for B, c in s["shapes"]]
             + [{"what": "mixed", "prefill_tokens": P, "batch": s["mixed_decode"], "context": s["mixed_context"]}
                for P in s["mixed"]])
 
 
-def run(rank, sink, options) -> None:
-    """Every decode shape (layer, attention path, ops) and every mixed step of :func:`plan` on ``rank`` (its model,
-    TP, EP size, heads and padded heads), rows into :data:`OUTPUTS`. Raises RuntimeError when the decode logits
-    kernel is wrong (nothing is timed then)."""
-    s = _settings(options)
-    check_decode_logits()
-    shapes, mixed, md, mc = s["shapes"], s["mixed"], s["mixed_decode"], s["mixed_context"]
+def measure_rank(ctx, rank) -> None:
+    """Every decode shape (layer, attention path, ops) and every mixed step of ``ctx`` on ``rank`` (its model, TP,
+    EP size, heads and padded heads)."""
+    shapes, mixed, md, mc = ctx.shapes, ctx.mixed, ctx.mixed_decode, ctx.mixed_context
     D = DecodeLayer(rank, max([B for B, _ in shapes] + [P + md for P in mixed]),
                     max([B * c for B, c in shapes] + [P + md * mc for P in mixed]))
     base = {"model": rank.model.name, "tp": rank.tp, "ep": D.ep, "H": D.H, "Hp": D.Hp}
     done: set = set()
+    for B, c in shapes:
+        S = Step(D, B, c)
+        time_step(ctx, S, _config(D, S, base), mixed=False)
+        if ctx.ops:
+            time_ops(ctx, S, base, done)
+        log(f"{rank.model.name} B={B} c={c}: done")
+        del S
+        torch.cuda.empty_cache()
+    for P in mixed:
+        S = Step(D, md, mc, P=P)
+        time_step(ctx, S, {**_config(D, S, base), "notes": (
+            "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
+            "indices; indexer top-k computed, not used")}, mixed=True)
+        log(f"{rank.model.name} mixed P={P}+{md}x{mc}: done")
+        del S
+        torch.cuda.empty_cache()
+
+
+def run(rank, sink, options) -> None:
+    """:func:`measure_rank` for each of parameter ``models`` (``glm-5,deepseek-v3.2``; smoke: the rank's model) at
+    the rank's TP and GPU, rows into :data:`OUTPUTS`. Raises RuntimeError when the decode logits kernel is wrong
+    (nothing is timed then)."""
+    check_decode_logits()
+    ranks = [rank] if options.smoke else ranks_of(rank, options.param("models", MODELS))
     with NvmlSampler(0.02) as sampler:
-        ctx = SimpleNamespace(sink=sink, sampler=sampler, **s)
-        for B, c in shapes:
-            S = Step(D, B, c)
-            time_step(ctx, S, _config(D, S, base), mixed=False)
-            if ctx.ops:
-                time_ops(ctx, S, base, done)
-            log(f"{rank.model.name} B={B} c={c}: done")
-            del S
-            torch.cuda.empty_cache()
-        for P in mixed:
-            S = Step(D, md, mc, P=P)
-            time_step(ctx, S, {**_config(D, S, base), "notes": (
-                "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
-                "indices; indexer top-k computed, not used")}, mixed=True)
-            log(f"{rank.model.name} mixed P={P}+{md}x{mc}: done")
-            del S
+        ctx = SimpleNamespace(sink=sink, sampler=sampler, **_settings(options))
+        for r in ranks:
+            measure_rank(ctx, r)
             torch.cuda.empty_cache()

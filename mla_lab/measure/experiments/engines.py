@@ -10,10 +10,12 @@ check; the FlashMLA sparse kernel (:class:`mla_lab.kernels.device.Kernels`), hea
    [T, 6144] x [6144, 4096], untimed). Repeats alternate zeros / stale (order flipped every repeat); a row per
    window: per-call median, mean, p10, p90 (CUDA events around each call) and the NVML medians over the window.
 2. ``presets.csv``: the attention path of one layer call per preset (:data:`~.engine_presets.PRESET_DOC`;
-   :class:`~.engine_presets.Presets`) at the rank's seed step (1024-token causal prompts) and at full topk, repeats
+   :class:`~.engine_presets.Presets`) per model (parameter ``models``: ``glm-5,deepseek-v3.2`` at the rank's TP) at
+   the rank's step of 1024-token causal prompts and at full topk, repeats
    interleaved across presets, with the call's peak memory above its baseline, the persistent bytes, what the padded
    heads held and the real heads' max abs difference against the private zeroed workspace's call.
-3. ``nan.csv``: padded heads NaN / inf in the workspace: are the real heads identical to the zero-padded call's?
+3. ``nan.csv``: padded heads NaN / inf in the workspace, per model: are the real heads identical to the zero-padded
+   call's?
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from mla_lab.kernels.device import Kernels
 from mla_lab.measure.record import NvmlSampler, log
 from mla_lab.measure.timer import est_ms, timed_window
 
-from ._common import PROMPT
+from ._common import PROMPT, ranks_of
 from .engine_presets import D_QK, D_V, PRESET_DOC, Presets, as_tensor, call_peak, content_of, make_pattern
 
 CONTENT_COLS = ["experiment", "shape_id", "H", "Hp", "T", "pattern", "prompt_len", "s_kv", "topk", "sum_topk",
@@ -45,7 +47,8 @@ OUTPUTS = {"content.csv": CONTENT_COLS, "presets.csv": PRESET_COLS, "nan.csv": N
 #: (part, H or model, T, pattern or preset) on the seed rank (GLM-5 TP 8: 8 of 64 heads, T 16384)
 SHAPES = ([("content", H, T, p) for H in (8, 16, 32) for T in (1024, 4096, 16384)
            for p in ("causal_1024", "causal_8192", "full")]
-          + [("presets", "glm-5", 16384, label) for label in PRESET_DOC] + [("nan", "glm-5", 16384, "nan")])
+          + [(part, m, 16384, label) for m in ("glm-5", "deepseek-v3.2")
+             for part, label in [*(("presets", x) for x in PRESET_DOC), ("nan", "nan")]])
 _FILL = "randn N(0,1), same distribution as the real heads and kv (stands for activations)"
 _SM = D_QK ** -0.5
 
@@ -107,9 +110,9 @@ def time_content(ctx, shape_id, T, H, pat, gen) -> None:
     log(f"content T={T} H={H} {pat}: n={n}, real heads equal={facts['out_equal']}")
 
 
-def part_content(ctx) -> None:
+def part_content(ctx, rank) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    for shape_id, (T, H, pat) in enumerate(_content_shapes(ctx.rank, ctx.smoke), 1):
+    for shape_id, (T, H, pat) in enumerate(_content_shapes(rank, ctx.smoke), 1):
         time_content(ctx, shape_id, T, H, pat, gen)
         torch.cuda.empty_cache()
 
@@ -139,8 +142,8 @@ def _built(ctx, P, name, S, ref) -> dict:
         "concat_impl": impls[0], "kernel_impl": impls[1], "description": PRESET_DOC[name]}}
 
 
-def part_presets(ctx) -> None:
-    rank, T = ctx.rank, ctx.rank.max_num_batched_tokens
+def part_presets(ctx, rank) -> None:
+    T = rank.max_num_batched_tokens
     sub_S = [T // 2, T] if ctx.smoke else [T // 16, T // 8, T // 4, T // 2, T]
     names = [(n, None) for n in list(PRESET_DOC)[:6]] + [("subchunk", S) for S in sub_S] + [
         ("subchunk_views", S) for S in sub_S] + [("subchunk_2stream", S) for S in sub_S[1:3]]
@@ -168,13 +171,13 @@ def part_presets(ctx) -> None:
         torch.cuda.empty_cache()
 
 
-def part_nan(ctx) -> None:
-    rank, T, H = ctx.rank, ctx.rank.max_num_batched_tokens, ctx.rank.num_heads
+def part_nan(ctx, rank) -> None:
+    T, H, Hp = rank.max_num_batched_tokens, rank.num_heads, rank.padded_num_heads
     gen = torch.Generator(device="cuda").manual_seed(7)
     pat = f"causal_{PROMPT}"
     s_kv, idx, tl, _, _ = make_pattern(pat, T, "cuda", gen, rank.model.topk, 2 * T)
     kv = torch.randn(s_kv, 1, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
-    q = torch.randn(T, ctx.Hp, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(T, Hp, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
     q[:, H:].zero_()
     call = lambda: ctx.k.kernel(q, kv, idx, _SM, tl)  # noqa: E731
     ref, ms_zeros = call()[:, :H].clone(), est_ms(call)
@@ -184,7 +187,7 @@ def part_nan(ctx) -> None:
         torch.cuda.synchronize()
         d = float((o.float() - ref.float()).abs().max())
         ctx.sink.write("nan.csv", {"experiment": "nan_padding", "model": rank.model.name, "tp": rank.tp, "H": H,
-                                   "Hp": ctx.Hp, "pattern": pat, "T": T, "pad_fill": fill, "max_abs_diff": d,
+                                   "Hp": Hp, "pattern": pat, "T": T, "pad_fill": fill, "max_abs_diff": d,
                                    "bit_identical": bool(torch.equal(o, ref)), "ms_zeros": ms_zeros,
                                    "real_heads_nonfinite": int((~torch.isfinite(o)).sum()), "ms_fill": est_ms(call),
                                    "status": "ok"})
@@ -192,10 +195,12 @@ def part_nan(ctx) -> None:
 
 
 PARTS = {"nan": part_nan, "presets": part_presets, "content": part_content}
+#: The parts run once per model (parameter ``models``); the content factor sweeps H on the rank's padding.
+PER_MODEL = ("nan", "presets")
 
 
 def run(rank, sink, options) -> None:
-    """Parameters: ``parts``; ``repeats`` (content, 5), ``preset_repeats`` (7), ``window_ms`` (120) and
+    """Parameters: ``parts``, ``models``; ``repeats`` (content, 5), ``preset_repeats`` (7), ``window_ms`` (120) and
     ``preset_window_ms`` (50) per timed window, ``min_calls`` / ``max_calls`` (5 / 300); smoke: 2 repeats, 5 ms
     windows. Raises ValueError on an unknown part."""
     parts = options.param("parts", tuple(PARTS))
@@ -210,6 +215,8 @@ def run(rank, sink, options) -> None:
             window_ms=5.0 if smoke else options.param("window_ms", 120.0),
             preset_window_ms=5.0 if smoke else options.param("preset_window_ms", 50.0),
             min_calls=options.param("min_calls", 5), max_calls=options.param("max_calls", 300))
+        ranks = [rank] if smoke else ranks_of(rank, options.param("models", ("glm-5", "deepseek-v3.2")))
         for part in parts:
-            PARTS[part](ctx)
+            for r in ranks if part in PER_MODEL else [rank]:
+                PARTS[part](ctx, r)
             log(f"engines: {part} done")
