@@ -295,7 +295,8 @@ def test_concat_variants_sets(which, methods, csv):
 @pytest.mark.parametrize("params,fragment", [
     ({"set": "round5"}, "--param set='round5'; allowed: round3"),
     ({"set": "hints", "tune": "true"}, "tune=true applies to set round3 only"),
-    ({"heads": "8,128"}, "--param heads=128: allowed: integers >= 1, heads <= the rank's padded heads 64"),
+    ({"heads": "8,128"}, "--param heads=128: allowed: integers >= 1, heads <= the padded heads 64"),
+    ({"heads": "8", "padded_heads": "4"}, "--param heads=8: allowed: integers >= 1, heads <= the padded heads 4"),
     ({"tokens": "0"}, "--param tokens=0: allowed"),
     ({"rounds": "0"}, "--param rounds=0: allowed"),
     ({"set": "round4", "heads": "12"}, "set round4 runs v5 (TMA stores)"),

@@ -108,9 +108,9 @@ def methods(which: str, tune: bool = True) -> list[str]:
 
 
 def settings(rank, options) -> SimpleNamespace:
-    """The parameters (``set``, ``tokens``, ``heads``, ``timers``, ``rounds``, ``rep``, ``host_calls``, ``tune``) of
-    one run on ``rank``, checked. Raises ValueError: one line naming the parameter, the value and what is allowed."""
-    T_max, Hp = rank.max_num_batched_tokens, rank.padded_num_heads
+    """The parameters (``set``, ``tokens``, ``heads``, ``padded_heads`` (the rank's), ``timers``, ``rounds``, ``rep``,
+    ``host_calls``, ``tune``) of one run on ``rank``, checked. Raises ValueError: one line naming the parameter, the value and what is allowed."""
+    T_max, Hp = rank.max_num_batched_tokens, options.param("padded_heads", rank.padded_num_heads)
     s = SimpleNamespace(which=options.param("set", "round3"), Hp=Hp, rounds=options.param("rounds", 3),
                         rep=options.param("rep", 100), host_calls=options.param("host_calls", 1000),
                         tokens=options.param("tokens", tuple(sorted({T_max // 4, T_max}))),
@@ -127,7 +127,7 @@ def settings(rank, options) -> SimpleNamespace:
     bad += [f"timers={t}" for t in s.timers if t not in TIMERS]
     if bad or max(s.heads) > Hp:
         raise ValueError(f"--param {(bad or [f'heads={max(s.heads)}'])[0]}: allowed: integers >= 1, heads <= the "
-                         f"rank's padded heads {Hp}, timers of {TIMERS}")
+                         f"padded heads {Hp}, timers of {TIMERS}")
     if s.which == "round4" and any(h > 32 or h & (h - 1) for h in s.heads):
         raise ValueError(f"--param heads={s.heads}: set round4 runs v5 (TMA stores), which needs a power of two <= "
                          "32 real heads; allowed: 1, 2, 4, 8, 16, 32")
