@@ -102,8 +102,8 @@ PACKED_LABEL_SHORT = "packed (mla_lab kernel)"
 DISPATCH_MARGIN = 0.98
 #: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
 PROGRAMS_PER_SM = 2
-#: The measured shapes' geometry (mla_lab.measure.experiments.packed_kernels: T_TOKENS, HEADS, TOPK, the seed's
-#: 1024-token causal prompts) and its tokens per group there (g = 64 / 8).
+#: The measured shapes' geometry (mla_lab.measure.experiments.packed_kernels on the seed rank: T 16384, 8 heads, topk
+#: 2048, the seed's 1024-token causal prompts) and its tokens per group there (g = 64 / 8).
 SEED_PROMPT_LEN = 1024
 MEASURED_G = 8
 #: Row kernels the fit reads.
