@@ -1,28 +1,17 @@
-"""The Q concat into the rank's padded [T, H', 576] workspace (issue 23, rounds 3-4): kernel variants, the layout's
-own cost, cache hints and the host launch cost. Parameter ``set`` picks the methods and the file (a set never writes
-another set's rows; :data:`FILES`):
+"""The Q concat into the padded [T, H', 576] workspace (issue 23, rounds 3-4): kernel variants, the layout's own
+cost, cache hints, the host launch cost. Parameter ``set`` picks the methods and the file (:data:`FILES`, one per
+set; :func:`methods`): ``round3`` (v2, v3, :data:`TUNE`), ``round4`` (the persistent v4 and the TMA-store v5,
+:data:`TUNE4`; v2 with streaming hints; ``memcpy2d``: ``cudaMemcpy2DAsync`` into the same gapped layout),
+``ceiling`` (the layout's cost with the kernel held fixed, :mod:`mla_lab.measure.bandwidth`: one-source copies and
+zero fills into the padded and an unpadded buffer, ``memset``), ``hints`` / ``hints_clean`` (v2 with the cache
+hints of :data:`HINTS`; ``hints_clean`` without evict_last, whose protected L2 lines survive the timer's flush).
+Every set also times ``*_unpadded`` (the kernel into ``[T, H, 576]``: the gapped-write cost) and ``copy`` (the same
+bytes, the ceiling); every method writing the workspace is first checked bitwise (:func:`check_concat`).
 
-- ``round3``: v2, v3 and :data:`TUNE` (``tune``, default true), both timers;
-- ``round4``: v2, the persistent span kernel v4 and TMA stores v5 (:data:`TUNE4`; v5 needs H a power of two
-  <= 32), v2 with streaming hints, each variant's unpadded ceiling, ``memcpy2d`` (``cudaMemcpy2DAsync`` of a
-  contiguous ``[T, H, 576]`` source into the same gapped layout);
-- ``ceiling``: the layout's cost with the kernel held fixed (:mod:`mla_lab.measure.bandwidth`): ``copy1_*`` (one
-  source) and ``fill_*`` (zeros, write only) into the padded and an unpadded buffer, ``memset``;
-- ``hints`` / ``hints_clean``: v2 with the load-eviction / store-cache pairs of :data:`HINTS` (``hints_clean``
-  without evict_last, whose protected L2 lines survive the timer's flush: docs/perf-notes.md).
-
-Every set also times ``v2`` into the padded workspace, ``*_unpadded`` (the same kernel into ``[T, H, 576]``: the
-gapped-write cost) and ``copy`` (``dst.copy_(src)`` of the same bytes, the ceiling). Every method that writes the
-workspace is checked bitwise against ``torch.cat`` on a NaN-poisoned output (padded heads must stay NaN) first.
-
-Bytes ``2 T H 576 2`` (read + write; write-only rows one way), ``gbps`` from them, ``pct_of_copy`` = copy time /
-method time in the same round and timer. Timers (parameter ``timers``; round3 both, the others ``graph``), device
-time: ``graph`` (:func:`mla_lab.measure.timer.median_ms` ``graph=True``: one call per CUDA-graph replay under
-do_bench, L2 flushed before each: issue 23's figures) and ``cudagraph`` (``triton.testing.do_bench_cudagraph``:
-calls back to back, no flush). ``rounds`` rounds per (shape, method, timer), the order rotated. Host launch (T 16,
-eager, back to back, ``host_calls`` calls, median of 5; perf_counter then a sync): ``concat_mla_q`` (checked), the
-launcher's hot path (its ``path``) and its ``jit`` fallback, ``concat_mla_q_triton`` and ``torch.cat``; and the
-launcher captured in a CUDA graph replays new inputs bitwise (``graph_capture_ok``). Rows in us.
+Bytes ``2 T H 576 2`` (read + write; write-only rows one way); ``pct_of_copy`` = copy time / method time in the same
+round and timer. Timers (device time): ``graph`` (:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2
+flushed: issue 23's figures) and ``cudagraph`` (``triton.testing.do_bench_cudagraph``: back to back, no flush).
+Host launch (T 16, back to back): :func:`host_launch`. Rows in us.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The decode experiment: one per-rank MoE decode layer (and mixed prefill + decode steps), its attention path and
 every op alone, the bf16 sparse kernel reading the padded Q workspace (vLLM sends every token of a bf16-KV step
-down the sparse path, decode included: vLLM ``mla_attention.py``).
+down the sparse path, decode included: vLLM ``mla_attention.py``). Weights: :class:`mla_lab.measure.layer.Layer`
+(TP attention, EP experts; no communication, KV-cache write and RoPE). The ops in order: :meth:`Step.ops`; the
+attention path per strategy: :data:`STRATEGIES` (``per_call_zeros``: concat into [B, H, 576], ``new_zeros`` pad,
+copy; ``private_workspace``: concat into the zeroed padded workspace), then the kernel (topk_length min(c, topk)).
 
-The layer per rank (TP attention, EP experts, no communication; KV-cache write and RoPE not timed), weights from
-:class:`mla_lab.measure.layer.Layer`: input RMSNorm (fused add), q_a_proj, RMSNorm, q_b_proj; kv_a_proj, RMSNorm;
-W_UK bmm; indexer q / k / weights projections, decode logits over each request's c cached keys
-(:func:`decode_logits`), top-k (k = min(c, topk)), local -> global slots; the attention path of the strategy
-(:data:`STRATEGIES`: ``per_call_zeros`` = concat into [B, H, 576] + ``new_zeros`` pad + copy, ``private_workspace``
-= concat into the zeroed padded workspace) and the sparse kernel (``topk_length`` = min(c, topk)); W_UV bmm; o_proj;
-RMSNorm; router; routed experts as ``bmm`` over the active local experts (:func:`active_experts`), SiLU*mul, down,
-sum; the shared expert.
-
-Rows (ms): ``decode_layer.csv`` per (B, c, strategy, mode): ``eager`` and ``graph`` (CUDA-graph replay, as vLLM's
+Rows (ms): ``decode_layer.csv`` per (B, c, strategy, mode), ``eager`` and ``graph`` (CUDA-graph replay, as vLLM's
 full decode graphs); mixed steps (a P-token chunk of one new prompt + decode tokens) eager only (vLLM runs them
-piecewise, attention eager). ``decode_attn.csv``: the attention path alone, same keys. ``decode_ops.csv``: each op
-alone (graph replay of ``op_inner`` calls, ms per call), per B and, for the c-dependent ops, per c. Strategies
-interleaved, order flipped every repeat.
+piecewise). ``decode_attn.csv``: the attention path alone. ``decode_ops.csv``: each op alone (graph replay of
+``op_inner`` calls, ms per call) per B and, for the c-dependent ops, per c. Strategies interleaved, order flipped
+every repeat.
 """
 
 from __future__ import annotations

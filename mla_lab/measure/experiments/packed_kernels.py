@@ -29,8 +29,8 @@ Kernels (``kernel`` column):
                           build included where a packed path is picked
 ========================  ============================================================================================
 
-``U`` / ``S`` columns: the mean union and shared sizes per group over topk; ``max_abs_err``: the ``check`` rows
-(packed vs the fp32 reference, :func:`mla_lab.kernels.reference.sparse_mla_prefill_ref`).
+``U`` / ``S``: the mean union and shared sizes per group over topk; ``max_abs_err``: the ``check`` rows (packed vs
+the fp32 reference).
 """
 
 from __future__ import annotations
