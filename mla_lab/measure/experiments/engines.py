@@ -9,13 +9,11 @@ check; the FlashMLA sparse kernel (:class:`mla_lab.kernels.device.Kernels`), hea
    over 2 T keys). Modes ``alone`` (calls back to back) and ``interleaved`` (each call followed by a bf16 GEMM
    [T, 6144] x [6144, 4096], untimed). Repeats alternate zeros / stale (order flipped every repeat); a row per
    window: per-call median, mean, p10, p90 (CUDA events around each call) and the NVML medians over the window.
-2. ``presets.csv``: the attention path of one layer call per preset (:data:`~.engine_presets.PRESET_DOC`;
-   :class:`~.engine_presets.Presets`) per model (parameter ``models``: ``glm-5,deepseek-v3.2`` at the rank's TP) at
-   the rank's step of 1024-token causal prompts and at full topk, repeats
-   interleaved across presets, with the call's peak memory above its baseline, the persistent bytes, what the padded
-   heads held and the real heads' max abs difference against the private zeroed workspace's call.
-3. ``nan.csv``: padded heads NaN / inf in the workspace, per model: are the real heads identical to the zero-padded
-   call's?
+2. ``presets.csv``: one layer call's attention path per preset (:class:`~.engine_presets.Presets`) per model
+   (parameter ``models``: ``glm-5,deepseek-v3.2`` at the rank's TP), at the step of 1024-token causal prompts and at
+   full topk, repeats interleaved across presets; the call's peak memory above its baseline, the persistent bytes,
+   what the padded heads held, the real heads' max abs difference against the private zeroed workspace's call.
+3. ``nan.csv``: padded heads NaN / inf, per model: are the real heads identical to the zero-padded call's?
 """
 
 from __future__ import annotations
