@@ -1,20 +1,13 @@
-"""The Q concat into a head-padded workspace over T x H (vLLM PR #53878's ``concat_mla_q`` step): H' = the rank's
-padding rule applied to H (:func:`mla_lab.rank.pad_heads`), timed with :func:`mla_lab.measure.timer.median_ms`
-(do_bench median, L2 cleared before every repetition), ``eager`` (the call as a program makes it: the host launch
-cost shows whenever the host is slower than the L2 clear) and ``graph`` (one call per CUDA-graph replay: device time):
-
-- ``triton`` the lab's kernel into ``out[T, H', 576]`` (real heads only); ``triton_unpadded`` into ``[T, H, 576]``
-  (the gapped-write cost); ``triton_zero_pad`` also zeroing heads H..H'-1;
-- ``torch_cat`` into an H-head buffer (vLLM before the PR); ``two_copy``: two ``copy_`` into the padded view;
-- ``triton_vllm_layout`` / ``two_copy_vllm_layout``: inputs strided as vLLM hands them (ql_nope head-major from the
-  bmm, q_pe a slice of q ``[T, H, 192 + 64]``);
-- ``d2d_copy`` a device copy of the same bytes (the ceiling at this size).
-
-Bytes ``effective = 2 T H 576 2`` (read + write of the real heads); ``moved`` adds ``triton_zero_pad``'s zero writes;
-``pct_of_copy`` = GB/s over the copy's. Every Triton method is checked bitwise on a NaN-poisoned output first. Rows:
-``concat_bench.csv`` (with the 4 GiB copy's GB/s, ``big_copy_gbps``, and the host cost per call at T 16,
-``timing`` = ``host_per_call``); parameter ``tune`` (false): ``concat_bench_tune.csv``, the kernel's
-:data:`TUNE_CONFIGS` per shape (graph timing). Parameters ``tokens``, ``heads``, ``warmup`` / ``rep`` (do_bench ms).
+"""The Q concat into a head-padded workspace over T x H (vLLM PR #53878's ``concat_mla_q`` step), H' = the rank's
+padding rule on H (:func:`mla_lab.rank.pad_heads`), :func:`mla_lab.measure.timer.median_ms` (do_bench median, L2
+cleared) ``eager`` (the call as a program makes it: host launch cost included when the host is slower) and
+``graph`` (one call per CUDA-graph replay: device time). Methods (:func:`_methods`): the lab's kernel into the
+padded workspace, into an unpadded buffer (the gapped-write cost), zeroing the padding; ``torch.cat`` (vLLM before
+the PR); two ``copy_``; both again on inputs strided as vLLM hands them; a device copy of the same bytes (the
+ceiling). Each Triton method is checked bitwise first. Bytes ``2 T H 576 2`` (``bytes_moved`` adds zeroed padding);
+``pct_of_copy`` = the copy's time / the method's. Rows: ``concat_bench.csv`` (also a 4 GiB copy's GB/s and the host
+cost per call at T 16, ``timing`` = ``host_per_call``); parameter ``tune``: ``concat_bench_tune.csv``
+(:data:`TUNE_CONFIGS`, graph timing). Parameters ``tokens``, ``heads``, ``warmup`` / ``rep`` (do_bench ms).
 """
 
 from __future__ import annotations

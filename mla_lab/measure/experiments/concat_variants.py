@@ -98,28 +98,28 @@ def methods(which: str, tune: bool = True) -> list[str]:
 
 def settings(rank, options) -> SimpleNamespace:
     """The parameters (``set``, ``tokens``, ``heads``, ``padded_heads`` (the rank's), ``timers``, ``rounds``, ``rep``,
-    ``host_calls``, ``tune``) of one run on ``rank``, checked. Raises ValueError: one line naming the parameter, the value and what is allowed."""
+    ``host_calls``, ``tune``) of one run on ``rank``, checked. Raises ValueError: one line naming the parameter, the
+    value and what is allowed."""
     T_max, Hp = rank.max_num_batched_tokens, options.param("padded_heads", rank.padded_num_heads)
     s = SimpleNamespace(which=options.param("set", "round3"), Hp=Hp, rounds=options.param("rounds", 3),
                         rep=options.param("rep", 100), host_calls=options.param("host_calls", 1000),
                         tokens=options.param("tokens", tuple(sorted({T_max // 4, T_max}))),
                         heads=options.param("heads", tuple(dict.fromkeys((rank.num_heads,
                                                                           min(2 * rank.num_heads, Hp))))))
-    if s.which not in FILES:
-        raise ValueError(f"--param set={s.which!r}; allowed: {', '.join(FILES)}")
     s.timers = options.param("timers", TIMERS if s.which == "round3" else ("graph",))
     s.tune = options.param("tune", s.which == "round3")
-    if s.tune and s.which != "round3":
-        raise ValueError(f"--param tune=true applies to set round3 only (its TUNE configs); got set {s.which}")
     bad = [f"{k}={v}" for k, v in (("tokens", min(s.tokens)), ("heads", min(s.heads)), ("rounds", s.rounds),
                                    ("rep", s.rep), ("host_calls", s.host_calls)) if v < 1]
-    bad += [f"timers={t}" for t in s.timers if t not in TIMERS]
-    if bad or max(s.heads) > Hp:
-        raise ValueError(f"--param {(bad or [f'heads={max(s.heads)}'])[0]}: allowed: integers >= 1, heads <= the "
-                         f"padded heads {Hp}, timers of {TIMERS}")
-    if s.which == "round4" and any(h > 32 or h & (h - 1) for h in s.heads):
-        raise ValueError(f"--param heads={s.heads}: set round4 runs v5 (TMA stores), which needs a power of two <= "
-                         "32 real heads; allowed: 1, 2, 4, 8, 16, 32")
+    bad += [f"timers={t}" for t in s.timers if t not in TIMERS] + [f"heads={h}" for h in s.heads if h > Hp]
+    why = {"set": f"; allowed: {', '.join(FILES)}", "tune": ": tune=true applies to set round3 only (its TUNE configs)",
+           "bad": f": allowed: integers >= 1, heads <= the padded heads {Hp}, timers of {TIMERS}",
+           "v5": ": set round4 runs v5 (TMA stores), which needs a power of two <= 32 real heads; allowed: 1 .. 32"}
+    for key, wrong, name in (("set", s.which not in FILES, f"set={s.which!r}"),
+                             ("tune", s.tune and s.which != "round3", f"set={s.which}"), ("bad", bad, bad[:1]),
+                             ("v5", s.which == "round4" and any(h > 32 or h & (h - 1) for h in s.heads),
+                              f"heads={s.heads}")):
+        if wrong:
+            raise ValueError(f"--param {''.join(name)}{why[key]}")
     s.smoke = options.smoke
     if options.smoke:
         s.tokens, s.heads, s.rounds, s.rep, s.host_calls = s.tokens[:1], s.heads[:1], 1, 20, 100
