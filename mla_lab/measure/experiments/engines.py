@@ -65,18 +65,24 @@ def _content_shapes(rank, smoke=False):
                     yield T, h, pat
 
 
-def _content_calls(ctx, T, H, pat, gen):
-    """The zeros and stale calls at one shape, the pattern's facts and whether their real heads agree."""
-    rank = ctx.rank
+def _inputs(rank, T, H, pat, gen):
+    """The kernel's inputs at one shape (kv, indices, topk_length, q [T, H', 576] with zero padded heads) and the
+    pattern's facts."""
     s_kv, idx, tl, st, plen = make_pattern(pat, T, "cuda", gen, rank.model.topk, 2 * rank.max_num_batched_tokens)
     kv = torch.randn(s_kv, 1, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
-    qz = torch.randn(T, ctx.Hp, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(T, rank.padded_num_heads, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q[:, H:].zero_()
+    return kv, idx, tl, q, {"s_kv": s_kv, "sum_topk": st, "prompt_len": plen}
+
+
+def _content_calls(ctx, T, H, pat, gen):
+    """The zeros and stale calls at one shape, the pattern's facts and whether their real heads agree."""
+    kv, idx, tl, qz, facts = _inputs(ctx.rank, T, H, pat, gen)
     qs = qz.clone()
-    qz[:, H:].zero_()
     qs[:, H:].normal_(generator=gen)  # the stale fill: an independent N(0, 1) draw
     calls = {"zeros": lambda: ctx.k.kernel(qz, kv, idx, _SM, tl), "stale": lambda: ctx.k.kernel(qs, kv, idx, _SM, tl)}
-    eq = bool(torch.equal(calls["zeros"]()[:, :H], calls["stale"]()[:, :H]))
-    return calls, {"s_kv": s_kv, "sum_topk": st, "prompt_len": plen, "out_equal": eq}
+    facts["out_equal"] = bool(torch.equal(calls["zeros"]()[:, :H], calls["stale"]()[:, :H]))
+    return calls, facts
 
 
 def _gemm(T, gen, k=6144, n=4096):
@@ -173,10 +179,7 @@ def part_nan(ctx, rank) -> None:
     T, H, Hp = rank.max_num_batched_tokens, rank.num_heads, rank.padded_num_heads
     gen = torch.Generator(device="cuda").manual_seed(7)
     pat = f"causal_{PROMPT}"
-    s_kv, idx, tl, _, _ = make_pattern(pat, T, "cuda", gen, rank.model.topk, 2 * T)
-    kv = torch.randn(s_kv, 1, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
-    q = torch.randn(T, Hp, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
-    q[:, H:].zero_()
+    kv, idx, tl, q, _ = _inputs(rank, T, H, pat, gen)
     call = lambda: ctx.k.kernel(q, kv, idx, _SM, tl)  # noqa: E731
     ref, ms_zeros = call()[:, :H].clone(), est_ms(call)
     for fill in ("nan", "inf"):
