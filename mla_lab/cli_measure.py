@@ -2,7 +2,7 @@
 the report rendered from what it wrote (the command line; the work is :mod:`mla_lab.measure.experiments`).
 
 - ``mla-lab measure [--experiments a,b] [--processes N] [--out DIR] [--overwrite] [--engine-root DIR] [--dry-run]
-  [--budget-s S] [--resume RUN_DIR]``:
+  [--budget-s S] [--resume RUN_DIR] [--smoke]``:
   the chosen experiments (default: the between-process set) in N fresh processes each (default 5) into
   ``data/measured/<gpu>/`` (``<gpu>`` from ``torch.cuda.get_device_name``: "NVIDIA H200" -> ``h200``); a file that
   exists there is never replaced without ``--overwrite`` (the run goes to ``<out>/runs/<timestamp>/``). A run that
@@ -10,7 +10,9 @@ the report rendered from what it wrote (the command line; the work is :mod:`mla_
   ``--dry-run`` lists every chosen experiment, its shapes count and its output files, and runs nothing (CPU is
   enough). Without CUDA a real run is refused with one line (exit 2). ``--budget-s S`` starts no process after S
   seconds (exit 3, the run folder resumable); ``--resume RUN_DIR`` finishes it (processes that exited 0 keep their
-  rows; the run's own experiments unless ``--experiments``).
+  rows; the run's own experiments unless ``--experiments``). ``--smoke``: every chosen experiment once, tiny shapes
+  (:data:`mla_lab.measure.experiments.SMOKE_TOKENS` tokens), into a new temp folder unless ``--out`` (never
+  ``data/measured``): the quick end-to-end check of the suite on a GPU.
 - ``mla-lab report --measured GPU [--report-dir DIR]``: the report for that GPU (``reports/<gpu>/``) from
   ``data/measured/<gpu>/``: the sweep notebook over the measured sweep's grid (the GPU's measured rows, plus the
   B200 as modelled rows), published beside the rows it shows, then checked in the browser (``check-report``).
@@ -62,13 +64,15 @@ def add_parsers(sub) -> None:
     ms.add_argument("--overwrite", action="store_true", help="replace files that exist in --out (default: a new "
                                                               "run folder <out>/runs/<timestamp>/)")
     ms.add_argument("--engine-root", default=None,
-                    help="the packed engine kernels for engine_kernels (python -m mla_lab.measure.engine_libs pack)")
+                    help="the packed engine kernels for engine_kernels (python -m mla_lab.kernels.engine_libs pack)")
     ms.add_argument("--dry-run", action="store_true", help="list the experiments, shapes and files; run nothing")
     ms.add_argument("--resume", default=None, metavar="RUN_DIR",
                     help="finish a run a budget or a kill cut: its processes that exited 0 keep their rows")
     ms.add_argument("--budget-s", type=budget_type, default=None, metavar="S",
                     help="start no new process after S seconds (a lent machine's per-call limit); exit 3 and "
                          "--resume when processes are left")
+    ms.add_argument("--smoke", action="store_true", help="tiny shapes, one process per experiment, into a temp "
+                                                         "folder: every experiment end to end in a few minutes")
     rp = sub.add_parser("report", help="render the report for one GPU from data/measured/<gpu>/")
     rp.add_argument("--measured", required=True, help="a GPU folder under data/measured, e.g. h200")
     rp.add_argument("--report-dir", default=None, help="where the report goes (default reports/<gpu>)")
@@ -101,7 +105,7 @@ def cmd_measure(args, stamp) -> int:
     args.engine_root = args.engine_root if explicit_root else ".engine"
     root_missing = any(e.name == "engine_kernels" for e in experiments) and not Path(args.engine_root).is_dir()
     root_msg = (f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
-                "mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
+                "mla_lab.kernels.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
     if root_missing and explicit_root:
         raise ValueError(root_msg)
     if args.dry_run:  # without --experiments: every experiment, the default set marked
@@ -125,9 +129,12 @@ def cmd_measure(args, stamp) -> int:
                         "what it would run")
     gpu = runner.gpu_slug(torch.cuda.get_device_name(0))
     out = Path(args.out) if args.out else runner.default_out(gpu)
-    rc = runner.run(experiments, args.processes, out, overwrite=args.overwrite, engine_root=args.engine_root,
-                    resume=resume, budget_s=args.budget_s)
-    if any(e.name == "padding_sweep" for e in experiments):
+    if args.smoke:  # rows of tiny shapes never go where the measured rows live
+        out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"mla_lab_smoke_{gpu}_"))
+        print(f"--smoke: one process per experiment, tiny shapes, into {out}")
+    rc = runner.run(experiments, 1 if args.smoke else args.processes, out, overwrite=args.overwrite,
+                    engine_root=args.engine_root, resume=resume, budget_s=args.budget_s, smoke=args.smoke)
+    if any(e.name == "padding_sweep" for e in experiments) and not args.smoke:
         from mla_lab.paths import measured_dir
 
         root = measured_dir().resolve()

@@ -41,7 +41,8 @@ def test_every_experiment_has_rows_shapes_and_provenance():
 OLDER_ROWS = {("engines", "presets.csv"): ["strategy", "content"], ("decode_layer", "decode_layer.csv"): ["content"],
               ("decode_layer", "decode_attn.csv"): ["content"], ("decode_layer", "decode_ops.csv"): ["content"],
               **{("layer_calibration", f): ["content"] for f in ("layer_ops.csv", "layer_e2e.csv", "layer_extras.csv")},
-              ("attention_path", "attention_path.csv"): ["content", "q1_ms", "q3_ms"]}
+              ("attention_path", "attention_path.csv"): ["content", "q1_ms", "q3_ms"],
+              **{("tp_block", f"tp{n}_sim_block.csv"): ["content"] for n in (4, 8)}}
 
 
 def test_committed_rows_have_the_columns_the_registry_says():
@@ -105,7 +106,8 @@ def test_measure_dry_run_lists_every_experiment_and_its_files():
     assert r.returncode == 0, r.stderr
     for e in EXPERIMENTS.values():
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith(e.name + " "))
-        assert f"{6 if e.between_process else 1} x python -m {e.module}" in line
+        entry = e.module if e.argv else f"mla_lab.measure.experiments {e.name}"
+        assert f"{6 if e.between_process else 1} x python -m {entry} " in line
         assert f"({len(e.shapes())} shapes;" in line
         for f in e.outputs():
             assert f"    -> {e.folder + '/' if e.folder else ''}{f}" in r.stdout
@@ -209,7 +211,7 @@ class _FakeExperiment:
     def outputs(self):
         return {"fake.csv": ["value"]}
 
-    def command(self, out, process, engine_root=".engine"):
+    def command(self, out, process, engine_root=".engine", smoke=False):
         code = (f"import sys, time, pathlib; time.sleep({self.sleep}); k = {process}\n"
                 f"if k in {tuple(self.fail)!r}: sys.exit(1)\n"
                 f"pathlib.Path({str(out)!r}, 'fake.csv').write_text('value\\n' + str(10 * k) + '\\n')")

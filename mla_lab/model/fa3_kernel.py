@@ -35,7 +35,7 @@ from ..paths import REPO_ROOT
 __all__ = ["Fa3Ratio", "fit_fa3_ratio", "load_fa3_ratio", "ROWS_CSV", "MEAN_KEYS"]
 
 ROWS_CSV = "data/measured/h200/between_process/engine_kernels_content.csv"
-#: mean topk_length per token of the two measured shapes (mla_lab.measure.engine_kernels._inputs): seed = causal
+#: mean topk_length per token of the two measured shapes (mla_lab.kernels.engine_libs.engine_inputs): seed = causal
 #: 1024-token prompts ((1 + 1024) / 2), full_topk = 2048
 MEAN_KEYS = {"seed": 512.5, "full_topk": 2048.0}
 

@@ -47,7 +47,8 @@ def plan(experiments: list[Experiment], processes: int) -> list[dict]:
     rows = []
     for e in experiments:
         folder = f"{e.folder}/" if e.folder else ""
-        rows.append({"name": e.name, "module": e.module, "processes": processes if e.between_process else 1,
+        entry = e.module if e.argv else f"{__package__} {e.name}"  # what `python -m` runs
+        rows.append({"name": e.name, "module": entry, "processes": processes if e.between_process else 1,
                      "shapes": len(e.shapes()), "files": [folder + f for f in e.outputs()], "needs": e.needs,
                      "summary": e.summary, "default": e.default})
     return rows
