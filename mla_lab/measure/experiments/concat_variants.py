@@ -44,16 +44,13 @@ TUNE = {
 #: Round 4 (docs/perf-notes.md "Round 4"): v4 names rows per chunk, warps, programs per SM; v5 tokens per tile,
 #: warps, programs per SM.
 TUNE4 = {
-    "v2:stream": ("v2", {"streaming": True}),
-    "v4": ("v4", {}),
-    "v4:stride": ("v4", {"order": "stride"}),
+    "v2:stream": ("v2", {"streaming": True}), "v4": ("v4", {}), "v4:stride": ("v4", {"order": "stride"}),
     "v4:2r1w32": ("v4", {"block_rows": 2, "num_warps": 1, "progs_per_sm": 32}),
     "v4:4r1w8": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 8}),
     "v4:4r1w16": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 16}),
     "v4:8r2w8": ("v4", {"block_rows": 8, "num_warps": 2, "progs_per_sm": 8}),
     "v4:16r4w4": ("v4", {"block_rows": 16, "num_warps": 4, "progs_per_sm": 4}),
-    "v4:stream": ("v4", {"streaming": True}),
-    "v5": ("v5", {}),
+    "v4:stream": ("v4", {"streaming": True}), "v5": ("v5", {}),
     "v5:1t1w16": ("v5", {"block_t": 1, "num_warps": 1, "progs_per_sm": 16}),
     "v5:1t4w4": ("v5", {"block_t": 1, "num_warps": 4, "progs_per_sm": 4}),
     "v5:1t2w4": ("v5", {"block_t": 1, "num_warps": 2, "progs_per_sm": 4}),
@@ -62,12 +59,8 @@ TUNE4 = {
 #: v2 cache hints (name -> (load eviction_policy, store cache_modifier)): the last lever on the kernel side, since a
 #: one-source copy into this layout loses ~5 % only when its reads and writes mix.
 HINTS = {
-    "v2:ld_first": ("evict_first", ""),
-    "v2:ld_last": ("evict_last", ""),
-    "v2:st_cs": ("", ".cs"),
-    "v2:st_wt": ("", ".wt"),
-    "v2:st_cg": ("", ".cg"),
-    "v2:ld_first_st_wt": ("evict_first", ".wt"),
+    "v2:ld_first": ("evict_first", ""), "v2:ld_last": ("evict_last", ""), "v2:st_cs": ("", ".cs"),
+    "v2:st_wt": ("", ".wt"), "v2:st_cg": ("", ".cg"), "v2:ld_first_st_wt": ("evict_first", ".wt"),
     "v2:ld_last_st_cs": ("evict_last", ".cs"),
 }
 FILES = {"round3": "concat_round3.csv", "round4": "concat_round4.csv", "ceiling": "concat_layout_ceiling.csv",

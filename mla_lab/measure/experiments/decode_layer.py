@@ -301,11 +301,6 @@ def as_fn(ops):
     return run
 
 
-def _calls(fn, window_ms, cap):
-    """Calls per timed window: ``window_ms`` of ``fn``, 3 .. ``cap``."""
-    return max(3, min(cap, int(round(window_ms / max(est_ms(fn), 1e-3)))))
-
-
 def _paths(S: Step, graph: bool) -> dict:
     """``{(strategy, kind, mode): fn}``: the layer and the attention path alone per strategy, eager and (``graph``)
     their CUDA-graph replays; one layer call first populates the step's state."""
@@ -332,7 +327,7 @@ def time_step(ctx, S: Step, cfg: dict, mixed: bool) -> None:
         cfg["notes"] = (f"attention output {STRATEGIES[0]} vs {STRATEGIES[1]}: max_abs_diff "
                         f"{float((o1.float() - S.o.float()).abs().max())}")
     window, cap = (ctx.window_ms * 2, 100) if mixed else (ctx.window_ms, 200)
-    n_of = {k: _calls(f, window, cap) for k, f in fns.items()}
+    n_of = {k: max(3, min(cap, round(window / max(est_ms(f), 1e-3)))) for k, f in fns.items()}  # calls per window
     for r in range(ctx.repeats):
         for o, strat in enumerate(STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]):
             for (s, kind, mode), f in fns.items():
