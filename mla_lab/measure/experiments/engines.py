@@ -51,7 +51,7 @@ _FILL = "randn N(0,1), same distribution as the real heads and kv (stands for ac
 _SM = D_QK ** -0.5
 
 
-def _content_shapes(rank, smoke=False):
+def content_shapes(rank, smoke=False):
     """(T, H, pattern) of the content factor (smoke: the step's T and the rank's H only); a causal pattern whose
     prompt covers T is measured once."""
     T_max, H, topk = rank.max_num_batched_tokens, rank.num_heads, rank.model.topk
@@ -75,9 +75,9 @@ def _inputs(rank, T, H, pat, gen):
     return kv, idx, tl, q, {"s_kv": s_kv, "sum_topk": st, "prompt_len": plen}
 
 
-def _content_calls(ctx, T, H, pat, gen):
+def _content_calls(ctx, rank, T, H, pat, gen):
     """The zeros and stale calls at one shape, the pattern's facts and whether their real heads agree."""
-    kv, idx, tl, qz, facts = _inputs(ctx.rank, T, H, pat, gen)
+    kv, idx, tl, qz, facts = _inputs(rank, T, H, pat, gen)
     qs = qz.clone()
     qs[:, H:].normal_(generator=gen)  # the stale fill: an independent N(0, 1) draw
     calls = {"zeros": lambda: ctx.k.kernel(qz, kv, idx, _SM, tl), "stale": lambda: ctx.k.kernel(qs, kv, idx, _SM, tl)}
@@ -93,9 +93,10 @@ def _gemm(T, gen, k=6144, n=4096):
     return lambda: torch.mm(a, b, out=c), f"[{T},{k}]x[{k},{n}] bf16"
 
 
-def time_content(ctx, shape_id, T, H, pat, gen) -> None:
+def time_content(ctx, rank, shape_id, T, H, pat, gen) -> None:
     """Zeros against stale padded heads at one shape, both modes, ``ctx.repeats`` alternating pairs."""
-    calls, facts = _content_calls(ctx, T, H, pat, gen)
+    calls, facts = _content_calls(ctx, rank, T, H, pat, gen)
+    Hp = rank.padded_num_heads
     n = max(ctx.min_calls, min(ctx.max_calls, int(round(ctx.window_ms / max(est_ms(calls["zeros"]), 1e-3)))))
     gemm, gshape = _gemm(T, gen)
     for mode, after in (("alone", None), ("interleaved", gemm)):
@@ -105,10 +106,10 @@ def time_content(ctx, shape_id, T, H, pat, gen) -> None:
             for k, content in enumerate(("zeros", "stale") if r % 2 == 0 else ("stale", "zeros")):
                 res = timed_window(calls[content], n, sampler=ctx.sampler, after=after)
                 ctx.sink.write("content.csv", {
-                    "experiment": "content_factor", "shape_id": shape_id, "H": H, "Hp": ctx.Hp, "T": T,
-                    "pattern": pat, "topk": ctx.rank.model.topk, **facts, "content": content,
+                    "experiment": "content_factor", "shape_id": shape_id, "H": H, "Hp": Hp, "T": T,
+                    "pattern": pat, "topk": rank.model.topk, **facts, "content": content,
                     "content_fill": "zeros" if content == "zeros" else _FILL, "mode": mode, "repeat": r,
-                    "order_in_pair": k, **res, "tflops": 2 * facts["sum_topk"] * ctx.Hp * (D_QK + D_V) / (
+                    "order_in_pair": k, **res, "tflops": 2 * facts["sum_topk"] * Hp * (D_QK + D_V) / (
                         res["ms_median"] * 1e9), "gemm_shape": gshape if after else "",
                     "power_kind": ctx.sampler.power_kind, "kernel_impl": ctx.k.kernel_impl, "status": "ok"})
     log(f"content T={T} H={H} {pat}: n={n}, real heads equal={facts['out_equal']}")
@@ -116,8 +117,8 @@ def time_content(ctx, shape_id, T, H, pat, gen) -> None:
 
 def part_content(ctx, rank) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    for shape_id, (T, H, pat) in enumerate(_content_shapes(rank, ctx.smoke), 1):
-        time_content(ctx, shape_id, T, H, pat, gen)
+    for shape_id, (T, H, pat) in enumerate(content_shapes(rank, ctx.smoke), 1):
+        time_content(ctx, rank, shape_id, T, H, pat, gen)
         torch.cuda.empty_cache()
 
 
@@ -146,11 +147,17 @@ def _built(ctx, P, name, S, ref) -> dict:
         "concat_impl": impls[0], "kernel_impl": impls[1], "description": PRESET_DOC[name]}}
 
 
+def preset_names(T, smoke=False) -> list[tuple]:
+    """(preset, S) timed at T tokens: the six fixed presets, then sub-chunks of T / 16 .. T rows (smoke: T / 2, T),
+    views, and the two-stream variant at T / 8 and T / 4."""
+    sub_S = [T // 2, T] if smoke else [T // 16, T // 8, T // 4, T // 2, T]
+    return [(n, None) for n in list(PRESET_DOC)[:6]] + [("subchunk", S) for S in sub_S] + [
+        ("subchunk_views", S) for S in sub_S] + [("subchunk_2stream", S) for S in sub_S[1:3]]
+
+
 def part_presets(ctx, rank) -> None:
     T = rank.max_num_batched_tokens
-    sub_S = [T // 2, T] if ctx.smoke else [T // 16, T // 8, T // 4, T // 2, T]
-    names = [(n, None) for n in list(PRESET_DOC)[:6]] + [("subchunk", S) for S in sub_S] + [
-        ("subchunk_views", S) for S in sub_S] + [("subchunk_2stream", S) for S in sub_S[1:3]]
+    names = preset_names(T, ctx.smoke)
     gen = torch.Generator(device="cuda").manual_seed(99)
     for pname, pat in (("seed", f"causal_{PROMPT}"), ("full", f"full_{rank.model.topk}")):
         P = Presets(rank, "cuda", torch.bfloat16, T, pat, gen, rank.model.topk, 2 * T)
@@ -210,7 +217,7 @@ def run(rank, sink, options) -> None:
     smoke = options.smoke
     with NvmlSampler(0.02) as sampler:
         ctx = SimpleNamespace(
-            rank=rank, sink=sink, k=Kernels("cuda"), sampler=sampler, smoke=smoke, Hp=rank.padded_num_heads,
+            sink=sink, k=Kernels("cuda"), sampler=sampler, smoke=smoke,
             repeats=2 if smoke else options.param("repeats", 5),
             preset_repeats=2 if smoke else options.param("preset_repeats", 7),
             window_ms=5.0 if smoke else options.param("window_ms", 120.0),
