@@ -10,8 +10,7 @@ import pandas as pd
 import pytest
 
 from mla_lab.deployment import Deployment
-from mla_lab.measure.experiments import Options
-from mla_lab.measure.experiments import concat_variants, decode_layer, engines, packed_kernels, presets
+from mla_lab.measure.experiments import Options, concat_variants, decode_layer, engines, packed_kernels, presets
 from mla_lab.measure.experiments._common import ranks_of
 
 H200 = Path(__file__).resolve().parent.parent / "data" / "measured" / "h200"
