@@ -259,7 +259,7 @@ def test_triton_launcher_rejects_unknown_knobs():
         make_concat_launcher_triton(*_ok(), force_path="fast")
 
 
-# ------------------------------------------------------------------------------ mla_lab/measure/experiments/concat_variants
+# -------------------------------------------------------------------------- mla_lab/measure/experiments/concat_variants
 
 def _concat_plan(**params):
     from mla_lab.deployment import Deployment
@@ -272,7 +272,8 @@ def _concat_plan(**params):
 def test_concat_variants_plan_on_the_seed_rank():
     p = _concat_plan()
     first = p[0]
-    assert first["methods"][:2] == ["v2", "v3"] and first["methods"][-1] == "copy" and first["file"] == "concat_round3.csv"
+    assert first["methods"][:2] == ["v2", "v3"] and first["methods"][-1] == "copy"
+    assert first["file"] == "concat_round3.csv"
     # the byte count and the floor at 4256 GB/s: 2 * 4096 * 8 * 576 * 2 B = 75.5 MB -> 17.7 us
     assert (first["T"], first["H"], first["Hp"], first["mb_moved"], first["floor_us_at_copy_gbps"]) == (
         4096, 8, 64, 75.5, 17.7)
