@@ -376,107 +376,107 @@ class Layer:
         """Random sparse-attention indices ``[T, 1, topk]`` int32 over the ``s_kv`` keys (full topk)."""
         return torch.randint(0, self.s_kv, (T, 1, self.model.topk), device=self.device, dtype=torch.int32)
 
-    # ---- op runners: return a zero-arg closure that runs the op once on prepared inputs
+    # ---- op runners: a zero-arg closure that runs the op once on prepared inputs (None: not run here)
     def runner(self, op: LayerOp, T: int, variant=None) -> Callable[[], object] | None:
         """A closure running ``op`` once at its shape (``op.dims``) on fresh random inputs, or None when the op is
         not run here (``lm_head``; ``idx_logits`` with ``mqa_logits`` disabled; the kernel without one; an unknown
-        ``impl``).
+        ``impl``). ``variant``: a :class:`~mla_lab.placement.Strategy` for ``attn_concat`` (the H-head buffer for
+        per-call pads, the padded workspace otherwise); the MoE variant (``("tp", 1)`` / ``("ep", ep)``) for
+        ``moe_bmm``. The kernel's padded heads hold :attr:`content`."""
+        build = getattr(self, f"_op_{op.impl}", None)
+        return None if build is None else build(op, op.dims, T, variant)
 
-        Args:
-            op: an op of :func:`~mla_lab.model.ops.layer_ops` with an ``impl``.
-            T: tokens of the step (the attention ops' rows).
-            variant: a :class:`~mla_lab.placement.Strategy` for ``attn_concat`` (which buffer it writes: the H-head
-                buffer for per-call pads, the padded workspace otherwise); the MoE variant (``("tp", 1)`` /
-                ``("ep", ep)``) for ``moe_bmm``. The kernel's padded heads hold :attr:`content`.
-        """
-        dims, model, H, Hp = op.dims, self.model, self.H, self.Hp
-        rand, device, dtype = self.random_tensor, self.device, self.dtype
-        impl = op.impl
-        if impl == "linear":
-            x = rand(dims["M"], dims["K"])
-            if op.name == "lm_head":
-                return None
-            w = self.weights[op.name]
-            return lambda: F.linear(x, w)
-        if impl == "moe_bmm":
-            w13, w2 = self.moe_weights[variant]
-            rows_per_expert = int(round(dims["M"]))
-            x = rand(dims["E"], rows_per_expert, dims["K"])
-            w = w13 if op.name == "moe_gate_up" else w2
-            return lambda: torch.bmm(x, w.transpose(1, 2))
-        if impl in ("rmsnorm", "rmsnorm_add"):
-            x = rand(dims["M"], dims["N"], k=1)
-            w = self.norm_weights[dims["N"]]
-            o = torch.empty_like(x)
-            if impl == "rmsnorm_add":
-                r = rand(dims["M"], dims["N"], k=1)
-                return lambda: rmsnorm(x, w, o, residual=r)
-            if op.name == "kv_a_norm":  # vLLM normalises the kv_c slice of the kv_a output (row stride 576)
-                full = rand(dims["M"], dims["N"] + model.qk_rope_head_dim, k=1)
-                kv_c = full[:, : dims["N"]]
-                return lambda: rmsnorm(kv_c, w, o)
-            return lambda: rmsnorm(x, w, o)
-        if impl == "silu_mul":
-            M = int(round(dims["M"]))
-            x = rand(M, 2 * dims["N"], k=1)
-            o = torch.empty(M, dims["N"], device=device, dtype=dtype)
-            return lambda: silu_mul(x, o)
-        if impl == "bmm_uk":
-            q = rand(T, H, model.qk_nope_head_dim + model.qk_rope_head_dim)
-            q_nope = q[..., : model.qk_nope_head_dim].transpose(0, 1)
-            return lambda: torch.bmm(q_nope, self.W_UK)
-        if impl == "bmm_uv":
-            attention = rand(T, Hp, 512)
-            x = attention[:, :H].transpose(0, 1)
-            out = torch.empty(T, H * model.v_head_dim, device=device, dtype=dtype)
-            out_view = out.view(T, H, model.v_head_dim).transpose(0, 1)
-            return lambda: torch.bmm(x, self.W_UV, out=out_view)
-        if impl == "mqa_logits":
-            if "mqa_logits" in self.disabled_kernels:
-                return None
-            q = rand(T, model.index_n_heads, model.index_head_dim)
-            k = rand(T, model.index_head_dim)
-            w = torch.rand(T, model.index_n_heads, device=device, dtype=torch.float32)
-            o = torch.empty(T, T, device=device, dtype=torch.float32)
-            return lambda: mqa_logits(q, k, w, o, self.interpret)
-        if impl == "topk":
-            logits = torch.randn(T, T, device=device, dtype=torch.float32)
-            logits.masked_fill_(~torch.ones(T, T, dtype=torch.bool, device=device).tril(), float("-inf"))
-            k = min(model.topk, T)
-            return lambda: torch.topk(logits, k, dim=-1, sorted=False)
-        if impl == "moe_sum":
-            k = int(round(dims["k"]))
-            x = rand(T, k, dims["N"], k=1)
-            return lambda: x.sum(1)
-        if impl == "attn_concat":
-            q_nope = rand(T, H, 512, k=1)
-            q_pe = rand(T, H, 64, k=1)
-            buf = self.workspace_unfused[:T] if variant.per_call_pad else self.workspace_fused[:T]
-            return lambda: self.concat_fn(q_nope, q_pe, buf)
-        if impl == "attn_pad":
-            q = rand(T, H, 576, k=1)
+    def _op_linear(self, op, dims, T, variant):
+        x, w = self.random_tensor(dims["M"], dims["K"]), self.weights.get(op.name)
+        return None if op.name == "lm_head" else (lambda: F.linear(x, w))
 
-            def pad():
-                q_padded = q.new_zeros((T, Hp, 576))
-                q_padded[:, :H] = q
-                return q_padded
-            return pad
-        if impl == "attn_pad_copy":
-            q = rand(T, H, 576, k=1)
-            block = self.pad_block(self.content)[:T]
-            return lambda: block[:, :H].copy_(q)
-        if impl == "attn_kernel":
-            if self.kernel_fn is None:
-                return None
-            q = rand(T, Hp, 576, k=1)
-            if self.content == "zeros":
-                q[:, H:].zero_()
-            indices = self.indices(T)
-            return lambda: self.kernel_fn(q, self.kv, indices, self.sm_scale)
-        if impl == "attn_out_slice":
-            o = rand(T, Hp, 512, k=1)
-            return lambda: o[:, :H].contiguous()
-        return None
+    def _op_moe_bmm(self, op, dims, T, variant):
+        w13, w2 = self.moe_weights[variant]
+        x, w = self.random_tensor(dims["E"], int(round(dims["M"])), dims["K"]), w13 if op.name == "moe_gate_up" else w2
+        return lambda: torch.bmm(x, w.transpose(1, 2))
+
+    def _op_rmsnorm(self, op, dims, T, variant):
+        rand, w = self.random_tensor, self.norm_weights[dims["N"]]
+        x = rand(dims["M"], dims["N"], k=1)
+        o = torch.empty_like(x)
+        if op.impl == "rmsnorm_add":
+            r = rand(dims["M"], dims["N"], k=1)
+            return lambda: rmsnorm(x, w, o, residual=r)
+        if op.name == "kv_a_norm":  # vLLM normalises the kv_c slice of the kv_a output (row stride 576)
+            kv_c = rand(dims["M"], dims["N"] + self.model.qk_rope_head_dim, k=1)[:, : dims["N"]]
+            return lambda: rmsnorm(kv_c, w, o)
+        return lambda: rmsnorm(x, w, o)
+
+    _op_rmsnorm_add = _op_rmsnorm
+
+    def _op_silu_mul(self, op, dims, T, variant):
+        M = int(round(dims["M"]))
+        x, o = self.random_tensor(M, 2 * dims["N"], k=1), self._empty(M, dims["N"])
+        return lambda: silu_mul(x, o)
+
+    def _op_bmm_uk(self, op, dims, T, variant):
+        m = self.model
+        q_nope = self.random_tensor(T, self.H, m.qk_nope_head_dim + m.qk_rope_head_dim)[..., :m.qk_nope_head_dim]
+        return lambda: torch.bmm(q_nope.transpose(0, 1), self.W_UK)
+
+    def _op_bmm_uv(self, op, dims, T, variant):
+        H, d_v = self.H, self.model.v_head_dim
+        x = self.random_tensor(T, self.Hp, 512)[:, :H].transpose(0, 1)
+        out_view = self._empty(T, H * d_v).view(T, H, d_v).transpose(0, 1)
+        return lambda: torch.bmm(x, self.W_UV, out=out_view)
+
+    def _op_mqa_logits(self, op, dims, T, variant):
+        if "mqa_logits" in self.disabled_kernels:
+            return None
+        m, dev = self.model, self.device
+        q, k = self.random_tensor(T, m.index_n_heads, m.index_head_dim), self.random_tensor(T, m.index_head_dim)
+        w = torch.rand(T, m.index_n_heads, device=dev, dtype=torch.float32)
+        o = torch.empty(T, T, device=dev, dtype=torch.float32)
+        return lambda: mqa_logits(q, k, w, o, self.interpret)
+
+    def _op_topk(self, op, dims, T, variant):
+        logits = torch.randn(T, T, device=self.device, dtype=torch.float32)
+        logits.masked_fill_(~torch.ones(T, T, dtype=torch.bool, device=self.device).tril(), float("-inf"))
+        k = min(self.model.topk, T)
+        return lambda: torch.topk(logits, k, dim=-1, sorted=False)
+
+    def _op_moe_sum(self, op, dims, T, variant):
+        x = self.random_tensor(T, int(round(dims["k"])), dims["N"], k=1)
+        return lambda: x.sum(1)
+
+    def _op_attn_concat(self, op, dims, T, variant):
+        q_nope, q_pe = self.random_tensor(T, self.H, 512, k=1), self.random_tensor(T, self.H, 64, k=1)
+        buf = self.workspace_unfused[:T] if variant.per_call_pad else self.workspace_fused[:T]
+        return lambda: self.concat_fn(q_nope, q_pe, buf)
+
+    def _op_attn_pad(self, op, dims, T, variant):
+        q, H, Hp = self.random_tensor(T, self.H, 576, k=1), self.H, self.Hp
+
+        def pad():
+            q_padded = q.new_zeros((T, Hp, 576))
+            q_padded[:, :H] = q
+            return q_padded
+        return pad
+
+    def _op_attn_pad_copy(self, op, dims, T, variant):
+        q, block = self.random_tensor(T, self.H, 576, k=1), self.pad_block(self.content)[:T]
+        return lambda: block[:, :self.H].copy_(q)
+
+    def _op_attn_kernel(self, op, dims, T, variant):
+        if self.kernel_fn is None:
+            return None
+        q = self.random_tensor(T, self.Hp, 576, k=1)
+        if self.content == "zeros":
+            q[:, self.H:].zero_()
+        indices = self.indices(T)
+        return lambda: self.kernel_fn(q, self.kv, indices, self.sm_scale)
+
+    def _op_attn_out_slice(self, op, dims, T, variant):
+        o = self.random_tensor(T, self.Hp, 512, k=1)
+        return lambda: o[:, :self.H].contiguous()
+
+    def _empty(self, *shape: int) -> torch.Tensor:
+        return torch.empty(*shape, device=self.device, dtype=self.dtype)
 
     def e2e(self, T: int, strategy: Strategy, kind: str, moe_var=None) -> tuple[Callable[[], torch.Tensor], list[str]]:
         """A closure running the whole per-rank layer once (no communication), and the ops it leaves out.

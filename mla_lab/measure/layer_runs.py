@@ -238,51 +238,65 @@ def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], t
     :data:`LAYER_OUTPUTS`) as they are measured. Failures are logged and skipped (a failed
     allocation skips that (model, tp)); the deadline stops the run.
     """
-    max_T = max(tokens)
     measured: dict = {}
     for tp in tps:
         for model_name, model in models:
             if settings.out_of_time():
                 log(f"budget reached before {model_name} tp={tp}")
                 break
-            variants = moe_variants(tp)
             try:
-                layer = Layer(model, tp, arch, settings.device, settings.dtype, max_T, implementations.kernel,
-                              implementations.concat, settings.interpret, variants, content=settings.content,
+                layer = Layer(model, tp, arch, settings.device, settings.dtype, max(tokens), implementations.kernel,
+                              implementations.concat, settings.interpret, moe_variants(tp), content=settings.content,
                               disabled_kernels=settings.disabled_kernels)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a failed allocation skips this (model, tp)
                 log(f"alloc failed {model_name} tp={tp}: {type(e).__name__}: {e}")
-                if settings.gpu:
-                    torch.cuda.empty_cache()
+                _free(settings)
                 continue
+            run = _LayerRun(layer, model_name, arch, settings, implementations, sink, log, strategies, measured)
             for T in tokens:
-                for variant in variants:
-                    for row in measure_ops(layer, model_name, T, variant, arch, settings, implementations, measured,
-                                           log, strategies):
-                        sink.write(OPS_CSV, row)
-                    if skip_e2e or (variant[0] == "ep" and tp != max(tps)):
-                        continue
-                    for kind in layer_kinds(variant):
-                        for row in measure_layers(layer, model_name, T, variant, kind, settings, implementations,
-                                                  log, strategies):
-                            sink.write(E2E_CSV, row)
-                        if not pairs or len(strategies) < 2 or settings.out_of_time():
-                            continue
-                        try:
-                            layer_rows, delta_row = measure_layer_pairs(layer, model_name, T, variant, kind, pairs,
-                                                                        settings, implementations, strategies)
-                        except Exception as e:
-                            log(f"paired {kind} {model_name} tp={tp} T={T}: {type(e).__name__}: {e}")
-                            if settings.gpu:
-                                torch.cuda.empty_cache()
-                            continue
-                        for row in layer_rows:
-                            sink.write(E2E_CSV, row)
-                        sink.write(EXTRAS_CSV, delta_row)
-                log(f"{model_name} tp={tp} T={T}: {sink.rows.get(OPS_CSV, 0)} op rows, {sink.rows.get(E2E_CSV, 0)} e2e rows")
-            del layer
-            if settings.gpu:
-                torch.cuda.empty_cache()
+                for variant in moe_variants(tp):
+                    run.point(T, variant, e2e=not skip_e2e and (variant[0] != "ep" or tp == max(tps)), pairs=pairs)
+                log(f"{model_name} tp={tp} T={T}: {sink.rows.get(OPS_CSV, 0)} op rows, {sink.rows.get(E2E_CSV, 0)} "
+                    "e2e rows")
+            del layer, run
+            _free(settings)
+
+
+def _free(settings: MeasureSettings) -> None:
+    if settings.gpu:
+        torch.cuda.empty_cache()
+
+
+class _LayerRun:
+    """One :class:`Layer`'s points: its ops, its layers end to end and their pairs, rows to the sink."""
+
+    def __init__(self, layer, model_name, arch, settings, implementations, sink, log, strategies, measured):
+        self.layer, self.name, self.arch, self.settings = layer, model_name, arch, settings
+        self.impl, self.sink, self.log, self.strategies, self.measured = implementations, sink, log, strategies, \
+            measured
+
+    def point(self, T: int, variant: tuple[str, int], e2e: bool, pairs: int) -> None:
+        for row in measure_ops(self.layer, self.name, T, variant, self.arch, self.settings, self.impl, self.measured,
+                               self.log, self.strategies):
+            self.sink.write(OPS_CSV, row)
+        for kind in layer_kinds(variant) if e2e else ():
+            for row in measure_layers(self.layer, self.name, T, variant, kind, self.settings, self.impl, self.log,
+                                      self.strategies):
+                self.sink.write(E2E_CSV, row)
+            if pairs and len(self.strategies) >= 2 and not self.settings.out_of_time():
+                self.pairs(T, variant, kind, pairs)
+
+    def pairs(self, T: int, variant: tuple[str, int], kind: str, pairs: int) -> None:
+        try:
+            layer_rows, delta_row = measure_layer_pairs(self.layer, self.name, T, variant, kind, pairs, self.settings,
+                                                        self.impl, self.strategies)
+        except Exception as e:  # noqa: BLE001 - logged; the run goes on
+            self.log(f"paired {kind} {self.name} tp={self.layer.tp} T={T}: {type(e).__name__}: {e}")
+            _free(self.settings)
+            return
+        for row in layer_rows:
+            self.sink.write(E2E_CSV, row)
+        self.sink.write(EXTRAS_CSV, delta_row)
 
 
 def read_rows(path: str | Path) -> list[dict]:
