@@ -1,20 +1,13 @@
-"""The Q concat into a head-padded workspace over T x H (vLLM PR #53878's ``concat_mla_q`` step): H' = the rank's
-padding rule applied to H (:func:`mla_lab.rank.pad_heads`), timed with :func:`mla_lab.measure.timer.median_ms`
-(do_bench median, L2 cleared before every repetition), ``eager`` (the call as a program makes it: the host launch
-cost shows whenever the host is slower than the L2 clear) and ``graph`` (one call per CUDA-graph replay: device time):
-
-- ``triton`` the lab's kernel into ``out[T, H', 576]`` (real heads only); ``triton_unpadded`` into ``[T, H, 576]``
-  (the gapped-write cost); ``triton_zero_pad`` also zeroing heads H..H'-1;
-- ``torch_cat`` into an H-head buffer (vLLM before the PR); ``two_copy``: two ``copy_`` into the padded view;
-- ``triton_vllm_layout`` / ``two_copy_vllm_layout``: inputs strided as vLLM hands them (ql_nope head-major from the
-  bmm, q_pe a slice of q ``[T, H, 192 + 64]``);
-- ``d2d_copy`` a device copy of the same bytes (the ceiling at this size).
-
-Bytes ``effective = 2 T H 576 2`` (read + write of the real heads); ``moved`` adds ``triton_zero_pad``'s zero writes;
-``pct_of_copy`` = GB/s over the copy's. Every Triton method is checked bitwise on a NaN-poisoned output first. Rows:
-``concat_bench.csv`` (with the 4 GiB copy's GB/s, ``big_copy_gbps``, and the host cost per call at T 16,
-``timing`` = ``host_per_call``); parameter ``tune`` (false): ``concat_bench_tune.csv``, the kernel's
-:data:`TUNE_CONFIGS` per shape (graph timing). Parameters ``tokens``, ``heads``, ``warmup`` / ``rep`` (do_bench ms).
+"""The Q concat into a head-padded workspace over T x H (vLLM PR #53878's ``concat_mla_q`` step), H' = the rank's
+padding rule on H (:func:`mla_lab.rank.pad_heads`), :func:`mla_lab.measure.timer.median_ms` (do_bench median, L2
+cleared) ``eager`` (the call as a program makes it: host launch cost included when the host is slower) and
+``graph`` (one call per CUDA-graph replay: device time). Methods (:func:`_methods`): the lab's kernel into the
+padded workspace, into an unpadded buffer (the gapped-write cost), zeroing the padding; ``torch.cat`` (vLLM before
+the PR); two ``copy_``; both again on inputs strided as vLLM hands them; a device copy of the same bytes (the
+ceiling). Each Triton method is checked bitwise first. Bytes ``2 T H 576 2`` (``bytes_moved`` adds zeroed padding);
+``pct_of_copy`` = the copy's time / the method's. Rows: ``concat_bench.csv`` (also a 4 GiB copy's GB/s and the host
+cost per call at T 16, ``timing`` = ``host_per_call``); parameter ``tune``: ``concat_bench_tune.csv``
+(:data:`TUNE_CONFIGS`, graph timing). Parameters ``tokens``, ``heads``, ``warmup`` / ``rep`` (do_bench ms).
 """
 
 from __future__ import annotations
@@ -27,7 +20,7 @@ from mla_lab.measure.record import log
 from mla_lab.measure.timer import median_ms
 from mla_lab.rank import pad_heads
 
-from .concat_variants import check_concat, host_us
+from .concat_variants import check_concat, concat_tensors, host_us
 
 DEFAULT_T = (1024, 4096, 16384, 32768)
 DEFAULT_H = (8, 16, 32, 64, 128)
@@ -48,10 +41,10 @@ _V2 = {"block_rows": DEFAULT_BLOCK_ROWS, "num_warps": DEFAULT_NUM_WARPS, "stream
 
 def _methods(T, H, Hp) -> tuple:
     """``(a, b, out, {method: (fn, zero_padding, layout, triton config or None)})``, inputs checked first."""
-    r = lambda *s: torch.randn(*s, device="cuda", dtype=torch.bfloat16)  # noqa: E731
-    a, b, av, bv = r(T, H, 512), r(T, H, 64), r(H, T, 512).transpose(0, 1), r(T, H, 256)[..., 192:]
-    out, buf, src = r(T, Hp, 576), r(T, H, 576), r(T * H * 576)
-    dst = torch.empty_like(src)
+    t = concat_tensors(T, H, Hp)
+    a, b, out, buf, src, dst = t.a, t.b, t.out, t.buf, t.src, t.dst
+    av = torch.randn(H, T, 512, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
+    bv = torch.randn(T, H, 256, device="cuda", dtype=torch.bfloat16)[..., 192:]
 
     def two_copy(x, y):
         out[:, :H, :512].copy_(x)
@@ -108,17 +101,13 @@ def time_shape(sink, T, H, Hp, s, big_copy_gbps) -> None:
 
 def host_launch(sink, H, Hp, big_copy_gbps) -> None:
     """Host microseconds per call at T 16 (back to back, no sync): there the device time is below the host cost."""
-    a, b = torch.randn(16, H, 512, device="cuda", dtype=torch.bfloat16), torch.randn(16, H, 64, device="cuda",
-                                                                                     dtype=torch.bfloat16)
-    out, buf = torch.empty(16, Hp, 576, device="cuda", dtype=torch.bfloat16), torch.empty(16, H, 576, device="cuda",
-                                                                                          dtype=torch.bfloat16)
-    src = torch.randn(16 * H * 576, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
+    t = concat_tensors(16, H, Hp)
+    a, b, out = t.a, t.b, t.out
     fns = {"concat_mla_q(api, triton)": lambda: concat_mla_q(a, b, out, backend="triton"),
            "concat_mla_q_triton(direct)": lambda: concat_mla_q_triton(a, b, out),
-           "torch_cat": lambda: torch.cat([a, b], dim=-1, out=buf),
+           "torch_cat": lambda: torch.cat([a, b], dim=-1, out=t.buf),
            "two_copy": lambda: (out[:, :H, :512].copy_(a), out[:, :H, 512:].copy_(b)),
-           "d2d_copy": lambda: dst.copy_(src)}
+           "d2d_copy": lambda: t.dst.copy_(t.src)}
     for name, fn in fns.items():
         sink.write("concat_bench.csv", {"T": 16, "H": H, "Hp": Hp, "dtype": "bfloat16", "method": name,
                                         "timing": "host_per_call", "ms": host_us(fn, 2000, 1) * 1e-3,

@@ -1,28 +1,17 @@
-"""The Q concat into the rank's padded [T, H', 576] workspace (issue 23, rounds 3-4): kernel variants, the layout's
-own cost, cache hints and the host launch cost. Parameter ``set`` picks the methods and the file (a set never writes
-another set's rows; :data:`FILES`):
+"""The Q concat into the padded [T, H', 576] workspace (issue 23, rounds 3-4): kernel variants, the layout's own
+cost, cache hints, the host launch cost. Parameter ``set`` picks the methods and the file (:data:`FILES`, one per
+set; :func:`methods`): ``round3`` (v2, v3, :data:`TUNE`), ``round4`` (the persistent v4 and the TMA-store v5,
+:data:`TUNE4`; v2 with streaming hints; ``memcpy2d``: ``cudaMemcpy2DAsync`` into the same gapped layout),
+``ceiling`` (the layout's cost with the kernel held fixed, :mod:`mla_lab.measure.bandwidth`: one-source copies and
+zero fills into the padded and an unpadded buffer, ``memset``), ``hints`` / ``hints_clean`` (v2 with the cache
+hints of :data:`HINTS`; ``hints_clean`` without evict_last, whose protected L2 lines survive the timer's flush).
+Every set also times ``*_unpadded`` (the kernel into ``[T, H, 576]``: the gapped-write cost) and ``copy`` (the same
+bytes, the ceiling); every method writing the workspace is first checked bitwise (:func:`check_concat`).
 
-- ``round3``: v2, v3 and :data:`TUNE` (``tune``, default true), both timers;
-- ``round4``: v2, the persistent span kernel v4 and TMA stores v5 (:data:`TUNE4`; v5 needs H a power of two
-  <= 32), v2 with streaming hints, each variant's unpadded ceiling, ``memcpy2d`` (``cudaMemcpy2DAsync`` of a
-  contiguous ``[T, H, 576]`` source into the same gapped layout);
-- ``ceiling``: the layout's cost with the kernel held fixed (:mod:`mla_lab.measure.bandwidth`): ``copy1_*`` (one
-  source) and ``fill_*`` (zeros, write only) into the padded and an unpadded buffer, ``memset``;
-- ``hints`` / ``hints_clean``: v2 with the load-eviction / store-cache pairs of :data:`HINTS` (``hints_clean``
-  without evict_last, whose protected L2 lines survive the timer's flush: docs/perf-notes.md).
-
-Every set also times ``v2`` into the padded workspace, ``*_unpadded`` (the same kernel into ``[T, H, 576]``: the
-gapped-write cost) and ``copy`` (``dst.copy_(src)`` of the same bytes, the ceiling). Every method that writes the
-workspace is checked bitwise against ``torch.cat`` on a NaN-poisoned output (padded heads must stay NaN) first.
-
-Bytes ``2 T H 576 2`` (read + write; write-only rows one way), ``gbps`` from them, ``pct_of_copy`` = copy time /
-method time in the same round and timer. Timers (parameter ``timers``; round3 both, the others ``graph``), device
-time: ``graph`` (:func:`mla_lab.measure.timer.median_ms` ``graph=True``: one call per CUDA-graph replay under
-do_bench, L2 flushed before each: issue 23's figures) and ``cudagraph`` (``triton.testing.do_bench_cudagraph``:
-calls back to back, no flush). ``rounds`` rounds per (shape, method, timer), the order rotated. Host launch (T 16,
-eager, back to back, ``host_calls`` calls, median of 5; perf_counter then a sync): ``concat_mla_q`` (checked), the
-launcher's hot path (its ``path``) and its ``jit`` fallback, ``concat_mla_q_triton`` and ``torch.cat``; and the
-launcher captured in a CUDA graph replays new inputs bitwise (``graph_capture_ok``). Rows in us.
+Bytes ``2 T H 576 2`` (read + write; write-only rows one way); ``pct_of_copy`` = copy time / method time in the same
+round and timer. Timers (device time): ``graph`` (:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2
+flushed: issue 23's figures) and ``cudagraph`` (``triton.testing.do_bench_cudagraph``: back to back, no flush).
+Host launch (T 16, back to back): :func:`host_launch`. Rows in us.
 """
 
 from __future__ import annotations
@@ -55,16 +44,13 @@ TUNE = {
 #: Round 4 (docs/perf-notes.md "Round 4"): v4 names rows per chunk, warps, programs per SM; v5 tokens per tile,
 #: warps, programs per SM.
 TUNE4 = {
-    "v2:stream": ("v2", {"streaming": True}),
-    "v4": ("v4", {}),
-    "v4:stride": ("v4", {"order": "stride"}),
+    "v2:stream": ("v2", {"streaming": True}), "v4": ("v4", {}), "v4:stride": ("v4", {"order": "stride"}),
     "v4:2r1w32": ("v4", {"block_rows": 2, "num_warps": 1, "progs_per_sm": 32}),
     "v4:4r1w8": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 8}),
     "v4:4r1w16": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 16}),
     "v4:8r2w8": ("v4", {"block_rows": 8, "num_warps": 2, "progs_per_sm": 8}),
     "v4:16r4w4": ("v4", {"block_rows": 16, "num_warps": 4, "progs_per_sm": 4}),
-    "v4:stream": ("v4", {"streaming": True}),
-    "v5": ("v5", {}),
+    "v4:stream": ("v4", {"streaming": True}), "v5": ("v5", {}),
     "v5:1t1w16": ("v5", {"block_t": 1, "num_warps": 1, "progs_per_sm": 16}),
     "v5:1t4w4": ("v5", {"block_t": 1, "num_warps": 4, "progs_per_sm": 4}),
     "v5:1t2w4": ("v5", {"block_t": 1, "num_warps": 2, "progs_per_sm": 4}),
@@ -73,12 +59,8 @@ TUNE4 = {
 #: v2 cache hints (name -> (load eviction_policy, store cache_modifier)): the last lever on the kernel side, since a
 #: one-source copy into this layout loses ~5 % only when its reads and writes mix.
 HINTS = {
-    "v2:ld_first": ("evict_first", ""),
-    "v2:ld_last": ("evict_last", ""),
-    "v2:st_cs": ("", ".cs"),
-    "v2:st_wt": ("", ".wt"),
-    "v2:st_cg": ("", ".cg"),
-    "v2:ld_first_st_wt": ("evict_first", ".wt"),
+    "v2:ld_first": ("evict_first", ""), "v2:ld_last": ("evict_last", ""), "v2:st_cs": ("", ".cs"),
+    "v2:st_wt": ("", ".wt"), "v2:st_cg": ("", ".cg"), "v2:ld_first_st_wt": ("evict_first", ".wt"),
     "v2:ld_last_st_cs": ("evict_last", ".cs"),
 }
 FILES = {"round3": "concat_round3.csv", "round4": "concat_round4.csv", "ceiling": "concat_layout_ceiling.csv",
@@ -108,29 +90,29 @@ def methods(which: str, tune: bool = True) -> list[str]:
 
 
 def settings(rank, options) -> SimpleNamespace:
-    """The parameters (``set``, ``tokens``, ``heads``, ``timers``, ``rounds``, ``rep``, ``host_calls``, ``tune``) of
-    one run on ``rank``, checked. Raises ValueError: one line naming the parameter, the value and what is allowed."""
-    T_max, Hp = rank.max_num_batched_tokens, rank.padded_num_heads
+    """The parameters (``set``, ``tokens``, ``heads``, ``padded_heads`` (the rank's), ``timers``, ``rounds``, ``rep``,
+    ``host_calls``, ``tune``) of one run on ``rank``, checked. Raises ValueError: one line naming the parameter, the
+    value and what is allowed."""
+    T_max, Hp = rank.max_num_batched_tokens, options.param("padded_heads", rank.padded_num_heads)
     s = SimpleNamespace(which=options.param("set", "round3"), Hp=Hp, rounds=options.param("rounds", 3),
                         rep=options.param("rep", 100), host_calls=options.param("host_calls", 1000),
                         tokens=options.param("tokens", tuple(sorted({T_max // 4, T_max}))),
                         heads=options.param("heads", tuple(dict.fromkeys((rank.num_heads,
                                                                           min(2 * rank.num_heads, Hp))))))
-    if s.which not in FILES:
-        raise ValueError(f"--param set={s.which!r}; allowed: {', '.join(FILES)}")
     s.timers = options.param("timers", TIMERS if s.which == "round3" else ("graph",))
     s.tune = options.param("tune", s.which == "round3")
-    if s.tune and s.which != "round3":
-        raise ValueError(f"--param tune=true applies to set round3 only (its TUNE configs); got set {s.which}")
     bad = [f"{k}={v}" for k, v in (("tokens", min(s.tokens)), ("heads", min(s.heads)), ("rounds", s.rounds),
                                    ("rep", s.rep), ("host_calls", s.host_calls)) if v < 1]
-    bad += [f"timers={t}" for t in s.timers if t not in TIMERS]
-    if bad or max(s.heads) > Hp:
-        raise ValueError(f"--param {(bad or [f'heads={max(s.heads)}'])[0]}: allowed: integers >= 1, heads <= the "
-                         f"rank's padded heads {Hp}, timers of {TIMERS}")
-    if s.which == "round4" and any(h > 32 or h & (h - 1) for h in s.heads):
-        raise ValueError(f"--param heads={s.heads}: set round4 runs v5 (TMA stores), which needs a power of two <= "
-                         "32 real heads; allowed: 1, 2, 4, 8, 16, 32")
+    bad += [f"timers={t}" for t in s.timers if t not in TIMERS] + [f"heads={h}" for h in s.heads if h > Hp]
+    why = {"set": f"; allowed: {', '.join(FILES)}", "tune": ": tune=true applies to set round3 only (its TUNE configs)",
+           "bad": f": allowed: integers >= 1, heads <= the padded heads {Hp}, timers of {TIMERS}",
+           "v5": ": set round4 runs v5 (TMA stores), which needs a power of two <= 32 real heads; allowed: 1 .. 32"}
+    for key, wrong, name in (("set", s.which not in FILES, f"set={s.which!r}"),
+                             ("tune", s.tune and s.which != "round3", f"set={s.which}"), ("bad", bad, bad[:1]),
+                             ("v5", s.which == "round4" and any(h > 32 or h & (h - 1) for h in s.heads),
+                              f"heads={s.heads}")):
+        if wrong:
+            raise ValueError(f"--param {''.join(name)}{why[key]}")
     s.smoke = options.smoke
     if options.smoke:
         s.tokens, s.heads, s.rounds, s.rep, s.host_calls = s.tokens[:1], s.heads[:1], 1, 20, 100
@@ -155,18 +137,16 @@ def plan(rank, options) -> list[dict]:
 
 
 def _cudart():
-    """The CUDA runtime library (for ``cudaMemcpy2DAsync``), or None."""
-    for name in ("libcudart.so", "libcudart.so.13", "libcudart.so.12"):
+    """The CUDA runtime library (torch's own first, for ``cudaMemcpy2DAsync``), or None."""
+    import glob
+    import os
+
+    ours = glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "*", "lib", "libcudart*"))
+    for name in sorted(ours) + ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]:
         try:
             return ctypes.CDLL(name)
         except OSError:
             continue
-    import glob
-    import os
-
-    for f in sorted(glob.glob(os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "*", "lib",
-                                           "libcudart.so*"))):
-        return ctypes.CDLL(f)
     return None
 
 
@@ -214,7 +194,9 @@ def _method(name, t, H):
     return None, None, *other[name]
 
 
-def _tensors(T, H, Hp):
+def concat_tensors(T, H, Hp) -> SimpleNamespace:
+    """Seeded bf16 inputs on CUDA: ``a [T,H,512]``, ``b [T,H,64]``, ``out [T,Hp,576]``, ``buf [T,H,576]``, ``src`` /
+    ``dst`` (the same bytes flat), ``cat`` (a and b concatenated, contiguous)."""
     torch.manual_seed(T * 131 + H)
     t = SimpleNamespace(a=torch.randn(T, H, 512, device="cuda", dtype=torch.bfloat16),
                         b=torch.randn(T, H, 64, device="cuda", dtype=torch.bfloat16),
@@ -258,7 +240,7 @@ def _cfg_str(variant, cfg) -> str:
 
 def time_shape(s, T, H, sink) -> None:
     """Every method of the set at (T, H): checked, then ``s.rounds`` rotated rounds per timer, one row each."""
-    t = _tensors(T, H, s.Hp)
+    t = concat_tensors(T, H, s.Hp)
     ms = {n: _method(n, t, H) for n in methods(s.which, s.tune)}
     ms = {n: m for n, m in ms.items() if m[2] is not None}  # memcpy2d without a CUDA runtime library
     for n, (_, _, fn, o) in ms.items():
@@ -323,7 +305,7 @@ def host_launch(s, sink) -> None:
     """The host cost per call of the concat's entry points at T 16 (rows ``timer`` = ``host_per_call``), then the
     hot launchers' CUDA-graph check."""
     H, variants = s.heads[0], {"round3": ("v2", "v3"), "round4": ("v2", "v4", "v5")}.get(s.which, ("v2",))
-    t = _tensors(16, H, s.Hp)
+    t = concat_tensors(16, H, s.Hp)
     fns, launchers = {}, {}
     for v in variants:
         fns[f"concat_mla_q({v}, checked)"] = lambda v=v: concat_mla_q(t.a, t.b, t.out, backend="triton", variant=v)

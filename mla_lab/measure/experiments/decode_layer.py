@@ -1,21 +1,15 @@
 """The decode experiment: one per-rank MoE decode layer (and mixed prefill + decode steps), its attention path and
 every op alone, the bf16 sparse kernel reading the padded Q workspace (vLLM sends every token of a bf16-KV step
-down the sparse path, decode included: vLLM ``mla_attention.py``).
+down the sparse path, decode included: vLLM ``mla_attention.py``). Weights: :class:`mla_lab.measure.layer.Layer`
+(TP attention, EP experts; no communication, KV-cache write and RoPE). The ops in order: :meth:`Step.ops`; the
+attention path per strategy: :data:`STRATEGIES` (``per_call_zeros``: concat into [B, H, 576], ``new_zeros`` pad,
+copy; ``private_workspace``: concat into the zeroed padded workspace), then the kernel (topk_length min(c, topk)).
 
-The layer per rank (TP attention, EP experts, no communication; KV-cache write and RoPE not timed), weights from
-:class:`mla_lab.measure.layer.Layer`: input RMSNorm (fused add), q_a_proj, RMSNorm, q_b_proj; kv_a_proj, RMSNorm;
-W_UK bmm; indexer q / k / weights projections, decode logits over each request's c cached keys
-(:func:`decode_logits`), top-k (k = min(c, topk)), local -> global slots; the attention path of the strategy
-(:data:`STRATEGIES`: ``per_call_zeros`` = concat into [B, H, 576] + ``new_zeros`` pad + copy, ``private_workspace``
-= concat into the zeroed padded workspace) and the sparse kernel (``topk_length`` = min(c, topk)); W_UV bmm; o_proj;
-RMSNorm; router; routed experts as ``bmm`` over the active local experts (:func:`active_experts`), SiLU*mul, down,
-sum; the shared expert.
-
-Rows (ms): ``decode_layer.csv`` per (B, c, strategy, mode): ``eager`` and ``graph`` (CUDA-graph replay, as vLLM's
+Rows (ms): ``decode_layer.csv`` per (B, c, strategy, mode), ``eager`` and ``graph`` (CUDA-graph replay, as vLLM's
 full decode graphs); mixed steps (a P-token chunk of one new prompt + decode tokens) eager only (vLLM runs them
-piecewise, attention eager). ``decode_attn.csv``: the attention path alone, same keys. ``decode_ops.csv``: each op
-alone (graph replay of ``op_inner`` calls, ms per call), per B and, for the c-dependent ops, per c. Strategies
-interleaved, order flipped every repeat.
+piecewise). ``decode_attn.csv``: the attention path alone. ``decode_ops.csv``: each op alone (graph replay of
+``op_inner`` calls, ms per call) per B and, for the c-dependent ops, per c. Strategies interleaved, order flipped
+every repeat.
 """
 
 from __future__ import annotations
@@ -33,6 +27,7 @@ from mla_lab.measure.record import NvmlSampler, log
 from mla_lab.measure.timer import est_ms, graphed, timed_window
 from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
 
+from ._common import ranks_of
 from .engine_presets import D_QK, causal_indices
 
 #: The attention paths timed (the first version's rows label them unfused / fused: mla_lab.placement.measured_as).
@@ -51,7 +46,9 @@ LAYER_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", 
 OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "content",
             "c_dependent", "repeat", "inner", "ms", "status"]
 OUTPUTS = {"decode_layer.csv": LAYER_COLS, "decode_attn.csv": LAYER_COLS, "decode_ops.csv": OPS_COLS}
-#: (B, c) of a full run per rank; the mixed steps (P prefill tokens + 32 decode tokens at c 4096) follow them.
+#: The models measured (parameter ``models``), each at the rank's TP and GPU.
+MODELS = ("glm-5", "deepseek-v3.2")
+#: (B, c) of a full run per model; the mixed steps (P prefill tokens + 32 decode tokens at c 4096) follow them.
 SHAPES = [(B, c) for B in (1, 4, 16, 64, 128, 256) for c in (1024, 4096, 8192)]
 MIXED = (2048, 8192)
 #: The smoke run's shapes and mixed step.
@@ -90,13 +87,13 @@ def decode_logits(q, kc, w, out):
     return out
 
 
-def check_decode_logits(dev="cuda") -> None:
+def check_decode_logits(dev="cuda", dtype=torch.bfloat16) -> None:
     """:func:`decode_logits` against fp64 torch on fresh inputs (poisoned output). Raises RuntimeError when the
     relative error is 2e-2 or more (nothing is timed then)."""
     g = torch.Generator(device=dev).manual_seed(11)
     for NH in (4, 32, 64):
-        q = torch.randn(3, NH, 128, device=dev, dtype=torch.bfloat16, generator=g)
-        kc = torch.randn(3, 200, q.shape[2], device=dev, dtype=torch.bfloat16, generator=g)
+        q = torch.randn(3, NH, 128, device=dev, dtype=dtype, generator=g)
+        kc = torch.randn(3, 200, q.shape[2], device=dev, dtype=dtype, generator=g)
         w = torch.rand(3, NH, device=dev, generator=g)
         o = decode_logits(q, kc, w, torch.full((3, 200), float("nan"), device=dev))
         ref = (torch.relu(torch.einsum("bhd,bsd->bhs", q.double(), kc.double())) * w.double()[:, :, None]).sum(1)
@@ -117,21 +114,18 @@ def active_experts(tokens: int, model, ep: int) -> tuple[int, int, int]:
 
 class DecodeLayer:
     """Weights (:class:`~mla_lab.measure.layer.Layer`, EP experts, the private workspace's padded heads zero) and the
-    KV and indexer-key caches of one rank (bf16 on CUDA), ``max_rows`` cached tokens."""
+    KV and indexer-key caches of one rank, ``max_rows`` cached tokens (bf16 on CUDA; CPU tests: Triton's
+    interpreter, fp32)."""
 
-    def __init__(self, rank, max_T, max_rows, dev="cuda"):
-        self.rank, self.m, self.dev, self.dtype, self.k = rank, rank.model, dev, torch.bfloat16, Kernels(dev)
+    def __init__(self, rank, max_T, max_rows, dev="cuda", dtype=torch.bfloat16):
+        self.rank, self.m, self.dev, self.dtype, self.k = rank, rank.model, dev, dtype, Kernels(dev)
         self.ep = rank.ep_size or rank.tp
-        dtype = self.dtype
         self.L = Layer(rank.model, rank.tp, rank.arch, dev, dtype, max_T, None, None, False, [("ep", self.ep)],
                        content="zeros")
         self.H, self.Hp = self.L.H, self.L.Hp
         self.g = torch.Generator(device=dev).manual_seed(5)
         self.kv_all = torch.randn(max_rows, 1, D_QK, device=dev, dtype=dtype, generator=self.g)
         self.ik_all = torch.randn(max_rows, self.m.index_head_dim, device=dev, dtype=dtype, generator=self.g)
-
-    def step(self, Bd, c, P=0) -> Step:
-        return Step(self, Bd, c, P)
 
 
 class Step:
@@ -307,11 +301,6 @@ def as_fn(ops):
     return run
 
 
-def _calls(fn, window_ms, cap):
-    """Calls per timed window: ``window_ms`` of ``fn``, 3 .. ``cap``."""
-    return max(3, min(cap, int(round(window_ms / max(est_ms(fn), 1e-3)))))
-
-
 def _paths(S: Step, graph: bool) -> dict:
     """``{(strategy, kind, mode): fn}``: the layer and the attention path alone per strategy, eager and (``graph``)
     their CUDA-graph replays; one layer call first populates the step's state."""
@@ -338,7 +327,7 @@ def time_step(ctx, S: Step, cfg: dict, mixed: bool) -> None:
         cfg["notes"] = (f"attention output {STRATEGIES[0]} vs {STRATEGIES[1]}: max_abs_diff "
                         f"{float((o1.float() - S.o.float()).abs().max())}")
     window, cap = (ctx.window_ms * 2, 100) if mixed else (ctx.window_ms, 200)
-    n_of = {k: _calls(f, window, cap) for k, f in fns.items()}
+    n_of = {k: max(3, min(cap, round(window / max(est_ms(f), 1e-3)))) for k, f in fns.items()}  # calls per window
     for r in range(ctx.repeats):
         for o, strat in enumerate(STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]):
             for (s, kind, mode), f in fns.items():
@@ -392,39 +381,47 @@ def _settings(options) -> dict:
 
 
 def plan(rank, options) -> list[dict]:
-    """What :func:`run` measures on ``rank``: one entry per decode shape and mixed step."""
+    """What :func:`run` measures per model: one entry per decode shape and mixed step."""
     s = _settings(options)
     return ([{"what": "decode", "batch": B, "context": c} for B, c in s["shapes"]]
             + [{"what": "mixed", "prefill_tokens": P, "batch": s["mixed_decode"], "context": s["mixed_context"]}
                for P in s["mixed"]])
 
 
-def run(rank, sink, options) -> None:
-    """Every decode shape (layer, attention path, ops) and every mixed step of :func:`plan` on ``rank`` (its model,
-    TP, EP size, heads and padded heads), rows into :data:`OUTPUTS`. Raises RuntimeError when the decode logits
-    kernel is wrong (nothing is timed then)."""
-    s = _settings(options)
-    check_decode_logits()
-    shapes, mixed, md, mc = s["shapes"], s["mixed"], s["mixed_decode"], s["mixed_context"]
+def measure_rank(ctx, rank) -> None:
+    """Every decode shape (layer, attention path, ops) and every mixed step of ``ctx`` on ``rank`` (its model, TP,
+    EP size, heads and padded heads)."""
+    shapes, mixed, md, mc = ctx.shapes, ctx.mixed, ctx.mixed_decode, ctx.mixed_context
     D = DecodeLayer(rank, max([B for B, _ in shapes] + [P + md for P in mixed]),
                     max([B * c for B, c in shapes] + [P + md * mc for P in mixed]))
     base = {"model": rank.model.name, "tp": rank.tp, "ep": D.ep, "H": D.H, "Hp": D.Hp}
     done: set = set()
+    for B, c in shapes:
+        S = Step(D, B, c)
+        time_step(ctx, S, _config(D, S, base), mixed=False)
+        if ctx.ops:
+            time_ops(ctx, S, base, done)
+        log(f"{rank.model.name} B={B} c={c}: done")
+        del S
+        torch.cuda.empty_cache()
+    for P in mixed:
+        S = Step(D, md, mc, P=P)
+        time_step(ctx, S, {**_config(D, S, base), "notes": (
+            "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
+            "indices; indexer top-k computed, not used")}, mixed=True)
+        log(f"{rank.model.name} mixed P={P}+{md}x{mc}: done")
+        del S
+        torch.cuda.empty_cache()
+
+
+def run(rank, sink, options) -> None:
+    """:func:`measure_rank` for each of parameter ``models`` (``glm-5,deepseek-v3.2``; smoke: the rank's model) at
+    the rank's TP and GPU, rows into :data:`OUTPUTS`. Raises RuntimeError when the decode logits kernel is wrong
+    (nothing is timed then)."""
+    check_decode_logits()
+    ranks = [rank] if options.smoke else ranks_of(rank, options.param("models", MODELS))
     with NvmlSampler(0.02) as sampler:
-        ctx = SimpleNamespace(sink=sink, sampler=sampler, **s)
-        for B, c in shapes:
-            S = D.step(B, c)
-            time_step(ctx, S, _config(D, S, base), mixed=False)
-            if ctx.ops:
-                time_ops(ctx, S, base, done)
-            log(f"{rank.model.name} B={B} c={c}: done")
-            del S
-            torch.cuda.empty_cache()
-        for P in mixed:
-            S = D.step(md, mc, P=P)
-            time_step(ctx, S, {**_config(D, S, base), "notes": (
-                "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
-                "indices; indexer top-k computed, not used")}, mixed=True)
-            log(f"{rank.model.name} mixed P={P}+{md}x{mc}: done")
-            del S
+        ctx = SimpleNamespace(sink=sink, sampler=sampler, **_settings(options))
+        for r in ranks:
+            measure_rank(ctx, r)
             torch.cuda.empty_cache()

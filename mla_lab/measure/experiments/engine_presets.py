@@ -10,8 +10,8 @@ import contextlib
 import torch
 
 from mla_lab.kernels.device import Kernels
+from mla_lab.measure.attention import padded_path
 from mla_lab.placement import BENCH_PRESET_LABELS, parse_strategy
-from mla_lab.strategies import PaddedQPath
 
 D_NOPE, D_QK, D_V = 512, 576, 512
 
@@ -87,17 +87,14 @@ def call_peak(fn) -> int | str:
 
 
 class Presets:
-    """The attention path of one layer call per preset label on ``rank`` (its real and padded heads, its GPU), T
-    tokens of ``pattern``: each label's :class:`~mla_lab.placement.Strategy` run by
-    :class:`mla_lab.strategies.PaddedQPath`, plus ``subchunk_2stream`` (a lab variant: two sub-chunk workspaces,
-    chunk i+1's concat on a second stream while chunk i's kernel runs).
+    """One layer call's attention path per preset label on ``rank`` (its heads, padded heads and GPU), T tokens of
+    ``pattern``: the label's strategy through :func:`mla_lab.measure.attention.padded_path`, or ``subchunk_2stream``.
 
-    :meth:`build` gives ``(fn, prep, persistent_bytes, S, n_chunks, strategy)``; ``fn(check)`` runs the call once
-    and returns the real heads' output; with a dict ``check`` it also stores the largest |value| in the padded heads
-    of the first q the kernel read (``pad_absmax``). ``per_call_empty`` runs with its pad as ``new_empty`` hands it:
-    the ``prep`` before each window frees a same-size block holding zeros or N(0, 1) (what vLLM before PR #53878
-    gets from the caching allocator); the shared workspace's padded heads hold N(0, 1) (the fused-MoE scratch),
-    re-scribbled before each window for ``shared_workspace_zero_per_call``.
+    :meth:`build` gives ``(fn, prep, persistent_bytes, S, n_chunks, strategy)``; ``fn(check)`` runs the call once and
+    returns the real heads' output (with a dict ``check``: also the largest |value| in the padded heads of the first
+    q the kernel read, ``pad_absmax``). ``prep`` runs before each window: ``per_call_empty_*`` frees a same-size block
+    holding zeros or N(0, 1) (what vLLM before PR #53878 gets from the caching allocator: its pad is ``new_empty``'s);
+    the shared workspace's padded heads are scribbled with N(0, 1) (the fused-MoE scratch).
     """
 
     def __init__(self, rank, dev, dtype, T, pattern, gen, topk, skv_full):
@@ -131,9 +128,8 @@ class Presets:
 
     def _path(self, strategy):
         empty = strategy.placement == "per_call_empty"
-        path = PaddedQPath(parse_strategy("per_call_empty:stale") if empty else strategy, num_heads=self.H,
-                           max_num_batched_tokens=self.T, arch=self.rank.arch, device=self.dev,
-                           dtype=self.dtype, kernel_backend="auto", concat_backend="auto",
+        path = padded_path(self.rank, parse_strategy("per_call_empty:stale") if empty else strategy, self.T,
+                           self.dev, dtype=self.dtype, kernel_backend="auto", concat_backend="auto",
                            fill_stale=(lambda t: t) if empty else (lambda t: t.normal_(generator=self.gen)))
         if path.padded_heads != self.Hp:
             raise ValueError(f"H={self.H}: padded to {path.padded_heads} heads, the rank says {self.Hp}")

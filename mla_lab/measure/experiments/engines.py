@@ -9,11 +9,11 @@ check; the FlashMLA sparse kernel (:class:`mla_lab.kernels.device.Kernels`), hea
    over 2 T keys). Modes ``alone`` (calls back to back) and ``interleaved`` (each call followed by a bf16 GEMM
    [T, 6144] x [6144, 4096], untimed). Repeats alternate zeros / stale (order flipped every repeat); a row per
    window: per-call median, mean, p10, p90 (CUDA events around each call) and the NVML medians over the window.
-2. ``presets.csv``: the attention path of one layer call per preset (:data:`~.engine_presets.PRESET_DOC`;
-   :class:`~.engine_presets.Presets`) at the rank's seed step (1024-token causal prompts) and at full topk, repeats
-   interleaved across presets, with the call's peak memory above its baseline, the persistent bytes, what the padded
-   heads held and the real heads' max abs difference against the private zeroed workspace's call.
-3. ``nan.csv``: padded heads NaN / inf in the workspace: are the real heads identical to the zero-padded call's?
+2. ``presets.csv``: one layer call's attention path per preset (:class:`~.engine_presets.Presets`) per model
+   (parameter ``models``: ``glm-5,deepseek-v3.2`` at the rank's TP), at the step of 1024-token causal prompts and at
+   full topk, repeats interleaved across presets; the call's peak memory above its baseline, the persistent bytes,
+   what the padded heads held, the real heads' max abs difference against the private zeroed workspace's call.
+3. ``nan.csv``: padded heads NaN / inf, per model: are the real heads identical to the zero-padded call's?
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from mla_lab.kernels.device import Kernels
 from mla_lab.measure.record import NvmlSampler, log
 from mla_lab.measure.timer import est_ms, timed_window
 
-from ._common import PROMPT
+from ._common import PROMPT, ranks_of
 from .engine_presets import D_QK, D_V, PRESET_DOC, Presets, as_tensor, call_peak, content_of, make_pattern
 
 CONTENT_COLS = ["experiment", "shape_id", "H", "Hp", "T", "pattern", "prompt_len", "s_kv", "topk", "sum_topk",
@@ -45,17 +45,19 @@ OUTPUTS = {"content.csv": CONTENT_COLS, "presets.csv": PRESET_COLS, "nan.csv": N
 #: (part, H or model, T, pattern or preset) on the seed rank (GLM-5 TP 8: 8 of 64 heads, T 16384)
 SHAPES = ([("content", H, T, p) for H in (8, 16, 32) for T in (1024, 4096, 16384)
            for p in ("causal_1024", "causal_8192", "full")]
-          + [("presets", "glm-5", 16384, label) for label in PRESET_DOC] + [("nan", "glm-5", 16384, "nan")])
+          + [(part, m, 16384, label) for m in ("glm-5", "deepseek-v3.2")
+             for part, label in [*(("presets", x) for x in PRESET_DOC), ("nan", "nan")]])
 _FILL = "randn N(0,1), same distribution as the real heads and kv (stands for activations)"
 _SM = D_QK ** -0.5
 
 
-def _content_shapes(rank):
-    """(T, H, pattern) of the content factor; a causal pattern whose prompt covers T is measured once."""
+def content_shapes(rank, smoke=False):
+    """(T, H, pattern) of the content factor (smoke: the step's T and the rank's H only); a causal pattern whose
+    prompt covers T is measured once."""
     T_max, H, topk = rank.max_num_batched_tokens, rank.num_heads, rank.model.topk
     seen = set()
-    for T in (T_max, T_max // 4, T_max // 16):
-        for h in [x for x in (H, 2 * H, 4 * H) if x < rank.padded_num_heads]:
+    for T in (T_max,) if smoke else (T_max, T_max // 4, T_max // 16):
+        for h in [x for x in ((H,) if smoke else (H, 2 * H, 4 * H)) if x < rank.padded_num_heads]:
             for pat in (f"causal_{PROMPT}", f"causal_{T_max // 2}", f"full_{topk}"):
                 key = (T, h, min(int(pat[7:]), T) if pat.startswith("causal_") else pat)
                 if key not in seen:
@@ -63,18 +65,24 @@ def _content_shapes(rank):
                     yield T, h, pat
 
 
-def _content_calls(ctx, T, H, pat, gen):
-    """The zeros and stale calls at one shape, the pattern's facts and whether their real heads agree."""
-    rank = ctx.rank
+def _inputs(rank, T, H, pat, gen):
+    """The kernel's inputs at one shape (kv, indices, topk_length, q [T, H', 576] with zero padded heads) and the
+    pattern's facts."""
     s_kv, idx, tl, st, plen = make_pattern(pat, T, "cuda", gen, rank.model.topk, 2 * rank.max_num_batched_tokens)
     kv = torch.randn(s_kv, 1, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
-    qz = torch.randn(T, ctx.Hp, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(T, rank.padded_num_heads, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q[:, H:].zero_()
+    return kv, idx, tl, q, {"s_kv": s_kv, "sum_topk": st, "prompt_len": plen}
+
+
+def _content_calls(ctx, rank, T, H, pat, gen):
+    """The zeros and stale calls at one shape, the pattern's facts and whether their real heads agree."""
+    kv, idx, tl, qz, facts = _inputs(rank, T, H, pat, gen)
     qs = qz.clone()
-    qz[:, H:].zero_()
     qs[:, H:].normal_(generator=gen)  # the stale fill: an independent N(0, 1) draw
     calls = {"zeros": lambda: ctx.k.kernel(qz, kv, idx, _SM, tl), "stale": lambda: ctx.k.kernel(qs, kv, idx, _SM, tl)}
-    eq = bool(torch.equal(calls["zeros"]()[:, :H], calls["stale"]()[:, :H]))
-    return calls, {"s_kv": s_kv, "sum_topk": st, "prompt_len": plen, "out_equal": eq}
+    facts["out_equal"] = bool(torch.equal(calls["zeros"]()[:, :H], calls["stale"]()[:, :H]))
+    return calls, facts
 
 
 def _gemm(T, gen, k=6144, n=4096):
@@ -85,9 +93,10 @@ def _gemm(T, gen, k=6144, n=4096):
     return lambda: torch.mm(a, b, out=c), f"[{T},{k}]x[{k},{n}] bf16"
 
 
-def time_content(ctx, shape_id, T, H, pat, gen) -> None:
+def time_content(ctx, rank, shape_id, T, H, pat, gen) -> None:
     """Zeros against stale padded heads at one shape, both modes, ``ctx.repeats`` alternating pairs."""
-    calls, facts = _content_calls(ctx, T, H, pat, gen)
+    calls, facts = _content_calls(ctx, rank, T, H, pat, gen)
+    Hp = rank.padded_num_heads
     n = max(ctx.min_calls, min(ctx.max_calls, int(round(ctx.window_ms / max(est_ms(calls["zeros"]), 1e-3)))))
     gemm, gshape = _gemm(T, gen)
     for mode, after in (("alone", None), ("interleaved", gemm)):
@@ -97,19 +106,19 @@ def time_content(ctx, shape_id, T, H, pat, gen) -> None:
             for k, content in enumerate(("zeros", "stale") if r % 2 == 0 else ("stale", "zeros")):
                 res = timed_window(calls[content], n, sampler=ctx.sampler, after=after)
                 ctx.sink.write("content.csv", {
-                    "experiment": "content_factor", "shape_id": shape_id, "H": H, "Hp": ctx.Hp, "T": T,
-                    "pattern": pat, "topk": ctx.rank.model.topk, **facts, "content": content,
+                    "experiment": "content_factor", "shape_id": shape_id, "H": H, "Hp": Hp, "T": T,
+                    "pattern": pat, "topk": rank.model.topk, **facts, "content": content,
                     "content_fill": "zeros" if content == "zeros" else _FILL, "mode": mode, "repeat": r,
-                    "order_in_pair": k, **res, "tflops": 2 * facts["sum_topk"] * ctx.Hp * (D_QK + D_V) / (
+                    "order_in_pair": k, **res, "tflops": 2 * facts["sum_topk"] * Hp * (D_QK + D_V) / (
                         res["ms_median"] * 1e9), "gemm_shape": gshape if after else "",
                     "power_kind": ctx.sampler.power_kind, "kernel_impl": ctx.k.kernel_impl, "status": "ok"})
     log(f"content T={T} H={H} {pat}: n={n}, real heads equal={facts['out_equal']}")
 
 
-def part_content(ctx) -> None:
+def part_content(ctx, rank) -> None:
     gen = torch.Generator(device="cuda").manual_seed(1234)
-    for shape_id, (T, H, pat) in enumerate(_content_shapes(ctx.rank), 1):
-        time_content(ctx, shape_id, T, H, pat, gen)
+    for shape_id, (T, H, pat) in enumerate(content_shapes(rank, ctx.smoke), 1):
+        time_content(ctx, rank, shape_id, T, H, pat, gen)
         torch.cuda.empty_cache()
 
 
@@ -138,11 +147,17 @@ def _built(ctx, P, name, S, ref) -> dict:
         "concat_impl": impls[0], "kernel_impl": impls[1], "description": PRESET_DOC[name]}}
 
 
-def part_presets(ctx) -> None:
-    rank, T = ctx.rank, ctx.rank.max_num_batched_tokens
-    sub_S = [T // 2, T] if ctx.smoke else [T // 16, T // 8, T // 4, T // 2, T]
-    names = [(n, None) for n in list(PRESET_DOC)[:6]] + [("subchunk", S) for S in sub_S] + [
+def preset_names(T, smoke=False) -> list[tuple]:
+    """(preset, S) timed at T tokens: the six fixed presets, then sub-chunks of T / 16 .. T rows (smoke: T / 2, T),
+    views, and the two-stream variant at T / 8 and T / 4."""
+    sub_S = [T // 2, T] if smoke else [T // 16, T // 8, T // 4, T // 2, T]
+    return [(n, None) for n in list(PRESET_DOC)[:6]] + [("subchunk", S) for S in sub_S] + [
         ("subchunk_views", S) for S in sub_S] + [("subchunk_2stream", S) for S in sub_S[1:3]]
+
+
+def part_presets(ctx, rank) -> None:
+    T = rank.max_num_batched_tokens
+    names = preset_names(T, ctx.smoke)
     gen = torch.Generator(device="cuda").manual_seed(99)
     for pname, pat in (("seed", f"causal_{PROMPT}"), ("full", f"full_{rank.model.topk}")):
         P = Presets(rank, "cuda", torch.bfloat16, T, pat, gen, rank.model.topk, 2 * T)
@@ -167,14 +182,11 @@ def part_presets(ctx) -> None:
         torch.cuda.empty_cache()
 
 
-def part_nan(ctx) -> None:
-    rank, T, H = ctx.rank, ctx.rank.max_num_batched_tokens, ctx.rank.num_heads
+def part_nan(ctx, rank) -> None:
+    T, H, Hp = rank.max_num_batched_tokens, rank.num_heads, rank.padded_num_heads
     gen = torch.Generator(device="cuda").manual_seed(7)
     pat = f"causal_{PROMPT}"
-    s_kv, idx, tl, _, _ = make_pattern(pat, T, "cuda", gen, rank.model.topk, 2 * T)
-    kv = torch.randn(s_kv, 1, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
-    q = torch.randn(T, ctx.Hp, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
-    q[:, H:].zero_()
+    kv, idx, tl, q, _ = _inputs(rank, T, H, pat, gen)
     call = lambda: ctx.k.kernel(q, kv, idx, _SM, tl)  # noqa: E731
     ref, ms_zeros = call()[:, :H].clone(), est_ms(call)
     for fill in ("nan", "inf"):
@@ -183,7 +195,7 @@ def part_nan(ctx) -> None:
         torch.cuda.synchronize()
         d = float((o.float() - ref.float()).abs().max())
         ctx.sink.write("nan.csv", {"experiment": "nan_padding", "model": rank.model.name, "tp": rank.tp, "H": H,
-                                   "Hp": ctx.Hp, "pattern": pat, "T": T, "pad_fill": fill, "max_abs_diff": d,
+                                   "Hp": Hp, "pattern": pat, "T": T, "pad_fill": fill, "max_abs_diff": d,
                                    "bit_identical": bool(torch.equal(o, ref)), "ms_zeros": ms_zeros,
                                    "real_heads_nonfinite": int((~torch.isfinite(o)).sum()), "ms_fill": est_ms(call),
                                    "status": "ok"})
@@ -191,10 +203,12 @@ def part_nan(ctx) -> None:
 
 
 PARTS = {"nan": part_nan, "presets": part_presets, "content": part_content}
+#: The parts run once per model (parameter ``models``); the content factor sweeps H on the rank's padding.
+PER_MODEL = ("nan", "presets")
 
 
 def run(rank, sink, options) -> None:
-    """Parameters: ``parts``; ``repeats`` (content, 5), ``preset_repeats`` (7), ``window_ms`` (120) and
+    """Parameters: ``parts``, ``models``; ``repeats`` (content, 5), ``preset_repeats`` (7), ``window_ms`` (120) and
     ``preset_window_ms`` (50) per timed window, ``min_calls`` / ``max_calls`` (5 / 300); smoke: 2 repeats, 5 ms
     windows. Raises ValueError on an unknown part."""
     parts = options.param("parts", tuple(PARTS))
@@ -203,12 +217,14 @@ def run(rank, sink, options) -> None:
     smoke = options.smoke
     with NvmlSampler(0.02) as sampler:
         ctx = SimpleNamespace(
-            rank=rank, sink=sink, k=Kernels("cuda"), sampler=sampler, smoke=smoke, Hp=rank.padded_num_heads,
+            sink=sink, k=Kernels("cuda"), sampler=sampler, smoke=smoke,
             repeats=2 if smoke else options.param("repeats", 5),
             preset_repeats=2 if smoke else options.param("preset_repeats", 7),
             window_ms=5.0 if smoke else options.param("window_ms", 120.0),
             preset_window_ms=5.0 if smoke else options.param("preset_window_ms", 50.0),
             min_calls=options.param("min_calls", 5), max_calls=options.param("max_calls", 300))
+        ranks = [rank] if smoke else ranks_of(rank, options.param("models", ("glm-5", "deepseek-v3.2")))
         for part in parts:
-            PARTS[part](ctx)
+            for r in ranks if part in PER_MODEL else [rank]:
+                PARTS[part](ctx, r)
             log(f"engines: {part} done")

@@ -10,9 +10,10 @@ The absorbed-MLA prefill computes ``ql_nope = bmm(q_nope^T [H, T, d_nope], W_UK 
   output), then ``q_pe`` alone into ``ws[:, :H, 512:]``;
 - ``bmm``: the bmm alone (what the concat adds is ``pr - bmm``).
 
-H, d_nope = qk_nope_head_dim and H' from the rank (GLM-5 TP8: 8, 192, 64). Before timing, ``fused``'s real heads
-are compared with ``pr``'s (``max_abs_diff``: cuBLAS may pick another algorithm for the strided output) and its
-padded heads must stay NaN. Rows: ``fused_bmm.csv`` (us). Parameters ``rounds`` (5), ``rep`` (do_bench ms, 50).
+H, d_nope = qk_nope_head_dim and H' per model (parameter ``models``) at the rank's TP (GLM-5 TP8: 8, 192, 64;
+DeepSeek-V3.2: 16, 128, 64). Before timing, ``fused``'s real heads are compared with ``pr``'s (``max_abs_diff``:
+cuBLAS may pick another algorithm for the strided output) and its padded heads must stay NaN. Rows:
+``fused_bmm.csv`` (us). Parameters ``rounds`` (5), ``rep`` (do_bench ms, 50).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from mla_lab.kernels import make_concat_launcher
 from mla_lab.measure.record import log
 from mla_lab.measure.timer import median_ms
 
+from ._common import ranks_of
+
 METHODS = ("pr", "fused", "bmm")
 OUTPUTS = {"fused_bmm.csv": ["model", "T", "H", "Hp", "d_nope", "method", "timer", "round", "us", "max_abs_diff"]}
-#: (model, T) measured on the seed rank and on DeepSeek-V3.2 TP 8 (``--model deepseek-v3.2``)
+#: (model, T) on the seed rank (TP 8, T 16384 and a quarter of it)
 SHAPES = [(m, T) for m in ("glm-5", "deepseek-v3.2") for T in (4096, 16384)]
 
 
@@ -60,21 +63,28 @@ def _methods(T, H, d, Hp) -> tuple[dict, float]:
 
 
 def run(rank, sink, options) -> None:
-    H, d, Hp = rank.num_heads, rank.model.qk_nope_head_dim, rank.padded_num_heads
+    """Each of parameter ``models`` (``glm-5,deepseek-v3.2``; smoke: the rank's model) at the rank's TP and GPU."""
     rounds, rep = options.param("rounds", 5), options.param("rep", 50)
-    for T in sorted({rank.max_num_batched_tokens // 4, rank.max_num_batched_tokens}):
-        fns, diff = _methods(T, H, d, Hp)
-        times = {m: [] for m in METHODS}
-        for r in range(rounds):
-            for m in METHODS[r % 3:] + METHODS[:r % 3]:
-                times[m].append(median_ms(fns[m], warmup=10, rep=rep, graph=True) * 1e3)
-        for m in METHODS:
-            for r, us in enumerate(times[m]):
-                sink.write("fused_bmm.csv", {"model": rank.model.name, "T": T, "H": H, "Hp": Hp, "d_nope": d,
-                                             "method": m, "timer": "graph", "round": r, "us": us,
-                                             "max_abs_diff": diff if m == "fused" else ""})
-        med = {m: statistics.median(times[m]) for m in METHODS}
-        log(f"fused_bmm {rank.model.name} T={T} H={H}: pr {med['pr']:.1f} us, fused {med['fused']:.1f} us, bmm "
-            f"{med['bmm']:.1f} us (max |diff| {diff:.2e})")
-        del fns
-        torch.cuda.empty_cache()
+    for r in [rank] if options.smoke else ranks_of(rank, options.param("models", ("glm-5", "deepseek-v3.2"))):
+        for T in sorted({r.max_num_batched_tokens // 4, r.max_num_batched_tokens}):
+            measure(sink, r, T, rounds, rep)
+
+
+def measure(sink, rank, T, rounds, rep) -> None:
+    """The three methods at T tokens on ``rank``, ``rounds`` rotated rounds, one row each."""
+    H, d, Hp = rank.num_heads, rank.model.qk_nope_head_dim, rank.padded_num_heads
+    fns, diff = _methods(T, H, d, Hp)
+    times = {m: [] for m in METHODS}
+    for r in range(rounds):
+        for m in METHODS[r % 3:] + METHODS[:r % 3]:
+            times[m].append(median_ms(fns[m], warmup=10, rep=rep, graph=True) * 1e3)
+    for m in METHODS:
+        for r, us in enumerate(times[m]):
+            sink.write("fused_bmm.csv", {"model": rank.model.name, "T": T, "H": H, "Hp": Hp, "d_nope": d,
+                                         "method": m, "timer": "graph", "round": r, "us": us,
+                                         "max_abs_diff": diff if m == "fused" else ""})
+    med = {m: statistics.median(times[m]) for m in METHODS}
+    log(f"fused_bmm {rank.model.name} T={T} H={H}: pr {med['pr']:.1f} us, fused {med['fused']:.1f} us, bmm "
+        f"{med['bmm']:.1f} us (max |diff| {diff:.2e})")
+    del fns
+    torch.cuda.empty_cache()

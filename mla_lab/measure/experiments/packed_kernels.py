@@ -9,28 +9,18 @@ Shapes (``shape`` column; parameter ``shapes``): ``seed`` (1024-token causal pro
 prefix), ``o<x>`` (the common-core model at pairwise overlap x, s_kv 4 T), ``ctx<n>`` (each token topk random keys
 of an n-key context: the union cannot exceed n), ``structured`` (window + Toeplitz + content keys, 2 T context).
 
-Kernels (``kernel`` column):
+Kernels (``kernel`` column): ``packed`` (the union build + the packed kernel: FlashMLA over the shared keys, the
+lab's Triton kernel over the rest with the per-row mask), ``packed_kernel`` (sets built beforehand), ``union_build``
+(``builder`` column: ``cuda`` / ``triton``), ``packed_triton`` (the Triton masked kernel over the whole union),
+``flashmla_bound`` (FlashMLA with s_q = T / g, h_q = H', topk = U, no mask: the upper bound),
+``flashmla_ts_pad64`` (tokenspeed-flashmla on Q padded to H' heads, padded heads stale; ``_zeros``: zero, the
+dispatch's fallback), ``flashmla_vllm_pad64`` (vLLM 0.33.0's bundled FlashMLA, FLASHMLA_SPARSE), ``fa3_sparse``
+(vLLM 0.33.0's FA3 sparse on the real heads, vLLM's sm90 default), ``sglang_triton`` (SGLang 0.5.23's 16-row tile;
+``_union4``: its ``union=4`` option with its own union build), ``dispatched`` (the sampled union build, every 16th
+group, + the path :func:`mla_lab.kernels.packed.choose_path` picks: ``path`` column).
 
-========================  ============================================================================================
-``packed``                the union build + the packed kernel (FlashMLA over the shared keys, the lab's Triton
-                          kernel over the rest with the per-row mask): what the path costs per call
-``packed_kernel``         the packed kernel alone (sets built beforehand)
-``union_build``           the union builder alone (``builder`` column: ``cuda`` / ``triton``)
-``packed_triton``         the lab's Triton masked kernel over the whole union (no FlashMLA)
-``flashmla_bound``        FlashMLA with s_q = T / g, h_q = H', topk = U (all rows real, no mask): the upper bound
-``flashmla_ts_pad64``     tokenspeed-flashmla on Q padded to H' heads (per token), padded heads stale (random);
-                          ``_zeros``: zero padded heads (the dispatch's fallback runs this one)
-``flashmla_vllm_pad64``   vLLM 0.33.0's bundled FlashMLA on Q padded to H' heads (FLASHMLA_SPARSE)
-``fa3_sparse``            vLLM 0.33.0's FA3 sparse on the real heads (FLASH_ATTN_MLA_SPARSE, vLLM's sm90 default)
-``sglang_triton``         SGLang 0.5.23's 16-row Triton tile; ``sglang_triton_union4``: its ``union=4`` option
-                          (4 tokens x 8 heads = 32 rows, its own sort-based union build included)
-``dispatched``            the sampled union build (every 16th group) + the path :func:`mla_lab.kernels.packed
-                          .choose_path` picks (``path`` column: packed, packed_triton or padded), the union
-                          build included where a packed path is picked
-========================  ============================================================================================
-
-``U`` / ``S`` columns: the mean union and shared sizes per group over topk; ``max_abs_err``: the ``check`` rows
-(packed vs the fp32 reference, :func:`mla_lab.kernels.reference.sparse_mla_prefill_ref`).
+``U`` / ``S``: the mean union and shared sizes per group over topk; ``max_abs_err``: the ``check`` rows (packed vs
+the fp32 reference).
 """
 
 from __future__ import annotations
