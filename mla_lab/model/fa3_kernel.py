@@ -21,7 +21,7 @@ __all__ = ["Fa3Ratio", "fit_fa3_ratio", "load_fa3_ratio", "GPU", "ROWS_CSV", "ME
 #: The GPU the paired rows ran on (the only GPU the ratio prices: :func:`mla_lab.model.timing`).
 GPU = "h200"
 ROWS_CSV = f"data/measured/{GPU}/between_process/engine_kernels_content.csv"
-#: mean topk_length per token of the two measured shapes (mla_lab.measure.engine_kernels._inputs): seed = causal
+#: mean topk_length per token of the two measured shapes (mla_lab.kernels.engine_libs.engine_inputs): seed = causal
 #: 1024-token prompts ((1 + 1024) / 2), full_topk = 2048
 MEAN_KEYS = {"seed": 512.5, "full_topk": 2048.0}
 
