@@ -65,13 +65,3 @@ def load_fa3_ratio() -> Fa3Ratio | None:
     p = REPO_ROOT / ROWS_CSV
     return fit_fa3_ratio(p) if p.exists() else None
 
-
-def main() -> int:  # pragma: no cover - prints the table
-    r = fit_fa3_ratio()
-    for (s, h), v in sorted(r.table.items()):
-        print(f"{s:9s} H={h:3d}: {v['median']:.3f} [{v['min']:.3f}, {v['max']:.3f}]")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
