@@ -26,9 +26,14 @@ ALLREDUCE_NEEDED = ("world_size", "rank", "nbytes", "ms")
 LEGACY_NEEDED = ("run", "world_size", "rank", "allreduce_bytes", "allreduce_ms")
 
 
+def _real(v) -> float:
+    """``v`` as a float if it is a real number (not a bool), else nan."""
+    return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+
+
 def _world_size(v, name: str = "world_size", lo: int = 2) -> int:
     """``v`` as an int >= ``lo`` (int or integral float), else ValueError naming ``name``."""
-    f = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+    f = _real(v)
     if not (math.isfinite(f) and f == int(f) and int(f) >= lo):
         raise ValueError(f"{name}={v!r} is not valid; allowed: an integer number of ranks >= {lo}")
     return int(f)
@@ -36,7 +41,7 @@ def _world_size(v, name: str = "world_size", lo: int = 2) -> int:
 
 def _positive(v, name: str) -> float:
     """``v`` as a finite float > 0, else ValueError naming ``name``."""
-    f = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+    f = _real(v)
     if not (math.isfinite(f) and f > 0):
         raise ValueError(f"{name}={v!r} is not valid; allowed: a finite number > 0")
     return f
@@ -47,8 +52,7 @@ def ring_allreduce_ms(nbytes: float, world_size: int, bw_gbps: float, latency_us
     Raises ValueError: ``world_size`` < 1; ``bw_gbps`` not finite > 0; ``latency_us`` not finite >= 0."""
     world_size = _world_size(world_size, "world_size", lo=1)
     bw_gbps = _positive(bw_gbps, "bw_gbps")
-    if isinstance(latency_us, bool) or not (isinstance(latency_us, numbers.Real) and math.isfinite(latency_us)
-                                            and latency_us >= 0):
+    if not _real(latency_us) >= 0 or not math.isfinite(_real(latency_us)):
         raise ValueError(f"latency_us={latency_us!r} is not valid; allowed: a finite number >= 0")
     if world_size <= 1 or nbytes <= 0:
         return 0.0
@@ -139,8 +143,7 @@ def _comm_row(i: int, r) -> tuple[int, float, float]:
     except ValueError:
         raise ValueError(f"rows[{i}] world_size={r['world_size']!r} is not valid; allowed: an integer number "
                          "of ranks") from None
-    ms, nb = (float(r[k]) if isinstance(r[k], numbers.Real) and not isinstance(r[k], bool) else math.nan
-              for k in ("ms", "nbytes"))
+    ms, nb = _real(r["ms"]), _real(r["nbytes"])
     for k, v in (("ms", ms), ("nbytes", nb)):
         if not math.isfinite(v):
             raise ValueError(f"rows[{i}] {k}={r[k]!r} is not valid; allowed: a finite number")

@@ -268,15 +268,17 @@ def step_ops(rank: RankView, strategy: Strategy | str, step: Step | int, **kw) -
     """One engine step's ops as ``(op, count)``: each layer kind x its count, the step-level ops once. Keywords
     as :func:`layer_ops` (no ``layer_kind``)."""
     strategy = as_strategy(strategy)
+    return _step_pairs(rank, step, kw, "step_ops", lambda kind, idx: _layer_ops(rank, strategy, step, kind,
+                                                                              with_indexer=idx, **kw))
+
+
+def _step_pairs(rank: RankView, step: Step | int, kw: dict, who: str, layer) -> list[tuple[LayerOp, int]]:
+    """``(op, count)`` of ``layer(kind, with_indexer)`` per layer kind, then the step-level ops; options checked."""
     if "layer_kind" in kw:
-        raise ValueError("layer_kind=... is chosen per layer by step_ops; allowed: omit it")
+        raise ValueError(f"layer_kind=... is chosen per layer by {who}; allowed: omit it")
     _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"))
-    model = rank.model
-    ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
-    out: list[tuple[LayerOp, int]] = []
-    for (kind, idx), n in layer_kinds(model):
-        out += [(op, n) for op in _layer_ops(rank, strategy, step, kind, with_indexer=idx, **kw)]
-    return out + step_level_ops(rank, ss)
+    out = [(op, n) for (kind, idx), n in layer_kinds(rank.model) for op in layer(kind, idx)]
+    return out + step_level_ops(rank, step_stats(rank.model, step, kw.get("causal", True), kw.get("context")))
 
 
 def layer_kinds(model: ModelConfig) -> list[tuple[tuple[str, bool], int]]:

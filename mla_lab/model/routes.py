@@ -33,9 +33,7 @@ from .ops import (
     _check_options,
     _gemm,
     _layer_ops,
-    layer_kinds,
-    step_level_ops,
-    step_stats,
+    _step_pairs,
 )
 
 __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
@@ -396,15 +394,9 @@ def route_step_ops(rank: RankView, route: str, strategy: Strategy | str, step: S
                    **kw) -> list[tuple[LayerOp, int]]:
     """One engine step's ops on ``route`` as ``(op, count)``: each layer kind x its count, then the step-level
     ops once. Keywords as ``layer_ops``."""
-    if "layer_kind" in kw:
-        raise ValueError("layer_kind=... is chosen per layer by route_step_ops; allowed: omit it")
     _check_route_name(route)
-    _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"))
-    out: list = []
-    for (kind, idx), n in layer_kinds(rank.model):
-        out += [(op, n) for op in _route_layer_ops(rank, route, step, strategy, layer_kind=kind, with_indexer=idx,
-                                                   **kw)]
-    return out + step_level_ops(rank, step_stats(rank.model, step, kw.get("causal", True), kw.get("context")))
+    return _step_pairs(rank, step, kw, "route_step_ops", lambda kind, idx: _route_layer_ops(
+        rank, route, step, strategy, layer_kind=kind, with_indexer=idx, **kw))
 
 
 def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Step:
