@@ -4,7 +4,7 @@ touched. And a strategy is parsed once per advise: below the door the typed valu
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 
 import pytest
@@ -25,13 +25,12 @@ PRESET = EnginePreset(
 
 
 @pytest.fixture
-def new_version(tmp_path):
-    """``vllm@9.9.9`` registered from one module file; the registry restored afterwards."""
-    path = tmp_path / "vllm_9_9_9.py"
-    path.write_text(MODULE)
-    spec = importlib.util.spec_from_file_location("test_preset_vllm_9_9_9", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+def new_version(tmp_path, monkeypatch):
+    """``vllm@9.9.9`` registered from one module file (imported by name from a folder on sys.path); the registry
+    restored afterwards."""
+    (tmp_path / "test_preset_vllm_9_9_9.py").write_text(MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("test_preset_vllm_9_9_9")
     before = dict(engines.ENGINE_PRESETS)
     engines.register(mod.PRESET)
     yield mod.PRESET

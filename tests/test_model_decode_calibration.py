@@ -12,7 +12,7 @@ from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import load_calibration
 from mla_lab.model.decode_calibration import DECODE_CSV, load_decode_calibration, write_decode_calibration
 from mla_lab.placement import measured_as
-from mla_lab.serving.engine_pricer import layer_decode_ms
+from mla_lab.serving.step_pricer import layer_decode_ms
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 CAL_CSV = DATA / "calibration" / DECODE_CSV
@@ -41,7 +41,7 @@ def test_decode_calibration_round_trips(tmp_path):
 
 
 def test_load_decode_calibration_refuses_a_missing_or_bad_file(tmp_path):
-    with pytest.raises(ValueError, match="mla_lab.fits.decode"):
+    with pytest.raises(ValueError, match="python -m mla_lab.fits decode"):
         load_decode_calibration(tmp_path / "none.csv")
     bad = tmp_path / "bad.csv"
     bad.write_text("group,key,value\nlayer,layer_fixed_us,abc\n")

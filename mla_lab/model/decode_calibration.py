@@ -1,36 +1,8 @@
-"""The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200.
-
-The cost model's :class:`~mla_lab.model.calibration.Calibration` holds the per-class efficiencies fitted on prefill
-shapes (``data/calibration/h200_ops.csv``); :class:`DecodeCalibration` adds what decode-sized steps need, fitted on
-the H200 decode measurements (``data/measured/h200/round2/decode_*.csv``, ``mla_lab/fits/decode.py`` ->
-``data/calibration/h200_decode.csv``). The pricer that uses it is :class:`mla_lab.serving.engine_pricer.EnginePricer`.
-
-- **GPU time of small ops** (:attr:`DecodeCalibration.graph_floors`): the committed per-class overheads were fitted
-  on eagerly launched ops, where the host's launch cost shows up as a floor (5-15 us); replayed inside a CUDA graph
-  the same kernels cost 2-6 us. Each roofline class gets its graph-replay overhead
-  (:meth:`DecodeCalibration.graph_calibration`; its efficiencies stay the committed ones); the attention-path byte
-  ops (concat, pad, ...) get a fixed cost per kernel launched (:attr:`~DecodeCalibration.attn_floor_us`).
-- **The decode indexer** (:attr:`~DecodeCalibration.idx_decode`): a bandwidth-bound scan of the request's cached
-  indexer keys (a :class:`~mla_lab.model.calibration.ClassEff`).
-- **The decode top-k** (:attr:`~DecodeCalibration.topk_decode`, :meth:`~DecodeCalibration.topk_ms`):
-  ``f + a * c_max + b * sum(c)`` us for ``torch.topk`` over ``[B, c]``.
-- **The sparse kernel at decode** (:class:`KernelDecode`): ``a + (lat^p + flop^p + kv^p)^(1/p)`` with ``lat =
-  us_per_key x max(topk_length)`` (one CTA's walk over its keys), ``flop`` the layer model's roofline and ``kv``
-  the KV rows read at ``eff_bytes`` of HBM bandwidth.
-- **A per-layer fixed cost** (:attr:`~DecodeCalibration.layer_fixed_us`) and **the launch model**
-  (:attr:`~DecodeCalibration.host_us_per_op`, :attr:`~DecodeCalibration.eager_gap_us`,
-  :attr:`~DecodeCalibration.eager_form`).
-
-- **The fp8 routed experts at decode sizes** (:attr:`~DecodeCalibration.moe_fp8`, measured-fit): the
-  ``moe_gemm_fp8`` class inside the graph calibration is ``a + weight_bytes / BW`` fitted on the H200's
-  ``torch._scaled_grouped_mm`` rows (``data/measured/h200/between_process/moe_decode.csv``, GLM-5 EP8 rank share,
-  T = 1..256, 5 processes; ``mla_lab/fits/moe_decode.py`` -> ``data/calibration/h200_moe_decode.csv``):
-  ``eff_bytes = BW / HBM`` and ``a`` split over the block's two grouped GEMMs (``add`` mode).
-- **All-reduce latency at decode sizes** (:data:`DECODE_ALLREDUCE_LATENCY_US`, assumption (cited)): the TP fit
-  (``h200_comm.csv``) prices 24-448 MiB only; an all-reduce below :data:`DECODE_ALLREDUCE_MAX_BYTES` that no fit
-  prices pays this fixed latency on top of the ring's bandwidth term.
-
-Stored as one CSV row per parameter (:func:`write_decode_calibration`, :func:`load_decode_calibration`).
+"""The decode calibration (``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits decode``): what the layer
+model lacks at decode batch sizes, used by :class:`mla_lab.serving.step_pricer.CostModelPricer` on top of the prefill
+:class:`~mla_lab.model.calibration.Calibration`: graph-replay overheads, the decode indexer, top-k and sparse kernel,
+a per-layer cost, the eager launch model, the fp8 MoE decode fit (``h200_moe_decode.csv``) and a small all-reduce
+latency (:data:`DECODE_ALLREDUCE_LATENCY_US`).
 """
 
 from __future__ import annotations
@@ -42,25 +14,15 @@ from pathlib import Path
 
 from ..arch import GPUArch
 from ..paths import calibration_dir
-from .calibration import Calibration, ClassEff
+from .calibration import Calibration, ClassEff, csv_rows, load_file
 
-__all__ = ["DECODE_CSV", "MOE_DECODE_CSV", "DECODE_ALLREDUCE_LATENCY_US", "DECODE_ALLREDUCE_MAX_BYTES",
-           "DECODE_ALLREDUCE_SOURCE", "KernelDecode", "DecodeCalibration", "write_decode_calibration",
-           "load_decode_calibration", "load_moe_decode_fit"]
+#: The decode calibration's and the fp8 MoE decode fit's file names (in :func:`mla_lab.paths.calibration_dir`).
+DECODE_CSV, MOE_DECODE_CSV = "h200_decode.csv", "h200_moe_decode.csv"
 
-#: The committed decode calibration's file name (in :func:`mla_lab.paths.calibration_dir`).
-DECODE_CSV = "h200_decode.csv"
-#: The fp8 MoE decode fit's file name (``mla_lab/fits/moe_decode.py``), beside :data:`DECODE_CSV`.
-MOE_DECODE_CSV = "h200_moe_decode.csv"
-
-#: Fixed cost (us) of one small all-reduce over 8 NVLink-connected Hopper GPUs. Assumption (cited), not measured
-#: (no multi-GPU machine was lent): NCCL's own tuning-model time for a 4 KiB / 8 KiB all-reduce on H100 printed in
-#: the NCCL_DEBUG=INFO log of https://github.com/NVIDIA/nccl/issues/1453 ("4096 Bytes -> Algo 0 proto 0 time
-#: 25.874907", "8192 Bytes -> ... time 26.549810", us), rounded to 26. That thread's measured time (75 us) was a
-#: misconfigured system, and vLLM's custom all-reduce (used at these sizes inside CUDA graphs) may cost less.
+#: Fixed cost (us) of one small all-reduce over 8 Hopper GPUs, assumption (cited): NCCL's tuning-model time for a
+#: 4-8 KiB all-reduce on H100 (25.87 / 26.55 us in the NCCL_DEBUG log of github.com/NVIDIA/nccl/issues/1453).
 DECODE_ALLREDUCE_LATENCY_US = 26.0
-#: All-reduces below this size (B) with no measured fit pay :data:`DECODE_ALLREDUCE_LATENCY_US`: the smallest size
-#: the committed TP=2 fit prices (48 MiB measured / COMM_FIT_RANGE_FACTOR 2 = 24 MiB).
+#: All-reduces below this size (B) pay it: the smallest the TP=2 fit prices (48 MiB measured / COMM_FIT_RANGE_FACTOR).
 DECODE_ALLREDUCE_MAX_BYTES = 24 * 2**20
 DECODE_ALLREDUCE_SOURCE = ("assumption (cited): +26 us per all-reduce below 24 MiB, NCCL tuning-model time for "
                            "4-8 KiB on H100, github.com/NVIDIA/nccl/issues/1453")
@@ -68,12 +30,8 @@ DECODE_ALLREDUCE_SOURCE = ("assumption (cited): +26 us per all-reduce below 24 M
 
 @dataclass(frozen=True)
 class KernelDecode:
-    """The sparse kernel on decode tokens: ``a_us + (lat^p + flop^p + kv^p)^(1/p)`` us (module docstring).
-
-    Attributes:
-        a_us: fixed cost per call (us); us_per_key: one CTA's time per key of its ``topk_length`` (us);
-        eff_bytes: fraction of HBM bandwidth the KV-row reads reach; p: the norm combining the three terms.
-    """
+    """The sparse kernel on decode tokens: ``a_us + (lat^p + flop^p + kv^p)^(1/p)`` us; ``us_per_key``: one CTA's
+    time per key (us), ``eff_bytes``: the KV-row reads' fraction of HBM bandwidth."""
 
     a_us: float
     us_per_key: float
@@ -92,24 +50,11 @@ class KernelDecode:
 
 @dataclass(frozen=True)
 class DecodeCalibration:
-    """What the layer model lacks at decode batch sizes, fitted on one H200 (module docstring).
-
-    Attributes:
-        graph_floors: ``{op_class: (overhead_us, mode)}`` of each roofline class replayed in a CUDA graph (mode
-            ``max`` or ``add`` as :class:`~mla_lab.model.calibration.ClassEff`); classes not listed borrow their
-            bf16 twin's (``gemm_fp8`` <- ``gemm``, ``moe_gemm_fp8`` <- ``moe_gemm``) or keep the committed floor.
-        attn_floor_us: fixed cost per kernel of the attention-path byte ops (us).
-        idx_decode: the indexer-logits class for decode tokens (a :class:`ClassEff`).
-        topk_decode: ``(f_us, us_per_key_row, us_per_key_batch)`` of the decode top-k.
-        kernel_decode: :class:`KernelDecode`.
-        layer_fixed_us: fixed cost per layer (us), GPU time.
-        host_us_per_op: host launch cost per op in eager steps (us); eager_gap_us: idle GPU gap per op (us).
-        eager_form: ``max`` (host floor only), ``add`` (gaps only) or ``max+add``; documents the fit's choice.
-        name: where the fit came from; fit: MAPE figures of the fit (``{key: pct}``); provenance: copied columns.
-        moe_fp8: the fp8 MoE decode fit ``{"a_us", "eff_bytes", "source"}`` (:func:`load_moe_decode_fit`) or
-            None (``moe_gemm_fp8`` then keeps the committed efficiencies with the bf16 twin's graph overhead).
-        allreduce_latency_us: fixed cost of an all-reduce below :data:`DECODE_ALLREDUCE_MAX_BYTES` that no
-            measured fit prices (us; default :data:`DECODE_ALLREDUCE_LATENCY_US`, assumption (cited)).
+    """What the layer model lacks at decode batch sizes (module docstring); times in us. ``graph_floors``:
+    ``{op_class: (overhead_us, mode)}`` in a CUDA graph (fp8 classes borrow their bf16 twin's); ``attn_floor_us``:
+    per attention byte-op kernel; ``topk_decode``: ``(f_us, us_per_key_row, us_per_key_batch)``; ``eager_form``:
+    ``max``, ``add`` or ``max+add`` (the fit's choice); ``fit``: its MAPEs; ``moe_fp8``: :func:`load_moe_decode_fit`
+    or None; ``allreduce_latency_us``: below :data:`DECODE_ALLREDUCE_MAX_BYTES` with no measured fit.
     """
 
     graph_floors: dict
@@ -160,10 +105,9 @@ class DecodeCalibration:
 _PARAMS = ("graph_floor", "attn_floor", "idx_decode", "topk_decode", "kernel_decode", "layer", "launch", "fit")
 
 
-def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenance: dict | None = None) -> Path:
-    """Write ``dcal`` as one CSV row per parameter (``group, key, value, mode, unit, meaning``) with the
-    ``provenance`` columns on every row. Returns the path."""
-    path = Path(path)
+def decode_calibration_rows(dcal: DecodeCalibration, provenance: dict | None = None) -> list[dict]:
+    """``dcal`` as one row per parameter (``group, key, value, mode, unit, meaning``) with the ``provenance``
+    columns (default ``dcal.provenance``) on every row: the rows of ``h200_decode.csv``."""
     prov = dict(provenance if provenance is not None else dcal.provenance)
     rows = []
 
@@ -181,45 +125,30 @@ def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenan
     add("idx_decode", "floor_us", e.floor_us, "us", "indexer logits of decode tokens: overhead", e.mode)
     for k, v, u in zip(("f_us", "us_per_key_row", "us_per_key_batch"), dcal.topk_decode, ("us", "us/key", "us/key")):
         add("topk_decode", k, v, u, "decode top-k: f + a * max(c) + b * sum(c)")
-    kd = dcal.kernel_decode
-    for k in ("a_us", "us_per_key", "eff_bytes", "p"):
-        add("kernel_decode", k, getattr(kd, k), {"a_us": "us", "us_per_key": "us/key", "eff_bytes": "fraction",
-                                                  "p": "1"}[k], "sparse kernel on decode tokens (KernelDecode)")
+    for k, u in (("a_us", "us"), ("us_per_key", "us/key"), ("eff_bytes", "fraction"), ("p", "1")):
+        add("kernel_decode", k, getattr(dcal.kernel_decode, k), u, "sparse kernel on decode tokens (KernelDecode)")
     add("layer", "layer_fixed_us", dcal.layer_fixed_us, "us", "fixed GPU cost per layer")
     add("launch", "host_us_per_op", dcal.host_us_per_op, "us", "eager: host launch cost per op", dcal.eager_form)
     add("launch", "eager_gap_us", dcal.eager_gap_us, "us", "eager: idle GPU gap per op", dcal.eager_form)
     for k, v in sorted(dcal.fit.items()):
         add("fit", k, v, "%", "validation MAPE (decode_validation.csv)")
-    cols = ["group", "key", "value", "mode", "unit", "meaning"] + [k for k in prov if k not in
-                                                                    ("group", "key", "value", "mode", "unit")]
+    return [{**r, **{k: v for k, v in prov.items() if k not in r}} for r in rows]
+
+
+def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenance: dict | None = None) -> Path:
+    """Write :func:`decode_calibration_rows` to ``path`` (its folder created). Returns the path."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = decode_calibration_rows(dcal, provenance)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        for r in rows:
-            w.writerow({**r, **prov})
+        w.writerows(rows)
     return path
 
 
-_LOADED: dict = {}
-
-
-def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration:
-    """The decode calibration in ``path`` (default ``data/calibration/h200_decode.csv``, written by
-    ``mla_lab/fits/decode.py``). Cached per (path, mtime).
-
-    Raises:
-        ValueError: the file does not exist (says how to make it) or a row is malformed (names the file and row).
-    """
-    p = Path(path) if path is not None else calibration_dir() / DECODE_CSV
-    if not p.is_file():
-        raise ValueError(f"decode calibration path={str(p)!r} does not exist; run `python -m mla_lab.fits.decode` "
-                         "to fit it from data/measured/h200/round2/decode_layer.csv")
-    key = (str(p), p.stat().st_mtime)
-    if key in _LOADED:
-        return _LOADED[key]
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
+def _read_decode(p: Path) -> DecodeCalibration:
+    rows = csv_rows(p)
     vals: dict = {}
     modes: dict = {}
     try:
@@ -231,39 +160,36 @@ def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration
                 raise ValueError(f"value {r['value']!r} is not finite")
             vals[(r["group"], r["key"])] = v
             modes[(r["group"], r["key"])] = r.get("mode") or ""
-        floors = {k: (v, modes[(g, k)] or "add") for (g, k), v in vals.items() if g == "graph_floor"}
-        attn = {k: v for (g, k), v in vals.items() if g == "attn_floor"}
-        idx = ClassEff(vals[("idx_decode", "eff_flops")], vals[("idx_decode", "eff_bytes")],
-                       vals[("idx_decode", "floor_us")], mode=modes[("idx_decode", "floor_us")] or "add")
-        topk = tuple(vals[("topk_decode", k)] for k in ("f_us", "us_per_key_row", "us_per_key_batch"))
-        kd = KernelDecode(*(vals[("kernel_decode", k)] for k in ("a_us", "us_per_key", "eff_bytes", "p")))
-        fit = {k: v for (g, k), v in vals.items() if g == "fit"}
-        prov_keys = [c for c in (rows[0] if rows else {}) if c not in ("group", "key", "value", "mode", "unit",
-                                                                       "meaning")]
-        prov = {c: rows[0][c] for c in prov_keys}
-        dcal = DecodeCalibration(floors, attn, idx, topk, kd, vals[("layer", "layer_fixed_us")],
-                                 vals[("launch", "host_us_per_op")], vals[("launch", "eager_gap_us")],
-                                 modes[("launch", "host_us_per_op")] or "max+add",
-                                 f"{p.name} (measured on {prov.get('device') or prov.get('gpu') or '?'})", fit, prov,
-                                 moe_fp8=load_moe_decode_fit(p.parent / MOE_DECODE_CSV))
+        prov = {c: v for c, v in (rows[0] if rows else {}).items() if c not in ("group", "key", "value", "mode",
+                                                                               "unit", "meaning")}
+        return DecodeCalibration(
+            {k: (v, modes[(g, k)] or "add") for (g, k), v in vals.items() if g == "graph_floor"},
+            {k: v for (g, k), v in vals.items() if g == "attn_floor"},
+            ClassEff(vals[("idx_decode", "eff_flops")], vals[("idx_decode", "eff_bytes")],
+                     vals[("idx_decode", "floor_us")], mode=modes[("idx_decode", "floor_us")] or "add"),
+            tuple(vals[("topk_decode", k)] for k in ("f_us", "us_per_key_row", "us_per_key_batch")),
+            KernelDecode(*(vals[("kernel_decode", k)] for k in ("a_us", "us_per_key", "eff_bytes", "p"))),
+            vals[("layer", "layer_fixed_us")], vals[("launch", "host_us_per_op")], vals[("launch", "eager_gap_us")],
+            modes[("launch", "host_us_per_op")] or "max+add",
+            f"{p.name} (measured on {prov.get('device') or prov.get('gpu') or '?'})",
+            {k: v for (g, k), v in vals.items() if g == "fit"}, prov,
+            moe_fp8=load_moe_decode_fit(p.parent / MOE_DECODE_CSV))
     except (KeyError, ValueError, TypeError) as e:
         raise ValueError(f"{p}: not a decode calibration ({type(e).__name__}: {e})") from None
-    _LOADED[key] = dcal
+
+
+def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration:
+    """The decode calibration in ``path`` (default ``data/calibration/h200_decode.csv``) through ``load_file``.
+    Raises ValueError: the file does not exist (says how to make it) or a row is malformed (names it)."""
+    dcal = load_file(_read_decode, DECODE_CSV, path)
+    if dcal is None:
+        raise ValueError(f"decode calibration path={str(path or calibration_dir() / DECODE_CSV)!r} does not exist; "
+                         "run `python -m mla_lab.fits decode` to fit it from data/measured/h200/round2/decode_layer.csv")
     return dcal
 
 
-def load_moe_decode_fit(path: str | Path) -> dict | None:
-    """The fp8 MoE decode fit in ``path`` (``mla_lab/fits/moe_decode.py``): ``{"a_us", "eff_bytes", "bw_gbps",
-    "mape_in_pct", "mape_loo_pct", "n_processes", "source"}``, or None when the file does not exist.
-
-    Raises:
-        ValueError: the file is malformed (names the file and what is missing).
-    """
-    p = Path(path)
-    if not p.is_file():
-        return None
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
+def _read_moe_decode(p: Path) -> dict:
+    rows = csv_rows(p)
     try:
         vals = {r["key"]: float(r["value"]) for r in rows}
         out = {k: vals[k] for k in ("a_us", "eff_bytes", "bw_gbps", "mape_in_pct", "mape_loo_pct")}
@@ -274,3 +200,10 @@ def load_moe_decode_fit(path: str | Path) -> dict | None:
     except (KeyError, ValueError, TypeError, IndexError) as e:
         raise ValueError(f"{p}: not an fp8 MoE decode fit ({type(e).__name__}: {e})") from None
     return out
+
+
+def load_moe_decode_fit(path: str | Path | None = None) -> dict | None:
+    """The fp8 MoE decode fit in ``path`` (default ``data/calibration/h200_moe_decode.csv``): ``{"a_us",
+    "eff_bytes", "bw_gbps", "mape_in_pct", "mape_loo_pct", "n_processes", "source"}`` or None (no file).
+    Raises ValueError: the file is malformed (names it and what is missing)."""
+    return load_file(_read_moe_decode, MOE_DECODE_CSV, path)

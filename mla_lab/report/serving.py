@@ -71,7 +71,7 @@ def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
         ValueError: ``result`` is not a serve_benchmark result.
     """
     if not isinstance(result, dict) or "strategies" not in result or "baseline" not in result:
-        raise ValueError("result must be the dict mla_lab.serving.engine_pricer.serve_benchmark returns")
+        raise ValueError("result must be the dict mla_lab.serving.serve_benchmark returns")
     dep = result.get("deployment", {})
     base = result["strategies"][result["baseline"]]["metrics"]
     rows = []
@@ -302,7 +302,7 @@ def kv_dtypes_left_out(params) -> str:
 
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
-    """:func:`~mla_lab.serving.engine_pricer.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`)
+    """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`)
     with the sweep's workload and engine flags: ``--num-prompts``, ``--random-input-len`` (the deployment's
     prompt length), ``--random-output-len`` (``output_len``), ``--max-concurrency`` (``concurrency``),
     ``--request-rate``, ``--seed``, ``--max-num-seqs`` and ``--gpu-memory-utilization``.
@@ -364,7 +364,7 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
     from matplotlib.figure import Figure
 
     if not isinstance(result, dict) or "strategies" not in result or "baseline" not in result:
-        raise ValueError("result must be the dict mla_lab.serving.engine_pricer.serve_benchmark returns")
+        raise ValueError("result must be the dict mla_lab.serving.serve_benchmark returns")
     base = result["baseline"]
     others = [s for s in result["strategies"] if s != base]
     metrics = [(k, lbl) for k, lbl in CHANGE_METRICS if k in result["strategies"][base]["metrics"]]

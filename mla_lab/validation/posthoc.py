@@ -1,7 +1,5 @@
-"""Post-hoc runs of the blind set (issue 30): the same model, each public run's workload as its source states it
-(num_prompts, request rate, concurrency), priced after the results were read. NOT blind and NOT a fit: no coefficient
-changes; it separates what the blind errors owe to the lab's workload assumptions from what they owe to the model.
-The H20 run (vllm-project/recipes) is left out: the lab has no H20 calibration.
+"""Post-hoc runs of blind round one (issue 30): the same model with each run's workload as its source states it.
+NOT blind, nothing fitted; the H20 run is left out (no H20 calibration).
 
     python -m mla_lab.validation.posthoc [--write [--overwrite]]   # -> data/validation/blind_2026-12_posthoc.json
 """
@@ -13,48 +11,31 @@ import json
 import math
 import sys
 
-from ..deployment import Deployment
-from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from ..serving import BenchConfig, serve_benchmark
-from . import write_record
-from .blind import CASES, SERVE_DEFAULTS
-from .score import METRIC_CLASS, RESULTS
-
-__all__ = ["posthoc", "OUT", "main"]
-
-OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12_posthoc.json"
+from . import BLIND_POSTHOC, BLIND_RESULTS, write_record
+from .blind import CASES, deterministic
+from .score import METRIC_CLASS
 
 
 def posthoc(log=print) -> dict:
     """Deterministic runs (no noise model) of every published run the lab can price, as the source states it."""
-    res = json.loads(RESULTS.read_text())
+    res = json.loads(BLIND_RESULTS.read_text())
     cases = {c["id"]: c for c in CASES}
     rows = []
     for rc in res["cases"]:
         case = cases[rc["id"]]
         for rr in rc["runs"]:
-            a = rr.get("as_run", {})
+            a, w = rr.get("as_run", {}), rr["workload"]
             if a.get("gpu", "H200") != "H200":
                 continue
-            w = rr["workload"]
             rate = a.get("request_rate", "inf")
-            bench = BenchConfig(num_prompts=int(a["num_prompts"]), random_input_len=w["random_input_len"],
-                                random_output_len=w["random_output_len"], max_concurrency=w.get("max_concurrency"),
-                                request_rate=math.inf if rate == "inf" else float(rate))
-            strat = case["strategies"][rr["backend"]]
-            dep = Deployment.of(model=case["model"], tp=8, arch="h200", kv_cache_dtype="bf16", weight_dtype="fp8",
-                                moe_parallel="tp", max_num_batched_tokens=SERVE_DEFAULTS["max_num_batched_tokens"],
-                                max_num_seqs=SERVE_DEFAULTS["max_num_seqs"], prompt_len=bench.random_input_len,
-                                output_len=bench.random_output_len, num_prompts=bench.num_prompts,
-                                concurrency=bench.max_concurrency)
-            r = serve_benchmark(dep, [strat], bench, baseline=strat)
-            m = r["strategies"][strat]["metrics"]
-            for k, real in rr["metrics"].items():
-                if k in m and real:
-                    rows.append({"case": rc["id"], "workload": w, "as_run": a, "backend": rr["backend"], "metric": k,
-                                 "class": METRIC_CLASS.get(k, "other"), "posthoc": float(m[k]), "real": real,
-                                 "error_pct": (float(m[k]) - real) / real * 100})
+            wl = (w["random_input_len"], w["random_output_len"], w.get("max_concurrency"), int(a["num_prompts"]),
+                  math.inf if rate == "inf" else float(rate))
+            m = deterministic(case, wl, strategy=case["strategies"][rr["backend"]])["metrics"]
+            rows += [{"case": rc["id"], "workload": w, "as_run": a, "backend": rr["backend"], "metric": k,
+                      "class": METRIC_CLASS.get(k, "other"), "posthoc": float(m[k]), "real": real,
+                      "error_pct": (float(m[k]) - real) / real * 100} for k, real in rr["metrics"].items()
+                     if k in m and real]
             log(f"{rc['id']} {w} {rr['backend']}: TPOT {m['mean_tpot_ms']:.1f} vs {rr['metrics'].get('mean_tpot_ms')}")
     return {"what": "post-hoc runs of the blind set with each run's stated workload: NOT blind, nothing fitted",
             "produced_by": "python -m mla_lab.validation.posthoc --write", "git_commit": git_commit(), "rows": rows}
@@ -67,7 +48,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     d = posthoc()
     if a.write:
-        write_record(OUT, d, a.overwrite, ap)
+        write_record(BLIND_POSTHOC, d, a.overwrite, ap)
     return 0
 
 

@@ -1,45 +1,27 @@
-"""Blind round two re-predicted POST HOC with the deployment options (issue 37): MTP / EAGLE speculative decoding and
-SGLang's DP attention, which the blind predictions (``data/validation/blind_2026-12b.json``) priced at the nearest
-vLLM TP8 configuration with a "not modelled" note.
-
-NOT blind: written after the results (``blind_2026-12b_results.json``) were read, with options built after reading
-them. Nothing is fitted: no coefficient changes, the acceptance lengths are the ones the cells state as inputs
-(``SGLANG_SIMULATE_ACC_LEN``, in the workloads file written before the predictions), the rest of each case's
-deployment is the workloads file's. The blind scores stay as they are (``blind_2026-12b_score.json``); this file
-puts three errors side by side per cell and metric: the blind one (noise-model median, from the score file), the
-deterministic run without the options (the same configuration the blind round priced, no noise model) and the
-deterministic run with them, so the options' effect is read apart from the noise model's.
-
-SGLang's EAGLE ``speculative_num_steps`` s with ``eagle_topk`` 1 and ``num_draft_tokens`` s + 1 is
-``num_speculative_tokens`` s (k drafts, k + 1 tokens verified).
+"""Blind round two re-predicted POST HOC with the deployment options (issue 37): MTP / EAGLE and SGLang's DP
+attention, which ``data/validation/blind_2026-12b.json`` priced at the nearest vLLM TP8 configuration. NOT blind,
+nothing fitted (acceptance lengths as the cells state them). Per cell and metric: the blind error, the deterministic
+run without the options and with them. SGLang's EAGLE ``speculative_num_steps`` s (``eagle_topk`` 1) is
+``num_speculative_tokens`` s.
 
     python -m mla_lab.validation.posthoc_options [--write [--overwrite]] [--only CASE]
-        # -> data/validation/blind_2026-12b_posthoc.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
 
-from ..deployment import Deployment
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from ..serving import BenchConfig, serve_benchmark
-from . import write_record
-from .blind import _DEPLOYMENT_DEFAULTS, OUT_B, WORKLOADS_B, cases_of
+from . import BLIND_B, BLIND_B_POSTHOC, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_B_WORKLOADS, write_record
+from .blind import cases_of, deterministic, request_steps
 from .score import METRIC_CLASS
 
-__all__ = ["posthoc_options", "options_of", "OUT", "main", "RESULTS_B", "SCORE_B", "WITHOUT_MAX_REQUEST_STEPS",
-           "posthoc_sentence", "summarise"]
-
-OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12b_posthoc.json"
-RESULTS_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b_results.json"
-SCORE_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b_score.json"
+OUT, RESULTS_B, SCORE_B = BLIND_B_POSTHOC, BLIND_B_RESULTS, BLIND_B_SCORE
 PRODUCED_BY = "python -m mla_lab.validation.posthoc_options --write"
 #: the run without the options is skipped above this many request-steps (the TP8 simulation of 5120+ prompts x 1025
 #: steps, ~7 min each on a 2-core machine: why the blind round left those cells unpriced)
@@ -47,13 +29,8 @@ WITHOUT_MAX_REQUEST_STEPS = 1_500_000
 
 
 def options_of(case: dict) -> dict:
-    """The deployment options a round-two case states (:meth:`Deployment.of` arguments; ``{}`` for none):
-    ``num_speculative_tokens`` = SGLang's ``speculative_num_steps``, ``acceptance_length`` as the cell states it,
-    ``dp_attention`` = ``--dp`` with ``--enable-dp-attention``.
-
-    Raises:
-        ValueError: a speculative config with ``speculative_eagle_topk`` other than 1 (a tree of drafts: not priced).
-    """
+    """The :meth:`Deployment.of` options a round-two case states (``{}``: none): ``num_speculative_tokens``,
+    ``acceptance_length``, ``dp_attention``. Raises ValueError: ``speculative_eagle_topk`` other than 1."""
     out: dict = {}
     spec = case.get("speculative")
     if spec:
@@ -87,23 +64,6 @@ def _real(results: dict) -> dict:
     return out
 
 
-def _deterministic(case: dict, wl: tuple, options: dict) -> dict:
-    i, o, c, n, rate = wl
-    d = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {})}
-    dep = Deployment.of(model=case["model"], prompt_len=i, output_len=o, num_prompts=n, concurrency=c, **d, **options)
-    bench = BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c, request_rate=rate)
-    strat = next(iter(case["strategies"].values()))
-    r = serve_benchmark(dep, [strat], bench, baseline=strat)
-    s = r["strategies"][strat]
-    return {"metrics": s["metrics"], "kv_capacity_tokens": s["kv_capacity_tokens"], "options": r["options"]}
-
-
-def _request_steps(case: dict, wl: tuple, dp: int) -> int:
-    i, o, _, n, _ = wl
-    mbt = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {})}["max_num_batched_tokens"]
-    return math.ceil(n / dp) * (2 * math.ceil(i / max(mbt // dp, 1)) + o)
-
-
 def posthoc_options(only: str | None = None, log=print) -> dict:
     """Every round-two case with a speculative config or DP attention, re-run deterministically with and without
     its options (module docstring); rows per (case, workload, metric) with the three errors, and the median
@@ -118,13 +78,13 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
             i, o, c, n, rate = wl
             w = {"random_input_len": i, "random_output_len": o, "max_concurrency": c, "num_prompts": n}
             t0 = time.time()
-            with_opts = _deterministic(case, wl, opts)
-            heavy = _request_steps(case, wl, 1) > WITHOUT_MAX_REQUEST_STEPS
-            without = None if heavy else _deterministic(case, wl, {})
+            with_opts = deterministic(case, wl, opts)
+            heavy = request_steps(case, wl) > WITHOUT_MAX_REQUEST_STEPS
+            without = None if heavy else deterministic(case, wl, {})
             runs.append({"case": case["id"], "workload": w, "options": opts, "options_priced": with_opts["options"],
                          "kv_capacity_tokens": with_opts["kv_capacity_tokens"],
                          "kv_capacity_tokens_without": None if without is None else without["kv_capacity_tokens"],
-                         "without_not_run": (f"TP8 simulation of {_request_steps(case, wl, 1):,} request-steps "
+                         "without_not_run": (f"TP8 simulation of {request_steps(case, wl):,} request-steps "
                                              f"(> {WITHOUT_MAX_REQUEST_STEPS:,})") if heavy else "",
                          "seconds": round(time.time() - t0, 1)})
             for m in sorted({k[4] for k in real if k[:4] == _key(case["id"], w, "")[:4]}):
@@ -145,9 +105,8 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
                     "deployment options built after the results were read (issue 37); nothing fitted, acceptance "
                     "lengths as the cells state them; the blind scores stay in blind_2026-12b_score.json",
             "produced_by": PRODUCED_BY, "git_commit": git_commit(), "posthoc": True,
-            "inputs": {"workloads": str(WORKLOADS_B.relative_to(REPO_ROOT)),
-                       "predictions": str(OUT_B.relative_to(REPO_ROOT)),
-                       "results": str(RESULTS_B.relative_to(REPO_ROOT)), "score": str(SCORE_B.relative_to(REPO_ROOT))},
+            "inputs": {k: str(v.relative_to(REPO_ROOT)) for k, v in (("workloads", BLIND_B_WORKLOADS),
+                       ("predictions", BLIND_B), ("results", RESULTS_B), ("score", SCORE_B))},
             "model": "deterministic mla_lab.serving.serve_benchmark (no noise model) with the deployment options "
                      "(mla_lab.serving.deploy_options); 'without_options' the same run at the blind round's nearest "
                      "configuration; 'blind_error_pct' the blind round's noise-model median error",
