@@ -28,7 +28,7 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES",
            "EXPLORER_STRATEGIES", "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
            "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route", "preset_table", "SUBCHUNK_GRAPH",
-           "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "resolve_engine",
+           "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "today_engines", "resolve_engine",
            "engine_summary", "engine_table", "blackwell_rows", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
            "STRATEGY_NOTES", "preset_label", "strategy_notes", "FA3_DECODE_PLACEMENTS", "KINDS"]
 
@@ -247,6 +247,11 @@ class _MembersView(Mapping):
 
 #: Engine preset -> the canonical strategies of its sm90 bf16-KV default (a view of the records).
 ENGINE_PRESET_MEMBERS = _MembersView()
+
+
+def today_engines() -> list[str]:
+    """The engine versions answered beside every ``advise`` (records with ``today``)."""
+    return [p.name for p in ENGINE_PRESETS.values() if p.today]
 
 
 #: The first version's names, kept for existing parameter files and data.
