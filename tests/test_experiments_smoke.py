@@ -33,7 +33,8 @@ def test_every_experiment_runs_in_smoke_mode(name, tmp_path):
     out.mkdir()
     r = subprocess.run([sys.executable, *e.command(out, 1, str(ENGINE_ROOT), smoke=True)], cwd=REPO,
                        capture_output=True, text=True, timeout=e.timeout_s,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                           p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)})
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
     written = {f: out / f for f in e.outputs() if (out / f).is_file()}
     assert written, (name, sorted(p.name for p in out.iterdir()))
