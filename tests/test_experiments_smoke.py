@@ -42,4 +42,7 @@ def test_every_experiment_runs_in_smoke_mode(name, tmp_path):
         rows = list(csv.DictReader(path.open()))
         assert rows, (name, f)
         assert set(e.outputs()[f]) - {"process"} <= set(rows[0]), (name, f)
-        assert {row["source"] for row in rows} == {"measured"}, (name, f)
+        # the layer model's validation rows compare measured with predicted times and are written as modelled
+        # (mla_lab/measure/validate.py: validation_provenance); every other file holds measured rows
+        want = {"modelled"} if f == "layer_validation.csv" else {"measured"}
+        assert {row["source"] for row in rows} == want, (name, f)
