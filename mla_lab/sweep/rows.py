@@ -269,7 +269,7 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     """
     d = Deployment.from_point(point)
     _check_measurable(d)
-    sts = [s for s in expand([BASELINE, *point["strategies"]]) if s.name != "kernel_native"]
+    sts = [s for s in expand([BASELINE, *point["strategies"]]) if s.padded]  # runs on tensors (PaddedQPath)
     names, runs = [s.name for s in sts], int(point.get("num_runs") or 7)
     steps = schedule(d.workload, d.max_num_batched_tokens)
     per_step = _time_steps(d, steps, names, runs)
