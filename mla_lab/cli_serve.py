@@ -129,17 +129,6 @@ def serve_noise_runs(args, deployment, strategies, bench):
     return noise.serve_benchmark_noise(deployment, strategies, bench, num_runs=args.num_runs, seed=args.seed)
 
 
-#: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.
-SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
-                 ("request_throughput", "Request throughput (req/s)"),
-                 ("output_throughput", "Output token throughput (tok/s)"),
-                 ("total_token_throughput", "Total token throughput (tok/s)"),
-                 ("mean_ttft_ms", "Mean TTFT (ms)"), ("median_ttft_ms", "Median TTFT (ms)"),
-                 ("p99_ttft_ms", "P99 TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
-                 ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
-                 ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"))
-
-
 def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
     """A JSON-able view of a ``serve_benchmark`` result: per strategy every metric, its change vs the baseline,
     the KV capacity, KV tokens lost and % of capacity beside the extra MiB (``runs``: the noise Monte-Carlo's
@@ -210,6 +199,8 @@ def format_serve(out: dict) -> str:
     w0, w = 32, max([16] + [len(n) + 2 for n in names])  # every column as wide as its name: none truncated
     lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n:>{w}}" for n in names),
              f"{'':<{w0}}{'value':>{w}}" + "".join(f"{'change %':>{w}}" for _ in names)]
+    from .serving.metrics import SERVE_METRICS
+
     bm = out["strategies"][base]["metrics"]
     for k, label in SERVE_METRICS:
         if k not in bm:

@@ -32,6 +32,7 @@ from ..model.decode_calibration import DecodeCalibration
 from ._checks import check_float, check_int
 from .benchmark import bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
+from .metrics import SERVE_METRICS
 from .scheduler import SchedulerConfig
 from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
@@ -528,12 +529,7 @@ def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:
 
 # ------------------------------------------------------------------------------------------ one deployment
 #: What :func:`serve_benchmark_noise` summarises per metric, and the labels :func:`format_noise` prints.
-NOISE_METRICS = (("duration", "Benchmark duration (s)"), ("request_throughput", "Request throughput (req/s)"),
-                 ("output_throughput", "Output token throughput (tok/s)"),
-                 ("total_token_throughput", "Total token throughput (tok/s)"), ("mean_ttft_ms", "Mean TTFT (ms)"),
-                 ("median_ttft_ms", "Median TTFT (ms)"), ("p99_ttft_ms", "P99 TTFT (ms)"),
-                 ("mean_tpot_ms", "Mean TPOT (ms)"), ("median_tpot_ms", "Median TPOT (ms)"),
-                 ("p99_tpot_ms", "P99 TPOT (ms)"), ("mean_itl_ms", "Mean ITL (ms)"))
+NOISE_METRICS = SERVE_METRICS[1:12]
 
 
 def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig | None = None, *,
