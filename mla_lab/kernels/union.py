@@ -20,9 +20,8 @@ Definitions (both builders, :func:`build_union_ref` and :func:`build_union`, giv
   shared keys). Every other key of the union is in ``rest`` with bit ``j`` of its mask set iff token ``q*g+j``
   selects it.
 
-Order inside a list: :func:`build_union_ref` sorts each list by key (ascending). :func:`build_union` emits keys in
-first-selection order: by the lowest token ``j`` that selects the key, then by that token's position in its list
-(so ``shared`` follows token 0's order). Consumers must not rely on either order.
+Order inside a list: sorted by key (:func:`build_union_ref`), first-selection order (:func:`build_union`); consumers
+must not rely on either.
 
 Padding: ``-1`` (mask 0) is written from each length up to the next multiple of 64 past it (the 64-key block of the
 consumers); entries past that are unspecified (stale when ``out=`` buffers are reused). Consumers use the lengths.
@@ -48,8 +47,7 @@ The atomics and ``.cg`` loads go to L2 at random addresses, so L2 round trips se
 0.98 ms at T 16384 x topk 2048 on the H200 (``H200_PACKED_COST`` in :mod:`.packed`; docs/perf-notes.md "Packed
 kernel"). :mod:`.union_cuda` is the on-chip CUDA C++ builder (same contract); :mod:`.union_bench` times this kernel and the torch build.
 
-Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the kernel runs on CPU tensors through Triton's
-interpreter (the lab's CPU tests use that).
+Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (the lab's CPU tests).
 """
 
 from __future__ import annotations
