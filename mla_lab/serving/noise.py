@@ -434,18 +434,12 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
     there, else the ``attention_path:*`` cases (attention only). Rows with ``T < min_tokens`` are left out. Per
     process, summed over the layer's cases:
 
-    - ``cold_extra_ms``: mean over processes of ``wall(call 2) - steady_wall``. Call 2, not call 1: vLLM's start-up
-      profile run already ran one step of ``max_num_batched_tokens`` (the fresh process's call 1, with its
-      one-time costs: JIT, library handles, allocator growth); the benchmark's first large step is the next one of
-      that size. Once per step, not per layer (what it measures is paid once). ``cold_call1_ms`` (the upper bound)
-      is returned beside it, not used;
+    - ``cold_extra_ms``: mean over processes of ``wall(call 2) - steady_wall`` (why call 2: :data:`COMPONENTS`);
+      ``cold_call1_ms`` (the upper bound) is returned beside it, not used;
     - ``cold_sd_ms``: sd over processes (ddof 1; >= 2 processes).
 
-    Beside them, not put in ``values`` (the per-run and per-step factors come from a whole sustained step,
-    ``content_loop.csv``: :data:`COMPONENTS`), ``layer_spread``: ``run_log_sd`` = sd over processes of
-    ``log(steady_gpu)`` of the layer (ddof 1; >= 2 processes) and, with ``step_spread.csv``, ``step_rel_sd`` =
-    median over processes of ``sd(gpu) / median(gpu)`` of the layer's steady samples (the cases summed sample by
-    sample).
+    ``layer_spread`` (for contrast, not in ``values``): ``run_log_sd`` = sd over processes of ``log(steady_gpu)``,
+    ``step_rel_sd`` = median over processes of ``sd(gpu) / median(gpu)`` (with ``step_spread.csv``).
 
     Returns:
         ``{"values": {"cold_extra_ms", "cold_sd_ms"}, "cold_call1_ms": float, "layer_spread": {...}, "source": str,
