@@ -45,7 +45,8 @@ allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=`
 
 The atomics and ``.cg`` loads go to L2 at random addresses, so L2 round trips set the time, not DRAM bandwidth:
 0.98 ms at T 16384 x topk 2048 on the H200 (``H200_PACKED_COST`` in :mod:`.packed`; docs/perf-notes.md "Packed
-kernel"). :mod:`.union_cuda` is the on-chip CUDA C++ builder (same contract); :mod:`.union_bench` times this kernel and the torch build.
+kernel"). :mod:`.union_cuda` is the on-chip CUDA C++ builder (same contract); the ``union_build`` experiment of
+``mla-lab measure --experiments packed_kernels`` times the builders.
 
 Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (the lab's CPU tests).
 """
@@ -181,8 +182,7 @@ def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: 
 
     Steps: codes ``(group * s_kv + key) * g + j`` of the valid entries, ``torch.unique`` (sorts, drops duplicates
     within a token), the mask of each ``(group, key)`` as the sum of its distinct ``1 << j``, the shared test, and a
-    scatter into the padded lists. This is also the "torch sort-and-scatter build" that :mod:`.union_bench` times
-    against the Triton kernel.
+    scatter into the padded lists.
 
     Args:
         indices: ``[T, topk]`` int32 key rows into the kv cache (invalid: ``< 0``, ``>= s_kv``, or past
