@@ -274,11 +274,8 @@ def sparse_mla_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
                        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse MLA prefill attention on a (head-padded) ``q``; outputs sliced to the real heads.
 
-    Semantics are FlashMLA's (``flash_mla_interface.py``, ``tests/ref.py``): token ``i``, head ``h`` attends to
-    ``kv`` rows ``indices[i, 0, :topk_length[i]]`` (all ``topk`` without ``topk_length``); an index ``< 0`` or
-    ``>= s_kv`` is skipped. ``P = q . k * sm_scale``; ``lse`` = natural-log logsumexp of ``P``;
-    ``out = softmax(P) @ kv[..., :d_v]``. A row with no valid index gives ``out = 0``, ``lse = +inf``,
-    ``max_logits = -inf``. NaN inputs propagate as the math does (:func:`.reference.sparse_mla_prefill_ref`).
+    Semantics: FlashMLA's ``tests/ref.py``, as :func:`.reference.sparse_mla_prefill_ref` states them (an index
+    ``< 0`` or ``>= s_kv`` skipped; a row with no valid index gives ``out = 0``, ``lse = +inf``).
 
     Args:
         q: ``[s_q, h_q, d_qk]`` bf16, last dim contiguous. ``flash_mla``: d_qk 576 or 512, h_q 64 or 128 (pad the

@@ -22,18 +22,8 @@ _CHUNK_BYTES = 256 * 1024**2
 
 
 def concat_mla_q_torch(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out[:, :H, :512] = ql_nope``; ``out[:, :H, 512:] = q_pe``; heads ``H..H'-1`` of ``out`` are not touched.
-
-    Args:
-        ql_nope: ``[T, H, 512]``, fp16/bf16, last dim contiguous (token/head strides arbitrary).
-        q_pe: ``[T, H, 64]``, same dtype and device.
-        out: ``[T, H', 576]`` with ``H' >= H``, same dtype and device; written in place.
-
-    Returns:
-        ``out`` (the same tensor object).
-
-    No validation here (see :func:`mla_lab.kernels.concat_mla_q`); ``T == 0`` is a no-op.
-    """
+    """``out[:, :H, :512] = ql_nope``; ``out[:, :H, 512:] = q_pe``; heads ``H..H'-1`` untouched; returns ``out``.
+    Tensors as :func:`mla_lab.kernels.concat_mla_q`, which validates them (not here); ``T == 0`` is a no-op."""
     H = ql_nope.shape[1]
     d_nope = ql_nope.shape[-1]
     if out.shape[0] == 0:

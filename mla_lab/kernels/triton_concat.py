@@ -323,9 +323,7 @@ def concat_mla_q_triton(
     """Launch one variant of the kernel (no validation: :func:`mla_lab.kernels.concat_mla_q` validates).
 
     Args:
-        ql_nope: ``[T, H, 512]``; q_pe: ``[T, H, 64]``; out: ``[T, H', 576]``, H' >= H; one dtype (fp16/bf16),
-            last dims contiguous, any token/head strides.
-        zero_padding: also write zeros into heads ``H..H'-1`` of ``out`` (same launch).
+        ql_nope, q_pe, out, zero_padding: as :func:`mla_lab.kernels.concat_mla_q`.
         block_rows: v2 only: (token, head) rows per program, a power of two (default :data:`DEFAULT_BLOCK_ROWS`).
         num_warps: warps per program (default :data:`DEFAULT_NUM_WARPS` for v2, :data:`V3_NUM_WARPS` for v3).
         streaming: cache hints for data touched once (loads ``evict_first``, stores ``.cs``); off by default.
