@@ -157,10 +157,8 @@ def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.de
     it selects its whole causal prefix (``topk_length = p + 1``, the rest ``-1``); otherwise ``topk`` distinct keys
     drawn uniformly from the prefix (``topk_length = topk``).
 
-    Difference from ``engine_kernels._inputs`` (stated so the two are not mixed up): that timing input draws each of
-    the first ``p + 1`` entries uniformly *with replacement* from the prefix (random data for a timing, with
-    duplicates and about 63 % of the prefix distinct); here the set is exactly the prefix, as a top-k of a prompt
-    no longer than topk is.
+    (``engine_kernels._inputs`` draws its first ``p + 1`` entries with replacement, a timing input; here the set is
+    exactly the prefix.)
 
     Args:
         prompt_lens: sequence of ints >= 1 (tokens per request); topk: >= 1; seed: int >= 0; device.

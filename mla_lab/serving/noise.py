@@ -2,13 +2,9 @@
 same build, and the distribution of the change between two builds (issue 20; **modelled**; docs/serving.md,
 "Run-to-run noise").
 
-One simulated run gets, on top of its pricer's GPU time: the API server's single-server queue to the engine core
-(:class:`ArrivalModel`, gamma service times), async scheduling, a per-step CPU time, a token delivery delay, a
-per-run and a per-step log-normal factor on the GPU time, and a cold extra on the first step of at least
-``cold_min_tokens`` tokens. Each default with its source and status (cited, assumed, measured) is in
-:data:`COMPONENTS`; the measured ones come from ``data/measured/h200/between_process/`` (``content_loop.csv``,
-``cold_start.csv``: :func:`load_cold_start`), recomputed by tests/test_serving_noise.py. GPU times are priced once
-per distinct step shape (:class:`CachedPricer`) and the noise applied to the cached value.
+One simulated run adds to its pricer's GPU time the components of :data:`COMPONENTS` (each with its default,
+source and status; the measured ones: :func:`load_cold_start`). GPU times are priced once per distinct step shape
+(:class:`CachedPricer`) and the noise applied to the cached value.
 
 Example::
 
