@@ -11,14 +11,8 @@ FlashMLA itself, ``s_q = G``, ``h_q = 64``) and *rest* keys with a g-bit mask (t
 which continues FlashMLA's online softmax from its output and LSE in place); ``mode="triton"`` runs the Triton
 kernel over both lists. The result is each token's exact attention over its own top-k set (docs/packed.md).
 
-Tensors (one line each, as FlashMLA's interface states them):
-
-- ``q``: ``[T, H, 576]`` bf16, the real heads only, H in {8, 16, 32} (g = 8, 4, 2); last dim contiguous.
-- ``kv``: ``[s_kv, 1, 576]`` or ``[s_kv, 576]`` bf16, contiguous rows (V = ``kv[:, :512]``).
-- ``sets``: :class:`mla_lab.kernels.union.UnionSets` built from ``indices [T, topk]`` int32 with the same ``g``.
-- returns ``out [T, H, 512]`` bf16 and ``lse [T, H]`` fp32 (natural log, FlashMLA's convention in its current
-  kernels: ``csrc/sm90/prefill/sparse``); a row whose token has no valid key gives ``out = 0`` and ``lse = +inf``
-  (FlashMLA ``tests/ref.py``).
+Tensors, shapes and dtypes: :func:`packed_sparse_prefill` (``lse`` natural log, FlashMLA's convention in
+``csrc/sm90/prefill/sparse``; no valid key: ``out = 0``, ``lse = +inf``, FlashMLA ``tests/ref.py``).
 
 Constants: 512 = kv_lora_rank and 64 = qk_rope_head_dim (GLM-5 / DeepSeek-V3.2 config.json), 576 = head_size;
 64 rows = FlashMLA's sm90 tile (``h_q`` multiple of 64); 128 rows on sm100 (Blackwell: g = 16 at 8 heads, modelled
