@@ -19,6 +19,7 @@ _ENGINE_COLS = (("preset", 21), ("engine", 6), ("version", 15), ("release", 10),
 
 def cmd_engines(args) -> int:
     """``mla-lab engines``: the engine presets (GLM-5 TP8, H200, bf16 KV, 1024-token prompts), or the wheel check."""
+    from .deployment import Deployment
     from .engines import engine_preset
     from .placement import engine_table
 
@@ -29,7 +30,7 @@ def cmd_engines(args) -> int:
             raise DoorError(f"{flag} writes the wheel check's report; allowed: with --check-wheel PATH.whl or "
                             "--download ENGINE==VERSION")
     arch = _engines_arch(getattr(args, "arch", "h200"))
-    rows = engine_table(sm=arch.sm)
+    rows = engine_table(Deployment.seed(arch=arch.name))
     for r in rows:
         p = engine_preset(r["preset"])
         r["decode_backend"] = "FLASH_ATTN_MLA_SPARSE (fa3)" if r["decode_route"] == "fa3-sparse" and \

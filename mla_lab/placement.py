@@ -568,28 +568,27 @@ def _decode(p, backend: str, sm: str, kv: str, num_heads: int) -> tuple[str, int
     return ("sparse-mqa" if padding_for(p.name, dec, sm, kv) else "fa3-sparse"), thr, uniform
 
 
-def engine_summary(engine: str, model, topk: int, num_heads: int, sm: str = "sm90", kv_cache_dtype: str = "bf16",
-                   prompt_len: int = 1024, max_num_batched_tokens: int = 16384, num_prompts: int = 32) -> dict:
+def engine_summary(engine: str, deployment) -> dict:
     """What one engine version does for one deployment, from its record (a code reading, not a measurement).
 
     Args:
         engine: an engine preset (``vllm@0.33.0``) or a first name (``vllm-53878``).
-        model, topk: a :class:`mla_lab.models.ModelConfig` (or a family name) and its ``index_topk``.
-        num_heads: attention heads per rank; sm: ``sm90`` / ``sm100``; kv_cache_dtype: ``bf16`` / ``fp8...``.
-        prompt_len, max_num_batched_tokens, num_prompts: the first step holds ``min(num_prompts x prompt_len,
-            budget)`` tokens of fresh prompts; the budget is capped by the rule's prefill-graph size (SGLang's
-            H200 ``chunked_prefill_size``, 8192).
+        deployment: a checked :class:`~mla_lab.deployment.Deployment` (its model and ``index_topk``, heads per rank,
+            GPU's sm, KV dtype; the first step holds ``min(num_prompts x prompt_len, budget)`` tokens of fresh
+            prompts, the budget ``max_num_batched_tokens`` capped by the rule's prefill-graph size: SGLang's H200
+            ``chunked_prefill_size``, 8192).
 
     Returns:
         ``{preset, engine, version, release_date, backend, padding (0: real heads), prefill_route, prefill_reason,
         decode_route, decode_threshold, uniform_decodes, padded_path, models, supported, sources, scope, note}``.
 
     Raises:
-        ValueError: a bad engine name (one line, the allowed values); bad ints.
+        ValueError: a bad engine name (one line, the allowed values).
     """
+    d = deployment
+    model, topk, num_heads, sm, kv_cache_dtype = d.model, d.model.topk, d.num_heads, d.arch.sm, d.kv_cache_dtype
+    prompt_len, max_num_batched_tokens, num_prompts = d.prompt_len, d.max_num_batched_tokens, d.num_prompts
     p = engine_preset(engine)
-    check_int("num_heads", num_heads)
-    check_int("prompt_len", prompt_len)
     ev, fam = p.engine_version, model_family(model)
     out = {"preset": p.name, "engine": ev.engine, "version": ev.version, "release_date": ev.release_date,
            "models": list(ev.models), "supported": fam in ev.models, "sources": p.sources,
@@ -615,11 +614,9 @@ def engine_summary(engine: str, model, topk: int, num_heads: int, sm: str = "sm9
             "uniform_decodes": uniform, "padded_path": _padded_path(backend, pad, num_heads, prefill, decode)}
 
 
-def engine_table(model="glm", topk: int = 2048, num_heads: int = 8, sm: str = "sm90", kv_cache_dtype: str = "bf16",
-                 prompt_len: int = 1024, max_num_batched_tokens: int = 16384, num_prompts: int = 32) -> list[dict]:
-    """:func:`engine_summary` for every engine version (default: PR #53878's benchmark, GLM-5 TP8 on an H200)."""
-    return [engine_summary(n, model, topk, num_heads, sm, kv_cache_dtype, prompt_len, max_num_batched_tokens,
-                           num_prompts) for n in ENGINE_PRESETS]
+def engine_table(deployment) -> list[dict]:
+    """:func:`engine_summary` of every engine version for one deployment (``mla-lab engines``: PR #53878's)."""
+    return [engine_summary(n, deployment) for n in ENGINE_PRESETS]
 
 
 def blackwell_rows(num_heads: int = 8, max_num_batched_tokens: int = 16384, head_size: int = 576) -> list[dict]:

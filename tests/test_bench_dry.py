@@ -62,20 +62,20 @@ def test_call_peak_bytes():
 
 
 def test_measured_ttft_recombination_replaces_attention_path():
+    from mla_lab.deployment import Deployment
     from mla_lab.model.ttft import predict_ttft
-    from mla_lab.sweep.rows import layer_options, point_deployment
     from mla_lab.workload import Workload, schedule
 
     point = dict(model="glm-5", tp=8, arch="h200", max_num_batched_tokens=16384, prompt_len=1024, num_prompts=32,
-                 concurrency=32, kv_cache_dtype="bf16")
+                 concurrency=32, kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="ep")
     workload = Workload(1024, 32, 32)
-    deployment = point_deployment(point)  # a point stored without the layer options: the sweep's defaults
+    deployment = Deployment.from_point(point)
 
     def with_measured_attention(step_attention_ms):
         return predict_ttft(deployment, "private_workspace", attention_override_ms=step_attention_ms)
 
     modelled = predict_ttft(deployment, "private_workspace")
-    assert layer_options(point) == {"weight_dtype": "fp8", "moe_parallel": "ep"}  # the sweep's defaults
+    assert deployment == Deployment.seed()  # the PR's point
     attn = [sum(v for k, v in ops.items() if k in ("concat", "pad", "kernel", "out_slice"))
             for ops in modelled["step_ops_ms"]]
     n = len(schedule(workload, 16384))

@@ -158,7 +158,7 @@ def test_frontier_shows_dp_attention_as_its_own_modelled_point():
     from mla_lab.sweep.rows import modelled_rows
 
     d = Deployment.seed()
-    rows = pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, "private_workspace"]), deployment=d))
+    rows = pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, "private_workspace"])))
     o = options_summary(d.replace(dp_attention=8), BASELINE)["dp_attention"]
     want = 100.0 * (o["ttft_ms"] - o["ttft_ms_without"]) / o["ttft_ms_without"]
     assert o["heads_per_rank"] == o["padded_heads_per_rank"] == 64

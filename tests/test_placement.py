@@ -48,7 +48,6 @@ PENDING = {
     "mla_lab/measure/layer.py": 1,  # the layer runner's two concat strategies
     "mla_lab/measure/tp.py": 1,  # the TP harness's default ["unfused", "fused"]
     "mla_lab/report/styles.py": 1,  # STRATEGY_STYLE (moved from report/figures.py: the one style table)
-    "mla_lab/serving/simulate.py": 1,  # the demo's two linear pricers
     # the measurement experiments name the strategies they time (moved from benchmarks/, issue 31)
     "mla_lab/fits/predict_pr53878.py": 1,
     "mla_lab/measure/experiments/cold_start.py": 1,

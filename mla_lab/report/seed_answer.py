@@ -311,8 +311,7 @@ def pr_trade_by_engine(models=("glm-5",), calibration=None) -> list[dict]:
                                  shared_other_bytes=shared, model=d.model, prompt_len=d.prompt_len).persistent_bytes
                for s in names}
         for label, s, ref, engine in PR_TRADE_BY_ENGINE:
-            e = engine_summary(engine, d.model, d.model.topk, d.num_heads, d.arch.sm, d.kv_cache_dtype,
-                               d.prompt_len, d.max_num_batched_tokens, d.workload.num_prompts)
+            e = engine_summary(engine, d)
             out.append({"model": name, "label": label, "engine": engine, "strategy": s, "against": ref,
                         "modelled_pct": 100.0 * (ttft[s] / ttft[ref] - 1), "ttft_ms": ttft[s],
                         "against_ttft_ms": ttft[ref], "extra_persistent_mib": (mem[s] - base) / MIB,
