@@ -55,8 +55,6 @@ PENDING = {
     "mla_lab/measure/experiments/presets.py": 1,
     "mla_lab/measure/experiments/routes_step.py": 1,
     "mla_lab/measure/experiments/tp_block.py": 1,
-    # its kernel column names two kernels as the strategies built on them are named (fa3_sparse, packed: issue 36)
-    "mla_lab/measure/experiments/packed_kernels.py": 1,
     "mla_lab/report/packed_kernels.py": 2,  # the same kernel names in the rows' summary
 }
 

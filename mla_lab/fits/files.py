@@ -27,7 +27,7 @@ from ..provenance import git_commit
 
 _PROV = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit")
 _ROUND2_PROV = ("gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
-#: The tokens of one step in ``subgraph.csv`` (:data:`mla_lab.measure.experiments._common.SEED_T`).
+#: The tokens of one step in ``subgraph.csv`` (the seed's ``max_num_batched_tokens``, :data:`mla_lab.deployment.SEED_ARGS`).
 SUBGRAPH_T = 16384
 #: FlashMLA's sparse prefill pads h_q to 64 on sm90 (FlashMLA ``csrc/api/sparse_fwd.h``).
 PADDED_HEADS = 64

@@ -238,8 +238,7 @@ def _time_steps(d: Deployment, steps, names: list[str], runs: int) -> list[dict]
     for st in steps:
         sig = tuple((s, n) for _, s, n in st.chunks)
         if sig not in cache:
-            cache[sig] = time_attention_path(d.model, d.tp, st, d.prompt_len, d.arch.name, strategies=names,
-                                             repeats=runs)
+            cache[sig] = time_attention_path(d.rank, st, d.prompt_len, strategies=names, repeats=runs)
     return [cache[tuple((s, n) for _, s, n in st.chunks)] for st in steps]
 
 
