@@ -157,7 +157,7 @@ def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.de
     it selects its whole causal prefix (``topk_length = p + 1``, the rest ``-1``); otherwise ``topk`` distinct keys
     drawn uniformly from the prefix (``topk_length = topk``).
 
-    (``engine_kernels._inputs`` draws its first ``p + 1`` entries with replacement, a timing input; here the set is
+    (``engine_libs.engine_inputs`` draws its first ``p + 1`` entries with replacement, a timing input; here the set is
     exactly the prefix.)
 
     Args:
