@@ -6,16 +6,8 @@
     mla-lab index [--report-dir DIR]
     mla-lab check-report [HTML ...]     (headless Chromium: figures loaded and not blank, no JavaScript error)
 
-Every door refuses bad input in one line (``mla-lab: error: <argument>=<value> ...; allowed: ...``, exit 2) before
-anything is priced or written: the cheap checks (:mod:`mla_lab.cli_doors`: integer ranges with stated upper bounds,
-the number of engine steps a run would price, weights and the workload's KV tokens) come first. Parameters are
-validated before any kernel starts (unknown names, wrong types, empty grids are errors: papermill itself would
-silently inject them). ``-p`` values are parsed as YAML (``-p tp_sizes "[1, 8]"``, ``-p force true``). Every sweep
-run publishes its own report under ``<report_dir>/runs/`` and refreshes the latest copy
-(``<report_dir>/<report-name>.html``) and the index (``<report_dir>/index.html``); layout in :mod:`mla_lab.report.site`.
-
-Imports are lazy: ``mla-lab --help`` and ``mla-lab sweep --dry-run`` load neither torch nor pandas (README
-"Command timings").
+Every door refuses bad input in one line (exit 2) before anything is priced or written (:mod:`mla_lab.cli_doors`);
+imports are lazy (``mla-lab --help`` loads neither torch nor pandas). docs/cli.md has each command.
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """The CLI's doors: every check that can be made in O(1) before anything is priced, planned or written.
 
 Each refusal is one :class:`DoorError` (a ``ValueError``) line naming the argument, the value and what is allowed;
-the CLI prints it and exits 2. Checks run cheapest first:
-
-1. integer and float ranges, each with a stated upper bound and its reason (:data:`BOUNDS`);
-2. how many engine steps a run would price (:data:`MAX_PRICED_STEPS` per sweep point / advise,
-   :data:`MAX_SERVE_STEPS` per serving strategy), from the token counts alone;
-3. vLLM's own engine rule ``max_num_batched_tokens >= max_num_seqs`` (``vllm/config/scheduler.py``,
-   ``SchedulerConfig._verify_args``);
-4. whether the weights fit and the workload's KV tokens fit the KV cache (:func:`mla_lab.model.memory.memory_tradeoff`,
-   the same rule as the row builder's ``fits_in_memory``) — for ``advise`` and ``serve``; a sweep records
-   non-fitting points as rows with their reason instead;
-5. paths: a file where a folder must be (or under one), a report name with a folder in it.
-
-Nothing here creates a file or a folder: ``--dry-run`` plans against a temporary store when the real one does not
-exist yet (:func:`plan_without_writing`).
+the CLI prints it and exits 2. Cheapest first: ranges (:data:`BOUNDS`), step counts (:data:`MAX_PRICED_STEPS`,
+:data:`MAX_SERVE_STEPS`), vLLM's ``max_num_batched_tokens >= max_num_seqs`` (``vllm/config/scheduler.py``), memory
+fit (:func:`mla_lab.model.memory.memory_tradeoff`), paths. Nothing here writes a file (:func:`plan_without_writing`).
 
 Imports of the lab's heavier modules are function-local on purpose (``mla-lab --help`` loads none of them).
 """

@@ -1,7 +1,5 @@
 """``mla-lab engines``: the engine versions the lab describes (mla_lab.engines), and the check of their facts
-against a release wheel (``--check-wheel`` / ``--download``, mla_lab.engines.wheel_check). Split from
-:mod:`mla_lab.cli` (one command per module once it grew past 700 lines); the door rules are :mod:`mla_lab.cli_doors`'s.
-"""
+against a release wheel (``--check-wheel`` / ``--download``, mla_lab.engines.wheel_check)."""
 
 from __future__ import annotations
 

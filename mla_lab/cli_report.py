@@ -1,6 +1,4 @@
-"""``mla-lab index`` and ``mla-lab check-report``: the published reports' index and their browser check. Split from
-:mod:`mla_lab.cli` (one concept per module once it grew past 700 lines); the door rules are :mod:`mla_lab.cli_doors`'s.
-"""
+"""``mla-lab index`` and ``mla-lab check-report``: the published reports' index and their browser check."""
 
 from __future__ import annotations
 
@@ -11,7 +9,6 @@ from . import cli_doors as doors
 from .cli_doors import CLIError, DoorError, rel_path
 
 __all__ = ["add_parsers", "cmd_index", "cmd_check_report"]
-
 
 
 def _check_report_dir(report_dir: str) -> Path:
@@ -80,9 +77,6 @@ def cmd_check_report(args) -> int:
             print(f"  - {p}")
         bad += not r["ok"]
     return 1 if bad else 0
-
-
-# ----------------------------------------------------------------------------------------------------- parser
 
 
 def add_parsers(sub) -> None:

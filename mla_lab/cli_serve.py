@@ -1,8 +1,5 @@
-"""The serve door: checks of a ``mla-lab serve`` run before it simulates anything, its noise runs, and the text and
-JSON it prints (split from :mod:`mla_lab.cli_doors`, which keeps the checks every door shares).
-
-Imports of the lab's heavier modules are function-local on purpose (``mla-lab --help`` loads none of them).
-"""
+"""The serve door: a ``mla-lab serve`` run's checks (before it simulates anything), its noise runs, its text and JSON.
+Heavier imports are function-local (``mla-lab --help`` loads none of them)."""
 
 from __future__ import annotations
 
@@ -100,9 +97,6 @@ def check_serve(args, strategies=None):
         raise DoorError(f"--num-runs={args.num_runs} with --num-speculative-tokens / --dp-attention: the noise "
                         "Monte-Carlo does not price these options; allowed: --num-runs 1 (one deterministic "
                         "simulation with them)")
-    if args.num_runs > 1 and _noise_module() is None:
-        raise DoorError(f"--num-runs={args.num_runs} needs the noise Monte-Carlo (mla_lab.serving.noise), which this "
-                        "checkout does not have; allowed: 1 (one deterministic simulation)")
     total = work * args.num_runs * n_strat
     if args.num_runs > 1 and total > MAX_NOISE_STEPS:
         raise DoorError(f"--num-runs={args.num_runs} x {n_strat} strategies x {work:,} request-steps is {total:,} "
@@ -111,33 +105,13 @@ def check_serve(args, strategies=None):
     return dep
 
 
-def _noise_module():
-    import importlib.util
-
-    if importlib.util.find_spec("mla_lab.serving.noise") is None:
-        return None
-    from .serving import noise  # noqa: F401 - optional until it lands
-
-    return noise
-
-
 def serve_noise_runs(args, deployment, strategies, bench):
     """``--num-runs N``: :func:`mla_lab.serving.noise.serve_benchmark_noise` of ``deployment`` (the one
     :func:`check_serve` built; N single runs per strategy of the noise model, seeded by ``--seed``): each metric's
     median and 95 % band, and each change's."""
-    noise = _noise_module()
-    return noise.serve_benchmark_noise(deployment, strategies, bench, num_runs=args.num_runs, seed=args.seed)
+    from .serving.noise import serve_benchmark_noise
 
-
-#: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.
-SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
-                 ("request_throughput", "Request throughput (req/s)"),
-                 ("output_throughput", "Output token throughput (tok/s)"),
-                 ("total_token_throughput", "Total token throughput (tok/s)"),
-                 ("mean_ttft_ms", "Mean TTFT (ms)"), ("median_ttft_ms", "Median TTFT (ms)"),
-                 ("p99_ttft_ms", "P99 TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
-                 ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
-                 ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"))
+    return serve_benchmark_noise(deployment, strategies, bench, num_runs=args.num_runs, seed=args.seed)
 
 
 def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
@@ -192,8 +166,8 @@ def _options_lines(opts: dict) -> list[str]:
 
 
 def format_serve(out: dict) -> str:
-    """The serving result as a terminal table: one row per metric, the baseline's value, then each strategy's
-    change in percent (one decimal... two: the changes are small), then each strategy's memory cost."""
+    """The serving result as a terminal table: per metric the baseline's value and each strategy's change (%, two
+    decimals), then each strategy's memory cost."""
     d, b = out["deployment"], out["bench"]
     base = out["baseline"]
     others = [s for s in out["strategies"] if s != base]
@@ -210,6 +184,8 @@ def format_serve(out: dict) -> str:
     w0, w = 32, max([16] + [len(n) + 2 for n in names])  # every column as wide as its name: none truncated
     lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n:>{w}}" for n in names),
              f"{'':<{w0}}{'value':>{w}}" + "".join(f"{'change %':>{w}}" for _ in names)]
+    from .serving.metrics import SERVE_METRICS
+
     bm = out["strategies"][base]["metrics"]
     for k, label in SERVE_METRICS:
         if k not in bm:
@@ -234,7 +210,9 @@ def format_serve(out: dict) -> str:
                      f"tokens lost ({r['kv_capacity_pct_lost']:.1f} % of KV capacity)")
     if out.get("noise"):
         lines.append("")
-        lines.append(_noise_module().format_noise(out["noise"]))
+        from .serving.noise import format_noise
+
+        lines.append(format_noise(out["noise"]))
     from .placement import strategy_notes
     lines += [f"note: {n}" for n in strategy_notes(out["strategies"])]
     lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")

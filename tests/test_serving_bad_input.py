@@ -22,7 +22,7 @@ from mla_lab.serving import (
     make_pricer,
     simulate,
 )
-from mla_lab.serving.pricing import index_topk_from_config, prefill_topk_lengths
+from mla_lab.serving.pricing import prefill_topk_lengths
 from mla_lab.serving.scheduler import Scheduler
 from mla_lab.serving.step import PrefillChunk
 
@@ -117,8 +117,6 @@ CASES = [
     ("ConstantPricer(0)", lambda: ConstantPricer(0.0), r"^ms=0\.0 must be a float in \(0, inf\)$"),
     ("chunk topk", lambda: prefill_topk_lengths(PrefillChunk(0, 0, 4), topk=0), r"^topk=0 must be a positive int$"),
     ("make_pricer fn", lambda: make_pricer("f"), r"^fn='f' must be callable as fn\(prefill_topk, decode_topk, "),
-    ("config missing", lambda: index_topk_from_config("/nonexistent/glm"),
-     r"^path='/nonexistent/glm' must be a config\.json or a folder holding one$"),
     # --------------------------------------------------------------------------------------------- metrics
     ("no records", lambda: bench_metrics([]), r"^records=\[\] must hold at least one RequestRecord$"),
     ("percentile 101", lambda: bench_metrics(RUN, percentiles=(101,)),

@@ -3,15 +3,12 @@ reference pricer computed by hand, and the make_pricer adapter hook."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from mla_lab.serving.pricing import (
     LinearStepPricer,
     decode_topk_length,
-    index_topk_from_config,
     make_pricer,
     prefill_topk_lengths,
     step_topk_lengths,
@@ -78,7 +75,3 @@ def test_make_pricer_refuses_a_bad_answer(bad):
         make_pricer(lambda p, d, g: bad)(STEP)
 
 
-def test_index_topk_from_config(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"index_topk": 2048, "num_attention_heads": 64}))
-    assert index_topk_from_config(tmp_path) == 2048
-    assert index_topk_from_config(tmp_path / "config.json") == 2048

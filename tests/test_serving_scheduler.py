@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from mla_lab.serving.scheduler import PreemptionRequired, Scheduler, SchedulerConfig, schedule_all
+from mla_lab.serving.scheduler import PreemptionRequired, Scheduler, SchedulerConfig
 from mla_lab.serving.step import DecodeToken as D
 from mla_lab.serving.step import PrefillChunk as P
 from mla_lab.serving.step import Step, cudagraph_capture_sizes
@@ -18,6 +18,20 @@ from mla_lab.serving.step import Step, cudagraph_capture_sizes
 BIG_KV = 1 << 20  # never the limit
 SEQS = 256  # capture sizes up to min(2 * 256, 512) = 512
 
+
+
+def schedule_all(config, requests):
+    """All steps for ``requests`` = ``[(prompt_len, output_len), ...]`` (ids 0, 1, ...), all waiting at t = 0."""
+    s = Scheduler(config)
+    for i, (p, o) in enumerate(requests):
+        s.add_request(i, p, o)
+    steps = []
+    while s.has_unfinished:
+        step = s.schedule()
+        assert step is not None, "scheduler made no progress"
+        s.update_from_step(step)
+        steps.append(step)
+    return steps
 
 def _cfg(**kw) -> SchedulerConfig:
     base = dict(max_num_batched_tokens=2048, max_num_seqs=SEQS, kv_capacity_tokens=BIG_KV)

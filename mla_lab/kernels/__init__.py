@@ -1,15 +1,8 @@
 """Kernels of the sparse-MLA prefill Q path: Q concat into a head-padded workspace, and sparse prefill attention.
 
-This is the public API; each concept lives in its module:
-
-- :mod:`.ops`: :func:`concat_mla_q` (vLLM's Q concat into a head-padded workspace), :func:`make_concat_launcher`
-  (its hot path), :func:`sparse_mla_prefill` (FlashMLA's sparse prefill, sliced to the real heads),
-  :func:`last_backend`.
-- :mod:`.flashmla`: :func:`flash_mla_info`, :func:`validate_sparse_prefill_inputs` (FlashMLA's contract).
-- :mod:`.reference`: the torch semantics every fast kernel is checked against.
-- :mod:`.triton_concat`, :mod:`.triton_concat_persistent`: the Triton concat variants.
-- :mod:`.union`, :mod:`.union_cuda`: the per-group union of top-k sets (:class:`UnionSets`) for the packed kernel
-  (:mod:`.packed`); :mod:`.index_sets`: index data with known overlap.
+The public API: :mod:`.ops` (the two ops), :mod:`.flashmla` (FlashMLA's contract), :mod:`.reference` (torch
+semantics), :mod:`.triton_concat` / :mod:`.triton_concat_persistent` (concat variants), :mod:`.union` /
+:mod:`.union_cuda` (per-group unions for :mod:`.packed`), :mod:`.index_sets` (index data with known overlap).
 """
 
 from __future__ import annotations

@@ -4,14 +4,9 @@ Synthetic (modelled) data, torch only, seeded, on CPU or CUDA. Every generator r
 (``indices [T, topk]`` int32, ``-1`` padded; ``topk_length [T]`` int32; ``s_kv``), the inputs of
 :func:`.union.build_union` and of FlashMLA's sparse prefill.
 
-- :func:`overlap_indices`: groups of ``g`` consecutive tokens with a controlled expected pairwise overlap (the
-  "common core" model below); expected union size in closed form (:func:`overlap_union_expected`).
-- :func:`causal_indices`: the seed's case, requests of given prompt lengths laid out one after another in the kv
-  cache; prompts no longer than topk select their whole causal prefix.
-- :func:`structured_indices`: a local window + shift-invariant (Toeplitz) scores + content keys, causal.
-- :func:`union_sizes`: union size per group (mean, median, p90, U / (g x topk)).
-- :func:`published_overlaps`: the published overlap figures placed on the union-size axis
-  (``data/overlap/published.json``).
+Generators: :func:`overlap_indices` (the common-core model below), :func:`causal_indices` (the seed's requests laid
+out one after another), :func:`structured_indices` (window + Toeplitz + content keys); :func:`union_sizes` and
+:func:`published_overlaps` (``data/overlap/published.json``) summarise (docs/packed.md).
 
 **The common-core overlap model.** In each group every token holds the same ``m`` core keys (drawn uniformly without
 replacement from ``[0, s_kv)``) plus ``topk - m`` private keys drawn uniformly without replacement from the other
@@ -162,10 +157,8 @@ def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.de
     it selects its whole causal prefix (``topk_length = p + 1``, the rest ``-1``); otherwise ``topk`` distinct keys
     drawn uniformly from the prefix (``topk_length = topk``).
 
-    Difference from ``engine_kernels._inputs`` (stated so the two are not mixed up): that timing input draws each of
-    the first ``p + 1`` entries uniformly *with replacement* from the prefix (random data for a timing, with
-    duplicates and about 63 % of the prefix distinct); here the set is exactly the prefix, as a top-k of a prompt
-    no longer than topk is.
+    (``engine_libs.engine_inputs`` draws its first ``p + 1`` entries with replacement, a timing input; here the set is
+    exactly the prefix.)
 
     Args:
         prompt_lens: sequence of ints >= 1 (tokens per request); topk: >= 1; seed: int >= 0; device.

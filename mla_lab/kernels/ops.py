@@ -1,11 +1,9 @@
 """The two public ops of the sparse-MLA prefill Q path, their contract checks and backend choice.
 
-- :func:`concat_mla_q`: vLLM's ``concat_mla_q`` (``vllm/v1/attention/backends/mla/flashmla_sparse.py``, PR #53878):
-  ``ql_nope [T,H,512]`` and ``q_pe [T,H,64]`` into the first ``H`` heads of ``out [T,H',576]``; backends ``triton``
-  (:mod:`.triton_concat`) and ``torch`` (:mod:`.reference`). :func:`make_concat_launcher`: its hot path.
-- :func:`sparse_mla_prefill`: FlashMLA's ``flash_mla_sparse_fwd`` on a head-padded ``q``, outputs sliced to the real
-  heads as vLLM's ``_bf16_flash_mla_kernel`` does; backends ``flash_mla`` (:mod:`.flashmla`) and ``reference``.
-- :func:`last_backend`: which backend the last call of each op ran.
+:func:`concat_mla_q` (vLLM's ``concat_mla_q``, PR #53878; backends ``triton``, ``torch``; hot path
+:func:`make_concat_launcher`), :func:`sparse_mla_prefill` (FlashMLA's ``flash_mla_sparse_fwd`` on a head-padded
+``q``, sliced to the real heads as vLLM's ``_bf16_flash_mla_kernel``; backends ``flash_mla``, ``reference``),
+:func:`last_backend`.
 
 Every check raises ``ValueError`` naming the argument, its value and what is allowed. Widths 512 / 64 / 576:
 ``kv_lora_rank``, ``qk_rope_head_dim``, head_size (GLM-5 / DeepSeek-V3.2 config.json).
@@ -276,11 +274,8 @@ def sparse_mla_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
                        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse MLA prefill attention on a (head-padded) ``q``; outputs sliced to the real heads.
 
-    Semantics are FlashMLA's (``flash_mla_interface.py``, ``tests/ref.py``): token ``i``, head ``h`` attends to
-    ``kv`` rows ``indices[i, 0, :topk_length[i]]`` (all ``topk`` without ``topk_length``); an index ``< 0`` or
-    ``>= s_kv`` is skipped. ``P = q . k * sm_scale``; ``lse`` = natural-log logsumexp of ``P``;
-    ``out = softmax(P) @ kv[..., :d_v]``. A row with no valid index gives ``out = 0``, ``lse = +inf``,
-    ``max_logits = -inf``. NaN inputs propagate as the math does (:func:`.reference.sparse_mla_prefill_ref`).
+    Semantics: FlashMLA's ``tests/ref.py``, as :func:`.reference.sparse_mla_prefill_ref` states them (an index
+    ``< 0`` or ``>= s_kv`` skipped; a row with no valid index gives ``out = 0``, ``lse = +inf``).
 
     Args:
         q: ``[s_q, h_q, d_qk]`` bf16, last dim contiguous. ``flash_mla``: d_qk 576 or 512, h_q 64 or 128 (pad the

@@ -6,28 +6,13 @@ FlashMLA's sm90 sparse prefill kernel runs one 64-row tile per query token (``h_
 gathers the UNION of the g tokens' top-k key sets once, and each row is masked to its own token's set. The work then
 scales with the union size U instead of ``g x topk``, and Q stays at the real heads' size: no padded workspace.
 
-The union of a group is split in two by :func:`mla_lab.kernels.union.build_union`:
+The union is split by :func:`mla_lab.kernels.union.build_union` into *shared* keys (every present token selects them:
+FlashMLA itself, ``s_q = G``, ``h_q = 64``) and *rest* keys with a g-bit mask (the Triton :func:`_packed_kernel`,
+which continues FlashMLA's online softmax from its output and LSE in place); ``mode="triton"`` runs the Triton
+kernel over both lists. The result is each token's exact attention over its own top-k set (docs/packed.md).
 
-- the *shared* keys, selected by every present token of the group: no mask is needed, so they run through FlashMLA
-  itself with ``s_q = G`` groups, ``h_q = 64`` (all rows real) and ``topk_length = shared_len`` (the kernel's own
-  sm90 pipeline, at its own efficiency);
-- the *rest*, each key with a g-bit membership mask: the lab's Triton kernel below (:func:`_packed_kernel`),
-  which starts its online softmax from FlashMLA's output and LSE (``m = lse, l = 1, acc = out``) and updates the
-  same output in place, so there is no merge pass. Groups with no rest key are not touched again.
-
-The two key sets are disjoint, so the result is each token's exact attention over its own top-k set (up to
-accumulation order); ``mode="triton"`` runs the Triton kernel twice (the rest, then the shared keys on top; no
-FlashMLA): the lab's kernel alone, and the faster path where few keys are shared (the FlashMLA pass then costs
-more than it saves). One key list per launch: two loops in one program spilled registers (ncu on the H200).
-
-Tensors (one line each, as FlashMLA's interface states them):
-
-- ``q``: ``[T, H, 576]`` bf16, the real heads only, H in {8, 16, 32} (g = 8, 4, 2); last dim contiguous.
-- ``kv``: ``[s_kv, 1, 576]`` or ``[s_kv, 576]`` bf16, contiguous rows (V = ``kv[:, :512]``).
-- ``sets``: :class:`mla_lab.kernels.union.UnionSets` built from ``indices [T, topk]`` int32 with the same ``g``.
-- returns ``out [T, H, 512]`` bf16 and ``lse [T, H]`` fp32 (natural log, FlashMLA's convention in its current
-  kernels: ``csrc/sm90/prefill/sparse``); a row whose token has no valid key gives ``out = 0`` and ``lse = +inf``
-  (FlashMLA ``tests/ref.py``).
+Tensors, shapes and dtypes: :func:`packed_sparse_prefill` (``lse`` natural log, FlashMLA's convention in
+``csrc/sm90/prefill/sparse``; no valid key: ``out = 0``, ``lse = +inf``, FlashMLA ``tests/ref.py``).
 
 Constants: 512 = kv_lora_rank and 64 = qk_rope_head_dim (GLM-5 / DeepSeek-V3.2 config.json), 576 = head_size;
 64 rows = FlashMLA's sm90 tile (``h_q`` multiple of 64); 128 rows on sm100 (Blackwell: g = 16 at 8 heads, modelled

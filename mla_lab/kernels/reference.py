@@ -1,16 +1,8 @@
 """Plain-torch reference kernels (run on CPU and GPU): the semantics every fast kernel is checked against.
 
-- :func:`concat_mla_q_torch`: vLLM's ``concat_mla_q`` op (``vllm/v1/attention/backends/mla/flashmla_sparse.py``,
-  PR #53878): write ``ql_nope`` and ``q_pe`` side by side into the first ``H`` heads of a possibly head-padded
-  output, leave the padded heads untouched.
-- :func:`sparse_mla_prefill_ref`: the math of FlashMLA's ``flash_mla_sparse_fwd`` as its ``tests/ref.py``
-  (``ref_sparse_attn_fwd``) defines it, computed in fp32, processed in token chunks so memory stays bounded.
-- :func:`mha_causal_varlen_ref`: dense causal multi-head attention over variable-length sequences (the math of
-  FlashAttention's ``flash_attn_varlen_func(..., causal=True)``, bottom-right aligned causal mask), the ``mha-dense``
-  route of vLLM #47327 / SGLang ``_forward_standard_mha`` on K/V up-projected by ``kv_b_proj``; fp32.
-
-Neither function validates its arguments beyond what it needs to run; :mod:`mla_lab.kernels` (the public API)
-checks the contract and raises ``ValueError`` with the rule, the argument and the value.
+:func:`concat_mla_q_torch` (vLLM's ``concat_mla_q``), :func:`sparse_mla_prefill_ref` (FlashMLA ``tests/ref.py``
+``ref_sparse_attn_fwd``, fp32, token chunks), :func:`mha_causal_varlen_ref` (dense causal varlen attention, the
+``mha-dense`` route; fp32). No argument checks beyond running: :mod:`mla_lab.kernels.ops` checks the contract.
 """
 
 from __future__ import annotations
@@ -30,18 +22,8 @@ _CHUNK_BYTES = 256 * 1024**2
 
 
 def concat_mla_q_torch(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out[:, :H, :512] = ql_nope``; ``out[:, :H, 512:] = q_pe``; heads ``H..H'-1`` of ``out`` are not touched.
-
-    Args:
-        ql_nope: ``[T, H, 512]``, fp16/bf16, last dim contiguous (token/head strides arbitrary).
-        q_pe: ``[T, H, 64]``, same dtype and device.
-        out: ``[T, H', 576]`` with ``H' >= H``, same dtype and device; written in place.
-
-    Returns:
-        ``out`` (the same tensor object).
-
-    No validation here (see :func:`mla_lab.kernels.concat_mla_q`); ``T == 0`` is a no-op.
-    """
+    """``out[:, :H, :512] = ql_nope``; ``out[:, :H, 512:] = q_pe``; heads ``H..H'-1`` untouched; returns ``out``.
+    Tensors as :func:`mla_lab.kernels.concat_mla_q`, which validates them (not here); ``T == 0`` is a no-op."""
     H = ql_nope.shape[1]
     d_nope = ql_nope.shape[-1]
     if out.shape[0] == 0:

@@ -45,11 +45,8 @@ D_PE = 64
 VARIANTS = ("v2", "v3", "v4", "v5")
 DEFAULT_VARIANT = "v2"
 
-#: v2: rows ((token, head) pairs) per program and warps per program. v1: 16 rows / 4 warps (chosen before measuring).
-#: GPU run 1's sweep -> 4 rows / 4 warps (v2 as measured in run 2's main table). GPU run 2's sweep of 17 variants at
-#: all 20 shapes (data/measured/h200/concat_bench_tune.csv) found 2 rows / 1 warp faster than 4 x 4 at each of the
-#: 15 shapes with T >= 4096 (by 0.6-1.9 points of the copy ceiling; 91.4-100% of it), so that is the default now:
-#: 2.25 KiB read + 2.25 KiB written per 32-thread program. See docs/perf-notes.md.
+#: v2: rows ((token, head) pairs) and warps per program: 2 rows / 1 warp beat every other setting at the 15 shapes
+#: with T >= 4096 (data/measured/h200/concat_bench_tune.csv; docs/perf-notes.md).
 DEFAULT_BLOCK_ROWS = 2
 DEFAULT_NUM_WARPS = 1
 
@@ -326,9 +323,7 @@ def concat_mla_q_triton(
     """Launch one variant of the kernel (no validation: :func:`mla_lab.kernels.concat_mla_q` validates).
 
     Args:
-        ql_nope: ``[T, H, 512]``; q_pe: ``[T, H, 64]``; out: ``[T, H', 576]``, H' >= H; one dtype (fp16/bf16),
-            last dims contiguous, any token/head strides.
-        zero_padding: also write zeros into heads ``H..H'-1`` of ``out`` (same launch).
+        ql_nope, q_pe, out, zero_padding: as :func:`mla_lab.kernels.concat_mla_q`.
         block_rows: v2 only: (token, head) rows per program, a power of two (default :data:`DEFAULT_BLOCK_ROWS`).
         num_warps: warps per program (default :data:`DEFAULT_NUM_WARPS` for v2, :data:`V3_NUM_WARPS` for v3).
         streaming: cache hints for data touched once (loads ``evict_first``, stores ``.cs``); off by default.

@@ -20,9 +20,8 @@ Definitions (both builders, :func:`build_union_ref` and :func:`build_union`, giv
   shared keys). Every other key of the union is in ``rest`` with bit ``j`` of its mask set iff token ``q*g+j``
   selects it.
 
-Order inside a list: :func:`build_union_ref` sorts each list by key (ascending). :func:`build_union` emits keys in
-first-selection order: by the lowest token ``j`` that selects the key, then by that token's position in its list
-(so ``shared`` follows token 0's order). Consumers must not rely on either order.
+Order inside a list: sorted by key (:func:`build_union_ref`), first-selection order (:func:`build_union`); consumers
+must not rely on either.
 
 Padding: ``-1`` (mask 0) is written from each length up to the next multiple of 64 past it (the 64-key block of the
 consumers); entries past that are unspecified (stale when ``out=`` buffers are reused). Consumers use the lengths.
@@ -46,10 +45,10 @@ allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=`
 
 The atomics and ``.cg`` loads go to L2 at random addresses, so L2 round trips set the time, not DRAM bandwidth:
 0.98 ms at T 16384 x topk 2048 on the H200 (``H200_PACKED_COST`` in :mod:`.packed`; docs/perf-notes.md "Packed
-kernel"). :mod:`.union_cuda` is the on-chip CUDA C++ builder (same contract); :mod:`.union_bench` times this kernel and the torch build.
+kernel"). :mod:`.union_cuda` is the on-chip CUDA C++ builder (same contract); the ``union_build`` experiment of
+``mla-lab measure --experiments packed_kernels`` times the builders.
 
-Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the kernel runs on CPU tensors through Triton's
-interpreter (the lab's CPU tests use that).
+Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (the lab's CPU tests).
 """
 
 from __future__ import annotations
@@ -183,8 +182,7 @@ def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: 
 
     Steps: codes ``(group * s_kv + key) * g + j`` of the valid entries, ``torch.unique`` (sorts, drops duplicates
     within a token), the mask of each ``(group, key)`` as the sum of its distinct ``1 << j``, the shared test, and a
-    scatter into the padded lists. This is also the "torch sort-and-scatter build" that :mod:`.union_bench` times
-    against the Triton kernel.
+    scatter into the padded lists.
 
     Args:
         indices: ``[T, topk]`` int32 key rows into the kv cache (invalid: ``< 0``, ``>= s_kv``, or past

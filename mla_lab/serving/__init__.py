@@ -1,16 +1,7 @@
 """Step-level simulation of a ``vllm bench serve`` run against a vLLM v1 engine (docs/serving.md).
 
-One concept per module:
-
-- :mod:`~mla_lab.serving.client` the benchmark client: :class:`BenchConfig`, request lengths, arrival times;
-- :mod:`~mla_lab.serving.step` one engine step: :class:`Step`, :class:`PrefillChunk`, :class:`DecodeToken`;
-- :mod:`~mla_lab.serving.scheduler` vLLM v1's scheduler: :class:`SchedulerConfig`, ``Scheduler``;
-- :mod:`~mla_lab.serving.simulate` the event loop: :func:`simulate` -> :class:`ServingResult`;
-- :mod:`~mla_lab.serving.metrics` the metrics ``vllm bench serve`` prints, :func:`compare`;
-- :mod:`~mla_lab.serving.pricing` pricers (Step -> ms): :class:`LinearStepPricer`, :func:`make_pricer`;
-- :mod:`~mla_lab.serving.step_pricer` the lab's cost model as a pricer: :class:`CostModelPricer`;
-- :mod:`~mla_lab.serving.benchmark` the benchmark per strategy: :func:`serve_benchmark` (a :class:`~mla_lab.deployment.Deployment`),
-  :func:`bench_of`, :data:`PR_BENCH`.
+One concept per module (client, step, scheduler, simulate, metrics, pricing, step_pricer, benchmark, noise): each
+module's docstring says what it holds.
 
 Example::
 

@@ -90,22 +90,13 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                     percentiles=(99,)) -> dict:
     """``vllm bench serve`` (``bench``) against one deployment, once per strategy, each with its own KV capacity.
 
-    ``deployment``: a :class:`~mla_lab.deployment.Deployment` (checked at its door, ``Deployment.of`` /
-    ``Deployment.seed``; nothing is defaulted or re-checked here). A Deployment rather than its rank view
-    (:attr:`~mla_lab.deployment.Deployment.rank`, which prices the steps) because the run needs two things one rank
-    does not carry: ``gpu_memory_utilization`` (the KV-cache budget, :func:`~mla_lab.model.memory.memory_tradeoff`)
-    and the workload (``num_prompts``, ``prompt_len``, ``output_len``, ``concurrency``: what the client sends).
-    ``bench``: the client's run (:class:`~mla_lab.serving.client.BenchConfig`: request rate, burstiness, range
-    ratio, seed); None: :func:`bench_of` the deployment (vLLM's defaults for the rest; the seed's is
-    :data:`PR_BENCH`). A ``bench`` given must send the deployment's workload (one truth for it); build it with
-    :func:`bench_of` or change the deployment (``Deployment.replace``).
+    ``deployment``: a checked :class:`~mla_lab.deployment.Deployment` (not its rank view: the KV-cache budget and the
+    workload are the deployment's). ``bench``: the client's run (:class:`~mla_lab.serving.client.BenchConfig`); None:
+    :func:`bench_of` the deployment; a ``bench`` given must send the deployment's workload.
 
-    Per strategy (presets and aliases expanded; ``baseline`` added when missing): the KV-cache capacity is
-    :func:`~mla_lab.model.memory.memory_tradeoff`'s ``kv_capacity_tokens`` minus the strategy's
-    ``kv_tokens_lost`` (its persistent workspace beyond the baseline's), the scheduler is
-    :class:`~mla_lab.serving.scheduler.SchedulerConfig` with the deployment's engine limits
-    (``max_num_batched_tokens``, ``max_num_seqs``) and ``block_size`` / ``kv_admission`` / ``enforce_eager``, the
-    pricer :class:`CostModelPricer` of ``deployment.rank``; :func:`mla_lab.serving.simulate` runs the benchmark.
+    Per strategy (presets and aliases expanded; ``baseline`` added): KV capacity = ``memory_tradeoff``'s
+    ``kv_capacity_tokens`` minus the strategy's ``kv_tokens_lost``; :class:`~mla_lab.serving.scheduler.SchedulerConfig`
+    with the deployment's engine limits; pricer :class:`CostModelPricer` of ``deployment.rank``.
 
     Returns:
         ``{"strategies": {s: {"preset", "metrics", "change_pct" (vs baseline, % per metric), "kv_capacity_tokens",

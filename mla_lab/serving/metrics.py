@@ -17,7 +17,17 @@ import numpy as np
 
 from ._checks import check_float, check_int, check_int_or_none
 
-__all__ = ["RequestRecord", "bench_metrics", "compare", "format_metrics"]
+__all__ = ["RequestRecord", "bench_metrics", "compare", "format_metrics", "SERVE_METRICS"]
+
+#: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.
+SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
+                 ("request_throughput", "Request throughput (req/s)"),
+                 ("output_throughput", "Output token throughput (tok/s)"),
+                 ("total_token_throughput", "Total token throughput (tok/s)"),
+                 ("mean_ttft_ms", "Mean TTFT (ms)"), ("median_ttft_ms", "Median TTFT (ms)"),
+                 ("p99_ttft_ms", "P99 TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
+                 ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
+                 ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"))
 
 
 @dataclass(frozen=True)

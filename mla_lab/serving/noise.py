@@ -2,13 +2,9 @@
 same build, and the distribution of the change between two builds (issue 20; **modelled**; docs/serving.md,
 "Run-to-run noise").
 
-One simulated run gets, on top of its pricer's GPU time: the API server's single-server queue to the engine core
-(:class:`ArrivalModel`, gamma service times), async scheduling, a per-step CPU time, a token delivery delay, a
-per-run and a per-step log-normal factor on the GPU time, and a cold extra on the first step of at least
-``cold_min_tokens`` tokens. Each default with its source and status (cited, assumed, measured) is in
-:data:`COMPONENTS`; the measured ones come from ``data/measured/h200/between_process/`` (``content_loop.csv``,
-``cold_start.csv``: :func:`load_cold_start`), recomputed by tests/test_serving_noise.py. GPU times are priced once
-per distinct step shape (:class:`CachedPricer`) and the noise applied to the cached value.
+One simulated run adds to its pricer's GPU time the components of :data:`COMPONENTS` (each with its default,
+source and status; the measured ones: :func:`load_cold_start`). GPU times are priced once per distinct step shape
+(:class:`CachedPricer`) and the noise applied to the cached value.
 
 Example::
 
@@ -32,6 +28,7 @@ from ..model.decode_calibration import DecodeCalibration
 from ._checks import check_float, check_int
 from .benchmark import bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
+from .metrics import SERVE_METRICS
 from .scheduler import SchedulerConfig
 from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
@@ -433,18 +430,12 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
     there, else the ``attention_path:*`` cases (attention only). Rows with ``T < min_tokens`` are left out. Per
     process, summed over the layer's cases:
 
-    - ``cold_extra_ms``: mean over processes of ``wall(call 2) - steady_wall``. Call 2, not call 1: vLLM's start-up
-      profile run already ran one step of ``max_num_batched_tokens`` (the fresh process's call 1, with its
-      one-time costs: JIT, library handles, allocator growth); the benchmark's first large step is the next one of
-      that size. Once per step, not per layer (what it measures is paid once). ``cold_call1_ms`` (the upper bound)
-      is returned beside it, not used;
+    - ``cold_extra_ms``: mean over processes of ``wall(call 2) - steady_wall`` (why call 2: :data:`COMPONENTS`);
+      ``cold_call1_ms`` (the upper bound) is returned beside it, not used;
     - ``cold_sd_ms``: sd over processes (ddof 1; >= 2 processes).
 
-    Beside them, not put in ``values`` (the per-run and per-step factors come from a whole sustained step,
-    ``content_loop.csv``: :data:`COMPONENTS`), ``layer_spread``: ``run_log_sd`` = sd over processes of
-    ``log(steady_gpu)`` of the layer (ddof 1; >= 2 processes) and, with ``step_spread.csv``, ``step_rel_sd`` =
-    median over processes of ``sd(gpu) / median(gpu)`` of the layer's steady samples (the cases summed sample by
-    sample).
+    ``layer_spread`` (for contrast, not in ``values``): ``run_log_sd`` = sd over processes of ``log(steady_gpu)``,
+    ``step_rel_sd`` = median over processes of ``sd(gpu) / median(gpu)`` (with ``step_spread.csv``).
 
     Returns:
         ``{"values": {"cold_extra_ms", "cold_sd_ms"}, "cold_call1_ms": float, "layer_spread": {...}, "source": str,
@@ -528,12 +519,7 @@ def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:
 
 # ------------------------------------------------------------------------------------------ one deployment
 #: What :func:`serve_benchmark_noise` summarises per metric, and the labels :func:`format_noise` prints.
-NOISE_METRICS = (("duration", "Benchmark duration (s)"), ("request_throughput", "Request throughput (req/s)"),
-                 ("output_throughput", "Output token throughput (tok/s)"),
-                 ("total_token_throughput", "Total token throughput (tok/s)"), ("mean_ttft_ms", "Mean TTFT (ms)"),
-                 ("median_ttft_ms", "Median TTFT (ms)"), ("p99_ttft_ms", "P99 TTFT (ms)"),
-                 ("mean_tpot_ms", "Mean TPOT (ms)"), ("median_tpot_ms", "Median TPOT (ms)"),
-                 ("p99_tpot_ms", "P99 TPOT (ms)"), ("mean_itl_ms", "Mean ITL (ms)"))
+NOISE_METRICS = SERVE_METRICS[1:12]
 
 
 def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig | None = None, *,

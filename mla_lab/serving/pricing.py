@@ -12,11 +12,9 @@ float]`` returning a finite ms > 0; docs/serving.md, "How the pricer plugs in").
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -24,7 +22,7 @@ from ._checks import check_float, check_int
 from .step import DecodeToken, PrefillChunk, Step, StepPricer
 
 __all__ = ["StepPricer", "DEFAULT_TOPK", "prefill_topk_lengths", "decode_topk_length", "step_topk_lengths",
-           "index_topk_from_config", "LinearStepPricer", "make_pricer", "ConstantPricer"]
+           "LinearStepPricer", "make_pricer", "ConstantPricer"]
 
 DEFAULT_TOPK = 2048
 
@@ -56,20 +54,6 @@ def step_topk_lengths(step: Step, topk: int = DEFAULT_TOPK) -> np.ndarray:
     parts = [np.array([decode_topk_length(d, topk) for d in step.decode], dtype=np.int32)]
     parts += [prefill_topk_lengths(c, topk) for c in step.prefill_chunks]
     return np.concatenate(parts).astype(np.int32)
-
-
-def index_topk_from_config(path: str | Path) -> int:
-    """``index_topk`` of an HF ``config.json`` (a file or the folder holding it).
-
-    Raises:
-        ValueError: the file is missing or has no positive int ``index_topk``.
-    """
-    p = Path(path)
-    p = p / "config.json" if p.is_dir() else p
-    if not p.is_file():
-        raise ValueError(f"path={str(path)!r} must be a config.json or a folder holding one")
-    topk = json.loads(p.read_text()).get("index_topk")
-    return check_int(f"index_topk (in {p})", topk)
 
 
 def _check_ms(value, what: str) -> float:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ._checks import check_bool, check_int, check_int_or_none, check_option
 from .step import DecodeToken, PrefillChunk, Step, cudagraph_capture_sizes, launch_mode
 
-__all__ = ["SchedulerConfig", "Scheduler", "TokenEvent", "PreemptionRequired", "schedule_all", "KV_ADMISSIONS"]
+__all__ = ["SchedulerConfig", "Scheduler", "TokenEvent", "PreemptionRequired", "KV_ADMISSIONS"]
 
 KV_ADMISSIONS = ("reserve", "lazy")
 
@@ -283,22 +283,3 @@ class Scheduler:
         if finished:
             self.running = [r for r in self.running if r.req_id not in finished]
         return events
-
-
-def schedule_all(config: SchedulerConfig, requests: list[tuple[int, int]]) -> list[Step]:
-    """All steps for ``requests`` = ``[(prompt_len, output_len), ...]`` (ids 0, 1, ...) all waiting at the start.
-
-    Raises:
-        ValueError / PreemptionRequired: as :class:`Scheduler`.
-    """
-    s = Scheduler(config)
-    for i, (p, o) in enumerate(requests):
-        s.add_request(i, p, o)
-    steps = []
-    while s.has_unfinished:
-        step = s.schedule()
-        if step is None:  # pragma: no cover - impossible: a running request always gets a token
-            raise RuntimeError("scheduler made no progress")
-        s.update_from_step(step)
-        steps.append(step)
-    return steps

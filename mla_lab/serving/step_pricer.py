@@ -134,14 +134,10 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     ``decode_contexts``, tokens), priced with the decode calibration: what ``mla_lab.fits.decode`` fits and
     validates against ``decode_layer.csv``.
 
-    ``rank``: the TP rank (:class:`~mla_lab.rank.RankView`: model, tp, GPU, KV-cache / weight dtypes, MoE layout,
-    expert-parallel size), built at a door (``Deployment.rank_of(...)`` or ``Deployment.of(...).rank``; another
-    ``ep_size``: :meth:`RankView.with_ep_size <mla_lab.rank.RankView.with_ep_size>`); nothing is defaulted or
-    re-checked here. The measured decode layer ran bf16 weights (``benchmarks/bench_decode.py``), so the fit's rank
-    says ``weight_dtype="bf16"``. ``measured_subset``: only the ops the measured layer runs (``layer_ops`` ops with
-    ``impl``, no comm; :data:`EXCLUDED_FROM_MEASURED`); ``graph``: CUDA-graph replay (GPU time) or eager (launch
-    model); ``decode_kernels``: ``engine`` (the engines' decode kernels by their parallelism,
-    :mod:`mla_lab.model.decode_kernels`) or ``fit`` (the decode calibration's :class:`KernelDecode`, as fitted).
+    ``rank``: the TP rank (:class:`~mla_lab.rank.RankView`, checked at its door; the measured decode layer ran bf16
+    weights, the ``decode_layer`` experiment). ``measured_subset``: only the ops the measured layer runs
+    (:data:`EXCLUDED_FROM_MEASURED` left out); ``graph``: CUDA-graph replay (GPU time) or eager (launch model);
+    ``decode_kernels``: ``engine`` (:mod:`mla_lab.model.decode_kernels`) or ``fit`` (:class:`KernelDecode`).
 
     Returns ``{"total_ms", "gpu_ms", "host_ms", "n_ops", "ops": {name: ms}}`` (ms, one layer).
 
@@ -167,12 +163,9 @@ class CostModelPricer:
     (every rank runs the same step in lockstep under TP), priced by the lab's cost model (module docstring).
 
     Args:
-        rank: the TP rank priced (:class:`~mla_lab.rank.RankView`: model, tp, GPU, KV-cache dtype (``bf16``: the
-            padded kernel, decode included; ``fp8``: no padding), weight dtype, MoE layout and expert-parallel
-            size), built at a door (``Deployment.of(...).rank``, ``Deployment.rank_of(...)``); nothing here is
-            defaulted or re-checked. The PR's deployment: ``Deployment.seed().rank`` (GLM-5.2-FP8, ``-ep``).
-        strategy: a canonical strategy, alias or preset (a two-member preset gives its first member); an argument,
-            not a field of the rank: one rank is priced under several strategies.
+        rank: the TP rank priced (:class:`~mla_lab.rank.RankView`, checked at its door; ``bf16`` KV: the padded
+            kernel, decode included; ``fp8``: no padding). The PR's: ``Deployment.seed().rank``.
+        strategy: a canonical strategy, alias or preset (a two-member preset gives its first member).
         calibration: the layer model's calibration (None: the committed one).
         decode_cal: a :class:`DecodeCalibration` (None: :func:`load_decode_calibration`).
 
@@ -238,9 +231,8 @@ class CostModelPricer:
                 tuple((c.start, c.num_tokens) for c in step.prefill_chunks), step.cuda_graph)
 
     def __call__(self, step: Step) -> float:
-        """The step's ms (:meth:`price`'s ``total_ms``), priced once per :meth:`step_key`: a serving run repeats
-        equal steps (one request decoding alone at a low request rate repeats the same contexts), and the pricer's
-        inputs are frozen, so a repeat is read back (exact, not an approximation)."""
+        """The step's ms (:meth:`price`'s ``total_ms``), priced once per :meth:`step_key` (exact: equal keys cost
+        the same)."""
         key = self.step_key(step)
         ms = self._memo.get(key)
         if ms is None:
