@@ -44,5 +44,11 @@ def test_every_experiment_runs_in_smoke_mode(name, tmp_path):
         assert set(e.outputs()[f]) - {"process"} <= set(rows[0]), (name, f)
         # the layer model's validation rows compare measured with predicted times and are written as modelled
         # (mla_lab/measure/validate.py: validation_provenance); every other file holds measured rows
-        want = {"modelled"} if f == "layer_validation.csv" else {"measured"}
-        assert {row["source"] for row in rows} == want, (name, f)
+        # the measured sweep writes the modelled rows of the strategies that cannot run on tensors beside the
+        # measured ones (mla_lab/sweep/rows.py measured_rows: fa3_sparse, packed, kernel_native)
+        sources = {row["source"] for row in rows}
+        if f == "padding_sweep.csv":
+            assert "measured" in sources and sources <= {"measured", "modelled"}, (name, f, sources)
+        else:
+            want = {"modelled"} if f == "layer_validation.csv" else {"measured"}
+            assert sources == want, (name, f, sources)
