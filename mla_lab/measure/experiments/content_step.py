@@ -3,7 +3,7 @@
 rank share, grouped GEMMs), with the padded heads zero (``private_workspace``) or stale (N(0,1):
 ``shared_workspace:none``), steps interleaved; per step: total, attention-kernel sum and the rest (CUDA events per
 layer), SM clock and power sampled by NVML during the step. Rows: ``content_loop.csv`` (ms, MHz, W; fitted by
-``mla_lab.fits.content_step``)."""
+``python -m mla_lab.fits content_step``)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The routed experts of one MoE layer at decode sizes (T = 1..256 tokens), the rank's expert share (GLM-5 EP 8:
 32 local experts, hidden 6144, moe_intermediate 2048, top-8 of 256, random routing), graph timing: bf16
 ``torch._grouped_mm`` and fp8 e4m3 ``torch._scaled_grouped_mm`` (row-wise scales) where this torch has it
-(recorded: ``impl``). Rows: ``moe_decode.csv`` (ms; fitted by ``mla_lab.fits.moe_decode``)."""
+(recorded: ``impl``). Rows: ``moe_decode.csv`` (ms; fitted by ``python -m mla_lab.fits moe_decode``)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations

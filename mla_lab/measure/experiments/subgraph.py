@@ -1,7 +1,7 @@
 """Sub-chunking without the per-chunk cost (issue 23): for S in 2048 / 4096 the chunk loop eager (``views``),
 captured in ONE CUDA graph (``graph``: the chunk count depends only on T and S), and spread over two streams with two
 S-row workspaces (``2stream``); beside the PR's private workspace, eager and graphed. Seed and full-topk shapes,
-GLM-5 TP 8, interleaved rounds. Rows: ``subgraph.csv`` (ms; fitted by ``mla_lab.fits.subgraph``)."""
+GLM-5 TP 8, interleaved rounds. Rows: ``subgraph.csv`` (ms; fitted by ``python -m mla_lab.fits subchunk_graph``)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations
