@@ -1,21 +1,15 @@
-"""The packed kernel on the H200 beside every engine's kernel, summarised between processes (issue 36): the one place
-the answer block, docs/packed.md and the tests take its figures from.
+"""The packed kernel on the H200 beside every engine's kernel (issue 36): the one place the answer block,
+docs/packed.md and the tests take its figures from.
 
 Source: ``data/measured/h200/between_process/packed_kernels.csv`` (:mod:`mla_lab.measure.experiments.packed_kernels`;
-one NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0, tokenspeed-flashmla 1.0.0.post20260429, vLLM
-0.33.0 and SGLang 0.5.23 kernels from their release wheels; graph timing; 5 fresh processes x 5 interleaved rounds;
-one machine lease, 2026-12-04, commit 0bbb393). T = 16384 query tokens, H = 8 heads per rank, topk 2048. Every
-figure: the median over processes of the per-process medians, ``[min, max]`` over processes.
-
-The issue's targets (:data:`TARGETS`) are read off the rows by :func:`targets`: each says its value, the bar, met or
-missed, and by how much. ``python -m mla_lab.report.packed_kernels --update-docs`` rewrites the generated tables of
-docs/packed.md.
+one H200, 5 fresh processes x 5 interleaved rounds, graph timing; T = 16384, H = 8, topk 2048; the software in the
+file's provenance columns). Every figure: the median over processes of the per-process medians, ``[lo, hi]`` over
+processes. ``python -m mla_lab.report.packed_kernels --update-docs`` rewrites docs/packed.md's tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from functools import lru_cache
 
@@ -23,6 +17,7 @@ import pandas as pd
 
 from ..measure.spread import between_process
 from ..paths import REPO_ROOT, read_measured_csv
+from .blocks import update_block
 
 __all__ = ["PACKED_CSV", "kernel_ms", "speedup", "targets", "shape_table", "TARGETS", "SHAPE_ORDER", "KERNELS",
            "update_docs", "main"]
@@ -159,24 +154,13 @@ def _markdown(path=PACKED_CSV) -> str:
     return "\n".join(lines)
 
 
-_BEGIN, _END = "<!-- packed-table:begin (python -m mla_lab.report.packed_kernels --update-docs) -->", \
-    "<!-- packed-table:end -->"
+_BEGIN = "<!-- packed-table:begin (python -m mla_lab.report.packed_kernels --update-docs) -->"
+_END = "<!-- packed-table:end -->"
 
 
 def update_docs(doc=DOC, path=PACKED_CSV) -> bool:
-    """Rewrite the generated block of ``doc`` from the rows; True when it changed.
-
-    Raises:
-        ValueError: the doc lacks the block's markers (names them).
-    """
-    text = doc.read_text()
-    if _BEGIN not in text or _END not in text:
-        raise ValueError(f"{doc} lacks the markers {_BEGIN!r} ... {_END!r}")
-    new = re.sub(re.escape(_BEGIN) + r".*?" + re.escape(_END), lambda m: f"{_BEGIN}\n{_markdown(path)}\n{_END}",
-                 text, flags=re.S)
-    if new != text:
-        doc.write_text(new)
-    return new != text
+    """Rewrite the generated block of ``doc`` from the rows; True when it changed. Raises ValueError: no markers."""
+    return update_block(doc, _BEGIN, _END, _markdown(path), "packed-table")
 
 
 def main(argv=None) -> int:

@@ -26,7 +26,7 @@ from ..arch import get_arch
 from ..model.calibration import resolve_calibration
 from ..model.comm import measured_allreduce_rows
 from ..model.timing import comm_time_ms
-from .data import _measured_root
+from ..paths import measured_dir
 
 __all__ = ["WORLD_SIZES", "load_tp_runs", "tp_status_table", "tp_rank_table", "comm_fit_table"]
 
@@ -65,7 +65,7 @@ def _gpu(gpu) -> str:
 
 
 def _files(n: int, gpu: str, root: Path | None) -> list[Path]:
-    d = (root or _measured_root()) / f"{gpu}x{n}"
+    d = (root or measured_dir()) / f"{gpu}x{n}"
     return [d / f for f in FILES if (d / f).is_file()]
 
 
@@ -105,7 +105,7 @@ def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path
     out = []
     for n in world_sizes:
         d = runs[(runs["run"] == "tp") & (runs["world_size"] == n)] if len(runs) else runs
-        sim_only = (Path(root) if root else _measured_root()) / gpu / f"tp{n}_sim_block.csv"
+        sim_only = (Path(root) if root else measured_dir()) / gpu / f"tp{n}_sim_block.csv"
         if not len(d):
             note = f"not measured: needs {n} GPUs of one host (mla_lab/measure/experiments/tp_block.py --tp {n})"
             if sim_only.is_file():
