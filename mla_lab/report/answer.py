@@ -212,10 +212,10 @@ def update_readme(path: Path = REPO_ROOT / "README.md") -> None:
     update_block(path, BEGIN, END, answer_markdown(), "answer")
 
 
-NOTEBOOK = REPO_ROOT / "notebooks" / "padding_sweep"
+NOTEBOOK_PY, NOTEBOOK_IPYNB = (REPO_ROOT / "notebooks" / f"padding_sweep.{e}" for e in ("py", "ipynb"))
 
 
-def update_notebook(py: Path = NOTEBOOK.with_suffix(".py"), ipynb: Path = NOTEBOOK.with_suffix(".ipynb")) -> None:
+def update_notebook(py: Path = NOTEBOOK_PY, ipynb: Path = NOTEBOOK_IPYNB) -> None:
     """Write the block into the report notebook's first cell, in both paired files (the report opens as README).
 
     Raises:
