@@ -1,10 +1,6 @@
-"""Charts and tables of sweep rows (matplotlib + pandas) for the published report. Every figure and table says
-which points are measured and which modelled.
-
-Figures are built on :class:`matplotlib.figure.Figure` directly (no pyplot, no global backend switch), so importing
-this module never changes how a notebook shows its own plots. :func:`publish_figure` saves a figure as PNG and SVG
-and shows the PNG in the notebook, which is what nbconvert embeds in the HTML report.
-"""
+"""The report's figures of sweep rows (matplotlib on :class:`matplotlib.figure.Figure`, no pyplot state): hollow
+markers are modelled, filled ones measured. :func:`publish_figure` saves PNG + SVG and shows the PNG (what nbconvert
+embeds in the HTML report)."""
 
 from __future__ import annotations
 
@@ -13,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 from ..deployment import Deployment
-from ..placement import BASELINE
+from ..placement import BASELINE, PR_STRATEGY
 from ..seed import SEED
 from ..serving.benchmark import options_summary
 from ..sweep.advise import frontier
@@ -22,13 +18,11 @@ from .data import ok_rows, pick
 from .layout_check import OVERLAP_PX, drawn, figure_clipping, label_overlaps, overlap
 from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
 
-__all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note", "plot_deployment", "plot_tp_bars", "plot_heatmap",
-           "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style", "model_style",
-           "PR_STRATEGY"]
+__all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note", "plot_deployment", "plot_tp_bars",
+           "plot_heatmap", "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style",
+           "model_style", "PR_STRATEGY", "new_figure"]
 
 
-
-# --------------------------------------------------------------------------------------------------- figures
 def _suptitle(fig, text: str, fontsize: float = 10.0) -> None:
     """A figure title wrapped to the figure's width (about 11 characters per inch at 10 pt), so it never runs past
     the figure's edges (the layout check of :func:`publish_figure` would refuse it)."""
@@ -42,8 +36,8 @@ def _legend_columns(fig, n: int, per_inch: float = 2.6) -> int:
 
 
 def fits_mask(d):
-    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column: older rows); a
-    row that does not fit carries no TTFT or memory number in any chart (it shows why instead, issue 22)."""
+    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column); a row that does
+    not fit carries no number in any chart (issue 22)."""
     import pandas as pd
 
     if "fits_in_memory" not in d.columns:
@@ -52,9 +46,8 @@ def fits_mask(d):
 
 
 def shown_measured(meas):
-    """The measured rows a figure may draw: those whose change applies to their deployment (``measured_withheld``
-    empty, :func:`mla_lab.sweep.rows.measured_withheld`: the measured kernel runs on the deployment's route and it
-    fits; issue 39). Rows without the column (older frames) are kept."""
+    """The measured rows a figure may draw: ``measured_withheld`` empty (:func:`mla_lab.sweep.rows.measured_withheld`,
+    issue 39) or no such column."""
     if "measured_withheld" not in meas.columns:
         return meas
     return meas[meas["measured_withheld"].fillna("").astype(str) == ""]
@@ -67,10 +60,12 @@ def _priced(d):
     return ok & fits_mask(d)
 
 
-def _figure(figsize):
+def new_figure(figsize):
+    """A :class:`matplotlib.figure.Figure` with constrained layout (no pyplot)."""
     from matplotlib.figure import Figure
 
     return Figure(figsize=figsize, layout="constrained")
+
 
 def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110, show: bool = True) -> dict:
     """Save ``fig`` as ``<figure_dir>/<name>.png`` and ``.svg`` and (``show``) display the PNG in the notebook.
@@ -78,10 +73,8 @@ def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110
     Returns ``{"png": path, "svg": path}`` (paths None when ``figure_dir`` is None: display only).
 
     Raises:
-        ValueError: a legend or title lies outside the figure (it would be cut off in the PNG and SVG), or two
-            labels of one axes print over each other, naming the artists
-            (:func:`mla_lab.report.layout_check.figure_clipping`, :func:`~mla_lab.report.layout_check.label_overlaps`);
-            nothing is written.
+        ValueError: a legend or title cut off at the figure's edge, or two labels of one axes printed over each other
+            (:mod:`mla_lab.report.layout_check`, naming the artists); nothing is written.
     """
     clipped = figure_clipping(fig) + label_overlaps(fig)
     if clipped:
@@ -91,11 +84,9 @@ def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110
     png = buf.getvalue()
     out = {"png": None, "svg": None}
     if figure_dir is not None:
-        d = Path(figure_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        out["png"] = d / f"{name}.png"
+        out = {e: Path(figure_dir) / f"{name}.{e}" for e in ("png", "svg")}
+        out["png"].parent.mkdir(parents=True, exist_ok=True)
         out["png"].write_bytes(png)
-        out["svg"] = d / f"{name}.svg"
         fig.savefig(out["svg"], format="svg")
     if show:
         from IPython.display import Image, display
@@ -114,8 +105,6 @@ def _short(row) -> str:
 #: Colour and marker of every model, fixed across all reports (unknown models get the rest in name order).
 MODEL_STYLE = {"glm-5": ("#d95f02", "o"), "glm-5.2": ("#e6ab02", "P"), "deepseek-v3.2": ("#7570b3", "s")}
 _SPARE = [("#1b9e77", "^"), ("#e7298a", "D"), ("#66a61e", "v")]
-#: The PR's strategy (vLLM #53878) in the per-TP and heatmap charts.
-PR_STRATEGY = "private_workspace"
 DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
 
 
@@ -139,16 +128,12 @@ DP_POINT = "dp_attention_point"
 
 
 def dp_attention_point(rows) -> dict | None:
-    """The deployment of ``rows`` (one frontier panel) under SGLang's DP attention at ``dp = tp`` (every rank all
-    heads: nothing padded where the heads fill the tile), as a point of that panel, modelled:
-    ``{"extra_persistent_mib": 0.0, "ttft_change_pct", "heads_per_rank", "padded_heads_per_rank",
-    "kv_capacity_tokens_per_rank"}``. The TTFT change is the workload's mean TTFT with DP attention against the
-    same deployment without it, both from the ``vllm bench serve`` simulation at ``output_len`` 1
-    (:func:`mla_lab.serving.benchmark.options_summary`), baseline strategy. None when the panel's rows do not name
-    a whole deployment (a point stored before ``weight_dtype`` / ``moe_parallel``) or it does not fit."""
-    r = rows.iloc[0].to_dict()
+    """The panel's deployment under SGLang's DP attention at ``dp = tp``, modelled
+    (:func:`mla_lab.serving.benchmark.options_summary`, baseline strategy): ``{"extra_persistent_mib",
+    "ttft_change_pct" (vs without it), "heads_per_rank", "padded_heads_per_rank", "kv_capacity_tokens_per_rank"}``;
+    None when the rows do not name a whole deployment or it does not fit."""
     try:
-        d = Deployment.from_point(r)
+        d = Deployment.from_point(rows.iloc[0].to_dict())
         d = d.replace(dp_attention=d.tp)
         o = options_summary(d, BASELINE)["dp_attention"]
     except (ValueError, KeyError):
@@ -289,11 +274,9 @@ FRONTIER = "frontier"
 
 
 def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1.0):
-    """The y range a frontier panel shows when a few routes dwarf the rest (SGLang's dense route at -35 % beside
-    the PR's -2 %): ``(lo, hi)`` of the values inside Tukey's far fences (``Q1 - fence * IQR``, ``Q3 + fence *
-    IQR``, IQR at least ``min_iqr`` %, the window always holding 0), or None when every value is inside them or
-    the outliers widen the range by less than ``squash`` times (nothing is squashed: the plain axis). NaN values
-    are ignored. Points outside the window are drawn at its edge with their value (:func:`plot_deployment`)."""
+    """The y range of a frontier panel where a few routes dwarf the rest: ``(lo, hi)`` of the values (NaN ignored)
+    inside Tukey's far fences (``fence`` x IQR, IQR at least ``min_iqr`` %), always holding 0; None when nothing is
+    outside them or the outliers widen the range by less than ``squash`` times."""
     import numpy as np
 
     v = np.asarray([x for x in values if x == x], dtype=float)
@@ -313,11 +296,8 @@ def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1
 
 
 def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of the report and the CSV") -> str:
-    """One line saying which KV-cache dtypes of ``df`` a view showing only ``shown`` leaves out (issue 32: an fp8
-    sweep's rows used to drop out of every figure without a word): per other dtype, how many deployment points
-    (:data:`DEPLOYMENT_KEYS`, modelled rows) it has and ``where`` they are; with an fp8 cache the lab pads no heads
-    (:func:`mla_lab.buffers.padded_num_heads`), so the padded-Q strategies price alike there. "" when ``shown`` is
-    None (every dtype shown) or ``df`` holds no other dtype."""
+    """One line per KV-cache dtype of ``df`` that a view showing only ``shown`` leaves out (issue 32): its
+    deployment points (modelled rows) and ``where`` they are; "" when ``shown`` is None or there is no other."""
     if shown is None or "kv_cache_dtype" not in getattr(df, "columns", ()) or not len(df):
         return ""
     d = df[df["source"] != "measured"] if "source" in df.columns else df
@@ -334,12 +314,9 @@ def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of t
 
 
 def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
-    """What ``df`` does not price, one row each with its reason (a pandas DataFrame with the deployment's columns,
-    ``strategy``, ``status`` and ``reason``): a deployment whose weights or workload do not fit
-    (``does_not_fit``: one row for the deployment, ``strategy`` empty) and a strategy that tips a fitting deployment
-    out of fitting (``tips_out``: it fits without it, not with it). Rows of older files (``status`` ok,
-    ``fits_in_memory`` False) count as ``does_not_fit``. :func:`plot_frontier_grid` leaves them out and the report
-    lists them."""
+    """What ``df`` does not price (DataFrame: the deployment's columns, ``strategy``, ``status``, ``reason``): a
+    deployment that does not fit (``does_not_fit``, ``strategy`` empty; older rows with ``fits_in_memory`` False
+    too) and a strategy that tips a fitting one out of fitting (``tips_out``)."""
     import pandas as pd
 
     d = _priced_or_not(df)
@@ -362,57 +339,57 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
     return pd.DataFrame(out, columns=[*keys, "strategy", "status", "reason"])
 
 
-def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
-                       include_not_fitting: bool = False, dp_attention: bool = False) -> list:
-    """Every deployment of ``df`` that fits as its own panel (:func:`plot_deployment`), faceted ``ncols`` wide and
-    wrapped, at most ``per_page`` panels per figure (more deployments give more figures), one legend per figure
-    below the panels. Colours and markers are fixed per strategy (:data:`STRATEGY_STYLE`) across all reports.
-    Deployments that do not fit are left out (:func:`not_fitting` lists them) unless ``include_not_fitting``;
-    deployments of another KV-cache dtype than ``kv_cache_dtype`` (None: all) too, and the title says so
-    (:func:`kv_dtype_note`). ``dp_attention``: each panel also shows SGLang's DP attention at ``dp = tp`` as its own
-    modelled point (:func:`dp_attention_point`; off by default, so the committed report's figures are unchanged).
-
-    Returns a list of matplotlib Figures (empty when there is no row).
-    """
+def _frontier_legend(fig, present, dp_attention: bool, width: float) -> None:
     from matplotlib.lines import Line2D
 
+    handles = [Line2D([], [], ls="", marker=mk, markerfacecolor="none", markeredgecolor=col, markersize=7,
+                      label=label)
+               for key, (col, mk, label) in STRATEGY_STYLE.items()
+               if any(strategy_style(s)[2] == label for s in present)]
+    handles += [Line2D([], [], ls="", marker="o", markerfacecolor="#999", markeredgecolor="black",
+                       label="measured (interval)"),
+                Line2D([], [], color="#d62728", lw=1.2, label="this deployment's Pareto frontier")]
+    if dp_attention:
+        handles.append(Line2D([], [], ls="", marker="*", markerfacecolor="none", markeredgecolor="black",
+                              markersize=9, label="SGLang DP attention, dp = tp (modelled)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))),
+               fontsize=7.5, frameon=False)
+
+
+def _frontier_page(page, ncols: int, dp_attention: bool):
+    """``(figure of the deployments of ``page`` as panels, width, number of off-scale points)``."""
+    nc = min(ncols, len(page))
+    nr = -(-len(page) // nc)
+    width = max(7.0, 4.3 * nc)  # room for the legend and title even for one panel
+    fig = new_figure((width, 3.3 * nr + 1.6))
+    axes = fig.subplots(nr, nc, squeeze=False)
+    n_off = sum(plot_deployment(ax, rows, dp_point=dp_attention_point(rows) if dp_attention else None)
+                for ax, (_, rows) in zip(axes.flat, page))
+    for ax in list(axes.flat)[len(page):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("TTFT change [%]", fontsize=8.5)
+    for ax in axes[-1, :]:
+        ax.set_xlabel("persistent extra MiB per rank", fontsize=8.5)
+    return fig, width, n_off
+
+
+def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
+                       include_not_fitting: bool = False, dp_attention: bool = False) -> list:
+    """Every deployment of ``df`` that fits as a panel (:func:`plot_deployment`), ``ncols`` wide, at most
+    ``per_page`` per figure, one legend per figure. Deployments that do not fit (:func:`not_fitting`) are left out
+    unless ``include_not_fitting``, and so are other KV-cache dtypes than ``kv_cache_dtype`` (None: all; the title
+    says so). ``dp_attention``: each panel also shows :func:`dp_attention_point`. Returns the figures."""
     d = ok_rows(df)
     left_out = kv_dtype_note(d, kv_cache_dtype)
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
-    deps = _deployment_rows(d)
-    if not include_not_fitting:
-        deps = [(k, g) for k, g in deps if "fits_in_memory" not in g.columns
-                or bool(g["fits_in_memory"].astype(bool).any())]
+    deps = [(k, g) for k, g in _deployment_rows(d) if include_not_fitting or "fits_in_memory" not in g.columns
+            or bool(g["fits_in_memory"].astype(bool).any())]
     figs = []
     for start in range(0, len(deps), per_page):
-        page = deps[start:start + per_page]
-        nc = min(ncols, len(page))
-        nr = -(-len(page) // nc)
-        width = max(7.0, 4.3 * nc)  # room for the legend and title even for one panel
-        fig = _figure((width, 3.3 * nr + 1.6))
-        axes = fig.subplots(nr, nc, squeeze=False)
-        n_off = sum(plot_deployment(ax, rows, dp_point=dp_attention_point(rows) if dp_attention else None)
-                    for ax, (_, rows) in zip(axes.flat, page))
-        for ax in list(axes.flat)[len(page):]:
-            ax.set_visible(False)
-        for ax in axes[:, 0]:
-            ax.set_ylabel("TTFT change [%]", fontsize=8.5)
-        for ax in axes[-1, :]:
-            ax.set_xlabel("persistent extra MiB per rank", fontsize=8.5)
-        present = set(d["strategy"])
-        handles = [Line2D([], [], ls="", marker=mk, markerfacecolor="none", markeredgecolor=col, markersize=7,
-                          label=label)
-                   for key, (col, mk, label) in STRATEGY_STYLE.items()
-                   if any(strategy_style(s)[2] == label for s in present)]
-        handles += [Line2D([], [], ls="", marker="o", markerfacecolor="#999", markeredgecolor="black",
-                           label="measured (interval)"),
-                    Line2D([], [], color="#d62728", lw=1.2, label="this deployment's Pareto frontier")]
-        if dp_attention:
-            handles.append(Line2D([], [], ls="", marker="*", markerfacecolor="none", markeredgecolor="black",
-                                  markersize=9, label="SGLang DP attention, dp = tp (modelled)"))
-        fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))),
-                   fontsize=7.5, frameon=False)
+        fig, width, n_off = _frontier_page(deps[start:start + per_page], ncols, dp_attention)
+        _frontier_legend(fig, set(d["strategy"]), dp_attention, width)
         title = ("Memory vs TTFT per deployment, changes vs vLLM before PR #53878 with zero padded heads"
                  f"{'' if len(deps) <= per_page else f' ({start // per_page + 1}/{-(-len(deps) // per_page)})'}")
         if n_off:
@@ -540,7 +517,7 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
     archs = sorted(d["arch"].unique()) or ["-"]
     models = sorted(d["model"].unique())
     tps = sorted(set(mod["tp"]) | set(meas["tp"]))  # a TP only withheld measured rows hold has no slot (issue 39)
-    fig = _figure((12.5, 3.3 * len(archs) + 0.9))
+    fig = new_figure((12.5, 3.3 * len(archs) + 0.9))
     axes = fig.subplots(len(archs), 2, squeeze=False)
     nb = max(1, len(models))
     for (ax_t, ax_m), a in zip(axes, archs):
@@ -619,7 +596,7 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     vals = mod[priced]["ttft_change_pct"].abs()
     lim = float(vals.max()) if len(vals) and vals.max() > 0 else 1.0
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
-    fig = _figure((max(4.8, 1.35 * len(Ls) + 2.6) * len(archs), 0.55 * max(1, len(ykeys)) + 1.9))
+    fig = new_figure((max(4.8, 1.35 * len(Ls) + 2.6) * len(archs), 0.55 * max(1, len(ykeys)) + 1.9))
     axes = fig.subplots(1, len(archs), squeeze=False, sharey=True)[0]
     im = None
     for ax, a in zip(axes, archs):
@@ -643,7 +620,7 @@ def plot_validation(v):
     CUDA graph, interleaved pairs). The diagonal is a perfect model; MAPE per group in the legend."""
     import numpy as np
 
-    fig = _figure((13, 5.6))
+    fig = new_figure((13, 5.6))
     ax_op, ax_layer = fig.subplots(1, 2)
     ins = v[v["split"] == "in_sample"]
     ops = ins[ins["level"] == "op"]
