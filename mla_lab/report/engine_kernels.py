@@ -1,11 +1,7 @@
-"""The engines' own kernels on the H200, summarised between processes (issue 29): what the answer block, the findings
-and the tests quote.
-
-Source: ``data/measured/h200/between_process/engine_kernels.csv`` (:mod:`mla_lab.measure.engine_kernels`; one
-NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0; vLLM 0.33.0 and SGLang 0.5.23 kernels from their
-release wheels, tokenspeed-flashmla 1.0.0.post20260429; graph timing; 5 fresh processes x 5 interleaved rounds; one
-machine lease). Every figure: the median over processes of the per-process medians, with ``[min, max]`` over the
-processes (:mod:`mla_lab.measure.spread`).
+"""The engines' own kernels on the H200 (issue 29): ``data/measured/h200/between_process/engine_kernels.csv``
+(:mod:`mla_lab.measure.engine_kernels`; one H200, the engines' release-wheel kernels, graph timing, 5 fresh processes
+x 5 interleaved rounds; the software in the file's provenance columns). Every figure: the median over processes of
+the per-process medians, ``[min, max]`` over processes.
 """
 
 from __future__ import annotations

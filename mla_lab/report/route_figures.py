@@ -1,20 +1,10 @@
 """The route beats the copy: measured attention-path time per route and prompt length (H200, fresh processes).
 
-Rows: ``data/measured/h200/between_process/routes.csv`` (``mla_lab/measure/experiments/routes_step.py``): one 16384-token
-prefill step of ``16384 / L`` prompts of ``L`` tokens, GLM-5 TP8 (8 heads, qk 256 / v 256) and DeepSeek-V3.2 TP8 (16
-heads, qk 192 / v 128), per layer call:
-
-- **sparse MQA, padded** (FlashMLA ``flash_mla_sparse_fwd`` at h_q 64): the W_UK bmm, ``concat_mla_q`` into the
-  workspace, the pad (vLLM before PR #53878: ``new_empty`` + copy) or none (the PR's pre-padded workspace), the
-  kernel, the W_UV bmm; indices = every earlier key when ``L <= topk`` (2048), random top-k above;
-- **dense MHA** with the real heads (vLLM #47327's route for ``seq_len <= topk``; SGLang's for prefills <= 2048): the
-  ``kv_b_proj`` up-projection of the step's latent K/V, K = [k_nope, k_pe], torch SDPA causal (cuDNN or FLASH
-  backend; FLASH needs equal head dims, so DeepSeek-V3.2's V is padded to 192 on that backend). Above top-k dense
-  causal attention is *not* what sparse attention computes; there it is a lower bound for a masked MHA (vLLM
-  #48770), which this table labels and never calls equivalent.
-
-Each figure is the median over >= 5 fresh processes of the per-process medians with ``[min, max]`` over processes
-(:mod:`mla_lab.measure.spread`). Measured, one H200: the rows carry their provenance.
+Rows: ``data/measured/h200/between_process/routes.csv`` (``mla_lab/measure/experiments/routes_step.py``): one
+16384-token prefill step per layer call, GLM-5 TP8 and DeepSeek-V3.2 TP8, on the padded sparse MQA route (FlashMLA at
+h_q 64, with or without the pre-PR pad) and the dense MHA route with the real heads (up-projection + torch SDPA;
+above top-k only a lower bound of masked MHA, labelled so). Each figure: the median over >= 5 fresh processes of the
+per-process medians, ``[min, max]`` over processes (:mod:`mla_lab.measure.spread`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""Real TP ranks against the lab's one-GPU simulation, and the all-reduce term, at TP 2, 4 and 8.
+"""Real TP ranks against the lab's one-GPU simulation, and the all-reduce term, at TP 2, 4 and 8: per world size
+what was measured (:func:`tp_status_table`), every real rank beside the simulation plus the modelled all-reduce
+(:func:`tp_rank_table`), and the all-reduce fit or assumption (:func:`comm_fit_table`).
 
-The lab prices TP by giving one GPU one rank's share (:mod:`mla_lab.measure.tp`). These tables put every real rank
-of the committed NCCL runs beside that simulation plus the cost model's all-reduce:
-
-- :func:`tp_status_table`: per world size, what was measured (file, ranks, configurations) or that nothing was.
-- :func:`tp_rank_table`: one row per (world size, model, T, block, strategy, rank): the real rank's block, compute
-  (no all-reduce) and all-reduce times, the simulation's compute, the all-reduce the committed calibration prices
-  (:func:`mla_lab.model.timing.comm_time_ms`: the measured fit of that world size where one exists, else the
-  assumption; column ``comm_source``) and the errors, peak memory of the call (torch) and NCCL's own memory.
-- :func:`comm_fit_table`: per world size, the all-reduce fit (latency, bandwidth, error) or the assumption, and
-  the assumption's error against what was measured.
-
-Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``mla_lab/measure/experiments/tp_block.py``) and the older
-``data/measured/h200x2/tp2_attention.csv`` (written by this harness's first version, attention block only); the
-one-GPU simulation of a TP-N share alone, before any N-GPU run: ``data/measured/<gpu>/tp<N>_sim_block.csv``
-(``mla_lab/measure/experiments/tp_block.py --runs sim``), named in the status table.
+Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``mla_lab/measure/experiments/tp_block.py``), the older
+``h200x2/tp2_attention.csv`` (attention block only), and the one-GPU simulation alone,
+``data/measured/<gpu>/tp<N>_sim_block.csv``.
 """
 
 from __future__ import annotations
