@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from functools import lru_cache
 
 import pandas as pd
 
-from ..measure.spread import between_process
-from ..paths import REPO_ROOT, read_measured_csv
+from ..paths import REPO_ROOT
 from .blocks import update_block
+from .engine_kernels import between_process_ms, experiment_rows
 
 __all__ = ["PACKED_CSV", "kernel_ms", "speedup", "targets", "shape_table", "TARGETS", "SHAPE_ORDER", "KERNELS",
            "update_docs", "main"]
@@ -46,36 +45,26 @@ KERNELS = {
 }
 
 
-@lru_cache(maxsize=4)
-def _rows(path: str) -> pd.DataFrame:
-    d = read_measured_csv(path)  # whole or refused in one line
-    return d[d["experiment"] == "packed_kernels"].copy()
+def _rows(path) -> pd.DataFrame:
+    return experiment_rows(str(path), "packed_kernels")
 
 
 def kernel_ms(kernel: str, shape: str, path=PACKED_CSV) -> dict:
-    """``{"median", "lo", "hi", "n_processes", ...}`` (ms) of one kernel at one shape (median over processes of
-    per-process medians, ``[lo, hi]`` over processes).
-
-    Raises:
-        ValueError: no rows match (names the selection and the file).
-    """
-    d = _rows(str(path))
-    sel = d[(d["kernel"] == kernel) & (d["shape"] == shape)]
-    if sel.empty:
-        raise ValueError(f"no rows for kernel={kernel!r} shape={shape!r} in {path}")
-    return next(iter(between_process(sel, ["kernel"], "ms").values()))
+    """:func:`mla_lab.report.engine_kernels.between_process_ms` of one kernel at one shape (``median``, ``lo``,
+    ``hi`` in ms, ``n_processes``). Raises ValueError: no rows match."""
+    return between_process_ms(path, "packed_kernels", kernel=kernel, shape=shape)
 
 
 def union_size(shape: str, path=PACKED_CSV) -> tuple[float, float]:
     """``(U, S)``: the shape's mean union and shared keys per group, over topk."""
-    d = _rows(str(path))
+    d = _rows(path)
     r = d[d["shape"] == shape].iloc[0]
     return float(r["U"]), float(r["S"])
 
 
 def dispatch_path(shape: str, path=PACKED_CSV) -> str:
     """The path the dispatch chose at ``shape`` (``packed``, ``packed_triton`` or ``padded``)."""
-    d = _rows(str(path))
+    d = _rows(path)
     return str(d[(d["shape"] == shape) & (d["kernel"] == "dispatched")]["path"].iloc[0])
 
 

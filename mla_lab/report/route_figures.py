@@ -32,8 +32,7 @@ def routes_available(path: str | Path | None = None) -> bool:
 
 
 def route_summary(path: str | Path | None = None, model: str = "glm-5") -> list[str]:
-    """The report's sentences on the routes: :func:`route_sentence` and the crossover, or one sentence saying the
-    route rows are not in the measured folder this report reads (never a number without its rows)."""
+    """The report's sentences on the routes (:func:`route_sentence`, the crossover), or why there are none."""
     if not routes_available(path):
         where = Path(path) if path else measured_dir("h200") / ROUTES_CSV
         return [f"Routes not measured in this measured folder ({where} is absent; benchmarks/h200_between_process.sh writes "
@@ -61,9 +60,8 @@ def _rows(path):
 
 
 def route_table(path: str | Path | None = None):
-    """One row per (model, prompt_len, route): ``median_ms``, ``lo_ms``, ``hi_ms`` (over processes),
-    ``n_processes``, ``equivalent`` (False for dense MHA above top-k: a lower bound of masked MHA there),
-    ``num_heads``, ``T``. Raises FileNotFoundError when the committed rows are absent."""
+    """One row per (model, prompt_len, route): ``median_ms``, ``lo_ms``, ``hi_ms`` (over processes), ``n_processes``,
+    ``equivalent`` (False: dense MHA above top-k), ``num_heads``, ``T``. Raises FileNotFoundError: no rows."""
     import pandas as pd
 
     df = _rows(path)
@@ -130,14 +128,9 @@ def crossover(path: str | Path | None = None, model: str = "glm-5",
               dense: str = "dense MHA, real heads (SDPA cuDNN)",
               sparse: str = "sparse MQA, vLLM #53878 (pre-padded workspace)", topk: int = 2048,
               max_len: int = 1 << 20) -> dict:
-    """Prompt length where the padded sparse MQA path would start to beat dense causal MHA, per process.
-
-    Each route's time per layer call is fitted (least squares over every measured length) as ``a + b k(L)`` with
-    ``k(L)`` its mean keys per query: ``(L + 1) / 2`` for dense causal attention, ``mean(min(p + 1, topk))`` for
-    sparse top-k (it saturates at ``topk``, so the sparse path's time levels off while the dense one keeps
-    growing); the crossing is the smallest ``L`` (power-of-two steps refined by bisection, up to ``max_len``) where
-    dense >= sparse. Above top-k dense causal attention is a lower bound for masked MHA (vLLM #48770), so the
-    crossing is where even that bound stops winning. An extrapolation beyond the longest measured prompt; says so.
+    """Prompt length where the padded sparse MQA path would start to beat dense causal MHA, per process: each
+    route's time per layer call fitted (least squares) as ``a + b mean_keys(L)``, the crossing the smallest ``L``
+    (doubling, then bisection, up to ``max_len``) where dense >= sparse. An extrapolation beyond the longest prompt.
 
     Returns:
         ``{"median", "lo", "hi", "n_processes", "per_process", "measured_max", "beyond_measured"}`` (lengths in
@@ -183,12 +176,11 @@ def route_sentence(path: str | Path | None = None, model: str = "glm-5", prompt_
 def plot_routes(table=None, figsize=(10.0, 3.8)):
     """Attention path per layer call vs prompt length, one panel per model, one line per route with its
     [min, max] over processes; dense MHA above top-k drawn dashed (not equivalent: a masked-MHA lower bound)."""
-    from matplotlib.figure import Figure
+    from .figures import new_figure
 
     t = route_table() if table is None else table
     models = list(dict.fromkeys(t["model"]))
-    # no pyplot state: a notebook's inline backend would show a pyplot figure a second time, unsaved
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = new_figure(figsize)
     axes = fig.subplots(1, len(models), squeeze=False)
     colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
     for ax, model in zip(axes[0], models):
