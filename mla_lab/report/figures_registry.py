@@ -37,14 +37,8 @@ NUM = r"[-+\u2212]?\d+(?:,\d{3})*(?:\.\d+)?"
 
 @dataclass(frozen=True)
 class Quantity:
-    """One figure the pages state.
-
-    Attributes:
-        name: a short key.
-        source: the committed file (and the function reading it) the value comes from, in words.
-        compute: returns the value (float, in the unit the pages print: %, ms, MiB, points).
-        patterns: regular expressions; each has a named group ``v`` capturing the printed number.
-    """
+    """One figure the pages state: ``name``, ``source`` (the committed file and the function reading it, in words),
+    ``compute`` (the value in the unit printed), ``patterns`` (regexes whose group ``v`` captures a statement)."""
 
     name: str
     source: str
@@ -84,15 +78,11 @@ def _pad_copy_modelled_ms() -> float:
 
 
 def _lease(which: str) -> Callable[[], float]:
-    def f():
-        return lease_pr_change()[which]
-    return f
+    return lambda: lease_pr_change()[which]
 
 
 def _answer(key: str) -> Callable[[], float]:
-    def f():
-        return float(answer_figures()[key])
-    return f
+    return lambda: float(answer_figures()[key])
 
 
 def _default_grid_points() -> float:

@@ -42,15 +42,11 @@ NOISE_END = "<!-- noise:end -->"
 
 
 def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path | None = PREDICTION_JSON) -> dict:
-    """The committed per-run changes as one :class:`~mla_lab.serving.noise.NoiseResult` per case (``change``
-    filled, ``a`` / ``b`` empty: only the changes are committed), plus the prediction file.
-
-    Returns:
-        ``{"results": {case: NoiseResult}, "prediction": dict | None, "path": Path}``.
+    """``{"results": {case: NoiseResult (only ``change`` filled)}, "prediction": dict | None, "path": Path}``.
 
     Raises:
-        ValueError: the file is missing, lacks ``case`` / ``run`` / a ``change_<metric>_pct`` column of
-            :data:`PANELS`, holds a value that is not finite, or lacks a case of :data:`CASES`; one line naming it.
+        ValueError: the file missing, a column of :data:`PANELS` missing, a value not finite, or a case of
+            :data:`CASES` with fewer than 2 runs; one line naming it.
     """
     import pandas as pd
 

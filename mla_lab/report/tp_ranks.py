@@ -60,12 +60,12 @@ def _files(n: int, gpu: str, root: Path | None) -> list[Path]:
 
 
 def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
-    """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (``attention``
-    where the file has no block column). Empty DataFrame when nothing was measured.
+    """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (default
+    ``attention``); empty when nothing was measured.
 
     Raises:
-        ValueError: ``world_sizes`` not a list of integers >= 2; ``gpu`` not a lab GPU name; a ``tp_block.csv`` /
-            ``tp2_attention.csv`` that cannot be read or lacks a column of :data:`REQUIRED` (names the file).
+        ValueError: ``world_sizes`` not integers >= 2, ``gpu`` not a lab GPU, a run file unreadable or lacking a
+            column of :data:`REQUIRED` (names the file).
     """
     import pandas as pd
 
@@ -82,12 +82,8 @@ def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | 
 
 
 def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
-    """One row per world size: ``measured`` (yes/no), ``files``, ``ranks``, ``configurations`` (distinct (model, T,
-    block, strategy)), ``blocks``, ``device``, ``git_commit``, or the plain reason nothing is there.
-
-    Raises:
-        ValueError: as :func:`load_tp_runs` (bad ``world_sizes`` / ``gpu``, an unreadable or foreign run file).
-    """
+    """One row per world size: ``measured`` (yes/no), ``files``, ``ranks``, ``configurations``, ``blocks``,
+    ``device``, ``git_commit``, or the reason nothing is there. Raises ValueError: as :func:`load_tp_runs`."""
     import pandas as pd
 
     world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
@@ -112,15 +108,10 @@ def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path
 
 
 def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None, calibration=None):
-    """Every real rank beside the simulation plus the modelled all-reduce (one row per rank; module docstring).
-
-    Columns: ``TP``, ``model``, ``T``, ``block``, ``strategy``, ``rank``, ``heads/rank``, ``block_ms``,
-    ``compute_ms``, ``allreduce_ms`` (measured alone), ``sim_compute_ms``, ``model_allreduce_ms``,
-    ``comm_source``, ``compute_err_%`` (sim vs this rank's compute), ``block_err_%`` ((sim compute + modelled
-    all-reduce) vs this rank's block), ``allreduce_err_%``, ``peak_MiB`` / ``sim_peak_MiB`` (the call's peak over
-    what was allocated before it), ``nccl_MiB`` (device memory the allocator does not see, over the simulation's),
-    ``file``. Measured: ``block_ms``, ``compute_ms``, ``allreduce_ms``, ``sim_*``, ``peak_MiB``, ``nccl_MiB``;
-    modelled: ``model_allreduce_ms`` (priced by ``comm_source``).
+    """One row per real rank: ``TP``, ``model``, ``T``, ``block``, ``strategy``, ``rank``, ``heads/rank``; measured
+    ``block_ms``, ``compute_ms``, ``allreduce_ms``, ``sim_compute_ms`` (the one-GPU simulation), ``peak_MiB`` /
+    ``sim_peak_MiB``, ``nccl_MiB``; modelled ``model_allreduce_ms`` (priced by ``comm_source``); the errors
+    ``compute_err_%``, ``block_err_%`` (sim compute + modelled all-reduce vs the block), ``allreduce_err_%``; ``file``.
 
     Raises:
         ValueError: as :func:`load_tp_runs`.
@@ -161,14 +152,12 @@ def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path |
 
 
 def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200", root: str | Path | None = None):
-    """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` /
-    ``sizes`` / ``MAPE %`` / ``leave-one-size-out MAPE %`` where measured, and ``assumption error %``: the mean
-    error of the assumption (``comm_efficiency``, ``comm_latency_us`` of the calibration) against the measured
-    rows of that world size (blank when none).
+    """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` / ``sizes``
+    / ``MAPE %`` / ``leave-one-size-out MAPE %`` where measured, and the assumption's mean error against the
+    measured rows (``assumption error %``, blank when none).
 
     Raises:
-        ValueError: bad ``world_sizes`` / ``gpu`` (:func:`load_tp_runs`); a malformed measured all-reduce file
-            (:func:`mla_lab.model.comm.measured_allreduce_rows`).
+        ValueError: as :func:`load_tp_runs`; a malformed measured all-reduce file.
     """
     import pandas as pd
 
