@@ -248,8 +248,8 @@ def unstamped_files(df, root: str | Path | None) -> list[str]:
 
 
 def _cache_inputs(root: Path) -> list[Path]:
-    """Every file a priced measured frame depends on: the package's sources (the row builder and the TTFT model),
-    the model configs, the calibration, and every file under the measured root (CSV rows, fits, cold starts)."""
+    """Every file a priced measured frame depends on: the package's sources, the model configs, the calibration, every
+    file under the measured root, and the manifest stamping it."""
     files = sorted((REPO_ROOT / "mla_lab").rglob("*.py"))
     for d in (data_dir() / "models", data_dir() / "calibration", root):
         if d.is_dir():
@@ -272,9 +272,8 @@ def load_measured_cached(root: str | Path | None = None, pattern: str = "*.csv",
 
 
 def measured_for(params, root: str | Path | None = None):
-    """:func:`load_measured` rows that lie on the sweep grid of ``params`` (a :class:`mla_lab.sweep.SweepParams`):
-    same models, TP sizes, archs (aliases resolved), max_num_batched_tokens, prompt lengths and KV-cache dtypes."""
-
+    """:func:`load_measured_cached` rows on the sweep grid of ``params`` (a :class:`mla_lab.sweep.SweepParams`), those
+    off their route withheld (:func:`withhold_off_route`)."""
     m = load_measured_cached(root, weight_dtype=params.weight_dtype, moe_parallel=params.moe_parallel)  # priced once
     notes = {k: list(m.attrs.get(k, [])) for k in MEASURED_NOTES}
     if len(m) == 0:
@@ -292,9 +291,8 @@ def measured_for(params, root: str | Path | None = None):
     return m
 
 def combine(modelled, measured=None):
-    """The sweep's rows and measured rows in one frame (measured may be None or empty). A measured row that the
-    sweep already holds (same point_key, strategy, source and timestamp: e.g. a committed copy of this very run) is
-    kept once. The measured frame's ``attrs["detached"]`` and ``attrs["unstamped"]`` lines carry over."""
+    """The sweep's rows and measured rows (None or empty allowed) in one frame, a row both hold (same point_key,
+    strategy, source and timestamp) once, the measured frame's notes (:data:`MEASURED_NOTES`) carried over."""
     import pandas as pd
 
     notes = {k: list(measured.attrs.get(k, [])) for k in MEASURED_NOTES} if measured is not None else {}
@@ -320,9 +318,7 @@ def pick(values, preferred):
     return preferred if preferred in vals else vals[-1]
 
 def failed_points(df):
-    """Rows of points that failed (status neither ok nor a not-priced status of
-    :data:`mla_lab.sweep.rows.NOT_PRICED`: those are results, listed by :func:`mla_lab.report.figures.not_fitting`),
-    with their reason."""
+    """Rows of points that failed (status neither ok nor :data:`mla_lab.sweep.rows.NOT_PRICED`), with their reason."""
     if "status" not in df.columns:
         return df.iloc[0:0]
     cols = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "source",
@@ -331,8 +327,8 @@ def failed_points(df):
     return df[(st != "ok") & ~st.isin(NOT_PRICED)][cols]
 
 def load_validation(root: str | Path | None = None):
-    """The TTFT model's predicted-vs-measured rows (every ``layer_validation.csv`` under ``root``, default env
-    ``MLA_LAB_MEASURED`` or ``data/measured``; a ``run`` column names the folder). Empty DataFrame if none."""
+    """The TTFT model's predicted-vs-measured rows: every ``layer_validation.csv`` under ``root`` (default the measured
+    root), a ``run`` column naming its folder; empty DataFrame if none."""
     import pandas as pd
 
     root = Path(root) if root else measured_dir()

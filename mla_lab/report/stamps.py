@@ -17,15 +17,10 @@ from ..paths import MANIFEST_NAME, find_manifest
 __all__ = ["MANIFEST_NAME", "config_digest_of_bytes", "config_digest", "find_manifest", "read_manifest",
            "stamp_for"]
 
-#: The manifest's file name (in the measured root, e.g. ``data/measured/config_digests.json``).
 
 
 def config_digest_of_bytes(raw: bytes) -> str:
-    """SHA-256 (64 hex) of a config.json's canonical JSON (sorted keys, compact separators).
-
-    Raises:
-        ValueError: ``raw`` is not a JSON object.
-    """
+    """SHA-256 (64 hex) of a config.json's canonical JSON. Raises ValueError: ``raw`` is not a JSON object."""
     try:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -41,11 +36,8 @@ def _digest_cached(path: str, mtime_ns: int, size: int) -> str:
 
 
 def config_digest(path: str | Path) -> str:
-    """:func:`config_digest_of_bytes` of the file at ``path``, computed once per process per (path, mtime, size).
-
-    Raises:
-        ValueError: the file does not exist or is not a JSON object.
-    """
+    """:func:`config_digest_of_bytes` of the file at ``path``, once per (path, mtime, size). Raises ValueError: the
+    file does not exist or is not a JSON object."""
     p = Path(path)
     try:
         st = p.stat()
