@@ -9,8 +9,9 @@ from pathlib import Path
 
 from ..arch import get_arch
 from ..models import load_model, model_config_path
-from ..paths import REPO_ROOT, check_measured_cells, data_dir, measured_dir, read_measured_csv
+from ..paths import check_measured_cells, measured_dir, read_measured_csv
 from ..sweep.rows import NOT_PRICED, reprice_measured_rows
+from .cache_core import cached_under, inputs_digest
 from .stamps import config_digest, find_manifest, read_manifest, stamp_for
 
 __all__ = ["MEASURED_NOTES", "withhold_off_route", "load_measured", "measured_sweep_frames", "check_stamped_rows",
@@ -247,25 +248,10 @@ def unstamped_files(df, root: str | Path | None) -> list[str]:
         "mla_lab/report/stamp_measured.py after a GPU run)" for f, k in n.items() if k]
 
 
-def _cache_inputs(root: Path) -> list[Path]:
-    """Every file a priced measured frame depends on: the package's sources, the model configs, the calibration, every
-    file under the measured root, and the manifest stamping it."""
-    files = sorted((REPO_ROOT / "mla_lab").rglob("*.py"))
-    for d in (data_dir() / "models", data_dir() / "calibration", root):
-        if d.is_dir():
-            files += sorted(p for p in d.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    manifest = find_manifest(root) if root.is_dir() else None
-    if manifest is not None and manifest not in files:
-        files.append(manifest)  # a manifest in a folder above root stamps its rows too
-    return files
-
-
 def load_measured_cached(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
                          moe_parallel: str | None = None):
     """:func:`load_measured`, priced once per content of its inputs (:func:`_cache_inputs`, hashed afresh each call)
     through :func:`mla_lab.report.cache.cached_under` (``mla-lab advise`` in ~1 s instead of ~3 s)."""
-    from .cache import cached_under, inputs_digest
-
     where = Path(root) if root else measured_dir()
     inputs_digest(refresh=True, root=where)
     return cached_under(where, load_measured, root, pattern, weight_dtype, moe_parallel)

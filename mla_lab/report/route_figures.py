@@ -13,6 +13,7 @@ from pathlib import Path
 
 from ..measure.spread import between_process
 from ..paths import measured_dir
+from .figures import new_figure
 
 __all__ = ["routes_available", "route_summary", "ROUTES_CSV", "ROUTE_LABELS", "route_table", "crossover", "plot_routes", "route_sentence", "mean_keys"]
 
@@ -176,8 +177,6 @@ def route_sentence(path: str | Path | None = None, model: str = "glm-5", prompt_
 def plot_routes(table=None, figsize=(10.0, 3.8)):
     """Attention path per layer call vs prompt length, one panel per model, one line per route with its
     [min, max] over processes; dense MHA above top-k drawn dashed (not equivalent: a masked-MHA lower bound)."""
-    from .figures import new_figure
-
     t = route_table() if table is None else table
     models = list(dict.fromkeys(t["model"]))
     fig = new_figure(figsize)
