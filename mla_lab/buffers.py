@@ -1,29 +1,25 @@
-"""The padded Q-concat workspace and its byte accounting.
+"""The padded Q-concat workspace and its byte accounting (allocating nothing but :class:`QConcatWorkspace`).
 
-vLLM PR #53878 (``vllm/v1/attention/backends/mla/flashmla_sparse.py``) allocates the Q-concat workspace with
-``q_concat_heads = ceil(num_heads / prefill_padding) * prefill_padding`` heads when the KV cache is bf16, and with
-``num_heads`` heads when it is fp8 (the fp8 path does not use the bf16 sparse prefill kernel's padding).
-``prefill_padding`` is 128 on Blackwell (capability family 100) and 64 otherwise (:mod:`mla_lab.arch`).
-
-Byte accounting here allocates nothing. All sizes are bytes; Q is bf16 (2 bytes), ``head_size`` 576
-(kv_lora_rank 512 + qk_rope_head_dim 64), kernel output ``d_v`` 512, kernel lse and max_logits fp32.
+vLLM PR #53878 (``vllm/v1/attention/backends/mla/flashmla_sparse.py``) sizes the workspace at ``q_concat_heads``
+(:func:`mla_lab.rank.pad_heads`: padded to the GPU's ``prefill_padding`` for a bf16 KV cache, the real heads for
+fp8). Bytes throughout; Q bf16 (2 B), ``head_size`` 576 (kv_lora_rank 512 + qk_rope_head_dim 64), kernel output
+``d_v`` 512 bf16, lse and max_logits fp32.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
 from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
-from .placement import Strategy, as_strategy, fixed_strategies, parse_strategy, resolve_strategy, strategy_route
-from .rank import RankView
+from .placement import Strategy, as_strategy, fixed_strategies, strategy_route
+from .rank import RankView, pad_heads
 
 __all__ = [
     "memory_account_of",
     "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
-    "kv_tokens_lost", "check_strategy", "call_peak_bytes", "shared_workspace_other_bytes",
+    "kv_tokens_lost", "call_peak_bytes", "shared_workspace_other_bytes",
     "dense_route_transient_bytes",
 ]
 
@@ -34,30 +30,12 @@ FP32_BYTES = 4
 STRATEGIES = tuple(fixed_strategies())
 
 
-
-
-def check_strategy(strategy) -> Strategy:
-    """The door's reading of one strategy name (kept for callers that take user input): the
-    :class:`~mla_lab.placement.Strategy` of a canonical name, alias or preset
-    (:func:`mla_lab.placement.resolve_strategy`: ``unfused`` -> ``per_call_empty:zeros``, ``fused`` ->
-    ``private_workspace``). The functions of this module take a Strategy (or a canonical name) instead.
-
-    Raises:
-        ValueError: naming the value and the allowed names.
-    """
-    return parse_strategy(resolve_strategy(strategy))
-
-
 def shared_workspace_other_bytes(rank: RankView) -> int:
-    """Bytes the shared workspace holds for its other users at the rank's ``max_num_batched_tokens`` tokens: the
-    fused-MoE modular kernel's two scratch buffers, taken simultaneously from vLLM's workspace manager
-    (``vllm/v1/worker/workspace.py``), sized as vLLM's DeepGEMM experts ask for them
-    (``vllm/model_executor/layers/fused_moe``: ``workspace13 = (M*topk, max(N/2, K))``,
-    ``workspace2 = (M*topk, max(N, K))``, bf16; ``M`` tokens, ``N = 2 x`` the local intermediate size, ``K`` the
-    hidden size). The indexer's K-gather scratch is smaller and not added. An estimate of the largest other user;
-    pass ``shared_workspace_bytes`` to the row builder to override it. The rank's ``moe_parallel`` (``ep``: whole
-    experts, ``tp``: each expert's ``1/tp`` slice) sets the local intermediate size; ``rank`` a
-    :class:`~mla_lab.rank.RankView` (``Deployment.rank``), read and not re-checked.
+    """Bytes the shared workspace holds for its other users at the rank's ``max_num_batched_tokens``: the fused-MoE
+    kernel's two scratch buffers (vLLM ``vllm/v1/worker/workspace.py``; DeepGEMM experts in
+    ``vllm/model_executor/layers/fused_moe``: ``workspace13 = (M*topk, max(N/2, K))``, ``workspace2 = (M*topk,
+    max(N, K))``, bf16, ``N = 2 x`` the local intermediate size by ``moe_parallel``, ``K`` hidden). An estimate of
+    the largest other user (the indexer's K-gather scratch is smaller); ``shared_workspace_bytes`` overrides it.
     """
     model = rank.model
     inter = model.moe_intermediate_size if rank.moe_parallel == "ep" else model.moe_intermediate_size // rank.tp
@@ -75,24 +53,18 @@ def _padding_of(arch: str | GPUArch | int) -> int:
 
 
 def padded_num_heads(num_heads: int, arch: str | GPUArch | int = "hopper", kv_cache_dtype: str = "bf16") -> int:
-    """Heads of the Q-concat workspace (``q_concat_heads``), vLLM's rule exactly.
+    """Heads of the Q-concat workspace (``q_concat_heads``): :func:`mla_lab.rank.pad_heads` after checking.
 
     Args:
         num_heads: attention heads on this rank (``num_attention_heads // tp``), > 0.
         arch: arch name/alias, a :class:`GPUArch`, or the ``prefill_padding`` itself (64 or 128).
-        kv_cache_dtype: ``"bf16"`` (also ``auto``/``bfloat16``) pads; ``"fp8"`` (also ``fp8_ds_mla``) does not.
-
-    Returns:
-        ``ceil(num_heads / prefill_padding) * prefill_padding`` for bf16, ``num_heads`` for fp8.
+        kv_cache_dtype: ``bf16`` (``auto``/``bfloat16``) pads; ``fp8`` (``fp8_ds_mla``) does not.
 
     Raises:
         ValueError: num_heads not a positive int; unknown arch; unsupported kv_cache_dtype.
     """
     check_int("num_heads", num_heads)
-    padding = _padding_of(arch)
-    if normalize_kv_cache_dtype(kv_cache_dtype) == "fp8":
-        return num_heads
-    return math.ceil(num_heads / padding) * padding
+    return pad_heads(num_heads, _padding_of(arch), normalize_kv_cache_dtype(kv_cache_dtype))
 
 
 def kv_tokens_lost(extra_bytes: int, model: ModelConfig, kv_cache_dtype: str = "bf16",
@@ -109,25 +81,17 @@ class MemoryAccount:
     Attributes:
         strategy: canonical strategy name (:mod:`mla_lab.placement`).
         num_heads: real heads per rank (H); q_concat_heads: workspace heads; kernel_heads: h_q the kernel runs at.
-        persistent_bytes: what the Q path holds for the engine's life, budgeted before the KV cache is sized (it
-            costs KV tokens): the Q-concat buffer ``rows * q_concat_heads * head_size * 2`` (rows =
-            max_num_batched_tokens, or S for ``subchunk``; ``subchunk:<S>:graph2`` holds two S-row workspaces,
-            ``2 * S * q_concat_heads * head_size * 2``); for ``shared_workspace`` (vLLM after #56902: the padded
-            view taken per call from the shared workspace, no separate unpadded buffer) only what the padded view
-            adds beyond the shared workspace's other users (``shared_other_bytes``); 0 for ``fa3_sparse`` (FA3
-            takes ``q_nope`` / ``q_rope`` as they are: no concat buffer); for ``packed`` the real-head Q buffer plus
-            the union builder's buffers (:func:`mla_lab.model.packed_kernel.packed_union_bytes`), no padded
-            workspace.
-        step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``
-            placements with padding; else 0).
-        kernel_out_bytes: kernel output + lse + max_logits alive at once: ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
-            (``fa3_sparse``: out + lse at the real heads, ``T*H*(d_v*2 + 4)``)
-            (for ``subchunk``: two chunks' outputs, the next allocated before the previous is freed; ``graph2``
-            the same, one chunk per stream, held in the captured graph's memory pool while the graph lives; plus the
-            delivered ``[T, H, d_v]`` output).
-        call_transient_bytes: the unbudgeted transient peak of one layer call: step_transient + kernel_out (vLLM's
-            profile run does not run the sparse kernel, so none of it is counted when the KV cache is sized).
-        peak_bytes: persistent + call_transient (the Q path's high-water mark in a step).
+        persistent_bytes: held for the engine's life and budgeted before the KV cache (costs KV tokens): the
+            Q-concat buffer ``rows * q_concat_heads * head_size * 2`` (rows = max_num_batched_tokens, or S for
+            ``subchunk``, twice for ``:graph2``); ``shared_workspace`` (vLLM #56902) only what the padded view adds
+            beyond the shared workspace's other users; 0 for ``fa3_sparse`` (no concat buffer); ``packed`` the
+            real-head buffer plus the union builder's (:func:`mla_lab.model.packed_kernel.packed_union_bytes`).
+        step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``).
+        kernel_out_bytes: out + lse + max_logits alive at once, ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
+            (``fa3_sparse``: out + lse at the real heads; ``subchunk``: two chunks' outputs plus the delivered
+            ``[T, H, d_v]``).
+        call_transient_bytes: step_transient + kernel_out, unbudgeted (vLLM's profile run skips the sparse kernel).
+        peak_bytes: persistent + call_transient.
     """
 
     strategy: str
@@ -174,19 +138,13 @@ def memory_account(
     """Exact byte accounting for one strategy, allocating nothing.
 
     Args:
-        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (:func:`mla_lab.placement.parse_strategy`;
-            presets and aliases are read at the door, :func:`mla_lab.placement.expand`).
-        num_heads: real heads per rank (H).
-        max_num_batched_tokens: workspace rows, > 0.
-        arch, kv_cache_dtype: as in :func:`padded_num_heads` (fp8 KV cache: no padding, every strategy the same Q).
-        num_tokens: tokens in the step (T), 0 <= T <= max_num_batched_tokens; default max_num_batched_tokens.
-        head_size: q/k head size (576 = kv_lora_rank 512 + qk_rope_head_dim 64); d_v: output head dim (512).
-        shared_other_bytes: the shared workspace's size from its other users (``shared_workspace`` only; see
-            :func:`shared_workspace_other_bytes`).
-        model, prompt_len: with both, the step's route (:func:`mla_lab.placement.strategy_route` for fresh prompts of
-            ``prompt_len`` tokens): on a dense MHA route (SGLang at <= 2048 tokens; vLLM's DeepSeek-V3.2 at <= topk)
-            nothing is padded, and the call's transient is the up-projected K/V of the step
-            (:func:`dense_route_transient_bytes`) instead of the pad tensor and the padded kernel output.
+        strategy: a :class:`~mla_lab.placement.Strategy` or canonical name; num_heads: real heads per rank (H).
+        max_num_batched_tokens: workspace rows; num_tokens: T of the step, 0..max_num_batched_tokens (default all).
+        arch, kv_cache_dtype: as :func:`padded_num_heads` (fp8 KV cache: no padding).
+        head_size, d_v: 576 and 512 (absorbed MLA).
+        shared_other_bytes: ``shared_workspace`` only: the workspace's other users (:func:`shared_workspace_other_bytes`).
+        model, prompt_len: with both, the step's route (:func:`mla_lab.placement.strategy_route`): on a dense MHA
+            route nothing is padded and the transient is :func:`dense_route_transient_bytes`.
 
     Raises:
         ValueError: unknown strategy; non-positive sizes; num_tokens out of range; as :func:`padded_num_heads`.
@@ -299,13 +257,10 @@ def dense_route_transient_bytes(model: ModelConfig, num_heads: int, num_tokens: 
 class QConcatWorkspace:
     """A ``(max_num_batched_tokens, q_concat_heads, head_size)`` buffer allocated once; hands out ``[:T]`` views.
 
-    The real heads occupy ``[:, :num_heads]``; heads ``num_heads..q_concat_heads-1`` are never written by
-    :func:`mla_lab.kernels.concat_mla_q`. With ``zero_init=True`` (default) the buffer is zeroed once at allocation,
-    so the padded heads stay zero for the workspace's life at the cost of one memset; ``zero_init=False`` leaves
-    them as the allocator gave them (``torch.empty``), as vLLM does. Why zero: on an H200 FlashMLA's sparse prefill
-    kernel ran 12 % faster with zero padded heads than with random ones (GLM-5 TP8, T = 16384: 7.19 vs 8.14 ms,
-    NaN 8.95 ms; ``data/measured/h200/layer_run2/layer_extras.csv``, experiment ``kernel_pad_values``), and the
-    unfused path's ``new_zeros`` pad tensor always gives zeros.
+    The real heads occupy ``[:, :num_heads]``; :func:`mla_lab.kernels.concat_mla_q` never writes the padded ones.
+    ``zero_init=True`` (default) zeroes the buffer once, so they stay zero: FlashMLA's sparse prefill ran 12 % faster
+    with zero padded heads than with random ones on an H200 (GLM-5 TP8, T = 16384: 7.19 vs 8.14 ms;
+    ``data/measured/h200/layer_run2/layer_extras.csv``, ``kernel_pad_values``); ``False`` is ``torch.empty``, as vLLM.
 
     Args:
         max_num_batched_tokens: rows, > 0.

@@ -54,7 +54,7 @@ def cmd_engines(args) -> int:
     return 0
 
 
-#: GPUs whose engine facts the lab holds (:mod:`mla_lab.engines.versions`: sm90 and sm100).
+#: GPUs whose engine facts the lab holds (:mod:`mla_lab.engines`: sm90 and sm100).
 ENGINE_SMS = ("sm90", "sm100")
 
 

@@ -1,48 +1,23 @@
 """One deployment, validated once: model geometry, GPU, TP, engine limits, dtypes, MoE layout and the workload.
 
 A :class:`Deployment` is what ``vllm serve`` + ``vllm bench serve`` fix for one benchmark run, in vLLM's spellings:
+``tp`` (``--tensor-parallel-size``), ``max_num_batched_tokens``, ``kv_cache_dtype`` (``bf16``/``auto`` or
+``fp8``/``fp8_ds_mla``), ``moe_parallel`` (``ep``: ``--enable-expert-parallel``, whole experts per rank; ``tp``:
+every expert sharded), ``gpu_memory_utilization`` (vLLM default 0.9), the workload (``--random-input-len``,
+``--num-prompts``, ``--max-concurrency``), ``output_len`` (``--random-output-len``, default 128), ``max_num_seqs``
+(vLLM requires ``max_num_batched_tokens >= max_num_seqs``, ``vllm/config/scheduler.py``),
+``num_speculative_tokens`` with an input ``acceptance_length`` (MTP / EAGLE, :mod:`mla_lab.serving.deploy_options`)
+and ``dp_attention`` (SGLang ``--dp <n> --enable-dp-attention``: ``num_attention_heads / (tp / n)`` heads per rank,
+MoE over all ``tp`` GPUs). ``weight_dtype`` (``bf16`` / ``fp8`` linears) and ``moe_parallel`` have no default.
 
-==========================  ==================================================================================
-field                       meaning (vLLM flag)
-==========================  ==================================================================================
-``model``                   :class:`~mla_lab.models.ModelConfig` (the HF ``config.json`` under ``data/models``)
-``arch``                    :class:`~mla_lab.arch.GPUArch` (datasheet figures, ``prefill_padding``)
-``tp``                      ``--tensor-parallel-size``; divides ``num_attention_heads``, the MLP sizes and the
-                            vocabulary, and (``moe_parallel="ep"``) ``n_routed_experts``
-``max_num_batched_tokens``  ``--max-num-batched-tokens`` (the chunked-prefill budget and the workspace rows)
-``kv_cache_dtype``          ``--kv-cache-dtype``: ``bf16`` (``auto``) or ``fp8`` (``fp8_ds_mla``)
-``weight_dtype``            ``bf16`` or ``fp8`` linears (GLM-5.2-FP8 / DeepSeek-V3.2 ship fp8 block-quantized)
-``moe_parallel``            ``ep`` (``--enable-expert-parallel``: whole experts per rank) or ``tp`` (every expert
-                            sharded over the TP ranks)
-``gpu_memory_utilization``  ``--gpu-memory-utilization`` (the KV-cache budget fraction, vLLM default 0.9)
-``workload``                :class:`~mla_lab.workload.Workload`: ``--random-input-len`` (prompt_len),
-                            ``--num-prompts``, ``--max-concurrency``
-``output_len``              ``--random-output-len`` (vllm bench serve's default 128)
-``max_num_seqs``            ``--max-num-seqs`` (most sequences per engine step; the lab's default 256, the
-                            figure ``mla-lab serve`` has always used); vLLM requires ``max_num_batched_tokens >=
-                            max_num_seqs`` (``vllm/config/scheduler.py``), checked here
-``num_speculative_tokens``  MTP / EAGLE draft tokens per step (vLLM ``--speculative-config '{"method": "mtp",
-                            "num_speculative_tokens": k}'``; 0 = off). Priced by
-                            :mod:`mla_lab.serving.deploy_options`
-``acceptance_length``       mean tokens accepted per request per step, the bonus token included (an INPUT: the
-                            lab does not predict acceptance); in [1, k + 1]; 1.0 when k = 0
-``dp_attention``            SGLang ``--dp <n> --enable-dp-attention``: attention data-parallel over ``n`` of the
-                            ``tp`` ranks (each rank ``num_attention_heads / (tp / n)`` heads, its own requests and
-                            KV), MoE still over all ``tp`` GPUs; 1 = off. Divides ``tp``
-==========================  ==================================================================================
+Validation happens once, in :meth:`Deployment.of` (:meth:`Deployment.seed` goes through it); everything below the
+door takes the object or what one TP rank holds (:attr:`Deployment.rank`, a :class:`~mla_lab.rank.RankView`) and
+re-checks nothing.
 
-Validation happens once, in :meth:`Deployment.of` (and :meth:`Deployment.seed`, which goes through it): names are
-resolved to objects, dtypes normalised, TP checked against every size it must divide. Everything below the door
-(the cost model, memory, advise, the explorer) takes the object, or what one TP rank of it holds
-(:attr:`Deployment.rank`, a :class:`~mla_lab.rank.RankView` derived once), and re-checks nothing. There is no
-default for ``weight_dtype`` or ``moe_parallel``: a caller says which, or starts from :meth:`Deployment.seed`.
-
-The seed (:meth:`Deployment.seed`) is vLLM PR #53878's benchmark ("[Perf][GLM5.2] Fuse sparse MLA Q concatenation
-with head padding", merged 2026-08-26): ``vllm serve zai-org/GLM-5.2-FP8 --tensor-parallel-size 8 -ep
---max-num-batched-tokens 16384 --attention-backend FLASHMLA_SPARSE --no-enable-prefix-caching --max-model-len
-131072`` (bf16 KV cache) on Hopper, driven by ``vllm bench serve`` with the random dataset, 1024 input / 128 output
-tokens, 32 prompts, max concurrency 32. The lab prices it with GLM-5's geometry (``glm-5``) on an H200 unless told
-otherwise (``Deployment.seed(model="glm-5.2")``).
+The seed is vLLM PR #53878's benchmark (merged 2026-08-26): ``vllm serve zai-org/GLM-5.2-FP8
+--tensor-parallel-size 8 -ep --max-num-batched-tokens 16384 --attention-backend FLASHMLA_SPARSE
+--no-enable-prefix-caching --max-model-len 131072`` (bf16 KV) on Hopper, ``vllm bench serve`` random dataset,
+1024 in / 128 out, 32 prompts at concurrency 32; priced with GLM-5's geometry on an H200 unless told otherwise.
 """
 
 from __future__ import annotations
@@ -180,20 +155,12 @@ class Deployment:
            acceptance_length: float = 1.0, dp_attention: int = 1) -> Deployment:
         """Validate and build a deployment (every argument keyword-only; names resolved here, once).
 
-        Args:
-            model: a model name under ``data/models`` (case-insensitive) or a ModelConfig.
-            tp: TP size (divides num_attention_heads, intermediate_size, moe_intermediate_size, vocab_size and,
-                under ``ep``, n_routed_experts).
-            arch: a GPU name or alias (:func:`mla_lab.arch.arch_names`) or a GPUArch.
-            max_num_batched_tokens: positive int. kv_cache_dtype: vLLM spellings (``auto``, ``bf16``, ``fp8``,
-                ``fp8_ds_mla``...), normalised to ``bf16`` / ``fp8``.
-            weight_dtype: ``bf16`` or ``fp8`` (no default). moe_parallel: ``ep`` or ``tp`` (no default).
-            prompt_len, num_prompts: positive ints; concurrency: 1..num_prompts or None (= num_prompts).
-            output_len: positive int (default 128, vllm bench serve's). gpu_memory_utilization: in (0, 1] (0.9).
-            max_num_seqs: positive int <= max_num_batched_tokens (default :data:`DEFAULT_MAX_NUM_SEQS`).
-            num_speculative_tokens: int >= 0 (MTP draft tokens per step; 0 off). acceptance_length: a number in
-                [1, num_speculative_tokens + 1] (tokens per request per step, an input). dp_attention: a divisor of
-                ``tp`` (SGLang DP attention size; 1 off).
+        Args (module docstring for their meaning): model a name under ``data/models`` or a ModelConfig; tp dividing
+        num_attention_heads, the MLP sizes, vocab_size and, under ``ep``, n_routed_experts; arch a record name or
+        alias (:func:`mla_lab.arch.arch_names`) or a GPUArch; kv_cache_dtype in vLLM spellings; weight_dtype and
+        moe_parallel without default; concurrency 1..num_prompts or None (= num_prompts); gpu_memory_utilization
+        in (0, 1]; max_num_seqs <= max_num_batched_tokens; acceptance_length in [1, num_speculative_tokens + 1];
+        dp_attention a divisor of ``tp``; the rest positive ints.
 
         Raises:
             ValueError: one line naming the first bad argument, its value and what is allowed.
@@ -212,11 +179,8 @@ class Deployment:
 
     @classmethod
     def seed(cls, **overrides) -> Deployment:
-        """vLLM PR #53878's benchmark (:data:`SEED_ARGS`; module docstring), with ``overrides`` (names as
-        :meth:`of`) applied, e.g. ``Deployment.seed(model="glm-5.2")``. A ``num_prompts`` given without
-        ``concurrency`` caps the PR's concurrency at it (``Deployment.seed(num_prompts=1)`` runs one request at a time,
-        as ``vllm bench serve --num-prompts 1 --max-concurrency 32`` does): a concurrency the caller never gave is
-        never the reason for a refusal (issue 39).
+        """vLLM PR #53878's benchmark (:data:`SEED_ARGS`) with ``overrides`` (names as :meth:`of`). A ``num_prompts``
+        below the PR's concurrency without ``concurrency`` caps it (as ``vllm bench serve`` does; issue 39).
 
         Raises:
             ValueError: an unknown override name (lists the allowed), or as :meth:`of`.
@@ -247,9 +211,9 @@ class Deployment:
     def rank_of(*, model: str | ModelConfig, tp: int, arch: str | GPUArch, kv_cache_dtype: str, weight_dtype: str,
                 moe_parallel: str, max_num_batched_tokens: int, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 engine: str | None = None) -> RankView:
-        """The door for callers with an engine but no workload (an experiment's shapes, a fit, a kernel table):
-        what one TP rank holds (:class:`~mla_lab.rank.RankView`), every argument checked as :meth:`of` checks it
-        (one code path), ``engine`` as :meth:`RankView.with_engine <mla_lab.rank.RankView.with_engine>`.
+        """The door for callers with an engine but no workload (an experiment, a fit, a kernel table): the
+        :class:`~mla_lab.rank.RankView`, every argument checked as :meth:`of` checks it; ``engine`` as
+        :meth:`~mla_lab.rank.RankView.with_engine`.
 
         Raises:
             ValueError: one line naming the first bad argument, its value and what is allowed.
@@ -261,8 +225,7 @@ class Deployment:
 
     @classmethod
     def from_point(cls, point: dict) -> Deployment:
-        """A sweep point (``mla_lab.sweep.params.expand_grid``: the same names flat) as a deployment. Points stored
-        before ``weight_dtype`` / ``moe_parallel`` existed must have them filled in by the caller.
+        """A sweep point (``mla_lab.sweep.params.expand_grid``: the same names flat) as a deployment.
 
         Raises:
             ValueError: as :meth:`of`; a missing key (names it).

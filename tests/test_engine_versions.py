@@ -8,9 +8,8 @@ import re
 import pytest
 
 from mla_lab.cli import main
-from mla_lab.engines import ENGINE_PRESETS, decode_threshold, engine_preset, padding_for, sparse_backend
+from mla_lab.engines import ENGINE_PRESETS, decode_threshold, engine_preset, first_names, padding_for, sparse_backend
 from mla_lab.placement import (
-    ENGINE_LEGACY_NAMES,
     PRESETS,
     blackwell_rows,
     engine_strategies,
@@ -79,7 +78,7 @@ def test_the_dense_route_stops_above_index_topk():
 
 
 def test_old_names_map_to_the_new_ones():
-    assert ENGINE_LEGACY_NAMES == {"vllm-pre-53878": "vllm@pr53878-before", "vllm-53878": "vllm@pr53878",
+    assert first_names() == {"vllm-pre-53878": "vllm@pr53878-before", "vllm-53878": "vllm@pr53878",
                                    "vllm-56902": "vllm@56902", "vllm-fa3-sparse": "vllm@0.33.0",
                                    "sglang": "sglang@0.5.23", "sglang-flashmla-sparse": "sglang@0.5.23"}
     for old in ("vllm-pre-53878", "vllm-53878", "vllm-56902"):

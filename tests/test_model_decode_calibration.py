@@ -41,7 +41,7 @@ def test_decode_calibration_round_trips(tmp_path):
 
 
 def test_load_decode_calibration_refuses_a_missing_or_bad_file(tmp_path):
-    with pytest.raises(ValueError, match="mla_lab.fits.decode"):
+    with pytest.raises(ValueError, match="python -m mla_lab.fits decode"):
         load_decode_calibration(tmp_path / "none.csv")
     bad = tmp_path / "bad.csv"
     bad.write_text("group,key,value\nlayer,layer_fixed_us,abc\n")

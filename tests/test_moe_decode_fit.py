@@ -1,4 +1,4 @@
-"""The fp8 MoE decode fit (mla_lab/fits/moe_decode.py) and the cited decode all-reduce latency in the pricer."""
+"""The fp8 MoE decode fit (``python -m mla_lab.fits moe_decode``) and the cited decode all-reduce latency in the pricer."""
 
 from __future__ import annotations
 

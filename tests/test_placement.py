@@ -85,12 +85,13 @@ def _literal_groups(tree):
 
 @functools.lru_cache(maxsize=4)
 def _scan(pkg: Path = PKG) -> tuple[dict, list]:
-    """``({file: number of strategy-name lists}, [content-vocabulary findings])`` outside placement.py."""
+    """``({file: number of strategy-name lists}, [content-vocabulary findings])`` outside placement.py and the
+    engine-version records (mla_lab/engines/presets/: each names its own members)."""
     lists: dict = {}
     content = []
     for path in sorted(pkg.rglob("*.py")):
         rel = path.relative_to(pkg.parent).as_posix()
-        if rel == "mla_lab/placement.py":
+        if rel == "mla_lab/placement.py" or rel.startswith("mla_lab/engines/presets/"):
             continue
         tree = ast.parse(path.read_text(), filename=rel)
         for node, elts in _literal_groups(tree):

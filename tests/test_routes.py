@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from mla_lab.routes import (
-    ENGINE_RULES,
     ROUTES,
     EngineRule,
     check_route,
@@ -13,6 +12,7 @@ from mla_lab.routes import (
     model_family,
     route_for,
     route_table,
+    rules,
 )
 
 TOPK = 2048  # index_topk of GLM-5 and DeepSeek-V3.2 (config.json)
@@ -77,7 +77,7 @@ def test_query_len_threshold_and_context():
 
 def test_dense_route_only_where_equivalent():
     """Every rule, model and length: a dense route is chosen only when top-k covers every earlier key."""
-    for rule in ENGINE_RULES:
+    for rule in rules():
         for model in ("glm-5", "glm-5.2", "deepseek-v3.2"):
             for L in (1, 100, 2047, 2048, 2049, 4096, 131072):
                 r = route_for(rule, M(model), TOPK, "prefill", L).route

@@ -98,12 +98,12 @@ def test_readme_graph2_figures_are_the_between_process_changes(rows):
 
 
 def test_committed_graph_fit_is_recomputed_from_the_rows(rows):
-    """``data/calibration/h200_subchunk_graph.csv`` is what ``mla_lab/fits/subgraph.py`` gives on the committed
-    rows (the fit the cost model loads)."""
-    import mla_lab.fits.subgraph as mod
+    """``data/calibration/h200_subchunk_graph.csv`` is what ``python -m mla_lab.fits subchunk_graph`` gives on the
+    committed rows (the fit the cost model loads)."""
+    from mla_lab.fits.files import graph_chunk_rows
     from mla_lab.model.calibration import fit_subchunk_overhead
 
-    pts = mod.graph_chunk_rows(rows)
+    pts = graph_chunk_rows(rows)
     assert sorted((p["shape"], p["S"], p["extra_chunks"]) for p in pts) == [
         ("full", 2048, 7), ("full", 4096, 3), ("seed", 2048, 7), ("seed", 4096, 3)]
     us, resid = fit_subchunk_overhead(pts)

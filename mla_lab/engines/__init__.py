@@ -1,33 +1,32 @@
-"""Engine versions as an axis (a foundation package: stdlib only, imported by :mod:`mla_lab.routes`).
+"""Engine versions as an axis (a foundation package: stdlib only, imported by `mla_lab.routes`).
 
-- :mod:`mla_lab.engines.versions`: :class:`EngineVersion`, :class:`EnginePreset` and each preset's facts as data,
-  each with the ``file:line`` inside the release wheel it comes from.
-- :mod:`mla_lab.engines.wheel_check`: reads a release wheel's sources with :mod:`ast` (never installs or imports the
-  engine) and reports which of those facts still hold.
-"""
+One record per engine version (:class:`~mla_lab.engines.record.EnginePreset`), one module per record under
+:mod:`mla_lab.engines.presets`, found by :mod:`mla_lab.engines.registry`; :mod:`mla_lab.engines.wheel_check` checks
+the records' facts in a release wheel (ast; never installs or imports the engine)."""
 
-from .versions import (
-                       BACKENDS,
-                       ENGINE_PRESETS,
-                       ENGINE_VERSIONS,
-                       LAB_CLAIMS,
-                       UNPADDED_BACKENDS,
-                       EnginePreset,
-                       EngineVersion,
-                       Fact,
-                       Source,
-                       decode_threshold,
-                       engine_names,
-                       engine_preset,
-                       engine_version,
-                       fact,
-                       fp8_reserved_bytes,
-                       padding_for,
-                       resolve_engine,
-                       sparse_backend,
-                       version_facts,
+from .record import EnginePreset, EngineRule, EngineVersion, Fact, Source, rule_name
+from .registry import (
+    BACKENDS,
+    ENGINE_PRESETS,
+    LAB_CLAIMS,
+    UNPADDED_BACKENDS,
+    decode_threshold,
+    engine_names,
+    engine_preset,
+    engine_version,
+    engine_versions,
+    fact,
+    first_names,
+    fp8_reserved_bytes,
+    padding_for,
+    preset_of_rule,
+    register,
+    resolve_engine,
+    sparse_backend,
+    version_facts,
 )
 
-__all__ = ["BACKENDS", "ENGINE_PRESETS", "ENGINE_VERSIONS", "LAB_CLAIMS", "UNPADDED_BACKENDS", "EnginePreset",
+__all__ = ["BACKENDS", "ENGINE_PRESETS", "LAB_CLAIMS", "UNPADDED_BACKENDS", "EnginePreset", "EngineRule",
            "EngineVersion", "Fact", "Source", "decode_threshold", "engine_names", "engine_preset", "engine_version",
-           "fact", "fp8_reserved_bytes", "padding_for", "resolve_engine", "sparse_backend", "version_facts"]
+           "engine_versions", "fact", "first_names", "fp8_reserved_bytes", "padding_for", "preset_of_rule",
+           "register", "resolve_engine", "rule_name", "sparse_backend", "version_facts"]

@@ -1,32 +1,14 @@
-"""Check the engine facts the lab relies on against a release wheel, by reading its Python sources with ``ast``.
+"""Check the engine records' facts against a release wheel by reading its Python sources with ``ast``.
 
-A release wheel is a zip file; this module opens it with :mod:`zipfile`, reads the ``.py`` files the presets cite
-(:attr:`mla_lab.engines.versions.Source.path`) and parses them with :mod:`ast`. It never installs or imports the
-engine (vLLM 0.33.0 pins torch 2.14 and ships CUDA libraries; importing it is neither needed nor wanted).
-
-How one :class:`~mla_lab.engines.versions.Source` is checked (structure, not text: no regular expression on prose):
-
-1. **scope**: ``""`` is the whole module; ``"Cls.method"`` / ``"function"`` is that class / function (nested
-   definitions are found by their dotted name); a module-level variable name (``DEFAULT_..._ARCHITECTURES``,
-   ``_TEXT_GENERATION_MODELS``) is the value assigned to it.
-2. **code**: a snippet of Python parsed with :func:`ast.parse`. A node inside the scope *matches* when its
-   ``ast.dump`` (positions left out) equals the snippet's, with three widenings: a ``Call`` matches when the
-   callee is the same and every keyword / leading positional argument of the snippet is there (so
-   ``flash_attn_varlen_func(q_v=q_nope, fa_version=3)`` matches the full call); a ``Dict`` matches a dict literal
-   holding every key/value pair of the snippet; a ``Set`` / ``frozenset({...})`` snippet matches a set literal
-   holding its elements.
-3. **line**: the fact's recorded line (``"754"`` or ``"766-777"``) must overlap a matching node's lines, else the
-   fact *holds but moved* (reported with the line found).
-
-The report (:func:`check_wheel`) lists every fact as ``holds`` (with ``file:line`` found), ``moved`` (holds at
-another line), ``fails`` (the scope exists but nothing matches: what stands there instead, for assignments to the
-same target), ``missing`` (file or scope absent). :func:`write_report` writes it as JSON and Markdown under
-``data/engines/`` (``wheel_facts_<engine>-<version>.json`` / ``.md``); an existing file is replaced only with
-``overwrite=True`` (the lab's own reports are rewritten by the same command, see :func:`write_report`).
-
-Downloading (:func:`download_wheel`) runs ``python -m pip download --no-deps --only-binary=:all:`` for one
-``engine==version`` into a folder (no install): the vLLM wheel is ~336 MB, so tests run the check only when the
-wheels are already present (env ``MLA_LAB_WHEELS``, default ``/work/wheels``).
+The wheel is opened as a zip (:mod:`zipfile`); the engine is never installed or imported. A
+:class:`~mla_lab.engines.record.Source` is checked by structure: its ``scope`` (``""`` the module, ``"Cls.method"``,
+a function, or a module-level variable's value) must hold a node matching its ``code`` (``ast.dump`` equal, or a
+``Call`` with the snippet's callee and arguments among more, a ``Dict`` / ``Set`` literal holding the snippet's
+entries); its recorded line must overlap the match, else the fact *moved*. Statuses: ``holds``, ``moved``, ``fails``
+(the scope exists, nothing matches: what stands there instead), ``missing`` (file or scope absent).
+:func:`write_report` writes ``wheel_facts_<engine>-<version>.json`` / ``.md`` (``overwrite=True`` to replace);
+:func:`download_wheel` runs ``pip download --no-deps --only-binary=:all:`` (tests use wheels already in
+``MLA_LAB_WHEELS``, default ``/work/wheels``).
 """
 
 from __future__ import annotations
@@ -36,36 +18,15 @@ import json
 import subprocess
 import sys
 import zipfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from .versions import ENGINE_PRESETS, EngineVersion, Source, engine_version, version_facts
+from .record import Source
+from .registry import engine_version, version_facts
 
-__all__ = ["FactResult", "check_source", "check_wheel", "find_wheel", "download_wheel", "write_report",
+__all__ = ["check_source", "check_wheel", "find_wheel", "download_wheel", "write_report",
            "format_report", "wheel_version"]
 
 STATUSES = ("holds", "moved", "fails", "missing")
-
-
-@dataclass
-class FactResult:
-    """One fact checked: ``status`` in :data:`STATUSES`, ``found`` = lines of the matching nodes (``"754"`` /
-    ``"766-777"``), ``instead`` = what stands in the scope instead (``fails``), ``detail`` = why."""
-
-    preset: str
-    key: str
-    text: str
-    path: str
-    line: str
-    scope: str
-    code: str
-    status: str
-    found: list = field(default_factory=list)
-    instead: list = field(default_factory=list)
-    detail: str = ""
-
-    def as_dict(self) -> dict:
-        return dict(self.__dict__)
 
 
 def _dump(node) -> str:
@@ -111,7 +72,7 @@ def _matches(want, node) -> bool:
 
 
 def _scope(tree: ast.Module, scope: str):
-    """The node ``scope`` names (see the module docstring), or None."""
+    """The node ``scope`` names, or None."""
     if not scope:
         return tree
     parts = scope.split(".")
@@ -210,12 +171,13 @@ def check_wheel(wheel: str | Path) -> dict:
 
     Returns:
         ``{"engine", "version", "wheel", "wheel_built" (the newest zip entry's date), "counts" {status: n} (of the
-        presets' facts), "facts": [FactResult.as_dict()], "lab_claims": [FactResult.as_dict() + still_holds]}``
-        (``lab_claims``: what the lab's PR-era presets relied on, :data:`mla_lab.engines.versions.LAB_CLAIMS`).
+        presets' facts), "facts": [{preset, key, text, path, line, scope, code, status, found, instead, detail}],
+        "lab_claims": [the same + still_holds]}``
+        (``lab_claims``: what the lab's PR-era presets relied on, :data:`mla_lab.engines.LAB_CLAIMS`).
 
     Raises:
         ValueError: no file at ``wheel``, not a zip, or an engine version the lab does not describe
-            (:func:`mla_lab.engines.versions.engine_version` names those it does).
+            (:func:`mla_lab.engines.engine_version` names those it does).
     """
     p = Path(wheel)
     if not p.is_file():
@@ -236,15 +198,15 @@ def check_wheel(wheel: str | Path) -> dict:
             if src.path not in cache:
                 cache[src.path] = zf.read(src.path).decode() if src.path in names else None
             status, found, instead, detail = check_source(cache[src.path], src)
-            results.append(FactResult(preset, fact.key, fact.text, src.path, src.line, src.scope, src.code,
-                                      status, found, instead, detail))
-    lab = [r for r in results if r.preset == "lab (PR-era)"]
-    results = [r for r in results if r.preset != "lab (PR-era)"]
-    counts = {s: sum(r.status == s for r in results) for s in STATUSES}
+            results.append(dict(preset=preset, key=fact.key, text=fact.text, path=src.path, line=src.line,
+                                scope=src.scope, code=src.code, status=status, found=found, instead=instead,
+                                detail=detail))
+    lab = [r for r in results if r["preset"] == "lab (PR-era)"]
+    results = [r for r in results if r["preset"] != "lab (PR-era)"]
+    counts = {s: sum(r["status"] == s for r in results) for s in STATUSES}
     return {"engine": ev.engine, "version": ev.version, "wheel": p.name,
             "wheel_built": "%04d-%02d-%02d" % built[:3], "release_date": ev.release_date, "counts": counts,
-            "facts": [r.as_dict() for r in results],
-            "lab_claims": [{**r.as_dict(), "still_holds": r.status in ("holds", "moved")} for r in lab]}
+            "facts": results, "lab_claims": [{**r, "still_holds": r["status"] in ("holds", "moved")} for r in lab]}
 
 
 def find_wheel(folder: str | Path, engine: str, version: str) -> Path | None:
@@ -323,7 +285,3 @@ def write_report(rep: dict, folder: str | Path, overwrite: bool = False) -> tupl
     paths[0].write_text(json.dumps(rep, indent=1) + "\n")
     paths[1].write_text(format_report(rep))
     return paths
-
-
-def _presets_of(ev: EngineVersion) -> list[str]:
-    return [p.name for p in ENGINE_PRESETS.values() if p.engine_version == ev]

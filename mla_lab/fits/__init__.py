@@ -1,5 +1,149 @@
-"""Computed from committed measurements: the calibration fits (one module per file of ``data/calibration/``; which
-rows and which function give each file: :data:`mla_lab.measure.experiments.CALIBRATION`) and the lab's written
-prediction of vLLM PR #53878's run (:mod:`.predict_pr53878`). Each module is a command: ``python -m mla_lab.fits.<name>``.
-It sits beside :mod:`mla_lab.sweep` (above :mod:`mla_lab.measure` and :mod:`mla_lab.serving`, whose pricer the decode
-fit and the prediction use)."""
+"""The calibration fits: one :class:`Fit` record per file of ``data/calibration/`` (:data:`FITS`), each a function
+from the committed measured rows to the calibration rows, beside the model's loader of that file; and the lab's
+written prediction of vLLM PR #53878's run (:mod:`.predict_pr53878`, not a fit).
+
+    python -m mla_lab.fits NAME [--measured-dir data/measured] [--out-dir data/calibration] [--overwrite]
+
+refits one file (``NAME``: a key of :data:`FITS`, or ``all``). Bad input (an unknown name, a folder that is missing,
+an existing file without ``--overwrite`` or whose header is not the fit's) gets one line on stderr and exit status 2
+before anything is written; each file is replaced whole (through a temporary file) or not at all. To add a fit: one
+function ``measured folder -> {file: rows}`` in this package and one :class:`Fit` in :data:`FITS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from ..model.calibration import (
+    load_calibration,
+    load_subchunk_graph_overhead,
+    load_subchunk_overhead,
+)
+from ..model.comm import load_comm_model
+from ..model.content import load_content_model, load_step_content_model
+from ..model.decode_calibration import load_decode_calibration, load_moe_decode_fit
+from ..paths import calibration_dir, measured_dir
+from . import decode, files
+
+__all__ = ["Fit", "FITS", "render", "refit", "main"]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """How one calibration file is made and read.
+
+    ``file``: its name in ``data/calibration/``; ``inputs``: the measured files it is fitted on (relative to
+    ``data/measured/``); ``fit``: ``measured folder -> {file: rows}`` (``file``: a calibration file name, or a
+    by-product table under the measured folder, a path with a ``/``); ``load``: the model's loader of the file;
+    ``volatile``: columns that name the run of the fit (its commit) rather than its result.
+    """
+
+    file: str
+    inputs: tuple[str, ...]
+    fit: Callable[[Path], dict]
+    load: Callable
+    volatile: tuple[str, ...] = ("fit_commit",)
+
+
+_H = "h200/between_process/"
+#: name -> the fit of one calibration file. Elsewhere: ``h200_ops.csv`` (``mla_lab.measure.validate.fit_and_validate``),
+#: ``h200_decode_kernels.csv`` / ``h200_packed.csv`` (``main --write`` of their model modules); not fitted:
+#: ``h200_reference.csv`` (do_bench medians, read by :func:`~mla_lab.model.calibration.attention_from_reference`).
+FITS: dict[str, Fit] = {
+    "comm": Fit("h200_comm.csv", ("h200x<n>/allreduce.csv", "h200x2/tp2_attention.csv"), files.fit_comm_file,
+                load_comm_model),
+    "content": Fit("h200_content.csv", ("h200/round2/content.csv",), files.fit_content_file, load_content_model),
+    "subchunk": Fit("h200_subchunk.csv", ("h200/round2/presets.csv",), files.fit_subchunk_file, load_subchunk_overhead),
+    "subchunk_graph": Fit("h200_subchunk_graph.csv", (_H + "subgraph.csv",), files.fit_subchunk_graph_file,
+                          load_subchunk_graph_overhead),
+    "content_step": Fit("h200_content_step.csv", (_H + "content_loop.csv",), files.fit_content_step_file,
+                        load_step_content_model),
+    "moe_decode": Fit("h200_moe_decode.csv", (_H + "moe_decode.csv",), files.fit_moe_decode_file, load_moe_decode_fit),
+    "routes": Fit("h200_routes.csv", ("h200/round2/content.csv", "h200/layer_ops.csv", "h200/attention_path.csv",
+                                      _H + "routes.csv"), files.fit_routes_file, load_calibration),
+    # the label of the prefill calibration underneath (now naming h200_routes.csv beside it): not a fitted value
+    "decode": Fit("h200_decode.csv", ("h200/round2/decode_ops.csv", "h200/round2/decode_layer.csv"),
+                  decode.fit_decode_file, load_decode_calibration, ("fit_commit", "calibration")),
+}
+
+
+def render(rows) -> str:
+    """The CSV text of ``rows``: a list of dicts as :class:`csv.DictWriter` writes it (columns in first-seen order),
+    a DataFrame as :meth:`pandas.DataFrame.to_csv` does (no index)."""
+    if isinstance(rows, pd.DataFrame):
+        return rows.to_csv(index=False)
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def _target(file: str, measured: Path, out_dir: Path) -> Path:
+    return measured / file if "/" in file else out_dir / file
+
+
+def _refuse_target(path: Path, text: str, overwrite: bool) -> str | None:
+    """Why ``path`` may not be replaced by ``text`` (None: it may)."""
+    if path.is_dir():
+        return f"{path} is a folder; allowed: a file path"
+    if not path.exists():
+        return None
+    if not overwrite:
+        return f"{path} exists; pass --overwrite to replace it"
+    with open(path, newline="") as f:
+        head = next(csv.reader(f), [])
+    if head != next(csv.reader(io.StringIO(text)), []):
+        return f"{path} exists and its header is not this fit's; refusing to overwrite a file the lab did not write"
+    return None
+
+
+def refit(name: str, measured: Path | None = None, out_dir: Path | None = None, overwrite: bool = False) -> list[Path]:
+    """Fit ``FITS[name]`` on the rows under ``measured`` and write its files (calibration files into ``out_dir``).
+
+    Raises:
+        ValueError: an unknown name, a missing folder, a file that may not be replaced (nothing written then).
+    """
+    if name not in FITS:
+        raise ValueError(f"name={name!r} is not a fit; allowed: {sorted(FITS)} or 'all'")
+    measured = Path(measured) if measured is not None else measured_dir()
+    out_dir = Path(out_dir) if out_dir is not None else calibration_dir()
+    if not measured.is_dir():
+        raise ValueError(f"--measured-dir {str(measured)!r} is not an existing folder")
+    texts = {_target(f, measured, out_dir): render(rows) for f, rows in FITS[name].fit(measured).items()}
+    bad = [why for p, t in texts.items() if (why := _refuse_target(p, t, overwrite))]
+    if bad:
+        raise ValueError(f"{bad[0]}; nothing written")
+    for p, t in texts.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
+        tmp.write_bytes(t.encode())
+        os.replace(tmp, p)
+    return list(texts)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.fits", description=__doc__.split("\n\n")[0])
+    ap.add_argument("name", help=f"one of {sorted(FITS)} or 'all'")
+    ap.add_argument("--measured-dir", default=None, help="default data/measured")
+    ap.add_argument("--out-dir", default=None, help="default data/calibration")
+    ap.add_argument("--overwrite", action="store_true", help="replace existing files (only files a fit wrote)")
+    a = ap.parse_args(argv)
+    try:
+        for name in sorted(FITS) if a.name == "all" else [a.name]:
+            for p in refit(name, a.measured_dir, a.out_dir, a.overwrite):
+                print(f"{name}: wrote {p}")
+    except (ValueError, OSError) as e:
+        print(f"python -m mla_lab.fits: {e}", file=sys.stderr)
+        return 2
+    return 0

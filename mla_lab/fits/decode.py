@@ -1,63 +1,50 @@
-"""Fit the decode calibration of the serving pricer to the H200 decode measurements and validate it.
+"""The decode calibration of the serving pricer, fitted on the H200 decode measurements and validated
+(``h200_decode.csv``; registered in :data:`mla_lab.fits.FITS` beside :func:`~mla_lab.model.decode_calibration.load_decode_calibration`).
 
-    python -m mla_lab.fits.decode [--data-dir data/measured/h200/round2] [--out data/calibration/h200_decode.csv]
-
-Inputs (``mla_lab/measure/experiments/decode_layer.py``, GPU round 2, docs/perf-notes.md): ``decode_ops.csv`` (every op of the decode
-layer alone, CUDA-graph replay of 10 back-to-back calls, device time per call) and ``decode_layer.csv`` (the
-per-rank layer: decode batches B = 1..256 at contexts 1k-8k, eager and graph; mixed steps, eager). Per
-configuration the measured value is the median over repeats of each window's median.
-
-Fit (each part with the committed layer calibration ``h200_ops.csv`` underneath; what each part means:
-``mla_lab/serving/engine_pricer.py``):
+Inputs (``mla_lab/measure/experiments/decode_layer.py``, GPU round 2): ``decode_ops.csv`` (every op of the decode layer
+alone, CUDA-graph replay of 10 back-to-back calls) and ``decode_layer.csv`` (the per-rank layer: decode batches
+B = 1..256 at contexts 1k-8k, eager and graph; mixed steps, eager); per configuration the median over repeats of
+each window's median. Each part is fitted with the committed layer calibration underneath:
 
 1. from ``decode_ops.csv``: the sparse kernel on decode tokens (:class:`KernelDecode`), the decode indexer logits
    (a :class:`ClassEff`), the decode top-k (``f + a max(c) + b sum(c)``, least squares on relative error), the
-   graph-replay overhead of each roofline class and the per-kernel cost of the attention byte ops (grids,
-   minimum mean absolute percentage error);
+   graph-replay overhead of each roofline class and the per-kernel cost of the attention byte ops (grids, minimum
+   MAPE);
 2. from ``decode_layer.csv`` graph rows: the fixed cost per layer;
-3. from ``decode_layer.csv`` eager rows (decode and mixed): the launch model
-   ``max(GPU + n x gap, n x host)``; three forms (host floor only, gaps only, both) are fitted and the one with the
-   lowest leave-one-model-out error kept.
+3. from its eager rows: the launch model ``max(GPU + n x gap, n x host)`` in three forms (host floor only, gaps
+   only, both), the one with the lowest error kept.
 
-Validation: every (model, strategy, mode, B, c, prefill) of ``decode_layer.csv`` predicted by
-:func:`mla_lab.serving.engine_pricer.layer_decode_ms` over the measured op subset (``layer_ops`` ops with ``impl``
-and not comm, bf16 weights, EP8: what the benchmark runs; no KV-cache write, RoPE, indexer k-prep, router top-k or
-all-reduce), in sample and leave-one-model-out (every part refitted on the other model's rows). Outputs:
-``data/calibration/h200_decode.csv`` (parameters + provenance columns copied from the CSV) and
-``data/measured/h200/round2/decode_validation.csv`` (per configuration: measured, predicted, APE, fit).
+Validation (``data/measured/h200/round2/decode_validation.csv``): every configuration predicted by
+:func:`mla_lab.serving.engine_pricer.layer_decode_ms` over the measured op subset, in sample and
+leave-one-model-out (every part refitted on the other model's rows).
 """
 
 from __future__ import annotations
 
-import argparse
-import subprocess
-import sys
+import functools
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from mla_lab.arch import get_arch
-from mla_lab.deployment import Deployment
-from mla_lab.model.calibration import ClassEff, load_calibration
-from mla_lab.model.ops import layer_ops
-from mla_lab.model.timing import op_time_ms
-from mla_lab.models import load_model
-from mla_lab.paths import REPO_ROOT as REPO
-from mla_lab.paths import calibration_dir
-from mla_lab.placement import measured_as
-from mla_lab.rank import RankView
-from mla_lab.serving.engine_pricer import (
-    DECODE_CSV,
-    DecodeCalibration,
-    KernelDecode,
-    _eager_ms,
-    layer_decode_ms,
-    write_decode_calibration,
-)
-from mla_lab.workload import Step as WorkStep
+from ..arch import get_arch
+from ..measure.layer_runs import measured_rank as _layer_rank
+from ..model.calibration import ClassEff, load_calibration
+from ..model.decode_calibration import DECODE_CSV, DecodeCalibration, KernelDecode, decode_calibration_rows
+from ..model.ops import layer_ops
+from ..model.timing import op_time_ms
+from ..models import load_model
+from ..placement import measured_as
+from ..provenance import git_commit
+from ..rank import RankView
+from ..serving.engine_pricer import layer_decode_ms
+from ..workload import Step as WorkStep
+from .files import provenance, rel
 
-PROVENANCE = ("source", "gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
+__all__ = ["fit_decode_file", "fit_all", "validate"]
+
+_PROV = ("source", "gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
 H200 = get_arch("h200")
 TP, EP = 8, 8
 #: Measured op name -> the layer model's op name (decode_ops.csv).
@@ -76,28 +63,11 @@ def mape(pred, meas) -> float:
     return float(np.mean(np.abs(pred - meas) / meas) * 100)
 
 
-def _model(name, cache={}):  # noqa: B006 - a small memo of loaded configs
-    if name not in cache:
-        cache[name] = load_model(name)
-    return cache[name]
-
-
-def _rank(name: str, tp: int = TP, moe_parallel: str = "ep", ep: int | None = EP, cache={}):  # noqa: B006 - memo
-    """The rank a measured decode row ran (bf16 weights, bf16 KV cache, H200), built once per point at the
-    :meth:`~mla_lab.deployment.Deployment.rank_of` door (``max_num_batched_tokens`` 16384: the rows' engine
-    limit, not read by :func:`~mla_lab.model.ops.layer_ops`); ``ep`` the expert-parallel size under ``ep``."""
-    key = (name, tp, moe_parallel, ep)
-    if key not in cache:
-        r = Deployment.rank_of(model=_model(name), tp=tp, arch=H200, kv_cache_dtype="bf16", weight_dtype="bf16",
-                               moe_parallel=moe_parallel, max_num_batched_tokens=16384)
-        cache[key] = r.with_ep_size(ep) if moe_parallel == "ep" else r
-    return cache[key]
-
-
-def measured_rank(name) -> RankView:
-    """The rank the decode measurements ran (``benchmarks/bench_decode.py``): model ``name``, TP8 (EP8 whole
-    experts) on an H200, bf16 weights, bf16 KV cache (:func:`_rank`)."""
-    return _rank(name)
+@functools.cache
+def _rank(name: str) -> RankView:
+    """The rank the decode measurements ran (``mla_lab/measure/experiments/decode_layer.py``): model ``name``, TP8
+    (EP8 whole experts) on an H200, bf16 weights and KV cache (:func:`mla_lab.measure.layer_runs.measured_rank`)."""
+    return _layer_rank(load_model(name), TP, H200, ("ep", EP))
 
 
 def decode_ws(B, c, P=0) -> WorkStep:
@@ -230,7 +200,7 @@ def layer_configs(layer_df) -> list[dict]:
 
 def predict(cfg, cal, dcal) -> dict:
     B, c, P = int(cfg["batch"]), int(cfg["context"]), int(cfg["prefill_tokens"])
-    return layer_decode_ms(measured_rank(cfg["model"]), measured_as(cfg["strategy"]),
+    return layer_decode_ms(_rank(cfg["model"]), measured_as(cfg["strategy"]),
                            prefill=[(10**9, 0, P)] if P else [], decode_contexts=[c] * B, calibration=cal,
                            decode_cal=dcal, graph=cfg["mode"] == "graph", measured_subset=True, decode_kernels="fit")
 
@@ -249,8 +219,8 @@ def fit_all(ops, cfgs, cal, models, form=None) -> DecodeCalibration:
     dcal = replace(dcal, layer_fixed_us=fixed)
     # 3. the launch model on eager rows
     e = [r for r in c if r["mode"] == "eager"]
-    gpu = np.array([predict(r, cal, dcal)["gpu_ms"] for r in e])
-    n = np.array([predict(r, cal, dcal)["n_ops"] for r in e], float)
+    priced = [predict(r, cal, dcal) for r in e]
+    gpu, n = np.array([p["gpu_ms"] for p in priced]), np.array([p["n_ops"] for p in priced], float)
     meas = np.array([r["measured_ms"] for r in e])
     hosts = np.arange(0.0, 40.01, 0.25)
     gaps = np.arange(0.0, 8.01, 0.1)
@@ -295,91 +265,24 @@ def summarize(rows) -> dict:
     return out
 
 
-def prefill_crosscheck(cal, dcal, path) -> dict:
-    """MAPE of the committed prefill layer measurements (``layer_e2e.csv``, mla_lab/measure/experiments/layer_calibration.py) priced as the
-    committed model does (tests/test_layer_model_validation.py) and with the decode calibration's graph overheads
-    and launch model: a check that the decode terms leave prefill intact (not part of the fit)."""
-    import csv
-
-
-    if not Path(path).is_file():
-        return {}
-    g = dcal.graph_calibration(cal)
-    out: dict = {}
-    with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
-    for r in rows:
-        excl = set((r.get("excluded_ops") or "").split(";"))
-        rank = _rank(r["model"], int(r["tp"]), r["moe_parallel"], int(r["ep"]))
-        ops = [op for op in layer_ops(rank, measured_as(r["strategy"]), int(r["T"]), layer_kind=r["layer_kind"])
-               if op.impl and not op.is_comm and op.name not in excl]
-        old = sum(op_time_ms(op, H200, cal) for op in ops)
-        new = sum(op_time_ms(op, H200, g) for op in ops)
-        if r["mode"] == "eager":
-            new = _eager_ms(new, len(ops), dcal)[0]
-        ms = float(r["ms"])
-        for k, v in (("committed", old), ("decode_calibration", new)):
-            out.setdefault(f"prefill_{r['mode']}_{k}", []).append(abs(v - ms) / ms * 100)
-    return {k: float(np.mean(v)) for k, v in out.items()}
-
-
-def _git_commit() -> str:
-    try:
-        c = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                           check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
-        return c + ("+dirty" if dirty.strip() else "")
-    except Exception:
-        return "unknown"
-
-
-def main(argv=None) -> int:
-    import pandas as pd
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", default=str(REPO / "data/measured/h200/round2"))
-    ap.add_argument("--out", default=str(calibration_dir() / DECODE_CSV))
-    ap.add_argument("--validation", default=None, help="default: <data-dir>/decode_validation.csv")
-    args = ap.parse_args(argv)
-    ddir = Path(args.data_dir)
-    layer_df = pd.read_csv(ddir / "decode_layer.csv")
-    ops_df = pd.read_csv(ddir / "decode_ops.csv")
+def fit_decode_file(measured: Path) -> dict:
+    """``h200/round2/decode_ops.csv`` and ``decode_layer.csv`` under ``measured`` -> the decode calibration's rows
+    (:func:`~mla_lab.model.decode_calibration.decode_calibration_rows`, with the in-sample and leave-one-model-out
+    MAPE) and the validation table ``h200/round2/decode_validation.csv``."""
+    ddir = measured / "h200" / "round2"
+    layer_df, ops_df = (pd.read_csv(ddir / f) for f in ("decode_layer.csv", "decode_ops.csv"))
     cal = load_calibration()
-    ops = op_rows(ops_df)
-    cfgs = layer_configs(layer_df)
+    ops, cfgs = op_rows(ops_df), layer_configs(layer_df)
     models = sorted({r["model"] for r in cfgs})
     dcal = fit_all(ops, cfgs, cal, set(models))
     rows = validate(cfgs, cal, dcal, "in_sample")
     for held in models:
         part = fit_all(ops, cfgs, cal, set(models) - {held}, form=dcal.eager_form)
         rows += validate([r for r in cfgs if r["model"] == held], cal, part, "leave_one_model_out")
-    summ = summarize(rows)
-    rel = lambda p: str(Path(p).resolve().relative_to(REPO)) if Path(p).resolve().is_relative_to(REPO) else str(p)  # noqa: E731
-    prov = {k: str(layer_df[k].iloc[0]) for k in PROVENANCE if k in layer_df.columns}
+    prov = provenance(layer_df, _PROV)
     prov.update(device=prov.get("gpu", "?"), data_file=f"{rel(ddir / 'decode_layer.csv')};{rel(ddir / 'decode_ops.csv')}",
-                calibration=cal.name, fit_commit=_git_commit())
-    dcal = replace(dcal, fit={**dcal.fit, **{k.replace(":", "_") + "_mape_pct": v for k, v in summ.items()}},
-                   provenance=prov)
-    write_decode_calibration(dcal, args.out, prov)
-    vpath = Path(args.validation) if args.validation else ddir / "decode_validation.csv"
-    vt = pd.DataFrame(rows)
-    for k, v in prov.items():
-        vt[k] = v
-    vt.to_csv(vpath, index=False)
-    pd.set_option("display.width", 200)
-    piv = vt.pivot_table(index=["kind", "model", "batch", "prefill_tokens"], columns=["fit"], values="ape_pct",
-                         aggfunc="mean")
-    print(piv.round(1).to_string())
-    print(f"graph floors {dcal.graph_floors}\nattention floors {dcal.attn_floor_us}\nidx decode {dcal.idx_decode}\n"
-          f"topk {dcal.topk_decode}\nkernel {dcal.kernel_decode}\nlayer fixed {dcal.layer_fixed_us} us; launch "
-          f"{dcal.eager_form}: host {dcal.host_us_per_op} us/op, gap {dcal.eager_gap_us} us/op")
-    for k, v in summ.items():
-        print(f"MAPE {k}: {v:.2f} %")
-    for k, v in prefill_crosscheck(cal, dcal, ddir.parent / "layer_e2e.csv").items():
-        print(f"cross-check (not fitted) MAPE {k}: {v:.2f} %")
-    print(f"wrote {args.out} and {vpath}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+                calibration=cal.name, fit_commit=git_commit())
+    fit = {**dcal.fit, **{k.replace(":", "_") + "_mape_pct": v for k, v in summarize(rows).items()}}
+    table = pd.DataFrame(rows).assign(**prov)
+    return {DECODE_CSV: decode_calibration_rows(replace(dcal, fit=fit), prov),
+            "h200/round2/decode_validation.csv": table}

@@ -48,8 +48,10 @@ from mla_lab.provenance import git_commit
 from mla_lab.serving import PR_BENCH, BenchConfig, EnginePricer, SchedulerConfig, serve_benchmark
 from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
+from .files import rel as _rel
+
 PRODUCED_BY = "mla_lab.fits.predict_pr53878"
-#: This module under its former path (benchmarks/predict_pr53878.py, before issue 31): a file it wrote is ours too.
+#: The committed prediction's ``produced_by`` (this module's former path): a file it names is ours too.
 EARLIER_PRODUCERS = ("benchmarks/predict_pr53878.py",)
 OUT = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
 MODEL, TP, ARCH = "glm-5.2", 8, "h200"
@@ -63,8 +65,7 @@ PREDICTED = {"duration": "s", "request_throughput": "req/s", "output_throughput"
 TTFT_STATS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms")
 REPORTED = {"mean_ttft_ms": -9.5, "median_ttft_ms": -9.5, "p99_ttft_ms": -9.5, "total_token_throughput": 6.0,
             "output_throughput": 6.0}
-#: The H200 between-process rows (5 fresh processes; benchmarks/h200_between_process.sh). NOT data/measured/h200/round3/
-#: (an older, unrelated measured_sweep log).
+#: The H200 between-process rows (5 fresh processes, ``mla-lab measure``).
 MEASURED = measured_dir("h200") / "between_process"
 COLD_CSV = MEASURED / "cold_start.csv"
 CONTENT_CSV = MEASURED / "content_loop.csv"
@@ -78,13 +79,6 @@ DIST_HEADER = "case,run," + ",".join(f"change_{k}_pct" for k in DIST_METRICS)
 
 def _sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
-
-
-def _rel(p: Path) -> str:
-    try:
-        return str(p.resolve().relative_to(REPO_ROOT))
-    except ValueError:
-        return str(p)
 
 
 def seed_deployment() -> Deployment:
@@ -135,7 +129,7 @@ def measured_noise(folder: Path = MEASURED) -> dict:
     for f in (folder / "content_loop.csv", folder / "cold_start.csv", folder / "step_spread.csv"):
         if not f.is_file():
             raise ValueError(f"{f} does not exist; the measured noise needs content_loop.csv, cold_start.csv and "
-                             "step_spread.csv (benchmarks/h200_between_process.sh)")
+                             "step_spread.csv (mla-lab measure)")
     loop = pd.read_csv(folder / "content_loop.csv")
     zeros = loop[loop["content"] == "zeros"]
     step = between_process(zeros, ["content"], "step_ms")[("zeros",)]
@@ -519,53 +513,26 @@ def update_docs(d: dict, path: Path = DOCS) -> None:
     path.write_text(text[:a] + "\n" + render_markdown(d) + "\n" + text[b:])
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--num-runs", type=int, default=1000, help="Monte-Carlo runs per build (>= 2)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--no-measurements", action="store_true", help="do not recompute the measured components from data/measured/h200/between_process/ (use the defaults of mla_lab.serving.noise.COMPONENTS as they stand)")
-    ap.add_argument("--update-docs", action="store_true", help="rewrite the prediction block of docs/serving.md")
-    ap.add_argument("--docs-only", action="store_true", help="only --update-docs from the existing --out file")
-    a = ap.parse_args(argv)
-    if a.num_runs < 2:
-        print(f"--num-runs={a.num_runs} must be an int >= 2", file=sys.stderr)
-        return 2
-    if a.seed < 0:
-        print(f"--seed={a.seed} must be an int >= 0", file=sys.stderr)
-        return 2
+def _refuse_out(a) -> str | None:
+    """Why ``--out`` (and the distribution CSV beside it) may not be written (None: it may)."""
     out = Path(a.out)
-    if a.docs_only:
-        if not out.is_file():
-            print(f"--out={a.out!r} does not exist; run without --docs-only first", file=sys.stderr)
-            return 2
-        update_docs(json.loads(out.read_text()))
-        print(f"-> {DOCS}")
-        return 0
     if out.is_dir():
-        print(f"--out={a.out!r} is a folder; it must be a .json file path", file=sys.stderr)
-        return 2
+        return f"--out={a.out!r} is a folder; it must be a .json file path"
     if out.exists():
         try:
             ours = json.loads(out.read_text()).get("produced_by") in (PRODUCED_BY, *EARLIER_PRODUCERS)
         except (ValueError, AttributeError):
             ours = False
         if not ours:
-            print(f"--out={a.out!r} exists and was not written by {PRODUCED_BY}; refusing to overwrite it",
-                  file=sys.stderr)
-            return 2
+            return f"--out={a.out!r} exists and was not written by {PRODUCED_BY}; refusing to overwrite it"
     dist = out.with_name(DIST_NAME)
     if dist.exists() and (not dist.is_file() or dist.read_text().split("\n", 1)[0] != DIST_HEADER):
-        print(f"--out={a.out!r}: {dist} exists and was not written by {PRODUCED_BY} (its header is not "
-              f"{DIST_HEADER!r}); refusing to overwrite it", file=sys.stderr)
-        return 2
-    rows: list = []
-    res = predict(a.num_runs, a.seed, not a.no_measurements, distribution=rows)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = "\n".join(rows) + "\n"
-    res["distribution_file"].update(path=_rel(dist), sha256=hashlib.sha256(text.encode()).hexdigest())
-    dist.write_text(text)
-    out.write_text(json.dumps(res, indent=1) + "\n")
+        return (f"--out={a.out!r}: {dist} exists and was not written by {PRODUCED_BY} (its header is not "
+                f"{DIST_HEADER!r}); refusing to overwrite it")
+    return None
+
+
+def _print(res: dict, out: Path, dist: Path) -> None:
     p = res["prediction"]
     for k in PREDICTED:
         lo, hi = p[k]["band95"]
@@ -577,6 +544,39 @@ def main(argv=None) -> int:
         print(f"change {k:22s} A vs A' [{i['band95'][0]:+.2f}, {i['band95'][1]:+.2f}] %, PR vs before "
               f"[{q['band95'][0]:+.2f}, {q['band95'][1]:+.2f}] % (det {q['deterministic']:+.2f}){extra}")
     print(f"-> {out}\n-> {dist}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--num-runs", type=int, default=1000, help="Monte-Carlo runs per build (>= 2)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--no-measurements", action="store_true", help="do not recompute the measured components from "
+                    "data/measured/h200/between_process/ (use the defaults of mla_lab.serving.noise.COMPONENTS)")
+    ap.add_argument("--update-docs", action="store_true", help="rewrite the prediction block of docs/serving.md")
+    ap.add_argument("--docs-only", action="store_true", help="only --update-docs from the existing --out file")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    why = (f"--num-runs={a.num_runs} must be an int >= 2" if a.num_runs < 2 else
+           f"--seed={a.seed} must be an int >= 0" if a.seed < 0 else
+           (None if out.is_file() else f"--out={a.out!r} does not exist; run without --docs-only first")
+           if a.docs_only else _refuse_out(a))
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    if a.docs_only:
+        update_docs(json.loads(out.read_text()))
+        print(f"-> {DOCS}")
+        return 0
+    rows: list = []
+    res = predict(a.num_runs, a.seed, not a.no_measurements, distribution=rows)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(rows) + "\n"
+    dist = out.with_name(DIST_NAME)
+    res["distribution_file"].update(path=_rel(dist), sha256=hashlib.sha256(text.encode()).hexdigest())
+    dist.write_text(text)
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    _print(res, out, dist)
     if a.update_docs:
         update_docs(res)
         print(f"-> {DOCS}")

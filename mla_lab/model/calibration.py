@@ -1,31 +1,12 @@
-"""The lab's one calibration type: per op-class efficiencies, attention-path efficiencies, comm assumptions.
+"""The lab's one calibration type (:class:`Calibration`: per op-class and attention-path efficiencies against the
+GPU's datasheet rates, comm assumptions and fits) and the one way a calibration file is read (:func:`load_file`).
 
-An op's modelled time (:func:`mla_lab.model.timing.op_time_ms`) is a roofline against the GPU's datasheet rates
-(:mod:`mla_lab.arch`) scaled by the efficiencies held here:
-
-- ``classes``: ``{op_class: ClassEff}`` for the layer's roofline classes (``gemm``, ``moe_gemm``, ``bmm``, ``norm``,
-  ...), each with a per-op overhead (floor or added, :class:`ClassEff`).
-- ``attention``: ``{op: eff}`` for the attention-path ops (``concat``, ``pad``, ``kernel``, ``out_slice``): the
-  kernel's fraction of dense bf16 TFLOP/s, the byte ops' fraction of HBM bandwidth.
-- ``comm_efficiency`` / ``comm_latency_us``: the ring-collective assumptions (not measured: 0.8, 0), used for
-  every collective and world size without a measurement.
-- ``comm``: the measured all-reduce fits by world size (:mod:`mla_lab.model.comm`), which replace the assumption
-  for an all-reduce over a world size that was measured.
-
-Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibration_dir`):
-
-- ``h200_ops.csv``: the fit of :func:`fit_calibration` over the op rows measured on one H200 by
-  ``mla_lab/measure/experiments/layer_calibration.py`` (kinds ``class`` and ``attention``, with provenance columns). The default.
-- ``h200_comm.csv``: the all-reduce fits per world size (:func:`mla_lab.model.comm.fit_comm` over the NCCL runs
-  under ``data/measured/h200x<n>/``; ``mla_lab/fits/comm.py``).
-- ``h200_routes.csv``: the sparse kernel's roofline (``kernel`` eff_flops and ``kernel_bytes``, the per-token bytes'
-  efficiency) fitted on the committed H200 kernel rows, and the dense routes' classes ``mha_attn`` / ``k_concat``
-  fitted on the H200 route rows (:func:`mla_lab.model.routes.route_calibration_rows`, ``mla_lab/fits/routes.py``);
-  read beside the default ``h200_ops.csv``, whose FLOP-only ``kernel`` efficiency it replaces (kept as
-  ``kernel_flop_only``).
-- ``h200_reference.csv``: reference timings of the attention path on one H200 (do_bench medians, torch
-  2.11.0+cu130, driver 580.159.04, 2026-11-30); :func:`attention_from_reference` fits one efficiency per op from
-  it. Used for the attention ops when ``h200_ops.csv`` is absent.
+Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibration_dir`), each read once per
+(reader, path, mtime) by :func:`load_file` and fitted by its entry of :data:`mla_lab.fits.FITS`: ``h200_ops.csv``
+(:func:`fit_calibration` over the op rows of ``mla_lab/measure/experiments/layer_calibration.py``; the default),
+``h200_routes.csv`` (the sparse kernel's roofline and the dense routes' classes, read beside the default only),
+``h200_reference.csv`` (attention-path reference timings, :func:`attention_from_reference`), ``h200_comm.csv``,
+``h200_content.csv``, ``h200_content_step.csv``, ``h200_subchunk.csv`` and ``h200_subchunk_graph.csv``.
 
 Other GPUs reuse the H200 efficiencies against their own datasheet rates — an assumption every modelled row states
 in its ``calibration`` column.
@@ -34,7 +15,9 @@ in its ``calibration`` column.
 from __future__ import annotations
 
 import csv
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -48,7 +31,7 @@ from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 __all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "load_calibration",
            "uncalibrated", "attention_from_reference", "fit_calibration", "write_calibration_csv", "resolve_calibration",
            "fit_subchunk_overhead", "load_subchunk_overhead", "SUBCHUNK_CSV", "SUBCHUNK_GRAPH_CSV",
-           "load_subchunk_graph_overhead"]
+           "load_subchunk_graph_overhead", "load_file", "csv_rows", "CALIBRATION_COLUMNS"]
 
 OVERHEAD_MODES = ("max", "add")
 #: A measured all-reduce fit prices sizes within [min_bytes / F, max_bytes x F] of what was measured (F = 2).
@@ -91,37 +74,22 @@ _FALLBACK = {"gemm_fp8": "gemm", "moe_gemm": "gemm", "moe_gemm_fp8": "gemm_fp8",
 
 @dataclass(frozen=True)
 class Calibration:
-    """Efficiencies and assumptions the cost model prices ops with (the only calibration type).
+    """Efficiencies and assumptions the cost model prices ops with (:func:`mla_lab.model.timing.op_time_ms`).
 
     Attributes:
         classes: ``{op_class: ClassEff}`` (roofline classes; missing classes borrow via ``_FALLBACK``).
-        attention: ``{op: eff}`` for ``concat``/``pad``/``kernel``/``out_slice`` (fractions of HBM GB/s for the
-            byte ops, of dense bf16 TFLOP/s for ``kernel``).
-        name: where the numbers came from (file and GPU); shown in every modelled row.
-        arch: the GPU the efficiencies were measured on.
-        comm_efficiency: fraction of per-direction NVLink bandwidth a ring collective reaches (assumption 0.8).
-        comm_latency_us: fixed cost per collective (assumption 0).
+        attention: ``{op: eff}``: ``kernel`` a fraction of dense bf16 TFLOP/s; ``concat``, ``pad``, ``pad_copy``,
+            ``out_slice``, ``chunk_out`` (default ``out_slice``'s) fractions of HBM GB/s; ``chunk_overhead_us`` /
+            ``graph_chunk_overhead_us`` a fixed cost per extra eager / graphed sub-chunk (us, 0 unless measured).
+        name: where the numbers came from (file and GPU); shown in every modelled row. arch: the GPU measured on.
+        comm_efficiency, comm_latency_us: the ring collective's assumption (0.8 of per-direction NVLink, 0 us).
         comm_small_latency_us, comm_small_max_bytes, comm_small_source: an extra fixed cost (us) of an all-reduce
-            smaller than ``comm_small_max_bytes`` (B) that no measured fit prices, and where it comes from
-            (:meth:`with_small_comm_latency`; 0 unless set: the serving pricer's decode calibration sets it).
-        comm: measured all-reduce fits by world size (:class:`~mla_lab.model.comm.CommModel`) or None; where one
-            exists for a world size it prices that world size's all-reduce instead of the assumption.
-        content: the padded-head content factor (:class:`~mla_lab.model.content.ContentModel`, fitted on an H200)
-            or None when no fit exists (stale content then costs nothing extra, and rows say the factor is absent).
-        content_step: stale padded heads priced over the whole step (:class:`~mla_lab.model.content.StepContentModel`,
-            fitted on an H200 78-layer loop, ``h200_content_step.csv``) or None.
-        content_scope: ``step`` (default: :attr:`content_step` prices stale content in
-            :func:`~mla_lab.model.timing.step_time_ms` / ``layer_time_ms`` — the attention path and every other
-            compute op of the step — and a lone op is priced with zero content) or ``kernel`` (the kernel-only
-            factor :attr:`content` on the kernel op, the lab's model before issue 21; kept for comparison:
-            :meth:`with_content_scope`). ``step`` without a step fit falls back to ``kernel``
-            (:meth:`step_content`).
-
-    Attention entries beyond the four ops: ``pad_copy`` (a copy into a ``new_empty`` pad tensor), ``chunk_out``
-    (the sub-chunk's ``out[:, :H]`` copy; the ``out_slice`` efficiency unless measured) and
-    ``chunk_overhead_us`` (a fixed cost per sub-chunk, us; 0 unless measured) and ``graph_chunk_overhead_us``
-    (the same for ``subchunk:<S>:graph2``'s graphed two-stream loop against the PR's path graphed, us; 0 unless
-    measured: :func:`load_subchunk_graph_overhead`).
+            below ``comm_small_max_bytes`` (B) that no fit prices, and its source (:meth:`with_small_comm_latency`).
+        comm: measured all-reduce fits by world size (:class:`~mla_lab.model.comm.CommModel`) or None.
+        content, content_step: the kernel-only and the whole-step padded-head content fits
+            (:mod:`mla_lab.model.content`) or None.
+        content_scope: ``step`` (default; stale content priced over the step, :meth:`step_content`; falls back to
+            ``kernel`` without a step fit) or ``kernel`` (the factor on the kernel op only, before issue 21).
     """
 
     classes: dict = field(default_factory=dict)
@@ -280,30 +248,62 @@ class Calibration:
         return replace(self, comm_efficiency=float(ce), comm_latency_us=float(cl), comm=None)
 
 
-def _ref_rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return [r for r in csv.DictReader(f) if not r["op"].startswith("#")]
+OPS_CSV, ROUTES_CALIBRATION_CSV, REFERENCE_CSV = "h200_ops.csv", "h200_routes.csv", "h200_reference.csv"
+SUBCHUNK_CSV, SUBCHUNK_GRAPH_CSV = "h200_subchunk.csv", "h200_subchunk_graph.csv"
+#: The columns of an efficiency file (``h200_ops.csv``, ``h200_routes.csv``) before its provenance columns.
+CALIBRATION_COLUMNS = ["kind", "op_class", "eff_flops", "eff_bytes", "floor_us", "overhead_mode", "n", "mape_pct"]
 
 
-def attention_from_reference(path: str | Path | None = None) -> tuple[dict, str]:
-    """One efficiency per attention op from reference timings: the median over each op's rows of achieved /
-    datasheet rate. The CSV has columns ``op, T, num_heads, padded_heads, topk, ms, arch, source``; the work is
-    recomputed with :func:`mla_lab.model.ops.attention_op_work`, so the fit and the model agree by construction.
+@functools.cache
+def _cached(reader: Callable, path: str, mtime_ns: int):
+    return reader(Path(path))
 
-    Returns ``({op: eff}, name)``.
+
+def load_file(reader: Callable[[Path], object], name: str, path: str | Path | None = None):
+    """What ``reader`` makes of the calibration file ``path`` (default ``data/calibration/<name>``), read once per
+    (reader, path, mtime): the lab's one calibration cache. None when the file does not exist.
+
+    Raises:
+        ValueError: as ``reader`` (a malformed file, named).
     """
-    path = Path(path) if path else calibration_dir() / "h200_reference.csv"
-    rows = _ref_rows(path)
+    p = Path(path) if path is not None else calibration_dir() / name
+    if not p.is_file():
+        return None
+    return _cached(reader, str(p.resolve()), p.stat().st_mtime_ns)
+
+
+def csv_rows(path: Path) -> list[dict]:
+    """The rows of a CSV file (dicts of str)."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _read_reference(path: Path) -> tuple[dict, str]:
+    rows = [r for r in csv_rows(path) if not r["op"].startswith("#")]
     ratios: dict[str, list[float]] = {}
     arch = get_arch(rows[0]["arch"] if rows else "h200")
     for r in rows:
-        op, T, H, Hp, topk, ms = (r["op"], int(r["T"]), int(r["num_heads"]), int(r["padded_heads"]),
-                                  int(r["topk"]), float(r["ms"]))
-        work = attention_op_work(op, T, H, Hp, T * topk)
+        op, T, topk = r["op"], int(r["T"]), int(r["topk"])
+        work = attention_op_work(op, T, int(r["num_heads"]), int(r["padded_heads"]), T * topk)
         peak = arch.bf16_tflops * 1e12 if op == "kernel" else arch.hbm_gbps * 1e9
-        ratios.setdefault(op, []).append(work / (ms * 1e-3) / peak)
-    eff = {op: sorted(v)[len(v) // 2] for op, v in ratios.items()}
-    return eff, f"{path.name} ({rows[0]['source'] if rows else 'empty'})"
+        ratios.setdefault(op, []).append(work / (float(r["ms"]) * 1e-3) / peak)
+    return {op: sorted(v)[len(v) // 2] for op, v in ratios.items()}, \
+        f"{path.name} ({rows[0]['source'] if rows else 'empty'})"
+
+
+def attention_from_reference(path: str | Path | None = None) -> tuple[dict, str]:
+    """One efficiency per attention op from reference timings (``h200_reference.csv``: do_bench medians on one H200,
+    torch 2.11.0+cu130, driver 580.159.04, 2026-11-30): the median over each op's rows of achieved / datasheet
+    rate, the work recomputed with :func:`mla_lab.model.ops.attention_op_work`. Columns ``op, T, num_heads,
+    padded_heads, topk, ms, arch, source``. Returns ``({op: eff}, name)`` (a fresh dict).
+
+    Raises:
+        ValueError: the file does not exist.
+    """
+    got = load_file(_read_reference, REFERENCE_CSV, path)
+    if got is None:
+        raise ValueError(f"reference timings path={str(path or calibration_dir() / REFERENCE_CSV)!r} do not exist")
+    return dict(got[0]), got[1]
 
 
 def uncalibrated() -> Calibration:
@@ -313,127 +313,107 @@ def uncalibrated() -> Calibration:
                        content=load_content_model(), comm=load_comm_model(), content_step=load_step_content_model())
 
 
-_LOADED: dict = {}
+def _read_efficiencies(path: Path) -> tuple[dict, dict, str]:
+    """One efficiency file (the :func:`write_calibration_csv` format) -> ``(classes, attention, device)``.
+    Raises ValueError on a malformed row (names the file and the row)."""
+    classes, attn, device = {}, {}, "h200"
+    for r in csv_rows(path):
+        try:
+            ef, eb, fl = float(r["eff_flops"]), float(r["eff_bytes"]), float(r["floor_us"])
+        except (KeyError, ValueError) as e:
+            raise ValueError(f"{path}: bad calibration row {r}: {e}") from None
+        if ef <= 0 or eb <= 0 or fl < 0:
+            raise ValueError(f"{path}: efficiencies must be > 0 and floor >= 0, got row {r}")
+        mode = r.get("overhead_mode") or "max"
+        if mode not in OVERHEAD_MODES:
+            raise ValueError(f"{path}: overhead_mode={mode!r} not valid; allowed: {list(OVERHEAD_MODES)}")
+        if r["kind"] == "attention":
+            attn[r["op_class"]] = {"kernel": ef, "chunk_overhead_us": fl}.get(r["op_class"], eb)
+        else:
+            mape = float(r["mape_pct"]) if r.get("mape_pct") not in (None, "", "nan") else None
+            classes[r["op_class"]] = ClassEff(ef, eb, fl, int(float(r.get("n") or 0)), mape, mode)
+        device = r.get("device", device)
+    return classes, attn, device
+
+
+def _read_calibration(path: Path, routes: bool, kernel_roofline: bool) -> Calibration:
+    own_classes, own_attn, device = _read_efficiencies(path)
+    classes, (attn, _) = {**_DEFAULT_EFF, **own_classes}, attention_from_reference()
+    attn.update(own_attn)
+    name = f"{path.name} (measured on {device})"
+    extra = load_file(_read_efficiencies, ROUTES_CALIBRATION_CSV, path.with_name(ROUTES_CALIBRATION_CSV)) \
+        if routes else None
+    if extra is not None:
+        classes.update(extra[0])
+        if kernel_roofline:  # the kernel's roofline replaces the FLOP-only efficiency (issue 21)
+            attn["kernel_flop_only"] = attn["kernel"]
+            attn.update(extra[1])
+        name += f" + {ROUTES_CALIBRATION_CSV}" + (" (kernel roofline)" if kernel_roofline else " (route classes)")
+    for key, value in (("chunk_overhead_us", load_subchunk_overhead()),
+                       ("graph_chunk_overhead_us", load_subchunk_graph_overhead())):
+        if value is not None:
+            attn[key] = value
+    return Calibration(classes, attn, name, "h200", content=load_content_model(), comm=load_comm_model(),
+                       content_step=load_step_content_model())
+
+
+def _explicit(p):
+    return _read_calibration(p, False, False)
+
+
+def _default(p):
+    return _read_calibration(p, True, False)
+
+
+def _default_roofline(p):
+    return _read_calibration(p, True, True)
 
 
 def load_calibration(path: str | Path | None = None, kernel_roofline: bool = False) -> Calibration:
     """The calibration in ``path`` (default ``data/calibration/h200_ops.csv``; :func:`uncalibrated` when that
-    default file does not exist). Cached per (path, mtime, kernel_roofline).
+    default file does not exist), through :func:`load_file`.
 
     With the default path, ``h200_routes.csv`` beside it adds the dense routes' classes (``mha_attn``,
     ``k_concat``); with ``kernel_roofline=True`` also its sparse-kernel roofline (``kernel`` eff_flops and
-    ``kernel_bytes``), which replaces the FLOP-only kernel efficiency (kept as ``kernel_flop_only``): the kernel's
-    padded heads' Q reads and output writes become a term of its time (issue 21). Off by default: the lab's
-    pinned seed figures and README numbers are the FLOP-only model's until they are re-derived.
+    ``kernel_bytes``), which replaces the FLOP-only kernel efficiency (kept as ``kernel_flop_only``). Off by
+    default: the lab's pinned seed figures are the FLOP-only model's.
 
     Raises:
         ValueError: an explicit ``path`` that does not exist; a malformed row (names the file and the row).
     """
-    default = path is None
-    path = Path(path) if path is not None else calibration_dir() / "h200_ops.csv"
-    if not path.is_file():
-        if not default:
-            raise ValueError(f"calibration path={str(path)!r} does not exist")
-        return uncalibrated()
-    key = (str(path), path.stat().st_mtime, bool(kernel_roofline))
-    if key in _LOADED:
-        return _LOADED[key]
-    classes = dict(_DEFAULT_EFF)
-    attn, _ = attention_from_reference()
-    device = _read_calibration_rows(path, classes, attn, "h200")
-    name = f"{path.name} (measured on {device})"
-    routes = path.with_name(ROUTES_CALIBRATION_CSV)
-    if default and routes.is_file():
-        # the dense routes' classes and (kernel_roofline) the sparse kernel's roofline, fitted on the committed
-        # H200 rows (mla_lab.model.routes.route_calibration_rows, mla_lab/fits/routes.py)
-        extra_attn: dict = {}
-        _read_calibration_rows(routes, classes, extra_attn, device)
-        if kernel_roofline:
-            attn["kernel_flop_only"] = attn["kernel"]
-            attn.update(extra_attn)
-        name += f" + {routes.name}" + (" (kernel roofline)" if kernel_roofline else " (route classes)")
-    overhead = load_subchunk_overhead()
-    if overhead is not None:
-        attn["chunk_overhead_us"] = overhead
-    graph_overhead = load_subchunk_graph_overhead()
-    if graph_overhead is not None:
-        attn["graph_chunk_overhead_us"] = graph_overhead
-    cal = Calibration(classes, attn, name, "h200", content=load_content_model(), comm=load_comm_model(),
-                      content_step=load_step_content_model())
-    _LOADED[key] = cal
-    return cal
+    reader = _explicit if path is not None else (_default_roofline if kernel_roofline else _default)
+    cal = load_file(reader, OPS_CSV, path)
+    if cal is None and path is not None:
+        raise ValueError(f"calibration path={str(path)!r} does not exist")
+    return cal if cal is not None else uncalibrated()
 
 
-SUBCHUNK_CSV = "h200_subchunk.csv"
-#: ``subchunk:<S>:graph2``'s cost per extra chunk, fitted on ``data/measured/h200/between_process/subgraph.csv``
-#: (``mla_lab/fits/subgraph.py``).
-SUBCHUNK_GRAPH_CSV = "h200_subchunk_graph.csv"
-#: The sparse kernel's roofline and the dense routes' classes (``mla_lab/fits/routes.py``); read beside the default
-#: ``h200_ops.csv`` only.
-ROUTES_CALIBRATION_CSV = "h200_routes.csv"
+def _one_value(path: Path, col: str, what: str) -> float:
+    try:
+        return float(csv_rows(path)[0][col])
+    except (IndexError, KeyError, ValueError) as e:
+        raise ValueError(f"{path}: not a {what} ({e})") from None
 
 
-def _read_calibration_rows(path: Path, classes: dict, attn: dict, device: str) -> str:
-    """Read one calibration CSV (the :func:`write_calibration_csv` format) into ``classes`` / ``attn``; returns
-    the device it names. Raises ValueError on a malformed row (names the file and the row)."""
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            try:
-                ef, eb, fl = float(r["eff_flops"]), float(r["eff_bytes"]), float(r["floor_us"])
-            except (KeyError, ValueError) as e:
-                raise ValueError(f"{path}: bad calibration row {r}: {e}") from None
-            if ef <= 0 or eb <= 0 or fl < 0:
-                raise ValueError(f"{path}: efficiencies must be > 0 and floor >= 0, got row {r}")
-            mape = float(r["mape_pct"]) if r.get("mape_pct") not in (None, "", "nan") else None
-            if r["kind"] == "attention":
-                attn[r["op_class"]] = ef if r["op_class"] == "kernel" else (fl if r["op_class"] ==
-                                                                            "chunk_overhead_us" else eb)
-            else:
-                mode = r.get("overhead_mode") or "max"
-                if mode not in OVERHEAD_MODES:
-                    raise ValueError(f"{path}: overhead_mode={mode!r} not valid; allowed: {list(OVERHEAD_MODES)}")
-                classes[r["op_class"]] = ClassEff(ef, eb, fl, int(float(r.get("n") or 0)), mape, mode)
-            device = r.get("device", device)
-    return device
+def _read_subchunk(path: Path) -> float:
+    return _one_value(path, "chunk_overhead_us", "sub-chunk overhead fit")
+
+
+def _read_subchunk_graph(path: Path) -> float:
+    return _one_value(path, "graph_chunk_overhead_us", "graphed sub-chunk overhead fit")
 
 
 def load_subchunk_overhead(path: str | Path | None = None) -> float | None:
-    """The fitted fixed cost per extra sub-chunk (us) from ``data/calibration/h200_subchunk.csv``, or None.
-
-    Raises:
-        ValueError: a malformed file (names it).
-    """
-    p = Path(path) if path else calibration_dir() / SUBCHUNK_CSV
-    if not p.is_file():
-        return None
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
-    try:
-        return float(rows[0]["chunk_overhead_us"])
-    except (IndexError, KeyError, ValueError) as e:
-        raise ValueError(f"{p}: not a sub-chunk overhead fit ({e})") from None
+    """The fitted fixed cost per extra eager sub-chunk (us) from ``h200_subchunk.csv``, or None.
+    Raises ValueError: a malformed file (names it)."""
+    return load_file(_read_subchunk, SUBCHUNK_CSV, path)
 
 
 def load_subchunk_graph_overhead(path: str | Path | None = None) -> float | None:
-    """The measured-fit cost per extra chunk (us) of ``subchunk:<S>:graph2`` (two S-row workspaces, two streams, the
-    loop in one CUDA graph) from ``data/calibration/h200_subchunk_graph.csv``, or None. Fitted by
-    ``mla_lab/fits/subgraph.py``: per (shape, S) the median over 5 fresh processes of ``t(graph2) - t(PR path
-    graphed)``, least squares through the origin against the extra chunk count; the file states its mean absolute
-    residual (``mean_abs_residual_us``). The committed per-chunk fit (:func:`load_subchunk_overhead`) applies to
-    eager chunks only.
-
-    Raises:
-        ValueError: a malformed file (names it).
-    """
-    p = Path(path) if path else calibration_dir() / SUBCHUNK_GRAPH_CSV
-    if not p.is_file():
-        return None
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
-    try:
-        return float(rows[0]["graph_chunk_overhead_us"])
-    except (IndexError, KeyError, ValueError) as e:
-        raise ValueError(f"{p}: not a graphed sub-chunk overhead fit ({e})") from None
+    """The measured-fit cost per extra chunk (us) of ``subchunk:<S>:graph2`` (two S-row workspaces, two streams,
+    the loop in one CUDA graph, against the PR's path graphed) from ``h200_subchunk_graph.csv``, or None; the
+    file states its mean absolute residual. Raises ValueError: a malformed file (names it)."""
+    return load_file(_read_subchunk_graph, SUBCHUNK_GRAPH_CSV, path)
 
 
 def fit_subchunk_overhead(rows: list[dict]) -> tuple[float, float]:
@@ -556,8 +536,7 @@ def fit_calibration(rows: list[dict], arch: str | GPUArch = "h200", name: str = 
 
 def write_calibration_csv(report: list[dict], path: str | Path, provenance_cols: dict) -> None:
     """Write the fit report with provenance columns (one row per class / attention op)."""
-    cols = ["kind", "op_class", "eff_flops", "eff_bytes", "floor_us", "overhead_mode", "n", "mape_pct"] + \
-        list(provenance_cols)
+    cols = CALIBRATION_COLUMNS + list(provenance_cols)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()

@@ -1,30 +1,17 @@
-"""The all-reduce as measured: a latency + bandwidth fit of NCCL ring all-reduce times, one per world size.
+"""The all-reduce as measured: a latency + bandwidth fit of NCCL ring all-reduce times, one per world size
+(docs/ttft-model.md, "Communication").
 
-The cost model's collective formula (:func:`mla_lab.model.timing.comm_time_ms`) prices a ring all-reduce of ``B``
-bytes over ``n`` ranks as ``2 (n-1)/n x B`` bytes moved per rank and direction. Without a measurement it assumes the
-datasheet NVLink bandwidth (:attr:`mla_lab.arch.GPUArch.nvlink_gbps`, both directions together, so ``/ 2`` per
-direction) at ``comm_efficiency`` 0.8 and no latency. Where the all-reduce has been measured at world size ``n``
-this module replaces that assumption, for that ``n`` only, with
+Without a measurement :func:`mla_lab.model.timing.comm_time_ms` assumes the datasheet NVLink rate
+(``nvlink_gbps / 2`` per direction) x ``comm_efficiency`` 0.8, no latency. Where world size ``n`` was measured
+this module prices it, for that ``n`` only, as
 
     t(B) = latency_us x 1e-3 + 2 (n-1)/n x B / (bw_gbps x 1e9) x 1e3     [ms]
 
-``latency_us`` and ``bw_gbps`` (the per-direction rate the ring's moved bytes reach; NCCL's "bus bandwidth" is
-the same quantity) fitted by least squares on relative error (:func:`fit_comm`) to every rank's median time of an
-all-reduce (sum) of a bf16 tensor, each call after a barrier of all ranks (:mod:`mla_lab.measure.tp`). The fit's
-in-sample MAPE and its leave-one-size-out MAPE are kept with it. A world size that was never measured keeps the
-assumption, and every modelled row says which of the two priced it (:meth:`CommModel.source`): a fit at ``n = 2``
-says nothing measured about ``n = 8`` (more hops, other NCCL algorithms and channel counts).
-
-:func:`extrapolated` is the one exception, for sensitivity only: it prices world size ``n`` with the fit of another
-world size (the ring formula carries the ``2 (n-1)/n`` factor; latency and bandwidth are taken as they are). The
-report shows it beside the assumption as the range the TP=8 denominator may take; it is never the default.
-
-Measured rows are read by :func:`measured_allreduce_rows` from ``data/measured/<gpu>x<n>/``: ``allreduce.csv``
-(columns ``world_size, rank, nbytes, ms``, the harness's all-reduce sweep) and the older
-``tp2_attention.csv`` (``run == "tp"``: ``world_size, rank, allreduce_bytes, allreduce_ms``, one all-reduce per
-(model, T), repeated on each strategy's row). The fit lives in ``data/calibration/h200_comm.csv``
-(:func:`write_comm_model`; ``mla_lab/fits/comm.py`` writes it) and is loaded by
-:func:`mla_lab.model.calibration.load_calibration`.
+fitted by least squares on relative error (:func:`fit_comm`) to every rank's median all-reduce (sum, bf16, after a
+barrier; :mod:`mla_lab.measure.tp`), with its in-sample and leave-one-size-out MAPE. Every modelled row says which
+priced it (:meth:`CommModel.source`). :func:`extrapolated` (sensitivity only, never the default) carries another
+world size's fit. Rows: ``data/measured/<gpu>x<n>/allreduce.csv`` (``world_size, rank, nbytes, ms``) and the older
+``tp2_attention.csv`` (``run == "tp"``); the fit: ``data/calibration/h200_comm.csv`` (``mla_lab/fits/comm.py``).
 """
 
 from __future__ import annotations
@@ -86,18 +73,10 @@ def ring_allreduce_ms(nbytes: float, world_size: int, bw_gbps: float, latency_us
 
 @dataclass(frozen=True)
 class CommFit:
-    """A measured all-reduce at one world size.
-
-    Attributes:
-        world_size: ranks (GPUs) of the measured all-reduce.
-        latency_us: fixed cost per call (us).
-        bw_gbps: per-direction rate of the ring's moved bytes (GB/s, 1e9 B/s).
-        n: rank rows fitted; n_sizes: distinct byte sizes; min_bytes, max_bytes: the sizes' range (bytes).
-        mape_pct: in-sample MAPE over the rank rows; loo_mape_pct: leave-one-size-out MAPE (None with < 3 sizes);
-        max_ape_pct: the worst in-sample row.
-        name: where the rows came from (files, GPU).
-        measured: False for :func:`extrapolated` fits (priced at a world size that was not measured).
-    """
+    """A measured all-reduce at one world size: ``latency_us`` per call, ``bw_gbps`` per direction (1e9 B/s), ``n``
+    rank rows over ``n_sizes`` sizes in ``[min_bytes, max_bytes]``, in-sample ``mape_pct`` / ``max_ape_pct``,
+    leave-one-size-out ``loo_mape_pct`` (None under 3 sizes), ``name`` (files, GPU), ``measured`` False for
+    :func:`extrapolated` fits."""
 
     world_size: int
     latency_us: float
@@ -189,39 +168,37 @@ def _solve(rows) -> tuple[float, float]:
     return a * 1e3, 1.0 / b * 1e3 / 1e9  # ms -> us; ms per byte -> GB/s
 
 
+def _comm_row(i: int, r) -> tuple[int, float, float]:
+    """``(world_size, ms, nbytes)`` of ``rows[i]`` (:func:`fit_comm`). Raises ValueError naming the row."""
+    if not isinstance(r, dict) or any(k not in r for k in ("world_size", "nbytes", "ms")):
+        raise ValueError(f"rows[{i}]={r!r:.120} is not valid; allowed: a dict with keys world_size, nbytes, ms")
+    try:
+        n = _world_size(r["world_size"], f"rows[{i}] world_size", lo=0)
+    except ValueError:
+        raise ValueError(f"rows[{i}] world_size={r['world_size']!r} is not valid; allowed: an integer number "
+                         "of ranks") from None
+    ms, nb = (float(r[k]) if isinstance(r[k], numbers.Real) and not isinstance(r[k], bool) else math.nan
+              for k in ("ms", "nbytes"))
+    for k, v in (("ms", ms), ("nbytes", nb)):
+        if not math.isfinite(v):
+            raise ValueError(f"rows[{i}] {k}={r[k]!r} is not valid; allowed: a finite number")
+    return n, ms, nb
+
+
 def fit_comm(rows: list[dict], name: str = "") -> CommModel:
-    """Fit one :class:`CommFit` per world size.
-
-    Args:
-        rows: dicts ``{"world_size": n, "rank": r, "nbytes": B, "ms": median ms}``, one per rank and size
-            (:func:`measured_allreduce_rows`); ``n`` an integer (int or integral float), ``nbytes`` and ``ms``
-            finite numbers. Rows with ``n < 2``, ``ms <= 0`` or ``nbytes <= 0`` are ignored.
-        name: recorded in each fit.
-
-    Returns:
-        :class:`CommModel` (no fits when no row is kept); a world size with a single size gets a bandwidth-only
-        fit (latency 0).
+    """One :class:`CommFit` per world size from rows ``{"world_size", "rank", "nbytes", "ms"}``
+    (:func:`measured_allreduce_rows`; rows with ``n < 2``, ``ms <= 0`` or ``nbytes <= 0`` ignored; a world size with
+    one size gets a bandwidth-only fit). ``name`` is recorded in each fit.
 
     Raises:
-        ValueError: ``rows`` not a list of dicts; a row missing one of those keys, or with a world size that is not
-            an integer, or ``nbytes`` / ``ms`` not a finite number (the message names the row).
+        ValueError: ``rows`` not a list of dicts; a row missing a key, with a non-integer world size, or with
+            ``nbytes`` / ``ms`` not finite (names the row).
     """
     if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
         raise ValueError(f"rows={rows!r:.80} is not valid; allowed: a list of dicts with keys {list(ALLREDUCE_NEEDED)}")
     by: dict[int, list] = {}
     for i, r in enumerate(rows):
-        if not isinstance(r, dict) or any(k not in r for k in ("world_size", "nbytes", "ms")):
-            raise ValueError(f"rows[{i}]={r!r:.120} is not valid; allowed: a dict with keys world_size, nbytes, ms")
-        try:
-            n = _world_size(r["world_size"], f"rows[{i}] world_size", lo=0)
-            ms, nb = (float(r[k]) if isinstance(r[k], numbers.Real) and not isinstance(r[k], bool) else math.nan
-                      for k in ("ms", "nbytes"))
-        except ValueError:
-            raise ValueError(f"rows[{i}] world_size={r['world_size']!r} is not valid; allowed: an integer number "
-                             "of ranks") from None
-        for k, v in (("ms", ms), ("nbytes", nb)):
-            if not math.isfinite(v):
-                raise ValueError(f"rows[{i}] {k}={r[k]!r} is not valid; allowed: a finite number")
+        n, ms, nb = _comm_row(i, r)
         if n >= 2 and ms > 0 and nb > 0:
             by.setdefault(n, []).append((2.0 * (n - 1) / n * nb, ms, nb))
     fits = {}
@@ -243,17 +220,14 @@ def fit_comm(rows: list[dict], name: str = "") -> CommModel:
 
 
 def measured_allreduce_rows(gpu: str = "h200", root: str | Path | None = None) -> tuple[list[dict], list[str]]:
-    """Every rank's measured all-reduce median under ``<root>/<gpu>x<n>/`` (default :func:`mla_lab.paths.measured_dir`
-    ``()``), from ``allreduce.csv`` and ``tp2_attention.csv`` (module docstring). Returns ``(rows, files)``; rows
-    ``{"world_size", "rank", "nbytes", "ms", "file"}``, one per (file, world size, rank, bytes); ``([], [])`` when
-    no such folder holds either file.
+    """Every rank's measured all-reduce median under ``<root>/<gpu>x<n>/`` (default :func:`mla_lab.paths.measured_dir`),
+    from ``allreduce.csv`` and ``tp2_attention.csv``: ``(rows, files)``, rows ``{"world_size", "rank", "nbytes",
+    "ms", "file"}``; ``([], [])`` without such a folder.
 
     Raises:
-        ValueError: ``root`` exists and is not a folder; a file that cannot be read as CSV or lacks a needed column
-            (:data:`ALLREDUCE_NEEDED`, :data:`LEGACY_NEEDED`); a row (``run == "tp"`` in the older file) whose
-            ``world_size`` is not the ``<n>`` of its folder, whose ``rank`` is not in ``[0, n)``, whose bytes are not
-            a number > 0 or whose ms is not a finite number > 0; rows of a ``dist_backend`` other than ``nccl`` (a
-            ``--cpu-dry-run`` on gloo is not an NVLink all-reduce). Each message names the file.
+        ValueError: ``root`` not a folder; a file without a needed column; a row whose world size is not its
+            folder's, whose rank is outside ``[0, n)``, whose bytes or ms are not finite and > 0; a
+            ``dist_backend`` other than ``nccl`` (each names the file).
     """
     import pandas as pd
 

@@ -1,24 +1,15 @@
 """What the padded heads hold: a factor on the sparse kernel's time, or over the whole step (modelled from H200
-measurements).
+measurements; docs/ttft-model.md, "Content").
 
-Two scopes (:data:`CONTENT_SCOPES`; :class:`~mla_lab.model.calibration.Calibration` ``content_scope``): ``step``
-(default, :class:`StepContentModel`, issue 21: a sustained 78-layer loop shows the stale kernel slowing the whole
-power-limited GPU, so the attention path and the GEMMs after it are priced together) and ``kernel``
-(:class:`ContentModel` below, fitted on short windows of the kernel alone; kept for comparison).
+Two scopes (:data:`CONTENT_SCOPES`; ``Calibration.content_scope``): ``step`` (default, :class:`StepContentModel`:
+a sustained 78-layer loop shows stale heads slowing the whole power-limited GPU) and ``kernel``
+(:class:`ContentModel`, fitted on short windows of the kernel alone; kept for comparison). The kernel factor:
 
-FlashMLA's sparse prefill kernel computes every padded head; its *time* depends on their values: on an H200 at its
-power limit the SM clock drops when the padded heads hold non-zero data (1920 -> 1770 MHz at the seed shape) and
-the kernel runs 9-15 % slower than with zeros, the real heads' output unchanged. The lab models the ratio
-``t_stale / t_zeros`` as
+    factor = t_stale / t_zeros = 1 + a * max(0, f - b) * (1 - exp(-t_zeros / c))
 
-    factor = 1 + a * max(0, f - b) * (1 - exp(-t_zeros / c))
-
-with ``f = (H' - H) / H'`` the padded fraction of the heads and ``t_zeros`` the kernel's zero-content time (ms):
-more padded heads, more extra switching power; a short kernel ends before the clock settles at the power limit.
-``a``, ``b``, ``c`` are fitted (:func:`fit_content_factor`) to the medians of interleaved zeros/stale runs
-(``mla_lab/measure/experiments/engines.py``), with leave-one-shape-out error; the fit lives in
-``data/calibration/h200_content.csv`` (:class:`ContentModel`). It is an H200 (sm90) measurement: on sm100 the
-factor is unmeasured and rows say so.
+with ``f = (H' - H) / H'`` the padded fraction and ``t_zeros`` the zero-content kernel time (ms); ``a, b, c``
+fitted (:func:`fit_content_factor`) to interleaved zeros/stale medians, with leave-one-shape-out error
+(``data/calibration/h200_content.csv``). An H200 (sm90) measurement: elsewhere rows say it is unmeasured.
 """
 
 from __future__ import annotations
@@ -27,6 +18,7 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 from ..paths import calibration_dir
 
@@ -90,14 +82,8 @@ def _grid(rows):
 
 
 def fit_content_factor(rows: list[dict], name: str = "fit") -> tuple[ContentModel, list[dict]]:
-    """Fit ``a, b, c`` to per-shape medians.
-
-    Args:
-        rows: one dict per shape with ``shape`` (an id), ``num_heads``, ``padded_heads``, ``zeros_ms`` and
-            ``stale_ms`` (medians of interleaved repeats, ms).
-
-    Returns:
-        ``(model, per_shape)``: per_shape rows with the in-sample and leave-one-shape-out predictions and errors.
+    """Fit ``a, b, c`` (grid search) to per-shape medians ``{shape, num_heads, padded_heads, zeros_ms, stale_ms}``.
+    Returns ``(model, per_shape)`` with in-sample and leave-one-shape-out predictions and errors.
 
     Raises:
         ValueError: fewer than 3 shapes, or a non-positive time.
@@ -166,40 +152,23 @@ CONTENT_SCOPES = ("step", "kernel")
 class StepContentModel:
     """Stale padded heads priced over the whole step: a power-limited GPU slows everything, the kernel most.
 
-    Measured on an H200 at its 700 W limit (``data/measured/h200/between_process/content_loop.csv``: a sustained
-    78-layer loop at the seed shape, 5 fresh processes x 6 rounds alternating zero and N(0,1) padded heads; the
-    attention path = concat + FlashMLA, the rest = q/kv projections, W_UV + o_proj, MoE grouped GEMMs): stale vs
-    zeros the attention path +5.1 %, every other op +0.7-1.7 %, the step +2.2 %, SM clock -4.1 %, power ~690 W both.
-    The model, per op class, for a step whose ops run ``s`` (the stale attention path's share of the step's compute
-    time with zero content) and ``f = (H' - H) / H'`` padded heads::
+    Measured on an H200 at its 700 W limit (``data/measured/h200/between_process/content_loop.csv``, the seed
+    shape, 5 fresh processes x 6 rounds; docs/ttft-model.md has the evidence and the out-of-sample checks). For a
+    step whose stale attention path takes a share ``s`` of the zero-content compute time and ``f = (H' - H) / H'``::
 
         rest factor      = 1 + u * s * f / f_fit            (every compute op of the step: the clock drops for all)
         attention factor = 1 + (u * s + v) * f / f_fit      (the attention-path ops: that, plus a local excess)
-        step change      = (u + v) * s * f / f_fit          (linear in the share)
+        step change      = (u + v) * s * f / f_fit
 
-    **Assumption (power cap):** at the power limit a step's time is its energy over the cap, so the padded heads'
-    extra switching energy, which is proportional to the kernel's time, slows the step in proportion to the
-    kernel's share ``s``; ``u * s`` is the part spread over every op through the clock (the controller averages the
-    power over many layers), ``v`` the part the attention path keeps to itself (the clock dips within the kernel).
-    Evidence beside the fit (vLLM PR #53878's seed shape, one H200, the same GEMM [16384 x 6144] x [6144 x 4096]
-    after each of 78 kernels; measured by the lab, issue 21): one GEMM per kernel (``s`` 0.70): block +6.3 %
-    measured, this model +6.1 %, the kernel-only factor applied to the kernel's share +8.0 %; six GEMMs per kernel
-    (``s`` 0.29): block +1.7 % measured, this model +2.5 %, kernel-only +3.3 % (``mla_lab/fits/content_step.py``
-    prints the check; out of sample). On the loop itself the kernel-only factor gives the step +2.8 %, measured
-    +2.2 %. Per class the model is coarser: it gives the kernel +6.9 % / +4.4 % in those blocks, measured +8.6 % /
-    +2.2 % (the GEMMs +4.3 % / +1.8 %, measured +4.6 % / +1.8-2.0 %). The
-    padded-fraction scaling ``f / f_fit`` is the round-2 kernel fit's (its threshold ``b`` fitted 0: extra time
-    proportional to the padded fraction); it is not measured at the step level (the loop ran H = 8 of 64).
-    Collectives are not scaled (the loop had none; NVLink all-reduces are bandwidth-bound) and are not in ``s``.
+    Assumption (power cap): the padded heads' extra energy, proportional to the kernel's time, slows the step in
+    proportion to ``s``. ``f / f_fit`` is the kernel fit's scaling (not measured at step level); collectives are
+    not scaled and not in ``s``.
 
     Attributes:
         uniform_per_share: ``u`` (fraction of time per unit share), median over processes of
             ``rest change / s``.
-        attention_excess: ``v`` (fraction): the median over processes of ``step change / s`` (the step's slope
-            ``u + v``, fitted directly) minus ``u``. The step is fitted rather than the attention class because
-            the per-class medians do not add up to the median step change (processes differ in how the extra time
-            splits between the classes: attention +3.5 .. +5.2 %, rest +1.1 .. +1.7 %); the attention class then
-            comes out inside its between-process interval, not at its median.
+        attention_excess: ``v``: the median over processes of ``step change / s`` (the step's slope, fitted
+            directly because per-class medians do not add up to the step's) minus ``u``.
         fit_share: median ``s`` of the fitted processes; ``padded_fraction``: ``f_fit`` (56 / 64).
         n_processes: fresh processes fitted; mape_step_pct: in-sample MAPE of the stale step time;
         lopo_mape_step_pct: leave-one-process-out MAPE; name: the fit's file and GPU.
@@ -236,21 +205,15 @@ class StepContentModel:
         return share * (a - 1.0) + (1.0 - share) * (r - 1.0)
 
 
-def _median(xs) -> float:
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def _step_params(rows) -> tuple[float, float, float]:
     """``(u, v, median s)``: ``u + v`` = median over processes of ``step change / s`` (the step's slope, fitted
     directly), ``u`` = median of ``rest change / s``."""
     s = [r["attn_zeros_ms"] / r["step_zeros_ms"] for r in rows]
     step = [r["step_stale_ms"] / r["step_zeros_ms"] - 1 for r in rows]
     rest = [(r["step_stale_ms"] - r["attn_stale_ms"]) / (r["step_zeros_ms"] - r["attn_zeros_ms"]) - 1 for r in rows]
-    slope = _median([x / si for x, si in zip(step, s)])
-    u = _median([x / si for x, si in zip(rest, s)])
-    return u, slope - u, _median(s)
+    slope = median([x / si for x, si in zip(step, s)])
+    u = median([x / si for x, si in zip(rest, s)])
+    return u, slope - u, median(s)
 
 
 def _step_pred(r, u, v) -> dict:
@@ -261,18 +224,11 @@ def _step_pred(r, u, v) -> dict:
 
 def fit_step_content(rows: list[dict], num_heads: int, padded_heads: int,
                      name: str = "fit") -> tuple[StepContentModel, list[dict]]:
-    """Fit ``u`` and ``v`` of :class:`StepContentModel` to per-process medians.
-
-    Args:
-        rows: one dict per fresh process: ``process`` and its medians over rounds (ms) ``step_zeros_ms``,
-            ``step_stale_ms``, ``attn_zeros_ms``, ``attn_stale_ms`` (``mla_lab.measure.spread.process_medians``
-            in ``mla_lab/fits/content_step.py``).
-        num_heads, padded_heads: the heads of the measured kernel (8 of 64).
-
-    Returns:
-        ``(model, per_process)``: per process the measured changes (%), the in-sample and the
-        leave-one-process-out (``lopo_``) predictions, and their errors (``*_err_pts``: percentage points of the
-        change; ``ape_pct`` / ``lopo_ape_pct``: of the stale step time).
+    """Fit ``u`` and ``v`` of :class:`StepContentModel` to per-process medians (ms) ``step_zeros_ms``,
+    ``step_stale_ms``, ``attn_zeros_ms``, ``attn_stale_ms`` (``mla_lab/fits/content_step.py``), the measured kernel at
+    ``num_heads`` of ``padded_heads``. Returns ``(model, per_process)``: measured changes (%), in-sample and
+    leave-one-process-out (``lopo_``) predictions and errors (``*_err_pts``: points of the change; ``ape_pct``: of
+    the stale step time).
 
     Raises:
         ValueError: fewer than 3 processes, a non-positive time, or an attention path not shorter than the step.

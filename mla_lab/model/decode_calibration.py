@@ -1,36 +1,17 @@
-"""The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200.
+"""The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200
+(``data/measured/h200/round2/decode_*.csv`` -> ``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits
+decode``), used by :class:`mla_lab.serving.engine_pricer.EnginePricer` on top of the prefill
+:class:`~mla_lab.model.calibration.Calibration`:
 
-The cost model's :class:`~mla_lab.model.calibration.Calibration` holds the per-class efficiencies fitted on prefill
-shapes (``data/calibration/h200_ops.csv``); :class:`DecodeCalibration` adds what decode-sized steps need, fitted on
-the H200 decode measurements (``data/measured/h200/round2/decode_*.csv``, ``mla_lab/fits/decode.py`` ->
-``data/calibration/h200_decode.csv``). The pricer that uses it is :class:`mla_lab.serving.engine_pricer.EnginePricer`.
-
-- **GPU time of small ops** (:attr:`DecodeCalibration.graph_floors`): the committed per-class overheads were fitted
-  on eagerly launched ops, where the host's launch cost shows up as a floor (5-15 us); replayed inside a CUDA graph
-  the same kernels cost 2-6 us. Each roofline class gets its graph-replay overhead
-  (:meth:`DecodeCalibration.graph_calibration`; its efficiencies stay the committed ones); the attention-path byte
-  ops (concat, pad, ...) get a fixed cost per kernel launched (:attr:`~DecodeCalibration.attn_floor_us`).
-- **The decode indexer** (:attr:`~DecodeCalibration.idx_decode`): a bandwidth-bound scan of the request's cached
-  indexer keys (a :class:`~mla_lab.model.calibration.ClassEff`).
-- **The decode top-k** (:attr:`~DecodeCalibration.topk_decode`, :meth:`~DecodeCalibration.topk_ms`):
-  ``f + a * c_max + b * sum(c)`` us for ``torch.topk`` over ``[B, c]``.
-- **The sparse kernel at decode** (:class:`KernelDecode`): ``a + (lat^p + flop^p + kv^p)^(1/p)`` with ``lat =
-  us_per_key x max(topk_length)`` (one CTA's walk over its keys), ``flop`` the layer model's roofline and ``kv``
-  the KV rows read at ``eff_bytes`` of HBM bandwidth.
-- **A per-layer fixed cost** (:attr:`~DecodeCalibration.layer_fixed_us`) and **the launch model**
-  (:attr:`~DecodeCalibration.host_us_per_op`, :attr:`~DecodeCalibration.eager_gap_us`,
-  :attr:`~DecodeCalibration.eager_form`).
-
-- **The fp8 routed experts at decode sizes** (:attr:`~DecodeCalibration.moe_fp8`, measured-fit): the
-  ``moe_gemm_fp8`` class inside the graph calibration is ``a + weight_bytes / BW`` fitted on the H200's
-  ``torch._scaled_grouped_mm`` rows (``data/measured/h200/between_process/moe_decode.csv``, GLM-5 EP8 rank share,
-  T = 1..256, 5 processes; ``mla_lab/fits/moe_decode.py`` -> ``data/calibration/h200_moe_decode.csv``):
-  ``eff_bytes = BW / HBM`` and ``a`` split over the block's two grouped GEMMs (``add`` mode).
-- **All-reduce latency at decode sizes** (:data:`DECODE_ALLREDUCE_LATENCY_US`, assumption (cited)): the TP fit
-  (``h200_comm.csv``) prices 24-448 MiB only; an all-reduce below :data:`DECODE_ALLREDUCE_MAX_BYTES` that no fit
-  prices pays this fixed latency on top of the ring's bandwidth term.
-
-Stored as one CSV row per parameter (:func:`write_decode_calibration`, :func:`load_decode_calibration`).
+- the graph-replay overhead of each roofline class and a fixed cost per attention-path byte-op kernel (eager
+  launches showed the host's 5-15 us as a floor; inside a CUDA graph the same kernels cost 2-6 us);
+- the decode indexer (a bandwidth-bound :class:`~mla_lab.model.calibration.ClassEff`), the decode top-k
+  (``f + a * c_max + b * sum(c)`` us) and the sparse kernel on decode tokens (:class:`KernelDecode`);
+- a per-layer fixed cost and the eager launch model (host cost and GPU gap per op);
+- the fp8 routed experts at decode sizes (measured-fit ``a + weight_bytes / BW`` on ``torch._scaled_grouped_mm``,
+  ``h200_moe_decode.csv``, ``python -m mla_lab.fits moe_decode``);
+- an all-reduce latency below 24 MiB, where the TP fit (``h200_comm.csv``) prices nothing (assumption, cited:
+  :data:`DECODE_ALLREDUCE_LATENCY_US`).
 """
 
 from __future__ import annotations
@@ -42,15 +23,15 @@ from pathlib import Path
 
 from ..arch import GPUArch
 from ..paths import calibration_dir
-from .calibration import Calibration, ClassEff
+from .calibration import Calibration, ClassEff, csv_rows, load_file
 
 __all__ = ["DECODE_CSV", "MOE_DECODE_CSV", "DECODE_ALLREDUCE_LATENCY_US", "DECODE_ALLREDUCE_MAX_BYTES",
-           "DECODE_ALLREDUCE_SOURCE", "KernelDecode", "DecodeCalibration", "write_decode_calibration",
+           "DECODE_ALLREDUCE_SOURCE", "KernelDecode", "DecodeCalibration", "write_decode_calibration", "decode_calibration_rows",
            "load_decode_calibration", "load_moe_decode_fit"]
 
 #: The committed decode calibration's file name (in :func:`mla_lab.paths.calibration_dir`).
 DECODE_CSV = "h200_decode.csv"
-#: The fp8 MoE decode fit's file name (``mla_lab/fits/moe_decode.py``), beside :data:`DECODE_CSV`.
+#: The fp8 MoE decode fit's file name, beside :data:`DECODE_CSV`.
 MOE_DECODE_CSV = "h200_moe_decode.csv"
 
 #: Fixed cost (us) of one small all-reduce over 8 NVLink-connected Hopper GPUs. Assumption (cited), not measured
@@ -160,10 +141,9 @@ class DecodeCalibration:
 _PARAMS = ("graph_floor", "attn_floor", "idx_decode", "topk_decode", "kernel_decode", "layer", "launch", "fit")
 
 
-def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenance: dict | None = None) -> Path:
-    """Write ``dcal`` as one CSV row per parameter (``group, key, value, mode, unit, meaning``) with the
-    ``provenance`` columns on every row. Returns the path."""
-    path = Path(path)
+def decode_calibration_rows(dcal: DecodeCalibration, provenance: dict | None = None) -> list[dict]:
+    """``dcal`` as one row per parameter (``group, key, value, mode, unit, meaning``) with the ``provenance``
+    columns (default ``dcal.provenance``) on every row: the rows of ``h200_decode.csv``."""
     prov = dict(provenance if provenance is not None else dcal.provenance)
     rows = []
 
@@ -181,45 +161,30 @@ def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenan
     add("idx_decode", "floor_us", e.floor_us, "us", "indexer logits of decode tokens: overhead", e.mode)
     for k, v, u in zip(("f_us", "us_per_key_row", "us_per_key_batch"), dcal.topk_decode, ("us", "us/key", "us/key")):
         add("topk_decode", k, v, u, "decode top-k: f + a * max(c) + b * sum(c)")
-    kd = dcal.kernel_decode
-    for k in ("a_us", "us_per_key", "eff_bytes", "p"):
-        add("kernel_decode", k, getattr(kd, k), {"a_us": "us", "us_per_key": "us/key", "eff_bytes": "fraction",
-                                                  "p": "1"}[k], "sparse kernel on decode tokens (KernelDecode)")
+    for k, u in (("a_us", "us"), ("us_per_key", "us/key"), ("eff_bytes", "fraction"), ("p", "1")):
+        add("kernel_decode", k, getattr(dcal.kernel_decode, k), u, "sparse kernel on decode tokens (KernelDecode)")
     add("layer", "layer_fixed_us", dcal.layer_fixed_us, "us", "fixed GPU cost per layer")
     add("launch", "host_us_per_op", dcal.host_us_per_op, "us", "eager: host launch cost per op", dcal.eager_form)
     add("launch", "eager_gap_us", dcal.eager_gap_us, "us", "eager: idle GPU gap per op", dcal.eager_form)
     for k, v in sorted(dcal.fit.items()):
         add("fit", k, v, "%", "validation MAPE (decode_validation.csv)")
-    cols = ["group", "key", "value", "mode", "unit", "meaning"] + [k for k in prov if k not in
-                                                                    ("group", "key", "value", "mode", "unit")]
+    return [{**r, **{k: v for k, v in prov.items() if k not in r}} for r in rows]
+
+
+def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenance: dict | None = None) -> Path:
+    """Write :func:`decode_calibration_rows` to ``path`` (its folder created). Returns the path."""
+    rows = decode_calibration_rows(dcal, provenance)
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
-        for r in rows:
-            w.writerow({**r, **prov})
+        w.writerows(rows)
     return path
 
 
-_LOADED: dict = {}
-
-
-def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration:
-    """The decode calibration in ``path`` (default ``data/calibration/h200_decode.csv``, written by
-    ``mla_lab/fits/decode.py``). Cached per (path, mtime).
-
-    Raises:
-        ValueError: the file does not exist (says how to make it) or a row is malformed (names the file and row).
-    """
-    p = Path(path) if path is not None else calibration_dir() / DECODE_CSV
-    if not p.is_file():
-        raise ValueError(f"decode calibration path={str(p)!r} does not exist; run `python -m mla_lab.fits.decode` "
-                         "to fit it from data/measured/h200/round2/decode_layer.csv")
-    key = (str(p), p.stat().st_mtime)
-    if key in _LOADED:
-        return _LOADED[key]
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
+def _read_decode(p: Path) -> DecodeCalibration:
+    rows = csv_rows(p)
     vals: dict = {}
     modes: dict = {}
     try:
@@ -231,39 +196,40 @@ def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration
                 raise ValueError(f"value {r['value']!r} is not finite")
             vals[(r["group"], r["key"])] = v
             modes[(r["group"], r["key"])] = r.get("mode") or ""
-        floors = {k: (v, modes[(g, k)] or "add") for (g, k), v in vals.items() if g == "graph_floor"}
-        attn = {k: v for (g, k), v in vals.items() if g == "attn_floor"}
-        idx = ClassEff(vals[("idx_decode", "eff_flops")], vals[("idx_decode", "eff_bytes")],
-                       vals[("idx_decode", "floor_us")], mode=modes[("idx_decode", "floor_us")] or "add")
-        topk = tuple(vals[("topk_decode", k)] for k in ("f_us", "us_per_key_row", "us_per_key_batch"))
-        kd = KernelDecode(*(vals[("kernel_decode", k)] for k in ("a_us", "us_per_key", "eff_bytes", "p")))
-        fit = {k: v for (g, k), v in vals.items() if g == "fit"}
-        prov_keys = [c for c in (rows[0] if rows else {}) if c not in ("group", "key", "value", "mode", "unit",
-                                                                       "meaning")]
-        prov = {c: rows[0][c] for c in prov_keys}
-        dcal = DecodeCalibration(floors, attn, idx, topk, kd, vals[("layer", "layer_fixed_us")],
-                                 vals[("launch", "host_us_per_op")], vals[("launch", "eager_gap_us")],
-                                 modes[("launch", "host_us_per_op")] or "max+add",
-                                 f"{p.name} (measured on {prov.get('device') or prov.get('gpu') or '?'})", fit, prov,
-                                 moe_fp8=load_moe_decode_fit(p.parent / MOE_DECODE_CSV))
+        prov = {c: v for c, v in (rows[0] if rows else {}).items() if c not in ("group", "key", "value", "mode",
+                                                                               "unit", "meaning")}
+        return DecodeCalibration(
+            {k: (v, modes[(g, k)] or "add") for (g, k), v in vals.items() if g == "graph_floor"},
+            {k: v for (g, k), v in vals.items() if g == "attn_floor"},
+            ClassEff(vals[("idx_decode", "eff_flops")], vals[("idx_decode", "eff_bytes")],
+                     vals[("idx_decode", "floor_us")], mode=modes[("idx_decode", "floor_us")] or "add"),
+            tuple(vals[("topk_decode", k)] for k in ("f_us", "us_per_key_row", "us_per_key_batch")),
+            KernelDecode(*(vals[("kernel_decode", k)] for k in ("a_us", "us_per_key", "eff_bytes", "p"))),
+            vals[("layer", "layer_fixed_us")], vals[("launch", "host_us_per_op")], vals[("launch", "eager_gap_us")],
+            modes[("launch", "host_us_per_op")] or "max+add",
+            f"{p.name} (measured on {prov.get('device') or prov.get('gpu') or '?'})",
+            {k: v for (g, k), v in vals.items() if g == "fit"}, prov,
+            moe_fp8=load_moe_decode_fit(p.parent / MOE_DECODE_CSV))
     except (KeyError, ValueError, TypeError) as e:
         raise ValueError(f"{p}: not a decode calibration ({type(e).__name__}: {e})") from None
-    _LOADED[key] = dcal
+
+
+def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration:
+    """The decode calibration in ``path`` (default ``data/calibration/h200_decode.csv``; its fit:
+    ``python -m mla_lab.fits decode``), through :func:`~mla_lab.model.calibration.load_file`.
+
+    Raises:
+        ValueError: the file does not exist (says how to make it) or a row is malformed (names the file and row).
+    """
+    dcal = load_file(_read_decode, DECODE_CSV, path)
+    if dcal is None:
+        raise ValueError(f"decode calibration path={str(path or calibration_dir() / DECODE_CSV)!r} does not exist; "
+                         "run `python -m mla_lab.fits decode` to fit it from data/measured/h200/round2/decode_layer.csv")
     return dcal
 
 
-def load_moe_decode_fit(path: str | Path) -> dict | None:
-    """The fp8 MoE decode fit in ``path`` (``mla_lab/fits/moe_decode.py``): ``{"a_us", "eff_bytes", "bw_gbps",
-    "mape_in_pct", "mape_loo_pct", "n_processes", "source"}``, or None when the file does not exist.
-
-    Raises:
-        ValueError: the file is malformed (names the file and what is missing).
-    """
-    p = Path(path)
-    if not p.is_file():
-        return None
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
+def _read_moe_decode(p: Path) -> dict:
+    rows = csv_rows(p)
     try:
         vals = {r["key"]: float(r["value"]) for r in rows}
         out = {k: vals[k] for k in ("a_us", "eff_bytes", "bw_gbps", "mape_in_pct", "mape_loo_pct")}
@@ -274,3 +240,14 @@ def load_moe_decode_fit(path: str | Path) -> dict | None:
     except (KeyError, ValueError, TypeError, IndexError) as e:
         raise ValueError(f"{p}: not an fp8 MoE decode fit ({type(e).__name__}: {e})") from None
     return out
+
+
+def load_moe_decode_fit(path: str | Path | None = None) -> dict | None:
+    """The fp8 MoE decode fit in ``path`` (default ``data/calibration/h200_moe_decode.csv``; its fit:
+    ``python -m mla_lab.fits moe_decode``): ``{"a_us", "eff_bytes", "bw_gbps", "mape_in_pct", "mape_loo_pct",
+    "n_processes", "source"}``, or None when the file does not exist.
+
+    Raises:
+        ValueError: the file is malformed (names the file and what is missing).
+    """
+    return load_file(_read_moe_decode, MOE_DECODE_CSV, path)

@@ -19,15 +19,10 @@ The model (per family, ``us``)::
     kv    = B * n * 576 * 2 / (HBM * eff_bytes)  # the gathered KV rows at HBM bandwidth
     t     = a_us + (lat^p + kv^p)^(1/p)
 
-``s = 1`` for FlashMLA. The four parameters of each family are fitted on the H200 rows of the engines' own kernels
-(``data/measured/h200/between_process/engine_kernels.csv``, shape ``decode``: B 1..256, H 8 / 16, contexts 1088 and
-8192, 5 fresh processes, graph timing) by :func:`fit_decode_kernels` (``python -m mla_lab.model.decode_kernels
---write``) -> ``data/calibration/h200_decode_kernels.csv``; the file also records the in-sample MAPE and the
-leave-one-context-out MAPE (fit on one context, predict the other). Measured-fit: every figure priced from it is
-modelled, in sample for the rows it was fitted on.
-
-SM counts (:data:`NUM_SMS`): NVIDIA H100/H200 SXM 132 (H100 whitepaper, H200 datasheet: the same GH100 die as the
-H100 SXM5), H800 132, H20 78, B200 148 (NVIDIA Blackwell datasheet). Only the H200 is calibrated.
+``s = 1`` for FlashMLA; ``num_sms`` the GPU record's ``sm_count``. Each family's four parameters are fitted
+(:func:`fit_decode_kernels`) on the H200 ``decode`` rows of :data:`ROWS_CSV` (B 1..256, H 8 / 16, contexts 1088 and
+8192, 5 fresh processes, graph timing) into ``data/calibration/h200_decode_kernels.csv`` with the in-sample and
+leave-one-context-out MAPE: modelled, in sample for those rows. Only the H200 is calibrated.
 """
 
 from __future__ import annotations
@@ -43,13 +38,14 @@ from ..arch import GPUArch, get_arch
 from ..paths import REPO_ROOT, calibration_dir
 from ..placement import FA3_DECODE_PLACEMENTS
 
-__all__ = ["NUM_SMS", "FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
+__all__ = ["FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
            "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV"]
 
-NUM_SMS = {"h100": 132, "h200": 132, "h800": 132, "h20": 78, "b200": 148}
 FAMILIES = ("flashmla_pad64", "fa3_sparse")
 DECODE_KERNELS_CSV = "h200_decode_kernels.csv"
-ROWS_CSV = "data/measured/h200/between_process/engine_kernels.csv"
+#: The GPU the fitted rows ran on, and the rows.
+FIT_GPU = "h200"
+ROWS_CSV = f"data/measured/{FIT_GPU}/between_process/engine_kernels.csv"
 ROW_BYTES = 576 * 2  # head_size 576, bf16 KV cache
 #: FA3's key-block width for the MLA shape (hdim 64 + hdimv 512) used to count ``n_blocks`` in the heuristic.
 FA3_BLOCK_N = 64
@@ -103,7 +99,7 @@ class DecodeKernel:
         """CTAs per token: FA3's heuristic for ``fa3_sparse``, 1 for FlashMLA."""
         if self.family != "fa3_sparse":
             return 1
-        return fa3_num_splits(B, NUM_SMS.get(arch.name, 132), max(1, math.ceil(keys / FA3_BLOCK_N)))
+        return fa3_num_splits(B, arch.sm_count, max(1, math.ceil(keys / FA3_BLOCK_N)))
 
     def ms(self, B: int, keys: int, arch: GPUArch) -> float:
         """Kernel time (ms) of ``B`` decode tokens with ``keys`` keys each (the step's largest ``topk_length``).
@@ -119,7 +115,7 @@ class DecodeKernel:
 
 def _one(b: int, x: int, a, k, eff, p, family: str, arch: GPUArch):
     """The model for one (B, keys); ``a``, ``k``, ``eff`` may be arrays (the fit's grid)."""
-    sms = NUM_SMS.get(arch.name, 132)
+    sms = arch.sm_count
     s = fa3_num_splits(b, sms, max(1, math.ceil(x / FA3_BLOCK_N))) if family == "fa3_sparse" else 1
     waves = math.ceil(b * s / sms)
     lat = waves * k * x / s
@@ -189,7 +185,7 @@ def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArc
         ValueError: the file has no decode rows.
     """
 
-    arch = arch or get_arch("h200")
+    arch = arch or get_arch(FIT_GPU)
     rows = _rows(Path(rows_csv))
     out = {}
     for fam in FAMILIES:

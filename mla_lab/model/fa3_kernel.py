@@ -1,28 +1,12 @@
 """FA3 sparse (vLLM ``FLASH_ATTN_MLA_SPARSE``) prefill kernel time against the padded FlashMLA kernel, from the
-engines' own kernels measured side by side (issue 29).
+engines' own kernels measured side by side on one H200 (issue 29; docs/routes.md).
 
-The lab first priced FA3 sparse as the padded FlashMLA kernel's per-key term with only the real heads' per-token
-bytes (:mod:`mla_lab.model.routes` (d): an assumption "until a native-head kernel is measured"). That priced the
-seed shape (16 x 1024-token prompts, 8 heads per rank) at 1.46 ms, against 2.21 ms measured for vLLM 0.33.0's FA3
-on one H200: the padded heads' per-token bytes it removed are not what the kernel spends its time on; the per-token
-top-k gather is (a gather-only kernel takes 1.61 ms of FlashMLA's 2.49 at that shape).
-
-Now (measured-paired, H200): the FA3 kernel costs the padded FlashMLA kernel's modelled time (the committed
-:class:`~mla_lab.model.routes.PaddedKernelFit`, zero padded heads) times ``r``, the ratio of vLLM 0.33.0's FA3 to
-vLLM 0.33.0's bundled FlashMLA padded to 64 heads with zero padded heads, measured in the same processes
-(``data/measured/h200/between_process/engine_kernels_content.csv``: 5 fresh processes x 7 interleaved rounds, graph
-timing; median over processes of the per-process ratios):
-
-============  ======================  ======================
-H per rank    seed (512.5 keys/token)  full topk (2048 keys)
-============  ======================  ======================
-8             0.894 [0.893, 0.896]    0.926 [0.905, 0.944]
-16            0.909 [0.909, 0.912]    0.941 [0.924, 0.957]
-============  ======================  ======================
-
-``r`` is interpolated linearly in the mean keys per token between the two shapes and in H between 8 and 16, and
-held constant outside (a stated extrapolation: H > 16 and other key counts were not paired). Other GPUs keep the
-roofline assumption. :func:`fit_fa3_ratio` recomputes the table from the rows.
+The FA3 kernel costs the padded FlashMLA kernel's modelled time (:class:`~mla_lab.model.routes.PaddedKernelFit`,
+zero padded heads) times ``r``: vLLM 0.33.0's FA3 over vLLM 0.33.0's bundled FlashMLA padded to 64 zero heads,
+paired in the same processes (:data:`ROWS_CSV`: 5 fresh processes x 7 interleaved rounds, graph timing; median over
+processes of the per-process ratios; seed 0.894 / 0.909 and full topk 0.926 / 0.941 at H 8 / 16). ``r`` is
+interpolated linearly in the mean keys per token between the two shapes and in H between 8 and 16, held constant
+outside (an extrapolation). Other GPUs keep the roofline assumption. :func:`fit_fa3_ratio` recomputes the table.
 """
 
 from __future__ import annotations
@@ -32,9 +16,11 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 
-__all__ = ["Fa3Ratio", "fit_fa3_ratio", "load_fa3_ratio", "ROWS_CSV", "MEAN_KEYS"]
+__all__ = ["Fa3Ratio", "fit_fa3_ratio", "load_fa3_ratio", "GPU", "ROWS_CSV", "MEAN_KEYS"]
 
-ROWS_CSV = "data/measured/h200/between_process/engine_kernels_content.csv"
+#: The GPU the paired rows ran on (the only GPU the ratio prices: :func:`mla_lab.model.timing`).
+GPU = "h200"
+ROWS_CSV = f"data/measured/{GPU}/between_process/engine_kernels_content.csv"
 #: mean topk_length per token of the two measured shapes (mla_lab.measure.engine_kernels._inputs): seed = causal
 #: 1024-token prompts ((1 + 1024) / 2), full_topk = 2048
 MEAN_KEYS = {"seed": 512.5, "full_topk": 2048.0}

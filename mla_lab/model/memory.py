@@ -47,7 +47,7 @@ __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff",
 _W = "vllm-0.33.0 wheel: "
 #: Where each term of vLLM's KV budget is written (vLLM 0.33.0 release wheel; file:line).
 KV_RULE_SOURCES = {
-    "total": "arch.torch_total_bytes (mla_lab/arch.py TORCH_TOTALS); vLLM reads it with "
+    "total": "arch.torch_total_bytes (the GPU record, mla_lab/arch/<gpu>.py); vLLM reads it with "
              "torch.accelerator.get_memory_info: " + _W + "vllm/utils/mem_utils.py:143",
     "requested": _W + "vllm/v1/worker/utils.py:724-726 requested_memory = ceil(total_memory * "
                  "gpu_memory_utilization)",

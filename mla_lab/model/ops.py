@@ -1,102 +1,29 @@
-"""Per-rank ops of one decoder layer of a sparse-MLA (DSA) MoE model for one prefill step, and their modelled time.
+"""Per-rank ops of one decoder layer of a sparse-MLA (DSA) MoE model for one prefill step (docs/ttft-model.md).
 
-Every function here takes what one TP rank holds, a :class:`~mla_lab.rank.RankView` (``Deployment.rank``; callers
-without a workload: :meth:`Deployment.rank_of <mla_lab.deployment.Deployment.rank_of>`), as its first argument: the
-model, ``tp``, the GPU, ``num_heads`` / ``padded_num_heads``, ``kv_cache_dtype``, ``weight_dtype``,
-``moe_parallel`` and ``ep_size`` are read from it, checked once at its door and not re-checked here. The layer's own
-options (``layer_kind``, ``ep_comm``, ``indexer_dtype``, ...) stay keyword arguments, checked once per call.
+Every function takes a :class:`~mla_lab.rank.RankView` first (model, ``tp``, GPU, ``num_heads`` /
+``padded_num_heads``, dtypes, MoE layout: checked at its door, not here); layer options (``layer_kind``,
+``ep_comm``, ``indexer_dtype`` ...) are keyword arguments checked once per call.
 
-For an engine step of ``T`` tokens on one tensor-parallel rank (``tp`` ranks, ``H = num_attention_heads // tp``
-heads per rank) :func:`layer_ops` lists every op with its real per-rank shape, FLOPs and bytes (weights plus
-activations read and written, counted once each: a lower bound on traffic), in the order vLLM runs them
-(``vllm/model_executor/models/deepseek_v2.py`` with the FlashMLA sparse backend):
+:func:`layer_ops` lists the ops in vLLM's order (``vllm/model_executor/models/deepseek_v2.py``, FlashMLA sparse
+backend) with their per-rank shape, FLOPs and bytes (weights plus activations read and written, each once: a lower
+bound on traffic): norms, q_a / q_b / kv_a GEMMs, rope + KV-cache write, the absorbed W_UK bmm, the DSA indexer
+(``idx_*``), the attention path (:func:`attention_path_ops`), the W_UV bmm, o_proj + all-reduce, then the dense MLP
+(first ``first_k_dense_replace`` layers) or router + routed experts (balanced routing, ``T*k/E`` tokens per expert)
++ shared experts + all-reduce (or a DeepEP-style all-to-all with ``ep_comm="all_to_all"``). :func:`step_level_ops`
+adds the embedding, final norm, LM head (one row per chunk: vLLM v1 computes logits for every scheduled request's
+last token) and logits gather.
 
-============================  ======================================  ===========================================
-op                            per-rank shape (GEMM ``M x K -> N``)    class / notes
-============================  ======================================  ===========================================
-input_norm                    fused residual add + RMSNorm, T x h     norm (reads x, residual; writes both)
-q_a_proj                      T x h -> q_lora_rank                    gemm, replicated (vLLM fuses q_a and kv_a)
-q_a_norm                      RMSNorm T x q_lora_rank                 norm
-q_b_proj                      T x q_lora_rank -> H*(d_nope+d_rope)    gemm, column-parallel
-kv_a_proj                     T x h -> kv_lora_rank + d_rope          gemm, replicated
-kv_a_norm                     RMSNorm T x kv_lora_rank                norm
-rope_cache                    rope on q_pe/k_pe, KV-cache write       elementwise (modelled only, not measured)
-w_uk_bmm                      H x [T x d_nope] @ [d_nope x 512]       bmm, absorbed W_UK (bf16 weights)
-idx_wq_b                      T x q_lora_rank -> n_ih*d_ih            gemm, replicated (DSA indexer)
-idx_wk                        T x h -> d_ih                           gemm, replicated
-idx_weights_proj              T x h -> n_ih                           gemm, replicated, bf16 (not quantized)
-idx_prep                      k norm, rope, fp8 quant, cache write    elementwise (modelled only)
-idx_logits                    sum_visible x n_ih x d_ih               indexer_logits: weighted-ReLU MQA logits,
-                                                                      fp32 logits written for visible keys
-idx_topk                      top-``index_topk`` of each row          topk
-concat / pad / kernel /       :func:`attention_path_ops`              attention path per strategy (class
-out_slice                                                             ``attn_<op>``)
-w_uv_bmm                      H x [T x 512] @ [512 x d_v]             bmm, absorbed W_UV (bf16 weights)
-o_proj                        T x H*d_v -> h                          gemm, row-parallel
-attn_allreduce                T x h bf16                              comm (ring all-reduce over NVLink)
-post_attn_norm                fused add + RMSNorm T x h               norm
-dense layers (first ``first_k_dense_replace``):
-mlp_gate_up / mlp_act /       T x h -> 2*I/tp, SiLU*mul, I/tp -> h    gemm / elementwise / gemm, + mlp_allreduce
-mlp_down
-MoE layers (the rest):
-router                        T x h -> n_routed_experts               gemm, replicated, bf16
-router_topk                   grouped top-k                           elementwise (modelled only)
-moe_gate_up / moe_act /       E_loc experts x M_e tokens each         moe_gemm / elementwise / moe_gemm
-moe_down                      (balanced routing, M_e = T*k/E)
-moe_combine                   sum of the k expert outputs per token   reduce
-shared_gate_up/act/down       T x h -> 2*n_s*I_moe/tp ...             gemm / elementwise / gemm (TP-sharded)
-moe_allreduce                 T x h bf16 (routed + shared, one)       comm; or all-to-all with ``ep_comm``
-============================  ======================================  ===========================================
+Dtypes: activations bf16 (2 B); linear weights ``weight_dtype`` bf16 or fp8 (1 B + an fp32 scale per 128x128
+block, at :data:`FP8_PEAK_FACTOR` x the bf16 rate); W_UK / W_UV, router, ``idx_weights_proj``, norms, embedding
+and LM head bf16; the indexer logits at ``indexer_dtype`` (bf16: what the lab measured).
 
-Per step (not per layer, :func:`step_ops`): vocab-parallel embedding (gather + all-reduce), final norm and the LM
-head. Logits: vLLM v1 computes them for the last scheduled token of every request in the step (partial prefills
-included, their samples discarded), so the LM head GEMM has ``M = number of chunks in the step`` rows; the
-``[M, vocab/tp]`` fp32 logits are gathered to rank 0.
-
-Expert parallelism (``moe_parallel="ep"``, vLLM ``--enable-expert-parallel`` with DP = 1, as in the PR's benchmark):
-each rank holds ``n_routed_experts / ep_size`` whole experts and computes, for all ``T`` (replicated) tokens, the
-``T * k / ep_size`` token-expert pairs routed to them; the routed and shared outputs are summed and all-reduced over
-TP exactly as without EP (``ep_comm="all_reduce"``). ``ep_comm="all_to_all"`` models a DeepEP-style dispatch and
-combine instead (each rank dispatches its ``T/ep`` token share, ``k`` copies, ``(ep-1)/ep`` of them remote, and an
-all-gather restores the replicated hidden state for the next TP attention) — an option, not what the PR ran.
-
-Dtypes: activations bf16 (2 B). Linear weights ``weight_dtype`` bf16 (2 B) or fp8 (1 B + one fp32 scale per
-128x128 block; GLM-5.2-FP8 / DeepSeek-V3.2 ship fp8 block-quantized linears, and their GEMMs run at the fp8 tensor
-rate, taken as 2x the dense bf16 rate from the same datasheets: H100/H200 1979, B200 4500 TFLOP/s dense fp8). The
-absorbed W_UK / W_UV (vLLM dequantizes ``kv_b_proj`` into bf16 copies), the router, ``idx_weights_proj``, norms,
-embedding and LM head stay bf16. The indexer's MQA logits are priced at bf16 (``indexer_dtype``), which is what
-``mla_lab/measure/experiments/layer_calibration.py`` measures (a Triton kernel); vLLM runs DeepGEMM's fp8 ``fp8_mqa_logits`` there.
-
-The attention path of each strategy (class ``attn_<op>``, :func:`attention_path_ops`), per layer, per rank, for
-one engine step of ``T`` tokens (``H`` real heads, ``H'`` padded heads, head_size 576, d_v 512, bf16 = 2 bytes):
-
-Per layer, per rank, for one engine step of ``T`` tokens (``H`` real heads, ``H'`` padded heads, head_size 576,
-d_v 512, bf16 = 2 bytes):
-
-================  ===================================================  ==============================
-op                bytes / FLOPs                                        strategies
-================  ===================================================  ==============================
-``concat``        read + write of the real heads: ``2*T*H*576*2`` B    all
-``pad``           zero-fill ``T*H'*576*2`` B + copy real heads          per_call_zeros (bf16 cache, H' > H)
-                  ``2*T*H*576*2`` B (SGLang ``q.new_zeros`` + copy)
-``kernel``        ``2 * sum(topk_length) * H' * (576 + 512)`` FLOP     all (kernel_native, fa3_sparse: see below)
-                  (FlashMLA README FLOP count) and per-token bytes
-                  ``T * H' * (576*2 + 512*2 + 2*4)`` (Q read; out, lse,
-                  max_logits written for all H' heads)
-``out_slice``     ``out[:, :H].contiguous()``: ``2*T*H*512*2`` B       all with H' > H but kernel_native, fa3_sparse
-================  ===================================================  ==============================
-
-The kernel's per-token bytes are priced only by a calibration with a ``kernel_bytes`` efficiency (the roofline
-fitted on the committed H200 kernel rows, :mod:`mla_lab.model.routes`); the gather bytes ``sum_topk * 1152`` per
-64-head CTA scale with the FLOPs in every shape FlashMLA accepts and ride on the FLOP term.
-
-``kernel_native`` (modelled: a FlashMLA-style kernel taking the real head count): the concat into an ``H``-head
-buffer, no padded workspace, no pad, no output slice, and per-token bytes (Q, out, lse, max_logits) of the real
-heads only; its MMAs are the padded kernel's, because on sm90 each token's query heads form the M dimension of a
-64-row wgmma tile and tokens cannot share a tile (each has its own index list). ``fa3_sparse`` (vLLM
-``FLASH_ATTN_MLA_SPARSE``, PR #46189): one ``kernel`` op, no concat (FA3 takes ``q_rope`` / ``q_nope``), MMAs at
-``ceil(H/64)*64`` tile rows for the same reason, bytes of the real heads (out + lse), ``dims["real_flops"]`` the
-real-head count ``2 * sum_topk * H * (576 + 512)``; content zeros (the tile's unused rows are never loaded).
+Attention path per layer (``H`` real heads, ``H'`` padded, head_size 576, d_v 512; :func:`attention_op_work`):
+``concat`` ``2*T*H*576*2`` B; ``pad`` zero fill ``T*H'*576*2`` + copy ``2*T*H*576*2`` B (per_call_zeros);
+``kernel`` ``2*sum(topk_length)*H'*(576+512)`` FLOP (FlashMLA README) plus per-token bytes ``T*H'*(576*2+512*2+8)``
+(Q read; out, lse, max_logits written; priced only by a calibration with ``kernel_bytes``); ``out_slice``
+``2*T*H*512*2`` B. ``kernel_native`` and ``fa3_sparse`` (vLLM ``FLASH_ATTN_MLA_SPARSE``, PR #46189) write the real
+heads only but issue MMAs at ``ceil(H/64)*64`` rows: a token's heads fill the M rows of 64-row sm90 wgmma tiles and
+tokens cannot share a tile (each has its own index list).
 """
 
 from __future__ import annotations
@@ -137,17 +64,10 @@ def _err(name, value, allowed) -> ValueError:
 
 @dataclass(frozen=True)
 class LayerOp:
-    """One op of a layer (or of the step) on one rank.
-
-    Attributes:
-        name: op name (``q_a_proj``...); op_class: efficiency class (:data:`OP_CLASSES`, ``attn_<op>`` for the
-            attention path, or a :data:`COMM_CLASSES` entry).
-        flops: floating-point operations; weight_bytes / act_bytes: bytes of weights and of activations read plus
-            written; comm_bytes: for comm ops, the message size (bytes each rank holds before the collective).
-        dims: the per-rank shape (``M``, ``K``, ``N``, ``B`` ...), used by the benchmark to run the op.
-        impl: how ``mla_lab/measure/experiments/layer_calibration.py`` measures the op (None: modelled only, never measured).
-        dtype: compute dtype of the op (``bf16``/``fp8``).
-    """
+    """One op of a layer (or of the step) on one rank: ``name``, ``op_class`` (:data:`OP_CLASSES`, ``attn_<op>``
+    or :data:`COMM_CLASSES`), ``flops``, ``weight_bytes`` / ``act_bytes`` (read plus written), ``comm_bytes`` (the
+    message each rank holds before a collective), ``dims`` (the per-rank shape the benchmark runs), ``impl`` (how
+    ``mla_lab/measure/experiments/layer_calibration.py`` measures it; None: modelled only), ``dtype``."""
 
     name: str
     op_class: str
@@ -197,14 +117,10 @@ def _comm(name, cls, nbytes) -> LayerOp:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What a step's shape means for the attention and the indexer.
-
-    Attributes:
-        num_tokens: T. sum_topk: sparse-attention keys summed over the step's tokens (FlashMLA ``topk_length``).
-        sum_visible: keys visible to the indexer summed over tokens (token at position p sees ``min(p+1, context)``).
-        keys_read: indexer keys read, one pass per chunk over its ``start + n`` visible keys (capped by context).
-        num_seqs: chunks (requests) in the step: the LM head rows.
-    """
+    """What a step's shape means for the attention and the indexer: ``num_tokens`` T, ``sum_topk`` (sparse keys
+    over the tokens, FlashMLA ``topk_length``), ``sum_visible`` (indexer keys: position p sees ``min(p+1,
+    context)``), ``keys_read`` (one indexer pass per chunk over its ``start + n`` keys), ``num_seqs`` (chunks: the
+    LM head rows)."""
 
     num_tokens: int
     sum_topk: int
@@ -265,33 +181,22 @@ def layer_ops(
     indexer_dtype: str = "bf16",
     with_indexer: bool = True,
 ) -> list[LayerOp]:
-    """Every op of one decoder layer on one rank for one step (table in the module docstring).
+    """Every op of one decoder layer on one rank for one step (module docstring).
 
     Args:
-        rank: what one TP rank holds (:class:`~mla_lab.rank.RankView`: ``Deployment.rank``, or
-            :meth:`Deployment.rank_of <mla_lab.deployment.Deployment.rank_of>` for a caller without a workload).
-            The model, ``tp``, the GPU (its padding rule: ``padded_num_heads``), ``kv_cache_dtype`` (padding rule,
-            KV-cache write bytes), ``weight_dtype`` (``bf16`` 2 B or ``fp8`` 1 B at the fp8 GEMM rate for the
-            quantized linears), ``moe_parallel`` and ``ep_size`` (``ep``: ``ep_size`` ranks hold whole experts,
-            ``tp`` by default; another size: :meth:`RankView.with_ep_size <mla_lab.rank.RankView.with_ep_size>`)
-            are read from it and checked at its door, not here.
-        strategy: a :class:`~mla_lab.placement.Strategy` (or a canonical name; presets and aliases are read at the
-            door, :func:`mla_lab.placement.expand`); its attention path: :func:`attention_path_ops`.
-        step: a :class:`~mla_lab.workload.Step` or a token count (see :func:`step_stats`).
+        rank: what one TP rank holds (dtypes, MoE layout, ``ep_size``: :meth:`~mla_lab.rank.RankView.with_ep_size`).
+        strategy: a :class:`~mla_lab.placement.Strategy` or canonical name; its path: :func:`attention_path_ops`.
+        step: a :class:`~mla_lab.workload.Step` or a token count (:func:`step_stats`); causal, context: as there.
         layer_kind: ``moe`` or ``dense`` (the first ``first_k_dense_replace`` layers).
         ep_comm: ``all_reduce`` (vLLM TP+EP, DP=1) or ``all_to_all`` (under ``moe_parallel="ep"``).
-        out_slice_copy: keep the ``out_slice`` op (a ``.contiguous()`` copy of ``out[:, :H]``). Default
-            False: vLLM hands the ``[:, :H]`` view to the W_UV bmm, and on the H200 ``torch.bmm`` read that strided
-            view with the same cuBLAS kernel, no extra allocation and the same time as a contiguous input
-            (``data/measured/h200/layer_extras.csv``, experiment ``w_uv_slice``; docs/ttft-model.md).
-        causal, context: as :func:`step_stats`.
-        indexer_dtype: ``bf16`` or ``fp8`` q/k of the indexer logits (fp8 at 2x the bf16 rate, 1 B per value).
-        with_indexer: the layer runs its own DSA indexer (``idx_*`` ops); False for the layers of an IndexShare
-            model that reuse another layer's top-k (:attr:`mla_lab.models.ModelConfig.indexer_layers`).
+        out_slice_copy: keep the ``out_slice`` copy of ``out[:, :H]``; default False: vLLM hands the view to the
+            W_UV bmm, which reads it at the same time (``data/measured/h200/layer_extras.csv``, ``w_uv_slice``).
+        indexer_dtype: ``bf16`` or ``fp8`` indexer q/k (fp8: 2x rate, 1 B per value).
+        with_indexer: False for IndexShare layers reusing another layer's top-k
+            (:attr:`mla_lab.models.ModelConfig.indexer_layers`).
 
     Raises:
-        ValueError: ``strategy``, ``step``, ``context`` or an option outside its allowed values (the message names
-            it, its value and what is allowed).
+        ValueError: ``strategy``, ``step``, ``context`` or an option outside its allowed values (one line).
     """
     strategy = as_strategy(strategy)
     _check_options(ep_comm, indexer_dtype, layer_kind)
@@ -302,17 +207,13 @@ def layer_ops(
 def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind: str = "moe", *,
                ep_comm: str = "all_reduce", out_slice_copy: bool = False, causal: bool = True,
                context: int | None = None, indexer_dtype: str = "bf16", with_indexer: bool = True) -> list[LayerOp]:
-    """:func:`layer_ops` below its checks: the options already checked (:func:`_check_options`), ``strategy`` a
-    Strategy."""
-    model, tp, H, ep = rank.model, rank.tp, rank.num_heads, rank.ep_size
-    weight_dtype, moe_parallel, kvd = rank.weight_dtype, rank.moe_parallel, rank.kv_cache_dtype
+    """:func:`layer_ops` below its checks (options checked, ``strategy`` a Strategy)."""
+    model, tp, H = rank.model, rank.tp, rank.num_heads
     ss = step_stats(model, step, causal, context)
     T = ss.num_tokens
-    wb = WEIGHT_DTYPES[weight_dtype]
-    wd = weight_dtype
+    wb, wd = WEIGHT_DTYPES[rank.weight_dtype], rank.weight_dtype
     h, qr, kr = model.hidden_size, model.q_lora_rank, model.kv_lora_rank
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
-    nih, dih = model.index_n_heads, model.index_head_dim
     ops: list[LayerOp] = [
         _norm("input_norm", T, h, True),
         _gemm("q_a_proj", T, h, qr, wb, wd),
@@ -322,27 +223,13 @@ def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind:
         _norm("kv_a_norm", T, kr, False),
         LayerOp("rope_cache", "elementwise",
                 act_bytes=(2 * T * H * dr + T * (kr + dr)) * BF16
-                + T * model.kv_cache_bytes_per_token_layer(kvd, include_indexer=False),
+                + T * model.kv_cache_bytes_per_token_layer(rank.kv_cache_dtype, include_indexer=False),
                 dims={"T": T, "H": H}, impl=None),
         LayerOp("w_uk_bmm", "bmm", flops=2.0 * H * T * dn * kr, weight_bytes=H * dn * kr * BF16,
                 act_bytes=(T * H * dn + T * H * kr) * BF16, dims={"B": H, "M": T, "K": dn, "N": kr}, impl="bmm_uk"),
     ]
     if with_indexer:
-        ib = BF16 if indexer_dtype == "bf16" else 1
-        ops += [
-            _gemm("idx_wq_b", T, qr, nih * dih, wb, wd),
-            _gemm("idx_wk", T, h, dih, wb, wd),
-            _gemm("idx_weights_proj", T, h, nih, BF16, "bf16"),
-            LayerOp("idx_prep", "elementwise",
-                    act_bytes=T * nih * dih * (BF16 + 1) + T * dih * (BF16 + 1)
-                    + T * (dih + FP32 * math.ceil(dih / 128)), dims={"T": T}, impl=None),
-            LayerOp("idx_logits", "indexer_logits", flops=2.0 * ss.sum_visible * nih * dih,
-                    act_bytes=T * nih * dih * ib + ss.keys_read * dih * ib + T * nih * FP32 + ss.sum_visible * FP32,
-                    dims={"T": T, "NH": nih, "D": dih, "sum_visible": ss.sum_visible, "keys": ss.keys_read},
-                    impl="mqa_logits", dtype=indexer_dtype),
-            LayerOp("idx_topk", "topk", act_bytes=ss.sum_visible * FP32 + T * model.topk * FP32,
-                    dims={"T": T, "keys": ss.keys_read, "k": model.topk}, impl="topk"),
-        ]
+        ops += _indexer_ops(model, ss, wb, wd, indexer_dtype)
     ops += [op for op in _attention_path_ops(rank, strategy, T, ss.sum_topk, step)
             if op.name != "out_slice" or out_slice_copy]  # the rank's heads, T and sum_topk: nothing re-checked
     ops += [
@@ -357,16 +244,41 @@ def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind:
         i_loc = model.intermediate_size // tp
         ops += [_gemm("mlp_gate_up", T, h, 2 * i_loc, wb, wd), _silu_mul("mlp_act", T, i_loc),
                 _gemm("mlp_down", T, i_loc, h, wb, wd)]
-        if tp > 1:
-            ops.append(_comm("mlp_allreduce", "allreduce", T * h * BF16))
-        return ops
+        return ops + ([_comm("mlp_allreduce", "allreduce", T * h * BF16)] if tp > 1 else [])
+    return ops + _moe_ops(rank, T, ep_comm)
+
+
+def _indexer_ops(model: ModelConfig, ss: StepStats, wb: int, wd: str, indexer_dtype: str) -> list[LayerOp]:
+    """The DSA indexer's ops: wq_b, wk, weights_proj, k prep (norm, rope, fp8 quant, cache write), logits, top-k."""
+    T, nih, dih, qr, h = ss.num_tokens, model.index_n_heads, model.index_head_dim, model.q_lora_rank, model.hidden_size
+    ib = BF16 if indexer_dtype == "bf16" else 1
+    return [
+        _gemm("idx_wq_b", T, qr, nih * dih, wb, wd),
+        _gemm("idx_wk", T, h, dih, wb, wd),
+        _gemm("idx_weights_proj", T, h, nih, BF16, "bf16"),
+        LayerOp("idx_prep", "elementwise",
+                act_bytes=T * nih * dih * (BF16 + 1) + T * dih * (BF16 + 1)
+                + T * (dih + FP32 * math.ceil(dih / 128)), dims={"T": T}, impl=None),
+        LayerOp("idx_logits", "indexer_logits", flops=2.0 * ss.sum_visible * nih * dih,
+                act_bytes=T * nih * dih * ib + ss.keys_read * dih * ib + T * nih * FP32 + ss.sum_visible * FP32,
+                dims={"T": T, "NH": nih, "D": dih, "sum_visible": ss.sum_visible, "keys": ss.keys_read},
+                impl="mqa_logits", dtype=indexer_dtype),
+        LayerOp("idx_topk", "topk", act_bytes=ss.sum_visible * FP32 + T * model.topk * FP32,
+                dims={"T": T, "keys": ss.keys_read, "k": model.topk}, impl="topk"),
+    ]
+
+
+def _moe_ops(rank: RankView, T: int, ep_comm: str) -> list[LayerOp]:
+    """A MoE layer's router, routed experts (balanced routing; the weights of the experts hit at least once under
+    uniform routing), shared experts and the MoE all-reduce (or EP all-to-all)."""
+    model, tp, ep = rank.model, rank.tp, rank.ep_size
+    wb, wd, h = WEIGHT_DTYPES[rank.weight_dtype], rank.weight_dtype, model.hidden_size
     E, k, im = model.n_routed_experts, model.num_experts_per_tok, model.moe_intermediate_size
-    if moe_parallel == "tp":
+    if rank.moe_parallel == "tp":
         e_loc, i_loc, pairs = E, im // tp, T * k
     else:
         e_loc, i_loc, pairs = E // ep, im, T * k / ep
-    m_e = pairs / e_loc  # balanced routing: tokens per local expert
-    # weights of the local experts that receive at least one token (uniform random routing, expectation)
+    m_e = pairs / e_loc
     touched = e_loc * (1.0 - (1.0 - 1.0 / E) ** (T * k)) if T else 0.0
     mcls = "moe_gemm_fp8" if wd == "fp8" else "moe_gemm"
 
@@ -377,7 +289,7 @@ def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind:
                        impl="moe_bmm", dtype=wd)
 
     ns_i = model.n_shared_experts * im // tp
-    ops += [
+    ops = [
         _gemm("router", T, h, E, BF16, "bf16"),
         LayerOp("router_topk", "elementwise", act_bytes=T * E * FP32 + T * k * (FP32 + 4), dims={"T": T}, impl=None),
         moe_gemm("moe_gate_up", h, 2 * i_loc),
@@ -390,7 +302,7 @@ def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind:
     if ns_i:
         ops += [_gemm("shared_gate_up", T, h, 2 * ns_i, wb, wd), _silu_mul("shared_act", T, ns_i),
                 _gemm("shared_down", T, ns_i, h, wb, wd)]
-    if moe_parallel == "ep" and ep_comm == "all_to_all" and ep > 1:
+    if rank.moe_parallel == "ep" and ep_comm == "all_to_all" and ep > 1:
         share = T / ep * k * h * BF16
         ops += [_comm("moe_dispatch", "all_to_all", share), _comm("moe_combine_a2a", "all_to_all", share),
                 _comm("moe_allgather", "allgather", T * h * BF16)]
@@ -399,6 +311,7 @@ def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind:
     elif tp > 1:
         ops.append(_comm("moe_allreduce", "allreduce", T * h * BF16))
     return ops
+
 
 def step_ops(rank: RankView, strategy: Strategy | str, step: Step | int, **kw) -> list[tuple[LayerOp, int]]:
     """All ops of one engine step on one rank as ``(op, count)``: each kind of layer (dense for the first
@@ -483,23 +396,16 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
                        sum_topk: int | None = None) -> list[LayerOp]:
     """The attention-path ops of one layer, one rank, one step, for ``strategy`` (absent ops omitted).
 
-    ``concat`` (all; with the padded heads' zeros for ``zero_per_call``), ``pad`` (``per_call_zeros``: zero fill
-    + copy), ``pad_copy`` (``per_call_empty``: copy into a ``new_empty`` tensor), ``kernel`` (its ``dims`` carry
-    ``content``: what the padded heads hold, priced by :mod:`mla_lab.model.content`), ``out_slice`` (a
-    ``.contiguous()`` of ``out[:, :H]``; the layer keeps it only with ``out_slice_copy``), and for
-    ``subchunk:<S>`` ``chunk_out`` (each chunk's ``out[:, :H]`` copied into the step's output; not with
-    ``:views`` / ``:graph2``) and ``chunk_overhead`` (a fixed cost per chunk after the first, ``dims["chunks"]``;
-    with ``:views`` also one consumer launch per extra chunk, ``dims["consumer_launches"]``; with ``:graph2``
-    ``dims["graphed"] = 1``: the loop replays as one CUDA graph, so the eager per-chunk fit does not apply and
-    the graphed fit prices it, no consumer launch is charged (launches are in the graph: an assumption, the
-    consumer was not in the measured loop)).
+    ``concat`` (with the padded heads' zeros for ``zero_per_call``), ``pad`` (``per_call_zeros``), ``pad_copy``
+    (``per_call_empty``), ``kernel`` (``dims["content"]``: what the padded heads hold, :mod:`mla_lab.model.content`),
+    ``out_slice`` (kept by the layer only with ``out_slice_copy``), and for ``subchunk:<S>`` ``chunk_out`` (not with
+    ``:views`` / ``:graph2``) and ``chunk_overhead`` (``dims``: ``chunks`` after the first, ``consumer_launches``
+    with ``:views``, ``graphed`` with ``:graph2``, whose consumer launches are assumed inside the graph).
 
     Args:
-        rank: a :class:`~mla_lab.rank.RankView`: ``H`` = its ``num_heads``, ``H'`` its ``padded_num_heads`` (vLLM's
-            padding rule for its GPU and ``kv_cache_dtype``).
-        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (:func:`mla_lab.placement.as_strategy`).
-        num_tokens: T of the step; sum_topk: keys attended summed over the step's tokens (default
-            ``T * index_topk``: full topk).
+        rank: ``H`` = its ``num_heads``, ``H'`` its ``padded_num_heads``.
+        strategy: a :class:`~mla_lab.placement.Strategy` or canonical name.
+        num_tokens: T; sum_topk: keys attended summed over the tokens (default ``T * index_topk``).
 
     Raises:
         ValueError: unknown strategy; negative token counts; ``sum_topk > T * index_topk``.

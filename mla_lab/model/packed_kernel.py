@@ -1,69 +1,28 @@
-"""The packed sparse-MLA prefill (strategy ``packed``) priced by union size: a fit on the H200 kernel rows, the union
-sizes a step has, and the dispatch between packing and the fallback path.
+"""The packed sparse-MLA prefill (strategy ``packed``) priced by union size (docs/packed.md, "Pricing"): a fit on the
+H200 kernel rows, the union sizes a step has, and the dispatch between packing and the fallback path.
 
-**The kernel** (:mod:`mla_lab.kernels.packed`): ``g = tile_rows / H`` consecutive tokens x ``H`` real heads fill one
-FlashMLA tile (64 rows on sm90: g = 8 at 8 heads); per group the union of the g tokens' top-k sets is built once
-(:mod:`mla_lab.kernels.union`), the keys every token selects ("shared", S per group) go through FlashMLA unmasked and
-the rest (R = U - S) through the lab's Triton masked kernel.
+**The fit** (:func:`fit_packed`): numpy least squares on relative errors over the per-shape medians (median over
+processes of each process's median) of :data:`ROWS_CSV`, four blocks in ns (:data:`TERMS`, :data:`BLOCKS`); a
+key-tile is one key of one 64-row tile. ``data/calibration/h200_packed.csv`` (:func:`write_packed_csv`) holds the
+coefficients, their rows' file and commit, and each shape's in-sample and leave-one-shape-out error; without it,
+:data:`HAND_FIT` (in-sample) prices and says so. 16 and 32 heads (g = 4, 2) reuse the 8-head per-tile
+coefficients: an extrapolation.
 
-**The fit** (:func:`fit_packed`, numpy least squares on the per-shape medians of
-``data/measured/h200/between_process/packed_kernels.csv``: median over processes of each process's median, T 16384,
-H 8, topk 2048), the terms of :class:`mla_lab.kernels.packed.PackedCost`, in ns:
+**The union a step has** (:func:`step_union`): chunks ``(req, start, n)`` laid out one after another, cut into
+groups of g tokens; token ``p`` selects ``min(p + 1, topk)`` keys. Below the top-k exact (a one-prompt group has
+``S = first + 1``, ``U = last + 1``); past it an ASSUMED pairwise overlap ``o`` (the common-core model of
+:mod:`mla_lab.kernels.index_sets`, ``c = last + 1`` keys visible): core ``m = topk (o c - topk) / (c - 2 topk +
+o topk)``, ``p = (topk - m) / (c - m)``, ``U = m + (c - m)(1 - (1 - p)^n)``, ``S = m + (c - m) p^n``; ``o`` below
+``topk / c`` is raised to it (default :data:`PACKED_OVERLAP_DEFAULT`); a group crossing a prompt boundary has
+``S = 0`` and ``U`` = the sum of its segments' unions.
 
-- hybrid packed kernel (``packed_kernel`` rows: FlashMLA over the shared keys, the Triton masked kernel over the
-  rest) = ``flash_tile x sum(S) + rest_tile x sum(R) + rest_group x #groups with rest keys`` (a key-tile = one key of
-  one 64-row tile: one gathered 576-wide row, 64 x (576 + 512) MACs);
-- Triton-only packed kernel (``packed_triton`` rows: the masked kernel over the whole union) = ``triton_tile x sum(U)
-  + triton_group x #groups``;
-- union build (``union_build`` rows, the builder the experiment ran: the CUDA shared-memory one where it compiled)
-  = ``build_read x T x topk + build_entry x sum(topk_length) + build_key x sum(U)``: every ``[T, topk]`` entry read,
-  one membership update per valid entry, the lists written per union key;
-- padded FlashMLA (``flashmla_ts_pad64_zeros`` rows, zero padded heads: the dispatch's own yardstick; files
-  without them: ``flashmla_ts_pad64``; the same FlashMLA build the packed kernel calls) = ``padded_tile x
-  sum(topk_length) + padded_token x T``.
+**The dispatch** (:func:`packed_plan`, :func:`mla_lab.kernels.packed.choose_path`'s rule): pack where the faster
+packed kernel + build is below :data:`DISPATCH_MARGIN` x padded FlashMLA, else price vLLM 0.33.0's FA3 sparse
+(the fallback). Another tile (``prefill_padding`` 128 on sm100: g = 16 at 8 heads) scales the per-64-row-tile
+coefficients by ``tile_rows / 64`` and :func:`mla_lab.model.timing.kernel_rate_tflops` (modelled, not measured).
 
-Each block is fitted by least squares on relative errors (each shape's row divided by its measured time: the shapes
-span 0.5 to 25 ms, and an unweighted fit leaves the small ones, the seed among them, 40 % off). The rows are at H = 8
-(g = 8); 16 and 32 heads per rank (g = 4, 2) are priced with the same per-64-row-tile
-coefficients (an extrapolation: not measured). The path's time per layer call is the faster packed kernel (hybrid or
-Triton only, as :func:`mla_lab.kernels.packed.choose_path` picks) + union build; the ``packed`` rows (build and kernel in one graph)
-are not fitted and are reported as a check. The rows' ``U`` / ``S`` are the mean union / shared size per group over
-topk; every group of a shape with ``U > S`` is counted as having rest keys (true of the measured shapes: the seed's
-groups each hold g - 1 rest keys, the overlap and context shapes' groups hundreds). ``data/calibration/h200_packed.csv``
-(:func:`write_packed_csv`) holds the coefficients, their source file and commit, and each shape's in-sample and
-leave-one-shape-out error. Without that file the cost model uses the dispatch's own fit
-(:data:`HAND_FIT`, :data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease, in-sample) and says so.
-
-**The union a step has** (:func:`step_union`): the step's chunks ``(req, start, n)`` laid out one after another, cut
-into groups of g consecutive tokens. Token ``p`` (0-based position) of a prompt selects ``min(p + 1, topk)`` keys.
-
-- positions ``< topk`` (causal, exact: the indexer selects the whole prefix): a group of one prompt has ``S = first
-  + 1`` (the first token's prefix) and ``U = last + 1`` (the last token's prefix) (:func:`causal_group_union`);
-- past the top-k an ASSUMED pairwise overlap ``o`` of neighbouring tokens' sets (the common-core model of
-  :mod:`mla_lab.kernels.index_sets`, with ``c = last + 1`` keys visible): core ``m = topk (o c - topk) / (c - 2 topk
-  + o topk)`` (the model's ``E|A n B| = o topk`` solved for m), ``p = (topk - m) / (c - m)``, ``U = m + (c - m)(1 -
-  (1 - p)^n)``, ``S = m + (c - m) p^n`` for n present tokens; ``o`` below the random baseline ``topk / c`` is
-  raised to it. Default :data:`PACKED_OVERLAP_DEFAULT` (0.44: TensorRT-LLM tech blog 21, consecutive DeepSeek-V3.2
-  decode steps, layers 20-60; an assumption for neighbouring prefill tokens, ``data/overlap/published.json``);
-- a group crossing a prompt boundary: ``S = 0`` (no key is selected by tokens of two prompts), ``U`` = the sum of its
-  segments' unions.
-
-**The dispatch** (:func:`packed_plan`, the rule of :func:`mla_lab.kernels.packed.choose_path`): the step packs only
-where the fitted packed time (the faster mode + build) is below :data:`DISPATCH_MARGIN` x the fitted padded FlashMLA time;
-elsewhere it is priced on the fallback path, vLLM 0.33.0's FA3 sparse (the engine path with no padded workspace, the
-one ``packed``'s memory account holds), and the plan says so. Heads that cannot be packed (H not 8, 16 or 32) always
-take the fallback.
-
-**Blackwell** (sm100: a 128-row tile, g = 16 at 8 heads, ``packed_group_size(8, 128)``): modelled, no Blackwell
-measurement. The H200 coefficients per 64-row key-tile are scaled by ``tile_rows / 64`` (a 128-row tile does twice
-the MMA work per gathered key) and by the lab's Blackwell rule for FlashMLA (:func:`mla_lab.model.timing
-.kernel_rate_tflops`: the H200's calibrated kernel rate over FlashMLA's published B200 rate,
-:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`); the padded side by ``padded_num_heads / 64`` and the same rate.
-
-Constants: :data:`DISPATCH_MARGIN` and the tile rows are :mod:`mla_lab.kernels.packed`'s (FlashMLA sm90's 64-row
-tile, ``csrc/api/sparse_fwd.h``), :data:`PROGRAMS_PER_SM` the union builder's persistent grid
-(:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`), repeated here because importing the kernels loads torch
-(tests/test_packed_pricing.py checks they agree).
+:data:`DISPATCH_MARGIN` and :data:`PROGRAMS_PER_SM` repeat :mod:`mla_lab.kernels.packed` /
+:mod:`mla_lab.kernels.union` (importing them loads torch; tests/test_packed_pricing.py checks they agree).
 """
 
 from __future__ import annotations
@@ -76,19 +35,21 @@ from pathlib import Path
 
 import numpy as np
 
+from ..arch import GPUArch, get_arch
+from ..engines import BACKENDS
 from ..paths import REPO_ROOT, calibration_dir
 from ..rank import RankView
 from ..union_layout import union_buffer_bytes
 from ..workload import Step, schedule, sum_topk_lengths
-from .decode_kernels import NUM_SMS
 
 __all__ = ["ROWS_CSV", "PACKED_CSV", "PACKED_OVERLAP_DEFAULT", "PACKED_OVERLAP_SOURCE", "DISPATCH_MARGIN", "PackedFit",
            "HAND_FIT", "fit_packed", "write_packed_csv", "read_packed_csv", "load_packed_fit", "causal_group_union",
            "step_union", "UnionStats", "packed_plan", "PackedPlan", "packed_union_bytes", "union_key_space",
-           "packed_group_size", "tile_rows_of", "packed_strategy", "packed_summary", "main"]
+           "packed_group_size", "packed_strategy", "packed_summary", "main"]
 
-#: The measured rows the fit reads (``mla-lab measure --experiments packed_kernels``).
-ROWS_CSV = "data/measured/h200/between_process/packed_kernels.csv"
+#: The GPU the fit's rows ran on, and the rows (``mla-lab measure --experiments packed_kernels``).
+FIT_GPU = "h200"
+ROWS_CSV = f"data/measured/{FIT_GPU}/between_process/packed_kernels.csv"
 #: The calibration file :func:`write_packed_csv` writes (``data/calibration``).
 PACKED_CSV = "h200_packed.csv"
 #: The assumed pairwise overlap of neighbouring tokens' top-k sets past the top-k (strategy ``packed``).
@@ -102,8 +63,8 @@ PACKED_LABEL_SHORT = "packed (mla_lab kernel)"
 DISPATCH_MARGIN = 0.98
 #: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
 PROGRAMS_PER_SM = 2
-#: The measured shapes' geometry (mla_lab.measure.experiments.packed_kernels: T_TOKENS, HEADS, TOPK, the seed's
-#: 1024-token causal prompts) and its tokens per group there (g = 64 / 8).
+#: The measured shapes' seed prompts (causal, 1024 tokens) and tokens per group (8 heads, 64-row tile: g = 8;
+#: mla_lab.measure.experiments.packed_kernels).
 SEED_PROMPT_LEN = 1024
 MEASURED_G = 8
 #: Row kernels the fit reads.
@@ -118,9 +79,9 @@ TERMS = {"flash_tile": "hybrid: shared key-tiles", "rest_tile": "hybrid: rest ke
          "padded_token": "padded kernel: tokens"}
 
 
-def tile_rows_of(arch) -> int:
-    """FlashMLA's tile rows on ``arch``: 128 on Blackwell (sm100), 64 otherwise (sm90)."""
-    return 128 if arch.family == "blackwell" else 64
+def _fa3_runs(arch: GPUArch) -> bool:
+    """FA3 sparse (FLASH_ATTN_MLA_SPARSE) runs on ``arch`` (:data:`mla_lab.engines.BACKENDS`)."""
+    return arch.capability[0] in BACKENDS["FLASH_ATTN_MLA_SPARSE"][0]
 
 
 def packed_group_size(num_heads: int, tile_rows: int = 64) -> int | None:
@@ -167,10 +128,8 @@ class PackedFit:
         return self.padded_tile * sum_topk_length + self.padded_token * tokens
 
 
-#: The dispatch's fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample, its
-#: rows not committed; its build term per ``T x topk`` entry read, as its PackedCost prices it; no rest-group,
-#: valid-entry or union-key term): used only
-#: while data/calibration/h200_packed.csv is absent.
+#: The dispatch's fit (:data:`mla_lab.kernels.packed.H200_PACKED_COST`: one lease of 2026-12-04, in-sample, rows not
+#: committed; build term per ``T x topk`` entry read), used only while data/calibration/h200_packed.csv is absent.
 HAND_FIT = PackedFit(0.328, 0.738, 0.0, 0.687, 15.6, 0.0098, 0.0, 0.0, 0.213, 34.9,
                      source="the dispatch's fit of one H200 lease's rows (mla_lab.kernels.packed.H200_PACKED_COST; "
                             "in-sample, rows not committed)")
@@ -355,12 +314,9 @@ def _segment_union(first, last, n, topk, overlap):
 
 @dataclass(frozen=True)
 class UnionStats:
-    """One step's union sizes summed over its groups (key-tiles, :mod:`mla_lab.kernels.packed`'s units).
-
-    ``T`` tokens, ``groups`` (``ceil(T / g)``), ``shared`` (sum of S), ``rest`` (sum of U - S), ``groups_with_rest``,
-    ``entries`` (valid ``[T, topk]`` entries, ``sum(topk_length)``: the builder's atomics), ``read`` (``T x topk``),
-    ``sum_topk`` (``sum(topk_length)``: the padded kernel's
-    keys), ``g``, ``overlap`` (the assumption used past the top-k)."""
+    """One step's union sizes summed over its groups, in key-tiles (:mod:`mla_lab.kernels.packed`'s units): ``T``
+    tokens, ``groups`` ``ceil(T / g)``, ``shared`` sum of S, ``rest`` sum of U - S, ``groups_with_rest``,
+    ``entries`` and ``sum_topk`` ``sum(topk_length)``, ``read`` ``T x topk``, ``g``, ``overlap`` (assumed)."""
 
     T: int
     groups: int
@@ -424,9 +380,8 @@ def _step_chunks(step: Step | int) -> list:
 @dataclass(frozen=True)
 class PackedPlan:
     """What a step runs under ``packed``: ``path`` ``packed`` or ``fallback`` (vLLM 0.33.0's FA3 sparse), ``mode``
-    (the packed kernel the dispatch would pick: ``hybrid`` or ``triton``; None where the heads cannot be packed), the
-    predicted ms per layer call at H200 rates (``packed_ms``: that kernel + the union build; ``padded_ms``: padded
-    FlashMLA, the dispatch's yardstick), the union sizes, the tile rows, ``reason`` and the fit's ``source``."""
+    (``hybrid`` / ``triton``; None where the heads cannot be packed), ``packed_ms`` (kernel + union build) and
+    ``padded_ms`` (the yardstick) per layer call at H200 rates, ``stats``, ``tile_rows``, ``reason``, ``source``."""
 
     path: str
     mode: str | None
@@ -462,7 +417,7 @@ def _plan_cached(rank: RankView, chunks: tuple, o: float) -> PackedPlan:
 
 
 def _plan(rank: RankView, chunks: tuple, o: float, fit: PackedFit) -> PackedPlan:
-    rows = tile_rows_of(rank.arch)
+    rows = rank.arch.prefill_padding
     g = packed_group_size(rank.num_heads, rows)
     if g is None:
         return PackedPlan("fallback", None, None, None, None, rows, f"{rank.num_heads} heads per rank cannot be "
@@ -493,30 +448,26 @@ def packed_strategy(overlap: float | None) -> str:
 
 #: What :func:`packed_summary` names as the fallback and decode kernel on sm100, where FA3 sparse (a Hopper kernel)
 #: does not run: vLLM 0.33.0's real-head sparse backend there (FLASH_ATTN_MLA_SPARSE_FA4 with a bf16 KV cache,
-#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/versions.py), priced with FA3 sparse's model.
+#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/presets/vllm_0_33_0.py), priced with FA3 sparse's model.
 SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer sparse, priced with FA3 sparse's model"
 
 
-#: The tokens per tile the packed_kernels rows were measured at (8 heads per rank, a 64-row tile: docs/packed.md).
-MEASURED_GROUP = 8
-
-
 def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
-    """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing of ``rank`` (the label's "8 tokens x 8
-    heads" is the measured case only), whether its kernel time is measured or extrapolated, and the real-head kernel
-    of the fallback and decode (FA3 sparse is a Hopper kernel: on sm100 vLLM 0.33.0's own, priced with FA3 sparse's
-    model, as fa4_sparse / flashinfer_sparse are: mla_lab/engines/versions.py)."""
-    rows = tile_rows_of(rank.arch)
+    """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing, whether the kernel time is measured or
+    extrapolated, and the real-head kernel of the fallback and decode (FA3 sparse where it runs, else
+    :data:`SM100_REAL_HEAD`)."""
+    arch, rows = rank.arch, rank.arch.prefill_padding
     g = packed_group_size(rank.num_heads, rows)
     tile = (f"{g} tokens x {rank.num_heads} heads per {rows}-row tile" if g else
             f"{rank.num_heads} heads per rank: not packed")
-    real = SM100_REAL_HEAD if rank.arch.family == "blackwell" else "FA3 sparse"
+    real = "FA3 sparse" if _fa3_runs(arch) else SM100_REAL_HEAD
     if g is None:
         return tile, "the packed kernel unused (every step on the fallback), modelled step", real
-    if rank.arch.family == "blackwell":
-        return tile, ("modelled (no Blackwell measurement): the H200 fit at a 128-row tile scaled by the lab's "
-                      "Blackwell rule"), real
-    if g != MEASURED_GROUP:
+    if arch.sm != get_arch(FIT_GPU).sm:
+        fam = arch.family.capitalize()
+        return tile, (f"modelled (no {fam} measurement): the {FIT_GPU.upper()} fit at a {rows}-row tile scaled by "
+                      f"the lab's {fam} rule"), real
+    if g != MEASURED_G:
         return tile, (f"modelled kernel (the 8-head rows' per-tile fit applied at g = {g}, an extrapolation: nothing "
                       f"measured at {rank.num_heads} heads per rank; {source}), modelled step"), real
     return tile, f"measured kernel ({source}), modelled step", real
@@ -539,7 +490,7 @@ def packed_summary(deployment, strategy: str = "packed") -> dict:
             f"{len(plans) - len(fb)} of {len(plans)} prefill steps packed"
             + (f", {len(fb)} priced on the fallback ({real}): {fb[0].reason}" if fb else "")
             + f"; decode per token: {real}; prefill always sparse (no dense-MHA route)")
-    if arch.family == "blackwell":
+    if not _fa3_runs(arch):
         line = line.replace("fallback to FA3 sparse:", "fallback:")
     return {"strategy": strategy, "overlap": o, "overlap_assumed": True, "overlap_source": PACKED_OVERLAP_SOURCE,
             "steps": len(plans), "steps_packed": len(plans) - len(fb), "steps_fallback": len(fb),
@@ -566,13 +517,13 @@ CUDA_BUILDER_GROUPS = (1, 2, 4, 8)
 def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
     """The union builder's buffers at ``max_num_batched_tokens`` (:func:`mla_lab.union_layout.union_buffer_bytes`):
     the outputs, plus the Triton builder's global scratch (``num_programs`` = :data:`PROGRAMS_PER_SM` x the GPU's
-    SMs, :data:`mla_lab.model.decode_kernels.NUM_SMS`, over :func:`union_key_space` keys) only where it is the
+    SMs, :attr:`mla_lab.arch.GPUArch.sm_count`, over :func:`union_key_space` keys) only where it is the
     builder that runs (g = 16: Blackwell at 8 heads); the CUDA builder the measured rows ran (g <= 8) keeps its table
     in shared memory. 0 where the heads cannot be packed."""
-    g = packed_group_size(rank.num_heads, tile_rows_of(rank.arch))
+    g = packed_group_size(rank.num_heads, rank.arch.prefill_padding)
     if g is None:
         return 0
-    progs = PROGRAMS_PER_SM * NUM_SMS[rank.arch.name]
+    progs = PROGRAMS_PER_SM * rank.arch.sm_count
     b = union_buffer_bytes(rank.max_num_batched_tokens, rank.model.topk, g, union_key_space(rank, prompt_len), progs)
     return b["outputs"] if g in CUDA_BUILDER_GROUPS else b["total"]
 

@@ -15,7 +15,6 @@ from dataclasses import replace
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
 from ..deployment import Deployment
-from ..placement import Strategy
 from ..rank import RankView
 from ..routes import ROUTES
 from ..workload import Step
@@ -29,12 +28,10 @@ from .routes import (
     prompt_len_step,
     route_layer_ops,
     route_rows,
-    route_step_ops,
 )
 from .timing import apply_step_content, op_time_ms
 
-__all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "route_step_time_ms", "attention_by_prompt_len",
-           "crossover_prompt_len", "validate_routes", "mha_pricing_source"]
+__all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "crossover_prompt_len", "validate_routes", "mha_pricing_source"]
 
 
 def mha_pricing_source(calibration: Calibration | None = None) -> str:
@@ -97,46 +94,6 @@ def route_layer_time_ms(rank: RankView, route: str, step: Step | int, strategy: 
     out["attention"] = sum(v for k, v in out.items() if k in att)
     out["comm"] = comm
     out["total"] = sum(v for k, v in out.items() if k not in ("attention", "comm"))
-    return out
-
-
-def route_step_time_ms(rank: RankView, route: str, step: Step | int, strategy: Strategy | str = "private_workspace",
-                       calibration: Calibration | None = None, kernel_fit: PaddedKernelFit | None = None,
-                       kernel_model: str = "roofline", **kw) -> dict:
-    """Modelled ms of one engine step on ``route`` (:func:`mla_lab.model.routes.route_step_ops`): ``total``,
-    ``attention`` (summed over layers) and ``mha_pricing``. ``rank`` and the keyword arguments as
-    :func:`mla_lab.model.ops.layer_ops`."""
-    cal = resolve_calibration(calibration)
-    pairs = list(route_step_ops(rank, route, strategy, step, **kw))
-    by: dict = {}
-    arch, tp = rank.arch, rank.tp
-    for op, c in pairs:
-        by[op.name] = by.get(op.name, 0.0) + c * route_op_time_ms(op, arch, cal, tp, kernel_fit, kernel_model)
-    apply_step_content(by, [op for op, _ in pairs], cal)  # stale padded heads over the step
-    total = sum(by.values())
-    attn = sum(v for k, v in by.items() if k in ATTN_OPS + ROUTE_ATTN_OPS)
-    return {"total": total, "attention": attn, "mha_pricing": mha_pricing_source(cal)}
-
-
-def attention_by_prompt_len(rank: RankView, prompt_lens, strategy: str = "private_workspace",
-                            calibration: Calibration | None = None, kernel_fit: PaddedKernelFit | None = None,
-                            **kw) -> list[dict]:
-    """Per prompt length (:func:`prompt_len_step` at the rank's ``max_num_batched_tokens``), the modelled attention
-    ms of one layer call on every route (``None`` where the route is not equivalent: ``mha-dense`` above ``topk``)
-    and the layer total per route. Keyword arguments as :func:`mla_lab.model.ops.layer_ops` (``ep_comm``,
-    ``indexer_dtype`` ...; the dtypes and the MoE layout are the rank's)."""
-    model = rank.model
-    out = []
-    for L in prompt_lens:
-        step = prompt_len_step(L, rank.max_num_batched_tokens)
-        row: dict = {"prompt_len": L, "num_tokens": step.num_tokens}
-        for r in ROUTES:
-            if r == "mha-dense" and L > model.topk:
-                row[f"{r}_attention_ms"] = row[f"{r}_layer_ms"] = None
-                continue
-            d = route_layer_time_ms(rank, r, step, strategy, calibration, kernel_fit, **kw)
-            row[f"{r}_attention_ms"], row[f"{r}_layer_ms"] = d["attention"], d["total"]
-        out.append(row)
     return out
 
 

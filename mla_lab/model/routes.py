@@ -1,57 +1,26 @@
-"""What each attention route (:mod:`mla_lab.routes`) costs per layer and per step on one rank (modelled numbers).
+"""What each attention route (:mod:`mla_lab.routes`) costs per layer and per step on one rank (modelled;
+docs/routes.md). Functions take the rank (:class:`~mla_lab.rank.RankView`) first, as :mod:`mla_lab.model.ops`.
 
-Per rank: ``H = num_attention_heads // tp`` real heads, ``H'`` the padded heads of FlashMLA, ``d_nope`` / ``d_rope``
-/ ``d_v`` the un-absorbed head dims (``qk_nope_head_dim`` / ``qk_rope_head_dim`` / ``v_head_dim``: GLM-5 192 / 64 /
-256, DeepSeek-V3.2 128 / 64 / 128, config.json), ``L = kv_lora_rank`` (512), bf16 = 2 B. For a step of chunks
-``(start, n)``: ``T = sum n`` query tokens, ``Tk = sum (start + n)`` keys up-projected, ``K_c = sum_p (p + 1)`` the
-causal keys (every earlier key), ``K_s = sum_p min(p + 1, topk)`` the sparse keys.
+Per rank ``H`` real heads, ``H'`` padded, ``d_nope`` / ``d_rope`` / ``d_v`` the un-absorbed head dims (config.json),
+``L = kv_lora_rank`` (512), bf16 2 B. A step of chunks ``(start, n)``: ``T = sum n`` queries, ``Tk = sum (start +
+n)`` keys up-projected, ``K_c = sum_p (p + 1)`` causal keys, ``K_s = sum_p min(p + 1, topk)`` sparse keys.
 
-(a) **Dense causal MHA** (``mha-dense``; op ``mha_attn``, class ``mha_attn``):
-    FLOPs ``2 * H * K_c * (d_qk + d_v)`` with ``d_qk = d_nope + d_rope`` (QK^T and PV over the causal half;
-    FlashAttention's own count); bytes ``T*H*d_qk*2`` (Q) + ``Tk*H*(d_qk + d_v)*2`` (K, V once from HBM; tile
-    re-reads hit L2) + ``T*H*d_v*2`` (O) + ``T*H*4`` (lse).
-(b) **Up-projection** ``kv_b_proj`` (class ``gemm``/``gemm_fp8``): ``[Tk, L] @ [L, H*(d_nope + d_v)]``, FLOPs
-    ``2*Tk*L*H*(d_nope + d_v)``, reads the latent ``Tk*L*2`` and the weights, writes ``Tk*H*(d_nope+d_v)*2``; then
-    ``k_concat`` (class ``elementwise``): ``k = cat(k_nope, k_pe broadcast)``, reads ``Tk*(H*d_nope + d_rope)*2``,
-    writes ``Tk*H*d_qk*2`` (vLLM ``forward_mha``; SGLang ``_forward_standard_mha``). The dense route removes the
-    absorbed ``w_uk_bmm`` / ``w_uv_bmm``, the sparse attention path and the indexer's logits and top-k (vLLM
-    #51298 skips the top-k for dense-MHA layers; SGLang PR #30258: "skipping the indexer GEMM + top-k"); the
-    indexer's projections and K-cache write stay (decode needs the cache).
-    **Extra transient memory** (:func:`mha_transient_bytes`): the up-projected ``kv`` ``Tk*H*(d_nope+d_v)*2`` and
-    ``k`` ``Tk*H*d_qk*2`` of the step, alive during the layer's attention. Not budgeted by vLLM's KV-cache sizing:
-    ``profile_run`` runs the model with ``attn_metadata=None``, so no attention route runs while profiling (the same
-    rule that leaves FlashMLA's padded output unbudgeted).
-(c) **Masked MHA** (``mha-masked``, vLLM #48770 / #53785, modelled and labelled so: no kernel for it was run):
-    the dense MHA's FLOPs and bytes over the causal keys (an element-wise ``mask_mod`` skips no causal tile: an
-    assumption) plus the mask, a ``[n, start + n]`` bit mask per chunk built from the top-k indices (#53785's 128
-    MiB workspace guard fits exactly one 32K x 32K pure prefill: 32768^2 bits), written once and read once
-    (op ``mask``, class ``elementwise``); the top-k stays (the mask needs it).
-(d) **FA3 sparse, real heads** (``fa3-sparse``; vLLM ``FLASH_ATTN_MLA_SPARSE``): real-head FLOPs
-    ``2 * K_s * H * (576 + 512)`` (reported), gathered KV ``K_s * 576 * 2`` B per step (each token's CTA gathers
-    its own top-k rows once and every real head reuses them: MQA; rows shared between tokens come from L2, so HBM
-    sees each KV row about once), real-head Q reads ``T*H*576*2`` and output writes ``T*H*(512*2 + 4)`` (out,
-    lse), no padded bytes. Time: FA3 with ``max_seqlen_q = 1`` puts one token's ``H`` heads in the M dimension of
-    a 64-row wgmma tile (tokens cannot share a tile: each has its own block table), so its per-key MMA issue is
-    the padded kernel's at ``H' = ceil(H/64)*64``, and its gather is the same per token as FlashMLA's 64-head CTA:
-    the model charges the padded kernel's per-key term (fitted below) and only the real heads' per-token bytes.
-    This is an assumption until a native-head kernel is measured; a kernel that packed several tokens' heads into
-    one tile would be faster (bounded below by the real-head FLOPs).
-(e) **Padded FlashMLA kernel roofline** (``sparse-mqa``; :class:`PaddedKernelFit`): time =
-    ``F' / (peak * eff_flops) + B_tok / (HBM * eff_bytes)`` with ``F' = 2*K_s*H'*(576+512)`` (every padded head's
-    MMAs) and ``B_tok = T*H'*(576*2 + 512*2 + 2*4)`` (padded Q read, padded out [T, H', 512] bf16, lse and
-    max_logits [T, H'] fp32 written). The gather bytes ``K_s*(H'/64)*576*2`` (one gather per 64-head CTA) are
-    proportional to ``F'`` in every shape FlashMLA accepts, so the per-key term covers MMAs and gathers together;
-    the fit cannot separate them. Fitted by least squares (relative error) on the committed H200 kernel rows
-    (:func:`padded_kernel_rows`): zero padded heads only (stale content is the content model's factor).
+(a) ``mha-dense`` (op and class ``mha_attn``): FLOPs ``2*H*K_c*(d_qk + d_v)``, ``d_qk = d_nope + d_rope``; bytes Q
+    ``T*H*d_qk*2`` + K, V once ``Tk*H*(d_qk + d_v)*2`` + O ``T*H*d_v*2`` + lse ``T*H*4``.
+(b) its up-projection ``kv_b_proj`` ``[Tk, L] @ [L, H*(d_nope + d_v)]`` and ``k_concat`` (``elementwise``; vLLM
+    ``forward_mha``); the dense route drops :data:`DROPPED_BY_DENSE` (vLLM #51298, SGLang #30258 skip the top-k);
+    the indexer projections and K-cache write stay. Its transient (:func:`mha_transient_bytes`) is not budgeted by
+    vLLM (``profile_run`` runs no attention).
+(c) ``mha-masked`` (vLLM #48770 / #53785; modelled, no kernel run): (a) over the causal keys (an assumption: the
+    mask skips no tile) plus op ``mask``, a ``[n, start + n]`` bit mask per chunk written and read once.
+(d) ``fa3-sparse`` (``FLASH_ATTN_MLA_SPARSE``): the padded kernel's per-key term (a token's heads fill one 64-row
+    wgmma tile) and the real heads' per-token bytes (``T*H*576*2`` Q, ``T*H*(512*2 + 4)`` out + lse).
+(e) ``sparse-mqa``, the padded FlashMLA roofline (:class:`PaddedKernelFit`): ``F' / (peak * eff_flops) + B_tok /
+    (HBM * eff_bytes)``, ``F' = 2*K_s*H'*(576+512)``, ``B_tok = T*H'*(576*2 + 512*2 + 2*4)``; least squares on
+    relative error over the committed H200 kernel rows with zero padded heads (:func:`padded_kernel_rows`).
 
-The functions take the rank (:class:`~mla_lab.rank.RankView`: ``H``, the weight dtype and the rest read from it,
-checked at its door) as their first argument, as :mod:`mla_lab.model.ops` does.
-
-Efficiencies come from the committed calibration (:mod:`mla_lab.model.calibration`): ``kv_b_proj`` / ``k_concat``
-/ ``mask`` as their classes; ``mha_attn`` by its own class when a calibration has one (fit it from measured rows
-with :func:`mla_lab.model.calibration.fit_calibration`), else the **assumption** that a FlashAttention-class dense
-kernel reaches the FlashMLA kernel's calibrated fraction of the bf16 peak, with the ``gemm`` class's byte
-efficiency and overhead (rows say which, :func:`mha_pricing_source`).
+``mha_attn`` takes its calibrated class when the calibration has one, else the assumption of the sparse kernel's
+calibrated fraction of peak with the ``gemm`` class's byte efficiency (rows say which: ``mha_pricing_source``).
 """
 
 from __future__ import annotations
@@ -89,7 +58,7 @@ __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops",
            "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "route_rows", "fit_route_classes",
            "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS", "route_layer_ops", "step_route",
            "route_step_ops", "prompt_len_step", "route_transient_bytes", "route_calibration_rows", "DROPPED_BY_DENSE",
-           "ROUTE_ATTN_OPS", "STEP_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
+           "ROUTE_ATTN_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
 
 BF16 = 2
 FP32 = 4
@@ -101,8 +70,6 @@ DROPPED_BY_DENSE = ("w_uk_bmm", "w_uv_bmm", "idx_logits", "idx_topk") + ATTN_OPS
 MHA_CLASS = "mha_attn"
 #: The dense routes' attention ops (beside :data:`mla_lab.model.ops.ATTN_OPS`).
 ROUTE_ATTN_OPS = ("kv_b_proj", "k_concat", "mha_attn", "mask")
-#: Ops :func:`mla_lab.model.ops.step_ops` adds once per step (not per layer).
-STEP_OPS = ("embedding", "final_norm", "lm_head", "embed_allreduce", "logits_gather")
 
 
 @dataclass(frozen=True)
@@ -239,46 +206,59 @@ class PaddedKernelFit:
         return nbytes / (get_arch(arch or self.arch).hbm_gbps * 1e9 * self.eff_bytes) * 1e3
 
 
+def _csv_rows(p: Path) -> list[dict]:
+    if not p.is_file():
+        return []
+    with open(p, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _content_rows(d: Path) -> list[dict]:
+    """``round2/content.csv`` zeros / alone rows: the median of the repeats per shape."""
+    groups: dict = {}
+    for r in _csv_rows(d / "round2" / "content.csv"):
+        if r.get("content") == "zeros" and r.get("mode") == "alone" and r.get("status") == "ok":
+            k = (int(r["T"]), int(r["H"]), int(r["Hp"]), int(r["sum_topk"]))
+            groups.setdefault(k, []).append(float(r["ms_median"]))
+    return [{"T": T, "H": H, "Hp": Hp, "sum_topk": S, "ms": sorted(v)[len(v) // 2], "source": "round2/content.csv"}
+            for (T, H, Hp, S), v in sorted(groups.items())]
+
+
+def _layer_ops_rows(d: Path) -> list[dict]:
+    out = []
+    for r in _csv_rows(d / "layer_ops.csv"):
+        if r.get("op") == "kernel" and r.get("status", "ok") == "ok":
+            dims = dict(x.split("=") for x in r["dims"].split(";"))
+            out.append({"T": int(dims["T"]), "H": int(dims["H"]), "Hp": int(dims["Hp"]),
+                        "sum_topk": int(dims["sum_topk"]), "ms": float(r["ms"]), "source": "layer_ops.csv"})
+    return out
+
+
+def _attention_path_rows(d: Path) -> list[dict]:
+    out = []
+    for r in _csv_rows(d / "attention_path.csv"):
+        if r.get("strategy") == "fused":
+            T = int(r["T"])
+            S = sum_topk_lengths(0, T, 2048) if r["topk_mode"] == "causal" else T * 2048
+            out.append({"T": T, "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]), "sum_topk": S,
+                        "ms": float(r["kernel_ms"]), "source": "attention_path.csv"})
+    return out
+
+
+def _reference_rows() -> list[dict]:
+    return [{"T": int(r["T"]), "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]),
+             "sum_topk": int(r["T"]) * int(r["topk"]), "ms": float(r["ms"]), "source": "h200_reference.csv"}
+            for r in _csv_rows(calibration_dir() / "h200_reference.csv") if r["op"] == "kernel"]
+
+
 def padded_kernel_rows(root: str | Path | None = None) -> list[dict]:
     """The committed H200 FlashMLA kernel rows with zero padded heads, as ``{T, H, Hp, sum_topk, ms, source}``:
     ``round2/content.csv`` (``content == zeros``, ``mode == alone``; median of the repeats per shape),
     ``layer_ops.csv`` (op ``kernel``), ``attention_path.csv`` (strategy ``fused``; causal = one prompt of T tokens)
-    and ``data/calibration/h200_reference.csv`` (op ``kernel``, full topk)."""
+    and, without ``root``, ``data/calibration/h200_reference.csv`` (op ``kernel``, full topk)."""
     d = Path(root) if root else calibration_measurements_dir("h200")  # calibration input, not the measured column
-    out: list[dict] = []
-    groups: dict = {}
-    p = d / "round2" / "content.csv"
-    if p.is_file():
-        for r in csv.DictReader(open(p, newline="")):
-            if r.get("content") == "zeros" and r.get("mode") == "alone" and r.get("status") == "ok":
-                k = (int(r["T"]), int(r["H"]), int(r["Hp"]), int(r["sum_topk"]))
-                groups.setdefault(k, []).append(float(r["ms_median"]))
-    for (T, H, Hp, S), v in sorted(groups.items()):
-        v = sorted(v)
-        out.append({"T": T, "H": H, "Hp": Hp, "sum_topk": S, "ms": v[len(v) // 2], "source": "round2/content.csv"})
-    p = d / "layer_ops.csv"
-    if p.is_file():
-        for r in csv.DictReader(open(p, newline="")):
-            if r.get("op") == "kernel" and r.get("status", "ok") == "ok":
-                dims = dict(x.split("=") for x in r["dims"].split(";"))
-                out.append({"T": int(dims["T"]), "H": int(dims["H"]), "Hp": int(dims["Hp"]),
-                            "sum_topk": int(dims["sum_topk"]), "ms": float(r["ms"]), "source": "layer_ops.csv"})
-    p = d / "attention_path.csv"
-    if p.is_file():
-        for r in csv.DictReader(open(p, newline="")):
-            if r.get("strategy") == "fused":
-                T = int(r["T"])
-                S = sum_topk_lengths(0, T, 2048) if r["topk_mode"] == "causal" else T * 2048
-                out.append({"T": T, "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]), "sum_topk": S,
-                            "ms": float(r["kernel_ms"]), "source": "attention_path.csv"})
-    p = calibration_dir() / "h200_reference.csv"
-    if p.is_file() and root is None:
-        for r in csv.DictReader(open(p, newline="")):
-            if r["op"] == "kernel":
-                T = int(r["T"])
-                out.append({"T": T, "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]),
-                            "sum_topk": T * int(r["topk"]), "ms": float(r["ms"]), "source": "h200_reference.csv"})
-    return out
+    return (_content_rows(d) + _layer_ops_rows(d) + _attention_path_rows(d)
+            + (_reference_rows() if root is None else []))
 
 
 def _lstsq2(rows, arch: GPUArch):
@@ -416,11 +396,9 @@ def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BAC
 
 def route_layer_ops(rank: RankView, route: str, step: Step | int, strategy: Strategy | str = "private_workspace",
                     **kw) -> list[LayerOp]:
-    """Every op of one layer on one rank for ``route``: :func:`mla_lab.model.ops.layer_ops` of ``strategy`` for
-    ``sparse-mqa``; of ``fa3_sparse`` for ``fa3-sparse`` (one ``kernel`` op: no concat, no padded tensor, no output
-    slice); for ``mha-dense`` / ``mha-masked`` the ops of :data:`DROPPED_BY_DENSE` replaced by the MHA ops
-    (``mha-masked`` keeps the indexer's top-k: its mask needs it). ``rank`` and the keyword arguments as
-    ``layer_ops`` (the options checked once here).
+    """Every op of one layer on one rank for ``route``: :func:`mla_lab.model.ops.layer_ops` of ``strategy``
+    (``sparse-mqa``) or of ``fa3_sparse`` (``fa3-sparse``); for the MHA routes :data:`DROPPED_BY_DENSE` replaced by
+    the MHA ops (``mha-masked`` keeps the indexer's top-k). Keyword arguments as ``layer_ops``, checked here.
 
     Raises:
         ValueError: unknown route; ``mha-dense`` where not equivalent; as ``layer_ops``.
@@ -494,10 +472,9 @@ def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Ste
 
 
 def route_transient_bytes(rank: RankView, route: str, step: Step | int) -> dict:
-    """Unbudgeted transient bytes of one layer call for the routes that need no padded-Q strategy: ``mha-dense`` /
-    ``mha-masked`` (:func:`mha_transient_bytes`, plus the mask for ``mha-masked``) and ``fa3-sparse`` (``out [T, H,
-    512]`` bf16 + lse ``[T, H]`` fp32: real heads only). ``sparse-mqa`` depends on the strategy
-    (:func:`mla_lab.buffers.memory_account`) and is refused here.
+    """Unbudgeted transient bytes of one layer call on ``mha-dense`` / ``mha-masked`` (:func:`mha_transient_bytes`,
+    plus the mask) or ``fa3-sparse`` (out + lse at the real heads); ``sparse-mqa`` depends on the strategy
+    (:func:`mla_lab.buffers.memory_account`).
 
     Raises:
         ValueError: ``sparse-mqa`` or an unknown route.
@@ -516,14 +493,10 @@ def route_transient_bytes(rank: RankView, route: str, step: Step | int) -> dict:
                      "(sparse-mqa: mla_lab.buffers.memory_account of its strategy)")
 
 
-
-
 def route_calibration_rows() -> list[dict]:
-    """The rows ``data/calibration/h200_routes.csv`` holds (the format of
-    :func:`mla_lab.model.calibration.write_calibration_csv`): ``attention`` ``kernel`` (the roofline's eff_flops)
-    and ``kernel_bytes`` (its eff_bytes, in ``eff_bytes``), fitted on the committed H200 kernel rows
-    (:func:`default_padded_kernel_fit`), and the classes ``mha_attn`` / ``k_concat`` fitted on the committed route
-    rows (:func:`fit_route_classes`). ``mla_lab/fits/routes.py`` writes them with provenance columns."""
+    """The rows of ``data/calibration/h200_routes.csv`` (:func:`mla_lab.model.calibration.write_calibration_csv`
+    format; ``mla_lab/fits/routes.py`` writes them): the roofline's ``kernel`` / ``kernel_bytes`` efficiencies
+    (:func:`default_padded_kernel_fit`) and the ``mha_attn`` / ``k_concat`` classes (:func:`fit_route_classes`)."""
     fit = default_padded_kernel_fit()
     rows = [{"kind": "attention", "op_class": "kernel", "eff_flops": fit.eff_flops, "eff_bytes": 1.0,
              "floor_us": 0.0, "overhead_mode": "max", "n": fit.n, "mape_pct": fit.mape_pct},

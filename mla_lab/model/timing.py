@@ -1,41 +1,22 @@
-"""Modelled time of ops, layers and steps: the lab's one roofline and its one collective model.
+"""Modelled time of ops, layers and steps: the lab's one roofline and its one collective model (docs/ttft-model.md).
 
-Time of an op (:func:`op_time_ms`): the roofline ``max(FLOPs / (peak x eff_flops), bytes / (HBM BW x eff_bytes))``
-combined with a per-op overhead the roofline alone lacks for small ops — as a floor, ``max(roofline, overhead)``, or
-added, ``overhead + roofline`` (:class:`~mla_lab.model.calibration.ClassEff` ``mode``). Attention-path ops
-(class ``attn_<op>``) are the same roofline with one efficiency each and no overhead: the kernel against dense bf16
-TFLOP/s, the byte ops against HBM GB/s. Peaks are the datasheet figures of :mod:`mla_lab.arch`; fp8 GEMMs run at
-:data:`~mla_lab.model.ops.FP8_PEAK_FACTOR` x the bf16 rate. The sparse kernel, when the calibration has a
-``kernel_bytes`` efficiency (``load_calibration(kernel_roofline=True)``: ``data/calibration/h200_routes.csv``), is
-the roofline of :mod:`mla_lab.model.routes`: ``FLOPs / (peak x eff) + per-token bytes / (HBM x kernel_bytes)`` (its
-padded heads' Q reads and output writes priced; none for ``kernel_native`` / ``fa3_sparse``); with the default
-FLOP-only kernel efficiency a real-head kernel takes the padded kernel's time x the roofline's native / padded
-ratio.
+An op (:func:`op_time_ms`): ``max(FLOPs / (peak x eff_flops), bytes / (HBM x eff_bytes))`` with the class's
+overhead as a floor (``max``) or added (``add``, :class:`~mla_lab.model.calibration.ClassEff`); attention-path ops
+(``attn_<op>``) one efficiency each, no overhead. Peaks: the GPU record's datasheet figures; fp8 GEMMs at
+:data:`~mla_lab.model.ops.FP8_PEAK_FACTOR` x bf16. The sparse kernel with a ``kernel_bytes`` efficiency is the
+roofline of :mod:`mla_lab.model.routes`; with the default FLOP-only efficiency a real-head kernel takes the padded
+kernel's time x the roofline's native / padded ratio.
 
-Padded-head content (:mod:`mla_lab.model.content`): with the calibration's ``content_scope`` ``step`` (default)
-stale padded heads are a property of the step, not of one op: :func:`step_time_ms` / :func:`layer_time_ms` scale
-the attention path and every other compute op by the factors of
-:class:`~mla_lab.model.content.StepContentModel` (power-limited H200: the whole GPU slows), and :func:`op_time_ms`
-prices a lone op with zero content; with ``kernel`` the kernel-only factor scales the kernel op alone.
+Stale padded heads (:mod:`mla_lab.model.content`): under ``content_scope="step"`` :func:`apply_step_content`
+scales the step's attention path and other compute ops; under ``kernel`` the kernel op alone is scaled.
+:func:`layer_time_ms` / :func:`step_time_ms` price the route the strategy's engine rule takes
+(:func:`mla_lab.model.routes.step_route`).
 
-Routes (:mod:`mla_lab.routes`): :func:`layer_time_ms` / :func:`step_time_ms` price the route the strategy's engine
-rule takes for the step (:func:`mla_lab.model.routes.step_route`): the padded path, FA3 sparse, or dense MHA with
-its ``kv_b_proj`` up-projection (classes ``mha_attn`` / ``k_concat``, fitted on the H200 route rows; without them
-``mha_attn`` is an assumption, :func:`_class_eff`).
+Collectives (:func:`comm_time_ms`, the one all-reduce model): a ring moves ``2 (n-1)/n x B`` per rank and
+direction at ``nvlink_gbps / 2`` x ``comm_efficiency`` (0.8, an assumption) + ``comm_latency_us``, unless the world
+size was measured (:mod:`mla_lab.model.comm`). NVLink SHARP is not modelled.
 
-Collectives (:func:`comm_time_ms`, the only all-reduce model; ``mla_lab.measure.tp`` compares a real TP=2 run with
-it): ring all-reduce of ``B`` bytes moves ``2 (n-1)/n x B`` per rank in each direction; time = that /
-(``nvlink_gbps / 2`` x ``comm_efficiency``) + ``comm_latency_us``. ``nvlink_gbps`` is the datasheet figure for both
-directions together, so one direction gets half (450 GB/s on H100/H200). ``comm_efficiency`` 0.8 and latency 0
-are assumptions (:class:`~mla_lab.model.calibration.Calibration`), used wherever nothing was measured; an all-reduce
-over a world size that was measured is priced by its fit instead (:mod:`mla_lab.model.comm`: latency + bandwidth,
-same ring formula). NVLink SHARP all-reduce is not modelled.
-
-The layer and step functions take what one TP rank holds, :class:`~mla_lab.rank.RankView` (``Deployment.rank``, or
-:meth:`Deployment.rank_of <mla_lab.deployment.Deployment.rank_of>` for a caller without a workload), as their first
-argument: the model, ``tp``, the GPU, the dtypes and the MoE layout are read from it and were checked at its door;
-nothing here re-checks them. Options that are not deployment fields (``layer_kind``, ``ep_comm``, ``calibration``,
-the strategy, the step) stay arguments.
+Layer and step functions take a :class:`~mla_lab.rank.RankView` first (checked at its door, not here).
 """
 
 from __future__ import annotations
@@ -46,8 +27,10 @@ from ..placement import Strategy, as_strategy
 from ..rank import RankView
 from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, ClassEff, resolve_calibration
+from .fa3_kernel import GPU as FA3_RATIO_GPU
 from .fa3_kernel import load_fa3_ratio
 from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, _attention_path_ops, step_ops, step_stats
+from .packed_kernel import FIT_GPU as PACKED_FIT_GPU
 from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
 __all__ = ["op_time_ms", "comm_time_ms", "kernel_rate_tflops", "layer_time_ms", "step_time_ms", "attention_path_ms",
@@ -97,11 +80,11 @@ def _class_eff(cal: Calibration, op_class: str):
 
 
 def kernel_rate_tflops(arch: GPUArch, calibration: Calibration) -> tuple[float, str]:
-    """The sparse kernel's achieved TFLOP/s on ``arch`` and where the figure comes from: on Hopper the calibrated
-    fraction of the datasheet rate (measured on an H200); on Blackwell FlashMLA's published B200 figure
-    (:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`, FlashMLA README: 1450 TFLOP/s sparse prefill on B200)."""
-    if arch.family == "blackwell" and arch.sparse_prefill_tflops:
-        return arch.sparse_prefill_tflops, "FlashMLA README B200 figure"
+    """The sparse kernel's achieved TFLOP/s on ``arch`` and where the figure comes from: FlashMLA's published rate
+    where the record has one (:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`), else the calibrated fraction of
+    the datasheet rate."""
+    if arch.sparse_prefill_tflops:
+        return arch.sparse_prefill_tflops, f"FlashMLA README {arch.name.upper()} figure"
     return arch.bf16_tflops * calibration.attention_eff("kernel"), f"calibrated ({calibration.name})"
 
 
@@ -110,9 +93,9 @@ def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
     if name == "kernel":
         rate, _ = kernel_rate_tflops(arch, cal)
         if op.impl == "attn_packed":  # the packed kernel's H200 fit x the H200's kernel rate over this GPU's
-            return op.dims["packed_ms"] * kernel_rate_tflops(get_arch("h200"), cal)[0] / rate
+            return op.dims["packed_ms"] * kernel_rate_tflops(get_arch(PACKED_FIT_GPU), cal)[0] / rate
         t = op.flops / (rate * 1e12) * 1e3
-        if op.impl == "attn_fa3_sparse" and arch.name == "h200" and "kernel_bytes" not in cal.attention:
+        if op.impl == "attn_fa3_sparse" and arch.name == FA3_RATIO_GPU and "kernel_bytes" not in cal.attention:
             r = load_fa3_ratio()
             if r is not None:  # the padded kernel's time x vLLM 0.33.0's FA3 / its padded FlashMLA (model.fa3_kernel)
                 return t * r.ratio(op.dims["H"], op.dims["sum_topk"] / max(1, op.dims["T"]))
@@ -243,11 +226,9 @@ def step_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
 def apply_step_content(times: dict, ops, cal: Calibration) -> dict:
     """Stale padded heads over the whole step (:class:`~mla_lab.model.content.StepContentModel`), in place.
 
-    ``times``: ms per op name (zero-content times: under the step scope :func:`op_time_ms` applies no content
-    factor); ``ops`` the ops behind them (:mod:`mla_lab.model.route_timing` prices routes with it too). When an op of ``ops`` reads stale padded heads (``content == "stale"``, ``Hp > H``) and the calibration
-    prices content over the step, the attention-path ops (:data:`~mla_lab.model.ops.ATTN_OPS`) are scaled by the
-    attention factor and every other compute op by the rest factor, with ``share`` = attention path / compute time
-    (collectives neither scaled nor counted: the H200 loop the model is fitted on had none).
+    ``times``: zero-content ms per op name; ``ops`` the ops behind them. When an op reads stale padded heads and
+    the calibration prices content over the step, :data:`~mla_lab.model.ops.ATTN_OPS` take the attention factor and
+    every other compute op the rest factor, ``share`` = attention path / compute time (collectives neither).
 
     Returns ``{"scope", "share", "attention_factor", "rest_factor"}`` (``scope`` ``none`` when nothing is stale,
     ``kernel`` when the kernel-only factor priced it inside :func:`op_time_ms`).

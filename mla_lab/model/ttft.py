@@ -1,33 +1,14 @@
-"""Workload -> time to first token (TTFT), modelled: the public entry points of the cost model.
+"""Workload -> time to first token (TTFT), modelled: the public entry points of the cost model (docs/ttft-model.md).
 
-``predict_ttft`` schedules the workload into chunked-prefill steps (:func:`mla_lab.workload.schedule`: vLLM v1,
-FCFS, at most ``max_num_batched_tokens`` prompt tokens per step, ``concurrency`` prompts in flight), prices every
-step on one rank, and returns each prompt's TTFT = sum of step times up to the step holding its last prompt token.
-Every rank runs the same step in lockstep under TP, so one rank's step time is the step time.
+:func:`predict_ttft` schedules the workload into chunked-prefill steps (:func:`mla_lab.workload.schedule`: vLLM v1,
+FCFS, at most ``max_num_batched_tokens`` tokens per step, ``concurrency`` prompts in flight), prices every step on
+one rank (ranks run in lockstep under TP) and gives each prompt's TTFT = the sum of step times up to the step
+holding its last prompt token. Scopes: ``full_layer`` (default: every layer's ops plus embedding, final norm and LM
+head, :func:`mla_lab.model.timing.step_time_ms`) or ``attention_path`` (``num_hidden_layers x`` the attention path
+alone: a lower bound on TTFT that overstates the relative change). Changes are taken against
+:data:`mla_lab.placement.BASELINE` unless a baseline is given.
 
-Scopes:
-
-- ``full_layer`` (default): a step costs every layer's ops on one rank (:func:`mla_lab.model.timing.step_time_ms`:
-  projections, norms, absorbed W_UK/W_UV, the DSA indexer, the sparse attention path of the strategy, o_proj, dense
-  MLP or MoE, TP all-reduces over NVLink) plus the embedding, final norm and LM head, priced with the committed
-  calibration (:mod:`mla_lab.model.calibration`).
-- ``attention_path``: ``num_hidden_layers x`` the sparse attention path (concat, pad, sparse kernel, output slice)
-  — the part the strategies change plus the attention kernel; a lower bound on TTFT that overstates the *relative*
-  change.
-
-Strategies: placement x padded-head content (:mod:`mla_lab.placement`): vLLM before PR #53878 (``new_empty`` pad
-per call, zeros or stale), at the PR (private pre-padded workspace), after PR #56902 (shared workspace, stale),
-SGLang (``new_zeros`` per call), sub-chunked workspaces, and ``kernel_native`` (real-head FlashMLA, modelled: a kernel
-taking the real head count, which no engine's backend runs; :mod:`mla_lab.model.ops` says how its kernel time follows the
-padded kernel's; not a lower limit of the others: :data:`mla_lab.placement.KERNEL_NATIVE_MEASURED`). Changes are taken
-against :data:`mla_lab.placement.BASELINE` unless a baseline is given.
-
-The deployment (model, TP, GPU, engine limits, dtypes, MoE layout, workload) comes in as one
-:class:`~mla_lab.deployment.Deployment`, validated at its door; the strategy as a :class:`~mla_lab.placement.Strategy`
-(or a canonical name). Nothing here has a default weight dtype or MoE layout.
-
-Not modelled: CPU-side scheduling and launch gaps, sampling, decode steps interleaved by other requests (the seed
-benchmark's prompts all arrive at once), network/HTTP time of ``vllm bench serve``.
+Not modelled: CPU scheduling and launch gaps, sampling, interleaved decode steps, HTTP time of ``vllm bench serve``.
 """
 
 from __future__ import annotations
@@ -65,80 +46,48 @@ def predict_ttft(
     """Modelled TTFT of ``deployment``'s workload on one rank (optionally with a measured attention path spliced in).
 
     Args:
-        deployment: a :class:`~mla_lab.deployment.Deployment` (model, tp, arch, max_num_batched_tokens,
-            kv_cache_dtype, weight_dtype, moe_parallel, workload).
-        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (presets and aliases are read at the
-            door: :func:`mla_lab.placement.expand`).
-        calibration: ``None`` (the committed calibration) or a :class:`~mla_lab.model.calibration.Calibration`.
+        deployment: a :class:`~mla_lab.deployment.Deployment`; strategy: a Strategy or canonical name.
+        calibration: None (the committed one) or a :class:`~mla_lab.model.calibration.Calibration`.
         scope: ``full_layer`` (default) or ``attention_path``.
-        attention_override_ms: the attention path per layer of every step, measured (ms, one entry per step of
-            the schedule): each step's modelled attention-path ops are replaced by ``num_hidden_layers x`` this,
-            the rest of the step stays modelled, and ``scope`` says ``(attention path measured)``.
-        **layer_kw: ``full_layer`` options (:data:`LAYER_OPTIONS`): ``ep_size``, ``ep_comm``, ``out_slice_copy``,
-            ``indexer_dtype``, ``context`` (:func:`mla_lab.model.ops.layer_ops`) and ``comm_efficiency``,
-            ``comm_latency_us``. The weight dtype, MoE layout and KV dtype are the deployment's.
+        attention_override_ms: the measured attention path per layer of every step (ms, one per step): it replaces
+            each step's modelled attention-path ops x ``num_hidden_layers``; ``scope`` then says so.
+        **layer_kw: ``full_layer`` options (:data:`LAYER_OPTIONS`; :func:`mla_lab.model.ops.layer_ops` and
+            ``comm_efficiency``, ``comm_latency_us``).
 
     Returns:
-        ``ttft_ms_mean``, ``ttft_ms_max`` (ms, over prompts), ``num_steps``, ``step_ms`` (list), ``ops_ms`` (ms per
-        op summed over steps and layers), ``scope``; plus ``ttft_ms_list`` (per prompt, in finishing order),
-        ``step_ops_ms`` (per step, ms per op over all layers), ``strategy`` (canonical name), ``attention_path_ms``
-        and ``comm_ms`` (summed over steps), ``calibration`` (its name), ``comm_source`` (what priced the
-        all-reduces: :meth:`~mla_lab.model.calibration.Calibration.comm_source`), ``source`` (``modelled``).
+        ``ttft_ms_mean``, ``ttft_ms_max``, ``ttft_ms_list`` (per prompt, finishing order), ``num_steps``, ``step_ms``,
+        ``ops_ms`` (per op, summed over steps and layers), ``step_ops_ms``, ``attention_path_ms``, ``comm_ms``,
+        ``scope``, ``strategy``, ``calibration``, ``comm_source``, ``source`` (``modelled``); times in ms.
 
     Raises:
-        ValueError: not a Deployment; unknown scope or strategy; a layer option that is not one of
-            :data:`LAYER_OPTIONS` or given with ``scope="attention_path"``; anything the cost functions raise
-            (each message names the argument, its value and what is allowed).
+        ValueError: not a Deployment; unknown scope or strategy; a layer option not in :data:`LAYER_OPTIONS` or
+            given with ``scope="attention_path"``; anything the cost functions raise (one line each).
     """
     d = _check_deployment(deployment)
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not known; allowed: {list(SCOPES)}")
     strategy = as_strategy(strategy)
-    unknown = sorted(set(layer_kw) - set(LAYER_OPTIONS))
-    if unknown:
-        raise ValueError(f"layer option(s) {unknown} are not allowed here; allowed: {list(LAYER_OPTIONS)} (the "
-                         "weight dtype, MoE layout and KV dtype are the Deployment's: Deployment.replace(...))")
-    model, arch, tp = d.model, d.arch, d.tp
     steps = schedule(d.workload, d.max_num_batched_tokens)
-    if attention_override_ms is not None and len(attention_override_ms) != len(steps):
-        raise ValueError(f"attention_override_ms has {len(attention_override_ms)} entries; the workload has "
-                         f"{len(steps)} steps")
-    cal = resolve_calibration(calibration)
-    if scope == "attention_path":
-        if layer_kw:
-            raise ValueError(f"layer options {sorted(layer_kw)} only apply to scope='full_layer'; allowed for "
-                             f"scope='attention_path': none")
-    else:
-        layer_kw = dict(layer_kw)
-        comm_kw = {k: layer_kw.pop(k) for k in ("comm_efficiency", "comm_latency_us") if k in layer_kw}
-        if comm_kw:
-            cal = cal.with_comm(**comm_kw)
+    cal, layer_kw = _check_ttft_args(scope, layer_kw, steps, attention_override_ms, resolve_calibration(calibration))
     # what one rank holds, derived once from the checked deployment (an ep_size option: RankView.with_ep_size, a door)
     rank = d.rank.with_ep_size(layer_kw.pop("ep_size", None))
+    L = d.model.num_hidden_layers
     step_ms, ops_ms, ttfts, step_ops_ms = [], {}, [], []
     attn_total = comm_total = elapsed = 0.0
     priced: dict = {}  # a step's price depends only on its chunks' (start, length): equal steps priced once
     for i, st in enumerate(steps):
         sig = tuple((start, n) for _, start, n in st.chunks)
         if sig not in priced:
-            if scope == "attention_path":
-                per = attention_path_ms(rank, strategy, st, cal)
-                t = per["total"] * model.num_hidden_layers
-                priced[sig] = (t, {k: v * model.num_hidden_layers for k, v in per.items() if k != "total"}, t, 0.0)
-            else:
-                r = step_time_ms(rank, strategy, st, cal, **layer_kw)
-                priced[sig] = (r["total"], r["by_op"], r["attention_path"], r["comm"])
+            priced[sig] = _price_step(rank, strategy, st, cal, scope, layer_kw)
         t, by_op, attn, comm = priced[sig]
         this = dict(by_op)
         attn_total += attn
         comm_total += comm
         if attention_override_ms is not None:
-            modelled_attention = sum(v for k, v in this.items() if k in ATTN_OPS)
-            measured = attention_override_ms[i] * model.num_hidden_layers
-            t += measured - modelled_attention
-            attn_total += measured - modelled_attention
-            this = {k: v for k, v in this.items() if k not in ATTN_OPS}
-            this["attention_path"] = measured
+            measured = attention_override_ms[i] * L
+            delta = measured - sum(v for k, v in this.items() if k in ATTN_OPS)
+            t, attn_total = t + delta, attn_total + delta
+            this = {k: v for k, v in this.items() if k not in ATTN_OPS} | {"attention_path": measured}
         for k, v in this.items():
             ops_ms[k] = ops_ms.get(k, 0.0) + v
         step_ops_ms.append(this)
@@ -151,8 +100,38 @@ def predict_ttft(
         "scope": scope + (" (attention path measured)" if attention_override_ms is not None else ""),
         "ttft_ms_list": ttfts, "step_ops_ms": step_ops_ms,
         "strategy": strategy.name, "attention_path_ms": attn_total, "comm_ms": comm_total, "calibration": cal.name,
-        "comm_source": cal.comm_source_checked(tp, arch=arch) if scope == "full_layer" else "none", "source": "modelled",
+        "comm_source": cal.comm_source_checked(d.tp, arch=d.arch) if scope == "full_layer" else "none",
+        "source": "modelled",
     }
+
+
+def _check_ttft_args(scope: str, layer_kw: dict, steps, override, cal: Calibration) -> tuple[Calibration, dict]:
+    """:func:`predict_ttft`'s options checked: ``(calibration with the comm options, the layer options left)``."""
+    unknown = sorted(set(layer_kw) - set(LAYER_OPTIONS))
+    if unknown:
+        raise ValueError(f"layer option(s) {unknown} are not allowed here; allowed: {list(LAYER_OPTIONS)} (the "
+                         "weight dtype, MoE layout and KV dtype are the Deployment's: Deployment.replace(...))")
+    if override is not None and len(override) != len(steps):
+        raise ValueError(f"attention_override_ms has {len(override)} entries; the workload has {len(steps)} steps")
+    if scope == "attention_path":
+        if layer_kw:
+            raise ValueError(f"layer options {sorted(layer_kw)} only apply to scope='full_layer'; allowed for "
+                             f"scope='attention_path': none")
+        return cal, {}
+    layer_kw = dict(layer_kw)
+    comm_kw = {k: layer_kw.pop(k) for k in ("comm_efficiency", "comm_latency_us") if k in layer_kw}
+    return (cal.with_comm(**comm_kw) if comm_kw else cal), layer_kw
+
+
+def _price_step(rank, strategy: Strategy, st, cal: Calibration, scope: str, layer_kw: dict) -> tuple:
+    """``(total ms, ms per op, attention-path ms, comm ms)`` of one step at ``scope``."""
+    if scope == "attention_path":
+        L = rank.model.num_hidden_layers
+        per = attention_path_ms(rank, strategy, st, cal)
+        t = per["total"] * L
+        return t, {k: v * L for k, v in per.items() if k != "total"}, t, 0.0
+    r = step_time_ms(rank, strategy, st, cal, **layer_kw)
+    return r["total"], r["by_op"], r["attention_path"], r["comm"]
 
 
 def compare_strategies(deployment: Deployment, strategies=SEED_STRATEGIES, baseline=BASELINE,

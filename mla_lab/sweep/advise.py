@@ -55,9 +55,9 @@ def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
 
 
 #: The engine version ``advise`` answers within when ``--engine`` is not given (issue 39: one answer per engine;
-#: vLLM's release the lab read, ``mla_lab/engines/versions.py``).
+#: vLLM's release the lab read, ``mla_lab/engines/presets/vllm_0_33_0.py``).
 DEFAULT_ENGINE = "vllm@0.33.0"
-#: Route rule (:data:`mla_lab.routes.ENGINE_RULES`) -> the engine version whose code it reads. ``vllm-fa3`` is FA3
+#: Route rule (:func:`mla_lab.routes.rules`) -> the engine version whose code it reads. ``vllm-fa3`` is FA3
 #: sparse as PR #46189 added it (always sparse, PR-era); ``sglang-dense`` / ``sglang-flashmla`` are SGLang 0.5.23 with
 #: its prefill CUDA graphs off / flashmla_sparse forced; ``vllm-flashmla`` the PR-era FLASHMLA_SPARSE path.
 RULE_ENGINE = {"vllm-0.33.0": "vllm@0.33.0", "vllm-0.33.0-flashmla": "vllm@0.33.0", "vllm-0.24.0": "vllm@0.24.0",
@@ -77,6 +77,8 @@ def strategy_engine(name: str) -> str:
     lab's proposals on the PR-era routes; ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for
     ``packed``, the lab's own kernel)."""
     st = parse_strategy(name)
+    if st.engine:  # an engine version's own rule: its release (mla_lab.engines record)
+        return st.engine_release
     if st.rule is None:
         return "modelled"
     if st.rule == "vllm-flashmla":
@@ -289,7 +291,7 @@ KERNEL_NATIVE_SHORT = (f"{KERNEL_NATIVE_LABEL}: a FlashMLA-style kernel taking t
 _NOTE_MODELLED = ("ranked by the modelled TTFT (full_layer scope, content factor included; modelled: the arch card's "
                   "datasheet rates, the H200's calibrated efficiencies); memory exact (byte accounting); a negative "
                   "extra = a workspace smaller than the baseline's unpadded Q buffer")
-#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab.engines.versions``: FA4 for bf16 KV at <= 16 heads,
+#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab/engines/presets/vllm_0_33_0.py``: FA4 for bf16 KV at <= 16 heads,
 #: FlashInfer for fp8 KV): the name the FA3-sparse placement takes in a label there.
 SM100_REAL_HEAD = {"FLASH_ATTN_MLA_SPARSE_FA4": "fa4_sparse", "FLASHINFER_MLA_SPARSE": "flashinfer_sparse"}
 
@@ -316,7 +318,7 @@ def _on_this_gpu(kept: list[dict], excluded: list[dict], d: Deployment, engines:
         out.append(s)
     if real:
         notes.append(f"{real}@vllm-0.33.0 = vLLM 0.33.0's {backend} on {d.arch.sm} with the real {d.num_heads} heads "
-                     "(no padding; mla_lab/engines/versions.py); its kernel is priced with FA3 sparse's model, "
+                     "(no padding; mla_lab/engines/presets/vllm_0_33_0.py); its kernel is priced with FA3 sparse's model, "
                      "nothing ran on a B200")
     return out, notes
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from .. import measure
-from ..arch import GPUArch, detect_arch
+from ..arch import GPUArch, detect_arch, get_arch
 from ..buffers import MIB, call_peak_bytes, kv_tokens_lost
 from ..deployment import Deployment
 from ..measure.timer import summarize
@@ -154,7 +154,7 @@ def _content_note(strategy: str, arch: GPUArch, cal) -> str:
     if m is None:
         return "stale content not priced: no content-factor fit in data/calibration"
     what = "content over the whole step" if cal.step_content() is not None else "content factor (kernel only)"
-    if arch.family != "hopper":
+    if arch.sm != get_arch(cal.arch).sm:
         return f"{what} measured on an H200 ({m.name}); the {arch.sm} effect is unmeasured"
     return f"{what}: {m.name}"
 
@@ -525,7 +525,7 @@ def between_process_changes(deployment: Deployment, strategies, path=None) -> di
     d = deployment
     m = d.model
     if not (d.num_heads == 8 and m.head_size == 576 and m.topk == 2048 and d.max_num_batched_tokens == 16384
-            and d.prompt_len == 1024 and d.arch.name == "h200" and d.kv_cache_dtype == "bf16"):
+            and d.prompt_len == 1024 and d.arch.name == BETWEEN_PROCESS_PRESETS[0] and d.kv_cache_dtype == "bf16"):
         return {}
     steps = schedule(d.workload, d.max_num_batched_tokens)
 

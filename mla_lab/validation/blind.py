@@ -39,18 +39,16 @@ import time
 from pathlib import Path
 
 from ..deployment import Deployment
-from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from ..serving import BenchConfig
+from ..serving import BenchConfig, serve_benchmark
 from ..serving.noise import NOISE_METRICS, serve_benchmark_noise
+from . import BLIND as OUT
+from . import BLIND_B as OUT_B
+from . import BLIND_B_WORKLOADS as WORKLOADS_B
 
-__all__ = ["CASES", "predict", "OUT", "main", "PRODUCED_BY", "ROUNDS", "cases_of", "WORKLOADS_B", "OUT_B"]
+__all__ = ["CASES", "predict", "OUT", "main", "PRODUCED_BY", "ROUNDS", "cases_of", "WORKLOADS_B", "OUT_B",
+           "deterministic", "request_steps"]
 
-OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12.json"
-#: round two (issue 37): the cases are data, written before the predictions (``blind_2026-12b_workloads.json``:
-#: workload, deployment, what the lab does not model, what was assumed; no result)
-WORKLOADS_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b_workloads.json"
-OUT_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b.json"
 PRODUCED_BY = "python -m mla_lab.validation.blind predict"
 #: request-steps above which a run gets fewer Monte-Carlo runs (the simulation costs ~70 us per request-step here)
 HEAVY_REQUEST_STEPS = 150_000
@@ -151,18 +149,38 @@ _PROTOCOL = {
 }
 
 
-def _request_steps(i, o, n, mbt) -> int:
-    return n * (2 * math.ceil(i / mbt) + o)
+def request_steps(case: dict, wl: tuple, dp: int = 1) -> int:
+    """Request-steps of workload ``wl`` under ``case``'s deployment split over ``dp`` ranks (the simulation's cost)."""
+    i, o, _, n, _ = wl
+    mbt = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {})}["max_num_batched_tokens"]
+    return math.ceil(n / dp) * (2 * math.ceil(i / max(mbt // dp, 1)) + o)
+
+
+def _setup(case: dict, wl: tuple, seed: int | None = None, options: dict | None = None) -> tuple:
+    """``case``'s deployment (its own fields over round one's) and the client of workload ``wl``."""
+    i, o, c, n, rate = wl
+    d = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {}), **(options or {})}
+    dep = Deployment.of(model=case["model"], prompt_len=i, output_len=o, num_prompts=n, concurrency=c, **d)
+    bench = BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c, request_rate=rate,
+                        **({} if seed is None else {"seed": seed}))
+    return dep, bench
+
+
+def deterministic(case: dict, wl: tuple, options: dict | None = None, strategy: str | None = None) -> dict:
+    """One deterministic run (no noise model) of ``strategy`` (default the case's first) on workload ``wl``
+    ``(input, output, concurrency, num_prompts, rate)`` with deployment ``options``: ``{"metrics",
+    "kv_capacity_tokens", "options"}``."""
+    dep, bench = _setup(case, wl, options=options)
+    strat = strategy or next(iter(case["strategies"].values()))
+    r = serve_benchmark(dep, [strat], bench, baseline=strat)
+    s = r["strategies"][strat]
+    return {"metrics": s["metrics"], "kv_capacity_tokens": s["kv_capacity_tokens"], "options": r["options"]}
 
 
 def _run(case: dict, wl: tuple, seed: int, log) -> dict:
     i, o, c, n, rate = wl
-    d = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {})}
-    mbt = d["max_num_batched_tokens"]
-    bench = BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c,
-                        request_rate=rate, seed=seed)
     strategies = list(case["strategies"].values())
-    steps = _request_steps(i, o, n, mbt) * len(strategies)
+    steps = request_steps(case, wl) * len(strategies)
     runs = NUM_RUNS if steps <= HEAVY_REQUEST_STEPS else NUM_RUNS_HEAVY
     t0 = time.time()
     wl_rec = {"random_input_len": i, "random_output_len": o, "max_concurrency": c, "num_prompts": n,
@@ -171,7 +189,7 @@ def _run(case: dict, wl: tuple, seed: int, log) -> dict:
         log(f"  {case['id']} {wl_rec}: not priced ({case['not_priced_reason']})")
         return {"workload": wl_rec, "not_priced": case["not_priced_reason"]}
     try:
-        dep = Deployment.of(model=case["model"], prompt_len=i, output_len=o, num_prompts=n, concurrency=c, **d)
+        dep, bench = _setup(case, wl, seed)
         r = serve_benchmark_noise(dep, strategies, bench, num_runs=runs, seed=seed, baseline=strategies[0])
     except Exception as e:  # a run the lab cannot price is recorded as such, before reading
         log(f"  {case['id']} {wl_rec}: not priced ({type(e).__name__}: {e})")

@@ -22,12 +22,12 @@ from ..model.memory import memory_tradeoff
 from ..paths import REPO_ROOT
 from ..placement import BASELINE
 from ..provenance import git_commit
+from . import DIR as _DIR
 from . import write_record
 
 __all__ = ["WORKLOADS", "PRED", "RESULTS", "SCORE", "PROTOCOL", "deployment_of", "predict", "predicted_figures", "score",
            "main"]
 
-_DIR = REPO_ROOT / "data" / "validation"
 WORKLOADS = _DIR / "kv_capacity_2026-12_workloads.json"
 PRED = _DIR / "kv_capacity_2026-12.json"
 RESULTS = _DIR / "kv_capacity_2026-12_results.json"

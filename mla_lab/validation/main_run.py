@@ -39,7 +39,9 @@ from ..serving import PR_BENCH, EnginePricer, SchedulerConfig, serve_benchmark
 from ..serving.noise import NoiseConfig, simulate_once
 from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
-from . import write_record
+from . import BLIND_RESULTS, write_record
+from . import PR53878_DECOMPOSITION as OUT
+from . import PR53878_PREDICTION as PREDICTION_FILE
 
 __all__ = ["REAL", "PREDICTION_FILE", "OUT", "decompose", "decode_step_parts", "main", "first_token",
            "FIRST_TOKEN_COMPONENTS", "FIRST_TOKEN_CSV", "first_token_measured"]
@@ -47,8 +49,6 @@ __all__ = ["REAL", "PREDICTION_FILE", "OUT", "decompose", "decode_step_parts", "
 REAL = {"duration": 9.92, "request_throughput": 3.23, "output_throughput": 413.04,
         "source": "vLLM PR #53878 description, 'main' run (vLLM main before the PR, GLM-5.2-FP8 TP8 EP, "
                   "vllm bench serve 32 x 1024 / 128, concurrency 32, rate inf)"}
-PREDICTION_FILE = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
-OUT = REPO_ROOT / "data" / "validation" / "pr53878_main_decomposition.json"
 MODEL, TP, ARCH, BEFORE = "glm-5.2", 8, "h200", "per_call_empty:zeros"
 BATCH, CTX, STEPS = 32, 1024 + 64, 127  # the mid-run decode step: 32 requests, 1088-key context, 127 steps after TTFT
 MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, BLOCK_SIZE = 16384, 256, 64
@@ -172,7 +172,7 @@ def _cross_check() -> dict:
     its decode step is if anything slower than GLM-5.2's."""
     import math
 
-    res = json.loads((REPO_ROOT / "data" / "validation" / "blind_2026-12_results.json").read_text())
+    res = json.loads(BLIND_RESULTS.read_text())
     case = next(c for c in res["cases"] if c["id"] == "pr46189")
     tp = {r["workload"]["max_concurrency"]: r["metrics"]["mean_tpot_ms"] for r in case["runs"]
           if r["backend"] == "FLASHMLA_SPARSE" and r["workload"]["random_input_len"] == 512

@@ -13,17 +13,14 @@ import json
 import math
 import sys
 
-from ..deployment import Deployment
-from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from ..serving import BenchConfig, serve_benchmark
+from . import BLIND_POSTHOC as OUT
+from . import BLIND_RESULTS as RESULTS
 from . import write_record
-from .blind import CASES, SERVE_DEFAULTS
-from .score import METRIC_CLASS, RESULTS
+from .blind import CASES, deterministic
+from .score import METRIC_CLASS
 
 __all__ = ["posthoc", "OUT", "main"]
-
-OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12_posthoc.json"
 
 
 def posthoc(log=print) -> dict:
@@ -34,27 +31,17 @@ def posthoc(log=print) -> dict:
     for rc in res["cases"]:
         case = cases[rc["id"]]
         for rr in rc["runs"]:
-            a = rr.get("as_run", {})
+            a, w = rr.get("as_run", {}), rr["workload"]
             if a.get("gpu", "H200") != "H200":
                 continue
-            w = rr["workload"]
             rate = a.get("request_rate", "inf")
-            bench = BenchConfig(num_prompts=int(a["num_prompts"]), random_input_len=w["random_input_len"],
-                                random_output_len=w["random_output_len"], max_concurrency=w.get("max_concurrency"),
-                                request_rate=math.inf if rate == "inf" else float(rate))
-            strat = case["strategies"][rr["backend"]]
-            dep = Deployment.of(model=case["model"], tp=8, arch="h200", kv_cache_dtype="bf16", weight_dtype="fp8",
-                                moe_parallel="tp", max_num_batched_tokens=SERVE_DEFAULTS["max_num_batched_tokens"],
-                                max_num_seqs=SERVE_DEFAULTS["max_num_seqs"], prompt_len=bench.random_input_len,
-                                output_len=bench.random_output_len, num_prompts=bench.num_prompts,
-                                concurrency=bench.max_concurrency)
-            r = serve_benchmark(dep, [strat], bench, baseline=strat)
-            m = r["strategies"][strat]["metrics"]
-            for k, real in rr["metrics"].items():
-                if k in m and real:
-                    rows.append({"case": rc["id"], "workload": w, "as_run": a, "backend": rr["backend"], "metric": k,
-                                 "class": METRIC_CLASS.get(k, "other"), "posthoc": float(m[k]), "real": real,
-                                 "error_pct": (float(m[k]) - real) / real * 100})
+            wl = (w["random_input_len"], w["random_output_len"], w.get("max_concurrency"), int(a["num_prompts"]),
+                  math.inf if rate == "inf" else float(rate))
+            m = deterministic(case, wl, strategy=case["strategies"][rr["backend"]])["metrics"]
+            rows += [{"case": rc["id"], "workload": w, "as_run": a, "backend": rr["backend"], "metric": k,
+                      "class": METRIC_CLASS.get(k, "other"), "posthoc": float(m[k]), "real": real,
+                      "error_pct": (float(m[k]) - real) / real * 100} for k, real in rr["metrics"].items()
+                     if k in m and real]
             log(f"{rc['id']} {w} {rr['backend']}: TPOT {m['mean_tpot_ms']:.1f} vs {rr['metrics'].get('mean_tpot_ms')}")
     return {"what": "post-hoc runs of the blind set with each run's stated workload: NOT blind, nothing fitted",
             "produced_by": "python -m mla_lab.validation.posthoc --write", "git_commit": git_commit(), "rows": rows}

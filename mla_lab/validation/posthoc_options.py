@@ -21,25 +21,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
 
-from ..deployment import Deployment
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from ..serving import BenchConfig, serve_benchmark
+from . import BLIND_B as OUT_B
+from . import BLIND_B_POSTHOC as OUT
+from . import BLIND_B_RESULTS as RESULTS_B
+from . import BLIND_B_SCORE as SCORE_B
+from . import BLIND_B_WORKLOADS as WORKLOADS_B
 from . import write_record
-from .blind import _DEPLOYMENT_DEFAULTS, OUT_B, WORKLOADS_B, cases_of
+from .blind import cases_of, deterministic, request_steps
 from .score import METRIC_CLASS
 
 __all__ = ["posthoc_options", "options_of", "OUT", "main", "RESULTS_B", "SCORE_B", "WITHOUT_MAX_REQUEST_STEPS",
            "posthoc_sentence", "summarise"]
 
-OUT = REPO_ROOT / "data" / "validation" / "blind_2026-12b_posthoc.json"
-RESULTS_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b_results.json"
-SCORE_B = REPO_ROOT / "data" / "validation" / "blind_2026-12b_score.json"
 PRODUCED_BY = "python -m mla_lab.validation.posthoc_options --write"
 #: the run without the options is skipped above this many request-steps (the TP8 simulation of 5120+ prompts x 1025
 #: steps, ~7 min each on a 2-core machine: why the blind round left those cells unpriced)
@@ -87,23 +86,6 @@ def _real(results: dict) -> dict:
     return out
 
 
-def _deterministic(case: dict, wl: tuple, options: dict) -> dict:
-    i, o, c, n, rate = wl
-    d = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {})}
-    dep = Deployment.of(model=case["model"], prompt_len=i, output_len=o, num_prompts=n, concurrency=c, **d, **options)
-    bench = BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c, request_rate=rate)
-    strat = next(iter(case["strategies"].values()))
-    r = serve_benchmark(dep, [strat], bench, baseline=strat)
-    s = r["strategies"][strat]
-    return {"metrics": s["metrics"], "kv_capacity_tokens": s["kv_capacity_tokens"], "options": r["options"]}
-
-
-def _request_steps(case: dict, wl: tuple, dp: int) -> int:
-    i, o, _, n, _ = wl
-    mbt = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {})}["max_num_batched_tokens"]
-    return math.ceil(n / dp) * (2 * math.ceil(i / max(mbt // dp, 1)) + o)
-
-
 def posthoc_options(only: str | None = None, log=print) -> dict:
     """Every round-two case with a speculative config or DP attention, re-run deterministically with and without
     its options (module docstring); rows per (case, workload, metric) with the three errors, and the median
@@ -118,13 +100,13 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
             i, o, c, n, rate = wl
             w = {"random_input_len": i, "random_output_len": o, "max_concurrency": c, "num_prompts": n}
             t0 = time.time()
-            with_opts = _deterministic(case, wl, opts)
-            heavy = _request_steps(case, wl, 1) > WITHOUT_MAX_REQUEST_STEPS
-            without = None if heavy else _deterministic(case, wl, {})
+            with_opts = deterministic(case, wl, opts)
+            heavy = request_steps(case, wl) > WITHOUT_MAX_REQUEST_STEPS
+            without = None if heavy else deterministic(case, wl, {})
             runs.append({"case": case["id"], "workload": w, "options": opts, "options_priced": with_opts["options"],
                          "kv_capacity_tokens": with_opts["kv_capacity_tokens"],
                          "kv_capacity_tokens_without": None if without is None else without["kv_capacity_tokens"],
-                         "without_not_run": (f"TP8 simulation of {_request_steps(case, wl, 1):,} request-steps "
+                         "without_not_run": (f"TP8 simulation of {request_steps(case, wl):,} request-steps "
                                              f"(> {WITHOUT_MAX_REQUEST_STEPS:,})") if heavy else "",
                          "seconds": round(time.time() - t0, 1)})
             for m in sorted({k[4] for k in real if k[:4] == _key(case["id"], w, "")[:4]}):

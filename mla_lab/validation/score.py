@@ -15,23 +15,18 @@ import json
 import statistics
 import sys
 
-from ..paths import REPO_ROOT
+from . import BLIND as PRED
+from . import BLIND_B as ROUND_TWO_PRED
+from . import BLIND_B_RESULTS as ROUND_TWO_RESULTS
+from . import BLIND_B_SCORE as ROUND_TWO_SCORE
+from . import BLIND_RESULTS as RESULTS
+from . import BLIND_SCORE as SCORE
+from . import PR53878_PREDICTION as LAB_NOISE
 from . import write_record
 
 __all__ = ["PRED", "RESULTS", "SCORE", "score", "repeat_spreads", "main", "METRIC_CLASS", "LAB_NOISE",
            "ROUND_TWO_PRED", "ROUND_TWO_RESULTS", "ROUND_TWO_SCORE", "score_round_two", "round_medians", "GROUPS"]
 
-#: the lab's single-run model: two runs of one build (A vs A') differ by this 95 % band (%), per metric
-#: (data/validation/pr53878_main_prediction.json, change_distribution.*.identical_builds.band95)
-LAB_NOISE = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
-
-PRED = REPO_ROOT / "data" / "validation" / "blind_2026-12.json"
-RESULTS = REPO_ROOT / "data" / "validation" / "blind_2026-12_results.json"
-SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12_score.json"
-#: round two (issue 37): predictions committed before the results; the score adds the medians of both rounds
-ROUND_TWO_PRED = REPO_ROOT / "data" / "validation" / "blind_2026-12b.json"
-ROUND_TWO_RESULTS = REPO_ROOT / "data" / "validation" / "blind_2026-12b_results.json"
-ROUND_TWO_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12b_score.json"
 #: the four figures the issue asks the median |error| of; TTFT and TPOT take the mean where the run states it,
 #: else the median (the SGLang cookbook states P50 only): one figure per run and backend
 GROUPS = {"duration": (("duration",),), "throughput": (("request_throughput",), ("output_throughput",),
@@ -67,51 +62,48 @@ def repeat_spreads(results: dict, lab_noise: dict | None = None) -> list[dict]:
     return out
 
 
-def score(pred: dict, results: dict) -> dict:
-    """Pair every published figure with its prediction (module docstring)."""
-    by_case = {c["id"]: c for c in pred["cases"]}
-    rows, not_predicted, no_result, change_rows = [], [], [], []
-    for rc in results["cases"]:
-        pc = by_case.get(rc["id"])
-        if pc is None:
-            raise ValueError(f"results case {rc['id']!r} has no prediction in {PRED.name}")
-        pruns = {_key(r["workload"]): r for r in pc["runs"] if "backends" in r}
-        seen = set()
-        for rr in rc.get("runs", []):
-            k = _key(rr["workload"])
-            pr = pruns.get(k)
-            if pr is None or rr["backend"] not in pr["backends"]:
-                not_predicted.append({"case": rc["id"], "workload": rr["workload"], "backend": rr["backend"]})
+def _pair_runs(rc: dict, pruns: dict, rows: list, not_predicted: list) -> set:
+    """Append one row per published figure of case ``rc`` that has a prediction; returns the workloads seen."""
+    seen = set()
+    for rr in rc.get("runs", []):
+        k = _key(rr["workload"])
+        pr = pruns.get(k)
+        if pr is None or rr["backend"] not in pr["backends"]:
+            not_predicted.append({"case": rc["id"], "workload": rr["workload"], "backend": rr["backend"]})
+            continue
+        seen.add(k)
+        pm = pr["backends"][rr["backend"]]["metrics"]
+        for m, real in rr["metrics"].items():
+            if m not in pm or real in (None, 0):
                 continue
-            seen.add(k)
-            pm = pr["backends"][rr["backend"]]["metrics"]
-            for m, real in rr["metrics"].items():
-                if m not in pm or real in (None, 0):
-                    continue
-                p = pm[m]["median"]
-                lo, hi = pm[m]["band95"]
-                comp = bool(rr.get("comparable", {}).get(m, True))
-                rows.append({"case": rc["id"], "workload": rr["workload"], "backend": rr["backend"], "metric": m,
-                             "class": METRIC_CLASS.get(m, "other"), "predicted": p, "band95": [lo, hi],
-                             "real": real, "error_pct": (p - real) / real * 100, "inside_band": lo <= real <= hi,
-                             "comparable": comp, "reason": "" if comp else rr.get("not_comparable_reason", "")})
-        for rch in rc.get("changes", []):
-            k = _key(rch["workload"])
-            pr = pruns.get(k)
-            if pr is None or not pr.get("changes_pct"):
-                continue
-            (b, ch), = pr["changes_pct"].items()
-            m = rch["metric"]
-            if m in ch:
-                change_rows.append({"case": rc["id"], "workload": rch["workload"], "metric": m, "backend": b,
-                                    "predicted_pct": ch[m]["median"], "band95": ch[m]["band95"],
-                                    "real_pct": rch["change_pct"],
-                                    "inside_band": ch[m]["band95"][0] <= rch["change_pct"] <= ch[m]["band95"][1]})
-        for k, pr in pruns.items():
-            if k not in seen:
-                no_result.append({"case": rc["id"], "workload": pr["workload"]})
+            p, (lo, hi) = pm[m]["median"], pm[m]["band95"]
+            comp = bool(rr.get("comparable", {}).get(m, True))
+            rows.append({"case": rc["id"], "workload": rr["workload"], "backend": rr["backend"], "metric": m,
+                         "class": METRIC_CLASS.get(m, "other"), "predicted": p, "band95": [lo, hi],
+                         "real": real, "error_pct": (p - real) / real * 100, "inside_band": lo <= real <= hi,
+                         "comparable": comp, "reason": "" if comp else rr.get("not_comparable_reason", "")})
+    return seen
+
+
+def _pair_changes(rc: dict, pruns: dict) -> list[dict]:
+    """The published changes of case ``rc`` beside the predicted change of the same workload and metric."""
+    out = []
+    for rch in rc.get("changes", []):
+        pr = pruns.get(_key(rch["workload"]))
+        if pr is None or not pr.get("changes_pct"):
+            continue
+        (b, ch), = pr["changes_pct"].items()
+        m, real = rch["metric"], rch["change_pct"]
+        if m in ch:
+            out.append({"case": rc["id"], "workload": rch["workload"], "metric": m, "backend": b,
+                        "predicted_pct": ch[m]["median"], "band95": ch[m]["band95"], "real_pct": real,
+                        "inside_band": ch[m]["band95"][0] <= real <= ch[m]["band95"][1],
+                        "error_pp": ch[m]["median"] - real})
+    return out
+
+
+def _summary(scored: list[dict]) -> dict:
     summary = {}
-    scored = [r for r in rows if r["comparable"]]
     for case in sorted({r["case"] for r in scored}):
         for cls in ("TPOT", "TTFT", "throughput"):
             sel = [r for r in scored if r["case"] == case and r["class"] == cls]
@@ -121,6 +113,22 @@ def score(pred: dict, results: dict) -> dict:
                                             "max_abs_error_pct": max(errs),
                                             "median_error_pct": statistics.median(r["error_pct"] for r in sel),
                                             "inside_band": sum(r["inside_band"] for r in sel)}
+    return summary
+
+
+def score(pred: dict, results: dict) -> dict:
+    """Pair every published figure with its prediction (module docstring)."""
+    by_case = {c["id"]: c for c in pred["cases"]}
+    rows, not_predicted, no_result, change_rows = [], [], [], []
+    for rc in results["cases"]:
+        pc = by_case.get(rc["id"])
+        if pc is None:
+            raise ValueError(f"results case {rc['id']!r} has no prediction in {PRED.name}")
+        pruns = {_key(r["workload"]): r for r in pc["runs"] if "backends" in r}
+        seen = _pair_runs(rc, pruns, rows, not_predicted)
+        change_rows += _pair_changes(rc, pruns)
+        no_result += [{"case": rc["id"], "workload": pr["workload"]} for k, pr in pruns.items() if k not in seen]
+    scored = [r for r in rows if r["comparable"]]
     allerr = [abs(r["error_pct"]) for r in scored]
     n_in = sum(r["inside_band"] for r in scored)
     cases_scored = sorted({r["case"] for r in scored})
@@ -129,13 +137,10 @@ def score(pred: dict, results: dict) -> dict:
                 f": median |error| {statistics.median(allerr):.0f} %, {n_in} of {len(scored)} inside the lab's "
                 f"single-run band; the other {len(rows) - len(scored)} figures came from other workloads or GPUs "
                 "than assumed and are published unscored" if scored else "No published figure matched the workload.")
-    for c in change_rows:
-        c["error_pp"] = c["predicted_pct"] - c["real_pct"]
-    reps = repeat_spreads(results)
     return {"what": "the blind set scored: predictions vs published figures (issue 30)",
             "produced_by": "python -m mla_lab.validation.score --write", "rows": rows, "changes": change_rows,
-            "summary": summary, "not_predicted": not_predicted, "no_result": no_result, "sentence": sentence,
-            "repeats": reps, "changes_sentence": _changes_sentence(change_rows)}
+            "summary": _summary(scored), "not_predicted": not_predicted, "no_result": no_result,
+            "sentence": sentence, "repeats": repeat_spreads(results), "changes_sentence": _changes_sentence(change_rows)}
 
 
 def round_medians(rows: list[dict]) -> dict:
@@ -192,26 +197,19 @@ def _changes_sentence(rows: list[dict]) -> str:
             "right, the size about a third")
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.score")
-    ap.add_argument("--write", action="store_true")
-    ap.add_argument("--overwrite", action="store_true")
-    ap.add_argument("--round", dest="round_", choices=("2026-12", "2026-12b"), default="2026-12")
-    a = ap.parse_args(argv)
-    if a.round_ == "2026-12b":
-        for p in (ROUND_TWO_PRED, ROUND_TWO_RESULTS, SCORE):
-            if not p.exists():
-                ap.error(f"{p} does not exist")
-        s = score_round_two(json.loads(ROUND_TWO_PRED.read_text()), json.loads(ROUND_TWO_RESULTS.read_text()),
-                            json.loads(SCORE.read_text()))
-        print(s["medians_sentence"])
-        if a.write:
-            write_record(ROUND_TWO_SCORE, s, a.overwrite, ap)
-        return 0
-    for p in (PRED, RESULTS):
+def _main_round_two(a, ap) -> int:
+    for p in (ROUND_TWO_PRED, ROUND_TWO_RESULTS, SCORE):
         if not p.exists():
             ap.error(f"{p} does not exist")
-    s = score(json.loads(PRED.read_text()), json.loads(RESULTS.read_text()))
+    s = score_round_two(json.loads(ROUND_TWO_PRED.read_text()), json.loads(ROUND_TWO_RESULTS.read_text()),
+                        json.loads(SCORE.read_text()))
+    print(s["medians_sentence"])
+    if a.write:
+        write_record(ROUND_TWO_SCORE, s, a.overwrite, ap)
+    return 0
+
+
+def _print(s: dict) -> None:
     print(s["sentence"])
     for k, v in sorted(s["summary"].items()):
         print(f"  {k}: n {v['n']}, median |error| {v['median_abs_error_pct']:.1f} %, max {v['max_abs_error_pct']:.1f} %,"
@@ -223,6 +221,21 @@ def main(argv=None) -> int:
     for c in s["changes"]:
         print(f"  change {c['case']} {c['workload']} {c['metric']}: predicted {c['predicted_pct']:+.1f} % "
               f"{c['band95']}, real {c['real_pct']:+.1f} %")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.score")
+    ap.add_argument("--write", action="store_true")
+    ap.add_argument("--overwrite", action="store_true")
+    ap.add_argument("--round", dest="round_", choices=("2026-12", "2026-12b"), default="2026-12")
+    a = ap.parse_args(argv)
+    if a.round_ == "2026-12b":
+        return _main_round_two(a, ap)
+    for p in (PRED, RESULTS):
+        if not p.exists():
+            ap.error(f"{p} does not exist")
+    s = score(json.loads(PRED.read_text()), json.loads(RESULTS.read_text()))
+    _print(s)
     if a.write:
         write_record(SCORE, s, a.overwrite, ap)
     return 0

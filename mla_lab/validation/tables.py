@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 from ..paths import REPO_ROOT
-from .blind import WORKLOADS_B
-from .main_run import OUT as DECOMPOSITION
-from .posthoc import OUT as POSTHOC
-from .score import ROUND_TWO_SCORE, SCORE
+from . import BLIND_B_SCORE as ROUND_TWO_SCORE
+from . import BLIND_B_WORKLOADS as WORKLOADS_B
+from . import BLIND_POSTHOC as POSTHOC
+from . import BLIND_SCORE as SCORE
+from . import PR53878_DECOMPOSITION as DECOMPOSITION
 
 __all__ = ["validation_markdown", "update_docs", "BEGIN", "END", "DOCS"]
 

@@ -1,0 +1,220 @@
+"""The engine versions the lab describes: the ``PRESET`` of every module of :mod:`mla_lab.engines.presets` (found
+at import) and any :func:`register` ed later; the lookups every layer above reads them through. :data:`BACKENDS`:
+vLLM 0.33.0's ``supports_compute_capability`` / ``supported_kv_cache_dtypes`` of each sparse backend class."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from . import presets as _presets
+from .presets._pr_era import LAB_CLAIMS
+from .record import EnginePreset, EngineVersion, Fact
+
+__all__ = ["ENGINE_PRESETS", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS", "register", "engine_names",
+           "resolve_engine", "engine_preset", "engine_versions", "engine_version", "fact", "version_facts",
+           "sparse_backend", "padding_for", "decode_threshold", "fp8_reserved_bytes", "first_names", "preset_of_rule"]
+
+#: name -> :class:`EnginePreset`, in ``order`` (live: :func:`register` adds to it).
+ENGINE_PRESETS: dict[str, EnginePreset] = {}
+#: Sparse-MLA backends (vLLM ``--attention-backend`` spellings; SGLang's ``flashmla_sparse`` is FLASHMLA_SPARSE):
+#: ``({sm major}, {kv dtypes})`` each runs.
+BACKENDS = {
+    "FLASH_ATTN_MLA_SPARSE": ({9}, {"bf16"}),
+    "FLASH_ATTN_MLA_SPARSE_FA4": ({10}, {"bf16"}),
+    "FLASHINFER_MLA_SPARSE": ({10}, {"bf16", "fp8"}),
+    "FLASHINFER_MLA_SPARSE_SM90": ({9}, {"bf16", "fp8"}),
+    "FLASHMLA_SPARSE": ({9, 10}, {"bf16", "fp8"}),
+}
+#: Backends that take the real head count (no padded Q, no padded output).
+UNPADDED_BACKENDS = ("FLASH_ATTN_MLA_SPARSE", "FLASH_ATTN_MLA_SPARSE_FA4", "FLASHINFER_MLA_SPARSE")
+
+
+def register(preset: EnginePreset) -> EnginePreset:
+    """Add one engine version (what each module of :mod:`mla_lab.engines.presets` does on import). Returns it.
+
+    Raises:
+        ValueError: a name, first name or rule name another preset already holds; no members.
+    """
+    if not isinstance(preset, EnginePreset) or not preset.members:
+        raise ValueError(f"preset={preset!r} must be an EnginePreset with at least one member strategy")
+    taken = {n for p in ENGINE_PRESETS.values() for n in (p.name, *p.first_names)}
+    clash = sorted(taken & {preset.name, *preset.first_names})
+    rule = next((p.rule for p in ENGINE_PRESETS.values() if p.rule.name == preset.rule.name), preset.rule)
+    if clash or rule != preset.rule:  # a rule name is shared only by the same rule (the PR-era builds)
+        raise ValueError(f"engine preset {preset.name!r}: {clash or preset.rule.name!r} already taken")
+    ENGINE_PRESETS[preset.name] = preset
+    items = sorted(ENGINE_PRESETS.values(), key=lambda p: (p.order, p.name))
+    ENGINE_PRESETS.clear()
+    ENGINE_PRESETS.update((p.name, p) for p in items)
+    return preset
+
+
+for _m in pkgutil.iter_modules(_presets.__path__):
+    if not _m.name.startswith("_"):
+        register(importlib.import_module(f"{_presets.__name__}.{_m.name}").PRESET)
+
+
+def engine_names() -> list[str]:
+    """Every engine preset name, in order."""
+    return list(ENGINE_PRESETS)
+
+
+def first_names() -> dict[str, str]:
+    """The lab's first door names -> engine preset (``vllm-53878`` -> ``vllm@pr53878``)."""
+    return {n: p.name for p in ENGINE_PRESETS.values() for n in p.first_names}
+
+
+def resolve_engine(name: str) -> str:
+    """The engine preset name for a preset name or one of its first names.
+
+    Raises:
+        ValueError: one line naming ``--engine``, the value and the allowed values.
+    """
+    if isinstance(name, str):
+        if name in ENGINE_PRESETS:
+            return name
+        if name in first_names():
+            return first_names()[name]
+    raise ValueError(f"--engine={name!r} is not valid; allowed: {engine_names()} (or the first names "
+                     f"{list(first_names())})")
+
+
+def engine_preset(name: str) -> EnginePreset:
+    """The :class:`EnginePreset` of a name (:func:`resolve_engine`; raises as that does)."""
+    return ENGINE_PRESETS[resolve_engine(name)]
+
+
+def preset_of_rule(rule: str) -> EnginePreset | None:
+    """The engine preset whose own route rule is named ``rule`` (``vllm-0.33.0``); None for a shared rule."""
+    hits = [p for p in ENGINE_PRESETS.values() if p.rule.name == rule]
+    return hits[0] if len(hits) == 1 else None
+
+
+def engine_versions() -> dict[str, EngineVersion]:
+    """``engine@version`` -> :class:`EngineVersion`, once each."""
+    return {p.engine_version.name: p.engine_version for p in ENGINE_PRESETS.values()}
+
+
+def engine_version(engine: str, version: str) -> EngineVersion:
+    """The :class:`EngineVersion` ``engine@version``. Raises ValueError naming those the lab describes."""
+    key, known = f"{engine}@{version}", engine_versions()
+    if key not in known:
+        raise ValueError(f"engine version={key!r} is not described by the lab; allowed: {list(known)}")
+    return known[key]
+
+
+def fact(preset: str, key: str) -> Fact:
+    """The :class:`Fact` ``key`` of ``preset``. Raises ValueError naming the preset's keys."""
+    return engine_preset(preset).fact(key)
+
+
+def version_facts(ev: EngineVersion):
+    """``(preset name, Fact, Source)`` for the lab's PR-era claims (:data:`LAB_CLAIMS`, preset ``lab (PR-era)``,
+    release wheels only), then every checkable source of every preset of ``ev``, each (key, path, scope, code)
+    once."""
+    for f in LAB_CLAIMS.get(ev.engine, ()) if ev.wheel else ():
+        for s in f.sources:
+            yield "lab (PR-era)", f, s
+    seen = set()
+    for p in (p for p in ENGINE_PRESETS.values() if p.engine_version == ev):
+        for f in p.facts:
+            for s in f.sources:
+                k = (f.key, s.path, s.scope, s.code)
+                if s.checkable and k not in seen:
+                    seen.add(k)
+                    yield p.name, f, s
+
+
+def _sm_key(sm) -> str:
+    s = str(sm).lower().replace("sm", "")
+    if s in ("90", "9"):
+        return "sm90"
+    if s in ("100", "10"):
+        return "sm100"
+    raise ValueError(f"sm={sm!r} is not valid; allowed: ['sm90', 'sm100']")
+
+
+def _kv_key(kv_cache_dtype: str) -> str:
+    k = str(kv_cache_dtype).lower()
+    if k in ("bf16", "bfloat16", "auto"):
+        return "bf16"
+    if k.startswith("fp8"):
+        return "fp8"
+    raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not valid; allowed: bf16 (auto, bfloat16), fp8 "
+                     "(fp8_ds_mla, fp8_e4m3)")
+
+
+def _runs(backend: str, sm_k: str, kv: str) -> bool:
+    gpus, kvs = BACKENDS[backend]
+    return (9 if sm_k == "sm90" else 10) in gpus and kv in kvs
+
+
+def sparse_backend(preset: str, sm, kv_cache_dtype: str, num_heads: int) -> str:
+    """The sparse-MLA backend ``preset`` runs on ``sm`` with that KV dtype and ``num_heads`` heads per rank: the
+    forced backend, else the first of fact ``backend_priority`` that runs there (:data:`BACKENDS`).
+
+    Raises:
+        ValueError: bad sm / kv_cache_dtype / preset; no backend of the list runs there.
+    """
+    p = engine_preset(preset)
+    sm_k, kv = _sm_key(sm), _kv_key(kv_cache_dtype)
+    if p.forced_backend:
+        if _runs(p.forced_backend, sm_k, kv):
+            return p.forced_backend
+        raise ValueError(f"--engine={p.name!r} forces {p.forced_backend}, which does not run on {sm_k} with {kv} KV")
+    prio = p.fact("backend_priority").value.get(sm_k, {})
+    lst = prio.get(kv) or prio.get(f"{kv}<=16" if num_heads <= 16 else f"{kv}>16") or ()
+    for b in lst:
+        if _runs(b, sm_k, kv):
+            return b
+    raise ValueError(f"--engine={p.name!r} has no sparse backend on {sm_k} with {kv} KV; allowed: {list(prio)}")
+
+
+def padding_for(preset: str, backend: str, sm, kv_cache_dtype: str = "bf16") -> int:
+    """Heads ``backend`` pads a bf16 sparse prefill to under ``preset`` (``prefill_padding``); 0 when it takes the
+    real heads (:data:`UNPADDED_BACKENDS`; FLASHMLA_SPARSE with an fp8 KV cache). Raises ValueError: bad sm / preset."""
+    p = engine_preset(preset)
+    if backend in UNPADDED_BACKENDS or _kv_key(kv_cache_dtype) == "fp8":
+        return 0
+    return int(p.padding[_sm_key(sm)])
+
+
+def decode_threshold(preset: str, backend: str, sm, num_heads: int) -> tuple[int, bool]:
+    """``(n, uniform)``: requests of at most ``n`` query tokens are decodes on ``backend`` under ``preset``;
+    ``uniform``: they must share one query length (the preset's ``uniform_decodes``).
+
+    Raises:
+        ValueError: a backend the preset gives no threshold for.
+    """
+    p = engine_preset(preset)
+    by_sm, key = p.decode_thresholds.get(backend, {}), _sm_key(sm)
+    if key not in by_sm:
+        raise ValueError(f"--engine={p.name!r} gives no decode threshold for {backend} on {key}; allowed: "
+                         f"{[(b, list(v)) for b, v in p.decode_thresholds.items()]}")
+    pairs, default = by_sm[key]
+    return dict(pairs).get(num_heads, default), backend in p.uniform_decodes
+
+
+def fp8_reserved_bytes(num_heads: int, max_num_batched_tokens: int, max_model_len: int, head_size: int = 576,
+                       kv_lora_rank: int = 512) -> dict:
+    """Bytes (all bf16) vLLM 0.33.0's FLASHMLA_SPARSE ``__init__`` takes together from the shared workspace with an
+    fp8 KV cache (fact ``workspace.fp8``: ``flashmla_sparse.py:810,822-829``; factor ``vllm/config/vllm.py:1872-1874``):
+    Q-concat ``(T, H, head_size)``, prefill gather ``(factor x max_model_len, head_size)`` (factor 5 when
+    max_model_len <= 256 x 1024, else 2), padded Q ``(T, round_up(H, 64), head_size)``, padded output
+    ``(T, round_up(H, 64), kv_lora_rank)``, output ``(T, H, kv_lora_rank)``. Returns ``{name: bytes}`` and ``total``.
+
+    Raises:
+        ValueError: a size not a positive int.
+    """
+    for name, v in (("num_heads", num_heads), ("max_num_batched_tokens", max_num_batched_tokens),
+                    ("max_model_len", max_model_len)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+    T, H, Hp = max_num_batched_tokens, num_heads, -(-num_heads // 64) * 64
+    factor = 5 if max_model_len <= 256 * 1024 else 2
+    out = {"q_concat": T * H * head_size * 2, "prefill_gather": factor * max_model_len * head_size * 2,
+           "padded_q": T * Hp * head_size * 2, "padded_out": T * Hp * kv_lora_rank * 2,
+           "out": T * H * kv_lora_rank * 2}
+    out["total"] = sum(out.values())
+    return out
