@@ -32,9 +32,7 @@ def plotted_rows(df):
 
 
 def _canonical(key):
-    """``key`` with every DataFrame as its CSV text and dtypes (what it holds, not how pandas laid it out in memory:
-    a frame read back from a pickle pickles to other bytes than the frame it was written from), recursively
-    through tuples, lists and dicts."""
+    """``key`` with every DataFrame as its CSV text and dtypes (what it holds, not its memory layout), recursively."""
     import pandas as pd
 
     if isinstance(key, pd.DataFrame):

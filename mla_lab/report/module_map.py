@@ -101,8 +101,8 @@ def summary(path: Path) -> str:
 
 
 def module_map(package: Path = PACKAGE) -> str:
-    """The Markdown block: a table of the sub-packages (layer, name, first docstring sentence), lowest layer
-    first, then one line naming the top-level modules in the same order."""
+    """The Markdown block: the sub-packages (layer, name, first docstring sentence), lowest layer first, then the
+    top-level modules."""
     us = units(package)
     order = sorted(us, key=lambda n: (layer(n, package), n))
     subs = [n for n in order if us[n].is_dir()]

@@ -99,8 +99,8 @@ def _joined(name: str) -> pd.DataFrame:
 
 
 def compare() -> list[dict]:
-    """One dict per file of :data:`FILES`: ``file``, ``keys`` (compared), ``keys_new`` (in the new rows),
-    ``median`` / ``p10`` / ``p90`` / ``max_abs`` (% change of the per-key median, new / old - 1)."""
+    """Per file of :data:`FILES`: ``file``, ``keys`` (compared), ``keys_new``, ``median`` / ``p10`` / ``p90`` /
+    ``max_abs`` of the % change of the per-key median."""
     out = []
     for name, (value, keys) in FILES.items():
         j = _joined(name)
@@ -112,9 +112,8 @@ def compare() -> list[dict]:
 
 
 def largest(name: str) -> dict:
-    """The key of ``name`` whose median moved most: ``key`` (its varying key values, joined), ``old`` / ``new``
-    (medians over processes), ``new_min`` / ``new_max`` / ``old_min`` / ``old_max`` (over processes), ``change``
-    (%)."""
+    """The key of ``name`` whose median moved most: ``key``, ``old`` / ``new`` medians with their ``_min`` /
+    ``_max`` over processes, ``change`` (%)."""
     j = _joined(name)
     r = 100 * (j["median_new"] / j["median_old"] - 1)
     pos = int(r.abs().to_numpy().argmax())

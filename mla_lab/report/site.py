@@ -278,11 +278,9 @@ def run_headline(report_dir: str | Path, meta: dict) -> str:
 
 
 def build_index(report_dir: str | Path, latest_name: str = "padding_sweep", skipped: list | None = None) -> Path:
-    """Write ``<report_dir>/index.html`` (a Jinja2 template, :data:`_INDEX_TEMPLATE`): every published run, newest
-    first, as a block no wider than the page (1280 px windows need no sideways scrolling): its date, headline
-    (:func:`run_headline`), thumbnail, provenance, figure and data links, parameters folded in ``<details>``; the
-    latest report and the committed H200 report (:data:`H200_REPORT`) linked at the top. ``skipped``: as
-    :func:`list_runs`. Returns its path."""
+    """Write ``<report_dir>/index.html`` (:data:`_INDEX_TEMPLATE`): every published run, newest first, with its
+    headline (:func:`run_headline`), thumbnail, provenance, links and parameters; the latest and the committed H200
+    report linked at the top. ``skipped``: as :func:`list_runs`. Returns its path."""
     import jinja2
 
     report_dir = Path(report_dir)
