@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The engine_kernels experiment (mla_lab.measure.engine_kernels) on a lent GPU: N fresh processes (default 5), rows
+# The engine_kernels experiment (mla_lab/measure/experiments/engine_kernels.py) on a lent GPU: N fresh processes (default 5), rows
 # in $OUT/ek/, packed into $OUT/engine_kernels.tar.gz after every process (a run cut short keeps what it had).
-# Expects the packed engine kernels in .engine/ (python -m mla_lab.measure.engine_libs pack ...; carry it) and the
+# Expects the packed engine kernels in .engine/ (python -m mla_lab.kernels.engine_libs pack ...; carry it) and the
 # FlashMLA provider's wheel in .whl/ (carry it). Env: N (5), ROUNDS (5), PARTS (check,prefill,decode), GPU_TESTS (0).
 set -uo pipefail
 : "${OUT:?OUT must be set}"
@@ -19,8 +19,8 @@ pack() { tar -czf "$OUT/engine_kernels.tar.gz" -C "$OUT" ek; }
 } 2>&1 | tee "$LOG"
 for k in $(seq 1 "$N"); do
   echo "== process $k" | tee -a "$LOG"
-  timeout "${PROC_TIMEOUT:-300}" python3 -m mla_lab.measure.engine_kernels --engine-root .engine --process "$k" \
-    --rounds "$ROUNDS" --parts "$PARTS" --out "$OUT/ek/engine_kernels_p$k.csv" 2>&1 | tee -a "$LOG" | grep -v "^p[0-9]* decode" | tail -40
+  timeout "${PROC_TIMEOUT:-300}" python3 -m mla_lab.measure.experiments engine_kernels --engine-root .engine \
+    --process "$k" --param rounds="$ROUNDS" --param parts="$PARTS" --out "$OUT/ek/p$k" 2>&1 | tee -a "$LOG" | grep -v "^p[0-9]* decode" | tail -40
   pack
 done
 if [ "${GPU_TESTS:-0}" = 1 ]; then

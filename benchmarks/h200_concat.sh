@@ -25,14 +25,15 @@ pack() { tar -czf "$OUT/concat_$SET.tar.gz" -C "$OUT" c; }
 } 2>&1 | tee "$LOG"
 for k in $(seq 1 "$N"); do
   echo "== process $k" | tee -a "$LOG"
-  timeout 150 python -m mla_lab.measure.experiments.concat_variants --set "$SET" --rounds 5 --rep 50 \
-    --host-calls "${HOST_CALLS:-1000}" --out "$OUT/c/p$k" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error|host launch"
+  timeout 150 python -m mla_lab.measure.experiments concat --param set="$SET" --param rounds=5 --param rep=50 \
+    --param host_calls="${HOST_CALLS:-1000}" --out "$OUT/c/p$k" --process "$k" 2>&1 | tee -a "$LOG" | grep -E "concat|Error|error"
   pack
 done
 for hp in ${DENSITY_HP:-}; do
   echo "== density Hp=$hp" | tee -a "$LOG"
-  timeout 60 python -m mla_lab.measure.experiments.concat_variants --set "$SET" --rounds 3 --rep 50 --T 16384 --H 8 --Hp "$hp" \
-    --host-calls 10 --out "$OUT/c/hp$hp" 2>&1 | tee -a "$LOG" | grep -E "^T=|Error|error"
+  timeout 60 python -m mla_lab.measure.experiments concat --param set="$SET" --param rounds=3 --param rep=50 \
+    --param tokens=16384 --param heads=8 --param padded_heads="$hp" --param host_calls=10 --out "$OUT/c/hp$hp" 2>&1 \
+    | tee -a "$LOG" | grep -E "concat|Error|error"
   pack
 done
 if [ "${GPU_TESTS:-0}" = 1 ]; then

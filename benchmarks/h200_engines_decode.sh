@@ -3,7 +3,7 @@
 # presets, sub-chunking, NaN check) then decode_layer (decode / mixed layer, attention path, per-op), CSVs and
 # one log straight into $OUT (7 files; the scripts append rows as they measure, so a kill keeps what was measured).
 # Expects the flash_mla wheel in .whl/ (installed here if the caller did not), MLA_LAB_COMMIT set by the caller.
-# SMOKE=1: tiny shapes only. ENG_BUDGET / PRESET_BUDGET / DEC_BUDGET: seconds per script (deadlines inside).
+# SMOKE=1: tiny shapes only.
 set -uo pipefail
 : "${OUT:?OUT must be set}"
 mkdir -p "$OUT"
@@ -24,9 +24,8 @@ LOG="$OUT/engines_decode.log"
 } 2>&1 | tee "$LOG"
 S=""
 if [ "${SMOKE:-0}" = 1 ]; then S="--smoke"; fi
-python -m mla_lab.measure.experiments.engines --out "$OUT" $S --budget-s "${ENG_BUDGET:-320}" --repeats 6 --window-ms 250 \
-    --presets-budget-s "${PRESET_BUDGET:-110}" 2>&1 | tee -a "$LOG"
-python -m mla_lab.measure.experiments.decode_layer --out "$OUT" $S --budget-s "${DEC_BUDGET:-150}" 2>&1 | tee -a "$LOG"
+python -m mla_lab.measure.experiments engines --out "$OUT" $S --param repeats=6 --param window_ms=250 2>&1 | tee -a "$LOG"
+python -m mla_lab.measure.experiments decode_layer --out "$OUT" $S 2>&1 | tee -a "$LOG"
 {
   nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv
   date -u +"end %Y-%m-%dT%H:%M:%SZ"

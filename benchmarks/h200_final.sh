@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lent-H200 call (issue 29/31): the README's GPU test command with MLA_LAB_REQUIRE_GPU=1, then `mla-lab measure`
 # for the engine kernels and the MoE decode rows in 5 fresh processes; everything packed into $OUT/final.tar.gz.
-# Expects .whl/ (tokenspeed-flashmla) and .engine/ (python -m mla_lab.measure.engine_libs pack ...) carried.
+# Expects .whl/ (tokenspeed-flashmla) and .engine/ (python -m mla_lab.kernels.engine_libs pack ...) carried.
 set -uo pipefail
 : "${OUT:?OUT must be set}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1

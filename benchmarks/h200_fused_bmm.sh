@@ -8,6 +8,6 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 N="${N:-5}"
 for k in $(seq 1 "$N"); do
   echo "== process $k"
-  timeout 90 python -m mla_lab.measure.experiments.fused_bmm --out "$OUT/fb/p$k" 2>&1 | tee "$OUT/fb/p$k.log" | grep -vE "^(glm|deep)seek.*plan" 
+  timeout 90 python -m mla_lab.measure.experiments fused_bmm --out "$OUT/fb/p$k" --process "$k" 2>&1 | tee "$OUT/fb/p$k.log"
   tar -czf "$OUT/fused_bmm.tar.gz" -C "$OUT" fb
 done

@@ -4,7 +4,7 @@
 #   next calls:  RESUME=<run folder carried back (unpack run.tar.gz into an ignored folder, carry it)> bash ...
 # (the run comes back as one run.tar.gz: a lent machine returns a limited number of files, no deep folders)
 # then GPU_TESTS=1 adds the README's GPU test command (MLA_LAB_REQUIRE_GPU=1). Expects .whl/ (tokenspeed-flashmla)
-# and .engine/ (python -m mla_lab.measure.engine_libs pack ...) carried; MLA_LAB_COMMIT set to the tree's commit.
+# and .engine/ (python -m mla_lab.kernels.engine_libs pack ...) carried; MLA_LAB_COMMIT set to the tree's commit.
 set -uo pipefail
 : "${OUT:?OUT must be set}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1

@@ -1,9 +1,5 @@
-"""The padded Q-concat workspace and its byte accounting (allocating nothing but :class:`QConcatWorkspace`).
-
-vLLM PR #53878 (``vllm/v1/attention/backends/mla/flashmla_sparse.py``) sizes the workspace at ``q_concat_heads``
-(:func:`mla_lab.rank.pad_heads`: padded to the GPU's ``prefill_padding`` for a bf16 KV cache, the real heads for
-fp8). Bytes throughout; Q bf16 (2 B), ``head_size`` 576 (kv_lora_rank 512 + qk_rope_head_dim 64), kernel output
-``d_v`` 512 bf16, lse and max_logits fp32.
+"""The padded Q-concat workspace (vLLM PR #53878, ``flashmla_sparse.py``) and its byte accounting. Bytes; Q bf16,
+``head_size`` 576 (kv_lora_rank 512 + rope 64), output ``d_v`` 512 bf16, lse and max_logits fp32.
 """
 
 from __future__ import annotations
@@ -31,12 +27,8 @@ STRATEGIES = tuple(fixed_strategies())
 
 
 def shared_workspace_other_bytes(rank: RankView) -> int:
-    """Bytes the shared workspace holds for its other users at the rank's ``max_num_batched_tokens``: the fused-MoE
-    kernel's two scratch buffers (vLLM ``vllm/v1/worker/workspace.py``; DeepGEMM experts in
-    ``vllm/model_executor/layers/fused_moe``: ``workspace13 = (M*topk, max(N/2, K))``, ``workspace2 = (M*topk,
-    max(N, K))``, bf16, ``N = 2 x`` the local intermediate size by ``moe_parallel``, ``K`` hidden). An estimate of
-    the largest other user (the indexer's K-gather scratch is smaller); ``shared_workspace_bytes`` overrides it.
-    """
+    """Bytes the shared workspace holds for its largest other user, the fused-MoE scratch (vLLM
+    ``vllm/model_executor/layers/fused_moe``: ``(M*topk, max(N/2, K)) + (M*topk, max(N, K))`` bf16); an estimate."""
     model = rank.model
     inter = model.moe_intermediate_size if rank.moe_parallel == "ep" else model.moe_intermediate_size // rank.tp
     m = rank.max_num_batched_tokens * model.num_experts_per_tok
@@ -53,16 +45,8 @@ def _padding_of(arch: str | GPUArch | int) -> int:
 
 
 def padded_num_heads(num_heads: int, arch: str | GPUArch | int = "hopper", kv_cache_dtype: str = "bf16") -> int:
-    """Heads of the Q-concat workspace (``q_concat_heads``): :func:`mla_lab.rank.pad_heads` after checking.
-
-    Args:
-        num_heads: attention heads on this rank (``num_attention_heads // tp``), > 0.
-        arch: arch name/alias, a :class:`GPUArch`, or the ``prefill_padding`` itself (64 or 128).
-        kv_cache_dtype: ``bf16`` (``auto``/``bfloat16``) pads; ``fp8`` (``fp8_ds_mla``) does not.
-
-    Raises:
-        ValueError: num_heads not a positive int; unknown arch; unsupported kv_cache_dtype.
-    """
+    """``q_concat_heads``: :func:`mla_lab.rank.pad_heads` for an arch, a :class:`GPUArch` or a ``prefill_padding``
+    (64 / 128); fp8 KV does not pad. Raises ValueError: bad num_heads, arch or kv_cache_dtype."""
     check_int("num_heads", num_heads)
     return pad_heads(num_heads, _padding_of(arch), normalize_kv_cache_dtype(kv_cache_dtype))
 
@@ -75,23 +59,14 @@ def kv_tokens_lost(extra_bytes: int, model: ModelConfig, kv_cache_dtype: str = "
 
 @dataclass(frozen=True)
 class MemoryAccount:
-    """Bytes one rank spends on the sparse-prefill Q path for one strategy (one layer's workspace; vLLM shares the
-    workspace across layers, so it is allocated once per rank).
+    """Bytes one rank spends on the sparse-prefill Q path for one strategy (one workspace per rank).
 
     Attributes:
-        strategy: canonical strategy name (:mod:`mla_lab.placement`).
-        num_heads: real heads per rank (H); q_concat_heads: workspace heads; kernel_heads: h_q the kernel runs at.
-        persistent_bytes: held for the engine's life and budgeted before the KV cache (costs KV tokens): the
-            Q-concat buffer ``rows * q_concat_heads * head_size * 2`` (rows = max_num_batched_tokens, or S for
-            ``subchunk``, twice for ``:graph2``); ``shared_workspace`` (vLLM #56902) only what the padded view adds
-            beyond the shared workspace's other users; 0 for ``fa3_sparse`` (no concat buffer); ``packed`` the
-            real-head buffer plus the union builder's (:func:`mla_lab.model.packed_kernel.packed_union_bytes`).
-        step_transient_bytes: the per-call pad tensor ``T * kernel_heads * head_size * 2`` (``per_call_*``).
-        kernel_out_bytes: out + lse + max_logits alive at once, ``T*h*(d_v*2 + 2*4)`` at the kernel's heads
-            (``fa3_sparse``: out + lse at the real heads; ``subchunk``: two chunks' outputs plus the delivered
-            ``[T, H, d_v]``).
-        call_transient_bytes: step_transient + kernel_out, unbudgeted (vLLM's profile run skips the sparse kernel).
-        peak_bytes: persistent + call_transient.
+        persistent_bytes: budgeted before the KV cache: the Q-concat buffer ``rows * q_concat_heads * head_size * 2``
+            (``shared_workspace``: beyond the workspace's other users; ``packed``: plus the union builder's).
+        step_transient_bytes: the per-call pad tensor (``per_call_*``).
+        kernel_out_bytes: out + lse + max_logits alive at once at the kernel's heads.
+        call_transient_bytes: step_transient + kernel_out, unbudgeted (vLLM's profile run skips the kernel).
     """
 
     strategy: str
@@ -135,20 +110,9 @@ def memory_account(
     model: ModelConfig | None = None,
     prompt_len: int | None = None,
 ) -> MemoryAccount:
-    """Exact byte accounting for one strategy, allocating nothing.
-
-    Args:
-        strategy: a :class:`~mla_lab.placement.Strategy` or canonical name; num_heads: real heads per rank (H).
-        max_num_batched_tokens: workspace rows; num_tokens: T of the step, 0..max_num_batched_tokens (default all).
-        arch, kv_cache_dtype: as :func:`padded_num_heads` (fp8 KV cache: no padding).
-        head_size, d_v: 576 and 512 (absorbed MLA).
-        shared_other_bytes: ``shared_workspace`` only: the workspace's other users (:func:`shared_workspace_other_bytes`).
-        model, prompt_len: with both, the step's route (:func:`mla_lab.placement.strategy_route`): on a dense MHA
-            route nothing is padded and the transient is :func:`dense_route_transient_bytes`.
-
-    Raises:
-        ValueError: unknown strategy; non-positive sizes; num_tokens out of range; as :func:`padded_num_heads`.
-    """
+    """Exact byte accounting for one strategy, allocating nothing. ``num_tokens`` T (default all rows);
+    ``shared_other_bytes``: see :func:`shared_workspace_other_bytes`; with ``model`` and ``prompt_len`` a dense MHA
+    route pads nothing. Raises ValueError: unknown strategy; bad sizes; num_tokens out of range."""
     st = as_strategy(strategy)
     check_int("max_num_batched_tokens", max_num_batched_tokens)
     check_int("head_size", head_size)
@@ -168,15 +132,8 @@ def memory_account(
 
 def memory_account_of(rank: RankView, strategy: Strategy | str, shared_other_bytes: int,
                       prompt_len: int | None, union_bytes: int | None = None) -> MemoryAccount:
-    """:func:`memory_account` of one TP rank (:class:`~mla_lab.rank.RankView`, derived from a checked
-    Deployment) at its ``max_num_batched_tokens`` (``num_tokens`` = the workspace rows), with the model's head_size
-    and d_v: nothing re-checked. ``shared_other_bytes`` a checked non-negative int; ``prompt_len`` the deployment's
-    (or None: the padded route); ``union_bytes``: ``packed`` only, the union builder's buffers and scratch
-    (:func:`mla_lab.model.packed_kernel.packed_union_bytes`; 0 where the heads cannot be packed).
-
-    Raises:
-        ValueError: ``packed`` without ``union_bytes`` (its account needs them).
-    """
+    """:func:`memory_account` of a checked rank at its full budget, unchecked (``union_bytes``: ``packed`` only,
+    :func:`mla_lab.model.packed_kernel.packed_union_bytes`). Raises ValueError: ``packed`` without it."""
     m = rank.model
     return _account(as_strategy(strategy), rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype,
                     rank.max_num_batched_tokens, rank.max_num_batched_tokens, m.head_size, m.d_v, shared_other_bytes,
@@ -198,13 +155,11 @@ def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: in
     elif st.placement == "private_workspace":
         q_heads, persistent = hp, max_num_batched_tokens * hp * row
     elif st.placement == "shared_workspace":
-        # after vLLM #56902 the padded view is taken per call at offset 0 of the shared workspace: no separate
-        # unpadded Q buffer remains; only what the padded view needs beyond the workspace's other users is extra
+        # vLLM #56902: the padded view at offset 0 of the shared workspace; only what it adds beyond the others
         q_heads = hp
         persistent = max(0, max_num_batched_tokens * hp * row - shared_other_bytes)
     elif st.placement == "subchunk":
-        # chunked whether or not heads are padded (the path runs the same code): an S-row workspace, two chunks'
-        # kernel outputs alive at once, and (copy hand-off) the step's [T, H, d_v] output and [T, H] lse
+        # an S-row workspace, two chunks' outputs alive, and (copy hand-off) the step's [T, H, d_v] + lse
         q_heads = hp
         S = min(st.rows, max_num_batched_tokens)
         persistent = st.workspaces * S * hp * row  # graph2: two S-row workspaces (chunk i on stream i % 2)
@@ -212,13 +167,10 @@ def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: in
         delivered = 0 if st.views_handoff else T * H * (d_v * BF16_BYTES + FP32_BYTES)
         kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + delivered
     elif st.placement == "fa3_sparse":
-        # FA3 takes q_nope / q_rope as they are (no concat buffer) and writes out [T, H, d_v] + lse [T, H]
         kernel_heads = H
         persistent = 0
         kernel_out = T * H * (d_v * BF16_BYTES + FP32_BYTES)
     elif st.placement == "packed":
-        # the lab's packed kernel: Q concatenated at the real heads (as kernel_native), the union builder's buffers
-        # and scratch at max_num_batched_tokens, no padded workspace; out + lse at the real heads
         if union_bytes is None:
             raise ValueError("strategy='packed' needs union_bytes (its union buffers and scratch); allowed: the "
                              "account of mla_lab.model.memory.memory_tradeoff / buffers.memory_account_of(..., "
@@ -244,10 +196,8 @@ def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: in
 
 
 def dense_route_transient_bytes(model: ModelConfig, num_heads: int, num_tokens: int, num_keys: int) -> int:
-    """Transient bytes of one dense-MHA layer call (bf16; vLLM ``forward_mha`` / SGLang ``_forward_standard_mha``):
-    the ``kv_b_proj`` output ``[Tk, H, qk_nope + v]``, the assembled ``k [Tk, H, qk_nope + qk_rope]``, the output
-    ``[T, H, v]`` and lse ``[T, H]`` fp32 (``Tk = num_keys`` up-projected, ``T = num_tokens`` queries). None of it is
-    budgeted by vLLM's profile run (it runs no attention: ``attn_metadata=None``)."""
+    """Transient bytes of one dense-MHA layer call (vLLM ``forward_mha``): ``kv_b_proj`` out ``[Tk, H, nope + v]``,
+    ``k [Tk, H, nope + rope]``, out ``[T, H, v]`` bf16 and lse ``[T, H]`` fp32; unbudgeted by vLLM."""
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     H = num_heads
     return (num_keys * H * (dn + dv) + num_keys * H * (dn + dr) + num_tokens * H * dv) * BF16_BYTES \
@@ -255,25 +205,10 @@ def dense_route_transient_bytes(model: ModelConfig, num_heads: int, num_tokens: 
 
 
 class QConcatWorkspace:
-    """A ``(max_num_batched_tokens, q_concat_heads, head_size)`` buffer allocated once; hands out ``[:T]`` views.
-
-    The real heads occupy ``[:, :num_heads]``; :func:`mla_lab.kernels.concat_mla_q` never writes the padded ones.
-    ``zero_init=True`` (default) zeroes the buffer once, so they stay zero: FlashMLA's sparse prefill ran 12 % faster
-    with zero padded heads than with random ones on an H200 (GLM-5 TP8, T = 16384: 7.19 vs 8.14 ms;
-    ``data/measured/h200/layer_run2/layer_extras.csv``, ``kernel_pad_values``); ``False`` is ``torch.empty``, as vLLM.
-
-    Args:
-        max_num_batched_tokens: rows, > 0.
-        num_heads: real heads per rank, > 0.
-        arch, kv_cache_dtype: decide ``q_concat_heads`` (:func:`padded_num_heads`). Pass ``pad=False`` to get an
-            unpadded (``num_heads``) workspace, as the unfused strategy uses.
-        head_size: 576 (kv_lora_rank 512 + qk_rope_head_dim 64).
-        device, dtype: torch device and dtype (bf16 by default; fp16 also accepted).
-        zero_init: zero the buffer once at allocation (default True; False = ``torch.empty`` as in vLLM).
-
-    Raises:
-        ValueError: as :func:`padded_num_heads`; dtype not bf16/fp16.
-    """
+    """A ``(max_num_batched_tokens, q_concat_heads, head_size)`` bf16/fp16 buffer allocated once; hands out ``[:T]``
+    views. ``pad=False``: ``num_heads`` wide. ``zero_init`` (default) keeps the padded heads zero (FlashMLA ran 12 %
+    faster so on an H200: ``data/measured/h200/layer_run2/layer_extras.csv``); False is ``torch.empty``, as vLLM.
+    Raises ValueError: as :func:`padded_num_heads`; dtype not bf16/fp16."""
 
     def __init__(self, max_num_batched_tokens: int, num_heads: int, arch="hopper", kv_cache_dtype: str = "bf16",
                  head_size: int = 576, device="cpu", dtype=None, pad: bool = True, zero_init: bool = True):
@@ -298,11 +233,7 @@ class QConcatWorkspace:
         return self.buffer.numel() * self.buffer.element_size()
 
     def view(self, num_tokens: int):
-        """The first ``num_tokens`` rows, ``[T, q_concat_heads, head_size]`` (a view, no copy).
-
-        Raises:
-            ValueError: num_tokens negative, not an int, or larger than max_num_batched_tokens.
-        """
+        """``[:num_tokens]``, a view. Raises ValueError: not an int in 0..max_num_batched_tokens."""
         check_int("num_tokens", num_tokens, allow_zero=True)
         if num_tokens > self.max_num_batched_tokens:
             raise ValueError(
@@ -319,11 +250,8 @@ class QConcatWorkspace:
 
 def call_peak_bytes(strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch: str | GPUArch, num_tokens: int,
                     model: ModelConfig) -> int:
-    """Analytic extra bytes of one measured layer call of the attention path at step size ``num_tokens``: what
-    ``torch.cuda.max_memory_allocated`` should add above the inputs and the persistent workspace — the call's
-    transient peak (:attr:`MemoryAccount.call_transient_bytes`: the per-call pad tensor and the kernel's padded
-    ``out [T, H', d_v]`` bf16 with ``max_logits`` / ``lse [T, H']`` fp32, handed on as views; for ``subchunk`` two
-    chunks' outputs and the step's output). Bytes."""
+    """Bytes ``torch.cuda.max_memory_allocated`` should add above inputs and workspace for one attention-path call
+    (:attr:`MemoryAccount.call_transient_bytes`)."""
     acc = memory_account(strategy, num_heads, max_num_batched_tokens, arch, "bf16", num_tokens=num_tokens,
                          head_size=model.head_size, d_v=model.d_v)
     return acc.call_transient_bytes

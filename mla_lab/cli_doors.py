@@ -33,7 +33,7 @@ __all__ = ["CLIError", "DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STE
            "check_sweep", "rel_path",
            "check_deployment", "check_strategies", "check_report_name", "file_in_the_way",
            "plan_without_writing", "GRID_KEYS", "check_sim_time", "acceptance_type", "deployment_options",
-           "overlap_type"]
+           "overlap_type", "range_help", "check_engine", "deployment_flags"]
 
 
 class CLIError(Exception):
@@ -272,31 +272,50 @@ def check_sweep(params: dict) -> None:
     if unknown:
         raise DoorError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
     for name, bound in _SCALAR_BOUNDS.items():
-        v = params.get(name)
-        if isinstance(v, int) and not isinstance(v, bool):
-            check_bounded_int(bound, v, name)
-    sizes = 1
-    for name in ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_lens", "kv_cache_dtype",
-                 "strategies"):
-        v = params.get(name)
-        if isinstance(v, (list, tuple)):
-            if len(v) > MAX_LIST_LEN:
-                raise DoorError(f"{name} holds {len(v)} entries; allowed: at most {MAX_LIST_LEN}")
-            sizes *= max(len(v), 1)
-            if name in _LIST_BOUNDS:
-                for x in v:
-                    if isinstance(x, int) and not isinstance(x, bool):
-                        check_bounded_int(_LIST_BOUNDS[name], x, f"{name} entry")
-        elif name in _LIST_BOUNDS and isinstance(v, int) and not isinstance(v, bool):
-            check_bounded_int(_LIST_BOUNDS[name], v, name)
-    if sizes > MAX_GRID_POINTS:
-        raise DoorError(f"the grid spans {sizes:,} points; allowed: at most {MAX_GRID_POINTS:,} per sweep (split it)")
+        if _is_int(params.get(name)):
+            check_bounded_int(bound, params[name], name)
+    _check_grid_lists(params)
     for k in ("store_dir", "data_file", "report_dir"):
         v = params.get(k)
         if isinstance(v, str) and v:
             _check_path(k, v, folder=(k != "data_file"))
     checked = validate_params(params)
     check_tp_sizes(checked)
+    _check_grid_size(checked)
+    for mbt in checked.max_num_batched_tokens:
+        if mbt < checked.max_num_seqs:
+            raise DoorError(f"max_num_batched_tokens={mbt} is below max_num_seqs={checked.max_num_seqs}; allowed: "
+                            f">= max_num_seqs ({VLLM_MBT_RULE})")
+        for L in checked.prompt_lens:
+            _check_steps(checked.num_prompts, L, mbt, "sweep point")
+    check_sweep_serving(checked)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_grid_lists(params: dict) -> None:
+    """The grid's lists before the sweep parses them: at most :data:`MAX_LIST_LEN` entries, integer entries within
+    :data:`BOUNDS`, at most :data:`MAX_GRID_POINTS` combinations."""
+    sizes = 1
+    for name in ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_lens", "kv_cache_dtype",
+                 "strategies"):
+        v = params.get(name)
+        if isinstance(v, (list, tuple)) and len(v) > MAX_LIST_LEN:
+            raise DoorError(f"{name} holds {len(v)} entries; allowed: at most {MAX_LIST_LEN}")
+        values = v if isinstance(v, (list, tuple)) else [v]
+        sizes *= max(len(values), 1)
+        label = f"{name} entry" if isinstance(v, (list, tuple)) else name
+        for x in values if name in _LIST_BOUNDS else ():
+            if _is_int(x):
+                check_bounded_int(_LIST_BOUNDS[name], x, label)
+    if sizes > MAX_GRID_POINTS:
+        raise DoorError(f"the grid spans {sizes:,} points; allowed: at most {MAX_GRID_POINTS:,} per sweep (split it)")
+
+
+def _check_grid_size(checked) -> None:
+    """At most :data:`MAX_REPORT_POINTS` report panels and :data:`MAX_TP_BARS` bars per row of the TP chart."""
     points = math.prod(len(getattr(checked, k)) for k in ("models", "tp_sizes", "archs", "max_num_batched_tokens",
                                                           "prompt_lens", "kv_cache_dtype"))
     if points > MAX_REPORT_POINTS:
@@ -308,13 +327,6 @@ def check_sweep(params: dict) -> None:
         raise DoorError(f"models x tp_sizes = {len(checked.models)} x {len(checked.tp_sizes)} = {bars} bars per row of "
                         f"the report's TP chart; allowed: at most {MAX_TP_BARS} (fewer TP sizes, or one model per "
                         "sweep)")
-    for mbt in checked.max_num_batched_tokens:
-        if mbt < checked.max_num_seqs:
-            raise DoorError(f"max_num_batched_tokens={mbt} is below max_num_seqs={checked.max_num_seqs}; allowed: "
-                            f">= max_num_seqs ({VLLM_MBT_RULE})")
-        for L in checked.prompt_lens:
-            _check_steps(checked.num_prompts, L, mbt, "sweep point")
-    check_sweep_serving(checked)
 
 
 def check_sweep_serving(checked) -> None:
@@ -592,3 +604,55 @@ def rel_path(p) -> str:
         return str(Path(p).relative_to(Path.cwd()))
     except ValueError:
         return str(p)
+
+
+def range_help(name: str) -> str:
+    """``lo..hi`` of :data:`BOUNDS` ``[name]``, for a flag's help."""
+    lo, hi, _ = BOUNDS[name]
+    return f"{lo}..{hi:,}"
+
+
+def check_engine(engine) -> None:
+    """One line naming --engine, the value and the allowed values (DoorError), before anything is priced."""
+    if engine is None:
+        return
+    from .placement import resolve_engine
+
+    try:
+        resolve_engine(engine)
+    except ValueError as e:
+        raise DoorError(str(e)) from None
+
+
+def deployment_flags(p, tp_flags, tp_dest) -> None:
+    """The deployment flags ``advise`` and ``serve`` share, on parser ``p`` (``tp_flags``: the tensor-parallel spellings)."""
+    B = arg_type
+    lo, hi, _ = BOUNDS["tp"]
+    p.add_argument("--model", default="glm-5", help="a model the lab knows, e.g. glm-5 or deepseek-v3.2 (default "
+                                                   "glm-5; an unknown name lists them)")
+    p.add_argument(*tp_flags, dest=tp_dest, type=B("tp"), default=8,
+                   help=f"tensor-parallel size (GPUs), {lo}..{hi:,}, dividing the model's num_heads (default 8)")
+    p.add_argument("--arch", default="h200", help="GPU, e.g. h200 (sm90) or b200 (sm100) (default h200; an unknown "
+                                                 "name lists them)")
+    p.add_argument("--max-num-batched-tokens", type=B("max_num_batched_tokens"), default=16384,
+                   help=f"vLLM's token budget per engine step, {range_help('max_num_batched_tokens')}, >= max_num_seqs "
+                        "(default 16384)")
+    p.add_argument("--kv-cache-dtype", default="bf16", help="KV-cache dtype, e.g. bf16 or fp8_ds_mla (default bf16; "
+                                                           "an unknown one lists them)")
+    p.add_argument("--weight-dtype", default="fp8", choices=["fp8", "bf16"], help="weight dtype: fp8 or bf16 "
+                                                                                  "(default fp8)")
+    p.add_argument("--moe-parallel", default="ep", choices=["ep", "tp"],
+                   help="how the experts are split: ep (expert parallel) or tp (default ep)")
+    p.add_argument("--gpu-memory-utilization", type=fraction_type, default=0.9,
+                   help="vLLM's fraction of GPU memory for weights, activations and KV cache, in (0, 1] "
+                        "(default 0.9)")
+    p.add_argument("--num-speculative-tokens", type=B("num_speculative_tokens"), default=0,
+                   help="MTP / EAGLE draft tokens per step (vLLM --speculative-config num_speculative_tokens), "
+                        f"{range_help('num_speculative_tokens')} (default 0: off; modelled)")
+    p.add_argument("--acceptance-length", type=acceptance_type, default=None,
+                   help="mean tokens accepted per request per step, the bonus token included: an input, in "
+                        "[1, num_speculative_tokens + 1] (default 1)")
+    p.add_argument("--dp-attention", type=B("dp_attention"), default=1,
+                   help="SGLang --dp N --enable-dp-attention: attention data-parallel over N ranks (all heads of "
+                        f"the group per rank, KV per rank), MoE over all GPUs; {range_help('dp_attention')}, a divisor "
+                        "of tp (default 1: off; modelled)")

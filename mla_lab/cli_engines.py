@@ -6,13 +6,13 @@ against a release wheel (``--check-wheel`` / ``--download``, mla_lab.engines.whe
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 from .cli_doors import DoorError, rel_path
 
-__all__ = ["cmd_engines"]
-
+__all__ = ["add_parser", "cmd_engines"]
 
 
 _ENGINE_COLS = (("preset", 21), ("engine", 6), ("version", 15), ("release", 10), ("prefill route", 13),
@@ -21,6 +21,7 @@ _ENGINE_COLS = (("preset", 21), ("engine", 6), ("version", 15), ("release", 10),
 
 def cmd_engines(args) -> int:
     """``mla-lab engines``: the engine presets (GLM-5 TP8, H200, bf16 KV, 1024-token prompts), or the wheel check."""
+    from .deployment import Deployment
     from .engines import engine_preset
     from .placement import engine_table
 
@@ -31,7 +32,7 @@ def cmd_engines(args) -> int:
             raise DoorError(f"{flag} writes the wheel check's report; allowed: with --check-wheel PATH.whl or "
                             "--download ENGINE==VERSION")
     arch = _engines_arch(getattr(args, "arch", "h200"))
-    rows = engine_table(sm=arch.sm)
+    rows = engine_table(Deployment.seed(arch=arch.name))
     for r in rows:
         p = engine_preset(r["preset"])
         r["decode_backend"] = "FLASH_ATTN_MLA_SPARSE (fa3)" if r["decode_route"] == "fa3-sparse" and \
@@ -126,3 +127,22 @@ def _write_checked(wheel: str, rep: dict, overwrite: bool) -> None:
     except ValueError as e:
         raise DoorError(str(e)) from None
     print(f"mla-lab: wrote {rel_path(j)} and {rel_path(m)}")
+
+
+def add_parser(sub) -> None:
+    """The ``engines`` sub-command on ``sub`` (argparse sub-parsers)."""
+    en = sub.add_parser("engines", help="the engine versions the lab describes (vLLM / SGLang releases and PR-era "
+                                        "builds): route, padding, decode backend, sources; or check a wheel")
+    en.add_argument("--json", action="store_true", help="every preset with its facts and their file:line")
+    en.add_argument("--arch", default="h200",
+                    help="the GPU whose backends and padding to show: h200 (sm90, default) or b200 (sm100; modelled "
+                         "from the engines' sources, nothing ran on a B200)")
+    en.add_argument("--check-wheel", nargs="+", default=None, metavar="WHEEL",
+                    help="release wheel(s) to check the facts against (read with ast; never installed or imported)")
+    en.add_argument("--download", nargs="+", default=None, metavar="ENGINE==VERSION",
+                    help="pip download --no-deps the release wheel(s) first (e.g. vllm==0.33.0; ~336 MB), then check")
+    en.add_argument("--wheel-dir", default=os.environ.get("MLA_LAB_WHEELS", "wheels"),
+                    help="where --download puts wheels (default env MLA_LAB_WHEELS or ./wheels)")
+    en.add_argument("--write", action="store_true",
+                    help="write data/engines/wheel_facts_<engine>-<version>.json and .md")
+    en.add_argument("--overwrite", action="store_true", help="with --write: replace existing report files")

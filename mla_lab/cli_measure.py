@@ -2,7 +2,7 @@
 the report rendered from what it wrote (the command line; the work is :mod:`mla_lab.measure.experiments`).
 
 - ``mla-lab measure [--experiments a,b] [--processes N] [--out DIR] [--overwrite] [--engine-root DIR] [--dry-run]
-  [--budget-s S] [--resume RUN_DIR]``:
+  [--budget-s S] [--resume RUN_DIR] [--smoke]``:
   the chosen experiments (default: the between-process set) in N fresh processes each (default 5) into
   ``data/measured/<gpu>/`` (``<gpu>`` from ``torch.cuda.get_device_name``: "NVIDIA H200" -> ``h200``); a file that
   exists there is never replaced without ``--overwrite`` (the run goes to ``<out>/runs/<timestamp>/``). A run that
@@ -10,7 +10,9 @@ the report rendered from what it wrote (the command line; the work is :mod:`mla_
   ``--dry-run`` lists every chosen experiment, its shapes count and its output files, and runs nothing (CPU is
   enough). Without CUDA a real run is refused with one line (exit 2). ``--budget-s S`` starts no process after S
   seconds (exit 3, the run folder resumable); ``--resume RUN_DIR`` finishes it (processes that exited 0 keep their
-  rows; the run's own experiments unless ``--experiments``).
+  rows; the run's own experiments unless ``--experiments``). ``--smoke``: every chosen experiment once, tiny shapes
+  (:data:`mla_lab.measure.experiments.SMOKE_TOKENS` tokens), into a new temp folder unless ``--out`` (never
+  ``data/measured``): the quick end-to-end check of the suite on a GPU.
 - ``mla-lab report --measured GPU [--report-dir DIR]``: the report for that GPU (``reports/<gpu>/``) from
   ``data/measured/<gpu>/``: the sweep notebook over the measured sweep's grid (the GPU's measured rows, plus the
   B200 as modelled rows), published beside the rows it shows, then checked in the browser (``check-report``).
@@ -62,13 +64,15 @@ def add_parsers(sub) -> None:
     ms.add_argument("--overwrite", action="store_true", help="replace files that exist in --out (default: a new "
                                                               "run folder <out>/runs/<timestamp>/)")
     ms.add_argument("--engine-root", default=None,
-                    help="the packed engine kernels for engine_kernels (python -m mla_lab.measure.engine_libs pack)")
+                    help="the packed engine kernels for engine_kernels (python -m mla_lab.kernels.engine_libs pack)")
     ms.add_argument("--dry-run", action="store_true", help="list the experiments, shapes and files; run nothing")
     ms.add_argument("--resume", default=None, metavar="RUN_DIR",
                     help="finish a run a budget or a kill cut: its processes that exited 0 keep their rows")
     ms.add_argument("--budget-s", type=budget_type, default=None, metavar="S",
                     help="start no new process after S seconds (a lent machine's per-call limit); exit 3 and "
                          "--resume when processes are left")
+    ms.add_argument("--smoke", action="store_true", help="tiny shapes, one process per experiment, into a temp "
+                                                         "folder: every experiment end to end in a few minutes")
     rp = sub.add_parser("report", help="render the report for one GPU from data/measured/<gpu>/")
     rp.add_argument("--measured", required=True, help="a GPU folder under data/measured, e.g. h200")
     rp.add_argument("--report-dir", default=None, help="where the report goes (default reports/<gpu>)")
@@ -81,7 +85,7 @@ def add_parsers(sub) -> None:
 def cmd_measure(args, stamp) -> int:
     """``stamp(root)``: :func:`mla_lab.report.stamp_measured.main` for ``root`` (passed in by :mod:`mla_lab.cli`: the
     report layer is not below this one)."""
-    from mla_lab.measure.experiments import EXPERIMENTS, resolve, runner
+    from mla_lab.measure.experiments import resolve, runner
 
     if args.experiments is not None and not args.experiments.strip(" ,"):
         raise ValueError(f"--experiments={args.experiments!r} names no experiment; allowed: comma-separated names "
@@ -95,45 +99,70 @@ def cmd_measure(args, stamp) -> int:
     experiments = resolve(args.experiments)  # ValueError: one line naming the allowed names
     if args.out:
         _check_out_folder("--out", args.out, Path(args.out))
-    # engine_kernels needs the packed engine kernels: a --engine-root given and missing is refused, dry run included;
-    # the default (.engine) missing is refused by the run and only noted by --dry-run (a plan on a CPU machine)
-    explicit_root = args.engine_root is not None
-    args.engine_root = args.engine_root if explicit_root else ".engine"
-    root_missing = any(e.name == "engine_kernels" for e in experiments) and not Path(args.engine_root).is_dir()
-    root_msg = (f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
-                "mla_lab.measure.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
-    if root_missing and explicit_root:
+    root_msg = _engine_root_refusal(args, experiments)
+    if args.dry_run:
+        return _dry_run(args, experiments, record, root_msg)
+    if root_msg:
         raise ValueError(root_msg)
-    if args.dry_run:  # without --experiments: every experiment, the default set marked
-        out = args.resume or args.out or "data/measured/<gpu>"
-        listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
-        print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
-        if record is not None:
-            print(runner.resume_lines(record, experiments, args.processes))
-        if root_missing:
-            print(f"note: the run would refuse: {root_msg}")
-        if args.budget_s is not None:
-            print(f"--budget-s {args.budget_s:g}: no process starts after {args.budget_s:g} s (exit 3; finish with "
-                  "--resume)")
-        return 0
-    if root_missing:
-        raise ValueError(root_msg)
+    return _run(args, experiments, resume, stamp)
+
+
+def _run(args, experiments, resume, stamp) -> int:
+    """The run on this machine's GPU (refused in one line without one); a run that wrote the measured sweep under
+    the measured root is stamped."""
     import torch
+
+    from mla_lab.measure.experiments import runner
 
     if not torch.cuda.is_available():
         raise ValueError("mla-lab measure needs a CUDA GPU (torch.cuda.is_available() is False); --dry-run lists "
-                        "what it would run")
+                         "what it would run")
     gpu = runner.gpu_slug(torch.cuda.get_device_name(0))
     out = Path(args.out) if args.out else runner.default_out(gpu)
-    rc = runner.run(experiments, args.processes, out, overwrite=args.overwrite, engine_root=args.engine_root,
-                    resume=resume, budget_s=args.budget_s)
-    if any(e.name == "padding_sweep" for e in experiments):
+    if args.smoke:  # rows of tiny shapes never go where the measured rows live
+        out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix=f"mla_lab_smoke_{gpu}_"))
+        print(f"--smoke: one process per experiment, tiny shapes, into {out}")
+    rc = runner.run(experiments, 1 if args.smoke else args.processes, out, overwrite=args.overwrite,
+                    engine_root=args.engine_root, resume=resume, budget_s=args.budget_s, smoke=args.smoke)
+    if any(e.name == "padding_sweep" for e in experiments) and not args.smoke:
         from mla_lab.paths import measured_dir
 
         root = measured_dir().resolve()
         if out.resolve().is_relative_to(root):
             stamp(root)
     return rc
+
+
+def _engine_root_refusal(args, experiments) -> str:
+    """The refusal of a missing ``--engine-root`` the chosen experiments need ("" when none); an explicit one
+    missing is refused now, dry run included (the default ``.engine`` missing only by a real run)."""
+    explicit = args.engine_root is not None
+    args.engine_root = args.engine_root if explicit else ".engine"
+    needs = any("engine kernels packed" in e.needs for e in experiments)
+    if not needs or Path(args.engine_root).is_dir():
+        return ""
+    msg = (f"--engine-root={args.engine_root!r} is not a folder; allowed: a folder packed by python -m "
+           "mla_lab.kernels.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT (engine_kernels needs it)")
+    if explicit:
+        raise ValueError(msg)
+    return msg
+
+
+def _dry_run(args, experiments, record, root_msg: str) -> int:
+    """``--dry-run``: every experiment (without ``--experiments``; the default set marked) or the chosen ones."""
+    from mla_lab.measure.experiments import EXPERIMENTS, runner
+
+    out = args.resume or args.out or "data/measured/<gpu>"
+    listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
+    print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
+    if record is not None:
+        print(runner.resume_lines(record, experiments, args.processes))
+    if root_msg:
+        print(f"note: the run would refuse: {root_msg}")
+    if args.budget_s is not None:
+        print(f"--budget-s {args.budget_s:g}: no process starts after {args.budget_s:g} s (exit 3; finish with "
+              "--resume)")
+    return 0
 
 
 def _check_out_folder(flag: str, value: str, p: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from . import cli_doors as doors
 from .cli_doors import CLIError, DoorError, rel_path
 
-__all__ = ["cmd_index", "cmd_check_report"]
+__all__ = ["add_parsers", "cmd_index", "cmd_check_report"]
 
 
 
@@ -83,3 +83,15 @@ def cmd_check_report(args) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------- parser
+
+
+def add_parsers(sub) -> None:
+    """The ``index`` and ``check-report`` sub-commands on ``sub`` (argparse sub-parsers)."""
+    ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
+    ix.add_argument("--report-dir", default="reports",
+                    help="an existing folder 'mla-lab sweep' published reports into (default reports)")
+    ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
+    ck = sub.add_parser("check-report", help="render reports in headless Chromium: every figure loaded and not "
+                                             "blank, no JavaScript error, nothing wider than the window")
+    ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"],
+                    help="existing HTML report files (default reports/padding_sweep.html reports/index.html)")

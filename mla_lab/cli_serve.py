@@ -6,6 +6,7 @@ Imports of the lab's heavier modules are function-local on purpose (``mla-lab --
 
 from __future__ import annotations
 
+import json
 import math
 
 from .cli_doors import (
@@ -15,12 +16,18 @@ from .cli_doors import (
     MAX_SERVE_TOTAL_STEPS,
     MIN_NOISE_RUNS,
     DoorError,
+    arg_type,
     check_deployment,
+    check_engine,
     check_sim_time,
+    check_strategies,
+    deployment_flags,
     deployment_options,
+    range_help,
+    rate_type,
 )
 
-__all__ = ["serve_step_bound", "check_serve", "serve_noise_runs", "serve_summary", "band_note", "format_serve"]
+__all__ = ["add_parser", "cmd_serve", "serve_step_bound", "check_serve", "serve_noise_runs", "serve_summary", "band_note", "format_serve"]
 
 
 def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num_batched_tokens: int,
@@ -232,3 +239,67 @@ def format_serve(out: dict) -> str:
     lines += [f"note: {n}" for n in strategy_notes(out["strategies"])]
     lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")
     return "\n".join(head + lines)
+
+
+def cmd_serve(args) -> int:
+    """``mla-lab serve``: checks, the simulation per strategy (and its noise runs), the summary printed."""
+    check_engine(args.engine)
+    if args.engine is not None:
+        from .placement import engine_strategies
+
+        args.strategies = list(args.strategies) + engine_strategies(args.engine)
+    strategies = check_strategies(args.strategies)
+    if args.num_runs is None:  # a finite rate: one run's change is noise-sized, so the band is the default
+        args.num_runs = 1 if math.isinf(args.request_rate) else MIN_NOISE_RUNS
+    dep = check_serve(args, strategies)  # the Deployment, checked once
+    from .serving import BenchConfig, serve_benchmark
+
+    bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.random_input_len,
+                        random_output_len=args.random_output_len, request_rate=args.request_rate,
+                        max_concurrency=args.max_concurrency, seed=args.seed)
+    res = serve_benchmark(dep, strategies, bench)
+    runs = None
+    if args.num_runs > 1:
+        runs = serve_noise_runs(args, dep, strategies, bench)
+    out = serve_summary(res, runs, num_runs=args.num_runs)
+    print(json.dumps(out, indent=1, default=str) if args.json else format_serve(out))
+    return 0
+
+
+
+def add_parser(sub) -> None:
+    """The ``serve`` sub-command on ``sub`` (argparse sub-parsers)."""
+    from .placement import SERVE_PRESETS
+
+    B, R = arg_type, range_help
+    sv = sub.add_parser("serve", help="the vllm bench serve simulation for one deployment: every metric per "
+                                      "strategy and its change vs the baseline (modelled)")
+    deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"), tp_dest="tensor_parallel_size")
+    sv.add_argument("--random-input-len", "--prompt-len", dest="random_input_len", type=B("prompt_len"),
+                    default=1024, help=f"input tokens per request, {R('prompt_len')} (default 1024)")
+    sv.add_argument("--random-output-len", type=B("output_len"), default=128,
+                    help=f"output tokens per request, {R('output_len')} (default 128)")
+    sv.add_argument("--num-prompts", type=B("num_prompts"), default=32,
+                    help=f"requests, {R('num_prompts')} (default 32; with the step bound below)")
+    sv.add_argument("--max-concurrency", type=B("concurrency"), default=None,
+                    help="most requests in flight, 1..num_prompts (default unlimited)")
+    sv.add_argument("--request-rate", type=rate_type, default=float("inf"),
+                    help="requests/s, a number > 0 or inf (default inf: every request at t = 0, vLLM's default); a "
+                         "finite rate is bounded as serial requests: num_prompts x (prefill steps + output_len) "
+                         f"<= {MAX_SERVE_STEPS:,} steps per strategy")
+    sv.add_argument("--max-num-seqs", type=B("max_num_seqs"), default=256,
+                    help=f"vLLM's most sequences per engine step, {R('max_num_seqs')} (default 256)")
+    sv.add_argument("--seed", type=B("seed"), default=0,
+                    help=f"vllm bench serve --seed (arrival times), {R('seed')} (default 0)")
+    sv.add_argument("--num-runs", type=B("num_runs"), default=None,
+                    help=f"noise Monte-Carlo runs per strategy (mla_lab.serving.noise): 1 = one deterministic run, "
+                         f"or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,} (a 95 %% band needs at least "
+                         f"{MIN_NOISE_RUNS} runs); default 1 at --request-rate inf, {MIN_NOISE_RUNS} at a "
+                         "finite rate (one run there flips sign from seed to seed: its band is shown)")
+    sv.add_argument("--strategies", nargs="+", default=list(SERVE_PRESETS),
+                    help="presets, aliases or canonical strategies (default vllm-pre-53878 vllm-53878 vllm-56902; "
+                         "the baseline is always run)")
+    sv.add_argument("--json", action="store_true", help="print the result as JSON")
+    sv.add_argument("--engine", default=None,
+                    help="an engine version preset, e.g. vllm@0.33.0 or sglang@0.5.23 (mla-lab engines lists them; "
+                         "first names such as vllm-53878 map to theirs): its strategies join --strategies")

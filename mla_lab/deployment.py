@@ -1,18 +1,8 @@
 """One deployment, validated once: model geometry, GPU, TP, engine limits, dtypes, MoE layout and the workload.
 
-A :class:`Deployment` is what ``vllm serve`` + ``vllm bench serve`` fix for one benchmark run, in vLLM's spellings:
-``tp`` (``--tensor-parallel-size``), ``max_num_batched_tokens``, ``kv_cache_dtype`` (``bf16``/``auto`` or
-``fp8``/``fp8_ds_mla``), ``moe_parallel`` (``ep``: ``--enable-expert-parallel``, whole experts per rank; ``tp``:
-every expert sharded), ``gpu_memory_utilization`` (vLLM default 0.9), the workload (``--random-input-len``,
-``--num-prompts``, ``--max-concurrency``), ``output_len`` (``--random-output-len``, default 128), ``max_num_seqs``
-(vLLM requires ``max_num_batched_tokens >= max_num_seqs``, ``vllm/config/scheduler.py``),
-``num_speculative_tokens`` with an input ``acceptance_length`` (MTP / EAGLE, :mod:`mla_lab.serving.deploy_options`)
-and ``dp_attention`` (SGLang ``--dp <n> --enable-dp-attention``: ``num_attention_heads / (tp / n)`` heads per rank,
-MoE over all ``tp`` GPUs). ``weight_dtype`` (``bf16`` / ``fp8`` linears) and ``moe_parallel`` have no default.
-
-Validation happens once, in :meth:`Deployment.of` (:meth:`Deployment.seed` goes through it); everything below the
-door takes the object or what one TP rank holds (:attr:`Deployment.rank`, a :class:`~mla_lab.rank.RankView`) and
-re-checks nothing.
+Fields are what ``vllm serve`` + ``vllm bench serve`` fix for one run, in vLLM's spellings (``dp_attention``:
+SGLang ``--dp <n> --enable-dp-attention``; ``num_speculative_tokens`` / ``acceptance_length``: MTP). Validated once
+in :meth:`Deployment.of`; below the door, the object or :attr:`Deployment.rank` is trusted.
 
 The seed is vLLM PR #53878's benchmark (merged 2026-08-26): ``vllm serve zai-org/GLM-5.2-FP8
 --tensor-parallel-size 8 -ep --max-num-batched-tokens 16384 --attention-backend FLASHMLA_SPARSE
@@ -37,8 +27,7 @@ __all__ = ["Deployment", "WEIGHT_DTYPES", "MOE_PARALLEL", "SEED_ARGS", "DEFAULT_
 
 #: Linear-weight dtypes the cost model prices (bytes per value: bf16 2, fp8 1 + fp32 block scales).
 WEIGHT_DTYPES = ("bf16", "fp8")
-#: MoE layouts: ``ep`` (vLLM ``--enable-expert-parallel``, DP = 1: ``n_routed_experts / tp`` whole experts per
-#: rank) or ``tp`` (every expert's intermediate dim sharded over the TP ranks).
+#: MoE layouts: ``ep`` (``--enable-expert-parallel``: whole experts per rank) or ``tp`` (every expert sharded).
 MOE_PARALLEL = ("ep", "tp")
 #: vLLM's default ``--gpu-memory-utilization``.
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -97,9 +86,7 @@ def _check_tp(model: ModelConfig, tp, moe_parallel: str) -> int:
 
 def _check_rank_args(model, tp, arch, max_num_batched_tokens, kv_cache_dtype, weight_dtype, moe_parallel,
                      max_num_seqs) -> tuple:
-    """The engine-side arguments of :meth:`Deployment.of` (everything but the workload), checked and normalised:
-    ``(model, arch, tp, max_num_batched_tokens, max_num_seqs, kv_cache_dtype, weight_dtype, moe_parallel)``.
-    One code path for both doors (:meth:`Deployment.of`, :meth:`Deployment.rank_of`)."""
+    """The engine-side arguments of both doors, checked and normalised."""
     model = load_model(model)
     if not isinstance(arch, GPUArch):
         if not isinstance(arch, str):
@@ -119,16 +106,8 @@ def _check_rank_args(model, tp, arch, max_num_batched_tokens, kv_cache_dtype, we
 
 @dataclass(frozen=True)
 class Deployment:
-    """One engine deployment and its benchmark workload (fields: module docstring). Build it with :meth:`of` or
-    :meth:`seed`; the constructor does not validate.
-
-    Attributes:
-        model: :class:`~mla_lab.models.ModelConfig`; arch: :class:`~mla_lab.arch.GPUArch`; tp: int.
-        max_num_batched_tokens: int (tokens); kv_cache_dtype: ``bf16`` / ``fp8``; weight_dtype: ``bf16`` / ``fp8``;
-        moe_parallel: ``ep`` / ``tp``; gpu_memory_utilization: float in (0, 1]; workload: a
-        :class:`~mla_lab.workload.Workload` (its ``concurrency`` resolved: never None); output_len: int (tokens);
-        max_num_seqs: int (<= max_num_batched_tokens).
-    """
+    """One engine deployment and its benchmark workload. Build it with :meth:`of` or :meth:`seed`; the constructor
+    does not validate."""
 
     model: ModelConfig
     arch: GPUArch
@@ -145,7 +124,6 @@ class Deployment:
     acceptance_length: float = 1.0
     dp_attention: int = 1
 
-    # ------------------------------------------------------------------------------------------------ the door
     @classmethod
     def of(cls, *, model: str | ModelConfig, tp: int, arch: str | GPUArch, max_num_batched_tokens: int,
            kv_cache_dtype: str, weight_dtype: str, moe_parallel: str, prompt_len: int, num_prompts: int = 1,
@@ -153,14 +131,8 @@ class Deployment:
            gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
            max_num_seqs: int = DEFAULT_MAX_NUM_SEQS, num_speculative_tokens: int = 0,
            acceptance_length: float = 1.0, dp_attention: int = 1) -> Deployment:
-        """Validate and build a deployment (every argument keyword-only; names resolved here, once).
-
-        Args (module docstring for their meaning): model a name under ``data/models`` or a ModelConfig; tp dividing
-        num_attention_heads, the MLP sizes, vocab_size and, under ``ep``, n_routed_experts; arch a record name or
-        alias (:func:`mla_lab.arch.arch_names`) or a GPUArch; kv_cache_dtype in vLLM spellings; weight_dtype and
-        moe_parallel without default; concurrency 1..num_prompts or None (= num_prompts); gpu_memory_utilization
-        in (0, 1]; max_num_seqs <= max_num_batched_tokens; acceptance_length in [1, num_speculative_tokens + 1];
-        dp_attention a divisor of ``tp``; the rest positive ints.
+        """Validate and build a deployment. ``tp`` divides every size a rank splits; ``concurrency`` None =
+        ``num_prompts``; ``max_num_seqs <= max_num_batched_tokens`` (:data:`VLLM_MBT_RULE`).
 
         Raises:
             ValueError: one line naming the first bad argument, its value and what is allowed.
@@ -179,12 +151,8 @@ class Deployment:
 
     @classmethod
     def seed(cls, **overrides) -> Deployment:
-        """vLLM PR #53878's benchmark (:data:`SEED_ARGS`) with ``overrides`` (names as :meth:`of`). A ``num_prompts``
-        below the PR's concurrency without ``concurrency`` caps it (as ``vllm bench serve`` does; issue 39).
-
-        Raises:
-            ValueError: an unknown override name (lists the allowed), or as :meth:`of`.
-        """
+        """:data:`SEED_ARGS` with ``overrides`` (a smaller ``num_prompts`` caps concurrency, as ``vllm bench serve``).
+        Raises ValueError: an unknown override, or as :meth:`of`."""
         allowed = set(SEED_ARGS) | {"max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention"}  # the PR's command leaves --max-num-seqs at its default
         unknown = sorted(set(overrides) - allowed)
         if unknown:
@@ -198,11 +166,7 @@ class Deployment:
 
     @staticmethod
     def require(value, name: str = "deployment") -> None:
-        """``value`` must be a Deployment (an entry point's argument ``name``).
-
-        Raises:
-            ValueError: one line naming ``name``, the type given and the allowed doors.
-        """
+        """Raises ValueError unless ``value`` (argument ``name``) is a Deployment."""
         if not isinstance(value, Deployment):
             raise ValueError(f"{name}= a {type(value).__name__} is not a Deployment; allowed: "
                              "mla_lab.deployment.Deployment.of(...) or Deployment.seed(...)")
@@ -211,13 +175,7 @@ class Deployment:
     def rank_of(*, model: str | ModelConfig, tp: int, arch: str | GPUArch, kv_cache_dtype: str, weight_dtype: str,
                 moe_parallel: str, max_num_batched_tokens: int, max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
                 engine: str | None = None) -> RankView:
-        """The door for callers with an engine but no workload (an experiment, a fit, a kernel table): the
-        :class:`~mla_lab.rank.RankView`, every argument checked as :meth:`of` checks it; ``engine`` as
-        :meth:`~mla_lab.rank.RankView.with_engine`.
-
-        Raises:
-            ValueError: one line naming the first bad argument, its value and what is allowed.
-        """
+        """The door without a workload: a checked :class:`~mla_lab.rank.RankView`. Raises ValueError as :meth:`of`."""
         model, arch, tp, mbt, mns, kv, weight_dtype, moe_parallel = _check_rank_args(
             model, tp, arch, max_num_batched_tokens, kv_cache_dtype, weight_dtype, moe_parallel, max_num_seqs)
         view = RankView.derive(model, arch, tp, kv, weight_dtype, moe_parallel, mbt, mns)
@@ -225,11 +183,7 @@ class Deployment:
 
     @classmethod
     def from_point(cls, point: dict) -> Deployment:
-        """A sweep point (``mla_lab.sweep.params.expand_grid``: the same names flat) as a deployment.
-
-        Raises:
-            ValueError: as :meth:`of`; a missing key (names it).
-        """
+        """A flat sweep point as a deployment. Raises ValueError: as :meth:`of`; a missing key."""
         need = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "weight_dtype", "moe_parallel",
                 "prompt_len")
         missing = [k for k in need if point.get(k) is None]
@@ -242,13 +196,8 @@ class Deployment:
                 kw[k] = point[k]
         return cls.of(**kw)
 
-    # --------------------------------------------------------------------------------------------- derived
     def replace(self, **changes) -> Deployment:
-        """A copy with some :meth:`of` arguments changed, validated again (e.g. ``d.replace(tp=4)``).
-
-        Raises:
-            ValueError: as :meth:`of`.
-        """
+        """A copy with some :meth:`of` arguments changed, validated again. Raises ValueError as :meth:`of`."""
         return Deployment.of(**{**self.args(), **changes})
 
     def args(self) -> dict:
@@ -263,8 +212,7 @@ class Deployment:
                 "acceptance_length": self.acceptance_length, "dp_attention": self.dp_attention}
 
     def to_point(self, **extra) -> dict:
-        """The deployment as a flat sweep point (the sweep's parameter names), ``extra`` keys added (e.g.
-        ``strategies=[...]``); ``output_len`` and ``max_num_seqs`` are left out, as the sweep's points leave them."""
+        """A flat sweep point, ``extra`` added (``output_len``, ``max_num_seqs`` and the options left out)."""
         p = {k: v for k, v in self.args().items()
              if k not in ("output_len", "max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention")}
         p.update(extra)
@@ -272,17 +220,13 @@ class Deployment:
 
     @cached_property
     def rank(self) -> RankView:
-        """What one TP rank of this deployment holds (:class:`~mla_lab.rank.RankView`: heads, padded heads,
-        experts, dtypes, KV bytes per token, engine limits), derived once and cached on the object."""
+        """What one TP rank holds, derived once."""
         return RankView.derive(self.model, self.arch, self.tp, self.kv_cache_dtype, self.weight_dtype,
                                self.moe_parallel, self.max_num_batched_tokens, self.max_num_seqs)
 
     @cached_property
     def attention_rank(self) -> RankView:
-        """What one rank's attention holds: :attr:`rank` itself without DP attention; with ``dp_attention`` n, a
-        view at ``tp / n`` (``num_attention_heads / (tp / n)`` heads per rank: all 64 of GLM-5 at ``--dp 8``,
-        nothing padded under FlashMLA's 64-head tile), used for the attention side only (the MoE stays on
-        :attr:`rank`: :mod:`mla_lab.serving.deploy_options`)."""
+        """The attention side's rank: at ``tp / dp_attention`` (the MoE stays on :attr:`rank`)."""
         if self.dp_attention == 1:
             return self.rank
         return RankView.derive(self.model, self.arch, self.tp // self.dp_attention, self.kv_cache_dtype,
@@ -311,8 +255,7 @@ class Deployment:
         return self.tp if self.moe_parallel == "ep" else None
 
     def describe(self) -> str:
-        """One line: ``glm-5 TP8 h200, max_num_batched_tokens 16384, bf16 KV, fp8 weights, experts ep, 32 x
-        1024-token prompts (128 out) at concurrency 32, gpu_memory_utilization 0.9``."""
+        """One line: ``glm-5 TP8 h200, max_num_batched_tokens 16384, ...``."""
         wl = self.workload
         return (f"{self.model.name} TP{self.tp} {self.arch.name}, max_num_batched_tokens "
                 f"{self.max_num_batched_tokens}, {self.kv_cache_dtype} KV, {self.weight_dtype} weights, experts "

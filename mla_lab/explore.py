@@ -2,7 +2,7 @@
 
 :func:`explore_point` prices one :class:`~mla_lab.deployment.Deployment` (model, TP, arch, max_num_batched_tokens,
 KV-cache dtype, weight dtype, MoE layout, workload) and a strategy with the analytic model -- padded head count and workspace bytes from
-:func:`mla_lab.buffers.memory_account`, TTFT per strategy from :func:`mla_lab.sweep.rows.modelled_rows` -- and picks the
+:func:`mla_lab.buffers.memory_account`, TTFT per strategy from :func:`mla_lab.sweep.rows.price` -- and picks the
 measured rows of ``data/measured`` that match the selection. :class:`Explorer` wraps it in ipywidgets controls
 whose changes re-render the outputs in place (no cell re-runs). Everything the widgets show is in the dict that
 :meth:`Explorer.update` returns, so tests drive it headless.
@@ -25,7 +25,7 @@ from .report.data import load_measured, withhold_off_route
 from .report.figures import strategy_style
 from .seed import SEED_DEPLOYMENT
 from .sweep.advise import advise, engines_block, format_advice
-from .sweep.rows import MEASURED_MATCH_KEYS, measured_changes, modelled_rows
+from .sweep.rows import MEASURED_MATCH_KEYS, measured_changes, price
 
 #: The controls that make the deployment (:meth:`mla_lab.deployment.Deployment.of` arguments).
 DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
@@ -55,10 +55,10 @@ def tp_options(model: str) -> list[int]:
 
 
 @functools.lru_cache(maxsize=512)
-def _rows(deployment: Deployment) -> tuple:
-    """The sweep's own rows for one deployment (cached: the controls revisit selections)."""
-    point = deployment.to_point(strategies=list(EXPLORER_STRATEGIES), shared_workspace_bytes=None, num_runs=7)
-    return tuple(modelled_rows(point, deployment=deployment))
+def _rows(deployment: Deployment) -> dict:
+    """The sweep's own rows for one deployment by strategy (:func:`mla_lab.sweep.rows.price`; cached: the controls
+    revisit selections)."""
+    return {r.name: r for r in price(deployment, EXPLORER_STRATEGIES)}
 
 
 def _match_measured(measured, sel: dict):
@@ -76,7 +76,7 @@ def _match_measured(measured, sel: dict):
 
 
 def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_STRATEGY, measured=None) -> dict:
-    """Price one deployment through the sweep's row builder (:func:`mla_lab.sweep.rows.modelled_rows`: the same
+    """Price one deployment through the sweep's row builder (:func:`mla_lab.sweep.rows.price`: the same
     numbers the sweep and the report show) and attach matching measured rows. The explorer's pricing function.
 
     Args:
@@ -86,18 +86,13 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.data.load_measured`) or None.
 
     Returns:
-        dict with ``num_heads`` (per rank), ``prefill_padding``, ``padded_heads`` (the workspace heads vLLM's rule
-        gives: H' for bf16, H for fp8), ``workspace_bytes``/``workspace_mib`` (persistent Q workspace of
-        ``strategy``), ``extra_bytes``/``extra_mib`` (vs the baseline, ``per_call_empty:zeros``), ``kv_tokens_lost``, ``per_strategy`` (list of
-        dicts: strategy, persistent_bytes, workspace_mib, peak_bytes, ttft_ms, ttft_ms_max, ttft_change_pct,
-        measured_ttft_ms and measured_change_pct (:func:`mla_lab.sweep.rows.measured_changes`: the measured
-        change against the baseline timed in the same process, never against the modelled baseline) or None,
-        fits_in_memory, fit_reason), ``ttft_scope``, ``num_steps``, ``fits_in_memory``,
-        ``fit_reason``, ``measured`` (matching rows or None) and ``selection``. A deployment that does not fit
-        (``fits_in_memory`` False: its weights leave no KV cache, or its workload exceeds the KV capacity) has no
-        TTFT or memory number: every workspace/extra/KV/TTFT field, top-level and per strategy, is None (and
-        ``measured`` None); ``fit_reason`` says why. A strategy row that does not fit on its own (its workspace
-        costs the KV tokens the workload needs) has its numbers None the same way.
+        ``{"selection", "num_heads" (per rank), "prefill_padding", "padded_heads" (H' for bf16, H for fp8),
+        "workspace_bytes" / "workspace_mib" (``strategy``'s persistent Q workspace), "extra_bytes" / "extra_mib"
+        (vs the baseline), "kv_tokens_lost", "kv_capacity_pct_lost", "kv_capacity_tokens", "per_strategy" (one dict
+        per strategy: heads, bytes, TTFT and its change, the measured ms and change or None, fits_in_memory,
+        fit_reason), "ttft_scope", "num_steps", "fits_in_memory", "fit_reason", "measured" (matching rows or None),
+        "engines"}``. Where the deployment (or one strategy) does not fit, its memory and TTFT numbers are None and
+        ``fit_reason`` says why.
 
     Raises:
         ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` prefill steps; ``measured`` not a
@@ -115,57 +110,42 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
         raise ValueError(f"measured= a {type(measured).__name__} is not a DataFrame of measured sweep rows; allowed: "
                          "mla_lab.report.data.load_measured() or None")
     strategy = resolve_strategy(strategy)
-    point = deployment.to_point()
-    rows = [dict(r) for r in _rows(deployment)]
-    by = {r["strategy"]: r for r in rows}
-    sel = {k: point[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
-                                 "num_prompts", "concurrency", "weight_dtype", "moe_parallel")}
-    sel["strategy"] = strategy
+    rows, args = _rows(deployment), deployment.args()
+    sel = {k: args[k] for k in MATCH_KEYS} | {"strategy": strategy}
     meas = _match_measured(measured, sel)
-    changes = measured_changes(meas, sel) if meas is not None else {}  # the one measured-change function
-    per = []
-    for s in EXPLORER_STRATEGIES:
-        r = by[s]
-        fits = bool(r["fits_in_memory"])
-        m = changes.get(s) if fits else None
-        row = {"strategy": s, "q_concat_heads": r["q_concat_heads"], "kernel_heads": r["kernel_heads"],
-               "fits_in_memory": fits, "fit_reason": r["fit_reason"],
-               "measured_ttft_ms": None if m is None else m["ttft_ms"],
-               "measured_change_pct": None if m is None else m["change_pct"]}
-        row.update(_numbers(r, fits, {
-            "persistent_bytes": r["persistent_bytes"], "workspace_mib": r["persistent_bytes"] / MIB,
-            "extra_mib": r["extra_persistent_mib"], "peak_bytes": r["peak_bytes"], "ttft_ms": r["ttft_ms"],
-            "ttft_ms_max": r["ttft_ms_max"], "ttft_change_pct": r["ttft_change_pct"],
-            "kv_tokens_lost": r["kv_tokens_lost"], "kv_capacity_pct_lost": r.get("kv_capacity_pct_lost")}))
-        per.append(row)
-    chosen = by[strategy]
-    fits = bool(chosen["fits_in_memory"])
-    out = {
-        "selection": sel,
-        "num_heads": chosen["num_heads"],
-        "prefill_padding": chosen["prefill_padding"],
-        "padded_heads": chosen["q_concat_heads"],
-        **_numbers(chosen, fits, {
-            "workspace_bytes": chosen["persistent_bytes"], "workspace_mib": chosen["persistent_bytes"] / MIB,
-            "extra_bytes": chosen["extra_persistent_bytes"], "extra_mib": chosen["extra_persistent_mib"],
-            "kv_tokens_lost": chosen["kv_tokens_lost"], "kv_capacity_pct_lost": chosen.get("kv_capacity_pct_lost"),
-            "kv_capacity_tokens": chosen.get("kv_capacity_tokens")}),
-        "per_strategy": per,
-        "ttft_scope": chosen["ttft_scope"],
-        "num_steps": chosen["num_steps"],
-        "fits_in_memory": fits,
-        "fit_reason": chosen["fit_reason"],
-        "measured": meas if fits else None,
-        # what today's engine versions do for this deployment (a code reading of their release wheels)
-        "engines": engines_block(deployment),
-    }
-    return out
+    changes = measured_changes(meas, deployment) if meas is not None else {}  # the one measured-change function
+    c = rows[strategy]
+    return {"selection": sel, "num_heads": deployment.num_heads, "prefill_padding": deployment.arch.prefill_padding,
+            "padded_heads": c.memory.q_concat_heads,
+            **_numbers(c, {"workspace_bytes": c.memory.persistent_bytes, "workspace_mib": c.memory.persistent_bytes / MIB,
+                           "extra_bytes": c.extra_persistent_bytes, "extra_mib": c.extra_persistent_mib,
+                           "kv_tokens_lost": c.kv_tokens_lost, "kv_capacity_pct_lost": c.kv_capacity_pct_lost,
+                           "kv_capacity_tokens": c.kv_capacity_tokens}),
+            "per_strategy": [_per_strategy(rows[s], changes) for s in EXPLORER_STRATEGIES],
+            "ttft_scope": c.ttft_scope, "num_steps": c.num_steps, "fits_in_memory": c.fits_in_memory,
+            "fit_reason": c.fit_reason, "measured": meas if c.fits_in_memory else None,
+            # what today's engine versions do for this deployment (a code reading of their release wheels)
+            "engines": engines_block(deployment)}
 
 
-def _numbers(row: dict, fits: bool, values: dict) -> dict:
-    """``values`` when the row's deployment fits, else the same keys set to None: a deployment that cannot run
-    (its weights or its workload do not fit, ``row["fit_reason"]``) has no TTFT or memory number."""
-    return dict(values) if fits else dict.fromkeys(values)
+def _per_strategy(r, changes: dict) -> dict:
+    """One strategy's line of :func:`explore_point` (its numbers None where its own workspace does not fit)."""
+    m = changes.get(r.name) if r.fits_in_memory else None
+    return {"strategy": r.name, "q_concat_heads": r.memory.q_concat_heads, "kernel_heads": r.memory.kernel_heads,
+            "fits_in_memory": r.fits_in_memory, "fit_reason": r.fit_reason,
+            "measured_ttft_ms": None if m is None else m["ttft_ms"],
+            "measured_change_pct": None if m is None else m["change_pct"],
+            **_numbers(r, {"persistent_bytes": r.memory.persistent_bytes,
+                           "workspace_mib": r.memory.persistent_bytes / MIB, "extra_mib": r.extra_persistent_mib,
+                           "peak_bytes": r.memory.peak_bytes, "ttft_ms": r.ttft_ms, "ttft_ms_max": r.ttft_ms_max,
+                           "ttft_change_pct": r.ttft_change_pct, "kv_tokens_lost": r.kv_tokens_lost,
+                           "kv_capacity_pct_lost": r.kv_capacity_pct_lost})}
+
+
+def _numbers(row, values: dict) -> dict:
+    """``values`` when the row fits, else the same keys set to None: a deployment that cannot run (its weights or
+    its workload do not fit, ``row.fit_reason``) has no TTFT or memory number."""
+    return dict(values) if row.fits_in_memory else dict.fromkeys(values)
 
 
 def render_chart(result: dict, dpi: int = 90) -> bytes:
@@ -271,7 +251,7 @@ def summary_html(result: dict) -> str:
              "TTFT ms (modelled)", f"vs {BASELINE}", "TTFT ms (measured)", f"measured vs {BASELINE}")
     table = ("<table style='border-collapse:collapse;margin-top:6px'><tr>"
              + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
-    note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.modelled_rows);"
+    note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.price);"
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
     if any(r["strategy"] == "kernel_native" for r in result["per_strategy"]):
         note += f"<br><small>kernel_native = {e(KERNEL_NATIVE_NOTE)}.</small>"

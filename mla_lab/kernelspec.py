@@ -1,8 +1,6 @@
 """The Jupyter kernel the lab's notebooks run on: ``mla-lab``, installed into this interpreter's prefix.
 
-A fixed, lab-specific kernel name means papermill never picks up another environment's ``python3`` kernelspec from
-the user's Jupyter folders. ``python -m mla_lab.kernelspec`` (run by ``make venv``) installs it; the CLI calls
-:func:`ensure_kernel` before every run.
+A fixed name keeps papermill off other environments' ``python3`` kernelspecs; ``make venv`` installs it.
 """
 
 from __future__ import annotations

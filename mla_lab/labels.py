@@ -1,12 +1,5 @@
 """How every output names the strategies whose canonical name alone would mislead, and the line it prints beside
-them (issue 32): ``kernel_native`` is "real-head FlashMLA (modelled)", a kernel no engine's backend runs and no lower limit
-of the strategies priced beside it; preset ``sglang-dense`` (``per_call_zeros@sglang-dense``, the first version's
-``sglang``) is SGLang's documented dense route with its prefill CUDA graphs off, not SGLang 0.5.23's H200 default
-(``sglang@0.5.23``). advise, serve, the report and the explorer take these texts through
-:func:`mla_lab.placement.preset_label` / :func:`mla_lab.placement.strategy_notes` (which map names to them).
-
-Plain strings and the measured numbers they quote: no import of the package (the layer under
-:mod:`mla_lab.placement`).
+them (through :func:`mla_lab.placement.preset_label` / :func:`mla_lab.placement.strategy_notes`). Plain strings.
 """
 
 from __future__ import annotations
@@ -14,12 +7,8 @@ from __future__ import annotations
 __all__ = ["KERNEL_NATIVE_MEASURED", "KERNEL_NATIVE_LABEL", "KERNEL_NATIVE_NOTE", "SGLANG_DENSE_LABEL",
            "SGLANG_DENSE_NOTE", "PACKED_LABEL", "PACKED_NOTE"]
 
-#: kernel_native at the seed's attention step measured on one H200 (16 prompts x 1024 tokens = 16384 tokens, GLM-5
-#: TP8: 8 heads, topk 2048; CUDA-graph timing, median over 5 fresh processes of each process's median, ms), from
-#: data/measured/h200/between_process/engine_kernels.csv (``shape == "seed"``, ``H == 8``; the ``kernel`` column
-#: names the key; tests/test_kernel_native_label.py recomputes them): vLLM 0.33.0's bundled FlashMLA
-#: (``_flashmla_C.abi3.so``) called with the real ``h_q = 8`` is slower than the same library padded to 64 heads,
-#: and FA3 sparse (real heads) beats both: the kernels at 8-16 heads are limited by the per-token top-k gather.
+#: The seed step's kernels on one H200 (ms, median over 5 fresh processes; GLM-5 TP8): data/measured/h200/
+#: between_process/engine_kernels.csv, ``shape == "seed"``, ``H == 8`` (tests/test_kernel_native_label.py).
 KERNEL_NATIVE_MEASURED = {"flashmla_vllm_native": 2.73, "flashmla_vllm_pad64": 2.49, "fa3_sparse": 2.21,
                           "sglang_triton": 2.35, "gather_only": 1.61}
 #: How every output names ``kernel_native`` (canonical name unchanged; ``kernel-native`` is its door name).

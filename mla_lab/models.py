@@ -1,13 +1,9 @@
 """MLA model geometry read from Hugging Face ``config.json`` files under ``data/models/<name>/``.
 
-Field names are the HF ones (``num_attention_heads``, ``kv_lora_rank``, ...). Derived quantities are those the
-absorbed-MLA sparse prefill kernel sees: ``head_size = kv_lora_rank + qk_rope_head_dim`` (576 for GLM-5 and
-DeepSeek-V3.2) and ``d_v = kv_lora_rank`` (512).
-
-KV-cache bytes per token, per layer, per rank (the latent cache is replicated on every TP rank: MLA has one latent
-KV head): ``bf16`` ``head_size * 2`` = 1152 B; ``fp8`` (``fp8_ds_mla``) 656 B = 512 fp8 NoPE + 4 fp32 scales + 64
-bf16 RoPE values (FlashMLA README "FP8 KV cache"); plus the DSA indexer key, ``index_head_dim`` fp8 bytes + one fp32
-scale per 128 values = 132 B (vLLM ``DeepseekV32IndexerCache``), for both dtypes.
+KV-cache bytes per token, layer and rank (the latent cache is replicated on every TP rank): bf16 ``head_size * 2``
+= 1152 B; fp8 (``fp8_ds_mla``) 656 B = 512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE (FlashMLA README "FP8 KV
+cache"); plus the indexer key, ``index_head_dim`` fp8 + an fp32 scale per 128 = 132 B (vLLM
+``DeepseekV32IndexerCache``).
 """
 
 from __future__ import annotations
@@ -29,11 +25,7 @@ _DTYPE_ALIASES = {"auto": "bf16", "bfloat16": "bf16", "bf16": "bf16", "fp8": "fp
 
 
 def normalize_kv_cache_dtype(kv_cache_dtype: str) -> str:
-    """Map vLLM spellings (``auto``, ``bfloat16``, ``fp8_ds_mla``...) to ``"bf16"`` or ``"fp8"``.
-
-    Raises:
-        ValueError: unknown dtype; the message lists the accepted spellings.
-    """
+    """vLLM spellings (``auto``, ``bfloat16``, ``fp8_ds_mla``...) -> ``bf16`` / ``fp8``. Raises ValueError: unknown."""
     key = str(kv_cache_dtype).strip().lower()
     if key not in _DTYPE_ALIASES:
         raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; allowed: {sorted(_DTYPE_ALIASES)}")
@@ -70,25 +62,18 @@ class ModelConfig:
 
     @property
     def family(self) -> str:
-        """``deepseek``, ``glm`` or ``other`` from config.json ``architectures`` / ``model_type``
-        (:func:`mla_lab.routes.config_family`): decides the route each engine takes (:func:`mla_lab.routes.route_for`).
-        """
+        """``deepseek``, ``glm`` or ``other`` (:func:`mla_lab.routes.config_family`)."""
         return config_family(self.architectures, self.model_type)[0]
 
     @property
     def family_note(self) -> str:
-        """"" for a family the config names; else the assumption the lab prices the model under (every output that
-        prices it shows this line: advise, serve, the sweep's ``model_family_note`` column)."""
+        """"" for a known family, else the assumption the model is priced under."""
         return config_family(self.architectures, self.model_type)[1]
 
     @property
     def indexer_layers(self) -> tuple[int, ...]:
-        """Layers that run their own DSA indexer (the others reuse the previous indexer layer's top-k indices).
-
-        ``index_topk_freq`` 1 (GLM-5, DeepSeek-V3.2): every layer. ``index_topk_freq`` f > 1 (GLM-5.2's IndexShare,
-        f = 4): layer ``i`` has an indexer when ``max(i - 2, 0) % f == 0`` — layers 0, 1, 2, 6, 10, ... as vLLM's
-        ``vllm/model_executor/models/deepseek_v2.py`` notes for GLM-5.2 (IndexCache, arXiv 2603.12201).
-        """
+        """Layers with their own DSA indexer: all, or for ``index_topk_freq`` f > 1 those with ``max(i - 2, 0) % f
+        == 0`` (vLLM ``vllm/model_executor/models/deepseek_v2.py``, GLM-5.2 IndexShare)."""
         f = self.index_topk_freq
         return tuple(i for i in range(self.num_hidden_layers) if f == 1 or max(i - 2, 0) % f == 0)
 
@@ -108,11 +93,7 @@ class ModelConfig:
         return self.index_topk
 
     def heads_per_rank(self, tp: int) -> int:
-        """Attention heads one TP rank holds: ``num_attention_heads // tp``.
-
-        Raises:
-            ValueError: ``tp`` is not a positive int dividing ``num_attention_heads``.
-        """
+        """``num_attention_heads // tp``. Raises ValueError: ``tp`` does not divide it."""
         tp = check_int("tp", tp)
         if self.num_attention_heads % tp:
             divisors = [d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]
@@ -134,9 +115,7 @@ class ModelConfig:
         return b
 
     def kv_cache_bytes_per_token(self, kv_cache_dtype: str = "bf16", include_indexer: bool = True) -> int:
-        """KV-cache bytes per token on one rank, all ``num_hidden_layers`` layers: the MLA latent cache on every
-        layer, the indexer's key cache on :attr:`indexer_layers` only (the MLA latent cache is replicated across TP
-        ranks, so this does not depend on TP)."""
+        """KV-cache bytes per token on one rank, all layers (indexer keys on :attr:`indexer_layers` only)."""
         latent = self.kv_cache_bytes_per_token_layer(kv_cache_dtype, include_indexer=False)
         full = self.kv_cache_bytes_per_token_layer(kv_cache_dtype, include_indexer)
         n_idx = len(self.indexer_layers)
@@ -153,9 +132,7 @@ class ModelConfig:
 REQUIRED_FIELDS = tuple(f.name for f in fields(ModelConfig) if f.default is MISSING and f.name != "name")
 OPTIONAL_FIELDS = ("n_shared_experts", "index_topk_freq")
 MAY_BE_ZERO = ("n_shared_experts", "first_k_dense_replace")
-#: The largest value each config.json field may hold: 8-64x DeepSeek-V3.2's own (data/models/deepseek-v3.2/config.json:
-#: 61 layers, 128 heads, hidden 7168, vocab 129,280, 256 experts, index_topk 2048), so no loop or buffer the lab
-#: sizes from a config can run away (a size is bounded before it is used).
+#: The largest value each config.json field may hold: 8-64x DeepSeek-V3.2's (data/models/deepseek-v3.2/config.json).
 CONFIG_BOUNDS = {"num_attention_heads": 1024, "num_hidden_layers": 1024, "hidden_size": 2**17, "q_lora_rank": 2**16,
                  "kv_lora_rank": 2**14, "qk_nope_head_dim": 4096, "qk_rope_head_dim": 4096, "v_head_dim": 4096,
                  "index_topk": 2**20, "index_n_heads": 1024, "index_head_dim": 4096, "first_k_dense_replace": 1024,
@@ -170,11 +147,7 @@ def model_names() -> list[str]:
 
 
 def model_config_path(name: str) -> Path:
-    """``config.json`` of the model folder whose name matches ``name`` case-insensitively.
-
-    Raises:
-        ValueError: not a non-empty str, or no such folder (lists the known models).
-    """
+    """``config.json`` of the model folder named ``name`` (any case). Raises ValueError: no such folder."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"model={name!r} must be a non-empty str; allowed: {model_names()}")
     key = name.strip().lower()
@@ -217,12 +190,8 @@ def _config_fields(path: Path, raw: dict) -> dict:
 
 
 def load_model(name: str | ModelConfig, path: str | Path | None = None) -> ModelConfig:
-    """Read ``data/models/<name>/config.json`` (or ``path``) into a :class:`ModelConfig`.
-
-    Raises:
-        ValueError: unknown model name (lists the known ones); malformed JSON; a required field missing or not a
-            positive int (names the field and the file).
-    """
+    """``data/models/<name>/config.json`` (or ``path``) as a :class:`ModelConfig`.
+    Raises ValueError: unknown model; malformed JSON; a field missing or out of range (names it and the file)."""
     if isinstance(name, ModelConfig):
         return name
     canonical = None

@@ -1,13 +1,7 @@
 """Strategies: where the padded Q lives (placement, :data:`KINDS`) x what its padded heads hold (content) x the
-route rule it runs under. A :class:`Strategy` is one typed value, parsed once at the door (:func:`expand`) and
-carried below it; ``docs/glossary.md`` describes each placement. FlashMLA's sparse prefill takes 64 or 128 query
-heads (``csrc/api/sparse_fwd.h``); a TP rank's ``H`` real heads are padded to ``H'``
-(:func:`mla_lab.buffers.padded_num_heads`).
-
-Canonical names (:func:`canonical_names`): ``per_call_empty:zeros|stale``, ``per_call_zeros``, ``private_workspace``,
-``shared_workspace:none|zero_per_call``, ``subchunk:<S>[:views|:graph2]``, ``kernel_native``, ``fa3_sparse``,
-``packed[:<overlap>]``, each optionally ``@<rule>`` (a rule not the placement's default; an engine version's rule,
-``@vllm-0.33.0``, sets :attr:`Strategy.engine`). Door names: :data:`PRESETS`, :data:`ALIASES`, engine versions.
+route rule it runs under. A :class:`Strategy` is one typed value, parsed once at the door (:func:`expand`);
+``docs/glossary.md`` describes each placement. Canonical names: :func:`canonical_names`, each optionally
+``@<rule>``; door names: :data:`PRESETS`, :data:`ALIASES`, engine versions.
 """
 
 from __future__ import annotations
@@ -38,12 +32,9 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CO
            "engine_summary", "engine_table", "blackwell_rows", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
            "STRATEGY_NOTES", "preset_label", "strategy_notes", "FA3_DECODE_PLACEMENTS", "KINDS"]
 
-#: One row per placement (adding a strategy adds a row here, and its pricing in :mod:`mla_lab.model`):
-#: ``(default route rule, Q layout, decode on FA3 sparse)``. The rule (:func:`mla_lab.routes.rules`) holds unless the
-#: value says otherwise (vLLM's FLASHMLA_SPARSE on the PR-era routes, SGLang with ``flashmla_sparse`` forced, FA3
-#: sparse as PR #46189 added it, the lab's packed kernel; ``kernel_native``: none, always ``sparse-mqa``). Layout:
-#: ``per_call`` (a pad tensor + copy per call), ``workspace`` (a padded workspace the concat writes), ``real`` (no
-#: padded Q). FA3 decode: decode tokens run per token on vLLM 0.33.0's FA3 sparse (nothing to pack or pad).
+#: placement -> ``(default route rule, Q layout, decode on FA3 sparse)`` (adding a strategy adds a row here and its
+#: pricing in :mod:`mla_lab.model`). Layout: ``per_call`` (pad + copy per call), ``workspace`` (a padded workspace the
+#: concat writes), ``real`` (no padded Q). ``kernel_native``: no rule, always ``sparse-mqa``.
 KINDS = {"per_call_empty": ("vllm-flashmla", "per_call", False),
          "per_call_zeros": ("sglang-flashmla", "per_call", False),
          "private_workspace": ("vllm-flashmla", "workspace", False),
@@ -65,17 +56,12 @@ class Strategy:
     """One way to feed the kernel its padded heads (a value: two equal values price the same).
 
     Attributes:
-        placement: one of :data:`PLACEMENTS`; content: what the padded heads hold during the kernel (:data:`CONTENTS`).
-        zero_policy: pre-padded workspaces only (:data:`ZERO_POLICIES`), else None.
-        rows: ``subchunk``'s workspace rows ``S``, else None.
-        handoff: ``subchunk`` only: ``copy`` (chunk outputs copied into the step's ``[T, H, 512]``), ``views`` (the
-            consumer runs per chunk on views) or ``graph2`` (views over two S-row workspaces on two streams, the
-            loop captured in one CUDA graph per ``T``; ``data/measured/h200/between_process/subgraph.csv``).
-        route_rule: a generic route rule (:func:`mla_lab.routes.rules`) that is not the placement's default, else None.
-        overlap: ``packed`` only: the assumed pairwise top-k overlap past the top-k (None: the default,
-            :data:`mla_lab.model.packed_kernel.PACKED_OVERLAP_DEFAULT`).
-        engine: the engine version (``vllm@0.33.0``, :mod:`mla_lab.engines`) whose own route rule the strategy runs
-            under, else None.
+        placement: :data:`PLACEMENTS`; content: what the padded heads hold (:data:`CONTENTS`).
+        zero_policy: pre-padded workspaces only (:data:`ZERO_POLICIES`); rows: ``subchunk``'s ``S``.
+        handoff: ``subchunk``: ``copy``, ``views`` (the consumer runs per chunk) or ``graph2`` (two S-row workspaces on
+            two streams in one CUDA graph).
+        route_rule: a generic rule other than the placement's default; engine: the engine version whose rule it runs
+            under; overlap: ``packed``'s assumed top-k overlap (None: the default).
     """
 
     placement: str
@@ -96,7 +82,7 @@ class Strategy:
 
     @property
     def engine_release(self) -> str | None:
-        """The release of :attr:`engine` (``vllm@0.33.0`` for ``vllm@0.33.0-flashmla``), else None."""
+        """The release of :attr:`engine` (``vllm@0.33.0-flashmla`` -> ``vllm@0.33.0``), else None."""
         return engine_preset(self.engine).engine_version.name if self.engine else None
 
     @property
@@ -158,8 +144,7 @@ _FIXED = {
     "packed": Strategy("packed", "zeros"),
 }
 
-#: Strategy presets -> canonical strategies (two names = the range the engine can be in): the lab's first, PR-era
-#: names (the measured data and its tests are labelled with them).
+#: Strategy presets -> canonical strategies (two names: the range the engine can be in); the PR-era door names.
 PRESETS = {
     "vllm-pre-53878": ("per_call_empty:zeros", "per_call_empty:stale"),
     "vllm-53878": ("private_workspace",),
@@ -212,16 +197,14 @@ STRATEGY_NOTES = {"kernel_native": KERNEL_NATIVE_NOTE, "per_call_zeros@sglang-de
 
 
 def preset_label(preset: str) -> str:
-    """The label outputs print for a preset name: :data:`PRESET_LABELS`, an engine version's own ``label``, else
-    the name ("" stays "")."""
+    """The label outputs print for a preset (:data:`PRESET_LABELS`, an engine version's ``label``, else the name)."""
     if preset in ENGINE_PRESETS:
         return ENGINE_PRESETS[preset].label or preset
     return PRESET_LABELS.get(preset, preset)
 
 
 def strategy_notes(strategies) -> list[str]:
-    """The notes an output prints under a table holding ``strategies``: :data:`STRATEGY_NOTES` of those present
-    (``packed:<overlap>`` has ``packed``'s), once each, in that order; [] when none is."""
+    """:data:`STRATEGY_NOTES` of the ``strategies`` present (``packed:<overlap>`` has ``packed``'s), once each."""
     names = {str(s) for s in strategies}
     names |= {n.partition(":")[0] for n in names if n.startswith("packed:")}
     return [note for s, note in STRATEGY_NOTES.items() if s in names]
@@ -231,8 +214,7 @@ _MEMBERS: dict = {}  # preset name -> (its record, its members as values): each 
 
 
 def engine_members(engine: str) -> list[Strategy]:
-    """The strategies of an engine version (a preset name or a first name; its record's ``members`` under its
-    route rule). Raises ValueError as :func:`mla_lab.engines.resolve_engine`."""
+    """An engine version's ``members`` under its route rule. Raises ValueError as :func:`resolve_engine`."""
     p = engine_preset(engine)
     if _MEMBERS.get(p.name, (None,))[0] is not p:
         owner = preset_of_rule(p.rule.name) is p
@@ -272,8 +254,7 @@ def today_engines() -> list[str]:
     return [p.name for p in ENGINE_PRESETS.values() if p.today]
 
 
-#: The first version's names, kept so existing parameter files and data keep working (``sglang`` named SGLang's
-#: documented dense route, now preset ``sglang-dense``; SGLang 0.5.23's H200 default is ``sglang@0.5.23``).
+#: The first version's names, kept for existing parameter files and data.
 ALIASES = {"unfused": "vllm-pre-53878", "fused": "vllm-53878", "sglang": "sglang-dense"}
 #: What the first version's *measurements* labelled ``unfused`` / ``fused`` ran.
 LEGACY_MEASURED = {"unfused": "per_call_zeros", "fused": "private_workspace"}
@@ -345,13 +326,8 @@ def _parse(name: str) -> Strategy:
 
 
 def parse_strategy(name: str) -> Strategy:
-    """A canonical name -> :class:`Strategy` (the one place a name is read; a :class:`Strategy` is returned as it
-    is). Presets and aliases are door names (:func:`expand`), not canonical names.
-
-    Raises:
-        ValueError: an unknown name (a preset or alias says where it is accepted), a bad ``subchunk:<S>`` or
-            ``packed:<overlap>``, an unknown ``@<rule>``.
-    """
+    """A canonical name -> :class:`Strategy` (a Strategy as it is; presets and aliases: :func:`expand`).
+    Raises ValueError: an unknown name, a bad ``subchunk:<S>`` / ``packed:<overlap>``, an unknown ``@<rule>``."""
     if isinstance(name, Strategy):
         return name
     if not isinstance(name, str):
@@ -360,8 +336,7 @@ def parse_strategy(name: str) -> Strategy:
 
 
 def as_strategy(strategy) -> Strategy:
-    """A :class:`Strategy` as it is; a canonical name through :func:`parse_strategy` (callers below the door are
-    handed values; this serves the Python API's canonical names)."""
+    """A :class:`Strategy` as it is; a canonical name through :func:`parse_strategy`."""
     return strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
 
 
@@ -389,12 +364,8 @@ def _door(n) -> list[Strategy]:
 
 
 def expand(names) -> list[Strategy]:
-    """The door: presets, aliases, engine versions, canonical names or :class:`Strategy` values -> values (presets
-    expanded to their members, order kept, duplicates dropped; each name parsed once). A str is one name.
-
-    Raises:
-        ValueError: as :func:`parse_strategy`.
-    """
+    """The door: presets, aliases, engine versions, canonical names or values (a str is one name) -> values,
+    order kept, duplicates dropped. Raises ValueError as :func:`parse_strategy`."""
     if isinstance(names, (str, Strategy)):
         names = [names]
     out = {}
@@ -410,8 +381,7 @@ def expand_strategies(names) -> list[str]:
 
 
 def resolve_strategy(name) -> str:
-    """One canonical name for a name, alias, preset or :class:`Strategy` (a two-member preset gives its first
-    member, the zeros end: ``unfused`` -> ``per_call_empty:zeros``). Raises ValueError as :func:`parse_strategy`."""
+    """One canonical name for any door name (a preset's first member). Raises ValueError as :func:`parse_strategy`."""
     return _door(name)[0].name
 
 
@@ -457,9 +427,8 @@ SERVE_PRESETS = ("vllm-pre-53878", "vllm-53878", "vllm-56902")
 
 
 def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
-    """Canonical names of every strategy that runs on tensors: the presets' padded members on their default rules,
-    ``shared_workspace:zero_per_call``, ``subchunk:<S>`` for ``subchunk_rows`` (the last also with views, the middle
-    one with ``graph2``: several chunks over the two workspaces)."""
+    """Every strategy that runs on tensors: the presets' padded members, ``shared_workspace:zero_per_call``,
+    ``subchunk:<S>`` for ``subchunk_rows`` (the last also ``:views``, the middle ``:graph2``)."""
     names = [s.name for s in expand(list(PRESETS)) if s.padded and s.route_rule is None and s.engine is None]
     names += ["shared_workspace:zero_per_call"] + [f"subchunk:{s}" for s in subchunk_rows]
     names += [f"subchunk:{subchunk_rows[-1]}:views", f"subchunk:{subchunk_rows[len(subchunk_rows) // 2]}:graph2"]
@@ -467,8 +436,8 @@ def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
 
 
 def advise_candidates(max_num_batched_tokens: int) -> list[str]:
-    """Every strategy ``mla-lab advise`` weighs: the presets' members, ``shared_workspace:zero_per_call`` and
-    ``subchunk:S`` / ``:views`` / ``:graph2`` for S = 512, 1024, ... below ``max_num_batched_tokens``."""
+    """What ``mla-lab advise`` weighs: the presets' members, ``shared_workspace:zero_per_call`` and ``subchunk:S``
+    (plain, ``:views``, ``:graph2``) for S = 512, 1024, ... below ``max_num_batched_tokens``."""
     names = expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"])
     s = 512
     while s < max_num_batched_tokens:
@@ -512,13 +481,8 @@ BENCH_PRESET_LABELS = {"per_call_empty_zeros": "per_call_empty:zeros", "per_call
 
 def strategy_route(strategy, model_name, topk: int, seq_lens=None, query_lens=None, phase: str = "prefill",
                    num_heads: int | None = None) -> str:
-    """The route (:data:`mla_lab.routes.ROUTES`) ``strategy`` takes for a batch of ``model_name``:
-    :func:`mla_lab.routes.route_for` under its rule; ``sparse-mqa`` without one (``kernel_native``). ``num_heads``
-    per rank picks the engine-version rules' decode threshold (None: their default).
-
-    Raises:
-        ValueError: as :func:`as_strategy` and :func:`mla_lab.routes.route_for`.
-    """
+    """The route ``strategy`` takes for a batch (:func:`mla_lab.routes.route_for` under its rule; no rule:
+    ``sparse-mqa``). Raises ValueError as :func:`as_strategy` and ``route_for``."""
     st = as_strategy(strategy)
     if st.rule is None:
         return "sparse-mqa"
@@ -526,9 +490,8 @@ def strategy_route(strategy, model_name, topk: int, seq_lens=None, query_lens=No
 
 
 def preset_table(model_name="glm", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
-    """One row per strategy-preset member: ``preset``, ``strategy``, ``placement``, ``content``, ``rule``, the
-    prefill route of fresh prompts per length (``route_<L>``), ``decode_route``, ``source``. Raises as
-    :func:`strategy_route`."""
+    """One row per preset member: ``preset``, ``strategy``, ``placement``, ``content``, ``rule``, ``route_<L>``,
+    ``decode_route``, ``source``."""
     rows = []
     for preset in PRESETS:
         for st in expand(preset):
@@ -568,28 +531,27 @@ def _decode(p, backend: str, sm: str, kv: str, num_heads: int) -> tuple[str, int
     return ("sparse-mqa" if padding_for(p.name, dec, sm, kv) else "fa3-sparse"), thr, uniform
 
 
-def engine_summary(engine: str, model, topk: int, num_heads: int, sm: str = "sm90", kv_cache_dtype: str = "bf16",
-                   prompt_len: int = 1024, max_num_batched_tokens: int = 16384, num_prompts: int = 32) -> dict:
+def engine_summary(engine: str, deployment) -> dict:
     """What one engine version does for one deployment, from its record (a code reading, not a measurement).
 
     Args:
         engine: an engine preset (``vllm@0.33.0``) or a first name (``vllm-53878``).
-        model, topk: a :class:`mla_lab.models.ModelConfig` (or a family name) and its ``index_topk``.
-        num_heads: attention heads per rank; sm: ``sm90`` / ``sm100``; kv_cache_dtype: ``bf16`` / ``fp8...``.
-        prompt_len, max_num_batched_tokens, num_prompts: the first step holds ``min(num_prompts x prompt_len,
-            budget)`` tokens of fresh prompts; the budget is capped by the rule's prefill-graph size (SGLang's
-            H200 ``chunked_prefill_size``, 8192).
+        deployment: a checked :class:`~mla_lab.deployment.Deployment` (its model and ``index_topk``, heads per rank,
+            GPU's sm, KV dtype; the first step holds ``min(num_prompts x prompt_len, budget)`` tokens of fresh
+            prompts, the budget ``max_num_batched_tokens`` capped by the rule's prefill-graph size: SGLang's H200
+            ``chunked_prefill_size``, 8192).
 
     Returns:
         ``{preset, engine, version, release_date, backend, padding (0: real heads), prefill_route, prefill_reason,
         decode_route, decode_threshold, uniform_decodes, padded_path, models, supported, sources, scope, note}``.
 
     Raises:
-        ValueError: a bad engine name (one line, the allowed values); bad ints.
+        ValueError: a bad engine name (one line, the allowed values).
     """
+    d = deployment
+    model, topk, num_heads, sm, kv_cache_dtype = d.model, d.model.topk, d.num_heads, d.arch.sm, d.kv_cache_dtype
+    prompt_len, max_num_batched_tokens, num_prompts = d.prompt_len, d.max_num_batched_tokens, d.num_prompts
     p = engine_preset(engine)
-    check_int("num_heads", num_heads)
-    check_int("prompt_len", prompt_len)
     ev, fam = p.engine_version, model_family(model)
     out = {"preset": p.name, "engine": ev.engine, "version": ev.version, "release_date": ev.release_date,
            "models": list(ev.models), "supported": fam in ev.models, "sources": p.sources,
@@ -615,17 +577,14 @@ def engine_summary(engine: str, model, topk: int, num_heads: int, sm: str = "sm9
             "uniform_decodes": uniform, "padded_path": _padded_path(backend, pad, num_heads, prefill, decode)}
 
 
-def engine_table(model="glm", topk: int = 2048, num_heads: int = 8, sm: str = "sm90", kv_cache_dtype: str = "bf16",
-                 prompt_len: int = 1024, max_num_batched_tokens: int = 16384, num_prompts: int = 32) -> list[dict]:
-    """:func:`engine_summary` for every engine version (default: PR #53878's benchmark, GLM-5 TP8 on an H200)."""
-    return [engine_summary(n, model, topk, num_heads, sm, kv_cache_dtype, prompt_len, max_num_batched_tokens,
-                           num_prompts) for n in ENGINE_PRESETS]
+def engine_table(deployment) -> list[dict]:
+    """:func:`engine_summary` of every engine version for one deployment (``mla-lab engines``: PR #53878's)."""
+    return [engine_summary(n, deployment) for n in ENGINE_PRESETS]
 
 
 def blackwell_rows(num_heads: int = 8, max_num_batched_tokens: int = 16384, head_size: int = 576) -> list[dict]:
-    """``b200`` (sm100) rows per engine version, bf16 and fp8 KV: the backend, the heads it pads to and the padded
-    Q-concat buffer ``T x H' x head_size x 2`` bytes in MiB. Modelled from the engines' sources; nothing ran on a
-    B200. Raises ValueError: bad ints."""
+    """``b200`` rows per engine version and KV dtype: backend, padded heads, Q-concat buffer MiB (modelled from the
+    engines' sources; nothing ran on a B200). Raises ValueError: bad ints."""
     check_int("num_heads", num_heads)
     rows, scope = [], "modelled (engine source, not run on a B200)"
     for name in ENGINE_PRESETS:

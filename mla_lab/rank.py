@@ -1,8 +1,6 @@
 """What one tensor-parallel rank of a deployment holds, derived once: :class:`RankView`.
 
-:attr:`Deployment.rank <mla_lab.deployment.Deployment.rank>` derives this frozen view from a checked deployment;
-everything below the door (the cost model, the memory account, the serving simulation) takes it instead of loose
-``(model, tp, ...)`` scalars and re-checks nothing. The constructor does not validate.
+Below the door everything takes it instead of loose ``(model, tp, ...)`` scalars. The constructor does not validate.
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ __all__ = ["RankView", "pad_heads"]
 
 
 def pad_heads(num_heads: int, prefill_padding: int, kv_cache_dtype: str) -> int:
-    """vLLM's padding rule for the sparse-prefill Q workspace (``vllm/v1/attention/backends/mla/flashmla_sparse.py``,
-    PR #53878): ``ceil(num_heads / prefill_padding) * prefill_padding`` heads for a bf16 KV cache, ``num_heads``
-    for fp8 (``fp8_ds_mla`` takes the real heads). Unchecked: ``num_heads`` a positive int, ``prefill_padding``
-    64 or 128 and ``kv_cache_dtype`` normalised (``bf16`` / ``fp8``) are the caller's (a door's) to check."""
+    """vLLM's padding rule (``flashmla_sparse.py``, PR #53878): ``ceil(num_heads / prefill_padding) *
+    prefill_padding`` heads for a bf16 KV cache, ``num_heads`` for fp8. Unchecked."""
     if kv_cache_dtype == "fp8":
         return num_heads
     return math.ceil(num_heads / prefill_padding) * prefill_padding
@@ -30,20 +26,9 @@ def pad_heads(num_heads: int, prefill_padding: int, kv_cache_dtype: str) -> int:
 
 @dataclass(frozen=True)
 class RankView:
-    """One TP rank of a deployment.
-
-    Attributes:
-        model, arch: :class:`~mla_lab.models.ModelConfig`, :class:`~mla_lab.arch.GPUArch`; tp: the TP size.
-        num_heads: ``num_attention_heads // tp``; padded_num_heads: the Q-concat workspace's heads
-            (:func:`pad_heads`); prefill_padding: the GPU record's (64 sm90, 128 sm100).
-        ep_size: ``tp`` under ``moe_parallel="ep"``, None under ``tp``; experts_per_rank: routed experts whose
-            weights the rank holds (``n_routed_experts / ep_size`` under ``ep``; each expert's 1/tp slice under ``tp``).
-        kv_cache_dtype, weight_dtype: ``bf16`` / ``fp8``; moe_parallel: ``ep`` / ``tp``.
-        max_num_batched_tokens, max_num_seqs: the engine limits.
-        kv_bytes_per_token: KV-cache bytes per token on this rank, all layers (latent cache, replicated on every TP
-            rank, + indexer keys: :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token`).
-        engine: an engine preset (``vllm@0.33.0``) or None (the lab's strategies); set by :meth:`with_engine`.
-    """
+    """One TP rank of a deployment: ``num_heads`` real, ``padded_num_heads`` (:func:`pad_heads`), ``ep_size`` (None
+    under ``moe_parallel="tp"``), ``experts_per_rank``, ``kv_bytes_per_token`` (all layers), ``engine`` (a preset
+    name or None)."""
 
     model: ModelConfig
     arch: GPUArch
@@ -76,23 +61,14 @@ class RankView:
 
     @staticmethod
     def require(value, name: str = "rank") -> None:
-        """``value`` must be a RankView (an entry point's argument ``name``).
-
-        Raises:
-            ValueError: one line naming ``name``, the type given and the allowed doors.
-        """
+        """Raises ValueError unless ``value`` (argument ``name``) is a RankView."""
         if not isinstance(value, RankView):
             raise ValueError(f"{name}= a {type(value).__name__} is not a RankView; allowed: Deployment.of(...).rank, "
                              "Deployment.seed().rank or Deployment.rank_of(...)")
 
     def with_ep_size(self, ep_size: int | None) -> RankView:
-        """This rank with another expert-parallel group size (a layer option of the cost model: ``ep_size``
-        ranks hold whole experts; None keeps this view's). A door: checked here.
-
-        Raises:
-            ValueError: ``ep_size`` not a positive int, not dividing n_routed_experts, or given under
-                ``moe_parallel="tp"`` (allowed: None there).
-        """
+        """This rank at another expert-parallel size (None keeps it). Raises ValueError: not dividing
+        n_routed_experts, or given under ``moe_parallel="tp"``."""
         if ep_size is None or ep_size == self.ep_size:
             return self
         if self.moe_parallel != "ep":
@@ -106,17 +82,11 @@ class RankView:
         return replace(self, ep_size=ep, experts_per_rank=E // ep)
 
     def with_engine(self, engine: str | None) -> RankView:
-        """This rank under an engine preset (``vllm@0.33.0``; first names such as ``vllm-53878`` map to theirs) or
-        None. A door: :func:`mla_lab.placement.resolve_engine`.
-
-        Raises:
-            ValueError: an unknown engine (one line, the allowed values).
-        """
+        """This rank under an engine preset (or a first name) or None. Raises ValueError: unknown engine."""
         return replace(self, engine=None if engine is None else resolve_engine(engine))
 
     def describe(self) -> str:
-        """One line: ``glm-5 TP8 h200: 8 heads (64 padded, prefill_padding 64), 32 experts per rank (ep 8), fp8
-        weights, bf16 KV (... B/token), max_num_batched_tokens 16384, max_num_seqs 256, engine -``."""
+        """One line: ``glm-5 TP8 h200: 8 heads (64 padded, prefill_padding 64), ...``."""
         ep = f"ep {self.ep_size}" if self.ep_size else "tp-sharded"
         return (f"{self.model.name} TP{self.tp} {self.arch.name}: {self.num_heads} heads ({self.padded_num_heads} "
                 f"padded, prefill_padding {self.prefill_padding}), {self.experts_per_rank} experts per rank ({ep}), "

@@ -1,14 +1,7 @@
 """Which attention route an engine takes, per model family, prompt length and phase (a foundation module: pure rules).
 
-Routes (``docs/routes.md`` has the table and every source): ``sparse-mqa`` (FlashMLA ``flash_mla_sparse_fwd`` on
-absorbed Q, heads padded to 64/128), ``fa3-sparse`` (vLLM ``FLASH_ATTN_MLA_SPARSE``, PR #46189: FA3 varlen, real
-heads), ``mha-dense`` (dense causal MHA on the up-projected K/V, vLLM #47327, SGLang PR #11892) and ``mha-masked``
-(vLLM #48770). ``mha-dense`` attends every earlier key: it equals the sparse attention only when
-``seq_len <= topk`` (SGLang PR #30258: "Above 2048: approximation"), so :func:`check_route` refuses it above.
-
-Rules (:func:`rules`): the generic ones below (the placements' defaults and SGLang's documented dense route) and the
-rule of every engine version (:mod:`mla_lab.engines`: its record carries it). The family comes from the model's
-config.json ``architectures`` (:func:`config_family`), never from its name.
+Routes (:data:`ROUTES`; ``docs/routes.md`` has the table and every source). Rules (:func:`rules`): the generic ones
+below and every engine version's (:mod:`mla_lab.engines`). The family comes from config.json, never a name.
 """
 
 from __future__ import annotations
@@ -17,7 +10,7 @@ from dataclasses import dataclass
 
 from ._validate import check_int
 from .engines import ENGINE_PRESETS, EngineRule
-from .engines.presets._pr_era import GLM_MQA_ONLY
+from .engines.presets._pr_era import GLM_MQA_ONLY, VLLM_SRC
 
 __all__ = ["ROUTES", "PHASES", "EngineRule", "RouteChoice", "rules", "engine_rule", "check_route", "route_for",
            "route_table", "model_family", "config_family", "FAMILIES", "is_equivalent", "RULE_ALIASES"]
@@ -33,14 +26,7 @@ _ARCHITECTURES = {"DeepseekV32ForCausalLM": "deepseek", "GlmMoeDsaForCausalLM": 
 _MODEL_TYPES = {"deepseek_v32": "deepseek", "glm_moe_dsa": "glm"}
 #: The families the rules name (``other``: a model no rule names).
 FAMILIES = ("deepseek", "glm", "other")
-_VLLM_SRC = ("vLLM PR #47327 (dense MHA when every prefill has seq_len <= topk; DeepSeek-V3.2 on the registered "
-             "MLA layer), PR #52512 (merged 2026-08-16: the NVIDIA DeepseekV32Attention wrapper GLM-5/5.2 run "
-             "through is MQA-only)")
-#: The rules no engine version owns: FLASHMLA_SPARSE before PR #47327, FA3 sparse as PR #46189 added it (requests
-#: of <= 1024 query tokens are decodes, ``flashattn_mla_sparse.py`` at 0299fca7), SGLang's documented dense route
-#: (dense MHA for prefills of <= 2048 tokens, ``SGLANG_DSA_PREFILL_DENSE_ATTN_KV_LEN_THRESHOLD``, with its prefill
-#: CUDA graphs off), SGLang with ``flashmla_sparse`` forced, and the lab's packed kernel (decodes per token on FA3
-#: sparse; single-token decodes: an assumption of the lab's).
+#: The rules no engine version owns (each cites its source).
 _GENERIC = (
     EngineRule("vllm-flashmla-mqa", "vllm", "sparse-mqa", "sparse-mqa", 0, (), True,
                "vLLM FLASHMLA_SPARSE before PR #47327 (release wheels 0.13.0, 2025-12-19, and 0.24.0, 2026-06-29: "
@@ -48,7 +34,7 @@ _GENERIC = (
                "token goes through the padded sparse kernel, `q.new_empty((T, padding, 576))` per call: 0.13.0 line "
                "936, 0.24.0 line 841)", family_reasons=GLM_MQA_ONLY),
     EngineRule("vllm-fa3", "vllm", "fa3-sparse", "fa3-sparse", "topk", ("deepseek",), True,
-               _VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py at 0299fca7: FA3 varlen, "
+               VLLM_SRC + "; FLASH_ATTN_MLA_SPARSE (PR #46189, flashattn_mla_sparse.py at 0299fca7: FA3 varlen, "
                "q=q_rope, q_v=q_nope, max_seqlen_q=1, block_table=top-k indices; requests of <= 1024 query tokens "
                "handled as decodes), vLLM's sm90 default for head size 576 (sparse priority list quoted in vLLM "
                "issue #56564)", 1024, family_reasons=GLM_MQA_ONLY),
@@ -89,9 +75,8 @@ def engine_rule(name: str) -> EngineRule:
 
 
 def config_family(architectures=(), model_type: str = "") -> tuple[str, str]:
-    """``(family, note)`` from config.json ``architectures`` (first known entry) or else ``model_type``; ``note``
-    is "" for a known family, else the assumption it is priced under (family ``other``: every engine takes its
-    sparse backend route)."""
+    """``(family, note)`` from config.json ``architectures`` or ``model_type``; ``note``: "" or the assumption
+    family ``other`` is priced under."""
     for a in architectures or ():
         if a in _ARCHITECTURES:
             return _ARCHITECTURES[a], ""
@@ -103,12 +88,7 @@ def config_family(architectures=(), model_type: str = "") -> tuple[str, str]:
 
 
 def model_family(model) -> str:
-    """The family of a :class:`~mla_lab.models.ModelConfig` (its ``family``, read from config.json) or a family
-    name of :data:`FAMILIES`. A model or folder name does not decide it (issue 32).
-
-    Raises:
-        ValueError: a str that is not a family name; an object without ``family``.
-    """
+    """The ``family`` of a ModelConfig, or a name of :data:`FAMILIES`. Raises ValueError: anything else."""
     fam = getattr(model, "family", None)
     if fam is None and isinstance(model, str) and model in FAMILIES:
         fam = model
@@ -120,11 +100,8 @@ def model_family(model) -> str:
 
 
 def is_equivalent(route: str, seq_len: int, topk: int) -> bool:
-    """Whether ``route`` computes the model's sparse attention for ``seq_len`` keys and ``topk`` (``index_topk``).
-
-    Raises:
-        ValueError: unknown route; seq_len / topk not positive ints.
-    """
+    """Whether ``route`` equals the sparse attention at ``seq_len`` keys (``mha-dense``: only ``seq_len <= topk``).
+    Raises ValueError: unknown route; bad ints."""
     if route not in ROUTES:
         raise ValueError(f"route={route!r} is not valid; allowed: {list(ROUTES)}")
     check_int("seq_len", seq_len)
@@ -216,23 +193,12 @@ def _prefill(r: EngineRule, fam: str, model, topk: int, lens: list, qlens: list,
 
 def route_for(rule: str | EngineRule, model_name, topk: int, phase: str = "prefill",
               seq_lens=None, query_lens=None, num_heads: int | None = None) -> RouteChoice:
-    """The route ``rule`` takes for a batch of ``model_name`` (a ModelConfig or a family name; ``topk`` =
-    ``index_topk``).
-
-    Args:
-        rule: a rule name (:func:`rules`), an engine preset name or an :class:`EngineRule`.
-        phase: ``prefill`` or ``decode``.
-        seq_lens: prefill only: each prefill's seq_len (context + its tokens so far); an int for one length.
-        query_lens: each request's new tokens this step (default ``seq_lens``); requests at or below the rule's
-            decode threshold at ``num_heads`` are decodes (with ``uniform_decodes``: only the first short length).
-        num_heads: attention heads per rank (None: the rule's default threshold).
-
-    Returns:
-        A :class:`RouteChoice`; the dense route only where it is equivalent for every row of the step.
+    """The :class:`RouteChoice` of ``rule`` (a name, engine preset or :class:`EngineRule`) for a batch of
+    ``model_name``: ``seq_lens`` (prefill only) and ``query_lens`` (default ``seq_lens``; those at or below the
+    decode threshold at ``num_heads`` are decodes).
 
     Raises:
-        ValueError: unknown rule / phase; prefill without ``seq_lens``; a length not a positive int; a rule whose
-            dense threshold exceeds ``topk``.
+        ValueError: unknown rule / phase; prefill without ``seq_lens``; a bad length; a dense threshold > ``topk``.
     """
     r = rule if isinstance(rule, EngineRule) else engine_rule(rule)
     fam = model_family(model_name)

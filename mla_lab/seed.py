@@ -1,13 +1,7 @@
 """vLLM PR #53878's benchmark — the lab's seed setup — as :meth:`mla_lab.deployment.Deployment.seed` builds it.
 
-Source: vLLM PR #53878 "[Perf][GLM5.2] Fuse sparse MLA Q concatenation with head padding" (merged 2026-08-26):
-``vllm serve zai-org/GLM-5.2-FP8 --tensor-parallel-size 8 -ep --max-num-batched-tokens 16384
---attention-backend FLASHMLA_SPARSE --no-enable-prefix-caching --max-model-len 131072`` (bf16 KV cache) on Hopper,
-driven by ``vllm bench serve`` with the random dataset, 1024 input / 128 output tokens, 32 prompts, max
-concurrency 32. Reported: TTFT -9.5 %, total token throughput +6 %, peak memory 131753 -> 132785 MiB per GPU.
-
-The deployment is written once, in :data:`mla_lab.deployment.SEED_ARGS`; :data:`SEED` is the same in the sweep's
-flat parameter names, derived from :meth:`~mla_lab.deployment.Deployment.seed`.
+Source: vLLM PR #53878 "[Perf][GLM5.2] Fuse sparse MLA Q concatenation with head padding" (merged 2026-08-26; the
+command: :mod:`mla_lab.deployment`). Written once, in :data:`mla_lab.deployment.SEED_ARGS`.
 """
 
 from __future__ import annotations

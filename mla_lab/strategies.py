@@ -1,11 +1,8 @@
 """Every real strategy (:mod:`mla_lab.placement`) on tensors, and the check that they all give the same output.
 
-:class:`PaddedQPath` runs one strategy's sparse-MLA prefill attention path (Q concat, the padding as the strategy
-does it, the sparse kernel: torch reference on CPU, FlashMLA on a GPU; :mod:`mla_lab.kernels` holds the contract).
 Every real strategy returns the real heads' ``[T, H, 512]`` bf16 output and ``[T, H]`` fp32 lse, bit-identical
-across strategies (:func:`equivalence_check`). ``subchunk:<S>:graph2`` on CUDA captures its two-stream chunk loop
-in one CUDA graph per key (T, the inputs' addresses / shapes / strides, sm_scale, whether a consumer is passed;
-``data/measured/h200/between_process/subgraph.csv``); on CPU the same loop runs eagerly.
+across strategies (:func:`equivalence_check`). ``subchunk:<S>:graph2`` on CUDA captures its chunk loop in one CUDA
+graph per inputs' key; on CPU the loop runs eagerly.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ REAL_STRATEGIES = tuple(real_strategies())
 
 
 def stale_fill(t: torch.Tensor, seed: int = 1234) -> torch.Tensor:
-    """``t`` filled in place with N(0, 1) values (seeded): the lab's stale data, the scale of the activations that
-    share the workspace (on an H200 the kernel ran as slowly as with copies of the real heads: 2.56 vs 2.63 ms)."""
+    """``t`` filled in place with seeded N(0, 1) values: the lab's stale data."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     t.copy_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype))
     return t
@@ -38,18 +34,11 @@ class PaddedQPath:
     """The attention path of one strategy: Q concat, padding as the strategy does it, sparse kernel, real heads out.
 
     Args:
-        strategy: a :class:`~mla_lab.placement.Strategy` or a canonical name (:func:`make_strategy` reads aliases).
-        num_heads: real heads per rank (H); max_num_batched_tokens: rows of the step buffers.
-        arch, kv_cache_dtype: the padding rule (:func:`mla_lab.buffers.padded_num_heads`); head_size: 576.
-        device, dtype: of the workspace (bf16 default); kernel_backend, concat_backend: as :mod:`mla_lab.kernels`.
-        fill_stale: how ``stale`` padded heads are filled (default :func:`stale_fill`).
-        reuse_pad_block: ``per_call_empty``: the pad is one block filled once (what the caching allocator hands
-            ``new_empty`` back each call: no GPU work), as the measurements time it.
+        reuse_pad_block: ``per_call_empty``: one pad block filled once (as the caching allocator hands it back).
         capture_graph: ``subchunk:<S>:graph2`` on CUDA: capture the chunk loop (default) or run it eagerly.
 
     Raises:
-        ValueError: a strategy with no padded Q (``kernel_native``, ``fa3_sparse``, ``packed``: modelled here);
-            as the workspace.
+        ValueError: a strategy with no padded Q (modelled only); as the workspace.
     """
 
     def __init__(self, strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch="hopper",
@@ -105,20 +94,16 @@ class PaddedQPath:
         """Run the attention path of one layer call.
 
         Args:
-            ql_nope: ``[T, H, 512]`` bf16; q_pe: ``[T, H, 64]`` bf16 (strided token/head dims ok); kv: ``[s_kv, 1,
-                576]`` bf16; indices: ``[T, 1, topk]`` int32 (-1 invalid); sm_scale; topk_length: ``[T]`` int32.
-            consumer: ``subchunk:<S>:views`` / ``:graph2``: called as ``consumer(start, out_view, lse_view)`` per
-                chunk (the W_UV bmm would run there). Under ``graph2`` on CUDA its GPU work replays with the graph,
-                its Python side effects do not (it must write into tensors that outlive the call).
+            ql_nope: ``[T, H, 512]`` bf16; q_pe: ``[T, H, 64]`` bf16; kv: ``[s_kv, 1, 576]`` bf16; indices:
+                ``[T, 1, topk]`` int32 (-1 invalid); topk_length: ``[T]`` int32.
+            consumer: ``subchunk`` views: ``consumer(start, out_view, lse_view)`` per chunk (under ``graph2`` only
+                its GPU work replays).
 
         Returns:
-            ``(out [T, H, 512] bf16, lse [T, H] fp32)`` for the real heads (views of the kernel's padded outputs;
-            ``subchunk``: the step's own buffer; ``graph2`` on CUDA: the graph's static buffers, overwritten by the
-            next call with the same key).
+            ``(out [T, H, 512] bf16, lse [T, H] fp32)`` of the real heads (``graph2``: the graph's static buffers).
 
         Raises:
-            ValueError: ql_nope/q_pe do not hold ``num_heads`` heads; T exceeds the workspace (not ``subchunk``);
-                as :func:`mla_lab.kernels.concat_mla_q` / :func:`mla_lab.kernels.sparse_mla_prefill`.
+            ValueError: inputs without ``num_heads`` heads; T over the workspace; as :mod:`mla_lab.kernels`.
         """
         self._check_heads(ql_nope, q_pe)
         T = ql_nope.shape[0]
@@ -166,8 +151,7 @@ class PaddedQPath:
         return self._graph[2]
 
     def _chunk_loop(self, ql_nope, q_pe, kv, indices, sm_scale, topk_length, consumer=None, streams=None):
-        """Chunk i into workspace i % len(workspaces); with ``streams`` (CUDA) on stream i % len(streams), forked from
-        and joined back to the current stream."""
+        """Chunk i into workspace (and stream) i mod their count."""
         T, H = ql_nope.shape[0], self.num_heads
         S = self.workspace.max_num_batched_tokens
         out = lse = None
@@ -196,13 +180,8 @@ class PaddedQPath:
 
 
 def make_strategy(name: str, **kwargs) -> PaddedQPath:
-    """A :class:`PaddedQPath` for a door name (``unfused`` -> ``per_call_empty:zeros``, ``fused`` ->
-    ``private_workspace``); ``zero_padding=True`` on a pre-padded workspace gives the concat zeroing its padded heads
-    per call. kwargs as :class:`PaddedQPath`.
-
-    Raises:
-        ValueError: unknown name; a strategy with no padded Q; zero_padding with a per-call placement.
-    """
+    """A :class:`PaddedQPath` for a door name (``zero_padding=True``: the concat zeroes the padded heads per call).
+    Raises ValueError: unknown name; no padded Q; zero_padding with a per-call placement."""
     zero_padding = kwargs.pop("zero_padding", False)
     canonical = resolve_strategy(name)  # the door: presets and the first version's aliases are read here
     if not parse_strategy(canonical).padded:
@@ -218,10 +197,8 @@ def make_strategy(name: str, **kwargs) -> PaddedQPath:
 
 def equivalence_check(num_heads: int = 8, arch: str = "hopper", num_tokens: int = 24, s_kv: int = 96,
                       topk: int = 32, seed: int = 0, device: str = "cpu", strategies=None) -> dict:
-    """Every real strategy on the same random inputs (invalid indices, causal topk_length) against
-    ``per_call_zeros``, the padded heads of every pre-padded workspace (and ``per_call_empty:stale``'s pad) poisoned
-    with NaN first. Returns ``{num_heads, padded_heads, strategies, max_abs_diff_out, max_abs_diff_lse, equal,
-    per_strategy}`` (``equal``: exact, NaN-aware for the +inf lse of empty rows)."""
+    """Every real strategy against ``per_call_zeros`` on one random input, padded heads poisoned with NaN. Returns
+    ``{num_heads, padded_heads, strategies, max_abs_diff_out, max_abs_diff_lse, equal, per_strategy}``."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     T = num_tokens
     ql_nope = torch.randn(T, num_heads, 512, generator=g).to(torch.bfloat16).to(device)

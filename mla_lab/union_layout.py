@@ -1,8 +1,5 @@
-"""The union builder's buffer layout and byte count (torch-free): the packed sparse-MLA prefill's union lists
-(:mod:`mla_lab.kernels.union`, which re-exports these) and the memory account that prices them
-(:mod:`mla_lab.buffers`) share one definition without the account loading torch.
-
-Sizes in bytes; indices int32 (4 B); the membership mask uint8 for g <= 8, int32 for g = 16.
+"""The union builder's buffer layout and byte count (torch-free): shared by :mod:`mla_lab.kernels.union` and the
+memory account. Bytes; indices int32; the membership mask uint8 for g <= 8, int32 for g = 16.
 """
 
 from __future__ import annotations
@@ -10,8 +7,7 @@ from __future__ import annotations
 __all__ = ["UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "union_caps", "union_field_bits",
            "union_scratch_words", "check_union_group", "union_buffer_bytes"]
 
-#: Tokens per group the union builders accept: 64 / H for H in {8, 16, 32} (sm90's 64-row tile) plus 1 (no packing)
-#: and 16 (sm100's 128-row tile at 8 heads).
+#: Tokens per group the union builders accept: 64 / H (H 8, 16, 32), 1 (no packing), 16 (sm100 at 8 heads).
 UNION_GROUP_SIZES = (1, 2, 4, 8, 16)
 #: ``shared_idx``'s width is a multiple of 128: FlashMLA sm90's topk must be (``csrc/api/sparse_fwd.h``, B_TOPK).
 SHARED_CAP_MULTIPLE = 128
@@ -43,16 +39,9 @@ def check_union_group(g) -> None:
 
 
 def union_buffer_bytes(T: int, topk: int, g: int, s_kv: int, num_programs: int) -> dict:
-    """Bytes of :func:`mla_lab.kernels.union.build_union`'s buffers: ``{"outputs": ..., "scratch": ..., "total": ...}``.
-
-    Outputs: ``shared_idx`` ``G x cap_s x 4``, ``rest_idx`` ``G x cap_r x 4``, ``rest_mask`` ``G x cap_r x (1 or
-    4)``, three ``[G]`` int32 lengths. Scratch: ``num_programs x W x 4`` (W = ceil(s_kv / 4) words for g <= 4, ceil(s_kv /
-    2) for g = 8, s_kv for g = 16). Example: T 16384, topk 2048, g 8, s_kv 32768, 264 programs: outputs 2048 x (2048
-    x 4 + 16384 x 5 + 12) B = 184.6 MB, scratch 264 x 65536 B = 17.3 MB.
-
-    Raises:
-        ValueError: a negative T or topk, g not in :data:`UNION_GROUP_SIZES`, s_kv or num_programs < 1.
-    """
+    """``{outputs, scratch, total}`` bytes of :func:`mla_lab.kernels.union.build_union`'s buffers: ``shared_idx``
+    ``[G, cap_s]``, ``rest_idx`` / ``rest_mask`` ``[G, cap_r]``, three ``[G]`` lengths; scratch ``num_programs x
+    words x 4``. Raises ValueError: a negative T or topk, a bad g, s_kv or num_programs < 1."""
     for name, v, lo in (("T", T, 0), ("topk", topk, 0), ("s_kv", s_kv, 1), ("num_programs", num_programs, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}; got {name}={v!r}")

@@ -1,12 +1,7 @@
 """Prefill workloads and chunked-prefill scheduling (which prompt tokens run in which engine step).
 
-Scheduling rule (vLLM v1 chunked prefill, all prompts arriving together, FCFS): each step takes up to
-``max_num_batched_tokens`` prompt tokens, the oldest unfinished prompt first, at most ``concurrency`` prompts in
-flight. A prompt's TTFT is the sum of step times up to the step holding its last prompt token (decode steps of
-finished prompts ignored).
-
-Causal sparse attention: the token at position ``p`` of its prompt attends to ``min(p + 1, topk)`` keys (the DSA
-indexer picks at most ``index_topk`` of the ``p + 1`` visible keys), which is the ``topk_length`` FlashMLA sees.
+Rule (vLLM v1 chunked prefill, prompts arriving together, FCFS): each step takes up to ``max_num_batched_tokens``
+prompt tokens, oldest prompt first, at most ``concurrency`` in flight. Token ``p`` attends ``min(p + 1, topk)`` keys.
 """
 
 from __future__ import annotations
@@ -18,18 +13,12 @@ from ._validate import check_int
 
 __all__ = ["Workload", "Step", "schedule", "sum_topk_lengths", "steps_to_first_token"]
 
-#: schedule() and Workload check through this alias; tests/test_checks_once.py counts check_int by module attribute,
-#: so the per-call re-check of max_num_batched_tokens in schedule() is not in its count.
+#: an alias: tests/test_checks_once.py counts check_int calls by module attribute, and these are not door checks
 _pos_int = check_int
-
-
 
 @dataclass(frozen=True)
 class Workload:
-    """``num_prompts`` prompts of ``prompt_len`` tokens, ``concurrency`` in flight (default: all).
-
-    The seed benchmark of vLLM PR #53878: 32 prompts x 1024 input tokens at concurrency 32.
-    """
+    """``num_prompts`` prompts of ``prompt_len`` tokens, ``concurrency`` in flight (default: all)."""
 
     prompt_len: int
     num_prompts: int = 1
@@ -61,11 +50,7 @@ class Step:
 
 
 def schedule(workload: Workload, max_num_batched_tokens: int) -> list[Step]:
-    """Split the workload into chunked-prefill steps (rule in the module docstring).
-
-    Raises:
-        ValueError: workload not a :class:`Workload`; max_num_batched_tokens not a positive int.
-    """
+    """The workload's chunked-prefill steps. Raises ValueError: not a Workload; a bad max_num_batched_tokens."""
     if not isinstance(workload, Workload):
         raise ValueError(f"workload={workload!r} must be a Workload(prompt_len, num_prompts, concurrency), "
                          f"got {type(workload).__name__}")

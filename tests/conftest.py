@@ -49,7 +49,6 @@ SLOW = (
     "tests/test_bad_input.py::test_bad_input[cli_",  # the CLI in a subprocess (2-3 s each)
     "tests/test_resume.py::test_sigkill",  # a sweep subprocess killed and resumed
     "tests/test_cli_flags.py::test_every_serve_flag_acts",  # two serving simulations per flag (22 flags, 1-5 s each)
-    "tests/test_kernels_concat.py::test_bench_round3_",  # the concat_variants experiment in a subprocess (4 tests, 4-6 s each)
     "tests/test_subchunk_graph.py::test_graph2_eager_loop_equals_every_strategy_on_cpu",  # every strategy on tensors (3-4 s)
     "tests/test_engines.py::test_every_real_preset_gives_the_same_real_heads",  # every preset on tensors (5 cases, 2 s each)
     "tests/test_sweep.py::test_fused_equals_unfused",  # the strategies on tensors per head count (12 cases, 1-2 s each)

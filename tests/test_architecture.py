@@ -4,7 +4,7 @@ Stack, top to bottom; a module may import modules of its own unit or of units st
 never a sibling unit on the same layer, and nothing in a circle:
 
     mla_lab (package root), cli, explore
-    cli_engines, cli_report (commands split from cli)
+    cli_engines, cli_report, cli_serve, cli_sweep (commands split from cli)
     report, cli_doors, cli_measure
     sweep, fits (the calibration fits of committed measurements and the written PR prediction)
     measure, serving
@@ -35,7 +35,7 @@ PKG = Path(__file__).resolve().parent.parent / "mla_lab"
 
 STACK = [
     ("mla_lab", "cli", "explore"),
-    ("cli_engines", "cli_report", "cli_serve"),
+    ("cli_engines", "cli_report", "cli_serve", "cli_sweep"),
     ("report", "cli_doors", "cli_measure"),
     ("sweep", "fits", "validation"),
     ("measure", "serving"),
@@ -51,7 +51,7 @@ STACK = [
 ]
 #: Modules allowed function-local imports of the package (the CLI's lazy imports; issue 22).
 LAZY_OK = {"mla_lab.cli", "mla_lab.cli_doors", "mla_lab.cli_measure", "mla_lab.cli_engines", "mla_lab.cli_report",
-           "mla_lab.cli_serve"}
+           "mla_lab.cli_serve", "mla_lab.cli_sweep"}
 LAYER = {unit: i for i, units in enumerate(STACK) for unit in units}
 
 

@@ -15,6 +15,12 @@ from mla_lab.models import load_model
 from mla_lab.workload import Step
 
 
+def _rank(model):
+    from mla_lab.deployment import Deployment
+
+    return Deployment.seed(model=model).rank  # TP 8 on an H200 (prefill_padding 64)
+
+
 @pytest.fixture
 def small_glm():
     return dataclasses.replace(load_model("glm-5"), index_topk=64)
@@ -22,7 +28,7 @@ def small_glm():
 
 def test_step_inputs_are_causal_and_strided(small_glm):
     step = Step([(0, 0, 40), (1, 10, 30)])
-    ql, qpe, kv, idx, tl = make_step_inputs(small_glm, 8, step, prompt_len=40, device="cpu")
+    ql, qpe, kv, idx, tl = make_step_inputs(_rank(small_glm), step, prompt_len=40, device="cpu")
     assert ql.shape == (70, 8, 512) and not ql.is_contiguous() and ql.stride(-1) == 1
     assert qpe.shape == (70, 8, 64) and not qpe.is_contiguous()
     assert kv.shape == (80, 1, 576) and idx.shape == (70, 1, 64) and idx.dtype == torch.int32
@@ -35,7 +41,7 @@ def test_step_inputs_are_causal_and_strided(small_glm):
 
 
 def test_time_attention_path_dry_run(small_glm):
-    res = time_attention_path(small_glm, 8, Step([(0, 0, 16)]), 16, "hopper", device="cpu", repeats=3,
+    res = time_attention_path(_rank(small_glm), Step([(0, 0, 16)]), 16, device="cpu", repeats=3,
                               strategies=("per_call_empty:zeros", "private_workspace", "subchunk:4"))
     for name in ("per_call_empty:zeros", "private_workspace", "subchunk:4"):
         r = res[name]
@@ -62,20 +68,20 @@ def test_call_peak_bytes():
 
 
 def test_measured_ttft_recombination_replaces_attention_path():
+    from mla_lab.deployment import Deployment
     from mla_lab.model.ttft import predict_ttft
-    from mla_lab.sweep.rows import layer_options, point_deployment
     from mla_lab.workload import Workload, schedule
 
     point = dict(model="glm-5", tp=8, arch="h200", max_num_batched_tokens=16384, prompt_len=1024, num_prompts=32,
-                 concurrency=32, kv_cache_dtype="bf16")
+                 concurrency=32, kv_cache_dtype="bf16", weight_dtype="fp8", moe_parallel="ep")
     workload = Workload(1024, 32, 32)
-    deployment = point_deployment(point)  # a point stored without the layer options: the sweep's defaults
+    deployment = Deployment.from_point(point)
 
     def with_measured_attention(step_attention_ms):
         return predict_ttft(deployment, "private_workspace", attention_override_ms=step_attention_ms)
 
     modelled = predict_ttft(deployment, "private_workspace")
-    assert layer_options(point) == {"weight_dtype": "fp8", "moe_parallel": "ep"}  # the sweep's defaults
+    assert deployment == Deployment.seed()  # the PR's point
     attn = [sum(v for k, v in ops.items() if k in ("concat", "pad", "kernel", "out_slice"))
             for ops in modelled["step_ops_ms"]]
     n = len(schedule(workload, 16384))
@@ -101,8 +107,7 @@ def test_measure_point_rows_with_stubbed_timings(monkeypatch):
     totals = {"per_call_empty:zeros": 7.8, "private_workspace": 7.3}
     runs = 5
 
-    def fake_time(model, tp, step, prompt_len, arch_name, strategies, full_topk=False, seed=0, device="cuda",
-                  repeats=7):
+    def fake_time(rank, step, prompt_len, strategies, full_topk=False, seed=0, device="cuda", repeats=7):
         calls.append((step.num_tokens, tuple(strategies), repeats))
         # the baseline is 0.5 ms slower in every round, with round-to-round noise common to both
         res = {n: {"total": totals[n], "samples": [totals[n] + 0.01 * r for r in range(repeats)], "q1": totals[n],
@@ -157,10 +162,11 @@ def test_bench_engines_presets_are_the_strategies_and_agree(tmp_path):
     workspace's, persistent bytes = the strategy's workspace, the padded heads the kernel read as the content
     says (per_call_empty's depend on the allocator, not checked on CPU)."""
     import mla_lab.measure.experiments.engine_presets as be
+    from mla_lab.deployment import Deployment
     from mla_lab.placement import BENCH_PRESET_LABELS
-    kern = be.Kernels("cpu")
+    from mla_lab.strategies import PaddedQPath
     gen = torch.Generator().manual_seed(0)
-    P = be.Presets(kern, "cpu", torch.bfloat16, 8, 16, "causal_8", [8], [8], gen, 8, 64)
+    P = be.Presets(Deployment.seed().rank, "cpu", torch.bfloat16, 16, "causal_8", gen, 8, 64)  # 8 heads -> 64
     ref = P.build("private_workspace_zeros")[0]().clone()
     labels = [(n, None) for n in BENCH_PRESET_LABELS] + [("subchunk", 8), ("subchunk_views", 8),
                                                          ("subchunk_2stream", 8)]
@@ -169,14 +175,14 @@ def test_bench_engines_presets_are_the_strategies_and_agree(tmp_path):
         if prep:
             prep()
         check = {}
-        out = be._as_tensor(fn(check))
+        out = be.as_tensor(fn(check))
         assert torch.equal(out, ref), label
-        content = be._content(label, strategy)
+        content = be.content_of(label, strategy)
         if strategy is None:
             assert label == "subchunk_2stream" and n_chunks == 2 and content == "zeros"
             continue
         want = BENCH_PRESET_LABELS.get(label) or (f"subchunk:{S}" + (":views" if label.endswith("views") else ""))
-        assert strategy.name == want and persistent == be.PaddedQPath(
+        assert strategy.name == want and persistent == PaddedQPath(
             strategy, num_heads=8, max_num_batched_tokens=16).workspace.nbytes
         assert n_chunks == (2 if strategy.placement == "subchunk" else 1)
         if strategy.placement != "per_call_empty":

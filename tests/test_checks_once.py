@@ -54,7 +54,7 @@ def test_one_advise_call_checks_each_deployment_integer_once(monkeypatch):
     # tp: Deployment.of only (the cost model reads the rank view: 2 before, with ops._check_common's memo)
     assert calls["tp"] == 1, calls["tp"]
     # prompt_len / num_heads: Deployment.of plus one engine summary per engine version
-    # (mla_lab.placement.engine_summary, three today: TODAY_ENGINES)
+    # (mla_lab.placement.engine_summary, three today: placement.today_engines())
     assert calls["prompt_len"] <= 4 and calls["num_heads"] <= 3, (calls["prompt_len"], calls["num_heads"])
     for name in ("head_size", "d_v", "shared_other_bytes", "world_size", "num_tokens", "sum_topk", "ep_size"):
         assert calls[name] == 0, (name, calls[name])  # below the door: the rank view's, never re-checked
@@ -67,13 +67,12 @@ def test_one_advise_call_checks_each_deployment_integer_once(monkeypatch):
 
 
 def test_one_modelled_grid_point_checks_max_num_batched_tokens_once(monkeypatch):
-    from mla_lab.placement import expand_strategies
+    from mla_lab.placement import advise_candidates, expand_strategies
     from mla_lab.seed import seed_point
-    from mla_lab.sweep.advise import candidate_strategies
     from mla_lab.sweep.rows import modelled_rows
 
     calls = _count_checks(monkeypatch)
-    point = {**seed_point(), "strategies": expand_strategies(candidate_strategies(16384)),
+    point = {**seed_point(), "strategies": expand_strategies(advise_candidates(16384)),
              "shared_workspace_bytes": None}
     rows = modelled_rows(point)
     assert len(rows) > 20

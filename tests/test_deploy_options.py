@@ -16,8 +16,8 @@ from mla_lab.serving.deploy_options import (
     per_rank_deployment,
     spec_verify_step,
 )
-from mla_lab.serving.engine_pricer import EnginePricer
 from mla_lab.serving.step import DecodeToken, PrefillChunk, Step
+from mla_lab.serving.step_pricer import CostModelPricer
 
 S = "per_call_empty:zeros@vllm-flashmla-mqa"
 
@@ -49,7 +49,7 @@ def test_options_round_trip_and_attention_rank():
 
 def test_spec_step_is_verify_plus_drafts_over_acceptance():
     d = Deployment.seed()
-    base = EnginePricer(d.rank, S)
+    base = CostModelPricer(d.rank, S)
     k, a = 3, 2.5
     p = SpecDecodePricer(base, d.model.num_hidden_layers, k, a)
     step = Step(tuple(DecodeToken(i, 1100 + i) for i in range(4)), (), "FULL", 4)
@@ -65,7 +65,7 @@ def test_spec_step_is_verify_plus_drafts_over_acceptance():
 
 def test_spec_mixed_step_pays_prefill_in_full():
     d = Deployment.seed()
-    base = EnginePricer(d.rank, S)
+    base = CostModelPricer(d.rank, S)
     k, a = 1, 2.0
     p = SpecDecodePricer(base, d.model.num_hidden_layers, k, a)
     step = Step((DecodeToken(0, 1500),), (PrefillChunk(1, 0, 512),), "PIECEWISE", 520)
@@ -84,11 +84,11 @@ def test_dp_pricer_composes_attention_of_the_rank_and_moe_of_all_ranks():
     p = DPAttentionPricer(d, S)
     step = Step(tuple(DecodeToken(i, 2000) for i in range(4)), (), "FULL", 4)
     got = p.price(step)
-    attn = EnginePricer(d.attention_rank, S).price(step)["by_op"]
+    attn = CostModelPricer(d.attention_rank, S).price(step)["by_op"]
     want_attn = sum(v for k, v in attn.items() if k not in MOE_SIDE_OPS)
     assert got["attention_side_ms"] == pytest.approx(want_attn, rel=1e-12)
     glob = Step(tuple(DecodeToken(i + r * 4, 2000) for r in range(p.active) for i in range(4)), (), "FULL", 32)
-    moe = EnginePricer(d.rank, S).price(glob)["by_op"]
+    moe = CostModelPricer(d.rank, S).price(glob)["by_op"]
     assert got["moe_side_ms"] == pytest.approx(sum(v for k, v in moe.items() if k in MOE_SIDE_OPS), rel=1e-12)
     assert "moe_allgather" not in got["by_op"]
 
@@ -158,7 +158,7 @@ def test_frontier_shows_dp_attention_as_its_own_modelled_point():
     from mla_lab.sweep.rows import modelled_rows
 
     d = Deployment.seed()
-    rows = pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, "private_workspace"]), deployment=d))
+    rows = pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, "private_workspace"])))
     o = options_summary(d.replace(dp_attention=8), BASELINE)["dp_attention"]
     want = 100.0 * (o["ttft_ms"] - o["ttft_ms_without"]) / o["ttft_ms_without"]
     assert o["heads_per_rank"] == o["padded_heads_per_rank"] == 64

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_lab import cli
+from mla_lab import cli, cli_sweep
 from mla_lab.models import load_model, models_dir
 from mla_lab.routes import route_for
 
@@ -63,7 +63,7 @@ REFUSED = [
 @pytest.mark.parametrize("dry_run", [True, False], ids=["dry_run", "run"])
 def test_sweep_refuses_in_one_line_before_anything_runs(case_id, extra, pattern, dry_run, tmp_path, monkeypatch):
     monkeypatch.setenv("MLA_LAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(cli, "publish", lambda *a, **k: pytest.fail("the doors let this through to the run"))
+    monkeypatch.setattr(cli_sweep, "publish", lambda *a, **k: pytest.fail("the doors let this through to the run"))
     rc, _, err, dt = _main(["sweep", *(["--dry-run"] if dry_run else []), *extra], tmp_path)
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1, (rc, err)
@@ -96,7 +96,7 @@ def test_unwritable_output_folder_is_refused_before_any_point(param, dry_run, tm
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p) == ro and mode & os.W_OK
                         else real(p, mode, *a, **k))
-    monkeypatch.setattr(cli, "publish", lambda *a, **k: pytest.fail("the doors let this through to the run"))
+    monkeypatch.setattr(cli_sweep, "publish", lambda *a, **k: pytest.fail("the doors let this through to the run"))
     value = str(ro / ("x.csv" if param == "data_file" else "sub"))
     rc, _, err, _ = _main(["sweep", *(["--dry-run"] if dry_run else []), "-p", param, value,
                            "-p", "tp_sizes", "[8]"], tmp_path)

@@ -68,7 +68,7 @@ def _one_line_refusal(rc: int, err: str, pattern: str) -> None:
 
 # ------------------------------------------------------------------------------------------- bench_layer --fit-only
 def _fit_only(*args, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments.layer_calibration", "--fit-only", *args],
+    return subprocess.run([sys.executable, "-m", "mla_lab.measure.validate", "--fit-only", *args],
                           cwd=cwd, capture_output=True, text=True, timeout=300,
                           env={**__import__("os").environ, "PYTHONPATH": str(REPO_ROOT)})
 

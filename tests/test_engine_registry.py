@@ -11,6 +11,7 @@ import pytest
 from conftest import run_cli
 
 from mla_lab import engines, placement
+from mla_lab.deployment import Deployment
 from mla_lab.routes import route_for, rules
 
 MODULE = '''
@@ -87,6 +88,6 @@ def test_a_strategy_is_parsed_once_at_the_door_and_carried(monkeypatch):
     for st in values:
         placement.strategy_route(st, "glm", 2048, 1024, 1024, num_heads=8)
         placement.preset_of(st.name)
-    placement.engine_table()
+    placement.engine_table(Deployment.seed())
     assert placement.expand(values) == values
     assert calls == []

@@ -8,6 +8,7 @@ import re
 import pytest
 
 from mla_lab.cli import main
+from mla_lab.deployment import Deployment
 from mla_lab.engines import ENGINE_PRESETS, decode_threshold, engine_preset, first_names, padding_for, sparse_backend
 from mla_lab.placement import (
     PRESETS,
@@ -65,12 +66,12 @@ def test_advise_names_dense_mha_for_vllm_0_33_at_1024_tokens_and_where_the_pad_r
 
 
 def test_the_dense_route_stops_above_index_topk():
-    short = engine_summary("vllm@0.33.0-flashmla", "glm", GLM_TOPK, 8, prompt_len=2048)
-    long = engine_summary("vllm@0.33.0-flashmla", "glm", GLM_TOPK, 8, prompt_len=2049)
+    short = engine_summary("vllm@0.33.0-flashmla", Deployment.seed(prompt_len=2048))
+    long = engine_summary("vllm@0.33.0-flashmla", Deployment.seed(prompt_len=2049))
     assert short["prefill_route"] == "mha-dense" and long["prefill_route"] == "sparse-mqa"
     assert long["padded_path"].startswith("prefill rows and decode rows")
     # PR-era vLLM ran GLM-5 MQA-only (vLLM #52512): the padded kernel for every prefill, even 1024 tokens
-    pr = engine_summary("vllm-53878", "glm", GLM_TOPK, 8)
+    pr = engine_summary("vllm-53878", Deployment.seed())
     assert pr["preset"] == "vllm@pr53878" and pr["prefill_route"] == "sparse-mqa"
     # one long prefill in the step sends every prefill row sparse ("every prefill has seq_len <= topk")
     mixed = route_for("vllm-0.33.0-flashmla", "glm", GLM_TOPK, "prefill", [1024, 4096], [1024, 4096], 8)
@@ -141,9 +142,9 @@ def test_sglang_prefill_graphs_turn_the_dense_route_off():
 
 
 def test_vllm_0_13_does_not_run_glm():
-    s = engine_summary("vllm@0.13.0", "glm", GLM_TOPK, 8)
+    s = engine_summary("vllm@0.13.0", Deployment.seed())
     assert s["supported"] is False and s["models"] == ["deepseek"]
-    assert engine_summary("vllm@0.13.0", "deepseek", GLM_TOPK, 16)["prefill_route"] == "sparse-mqa"
+    assert engine_summary("vllm@0.13.0", Deployment.seed(model="deepseek-v3.2"))["prefill_route"] == "sparse-mqa"
 
 
 @pytest.mark.parametrize("argv,needle", [

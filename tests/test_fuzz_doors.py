@@ -28,7 +28,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mla_lab import cli
+from mla_lab import cli, cli_sweep
 from mla_lab.arch import get_arch
 from mla_lab.cli_doors import BOUNDS
 from mla_lab.models import load_model, normalize_kv_cache_dtype
@@ -60,12 +60,12 @@ def _run_inprocess(argv: list[str]) -> tuple[int, str, float, set[str]]:
         os.environ["MLA_LAB_CACHE"] = str(root / "cache")
         err = io.StringIO()
         t0 = time.perf_counter()
-        real_publish = cli.publish
+        real_publish = cli_sweep.publish
 
         def let_through(*a, **k):  # a value the doors let through would start the notebook: fail fast instead
             raise RuntimeError("the doors let this input through to the notebook run")
 
-        cli.publish = let_through
+        cli_sweep.publish = let_through
         try:
             os.chdir(work)
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
@@ -74,7 +74,7 @@ def _run_inprocess(argv: list[str]) -> tuple[int, str, float, set[str]]:
                 except SystemExit as e:  # argparse's own exit (--help): a code, never a traceback
                     rc = e.code
         finally:
-            cli.publish = real_publish
+            cli_sweep.publish = real_publish
             os.chdir(old_cwd)
             if old_cache is None:
                 os.environ.pop("MLA_LAB_CACHE", None)
@@ -159,7 +159,7 @@ def test_ctrl_c_prints_one_line_and_exits_130(monkeypatch, capsys):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "publish", interrupted)
+    monkeypatch.setattr(cli_sweep, "publish", interrupted)
     monkeypatch.setattr(cli.doors, "check_sweep", lambda params: None)
     rc = cli.main(["sweep"])
     err = capsys.readouterr().err

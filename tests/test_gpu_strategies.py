@@ -34,13 +34,14 @@ def test_every_real_strategy_gives_the_same_real_heads_on_flash_mla(num_heads):
 
 
 def test_measured_call_peak_equals_the_byte_accounting():
+    from mla_lab.deployment import Deployment
     from mla_lab.measure.attention import time_attention_path
 
     model = load_model("glm-5")
     T = 4096
     step = Step([(0, 0, T)])
     names = ("per_call_empty:zeros", "per_call_zeros", "private_workspace", "shared_workspace:none")
-    res = time_attention_path(model, 8, step, T, "h200", strategies=names, repeats=3)
+    res = time_attention_path(Deployment.seed(model=model).rank, step, T, strategies=names, repeats=3)
     assert res["kernel_backend"] == "flash_mla"
     for name in names:
         got = res[name]["peak_bytes"]

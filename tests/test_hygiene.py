@@ -135,7 +135,7 @@ def _parameters(nb_path: Path) -> dict:
 def test_sweep_notebook_parameters_match_the_sweep():
     """The papermill entry point's parameters cell declares sweep parameters (plus the two the CLI injects) with the
     sweep's own defaults, so `make report` and the documented defaults agree."""
-    from mla_lab.cli import CLI_PARAMETERS
+    from mla_lab.cli_sweep import CLI_PARAMETERS
     from mla_lab.sweep.params import DEFAULTS
 
     params = _parameters(NOTEBOOKS / "padding_sweep.ipynb")

@@ -6,6 +6,8 @@ padded element is caught; comparisons are bitwise (a copy must be exact).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -257,56 +259,63 @@ def test_triton_launcher_rejects_unknown_knobs():
         make_concat_launcher_triton(*_ok(), force_path="fast")
 
 
-# ------------------------------------------------------------------------------ benchmarks/bench_concat_round3
+# -------------------------------------------------------------------------- mla_lab/measure/experiments/concat_variants
 
-def _bench(*args):
-    import subprocess
-    import sys
+def _concat_plan(**params):
+    from mla_lab.deployment import Deployment
+    from mla_lab.measure.experiments import Options
+    from mla_lab.measure.experiments.concat_variants import plan
 
-    return subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments.concat_variants", *args], capture_output=True, text=True, timeout=120)
+    return plan(Deployment.seed().rank, Options(Path("."), params={k: str(v) for k, v in params.items()}))
 
 
-def test_bench_round3_dry_run_prints_the_plan():
-    p = _bench("--dry-run")
-    assert p.returncode == 0, p.stderr
-    assert "methods: v2, v3," in p.stdout and "copy" in p.stdout
+def test_concat_variants_plan_on_the_seed_rank():
+    p = _concat_plan()
+    first = p[0]
+    assert first["methods"][:2] == ["v2", "v3"] and first["methods"][-1] == "copy"
+    assert first["file"] == "concat_round3.csv"
     # the byte count and the floor at 4256 GB/s: 2 * 4096 * 8 * 576 * 2 B = 75.5 MB -> 17.7 us
-    assert "T=4096 H=8: 75.5 MB moved" in p.stdout and "17.7 us" in p.stdout
-    assert "host launch: T=16" in p.stdout
+    assert (first["T"], first["H"], first["Hp"], first["mb_moved"], first["floor_us_at_copy_gbps"]) == (
+        4096, 8, 64, 75.5, 17.7)
+    assert first["timers"] == ["graph", "cudagraph"] and p[-1]["host_launch"].startswith("T=16 H=8->64")
 
 
 @pytest.mark.parametrize("which,methods,csv", [
-    ("round4", "methods: v2, v2:stream, v4, v4:stride,", "concat_round4.csv"),
-    ("ceiling", "methods: v2, v2_unpadded, copy1_padded, copy1_unpadded, fill_padded, fill_unpadded, memset, copy",
-     "concat_layout_ceiling.csv"),
-    ("hints", "methods: v2, v2:ld_first, v2:ld_last, v2:st_cs,", "concat_hints.csv"),
+    ("round4", ["v2", "v2:stream", "v4", "v4:stride"], "concat_round4.csv"),
+    ("ceiling", ["v2", "v2_unpadded", "copy1_padded", "copy1_unpadded", "fill_padded", "fill_unpadded", "memset",
+                 "copy"], "concat_layout_ceiling.csv"),
+    ("hints", ["v2", "v2:ld_first", "v2:ld_last", "v2:st_cs"], "concat_hints.csv"),
 ])
-def test_bench_round3_sets_dry_run(which, methods, csv):
-    """Each method set names its methods and its own CSV (a set never writes another set's file); round4 and the
+def test_concat_variants_sets(which, methods, csv):
+    """Each method set names its methods and its own file (a set never writes another set's rows); round4 and the
     others default to the graph timer (issue 23's), round3 to both timers."""
-    p = _bench("--dry-run", "--set", which)
-    assert p.returncode == 0, p.stderr
-    assert methods in p.stdout and f"output: (--out DIR)/{csv}" in p.stdout
-    assert "timers ['graph']" in p.stdout
-    assert "timers ['graph', 'cudagraph']" in _bench("--dry-run").stdout
+    first = _concat_plan(set=which)[0]
+    assert first["methods"][:len(methods)] == methods and first["file"] == csv and first["timers"] == ["graph"]
 
 
-@pytest.mark.parametrize("args,fragment", [
-    (["--dry-run", "--set", "round5"], "argument --set: invalid choice: 'round5'"),
-    (["--dry-run", "--set", "hints", "--no-tune"], "--no-tune applies to --set round3 only"),
-    (["--dry-run", "--Hp", "4"], "--Hp must be >= every --H"),
-    (["--dry-run", "--T", "0"], "--T values must be >= 1; got 0"),
-    (["--dry-run", "--rounds", "0"], "--rounds must be >= 1; got 0"),
+@pytest.mark.parametrize("params,fragment", [
+    ({"set": "round5"}, "--param set='round5'; allowed: round3"),
+    ({"set": "hints", "tune": "true"}, "tune=true applies to set round3 only"),
+    ({"heads": "8,128"}, "--param heads=128: allowed: integers >= 1, heads <= the padded heads 64"),
+    ({"heads": "8", "padded_heads": "4"}, "--param heads=8: allowed: integers >= 1, heads <= the padded heads 4"),
+    ({"tokens": "0"}, "--param tokens=0: allowed"),
+    ({"rounds": "0"}, "--param rounds=0: allowed"),
+    ({"set": "round4", "heads": "12"}, "set round4 runs v5 (TMA stores)"),
 ])
-def test_bench_round3_bad_input(args, fragment):
-    p = _bench(*args)
-    assert p.returncode == 2 and fragment in p.stderr, (p.returncode, p.stderr)
+def test_concat_variants_bad_params(params, fragment):
+    import re
+
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        _concat_plan(**params)
 
 
-def test_bench_round3_never_overwrites_a_foreign_file(tmp_path):
+def test_concat_variants_never_overwrite_a_foreign_file(tmp_path):
+    from mla_lab.measure.experiments.concat_variants import OUTPUTS
+    from mla_lab.measure.record import Sink
+
     (tmp_path / "concat_round3.csv").write_text("a,b\n1,2\n")
-    p = _bench("--out", str(tmp_path))
-    assert p.returncode == 2 and "was not written by this script" in p.stderr
+    with pytest.raises(ValueError, match="exists with another header"):
+        Sink(tmp_path, OUTPUTS, process=1, prov={}).write("concat_round3.csv", {"T": 16})
     assert (tmp_path / "concat_round3.csv").read_text() == "a,b\n1,2\n"
 
 

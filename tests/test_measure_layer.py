@@ -41,7 +41,8 @@ def _worker(out_path: str) -> None:
     import tempfile
 
     from mla_lab.measure.layer import Layer, MeasureSettings, run_kernel_checks, select_implementations
-    from mla_lab.measure.layer_runs import RowList, measure_ops, open_sinks, paired_timing, run_layer_benchmark
+    from mla_lab.measure.layer_runs import LAYER_OUTPUTS, measure_ops, paired_timing, run_layer_benchmark
+    from mla_lab.measure.record import Sink
     from mla_lab.measure.triton_ops import check_kernels, mqa_logits, rmsnorm, silu_mul
     from mla_lab.measure.validate import fit_and_validate
 
@@ -125,11 +126,11 @@ def _worker(out_path: str) -> None:
                                                 implementations, {}, log=lambda *a: None)))
     with tempfile.TemporaryDirectory() as tmp:
         provenance = {"source": "measured", "device": "cpu", "git_commit": "test"}
-        sinks = open_sinks(tmp, provenance)
-        checks_sink = RowList()
+        sink = Sink(tmp, LAYER_OUTPUTS, prov=provenance)
+        checks_sink = Sink(Path(tmp) / "checks", LAYER_OUTPUTS, prov=provenance)
         res["disabled"] = sorted(run_kernel_checks(settings, checks_sink, log=lambda *a: None))
-        res["check_rows"] = list(checks_sink)
-        run_layer_benchmark([("tiny", model)], [TP], [T], arch, settings, implementations, sinks,
+        res["check_rows"] = list(csv.DictReader(open(Path(tmp) / "checks" / "layer_extras.csv")))
+        run_layer_benchmark([("tiny", model)], [TP], [T], arch, settings, implementations, sink,
                             log=lambda *a: None, pairs=1)
         res["rows"] = {name: list(csv.DictReader(open(Path(tmp) / name))) for name in
                        ("layer_ops.csv", "layer_e2e.csv", "layer_extras.csv")}

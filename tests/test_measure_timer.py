@@ -1,4 +1,4 @@
-"""The lab's one timer (mla_lab.measure.timer) and its one CSV sink (mla_lab.measure.record.CsvSink), on CPU: the
+"""The lab's one timer (mla_lab.measure.timer) and its one CSV sink (mla_lab.measure.record.Sink), on CPU: the
 window's counts and quantiles, the callbacks, the NVML fields with and without a sampler, and the sink's columns."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import csv
 import numpy as np
 import pytest
 
-from mla_lab.measure.record import CsvSink
+from mla_lab.measure.record import Sink
 from mla_lab.measure.timer import WINDOW_COLUMNS, est_ms, quantile, timed_window
+from mla_lab.provenance import PROVENANCE_COLUMNS
 
 
 def test_quantile_is_numpys_linear_interpolation():
@@ -65,11 +66,22 @@ def test_est_ms_warms_up_once_then_averages_k_calls():
     assert est_ms(lambda: calls.append(1), "cpu", k=4) >= 0 and len(calls) == 5
 
 
-def test_csv_sink_columns_provenance_and_refusal(tmp_path):
-    sink = CsvSink(tmp_path / "x.csv", ["a", "b", "git_commit"], {"git_commit": "abc", "gpu": "cpu"})
-    assert sink.columns == ["a", "b", "git_commit", "gpu"] and sink.n == 0
-    sink.write({"a": 1})
+def test_sink_columns_provenance_and_refusals(tmp_path):
+    """process first (a between-process run), the experiment's columns, then the provenance columns; a missing
+    column empty; an unknown column, an unknown file and a file with another header refused by name."""
+    prov = {"source": "measured", "git_commit": "abc"}
+    sink = Sink(tmp_path, {"x.csv": ["a", "b"]}, process=3, prov=prov)
+    assert sink.columns("x.csv") == ["process", "a", "b", *PROVENANCE_COLUMNS] and sink.n == 0
+    sink.write("x.csv", {"a": 1})
     with pytest.raises(ValueError, match=r"row has columns \['c'\] not in x.csv's header"):
-        sink.write({"a": 2, "c": 3})
+        sink.write("x.csv", {"a": 2, "c": 3})
+    with pytest.raises(ValueError, match=r"file='y.csv' is not one of this experiment's outputs; allowed: \['x.csv'\]"):
+        sink.write("y.csv", {"a": 1})
     rows = list(csv.DictReader(open(tmp_path / "x.csv")))
-    assert rows == [{"a": "1", "b": "", "git_commit": "abc", "gpu": "cpu"}] and sink.n == 1
+    assert len(rows) == 1 and sink.n == 1
+    assert {k: v for k, v in rows[0].items() if v} == {"process": "3", "a": "1", "source": "measured",
+                                                        "git_commit": "abc"}
+    Sink(tmp_path, {"x.csv": ["a", "b"]}, process=4, prov=prov).write("x.csv", {"b": 2})  # appended: same header
+    assert [r["process"] for r in csv.DictReader(open(tmp_path / "x.csv"))] == ["3", "4"]
+    with pytest.raises(ValueError, match="exists with another header"):
+        Sink(tmp_path, {"x.csv": ["a"]}, prov=prov).write("x.csv", {"a": 1})

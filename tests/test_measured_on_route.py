@@ -78,7 +78,7 @@ def test_figures_draw_no_withheld_measured_point(measured):
     for model in ("glm-5", "deepseek-v3.2"):
         d = Deployment.seed(model=model)
         frames.append(pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, PR_STRATEGY],
-                                                            shared_workspace_bytes=None, num_runs=7), deployment=d)))
+                                                            shared_workspace_bytes=None, num_runs=7))))
     both = combine(pd.concat(frames, ignore_index=True), measured)
     both = both[(both["max_num_batched_tokens"] == 16384) & (both["prompt_len"] == 1024)]
     assert (both[both["source"] == "measured"]["tp"] == 4).any()  # the raw measured rows hold TP4

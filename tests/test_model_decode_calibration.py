@@ -12,7 +12,7 @@ from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import load_calibration
 from mla_lab.model.decode_calibration import DECODE_CSV, load_decode_calibration, write_decode_calibration
 from mla_lab.placement import measured_as
-from mla_lab.serving.engine_pricer import layer_decode_ms
+from mla_lab.serving.step_pricer import layer_decode_ms
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 CAL_CSV = DATA / "calibration" / DECODE_CSV

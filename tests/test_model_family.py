@@ -97,7 +97,7 @@ def test_an_unknown_architecture_is_priced_with_a_stated_assumption_everywhere(t
             "d = Deployment.seed(model='deepseek-new')\n"
             "p = d.to_point(strategies=['private_workspace'], shared_workspace_bytes=None, num_runs=7)\n"
             "print(json.dumps([{k: r.get(k) for k in ('model_family', 'model_family_note')} "
-            "for r in modelled_rows(p, deployment=d)]))")
+            "for r in modelled_rows(p)]))")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MLA_LAB_DATA": str(data), "MLA_LAB_CACHE": str(tmp_path / "c")}
     r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr

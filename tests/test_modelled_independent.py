@@ -76,6 +76,6 @@ def test_a_sweep_row_does_not_depend_on_the_measured_folder(tmp_path):
             "    p = d.to_point(strategies=['private_workspace', 'fa3_sparse', 'kernel_native', "
             "'per_call_zeros@sglang-dense'], shared_workspace_bytes=None, num_runs=7)\n"
             "    out += [{k: v for k, v in r.items() if isinstance(v, (int, float))} | {'strategy': r['strategy']}"
-            " for r in modelled_rows(p, deployment=d)]\n"
+            " for r in modelled_rows(p)]\n"
             "print(json.dumps(out))")
     _same(_modelled(json.loads(_run(["-c", code], None))), _modelled(json.loads(_run(["-c", code], tmp_path))))

@@ -48,7 +48,6 @@ PENDING = {
     "mla_lab/measure/layer.py": 1,  # the layer runner's two concat strategies
     "mla_lab/measure/tp.py": 1,  # the TP harness's default ["unfused", "fused"]
     "mla_lab/report/styles.py": 1,  # STRATEGY_STYLE (moved from report/figures.py: the one style table)
-    "mla_lab/serving/simulate.py": 1,  # the demo's two linear pricers
     # the measurement experiments name the strategies they time (moved from benchmarks/, issue 31)
     "mla_lab/fits/predict_pr53878.py": 1,
     "mla_lab/measure/experiments/cold_start.py": 1,
@@ -56,8 +55,6 @@ PENDING = {
     "mla_lab/measure/experiments/presets.py": 1,
     "mla_lab/measure/experiments/routes_step.py": 1,
     "mla_lab/measure/experiments/tp_block.py": 1,
-    # its kernel column names two kernels as the strategies built on them are named (fa3_sparse, packed: issue 36)
-    "mla_lab/measure/experiments/packed_kernels.py": 1,
     "mla_lab/report/packed_kernels.py": 2,  # the same kernel names in the rows' summary
 }
 

@@ -253,7 +253,7 @@ def test_report_module_leaves_the_matplotlib_backend_alone():
             "from mla_lab.sweep.rows import modelled_rows as price_point; "
             "r.plot_heatmap(pd.DataFrame(price_point({'model': 'glm-5', 'tp': 8, 'arch': 'h200', "
             "'max_num_batched_tokens': 16384, 'prompt_len': 1024, 'kv_cache_dtype': 'bf16', 'num_prompts': 4, "
-            "'concurrency': 4, 'strategies': ['fused']}))); "
+            "'concurrency': 4, 'weight_dtype': 'fp8', 'moe_parallel': 'ep', 'strategies': ['fused']}))); "
             "import sys; sys.exit(0 if matplotlib.get_backend() == b and 'matplotlib.pyplot' not in sys.modules "
             "else 1)")
     env = {**__import__("os").environ, "MPLBACKEND": "svg"}

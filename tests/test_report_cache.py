@@ -10,8 +10,8 @@ import pytest
 from mla_lab.deployment import Deployment
 from mla_lab.report import cache
 from mla_lab.serving import serve_benchmark
-from mla_lab.serving.engine_pricer import EnginePricer
 from mla_lab.serving.step import DecodeToken, PrefillChunk, Step
+from mla_lab.serving.step_pricer import CostModelPricer
 
 CALLS: list = []
 
@@ -94,13 +94,13 @@ def test_publish_cached_renders_once(tmp_cache, tmp_path):
 
 def test_pricer_memo_equals_pricing_afresh():
     rank = Deployment.seed().rank
-    p = EnginePricer(rank, "per_call_zeros")
+    p = CostModelPricer(rank, "per_call_zeros")
     steps = [Step(decode=(DecodeToken(3, 1100), DecodeToken(5, 1300)), cudagraph_mode="FULL"),
              Step(decode=(DecodeToken(9, 1100), DecodeToken(1, 1300)), cudagraph_mode="FULL"),  # other req ids
              Step(decode=(DecodeToken(1, 1100),), prefill_chunks=(PrefillChunk(2, 0, 512),),
                   cudagraph_mode="PIECEWISE")]
     for s in steps:
-        assert p(s) == pytest.approx(EnginePricer(rank, "per_call_zeros").price(s)["total_ms"],
+        assert p(s) == pytest.approx(CostModelPricer(rank, "per_call_zeros").price(s)["total_ms"],
                                      rel=1e-12)
     assert len(p._memo) == 2  # the renumbered step was read back
     assert math.isfinite(p(steps[1]))

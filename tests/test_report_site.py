@@ -36,7 +36,8 @@ def _measured_rows(path: Path):
     from mla_lab.sweep.rows import modelled_rows as price_point
 
     pt = {"model": "glm-5", "tp": 8, "arch": "h200", "max_num_batched_tokens": 16384, "prompt_len": 1024,
-          "kv_cache_dtype": "bf16", "num_prompts": 32, "concurrency": 32, "strategies": ["fused"]}
+          "kv_cache_dtype": "bf16", "num_prompts": 32, "concurrency": 32, "weight_dtype": "fp8", "moe_parallel": "ep",
+          "strategies": ["fused"]}
     d = pd.DataFrame(price_point(pt))
     d = d.assign(source="measured", device="NVIDIA H200 (test row)", git_commit="feedc0ffee00", point_key="m1",
                  timestamp="2026-11-30T00:00:00+00:00")

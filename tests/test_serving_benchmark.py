@@ -87,10 +87,10 @@ def test_serving_entry_points_name_a_wrong_type_in_one_line():
     """A rank where a Deployment is due (or the reverse, or the old loose form) is refused naming the argument."""
     from mla_lab.deployment import Deployment
     from mla_lab.serving import bench_of, serve_benchmark
-    from mla_lab.serving.engine_pricer import EnginePricer
+    from mla_lab.serving.step_pricer import CostModelPricer
 
     d = Deployment.seed()
-    for call, msg in ((lambda: EnginePricer(d, "private_workspace"), "rank= a Deployment is not a RankView"),
+    for call, msg in ((lambda: CostModelPricer(d, "private_workspace"), "rank= a Deployment is not a RankView"),
                       (lambda: serve_benchmark(d.rank, ["private_workspace"]), "deployment= a RankView is not a"),
                       (lambda: bench_of(d.rank), "deployment= a RankView is not a Deployment"),
                       (lambda: serve_benchmark("glm-5", 8, ["private_workspace"]), "deployment= a str is not a")):

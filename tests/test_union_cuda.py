@@ -80,14 +80,6 @@ def test_bad_arguments_refused_in_one_line(kw, pattern):
     assert "\n" not in str(e.value)
 
 
-def test_main_without_cuda_says_so_and_fails(capsys, monkeypatch):
-    from mla_lab.kernels import union_cuda
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert union_cuda.main([]) == 1
-    assert "no CUDA GPU" in capsys.readouterr().out
-
-
 def test_rows_are_read_in_place_or_copied_padded_to_128():
     full = torch.arange(4 * 256, dtype=torch.int32).reshape(4, 256)
     assert _vector_rows(full) is full

@@ -109,7 +109,7 @@ def _seed_frame(measured):
 
     d = Deployment.seed()
     point = d.to_point(strategies=list(MEASURED_STRATEGIES), shared_workspace_bytes=None, num_runs=7)
-    mod = pd.DataFrame(modelled_rows(point, deployment=d))
+    mod = pd.DataFrame(modelled_rows(point))
     return combine(mod, measured)
 
 
@@ -164,7 +164,7 @@ def test_advise_and_explorer_use_one_measured_change(measured):
 
     d = Deployment.seed()
     result = explore_point(d, measured=measured)
-    ch = measured_changes(measured, d.to_point())
+    ch = measured_changes(measured, d)
     for r in result["per_strategy"]:
         if r["measured_change_pct"] is None:
             assert ch.get(r["strategy"], {}).get("change_pct") is None

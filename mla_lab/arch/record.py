@@ -14,9 +14,7 @@ GIB = 1024**3
 MIB = 1024**2
 #: How a record's ``torch_total_bytes`` is known.
 TORCH_STATUS = ("measured", "cited", "assumed")
-#: FlashMLA's sparse prefill tile (``prefill_padding``): vLLM ``flashmla_sparse.py`` (PR #53878) ``128 if
-#: current_platform.is_device_capability_family(100) else 64``; FlashMLA ``csrc/api/sparse_fwd.h`` (sm90: h_q a
-#: multiple of 64; sm100: 64 or 128, vLLM uses 128).
+#: FlashMLA's sparse prefill tile (``prefill_padding``).
 FLASHMLA_TILE_SOURCE = ("vLLM flashmla_sparse.py (PR #53878) prefill_padding; FlashMLA csrc/api/sparse_fwd.h "
                         "(sm90 h_q multiple of 64, sm100 128)")
 
@@ -26,26 +24,16 @@ class GPUArch:
     """One GPU's record.
 
     Attributes:
-        name: lab name, equal to its module's name (``"h200"``).
-        product: the name ``torch.cuda.get_device_name`` prints (``"NVIDIA H200"``).
-        family: NVIDIA's architecture name (``"hopper"``; the sweep's ``family`` column). Code keys on ``sm``.
-        sm: vLLM's family key, ``"sm90"`` / ``"sm100"`` (``is_device_capability_family``).
-        capability: CUDA compute capability ``(major, minor)``.
-        sm_count: streaming multiprocessors (``source``).
-        prefill_padding: FlashMLA sparse prefill's tile rows, the head multiple vLLM pads Q to (64 sm90, 128 sm100;
-            :data:`FLASHMLA_TILE_SOURCE`).
-        hbm_gb, hbm_gbps, bf16_tflops, nvlink_gbps: datasheet figures (``source``).
-        torch_total_bytes: ``torch.cuda.mem_get_info()[1]``, bytes: the total vLLM multiplies by
-            ``gpu_memory_utilization`` (vLLM 0.33.0 ``vllm/v1/worker/utils.py:724-726``); status in
-            :data:`TORCH_STATUS`, with its source.
-        source: the datasheet of the figures above and of ``sm_count``.
-        sparse_prefill_tflops: FlashMLA's published sparse-prefill rate here (FlashMLA README), None: the lab's
-            calibrated rate.
-        aliases: other names :func:`mla_lab.arch.get_arch` accepts for this record (a family's reference card
-            takes its sm key and architecture name).
+        name: equal to its module's name; product: what ``torch.cuda.get_device_name`` prints.
+        sm: vLLM's family key (``sm90`` / ``sm100``); family: NVIDIA's architecture name (code keys on ``sm``).
+        prefill_padding: the head multiple vLLM pads Q to (:data:`FLASHMLA_TILE_SOURCE`).
+        sm_count, hbm_gb, hbm_gbps, bf16_tflops, nvlink_gbps: datasheet figures (``source``).
+        torch_total_bytes: ``torch.cuda.mem_get_info()[1]``, the total vLLM multiplies by ``gpu_memory_utilization``
+            (vLLM 0.33.0 ``vllm/v1/worker/utils.py:724-726``), with its status and source.
+        sparse_prefill_tflops: FlashMLA README's rate here (None: calibrated); aliases: other names accepted.
 
     Raises:
-        ValueError: a record whose ``sm`` does not match ``capability``, or an unknown ``torch_total_status``.
+        ValueError: ``sm`` not matching ``capability``; an unknown ``torch_total_status``.
     """
 
     name: str

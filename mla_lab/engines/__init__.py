@@ -1,8 +1,6 @@
 """Engine versions as an axis (a foundation package: stdlib only, imported by `mla_lab.routes`).
 
-One record per engine version (:class:`~mla_lab.engines.record.EnginePreset`), one module per record under
-:mod:`mla_lab.engines.presets`, found by :mod:`mla_lab.engines.registry`; :mod:`mla_lab.engines.wheel_check` checks
-the records' facts in a release wheel (ast; never installs or imports the engine)."""
+One record (:class:`~mla_lab.engines.record.EnginePreset`) per module of :mod:`mla_lab.engines.presets`."""
 
 from .record import EnginePreset, EngineRule, EngineVersion, Fact, Source, rule_name
 from .registry import (

@@ -12,10 +12,9 @@ __all__ = ["Source", "Fact", "EngineVersion", "EngineRule", "EnginePreset", "src
 
 @dataclass(frozen=True)
 class Source:
-    """Where a fact is written: ``path`` in the wheel (or a PR's file), ``line`` (``"754"`` / ``"766-777"`` / ``"-"``),
-    ``code``: one Python statement or expression :mod:`mla_lab.engines.wheel_check` must find (ast) in ``scope``
-    (``"Cls.method"``, ``"function"``, a module-level variable, ``""`` the module). ``checkable`` False: a PR-era
-    source with no release wheel (cited, not checked)."""
+    """Where a fact is written: ``path:line`` (``"754"`` / ``"766-777"`` / ``"-"``) and the ``code`` (one statement
+    or expression) :mod:`mla_lab.engines.wheel_check` must find in ``scope`` (``"Cls.method"``, a function or variable,
+    ``""`` the module). ``checkable`` False: no release wheel (cited, not checked)."""
 
     path: str
     line: str
@@ -39,8 +38,7 @@ def pr_src(path, line, code, scope="") -> Source:
 
 @dataclass(frozen=True)
 class Fact:
-    """One fact a preset relies on: ``key`` (``prefill_padding``, ``decode_threshold`` ...), ``value`` (what the lab
-    uses), ``text`` (one sentence) and its ``sources``."""
+    """One fact a preset relies on: ``key``, ``value`` (what the lab uses), ``text`` (one sentence), ``sources``."""
 
     key: str
     value: object
@@ -53,9 +51,8 @@ class Fact:
 
 @dataclass(frozen=True)
 class EngineVersion:
-    """A release or PR-era build: ``engine`` (``vllm`` / ``sglang``), ``version``, ``release_date`` (ISO: the wheel's
-    build date, or the PR's merge date), ``wheel`` (the wheel's file-name stem; None: no release wheel) and
-    ``models`` (families it runs as DSA)."""
+    """A release or PR-era build: ``release_date`` (ISO: the wheel's build or the PR's merge), ``wheel`` (None: no
+    release wheel), ``models`` (families it runs as DSA)."""
 
     engine: str
     version: str
@@ -74,20 +71,13 @@ class EngineRule:
     """How one engine configuration routes sparse-MLA attention (:func:`mla_lab.routes.route_for` reads it).
 
     Attributes:
-        name: the ``@<rule>`` of strategy names; engine: ``vllm`` / ``sglang`` / ``mla_lab``.
-        backend_route / decode_route: route of MQA prefill tokens / of decode tokens.
-        dense_kv_len_threshold: prefills of seq_len <= this go ``mha-dense`` (``"topk"``: ``index_topk``; 0: never).
-        dense_models: families allowed the dense route (the others are MQA-only).
-        all_prefills: the dense route needs *every* prefill of the step under the threshold (vLLM #47327); False:
-            SGLang's per-batch ``max_kv_len`` (decode rows count too).
-        source: files and PRs the rule follows.
-        decode_query_len_threshold / decode_thresholds: requests of at most this many query tokens are decodes
-            (vLLM ``reorder_batch_threshold``; ``((num_heads, n), ...)`` per head count, this the default).
-        uniform_decodes: decodes must share one query length (vLLM ``require_uniform_decodes``).
-        prefill_graph_max_tokens: steps of at most this many tokens run in a prefill CUDA graph, dense route off
-            (SGLang 0.5.23); 0: none.
-        mqa_only_reason: why a family outside ``dense_models`` takes the backend route.
-        family_reasons: ``((family, why), ...)``: that reason for one family (GLM on vLLM's MQA-only wrapper).
+        dense_kv_len_threshold: prefills of seq_len <= this go ``mha-dense`` (``"topk"``: ``index_topk``; 0: never)
+            for ``dense_models``; all_prefills: every prefill must be under it (vLLM #47327), else SGLang's
+            per-batch ``max_kv_len``.
+        decode_query_len_threshold / decode_thresholds: query tokens of a decode (vLLM ``reorder_batch_threshold``;
+            ``((num_heads, n), ...)``); uniform_decodes: vLLM ``require_uniform_decodes``.
+        prefill_graph_max_tokens: steps up to this run in a prefill CUDA graph, dense route off (SGLang 0.5.23).
+        mqa_only_reason / family_reasons: why a family takes the backend route.
     """
 
     name: str
@@ -119,20 +109,10 @@ class EnginePreset:
     """One engine version as the lab runs it: the whole record.
 
     Attributes:
-        name: ``<engine>@<version>[-<variant>]`` (the one spelling of an engine version).
-        engine_version: the release (:class:`EngineVersion`).
-        summary: one line.
-        rule: its :class:`EngineRule` (the ``@<rule>`` of its members' names is ``rule.name``).
-        forced_backend: the ``--attention-backend`` forced (None: the engine's own choice).
-        facts: its :class:`Fact` s (``prefill_padding``, ``decode_threshold``, ``backend_priority``, ...).
-        members: the lab's strategies of its sm90 bf16-KV default as placement names (``fa3_sparse``), run under
-            ``rule`` (two: the range zeros / stale).
-        order: where ``mla-lab engines`` lists it (ascending).
-        first_names: the lab's earlier door names for it (``vllm-53878`` -> ``vllm@pr53878``).
-        label: how outputs name it ("": its name).
-        today: answered beside every ``advise`` (a current release).
-        uniform_decodes: backends whose decodes must share one query length (vLLM ``require_uniform_decodes``).
-        decode_backend: the backend decode rows run on when not the prefill's (SGLang's ``fa3``); None: the same.
+        name: ``<engine>@<version>[-<variant>]``, the one spelling; forced_backend: ``--attention-backend`` or None.
+        members: the lab's strategies of its sm90 bf16-KV default (placement names) under ``rule``.
+        first_names: earlier door names (``vllm-53878``); label: how outputs name it; today: answered by ``advise``.
+        uniform_decodes: backends with vLLM ``require_uniform_decodes``; decode_backend: when not the prefill's.
     """
 
     name: str
@@ -175,8 +155,7 @@ class EnginePreset:
 
 
 def rule_name(preset: str) -> str:
-    """The route rule name of an engine version's rule: ``vllm@0.33.0`` -> ``vllm-0.33.0`` (the spelling strategy
-    names carry after ``@``, as the committed rows and docs spell them)."""
+    """``vllm@0.33.0`` -> ``vllm-0.33.0``: the rule name strategy names carry after ``@``."""
     return preset.replace("@", "-")
 
 
@@ -184,8 +163,7 @@ def version_rule(preset: str, facts, route: str, dense, models, *, backend: str 
                  decode_route: str | None = None, all_prefills: bool = True, uniform: bool = False,
                  graph_tokens: int = 0, why: str = "",
                  source_keys=("prefill_route", "decode_threshold")) -> EngineRule:
-    """An engine version's :class:`EngineRule` built from its facts: the sm90 ``decode_threshold`` of ``backend``
-    (``(), 1`` without one) and a source citing the facts ``source_keys``."""
+    """An engine version's :class:`EngineRule` from its facts (sm90 ``decode_threshold`` of ``backend``)."""
     by_key = {f.key: f for f in facts}
     pairs, default = by_key["decode_threshold"].value[backend]["sm90"] if backend else ((), 1)
     source = f"{preset}: " + "; ".join(f"{k} ({by_key[k].cite()})" for k in source_keys)

@@ -31,11 +31,7 @@ UNPADDED_BACKENDS = ("FLASH_ATTN_MLA_SPARSE", "FLASH_ATTN_MLA_SPARSE_FA4", "FLAS
 
 
 def register(preset: EnginePreset) -> EnginePreset:
-    """Add one engine version (what each module of :mod:`mla_lab.engines.presets` does on import). Returns it.
-
-    Raises:
-        ValueError: a name, first name or rule name another preset already holds; no members.
-    """
+    """Add one engine version; returns it. Raises ValueError: a name or rule already held; no members."""
     if not isinstance(preset, EnginePreset) or not preset.members:
         raise ValueError(f"preset={preset!r} must be an EnginePreset with at least one member strategy")
     taken = {n for p in ENGINE_PRESETS.values() for n in (p.name, *p.first_names)}
@@ -66,11 +62,7 @@ def first_names() -> dict[str, str]:
 
 
 def resolve_engine(name: str) -> str:
-    """The engine preset name for a preset name or one of its first names.
-
-    Raises:
-        ValueError: one line naming ``--engine``, the value and the allowed values.
-    """
+    """The preset name of a preset or first name. Raises ValueError naming ``--engine`` and the allowed."""
     if isinstance(name, str):
         if name in ENGINE_PRESETS:
             return name
@@ -110,9 +102,8 @@ def fact(preset: str, key: str) -> Fact:
 
 
 def version_facts(ev: EngineVersion):
-    """``(preset name, Fact, Source)`` for the lab's PR-era claims (:data:`LAB_CLAIMS`, preset ``lab (PR-era)``,
-    release wheels only), then every checkable source of every preset of ``ev``, each (key, path, scope, code)
-    once."""
+    """``(preset, Fact, Source)``: the PR-era :data:`LAB_CLAIMS` (release wheels only), then each checkable source
+    of ``ev``'s presets once."""
     for f in LAB_CLAIMS.get(ev.engine, ()) if ev.wheel else ():
         for s in f.sources:
             yield "lab (PR-era)", f, s
@@ -151,12 +142,8 @@ def _runs(backend: str, sm_k: str, kv: str) -> bool:
 
 
 def sparse_backend(preset: str, sm, kv_cache_dtype: str, num_heads: int) -> str:
-    """The sparse-MLA backend ``preset`` runs on ``sm`` with that KV dtype and ``num_heads`` heads per rank: the
-    forced backend, else the first of fact ``backend_priority`` that runs there (:data:`BACKENDS`).
-
-    Raises:
-        ValueError: bad sm / kv_cache_dtype / preset; no backend of the list runs there.
-    """
+    """The forced backend, else the first of fact ``backend_priority`` that runs there (:data:`BACKENDS`).
+    Raises ValueError: bad sm / kv_cache_dtype / preset; no backend runs there."""
     p = engine_preset(preset)
     sm_k, kv = _sm_key(sm), _kv_key(kv_cache_dtype)
     if p.forced_backend:
@@ -181,12 +168,8 @@ def padding_for(preset: str, backend: str, sm, kv_cache_dtype: str = "bf16") -> 
 
 
 def decode_threshold(preset: str, backend: str, sm, num_heads: int) -> tuple[int, bool]:
-    """``(n, uniform)``: requests of at most ``n`` query tokens are decodes on ``backend`` under ``preset``;
-    ``uniform``: they must share one query length (the preset's ``uniform_decodes``).
-
-    Raises:
-        ValueError: a backend the preset gives no threshold for.
-    """
+    """``(n, uniform)``: requests of <= ``n`` query tokens are decodes (``uniform``: of one length).
+    Raises ValueError: no threshold for ``backend``."""
     p = engine_preset(preset)
     by_sm, key = p.decode_thresholds.get(backend, {}), _sm_key(sm)
     if key not in by_sm:
@@ -198,15 +181,10 @@ def decode_threshold(preset: str, backend: str, sm, num_heads: int) -> tuple[int
 
 def fp8_reserved_bytes(num_heads: int, max_num_batched_tokens: int, max_model_len: int, head_size: int = 576,
                        kv_lora_rank: int = 512) -> dict:
-    """Bytes (all bf16) vLLM 0.33.0's FLASHMLA_SPARSE ``__init__`` takes together from the shared workspace with an
-    fp8 KV cache (fact ``workspace.fp8``: ``flashmla_sparse.py:810,822-829``; factor ``vllm/config/vllm.py:1872-1874``):
-    Q-concat ``(T, H, head_size)``, prefill gather ``(factor x max_model_len, head_size)`` (factor 5 when
-    max_model_len <= 256 x 1024, else 2), padded Q ``(T, round_up(H, 64), head_size)``, padded output
-    ``(T, round_up(H, 64), kv_lora_rank)``, output ``(T, H, kv_lora_rank)``. Returns ``{name: bytes}`` and ``total``.
-
-    Raises:
-        ValueError: a size not a positive int.
-    """
+    """``{name: bytes, total}`` (bf16) vLLM 0.33.0's FLASHMLA_SPARSE takes from the shared workspace with fp8 KV
+    (``flashmla_sparse.py:810,822-829``; factor ``vllm/config/vllm.py:1872-1874``): Q-concat ``(T, H, 576)``, gather
+    ``(factor x max_model_len, 576)`` (factor 5 up to 256 Ki, else 2), padded Q / output at ``round_up(H, 64)``,
+    output ``(T, H, 512)``. Raises ValueError: a size not a positive int."""
     for name, v in (("num_heads", num_heads), ("max_num_batched_tokens", max_num_batched_tokens),
                     ("max_model_len", max_model_len)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:

@@ -1,14 +1,8 @@
 """Check the engine records' facts against a release wheel by reading its Python sources with ``ast``.
 
-The wheel is opened as a zip (:mod:`zipfile`); the engine is never installed or imported. A
-:class:`~mla_lab.engines.record.Source` is checked by structure: its ``scope`` (``""`` the module, ``"Cls.method"``,
-a function, or a module-level variable's value) must hold a node matching its ``code`` (``ast.dump`` equal, or a
-``Call`` with the snippet's callee and arguments among more, a ``Dict`` / ``Set`` literal holding the snippet's
-entries); its recorded line must overlap the match, else the fact *moved*. Statuses: ``holds``, ``moved``, ``fails``
-(the scope exists, nothing matches: what stands there instead), ``missing`` (file or scope absent).
-:func:`write_report` writes ``wheel_facts_<engine>-<version>.json`` / ``.md`` (``overwrite=True`` to replace);
-:func:`download_wheel` runs ``pip download --no-deps --only-binary=:all:`` (tests use wheels already in
-``MLA_LAB_WHEELS``, default ``/work/wheels``).
+The wheel is read as a zip, never installed or imported. A source's ``scope`` must hold a node matching its
+``code`` (equal, a ``Call`` with those arguments among more, a ``Dict`` / ``Set`` holding its entries) at its
+recorded line. Statuses: ``holds``, ``moved``, ``fails`` (nothing matches), ``missing`` (file or scope absent).
 """
 
 from __future__ import annotations
@@ -121,12 +115,8 @@ def _overlap(recorded: str, found: str) -> bool:
 
 
 def check_source(text: str | None, src: Source) -> tuple[str, list, list, str]:
-    """``(status, found, instead, detail)`` for one :class:`Source` against one file's text (None: no such file
-    in the wheel).
-
-    Raises:
-        ValueError: a source whose ``code`` is not one Python statement / expression.
-    """
+    """``(status, found, instead, detail)`` of one :class:`Source` in one file's text (None: absent).
+    Raises ValueError: ``code`` not one statement / expression."""
     want = _snippet(src.code)
     if text is None:
         return "missing", [], [], f"{src.path} is not in the wheel"
@@ -151,11 +141,7 @@ def check_source(text: str | None, src: Source) -> tuple[str, list, list, str]:
 
 
 def wheel_version(wheel: str | Path) -> tuple[str, str]:
-    """``(engine, version)`` from a wheel's file name (``vllm-0.33.0-cp38-abi3-...whl`` -> ``vllm``, ``0.33.0``).
-
-    Raises:
-        ValueError: a name that is not ``<name>-<version>-...whl``.
-    """
+    """``(engine, version)`` of ``<name>-<version>-...whl``. Raises ValueError: another name."""
     name = Path(wheel).name
     parts = name.split("-")
     if not name.endswith(".whl") or len(parts) < 3:
@@ -164,21 +150,9 @@ def wheel_version(wheel: str | Path) -> tuple[str, str]:
 
 
 def check_wheel(wheel: str | Path) -> dict:
-    """Check every fact of every preset built on the wheel's engine version.
-
-    Args:
-        wheel: path of a release wheel (``vllm-0.33.0-...whl``, ``sglang-0.5.23-...whl``).
-
-    Returns:
-        ``{"engine", "version", "wheel", "wheel_built" (the newest zip entry's date), "counts" {status: n} (of the
-        presets' facts), "facts": [{preset, key, text, path, line, scope, code, status, found, instead, detail}],
-        "lab_claims": [the same + still_holds]}``
-        (``lab_claims``: what the lab's PR-era presets relied on, :data:`mla_lab.engines.LAB_CLAIMS`).
-
-    Raises:
-        ValueError: no file at ``wheel``, not a zip, or an engine version the lab does not describe
-            (:func:`mla_lab.engines.engine_version` names those it does).
-    """
+    """Check every fact of every preset on the wheel's engine version: ``{engine, version, wheel, wheel_built,
+    counts, facts: [{preset, key, text, path, line, scope, code, status, found, instead, detail}], lab_claims}``.
+    Raises ValueError: no such file, not a zip, an engine version the lab does not describe."""
     p = Path(wheel)
     if not p.is_file():
         raise ValueError(f"wheel={str(wheel)!r} is not a file; allowed: a release wheel such as "
@@ -216,12 +190,8 @@ def find_wheel(folder: str | Path, engine: str, version: str) -> Path | None:
 
 
 def download_wheel(engine: str, version: str, dest: str | Path) -> Path:
-    """``pip download --no-deps --only-binary=:all:`` one release wheel of ``engine==version`` into ``dest`` (no
-    install, no import); the manylinux x86_64 / CPython 3.12 wheel, as the engines publish it.
-
-    Raises:
-        ValueError: an engine version the lab does not describe; RuntimeError: pip failed (its last line).
-    """
+    """``pip download --no-deps --only-binary=:all:`` the manylinux x86_64 CPython 3.12 wheel into ``dest``.
+    Raises ValueError: an unknown engine version; RuntimeError: pip failed."""
     engine_version(engine, version)
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
@@ -270,11 +240,7 @@ def format_report(rep: dict) -> str:
 
 
 def write_report(rep: dict, folder: str | Path, overwrite: bool = False) -> tuple[Path, Path]:
-    """Write ``wheel_facts_<engine>-<version>.json`` and ``.md`` into ``folder``.
-
-    Raises:
-        ValueError: a file already there and ``overwrite`` False (names it).
-    """
+    """Write ``wheel_facts_<engine>-<version>.json`` / ``.md``. Raises ValueError: exists without ``overwrite``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     stem = f"wheel_facts_{rep['engine']}-{rep['version']}"

@@ -1,13 +1,9 @@
-"""The calibration fits: one :class:`Fit` record per file of ``data/calibration/`` (:data:`FITS`), each a function
-from the committed measured rows to the calibration rows, beside the model's loader of that file; and the lab's
-written prediction of vLLM PR #53878's run (:mod:`.predict_pr53878`, not a fit).
+"""The calibration fits: one :class:`Fit` per file of ``data/calibration/`` (:data:`FITS`: to add a fit, one
+function ``measured folder -> {file: rows}`` and one entry), beside the model's loader of the file; and the written
+prediction of vLLM PR #53878's run (:mod:`.predict_pr53878`, not a fit). Bad input: one line on stderr, exit 2,
+nothing written; each file is replaced whole or not at all.
 
-    python -m mla_lab.fits NAME [--measured-dir data/measured] [--out-dir data/calibration] [--overwrite]
-
-refits one file (``NAME``: a key of :data:`FITS`, or ``all``). Bad input (an unknown name, a folder that is missing,
-an existing file without ``--overwrite`` or whose header is not the fit's) gets one line on stderr and exit status 2
-before anything is written; each file is replaced whole (through a temporary file) or not at all. To add a fit: one
-function ``measured folder -> {file: rows}`` in this package and one :class:`Fit` in :data:`FITS`.
+    python -m mla_lab.fits NAME|all [--measured-dir data/measured] [--out-dir data/calibration] [--overwrite]
 """
 
 from __future__ import annotations
@@ -23,29 +19,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..model.calibration import (
-    load_calibration,
-    load_subchunk_graph_overhead,
-    load_subchunk_overhead,
-)
+from ..model.calibration import load_calibration, load_subchunk_graph_overhead, load_subchunk_overhead
 from ..model.comm import load_comm_model
 from ..model.content import load_content_model, load_step_content_model
 from ..model.decode_calibration import load_decode_calibration, load_moe_decode_fit
 from ..paths import calibration_dir, measured_dir
 from . import decode, files
 
-__all__ = ["Fit", "FITS", "render", "refit", "main"]
-
 
 @dataclass(frozen=True)
 class Fit:
-    """How one calibration file is made and read.
-
-    ``file``: its name in ``data/calibration/``; ``inputs``: the measured files it is fitted on (relative to
-    ``data/measured/``); ``fit``: ``measured folder -> {file: rows}`` (``file``: a calibration file name, or a
-    by-product table under the measured folder, a path with a ``/``); ``load``: the model's loader of the file;
-    ``volatile``: columns that name the run of the fit (its commit) rather than its result.
-    """
+    """How one calibration ``file`` is made from its ``inputs`` (under ``data/measured/``) by ``fit`` (``measured
+    folder -> {file: rows}``; a by-product table is a path with a ``/`` under the measured folder) and read by
+    ``load``; ``volatile``: columns naming the fit's run (its commit), not its result."""
 
     file: str
     inputs: tuple[str, ...]
@@ -77,8 +63,7 @@ FITS: dict[str, Fit] = {
 
 
 def render(rows) -> str:
-    """The CSV text of ``rows``: a list of dicts as :class:`csv.DictWriter` writes it (columns in first-seen order),
-    a DataFrame as :meth:`pandas.DataFrame.to_csv` does (no index)."""
+    """The CSV text of ``rows``: a list of dicts via :class:`csv.DictWriter`, a DataFrame via ``to_csv`` (no index)."""
     if isinstance(rows, pd.DataFrame):
         return rows.to_csv(index=False)
     cols = list(dict.fromkeys(k for r in rows for k in r))

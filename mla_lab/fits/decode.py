@@ -1,22 +1,8 @@
-"""The decode calibration of the serving pricer, fitted on the H200 decode measurements and validated
-(``h200_decode.csv``; registered in :data:`mla_lab.fits.FITS` beside :func:`~mla_lab.model.decode_calibration.load_decode_calibration`).
-
-Inputs (``mla_lab/measure/experiments/decode_layer.py``, GPU round 2): ``decode_ops.csv`` (every op of the decode layer
-alone, CUDA-graph replay of 10 back-to-back calls) and ``decode_layer.csv`` (the per-rank layer: decode batches
-B = 1..256 at contexts 1k-8k, eager and graph; mixed steps, eager); per configuration the median over repeats of
-each window's median. Each part is fitted with the committed layer calibration underneath:
-
-1. from ``decode_ops.csv``: the sparse kernel on decode tokens (:class:`KernelDecode`), the decode indexer logits
-   (a :class:`ClassEff`), the decode top-k (``f + a max(c) + b sum(c)``, least squares on relative error), the
-   graph-replay overhead of each roofline class and the per-kernel cost of the attention byte ops (grids, minimum
-   MAPE);
-2. from ``decode_layer.csv`` graph rows: the fixed cost per layer;
-3. from its eager rows: the launch model ``max(GPU + n x gap, n x host)`` in three forms (host floor only, gaps
-   only, both), the one with the lowest error kept.
-
-Validation (``data/measured/h200/round2/decode_validation.csv``): every configuration predicted by
-:func:`mla_lab.serving.engine_pricer.layer_decode_ms` over the measured op subset, in sample and
-leave-one-model-out (every part refitted on the other model's rows).
+"""The decode calibration fit (``h200_decode.csv``) on ``data/measured/h200/round2/decode_ops.csv`` (each decode op,
+CUDA-graph replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph), over
+the committed layer calibration: op-level grids (kernel, indexer, top-k, class and attention floors), then the
+per-layer cost on graph rows, then the eager launch model; validated in sample and leave-one-model-out
+(``decode_validation.csv``).
 """
 
 from __future__ import annotations
@@ -38,11 +24,9 @@ from ..models import load_model
 from ..placement import measured_as
 from ..provenance import git_commit
 from ..rank import RankView
-from ..serving.engine_pricer import layer_decode_ms
+from ..serving.step_pricer import layer_decode_ms
 from ..workload import Step as WorkStep
 from .files import provenance, rel
-
-__all__ = ["fit_decode_file", "fit_all", "validate"]
 
 _PROV = ("source", "gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
 H200 = get_arch("h200")
@@ -59,8 +43,7 @@ FLOORS = [round(float(x), 2) for x in np.arange(0.0, 12.01, 0.1)]
 
 
 def mape(pred, meas) -> float:
-    pred, meas = np.asarray(pred, float), np.asarray(meas, float)
-    return float(np.mean(np.abs(pred - meas) / meas) * 100)
+    return float(np.mean(np.abs(np.asarray(pred, float) - meas) / np.asarray(meas, float)) * 100)
 
 
 @functools.cache
@@ -159,14 +142,9 @@ def fit_class_floors(rows, cal) -> dict:
         meas = np.array([r["us"] for r in k])
         F = np.array([r["obj"].flops for r in k])
         Bt = np.array([r["obj"].bytes for r in k])
-        peak = 1.0  # bf16 measurements (fp8 classes borrow these floors)
-        best = (np.inf, None)
-        for mode in ("add", "max"):
-            for fl in FLOORS:
-                err = mape(_roofline_us(F * peak, Bt, e.eff_flops, e.eff_bytes, fl, mode), meas)
-                if err < best[0]:
-                    best = (err, (float(fl), mode))
-        out[cls] = best[1]
+        # bf16 measurements (fp8 classes borrow these floors); the first of equal errors wins
+        out[cls] = min(((mape(_roofline_us(F, Bt, e.eff_flops, e.eff_bytes, fl, mode), meas), (float(fl), mode))
+                        for mode in ("add", "max") for fl in FLOORS), key=lambda t: t[0])[1]
     return out
 
 
@@ -189,13 +167,9 @@ def layer_configs(layer_df) -> list[dict]:
     d = layer_df[layer_df["status"] == "ok"]
     keys = ["experiment", "model", "strategy", "mode", "batch", "context", "prefill_tokens"]
     g = d.groupby(keys)["ms_median"]
-    med = g.median()
     q25, q75, n = g.quantile(0.25), g.quantile(0.75), g.size()
-    rows = []
-    for k, v in med.items():
-        rows.append({**dict(zip(keys, k)), "measured_ms": float(v), "measured_q25_ms": float(q25[k]),
-                     "measured_q75_ms": float(q75[k]), "n_repeats": int(n[k])})
-    return rows
+    return [{**dict(zip(keys, k)), "measured_ms": float(v), "measured_q25_ms": float(q25[k]),
+             "measured_q75_ms": float(q75[k]), "n_repeats": int(n[k])} for k, v in g.median().items()]
 
 
 def predict(cfg, cal, dcal) -> dict:
@@ -222,21 +196,13 @@ def fit_all(ops, cfgs, cal, models, form=None) -> DecodeCalibration:
     priced = [predict(r, cal, dcal) for r in e]
     gpu, n = np.array([p["gpu_ms"] for p in priced]), np.array([p["n_ops"] for p in priced], float)
     meas = np.array([r["measured_ms"] for r in e])
-    hosts = np.arange(0.0, 40.01, 0.25)
-    gaps = np.arange(0.0, 8.01, 0.1)
+    hosts, gaps = np.arange(0.0, 40.01, 0.25), np.arange(0.0, 8.01, 0.1)
     forms = {"max": (hosts, [0.0]), "add": ([0.0], gaps), "max+add": (hosts, gaps)}
-    best = {}
-    for name, (hs, gs) in forms.items():
-        cand = []
-        for h in hs:
-            for gp in gs:
-                pred = np.maximum(gpu + n * gp * 1e-3, n * h * 1e-3)
-                cand.append((mape(pred, meas), float(h), float(gp)))
-        best[name] = min(cand)
+    best = {name: min((mape(np.maximum(gpu + n * gp * 1e-3, n * h * 1e-3), meas), float(h), float(gp))
+                      for h in hs for gp in gs) for name, (hs, gs) in forms.items()}
     name = form or min(best, key=lambda k: best[k][0])
     _, h, gp = best[name]
-    h, gp = round(h, 4), round(gp, 4)
-    return replace(dcal, host_us_per_op=h, eager_gap_us=gp, eager_form=name,
+    return replace(dcal, host_us_per_op=round(h, 4), eager_gap_us=round(gp, 4), eager_form=name,
                    fit={f"eager_form_{k}_mape_pct": v[0] for k, v in best.items()})
 
 

@@ -1,7 +1,5 @@
-"""The fits of the calibration files other than the decode calibration (:mod:`.decode`): each ``measured folder ->
-{file: rows}``, registered in :data:`mla_lab.fits.FITS` beside the model's loader of the file. Sources of the
-methods: the docstrings of the model functions each calls.
-"""
+"""The fits of the calibration files but the decode one (:mod:`.decode`): each ``measured folder -> {file: rows}``,
+registered in :data:`mla_lab.fits.FITS`; methods and sources: the docstrings of the model functions each calls."""
 
 from __future__ import annotations
 
@@ -27,12 +25,9 @@ from ..model.routes import route_calibration_rows
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
 
-__all__ = ["fit_comm_file", "fit_content_file", "fit_subchunk_file", "fit_subchunk_graph_file",
-           "fit_content_step_file", "fit_moe_decode_file", "fit_routes_file", "provenance", "rel"]
-
 _PROV = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit")
 _ROUND2_PROV = ("gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
-#: The tokens of one step in ``subgraph.csv`` (:data:`mla_lab.measure.experiments._common.SEED_T`).
+#: The tokens of one step in ``subgraph.csv`` (the seed's ``max_num_batched_tokens``, :data:`mla_lab.deployment.SEED_ARGS`).
 SUBGRAPH_T = 16384
 #: FlashMLA's sparse prefill pads h_q to 64 on sm90 (FlashMLA ``csrc/api/sparse_fwd.h``).
 PADDED_HEADS = 64
@@ -57,8 +52,7 @@ def _read(path: Path) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- all-reduce: latency + bandwidth per world size
 def fit_comm_file(measured: Path) -> dict:
-    """Every rank's median all-reduce time under ``h200x<n>/`` (:func:`mla_lab.model.comm.measured_allreduce_rows`)
-    -> one :func:`~mla_lab.model.comm.fit_comm` row per world size, with the runs' provenance and files."""
+    """The all-reduce rows under ``h200x<n>/`` -> one :func:`~mla_lab.model.comm.fit_comm` row per world size."""
     rows, files = measured_allreduce_rows("h200", measured)
     model = fit_comm(rows, name=COMM_CSV)
     if not model.fits:
@@ -91,8 +85,7 @@ def _round2_provenance(measured: Path) -> dict:
 
 
 def fit_content_file(measured: Path) -> dict:
-    """``content.csv`` -> :func:`~mla_lab.model.content.fit_content_factor` (``a, b, c``, leave-one-shape-out error),
-    and the per-shape table ``content_fit.csv`` beside the rows."""
+    """``content.csv`` -> :func:`~mla_lab.model.content.fit_content_factor`, and ``content_fit.csv`` per shape."""
     model, per = fit_content_factor(_shape_medians(_read(measured / "h200/round2/content.csv")), name=CONTENT_CSV)
     row = {k: getattr(model, k) for k in ("a", "b", "c_ms", "n", "mape_pct", "loso_mape_pct")}
     return {CONTENT_CSV: [{**row, **_round2_provenance(measured)}],
@@ -113,8 +106,7 @@ def _subchunk_rows(presets: pd.DataFrame) -> list[dict]:
 
 
 def fit_subchunk_file(measured: Path) -> dict:
-    """``presets.csv`` (sub-chunked attention path at S = 1024 .. 16384, both hand-offs) -> the least-squares cost
-    per extra chunk (:func:`~mla_lab.model.calibration.fit_subchunk_overhead`)."""
+    """``presets.csv`` (S = 1024 .. 16384) -> :func:`~mla_lab.model.calibration.fit_subchunk_overhead`."""
     path = measured / "h200/round2/presets.csv"
     rows = _subchunk_rows(_read(path))
     us, resid = fit_subchunk_overhead(rows)
@@ -137,8 +129,7 @@ def graph_chunk_rows(df: pd.DataFrame) -> list[dict]:
 
 
 def fit_subchunk_graph_file(measured: Path) -> dict:
-    """``subgraph.csv`` (5 fresh processes) -> ``subchunk:<S>:graph2``'s cost per extra chunk: least squares
-    through 0 of :func:`graph_chunk_rows` (rounded to 0.001 us)."""
+    """``subgraph.csv`` -> ``subchunk:<S>:graph2``'s cost per extra chunk, least squares through 0 (0.001 us)."""
     path = measured / "h200/between_process/subgraph.csv"
     df = _read(path)
     rows = graph_chunk_rows(df)
@@ -157,8 +148,7 @@ BLOCKS = ((1, 6.3, 8.0), (6, 1.7, 3.3))
 BLOCK_KERNEL_ZEROS_MS = 2.31
 STEP_METHOD = ("per process: median over rounds of step_ms and attn_path_ms for zeros and stale (process_medians); "
                "s = attn_zeros/step_zeros, rest change r = (step-attn)_stale/(step-attn)_zeros - 1, attention change "
-               "a; u + v = median_p(step change / s), u = median_p(r / s); errors in sample and leaving one process "
-               "out")
+               "a; u + v = median_p(step change / s), u = median_p(r / s); errors in sample and leaving one process out")
 
 
 def _per_process_rows(df: pd.DataFrame) -> list[dict]:
@@ -183,9 +173,8 @@ def _block_checks(model, kernel_model) -> dict:
 
 
 def fit_content_step_file(measured: Path) -> dict:
-    """``content_loop.csv`` (78-layer loop at the seed shape, zero vs N(0,1) padded heads, >= 5 fresh processes) ->
-    :func:`~mla_lab.model.content.fit_step_content`, the between-process changes it is fitted to, the block check
-    and the per-process table."""
+    """``content_loop.csv`` (>= 5 fresh processes) -> :func:`~mla_lab.model.content.fit_step_content`, the changes
+    it is fitted to, the block check and the per-process table."""
     path = measured / "h200/between_process/content_loop.csv"
     df = _read(path)
     if df["num_heads"].nunique() != 1 or df["process"].nunique() < MIN_PROCESSES:
@@ -223,10 +212,8 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def fit_moe_decode_file(measured: Path) -> dict:
-    """``moe_decode.csv`` (GLM-5's EP8 rank share of the routed experts, T = 1..256, ``torch._scaled_grouped_mm``
-    with row-wise scales, CUDA-graph replay, 5 fresh processes) -> ``ms = a + weight_bytes / BW``: least squares on
-    the per-T median over processes (:func:`~mla_lab.measure.spread.between_process`), MAPE in sample and
-    leave-one-T-out; one row per parameter."""
+    """``moe_decode.csv`` (T = 1..256, 5 fresh processes) -> ``ms = a + weight_bytes / BW``, least squares on the
+    per-T median over processes; MAPE in sample and leave-one-T-out; one row per parameter."""
     path = measured / "h200/between_process/moe_decode.csv"
     df = _read(path)
     df = df[df["impl"] == _MOE_IMPL]
@@ -260,9 +247,7 @@ _ROUTE_INPUTS = ("data/measured/h200/{round2/content.csv,layer_ops.csv,attention
 
 
 def fit_routes_file(measured: Path) -> dict:
-    """The committed H200 kernel rows with zero padded heads and the round-3 route rows ->
-    :func:`mla_lab.model.routes.route_calibration_rows` (it reads the committed files named in ``fit_inputs``,
-    not ``measured``)."""
+    """:func:`mla_lab.model.routes.route_calibration_rows` (it reads the files in ``fit_inputs``, not ``measured``)."""
     prov = {"source": "measured", "device": "NVIDIA H200", "fit_inputs": _ROUTE_INPUTS, "fit_commit": git_commit()}
     return {"h200_routes.csv": [{**{c: r.get(c, "") for c in CALIBRATION_COLUMNS}, **prov}
                                 for r in route_calibration_rows()]}

@@ -1,29 +1,14 @@
 #!/usr/bin/env python3
-"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR), issue 20. Modelled, not
-measured; no coefficient is fitted to any end-to-end figure of that run.
+"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR), issue 20: modelled, no
+coefficient fitted to an end-to-end figure of that run. The run: ``vllm serve zai-org/GLM-5.2-FP8`` TP8 EP,
+max_num_batched_tokens 16384, FLASHMLA_SPARSE, bf16 KV, async scheduling on, 8 H200; ``vllm bench serve`` random
+1024 in / 128 out, 32 prompts, concurrency 32, rate inf, seed 12345 (the PR's description).
 
-The run predicted: server ``vllm serve zai-org/GLM-5.2-FP8 --tensor-parallel-size 8 -ep --max-num-batched-tokens
-16384 --attention-backend FLASHMLA_SPARSE --no-enable-prefix-caching --gpu-memory-utilization 0.9`` (bf16 KV cache,
-MTP off, async scheduling at vLLM's default: on) on 8 H200; client ``vllm bench serve --dataset-name random
---random-input-len 1024 --random-output-len 128 --num-prompts 32 --max-concurrency 32 --request-rate inf
---ignore-eos --seed 12345``.
-
-How: each step priced by the lab's cost model (``mla_lab.serving.EnginePricer``, committed calibration, the pre-PR
-strategy ``per_call_empty:zeros``: ``new_empty`` pad whose block held zeros; ``per_call_empty:stale`` beside it),
-KV capacity from the memory model (``serve_benchmark``), the components of ``mla_lab.serving.noise`` (API-server
-arrival queue, async scheduling, per-step CPU time, token delivery, cold first large step, step-time noise), and
-``--num-runs`` seeded Monte-Carlo runs for each metric's single-run 95 % band. The measured components come from
-the H200 rows of ``data/measured/h200/between_process/`` (5 fresh processes; :func:`measured_noise`): the per-run
-and per-step GPU-time spread of a whole sustained step (``content_loop.csv``, via ``mla_lab.measure.spread``) and
-the cold first large step (``cold_start.csv``, ``mla_lab.serving.noise.load_cold_start``); they are recomputed
-here from the files and recorded in the output (``measurements_used``, with the files' sha256). The same runs give
-the distribution of the change between two builds (identical builds, and the PR's private workspace vs before it)
-per TTFT statistic.
-
-Writes ``data/validation/pr53878_main_prediction.json`` (``--out``) and, beside it, the per-run changes of the
-prediction's two Monte-Carlo runs, ``pr53878_noise_distribution.csv`` (what ``mla_lab.report.noise`` draws);
-refuses to overwrite a file the lab did not write (a JSON without ``"produced_by":
-"mla_lab/fits/predict_pr53878.py"``, a CSV without its header).
+Each step priced by :class:`mla_lab.serving.CostModelPricer` (pre-PR strategy ``per_call_empty:zeros``, ``:stale``
+beside it), KV capacity by ``serve_benchmark``, the noise components of :mod:`mla_lab.serving.noise` with the
+measured ones recomputed from ``data/measured/h200/between_process/`` (:func:`measured_noise`), ``--num-runs``
+seeded Monte-Carlo runs per build. Writes ``data/validation/pr53878_main_prediction.json`` and, beside it,
+``pr53878_noise_distribution.csv``; refuses to overwrite a file the lab did not write.
 
     python -m mla_lab.fits.predict_pr53878 [--num-runs 1000] [--seed 0] [--out PATH] [--no-measurements]
         [--update-docs | --docs-only]
@@ -45,8 +30,8 @@ from mla_lab.deployment import Deployment
 from mla_lab.measure.spread import between_process
 from mla_lab.paths import REPO_ROOT, calibration_dir, measured_dir, models_dir
 from mla_lab.provenance import git_commit
-from mla_lab.serving import PR_BENCH, BenchConfig, EnginePricer, SchedulerConfig, serve_benchmark
-from mla_lab.serving.noise import CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
+from mla_lab.serving import PR_BENCH, BenchConfig, CostModelPricer, SchedulerConfig, serve_benchmark
+from mla_lab.serving.noise import NOISE_METRICS, CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
 from .files import rel as _rel
 
@@ -67,18 +52,12 @@ REPORTED = {"mean_ttft_ms": -9.5, "median_ttft_ms": -9.5, "p99_ttft_ms": -9.5, "
             "output_throughput": 6.0}
 #: The H200 between-process rows (5 fresh processes, ``mla-lab measure``).
 MEASURED = measured_dir("h200") / "between_process"
-COLD_CSV = MEASURED / "cold_start.csv"
-CONTENT_CSV = MEASURED / "content_loop.csv"
-SPREAD_CSV = MEASURED / "step_spread.csv"
+CONTENT_CSV, COLD_CSV, SPREAD_CSV = (MEASURED / f for f in ("content_loop.csv", "cold_start.csv", "step_spread.csv"))
 #: The per-run changes of the prediction's Monte-Carlo (one row per case and run), beside the JSON.
 DIST_NAME = "pr53878_noise_distribution.csv"
 DIST_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput", "output_throughput",
                 "duration")
 DIST_HEADER = "case,run," + ",".join(f"change_{k}_pct" for k in DIST_METRICS)
-
-
-def _sha256(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
 def seed_deployment() -> Deployment:
@@ -106,27 +85,13 @@ def _log_sd(xs) -> float:
 
 
 def measured_noise(folder: Path = MEASURED) -> dict:
-    """The measured noise components, recomputed from the H200 between-process rows in ``folder``.
-
-    - ``run_sigma``: ``content_loop.csv`` rows ``content == "zeros"``, column ``step_ms`` (one sustained 78-layer
-      step of the seed shape per round): sd (ddof 1) of ``log`` of the per-process medians
-      (``mla_lab.measure.spread.between_process``). The benchmark's run is whole steps, so a whole step's spread is
-      its per-run factor. For contrast, not used: the same for the attention path timed alone (``step_spread.csv``
-      ``gpu_ms``, ``attention_path:private_workspace``) and inside the loop (``content_loop.csv`` ``attn_path_ms``);
-    - ``step_sigma``: the same rows, median over processes of the sd of ``log(step_ms)`` over its rounds;
-    - ``cold_extra_ms`` / ``cold_sd_ms``: ``cold_start.csv`` via ``load_cold_start`` (call 2 minus steady, one layer
-      of the TP harness's blocks, summed).
-
-    Returns:
-        ``{"values": {NoiseConfig field: value}, "sources": {field: str}, "contrast": {...}, "cold_call1_ms",
-        "num_processes", "source"}``.
-
-    Raises:
-        ValueError: a file is missing or lacks a column (names it).
-    """
+    """The measured noise components from the H200 between-process rows in ``folder`` (each source in words in the
+    result's ``sources``): ``run_sigma`` (sd of log per-process median ``step_ms``, content zeros), ``step_sigma``
+    (median within-process log sd), ``cold_extra_ms`` / ``cold_sd_ms`` (``load_cold_start``); the attention path's
+    spreads as ``contrast`` (not used). Raises ValueError: a file is missing or lacks a column (names it)."""
     import pandas as pd
 
-    for f in (folder / "content_loop.csv", folder / "cold_start.csv", folder / "step_spread.csv"):
+    for f in (folder / n for n in ("content_loop.csv", "cold_start.csv", "step_spread.csv")):
         if not f.is_file():
             raise ValueError(f"{f} does not exist; the measured noise needs content_loop.csv, cold_start.csv and "
                              "step_spread.csv (mla-lab measure)")
@@ -174,15 +139,12 @@ def noise_config(use_measurements: bool = True) -> tuple[NoiseConfig, dict | Non
 
 def what_moved(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseConfig) -> list[dict]:
     """Deterministic runs adding one component at a time, from the lab's earlier model to the prediction."""
+    queue = replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0))
+    cpu = replace(queue, cpu_step_ms=noise.cpu_step_ms)
     steps = [("lab's earlier model (all at the engine at t = 0, GPU time only)", NoiseConfig.none(), False),
-             ("+ API-server arrival queue (mean service times)",
-              replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0)), False),
-             ("+ async scheduling", replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0)), True),
-             ("+ per-step CPU time", replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0),
-                                             cpu_step_ms=noise.cpu_step_ms), True),
-             ("+ token delivery delay", replace(NoiseConfig.none(), arrival=replace(noise.arrival, cv=0.0),
-                                                cpu_step_ms=noise.cpu_step_ms,
-                                                output_delay_ms=noise.output_delay_ms), True),
+             ("+ API-server arrival queue (mean service times)", queue, False), ("+ async scheduling", queue, True),
+             ("+ per-step CPU time", cpu, True),
+             ("+ token delivery delay", replace(cpu, output_delay_ms=noise.output_delay_ms), True),
              ("+ cold first large step (mean) = the prediction's deterministic run", noise.without_noise(), True)]
     rows = []
     for label, nc, asy in steps:
@@ -195,25 +157,20 @@ def what_moved(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseC
 def sensitivity(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseConfig, num_runs: int,
                 seed: int) -> list[dict]:
     """The identical-builds 95 % band of each TTFT statistic's change with one source of noise at a time."""
-    quiet = noise.without_noise()
-    cases = [("arrival jitter only", replace(quiet, arrival=noise.arrival)),
-             ("per-run GPU-time factor only", replace(quiet, run_sigma=noise.run_sigma)),
-             ("per-step GPU-time noise only", replace(quiet, step_sigma=noise.step_sigma)),
-             ("cold first step spread only", replace(quiet, cold_sd_ms=noise.cold_sd_ms)),
-             ("all", noise)]
-    rows = []
-    for label, nc in cases:
-        r = run_noise(bench, sched, pricer, num_runs=num_runs, seed=seed, noise=nc)
-        rows.append({"noise": label, **{k: list(r.band(k)) for k in TTFT_STATS + ("total_token_throughput",)}})
-    return rows
+    q = noise.without_noise()
+    cases = [("arrival jitter only", replace(q, arrival=noise.arrival)),
+             ("per-run GPU-time factor only", replace(q, run_sigma=noise.run_sigma)),
+             ("per-step GPU-time noise only", replace(q, step_sigma=noise.step_sigma)),
+             ("cold first step spread only", replace(q, cold_sd_ms=noise.cold_sd_ms)), ("all", noise)]
+    runs = [(label, run_noise(bench, sched, pricer, num_runs=num_runs, seed=seed, noise=nc)) for label, nc in cases]
+    return [{"noise": label, **{k: list(r.band(k)) for k in TTFT_STATS + ("total_token_throughput",)}}
+            for label, r in runs]
 
 
 def arrival_sensitivity(bench: BenchConfig, st: dict, pricers: dict, noise: NoiseConfig, num_runs: int,
                         seed: int) -> list[dict]:
-    """The API server's service time per request decides whether the 32 prompts always split over steps the same
-    way: per service time, the deterministic run, the PR's deterministic change, the identical-builds band with
-    arrival jitter as the only noise, and PR vs before with every source of noise (band and the PR's figures'
-    percentiles). The service time is not measured on the PR's server: this is the model's largest unknown."""
+    """Per API-server service time per request (not measured on the PR's server): the deterministic run, the PR's
+    change, the identical-builds band with arrival jitter only, and PR vs before with every source of noise."""
     rows = []
     for per in (0.1, noise.arrival.per_request_ms, 3.0, 10.0):
         am = replace(noise.arrival, per_request_ms=per)
@@ -241,8 +198,7 @@ def arrival_sensitivity(bench: BenchConfig, st: dict, pricers: dict, noise: Nois
 
 
 def code_commit() -> dict:
-    """The last commit of the code that makes the prediction, and whether that code differs from it (the shared
-    tree's other files may be dirty; ``git_commit`` says so)."""
+    """The last commit of the code that makes the prediction, and whether that code differs from it."""
     import subprocess
 
     paths = ["mla_lab/serving", "mla_lab/model", "mla_lab/fits/predict_pr53878.py", "data/calibration", "data/models"]
@@ -257,14 +213,10 @@ def code_commit() -> dict:
 
 
 def distribution_rows(ident, prvs) -> list[str]:
-    """The CSV lines (header first) of the per-run changes (%) of the two Monte-Carlo runs: case
-    ``identical_builds`` (A vs A') and ``pr_vs_before``, run index, one column per :data:`DIST_METRICS` (``repr``
-    floats: exact round trip)."""
-    lines = [DIST_HEADER]
-    for case, r in (("identical_builds", ident), ("pr_vs_before", prvs)):
-        for i in range(r.num_runs):
-            lines.append(f"{case},{i}," + ",".join(repr(float(r.change[k][i])) for k in DIST_METRICS))
-    return lines
+    """The CSV lines (header first) of the per-run changes (%) of the two Monte-Carlo runs (``repr`` floats)."""
+    return [DIST_HEADER] + [f"{case},{i}," + ",".join(repr(float(r.change[k][i])) for k in DIST_METRICS)
+                            for case, r in (("identical_builds", ident), ("pr_vs_before", prvs))
+                            for i in range(r.num_runs)]
 
 
 def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
@@ -275,7 +227,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     noise, measured = noise_config(use_measurements)
     st = dep["strategies"]
     rank = seed_deployment().rank
-    pricers = {s: CachedPricer(EnginePricer(rank, s)) for s in st}
+    pricers = {s: CachedPricer(CostModelPricer(rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
                      num_runs=num_runs, seed=seed, noise=noise)
@@ -328,7 +280,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
                   "random_output_len": BENCH.random_output_len, "max_concurrency": BENCH.max_concurrency,
                   "request_rate": "inf", "ignore_eos": True, "seed": BENCH.seed},
         "calibration": {"layer": dep["calibration"], "decode": dep["decode_calibration"]},
-        "calibration_files": [{"path": _rel(p), "sha256": _sha256(p)} for p in cal_files if p.is_file()],
+        "calibration_files": [{"path": _rel(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+                              for p in cal_files if p.is_file()],
         "measurements_used": None if measured is None else {k: v for k, v in measured.items()},
         "distribution_file": {"path": _rel(OUT.with_name(DIST_NAME)), "columns": DIST_HEADER.split(","),
                               "what": "per-run change (%) of each metric, one row per case and Monte-Carlo run "
@@ -355,11 +308,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
 
 DOCS = REPO_ROOT / "docs" / "serving.md"
 BEGIN, END = "<!-- prediction:begin (mla_lab/fits/predict_pr53878.py --update-docs) -->", "<!-- prediction:end -->"
-_LABEL = {"duration": "benchmark duration", "request_throughput": "request throughput",
-          "output_throughput": "output token throughput", "total_token_throughput": "total token throughput",
-          "mean_ttft_ms": "mean TTFT", "median_ttft_ms": "median TTFT", "p99_ttft_ms": "P99 TTFT",
-          "mean_tpot_ms": "mean TPOT", "median_tpot_ms": "median TPOT", "p99_tpot_ms": "P99 TPOT",
-          "mean_itl_ms": "mean ITL"}
+#: metric -> its name in the docs (NOISE_METRICS' label without its unit, lower case but for "P99")
+_LABEL = {k: (lb[0].lower() + lb[1:] if lb[1].islower() else lb).rsplit(" (", 1)[0] for k, lb in NOISE_METRICS}
 
 
 def _f(x: float, unit: str = "") -> str:
@@ -532,20 +482,6 @@ def _refuse_out(a) -> str | None:
     return None
 
 
-def _print(res: dict, out: Path, dist: Path) -> None:
-    p = res["prediction"]
-    for k in PREDICTED:
-        lo, hi = p[k]["band95"]
-        print(f"{k:24s} {p[k]['deterministic']:10.2f} {p[k]['unit']:6s} 95 % [{lo:.2f}, {hi:.2f}]")
-    for k, row in res["change_distribution"].items():
-        i, q = row["identical_builds"], row["pr_vs_before"]
-        extra = (f"; reported {row['reported_by_pr']:+.1f} % at percentile {i['percentile_of_reported']:.2f} (A vs A') "
-                 f"/ {q['percentile_of_reported']:.2f} (PR vs before)" if "reported_by_pr" in row else "")
-        print(f"change {k:22s} A vs A' [{i['band95'][0]:+.2f}, {i['band95'][1]:+.2f}] %, PR vs before "
-              f"[{q['band95'][0]:+.2f}, {q['band95'][1]:+.2f}] % (det {q['deterministic']:+.2f}){extra}")
-    print(f"-> {out}\n-> {dist}")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-runs", type=int, default=1000, help="Monte-Carlo runs per build (>= 2)")
@@ -576,7 +512,7 @@ def main(argv=None) -> int:
     res["distribution_file"].update(path=_rel(dist), sha256=hashlib.sha256(text.encode()).hexdigest())
     dist.write_text(text)
     out.write_text(json.dumps(res, indent=1) + "\n")
-    _print(res, out, dist)
+    print(f"-> {out}\n-> {dist}")
     if a.update_docs:
         update_docs(res)
         print(f"-> {DOCS}")

@@ -99,10 +99,6 @@ def flash_mla_info() -> dict:
     return info
 
 
-def _fail(rule: str, arg: str, value) -> ValueError:
-    return ValueError(f"flash_mla_sparse_fwd contract: {rule}; got {arg}={value}")
-
-
 def validate_sparse_prefill_inputs(
     q: torch.Tensor,
     kv: torch.Tensor,
@@ -132,65 +128,54 @@ def validate_sparse_prefill_inputs(
         ValueError: the first violated rule.
     """
     cap = tuple(arch_capability)
-    if cap[0] not in _TOPK_MULTIPLE:
-        raise _fail("the GPU must be sm90 (Hopper) or sm100 (Blackwell), capability major 9 or 10",
-                    "arch_capability", cap)
-    if not isinstance(q, torch.Tensor) or q.dim() != 3:
-        raise _fail("q must be a 3-D tensor [s_q, h_q, d_qk]", "q.shape", tuple(getattr(q, "shape", ())))
-    if q.dtype != torch.bfloat16:
-        raise _fail("q must be bfloat16", "q.dtype", q.dtype)
+    for broken, rule, arg, value in _contract_rules(q, kv, indices, topk_length, d_v, cap):
+        if broken:
+            raise ValueError(f"flash_mla_sparse_fwd contract: {rule}; got {arg}={value}")
+
+
+def _shape(t) -> tuple:
+    return tuple(getattr(t, "shape", ()))
+
+
+def _contract_rules(q, kv, indices, topk_length, d_v, cap):
+    """``(broken, rule, argument, value)`` per rule of :func:`validate_sparse_prefill_inputs`, in order; a rule is
+    evaluated only once the rules before it hold."""
+    sm = f"sm{cap[0]}0"
+    yield cap[0] not in _TOPK_MULTIPLE, ("the GPU must be sm90 (Hopper) or sm100 (Blackwell), capability major 9 or "
+                                         "10"), "arch_capability", cap
+    yield not isinstance(q, torch.Tensor) or q.dim() != 3, "q must be a 3-D tensor [s_q, h_q, d_qk]", "q.shape", _shape(q)
+    yield q.dtype != torch.bfloat16, "q must be bfloat16", "q.dtype", q.dtype
     s_q, h_q, d_qk = q.shape
-    if d_qk not in SUPPORTED_D_QK:
-        raise _fail(f"d_qk (q.shape[-1]) must be one of {SUPPORTED_D_QK}", "q.shape", tuple(q.shape))
-    allowed_h = _HEADS[cap[0]]
-    if h_q not in allowed_h:
-        rule = (f"h_q must be one of {allowed_h} on sm{cap[0]}0 (pad the heads: vLLM prefill_padding)")
-        raise _fail(rule, "q.shape[1] (h_q)", h_q)
-    if q.stride(-1) != 1:
-        raise _fail("q's last dim must be contiguous (stride 1)", "q.stride()", q.stride())
-    if d_v not in SUPPORTED_D_V:
-        raise _fail(f"d_v must be one of {SUPPORTED_D_V}", "d_v", d_v)
-
-    if not isinstance(kv, torch.Tensor) or kv.dim() not in (2, 3):
-        raise _fail("kv must be [s_kv, 1, d_qk] (or [s_kv, d_qk])", "kv.shape", tuple(getattr(kv, "shape", ())))
-    if kv.dim() == 3 and kv.shape[1] != 1:
-        raise _fail("kv must have h_kv == 1 (kv.shape[1])", "kv.shape", tuple(kv.shape))
-    if kv.shape[-1] != d_qk:
-        raise _fail(f"kv.shape[-1] must equal q's d_qk={d_qk}", "kv.shape", tuple(kv.shape))
-    if kv.dtype != torch.bfloat16:
-        raise _fail("kv must be bfloat16", "kv.dtype", kv.dtype)
-    if kv.stride(-1) != 1:
-        raise _fail("kv's last dim must be contiguous (stride 1)", "kv.stride()", kv.stride())
-
-    if not isinstance(indices, torch.Tensor) or indices.dim() not in (2, 3):
-        raise _fail("indices must be [s_q, 1, topk] (or [s_q, topk])", "indices.shape",
-                    tuple(getattr(indices, "shape", ())))
-    if indices.dtype != torch.int32:
-        raise _fail("indices must be int32", "indices.dtype", indices.dtype)
-    if indices.dim() == 3 and indices.shape[1] != 1:
-        raise _fail("indices must be [s_q, 1, topk] (h_kv == 1)", "indices.shape", tuple(indices.shape))
-    if indices.shape[0] != s_q:
-        raise _fail(f"indices.shape[0] must equal q's s_q={s_q}", "indices.shape", tuple(indices.shape))
-    topk = indices.shape[-1]
-    mult = _TOPK_MULTIPLE[cap[0]]
-    if topk <= 0 or topk % mult:
-        raise _fail(f"topk (indices.shape[-1]) must be a positive multiple of {mult} on sm{cap[0]}0",
-                    "indices.shape", tuple(indices.shape))
-    if indices.stride(-1) != 1:
-        raise _fail("indices' last dim must be contiguous (stride 1)", "indices.stride()", indices.stride())
-
-    if topk_length is not None:
-        if not isinstance(topk_length, torch.Tensor) or topk_length.dim() != 1 or topk_length.shape[0] != s_q:
-            raise _fail(f"topk_length must be a 1-D tensor [s_q={s_q}]", "topk_length.shape",
-                        tuple(getattr(topk_length, "shape", ())))
-        if topk_length.dtype != torch.int32:
-            raise _fail("topk_length must be int32", "topk_length.dtype", topk_length.dtype)
-
+    yield d_qk not in SUPPORTED_D_QK, f"d_qk (q.shape[-1]) must be one of {SUPPORTED_D_QK}", "q.shape", _shape(q)
+    yield h_q not in _HEADS[cap[0]], (f"h_q must be one of {_HEADS[cap[0]]} on {sm} (pad the heads: vLLM "
+                                      "prefill_padding)"), "q.shape[1] (h_q)", h_q
+    yield q.stride(-1) != 1, "q's last dim must be contiguous (stride 1)", "q.stride()", q.stride()
+    yield d_v not in SUPPORTED_D_V, f"d_v must be one of {SUPPORTED_D_V}", "d_v", d_v
+    yield (not isinstance(kv, torch.Tensor) or kv.dim() not in (2, 3), "kv must be [s_kv, 1, d_qk] (or [s_kv, d_qk])",
+           "kv.shape", _shape(kv))
+    yield kv.dim() == 3 and kv.shape[1] != 1, "kv must have h_kv == 1 (kv.shape[1])", "kv.shape", _shape(kv)
+    yield kv.shape[-1] != d_qk, f"kv.shape[-1] must equal q's d_qk={d_qk}", "kv.shape", _shape(kv)
+    yield kv.dtype != torch.bfloat16, "kv must be bfloat16", "kv.dtype", kv.dtype
+    yield kv.stride(-1) != 1, "kv's last dim must be contiguous (stride 1)", "kv.stride()", kv.stride()
+    yield (not isinstance(indices, torch.Tensor) or indices.dim() not in (2, 3),
+           "indices must be [s_q, 1, topk] (or [s_q, topk])", "indices.shape", _shape(indices))
+    yield indices.dtype != torch.int32, "indices must be int32", "indices.dtype", indices.dtype
+    yield (indices.dim() == 3 and indices.shape[1] != 1, "indices must be [s_q, 1, topk] (h_kv == 1)", "indices.shape",
+           _shape(indices))
+    yield indices.shape[0] != s_q, f"indices.shape[0] must equal q's s_q={s_q}", "indices.shape", _shape(indices)
+    topk, mult = indices.shape[-1], _TOPK_MULTIPLE[cap[0]]
+    yield (topk <= 0 or topk % mult, f"topk (indices.shape[-1]) must be a positive multiple of {mult} on {sm}",
+           "indices.shape", _shape(indices))
+    yield indices.stride(-1) != 1, "indices' last dim must be contiguous (stride 1)", "indices.stride()", indices.stride()
+    tl = topk_length
+    yield (tl is not None and not (isinstance(tl, torch.Tensor) and tl.dim() == 1 and tl.shape[0] == s_q),
+           f"topk_length must be a 1-D tensor [s_q={s_q}]", "topk_length.shape", _shape(tl))
+    yield tl is not None and tl.dtype != torch.int32, "topk_length must be int32", "topk_length.dtype", getattr(tl, "dtype", None)
     devices = {"q": q.device, "kv": kv.device, "indices": indices.device}
-    if topk_length is not None:
-        devices["topk_length"] = topk_length.device
-    if len(set(devices.values())) != 1:
-        raise _fail("all tensors must be on one device", "devices", {k: str(v) for k, v in devices.items()})
+    if tl is not None:
+        devices["topk_length"] = tl.device
+    yield (len(set(devices.values())) != 1, "all tensors must be on one device", "devices",
+           {k: str(v) for k, v in devices.items()})
 
 
 def flash_mla_sparse_prefill(

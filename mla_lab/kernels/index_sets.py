@@ -157,7 +157,7 @@ def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.de
     """Prefill of whole prompts, causal top-k: the seed's case.
 
     Request ``r``'s keys sit at offset ``sum(prompt_lens[:r])`` in the kv cache, one after another (the layout of
-    ``mla_lab/measure/engine_kernels.py`` ``_inputs`` for shape ``seed``: request ``r`` of length L at ``r * L``;
+    ``mla_lab/kernels/engine_libs.py`` ``engine_inputs`` for shape ``seed``: request ``r`` of length L at ``r * L``;
     ``s_kv = max(total keys, topk)`` as there). Token at position ``p`` sees ``p + 1`` keys: when ``p + 1 <= topk``
     it selects its whole causal prefix (``topk_length = p + 1``, the rest ``-1``); otherwise ``topk`` distinct keys
     drawn uniformly from the prefix (``topk_length = topk``).

@@ -1,62 +1,20 @@
 """Triton kernels for vLLM's ``concat_mla_q``: ``[T,H,512]`` + ``[T,H,64]`` -> first ``H`` heads of ``[T,H',576]``.
 
-Four variants, selectable for the A/B (``variant=``; the measurements that led here are in ``docs/perf-notes.md``):
-v2 and v3 here, v4 (persistent spans) and v5 (spans + TMA stores) in :mod:`.triton_concat_persistent`. On the H200
-(round 4, 5 fresh processes, graph timing) v2 stays the fastest into the padded workspace (93.7-94.4 % of a
-contiguous copy of the same bytes; v4's best configuration 92.2-94.5 %, v5's 86.7-92.4 %), and a one-source copy
-into that layout with v2's tiling reaches only 94.5-94.8 %: the rest of the gap is the layout's, not a kernel's.
+Four variants (``variant=``): v2 and v3 here, v4 (persistent spans) and v5 (spans + TMA stores) in
+:mod:`.triton_concat_persistent`. On the H200 v2 stays the fastest into the padded workspace (round 4:
+93.7-94.4 % of a contiguous copy of the same bytes; ``data/measured/h200/between_process/concat_round4.csv``); the
+design and every round's numbers are in docs/perf-notes.md ("Round 3: concat", "Round 4").
 
-**v2 (``"v2"``, the default; "rows")** — the ``T*H`` (token, head) pairs are flattened into *rows*; one program copies
-``BLOCK_R`` consecutive rows (default 2 rows x 1 warp, from GPU run 2's sweep).
+- **v2** (default, "rows"): the ``T*H`` (token, head) pairs flattened into rows; one program copies ``BLOCK_R``
+  rows (default 2 x 1 warp) as two power-of-two tiles ``[BLOCK_R, 512]`` + ``[BLOCK_R, 64]``, both loaded before
+  either is stored; only a per-row mask (tail, padded heads); row indices int32 unless ``T * H'`` nears 2**31.
+- **v3** ("token runs"): one program owns a token block and a run of consecutive heads (``HEAD_TILES`` tiles of
+  ``BLOCK_H`` heads x ``BLOCK_T`` tokens), tile ``i + 1`` loaded before tile ``i`` is stored.
 
-- A row is 512 + 64 elements (1152 bytes in bf16/fp16), handled as two power-of-two tiles ``[BLOCK_R, 512]`` and
-  ``[BLOCK_R, 64]``: no column masks, and with strides that are multiples of 8 elements (Triton specialises integer
-  arguments divisible by 16) the loads and stores are 16-byte vectors.
-- The only mask is per row (tail block, or the padded heads with ``zero_padding``); it is constant along the
-  contiguous dim, so it does not break vectorisation. Without a tail and without padding: no mask at all.
-- Both tiles are loaded before either is stored (v1 did load/store/load/store, which the compiler cannot reorder
-  because ``out`` might alias an input, so each program paid two memory round trips; v1 is gone, its measurements
-  stay in ``docs/perf-notes.md`` and ``data/measured/h200/concat_bench_run1_v1*.csv``).
-- Row indices int32 (int64 only if ``T * H'`` nears 2**31); element offsets int64 (``T * H' * 576`` exceeds 2**31
-  at T = 131072, H' = 64).
-
-**v3 (``"v3"``; "token runs", designed for the gapped write into the padded workspace)** — one program owns one
-token block and a *run of consecutive heads* (by default all ``H`` real heads of one token, i.e. one contiguous
-``H * 1152``-byte run of ``out``; 9 KiB at H = 8, 18 KiB at H = 16), walked in ``HEAD_TILES`` tiles of ``BLOCK_H``
-heads x ``BLOCK_T`` tokens:
-
-- The grid is 1-D, ``program -> (token block, head run)`` with the run count a ``constexpr`` (the divide is a
-  multiply-shift), and adjacent programs write adjacent runs. Inside a program the head index is
-  ``run * BLOCK_H * HEAD_TILES + i * BLOCK_H + arange``: no runtime div/mod per row (v2 divides every row index by
-  the runtime head count).
-- Software pipelining by hand: tile ``i + 1`` is loaded before tile ``i`` is stored (the order as written, which
-  the compiler keeps: it cannot prove ``out`` does not alias the inputs), so a warp has two tiles in flight
-  (2 x 2 rows x 36 B per thread at the 2 x 1-warp default, v2 2 x 1 has one).
-- 16-byte vectors throughout: when ``HEAD_TILES`` is a power of two the 64-wide part of the whole run is one
-  tile (``PE_RUN``: loaded first, stored last), >= 16 B per thread; v2's ``[2, 64]`` tile over 32 threads is 8 B
-  per thread, so v2 2 x 1 stores that part with 8-byte vectors (checked in the sm90 PTX, docs/perf-notes.md).
-  Row-only masks as in v2 (a token tail, or a head run past ``H``/``H'``).
-- Why it should help the padded workspace (prediction, to be checked on the H200; docs/perf-notes.md
-  "Round 3: concat"): with v2 a program writes 2.25 KiB and ~4000 resident programs spread over ~1000 tokens of
-  72 KiB stride each (H' = 64) at once; with v3 each program writes its token's whole run in sequence, so the writes
-  that reach DRAM close together in time cover whole 9-18 KiB runs (fewer DRAM pages open per byte written, and
-  fewer partially written L2/TLB ranges). Predicted: 96-98 % of the same-byte device copy at T >= 4096, H 8/16
-  (v2: 93.0-95.4 %), bounded above by the unpadded-output figure (97.8-98.8 %: the part of the gap not caused by
-  the gaps — two input streams, the tail wave — is not addressed).
-
-``zero_padding=True`` (both variants) runs over the ``H'`` heads of ``out``: padded heads load nothing (masked) and
-store zeros, in the same launch.
-
-**Launch cost.** :func:`make_concat_launcher_triton` plans once (grid, strides, constexprs), compiles and launches
-once, then returns a callable that calls the compiled kernel's launcher directly (``CompiledKernel.run`` with the
-same arguments Triton 3.3+'s ``JITFunction.run`` passes it: grid, current stream, function handle, packed metadata,
-hooks, then every kernel argument in signature order). That skips Triton's per-call binder/specialisation/cache-key
-work and the lab's checks; it is CUDA-graph capturable (it queries the current stream on every call). Under the
-interpreter, or when the compiled handle is not usable, it falls back to ``kernel[grid](...)`` with the precomputed
-arguments (``launcher.path`` says which).
-
-Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the same kernels run on CPU tensors through
-Triton's interpreter; the lab's CPU tests use that.
+``zero_padding=True`` writes zeros into heads ``H..H'-1`` in the same launch. :func:`make_concat_launcher_triton`
+plans and compiles once, then calls the compiled kernel's launcher directly (``CompiledKernel.run`` with the
+arguments Triton 3.3+'s ``JITFunction.run`` passes), CUDA-graph capturable; under the interpreter it falls back to
+``kernel[grid](...)`` (``launcher.path`` says which). Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors.
 """
 
 from __future__ import annotations
@@ -288,20 +246,8 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, stre
     declare every constexpr after every runtime argument; :func:`make_concat_launcher_triton` relies on it)."""
     if triton is None:
         raise RuntimeError(f"triton is not available: {_TRITON_IMPORT_ERROR}")
-    if variant not in VARIANTS:
-        raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
-    knobs = {"block_rows": block_rows, "num_warps": num_warps, "block_t": block_t, "block_h": block_h,
-             "head_tiles": head_tiles, "progs_per_sm": progs_per_sm}
-    for name, v in knobs.items():
-        if v is None:
-            continue
-        if name not in KNOBS[variant]:
-            users = [k for k, ks in KNOBS.items() if name in ks]
-            raise ValueError(f"{name} applies to variant {' / '.join(map(repr, users))} only; got variant={variant!r}")
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must be an int; got {name}={v!r}")
-    if order is not None and "order" not in KNOBS[variant]:
-        raise ValueError(f"order applies to variant 'v4' only; got variant={variant!r}")
+    _check_knobs(variant, {"block_rows": block_rows, "num_warps": num_warps, "block_t": block_t, "block_h": block_h,
+                           "head_tiles": head_tiles, "progs_per_sm": progs_per_sm}, order)
     T, H, _ = ql_nope.shape
     Hp = out.shape[1]
     zp = bool(zero_padding) and Hp > H
@@ -326,7 +272,31 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, stre
         cx = {"D_NOPE_C": D_NOPE, "D_PE_C": D_PE, "BLOCK_R": br, "ZERO_PAD": zp, "EVEN_ROWS": n_rows % br == 0,
               "ROWS_I64": n_rows + br >= 2**31, **hints}
         return _concat_mla_q_kernel, grid, args, cx, nw
-    cfg = v3_config(H, heads_written, block_t, block_h, head_tiles, num_warps)
+    return _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, (block_t, block_h, head_tiles, num_warps))
+
+
+def _check_knobs(variant: str, knobs: dict, order) -> None:
+    """Each knob given is one ``variant`` reads (:data:`KNOBS`) and an int; ``order`` only for v4.
+
+    Raises:
+        ValueError: an unknown variant, or the first knob that breaks a rule (named with its value).
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
+    for name, v in knobs.items():
+        if v is not None and name not in KNOBS[variant]:
+            users = [k for k, ks in KNOBS.items() if name in ks]
+            raise ValueError(f"{name} applies to variant {' / '.join(map(repr, users))} only; got variant={variant!r}")
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"{name} must be an int; got {name}={v!r}")
+    if order is not None and "order" not in KNOBS[variant]:
+        raise ValueError(f"order applies to variant 'v4' only; got variant={variant!r}")
+
+
+def _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, knobs):
+    """:func:`_plan` for v3 (token runs); ``knobs``: ``(block_t, block_h, head_tiles, num_warps)``."""
+    T, H, _ = ql_nope.shape
+    cfg = v3_config(H, heads_written, *knobs)
     bt, bh, ht, runs = cfg["block_t"], cfg["block_h"], cfg["head_tiles"], cfg["num_runs"]
     n_prog = triton.cdiv(T, bt) * runs
     if n_prog >= 2**31:  # pragma: no cover - T >= 2**31 / runs tokens

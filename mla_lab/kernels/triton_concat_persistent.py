@@ -1,30 +1,16 @@
-"""Persistent Triton kernels for ``concat_mla_q`` (round 4 of issue 23): v4 (spans) and v5 (spans + TMA stores).
+"""Persistent Triton kernels for ``concat_mla_q``: v4 (spans) and v5 (spans + TMA stores); same op and bytes as
+:mod:`.triton_concat`, a different order of writes (docs/perf-notes.md "Round 4" has the hypothesis and results).
 
-Same op as :mod:`.triton_concat` (``[T,H,512]`` + ``[T,H,64]`` -> first ``H`` heads of ``[T,H',576]``); these two
-variants change *which program writes what, and when*, not the bytes:
+- **v4**: a persistent grid of ``progs_per_sm x`` (SM count) programs; program ``p`` walks the contiguous row chunks
+  ``[p * n, (p + 1) * n)`` in order, loading chunk ``i + 1`` before storing chunk ``i``. ``order="stride"`` walks
+  ``p, p + grid, ...`` instead (v2's address pattern, persistent: the control).
+- **v5**: v4's spans in chunks of ``BLOCK_T`` whole tokens, stores through the Hopper TMA engine (host
+  ``triton.tools.tensor_descriptor.TensorDescriptor`` over ``out`` as ``[T, H', 576]``, boxes ``[BLOCK_T, H, 256]``
+  x 2 and ``[BLOCK_T, H, 64]``, each dim <= 256: ``cuTensorMapEncodeTiled``). Needs ``H`` a power of two, ``out``
+  16-byte aligned with 16-byte-multiple strides, Triton with host tensor descriptors (3.4+), sm90+, no
+  ``zero_padding`` (:func:`v5_unsupported`).
 
-**v4 (``"v4"``, "spans")** — a persistent grid of ``progs_per_sm x`` (multiprocessor count) programs; program ``p``
-owns the contiguous range of row chunks ``[p * n, (p + 1) * n)`` (a row is one (token, head) pair, a chunk
-``BLOCK_R`` rows, as in v2) and walks it in order, loading chunk ``i + 1`` before storing chunk ``i`` (two chunks in
-flight per warp). So each multiprocessor writes a few contiguous address ranges (``T / grid`` tokens each: 31 tokens,
-2.2 MiB of the padded workspace at T = 4096 on 132 SMs with 1 program per SM) instead of v2's pattern, where the
-~4000 resident programs of the whole GPU sit on ~1000 consecutive tokens (72 MiB of the padded workspace at
-H' = 64), each multiprocessor touching all of them. The hypothesis it tests (docs/perf-notes.md "Round 4"): the
-gapped write's cost is the address span each multiprocessor (and its TLB) touches at once, not the block layout.
-``order="stride"`` walks chunks ``p, p + grid, ...`` instead (v2's address pattern, persistent): the control.
-``ROWS_PER_TOKEN`` is a constexpr, so ``row // H`` is a shift (H a power of two) or a multiply-shift.
-
-**v5 (``"v5"``, "spans + TMA stores")** — v4's spans in token chunks of ``BLOCK_T`` whole tokens, every real head of a
-token in one tile; loads are ordinary 16-byte vector loads, stores go through the Hopper bulk tensor copy engine
-(TMA: ``cp.async.bulk.tensor``, host-side ``triton.tools.tensor_descriptor.TensorDescriptor`` over ``out`` as
-``[T, H', 576]``, boxes ``[BLOCK_T, H, 256]`` x 2 and ``[BLOCK_T, H, 64]``): the tile goes registers -> shared
-memory -> DRAM asynchronously, so the program loads its next chunk while the engine writes. Boxes past ``T`` are
-clipped by the engine (no masks on stores). Needs: ``H`` a power of two (a tile dimension), ``out`` 16-byte aligned
-with 16-byte-multiple strides, Triton with host tensor descriptors (3.4+) and sm90+; no ``zero_padding``. Box
-dimensions stay <= 256 elements (the TMA limit; CUDA driver API ``cuTensorMapEncodeTiled``).
-
-Under ``TRITON_INTERPRET=1`` both run on CPU through Triton's interpreter (v5's descriptor stores too), with a
-fixed 4-"multiprocessor" grid so the loops run more than once (:data:`INTERPRET_SMS`).
+Under ``TRITON_INTERPRET=1`` both run on CPU with a fixed 4-"SM" grid (:data:`INTERPRET_SMS`).
 """
 
 from __future__ import annotations

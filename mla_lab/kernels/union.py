@@ -44,31 +44,9 @@ The scratch is left zeroed, so one allocation serves every call (:func:`union_sc
 shape). Its bytes and the outputs' are :func:`union_buffer_bytes` (for the lab's memory account; the engine would
 allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=``).
 
-Traffic per group (g tokens x topk entries): the indices read twice (the second time from L2), one L2 atomic and one
-L2 load per valid entry, one load + one store per union key for the clean-up, the lists written. The atomics and
-the ``.cg`` loads go to L2 at random addresses, so the kernel's time is set by L2 round trips and operation
-throughput, not DRAM bandwidth: 0.98 ms at T 16384 x topk 2048 on the lent H200 (2026-12-04; ``H200_PACKED_COST`` in
-``mla_lab/kernels/packed.py``, docs/perf-notes.md "Packed kernel"),
-about the packed attention kernel's own time, far over the 5 % budget. Triton has no shared-memory atomics; the
-on-chip builder is CUDA C++: :mod:`.union_cuda` (same contract). :mod:`.union_bench` times this kernel, its knobs
-and the torch build (``python -m mla_lab.kernels.union_bench [--sweep]``).
-
-**Where an indexer could emit the union directly.** The builder re-reads ``[T, topk]`` indices the indexer has just
-written. An indexer that selects per-token top-k could emit the union itself:
-
-- the top-k kernel of a group of ``g`` tokens (one CTA per group instead of per token) marks a per-group bitmap in
-  shared memory while it selects (one ``atomicOr`` per selected key, on chip), then compacts the bitmap into the
-  shared/rest lists; no ``[T, topk]`` round trip through HBM and no global atomics;
-- or the indexer scores the ``g`` tokens together (their logits rows are adjacent in the MQA-logits output),
-  selects per token and merges in the same CTA.
-
-In vLLM that is ``vllm/model_executor/layers/sparse_attn_indexer.py`` (``sparse_attn_indexer``, read at
-vllm-project/vllm 006475fe: the prefill branch computes the logits with DeepGEMM's ``fp8_fp4_mqa_logits``, named
-``fp8_mqa_logits`` in earlier versions, then writes each token's top-k into ``topk_indices_buffer``, pre-filled with
-``-1``: the union would be written beside that buffer). In SGLang it is the DSA backend,
-``python/sglang/srt/layers/attention/dsa_backend.py`` with its indexer ``dsa/dsa_indexer.py`` (SGLang's own union,
-in ``python/sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py``, sorts each token's list with torch and
-binary-searches the other tokens' lists, ``O(g^2 topk log topk)`` per group).
+The atomics and ``.cg`` loads go to L2 at random addresses, so L2 round trips set the time, not DRAM bandwidth:
+0.98 ms at T 16384 x topk 2048 on the H200 (``H200_PACKED_COST`` in :mod:`.packed`; docs/perf-notes.md "Packed
+kernel"). :mod:`.union_cuda` is the on-chip CUDA C++ builder (same contract); :mod:`.union_bench` times this kernel and the torch build.
 
 Under ``TRITON_INTERPRET=1`` (set before ``triton`` is imported) the kernel runs on CPU tensors through Triton's
 interpreter (the lab's CPU tests use that).
@@ -139,10 +117,6 @@ class UnionSets:
     @property
     def num_groups(self) -> int:
         return self.shared_len.shape[0]
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def _mask_dtype(g: int) -> torch.dtype:

@@ -1,6 +1,8 @@
 """Time the union builders on the GPU: ``python -m mla_lab.kernels.union_bench [--sweep]``.
 
-The Triton kernel (:func:`.union.build_union`) against the torch sort-and-scatter build (:func:`.union.build_union_ref`),
+The Triton kernel (:func:`.union.build_union`) and the CUDA one (:func:`.union_cuda.build_union_cuda`, g <= 8, each
+row checked exact against the reference: ``cuda exact``) against the torch sort-and-scatter build
+(:func:`.union.build_union_ref`),
 ``triton.testing.do_bench`` medians (one process: an indication, not a committed measurement; committed rows go
 through the lab's measure runner), at T 16384, topk 2048, g 8, s_kv 4096 / 32768 / 131072, on the generators of
 :mod:`.index_sets`: the common-core overlap model (random top-k, overlap 0.5, 0.8, 1.0), the structured generator
@@ -18,6 +20,7 @@ import torch
 
 from .index_sets import causal_indices, overlap_indices, structured_indices
 from .union import DEFAULT_PROGRAMS_PER_SM, build_union, build_union_ref
+from .union_cuda import build_union_cuda, union_mismatch
 
 try:  # pragma: no cover - triton is optional on CPU machines
     import triton
@@ -52,13 +55,19 @@ def _row(label, data, g, **knobs) -> dict:
     ref = build_union_ref(idx, tlen, g, s_kv)
     got = build_union(idx, tlen, g, s_kv, **knobs)  # also compiles
     ok = torch.equal(got.shared_len, ref.shared_len) and torch.equal(got.rest_len, ref.rest_len)
-    return {"s_kv": s_kv, "data": label, "mean_U": float(ref.union_len.float().mean()), "lens_ok": ok,
-            "triton_us": _time(lambda: build_union(idx, tlen, g, s_kv, out=got, **knobs)),
-            "torch_us": _time(lambda: build_union_ref(idx, tlen, g, s_kv))}
+    row = {"s_kv": s_kv, "data": label, "mean_U": float(ref.union_len.float().mean()), "lens_ok": ok,
+           "triton_us": _time(lambda: build_union(idx, tlen, g, s_kv, out=got, **knobs)),
+           "torch_us": _time(lambda: build_union_ref(idx, tlen, g, s_kv)), "cuda_exact": None, "cuda_us": None}
+    if g <= 8 and not knobs:  # the CUDA builder takes g <= 8; the knob sweep is the Triton kernel's
+        cu = build_union_cuda(idx, tlen, g, s_kv)  # also compiles
+        row["cuda_exact"] = union_mismatch(cu, ref) is None
+        row["cuda_us"] = _time(lambda: build_union_cuda(idx, tlen, g, s_kv, out=cu))
+    return row
 
 
 def bench_rows(T=16384, topk=2048, g=8, s_kvs=S_KVS) -> list[dict]:
-    """Rows ``{s_kv, data, mean_U, lens_ok, triton_us, torch_us}`` (CUDA)."""
+    """Rows ``{s_kv, data, mean_U, lens_ok, triton_us, torch_us, cuda_exact, cuda_us}`` (CUDA; the last two None
+    at g > 8)."""
     rows = []
     for s_kv in s_kvs:
         for label, data in _datasets(T, topk, g, s_kv):
@@ -98,10 +107,12 @@ def main(argv=None) -> int:
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; "
           f"T={args.T}, topk={args.topk}, g={args.g}; do_bench median, us; default programs = "
           f"{DEFAULT_PROGRAMS_PER_SM} x SMs")
-    print(f"{'s_kv':>7} {'data':>26} {'mean U':>8} {'lens ok':>7} {'triton':>9} {'torch':>9} {'torch/triton':>12}")
+    print(f"{'s_kv':>7} {'data':>26} {'mean U':>8} {'lens ok':>7} {'triton':>9} {'torch':>9} {'torch/triton':>12} "
+          f"{'cuda exact':>10} {'cuda':>9}")
     for r in bench_rows(args.T, args.topk, args.g):
+        cu = "-" if r["cuda_us"] is None else f"{r['cuda_us']:.1f}"
         print(f"{r['s_kv']:>7} {r['data']:>26} {r['mean_U']:>8.0f} {r['lens_ok']!s:>7} {r['triton_us']:>9.1f} "
-              f"{r['torch_us']:>9.1f} {r['torch_us'] / r['triton_us']:>11.1f}x")
+              f"{r['torch_us']:>9.1f} {r['torch_us'] / r['triton_us']:>11.1f}x {r['cuda_exact']!s:>10} {cu:>9}")
     if args.sweep:
         print("\nknob sweep (s_kv 32768, overlap 0.8)")
         print(f"{'progs/SM':>8} {'block':>6} {'warps':>5} {'triton us':>10} {'lens ok':>7}")

@@ -40,10 +40,9 @@ import functools
 
 import torch
 
-from .index_sets import causal_indices, overlap_indices
-from .union import UnionSets, _validate, build_union, build_union_ref, output_sets
+from .union import UnionSets, _validate, output_sets
 
-__all__ = ["build_union_cuda", "union_mismatch", "CUDA_SOURCE", "EXTENSION_NAME", "THREADS", "MAX_WINDOW", "main"]
+__all__ = ["build_union_cuda", "union_mismatch", "CUDA_SOURCE", "EXTENSION_NAME", "THREADS", "MAX_WINDOW"]
 
 #: Threads per CTA; entries per thread and chunk: ``NV x 4`` = 32 (``CUDA_SOURCE``): 16384 = 8 tokens x topk 2048.
 THREADS = 512
@@ -423,53 +422,3 @@ def union_mismatch(got: UnionSets, ref: UnionSets) -> str | None:
         if bad_pad:
             return f"{name} padding: an entry between the length and the next multiple of 64 is not -1 (mask 0)"
     return None
-
-
-def _cases(T, topk):
-    """(name, IndexData) of the benchmark: the seed layout (1024-token causal prompts), overlap 1.0 and 0.8 at
-    s_kv 32768, random top-k (the model's baseline overlap topk / s_kv) at 4096, 32768, 131072 keys."""
-    g = 8
-    yield "seed causal 1024", causal_indices([1024] * max(1, T // 1024), topk, seed=0, device="cuda")
-    for o in (1.0, 0.8):
-        yield f"overlap {o} 32K", overlap_indices(T, topk, 32768, o, g, seed=0, device="cuda")
-    for s in (4096, 32768, 131072):
-        yield f"random {s // 1024}K", overlap_indices(T, topk, s, topk / s, g, seed=0, device="cuda")
-
-
-def main(argv=None) -> int:
-    """``python -m mla_lab.kernels.union_cuda [--T --topk --g]``: on CUDA, check ``build_union_cuda`` against the
-    reference and time it, the Triton build and the torch reference (``triton.testing.do_bench`` medians, one
-    process, ``out=`` buffers preallocated for both kernels); exit 1 if any case is not exact (or no CUDA)."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.union_cuda", description=main.__doc__)
-    ap.add_argument("--T", type=int, default=16384)
-    ap.add_argument("--topk", type=int, default=2048)
-    ap.add_argument("--g", type=int, default=8, choices=(1, 2, 4, 8))
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("no CUDA GPU: the benchmark needs one (the CPU tests cover the module's checks)")
-        return 1
-    import triton
-
-    print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; T={args.T}, "
-          f"topk={args.topk}, g={args.g}; do_bench median (us), out= preallocated for cuda and triton")
-    print(f"{'case':<18} {'s_kv':>7} {'mean U':>8} {'exact':>6} {'cuda':>8} {'triton':>8} {'torch':>9}")
-    bad = 0
-    for name, d in _cases(args.T, args.topk):
-        ref = build_union_ref(d.indices, d.topk_length, args.g, d.s_kv)
-        o_cu = build_union_cuda(d.indices, d.topk_length, args.g, d.s_kv)
-        o_tr = build_union(d.indices, d.topk_length, args.g, d.s_kv)
-        why = union_mismatch(o_cu, ref)
-        bad += why is not None
-        t = [1e3 * triton.testing.do_bench(f, return_mode="median") for f in (
-            lambda d=d, o=o_cu: build_union_cuda(d.indices, d.topk_length, args.g, d.s_kv, out=o),
-            lambda d=d, o=o_tr: build_union(d.indices, d.topk_length, args.g, d.s_kv, out=o),
-            lambda d=d: build_union_ref(d.indices, d.topk_length, args.g, d.s_kv))]
-        print(f"{name:<18} {d.s_kv:>7} {float(ref.union_len.float().mean()):>8.0f} {'yes' if why is None else 'NO':>6} "
-              f"{t[0]:>8.1f} {t[1]:>8.1f} {t[2]:>9.1f}" + ("" if why is None else f"  {why}"))
-    return 1 if bad else 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

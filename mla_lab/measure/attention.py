@@ -1,16 +1,11 @@
-"""Measurement on a GPU: the sparse-MLA prefill attention path per strategy, per op and end to end, plus peak memory.
+"""The sparse-MLA prefill attention path of a rank per strategy, timed on a GPU, and each call's peak memory.
 
-Timing: :func:`mla_lab.measure.timer.median_ms` (do_bench medians on CUDA). Inputs are
-fresh random bf16 tensors (never zeros) shaped as vLLM hands them over: ``ql_nope`` is the transposed output of the
-W_UK bmm (``[H, T, 512]`` viewed as ``[T, H, 512]``, head-major strides) and ``q_pe`` a slice of the q_b projection
-output (``[T, H, qk_nope_head_dim + 64][..., -64:]``). Causal prompts: the token at position p of its prompt sees
-``min(p + 1, topk)`` keys of its own prompt (``topk_length``); indices are random among those keys.
-
-Peak memory: ``torch.cuda.reset_peak_memory_stats`` then ``max_memory_allocated`` minus the bytes allocated before
-the call, i.e. what one layer call of the strategy adds on top of its inputs and persistent workspace.
-
-Timing goes through :mod:`mla_lab.measure.timer`. This module returns timings; sweep rows are built by
-:mod:`mla_lab.sweep.rows`.
+Inputs (:func:`make_step_inputs`) are fresh random bf16 tensors (never zeros) shaped as vLLM hands them over:
+``ql_nope`` the transposed W_UK bmm output (``[H, T, 512]`` viewed ``[T, H, 512]``), ``q_pe`` a slice of the q_b
+output; causal prompts: the token at position p sees ``min(p + 1, topk)`` keys of its own prompt
+(``topk_length``), indices random among them. Peak memory: ``max_memory_allocated`` after
+``reset_peak_memory_stats`` minus the bytes allocated before the call (what one call adds on top of its inputs and
+persistent workspace). Timings only; sweep rows are built by :mod:`mla_lab.sweep.rows`.
 """
 
 from __future__ import annotations
@@ -20,48 +15,54 @@ import math
 import torch
 
 from ..kernels import last_backend
-from ..models import ModelConfig, load_model
 from ..placement import MEASURED_STRATEGIES, parse_strategy
 from ..strategies import PaddedQPath
 from ..workload import Step
 from .timer import interleaved, summarize
 
-__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check", "MEASURED_STRATEGIES"]
+__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check", "padded_path", "MEASURED_STRATEGIES"]
 
 
-def _require_cuda():
-
-
-    if not torch.cuda.is_available():
+def _require_cuda(device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("measurement needs a CUDA GPU; torch sees none (use device='cpu' for modelled rows)")
-    return torch
 
-def make_step_inputs(model, tp: int, step: Step, prompt_len: int, seed: int = 0, full_topk: bool = False,
+
+def _sm_scale(model) -> float:
+    return 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
+
+
+def padded_path(rank, strategy, max_num_batched_tokens: int | None = None, device: str = "cuda",
+                **kw) -> PaddedQPath:
+    """The rank's attention path under ``strategy``: :class:`~mla_lab.strategies.PaddedQPath` with the rank's
+    heads, GPU and KV dtype, its step buffers ``max_num_batched_tokens`` rows (default the rank's); ``kw`` as
+    PaddedQPath's (``reuse_pad_block``, ``dtype``, ...)."""
+    T = rank.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
+    return PaddedQPath(strategy, num_heads=rank.num_heads, max_num_batched_tokens=T, arch=rank.arch.name,
+                       kv_cache_dtype=rank.kv_cache_dtype, device=device, **kw)
+
+
+def make_step_inputs(rank, step: Step, prompt_len: int, seed: int = 0, full_topk: bool = False,
                      device: str = "cuda"):
-    """Random inputs for one step on the GPU: ``ql_nope [T,H,512]``, ``q_pe [T,H,64]`` (strided like vLLM), ``kv
-    [s_kv,1,576]`` (one region of ``prompt_len`` keys per prompt in the step), ``indices [T,1,topk]`` int32 and
-    ``topk_length [T]`` int32 (``None`` when ``full_topk``: every token uses all topk random keys)."""
+    """Random bf16 inputs for one step of the rank: ``ql_nope [T,H,512]``, ``q_pe [T,H,64]`` (strided like vLLM),
+    ``kv [s_kv,1,576]`` (one region of ``prompt_len`` keys per prompt in the step), ``indices [T,1,topk]`` int32 and
+    ``topk_length [T]`` int32 (``None`` when ``full_topk``: every token uses all topk random keys).
 
-
-    if device == "cuda":
-        _require_cuda()
-    g = torch.Generator(device=device).manual_seed(seed)
-    H = model.heads_per_rank(tp)
-    T = step.num_tokens
-    topk = model.topk
-    dev = device
-    ql_nope = torch.randn(H, T, model.kv_lora_rank, device=dev, dtype=torch.bfloat16, generator=g).transpose(0, 1)
-    q_full = torch.randn(T, H, model.qk_nope_head_dim + model.qk_rope_head_dim, device=dev, dtype=torch.bfloat16,
+    Raises:
+        RuntimeError: ``device="cuda"`` without a GPU."""
+    _require_cuda(device)
+    m, g, dev = rank.model, torch.Generator(device=device).manual_seed(seed), device
+    H, T, topk = rank.num_heads, step.num_tokens, m.topk
+    ql_nope = torch.randn(H, T, m.kv_lora_rank, device=dev, dtype=torch.bfloat16, generator=g).transpose(0, 1)
+    q_full = torch.randn(T, H, m.qk_nope_head_dim + m.qk_rope_head_dim, device=dev, dtype=torch.bfloat16,
                          generator=g)
-    q_pe = q_full[..., model.qk_nope_head_dim:]
-    n_prompts = len(step.chunks)
-    s_kv = max(n_prompts * prompt_len, topk)
-    kv = torch.randn(s_kv, 1, model.head_size, device=dev, dtype=torch.bfloat16, generator=g)
+    q_pe = q_full[..., m.qk_nope_head_dim:]
+    s_kv = max(len(step.chunks) * prompt_len, topk)
+    kv = torch.randn(s_kv, 1, m.head_size, device=dev, dtype=torch.bfloat16, generator=g)
     pos = torch.cat([torch.arange(s, s + n, device=dev) for _, s, n in step.chunks])
     base = torch.cat([torch.full((n,), j * prompt_len, device=dev) for j, (_, s, n) in enumerate(step.chunks)])
     if full_topk:
-        idx = torch.randint(0, s_kv, (T, topk), device=dev, generator=g)
-        tl = None
+        idx, tl = torch.randint(0, s_kv, (T, topk), device=dev, generator=g), None
     else:
         visible = pos + 1
         r = torch.rand(T, topk, device=dev, generator=g)
@@ -70,17 +71,36 @@ def make_step_inputs(model, tp: int, step: Step, prompt_len: int, seed: int = 0,
     return ql_nope, q_pe, kv, idx.to(torch.int32).view(T, 1, topk), tl
 
 
+def _consumer(path):
+    """``subchunk:<S>:views`` hands each chunk's view to the consumer (the W_UV bmm, timed by the layer model): the
+    attention path ends there, without gathering the chunks."""
+    return (lambda s, o, lse: None) if path.spec.views_handoff else None
 
-def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int, arch_name: str,
-                        strategies=MEASURED_STRATEGIES, full_topk: bool = False, seed: int = 0,
-                        device: str = "cuda", repeats: int = 7) -> dict:
-    """The attention path of one layer call per strategy, timed interleaved, and each strategy's call peak.
 
-    Every strategy runs as :class:`mla_lab.strategies.PaddedQPath` on the same inputs. ``repeats`` rounds of
-    :func:`mla_lab.measure.timer.interleaved` (order rotated each round, L2 flushed before each sample) give each
-    strategy its samples; ``per_call_empty`` takes its pad tensor from a block filled once with its content (what
-    the caching allocator hands back, no GPU work). The call peak (bytes above what was allocated before the call)
-    comes from one further call with a fresh ``new_empty`` tensor, as the engine allocates it.
+def _call_peak(rank, name, T, inputs, sm_scale, device) -> int:
+    """Bytes one call of ``name`` allocates above what was allocated before it (a fresh ``new_empty`` pad per call,
+    as the engine allocates it), after one warm-up call."""
+    path = padded_path(rank, name, T, device)
+    path(*inputs[:4], sm_scale, inputs[4], consumer=_consumer(path))
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = path(*inputs[:4], sm_scale, inputs[4], consumer=_consumer(path))
+    torch.cuda.synchronize()
+    del out
+    return torch.cuda.max_memory_allocated() - before
+
+
+def time_attention_path(rank, step: Step, prompt_len: int, strategies=MEASURED_STRATEGIES, full_topk: bool = False,
+                        seed: int = 0, device: str = "cuda", repeats: int = 7) -> dict:
+    """The attention path of one layer call of the rank per strategy, timed interleaved, and each strategy's call
+    peak.
+
+    Every strategy runs as :func:`padded_path` (buffers of the step's tokens) on the same inputs
+    (:func:`make_step_inputs`). ``repeats`` rounds of :func:`mla_lab.measure.timer.interleaved` (order rotated each
+    round, L2 flushed before each sample); ``per_call_empty`` takes its pad from a block filled once with its
+    content (what the caching allocator hands back, no GPU work). The call peak comes from one further call with a
+    fresh ``new_empty`` pad (:func:`_call_peak`).
 
     Returns:
         ``{name: {"total": median ms, "samples": [ms, ...], "q1", "q3", "ci_lo", "ci_hi", "peak_bytes",
@@ -90,72 +110,53 @@ def time_attention_path(model: ModelConfig, tp: int, step: Step, prompt_len: int
     Raises:
         RuntimeError: ``device="cuda"`` without a GPU; ValueError: an unknown strategy or ``kernel_native``.
     """
-    if device == "cuda":
-        _require_cuda()
-    H = model.heads_per_rank(tp)
+    _require_cuda(device)
     T = step.num_tokens
-    ql_nope, q_pe, kv, idx, tl = make_step_inputs(model, tp, step, prompt_len, seed, full_topk, device)
-    sm_scale = 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
-    kw = dict(num_heads=H, max_num_batched_tokens=T, arch=arch_name, device=device)
-    paths = {name: PaddedQPath(name, **kw, reuse_pad_block=True) for name in strategies}
-    def consumer_of(path):
-        # ``subchunk:<S>:views`` hands each chunk's view to the consumer (the W_UV bmm, timed by the layer model):
-        # the attention path itself ends there, without gathering the chunks
-        return (lambda s, o, lse: None) if path.spec.views_handoff else None  # views / graph2
-
-    samples = interleaved({n: (lambda p=p: p(ql_nope, q_pe, kv, idx, sm_scale, tl, consumer=consumer_of(p)))
+    inputs = make_step_inputs(rank, step, prompt_len, seed, full_topk, device)
+    ql_nope, q_pe, kv, idx, tl = inputs
+    sm = _sm_scale(rank.model)
+    paths = {name: padded_path(rank, name, T, device, reuse_pad_block=True) for name in strategies}
+    samples = interleaved({n: (lambda p=p: p(ql_nope, q_pe, kv, idx, sm, tl, consumer=_consumer(p)))
                            for n, p in paths.items()}, repeats=repeats, device=device)
     res: dict = {}
     for name, path in paths.items():
         r = summarize(samples[name])
         res[name] = {"total": r["median"], "samples": samples[name], "q1": r["q1"], "q3": r["q3"],
                      "ci_lo": r["ci_lo"], "ci_hi": r["ci_hi"],
-                     "workspace_bytes": sum(w.nbytes for w in path.workspaces),  # graph2: two
-                     "peak_bytes": None}
+                     "workspace_bytes": sum(w.nbytes for w in path.workspaces), "peak_bytes": None}
     del paths
     if device == "cuda":
         for name in strategies:
-            if parse_strategy(name).graphed:
-                continue  # graph2: a replay allocates nothing (its memory is the graph's pool): no call peak (None)
-            path = PaddedQPath(name, **kw)  # per_call_empty allocates its pad per call here, as vLLM does
-            path(ql_nope, q_pe, kv, idx, sm_scale, tl, consumer=consumer_of(path))
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            out = path(ql_nope, q_pe, kv, idx, sm_scale, tl, consumer=consumer_of(path))
-            torch.cuda.synchronize()
-            res[name]["peak_bytes"] = torch.cuda.max_memory_allocated() - before
-            del out, path
+            if not parse_strategy(name).graphed:  # graph2: a replay allocates nothing (its memory: the graph's pool)
+                res[name]["peak_bytes"] = _call_peak(rank, name, T, inputs, sm, device)
     res["kernel_backend"] = str(last_backend("sparse_mla_prefill"))
     res["concat_backend"] = str(last_backend("concat_mla_q"))
     res["repeats"] = repeats
     return res
 
 
-def nan_padding_check(model_name: str = "glm-5", tp: int = 8, T: int = 4096, prompt_len: int = 4096,
-                      arch_name: str = "hopper") -> dict:
+def nan_padding_check(rank, T: int = 4096) -> dict:
     """Does garbage in the private workspace's padded heads reach the real heads' output?
 
-    Runs the ``private_workspace`` path on the same inputs: padded heads filled with NaN, then with zeros; compares the real
-    heads' outputs (``nan_in_real_heads``, ``max_abs_diff``). vLLM leaves those heads uninitialized; some vLLM
-    variants zero them because the kernel reduces across the head group.
+    Runs the rank's ``private_workspace`` path on one ``T``-token prompt with the padded heads filled with NaN, inf,
+    then zeros, and compares the real heads' outputs (``nan_in_real_heads``, ``nan_max_abs_diff``, ``inf_...``).
+    vLLM leaves those heads uninitialized; some vLLM variants zero them because the kernel reduces across the head
+    group.
+
+    Raises:
+        RuntimeError: no GPU.
     """
-    torch = _require_cuda()
-    model = load_model(model_name)
-    H = model.heads_per_rank(tp)
+    _require_cuda("cuda")
     step = Step([(0, 0, T)])
-    ql_nope, q_pe, kv, idx, tl = make_step_inputs(model, tp, step, prompt_len, seed=1)
-    sm = 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
+    ql_nope, q_pe, kv, idx, tl = make_step_inputs(rank, step, T, seed=1)
     outs = {}
     for fill in ("nan", "zero", "inf"):
-        s = PaddedQPath("private_workspace", num_heads=H, max_num_batched_tokens=T, arch=arch_name, device="cuda")
+        s = padded_path(rank, "private_workspace", T)
         s.workspace.buffer.fill_({"nan": float("nan"), "zero": 0.0, "inf": float("inf")}[fill])
-        o, lse = s(ql_nope, q_pe, kv, idx, sm, tl)
-        outs[fill] = (o.float().clone(), lse.clone())
-    zo, zl = outs["zero"]
-    res = {"model": model_name, "tp": tp, "num_heads": H, "T": T}
+        o, lse = s(ql_nope, q_pe, kv, idx, _sm_scale(rank.model), tl)
+        outs[fill] = o.float().clone()
+    res = {"model": rank.model.name, "tp": rank.tp, "num_heads": rank.num_heads, "T": T}
     for fill in ("nan", "inf"):
-        o, lse = outs[fill]
-        res[f"{fill}_in_real_heads"] = bool(torch.isnan(o).any().item())
-        res[f"{fill}_max_abs_diff"] = float((o - zo).abs().nan_to_num(float("inf")).max().item())
+        res[f"{fill}_in_real_heads"] = bool(torch.isnan(outs[fill]).any().item())
+        res[f"{fill}_max_abs_diff"] = float((outs[fill] - outs["zero"]).abs().nan_to_num(float("inf")).max().item())
     return res

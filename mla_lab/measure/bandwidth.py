@@ -1,16 +1,8 @@
-"""Bandwidth probes for the padded Q workspace: what writing into the gapped ``[T, H', 576]`` layout costs by itself.
-
-Not part of the op (that is :func:`mla_lab.kernels.concat_mla_q`): instruments for the question issue 23 left, "is
-the concat's gap to a contiguous copy the kernel's or the layout's?". One Triton kernel with v2's tiling (2 rows of
-``[512]`` + ``[64]`` per 1-warp program, :mod:`mla_lab.kernels.triton_concat`), two modes:
-
-- :func:`gapped_write` ``(out, H)``: zeros into the first ``H`` heads of ``out`` (write only: ``T * H * 576``
-  elements written, nothing read);
-- :func:`gapped_write` ``(out, H, src=src)``: a one-source copy of ``src [T, H, 576]`` (contiguous last dim) into
-  the same place (the concat without its second input stream).
-
-Called with an unpadded ``out [T, H, 576]`` the same code writes contiguously: the ratio of the two times is the
-layout's cost with the kernel held fixed (docs/perf-notes.md "Round 4").
+"""A bandwidth probe for the padded Q workspace (issue 23: is the concat's gap to a contiguous copy the kernel's or
+the layout's?): one Triton kernel with the concat's v2 tiling (:mod:`mla_lab.kernels.triton_concat`).
+:func:`gapped_write` ``(out, H)`` writes zeros into the first ``H`` heads of ``out [T, H', 576]`` (write only);
+with ``src=[T, H, 576]`` it copies one source there (the concat without its second input). On an unpadded ``out``
+the same code writes contiguously: the ratio is the layout's cost (docs/perf-notes.md "Round 4").
 """
 
 from __future__ import annotations

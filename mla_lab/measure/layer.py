@@ -1,44 +1,18 @@
 """The per-rank layer: every op of :func:`mla_lab.model.ops.layer_ops` at its real shape, and the layer end to end,
-on one GPU (or on CPU through the Triton interpreter, to check the logic).
+on one GPU (or on CPU through the Triton interpreter, to check the logic). The loops over it: :mod:`.layer_runs`;
+its Triton stand-ins: :mod:`.triton_ops`; the extras: :mod:`.layer_experiments`; the fit: :mod:`.validate`.
 
-What is here (the runs over it are in :mod:`.layer_runs`, the Triton stand-ins in :mod:`.triton_ops`; the extra
-experiments in :mod:`.layer_experiments`, the fit in :mod:`.validate`; ``mla_lab/measure/experiments/layer_calibration.py`` is the command
-line):
-
-- :class:`Layer`: random bf16 weights (scaled ``1/sqrt(K)``, never zeros) and buffers of one per-rank layer
-  (model, tp, MoE variants), :meth:`Layer.runner` (a closure running one op on prepared inputs) and
-  :meth:`Layer.e2e` (a closure running the whole layer, per :class:`mla_lab.placement.Strategy`).
-- :class:`MeasureSettings` (device, dtype, timer budgets, deadline, what the private workspace's padded heads hold,
-  kernels left out) and :class:`Implementations` (the sparse prefill kernel and the Q concat in use, with the text
-  every row records): the run's state, passed explicitly. :func:`select_implementations`,
-  :func:`run_kernel_checks`, :func:`tiny_model`.
+- :class:`Layer`: random bf16 weights (``1/sqrt(K)``, never zeros) and buffers of one per-rank layer;
+  :meth:`Layer.runner` (one op on prepared inputs, a builder per op ``impl``) and :meth:`Layer.e2e` (the layer per
+  :class:`~mla_lab.placement.Strategy`: ``per_call_zeros`` concat into the H-head buffer then ``new_zeros`` + copy;
+  ``per_call_empty`` the pad from one block filled once with its content (vLLM before PR #53878);
+  ``private_workspace`` concat into the padded workspace, its padded heads holding :attr:`MeasureSettings.content`).
+- :class:`MeasureSettings` and :class:`Implementations` (the kernel and concat in use, with the text rows record):
+  the run's state, passed explicitly; :func:`select_implementations`, :func:`run_kernel_checks`, :func:`tiny_model`.
 - The files and columns a run writes (:data:`OPS_COLUMNS`, :data:`E2E_COLUMNS`, :data:`EXTRAS_COLUMNS`).
 
-Strategies (:data:`LAYER_STRATEGIES`, :data:`LAYER_PLACEMENTS`): the layer runs a :class:`~mla_lab.placement.Strategy`
-(names are parsed at the door, :func:`mla_lab.placement.parse_strategy`; the first version's ``unfused`` / ``fused``
-*rows* stand for ``per_call_zeros`` / ``private_workspace``, :func:`mla_lab.placement.measured_as`):
-``per_call_zeros`` concat into the H-head buffer then (when ``Hp > H``) ``new_zeros`` + copy per call (SGLang;
-what the first version timed as ``unfused``); ``per_call_empty`` the same with the pad taken from one block filled
-once with the strategy's content (what the caching allocator hands ``new_empty`` back: no fill is timed; vLLM before
-PR #53878); ``private_workspace`` concat into the padded workspace, whose padded heads hold
-:attr:`MeasureSettings.content` (vLLM PR #53878).
-
-Op implementations (the ``impl`` of a :class:`~mla_lab.model.ops.LayerOp`): ``linear`` ``F.linear``; ``moe_bmm``
-``torch.bmm`` over balanced experts (``E_loc x [T*k/E, K] @ [K, N]``; the token gather vLLM's fused_moe folds
-into its GEMM is not timed); ``bmm_uk`` / ``bmm_uv`` ``torch.bmm`` in vLLM's absorbed layouts (W_UK on the
-strided ``q_nope`` view; W_UV reading ``out[:, :H]`` and writing a transposed view of ``[T, H*d_v]``);
-``rmsnorm`` / ``rmsnorm_add`` / ``silu_mul`` / ``mqa_logits`` the Triton kernels of :mod:`.triton_ops`; ``topk``
-``torch.topk`` (``sorted=False``); ``moe_sum`` ``torch.sum`` over the k expert outputs; ``attn_concat`` the Q
-concat into the H-head buffer (per-call pads) or the padded workspace; ``attn_pad`` ``new_zeros`` + copy;
-``attn_pad_copy`` the copy into a pad block; ``attn_kernel`` the sparse prefill at full topk, random indices over
-``s_kv = max(max_T, 2 topk)`` keys; ``attn_out_slice`` ``out[:, :H].contiguous()``.
-
-CPU runs go through Triton's interpreter: set ``TRITON_INTERPRET=1`` *before this module is imported* (see
-:mod:`.triton_ops`).
-
-Timing: :func:`mla_lab.measure.timer.median_ms` (do_bench medians on CUDA: warm-up, L2 flushed before every
-repetition, CUDA events; CPU: wall-clock median, meaningless as GPU numbers), :func:`mla_lab.measure.timer.graphed`
-for CUDA-graph replay, :func:`mla_lab.measure.timer.interleaved` for paired timings.
+CPU runs need ``TRITON_INTERPRET=1`` set before this module is imported (:mod:`.triton_ops`). Timing:
+:func:`mla_lab.measure.timer.median_ms`.
 """
 
 from __future__ import annotations
@@ -240,7 +214,7 @@ def select_implementations(settings: MeasureSettings, use_flash_mla: bool = True
 
 
 def run_kernel_checks(settings: MeasureSettings, sink, log: Callable[[str], None] = print) -> frozenset:
-    """:func:`check_kernels`, one ``correctness`` row per kernel into ``sink`` (tolerance 2e-2 in bf16, 1e-4
+    """:func:`check_kernels`, one ``correctness`` row per kernel into ``sink``'s ``layer_extras.csv`` (tolerance 2e-2 in bf16, 1e-4
     otherwise). Returns the kernels to leave out: ``{"mqa_logits"}`` when that kernel raised or is wrong, else
     empty.
 
@@ -260,7 +234,7 @@ def run_kernel_checks(settings: MeasureSettings, sink, log: Callable[[str], None
     tol = 2e-2 if settings.dtype == torch.bfloat16 else 1e-4
     for check in checks:
         ok = check.error < tol and check.aux_error < tol
-        sink.write({"experiment": "correctness", "name": check.name, "value": check.error,
+        sink.write(EXTRAS_CSV, {"experiment": "correctness", "name": check.name, "value": check.error,
                     "note": f"aux={check.aux_error} tol={tol} ok={ok}"})
         log(f"check {check.name}: rel err {check.error:.2e} aux {check.aux_error:.2e} ok={ok}")
         if not ok and check.name == "mqa_logits":
@@ -376,107 +350,107 @@ class Layer:
         """Random sparse-attention indices ``[T, 1, topk]`` int32 over the ``s_kv`` keys (full topk)."""
         return torch.randint(0, self.s_kv, (T, 1, self.model.topk), device=self.device, dtype=torch.int32)
 
-    # ---- op runners: return a zero-arg closure that runs the op once on prepared inputs
+    # ---- op runners: a zero-arg closure that runs the op once on prepared inputs (None: not run here)
     def runner(self, op: LayerOp, T: int, variant=None) -> Callable[[], object] | None:
         """A closure running ``op`` once at its shape (``op.dims``) on fresh random inputs, or None when the op is
         not run here (``lm_head``; ``idx_logits`` with ``mqa_logits`` disabled; the kernel without one; an unknown
-        ``impl``).
+        ``impl``). ``variant``: a :class:`~mla_lab.placement.Strategy` for ``attn_concat`` (the H-head buffer for
+        per-call pads, the padded workspace otherwise); the MoE variant (``("tp", 1)`` / ``("ep", ep)``) for
+        ``moe_bmm``. The kernel's padded heads hold :attr:`content`."""
+        build = getattr(self, f"_op_{op.impl}", None)
+        return None if build is None else build(op, op.dims, T, variant)
 
-        Args:
-            op: an op of :func:`~mla_lab.model.ops.layer_ops` with an ``impl``.
-            T: tokens of the step (the attention ops' rows).
-            variant: a :class:`~mla_lab.placement.Strategy` for ``attn_concat`` (which buffer it writes: the H-head
-                buffer for per-call pads, the padded workspace otherwise); the MoE variant (``("tp", 1)`` /
-                ``("ep", ep)``) for ``moe_bmm``. The kernel's padded heads hold :attr:`content`.
-        """
-        dims, model, H, Hp = op.dims, self.model, self.H, self.Hp
-        rand, device, dtype = self.random_tensor, self.device, self.dtype
-        impl = op.impl
-        if impl == "linear":
-            x = rand(dims["M"], dims["K"])
-            if op.name == "lm_head":
-                return None
-            w = self.weights[op.name]
-            return lambda: F.linear(x, w)
-        if impl == "moe_bmm":
-            w13, w2 = self.moe_weights[variant]
-            rows_per_expert = int(round(dims["M"]))
-            x = rand(dims["E"], rows_per_expert, dims["K"])
-            w = w13 if op.name == "moe_gate_up" else w2
-            return lambda: torch.bmm(x, w.transpose(1, 2))
-        if impl in ("rmsnorm", "rmsnorm_add"):
-            x = rand(dims["M"], dims["N"], k=1)
-            w = self.norm_weights[dims["N"]]
-            o = torch.empty_like(x)
-            if impl == "rmsnorm_add":
-                r = rand(dims["M"], dims["N"], k=1)
-                return lambda: rmsnorm(x, w, o, residual=r)
-            if op.name == "kv_a_norm":  # vLLM normalises the kv_c slice of the kv_a output (row stride 576)
-                full = rand(dims["M"], dims["N"] + model.qk_rope_head_dim, k=1)
-                kv_c = full[:, : dims["N"]]
-                return lambda: rmsnorm(kv_c, w, o)
-            return lambda: rmsnorm(x, w, o)
-        if impl == "silu_mul":
-            M = int(round(dims["M"]))
-            x = rand(M, 2 * dims["N"], k=1)
-            o = torch.empty(M, dims["N"], device=device, dtype=dtype)
-            return lambda: silu_mul(x, o)
-        if impl == "bmm_uk":
-            q = rand(T, H, model.qk_nope_head_dim + model.qk_rope_head_dim)
-            q_nope = q[..., : model.qk_nope_head_dim].transpose(0, 1)
-            return lambda: torch.bmm(q_nope, self.W_UK)
-        if impl == "bmm_uv":
-            attention = rand(T, Hp, 512)
-            x = attention[:, :H].transpose(0, 1)
-            out = torch.empty(T, H * model.v_head_dim, device=device, dtype=dtype)
-            out_view = out.view(T, H, model.v_head_dim).transpose(0, 1)
-            return lambda: torch.bmm(x, self.W_UV, out=out_view)
-        if impl == "mqa_logits":
-            if "mqa_logits" in self.disabled_kernels:
-                return None
-            q = rand(T, model.index_n_heads, model.index_head_dim)
-            k = rand(T, model.index_head_dim)
-            w = torch.rand(T, model.index_n_heads, device=device, dtype=torch.float32)
-            o = torch.empty(T, T, device=device, dtype=torch.float32)
-            return lambda: mqa_logits(q, k, w, o, self.interpret)
-        if impl == "topk":
-            logits = torch.randn(T, T, device=device, dtype=torch.float32)
-            logits.masked_fill_(~torch.ones(T, T, dtype=torch.bool, device=device).tril(), float("-inf"))
-            k = min(model.topk, T)
-            return lambda: torch.topk(logits, k, dim=-1, sorted=False)
-        if impl == "moe_sum":
-            k = int(round(dims["k"]))
-            x = rand(T, k, dims["N"], k=1)
-            return lambda: x.sum(1)
-        if impl == "attn_concat":
-            q_nope = rand(T, H, 512, k=1)
-            q_pe = rand(T, H, 64, k=1)
-            buf = self.workspace_unfused[:T] if variant.per_call_pad else self.workspace_fused[:T]
-            return lambda: self.concat_fn(q_nope, q_pe, buf)
-        if impl == "attn_pad":
-            q = rand(T, H, 576, k=1)
+    def _op_linear(self, op, dims, T, variant):
+        x, w = self.random_tensor(dims["M"], dims["K"]), self.weights.get(op.name)
+        return None if op.name == "lm_head" else (lambda: F.linear(x, w))
 
-            def pad():
-                q_padded = q.new_zeros((T, Hp, 576))
-                q_padded[:, :H] = q
-                return q_padded
-            return pad
-        if impl == "attn_pad_copy":
-            q = rand(T, H, 576, k=1)
-            block = self.pad_block(self.content)[:T]
-            return lambda: block[:, :H].copy_(q)
-        if impl == "attn_kernel":
-            if self.kernel_fn is None:
-                return None
-            q = rand(T, Hp, 576, k=1)
-            if self.content == "zeros":
-                q[:, H:].zero_()
-            indices = self.indices(T)
-            return lambda: self.kernel_fn(q, self.kv, indices, self.sm_scale)
-        if impl == "attn_out_slice":
-            o = rand(T, Hp, 512, k=1)
-            return lambda: o[:, :H].contiguous()
-        return None
+    def _op_moe_bmm(self, op, dims, T, variant):
+        w13, w2 = self.moe_weights[variant]
+        x, w = self.random_tensor(dims["E"], int(round(dims["M"])), dims["K"]), w13 if op.name == "moe_gate_up" else w2
+        return lambda: torch.bmm(x, w.transpose(1, 2))
+
+    def _op_rmsnorm(self, op, dims, T, variant):
+        rand, w = self.random_tensor, self.norm_weights[dims["N"]]
+        x = rand(dims["M"], dims["N"], k=1)
+        o = torch.empty_like(x)
+        if op.impl == "rmsnorm_add":
+            r = rand(dims["M"], dims["N"], k=1)
+            return lambda: rmsnorm(x, w, o, residual=r)
+        if op.name == "kv_a_norm":  # vLLM normalises the kv_c slice of the kv_a output (row stride 576)
+            kv_c = rand(dims["M"], dims["N"] + self.model.qk_rope_head_dim, k=1)[:, : dims["N"]]
+            return lambda: rmsnorm(kv_c, w, o)
+        return lambda: rmsnorm(x, w, o)
+
+    _op_rmsnorm_add = _op_rmsnorm
+
+    def _op_silu_mul(self, op, dims, T, variant):
+        M = int(round(dims["M"]))
+        x, o = self.random_tensor(M, 2 * dims["N"], k=1), self._empty(M, dims["N"])
+        return lambda: silu_mul(x, o)
+
+    def _op_bmm_uk(self, op, dims, T, variant):
+        m = self.model
+        q_nope = self.random_tensor(T, self.H, m.qk_nope_head_dim + m.qk_rope_head_dim)[..., :m.qk_nope_head_dim]
+        return lambda: torch.bmm(q_nope.transpose(0, 1), self.W_UK)
+
+    def _op_bmm_uv(self, op, dims, T, variant):
+        H, d_v = self.H, self.model.v_head_dim
+        x = self.random_tensor(T, self.Hp, 512)[:, :H].transpose(0, 1)
+        out_view = self._empty(T, H * d_v).view(T, H, d_v).transpose(0, 1)
+        return lambda: torch.bmm(x, self.W_UV, out=out_view)
+
+    def _op_mqa_logits(self, op, dims, T, variant):
+        if "mqa_logits" in self.disabled_kernels:
+            return None
+        m, dev = self.model, self.device
+        q, k = self.random_tensor(T, m.index_n_heads, m.index_head_dim), self.random_tensor(T, m.index_head_dim)
+        w = torch.rand(T, m.index_n_heads, device=dev, dtype=torch.float32)
+        o = torch.empty(T, T, device=dev, dtype=torch.float32)
+        return lambda: mqa_logits(q, k, w, o, self.interpret)
+
+    def _op_topk(self, op, dims, T, variant):
+        logits = torch.randn(T, T, device=self.device, dtype=torch.float32)
+        logits.masked_fill_(~torch.ones(T, T, dtype=torch.bool, device=self.device).tril(), float("-inf"))
+        k = min(self.model.topk, T)
+        return lambda: torch.topk(logits, k, dim=-1, sorted=False)
+
+    def _op_moe_sum(self, op, dims, T, variant):
+        x = self.random_tensor(T, int(round(dims["k"])), dims["N"], k=1)
+        return lambda: x.sum(1)
+
+    def _op_attn_concat(self, op, dims, T, variant):
+        q_nope, q_pe = self.random_tensor(T, self.H, 512, k=1), self.random_tensor(T, self.H, 64, k=1)
+        buf = self.workspace_unfused[:T] if variant.per_call_pad else self.workspace_fused[:T]
+        return lambda: self.concat_fn(q_nope, q_pe, buf)
+
+    def _op_attn_pad(self, op, dims, T, variant):
+        q, H, Hp = self.random_tensor(T, self.H, 576, k=1), self.H, self.Hp
+
+        def pad():
+            q_padded = q.new_zeros((T, Hp, 576))
+            q_padded[:, :H] = q
+            return q_padded
+        return pad
+
+    def _op_attn_pad_copy(self, op, dims, T, variant):
+        q, block = self.random_tensor(T, self.H, 576, k=1), self.pad_block(self.content)[:T]
+        return lambda: block[:, :self.H].copy_(q)
+
+    def _op_attn_kernel(self, op, dims, T, variant):
+        if self.kernel_fn is None:
+            return None
+        q = self.random_tensor(T, self.Hp, 576, k=1)
+        if self.content == "zeros":
+            q[:, self.H:].zero_()
+        indices = self.indices(T)
+        return lambda: self.kernel_fn(q, self.kv, indices, self.sm_scale)
+
+    def _op_attn_out_slice(self, op, dims, T, variant):
+        o = self.random_tensor(T, self.Hp, 512, k=1)
+        return lambda: o[:, :self.H].contiguous()
+
+    def _empty(self, *shape: int) -> torch.Tensor:
+        return torch.empty(*shape, device=self.device, dtype=self.dtype)
 
     def e2e(self, T: int, strategy: Strategy, kind: str, moe_var=None) -> tuple[Callable[[], torch.Tensor], list[str]]:
         """A closure running the whole per-rank layer once (no communication), and the ops it leaves out.

@@ -1,26 +1,15 @@
-"""Experiments beside the layer runner (:mod:`.layer`): ceilings, the W_UV slice, peak memory per strategy, the
-sparse kernel with causal ``topk_length`` and with different padded-head contents, and fp8 GEMMs.
+"""Experiments beside the layer runner (:mod:`.layer`), each a generator of ``layer_extras.csv`` rows (fp8 GEMMs:
+``layer_ops.csv`` rows) yielded as measured; :func:`run_extras` runs the five extras, each guarded on its own.
 
-Each experiment is a generator of ``layer_extras.csv`` rows (columns :data:`.layer.EXTRAS_COLUMNS`; fp8 GEMMs:
-``layer_ops.csv`` rows, :data:`.layer.OPS_COLUMNS`) taking what it needs as arguments: a
-:class:`~.layer.MeasureSettings` (device, dtype, timer budgets, deadline), the :class:`~.layer.Implementations`
-(sparse kernel, Q concat), the models as ``[(name, ModelConfig)]``, the :class:`~mla_lab.arch.GPUArch` and the
-largest step ``max_T``. Rows are yielded as they are measured, so a caller writing them out loses nothing when a
-later measurement fails. :func:`run_extras` runs the five ``layer_extras`` experiments, each guarded on its own.
-
-- :func:`ceilings`: a device-to-device copy (``2^28`` elements; GB/s read + write) and an ``s^3`` matmul (``s`` 8192;
-  TFLOP/s) — what the byte and FLOP ops are measured against.
-- :func:`w_uv_slice`: does the W_UV bmm copy the ``out[:, :H]`` slice of the kernel output? Time on the strided
-  view vs on contiguous copies, the CUDA kernels launched (``torch.profiler``) and the peak extra bytes of the call.
-- :func:`peak_memory`: the attention path alone per strategy, persistent workspace allocated inside the window,
-  ``torch.cuda.max_memory_allocated`` against :func:`mla_lab.buffers.memory_account` (GPU with a kernel only).
-- :func:`causal_kernel`: the sparse kernel with causal ``topk_length`` (the seed step: 16 prompts x 1024 tokens;
-  one 4096-token prompt; full topk at 16384).
-- :func:`pad_values`: the sparse kernel with the padded heads zero / random / NaN (real heads random).
+- :func:`ceilings`: a device copy (``2^28`` elements, GB/s) and an ``8192^3`` matmul (TFLOP/s).
+- :func:`w_uv_slice`: does the W_UV bmm copy the ``out[:, :H]`` slice? Strided view vs contiguous copies, the
+  kernels launched (``torch.profiler``), the call's peak extra bytes.
+- :func:`peak_memory`: the attention path per strategy against :func:`mla_lab.buffers.memory_account` (GPU).
+- :func:`causal_kernel`: the sparse kernel with causal ``topk_length`` (16 x 1024; one 4096 prompt; full topk).
+- :func:`pad_values`: the sparse kernel with the padded heads zero / random / NaN.
 - :func:`fp8_gemm_rows`: ``torch._scaled_mm`` (per-tensor scales) at the model's TP8 per-rank fp8 GEMM shapes.
 
-On CPU (dry runs) the shapes shrink (``tp`` 2, tiny cases) and the GPU-only parts (memory statistics, profiler,
-fp8) are skipped.
+On CPU the shapes shrink and the GPU-only parts (memory statistics, profiler, fp8) are skipped.
 """
 
 from __future__ import annotations
@@ -37,7 +26,7 @@ from ..deployment import Deployment
 from ..model.ops import layer_ops
 from ..models import ModelConfig
 from ..workload import sum_topk_lengths
-from .layer import LAYER_STRATEGIES, Implementations, MeasureSettings
+from .layer import EXTRAS_CSV, LAYER_STRATEGIES, Implementations, MeasureSettings
 
 __all__ = ["ceilings", "w_uv_slice", "peak_memory", "causal_kernel", "pad_values", "run_extras", "fp8_gemm_rows"]
 
@@ -250,7 +239,7 @@ def run_extras(sink, settings: MeasureSettings, implementations: Implementations
                models: list[tuple[str, ModelConfig]], arch: GPUArch, max_T: int,
                log: Callable[[str], None] = print) -> None:
     """The five ``layer_extras`` experiments in order (:func:`ceilings`, :func:`w_uv_slice`, :func:`peak_memory`,
-    :func:`causal_kernel`, :func:`pad_values`), rows written to ``sink`` (``write(row)``) as they come. Each is
+    :func:`causal_kernel`, :func:`pad_values`), rows written to ``sink``'s ``layer_extras.csv`` as they come. Each is
     guarded on its own: one failing logs its traceback, writes an ``error`` row naming it and does not lose the
     others."""
     experiments = (
@@ -263,11 +252,11 @@ def run_extras(sink, settings: MeasureSettings, implementations: Implementations
     for name, experiment in experiments:
         try:
             for row in experiment():
-                sink.write(row)
+                sink.write(EXTRAS_CSV, row)
             log(f"{name} done")
         except Exception as e:
             log(f"{name} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-            sink.write({"experiment": "error", "name": name, "note": f"{type(e).__name__}: {str(e)[:200]}"})
+            sink.write(EXTRAS_CSV, {"experiment": "error", "name": name, "note": f"{type(e).__name__}: {str(e)[:200]}"})
 
 
 def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, tokens: list[int]) -> Iterator[dict]:

@@ -1,24 +1,13 @@
-"""The layer runs: the measurement loops over :class:`mla_lab.measure.layer.Layer`, the sinks they write to and the
-run's log.
-
-- :func:`measure_ops`, :func:`measure_layers`, :func:`measure_layer_pairs`, :func:`run_layer_benchmark`: the
-  measurement loops; they yield or write rows of measurements (the columns :data:`~mla_lab.measure.layer.OPS_COLUMNS`,
-  :data:`~mla_lab.measure.layer.E2E_COLUMNS`, :data:`~mla_lab.measure.layer.EXTRAS_COLUMNS`), never sweep rows.
-  Strategies travel as :class:`mla_lab.placement.Strategy` (default :data:`~mla_lab.measure.layer.LAYER_STRATEGIES`;
-  names are parsed at the door, :func:`~mla_lab.measure.layer.layer_strategies`); every ``layer_e2e.csv`` row
-  records its canonical ``strategy`` and the ``content`` of its padded heads.
-- :func:`paired_timing` (two callables timed alternately), :func:`moe_variants`, :func:`layer_kinds`,
-  :func:`ops_to_time`.
-- :func:`open_sinks` (:class:`mla_lab.measure.record.CsvSink` s: rows appended as they are measured, so a killed
-  run loses nothing measured), :class:`RowList` (in memory), :func:`read_rows`, :class:`RunLog` (timestamped
-  progress lines, kept for the run's log file).
+"""The layer runs: the measurement loops over :class:`mla_lab.measure.layer.Layer` (:func:`measure_ops`,
+:func:`measure_layers`, :func:`measure_layer_pairs`, :func:`run_layer_benchmark`), yielding or writing rows of
+:data:`LAYER_OUTPUTS` (through one :class:`mla_lab.measure.record.Sink`: appended as measured, so a killed run loses
+nothing measured); every ``layer_e2e.csv`` row records its canonical ``strategy`` and the ``content`` of its padded
+heads. Also :func:`paired_timing`, :func:`moe_variants`, :func:`layer_kinds`, :func:`ops_to_time`, :func:`read_rows`.
 """
 
 from __future__ import annotations
 
 import csv
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Sequence
 
@@ -41,12 +30,13 @@ from .layer import (
     Layer,
     MeasureSettings,
 )
-from .record import CsvSink
 from .timer import interleaved, summarize
 
 __all__ = ["PairedTiming", "paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops",
-           "measure_layers", "measure_layer_pairs", "run_layer_benchmark", "RowList", "LayerSinks", "open_sinks",
-           "read_rows", "RunLog"]
+           "measure_layers", "measure_layer_pairs", "run_layer_benchmark", "LAYER_OUTPUTS", "read_rows"]
+
+#: The files one layer run writes (its :class:`~mla_lab.measure.record.Sink`'s outputs).
+LAYER_OUTPUTS = {OPS_CSV: OPS_COLUMNS, E2E_CSV: E2E_COLUMNS, EXTRAS_CSV: EXTRAS_COLUMNS}
 
 
 class PairedTiming(NamedTuple):
@@ -230,93 +220,75 @@ def measure_layer_pairs(layer: Layer, model_name: str, T: int, variant: tuple[st
 
 
 def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], tokens: list[int], arch: GPUArch,
-                        settings: MeasureSettings, implementations: Implementations, sinks: "LayerSinks",
+                        settings: MeasureSettings, implementations: Implementations, sink,
                         log: Callable[[str], None] = print, pairs: int = 0, skip_e2e: bool = False,
                         strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> None:
     """Every model x TP x T: the ops (:func:`measure_ops`, each unique shape once over the whole run) and, unless
     ``skip_e2e``, per layer kind the layer end to end (:func:`measure_layers`; under ``ep`` only at the largest
     TP) then, with ``pairs`` > 0, its interleaved pairs of the first two ``strategies`` (:func:`measure_layer_pairs`). One :class:`Layer` per (model, tp), sized
-    for ``max(tokens)``. Rows go to ``sinks`` as they are measured. Failures are logged and skipped (a failed
+    for ``max(tokens)``. Rows go to ``sink`` (a :class:`~mla_lab.measure.record.Sink` over
+    :data:`LAYER_OUTPUTS`) as they are measured. Failures are logged and skipped (a failed
     allocation skips that (model, tp)); the deadline stops the run.
     """
-    max_T = max(tokens)
     measured: dict = {}
     for tp in tps:
         for model_name, model in models:
             if settings.out_of_time():
                 log(f"budget reached before {model_name} tp={tp}")
                 break
-            variants = moe_variants(tp)
             try:
-                layer = Layer(model, tp, arch, settings.device, settings.dtype, max_T, implementations.kernel,
-                              implementations.concat, settings.interpret, variants, content=settings.content,
+                layer = Layer(model, tp, arch, settings.device, settings.dtype, max(tokens), implementations.kernel,
+                              implementations.concat, settings.interpret, moe_variants(tp), content=settings.content,
                               disabled_kernels=settings.disabled_kernels)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a failed allocation skips this (model, tp)
                 log(f"alloc failed {model_name} tp={tp}: {type(e).__name__}: {e}")
-                if settings.gpu:
-                    torch.cuda.empty_cache()
+                _free(settings)
                 continue
+            run = _LayerRun(layer, model_name, arch, settings, implementations, sink, log, strategies, measured)
             for T in tokens:
-                for variant in variants:
-                    for row in measure_ops(layer, model_name, T, variant, arch, settings, implementations, measured,
-                                           log, strategies):
-                        sinks.ops.write(row)
-                    if skip_e2e or (variant[0] == "ep" and tp != max(tps)):
-                        continue
-                    for kind in layer_kinds(variant):
-                        for row in measure_layers(layer, model_name, T, variant, kind, settings, implementations,
-                                                  log, strategies):
-                            sinks.e2e.write(row)
-                        if not pairs or len(strategies) < 2 or settings.out_of_time():
-                            continue
-                        try:
-                            layer_rows, delta_row = measure_layer_pairs(layer, model_name, T, variant, kind, pairs,
-                                                                        settings, implementations, strategies)
-                        except Exception as e:
-                            log(f"paired {kind} {model_name} tp={tp} T={T}: {type(e).__name__}: {e}")
-                            if settings.gpu:
-                                torch.cuda.empty_cache()
-                            continue
-                        for row in layer_rows:
-                            sinks.e2e.write(row)
-                        sinks.extras.write(delta_row)
-                log(f"{model_name} tp={tp} T={T}: {sinks.ops.n} op rows, {sinks.e2e.n} e2e rows")
-            del layer
-            if settings.gpu:
-                torch.cuda.empty_cache()
+                for variant in moe_variants(tp):
+                    run.point(T, variant, e2e=not skip_e2e and (variant[0] != "ep" or tp == max(tps)), pairs=pairs)
+                log(f"{model_name} tp={tp} T={T}: {sink.rows.get(OPS_CSV, 0)} op rows, {sink.rows.get(E2E_CSV, 0)} "
+                    "e2e rows")
+            del layer, run
+            _free(settings)
 
 
-# ------------------------------------------------------------------------------------------------ rows, log
+def _free(settings: MeasureSettings) -> None:
+    if settings.gpu:
+        torch.cuda.empty_cache()
 
 
-class RowList(list):
-    """A sink that keeps rows in memory (``write`` appends; ``n`` the count): for tests and notebooks."""
+class _LayerRun:
+    """One :class:`Layer`'s points: its ops, its layers end to end and their pairs, rows to the sink."""
 
-    def write(self, row: dict) -> None:
-        self.append(dict(row))
+    def __init__(self, layer, model_name, arch, settings, implementations, sink, log, strategies, measured):
+        self.layer, self.name, self.arch, self.settings = layer, model_name, arch, settings
+        self.impl, self.sink, self.log, self.strategies, self.measured = implementations, sink, log, strategies, \
+            measured
 
-    @property
-    def n(self) -> int:
-        return len(self)
+    def point(self, T: int, variant: tuple[str, int], e2e: bool, pairs: int) -> None:
+        for row in measure_ops(self.layer, self.name, T, variant, self.arch, self.settings, self.impl, self.measured,
+                               self.log, self.strategies):
+            self.sink.write(OPS_CSV, row)
+        for kind in layer_kinds(variant) if e2e else ():
+            for row in measure_layers(self.layer, self.name, T, variant, kind, self.settings, self.impl, self.log,
+                                      self.strategies):
+                self.sink.write(E2E_CSV, row)
+            if pairs and len(self.strategies) >= 2 and not self.settings.out_of_time():
+                self.pairs(T, variant, kind, pairs)
 
-
-@dataclass
-class LayerSinks:
-    """Where a run's rows go: ``ops`` (``layer_ops.csv``), ``e2e`` (``layer_e2e.csv``), ``extras``
-    (``layer_extras.csv``); anything with ``write(row)`` and ``n``."""
-
-    ops: object
-    e2e: object
-    extras: object
-
-
-def open_sinks(out_dir: str | Path, provenance: dict) -> LayerSinks:
-    """:class:`CsvSink` s for the three files in ``out_dir`` (created), every row carrying ``provenance``."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return LayerSinks(CsvSink(out_dir / OPS_CSV, OPS_COLUMNS, provenance),
-                      CsvSink(out_dir / E2E_CSV, E2E_COLUMNS, provenance),
-                      CsvSink(out_dir / EXTRAS_CSV, EXTRAS_COLUMNS, provenance))
+    def pairs(self, T: int, variant: tuple[str, int], kind: str, pairs: int) -> None:
+        try:
+            layer_rows, delta_row = measure_layer_pairs(self.layer, self.name, T, variant, kind, pairs, self.settings,
+                                                        self.impl, self.strategies)
+        except Exception as e:  # noqa: BLE001 - logged; the run goes on
+            self.log(f"paired {kind} {self.name} tp={self.layer.tp} T={T}: {type(e).__name__}: {e}")
+            _free(self.settings)
+            return
+        for row in layer_rows:
+            self.sink.write(E2E_CSV, row)
+        self.sink.write(EXTRAS_CSV, delta_row)
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -325,25 +297,3 @@ def read_rows(path: str | Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
-
-
-class RunLog:
-    """Progress lines stamped with the seconds since ``start`` (default: now), printed as they come (``echo``) and
-    kept in ``lines`` for the run's log file (:meth:`write`). Call it like ``print``."""
-
-    def __init__(self, start: float | None = None, echo: bool = True):
-        self.start = time.time() if start is None else start
-        self.echo = echo
-        self.lines: list[str] = []
-
-    def __call__(self, *parts) -> None:
-        line = f"[{self.elapsed():7.1f}s] " + " ".join(str(p) for p in parts)
-        self.lines.append(line)
-        if self.echo:
-            print(line, flush=True)
-
-    def elapsed(self) -> float:
-        return time.time() - self.start
-
-    def write(self, path: str | Path) -> None:
-        Path(path).write_text("\n".join(self.lines) + "\n")

@@ -1,16 +1,8 @@
-"""The lab's one timer: medians of repeated calls, eager or CUDA-graph replay, and interleaved repeats.
-
-- :func:`median_ms` — one callable: on CUDA ``triton.testing.do_bench(..., return_mode="median")`` (CUDA events,
-  warm-up, L2 flush between calls); on CPU (dry runs of measurement logic, never reported as GPU numbers) the
-  median of ``n`` wall-clock calls.
-- :func:`graphed` — capture a callable in a CUDA graph (removes CPU launch gaps); returns the replay callable.
-- :func:`interleaved` — several callables timed round-robin ``repeats`` times (order rotated each round, L2 flushed
-  before each call), so clock, power and thermal drift hit all alike; returns every sample per callable.
-- :func:`summarize` — median, IQR and a bootstrap-free 95 % interval of the median (order statistics) of samples.
-- :func:`timed_window` — ``n`` back-to-back calls, each timed on its own (CUDA events around the call alone), with
-  the NVML readings of the window (:class:`mla_lab.measure.record.NvmlSampler`): the round-2 benchmarks' timer.
-- :func:`est_ms` — a quick estimate of one call (mean of ``k`` after one warm-up), to size a window.
-- :func:`quantile` — linear-interpolated quantile of samples.
+"""The lab's one timer: :func:`median_ms` (``triton.testing.do_bench`` medians on CUDA: CUDA events, warm-up, L2
+flushed; wall clock on CPU, dry runs only), :func:`graphed` (CUDA-graph replay), :func:`interleaved` (round-robin
+repeats, order rotated, L2 flushed: drift hits all alike), :func:`summarize` (median, IQR, distribution-free 95 %
+interval of the median), :func:`timed_window` (back-to-back calls each timed on its own, with the NVML readings of
+the window), :func:`est_ms` (a rough figure to size a window) and :func:`quantile`. ms throughout.
 """
 
 from __future__ import annotations

@@ -1,74 +1,31 @@
-"""The TP benchmark harness: the sparse-MLA attention block and the MoE block (expert parallelism) really sharded
-over ``tp`` processes (one per GPU), against the lab's one-GPU simulation of one rank's share and the cost model's
+"""The TP harness: the attention block and the MoE block (expert parallelism) really sharded over ``tp``
+processes (rank ``r`` on GPU ``r``), against the lab's one-GPU simulation of one rank's share and the cost model's
 all-reduce; plus the all-reduce alone, per rank, at the block sizes and over a bytes sweep.
 
-The lab prices TP by giving one GPU one rank's share (``num_attention_heads / tp`` heads; ``n_routed_experts / ep``
-experts). This module runs the blocks really sharded, one process per GPU, and the simulation with the same code.
-World sizes 2, 4, 8 (any ``tp`` dividing the shapes): rank ``r`` runs on GPU ``r`` (``cuda:r``), so a TP=4 run on an
-8-GPU machine uses GPUs 0-3; the sim run uses GPU 0.
+- Blocks (:data:`BLOCKS`; inputs and per-rank forward: :mod:`.tp_blocks`): ``attention`` (rank r's heads through a
+  :class:`~mla_lab.placement.Strategy`'s attention path, ``W_UV``, the row-parallel ``o_proj``, one all-reduce of
+  ``[T, hidden]`` bf16) and ``moe`` (vLLM TP + EP, DP = 1: replicated router, this rank's whole experts and shared
+  shard, one all-reduce). Strategies are named at the door (:func:`resolve_strategies`).
+- Runs (:data:`RUNS`): ``tp`` (``world_size = tp``; NCCL on GPUs, gloo on CPU) and ``sim`` (one process, rank 0's
+  share on one GPU, no all-reduce: what the lab's one-GPU measurements do).
+- Timing: ``warmup`` calls, then ``iters`` calls each after a barrier of all ranks, each timed on its own (CUDA
+  events; wall clock on CPU, a dry run of the logic). ms.
+- Block rows (:data:`BLOCK_COLUMNS`): ``attn_ms`` (attention path alone), ``compute_ms`` (block without the
+  all-reduce), ``block_ms`` (median, ``_min`` / ``_max``), ``allreduce_ms`` (the all-reduce alone, this rank),
+  ``allreduce_model_ms`` (:func:`mla_lab.model.timing.comm_time_ms` with :func:`ideal_ring_calibration`: a lower
+  bound), ``routed_pairs``; memory (CUDA only): ``allocated_bytes`` before the call, ``peak_extra_bytes`` on top,
+  ``device_used_bytes`` (cudaMemGetInfo), ``torch_reserved_bytes``, ``nccl_bytes`` (the growth of ``used -
+  reserved`` over ``init_process_group`` and the first collectives: NCCL's own memory; ~0 on the sim run) and
+  ``untracked_growth_bytes`` (the same growth up to the row's measurement).
+- All-reduce rows (:data:`ALLREDUCE_COLUMNS`, tp run only): a bf16 all-reduce of ``[T, hidden]`` per T and model,
+  and of ``MiB x 2^20`` bytes per ``allreduce_mib``; median, min, max, p25, p75 of ``iters`` calls (the comm fit's
+  input, :mod:`mla_lab.model.comm`).
+- :func:`compare` joins each tp row with its sim row (:data:`COMPARE_COLUMNS`: errors in %); :func:`summary_table`
+  the min / median / max over ranks per case.
 
-Blocks (:data:`BLOCKS`; inputs, shapes and the per-rank forward: :mod:`mla_lab.measure.tp_blocks`): ``attention``
-(rank ``r``'s heads through the attention path of a :class:`mla_lab.placement.Strategy`, ``W_UV``, the row-parallel
-``o_proj`` and one all-reduce of the ``[T, hidden]`` bf16 output) and ``moe`` (vLLM TP + EP with DP = 1: the
-replicated router, this rank's whole experts and shared-expert shard, one all-reduce). Strategies are named at the
-door (:func:`resolve_strategies`: canonical names, presets, the aliases ``unfused`` = vLLM before PR #53878 and
-``fused`` = ``private_workspace``, as :func:`mla_lab.placement.expand` reads them everywhere) and travel below it
-as :class:`~mla_lab.placement.Strategy` objects; rows record the canonical ``strategy`` and the ``content`` of its
-padded heads (``zeros`` / ``stale``; empty for the moe block).
-
-Runs (:data:`RUNS`):
-
-- ``tp`` (``world_size = tp``, NCCL on GPUs, gloo on CPU): every rank ``r`` of ``0..tp-1``; needs ``tp`` GPUs.
-- ``sim`` (``world_size = 1``, no process group): one process runs rank 0's share of a TP-``tp`` run (``H`` heads;
-  experts ``[0, E/tp)`` and shared shard 0) through the same function on ONE GPU; the all-reduce is skipped. This
-  is what the lab's single-GPU measurements do, and it runs on a one-GPU machine for any ``tp``.
-
-Timing: after ``warmup`` calls, ``iters`` calls each started after a barrier of all ranks (``dist.barrier`` then
-``torch.cuda.synchronize``) and timed on its own (CUDA events, :func:`mla_lab.measure.timer.cuda_ms`; wall clock on
-CPU, a dry run of the logic; ms).
-
-Block rows (:data:`BLOCK_COLUMNS`, one per (run, rank, model, T, block, strategy); the moe block's ``strategy`` is
-``"none"``): ``attn_ms`` (attention path alone; empty for moe), ``compute_ms`` (the block without the all-reduce),
-``block_ms`` (median; ``block_ms_min`` / ``block_ms_max`` too), ``allreduce_ms`` (the all-reduce of a ``[T,
-hidden]`` bf16 tensor alone, this rank), ``allreduce_bytes`` (``T hidden 2``), ``allreduce_model_ms`` (below),
-``routed_pairs`` (moe: token-expert pairs routed to this rank's experts, the real routing imbalance). Memory (CUDA
-only, else empty): ``allocated_bytes`` (torch bytes allocated by inputs, weights and workspace before the call),
-``peak_extra_bytes`` (the block call's peak on top: ``reset_peak_memory_stats`` / ``max_memory_allocated``),
-``device_used_bytes`` (``cudaMemGetInfo``: total - free, right after that call), ``torch_reserved_bytes``
-(``torch.cuda.memory_reserved()`` at the same point), ``nccl_bytes`` (NCCL's own memory, which the caching
-allocator does not see: the growth of ``used - reserved`` from a point after the CUDA context exists but before
-``init_process_group`` to a point after the first collectives (a barrier and a 1 MiB bf16 all-reduce); one value
-per rank, on every row of the rank; on the sim run the same growth with no communicator, a control near 0) and
-``untracked_growth_bytes`` (the growth of ``used - reserved`` from the same starting point to the row's
-measurement: NCCL's buffers connected later, kernel modules loaded, cuBLAS handles).
-
-All-reduce rows (:data:`ALLREDUCE_COLUMNS`, tp run only, one per (world_size, rank, nbytes)): a bf16 all-reduce
-(sum, in place) of ``[T, hidden_size]`` for ``T`` in ``allreduce_tokens`` (and the block ``tokens``) and each
-model's ``hidden_size``, and of ``nbytes = MiB x 2^20`` for ``MiB`` in ``allreduce_mib`` (``T`` and
-``hidden_size`` empty); ``ms`` the median of ``iters`` calls, ``ms_min``, ``ms_max``, ``ms_p25``, ``ms_p75``
-(linear-interpolated quantiles); these are what a latency + bandwidth fit of the comm model takes.
-
-All-reduce model: the cost model's one collective model, :func:`mla_lab.model.timing.comm_time_ms`
-``("allreduce", B, tp, arch, calibration)`` for ``B = T x hidden x 2`` bytes: a ring all-reduce sends (and receives)
-``2 (tp-1)/tp x B`` bytes per rank; time = that / (``nvlink_gbps / 2`` x ``comm_efficiency``) + ``comm_latency_us``,
-with :func:`mla_lab.arch.get_arch` ``(arch).nvlink_gbps`` the datasheet NVLink bandwidth of both directions
-together (so ``/ 2`` per direction). Priced with :func:`ideal_ring_calibration` (``comm_efficiency`` 1, latency 0:
-the ideal ring, a lower bound; the TTFT model's default assumes 0.8, :class:`mla_lab.model.calibration.Calibration`).
-
-:func:`compare` keeps every rank's row and joins each tp-run row with the sim row of the same (tp, model, T, block,
-strategy): ``time_error_pct`` = (sim ``compute_ms`` + modelled all-reduce - tp ``block_ms``) / tp ``block_ms``,
-``compute_error_pct`` (sim vs tp ``compute_ms``), ``allreduce_model_error_pct``, ``mem_error_pct`` (peak extra
-bytes), ``device_used_diff_bytes``. :func:`summary_table` gives per (world_size, model, T, block, strategy) the
-min / median / max over ranks, the slowest rank, the sim and the errors.
-
-Shared machines: NVLink multicast stays off. :data:`SAFE_ENV` (``NCCL_NVLS_ENABLE=0``,
-``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, ``NVSHMEM_DISABLE_NVLS=1``) is set in the parent before the workers are
-spawned and again in each worker before ``init_process_group``; rows record the values in force.
-
-The logic runs on CPU (gloo, ``device="cpu"``, the reference kernel, tiny shapes through ``model_overrides``,
-:func:`tiny_overrides`): ``tests/test_measure_tp.py``. The GPU run: ``mla_lab/measure/experiments/tp_block.py`` (``--tp 2/4/8``;
-``benchmarks/h200x8_run.sh`` on an 8-GPU machine). This module returns measurements (rows of timings and bytes per
-rank); it builds no sweep rows.
+NVLink multicast stays off (:data:`SAFE_ENV`, set in the parent and in each worker). The logic runs on CPU (gloo,
+reference kernel, :func:`tiny_overrides`): ``tests/test_measure_tp.py``; the GPU run:
+``mla_lab/measure/experiments/tp_block.py``.
 """
 
 from __future__ import annotations
@@ -148,31 +105,16 @@ ALLREDUCE_COLUMNS = ["world_size", "rank", "nbytes", "T", "hidden_size", "ms", "
 
 @dataclass
 class TPBenchmarkConfig:
-    """What to run.
-
-    Attributes:
-        models: model names (``data/models``).
-        tokens: step sizes ``T`` of the blocks (one causal prompt of ``T`` tokens: token ``i`` sees
-            ``min(i + 1, topk)`` keys).
-        tp: TP size of the real run (= number of processes / GPUs, ranks on GPUs ``0..tp-1``) and of the share the
-            sim run simulates (``ep = tp`` for the moe block).
-        blocks: of :data:`BLOCKS`.
-        strategies: attention strategies, door names (:func:`resolve_strategies`; default the two ends of PR
-            #53878: vLLM before it with zero padded heads, its private workspace); the moe block has none.
-        arch: arch card for the padding rule and the all-reduce model (``None``: h200).
-        device: ``cuda`` (NCCL, one GPU per rank) or ``cpu`` (gloo; a dry run of the logic).
-        warmup, iters: calls before timing, timed calls (median and spread).
-        kernel_backend, concat_backend: passed to the strategies (``auto``: FlashMLA / Triton on a GPU).
-        seed: inputs' seed.
-        model_overrides: ``ModelConfig`` fields to replace (tiny CPU shapes; see :func:`tiny_overrides`).
-        save_outputs: also save each rank's block output (``.pt``, for the CPU correctness test).
-        runs: of :data:`RUNS`: ``tp`` (sharded) and/or ``sim`` (one rank's share on one device).
-        allreduce_tokens: ``T`` of the all-reduce rows at ``[T, hidden]`` (with ``tokens``, for each model's hidden).
-        allreduce_mib: sizes of the all-reduce bytes sweep, MiB (2^20 bytes; fractions allowed); ``[]``: none.
-        moe_impl: the routed experts' GEMMs (:data:`MOE_IMPLS`): ``grouped_mm`` (``torch._grouped_mm``, two
-            launches for all local experts, no host sync after routing; CUDA sm90+), ``loop`` (one GEMM pair per
-            expert, counts on the host) or ``auto`` (grouped_mm where available, else loop).
-    """
+    """What to run: ``models`` (names, ``data/models``), ``tokens`` (block step sizes T: one causal prompt of T
+    tokens), ``tp`` (processes of the real run, ranks on GPUs ``0..tp-1``, and the share the sim run simulates;
+    ``ep = tp`` for moe), ``blocks`` (:data:`BLOCKS`), ``strategies`` (attention, door names:
+    :func:`resolve_strategies`), ``arch`` (padding rule and all-reduce model; None: h200), ``device`` (``cuda``:
+    NCCL; ``cpu``: gloo, a dry run), ``warmup`` / ``iters`` (calls before timing / timed), ``kernel_backend`` /
+    ``concat_backend`` (passed to the strategies), ``moe_impl`` (:data:`MOE_IMPLS`: ``grouped_mm`` two
+    ``torch._grouped_mm`` launches, CUDA sm90+; ``loop`` a GEMM pair per expert; ``auto``), ``seed``,
+    ``model_overrides`` (tiny CPU shapes, :func:`tiny_overrides`), ``save_outputs`` (each rank's block output as
+    ``.pt``, for the CPU correctness test), ``runs`` (:data:`RUNS`), ``allreduce_tokens`` (T of the ``[T, hidden]``
+    all-reduce rows, with ``tokens``) and ``allreduce_mib`` (the bytes sweep, MiB; ``[]``: none)."""
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
     tokens: list = field(default_factory=lambda: [4096, 16384])
@@ -465,48 +407,59 @@ def check_config(cfg: TPBenchmarkConfig) -> None:
             warmup / iters / tokens / all-reduce sizes.
         RuntimeError: ``device="cuda"`` with fewer than ``tp`` GPUs when ``runs`` holds ``tp``, or no GPU at all.
     """
-    for b in cfg.blocks:
-        if b not in BLOCKS:
-            raise ValueError(f"blocks holds {b!r}; allowed: {list(BLOCKS)}")
-    if not cfg.blocks:
-        raise ValueError(f"blocks is empty; allowed: {list(BLOCKS)}")
-    for r in cfg.runs:
-        if r not in RUNS:
-            raise ValueError(f"runs holds {r!r}; allowed: {list(RUNS)}")
-    if cfg.device not in ("cuda", "cpu"):
-        raise ValueError(f"device={cfg.device!r}; allowed: ['cuda', 'cpu']")
-    if not isinstance(cfg.tp, int) or isinstance(cfg.tp, bool) or cfg.tp < 1:
-        raise ValueError(f"tp={cfg.tp!r} must be a positive int")
-    if "tp" in cfg.runs and cfg.tp < 2:
-        raise ValueError(f"tp={cfg.tp} with runs holding 'tp': nothing to shard (use runs=['sim'])")
-    for name, v, lo in (("warmup", cfg.warmup, 0), ("iters", cfg.iters, 1)):
-        if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-            raise ValueError(f"{name}={v!r} must be an int >= {lo}")
-    for T in [*cfg.tokens, *cfg.allreduce_tokens]:
-        if not isinstance(T, int) or isinstance(T, bool) or T < 1:
-            raise ValueError(f"tokens / allreduce_tokens hold {T!r}; each must be a positive int")
-    for m in cfg.allreduce_mib:
-        if not isinstance(m, (int, float)) or isinstance(m, bool) or not m * MIB >= BF16_BYTES:
-            raise ValueError(f"allreduce_mib holds {m!r}; each must be a number of MiB >= {BF16_BYTES / MIB}")
+    _check_names(cfg)
+    _check_sizes(cfg)
     if "attention" in cfg.blocks:
         resolve_strategies(cfg.strategies)
-    if cfg.moe_impl not in MOE_IMPLS:
-        raise ValueError(f"moe_impl={cfg.moe_impl!r}; allowed: {list(MOE_IMPLS)}")
-    if cfg.moe_impl == "grouped_mm" and cfg.device != "cuda":
-        raise ValueError("moe_impl='grouped_mm' needs device='cuda' (torch._grouped_mm on sm90+); allowed on "
-                         "cpu: ['auto', 'loop']")
     for m in cfg.models:
         model = _model(m, cfg.model_overrides)
         if "attention" in cfg.blocks:
             model.heads_per_rank(cfg.tp)
         if "moe" in cfg.blocks:
             _check_moe_split(model, cfg.tp)
-    if cfg.device == "cuda":
-        n = torch.cuda.device_count()
-        if "tp" in cfg.runs and n < cfg.tp:
-            raise RuntimeError(f"tp={cfg.tp} needs {cfg.tp} GPUs; torch sees {n} (runs=['sim'] needs one)")
-        if n < 1:
-            raise RuntimeError("device='cuda' needs a GPU; torch sees 0")
+    n = torch.cuda.device_count() if cfg.device == "cuda" else None
+    if n is not None and "tp" in cfg.runs and n < cfg.tp:
+        raise RuntimeError(f"tp={cfg.tp} needs {cfg.tp} GPUs; torch sees {n} (runs=['sim'] needs one)")
+    if n is not None and n < 1:
+        raise RuntimeError("device='cuda' needs a GPU; torch sees 0")
+
+
+def _check_names(cfg: TPBenchmarkConfig) -> None:
+    """Blocks, runs, device and moe_impl among the allowed values."""
+    for what, values, allowed in (("blocks", cfg.blocks, BLOCKS), ("runs", cfg.runs, RUNS)):
+        bad = [v for v in values if v not in allowed]
+        if bad or not values:
+            raise ValueError(f"{what} holds {bad[0]!r}; allowed: {list(allowed)}" if bad
+                             else f"{what} is empty; allowed: {list(allowed)}")
+    if cfg.device not in ("cuda", "cpu"):
+        raise ValueError(f"device={cfg.device!r}; allowed: ['cuda', 'cpu']")
+    if cfg.moe_impl not in MOE_IMPLS:
+        raise ValueError(f"moe_impl={cfg.moe_impl!r}; allowed: {list(MOE_IMPLS)}")
+    if cfg.moe_impl == "grouped_mm" and cfg.device != "cuda":
+        raise ValueError("moe_impl='grouped_mm' needs device='cuda' (torch._grouped_mm on sm90+); allowed on "
+                         "cpu: ['auto', 'loop']")
+
+
+def _is_int(v, lo: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _check_sizes(cfg: TPBenchmarkConfig) -> None:
+    """tp, warmup, iters, tokens and all-reduce sizes in range."""
+    if not _is_int(cfg.tp, 1):
+        raise ValueError(f"tp={cfg.tp!r} must be a positive int")
+    if "tp" in cfg.runs and cfg.tp < 2:
+        raise ValueError(f"tp={cfg.tp} with runs holding 'tp': nothing to shard (use runs=['sim'])")
+    for name, v, lo in (("warmup", cfg.warmup, 0), ("iters", cfg.iters, 1)):
+        if not _is_int(v, lo):
+            raise ValueError(f"{name}={v!r} must be an int >= {lo}")
+    bad = [T for T in [*cfg.tokens, *cfg.allreduce_tokens] if not _is_int(T, 1)]
+    if bad:
+        raise ValueError(f"tokens / allreduce_tokens hold {bad[0]!r}; each must be a positive int")
+    bad = [m for m in cfg.allreduce_mib if isinstance(m, bool) or not isinstance(m, (int, float))
+           or not m * MIB >= BF16_BYTES]
+    if bad:
+        raise ValueError(f"allreduce_mib holds {bad[0]!r}; each must be a number of MiB >= {BF16_BYTES / MIB}")
 
 
 def run_tp_benchmark(cfg: TPBenchmarkConfig, out_dir: str | Path | None = None) -> TPBenchmarkResult:

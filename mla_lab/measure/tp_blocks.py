@@ -1,36 +1,19 @@
-"""The blocks of the TP benchmark, per rank: inputs and weights of one rank's share, the attention block and the MoE
-block (expert parallelism), and the merge of the shards into the unsharded block (for the correctness check).
-The harness that runs them over ``tp`` processes and records rows is :mod:`mla_lab.measure.tp`.
+"""The blocks of the TP harness (:mod:`mla_lab.measure.tp`), per rank, for one causal prompt of ``T`` tokens: one
+rank's inputs and weights, the forward, and the merge of the shards (the correctness check).
 
-Blocks (:data:`BLOCKS`), per rank, for one causal prompt of ``T`` tokens:
-
-- ``attention``: rank ``r`` holds heads ``[r H, (r+1) H)`` with ``H = num_attention_heads / tp`` (their
-  ``ql_nope``/``q_pe``, their ``W_UV`` slice and their input columns of ``o_proj``); the latent KV cache, indices
-  and ``topk_length`` replicated (same seed on every rank). Per rank: the attention path of a strategy (a
-  :class:`mla_lab.strategies.PaddedQPath` of a :class:`mla_lab.placement.Strategy`; ``per_call_empty`` takes its
-  pad from one block filled once with its content, ``reuse_pad_block=True`` as in :mod:`mla_lab.measure.attention`,
-  so the timed path holds only what the engine runs), then ``W_UV`` (``bmm [H, T, 512] x [H, 512, v_head_dim]``), then the
-  row-parallel ``o_proj`` (``[T, H v_head_dim] x [H v_head_dim, hidden]``), then one all-reduce (sum) of the
-  ``[T, hidden]`` bf16 output, as vLLM's ``RowParallelLinear`` does.
-- ``moe``: vLLM TP + EP with DP = 1 (``--enable-expert-parallel``, ``ep = tp``): every rank sees all ``T`` tokens
-  (``x [T, hidden]`` bf16, replicated); the router (``[n_routed_experts, hidden]`` bf16, replicated: same weights,
-  same seed) gives logits ``[T, E]``, scored with a sigmoid in fp32 and routed top-``num_experts_per_tok`` with the
-  selected scores renormalised (``scoring_func: sigmoid``, ``norm_topk_prob: true`` in the DeepSeek-V3 / GLM-5
-  ``config.json``; the grouped top-k limit and the scalar ``routed_scaling_factor`` are left out: neither changes
-  the work). Rank ``r`` holds whole experts ``[r E/ep, (r+1) E/ep)`` (``w13 [E/ep, 2 I, hidden]``, ``w2 [E/ep,
-  hidden, I]``, ``I = moe_intermediate_size``) and computes the contributions of the token-expert pairs routed to
-  them: gate_up GEMM, SiLU * mul, down GEMM, weighted by the router weight, summed per token (fp32, then bf16);
-  the shared experts are TP-sharded over the intermediate dim (``n_shared_experts I / tp`` per rank, gate and up
-  halves sharded alike, as vLLM's ``MergedColumnParallelLinear``; ``down`` row-parallel); routed + shared are
-  summed and ONE all-reduce (sum) of the ``[T, hidden]`` bf16 output follows. The per-rank op list is
-  :data:`MOE_OPS`, the ops :func:`mla_lab.model.ops.layer_ops` prices for a MoE layer under ``moe_parallel="ep"``
-  (``ep_comm="all_reduce"``). Because the routing comes from the replicated router, the sum over ranks equals the
-  unsharded MoE (``tests/test_measure_tp.py``). The routed GEMMs are a loop of per-expert ``F.linear`` calls over
-  the tokens routed to each local expert (one host sync per call for the counts), not vLLM's Triton ``fused_moe``:
-  the times are those of this torch implementation. Weights are bf16 (fp8 block-quantized experts, which the
-  released checkpoints ship, are not needed to check the sharding and are not run); per rank at GLM-5 /
-  DeepSeek-V3.2 shapes the experts take ``3 (E/ep) I hidden x 2`` bytes (GLM-5, ep 2: 9.7 GB; DeepSeek-V3.2, ep 2:
-  11.3 GB).
+- ``attention``: rank ``r`` holds heads ``[r H, (r+1) H)``, ``H = num_attention_heads / tp`` (their ``ql_nope`` /
+  ``q_pe``, ``W_UV`` slice and ``o_proj`` input columns); KV cache, indices and ``topk_length`` replicated (same
+  seed). The strategy's attention path (:class:`mla_lab.strategies.PaddedQPath`, ``reuse_pad_block=True`` as in
+  :mod:`mla_lab.measure.attention`), ``W_UV`` bmm, row-parallel ``o_proj``, one all-reduce of ``[T, hidden]`` bf16
+  (vLLM's ``RowParallelLinear``).
+- ``moe``: vLLM TP + EP, DP = 1 (``ep = tp``): all ``T`` tokens on every rank; the replicated router scored with a
+  sigmoid in fp32, top-``num_experts_per_tok`` renormalised (``config.json`` ``scoring_func: sigmoid``,
+  ``norm_topk_prob: true``; grouped top-k and ``routed_scaling_factor`` left out: neither changes the work). Rank
+  ``r`` holds whole experts ``[r E/ep, (r+1) E/ep)`` and computes the pairs routed to them (gate_up, SiLU * mul,
+  down, weighted, summed per token); shared experts TP-sharded over the intermediate dim; one all-reduce. The ops
+  are :data:`MOE_OPS` (what :func:`mla_lab.model.ops.layer_ops` prices under ``moe_parallel="ep"``); the sum over
+  ranks equals the unsharded MoE (``tests/test_measure_tp.py``). Routed GEMMs: :data:`MOE_IMPLS` (torch, not vLLM's
+  Triton ``fused_moe``); bf16 weights (the checkpoints' fp8 experts are not needed to check the sharding).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
-"""Triton stand-ins for the layer ops torch has no single kernel for, and their check against torch.
-
-- :func:`triton_kernels` (defined on first use): ``rmsnorm`` (optionally fused with the residual add, as vLLM's
-  ``fused_add_rms_norm``), ``silu_mul`` (vLLM's ``SiluAndMul``) and ``mqa_logits`` (the DSA indexer's weighted-ReLU
-  MQA logits over one causal prompt).
-- :func:`rmsnorm`, :func:`silu_mul`, :func:`mqa_logits`: the launch wrappers.
-- :func:`check_kernels` compares them with torch in fp32 on NaN-poisoned outputs (:class:`KernelCheck`);
-  :class:`KernelCheckError` is what the layer runner raises when one it cannot do without is wrong.
-
-CPU runs go through Triton's interpreter: set ``TRITON_INTERPRET=1`` *before this module is imported* (triton
-decorates its own library functions such as ``tl.sum`` at import; ``mla_lab/measure/experiments/layer_calibration.py --dry-run`` and
-``tests/test_measure_layer.py`` do so). Used by :mod:`mla_lab.measure.layer` and ``mla_lab/measure/experiments/decode_layer.py``.
+"""Triton stand-ins for the layer ops torch has no single kernel for, and their check against torch:
+``rmsnorm`` (optionally fused with the residual add, vLLM's ``fused_add_rms_norm``), ``silu_mul`` (``SiluAndMul``)
+and ``mqa_logits`` (the DSA indexer's weighted-ReLU MQA logits over one causal prompt); :func:`check_kernels`
+compares them with torch in fp32 on NaN-poisoned outputs. CPU runs need ``TRITON_INTERPRET=1`` set before this
+module is imported (``tests/test_measure_layer.py`` runs them in a subprocess that sets it).
 """
 
 from __future__ import annotations

@@ -21,25 +21,32 @@ Inputs are the three CSVs one run of ``mla_lab/measure/experiments/layer_calibra
   - ``extra``: the sparse kernel with causal ``topk_length`` (``kernel_topk_length`` rows) against FLOPs at the
     fitted kernel efficiency.
 
-:func:`mape_summary` gives the per-(level, split, class) MAPE table the run prints.
+:func:`mape_summary` gives the per-(level, split, class) MAPE table the run prints. The refit door:
+``python -m mla_lab.measure.validate --fit-only DIR --cal-out PATH [--validation-out PATH] [--overwrite]``
+(:func:`main`; the folder read is never written).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
+import os
+import sys
 from pathlib import Path
 from typing import Callable
 
-from ..arch import GPUArch
+from ..arch import GPUArch, get_arch
 from ..model.calibration import Calibration, fit_calibration, write_calibration_csv
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms, predict_measured_op_ms
-from ..models import ModelConfig
+from ..models import ModelConfig, load_model
+from ..paths import is_committed
 from ..placement import measured_as
+from ..provenance import PROVENANCE_COLUMNS, provenance
 from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV
 from .layer_runs import measured_rank, read_rows
 
-__all__ = ["VALIDATION_COLUMNS", "leave_one_model_out", "validation_rows", "mape_summary", "fit_and_validate"]
+__all__ = ["VALIDATION_COLUMNS", "leave_one_model_out", "validation_rows", "mape_summary", "fit_and_validate", "main"]
 
 #: Columns of ``layer_validation.csv`` before the provenance columns.
 VALIDATION_COLUMNS = ["level", "split", "model", "tp", "moe_parallel", "T", "name", "op_class", "measured_ms",
@@ -79,10 +86,22 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
     for name, held_calibration in held_out.items():
         rows += [_row("op", "leave_model_out", r, float(r["ms"]), predict_measured_op_ms(r, arch, held_calibration),
                       r["op"], r["op_class"]) for r in op_rows if r["model"] == name]
-    # per layer: sum of the measured ops' predictions vs the end-to-end measurement; the strategy label read at the
-    # door (the first version's unfused / fused rows: what they ran, measured_as)
     by_layer: dict = {}
-    ranks: dict = {}
+    rows += _layer_rows(e2e_rows, arch, models_by_name, calibration, held_out, by_layer)
+    rows += _delta_rows(by_layer)
+    kernel_eff = calibration.attention.get("kernel")
+    for r in extras_rows:
+        if r.get("experiment") == "kernel_topk_length" and r.get("ms"):
+            predicted = float(r["flops"]) / (arch.bf16_tflops * 1e12 * kernel_eff) * 1e3
+            rows.append(_row("extra", "in_sample", r, float(r["ms"]), predicted, r["name"], "attn_kernel"))
+    return rows
+
+
+def _layer_rows(e2e_rows, arch, models_by_name, calibration, held_out, by_layer: dict) -> list[dict]:
+    """Per layer: the sum of its measured ops' predictions vs the end-to-end measurement (the strategy label read
+    at the door: the first version's unfused / fused rows, :func:`~mla_lab.placement.measured_as`); the in-sample
+    rows also go to ``by_layer`` for :func:`_delta_rows`."""
+    rows, ranks = [], {}
     for r in e2e_rows:
         model = models_by_name.get(r["model"])
         if model is None:
@@ -106,7 +125,12 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
                 key = (rows[-1]["model"], rows[-1]["tp"], rows[-1]["moe_parallel"], rows[-1]["T"], r["layer_kind"],
                        level)
                 by_layer.setdefault(key, {})[strategy] = (r["strategy"], rows[-1])
-    # per-call pad vs private workspace per layer: measured vs predicted (ms, pad minus workspace)
+    return rows
+
+
+def _delta_rows(by_layer: dict) -> list[dict]:
+    """Per-call pad minus private workspace per layer: measured vs predicted (ms)."""
+    rows = []
     for (model_name, tp, parallel, T, kind, level), strategies in by_layer.items():
         if "per_call_zeros" in strategies and "private_workspace" in strategies:
             (label_a, a), (label_b, b) = strategies["per_call_zeros"], strategies["private_workspace"]
@@ -114,14 +138,8 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
             predicted = a["predicted_ms"] - b["predicted_ms"]
             rows.append({"level": level + "_delta", "split": "in_sample", "model": model_name, "tp": tp,
                          "moe_parallel": parallel, "T": T, "name": f"{kind}_{label_a}_minus_{label_b}",
-                         "op_class": "delta",
-                         "measured_ms": measured, "predicted_ms": predicted,
+                         "op_class": "delta", "measured_ms": measured, "predicted_ms": predicted,
                          "ape_pct": abs(predicted - measured) / abs(measured) * 100 if measured else float("nan")})
-    kernel_eff = calibration.attention.get("kernel")
-    for r in extras_rows:
-        if r.get("experiment") == "kernel_topk_length" and r.get("ms"):
-            predicted = float(r["flops"]) / (arch.bf16_tflops * 1e12 * kernel_eff) * 1e3
-            rows.append(_row("extra", "in_sample", r, float(r["ms"]), predicted, r["name"], "attn_kernel"))
     return rows
 
 
@@ -179,3 +197,50 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
             f"bytes={fitted['eff_bytes']:.3f} overhead={fitted['floor_us']}us ({fitted['overhead_mode']}) "
             f"n={fitted['n']} mape={fitted['mape_pct']:.1f}%")
     return calibration
+
+
+def _outputs(ap, a) -> tuple[Path, Path]:
+    """``--cal-out`` (required: the folder read is never written) and ``--validation-out`` (default
+    ``layer_validation.csv`` beside it), checked before anything is fitted: a committed file (tracked by git) is
+    replaced only with ``--overwrite``; a folder or an unwritable path never."""
+    if not a.cal_out:
+        ap.error(f"--fit-only {a.fit_only} needs --cal-out PATH (the calibration CSV to write; nothing is written "
+                 "into the folder read), e.g. --cal-out /tmp/h200_ops.csv")
+    cal = Path(a.cal_out)
+    val = Path(a.validation_out) if a.validation_out else cal.with_name(VALIDATION_CSV)
+    if cal.resolve() == val.resolve():
+        ap.error(f"--cal-out and --validation-out are one file ({cal}); allowed: two paths")
+    for flag, p in (("--cal-out", cal), ("--validation-out", val)):
+        if p.is_dir() or (p.exists() and not p.is_file()):
+            ap.error(f"{flag} {p} is not a regular file; allowed: a CSV path")
+        if is_committed(p) and not a.overwrite:
+            ap.error(f"{flag} {p} is a committed file (tracked by git); allowed: another path, or --overwrite to "
+                     "replace it")
+        folder = next((q for q in [p.parent.absolute(), *p.parent.absolute().parents] if q.exists()), None)
+        if folder is None or not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK) or \
+                (p.exists() and not os.access(p, os.W_OK)):
+            ap.error(f"{flag} {p} is not writable; allowed: a path in a writable folder")
+        p.parent.mkdir(parents=True, exist_ok=True)
+    return cal, val
+
+
+def main(argv=None) -> int:
+    """Refit the calibration from a measured folder's CSVs (module docstring); the fitted efficiencies inherit the
+    provenance of the measurements, ``fit_commit`` the commit that fitted them. Exit 2 (argparse) on bad paths."""
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.measure.validate", description=__doc__.split("\n")[0])
+    ap.add_argument("--fit-only", required=True, metavar="DIR", help="refit from the CSVs in DIR (read only)")
+    ap.add_argument("--cal-out", default=None, help="the calibration CSV to write (required)")
+    ap.add_argument("--validation-out", default=None, help="the validation CSV (default beside --cal-out)")
+    ap.add_argument("--overwrite", action="store_true", help="let the outputs replace a committed file")
+    a = ap.parse_args(argv)
+    cal, val = _outputs(ap, a)
+    ops = read_rows(Path(a.fit_only) / OPS_CSV)
+    prov = {k: ops[0][k] for k in PROVENANCE_COLUMNS if k in ops[0]} if ops else provenance("modelled")
+    prov["fit_commit"] = provenance("modelled")["git_commit"]
+    models = {n: load_model(n) for n in ("glm-5", "deepseek-v3.2")}
+    fit_and_validate(a.fit_only, get_arch("h200"), prov, models, cal, log=print, validation_path=val)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

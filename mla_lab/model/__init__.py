@@ -1,13 +1,4 @@
-"""The cost model: what one rank spends on a prefill step, per op, per strategy (modelled numbers).
-
-One concept per module, imports flowing down:
-
-- :mod:`.ops` — the per-rank op list of a layer and a step (shapes, FLOPs, bytes), the attention path per strategy.
-- :mod:`.calibration` — the one :class:`~.calibration.Calibration` type (all CSVs under ``data/calibration``).
-- :mod:`.timing` — the one roofline (:func:`~.timing.op_time_ms`) and the one collective model.
-- :mod:`.memory` — weights, activations, KV-cache budget per rank.
-- :mod:`.ttft` — a :class:`~mla_lab.deployment.Deployment` -> TTFT, strategy comparison (public entry points).
-"""
+"""The cost model: what one rank spends on a prefill step, per op, per strategy (modelled numbers)."""
 
 from .calibration import Calibration, ClassEff, default_calibration, fit_calibration, load_calibration
 from .memory import activation_peak_bytes, memory_tradeoff, weights_bytes_per_rank

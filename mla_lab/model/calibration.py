@@ -1,15 +1,7 @@
-"""The lab's one calibration type (:class:`Calibration`: per op-class and attention-path efficiencies against the
+"""The lab's one calibration type (:class:`Calibration`: efficiencies per op class and attention op against the
 GPU's datasheet rates, comm assumptions and fits) and the one way a calibration file is read (:func:`load_file`).
-
-Sources, one file each under ``data/calibration/`` (:func:`mla_lab.paths.calibration_dir`), each read once per
-(reader, path, mtime) by :func:`load_file` and fitted by its entry of :data:`mla_lab.fits.FITS`: ``h200_ops.csv``
-(:func:`fit_calibration` over the op rows of ``mla_lab/measure/experiments/layer_calibration.py``; the default),
-``h200_routes.csv`` (the sparse kernel's roofline and the dense routes' classes, read beside the default only),
-``h200_reference.csv`` (attention-path reference timings, :func:`attention_from_reference`), ``h200_comm.csv``,
-``h200_content.csv``, ``h200_content_step.csv``, ``h200_subchunk.csv`` and ``h200_subchunk_graph.csv``.
-
-Other GPUs reuse the H200 efficiencies against their own datasheet rates — an assumption every modelled row states
-in its ``calibration`` column.
+Files under ``data/calibration/``, each fitted by its entry of :data:`mla_lab.fits.FITS`. Other GPUs reuse the
+H200 efficiencies against their own datasheet rates (stated in every modelled row's ``calibration`` column).
 """
 
 from __future__ import annotations
@@ -28,11 +20,6 @@ from .comm import CommModel, load_comm_model
 from .content import CONTENT_SCOPES, ContentModel, StepContentModel, load_content_model, load_step_content_model
 from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 
-__all__ = ["Calibration", "ClassEff", "OVERHEAD_MODES", "default_calibration", "load_calibration",
-           "uncalibrated", "attention_from_reference", "fit_calibration", "write_calibration_csv", "resolve_calibration",
-           "fit_subchunk_overhead", "load_subchunk_overhead", "SUBCHUNK_CSV", "SUBCHUNK_GRAPH_CSV",
-           "load_subchunk_graph_overhead", "load_file", "csv_rows", "CALIBRATION_COLUMNS"]
-
 OVERHEAD_MODES = ("max", "add")
 #: A measured all-reduce fit prices sizes within [min_bytes / F, max_bytes x F] of what was measured (F = 2).
 COMM_FIT_RANGE_FACTOR = 2.0
@@ -40,17 +27,12 @@ MIB = 2**20
 
 
 def _priced_range(fit) -> tuple[float, float]:
-    """The sizes (bytes) a measured all-reduce fit prices: its measured range widened by the factor each way."""
     return fit.min_bytes / COMM_FIT_RANGE_FACTOR, fit.max_bytes * COMM_FIT_RANGE_FACTOR
 
 @dataclass(frozen=True)
 class ClassEff:
-    """Efficiencies of one op class: fraction of peak FLOP/s and of HBM bandwidth, and a per-op overhead (us).
-
-    ``mode`` says how the overhead enters: ``max`` (a floor: ``max(roofline, floor)``) or ``add`` (a fixed launch,
-    ramp-up and tail cost on top of the streaming time: ``floor + roofline``); the fit picks, per class, the one
-    with the lower error on the measurements.
-    """
+    """Efficiencies of one op class: fractions of peak FLOP/s and HBM bandwidth, a per-op overhead (us) entering
+    as ``max(roofline, floor)`` (``mode`` ``max``) or ``floor + roofline`` (``add``; the fit picks per class)."""
 
     eff_flops: float
     eff_bytes: float
@@ -76,20 +58,11 @@ _FALLBACK = {"gemm_fp8": "gemm", "moe_gemm": "gemm", "moe_gemm_fp8": "gemm_fp8",
 class Calibration:
     """Efficiencies and assumptions the cost model prices ops with (:func:`mla_lab.model.timing.op_time_ms`).
 
-    Attributes:
-        classes: ``{op_class: ClassEff}`` (roofline classes; missing classes borrow via ``_FALLBACK``).
-        attention: ``{op: eff}``: ``kernel`` a fraction of dense bf16 TFLOP/s; ``concat``, ``pad``, ``pad_copy``,
-            ``out_slice``, ``chunk_out`` (default ``out_slice``'s) fractions of HBM GB/s; ``chunk_overhead_us`` /
-            ``graph_chunk_overhead_us`` a fixed cost per extra eager / graphed sub-chunk (us, 0 unless measured).
-        name: where the numbers came from (file and GPU); shown in every modelled row. arch: the GPU measured on.
-        comm_efficiency, comm_latency_us: the ring collective's assumption (0.8 of per-direction NVLink, 0 us).
-        comm_small_latency_us, comm_small_max_bytes, comm_small_source: an extra fixed cost (us) of an all-reduce
-            below ``comm_small_max_bytes`` (B) that no fit prices, and its source (:meth:`with_small_comm_latency`).
-        comm: measured all-reduce fits by world size (:class:`~mla_lab.model.comm.CommModel`) or None.
-        content, content_step: the kernel-only and the whole-step padded-head content fits
-            (:mod:`mla_lab.model.content`) or None.
-        content_scope: ``step`` (default; stale content priced over the step, :meth:`step_content`; falls back to
-            ``kernel`` without a step fit) or ``kernel`` (the factor on the kernel op only, before issue 21).
+    ``classes``: ``{op_class: ClassEff}`` (missing ones borrow via ``_FALLBACK``); ``attention``: ``{op: eff}``,
+    ``kernel`` of dense bf16 TFLOP/s, byte ops of HBM GB/s, ``chunk_overhead_us`` / ``graph_chunk_overhead_us`` per
+    extra sub-chunk (us); ``name``: the source shown in every modelled row; ``comm_*``: the ring assumption (0.8 of
+    per-direction NVLink, 0 us) and the small all-reduce latency (:meth:`with_small_comm_latency`); ``comm``,
+    ``content``, ``content_step``: measured fits or None; ``content_scope``: ``step`` or ``kernel`` (issue 21).
     """
 
     classes: dict = field(default_factory=dict)
@@ -111,16 +84,11 @@ class Calibration:
             raise ValueError(f"content_scope={self.content_scope!r} is not valid; allowed: {list(CONTENT_SCOPES)}")
 
     def step_content(self) -> StepContentModel | None:
-        """The step-level content model that prices stale padded heads, or None when the kernel-only factor
-        does (``content_scope="kernel"``, or no step fit)."""
+        """The step content model pricing stale padded heads, or None (the kernel-only factor does)."""
         return self.content_step if self.content_scope == "step" else None
 
     def with_content_scope(self, scope: str) -> "Calibration":
-        """A copy pricing stale padded heads over the ``step`` or on the ``kernel`` only (:data:`CONTENT_SCOPES`).
-
-        Raises:
-            ValueError: unknown scope.
-        """
+        """A copy pricing stale padded heads over the ``step`` or the ``kernel`` only. Raises ValueError: unknown."""
         if scope not in CONTENT_SCOPES:
             raise ValueError(f"scope={scope!r} is not valid; allowed: {list(CONTENT_SCOPES)}")
         return replace(self, content_scope=scope, name=self.name if scope == "step" else
@@ -139,21 +107,14 @@ class Calibration:
         return self.comm.fit_for(world_size)
 
     def comm_fit(self, world_size: int, nbytes: float, kind: str = "allreduce", arch=None):
-        """The measured fit that prices this collective, or None (the assumption prices it): an all-reduce over a
-        world size with a fit, on the GPU the fit was measured on (``arch``: name or
-        :class:`~mla_lab.arch.GPUArch`; default this calibration's ``arch``), of a size within the fit's measured
-        range widened by :data:`COMM_FIT_RANGE_FACTOR` each way. A latency fitted on 48-224 MiB says nothing about
-        a 0.4 MiB decode all-reduce, and an H200 fit nothing about a B200's NVLink, so there the assumption stays.
-
-        Raises:
-            ValueError: world_size not a positive int; unknown arch.
-        """
+        """The measured fit pricing this collective, or None (the assumption prices it): an all-reduce on the GPU the
+        fit was measured on (``arch``, default :attr:`arch`), ``nbytes`` within its measured range widened by
+        :data:`COMM_FIT_RANGE_FACTOR`. Raises ValueError: world_size not a positive int; unknown arch."""
         check_int("world_size", world_size)
         return self.comm_fit_checked(world_size, nbytes, kind, arch)
 
     def comm_fit_checked(self, world_size: int, nbytes: float, kind: str = "allreduce", arch=None):
-        """:meth:`comm_fit` below the door: ``world_size`` already a checked positive int (the cost model's TP,
-        checked once with the deployment or the layer options), so nothing is re-checked per collective."""
+        """:meth:`comm_fit` below the door (``world_size`` already checked with the deployment)."""
         fit = self._fit_for(world_size, kind, arch)
         if fit is None:
             return None
@@ -161,13 +122,8 @@ class Calibration:
         return fit if lo <= nbytes <= hi else None
 
     def comm_source(self, world_size: int, kind: str = "allreduce", arch=None) -> str:
-        """What prices a collective of ``kind`` over ``world_size`` ranks on ``arch`` (as :meth:`comm_fit`):
-        ``measured fit tp=N (file) for <lo>-<hi> MiB, assumption outside`` or ``assumption: ring at <eff> x NVLink
-        per direction, latency <us> us``; ``none`` for one rank.
-
-        Raises:
-            ValueError: world_size not a positive int; unknown arch.
-        """
+        """What prices a collective over ``world_size`` ranks (as :meth:`comm_fit`), in words; ``none`` for one rank.
+        Raises ValueError: world_size not a positive int; unknown arch."""
         check_int("world_size", world_size)
         return self.comm_source_checked(world_size, kind, arch)
 
@@ -186,20 +142,14 @@ class Calibration:
         return f"{self.comm.source(world_size)} for {lo / MIB:.0f}-{hi / MIB:.0f} MiB, {assumption} outside"
 
     def with_comm_fit(self, fit, name: str | None = None) -> "Calibration":
-        """A copy whose all-reduce over ``fit.world_size`` ranks is priced by ``fit`` (a
-        :class:`~mla_lab.model.comm.CommFit`, e.g. :func:`mla_lab.model.comm.extrapolated`); other world sizes
-        unchanged."""
+        """A copy whose all-reduce over ``fit.world_size`` ranks is priced by ``fit`` (a CommFit)."""
         fits = dict(self.comm.fits) if self.comm is not None else {}
         fits[fit.world_size] = fit
         comm = CommModel(fits, self.comm.name if self.comm is not None else "")
         return replace(self, comm=comm, name=name or self.name)
 
     def eff(self, op_class: str) -> ClassEff:
-        """The :class:`ClassEff` of a roofline class (following ``_FALLBACK`` for classes never measured).
-
-        Raises:
-            ValueError: no efficiency for the class or any fallback.
-        """
+        """The :class:`ClassEff` of a class (via ``_FALLBACK``). Raises ValueError: none for it or a fallback."""
         seen = set()
         c = op_class
         while c not in self.classes:
@@ -225,11 +175,8 @@ class Calibration:
         return replace(self, attention={**self.attention, **eff}, name=name or self.name)
 
     def with_small_comm_latency(self, latency_us: float, max_bytes: float, source: str) -> "Calibration":
-        """A copy whose all-reduces below ``max_bytes`` (B) not priced by a measured fit pay ``latency_us`` more.
-
-        Raises:
-            ValueError: a negative or non-finite latency or size.
-        """
+        """A copy whose all-reduces below ``max_bytes`` (B) with no measured fit pay ``latency_us`` more.
+        Raises ValueError: a negative or non-finite latency or size."""
         for n, v in (("latency_us", latency_us), ("max_bytes", max_bytes)):
             if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
                 raise ValueError(f"{n}={v!r} must be a non-negative number")
@@ -260,12 +207,8 @@ def _cached(reader: Callable, path: str, mtime_ns: int):
 
 
 def load_file(reader: Callable[[Path], object], name: str, path: str | Path | None = None):
-    """What ``reader`` makes of the calibration file ``path`` (default ``data/calibration/<name>``), read once per
-    (reader, path, mtime): the lab's one calibration cache. None when the file does not exist.
-
-    Raises:
-        ValueError: as ``reader`` (a malformed file, named).
-    """
+    """What ``reader`` makes of the calibration file ``path`` (default ``data/calibration/<name>``; None: no file),
+    read once per (reader, path, mtime): the lab's one calibration cache. Raises ValueError: as ``reader``."""
     p = Path(path) if path is not None else calibration_dir() / name
     if not p.is_file():
         return None
@@ -292,14 +235,9 @@ def _read_reference(path: Path) -> tuple[dict, str]:
 
 
 def attention_from_reference(path: str | Path | None = None) -> tuple[dict, str]:
-    """One efficiency per attention op from reference timings (``h200_reference.csv``: do_bench medians on one H200,
-    torch 2.11.0+cu130, driver 580.159.04, 2026-11-30): the median over each op's rows of achieved / datasheet
-    rate, the work recomputed with :func:`mla_lab.model.ops.attention_op_work`. Columns ``op, T, num_heads,
-    padded_heads, topk, ms, arch, source``. Returns ``({op: eff}, name)`` (a fresh dict).
-
-    Raises:
-        ValueError: the file does not exist.
-    """
+    """``({op: eff}, name)``: per attention op the median achieved / datasheet rate of the reference timings
+    (``h200_reference.csv``: do_bench medians on one H200, torch 2.11.0+cu130, driver 580.159.04, 2026-11-30; work by
+    :func:`mla_lab.model.ops.attention_op_work`). Raises ValueError: the file does not exist."""
     got = load_file(_read_reference, REFERENCE_CSV, path)
     if got is None:
         raise ValueError(f"reference timings path={str(path or calibration_dir() / REFERENCE_CSV)!r} do not exist")
@@ -357,30 +295,16 @@ def _read_calibration(path: Path, routes: bool, kernel_roofline: bool) -> Calibr
                        content_step=load_step_content_model())
 
 
-def _explicit(p):
-    return _read_calibration(p, False, False)
-
-
-def _default(p):
-    return _read_calibration(p, True, False)
-
-
-def _default_roofline(p):
-    return _read_calibration(p, True, True)
+_explicit = functools.partial(_read_calibration, routes=False, kernel_roofline=False)
+_default = functools.partial(_read_calibration, routes=True, kernel_roofline=False)
+_default_roofline = functools.partial(_read_calibration, routes=True, kernel_roofline=True)
 
 
 def load_calibration(path: str | Path | None = None, kernel_roofline: bool = False) -> Calibration:
-    """The calibration in ``path`` (default ``data/calibration/h200_ops.csv``; :func:`uncalibrated` when that
-    default file does not exist), through :func:`load_file`.
-
-    With the default path, ``h200_routes.csv`` beside it adds the dense routes' classes (``mha_attn``,
-    ``k_concat``); with ``kernel_roofline=True`` also its sparse-kernel roofline (``kernel`` eff_flops and
-    ``kernel_bytes``), which replaces the FLOP-only kernel efficiency (kept as ``kernel_flop_only``). Off by
-    default: the lab's pinned seed figures are the FLOP-only model's.
-
-    Raises:
-        ValueError: an explicit ``path`` that does not exist; a malformed row (names the file and the row).
-    """
+    """The calibration in ``path`` (default ``data/calibration/h200_ops.csv``, plus the dense routes' classes of
+    ``h200_routes.csv`` beside it and, with ``kernel_roofline``, its sparse-kernel roofline in place of the FLOP-only
+    kernel efficiency, kept as ``kernel_flop_only``; :func:`uncalibrated` when the default file is missing).
+    Raises ValueError: an explicit ``path`` that does not exist; a malformed row (names the file and the row)."""
     reader = _explicit if path is not None else (_default_roofline if kernel_roofline else _default)
     cal = load_file(reader, OPS_CSV, path)
     if cal is None and path is not None:
@@ -395,12 +319,9 @@ def _one_value(path: Path, col: str, what: str) -> float:
         raise ValueError(f"{path}: not a {what} ({e})") from None
 
 
-def _read_subchunk(path: Path) -> float:
-    return _one_value(path, "chunk_overhead_us", "sub-chunk overhead fit")
-
-
-def _read_subchunk_graph(path: Path) -> float:
-    return _one_value(path, "graph_chunk_overhead_us", "graphed sub-chunk overhead fit")
+_read_subchunk = functools.partial(_one_value, col="chunk_overhead_us", what="sub-chunk overhead fit")
+_read_subchunk_graph = functools.partial(_one_value, col="graph_chunk_overhead_us",
+                                         what="graphed sub-chunk overhead fit")
 
 
 def load_subchunk_overhead(path: str | Path | None = None) -> float | None:
@@ -410,20 +331,14 @@ def load_subchunk_overhead(path: str | Path | None = None) -> float | None:
 
 
 def load_subchunk_graph_overhead(path: str | Path | None = None) -> float | None:
-    """The measured-fit cost per extra chunk (us) of ``subchunk:<S>:graph2`` (two S-row workspaces, two streams,
-    the loop in one CUDA graph, against the PR's path graphed) from ``h200_subchunk_graph.csv``, or None; the
-    file states its mean absolute residual. Raises ValueError: a malformed file (names it)."""
+    """The fitted cost per extra chunk (us) of ``subchunk:<S>:graph2`` against the PR's path, both graphed
+    (``h200_subchunk_graph.csv``), or None. Raises ValueError: a malformed file (names it)."""
     return load_file(_read_subchunk_graph, SUBCHUNK_GRAPH_CSV, path)
 
 
 def fit_subchunk_overhead(rows: list[dict]) -> tuple[float, float]:
-    """Least-squares cost per extra chunk (us, through the origin) from rows ``{"extra_chunks": n - 1,
-    "extra_ms": t(n) - t(1)}`` of one sub-chunked attention path at several S. Returns ``(us, mean abs residual
-    us)``.
-
-    Raises:
-        ValueError: no row with extra chunks.
-    """
+    """Least-squares cost per extra chunk through 0 from rows ``{"extra_chunks": n - 1, "extra_ms": t(n) - t(1)}``.
+    Returns ``(us, mean abs residual us)``. Raises ValueError: no row with extra chunks."""
     xs = [float(r["extra_chunks"]) for r in rows]
     ys = [float(r["extra_ms"]) for r in rows]
     den = sum(x * x for x in xs)
@@ -440,11 +355,7 @@ def default_calibration() -> Calibration:
 
 
 def resolve_calibration(calibration) -> Calibration:
-    """``None`` -> :func:`default_calibration`; a :class:`Calibration` as is.
-
-    Raises:
-        ValueError: anything else.
-    """
+    """``None`` -> :func:`default_calibration`; a :class:`Calibration` as is. Raises ValueError: anything else."""
     if calibration is None:
         return default_calibration()
     if isinstance(calibration, Calibration):
@@ -453,11 +364,8 @@ def resolve_calibration(calibration) -> Calibration:
 
 
 def _grid_fit(flops, nbytes, ms, peak_f, peak_b, with_floor=True):
-    """Minimise mean |pred - meas| / meas over a grid of (eff_flops, eff_bytes, overhead, mode).
-
-    Returns ``(eff_flops, eff_bytes, overhead_us, mape_pct, mode)``; ``mode`` ``max`` (overhead as a floor) or
-    ``add`` (overhead added to the roofline time).
-    """
+    """Minimise mean |pred - meas| / meas over a grid of (eff_flops, eff_bytes, overhead, mode): returns
+    ``(eff_flops, eff_bytes, overhead_us, mape_pct, mode)``."""
     import numpy as np
 
     F = np.asarray(flops, float)[:, None, None]
@@ -479,19 +387,10 @@ def _grid_fit(flops, nbytes, ms, peak_f, peak_b, with_floor=True):
 
 
 def fit_calibration(rows: list[dict], arch: str | GPUArch = "h200", name: str = "fit") -> tuple[Calibration, list]:
-    """Fit per-class efficiencies from measured op rows.
-
-    Each row needs ``op_class``, ``flops``, ``bytes``, ``ms`` (measured median) and, for attention ops
-    (``op_class`` ``attn_<op>``), their costmodel work in ``flops`` (kernel) or ``bytes``. Rows with ``ms`` <= 0
-    or missing are ignored. Roofline classes get ``(eff_flops, eff_bytes, floor_us)`` minimising the mean absolute
-    percentage error (grid search); attention ops one efficiency each (costmodel has no floor). A class whose rows
-    are all on one side of the ridge gets the other efficiency from the grid's best tie (it does not matter for
-    those rows); use with care outside the measured shapes.
-
-    Returns:
-        ``(calibration, report)``: report is a list of dicts ``{kind, op_class, eff_flops, eff_bytes, floor_us, n,
-        mape_pct}``.
-    """
+    """Per-class efficiencies from measured op rows (``op_class``, ``flops``, ``bytes``, ``ms``; attention ops as
+    ``attn_<op>``; rows without ``ms`` > 0 ignored), each minimising the MAPE over a grid; a class measured on one
+    side of the ridge only gets the other efficiency from the grid's best tie. Returns ``(calibration, report)``,
+    one report dict per class (:data:`CALIBRATION_COLUMNS`)."""
     arch = get_arch(arch)
     by: dict[str, list] = {}
     for r in rows:
@@ -507,20 +406,15 @@ def fit_calibration(rows: list[dict], arch: str | GPUArch = "h200", name: str = 
     attn, _ = attention_from_reference()
     report = []
     for cls, rs in sorted(by.items()):
-        F = [x[0] for x in rs]
-        B = [x[1] for x in rs]
-        M = [x[2] for x in rs]
+        F, B, M = ([x[i] for x in rs] for i in range(3))
         fp8 = rs[0][3] == "fp8"
         peak_f = arch.bf16_tflops * 1e12 * (FP8_PEAK_FACTOR if fp8 else 1.0)
         peak_b = arch.hbm_gbps * 1e9
         if cls.startswith("attn_"):
             op = cls[5:]
-            if op == "kernel":
-                ef, _, _, mape, _ = _grid_fit(F, [0.0] * len(F), M, peak_f, peak_b, with_floor=False)
-                eb = 1.0
-            else:
-                _, eb, _, mape, _ = _grid_fit([0.0] * len(B), B, M, peak_f, peak_b, with_floor=False)
-                ef = 1.0
+            zero, kernel = [0.0] * len(F), op == "kernel"
+            ef, eb, _, mape, _ = _grid_fit(F if kernel else zero, zero if kernel else B, M, peak_f, peak_b, False)
+            ef, eb = (ef, 1.0) if kernel else (1.0, eb)
             attn[op] = ef if op == "kernel" else eb
             report.append({"kind": "attention", "op_class": op, "eff_flops": ef, "eff_bytes": eb, "floor_us": 0.0,
                            "overhead_mode": "max", "n": len(rs), "mape_pct": mape})

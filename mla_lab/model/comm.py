@@ -1,17 +1,6 @@
-"""The all-reduce as measured: a latency + bandwidth fit of NCCL ring all-reduce times, one per world size
-(docs/ttft-model.md, "Communication").
-
-Without a measurement :func:`mla_lab.model.timing.comm_time_ms` assumes the datasheet NVLink rate
-(``nvlink_gbps / 2`` per direction) x ``comm_efficiency`` 0.8, no latency. Where world size ``n`` was measured
-this module prices it, for that ``n`` only, as
-
-    t(B) = latency_us x 1e-3 + 2 (n-1)/n x B / (bw_gbps x 1e9) x 1e3     [ms]
-
-fitted by least squares on relative error (:func:`fit_comm`) to every rank's median all-reduce (sum, bf16, after a
-barrier; :mod:`mla_lab.measure.tp`), with its in-sample and leave-one-size-out MAPE. Every modelled row says which
-priced it (:meth:`CommModel.source`). :func:`extrapolated` (sensitivity only, never the default) carries another
-world size's fit. Rows: ``data/measured/<gpu>x<n>/allreduce.csv`` (``world_size, rank, nbytes, ms``) and the older
-``tp2_attention.csv`` (``run == "tp"``); the fit: ``data/calibration/h200_comm.csv`` (``mla_lab/fits/comm.py``).
+"""The measured all-reduce: a latency + bandwidth fit of NCCL ring all-reduce times per world size
+(:func:`ring_allreduce_ms`; docs/ttft-model.md, "Communication"). Rows: ``data/measured/<gpu>x<n>/allreduce.csv``
+and the older ``tp2_attention.csv``; the fit: ``data/calibration/h200_comm.csv`` (``mla_lab/fits/comm.py``).
 """
 
 from __future__ import annotations
@@ -37,10 +26,14 @@ ALLREDUCE_NEEDED = ("world_size", "rank", "nbytes", "ms")
 LEGACY_NEEDED = ("run", "world_size", "rank", "allreduce_bytes", "allreduce_ms")
 
 
+def _real(v) -> float:
+    """``v`` as a float if it is a real number (not a bool), else nan."""
+    return float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+
+
 def _world_size(v, name: str = "world_size", lo: int = 2) -> int:
-    """``v`` as an int number of ranks >= ``lo`` (an int or an integral float; not a str or bool), else ValueError
-    naming ``name``, the value and what is allowed."""
-    f = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+    """``v`` as an int >= ``lo`` (int or integral float), else ValueError naming ``name``."""
+    f = _real(v)
     if not (math.isfinite(f) and f == int(f) and int(f) >= lo):
         raise ValueError(f"{name}={v!r} is not valid; allowed: an integer number of ranks >= {lo}")
     return int(f)
@@ -48,7 +41,7 @@ def _world_size(v, name: str = "world_size", lo: int = 2) -> int:
 
 def _positive(v, name: str) -> float:
     """``v`` as a finite float > 0, else ValueError naming ``name``."""
-    f = float(v) if isinstance(v, numbers.Real) and not isinstance(v, bool) else math.nan
+    f = _real(v)
     if not (math.isfinite(f) and f > 0):
         raise ValueError(f"{name}={v!r} is not valid; allowed: a finite number > 0")
     return f
@@ -56,15 +49,10 @@ def _positive(v, name: str) -> float:
 
 def ring_allreduce_ms(nbytes: float, world_size: int, bw_gbps: float, latency_us: float) -> float:
     """``latency_us x 1e-3 + 2 (n-1)/n x nbytes / (bw_gbps x 1e9) x 1e3`` ms (0 for one rank or no bytes).
-
-    Raises:
-        ValueError: ``world_size`` not an integer >= 1; ``bw_gbps`` not a finite number > 0; ``latency_us`` not a
-            finite number >= 0 (each message names the argument, its value and what is allowed).
-    """
+    Raises ValueError: ``world_size`` < 1; ``bw_gbps`` not finite > 0; ``latency_us`` not finite >= 0."""
     world_size = _world_size(world_size, "world_size", lo=1)
     bw_gbps = _positive(bw_gbps, "bw_gbps")
-    if isinstance(latency_us, bool) or not (isinstance(latency_us, numbers.Real) and math.isfinite(latency_us)
-                                            and latency_us >= 0):
+    if not _real(latency_us) >= 0 or not math.isfinite(_real(latency_us)):
         raise ValueError(f"latency_us={latency_us!r} is not valid; allowed: a finite number >= 0")
     if world_size <= 1 or nbytes <= 0:
         return 0.0
@@ -73,10 +61,8 @@ def ring_allreduce_ms(nbytes: float, world_size: int, bw_gbps: float, latency_us
 
 @dataclass(frozen=True)
 class CommFit:
-    """A measured all-reduce at one world size: ``latency_us`` per call, ``bw_gbps`` per direction (1e9 B/s), ``n``
-    rank rows over ``n_sizes`` sizes in ``[min_bytes, max_bytes]``, in-sample ``mape_pct`` / ``max_ape_pct``,
-    leave-one-size-out ``loo_mape_pct`` (None under 3 sizes), ``name`` (files, GPU), ``measured`` False for
-    :func:`extrapolated` fits."""
+    """A measured all-reduce at one world size: ``latency_us`` per call, ``bw_gbps`` per direction (1e9 B/s), errors
+    in sample and leave-one-size-out (None under 3 sizes); ``measured`` False for :func:`extrapolated` fits."""
 
     world_size: int
     latency_us: float
@@ -92,34 +78,20 @@ class CommFit:
     measured: bool = True
 
     def time_ms(self, nbytes: float, world_size: int | None = None) -> float:
-        """Modelled ms of an all-reduce of ``nbytes`` bytes (at this fit's world size unless ``world_size``).
-
-        Raises:
-            ValueError: ``world_size`` given and not an integer >= 1 (:func:`ring_allreduce_ms`).
-        """
+        """Modelled ms of an all-reduce of ``nbytes`` (raises as :func:`ring_allreduce_ms`)."""
         n = self.world_size if world_size is None else world_size
         return ring_allreduce_ms(nbytes, n, self.bw_gbps, self.latency_us)
 
 
 @dataclass(frozen=True)
 class CommModel:
-    """The measured all-reduce fits of one GPU, by world size.
-
-    Attributes:
-        fits: ``{world_size: CommFit}``.
-        name: the file they were loaded from.
-    """
+    """One GPU's fits ``{world_size: CommFit}``, loaded from file ``name``."""
 
     fits: dict = field(default_factory=dict)
     name: str = ""
 
     def fit_for(self, world_size: int) -> CommFit | None:
-        """The fit measured at ``world_size``, or None (the assumption then prices it).
-
-        Raises:
-            ValueError: ``world_size`` not an integer >= 1 (an int or integral float; ``2.5`` or ``"8"`` is refused,
-                not rounded to a measured world size).
-        """
+        """The fit measured at ``world_size``, or None. Raises ValueError: not an integer >= 1 (``2.5``, ``"8"``)."""
         return self.fits.get(_world_size(world_size, "world_size", lo=1))
 
     def source(self, world_size: int) -> str:
@@ -131,13 +103,8 @@ class CommModel:
 
 
 def extrapolated(model: CommModel, world_size: int, from_world_size: int | None = None) -> CommFit:
-    """The fit of ``from_world_size`` (default: the largest measured one) used for ``world_size``: the ring's
-    ``2 (n-1)/n`` factor at the new ``n``, latency and bandwidth unchanged. Sensitivity only (module docstring).
-
-    Raises:
-        ValueError: no fit in ``model``; ``world_size`` not an integer >= 2; ``from_world_size`` not an integer
-            or not measured.
-    """
+    """``from_world_size``'s fit (default the largest) at ``world_size``; sensitivity only, never the default.
+    Raises ValueError: no fit; ``world_size`` not an integer >= 2; ``from_world_size`` not measured."""
     world_size = _world_size(world_size, "world_size")
     if not model.fits:
         raise ValueError("no measured all-reduce fit to extrapolate from")
@@ -151,8 +118,7 @@ def extrapolated(model: CommModel, world_size: int, from_world_size: int | None 
 
 
 def _solve(rows) -> tuple[float, float]:
-    """Weighted least squares of ``ms = a + b x`` with ``x`` the moved bytes, weights ``1 / ms^2`` (relative
-    error); ``a`` clipped at 0 (then through the origin). Returns ``(latency_us, bw_gbps)``."""
+    """``(latency_us, bw_gbps)``: ``ms = a + b x`` on relative error, ``a`` clipped at 0."""
     sw = swx = swy = swxx = swxy = 0.0
     for x, y in rows:
         w = 1.0 / (y * y)
@@ -177,8 +143,7 @@ def _comm_row(i: int, r) -> tuple[int, float, float]:
     except ValueError:
         raise ValueError(f"rows[{i}] world_size={r['world_size']!r} is not valid; allowed: an integer number "
                          "of ranks") from None
-    ms, nb = (float(r[k]) if isinstance(r[k], numbers.Real) and not isinstance(r[k], bool) else math.nan
-              for k in ("ms", "nbytes"))
+    ms, nb = _real(r["ms"]), _real(r["nbytes"])
     for k, v in (("ms", ms), ("nbytes", nb)):
         if not math.isfinite(v):
             raise ValueError(f"rows[{i}] {k}={r[k]!r} is not valid; allowed: a finite number")
@@ -186,14 +151,8 @@ def _comm_row(i: int, r) -> tuple[int, float, float]:
 
 
 def fit_comm(rows: list[dict], name: str = "") -> CommModel:
-    """One :class:`CommFit` per world size from rows ``{"world_size", "rank", "nbytes", "ms"}``
-    (:func:`measured_allreduce_rows`; rows with ``n < 2``, ``ms <= 0`` or ``nbytes <= 0`` ignored; a world size with
-    one size gets a bandwidth-only fit). ``name`` is recorded in each fit.
-
-    Raises:
-        ValueError: ``rows`` not a list of dicts; a row missing a key, with a non-integer world size, or with
-            ``nbytes`` / ``ms`` not finite (names the row).
-    """
+    """One :class:`CommFit` per world size from rows ``{world_size, rank, nbytes, ms}`` (one size: bandwidth only).
+    Raises ValueError: not a list of dicts; a row missing a key or with a bad value (names the row)."""
     if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
         raise ValueError(f"rows={rows!r:.80} is not valid; allowed: a list of dicts with keys {list(ALLREDUCE_NEEDED)}")
     by: dict[int, list] = {}
@@ -220,15 +179,8 @@ def fit_comm(rows: list[dict], name: str = "") -> CommModel:
 
 
 def measured_allreduce_rows(gpu: str = "h200", root: str | Path | None = None) -> tuple[list[dict], list[str]]:
-    """Every rank's measured all-reduce median under ``<root>/<gpu>x<n>/`` (default :func:`mla_lab.paths.measured_dir`),
-    from ``allreduce.csv`` and ``tp2_attention.csv``: ``(rows, files)``, rows ``{"world_size", "rank", "nbytes",
-    "ms", "file"}``; ``([], [])`` without such a folder.
-
-    Raises:
-        ValueError: ``root`` not a folder; a file without a needed column; a row whose world size is not its
-            folder's, whose rank is outside ``[0, n)``, whose bytes or ms are not finite and > 0; a
-            ``dist_backend`` other than ``nccl`` (each names the file).
-    """
+    """``(rows, files)``: every rank's all-reduce median under ``<root>/<gpu>x<n>/``, rows ``{world_size, rank,
+    nbytes, ms, file}``. Raises ValueError: ``root`` not a folder; a missing column or bad row; non-nccl rows."""
     import pandas as pd
 
     root = Path(root) if root is not None else measured_dir()
@@ -250,8 +202,7 @@ def measured_allreduce_rows(gpu: str = "h200", root: str | Path | None = None) -
             _check_allreduce_rows(t, path, int(n_dir), b_col, ms_col)
             t = t.assign(**{c: pd.to_numeric(t[c]) for c in ("world_size", "rank", b_col, ms_col)})
             g = t.groupby(["world_size", "rank", b_col], as_index=False)[ms_col]
-            # allreduce.csv: one row per (rank, bytes) per sweep, the median of several; the older file repeats
-            # one all-reduce per (model, T) on each strategy's row: the first
+            # the older file repeats one all-reduce per (model, T) on each strategy's row: take the first
             g = (g.median() if path is ar else g.first()).rename(columns={b_col: "nbytes", ms_col: "ms"})
             files.append(_shown(path))
             rows += [dict(r, file=files[-1]) for r in g.to_dict("records")]
@@ -289,13 +240,8 @@ def _shown(p: Path) -> str:
 
 
 def check_comm_out(path: str | Path) -> Path:
-    """``path`` as a place :func:`write_comm_model` may write: not a folder, and not an existing file whose header
-    does not start with :data:`FIT_COLUMNS` (a file this lab did not write as a fit is never overwritten). Its
-    folder need not exist (it is created on writing).
-
-    Raises:
-        ValueError: either case; the message names the path and what is allowed.
-    """
+    """``path`` if :func:`write_comm_model` may write it. Raises ValueError: a folder, or a file whose header is
+    not :data:`FIT_COLUMNS`."""
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"out={str(p)!r} is a folder; allowed: a CSV file path (e.g. data/calibration/{COMM_CSV})")
@@ -312,12 +258,8 @@ def check_comm_out(path: str | Path) -> Path:
 
 
 def write_comm_model(model: CommModel, path: str | Path, provenance_cols: dict) -> None:
-    """Write one row per world size (:data:`FIT_COLUMNS`) plus ``provenance_cols``, through a temporary file in
-    the same folder (created if missing) renamed over ``path``, so a failed write leaves the old file whole.
-
-    Raises:
-        ValueError: ``path`` refused by :func:`check_comm_out`; the folder cannot be created.
-    """
+    """Write one row per world size plus ``provenance_cols`` atomically (temp file renamed over ``path``).
+    Raises ValueError: refused by :func:`check_comm_out`; the folder cannot be created."""
     p = check_comm_out(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -342,14 +284,8 @@ def _num(v):
 
 
 def load_comm_model(path: str | Path | None = None) -> CommModel | None:
-    """The fits in ``path`` (default ``data/calibration/h200_comm.csv``), or None when the file does not exist; a
-    file with the header and no rows gives a :class:`CommModel` without fits (the assumption everywhere).
-
-    Raises:
-        ValueError: ``path`` is a folder; the file lacks a column of :data:`FIT_COLUMNS`; a malformed row (names
-            the file and the row): world size not an integer >= 2 or listed twice, latency not finite and >= 0,
-            bandwidth not finite and > 0, ``min_bytes`` not > 0 or above ``max_bytes``.
-    """
+    """The fits in ``path`` (default ``data/calibration/h200_comm.csv``); None without the file.
+    Raises ValueError: a folder; a missing column; a malformed or repeated row (names the file and row)."""
     p = Path(path) if path else calibration_dir() / COMM_CSV
     if p.is_dir():
         raise ValueError(f"all-reduce fit path={str(p)!r} is a folder; allowed: a CSV file ({COMM_CSV})")

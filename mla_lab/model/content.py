@@ -1,15 +1,8 @@
 """What the padded heads hold: a factor on the sparse kernel's time, or over the whole step (modelled from H200
 measurements; docs/ttft-model.md, "Content").
 
-Two scopes (:data:`CONTENT_SCOPES`; ``Calibration.content_scope``): ``step`` (default, :class:`StepContentModel`:
-a sustained 78-layer loop shows stale heads slowing the whole power-limited GPU) and ``kernel``
-(:class:`ContentModel`, fitted on short windows of the kernel alone; kept for comparison). The kernel factor:
-
-    factor = t_stale / t_zeros = 1 + a * max(0, f - b) * (1 - exp(-t_zeros / c))
-
-with ``f = (H' - H) / H'`` the padded fraction and ``t_zeros`` the zero-content kernel time (ms); ``a, b, c``
-fitted (:func:`fit_content_factor`) to interleaved zeros/stale medians, with leave-one-shape-out error
-(``data/calibration/h200_content.csv``). An H200 (sm90) measurement: elsewhere rows say it is unmeasured.
+Scopes (:data:`CONTENT_SCOPES`): ``step`` (default, :class:`StepContentModel`) and ``kernel`` (:class:`ContentModel`,
+the kernel alone). An H200 (sm90) measurement: elsewhere rows say it is unmeasured.
 """
 
 from __future__ import annotations
@@ -31,13 +24,7 @@ CONTENT_CSV = "h200_content.csv"
 
 @dataclass(frozen=True)
 class ContentModel:
-    """Fitted parameters of the content factor and how well they fit.
-
-    Attributes:
-        a, b, c_ms: the formula's parameters (module docstring).
-        n: shapes fitted; mape_pct: in-sample MAPE of the stale kernel time; loso_mape_pct: leave-one-shape-out.
-        name: where the fit came from (file, GPU).
-    """
+    """``a, b, c_ms`` of :func:`content_factor`, fitted on ``n`` shapes (MAPE in sample and leave-one-shape-out)."""
 
     a: float
     b: float
@@ -53,7 +40,7 @@ class ContentModel:
 
 
 def content_factor(num_heads: int, padded_heads: int, t_zeros_ms: float, a: float, b: float, c_ms: float) -> float:
-    """The formula of the module docstring (1.0 when nothing is padded)."""
+    """``t_stale / t_zeros = 1 + a max(0, f - b) (1 - exp(-t_zeros / c))``, ``f = (H' - H) / H'`` (1.0 unpadded)."""
     if padded_heads <= num_heads or t_zeros_ms <= 0:
         return 1.0
     f = (padded_heads - num_heads) / padded_heads
@@ -82,12 +69,8 @@ def _grid(rows):
 
 
 def fit_content_factor(rows: list[dict], name: str = "fit") -> tuple[ContentModel, list[dict]]:
-    """Fit ``a, b, c`` (grid search) to per-shape medians ``{shape, num_heads, padded_heads, zeros_ms, stale_ms}``.
-    Returns ``(model, per_shape)`` with in-sample and leave-one-shape-out predictions and errors.
-
-    Raises:
-        ValueError: fewer than 3 shapes, or a non-positive time.
-    """
+    """``(model, per_shape)``: ``a, b, c`` by grid search on per-shape medians ``{shape, num_heads, padded_heads,
+    zeros_ms, stale_ms}``. Raises ValueError: fewer than 3 shapes, or a non-positive time."""
     if len(rows) < 3:
         raise ValueError(f"rows holds {len(rows)} shape(s); the fit needs at least 3")
     for r in rows:
@@ -110,69 +93,49 @@ def fit_content_factor(rows: list[dict], name: str = "fit") -> tuple[ContentMode
 
 def write_content_model(model: ContentModel, path: str | Path, provenance_cols: dict) -> None:
     """One-row CSV of the fit with provenance columns."""
-    cols = ["a", "b", "c_ms", "n", "mape_pct", "loso_mape_pct"] + list(provenance_cols)
+    _write_row(model, ("a", "b", "c_ms", "n", "mape_pct", "loso_mape_pct"), path, provenance_cols)
+
+
+def _write_row(model, fields, path, extra: dict) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
+        w = csv.DictWriter(f, fieldnames=list(fields) + list(extra))
         w.writeheader()
-        w.writerow({"a": model.a, "b": model.b, "c_ms": model.c_ms, "n": model.n, "mape_pct": model.mape_pct,
-                    "loso_mape_pct": model.loso_mape_pct, **provenance_cols})
+        w.writerow({**{k: getattr(model, k) for k in fields}, **extra})
 
 
-def load_content_model(path: str | Path | None = None) -> ContentModel | None:
-    """The committed fit (``data/calibration/h200_content.csv``), or None when it does not exist.
-
-    Raises:
-        ValueError: a malformed file (names it).
-    """
-    p = Path(path) if path else calibration_dir() / CONTENT_CSV
+def _read_row(path, default: str, kind: str, build):
+    """``build(row, name)`` of a one-row fit file, None without it. Raises ValueError: malformed (names it)."""
+    p = Path(path) if path else calibration_dir() / default
     if not p.is_file():
         return None
     with open(p, newline="") as f:
         rows = list(csv.DictReader(f))
     try:
-        r = rows[0]
-        return ContentModel(float(r["a"]), float(r["b"]), float(r["c_ms"]), int(float(r["n"])),
-                            float(r["mape_pct"]), float(r["loso_mape_pct"]),
-                            f"{p.name} (measured on {r.get('device', '?')})")
+        return build(rows[0], f"{p.name} (measured on {rows[0].get('device', '?')})")
     except (IndexError, KeyError, ValueError) as e:
-        raise ValueError(f"{p}: not a content-factor fit ({e})") from None
+        raise ValueError(f"{p}: not a {kind} ({e})") from None
 
 
-# ----------------------------------------------------------------------------------------- content over the step
+def load_content_model(path: str | Path | None = None) -> ContentModel | None:
+    """The committed fit (``data/calibration/h200_content.csv``) or None. Raises ValueError: malformed."""
+    return _read_row(path, CONTENT_CSV, "content-factor fit", lambda r, name: ContentModel(
+        float(r["a"]), float(r["b"]), float(r["c_ms"]), int(float(r["n"])), float(r["mape_pct"]),
+        float(r["loso_mape_pct"]), name))
+
 
 STEP_CONTENT_CSV = "h200_content_step.csv"
 #: The step-level fit's per-process table (in-sample and leave-one-process-out predictions), beside the fit.
 STEP_CONTENT_PER_PROCESS_CSV = "h200_content_step_per_process.csv"
-#: Where :attr:`Calibration.content_scope <mla_lab.model.calibration.Calibration>` can price stale padded heads:
-#: ``step`` (:class:`StepContentModel`, the default when its fit exists) or ``kernel`` (:class:`ContentModel`).
+#: Values of ``Calibration.content_scope`` (``step``: the default when its fit exists).
 CONTENT_SCOPES = ("step", "kernel")
 
 
 @dataclass(frozen=True)
 class StepContentModel:
-    """Stale padded heads priced over the whole step: a power-limited GPU slows everything, the kernel most.
-
-    Measured on an H200 at its 700 W limit (``data/measured/h200/between_process/content_loop.csv``, the seed
-    shape, 5 fresh processes x 6 rounds; docs/ttft-model.md has the evidence and the out-of-sample checks). For a
-    step whose stale attention path takes a share ``s`` of the zero-content compute time and ``f = (H' - H) / H'``::
-
-        rest factor      = 1 + u * s * f / f_fit            (every compute op of the step: the clock drops for all)
-        attention factor = 1 + (u * s + v) * f / f_fit      (the attention-path ops: that, plus a local excess)
-        step change      = (u + v) * s * f / f_fit
-
-    Assumption (power cap): the padded heads' extra energy, proportional to the kernel's time, slows the step in
-    proportion to ``s``. ``f / f_fit`` is the kernel fit's scaling (not measured at step level); collectives are
-    not scaled and not in ``s``.
-
-    Attributes:
-        uniform_per_share: ``u`` (fraction of time per unit share), median over processes of
-            ``rest change / s``.
-        attention_excess: ``v``: the median over processes of ``step change / s`` (the step's slope, fitted
-            directly because per-class medians do not add up to the step's) minus ``u``.
-        fit_share: median ``s`` of the fitted processes; ``padded_fraction``: ``f_fit`` (56 / 64).
-        n_processes: fresh processes fitted; mape_step_pct: in-sample MAPE of the stale step time;
-        lopo_mape_step_pct: leave-one-process-out MAPE; name: the fit's file and GPU.
-    """
+    """Stale padded heads over the whole step (a power-limited H200 slows everything; docs/ttft-model.md, "Content";
+    ``data/measured/h200/between_process/content_loop.csv``). With ``s`` the attention path's share of the step and
+    ``f = (H' - H) / H'``: rest factor ``1 + u s f / f_fit``, attention factor ``1 + (u s + v) f / f_fit``.
+    ``u`` = :attr:`uniform_per_share`, ``v`` = :attr:`attention_excess`, ``f_fit`` = :attr:`padded_fraction`."""
 
     uniform_per_share: float
     attention_excess: float
@@ -184,13 +147,7 @@ class StepContentModel:
     name: str = "uncalibrated"
 
     def factors(self, share: float, num_heads: int, padded_heads: int) -> tuple[float, float]:
-        """``(attention factor, rest factor)``: ``t_stale / t_zeros`` of the attention-path ops and of every other
-        compute op of a step where the stale attention path takes ``share`` (0..1) of the compute time with zero
-        content, ``num_heads`` real of ``padded_heads`` heads. ``(1.0, 1.0)`` when nothing is padded.
-
-        Raises:
-            ValueError: ``share`` outside [0, 1].
-        """
+        """``(attention factor, rest factor)`` (``(1.0, 1.0)`` unpadded). Raises ValueError: ``share`` not in [0, 1]."""
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share={share!r} must lie in [0, 1] (the attention path's share of the step)")
         if padded_heads <= num_heads:
@@ -206,8 +163,7 @@ class StepContentModel:
 
 
 def _step_params(rows) -> tuple[float, float, float]:
-    """``(u, v, median s)``: ``u + v`` = median over processes of ``step change / s`` (the step's slope, fitted
-    directly), ``u`` = median of ``rest change / s``."""
+    """``(u, v, median s)``: ``u + v`` = median of ``step change / s``, ``u`` = median of ``rest change / s``."""
     s = [r["attn_zeros_ms"] / r["step_zeros_ms"] for r in rows]
     step = [r["step_stale_ms"] / r["step_zeros_ms"] - 1 for r in rows]
     rest = [(r["step_stale_ms"] - r["attn_stale_ms"]) / (r["step_zeros_ms"] - r["attn_zeros_ms"]) - 1 for r in rows]
@@ -224,15 +180,9 @@ def _step_pred(r, u, v) -> dict:
 
 def fit_step_content(rows: list[dict], num_heads: int, padded_heads: int,
                      name: str = "fit") -> tuple[StepContentModel, list[dict]]:
-    """Fit ``u`` and ``v`` of :class:`StepContentModel` to per-process medians (ms) ``step_zeros_ms``,
-    ``step_stale_ms``, ``attn_zeros_ms``, ``attn_stale_ms`` (``mla_lab/fits/content_step.py``), the measured kernel at
-    ``num_heads`` of ``padded_heads``. Returns ``(model, per_process)``: measured changes (%), in-sample and
-    leave-one-process-out (``lopo_``) predictions and errors (``*_err_pts``: points of the change; ``ape_pct``: of
-    the stale step time).
-
-    Raises:
-        ValueError: fewer than 3 processes, a non-positive time, or an attention path not shorter than the step.
-    """
+    """``(model, per_process)``: ``u``, ``v`` fitted to per-process medians (ms) ``step_zeros_ms``,
+    ``step_stale_ms``, ``attn_zeros_ms``, ``attn_stale_ms``, with in-sample and leave-one-process-out errors.
+    Raises ValueError: fewer than 3 processes, a non-positive time, an attention path not shorter than the step."""
     if len(rows) < 3:
         raise ValueError(f"rows holds {len(rows)} process(es); the fit needs at least 3")
     for r in rows:
@@ -273,28 +223,13 @@ _STEP_FIELDS = ("uniform_per_share", "attention_excess", "fit_share", "padded_fr
 
 def write_step_content_model(model: StepContentModel, path: str | Path, extra_cols: dict) -> None:
     """One-row CSV of the step-level fit plus ``extra_cols`` (provenance, method, checks)."""
-    cols = list(_STEP_FIELDS) + list(extra_cols)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerow({**{k: getattr(model, k) for k in _STEP_FIELDS}, **extra_cols})
+    _write_row(model, _STEP_FIELDS, path, extra_cols)
 
 
 def load_step_content_model(path: str | Path | None = None) -> StepContentModel | None:
-    """The committed step-level fit (``data/calibration/h200_content_step.csv``), or None when it does not exist.
-
-    Raises:
-        ValueError: a malformed file (names it).
-    """
-    p = Path(path) if path else calibration_dir() / STEP_CONTENT_CSV
-    if not p.is_file():
-        return None
-    with open(p, newline="") as f:
-        rows = list(csv.DictReader(f))
-    try:
-        r = rows[0]
-        return StepContentModel(float(r["uniform_per_share"]), float(r["attention_excess"]), float(r["fit_share"]),
-                                float(r["padded_fraction"]), int(float(r["n_processes"])), float(r["mape_step_pct"]),
-                                float(r["lopo_mape_step_pct"]), f"{p.name} (measured on {r.get('device', '?')})")
-    except (IndexError, KeyError, ValueError) as e:
-        raise ValueError(f"{p}: not a step-level content fit ({e})") from None
+    """The committed step-level fit (``data/calibration/h200_content_step.csv``) or None. Raises ValueError:
+    malformed."""
+    return _read_row(path, STEP_CONTENT_CSV, "step-level content fit", lambda r, name: StepContentModel(
+        float(r["uniform_per_share"]), float(r["attention_excess"]), float(r["fit_share"]),
+        float(r["padded_fraction"]), int(float(r["n_processes"])), float(r["mape_step_pct"]),
+        float(r["lopo_mape_step_pct"]), name))

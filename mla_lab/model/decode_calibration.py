@@ -1,17 +1,8 @@
-"""The decode calibration: what the layer model lacks at decode batch sizes, fitted on one H200
-(``data/measured/h200/round2/decode_*.csv`` -> ``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits
-decode``), used by :class:`mla_lab.serving.engine_pricer.EnginePricer` on top of the prefill
-:class:`~mla_lab.model.calibration.Calibration`:
-
-- the graph-replay overhead of each roofline class and a fixed cost per attention-path byte-op kernel (eager
-  launches showed the host's 5-15 us as a floor; inside a CUDA graph the same kernels cost 2-6 us);
-- the decode indexer (a bandwidth-bound :class:`~mla_lab.model.calibration.ClassEff`), the decode top-k
-  (``f + a * c_max + b * sum(c)`` us) and the sparse kernel on decode tokens (:class:`KernelDecode`);
-- a per-layer fixed cost and the eager launch model (host cost and GPU gap per op);
-- the fp8 routed experts at decode sizes (measured-fit ``a + weight_bytes / BW`` on ``torch._scaled_grouped_mm``,
-  ``h200_moe_decode.csv``, ``python -m mla_lab.fits moe_decode``);
-- an all-reduce latency below 24 MiB, where the TP fit (``h200_comm.csv``) prices nothing (assumption, cited:
-  :data:`DECODE_ALLREDUCE_LATENCY_US`).
+"""The decode calibration (``data/calibration/h200_decode.csv``, ``python -m mla_lab.fits decode``): what the layer
+model lacks at decode batch sizes, used by :class:`mla_lab.serving.step_pricer.CostModelPricer` on top of the prefill
+:class:`~mla_lab.model.calibration.Calibration`: graph-replay overheads, the decode indexer, top-k and sparse kernel,
+a per-layer cost, the eager launch model, the fp8 MoE decode fit (``h200_moe_decode.csv``) and a small all-reduce
+latency (:data:`DECODE_ALLREDUCE_LATENCY_US`).
 """
 
 from __future__ import annotations
@@ -25,23 +16,13 @@ from ..arch import GPUArch
 from ..paths import calibration_dir
 from .calibration import Calibration, ClassEff, csv_rows, load_file
 
-__all__ = ["DECODE_CSV", "MOE_DECODE_CSV", "DECODE_ALLREDUCE_LATENCY_US", "DECODE_ALLREDUCE_MAX_BYTES",
-           "DECODE_ALLREDUCE_SOURCE", "KernelDecode", "DecodeCalibration", "write_decode_calibration", "decode_calibration_rows",
-           "load_decode_calibration", "load_moe_decode_fit"]
+#: The decode calibration's and the fp8 MoE decode fit's file names (in :func:`mla_lab.paths.calibration_dir`).
+DECODE_CSV, MOE_DECODE_CSV = "h200_decode.csv", "h200_moe_decode.csv"
 
-#: The committed decode calibration's file name (in :func:`mla_lab.paths.calibration_dir`).
-DECODE_CSV = "h200_decode.csv"
-#: The fp8 MoE decode fit's file name, beside :data:`DECODE_CSV`.
-MOE_DECODE_CSV = "h200_moe_decode.csv"
-
-#: Fixed cost (us) of one small all-reduce over 8 NVLink-connected Hopper GPUs. Assumption (cited), not measured
-#: (no multi-GPU machine was lent): NCCL's own tuning-model time for a 4 KiB / 8 KiB all-reduce on H100 printed in
-#: the NCCL_DEBUG=INFO log of https://github.com/NVIDIA/nccl/issues/1453 ("4096 Bytes -> Algo 0 proto 0 time
-#: 25.874907", "8192 Bytes -> ... time 26.549810", us), rounded to 26. That thread's measured time (75 us) was a
-#: misconfigured system, and vLLM's custom all-reduce (used at these sizes inside CUDA graphs) may cost less.
+#: Fixed cost (us) of one small all-reduce over 8 Hopper GPUs, assumption (cited): NCCL's tuning-model time for a
+#: 4-8 KiB all-reduce on H100 (25.87 / 26.55 us in the NCCL_DEBUG log of github.com/NVIDIA/nccl/issues/1453).
 DECODE_ALLREDUCE_LATENCY_US = 26.0
-#: All-reduces below this size (B) with no measured fit pay :data:`DECODE_ALLREDUCE_LATENCY_US`: the smallest size
-#: the committed TP=2 fit prices (48 MiB measured / COMM_FIT_RANGE_FACTOR 2 = 24 MiB).
+#: All-reduces below this size (B) pay it: the smallest the TP=2 fit prices (48 MiB measured / COMM_FIT_RANGE_FACTOR).
 DECODE_ALLREDUCE_MAX_BYTES = 24 * 2**20
 DECODE_ALLREDUCE_SOURCE = ("assumption (cited): +26 us per all-reduce below 24 MiB, NCCL tuning-model time for "
                            "4-8 KiB on H100, github.com/NVIDIA/nccl/issues/1453")
@@ -49,12 +30,8 @@ DECODE_ALLREDUCE_SOURCE = ("assumption (cited): +26 us per all-reduce below 24 M
 
 @dataclass(frozen=True)
 class KernelDecode:
-    """The sparse kernel on decode tokens: ``a_us + (lat^p + flop^p + kv^p)^(1/p)`` us (module docstring).
-
-    Attributes:
-        a_us: fixed cost per call (us); us_per_key: one CTA's time per key of its ``topk_length`` (us);
-        eff_bytes: fraction of HBM bandwidth the KV-row reads reach; p: the norm combining the three terms.
-    """
+    """The sparse kernel on decode tokens: ``a_us + (lat^p + flop^p + kv^p)^(1/p)`` us; ``us_per_key``: one CTA's
+    time per key (us), ``eff_bytes``: the KV-row reads' fraction of HBM bandwidth."""
 
     a_us: float
     us_per_key: float
@@ -73,24 +50,11 @@ class KernelDecode:
 
 @dataclass(frozen=True)
 class DecodeCalibration:
-    """What the layer model lacks at decode batch sizes, fitted on one H200 (module docstring).
-
-    Attributes:
-        graph_floors: ``{op_class: (overhead_us, mode)}`` of each roofline class replayed in a CUDA graph (mode
-            ``max`` or ``add`` as :class:`~mla_lab.model.calibration.ClassEff`); classes not listed borrow their
-            bf16 twin's (``gemm_fp8`` <- ``gemm``, ``moe_gemm_fp8`` <- ``moe_gemm``) or keep the committed floor.
-        attn_floor_us: fixed cost per kernel of the attention-path byte ops (us).
-        idx_decode: the indexer-logits class for decode tokens (a :class:`ClassEff`).
-        topk_decode: ``(f_us, us_per_key_row, us_per_key_batch)`` of the decode top-k.
-        kernel_decode: :class:`KernelDecode`.
-        layer_fixed_us: fixed cost per layer (us), GPU time.
-        host_us_per_op: host launch cost per op in eager steps (us); eager_gap_us: idle GPU gap per op (us).
-        eager_form: ``max`` (host floor only), ``add`` (gaps only) or ``max+add``; documents the fit's choice.
-        name: where the fit came from; fit: MAPE figures of the fit (``{key: pct}``); provenance: copied columns.
-        moe_fp8: the fp8 MoE decode fit ``{"a_us", "eff_bytes", "source"}`` (:func:`load_moe_decode_fit`) or
-            None (``moe_gemm_fp8`` then keeps the committed efficiencies with the bf16 twin's graph overhead).
-        allreduce_latency_us: fixed cost of an all-reduce below :data:`DECODE_ALLREDUCE_MAX_BYTES` that no
-            measured fit prices (us; default :data:`DECODE_ALLREDUCE_LATENCY_US`, assumption (cited)).
+    """What the layer model lacks at decode batch sizes (module docstring); times in us. ``graph_floors``:
+    ``{op_class: (overhead_us, mode)}`` in a CUDA graph (fp8 classes borrow their bf16 twin's); ``attn_floor_us``:
+    per attention byte-op kernel; ``topk_decode``: ``(f_us, us_per_key_row, us_per_key_batch)``; ``eager_form``:
+    ``max``, ``add`` or ``max+add`` (the fit's choice); ``fit``: its MAPEs; ``moe_fp8``: :func:`load_moe_decode_fit`
+    or None; ``allreduce_latency_us``: below :data:`DECODE_ALLREDUCE_MAX_BYTES` with no measured fit.
     """
 
     graph_floors: dict
@@ -173,9 +137,9 @@ def decode_calibration_rows(dcal: DecodeCalibration, provenance: dict | None = N
 
 def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenance: dict | None = None) -> Path:
     """Write :func:`decode_calibration_rows` to ``path`` (its folder created). Returns the path."""
-    rows = decode_calibration_rows(dcal, provenance)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    rows = decode_calibration_rows(dcal, provenance)
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
@@ -215,12 +179,8 @@ def _read_decode(p: Path) -> DecodeCalibration:
 
 
 def load_decode_calibration(path: str | Path | None = None) -> DecodeCalibration:
-    """The decode calibration in ``path`` (default ``data/calibration/h200_decode.csv``; its fit:
-    ``python -m mla_lab.fits decode``), through :func:`~mla_lab.model.calibration.load_file`.
-
-    Raises:
-        ValueError: the file does not exist (says how to make it) or a row is malformed (names the file and row).
-    """
+    """The decode calibration in ``path`` (default ``data/calibration/h200_decode.csv``) through ``load_file``.
+    Raises ValueError: the file does not exist (says how to make it) or a row is malformed (names it)."""
     dcal = load_file(_read_decode, DECODE_CSV, path)
     if dcal is None:
         raise ValueError(f"decode calibration path={str(path or calibration_dir() / DECODE_CSV)!r} does not exist; "
@@ -243,11 +203,7 @@ def _read_moe_decode(p: Path) -> dict:
 
 
 def load_moe_decode_fit(path: str | Path | None = None) -> dict | None:
-    """The fp8 MoE decode fit in ``path`` (default ``data/calibration/h200_moe_decode.csv``; its fit:
-    ``python -m mla_lab.fits moe_decode``): ``{"a_us", "eff_bytes", "bw_gbps", "mape_in_pct", "mape_loo_pct",
-    "n_processes", "source"}``, or None when the file does not exist.
-
-    Raises:
-        ValueError: the file is malformed (names the file and what is missing).
-    """
+    """The fp8 MoE decode fit in ``path`` (default ``data/calibration/h200_moe_decode.csv``): ``{"a_us",
+    "eff_bytes", "bw_gbps", "mape_in_pct", "mape_loo_pct", "n_processes", "source"}`` or None (no file).
+    Raises ValueError: the file is malformed (names it and what is missing)."""
     return load_file(_read_moe_decode, MOE_DECODE_CSV, path)

@@ -1,28 +1,11 @@
 """Sparse-MLA attention kernels at decode sizes, priced by their parallelism (issue 29), fitted on one H200.
 
-At decode a step holds ``B`` query tokens, each attending ``n = min(context, topk)`` keys. How many CTAs share that
-work decides the time at low concurrency:
-
-- **FlashMLA padded** (``flashmla_pad64``; vLLM ``FLASHMLA_SPARSE`` bf16 decode, ``_bf16_flash_mla_kernel`` pads
-  every token to ``prefill_padding = 64`` heads, vLLM 0.33.0 ``flashmla_sparse.py:753-754,1352-1393``): the grid is
-  ``(h_q / 64) x B`` CTAs, one token's whole key walk per CTA, no split. At ``B = 1`` one SM works.
-- **FA3 sparse** (``fa3_sparse``; vLLM ``FLASH_ATTN_MLA_SPARSE``, ``flashattn_mla_sparse.py:215-259``): the 8 or 16
-  heads of a token are packed into one 64-row m-block (``total_mblocks = B``) and FA3 splits the key walk over
-  ``s`` CTAs when ``B`` does not fill the GPU: :func:`fa3_num_splits` is FA3's heuristic
-  (Dao-AILab/flash-attention ``hopper/heuristics.h``, ``num_splits_heuristic``; vLLM passes ``num_splits = 0``,
-  which lets the kernel choose).
-
-The model (per family, ``us``)::
-
-    waves = ceil(B * s / num_sms)
-    lat   = waves * us_per_key * n / s           # one CTA's walk over its share of the keys
-    kv    = B * n * 576 * 2 / (HBM * eff_bytes)  # the gathered KV rows at HBM bandwidth
-    t     = a_us + (lat^p + kv^p)^(1/p)
-
-``s = 1`` for FlashMLA; ``num_sms`` the GPU record's ``sm_count``. Each family's four parameters are fitted
-(:func:`fit_decode_kernels`) on the H200 ``decode`` rows of :data:`ROWS_CSV` (B 1..256, H 8 / 16, contexts 1088 and
-8192, 5 fresh processes, graph timing) into ``data/calibration/h200_decode_kernels.csv`` with the in-sample and
-leave-one-context-out MAPE: modelled, in sample for those rows. Only the H200 is calibrated.
+``B`` decode tokens, each over ``n = min(context, topk)`` keys. ``flashmla_pad64`` (vLLM 0.33.0
+``flashmla_sparse.py:753-754,1352-1393``): one CTA per token, no split. ``fa3_sparse``
+(``flashattn_mla_sparse.py:215-259``): heads packed in one 64-row m-block, the key walk split over ``s`` CTAs
+(:func:`fa3_num_splits`). Per family (us): ``waves = ceil(B s / sms)``, ``lat = waves us_per_key n / s``, ``kv = B n
+1152 / (HBM eff_bytes)``, ``t = a_us + (lat^p + kv^p)^(1/p)``; fitted on the H200 rows of :data:`ROWS_CSV` (in
+sample; leave-one-context-out MAPE beside).
 """
 
 from __future__ import annotations
@@ -54,16 +37,9 @@ _ROW_FAMILY = {("flashmla_vllm_pad64", -1): "flashmla_pad64", ("fa3_sparse", 0):
 
 
 def fa3_num_splits(total_mblocks: int, num_sms: int, n_blocks: int, max_splits: int = 128) -> int:
-    """FA3's split-KV heuristic (``hopper/heuristics.h`` ``num_splits_heuristic``): 1 when the m-blocks almost fill
-    the GPU (>= 0.8 x SMs), else the smallest split count whose wave efficiency is >= 85 % of the best.
-
-    Args:
-        total_mblocks: m-blocks of the call (decode, heads packed: the number of query tokens ``B``).
-        num_sms: SMs of the GPU; n_blocks: key blocks per token (``ceil(n / FA3_BLOCK_N)``); max_splits: FA3's cap.
-
-    Raises:
-        ValueError: a count < 1.
-    """
+    """FA3's split-KV heuristic (Dao-AILab/flash-attention ``hopper/heuristics.h`` ``num_splits_heuristic``; vLLM
+    passes ``num_splits = 0``): 1 when m-blocks >= 0.8 x SMs, else the fewest splits within 85 % of the best wave
+    efficiency. Raises ValueError: a count < 1."""
     for name, v in (("total_mblocks", total_mblocks), ("num_sms", num_sms), ("n_blocks", n_blocks)):
         if int(v) < 1:
             raise ValueError(f"{name}={v} must be >= 1")
@@ -83,9 +59,8 @@ def fa3_num_splits(total_mblocks: int, num_sms: int, n_blocks: int, max_splits: 
 
 @dataclass(frozen=True)
 class DecodeKernel:
-    """One family's decode-kernel model (module docstring); ``a_us`` (us), ``us_per_key`` (us per key of one CTA's
-    walk), ``eff_bytes`` (fraction of HBM bandwidth), ``p`` (norm), ``mape_pct`` / ``loco_mape_pct`` (in-sample and
-    leave-one-context-out MAPE on the rows, %)."""
+    """One family's decode-kernel parameters (module docstring) and its MAPE (%) in sample and
+    leave-one-context-out."""
 
     family: str
     a_us: float
@@ -102,11 +77,7 @@ class DecodeKernel:
         return fa3_num_splits(B, arch.sm_count, max(1, math.ceil(keys / FA3_BLOCK_N)))
 
     def ms(self, B: int, keys: int, arch: GPUArch) -> float:
-        """Kernel time (ms) of ``B`` decode tokens with ``keys`` keys each (the step's largest ``topk_length``).
-
-        Raises:
-            ValueError: ``B`` < 1 or ``keys`` < 0.
-        """
+        """Kernel ms of ``B`` decode tokens of ``keys`` keys each. Raises ValueError: ``B`` < 1 or ``keys`` < 0."""
         if B < 1 or keys < 0:
             raise ValueError(f"B={B} must be >= 1 and keys={keys} >= 0")
         return _model(np.array([B]), np.array([keys]), self.a_us, self.us_per_key, self.eff_bytes, self.p,
@@ -128,9 +99,7 @@ def _model(B, n, a, k, eff, p, family, arch) -> np.ndarray:
 
 
 def decode_family(placement: str) -> str:
-    """The decode kernel family of a strategy's placement: ``fa3_sparse`` for ``fa3_sparse`` and ``packed`` (the
-    lab's packed kernel decodes per token on vLLM 0.33.0's FA3 sparse), else the padded FlashMLA (every vLLM/SGLang
-    FlashMLA placement pads decode tokens to 64 heads the same way)."""
+    """``fa3_sparse`` for :data:`~mla_lab.placement.FA3_DECODE_PLACEMENTS`, else ``flashmla_pad64``."""
     return "fa3_sparse" if placement in FA3_DECODE_PLACEMENTS else "flashmla_pad64"
 
 
@@ -178,13 +147,7 @@ def _mape(B, n, y_us, params, family, arch) -> float:
 
 
 def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArch | None = None) -> dict:
-    """Fit each family on the decode rows of ``rows_csv``; returns ``{family: DecodeKernel}`` with the in-sample and
-    leave-one-context-out MAPE.
-
-    Raises:
-        ValueError: the file has no decode rows.
-    """
-
+    """``{family: DecodeKernel}`` fitted on the decode rows of ``rows_csv``. Raises ValueError: no decode rows."""
     arch = arch or get_arch(FIT_GPU)
     rows = _rows(Path(rows_csv))
     out = {}
@@ -218,11 +181,8 @@ def write_decode_kernels(fits: dict, path: Path) -> None:
 
 
 def load_decode_kernels(path: str | Path | None = None) -> dict:
-    """``{family: DecodeKernel}`` from the committed calibration (:data:`DECODE_KERNELS_CSV`).
-
-    Raises:
-        FileNotFoundError: the file is missing; ValueError: a row is malformed (names the file and the row).
-    """
+    """``{family: DecodeKernel}`` from :data:`DECODE_KERNELS_CSV`. Raises FileNotFoundError; ValueError: a malformed
+    row or missing family."""
     path = Path(path) if path else calibration_dir() / DECODE_KERNELS_CSV
     out = {}
     with open(path, newline="") as f:
@@ -240,8 +200,7 @@ def load_decode_kernels(path: str | Path | None = None) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m mla_lab.model.decode_kernels [--write [--overwrite]]``: fit and print (and write the
-    calibration; an existing file is replaced only with ``--overwrite``)."""
+    """``python -m mla_lab.model.decode_kernels [--write [--overwrite]]``: fit, print, write."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m mla_lab.model.decode_kernels")

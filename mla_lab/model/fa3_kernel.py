@@ -1,12 +1,8 @@
 """FA3 sparse (vLLM ``FLASH_ATTN_MLA_SPARSE``) prefill kernel time against the padded FlashMLA kernel, from the
 engines' own kernels measured side by side on one H200 (issue 29; docs/routes.md).
 
-The FA3 kernel costs the padded FlashMLA kernel's modelled time (:class:`~mla_lab.model.routes.PaddedKernelFit`,
-zero padded heads) times ``r``: vLLM 0.33.0's FA3 over vLLM 0.33.0's bundled FlashMLA padded to 64 zero heads,
-paired in the same processes (:data:`ROWS_CSV`: 5 fresh processes x 7 interleaved rounds, graph timing; median over
-processes of the per-process ratios; seed 0.894 / 0.909 and full topk 0.926 / 0.941 at H 8 / 16). ``r`` is
-interpolated linearly in the mean keys per token between the two shapes and in H between 8 and 16, held constant
-outside (an extrapolation). Other GPUs keep the roofline assumption. :func:`fit_fa3_ratio` recomputes the table.
+FA3 = the padded kernel's modelled time x ``r``, the median over processes of vLLM 0.33.0's FA3 / its FlashMLA at
+64 zero heads, paired (:data:`ROWS_CSV`), interpolated in mean keys per token and H, held constant outside.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ __all__ = ["Fa3Ratio", "fit_fa3_ratio", "load_fa3_ratio", "GPU", "ROWS_CSV", "ME
 #: The GPU the paired rows ran on (the only GPU the ratio prices: :func:`mla_lab.model.timing`).
 GPU = "h200"
 ROWS_CSV = f"data/measured/{GPU}/between_process/engine_kernels_content.csv"
-#: mean topk_length per token of the two measured shapes (mla_lab.measure.engine_kernels._inputs): seed = causal
+#: mean topk_length per token of the two measured shapes (mla_lab.kernels.engine_libs.engine_inputs): seed = causal
 #: 1024-token prompts ((1 + 1024) / 2), full_topk = 2048
 MEAN_KEYS = {"seed": 512.5, "full_topk": 2048.0}
 
@@ -52,11 +48,7 @@ class Fa3Ratio:
 
 
 def fit_fa3_ratio(rows_csv: str | Path = REPO_ROOT / ROWS_CSV) -> Fa3Ratio:
-    """The paired ratios from the rows (median and [min, max] over processes).
-
-    Raises:
-        ValueError: the file lacks the paired rows.
-    """
+    """The paired ratios (median, min, max over processes). Raises ValueError: no paired rows."""
     import pandas as pd
 
     d = pd.read_csv(rows_csv)
@@ -74,13 +66,3 @@ def load_fa3_ratio() -> Fa3Ratio | None:
     p = REPO_ROOT / ROWS_CSV
     return fit_fa3_ratio(p) if p.exists() else None
 
-
-def main() -> int:  # pragma: no cover - prints the table
-    r = fit_fa3_ratio()
-    for (s, h), v in sorted(r.table.items()):
-        print(f"{s:9s} H={h:3d}: {v['median']:.3f} [{v['min']:.3f}, {v['max']:.3f}]")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

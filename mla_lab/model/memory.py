@@ -196,14 +196,13 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(x) for x in version.split(".")[:3])
 
 
-def kv_capacity_terms(rank: RankView, total: float, gpu_memory_utilization: float, persistent: dict,
-                      activation: int, per_tok: int, *, vllm_version: str = "0.33.0",
-                      max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
+def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int, per_tok: int, *,
+                      vllm_version: str = "0.33.0", max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
     """vLLM's KV-cache capacity of one rank, term by term (module docstring; sources :data:`KV_RULE_SOURCES`).
 
     Args:
-        rank: the deployment's :class:`~mla_lab.rank.RankView` (not re-checked).
-        total: device memory as torch reports it, bytes. gpu_memory_utilization: in (0, 1].
+        deployment: a checked :class:`~mla_lab.deployment.Deployment` (its rank, the GPU's memory as torch reports
+            it, ``gpu_memory_utilization``; nothing re-checked).
         persistent: ``{term key: bytes}`` of persistent buffers the lab counts (``q_workspace`` ...).
         activation: the profile-run activation peak, bytes. per_tok: KV bytes per token, all layers (MTP excluded).
         vllm_version: ``"X.Y.Z"``; the CUDA-graph estimate is subtracted from 0.21.0 on.
@@ -216,6 +215,8 @@ def kv_capacity_terms(rank: RankView, total: float, gpu_memory_utilization: floa
         "block_size", "vllm_version", "terms": [{term, value, unit, status, source}]}`` (bytes; ``tokens`` an int,
         0 when nothing is left).
     """
+    rank, total, gpu_memory_utilization = deployment.rank, deployment.arch.torch_total_bytes, \
+        deployment.gpu_memory_utilization
     requested = math.ceil(total * gpu_memory_utilization)
     weights = weights_bytes_per_rank(rank)
     mtp = mtp_layers * mtp_weights_bytes(rank)
@@ -260,114 +261,76 @@ def _check_rule_args(vllm_version, max_model_len, mtp_layers) -> None:
                          "for speculative decoding)")
 
 
-def memory_tradeoff(
-    deployment: Deployment,
-    *,
-    ep_size: int | None = None,
-    total_memory_bytes: int | None = None,
-    include_indexer: bool = True,
-    strategies=None,
-    shared_workspace_bytes: int | None = None,
-    vllm_version: str = "0.33.0",
-    max_model_len: int | None = None,
-    mtp_layers: int = 0,
-) -> dict:
-    """The persistent Q-workspace bytes of each strategy as KV-cache tokens lost per rank and % of KV capacity.
+def _accounts(d: Deployment, rank: RankView, strategies, shared: int) -> dict:
+    """``{name: MemoryAccount}`` of the baseline and ``strategies`` at the deployment's prompt length (a strategy
+    whose route is dense MHA there pads nothing: :func:`mla_lab.buffers.memory_account`)."""
+    sts = expand(strategies if strategies is not None else STRATEGIES)
+    sts = sts if any(st.name == BASELINE for st in sts) else [*expand(BASELINE), *sts]
+    return {st.name: memory_account_of(rank, st, shared, d.prompt_len, union_bytes=packed_union_bytes(
+        rank, d.prompt_len) if st.placement == "packed" else None) for st in sts}
 
-    KV capacity per rank as vLLM computes it (:func:`kv_capacity_terms`, module docstring): torch's total
-    (:attr:`~mla_lab.arch.GPUArch.torch_total_bytes`; ``total_memory_bytes`` overrides it) x
-    ``gpu_memory_utilization`` minus the weights one rank holds (:func:`weights_bytes_per_rank`, at
-    ``weight_dtype``; the MTP layer with ``mtp_layers=1``), the persistent buffers (the indexer's top-k buffer,
-    the baseline's Q-concat buffer :data:`mla_lab.placement.BASELINE`), the profile-run activation peak
-    (:func:`activation_peak_bytes`, an estimate), non-torch memory and the CUDA-graph estimate (assumed), in whole
-    blocks of :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token` (latent cache + indexer keys, all
-    layers; the MLA latent cache is replicated on every TP rank). The workspace is shared by all layers (one per
-    rank), so its cost does not scale with the layer count.
 
-    Only persistent bytes reduce the KV cache: vLLM sizes the cache after a profile run at
-    ``max_num_batched_tokens``; the unfused pad tensor is transient and is freed inside each layer, and whether it
-    raises the profiled peak depends on whether the attention path or the MoE sets that peak (with the MoE
-    intermediates larger, as estimated here, it does not).
-
-    Returns:
-        ``{"strategies": {s: {persistent_bytes, extra_bytes, extra_mib, kv_tokens_lost, kv_capacity_pct_lost}},
-        "kv_capacity_tokens", "kv_budget_bytes", "weights_bytes", "activation_bytes", "kv_bytes_per_token",
-        "fits", "accounts": {s: MemoryAccount}, "kv_capacity": kv_capacity_terms(...)}`` plus the assumptions.
-
-    ``deployment``: a :class:`~mla_lab.deployment.Deployment` (model, tp, arch, max_num_batched_tokens, KV dtype,
-    weight dtype, MoE layout and gpu_memory_utilization from it, checked at its door; ``Deployment.replace(...)``
-    changes one). The older loose form ``memory_tradeoff(model, tp, arch, ...)`` is gone (issue 31: the serving
-    benchmark, its last caller, takes a Deployment).
-    ``strategies``: :class:`~mla_lab.placement.Strategy` objects or door names (presets, aliases; default every
-    fixed canonical strategy);
-    ``shared_workspace_bytes``: the shared workspace's size from its other users (default
-    :func:`mla_lab.buffers.shared_workspace_other_bytes`, the fused-MoE scratch at ``max_num_batched_tokens``);
-    ``vllm_version``, ``max_model_len``, ``mtp_layers``: as :func:`kv_capacity_terms`.
-
-    Raises:
-        ValueError: a bad ``total_memory_bytes`` / ``shared_workspace_bytes`` / ``ep_size`` / ``vllm_version`` /
-            ``max_model_len`` / ``mtp_layers`` (one line).
-    """
-    d = deployment
-    model, arch = d.model, d.arch
-    kv_cache_dtype, gpu_memory_utilization = d.kv_cache_dtype, d.gpu_memory_utilization
-    moe_parallel = d.moe_parallel
-    H = d.num_heads
-    total = arch.torch_total_bytes if total_memory_bytes is None else total_memory_bytes
-    if isinstance(total, bool) or not isinstance(total, (int, float)) or total <= 0:
-        raise ValueError(f"total_memory_bytes={total_memory_bytes!r} must be a positive number")
-    _check_rule_args(vllm_version, max_model_len, mtp_layers)
-    rank = d.rank.with_ep_size(ep_size) if moe_parallel == "ep" else d.rank  # derived once from the checked deployment
-    weights = weights_bytes_per_rank(rank)
-    act = activation_peak_bytes(rank)
-    per_tok = model.kv_cache_bytes_per_token(kv_cache_dtype, include_indexer)
-    names = [st.name for st in expand(strategies if strategies is not None else STRATEGIES)]
-    shared = shared_workspace_other_bytes(rank) \
-        if shared_workspace_bytes is None else check_int("shared_workspace_bytes", shared_workspace_bytes,
-                                                         allow_zero=True)
-    # model + prompt length: a strategy whose route is dense MHA at this prompt length pads nothing (its transient
-    # is the up-projected K/V, mla_lab.buffers.memory_account)
-    accounts = {s: memory_account_of(rank, s, shared, d.prompt_len,
-                                     union_bytes=packed_union_bytes(rank, d.prompt_len) if s.startswith("packed") else None)
-                for s in dict.fromkeys([BASELINE] + names)}
-    base_ws = accounts[BASELINE].persistent_bytes
-    topk = rank.max_num_batched_tokens * model.index_topk * 4  # int32 top-k indices (KV_RULE_SOURCES topk_buffer)
-    persistent = {"topk_buffer": topk, "q_workspace": base_ws, "logits_reserve": INDEXER_LOGITS_RESERVE_BYTES,
-                  "sparse_workspace": sparse_workspace_extra_bytes(rank, max_model_len, shared)}
-    kv = kv_capacity_terms(rank, total, gpu_memory_utilization, persistent, act, per_tok, vllm_version=vllm_version,
-                           max_model_len=max_model_len, mtp_layers=mtp_layers)
-    budget = kv["available_bytes"]
-    capacity = float(kv["tokens"])
+def _costs(accounts: dict, per_tok: int, capacity: float) -> dict:
+    """Each strategy's persistent bytes over the baseline's, as KV tokens and % of the KV capacity."""
+    base = accounts[BASELINE].persistent_bytes
     out = {}
     for s, a in accounts.items():
-        extra = a.persistent_bytes - base_ws
+        extra = a.persistent_bytes - base
         lost = extra / per_tok
         out[s] = {"persistent_bytes": a.persistent_bytes, "extra_bytes": extra, "extra_mib": extra / MIB,
-                  "kv_tokens_lost": lost,
-                  "kv_capacity_pct_lost": (lost / capacity * 100) if capacity > 0 else float("nan"),
-                  "step_transient_bytes": a.step_transient_bytes,
-                  "call_transient_bytes": a.call_transient_bytes}
-    return {
-        "strategies": out,
-        "num_heads": H,
-        "padded_heads": rank.padded_num_heads,
-        "accounts": accounts,  # name -> mla_lab.buffers.MemoryAccount (the row builder's memory columns)
-        "kv_capacity_tokens": max(capacity, 0.0),  # never negative: "fits" and "fit_reason" say why it is 0
-        "fit_reason": "" if budget > 0 and capacity > 0 else (
-            f"weights ({weights / 2**30:.1f} GiB per rank), activations ({act / 2**30:.1f} GiB) and the baseline "
-            f"workspace leave no KV cache in {gpu_memory_utilization} x {total / 2**30:.1f} GiB"),
-        "kv_budget_bytes": budget,
-        "weights_bytes": weights,
-        "activation_bytes": act,
-        "kv_bytes_per_token": per_tok,
-        "total_memory_bytes": total,
-        "gpu_memory_utilization": gpu_memory_utilization,
-        "shared_workspace_bytes": shared,
-        "fits": budget > 0 and capacity > 0,
-        "kv_capacity": kv,
-        "assumptions": (f"KV capacity as vLLM {vllm_version} computes it (mla_lab.model.memory module docstring): "
-                        "torch's total x gpu_memory_utilization - weights (config count at weight_dtype) - "
-                        "persistent buffers - the profile-run activation estimate - non-torch memory and the "
-                        "CUDA-graph estimate (both assumed), in whole blocks of KV bytes per token (MLA + indexer "
-                        "caches); each term and its source in 'kv_capacity'"),
-    }
+                  "kv_tokens_lost": lost, "kv_capacity_pct_lost": (lost / capacity * 100) if capacity > 0 else math.nan,
+                  "step_transient_bytes": a.step_transient_bytes, "call_transient_bytes": a.call_transient_bytes}
+    return out
+
+
+def memory_tradeoff(deployment: Deployment, *, strategies=None, shared_workspace_bytes: int | None = None,
+                    vllm_version: str = "0.33.0", max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
+    """The persistent Q-workspace bytes of each strategy as KV-cache tokens lost per rank and % of KV capacity.
+
+    KV capacity per rank as vLLM computes it (:func:`kv_capacity_terms`, module docstring), in whole blocks of
+    :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token` (latent cache + indexer keys, all layers). The
+    workspace is one per rank, shared by all layers. Only persistent bytes reduce the KV cache: vLLM sizes it after
+    a profile run at ``max_num_batched_tokens`` that does not run the sparse kernel, so the per-call pad is not
+    counted.
+
+    Args:
+        deployment: a :class:`~mla_lab.deployment.Deployment` (checked at its door; nothing re-checked).
+        strategies: :class:`~mla_lab.placement.Strategy` objects or door names (default every fixed strategy).
+        shared_workspace_bytes: the shared workspace's size from its other users (default
+            :func:`mla_lab.buffers.shared_workspace_other_bytes`, the fused-MoE scratch).
+        vllm_version, max_model_len, mtp_layers: as :func:`kv_capacity_terms`.
+
+    Returns:
+        ``{"strategies": {s: {persistent_bytes, extra_bytes, extra_mib, kv_tokens_lost, kv_capacity_pct_lost,
+        step_transient_bytes, call_transient_bytes}}, "accounts": {s: MemoryAccount}, "kv_capacity_tokens" (>= 0),
+        "fits", "fit_reason", "kv_budget_bytes", "weights_bytes", "activation_bytes", "kv_bytes_per_token",
+        "total_memory_bytes", "gpu_memory_utilization", "shared_workspace_bytes", "kv_capacity":
+        kv_capacity_terms(...)}`` (bytes, tokens).
+
+    Raises:
+        ValueError: a bad ``shared_workspace_bytes`` / ``vllm_version`` / ``max_model_len`` / ``mtp_layers`` (one
+            line).
+    """
+    d, total = deployment, deployment.arch.torch_total_bytes
+    _check_rule_args(vllm_version, max_model_len, mtp_layers)
+    rank = d.rank  # derived once from the checked deployment
+    shared = shared_workspace_other_bytes(rank) if shared_workspace_bytes is None else \
+        check_int("shared_workspace_bytes", shared_workspace_bytes, allow_zero=True)
+    accounts = _accounts(d, rank, strategies, shared)
+    per_tok = d.model.kv_cache_bytes_per_token(d.kv_cache_dtype)
+    weights, act = weights_bytes_per_rank(rank), activation_peak_bytes(rank)
+    persistent = {"topk_buffer": rank.max_num_batched_tokens * d.model.index_topk * 4,  # int32 (KV_RULE_SOURCES)
+                  "q_workspace": accounts[BASELINE].persistent_bytes, "logits_reserve": INDEXER_LOGITS_RESERVE_BYTES,
+                  "sparse_workspace": sparse_workspace_extra_bytes(rank, max_model_len, shared)}
+    kv = kv_capacity_terms(d, persistent, act, per_tok, vllm_version=vllm_version, max_model_len=max_model_len,
+                           mtp_layers=mtp_layers)
+    capacity, fits = float(kv["tokens"]), kv["available_bytes"] > 0 and kv["tokens"] > 0
+    return {"strategies": _costs(accounts, per_tok, capacity), "accounts": accounts,
+            "kv_capacity_tokens": max(capacity, 0.0),  # never negative: "fits" and "fit_reason" say why it is 0
+            "fit_reason": "" if fits else (
+                f"weights ({weights / 2**30:.1f} GiB per rank), activations ({act / 2**30:.1f} GiB) and the baseline "
+                f"workspace leave no KV cache in {d.gpu_memory_utilization} x {total / 2**30:.1f} GiB"),
+            "kv_budget_bytes": kv["available_bytes"], "weights_bytes": weights, "activation_bytes": act,
+            "kv_bytes_per_token": per_tok, "total_memory_bytes": total,
+            "gpu_memory_utilization": d.gpu_memory_utilization, "shared_workspace_bytes": shared, "fits": fits,
+            "kv_capacity": kv}

@@ -1,29 +1,9 @@
 """Per-rank ops of one decoder layer of a sparse-MLA (DSA) MoE model for one prefill step (docs/ttft-model.md).
 
-Every function takes a :class:`~mla_lab.rank.RankView` first (model, ``tp``, GPU, ``num_heads`` /
-``padded_num_heads``, dtypes, MoE layout: checked at its door, not here); layer options (``layer_kind``,
-``ep_comm``, ``indexer_dtype`` ...) are keyword arguments checked once per call.
-
-:func:`layer_ops` lists the ops in vLLM's order (``vllm/model_executor/models/deepseek_v2.py``, FlashMLA sparse
-backend) with their per-rank shape, FLOPs and bytes (weights plus activations read and written, each once: a lower
-bound on traffic): norms, q_a / q_b / kv_a GEMMs, rope + KV-cache write, the absorbed W_UK bmm, the DSA indexer
-(``idx_*``), the attention path (:func:`attention_path_ops`), the W_UV bmm, o_proj + all-reduce, then the dense MLP
-(first ``first_k_dense_replace`` layers) or router + routed experts (balanced routing, ``T*k/E`` tokens per expert)
-+ shared experts + all-reduce (or a DeepEP-style all-to-all with ``ep_comm="all_to_all"``). :func:`step_level_ops`
-adds the embedding, final norm, LM head (one row per chunk: vLLM v1 computes logits for every scheduled request's
-last token) and logits gather.
-
-Dtypes: activations bf16 (2 B); linear weights ``weight_dtype`` bf16 or fp8 (1 B + an fp32 scale per 128x128
-block, at :data:`FP8_PEAK_FACTOR` x the bf16 rate); W_UK / W_UV, router, ``idx_weights_proj``, norms, embedding
-and LM head bf16; the indexer logits at ``indexer_dtype`` (bf16: what the lab measured).
-
-Attention path per layer (``H`` real heads, ``H'`` padded, head_size 576, d_v 512; :func:`attention_op_work`):
-``concat`` ``2*T*H*576*2`` B; ``pad`` zero fill ``T*H'*576*2`` + copy ``2*T*H*576*2`` B (per_call_zeros);
-``kernel`` ``2*sum(topk_length)*H'*(576+512)`` FLOP (FlashMLA README) plus per-token bytes ``T*H'*(576*2+512*2+8)``
-(Q read; out, lse, max_logits written; priced only by a calibration with ``kernel_bytes``); ``out_slice``
-``2*T*H*512*2`` B. ``kernel_native`` and ``fa3_sparse`` (vLLM ``FLASH_ATTN_MLA_SPARSE``, PR #46189) write the real
-heads only but issue MMAs at ``ceil(H/64)*64`` rows: a token's heads fill the M rows of 64-row sm90 wgmma tiles and
-tokens cannot share a tile (each has its own index list).
+Functions take a checked :class:`~mla_lab.rank.RankView` first; layer options are keywords checked once per call.
+Ops follow vLLM's order (``vllm/model_executor/models/deepseek_v2.py``), with per-rank shape, FLOPs and bytes (each
+tensor read and written once: a lower bound). Activations bf16; linear weights ``weight_dtype`` (fp8: 1 B + an fp32
+scale per 128x128 block); W_UK / W_UV, router, norms, embedding and LM head bf16.
 """
 
 from __future__ import annotations
@@ -39,24 +19,17 @@ from ..workload import Step, sum_topk_lengths
 from .packed_kernel import packed_plan
 
 __all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
-           "layer_kinds", "step_level_ops", "ATTN_OPS", "OP_CLASSES", "COMM_CLASSES", "WEIGHT_DTYPES", "EP_COMM",
+           "layer_kinds", "step_level_ops", "ATTN_OPS", "COMM_CLASSES", "WEIGHT_DTYPES", "EP_COMM",
            "LAYER_KINDS", "FP8_PEAK_FACTOR"]
 
 BF16 = 2
-
 FP32 = 4
 
 WEIGHT_DTYPES = {"bf16": 2, "fp8": 1}
 COMM_CLASSES = ("allreduce", "all_to_all", "allgather")
 
-#: Classes priced by the roofline-with-overhead formula; attention-path ops have class ``attn_<op>``.
-OP_CLASSES = ("gemm", "gemm_fp8", "moe_gemm", "moe_gemm_fp8", "bmm", "norm", "elementwise", "indexer_logits",
-              "topk", "reduce")
-
 EP_COMM = ("all_reduce", "all_to_all")
-
 LAYER_KINDS = ("moe", "dense")
-
 FP8_PEAK_FACTOR = 2.0  # dense fp8 / dense bf16 tensor rate on Hopper and Blackwell datasheets (H200 1979/989)
 
 def _err(name, value, allowed) -> ValueError:
@@ -64,10 +37,9 @@ def _err(name, value, allowed) -> ValueError:
 
 @dataclass(frozen=True)
 class LayerOp:
-    """One op of a layer (or of the step) on one rank: ``name``, ``op_class`` (:data:`OP_CLASSES`, ``attn_<op>``
-    or :data:`COMM_CLASSES`), ``flops``, ``weight_bytes`` / ``act_bytes`` (read plus written), ``comm_bytes`` (the
-    message each rank holds before a collective), ``dims`` (the per-rank shape the benchmark runs), ``impl`` (how
-    ``mla_lab/measure/experiments/layer_calibration.py`` measures it; None: modelled only), ``dtype``."""
+    """One op on one rank: ``op_class`` (``gemm``..., ``attn_<op>``, :data:`COMM_CLASSES`), bytes read plus
+    written, ``comm_bytes`` (per rank, before the collective), ``dims`` (per-rank shape), ``impl`` (None: modelled
+    only)."""
 
     name: str
     op_class: str
@@ -117,10 +89,8 @@ def _comm(name, cls, nbytes) -> LayerOp:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What a step's shape means for the attention and the indexer: ``num_tokens`` T, ``sum_topk`` (sparse keys
-    over the tokens, FlashMLA ``topk_length``), ``sum_visible`` (indexer keys: position p sees ``min(p+1,
-    context)``), ``keys_read`` (one indexer pass per chunk over its ``start + n`` keys), ``num_seqs`` (chunks: the
-    LM head rows)."""
+    """A step's counts: ``sum_topk`` (sum of FlashMLA ``topk_length``), ``sum_visible`` (indexer keys, ``min(p+1,
+    context)`` each), ``keys_read`` (``start + n`` per chunk), ``num_seqs`` (chunks: LM-head rows)."""
 
     num_tokens: int
     sum_topk: int
@@ -129,16 +99,8 @@ class StepStats:
     num_seqs: int
 
 def step_stats(model: ModelConfig, step: Step | int, causal: bool = True, context: int | None = None) -> StepStats:
-    """Token counts of a step.
-
-    ``step`` a :class:`~mla_lab.workload.Step`: each chunk ``(pid, start, n)`` contributes ``sum min(p+1, topk)``
-    attention keys (``causal``; else ``n * topk``) and ``sum min(p+1, context)`` indexer keys over its positions.
-    ``step`` an int T: the benchmark's synthetic step — the sparse kernel at full topk for every token (as
-    :func:`attention_path_ops` does for an int) and the indexer over one causal prompt of T tokens.
-
-    Raises:
-        ValueError: T not a non-negative int, context not a positive int.
-    """
+    """:class:`StepStats` of a Step (an int T: full topk per token, the indexer over one causal prompt).
+    Raises ValueError: T not a non-negative int, context not a positive int."""
     if context is not None:
         check_int("context", context)
     big = context if context is not None else 1 << 62
@@ -154,12 +116,7 @@ def step_stats(model: ModelConfig, step: Step | int, causal: bool = True, contex
     return StepStats(T, T * model.topk, sum_topk_lengths(0, T, big), min(T, big), 1 if T else 0)
 
 def _check_options(ep_comm: str, indexer_dtype: str, layer_kind: str | None = None) -> None:
-    """The layer options that are not deployment fields (a user's values enter here: :func:`layer_ops`,
-    :func:`step_ops` and the route functions check them once per call, then build the layers unchecked).
-
-    Raises:
-        ValueError: an option outside its allowed values (names it, its value and what is allowed).
-    """
+    """Check the layer options (not deployment fields). Raises ValueError: a value outside those allowed."""
     if ep_comm not in EP_COMM:
         raise _err("ep_comm", ep_comm, list(EP_COMM))
     if layer_kind is not None and layer_kind not in LAYER_KINDS:
@@ -181,22 +138,17 @@ def layer_ops(
     indexer_dtype: str = "bf16",
     with_indexer: bool = True,
 ) -> list[LayerOp]:
-    """Every op of one decoder layer on one rank for one step (module docstring).
+    """Every op of one decoder layer on one rank for one step.
 
     Args:
-        rank: what one TP rank holds (dtypes, MoE layout, ``ep_size``: :meth:`~mla_lab.rank.RankView.with_ep_size`).
-        strategy: a :class:`~mla_lab.placement.Strategy` or canonical name; its path: :func:`attention_path_ops`.
-        step: a :class:`~mla_lab.workload.Step` or a token count (:func:`step_stats`); causal, context: as there.
         layer_kind: ``moe`` or ``dense`` (the first ``first_k_dense_replace`` layers).
-        ep_comm: ``all_reduce`` (vLLM TP+EP, DP=1) or ``all_to_all`` (under ``moe_parallel="ep"``).
-        out_slice_copy: keep the ``out_slice`` copy of ``out[:, :H]``; default False: vLLM hands the view to the
-            W_UV bmm, which reads it at the same time (``data/measured/h200/layer_extras.csv``, ``w_uv_slice``).
-        indexer_dtype: ``bf16`` or ``fp8`` indexer q/k (fp8: 2x rate, 1 B per value).
-        with_indexer: False for IndexShare layers reusing another layer's top-k
-            (:attr:`mla_lab.models.ModelConfig.indexer_layers`).
+        ep_comm: ``all_reduce`` (vLLM TP+EP) or ``all_to_all`` (``moe_parallel="ep"``).
+        out_slice_copy: price the ``out[:, :H]`` copy (default False: vLLM hands the view to the W_UV bmm;
+            ``data/measured/h200/layer_extras.csv``).
+        indexer_dtype: ``bf16`` / ``fp8``; with_indexer: False for IndexShare layers.
 
     Raises:
-        ValueError: ``strategy``, ``step``, ``context`` or an option outside its allowed values (one line).
+        ValueError: ``strategy``, ``step``, ``context`` or an option outside its allowed values.
     """
     strategy = as_strategy(strategy)
     _check_options(ep_comm, indexer_dtype, layer_kind)
@@ -207,7 +159,7 @@ def layer_ops(
 def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind: str = "moe", *,
                ep_comm: str = "all_reduce", out_slice_copy: bool = False, causal: bool = True,
                context: int | None = None, indexer_dtype: str = "bf16", with_indexer: bool = True) -> list[LayerOp]:
-    """:func:`layer_ops` below its checks (options checked, ``strategy`` a Strategy)."""
+    """:func:`layer_ops` unchecked."""
     model, tp, H = rank.model, rank.tp, rank.num_heads
     ss = step_stats(model, step, causal, context)
     T = ss.num_tokens
@@ -249,7 +201,7 @@ def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind:
 
 
 def _indexer_ops(model: ModelConfig, ss: StepStats, wb: int, wd: str, indexer_dtype: str) -> list[LayerOp]:
-    """The DSA indexer's ops: wq_b, wk, weights_proj, k prep (norm, rope, fp8 quant, cache write), logits, top-k."""
+    """The DSA indexer's ops."""
     T, nih, dih, qr, h = ss.num_tokens, model.index_n_heads, model.index_head_dim, model.q_lora_rank, model.hidden_size
     ib = BF16 if indexer_dtype == "bf16" else 1
     return [
@@ -269,8 +221,7 @@ def _indexer_ops(model: ModelConfig, ss: StepStats, wb: int, wd: str, indexer_dt
 
 
 def _moe_ops(rank: RankView, T: int, ep_comm: str) -> list[LayerOp]:
-    """A MoE layer's router, routed experts (balanced routing; the weights of the experts hit at least once under
-    uniform routing), shared experts and the MoE all-reduce (or EP all-to-all)."""
+    """Router, routed experts (balanced; weights of experts hit under uniform routing), shared experts, comm."""
     model, tp, ep = rank.model, rank.tp, rank.ep_size
     wb, wd, h = WEIGHT_DTYPES[rank.weight_dtype], rank.weight_dtype, model.hidden_size
     E, k, im = model.n_routed_experts, model.num_experts_per_tok, model.moe_intermediate_size
@@ -314,30 +265,24 @@ def _moe_ops(rank: RankView, T: int, ep_comm: str) -> list[LayerOp]:
 
 
 def step_ops(rank: RankView, strategy: Strategy | str, step: Step | int, **kw) -> list[tuple[LayerOp, int]]:
-    """All ops of one engine step on one rank as ``(op, count)``: each kind of layer (dense for the first
-    ``first_k_dense_replace``, MoE for the rest; with or without its own indexer,
-    :attr:`~mla_lab.models.ModelConfig.indexer_layers`) x its count, and the embedding, final norm, LM head and
-    logits gather once.
-
-    ``rank`` as :func:`layer_ops`; keyword arguments are those of :func:`layer_ops` (``layer_kind`` excluded),
-    checked once here.
-    """
+    """One engine step's ops as ``(op, count)``: each layer kind x its count, the step-level ops once. Keywords
+    as :func:`layer_ops` (no ``layer_kind``)."""
     strategy = as_strategy(strategy)
+    return _step_pairs(rank, step, kw, "step_ops", lambda kind, idx: _layer_ops(rank, strategy, step, kind,
+                                                                              with_indexer=idx, **kw))
+
+
+def _step_pairs(rank: RankView, step: Step | int, kw: dict, who: str, layer) -> list[tuple[LayerOp, int]]:
+    """``(op, count)`` of ``layer(kind, with_indexer)`` per layer kind, then the step-level ops; options checked."""
     if "layer_kind" in kw:
-        raise ValueError("layer_kind=... is chosen per layer by step_ops; allowed: omit it")
+        raise ValueError(f"layer_kind=... is chosen per layer by {who}; allowed: omit it")
     _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"))
-    model = rank.model
-    ss = step_stats(model, step, kw.get("causal", True), kw.get("context"))
-    out: list[tuple[LayerOp, int]] = []
-    for (kind, idx), n in layer_kinds(model):
-        out += [(op, n) for op in _layer_ops(rank, strategy, step, kind, with_indexer=idx, **kw)]
-    return out + step_level_ops(rank, ss)
+    out = [(op, n) for (kind, idx), n in layer_kinds(rank.model) for op in layer(kind, idx)]
+    return out + step_level_ops(rank, step_stats(rank.model, step, kw.get("causal", True), kw.get("context")))
 
 
 def layer_kinds(model: ModelConfig) -> list[tuple[tuple[str, bool], int]]:
-    """``((layer_kind, with_indexer), count)`` over the model's layers: dense for the first
-    ``first_k_dense_replace``, MoE for the rest, with or without its own indexer
-    (:attr:`~mla_lab.models.ModelConfig.indexer_layers`); dense first, layers with an indexer first."""
+    """``((layer_kind, with_indexer), count)`` over the model's layers, dense first, indexer layers first."""
     n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
     with_idx = set(model.indexer_layers)
     counts: dict[tuple[str, bool], int] = {}
@@ -348,9 +293,8 @@ def layer_kinds(model: ModelConfig) -> list[tuple[tuple[str, bool], int]]:
 
 
 def step_level_ops(rank: RankView, ss: StepStats) -> list[tuple[LayerOp, int]]:
-    """The ops a step runs once, not per layer, as ``(op, 1)``: the vocab-parallel embedding, the final norm, the LM
-    head over ``ss.num_seqs`` rows and, for ``tp > 1``, the embedding all-reduce and the logits gather (module
-    docstring). ``tp`` divides ``vocab_size``: checked at the rank's door."""
+    """The once-per-step ops as ``(op, 1)``: embedding, final norm, LM head over ``num_seqs`` rows (vLLM v1) and,
+    for ``tp > 1``, the embedding all-reduce and logits gather."""
     model, tp = rank.model, rank.tp
     T, h, V = ss.num_tokens, model.hidden_size, model.vocab_size
     R = ss.num_seqs
@@ -370,12 +314,8 @@ ATTN_OPS = ("concat", "pad", "pad_copy", "kernel", "out_slice", "chunk_out", "ch
 
 
 def attention_op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size: int = 576, d_v: int = 512) -> float:
-    """Bytes (byte ops) or FLOPs (``kernel``) of one attention-path op (table above); ``chunk_overhead`` is priced
-    per chunk and has no work.
-
-    Raises:
-        ValueError: unknown op.
-    """
+    """Bytes, or FLOPs for ``kernel`` (``2 sum_topk H' (576+512)``, FlashMLA README), of one attention-path op.
+    Raises ValueError: unknown op."""
     row = head_size * 2
     if op == "concat":
         return 2 * T * H * row
@@ -394,22 +334,9 @@ def attention_op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size
 
 def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int,
                        sum_topk: int | None = None) -> list[LayerOp]:
-    """The attention-path ops of one layer, one rank, one step, for ``strategy`` (absent ops omitted).
-
-    ``concat`` (with the padded heads' zeros for ``zero_per_call``), ``pad`` (``per_call_zeros``), ``pad_copy``
-    (``per_call_empty``), ``kernel`` (``dims["content"]``: what the padded heads hold, :mod:`mla_lab.model.content`),
-    ``out_slice`` (kept by the layer only with ``out_slice_copy``), and for ``subchunk:<S>`` ``chunk_out`` (not with
-    ``:views`` / ``:graph2``) and ``chunk_overhead`` (``dims``: ``chunks`` after the first, ``consumer_launches``
-    with ``:views``, ``graphed`` with ``:graph2``, whose consumer launches are assumed inside the graph).
-
-    Args:
-        rank: ``H`` = its ``num_heads``, ``H'`` its ``padded_num_heads``.
-        strategy: a :class:`~mla_lab.placement.Strategy` or canonical name.
-        num_tokens: T; sum_topk: keys attended summed over the tokens (default ``T * index_topk``).
-
-    Raises:
-        ValueError: unknown strategy; negative token counts; ``sum_topk > T * index_topk``.
-    """
+    """The attention-path ops (:data:`ATTN_OPS`, absent ones omitted) of one layer for ``strategy``, ``num_tokens``
+    T and ``sum_topk`` keys (default ``T * index_topk``).
+    Raises ValueError: unknown strategy; negative counts; ``sum_topk > T * index_topk``."""
     spec = as_strategy(strategy)
     model = rank.model
     check_int("num_tokens", num_tokens, allow_zero=True)
@@ -421,9 +348,7 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
 
 
 def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step: Step | int | None = None) -> list[LayerOp]:
-    """:func:`attention_path_ops` below its checks: the rank's heads (``H``, ``Hp``) and KV dtype, ``T`` tokens and
-    ``st`` keys of a step the caller derived; nothing re-checked. ``step``: the step's chunks (``packed`` prices
-    its union sizes from them; None: ``T`` tokens at full top-k)."""
+    """:func:`attention_path_ops` unchecked (``step``: the chunks ``packed`` prices its unions from)."""
     if spec.placement == "packed":
         return _packed_ops(rank, spec, T, st, step)
     model, H, Hp, kvd = rank.model, rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype
@@ -435,13 +360,10 @@ def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step: S
         return LayerOp(name, f"attn_{name}", flops=w if kind == "flops" else 0.0,
                        act_bytes=w if kind == "bytes" else 0.0, dims={**dims, **extra}, impl=f"attn_{name}")
 
-    # the kernel's per-token bytes (priced when the calibration has a ``kernel_bytes`` efficiency, the roofline of
-    # mla_lab.model.routes): Q read and out [T, h, 512] bf16 + lse, max_logits [T, h] fp32 written for every head it
-    # runs (all H' padded heads for FlashMLA; the real heads for kernel_native / fa3_sparse)
+    # per-token bytes: Q read, out [T, h, 512] bf16 + lse, max_logits fp32 written, for each head the kernel runs
     tok = model.head_size * 2 + model.d_v * 2 + 2 * 4
     if spec.placement == "fa3_sparse":
-        # vLLM FLASH_ATTN_MLA_SPARSE: no concat (q_rope / q_nope passed as they are), no padded tensor or output; a
-        # token's H heads fill the M rows of 64-row wgmma tiles, so its MMAs issue at ceil(H / 64) * 64 rows
+        # FLASH_ATTN_MLA_SPARSE: no concat, no padded Q; MMAs issue at ceil(H / 64) * 64 rows (64-row wgmma tile)
         tile = -(-H // 64) * 64
         real = 2.0 * st * H * (model.head_size + model.d_v)
         return [LayerOp("kernel", "attn_kernel", flops=2.0 * st * tile * (model.head_size + model.d_v),
@@ -455,8 +377,7 @@ def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step: S
         ops.append(op("pad", "bytes"))
     if padded and spec.placement == "per_call_empty":
         ops.append(op("pad_copy", "bytes"))
-    # kernel_native pads inside the kernel: on sm90 the wgmma tile is 64 query rows per token and each token has its
-    # own index list, so a kernel taking 8 real heads still issues 64-row MMAs; its time is the padded kernel's.
+    # kernel_native pads inside the kernel (64-row wgmma tile per token): the padded kernel's time
     native = spec.placement == "kernel_native"
     kern = op("kernel", "flops", content=spec.content if padded else "zeros", native=int(native))
     ops.append(replace(kern, act_bytes=T * (H if native else Hp) * tok))
@@ -464,8 +385,6 @@ def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step: S
         chunks = -(-T // spec.rows) if T else 0
         if not spec.views_handoff:
             ops.append(op("chunk_out", "bytes"))
-        # every chunk after the first costs its own launches and kernel tail; with views the consumer (W_UV bmm)
-        # also runs once per chunk; graph2 replays the loop as one CUDA graph (the graphed fit prices its chunks)
         ops.append(LayerOp("chunk_overhead", "attn_chunk_overhead",
                            dims={**dims, "chunks": max(0, chunks - 1), "graphed": int(spec.graphed),
                                  "consumer_launches": max(0, chunks - 1) if spec.handoff == "views" else 0},
@@ -479,10 +398,8 @@ _FA3 = as_strategy("fa3_sparse")
 
 
 def _packed_ops(rank: RankView, spec: Strategy, T: int, st: int, step: Step | int | None) -> list[LayerOp]:
-    """``packed`` (:mod:`mla_lab.model.packed_kernel`): the concat into the real-head Q buffer and one ``kernel`` op
-    (``impl="attn_packed"``) carrying the plan's predicted ms (H200 rates; :mod:`mla_lab.model.timing` scales other
-    GPUs); where the dispatch falls back, FA3 sparse's ops, with ``dims["packed_path"] = "fallback"`` and the
-    reason. ``step`` None: ``T`` tokens at full top-k (one prompt from position ``topk - 1``)."""
+    """``packed``: the real-head concat and one ``kernel`` op carrying the plan's ms (H200 rates); FA3 sparse's ops
+    where the dispatch falls back (``dims["packed_path"]``)."""
     model, H = rank.model, rank.num_heads
     plan = packed_plan(rank, step if step is not None else Step([(0, model.topk - 1, T)] if T else []), spec.overlap)
     info = {"packed_path": plan.path, "packed_reason": plan.reason, "packed_source": plan.source}

@@ -1,28 +1,7 @@
-"""The packed sparse-MLA prefill (strategy ``packed``) priced by union size (docs/packed.md, "Pricing"): a fit on the
-H200 kernel rows, the union sizes a step has, and the dispatch between packing and the fallback path.
-
-**The fit** (:func:`fit_packed`): numpy least squares on relative errors over the per-shape medians (median over
-processes of each process's median) of :data:`ROWS_CSV`, four blocks in ns (:data:`TERMS`, :data:`BLOCKS`); a
-key-tile is one key of one 64-row tile. ``data/calibration/h200_packed.csv`` (:func:`write_packed_csv`) holds the
-coefficients, their rows' file and commit, and each shape's in-sample and leave-one-shape-out error; without it,
-:data:`HAND_FIT` (in-sample) prices and says so. 16 and 32 heads (g = 4, 2) reuse the 8-head per-tile
-coefficients: an extrapolation.
-
-**The union a step has** (:func:`step_union`): chunks ``(req, start, n)`` laid out one after another, cut into
-groups of g tokens; token ``p`` selects ``min(p + 1, topk)`` keys. Below the top-k exact (a one-prompt group has
-``S = first + 1``, ``U = last + 1``); past it an ASSUMED pairwise overlap ``o`` (the common-core model of
-:mod:`mla_lab.kernels.index_sets`, ``c = last + 1`` keys visible): core ``m = topk (o c - topk) / (c - 2 topk +
-o topk)``, ``p = (topk - m) / (c - m)``, ``U = m + (c - m)(1 - (1 - p)^n)``, ``S = m + (c - m) p^n``; ``o`` below
-``topk / c`` is raised to it (default :data:`PACKED_OVERLAP_DEFAULT`); a group crossing a prompt boundary has
-``S = 0`` and ``U`` = the sum of its segments' unions.
-
-**The dispatch** (:func:`packed_plan`, :func:`mla_lab.kernels.packed.choose_path`'s rule): pack where the faster
-packed kernel + build is below :data:`DISPATCH_MARGIN` x padded FlashMLA, else price vLLM 0.33.0's FA3 sparse
-(the fallback). Another tile (``prefill_padding`` 128 on sm100: g = 16 at 8 heads) scales the per-64-row-tile
-coefficients by ``tile_rows / 64`` and :func:`mla_lab.model.timing.kernel_rate_tflops` (modelled, not measured).
-
-:data:`DISPATCH_MARGIN` and :data:`PROGRAMS_PER_SM` repeat :mod:`mla_lab.kernels.packed` /
-:mod:`mla_lab.kernels.union` (importing them loads torch; tests/test_packed_pricing.py checks they agree).
+"""The packed sparse-MLA prefill (strategy ``packed``) priced by union size: the fit on the H200 kernel rows
+(:func:`fit_packed`), a step's union sizes (:func:`step_union`) and the pack-or-fallback dispatch
+(:func:`packed_plan`). The formulas and their assumptions: docs/packed.md, "Pricing". :data:`DISPATCH_MARGIN` and
+:data:`PROGRAMS_PER_SM` repeat :mod:`mla_lab.kernels` (importing it loads torch; tests/test_packed_pricing.py checks).
 """
 
 from __future__ import annotations
@@ -63,8 +42,7 @@ PACKED_LABEL_SHORT = "packed (mla_lab kernel)"
 DISPATCH_MARGIN = 0.98
 #: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
 PROGRAMS_PER_SM = 2
-#: The measured shapes' seed prompts (causal, 1024 tokens) and tokens per group (8 heads, 64-row tile: g = 8;
-#: mla_lab.measure.experiments.packed_kernels).
+#: The measured shapes' seed prompt length and tokens per group (8 heads, 64-row tile; the packed_kernels rows).
 SEED_PROMPT_LEN = 1024
 MEASURED_G = 8
 #: Row kernels the fit reads.
@@ -90,9 +68,6 @@ def packed_group_size(num_heads: int, tile_rows: int = 64) -> int | None:
     return tile_rows // num_heads if num_heads in (8, 16, 32) and tile_rows in (64, 128) else None
 
 
-# ------------------------------------------------------------------------------------------------------ the fit
-
-
 @dataclass(frozen=True)
 class PackedFit:
     """The fitted terms (ns; :data:`TERMS`), where they come from, and the per-shape errors (list of dicts)."""
@@ -112,15 +87,13 @@ class PackedFit:
     errors: tuple = ()
 
     def kernel_ns(self, shared: float, rest: float, groups_with_rest: float, groups: float) -> tuple[str, float]:
-        """``(mode, ns)``: the faster packed kernel (``hybrid`` or ``triton``) for the 64-row key-tile counts of one
-        call."""
+        """``(mode, ns)``: the faster packed kernel (``hybrid`` / ``triton``) for one call's 64-row key-tile counts."""
         hybrid = self.flash_tile * shared + self.rest_tile * rest + self.rest_group * groups_with_rest
         triton = self.triton_tile * (shared + rest) + self.triton_group * groups
         return ("hybrid", hybrid) if hybrid <= triton else ("triton", triton)
 
     def build_ns(self, read: float, entries: float, union_keys: float) -> float:
-        """The union build in ns: ``read`` ``[T, topk]`` entries, ``entries`` valid ones, ``union_keys`` keys
-        written."""
+        """The union build in ns (``[T, topk]`` entries read, valid entries, union keys written)."""
         return self.build_read * read + self.build_entry * entries + self.build_key * union_keys
 
     def padded_ns(self, sum_topk_length: float, tokens: float) -> float:
@@ -167,8 +140,7 @@ def _lstsq(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _fit_block(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, list, list]:
-    """Coefficients on all shapes, in-sample predictions, leave-one-shape-out predictions (None where fewer shapes
-    than terms would remain)."""
+    """``(coef, in-sample, leave-one-shape-out)`` predictions (LOSO None where fewer shapes than terms remain)."""
     coef = _lstsq(X, y)
     loso = []
     for i in range(len(y)):
@@ -185,12 +157,8 @@ BLOCKS = {"kernel": (("shared", "rest", "groups_with_rest"), "packed_kernel"),
 
 
 def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str | None = None) -> PackedFit:
-    """The fit of the module docstring on the rows of ``rows_csv`` (default :data:`ROWS_CSV`) or ``rows`` (dicts
-    with the file's columns); each block on the shapes that have its rows.
-
-    Raises:
-        ValueError: a block with fewer shapes than terms (names the block and the kernel rows it needs).
-    """
+    """Fit :data:`BLOCKS` on ``rows_csv`` (default :data:`ROWS_CSV`) or ``rows`` (dicts with its columns).
+    Raises ValueError: a block with fewer shapes than terms."""
     path = Path(rows_csv) if rows_csv is not None else REPO_ROOT / ROWS_CSV
     if rows is None:
         with open(path, newline="") as f:
@@ -241,11 +209,8 @@ CSV_COLUMNS = ["kind", "name", "block", "shape", "value", "unit", "U", "S", "mea
 
 
 def write_packed_csv(fit: PackedFit, path: str | Path, overwrite: bool = False) -> Path:
-    """Write the coefficients and the per-shape errors (:data:`CSV_COLUMNS`).
-
-    Raises:
-        FileExistsError: ``path`` exists and ``overwrite`` is False.
-    """
+    """Write the coefficients and per-shape errors (:data:`CSV_COLUMNS`). Raises FileExistsError: ``path`` exists
+    without ``overwrite``."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise FileExistsError(f"{path} exists: pass --overwrite to replace it")
@@ -280,13 +245,8 @@ def load_packed_fit() -> PackedFit:
     return read_packed_csv(p) if p.exists() else HAND_FIT
 
 
-# ----------------------------------------------------------------------------------------------- union sizes
-
-
 def causal_group_union(first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(S, U)`` of groups of consecutive tokens of ONE prompt, every position ``< topk`` (each token selects its
-    whole causal prefix): ``S = first + 1``, ``U = last + 1`` (0-based positions of the group's first and last
-    token)."""
+    """``(S, U) = (first + 1, last + 1)``: a group of ONE prompt's tokens, all positions (0-based) ``< topk``."""
     return np.asarray(first) + 1.0, np.asarray(last) + 1.0
 
 
@@ -314,9 +274,8 @@ def _segment_union(first, last, n, topk, overlap):
 
 @dataclass(frozen=True)
 class UnionStats:
-    """One step's union sizes summed over its groups, in key-tiles (:mod:`mla_lab.kernels.packed`'s units): ``T``
-    tokens, ``groups`` ``ceil(T / g)``, ``shared`` sum of S, ``rest`` sum of U - S, ``groups_with_rest``,
-    ``entries`` and ``sum_topk`` ``sum(topk_length)``, ``read`` ``T x topk``, ``g``, ``overlap`` (assumed)."""
+    """One step's union sizes summed over its ``ceil(T / g)`` groups, in key-tiles: ``shared`` sum S, ``rest``
+    sum U - S, ``entries`` = ``sum_topk`` = sum(topk_length), ``read`` T x topk, ``overlap`` (assumed)."""
 
     T: int
     groups: int
@@ -341,9 +300,7 @@ def _positions(chunks) -> tuple[np.ndarray, np.ndarray]:
 
 
 def step_union(chunks, topk: int, g: int, overlap: float) -> UnionStats:
-    """The union sizes of a step whose chunks ``(req, start, n)`` are laid out one after another, ``g`` tokens per
-    group (module docstring: exact below the top-k, the overlap model past it, ``S = 0`` for groups crossing a
-    prompt boundary)."""
+    """The union sizes of a step of chunks ``(req, start, n)`` laid end to end, ``g`` tokens per group."""
     pos, req = _positions(chunks)
     T = len(pos)
     G = -(-T // g) if T else 0
@@ -374,14 +331,10 @@ def _step_chunks(step: Step | int) -> list:
     return [(0, 0, step)] if step else []
 
 
-# ------------------------------------------------------------------------------------------------- the plan
-
-
 @dataclass(frozen=True)
 class PackedPlan:
-    """What a step runs under ``packed``: ``path`` ``packed`` or ``fallback`` (vLLM 0.33.0's FA3 sparse), ``mode``
-    (``hybrid`` / ``triton``; None where the heads cannot be packed), ``packed_ms`` (kernel + union build) and
-    ``padded_ms`` (the yardstick) per layer call at H200 rates, ``stats``, ``tile_rows``, ``reason``, ``source``."""
+    """What a step runs under ``packed``: ``path`` ``packed`` / ``fallback`` (FA3 sparse), ``mode`` (None: heads not
+    packable), ``packed_ms`` (kernel + build) and ``padded_ms`` per layer call."""
 
     path: str
     mode: str | None
@@ -394,7 +347,7 @@ class PackedPlan:
 
 
 def _predict(rank: RankView, stats: UnionStats, fit: PackedFit, rows: int) -> tuple[str, float, float]:
-    """``(mode, packed ms, padded ms)`` of one step's union sizes (module docstring: Blackwell's tile scaling)."""
+    """``(mode, packed ms, padded ms)`` of one step's union sizes."""
     scale = rows / 64.0  # the fit's unit is a 64-row key-tile
     mode, kern = fit.kernel_ns(stats.shared * scale, stats.rest * scale, stats.groups_with_rest, stats.groups)
     build = fit.build_ns(stats.read, stats.entries, stats.union)
@@ -404,8 +357,7 @@ def _predict(rank: RankView, stats: UnionStats, fit: PackedFit, rows: int) -> tu
 
 def packed_plan(rank: RankView, step: Step | int, overlap: float | None = None,
                 fit: PackedFit | None = None) -> PackedPlan:
-    """The dispatch of the module docstring for one step on one rank (``overlap`` None: the default; ``fit`` None:
-    :func:`load_packed_fit`, plans cached per rank, chunks and overlap: a step is priced once per layer kind)."""
+    """The dispatch for one step on one rank (None: the default overlap; :func:`load_packed_fit`, cached)."""
     o = PACKED_OVERLAP_DEFAULT if overlap is None else overlap
     chunks = tuple(tuple(c) for c in _step_chunks(step))
     return _plan_cached(rank, chunks, o) if fit is None else _plan(rank, chunks, o, fit)
@@ -433,11 +385,7 @@ def _plan(rank: RankView, chunks: tuple, o: float, fit: PackedFit) -> PackedPlan
 
 
 def packed_strategy(overlap: float | None) -> str:
-    """The strategy name for an assumed overlap (``packed`` for None or the default, else ``packed:<overlap>``).
-
-    Raises:
-        ValueError: ``packed_overlap`` not a number in [0, 1] (one line).
-    """
+    """``packed`` (None or the default overlap) or ``packed:<overlap>``. Raises ValueError: not a number in [0, 1]."""
     if overlap is None:
         return "packed"
     if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not 0.0 <= overlap <= 1.0:
@@ -446,16 +394,12 @@ def packed_strategy(overlap: float | None) -> str:
     return "packed" if overlap == PACKED_OVERLAP_DEFAULT else f"packed:{overlap:g}"
 
 
-#: What :func:`packed_summary` names as the fallback and decode kernel on sm100, where FA3 sparse (a Hopper kernel)
-#: does not run: vLLM 0.33.0's real-head sparse backend there (FLASH_ATTN_MLA_SPARSE_FA4 with a bf16 KV cache,
-#: FLASHINFER_MLA_SPARSE with fp8: mla_lab/engines/presets/vllm_0_33_0.py), priced with FA3 sparse's model.
+#: The fallback and decode kernel on sm100, where FA3 sparse does not run (mla_lab/engines/presets/vllm_0_33_0.py).
 SM100_REAL_HEAD = "vLLM 0.33.0's sm100 real-head kernel, FA4 or FlashInfer sparse, priced with FA3 sparse's model"
 
 
 def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
-    """``(tile, scope, real)`` of :func:`packed_summary`'s line: the packing, whether the kernel time is measured or
-    extrapolated, and the real-head kernel of the fallback and decode (FA3 sparse where it runs, else
-    :data:`SM100_REAL_HEAD`)."""
+    """``(tile, scope, real)`` of :func:`packed_summary`'s line: packing, measured or extrapolated, real-head kernel."""
     arch, rows = rank.arch, rank.arch.prefill_padding
     g = packed_group_size(rank.num_heads, rows)
     tile = (f"{g} tokens x {rank.num_heads} heads per {rows}-row tile" if g else
@@ -474,8 +418,8 @@ def _summary_terms(rank: RankView, source: str) -> tuple[str, str, str]:
 
 
 def packed_summary(deployment, strategy: str = "packed") -> dict:
-    """How ``strategy`` (``packed`` / ``packed:<overlap>``) is priced for ``deployment``'s prefill steps: the plan of
-    every step of its schedule (:func:`packed_plan`), counted; ``line`` says it in one sentence."""
+    """How ``strategy`` (``packed[:<overlap>]``) prices ``deployment``'s prefill steps, counted; ``line``: one
+    sentence."""
     from_name = strategy.partition(":")[2]
     o = float(from_name) if from_name else PACKED_OVERLAP_DEFAULT
     rank = deployment.rank
@@ -498,28 +442,19 @@ def packed_summary(deployment, strategy: str = "packed") -> dict:
             "scope": scope, "line": line}
 
 
-# ------------------------------------------------------------------------------------------------ the memory
-
-
 def union_key_space(rank: RankView, prompt_len: int | None) -> int:
-    """``s_kv`` the union builder's scratch covers: the step's gathered keys, ``max(max_num_batched_tokens,
-    prompt_len)`` (an engine would build the union on the indexer's request-local indices over the chunk's gathered
-    keys, as vLLM's indexer gathers them, ``cp_gather_indexer_k_quant_cache``, and convert to KV-cache slots after:
-    the lab's assumption, no engine runs it)."""
+    """``s_kv`` of the union builder's scratch: ``max(max_num_batched_tokens, prompt_len)`` gathered keys (the lab's
+    assumption, as vLLM's ``cp_gather_indexer_k_quant_cache`` gathers them; no engine runs it)."""
     return max(rank.max_num_batched_tokens, prompt_len or 0)
 
 
-#: Tokens per group the CUDA union builder takes (:mod:`mla_lab.kernels.union_cuda`: g = 16 is refused there, the
-#: Triton builder runs it); its membership table lives in shared memory, so it holds no global scratch.
+#: Groups the CUDA union builder takes (:mod:`mla_lab.kernels.union_cuda`; table in shared memory, no scratch).
 CUDA_BUILDER_GROUPS = (1, 2, 4, 8)
 
 
 def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
-    """The union builder's buffers at ``max_num_batched_tokens`` (:func:`mla_lab.union_layout.union_buffer_bytes`):
-    the outputs, plus the Triton builder's global scratch (``num_programs`` = :data:`PROGRAMS_PER_SM` x the GPU's
-    SMs, :attr:`mla_lab.arch.GPUArch.sm_count`, over :func:`union_key_space` keys) only where it is the
-    builder that runs (g = 16: Blackwell at 8 heads); the CUDA builder the measured rows ran (g <= 8) keeps its table
-    in shared memory. 0 where the heads cannot be packed."""
+    """Union-builder bytes (:func:`mla_lab.union_layout.union_buffer_bytes`): outputs, plus the Triton builder's
+    scratch (:data:`PROGRAMS_PER_SM` x SMs) where it runs (g = 16); 0 where the heads cannot be packed."""
     g = packed_group_size(rank.num_heads, rank.arch.prefill_padding)
     if g is None:
         return 0
@@ -529,7 +464,7 @@ def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
 
 
 def _refuse(message: str):
-    """Print ``message`` as one line on stderr and exit 2 (argparse's ``error`` hook and the door's own checks)."""
+    """Print ``message`` as one line on stderr and exit 2."""
     import sys
 
     print(f"python -m mla_lab.model.packed_kernel: error: {message}", file=sys.stderr)
@@ -537,7 +472,7 @@ def _refuse(message: str):
 
 
 def _main_fit(a) -> PackedFit:
-    """The fit :func:`main` prints, after its flags are checked (every refusal before the fit: :func:`_refuse`)."""
+    """The fit :func:`main` prints, its flags checked first."""
     if a.overwrite and not a.write:
         _refuse("--overwrite is given without --write; allowed: with --write (nothing is written without it)")
     if a.write and (calibration_dir() / PACKED_CSV).exists() and not a.overwrite:
@@ -553,8 +488,7 @@ def _main_fit(a) -> PackedFit:
 
 
 def main(argv=None) -> int:
-    """``python -m mla_lab.model.packed_kernel [--rows CSV] [--write [--overwrite]]``: fit and print (and write
-    ``data/calibration/h200_packed.csv``; an existing file is replaced only with ``--overwrite``)."""
+    """``python -m mla_lab.model.packed_kernel [--rows CSV] [--write [--overwrite]]``: fit, print, write."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m mla_lab.model.packed_kernel")

@@ -1,11 +1,7 @@
 """Route timing on one rank (modelled): explicit routes priced by the one cost model, by prompt length, the
 masked-MHA crossover, and the model against the committed H200 route rows.
 
-:func:`mla_lab.model.timing.layer_time_ms` / ``step_time_ms`` price the route a strategy's engine rule takes; the
-functions here price a route named by the caller (``sparse-mqa``, ``fa3-sparse``, ``mha-dense``, ``mha-masked``)
-for one TP rank (:class:`~mla_lab.rank.RankView`, their first argument: model, ``tp``, GPU, dtypes, MoE layout and
-``max_num_batched_tokens`` read from it, checked at its door) and compare kernel models: ``roofline`` (the committed calibration: FLOPs + the heads' per-token bytes,
-:mod:`mla_lab.model.routes`) or ``calibrated`` (the FLOP-only kernel model). Every number is modelled.
+Kernel models (:data:`KERNEL_MODELS`): ``roofline`` (FLOPs + per-token bytes) or ``calibrated`` (FLOP-only).
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ __all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "crossove
 
 
 def mha_pricing_source(calibration: Calibration | None = None) -> str:
-    """What prices the dense MHA kernel: the calibration's ``mha_attn`` class (fitted on the H200 route rows,
-    ``data/calibration/h200_routes.csv``) or the assumption (:func:`mla_lab.model.timing._class_eff`)."""
+    """What prices the dense MHA kernel: the calibrated ``mha_attn`` class or the assumption, in words."""
     cal = resolve_calibration(calibration)
     if MHA_CLASS in cal.classes:
         e = cal.classes[MHA_CLASS]
@@ -51,14 +46,8 @@ KERNEL_MODELS = ("roofline", "calibrated")
 
 def route_op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = None, tp: int = 1,
                      kernel_fit: PaddedKernelFit | None = None, kernel_model: str = "roofline") -> float:
-    """Modelled ms of one op of a route's layer: :func:`mla_lab.model.timing.op_time_ms` (the one cost model),
-    except the sparse ``kernel`` op with ``kernel_fit`` given (``roofline``: that fit, times the content factor for
-    stale padded heads) or ``kernel_model="calibrated"`` (the FLOP-only kernel model of ``h200_ops.csv``, no
-    per-token bytes: the lab's model before the roofline).
-
-    Raises:
-        ValueError: kernel_model not in :data:`KERNEL_MODELS`.
-    """
+    """:func:`mla_lab.model.timing.op_time_ms`, except the ``kernel`` op under ``kernel_fit`` (roofline) or
+    ``kernel_model="calibrated"`` (FLOP-only). Raises ValueError: kernel_model not in :data:`KERNEL_MODELS`."""
     if kernel_model not in KERNEL_MODELS:
         raise ValueError(f"kernel_model={kernel_model!r} is not valid; allowed: {list(KERNEL_MODELS)}")
     cal = resolve_calibration(calibration)
@@ -79,10 +68,8 @@ def route_op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None
 def route_layer_time_ms(rank: RankView, route: str, step: Step | int, strategy: str = "private_workspace",
                         calibration: Calibration | None = None, kernel_fit: PaddedKernelFit | None = None,
                         kernel_model: str = "roofline", **kw) -> dict:
-    """``{op: ms}`` of one layer on ``route`` plus ``total``, ``attention`` (the route's attention ops: the
-    sparse path, FA3's one ``kernel`` op, or ``kv_b_proj + k_concat + mha_attn (+ mask)``; the absorbed bmms are
-    layer ops) and ``comm``. ``rank`` (:class:`~mla_lab.rank.RankView`) and the keyword arguments as
-    :func:`mla_lab.model.ops.layer_ops`."""
+    """``{op: ms}`` of one layer on ``route`` plus ``total``, ``attention`` (the route's attention ops) and ``comm``.
+    Keywords as :func:`mla_lab.model.ops.layer_ops`."""
     out: dict = {}
     cal = resolve_calibration(calibration)
     ops = list(route_layer_ops(rank, route, step, strategy, **kw))
@@ -100,15 +87,9 @@ def route_layer_time_ms(rank: RankView, route: str, step: Step | int, strategy: 
 def crossover_prompt_len(rank: RankView, route: str = "mha-masked", against: str = "sparse-mqa", lo: int = 1024,
                          hi: int = 1 << 20, strategy: str = "private_workspace", what: str = "attention",
                          calibration: Calibration | None = None, **kw) -> int | None:
-    """The shortest prompt length in ``[lo, hi]`` at which ``against`` is modelled faster than ``route`` (``what``:
-    ``attention`` or ``total`` of one layer call of :func:`prompt_len_step` at the rank's
-    ``max_num_batched_tokens``), by bisection (the difference grows
-    with the prompt length for the MHA routes: their keys grow as L^2, the sparse keys as L * topk). None when
-    ``route`` is faster over the whole range; ``lo`` when ``against`` already wins there.
-
-    Raises:
-        ValueError: unknown route or ``what``; ``lo >= hi``.
-    """
+    """The shortest prompt length in ``[lo, hi]`` where ``against`` beats ``route`` (``what``: ``attention`` /
+    ``total`` of one layer of :func:`prompt_len_step`), by bisection; None if never.
+    Raises ValueError: unknown route or ``what``; ``lo >= hi``."""
     for name, r in (("route", route), ("against", against)):
         if r not in ROUTES:
             raise ValueError(f"{name}={r!r} is not valid; allowed: {list(ROUTES)}")
@@ -136,16 +117,14 @@ def crossover_prompt_len(rank: RankView, route: str = "mha-masked", against: str
 
 
 def validate_routes(rows: list[dict] | None = None, kernel_fit: PaddedKernelFit | None = None) -> list[dict]:
-    """Model against the committed H200 route rows (:func:`route_rows`; none of them is in the padded-kernel fit):
-    per model and prompt length, ``mqa_kernel_only`` (concat + padded kernel, private workspace) priced by the
-    roofline fit and by the lab's FLOP-only kernel model, and ``mqa`` (with the W_UK / W_UV bmms, roofline).
-    Returns ``[{model, prompt_len, what, measured_ms, modelled_ms, err_pct}]``."""
+    """``[{model, prompt_len, what, measured_ms, modelled_ms, err_pct}]``: the model against the committed H200
+    route rows (out of the padded-kernel fit)."""
     rows = route_rows() if rows is None else rows
     kernel_fit = kernel_fit or default_padded_kernel_fit()
     meas = {(r["model"], r["route"], r["prompt_len"]): r["ms"] for r in rows}
     arch = get_arch("h200")
     out = []
-    ranks: dict = {}  # model name -> its TP8 H200 rank (bf16 weights, experts TP-sharded), built once at this door
+    ranks: dict = {}  # model name -> its TP8 H200 rank
     for (mn, route, L), ms in sorted(meas.items()):
         if route != "mqa_kernel_only:private_workspace":
             continue

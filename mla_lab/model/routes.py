@@ -1,26 +1,11 @@
 """What each attention route (:mod:`mla_lab.routes`) costs per layer and per step on one rank (modelled;
 docs/routes.md). Functions take the rank (:class:`~mla_lab.rank.RankView`) first, as :mod:`mla_lab.model.ops`.
 
-Per rank ``H`` real heads, ``H'`` padded, ``d_nope`` / ``d_rope`` / ``d_v`` the un-absorbed head dims (config.json),
-``L = kv_lora_rank`` (512), bf16 2 B. A step of chunks ``(start, n)``: ``T = sum n`` queries, ``Tk = sum (start +
-n)`` keys up-projected, ``K_c = sum_p (p + 1)`` causal keys, ``K_s = sum_p min(p + 1, topk)`` sparse keys.
-
-(a) ``mha-dense`` (op and class ``mha_attn``): FLOPs ``2*H*K_c*(d_qk + d_v)``, ``d_qk = d_nope + d_rope``; bytes Q
-    ``T*H*d_qk*2`` + K, V once ``Tk*H*(d_qk + d_v)*2`` + O ``T*H*d_v*2`` + lse ``T*H*4``.
-(b) its up-projection ``kv_b_proj`` ``[Tk, L] @ [L, H*(d_nope + d_v)]`` and ``k_concat`` (``elementwise``; vLLM
-    ``forward_mha``); the dense route drops :data:`DROPPED_BY_DENSE` (vLLM #51298, SGLang #30258 skip the top-k);
-    the indexer projections and K-cache write stay. Its transient (:func:`mha_transient_bytes`) is not budgeted by
-    vLLM (``profile_run`` runs no attention).
-(c) ``mha-masked`` (vLLM #48770 / #53785; modelled, no kernel run): (a) over the causal keys (an assumption: the
-    mask skips no tile) plus op ``mask``, a ``[n, start + n]`` bit mask per chunk written and read once.
-(d) ``fa3-sparse`` (``FLASH_ATTN_MLA_SPARSE``): the padded kernel's per-key term (a token's heads fill one 64-row
-    wgmma tile) and the real heads' per-token bytes (``T*H*576*2`` Q, ``T*H*(512*2 + 4)`` out + lse).
-(e) ``sparse-mqa``, the padded FlashMLA roofline (:class:`PaddedKernelFit`): ``F' / (peak * eff_flops) + B_tok /
-    (HBM * eff_bytes)``, ``F' = 2*K_s*H'*(576+512)``, ``B_tok = T*H'*(576*2 + 512*2 + 2*4)``; least squares on
-    relative error over the committed H200 kernel rows with zero padded heads (:func:`padded_kernel_rows`).
-
-``mha_attn`` takes its calibrated class when the calibration has one, else the assumption of the sparse kernel's
-calibrated fraction of peak with the ``gemm`` class's byte efficiency (rows say which: ``mha_pricing_source``).
+Per rank ``H`` real heads, ``H'`` padded, ``d_qk = d_nope + d_rope``, ``d_v`` (config.json), bf16 2 B. A step of
+chunks ``(start, n)``: ``T = sum n``, ``Tk = sum (start + n)``, ``K_c = sum_p (p + 1)``, ``K_s = sum_p min(p + 1,
+topk)``. (a) ``mha-dense``; (b) its up-projection (vLLM ``forward_mha``; it drops :data:`DROPPED_BY_DENSE`: vLLM
+#51298, SGLang #30258); (c) ``mha-masked`` (vLLM #48770 / #53785; modelled, no kernel run); (d) ``fa3-sparse``;
+(e) ``sparse-mqa``, the padded FlashMLA roofline (:class:`PaddedKernelFit`).
 """
 
 from __future__ import annotations
@@ -48,9 +33,7 @@ from .ops import (
     _check_options,
     _gemm,
     _layer_ops,
-    layer_kinds,
-    step_level_ops,
-    step_stats,
+    _step_pairs,
 )
 
 __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
@@ -74,9 +57,7 @@ ROUTE_ATTN_OPS = ("kv_b_proj", "k_concat", "mha_attn", "mask")
 
 @dataclass(frozen=True)
 class RouteStats:
-    """Token counts of a step for the routes: ``T`` query tokens, ``Tk`` keys up-projected (``sum start + n``),
-    ``K_c`` causal keys (``sum_p p + 1``), ``K_s`` sparse keys (``sum_p min(p + 1, topk)``), ``mask_bits``
-    (``sum n * (start + n)``), ``max_seq_len`` (longest chunk's ``start + n``)."""
+    """A step's token counts (module docstring), ``mask_bits`` ``sum n (start + n)``, ``max_seq_len``."""
 
     T: int
     Tk: int
@@ -87,11 +68,7 @@ class RouteStats:
 
 
 def route_stats(model: ModelConfig, step: Step | int) -> RouteStats:
-    """:class:`RouteStats` of a :class:`~mla_lab.workload.Step` (or an int T: one fresh causal prompt of T tokens).
-
-    Raises:
-        ValueError: T not a positive int.
-    """
+    """:class:`RouteStats` of a Step (an int T: one fresh prompt). Raises ValueError: T not a positive int."""
     if not isinstance(step, Step):
         T = check_int("step", step)
         step = Step([(0, 0, T)])
@@ -105,7 +82,7 @@ def route_stats(model: ModelConfig, step: Step | int) -> RouteStats:
 
 
 def mha_attention_op(rank: RankView, rs: RouteStats) -> LayerOp:
-    """(a): dense causal MHA with the rank's ``H`` real heads over ``K_c`` keys (module docstring)."""
+    """(a): FLOPs ``2 H K_c (d_qk + d_v)``; bytes Q ``T H d_qk 2`` + K, V ``Tk H (d_qk + d_v) 2`` + O + lse."""
     model, H = rank.model, rank.num_heads
     dqk = model.qk_nope_head_dim + model.qk_rope_head_dim
     dv = model.v_head_dim
@@ -117,8 +94,7 @@ def mha_attention_op(rank: RankView, rs: RouteStats) -> LayerOp:
 
 
 def up_projection_ops(rank: RankView, rs: RouteStats) -> list[LayerOp]:
-    """(b): ``kv_b_proj`` GEMM of the step's ``Tk`` latent rows at the rank's ``weight_dtype`` and the ``k_concat``
-    (module docstring)."""
+    """(b): ``kv_b_proj`` ``[Tk, L] @ [L, H (d_nope + d_v)]`` at ``weight_dtype`` and ``k_concat``."""
     model, H, weight_dtype = rank.model, rank.num_heads, rank.weight_dtype
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     proj = _gemm("kv_b_proj", rs.Tk, model.kv_lora_rank, H * (dn + dv), WEIGHT_DTYPES[weight_dtype], weight_dtype)
@@ -128,17 +104,13 @@ def up_projection_ops(rank: RankView, rs: RouteStats) -> list[LayerOp]:
 
 
 def mask_op(rs: RouteStats) -> LayerOp:
-    """(c): the masked MHA's bit mask, written once and read once (an assumption on its implementation)."""
+    """(c): a ``[n, start + n]`` bit mask per chunk, written and read once (assumed)."""
     return LayerOp("mask", "elementwise", act_bytes=2 * math.ceil(rs.mask_bits / 8),
                    dims={"bits": rs.mask_bits}, impl=None)
 
 
 def mha_dense_ops(rank: RankView, step: Step | int) -> list[LayerOp]:
-    """The ops the ``mha-dense`` route adds to a layer: ``kv_b_proj``, ``k_concat``, ``mha_attn``.
-
-    Raises:
-        ValueError: a chunk with ``start + n > topk`` (dense MHA is not equivalent there, :mod:`mla_lab.routes`).
-    """
+    """``kv_b_proj``, ``k_concat``, ``mha_attn``. Raises ValueError: a chunk with ``start + n > topk``."""
     model = rank.model
     rs = route_stats(model, step)
     check_route("mha-dense", model.name, max(rs.max_seq_len, 1), model.topk)
@@ -152,9 +124,8 @@ def masked_mha_ops(rank: RankView, step: Step | int) -> list[LayerOp]:
 
 
 def mha_transient_bytes(rank: RankView, step: Step | int) -> dict:
-    """Transient bytes of the dense routes for one layer call: ``kv_up`` (``Tk*H*(d_nope+d_v)*2``), ``k``
-    (``Tk*H*d_qk*2``), ``out`` (``T*H*d_v*2`` + lse ``T*H*4``), ``total``, and ``budgeted`` False (vLLM's
-    profile run executes no attention route: module docstring)."""
+    """Dense-route transient bytes of one layer call: ``kv_up``, ``k``, ``out``, ``total``; ``budgeted`` False
+    (vLLM's ``profile_run`` runs no attention)."""
     model, H = rank.model, rank.num_heads
     rs = route_stats(model, step)
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
@@ -166,9 +137,8 @@ def mha_transient_bytes(rank: RankView, step: Step | int) -> dict:
 
 
 def padded_kernel_terms(T: int, Hp: int, sum_topk: int, H_out: int | None = None) -> dict:
-    """(e): the padded kernel's terms: ``flops`` ``2*K_s*H'*(576+512)``, ``gather_bytes`` ``K_s*ceil(H'/64)*1152``,
-    ``q_bytes`` ``T*H_out*1152``, ``out_bytes`` ``T*H_out*(512*2 + 2*4)`` (out, lse, max_logits), ``tok_bytes``
-    (q + out). ``H_out`` = heads whose Q is read and output written (default ``Hp``: FlashMLA writes all)."""
+    """(e): ``flops`` ``2 K_s H' (576+512)``, ``gather_bytes`` ``K_s ceil(H'/64) 1152``, ``q_bytes`` / ``out_bytes``
+    / ``tok_bytes`` at ``H_out`` heads (default ``Hp``)."""
     Hq = Hp if H_out is None else H_out
     return {"flops": 2.0 * sum_topk * Hp * (D_QK_ABSORBED + D_V_ABSORBED),
             "gather_bytes": float(sum_topk) * math.ceil(Hp / 64) * D_QK_ABSORBED * BF16,
@@ -179,9 +149,8 @@ def padded_kernel_terms(T: int, Hp: int, sum_topk: int, H_out: int | None = None
 
 @dataclass(frozen=True)
 class PaddedKernelFit:
-    """``t = flops / (peak * eff_flops) + tok_bytes / (HBM * eff_bytes)`` (module docstring, (e)), fitted on an
-    H200. ``mape_pct`` / ``max_err_pct`` in sample; ``oos`` ``{source: MAPE %}`` when each source file's rows are
-    predicted by a fit on the others; ``flop_only_mape_pct`` the lab's FLOP-only kernel model on the same rows."""
+    """``t = flops / (peak eff_flops) + tok_bytes / (HBM eff_bytes)`` on an H200; errors in sample, ``oos``
+    ``{source: MAPE %}`` leave-one-file-out, ``flop_only_mape_pct`` the FLOP-only model's."""
 
     eff_flops: float
     eff_bytes: float
@@ -194,8 +163,7 @@ class PaddedKernelFit:
     name: str
 
     def time_ms(self, T: int, Hp: int, sum_topk: int, H_out: int | None = None, arch=None) -> float:
-        """Modelled kernel ms; ``H_out`` < ``Hp`` prices a kernel that reads Q and writes output for ``H_out``
-        heads only, with the padded kernel's per-key term (fa3-sparse / kernel-native)."""
+        """Modelled kernel ms (``H_out`` < ``Hp``: Q and output at ``H_out`` heads only)."""
         a = get_arch(arch or self.arch)
         t = padded_kernel_terms(T, Hp, sum_topk, H_out)
         return float((t["flops"] / (a.bf16_tflops * 1e12 * self.eff_flops)
@@ -252,10 +220,8 @@ def _reference_rows() -> list[dict]:
 
 
 def padded_kernel_rows(root: str | Path | None = None) -> list[dict]:
-    """The committed H200 FlashMLA kernel rows with zero padded heads, as ``{T, H, Hp, sum_topk, ms, source}``:
-    ``round2/content.csv`` (``content == zeros``, ``mode == alone``; median of the repeats per shape),
-    ``layer_ops.csv`` (op ``kernel``), ``attention_path.csv`` (strategy ``fused``; causal = one prompt of T tokens)
-    and, without ``root``, ``data/calibration/h200_reference.csv`` (op ``kernel``, full topk)."""
+    """The committed H200 FlashMLA kernel rows, zero padded heads, ``{T, H, Hp, sum_topk, ms, source}``: content.csv,
+    layer_ops.csv, attention_path.csv and (without ``root``) ``data/calibration/h200_reference.csv``."""
     d = Path(root) if root else calibration_measurements_dir("h200")  # calibration input, not the measured column
     return (_content_rows(d) + _layer_ops_rows(d) + _attention_path_rows(d)
             + (_reference_rows() if root is None else []))
@@ -277,12 +243,8 @@ def _lstsq2(rows, arch: GPUArch):
 
 def fit_padded_kernel(rows: list[dict], arch: str = "h200", calibration: Calibration | None = None,
                       name: str = "fit") -> PaddedKernelFit:
-    """Fit :class:`PaddedKernelFit` to kernel rows (``T, Hp, sum_topk, ms``, optional ``source``); the error of
-    the lab's FLOP-only kernel model (``calibration``'s ``kernel`` efficiency) on the same rows is reported beside.
-
-    Raises:
-        ValueError: fewer than 3 rows; a non-positive fitted coefficient.
-    """
+    """Fit :class:`PaddedKernelFit` to rows ``{T, Hp, sum_topk, ms[, source]}``.
+    Raises ValueError: fewer than 3 rows; a non-positive coefficient."""
     if len(rows) < 3:
         raise ValueError(f"rows has {len(rows)} kernel rows; allowed: at least 3")
     a = get_arch(arch)
@@ -321,9 +283,7 @@ def default_padded_kernel_fit() -> PaddedKernelFit:
 
 
 def fa3_sparse_terms(rank: RankView, T: int, sum_topk: int) -> dict:
-    """(d): the FA3 sparse kernel's work with the rank's real heads: ``flops`` (real-head), ``gather_bytes``,
-    ``q_bytes``, ``out_bytes`` (out + lse, real heads), ``padded_bytes`` 0, ``tile_heads`` (the wgmma M the MMAs
-    issue at)."""
+    """(d): FA3 sparse's work at the real heads (``tile_heads``: the wgmma M, a 64-row tile)."""
     H = rank.num_heads
     return {"flops": 2.0 * sum_topk * H * (D_QK_ABSORBED + D_V_ABSORBED),
             "gather_bytes": float(sum_topk) * D_QK_ABSORBED * BF16,
@@ -334,16 +294,14 @@ def fa3_sparse_terms(rank: RankView, T: int, sum_topk: int) -> dict:
 
 #: Where the H200 route rows live (``mla_lab/measure/experiments/routes_step.py``, 5 fresh processes).
 ROUTES_CSV = ("between_process", "routes.csv")
-#: SDPA backend whose rows fit the ``mha_attn`` class: cuDNN (Hopper wgmma kernels, the closest of torch's backends
-#: to the FA3 varlen kernel vLLM and SGLang call on sm90; SDPA ``flash`` is FlashAttention-2).
+#: SDPA backend whose rows fit ``mha_attn``: cuDNN (Hopper wgmma, nearest to the FA3 varlen kernel engines call).
 MHA_FIT_BACKEND = "cudnn"
 K_CONCAT_CLASS = "k_concat"
 
 
 def route_rows(path: str | Path | None = None) -> list[dict]:
-    """The committed H200 route rows as ``{model, route, prompt_len, num_prompts, T, ms, n_processes}``: per model,
-    route label and prompt length, the median over processes of each process's median (``median_ms``). Empty when
-    the file is absent."""
+    """The committed H200 route rows ``{model, route, prompt_len, num_prompts, T, ms, n_processes}`` (median over
+    processes); [] when absent."""
     p = Path(path) if path else calibration_measurements_dir("h200").joinpath(*ROUTES_CSV)  # calibration input
     if not p.is_file():
         return []
@@ -364,13 +322,8 @@ def route_rows(path: str | Path | None = None) -> list[dict]:
 
 
 def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BACKEND):
-    """Fit the ``mha_attn`` class (SDPA ``backend`` rows) and the ``k_concat`` class (``mha:assemble`` rows without
-    a padded V) with :func:`mla_lab.model.calibration.fit_calibration`, the work of each row recomputed by
-    :func:`mha_attention_op` / :func:`up_projection_ops` at TP8 (the rows' ``H``). Returns ``(classes, report)``.
-
-    Raises:
-        ValueError: no rows for ``backend``; unknown model in the rows.
-    """
+    """``(classes, report)``: ``mha_attn`` (SDPA ``backend`` rows) and ``k_concat`` fitted at TP8.
+    Raises ValueError: no rows for ``backend``; an unknown model."""
     rows = route_rows() if rows is None else rows
     fit_in = []
     ranks: dict = {}  # model name -> its TP8 H200 rank (bf16 weights: the rows ran bf16), built once at this door
@@ -396,13 +349,8 @@ def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BAC
 
 def route_layer_ops(rank: RankView, route: str, step: Step | int, strategy: Strategy | str = "private_workspace",
                     **kw) -> list[LayerOp]:
-    """Every op of one layer on one rank for ``route``: :func:`mla_lab.model.ops.layer_ops` of ``strategy``
-    (``sparse-mqa``) or of ``fa3_sparse`` (``fa3-sparse``); for the MHA routes :data:`DROPPED_BY_DENSE` replaced by
-    the MHA ops (``mha-masked`` keeps the indexer's top-k). Keyword arguments as ``layer_ops``, checked here.
-
-    Raises:
-        ValueError: unknown route; ``mha-dense`` where not equivalent; as ``layer_ops``.
-    """
+    """One layer's ops on ``route`` (MHA routes: :data:`DROPPED_BY_DENSE` replaced by the MHA ops). Keywords as
+    ``layer_ops``. Raises ValueError: unknown route; ``mha-dense`` where not equivalent; as ``layer_ops``."""
     _check_route_name(route)
     _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"), kw.get("layer_kind"))
     return _route_layer_ops(rank, route, step, strategy, **kw)
@@ -414,7 +362,7 @@ def _check_route_name(route: str) -> None:
 
 
 def _route_layer_ops(rank: RankView, route: str, step: Step | int, strategy: Strategy | str, **kw) -> list[LayerOp]:
-    """:func:`route_layer_ops` below its checks (route and options checked by the caller)."""
+    """:func:`route_layer_ops` unchecked."""
     strategy = as_strategy("fa3_sparse" if route == "fa3-sparse" else strategy)
     ops = _layer_ops(rank, strategy, step, **kw)
     if route in ("sparse-mqa", "fa3-sparse"):
@@ -428,8 +376,7 @@ def _route_layer_ops(rank: RankView, route: str, step: Step | int, strategy: Str
 
 
 def step_route(model: ModelConfig, strategy: Strategy | str, step: Step | int) -> str:
-    """The route ``strategy`` takes for ``step`` (:func:`mla_lab.placement.strategy_route`: each chunk ``(start,
-    n)`` is a request with seq_len ``start + n`` and query_len ``n``; an int T is one fresh prompt of T tokens)."""
+    """The route ``strategy`` takes for ``step`` (a chunk is a request: seq_len ``start + n``, query_len ``n``)."""
     if isinstance(step, Step):
         if not step.chunks:
             return "sparse-mqa"
@@ -445,25 +392,16 @@ def step_route(model: ModelConfig, strategy: Strategy | str, step: Step | int) -
 
 def route_step_ops(rank: RankView, route: str, strategy: Strategy | str, step: Step | int,
                    **kw) -> list[tuple[LayerOp, int]]:
-    """All ops of one engine step on ``route`` as ``(op, count)``: each kind of layer (dense / MoE, with or without
-    its own indexer, counted as :func:`mla_lab.model.ops.step_ops` counts them) x its count, then the step's
-    embedding, final norm, LM head and logits gather once. ``rank`` and the keyword arguments as ``layer_ops``
-    (checked once here)."""
-    if "layer_kind" in kw:
-        raise ValueError("layer_kind=... is chosen per layer by route_step_ops; allowed: omit it")
+    """One engine step's ops on ``route`` as ``(op, count)``: each layer kind x its count, then the step-level
+    ops once. Keywords as ``layer_ops``."""
     _check_route_name(route)
-    _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"))
-    out: list = []
-    for (kind, idx), n in layer_kinds(rank.model):
-        out += [(op, n) for op in _route_layer_ops(rank, route, step, strategy, layer_kind=kind, with_indexer=idx,
-                                                   **kw)]
-    return out + step_level_ops(rank, step_stats(rank.model, step, kw.get("causal", True), kw.get("context")))
+    return _step_pairs(rank, step, kw, "route_step_ops", lambda kind, idx: _route_layer_ops(
+        rank, route, step, strategy, layer_kind=kind, with_indexer=idx, **kw))
 
 
 def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Step:
-    """The step that finishes prompts of ``prompt_len`` tokens in a full ``max_num_batched_tokens`` budget:
-    ``budget // prompt_len`` whole fresh prompts when one fits, else the prompt's last chunk (``start =
-    prompt_len - budget``, chunked prefill). Raises ValueError on non-positive ints."""
+    """A full budget's step: ``budget // prompt_len`` fresh prompts, else a prompt's last chunk. Raises ValueError:
+    non-positive ints."""
     L = check_int("prompt_len", prompt_len)
     B = check_int("max_num_batched_tokens", max_num_batched_tokens)
     if L <= B:
@@ -472,13 +410,8 @@ def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Ste
 
 
 def route_transient_bytes(rank: RankView, route: str, step: Step | int) -> dict:
-    """Unbudgeted transient bytes of one layer call on ``mha-dense`` / ``mha-masked`` (:func:`mha_transient_bytes`,
-    plus the mask) or ``fa3-sparse`` (out + lse at the real heads); ``sparse-mqa`` depends on the strategy
-    (:func:`mla_lab.buffers.memory_account`).
-
-    Raises:
-        ValueError: ``sparse-mqa`` or an unknown route.
-    """
+    """Unbudgeted transient bytes of one layer call on the MHA routes or ``fa3-sparse``.
+    Raises ValueError: ``sparse-mqa`` (see :func:`mla_lab.buffers.memory_account`) or an unknown route."""
     if route == "fa3-sparse":
         rs = route_stats(rank.model, step)
         out = rs.T * rank.num_heads * (D_V_ABSORBED * BF16 + FP32)
@@ -494,9 +427,8 @@ def route_transient_bytes(rank: RankView, route: str, step: Step | int) -> dict:
 
 
 def route_calibration_rows() -> list[dict]:
-    """The rows of ``data/calibration/h200_routes.csv`` (:func:`mla_lab.model.calibration.write_calibration_csv`
-    format; ``mla_lab/fits/routes.py`` writes them): the roofline's ``kernel`` / ``kernel_bytes`` efficiencies
-    (:func:`default_padded_kernel_fit`) and the ``mha_attn`` / ``k_concat`` classes (:func:`fit_route_classes`)."""
+    """The rows of ``data/calibration/h200_routes.csv``: the roofline's ``kernel`` / ``kernel_bytes`` and the
+    ``mha_attn`` / ``k_concat`` classes."""
     fit = default_padded_kernel_fit()
     rows = [{"kind": "attention", "op_class": "kernel", "eff_flops": fit.eff_flops, "eff_bytes": 1.0,
              "floor_us": 0.0, "overhead_mode": "max", "n": fit.n, "mape_pct": fit.mape_pct},

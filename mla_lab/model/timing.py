@@ -1,22 +1,8 @@
 """Modelled time of ops, layers and steps: the lab's one roofline and its one collective model (docs/ttft-model.md).
 
-An op (:func:`op_time_ms`): ``max(FLOPs / (peak x eff_flops), bytes / (HBM x eff_bytes))`` with the class's
-overhead as a floor (``max``) or added (``add``, :class:`~mla_lab.model.calibration.ClassEff`); attention-path ops
-(``attn_<op>``) one efficiency each, no overhead. Peaks: the GPU record's datasheet figures; fp8 GEMMs at
-:data:`~mla_lab.model.ops.FP8_PEAK_FACTOR` x bf16. The sparse kernel with a ``kernel_bytes`` efficiency is the
-roofline of :mod:`mla_lab.model.routes`; with the default FLOP-only efficiency a real-head kernel takes the padded
-kernel's time x the roofline's native / padded ratio.
-
-Stale padded heads (:mod:`mla_lab.model.content`): under ``content_scope="step"`` :func:`apply_step_content`
-scales the step's attention path and other compute ops; under ``kernel`` the kernel op alone is scaled.
-:func:`layer_time_ms` / :func:`step_time_ms` price the route the strategy's engine rule takes
-(:func:`mla_lab.model.routes.step_route`).
-
-Collectives (:func:`comm_time_ms`, the one all-reduce model): a ring moves ``2 (n-1)/n x B`` per rank and
-direction at ``nvlink_gbps / 2`` x ``comm_efficiency`` (0.8, an assumption) + ``comm_latency_us``, unless the world
-size was measured (:mod:`mla_lab.model.comm`). NVLink SHARP is not modelled.
-
-Layer and step functions take a :class:`~mla_lab.rank.RankView` first (checked at its door, not here).
+An op: ``max(FLOPs / (peak x eff_flops), bytes / (HBM x eff_bytes))`` with the class's overhead as a floor
+(``max``) or added (``add``); peaks from the GPU record (fp8 GEMMs x :data:`~mla_lab.model.ops.FP8_PEAK_FACTOR`).
+Collectives: :func:`comm_time_ms`. Layer and step functions take a checked :class:`~mla_lab.rank.RankView` first.
 """
 
 from __future__ import annotations
@@ -29,7 +15,7 @@ from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, ClassEff, resolve_calibration
 from .fa3_kernel import GPU as FA3_RATIO_GPU
 from .fa3_kernel import load_fa3_ratio
-from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, _attention_path_ops, step_ops, step_stats
+from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, _attention_path_ops, step_stats
 from .packed_kernel import FIT_GPU as PACKED_FIT_GPU
 from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
@@ -38,8 +24,7 @@ __all__ = ["op_time_ms", "comm_time_ms", "kernel_rate_tflops", "layer_time_ms", 
 
 
 def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = None, tp: int = 1) -> float:
-    """Modelled time of one op (ms): the roofline of the module docstring; comm ops through :func:`comm_time_ms`
-    (they need ``tp``)."""
+    """Modelled ms of one op (comm ops: :func:`comm_time_ms` over ``tp``)."""
     cal = resolve_calibration(calibration)
     if op.is_comm:
         return comm_time_ms(op.op_class, op.comm_bytes, tp, arch, cal)
@@ -47,13 +32,11 @@ def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = Non
 
 
 def _op_ms(op: LayerOp, arch: GPUArch, cal: Calibration, tp: int) -> float:
-    """:func:`op_time_ms` below the door: ``tp`` already checked (a Deployment's, or the checked layer options of
-    :func:`layer_time_ms` / :func:`step_time_ms`), ``cal`` resolved."""
+    """:func:`op_time_ms` unchecked, ``cal`` resolved."""
     if op.is_comm:
         return _comm_ms(op.op_class, op.comm_bytes, tp, arch, cal)
     if op.op_class == "attn_chunk_overhead":
-        # per extra chunk: the measured launch-and-tail cost (eager chunks), or for subchunk:<S>:graph2 the graphed
-        # two-stream loop's measured-fit cost; per extra consumer launch: the bmm class's overhead
+        # per extra chunk its measured cost (eager or graphed); per extra consumer launch the bmm overhead
         per_chunk = cal.attention_eff("graph_chunk_overhead_us" if op.dims.get("graphed") else "chunk_overhead_us")
         return (op.dims.get("chunks", 0) * per_chunk
                 + op.dims.get("consumer_launches", 0) * cal.eff("bmm").floor_us) * 1e-3
@@ -68,9 +51,8 @@ def _op_ms(op: LayerOp, arch: GPUArch, cal: Calibration, tp: int) -> float:
 
 
 def _class_eff(cal: Calibration, op_class: str):
-    """The class's efficiencies; the dense routes' classes when the calibration has none: ``k_concat`` as
-    ``elementwise``; ``mha_attn`` the **assumption** that a FlashAttention-class kernel reaches the sparse kernel's
-    calibrated fraction of peak, with the ``gemm`` class's byte efficiency and overhead."""
+    """The class's efficiencies; uncalibrated ``k_concat`` as ``elementwise``, ``mha_attn`` ASSUMED at the sparse
+    kernel's fraction of peak with ``gemm``'s bytes and overhead."""
     if op_class == "k_concat" and op_class not in cal.classes:
         return cal.eff("elementwise")
     if op_class == "mha_attn" and op_class not in cal.classes:
@@ -80,9 +62,7 @@ def _class_eff(cal: Calibration, op_class: str):
 
 
 def kernel_rate_tflops(arch: GPUArch, calibration: Calibration) -> tuple[float, str]:
-    """The sparse kernel's achieved TFLOP/s on ``arch`` and where the figure comes from: FlashMLA's published rate
-    where the record has one (:attr:`mla_lab.arch.GPUArch.sparse_prefill_tflops`), else the calibrated fraction of
-    the datasheet rate."""
+    """``(TFLOP/s, source)`` of the sparse kernel: FlashMLA README's rate where the record has one, else calibrated."""
     if arch.sparse_prefill_tflops:
         return arch.sparse_prefill_tflops, f"FlashMLA README {arch.name.upper()} figure"
     return arch.bf16_tflops * calibration.attention_eff("kernel"), f"calibrated ({calibration.name})"
@@ -100,12 +80,9 @@ def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
             if r is not None:  # the padded kernel's time x vLLM 0.33.0's FA3 / its padded FlashMLA (model.fa3_kernel)
                 return t * r.ratio(op.dims["H"], op.dims["sum_topk"] / max(1, op.dims["T"]))
         if op.act_bytes and "kernel_bytes" in cal.attention:
-            # the roofline's per-token term: Q read, out / lse / max_logits written for the heads the kernel runs
             t += op.act_bytes / (arch.hbm_gbps * 1e9 * cal.attention["kernel_bytes"]) * 1e3
         elif op.dims.get("native") and t > 0:
-            # FLOP-only calibration: a kernel reading Q and writing output for the real heads only (kernel_native,
-            # fa3_sparse) takes the padded kernel's time x the roofline's native / padded ratio (the fit on the
-            # committed H200 kernel rows, mla_lab.model.routes): the padded heads' writes are not charged
+            # FLOP-only calibration: a real-head kernel = padded time x the roofline's native / padded ratio
             t *= _native_ratio(op.dims)
         if op.dims.get("content") == "stale" and cal.content is not None and cal.step_content() is None:
             t *= cal.content.factor(op.dims["H"], op.dims["Hp"], t)  # kernel-only scope (step scope: _step_content)
@@ -114,8 +91,7 @@ def _attention_ms(op: LayerOp, arch: GPUArch, cal: Calibration) -> float:
 
 
 def _native_ratio(d: dict) -> float:
-    """Roofline time of a kernel with the real heads' per-token bytes over the padded kernel's (1.0 without the
-    committed kernel rows)."""
+    """Roofline time at the real heads' per-token bytes over the padded kernel's (1.0 without the rows)."""
     try:
         fit = default_padded_kernel_fit()
     except ValueError:
@@ -126,17 +102,10 @@ def _native_ratio(d: dict) -> float:
 
 def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: Calibration | None = None,
                  group: int | None = None) -> float:
-    """Time (ms) of a collective over ``group`` ranks (default ``tp``) on NVLink.
-
-    - ``allreduce`` (ring): each rank sends and receives ``2 (n-1)/n x nbytes``; priced by the measured fit of
-      world size ``n`` when ``calibration.comm`` has one and ``nbytes`` lies in its measured range
-      (:meth:`~mla_lab.model.calibration.Calibration.comm_fit`), else by the assumption.
-    - ``allgather`` (ring): ``(n-1)/n x nbytes`` (``nbytes`` is the gathered size).
-    - ``all_to_all``: ``nbytes`` is what one rank sends (already the remote share).
-
-    Raises:
-        ValueError: group not a positive int; unknown kind.
-    """
+    """Time (ms) of a collective over ``group`` ranks (default ``tp``): the measured fit of that world size
+    (:mod:`mla_lab.model.comm`) in its range, else a ring moving ``2 (n-1)/n x nbytes`` (allgather ``(n-1)/n``,
+    all_to_all ``nbytes``) at ``nvlink_gbps / 2 x comm_efficiency`` (0.8, assumed) + latency.
+    Raises ValueError: group not a positive int; unknown kind."""
     cal = resolve_calibration(calibration)
     n = tp if group is None else group
     check_int("tp", n)
@@ -146,8 +115,7 @@ def comm_time_ms(kind: str, nbytes: float, tp: int, arch: GPUArch, calibration: 
 
 
 def _comm_ms(kind: str, nbytes: float, n: int, arch: GPUArch, cal: Calibration) -> float:
-    """:func:`comm_time_ms` below the door: ``kind`` one of COMM_CLASSES (a LayerOp's class), ``n`` a checked
-    positive int, ``cal`` resolved."""
+    """:func:`comm_time_ms` unchecked."""
     if n == 1 or nbytes <= 0:
         return 0.0
     fit = cal.comm_fit_checked(n, nbytes, kind, arch)
@@ -162,12 +130,7 @@ def _comm_ms(kind: str, nbytes: float, n: int, arch: GPUArch, cal: Calibration) 
 
 def attention_path_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
                       calibration: Calibration | None = None, causal: bool = True) -> dict:
-    """Modelled time (ms) per attention-path op and ``total`` for one layer, one rank, one step.
-
-    ``rank`` a :class:`~mla_lab.rank.RankView` (heads, padded heads, KV dtype, GPU: read, not re-checked).
-    ``step`` a :class:`~mla_lab.workload.Step` (causal topk_length per chunk when ``causal``) or a token count (full
-    topk for every token). Priced by :func:`op_time_ms`, the same formula the layer uses.
-    """
+    """Modelled ms per attention-path op and ``total`` for one layer, one rank, one step (an int: full topk)."""
     ss = step_stats(rank.model, step, causal)
     cal = resolve_calibration(calibration)
     out = {op.name: _op_ms(op, rank.arch, cal, 1)
@@ -178,11 +141,8 @@ def attention_path_ms(rank: RankView, strategy: Strategy | str, step: Step | int
 
 def layer_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
                   calibration: Calibration | None = None, **kw) -> dict:
-    """Modelled ms per op of one layer (``{op: ms}``) plus ``total``, ``attention_path`` and ``comm``. ``rank`` and
-    the keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (the dtypes and the MoE layout are the rank's).
-    The step takes the strategy's route (:func:`mla_lab.model.routes.step_route`: dense MHA where its engine rule
-    sends the step there, :mod:`mla_lab.routes`); ``route`` says which; ``content`` how stale padded heads were
-    priced (:func:`apply_step_content`, the share taken over this layer)."""
+    """Modelled ``{op: ms}`` of one layer on the strategy's route, plus ``total``, ``attention_path``, ``comm``,
+    ``route``, ``content`` (:func:`apply_step_content`). Keywords as :func:`~mla_lab.model.ops.layer_ops`."""
     cal = resolve_calibration(calibration)
     out: dict = {}
     route = step_route(rank.model, strategy, step)
@@ -202,17 +162,12 @@ def layer_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
 
 def step_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
                  calibration: Calibration | None = None, **kw) -> dict:
-    """Modelled ms of one engine step on one rank, all layers: ``total``, ``by_op`` (ms summed over layers),
-    ``attention_path``, ``comm``, ``route`` (the strategy's route for this step,
-    :func:`mla_lab.model.routes.step_route`), ``content`` (how stale padded heads were priced: :func:`apply_step_content`).
-    ``rank`` and the keyword arguments as :func:`~mla_lab.model.ops.layer_ops` (the dtypes, the MoE layout and
-    ``ep_size`` are the rank's)."""
+    """Modelled ms of one engine step, all layers: ``total``, ``by_op``, ``attention_path``, ``comm``, ``route``,
+    ``content``. Keywords as :func:`~mla_lab.model.ops.layer_ops`."""
     cal = resolve_calibration(calibration)
     by: dict = {}
     route = step_route(rank.model, strategy, step)
-    pairs = (step_ops(rank, strategy, step, **kw) if route == "sparse-mqa"
-             else route_step_ops(rank, route, strategy, step, **kw))
-    pairs = list(pairs)
+    pairs = route_step_ops(rank, route, strategy, step, **kw)
     arch, tp = rank.arch, rank.tp
     for op, count in pairs:
         by[op.name] = by.get(op.name, 0.0) + _op_ms(op, arch, cal, tp) * count  # tp checked at the rank's door
@@ -224,15 +179,9 @@ def step_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
 
 
 def apply_step_content(times: dict, ops, cal: Calibration) -> dict:
-    """Stale padded heads over the whole step (:class:`~mla_lab.model.content.StepContentModel`), in place.
-
-    ``times``: zero-content ms per op name; ``ops`` the ops behind them. When an op reads stale padded heads and
-    the calibration prices content over the step, :data:`~mla_lab.model.ops.ATTN_OPS` take the attention factor and
-    every other compute op the rest factor, ``share`` = attention path / compute time (collectives neither).
-
-    Returns ``{"scope", "share", "attention_factor", "rest_factor"}`` (``scope`` ``none`` when nothing is stale,
-    ``kernel`` when the kernel-only factor priced it inside :func:`op_time_ms`).
-    """
+    """Scale ``times`` (zero-content ms per op) in place for stale padded heads over the step
+    (:class:`~mla_lab.model.content.StepContentModel`). Returns ``{scope (none / kernel / step), share,
+    attention_factor, rest_factor}``."""
     stale = next((op for op in ops if op.dims.get("content") == "stale" and op.dims.get("Hp", 0) > op.dims.get("H", 0)),
                  None)
     model = cal.step_content()

@@ -1,14 +1,7 @@
 """Workload -> time to first token (TTFT), modelled: the public entry points of the cost model (docs/ttft-model.md).
 
-:func:`predict_ttft` schedules the workload into chunked-prefill steps (:func:`mla_lab.workload.schedule`: vLLM v1,
-FCFS, at most ``max_num_batched_tokens`` tokens per step, ``concurrency`` prompts in flight), prices every step on
-one rank (ranks run in lockstep under TP) and gives each prompt's TTFT = the sum of step times up to the step
-holding its last prompt token. Scopes: ``full_layer`` (default: every layer's ops plus embedding, final norm and LM
-head, :func:`mla_lab.model.timing.step_time_ms`) or ``attention_path`` (``num_hidden_layers x`` the attention path
-alone: a lower bound on TTFT that overstates the relative change). Changes are taken against
-:data:`mla_lab.placement.BASELINE` unless a baseline is given.
-
-Not modelled: CPU scheduling and launch gaps, sampling, interleaved decode steps, HTTP time of ``vllm bench serve``.
+A prompt's TTFT = the sum of step times (one rank; :func:`mla_lab.workload.schedule`) up to the step holding its
+last token. Not modelled: CPU scheduling and launch gaps, sampling, interleaved decode steps, HTTP time.
 """
 
 from __future__ import annotations
@@ -43,25 +36,19 @@ def predict_ttft(
     attention_override_ms: list[float] | None = None,
     **layer_kw,
 ) -> dict:
-    """Modelled TTFT of ``deployment``'s workload on one rank (optionally with a measured attention path spliced in).
+    """Modelled TTFT (ms) of ``deployment``'s workload on one rank.
 
     Args:
-        deployment: a :class:`~mla_lab.deployment.Deployment`; strategy: a Strategy or canonical name.
-        calibration: None (the committed one) or a :class:`~mla_lab.model.calibration.Calibration`.
-        scope: ``full_layer`` (default) or ``attention_path``.
-        attention_override_ms: the measured attention path per layer of every step (ms, one per step): it replaces
-            each step's modelled attention-path ops x ``num_hidden_layers``; ``scope`` then says so.
-        **layer_kw: ``full_layer`` options (:data:`LAYER_OPTIONS`; :func:`mla_lab.model.ops.layer_ops` and
-            ``comm_efficiency``, ``comm_latency_us``).
+        scope: ``full_layer`` (every op) or ``attention_path`` (``num_hidden_layers x`` the path: a lower bound).
+        attention_override_ms: a measured attention path per layer, one per step, replacing the modelled one.
+        **layer_kw: :data:`LAYER_OPTIONS` (``full_layer`` only).
 
     Returns:
-        ``ttft_ms_mean``, ``ttft_ms_max``, ``ttft_ms_list`` (per prompt, finishing order), ``num_steps``, ``step_ms``,
-        ``ops_ms`` (per op, summed over steps and layers), ``step_ops_ms``, ``attention_path_ms``, ``comm_ms``,
-        ``scope``, ``strategy``, ``calibration``, ``comm_source``, ``source`` (``modelled``); times in ms.
+        ``ttft_ms_mean``, ``ttft_ms_max``, ``ttft_ms_list``, ``num_steps``, ``step_ms``, ``ops_ms``, ``step_ops_ms``,
+        ``attention_path_ms``, ``comm_ms``, ``scope``, ``strategy``, ``calibration``, ``comm_source``, ``source``.
 
     Raises:
-        ValueError: not a Deployment; unknown scope or strategy; a layer option not in :data:`LAYER_OPTIONS` or
-            given with ``scope="attention_path"``; anything the cost functions raise (one line each).
+        ValueError: not a Deployment; unknown scope or strategy; a bad layer option; as the cost functions.
     """
     d = _check_deployment(deployment)
     if scope not in SCOPES:
@@ -69,7 +56,6 @@ def predict_ttft(
     strategy = as_strategy(strategy)
     steps = schedule(d.workload, d.max_num_batched_tokens)
     cal, layer_kw = _check_ttft_args(scope, layer_kw, steps, attention_override_ms, resolve_calibration(calibration))
-    # what one rank holds, derived once from the checked deployment (an ep_size option: RankView.with_ep_size, a door)
     rank = d.rank.with_ep_size(layer_kw.pop("ep_size", None))
     L = d.model.num_hidden_layers
     step_ms, ops_ms, ttfts, step_ops_ms = [], {}, [], []
@@ -136,13 +122,8 @@ def _price_step(rank, strategy: Strategy, st, cal: Calibration, scope: str, laye
 
 def compare_strategies(deployment: Deployment, strategies=SEED_STRATEGIES, baseline=BASELINE,
                        calibration: Calibration | None = None, scope: str = "full_layer", **layer_kw) -> dict:
-    """:func:`predict_ttft` for each strategy (presets and aliases expanded: this is a door for strategy names),
-    plus ``delta_pct[s]`` = mean TTFT change of ``s`` vs ``baseline`` (%) and ``delta_ms[s]``. Returns
-    ``{"results": {name: dict}, "delta_pct": {...}, "delta_ms": {...}, "baseline": name}`` (canonical names).
-
-    Raises:
-        ValueError: an unknown strategy name; as :func:`predict_ttft`.
-    """
+    """``{results, delta_pct, delta_ms, baseline}``: :func:`predict_ttft` per strategy (door names expanded) and
+    its mean-TTFT change vs ``baseline``. Raises ValueError: an unknown strategy; as :func:`predict_ttft`."""
     d = _check_deployment(deployment)
     names = expand(strategies)
     base = expand(baseline)[0]

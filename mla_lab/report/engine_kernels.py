@@ -1,7 +1,7 @@
 """The engines' own kernels on the H200 (issue 29): ``data/measured/h200/between_process/engine_kernels.csv``
-(:mod:`mla_lab.measure.engine_kernels`; one H200, the engines' release-wheel kernels, graph timing, 5 fresh processes
-x 5 interleaved rounds; the software in the file's provenance columns). Every figure: the median over processes of
-the per-process medians, ``[min, max]`` over processes.
+(:mod:`mla_lab.measure.experiments.engine_kernels`; one H200, the engines' release-wheel kernels, graph timing, 5 fresh
+processes x 5 interleaved rounds; the software in the file's provenance columns). Every figure: the median over
+processes of the per-process medians, ``[min, max]`` over processes.
 """
 
 from __future__ import annotations

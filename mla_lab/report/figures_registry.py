@@ -72,8 +72,8 @@ def _pad_copy_modelled_ms() -> float:
     8 -> 64 heads): the baseline row's ``pad_copy_ms`` over its steps and layers (:func:`mla_lab.sweep.rows.
     modelled_rows`, calibration ``data/calibration/h200_ops.csv``)."""
     d = Deployment.seed()
-    row = next(r for r in modelled_rows(d.to_point(strategies=[BASELINE], shared_workspace_bytes=None, num_runs=7),
-                                        deployment=d) if r["strategy"] == BASELINE)
+    row = next(r for r in modelled_rows(d.to_point(strategies=[BASELINE], shared_workspace_bytes=None, num_runs=7))
+               if r["strategy"] == BASELINE)
     return row["pad_copy_ms"] / row["num_steps"] / d.model.num_hidden_layers
 
 

@@ -278,8 +278,7 @@ def pr_trade_by_engine(models=("glm-5",), calibration=None) -> list[dict]:
         ttft = {s: predict_ttft(d, parse_strategy(s), cal)["ttft_ms_mean"] for s in names}
         mem, base = _memory(d, names)
         for label, s, ref, engine in PR_TRADE_BY_ENGINE:
-            e = engine_summary(engine, d.model, d.model.topk, d.num_heads, d.arch.sm, d.kv_cache_dtype,
-                               d.prompt_len, d.max_num_batched_tokens, d.workload.num_prompts)
+            e = engine_summary(engine, d)
             out.append({"model": name, "label": label, "engine": engine, "strategy": s, "against": ref,
                         "modelled_pct": 100.0 * (ttft[s] / ttft[ref] - 1), "ttft_ms": ttft[s],
                         "against_ttft_ms": ttft[ref],

@@ -78,7 +78,7 @@ def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
 
 def _check_result(result) -> None:
     if not isinstance(result, dict) or "strategies" not in result or "baseline" not in result:
-        raise ValueError("result must be the dict mla_lab.serving.engine_pricer.serve_benchmark returns")
+        raise ValueError("result must be the dict mla_lab.serving.serve_benchmark returns")
 
 
 def _wide(df: pd.DataFrame, strategies: list) -> pd.DataFrame:
@@ -283,7 +283,7 @@ def kv_dtypes_left_out(params) -> str:
 
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
-    """:func:`~mla_lab.serving.engine_pricer.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`)
+    """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`)
     with the sweep's workload and engine flags (request rate, max concurrency, seed, max_num_seqs).
 
     Raises:

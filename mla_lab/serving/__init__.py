@@ -1,6 +1,6 @@
 """Step-level simulation of a ``vllm bench serve`` run against a vLLM v1 engine (docs/serving.md).
 
-One concept per module, each with a runnable ``main()`` demo (``python -m mla_lab.serving.<module>``):
+One concept per module:
 
 - :mod:`~mla_lab.serving.client` the benchmark client: :class:`BenchConfig`, request lengths, arrival times;
 - :mod:`~mla_lab.serving.step` one engine step: :class:`Step`, :class:`PrefillChunk`, :class:`DecodeToken`;
@@ -8,7 +8,7 @@ One concept per module, each with a runnable ``main()`` demo (``python -m mla_la
 - :mod:`~mla_lab.serving.simulate` the event loop: :func:`simulate` -> :class:`ServingResult`;
 - :mod:`~mla_lab.serving.metrics` the metrics ``vllm bench serve`` prints, :func:`compare`;
 - :mod:`~mla_lab.serving.pricing` pricers (Step -> ms): :class:`LinearStepPricer`, :func:`make_pricer`;
-- :mod:`~mla_lab.serving.engine_pricer` the lab's cost model as a pricer: :class:`EnginePricer`;
+- :mod:`~mla_lab.serving.step_pricer` the lab's cost model as a pricer: :class:`CostModelPricer`;
 - :mod:`~mla_lab.serving.benchmark` the benchmark per strategy: :func:`serve_benchmark` (a :class:`~mla_lab.deployment.Deployment`),
   :func:`bench_of`, :data:`PR_BENCH`.
 
@@ -27,14 +27,14 @@ from __future__ import annotations
 
 from .benchmark import PR_BENCH, bench_of, serve_benchmark
 from .client import BenchConfig, ClientRequest
-from .engine_pricer import EnginePricer, load_decode_calibration
 from .metrics import RequestRecord, bench_metrics, compare, format_metrics
 from .pricing import ConstantPricer, LinearStepPricer, make_pricer
 from .scheduler import PreemptionRequired, SchedulerConfig
 from .simulate import ServingResult, StepRecord, simulate
 from .step import DecodeToken, PrefillChunk, Step, StepPricer
+from .step_pricer import CostModelPricer, load_decode_calibration
 
 __all__ = ["BenchConfig", "ClientRequest", "RequestRecord", "bench_metrics", "compare", "format_metrics",
            "ConstantPricer", "LinearStepPricer", "make_pricer", "PreemptionRequired", "SchedulerConfig",
            "ServingResult", "StepRecord", "simulate", "DecodeToken", "PrefillChunk", "Step", "StepPricer",
-           "EnginePricer", "serve_benchmark", "bench_of", "load_decode_calibration", "PR_BENCH"]
+           "CostModelPricer", "serve_benchmark", "bench_of", "load_decode_calibration", "PR_BENCH"]

@@ -2,21 +2,21 @@
 
 :func:`serve_benchmark` runs :func:`mla_lab.serving.simulate` for one :class:`~mla_lab.deployment.Deployment`
 (:func:`bench_of` its workload, or a client run of it) once per strategy with that strategy's own KV-cache
-capacity (:func:`mla_lab.model.memory.memory_tradeoff`) and :class:`~mla_lab.serving.engine_pricer.EnginePricer`
+capacity (:func:`mla_lab.model.memory.memory_tradeoff`) and :class:`~mla_lab.serving.step_pricer.CostModelPricer`
 as the step pricer, and compares every metric with a baseline. :data:`PR_BENCH` is the benchmark of vLLM PR #53878;
-:data:`MODELLED_NOTES` says what is modelled. ``python -m mla_lab.serving.benchmark`` prints the PR's benchmark per
-engine preset.
+:data:`MODELLED_NOTES` says what is modelled.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import asdict, replace
 
 from ..deployment import Deployment
 from ..model.calibration import Calibration, resolve_calibration
 from ..model.decode_calibration import DecodeCalibration, load_decode_calibration
 from ..model.memory import memory_tradeoff
-from ..placement import BASELINE, SERVE_PRESETS, expand_strategies, preset_of, resolve_strategy
+from ..placement import BASELINE, expand_strategies, preset_of, resolve_strategy
 from .client import BenchConfig
 from .deploy_options import (
     OPTIONS_NOTES,
@@ -26,10 +26,10 @@ from .deploy_options import (
     dp_share,
     per_rank_deployment,
 )
-from .engine_pricer import EnginePricer
 from .metrics import compare
 from .scheduler import SchedulerConfig
 from .simulate import simulate
+from .step_pricer import CostModelPricer
 
 __all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary"]
 
@@ -105,7 +105,7 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     ``kv_tokens_lost`` (its persistent workspace beyond the baseline's), the scheduler is
     :class:`~mla_lab.serving.scheduler.SchedulerConfig` with the deployment's engine limits
     (``max_num_batched_tokens``, ``max_num_seqs``) and ``block_size`` / ``kv_admission`` / ``enforce_eager``, the
-    pricer :class:`EnginePricer` of ``deployment.rank``; :func:`mla_lab.serving.simulate` runs the benchmark.
+    pricer :class:`CostModelPricer` of ``deployment.rank``; :func:`mla_lab.serving.simulate` runs the benchmark.
 
     Returns:
         ``{"strategies": {s: {"preset", "metrics", "change_pct" (vs baseline, % per metric), "kv_capacity_tokens",
@@ -123,8 +123,41 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     """
     Deployment.require(deployment)
     d = deployment
-    if bench is None:
-        bench = bench_of(d)
+    client_bench = _checked_bench(d, bench_of(d) if bench is None else bench)
+    base = resolve_strategy(baseline)
+    order = list(dict.fromkeys([base] + expand_strategies([strategies] if isinstance(strategies, str)
+                                                          else list(strategies))))
+    cal = resolve_calibration(calibration)
+    dcal = decode_cal if decode_cal is not None else load_decode_calibration()
+    opts = _Options(d, client_bench)
+    mem = opts.memory(order)
+    caps = _kv_capacities(d, mem, order)
+    out: dict = {}
+    for s in order:  # every strategy checked (caps) before the first is simulated
+        sched = SchedulerConfig(max_num_batched_tokens=opts.deployment.max_num_batched_tokens,
+                                max_num_seqs=opts.deployment.max_num_seqs, kv_capacity_tokens=int(caps[s]),
+                                block_size=block_size, kv_admission=kv_admission, enforce_eager=enforce_eager)
+        raw = simulate(opts.bench, sched, opts.pricer(s, cal, dcal), percentiles=percentiles)
+        res = opts.scale(raw)
+        launches = Counter(f"{rec.step.kind}:{rec.step.cudagraph_mode}" for rec in res.steps)
+        out[s] = {"preset": preset_of(s), "metrics": res.metrics, "kv_capacity_tokens": int(caps[s]),
+                  "kv_tokens_lost": mem["strategies"][s]["kv_tokens_lost"], "extra_mib": mem["strategies"][s]["extra_mib"],
+                  "num_steps": len(res.steps), "steps_by_launch": dict(launches), "result": res,
+                  "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
+    for s in order:
+        out[s]["change_pct"] = compare(out[base]["metrics"], out[s]["metrics"])
+    engine_args = {"block_size": block_size, "kv_admission": kv_admission, "enforce_eager": enforce_eager}
+    return {"strategies": out, "baseline": base, "deployment": _deployment_summary(d, engine_args),
+            "options": opts.describe(), "bench": asdict(client_bench), "calibration": cal.name,
+            "decode_calibration": dcal.name, "notes": list(MODELLED_NOTES) + opts.notes()}
+
+
+def _checked_bench(d: Deployment, bench) -> BenchConfig:
+    """``bench`` when it is a BenchConfig sending ``d``'s workload (one truth for it).
+
+    Raises:
+        ValueError: not a BenchConfig, or another workload (names both).
+    """
     if not isinstance(bench, BenchConfig):
         raise ValueError(f"bench={bench!r} must be a mla_lab.serving.BenchConfig")
     if _workload_of(bench) != (d.num_prompts, d.prompt_len, d.output_len, d.concurrency):
@@ -132,62 +165,43 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                          f"({bench.random_output_len} out) at max_concurrency {bench.max_concurrency}, the deployment "
                          f"{d.num_prompts} x {d.prompt_len} ({d.output_len} out) at concurrency {d.concurrency}; "
                          "allowed: bench=None or bench_of(deployment, ...) (Deployment.replace changes the workload)")
-    if isinstance(strategies, str):
-        strategies = [strategies]
-    names = expand_strategies(list(strategies))
-    base = resolve_strategy(baseline)
-    order = list(dict.fromkeys([base] + names))
-    cal = resolve_calibration(calibration)
-    dcal = decode_cal if decode_cal is not None else load_decode_calibration()
-    opts = _Options(d, bench)
-    client_bench, d_run, bench = bench, opts.deployment, opts.bench
-    mem = opts.memory(order)
+    return bench
+
+
+def _kv_capacities(d: Deployment, mem: dict, order) -> dict:
+    """KV-cache tokens per strategy: ``mem``'s capacity minus the strategy's ``kv_tokens_lost``.
+
+    Raises:
+        ValueError: the deployment leaves no KV cache, or a strategy's workspace extra takes all of it (one line
+            naming the deployment, and the strategy with its extra MiB; never a negative capacity).
+    """
     where = (f"{d.model.name} TP{d.tp} on {d.arch.name} (weight_dtype={d.weight_dtype!r}, "
              f"max_num_batched_tokens={d.max_num_batched_tokens}, gpu_memory_utilization={d.gpu_memory_utilization})")
     if not mem["fits"] or not mem["kv_capacity_tokens"] > 0:
-        # checked once, before any strategy is priced; never a negative capacity in the message
         why = mem["fit_reason"] or "KV capacity 0 tokens"
         raise ValueError(f"deployment {where} does not fit: {why}; allowed: a deployment whose weights fit "
                          "(e.g. weight_dtype='fp8', a larger tp, a higher gpu_memory_utilization)")
     caps = {s: mem["kv_capacity_tokens"] - mem["strategies"][s]["kv_tokens_lost"] for s in order}
-    for s, cap in caps.items():  # every strategy checked before the first is simulated
+    for s, cap in caps.items():
         if not cap > 0:
             raise ValueError(
                 f"strategy={s!r} does not fit deployment {where}: its persistent workspace extra "
                 f"({mem['strategies'][s]['extra_mib']:.0f} MiB beyond the baseline's) takes all "
                 f"{mem['kv_capacity_tokens']:.0f} tokens of KV capacity, KV capacity 0; allowed: a strategy whose "
                 "extra bytes fit, a larger tp or a higher gpu_memory_utilization")
-    out: dict = {}
-    for s in order:
-        lost, cap = mem["strategies"][s]["kv_tokens_lost"], caps[s]
-        sched = SchedulerConfig(max_num_batched_tokens=d_run.max_num_batched_tokens,
-                                max_num_seqs=d_run.max_num_seqs, kv_capacity_tokens=int(cap), block_size=block_size,
-                                kv_admission=kv_admission, enforce_eager=enforce_eager)
-        pricer = opts.pricer(s, cal, dcal)
-        raw = simulate(bench, sched, pricer, percentiles=percentiles)
-        res = opts.scale(raw)
-        launches: dict = {}
-        for rec in res.steps:
-            k = f"{rec.step.kind}:{rec.step.cudagraph_mode}"
-            launches[k] = launches.get(k, 0) + 1
-        out[s] = {"preset": preset_of(s), "metrics": res.metrics, "kv_capacity_tokens": int(cap),
-                  "kv_tokens_lost": lost, "extra_mib": mem["strategies"][s]["extra_mib"],
-                  "num_steps": len(res.steps), "steps_by_launch": launches, "result": res,
-                  "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
-    for s in order:
-        out[s]["change_pct"] = compare(out[base]["metrics"], out[s]["metrics"])
-    return {"strategies": out, "baseline": base,
-            "deployment": {"model": d.model.name, "tp": d.tp, "arch": d.arch.name,
-                           "max_num_batched_tokens": d.max_num_batched_tokens, "max_num_seqs": d.max_num_seqs,
-                           "gpu_memory_utilization": d.gpu_memory_utilization, "kv_cache_dtype": d.kv_cache_dtype,
-                           "block_size": block_size, "weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel,
-                           "kv_admission": kv_admission, "enforce_eager": enforce_eager,
-                           "model_family": d.model.family, "model_family_note": d.model.family_note,
-                           "num_speculative_tokens": d.num_speculative_tokens,
-                           "acceptance_length": d.acceptance_length, "dp_attention": d.dp_attention},
-            "options": opts.describe(),
-            "bench": asdict(client_bench), "calibration": cal.name, "decode_calibration": dcal.name,
-            "notes": list(MODELLED_NOTES) + opts.notes()}
+    return caps
+
+
+def _deployment_summary(d: Deployment, engine_args: dict) -> dict:
+    """The engine arguments of the run (``serve_benchmark``'s ``deployment`` key)."""
+    return {"model": d.model.name, "tp": d.tp, "arch": d.arch.name,
+            "max_num_batched_tokens": d.max_num_batched_tokens, "max_num_seqs": d.max_num_seqs,
+            "gpu_memory_utilization": d.gpu_memory_utilization, "kv_cache_dtype": d.kv_cache_dtype,
+            "block_size": engine_args["block_size"], "weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel,
+            "kv_admission": engine_args["kv_admission"], "enforce_eager": engine_args["enforce_eager"],
+            "model_family": d.model.family, "model_family_note": d.model.family_note,
+            "num_speculative_tokens": d.num_speculative_tokens, "acceptance_length": d.acceptance_length,
+            "dp_attention": d.dp_attention}
 
 
 class _Options:
@@ -212,7 +226,7 @@ class _Options:
 
     def pricer(self, strategy, cal, dcal):
         base = (DPAttentionPricer(self.deployment, strategy, cal, dcal) if self.dp > 1
-                else EnginePricer(self.d.rank, strategy, cal, dcal))
+                else CostModelPricer(self.d.rank, strategy, cal, dcal))
         if not self.k:
             return base
         return SpecDecodePricer(base, self.d.model.num_hidden_layers, self.k, self.d.acceptance_length)
@@ -276,20 +290,3 @@ def options_summary(deployment: Deployment, strategy: str) -> dict:
                                "ttft_scope": "mean TTFT of the workload (serve simulation, output_len 1)",
                                "strategy": strategy, "status": "modelled"}
     return out
-
-
-def main() -> None:
-    """Demo: the PR's benchmark on GLM-5 TP8 H200 (fp8 weights, EP, bf16 KV cache) per engine preset."""
-    res = serve_benchmark(Deployment.seed(), [*SERVE_PRESETS, "sglang"], PR_BENCH)
-    print(f"baseline {res['baseline']}; decode calibration {res['decode_calibration']}")
-    keys = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "total_token_throughput")
-    for s, r in res["strategies"].items():
-        m, c = r["metrics"], r["change_pct"]
-        print(f"{s:24s} {r['preset']:15s} " + "  ".join(f"{k.replace('_ms', '')} {m[k]:8.1f} ({c[k]:+.2f} %)"
-                                                        for k in keys))
-    for n in res["notes"]:
-        print("-", n)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,37 +1,16 @@
-"""The benchmark client as ``vllm bench serve`` drives it with the random dataset: request lengths and arrival
-times.
+"""The benchmark client as ``vllm bench serve`` drives it with the random dataset: request lengths, arrival times,
+``--max-concurrency`` (the rules and their sources: docs/serving.md, "Client").
 
-Semantics, read in vllm-project/vllm (commits as stored by the lab's source index):
-
-- **Lengths** (``vllm/benchmarks/datasets/random.py``, ``RandomDataset.get_sampling_params``, @ 237145ea): with
-  ``real_input_len = max(0, random_input_len - num_special_tokens)``, input lengths are integer-uniform in
-  ``[floor(real_input_len * (1 - r)), ceil(real_input_len * (1 + r))]`` and output lengths in
-  ``[max(1, floor(out * (1 - r))), max(1, ceil(out * (1 + r)))]`` (both ends inclusive), drawn in that order
-  from ``np.random.default_rng(seed)``; ``r = random_range_ratio`` must be in ``[0, 1)``. With ``--ignore-eos``
-  every request produces exactly its output length. Not modelled: the decode/re-encode step that can shift a
-  prompt by a token or two (vLLM logs the mismatch), ``--random-prefix-len``.
-- **Arrivals** (``vllm/benchmarks/serve.py``, ``get_request``, @ 009e6d4a): ``request_rate = inf`` sends every
-  request at t = 0. Otherwise each request's delay is drawn from ``np.random.gamma(shape=burstiness,
-  scale=1 / (request_rate * burstiness))`` (burstiness 1 = exponential, a Poisson process; ``burstiness = inf``
-  = constant ``1 / request_rate``), the delays are summed, and the cumulative times are rescaled so the last one
-  is exactly ``num_prompts / request_rate``. ``serve.py`` seeds numpy's global generator with
-  ``np.random.seed(args.seed)`` (``main_async``), so the draws here use ``np.random.RandomState(seed)``, the same
-  stream. ``normalize_arrivals=False`` gives the older generator instead (``vllm/benchmarks/benchmark_serving.py``
-  ``get_request`` @ 139d41fa): the first request at t = 0, each next one a gamma delay after the previous, no
-  rescaling (that version's random dataset drew lengths differently; only its arrivals are reproduced).
-- **Concurrency** (``serve.py``, ``benchmark`` / ``limited_request_func``): ``--max-concurrency`` is an
-  ``asyncio.Semaphore`` on the client: a request that has arrived waits client side until fewer than
-  ``max_concurrency`` requests are in flight; its ``start_time`` (and so its TTFT and E2EL clocks) is taken
-  inside the request function, after the semaphore is acquired (``vllm/benchmarks/lib/endpoint_request_func.py``,
-  @ 02cfb534: ``st = time.perf_counter()`` before the POST). The wait is reported separately as
-  ``client_queue_time``. vLLM rejects ``max_concurrency <= 0``; a value above ``num_prompts`` has no effect there,
-  and is refused here as a likely mistake.
+- Lengths: ``RandomDataset.get_sampling_params`` (``vllm/benchmarks/datasets/random.py`` @ 237145ea), drawn from
+  ``np.random.default_rng(seed)``; ``random_range_ratio`` in ``[0, 1)``.
+- Arrivals: ``get_request`` (``vllm/benchmarks/serve.py`` @ 009e6d4a): gamma delays from
+  ``np.random.RandomState(seed)`` (``serve.py`` seeds numpy's global generator), rescaled so the last arrival is
+  ``num_prompts / request_rate``; ``normalize_arrivals=False``: the older ``benchmark_serving.py`` @ 139d41fa.
+- ``max_concurrency``: the client's ``asyncio.Semaphore``; the TTFT clock starts after it
+  (``endpoint_request_func.py`` @ 02cfb534). A value above ``num_prompts`` is refused as a likely mistake.
 
 Defaults are vLLM's (``vllm/benchmarks/datasets/arg_utils.py`` @ 237145ea: ``--seed 0``, ``--num-prompts 1000``,
-``--random-input-len 1024``, ``--random-output-len 128``, ``--random-range-ratio 0.0``; ``serve.py``:
-``--request-rate inf``, ``--burstiness 1.0``, ``--max-concurrency None``).
-
-Run ``python -m mla_lab.serving.client`` for a demo.
+1024 / 128 tokens, range ratio 0.0; ``serve.py``: ``--request-rate inf``, ``--burstiness 1.0``).
 """
 
 from __future__ import annotations
@@ -173,21 +152,3 @@ def make_requests(bench: BenchConfig) -> list[ClientRequest]:
     ins, outs = sample_lengths(bench)
     ts = arrival_times(bench)
     return [ClientRequest(i, float(ts[i]), int(ins[i]), int(outs[i])) for i in range(bench.num_prompts)]
-
-
-def main() -> None:
-    """Demo: the PR #53878 benchmark's client (32 x 1024 / 128, all at t = 0), then a bursty variant."""
-    pr = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
-    reqs = make_requests(pr)
-    print(f"{pr}\n  -> {len(reqs)} requests, input {reqs[0].input_len}, output {reqs[0].output_len}, "
-          f"all at t={reqs[-1].arrival_s}")
-    bursty = BenchConfig(num_prompts=8, random_input_len=1024, random_output_len=128, random_range_ratio=0.25,
-                         request_rate=4.0, burstiness=0.5, seed=1)
-    (ilo, ihi), (olo, ohi) = length_bounds(bursty)
-    print(f"bursty: rate 4/s, burstiness 0.5, inputs in [{ilo}, {ihi}], outputs in [{olo}, {ohi}]")
-    for r in make_requests(bursty):
-        print(f"  req {r.req_id}: arrives {r.arrival_s:7.3f} s, input {r.input_len:5d}, output {r.output_len:4d}")
-
-
-if __name__ == "__main__":
-    main()

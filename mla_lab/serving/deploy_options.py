@@ -1,44 +1,19 @@
-"""The deployments public runs use, priced: MTP / EAGLE speculative decoding and SGLang's DP attention (issue 37).
+"""The deployments public runs use, priced (modelled, nothing fitted to a run that uses them; issue 37):
+MTP / EAGLE speculative decoding and SGLang's DP attention, options of a :class:`~mla_lab.deployment.Deployment`
+read by :func:`mla_lab.serving.benchmark.serve_benchmark`. docs/serving.md ("The deployments public runs use")
+states each rule.
 
-Both are options of a :class:`~mla_lab.deployment.Deployment` (``num_speculative_tokens`` and ``acceptance_length``;
-``dp_attention``), checked at its door; :func:`mla_lab.serving.benchmark.serve_benchmark` reads them and uses the
-pricers and the memory below. Every number they give is **modelled**: the lab's cost model composed as follows,
-nothing fitted to a run that uses these options.
-
-**Speculative decoding** (:class:`SpecDecodePricer`; vLLM ``--speculative-config '{"method": "mtp",
-"num_speculative_tokens": k}'``). What one engine step runs at vLLM 0.33.0:
-
-- the target model verifies ``k + 1`` query tokens per decoding request (the last sampled token and the ``k``
-  drafts): its attention, indexer, GEMMs and MoE see ``(k + 1) x batch`` tokens
-  (``vllm/v1/worker/gpu_model_runner.py``: the scheduled spec tokens join the request's query;
-  ``vllm/v1/worker/gpu/spec_decode/rejection_sampler.py``). Priced as the base pricer's step with each decode token
-  expanded to ``k + 1`` decode tokens at contexts ``c .. c + k``;
-- the drafter (the MTP layer) runs ``k`` passes: the first over every token the target computed in the step
-  (``vllm/v1/spec_decode/llm_base_proposer.py:599``, ``num_tokens``), then ``k - 1`` passes at the batch size
-  (``llm_base_proposer.py:688-753``, ``for token_index in range(self.num_speculative_tokens - 1)``). Each pass is
-  priced as one more decoder layer at that token count: the base pricer's GPU time of the same tokens divided by
-  ``num_hidden_layers`` (the mean layer, the LM head's share included; the drafter computes logits on each pass);
-- ``acceptance_length`` tokens per request leave each step on average (an input): the simulation emits one token
-  per request per simulated step, so a decode step is charged ``(verify + drafts) / acceptance_length`` (TPOT and
-  ITL = step time / acceptance_length; vLLM's client sees the accepted tokens of a step in one chunk, so its
-  per-chunk ITL would be the whole step: the lab reports the per-token figure). A mixed step pays its prefill
-  chunks' share in full and the decode increment divided by ``acceptance_length``.
-- memory: the MTP layer's weights and one more layer of KV per token (:func:`mla_lab.model.memory.memory_tradeoff`
-  with ``mtp_layers=1``). Not modelled: vLLM's ``k`` lookahead slots per request, and the scheduler's token
-  budget counting ``k + 1`` tokens per decoding request (it counts one).
-
-**DP attention** (:class:`DPAttentionPricer`; SGLang ``--tp 8 --dp 8 --enable-dp-attention``): each of the ``dp``
-attention groups holds ``num_attention_heads / (tp / dp)`` heads (all 64 of GLM-5 at ``dp = tp``: FlashMLA's
-64-head tile is full, nothing padded), its own requests (``num_prompts / dp``, ``concurrency / dp``,
-``max_num_batched_tokens / dp``, ``max_num_seqs / dp``) and its own KV cache; the MoE stays over all ``tp`` GPUs
-(``moe_parallel="ep"``: whole experts per rank, DeepEP-style dispatch and combine all-to-all; ``"tp"``: sharded,
-all-reduce). A step of one rank is priced as the attention side of the rank's own tokens on
-:attr:`Deployment.attention_rank <mla_lab.deployment.Deployment.attention_rank>` plus the MoE side of every active
-rank's tokens (the rank's step replicated ``min(dp, concurrency)`` times) on :attr:`Deployment.rank
-<mla_lab.deployment.Deployment.rank>`. One representative rank is simulated; throughputs are that rank's times
-the active ranks. Memory per rank (:func:`dp_attention_memory`): the attention weights replicated over the group
-(``tp / dp`` ranks) instead of split over ``tp``, the rest as TP; KV per rank holds only its requests' tokens.
-SGLang's own memory rule (``--mem-fraction-static``) is priced with vLLM 0.33.0's (the lab's), an assumption.
+- :class:`SpecDecodePricer` (vLLM 0.33.0 ``--speculative-config`` ``mtp``): the target verifies ``k + 1`` query
+  tokens per decoding request (``vllm/v1/worker/gpu_model_runner.py``, ``gpu/spec_decode/rejection_sampler.py``);
+  the drafter runs ``k`` passes, the first over the step's tokens (``vllm/v1/spec_decode/llm_base_proposer.py:599``),
+  the rest at the batch size (``:688-753``), each priced as one more decoder layer; a decode step is charged
+  ``(verify + drafts) / acceptance_length`` (an input). Not modelled: the ``k`` lookahead KV slots, the token
+  budget counting ``k + 1`` per decoding request.
+- :class:`DPAttentionPricer` (SGLang ``--dp n --enable-dp-attention``): a rank holds its group's heads
+  (:attr:`Deployment.attention_rank <mla_lab.deployment.Deployment.attention_rank>`), ``1 / n`` of the requests
+  and its own KV; its step is the attention side of its tokens plus the MoE side of every active rank's tokens on
+  :attr:`Deployment.rank <mla_lab.deployment.Deployment.rank>`. :func:`dp_attention_memory`: attention weights
+  replicated over the group; SGLang's ``--mem-fraction-static`` priced with vLLM 0.33.0's rule (an assumption).
 """
 
 from __future__ import annotations
@@ -50,8 +25,8 @@ from ..model.memory import _layer_bytes, memory_tradeoff
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms
 from ..workload import Step as WorkStep
-from .engine_pricer import EnginePricer, _eager_ms
 from .step import DecodeToken, PrefillChunk, Step
+from .step_pricer import CostModelPricer, _eager_ms
 
 __all__ = ["SpecDecodePricer", "DPAttentionPricer", "dp_attention_memory", "MOE_SIDE_OPS", "dp_share",
            "spec_verify_step", "OPTIONS_NOTES", "per_rank_deployment"]
@@ -80,7 +55,7 @@ def spec_verify_step(step: Step, k: int) -> Step:
 
 class SpecDecodePricer:
     """A step pricer under MTP speculative decoding (module docstring), wrapping a base pricer with a ``price``
-    method (:class:`~mla_lab.serving.engine_pricer.EnginePricer` or :class:`DPAttentionPricer`).
+    method (:class:`~mla_lab.serving.step_pricer.CostModelPricer` or :class:`DPAttentionPricer`).
 
     Args:
         base: the target model's pricer (``price(step) -> {"total_ms", "gpu_ms", ...}``).
@@ -117,7 +92,7 @@ class SpecDecodePricer:
                 "engine_step_ms": engine}
 
     def __call__(self, step: Step) -> float:
-        key = EnginePricer.step_key(step)
+        key = CostModelPricer.step_key(step)
         if key not in self._memo:
             self._memo[key] = self.price(step)["total_ms"]
         return self._memo[key]
@@ -147,13 +122,13 @@ class DPAttentionPricer:
 
     Args:
         deployment: a Deployment with ``dp_attention > 1`` (its door checked it). strategy: as
-            :class:`~mla_lab.serving.engine_pricer.EnginePricer`. calibration, decode_cal: as there.
+            :class:`~mla_lab.serving.step_pricer.CostModelPricer`. calibration, decode_cal: as there.
     """
 
     def __init__(self, deployment: Deployment, strategy: str, calibration=None, decode_cal=None):
         d = deployment
-        self.attn = EnginePricer(d.attention_rank, strategy, calibration, decode_cal)
-        self.moe = EnginePricer(d.rank, strategy, calibration, decode_cal)
+        self.attn = CostModelPricer(d.attention_rank, strategy, calibration, decode_cal)
+        self.moe = CostModelPricer(d.rank, strategy, calibration, decode_cal)
         self.moe_a2a = d.moe_parallel == "ep"
         self.active = dp_share(d)["active_ranks"]
         self.L = d.model.num_hidden_layers
@@ -194,7 +169,7 @@ class DPAttentionPricer:
                 "moe_side_ms": moe_ms, "by_op": by}
 
     def __call__(self, step: Step) -> float:
-        key = EnginePricer.step_key(step)
+        key = CostModelPricer.step_key(step)
         if key not in self._memo:
             self._memo[key] = self.price(step)["total_ms"]
         return self._memo[key]

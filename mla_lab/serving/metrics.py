@@ -1,27 +1,9 @@
-"""The metrics ``vllm bench serve`` prints, computed from per-request timestamps, with vLLM's names.
-
-Definitions read in ``vllm/benchmarks/serve.py`` (``calculate_metrics`` and ``benchmark``, vllm-project/vllm @
-009e6d4a) and ``vllm/benchmarks/lib/endpoint_request_func.py`` (@ 02cfb534):
-
-- per request, with ``st`` the send time (after the client-side semaphore): ``ttft`` = first token - ``st``;
-  ``itl`` = the list of gaps between consecutive tokens; ``latency`` (E2EL) = last token - ``st``;
-  ``tpot`` = ``(latency - ttft) / (output_len - 1)``, only for ``output_len > 1`` (TPOT excludes the first token);
-- ``duration``: benchmark wall time (here: from t = 0, when ``get_request`` starts, to the last token);
-- ``request_throughput`` = completed / duration; ``output_throughput`` = total output tokens / duration;
-  ``total_token_throughput`` = (total input + total output tokens) / duration (req/s, tok/s);
-- for each of ttft, tpot, itl, e2el: ``mean_*_ms``, ``median_*_ms``, ``std_*_ms`` (``np.std``, population) and
-  ``p<P>_*_ms`` for each requested percentile (``np.percentile``, linear; vLLM's ``--metric-percentiles``
-  default is 99); ITLs are pooled over all requests, TPOTs are one per request; an empty list gives 0 (vLLM's
-  ``np.mean(x or 0)``);
-- ``max_concurrent_requests``: peak of the sweep over half-open ``[start, start + latency)`` intervals;
-  ``max_output_tokens_per_s``: most tokens in a one-second bucket counted from the first send;
-- with ``max_concurrency`` set, also ``client_queue_time`` stats (send - arrival) and, when the request rate is
-  finite, ``e2el_including_client_queue`` stats, as ``serve.py`` reports them.
-
-``vllm bench serve`` prints only ttft, tpot and itl percentiles by default (``--percentile-metrics``); e2el is
-computed here too. Every request of the simulation succeeds (``failed`` = 0).
-
-Run ``python -m mla_lab.serving.metrics`` for the 2-request example of the tests.
+"""The metrics ``vllm bench serve`` prints, computed from per-request timestamps, with vLLM's names and units
+(``calculate_metrics`` in ``vllm/benchmarks/serve.py`` @ 009e6d4a, ``endpoint_request_func.py`` @ 02cfb534; each
+definition in docs/serving.md, "Metrics"): ``ttft`` / ``itl`` / ``e2el`` from the send (after the client's
+semaphore), ``tpot = (latency - ttft) / (output_len - 1)``; ``mean_/median_/std_/p<P>_*_ms`` (``np.std``
+population, ``np.percentile`` linear; an empty list gives 0); throughputs per ``duration`` (s, from t = 0 to the
+last token). Every simulated request succeeds (``failed`` = 0).
 """
 
 from __future__ import annotations
@@ -231,19 +213,3 @@ def format_metrics(metrics: Mapping[str, float], title: str = " Serving Benchmar
                 lines.append("{:<40} {:<10.2f}".format(f"P{k[1:-len(name) - 4]} {short} (ms):", metrics[k]))
     lines.append("=" * 50)
     return "\n".join(lines)
-
-
-def main() -> None:
-    """Demo: the tests' hand-computed 2-request run."""
-    recs = [RequestRecord(0, 100, 3, 0.0, 0.0, (0.010, 0.030, 0.060)),
-            RequestRecord(1, 200, 2, 0.0, 0.020, (0.050, 0.070))]
-    m = bench_metrics(recs)
-    print(format_metrics(m))
-    faster = [RequestRecord(0, 100, 3, 0.0, 0.0, (0.009, 0.027, 0.054)),
-              RequestRecord(1, 200, 2, 0.0, 0.020, (0.047, 0.065))]
-    ch = compare(m, bench_metrics(faster))
-    print("change (%):", {k: round(ch[k], 2) for k in ("mean_ttft_ms", "mean_tpot_ms", "total_token_throughput")})
-
-
-if __name__ == "__main__":
-    main()

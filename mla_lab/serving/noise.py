@@ -1,39 +1,19 @@
 """Run-to-run noise of one ``vllm bench serve`` run: a seeded Monte-Carlo over what varies between two runs of the
-same build (issue 20), and the distribution of the change between two builds. Everything here is **modelled**.
+same build, and the distribution of the change between two builds (issue 20; **modelled**; docs/serving.md,
+"Run-to-run noise").
 
-One simulated run (:func:`mla_lab.serving.simulate.simulate`) gets, on top of the GPU time its pricer gives:
-
-- **arrival at the engine core** (:class:`ArrivalModel`): the API server handles the requests one after another
-  (HTTP, pydantic, tokenisation on a one-thread executor, hand-off to the engine core over ZMQ), so the k-th
-  request sent reaches the engine core ``first_ms + sum of k service times`` after the send (a single-server
-  queue over the client's arrival times); each service time is gamma-distributed with mean ``per_request_ms``
-  and coefficient of variation ``cv``;
-- **async scheduling** (``SchedulerConfig.async_scheduling``, on by default in vLLM v1): a request reaching the
-  engine core while step N runs joins step N+2, so the arrival spread decides how the 32 prompts split over steps;
-- **per-step CPU time** ``cpu_step_ms`` (scheduling, input preparation, sampling bookkeeping, output handling in
-  the engine core), hidden behind the previous step's GPU time under async scheduling;
-- **token delivery** ``output_delay_ms`` (detokenisation and streaming in the API server process, HTTP);
-- **step-time noise**: every step's GPU time times ``exp(N(0, run_sigma))`` (one draw per run: clocks, power and
-  thermal state, the server process; shared by all its steps) times ``exp(N(0, step_sigma))`` (one draw per step);
-- **the cold first large step**: ``cold_extra_ms`` (gamma, mean ``cold_extra_ms``, sd ``cold_sd_ms``) added to the
-  first step of at least ``cold_min_tokens`` tokens of the run (the benchmark's ready check is one 1024-token
-  request, so the first 16384-token step is the first of its size since start-up).
-
-The defaults and their sources (cited, assumed or measured) are in :data:`COMPONENTS` and ``docs/serving.md``;
-the measured ones come from the H200 rows of ``data/measured/h200/between_process/`` (5 fresh processes:
-``content_loop.csv`` for the per-run and per-step GPU-time spread of a whole step, ``cold_start.csv`` for the cold
-first large step; ``tests/test_serving_noise.py`` recomputes each default from those files).
-:func:`load_cold_start` reads ``cold_start.csv`` (schema in its docstring: the columns ``benchmarks/round3.py
---parts cold`` writes) and :meth:`NoiseConfig.with_measurements` puts measured values in.
-
-Speed: GPU times are priced once per distinct step (:class:`CachedPricer`; the key is the step's shape, not its
-request ids) and the noise is applied multiplicatively to the cached value.
+One simulated run gets, on top of its pricer's GPU time: the API server's single-server queue to the engine core
+(:class:`ArrivalModel`, gamma service times), async scheduling, a per-step CPU time, a token delivery delay, a
+per-run and a per-step log-normal factor on the GPU time, and a cold extra on the first step of at least
+``cold_min_tokens`` tokens. Each default with its source and status (cited, assumed, measured) is in
+:data:`COMPONENTS`; the measured ones come from ``data/measured/h200/between_process/`` (``content_loop.csv``,
+``cold_start.csv``: :func:`load_cold_start`), recomputed by tests/test_serving_noise.py. GPU times are priced once
+per distinct step shape (:class:`CachedPricer`) and the noise applied to the cached value.
 
 Example::
 
     res = run_noise(PR_BENCH, sched, pricer_before, pricer_pr, num_runs=400, seed=0)
     res.band("mean_ttft_ms", "change")           # 95 % band of the change (%), PR vs before, one run each
-    res.percentile_of("mean_ttft_ms", -9.5)      # where the PR's -9.5 % falls in it (percentile)
 """
 
 from __future__ import annotations
@@ -52,11 +32,10 @@ from ..model.decode_calibration import DecodeCalibration
 from ._checks import check_float, check_int
 from .benchmark import bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
-from .engine_pricer import EnginePricer
-from .pricing import LinearStepPricer
 from .scheduler import SchedulerConfig
 from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
+from .step_pricer import CostModelPricer
 
 __all__ = ["ArrivalModel", "NoiseConfig", "CachedPricer", "NoiseResult", "run_noise", "simulate_once",
            "load_cold_start", "COMPONENTS", "METRICS", "COLD_START_COLUMNS", "serve_benchmark_noise", "format_noise",
@@ -264,7 +243,7 @@ def step_key(step: Step) -> tuple:
 
 class CachedPricer:
     """``pricer`` priced once per distinct :func:`step_key` (a pricer that depends only on what the key holds,
-    as :class:`~mla_lab.serving.EnginePricer` and the pricers of :mod:`~mla_lab.serving.pricing` do).
+    as :class:`~mla_lab.serving.CostModelPricer` and the pricers of :mod:`~mla_lab.serving.pricing` do).
     ``hits`` / ``misses`` count the look-ups."""
 
     def __init__(self, pricer: StepPricer):
@@ -424,7 +403,7 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
 
 
 # ------------------------------------------------------------------------------------------ H200 measurements
-#: Required columns of ``cold_start.csv`` as ``benchmarks/round3.py --parts cold`` writes it (one row per fresh
+#: Required columns of ``cold_start.csv`` as ``the cold_start experiment (mla-lab measure)`` writes it (one row per fresh
 #: process, case and call); see :func:`load_cold_start`.
 COLD_START_COLUMNS = ("process", "what", "call", "wall_ms", "gpu_ms", "steady_wall_ms", "steady_gpu_ms", "T")
 _LAYER_PARTS = ("attention_block:", "moe_block:")
@@ -442,7 +421,7 @@ def _num(p: Path, n: int, c: str, v) -> float:
 
 def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min_tokens: int = 8192) -> dict:
     """The cold first large step measured on the H200 from ``cold_start.csv`` (and, for contrast only, the layer
-    blocks' spreads from ``step_spread.csv`` beside it), as ``benchmarks/round3.py --parts cold`` writes them
+    blocks' spreads from ``step_spread.csv`` beside it), as ``the cold_start experiment (mla-lab measure)`` writes them
     (``data/measured/h200/between_process/``).
 
     ``cold_start.csv``: one row per fresh ``process``, case ``what`` and ``call`` (1, 2, 3: the first calls of that
@@ -476,30 +455,9 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
             usable row is left; one line naming the file, the line and the column.
     """
     p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
-                         f"{', '.join(COLD_START_COLUMNS)}) from benchmarks/round3.py --parts cold")
     check_int("min_tokens", min_tokens)
-    with open(p, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in COLD_START_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
-        rows = []
-        for n, r in enumerate(reader, start=2):
-            row = {"what": r["what"]}
-            for c in COLD_START_COLUMNS:
-                if c != "what":
-                    row[c] = _num(p, n, c, r[c])
-            if row["T"] >= min_tokens:
-                rows.append(row)
-    whats = sorted({r["what"] for r in rows})
-    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
-             if any(w.startswith(pre) for w in whats)]
-    if len(layer) < len(_LAYER_PARTS):
-        layer = [w for w in whats if w.startswith("attention_path:")][:1]
-    if not layer:
-        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
+    rows = _cold_rows(p, min_tokens)
+    layer = _layer_cases(p, rows, min_tokens)
     by: dict = {}
     for r in rows:
         if r["what"] in layer:
@@ -516,23 +474,56 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
         vals["cold_sd_ms"] = float(np.std(cold2, ddof=1))
         layer_spread["run_log_sd"] = float(np.std(np.log(steady), ddof=1))
     sp = Path(spread_path) if spread_path is not None else p.with_name("step_spread.csv")
-    if sp.is_file():
-        samples: dict = {}
-        with open(sp, newline="") as f:
-            for n, r in enumerate(csv.DictReader(f), start=2):
-                if r.get("what") in layer:
-                    key = (_num(sp, n, "process", r.get("process")), _num(sp, n, "sample", r.get("sample")))
-                    samples[key] = samples.get(key, 0.0) + _num(sp, n, "gpu_ms", r.get("gpu_ms"))
-        per: dict = {}
-        for (proc, _), v in samples.items():
-            per.setdefault(proc, []).append(v)
-        rel = [float(np.std(v, ddof=1) / np.median(v)) for v in per.values() if len(v) >= 2]
-        if rel:
-            layer_spread["step_rel_sd"] = float(np.median(rel))
+    rel = _step_rel_sds(sp, layer) if sp.is_file() else []
+    if rel:
+        layer_spread["step_rel_sd"] = float(np.median(rel))
     return {"values": vals, "cold_call1_ms": float(np.mean(cold1)), "layer_spread": layer_spread, "cases": layer,
             "num_processes": len(procs),
             "source": f"{p.name}{' + ' + sp.name if sp.is_file() else ''} (cases {' + '.join(layer)}, "
                       f"{len(procs)} fresh process(es))"}
+
+
+def _cold_rows(p: Path, min_tokens: int) -> list[dict]:
+    """``cold_start.csv``'s rows with ``T >= min_tokens``, numbers parsed (:data:`COLD_START_COLUMNS`)."""
+    if not p.is_file():
+        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
+                         f"{', '.join(COLD_START_COLUMNS)}) from the cold_start experiment (mla-lab measure)")
+    with open(p, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLD_START_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
+        rows = [{"what": r["what"], **{c: _num(p, n, c, r[c]) for c in COLD_START_COLUMNS if c != "what"}}
+                for n, r in enumerate(reader, start=2)]
+    return [r for r in rows if r["T"] >= min_tokens]
+
+
+def _layer_cases(p: Path, rows: list[dict], min_tokens: int) -> list[str]:
+    """The layer's cases: one ``attention_block:*`` and one ``moe_block:*`` when both are there, else the first
+    ``attention_path:*``."""
+    whats = sorted({r["what"] for r in rows})
+    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
+             if any(w.startswith(pre) for w in whats)]
+    if len(layer) < len(_LAYER_PARTS):
+        layer = [w for w in whats if w.startswith("attention_path:")][:1]
+    if not layer:
+        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
+    return layer
+
+
+def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:
+    """Per process, ``sd(gpu) / median(gpu)`` of the layer's steady samples in ``step_spread.csv`` (the cases
+    summed sample by sample)."""
+    samples: dict = {}
+    with open(sp, newline="") as f:
+        for n, r in enumerate(csv.DictReader(f), start=2):
+            if r.get("what") in layer:
+                key = (_num(sp, n, "process", r.get("process")), _num(sp, n, "sample", r.get("sample")))
+                samples[key] = samples.get(key, 0.0) + _num(sp, n, "gpu_ms", r.get("gpu_ms"))
+    per: dict = {}
+    for (proc, _), v in samples.items():
+        per.setdefault(proc, []).append(v)
+    return [float(np.std(v, ddof=1) / np.median(v)) for v in per.values() if len(v) >= 2]
 
 
 # ------------------------------------------------------------------------------------------ one deployment
@@ -551,7 +542,7 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
                           decode_cal: DecodeCalibration | None = None) -> dict:
     """``num_runs`` single runs of ``vllm bench serve`` per strategy (the noise model; async scheduling on, vLLM's
     default), each strategy with its own KV capacity as :func:`~mla_lab.serving.serve_benchmark` gives it, priced
-    by :class:`~mla_lab.serving.EnginePricer` of ``deployment.rank``. ``deployment``, ``bench``, ``block_size``,
+    by :class:`~mla_lab.serving.CostModelPricer` of ``deployment.rank``. ``deployment``, ``bench``, ``block_size``,
     ``baseline``, ``calibration`` and ``decode_cal``: as :func:`~mla_lab.serving.serve_benchmark` (a Deployment,
     not its rank view, for the same reason: the KV-cache budget and the workload are the deployment's; nothing is
     defaulted or re-checked here).
@@ -585,7 +576,7 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     for s, r in det["strategies"].items():
         scheds[s] = SchedulerConfig(d.max_num_batched_tokens, d.max_num_seqs, r["kv_capacity_tokens"], block_size,
                                     async_scheduling=True)
-        pricers[s] = CachedPricer(EnginePricer(d.rank, s, calibration, decode_cal))
+        pricers[s] = CachedPricer(CostModelPricer(d.rank, s, calibration, decode_cal))
     keys = [k for k, _ in NOISE_METRICS]
     res = {s: run_noise(bench, scheds[base], pricers[base], None if s == base else pricers[s],
                         sched_b=scheds[s], num_runs=num_runs, seed=seed, noise=noise) for s in det["strategies"]}
@@ -622,24 +613,3 @@ def format_noise(runs: dict) -> str:
             lines.append(f"    {label:<32}{v['median']:>+12.2f}  [{v['band95'][0]:+.2f}, {v['band95'][1]:+.2f}]")
     lines.append(runs["note"])
     return "\n".join(lines)
-
-
-def main() -> None:
-    """Demo: identical builds vs a build 2 % faster per step, with an illustrative linear pricer (not the lab's
-    cost model; ``benchmarks/predict_pr53878.py`` runs the lab's)."""
-    bench = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
-    sched = SchedulerConfig(max_num_batched_tokens=16384, max_num_seqs=256, kv_capacity_tokens=270_000,
-                            block_size=64, async_scheduling=True)
-    a = LinearStepPricer(per_token_ms=0.05, per_step_ms=25.0)
-    b = LinearStepPricer(per_token_ms=0.049, per_step_ms=24.5)
-    for name, res in (("A vs A'", run_noise(bench, sched, a, num_runs=100)),
-                      ("A vs B (2 % faster)", run_noise(bench, sched, a, b, num_runs=100))):
-        print(name)
-        for m in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput"):
-            lo, hi = res.band(m)
-            print(f"  {m:24s} change 95 % band [{lo:+.2f}, {hi:+.2f}] %, -9.5 % at percentile "
-                  f"{res.percentile_of(m, -9.5):.1f}")
-
-
-if __name__ == "__main__":
-    main()

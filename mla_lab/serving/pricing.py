@@ -1,20 +1,13 @@
-"""Step pricers: a :class:`~mla_lab.serving.step.Step` -> milliseconds.
+"""Step pricers: a :class:`~mla_lab.serving.step.Step` -> milliseconds (any ``StepPricer = Callable[[Step],
+float]`` returning a finite ms > 0; docs/serving.md, "How the pricer plugs in").
 
-A pricer is any callable ``StepPricer = Callable[[Step], float]`` returning the step's duration in ms (finite,
-> 0). This module has
-
-- the sparse-attention view of a step: with DeepSeek sparse attention every query token attends to at most
-  ``topk`` keys chosen by the indexer (``index_topk`` in the model's ``config.json``: 2048 for GLM-5 and
-  DeepSeek-V3.2), causally: a prompt token at position ``p`` sees ``min(p + 1, topk)`` keys
-  (:func:`prefill_topk_lengths`), a decode token with context ``c`` sees ``min(c, topk)``
-  (:func:`decode_topk_length`). With a bf16 KV cache vLLM sends every token of the step, decode included, through
-  the same padded ``flash_mla_sparse_fwd`` call (vLLM mla_attention.py sends every token down the sparse path), so :func:`step_topk_lengths` gives the one
-  ``topk_length`` vector of that call (decodes first: vLLM reorders the batch decode-first);
-- :class:`LinearStepPricer`, a simple explicit reference pricer for tests and demos (its coefficients are
-  illustrative, not calibrated);
-- :func:`make_pricer`, the adapter hook for the lab's cost model: ``fn(prefill_topk, decode_topk, cuda_graph)``.
-
-Run ``python -m mla_lab.serving.pricing`` for a demo.
+- The sparse-attention view of a step: a prompt token at position ``p`` sees ``min(p + 1, topk)`` keys, a decode
+  token of context ``c`` ``min(c, topk)`` (``index_topk`` of the model's config.json: 2048 for GLM-5 and
+  DeepSeek-V3.2); :func:`step_topk_lengths` is the one padded ``flash_mla_sparse_fwd`` call's ``topk_length``
+  (decodes first, as vLLM reorders the batch; bf16 KV sends every token down the sparse path, vLLM
+  ``mla_attention.py``).
+- :class:`LinearStepPricer` (illustrative coefficients, for tests) and :class:`ConstantPricer`.
+- :func:`make_pricer`: the adapter hook ``fn(prefill_topk, decode_topk, cuda_graph)``.
 """
 
 from __future__ import annotations
@@ -169,29 +162,3 @@ def make_pricer(fn: Callable[[list[np.ndarray], np.ndarray, bool], float], topk:
 
     pricer.__name__ = f"make_pricer({name})"
     return pricer
-
-
-def main() -> None:
-    """Demo: topk lengths of a chunk crossing the top-k boundary, a LinearStepPricer and a make_pricer adapter."""
-    chunk = PrefillChunk(req_id=0, start=2040, num_tokens=16)
-    print(f"chunk [{chunk.start}:{chunk.end}] topk lengths: {prefill_topk_lengths(chunk).tolist()}")
-    print(f"decode token with context 1500 -> {decode_topk_length(DecodeToken(0, 1500))}, "
-          f"context 9000 -> {decode_topk_length(DecodeToken(0, 9000))}")
-    step = Step(decode=(DecodeToken(1, 1500), DecodeToken(2, 3000)), prefill_chunks=(PrefillChunk(3, 0, 1024),),
-                cudagraph_mode="PIECEWISE", cudagraph_num_tokens=1026)
-    lin = LinearStepPricer(per_token_ms=0.04, per_step_ms=5.0, per_prefill_ctx_ms=1e-6, per_decode_ctx_ms=1e-6,
-                           eager_step_ms=2.0)
-    print(f"illustrative LinearStepPricer on a mixed step of {step.num_tokens} tokens: {lin(step):.3f} ms")
-
-    def keys_model(prefill_topk, decode_topk, cuda_graph):  # a toy: 1 us per 1000 keys + 4 ms per step
-        keys = sum(int(a.sum()) for a in prefill_topk) + int(decode_topk.sum())
-        return 4.0 + keys * 1e-6 + (0.0 if cuda_graph else 1.5)
-
-    print(f"make_pricer(keys_model) on the same step: {make_pricer(keys_model)(step):.3f} ms")
-    cfg = Path(__file__).resolve().parents[2] / "data" / "models" / "glm-5"
-    if cfg.is_dir():
-        print(f"index_topk of data/models/glm-5: {index_topk_from_config(cfg)}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,54 +1,16 @@
-"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off).
+"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off), read in
+``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` @ 00024d31) and ``vllm/v1/core/kv_cache_manager.py``
+(``allocate_slots`` @ 003df296); the rules are in docs/serving.md ("Engine").
 
-Read in ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule``, vllm-project/vllm @ 00024d31) and
-``vllm/v1/core/kv_cache_manager.py`` (``KVCacheManager.allocate_slots``, @ 003df296). Each step:
-
-1. **Running requests first**, in the order they were admitted, within the token budget
-   ``max_num_batched_tokens``: a request that has finished its prompt gets its one decode token, one still in
-   its prompt gets the rest of it (capped by ``long_prefill_token_threshold`` when > 0, and by the budget left).
-   vLLM has no separate "decode phase": a request gets ``num_tokens - num_computed_tokens`` tokens.
-2. **Then waiting requests**, in arrival order, while budget is left and fewer than ``max_num_seqs`` requests are
-   running: the head of the queue gets ``min(prompt_len, threshold, budget left)`` prompt tokens (chunked
-   prefill); if the KV cache cannot hold them the head waits and so does everyone behind it (FCFS ``break``).
-3. **KV blocks** of ``block_size`` tokens are allocated per request as its tokens are scheduled: after a step a
-   request holds ``ceil(num_computed_tokens / block_size)`` blocks; ``kv_capacity_tokens // block_size`` blocks
-   exist. A finished request frees its blocks before the next step. A request's peak footprint is
-   ``prompt_len + output_len - 1`` tokens (its last output token is sampled, never fed back).
-
-Tokens: the step that computes a prompt's last position samples the request's first output token; every later
-step with its decode token samples one more; after ``output_len`` tokens it finishes (``--ignore-eos``).
-
-**No preemption** (vLLM preempts the most recently admitted running request, recompute-style, when a running
-request cannot get a block). Two honest ways to stay out of that regime, ``kv_admission``:
-
-- ``"reserve"`` (default): a waiting request is admitted only when its whole peak footprint fits in the blocks
-  not yet promised to admitted requests; blocks are still allocated lazily, but a running request can never run
-  out, so no preemption is ever needed. Identical to vLLM whenever vLLM would not preempt *and* would not have
-  admitted a request earlier; under KV pressure it admits later than vLLM (conservative).
-- ``"lazy"``: admission exactly as vLLM (only the scheduled chunk's blocks must be free); when a running request
-  cannot get its next block, the step where vLLM would preempt, :class:`PreemptionRequired` is raised.
-
-**Async scheduling** (``async_scheduling=True``; on by default in vLLM v1: ``vllm/config/scheduler.py``
-``async_scheduling: bool | None = None``, which ``vllm/config/vllm.py`` turns into True unless an incompatible
-option is set): the engine core keeps a batch queue of two
-(``EngineCore.step_with_batch_queue``, ``vllm/v1/engine/core.py`` @ 00080ee1) and schedules step N+1 right after
-submitting step N, before step N's outputs exist, with "output placeholders" for the tokens step N will sample
-(vllm-project/vllm PR #19970). The tokens scheduled are the same as without it (placeholders stand for the
-sampled tokens; with ``--ignore-eos`` a request's length is known), so this class builds the same steps; what
-changes is *when* a step is built: a request that reaches the engine core while step N runs joins step N+2, not
-N+1. That timing lives in :func:`mla_lab.serving.simulate.simulate`; the flag is carried here because it is an
-engine setting. Not modelled under async: blocks of a request finishing in step N are freed one step later
-(matters only under KV pressure).
-
-Not modelled: prefix caching (off, as in the PR's benchmark: ``--no-enable-prefix-caching``), preemption,
-speculative decoding, the admission watermark and ``full_sequence_must_fit`` gate of newer ``allocate_slots``, priority
-scheduling, ``max_model_len`` checks.
-
-``block_size`` defaults to 16, vLLM's ``CacheConfig.DEFAULT_BLOCK_SIZE`` (``vllm/config/cache.py`` @ 002f10e0);
-the FlashMLA sparse backend supports only 64 (``FlashMLASparseBackend.get_supported_kernel_block_sizes``), so
-pass ``block_size=64`` for the PR's setup.
-
-Run ``python -m mla_lab.serving.scheduler`` for the hand-worked trace of the tests.
+Each step: running requests first (decode token, or the rest of the prompt capped by
+``long_prefill_token_threshold`` and the budget), then waiting requests in arrival order while budget, a
+``max_num_seqs`` slot and KV blocks last (FCFS ``break``). A request holds ``ceil(num_computed / block_size)``
+blocks and peaks at ``prompt_len + output_len - 1`` tokens. No preemption: ``kv_admission="reserve"`` (default)
+admits a request only when its whole footprint fits; ``"lazy"`` admits as vLLM and raises
+:class:`PreemptionRequired` where vLLM would preempt. ``async_scheduling`` (vLLM v1's default,
+``vllm/config/scheduler.py``; batch queue ``EngineCore.step_with_batch_queue`` @ 00080ee1) builds the same steps;
+its timing lives in :func:`mla_lab.serving.simulate.simulate`. ``block_size`` defaults to 16
+(``CacheConfig.DEFAULT_BLOCK_SIZE``, ``vllm/config/cache.py`` @ 002f10e0); FlashMLA sparse supports only 64.
 """
 
 from __future__ import annotations
@@ -212,20 +174,9 @@ class Scheduler:
         t = self.config.long_prefill_token_threshold
         return t if 0 < t < n else n
 
-    def schedule(self) -> Step | None:
-        """Build the next step (module docstring) and advance the scheduled requests' computed tokens.
-
-        Returns None when nothing can run (no request waiting or running). Sets :attr:`last_kv_wait` when the
-        head of the waiting queue had budget and a free slot but waited for KV blocks.
-        """
-        if self._pending is not None:
-            raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
+    def _schedule_running(self, budget: int, decode: list, chunks: list) -> int:
+        """The running requests' next tokens, in order, while budget lasts; the budget left."""
         c = self.config
-        budget = c.max_num_batched_tokens
-        decode: list[DecodeToken] = []
-        chunks: list[PrefillChunk] = []
-        self.last_kv_wait = False
-
         for req in self.running:
             if budget <= 0:
                 break
@@ -247,22 +198,32 @@ class Scheduler:
                 chunks.append(PrefillChunk(req.req_id, req.num_computed, n))
             req.num_computed += n
             budget -= n
+        return budget
 
-        while self.waiting and budget > 0:
-            if len(self.running) >= c.max_num_seqs:
-                break
+    def _kv_admits(self, req, need: int) -> bool:
+        """Whether the KV cache admits ``req`` now (reserving its whole footprint under ``kv_admission="reserve"``);
+        sets :attr:`last_kv_wait` when it does not."""
+        c = self.config
+        if c.kv_admission == "reserve":
+            promise = c.footprint_blocks(req.prompt_len, req.output_len)
+            if self.reserved_blocks + promise > c.num_blocks:
+                self.last_kv_wait = True
+                return False
+            req.reserved = promise
+            self.reserved_blocks += promise
+        elif need > c.num_blocks - self.used_blocks:
+            self.last_kv_wait = True
+            return False
+        return True
+
+    def _schedule_waiting(self, budget: int, chunks: list) -> None:
+        """Waiting requests admitted in FIFO order while budget, a free slot and KV blocks last."""
+        c = self.config
+        while self.waiting and budget > 0 and len(self.running) < c.max_num_seqs:
             req = self.waiting[0]
             n = min(self._chunk_cap(req.prompt_len), budget)
             need = _cdiv(n, c.block_size)
-            if c.kv_admission == "reserve":
-                promise = c.footprint_blocks(req.prompt_len, req.output_len)
-                if self.reserved_blocks + promise > c.num_blocks:
-                    self.last_kv_wait = True
-                    break
-                req.reserved = promise
-                self.reserved_blocks += promise
-            elif need > c.num_blocks - self.used_blocks:
-                self.last_kv_wait = True
+            if not self._kv_admits(req, need):
                 break
             self.waiting.popleft()
             self.running.append(req)
@@ -272,9 +233,23 @@ class Scheduler:
             req.num_computed = n
             budget -= n
 
+    def schedule(self) -> Step | None:
+        """Build the next step (module docstring) and advance the scheduled requests' computed tokens.
+
+        Returns None when nothing can run (no request waiting or running). Sets :attr:`last_kv_wait` when the
+        head of the waiting queue had budget and a free slot but waited for KV blocks.
+        """
+        if self._pending is not None:
+            raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
+        budget = self.config.max_num_batched_tokens
+        decode: list[DecodeToken] = []
+        chunks: list[PrefillChunk] = []
+        self.last_kv_wait = False
+        budget = self._schedule_running(budget, decode, chunks)
+        self._schedule_waiting(budget, chunks)
         if not decode and not chunks:
             return None
-        mode, padded = launch_mode(tuple(decode), tuple(chunks), self._capture, c.enforce_eager)
+        mode, padded = launch_mode(tuple(decode), tuple(chunks), self._capture, self.config.enforce_eager)
         step = Step(tuple(decode), tuple(chunks), mode, padded)
         self._pending = step
         return step
@@ -327,27 +302,3 @@ def schedule_all(config: SchedulerConfig, requests: list[tuple[int, int]]) -> li
         s.update_from_step(step)
         steps.append(step)
     return steps
-
-
-def _describe(step: Step) -> str:
-    dec = " ".join(f"r{d.req_id}@{d.context_len}" for d in step.decode)
-    pre = " ".join(f"r{c.req_id}[{c.start}:{c.end}]" for c in step.prefill_chunks)
-    return (f"{step.kind:8s} {step.num_tokens:5d} tok  {step.cudagraph_mode:9s} decode: {dec or '-':24s} "
-            f"prefill: {pre or '-'}")
-
-
-def main() -> None:
-    """Demo: the tests' hand-worked trace (3 x 1500-token prompts, output 3, budget 2048) and a KV wait."""
-    cfg = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=256, kv_capacity_tokens=1 << 20)
-    print("3 x 1500-token prompts, output 3, max_num_batched_tokens 2048:")
-    for i, st in enumerate(schedule_all(cfg, [(1500, 3)] * 3), 1):
-        print(f"  step {i}: {_describe(st)}")
-    tight = SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=256, kv_capacity_tokens=3200)
-    print(f"same requests, KV cache {tight.kv_capacity_tokens} tokens ({tight.num_blocks} blocks; a request peaks at "
-          f"{tight.footprint_blocks(1500, 3)}), kv_admission='reserve':")
-    for i, st in enumerate(schedule_all(tight, [(1500, 3)] * 3), 1):
-        print(f"  step {i}: {_describe(st)}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,29 +1,12 @@
-"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine.
+"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine (docs/serving.md, "Time").
 
-- **Client** (:mod:`mla_lab.serving.client`): request ``i`` arrives at ``arrival_s``; with ``max_concurrency``
-  it is *sent* only when fewer than ``max_concurrency`` requests are in flight (FIFO, as the waiters of an
-  ``asyncio.Semaphore``), at ``send_s = max(arrival_s, the time a slot freed)``. TTFT and E2EL are measured
-  from ``send_s``.
-- **Engine**: steps run back to back; a step starts when the previous one ends. A request sent at ``send_s``
-  reaches the engine core at ``send_s + engine_delay_s[req_id]`` (the API server's HTTP handling, tokenisation
-  and hand-off; 0 by default). Without async scheduling a step is built when the previous one ends and sees every
-  request that has reached the engine core by then; with ``sched.async_scheduling`` step N+1 is built when step N
-  starts (vLLM's batch queue of two, :mod:`mla_lab.serving.scheduler`), so it sees only the requests that arrived
-  by then: a request arriving while step N runs joins step N+2. If that leaves nothing to run, the step is built
-  when step N ends instead (the engine core blocks on step N, then schedules). If nothing is runnable, time jumps
-  to the next arrival. Each step is built by :class:`~mla_lab.serving.scheduler.Scheduler`; the pricer gives its
-  GPU time ``pricer(step)`` (ms).
-- **Per-step CPU time** ``cpu_step_ms`` (scheduling, input preparation, output handling in the engine core; 0 by
-  default): without async scheduling it adds to every step (``gpu + cpu``); with it, it overlaps the previous
-  step's GPU time (``max(gpu, cpu)``), except for a step that follows an idle engine (``gpu + cpu``).
-- **Tokens**: every token sampled in a step reaches the client ``output_delay_s`` after the step's end
-  (detokenisation, the API server's streaming, HTTP; 0 by default): the step completing a prompt gives the first
-  token, each later step with the request's decode token one more. A ``max_concurrency`` slot frees when a
-  request's last token reaches the client.
-- **Metrics** (:mod:`mla_lab.serving.metrics`): the benchmark starts at t = 0 (when ``get_request`` starts), its
-  duration ends with the last token.
-
-Run ``python -m mla_lab.serving.simulate`` for a demo (two illustrative pricers and the change between them).
+The client sends request ``i`` at ``send_s = max(arrival_s, a max_concurrency slot freed)`` (TTFT and E2EL run
+from it); it reaches the engine core ``engine_delay_s[req_id]`` later. Steps run back to back; without async
+scheduling a step is built when the previous one ends, with ``sched.async_scheduling`` when it starts (a request
+arriving while step N runs joins step N+2; if that leaves nothing, the step is built when step N ends); idle time
+jumps to the next arrival. A step lasts ``pricer(step)`` ms of GPU time plus ``cpu_step_ms`` (``max`` of the two
+under async scheduling, except after an idle engine); its tokens reach the client ``output_delay_s`` after its end.
+The benchmark starts at t = 0 and its duration ends with the last token.
 """
 
 from __future__ import annotations
@@ -35,8 +18,7 @@ from dataclasses import dataclass, field
 
 from ._checks import check_float
 from .client import BenchConfig, ClientRequest, make_requests
-from .metrics import RequestRecord, bench_metrics, compare, format_metrics
-from .pricing import LinearStepPricer
+from .metrics import RequestRecord, bench_metrics, format_metrics
 from .scheduler import Scheduler, SchedulerConfig
 from .step import Step, StepPricer
 
@@ -140,6 +122,112 @@ def _engine_delays(engine_delay_s, reqs) -> dict[int, float]:
     return {i: check_float(f"engine_delay_s[{i}]", v, low=0.0, low_inclusive=True) for i, v in vals.items()}
 
 
+def _checked_requests(bench, sched, pricer, requests) -> list[ClientRequest]:
+    """:func:`simulate`'s argument checks; the requests to run (``requests``, or those ``bench`` draws)."""
+    if not isinstance(bench, BenchConfig):
+        raise ValueError(f"bench={bench!r} must be a BenchConfig")
+    if not isinstance(sched, SchedulerConfig):
+        raise ValueError(f"sched={sched!r} must be a SchedulerConfig")
+    if not callable(pricer):
+        raise ValueError(f"pricer={pricer!r} must be callable as pricer(step) -> ms")
+    reqs = make_requests(bench) if requests is None else list(requests)
+    if not reqs:
+        raise ValueError("requests=[] must hold at least one ClientRequest")
+    bad = next((r for r in reqs if not isinstance(r, ClientRequest)), None)
+    if bad is not None:
+        raise ValueError(f"requests must hold ClientRequest objects, got {type(bad).__name__}")
+    if len({r.req_id for r in reqs}) != len(reqs):
+        raise ValueError("requests have duplicate req_id values; ids must be unique")
+    if bench.max_concurrency is not None and bench.max_concurrency > len(reqs):
+        raise ValueError(f"max_concurrency={bench.max_concurrency!r} must be <= the number of requests {len(reqs)} "
+                         "(None = unlimited)")
+    return reqs
+
+
+class _Run:
+    """The state of one :func:`simulate` run: the engine (scheduler), the client, requests on their way to the
+    engine core, the steps run and the tokens seen (module docstring)."""
+
+    def __init__(self, bench, sched, pricer, reqs, delays, cpu_ms, out_s):
+        self.sched, self.pricer, self.cpu_ms, self.out_s, self.delays = sched, pricer, cpu_ms, out_s, delays
+        self.engine = Scheduler(sched)
+        for r in reqs:  # fail before any step if one request can never fit
+            self.engine.check_fits(r.req_id, r.input_len, r.output_len)
+        self.client = _Client(reqs, bench.max_concurrency)
+        self.by_id = {r.req_id: r for r in reqs}
+        self.send_s: dict[int, float] = {}
+        self.at_engine: dict[int, float] = {}
+        self.inbound: list[tuple[float, int]] = []  # (engine arrival, req_id): sent, not yet seen by the engine core
+        self.tokens: dict[int, list[float]] = {r.req_id: [] for r in reqs}
+        self.steps: list[StepRecord] = []
+        self.finished = 0
+        self.t = 0.0
+        self.prev_start: float | None = None  # start of the step running when the next is built (async); None: idle
+
+    def _admit(self, cutoff: float) -> None:
+        while self.inbound and self.inbound[0][0] <= cutoff:
+            _, rid = heapq.heappop(self.inbound)
+            r = self.by_id[rid]
+            self.engine.add_request(rid, r.input_len, r.output_len)
+
+    def _next_step(self) -> Step | None:
+        """Send what the client releases by now, admit what reached the engine core, build the next step."""
+        for r, s in self.client.release(self.t):
+            self.send_s[r.req_id] = s
+            self.at_engine[r.req_id] = s + self.delays[r.req_id]
+            heapq.heappush(self.inbound, (self.at_engine[r.req_id], r.req_id))
+        cutoff = self.prev_start if (self.sched.async_scheduling and self.prev_start is not None) else self.t
+        self._admit(cutoff)
+        step = self.engine.schedule()
+        if step is None and cutoff < self.t:  # async: nothing to run at step N's start; built when step N ends
+            self._admit(self.t)
+            step = self.engine.schedule()
+        return step
+
+    def _idle(self) -> None:
+        """Nothing runnable: jump to the next arrival (at the client or at the engine core)."""
+        nxt = [x for x in (self.inbound[0][0] if self.inbound else None, self.client.next_arrival())
+               if x is not None and x > self.t]
+        if not nxt:  # pragma: no cover - guarded by the scheduler's invariants
+            raise RuntimeError(f"simulation stalled at t={self.t} s with {len(self.by_id) - self.finished} "
+                               "requests unfinished")
+        self.t, self.prev_start = min(nxt), None
+
+    def _step_ms(self, step: Step) -> float:
+        gpu_ms = _check_pricer_ms(self.pricer(step), len(self.steps), step)
+        if self.cpu_ms == 0.0:
+            return gpu_ms
+        if self.sched.async_scheduling and self.prev_start is not None:
+            return max(gpu_ms, self.cpu_ms)
+        return gpu_ms + self.cpu_ms
+
+    def _run_step(self, step: Step) -> None:
+        ms = self._step_ms(step)
+        end = self.t + ms / 1000.0
+        e = self.engine
+        self.steps.append(StepRecord(len(self.steps), self.t, end, ms, step, e.used_blocks, self.sched.num_blocks,
+                                     len(e.running), len(e.waiting), e.last_kv_wait))
+        seen = end + self.out_s
+        for ev in e.update_from_step(step):
+            self.tokens[ev.req_id].append(seen)
+            if ev.finished:
+                self.finished += 1
+                self.client.complete(seen)
+        self.prev_start, self.t = self.t, end
+
+    def run(self) -> tuple[RequestRecord, ...]:
+        """Steps until every request finished; the per-request records, by request id."""
+        while self.finished < len(self.by_id):
+            step = self._next_step()
+            if step is None:
+                self._idle()
+            else:
+                self._run_step(step)
+        b = self.by_id
+        return tuple(RequestRecord(rid, b[rid].input_len, b[rid].output_len, b[rid].arrival_s, self.send_s[rid],
+                                   tuple(self.tokens[rid])) for rid in sorted(b))
+
+
 def simulate(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer, *,
              requests: Sequence[ClientRequest] | None = None, percentiles: Sequence[float] = (99,),
              engine_delay_s: Mapping[int, float] | Sequence[float] | None = None, cpu_step_ms: float = 0.0,
@@ -162,115 +250,11 @@ def simulate(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer, *,
             ``engine_delay_s`` without one entry per request.
         PreemptionRequired: ``sched.kv_admission == "lazy"`` and a step where vLLM would preempt.
     """
-    if not isinstance(bench, BenchConfig):
-        raise ValueError(f"bench={bench!r} must be a BenchConfig")
-    if not isinstance(sched, SchedulerConfig):
-        raise ValueError(f"sched={sched!r} must be a SchedulerConfig")
-    if not callable(pricer):
-        raise ValueError(f"pricer={pricer!r} must be callable as pricer(step) -> ms")
-    reqs = make_requests(bench) if requests is None else list(requests)
-    if not reqs:
-        raise ValueError("requests=[] must hold at least one ClientRequest")
-    for r in reqs:
-        if not isinstance(r, ClientRequest):
-            raise ValueError(f"requests must hold ClientRequest objects, got {type(r).__name__}")
-    ids = [r.req_id for r in reqs]
-    if len(set(ids)) != len(ids):
-        raise ValueError("requests have duplicate req_id values; ids must be unique")
-    if bench.max_concurrency is not None and bench.max_concurrency > len(reqs):
-        raise ValueError(f"max_concurrency={bench.max_concurrency!r} must be <= the number of requests {len(reqs)} "
-                         "(None = unlimited)")
+    reqs = _checked_requests(bench, sched, pricer, requests)
     cpu_ms = check_float("cpu_step_ms", cpu_step_ms, low=0.0, low_inclusive=True)
     out_s = check_float("output_delay_s", output_delay_s, low=0.0, low_inclusive=True)
-    delays = _engine_delays(engine_delay_s, reqs)
-    use_async = sched.async_scheduling
-
-    engine = Scheduler(sched)
-    for r in reqs:  # fail before any step if one request can never fit
-        engine.check_fits(r.req_id, r.input_len, r.output_len)
-    client = _Client(reqs, bench.max_concurrency)
-    by_id = {r.req_id: r for r in reqs}
-    send_s: dict[int, float] = {}
-    at_engine: dict[int, float] = {}
-    inbound: list[tuple[float, int]] = []  # (engine arrival, req_id): sent, not yet seen by the engine core
-    tokens: dict[int, list[float]] = {r.req_id: [] for r in reqs}
-    steps: list[StepRecord] = []
-    finished = 0
-    t = 0.0
-    prev_start: float | None = None  # start of the step running when the next one is built (async), None = idle
-
-    def admit(cutoff: float) -> None:
-        while inbound and inbound[0][0] <= cutoff:
-            ta, rid = heapq.heappop(inbound)
-            r = by_id[rid]
-            engine.add_request(rid, r.input_len, r.output_len)
-
-    while finished < len(reqs):
-        for r, s in client.release(t):
-            send_s[r.req_id] = s
-            at_engine[r.req_id] = s + delays[r.req_id]
-            heapq.heappush(inbound, (at_engine[r.req_id], r.req_id))
-        cutoff = prev_start if (use_async and prev_start is not None) else t
-        admit(cutoff)
-        step = engine.schedule()
-        if step is None and cutoff < t:  # async: nothing to run at step N's start; built when step N ends
-            admit(t)
-            step = engine.schedule()
-        if step is None:
-            nxt = [x for x in (inbound[0][0] if inbound else None, client.next_arrival()) if x is not None and x > t]
-            if not nxt:  # pragma: no cover - guarded by the scheduler's invariants
-                raise RuntimeError(f"simulation stalled at t={t} s with {len(reqs) - finished} requests unfinished")
-            t = min(nxt)
-            prev_start = None
-            continue
-        gpu_ms = _check_pricer_ms(pricer(step), len(steps), step)
-        if cpu_ms == 0.0:
-            ms = gpu_ms
-        elif use_async and prev_start is not None:
-            ms = max(gpu_ms, cpu_ms)
-        else:
-            ms = gpu_ms + cpu_ms
-        end = t + ms / 1000.0
-        steps.append(StepRecord(len(steps), t, end, ms, step, engine.used_blocks, sched.num_blocks,
-                                len(engine.running), len(engine.waiting), engine.last_kv_wait))
-        seen = end + out_s
-        for ev in engine.update_from_step(step):
-            tokens[ev.req_id].append(seen)
-            if ev.finished:
-                finished += 1
-                client.complete(seen)
-        prev_start = t
-        t = end
-
-    records = tuple(RequestRecord(rid, by_id[rid].input_len, by_id[rid].output_len, by_id[rid].arrival_s,
-                                  send_s[rid], tuple(tokens[rid])) for rid in sorted(by_id))
+    run = _Run(bench, sched, pricer, reqs, _engine_delays(engine_delay_s, reqs), cpu_ms, out_s)
+    records = run.run()
     metrics = bench_metrics(records, percentiles=percentiles, max_concurrency=bench.max_concurrency,
                             request_rate=bench.request_rate)
-    return ServingResult(bench, sched, records, tuple(steps), metrics, at_engine)
-
-
-def main() -> None:
-    """Demo: the PR #53878 benchmark shape (32 x 1024 / 128, concurrency 32, 16384-token budget, block 64) with two
-    *illustrative* linear pricers (not the lab's cost model: the second one drops an assumed per-token pad copy),
-    and the change between them."""
-    bench = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
-    sched = SchedulerConfig(max_num_batched_tokens=16384, max_num_seqs=256, kv_capacity_tokens=270_000,
-                            block_size=64)
-    base = dict(per_step_ms=6.0, per_decode_ctx_ms=2e-5, per_prefill_ctx_ms=1e-6, eager_step_ms=3.0)
-    pricers = {"unfused": LinearStepPricer(per_token_ms=0.0475, **base),
-               "fused": LinearStepPricer(per_token_ms=0.0450, **base)}
-    results = {name: simulate(bench, sched, p) for name, p in pricers.items()}
-    kinds = {}
-    for s in results["fused"].steps:
-        kinds[(s.step.kind, s.step.cudagraph_mode)] = kinds.get((s.step.kind, s.step.cudagraph_mode), 0) + 1
-    print(f"steps (fused): {len(results['fused'].steps)}: {kinds}")
-    for name, res in results.items():
-        print(res.summary(f" {name} (illustrative pricer) "))
-    ch = compare(results["unfused"], results["fused"])
-    keys = ["duration", "total_token_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms",
-            "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms", "mean_e2el_ms"]
-    print("fused vs unfused (%): " + ", ".join(f"{k} {ch[k]:+.2f}" for k in keys))
-
-
-if __name__ == "__main__":
-    main()
+    return ServingResult(bench, sched, records, tuple(run.steps), metrics, run.at_engine)

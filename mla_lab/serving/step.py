@@ -1,28 +1,15 @@
-"""One engine step of a vLLM v1 serving run: which tokens it computes and how it is launched.
+"""One engine step of a vLLM v1 serving run: which tokens it computes and how it is launched (docs/serving.md).
 
-A :class:`Step` is what the scheduler hands the model runner and what a pricer turns into milliseconds:
+- ``decode``: one :class:`DecodeToken` per running request past its prompt; ``context_len`` = its position + 1;
+- ``prefill_chunks``: one :class:`PrefillChunk` per request in its prompt: positions ``[start, start + num_tokens)``;
+- ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE`` (``docs/design/cuda_graphs.md`` @ 0045689b):
+  ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens == num_reqs``,
+  ``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
+  ``flashmla_sparse.py`` @ 008a0c31) up to the largest capture size, ``"PIECEWISE"`` for other batches up to it,
+  ``"NONE"`` above it or with ``enforce_eager``; ``cudagraph_num_tokens`` the capture size padded to.
 
-- ``decode``: one :class:`DecodeToken` per running request that has finished its prompt (query length 1);
-  ``context_len`` is the number of KV entries that token attends to, itself included (= its position + 1);
-- ``prefill_chunks``: one :class:`PrefillChunk` per request still in its prompt: positions
-  ``[start, start + num_tokens)`` of that prompt (chunked prefill);
-- ``cudagraph_mode``: how vLLM launches the step under its default ``FULL_AND_PIECEWISE`` mode
-  (``docs/design/cuda_graphs.md``, vllm-project/vllm @ 0045689b): ``"FULL"`` for a uniform decode batch up to
-  the largest capture size, because the FlashMLA sparse backend declares
-  ``AttentionCGSupport.UNIFORM_BATCH`` (``vllm/v1/attention/backends/mla/flashmla_sparse.py``,
-  ``FlashMLASparseMetadataBuilder._cudagraph_support``, @ 008a0c31); ``"PIECEWISE"`` for prefill and mixed
-  batches up to the largest capture size (attention eager, the rest in graphs); ``"NONE"`` (eager) above it or
-  with ``enforce_eager``. "Uniform decode" is decided by query lengths alone, as in
-  ``vllm/v1/worker/gpu_model_runner.py``: ``max_query_len == 1 and num_scheduled_tokens == num_reqs``; so a step
-  whose only prefill work is 1-token chunks (a prompt's last token, or a budget of 1 left) is uniform too, and
-  runs as a full graph although its ``kind`` is ``"mixed"`` or ``"prefill"``.
-- ``cudagraph_num_tokens``: the capture size the batch is padded to when a graph runs (``None`` when eager).
-
-Capture sizes follow the docstring of ``VllmConfig._set_cudagraph_sizes`` (``vllm/config/vllm.py``):
-``max = min(max_num_seqs * 2, 512)``; sizes ``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, kept
-``<= max``.
-
-Run ``python -m mla_lab.serving.step`` for a demo.
+Capture sizes: ``VllmConfig._set_cudagraph_sizes`` (``vllm/config/vllm.py``): ``max = min(max_num_seqs * 2, 512)``;
+``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, kept ``<= max``.
 """
 
 from __future__ import annotations
@@ -120,24 +107,3 @@ def launch_mode(decode: tuple[DecodeToken, ...], prefill_chunks: tuple[PrefillCh
     padded = capture_sizes[bisect.bisect_left(capture_sizes, n)]
     uniform = all(c.num_tokens == 1 for c in prefill_chunks)  # max_query_len == 1 and num_tokens == num_reqs
     return ("FULL" if uniform else "PIECEWISE"), padded
-
-
-def main() -> None:
-    """Demo: the three kinds of step and their launch mode (max_num_seqs 256 -> capture sizes up to 512)."""
-    sizes = cudagraph_capture_sizes(256)
-    print(f"capture sizes (max_num_seqs=256): {len(sizes)} sizes, {sizes[:6]} ... {sizes[-3:]}")
-    cases = {
-        "decode x5": ((DecodeToken(0, 1030), DecodeToken(1, 1025), DecodeToken(2, 1100), DecodeToken(3, 1030),
-                       DecodeToken(4, 1030)), ()),
-        "prefill 1024": ((), (PrefillChunk(5, 0, 1024),)),
-        "mixed 1 + 300": ((DecodeToken(0, 1031),), (PrefillChunk(6, 0, 300),)),
-    }
-    for name, (dec, pre) in cases.items():
-        mode, padded = launch_mode(dec, pre, sizes, enforce_eager=False)
-        s = Step(dec, pre, mode, padded)
-        print(f"{name:14s} kind={s.kind:8s} tokens={s.num_tokens:5d} mode={s.cudagraph_mode:9s} "
-              f"padded={s.cudagraph_num_tokens} cuda_graph={s.cuda_graph}")
-
-
-if __name__ == "__main__":
-    main()

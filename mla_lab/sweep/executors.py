@@ -1,26 +1,14 @@
-"""Where sweep points run: in this process (``local``, the default) or as Ray tasks (``ray``), on a local Ray
-instance or an existing cluster.
+"""Where sweep points run: in this process (``local``, the default) or as Ray tasks (``ray``, a local instance or a
+cluster; optional: importing this module never imports ray, and ``make_executor("ray")`` without it raises an
+ImportError naming the extra).
 
-The driver (:func:`mla_lab.sweep.run.run_sweep`) owns the store: an executor only computes rows — with the compute
-function the driver gives it (:func:`mla_lab.sweep.rows.compute_rows`: ``(point, mode) -> rows``) — and hands each
-finished point back, as it finishes, to the driver, which writes it with
-:meth:`mla_lab.sweep.store.ResultStore.write` (atomic,
-one file per point key, so the same keys, no duplicates and per-point failures whatever the executor). Workers never
-touch the store.
-
-- :class:`LocalExecutor`: the in-process loop, points in grid order (the behaviour before executors existed).
-- :class:`RayExecutor`: one ``ray.remote`` task per point, ``num_gpus=0`` for modelled points and ``num_gpus=1``
-  (``gpus_per_measured``) for measured ones, each measured task in a fresh worker process (Ray's ``max_calls=1``
-  for GPU tasks: the CUDA context and caching allocator of one point never leak into the next). Results stream
-  back with ``ray.wait`` in completion order, at most ``max_in_flight`` tasks submitted at once.
-
-A point that raises in a worker comes back as an error string ``"<ExceptionType>: <message>"`` (the same text as
-in the local loop); a task Ray itself loses (worker killed, node gone) comes back as the Ray error's type and
-message. A worker whose :func:`mla_lab.sweep.store.code_version` differs from the driver's (an out-of-date install on a
-cluster node) fails its point instead of storing rows under the driver's key.
-
-Ray stays optional: importing this module (or :mod:`mla_lab`) never imports ray; :func:`make_executor` with
-``"ray"`` raises an ImportError naming the extra to install when ray is missing.
+The driver (:func:`mla_lab.sweep.run.run_sweep`) owns the store; an executor only runs the compute function it is
+given (``(point, mode) -> rows``, :func:`mla_lab.sweep.rows.compute_rows`) and yields each finished point back, so
+keys, per-point failures and the one-file-per-point store are the same whatever the executor. A point's own error
+comes back as ``"<ExceptionType>: <message>"``; a task Ray loses (worker killed) as the Ray error; a worker whose
+:func:`~mla_lab.sweep.store.code_version` differs from the driver's fails its point. Ray runs a measured point with
+``num_gpus`` in a fresh worker (``max_calls=1``: no CUDA state leaks into the next point), at most
+``max_in_flight`` tasks at once, results in completion order.
 """
 
 from __future__ import annotations
@@ -68,17 +56,9 @@ ComputeFn = Callable[[dict, str], list]
 
 
 def compute_point(point: dict, mode: str, compute_fn: ComputeFn, driver_version: str | None = None) -> dict:
-    """Compute one point's rows where this runs (the driver for ``local``, a Ray worker for ``ray``).
-
-    Args:
-        point, mode: the grid point and ``modelled`` | ``measured``.
-        compute_fn: ``(point, mode) -> rows`` (picklable for Ray: a module-level function).
-        driver_version: the driver's :func:`~mla_lab.sweep.store.code_version`; a different version here fails the
-            point.
-
-    Never raises for a point's own error: returns ``{"rows", "error", "host", "seconds", "code_version"}`` with
-    ``error = "<ExceptionType>: <message>"`` (None when it worked).
-    """
+    """Compute one point's rows where this runs (``compute_fn`` picklable for Ray); a ``driver_version`` other
+    than this code's fails the point. Never raises for a point's own error: returns ``{"rows", "error", "host",
+    "seconds", "code_version"}`` (``error``: ``"<ExceptionType>: <message>"`` or None)."""
     t0 = time.perf_counter()
     version = code_version()
     out = {"rows": [], "error": None, "host": socket.gethostname(), "code_version": version}
@@ -161,23 +141,12 @@ def _import_ray():
 
 
 class RayExecutor:
-    """Points as Ray tasks on a local Ray instance or an existing cluster.
-
-    Args:
-        address: ``None`` starts (or reuses) a local Ray instance; ``"auto"`` or ``"ray://host:10001"`` /
-            ``"host:6379"`` joins an existing cluster (``ray start --head`` on the head node). If Ray is already
-            initialized in this process (e.g. by the notebook), it is reused as is and ``address`` is ignored.
-        num_cpus: CPUs of a *local* instance this executor starts (None: all of this machine's).
-        gpus_per_measured: ``num_gpus`` of a measured task (1: the lab measures one rank's share on one GPU).
-        cpus_per_task: ``num_cpus`` of every task (modelled tasks hold no GPU).
-        max_in_flight: tasks submitted but not yet collected (None: 2 x the cluster's CPUs + GPUs, at least 4).
-        max_retries: Ray re-runs of a task whose worker died (a point's own exception is never retried: it comes
-            back as the point's error). Ray's own default is 3; 1 here, so a crashing kernel costs two tries.
-        runtime_env: passed to ``ray.init`` (e.g. ``{"working_dir": "."}`` to ship this checkout to the nodes).
-        init_kwargs: more ``ray.init`` keyword arguments (``include_dashboard=False`` is the default here).
-
-    The executor shuts Ray down in :meth:`close` only if it started it.
-    """
+    """Points as Ray tasks. ``address``: None starts (or reuses) a local instance, ``"auto"`` / ``"host:6379"`` /
+    ``"ray://host:10001"`` joins a cluster (an instance already initialized here is reused as is); ``num_cpus``: a
+    local instance's; ``gpus_per_measured``, ``cpus_per_task``: each task's resources; ``max_in_flight``: tasks
+    not yet collected (None: 2 x the cluster's CPUs + GPUs, at least 4); ``max_retries``: re-runs of a task whose
+    worker died (a point's own exception is never retried); ``runtime_env`` and ``init_kwargs``: for ``ray.init``.
+    :meth:`close` shuts Ray down only if this executor started it."""
 
     name = "ray"
 
@@ -316,16 +285,10 @@ def _short(e: Exception, limit: int = 2000) -> str:
 
 
 def make_executor(name: str = "local", address: str | None = None, **kwargs):
-    """Build an executor by name.
-
-    Args:
-        name: ``"local"`` (default) or ``"ray"``.
-        address: Ray cluster address (``ray`` only; None = local Ray instance).
-        kwargs: :class:`RayExecutor` options.
+    """An executor by name (``local`` / ``ray``; ``address`` and ``kwargs``: :class:`RayExecutor`'s).
 
     Raises:
-        ValueError: unknown name, or ``address``/options given for ``local``.
-        ImportError: ``"ray"`` while ray is not installed (names the extra to install).
+        ValueError: unknown name, or ``address``/options given for ``local``. ImportError: ``ray`` not installed.
     """
     if name == "local":
         if address is not None or kwargs:

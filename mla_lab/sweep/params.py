@@ -29,46 +29,24 @@ DEFAULT_STRATEGIES = list(SWEEP_STRATEGIES)
 
 @dataclass
 class SweepParams:
-    """Sweep parameters (the notebook's ``parameters`` cell holds the same names).
+    """Sweep parameters (the notebook's ``parameters`` cell holds the same names; vLLM's spellings are aliases:
+    :data:`VLLM_ALIASES`).
 
     Attributes:
-        models: model names under ``data/models`` (``glm-5``, ``deepseek-v3.2``).
-        tp_sizes: TP sizes; each must divide every model's num_attention_heads (else the point fails, recorded).
-            Default ``[8]``: the fp8 weights of GLM-5 and DeepSeek-V3.2 need 176-697 GiB per rank at TP 1-4, more
-            than an H200 or a B200 holds, so only TP8 loads (a smaller TP is listed as ``does_not_fit``, never
-            priced).
-        archs: arch names or aliases (``h200``, ``b200``, ``hopper``, ``blackwell``...).
-        max_num_batched_tokens: chunk sizes (vLLM ``--max-num-batched-tokens``), also the workspace rows.
-        prompt_lens: prompt lengths in tokens.
-        kv_cache_dtype: ``bf16`` or ``fp8`` (or a list of both).
-        num_prompts, concurrency: the workload (default: the PR's 32 prompts at concurrency 32).
-        strategies: engine presets (``vllm-pre-53878``, ``vllm-53878``, ``vllm-56902``, ``sglang-dense``,
-            ``kernel-native``), canonical strategies (``private_workspace``, ``subchunk:4096``... :mod:`mla_lab.placement`)
-            or the first version's ``unfused`` / ``fused`` (aliases of vllm-pre-53878 / vllm-53878); expanded to
-            canonical names. The baseline (``per_call_empty:zeros``) is always priced.
-        num_runs: interleaved repeats of each measured strategy (>= 5 for an interval; default 7).
-        shared_workspace_bytes: the shared workspace's size from its other users (null: the fused-MoE scratch at
-            max_num_batched_tokens, :func:`mla_lab.buffers.shared_workspace_other_bytes`).
-        gpu_memory_utilization: vLLM's ``--gpu-memory-utilization`` (the KV-cache budget, default 0.9).
-        output_len, max_num_seqs, request_rate, seed: the serving simulation's ``--random-output-len`` (128),
-            ``--max-num-seqs`` (256), ``--request-rate`` (``inf`` or requests/s) and ``--seed`` (0; vllm bench
-            serve's, the arrival times) for the report's serving section and its advice.
-
-    vLLM's spellings are accepted as aliases (:data:`VLLM_ALIASES`), with dashes or underscores.
-        device: ``auto`` (GPU if torch sees one, else CPU), ``cpu`` (modelled only) or ``cuda`` (measure; error if no
-            GPU). Measured rows are produced only for archs whose family matches the running GPU.
-        store_dir: where point files go; data_file: the tidy CSV written at the end; report_dir: charts.
-        check_equivalence: run fused and unfused on small CPU shapes and compare outputs.
-        force: recompute points already stored.
-        overwrite: let ``data_file`` replace an existing file the lab did not write (default False: refused).
-        executor: ``local`` (points in this process, the default) or ``ray`` (points as Ray tasks:
-            :mod:`mla_lab.sweep.executors`; needs the ``ray`` extra).
-        ray_address: Ray cluster to join with ``executor="ray"`` (``auto``, ``host:6379``, ``ray://host:10001``);
-            null starts a local Ray instance.
-        weight_dtype: ``fp8`` (default: the PR ran GLM-5.2-FP8, and DeepSeek-V3.2 ships fp8 weights) or ``bf16``;
-            moe_parallel: ``ep`` (default: expert parallelism over the TP ranks, vLLM ``-ep`` as in the PR) or
-            ``tp`` (every expert sharded over TP). Both enter the TTFT model (:mod:`mla_lab.model`) and the
-            KV-capacity columns; bf16 weights of these models do not fit an H200 at TP <= 8.
+        models, archs: names under ``data/models`` / GPU names or aliases. tp_sizes: default ``[8]``, the one TP at
+            which the fp8 weights of GLM-5 and DeepSeek-V3.2 load on an H200 or a B200 (a smaller TP is listed as
+            ``does_not_fit``, never priced). max_num_batched_tokens, prompt_lens: the other grid axes (tokens).
+        kv_cache_dtype: ``bf16`` / ``fp8`` or a list of both. weight_dtype (``fp8``), moe_parallel (``ep``): the
+            PR's. num_prompts, concurrency: the workload (the PR's 32 at 32). gpu_memory_utilization: vLLM's (0.9).
+        strategies: door names (presets, engine versions, canonical names, the first version's ``unfused`` /
+            ``fused``), expanded to canonical names; the baseline is always priced.
+        num_runs: interleaved repeats of each measured strategy (>= 5 for an interval). shared_workspace_bytes: the
+            shared workspace's other users (null: the fused-MoE scratch).
+        output_len, max_num_seqs, request_rate, seed: the serving simulation's (``vllm bench serve``'s).
+        device: ``auto``, ``cpu`` (modelled only) or ``cuda`` (measured rows for archs of the running GPU's family).
+        store_dir, data_file, report_dir: point files, the CSV, charts. check_equivalence: compare fused and unfused
+            on CPU shapes. force: recompute stored points. overwrite: let ``data_file`` replace a file the lab did
+            not write. executor: ``local`` or ``ray`` (:mod:`mla_lab.sweep.executors`); ray_address: its cluster.
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
@@ -163,39 +141,30 @@ def _rate_number(rate):
     return rate
 
 
-def validate_params(raw: dict) -> SweepParams:
-    """Check names and types of sweep parameters (from YAML, ``-p`` pairs or the notebook) and build
-    :class:`SweepParams`.
+def _grid_list(k: str, v) -> list:
+    """One grid axis as a list of distinct entries (a value given twice is one grid value, order kept)."""
+    v = [v] if isinstance(v, (str, int)) and not isinstance(v, bool) else v
+    if not isinstance(v, (list, tuple)):
+        raise ValueError(f"{k}={short_repr(v)} must be a list")
+    if not v:
+        raise ValueError(f"{k}=[] gives an empty grid; give at least one value")
+    want = int if k in _LIST_INT else str
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, want):
+            raise ValueError(f"{k} holds {short_repr(x)} ({type(x).__name__}); every entry must be {want.__name__}")
+        if want is int and x <= 0:
+            raise ValueError(f"{k} holds {short_repr(x)}; every entry must be a positive int")
+    return list(dict.fromkeys(v))
 
-    Raises:
-        ValueError: an unknown key (lists the allowed ones), a wrong type, an empty list (an empty grid), or a value
-            the lab does not know (unknown model/arch/strategy/dtype/device), each naming the key and the value.
-    """
-    raw = normalize_names(raw)
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
-    p = dict(DEFAULTS)
-    p.update(raw)
+
+def _grid(p: dict) -> None:
+    """The grid axes checked and normalised in place (models, archs, dtypes, strategies by name)."""
     for k in _LIST_INT + _LIST_STR:
-        v = p[k]
-        if isinstance(v, (str, int)) and not isinstance(v, bool):
-            v = [v]
-        if not isinstance(v, (list, tuple)):
-            raise ValueError(f"{k}={short_repr(v)} must be a list")
-        if not v:
-            raise ValueError(f"{k}=[] gives an empty grid; give at least one value")
-        want = int if k in _LIST_INT else str
-        for x in v:
-            if isinstance(x, bool) or not isinstance(x, want):
-                raise ValueError(f"{k} holds {short_repr(x)} ({type(x).__name__}); every entry must be {want.__name__}")
-            if want is int and x <= 0:
-                raise ValueError(f"{k} holds {short_repr(x)}; every entry must be a positive int")
-        p[k] = list(dict.fromkeys(v))  # a value given twice is one grid value (order kept)
-    kv = p["kv_cache_dtype"]
-    kv = [kv] if isinstance(kv, str) else kv
+        p[k] = _grid_list(k, p[k])
+    kv = [p["kv_cache_dtype"]] if isinstance(p["kv_cache_dtype"], str) else p["kv_cache_dtype"]
     if not isinstance(kv, (list, tuple)) or not kv:
-        raise ValueError(f"kv_cache_dtype={short_repr(p['kv_cache_dtype'])} must be 'bf16', 'fp8' or a non-empty list of them")
+        raise ValueError(f"kv_cache_dtype={short_repr(p['kv_cache_dtype'])} must be 'bf16', 'fp8' or a non-empty "
+                         "list of them")
     p["kv_cache_dtype"] = list(dict.fromkeys(normalize_kv_cache_dtype(x) for x in kv))
     p["models"] = list(dict.fromkeys(load_model(m).name for m in p["models"]))  # case-insensitive, normalised once
     for a in p["archs"]:
@@ -208,27 +177,38 @@ def validate_params(raw: dict) -> SweepParams:
                              f"presets {list(PRESETS)}, engine presets {list(ENGINE_PRESET_MEMBERS)} or aliases "
                              f"{list(ALIASES)}") from None
     p["strategies"] = expand_strategies(p["strategies"])
+
+
+def _positive_int(p: dict, k: str, what: str = "a positive int") -> None:
+    if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
+        raise ValueError(f"{k}={short_repr(p[k])} must be {what}")
+
+
+def _workload(p: dict) -> None:
+    """The workload and serving scalars checked in place (``request_rate`` text that is a number read as one)."""
     for k in ("num_prompts", "num_runs"):
-        if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
-            raise ValueError(f"{k}={short_repr(p[k])} must be a positive int")
-    if p["concurrency"] is not None and (isinstance(p["concurrency"], bool) or not isinstance(p["concurrency"], int)
-                                         or p["concurrency"] <= 0):
-        raise ValueError(f"concurrency={short_repr(p['concurrency'])} must be a positive int or null")
-    if p["concurrency"] is not None and p["concurrency"] > p["num_prompts"]:
-        raise ValueError(f"concurrency={short_repr(p['concurrency'])} exceeds num_prompts={short_repr(p['num_prompts'])}; allowed: "
-                         f"1..{p['num_prompts']} or null (= num_prompts)")
+        _positive_int(p, k)
+    c = p["concurrency"]
+    if c is not None:
+        _positive_int(p, "concurrency", "a positive int or null")
+        if c > p["num_prompts"]:
+            raise ValueError(f"concurrency={short_repr(c)} exceeds num_prompts={short_repr(p['num_prompts'])}; "
+                             f"allowed: 1..{p['num_prompts']} or null (= num_prompts)")
     g = p["gpu_memory_utilization"]
     if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
         raise ValueError(f"gpu_memory_utilization={short_repr(g)} must be a number in (0, 1]")
     for k in ("output_len", "max_num_seqs"):
-        if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
-            raise ValueError(f"{k}={short_repr(p[k])} must be a positive int")
+        _positive_int(p, k)
     sd = p["seed"]
     if isinstance(sd, bool) or not isinstance(sd, int) or not 0 <= sd <= 2**32 - 1:
         raise ValueError(f"seed={short_repr(sd)} must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)")
     rate = p["request_rate"] = _rate_number(p["request_rate"])
     if not (rate == "inf" or (not isinstance(rate, bool) and isinstance(rate, (int, float)) and rate > 0)):
         raise ValueError(f"request_rate={short_repr(rate)} must be 'inf' or a positive number of requests per second")
+
+
+def _run_options(p: dict) -> None:
+    """Where and how the sweep runs, checked."""
     sw = p["shared_workspace_bytes"]
     if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int) or sw < 0):
         raise ValueError(f"shared_workspace_bytes={short_repr(sw)} must be a non-negative int (bytes) or null")
@@ -243,21 +223,42 @@ def validate_params(raw: dict) -> SweepParams:
     for k, allowed in (("weight_dtype", ("fp8", "bf16")), ("moe_parallel", ("ep", "tp"))):
         if p[k] not in allowed:
             raise ValueError(f"{k}={short_repr(p[k])} is not allowed; allowed: {list(allowed)}")
+
+
+def validate_params(raw: dict) -> SweepParams:
+    """Check names and types of sweep parameters (from YAML, ``-p`` pairs or the notebook) and build
+    :class:`SweepParams`.
+
+    Raises:
+        ValueError: an unknown key (lists the allowed ones), a wrong type, an empty list (an empty grid), or a value
+            the lab does not know (unknown model/arch/strategy/dtype/device), each naming the key and the value.
+    """
+    raw = normalize_names(raw)
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
+    p = {**DEFAULTS, **raw}
+    _grid(p)
+    _workload(p)
+    _run_options(p)
     _validate_executor(p)
     return SweepParams(**p)
+
 
 def _validate_executor(p: dict) -> None:
     if p["executor"] not in EXECUTORS:
         raise ValueError(f"executor={short_repr(p['executor'])} is not allowed; allowed: {list(EXECUTORS)}")
     addr = p["ray_address"]
     if addr is not None and (not isinstance(addr, str) or not addr.strip()):
-        raise ValueError(f"ray_address={short_repr(addr)} must be a Ray address string (auto, host:6379, ray://host:10001) "
-                         "or null")
+        raise ValueError(f"ray_address={short_repr(addr)} must be a Ray address string (auto, host:6379, "
+                         "ray://host:10001) or null")
     if addr is not None and p["executor"] != "ray":
-        raise ValueError(f"ray_address={short_repr(addr)} is only used with executor='ray' (executor={short_repr(p['executor'])})")
+        raise ValueError(f"ray_address={short_repr(addr)} is only used with executor='ray' "
+                         f"(executor={short_repr(p['executor'])})")
     if p["executor"] == "ray" and not executors.ray_available():
         raise ValueError(f"executor='ray' needs the optional ray package, which is not installed here; install it "
                          f"with {RAY_INSTALL_HINT}")
+
 
 def check_tp_sizes(params: SweepParams) -> None:
     """Refuse a grid with a (model, TP) pair whose TP does not divide the model's heads (the CLI calls this before

@@ -1,23 +1,23 @@
-"""THE row builder: every sweep row, modelled or measured, is made here (and only here).
+"""THE row builder: :func:`price` turns one checked :class:`~mla_lab.deployment.Deployment` and its strategies into
+typed :class:`Row` s, with one memory account for all of them (:func:`mla_lab.model.memory.memory_tradeoff`) and TTFT
+from :func:`mla_lab.model.ttft.predict_ttft`. ``advise``, the explorer, the report and the sweep all price here.
 
-A row is one (grid point, strategy): the point's parameters, the exact byte accounting of the Q path
-(:func:`mla_lab.buffers.memory_account`), the KV-cache budget (:func:`mla_lab.model.memory.memory_tradeoff`),
-whether the deployment fits (the point's :class:`~mla_lab.deployment.Deployment`, :func:`point_deployment`), TTFT
-(modelled by :func:`mla_lab.model.ttft.predict_ttft`, or with the attention path
-measured by :func:`mla_lab.measure.attention.time_attention_path` spliced in), the change against ``unfused``, and
-provenance columns (:func:`mla_lab.provenance.provenance`).
-
-The explorer, the report and the sweep all price through :func:`modelled_rows`, so they give the same number.
+Point dicts live only at the sweep's door: :func:`modelled_rows` / :func:`measured_rows` read a grid point
+(:meth:`~mla_lab.deployment.Deployment.from_point`) and write the rows flat (:meth:`Row.to_point` plus
+:func:`mla_lab.provenance.provenance`) for the store and the CSV. A measured row splices the attention path timed by
+:func:`mla_lab.measure.attention.time_attention_path` into the modelled TTFT; :func:`reprice_measured_rows`
+re-derives stored ones with today's model.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 
 from .. import measure
 from ..arch import GPUArch, detect_arch, get_arch
-from ..buffers import MIB, call_peak_bytes, kv_tokens_lost
-from ..deployment import Deployment
+from ..buffers import MIB, MemoryAccount, call_peak_bytes
+from ..deployment import SEED_ARGS, Deployment
 from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
 from ..model.memory import memory_tradeoff
@@ -25,15 +25,21 @@ from ..model.ops import ATTN_OPS
 from ..model.routes import step_route
 from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
-from ..models import ModelConfig, model_config_path
+from ..models import model_config_path
 from ..paths import calibration_dir, measured_dir, read_measured_csv
-from ..placement import BASELINE, LEGACY_MEASURED, expand, expand_strategies, parse_strategy, preset_of
+from ..placement import BASELINE, LEGACY_MEASURED, Strategy, as_strategy, expand, parse_strategy, preset_of
 from ..provenance import provenance
 from ..workload import schedule
 
-__all__ = ["MEASURED_ROUTE", "measured_withheld", "ONE_PROCESS_COLUMNS", "between_process_changes", "fit_status", "NOT_PRICED", "TTFT_COLUMNS", "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "layer_options", "memory_columns", "add_ttft_change", "modelled_rows", "measured_rows", "compute_rows",
-           "reprice_measured_rows", "point_inputs", "MODES", "LAYER_OPTION_DEFAULTS", "ttft_with_attention",
-           "strategy_columns", "point_deployment"]
+__all__ = ["Row", "price", "modelled_rows", "measured_rows", "compute_rows", "fit_status", "point_inputs", "MODES",
+           "NOT_PRICED", "TTFT_COLUMNS", "MEMORY_COLUMNS", "MEASURED_ROUTE", "measured_withheld",
+           "ttft_with_attention", "reprice_measured_rows", "ONE_PROCESS_COLUMNS", "between_process_changes",
+           "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes"]
+
+MODES = ("modelled", "measured")
+NAN = float("nan")
+_BASE = parse_strategy(BASELINE)
+
 
 def time_attention_path(*args, **kwargs):
     """:func:`mla_lab.measure.attention.time_attention_path`; torch is imported on the first measured point, not
@@ -41,114 +47,105 @@ def time_attention_path(*args, **kwargs):
     return measure.attention.time_attention_path(*args, **kwargs)
 
 
-MODES = ("modelled", "measured")
+@dataclass
+class Row:
+    """One (deployment, strategy), priced (bytes and KV tokens per rank, ms). ``memory``: the Q path's bytes on
+    the strategy's route at this prompt length (:class:`~mla_lab.buffers.MemoryAccount`); ``extra_persistent_bytes``
+    / ``kv_tokens_lost``: over :data:`~mla_lab.placement.BASELINE`'s; ``kv_capacity_pct_lost`` nan at no capacity;
+    ``fit_reason`` says why the weights or the workload's KV tokens do not fit; ``ops_ms``: attention-path ms per op
+    (modelled rows); ``ttft_change_pct`` against the baseline's row; ``notes``: more columns (a modelled row's
+    kernel-rate source and content note, a measured row's intervals, timings and backends)."""
 
-#: The TTFT model's layer options when a point does not give them (the sweep's defaults: the PR ran
-#: GLM-5.2-FP8 with ``-ep``).
-LAYER_OPTION_DEFAULTS = {"weight_dtype": "fp8", "moe_parallel": "ep"}
+    deployment: Deployment
+    strategy: Strategy
+    memory: MemoryAccount
+    extra_persistent_bytes: int
+    kv_tokens_lost: float
+    kv_capacity_tokens: float
+    kv_capacity_pct_lost: float
+    weights_bytes_per_rank: int
+    shared_workspace_bytes: int
+    fits_in_memory: bool
+    fit_reason: str
+    ttft_ms: float | None = None
+    ttft_ms_max: float | None = None
+    num_steps: int = 0
+    ttft_scope: str = ""
+    calibration: str = ""
+    comm_source: str = ""
+    ops_ms: dict = field(default_factory=dict)
+    ttft_change_pct: float = NAN
+    source: str = "modelled"
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """The canonical strategy name."""
+        return self.strategy.name
+
+    @property
+    def extra_persistent_mib(self) -> float:
+        return self.extra_persistent_bytes / MIB
+
+    def columns(self) -> dict:
+        """The row's own columns (the deployment's are :meth:`to_point`'s)."""
+        d, st, m = self.deployment, self.strategy, self.memory
+        return {
+            "model_family": d.model.family, "model_family_note": d.model.family_note, "strategy": st.name,
+            "preset": preset_of(st.name), "placement": st.placement, "content": st.content,
+            "zero_policy": st.zero_policy or "", "subchunk_rows": st.rows or 0, "family": d.arch.family,
+            "sm": d.arch.sm, "prefill_padding": d.arch.prefill_padding, "num_heads": d.num_heads,
+            **{k: getattr(m, k) for k in ("q_concat_heads", "kernel_heads", "persistent_bytes")},
+            "persistent_mib": m.persistent_bytes / MIB, "step_transient_bytes": m.step_transient_bytes,
+            "kernel_out_bytes": m.kernel_out_bytes, "call_transient_bytes": m.call_transient_bytes,
+            "call_transient_mib": m.call_transient_bytes / MIB, "peak_bytes": m.peak_bytes,
+            "extra_persistent_bytes": self.extra_persistent_bytes, "extra_persistent_mib": self.extra_persistent_mib,
+            "kv_tokens_lost": self.kv_tokens_lost, "shared_workspace_bytes": self.shared_workspace_bytes,
+            "model_arch": d.arch.name, "status": "ok", "reason": "",
+            **{k: getattr(self, k) for k in ("ttft_ms", "ttft_ms_max", "num_steps", "ttft_scope")},
+            **{f"{op}_ms": v for op, v in self.ops_ms.items()},
+            "calibration": self.calibration, "comm_source": self.comm_source, **self.notes,
+            **{k: getattr(self, k) for k in ("kv_capacity_tokens", "kv_capacity_pct_lost", "weights_bytes_per_rank",
+                                             "fits_in_memory", "fit_reason", "ttft_change_pct")},
+            "baseline": BASELINE,
+        }
+
+    def to_point(self, **extra) -> dict:
+        """The row as one flat record, as the store and the CSV hold it: the deployment's sweep point
+        (:meth:`~mla_lab.deployment.Deployment.to_point`, ``extra`` added) and :meth:`columns`."""
+        return {**self.deployment.to_point(**extra), **self.columns()}
 
 
-def layer_options(point: dict) -> dict:
-    """The TTFT model's layer options of a point (weight dtype, MoE parallelism; :data:`LAYER_OPTION_DEFAULTS` for
-    points stored before these existed)."""
-    return {k: point.get(k) or v for k, v in LAYER_OPTION_DEFAULTS.items()}
-
-
-def point_inputs(point: dict) -> list:
-    """The input files a point's rows depend on (their contents enter the point key): the model's
-    ``config.json`` and every calibration CSV."""
-    files = [model_config_path(point["model"])]
-    d = calibration_dir()
-    if d.is_dir():
-        files += sorted(p for p in d.glob("*.csv"))
-    return files
-
-
-def strategy_columns(name: str) -> dict:
-    """What a canonical strategy is: its engine preset, placement, padded-head content, zero policy, sub-chunk rows."""
-    spec = parse_strategy(name)
-    return {"strategy": spec.name, "preset": preset_of(spec.name), "placement": spec.placement,
-            "content": spec.content, "zero_policy": spec.zero_policy or "", "subchunk_rows": spec.rows or 0}
-
-
-def memory_columns(point: dict, strategy: str, model: ModelConfig, arch: GPUArch, cap: dict) -> dict:
-    """The columns every row has, modelled or measured: the point's parameters, the strategy, heads per rank,
-    the Q path's bytes split into budgeted persistent bytes (they cost KV tokens) and the unbudgeted transient peak
-    of one layer call (vLLM's profile run does not run the sparse kernel), the extra persistent bytes against
-    :data:`mla_lab.placement.BASELINE` in bytes, MiB and KV-cache tokens lost per rank.
-
-    Raises:
-        ValueError: as the model/arch/padding functions (e.g. tp not dividing the heads).
-    """
-    H = cap["num_heads"]  # the deployment's, checked at its door (memory_tradeoff's num_heads)
-    kv = point["kv_cache_dtype"]
-    # memory_tradeoff's accounts (the deployment's rank, the strategy's route at this prompt length: dense MHA pads
-    # nothing), computed once per strategy there and not again here
-    mem, base = cap["accounts"][strategy], cap["accounts"][BASELINE]
-    extra = mem.persistent_bytes - base.persistent_bytes
-    row = {k: v for k, v in point.items() if k not in ("strategies", "mode")}
-    row.update(
-        model=model.name, model_family=model.family, model_family_note=model.family_note,
-        **strategy_columns(strategy), family=arch.family, sm=arch.sm,
-        prefill_padding=arch.prefill_padding, num_heads=H, q_concat_heads=mem.q_concat_heads,
-        kernel_heads=mem.kernel_heads, persistent_bytes=mem.persistent_bytes,
-        persistent_mib=mem.persistent_bytes / MIB, step_transient_bytes=mem.step_transient_bytes,
-        kernel_out_bytes=mem.kernel_out_bytes, call_transient_bytes=mem.call_transient_bytes,
-        call_transient_mib=mem.call_transient_bytes / MIB, peak_bytes=mem.peak_bytes,
-        extra_persistent_bytes=extra, extra_persistent_mib=extra / MIB,
-        kv_tokens_lost=kv_tokens_lost(extra, model, kv), shared_workspace_bytes=cap["shared_workspace_bytes"],
-        model_arch=arch.name, status="ok", reason="",
-    )
-    return row
-
-
-def _capacity_columns(cap: dict, strategy: str, point: dict) -> dict:
-    """KV capacity (never negative) and whether the deployment fits, with the reason when it does not."""
-    raw = cap["kv_capacity_tokens"]
-    reasons = []
-    if raw <= 0:
-        reasons.append(f"weights ({cap['weights_bytes'] / 2**30:.1f} GiB per rank) and activations leave no KV "
-                       f"cache at gpu_memory_utilization {cap['gpu_memory_utilization']}")
+def _row(d: Deployment, st: Strategy, mem: dict, **ttft) -> Row:
+    """A :class:`Row` of ``st`` from the deployment's memory account ``mem`` (:func:`memory_tradeoff` holding
+    ``st`` and the baseline), with the TTFT fields ``ttft``."""
+    cost, cap = mem["strategies"][st.name], mem["kv_capacity_tokens"]
+    lost = cost["kv_tokens_lost"]
+    if cap <= 0:
+        reason = (f"weights ({mem['weights_bytes'] / 2**30:.1f} GiB per rank) and activations leave no KV cache at "
+                  f"gpu_memory_utilization {mem['gpu_memory_utilization']}")
+    elif d.prompt_len > cap - lost:
+        reason = f"one prompt of {d.prompt_len} tokens exceeds the KV capacity of {int(cap - lost)} tokens"
+    elif d.concurrency * d.prompt_len > cap - lost:
+        reason = (f"the workload needs {d.concurrency * d.prompt_len} KV tokens in flight (concurrency "
+                  f"{d.concurrency} x {d.prompt_len}); capacity {int(cap - lost)}")
     else:
-        need = point["concurrency"] * point["prompt_len"]
-        left = raw - cap["strategies"][strategy]["kv_tokens_lost"]
-        if point["prompt_len"] > left:
-            reasons.append(f"one prompt of {point['prompt_len']} tokens exceeds the KV capacity of {int(left)} tokens")
-        elif need > left:
-            reasons.append(f"the workload needs {need} KV tokens in flight (concurrency {point['concurrency']} x "
-                           f"{point['prompt_len']}); capacity {int(left)}")
-    return {"kv_capacity_tokens": max(0.0, raw),
-            "kv_capacity_pct_lost": cap["strategies"][strategy]["kv_capacity_pct_lost"] if raw > 0 else float("nan"),
-            "weights_bytes_per_rank": cap["weights_bytes"], "fits_in_memory": not reasons,
-            "fit_reason": "; ".join(reasons)}
+        reason = ""
+    return Row(d, st, mem["accounts"][st.name], cost["extra_bytes"], lost, cap,
+               cost["kv_capacity_pct_lost"] if cap > 0 else NAN, mem["weights_bytes"], mem["shared_workspace_bytes"],
+               not reason, reason, **ttft)
 
 
-def add_ttft_change(rows: list[dict]) -> list[dict]:
-    """Set ``ttft_change_pct`` of every row against the point's :data:`mla_lab.placement.BASELINE` row (in place;
-    returns ``rows``)."""
-    base = next(r["ttft_ms"] for r in rows if r["strategy"] == BASELINE)
+def _with_change(rows: list[Row]) -> list[Row]:
+    """Set every row's ``ttft_change_pct`` against the baseline's row (in place; returns ``rows``)."""
+    base = next(r.ttft_ms for r in rows if r.name == BASELINE)
     for r in rows:
-        r["ttft_change_pct"] = 100.0 * (r["ttft_ms"] - base) / base
-        r["baseline"] = BASELINE
+        r.ttft_change_pct = 100.0 * (r.ttft_ms - base) / base
     return rows
 
 
-def point_deployment(point: dict) -> Deployment:
-    """The door for a sweep point: its :class:`~mla_lab.deployment.Deployment` (points stored before
-    ``weight_dtype`` / ``moe_parallel`` existed get :data:`LAYER_OPTION_DEFAULTS`, the PR's fp8 / ep).
-
-    Raises:
-        ValueError: as :meth:`mla_lab.deployment.Deployment.of`.
-    """
-    return Deployment.from_point({**point, **layer_options(point)})
-
-
-def _capacity(point: dict, d: Deployment, names) -> dict:
-    return memory_tradeoff(d, strategies=names, shared_workspace_bytes=point.get("shared_workspace_bytes"))
-
-
-def _content_note(strategy: str, arch: GPUArch, cal) -> str:
-    if parse_strategy(strategy).content != "stale":
+def _content_note(st: Strategy, arch: GPUArch, cal) -> str:
+    if st.content != "stale":
         return ""
     m = cal.step_content() or cal.content
     if m is None:
@@ -159,126 +156,136 @@ def _content_note(strategy: str, arch: GPUArch, cal) -> str:
     return f"{what}: {m.name}"
 
 
-def modelled_rows(point: dict, calibration=None, deployment: Deployment | None = None) -> list[dict]:
-    """Modelled rows (one per strategy, :data:`mla_lab.placement.BASELINE` always first) for one grid point.
+def price(deployment: Deployment, strategies, *, calibration=None, memory: dict | None = None) -> list[Row]:
+    """Modelled rows of one deployment: the baseline first, then ``strategies`` (door names or
+    :class:`~mla_lab.placement.Strategy` objects, parsed once here), each with its memory account, fit and TTFT.
 
-    ``deployment``: the point's :class:`~mla_lab.deployment.Deployment` when the caller already holds it (advise,
-    the explorer: validated at their door); default :func:`point_deployment` (``point`` then needs the keys
-    of :meth:`~mla_lab.deployment.Deployment.from_point`). ``point`` gives ``strategies`` and
-    ``shared_workspace_bytes``.
+    ``memory``: the deployment's :func:`~mla_lab.model.memory.memory_tradeoff` holding every strategy when the
+    caller already holds it (``advise``: one account per call); default computed here. ``calibration``: as
+    :func:`~mla_lab.model.ttft.predict_ttft`.
 
     Raises:
-        ValueError: as :meth:`mla_lab.deployment.Deployment.of` and the model/padding functions.
+        ValueError: an unknown strategy (one line); as the model functions.
     """
-    d = deployment if deployment is not None else point_deployment(point)
-    model, arch = d.model, d.arch
-    point = {**point, **d.to_point()}
-    cal = resolve_calibration(calibration)
-    strategies = expand([BASELINE] + list(point["strategies"]))
-    names = [st.name for st in strategies]
-    prov = provenance("modelled")
-    kw = {"weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel}
-    cap = _capacity(point, d, names)
-    rate, rate_source = kernel_rate_tflops(arch, cal)
+    d, cal = deployment, resolve_calibration(calibration)
+    sts = expand(strategies)
+    sts = [_BASE, *(st for st in sts if st.name != BASELINE)]
+    mem = memory if memory is not None else memory_tradeoff(d, strategies=sts)
+    notes = {"kernel_rate_source": kernel_rate_tflops(d.arch, cal)[1]}
     rows = []
-    for st in strategies:
-        s = st.name
+    for st in sts:
         t = predict_ttft(d, st, cal)
-        row = memory_columns(point, s, model, arch, cap)
-        row.update(
-            ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"], num_steps=t["num_steps"],
-            ttft_scope=t["scope"], **{f"{op}_ms": t["ops_ms"].get(op, 0.0) for op in ATTN_OPS},
-            calibration=t["calibration"], comm_source=t["comm_source"], kernel_rate_source=rate_source, content_note=_content_note(s, arch, cal),
-            **_capacity_columns(cap, s, point), **kw,
-        )
-        row.update(prov)
-        rows.append(row)
-    return add_ttft_change(rows)
+        rows.append(_row(d, st, mem, ttft_ms=t["ttft_ms_mean"], ttft_ms_max=t["ttft_ms_max"],
+                         num_steps=t["num_steps"], ttft_scope=t["scope"], calibration=t["calibration"],
+                         comm_source=t["comm_source"], ops_ms={op: t["ops_ms"].get(op, 0.0) for op in ATTN_OPS},
+                         notes={**notes, "content_note": _content_note(st, d.arch, cal)}))
+    return _with_change(rows)
 
 
-def _step_signature(step) -> tuple:
-    return tuple((s, n) for _, s, n in step.chunks)
+def point_inputs(point: dict) -> list:
+    """The input files a point's rows depend on (their contents enter the point key): the model's
+    ``config.json`` and every calibration CSV."""
+    d = calibration_dir()
+    return [model_config_path(point["model"]), *(sorted(d.glob("*.csv")) if d.is_dir() else [])]
+
+
+def _write(rows: list[Row], source: str, **extra) -> list[dict]:
+    """The rows as the store holds them: :meth:`Row.to_point` (``extra`` point keys) and the provenance columns."""
+    prov = provenance(source)
+    return [{**r.to_point(**extra), **prov} for r in rows]
+
+
+def _point_memory(d: Deployment, point: dict, names) -> dict:
+    return memory_tradeoff(d, strategies=names, shared_workspace_bytes=point.get("shared_workspace_bytes"))
+
+
+def modelled_rows(point: dict, calibration=None) -> list[dict]:
+    """The sweep's modelled rows of one grid point (:func:`mla_lab.sweep.params.expand_grid`'s keys): the door
+    (:meth:`Deployment.from_point <mla_lab.deployment.Deployment.from_point>`), :func:`price` and the written rows.
+
+    Raises:
+        ValueError: as :meth:`~mla_lab.deployment.Deployment.from_point` and :func:`price`.
+    """
+    d = Deployment.from_point(point)
+    sts = expand([BASELINE, *point["strategies"]])
+    rows = price(d, sts, calibration=calibration, memory=_point_memory(d, point, sts))
+    return _write(rows, "modelled", **{k: point[k] for k in ("num_runs",) if k in point})
 
 
 def ttft_with_attention(modelled: dict, steps, prompt_len: int, layers: int, attention_ms) -> float:
     """Mean TTFT (ms) of a modelled run with each step's attention path replaced by ``attention_ms[i]`` per layer."""
     elapsed, ttfts = 0.0, []
     for st, step_ms, ops, a in zip(steps, modelled["step_ms"], modelled["step_ops_ms"], attention_ms):
-        rest = step_ms - sum(v for k, v in ops.items() if k in ATTN_OPS)
-        elapsed += rest + a * layers
+        elapsed += step_ms - sum(v for k, v in ops.items() if k in ATTN_OPS) + a * layers
         ttfts.extend([elapsed] * len(st.finished_prompts(prompt_len)))
     return sum(ttfts) / len(ttfts)
 
 
-def measured_rows(point: dict, calibration=None) -> list[dict]:
-    """Measured rows for one grid point on the running GPU: every real strategy of the point (and the baseline).
+def _check_measurable(d: Deployment) -> None:
+    gpu = detect_arch()
+    if gpu["capability"] is None:
+        raise RuntimeError("measurement needs a CUDA GPU; torch sees none (use device='cpu' for modelled rows)")
+    if gpu["prefill_padding"] != d.arch.prefill_padding:
+        raise ValueError(f"arch={d.arch.name!r} (prefill_padding {d.arch.prefill_padding}) cannot be measured on "
+                         f"{gpu['device']} (prefill_padding {gpu['prefill_padding']})")
+    if d.kv_cache_dtype != "bf16":
+        raise ValueError(f"kv_cache_dtype={d.kv_cache_dtype!r}: only the bf16 path is measured")
 
-    The attention path is measured for every distinct step of the point's workload (identical steps once),
-    ``num_runs`` interleaved rounds per strategy (:func:`mla_lab.measure.attention.time_attention_path`); TTFT is
-    the modelled TTFT with each step's attention path replaced by the measured median (``ttft_scope`` says so).
-    Each round also gives a TTFT, so rows carry the TTFT's 95 % interval (``ttft_ms_ci_lo/hi``) and the change's
-    interval from the rounds paired with the baseline's (``ttft_change_ci_lo/hi``); ``change_measurable`` is False
-    when that interval holds 0.
+
+def _time_steps(d: Deployment, steps, names: list[str], runs: int) -> list[dict]:
+    """The attention path timed per step (identical steps once)."""
+    cache: dict = {}
+    for st in steps:
+        sig = tuple((s, n) for _, s, n in st.chunks)
+        if sig not in cache:
+            cache[sig] = time_attention_path(d.rank, st, d.prompt_len, strategies=names, repeats=runs)
+    return [cache[tuple((s, n) for _, s, n in st.chunks)] for st in steps]
+
+
+def _measured_notes(d: Deployment, name: str, steps, per_step, rounds: dict, runs: int) -> dict:
+    t_ci = summarize(rounds[name])
+    c_ci = summarize([100.0 * (a - b) / b for a, b in zip(rounds[name], rounds[BASELINE])])
+    first = per_step[0][name]
+    return {"ttft_ms_ci_lo": t_ci["ci_lo"], "ttft_ms_ci_hi": t_ci["ci_hi"], "ttft_change_ci_lo": c_ci["ci_lo"],
+            "ttft_change_ci_hi": c_ci["ci_hi"], "change_measurable": not (c_ci["ci_lo"] <= 0 <= c_ci["ci_hi"]),
+            "attn_path_ms_step0": first["total"], "attn_path_q1_step0": first["q1"], "attn_path_q3_step0": first["q3"],
+            "attn_path_ms_steps": json.dumps([round(m[name]["total"], 6) for m in per_step]),
+            "attn_path_samples_step0": json.dumps([round(x, 6) for x in first["samples"]]),
+            "measured_peak_extra_bytes": first["peak_bytes"],
+            "analytic_peak_extra_bytes": call_peak_bytes(name, d.num_heads, d.max_num_batched_tokens, d.arch,
+                                                         steps[0].num_tokens, d.model),
+            "kernel_backend": per_step[0]["kernel_backend"], "concat_backend": per_step[0]["concat_backend"]}
+
+
+def measured_rows(point: dict, calibration=None) -> list[dict]:
+    """Measured rows of one grid point on the running GPU (every real strategy and the baseline): the attention
+    path timed per distinct step, ``num_runs`` interleaved rounds (:func:`time_attention_path`), spliced into the
+    modelled TTFT; each round gives a TTFT, so rows carry its 95 % interval and the change's interval from the
+    rounds paired with the baseline's (``change_measurable``: that interval excludes 0).
 
     Raises:
         RuntimeError: no CUDA GPU; ValueError: the point's arch family differs from the running GPU's, or the KV
             cache is not bf16 (only that path is measured).
     """
-    gpu = detect_arch()
-    d = point_deployment(point)
-    model, arch, wl = d.model, d.arch, d.workload
-    if gpu["capability"] is None:
-        raise RuntimeError("measurement needs a CUDA GPU; torch sees none (use device='cpu' for modelled rows)")
-    if gpu["prefill_padding"] != arch.prefill_padding:
-        raise ValueError(f"arch={point['arch']!r} (prefill_padding {arch.prefill_padding}) cannot be measured on "
-                         f"{gpu['device']} (prefill_padding {gpu['prefill_padding']})")
-    if point["kv_cache_dtype"] != "bf16":
-        raise ValueError(f"kv_cache_dtype={point['kv_cache_dtype']!r}: only the bf16 path is measured")
-    tp, mbt, L = point["tp"], point["max_num_batched_tokens"], point["prompt_len"]
-    names = [n for n in expand_strategies([BASELINE] + list(point["strategies"])) if n != "kernel_native"]
-    runs = int(point.get("num_runs") or 7)
-    H = model.heads_per_rank(tp)
-    steps = schedule(wl, mbt)
-    cache: dict = {}
-    per_step = []
-    for st in steps:
-        sig = _step_signature(st)
-        if sig not in cache:
-            cache[sig] = time_attention_path(model, tp, st, L, arch.name, strategies=names, repeats=runs)
-        per_step.append(cache[sig])
-    prov = provenance("measured")
-    kw = {"weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel}
-    cap = _capacity(point, d, names)
+    d = Deployment.from_point(point)
+    _check_measurable(d)
+    sts = [s for s in expand([BASELINE, *point["strategies"]]) if s.name != "kernel_native"]
+    names, runs = [s.name for s in sts], int(point.get("num_runs") or 7)
+    steps = schedule(d.workload, d.max_num_batched_tokens)
+    per_step = _time_steps(d, steps, names, runs)
+    mem = _point_memory(d, point, sts)
     cal = resolve_calibration(calibration)
+    layers = d.model.num_hidden_layers
     modelled = {n: predict_ttft(d, n, cal) for n in names}
-    round_ttft = {n: [ttft_with_attention(modelled[n], steps, L, model.num_hidden_layers,
-                                           [m[n]["samples"][r] for m in per_step]) for r in range(runs)]
-                  for n in names}
-    rows = []
-    for name in names:
-        medians = [m[name]["total"] for m in per_step]
-        ttft = ttft_with_attention(modelled[name], steps, L, model.num_hidden_layers, medians)
-        t_ci = summarize(round_ttft[name])
-        change = [100.0 * (a - b) / b for a, b in zip(round_ttft[name], round_ttft[BASELINE])]
-        c_ci = summarize(change)
-        first = per_step[0][name]
-        row = memory_columns(point, name, model, arch, cap)
-        row.update(
-            ttft_ms=ttft, ttft_ms_max=None, num_steps=len(steps),
-            ttft_scope=f"{modelled[name]['scope']} (attention path measured)",
-            ttft_ms_ci_lo=t_ci["ci_lo"], ttft_ms_ci_hi=t_ci["ci_hi"], ttft_change_ci_lo=c_ci["ci_lo"],
-            ttft_change_ci_hi=c_ci["ci_hi"], change_measurable=not (c_ci["ci_lo"] <= 0 <= c_ci["ci_hi"]),
-            num_runs=runs, attn_path_ms_step0=first["total"], attn_path_q1_step0=first["q1"],
-            attn_path_q3_step0=first["q3"], attn_path_ms_steps=json.dumps([round(x, 6) for x in medians]),
-            attn_path_samples_step0=json.dumps([round(x, 6) for x in first["samples"]]),
-            measured_peak_extra_bytes=first["peak_bytes"],
-            analytic_peak_extra_bytes=call_peak_bytes(name, H, mbt, arch, steps[0].num_tokens, model),
-            kernel_backend=per_step[0]["kernel_backend"], concat_backend=per_step[0]["concat_backend"],
-            calibration=modelled[name]["calibration"], comm_source=modelled[name]["comm_source"], **_capacity_columns(cap, name, point), **kw,
-        )
-        row.update(prov)
-        rows.append(row)
-    return add_ttft_change(rows)
+    rounds = {n: [ttft_with_attention(modelled[n], steps, d.prompt_len, layers, [m[n]["samples"][r] for m in per_step])
+                  for r in range(runs)] for n in names}
+    rows = [_row(d, st, mem, ttft_ms=ttft_with_attention(modelled[st.name], steps, d.prompt_len, layers,
+                                                         [m[st.name]["total"] for m in per_step]),
+                 num_steps=len(steps), ttft_scope=f"{modelled[st.name]['scope']} (attention path measured)",
+                 calibration=modelled[st.name]["calibration"], comm_source=modelled[st.name]["comm_source"],
+                 source="measured", notes=_measured_notes(d, st.name, steps, per_step, rounds, runs))
+            for st in sts]
+    return _write(_with_change(rows), "measured", num_runs=runs)
 
 
 #: Row statuses of a deployment that is not priced: its weights or workload do not fit at all
@@ -314,147 +321,163 @@ def compute_rows(point: dict, mode: str) -> list[dict]:
     Raises:
         ValueError: unknown mode.
     """
-    if mode == "modelled":
-        return fit_status(modelled_rows(point))
-    if mode == "measured":
-        return fit_status(measured_rows(point))
-    raise ValueError(f"mode={mode!r} is not known; allowed: {list(MODES)}")
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not known; allowed: {list(MODES)}")
+    return fit_status(modelled_rows(point) if mode == "modelled" else measured_rows(point))
 
 
-#: The analytic memory columns of a row (:func:`memory_columns`); a measured row's are re-derived with them.
+#: The analytic memory columns of a row; a measured row's are re-derived with them.
 MEMORY_COLUMNS = ("q_concat_heads", "kernel_heads", "persistent_bytes", "persistent_mib", "step_transient_bytes",
                   "kernel_out_bytes", "call_transient_bytes", "call_transient_mib", "peak_bytes",
                   "extra_persistent_bytes", "extra_persistent_mib", "kv_tokens_lost")
-
-
 #: The route the measured attention path ran (:func:`measured_rows`: FlashMLA's sparse prefill kernel on the padded
 #: heads): a measured change stands for a configuration only where it and the baseline take this route.
 MEASURED_ROUTE = "sparse-mqa"
 
 
-def measured_withheld(d: Deployment, strategy: str, fits: dict | None = None) -> str:
+def measured_withheld(d: Deployment, strategy: Strategy | str, fits: dict | None = None) -> str:
     """Why a measured change of ``strategy`` (against :data:`mla_lab.placement.BASELINE`) must not be shown for the
     deployment ``d``: "" when it may. A measured row timed :data:`MEASURED_ROUTE`; where the deployment's route
     (:func:`mla_lab.model.routes.step_route`, every step of its schedule) is another for the strategy or the
     baseline (e.g. DeepSeek-V3.2 at 1024-token prompts: dense MHA, vLLM #47327), the measured kernel does not run
-    there; where the deployment or the strategy does not fit (``fits``: ``{strategy: {"fits_in_memory",
-    "fit_reason"}}``, as the sweep rows state it), nothing is priced at all (issue 39)."""
-    order = tuple(dict.fromkeys((BASELINE, strategy)))  # the deployment's own reason first: one line for all rows
+    there; where the deployment or the strategy does not fit (``fits``: ``{strategy name: Row}``), nothing is
+    priced at all (issue 39)."""
+    st = as_strategy(strategy)
+    order = (_BASE, st) if st.name != BASELINE else (_BASE,)  # the deployment's own reason first: one line for all
     for s in order:
-        if fits and s in fits and not fits[s]["fits_in_memory"]:
-            who = "the deployment" if s == BASELINE else strategy
-            return f"{who} does not fit ({fits[s]['fit_reason']}): no measured number"
+        if fits and s.name in fits and not fits[s.name].fits_in_memory:
+            who = "the deployment" if s.name == BASELINE else st.name
+            return f"{who} does not fit ({fits[s.name].fit_reason}): no measured number"
+    steps = schedule(d.workload, d.max_num_batched_tokens)
     for s in order:
-        routes = {step_route(d.model, s, st) for st in schedule(d.workload, d.max_num_batched_tokens)}
-        other = sorted(routes - {MEASURED_ROUTE})
+        other = sorted({step_route(d.model, s, step) for step in steps} - {MEASURED_ROUTE})
         if other:
-            who = f"the baseline ({s})" if s == BASELINE else s
+            who = f"the baseline ({s.name})" if s.name == BASELINE else s.name
             return (f"{who} takes {', '.join(other)} here, not the measured {MEASURED_ROUTE} kernel: the measured "
                     "change does not apply")
     return ""
 
 
-def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
-    """Re-derive the TTFT columns of measured rows with the current model (the measured attention path per step,
-    ``attn_path_ms_steps``, stays as measured), and their analytic memory columns (:data:`MEMORY_COLUMNS`) with
-    the current account, so a measured row states the same bytes as the modelled row of its point. ``weight_dtype`` / ``moe_parallel`` set the layer options for every
-    row (default: the row's own columns, else :data:`LAYER_OPTION_DEFAULTS`); the rows record them. Rows without the
-    per-step list fall back to ``attn_path_ms_step0`` only when every step of their workload has the same shape,
-    else they are left unchanged and marked in ``ttft_note``.
+_POINT_INTS = ("tp", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency")
 
-    Rows of the first version (no ``placement`` column) name what was measured then: ``unfused`` was a
-    ``new_zeros`` pad per call and ``fused`` a zero-initialised private workspace; they are relabelled
-    ``per_call_zeros`` and ``private_workspace`` (``legacy_strategy`` keeps the old name), and their change is
-    taken against ``per_call_zeros``, the baseline they were measured with. Returns a new DataFrame."""
+
+def _stored_deployment(r, weight_dtype: str | None, moe_parallel: str | None) -> Deployment:
+    """The door for a stored measured row: its deployment, the layer options given, else the row's, else the
+    seed's (rows stored before these columns existed ran the PR's fp8 weights with ``-ep``: :data:`SEED_ARGS`)."""
+    point = {k: r[k] for k in ("model", "arch", "kv_cache_dtype")} | {k: int(r[k]) for k in _POINT_INTS}
+    for k, v in (("weight_dtype", weight_dtype), ("moe_parallel", moe_parallel)):
+        own = r.get(k)
+        point[k] = v or (own if isinstance(own, str) and own else SEED_ARGS[k])
+    return Deployment.from_point(point)
+
+
+def _relabel_legacy(out) -> None:
+    """Rows of the first version (no ``placement``): ``unfused`` / ``fused`` become ``per_call_zeros`` /
+    ``private_workspace`` (``legacy_strategy`` keeps the old name), changes against ``per_call_zeros``."""
     import pandas as pd
 
+    legacy = out["placement"].isna() if "placement" in out.columns else pd.Series(True, index=out.index)
+    if not legacy.any():
+        return
+    out["legacy_strategy"] = out.get("legacy_strategy", pd.Series([""] * len(out), index=out.index))
+    old = out.loc[legacy, "strategy"]
+    out.loc[legacy, "legacy_strategy"] = old
+    out.loc[legacy, "strategy"] = old.map(LEGACY_MEASURED).fillna(old)
+    for col, f in (("preset", preset_of), ("placement", lambda n: parse_strategy(n).placement),
+                   ("content", lambda n: parse_strategy(n).content)):
+        out.loc[legacy, col] = out.loc[legacy, "strategy"].map(f)
+    out.loc[legacy, "baseline"] = "per_call_zeros"
+
+
+def _stored_attention(r, steps) -> list | str:
+    """The measured attention path per step of a stored row, or the note saying why TTFT stays as measured."""
+    import pandas as pd
+
+    step0 = r.get("attn_path_ms_step0")
+    if isinstance(r.get("attn_path_ms_steps"), str) and r["attn_path_ms_steps"]:
+        return json.loads(r["attn_path_ms_steps"])
+    if step0 is None or pd.isna(step0):
+        return "no measured attention path stored: TTFT left as measured then"
+    if len({tuple((s, n) for _, s, n in st.chunks) for st in steps}) == 1:
+        return [float(step0)] * len(steps)
+    return "steps differ and only step 0 was stored: TTFT left as measured then"
+
+
+def _reprice_row(out, i, r, names: list, accounts: dict, layer: tuple) -> None:
+    """Re-derive one measured row in place: TTFT around its measured attention path, memory columns, withheld."""
+    import pandas as pd
+
+    d = _stored_deployment(r, *layer)
+    out.at[i, "weight_dtype"], out.at[i, "moe_parallel"] = d.weight_dtype, d.moe_parallel
+    steps = schedule(d.workload, d.max_num_batched_tokens)
+    attention = _stored_attention(r, steps)
+    if isinstance(attention, str):
+        out.at[i, "ttft_note"] = attention
+        return
+    t = predict_ttft(d, r["strategy"], attention_override_ms=attention)
+    out.at[i, "ttft_ms"], out.at[i, "ttft_ms_max"], out.at[i, "ttft_scope"] = \
+        t["ttft_ms_mean"], t["ttft_ms_max"], t["scope"]
+    # the bytes are analytic, never measured: today's account, as the modelled row of the same point states it
+    sw = r.get("shared_workspace_bytes")
+    key = (d, None if sw is None or pd.isna(sw) else int(sw))
+    if key not in accounts:
+        accounts[key] = memory_tradeoff(d, strategies=[BASELINE, *names], shared_workspace_bytes=key[1])
+    fits = {s: _row(d, parse_strategy(s), accounts[key]) for s in {BASELINE, r["strategy"]}}
+    cols = fits[r["strategy"]].columns()
+    for c in MEMORY_COLUMNS:
+        if c in out.columns:
+            out.at[i, c] = cols[c]
+    out.at[i, "fits_in_memory"] = cols["fits_in_memory"]
+    out.at[i, "measured_withheld"] = measured_withheld(d, r["strategy"], fits)
+
+
+def _rechange(out) -> None:
+    """Each measured row's change against its baseline's re-priced TTFT; the paired rounds' interval moves with
+    it (its width is the measured one: a median outside its own interval would be a confident wrong number)."""
+    keys = ["model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "baseline"]
+    for _, g in out[out["source"] == "measured"].groupby(keys, dropna=False):
+        base_name = g["baseline"].iloc[0] if isinstance(g["baseline"].iloc[0], str) else BASELINE
+        base = g[g["strategy"] == base_name]["ttft_ms"]
+        if len(base) != 1:
+            continue
+        new = 100.0 * (g["ttft_ms"] - base.iloc[0]) / base.iloc[0]
+        if "ttft_change_pct" in out.columns:
+            shift = (new - out.loc[g.index, "ttft_change_pct"]).where(out.loc[g.index, "ttft_change_pct"].notna(), 0.0)
+            for c in ("ttft_change_ci_lo", "ttft_change_ci_hi"):
+                if c in out.columns:
+                    out.loc[g.index, c] = out.loc[g.index, c] + shift
+        out.loc[g.index, "ttft_change_pct"] = new
+
+
+def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
+    """Measured rows (a DataFrame) re-derived with the current model, as a new DataFrame: TTFT around the measured
+    attention path per step (``attn_path_ms_steps``; ``attn_path_ms_step0`` only where every step has one shape,
+    else ``ttft_note`` says why TTFT stays), the analytic memory columns (:data:`MEMORY_COLUMNS`) from today's
+    account, ``measured_withheld``, the change against the baseline and the between-process change where it
+    exists. ``weight_dtype`` / ``moe_parallel``: every row's layer options (default the row's, else the seed's fp8 /
+    ep). First-version rows (no ``placement``) are relabelled (``unfused`` -> ``per_call_zeros``, ``fused`` ->
+    ``private_workspace``; ``legacy_strategy`` keeps the name) and changed against ``per_call_zeros``."""
     out = df.copy()
     if out.empty or "source" not in out.columns:
         return out
-    out["measured_withheld"] = out.get("measured_withheld", pd.Series([""] * len(out), index=out.index))
-    out["measured_withheld"] = out["measured_withheld"].fillna("").astype(object)
-    out["ttft_note"] = out.get("ttft_note", pd.Series([""] * len(out), index=out.index)).fillna("")
-    legacy = out["placement"].isna() if "placement" in out.columns else pd.Series(True, index=out.index)
-    if legacy.any():
-        out["legacy_strategy"] = out.get("legacy_strategy", pd.Series([""] * len(out), index=out.index))
-        old = out.loc[legacy, "strategy"]
-        out.loc[legacy, "legacy_strategy"] = old
-        out.loc[legacy, "strategy"] = old.map(LEGACY_MEASURED).fillna(old)
-        for col, f in (("preset", preset_of), ("placement", lambda n: parse_strategy(n).placement),
-                       ("content", lambda n: parse_strategy(n).content)):
-            out.loc[legacy, col] = out.loc[legacy, "strategy"].map(f)
-        out.loc[legacy, "baseline"] = "per_call_zeros"
-    status = out["status"] if "status" in out.columns else "ok"
-    ok = out[(out["source"] == "measured") & (status == "ok")]
+    for c in ("measured_withheld", "ttft_note"):
+        out[c] = out[c].fillna("").astype(object) if c in out.columns else ""
+    _relabel_legacy(out)
+    ok = out[(out["source"] == "measured") & ((out["status"] if "status" in out.columns else "ok") == "ok")]
     pk = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype") if c in ok]
     point_names = {i: sorted(set(g["strategy"])) for _, g in ok.groupby(pk, dropna=False) for i in g.index}
     accounts: dict = {}  # (deployment, shared_workspace_bytes) -> memory_tradeoff, once per point
     for i, r in ok.iterrows():
-        point = {k: r[k] for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "num_prompts",
-                                   "concurrency", "kv_cache_dtype")}
-        for k in ("tp", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency"):
-            point[k] = int(point[k])
-        for k, v in (("weight_dtype", weight_dtype), ("moe_parallel", moe_parallel)):
-            row_v = r.get(k)
-            point[k] = v or (row_v if isinstance(row_v, str) and row_v else None)
-        point.update(layer_options(point))
-        out.at[i, "weight_dtype"], out.at[i, "moe_parallel"] = point["weight_dtype"], point["moe_parallel"]
-        d = point_deployment(point)
-        steps = schedule(d.workload, d.max_num_batched_tokens)
-        step0 = r.get("attn_path_ms_step0")
-        if isinstance(r.get("attn_path_ms_steps"), str) and r["attn_path_ms_steps"]:
-            attention_ms = json.loads(r["attn_path_ms_steps"])
-        elif step0 is None or pd.isna(step0):
-            out.at[i, "ttft_note"] = "no measured attention path stored: TTFT left as measured then"
-            continue
-        elif len({_step_signature(s) for s in steps}) == 1:
-            attention_ms = [float(step0)] * len(steps)
-        else:
-            out.at[i, "ttft_note"] = "steps differ and only step 0 was stored: TTFT left as measured then"
-            continue
-        t = predict_ttft(d, r["strategy"], attention_override_ms=attention_ms)
-        out.at[i, "ttft_ms"], out.at[i, "ttft_ms_max"], out.at[i, "ttft_scope"] = \
-            t["ttft_ms_mean"], t["ttft_ms_max"], t["scope"]
-        # the bytes are analytic, never measured: today's account, as the modelled row of the same point states it
-        key = (d, r.get("shared_workspace_bytes"))
-        if key not in accounts:
-            sw = key[1]
-            accounts[key] = memory_tradeoff(d, strategies=[BASELINE, *point_names[i]],
-                                            shared_workspace_bytes=None if sw is None or pd.isna(sw) else int(sw))
-        mem = memory_columns(point, r["strategy"], d.model, d.arch, accounts[key])
-        for c in MEMORY_COLUMNS:
-            if c in out.columns:
-                out.at[i, c] = mem[c]
-        fits = {s: _capacity_columns(accounts[key], s, point) for s in {BASELINE, r["strategy"]}}
-        out.at[i, "fits_in_memory"] = fits[r["strategy"]]["fits_in_memory"]
-        out.at[i, "measured_withheld"] = measured_withheld(d, r["strategy"], fits)
+        _reprice_row(out, i, r, point_names[i], accounts, (weight_dtype, moe_parallel))
     if "baseline" not in out.columns:
         out["baseline"] = BASELINE
-    measured = out[out["source"] == "measured"]
-    keys = ["model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "baseline"]
-    for _, g in measured.groupby(keys, dropna=False):
-        base_name = g["baseline"].iloc[0] if isinstance(g["baseline"].iloc[0], str) else BASELINE
-        base = g[g["strategy"] == base_name]["ttft_ms"]
-        if len(base) == 1:
-            new = 100.0 * (g["ttft_ms"] - base.iloc[0]) / base.iloc[0]
-            if "ttft_change_pct" in out.columns:
-                # the interval of the paired rounds moves with the re-priced change (its width is the measured
-                # one): a median outside its own interval would be a confident wrong number
-                old = out.loc[g.index, "ttft_change_pct"]
-                shift = (new - old).where(old.notna(), 0.0)
-                for c in ("ttft_change_ci_lo", "ttft_change_ci_hi"):
-                    if c in out.columns:
-                        out.loc[g.index, c] = out.loc[g.index, c] + shift
-            out.loc[g.index, "ttft_change_pct"] = new
+    _rechange(out)
     _attach_between_process(out)
     return out
 
 
-#: Where the committed between-process rows measured a row's deployment (median and [min, max] over >= 5 fresh
-#: processes), :func:`reprice_measured_rows` writes that change into the row's ``ttft_change_pct`` /
-#: ``ttft_change_ci_lo`` / ``ttft_change_ci_hi`` (``measured_basis`` says so) and keeps the sweep's own one-process
-#: figures in these columns: every view (heatmap, TP bars, frontier, tables, advise, the explorer) then states one
-#: measured change per cell, the seed answer's (issue 39: the heatmap said -1.6 % where the table said -1.8 %).
+#: Where the between-process rows measured a deployment, its change columns hold theirs (``measured_basis`` says
+#: so) and the sweep's one-process figures move here: every view states one measured change per cell (issue 39).
 ONE_PROCESS_COLUMNS = ("one_process_change_pct", "one_process_ci_lo", "one_process_ci_hi")
 
 
@@ -462,19 +485,17 @@ def _attach_between_process(out) -> None:
     """Put :func:`between_process_changes` into the change columns of the measured rows of each deployment it
     covers; the one-process figures move to :data:`ONE_PROCESS_COLUMNS` (in place)."""
     for c in ONE_PROCESS_COLUMNS:
-        out[c] = float("nan")
+        out[c] = NAN
     out["measured_basis"] = out.get("measured_basis", "")
     out["measured_basis"] = out["measured_basis"].fillna("").astype(object)
     ok = out[(out["source"] == "measured") & (out.get("status", "ok") == "ok")
              & (out["baseline"].fillna(BASELINE) == BASELINE)]  # changes against the same baseline only
     keys = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency",
                         "kv_cache_dtype") if c in ok.columns]
-    for k, g in ok.groupby(keys, dropna=False):
-        point = dict(zip(keys, k)) | {c: g.iloc[0][c] for c in ("weight_dtype", "moe_parallel") if c in g.columns}
-        for c in ("tp", "max_num_batched_tokens", "prompt_len", "num_prompts", "concurrency"):
-            point[c] = int(point[c])
+    cols = ["ttft_change_pct", "ttft_change_ci_lo", "ttft_change_ci_hi"]
+    for _, g in ok.groupby(keys, dropna=False):
         try:
-            bp = between_process_changes(point_deployment(point), sorted(set(g["strategy"])))
+            bp = between_process_changes(_stored_deployment(g.iloc[0], None, None), sorted(set(g["strategy"])))
         except ValueError:
             continue
         for i, r in g.iterrows():
@@ -482,7 +503,6 @@ def _attach_between_process(out) -> None:
             if v is None:
                 out.loc[i, "measured_basis"] = "one process, 95 % interval of its rounds"
                 continue
-            cols = ["ttft_change_pct", "ttft_change_ci_lo", "ttft_change_ci_hi"]
             out.loc[i, list(ONE_PROCESS_COLUMNS)] = [r.get(c) for c in cols]
             out.loc[i, cols] = [v["median"], v["lo"], v["hi"]]
             out.loc[i, "measured_basis"] = f"{v['n_processes']} fresh processes, [min, max]"
@@ -491,8 +511,6 @@ def _attach_between_process(out) -> None:
 #: The committed between-process rows of the seed attention path (``mla_lab/measure/experiments/presets.py``:
 #: GLM-5 TP8 geometry, 16 x 1024-token causal prompts in one 16384-token step, H200, bf16 KV cache).
 BETWEEN_PROCESS_PRESETS = ("h200", "between_process", "presets.csv")
-
-
 #: The same for the strategies timed later through the package (part ``strategies``: the graph2 sub-chunks).
 BETWEEN_PROCESS_STRATEGIES = ("h200", "between_process", "strategies.csv")
 
@@ -500,56 +518,51 @@ BETWEEN_PROCESS_STRATEGIES = ("h200", "between_process", "strategies.csv")
 def _between_process_seed_ms(path=None) -> dict:
     """``{strategy: {process: median ms}}`` of the seed attention path, ``{}`` without the file. ``path``: a path
     or a ``(gpu, folder, file)`` tuple under ``data/measured`` (default :data:`BETWEEN_PROCESS_PRESETS`)."""
-
     parts = path if isinstance(path, tuple) else BETWEEN_PROCESS_PRESETS
-    p = path if (path is not None and not isinstance(path, tuple)) else \
-        measured_dir(parts[0]).joinpath(*parts[1:])
+    p = path if (path is not None and not isinstance(path, tuple)) else measured_dir(parts[0]).joinpath(*parts[1:])
     if not p.is_file():
         return {}
     d = read_measured_csv(p)  # whole or refused in one line (issue 32: a cut file moved the figure silently)
-    d = d[d["shape"] == "seed"]
-    med = d.groupby(["strategy", "process"])["ms"].median()
+    med = d[d["shape"] == "seed"].groupby(["strategy", "process"])["ms"].median()
     return {s: dict(g.droplevel(0).items()) for s, g in med.groupby(level=0)}
+
+
+def _is_seed_step(d: Deployment) -> bool:
+    """The deployment's attention step is the one the between-process rows measured."""
+    m = d.model
+    return (d.num_heads == 8 and m.head_size == 576 and m.topk == 2048 and d.max_num_batched_tokens == 16384
+            and d.prompt_len == 1024 and d.arch.name == BETWEEN_PROCESS_PRESETS[0] and d.kv_cache_dtype == "bf16")
 
 
 def between_process_changes(deployment: Deployment, strategies, path=None) -> dict:
     """The TTFT change against :data:`mla_lab.placement.BASELINE` with the attention path measured in >= 5 fresh
-    processes (the rest modelled), for a deployment whose attention step is the one measured (8 heads per rank,
-    head_size 576, topk 2048, 16384 batched tokens, 1024-token prompts, an H200, bf16 KV cache).
-
-    Per process: that process's median attention-path ms (interleaved rounds) in every step, the TTFT model
-    around it (:func:`mla_lab.model.ttft.predict_ttft` with ``attention_override_ms``), the change against the
-    baseline's of the same process; then the median and ``[min, max]`` over processes (the between-process
-    interval; :mod:`mla_lab.measure.spread`). Returns ``{strategy name: {"median", "lo", "hi", "n_processes"}}``
-    (``{}`` where the deployment is not the measured one or the file is absent)."""
+    processes (:func:`_is_seed_step`; the rest modelled): per process its median attention-path ms in every step,
+    the TTFT model around it, the change against that process's baseline; then the median and ``[min, max]`` over
+    processes. Returns ``{strategy name: {"median", "lo", "hi", "n_processes"}}`` (``{}`` elsewhere or without the
+    file)."""
     d = deployment
-    m = d.model
-    if not (d.num_heads == 8 and m.head_size == 576 and m.topk == 2048 and d.max_num_batched_tokens == 16384
-            and d.prompt_len == 1024 and d.arch.name == BETWEEN_PROCESS_PRESETS[0] and d.kv_cache_dtype == "bf16"):
+    if not _is_seed_step(d):
         return {}
-    steps = schedule(d.workload, d.max_num_batched_tokens)
+    n_steps = len(schedule(d.workload, d.max_num_batched_tokens))
 
-    def ttft(name, x):
-        return predict_ttft(d, parse_strategy(name), attention_override_ms=[x] * len(steps))["ttft_ms_mean"]
+    def ttft(st, x):
+        return predict_ttft(d, st, attention_override_ms=[x] * n_steps)["ttft_ms_mean"]
 
     out = {}
     # a strategy whose route here is not the measured kernel's gets no measured number (issue 39)
-    names = [n for n in (s if isinstance(s, str) else s.name for s in strategies) if not measured_withheld(d, n)]
+    sts = {st.name: st for st in map(as_strategy, strategies) if not measured_withheld(d, st)}
     # each file pairs its strategies with the baseline timed in the same processes; the first file wins
     for f in ([path] if path else [None, BETWEEN_PROCESS_STRATEGIES]):
         ms = _between_process_seed_ms(f)
         if BASELINE not in ms:
             continue
-        base = {k: ttft(BASELINE, x) for k, x in ms[BASELINE].items()}
-        for name in names:
-            if name in out or name not in ms:
-                continue
-            ch = sorted(100.0 * (ttft(name, x) / base[k] - 1) for k, x in ms[name].items() if k in base)
-            if len(ch) < 2:
-                continue
+        base = {k: ttft(_BASE, x) for k, x in ms[BASELINE].items()}
+        for name in (n for n in sts if n not in out and n in ms):
+            ch = sorted(100.0 * (ttft(sts[name], x) / base[k] - 1) for k, x in ms[name].items() if k in base)
             n = len(ch)
-            mid = ch[n // 2] if n % 2 else 0.5 * (ch[n // 2 - 1] + ch[n // 2])
-            out[name] = {"median": mid, "lo": ch[0], "hi": ch[-1], "n_processes": n}
+            if n >= 2:
+                mid = ch[n // 2] if n % 2 else 0.5 * (ch[n // 2 - 1] + ch[n // 2])
+                out[name] = {"median": mid, "lo": ch[0], "hi": ch[-1], "n_processes": n}
     return out
 
 
@@ -559,14 +572,9 @@ MEASURED_MATCH_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cach
 
 
 def measured_change_pct(rows, base_rows=None) -> float | None:
-    """THE measured TTFT change (%) of one strategy's measured sweep rows against
-    :data:`mla_lab.placement.BASELINE`: the median of the rows' ``ttft_change_pct`` (the between-process change
-    where >= 5 fresh processes measured the deployment: :func:`reprice_measured_rows`; else each row's change, paired
-    with the baseline timed in the same process, in interleaved rounds: :func:`measured_rows`); for rows without
-    that column, ``100 * (median ttft_ms / median ttft_ms of base_rows - 1)`` when ``base_rows`` (the baseline's
-    measured rows) are given. None for no row. Every view that shows a measured change (the explorer's chart and
-    tables, advise, the report's figures) takes it from here, so a chart and the table under it cannot disagree.
-    ``rows``, ``base_rows``: DataFrames of measured sweep rows."""
+    """THE measured TTFT change (%) of one strategy's measured rows (a DataFrame) against
+    :data:`mla_lab.placement.BASELINE`, the one every view shows: the median of their ``ttft_change_pct``; without
+    that column ``100 * (median ttft_ms / median ttft_ms of base_rows - 1)``; None for no row."""
     if not len(rows):
         return None
     if "ttft_change_pct" in rows.columns and rows["ttft_change_pct"].notna().any():
@@ -577,29 +585,26 @@ def measured_change_pct(rows, base_rows=None) -> float | None:
     return 100.0 * (float(ms.median()) / float(base.median()) - 1) if len(ms) and len(base) else None
 
 
-def measured_changes(measured, point: dict, keys=MEASURED_MATCH_KEYS) -> dict:
+def _median(g, c) -> float | None:
+    return float(g[c].median()) if c in g.columns and g[c].notna().any() else None
+
+
+def measured_changes(measured, deployment: Deployment, keys=MEASURED_MATCH_KEYS) -> dict:
     """The measured rows of ``measured`` (a DataFrame, e.g. :func:`mla_lab.report.data.load_measured`) that agree
-    with ``point`` on every ``keys`` column the frame has, ``status`` ok and changes against
+    with ``deployment`` (its sweep point) on every ``keys`` column the frame has, ``status`` ok and changes against
     :data:`mla_lab.placement.BASELINE`, per strategy: ``{strategy: {"change_pct": measured_change_pct(rows) (or
     None), "ttft_ms": median ms, "ci_lo", "ci_hi": median of the rows' 95 % interval of the change (or None),
     "n_rows"}}``. ``{}`` when nothing matches."""
     if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
         return {}
-    d = measured
+    point, d = deployment.args(), measured
     if "status" in d.columns:
         d = d[d["status"].fillna("ok") == "ok"]
-    for k in keys:
-        if k in d.columns and k in point:
-            d = d[d[k].astype(str) == str(point[k])]
+    for k in (k for k in keys if k in d.columns and k in point):
+        d = d[d[k].astype(str) == str(point[k])]
     if "baseline" in d.columns:
         d = d[d["baseline"].fillna(BASELINE) == BASELINE]  # changes against the same baseline only
     base = d[d["strategy"] == BASELINE]
-    out = {}
-    for s, g in d.groupby("strategy"):
-        ci = {}
-        for c, key in (("ttft_change_ci_lo", "ci_lo"), ("ttft_change_ci_hi", "ci_hi")):
-            ci[key] = float(g[c].median()) if c in g.columns and g[c].notna().any() else None
-        ms = g["ttft_ms"].dropna() if "ttft_ms" in g.columns else ()
-        out[s] = {"change_pct": measured_change_pct(g, base), "ttft_ms": float(ms.median()) if len(ms) else None,
-                  **ci, "n_rows": len(g)}
-    return out
+    return {s: {"change_pct": measured_change_pct(g, base), "ttft_ms": _median(g, "ttft_ms"),
+                "ci_lo": _median(g, "ttft_change_ci_lo"), "ci_hi": _median(g, "ttft_change_ci_hi"), "n_rows": len(g)}
+            for s, g in d.groupby("strategy")}

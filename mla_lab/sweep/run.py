@@ -109,36 +109,45 @@ def check_output_file(path: str | Path, overwrite: bool = False, params: SweepPa
         raise ValueError(f"data_file={str(path)!r} is not a regular file (a device, a pipe or a socket); allowed: a "
                          "regular file or a new path in a writable folder")
     if out.exists() and not overwrite:
-        if is_committed(out):
-            raise ValueError(f"data_file={str(path)!r} is a committed file (tracked by git); a sweep replaces it "
-                             "only with --overwrite (-p overwrite true); allowed: another path")
-        try:
-            with open(out, errors="replace") as f:
-                header = f.readline()
-        except OSError as e:
-            raise ValueError(f"data_file={str(path)!r} cannot be read ({e.strerror}); choose another path") from None
-        if not all(c in header.strip().split(",") for c in LAB_CSV_MARK):
-            raise ValueError(f"data_file={str(path)!r} exists and was not written by mla_lab; choose another path "
-                             "or pass --overwrite")
-        if params is not None:
-            lost, n, first = _rows_not_covered(out, params, may_measure(device or params.device))
-            if lost:
-                raise ValueError(f"data_file={str(path)!r} holds {lost} of {n} rows this sweep does not write "
-                                 f"(another grid's or measured rows, first: {first}); replacing it would drop them; "
-                                 "allowed: another path, or --overwrite (-p overwrite true)")
+        _check_replaceable(out, path, params, device)
     if out.exists() and not os.access(out, os.W_OK):
         raise ValueError(f"data_file={str(path)!r} is not writable; allowed: a writable file or a new path in a "
                          "writable folder")
+    _check_folder(out, path, create)
+    return out
+
+
+def _check_replaceable(out: Path, path, params: SweepParams | None, device: str | None) -> None:
+    """A CSV the lab may replace without ``overwrite``: not committed, written by the lab, every row written again."""
+    if is_committed(out):
+        raise ValueError(f"data_file={str(path)!r} is a committed file (tracked by git); a sweep replaces it "
+                         "only with --overwrite (-p overwrite true); allowed: another path")
+    try:
+        with open(out, errors="replace") as f:
+            header = f.readline()
+    except OSError as e:
+        raise ValueError(f"data_file={str(path)!r} cannot be read ({e.strerror}); choose another path") from None
+    if not all(c in header.strip().split(",") for c in LAB_CSV_MARK):
+        raise ValueError(f"data_file={str(path)!r} exists and was not written by mla_lab; choose another path "
+                         "or pass --overwrite")
+    lost, n, first = _rows_not_covered(out, params, may_measure(device or params.device)) if params else (0, 0, "")
+    if lost:
+        raise ValueError(f"data_file={str(path)!r} holds {lost} of {n} rows this sweep does not write "
+                         f"(another grid's or measured rows, first: {first}); replacing it would drop them; "
+                         "allowed: another path, or --overwrite (-p overwrite true)")
+
+
+def _check_folder(out: Path, path, create: bool) -> None:
+    """The data file's folder is writable, and made when ``create``."""
     folder = next((q for q in [out.parent, *out.parent.parents] if q.exists()), None)
     if folder is not None and folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"data_file={str(path)!r}: its folder {folder} is not writable; allowed: a path in a "
                          "writable folder")
     if not create:
-        blocker = folder if folder is not None and not folder.is_dir() else None
-        if blocker is not None:
-            raise ValueError(f"data_file={str(path)!r}: its folder cannot be created ({blocker} is a file, not a "
+        if folder is not None and not folder.is_dir():
+            raise ValueError(f"data_file={str(path)!r}: its folder cannot be created ({folder} is a file, not a "
                              "folder); choose a writable path")
-        return out
+        return
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -146,7 +155,6 @@ def check_output_file(path: str | Path, overwrite: bool = False, params: SweepPa
         why = f"{blocker} is a file, not a folder" if blocker else e.strerror
         raise ValueError(f"data_file={str(path)!r}: its folder cannot be created ({why}); choose a writable "
                          "path") from None
-    return out
 
 
 #: The environment variable through which ``mla-lab sweep`` hands its lock on the data file to the notebook's kernel
@@ -296,54 +304,35 @@ def _log(progress: bool, msg: str) -> None:
         print(f"[mla-lab] {msg}", file=sys.stderr, flush=True)
 
 
-def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s: float):
-    import pandas as pd
-
-    device = ex.resolve_device(params.device)
-    gpu = ex.detect_gpu() if device == "cuda" else None
-    version = code_version()
-    todo = _tasks(params, gpu)
-    store.clean_stale_tmp()  # writes cut short by a killed sweep (never visible as points)
-    store.clean_stale_claims()  # claims of a killed sweep
+def _stored(store, todo, force: bool) -> tuple[set, int]:
+    """``(keys to skip, points failed before)``; a broken point file is named, then computed again."""
     status = {k: store.status(k) for _, _, k in todo}
     for k, st in status.items():
         why = store.broken(k) if st is None else None
         if why:  # never silently: named, then computed again and replaced
             _log(True, f"{why}: computing the point again")
-    skip = {k for k, st in status.items() if st == "ok" and not params.force}
-    n_failed = sum(1 for k, st in status.items() if st == "failed" and not params.force)
-    extra = f", {n_failed} failed before (retried)" if n_failed else ""
-    _log(progress, f"{len(todo)} point(s), {len(skip)} already stored{extra}, code {version}, device {device}")
-    if ex.name != "local":
-        _log(progress, f"executor {ex.describe()}")
-    keys = [key for _, _, key in todo]
+    skip = {k for k, st in status.items() if st == "ok" and not force}
+    return skip, sum(1 for st in status.values() if st == "failed" and not force)
+
+
+def _claim(store, todo, skip: set, force: bool) -> tuple[list, list]:
+    """``(mine, theirs)``: the points this sweep claimed, and those another live sweep holds (``skip`` grows)."""
     mine, theirs = [], []
     for pt, mode, key in todo:
         if key in skip:
             continue
         if not store.claim(key):
             theirs.append(PointTask(pt, mode, key))
-        elif not params.force and store.completed(key):  # stored by another sweep since the look above
+        elif not force and store.completed(key):  # stored by another sweep since the look above
             store.release(key)
             skip.add(key)
         else:
             mine.append(PointTask(pt, mode, key))
-    if theirs:
-        _log(progress, f"{len(theirs)} point(s) claimed by another sweep on this store: left to it")
-    t0, done = time.time(), 0
-    try:
-        for res in ex.run(mine, compute_fn, driver_version=version):
-            _store_result(store, res, version, progress)
-            done += 1
-            el = time.time() - t0
-            _log(progress, f"{len(skip) + done}/{len(todo)} points  elapsed {el:.1f}s  "
-                           f"ETA {el / done * (len(mine) - done):.1f}s")
-    finally:
-        for t in mine:
-            store.release(t.key)
-    _wait_for_claims(store, theirs, ex, compute_fn, version, progress, claim_wait_s)
-    df = pd.DataFrame(store.rows(keys))
-    # beside the target, inside its folder; a name of this process's own (two sweeps may write one data_file)
+    return mine, theirs
+
+
+def _write_csv(df, out: Path) -> None:
+    """``df`` to ``out`` atomically: a temporary file of this process's own beside it, then ``os.replace``."""
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", newline="") as f:
@@ -356,6 +345,36 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s: float):
+    import pandas as pd
+
+    device = ex.resolve_device(params.device)
+    version, todo = code_version(), _tasks(params, ex.detect_gpu() if device == "cuda" else None)
+    store.clean_stale_tmp()  # writes cut short by a killed sweep (never visible as points)
+    store.clean_stale_claims()  # claims of a killed sweep
+    skip, n_failed = _stored(store, todo, params.force)
+    extra = f", {n_failed} failed before (retried)" if n_failed else ""
+    _log(progress, f"{len(todo)} point(s), {len(skip)} already stored{extra}, code {version}, device {device}")
+    if ex.name != "local":
+        _log(progress, f"executor {ex.describe()}")
+    mine, theirs = _claim(store, todo, skip, params.force)
+    if theirs:
+        _log(progress, f"{len(theirs)} point(s) claimed by another sweep on this store: left to it")
+    t0 = time.time()
+    try:
+        for done, res in enumerate(ex.run(mine, compute_fn, driver_version=version), start=1):
+            _store_result(store, res, version, progress)
+            el = time.time() - t0
+            _log(progress, f"{len(skip) + done}/{len(todo)} points  elapsed {el:.1f}s  "
+                           f"ETA {el / done * (len(mine) - done):.1f}s")
+    finally:
+        for t in mine:
+            store.release(t.key)
+    _wait_for_claims(store, theirs, ex, compute_fn, version, progress, claim_wait_s)
+    df = pd.DataFrame(store.rows([key for _, _, key in todo]))
+    _write_csv(df, out)
     return df
 
 

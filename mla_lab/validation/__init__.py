@@ -9,15 +9,13 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 
-__all__ = ["write_record", "DIR", "PR53878_PREDICTION", "PR53878_DECOMPOSITION", "BLIND", "BLIND_RESULTS",
-           "BLIND_SCORE", "BLIND_POSTHOC", "BLIND_B_WORKLOADS", "BLIND_B", "BLIND_B_RESULTS", "BLIND_B_SCORE",
-           "BLIND_B_POSTHOC"]
-
 DIR = REPO_ROOT / "data" / "validation"
 #: vLLM PR #53878's main run: the lab's prediction (``mla_lab.fits.predict_pr53878``) and its decomposition
 PR53878_PREDICTION, PR53878_DECOMPOSITION = DIR / "pr53878_main_prediction.json", DIR / "pr53878_main_decomposition.json"
 #: blind round one (issue 30): predictions, the runs' figures (committed after), score, post-hoc runs
 BLIND, BLIND_RESULTS = DIR / "blind_2026-12.json", DIR / "blind_2026-12_results.json"
+#: round one's cases (the runs as the issue named them, workloads, assumptions), read by ``blind.cases_of``
+BLIND_CASES = DIR / "blind_2026-12_cases.json"
 BLIND_SCORE, BLIND_POSTHOC = DIR / "blind_2026-12_score.json", DIR / "blind_2026-12_posthoc.json"
 #: blind round two (issue 37): workloads (committed first), predictions, figures, score, post-hoc with the options
 BLIND_B_WORKLOADS, BLIND_B = DIR / "blind_2026-12b_workloads.json", DIR / "blind_2026-12b.json"

@@ -1,31 +1,11 @@
-"""Blind predictions of public serving runs (issue 30): written and committed before any result of those runs is read.
+"""Blind predictions of public serving runs (issues 30, 37), committed before any result is read (protocol:
+docs/serving.md). ``python -m mla_lab.validation.blind predict [--round 2026-12b]`` writes the round's file from
+:func:`mla_lab.serving.noise.serve_benchmark_noise`; round two's cases come from its committed workloads file.
 
-Protocol: ``python -m mla_lab.validation.blind predict`` writes ``data/validation/blind_2026-12.json`` from the lab's
-shipped model (:func:`mla_lab.serving.noise.serve_benchmark_noise`: the step-level ``vllm bench serve`` simulation,
-each step priced by the cost model, decode kernels by their parallelism, single-run 95 % bands from the noise
-model). The file is committed on its own; only then are the sources read and their figures committed beside it in
-``data/validation/blind_2026-12_results.json`` (git history shows the order); :mod:`mla_lab.validation.score` puts
-the two side by side. Nothing is fitted to the results.
-
-Every case names the run as the issue describes it and what the lab did NOT know before reading the source
-(``assumed``): the number of prompts, the concurrency, the server flags that were not stated. Where the lab cannot
-price a run it says so here, before reading (``not_priced``), rather than dropping the case afterwards.
-
-Round two (issue 37, ``--round 2026-12b``): the cases are data, ``data/validation/blind_2026-12b_workloads.json``
-(workload, deployment, what the lab does not model and prices at the nearest configuration, what was assumed; no
-result), committed before ``data/validation/blind_2026-12b.json``; a case may set its own ``deployment``
-(:func:`Deployment.of` arguments) and a ``not_priced_reason`` decided before the predictions.
-
-Engine versions (read from the release wheels' sources, not run):
-
-- vLLM 0.13.0 (2025-12-19) and 0.24.0 (2026-06-29) on Hopper: the only sparse-MLA backend is ``FLASHMLA_SPARSE``
-  (``vllm/platforms/cuda.py``: the sm90 MLA priority list ends with it), every prefill on the padded sparse kernel
-  (no dense-MHA prefill route), Q padded to 64 heads with ``q.new_empty`` per call (0.13.0
-  ``flashmla_sparse.py:936``, 0.24.0 ``:841``): the lab's ``per_call_empty:zeros@vllm-flashmla-mqa``.
-- vLLM at PR #46189 (June 2026): ``FLASHMLA_SPARSE`` as above (the lab's pre-#53878 path) vs
-  ``FLASH_ATTN_MLA_SPARSE`` (``fa3_sparse``: FA3 with the real heads).
-- ``vllm serve`` defaults on a >= 70 GiB GPU (0.13.0 and 0.24.0 ``vllm/engine/arg_utils.py``:
-  ``default_max_num_batched_tokens`` 8192 and ``default_max_num_seqs`` 1024 for ``OPENAI_API_SERVER``).
+Engine facts (release wheels' sources, not run): vLLM 0.13.0 / 0.24.0 on Hopper serve sparse MLA only through
+``FLASHMLA_SPARSE`` (``vllm/platforms/cuda.py``), Q padded to 64 heads by ``q.new_empty`` per call (0.13.0
+``flashmla_sparse.py:936``, 0.24.0 ``:841``); ``vllm serve`` defaults on a >= 70 GiB GPU: max_num_batched_tokens
+8192, max_num_seqs 1024 (``vllm/engine/arg_utils.py``).
 """
 
 from __future__ import annotations
@@ -42,75 +22,18 @@ from ..deployment import Deployment
 from ..provenance import git_commit
 from ..serving import BenchConfig, serve_benchmark
 from ..serving.noise import NOISE_METRICS, serve_benchmark_noise
-from . import BLIND as OUT
-from . import BLIND_B as OUT_B
-from . import BLIND_B_WORKLOADS as WORKLOADS_B
+from . import BLIND, BLIND_B, BLIND_B_WORKLOADS, BLIND_CASES
 
-__all__ = ["CASES", "predict", "OUT", "main", "PRODUCED_BY", "ROUNDS", "cases_of", "WORKLOADS_B", "OUT_B",
-           "deterministic", "request_steps"]
-
+OUT, OUT_B, WORKLOADS_B, CASES_FILE = BLIND, BLIND_B, BLIND_B_WORKLOADS, BLIND_CASES
 PRODUCED_BY = "python -m mla_lab.validation.blind predict"
 #: request-steps above which a run gets fewer Monte-Carlo runs (the simulation costs ~70 us per request-step here)
 HEAVY_REQUEST_STEPS = 150_000
 NUM_RUNS, NUM_RUNS_HEAVY = 10, 3
 
-FLASHMLA_MQA = "per_call_empty:zeros@vllm-flashmla-mqa"
-FLASHMLA_PR46189 = "per_call_empty:zeros"
-FA3 = "fa3_sparse"
 #: vllm serve defaults on an H200 (vllm/engine/arg_utils.py, 0.13.0 and 0.24.0, OPENAI_API_SERVER, >= 70 GiB)
 SERVE_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
-_COMMON_ASSUMED = {
-    "gpu": "H200 (8 GPUs, TP8: the runs say 8 x H200 or Hopper)",
-    "max_num_batched_tokens": "8192 (vllm serve's default on a >= 70 GiB GPU) unless the source states it",
-    "max_num_seqs": "1024 (vllm serve's default on a >= 70 GiB GPU)",
-    "kv_cache_dtype": "bf16 (vLLM's 'auto' for these checkpoints)",
-    "weight_dtype": "fp8 (the -FP8 / DeepSeek-V3.2 checkpoints)",
-    "moe_parallel": "tp (no --enable-expert-parallel assumed)",
-    "gpu_memory_utilization": "0.9 (vLLM's default)",
-    "prefix_caching": "not modelled (random dataset: no shared prefixes)",
-    "mtp / speculative decoding": "off (the lab cannot price it)",
-}
-
-#: The runs, as the issue names them (no source read). ``workloads``: (input, output, concurrency or None,
-#: num_prompts, request_rate).
-CASES = [
-    {"id": "pr46189", "source": "vLLM PR #46189 (FLASH_ATTN_MLA_SPARSE), its GLM-5.1-FP8 TP8 Hopper table",
-     "model": "glm-5", "model_note": "GLM-5.1-FP8 priced with GLM-5's geometry (assumed: the same architecture, "
-     "GlmMoeDsaForCausalLM, 64 heads, index_topk 2048)", "engine": "vLLM at PR #46189 (June 2026)",
-     "strategies": {"FLASHMLA_SPARSE": FLASHMLA_PR46189, "FLASH_ATTN_MLA_SPARSE": FA3},
-     "workloads": [(i, o, c, max(4, 2 * c), math.inf) for c in (1, 8, 64) for i in (512, 4096) for o in (512, 4096)],
-     "assumed": {"num_prompts": "2 x concurrency, at least 4 (not known before reading)",
-                 "request_rate": "inf with --max-concurrency c"},
-     "metrics_expected": "TPOT for both backends and their change (and whatever else the table reports)"},
-    {"id": "gpustack_dsv32_v0.13.0", "source": "gpustack performance lab, DeepSeek-V3.2 on 8 x H200, vLLM v0.13.0 "
-     "TP8, random dataset", "model": "deepseek-v3.2", "engine": "vllm@0.13.0",
-     "strategies": {"FLASHMLA_SPARSE": FLASHMLA_MQA},
-     "workloads": [(128, 4, None, 1000, math.inf), (2000, 100, None, 1000, math.inf), (4000, 200, None, 1000, math.inf),
-                   (32000, 100, None, 1000, math.inf), (1000, 2000, None, 1000, math.inf)],
-     "assumed": {"num_prompts": "1000 (vllm bench serve's default; not known before reading)",
-                 "max_concurrency": "unlimited (not known before reading)", "request_rate": "inf"}},
-    {"id": "gpustack_glm52_v0.24.0", "source": "gpustack performance lab, GLM-5.2 on 8 x H200, vLLM v0.24.0 TP8, "
-     "fixed-length profiles", "model": "glm-5.2", "engine": "vllm@0.24.0",
-     "strategies": {"FLASHMLA_SPARSE": FLASHMLA_MQA},
-     "workloads": [(128, 4, None, 1000, math.inf), (2000, 100, None, 1000, math.inf), (4000, 200, None, 1000, math.inf),
-                   (32000, 100, None, 1000, math.inf), (1000, 2000, None, 1000, math.inf)],
-     "assumed": {"profiles": "the page's fixed-length profiles were not known before reading: predicted the five "
-                 "profiles of the DeepSeek-V3.2 page as the issue lists them; a profile on the page outside these "
-                 "is marked 'not predicted' after reading",
-                 "num_prompts": "1000 (not known before reading)", "max_concurrency": "unlimited (not known)",
-                 "request_rate": "inf"}},
-    {"id": "recipes_dsv32", "source": "vllm-project/recipes DeepSeek-V3.2 benchmark (random 2048 in / 1024 out, "
-     "100 prompts, 10 req/s)", "model": "deepseek-v3.2", "engine": "vllm@0.13.0 (assumed: the recipe's era; the "
-     "0.11-0.13 releases share the FLASHMLA_SPARSE padded route)",
-     "strategies": {"FLASHMLA_SPARSE": FLASHMLA_MQA},
-     "workloads": [(2048, 1024, None, 100, 10.0)],
-     "assumed": {"gpu": "8 x H200, TP8 (not known before reading)", "arrivals": "Poisson (vllm bench serve's "
-                 "default burstiness 1.0)"}},
-]
-
-
-#: round name -> (prediction file, where its cases come from: the list above, or a committed workloads file)
-ROUNDS = {"2026-12": (OUT, None), "2026-12b": (OUT_B, WORKLOADS_B)}
+#: round name -> (prediction file, the committed file its cases come from)
+ROUNDS = {"2026-12": (OUT, CASES_FILE), "2026-12b": (OUT_B, WORKLOADS_B)}
 #: Deployment.of arguments a case may set (round two: ``deployment``); the rest are round one's fixed values
 _DEPLOYMENT_DEFAULTS = {"tp": 8, "arch": "h200", "max_num_batched_tokens": SERVE_DEFAULTS["max_num_batched_tokens"],
                         "max_num_seqs": SERVE_DEFAULTS["max_num_seqs"], "kv_cache_dtype": "bf16",
@@ -125,19 +48,20 @@ def _wl_tuple(w: dict) -> tuple:
 
 
 def cases_of(round_: str) -> list[dict]:
-    """The cases of ``round_`` (a key of :data:`ROUNDS`): round one's :data:`CASES`, or the cases of the round's
-    committed workloads file with their workloads as ``(input, output, concurrency, num_prompts, rate)`` tuples.
+    """The cases of ``round_`` (a key of :data:`ROUNDS`) from its committed file, workloads as ``(input, output,
+    concurrency, num_prompts, rate)`` tuples.
 
     Raises:
         ValueError: an unknown round; FileNotFoundError: its workloads file is missing.
     """
     if round_ not in ROUNDS:
         raise ValueError(f"round={round_!r} is not a blind round; allowed: {sorted(ROUNDS)}")
-    src = ROUNDS[round_][1]
-    if src is None:
-        return CASES
-    doc = json.loads(Path(src).read_text())
+    doc = json.loads(Path(ROUNDS[round_][1]).read_text())
     return [{**c, "workloads": [_wl_tuple(w) for w in c["workloads"]]} for c in doc["cases"]]
+
+
+#: round one's cases (read once at import: posthoc and the tests use them)
+CASES = cases_of("2026-12")
 
 
 _PROTOCOL = {
@@ -236,7 +160,8 @@ def predict(out: Path | None = None, seed: int = 0, only: str | None = None, log
                     "cost model with the committed H200 calibration, decode kernels priced by their parallelism "
                     "(data/calibration/h200_decode_kernels.csv), single-run 95 % bands of the noise model; band = "
                     "the 2.5-97.5 % of num_runs simulated single runs)",
-           "metrics": [k for k, _ in NOISE_METRICS], "assumed_everywhere": _COMMON_ASSUMED,
+           "metrics": [k for k, _ in NOISE_METRICS],
+           "assumed_everywhere": json.loads(CASES_FILE.read_text())["assumed_everywhere"],
            "serve_defaults": SERVE_DEFAULTS, "seed": seed, "cases": []}
     for case in cases:
         log(f"{case['id']}: {len(case['workloads'])} workloads")

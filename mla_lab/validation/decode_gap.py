@@ -1,22 +1,9 @@
-"""PR #46189's FA3-vs-FLASHMLA_SPARSE decode gap per layer beside the H200 kernel rows (issue 37, reading only; no
-model changes, nothing fitted).
-
-For each of PR #46189's GLM-5.1 runs at concurrency 1 and 8 (``data/validation/blind_2026-12_results.json``): the
-mean-TPOT difference FLASHMLA_SPARSE minus FLASH_ATTN_MLA_SPARSE divided by the 78 layers (``data/models/glm-5``
-``num_hidden_layers``; GLM-5.1 assumed to share it), in us per layer, beside the difference of the measured decode
-kernels at the same batch (T = concurrency) and the run's mean key count (``data/measured/h200/between_process/
-engine_kernels.csv``, vLLM 0.33.0's bundled kernels on one H200, median over rows):
-
-- ``pad64``: ``flashmla_vllm_pad64`` (FlashMLA's sparse kernel with the query padded to 64 heads, what vLLM runs)
-  minus ``fa3_sparse`` (FA3 with the real heads);
-- ``native``: ``flashmla_vllm_native`` (the same library called with h_q = 8) minus ``fa3_sparse``.
-
-Keys: the mean over the run's decode steps of ``min(context, index_topk)``, context from input + 1 to input +
-output; each kernel's time is interpolated linearly in keys between its two measured key counts (1088 and 2048,
-the rows' ``ctx_len`` 1088 and 8192 with topk 2048).
-
-Which row matches the runs was seen only after the table was read: any agreement here is **in-sample** (a
-selection, not a prediction) and says where to measure next, not what the lab prices.
+"""PR #46189's FA3-vs-FLASHMLA_SPARSE decode gap per layer beside the H200 kernel rows (issue 37; reading only,
+nothing fitted). Per GLM-5.1 run at concurrency 1 and 8 (``blind_2026-12_results.json``): mean TPOT FLASHMLA_SPARSE
+minus FLASH_ATTN_MLA_SPARSE over 78 layers (us), beside ``flashmla_vllm_pad64`` (``pad64``) and
+``flashmla_vllm_native`` (``native``) minus ``fa3_sparse`` at T = concurrency (``engine_kernels.csv``, vLLM 0.33.0's
+kernels, median over rows), each interpolated linearly in keys between 1088 and 2048 at the run's mean
+``min(context, index_topk)``. Which row matches was seen after reading: any agreement is in-sample.
 
     python -m mla_lab.validation.decode_gap
 """
@@ -31,8 +18,6 @@ from collections import defaultdict
 
 from ..paths import REPO_ROOT
 from . import BLIND_RESULTS as RESULTS
-
-__all__ = ["decode_gap_rows", "KERNEL_ROWS", "LAYERS", "TOPK"]
 
 KERNEL_ROWS = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "engine_kernels.csv"
 #: GLM-5's num_hidden_layers and index_topk (data/models/glm-5/config.json)

@@ -1,12 +1,8 @@
-"""KV capacity against public vLLM startup logs (issue 37): the lab's prediction of each log's ``GPU KV cache size:
-N tokens`` and ``Available KV cache memory: X GiB`` (:func:`mla_lab.model.memory.memory_tradeoff`, vLLM 0.33.0's
-rule term by term), committed before the logs' numbers were read, then scored.
+"""KV capacity against public vLLM startup logs (issue 37): the lab's ``GPU KV cache size`` and ``Available KV cache
+memory`` (:func:`mla_lab.model.memory.memory_tradeoff`), predicted before the logs' numbers were read, then scored
+(:data:`PROTOCOL`; files ``data/validation/kv_capacity_2026-12*.json``).
 
-Files (``data/validation/``): ``kv_capacity_2026-12_workloads.json`` (each log's configuration, what was assumed,
-what was seen before predicting), ``kv_capacity_2026-12.json`` (the predictions: ``python -m
-mla_lab.validation.kv_capacity predict``), ``kv_capacity_2026-12_results.json`` (the logs' numbers, committed
-after) and ``kv_capacity_2026-12_score.json`` (``... score``: error per case, median |error| of the blind cases;
-a case marked ``blind: false`` is scored apart). Nothing here changes a prediction.
+    python -m mla_lab.validation.kv_capacity {predict,score} [--overwrite]
 """
 
 from __future__ import annotations
@@ -24,9 +20,6 @@ from ..placement import BASELINE
 from ..provenance import git_commit
 from . import DIR as _DIR
 from . import write_record
-
-__all__ = ["WORKLOADS", "PRED", "RESULTS", "SCORE", "PROTOCOL", "deployment_of", "predict", "predicted_figures", "score",
-           "main"]
 
 WORKLOADS = _DIR / "kv_capacity_2026-12_workloads.json"
 PRED = _DIR / "kv_capacity_2026-12.json"

@@ -1,7 +1,5 @@
-"""Post-hoc runs of the blind set (issue 30): the same model, each public run's workload as its source states it
-(num_prompts, request rate, concurrency), priced after the results were read. NOT blind and NOT a fit: no coefficient
-changes; it separates what the blind errors owe to the lab's workload assumptions from what they owe to the model.
-The H20 run (vllm-project/recipes) is left out: the lab has no H20 calibration.
+"""Post-hoc runs of blind round one (issue 30): the same model with each run's workload as its source states it.
+NOT blind, nothing fitted; the H20 run is left out (no H20 calibration).
 
     python -m mla_lab.validation.posthoc [--write [--overwrite]]   # -> data/validation/blind_2026-12_posthoc.json
 """
@@ -14,18 +12,14 @@ import math
 import sys
 
 from ..provenance import git_commit
-from . import BLIND_POSTHOC as OUT
-from . import BLIND_RESULTS as RESULTS
-from . import write_record
+from . import BLIND_POSTHOC, BLIND_RESULTS, write_record
 from .blind import CASES, deterministic
 from .score import METRIC_CLASS
-
-__all__ = ["posthoc", "OUT", "main"]
 
 
 def posthoc(log=print) -> dict:
     """Deterministic runs (no noise model) of every published run the lab can price, as the source states it."""
-    res = json.loads(RESULTS.read_text())
+    res = json.loads(BLIND_RESULTS.read_text())
     cases = {c["id"]: c for c in CASES}
     rows = []
     for rc in res["cases"]:
@@ -54,7 +48,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     d = posthoc()
     if a.write:
-        write_record(OUT, d, a.overwrite, ap)
+        write_record(BLIND_POSTHOC, d, a.overwrite, ap)
     return 0
 
 

@@ -1,20 +1,10 @@
-"""Blind round two re-predicted POST HOC with the deployment options (issue 37): MTP / EAGLE speculative decoding and
-SGLang's DP attention, which the blind predictions (``data/validation/blind_2026-12b.json``) priced at the nearest
-vLLM TP8 configuration with a "not modelled" note.
-
-NOT blind: written after the results (``blind_2026-12b_results.json``) were read, with options built after reading
-them. Nothing is fitted: no coefficient changes, the acceptance lengths are the ones the cells state as inputs
-(``SGLANG_SIMULATE_ACC_LEN``, in the workloads file written before the predictions), the rest of each case's
-deployment is the workloads file's. The blind scores stay as they are (``blind_2026-12b_score.json``); this file
-puts three errors side by side per cell and metric: the blind one (noise-model median, from the score file), the
-deterministic run without the options (the same configuration the blind round priced, no noise model) and the
-deterministic run with them, so the options' effect is read apart from the noise model's.
-
-SGLang's EAGLE ``speculative_num_steps`` s with ``eagle_topk`` 1 and ``num_draft_tokens`` s + 1 is
-``num_speculative_tokens`` s (k drafts, k + 1 tokens verified).
+"""Blind round two re-predicted POST HOC with the deployment options (issue 37): MTP / EAGLE and SGLang's DP
+attention, which ``data/validation/blind_2026-12b.json`` priced at the nearest vLLM TP8 configuration. NOT blind,
+nothing fitted (acceptance lengths as the cells state them). Per cell and metric: the blind error, the deterministic
+run without the options and with them. SGLang's EAGLE ``speculative_num_steps`` s (``eagle_topk`` 1) is
+``num_speculative_tokens`` s.
 
     python -m mla_lab.validation.posthoc_options [--write [--overwrite]] [--only CASE]
-        # -> data/validation/blind_2026-12b_posthoc.json
 """
 
 from __future__ import annotations
@@ -27,18 +17,11 @@ import time
 
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from . import BLIND_B as OUT_B
-from . import BLIND_B_POSTHOC as OUT
-from . import BLIND_B_RESULTS as RESULTS_B
-from . import BLIND_B_SCORE as SCORE_B
-from . import BLIND_B_WORKLOADS as WORKLOADS_B
-from . import write_record
+from . import BLIND_B, BLIND_B_POSTHOC, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_B_WORKLOADS, write_record
 from .blind import cases_of, deterministic, request_steps
 from .score import METRIC_CLASS
 
-__all__ = ["posthoc_options", "options_of", "OUT", "main", "RESULTS_B", "SCORE_B", "WITHOUT_MAX_REQUEST_STEPS",
-           "posthoc_sentence", "summarise"]
-
+OUT, RESULTS_B, SCORE_B = BLIND_B_POSTHOC, BLIND_B_RESULTS, BLIND_B_SCORE
 PRODUCED_BY = "python -m mla_lab.validation.posthoc_options --write"
 #: the run without the options is skipped above this many request-steps (the TP8 simulation of 5120+ prompts x 1025
 #: steps, ~7 min each on a 2-core machine: why the blind round left those cells unpriced)
@@ -46,13 +29,8 @@ WITHOUT_MAX_REQUEST_STEPS = 1_500_000
 
 
 def options_of(case: dict) -> dict:
-    """The deployment options a round-two case states (:meth:`Deployment.of` arguments; ``{}`` for none):
-    ``num_speculative_tokens`` = SGLang's ``speculative_num_steps``, ``acceptance_length`` as the cell states it,
-    ``dp_attention`` = ``--dp`` with ``--enable-dp-attention``.
-
-    Raises:
-        ValueError: a speculative config with ``speculative_eagle_topk`` other than 1 (a tree of drafts: not priced).
-    """
+    """The :meth:`Deployment.of` options a round-two case states (``{}``: none): ``num_speculative_tokens``,
+    ``acceptance_length``, ``dp_attention``. Raises ValueError: ``speculative_eagle_topk`` other than 1."""
     out: dict = {}
     spec = case.get("speculative")
     if spec:
@@ -127,9 +105,8 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
                     "deployment options built after the results were read (issue 37); nothing fitted, acceptance "
                     "lengths as the cells state them; the blind scores stay in blind_2026-12b_score.json",
             "produced_by": PRODUCED_BY, "git_commit": git_commit(), "posthoc": True,
-            "inputs": {"workloads": str(WORKLOADS_B.relative_to(REPO_ROOT)),
-                       "predictions": str(OUT_B.relative_to(REPO_ROOT)),
-                       "results": str(RESULTS_B.relative_to(REPO_ROOT)), "score": str(SCORE_B.relative_to(REPO_ROOT))},
+            "inputs": {k: str(v.relative_to(REPO_ROOT)) for k, v in (("workloads", BLIND_B_WORKLOADS),
+                       ("predictions", BLIND_B), ("results", RESULTS_B), ("score", SCORE_B))},
             "model": "deterministic mla_lab.serving.serve_benchmark (no noise model) with the deployment options "
                      "(mla_lab.serving.deploy_options); 'without_options' the same run at the blind round's nearest "
                      "configuration; 'blind_error_pct' the blind round's noise-model median error",

@@ -1,11 +1,7 @@
-"""The blind set scored (issue 30): the lab's predictions (``data/validation/blind_2026-12.json``, committed first)
-beside the runs' published figures (``data/validation/blind_2026-12_results.json``, committed after, with their
-sources), and the errors per metric. Nothing here changes a prediction; a miss is published as it is.
+"""The blind set scored (issues 30, 37): predictions beside the runs' published figures, nothing changed.
+``error_pct = (predicted median - real) / real x 100``; ``inside_band``: the real figure in the single-run 95 % band.
 
-``error_pct = (predicted median - real) / real x 100``; ``inside_band``: the real figure lies in the lab's single-run
-95 % band. A workload of the source that the file did not predict is listed under ``not_predicted``; a prediction the
-source has no figure for, under ``no_result``. ``python -m mla_lab.validation.score --write`` writes
-``data/validation/blind_2026-12_score.json`` (what the report, README and tests read).
+    python -m mla_lab.validation.score [--round 2026-12b] [--write [--overwrite]]
 """
 
 from __future__ import annotations
@@ -15,17 +11,11 @@ import json
 import statistics
 import sys
 
-from . import BLIND as PRED
-from . import BLIND_B as ROUND_TWO_PRED
-from . import BLIND_B_RESULTS as ROUND_TWO_RESULTS
-from . import BLIND_B_SCORE as ROUND_TWO_SCORE
-from . import BLIND_RESULTS as RESULTS
-from . import BLIND_SCORE as SCORE
+from . import BLIND, BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_RESULTS, BLIND_SCORE, write_record
 from . import PR53878_PREDICTION as LAB_NOISE
-from . import write_record
 
-__all__ = ["PRED", "RESULTS", "SCORE", "score", "repeat_spreads", "main", "METRIC_CLASS", "LAB_NOISE",
-           "ROUND_TWO_PRED", "ROUND_TWO_RESULTS", "ROUND_TWO_SCORE", "score_round_two", "round_medians", "GROUPS"]
+PRED, RESULTS, SCORE = BLIND, BLIND_RESULTS, BLIND_SCORE
+ROUND_TWO_PRED, ROUND_TWO_RESULTS, ROUND_TWO_SCORE = BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE
 
 #: the four figures the issue asks the median |error| of; TTFT and TPOT take the mean where the run states it,
 #: else the median (the SGLang cookbook states P50 only): one figure per run and backend
@@ -209,20 +199,6 @@ def _main_round_two(a, ap) -> int:
     return 0
 
 
-def _print(s: dict) -> None:
-    print(s["sentence"])
-    for k, v in sorted(s["summary"].items()):
-        print(f"  {k}: n {v['n']}, median |error| {v['median_abs_error_pct']:.1f} %, max {v['max_abs_error_pct']:.1f} %,"
-              f" inside band {v['inside_band']}")
-    for r in s["repeats"]:
-        print(f"  repeats {r['metric']}: {r['values']} spread {r['spread_pct']:.1f} %, largest pair "
-              f"{r['max_pairwise_change_pct']:.1f} % vs lab band {r['lab_band95_pct']}")
-    print(s["changes_sentence"])
-    for c in s["changes"]:
-        print(f"  change {c['case']} {c['workload']} {c['metric']}: predicted {c['predicted_pct']:+.1f} % "
-              f"{c['band95']}, real {c['real_pct']:+.1f} %")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.score")
     ap.add_argument("--write", action="store_true")
@@ -235,7 +211,7 @@ def main(argv=None) -> int:
         if not p.exists():
             ap.error(f"{p} does not exist")
     s = score(json.loads(PRED.read_text()), json.loads(RESULTS.read_text()))
-    _print(s)
+    print(s["sentence"], s["changes_sentence"], sep="\n")
     if a.write:
         write_record(SCORE, s, a.overwrite, ap)
     return 0

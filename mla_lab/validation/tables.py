@@ -13,22 +13,14 @@ import sys
 from pathlib import Path
 
 from ..paths import REPO_ROOT
-from . import BLIND_B_SCORE as ROUND_TWO_SCORE
-from . import BLIND_B_WORKLOADS as WORKLOADS_B
-from . import BLIND_POSTHOC as POSTHOC
-from . import BLIND_SCORE as SCORE
-from . import PR53878_DECOMPOSITION as DECOMPOSITION
-
-__all__ = ["validation_markdown", "update_docs", "BEGIN", "END", "DOCS"]
+from ..serving.noise import NOISE_METRICS
+from . import BLIND_B_SCORE, BLIND_B_WORKLOADS, BLIND_POSTHOC, BLIND_SCORE, PR53878_DECOMPOSITION
 
 BEGIN = "<!-- validation:begin (python -m mla_lab.validation.tables --update-docs) -->"
 END = "<!-- validation:end -->"
 DOCS = REPO_ROOT / "docs" / "serving.md"
-_NAMES = {"duration": "benchmark duration (s)", "request_throughput": "request throughput (req/s)",
-          "output_throughput": "output token throughput (tok/s)", "total_token_throughput": "total token throughput (tok/s)",
-          "mean_ttft_ms": "mean TTFT (ms)", "median_ttft_ms": "median TTFT (ms)", "p99_ttft_ms": "P99 TTFT (ms)",
-          "mean_tpot_ms": "mean TPOT (ms)", "median_tpot_ms": "median TPOT (ms)", "p99_tpot_ms": "P99 TPOT (ms)",
-          "mean_itl_ms": "mean ITL (ms)"}
+#: metric -> its name in the tables: NOISE_METRICS' label, lower case but for an abbreviation ("P99 TTFT (ms)")
+_NAMES = {k: label[0].lower() + label[1:] if label[1].islower() else label for k, label in NOISE_METRICS}
 
 
 def _wl(w: dict) -> str:
@@ -38,8 +30,8 @@ def _wl(w: dict) -> str:
 
 def validation_markdown(dec: dict | None = None, score: dict | None = None) -> str:
     """The block (markdown)."""
-    dec = dec or json.loads(DECOMPOSITION.read_text())
-    score = score or json.loads(SCORE.read_text())
+    dec = dec or json.loads(PR53878_DECOMPOSITION.read_text())
+    score = score or json.loads(BLIND_SCORE.read_text())
     out = ["### The PR's main run, scored (validation, not a fit)", "",
            f"The lab's prediction (`{dec['prediction_file']}`, committed before the run was read) against the run "
            f"({dec['real']['source']}):", "",
@@ -87,8 +79,8 @@ def validation_markdown(dec: dict | None = None, score: dict | None = None) -> s
     out += ["", "Published, not scored (the run was not the workload the lab assumed before reading):", ""]
     out += [f"- {case}: {why}" for case, why in reasons]
     out += [f"- {n['case']}: {n['workload']} {n['backend']}: not predicted" for n in score["not_predicted"]]
-    if POSTHOC.exists():
-        ph = json.loads(POSTHOC.read_text())["rows"]
+    if BLIND_POSTHOC.exists():
+        ph = json.loads(BLIND_POSTHOC.read_text())["rows"]
         out += ["", "### Post-hoc: each run's workload as its source states it (not blind, nothing fitted)", "",
                 "The same model after reading, with the runs' own num_prompts, request rate and concurrency "
                 "(`data/validation/blind_2026-12_posthoc.json`, deterministic runs). Mean TPOT (ms):", "",
@@ -152,10 +144,10 @@ def _first_token_lines(dec: dict) -> list[str]:
 
 def _round_two_lines() -> list[str]:
     """Round two's sentence (issue 37), from its committed score file when it exists."""
-    if not ROUND_TWO_SCORE.exists():
+    if not BLIND_B_SCORE.exists():
         return []
-    sc = json.loads(ROUND_TWO_SCORE.read_text())
-    wl = json.loads(WORKLOADS_B.read_text())
+    sc = json.loads(BLIND_B_SCORE.read_text())
+    wl = json.loads(BLIND_B_WORKLOADS.read_text())
     notes = {c["id"]: "; ".join(x.split(" (")[0] for x in c["not_modelled"]) for c in wl["cases"]}
     out = [sc["medians_sentence"] + ".", "",
            "Round two's protocol (`data/validation/blind_2026-12b_workloads.json`, then `blind_2026-12b.json`, then "
@@ -171,10 +163,9 @@ def _round_two_lines() -> list[str]:
                    f"{_NAMES.get(r['metric'], r['metric'])} | {r['predicted']:.1f} [{lo:.1f}, {hi:.1f}] | "
                    f"{r['real']:.1f} | {r['error_pct']:+.0f} % |")
     out += ["", "Not predicted (decided before the predictions, in the workloads file): "
-            + "; ".join(f"{n['case']} {_wl(n['workload'])}" for n in sc["not_predicted"]) + ". The gpustack "
-            "runs' command adds `--context-length 32768` and FA3 NSA kernels to the recommended command the "
-            "workloads file recorded (seen after the predictions' commit; scored, with that note in the results "
-            "file).", ""]
+            + "; ".join(f"{n['case']} {_wl(n['workload'])}" for n in sc["not_predicted"]) + ". The gpustack runs' "
+            "command adds `--context-length 32768` and FA3 NSA kernels to the recommended command the workloads file "
+            "recorded (seen after the predictions' commit; scored, with that note in the results file).", ""]
     return out
 
 

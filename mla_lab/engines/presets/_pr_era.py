@@ -36,10 +36,11 @@ _PR_ERA_INDEXER = Fact("indexer_skip", "never", "the indexer runs on every DSA l
 GLM_MQA_ONLY = (("glm", "MQA-only attention wrapper (vLLM #52512)"),)
 #: vLLM's FLASHMLA_SPARSE backend on the PR-era routes (DeepSeek-V3.2 dense MHA when every prefill has
 #: seq_len <= topk, #47327; GLM-5/5.2 MQA-only, #52512); the default rule of the vLLM placements.
+VLLM_SRC = ("vLLM PR #47327 (dense MHA when every prefill has seq_len <= topk; DeepSeek-V3.2 on the registered "
+            "MLA layer), PR #52512 (merged 2026-08-16: the NVIDIA DeepseekV32Attention wrapper GLM-5/5.2 run "
+            "through is MQA-only)")
 RULE = EngineRule(
-    "vllm-flashmla", "vllm", "sparse-mqa", "sparse-mqa", "topk", ("deepseek",), True,
-    "vLLM PR #47327 (dense MHA when every prefill has seq_len <= topk; DeepSeek-V3.2 on the registered MLA layer), "
-    "PR #52512 (merged 2026-08-16: the NVIDIA DeepseekV32Attention wrapper GLM-5/5.2 run through is MQA-only); "
+    "vllm-flashmla", "vllm", "sparse-mqa", "sparse-mqa", "topk", ("deepseek",), True, VLLM_SRC + "; "
     "--attention-backend FLASHMLA_SPARSE: flashmla_sparse.py, bf16 KV cache decode also padded (mla_attention.py "
     "sends all tokens down the MQA path)", family_reasons=GLM_MQA_ONLY)
 FACTS = (_PR_ERA_PADDING, _PR_ERA_ROUTE, _PR_ERA_DECODE, _PR_ERA_BACKENDS, _PR_ERA_CG, _PR_ERA_INDEXER, FORCED)

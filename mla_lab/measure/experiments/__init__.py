@@ -1,58 +1,95 @@
-"""The lab's measurement suite: one registry of experiments (:data:`EXPERIMENTS`) and one table of the calibration
-files fitted on their rows (:data:`CALIBRATION`).
+"""The lab's measurement suite: one registry of experiments (:data:`EXPERIMENTS`), the options every experiment
+gets (:class:`Options`) (the one fresh-process entry: :mod:`.entry`) and the table of calibration files fitted on
+their rows (:data:`CALIBRATION`).
 
-Each experiment is a module run as a fresh process (``python -m <module> ...``); the module holds its shapes
-(``SHAPES``: what it measures at its defaults), its rows (``OUTPUTS``: file name -> row columns, before the
-provenance columns) and its provenance (``PROVENANCE``: the columns every row carries: GPU, driver, torch, triton,
-flash_mla, commit). ``mla-lab measure`` runs the chosen experiments (:mod:`.runner`): a between-process experiment
-once per fresh process (``--processes N``, default 5: the between-process spread of
-:mod:`mla_lab.measure.spread`), the others once, into ``data/measured/<gpu>/`` (``<gpu>``: :func:`.runner.gpu_slug`).
-
-The registry names modules by their import path and imports one only when asked (:meth:`Experiment.module_obj`):
-``mla-lab --help`` loads no torch, and two experiments live above this layer (``padding_sweep`` in
-:mod:`mla_lab.sweep`, which this package may not import).
+An experiment is a module of this package with ``OUTPUTS`` (file name -> row columns, before the provenance
+columns), ``SHAPES`` (what it measures at its defaults, one tuple each) and ``run(rank, sink, options)``: ``rank`` a
+:class:`~mla_lab.rank.RankView` (the seed, ``Deployment.seed().rank``, unless ``--model/--tp/--arch``; ``--smoke``
+gives it ``max_num_batched_tokens`` :data:`SMOKE_TOKENS`), ``sink`` a :class:`~mla_lab.measure.record.Sink` over
+``OUTPUTS``, ``options`` an :class:`Options`. ``mla-lab measure`` (:mod:`.runner`) runs each chosen experiment as a
+fresh ``python -m mla_lab.measure.experiments NAME ...`` (:meth:`Experiment.command`, :mod:`.entry`): a between-process one once per
+process (``--processes N``, default 5: :mod:`mla_lab.measure.spread`), the others once, into
+``data/measured/<gpu>/``. The registry imports a module only when asked: ``mla-lab --help`` loads no torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
-#: The registry's own arguments in an experiment's command line: ``{out}`` (its output folder for this process),
-#: ``{process}`` (1..N), ``{engine_root}`` (``--engine-root`` of ``mla-lab measure``: the packed engine kernels).
-PLACEHOLDERS = ("{out}", "{process}", "{engine_root}")
+#: ``max_num_batched_tokens`` of the rank under ``--smoke`` (two 1024-token prompts: every experiment end to end in
+#: seconds; rows never reported).
+SMOKE_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one process of an experiment is told beside its rank: ``out`` (its folder), ``process`` (1..N),
+    ``smoke`` (tiny shapes, few repeats), ``repeats`` (interleaved rounds per measured set; :attr:`reps` is 3 under
+    smoke), ``engine_root`` (the packed engine kernels, :mod:`mla_lab.kernels.engine_libs`), ``params`` (the
+    experiment's own settings: the registry's, then ``--param key=value``; read with :meth:`param`)."""
+
+    out: Path
+    process: int = 1
+    smoke: bool = False
+    repeats: int = 11
+    engine_root: str = ".engine"
+    params: dict = field(default_factory=dict)
+
+    @property
+    def reps(self) -> int:
+        return 3 if self.smoke else self.repeats
+
+    def param(self, name: str, default):
+        """``params[name]`` converted to the type of ``default`` (a tuple default: comma-separated values of its
+        first element's type), else ``default``.
+
+        Raises:
+            ValueError: a value that does not convert (names the parameter, the value and the type allowed).
+        """
+        if name not in self.params:
+            return default
+        v = self.params[name]
+        try:
+            if isinstance(default, tuple):
+                kind = type(default[0]) if default else str
+                return tuple(kind(x) for x in str(v).split(",") if x)
+            if isinstance(default, bool):
+                return str(v).lower() in ("1", "true", "yes")
+            return type(default)(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"--param {name}={v!r}: allowed: a {type(default).__name__} like {default!r}") from None
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """One experiment of the suite.
-
-    ``module``: its ``python -m`` target; ``folder``: where its files go under ``data/measured/<gpu>/`` ("" = the
-    GPU's folder itself); ``between_process``: run once per fresh process (rows carry ``process``) rather than once;
-    ``argv``: its command line after the module (placeholders :data:`PLACEHOLDERS`); ``default``: run by
-    ``mla-lab measure`` without ``--experiments``; ``timeout_s``: per process; ``needs``: what the GPU machine must
-    have beyond torch + triton (said by ``--dry-run``); ``replaces``: the script it replaced (history); ``files``: the
-    module's output files this command line writes (default: all of ``OUTPUTS``)."""
+    """One experiment of the suite: ``module`` (its ``OUTPUTS`` / ``SHAPES`` / ``run``), ``folder`` (under
+    ``data/measured/<gpu>/``; "" = the GPU's folder), ``between_process`` (once per fresh process, rows carry
+    ``process``), ``default`` (run without ``--experiments``), ``timeout_s`` (per process), ``needs`` (beyond torch +
+    triton; said by ``--dry-run``), ``params`` (its own settings, :meth:`Options.param`), ``files`` (the outputs
+    this run writes; default all), ``argv`` (only an experiment above this layer, which brings its own command line:
+    ``padding_sweep``; placeholders ``{out}``; ``smoke_argv`` its smoke command line)."""
 
     name: str
     module: str
     summary: str
     folder: str
     between_process: bool
-    argv: tuple[str, ...] = ("--out", "{out}", "--process", "{process}")
     default: bool = False
     timeout_s: int = 300
     needs: str = "flash_mla"
-    replaces: str = ""
+    params: tuple[tuple[str, str], ...] = ()
     files: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+    smoke_argv: tuple[str, ...] = ()
 
     def module_obj(self):
         """The experiment's module (imported now: torch and the package's kernels load)."""
         return importlib.import_module(self.module)
 
     def outputs(self) -> dict[str, list[str]]:
-        """File name -> row columns (provenance columns follow them in every file); ``files``, where given, the
-        module's files this command line writes (a module with several method sets writes one per run)."""
+        """File name -> row columns (``process`` and the provenance columns come with every row)."""
         out = dict(self.module_obj().OUTPUTS)
         return {f: out[f] for f in self.files} if self.files else out
 
@@ -60,82 +97,71 @@ class Experiment:
         """The shapes it measures at its defaults (one tuple each)."""
         return list(self.module_obj().SHAPES)
 
-    def provenance(self) -> tuple[str, ...]:
-        return tuple(self.module_obj().PROVENANCE)
-
-    def command(self, out: str, process: int, engine_root: str = ".engine") -> list[str]:
-        """``[python -m module, *argv]`` with the placeholders filled (``python`` is the caller's)."""
-        fill = {"{out}": str(out), "{process}": str(process), "{engine_root}": str(engine_root)}
-        args = []
-        for a in self.argv:
-            for k, v in fill.items():
-                a = a.replace(k, v)
-            args.append(a)
-        return ["-m", self.module, *args]
+    def command(self, out, process: int, engine_root: str = ".engine", smoke: bool = False) -> list[str]:
+        """``[-m, module-or-entry, args...]`` for one fresh process (``python`` is the caller's)."""
+        if self.argv:
+            return ["-m", self.module, *(a.replace("{out}", str(out)) for a in (self.smoke_argv if smoke else
+                                                                                 self.argv))]
+        params = [x for k, v in self.params for x in ("--param", f"{k}={v}")]
+        return ["-m", __name__, self.name, "--out", str(out), "--process", str(process), "--engine-root",
+                str(engine_root), *params, *(["--smoke"] if smoke else [])]
 
 
 _E = "mla_lab.measure.experiments."
 _BP = "between_process"
+_PACKED = "engine kernels packed by python -m mla_lab.kernels.engine_libs pack (--engine-root); flash_mla"
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     # --- between-process (>= 5 fresh processes): data/measured/<gpu>/between_process/
     Experiment("cold_start", _E + "cold_start", "first calls vs steady state in a fresh process; step spread", _BP,
-               True, default=True, timeout_s=150, replaces="benchmarks/round3.py --parts cold"),
+               True, default=True, timeout_s=150),
     Experiment("presets", _E + "presets", "attention path per engine preset (seed and full topk)", _BP, True,
-               default=True, timeout_s=200, replaces="benchmarks/round3.py --parts presets"),
+               default=True, timeout_s=200),
     Experiment("subgraph", _E + "subgraph", "sub-chunk loops eager / one CUDA graph / two streams", _BP, True,
-               default=True, timeout_s=200, replaces="benchmarks/round3.py --parts subgraph"),
+               default=True, timeout_s=200),
     Experiment("routes", _E + "routes_step", "attention route per prompt length: padded sparse MQA vs dense MHA",
-               _BP, True, default=True, timeout_s=300, replaces="benchmarks/round3.py --parts routes"),
+               _BP, True, default=True, timeout_s=300),
     Experiment("moe_decode", _E + "moe_decode", "routed experts at decode sizes (bf16 / fp8 grouped GEMMs)", _BP,
-               True, default=True, timeout_s=150, needs="", replaces="benchmarks/round3.py --parts moe_decode"),
+               True, default=True, timeout_s=150, needs=""),
     Experiment("content_step", _E + "content_step", "padded-head content over a 78-layer step (zeros vs stale)",
-               _BP, True, default=True, timeout_s=300, replaces="benchmarks/round3.py --parts content"),
+               _BP, True, default=True, timeout_s=300),
     Experiment("attention_strategies", _E + "attention_strategies", "named strategies' attention path", _BP, True,
-               timeout_s=200, replaces="benchmarks/round3.py --parts strategies"),
+               timeout_s=200),
     Experiment("concat_ceiling", _E + "concat_ceiling", "concat vs contiguous / strided copy of the same bytes",
-               _BP, True, timeout_s=150, needs="", replaces="benchmarks/round3.py --parts concat_ceiling"),
+               _BP, True, timeout_s=150, needs=""),
     Experiment("concat", _E + "concat_variants", "concat kernel variants, cache hints, host launch (set round4)",
-               _BP, True, ("--set", "round4", "--rounds", "5", "--rep", "50", "--host-calls", "1000", "--out",
-                           "{out}"), default=True, timeout_s=150, needs="",
-               replaces="benchmarks/bench_concat_round3.py", files=("concat_round4.csv",)),
+               _BP, True, default=True, timeout_s=150, needs="",
+               params=(("set", "round4"), ("rounds", "5"), ("rep", "50"), ("host_calls", "1000")),
+               files=("concat_round4.csv",)),
     Experiment("fused_bmm", _E + "fused_bmm", "W_UK bmm writing into the padded workspace vs bmm + concat", _BP,
-               True, ("--out", "{out}"), default=True, timeout_s=90, needs="",
-               replaces="benchmarks/bench_fused_bmm.py"),
+               True, default=True, timeout_s=90, needs=""),
     Experiment("first_token", _E + "first_token", "first calls at new shapes (cold Triton JIT) and allocator growth "
-               "from an empty cache to the step's peak (issue 37)", _BP, True,
-               ("--out", "{out}", "--process", "{process}"), timeout_s=200, needs=""),
+               "from an empty cache to the step's peak (issue 37)", _BP, True, timeout_s=200, needs=""),
     Experiment("engine_kernels", _E + "engine_kernels",
                "the engines' own sparse-MLA kernels: prefill, decode sizes, gather vs MMA, concat_mla_q", _BP, True,
-               ("--engine-root", "{engine_root}", "--process", "{process}", "--out", "{out}/engine_kernels.csv"),
-               timeout_s=300, needs="engine kernels packed by python -m mla_lab.measure.engine_libs pack "
-               "(--engine-root); flash_mla"),
+               timeout_s=300, needs=_PACKED),
     Experiment("packed_kernels", _E + "packed_kernels",
                "the packed kernel (8 tokens x 8 heads per tile) beside every engine's kernel, over union size", _BP,
-               True, ("--engine-root", "{engine_root}", "--process", "{process}", "--out", "{out}"), timeout_s=420,
-               needs="engine kernels packed by python -m mla_lab.measure.engine_libs pack (--engine-root); flash_mla; "
-               "nvcc for the CUDA union builder (else the Triton one)"),
+               True, timeout_s=420, needs=_PACKED + "; nvcc for the CUDA union builder (else the Triton one)"),
     # --- once: data/measured/<gpu>/ and its round2/ folder
     Experiment("padding_sweep", "mla_lab.sweep.measured",
                "the measured sweep: every real strategy's attention path per grid point, the rest modelled", "",
-               False, ("--out", "{out}/padding_sweep.csv"), timeout_s=420, replaces="benchmarks/measured_sweep.py"),
+               False, timeout_s=420, argv=("--out", "{out}/padding_sweep.csv"),
+               smoke_argv=("--out", "{out}/padding_sweep.csv", "--quick", "--num-runs", "3")),
     Experiment("attention_path", _E + "attention_path", "attention path per strategy x model x TP x T; NaN check",
-               "", False, ("--out", "{out}/attention_path.csv"), timeout_s=420,
-               replaces="benchmarks/bench_attention.py"),
+               "", False, timeout_s=420),
     Experiment("layer_calibration", _E + "layer_calibration",
                "every op of the layer model at its per-rank shape, the layer end to end, the fit (h200_ops.csv)", "",
-               False, ("--out", "{out}"), timeout_s=600, replaces="benchmarks/bench_layer.py"),
+               False, timeout_s=600),
     Experiment("concat_sweep", _E + "concat_sweep", "the concat into the padded workspace over T x H, tuning", "",
-               False, ("--out", "{out}/concat_bench.csv"), timeout_s=420, needs="",
-               replaces="benchmarks/bench_concat.py"),
+               False, timeout_s=420, needs=""),
     Experiment("routes_sweep", _E + "routes_sweep", "route ops beside the lab's model of them", "", False,
-               ("--out", "{out}/routes_sweep.csv"), timeout_s=300, replaces="benchmarks/bench_routes.py"),
+               timeout_s=300),
     Experiment("engines", _E + "engines", "content factor, engine presets, sub-chunking, NaN check", "round2",
-               False, ("--out", "{out}"), timeout_s=480, replaces="benchmarks/bench_engines.py"),
+               False, timeout_s=480),
     Experiment("decode_layer", _E + "decode_layer", "per-rank decode / mixed layer, attention path, per op",
-               "round2", False, ("--out", "{out}"), timeout_s=300, replaces="benchmarks/bench_decode.py"),
-    Experiment("tp_block", _E + "tp_block", "attention and MoE blocks sharded over TP GPUs vs the one-GPU share",
-               "", False, ("--tp", "8", "--runs", "sim", "--out", "{out}"), timeout_s=450,
-               replaces="benchmarks/tp_block.py"),
+               "round2", False, timeout_s=300),
+    Experiment("tp_block", _E + "tp_block", "attention and MoE blocks sharded over TP GPUs vs the one-GPU share "
+               "(runs=sim: the one-GPU share alone)", "", False, timeout_s=450, params=(("runs", "sim"),)),
 )}
 
 
@@ -189,3 +215,4 @@ def resolve(names: str | None) -> list[Experiment]:
     if bad or not asked:
         raise ValueError(f"--experiments={names!r}: unknown {bad or names!r}; allowed: {', '.join(EXPERIMENTS)}")
     return [e for e in EXPERIMENTS.values() if e.name in asked]
+

@@ -1,57 +1,31 @@
-"""Named strategies (``--strategies``, canonical names) through
-:func:`mla_lab.measure.attention.time_attention_path` at the seed and full-topk shapes, GLM-5 TP 8 (rows as
+"""Named strategies (parameter ``strategies``, canonical names; default :data:`mla_lab.placement.TIMED_STRATEGIES`)
+through :func:`mla_lab.measure.attention.time_attention_path` at the rank's seed and full-topk steps (rows as
 ``presets``). Rows: ``strategies.csv`` (ms)."""
 
-# ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations
 
 from mla_lab.measure.attention import time_attention_path
-from mla_lab.models import load_model
+from mla_lab.measure.record import log
 from mla_lab.placement import TIMED_STRATEGIES
 
-from ._common import (
-    PROMPT,
-    PROVENANCE,  # noqa: F401 (re-exported: the provenance columns of its rows)
-    SEED_T,
-    Sink,
-    full_step,
-    log,
-    part_main,
-    seed_step,
-)
+from ._common import PROMPT, full_step, seed_step
 
 OUTPUTS = {"strategies.csv": ["shape", "strategy", "round", "ms", "median_ms", "workspace_bytes", "peak_bytes",
                               "repeats"]}
-#: (shape, T, strategy) at the default ``--strategies``
-SHAPES = [(s, SEED_T, n) for s in ("seed", "full") for n in TIMED_STRATEGIES]
+#: (shape, T, strategy) at the seed
+SHAPES = [(s, 16384, n) for s in ("seed", "full") for n in TIMED_STRATEGIES]
 
 
-
-def part_strategies(sink: Sink, repeats: int, names) -> None:
-    """Named strategies through the package (``time_attention_path``) at the seed and full-topk shapes: rows as
-    ``presets`` (file ``strategies.csv``)."""
-    m = load_model("glm-5")
-    for shape, step, plen, full in (("seed", seed_step(), PROMPT, False), ("full", full_step(), 2 * SEED_T, True)):
-        res = time_attention_path(m, 8, step, plen, "h200", strategies=tuple(names), full_topk=full,
-                                  seed=0, device="cuda", repeats=repeats)
+def run(rank, sink, options) -> None:
+    names = options.param("strategies", tuple(TIMED_STRATEGIES))
+    T = rank.max_num_batched_tokens
+    for shape, step, plen, full in (("seed", seed_step(rank), PROMPT, False), ("full", full_step(rank), 2 * T, True)):
+        res = time_attention_path(rank, step, plen, strategies=names, full_topk=full, repeats=options.reps)
         for name in names:
             r = res[name]
             for i, ms in enumerate(r["samples"]):
                 sink.write("strategies.csv", {"shape": shape, "strategy": name, "round": i, "ms": round(ms, 5),
                                               "median_ms": round(r["total"], 5),
-                                              "workspace_bytes": r["workspace_bytes"],
-                                              "peak_bytes": r["peak_bytes"], "repeats": repeats})
+                                              "workspace_bytes": r["workspace_bytes"], "peak_bytes": r["peak_bytes"],
+                                              "repeats": options.reps})
         log(f"strategies {shape}: " + ", ".join(f"{n} {res[n]['total']:.3f}" for n in names))
-
-
-def run(sink: Sink, a) -> None:
-    """This experiment's part of one fresh process (``a``: the parsed arguments of :func:`~._common.part_main`)."""
-    part_strategies(sink, a.reps, a.strategies.split(','))
-
-
-def main(argv=None) -> int:
-    return part_main(run, __doc__, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

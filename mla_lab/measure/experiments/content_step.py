@@ -9,147 +9,82 @@ layer), SM clock and power sampled by NVML during the step. Rows: ``content_loop
 from __future__ import annotations
 
 import math
-import statistics
-import threading
 import time
 
 import torch
 import torch.nn.functional as F
 
-from mla_lab.measure.attention import make_step_inputs
+from mla_lab.measure.attention import make_step_inputs, padded_path
+from mla_lab.measure.record import NvmlSampler, log
 from mla_lab.measure.tp import make_block_inputs, make_moe_inputs, moe_forward
-from mla_lab.models import load_model
-from mla_lab.strategies import PaddedQPath
 
-from ._common import (
-    PROMPT,
-    PROVENANCE,  # noqa: F401 (re-exported: the provenance columns of its rows)
-    SEED_T,
-    Sink,
-    log,
-    part_main,
-    seed_step,
-    sm_scale_of,
-)
+from ._common import PROMPT, seed_step, sm_scale_of
 
 OUTPUTS = {"content_loop.csv": ["content", "round", "layers", "T", "num_heads", "step_ms", "proj_ms", "attn_path_ms",
                                 "post_ms", "moe_ms", "sm_clock_mhz", "power_w", "nvml_samples"]}
 #: (content, layers, T, num_heads)
-SHAPES = [(c, 78, SEED_T, 8) for c in ("zeros", "stale")]
+SHAPES = [(c, 78, 16384, 8) for c in ("zeros", "stale")]
 
 
 
-class NvmlSampler:
-    """SM clock (MHz) and power (W) sampled every ``period_s`` in a thread, with host timestamps."""
-
-    def __init__(self, period_s=0.02):
-        self.samples, self.period, self.stop = [], period_s, threading.Event()
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # noqa: BLE001 - no NVML: no clock columns
-            self.nv = None
-
-    def run(self):
-        while not self.stop.is_set():
-            try:
-                clk = self.nv.nvmlDeviceGetClockInfo(self.h, self.nv.NVML_CLOCK_SM)
-                pw = self.nv.nvmlDeviceGetPowerUsage(self.h) / 1e3
-                self.samples.append((time.perf_counter(), clk, pw))
-            except Exception:  # noqa: BLE001
-                pass
-            time.sleep(self.period)
-
-    def __enter__(self):
-        if self.nv:
-            self.t = threading.Thread(target=self.run, daemon=True)
-            self.t.start()
-        return self
-
-    def __exit__(self, *a):
-        self.stop.set()
-        if self.nv:
-            self.t.join()
-
-    def window(self, t0, t1):
-        xs = [(c, p) for t, c, p in self.samples if t0 <= t <= t1]
-        if not xs:
-            return None, None
-        return statistics.median(c for c, _ in xs), statistics.median(p for _, p in xs)
-
-
-def part_content(sink: Sink, rounds: int, smoke: bool) -> None:
-    m = load_model("glm-5")
-    tp = 8
-    H = m.heads_per_rank(tp)
+def _layer_loop(rank, layers: int):
+    """``run_step(content) -> (total ms, {proj_ms, attn_path_ms, post_ms, moe_ms})``: ``layers`` layers of the
+    rank, CUDA events per part."""
+    m, T = rank.model, rank.max_num_batched_tokens
     sm = sm_scale_of(m)
-    layers = 6 if smoke else 78
-    step = seed_step()
-    ql, qpe, kv, idx, tl = make_step_inputs(m, tp, step, PROMPT, seed=0)
-    blk = make_block_inputs(m, tp, 0, SEED_T, seed=0, device="cuda")
-    blk.update({"ql_nope": ql, "q_pe": qpe, "kv": kv, "indices": idx, "topk_length": tl})
-    moe = make_moe_inputs(m, tp, 0, SEED_T, seed=0, device="cuda")
+    ql, qpe, kv, idx, tl = make_step_inputs(rank, seed_step(rank), PROMPT, seed=0)
+    blk = make_block_inputs(m, rank.tp, 0, T, seed=0, device="cuda")
+    moe = make_moe_inputs(m, rank.tp, 0, T, seed=0, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(7)
-    hid = torch.randn(SEED_T, m.hidden_size, device="cuda", dtype=torch.bfloat16, generator=g)
+    hid = torch.randn(T, m.hidden_size, device="cuda", dtype=torch.bfloat16, generator=g)
     w_qa = torch.randn(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim, m.hidden_size, device="cuda",
                        dtype=torch.bfloat16, generator=g).div_(math.sqrt(m.hidden_size))  # fused q_a + kv_a
-    w_qb = torch.randn(H * (m.qk_nope_head_dim + m.qk_rope_head_dim), m.q_lora_rank, device="cuda",
+    w_qb = torch.randn(rank.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), m.q_lora_rank, device="cuda",
                        dtype=torch.bfloat16, generator=g).div_(math.sqrt(m.q_lora_rank))
-    paths = {c: PaddedQPath(s, num_heads=H, max_num_batched_tokens=SEED_T, arch="h200", device="cuda")
-             for c, s in (("zeros", "private_workspace"), ("stale", "shared_workspace:none"))}
+    paths = {c: padded_path(rank, s) for c, s in (("zeros", "private_workspace"), ("stale", "shared_workspace:none"))}
 
     def run_step(content):
         p = paths[content]
         evs = [[torch.cuda.Event(enable_timing=True) for _ in range(5)] for _ in range(layers)]
-        for i in range(layers):
-            e0, e1, e2, e3, e4 = evs[i]
+        for e0, e1, e2, e3, e4 in evs:
             e0.record()
             qkv = F.linear(hid, w_qa)  # fused q_a + kv_a (+ k_pe)
             F.linear(qkv[:, : m.q_lora_rank], w_qb)  # q_b
             e1.record()
-            o, _ = p(blk["ql_nope"], blk["q_pe"], blk["kv"], blk["indices"], sm, blk["topk_length"])  # concat+kernel
+            o, _ = p(ql, qpe, kv, idx, sm, tl)  # concat + kernel
             e2.record()
-            x = torch.bmm(o.transpose(0, 1), blk["w_uv"]).transpose(0, 1).reshape(SEED_T, -1)  # W_UV
+            x = torch.bmm(o.transpose(0, 1), blk["w_uv"]).transpose(0, 1).reshape(T, -1)  # W_UV
             F.linear(x, blk["w_o"])  # o_proj
             e3.record()
             moe_forward(moe, parts="compute", impl="grouped_mm")
             e4.record()
-        e4.synchronize()
-        parts = {k: sum(evs[i][j].elapsed_time(evs[i][j + 1]) for i in range(layers))
+        evs[-1][4].synchronize()
+        parts = {k: sum(ev[j].elapsed_time(ev[j + 1]) for ev in evs)
                  for j, k in enumerate(("proj_ms", "attn_path_ms", "post_ms", "moe_ms"))}
-        total = evs[0][0].elapsed_time(evs[-1][4])
-        return total, parts
+        return evs[0][0].elapsed_time(evs[-1][4]), parts
 
+    return run_step
+
+
+def run(rank, sink, options) -> None:
+    """``rounds`` (6; 2 under smoke) interleaved rounds of the zeros and the stale step, the model's every layer
+    (6 under smoke)."""
+    layers = 6 if options.smoke else rank.model.num_hidden_layers
+    rounds = 2 if options.smoke else options.param("rounds", 6)
+    run_step = _layer_loop(rank, layers)
     run_step("zeros")
     run_step("stale")  # warm-up both
     with NvmlSampler() as nv:
         for r in range(rounds):
-            order = ("zeros", "stale") if r % 2 == 0 else ("stale", "zeros")
-            for c in order:
+            for c in ("zeros", "stale") if r % 2 == 0 else ("stale", "zeros"):
                 t0 = time.perf_counter()
                 total, parts = run_step(c)
-                t1 = time.perf_counter()
-                clk, pw = nv.window(t0, t1)
-                sink.write("content_loop.csv", {"content": c, "round": r, "layers": layers, "T": SEED_T,
-                                                "num_heads": H, "step_ms": round(total, 4),
-                                                **{k: round(v, 4) for k, v in parts.items()},
-                                                "sm_clock_mhz": clk, "power_w": pw,
+                w = nv.window(t0, time.perf_counter(), reasons=False)
+                sink.write("content_loop.csv", {"content": c, "round": r, "layers": layers,
+                                                "T": rank.max_num_batched_tokens, "num_heads": rank.num_heads,
+                                                "step_ms": round(total, 4), **{k: round(v, 4) for k, v in parts.items()},
+                                                "sm_clock_mhz": w["sm_clock_mhz"], "power_w": w["power_w"],
                                                 "nvml_samples": len(nv.samples)})
                 log(f"content r{r} {c}: step {total:.1f} ms, " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
-                    + f", SM {clk} MHz, {pw} W")
+                    + f", SM {w['sm_clock_mhz']} MHz, {w['power_w']} W")
     torch.cuda.empty_cache()
-
-
-def run(sink: Sink, a) -> None:
-    """This experiment's part of one fresh process (``a``: the parsed arguments of :func:`~._common.part_main`)."""
-    part_content(sink, 2 if a.smoke else a.content_rounds, a.smoke)
-
-
-def main(argv=None) -> int:
-    return part_main(run, __doc__, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

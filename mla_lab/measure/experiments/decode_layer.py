@@ -1,432 +1,299 @@
-"""GPU round 2, serving / decode: per-rank decode layer time with the bf16 sparse kernel's 64-head padding.
+"""The decode experiment: one per-rank MoE decode layer (and mixed prefill + decode steps), its attention path and
+every op alone, the bf16 sparse kernel reading the padded Q workspace (vLLM sends every token of a bf16-KV step
+down the sparse path, decode included: vLLM ``mla_attention.py``). Weights: :class:`mla_lab.measure.layer.Layer`
+(TP attention, EP experts; no communication, KV-cache write and RoPE). The ops in order: :meth:`Step.ops`; the
+attention path per strategy: :data:`STRATEGIES` (``per_call_zeros``: concat into [B, H, 576], ``new_zeros`` pad,
+copy; ``private_workspace``: concat into the zeroed padded workspace), then the kernel (topk_length min(c, topk)).
 
-:meth:`mla_lab.measure.layer.Layer.e2e` models one causal prompt of T tokens (indexer logits [T, T], full
-top-k, random indices); a decode batch of B tokens each with its own context c does not map onto it (its
-indexer reads c cached keys per token, its kernel sees topk_length = min(c, 2048) keys of the token's own
-request). So this script builds a decode layer of its own from the package's pieces:
-:class:`mla_lab.measure.layer.Layer`'s weights (q/kv projections, W_UK / W_UV, indexer projections, o_proj,
-router, EP experts, shared expert), the Triton RMSNorm and SiLU*mul kernels and the causal indexer kernel
-(prefill part of mixed steps) of :mod:`mla_lab.measure.triton_ops`, :func:`mla_lab.measure.timer.graphed` and
-:func:`~mla_lab.measure.timer.timed_window`; plus a
-decode indexer-logits Triton kernel defined here (B x c, no causal mask) and the lab's ``concat_mla_q``. The
-sparse kernel is ``flash_mla.flash_mla_sparse_fwd`` (vLLM sends every token of a bf16-KV-cache step through it,
-decode included: vLLM mla_attention.py sends every token down the sparse path).
-
-Decode layer per rank (MoE layer, TP8 attention, experts EP8, no communication, KV-cache write and RoPE not
-timed): input RMSNorm (fused add) -> q_a_proj -> RMSNorm -> q_b_proj; kv_a_proj -> RMSNorm; W_UK bmm; indexer q /
-k / weights projections, decode logits over the request's c cached indexer keys, top-k (k = min(c, 2048)),
-local -> global slot indices; attention (strategy, :data:`STRATEGIES`): ``per_call_zeros`` = concat into an
-[B, H, 576] buffer + ``new_zeros((B, 64, 576))`` + copy (the first version's rows: ``unfused``),
-``private_workspace`` = concat into the zero-initialised padded workspace (``fused``); FlashMLA
-sparse kernel (topk_length = min(c, 2048), indices from the top-k above); W_UV bmm on ``out[:, :H]`` (a view);
-o_proj; RMSNorm; router; routed experts as ``bmm`` over the *active* local experts (expected distinct experts hit
-by B x 8 routed pairs among 256, EP8 -> 32 local; tokens per active expert = ceil(pairs / active)); SiLU*mul;
-down bmm; sum; shared expert (TP-sharded).
-
-Outputs (CSV rows appended as measured; provenance columns on each; ``strategy`` canonical, ``content`` what the
-padded heads held, zeros for both paths):
-- ``decode_layer.csv``: the layer per (model, B, c, strategy, mode): ``eager`` and ``graph`` (CUDA-graph replay,
-  as vLLM's UNIFORM_BATCH full graphs); mixed steps (a prefill chunk of 2048 or 8192 tokens of one new prompt +
-  32 decode tokens at context 4096), eager (vLLM runs mixed batches piecewise, attention eager).
-- ``decode_attn.csv``: the attention path alone (concat [+ pad] + kernel) per (model, B, c, strategy), eager
-  and graph.
-- ``decode_ops.csv``: every op of the decode layer alone (graph replay of ``--op-inner`` back-to-back calls,
-  device time per call), per (model, B) and, for the ops that depend on it, per c.
->= 5 repeats, strategies interleaved (order flipped every repeat). ``--smoke``: tiny model on CPU (Triton
-interpreter, float32, reference kernel) or GPU.
+Rows (ms): ``decode_layer.csv`` per (B, c, strategy, mode), ``eager`` and ``graph`` (CUDA-graph replay, as vLLM's
+full decode graphs); mixed steps (a P-token chunk of one new prompt + decode tokens) eager only (vLLM runs them
+piecewise). ``decode_attn.csv``: the attention path alone. ``decode_ops.csv``: each op alone (graph replay of
+``op_inner`` calls, ms per call) per B and, for the c-dependent ops, per c. Strategies interleaved, order flipped
+every repeat.
 """
 
 from __future__ import annotations
 
-import argparse
+import functools
 import math
-import os
-import sys
-import time
-import traceback
-from pathlib import Path
 from types import SimpleNamespace
 
-from mla_lab import kernels as K
-from mla_lab.measure.layer import Layer, tiny_model
-from mla_lab.measure.record import CsvSink, NvmlSampler, bench_provenance
+import torch
+import torch.nn.functional as F
+
+from mla_lab.kernels.device import Kernels
+from mla_lab.measure.layer import Layer
+from mla_lab.measure.record import NvmlSampler, log
 from mla_lab.measure.timer import est_ms, graphed, timed_window
 from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
-from mla_lab.models import load_model
-from mla_lab.paths import REPO_ROOT as REPO
-from mla_lab.placement import parse_strategy
 
-T0 = time.time()
-D_NOPE, D_PE, D_QK, D_V, HP = 512, 64, 576, 512, 64
-#: The attention paths timed: a new_zeros pad per call, the private padded workspace (the first version's rows
-#: label them unfused / fused: mla_lab.placement.measured_as).
+from ._common import ranks_of
+from .engine_presets import D_QK, causal_indices
+
+#: The attention paths timed (the first version's rows label them unfused / fused: mla_lab.placement.measured_as).
 STRATEGIES = ("per_call_zeros", "private_workspace")
+ATTN_OPS = ("concat_unfused", "pad_new_zeros_copy", "concat_fused", "sparse_kernel")
+C_DEPENDENT = {"idx_logits_prefill", "idx_topk_prefill", "idx_logits_decode", "idx_topk_decode", "idx_to_global",
+               "sparse_kernel"}
+_HEAD = ("input_norm", "q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_norm", "w_uk_bmm", "idx_q_proj",
+         "idx_k_proj", "idx_weights_proj")
+_TAIL = ("w_uv_bmm", "o_proj", "post_attn_norm", "router", "moe_gate_up", "moe_silu_mul", "moe_down", "moe_sum")
+LAYER_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "prefill_tokens", "decode_tokens",
+              "T_total", "topk_length_decode", "strategy", "content", "mode", "repeat", "order", "n_calls",
+              "ms_median", "ms_mean", "ms_p10", "ms_p90", "window_s", "n_act_experts", "tokens_per_expert",
+              "sm_clock_mhz", "power_w", "temp_c", "n_samples", "layer_impl", "concat_impl", "kernel_impl", "status",
+              "notes"]
+OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "content",
+            "c_dependent", "repeat", "inner", "ms", "status"]
+OUTPUTS = {"decode_layer.csv": LAYER_COLS, "decode_attn.csv": LAYER_COLS, "decode_ops.csv": OPS_COLS}
+#: The models measured (parameter ``models``), each at the rank's TP and GPU.
+MODELS = ("glm-5", "deepseek-v3.2")
+#: (B, c) of a full run per model; the mixed steps (P prefill tokens + 32 decode tokens at c 4096) follow them.
+SHAPES = [(B, c) for B in (1, 4, 16, 64, 128, 256) for c in (1024, 4096, 8192)]
+MIXED = (2048, 8192)
+#: The smoke run's shapes and mixed step.
+SMOKE_SHAPES, SMOKE_MIXED = [(1, 128), (4, 256)], (64,)
 
 
-def log(*a):
-    print(f"[{time.time() - T0:7.1f}s] " + " ".join(str(x) for x in a), flush=True)
-
-
-def sync(dev):
-    if dev == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
-# ------------------------------------------------------------------------------------------------- kernels
-
-DEC = {}
-
-
-def define_decode_logits():
+@functools.cache
+def _decode_logits_kernel():
     import triton
     import triton.language as tl
 
     @triton.jit
-    def dec_logits_kernel(q_ptr, k_ptr, w_ptr, o_ptr, C, sq_b, sq_h, sk_b, sk_s, sw_b, so_b,
-                          NH: tl.constexpr, NHP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
-        # logits[b, s] = sum_h w[b, h] * relu(q[b, h, :] . k[b, s, :]) over the request's C cached keys
+    def kernel(q_ptr, k_ptr, w_ptr, o_ptr, C, sq_b, sq_h, sk_b, sk_s, sw_b, so_b, NH: tl.constexpr,
+               NHP: tl.constexpr, D: tl.constexpr, BN: tl.constexpr):
         b = tl.program_id(0).to(tl.int64)
-        n0 = tl.program_id(1) * BN
-        offs_h = tl.arange(0, NHP)
-        offs_d = tl.arange(0, D)
-        offs_n = n0 + tl.arange(0, BN)
-        hm = offs_h < NH
-        nm = offs_n < C
+        offs_h, offs_d = tl.arange(0, NHP), tl.arange(0, D)
+        offs_n = tl.program_id(1) * BN + tl.arange(0, BN)
+        hm, nm = offs_h < NH, offs_n < C
         q = tl.load(q_ptr + b * sq_b + offs_h[:, None] * sq_h + offs_d[None, :], mask=hm[:, None], other=0.0)
         k = tl.load(k_ptr + b * sk_b + offs_n[:, None] * sk_s + offs_d[None, :], mask=nm[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k))
         w = tl.load(w_ptr + b * sw_b + offs_h, mask=hm, other=0.0)
-        acc = tl.sum(tl.maximum(s, 0.0) * w[:, None], axis=0)
+        acc = tl.sum(tl.maximum(tl.dot(q, tl.trans(k)), 0.0) * w[:, None], axis=0)
         tl.store(o_ptr + b * so_b + offs_n, acc, mask=nm)
 
-    DEC["k"] = dec_logits_kernel
-    DEC["triton"] = triton
+    return triton, kernel
 
 
-def decode_logits(q, kc, w, out, interp=False):
-    """q [B, NH, D], kc [B, C, D] (the requests' cached indexer keys), w [B, NH] fp32 -> out [B, C] fp32."""
-    triton = DEC["triton"]
+def decode_logits(q, kc, w, out):
+    """The indexer's decode logits ``out[b, s] = sum_h w[b, h] relu(q[b, h] . kc[b, s])`` (Triton; no causal mask):
+    q [B, NH, D] bf16, kc [B, C, D] bf16 (each request's cached indexer keys), w [B, NH] fp32 -> out [B, C] fp32."""
+    triton, kernel = _decode_logits_kernel()
     B, NH, D = q.shape
-    C = kc.shape[1]
-    BN = 16 if interp else 64
-    NHP = max(16, triton.next_power_of_2(NH))
-    DEC["k"][(B, triton.cdiv(C, BN))](q, kc, w, out, C, q.stride(0), q.stride(1), kc.stride(0), kc.stride(1),
-                                      w.stride(0), out.stride(0), NH=NH, NHP=NHP, D=D, BN=BN,
-                                      **({} if interp else {"num_warps": 4}))
+    kernel[(B, triton.cdiv(kc.shape[1], 64))](
+        q, kc, w, out, kc.shape[1], q.stride(0), q.stride(1), kc.stride(0), kc.stride(1), w.stride(0), out.stride(0),
+        NH=NH, NHP=max(16, triton.next_power_of_2(NH)), D=D, BN=64, num_warps=4)
     return out
 
 
-class Kernels:
-    def __init__(self, dev):
-        import torch
-
-        self.dev, self.torch = dev, torch
-        self.info, self.K, self._fm = {"available": False, "reason": "not probed"}, None, None
-        try:
-
-            self.K, self.info = K, K.flash_mla_info()
-            self.concat_impl = "mla_lab.kernels.concat_mla_q(" + ("triton" if dev == "cuda" else "torch") + ")"
-        except Exception as e:
-            log(f"mla_lab.kernels import failed ({type(e).__name__}: {e}); torch copy_ concat")
-            self.concat_impl = "torch copy_ (fallback)"
-        if dev == "cuda":
-            import flash_mla
-
-            self._fm = flash_mla.flash_mla_sparse_fwd
-            self.kernel_impl = "flash_mla.flash_mla_sparse_fwd"
-        else:
-            self.kernel_impl = "mla_lab.kernels.sparse_mla_prefill(reference)"
-
-    def concat(self, qn, qp, out):
-        if self.K is not None and qn.dtype in (self.torch.bfloat16, self.torch.float16):
-            return self.K.concat_mla_q(qn, qp, out, backend="triton" if self.dev == "cuda" else "torch")
-        H = qn.shape[1]
-        out[:, :H, :D_NOPE].copy_(qn)
-        out[:, :H, D_NOPE:].copy_(qp)
-        return out
-
-    def kernel(self, q, kv, idx, sm, topk_length=None):
-        if self._fm is not None:
-            return self._fm(q, kv, idx, sm, d_v=D_V, topk_length=topk_length)[0]
-        return self.K.sparse_mla_prefill(q, kv, idx, sm, d_v=D_V, topk_length=topk_length,
-                                         backend="reference")[0].to(q.dtype)
+def check_decode_logits(dev="cuda", dtype=torch.bfloat16) -> None:
+    """:func:`decode_logits` against fp64 torch on fresh inputs (poisoned output). Raises RuntimeError when the
+    relative error is 2e-2 or more (nothing is timed then)."""
+    g = torch.Generator(device=dev).manual_seed(11)
+    for NH in (4, 32, 64):
+        q = torch.randn(3, NH, 128, device=dev, dtype=dtype, generator=g)
+        kc = torch.randn(3, 200, q.shape[2], device=dev, dtype=dtype, generator=g)
+        w = torch.rand(3, NH, device=dev, generator=g)
+        o = decode_logits(q, kc, w, torch.full((3, 200), float("nan"), device=dev))
+        ref = (torch.relu(torch.einsum("bhd,bsd->bhs", q.double(), kc.double())) * w.double()[:, :, None]).sum(1)
+        err = float((o.double() - ref).norm() / ref.norm())
+        if not err < 2e-2:
+            raise RuntimeError(f"decode_logits NH={NH}: relative error {err:.2e} >= 2e-2; refusing to time")
 
 
-# ----------------------------------------------------------------------------------------------- the layer
-
-
-def active_experts(B_tokens, model, ep):
-    """Expected distinct local experts hit by B x k routed pairs (uniform routing), and tokens per active one."""
+def active_experts(tokens: int, model, ep: int) -> tuple[int, int, int]:
+    """(expected distinct local experts hit by ``tokens * num_experts_per_tok`` routed pairs under uniform routing,
+    tokens per active expert, routed pairs on this rank) with ``n_routed_experts / ep`` experts per rank."""
     E, k = model.n_routed_experts, model.num_experts_per_tok
-    e_loc = E // ep
-    pairs = max(1, round(B_tokens * k / ep))
-    n_act = e_loc * (1 - (1 - 1 / E) ** (B_tokens * k))
-    n_act = max(1, min(e_loc, int(round(n_act))))
-    return n_act, math.ceil(pairs / n_act), pairs
-
-
-
-# ------------------------------------------------------------------------------------- the package's pieces
-
-
-def package():
-    """The package's layer pieces, imported after ``TRITON_INTERPRET`` is set (CPU runs; triton reads it at import):
-    ``Layer``, ``tiny_model``, ``rmsnorm``, ``silu_mul``, ``mqa_logits``, ``load_model``."""
-
-    return SimpleNamespace(Layer=Layer, tiny_model=tiny_model, rmsnorm=rmsnorm, silu_mul=silu_mul,
-                           mqa_logits=mqa_logits, load_model=load_model,
-                           impl="mla_lab.measure.layer.Layer weights; mla_lab.measure.triton_ops "
-                                "rmsnorm/silu_mul/mqa_logits")
-
-
-class LayerWeights:
-    """The weights and Q workspaces of one per-rank layer (:class:`mla_lab.measure.layer.Layer`, EP experts; the
-    private workspace's padded heads zero)."""
-
-    def __init__(self, kit, model, tp, ep, dev, dtype, max_T, interp):
-        L = kit.Layer(model, tp, "h200", dev, dtype, max_T, None, None, interp, [("ep", ep)], content="zeros")
-        self.H, self.Hp = L.H, L.Hp
-        self.W, self.norm = L.weights, L.norm_weights
-        self.moe = L.moe_weights[("ep", ep)]
-        self.W_UK, self.W_UV = L.W_UK, L.W_UV
-        self.ws_unfused, self.ws_fused = L.workspace_unfused, L.workspace_fused
-        self.rnd = L.random_tensor
-        self.impl = kit.impl
-        self._L = L
+    local = E // ep
+    pairs = max(1, round(tokens * k / ep))
+    active = max(1, min(local, int(round(local * (1 - (1 - 1 / E) ** (tokens * k))))))
+    return active, math.ceil(pairs / active), pairs
 
 
 class DecodeLayer:
-    """One per-rank MoE decode layer over a shared weight set (bench_layer.Layer's) and shared KV caches."""
+    """Weights (:class:`~mla_lab.measure.layer.Layer`, EP experts, the private workspace's padded heads zero) and the
+    KV and indexer-key caches of one rank, ``max_rows`` cached tokens (bf16 on CUDA; CPU tests: Triton's
+    interpreter, fp32)."""
 
-    def __init__(self, kit, model, tp, ep, dev, dtype, kern, max_T, max_rows, interp):
-        import torch
+    def __init__(self, rank, max_T, max_rows, dev="cuda", dtype=torch.bfloat16):
+        self.rank, self.m, self.dev, self.dtype, self.k = rank, rank.model, dev, dtype, Kernels(dev)
+        self.ep = rank.ep_size or rank.tp
+        self.L = Layer(rank.model, rank.tp, rank.arch, dev, dtype, max_T, None, None, False, [("ep", self.ep)],
+                       content="zeros")
+        self.H, self.Hp = self.L.H, self.L.Hp
+        self.g = torch.Generator(device=dev).manual_seed(5)
+        self.kv_all = torch.randn(max_rows, 1, D_QK, device=dev, dtype=dtype, generator=self.g)
+        self.ik_all = torch.randn(max_rows, self.m.index_head_dim, device=dev, dtype=dtype, generator=self.g)
 
-        self.torch, self.kit, self.m, self.tp, self.ep = torch, kit, model, tp, ep
-        self.dev, self.dtype, self.kern, self.interp = dev, dtype, kern, interp
-        self.L = L = LayerWeights(kit, model, tp, ep, dev, dtype, max_T, interp)
-        self.layer_impl = L.impl
-        self.H, self.Hp = L.H, L.Hp
-        assert self.Hp == HP, (self.H, self.Hp)
-        g = torch.Generator(device=dev).manual_seed(5)
-        # the KV cache (MLA latent, 576 per token) and the indexer key cache of all requests, [rows, ...]
-        self.kv_all = torch.randn(max_rows, 1, D_QK, device=dev, dtype=dtype, generator=g)
-        self.ik_all = torch.randn(max_rows, model.index_head_dim, device=dev, dtype=dtype, generator=g)
-        self.sm = D_QK ** -0.5
-        self.g = g
 
-    def state(self, Bd, c, P=0):
-        """Inputs and buffers for a step of P prefill tokens (one new prompt, kv rows 0..P-1) + Bd decode tokens
-        with context c each (request b's cached rows P + b*c .. P + b*c + c - 1)."""
-        torch, m, L, dev, dt = self.torch, self.m, self.L, self.dev, self.dtype
-        T = P + Bd
-        h, qr, kr = m.hidden_size, m.q_lora_rank, m.kv_lora_rank
-        S = SimpleNamespace(T=T, Bd=Bd, c=c, P=P)
-        S.x = L.rnd(T, h, k=1)
-        S.res = L.rnd(T, h, k=1)
-        S.xn = torch.empty_like(S.x)
-        S.yn = torch.empty_like(S.x)
-        S.qa_n = torch.empty(T, qr, device=dev, dtype=dt)
-        S.kvn = torch.empty(T, kr, device=dev, dtype=dt)
-        S.attn = torch.empty(T, self.H * m.v_head_dim, device=dev, dtype=dt)
-        S.k_dec = min(c, m.topk) if Bd else 0
-        rows = P + Bd * c
-        S.kv = self.kv_all[:rows]
-        if Bd:
-            S.kc = self.ik_all[P:P + Bd * c].view(Bd, c, -1)
-            S.logits = torch.empty(Bd, c, device=dev, dtype=torch.float32)
-            S.base = (P + torch.arange(Bd, device=dev, dtype=torch.int64) * c)
-        if P:
-            S.logits_p = torch.full((P, P), float("-inf"), device=dev, dtype=torch.float32)
-        width = m.topk if P else S.k_dec
+class Step:
+    """Inputs, buffers and ops of one step: P prefill tokens of one new prompt (kv rows 0..P-1) and Bd decode tokens
+    of context c (request b's cached rows P + b c ..). Each op is a method reading and writing these attributes;
+    :meth:`ops` lists them in layer order."""
+
+    def __init__(self, D: DecodeLayer, Bd, c, P=0):
+        m, L, dev, dt = D.m, D.L, D.dev, D.dtype
+        self.D, self.m, self.L, self.Bd, self.c, self.P, self.T = D, m, L, Bd, c, P, P + Bd
+        T, h = self.T, m.hidden_size
+        self.x, self.res = L.random_tensor(T, h, k=1), L.random_tensor(T, h, k=1)
+        self.xn, self.yn = torch.empty_like(self.x), torch.empty_like(self.x)
+        self.qa_n = torch.empty(T, m.q_lora_rank, device=dev, dtype=dt)
+        self.kvn = torch.empty(T, m.kv_lora_rank, device=dev, dtype=dt)
+        self.attn = torch.empty(T, D.H * m.v_head_dim, device=dev, dtype=dt)
+        self.k_dec = min(c, m.topk) if Bd else 0
+        self.kv = D.kv_all[:P + Bd * c]
+        self._indices()
+        self.n_act, self.M_e, pairs = active_experts(T, m, D.ep)
+        w13, w2 = L.moe_weights[("ep", D.ep)]
+        self.w13a, self.w2a = w13[:self.n_act], w2[:self.n_act]
+        self.xe = L.random_tensor(self.n_act, self.M_e, h, k=1)
+        self.act = torch.empty(self.n_act * self.M_e, w13.shape[1] // 2, device=dev, dtype=dt)
+        self.kloc = max(1, pairs // T)
+        if "shared_gate_up" in L.weights:
+            self.sh_a = torch.empty(T, L.weights["shared_gate_up"].shape[0] // 2, device=dev, dtype=dt)
+
+    def _indices(self):
+        """The kernel's fixed indices: the prompt's causal window (the last min(p + 1, topk) keys) and, per decode
+        token, k_dec random distinct keys of its own context (what a top-k over random logits gives)."""
+        D, m, P, Bd, c, dev = self.D, self.m, self.P, self.Bd, self.c, self.D.dev
+        width = m.topk if P else self.k_dec
         parts_i, parts_l = [], []
-        if P:  # one causal prompt of P tokens: the last min(p+1, topk) keys
-            p = torch.arange(P, device=dev)
-            tl_ = torch.clamp(p + 1, max=m.topk)
-            ar = torch.arange(width, device=dev)
-            ii = (p + 1 - tl_)[:, None] + ar[None, :]
-            parts_i.append(torch.where(ar[None, :] < tl_[:, None], ii, torch.full_like(ii, -1)))
-            parts_l.append(tl_)
-        if Bd:  # random distinct keys of the request's own context (what a top-k over random logits gives)
-            loc = torch.rand(Bd, c, device=dev, generator=self.g).topk(S.k_dec, dim=-1).indices
-            ii = loc + S.base[:, None]
-            if width > S.k_dec:
-                ii = torch.cat([ii, torch.full((Bd, width - S.k_dec), -1, device=dev, dtype=ii.dtype)], 1)
-            parts_i.append(ii)
-            parts_l.append(torch.full((Bd,), S.k_dec, device=dev, dtype=torch.int64))
-        S.idx_fixed = torch.cat(parts_i, 0).to(torch.int32).view(T, 1, width).contiguous()
-        S.topk_length = torch.cat(parts_l, 0).to(torch.int32).contiguous()
-        # MoE: active local experts
-        n_act, M_e, pairs = active_experts(T, m, self.ep)
-        w13, w2 = L.moe
-        S.n_act, S.M_e, S.pairs = n_act, M_e, pairs
-        S.w13a, S.w2a = w13[:n_act], w2[:n_act]
-        S.xe = L.rnd(n_act, M_e, h, k=1)
-        S.act = torch.empty(n_act * M_e, w13.shape[1] // 2, device=dev, dtype=dt)
-        S.kloc = max(1, pairs // T)
-        S.pairs_used = S.kloc * T
-        if "shared_gate_up" in L.W:
-            S.sh_a = torch.empty(T, L.W["shared_gate_up"].shape[0] // 2, device=dev, dtype=dt)
-        return S
-
-    def steps(self, S, strategy, use_topk_indices=True):
-        """[(name, fn, c_dependent)] of the layer; running them in order is the layer."""
-        import torch.nn.functional as F
-
-        torch, BL, m, L, kern = self.torch, self.kit, self.m, self.L, self.kern
-        W, nw = L.W, L.norm
-        T, Bd, P = S.T, S.Bd, S.P
-        H, Hp = self.H, self.Hp
-        h, qr, kr = m.hidden_size, m.q_lora_rank, m.kv_lora_rank
-        dn, dv, nih, dih = m.qk_nope_head_dim, m.v_head_dim, m.index_n_heads, m.index_head_dim
-        interp = self.interp
-        st = []
-
-        def add(name, dep=False):
-            def deco(f):
-                st.append((name, f, dep))
-                return f
-            return deco
-
-        @add("input_norm")
-        def _():
-            BL.rmsnorm(S.x, nw[h], S.xn, residual=S.res)
-
-        @add("q_a_proj")
-        def _():
-            S.qa = F.linear(S.xn, W["q_a_proj"])
-
-        @add("q_a_norm")
-        def _():
-            BL.rmsnorm(S.qa, nw[qr], S.qa_n)
-
-        @add("q_b_proj")
-        def _():
-            S.q = F.linear(S.qa_n, W["q_b_proj"]).view(T, H, -1)
-
-        @add("kv_a_proj")
-        def _():
-            S.kva = F.linear(S.xn, W["kv_a_proj"])
-
-        @add("kv_a_norm")
-        def _():
-            BL.rmsnorm(S.kva[:, :kr], nw[kr], S.kvn)
-
-        @add("w_uk_bmm")
-        def _():
-            S.ql_nope = torch.bmm(S.q[..., :dn].transpose(0, 1), L.W_UK).transpose(0, 1)
-
-        @add("idx_q_proj")
-        def _():
-            S.iq = F.linear(S.qa_n, W["idx_wq_b"]).view(T, nih, dih)
-
-        @add("idx_k_proj")
-        def _():
-            S.ik = F.linear(S.xn, W["idx_wk"])
-
-        @add("idx_weights_proj")
-        def _():
-            S.iw = F.linear(S.xn, W["idx_weights_proj"]).float()
-
         if P:
-            @add("idx_logits_prefill", True)
-            def _():
-                BL.mqa_logits(S.iq[:P], S.ik[:P], S.iw[:P], S.logits_p, interp)
-
-            @add("idx_topk_prefill", True)
-            def _():
-                S.tk_p = torch.topk(S.logits_p, min(P, m.topk), dim=-1, sorted=False).indices
+            idx, tl, _ = causal_indices(P, P, m.topk, dev)
+            self.logits_p = torch.full((P, P), float("-inf"), device=dev, dtype=torch.float32)
+            parts_i.append(idx.view(P, -1))
+            parts_l.append(tl)
         if Bd:
-            @add("idx_logits_decode", True)
-            def _():
-                decode_logits(S.iq[P:], S.kc, S.iw[P:], S.logits, interp)
+            self.kc = D.ik_all[P:P + Bd * c].view(Bd, c, -1)
+            self.logits = torch.empty(Bd, c, device=dev, dtype=torch.float32)
+            self.base = P + torch.arange(Bd, device=dev, dtype=torch.int64) * c
+            ii = torch.rand(Bd, c, device=dev, generator=D.g).topk(self.k_dec, dim=-1).indices + self.base[:, None]
+            parts_i.append(torch.cat([ii, ii.new_full((Bd, width - self.k_dec), -1)], 1).to(torch.int32))
+            parts_l.append(torch.full((Bd,), self.k_dec, device=dev, dtype=torch.int32))
+        self.idx_fixed = torch.cat(parts_i, 0).view(self.T, 1, width).contiguous()
+        self.topk_length = torch.cat(parts_l, 0).contiguous()
 
-            @add("idx_topk_decode", True)
-            def _():
-                S.tk = torch.topk(S.logits, S.k_dec, dim=-1, sorted=False).indices
+    def ops(self, strategy: str, topk_indices: bool = True) -> list[tuple[str, object, bool]]:
+        """``[(name, fn, c_dependent)]`` of the layer under ``strategy`` (:data:`STRATEGIES`); running them in order
+        is the layer. ``topk_indices``: a pure decode step's kernel reads the indexer's top-k (else the fixed
+        indices of the same pattern, as mixed steps and the attention path alone do)."""
+        names = list(_HEAD)
+        names += ["idx_logits_prefill", "idx_topk_prefill"] if self.P else []
+        names += ["idx_logits_decode", "idx_topk_decode", "idx_to_global"] if self.Bd else []
+        names += ["concat_unfused", "pad_new_zeros_copy"] if strategy == STRATEGIES[0] else ["concat_fused"]
+        fns = {n: getattr(self, n) for n in names + list(_TAIL)}
+        fns["sparse_kernel"] = self.sparse_kernel if topk_indices and self.Bd and not self.P else self.kernel_fixed
+        if "shared_gate_up" in self.L.weights:
+            fns.update(shared_gate_up=self.shared_gate_up, shared_silu_mul=self.shared_silu_mul,
+                       shared_down=self.shared_down)
+        order = names + ["sparse_kernel"] + list(_TAIL) + [n for n in fns if n.startswith("shared")]
+        return [(n, fns[n], n in C_DEPENDENT) for n in order]
 
-            @add("idx_to_global", True)
-            def _():
-                S.gidx_t = (S.tk + S.base[:, None]).to(torch.int32).view(Bd, 1, S.k_dec)
-        # attention path
-        if parse_strategy(strategy).per_call_pad:
-            buf = L.ws_unfused[:T]
+    # ---- the ops
+    def input_norm(self):
+        rmsnorm(self.x, self.L.norm_weights[self.m.hidden_size], self.xn, residual=self.res)
 
-            @add("concat_unfused")
-            def _():
-                kern.concat(S.ql_nope, S.q[..., dn:], buf)
+    def q_a_proj(self):
+        self.qa = F.linear(self.xn, self.L.weights["q_a_proj"])
 
-            @add("pad_new_zeros_copy")
-            def _():
-                qk = buf.new_zeros((T, Hp, D_QK))
-                qk[:, :H] = buf
-                S.qk = qk
-        else:
-            ws = L.ws_fused[:T]
+    def q_a_norm(self):
+        rmsnorm(self.qa, self.L.norm_weights[self.m.q_lora_rank], self.qa_n)
 
-            @add("concat_fused")
-            def _():
-                kern.concat(S.ql_nope, S.q[..., dn:], ws)
-                S.qk = ws
+    def q_b_proj(self):
+        self.q = F.linear(self.qa_n, self.L.weights["q_b_proj"]).view(self.T, self.D.H, -1)
 
-        # pure decode: the kernel reads the indexer's top-k (global slots); mixed steps and the attention path
-        # alone read the fixed indices built in state() (same pattern)
-        topk_idx = use_topk_indices and Bd and not P
+    def kv_a_proj(self):
+        self.kva = F.linear(self.xn, self.L.weights["kv_a_proj"])
 
-        @add("sparse_kernel", True)
-        def _():
-            S.o = kern.kernel(S.qk, S.kv, S.gidx_t if topk_idx else S.idx_fixed, self.sm, S.topk_length)[:, :H]
+    def kv_a_norm(self):
+        rmsnorm(self.kva[:, :self.m.kv_lora_rank], self.L.norm_weights[self.m.kv_lora_rank], self.kvn)
 
-        @add("w_uv_bmm")
-        def _():
-            torch.bmm(S.o.transpose(0, 1), L.W_UV, out=S.attn.view(T, H, dv).transpose(0, 1))
+    def w_uk_bmm(self):
+        self.ql_nope = torch.bmm(self.q[..., :self.m.qk_nope_head_dim].transpose(0, 1), self.L.W_UK).transpose(0, 1)
 
-        @add("o_proj")
-        def _():
-            S.y = F.linear(S.attn, W["o_proj"])
+    def idx_q_proj(self):
+        self.iq = F.linear(self.qa_n, self.L.weights["idx_wq_b"]).view(self.T, self.m.index_n_heads, -1)
 
-        @add("post_attn_norm")
-        def _():
-            BL.rmsnorm(S.y, nw[h], S.yn, residual=S.res)
+    def idx_k_proj(self):
+        self.ik = F.linear(self.xn, self.L.weights["idx_wk"])
 
-        @add("router")
-        def _():
-            S.rl = F.linear(S.yn, W["router"])
+    def idx_weights_proj(self):
+        self.iw = F.linear(self.xn, self.L.weights["idx_weights_proj"]).float()
 
-        @add("moe_gate_up")
-        def _():
-            S.h1 = torch.bmm(S.xe, S.w13a.transpose(1, 2))
+    def idx_logits_prefill(self):
+        P = self.P
+        mqa_logits(self.iq[:P], self.ik[:P], self.iw[:P], self.logits_p, False)
 
-        @add("moe_silu_mul")
-        def _():
-            BL.silu_mul(S.h1.view(S.n_act * S.M_e, -1), S.act)
+    def idx_topk_prefill(self):
+        self.tk_p = torch.topk(self.logits_p, min(self.P, self.m.topk), dim=-1, sorted=False).indices
 
-        @add("moe_down")
-        def _():
-            S.h2 = torch.bmm(S.act.view(S.n_act, S.M_e, -1), S.w2a.transpose(1, 2))
+    def idx_logits_decode(self):
+        decode_logits(self.iq[self.P:], self.kc, self.iw[self.P:], self.logits)
 
-        @add("moe_sum")
-        def _():
-            S.routed = S.h2.view(-1, h)[: S.pairs_used].view(T, S.kloc, h).sum(1)
+    def idx_topk_decode(self):
+        self.tk = torch.topk(self.logits, self.k_dec, dim=-1, sorted=False).indices
 
-        if "shared_gate_up" in W:
-            @add("shared_gate_up")
-            def _():
-                S.g = F.linear(S.yn, W["shared_gate_up"])
+    def idx_to_global(self):
+        self.gidx_t = (self.tk + self.base[:, None]).to(torch.int32).view(self.Bd, 1, self.k_dec)
 
-            @add("shared_silu_mul")
-            def _():
-                BL.silu_mul(S.g, S.sh_a)
+    def concat_unfused(self):
+        self.D.k.concat(self.ql_nope, self.q[..., self.m.qk_nope_head_dim:], self.L.workspace_unfused[:self.T])
 
-            @add("shared_down")
-            def _():
-                S.sh = F.linear(S.sh_a, W["shared_down"])
-        return st
+    def pad_new_zeros_copy(self):
+        buf = self.L.workspace_unfused[:self.T]
+        self.qk = buf.new_zeros((self.T, self.D.Hp, D_QK))
+        self.qk[:, :self.D.H] = buf
+
+    def concat_fused(self):
+        self.qk = self.D.k.concat(self.ql_nope, self.q[..., self.m.qk_nope_head_dim:], self.L.workspace_fused[:self.T])
+
+    def sparse_kernel(self):
+        self.o = self.D.k.kernel(self.qk, self.kv, self.gidx_t, D_QK ** -0.5, self.topk_length)[:, :self.D.H]
+
+    def kernel_fixed(self):
+        self.o = self.D.k.kernel(self.qk, self.kv, self.idx_fixed, D_QK ** -0.5, self.topk_length)[:, :self.D.H]
+
+    def w_uv_bmm(self):
+        out = self.attn.view(self.T, self.D.H, self.m.v_head_dim).transpose(0, 1)
+        torch.bmm(self.o.transpose(0, 1), self.L.W_UV, out=out)
+
+    def o_proj(self):
+        self.y = F.linear(self.attn, self.L.weights["o_proj"])
+
+    def post_attn_norm(self):
+        rmsnorm(self.y, self.L.norm_weights[self.m.hidden_size], self.yn, residual=self.res)
+
+    def router(self):
+        self.rl = F.linear(self.yn, self.L.weights["router"])
+
+    def moe_gate_up(self):
+        self.h1 = torch.bmm(self.xe, self.w13a.transpose(1, 2))
+
+    def moe_silu_mul(self):
+        silu_mul(self.h1.view(self.n_act * self.M_e, -1), self.act)
+
+    def moe_down(self):
+        self.h2 = torch.bmm(self.act.view(self.n_act, self.M_e, -1), self.w2a.transpose(1, 2))
+
+    def moe_sum(self):
+        h = self.m.hidden_size
+        self.routed = self.h2.view(-1, h)[:self.kloc * self.T].view(self.T, self.kloc, h).sum(1)
+
+    def shared_gate_up(self):
+        self.sg = F.linear(self.yn, self.L.weights["shared_gate_up"])
+
+    def shared_silu_mul(self):
+        silu_mul(self.sg, self.sh_a)
+
+    def shared_down(self):
+        self.sh = F.linear(self.sh_a, self.L.weights["shared_down"])
 
 
-def as_fn(steps, names=None):
-    fs = [f for n, f, _ in steps if names is None or n in names]
+def as_fn(ops):
+    """One callable running ``ops`` (``[(name, fn, c_dependent)]``) in order."""
+    fs = [f for _, f, _ in ops]
 
     def run():
         for f in fs:
@@ -434,264 +301,127 @@ def as_fn(steps, names=None):
     return run
 
 
-# ---------------------------------------------------------------------------------------------------- main
-
-LAYER_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "prefill_tokens", "decode_tokens",
-              "T_total", "topk_length_decode", "strategy", "content", "mode", "repeat", "order", "n_calls", "ms_median",
-              "ms_mean", "ms_p10", "ms_p90", "window_s", "n_act_experts", "tokens_per_expert", "sm_clock_mhz",
-              "power_w", "temp_c", "n_samples", "layer_impl", "concat_impl", "kernel_impl", "status", "notes"]
-OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "content",
-            "c_dependent",
-            "repeat", "inner", "ms", "status"]
-
-
-#: Files and their row columns (plus :func:`mla_lab.measure.record.bench_provenance`'s columns).
-OUTPUTS = {"decode_layer.csv": LAYER_COLS, "decode_attn.csv": LAYER_COLS, "decode_ops.csv": OPS_COLS}
-PROVENANCE = ("gpu", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "date_utc")
-#: (model, batch, context): the default --batches x --contexts per model (the mixed steps beside them).
-SHAPES = [(m, B, c) for m in ("glm-5", "deepseek-v3.2") for B in (1, 4, 16, 64, 128, 256) for c in (1024, 4096, 8192)]
+def _paths(S: Step, graph: bool) -> dict:
+    """``{(strategy, kind, mode): fn}``: the layer and the attention path alone per strategy, eager and (``graph``)
+    their CUDA-graph replays; one layer call first populates the step's state."""
+    fns = {}
+    for strat in STRATEGIES:
+        lay = as_fn(S.ops(strat))
+        lay()
+        att = as_fn([op for op in S.ops(strat, topk_indices=False) if op[0] in ATTN_OPS])
+        for kind, f in (("layer", lay), ("attn", att)):
+            fns[(strat, kind, "eager")] = f
+            if graph:
+                fns[(strat, kind, "graph")] = graphed(f)
+    return fns
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--models", default="glm-5,deepseek-v3.2")
-    ap.add_argument("--tp", type=int, default=8)
-    ap.add_argument("--batches", default="1,4,16,64,128,256")
-    ap.add_argument("--contexts", default="1024,4096,8192")
-    ap.add_argument("--mixed-prefill", default="2048,8192")
-    ap.add_argument("--mixed-decode", type=int, default=32)
-    ap.add_argument("--mixed-context", type=int, default=4096)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--window-ms", type=float, default=15.0)
-    ap.add_argument("--op-inner", type=int, default=10)
-    ap.add_argument("--op-repeats", type=int, default=5)
-    ap.add_argument("--no-ops", action="store_true", help="skip the per-op table")
-    ap.add_argument("--budget-s", type=float, default=160.0)
-    args = ap.parse_args(argv)
-    import torch
+def time_step(ctx, S: Step, cfg: dict, mixed: bool) -> None:
+    """The layer and the attention path of step ``S`` per strategy and mode, ``ctx.repeats`` interleaved repeats
+    (order flipped every other), one row each into ``decode_layer.csv`` / ``decode_attn.csv``."""
+    fns = _paths(S, graph=not mixed)
+    if not mixed:  # the two paths' attention outputs (same inputs) differ by rounding at most
+        fns[(STRATEGIES[0], "attn", "eager")]()
+        o1 = S.o.clone()
+        fns[(STRATEGIES[1], "attn", "eager")]()
+        cfg["notes"] = (f"attention output {STRATEGIES[0]} vs {STRATEGIES[1]}: max_abs_diff "
+                        f"{float((o1.float() - S.o.float()).abs().max())}")
+    window, cap = (ctx.window_ms * 2, 100) if mixed else (ctx.window_ms, 200)
+    n_of = {k: max(3, min(cap, round(window / max(est_ms(f), 1e-3)))) for k, f in fns.items()}  # calls per window
+    for r in range(ctx.repeats):
+        for o, strat in enumerate(STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]):
+            for (s, kind, mode), f in fns.items():
+                if s != strat:
+                    continue
+                res = timed_window(f, n_of[(s, kind, mode)], sampler=ctx.sampler, reasons=False)
+                ctx.sink.write(f"decode_{kind}.csv" if kind == "attn" else "decode_layer.csv", {
+                    "experiment": f"{'mixed' if mixed else 'decode'}_{kind}", **cfg, "strategy": strat,
+                    "content": "zeros", "mode": mode, "repeat": r, "order": o, **res, "status": "ok"})
 
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    if dev == "cpu" and not args.smoke:
-        ap.error("no CUDA GPU: use --smoke on CPU")
-    interp = dev == "cpu"
-    if interp:
-        os.environ["TRITON_INTERPRET"] = "1"
-    dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-    kit = package()
-    define_decode_logits()
-    kern = Kernels(dev)
-    prov = bench_provenance(kern.info)
-    sampler = NvmlSampler(0.02)
-    out = Path(args.out) if args.out else (Path("/tmp/bench_decode_smoke") if args.smoke
-                                           else REPO / "data/measured/h200/round2")
-    out.mkdir(parents=True, exist_ok=True)
-    log(f"device={prov['gpu']} torch={prov['torch']} triton={prov['triton']} flash_mla={prov['flash_mla']} "
-        f"commit={prov['git_commit']} concat={kern.concat_impl} kernel={kern.kernel_impl} "
-        f"nvml={'ok' if sampler.ok else sampler.why}")
-    deadline = T0 + args.budget_s
-    if args.smoke:
-        models = [("tiny", kit.tiny_model())]
-        tp, Bs, Cs, Ps, mdec, mctx = 2, [1, 4], [128, 256], [64], 4, 128
-        args.repeats, args.op_repeats, args.window_ms, args.op_inner = 2, 2, 1.0, 2
-    else:
-        models = [(n, kit.load_model(n)) for n in args.models.split(",")]
-        tp = args.tp
-        Bs = [int(x) for x in args.batches.split(",")]
-        Cs = [int(x) for x in args.contexts.split(",")]
-        Ps = [int(x) for x in args.mixed_prefill.split(",") if x]
-        mdec, mctx = args.mixed_decode, args.mixed_context
-    sink_l = CsvSink(out / "decode_layer.csv", LAYER_COLS, prov)
-    sink_a = CsvSink(out / "decode_attn.csv", LAYER_COLS, prov)
-    sink_o = CsvSink(out / "decode_ops.csv", OPS_COLS, prov)
-    # correctness of the decode logits kernel (fresh random inputs, poisoned output)
-    g = torch.Generator(device=dev).manual_seed(int(time.time()) % 1000)
-    for NH in (4, 32, 64):
-        q = torch.randn(3, NH, 128 if not interp else 32, device=dev, dtype=dtype, generator=g)
-        kc = torch.randn(3, 200, q.shape[2], device=dev, dtype=dtype, generator=g)
-        w = torch.rand(3, NH, device=dev, generator=g)
-        o = torch.full((3, 200), float("nan"), device=dev)
-        decode_logits(q, kc, w, o, interp)
-        ref = (torch.relu(torch.einsum("bhd,bsd->bhs", q.double(), kc.double())) * w.double()[:, :, None]).sum(1)
-        err = float((o.double() - ref).norm() / ref.norm())
-        log(f"decode_logits check NH={NH}: rel err {err:.2e}")
-        if not err < 2e-2:
-            raise SystemExit(f"decode_logits wrong (rel err {err}); refusing to time")
-    ep = tp
-    for mname, model in models:
-        if time.time() > deadline:
-            break
-        max_T = max([max(Bs)] + [P + mdec for P in Ps])
-        max_rows = max(max(Bs) * max(Cs), max([P + mdec * mctx for P in Ps] or [0]))
-        try:
-            DL = DecodeLayer(kit, model, tp, ep, dev, dtype, kern, max_T, max_rows, interp)
-        except Exception as e:
-            log(f"{mname}: layer setup failed {type(e).__name__}: {e}\n{traceback.format_exc()}")
-            continue
-        base = {"model": mname, "tp": tp, "ep": ep, "H": DL.H, "Hp": DL.Hp}
-        log(f"{mname}: H={DL.H} -> {DL.Hp}, kv rows {max_rows}; {DL.layer_impl}")
-        op_done = set()
-        for B in Bs:
-            for c in Cs:
-                if time.time() > deadline:
-                    log(f"deadline before {mname} B={B} c={c}")
-                    break
-                try:
-                    S = DL.state(B, c)
-                    cfg = {**base, "batch": B, "context": c, "prefill_tokens": 0, "decode_tokens": B, "T_total": B,
-                           "topk_length_decode": S.k_dec, "n_act_experts": S.n_act, "tokens_per_expert": S.M_e,
-                           "layer_impl": DL.layer_impl, "concat_impl": kern.concat_impl,
-                           "kernel_impl": kern.kernel_impl}
-                    fns = {}
-                    for strat in STRATEGIES:
-                        st = DL.steps(S, strat)
-                        lay = as_fn(st)
-                        att_names = {"concat_unfused", "pad_new_zeros_copy", "concat_fused", "sparse_kernel"}
-                        lay()  # populate the state
-                        # the attention path alone reads the fixed indices (same pattern as the top-k gives)
-                        att = as_fn([(n, f, d) for n, f, d in DL.steps(S, strat, use_topk_indices=False)
-                                     if n in att_names])
-                        fns[(strat, "layer", "eager")] = lay
-                        fns[(strat, "attn", "eager")] = att
-                        if dev == "cuda":
-                            for kind, f in (("layer", lay), ("attn", att)):
-                                try:
-                                    rep = graphed(f)
-                                    gr = rep.graph
-                                    fns[(strat, kind, "graph")] = rep
-                                    fns[(strat, kind, "graph_obj")] = gr
-                                except Exception as e:
-                                    log(f"graph capture {mname} B={B} c={c} {strat} {kind}: {type(e).__name__}: {e}")
-                                    torch.cuda.synchronize()
-                        fns[(strat, "steps")] = st
-                    fns[(STRATEGIES[0], "attn", "eager")]()
-                    o1 = S.o.clone()
-                    fns[(STRATEGIES[1], "attn", "eager")]()
-                    sync(dev)
-                    cfg["notes"] = (f"attention output {STRATEGIES[0]} vs {STRATEGIES[1]}: max_abs_diff "
-                                    f"{float((o1.float() - S.o.float()).abs().max())}")
-                    del o1
-                    n_of = {}
-                    for key, f in list(fns.items()):
-                        if len(key) == 3 and key[2] in ("eager", "graph"):
-                            n_of[key] = max(3, min(200, int(round(args.window_ms / max(est_ms(f, dev), 1e-3)))))
-                    for r in range(args.repeats):
-                        order = STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]
-                        for o, strat in enumerate(order):
-                            for kind, sink in (("layer", sink_l), ("attn", sink_a)):
-                                for mode in ("eager", "graph"):
-                                    f = fns.get((strat, kind, mode))
-                                    if f is None:
-                                        continue
-                                    res = timed_window(f, n_of[(strat, kind, mode)], dev, sampler, reasons=False)
-                                    sink.write({"experiment": f"decode_{kind}", **cfg, "strategy": strat, "content": "zeros",
-                                                "mode": mode, "repeat": r, "order": o, **res, "status": "ok"})
-                    # per-op device times (graph of `inner` calls), c-independent ops once per B
-                    if not args.no_ops:
-                        for strat in STRATEGIES:
-                            for name, f, dep in fns[(strat, "steps")]:
-                                shared = name not in ("concat_unfused", "pad_new_zeros_copy", "concat_fused")
-                                key = (B, name if shared else f"{name}", c if dep else None)
-                                if key in op_done or time.time() > deadline:
-                                    continue
-                                op_done.add(key)
-                                try:
-                                    if dev == "cuda":
-                                        rep = graphed(f, args.op_inner)
-                                        gr = rep.graph
-                                    else:
-                                        rep, gr = (lambda f=f: [f() for _ in range(args.op_inner)]), None
-                                    for r in range(args.op_repeats):
-                                        res = timed_window(rep, 1, dev, sampler, per=args.op_inner, reasons=False)
-                                        sink_o.write({"experiment": "decode_op", **base, "batch": B,
-                                                      "context": c if dep else "", "op": name,
-                                                      "strategy": "" if shared else strat,
-                                                      "content": "zeros" if not shared or name == "sparse_kernel"
-                                                      else "", "c_dependent": dep,
-                                                      "repeat": r, "inner": args.op_inner, "ms": res["ms_median"],
-                                                      "status": "ok"})
-                                    del rep, gr
-                                except Exception as e:
-                                    sink_o.write({"experiment": "decode_op", **base, "batch": B, "op": name,
-                                                  "status": f"error {type(e).__name__}: {str(e)[:150]}"})
-                    log(f"{mname} B={B} c={c}: done ({sink_l.n} layer rows, {sink_o.n} op rows)")
-                    del fns, S
-                except Exception as e:
-                    log(f"{mname} B={B} c={c} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-                    sink_l.write({**base, "experiment": "decode_layer", "batch": B, "context": c,
-                                  "status": f"error {type(e).__name__}: {str(e)[:200]}"})
-                if dev == "cuda":
-                    torch.cuda.synchronize()
-                    torch.cuda.empty_cache()
-        # mixed steps: a prefill chunk + decode tokens, eager (vLLM: piecewise graphs, attention eager)
-        for P in Ps:
-            if time.time() > deadline:
-                log(f"deadline before mixed {mname} P={P}")
-                break
-            try:
-                S = DL.state(mdec, mctx, P=P)
-                cfg = {**base, "batch": mdec, "context": mctx, "prefill_tokens": P, "decode_tokens": mdec,
-                       "T_total": P + mdec, "topk_length_decode": S.k_dec, "n_act_experts": S.n_act,
-                       "tokens_per_expert": S.M_e, "layer_impl": DL.layer_impl, "concat_impl": kern.concat_impl,
-                       "kernel_impl": kern.kernel_impl,
-                       "notes": "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; "
-                                "kernel reads fixed indices; indexer top-k computed, not used"}
-                fns = {}
-                for strat in STRATEGIES:
-                    st = DL.steps(S, strat)
-                    lay = as_fn(st)
-                    lay()
-                    att = as_fn([(n, f, d) for n, f, d in st if n in {"concat_unfused", "pad_new_zeros_copy",
-                                                                       "concat_fused", "sparse_kernel"}])
-                    fns[(strat, "layer")] = lay
-                    fns[(strat, "attn")] = att
-                n_of = {k: max(3, min(100, int(round(args.window_ms * 2 / max(est_ms(f, dev), 1e-3)))))
-                        for k, f in fns.items()}
-                for r in range(args.repeats):
-                    order = STRATEGIES if r % 2 == 0 else STRATEGIES[::-1]
-                    for o, strat in enumerate(order):
-                        for kind, sink in (("layer", sink_l), ("attn", sink_a)):
-                            res = timed_window(fns[(strat, kind)], n_of[(strat, kind)], dev, sampler, reasons=False)
-                            sink.write({"experiment": f"mixed_{kind}", **cfg, "strategy": strat, "content": "zeros",
-                                        "mode": "eager",
-                                        "repeat": r, "order": o, **res, "status": "ok"})
-                log(f"{mname} mixed P={P}+{mdec}x{mctx}: done")
-                del fns, S
-            except Exception as e:
-                log(f"{mname} mixed P={P} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
-                sink_l.write({**base, "experiment": "mixed_layer", "prefill_tokens": P,
-                              "status": f"error {type(e).__name__}: {str(e)[:200]}"})
-            if dev == "cuda":
-                torch.cuda.empty_cache()
-        del DL
-        if dev == "cuda":
+
+def time_ops(ctx, S: Step, base: dict, done: set) -> None:
+    """Each op of the layer alone (graph replay of ``ctx.op_inner`` calls), ``ctx.op_repeats`` rows each into
+    ``decode_ops.csv``; an op already timed at this B (and c, when it depends on it) is skipped."""
+    for strat in STRATEGIES:
+        for name, f, dep in S.ops(strat):
+            shared = name not in ("concat_unfused", "pad_new_zeros_copy", "concat_fused")
+            if (S.Bd, name, S.c if dep else None) in done:
+                continue
+            done.add((S.Bd, name, S.c if dep else None))
+            rep = graphed(f, ctx.op_inner)
+            for r in range(ctx.op_repeats):
+                res = timed_window(rep, 1, sampler=ctx.sampler, per=ctx.op_inner, reasons=False)
+                ctx.sink.write("decode_ops.csv", {
+                    "experiment": "decode_op", **base, "batch": S.Bd, "context": S.c if dep else "", "op": name,
+                    "strategy": "" if shared else strat, "c_dependent": dep, "repeat": r, "inner": ctx.op_inner,
+                    "content": "zeros" if not shared or name == "sparse_kernel" else "", "ms": res["ms_median"],
+                    "status": "ok"})
+
+
+def _config(D: DecodeLayer, S: Step, base: dict) -> dict:
+    return {**base, "batch": S.Bd, "context": S.c, "prefill_tokens": S.P, "decode_tokens": S.Bd, "T_total": S.T,
+            "topk_length_decode": S.k_dec, "n_act_experts": S.n_act, "tokens_per_expert": S.M_e,
+            "layer_impl": "mla_lab.measure.layer.Layer weights; mla_lab.measure.triton_ops rmsnorm/silu_mul/mqa_logits",
+            "concat_impl": D.k.concat_impl, "kernel_impl": D.k.kernel_impl}
+
+
+def _settings(options) -> dict:
+    """The experiment's parameters (``--param``): shapes cut to :data:`SMOKE_SHAPES` / :data:`SMOKE_MIXED` under
+    smoke; ``repeats`` 5 (2 under smoke), ``window_ms`` 15, ``op_inner`` 10, ``op_repeats`` 5, ``ops`` True."""
+    smoke = options.smoke
+    batches = options.param("batches", tuple(sorted({B for B, _ in SHAPES})))
+    contexts = options.param("contexts", tuple(sorted({c for _, c in SHAPES})))
+    return {"shapes": SMOKE_SHAPES if smoke else [(B, c) for B in batches for c in contexts],
+            "mixed": SMOKE_MIXED if smoke else options.param("mixed_prefill", MIXED),
+            "mixed_decode": 4 if smoke else options.param("mixed_decode", 32),
+            "mixed_context": 128 if smoke else options.param("mixed_context", 4096),
+            "repeats": 2 if smoke else options.param("repeats", 5), "window_ms": options.param("window_ms", 15.0),
+            "op_inner": options.param("op_inner", 10), "op_repeats": 2 if smoke else options.param("op_repeats", 5),
+            "ops": options.param("ops", True)}
+
+
+def plan(rank, options) -> list[dict]:
+    """What :func:`run` measures per model: one entry per decode shape and mixed step."""
+    s = _settings(options)
+    return ([{"what": "decode", "batch": B, "context": c} for B, c in s["shapes"]]
+            + [{"what": "mixed", "prefill_tokens": P, "batch": s["mixed_decode"], "context": s["mixed_context"]}
+               for P in s["mixed"]])
+
+
+def measure_rank(ctx, rank) -> None:
+    """Every decode shape (layer, attention path, ops) and every mixed step of ``ctx`` on ``rank`` (its model, TP,
+    EP size, heads and padded heads)."""
+    shapes, mixed, md, mc = ctx.shapes, ctx.mixed, ctx.mixed_decode, ctx.mixed_context
+    D = DecodeLayer(rank, max([B for B, _ in shapes] + [P + md for P in mixed]),
+                    max([B * c for B, c in shapes] + [P + md * mc for P in mixed]))
+    base = {"model": rank.model.name, "tp": rank.tp, "ep": D.ep, "H": D.H, "Hp": D.Hp}
+    done: set = set()
+    for B, c in shapes:
+        S = Step(D, B, c)
+        time_step(ctx, S, _config(D, S, base), mixed=False)
+        if ctx.ops:
+            time_ops(ctx, S, base, done)
+        log(f"{rank.model.name} B={B} c={c}: done")
+        del S
+        torch.cuda.empty_cache()
+    for P in mixed:
+        S = Step(D, md, mc, P=P)
+        time_step(ctx, S, {**_config(D, S, base), "notes": (
+            "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
+            "indices; indexer top-k computed, not used")}, mixed=True)
+        log(f"{rank.model.name} mixed P={P}+{md}x{mc}: done")
+        del S
+        torch.cuda.empty_cache()
+
+
+def run(rank, sink, options) -> None:
+    """:func:`measure_rank` for each of parameter ``models`` (``glm-5,deepseek-v3.2``; smoke: the rank's model) at
+    the rank's TP and GPU, rows into :data:`OUTPUTS`. Raises RuntimeError when the decode logits kernel is wrong
+    (nothing is timed then)."""
+    check_decode_logits()
+    ranks = [rank] if options.smoke else ranks_of(rank, options.param("models", MODELS))
+    with NvmlSampler(0.02) as sampler:
+        ctx = SimpleNamespace(sink=sink, sampler=sampler, **_settings(options))
+        for r in ranks:
+            measure_rank(ctx, r)
             torch.cuda.empty_cache()
-    sampler.stop()
-    summary(out)
-    log(f"bench_decode done in {time.time() - T0:.0f}s -> {out}")
-    return 0
-
-
-def summary(out):
-    try:
-        import pandas as pd
-    except Exception:
-        return
-    pd.set_option("display.width", 220)
-    pd.set_option("display.max_rows", 300)
-    for name in ("decode_layer.csv", "decode_attn.csv"):
-        f = out / name
-        if not f.exists():
-            continue
-        d = pd.read_csv(f)
-        d = d[d.status == "ok"]
-        if not len(d):
-            continue
-        p = d.pivot_table(index=["model", "experiment", "batch", "context", "prefill_tokens"],
-                          columns=["mode", "strategy"], values="ms_median", aggfunc="median")
-        print(f"{name} (median ms over repeats):\n" + p.round(4).to_string())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,23 +1,19 @@
-"""The pieces of the engine-preset experiment (:mod:`.engines`): the kernels it calls, the top-k patterns, and the
-attention-path presets of the engines built from :mod:`mla_lab.strategies` (labels:
-:data:`mla_lab.placement.BENCH_PRESET_LABELS`). Shapes: head_size 576 = 512 + 64, d_v 512, padded heads H' = 64
-(Hopper ``prefill_padding``, vLLM ``flashmla_sparse.py``), topk 2048, bf16.
+"""The attention pieces of the round-2 experiments (:mod:`.engines`, :mod:`.decode_layer`): the causal-window and
+full-topk index patterns, and the engine presets' attention paths
+(:class:`Presets`, labels :data:`mla_lab.placement.BENCH_PRESET_LABELS`). head_size 576 = 512 + 64, d_v 512.
 """
 
 from __future__ import annotations
 
-import time
+import contextlib
 
 import torch
 
-from mla_lab import kernels as K
+from mla_lab.kernels.device import Kernels
+from mla_lab.measure.attention import padded_path
 from mla_lab.placement import BENCH_PRESET_LABELS, parse_strategy
-from mla_lab.strategies import PaddedQPath
 
-T0 = time.time()
-D_NOPE, D_PE, D_QK, D_V = 512, 64, 576, 512
-HP = 64  # Hopper prefill_padding (vLLM flashmla_sparse.py)
-TOPK = 2048
+D_NOPE, D_QK, D_V = 512, 576, 512
 
 PRESET_DOC = {
     "per_call_empty_zeros": "concat into [T,H,576]; q.new_empty((T,64,576)) + copy of the real heads; the cached "
@@ -40,98 +36,22 @@ PRESET_DOC = {
 }
 
 
-
-
-def log(*a):
-    print(f"[{time.time() - T0:7.1f}s] " + " ".join(str(x) for x in a), flush=True)
-
-
-class Kernels:
-    """concat (the lab's Triton concat_mla_q on CUDA, its torch backend on CPU) and the sparse kernel
-    (flash_mla_sparse_fwd called directly, as vLLM does, on CUDA; the lab's reference on CPU)."""
-
-    def __init__(self, dev):
-
-        self.dev, self.torch = dev, torch
-        self.info = {"available": False, "reason": "not probed"}
-        self.concat_impl = self.kernel_impl = "none"
-        try:
-
-            self.K = K
-            self.info = K.flash_mla_info()
-            self.concat_impl = "mla_lab.kernels.concat_mla_q(" + ("triton" if dev == "cuda" else "torch") + ")"
-        except Exception as e:
-            log(f"mla_lab.kernels import failed ({type(e).__name__}: {e}); torch copy_ concat, direct flash_mla")
-            self.K = None
-            self.concat_impl = "torch copy_ (fallback)"
-        self._fm = None
-        if dev == "cuda":
-            try:
-                import flash_mla
-
-                self._fm = flash_mla.flash_mla_sparse_fwd
-                self.kernel_impl = "flash_mla.flash_mla_sparse_fwd"
-                if not self.info.get("available"):
-                    self.info = {"available": True, "provider": "flash_mla", "version":
-                                 getattr(flash_mla, "__version__", "unknown"), "reason": None}
-            except Exception as e:
-                raise SystemExit(f"flash_mla not importable on CUDA: {type(e).__name__}: {e}") from None
-        else:
-            self.kernel_impl = "mla_lab.kernels.sparse_mla_prefill(reference)"
-
-    def concat(self, qn, qp, out, zero_padding=False):
-        if self.K is not None:
-            return self.K.concat_mla_q(qn, qp, out, zero_padding=zero_padding,
-                                       backend="triton" if self.dev == "cuda" else "torch")
-        H = qn.shape[1]
-        out[:, :H, :D_NOPE].copy_(qn)
-        out[:, :H, D_NOPE:].copy_(qp)
-        if zero_padding:
-            out[:, H:].zero_()
-        return out
-
-    def kernel(self, q, kv, idx, sm_scale, topk_length=None):
-        """Full padded output [T, 64, 512] (the caller slices [:, :H], a view, as vLLM)."""
-        if self._fm is not None:
-            return self._fm(q, kv, idx, sm_scale, d_v=D_V, topk_length=topk_length)[0]
-        if self.K is None:
-            raise RuntimeError("no kernel: mla_lab.kernels missing and not on CUDA")
-        return self.K.sparse_mla_prefill(q, kv, idx, sm_scale, d_v=D_V, topk_length=topk_length,
-                                         backend="reference")[0].to(q.dtype)
-
-
-# --------------------------------------------------------------------------------------------------- timing
-
-
-def _sync(dev):
-    if dev == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
-
-
-# ------------------------------------------------------------------------------------------------- inputs
-
-
 def causal_indices(T, L, topk, dev):
-    """T // L prompts of L tokens (the last one shorter if L does not divide T): token at position p of its prompt
-    attends to the last min(p+1, topk) keys of its own prompt (kv row = global token index). Returns
-    (indices [T,1,topk] int32 with -1 past topk_length, topk_length [T] int32, sum of topk_length)."""
-
+    """T / L prompts of L tokens (the last one shorter when L does not divide T); the token at position p of its
+    prompt reads the last min(p + 1, topk) keys of its prompt (kv row = token index). Returns (indices [T, 1, topk]
+    int32, -1 past topk_length; topk_length [T] int32; the sum of topk_length)."""
     g = torch.arange(T, device=dev)
     start = (g // L) * L
-    p = g - start
-    tl = torch.clamp(p + 1, max=topk)
-    first = start + p + 1 - tl
+    tl = torch.clamp(g - start + 1, max=topk)
     ar = torch.arange(topk, device=dev)
-    idx = first[:, None] + ar[None, :]
+    idx = (g + 1 - tl)[:, None] + ar[None, :]
     idx = torch.where(ar[None, :] < tl[:, None], idx, torch.full_like(idx, -1))
     return idx.to(torch.int32).view(T, 1, topk).contiguous(), tl.to(torch.int32).contiguous(), int(tl.sum())
 
 
-def make_pattern(pattern, T, dev, gen, topk=TOPK, s_kv_full=32768):
-    """-> (s_kv, indices, topk_length or None, sum_topk, prompt_len)."""
-
+def make_pattern(pattern, T, dev, gen, topk, s_kv_full=32768):
+    """``causal_<L>`` (:func:`causal_indices`, prompt length min(L, T), s_kv = T) or ``full_<k>`` (topk random keys
+    of ``s_kv_full``, no topk_length) -> (s_kv, indices, topk_length or None, sum of topk, prompt length)."""
     if pattern.startswith("causal_"):
         L = min(int(pattern.split("_")[1]), T)
         idx, tl, st = causal_indices(T, L, topk, dev)
@@ -140,195 +60,170 @@ def make_pattern(pattern, T, dev, gen, topk=TOPK, s_kv_full=32768):
     return s_kv_full, idx, None, T * topk, 0
 
 
-# --------------------------------------------------------------------------------------- 1. content factor
-
-
-def _keep(t):
-    """``fill_stale`` that leaves the pad as the caching allocator hands it (``new_empty``, no fill)."""
-    return t
-
-
-class Presets:
-    """The attention path of one layer call per preset label (:data:`mla_lab.placement.BENCH_PRESET_LABELS`), built
-    from :class:`mla_lab.strategies.PaddedQPath` of the label's :class:`~mla_lab.placement.Strategy`, plus
-    ``subchunk_2stream`` (a lab variant no engine or strategy has: two sub-chunk workspaces, chunk i+1's concat on a
-    second stream while chunk i's kernel runs). ``build(name, S)`` gives ``(fn, prep, persistent_bytes, S,
-    n_chunks, strategy)``; ``fn(check)`` runs the call once and returns the real heads' output (a tensor, a list of
-    views or the step's [T, H, 512]); with a dict ``check`` it also stores the largest |value| in the padded heads
-    of the first q the kernel read (``pad_absmax``).
-
-    ``per_call_empty`` runs with its pad as ``new_empty`` hands it (no fill): the ``prep`` before each window frees
-    a same-size block holding zeros (``per_call_empty_zeros``) or N(0, 1) (``per_call_empty_stale``), which is what
-    vLLM before PR #53878 gets from the caching allocator. The shared workspace's padded heads hold N(0, 1) (the
-    fused-MoE scratch), re-scribbled before each window for ``shared_workspace_zero_per_call``.
-    """
-
-    def __init__(self, kern, dev, dtype, H, T, pattern, sub_S, two_stream_S, gen, topk, skv_full):
-
-        self.torch, self.k, self.dev, self.dtype, self.H, self.T = torch, kern, dev, dtype, H, T
-        self.s_kv, self.idx, self.tl, self.sum_topk, _ = make_pattern(pattern, T, dev, gen, topk, skv_full)
-        self.kv = torch.randn(self.s_kv, 1, D_QK, device=dev, dtype=dtype, generator=gen)
-        self.qn = torch.randn(T, H, D_NOPE, device=dev, dtype=dtype, generator=gen)
-        self.qp = torch.randn(T, H, D_PE, device=dev, dtype=dtype, generator=gen)
-        self.sm = D_QK ** -0.5
-        self.out_full = torch.empty(T, H, D_V, device=dev, dtype=dtype)
-        self.sub2 = {S: (torch.zeros(S, HP, D_QK, device=dev, dtype=dtype),
-                         torch.zeros(S, HP, D_QK, device=dev, dtype=dtype)) for S in two_stream_S}
-        self.side = torch.cuda.Stream() if dev == "cuda" else None
-        self.gen = gen
-        self.bytes_out = T * H * D_V * 2  # bf16
-
-    # ---- helpers
-    def _kernel(self, q, lo=0, hi=None):
-        hi = self.T if hi is None else hi
-        tl = self.tl[lo:hi] if self.tl is not None else None
-        return self.k.kernel(q, self.kv, self.idx[lo:hi], self.sm, tl)
-
-    def _absmax(self, t, check):
-        if check is not None:
-            check["pad_absmax"] = float(t.float().abs().max()) if t.numel() else 0.0
-
-    def strategy(self, name, S=None):
-        """The canonical strategy a preset label runs (``subchunk`` / ``subchunk_views`` take ``S``)."""
-        if name == "subchunk":
-            return parse_strategy(f"subchunk:{S}")
-        if name == "subchunk_views":
-            return parse_strategy(f"subchunk:{S}:views")
-        if name == "subchunk_2stream":
-            return None
-        return parse_strategy(BENCH_PRESET_LABELS[name])
-
-    def _path(self, strategy):
-        spec = parse_strategy("per_call_empty:stale") if strategy.placement == "per_call_empty" else strategy
-        path = PaddedQPath(spec, num_heads=self.H, max_num_batched_tokens=self.T, arch="hopper", device=self.dev,
-                           dtype=self.dtype, kernel_backend="auto", concat_backend="auto",
-                           fill_stale=_keep if strategy.placement == "per_call_empty"
-                           else (lambda t: t.normal_(generator=self.gen)))
-        if path.padded_heads != HP:
-            raise ValueError(f"H={self.H}: padded to {path.padded_heads} heads, the bench assumes {HP}")
-        return path
-
-    def build(self, name, S=None):
-        torch, H, T = self.torch, self.H, self.T
-        strategy = self.strategy(name, S)
-        if strategy is not None:
-            path = self._path(strategy)
-            views = strategy.handoff == "views"
-            kernel = path._kernel
-
-            def fn(check=None):
-                if check is not None:  # instrument the first kernel call: what its padded heads held
-                    def spy(q, *a):
-                        if "pad_absmax" not in check:
-                            self._absmax(q[:, H:], check)
-                        return kernel(q, *a)
-                    path._kernel = spy
-                try:
-                    if views:
-                        res = []
-                        path(self.qn, self.qp, self.kv, self.idx, self.sm, self.tl,
-                             consumer=lambda start, o, lse: res.append(o))
-                        return res
-                    return path(self.qn, self.qp, self.kv, self.idx, self.sm, self.tl)[0]
-                finally:
-                    path._kernel = kernel
-
-            prep = None
-            if name in ("per_call_empty_zeros", "per_call_empty_stale"):
-                stale = name == "per_call_empty_stale"
-
-                def prep():
-                    self._empty_cache()
-                    z = torch.empty(T, HP, D_QK, device=self.dev, dtype=self.dtype)
-                    z.normal_(generator=self.gen) if stale else z.zero_()
-                    del z
-            elif strategy.concat_zeroes_padding:  # the shared workspace was scribbled on since the last call
-                def prep():
-                    path.workspace.buffer[:, H:].normal_(generator=self.gen)
-            n_chunks = -(-T // strategy.rows) if strategy.placement == "subchunk" else 1
-            return fn, prep, path.workspace.nbytes, S, n_chunks, strategy
-        if name == "subchunk_2stream":
-            wa, wb = self.sub2[S]
-            chunks = [(lo, min(lo + S, T)) for lo in range(0, T, S)]
-            nc = len(chunks)
-            if self.dev == "cuda":
-                evc = [torch.cuda.Event() for _ in range(nc)]
-                evk = [torch.cuda.Event() for _ in range(nc)]
-            side = self.side
-            k = self.k
-
-            def fn(check=None):
-                wss = (wa, wb)
-                if self.dev != "cuda":  # no streams: sequential
-                    for i, (lo, hi) in enumerate(chunks):
-                        q = wss[i % 2][: hi - lo]
-                        k.concat(self.qn[lo:hi], self.qp[lo:hi], q)
-                        if check is not None and i == 0:
-                            self._absmax(q[:, H:], check)
-                        o = self._kernel(q, lo, hi)
-                        self.out_full[lo:hi].copy_(o[:, :H])
-                    return self.out_full
-                main = torch.cuda.current_stream()
-                side.wait_stream(main)
-                with torch.cuda.stream(side):
-                    lo, hi = chunks[0]
-                    k.concat(self.qn[lo:hi], self.qp[lo:hi], wa[: hi - lo])
-                    evc[0].record(side)
-                for i, (lo, hi) in enumerate(chunks):
-                    q = wss[i % 2][: hi - lo]
-                    main.wait_event(evc[i])
-                    if check is not None and i == 0:
-                        self._absmax(q[:, H:], check)
-                    o = self._kernel(q, lo, hi)
-                    evk[i].record(main)
-                    if i + 1 < nc:
-                        lo2, hi2 = chunks[i + 1]
-                        with torch.cuda.stream(side):
-                            if i >= 1:
-                                side.wait_event(evk[i - 1])  # ws of chunk i+1 was read by kernel i-1
-                            k.concat(self.qn[lo2:hi2], self.qp[lo2:hi2], wss[(i + 1) % 2][: hi2 - lo2])
-                            evc[i + 1].record(side)
-                    self.out_full[lo:hi].copy_(o[:, :H])
-                    del o
-                return self.out_full
-
-            return fn, None, 2 * S * HP * D_QK * 2 + self.bytes_out, S, nc, None
-        raise ValueError(f"preset={name!r}; allowed: {list(BENCH_PRESET_LABELS)} + subchunk, subchunk_views, "
-                         "subchunk_2stream")
-
-    def _empty_cache(self):
-        if self.dev == "cuda":
-            self.torch.cuda.synchronize()
-            self.torch.cuda.empty_cache()
-
-
-def _content(label, strategy):
-    """What the padded heads hold in a preset row: the allocator block's content for ``per_call_empty`` (set by
+def content_of(label, strategy):
+    """What the padded heads hold in a preset row: the allocator block's content for ``per_call_empty_*`` (set by
     the prep), the strategy's otherwise (``subchunk_2stream``: zeroed workspaces)."""
     if label in ("per_call_empty_zeros", "per_call_empty_stale"):
         return label.rsplit("_", 1)[1]
     return strategy.content if strategy is not None else "zeros"
 
 
-def _as_tensor(res):
-
-    if isinstance(res, list):
-        return torch.cat(res, 0)
-    return res
+def as_tensor(res):
+    """A preset call's output as one tensor (a list of chunk views concatenated)."""
+    return torch.cat(res, 0) if isinstance(res, list) else res
 
 
-def call_peak(fn, dev):
-    """Peak bytes allocated during one call above what was allocated before it (outputs kept alive count)."""
-
-    if dev != "cuda":
-        return "", None
+def call_peak(fn) -> int | str:
+    """Bytes allocated during one call above what was allocated before it (CUDA; "" on CPU)."""
+    if not torch.cuda.is_available():
+        return ""
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     r = fn()
     torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
     del r
-    return peak, None
+    return torch.cuda.max_memory_allocated() - base
 
 
+class Presets:
+    """One layer call's attention path per preset label on ``rank`` (its heads, padded heads and GPU), T tokens of
+    ``pattern``: the label's strategy through :func:`mla_lab.measure.attention.padded_path`, or ``subchunk_2stream``.
+
+    :meth:`build` gives ``(fn, prep, persistent_bytes, S, n_chunks, strategy)``; ``fn(check)`` runs the call once and
+    returns the real heads' output (with a dict ``check``: also the largest |value| in the padded heads of the first
+    q the kernel read, ``pad_absmax``). ``prep`` runs before each window: ``per_call_empty_*`` frees a same-size block
+    holding zeros or N(0, 1) (what vLLM before PR #53878 gets from the caching allocator: its pad is ``new_empty``'s);
+    the shared workspace's padded heads are scribbled with N(0, 1) (the fused-MoE scratch).
+    """
+
+    def __init__(self, rank, dev, dtype, T, pattern, gen, topk, skv_full):
+        self.rank, self.dev, self.dtype, self.H, self.Hp, self.T, self.gen = (
+            rank, dev, dtype, rank.num_heads, rank.padded_num_heads, T, gen)
+        self.k = Kernels(dev)
+        self.s_kv, self.idx, self.tl, self.sum_topk, _ = make_pattern(pattern, T, dev, gen, topk, skv_full)
+        self.kv = torch.randn(self.s_kv, 1, D_QK, device=dev, dtype=dtype, generator=gen)
+        self.qn = torch.randn(T, self.H, D_NOPE, device=dev, dtype=dtype, generator=gen)
+        self.qp = torch.randn(T, self.H, D_QK - D_NOPE, device=dev, dtype=dtype, generator=gen)
+        self.out_full = torch.empty(T, self.H, D_V, device=dev, dtype=dtype)
+
+    def build(self, name, S=None):
+        """The call of preset ``name`` (:data:`PRESET_DOC`; ``subchunk*`` take the chunk rows ``S``).
+
+        Raises:
+            ValueError: an unknown name (the allowed ones).
+        """
+        if name == "subchunk_2stream":
+            return self._two_stream(S)
+        if name in ("subchunk", "subchunk_views"):
+            strategy = parse_strategy(f"subchunk:{S}" + (":views" if name == "subchunk_views" else ""))
+        elif name in BENCH_PRESET_LABELS:
+            strategy = parse_strategy(BENCH_PRESET_LABELS[name])
+        else:
+            raise ValueError(f"preset={name!r}; allowed: {list(PRESET_DOC)}")
+        path = self._path(strategy)
+        n_chunks = -(-self.T // strategy.rows) if strategy.placement == "subchunk" else 1
+        return self._call(path, strategy.handoff == "views"), self._prep(name, path, strategy), \
+            path.workspace.nbytes, S, n_chunks, strategy
+
+    def _path(self, strategy):
+        empty = strategy.placement == "per_call_empty"
+        path = padded_path(self.rank, parse_strategy("per_call_empty:stale") if empty else strategy, self.T,
+                           self.dev, dtype=self.dtype, kernel_backend="auto", concat_backend="auto",
+                           fill_stale=(lambda t: t) if empty else (lambda t: t.normal_(generator=self.gen)))
+        if path.padded_heads != self.Hp:
+            raise ValueError(f"H={self.H}: padded to {path.padded_heads} heads, the rank says {self.Hp}")
+        return path
+
+    def _call(self, path, views):
+        kernel, H = path._kernel, self.H
+
+        def fn(check=None):
+            if check is not None:  # instrument the first kernel call: what its padded heads held
+                def spy(q, *a):
+                    if "pad_absmax" not in check:
+                        check["pad_absmax"] = float(q[:, H:].float().abs().max()) if q[:, H:].numel() else 0.0
+                    return kernel(q, *a)
+                path._kernel = spy
+            try:
+                if views:
+                    res = []
+                    path(self.qn, self.qp, self.kv, self.idx, D_QK ** -0.5, self.tl,
+                         consumer=lambda start, o, lse: res.append(o))
+                    return res
+                return path(self.qn, self.qp, self.kv, self.idx, D_QK ** -0.5, self.tl)[0]
+            finally:
+                path._kernel = kernel
+        return fn
+
+    def _prep(self, name, path, strategy):
+        """What runs before each window: the freed allocator block of ``per_call_empty_*``, the scribbled shared
+        workspace of a strategy whose concat zeroes the padding; None otherwise."""
+        if name in ("per_call_empty_zeros", "per_call_empty_stale"):
+            def prep():
+                if self.dev == "cuda":
+                    torch.cuda.synchronize()
+                    torch.cuda.empty_cache()
+                z = torch.empty(self.T, self.Hp, D_QK, device=self.dev, dtype=self.dtype)
+                z.normal_(generator=self.gen) if name.endswith("stale") else z.zero_()
+            return prep
+        if strategy.concat_zeroes_padding:
+            return lambda: path.workspace.buffer[:, self.H:].normal_(generator=self.gen)
+        return None
+
+    def _two_stream(self, S):
+        ws = [torch.zeros(S, self.Hp, D_QK, device=self.dev, dtype=self.dtype) for _ in range(2)]
+        chunks = [(lo, min(lo + S, self.T)) for lo in range(0, self.T, S)]
+        streams = _Streams(len(chunks), self.dev == "cuda")
+
+        def concat_chunk(i):
+            lo, hi = chunks[i]
+            with streams.concat(i):
+                self.k.concat(self.qn[lo:hi], self.qp[lo:hi], ws[i % 2][:hi - lo])
+
+        def fn(check=None):
+            concat_chunk(0)
+            for i, (lo, hi) in enumerate(chunks):
+                q = ws[i % 2][:hi - lo]
+                tl = None if self.tl is None else self.tl[lo:hi]
+                o = streams.kernel(i, self.k.kernel, q, self.kv, self.idx[lo:hi], D_QK ** -0.5, tl)
+                if check is not None and i == 0:
+                    check["pad_absmax"] = float(q[:, self.H:].float().abs().max())
+                if i + 1 < len(chunks):
+                    concat_chunk(i + 1)
+                self.out_full[lo:hi].copy_(o[:, :self.H])
+            return self.out_full
+
+        return fn, None, 2 * S * self.Hp * D_QK * 2 + self.T * self.H * D_V * 2, S, len(chunks), None
+
+
+class _Streams:
+    """``subchunk_2stream``'s order: chunk i's concat on a side stream once kernel i - 2 has read its workspace,
+    kernel i on the current stream once concat i is done; on CPU everything runs in program order."""
+
+    def __init__(self, n, cuda):
+        self.cuda = cuda
+        if cuda:
+            self.side = torch.cuda.Stream()
+            self.done, self.read = ([torch.cuda.Event() for _ in range(n)] for _ in range(2))
+
+    @contextlib.contextmanager
+    def concat(self, i):
+        if not self.cuda:
+            yield
+            return
+        if i == 0:
+            self.side.wait_stream(torch.cuda.current_stream())
+        elif i >= 2:
+            self.side.wait_event(self.read[i - 2])
+        with torch.cuda.stream(self.side):
+            yield
+            self.done[i].record(self.side)
+
+    def kernel(self, i, call, *args):
+        if self.cuda:
+            torch.cuda.current_stream().wait_event(self.done[i])
+        out = call(*args)
+        if self.cuda:
+            self.read[i].record(torch.cuda.current_stream())
+        return out

@@ -16,28 +16,18 @@ import torch
 import torch.nn.functional as F
 
 from mla_lab.kernels import last_backend
-from mla_lab.measure.attention import make_step_inputs
+from mla_lab.measure.attention import make_step_inputs, padded_path
+from mla_lab.measure.record import log
 from mla_lab.measure.timer import interleaved
-from mla_lab.models import load_model
-from mla_lab.strategies import PaddedQPath
 from mla_lab.workload import Step
 
-from ._common import (
-    PROVENANCE,  # noqa: F401 (re-exported: the provenance columns of its rows)
-    SEED_T,
-    Sink,
-    log,
-    part_main,
-    sm_scale_of,
-)
+from ._common import ranks_of, sm_scale_of
 
 OUTPUTS = {"routes.csv": ["model", "num_heads", "prompt_len", "num_prompts", "T", "route", "round", "ms", "median_ms",
                           "sdpa_backend", "v_padded", "exact_topk", "qk_head_dim", "v_head_dim", "repeats"],
            "routes_check.csv": ["model", "num_heads", "prompt_len", "T", "sdpa_backend", "rel_err", "kernel_backend"]}
 #: (model, prompt_len, T)
-SHAPES = [(m, L, SEED_T) for m in ("glm-5", "deepseek-v3.2") for L in (512, 1024, 2048, 4096, 8192)]
-
-
+SHAPES = [(m, L, 16384) for m in ("glm-5", "deepseek-v3.2") for L in (512, 1024, 2048, 4096, 8192)]
 
 def _sdpa_backends():
     from torch.nn.attention import SDPBackend
@@ -123,74 +113,91 @@ def exact_inputs(m, H, B, L, g):
     return idx.to(torch.int32).view(T, 1, topk), tl
 
 
-def part_routes(sink: Sink, repeats: int, smoke: bool) -> None:
-    lens = (1024, 2048) if smoke else (512, 1024, 2048, 4096, 8192)
-    for mname in ("glm-5", "deepseek-v3.2"):
-        m = load_model(mname)
-        H = m.heads_per_rank(8)
-        backends, errs = _working_backends(m, H)
+def _mqa_calls(rank, L: int, g) -> dict:
+    """The padded sparse MQA route's calls for B = T // L prompts of L tokens: W_UK bmm + path + W_UV bmm per
+    placement, and the path alone."""
+    m, H = rank.model, rank.num_heads
+    B = rank.max_num_batched_tokens // L
+    T, dn, dv = B * L, m.qk_nope_head_dim, m.v_head_dim
+    ql, qpe, kv, idx, tl = make_step_inputs(rank, Step([(j, 0, L) for j in range(B)]), L, seed=L)
+    if L <= m.topk:
+        idx, tl = exact_inputs(m, H, B, L, g)
+    sm = sm_scale_of(m)
+    q_nope = torch.randn(H, T, dn, device="cuda", dtype=torch.bfloat16, generator=g)
+    w_uk = (torch.randn(H, dn, m.kv_lora_rank, device="cuda", generator=g) / math.sqrt(dn)).to(torch.bfloat16)
+    w_uv = (torch.randn(H, m.kv_lora_rank, dv, device="cuda", generator=g) / math.sqrt(m.kv_lora_rank)).to(
+        torch.bfloat16)
+    ql_buf = torch.empty(H, T, m.kv_lora_rank, device="cuda", dtype=torch.bfloat16)
+    paths = {s: padded_path(rank, s, T, reuse_pad_block=True) for s in ("private_workspace", "per_call_empty:zeros")}
+
+    def mqa(p):
+        torch.bmm(q_nope, w_uk, out=ql_buf)  # W_UK absorption: [H, T, 512]
+        o, _ = p(ql_buf.transpose(0, 1), qpe, kv, idx, sm, tl)
+        return torch.bmm(o.transpose(0, 1), w_uv)  # W_UV: [H, T, v]
+
+    fns = {f"mqa:{s}": (lambda p=p: mqa(p)) for s, p in paths.items()}
+    fns["mqa_kernel_only:private_workspace"] = lambda: paths["private_workspace"](ql_buf.transpose(0, 1), qpe, kv,
+                                                                                  idx, sm, tl)
+    return fns
+
+
+def _mha_calls(rank, L: int, backends, g) -> dict:
+    """The dense MHA route's calls (the first working SDPA backend: total, up-projection, assembly, SDPA; the other
+    backends' SDPA)."""
+    m, H, B = rank.model, rank.num_heads, rank.max_num_batched_tokens // L
+    fns = {}
+    for i, b in enumerate(backends):
+        r = MHARoute(m, H, B, L, b, g)
+        kvb = r.upproj()
+        k, v = r.assemble(kvb)
+        if i == 0:
+            fns.update({"mha:total": r, "mha:upproj": r.upproj, "mha:assemble": lambda r=r, kvb=kvb: r.assemble(kvb)})
+        fns[f"mha:sdpa:{b}"] = lambda r=r, k=k, v=v: r.attend(k, v)
+    return fns
+
+
+def _route_rows(sink, rank, L, backend, samples, reps) -> None:
+    m = rank.model
+    dn, dv, B = m.qk_nope_head_dim, m.v_head_dim, rank.max_num_batched_tokens // L
+    for name, xs in samples.items():
+        sdpa = name.startswith("mha:sdpa:")
+        for i, ms in enumerate(xs):
+            sink.write("routes.csv", {
+                "model": m.name, "num_heads": rank.num_heads, "prompt_len": L, "num_prompts": B, "T": B * L,
+                "route": name, "round": i, "ms": round(ms, 5), "median_ms": round(statistics.median(xs), 5),
+                "sdpa_backend": (name.rsplit(":", 1)[1] if sdpa else backend) or "",
+                "v_padded": bool(dv != dn + m.qk_rope_head_dim and (
+                    name.endswith(":flash") or (backend == "flash" and not sdpa))),
+                "exact_topk": L <= m.topk, "qk_head_dim": dn + m.qk_rope_head_dim, "v_head_dim": dv,
+                "repeats": reps})
+
+
+def run(rank, sink, options) -> None:
+    """Models ``models`` (glm-5, deepseek-v3.2) at the rank's TP; prompt lengths 512..8192 (1024, 2048 under
+    smoke); the accuracy check at 1024."""
+    lens = (1024, 2048) if options.smoke else (512, 1024, 2048, 4096, 8192)
+    for r in ranks_of(rank, options.param("models", ("glm-5", "deepseek-v3.2"))):
+        backends, errs = _working_backends(r.model, r.num_heads)
         backend = backends[0] if backends else None
-        log(f"routes {mname}: SDPA backends {backends} (refused: {errs})")
-        dn, dv = m.qk_nope_head_dim, m.v_head_dim
+        log(f"routes {r.model.name}: SDPA backends {backends} (refused: {errs})")
         for L in lens:
-            B = SEED_T // L
-            T = B * L
             g = torch.Generator(device="cuda").manual_seed(L)
-            step = Step([(j, 0, L) for j in range(B)])
-            ql, qpe, kv, idx, tl = make_step_inputs(m, 8, step, L, seed=L)
-            if L <= m.topk:
-                idx, tl = exact_inputs(m, H, B, L, g)
-            sm = sm_scale_of(m)
-            q_nope = torch.randn(H, T, dn, device="cuda", dtype=torch.bfloat16, generator=g)
-            w_uk = (torch.randn(H, dn, m.kv_lora_rank, device="cuda", generator=g) / math.sqrt(dn)).to(torch.bfloat16)
-            w_uv = (torch.randn(H, m.kv_lora_rank, dv, device="cuda", generator=g)
-                    / math.sqrt(m.kv_lora_rank)).to(torch.bfloat16)
-            ql_buf = torch.empty(H, T, m.kv_lora_rank, device="cuda", dtype=torch.bfloat16)
-            paths = {s: PaddedQPath(s, num_heads=H, max_num_batched_tokens=T, arch="h200", device="cuda",
-                                    reuse_pad_block=True) for s in ("private_workspace", "per_call_empty:zeros")}
-
-            def mqa(p):
-                torch.bmm(q_nope, w_uk, out=ql_buf)  # W_UK absorption: [H, T, 512]
-                o, _ = p(ql_buf.transpose(0, 1), qpe, kv, idx, sm, tl)
-                return torch.bmm(o.transpose(0, 1), w_uv)  # W_UV: [H, T, v]
-
-            fns = {f"mqa:{s}": (lambda p=p: mqa(p)) for s, p in paths.items()}
-            fns["mqa_kernel_only:private_workspace"] = lambda: paths["private_workspace"](
-                ql_buf.transpose(0, 1), qpe, kv, idx, sm, tl)
-            if backend is not None:
-                r = MHARoute(m, H, B, L, backend, g)
-                kvb = r.upproj()
-                k, v = r.assemble(kvb)
-                fns["mha:total"] = r
-                fns["mha:upproj"] = r.upproj
-                fns["mha:assemble"] = lambda r=r, kvb=kvb: r.assemble(kvb)
-                fns[f"mha:sdpa:{backend}"] = lambda r=r, k=k, v=v: r.attend(k, v)
-                for other in backends[1:]:
-                    r2 = MHARoute(m, H, B, L, other, g)
-                    k2, v2 = r2.assemble(r2.upproj())
-                    fns[f"mha:sdpa:{other}"] = lambda r2=r2, k2=k2, v2=v2: r2.attend(k2, v2)
-            samples = interleaved(fns, repeats=repeats, device="cuda")
-            for name, xs in samples.items():
-                for i, ms in enumerate(xs):
-                    sink.write("routes.csv", {
-                        "model": mname, "num_heads": H, "prompt_len": L, "num_prompts": B, "T": T, "route": name,
-                        "round": i, "ms": round(ms, 5), "median_ms": round(statistics.median(xs), 5),
-                        "sdpa_backend": (name.rsplit(":", 1)[1] if name.startswith("mha:sdpa:") else backend) or "",
-                        "v_padded": bool(dv != dn + m.qk_rope_head_dim and (
-                            name.endswith(":flash") or (backend == "flash" and not name.startswith("mha:sdpa:")))),
-                        "exact_topk": L <= m.topk, "qk_head_dim": dn + m.qk_rope_head_dim, "v_head_dim": dv,
-                        "repeats": repeats})
-            log(f"routes {mname} L={L}: " + ", ".join(f"{n} {statistics.median(x):.3f}" for n, x in samples.items()))
+            fns = {**_mqa_calls(r, L, g), **_mha_calls(r, L, backends, g)}
+            samples = interleaved(fns, repeats=options.reps, device="cuda")
+            _route_rows(sink, r, L, backend, samples, options.reps)
+            log(f"routes {r.model.name} L={L}: " + ", ".join(f"{n} {statistics.median(x):.3f}"
+                                                              for n, x in samples.items()))
             if L == 1024 and backend is not None:
-                _route_check(sink, m, H, B, L, backend, g, mname)
+                _route_check(sink, r, L, backend, g)
             torch.cuda.empty_cache()
 
 
-def _route_check(sink, m, H, B, L, backend, g, mname):
+def _route_check(sink, rank, L, backend, g):
     """MHA route == MQA route when top-k covers every earlier token (consistent weights: W_UK / W_UV are the
     nope / v halves of kv_b_proj; the MQA query is q_nope absorbed by W_UK and the RoPE part; kv latent = [kv_c,
     k_pe]). Relative Frobenius error of the [T, H, v] outputs, bf16 inputs."""
-    T = B * L
+    m, H, B = rank.model, rank.num_heads, rank.max_num_batched_tokens // L
+    T, mname = B * L, rank.model.name
     dn, dr, dv = m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim
     r = MHARoute(m, H, B, L, backend, g)
     o_mha = r().transpose(1, 2).reshape(T, H, dv).float()
@@ -200,7 +207,7 @@ def _route_check(sink, m, H, B, L, backend, g, mname):
     ql = torch.einsum("thd,hdc->thc", q_nope.float(), w_uk.float()).to(torch.bfloat16)
     kv = torch.cat([r.kv_c, r.k_pe[:, 0]], dim=-1).view(T, 1, m.kv_lora_rank + dr)
     idx, tl = exact_inputs(m, H, B, L, g)
-    p = PaddedQPath("private_workspace", num_heads=H, max_num_batched_tokens=T, arch="h200", device="cuda")
+    p = padded_path(rank, "private_workspace", T)
     o_lat, _ = p(ql, q_pe, kv, idx, r.sm, tl)
     o_mqa = torch.einsum("thc,hvc->thv", o_lat.float(), w_uv.float())
     rel = float((o_mha - o_mqa).norm() / o_mqa.norm())
@@ -208,15 +215,3 @@ def _route_check(sink, m, H, B, L, backend, g, mname):
                                     "rel_err": rel, "kernel_backend": str(last_backend("sparse_mla_prefill"))})
     log(f"route check {mname} L={L}: rel err MHA vs MQA {rel:.2e}")
 
-
-def run(sink: Sink, a) -> None:
-    """This experiment's part of one fresh process (``a``: the parsed arguments of :func:`~._common.part_main`)."""
-    part_routes(sink, a.reps, a.smoke)
-
-
-def main(argv=None) -> int:
-    return part_main(run, __doc__, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Time the attention routes of issue 25 on one GPU, beside the lab's model of them (one process per call).
 
-Per model (GLM-5, DeepSeek-V3.2 at ``--tp``) and prompt length L (default 512 1024 2048 4096 8192), a full step of
-``--tokens`` tokens (``tokens // L`` fresh prompts of L):
+Per model (parameter ``models``: GLM-5, DeepSeek-V3.2 at the rank's TP) and prompt length L (``prompt_lens``: 512 ..
+8192), a full step of the rank's ``max_num_batched_tokens`` (``T // L`` fresh prompts of L):
 
 - ``mha_attn``: dense causal MHA with the real heads (``H``, qk ``qk_nope+qk_rope``, v ``v_head_dim``) through torch
   SDPA, backend ``flash`` and ``cudnn`` (``[B, H, L, d]``, ``is_causal=True``: varlen with equal lengths). A backend
@@ -13,23 +13,16 @@ Per model (GLM-5, DeepSeek-V3.2 at ``--tp``) and prompt length L (default 512 10
   top-k indices with ``topk_length``, :func:`mla_lab.measure.attention.make_step_inputs`).
 
 Each row carries the modelled ms of the same op (:mod:`mla_lab.model.routes`) and the provenance columns.
-``--dry-run`` (CPU) writes only the modelled rows (``source=modelled``). Run it in >= 5 fresh processes.
-
-Usage: ``python -m mla_lab.measure.experiments.routes_sweep --out data/measured/h200/routes/routes_p1.csv [--dry-run]``
-"""
+``--dry-run`` (CPU) prints the modelled rows (:func:`plan`)."""
 
 from __future__ import annotations
 
-import argparse
-import csv
 import math
-import sys
-from pathlib import Path
 
-from mla_lab.arch import get_arch
-from mla_lab.deployment import DEFAULT_MAX_NUM_SEQS, Deployment, RankView
+from mla_lab.deployment import Deployment
 from mla_lab.kernels import sparse_mla_prefill
 from mla_lab.measure.attention import make_step_inputs
+from mla_lab.measure.record import log
 from mla_lab.measure.timer import median_ms
 from mla_lab.model.route_timing import route_op_time_ms
 from mla_lab.model.routes import (
@@ -40,23 +33,19 @@ from mla_lab.model.routes import (
     route_stats,
     up_projection_ops,
 )
-from mla_lab.provenance import provenance
 
 COLS = ["model", "tp", "H", "prompt_len", "T", "op", "impl", "v_padded", "status", "error", "ms", "modelled_ms",
         "flops", "bytes"]
 
 
-def _ranks(model_name: str, tp: int, tokens: int, arch) -> dict[str, RankView]:
-    """The rank one point runs, by weight dtype (``bf16`` / ``fp8``: the ``kv_b_proj`` GEMM is timed at both), built
-    once per (model, tp) at the :meth:`~mla_lab.deployment.Deployment.rank_of` door: bf16 KV cache (FlashMLA's padded
-    heads), experts ``ep`` (not read by these ops), ``max_num_batched_tokens`` = ``tokens``."""
-    return {wd: Deployment.rank_of(model=model_name, tp=tp, arch=arch, kv_cache_dtype="bf16", weight_dtype=wd,
-                                   moe_parallel="ep", max_num_batched_tokens=tokens,
-                                   max_num_seqs=min(tokens, DEFAULT_MAX_NUM_SEQS))
-            for wd in ("bf16", "fp8")}
+def _ranks(rank, model_name: str) -> dict:
+    """The rank with ``model_name`` in its place, by weight dtype (``bf16`` / ``fp8``: the ``kv_b_proj`` GEMM is
+    timed at both); bf16 KV cache (FlashMLA's padded heads)."""
+    return {wd: Deployment.seed(model=model_name, tp=rank.tp, arch=rank.arch.name, weight_dtype=wd,
+                                max_num_batched_tokens=rank.max_num_batched_tokens).rank for wd in ("bf16", "fp8")}
 
 
-def _rows_for(ranks: dict[str, RankView], L: int, dry: bool) -> list[dict]:
+def _rows_for(ranks: dict, L: int, dry: bool) -> list[dict]:
     rank = ranks["bf16"]
     m, tp, H, Hp, arch = rank.model, rank.tp, rank.num_heads, rank.padded_num_heads, rank.arch
     step = prompt_len_step(L, rank.max_num_batched_tokens)
@@ -75,17 +64,17 @@ def _rows_for(ranks: dict[str, RankView], L: int, dry: bool) -> list[dict]:
                  "bytes": kt["tok_bytes"], "modelled_ms": default_padded_kernel_fit().time_ms(rs.T, Hp, rs.K_s),
                  "ms": ""})
     if not dry:
-        _measure(m, tp, H, Hp, L, step, rows)
+        _measure(rank, L, step, rows)
     return rows
 
 
-def _measure(m, tp, H, Hp, L, step, rows) -> None:
+def _measure(rank, L, step, rows) -> None:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
-    dev = "cuda"
+    m, H, Hp, dev = rank.model, rank.num_heads, rank.padded_num_heads, "cuda"
     dqk, dv, dn, dr = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim, m.qk_nope_head_dim, m.qk_rope_head_dim
     T = step.num_tokens
     B = len(step.chunks)
@@ -123,7 +112,7 @@ def _measure(m, tp, H, Hp, L, step, rows) -> None:
     k_nope = (latent @ w).view(T, H, dn + dv)[..., :dn]
     k_pe = torch.randn(T, 1, dr, device=dev, dtype=torch.bfloat16, generator=g)
     rows[4]["ms"] = median_ms(lambda: torch.cat((k_nope, k_pe.expand(-1, H, -1)), dim=-1))
-    ql_nope, q_pe, kv, idx, tl = make_step_inputs(m, tp, step, L, seed=0)
+    ql_nope, q_pe, kv, idx, tl = make_step_inputs(rank, step, L, seed=0)
     qp = torch.zeros(T, Hp, m.head_size, device=dev, dtype=torch.bfloat16)
     qp[:, :H, :512] = ql_nope
     qp[:, :H, 512:] = q_pe
@@ -132,45 +121,27 @@ def _measure(m, tp, H, Hp, L, step, rows) -> None:
 
 
 OUTPUTS = {"routes_sweep.csv": COLS}
-PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
-#: (model, prompt_len) at the default --lens and --tp 8
+#: (model, prompt_len) at the defaults (TP 8)
 SHAPES = [(m, L) for m in ("glm-5", "deepseek-v3.2") for L in (512, 1024, 2048, 4096, 8192)]
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--models", nargs="+", default=["glm-5", "deepseek-v3.2"])
-    ap.add_argument("--tp", type=int, default=8)
-    ap.add_argument("--prompt-lens", nargs="+", type=int, default=[512, 1024, 2048, 4096, 8192])
-    ap.add_argument("--tokens", type=int, default=16384)
-    ap.add_argument("--dry-run", action="store_true")
-    a = ap.parse_args(argv)
-    out = Path(a.out)
-    if out.exists():
-        print(f"--out={a.out!r} exists; allowed: a path that does not exist (the lab writes new files only)",
-              file=sys.stderr)
-        return 2
-    for L in a.prompt_lens:
-        if L <= 0 or L > a.tokens:
-            print(f"--prompt-lens {L} is not valid; allowed: 1..--tokens ({a.tokens})", file=sys.stderr)
-            return 2
-    arch = get_arch("h200")
-    prov = provenance("modelled" if a.dry_run else "measured")
-    rows = []
-    for mn in a.models:
-        ranks = _ranks(mn, a.tp, a.tokens, arch)  # one view per (model, tp) point
-        for L in a.prompt_lens:
-            rows += _rows_for(ranks, L, a.dry_run)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLS + list(prov))
-        w.writeheader()
-        for r in rows:
-            w.writerow({**r, **prov})
-    print(f"wrote {len(rows)} rows to {out}")
-    return 0
+def _points(rank, options):
+    models = options.param("models", ("glm-5", "deepseek-v3.2"))
+    lens = options.param("prompt_lens", (1024,) if options.smoke else (512, 1024, 2048, 4096, 8192))
+    bad = [L for L in lens if not 0 < L <= rank.max_num_batched_tokens]
+    if bad:
+        raise ValueError(f"--param prompt_lens={bad[0]}; allowed: 1..max_num_batched_tokens "
+                         f"({rank.max_num_batched_tokens})")
+    return [(_ranks(rank, mn), L) for mn in models for L in lens]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def plan(rank, options) -> list[dict]:
+    """The modelled rows (``ms`` empty): what a run measures, beside the model's figure (no GPU needed)."""
+    return [r for ranks, L in _points(rank, options) for r in _rows_for(ranks, L, dry=True)]
+
+
+def run(rank, sink, options) -> None:
+    for ranks, L in _points(rank, options):
+        for row in _rows_for(ranks, L, dry=False):
+            sink.write("routes_sweep.csv", row)
+        log(f"routes_sweep {ranks['bf16'].model.name} L={L}: done")

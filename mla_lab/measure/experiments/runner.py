@@ -1,13 +1,10 @@
 """``mla-lab measure``: run the chosen experiments of :data:`~mla_lab.measure.experiments.EXPERIMENTS` in fresh
-processes on the GPU that is there and write ``data/measured/<gpu>/``.
-
-A between-process experiment runs ``processes`` times (default 5), each a new ``python -m <module>`` (a fresh CUDA
-context, allocator, Triton cache, FlashMLA load) writing into ``<run>/.processes/<name>/p<k>/``; its files are then
-merged, ``process`` = k first in every row (:func:`merge_processes`). Other experiments run once. Every run writes
-``provenance.json`` (GPU, driver, torch, triton, flash_mla, commit, the experiments and their command lines).
-
-Where: ``--out`` (default ``data/measured/<gpu>``). A file the run would write that exists there is never replaced
-without ``overwrite``: the run then goes to ``<out>/runs/<UTC timestamp>/`` (same layout) and says so.
+processes (:meth:`~mla_lab.measure.experiments.Experiment.command`) on the GPU that is there. A between-process
+experiment runs ``processes`` times (default 5), each process into ``<run>/.processes/<name>/p<k>/``, its files then
+merged with ``process`` = k first (:func:`merge_processes`); the others run once. Every run writes
+``provenance.json`` (the provenance, the experiments, their command lines and exit codes; rewritten after every
+process, so ``--resume`` can finish a cut run). Where: ``--out`` (default ``data/measured/<gpu>``); a file there is
+never replaced without ``overwrite``: the run then goes to ``<out>/runs/<UTC timestamp>/`` and says so.
 """
 
 from __future__ import annotations
@@ -47,7 +44,8 @@ def plan(experiments: list[Experiment], processes: int) -> list[dict]:
     rows = []
     for e in experiments:
         folder = f"{e.folder}/" if e.folder else ""
-        rows.append({"name": e.name, "module": e.module, "processes": processes if e.between_process else 1,
+        entry = e.module if e.argv else f"{__package__} {e.name}"  # what `python -m` runs
+        rows.append({"name": e.name, "module": entry, "processes": processes if e.between_process else 1,
                      "shapes": len(e.shapes()), "files": [folder + f for f in e.outputs()], "needs": e.needs,
                      "summary": e.summary, "default": e.default})
     return rows
@@ -174,93 +172,124 @@ def _done(entry: dict, k: int) -> bool:
     return len(ex) >= k and ex[k - 1] == 0
 
 
-def run(experiments: list[Experiment], processes: int, out: Path, overwrite: bool = False,
-        engine_root: str = ".engine", python: str = sys.executable, log=print, resume: Path | None = None,
-        budget_s: float | None = None) -> int:
-    """Run ``experiments`` (see the module docstring); returns 0 when every process exited 0, 3 when ``budget_s``
-    ran out before every process had run (the run folder is left resumable), else 1 (the rows of the others are
-    kept). Needs CUDA (the caller checks).
-
-    ``resume``: a run folder a cut or budgeted run left (its ``provenance.json`` is rewritten after every process):
-    processes that exited 0 there keep their rows and are not run again; the rest run, then the merge. An experiment
-    recorded as merged whose merged files are gone runs again, every process. ``budget_s``:
-    no new process starts once this many seconds have passed (a lent machine's per-call limit); the record says
-    which are left, and ``--resume`` finishes them.
-    """
-    t_start = time.time()
+def _start(experiments, processes, out, overwrite, resume, log) -> tuple[Path, dict]:
+    """The run folder and its record: a resumed run's (``provenance.json``, its resumption noted) or a new one."""
     if resume is not None:
         dest = Path(resume)
         record = read_record(dest, processes)
         record.setdefault("resumed_utc", []).append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         record.setdefault("resumed_provenance", []).append(provenance("measured"))
-    else:
-        dest, clash = run_dir(out, experiments, overwrite)
-        if clash:
-            log(f"{len(clash)} files exist under {out} (e.g. {clash[0]}); not overwriting them (--overwrite): "
-                f"this run goes to {dest}")
-        dest.mkdir(parents=True, exist_ok=True)
-        prov = provenance("measured")
-        record = {"provenance": prov, "processes": processes, "started_utc": prov.get("timestamp"),
-                  "experiments": {}}
+        return dest, record
+    dest, clash = run_dir(out, experiments, overwrite)
+    if clash:
+        log(f"{len(clash)} files exist under {out} (e.g. {clash[0]}); not overwriting them (--overwrite): this run "
+            f"goes to {dest}")
+    dest.mkdir(parents=True, exist_ok=True)
+    prov = provenance("measured")
+    return dest, {"provenance": prov, "processes": processes, "started_utc": prov.get("timestamp"), "experiments": {}}
 
-    def save() -> None:
-        (dest / "provenance.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
 
-    failed = left = 0
-    for e in experiments:
-        folder = dest / e.folder if e.folder else dest
+def _kept(e, entry: dict, folder: Path, log) -> bool:
+    """An experiment merged in the run being resumed whose files are all there is kept; one whose files are gone
+    runs again (its record cleared)."""
+    if not entry.get("merged"):
+        return False
+    missing = [f for f in e.outputs() if not (folder / f).is_file()]
+    if not missing:
+        log(f"[measure] {e.name}: merged in the run being resumed; kept")
+        return True
+    log(f"[measure] {e.name}: merged in the run being resumed, but {missing} are gone: run again")
+    entry.update(commands=[], exit=[], merged=False)
+    return False
+
+
+class _Run:
+    """One call of :func:`run`: the run folder, its record (saved after every process), the budget."""
+
+    def __init__(self, dest: Path, record: dict, opts: dict, log):
+        self.dest, self.record, self.opts, self.log = dest, record, opts, log
+        self.t0, self.failed, self.left = time.time(), 0, 0
+
+    def save(self) -> None:
+        (self.dest / "provenance.json").write_text(json.dumps(self.record, indent=1, default=str) + "\n")
+
+    def process(self, e, entry: dict, k: int, n: int, pdir: Path) -> None:
+        """Process ``k`` of ``n`` of ``e`` into ``pdir``, unless it ran (exit 0) before or the budget is spent."""
+        budget = self.opts["budget_s"]
+        if _done(entry, k):
+            return
+        if budget is not None and time.time() - self.t0 > budget:
+            self.left += 1
+            return
+        pdir.mkdir(parents=True, exist_ok=True)
+        if not e.between_process:  # its rows are appended: a file left there (--overwrite, --resume) is replaced
+            for f in e.outputs():
+                (pdir / f).unlink(missing_ok=True)
+        cmd = [self.opts["python"], *e.command(str(pdir), k, self.opts["engine_root"], self.opts["smoke"])]
+        self.log(f"[measure] {e.name} process {k}/{n}: {' '.join(cmd[1:])}")
+        t0 = time.time()
+        try:
+            rc = subprocess.run(cmd, timeout=e.timeout_s).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+        self.log(f"[measure] {e.name} process {k}: exit {rc} in {time.time() - t0:.0f} s")
+        cmds, exits = entry["commands"], entry["exit"]
+        while len(exits) < k:  # a resumed entry keeps one slot per process
+            cmds.append("")
+            exits.append(None)
+        cmds[k - 1], exits[k - 1] = " ".join(cmd[1:]), rc
+        self.failed += rc != 0
+        self.save()
+
+    def experiment(self, e, processes: int) -> None:
+        """Every process of ``e``, then (between-process, all ran) the merge of their rows, ``process`` first."""
+        folder = self.dest / e.folder if e.folder else self.dest
         n = processes if e.between_process else 1
-        entry = record["experiments"].setdefault(e.name, {"module": e.module, "processes": n, "commands": [],
-                                                          "exit": []})
-        if entry.get("merged"):
-            missing = [f for f in e.outputs() if not (folder / f).is_file()]
-            if not missing:
-                log(f"[measure] {e.name}: merged in the run being resumed; kept")
-                continue
-            log(f"[measure] {e.name}: merged in the run being resumed, but {missing} are gone: run again")
-            entry.update(commands=[], exit=[], merged=False)
-        parts: dict[str, list[tuple[int, Path]]] = {}
-        for k in range(1, n + 1):
-            pdir = dest / ".processes" / e.name / f"p{k}" if e.between_process else folder
-            if not _done(entry, k):
-                if budget_s is not None and time.time() - t_start > budget_s:
-                    left += 1
-                    continue
-                pdir.mkdir(parents=True, exist_ok=True)
-                cmd = [python, *e.command(str(pdir), k, engine_root)]
-                log(f"[measure] {e.name} process {k}/{n}: {' '.join(cmd[1:])}")
-                t0 = time.time()
-                try:
-                    rc = subprocess.run(cmd, timeout=e.timeout_s).returncode
-                except subprocess.TimeoutExpired:
-                    rc = 124
-                log(f"[measure] {e.name} process {k}: exit {rc} in {time.time() - t0:.0f} s")
-                cmds, exits = entry["commands"], entry["exit"]
-                while len(exits) < k:  # a resumed entry keeps one slot per process
-                    cmds.append("")
-                    exits.append(None)
-                cmds[k - 1], exits[k - 1] = " ".join(cmd[1:]), rc
-                failed += rc != 0
-                save()
-            if e.between_process and _done(entry, k):
-                for f in e.outputs():
-                    if (pdir / f).is_file():
-                        parts.setdefault(f, []).append((k, pdir / f))
+        entry = self.record["experiments"].setdefault(e.name, {"module": e.module, "processes": n, "commands": [],
+                                                               "exit": []})
+        if _kept(e, entry, folder, self.log):
+            return
+        pdirs = {k: self.dest / ".processes" / e.name / f"p{k}" if e.between_process else folder
+                 for k in range(1, n + 1)}
+        for k, pdir in pdirs.items():
+            self.process(e, entry, k, n, pdir)
         exits = entry["exit"]
         if len(exits) < n or any(x is None for x in exits[:n]):
-            continue  # not merged: a process the budget left is for --resume
-        for f, ps in parts.items():
+            return  # not merged: a process the budget left is for --resume
+        for f in e.outputs() if e.between_process else ():
+            parts = [(k, pdirs[k] / f) for k in pdirs if _done(entry, k) and (pdirs[k] / f).is_file()]
             target = folder / f
-            if target.exists() and (overwrite or resume is not None):
+            if parts and target.exists() and (self.opts["overwrite"] or self.opts["resumed"]):
                 target.unlink()
-            log(f"[measure] {e.name}: {merge_processes(ps, target)} rows from {len(ps)} processes -> {target}")
-        entry["merged"] = all(_done(entry, k) for k in range(1, n + 1))  # a failed one: --resume retries it
-        save()
-    save()
-    if left:
-        log(f"[measure] budget {budget_s:.0f} s spent: {left} processes left; finish with --resume {dest}")
+            if parts:
+                self.log(f"[measure] {e.name}: {merge_processes(parts, target)} rows from {len(parts)} processes -> "
+                         f"{target}")
+        entry["merged"] = all(_done(entry, k) for k in pdirs)  # a failed one: --resume retries it
+        self.save()
+
+
+def run(experiments: list[Experiment], processes: int, out: Path, overwrite: bool = False,
+        engine_root: str = ".engine", python: str = sys.executable, log=print, resume: Path | None = None,
+        budget_s: float | None = None, smoke: bool = False) -> int:
+    """Run ``experiments`` (module docstring); returns 0 when every process exited 0, 3 when ``budget_s`` ran out
+    before every process had run (the run folder is left resumable), else 1 (the rows of the others are kept).
+    Needs CUDA (the caller checks).
+
+    ``resume``: a run folder a cut or budgeted run left (its ``provenance.json`` is rewritten after every process):
+    processes that exited 0 there keep their rows and are not run again; the rest run, then the merge. An experiment
+    recorded as merged whose merged files are gone runs again, every process. ``budget_s``: no new process starts
+    once this many seconds have passed; ``--resume`` finishes them. ``smoke``: every process with ``--smoke``.
+    """
+    dest, record = _start(experiments, processes, out, overwrite, resume, log)
+    r = _Run(dest, record, {"python": python, "engine_root": engine_root, "budget_s": budget_s, "smoke": smoke,
+                            "overwrite": overwrite, "resumed": resume is not None}, log)
+    for e in experiments:
+        r.experiment(e, processes)
+    r.save()
+    if r.left:
+        log(f"[measure] budget {budget_s:.0f} s spent: {r.left} processes left; finish with --resume {dest}")
     log(f"[measure] provenance -> {dest / 'provenance.json'}")
-    return 3 if left else 1 if failed else 0
+    return 3 if r.left else 1 if r.failed else 0
 
 
 def default_out(gpu: str) -> Path:

@@ -11,30 +11,17 @@ import statistics
 import torch
 
 from mla_lab.kernels import concat_mla_q, sparse_mla_prefill
-from mla_lab.measure.attention import make_step_inputs
+from mla_lab.measure.attention import make_step_inputs, padded_path
+from mla_lab.measure.record import log
 from mla_lab.measure.timer import graphed, interleaved
-from mla_lab.models import load_model
-from mla_lab.strategies import PaddedQPath
 
-from ._common import (
-    PROMPT,
-    PROVENANCE,  # noqa: F401 (re-exported: the provenance columns of its rows)
-    SEED_T,
-    Sink,
-    full_step,
-    log,
-    part_main,
-    seed_step,
-    sm_scale_of,
-)
+from ._common import PROMPT, full_step, seed_step, sm_scale_of
 
 OUTPUTS = {"subgraph.csv": ["shape", "variant", "round", "ms", "median_ms", "workspace_bytes", "repeats"]}
 VARIANTS = ["pr:eager", "pr:graph"] + [f"subchunk:{S}:{k}" for S in (2048, 4096)
                                       for k in ("views", "graph", "2stream", "2stream_graph")]
 #: (shape, T, variant)
-SHAPES = [(s, SEED_T, v) for s in ("seed", "full") for v in VARIANTS]
-
-
+SHAPES = [(s, 16384, v) for s in ("seed", "full") for v in VARIANTS]
 
 class ChunkLoop:
     """The sub-chunked attention path on ``n_ws`` workspaces of ``S`` rows (zeroed once), chunk i on stream
@@ -68,46 +55,33 @@ class ChunkLoop:
             main.wait_stream(s)
 
 
-def part_subgraph(sink: Sink, repeats: int) -> None:
-    m = load_model("glm-5")
-    H, Hp = m.heads_per_rank(8), 64
-    sm = sm_scale_of(m)
-    for shape, step, plen, full in (("seed", seed_step(), PROMPT, False), ("full", full_step(), 2 * SEED_T, True)):
-        ql, qpe, kv, idx, tl = make_step_inputs(m, 8, step, plen, seed=0, full_topk=full)
-        pr = PaddedQPath("private_workspace", num_heads=H, max_num_batched_tokens=SEED_T, arch="h200", device="cuda")
-        fns = {"pr:eager": lambda: pr(ql, qpe, kv, idx, sm, tl)}
-        fns["pr:graph"] = graphed(lambda: pr(ql, qpe, kv, idx, sm, tl))
-        loops = []
-        for S in (2048, 4096):
-            one = ChunkLoop(H, Hp, S, 1, SEED_T)
-            two = ChunkLoop(H, Hp, S, 2, SEED_T)
-            loops += [one, two]
-            fns[f"subchunk:{S}:views"] = lambda one=one: one(ql, qpe, kv, idx, sm, tl)
-            fns[f"subchunk:{S}:graph"] = graphed(lambda one=one: one(ql, qpe, kv, idx, sm, tl))
-            fns[f"subchunk:{S}:2stream"] = lambda two=two: two(ql, qpe, kv, idx, sm, tl)
-            fns[f"subchunk:{S}:2stream_graph"] = graphed(lambda two=two: two(ql, qpe, kv, idx, sm, tl))
-        samples = interleaved(fns, repeats=repeats, device="cuda")
+def _calls(rank, inputs, sizes) -> dict:
+    """Variant name -> the call (eager or its graph replay) on ``inputs``."""
+    ql, qpe, kv, idx, tl = inputs
+    H, Hp, T, sm = rank.num_heads, rank.padded_num_heads, rank.max_num_batched_tokens, sm_scale_of(rank.model)
+    pr = padded_path(rank, "private_workspace")
+    fns = {"pr:eager": lambda: pr(ql, qpe, kv, idx, sm, tl), "pr:graph": graphed(lambda: pr(ql, qpe, kv, idx, sm, tl))}
+    for S in sizes:
+        one, two = ChunkLoop(H, Hp, S, 1, T), ChunkLoop(H, Hp, S, 2, T)
+        fns[f"subchunk:{S}:views"] = lambda one=one: one(ql, qpe, kv, idx, sm, tl)
+        fns[f"subchunk:{S}:graph"] = graphed(lambda one=one: one(ql, qpe, kv, idx, sm, tl))
+        fns[f"subchunk:{S}:2stream"] = lambda two=two: two(ql, qpe, kv, idx, sm, tl)
+        fns[f"subchunk:{S}:2stream_graph"] = graphed(lambda two=two: two(ql, qpe, kv, idx, sm, tl))
+    return fns
+
+
+def run(rank, sink, options) -> None:
+    """Sizes S 2048 and 4096 (512 and 1024 under smoke); ``options.reps`` interleaved rounds."""
+    T, Hp = rank.max_num_batched_tokens, rank.padded_num_heads
+    sizes = (512, 1024) if options.smoke else (2048, 4096)
+    for shape, step, plen, full in (("seed", seed_step(rank), PROMPT, False), ("full", full_step(rank), 2 * T, True)):
+        inputs = make_step_inputs(rank, step, plen, seed=0, full_topk=full)
+        samples = interleaved(_calls(rank, inputs, sizes), repeats=options.reps, device="cuda")
         for name, xs in samples.items():
-            ws_bytes = {"pr": SEED_T * Hp * 576 * 2}.get(name.split(":")[0])
-            if ws_bytes is None:
-                S = int(name.split(":")[1])
-                ws_bytes = (2 if "2stream" in name else 1) * S * Hp * 576 * 2
+            rows = T if name.startswith("pr") else (2 if "2stream" in name else 1) * int(name.split(":")[1])
             for i, ms in enumerate(xs):
                 sink.write("subgraph.csv", {"shape": shape, "variant": name, "round": i, "ms": round(ms, 5),
                                             "median_ms": round(statistics.median(xs), 5),
-                                            "workspace_bytes": ws_bytes, "repeats": repeats})
+                                            "workspace_bytes": rows * Hp * 576 * 2, "repeats": options.reps})
         log(f"subgraph {shape}: " + ", ".join(f"{n} {statistics.median(x):.3f}" for n, x in samples.items()))
         torch.cuda.empty_cache()
-
-
-def run(sink: Sink, a) -> None:
-    """This experiment's part of one fresh process (``a``: the parsed arguments of :func:`~._common.part_main`)."""
-    part_subgraph(sink, a.reps)
-
-
-def main(argv=None) -> int:
-    return part_main(run, __doc__, argv)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,47 +1,35 @@
-"""Benchmark: the sparse-MLA attention block and the MoE block (EP = TP) really sharded over ``--tp`` GPUs (NCCL, one
-process per GPU, rank r on GPU r) against the lab's one-GPU simulation of one rank's share and the all-reduce model
-term, plus the all-reduce alone per rank (at [T, hidden] and over a bytes sweep, for the comm-model fit).
+"""The sparse-MLA attention block and the MoE block (EP = TP) really sharded over ``--tp`` GPUs (NCCL, one process
+per GPU, rank r on GPU r) against the lab's one-GPU simulation of one rank's share and the all-reduce model term,
+plus the all-reduce alone per rank (at [T, hidden] and over a bytes sweep, for the comm-model fit). Logic, shapes
+and columns: :mod:`mla_lab.measure.tp`. NVLink multicast stays off (:data:`~mla_lab.measure.tp.SAFE_ENV`).
 
-Logic, shapes and columns: :mod:`mla_lab.measure.tp` (its module docstring is the contract). Per rank and (model,
-T, block, strategy): medians of ``--iters`` barrier-started calls after ``--warmup`` (CUDA events), peak memory per
-call, device used / torch reserved bytes and NCCL's own bytes. NVLink multicast stays off (NCCL_NVLS_ENABLE=0,
-TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1).
-
-Writes, with ``--runs tp`` (and ``sim``): ``data/measured/<arch>x<tp>/tp_block.csv`` (block rows, every rank and the
-sim) and ``.../allreduce.csv`` (all-reduce rows); with ``--runs sim`` alone (a one-GPU machine):
-``data/measured/<arch>/tp<N>_sim_block.csv``. ``--out DIR`` puts the same file names in DIR. Rows are written per
-model as each model's run completes, to ``<file>.partial``; the files are replaced when every model is done, so a
-failure later keeps both the earlier file and this run's rows so far. A file that exists and does not carry this
-script's header (columns :data:`mla_lab.measure.tp.BLOCK_COLUMNS` / ``ALLREDUCE_COLUMNS`` + provenance) was not
-written by it: the script refuses to overwrite it and exits 2 before running anything (the TP=2 evidence
-``data/measured/h200x2/tp2_attention.csv`` has another name and is never touched). ``--out`` that is an existing
-file, or a folder that cannot be created, is refused likewise. A ``--cpu-dry-run`` never writes under
-``data/measured`` (its gloo rows would replace GPU evidence under the same header; default ``/tmp/tp_block_cpu_dry_run``)
-and uses its own tiny sizes, but ``--tokens``, ``--iters``, ``--warmup`` and the all-reduce sizes are still checked.
-Every refusal is one line on stderr, exit status 2. Usage::
+Two doors: the registry's ``run`` (``mla-lab measure --experiments tp_block``: the rank's TP share on one GPU,
+parameter ``runs`` ``sim``; ``tp,sim`` on a machine with the rank's TP GPUs) and :func:`main`, the multi-GPU command
+line. :func:`main` writes ``data/measured/<arch>x<tp>/tp_block.csv`` and ``allreduce.csv`` (``--runs tp``), or
+``data/measured/<arch>/tp<N>_sim_block.csv`` (``--runs sim`` alone); ``--out DIR`` puts the same names in DIR.
+Rows go per model to ``<file>.partial``; the files are replaced when every model is done (a failure keeps both the
+earlier file and this run's rows so far). A file there without this experiment's header was not written by it and
+is never replaced; a ``--cpu-dry-run`` (gloo, tiny shapes) never writes under ``data/measured``. Every refusal is
+one line on stderr, exit 2. Usage::
 
     python -m mla_lab.measure.experiments.tp_block --tp 8                      # 8 GPUs, flash_mla installed
     python -m mla_lab.measure.experiments.tp_block --tp 8 --runs sim           # the TP-8 share on one GPU
-    python -m mla_lab.measure.experiments.tp_block --cpu-dry-run --tp 4 --out /tmp/x   # the logic on CPU (gloo, tiny shapes)
-
-Expected run time on 8 H200s (both models, both blocks, default strategies and sizes): a few minutes (process
-start, NCCL init, Triton JIT, random expert weights; the timed calls take seconds).
+    python -m mla_lab.measure.experiments.tp_block --cpu-dry-run --tp 4 --out /tmp/x   # the logic on CPU
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import math
+import dataclasses
 import os
 import sys
-import time
 from pathlib import Path
 
 from mla_lab.arch import detect_arch
 from mla_lab.kernels import flash_mla_info
 from mla_lab.measure import tp as _tp
-from mla_lab.measure.record import CsvSink
+from mla_lab.measure.record import Sink, log
 from mla_lab.measure.tp import (
     ALLREDUCE_COLUMNS,
     BLOCK_COLUMNS,
@@ -69,20 +57,21 @@ def _header(path: Path):
 
 def _blank(v):
     """None for a missing value (None, pandas NA, NaN): an empty CSV field."""
-    if v is None or type(v).__name__ == "NAType":
-        return None
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    return v
+    return None if v is None or type(v).__name__ == "NAType" or (isinstance(v, float) and v != v) else v
 
 
-OUTPUTS = {"tp_block.csv": BLOCK_COLUMNS + COMPARE_COLUMNS, "allreduce.csv": ALLREDUCE_COLUMNS}
-PROVENANCE = tuple(PROVENANCE_COLUMNS)
-#: (model, block) per TP size given by --tp
+_BLOCK = BLOCK_COLUMNS + COMPARE_COLUMNS
+OUTPUTS = {"tp_block.csv": _BLOCK, "allreduce.csv": ALLREDUCE_COLUMNS,
+           **{f"tp{n}_sim_block.csv": _BLOCK for n in (2, 4, 8)}}
+#: (model, block) per TP size
 SHAPES = [(m, b) for m in ("glm-5", "deepseek-v3.2") for b in ("attention", "moe")]
 
 
-def main(argv=None) -> int:
+class _Refused(ValueError):
+    """A bad argument: one line on stderr, exit 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="+", default=["glm-5", "deepseek-v3.2"])
     ap.add_argument("--tokens", nargs="+", type=int, default=[4096, 16384])
@@ -102,124 +91,101 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="output folder (default data/measured/<arch>x<tp> or <arch>)")
     ap.add_argument("--cpu-dry-run", action="store_true",
                     help="gloo on CPU, tiny shapes (8 heads, hidden 64, 8 experts), reference kernel: the logic only")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def _dry_config(a, common: dict) -> TPBenchmarkConfig:
+    """The CPU dry run's tiny config; the sizes asked for are still checked (never silently ignored)."""
+    asked = TPBenchmarkConfig(models=a.models, tokens=a.tokens, device="cpu", warmup=a.warmup, iters=a.iters,
+                              allreduce_tokens=a.allreduce_tokens, allreduce_mib=a.allreduce_mib,
+                              model_overrides=tiny_overrides(), **common)
+    try:
+        check_config(asked)
+    except (ValueError, RuntimeError) as e:
+        raise _Refused(f"{e} (--cpu-dry-run: the tiny models, 8 heads and 8 experts each)") from None
+    return TPBenchmarkConfig(models=a.models, tokens=[16], device="cpu", warmup=1, iters=3, kernel_backend="reference",
+                             concat_backend="torch", model_overrides=tiny_overrides(), allreduce_tokens=[16, 64],
+                             allreduce_mib=[0.25, 1], **common)
+
+
+def _gpu_config(a, common: dict) -> tuple[TPBenchmarkConfig, str]:
+    """The GPU run's config and arch name (refused: too few GPUs, or no flash_mla for the attention block)."""
     import torch
 
+    n, need = torch.cuda.device_count(), a.tp if "tp" in a.runs else 1
+    if n < need:
+        raise _Refused(f"--runs {' '.join(a.runs)} --tp {a.tp} needs {need} CUDA GPUs; torch sees {n} (--runs sim "
+                       "needs one; --cpu-dry-run checks the logic on CPU)")
+    info = flash_mla_info()
+    if "attention" in a.blocks and a.kernel_backend != "reference" and not info["available"]:
+        raise _Refused(f"flash_mla is not available ({info}); install the gpu extra, or pass --kernel-backend "
+                       "reference with small --tokens")
+    gpu = detect_arch()
+    arch = gpu["arch"] or ("b200" if gpu["prefill_padding"] == 128 else "h200")
+    log(f"{n} x {gpu['device']} ({arch}); flash_mla {info.get('provider')} {info.get('version')}; env {SAFE_ENV}")
+    return TPBenchmarkConfig(models=a.models, tokens=a.tokens, arch=arch, device="cuda", warmup=a.warmup,
+                             iters=a.iters, kernel_backend=a.kernel_backend, concat_backend=a.concat_backend,
+                             allreduce_tokens=a.allreduce_tokens, allreduce_mib=a.allreduce_mib,
+                             moe_impl=a.moe_impl, **common), arch
 
-    def refuse(msg: str) -> int:
-        print(f"tp_block: {msg}", file=sys.stderr)
-        return 2
 
-    t0 = time.time()
-    common = dict(tp=args.tp, blocks=args.blocks, strategies=args.strategies, runs=args.runs)
-    if args.cpu_dry_run:
-        # the dry run replaces these by tiny sizes; a bad value is still refused rather than silently ignored
-        asked = TPBenchmarkConfig(models=args.models, tokens=args.tokens, device="cpu", warmup=args.warmup,
-                                  iters=args.iters, allreduce_tokens=args.allreduce_tokens,
-                                  allreduce_mib=args.allreduce_mib, model_overrides=tiny_overrides(), **common)
-        try:
-            check_config(asked)
-        except (ValueError, RuntimeError) as e:
-            return refuse(f"{e} (--cpu-dry-run: the tiny models, 8 heads and 8 experts each)")
-        cfg = TPBenchmarkConfig(models=args.models, tokens=[16], device="cpu", warmup=1, iters=3,
-                                kernel_backend="reference", concat_backend="torch", model_overrides=tiny_overrides(),
-                                allreduce_tokens=[16, 64], allreduce_mib=[0.25, 1], **common)
-        arch = "cpu"
-    else:
-        n = torch.cuda.device_count()
-        need = args.tp if "tp" in args.runs else 1
-        if n < need:
-            print(f"tp_block: --runs {' '.join(args.runs)} --tp {args.tp} needs {need} CUDA GPUs; torch sees {n} "
-                  "(--runs sim needs one; --cpu-dry-run checks the logic on CPU)", file=sys.stderr)
-            return 2
-        info = flash_mla_info()
-        if "attention" in args.blocks and args.kernel_backend != "reference" and not info["available"]:
-            print(f"tp_block: flash_mla is not available ({info}); install the gpu extra, or pass "
-                  "--kernel-backend reference with small --tokens", file=sys.stderr)
-            return 2
-        gpu = detect_arch()
-        arch = gpu["arch"] or ("b200" if gpu["prefill_padding"] == 128 else "h200")
-        cfg = TPBenchmarkConfig(models=args.models, tokens=args.tokens, arch=arch, device="cuda",
-                                warmup=args.warmup, iters=args.iters, kernel_backend=args.kernel_backend,
-                                concat_backend=args.concat_backend, allreduce_tokens=args.allreduce_tokens,
-                                allreduce_mib=args.allreduce_mib, moe_impl=args.moe_impl, **common)
-        print(f"{n} x {gpu['device']} ({arch}); flash_mla {info.get('provider')} {info.get('version')}; "
-              f"env {SAFE_ENV}", flush=True)
-    try:
-        check_config(cfg)
-    except (ValueError, RuntimeError) as e:
-        print(f"tp_block: {e}", file=sys.stderr)
-        return 2
-
-    sim_only = args.runs == ["sim"]
-    if args.out:
-        out = Path(args.out)
+def _outputs(a, arch: str) -> tuple[Path, dict]:
+    """The output folder and ``{file name: columns}`` it writes, checked: not a file, not under data/measured for a
+    dry run, no file there that another writer made, creatable."""
+    sim_only = a.runs == ["sim"]
+    measured_root = measured_dir().resolve()
+    if a.out:
+        out = Path(a.out)
         if out.exists() and not out.is_dir():
-            return refuse(f"--out {args.out!r} is an existing file; allowed: a folder (new or holding this script's "
-                          "CSVs)")
-        measured_root = measured_dir().resolve()
-        if args.cpu_dry_run and (out.resolve() == measured_root or measured_root in out.resolve().parents):
-            return refuse(f"--out {args.out!r} is under {measured_root}: a --cpu-dry-run (gloo, tiny shapes) never "
-                          "writes there; allowed: a folder outside it, e.g. /tmp/x")
-    elif args.cpu_dry_run:
-        out = Path("/tmp") / "tp_block_cpu_dry_run"  # never mix a dry run into data/measured
+            raise _Refused(f"--out {a.out!r} is an existing file; allowed: a folder (new or holding this script's "
+                           "CSVs)")
+        if a.cpu_dry_run and (out.resolve() == measured_root or measured_root in out.resolve().parents):
+            raise _Refused(f"--out {a.out!r} is under {measured_root}: a --cpu-dry-run (gloo, tiny shapes) never "
+                           "writes there; allowed: a folder outside it, e.g. /tmp/x")
     else:
-        out = measured_dir(arch if sim_only else f"{arch}x{args.tp}")
-    block_path = out / (f"tp{args.tp}_sim_block.csv" if sim_only else "tp_block.csv")
-    ar_path = None if sim_only else out / "allreduce.csv"
-    block_cols = BLOCK_COLUMNS + COMPARE_COLUMNS
-    headers = {block_path: block_cols + list(PROVENANCE_COLUMNS)}
-    if ar_path is not None:
-        headers[ar_path] = ALLREDUCE_COLUMNS + list(PROVENANCE_COLUMNS)
-    for path, header in headers.items():
-        if path.is_dir():
-            print(f"tp_block: {path} is a folder, not a file", file=sys.stderr)
-            return 2
-        # this script's header, or the one it wrote before block rows had a content column
-        if path.exists() and _header(path) not in (header, [c for c in header if c != "content"]):
-            print(f"tp_block: {path} exists and was not written by tp_block.py (its header differs); refusing to "
-                  "overwrite it: pass another --out", file=sys.stderr)
-            return 2
+        out = Path("/tmp/tp_block_cpu_dry_run") if a.cpu_dry_run else measured_dir(arch if sim_only
+                                                                                   else f"{arch}x{a.tp}")
+    files = {f"tp{a.tp}_sim_block.csv" if sim_only else "tp_block.csv": _BLOCK}
+    if not sim_only:
+        files["allreduce.csv"] = ALLREDUCE_COLUMNS
+    for name, cols in files.items():
+        header = cols + list(PROVENANCE_COLUMNS)
+        if (out / name).is_dir():
+            raise _Refused(f"{out / name} is a folder, not a file")
+        if (out / name).exists() and _header(out / name) not in (header, [c for c in header if c != "content"]):
+            raise _Refused(f"{out / name} exists and was not written by tp_block.py (its header differs); refusing "
+                           "to overwrite it: pass another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        return refuse(f"--out {str(out)!r} cannot be created ({e.strerror}); allowed: a writable folder")
+        raise _Refused(f"--out {str(out)!r} cannot be created ({e.strerror}); allowed: a writable folder") from None
+    return out, files
 
-    import dataclasses
 
+def _measure(cfg: TPBenchmarkConfig, files: dict[str, list], make_sink, suffix: str = "") -> tuple[list, list]:
+    """One spawn per model (its rows on disk before the next runs; the bytes sweep once): block rows to the first
+    of ``files``, all-reduce rows to the second (if any), each name + ``suffix``, through ``make_sink(provenance of
+    the first rows)``. Returns the block and all-reduce DataFrames."""
+    names = list(files)
+    sink, blocks, ars = None, [], []
+    for i, name in enumerate(cfg.models):
+        sub = dataclasses.replace(cfg, models=[name], allreduce_mib=cfg.allreduce_mib if i == 0 else [])
+        res = _tp.run_tp_benchmark(sub)  # looked up on the module: the seam the tests patch
+        if sink is None:  # the provenance of the rows (a dry run says it ran on the CPU)
+            prov = {k: res.blocks[k].iloc[0] for k in PROVENANCE_COLUMNS} if len(res.blocks) else None
+            sink = make_sink(prov)
+        for file, df in zip(names, (res.blocks, res.allreduce)):
+            for rec in df[files[file]].to_dict("records"):
+                sink.write(file + suffix, {k: _blank(v) for k, v in rec.items()})
+        blocks.append(res.blocks)
+        ars.append(res.allreduce)
+        log(f"{name}: {len(res.blocks)} block rows, {len(res.allreduce)} all-reduce rows")
+    return blocks, ars
+
+
+def _print_summary(blocks: list, ars: list, tp: int) -> None:
     import pandas as pd
 
-    # rows go to <file>.partial as each model completes; the files are replaced only when every model is done, so a
-    # failure keeps both the earlier file (untouched) and this run's rows so far (the .partial)
-    partial = {path: path.with_name(path.name + ".partial") for path in headers}
-    sinks, blocks, ars = {}, [], []
-    try:
-        for i, name in enumerate(cfg.models):
-            # one model per spawn: its rows are on disk before the next model runs; the bytes sweep once
-            sub = dataclasses.replace(cfg, models=[name], allreduce_mib=cfg.allreduce_mib if i == 0 else [])
-            res = _tp.run_tp_benchmark(sub)  # looked up on the module: the seam the tests patch
-            prov = {k: res.blocks[k].iloc[0] for k in PROVENANCE_COLUMNS} if len(res.blocks) else {}
-            if not sinks:
-                sinks["blocks"] = CsvSink(partial[block_path], block_cols, prov)
-                if ar_path is not None:
-                    sinks["allreduce"] = CsvSink(partial[ar_path], ALLREDUCE_COLUMNS, prov)
-            for key, df, cols in (("blocks", res.blocks, block_cols), ("allreduce", res.allreduce, ALLREDUCE_COLUMNS)):
-                if key in sinks:
-                    for rec in df[cols].to_dict("records"):
-                        sinks[key].write({k: _blank(v) for k, v in rec.items()})
-            blocks.append(res.blocks)
-            ars.append(res.allreduce)
-            print(f"[{time.time() - t0:6.0f}s] {name}: {len(res.blocks)} block rows, {len(res.allreduce)} all-reduce "
-                  "rows", flush=True)
-    except BaseException as e:
-        kept = [str(p) for p in partial.values() if p.exists()]
-        print(f"tp_block: stopped at {type(e).__name__}: {e}; rows so far kept in {kept or 'nothing'}; "
-              f"{', '.join(str(p) for p in headers)} left as they were", file=sys.stderr)
-        raise
-    for path, tmp in partial.items():
-        if tmp.exists():
-            os.replace(tmp, path)
     df, ar = pd.concat(blocks, ignore_index=True), pd.concat(ars, ignore_index=True)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_columns", 40)
@@ -232,11 +198,51 @@ def main(argv=None) -> int:
         print(ar.groupby(["nbytes", "T", "hidden_size"], dropna=False)["ms"].median().round(4).to_string())
     s = summary_table(df)
     if len(s):
-        print(f"\nTP={args.tp} (min/median/max over ranks, slowest rank) vs one-GPU simulation + modelled all-reduce:")
+        print(f"\nTP={tp} (min/median/max over ranks, slowest rank) vs one-GPU simulation + modelled all-reduce:")
         print(s.round(3).to_string(index=False))
-    written = [str(block_path)] + ([str(ar_path)] if ar_path is not None else [])
-    print(f"\nwrote {', '.join(written)} ({len(df)} block rows, {len(ar)} all-reduce rows) in {time.time() - t0:.0f} s")
+
+
+def main(argv=None) -> int:
+    """The multi-GPU command line (module docstring). Exit 2 with one line on a refusal."""
+    a = _parser().parse_args(argv)
+    common = dict(tp=a.tp, blocks=a.blocks, strategies=a.strategies, runs=a.runs)
+    try:
+        cfg, arch = (_dry_config(a, common), "cpu") if a.cpu_dry_run else _gpu_config(a, common)
+        check_config(cfg)
+        out, files = _outputs(a, arch)
+    except (_Refused, ValueError, RuntimeError) as e:
+        print(f"tp_block: {e}", file=sys.stderr)
+        return 2
+    try:
+        blocks, ars = _measure(cfg, files, lambda prov: Sink(out, {f + ".partial": c for f, c in files.items()},
+                                                             prov=prov), ".partial")
+    except BaseException as e:
+        kept = [str(out / (f + ".partial")) for f in files if (out / (f + ".partial")).exists()]
+        print(f"tp_block: stopped at {type(e).__name__}: {e}; rows so far kept in {kept or 'nothing'}; "
+              f"{', '.join(str(out / f) for f in files)} left as they were", file=sys.stderr)
+        raise
+    for f in files:
+        if (out / (f + ".partial")).exists():
+            os.replace(out / (f + ".partial"), out / f)
+    _print_summary(blocks, ars, a.tp)
+    log(f"wrote {', '.join(str(out / f) for f in files)}")
     return 0
+
+
+def run(rank, sink, options) -> None:
+    """The registry's door: the rank's TP share (parameter ``runs``: ``sim`` one GPU, default; ``tp,sim`` the
+    rank's TP GPUs), both blocks, :data:`DEFAULT_STRATEGIES`; smoke: T 1024, 3 iterations, the rank's model."""
+    runs = list(options.param("runs", ("sim",)))
+    smoke = options.smoke
+    cfg = TPBenchmarkConfig(models=[rank.model.name] if smoke else ["glm-5", "deepseek-v3.2"],
+                            tokens=[1024] if smoke else [4096, 16384], tp=rank.tp, blocks=["attention", "moe"],
+                            strategies=DEFAULT_STRATEGIES, arch=rank.arch.name, iters=3 if smoke else 20,
+                            runs=runs, allreduce_mib=[1] if smoke else [1, 4, 16, 64, 256])
+    check_config(cfg)
+    files = {f"tp{rank.tp}_sim_block.csv" if runs == ["sim"] else "tp_block.csv": _BLOCK}
+    if runs != ["sim"]:
+        files["allreduce.csv"] = ALLREDUCE_COLUMNS
+    _measure(cfg, files, lambda prov: sink)
 
 
 if __name__ == "__main__":

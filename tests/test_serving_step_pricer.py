@@ -1,4 +1,4 @@
-"""The cost model as a serving pricer (mla_lab.serving.engine_pricer): hand-checkable steps (the step conversion,
+"""The cost model as a serving pricer (mla_lab.serving.step_pricer): hand-checkable steps (the step conversion,
 the launch model, the strategies' decode costs, the decode terms per layer). The decode calibration's own tests:
 tests/test_model_decode_calibration.py; the benchmark per strategy: tests/test_serving_benchmark.py."""
 
@@ -15,8 +15,8 @@ from mla_lab.model.ops import attention_path_ops, step_ops, step_stats
 from mla_lab.model.timing import op_time_ms, step_time_ms
 from mla_lab.models import load_model
 from mla_lab.placement import BASELINE
-from mla_lab.serving.engine_pricer import EnginePricer, _Parts, layer_decode_ms
 from mla_lab.serving.step import DecodeToken, PrefillChunk, Step
+from mla_lab.serving.step_pricer import CostModelPricer, _Parts, layer_decode_ms
 from mla_lab.workload import Step as WorkStep
 from mla_lab.workload import sum_topk_lengths
 
@@ -38,7 +38,7 @@ def decode_step(B, c, mode="FULL"):
 
 @pytest.fixture(scope="module")
 def pricer():
-    return EnginePricer(SEED, "private_workspace")
+    return CostModelPricer(SEED, "private_workspace")
 
 
 # ------------------------------------------------------------------------------------------ step conversion
@@ -73,7 +73,7 @@ def test_decode_only_step_runs_as_a_graph_without_the_eager_term(pricer):
                                               n * DCAL.host_us_per_op * 1e-3))
     assert e["total_ms"] > r["total_ms"]
     # a host-bound calibration: 1 ms per launch makes the eager step exactly n ms; the graph step is unchanged
-    slow = EnginePricer(SEED, "private_workspace",
+    slow = CostModelPricer(SEED, "private_workspace",
                         decode_cal=replace(DCAL, host_us_per_op=1000.0, eager_gap_us=0.0))
     assert slow(decode_step(32, 1100, "NONE")) == pytest.approx(n * 1.0)
     assert slow(s) == pytest.approx(r["total_ms"])
@@ -85,7 +85,7 @@ def test_launches_counted_once_per_op_of_every_layer(pricer):
 
 
 def test_mixed_step_pays_the_eager_term():
-    gap = EnginePricer(SEED, "private_workspace",
+    gap = CostModelPricer(SEED, "private_workspace",
                        decode_cal=replace(DCAL, host_us_per_op=0.0, eager_gap_us=2.0))
     s = Step((DecodeToken(0, 1030), DecodeToken(1, 1031)), (PrefillChunk(2, 0, 512),), "PIECEWISE", 520)
     assert s.kind == "mixed" and not s.cuda_graph
@@ -97,16 +97,16 @@ def test_mixed_step_pays_the_eager_term():
 # ------------------------------------------------------------------------------------------- strategies
 def test_per_call_pad_costs_on_decode_steps_with_bf16_kv_only():
     s = decode_step(32, 1100)
-    pre = EnginePricer(SEED, BASELINE)
-    fused = EnginePricer(SEED, "private_workspace")
-    sglang = EnginePricer(SEED, "per_call_zeros")
+    pre = CostModelPricer(SEED, BASELINE)
+    fused = CostModelPricer(SEED, "private_workspace")
+    sglang = CostModelPricer(SEED, "per_call_zeros")
     assert sglang(s) > pre(s) > fused(s)
     # the difference is the pad copy of every layer: its roofline plus one kernel's graph overhead
     pad = next(op for op in attention_path_ops(SEED, BASELINE, 32, 32 * 1100) if op.name == "pad_copy")
     per_layer = op_time_ms(pad, H200, DCAL.graph_calibration(load_calibration())) + DCAL.attn_floor_us["pad_copy"] * 1e-3
     assert pre(s) - fused(s) == pytest.approx(GLM.num_hidden_layers * per_layer, rel=1e-9)
     fp8_kv = Deployment.seed(kv_cache_dtype="fp8").rank
-    fp8 = {n: EnginePricer(fp8_kv, n)(s)
+    fp8 = {n: CostModelPricer(fp8_kv, n)(s)
            for n in (BASELINE, "private_workspace", "per_call_zeros", "kernel_native")}
     assert len(set(fp8.values())) == 1, fp8
 
@@ -122,7 +122,7 @@ def test_prefill_only_step_keeps_the_layer_model_for_the_decode_terms(pricer):
 def test_decode_terms_counted_over_the_right_layers():
     """GLM-5.2 has a DSA indexer on 21 of 78 layers: the decode indexer is charged 21 times, the kernel 78."""
     rank = Deployment.seed(model="glm-5.2").rank
-    p = EnginePricer(rank, "private_workspace")
+    p = CostModelPricer(rank, "private_workspace")
     s = decode_step(16, 3000)
     per = layer_decode_ms(rank, "private_workspace", decode_contexts=[3000] * 16, measured_subset=False)["ops"]
     by = p.price(s)["by_op"]

@@ -1,48 +1,17 @@
-"""The lab's cost model as a serving pricer: a vLLM v1 engine step -> milliseconds, decode included (issue 13).
+"""The lab's cost model as a step pricer: a vLLM v1 engine step -> milliseconds, decode included (issue 13;
+docs/serving.md, "The lab's cost model as the pricer", has each term, its fit and its validation).
 
-:class:`EnginePricer` turns a :class:`~mla_lab.serving.step.Step` (prefill chunks with their start positions,
-decode tokens with their contexts) into a :class:`mla_lab.workload.Step` of chunks ``(req, start, n)`` (a decode
-token with context ``c`` is the chunk ``(req, c - 1, 1)``: it attends ``min(c, topk)`` keys and its indexer scans
-``c`` keys), prices it with :func:`mla_lab.model.timing.step_time_ms` (every layer, the strategy's attention path,
-so with a bf16 KV cache decode tokens go through the padded kernel and pay the per-call pad too) and adds what the
-layer model lacks at decode batch sizes, fitted on the H200 decode measurements
-(:class:`mla_lab.model.decode_calibration.DecodeCalibration`, re-exported here with its loader and writer):
+:class:`CostModelPricer` turns a serving :class:`~mla_lab.serving.step.Step` into a :class:`mla_lab.workload.Step`
+of chunks ``(req, start, n)`` (a decode token with context ``c`` is ``(req, c - 1, 1)``: ``min(c, topk)`` attention
+keys, ``c`` indexer keys), prices it with :func:`mla_lab.model.timing.step_time_ms` (every layer, the strategy's
+attention path: with a bf16 KV cache decode tokens pay the per-call pad too) and adds the decode terms fitted on
+the H200 (:class:`mla_lab.model.decode_calibration.DecodeCalibration`): graph-replay overheads of small ops, the
+bandwidth-bound decode indexer, the decode top-k, the sparse kernel at decode (:class:`KernelDecode`), a per-layer
+fixed cost, and the launch model (a ``FULL`` CUDA-graph step costs its GPU time; any other
+``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops launched, an upper bound under ``PIECEWISE``).
 
-- **GPU time of small ops** (:attr:`DecodeCalibration.graph_floors`): the committed per-class overheads
-  (``h200_ops.csv``) were fitted on eagerly launched ops, where the host's launch cost shows up as a floor
-  (5-15 us); replayed inside a CUDA graph the same kernels cost 2-6 us. Each roofline class gets its graph-replay
-  overhead (its efficiencies stay the committed ones); the attention-path byte ops (concat, pad, ...) get a fixed
-  cost per kernel launched (:attr:`~DecodeCalibration.attn_floor_us`; the pad of ``per_call_zeros`` is two
-  kernels, zero fill and copy).
-- **The decode indexer** (``idx_logits`` of decode tokens, :attr:`~DecodeCalibration.idx_decode`): each token
-  reads its request's ``c`` cached indexer keys, a bandwidth-bound scan (prefill's causal logits are
-  compute-bound; the committed class was fitted on those). Prefill chunks of a mixed step keep the committed class.
-- **The decode top-k** (:attr:`~DecodeCalibration.topk_decode`): ``f + a * c_max + b * sum(c)`` us (a per-row
-  latency and a throughput term), for ``torch.topk`` over ``[B, c]`` as measured.
-- **The sparse kernel at decode** (:class:`KernelDecode`): one CTA per token (grid ``H'/64 x T``), so a decode
-  batch costs ``a + (lat^p + flop^p + kv^p)^(1/p)`` with ``lat = us_per_key x max(topk_length)`` (one CTA's walk
-  over its keys), ``flop`` the layer model's kernel roofline and ``kv`` the KV rows read
-  (``sum(topk_length) x 576 x 2`` B) at ``eff_bytes`` of HBM bandwidth. The kernel time is the larger of that and
-  the layer model's (which covers the prefill tokens of a mixed step); stale padded heads scale it by the content
-  factor as in prefill.
-- **A per-layer fixed cost** (:attr:`~DecodeCalibration.layer_fixed_us`): what the op list leaves out in the
-  measured layer (the top-k -> global slot conversion, the bf16 cast of the indexer weights, graph node gaps).
-- **The launch model**: a step with :attr:`Step.cuda_graph` (a uniform decode batch replayed as a full CUDA graph)
-  costs its GPU time alone; any other step (``PIECEWISE`` or ``NONE``) is priced eagerly:
-  ``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops launched (host-bound at small batches,
-  GPU-bound with an idle gap per launch otherwise; :attr:`~DecodeCalibration.eager_form` says which terms the fit
-  kept). vLLM's ``PIECEWISE`` mode replays the non-attention pieces as graphs, so this host floor is an upper
-  bound there (it matters only for small mixed steps).
-
-What the decode measurements time (``benchmarks/bench_decode.py``): one per-rank MoE layer, bf16 weights, EP8
-experts as a ``bmm`` over the expected active experts, no KV-cache write, RoPE, indexer k-prep, router top-k or
-all-reduce. :func:`layer_decode_ms` prices that same subset (``layer_ops`` ops with ``impl`` and not comm; the
-excluded ops are :data:`EXCLUDED_FROM_MEASURED`) for the fit and its validation; :class:`EnginePricer` prices the
-whole step: every op of :func:`mla_lab.model.ops.step_ops`, the excluded ones with the committed model and graph
-overheads, collectives with the lab's one ring model (not calibrated at decode sizes).
-
-:func:`serve_benchmark` (:mod:`mla_lab.serving.benchmark`) runs :func:`mla_lab.serving.simulate` once per strategy
-with this pricer and that strategy's own KV-cache capacity.
+:func:`layer_decode_ms` prices the op subset the decode measurements time (``decode_layer`` experiment: one
+per-rank MoE layer, bf16 weights, EP8; the excluded ops are :data:`EXCLUDED_FROM_MEASURED`) for the fit.
 """
 
 from __future__ import annotations
@@ -65,7 +34,7 @@ from ..rank import RankView
 from ..workload import Step as WorkStep
 from .step import Step
 
-__all__ = ["EnginePricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
+__all__ = ["CostModelPricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
            "layer_decode_ms", "DECODE_CSV", "EXCLUDED_FROM_MEASURED", "OVERRIDDEN_OPS"]
 
 #: Ops of :func:`~mla_lab.model.ops.layer_ops` that the measured decode layer does not run (no ``impl``), plus the
@@ -193,7 +162,7 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "n_ops": len(ops), "ops": per}
 
 
-class EnginePricer:
+class CostModelPricer:
     """A :data:`~mla_lab.serving.step.StepPricer` for :func:`mla_lab.serving.simulate`: one engine step on one rank
     (every rank runs the same step in lockstep under TP), priced by the lab's cost model (module docstring).
 
@@ -233,7 +202,7 @@ class EnginePricer:
         self._memo: dict = {}  # step_key -> total_ms (__call__)
 
     def __repr__(self) -> str:
-        return (f"EnginePricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
+        return (f"CostModelPricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
                 f"strategy={self.strategy!r}, kv_cache_dtype={self.kv_cache_dtype!r})")
 
     def price(self, step: Step) -> dict:
