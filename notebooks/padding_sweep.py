@@ -104,7 +104,7 @@ from mla_lab.deployment import Deployment
 from mla_lab.placement import PRESETS
 from mla_lab.report.cache import cached_call, plotted_rows, publish_cached, publish_cached_many
 from mla_lab.report.noise import load_noise_distribution, noise_sentences, plot_noise
-from mla_lab.report.routes import plot_routes, route_summary, route_table, routes_available
+from mla_lab.report.route_figures import plot_routes, route_summary, route_table, routes_available
 from mla_lab.report.serving import (
     plot_rate_curve,
     plot_serving_changes,

@@ -38,7 +38,7 @@ def test_cli_runs_notebook_on_tiny_grid(tmp_path):
     html = (tmp_path / "rep" / "tiny.html").read_text()
     # frontier page, TP bars, heatmap, serving changes, serving rate curve, the single-run noise distribution
     # (data/validation), + the validation figure and the routes figure when data/measured has their rows
-    from mla_lab.report.routes import routes_available
+    from mla_lab.report.route_figures import routes_available
 
     n_fig = 6 + bool(len(report.load_validation())) + routes_available()
     assert html.count('src="data:image/png;base64') == n_fig and "Memory vs TTFT, one panel per deployment" in html

@@ -89,7 +89,7 @@ def test_engine_presets_modelled(seed_rows):
 
 
 def test_route_figures():
-    from mla_lab.report.routes import crossover, route_sentence
+    from mla_lab.report.route_figures import crossover, route_sentence
 
     flat = " ".join(README.split())
     assert route_sentence() in flat

@@ -136,7 +136,7 @@ def test_report_figures_plot_measured_points_where_the_summary_table_says(measur
 
     # one deployment's panel: every measured errorbar at its row's change (inside the y window)
     rows = sel(both)
-    fig = figures._figure((5, 4))
+    fig = figures.new_figure((5, 4))
     ax = fig.add_subplot()
     seen, _ = _render(figures.plot_deployment, ax, rows)
     ys = sorted(float(c.lines[0].get_ydata()[0]) for _, c in seen["errorbar"])

@@ -1,13 +1,7 @@
-"""The answer first (issue 31): what PR #53878 bought then and buys today, whether its figures can be told from one
-run's noise, what does better, and what to do; one block of plain words with figures, written into README.md and
-shown at the top of the report by the same function (:func:`answer_markdown`).
+"""The answer first (issue 31): one block of plain words with figures, each recomputed from committed files or the
+lab's model and saying whether it is measured, modelled or a code reading; written into README.md and the report.
 
-Every figure is recomputed from committed files or the lab's model when the block is rendered (and by
-``tests/test_answer.py``); each sentence says whether it is measured (one H200, the engines' own kernels, 5 fresh
-processes, graph timing), modelled (the cost model and serving simulation, with their validation), or a code
-reading (the engines' release wheels).
-
-    python -m mla_lab.report.answer [--update]    # print the block; --update rewrites README.md's
+    python -m mla_lab.report.answer [--update]    # print the block; --update rewrites README.md's and the notebook's
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ from ..placement import PR_TRADE_BY_ENGINE, SEED_COMPARISONS
 from ..serving import PR_BENCH, serve_benchmark
 from ..sweep.advise import advise
 from . import packed_kernels as pk
+from .blocks import splice, update_block
 from .engine_kernels import decode_table, gather_share, kernel_ms
 from .reproduce import lease_pr_change
 from .seed_answer import pr_trade_by_engine, seed_answer
@@ -213,44 +208,26 @@ def answer_markdown() -> str:
 
 
 def update_readme(path: Path = REPO_ROOT / "README.md") -> None:
-    """Replace the text between :data:`BEGIN` and :data:`END` in ``path``.
-
-    Raises:
-        ValueError: ``path`` lacks the markers (nothing written).
-    """
-    text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{path} has no answer markers ({BEGIN} ... {END}); nothing written")
-    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
-    path.write_text(text[:a] + "\n" + answer_markdown() + "\n" + text[b:])
+    """Rewrite the block of ``path``. Raises ValueError: no markers (nothing written)."""
+    update_block(path, BEGIN, END, answer_markdown(), "answer")
 
 
-NOTEBOOK_PY = REPO_ROOT / "notebooks" / "padding_sweep.py"
-NOTEBOOK_IPYNB = REPO_ROOT / "notebooks" / "padding_sweep.ipynb"
+NOTEBOOK_PY, NOTEBOOK_IPYNB = (REPO_ROOT / "notebooks" / f"padding_sweep.{e}" for e in ("py", "ipynb"))
 
 
 def update_notebook(py: Path = NOTEBOOK_PY, ipynb: Path = NOTEBOOK_IPYNB) -> None:
-    """Write the block into the report notebook's first cell (between the markers), in both paired files: the
-    report opens with the same answer as README.
+    """Write the block into the report notebook's first cell, in both paired files (the report opens as README).
 
     Raises:
         ValueError: a file lacks the markers in its first cell (nothing written).
     """
     block = answer_markdown()
     nb = json.loads(ipynb.read_text())
-    src = "".join(nb["cells"][0]["source"])
-    if BEGIN not in src or END not in src:
-        raise ValueError(f"{ipynb}'s first cell has no answer markers; nothing written")
-    a, b = src.index(BEGIN) + len(BEGIN), src.index(END)
-    src = src[:a] + "\n" + block + "\n" + src[b:]
-    lines = src.split("\n")
+    lines = splice("".join(nb["cells"][0]["source"]), BEGIN, END, f"\n{block}\n", f"{ipynb}'s first cell").split("\n")
     nb["cells"][0]["source"] = [ln + "\n" for ln in lines[:-1]] + [lines[-1]]
-    text = py.read_text()
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{py} has no answer markers; nothing written")
-    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
     commented = "\n".join(("# " + ln) if ln else "#" for ln in block.split("\n"))
-    py.write_text(text[:a] + "\n" + commented + "\n# " + text[b:])
+    text = splice(py.read_text(), BEGIN, END, f"\n{commented}\n# ", str(py))
+    py.write_text(text)
     ipynb.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -258,15 +235,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.report.answer")
     ap.add_argument("--update", action="store_true", help="rewrite the answer block of README.md and the report")
     a = ap.parse_args(argv)
-    if a.update:
-        try:
-            update_readme()
-            update_notebook()
-        except ValueError as e:
-            ap.error(str(e))
-        print("-> README.md, notebooks/padding_sweep.py, notebooks/padding_sweep.ipynb")
-    else:
+    if not a.update:
         print(answer_markdown())
+        return 0
+    try:
+        update_readme()
+        update_notebook()
+    except ValueError as e:
+        ap.error(str(e))
+    print("-> README.md, notebooks/padding_sweep.py, notebooks/padding_sweep.ipynb")
     return 0
 
 

@@ -1,17 +1,9 @@
 """Headless-browser check of published reports: playwright driving the system Chromium (no browser download).
 
-:func:`check_in_browser` opens a page as a reader would (1280 px wide, scale 1), listens to the page's ``console``,
-``pageerror`` and ``requestfailed`` events, waits for every image, takes a full-page screenshot and checks every
-``<img>``: loaded, visible, not blank on screen. Network requests (http, https, ws) are aborted and reported: a
-published report is self-contained.
-
-The screenshot goes to a temporary folder unless a path is given, never beside the checked page (the committed
-report under ``reports/h200/`` stays as committed).
-
-Clipped legends and titles are checked where the figure is made (:mod:`mla_lab.report.layout_check`, called by
-:func:`mla_lab.report.figures.publish_figure`): a PNG on the page no longer knows where its legend was. On an SVG
-(inline in the page, or a published ``.svg`` opened as the page) the browser checks it too: a matplotlib
-``legend_*`` or ``text_*`` group reaching more than 1 px past the SVG's box is reported as clipped.
+:func:`check_in_browser` opens a page as a reader would (1280 px wide, scale 1) with the network blocked (a report is
+self-contained), collects console errors, page errors and failed requests, takes a full-page screenshot (never into
+:data:`PROTECTED_DIRS`) and checks every ``<img>`` (loaded, visible, not blank), the page's and tables' widths, and
+that no matplotlib legend or text group of an SVG reaches past its box.
 """
 
 from __future__ import annotations
@@ -121,73 +113,127 @@ def _screenshot_path(html_path: Path, screenshot) -> Path:
     return out
 
 
-def _render(binary: str, uri: str, width: int, timeout: float) -> tuple[dict, bytes, list[str]]:
-    """Open ``uri`` in headless Chromium; returns (page info with images, full-page PNG, errors seen)."""
+def _import_playwright():
     try:
-        from playwright.sync_api import Error as PlaywrightError
-        from playwright.sync_api import sync_playwright
+        from playwright.sync_api import Error, sync_playwright
     except ImportError:
         raise RuntimeError(f"the browser check needs playwright, which is not installed: {PLAYWRIGHT_HINT}") from None
-    errors: list[str] = []
-    failed_urls: set[str] = set()
-    console: list[tuple[str, str]] = []
+    return Error, sync_playwright
 
-    def on_console(msg):
+
+class _Listener:
+    """The page's console errors, page errors and failed requests, as lines."""
+
+    def __init__(self):
+        self.errors: list[str] = []
+        self.failed_urls: set[str] = set()
+        self.console: list[tuple[str, str]] = []
+
+    def attach(self, page) -> None:
+        page.on("console", self.on_console)
+        page.on("pageerror", lambda exc: self.errors.append(f"JS exception: {exc}"))
+        page.on("requestfailed", self.on_request_failed)
+        for pattern in ("http://**/*", "https://**/*", "ws://**/*", "wss://**/*"):
+            page.route(pattern, lambda route: route.abort("blockedbyclient"))
+
+    def on_console(self, msg) -> None:
         if msg.type in ("error", "assert"):
-            loc = (msg.location or {}).get("url", "")
-            console.append((msg.text, loc))
+            self.console.append((msg.text, (msg.location or {}).get("url", "")))
 
-    def on_request_failed(req):
-        failed_urls.add(req.url)
-        errors.append(f"request failed: {req.url} ({req.failure or 'unknown error'})")
+    def on_request_failed(self, req) -> None:
+        self.failed_urls.add(req.url)
+        self.errors.append(f"request failed: {req.url} ({req.failure or 'unknown error'})")
 
-    def block_network(route):
-        route.abort("blockedbyclient")
+    def lines(self) -> list[str]:
+        """Every error; a console's "Failed to load resource" of a failed request is that request's line."""
+        return self.errors + [f"console.error: {text}" + (f" ({loc})" if loc and loc not in text else "")
+                              for text, loc in self.console
+                              if not (text.startswith("Failed to load resource") and loc in self.failed_urls)]
 
+
+def _shoot(page, uri: str, width: int) -> tuple[dict, bytes]:
+    page.goto(uri, wait_until="load")
+    info = page.evaluate(_IMAGES_JS)
+    if info["svg_document"]:  # an .svg opened as the page: no scrolling document to capture in full
+        page.set_viewport_size({"width": max(width, int(info["width"]) + 1),
+                                "height": max(1, min(int(info["height"]) + 1, 30000))})
+    png = page.screenshot(full_page=not info["svg_document"], type="png")
+    return page.evaluate(_IMAGES_JS), png  # boxes as in the full-page screenshot
+
+
+def _render(binary: str, uri: str, width: int, timeout: float) -> tuple[dict, bytes, list[str]]:
+    """Open ``uri`` in headless Chromium; returns (page info with images, full-page PNG, errors seen)."""
+    PlaywrightError, sync_playwright = _import_playwright()
+    seen = _Listener()
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=binary, args=list(CHROMIUM_ARGS), timeout=timeout * 1000)
             try:
                 page = browser.new_page(viewport={"width": width, "height": 900}, device_scale_factor=1)
                 page.set_default_timeout(timeout * 1000)
-                page.on("console", on_console)
-                page.on("pageerror", lambda exc: errors.append(f"JS exception: {exc}"))
-                page.on("requestfailed", on_request_failed)
-                for pattern in ("http://**/*", "https://**/*", "ws://**/*", "wss://**/*"):
-                    page.route(pattern, block_network)
-                page.goto(uri, wait_until="load")
-                info = page.evaluate(_IMAGES_JS)
-                if info["svg_document"]:  # an .svg opened as the page: no scrolling document to capture in full
-                    page.set_viewport_size({"width": max(width, int(info["width"]) + 1),
-                                            "height": max(1, min(int(info["height"]) + 1, 30000))})
-                png = page.screenshot(full_page=not info["svg_document"], type="png")
-                info = page.evaluate(_IMAGES_JS)  # boxes as in the full-page screenshot
+                seen.attach(page)
+                info, png = _shoot(page, uri, width)
             finally:
                 browser.close()
     except PlaywrightError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeError(f"chromium ({binary}) via playwright: {first}") from None
-    for text, loc in console:
-        if text.startswith("Failed to load resource") and loc in failed_urls:
-            continue  # the same failure as its requestfailed event
-        errors.append(f"console.error: {text}" + (f" ({loc})" if loc and loc not in text else ""))
-    return info, png, errors
+    return info, png, seen.lines()
+
+
+def _render_anywhere(binary: str, uri: str, width: int, timeout: float):
+    """:func:`_render`, in a thread inside a running event loop (a Jupyter kernel: playwright's sync API refuses)."""
+    import asyncio
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _render(binary, uri, width, timeout)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_render, binary, uri, width, timeout).result()
+
+
+def _image_problems(info: dict, page, min_ink: float) -> tuple[list[str], list[dict]]:
+    """``(problems, images with their "ink")``: each ``<img>`` loaded, visible and not blank on screen."""
+    problems, images = [], []
+    for i, im in enumerate(info["images"]):
+        im = dict(im)
+        label = f"image {i + 1} ({im['alt'] or im['src'][:40]})"
+        if not im["complete"] or im["naturalWidth"] == 0 or im["naturalHeight"] == 0:
+            problems.append(f"{label} did not load (complete={im['complete']}, naturalWidth={im['naturalWidth']})")
+        im["ink"] = 0.0
+        if im["width"] < 20 or im["height"] < 20:
+            problems.append(f"{label} is not visible ({im['width']:.0f} x {im['height']:.0f} px)")
+        else:
+            box = (max(0, int(im["x"])), max(0, int(im["y"])), min(page.width, int(im["x"] + im["width"])),
+                   min(page.height, int(im["y"] + im["height"])))
+            im["ink"] = _ink_fraction(page.crop(box)) if box[2] > box[0] and box[3] > box[1] else 0.0
+            if im["ink"] < min_ink:
+                problems.append(f"{label} looks blank on screen: {100 * im['ink']:.2f}% non-background pixels "
+                                f"(< {100 * min_ink:.1f}%)")
+        images.append(im)
+    return problems, images
+
+
+def _layout_problems(info: dict, width: int) -> list[str]:
+    """The page wider than the window, tables wider than their box, SVG legends or texts past the SVG's box."""
+    out = []
+    if not info["svg_document"] and info["width"] > info.get("viewport", width) + 1:
+        out.append(f"the page is {info['width']:.0f} px wide, wider than the {info.get('viewport', width)} px "
+                   "window: the reader must scroll sideways (narrow or collapse what is wider)")
+    out += [f"table {t['index']} ({t['head'] or 'no header'}) is {t['width']:.0f} px wide in a "
+            f"{t['container']:.0f} px container: columns are cut off or scroll out of sight"
+            for t in info.get("wide_tables", [])]
+    return out + [f"svg {sv['index']} is clipped: {c} of its {sv['width']:.0f} x {sv['height']:.0f} px box"
+                  for sv in info.get("svgs", []) for c in sv["clipped"]]
 
 
 def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None, min_ink: float = 0.01,
                      width: int = 1280, timeout: float = 60.0, chromium: str | None = None) -> dict:
-    """Render ``html_path`` in headless Chromium (playwright, system binary) and check it as a reader would see it.
-
-    Checks: every ``<img>`` finished loading with a non-zero natural size and a visible box; in a full-page
-    screenshot, each image's box has at least ``min_ink`` of its pixels differing from its dominant (background)
-    colour (a blank or single-colour figure fails); no JavaScript exception (``pageerror``), ``console.error``
-    or failed request (``requestfailed``: a missing file, a blocked network load) occurred; no legend or text of an
-    SVG (inline, or ``html_path`` itself a matplotlib ``.svg``) reaches past the SVG's box; the page is no wider
-    than the window (``width``: no horizontal scrolling) and no table on screen is wider than the block holding it
-    (a table inside a closed ``<details>`` is not on screen).
-
-    The screenshot is written to ``screenshot`` or, by default, ``<tmp>/mla-lab-check/<page>.screenshot.png``;
-    never into the committed ``reports/h200/``.
+    """Render ``html_path`` in headless Chromium and check it as a reader would see it (module docstring); the
+    screenshot goes to ``screenshot`` or ``<tmp>/mla-lab-check/<page>.screenshot.png``.
 
     Returns ``{"ok", "problems" (list of str), "images" (list of dicts with "ink"), "errors" (list of str),
     "screenshot" (path), "page" ({width, height, title})}``.
@@ -195,8 +241,6 @@ def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None
     Raises:
         RuntimeError: no Chromium found, playwright not installed, the page missing, or the browser failed.
     """
-    import asyncio
-
     from PIL import Image
 
     binary = chromium or find_chromium()
@@ -207,47 +251,10 @@ def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None
     if not html_path.is_file():
         raise RuntimeError(f"{html_path}: no such file")
     shot_path = _screenshot_path(html_path, screenshot)
-    try:
-        asyncio.get_running_loop()
-        in_loop = True
-    except RuntimeError:
-        in_loop = False
-    if in_loop:  # playwright's sync API refuses to run inside an event loop (a Jupyter kernel): use a thread
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(1) as pool:
-            info, png, errors = pool.submit(_render, binary, html_path.as_uri(), width, timeout).result()
-    else:
-        info, png, errors = _render(binary, html_path.as_uri(), width, timeout)
+    info, png, errors = _render_anywhere(binary, html_path.as_uri(), width, timeout)
     shot_path.parent.mkdir(parents=True, exist_ok=True)
     shot_path.write_bytes(png)
-    page = Image.open(io.BytesIO(png))
-    problems, images = [], []
-    for i, im in enumerate(info["images"]):
-        im = dict(im)
-        label = f"image {i + 1} ({im['alt'] or im['src'][:40]})"
-        if not im["complete"] or im["naturalWidth"] == 0 or im["naturalHeight"] == 0:
-            problems.append(f"{label} did not load (complete={im['complete']}, naturalWidth={im['naturalWidth']})")
-        if im["width"] < 20 or im["height"] < 20:
-            problems.append(f"{label} is not visible ({im['width']:.0f} x {im['height']:.0f} px)")
-            im["ink"] = 0.0
-        else:
-            box = (int(im["x"]), int(im["y"]), int(im["x"] + im["width"]), int(im["y"] + im["height"]))
-            box = (max(0, box[0]), max(0, box[1]), min(page.width, box[2]), min(page.height, box[3]))
-            im["ink"] = _ink_fraction(page.crop(box)) if box[2] > box[0] and box[3] > box[1] else 0.0
-            if im["ink"] < min_ink:
-                problems.append(f"{label} looks blank on screen: {100 * im['ink']:.2f}% non-background pixels "
-                                f"(< {100 * min_ink:.1f}%)")
-        images.append(im)
-    if not info["svg_document"] and info["width"] > info.get("viewport", width) + 1:
-        problems.append(f"the page is {info['width']:.0f} px wide, wider than the {info.get('viewport', width)} px "
-                        "window: the reader must scroll sideways (narrow or collapse what is wider)")
-    for t in info.get("wide_tables", []):
-        problems.append(f"table {t['index']} ({t['head'] or 'no header'}) is {t['width']:.0f} px wide in a "
-                        f"{t['container']:.0f} px container: columns are cut off or scroll out of sight")
-    for sv in info.get("svgs", []):
-        for c in sv["clipped"]:
-            problems.append(f"svg {sv['index']} is clipped: {c} of its {sv['width']:.0f} x {sv['height']:.0f} px box")
-    problems += errors
+    problems, images = _image_problems(info, Image.open(io.BytesIO(png)), min_ink)
+    problems += _layout_problems(info, width) + errors
     return {"ok": not problems, "problems": problems, "images": images, "errors": errors,
             "screenshot": shot_path, "page": {k: info[k] for k in ("width", "height", "title")}}

@@ -1,11 +1,7 @@
-"""The engines' own kernels on the H200, summarised between processes (issue 29): what the answer block, the findings
-and the tests quote.
-
-Source: ``data/measured/h200/between_process/engine_kernels.csv`` (:mod:`mla_lab.measure.experiments.engine_kernels`; one
-NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0; vLLM 0.33.0 and SGLang 0.5.23 kernels from their
-release wheels, tokenspeed-flashmla 1.0.0.post20260429; graph timing; 5 fresh processes x 5 interleaved rounds; one
-machine lease). Every figure: the median over processes of the per-process medians, with ``[min, max]`` over the
-processes (:mod:`mla_lab.measure.spread`).
+"""The engines' own kernels on the H200 (issue 29): ``data/measured/h200/between_process/engine_kernels.csv``
+(:mod:`mla_lab.measure.experiments.engine_kernels`; one H200, the engines' release-wheel kernels, graph timing, 5 fresh
+processes x 5 interleaved rounds; the software in the file's provenance columns). Every figure: the median over
+processes of the per-process medians, ``[min, max]`` over processes.
 """
 
 from __future__ import annotations
@@ -32,32 +28,34 @@ PREFILL_KERNELS = {
 }
 
 
-@lru_cache(maxsize=4)
-def _rows(path: str) -> pd.DataFrame:
-    d = read_measured_csv(path)  # whole or refused in one line
-    d = d[d["experiment"] == "engine_kernels"].copy()
-    d["num_splits"] = d["num_splits"].fillna(-1).astype(int)
-    d["ctx_len"] = d["ctx_len"].fillna(0).astype(int)
+@lru_cache(maxsize=8)
+def experiment_rows(path: str, experiment: str) -> pd.DataFrame:
+    """The rows of ``experiment`` in the measured CSV ``path`` (whole or refused in one line); ``num_splits``
+    (-1: unset) and ``ctx_len`` (0) as integers where the file has them."""
+    d = read_measured_csv(path)
+    d = d[d["experiment"] == experiment].copy()
+    for c, unset in (("num_splits", -1), ("ctx_len", 0)):
+        if c in d.columns:
+            d[c] = d[c].fillna(unset).astype(int)
     return d
+
+
+def between_process_ms(path, experiment: str, **where) -> dict:
+    """:func:`mla_lab.measure.spread.between_process` of the ``ms`` of ``experiment``'s rows matching ``where``
+    (a None value: any). Raises ValueError: no rows match (names the selection and the file)."""
+    d = experiment_rows(str(path), experiment)
+    for k, v in where.items():
+        d = d if v is None else d[d[k] == v]
+    if d.empty:
+        raise ValueError(f"no rows for {' '.join(f'{k}={v!r}' for k, v in where.items())} in {path}")
+    return next(iter(between_process(d, ["kernel"], "ms").values()))
 
 
 def kernel_ms(kernel: str, shape: str, H: int, T: int = 16384, ctx_len: int = 0, num_splits: int | None = None,
               path=ENGINE_KERNELS_CSV) -> dict:
-    """``{"median", "min", "max", "n"}`` (ms) of one kernel at one shape: median over processes of per-process
-    medians and ``[min, max]`` over processes.
-
-    Raises:
-        ValueError: no rows match (names the selection).
-    """
-    d = _rows(str(path))
-    sel = d[(d["kernel"] == kernel) & (d["shape"] == shape) & (d["H"] == H) & (d["T"] == T)
-            & (d["ctx_len"] == ctx_len)]
-    if num_splits is not None:
-        sel = sel[sel["num_splits"] == num_splits]
-    if sel.empty:
-        raise ValueError(f"no rows for kernel={kernel!r} shape={shape!r} H={H} T={T} ctx_len={ctx_len} "
-                         f"num_splits={num_splits} in {path}")
-    r = next(iter(between_process(sel, ["kernel"], "ms").values()))
+    """``{"median", "min", "max", "n"}`` (ms) of one kernel at one shape (:func:`between_process_ms`)."""
+    r = between_process_ms(path, "engine_kernels", kernel=kernel, shape=shape, H=H, T=T, ctx_len=ctx_len,
+                           num_splits=num_splits)
     return {"median": r["median"], "min": r["lo"], "max": r["hi"], "n": r["n_processes"]}
 
 
@@ -77,7 +75,7 @@ def decode_table(H: int = 8, ctx_len: int = 8192) -> list[dict]:
     """Decode kernels per batch size ``B``: FlashMLA padded (vLLM build), FA3 sparse with its split-KV heuristic
     (``num_splits`` 0, vLLM's call) and with split-KV off (1)."""
     out = []
-    d = _rows(str(ENGINE_KERNELS_CSV))
+    d = experiment_rows(str(ENGINE_KERNELS_CSV), "engine_kernels")
     for B in sorted(d[(d["shape"] == "decode")]["T"].unique()):
         row = {"B": int(B)}
         for name, k, ns in (("flashmla_pad64", "flashmla_vllm_pad64", None), ("fa3_split", "fa3_sparse", 0),

@@ -1,8 +1,7 @@
-"""TPOT per engine version at concurrency 1, 8, 64 and 256 (issue 29): the serving simulation with each engine
-version's route rule and decode kernel (FlashMLA padded or FA3 sparse, priced by their parallelism), GLM-5 TP8 on an
-H200, bf16 KV, fp8 weights with expert parallelism, 1024 in / 128 out, 2 x concurrency prompts at rate inf.
-Modelled (its FA3 decode validated against vLLM PR #46189's runs: priced 40-50 % too slow at concurrency 1,
-docs/serving.md). ``python -m mla_lab.report.engine_serving --update-docs`` writes the table into docs/engines.md.
+"""TPOT per engine version at concurrency 1, 8, 64 and 256 (issue 29), modelled: the serving simulation with each
+version's route rule and decode kernel, GLM-5 TP8 H200 (its FA3 decode validated in docs/serving.md).
+
+    python -m mla_lab.report.engine_serving [--update-docs]    # --update-docs: the table of docs/engines.md
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from ..deployment import Deployment
 from ..paths import REPO_ROOT
 from ..placement import engine_strategies
 from ..serving import serve_benchmark
+from .blocks import update_block
 
 __all__ = ["tpot_by_engine", "table_markdown", "CONCURRENCIES", "ENGINES"]
 
@@ -48,17 +48,10 @@ def table_markdown(t: dict | None = None) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.report.engine_serving")
-    ap.add_argument("--update-docs", action="store_true")
-    a = ap.parse_args(argv)
+    ap.add_argument("--update-docs", action="store_true", help="rewrite the block of docs/engines.md")
     md = table_markdown()
-    if a.update_docs:
-        text = DOCS.read_text()
-        block = BEGIN + "\n" + md + "\n" + END
-        if BEGIN in text and END in text:
-            text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-        else:
-            text = text.rstrip("\n") + "\n\n## TPOT per engine version (modelled)\n\n" + block + "\n"
-        DOCS.write_text(text)
+    if ap.parse_args(argv).update_docs:
+        update_block(DOCS, BEGIN, END, md, "engine-tpot")
         print(f"-> {DOCS}")
     else:
         print(md)

@@ -1,10 +1,6 @@
-"""Charts and tables of sweep rows (matplotlib + pandas) for the published report. Every figure and table says
-which points are measured and which modelled.
-
-Figures are built on :class:`matplotlib.figure.Figure` directly (no pyplot, no global backend switch), so importing
-this module never changes how a notebook shows its own plots. :func:`publish_figure` saves a figure as PNG and SVG
-and shows the PNG in the notebook, which is what nbconvert embeds in the HTML report.
-"""
+"""The report's figures of sweep rows (matplotlib on :class:`matplotlib.figure.Figure`, no pyplot state): hollow
+markers are modelled, filled ones measured. :func:`publish_figure` saves PNG + SVG and shows the PNG (what nbconvert
+embeds in the HTML report)."""
 
 from __future__ import annotations
 
@@ -13,22 +9,20 @@ import textwrap
 from pathlib import Path
 
 from ..deployment import Deployment
-from ..placement import BASELINE
+from ..placement import BASELINE, PR_STRATEGY
 from ..seed import SEED
 from ..serving.benchmark import options_summary
 from ..sweep.advise import frontier
 from ..sweep.rows import NOT_PRICED, measured_change_pct
 from .data import ok_rows, pick
-from .layout_check import OVERLAP_PX, figure_clipping, label_overlaps
+from .layout_check import OVERLAP_PX, drawn, figure_clipping, label_overlaps, overlap
 from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
 
-__all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note", "plot_deployment", "plot_tp_bars", "plot_heatmap",
-           "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style", "model_style",
-           "PR_STRATEGY"]
+__all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note", "plot_deployment", "plot_tp_bars",
+           "plot_heatmap", "plot_validation", "STRATEGY_STYLE", "MODEL_STYLE", "STRATEGY_COLORS", "strategy_style",
+           "model_style", "PR_STRATEGY", "new_figure"]
 
 
-
-# --------------------------------------------------------------------------------------------------- figures
 def _suptitle(fig, text: str, fontsize: float = 10.0) -> None:
     """A figure title wrapped to the figure's width (about 11 characters per inch at 10 pt), so it never runs past
     the figure's edges (the layout check of :func:`publish_figure` would refuse it)."""
@@ -42,8 +36,8 @@ def _legend_columns(fig, n: int, per_inch: float = 2.6) -> int:
 
 
 def fits_mask(d):
-    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column: older rows); a
-    row that does not fit carries no TTFT or memory number in any chart (it shows why instead, issue 22)."""
+    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column); a row that does
+    not fit carries no number in any chart (issue 22)."""
     import pandas as pd
 
     if "fits_in_memory" not in d.columns:
@@ -52,9 +46,8 @@ def fits_mask(d):
 
 
 def shown_measured(meas):
-    """The measured rows a figure may draw: those whose change applies to their deployment (``measured_withheld``
-    empty, :func:`mla_lab.sweep.rows.measured_withheld`: the measured kernel runs on the deployment's route and it
-    fits; issue 39). Rows without the column (older frames) are kept."""
+    """The measured rows a figure may draw: ``measured_withheld`` empty (:func:`mla_lab.sweep.rows.measured_withheld`,
+    issue 39) or no such column."""
     if "measured_withheld" not in meas.columns:
         return meas
     return meas[meas["measured_withheld"].fillna("").astype(str) == ""]
@@ -67,10 +60,12 @@ def _priced(d):
     return ok & fits_mask(d)
 
 
-def _figure(figsize):
+def new_figure(figsize):
+    """A :class:`matplotlib.figure.Figure` with constrained layout (no pyplot)."""
     from matplotlib.figure import Figure
 
     return Figure(figsize=figsize, layout="constrained")
+
 
 def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110, show: bool = True) -> dict:
     """Save ``fig`` as ``<figure_dir>/<name>.png`` and ``.svg`` and (``show``) display the PNG in the notebook.
@@ -78,10 +73,8 @@ def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110
     Returns ``{"png": path, "svg": path}`` (paths None when ``figure_dir`` is None: display only).
 
     Raises:
-        ValueError: a legend or title lies outside the figure (it would be cut off in the PNG and SVG), or two
-            labels of one axes print over each other, naming the artists
-            (:func:`mla_lab.report.layout_check.figure_clipping`, :func:`~mla_lab.report.layout_check.label_overlaps`);
-            nothing is written.
+        ValueError: a legend or title cut off at the figure's edge, or two labels of one axes printed over each other
+            (:mod:`mla_lab.report.layout_check`, naming the artists); nothing is written.
     """
     clipped = figure_clipping(fig) + label_overlaps(fig)
     if clipped:
@@ -91,11 +84,9 @@ def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110
     png = buf.getvalue()
     out = {"png": None, "svg": None}
     if figure_dir is not None:
-        d = Path(figure_dir)
-        d.mkdir(parents=True, exist_ok=True)
-        out["png"] = d / f"{name}.png"
+        out = {e: Path(figure_dir) / f"{name}.{e}" for e in ("png", "svg")}
+        out["png"].parent.mkdir(parents=True, exist_ok=True)
         out["png"].write_bytes(png)
-        out["svg"] = d / f"{name}.svg"
         fig.savefig(out["svg"], format="svg")
     if show:
         from IPython.display import Image, display
@@ -114,8 +105,6 @@ def _short(row) -> str:
 #: Colour and marker of every model, fixed across all reports (unknown models get the rest in name order).
 MODEL_STYLE = {"glm-5": ("#d95f02", "o"), "glm-5.2": ("#e6ab02", "P"), "deepseek-v3.2": ("#7570b3", "s")}
 _SPARE = [("#1b9e77", "^"), ("#e7298a", "D"), ("#66a61e", "v")]
-#: The PR's strategy (vLLM #53878) in the per-TP and heatmap charts.
-PR_STRATEGY = "private_workspace"
 DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
 
 
@@ -139,16 +128,12 @@ DP_POINT = "dp_attention_point"
 
 
 def dp_attention_point(rows) -> dict | None:
-    """The deployment of ``rows`` (one frontier panel) under SGLang's DP attention at ``dp = tp`` (every rank all
-    heads: nothing padded where the heads fill the tile), as a point of that panel, modelled:
-    ``{"extra_persistent_mib": 0.0, "ttft_change_pct", "heads_per_rank", "padded_heads_per_rank",
-    "kv_capacity_tokens_per_rank"}``. The TTFT change is the workload's mean TTFT with DP attention against the
-    same deployment without it, both from the ``vllm bench serve`` simulation at ``output_len`` 1
-    (:func:`mla_lab.serving.benchmark.options_summary`), baseline strategy. None when the panel's rows do not name
-    a whole deployment (a point stored before ``weight_dtype`` / ``moe_parallel``) or it does not fit."""
-    r = rows.iloc[0].to_dict()
+    """The panel's deployment under SGLang's DP attention at ``dp = tp``, modelled
+    (:func:`mla_lab.serving.benchmark.options_summary`, baseline strategy): ``{"extra_persistent_mib",
+    "ttft_change_pct" (vs without it), "heads_per_rank", "padded_heads_per_rank", "kv_capacity_tokens_per_rank"}``;
+    None when the rows do not name a whole deployment or it does not fit."""
     try:
-        d = Deployment.from_point(r)
+        d = Deployment.from_point(rows.iloc[0].to_dict())
         d = d.replace(dp_attention=d.tp)
         o = options_summary(d, BASELINE)["dp_attention"]
     except (ValueError, KeyError):
@@ -168,50 +153,47 @@ def _draw_dp_point(ax, p: dict) -> None:
                 fontsize=6.5, gid=DP_POINT)
 
 
-def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = None) -> int:
-    """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
-    %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured (95 %
-    interval of the change from paired rounds), the S curves through the sub-chunk sizes, and the deployment's own
-    Pareto frontier over the runnable strategies that fit (kernel_native, real-head FlashMLA, is modelled only: never on it). A deployment
-    whose weights or workload do not fit shows its reason and no points. ``dp_point``
-    (:func:`dp_attention_point`): SGLang's DP attention drawn as its own modelled point (a hollow star), off the
-    frontier (another engine layout, not a strategy of this one); None: not drawn.
+def _by_source(d):
+    """``(modelled rows, measured rows a figure may draw)`` of ``d`` (:func:`shown_measured`)."""
+    if "source" not in d.columns:
+        return d, d.iloc[0:0]
+    return d[d["source"] != "measured"], shown_measured(d[d["source"] == "measured"])
 
-    When a few points dwarf the rest (SGLang's dense route at -35 % beside the PR's -2 %), the y axis shows the
-    window of :func:`y_window` and each point beyond it is drawn at the window's edge with a label
-    ``\u25bc -35.2 %`` (``\u25b2`` above; bold for a measured point) in its strategy's colour, so the small changes
-    stay readable and no value is hidden. Returns the number of such off-scale points (the grid's title says
-    what the arrows mean when there are any)."""
-    r0 = rows.iloc[0]
-    ax.set_title(title or _short(r0), fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.set_axisbelow(True)
-    if "fits_in_memory" in rows.columns and not bool(rows["fits_in_memory"].astype(bool).any()):
-        reason = str(rows["fit_reason"].iloc[0]) if "fit_reason" in rows.columns else "does not fit"
-        ax.text(0.5, 0.5, "does not fit:\n" + textwrap.fill(reason, width=38, max_lines=4, placeholder=" ..."),
-                ha="center", va="center", transform=ax.transAxes, fontsize=8, color="#b00")
-        ax.set_xticks([])
-        ax.set_yticks([])
-        return 0
-    src = rows["source"] if "source" in rows.columns else None
-    modelled = rows[src != "measured"] if src is not None else rows
-    measured = shown_measured(rows[src == "measured"]) if src is not None else rows.iloc[0:0]
-    window = y_window(list(rows["ttft_change_pct"]) + ([dp_point["ttft_change_pct"]] if dp_point else []))
-    clip = (lambda y: y) if window is None else (lambda y: min(max(y, window[0]), window[1]))  # noqa: E731
-    off: list = []  # (x, y, colour, filled) of the points beyond the window, drawn at its edge
+
+def _no_fit_panel(ax, rows) -> bool:
+    """A deployment whose weights or workload do not fit: its reason on ``ax`` (True), no points."""
+    if "fits_in_memory" not in rows.columns or bool(rows["fits_in_memory"].astype(bool).any()):
+        return False
+    reason = str(rows["fit_reason"].iloc[0]) if "fit_reason" in rows.columns else "does not fit"
+    ax.text(0.5, 0.5, "does not fit:\n" + textwrap.fill(reason, width=38, max_lines=4, placeholder=" ..."),
+            ha="center", va="center", transform=ax.transAxes, fontsize=8, color="#b00")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return True
+
+
+def _draw_subchunk_curves(ax, modelled) -> None:
+    """One curve per sub-chunk hand-off through its sizes S, each point labelled with its S."""
     handoff = modelled["strategy"].str.extract(r"^subchunk:\d+(:views|:graph2)?$", expand=False)
     for family, end in (("subchunk", ""), ("subchunk_views", ":views"), ("subchunk_graph2", ":graph2")):
         sc = modelled[modelled["strategy"].str.startswith("subchunk:") & (handoff.fillna("") == end)]
-        if len(sc):
-            sc = sc.drop_duplicates("strategy").sort_values("subchunk_rows")  # one label per S
-            col, mk, _ = STRATEGY_STYLE[family]
-            ax.plot(sc["extra_persistent_mib"], sc["ttft_change_pct"], "-", color=col, lw=1.0, alpha=0.8)
-            for _, r in sc.iterrows():
-                ax.annotate(f"{int(r['subchunk_rows']) // 1024 or r['subchunk_rows']}"
-                            f"{'k' if int(r['subchunk_rows']) >= 1024 else ''}",
-                            (r["extra_persistent_mib"], r["ttft_change_pct"]), fontsize=6.5, color=col,
-                            textcoords="offset points",  # plain above right, views below, graph2 above left
-                            xytext={"": (3, 3), ":views": (3, -10), ":graph2": (-16, 3)}[end], gid=S_LABEL)
+        if not len(sc):
+            continue
+        sc = sc.drop_duplicates("strategy").sort_values("subchunk_rows")  # one label per S
+        col = STRATEGY_STYLE[family][0]
+        ax.plot(sc["extra_persistent_mib"], sc["ttft_change_pct"], "-", color=col, lw=1.0, alpha=0.8)
+        for _, r in sc.iterrows():
+            S = int(r["subchunk_rows"])
+            ax.annotate(f"{S // 1024 or r['subchunk_rows']}{'k' if S >= 1024 else ''}",
+                        (r["extra_persistent_mib"], r["ttft_change_pct"]), fontsize=6.5, color=col,
+                        textcoords="offset points",  # plain above right, views below, graph2 above left
+                        xytext={"": (3, 3), ":views": (3, -10), ":graph2": (-16, 3)}[end], gid=S_LABEL)
+
+
+def _draw_points(ax, modelled, measured, clip) -> list:
+    """Modelled points hollow, measured ones filled with their interval; returns ``(x, y, colour, filled)`` of
+    those beyond the window (drawn at its edge, no interval)."""
+    off = []
     for _, r in modelled.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
         y = r["ttft_change_pct"]
@@ -221,42 +203,67 @@ def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = 
                    edgecolors=col, linewidths=1.3, zorder=3)
     for _, r in measured.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
-        lo, hi = r.get("ttft_change_ci_lo"), r.get("ttft_change_ci_hi")
-        y = r["ttft_change_pct"]
-        err = None
-        if lo == lo and hi == hi and lo is not None and hi is not None:
-            err = [[max(0.0, y - lo)], [max(0.0, hi - y)]]
-        if clip(y) != y:  # off the window: drawn at its edge, no interval, its value written beside it
+        lo, hi, y = r.get("ttft_change_ci_lo"), r.get("ttft_change_ci_hi"), r["ttft_change_pct"]
+        err = [[max(0.0, y - lo)], [max(0.0, hi - y)]] if lo == lo and hi == hi and None not in (lo, hi) else None
+        if clip(y) != y:
             off.append((r["extra_persistent_mib"], y, col, True))
             y, err = clip(y), None
         ax.errorbar([r["extra_persistent_mib"]], [y], yerr=err, fmt=mk, color=col, mec="black", mew=0.7, ms=6.5,
                     capsize=2.5, zorder=4, elinewidth=1.0)
-    fits = modelled
-    if "fits_in_memory" in fits.columns:
-        fits = fits[fits["fits_in_memory"].astype(bool)]
+    return off
+
+
+def _draw_frontier(ax, modelled, clip) -> None:
+    """The Pareto staircase over the modelled strategies that fit, kernel_native left out (modelled only)."""
+    fits = modelled[modelled["fits_in_memory"].astype(bool)] if "fits_in_memory" in modelled.columns else modelled
     fits = fits[fits["placement"] != "kernel_native"] if "placement" in fits.columns else fits
     if len(fits):
-        on = frontier(list(zip(fits["extra_persistent_mib"], fits["ttft_change_pct"])))
-        front = fits[on].sort_values("extra_persistent_mib")
-        # clipped to the window as its points are: a frontier of off-scale points (a B200 panel's) runs along the edge
+        front = fits[frontier(list(zip(fits["extra_persistent_mib"], fits["ttft_change_pct"])))]
+        front = front.sort_values("extra_persistent_mib")
         ax.step(front["extra_persistent_mib"], [clip(y) for y in front["ttft_change_pct"]], where="post",
                 color="#d62728", lw=1.2, alpha=0.7, zorder=2, gid=FRONTIER)
+
+
+def _draw_off_scale(ax, window, off) -> None:
+    """The window as the y range, and each point beyond it labelled at its edge, stacked inward (never
+    overlapping), on the side facing the panel's middle."""
+    span = window[1] - window[0]
+    ax.set_ylim(window[0] - 0.04 * span, window[1] + 0.04 * span)
+    for top in (False, True):
+        side = sorted((o for o in off if (o[1] > window[1]) == top), key=lambda o: o[0])
+        x0, x1 = ax.get_xlim()
+        arrow = "\u25b2" if top else "\u25bc"
+        for rank, (x, y, col, filled) in enumerate(side):
+            right = x > (x0 + x1) / 2
+            ax.annotate(f"{arrow} {y:+.1f} %", (x, window[1] if top else window[0]),
+                        textcoords="offset points",
+                        xytext=(-6 if right else 6, (-4 - 9 * rank) if top else (2 + 9 * rank)),
+                        ha="right" if right else "left", va="top" if top else "bottom",
+                        fontsize=6.5, color=col, gid=OFF_SCALE, fontweight="bold" if filled else "normal")
+
+
+def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = None) -> int:
+    """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
+    %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured, the S
+    curves through the sub-chunk sizes and the Pareto frontier; a deployment that does not fit shows its reason.
+    ``dp_point`` (:func:`dp_attention_point`): SGLang's DP attention as a hollow star, off the frontier. Points
+    beyond :func:`y_window` are drawn at its edge with their value. Returns the number of such off-scale points."""
+    ax.set_title(title or _short(rows.iloc[0]), fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.set_axisbelow(True)
+    if _no_fit_panel(ax, rows):
+        return 0
+    modelled, measured = _by_source(rows)
+    window = y_window(list(rows["ttft_change_pct"]) + ([dp_point["ttft_change_pct"]] if dp_point else []))
+    clip = (lambda y: y) if window is None else (lambda y: min(max(y, window[0]), window[1]))  # noqa: E731
+    _draw_subchunk_curves(ax, modelled)
+    off = _draw_points(ax, modelled, measured, clip)
+    _draw_frontier(ax, modelled, clip)
     if dp_point is not None:
         _draw_dp_point(ax, {**dp_point, "ttft_change_pct": clip(dp_point["ttft_change_pct"])})
     ax.axhline(0, color="k", lw=0.6)
     if window is not None:
-        span = window[1] - window[0]
-        ax.set_ylim(window[0] - 0.04 * span, window[1] + 0.04 * span)
-        for top in (False, True):  # one row of labels per point, stacked inward from the edge: never overlapping
-            side = sorted((o for o in off if (o[1] > window[1]) == top), key=lambda o: o[0])
-            x0, x1 = ax.get_xlim()
-            for rank, (x, y, col, filled) in enumerate(side):
-                arrow = "\u25b2" if top else "\u25bc"
-                right = x > (x0 + x1) / 2  # the label on the side of the point facing the panel's middle
-                ax.annotate(f"{arrow} {y:+.1f} %", (x, window[1] if top else window[0]), textcoords="offset points",
-                            xytext=(-6 if right else 6, (-4 - 9 * rank) if top else (2 + 9 * rank)),
-                            ha="right" if right else "left", va="top" if top else "bottom",
-                            fontsize=6.5, color=col, gid=OFF_SCALE, fontweight="bold" if filled else "normal")
+        _draw_off_scale(ax, window, off)
     return len(off)
 
 
@@ -267,11 +274,9 @@ FRONTIER = "frontier"
 
 
 def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1.0):
-    """The y range a frontier panel shows when a few routes dwarf the rest (SGLang's dense route at -35 % beside
-    the PR's -2 %): ``(lo, hi)`` of the values inside Tukey's far fences (``Q1 - fence * IQR``, ``Q3 + fence *
-    IQR``, IQR at least ``min_iqr`` %, the window always holding 0), or None when every value is inside them or
-    the outliers widen the range by less than ``squash`` times (nothing is squashed: the plain axis). NaN values
-    are ignored. Points outside the window are drawn at its edge with their value (:func:`plot_deployment`)."""
+    """The y range of a frontier panel where a few routes dwarf the rest: ``(lo, hi)`` of the values (NaN ignored)
+    inside Tukey's far fences (``fence`` x IQR, IQR at least ``min_iqr`` %), always holding 0; None when nothing is
+    outside them or the outliers widen the range by less than ``squash`` times."""
     import numpy as np
 
     v = np.asarray([x for x in values if x == x], dtype=float)
@@ -291,11 +296,8 @@ def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1
 
 
 def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of the report and the CSV") -> str:
-    """One line saying which KV-cache dtypes of ``df`` a view showing only ``shown`` leaves out (issue 32: an fp8
-    sweep's rows used to drop out of every figure without a word): per other dtype, how many deployment points
-    (:data:`DEPLOYMENT_KEYS`, modelled rows) it has and ``where`` they are; with an fp8 cache the lab pads no heads
-    (:func:`mla_lab.buffers.padded_num_heads`), so the padded-Q strategies price alike there. "" when ``shown`` is
-    None (every dtype shown) or ``df`` holds no other dtype."""
+    """One line per KV-cache dtype of ``df`` that a view showing only ``shown`` leaves out (issue 32): its
+    deployment points (modelled rows) and ``where`` they are; "" when ``shown`` is None or there is no other."""
     if shown is None or "kv_cache_dtype" not in getattr(df, "columns", ()) or not len(df):
         return ""
     d = df[df["source"] != "measured"] if "source" in df.columns else df
@@ -312,15 +314,12 @@ def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of t
 
 
 def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
-    """What ``df`` does not price, one row each with its reason (a pandas DataFrame with the deployment's columns,
-    ``strategy``, ``status`` and ``reason``): a deployment whose weights or workload do not fit
-    (``does_not_fit``: one row for the deployment, ``strategy`` empty) and a strategy that tips a fitting deployment
-    out of fitting (``tips_out``: it fits without it, not with it). Rows of older files (``status`` ok,
-    ``fits_in_memory`` False) count as ``does_not_fit``. :func:`plot_frontier_grid` leaves them out and the report
-    lists them."""
+    """What ``df`` does not price (DataFrame: the deployment's columns, ``strategy``, ``status``, ``reason``): a
+    deployment that does not fit (``does_not_fit``, ``strategy`` empty; older rows with ``fits_in_memory`` False
+    too) and a strategy that tips a fitting one out of fitting (``tips_out``)."""
     import pandas as pd
 
-    d = df[df["status"].fillna("ok").isin(("ok", *NOT_PRICED))] if "status" in df.columns else df
+    d = _priced_or_not(df)
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
     if "source" in d.columns:
@@ -340,57 +339,57 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
     return pd.DataFrame(out, columns=[*keys, "strategy", "status", "reason"])
 
 
-def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
-                       include_not_fitting: bool = False, dp_attention: bool = False) -> list:
-    """Every deployment of ``df`` that fits as its own panel (:func:`plot_deployment`), faceted ``ncols`` wide and
-    wrapped, at most ``per_page`` panels per figure (more deployments give more figures), one legend per figure
-    below the panels. Colours and markers are fixed per strategy (:data:`STRATEGY_STYLE`) across all reports.
-    Deployments that do not fit are left out (:func:`not_fitting` lists them) unless ``include_not_fitting``;
-    deployments of another KV-cache dtype than ``kv_cache_dtype`` (None: all) too, and the title says so
-    (:func:`kv_dtype_note`). ``dp_attention``: each panel also shows SGLang's DP attention at ``dp = tp`` as its own
-    modelled point (:func:`dp_attention_point`; off by default, so the committed report's figures are unchanged).
-
-    Returns a list of matplotlib Figures (empty when there is no row).
-    """
+def _frontier_legend(fig, present, dp_attention: bool, width: float) -> None:
     from matplotlib.lines import Line2D
 
+    handles = [Line2D([], [], ls="", marker=mk, markerfacecolor="none", markeredgecolor=col, markersize=7,
+                      label=label)
+               for key, (col, mk, label) in STRATEGY_STYLE.items()
+               if any(strategy_style(s)[2] == label for s in present)]
+    handles += [Line2D([], [], ls="", marker="o", markerfacecolor="#999", markeredgecolor="black",
+                       label="measured (interval)"),
+                Line2D([], [], color="#d62728", lw=1.2, label="this deployment's Pareto frontier")]
+    if dp_attention:
+        handles.append(Line2D([], [], ls="", marker="*", markerfacecolor="none", markeredgecolor="black",
+                              markersize=9, label="SGLang DP attention, dp = tp (modelled)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))),
+               fontsize=7.5, frameon=False)
+
+
+def _frontier_page(page, ncols: int, dp_attention: bool):
+    """``(figure of the deployments of ``page`` as panels, width, number of off-scale points)``."""
+    nc = min(ncols, len(page))
+    nr = -(-len(page) // nc)
+    width = max(7.0, 4.3 * nc)  # room for the legend and title even for one panel
+    fig = new_figure((width, 3.3 * nr + 1.6))
+    axes = fig.subplots(nr, nc, squeeze=False)
+    n_off = sum(plot_deployment(ax, rows, dp_point=dp_attention_point(rows) if dp_attention else None)
+                for ax, (_, rows) in zip(axes.flat, page))
+    for ax in list(axes.flat)[len(page):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("TTFT change [%]", fontsize=8.5)
+    for ax in axes[-1, :]:
+        ax.set_xlabel("persistent extra MiB per rank", fontsize=8.5)
+    return fig, width, n_off
+
+
+def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
+                       include_not_fitting: bool = False, dp_attention: bool = False) -> list:
+    """Every deployment of ``df`` that fits as a panel (:func:`plot_deployment`), ``ncols`` wide, at most
+    ``per_page`` per figure, one legend per figure. Deployments that do not fit (:func:`not_fitting`) are left out
+    unless ``include_not_fitting``, and so are other KV-cache dtypes than ``kv_cache_dtype`` (None: all; the title
+    says so). ``dp_attention``: each panel also shows :func:`dp_attention_point`. Returns the figures."""
     d = ok_rows(df)
     left_out = kv_dtype_note(d, kv_cache_dtype)
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
-    deps = _deployment_rows(d)
-    if not include_not_fitting:
-        deps = [(k, g) for k, g in deps if "fits_in_memory" not in g.columns
-                or bool(g["fits_in_memory"].astype(bool).any())]
+    deps = [(k, g) for k, g in _deployment_rows(d) if include_not_fitting or "fits_in_memory" not in g.columns
+            or bool(g["fits_in_memory"].astype(bool).any())]
     figs = []
     for start in range(0, len(deps), per_page):
-        page = deps[start:start + per_page]
-        nc = min(ncols, len(page))
-        nr = -(-len(page) // nc)
-        width = max(7.0, 4.3 * nc)  # room for the legend and title even for one panel
-        fig = _figure((width, 3.3 * nr + 1.6))
-        axes = fig.subplots(nr, nc, squeeze=False)
-        n_off = sum(plot_deployment(ax, rows, dp_point=dp_attention_point(rows) if dp_attention else None)
-                    for ax, (_, rows) in zip(axes.flat, page))
-        for ax in list(axes.flat)[len(page):]:
-            ax.set_visible(False)
-        for ax in axes[:, 0]:
-            ax.set_ylabel("TTFT change [%]", fontsize=8.5)
-        for ax in axes[-1, :]:
-            ax.set_xlabel("persistent extra MiB per rank", fontsize=8.5)
-        present = set(d["strategy"])
-        handles = [Line2D([], [], ls="", marker=mk, markerfacecolor="none", markeredgecolor=col, markersize=7,
-                          label=label)
-                   for key, (col, mk, label) in STRATEGY_STYLE.items()
-                   if any(strategy_style(s)[2] == label for s in present)]
-        handles += [Line2D([], [], ls="", marker="o", markerfacecolor="#999", markeredgecolor="black",
-                           label="measured (interval)"),
-                    Line2D([], [], color="#d62728", lw=1.2, label="this deployment's Pareto frontier")]
-        if dp_attention:
-            handles.append(Line2D([], [], ls="", marker="*", markerfacecolor="none", markeredgecolor="black",
-                                  markersize=9, label="SGLang DP attention, dp = tp (modelled)"))
-        fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))),
-                   fontsize=7.5, frameon=False)
+        fig, width, n_off = _frontier_page(deps[start:start + per_page], ncols, dp_attention)
+        _frontier_legend(fig, set(d["strategy"]), dp_attention, width)
         title = ("Memory vs TTFT per deployment, changes vs vLLM before PR #53878 with zero padded heads"
                  f"{'' if len(deps) <= per_page else f' ({start // per_page + 1}/{-(-len(deps) // per_page)})'}")
         if n_off:
@@ -407,122 +406,126 @@ S_LABEL = "s_label"
 
 
 def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
-    """Remove every text of ``fig`` tagged ``gid`` that would print over a tick label or a text kept before it (in
-    drawing order), so the figure passes :func:`mla_lab.report.layout_check.label_overlaps`; returns how many were
-    removed. The S labels name a curve's points; a point whose label would collide stays on its curve unlabelled."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    old = fig.canvas
-    canvas = FigureCanvasAgg(fig)
+    """Remove every text of ``fig`` tagged ``gid`` that would print over a tick label or a text kept before it, so
+    the figure passes :func:`mla_lab.report.layout_check.label_overlaps`; returns how many were removed (a point
+    whose S label would collide stays on its curve unlabelled)."""
     removed = 0
-    try:
-        canvas.draw()
-        renderer = canvas.get_renderer()
+    with drawn(fig) as renderer:
         for ax in fig.axes:
             kept = [t.get_window_extent(renderer) for axis in (ax.xaxis, ax.yaxis)
                     for t in axis.get_ticklabels() if t.get_visible() and t.get_text().strip()]
             kept += [t.get_window_extent(renderer) for t in ax.texts if t.get_gid() != gid and t.get_text().strip()]
             for t in [t for t in ax.texts if t.get_gid() == gid]:
                 bb = t.get_window_extent(renderer)
-                if any(min(bb.x1, k.x1) - max(bb.x0, k.x0) > OVERLAP_PX and
-                       min(bb.y1, k.y1) - max(bb.y0, k.y0) > OVERLAP_PX for k in kept):
+                if any(min(overlap(bb, k)) > OVERLAP_PX for k in kept):
                     t.remove()
                     removed += 1
                 else:
                     kept.append(bb)
-    finally:
-        fig.set_canvas(old)
     return removed
 
 
+def _slice(d, kv_cache_dtype, max_num_batched_tokens=None):
+    """``(rows of ``kv_cache_dtype``, the max_num_batched_tokens shown, the :func:`kv_dtype_note`)``; the value
+    defaults to the seed's (else the largest in the data)."""
+    left_out = kv_dtype_note(d, kv_cache_dtype)
+    d = d[d["kv_cache_dtype"] == kv_cache_dtype] if "kv_cache_dtype" in d.columns else d
+    return d, max_num_batched_tokens or pick(d["max_num_batched_tokens"], SEED["max_num_batched_tokens"]), left_out
+
+
+def _no_fit_notes(ax, xs, tps, g, fit) -> None:
+    for x, t in zip(xs, tps):
+        if t in g.index and not bool(fit.get(t, True)):
+            ax.text(x, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=6.5, color="0.35")
+
+
+def _fitting(g, col, tps):
+    """``(values of ``col`` per TP, NaN where the row does not fit, the fit mask)``."""
+    fit = fits_mask(g) if len(g) else g.index.to_series()
+    return [g[col].get(t, float("nan")) if bool(fit.get(t, True)) else float("nan") for t in tps], fit
+
+
+def _tp_ttft_bars(ax, mod, meas, a, m, mi, nb, tps, col) -> None:
+    """One model's TTFT-change bars (the PR's solid, kernel_native hatched) and its measured diamonds."""
+    w = 0.8 / (2 * nb)
+    for si, s in enumerate((PR_STRATEGY, "kernel_native")):
+        g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == s)].set_index("tp")
+        xs = [i + (mi * 2 + si - nb + 0.5) * w for i, _ in enumerate(tps)]
+        vals, fit = _fitting(g, "ttft_change_pct", tps)
+        bars = ax.bar(xs, vals, w, color=col if s == PR_STRATEGY else "white", edgecolor=col,
+                      hatch=None if s == PR_STRATEGY else "///", linewidth=1.0)
+        ax.bar_label(bars, labels=[("" if v != v else f"{v:+.1f}") for v in vals], fontsize=7, padding=2)
+        _no_fit_notes(ax, xs, tps, g, fit)
+        gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
+        for t, gt in gm.groupby("tp"):
+            if t in g.index and bool(fit.get(t, True)):  # a measured share of a deployment that does not fit: none
+                ax.plot(xs[tps.index(t)], measured_change_pct(gt), "D", markerfacecolor=col, markeredgecolor="black",
+                        ms=6, zorder=4)
+
+
+def _tp_memory_bars(ax, mod, a, m, mi, nb, tps, col) -> None:
+    """One model's extra Q workspace of the PR per TP, labelled with MiB and % of KV capacity lost."""
+    g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == PR_STRATEGY)].set_index("tp")
+    xs = [i + (mi - (nb - 1) / 2) * (0.8 / nb) for i, _ in enumerate(tps)]
+    vals, fit = _fitting(g, "extra_persistent_mib", tps)
+    bars = ax.bar(xs, vals, 0.8 / nb, color=col)
+    pct = [g["kv_capacity_pct_lost"].get(t, float("nan")) if "kv_capacity_pct_lost" in g.columns
+           else float("nan") for t in tps]
+    ax.bar_label(bars, labels=[("" if v != v else f"{v:.0f}" + ("" if p != p else f"\n{p:.1f} % KV"))
+                               for v, p in zip(vals, pct)], fontsize=7, padding=2)
+    _no_fit_notes(ax, xs, tps, g, fit)
+
+
+def _tp_axes(ax_t, ax_m, a, mod, models, tps) -> None:
+    """Ticks ``TP<n> / H=<heads per rank per model>``, grid, limits and titles of one arch's row."""
+    heads = {}
+    for m in models:
+        gg = mod[(mod["arch"] == a) & (mod["model"] == m)]
+        for t in tps:
+            h = gg[gg["tp"] == t]["num_heads"]
+            if len(h):
+                heads.setdefault(t, []).append(str(int(h.iloc[0])))
+    for ax in (ax_t, ax_m):
+        ax.set_xlim(-0.5, len(tps) - 0.5)  # every TP's slot, with or without bars (a "does not fit" note)
+        ax.set_xticks(range(len(tps)), [f"TP{t}\nH={'/'.join(heads.get(t, ['-']))}" for t in tps], fontsize=8.5)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    ax_t.axhline(0, color="k", lw=0.6)
+    lo, hi = ax_t.get_ylim()
+    span = max(hi - lo, 1.0)
+    ax_t.set_ylim(min(lo, 0) - 0.08 * span, max(hi, 0) + 0.1 * span)  # room for the value labels
+    ax_t.set_ylabel("TTFT change vs baseline [%]")
+    ax_t.set_title(f"{a}: TTFT change", fontsize=10)
+    ax_m.set_ylabel("extra MiB per rank (vLLM #53878)\nlabel: MiB, % of KV capacity lost")
+    ax_m.set_title(f"{a}: extra Q workspace of vLLM #53878", fontsize=10)
+    ax_m.margins(y=0.15)
 
 
 def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int | None = None,
                  kv_cache_dtype: str = "bf16"):
-    """Per TP size: TTFT change vs the baseline (:data:`mla_lab.placement.BASELINE`) of vLLM #53878
-    (:data:`PR_STRATEGY`, solid) and kernel_native (real-head FlashMLA, modelled; hatched), and extra Q workspace
-    per rank of vLLM #53878, one row per arch, bars coloured by model. Modelled bars; measured values of the same cells are black
-    diamonds. The slice shown defaults to the seed's max_num_batched_tokens 16384 and prompt length 1024 (else the
-    largest in the data); the title says which, and names the rows of other KV-cache dtypes it leaves out
-    (:func:`kv_dtype_note`)."""
+    """Per TP size, one row per arch: TTFT change vs :data:`mla_lab.placement.BASELINE` of vLLM #53878
+    (:data:`PR_STRATEGY`, solid) and kernel_native (hatched), modelled, measured values as black diamonds; and the
+    PR's extra Q workspace per rank; bars coloured by model. The slice defaults to the seed's max_num_batched_tokens
+    and prompt length (else the largest); the title names it and the KV-cache dtypes left out."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    d = ok_rows(df)
-    left_out = kv_dtype_note(d, kv_cache_dtype)
-    d = d[d["kv_cache_dtype"] == kv_cache_dtype] if "kv_cache_dtype" in d.columns else d
-    mbt = max_num_batched_tokens or pick(d["max_num_batched_tokens"], SEED["max_num_batched_tokens"])
+    d, mbt, left_out = _slice(ok_rows(df), kv_cache_dtype, max_num_batched_tokens)
     L = prompt_len or pick(d["prompt_len"], SEED["prompt_len"])
     d = d[(d["max_num_batched_tokens"] == mbt) & (d["prompt_len"] == L)]
-    src = d["source"] if "source" in d.columns else None
-    mod = d[src != "measured"] if src is not None else d
-    meas = shown_measured(d[src == "measured"]) if src is not None else d.iloc[0:0]
+    mod, meas = _by_source(d)
     archs = sorted(d["arch"].unique()) or ["-"]
     models = sorted(d["model"].unique())
     tps = sorted(set(mod["tp"]) | set(meas["tp"]))  # a TP only withheld measured rows hold has no slot (issue 39)
-    fig = _figure((12.5, 3.3 * len(archs) + 0.9))
+    fig = new_figure((12.5, 3.3 * len(archs) + 0.9))
     axes = fig.subplots(len(archs), 2, squeeze=False)
     nb = max(1, len(models))
-    w = 0.8 / (2 * nb)
-    for row, a in enumerate(archs):
-        ax_t, ax_m = axes[row]
+    for (ax_t, ax_m), a in zip(axes, archs):
         for mi, m in enumerate(models):
             col = model_style(m, models)[0]
-            for si, s in enumerate((PR_STRATEGY, "kernel_native")):
-                g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == s)].set_index("tp")
-                xs = [i + (mi * 2 + si - nb + 0.5) * w for i, _ in enumerate(tps)]
-                fit = fits_mask(g) if len(g) else g.index.to_series()
-                vals = [g["ttft_change_pct"].get(t, float("nan")) if bool(fit.get(t, True)) else float("nan")
-                        for t in tps]
-                bars = ax_t.bar(xs, vals, w, color=col if s == PR_STRATEGY else "white", edgecolor=col,
-                                hatch=None if s == PR_STRATEGY else "///", linewidth=1.0)
-                ax_t.bar_label(bars, labels=[("" if v != v else f"{v:+.1f}") for v in vals], fontsize=7, padding=2)
-                for x, t in zip(xs, tps):
-                    if t in g.index and not bool(fit.get(t, True)):
-                        ax_t.text(x, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=6.5,
-                                  color="0.35")
-                gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
-                for t, v in ((t, measured_change_pct(g)) for t, g in gm.groupby("tp")):
-                    if t not in g.index or not bool(fit.get(t, True)):  # no modelled row says it fits: no point
-                        continue  # measured on a one-GPU share of a deployment that does not fit: no number
-                    ax_t.plot(xs[tps.index(t)], v, "D", markerfacecolor=col, markeredgecolor="black", ms=6,
-                              zorder=4)
-            g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == PR_STRATEGY)].set_index("tp")
-            xs = [i + (mi - (nb - 1) / 2) * (0.8 / nb) for i, _ in enumerate(tps)]
-            fit = fits_mask(g) if len(g) else g.index.to_series()
-            vals = [g["extra_persistent_mib"].get(t, float("nan")) if bool(fit.get(t, True)) else float("nan")
-                    for t in tps]
-            bars = ax_m.bar(xs, vals, 0.8 / nb, color=col)
-            pct = [g["kv_capacity_pct_lost"].get(t, float("nan")) if "kv_capacity_pct_lost" in g.columns
-                   else float("nan") for t in tps]
-            ax_m.bar_label(bars, labels=[("" if v != v else f"{v:.0f}" + ("" if p != p else f"\n{p:.1f} % KV"))
-                                         for v, p in zip(vals, pct)], fontsize=7, padding=2)
-            for x, t in zip(xs, tps):
-                if t in g.index and not bool(fit.get(t, True)):
-                    ax_m.text(x, 0, "does not fit", rotation=90, ha="center", va="bottom", fontsize=6.5,
-                              color="0.35")
-        heads = {}
-        for m in models:
-            gg = mod[(mod["arch"] == a) & (mod["model"] == m)]
-            for t in tps:
-                h = gg[gg["tp"] == t]["num_heads"]
-                if len(h):
-                    heads.setdefault(t, []).append(str(int(h.iloc[0])))
-        labels = [f"TP{t}\nH={'/'.join(heads.get(t, ['-']))}" for t in tps]
-        for ax in (ax_t, ax_m):
-            ax.set_xlim(-0.5, len(tps) - 0.5)  # every TP's slot, with or without bars (a "does not fit" note)
-            ax.set_xticks(range(len(tps)), labels, fontsize=8.5)
-            ax.grid(axis="y", alpha=0.3)
-            ax.set_axisbelow(True)
-        ax_t.axhline(0, color="k", lw=0.6)
-        lo, hi = ax_t.get_ylim()
-        span = max(hi - lo, 1.0)
-        ax_t.set_ylim(min(lo, 0) - 0.08 * span, max(hi, 0) + 0.1 * span)  # room for the value labels
-        ax_t.set_ylabel("TTFT change vs baseline [%]")
-        ax_t.set_title(f"{a}: TTFT change", fontsize=10)
-        ax_m.set_ylabel("extra MiB per rank (vLLM #53878)\nlabel: MiB, % of KV capacity lost")
-        ax_m.set_title(f"{a}: extra Q workspace of vLLM #53878", fontsize=10)
-        ax_m.margins(y=0.15)
+            _tp_ttft_bars(ax_t, mod, meas, a, m, mi, nb, tps, col)
+            _tp_memory_bars(ax_m, mod, a, m, mi, nb, tps, col)
+        _tp_axes(ax_t, ax_m, a, mod, models, tps)
     handles = [Patch(facecolor=model_style(m, models)[0], label=m) for m in models]
     handles += [Patch(facecolor="#999", edgecolor="#555", label="vLLM #53878 (modelled)"),
                 Patch(facecolor="white", edgecolor="#555", hatch="///", label="kernel_native: real-head FlashMLA (modelled)"),
@@ -535,23 +538,57 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
                  "prompts (H = heads per rank per model)" + (f" | {left_out}" if left_out else ""))
     return fig
 
+
+def _priced_or_not(df):
+    """Rows that are ok or a not-priced result (:data:`mla_lab.sweep.rows.NOT_PRICED`), not failures."""
+    return df[df["status"].fillna("ok").isin(("ok", *NOT_PRICED))] if "status" in df.columns else df
+
+
+def _heatmap_cells(mod, ykeys, Ls):
+    """``(grid of the mean priced change, cells that do not fit, cells the strategy tips out of fitting)``."""
+    import numpy as np
+
+    grid = np.full((len(ykeys), len(Ls)), np.nan)
+    nofit, tips = set(), set()
+    for (h, m, L), g in mod.groupby(["num_heads", "model", "prompt_len"]):
+        cell = (ykeys.index((int(h), m)), Ls.index(L))
+        if "status" in g.columns and (g["status"].fillna("ok") == "tips_out").any():
+            tips.add(cell)  # the deployment fits without this strategy, not with it: no TTFT number
+        elif not _priced(g).any():  # no TTFT number for a deployment that cannot run
+            nofit.add(cell)
+        else:
+            grid[cell] = g[_priced(g)]["ttft_change_pct"].mean()
+    return grid, nofit, tips
+
+
+def _heatmap_panel(ax, mod, meas, ykeys, Ls, norm, lim):
+    """One arch's cells: the modelled value, ``m: x%`` where measured, or why there is none."""
+    grid, nofit, tips = _heatmap_cells(mod, ykeys, Ls)
+    im = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto")
+    for i, (h, m) in enumerate(ykeys):
+        for j, L in enumerate(Ls):
+            v = grid[i, j]
+            txt = ("does not fit" if (i, j) in nofit else "tips out\n(fits without it)" if (i, j) in tips
+                   else "n/a" if v != v else f"{v:+.1f}%")
+            mm = meas[(meas["num_heads"] == h) & (meas["model"] == m) & (meas["prompt_len"] == L)]
+            if measured_change_pct(mm) is not None and (i, j) not in nofit | tips:
+                txt += f"\nm: {measured_change_pct(mm):+.1f}%"
+            dark = v == v and abs(v) > 0.6 * lim
+            ax.text(j, i, txt, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+    return im
+
+
 def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = PR_STRATEGY,
                  kv_cache_dtype: str = "bf16"):
     """Heatmap of TTFT change of ``strategy`` vs the baseline (%) over heads per rank (rows, labelled with the model)
     x prompt length (columns), one panel per arch, at one max_num_batched_tokens (default 16384, else the largest).
     Cells show the modelled value; a measured value of the same cell is added as ``m: x%``. Rows of other KV-cache
     dtypes are left out and the title says so (:func:`kv_dtype_note`)."""
-    import numpy as np
     from matplotlib.colors import TwoSlopeNorm
 
-    d = df[df["status"].fillna("ok").isin(("ok", *NOT_PRICED))] if "status" in df.columns else df
-    left_out = kv_dtype_note(d, kv_cache_dtype)
-    d = d[d["kv_cache_dtype"] == kv_cache_dtype] if "kv_cache_dtype" in d.columns else d
-    mbt = max_num_batched_tokens or pick(d["max_num_batched_tokens"], SEED["max_num_batched_tokens"])
+    d, mbt, left_out = _slice(_priced_or_not(df), kv_cache_dtype, max_num_batched_tokens)
     d = d[(d["max_num_batched_tokens"] == mbt) & (d["strategy"] == strategy)]
-    src = d["source"] if "source" in d.columns else None
-    mod = d[src != "measured"] if src is not None else d
-    meas = shown_measured(d[src == "measured"]) if src is not None else d.iloc[0:0]
+    mod, meas = _by_source(d)
     archs = sorted(d["arch"].unique()) or ["-"]
     Ls = sorted(d["prompt_len"].unique())
     ykeys = sorted({(int(h), m) for h, m in zip(mod["num_heads"], mod["model"])})
@@ -559,34 +596,11 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     vals = mod[priced]["ttft_change_pct"].abs()
     lim = float(vals.max()) if len(vals) and vals.max() > 0 else 1.0
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
-    fig = _figure((max(4.8, 1.35 * len(Ls) + 2.6) * len(archs), 0.55 * max(1, len(ykeys)) + 1.9))
+    fig = new_figure((max(4.8, 1.35 * len(Ls) + 2.6) * len(archs), 0.55 * max(1, len(ykeys)) + 1.9))
     axes = fig.subplots(1, len(archs), squeeze=False, sharey=True)[0]
     im = None
     for ax, a in zip(axes, archs):
-        grid = np.full((len(ykeys), len(Ls)), np.nan)
-        nofit, tips = set(), set()
-        for (h, m, L), g in mod[mod["arch"] == a].groupby(["num_heads", "model", "prompt_len"]):
-            cell = (ykeys.index((int(h), m)), Ls.index(L))
-            st = g["status"].fillna("ok") if "status" in g.columns else None
-            if st is not None and (st == "tips_out").any():
-                tips.add(cell)  # the deployment fits without this strategy, not with it: no TTFT number
-                continue
-            if not _priced(g).any():  # no TTFT number for a deployment that cannot run
-                nofit.add(cell)
-                continue
-            grid[cell] = g[_priced(g)]["ttft_change_pct"].mean()
-        im = ax.imshow(grid, cmap="RdBu_r", norm=norm, aspect="auto")
-        for i, (h, m) in enumerate(ykeys):
-            for j, L in enumerate(Ls):
-                v = grid[i, j]
-                txt = ("does not fit" if (i, j) in nofit else "tips out\n(fits without it)" if (i, j) in tips
-                       else "n/a" if v != v else f"{v:+.1f}%")
-                mm = meas[(meas["arch"] == a) & (meas["num_heads"] == h) & (meas["model"] == m)
-                          & (meas["prompt_len"] == L)]
-                if measured_change_pct(mm) is not None and (i, j) not in nofit | tips:
-                    txt += f"\nm: {measured_change_pct(mm):+.1f}%"
-                dark = v == v and abs(v) > 0.6 * lim
-                ax.text(j, i, txt, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+        im = _heatmap_panel(ax, mod[mod["arch"] == a], meas[meas["arch"] == a], ykeys, Ls, norm, lim)
         ax.set_xticks(range(len(Ls)), [str(L) for L in Ls])
         ax.set_xlabel("prompt length [tokens]")
         ax.set_title(f"{a}", fontsize=10)
@@ -606,7 +620,7 @@ def plot_validation(v):
     CUDA graph, interleaved pairs). The diagonal is a perfect model; MAPE per group in the legend."""
     import numpy as np
 
-    fig = _figure((13, 5.6))
+    fig = new_figure((13, 5.6))
     ax_op, ax_layer = fig.subplots(1, 2)
     ins = v[v["split"] == "in_sample"]
     ops = ins[ins["level"] == "op"]

@@ -1,14 +1,7 @@
-"""One source per figure (issue 39): each quantity the pages state, the one function that computes it from a named
-committed file, and the patterns that find its statements on the pages.
-
-A :class:`Quantity` names its source (a committed file or the function reading one), computes its value once
-(:attr:`Quantity.compute`), and lists regular expressions whose group ``v`` captures a statement of it as printed
-(a number with the page's rounding). ``tests/test_one_value.py`` reads every page (:func:`pages`: README.md,
-docs/*.md, the report notebook's text with its answer block and table captions, and the CLI's own text) and checks
-that every statement found equals the computed value at the statement's own rounding: two pages cannot state one
-quantity with two values, and a page cannot drift from its file. Where two figures legitimately differ (two machine
-leases, two builds, measured vs modelled), they are two quantities, and the page's words around the number (the
-pattern) say which is which.
+"""One source per figure (issue 39): each :class:`Quantity` the pages state, the one function computing it from a
+named committed file, and the patterns (group ``v``) finding its statements on the pages. ``tests/test_one_value.py``
+checks every statement equals the computed value at its own rounding; where two figures legitimately differ (two
+leases, measured vs modelled), they are two quantities and the words around the number say which.
 
     python -m mla_lab.report.figures_registry     # every quantity, its value, source and where it is stated
 """
@@ -44,14 +37,8 @@ NUM = r"[-+\u2212]?\d+(?:,\d{3})*(?:\.\d+)?"
 
 @dataclass(frozen=True)
 class Quantity:
-    """One figure the pages state.
-
-    Attributes:
-        name: a short key.
-        source: the committed file (and the function reading it) the value comes from, in words.
-        compute: returns the value (float, in the unit the pages print: %, ms, MiB, points).
-        patterns: regular expressions; each has a named group ``v`` capturing the printed number.
-    """
+    """One figure the pages state: ``name``, ``source`` (the committed file and the function reading it, in words),
+    ``compute`` (the value in the unit printed), ``patterns`` (regexes whose group ``v`` captures a statement)."""
 
     name: str
     source: str
@@ -91,15 +78,11 @@ def _pad_copy_modelled_ms() -> float:
 
 
 def _lease(which: str) -> Callable[[], float]:
-    def f():
-        return lease_pr_change()[which]
-    return f
+    return lambda: lease_pr_change()[which]
 
 
 def _answer(key: str) -> Callable[[], float]:
-    def f():
-        return float(answer_figures()[key])
-    return f
+    return lambda: float(answer_figures()[key])
 
 
 def _default_grid_points() -> float:

@@ -1,13 +1,8 @@
-"""The README's module map, generated from the package itself (issue 31): one row per sub-package of ``mla_lab``
-with the first sentence of its docstring, ordered by where it sits in the import graph, and the top-level modules
-by name. Nothing is imported: the docstrings and imports are read with :mod:`ast`, so the map costs no torch or
-pandas and cannot describe a module that is not there.
+"""The README's module map, generated from the package (issue 31): one row per sub-package with the first sentence
+of its docstring, ordered by its layer in the import graph, then the top-level modules. Read with :mod:`ast`, nothing
+imported; ``tests/test_front_door.py`` checks README.md's block is current.
 
-The block lives in README.md between :data:`BEGIN` and :data:`END`; ``tests/test_module_map.py`` fails when it is
-not what :func:`module_map` renders today.
-
-    python -m mla_lab.report.module_map              # print the block
-    python -m mla_lab.report.module_map --update-readme
+    python -m mla_lab.report.module_map [--update-readme]
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from ..paths import REPO_ROOT
+from .blocks import update_block
 
 __all__ = ["BEGIN", "END", "PACKAGE", "units", "layer", "summary", "module_map", "update_readme"]
 
@@ -105,8 +101,8 @@ def summary(path: Path) -> str:
 
 
 def module_map(package: Path = PACKAGE) -> str:
-    """The Markdown block: a table of the sub-packages (layer, name, first docstring sentence), lowest layer
-    first, then one line naming the top-level modules in the same order."""
+    """The Markdown block: the sub-packages (layer, name, first docstring sentence), lowest layer first, then the
+    top-level modules."""
     us = units(package)
     order = sorted(us, key=lambda n: (layer(n, package), n))
     subs = [n for n in order if us[n].is_dir()]
@@ -120,21 +116,9 @@ def module_map(package: Path = PACKAGE) -> str:
 
 
 def update_readme(block: str, path: Path = REPO_ROOT / "README.md") -> bool:
-    """Replace the text between :data:`BEGIN` and :data:`END` in ``path`` with ``block``.
-
-    Returns:
-        True when the file changed.
-
-    Raises:
-        ValueError: the markers are not both there, in order (nothing written)."""
-    text = path.read_text()
-    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
-        raise ValueError(f"{path} has no module-map markers ({BEGIN} ... {END}); nothing written")
-    a, b = text.index(BEGIN) + len(BEGIN), text.index(END)
-    new = text[:a] + "\n" + block + "\n" + text[b:]
-    if new != text:
-        path.write_text(new)
-    return new != text
+    """Rewrite README.md's module-map block with ``block``; True when the file changed. Raises ValueError: no
+    markers, or not in order (nothing written)."""
+    return update_block(path, BEGIN, END, block, "module-map")
 
 
 def main(argv=None) -> int:

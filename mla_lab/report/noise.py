@@ -1,17 +1,9 @@
-"""Is vLLM PR #53878's -9.5 % TTFT one run's noise? The single-run distribution of the change, for the report and
-docs/findings.md (issue 20; README.md until issue 31 moved the findings there). Modelled: the runs are
-:mod:`mla_lab.serving.noise`'s Monte-Carlo, not measured servers.
-
-Nothing is re-simulated here (1000 runs per build take minutes): the figures and sentences read the per-run changes
-``mla_lab/fits/predict_pr53878.py`` committed beside its prediction,
-``data/validation/pr53878_noise_distribution.csv`` (one row per case and run: ``case`` = ``identical_builds`` (two
-runs of the build before the PR, A vs A') or ``pr_vs_before``, ``run``, ``change_<metric>_pct``), and the prediction
-file ``pr53878_main_prediction.json`` for its noise components and the modelled (deterministic) change. Every
-percentile is :meth:`mla_lab.serving.noise.NoiseResult.percentile_of` of those runs (percent of runs below the
-value, ties half).
-
-The PR's reported figures (vLLM PR #53878's description, one ``vllm bench serve`` run per build): TTFT -9.5 % (the
-PR does not say which statistic: mean, median and P99 are each tested against it) and total token throughput +6 %.
+"""Is vLLM PR #53878's -9.5 % TTFT one run's noise? The single-run distribution of the change (issue 20), modelled:
+the runs are :mod:`mla_lab.serving.noise`'s Monte-Carlo, committed by ``mla_lab/fits/predict_pr53878.py`` in
+:data:`DIST_CSV` (one row per ``case`` and ``run``, ``change_<metric>_pct``) beside its prediction file; nothing is
+re-simulated here. Percentiles: :meth:`mla_lab.serving.noise.NoiseResult.percentile_of` (ties half). The PR's
+figures (its description, one ``vllm bench serve`` run per build): TTFT -9.5 % (statistic unnamed: mean, median and
+P99 each tested) and total token throughput +6 %.
 
     python -m mla_lab.report.noise [--figure-dir docs/figures] [--update-findings]
 """
@@ -21,17 +13,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
 
 from ..paths import REPO_ROOT
 from ..serving.noise import NoiseConfig, NoiseResult
+from .blocks import update_block
 from .layout_check import figure_clipping, label_overlaps
 
 __all__ = ["DIST_CSV", "PREDICTION_JSON", "REPORTED", "PANELS", "CASES", "load_noise_distribution",
-           "reported_percentiles", "noise_sentences", "plot_noise", "findings_section", "FIGURE_NAME",
-           "NOISE_BEGIN", "NOISE_END", "FINDINGS", "update_findings"]
+           "noise_sentences", "plot_noise", "findings_section", "FIGURE_NAME",
+           "NOISE_BEGIN", "NOISE_END", "FINDINGS"]
 
 DIST_CSV = REPO_ROOT / "data" / "validation" / "pr53878_noise_distribution.csv"
 PREDICTION_JSON = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
@@ -48,15 +42,11 @@ NOISE_END = "<!-- noise:end -->"
 
 
 def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path | None = PREDICTION_JSON) -> dict:
-    """The committed per-run changes as one :class:`~mla_lab.serving.noise.NoiseResult` per case (``change``
-    filled, ``a`` / ``b`` empty: only the changes are committed), plus the prediction file.
-
-    Returns:
-        ``{"results": {case: NoiseResult}, "prediction": dict | None, "path": Path}``.
+    """``{"results": {case: NoiseResult (only ``change`` filled)}, "prediction": dict | None, "path": Path}``.
 
     Raises:
-        ValueError: the file is missing, lacks ``case`` / ``run`` / a ``change_<metric>_pct`` column of
-            :data:`PANELS`, holds a value that is not finite, or lacks a case of :data:`CASES`; one line naming it.
+        ValueError: the file missing, a column of :data:`PANELS` missing, a value not finite, or a case of
+            :data:`CASES` with fewer than 2 runs; one line naming it.
     """
     import pandas as pd
 
@@ -87,11 +77,6 @@ def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path 
         out[case] = NoiseResult({}, {}, change, {}, {}, len(sub), int(pred["seed"]) if pred else 0, noise,
                                 case == "identical_builds", {})
     return {"results": out, "prediction": pred, "path": p}
-
-
-def reported_percentiles(results: dict) -> dict:
-    """``{case: {metric: percentile}}``: where each of :data:`REPORTED` falls in each case's runs."""
-    return {case: {k: r.percentile_of(k, v) for k, v in REPORTED.items()} for case, r in results.items()}
 
 
 def _at(pct: float, n: int, what: str, extra: str = "") -> str:
@@ -225,27 +210,8 @@ def findings_section(dist: dict, figure: str | None = f"figures/{FIGURE_NAME}.pn
             "`python -m mla_lab.report.noise --update-findings`."]
     if pred is not None:
         out[0] += f" Prediction commit `{pred['git_commit']}`."
-    return "\n".join(ln if ln.startswith(("|", "!")) else _wrap(ln) for ln in out)
-
-
-def _wrap(text: str, width: int = 116) -> str:
-    """A paragraph wrapped as the docs' prose is (no break inside a word or at a hyphen)."""
-    import textwrap
-
-    return textwrap.fill(text, width=width, break_on_hyphens=False, break_long_words=False)
-
-
-def update_findings(block: str, path: Path = FINDINGS) -> None:
-    """Replace the text between :data:`NOISE_BEGIN` and :data:`NOISE_END` in ``path`` with ``block``.
-
-    Raises:
-        ValueError: the markers are not both there (nothing written).
-    """
-    text = path.read_text()
-    if NOISE_BEGIN not in text or NOISE_END not in text:
-        raise ValueError(f"{path} has no noise markers ({NOISE_BEGIN} ... {NOISE_END}); nothing written")
-    a, b = text.index(NOISE_BEGIN) + len(NOISE_BEGIN), text.index(NOISE_END)
-    path.write_text(text[:a] + "\n" + block + "\n" + text[b:])
+    return "\n".join(ln if ln.startswith(("|", "!")) else
+                     textwrap.fill(ln, width=116, break_on_hyphens=False, break_long_words=False) for ln in out)
 
 
 def main(argv=None) -> int:
@@ -271,7 +237,7 @@ def main(argv=None) -> int:
         print(line)
     if a.update_findings:
         try:
-            update_findings(findings_section(dist))
+            update_block(FINDINGS, NOISE_BEGIN, NOISE_END, findings_section(dist), "noise")
         except ValueError as e:
             print(str(e), file=sys.stderr)
             return 2

@@ -1,28 +1,22 @@
-"""The packed kernel on the H200 beside every engine's kernel, summarised between processes (issue 36): the one place
-the answer block, docs/packed.md and the tests take its figures from.
+"""The packed kernel on the H200 beside every engine's kernel (issue 36): the one place the answer block,
+docs/packed.md and the tests take its figures from.
 
 Source: ``data/measured/h200/between_process/packed_kernels.csv`` (:mod:`mla_lab.measure.experiments.packed_kernels`;
-one NVIDIA H200, driver 580.159.04, torch 2.11.0+cu130, triton 3.6.0, tokenspeed-flashmla 1.0.0.post20260429, vLLM
-0.33.0 and SGLang 0.5.23 kernels from their release wheels; graph timing; 5 fresh processes x 5 interleaved rounds;
-one machine lease, 2026-12-04, commit 0bbb393). T = 16384 query tokens, H = 8 heads per rank, topk 2048. Every
-figure: the median over processes of the per-process medians, ``[min, max]`` over processes.
-
-The issue's targets (:data:`TARGETS`) are read off the rows by :func:`targets`: each says its value, the bar, met or
-missed, and by how much. ``python -m mla_lab.report.packed_kernels --update-docs`` rewrites the generated tables of
-docs/packed.md.
+one H200, 5 fresh processes x 5 interleaved rounds, graph timing; T = 16384, H = 8, topk 2048; the software in the
+file's provenance columns). Every figure: the median over processes of the per-process medians, ``[lo, hi]`` over
+processes. ``python -m mla_lab.report.packed_kernels --update-docs`` rewrites docs/packed.md's tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
-from functools import lru_cache
 
 import pandas as pd
 
-from ..measure.spread import between_process
-from ..paths import REPO_ROOT, read_measured_csv
+from ..paths import REPO_ROOT
+from .blocks import update_block
+from .engine_kernels import between_process_ms, experiment_rows
 
 __all__ = ["PACKED_CSV", "kernel_ms", "speedup", "targets", "shape_table", "TARGETS", "SHAPE_ORDER", "KERNELS",
            "update_docs", "main"]
@@ -51,36 +45,26 @@ KERNELS = {
 }
 
 
-@lru_cache(maxsize=4)
-def _rows(path: str) -> pd.DataFrame:
-    d = read_measured_csv(path)  # whole or refused in one line
-    return d[d["experiment"] == "packed_kernels"].copy()
+def _rows(path) -> pd.DataFrame:
+    return experiment_rows(str(path), "packed_kernels")
 
 
 def kernel_ms(kernel: str, shape: str, path=PACKED_CSV) -> dict:
-    """``{"median", "lo", "hi", "n_processes", ...}`` (ms) of one kernel at one shape (median over processes of
-    per-process medians, ``[lo, hi]`` over processes).
-
-    Raises:
-        ValueError: no rows match (names the selection and the file).
-    """
-    d = _rows(str(path))
-    sel = d[(d["kernel"] == kernel) & (d["shape"] == shape)]
-    if sel.empty:
-        raise ValueError(f"no rows for kernel={kernel!r} shape={shape!r} in {path}")
-    return next(iter(between_process(sel, ["kernel"], "ms").values()))
+    """:func:`mla_lab.report.engine_kernels.between_process_ms` of one kernel at one shape (``median``, ``lo``,
+    ``hi`` in ms, ``n_processes``). Raises ValueError: no rows match."""
+    return between_process_ms(path, "packed_kernels", kernel=kernel, shape=shape)
 
 
 def union_size(shape: str, path=PACKED_CSV) -> tuple[float, float]:
     """``(U, S)``: the shape's mean union and shared keys per group, over topk."""
-    d = _rows(str(path))
+    d = _rows(path)
     r = d[d["shape"] == shape].iloc[0]
     return float(r["U"]), float(r["S"])
 
 
 def dispatch_path(shape: str, path=PACKED_CSV) -> str:
     """The path the dispatch chose at ``shape`` (``packed``, ``packed_triton`` or ``padded``)."""
-    d = _rows(str(path))
+    d = _rows(path)
     return str(d[(d["shape"] == shape) & (d["kernel"] == "dispatched")]["path"].iloc[0])
 
 
@@ -159,24 +143,13 @@ def _markdown(path=PACKED_CSV) -> str:
     return "\n".join(lines)
 
 
-_BEGIN, _END = "<!-- packed-table:begin (python -m mla_lab.report.packed_kernels --update-docs) -->", \
-    "<!-- packed-table:end -->"
+_BEGIN = "<!-- packed-table:begin (python -m mla_lab.report.packed_kernels --update-docs) -->"
+_END = "<!-- packed-table:end -->"
 
 
 def update_docs(doc=DOC, path=PACKED_CSV) -> bool:
-    """Rewrite the generated block of ``doc`` from the rows; True when it changed.
-
-    Raises:
-        ValueError: the doc lacks the block's markers (names them).
-    """
-    text = doc.read_text()
-    if _BEGIN not in text or _END not in text:
-        raise ValueError(f"{doc} lacks the markers {_BEGIN!r} ... {_END!r}")
-    new = re.sub(re.escape(_BEGIN) + r".*?" + re.escape(_END), lambda m: f"{_BEGIN}\n{_markdown(path)}\n{_END}",
-                 text, flags=re.S)
-    if new != text:
-        doc.write_text(new)
-    return new != text
+    """Rewrite the generated block of ``doc`` from the rows; True when it changed. Raises ValueError: no markers."""
+    return update_block(doc, _BEGIN, _END, _markdown(path), "packed-table")
 
 
 def main(argv=None) -> int:

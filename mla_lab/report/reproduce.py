@@ -1,18 +1,11 @@
 """One H200 run against the rows committed before it: how far a re-measurement moves the between-process figures.
 
-The 2026-12-02 ``mla-lab measure`` run (5 fresh processes per experiment; record in
-``data/measured/h200/runs/2026-12-02T0834_measure/``) replaced the rows under ``data/measured/h200/between_process/``
-that the lab's round-3/4 drivers had written. :func:`compare` reads the previous rows from git
-(``git show <OLD_COMMIT>:<path>``: the files as committed at :data:`OLD_COMMIT`, the tree before the swap) and the
-current ones from the checkout, and per file gives, over the keys both runs measured (a key is one row of the file's
-``KEYS`` columns): the change of the median over processes of the per-process medians, new / old - 1 in %, as median,
-p10, p90 and max |.| over keys. For launch-bound operations (old median below :data:`SMALL_MS` ms) it also counts the
-keys whose new median lies below the old run's smallest per-process median, i.e. outside the old run's own
-[min, max] over processes: the between-run change is then larger than the within-run spread.
-
-``python -m mla_lab.report.reproduce --update-docs`` writes the block between :data:`BEGIN` and :data:`END` in
-docs/perf-notes.md; tests/test_reproduce.py checks the block is current. Raises ``RuntimeError`` (one line) when git
-cannot show a file at :data:`OLD_COMMIT` (a shallow clone).
+The 2026-12-02 ``mla-lab measure`` run (``data/measured/h200/runs/2026-12-02T0834_measure/``) replaced the rows under
+:data:`BETWEEN`; :func:`compare` reads the previous ones with ``git show <OLD_COMMIT>:<path>`` and gives per file,
+over the keys both runs measured (a key: one value of the file's key columns in :data:`FILES`), the % change of the
+median over processes of the per-process medians. ``python -m mla_lab.report.reproduce --update-docs`` writes the
+block of docs/perf-notes.md (tests/test_reproduce.py checks it). Raises ``RuntimeError`` (one line) when git cannot
+show a file at :data:`OLD_COMMIT` (a shallow clone).
 """
 
 from __future__ import annotations
@@ -23,7 +16,8 @@ import subprocess
 
 import pandas as pd
 
-from mla_lab.paths import REPO_ROOT
+from ..paths import REPO_ROOT
+from .blocks import update_block
 
 __all__ = ["lease_pr_change", "OLD_COMMIT", "FILES", "SMALL_MS", "BEGIN", "END", "compare", "largest", "small_ops", "render_markdown", "main"]
 
@@ -105,8 +99,8 @@ def _joined(name: str) -> pd.DataFrame:
 
 
 def compare() -> list[dict]:
-    """One dict per file of :data:`FILES`: ``file``, ``keys`` (compared), ``keys_new`` (in the new rows),
-    ``median`` / ``p10`` / ``p90`` / ``max_abs`` (% change of the per-key median, new / old - 1)."""
+    """Per file of :data:`FILES`: ``file``, ``keys`` (compared), ``keys_new``, ``median`` / ``p10`` / ``p90`` /
+    ``max_abs`` of the % change of the per-key median."""
     out = []
     for name, (value, keys) in FILES.items():
         j = _joined(name)
@@ -118,9 +112,8 @@ def compare() -> list[dict]:
 
 
 def largest(name: str) -> dict:
-    """The key of ``name`` whose median moved most: ``key`` (its varying key values, joined), ``old`` / ``new``
-    (medians over processes), ``new_min`` / ``new_max`` / ``old_min`` / ``old_max`` (over processes), ``change``
-    (%)."""
+    """The key of ``name`` whose median moved most: ``key``, ``old`` / ``new`` medians with their ``_min`` /
+    ``_max`` over processes, ``change`` (%)."""
     j = _joined(name)
     r = 100 * (j["median_new"] / j["median_old"] - 1)
     pos = int(r.abs().to_numpy().argmax())
@@ -170,14 +163,6 @@ def render_markdown() -> str:
     return "\n".join(lines)
 
 
-def _update(path, block: str) -> None:
-    text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"reproduce: {path} has no {BEGIN} ... {END} block; add the markers first")
-    head, rest = text.split(BEGIN, 1)
-    path.write_text(head + BEGIN + "\n" + block + "\n" + END + rest.split(END, 1)[1])
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.report.reproduce", description=__doc__.split("\n")[0])
     ap.add_argument("--update-docs", action="store_true", help="rewrite the block in docs/perf-notes.md")
@@ -185,7 +170,10 @@ def main(argv=None) -> int:
     block = render_markdown()
     print(block)
     if a.update_docs:
-        _update(REPO_ROOT / "docs" / "perf-notes.md", block)
+        try:
+            update_block(REPO_ROOT / "docs" / "perf-notes.md", BEGIN, END, block, "reproduce")
+        except ValueError as e:
+            ap.error(str(e))
         print("-> docs/perf-notes.md")
     return 0
 

@@ -1,23 +1,12 @@
-"""The PR's three numbers, answered: TTFT, throughput and memory of vLLM PR #53878 beside the lab's.
-
-:func:`seed_answer` prices the PR's benchmark (:meth:`mla_lab.deployment.Deployment.seed`: 32 x 1024-token prompts at concurrency
-32, max_num_batched_tokens 16384, TP8 on Hopper, bf16 KV cache, fp8 weights with expert parallelism) for GLM-5's
-geometry and GLM-5.2's (an indexer on 21 of 78 layers) and compares:
-
-- vLLM at the PR (``private_workspace``) against vLLM before it (``per_call_empty``: padded heads zeros, or
-  stale), the PR's own comparison;
-- vLLM after PR #56902 (``shared_workspace:none``) and SGLang (``per_call_zeros``) against the PR.
-
-Each change is given modelled (full-layer TTFT model) and measured (the attention path timed on one H200 per
-strategy in >= 5 fresh processes, interleaved rounds in each, the rest of the step modelled:
-``data/measured/h200/between_process/presets.csv``): the median over processes of each process's change, with
-``[min, max]`` over processes (the between-process interval: one process's own interval of its rounds does not
-cover the next process's value). :func:`seed_sentences` says in plain words which assumptions can reach the reported
--9.5 % and which cannot.
+"""The PR's three numbers, answered: TTFT, throughput and memory of vLLM PR #53878 beside the lab's, at the PR's
+benchmark (:meth:`mla_lab.deployment.Deployment.seed`) for GLM-5's geometry and GLM-5.2's. Each change is modelled
+(full-layer TTFT model) and measured (the attention path timed in >= 5 fresh processes on one H200, the rest
+modelled: ``data/measured/h200/between_process/presets.csv``): the median over processes with ``[min, max]``.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from ..buffers import MIB, memory_account, shared_workspace_other_bytes
@@ -46,23 +35,15 @@ __all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sens
 
 #: (label, strategy, against) of the seed answer (:data:`mla_lab.placement.SEED_COMPARISONS`).
 COMPARISONS = SEED_COMPARISONS
-#: ``preset`` labels of mla_lab/measure/experiments/engines.py -> canonical strategies
-#: (:data:`mla_lab.placement.BENCH_PRESET_LABELS`).
+#: ``preset`` labels of the round-2 presets file -> canonical strategies (:data:`mla_lab.placement.BENCH_PRESET_LABELS`).
 PRESET_FILE_NAMES = BENCH_PRESET_LABELS
-
-
 #: The committed between-process rows of the seed attention path (mla_lab/measure/experiments/presets.py).
 BETWEEN_PROCESS_PRESETS = ("between_process", "presets.csv")
 
 
 def _measured_seed_samples(path: Path | None) -> tuple[dict, str]:
-    """Per canonical strategy, the attention-path ms at the seed shape (GLM-5 TP8) and what they are.
-
-    Default: ``data/measured/h200/between_process/presets.csv`` (>= 5 fresh processes, interleaved rounds in each):
-    ``{strategy: {process: median ms of that process's rounds}}``, basis ``"processes"``. A file without a
-    ``process`` column (the round-2 ``presets.csv`` of mla_lab/measure/experiments/engines.py, one process): ``{strategy:
-    {round: ms}}``, basis ``"rounds"`` (a within-process interval). ``({}, "")`` without a file."""
-
+    """``({strategy: {process: median attention-path ms at the seed}}, "processes")``; a file without a ``process``
+    column (round 2, one process): ``({strategy: {round: ms}}, "rounds")``; ``({}, "")`` without a file."""
     p = Path(path) if path else measured_dir("h200").joinpath(*BETWEEN_PROCESS_PRESETS)
     if not p.is_file():
         return {}, ""
@@ -80,73 +61,71 @@ def _measured_seed_samples(path: Path | None) -> tuple[dict, str]:
     return out, "rounds"
 
 
+def _memory(d: Deployment, names) -> tuple[dict, int]:
+    """Per strategy its memory account on the step's route (dense MHA pads nothing), and the baseline's persistent
+    bytes (:func:`mla_lab.buffers.memory_account`)."""
+    shared = shared_workspace_other_bytes(d.rank)
+    mem = {s: memory_account(parse_strategy(s), d.num_heads, d.max_num_batched_tokens, d.arch, d.kv_cache_dtype,
+                             shared_other_bytes=shared, model=d.model, prompt_len=d.prompt_len) for s in names}
+    base = memory_account(parse_strategy(BASELINE), d.num_heads, d.max_num_batched_tokens, d.arch,
+                          d.kv_cache_dtype).persistent_bytes
+    return mem, base
+
+
+def _measured_change(ttft: dict, s: str, ref: str, basis: str) -> dict:
+    """The row's measured columns from per-process (or per-round) TTFTs of ``s`` and ``ref``: the median change
+    with ``[min, max]`` over processes (:mod:`mla_lab.measure.spread`'s convention), or the rounds' 95 % interval."""
+    if s not in ttft or ref not in ttft:
+        return {}
+    keys = sorted(set(ttft[s]) & set(ttft[ref]))
+    ch = [100.0 * (ttft[s][k] / ttft[ref][k] - 1) for k in keys]
+    if basis == "processes":
+        return {"measured_pct": statistics.median(ch), "measured_lo": min(ch), "measured_hi": max(ch),
+                "rounds": len(keys), "n_processes": len(keys), "measured_basis": "processes"}
+    ci = summarize(ch)
+    return {"measured_pct": ci["median"], "measured_lo": ci["ci_lo"], "measured_hi": ci["ci_hi"], "rounds": len(keys),
+            "measured_basis": "rounds"}
+
+
 def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = None, calibration=None) -> list[dict]:
-    """One dict per (model geometry, comparison), priced with ``calibration`` (``None``: the committed one):
-    ``modelled_pct``, ``ttft_ms`` / ``against_ttft_ms`` (modelled mean TTFT, ms), ``against_run_ms`` (the
-    reference's whole run: the last prompt's TTFT, ms) and ``comm_ms`` (its all-reduces over the whole run, ms,
-    one rank), ``comm_source``, ``measured_pct`` with ``measured_lo`` /
-    ``measured_hi`` (95 % interval of the paired rounds; None without measurements), and the memory of the strategy
-    and its reference: ``extra_persistent_mib`` (budgeted, costs KV tokens) and ``call_transient_mib`` (unbudgeted
-    per-call peak) of both. Stale padded heads are priced over the whole step (``content_scope`` ``step``:
-    :class:`~mla_lab.model.content.StepContentModel`, the H200 78-layer loop) unless ``calibration`` says
-    ``kernel``; ``modelled_pct_kernel_content`` is the same change with the kernel-only factor
-    (:class:`~mla_lab.model.content.ContentModel`), for comparison (equal to ``modelled_pct`` where nothing is
-    stale; ``content_scope`` ``none``)."""
+    """One dict per (model geometry, comparison of :data:`COMPARISONS`), priced with ``calibration`` (None: the
+    committed one): ``modelled_pct``; ``modelled_pct_kernel_content`` (stale padded heads priced on the kernel only;
+    ``content_scope`` says which scope ``modelled_pct`` used); ``ttft_ms`` / ``against_ttft_ms`` (mean, ms),
+    ``against_run_ms`` (the last prompt's TTFT), ``comm_ms`` / ``comm_source`` (its all-reduces, one rank);
+    ``measured_pct`` / ``_lo`` / ``_hi`` (None without measurements), ``measured_basis``, ``n_processes``,
+    ``rounds``; ``extra_persistent_mib`` and ``call_transient_mib`` of the strategy and of ``against``."""
     samples, basis = _measured_seed_samples(Path(presets_csv) if presets_csv else None)
+    names = {s for _, a, b in COMPARISONS for s in (a, b)}
     out = []
     for name in models:
         d = Deployment.seed(model=name)
-        model, arch, mbt = d.model, d.arch, d.max_num_batched_tokens
-        H = d.num_heads
-        steps = schedule(d.workload, mbt)
-        names = {s for _, a, b in COMPARISONS for s in (a, b)}
+        steps = schedule(d.workload, d.max_num_batched_tokens)
         cal = resolve_calibration(calibration)
         modelled = {s: predict_ttft(d, parse_strategy(s), cal) for s in names}
-        # the same with stale padded heads priced on the kernel only (the lab's model before issue 21)
-        kernel_cal = cal.with_content_scope("kernel")
+        kernel_cal = cal.with_content_scope("kernel")  # stale heads priced on the kernel only (before issue 21)
         kernel_only = {s: (predict_ttft(d, parse_strategy(s), kernel_cal) if parse_strategy(s).content == "stale"
                            else modelled[s]) for s in names}
-        shared = shared_workspace_other_bytes(d.rank)
-        mem = {s: memory_account(parse_strategy(s), H, mbt, arch, d.kv_cache_dtype, shared_other_bytes=shared,
-                                 model=model, prompt_len=d.prompt_len)  # the step's route (dense MHA pads nothing)
-               for s in names}
-        base_persistent = memory_account(parse_strategy(BASELINE), H, mbt, arch, d.kv_cache_dtype).persistent_bytes
-        ttft = {}  # strategy -> {process (or round): mean TTFT with that attention-path time, ms}
-        for s in names:
-            if s in samples:
-                ttft[s] = {k: ttft_with_attention(modelled[s], steps, d.prompt_len, model.num_hidden_layers,
-                                                  [x] * len(steps)) for k, x in samples[s].items()}
+        mem, base = _memory(d, names)
+        ttft = {s: {k: ttft_with_attention(modelled[s], steps, d.prompt_len, d.model.num_hidden_layers,
+                                           [x] * len(steps)) for k, x in samples[s].items()}
+                for s in names if s in samples}  # strategy -> {process (or round): mean TTFT, ms}
         for label, s, ref in COMPARISONS:
-            m_pct = 100.0 * (modelled[s]["ttft_ms_mean"] / modelled[ref]["ttft_ms_mean"] - 1)
-            k_pct = 100.0 * (kernel_only[s]["ttft_ms_mean"] / kernel_only[ref]["ttft_ms_mean"] - 1)
             stale = any(parse_strategy(x).content == "stale" for x in (s, ref))
-            row = {"model": name, "comparison": label, "strategy": s, "against": ref, "modelled_pct": m_pct,
-                   "modelled_pct_kernel_content": k_pct,
-                   "content_scope": ("step" if cal.step_content() is not None else "kernel") if stale else "none",
-                   "ttft_ms": modelled[s]["ttft_ms_mean"], "against_ttft_ms": modelled[ref]["ttft_ms_mean"],
-                   "comm_ms": modelled[ref]["comm_ms"], "against_run_ms": modelled[ref]["ttft_ms_max"],
-                   "comm_source": modelled[ref]["comm_source"],
-                   "measured_pct": None, "measured_lo": None, "measured_hi": None, "rounds": 0,
-                   "measured_basis": None, "n_processes": 0,
-                   "extra_persistent_mib": (mem[s].persistent_bytes - base_persistent) / MIB,
-                   "against_extra_persistent_mib": (mem[ref].persistent_bytes - base_persistent) / MIB,
-                   "call_transient_mib": mem[s].call_transient_bytes / MIB,
-                   "against_call_transient_mib": mem[ref].call_transient_bytes / MIB}
-            if s in ttft and ref in ttft:
-                keys = sorted(set(ttft[s]) & set(ttft[ref]))
-                ch = [100.0 * (ttft[s][k] / ttft[ref][k] - 1) for k in keys]
-                if basis == "processes":
-                    # between fresh processes: the median change and [min, max] over processes
-                    # (mla_lab.measure.spread's convention; coverage 1 - 2 / 2**n of the median)
-                    xs = sorted(ch)
-                    mid = xs[len(xs) // 2] if len(xs) % 2 else 0.5 * (xs[len(xs) // 2 - 1] + xs[len(xs) // 2])
-                    row.update(measured_pct=mid, measured_lo=xs[0], measured_hi=xs[-1], rounds=len(keys),
-                               n_processes=len(keys), measured_basis="processes")
-                else:
-                    ci = summarize(ch)
-                    row.update(measured_pct=ci["median"], measured_lo=ci["ci_lo"], measured_hi=ci["ci_hi"],
-                               rounds=len(keys), measured_basis="rounds")
-            out.append(row)
+            out.append({
+                "model": name, "comparison": label, "strategy": s, "against": ref,
+                "modelled_pct": 100.0 * (modelled[s]["ttft_ms_mean"] / modelled[ref]["ttft_ms_mean"] - 1),
+                "modelled_pct_kernel_content": 100.0 * (kernel_only[s]["ttft_ms_mean"]
+                                                        / kernel_only[ref]["ttft_ms_mean"] - 1),
+                "content_scope": ("step" if cal.step_content() is not None else "kernel") if stale else "none",
+                "ttft_ms": modelled[s]["ttft_ms_mean"], "against_ttft_ms": modelled[ref]["ttft_ms_mean"],
+                "comm_ms": modelled[ref]["comm_ms"], "against_run_ms": modelled[ref]["ttft_ms_max"],
+                "comm_source": modelled[ref]["comm_source"], "measured_pct": None, "measured_lo": None,
+                "measured_hi": None, "rounds": 0, "measured_basis": None, "n_processes": 0,
+                "extra_persistent_mib": (mem[s].persistent_bytes - base) / MIB,
+                "against_extra_persistent_mib": (mem[ref].persistent_bytes - base) / MIB,
+                "call_transient_mib": mem[s].call_transient_bytes / MIB,
+                "against_call_transient_mib": mem[ref].call_transient_bytes / MIB,
+                **_measured_change(ttft, s, ref, basis)})
     return out
 
 
@@ -241,16 +220,12 @@ def seed_sentences(rows=None) -> list[str]:
 
 
 def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = None):
-    """The seed answer under each all-reduce term the lab can defend at the PR's TP (pandas DataFrame, one row per
-    (model geometry, comm term)): the committed calibration's (a measured TP=8 fit if one exists, else the
-    assumption), the ideal ring (``comm_efficiency`` 1, no latency: a lower bound), and, while TP=8 is unmeasured,
-    the largest measured world size's fit extrapolated to TP=8 (:func:`mla_lab.model.comm.extrapolated`).
-
-    Columns: ``model``, ``comm term``, ``priced by`` (:meth:`~mla_lab.model.calibration.Calibration.comm_source`),
-    ``all-reduce ms`` (the run's all-reduces, one rank, vLLM before the PR), ``share of run %`` (of the whole
-    run, the last prompt's TTFT), ``TTFT before the PR ms`` (mean over prompts, modelled), and the PR's TTFT change against vLLM before it with zero and with stale padded
-    heads, modelled and with the attention path measured (``%``; the column names the measurement's basis, e.g.
-    ``attention measured (5 fresh processes)``)."""
+    """The seed answer under each all-reduce term the lab can defend at the PR's TP (DataFrame, one row per (model,
+    comm term)): the committed calibration's, the largest measured world size's fit extrapolated to the PR's TP
+    (while that TP is unmeasured; :func:`mla_lab.model.comm.extrapolated`) and the ideal ring (a lower bound).
+    Columns: ``model``, ``comm term``, ``priced by``, ``all-reduce ms`` and ``share of run %`` (vLLM before the PR,
+    one rank, whole run), ``TTFT before the PR ms``, and the PR's change against vLLM before it with zero and stale
+    padded heads, modelled and attention measured (%; the column names the measurement's basis)."""
     import pandas as pd
 
     base = resolve_calibration(None)
@@ -283,38 +258,31 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
 
 
 def pr_trade_by_engine(models=("glm-5",), calibration=None) -> list[dict]:
-    """The PR's trade stated three ways (:data:`mla_lab.placement.PR_TRADE_BY_ENGINE`), on the PR's benchmark
-    (:meth:`Deployment.seed <mla_lab.deployment.Deployment.seed>`): as it was (the PR's build), as it is in vLLM
-    0.33.0 with FLASHMLA_SPARSE forced, and with vLLM 0.33.0's default FA3 sparse backend. All modelled (the
-    full-layer TTFT model under each engine version's route rule; byte-exact memory), from the engines' sources.
+    """The PR's trade stated three ways (:data:`mla_lab.placement.PR_TRADE_BY_ENGINE`) on the PR's benchmark: as it
+    was, in vLLM 0.33.0 with FLASHMLA_SPARSE forced, and with vLLM 0.33.0's default FA3 sparse. Modelled.
 
     Returns:
         One dict per (model, row): ``model``, ``label``, ``engine``, ``strategy``, ``against``, ``modelled_pct``
         (mean TTFT change, %), ``ttft_ms`` / ``against_ttft_ms``, ``extra_persistent_mib`` /
-        ``against_extra_persistent_mib`` (persistent Q-path MiB per rank over the pre-PR baseline's),
-        ``prefill_route`` (the engine's route for the benchmark's 1024-token prompts), ``padded_path`` (where the
-        padded FlashMLA kernel runs), ``source`` (``modelled``).
+        ``against_extra_persistent_mib`` (over the pre-PR baseline's), ``prefill_route``, ``padded_path``,
+        ``source`` (``modelled``).
 
     Raises:
         ValueError: an unknown model.
     """
+    names = {x for _, a, b, _ in PR_TRADE_BY_ENGINE for x in (a, b)}
     out = []
     for name in models:
         d = Deployment.seed(model=name)
         cal = resolve_calibration(calibration)
-        shared = shared_workspace_other_bytes(d.rank)
-        base = memory_account(parse_strategy(BASELINE), d.num_heads, d.max_num_batched_tokens, d.arch,
-                              d.kv_cache_dtype).persistent_bytes
-        names = {x for _, a, b, _ in PR_TRADE_BY_ENGINE for x in (a, b)}
         ttft = {s: predict_ttft(d, parse_strategy(s), cal)["ttft_ms_mean"] for s in names}
-        mem = {s: memory_account(parse_strategy(s), d.num_heads, d.max_num_batched_tokens, d.arch, d.kv_cache_dtype,
-                                 shared_other_bytes=shared, model=d.model, prompt_len=d.prompt_len).persistent_bytes
-               for s in names}
+        mem, base = _memory(d, names)
         for label, s, ref, engine in PR_TRADE_BY_ENGINE:
             e = engine_summary(engine, d)
             out.append({"model": name, "label": label, "engine": engine, "strategy": s, "against": ref,
                         "modelled_pct": 100.0 * (ttft[s] / ttft[ref] - 1), "ttft_ms": ttft[s],
-                        "against_ttft_ms": ttft[ref], "extra_persistent_mib": (mem[s] - base) / MIB,
-                        "against_extra_persistent_mib": (mem[ref] - base) / MIB,
+                        "against_ttft_ms": ttft[ref],
+                        "extra_persistent_mib": (mem[s].persistent_bytes - base) / MIB,
+                        "against_extra_persistent_mib": (mem[ref].persistent_bytes - base) / MIB,
                         "prefill_route": e["prefill_route"], "padded_path": e["padded_path"], "source": "modelled"})
     return out

@@ -1,14 +1,6 @@
-"""The report's serving section: the PR's benchmark as ``vllm bench serve`` prints it, per strategy, and a
-request-rate curve (all **modelled**: :func:`mla_lab.serving.benchmark.serve_benchmark`).
-
-- :func:`serving_table`: every metric ``vllm bench serve`` prints (its labels), per strategy and engine preset,
-  the change vs the baseline and, for the PR's strategy, the PR's reported change (TTFT -9.5 %, total token
-  throughput +6 %: :data:`mla_lab.seed.SEED_REPORTED`).
-- :func:`rate_curve`: the benchmark at several request rates (Poisson arrivals, seeded), one row per
-  (strategy, rate).
-- :func:`plot_rate_curve`: TTFT p50 / p99 and total token throughput against the request rate, one line per
-  strategy (a :class:`matplotlib.figure.Figure`, no pyplot, constrained layout, legend inside the figure).
-"""
+"""The report's serving section, all **modelled** (:func:`mla_lab.serving.benchmark.serve_benchmark`): the PR's
+benchmark as ``vllm bench serve`` prints it per strategy (:func:`serving_table`), the swept deployment's run
+(:func:`serve_swept`, :func:`plot_serving_changes`) and a request-rate curve (:func:`rate_curve`)."""
 
 from __future__ import annotations
 
@@ -21,13 +13,13 @@ import pandas as pd
 from ..arch import get_arch
 from ..deployment import Deployment
 from ..model.memory import memory_tradeoff
-from ..placement import BASELINE, preset_label, preset_of
+from ..placement import BASELINE, PR_STRATEGY, preset_label, preset_of
 from ..seed import SEED_REPORTED
 from ..serving.benchmark import bench_of, serve_benchmark
 from ..serving.client import BenchConfig
 from ..serving.noise import serve_benchmark_noise
 from .cache import cached_call
-from .figures import strategy_style
+from .figures import new_figure, strategy_style
 from .tables import html_table
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
@@ -49,8 +41,6 @@ PRINTED_METRICS = (
     ("mean_tpot_ms", "Mean TPOT (ms)"), ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
     ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"),
 )
-#: The strategy the PR introduced (vLLM #53878: a private pre-padded workspace).
-PR_STRATEGY = "private_workspace"
 #: The PR's reported changes, by metric (the PR says "TTFT": taken as the mean, the first TTFT line printed).
 REPORTED_CHANGE = {"mean_ttft_ms": SEED_REPORTED["ttft_change_pct"],
                    "total_token_throughput": SEED_REPORTED["throughput_change_pct"]}
@@ -59,19 +49,14 @@ SERVING_TABLE_COLUMNS = ("model", "tp", "arch", "strategy", "preset", "metric", 
 
 
 def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
-    """The metrics of a :func:`~mla_lab.serving.benchmark.serve_benchmark` result as a table.
-
-    Long form (default): one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS` — ``value``, the
-    baseline's ``baseline``, ``change_pct`` ((value - baseline) / baseline x 100) and ``reported_change_pct`` (the
-    PR's figure, only on the PR strategy's ``mean_ttft_ms`` and ``total_token_throughput`` rows, else NaN);
-    ``source`` is ``modelled``. ``wide=True``: one row per metric label, columns ``(strategy, "value" |
-    "change %")`` plus ``("PR #53878 reported", "change %")``.
+    """A serve_benchmark result as a table: one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS`
+    (``change_pct`` vs the baseline, ``reported_change_pct`` the PR's figure on its strategy's rows, else NaN), or
+    (``wide``) one row per metric label, columns ``(strategy, "value" | "change %")`` and the PR's reported change.
 
     Raises:
         ValueError: ``result`` is not a serve_benchmark result.
     """
-    if not isinstance(result, dict) or "strategies" not in result or "baseline" not in result:
-        raise ValueError("result must be the dict mla_lab.serving.serve_benchmark returns")
+    _check_result(result)
     dep = result.get("deployment", {})
     base = result["strategies"][result["baseline"]]["metrics"]
     rows = []
@@ -88,25 +73,26 @@ def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
                          "value": float(m[key]), "baseline": float(b) if b is not None else math.nan,
                          "change_pct": ch, "reported_change_pct": rep, "source": "modelled"})
     df = pd.DataFrame(rows, columns=list(SERVING_TABLE_COLUMNS))
-    if not wide:
-        return df
+    return _wide(df, list(result["strategies"])) if wide else df
+
+
+def _check_result(result) -> None:
+    if not isinstance(result, dict) or "strategies" not in result or "baseline" not in result:
+        raise ValueError("result must be the dict mla_lab.serving.serve_benchmark returns")
+
+
+def _wide(df: pd.DataFrame, strategies: list) -> pd.DataFrame:
     order = [label for _, label in PRINTED_METRICS if label in set(df["label"])]
-    val = df.pivot(index="label", columns="strategy", values="value").reindex(order)
-    chg = df.pivot(index="label", columns="strategy", values="change_pct").reindex(order)
-    cols = {}
-    for s in result["strategies"]:
-        cols[(s, "value")] = val[s]
-        cols[(s, "change %")] = chg[s]
+    piv = {c: df.pivot(index="label", columns="strategy", values=c).reindex(order) for c in ("value", "change_pct")}
+    cols = {(s, name): piv[c][s] for s in strategies for c, name in (("value", "value"), ("change_pct", "change %"))}
     rep = df[df["strategy"] == PR_STRATEGY].set_index("label")["reported_change_pct"].reindex(order)
-    cols[("PR #53878 reported", "change %")] = rep
-    out = pd.DataFrame(cols)
+    out = pd.DataFrame({**cols, ("PR #53878 reported", "change %"): rep})
     out.columns = pd.MultiIndex.from_tuples(out.columns)
     return out
 
 
 def serving_display_table(result: dict) -> pd.DataFrame:
-    """:func:`serving_table` (wide) for the report: the metric names as the first column, flat column names, the
-    PR's reported change only where it reported one (blank elsewhere)."""
+    """:func:`serving_table` (wide) with the metric names as the first column, flat column names, blanks for NaN."""
     w = serving_table(result, wide=True)
     flat = pd.DataFrame({f"{a}, {b}": w[(a, b)] for a, b in w.columns})
     flat = flat.astype(object).where(flat.notna(), "")
@@ -118,24 +104,21 @@ def serving_display_table(result: dict) -> pd.DataFrame:
 RATE_BAND_METRICS = ("median_ttft_ms", "p99_ttft_ms", "total_token_throughput")
 
 
+#: The changes each rate-curve row carries (``change_<metric>_pct``).
+RATE_CHANGE_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
+                       "total_token_throughput")
+
+
 def rate_curve(deployment: Deployment, strategies, rates, *, seed: int = 0, baseline: str = BASELINE,
                num_runs: int = 20) -> pd.DataFrame:
-    """:func:`~mla_lab.serving.benchmark.serve_benchmark` of ``deployment`` (its engine, KV budget and workload;
-    the report's curve uses the PR's prompt shape with 64 prompts and no client-side concurrency limit) at each
-    request rate (req/s; ``inf`` = all at t = 0) of ``rates``: the client is
-    :func:`~mla_lab.serving.benchmark.bench_of` the deployment with that ``request_rate`` and ``seed``.
+    """:func:`~mla_lab.serving.benchmark.serve_benchmark` of ``deployment`` at each request rate of ``rates`` (req/s;
+    ``inf``: all at t = 0; the client :func:`~mla_lab.serving.benchmark.bench_of` with that rate and ``seed``).
+    One finite-rate run's change is noise-sized (issue 32), so each finite rate also runs ``num_runs`` single runs of
+    :func:`mla_lab.serving.noise.serve_benchmark_noise`: ``band_<metric>_lo`` / ``_hi`` (95 % band of the change, %)
+    for :data:`RATE_BAND_METRICS`, ``band`` saying which.
 
-    At a finite rate one run's change is noise-sized and flips sign from seed to seed (issue 32: the stale pad
-    -2.3 % TTFT in one run, +2.3 % [-1.3, +6.3] over 20), so each finite rate also runs ``num_runs`` single runs of
-    the noise model (:func:`mla_lab.serving.noise.serve_benchmark_noise`) and each change of
-    :data:`RATE_BAND_METRICS` gets ``band_<metric>_lo`` / ``_hi`` (2.5th / 97.5th percentile of the change, %);
-    ``band`` says which (``deterministic`` at ``inf`` and for ``num_runs`` 1: NaN bands, "one run: band unknown"
-    at a finite rate).
-
-    Returns one row per (strategy, rate): ``model, tp, arch, strategy, preset, request_rate``, every metric of the
-    run (``vllm bench serve`` names) and ``change_<metric>_pct`` vs ``baseline`` at the same rate for
-    ``mean_ttft_ms``, ``median_ttft_ms``, ``p99_ttft_ms``, ``mean_tpot_ms``, ``mean_itl_ms`` and
-    ``total_token_throughput``; ``source`` ``modelled``.
+    Returns one row per (strategy, rate): ``model, tp, arch, strategy, preset, request_rate``, every metric,
+    ``change_<metric>_pct`` vs ``baseline`` for :data:`RATE_CHANGE_METRICS`, the bands; ``source`` ``modelled``.
 
     Raises:
         ValueError: no rates, a rate that is not > 0; as serve_benchmark.
@@ -146,46 +129,62 @@ def rate_curve(deployment: Deployment, strategies, rates, *, seed: int = 0, base
     for r in rates:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not r > 0:
             raise ValueError(f"rate={r!r} must be a number > 0 (req/s; float('inf') = every request at t = 0)")
-    rows = []
-    for rate in rates:
-        bench = bench_of(deployment, request_rate=float(rate), seed=seed)
-        res = serve_benchmark(deployment, strategies, bench, baseline=baseline)
-        bands, band = {}, ("deterministic: every request at t=0" if math.isinf(rate) else "one run: band unknown")
-        if not math.isinf(rate) and num_runs > 1:
-            nz = serve_benchmark_noise(deployment, strategies, bench, num_runs=num_runs, seed=seed, baseline=baseline)
-            bands = nz["changes"]
-            band = f"95 % band over {num_runs} single runs (mla_lab.serving.noise)"
-        dep = res["deployment"]
-        for s, r in res["strategies"].items():
-            row = {"model": dep["model"], "tp": dep["tp"], "arch": dep["arch"], "strategy": s,
-                   "preset": preset_label(r["preset"]), "request_rate": float(rate), **{k: v for k, v in r["metrics"].items()}}
-            for k in ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
-                      "total_token_throughput"):
-                row[f"change_{k}_pct"] = r["change_pct"].get(k, math.nan)
-            for k in RATE_BAND_METRICS:
-                lo, hi = (bands.get(s, {}).get(k) or {}).get("band95", (math.nan, math.nan))
-                row[f"band_{k}_lo"], row[f"band_{k}_hi"] = lo, hi
-            row["band"] = band
-            row["source"] = "modelled"
-            rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame([row for rate in rates for row in _rate_rows(deployment, strategies, float(rate), seed,
+                                                                     baseline, num_runs)])
 
 
-def _rate_label(r: float) -> str:
-    return "inf" if math.isinf(r) else (f"{r:g}")
+def _rate_rows(deployment, strategies, rate: float, seed: int, baseline: str, num_runs: int) -> list[dict]:
+    bench = bench_of(deployment, request_rate=rate, seed=seed)
+    res = serve_benchmark(deployment, strategies, bench, baseline=baseline)
+    bands, band = {}, ("deterministic: every request at t=0" if math.isinf(rate) else "one run: band unknown")
+    if not math.isinf(rate) and num_runs > 1:
+        bands = serve_benchmark_noise(deployment, strategies, bench, num_runs=num_runs, seed=seed,
+                                      baseline=baseline)["changes"]
+        band = f"95 % band over {num_runs} single runs (mla_lab.serving.noise)"
+    dep, rows = res["deployment"], []
+    for s, r in res["strategies"].items():
+        row = {"model": dep["model"], "tp": dep["tp"], "arch": dep["arch"], "strategy": s,
+               "preset": preset_label(r["preset"]), "request_rate": rate, **r["metrics"],
+               **{f"change_{k}_pct": r["change_pct"].get(k, math.nan) for k in RATE_CHANGE_METRICS}}
+        for k in RATE_BAND_METRICS:
+            row[f"band_{k}_lo"], row[f"band_{k}_hi"] = (bands.get(s, {}).get(k) or {}).get("band95",
+                                                                                          (math.nan, math.nan))
+        rows.append({**row, "band": band, "source": "modelled"})
+    return rows
+
+
+def _rate_lines(ax_t, ax_p, d: pd.DataFrame, pos: dict, s: str) -> None:
+    """One strategy's p50 (solid) and p99 (dashed) TTFT change and throughput change, with the p50's single-run
+    band as error bars where the rows carry one."""
+    colour, marker, name = strategy_style(s)
+    x = [pos[r] for r in d["request_rate"]]
+    ax_t.plot(x, d["change_median_ttft_ms_pct"], color=colour, marker=marker, ls="-", label=f"{name} p50")
+    ax_t.plot(x, d["change_p99_ttft_ms_pct"], color=colour, marker=marker, ls="--", label=f"{name} p99")
+    ax_p.plot(x, d["change_total_token_throughput_pct"], color=colour, marker=marker, ls="-", label=name)
+    for ax, k in ((ax_t, "median_ttft_ms"), (ax_p, "total_token_throughput")):
+        if f"band_{k}_lo" in d.columns and d[f"band_{k}_lo"].notna().any():
+            b = d[d[f"band_{k}_lo"].notna()]
+            y = b[f"change_{k}_pct"]
+            ax.errorbar([pos[r] for r in b["request_rate"]], y,
+                        yerr=[(y - b[f"band_{k}_lo"]).clip(lower=0), (b[f"band_{k}_hi"] - y).clip(lower=0)],
+                        fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, alpha=0.8)
+
+
+def _fitted_legend(fig, handles) -> None:
+    """The legend below the axes, as many columns (at most 4) as fit the figure's width (8 pt: ~4.8 pt a character)."""
+    longest = max(len(h.get_label()) for h in handles)
+    fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=8,
+               ncols=max(1, min(len(handles), 4, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))))
 
 
 def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4.2)):
-    """The change vs the baseline against the request rate, one colour per strategy, for the one deployment of
-    ``df`` (:func:`rate_curve`'s rows): TTFT p50 (solid) and p99 (dashed) change in %, and the total token
-    throughput change in % (strategies a few % apart stay apart; absolute TTFT on a log axis put them on one
-    line). Rates are evenly spaced categories (``inf`` last). Returns a :class:`matplotlib.figure.Figure`
-    (constrained layout, the legend below the axes inside the figure).
+    """The change vs the baseline against the request rate for the one deployment of :func:`rate_curve`'s rows:
+    TTFT p50 (solid) and p99 (dashed) and total token throughput, %, one colour per strategy, rates as evenly
+    spaced categories (``inf`` last).
 
     Raises:
         ValueError: an empty frame, missing columns, or rows of more than one deployment.
     """
-    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     need = {"strategy", "request_rate", "change_median_ttft_ms_pct", "change_p99_ttft_ms_pct",
@@ -197,26 +196,14 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
         raise ValueError(f"df holds {len(deps)} deployments; plot one at a time (filter by model, tp, arch)")
     rates = sorted(df["request_rate"].unique(), key=lambda r: (math.isinf(r), r))
     pos = {r: i for i, r in enumerate(rates)}
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = new_figure(figsize)
     ax_t, ax_p = fig.subplots(1, 2)
-    strategies = [s for s in dict.fromkeys(df["strategy"]) if not (df[df["strategy"] == s][
-        ["change_median_ttft_ms_pct", "change_p99_ttft_ms_pct"]].abs().max().max() == 0)]
+    ttft = ["change_median_ttft_ms_pct", "change_p99_ttft_ms_pct"]
+    strategies = [s for s in dict.fromkeys(df["strategy"]) if df[df["strategy"] == s][ttft].abs().max().max() != 0]
     for s in strategies:
-        d = df[df["strategy"] == s].sort_values("request_rate", key=lambda c: c.map(pos))
-        colour, marker, name = strategy_style(s)
-        x = [pos[r] for r in d["request_rate"]]
-        ax_t.plot(x, d["change_median_ttft_ms_pct"], color=colour, marker=marker, ls="-", label=f"{name} p50")
-        ax_t.plot(x, d["change_p99_ttft_ms_pct"], color=colour, marker=marker, ls="--", label=f"{name} p99")
-        ax_p.plot(x, d["change_total_token_throughput_pct"], color=colour, marker=marker, ls="-", label=name)
-        for ax, k in ((ax_t, "median_ttft_ms"), (ax_p, "total_token_throughput")):  # the single-run band
-            if f"band_{k}_lo" in d.columns and d[f"band_{k}_lo"].notna().any():
-                b = d[d[f"band_{k}_lo"].notna()]
-                y = b[f"change_{k}_pct"]
-                ax.errorbar([pos[r] for r in b["request_rate"]], y,
-                            yerr=[(y - b[f"band_{k}_lo"]).clip(lower=0), (b[f"band_{k}_hi"] - y).clip(lower=0)],
-                            fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, alpha=0.8)
+        _rate_lines(ax_t, ax_p, df[df["strategy"] == s].sort_values("request_rate", key=lambda c: c.map(pos)), pos, s)
     for ax in (ax_t, ax_p):
-        ax.set_xticks(range(len(rates)), [_rate_label(r) for r in rates])
+        ax.set_xticks(range(len(rates)), ["inf" if math.isinf(r) else f"{r:g}" for r in rates])
         ax.set_xlabel("request rate (req/s)")
         ax.axhline(0, color="k", lw=0.6)
         ax.grid(alpha=0.3)
@@ -234,10 +221,8 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
         fig.suptitle(title, fontsize=10)
     handles = [Line2D([], [], color=strategy_style(s)[0], marker=strategy_style(s)[1], label=strategy_style(s)[2])
                for s in strategies]
-    handles += [Line2D([], [], color="0.3", ls="-", label="p50"), Line2D([], [], color="0.3", ls="--", label="p99")]
-    longest = max(len(h.get_label()) for h in handles)  # 8 pt: about 4.8 pt a character
-    fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=8,
-               ncols=max(1, min(len(handles), 4, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))))
+    _fitted_legend(fig, handles + [Line2D([], [], color="0.3", ls="-", label="p50"),
+                                   Line2D([], [], color="0.3", ls="--", label="p99")])
     return fig
 
 
@@ -255,13 +240,10 @@ def _ordered(values, preferred):
 
 
 def swept_deployment(params):
-    """The one deployment of the sweep grid ``params`` (a :class:`mla_lab.sweep.SweepParams`) the serving section
-    and the advice are priced for, with the swept workload (num_prompts, concurrency, output_len) and engine
-    limits: the grid's point closest to the PR's (GLM-5 TP8 H200, max_num_batched_tokens 16384, 1024-token
-    prompts: each coordinate taken from the grid, the PR's value first when the grid holds it) whose weights fit
-    and whose one request fits the KV cache, with the grid's first KV-cache dtype. Returns ``(Deployment, note)``,
-    or ``(None, why)`` when no point of the grid fits; when the grid sweeps more KV-cache dtypes the note says which
-    are not served or advised here (:func:`kv_dtypes_left_out`)."""
+    """The deployment of the sweep grid ``params`` the serving section and the advice price, with the swept workload
+    and engine limits: the grid's point closest to the PR's (:data:`_PREFER`, each coordinate the PR's value first)
+    that fits and holds one request in its KV cache, at the grid's first KV-cache dtype. Returns ``(Deployment,
+    note)`` (the note names the dtypes left out, :func:`kv_dtypes_left_out`), or ``(None, why)``."""
     combos = itertools.product(_ordered(params.models, _PREFER["model"]), _ordered(params.tp_sizes, _PREFER["tp"]),
                                _ordered([get_arch(a).name for a in params.archs], _PREFER["arch"]),
                                _ordered(params.max_num_batched_tokens, _PREFER["max_num_batched_tokens"]),
@@ -290,8 +272,7 @@ def swept_deployment(params):
 
 
 def kv_dtypes_left_out(params) -> str:
-    """One line naming the KV-cache dtypes of the sweep ``params`` that the serving section and the advice leave
-    out (they price the grid's first, ``params.kv_cache_dtype[0]``); "" when the grid has one (issue 32)."""
+    """One line naming the KV-cache dtypes of ``params`` after the first (the one served and advised), issue 32."""
     dtypes = list(params.kv_cache_dtype)
     if len(dtypes) < 2:
         return ""
@@ -303,9 +284,7 @@ def kv_dtypes_left_out(params) -> str:
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
     """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`)
-    with the sweep's workload and engine flags: ``--num-prompts``, ``--random-input-len`` (the deployment's
-    prompt length), ``--random-output-len`` (``output_len``), ``--max-concurrency`` (``concurrency``),
-    ``--request-rate``, ``--seed``, ``--max-num-seqs`` and ``--gpu-memory-utilization``.
+    with the sweep's workload and engine flags (request rate, max concurrency, seed, max_num_seqs).
 
     Raises:
         ValueError: no deployment of the grid fits (the reason); as serve_benchmark.
@@ -335,40 +314,31 @@ class _Workload:
 
 
 def serve_swept_cached(params, strategies, deployment: Deployment) -> dict:
-    """:func:`serve_swept` for ``deployment``, simulated once per (the lab's input files, the deployment, the
-    workload flags, the strategies) and read back afterwards (:func:`mla_lab.report.cache.cached_call`); the same
-    result as :func:`serve_swept`. Raises as serve_swept."""
+    """:func:`serve_swept` through :func:`mla_lab.report.cache.cached_call`. Raises as serve_swept."""
     work = _Workload(str(params.request_rate), params.concurrency, params.seed, params.max_num_seqs)
     return cached_call(serve_swept, work, list(strategies), deployment)
 
 
 def plotted(result: dict) -> dict:
-    """What :func:`plot_serving_changes` reads of a serve_benchmark result (each strategy's preset, metrics and
-    changes, the baseline, the deployment and the bench): the figure cache's key
-    (:func:`mla_lab.report.cache.publish_cached`)."""
+    """What :func:`plot_serving_changes` reads of a serve_benchmark result: the figure cache's key."""
     return {"baseline": result["baseline"], "deployment": result.get("deployment"), "bench": result.get("bench"),
             "strategies": {s: (r.get("preset"), r["metrics"], r["change_pct"])
                            for s, r in result["strategies"].items()}}
 
 
 def plot_serving_changes(result: dict, bands: dict | None = None, title: str | None = None):
-    """One figure for a serve_benchmark result: per metric of :data:`CHANGE_METRICS` (rows), each strategy's change
-    vs the baseline (%, horizontal bars, one decimal), instead of a table as wide as the strategies are many.
-    ``bands``: ``{strategy: {metric: (lo, hi)}}`` 95 % bands of the change (the noise Monte-Carlo,
-    :mod:`mla_lab.serving.noise`), drawn as error bars; without it the caption says the run is one deterministic
-    simulation (no interval). Returns a :class:`matplotlib.figure.Figure`.
+    """Per metric of :data:`CHANGE_METRICS` (rows), each strategy's change vs the baseline (%, horizontal bars) of a
+    serve_benchmark result. ``bands``: ``{strategy: {metric: (lo, hi)}}`` 95 % bands of the change
+    (:mod:`mla_lab.serving.noise`) as error bars; without them the title says: one deterministic simulation.
 
     Raises:
         ValueError: ``result`` is not a serve_benchmark result.
     """
-    from matplotlib.figure import Figure
-
-    if not isinstance(result, dict) or "strategies" not in result or "baseline" not in result:
-        raise ValueError("result must be the dict mla_lab.serving.serve_benchmark returns")
+    _check_result(result)
     base = result["baseline"]
     others = [s for s in result["strategies"] if s != base]
     metrics = [(k, lbl) for k, lbl in CHANGE_METRICS if k in result["strategies"][base]["metrics"]]
-    fig = Figure(figsize=(10.5, 0.24 * len(metrics) * max(1, len(others)) + 1.8), layout="constrained")
+    fig = new_figure((10.5, 0.24 * len(metrics) * max(1, len(others)) + 1.8))
     ax = fig.add_subplot()
     n = max(1, len(others))
     h = 0.8 / n
@@ -406,8 +376,7 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
 
 
 def serving_details_html(result: dict, summary: str = "the full table (every metric vllm bench serve prints)") -> str:
-    """:func:`serving_display_table` folded in a ``<details>`` block whose table scrolls inside its own box (the
-    page stays within a 1280 px window)."""
+    """:func:`serving_display_table` folded in a ``<details>`` block that scrolls inside its own box."""
     table = html_table(serving_display_table(result), max_cols=None)  # folded whole: every strategy
     return (f"<details><summary>{summary}</summary><div style='overflow-x:auto; max-width:100%'>{table}</div>"
             "</details>")

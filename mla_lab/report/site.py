@@ -63,15 +63,16 @@ def new_run_id(runs_dir: str | Path, params: dict, now: _dt.datetime | None = No
         n += 1
         rid = f"{base}-{n}"
 
-def write_json_atomic(path: Path, data) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
+def _replace(dst: Path, write) -> None:
+    """``write(tmp)`` then rename it to ``dst``: a reader never sees a half-written file."""
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    write(tmp)
+    os.replace(tmp, dst)
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+
+def write_json_atomic(path: Path, data) -> None:
+    _replace(path, lambda tmp: tmp.write_text(json.dumps(data, indent=1, default=str)))
+
 
 def notebook_to_html(executed: str | Path, title: str) -> str:
     """HTML of an executed notebook with inputs and prompts hidden, figures embedded, no CDN scripts. Outputs of
@@ -99,11 +100,8 @@ def publish_latest(report_dir: Path, report_name: str, run_id: str) -> dict:
     for ext in ("html", "ipynb"):
         src = runs / f"{run_id}.{ext}"
         if src.is_file():
-            dst = report_dir / f"{report_name}.{ext}"
-            tmp = dst.with_name(f".{dst.name}.tmp")
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
-            out[ext] = dst
+            out[ext] = report_dir / f"{report_name}.{ext}"
+            _replace(out[ext], lambda tmp, src=src: shutil.copyfile(src, tmp))
     figs_src, figs_dst = runs / run_id, report_dir / report_name
     if figs_src.is_dir():
         figs_dst.mkdir(parents=True, exist_ok=True)
@@ -280,11 +278,9 @@ def run_headline(report_dir: str | Path, meta: dict) -> str:
 
 
 def build_index(report_dir: str | Path, latest_name: str = "padding_sweep", skipped: list | None = None) -> Path:
-    """Write ``<report_dir>/index.html`` (a Jinja2 template, :data:`_INDEX_TEMPLATE`): every published run, newest
-    first, as a block no wider than the page (1280 px windows need no sideways scrolling): its date, headline
-    (:func:`run_headline`), thumbnail, provenance, figure and data links, parameters folded in ``<details>``; the
-    latest report and the committed H200 report (:data:`H200_REPORT`) linked at the top. ``skipped``: as
-    :func:`list_runs`. Returns its path."""
+    """Write ``<report_dir>/index.html`` (:data:`_INDEX_TEMPLATE`): every published run, newest first, with its
+    headline (:func:`run_headline`), thumbnail, provenance, links and parameters; the latest and the committed H200
+    report linked at the top. ``skipped``: as :func:`list_runs`. Returns its path."""
     import jinja2
 
     report_dir = Path(report_dir)
@@ -312,5 +308,5 @@ def build_index(report_dir: str | Path, latest_name: str = "padding_sweep", skip
     page = env.from_string(_INDEX_TEMPLATE).render(
         runs=runs, latest=latest.name if latest.is_file() else "", h200=H200_REPORT if h200.is_file() else "")
     out = report_dir / "index.html"
-    _write_text_atomic(out, page)
+    _replace(out, lambda tmp: tmp.write_text(page))
     return out

@@ -2,20 +2,10 @@
 
     python -m mla_lab.report.stamp_measured [--root data/measured] [--check]
 
-Run after every GPU run that writes measured sweep rows (``mla_lab/sweep/measured.py`` runs it for its
-``--out`` when that lies under the measured root). For every CSV under ``--root`` (archive folders included) with
-the sweep's columns and ``source == "measured"`` rows, per (``device``, ``flash_mla``, ``git_commit``) group of rows
-and per model, the manifest records SHA-256 of the canonical JSON of ``data/models/<model>/config.json``
-(:func:`mla_lab.report.stamps.config_digest_of_bytes`) as it was when the rows were measured:
-
-- the config at the rows' ``git_commit`` (``git show <commit>:data/models/<model>/config.json``; a ``+wip`` suffix is
-  stripped and said in ``verified``), else
-- the config at the commit that last changed the CSV (``git log -1 -- <csv>``), else
-- for a CSV git does not know yet (a fresh run), today's config.
-
-A config edited since then therefore gets its old digest, and :func:`mla_lab.report.data.load_measured` detaches
-those rows. ``--check`` writes nothing and exits 1 when the manifest on disk differs from the one it would write.
-Exit 2 on a bad ``--root``.
+Run after every GPU run that writes measured sweep rows. Per CSV (archive folders included), per (``device``,
+``flash_mla``, ``git_commit``) group and model, it records the digest (:mod:`mla_lab.report.stamps`) of the config at
+the rows' commit, else at the CSV's last commit, else today's (a fresh run). ``--check`` writes nothing and exits 1
+when the manifest differs; exit 2 on a bad ``--root``.
 """
 
 from __future__ import annotations

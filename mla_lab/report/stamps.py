@@ -1,21 +1,8 @@
-"""Which model config each measured row was measured with: the committed manifest ``config_digests.json``.
-
-A measured sweep row (``data/measured/**.csv``, ``source == "measured"``) is a timing of one geometry: the model
-config under ``data/models/<model>/config.json`` as it was when the GPU ran. The manifest, written next to the CSVs
-by ``mla_lab/report/stamp_measured.py`` after each GPU run, keys the rows by that config's digest and by the GPU
-(``device`` column) and FlashMLA provider (``flash_mla`` column) they were measured on::
-
-    {"digest": "...", "files": {"h200/padding_sweep.csv": [
-        {"device": "NVIDIA H200", "flash_mla": "tokenspeed-flashmla==1.0.0.post20260429", "git_commit": "4d0e9e40d138",
-         "rows": 224, "models": {"glm-5": "<sha256>", "deepseek-v3.2": "<sha256>"}, "verified": "..."}]}}
-
-File keys are paths relative to the manifest's folder (the measured root, or a folder above it). The loader
-(:func:`mla_lab.report.data.load_measured`) compares each row's stamped digest with today's config: a changed config
-detaches the rows (and says so in one line per model and TP); rows the manifest does not name are checked by heads
-per rank only (and listed as unstamped).
-
-The digest is SHA-256 of the config's canonical JSON (``json.dumps(obj, sort_keys=True, separators=(",", ":"))``):
-re-indenting a file keeps its rows, changing any value detaches them.
+"""Which model config each measured row was measured with: the committed manifest ``config_digests.json``, written
+next to the CSVs by ``mla_lab/report/stamp_measured.py``: per file (relative to the manifest's folder), per GPU
+(``device``) and FlashMLA provider (``flash_mla``), the SHA-256 of each model's canonical config JSON
+(``json.dumps(obj, sort_keys=True, separators=(",", ":"))``: re-indenting keeps the rows, any edited value detaches
+them in :func:`mla_lab.report.data.load_measured`).
 """
 
 from __future__ import annotations
@@ -30,15 +17,10 @@ from ..paths import MANIFEST_NAME, find_manifest
 __all__ = ["MANIFEST_NAME", "config_digest_of_bytes", "config_digest", "find_manifest", "read_manifest",
            "stamp_for"]
 
-#: The manifest's file name (in the measured root, e.g. ``data/measured/config_digests.json``).
 
 
 def config_digest_of_bytes(raw: bytes) -> str:
-    """SHA-256 (64 hex) of a config.json's canonical JSON (sorted keys, compact separators).
-
-    Raises:
-        ValueError: ``raw`` is not a JSON object.
-    """
+    """SHA-256 (64 hex) of a config.json's canonical JSON. Raises ValueError: ``raw`` is not a JSON object."""
     try:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -54,11 +36,8 @@ def _digest_cached(path: str, mtime_ns: int, size: int) -> str:
 
 
 def config_digest(path: str | Path) -> str:
-    """:func:`config_digest_of_bytes` of the file at ``path``, computed once per process per (path, mtime, size).
-
-    Raises:
-        ValueError: the file does not exist or is not a JSON object.
-    """
+    """:func:`config_digest_of_bytes` of the file at ``path``, once per (path, mtime, size). Raises ValueError: the
+    file does not exist or is not a JSON object."""
     p = Path(path)
     try:
         st = p.stat()

@@ -1,17 +1,7 @@
-"""The one colour + marker table of every strategy the lab draws (frontier panels, serving figure, explorer chart,
-rate curve): :data:`STRATEGY_STYLE`, keyed by canonical strategy (:mod:`mla_lab.placement`), read through
-:func:`strategy_style`.
-
-Every engine preset's member (:data:`mla_lab.placement.PRESETS`) and each of the lab's own sub-chunk hand-offs
-has its own colour and its own marker, so two strategies never share a swatch even in greyscale (the marker
-differs). Sub-chunk sizes ``S`` of one hand-off share that hand-off's style: they are drawn as one curve through
-the sizes, each point labelled with its ``S``.
-
-Colours are from colour-blind-safe qualitative palettes: Okabe & Ito, "Color Universal Design" (2008; black,
-orange ``#E69F00``, sky blue ``#56B4E9``, bluish green ``#009E73``, blue ``#0072B2``, vermillion ``#D55E00``,
-reddish purple ``#CC79A7``) and Paul Tol's "muted" scheme (https://personal.sron.nl/~pault/, indigo
-``#332288``, wine ``#882255``, olive ``#999933``, teal ``#44AA99``, rose ``#CC6677``), with two greys for vLLM before PR #53878
-(its zeros and stale ends).
+"""The one colour + marker table of every strategy the lab draws: :data:`STRATEGY_STYLE`, read through
+:func:`strategy_style`. Every preset member and sub-chunk hand-off has its own colour and marker (distinct in
+greyscale too); sub-chunk sizes share their hand-off's. Colours: Okabe & Ito, "Color Universal Design" (2008), and
+Paul Tol's "muted" scheme (https://personal.sron.nl/~pault/), two greys for vLLM before PR #53878.
 """
 
 from __future__ import annotations

@@ -8,188 +8,174 @@ import json
 from pathlib import Path
 
 from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
-from ..placement import BASELINE
+from ..placement import BASELINE, PR_STRATEGY
 from ..seed import SEED, SEED_REPORTED, seed_point
 from ..sweep.rows import modelled_rows
 from .data import ok_rows
 
-__all__ = ["provenance_summary", "provenance_html", "save_provenance", "seed_setup_table", "summary_table", "measured_basis",
-           "summary_html", "html_table", "validation_table"]
+__all__ = ["provenance_summary", "provenance_html", "save_provenance", "seed_setup_table", "summary_table",
+           "measured_basis", "summary_html", "html_table", "validation_table"]
+
+_PROV_KEYS = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "code_version", "file")
+_MODELLED_KEYS = ("ttft_scope", "calibration", "model_arch")
+PR = PR_STRATEGY
 
 
-_PROV_KEYS = ("device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit")
-
-# ----------------------------------------------------------------------------------------------- provenance
 def _uniq(g, col) -> list[str]:
     if col not in g.columns:
         return []
     return sorted({str(v) for v in g[col].dropna().unique() if str(v) not in ("", "nan")})
 
+
+def _source_summary(src, g) -> dict:
+    keys = _PROV_KEYS + (_MODELLED_KEYS if src == "modelled" else ())
+    s = {"rows": int(len(g)), **{k: _uniq(g, k) for k in _PROV_KEYS if _uniq(g, k)}}
+    ts = _uniq(g, "timestamp")
+    if ts:
+        s["time_range"] = [ts[0], ts[-1]]
+    s.update({k: _uniq(g, k) for k in keys[len(_PROV_KEYS):] if _uniq(g, k)})
+    return {**s, "archs": _uniq(g, "arch"), "models": _uniq(g, "model")}
+
+
 def provenance_summary(df) -> dict:
     """Per source (``measured``/``modelled``): row count, devices and software, commits, time range, and for modelled
-    rows the TTFT scope, calibration and arch cards. JSON-serialisable (it goes into the report index)."""
+    rows the TTFT scope, calibration and arch cards; the measured notes. JSON-serialisable (the report index)."""
     out = {"rows": int(len(df)) if df is not None else 0, "sources": {}}
     if df is None or len(df) == 0 or "source" not in df.columns:
         return out
-    for src, g in df.groupby("source"):
-        s = {"rows": int(len(g))}
-        for k in _PROV_KEYS + ("code_version", "file"):
-            v = _uniq(g, k)
-            if v:
-                s[k] = v
-        ts = _uniq(g, "timestamp")
-        if ts:
-            s["time_range"] = [ts[0], ts[-1]]
-        if src == "modelled":
-            for k in ("ttft_scope", "calibration", "model_arch"):
-                v = _uniq(g, k)
-                if v:
-                    s[k] = v
-        s["archs"] = _uniq(g, "arch")
-        s["models"] = _uniq(g, "model")
-        out["sources"][str(src)] = s
-    for k in ("detached", "unstamped"):
-        if getattr(df, "attrs", {}).get(k):
-            out[f"measured_{k}"] = list(df.attrs[k])
+    out["sources"] = {str(src): _source_summary(src, g) for src, g in df.groupby("source")}
+    out.update({f"measured_{k}": list(df.attrs[k]) for k in ("detached", "unstamped") if df.attrs.get(k)})
     return out
+
+
+def _codes(s: dict, keys, named: bool = False) -> str:
+    e = _html.escape
+    return "; ".join((f"{k} " if named else "") + f"<code>{e(', '.join(s[k]))}</code>" for k in keys if k in s)
+
+
+def _measured_line(m: dict | None) -> str:
+    if m is None:
+        return ("<li><b>Measured: none.</b> No measured rows under <code>data/measured/</code> match this grid; "
+                "every TTFT below is modelled. Running the sweep on a GPU (device=auto) adds measured rows.</li>")
+    return (f"<li><b>Measured: {m['rows']} rows</b> (filled markers) on "
+            f"{_codes(m, ('device', 'sm', 'driver', 'cuda', 'torch', 'triton', 'flash_mla'), named=True)}; "
+            f"commit {_codes(m, ('git_commit',))}; time {_html.escape(' .. '.join(m.get('time_range', [])))}; "
+            f"files {_codes(m, ('file',))}.</li>")
+
+
+def _modelled_line(m: dict) -> str:
+    where = _codes(m, ("device", "torch"), named=True)
+    bits = [f"<b>Modelled: {m['rows']} rows</b> (hollow markers). Memory: exact bytes "
+            "(<code>mla_lab.buffers.memory_account</code>). TTFT: <code>mla_lab.model.ttft.predict_ttft</code>",
+            f", scope {_codes(m, ('ttft_scope',))}" if "ttft_scope" in m else "",
+            f"; calibration {_codes(m, ('calibration',))}" if "calibration" in m else "",
+            f"; arch cards {_codes(m, ('archs',))} (datasheet rates; non-H200 cards reuse the H200 efficiencies).",
+            f" Computed on {where}" if where else "",
+            f" at commit {_codes(m, ('git_commit',))}" if "git_commit" in m else "",
+            f", code version {_codes(m, ('code_version',))}" if "code_version" in m else "",
+            f", {_html.escape(' .. '.join(m['time_range']))}" if m.get("time_range") else ""]
+    return "<li>" + "".join(bits) + ".</li>"
+
+
+#: (attrs key, how the banner opens its lines, style): detached rows (another model config,
+#: :func:`mla_lab.report.data.detach_stale`), unstamped files, rows withheld (issue 39).
+_NOTES = (("detached", "Detached:", " style='color:#a00'"), ("unstamped", "Unstamped:", ""),
+          ("withheld", "Measured, not shown:", ""))
+
 
 def provenance_html(df, run_id: str | None = None) -> str:
     """The report's provenance banner (HTML): which rows are measured, on what GPU and software at which commit;
-    which are modelled, by which TTFT model and calibration; one line per measured group detached because its model
-    config changed (``df.attrs["detached"]``, set by :func:`mla_lab.report.data.combine`) and per unstamped file."""
-    summ = provenance_summary(df)
+    which are modelled, by which TTFT model and calibration; one line per note of ``df.attrs`` (:data:`_NOTES`)."""
     e = _html.escape
-
-    def line(s, keys, named=False):
-        return "; ".join((f"{k} " if named else "") + f"<code>{e(', '.join(s[k]))}</code>" for k in keys if k in s)
-
-    src = summ["sources"]
-    rows = []
-    if "measured" in src:
-        m = src["measured"]
-        rows.append(f"<li><b>Measured: {m['rows']} rows</b> (filled markers) on "
-                    f"{line(m, ('device', 'sm', 'driver', 'cuda', 'torch', 'triton', 'flash_mla'), named=True)}; "
-                    f"commit {line(m, ('git_commit',))}; time {e(' .. '.join(m.get('time_range', [])))}; "
-                    f"files {line(m, ('file',))}.</li>")
-    else:
-        rows.append("<li><b>Measured: none.</b> No measured rows under <code>data/measured/</code> match this grid; "
-                    "every TTFT below is modelled. Running the sweep on a GPU (device=auto) adds measured rows.</li>")
-    if "modelled" in src:
-        m = src["modelled"]
-        bits = [f"<b>Modelled: {m['rows']} rows</b> (hollow markers). Memory: exact bytes "
-                "(<code>mla_lab.buffers.memory_account</code>). TTFT: <code>mla_lab.model.ttft.predict_ttft</code>"]
-        if "ttft_scope" in m:
-            bits.append(f", scope {line(m, ('ttft_scope',))}")
-        if "calibration" in m:
-            bits.append(f"; calibration {line(m, ('calibration',))}")
-        bits.append(f"; arch cards {line(m, ('archs',))} (datasheet rates; non-H200 cards reuse the H200 "
-                    "efficiencies).")
-        where = line(m, ("device", "torch"), named=True)
-        if where:
-            bits.append(f" Computed on {where}")
-        if "git_commit" in m:
-            bits.append(f" at commit {line(m, ('git_commit',))}")
-        if "code_version" in m:
-            bits.append(f", code version {line(m, ('code_version',))}")
-        if m.get("time_range"):
-            bits.append(f", {e(' .. '.join(m['time_range']))}")
-        rows.append("<li>" + "".join(bits) + ".</li>")
-    for other in sorted(set(src) - {"measured", "modelled"}):
-        rows.append(f"<li><b>{e(other)}: {src[other]['rows']} rows</b>.</li>")
+    src = provenance_summary(df)["sources"]
+    rows = [_measured_line(src.get("measured"))] + ([_modelled_line(src["modelled"])] if "modelled" in src else [])
+    rows += [f"<li><b>{e(o)}: {src[o]['rows']} rows</b>.</li>" for o in sorted(set(src) - {"measured", "modelled"})]
     attrs = getattr(df, "attrs", None) or {}
-    for n in attrs.get("detached", []):  # measured on another model config (mla_lab.report.data.detach_stale)
-        rows.append(f"<li style='color:#a00'><b>Detached:</b> {e(n)}.</li>")
-    for n in attrs.get("unstamped", []):
-        rows.append(f"<li><b>Unstamped:</b> {e(n)}.</li>")
-    for n in attrs.get("withheld", []):  # measured where the kernel does not run or nothing fits (issue 39)
-        rows.append(f"<li><b>Measured, not shown:</b> {e(n)}.</li>")
+    rows += [f"<li{style}><b>{head}</b> {e(n)}.</li>" for k, head, style in _NOTES for n in attrs.get(k, [])]
     rid = f" &middot; run <code>{e(run_id)}</code>" if run_id else ""
     return ("<div style='border:2px solid #1f77b4;border-radius:6px;padding:8px 14px;background:#f3f8fd;"
             f"margin:8px 0'><b>Provenance</b>{rid}<ul style='margin:4px 0'>{''.join(rows)}</ul></div>")
 
+
 def save_provenance(df, figure_dir: str | Path, **extra) -> Path:
     """Write :func:`provenance_summary` (plus ``extra``) to ``<figure_dir>/provenance.json`` for the report index."""
-    d = Path(figure_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    p = d / "provenance.json"
+    p = Path(figure_dir) / "provenance.json"
+    p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps({**provenance_summary(df), **extra}, indent=1, default=str))
     return p
 
-# ---------------------------------------------------------------------------------------------------- tables
-#: The PR's strategy (vLLM #53878's private pre-padded workspace).
-PR = "private_workspace"
-
 
 def measured_basis(rows) -> str:
-    """What a measured sweep row's TTFT rests on, in words: the sweep times every strategy of a point in one
-    process, ``num_runs`` interleaved rounds (:func:`mla_lab.sweep.rows.measured_rows`), unlike the seed answer's
-    fresh processes (:mod:`mla_lab.report.seed_answer`)."""
+    """What a measured sweep row's TTFT rests on: one process, ``num_runs`` interleaved rounds
+    (:func:`mla_lab.sweep.rows.measured_rows`), unlike the seed answer's fresh processes."""
     n = rows["num_runs"].dropna().unique() if "num_runs" in getattr(rows, "columns", ()) else []
     return "one process" + (f", {int(n[0])} interleaved runs" if len(n) == 1 else "")
 
 
+def _at_seed(d):
+    """Rows of ``d`` (ok) at the seed's point; None stays None."""
+    if d is None or len(d) == 0:
+        return d.iloc[0:0] if d is not None else None
+    d = ok_rows(d)
+    for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts"):
+        if k in d.columns:
+            d = d[d[k].astype(str) == str(SEED[k])]
+    return d
+
+
+def _median(d, s, col) -> float | None:
+    """The median of ``col`` over the rows of strategy ``s`` (None: no such value)."""
+    if d is None or len(d) == 0 or col not in d.columns:
+        return None
+    v = d[d["strategy"] == s][col].dropna()
+    return float(v.median()) if len(v) else None
+
+
+def _measured_change(meas, answer_rows) -> str:
+    """The PR's measured TTFT change at the seed: the seed answer's (fresh processes) when given, else the measured
+    sweep rows' median with their basis."""
+    ans = [r for r in (answer_rows or []) if r["model"] == SEED["model"] and r["strategy"] == PR
+           and r["against"] == BASELINE and r["measured_pct"] is not None]
+    if ans:
+        a = ans[0]
+        basis = (f"{a['n_processes']} fresh processes" if a.get("measured_basis") == "processes"
+                 else f"{a['rounds']} rounds of one process")
+        return f"{a['measured_pct']:+.1f}% [{a['measured_lo']:+.1f}, {a['measured_hi']:+.1f}] ({basis})"
+    v = _median(meas, PR, "ttft_change_pct")
+    return "-" if v is None else f"{v:+.1f}% ({measured_basis(meas[meas['strategy'] == PR])})"
+
+
 def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
-    """The seed's setup (vLLM PR #53878 benchmark: GLM-5 TP8, Hopper, bf16 KV cache, max_num_batched_tokens 16384,
-    32 prompts x 1024 tokens at concurrency 32): reported numbers beside ours.
+    """The seed's setup (vLLM PR #53878's benchmark): the PR's reported numbers beside the lab's (pandas DataFrame).
 
-    ``serving``: a :func:`mla_lab.serving.serve_benchmark` result for the seed deployment; it fills the total
-    token throughput row (modelled, the step-level simulation of ``vllm bench serve``).
-
-    ``answer_rows``: :func:`mla_lab.report.seed_answer.seed_answer`'s rows. Given, the measured TTFT change is
-    theirs (the attention path in fresh processes, median [min, max]), so the report states that figure once, as the
-    seed answer's table does; else it is the matching measured sweep rows' median, labelled with their basis (one
-    process, interleaved runs).
-
-    Ours (modelled) comes from ``df`` when it holds the seed point, else it is priced now with
-    :func:`mla_lab.sweep.rows.modelled_rows`; ours (measured) as above, if any.
+    Ours (modelled) from ``df`` when it holds the seed point, else priced now (:func:`mla_lab.sweep.rows.
+    modelled_rows`); ours (measured) from ``answer_rows`` (:func:`mla_lab.report.seed_answer.seed_answer`) when
+    given, else the measured sweep rows (:func:`_measured_change`). ``serving``: a serve_benchmark result of the
+    seed deployment, for the throughput row (modelled).
     """
     import pandas as pd
 
-    def sel(d):
-        if d is None or len(d) == 0:
-            return d.iloc[0:0] if d is not None else None
-        d = ok_rows(d)
-        for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts"):
-            if k in d.columns:
-                d = d[d[k].astype(str) == str(SEED[k])]
-        return d
-
-    mod = sel(df)
+    mod = _at_seed(df)
     if mod is not None and "source" in mod.columns:
         mod = mod[mod["source"] != "measured"]
     if mod is None or len(mod) == 0 or not {PR, BASELINE} <= set(mod["strategy"]):
         mod = pd.DataFrame(modelled_rows(seed_point(strategies=[BASELINE, PR, "kernel_native"])))
-    meas = sel(measured)
+    meas = _at_seed(measured)
     if meas is not None and "source" in meas.columns:
         meas = meas[meas["source"] == "measured"]
-
-    def val(d, s, col):
-        if d is None or len(d) == 0 or col not in d.columns:
-            return None
-        v = d[d["strategy"] == s][col].dropna()
-        return float(v.median()) if len(v) else None
 
     def f(v, fmt):
         return "-" if v is None else fmt.format(v)
 
     scope = ", ".join(map(str, mod["ttft_scope"].dropna().unique())) if "ttft_scope" in mod.columns else "?"
-    t_f, t_k = val(mod, PR, "ttft_change_pct"), val(mod, "kernel_native", "ttft_change_pct")
-    x_b = val(mod, PR, "extra_persistent_bytes")
-    tr_u, tr_f = val(mod, BASELINE, "call_transient_bytes"), val(mod, PR, "call_transient_bytes")
+    t_f, t_k = _median(mod, PR, "ttft_change_pct"), _median(mod, "kernel_native", "ttft_change_pct")
+    x_b = _median(mod, PR, "extra_persistent_bytes")
+    tr_u, tr_f = _median(mod, BASELINE, "call_transient_bytes"), _median(mod, PR, "call_transient_bytes")
     rep = SEED_REPORTED
     wd = str(mod["weight_dtype"].iloc[0]) if "weight_dtype" in mod.columns else "fp8"
     mp = str(mod["moe_parallel"].iloc[0]) if "moe_parallel" in mod.columns else "ep"
-    pk_u, pk_f = val(meas, BASELINE, "measured_peak_extra_bytes"), val(meas, PR, "measured_peak_extra_bytes")
-    ans = [r for r in (answer_rows or []) if r["model"] == SEED["model"] and r["strategy"] == PR
-           and r["against"] == BASELINE and r["measured_pct"] is not None]
-    if ans:  # the seed answer's figure, as its table states it
-        a = ans[0]
-        basis = (f"{a['n_processes']} fresh processes" if a.get("measured_basis") == "processes"
-                 else f"{a['rounds']} rounds of one process")
-        measured_change = f"{a['measured_pct']:+.1f}% [{a['measured_lo']:+.1f}, {a['measured_hi']:+.1f}] ({basis})"
-    else:
-        v = val(meas, PR, "ttft_change_pct")
-        measured_change = "-" if v is None else f"{v:+.1f}% ({measured_basis(meas[meas['strategy'] == PR])})"
+    pk_u, pk_f = _median(meas, BASELINE, "measured_peak_extra_bytes"), _median(meas, PR, "measured_peak_extra_bytes")
+    measured_change = _measured_change(meas, answer_rows)
     rows = [
         ("setup", "GLM-5.2-FP8, TP8 + EP, Hopper, bf16 KV, --max-num-batched-tokens 16384, 32 x 1024 in / 128 out, "
                   "concurrency 32", f"GLM-5 geometry, TP8, h200 card, bf16 KV, 16384, 32 x 1024 at concurrency 32, "
@@ -224,11 +210,9 @@ def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
 
 
 def summary_table(df, tp=None, max_num_batched_tokens=None, compact: bool = False, label_basis: bool = False):
-    """Table: per (model, tp, arch, max_num_batched_tokens, prompt_len, strategy) the source, TTFT ms and change
-    %, extra MiB, KV tokens lost, heads. ``compact`` drops the columns that hold a single value (see
-    :func:`constant_columns` for what they were). ``label_basis``: a measured row's source says what it rests on
-    (``measured (one process, 11 interleaved runs)``, :func:`measured_basis`), so it is not read as the seed
-    answer's between-process figure."""
+    """Per (model, tp, arch, max_num_batched_tokens, prompt_len, strategy): the source, TTFT ms and change %, extra
+    MiB, KV tokens lost, heads. ``compact`` drops the columns holding one value; ``label_basis``: a measured row's
+    source says what it rests on (:func:`measured_basis`)."""
     d = ok_rows(df)
     if tp is not None:
         d = d[d["tp"] == tp]
@@ -256,15 +240,13 @@ def summary_html(df, tp=None, max_num_batched_tokens=None) -> str:
     shared = ", ".join(f"{c} = {full[c].iloc[0]}" for c in full.columns if c not in table.columns and len(full))
     return html_table(table, caption=f"Every row: {shared}." if shared else None)
 
-#: The most columns a table shows on the page; a wider one shows its first columns and folds the full table in a
-#: ``<details>`` block (a 1280 px window has room for about this many; issue 22).
+#: The most columns a table shows on the page (a 1280 px window; issue 22); a wider one folds the rest.
 MAX_COLUMNS = 9
 
 
 def html_table(df, caption: str | None = None, max_cols: int | None = MAX_COLUMNS) -> str:
-    """A left-aligned HTML table without the index (for the report). A frame of more than ``max_cols`` columns
-    (None: no limit) shows its first ``max_cols`` (they name the row) with a note, and the full table folded in a
-    ``<details>`` block whose table scrolls inside its own box, so the page stays within the window."""
+    """A left-aligned HTML table without the index. Over ``max_cols`` columns (None: no limit): the first
+    ``max_cols`` with a note, and the full table folded in a ``<details>`` block scrolling inside its own box."""
     def render(d, cap):
         sty = d.style.hide(axis="index").set_properties(**{"text-align": "left"}).set_table_styles(
             [{"selector": "th", "props": [("text-align", "left")]}])
@@ -281,10 +263,8 @@ def html_table(df, caption: str | None = None, max_cols: int | None = MAX_COLUMN
             f"{_html.escape(', '.join(map(str, df.columns[max_cols:])))})</summary>"
             f"<div style='overflow-x:auto; max-width:100%'>{full}</div></details>")
 
-#: Levels of the validation CSVs left out of the table: the difference of two *unpaired* layer timings (fused and
-#: unfused measured in separate do_bench windows, 1-3 repeats each) is dominated by run-to-run noise of about
-#: +-1 ms against a ~0.5 ms difference, so its APE (hundreds of %) says nothing about the model; strategy differences
-#: are validated from interleaved pairs instead (``layer_paired_delta``).
+#: Levels of the validation CSVs left out of the table: the difference of two *unpaired* layer timings is run-to-run
+#: noise (~+-1 ms against a ~0.5 ms difference); strategy differences are validated from interleaved pairs instead.
 UNPAIRED_DELTA_LEVELS = ("layer_delta", "layer_graph_delta")
 
 

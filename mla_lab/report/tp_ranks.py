@@ -1,20 +1,10 @@
-"""Real TP ranks against the lab's one-GPU simulation, and the all-reduce term, at TP 2, 4 and 8.
+"""Real TP ranks against the lab's one-GPU simulation, and the all-reduce term, at TP 2, 4 and 8: per world size
+what was measured (:func:`tp_status_table`), every real rank beside the simulation plus the modelled all-reduce
+(:func:`tp_rank_table`), and the all-reduce fit or assumption (:func:`comm_fit_table`).
 
-The lab prices TP by giving one GPU one rank's share (:mod:`mla_lab.measure.tp`). These tables put every real rank
-of the committed NCCL runs beside that simulation plus the cost model's all-reduce:
-
-- :func:`tp_status_table`: per world size, what was measured (file, ranks, configurations) or that nothing was.
-- :func:`tp_rank_table`: one row per (world size, model, T, block, strategy, rank): the real rank's block, compute
-  (no all-reduce) and all-reduce times, the simulation's compute, the all-reduce the committed calibration prices
-  (:func:`mla_lab.model.timing.comm_time_ms`: the measured fit of that world size where one exists, else the
-  assumption; column ``comm_source``) and the errors, peak memory of the call (torch) and NCCL's own memory.
-- :func:`comm_fit_table`: per world size, the all-reduce fit (latency, bandwidth, error) or the assumption, and
-  the assumption's error against what was measured.
-
-Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``mla_lab/measure/experiments/tp_block.py``) and the older
-``data/measured/h200x2/tp2_attention.csv`` (written by this harness's first version, attention block only); the
-one-GPU simulation of a TP-N share alone, before any N-GPU run: ``data/measured/<gpu>/tp<N>_sim_block.csv``
-(``mla_lab/measure/experiments/tp_block.py --runs sim``), named in the status table.
+Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``mla_lab/measure/experiments/tp_block.py``), the older
+``h200x2/tp2_attention.csv`` (attention block only), and the one-GPU simulation alone,
+``data/measured/<gpu>/tp<N>_sim_block.csv``.
 """
 
 from __future__ import annotations
@@ -26,7 +16,7 @@ from ..arch import get_arch
 from ..model.calibration import resolve_calibration
 from ..model.comm import measured_allreduce_rows
 from ..model.timing import comm_time_ms
-from .data import _measured_root
+from ..paths import measured_dir
 
 __all__ = ["WORLD_SIZES", "load_tp_runs", "tp_status_table", "tp_rank_table", "comm_fit_table"]
 
@@ -65,17 +55,17 @@ def _gpu(gpu) -> str:
 
 
 def _files(n: int, gpu: str, root: Path | None) -> list[Path]:
-    d = (root or _measured_root()) / f"{gpu}x{n}"
+    d = (root or measured_dir()) / f"{gpu}x{n}"
     return [d / f for f in FILES if (d / f).is_file()]
 
 
 def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
-    """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (``attention``
-    where the file has no block column). Empty DataFrame when nothing was measured.
+    """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (default
+    ``attention``); empty when nothing was measured.
 
     Raises:
-        ValueError: ``world_sizes`` not a list of integers >= 2; ``gpu`` not a lab GPU name; a ``tp_block.csv`` /
-            ``tp2_attention.csv`` that cannot be read or lacks a column of :data:`REQUIRED` (names the file).
+        ValueError: ``world_sizes`` not integers >= 2, ``gpu`` not a lab GPU, a run file unreadable or lacking a
+            column of :data:`REQUIRED` (names the file).
     """
     import pandas as pd
 
@@ -92,12 +82,8 @@ def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | 
 
 
 def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
-    """One row per world size: ``measured`` (yes/no), ``files``, ``ranks``, ``configurations`` (distinct (model, T,
-    block, strategy)), ``blocks``, ``device``, ``git_commit``, or the plain reason nothing is there.
-
-    Raises:
-        ValueError: as :func:`load_tp_runs` (bad ``world_sizes`` / ``gpu``, an unreadable or foreign run file).
-    """
+    """One row per world size: ``measured`` (yes/no), ``files``, ``ranks``, ``configurations``, ``blocks``,
+    ``device``, ``git_commit``, or the reason nothing is there. Raises ValueError: as :func:`load_tp_runs`."""
     import pandas as pd
 
     world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
@@ -105,7 +91,7 @@ def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path
     out = []
     for n in world_sizes:
         d = runs[(runs["run"] == "tp") & (runs["world_size"] == n)] if len(runs) else runs
-        sim_only = (Path(root) if root else _measured_root()) / gpu / f"tp{n}_sim_block.csv"
+        sim_only = (Path(root) if root else measured_dir()) / gpu / f"tp{n}_sim_block.csv"
         if not len(d):
             note = f"not measured: needs {n} GPUs of one host (mla_lab/measure/experiments/tp_block.py --tp {n})"
             if sim_only.is_file():
@@ -122,15 +108,10 @@ def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path
 
 
 def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None, calibration=None):
-    """Every real rank beside the simulation plus the modelled all-reduce (one row per rank; module docstring).
-
-    Columns: ``TP``, ``model``, ``T``, ``block``, ``strategy``, ``rank``, ``heads/rank``, ``block_ms``,
-    ``compute_ms``, ``allreduce_ms`` (measured alone), ``sim_compute_ms``, ``model_allreduce_ms``,
-    ``comm_source``, ``compute_err_%`` (sim vs this rank's compute), ``block_err_%`` ((sim compute + modelled
-    all-reduce) vs this rank's block), ``allreduce_err_%``, ``peak_MiB`` / ``sim_peak_MiB`` (the call's peak over
-    what was allocated before it), ``nccl_MiB`` (device memory the allocator does not see, over the simulation's),
-    ``file``. Measured: ``block_ms``, ``compute_ms``, ``allreduce_ms``, ``sim_*``, ``peak_MiB``, ``nccl_MiB``;
-    modelled: ``model_allreduce_ms`` (priced by ``comm_source``).
+    """One row per real rank: ``TP``, ``model``, ``T``, ``block``, ``strategy``, ``rank``, ``heads/rank``; measured
+    ``block_ms``, ``compute_ms``, ``allreduce_ms``, ``sim_compute_ms`` (the one-GPU simulation), ``peak_MiB`` /
+    ``sim_peak_MiB``, ``nccl_MiB``; modelled ``model_allreduce_ms`` (priced by ``comm_source``); the errors
+    ``compute_err_%``, ``block_err_%`` (sim compute + modelled all-reduce vs the block), ``allreduce_err_%``; ``file``.
 
     Raises:
         ValueError: as :func:`load_tp_runs`.
@@ -171,14 +152,12 @@ def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path |
 
 
 def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200", root: str | Path | None = None):
-    """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` /
-    ``sizes`` / ``MAPE %`` / ``leave-one-size-out MAPE %`` where measured, and ``assumption error %``: the mean
-    error of the assumption (``comm_efficiency``, ``comm_latency_us`` of the calibration) against the measured
-    rows of that world size (blank when none).
+    """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` / ``sizes``
+    / ``MAPE %`` / ``leave-one-size-out MAPE %`` where measured, and the assumption's mean error against the
+    measured rows (``assumption error %``, blank when none).
 
     Raises:
-        ValueError: bad ``world_sizes`` / ``gpu`` (:func:`load_tp_runs`); a malformed measured all-reduce file
-            (:func:`mla_lab.model.comm.measured_allreduce_rows`).
+        ValueError: as :func:`load_tp_runs`; a malformed measured all-reduce file.
     """
     import pandas as pd
 

@@ -1,9 +1,9 @@
-"""mla_lab.report.routes: the measured routes per prompt length (committed H200 rows) and the crossover."""
+"""mla_lab.report.route_figures: the measured routes per prompt length (committed H200 rows) and the crossover."""
 
 import pytest
 
 from mla_lab.paths import measured_dir
-from mla_lab.report.routes import ROUTE_LABELS, ROUTES_CSV, crossover, mean_keys, route_sentence, route_table
+from mla_lab.report.route_figures import ROUTE_LABELS, ROUTES_CSV, crossover, mean_keys, route_sentence, route_table
 
 ROWS = measured_dir("h200") / ROUTES_CSV
 pytestmark = pytest.mark.skipif(not ROWS.exists(), reason=f"committed H200 rows {ROWS} absent")
@@ -46,7 +46,7 @@ def test_route_sentence_names_all_three_paths():
 
 
 def test_route_summary_without_rows_says_so_and_gives_no_number(tmp_path):
-    from mla_lab.report.routes import route_summary, routes_available
+    from mla_lab.report.route_figures import route_summary, routes_available
 
     missing = tmp_path / "routes.csv"
     assert not routes_available(missing)
@@ -59,7 +59,7 @@ def test_plot_routes_leaves_no_pyplot_figure():
     """A pyplot figure would be shown a second time (unsaved) by a notebook's inline backend."""
     import matplotlib.pyplot as plt
 
-    from mla_lab.report.routes import plot_routes
+    from mla_lab.report.route_figures import plot_routes
 
     before = set(plt.get_fignums())
     fig = plot_routes()

@@ -1,20 +1,10 @@
 """The route beats the copy: measured attention-path time per route and prompt length (H200, fresh processes).
 
-Rows: ``data/measured/h200/between_process/routes.csv`` (``mla_lab/measure/experiments/routes_step.py``): one 16384-token
-prefill step of ``16384 / L`` prompts of ``L`` tokens, GLM-5 TP8 (8 heads, qk 256 / v 256) and DeepSeek-V3.2 TP8 (16
-heads, qk 192 / v 128), per layer call:
-
-- **sparse MQA, padded** (FlashMLA ``flash_mla_sparse_fwd`` at h_q 64): the W_UK bmm, ``concat_mla_q`` into the
-  workspace, the pad (vLLM before PR #53878: ``new_empty`` + copy) or none (the PR's pre-padded workspace), the
-  kernel, the W_UV bmm; indices = every earlier key when ``L <= topk`` (2048), random top-k above;
-- **dense MHA** with the real heads (vLLM #47327's route for ``seq_len <= topk``; SGLang's for prefills <= 2048): the
-  ``kv_b_proj`` up-projection of the step's latent K/V, K = [k_nope, k_pe], torch SDPA causal (cuDNN or FLASH
-  backend; FLASH needs equal head dims, so DeepSeek-V3.2's V is padded to 192 on that backend). Above top-k dense
-  causal attention is *not* what sparse attention computes; there it is a lower bound for a masked MHA (vLLM
-  #48770), which this table labels and never calls equivalent.
-
-Each figure is the median over >= 5 fresh processes of the per-process medians with ``[min, max]`` over processes
-(:mod:`mla_lab.measure.spread`). Measured, one H200: the rows carry their provenance.
+Rows: ``data/measured/h200/between_process/routes.csv`` (``mla_lab/measure/experiments/routes_step.py``): one
+16384-token prefill step per layer call, GLM-5 TP8 and DeepSeek-V3.2 TP8, on the padded sparse MQA route (FlashMLA at
+h_q 64, with or without the pre-PR pad) and the dense MHA route with the real heads (up-projection + torch SDPA;
+above top-k only a lower bound of masked MHA, labelled so). Each figure: the median over >= 5 fresh processes of the
+per-process medians, ``[min, max]`` over processes (:mod:`mla_lab.measure.spread`).
 """
 
 from __future__ import annotations
@@ -23,6 +13,7 @@ from pathlib import Path
 
 from ..measure.spread import between_process
 from ..paths import measured_dir
+from .figures import new_figure
 
 __all__ = ["routes_available", "route_summary", "ROUTES_CSV", "ROUTE_LABELS", "route_table", "crossover", "plot_routes", "route_sentence", "mean_keys"]
 
@@ -42,8 +33,7 @@ def routes_available(path: str | Path | None = None) -> bool:
 
 
 def route_summary(path: str | Path | None = None, model: str = "glm-5") -> list[str]:
-    """The report's sentences on the routes: :func:`route_sentence` and the crossover, or one sentence saying the
-    route rows are not in the measured folder this report reads (never a number without its rows)."""
+    """The report's sentences on the routes (:func:`route_sentence`, the crossover), or why there are none."""
     if not routes_available(path):
         where = Path(path) if path else measured_dir("h200") / ROUTES_CSV
         return [f"Routes not measured in this measured folder ({where} is absent; benchmarks/h200_between_process.sh writes "
@@ -71,9 +61,8 @@ def _rows(path):
 
 
 def route_table(path: str | Path | None = None):
-    """One row per (model, prompt_len, route): ``median_ms``, ``lo_ms``, ``hi_ms`` (over processes),
-    ``n_processes``, ``equivalent`` (False for dense MHA above top-k: a lower bound of masked MHA there),
-    ``num_heads``, ``T``. Raises FileNotFoundError when the committed rows are absent."""
+    """One row per (model, prompt_len, route): ``median_ms``, ``lo_ms``, ``hi_ms`` (over processes), ``n_processes``,
+    ``equivalent`` (False: dense MHA above top-k), ``num_heads``, ``T``. Raises FileNotFoundError: no rows."""
     import pandas as pd
 
     df = _rows(path)
@@ -140,14 +129,9 @@ def crossover(path: str | Path | None = None, model: str = "glm-5",
               dense: str = "dense MHA, real heads (SDPA cuDNN)",
               sparse: str = "sparse MQA, vLLM #53878 (pre-padded workspace)", topk: int = 2048,
               max_len: int = 1 << 20) -> dict:
-    """Prompt length where the padded sparse MQA path would start to beat dense causal MHA, per process.
-
-    Each route's time per layer call is fitted (least squares over every measured length) as ``a + b k(L)`` with
-    ``k(L)`` its mean keys per query: ``(L + 1) / 2`` for dense causal attention, ``mean(min(p + 1, topk))`` for
-    sparse top-k (it saturates at ``topk``, so the sparse path's time levels off while the dense one keeps
-    growing); the crossing is the smallest ``L`` (power-of-two steps refined by bisection, up to ``max_len``) where
-    dense >= sparse. Above top-k dense causal attention is a lower bound for masked MHA (vLLM #48770), so the
-    crossing is where even that bound stops winning. An extrapolation beyond the longest measured prompt; says so.
+    """Prompt length where the padded sparse MQA path would start to beat dense causal MHA, per process: each
+    route's time per layer call fitted (least squares) as ``a + b mean_keys(L)``, the crossing the smallest ``L``
+    (doubling, then bisection, up to ``max_len``) where dense >= sparse. An extrapolation beyond the longest prompt.
 
     Returns:
         ``{"median", "lo", "hi", "n_processes", "per_process", "measured_max", "beyond_measured"}`` (lengths in
@@ -193,12 +177,9 @@ def route_sentence(path: str | Path | None = None, model: str = "glm-5", prompt_
 def plot_routes(table=None, figsize=(10.0, 3.8)):
     """Attention path per layer call vs prompt length, one panel per model, one line per route with its
     [min, max] over processes; dense MHA above top-k drawn dashed (not equivalent: a masked-MHA lower bound)."""
-    from matplotlib.figure import Figure
-
     t = route_table() if table is None else table
     models = list(dict.fromkeys(t["model"]))
-    # no pyplot state: a notebook's inline backend would show a pyplot figure a second time, unsaved
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = new_figure(figsize)
     axes = fig.subplots(1, len(models), squeeze=False)
     colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
     for ax, model in zip(axes[0], models):
