@@ -52,8 +52,8 @@ def measured_dir(gpu: str | None = None) -> Path:
 
 def calibration_measurements_dir(gpu: str | None = None) -> Path:
     """The repository's ``data/measured`` (or its ``gpu`` subfolder) as the model's calibration reads it: the
-    committed measurement files the modelled numbers are fitted on (:func:`mla_lab.model.routes.padded_kernel_rows`,
-    :func:`mla_lab.model.routes.route_rows`). No environment variable moves it: ``MLA_LAB_MEASURED`` chooses the
+    committed measurement files the modelled numbers are fitted on (:func:`mla_lab.model.route_ops.padded_kernel_rows`,
+    :func:`mla_lab.model.route_ops.route_rows`). No environment variable moves it: ``MLA_LAB_MEASURED`` chooses the
     measured rows the views show, never a modelled number (issue 32: an empty measured folder moved the modelled
     ``fa3_sparse`` from -9.08 % to -2.89 %), and a copy of ``data/`` under ``MLA_LAB_DATA`` without ``measured/``
     must not re-fit the kernel model either."""

@@ -103,7 +103,7 @@ from mla_lab import report, sweep
 from mla_lab.deployment import Deployment
 from mla_lab.placement import PRESETS
 from mla_lab.report.cache import cached_call, plotted_rows, publish_cached, publish_cached_many
-from mla_lab.report.noise import load_noise_distribution, noise_sentences, plot_noise
+from mla_lab.report.noise_figures import load_noise_distribution, noise_sentences, plot_noise
 from mla_lab.report.route_figures import plot_routes, route_summary, route_table, routes_available
 from mla_lab.report.serving import (
     plot_rate_curve,
@@ -175,7 +175,7 @@ display(Markdown("\n".join(f"- {line}" for line in noise_sentences(noise_dist)))
 # (`mla_lab.validation`; also in docs/serving.md).
 
 # %%
-from mla_lab.validation.tables import validation_markdown  # noqa: E402
+from mla_lab.validation.docs_tables import validation_markdown  # noqa: E402
 
 display(Markdown(validation_markdown()))
 

@@ -7,7 +7,7 @@ import pytest
 
 from mla_lab.paths import REPO_ROOT
 from mla_lab.report import answer
-from mla_lab.report.engine_kernels import kernel_ms
+from mla_lab.report.engine_kernel_figures import kernel_ms
 
 README = (REPO_ROOT / "README.md").read_text()
 

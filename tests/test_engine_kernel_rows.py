@@ -5,7 +5,13 @@ import pandas as pd
 import pytest
 
 from mla_lab.measure.spread import MIN_PROCESSES
-from mla_lab.report.engine_kernels import ENGINE_KERNELS_CSV, decode_table, gather_share, kernel_ms, prefill_table
+from mla_lab.report.engine_kernel_figures import (
+    ENGINE_KERNELS_CSV,
+    decode_table,
+    gather_share,
+    kernel_ms,
+    prefill_table,
+)
 
 ROWS = pd.read_csv(ENGINE_KERNELS_CSV)
 
@@ -63,7 +69,7 @@ def test_decode_parallelism():
 def test_findings_state_the_rows():
     """docs/findings.md's engine-kernel table and sentences, recomputed from the rows."""
     from mla_lab.paths import REPO_ROOT
-    from mla_lab.report.engine_kernels import fmt
+    from mla_lab.report.engine_kernel_figures import fmt
 
     flat = " ".join((REPO_ROOT / "docs" / "findings.md").read_text().split())
     t = {r["kernel"]: r for r in prefill_table("seed", 8)}

@@ -311,7 +311,7 @@ def test_concat_variants_bad_params(params, fragment):
 
 def test_concat_variants_never_overwrite_a_foreign_file(tmp_path):
     from mla_lab.measure.experiments.concat_variants import OUTPUTS
-    from mla_lab.measure.record import Sink
+    from mla_lab.measure.sink import Sink
 
     (tmp_path / "concat_round3.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="exists with another header"):

@@ -42,7 +42,7 @@ def _worker(out_path: str) -> None:
 
     from mla_lab.measure.layer import Layer, MeasureSettings, run_kernel_checks, select_implementations
     from mla_lab.measure.layer_runs import LAYER_OUTPUTS, measure_ops, paired_timing, run_layer_benchmark
-    from mla_lab.measure.record import Sink
+    from mla_lab.measure.sink import Sink
     from mla_lab.measure.triton_ops import check_kernels, mqa_logits, rmsnorm, silu_mul
     from mla_lab.measure.validate import fit_and_validate
 

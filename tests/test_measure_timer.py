@@ -1,4 +1,4 @@
-"""The lab's one timer (mla_lab.measure.timer) and its one CSV sink (mla_lab.measure.record.Sink), on CPU: the
+"""The lab's one timer (mla_lab.measure.timer) and its one CSV sink (mla_lab.measure.sink.Sink), on CPU: the
 window's counts and quantiles, the callbacks, the NVML fields with and without a sampler, and the sink's columns."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import csv
 import numpy as np
 import pytest
 
-from mla_lab.measure.record import Sink
+from mla_lab.measure.sink import Sink
 from mla_lab.measure.timer import WINDOW_COLUMNS, est_ms, quantile, timed_window
 from mla_lab.provenance import PROVENANCE_COLUMNS
 

@@ -12,8 +12,8 @@ from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import resolve_calibration
 from mla_lab.model.content import STEP_CONTENT_CSV, StepContentModel, fit_step_content, load_step_content_model
 from mla_lab.model.ops import ATTN_OPS, step_ops
+from mla_lab.model.route_ops import default_padded_kernel_fit
 from mla_lab.model.route_timing import route_layer_time_ms
-from mla_lab.model.routes import default_padded_kernel_fit
 from mla_lab.model.timing import layer_time_ms, op_time_ms, step_time_ms
 from mla_lab.model.ttft import predict_ttft
 from mla_lab.paths import calibration_dir

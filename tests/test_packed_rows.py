@@ -1,6 +1,6 @@
 """The packed kernel's committed H200 rows (data/measured/h200/between_process/packed_kernels.csv): the figures
 docs/packed.md and README state are recomputed here from the file with plain pandas (not through
-mla_lab.report.packed_kernels), the dispatch rule holds on every shape, and the generated table is current."""
+mla_lab.report.packed_figures), the dispatch rule holds on every shape, and the generated table is current."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from mla_lab.paths import REPO_ROOT
-from mla_lab.report import packed_kernels as pk
+from mla_lab.report import packed_figures as pk
 
 CSV = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "packed_kernels.csv"
 DOC = REPO_ROOT / "docs" / "packed.md"
@@ -97,4 +97,4 @@ def test_docs_state_the_figures_of_the_rows(med):
 def test_generated_table_is_current(tmp_path):
     doc = tmp_path / "packed.md"
     shutil.copy(DOC, doc)
-    assert pk.update_docs(doc) is False, "run python -m mla_lab.report.packed_kernels --update-docs"
+    assert pk.update_docs(doc) is False, "run python -m mla_lab.report.packed_figures --update-docs"

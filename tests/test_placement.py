@@ -55,7 +55,7 @@ PENDING = {
     "mla_lab/measure/experiments/presets.py": 1,
     "mla_lab/measure/experiments/routes_step.py": 1,
     "mla_lab/measure/experiments/tp_block.py": 1,
-    "mla_lab/report/packed_kernels.py": 2,  # the same kernel names in the rows' summary
+    "mla_lab/report/packed_figures.py": 2,  # the same kernel names in the rows' summary
 }
 
 _SUBCHUNK = re.compile(r"^subchunk:\d+(:copy|:views|:graph2)?$")

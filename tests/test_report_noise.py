@@ -1,4 +1,4 @@
-"""mla_lab.report.noise: the single-run distribution of PR #53878's change (figure, sentences, the section of docs/findings.md), every
+"""mla_lab.report.noise_figures: the single-run distribution of PR #53878's change (figure, sentences, the section of docs/findings.md), every
 number recomputed here from the committed data/validation/pr53878_noise_distribution.csv with numpy."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from mla_lab.paths import REPO_ROOT
-from mla_lab.report.noise import (
+from mla_lab.report.noise_figures import (
     CASES,
     DIST_CSV,
     FIGURE_NAME,
@@ -123,7 +123,7 @@ def test_findings_section_sits_after_the_prs_three_numbers():
 
 def test_findings_section_numbers_recomputed_from_the_committed_file(dist, raw):
     block = _doc_block()
-    assert block == findings_section(dist).strip(), "re-render: python -m mla_lab.report.noise --update-findings"
+    assert block == findings_section(dist).strip(), "re-render: python -m mla_lab.report.noise_figures --update-findings"
     assert f"`{DIST_CSV.relative_to(REPO_ROOT)}`" in block
     # every table row: bands and percentiles recomputed with numpy from the CSV
     rows = [ln for ln in block.splitlines() if ln.startswith("| ") and "%" in ln and "statistic" not in ln]

@@ -134,7 +134,7 @@ def test_decode_terms_counted_over_the_right_layers():
 def test_decode_kernel_is_flat_then_bandwidth_bound():
     """The decode kernel against vLLM 0.33.0's FlashMLA padded to 64 heads measured at 2048 keys per token (one H200,
     5 fresh processes, engine_kernels.csv): flat from B = 1 to 16, bandwidth-bound at 256; within 10 %."""
-    from mla_lab.report.engine_kernels import decode_table
+    from mla_lab.report.engine_kernel_figures import decode_table
 
     measured = {r["B"]: r["flashmla_pad64"] * 1e3 for r in decode_table(8, 8192)}
 

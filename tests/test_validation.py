@@ -87,7 +87,7 @@ def test_blind_score_is_recomputed_from_the_committed_files():
 
 
 def test_docs_validation_block_is_current():
-    from mla_lab.validation.tables import BEGIN, DOCS, END, validation_markdown
+    from mla_lab.validation.docs_tables import BEGIN, DOCS, END, validation_markdown
 
     text = DOCS.read_text()
     assert text[text.index(BEGIN) + len(BEGIN):text.index(END)].strip() == validation_markdown().strip()

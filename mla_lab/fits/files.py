@@ -21,7 +21,7 @@ from ..model.content import (
     fit_step_content,
     load_content_model,
 )
-from ..model.routes import route_calibration_rows
+from ..model.route_ops import route_calibration_rows
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
 
@@ -247,7 +247,7 @@ _ROUTE_INPUTS = ("data/measured/h200/{round2/content.csv,layer_ops.csv,attention
 
 
 def fit_routes_file(measured: Path) -> dict:
-    """:func:`mla_lab.model.routes.route_calibration_rows` (it reads the files in ``fit_inputs``, not ``measured``)."""
+    """:func:`mla_lab.model.route_ops.route_calibration_rows` (it reads the files in ``fit_inputs``, not ``measured``)."""
     prov = {"source": "measured", "device": "NVIDIA H200", "fit_inputs": _ROUTE_INPUTS, "fit_commit": git_commit()}
     return {"h200_routes.csv": [{**{c: r.get(c, "") for c in CALIBRATION_COLUMNS}, **prov}
                                 for r in route_calibration_rows()]}

@@ -1,12 +1,23 @@
 """Kernels of the sparse-MLA prefill Q path: Q concat into a head-padded workspace, and sparse prefill attention.
 
-The public API: :mod:`.ops` (the two ops), :mod:`.flashmla` (FlashMLA's contract), :mod:`.reference` (torch
+The public API: :mod:`.contract` (the two ops), :mod:`.flashmla` (FlashMLA's contract), :mod:`.reference` (torch
 semantics), :mod:`.triton_concat` / :mod:`.triton_concat_persistent` (concat variants), :mod:`.union` /
 :mod:`.union_cuda` (per-group unions for :mod:`.packed`), :mod:`.index_sets` (index data with known overlap).
 """
 
 from __future__ import annotations
 
+from .contract import (
+    CONCAT_BACKENDS,
+    CONCAT_DEFAULT_VARIANT,
+    CONCAT_DTYPES,
+    CONCAT_VARIANTS,
+    PREFILL_BACKENDS,
+    concat_mla_q,
+    last_backend,
+    make_concat_launcher,
+    sparse_mla_prefill,
+)
 from .flashmla import flash_mla_info, validate_sparse_prefill_inputs
 from .index_sets import (
     IndexData,
@@ -18,17 +29,6 @@ from .index_sets import (
     structured_indices,
     union_ratio_common_core,
     union_sizes,
-)
-from .ops import (
-    CONCAT_BACKENDS,
-    CONCAT_DEFAULT_VARIANT,
-    CONCAT_DTYPES,
-    CONCAT_VARIANTS,
-    PREFILL_BACKENDS,
-    concat_mla_q,
-    last_backend,
-    make_concat_launcher,
-    sparse_mla_prefill,
 )
 from .reference import D_NOPE, D_PE, D_QK, concat_mla_q_torch, sparse_mla_prefill_ref
 from .triton_concat import ConcatLauncher, triton_available

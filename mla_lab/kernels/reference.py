@@ -2,7 +2,7 @@
 
 :func:`concat_mla_q_torch` (vLLM's ``concat_mla_q``), :func:`sparse_mla_prefill_ref` (FlashMLA ``tests/ref.py``
 ``ref_sparse_attn_fwd``, fp32, token chunks), :func:`mha_causal_varlen_ref` (dense causal varlen attention, the
-``mha-dense`` route; fp32). No argument checks beyond running: :mod:`mla_lab.kernels.ops` checks the contract.
+``mha-dense`` route; fp32). No argument checks beyond running: :mod:`mla_lab.kernels.contract` checks the contract.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The layer runs: the measurement loops over :class:`mla_lab.measure.layer.Layer` (:func:`measure_ops`,
 :func:`measure_layers`, :func:`measure_layer_pairs`, :func:`run_layer_benchmark`), yielding or writing rows of
-:data:`LAYER_OUTPUTS` (through one :class:`mla_lab.measure.record.Sink`: appended as measured, so a killed run loses
+:data:`LAYER_OUTPUTS` (through one :class:`mla_lab.measure.sink.Sink`: appended as measured, so a killed run loses
 nothing measured); every ``layer_e2e.csv`` row records its canonical ``strategy`` and the ``content`` of its padded
 heads. Also :func:`paired_timing`, :func:`moe_variants`, :func:`layer_kinds`, :func:`ops_to_time`, :func:`read_rows`.
 """
@@ -35,7 +35,7 @@ from .timer import interleaved, summarize
 __all__ = ["PairedTiming", "paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops",
            "measure_layers", "measure_layer_pairs", "run_layer_benchmark", "LAYER_OUTPUTS", "read_rows"]
 
-#: The files one layer run writes (its :class:`~mla_lab.measure.record.Sink`'s outputs).
+#: The files one layer run writes (its :class:`~mla_lab.measure.sink.Sink`'s outputs).
 LAYER_OUTPUTS = {OPS_CSV: OPS_COLUMNS, E2E_CSV: E2E_COLUMNS, EXTRAS_CSV: EXTRAS_COLUMNS}
 
 
@@ -226,7 +226,7 @@ def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], t
     """Every model x TP x T: the ops (:func:`measure_ops`, each unique shape once over the whole run) and, unless
     ``skip_e2e``, per layer kind the layer end to end (:func:`measure_layers`; under ``ep`` only at the largest
     TP) then, with ``pairs`` > 0, its interleaved pairs of the first two ``strategies`` (:func:`measure_layer_pairs`). One :class:`Layer` per (model, tp), sized
-    for ``max(tokens)``. Rows go to ``sink`` (a :class:`~mla_lab.measure.record.Sink` over
+    for ``max(tokens)``. Rows go to ``sink`` (a :class:`~mla_lab.measure.sink.Sink` over
     :data:`LAYER_OUTPUTS`) as they are measured. Failures are logged and skipped (a failed
     allocation skips that (model, tp)); the deadline stops the run.
     """

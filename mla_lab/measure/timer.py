@@ -186,7 +186,7 @@ def timed_window(fn: Callable[[], object], n: int, device: str = "cuda", sampler
         fn: the call (its previous result is dropped before the next call allocates, so a window holds one output).
         n: calls (>= 1).
         device: ``cuda`` or ``cpu``.
-        sampler: an :class:`mla_lab.measure.record.NvmlSampler` (or None): its medians over the window are added.
+        sampler: an :class:`mla_lab.measure.sink.NvmlSampler` (or None): its medians over the window are added.
         after: run untimed after each call (e.g. a GEMM interleaved between kernel calls).
         per: ``fn`` runs the op ``per`` times: per-call times are divided by it.
         reasons: include ``clock_event_reasons`` (the most frequent NVML clock-event bitmask, hex).

@@ -16,7 +16,7 @@ from ..routes import ROUTES
 from ..workload import Step
 from .calibration import Calibration, resolve_calibration
 from .ops import ATTN_OPS, LayerOp, layer_ops
-from .routes import (
+from .route_ops import (
     MHA_CLASS,
     ROUTE_ATTN_OPS,
     PaddedKernelFit,

@@ -17,7 +17,7 @@ from .fa3_kernel import GPU as FA3_RATIO_GPU
 from .fa3_kernel import load_fa3_ratio
 from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, _attention_path_ops, step_stats
 from .packed_kernel import FIT_GPU as PACKED_FIT_GPU
-from .routes import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
+from .route_ops import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
 __all__ = ["op_time_ms", "comm_time_ms", "kernel_rate_tflops", "layer_time_ms", "step_time_ms", "attention_path_ms",
            "predict_measured_op_ms", "apply_step_content"]

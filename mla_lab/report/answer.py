@@ -17,9 +17,9 @@ from ..paths import REPO_ROOT
 from ..placement import PR_TRADE_BY_ENGINE, SEED_COMPARISONS
 from ..serving import PR_BENCH, serve_benchmark
 from ..sweep.advise import advise
-from . import packed_kernels as pk
+from . import packed_figures as pk
 from .blocks import splice, update_block
-from .engine_kernels import decode_table, gather_share, kernel_ms
+from .engine_kernel_figures import decode_table, gather_share, kernel_ms
 from .reproduce import lease_pr_change
 from .seed_answer import pr_trade_by_engine, seed_answer
 

@@ -22,7 +22,7 @@ from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
 from ..model.memory import memory_tradeoff
 from ..model.ops import ATTN_OPS
-from ..model.routes import step_route
+from ..model.route_ops import step_route
 from ..model.timing import kernel_rate_tflops
 from ..model.ttft import predict_ttft
 from ..models import model_config_path
@@ -338,7 +338,7 @@ MEASURED_ROUTE = "sparse-mqa"
 def measured_withheld(d: Deployment, strategy: Strategy | str, fits: dict | None = None) -> str:
     """Why a measured change of ``strategy`` (against :data:`mla_lab.placement.BASELINE`) must not be shown for the
     deployment ``d``: "" when it may. A measured row timed :data:`MEASURED_ROUTE`; where the deployment's route
-    (:func:`mla_lab.model.routes.step_route`, every step of its schedule) is another for the strategy or the
+    (:func:`mla_lab.model.route_ops.step_route`, every step of its schedule) is another for the strategy or the
     baseline (e.g. DeepSeek-V3.2 at 1024-token prompts: dense MHA, vLLM #47327), the measured kernel does not run
     there; where the deployment or the strategy does not fit (``fits``: ``{strategy name: Row}``), nothing is
     priced at all (issue 39)."""

@@ -5,7 +5,7 @@ their rows (:data:`CALIBRATION`).
 An experiment is a module of this package with ``OUTPUTS`` (file name -> row columns, before the provenance
 columns), ``SHAPES`` (what it measures at its defaults, one tuple each) and ``run(rank, sink, options)``: ``rank`` a
 :class:`~mla_lab.rank.RankView` (the seed, ``Deployment.seed().rank``, unless ``--model/--tp/--arch``; ``--smoke``
-gives it ``max_num_batched_tokens`` :data:`SMOKE_TOKENS`), ``sink`` a :class:`~mla_lab.measure.record.Sink` over
+gives it ``max_num_batched_tokens`` :data:`SMOKE_TOKENS`), ``sink`` a :class:`~mla_lab.measure.sink.Sink` over
 ``OUTPUTS``, ``options`` an :class:`Options`. ``mla-lab measure`` (:mod:`.runner`) runs each chosen experiment as a
 fresh ``python -m mla_lab.measure.experiments NAME ...`` (:meth:`Experiment.command`, :mod:`.entry`): a between-process one once per
 process (``--processes N``, default 5: :mod:`mla_lab.measure.spread`), the others once, into

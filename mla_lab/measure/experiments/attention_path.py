@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mla_lab.buffers import call_peak_bytes
 from mla_lab.measure.attention import MEASURED_STRATEGIES, nan_padding_check, time_attention_path
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.placement import parse_strategy
 from mla_lab.workload import Step
 

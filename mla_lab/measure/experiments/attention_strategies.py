@@ -5,7 +5,7 @@ through :func:`mla_lab.measure.attention.time_attention_path` at the rank's seed
 from __future__ import annotations
 
 from mla_lab.measure.attention import time_attention_path
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.placement import TIMED_STRATEGIES
 
 from ._common import PROMPT, full_step, seed_step

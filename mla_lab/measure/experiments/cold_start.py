@@ -10,7 +10,7 @@ import statistics
 import torch
 
 from mla_lab.measure.attention import make_step_inputs, padded_path
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.tp import block_forward, make_block_inputs, make_moe_inputs, moe_forward
 
 from ._common import PROMPT, seed_step, sm_scale_of, wall_and_gpu

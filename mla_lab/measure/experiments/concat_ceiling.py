@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from mla_lab.kernels import concat_mla_q
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import median_ms
 
 OUTPUTS = {"concat_ceiling.csv": ["T", "num_heads", "padded_heads", "method", "round", "us", "bytes", "timer"]}

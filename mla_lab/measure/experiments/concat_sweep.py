@@ -16,7 +16,7 @@ import torch
 
 from mla_lab.kernels import concat_mla_q
 from mla_lab.kernels.triton_concat import DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS, concat_mla_q_triton
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import median_ms
 from mla_lab.rank import pad_heads
 

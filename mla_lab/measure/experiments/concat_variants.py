@@ -26,7 +26,7 @@ import torch
 from mla_lab.kernels import concat_mla_q, make_concat_launcher
 from mla_lab.kernels.triton_concat import _plan, concat_mla_q_triton, v3_config
 from mla_lab.measure.bandwidth import gapped_write
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import median_ms
 
 #: Extra configurations into the padded workspace (name -> (variant, knobs)); v3: tile tokens x heads, tiles per

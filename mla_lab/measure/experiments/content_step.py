@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from mla_lab.measure.attention import make_step_inputs, padded_path
-from mla_lab.measure.record import NvmlSampler, log
+from mla_lab.measure.sink import NvmlSampler, log
 from mla_lab.measure.tp import make_block_inputs, make_moe_inputs, moe_forward
 
 from ._common import PROMPT, seed_step, sm_scale_of

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from mla_lab.kernels.device import Kernels
 from mla_lab.measure.layer import Layer
-from mla_lab.measure.record import NvmlSampler, log
+from mla_lab.measure.sink import NvmlSampler, log
 from mla_lab.measure.timer import est_ms, graphed, timed_window
 from mla_lab.measure.triton_ops import mqa_logits, rmsnorm, silu_mul
 

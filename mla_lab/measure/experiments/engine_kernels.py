@@ -18,7 +18,7 @@ import torch
 
 from mla_lab.kernels.engine_libs import TOPK, backend_names, engine_calls, engine_inputs, load
 from mla_lab.kernels.reference import sparse_mla_prefill_ref
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
 
 PREFILL_H = (8, 16, 32, 64)

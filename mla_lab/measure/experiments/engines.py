@@ -24,7 +24,7 @@ import torch
 
 from mla_lab.kernels import last_backend
 from mla_lab.kernels.device import Kernels
-from mla_lab.measure.record import NvmlSampler, log
+from mla_lab.measure.sink import NvmlSampler, log
 from mla_lab.measure.timer import est_ms, timed_window
 
 from ._common import PROMPT, ranks_of

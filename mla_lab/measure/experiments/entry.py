@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mla_lab.deployment import Deployment
 
-from ..record import Sink, log
+from ..sink import Sink, log
 from . import EXPERIMENTS, SMOKE_TOKENS, Options
 from ._common import stale_fill_on_gpu
 

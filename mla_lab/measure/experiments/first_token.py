@@ -30,7 +30,7 @@ import tempfile
 import torch
 
 from mla_lab.kernels import concat_mla_q
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.tp import make_moe_inputs, moe_forward
 
 from ._common import PROMPT, wall_and_gpu

@@ -23,7 +23,7 @@ import statistics
 import torch
 
 from mla_lab.kernels import make_concat_launcher
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import median_ms
 
 from ._common import ranks_of

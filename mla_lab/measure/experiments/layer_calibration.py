@@ -39,7 +39,7 @@ from mla_lab.measure.layer import (
 )
 from mla_lab.measure.layer_experiments import fp8_gemm_rows, run_extras
 from mla_lab.measure.layer_runs import LAYER_OUTPUTS, OPS_CSV, run_layer_benchmark
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.validate import VALIDATION_COLUMNS, fit_and_validate
 
 from ._common import ranks_of

@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 
 OUTPUTS = {"moe_decode.csv": ["model", "ep", "T", "pairs", "experts_hit", "local_experts", "impl", "ms",
                               "weight_bytes", "gbps", "rel_err_vs_bf16", "timing"]}

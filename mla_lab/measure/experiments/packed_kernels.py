@@ -35,7 +35,7 @@ from mla_lab.kernels.packed import choose_path, full_union, packed_sparse_prefil
 from mla_lab.kernels.reference import sparse_mla_prefill_ref
 from mla_lab.kernels.union import build_union, build_union_ref
 from mla_lab.kernels.union_cuda import build_union_cuda, union_mismatch
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
 
 from ._common import PROMPT, sm_scale_of

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from mla_lab.measure.attention import time_attention_path
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 
 from ._common import PROMPT, full_step, seed_step
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from mla_lab.kernels import last_backend
 from mla_lab.measure.attention import make_step_inputs, padded_path
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import interleaved
 from mla_lab.workload import Step
 

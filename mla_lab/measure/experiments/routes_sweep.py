@@ -12,7 +12,7 @@ Per model (parameter ``models``: GLM-5, DeepSeek-V3.2 at the rank's TP) and prom
 - ``sparse_kernel``: FlashMLA's padded path (``flash_mla_sparse_fwd``, Q padded with zeros to 64/128 heads, causal
   top-k indices with ``topk_length``, :func:`mla_lab.measure.attention.make_step_inputs`).
 
-Each row carries the modelled ms of the same op (:mod:`mla_lab.model.routes`) and the provenance columns.
+Each row carries the modelled ms of the same op (:mod:`mla_lab.model.route_ops`) and the provenance columns.
 ``--dry-run`` (CPU) prints the modelled rows (:func:`plan`)."""
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ import math
 from mla_lab.deployment import Deployment
 from mla_lab.kernels import sparse_mla_prefill
 from mla_lab.measure.attention import make_step_inputs
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import median_ms
-from mla_lab.model.route_timing import route_op_time_ms
-from mla_lab.model.routes import (
+from mla_lab.model.route_ops import (
     default_padded_kernel_fit,
     mha_attention_op,
     padded_kernel_terms,
@@ -33,6 +32,7 @@ from mla_lab.model.routes import (
     route_stats,
     up_projection_ops,
 )
+from mla_lab.model.route_timing import route_op_time_ms
 
 COLS = ["model", "tp", "H", "prompt_len", "T", "op", "impl", "v_padded", "status", "error", "ms", "modelled_ms",
         "flops", "bytes"]

@@ -12,7 +12,7 @@ import torch
 
 from mla_lab.kernels import concat_mla_q, sparse_mla_prefill
 from mla_lab.measure.attention import make_step_inputs, padded_path
-from mla_lab.measure.record import log
+from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
 
 from ._common import PROMPT, full_step, seed_step, sm_scale_of

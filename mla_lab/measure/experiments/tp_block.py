@@ -29,7 +29,7 @@ from pathlib import Path
 from mla_lab.arch import detect_arch
 from mla_lab.kernels import flash_mla_info
 from mla_lab.measure import tp as _tp
-from mla_lab.measure.record import Sink, log
+from mla_lab.measure.sink import Sink, log
 from mla_lab.measure.tp import (
     ALLREDUCE_COLUMNS,
     BLOCK_COLUMNS,

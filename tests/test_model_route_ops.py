@@ -1,4 +1,4 @@
-"""Route pricing (mla_lab.model.routes): FLOP and byte counts hand-checked for one shape, the padded-kernel fit on
+"""Route pricing (mla_lab.model.route_ops): FLOP and byte counts hand-checked for one shape, the padded-kernel fit on
 the committed H200 rows, FA3 sparse without padded bytes, the dense route's refusals and op substitutions."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 
 from mla_lab.arch import get_arch
 from mla_lab.deployment import Deployment
-from mla_lab.model.route_timing import mha_pricing_source, route_layer_time_ms, route_op_time_ms
-from mla_lab.model.routes import (
+from mla_lab.model.route_ops import (
     DROPPED_BY_DENSE,
     default_padded_kernel_fit,
     fa3_sparse_terms,
@@ -24,6 +23,7 @@ from mla_lab.model.routes import (
     route_stats,
     up_projection_ops,
 )
+from mla_lab.model.route_timing import mha_pricing_source, route_layer_time_ms, route_op_time_ms
 from mla_lab.models import load_model
 from mla_lab.workload import Step
 
@@ -147,8 +147,8 @@ def test_masked_mha_crossover_is_bracketed_and_grows_with_tp():
     """Masked MHA's keys grow as L^2, the sparse path's as L * topk: sparse MQA wins past a prompt length, and at
     TP8 (8 real heads padded to 64) later than at TP4 (16 of 64): the padding makes sparse MQA dearer per real head.
     Bracketed by direct evaluation on both sides (not by the bisection alone)."""
+    from mla_lab.model.route_ops import prompt_len_step
     from mla_lab.model.route_timing import crossover_prompt_len
-    from mla_lab.model.routes import prompt_len_step
 
     x8 = crossover_prompt_len(SEED)
     x4 = crossover_prompt_len(Deployment.seed(tp=4).rank)
@@ -164,7 +164,7 @@ def test_masked_mha_crossover_is_bracketed_and_grows_with_tp():
 
 
 def test_route_transient_bytes():
-    from mla_lab.model.routes import route_transient_bytes
+    from mla_lab.model.route_ops import route_transient_bytes
 
     fa3 = route_transient_bytes(SEED, "fa3-sparse", SEED_STEP)
     assert fa3["total"] == 16384 * 8 * (512 * 2 + 4)  # real heads only: no [T, 64, 512] padded output
@@ -182,8 +182,8 @@ def test_roofline_out_of_sample_on_the_h200_route_rows():
     above 10 %)."""
     import statistics
 
+    from mla_lab.model.route_ops import route_rows
     from mla_lab.model.route_timing import validate_routes
-    from mla_lab.model.routes import route_rows
 
     if not route_rows():
         pytest.skip("data/measured/h200/between_process/routes.csv is not in this checkout")
@@ -200,7 +200,7 @@ def test_roofline_out_of_sample_on_the_h200_route_rows():
 def test_mha_class_fitted_on_the_h200_route_rows():
     """The dense MHA kernel is priced by a class fitted on the measured SDPA rows (cuDNN), within 15 % MAPE; the
     fitted class predicts the seed's dense attention within 25 % of its measured median."""
-    from mla_lab.model.routes import fit_route_classes, route_rows
+    from mla_lab.model.route_ops import fit_route_classes, route_rows
 
     rows = route_rows()
     if not rows:

@@ -4,7 +4,7 @@ docs/packed.md and the tests take its figures from.
 Source: ``data/measured/h200/between_process/packed_kernels.csv`` (:mod:`mla_lab.measure.experiments.packed_kernels`;
 one H200, 5 fresh processes x 5 interleaved rounds, graph timing; T = 16384, H = 8, topk 2048; the software in the
 file's provenance columns). Every figure: the median over processes of the per-process medians, ``[lo, hi]`` over
-processes. ``python -m mla_lab.report.packed_kernels --update-docs`` rewrites docs/packed.md's tables.
+processes. ``python -m mla_lab.report.packed_figures --update-docs`` rewrites docs/packed.md's tables.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pandas as pd
 
 from ..paths import REPO_ROOT
 from .blocks import update_block
-from .engine_kernels import between_process_ms, experiment_rows
+from .engine_kernel_figures import between_process_ms, experiment_rows
 
 __all__ = ["PACKED_CSV", "kernel_ms", "speedup", "targets", "shape_table", "TARGETS", "SHAPE_ORDER", "KERNELS",
            "update_docs", "main"]
@@ -50,7 +50,7 @@ def _rows(path) -> pd.DataFrame:
 
 
 def kernel_ms(kernel: str, shape: str, path=PACKED_CSV) -> dict:
-    """:func:`mla_lab.report.engine_kernels.between_process_ms` of one kernel at one shape (``median``, ``lo``,
+    """:func:`mla_lab.report.engine_kernel_figures.between_process_ms` of one kernel at one shape (``median``, ``lo``,
     ``hi`` in ms, ``n_processes``). Raises ValueError: no rows match."""
     return between_process_ms(path, "packed_kernels", kernel=kernel, shape=shape)
 
@@ -143,7 +143,7 @@ def _markdown(path=PACKED_CSV) -> str:
     return "\n".join(lines)
 
 
-_BEGIN = "<!-- packed-table:begin (python -m mla_lab.report.packed_kernels --update-docs) -->"
+_BEGIN = "<!-- packed-table:begin (python -m mla_lab.report.packed_figures --update-docs) -->"
 _END = "<!-- packed-table:end -->"
 
 
@@ -153,8 +153,8 @@ def update_docs(doc=DOC, path=PACKED_CSV) -> bool:
 
 
 def main(argv=None) -> int:
-    """``python -m mla_lab.report.packed_kernels [--update-docs]``: print the table (and rewrite docs/packed.md's)."""
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.packed_kernels", description=main.__doc__)
+    """``python -m mla_lab.report.packed_figures [--update-docs]``: print the table (and rewrite docs/packed.md's)."""
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.packed_figures", description=main.__doc__)
     ap.add_argument("--update-docs", action="store_true", help="rewrite the generated block of docs/packed.md")
     a = ap.parse_args(argv)
     print(_markdown())

@@ -2,7 +2,7 @@
 ``pr53878_main_decomposition.json`` (the PR's main run scored and decomposed), ``blind_2026-12_score.json`` (the
 blind set scored, with the real repeats beside the lab's band). Nothing is re-simulated here.
 
-    python -m mla_lab.validation.tables [--update-docs]
+    python -m mla_lab.validation.docs_tables [--update-docs]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..paths import REPO_ROOT
 from ..serving.noise import NOISE_METRICS
 from . import BLIND_B_SCORE, BLIND_B_WORKLOADS, BLIND_POSTHOC, BLIND_SCORE, PR53878_DECOMPOSITION
 
-BEGIN = "<!-- validation:begin (python -m mla_lab.validation.tables --update-docs) -->"
+BEGIN = "<!-- validation:begin (python -m mla_lab.validation.docs_tables --update-docs) -->"
 END = "<!-- validation:end -->"
 DOCS = REPO_ROOT / "docs" / "serving.md"
 #: metric -> its name in the tables: NOISE_METRICS' label, lower case but for an abbreviation ("P99 TTFT (ms)")
@@ -182,7 +182,7 @@ def update_docs(path: Path = DOCS) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.tables")
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.docs_tables")
     ap.add_argument("--update-docs", action="store_true")
     a = ap.parse_args(argv)
     if a.update_docs:

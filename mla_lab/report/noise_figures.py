@@ -5,7 +5,7 @@ re-simulated here. Percentiles: :meth:`mla_lab.serving.noise.NoiseResult.percent
 figures (its description, one ``vllm bench serve`` run per build): TTFT -9.5 % (statistic unnamed: mean, median and
 P99 each tested) and total token throughput +6 %.
 
-    python -m mla_lab.report.noise [--figure-dir docs/figures] [--update-findings]
+    python -m mla_lab.report.noise_figures [--figure-dir docs/figures] [--update-findings]
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ PANELS = (("mean_ttft_ms", "mean TTFT"), ("median_ttft_ms", "median TTFT"), ("p9
 CASES = (("identical_builds", "identical builds (A vs A')"), ("pr_vs_before", "PR vs before it"))
 #: The page that holds the generated block (between :data:`NOISE_BEGIN` and :data:`NOISE_END`).
 FINDINGS = REPO_ROOT / "docs" / "findings.md"
-NOISE_BEGIN = "<!-- noise:begin (python -m mla_lab.report.noise --update-findings) -->"
+NOISE_BEGIN = "<!-- noise:begin (python -m mla_lab.report.noise_figures --update-findings) -->"
 NOISE_END = "<!-- noise:end -->"
 
 
@@ -207,7 +207,7 @@ def findings_section(dist: dict, figure: str | None = f"figures/{FIGURE_NAME}.pn
         out += [f"![single-run distribution of the change]({figure})", ""]
     out += [" ".join(noise_sentences(dist)), "",
             "Regenerate: `python -m mla_lab.fits.predict_pr53878 --num-runs 1000 --seed 0 --update-docs`, then "
-            "`python -m mla_lab.report.noise --update-findings`."]
+            "`python -m mla_lab.report.noise_figures --update-findings`."]
     if pred is not None:
         out[0] += f" Prediction commit `{pred['git_commit']}`."
     return "\n".join(ln if ln.startswith(("|", "!")) else
