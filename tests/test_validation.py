@@ -203,6 +203,21 @@ def test_decode_gap_per_layer_beside_the_kernel_rows():
     assert by[(512, 512, 1)]["real_us_per_layer"] == pytest.approx(58, abs=1)
 
 
+def test_june_decode_path_explains_a_quarter_to_a_third_of_the_gap():
+    """vLLM 0.24.0's FLASHMLA_SPARSE decode path minus FA3, measured on the H200 (engine_kernels_june.csv, 5 fresh
+    processes): 24-35 % of PR #46189's per-layer gap at every concurrency-1/8 run (docs/serving.md, 'The June-2026
+    build, measured'), and the real gap is 3.14-3.17 times the path's at concurrency 1."""
+    from mla_lab.validation.decode_gap import decode_gap_rows
+
+    rows = decode_gap_rows()
+    shares = [100 * r["june_path_us"] / r["real_us_per_layer"] for r in rows]
+    assert round(min(shares)) == 24 and round(max(shares)) == 35, shares
+    ratios = [r["real_us_per_layer"] / r["june_path_us"] for r in rows if r["workload"]["max_concurrency"] == 1]
+    assert round(min(ratios), 2) == 3.14 and round(max(ratios), 2) == 3.17, ratios
+    paths = sorted(r["june_path_us"] for r in rows)
+    assert round(paths[0]) == 18 and round(paths[-1]) == 49, paths
+
+
 def test_first_token_measured_components_come_from_the_h200_rows():
     """The cold Triton JIT and the allocator growth are measured (issue 37, first_token.csv: 5 fresh processes on
     the H200): each size in the committed decomposition is recomputed here from the CSV (call 1's wall over the

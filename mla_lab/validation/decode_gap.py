@@ -4,6 +4,9 @@ minus FLASH_ATTN_MLA_SPARSE over 78 layers (us), beside ``flashmla_vllm_pad64`` 
 ``flashmla_vllm_native`` (``native``) minus ``fa3_sparse`` at T = concurrency (``engine_kernels.csv``, vLLM 0.33.0's
 kernels, median over rows), each interpolated linearly in keys between 1088 and 2048 at the run's mean
 ``min(context, index_topk)``. Which row matches was seen after reading: any agreement is in-sample.
+``june_path_us``: vLLM 0.24.0's FLASHMLA_SPARSE decode path (June 2026: concat, ``new_empty`` pad to 64 heads,
+its bundled FlashMLA, slice; ``flashmla_vllm_path_june``) minus ``fa3_sparse`` with ``num_splits`` 0 (vLLM's call
+passes none), both from ``engine_kernels_june.csv`` (the same 5 fresh processes; median of per-process medians).
 
     python -m mla_lab.validation.decode_gap
 """
@@ -20,6 +23,7 @@ from ..paths import REPO_ROOT
 from . import BLIND_RESULTS as RESULTS
 
 KERNEL_ROWS = REPO_ROOT / "data" / "measured" / "h200" / "between_process" / "engine_kernels.csv"
+JUNE_ROWS = KERNEL_ROWS.with_name("engine_kernels_june.csv")
 #: GLM-5's num_hidden_layers and index_topk (data/models/glm-5/config.json)
 LAYERS, TOPK = 78, 2048
 _KEYS_AT_CTX = {1088: 1088, 8192: TOPK}
@@ -38,6 +42,22 @@ def _kernel_table(path=KERNEL_ROWS) -> dict:
     return {k: statistics.median(v) for k, v in acc.items()}
 
 
+def _june_table(path=JUNE_ROWS) -> dict:
+    """(kernel, T, keys) -> us of the June build's H = 8 decode rows (``flashmla_vllm_path_june``, ``fa3_sparse`` at
+    ``num_splits`` 0): the median over processes of each process's median."""
+    acc = defaultdict(lambda: defaultdict(list))
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            june = r["kernel"] == "flashmla_vllm_path_june" and "0.24.0" in r["kernel_backend"]
+            fa3 = r["kernel"] == "fa3_sparse" and r["num_splits"] in ("0", "0.0") and "0.24.0" in r["engine_sources"]
+            if r["shape"] != "decode" or r["H"] != "8" or not (june or fa3):
+                continue
+            keys = _KEYS_AT_CTX.get(int(float(r["ctx_len"])))
+            if keys is not None:
+                acc[(r["kernel"], int(r["T"]), keys)][r["process"]].append(float(r["ms"]) * 1e3)
+    return {k: statistics.median(statistics.median(v) for v in per.values()) for k, per in acc.items()}
+
+
 def _kernel_us(table: dict, kernel: str, T: int, keys: float) -> float:
     a, b = table[(kernel, T, 1088)], table[(kernel, T, TOPK)]
     return a + (b - a) * (keys - 1088) / (TOPK - 1088)
@@ -49,9 +69,10 @@ def _mean_keys(i: int, o: int) -> float:
 
 def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> list[dict]:
     """One row per PR #46189 workload at concurrency 1 and 8: ``real_us_per_layer`` and the kernel differences
-    ``pad64_us`` / ``native_us`` (us per layer; module docstring), ``mean_keys``."""
+    ``pad64_us`` / ``native_us`` / ``june_path_us`` (us per layer; module docstring), ``mean_keys``."""
     results = results or json.loads(RESULTS.read_text())
     table = table or _kernel_table()
+    june = _june_table()
     case = next(c for c in results["cases"] if c["id"] == "pr46189")
     tpot = {(r["workload"]["random_input_len"], r["workload"]["random_output_len"], r["workload"]["max_concurrency"],
              r["backend"]): r["metrics"]["mean_tpot_ms"] for r in case["runs"]}
@@ -65,7 +86,9 @@ def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> l
                      "mean_keys": keys,
                      "real_us_per_layer": (tpot[(i, o, c, b)] - tpot[(i, o, c, "FLASH_ATTN_MLA_SPARSE")]) / LAYERS * 1e3,
                      "pad64_us": _kernel_us(table, "flashmla_vllm_pad64", c, keys) - fa3,
-                     "native_us": _kernel_us(table, "flashmla_vllm_native", c, keys) - fa3})
+                     "native_us": _kernel_us(table, "flashmla_vllm_native", c, keys) - fa3,
+                     "june_path_us": _kernel_us(june, "flashmla_vllm_path_june", c, keys)
+                     - _kernel_us(june, "fa3_sparse", c, keys)})
     return rows
 
 
@@ -74,7 +97,8 @@ def main(argv=None) -> int:
         w = r["workload"]
         print(f"{w['random_input_len']}/{w['random_output_len']} conc {w['max_concurrency']}: keys "
               f"{r['mean_keys']:.0f}, real {r['real_us_per_layer']:.0f} us/layer, pad64 kernels {r['pad64_us']:.0f}, "
-              f"native-8 kernels {r['native_us']:.0f}")
+              f"native-8 kernels {r['native_us']:.0f}, June path {r['june_path_us']:.0f} "
+              f"({100 * r['june_path_us'] / r['real_us_per_layer']:.0f} % of the gap)")
     return 0
 
 
