@@ -3,7 +3,7 @@ and the figures). Each test reads the source tree; none times anything.
 
 Two of issue 38's budgets are met and checked as stated: no function over complexity 10 beyond 25 of them (0 are),
 none over 100 lines. Two are missed, and their tests are ceilings at what this round reached, so the package cannot
-grow back while the rest of the way is open: 29,000 lines asked (33,750 reached, ceiling 33,800), 3 loose
+grow back while the rest of the way is open: 29,000 lines asked (33,774 reached, ceiling 33,800), 3 loose
 (model, tp) functions below the door asked (7 reached: the measurement library's TP harness and layer runner).
 """
 
