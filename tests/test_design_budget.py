@@ -3,8 +3,9 @@ and the figures). Each test reads the source tree; none times anything.
 
 Two of issue 38's budgets are met and checked as stated: no function over complexity 10 beyond 25 of them (0 are),
 none over 100 lines. Two are missed, and their tests are ceilings at what this round reached, so the package cannot
-grow back while the rest of the way is open: 29,000 lines asked (33,774 reached, ceiling 33,800), 3 loose
-(model, tp) functions below the door asked (7 reached: the measurement library's TP harness and layer runner).
+grow back while the rest of the way is open: 29,000 lines asked (33,785 reached, ceiling 33,800), 3 loose
+(model, tp) functions below the door asked (4 reached: three build the RankView from a measurement command's
+values, `measured_rank`, `harness_view` and the experiment entry's `rank_of`; one is the TP harness's config check).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ PKG = Path(__file__).resolve().parents[1] / "mla_lab"
 #: (model, tp, ...) functions below the door
 ISSUE_MAX_LINES, ISSUE_MAX_LOOSE = 29_000, 3
 #: ceilings at what the round reached (issue 38's targets above are missed: docs/design.md "Budgets")
-MAX_LINES, MAX_COMPLEX, MAX_FUNC_LINES, MAX_LOOSE = 33_800, 25, 100, 7
+MAX_LINES, MAX_COMPLEX, MAX_FUNC_LINES, MAX_LOOSE = 33_800, 25, 100, 4
 #: the door: argument parsing and the notebooks' helpers turn flags into a Deployment, and the Deployment / RankView
 #: constructors check the loose values once (mla_lab/deployment.py, mla_lab/rank.py); below them, none
 DOORS = ("cli", "cli_", "explore", "deployment", "rank")

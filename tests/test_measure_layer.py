@@ -27,7 +27,7 @@ import torch
 
 from mla_lab.arch import get_arch
 from mla_lab.measure.layer import CALIBRATION_CSV, LAYER_STRATEGIES, OPS_CSV, VALIDATION_CSV, tiny_model
-from mla_lab.measure.layer_runs import moe_variants, ops_to_time
+from mla_lab.measure.layer_runs import measured_rank, moe_variants, ops_to_time
 from mla_lab.placement import parse_strategy
 
 T = 8
@@ -81,11 +81,11 @@ def _worker(out_path: str) -> None:
     res["implementations"] = (implementations.kernel_detail, implementations.concat_detail)
 
     # every op the runner times, once, at T tokens: the shape of what it returns
-    layer = Layer(model, TP, arch, "cpu", torch.float32, T, implementations.kernel, implementations.concat, True,
+    layer = Layer(measured_rank(model, TP, arch, ("tp", 1)), "cpu", torch.float32, T, implementations.kernel, implementations.concat, True,
                   moe_variants(TP))
     shapes = {}
     for variant in moe_variants(TP):
-        for (name, concat_strategy), op in ops_to_time(model, TP, arch, T, variant).items():
+        for (name, concat_strategy), op in ops_to_time(measured_rank(model, TP, arch, variant), T, variant).items():
             fn = layer.runner(op, T, variant=concat_strategy or (variant if op.impl == "moe_bmm" else None))
             result = fn() if fn is not None else None
             if isinstance(result, tuple):  # torch.topk: (values, indices)
@@ -99,7 +99,7 @@ def _worker(out_path: str) -> None:
     e2e_strategies = [*LAYER_STRATEGIES, parse_strategy("per_call_empty:stale")]
     for content in ("zeros", "stale"):
         torch.manual_seed(7)
-        padded = Layer(model, TP, arch, "cpu", torch.float32, T, implementations.kernel, implementations.concat, True,
+        padded = Layer(measured_rank(model, TP, arch, ("tp", 1)), "cpu", torch.float32, T, implementations.kernel, implementations.concat, True,
                        moe_variants(TP), content=content)
         for kind, variant in (("dense", ("tp", 1)), ("moe", ("tp", 1)), ("moe", ("ep", TP))):
             for strategy in e2e_strategies:
@@ -202,7 +202,7 @@ def test_runner_runs_every_op_at_its_modelled_shape(worker_results):
     model, arch = tiny_model(), get_arch("h200")
     expected_keys = set()
     for variant in moe_variants(TP):
-        for (name, concat_strategy), op in ops_to_time(model, TP, arch, T, variant).items():
+        for (name, concat_strategy), op in ops_to_time(measured_rank(model, TP, arch, variant), T, variant).items():
             key = (variant, name, concat_strategy)
             expected_keys.add(key)
             if op.impl == "attn_concat":  # the buffer it wrote: H heads for a per-call pad, H' (padded) workspace

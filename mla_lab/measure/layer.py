@@ -26,7 +26,6 @@ from typing import Callable, Iterable
 import torch
 import torch.nn.functional as F
 
-from ..arch import GPUArch
 from ..buffers import padded_num_heads
 from ..kernels import concat_mla_q
 from ..kernels.reference import concat_mla_q_torch, sparse_mla_prefill_ref
@@ -255,7 +254,7 @@ class Layer:
         model: the model (:class:`~mla_lab.models.ModelConfig`).
         tp: TP size; the rank holds ``H = num_attention_heads / tp`` heads, ``Hp = padded_num_heads(H, arch)``
             in the private workspace and the per-call pad tensor.
-        arch: arch name or :class:`~mla_lab.arch.GPUArch` (the padding rule).
+        rank: the :class:`~mla_lab.rank.RankView` measured (its model, ``tp``, heads; its GPU's padding rule).
         device, dtype: where and in what the weights and activations live.
         max_T: rows of both Q workspaces (``[max_T, H, 576]`` for per-call pads, ``[max_T, Hp, 576]`` the private
             workspace) and the KV cache size ``s_kv = max(max_T, 2 topk)``.
@@ -272,17 +271,18 @@ class Layer:
     ``workspace_unfused``, ``workspace_fused``, ``kv [s_kv, 1, 576]``, ``s_kv``, ``sm_scale``.
     """
 
-    def __init__(self, model: ModelConfig, tp: int, arch: str | GPUArch, device: str, dtype: torch.dtype,
+    def __init__(self, rank, device: str, dtype: torch.dtype,
                  max_T: int, kernel_fn: Callable | None, concat_fn: Callable, interpret: bool,
                  moe_variants: Iterable[tuple[str, int]], content: str = "zeros",
                  disabled_kernels: Iterable[str] = ()):
         _check_content(content)
         self.content = content
+        model, tp = rank.model, rank.tp
         self.model, self.tp, self.device, self.dtype, self.interpret = model, tp, device, dtype, interpret
         self.kernel_fn, self.concat_fn = kernel_fn, concat_fn
         self.disabled_kernels = frozenset(disabled_kernels)
-        self.H = H = model.heads_per_rank(tp)
-        self.Hp = padded_num_heads(H, arch, "bf16")
+        self.H = H = rank.num_heads
+        self.Hp = padded_num_heads(H, rank.arch, "bf16")
         hidden, q_rank, kv_rank = model.hidden_size, model.q_lora_rank, model.kv_lora_rank
         d_nope, d_rope, d_v = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
         index_heads, index_dim = model.index_n_heads, model.index_head_dim

@@ -86,13 +86,12 @@ def measured_rank(model: ModelConfig, tp: int, arch: GPUArch, variant: tuple[str
     return rank.with_ep_size(ep) if parallel == "ep" else rank
 
 
-def ops_to_time(model: ModelConfig, tp: int, arch: GPUArch, T: int, variant: tuple[str, int],
+def ops_to_time(rank: RankView, T: int, variant: tuple[str, int],
                 strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> dict:
     """The measurable ops of ``strategies`` and both layer kinds (``moe``; ``dense`` under TP-sharded experts)
     at ``T`` tokens: ``{(op name, concat Strategy or None): LayerOp}``, each op once (``concat`` once per
     strategy: it writes a different buffer); communication and modelled-only ops left out. Under ``ep`` only the
-    ``moe_*`` ops (the rest is the same as under ``tp``)."""
-    rank = measured_rank(model, tp, arch, variant)
+    ``moe_*`` ops (the rest is the same as under ``tp``); ``rank``: :func:`measured_rank` of the variant."""
     parallel = variant[0]
     ops = {}
     for kind in layer_kinds(variant):
@@ -119,7 +118,8 @@ def measure_ops(layer: Layer, model_name: str, T: int, variant: tuple[str, int],
     """
     parallel, ep = variant
     tp = layer.tp
-    for (op_name, concat_strategy), op in ops_to_time(layer.model, tp, arch, T, variant, strategies).items():
+    for (op_name, concat_strategy), op in ops_to_time(measured_rank(layer.model, tp, arch, variant), T, variant,
+                                                                  strategies).items():
         if settings.out_of_time():
             break
         shape = (tuple(sorted(op.dims.items())) if op.op_class != "attn_kernel" else (op.dims["T"], op.dims["Hp"]))
@@ -237,7 +237,7 @@ def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], t
                 log(f"budget reached before {model_name} tp={tp}")
                 break
             try:
-                layer = Layer(model, tp, arch, settings.device, settings.dtype, max(tokens), implementations.kernel,
+                layer = Layer(measured_rank(model, tp, arch, ("tp", 1)), settings.device, settings.dtype, max(tokens), implementations.kernel,
                               implementations.concat, settings.interpret, moe_variants(tp), content=settings.content,
                               disabled_kernels=settings.disabled_kernels)
             except Exception as e:  # noqa: BLE001 - a failed allocation skips this (model, tp)

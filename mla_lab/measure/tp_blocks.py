@@ -67,8 +67,9 @@ def _randn(*shape, fan_in: int, generator, device) -> torch.Tensor:
     return torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=generator).div_(math.sqrt(fan_in))
 
 
-def make_block_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
-    """Inputs and weights of rank ``rank``'s share of one attention block (all bf16 but the int32 indices).
+def make_block_inputs(view, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
+    """Inputs and weights of TP rank ``rank``'s share of one attention block (all bf16 but the int32 indices);
+    ``view``: the :class:`~mla_lab.rank.RankView` of one rank (its model, ``tp`` and ``num_heads``).
 
     Replicated on every rank (generator seeded with ``seed``): ``kv [s_kv, 1, 576]`` (``s_kv = max(T, topk)``),
     ``indices [T, 1, topk]`` (causal: token ``i`` draws among keys ``0..i``) and ``topk_length [T]``. Sharded
@@ -81,7 +82,7 @@ def make_block_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: 
     Raises:
         ValueError: ``tp`` does not divide ``num_attention_heads``.
     """
-    H = model.heads_per_rank(tp)
+    model, H = view.model, view.num_heads
     topk = model.topk
     gs, gr = _generators(seed, rank, device)
     s_kv = max(T, topk)
@@ -116,7 +117,7 @@ def _check_moe_split(model, tp: int) -> None:
                          f"(n_shared_experts x moe_intermediate_size) of model {model.name!r}")
 
 
-def make_moe_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
+def make_moe_inputs(view, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
     """Inputs and weights of rank ``rank``'s share of one MoE block under EP = TP = ``tp`` (all bf16).
 
     Replicated (generator seeded with ``seed``): ``x [T, hidden]`` (N(0, 1): the normalised hidden state) and the
@@ -129,6 +130,7 @@ def make_moe_inputs(model, tp: int, rank: int, T: int, seed: int = 0, device: st
     Raises:
         ValueError: ``tp`` does not divide ``n_routed_experts`` or the shared intermediate size.
     """
+    model, tp = view.model, view.tp
     _check_moe_split(model, tp)
     E, k, inter, h = model.n_routed_experts, model.num_experts_per_tok, model.moe_intermediate_size, model.hidden_size
     e_loc = E // tp

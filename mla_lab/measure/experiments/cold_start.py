@@ -27,8 +27,8 @@ def _cases(rank) -> list:
     """(what, call) of the four timed calls at the rank's step."""
     T, sm = rank.max_num_batched_tokens, sm_scale_of(rank.model)
     ql, qpe, kv, idx, tl = make_step_inputs(rank, seed_step(rank), PROMPT, seed=0)
-    blk = make_block_inputs(rank.model, rank.tp, 0, T, seed=0, device="cuda")
-    moe = make_moe_inputs(rank.model, rank.tp, 0, T, seed=0, device="cuda")
+    blk = make_block_inputs(rank, 0, T, seed=0, device="cuda")
+    moe = make_moe_inputs(rank, 0, T, seed=0, device="cuda")
     path = {n: padded_path(rank, n) for n in ("private_workspace", "per_call_empty:zeros")}
     block = padded_path(rank, "private_workspace")
     return [*((f"attention_path:{n}", lambda p=p: p(ql, qpe, kv, idx, sm, tl)) for n, p in path.items()),

@@ -33,8 +33,8 @@ def _layer_loop(rank, layers: int):
     m, T = rank.model, rank.max_num_batched_tokens
     sm = sm_scale_of(m)
     ql, qpe, kv, idx, tl = make_step_inputs(rank, seed_step(rank), PROMPT, seed=0)
-    blk = make_block_inputs(m, rank.tp, 0, T, seed=0, device="cuda")
-    moe = make_moe_inputs(m, rank.tp, 0, T, seed=0, device="cuda")
+    blk = make_block_inputs(rank, 0, T, seed=0, device="cuda")
+    moe = make_moe_inputs(rank, 0, T, seed=0, device="cuda")
     g = torch.Generator(device="cuda").manual_seed(7)
     hid = torch.randn(T, m.hidden_size, device="cuda", dtype=torch.bfloat16, generator=g)
     w_qa = torch.randn(m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim, m.hidden_size, device="cuda",

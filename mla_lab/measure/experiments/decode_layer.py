@@ -120,7 +120,7 @@ class DecodeLayer:
     def __init__(self, rank, max_T, max_rows, dev="cuda", dtype=torch.bfloat16):
         self.rank, self.m, self.dev, self.dtype, self.k = rank, rank.model, dev, dtype, Kernels(dev)
         self.ep = rank.ep_size or rank.tp
-        self.L = Layer(rank.model, rank.tp, rank.arch, dev, dtype, max_T, None, None, False, [("ep", self.ep)],
+        self.L = Layer(rank, dev, dtype, max_T, None, None, False, [("ep", self.ep)],
                        content="zeros")
         self.H, self.Hp = self.L.H, self.L.Hp
         self.g = torch.Generator(device=dev).manual_seed(5)

@@ -73,7 +73,7 @@ def _measure(sink, what, T, fn, steady_n, cache="", before=None):
 
 def _alloc_growth(rank, sink, steady_n: int) -> None:
     T = rank.max_num_batched_tokens
-    moe = make_moe_inputs(rank.model, rank.tp, 0, T, seed=0, device="cuda")
+    moe = make_moe_inputs(rank, 0, T, seed=0, device="cuda")
 
     def step():
         ws = torch.empty(T, rank.padded_num_heads, D_NOPE + D_ROPE, device="cuda", dtype=torch.bfloat16)
