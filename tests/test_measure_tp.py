@@ -16,6 +16,7 @@ import torch
 
 from mla_lab.arch import get_arch
 from mla_lab.deployment import Deployment
+from mla_lab.measure.layer_runs import measured_rank
 from mla_lab.measure.tp import (
     ALLREDUCE_COLUMNS,
     BLOCK_COLUMNS,
@@ -27,7 +28,6 @@ from mla_lab.measure.tp import (
     _sm_scale,
     block_forward,
     compare,
-    harness_view,
     ideal_ring_calibration,
     make_block_inputs,
     make_moe_inputs,
@@ -153,7 +153,7 @@ def test_all_reduced_attention_equals_the_unsharded_block(run):
     for name in MODELS:
         model = _model(name, tiny_overrides())
         sm = _sm_scale(model)
-        shards = [make_block_inputs(harness_view(model, TP), r, T, seed=0) for r in range(TP)]
+        shards = [make_block_inputs(measured_rank(model, TP, "h200", ("ep", TP)), r, T, seed=0) for r in range(TP)]
         partial = [block_forward(make_strategy("fused", num_heads=2, max_num_batched_tokens=T), s, sm, 1)
                    for s in shards]
         full = merge_shards("attention", shards)
@@ -185,7 +185,7 @@ def test_all_reduced_moe_equals_the_unsharded_moe(run):
     out = run[1]
     for name in MODELS:
         model = _model(name, tiny_overrides())
-        shards = [make_moe_inputs(harness_view(model, TP), r, T, seed=0) for r in range(TP)]
+        shards = [make_moe_inputs(measured_rank(model, TP, "h200", ("ep", TP)), r, T, seed=0) for r in range(TP)]
         for k in ("x", "w_router"):
             assert all(torch.equal(shards[0][k], s[k]) for s in shards)
         assert [s["expert_start"] for s in shards] == [0, 2, 4, 6]
@@ -210,7 +210,7 @@ def test_moe_matches_a_dense_reference_and_the_cost_model_op_list():
     """moe_forward on the unsharded tiny block equals a per-token dense loop (router sigmoid, top-k renormalised,
     SiLU*mul experts, shared expert), and MOE_OPS is what layer_ops prices after post_attn_norm under EP."""
     model = _model("glm-5", tiny_overrides())
-    inp = make_moe_inputs(harness_view(model, 1), 0, 8, seed=5)
+    inp = make_moe_inputs(measured_rank(model, 1, "h200", ("ep", 1)), 0, 8, seed=5)
     x = inp["x"].float()
     scores = (x @ inp["w_router"].float().T).sigmoid()
     ref = torch.zeros(8, 64)
@@ -233,7 +233,7 @@ def test_moe_matches_a_dense_reference_and_the_cost_model_op_list():
     ops = layer_ops(rank(_model("glm-5", {}), 8), "private_workspace", 1024)
     names = [op.name for op in ops]
     assert tuple(names[names.index("post_attn_norm") + 1:]) == MOE_OPS
-    ep_inp = make_moe_inputs(harness_view(model, 4), 3, 8)
+    ep_inp = make_moe_inputs(measured_rank(model, 4, "h200", ("ep", 4)), 3, 8)
     dims = {op.name: op.dims for op in layer_ops(rank(model, 4), "private_workspace", 8)}
     assert dims["moe_gate_up"]["E"] == ep_inp["num_local_experts"] == 2
     assert dims["moe_gate_up"]["N"] == ep_inp["w13"].shape[1] and dims["shared_down"]["K"] == ep_inp["w_sh2"].shape[1]
@@ -282,7 +282,7 @@ def test_compare_formulas_keep_every_rank():
 
 def test_inputs_are_sharded_and_replicated():
     model = dataclasses.replace(_model("glm-5", tiny_overrides()))
-    a, b = (make_block_inputs(harness_view(model, 2), r, 24, seed=3) for r in range(2))
+    a, b = (make_block_inputs(measured_rank(model, 2, "h200", ("ep", 2)), r, 24, seed=3) for r in range(2))
     assert a["ql_nope"].shape == (24, 4, 512) and a["ql_nope"].stride(-1) == 1 and not a["ql_nope"].is_contiguous()
     assert a["q_pe"].shape == (24, 4, 64) and a["w_uv"].shape == (4, 512, 16) and a["w_o"].shape == (64, 64)
     assert not torch.equal(a["ql_nope"], b["ql_nope"]) and torch.equal(a["kv"], b["kv"])
@@ -290,7 +290,7 @@ def test_inputs_are_sharded_and_replicated():
     assert torch.equal(tl, torch.clamp(torch.arange(1, 25), max=32).to(torch.int32))
     for i in range(24):  # causal: token i draws among keys 0..i
         assert (a["indices"][i, 0] <= i).all() and (a["indices"][i, 0] >= 0).all()
-    m0, m1 = (make_moe_inputs(harness_view(model, 8), r, 24, seed=3) for r in (0, 7))
+    m0, m1 = (make_moe_inputs(measured_rank(model, 8, "h200", ("ep", 8)), r, 24, seed=3) for r in (0, 7))
     assert m0["w13"].shape == (1, 64, 64) and m0["w_sh13"].shape == (8, 64) and m0["w_sh2"].shape == (64, 4)
     assert m1["expert_start"] == 7 and torch.equal(m0["x"], m1["x"]) and not torch.equal(m0["w13"], m1["w13"])
     assert all(t.dtype == torch.bfloat16 for t in (m0["x"], m0["w_router"], m0["w13"], m0["w2"], m0["w_sh2"]))
@@ -391,8 +391,8 @@ def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
     assert (tpr["dist_backend"] == "nccl").all() and (tpr["nccl_bytes"] > 0).all()
     assert len(r.allreduce) == 2 * tp and (r.allreduce["dist_backend"] == "nccl").all()
     model = _model("glm-5", tiny_overrides())
-    att = [make_block_inputs(harness_view(model, tp), k, T) for k in range(tp)]
-    moe = [make_moe_inputs(harness_view(model, tp), k, T) for k in range(tp)]
+    att = [make_block_inputs(measured_rank(model, tp, "h200", ("ep", tp)), k, T) for k in range(tp)]
+    moe = [make_moe_inputs(measured_rank(model, tp, "h200", ("ep", tp)), k, T) for k in range(tp)]
     y_att = block_forward(make_strategy("fused", num_heads=8, max_num_batched_tokens=T), merge_shards("attention", att),
                           _sm_scale(model), 1)
     y_moe = moe_forward(merge_shards("moe", moe))
@@ -484,7 +484,7 @@ def test_gpu_grouped_mm_moe_equals_the_per_expert_loop():
     """The two torch._grouped_mm calls give the per-expert loop's output (GLM-5's TP-8 share at its real shapes:
     32 experts, hidden 6144, intermediate 2048) within bf16 rounding of the [T, hidden] sum."""
     model = _model("glm-5", {})
-    inp = make_moe_inputs(harness_view(model, 8), 3, 1024, device="cuda")
+    inp = make_moe_inputs(measured_rank(model, 8, "h200", ("ep", 8)), 3, 1024, device="cuda")
     assert resolve_moe_impl("auto", "cuda") == "grouped_mm"
     y_loop = moe_forward(inp, 1, "compute", "loop")
     y_grouped = moe_forward(inp, 1, "compute", "grouped_mm")

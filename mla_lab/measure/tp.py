@@ -43,13 +43,13 @@ import torch
 
 from ..arch import get_arch
 from ..buffers import padded_num_heads
-from ..deployment import Deployment
 from ..kernels import last_backend
 from ..model.calibration import Calibration, default_calibration
 from ..model.timing import comm_time_ms
 from ..placement import Strategy, expand
 from ..provenance import PROVENANCE_COLUMNS, provenance
 from ..strategies import PaddedQPath
+from .layer_runs import measured_rank
 from .timer import cuda_ms, quantile
 from .tp_blocks import (
     BF16_BYTES,
@@ -302,20 +302,13 @@ def _worker_allreduce(cfg, ctx, ar_rows) -> dict:
     return out
 
 
-def harness_view(model, tp: int, arch: str | None = None):
-    """The RankView the TP harness builds for one model (its door: :meth:`Deployment.rank_of`): bf16 weights and
-    KV cache, experts split EP = TP as the MoE block does, ``arch`` None = h200. Raises ValueError as the door."""
-    return Deployment.rank_of(model=model, tp=tp, arch=arch or "h200", kv_cache_dtype="bf16", weight_dtype="bf16",
-                              moe_parallel="ep", max_num_batched_tokens=16384)
-
-
 def _worker_cases(cfg, ctx, out_dir, ar_ms, rows) -> None:
     """Every (model, T, block, strategy) of ``cfg`` on this rank; rows appended to ``rows`` as they complete."""
     device, dev, rank, ws = ctx["device"], ctx["dev"], ctx["rank"], ctx["world_size"]
     strategies = resolve_strategies(cfg.strategies)
     for name in cfg.models:
         model = _model(name, cfg.model_overrides)
-        view = harness_view(model, cfg.tp, cfg.arch)
+        view = measured_rank(model, cfg.tp, cfg.arch or "h200", ("ep", cfg.tp))  # experts split EP = TP
         for T in cfg.tokens:
             for block in cfg.blocks:
                 if block == "attention":
