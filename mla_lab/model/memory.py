@@ -32,12 +32,11 @@ import math
 import re
 
 from .._validate import check_int
-from ..buffers import MIB, STRATEGIES, memory_account_of, shared_workspace_other_bytes
+from ..buffers import MIB, memory_account_of, shared_workspace_other_bytes
 from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
-from ..placement import BASELINE, expand
+from ..placement import BASELINE, expand, fixed_strategies
 from ..rank import RankView
 from .ops import BF16, FP32, WEIGHT_DTYPES
-from .packed_kernel import packed_union_bytes
 
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
            "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",
@@ -264,10 +263,10 @@ def _check_rule_args(vllm_version, max_model_len, mtp_layers) -> None:
 def _accounts(d: Deployment, rank: RankView, strategies, shared: int) -> dict:
     """``{name: MemoryAccount}`` of the baseline and ``strategies`` at the deployment's prompt length (a strategy
     whose route is dense MHA there pads nothing: :func:`mla_lab.buffers.memory_account`)."""
-    sts = expand(strategies if strategies is not None else STRATEGIES)
+    sts = expand(strategies if strategies is not None else fixed_strategies())
     sts = sts if any(st.name == BASELINE for st in sts) else [*expand(BASELINE), *sts]
-    return {st.name: memory_account_of(rank, st, shared, d.prompt_len, union_bytes=packed_union_bytes(
-        rank, d.prompt_len) if st.placement == "packed" else None) for st in sts}
+    return {st.name: memory_account_of(rank, st, shared, d.prompt_len, union_bytes=st.kind.extra_bytes(
+        rank, d.prompt_len) if st.kind.extra_bytes else None) for st in sts}
 
 
 def _costs(accounts: dict, per_tok: int, capacity: float) -> dict:
