@@ -24,11 +24,10 @@ from .labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, PACKED_NOTE, SGLANG
 from .routes import RULE_ALIASES, model_family, route_for, rules
 
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "StrategyKind", "register_kind", "LAYOUTS", "CONTENTS",
-           "PRESETS",
-           "ALIASES", "PRESET_SOURCES", "parse_strategy", "as_strategy", "expand", "expand_strategies",
+           "PRESETS", "ALIASES", "PRESET_SOURCES", "parse_strategy", "as_strategy", "expand", "expand_strategies",
            "resolve_strategy", "preset_of", "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY",
-           "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES",
-           "EXPLORER_STRATEGIES", "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
+           "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SWEEP_STRATEGIES",
+           "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
            "BENCH_PRESET_LABELS", "strategy_route", "preset_table", "SUBCHUNK_GRAPH",
            "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "today_engines", "resolve_engine",
            "engine_summary", "engine_table", "blackwell_rows", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
@@ -123,20 +122,15 @@ class Strategy:
 
 @dataclass(frozen=True)
 class StrategyKind:
-    """A placement: the record one module of :mod:`mla_lab.model.strategy_kinds` declares (``KIND = ...``) beside
-    its pricing, registered by :func:`register_kind`.
+    """A placement, declared beside its pricing by one module of :mod:`mla_lab.model.strategy_kinds` (``KIND``).
 
     Attributes:
-        placement: its name; order: its place in :data:`KINDS`; rule: its default route rule (None: always
-            ``sparse-mqa``); layout: :data:`LAYOUTS`; decode: the decode kernel family its decode rows are priced as
-            (:data:`mla_lab.model.decode_kernels.FAMILIES`).
-        price: the attention-path ops of one layer, ``(rank, strategy, T, sum_topk, step) -> list[LayerOp]``
-            (:func:`mla_lab.model.ops.attention_path_ops`).
+        order: its place in :data:`KINDS`; rule: default route rule (None: always ``sparse-mqa``); layout:
+            :data:`LAYOUTS`; decode: its decode rows' kernel family (:data:`mla_lab.model.decode_kernels.FAMILIES`).
+        price: ``(rank, strategy, T, sum_topk, step) -> list[LayerOp]``, one layer's attention-path ops.
         fixed: its values without a parameter; parse: ``<placement>:<params>`` -> Strategy (raises ValueError);
-            patterns: the parameterised names :func:`canonical_names` lists; label: a value's canonical name before
-            ``@`` (None: the placement).
-        extra_bytes: persistent bytes beside the Q buffer, ``(rank, prompt_len) -> int``
-            (:func:`mla_lab.buffers.memory_account_of` ``union_bytes``).
+            patterns: the names :func:`canonical_names` lists for it; label: a value's name before ``@`` (None: the
+            placement); extra_bytes: ``(rank, prompt_len) -> int`` persistent bytes beside the Q buffer.
     """
 
     placement: str
@@ -548,25 +542,15 @@ def _decode(p, backend: str, sm: str, kv: str, num_heads: int) -> tuple[str, int
 
 
 def engine_summary(engine: str, deployment) -> dict:
-    """What one engine version does for one deployment, from its record (a code reading, not a measurement).
-
-    Args:
-        engine: an engine preset (``vllm@0.33.0``) or a first name (``vllm-53878``).
-        deployment: a checked :class:`~mla_lab.deployment.Deployment` (its model and ``index_topk``, heads per rank,
-            GPU's sm, KV dtype; the first step holds ``min(num_prompts x prompt_len, budget)`` tokens of fresh
-            prompts, the budget ``max_num_batched_tokens`` capped by the rule's prefill-graph size: SGLang's H200
-            ``chunked_prefill_size``, 8192).
-
-    Returns:
-        ``{preset, engine, version, release_date, backend, padding (0: real heads), prefill_route, prefill_reason,
-        decode_route, decode_threshold, uniform_decodes, padded_path, models, supported, sources, scope, note}``.
-
-    Raises:
-        ValueError: a bad engine name (one line, the allowed values).
-    """
+    """What engine version ``engine`` (a preset or first name) does for a checked ``deployment``, from its record
+    (a code reading): the first step holds ``min(num_prompts x prompt_len, budget)`` fresh-prompt tokens, the budget
+    ``max_num_batched_tokens`` capped by the rule's prefill-graph size (SGLang's H200 ``chunked_prefill_size``).
+    Returns ``{preset, engine, version, release_date, backend, padding (0: real heads), prefill_route,
+    prefill_reason, decode_route, decode_threshold, uniform_decodes, padded_path, models, supported, sources, scope,
+    note}``. Raises ValueError: a bad engine name (one line, the allowed values)."""
     d = deployment
-    model, topk, num_heads, sm, kv_cache_dtype = d.model, d.model.topk, d.num_heads, d.arch.sm, d.kv_cache_dtype
-    prompt_len, max_num_batched_tokens, num_prompts = d.prompt_len, d.max_num_batched_tokens, d.num_prompts
+    model, num_heads, sm, kv_cache_dtype = d.model, d.num_heads, d.arch.sm, d.kv_cache_dtype
+    prompt_len, max_num_batched_tokens = d.prompt_len, d.max_num_batched_tokens
     p = engine_preset(engine)
     ev, fam = p.engine_version, model_family(model)
     out = {"preset": p.name, "engine": ev.engine, "version": ev.version, "release_date": ev.release_date,
@@ -579,8 +563,8 @@ def engine_summary(engine: str, deployment) -> dict:
                 "decode_route": None, "decode_threshold": None, "uniform_decodes": None, "padded_path": "-"}
     pad = padding_for(p.name, backend, sm, kv_cache_dtype)
     budget = min(max_num_batched_tokens, p.rule.prefill_graph_max_tokens or max_num_batched_tokens)
-    n_req = max(1, min(num_prompts, budget // prompt_len)) if prompt_len <= budget else 1
-    choice = route_for(p.rule, model, topk, "prefill", [prompt_len] * n_req, [min(prompt_len, budget)] * n_req,
+    n_req = max(1, min(d.num_prompts, budget // prompt_len)) if prompt_len <= budget else 1
+    choice = route_for(p.rule, model, model.topk, "prefill", [prompt_len] * n_req, [min(prompt_len, budget)] * n_req,
                        num_heads)
     prefill = choice.route if choice.route == "mha-dense" else ("sparse-mqa" if pad else "fa3-sparse")
     decode, thr, uniform = _decode(p, backend, sm, kv_cache_dtype, num_heads)

@@ -6,8 +6,8 @@ last token. Not modelled: CPU scheduling and launch gaps, sampling, interleaved 
 
 from __future__ import annotations
 
-from ..deployment import Deployment
 from .. import placement
+from ..deployment import Deployment
 from ..placement import BASELINE, Strategy, as_strategy, expand
 from ..workload import schedule
 from .calibration import Calibration, resolve_calibration
