@@ -32,14 +32,9 @@ def stale_fill(t: torch.Tensor, seed: int = 1234) -> torch.Tensor:
 
 class PaddedQPath:
     """The attention path of one strategy: Q concat, padding as the strategy does it, sparse kernel, real heads out.
-
-    Args:
-        reuse_pad_block: ``per_call_empty``: one pad block filled once (as the caching allocator hands it back).
-        capture_graph: ``subchunk:<S>:graph2`` on CUDA: capture the chunk loop (default) or run it eagerly.
-
-    Raises:
-        ValueError: a strategy with no padded Q (modelled only); as the workspace.
-    """
+    ``reuse_pad_block``: ``per_call_empty`` fills one pad block once (as the caching allocator hands it back);
+    ``capture_graph``: ``subchunk:<S>:graph2`` on CUDA captures the chunk loop (default) or runs it eagerly.
+    Raises ValueError: a strategy with no padded Q (modelled only); as the workspace."""
 
     def __init__(self, strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch="hopper",
                  kv_cache_dtype: str = "bf16", head_size: int = 576, device="cpu", dtype=None,

@@ -124,31 +124,14 @@ def _check_options(ep_comm: str, indexer_dtype: str, layer_kind: str | None = No
         raise _err("indexer_dtype", indexer_dtype, ["bf16", "fp8"])
 
 
-def layer_ops(
-    rank: RankView,
-    strategy: Strategy | str,
-    step: Step | int,
-    layer_kind: str = "moe",
-    *,
-    ep_comm: str = "all_reduce",
-    out_slice_copy: bool = False,
-    causal: bool = True,
-    context: int | None = None,
-    indexer_dtype: str = "bf16",
-    with_indexer: bool = True,
-) -> list[LayerOp]:
-    """Every op of one decoder layer on one rank for one step.
-
-    Args:
-        layer_kind: ``moe`` or ``dense`` (the first ``first_k_dense_replace`` layers).
-        ep_comm: ``all_reduce`` (vLLM TP+EP) or ``all_to_all`` (``moe_parallel="ep"``).
-        out_slice_copy: price the ``out[:, :H]`` copy (default False: vLLM hands the view to the W_UV bmm;
-            ``data/measured/h200/layer_extras.csv``).
-        indexer_dtype: ``bf16`` / ``fp8``; with_indexer: False for IndexShare layers.
-
-    Raises:
-        ValueError: ``strategy``, ``step``, ``context`` or an option outside its allowed values.
-    """
+def layer_ops(rank: RankView, strategy: Strategy | str, step: Step | int, layer_kind: str = "moe", *,
+              ep_comm: str = "all_reduce", out_slice_copy: bool = False, causal: bool = True,
+              context: int | None = None, indexer_dtype: str = "bf16", with_indexer: bool = True) -> list[LayerOp]:
+    """Every op of one decoder layer on one rank for one step. ``layer_kind``: ``moe`` / ``dense`` (the first
+    ``first_k_dense_replace`` layers); ``ep_comm``: ``all_reduce`` (vLLM TP+EP) / ``all_to_all``; ``out_slice_copy``:
+    price the ``out[:, :H]`` copy (vLLM hands the view to the W_UV bmm: ``data/measured/h200/layer_extras.csv``);
+    ``with_indexer``: False for IndexShare layers. Raises ValueError: ``strategy``, ``step``, ``context`` or an
+    option outside its allowed values."""
     strategy = as_strategy(strategy)
     _check_options(ep_comm, indexer_dtype, layer_kind)
     return _layer_ops(rank, strategy, step, layer_kind, ep_comm=ep_comm, out_slice_copy=out_slice_copy,

@@ -29,28 +29,14 @@ def _check_deployment(deployment) -> Deployment:
     return deployment
 
 
-def predict_ttft(
-    deployment: Deployment,
-    strategy: Strategy | str,
-    calibration: Calibration | None = None,
-    scope: str = "full_layer",
-    attention_override_ms: list[float] | None = None,
-    **layer_kw,
-) -> dict:
-    """Modelled TTFT (ms) of ``deployment``'s workload on one rank.
-
-    Args:
-        scope: ``full_layer`` (every op) or ``attention_path`` (``num_hidden_layers x`` the path: a lower bound).
-        attention_override_ms: a measured attention path per layer, one per step, replacing the modelled one.
-        **layer_kw: :data:`LAYER_OPTIONS` (``full_layer`` only).
-
-    Returns:
-        ``ttft_ms_mean``, ``ttft_ms_max``, ``ttft_ms_list``, ``num_steps``, ``step_ms``, ``ops_ms``, ``step_ops_ms``,
-        ``attention_path_ms``, ``comm_ms``, ``scope``, ``strategy``, ``calibration``, ``comm_source``, ``source``.
-
-    Raises:
-        ValueError: not a Deployment; unknown scope or strategy; a bad layer option; as the cost functions.
-    """
+def predict_ttft(deployment: Deployment, strategy: Strategy | str, calibration: Calibration | None = None,
+                 scope: str = "full_layer", attention_override_ms: list[float] | None = None, **layer_kw) -> dict:
+    """Modelled TTFT (ms) of ``deployment``'s workload on one rank. ``scope``: ``full_layer`` (every op) or
+    ``attention_path`` (``num_hidden_layers x`` the path: a lower bound); ``attention_override_ms``: a measured
+    attention path per layer, one per step; ``layer_kw``: :data:`LAYER_OPTIONS` (``full_layer`` only).
+    Returns ``{ttft_ms_mean, ttft_ms_max, ttft_ms_list, num_steps, step_ms, ops_ms, step_ops_ms, attention_path_ms,
+    comm_ms, scope, strategy, calibration, comm_source, source}``. Raises ValueError: not a Deployment; unknown scope
+    or strategy; a bad layer option; as the cost functions."""
     d = _check_deployment(deployment)
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not known; allowed: {list(SCOPES)}")
