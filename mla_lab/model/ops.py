@@ -18,8 +18,8 @@ from ..rank import RankView
 from ..workload import Step, sum_topk_lengths
 
 __all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
-           "layer_kinds", "step_level_ops", "path_op", "padded_path_ops", "ATTN_OPS", "COMM_CLASSES", "WEIGHT_DTYPES", "EP_COMM",
-           "LAYER_KINDS", "FP8_PEAK_FACTOR"]
+           "layer_kinds", "step_level_ops", "path_op", "padded_path_ops", "ATTN_OPS", "COMM_CLASSES", "WEIGHT_DTYPES",
+           "EP_COMM", "LAYER_KINDS", "FP8_PEAK_FACTOR"]
 
 BF16 = 2
 FP32 = 4
@@ -329,7 +329,7 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
     return _attention_path_ops(rank, spec, num_tokens, num_tokens * model.topk if sum_topk is None else sum_topk)
 
 
-def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step: Step | int | None = None) -> list[LayerOp]:
+def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step=None) -> list[LayerOp]:
     """:func:`attention_path_ops` unchecked: its kind's ``price`` (``step``: the chunks ``packed`` prices its unions
     from)."""
     return spec.kind.price(rank, spec, T, st, step)
@@ -347,8 +347,9 @@ def path_op(rank: RankView, name: str, T: int, st: int, work_of: str | None = No
 
 def padded_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step=None, *, pad: str | None = None,
                     native: bool = False, chunk_ops=()) -> list[LayerOp]:
-    """A FlashMLA path (a kind's ``price``; ``step`` unread): concat, the per-call ``pad`` op (a padded bf16 Q only), the kernel (``native``: padded inside
-    the kernel, real heads in and out), ``chunk_ops``, ``out_slice`` (padded heads, not ``native``)."""
+    """A FlashMLA path (a kind's ``price``; ``step`` unread): concat, the per-call ``pad`` op (a padded bf16 Q
+    only), the kernel (``native``: padded inside it, real heads in and out), ``chunk_ops``, ``out_slice`` (padded
+    heads, not ``native``)."""
     m, H, Hp = rank.model, rank.num_heads, rank.padded_num_heads
     padded = Hp > H and rank.kv_cache_dtype == "bf16"
     ops = [path_op(rank, "concat", T, st, "concat_zero_padding" if padded and spec.concat_zeroes_padding else None)]
