@@ -140,8 +140,6 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                False, timeout_s=600),
     Experiment("concat_sweep", _E + "concat_sweep", "the concat into the padded workspace over T x H, tuning", "",
                False, timeout_s=420, needs=""),
-    Experiment("routes_sweep", _E + "routes_sweep", "route ops beside the lab's model of them", "", False,
-               timeout_s=300),
     Experiment("engines", _E + "engines", "content factor, engine presets, sub-chunking, NaN check", "round2",
                False, timeout_s=480),
     Experiment("decode_layer", _E + "decode_layer", "per-rank decode / mixed layer, attention path, per op",

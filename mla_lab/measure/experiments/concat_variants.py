@@ -1,17 +1,11 @@
-"""The Q concat into the padded [T, H', 576] workspace (issue 23, rounds 3-4): kernel variants, the layout's own
-cost, cache hints, the host launch cost. Parameter ``set`` picks the methods and the file (:data:`FILES`, one per
-set; :func:`methods`): ``round3`` (v2, v3, :data:`TUNE`), ``round4`` (the persistent v4 and the TMA-store v5,
-:data:`TUNE4`; v2 with streaming hints; ``memcpy2d``: ``cudaMemcpy2DAsync`` into the same gapped layout),
-``ceiling`` (the layout's cost with the kernel held fixed, :mod:`mla_lab.measure.bandwidth`: one-source copies and
-zero fills into the padded and an unpadded buffer, ``memset``), ``hints`` / ``hints_clean`` (v2 with the cache
-hints of :data:`HINTS`; ``hints_clean`` without evict_last, whose protected L2 lines survive the timer's flush).
-Every set also times ``*_unpadded`` (the kernel into ``[T, H, 576]``: the gapped-write cost) and ``copy`` (the same
-bytes, the ceiling); every method writing the workspace is first checked bitwise (:func:`check_concat`).
-
-Bytes ``2 T H 576 2`` (read + write; write-only rows one way); ``pct_of_copy`` = copy time / method time in the same
-round and timer. Timers (device time): ``graph`` (:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2
-flushed: issue 23's figures) and ``cudagraph`` (``triton.testing.do_bench_cudagraph``: back to back, no flush).
-Host launch (T 16, back to back): :func:`host_launch`. Rows in us.
+"""The Q concat into the padded [T, H', 576] workspace (issue 23, rounds 3-4). Parameter ``set`` picks the methods
+(:func:`methods`) and the file (:data:`FILES`): ``round3`` (v2, v3, :data:`TUNE`), ``round4`` (v4, v5 and
+:data:`TUNE4`; ``memcpy2d``: ``cudaMemcpy2DAsync``), ``ceiling`` (one-source copies and fills,
+:mod:`mla_lab.measure.bandwidth`), ``hints`` / ``hints_clean`` (:data:`HINTS`; clean: no evict_last). Every set also
+times ``*_unpadded`` (into ``[T, H, 576]``) and ``copy`` (the same bytes); methods writing the workspace are checked
+bitwise first (:func:`check_concat`). Bytes ``2 T H 576 2``; ``pct_of_copy`` = copy time / method time. Timers:
+``graph`` (:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2 flushed) and ``cudagraph``
+(``do_bench_cudagraph``, no flush); host launch at T 16: :func:`host_launch`. Rows in us.
 """
 
 from __future__ import annotations

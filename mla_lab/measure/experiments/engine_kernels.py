@@ -1,14 +1,9 @@
-"""The engines' own sparse-MLA kernels side by side on one GPU (issue 29): prefill, decode sizes, gather vs MMA,
-vLLM's ``concat_mla_q``; the calls: :func:`mla_lab.kernels.engine_libs.engine_calls` (one ``_Calls`` method per
-kernel family names its ``kernel`` rows). Graph timing: each call captured in a CUDA graph, replays timed
-round-robin, order rotated, L2 flushed (:func:`~mla_lab.measure.timer.interleaved`). Before timing, every attention
-kernel is checked against the fp32 reference (``check`` rows: max abs error over the real heads).
-
-``H`` = the model's heads per rank at TP 8, 4, 2, 1 (GLM-5: 8, 16, 32, 64); prefill at the rank's
-``max_num_batched_tokens`` (seed 16384: ``seed`` causal 1024-token prompts, ``full_topk``), decode at B x ctx_len.
-Parameters ``parts`` (``check,prefill,decode``; ``content``: the padded FlashMLA kernels with zero vs stale padded
-heads, rows in ``engine_kernels_content.csv``) and ``rounds`` (5) interleaved rounds.
-"""
+"""The engines' own sparse-MLA kernels on one GPU (issue 29): prefill, decode sizes, gather vs MMA, vLLM's
+``concat_mla_q`` (calls: :func:`mla_lab.kernels.engine_libs.engine_calls`). Graph timing, round-robin, L2 flushed
+(:func:`~mla_lab.measure.timer.interleaved`); each attention kernel first checked against the fp32 reference
+(``check`` rows). ``H`` = the model's heads at TP 8, 4, 2, 1; prefill at the rank's step (``seed``, ``full_topk``),
+decode at B x ctx_len. Parameters ``parts`` (``check,prefill,decode``; ``content``: zero vs stale padded heads into
+``engine_kernels_content.csv``), ``rounds`` (5)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The attention path per route at prompt lengths 512..8192 in a 16384-token step (issue 25): padded sparse MQA
-(W_UK bmm + concat + [pad] + FlashMLA + W_UV bmm; the PR's path and the pre-PR pad) against dense causal MHA with the
-real heads (kv_b_proj up-projection of the step's latent K/V, K assembly with the shared RoPE key, torch SDPA with
-the FLASH or cuDNN backend; V padded to the qk head dim where a backend needs equal head dims, recorded). GLM-5 TP8
-(8 heads, qk 256 / v 256) and DeepSeek-V3.2 TP8 (16 heads, qk 192 / v 128). Plus one accuracy check at 1024 tokens:
-the MHA route's output equals the MQA route's (top-k = every earlier token). Rows: ``routes.csv`` (ms),
-``routes_check.csv`` (relative error)."""
+(W_UK bmm + concat + [pad] + FlashMLA + W_UV bmm) against dense causal MHA on the real heads (kv_b_proj
+up-projection, K with the shared RoPE key, SDPA FLASH or cuDNN; V padded where a backend needs equal head dims).
+Plus at 1024 tokens the MHA route's output against the MQA route's (top-k = every earlier token). Rows:
+``routes.csv`` (ms), ``routes_check.csv`` (relative error)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations
