@@ -25,31 +25,18 @@ from mla_lab.measure.timer import median_ms
 
 #: Extra configurations into the padded workspace (name -> (variant, knobs)); v3: tile tokens x heads, tiles per
 #: program, warps.
-TUNE = {
-    "v2:4x1": ("v2", {"block_rows": 4, "num_warps": 1}),
-    "v3:1x2x4w1": ("v3", {"block_t": 1, "block_h": 2, "head_tiles": 4, "num_warps": 1}),
-    "v3:1x2x1w1": ("v3", {"block_t": 1, "block_h": 2, "head_tiles": 1, "num_warps": 1}),
-    "v3:1x4x2w1": ("v3", {"block_t": 1, "block_h": 4, "head_tiles": 2, "num_warps": 1}),
-    "v3:1x4x4w2": ("v3", {"block_t": 1, "block_h": 4, "head_tiles": 4, "num_warps": 2}),
-    "v3:1x8x1w2": ("v3", {"block_t": 1, "block_h": 8, "head_tiles": 1, "num_warps": 2}),
-    "v3:1x8x2w4": ("v3", {"block_t": 1, "block_h": 8, "head_tiles": 2, "num_warps": 4}),
-    "v3:2x8x1w4": ("v3", {"block_t": 2, "block_h": 8, "head_tiles": 1, "num_warps": 4}),
-}
-#: Round 4 (docs/perf-notes.md "Round 4"): v4 names rows per chunk, warps, programs per SM; v5 tokens per tile,
-#: warps, programs per SM.
-TUNE4 = {
-    "v2:stream": ("v2", {"streaming": True}), "v4": ("v4", {}), "v4:stride": ("v4", {"order": "stride"}),
-    "v4:2r1w32": ("v4", {"block_rows": 2, "num_warps": 1, "progs_per_sm": 32}),
-    "v4:4r1w8": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 8}),
-    "v4:4r1w16": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 16}),
-    "v4:8r2w8": ("v4", {"block_rows": 8, "num_warps": 2, "progs_per_sm": 8}),
-    "v4:16r4w4": ("v4", {"block_rows": 16, "num_warps": 4, "progs_per_sm": 4}),
-    "v4:stream": ("v4", {"streaming": True}), "v5": ("v5", {}),
-    "v5:1t1w16": ("v5", {"block_t": 1, "num_warps": 1, "progs_per_sm": 16}),
-    "v5:1t4w4": ("v5", {"block_t": 1, "num_warps": 4, "progs_per_sm": 4}),
-    "v5:1t2w4": ("v5", {"block_t": 1, "num_warps": 2, "progs_per_sm": 4}),
-    "v5:2t4w4": ("v5", {"block_t": 2, "num_warps": 4, "progs_per_sm": 4}),
-}
+TUNE = {"v2:4x1": ("v2", {"block_rows": 4, "num_warps": 1}), **{
+    f"v3:{t}x{h}x{n}w{w}": ("v3", {"block_t": t, "block_h": h, "head_tiles": n, "num_warps": w})
+    for t, h, n, w in ((1, 2, 4, 1), (1, 2, 1, 1), (1, 4, 2, 1), (1, 4, 4, 2), (1, 8, 1, 2), (1, 8, 2, 4),
+                       (2, 8, 1, 4))}}
+#: Round 4 (docs/perf-notes.md "Round 4"): v4 rows per chunk, warps, programs per SM; v5 tokens per tile, warps,
+#: programs per SM.
+TUNE4 = {"v2:stream": ("v2", {"streaming": True}), "v4": ("v4", {}), "v4:stride": ("v4", {"order": "stride"}),
+         **{f"v4:{r}r{w}w{p}": ("v4", {"block_rows": r, "num_warps": w, "progs_per_sm": p})
+            for r, w, p in ((2, 1, 32), (4, 1, 8), (4, 1, 16), (8, 2, 8), (16, 4, 4))},
+         "v4:stream": ("v4", {"streaming": True}), "v5": ("v5", {}),
+         **{f"v5:{t}t{w}w{p}": ("v5", {"block_t": t, "num_warps": w, "progs_per_sm": p})
+            for t, w, p in ((1, 1, 16), (1, 4, 4), (1, 2, 4), (2, 4, 4))}}
 #: v2 cache hints (name -> (load eviction_policy, store cache_modifier)): the last lever on the kernel side, since a
 #: one-source copy into this layout loses ~5 % only when its reads and writes mix.
 HINTS = {

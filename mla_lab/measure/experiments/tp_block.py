@@ -1,6 +1,7 @@
 """The sparse-MLA attention block and the MoE block (EP = TP) sharded over ``--tp`` GPUs (NCCL, rank r on GPU r)
 against the one-GPU simulation of one rank's share and the all-reduce model term, plus the all-reduce alone (for the
-comm fit). Logic, shapes, columns: :mod:`mla_lab.measure.tp`; NVLink multicast off (:data:`~mla_lab.measure.tp.SAFE_ENV`).
+comm fit). Logic, shapes, columns: :mod:`mla_lab.measure.tp`; NVLink multicast off
+(:data:`~mla_lab.measure.tp.SAFE_ENV`).
 
 Two doors: ``run`` (the registry's; parameter ``runs``: ``sim`` on one GPU, ``tp,sim`` on the rank's TP GPUs) and
 :func:`main`, writing ``data/measured/<arch>x<tp>/tp_block.csv`` + ``allreduce.csv`` or, ``--runs sim``,
@@ -51,10 +52,10 @@ def _header(path: Path):
 
 
 def _files(runs, tp: int) -> dict:
-    """``{file: columns}`` a run writes: ``tp<N>_sim_block.csv`` (``runs`` sim alone) or ``tp_block.csv`` +
-    ``allreduce.csv``."""
+    """``{file: columns}`` a run writes: ``tp<N>_sim_block.csv`` (sim alone) or ``tp_block.csv`` + allreduce."""
     sim_only = list(runs) == ["sim"]
-    return {f"tp{tp}_sim_block.csv": _BLOCK} if sim_only else {"tp_block.csv": _BLOCK, "allreduce.csv": ALLREDUCE_COLUMNS}
+    return ({f"tp{tp}_sim_block.csv": _BLOCK} if sim_only
+            else {"tp_block.csv": _BLOCK, "allreduce.csv": ALLREDUCE_COLUMNS})
 
 
 def _blank(v):
