@@ -21,7 +21,7 @@ from mla_lab.kernels import concat_mla_q, make_concat_launcher
 from mla_lab.kernels.triton_concat import _plan, concat_mla_q_triton, v3_config
 from mla_lab.measure.bandwidth import gapped_write
 from mla_lab.measure.sink import log
-from mla_lab.measure.timer import median_ms
+from mla_lab.measure.timer import graphed, median_ms
 
 #: Extra configurations into the padded workspace (name -> (variant, knobs)); v3: tile tokens x heads, tiles per
 #: program, warps.
@@ -262,21 +262,14 @@ def host_us(fn, calls: int, repeats: int = 5) -> float:
     return statistics.median(per)
 
 
-def _graph_ok(launch, t, H) -> bool:
-    """The launcher captured in a CUDA graph (after a warm-up on a side stream), replayed after its inputs changed,
-    writes the new result bitwise."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        launch()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        launch()
+def _graph_ok(launch, t) -> bool:
+    """The launcher's CUDA graph (:func:`mla_lab.measure.timer.graphed`), replayed after its inputs changed, writes
+    the new result bitwise."""
+    replay = graphed(launch)
     t.a.copy_(torch.randn_like(t.a))
     t.b.copy_(torch.randn_like(t.b))
     try:
-        check_concat(t.a, t.b, t.out, g.replay)
+        check_concat(t.a, t.b, t.out, replay)
         return True
     except RuntimeError:
         return False
@@ -301,7 +294,7 @@ def host_launch(s, sink) -> None:
     us = {n: host_us(fn, s.host_calls, 1 if s.smoke else 5) for n, fn in fns.items()}
     for name in fns:
         L = launchers.get(name)
-        ok = _graph_ok(L, t, H) if L is not None and "jit" not in name else ""
+        ok = _graph_ok(L, t) if L is not None and "jit" not in name else ""
         sink.write(FILES[s.which], {"T": 16, "H": H, "Hp": s.Hp, "dtype": "bfloat16", "method": name,
                                     "timer": "host_per_call", "us": us[name], "launcher_path": L.path if L else "",
                                     "graph_capture_ok": ok})

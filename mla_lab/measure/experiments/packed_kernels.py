@@ -49,8 +49,8 @@ def _index_data(shape: str, T: int, topk: int, g: int, seed: int):
 
 
 def _builder(topk, g):
-    """``(name, build)``: the CUDA shared-memory builder where it compiles and matches the reference on a small
-    case, else the Triton one (said in the log and the ``builder`` column)."""
+    """``(name, build)``: the CUDA builder where it compiles and matches the reference on a small case, else
+    Triton's."""
     try:
         d = ix.overlap_indices(1024, topk, 65536, 0.8, g, seed=5, device="cuda")
         bad = union_mismatch(build_union_cuda(d.indices, d.topk_length, g, d.s_kv),
@@ -65,8 +65,8 @@ def _builder(topk, g):
 
 
 def _check(build, sm_scale, Hp) -> list[dict]:
-    """The packed kernel (both modes) against the fp32 reference on small cases with request boundaries inside
-    groups, a partial last group and tokens with no valid key."""
+    """The packed kernel (both modes) against the fp32 reference: request boundaries inside groups, a partial last
+    group, tokens with no valid key."""
     rows = []
     for H in (8, 16, 32):
         d = ix.causal_indices([37, 300, 5, 700], 256, seed=H, device="cuda")
@@ -135,12 +135,8 @@ def _packed_calls(ts_fwd, build, d, q, kv, sm_scale, Hp) -> tuple[dict, float, f
 
 
 def run(rank, sink, options) -> None:
-    """Every shape (parameter ``shapes``, default all; smoke: seed and o0.8, 2 rounds) in this process.
-
-    Raises:
-        ImportError / RuntimeError / FileNotFoundError: no flash_mla, or the packed engine kernels missing or failing
-            to load (:func:`mla_lab.kernels.engine_libs.load`); ValueError: an unknown shape.
-    """
+    """Every shape of ``shapes`` (smoke: seed and o0.8, 2 rounds). Raises ImportError / RuntimeError /
+    FileNotFoundError: no flash_mla, the packed engine kernels missing or failing; ValueError: an unknown shape."""
     from flash_mla import flash_mla_sparse_fwd as ts_fwd
 
     shapes = options.param("shapes", ("seed", "o0.8") if options.smoke else tuple(s for s, _ in SHAPES))

@@ -35,25 +35,16 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
 
 
-def plan(experiments: list[Experiment], processes: int) -> list[dict]:
-    """One entry per experiment: name, module, processes, shapes, files, needs (imports the modules; CPU)."""
-    rows = []
-    for e in experiments:
-        folder = f"{e.folder}/" if e.folder else ""
-        entry = e.module if e.argv else f"{__package__} {e.name}"  # what `python -m` runs
-        rows.append({"name": e.name, "module": entry, "processes": processes if e.between_process else 1,
-                     "shapes": len(e.shapes()), "files": [folder + f for f in e.outputs()], "needs": e.needs,
-                     "summary": e.summary, "default": e.default})
-    return rows
-
-
 def dry_run_lines(experiments: list[Experiment], processes: int, out: str) -> list[str]:
+    """What ``--dry-run`` prints: per experiment its processes, ``python -m`` entry, shapes, needs, then its files
+    (imports the modules; CPU)."""
     lines = [f"mla-lab measure --dry-run: {len(experiments)} experiments, {processes} processes each for the "
              f"between-process ones, into {out}/ (nothing is run; * = run without --experiments)"]
-    for p in plan(experiments, processes):
-        lines.append(f"{p['name']:<22}{'*' if p['default'] else ' '}{p['processes']} x python -m {p['module']}  ({p['shapes']} shapes; "
-                     f"{p['summary']}{'; needs ' + p['needs'] if p['needs'] else ''})")
-        lines += [f"    -> {f}" for f in p["files"]]
+    for e in experiments:
+        entry = e.module if e.argv else f"{__package__} {e.name}"  # what `python -m` runs
+        lines.append(f"{e.name:<22}{'*' if e.default else ' '}{processes if e.between_process else 1} x python -m "
+                     f"{entry}  ({len(e.shapes())} shapes; {e.summary}{'; needs ' + e.needs if e.needs else ''})")
+        lines += [f"    -> {e.folder + '/' if e.folder else ''}{f}" for f in e.outputs()]
     return lines
 
 
