@@ -370,27 +370,24 @@ def plan(rank, options) -> list[dict]:
                for P in s["mixed"]])
 
 
+_MIXED_NOTE = ("one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
+               "indices; indexer top-k computed, not used")
+
+
 def measure_rank(ctx, rank) -> None:
     """Every decode shape (layer, attention path, ops) and mixed step of ``ctx`` on ``rank``."""
-    shapes, mixed, md, mc = ctx.shapes, ctx.mixed, ctx.mixed_decode, ctx.mixed_context
-    D = DecodeLayer(rank, max([B for B, _ in shapes] + [P + md for P in mixed]),
-                    max([B * c for B, c in shapes] + [P + md * mc for P in mixed]))
+    steps = ([(B, c, 0, False) for B, c in ctx.shapes]
+             + [(ctx.mixed_decode, ctx.mixed_context, P, True) for P in ctx.mixed])
+    D = DecodeLayer(rank, max(P + B for B, c, P, _ in steps), max(P + B * c for B, c, P, _ in steps))
     base = {"model": rank.model.name, "tp": rank.tp, "ep": D.ep, "H": D.H, "Hp": D.Hp}
     done: set = set()
-    for B, c in shapes:
-        S = Step(D, B, c)
-        time_step(ctx, S, _config(D, S, base), mixed=False)
-        if ctx.ops:
+    for B, c, P, mixed in steps:
+        S = Step(D, B, c, P=P)
+        cfg = _config(D, S, base)
+        time_step(ctx, S, {**cfg, "notes": _MIXED_NOTE} if mixed else cfg, mixed=mixed)
+        if ctx.ops and not mixed:
             time_ops(ctx, S, base, done)
-        log(f"{rank.model.name} B={B} c={c}: done")
-        del S
-        torch.cuda.empty_cache()
-    for P in mixed:
-        S = Step(D, md, mc, P=P)
-        time_step(ctx, S, {**_config(D, S, base), "notes": (
-            "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
-            "indices; indexer top-k computed, not used")}, mixed=True)
-        log(f"{rank.model.name} mixed P={P}+{md}x{mc}: done")
+        log(f"{rank.model.name} {f'mixed P={P}+{B}x{c}' if mixed else f'B={B} c={c}'}: done")
         del S
         torch.cuda.empty_cache()
 
