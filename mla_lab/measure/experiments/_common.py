@@ -13,6 +13,7 @@ import time
 
 import mla_lab.strategies as _strategies
 from mla_lab.deployment import Deployment
+from mla_lab.measure.attention import time_attention_path
 from mla_lab.measure.sink import log
 from mla_lab.workload import Step
 
@@ -61,8 +62,6 @@ def first_calls(fn, steady_n: int) -> tuple[list, list, float, float]:
 def attention_rows(rank, sink, file: str, names, reps: int, backends: bool = False) -> None:
     """:func:`mla_lab.measure.attention.time_attention_path` of strategies ``names`` at :func:`seed_shapes`, ``reps``
     interleaved rounds: one row per round into ``file`` (with ``backends``: the kernel and concat backends)."""
-    from mla_lab.measure.attention import time_attention_path
-
     for shape, step, plen, full in seed_shapes(rank):
         res = time_attention_path(rank, step, plen, strategies=names, full_topk=full, seed=0, repeats=reps)
         more = {k: res[k] for k in ("kernel_backend", "concat_backend")} if backends else {}
