@@ -20,7 +20,7 @@ from .engines import (
     resolve_engine,
     sparse_backend,
 )
-from .labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, PACKED_NOTE, SGLANG_DENSE_LABEL, SGLANG_DENSE_NOTE
+from .labels import KERNEL_NATIVE_LABEL, SGLANG_DENSE_LABEL, SGLANG_DENSE_NOTE
 from .routes import RULE_ALIASES, model_family, route_for, rules
 
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "StrategyKind", "register_kind", "LAYOUTS", "CONTENTS",
@@ -131,6 +131,11 @@ class StrategyKind:
         fixed: its values without a parameter; parse: ``<placement>:<params>`` -> Strategy (raises ValueError);
             patterns: the names :func:`canonical_names` lists for it; label: a value's name before ``@`` (None: the
             placement); extra_bytes: ``(rank, prompt_len) -> int`` persistent bytes beside the Q buffer.
+        memory: ``(strategy, shape: mla_lab.buffers.QShape) -> dict``, bytes that differ from its layout's account
+            (keys ``persistent``, ``transient``, ``q_heads``, ``kernel_heads``, ``kernel_out``; None: the layout's).
+        shown: ``advise``'s section for it (None: ranked; ``lab``: beside an engine's answer; ``modelled_only``:
+            shown, never ranked); display: the label outputs print; notes: the line printed beside it (where it
+            was measured, then elsewhere: :func:`strategy_notes` prints the first).
     """
 
     placement: str
@@ -144,6 +149,10 @@ class StrategyKind:
     patterns: tuple[str, ...] = ()
     label: Callable[[Strategy], str] | None = None
     extra_bytes: Callable | None = None
+    memory: Callable | None = None
+    shown: str | None = None
+    display: str | None = None
+    notes: tuple[str, ...] = ()
 
 
 #: placement -> :class:`StrategyKind`, in ``order`` (filled by :mod:`mla_lab.model.strategy_kinds` on
@@ -222,9 +231,9 @@ PRESET_SOURCES = {
 }
 #: How outputs label a preset whose name alone would mislead (:mod:`mla_lab.labels`).
 PRESET_LABELS = {"sglang-dense": SGLANG_DENSE_LABEL, "kernel-native": KERNEL_NATIVE_LABEL}
-#: The line an output prints under a table holding these strategies (:func:`strategy_notes`).
-STRATEGY_NOTES = {"kernel_native": KERNEL_NATIVE_NOTE, "per_call_zeros@sglang-dense": SGLANG_DENSE_NOTE,
-                  "packed": PACKED_NOTE}
+#: The line an output prints under a table holding these strategies (:func:`strategy_notes`; a kind's own: its
+#: ``notes``).
+STRATEGY_NOTES = {"per_call_zeros@sglang-dense": SGLANG_DENSE_NOTE}
 
 
 def preset_label(preset: str) -> str:
@@ -235,10 +244,12 @@ def preset_label(preset: str) -> str:
 
 
 def strategy_notes(strategies) -> list[str]:
-    """:data:`STRATEGY_NOTES` of the ``strategies`` present (``packed:<overlap>`` has ``packed``'s), once each."""
+    """The kinds' first ``notes`` (``packed:<overlap>`` has ``packed``'s), then :data:`STRATEGY_NOTES`, of the
+    ``strategies`` present, once each."""
     names = {str(s) for s in strategies}
-    names |= {n.partition(":")[0] for n in names if n.startswith("packed:")}
-    return [note for s, note in STRATEGY_NOTES.items() if s in names]
+    kinds = {n.partition(":")[0] for n in names}
+    return [k.notes[0] for k in KINDS.values() if k.notes and k.placement in kinds] + [
+        note for s, note in STRATEGY_NOTES.items() if s in names]
 
 
 _MEMBERS: dict = {}  # preset name -> (its record, its members as values): each record's names parsed once

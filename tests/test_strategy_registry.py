@@ -29,7 +29,14 @@ def price(rank, spec, T, sum_topk, step):
     return padded_path_ops(rank, spec, T, sum_topk, native=True)
 
 
-KIND = StrategyKind("test_real", 99, "vllm-fa3", "real", "fa3_sparse", price, fixed=(Strategy("test_real", "zeros"),))
+def memory(spec, s):
+    """The real-head Q buffer plus a 1 MiB persistent table of its own."""
+    return {"persistent": s.unpadded + 2**20}
+
+
+KIND = StrategyKind("test_real", 99, "vllm-fa3", "real", "fa3_sparse", price, fixed=(Strategy("test_real", "zeros"),),
+                    memory=memory, shown="modelled_only", display="test_real (a test kernel)",
+                    notes=("test_real: a test-only kernel, in no engine",))
 '''
 
 
@@ -70,10 +77,16 @@ def test_the_new_strategy_reaches_advise_serve_and_the_sweep(new_kind):
     res = advise(Deployment.seed(), strategies=["test_real", "kernel_native@vllm-fa3", "private_workspace"])
     rows = {r["strategy"]: r for r in [res["recommendation"], *res["alternatives"], *res["other_engines"],
                                         *res["modelled_only"]] if r}
-    # priced by its own module: kernel_native's path under the same rule, so the same prefill time and Q buffer
+    # priced by its own module: kernel_native's path under the same rule, so the same prefill time; its memory
+    # hook's 1 MiB table on top of the same real-head Q buffer; shown where its record says, with its label and note
     twin = rows["kernel_native@vllm-fa3"]
     assert rows["test_real"]["ttft_ms"] == pytest.approx(twin["ttft_ms"]) and rows["test_real"]["ttft_ms"] > 0
-    assert rows["test_real"]["persistent_mib"] == twin["persistent_mib"] > 0
+    assert twin["persistent_mib"] > 0
+    assert rows["test_real"]["persistent_mib"] == pytest.approx(twin["persistent_mib"] + 1)
+    mine = next(r for r in res["modelled_only"] if r["strategy"] == "test_real")
+    assert mine["label"] == "test_real (a test kernel)" and "test_real" not in res["frontier"]
+    assert mine["reason"] == "test_real: a test-only kernel, in no engine"
+    assert placement.strategy_notes(["test_real", "private_workspace"]) == [mine["reason"]]
     rc, out, err = run_cli(["serve", "--json", "--num-prompts", "2", "--random-output-len", "4", "--strategies",
                             "test_real", "private_workspace"])
     assert rc == 0, err

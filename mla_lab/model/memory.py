@@ -219,8 +219,7 @@ def _accounts(d: Deployment, rank: RankView, strategies, shared: int) -> dict:
     whose route is dense MHA there pads nothing: :func:`mla_lab.buffers.memory_account`)."""
     sts = expand(strategies if strategies is not None else fixed_strategies())
     sts = sts if any(st.name == BASELINE for st in sts) else [*expand(BASELINE), *sts]
-    return {st.name: memory_account_of(rank, st, shared, d.prompt_len, union_bytes=st.kind.extra_bytes(
-        rank, d.prompt_len) if st.kind.extra_bytes else None) for st in sts}
+    return {st.name: memory_account_of(rank, st, shared, d.prompt_len) for st in sts}
 
 
 def _costs(accounts: dict, per_tok: int, capacity: float) -> dict:

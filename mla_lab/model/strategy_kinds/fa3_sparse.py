@@ -1,5 +1,5 @@
 """``fa3_sparse``: vLLM FLASH_ATTN_MLA_SPARSE (FA3 varlen on the real heads): no concat, no padded Q; its MMAs issue
-at ``ceil(H / 64) * 64`` rows (the 64-row wgmma tile)."""
+at ``ceil(H / 64) * 64`` rows (the 64-row wgmma tile). Memory: no Q buffer; out + lse at the real heads."""
 
 from ...placement import Strategy, StrategyKind
 from ..ops import LayerOp
@@ -15,4 +15,5 @@ def price(rank, spec, T, sum_topk, step):
                     impl="attn_fa3_sparse")]
 
 
-KIND = StrategyKind("fa3_sparse", 6, "vllm-fa3", "real", "fa3_sparse", price, fixed=(Strategy("fa3_sparse", "zeros"),))
+KIND = StrategyKind("fa3_sparse", 6, "vllm-fa3", "real", "fa3_sparse", price, fixed=(Strategy("fa3_sparse", "zeros"),),
+                    memory=lambda st, s: {"persistent": 0, "kernel_out": s.T * s.H * s.out_lse})

@@ -3,6 +3,7 @@ priced by :func:`mla_lab.model.packed_kernel.packed_plan`; FA3 sparse where the 
 
 from dataclasses import replace
 
+from ...labels import PACKED_LABEL, PACKED_NOTE
 from ...placement import Strategy, StrategyKind
 from ...workload import Step
 from ..ops import LayerOp, attention_op_work
@@ -46,4 +47,6 @@ def price(rank, spec, T, sum_topk, step):
 
 KIND = StrategyKind("packed", 7, "mla_lab-packed", "real", "fa3_sparse", price, fixed=(Strategy("packed", "zeros"),),
                     parse=parse, patterns=("packed:<overlap>",), extra_bytes=packed_union_bytes,
+                    memory=lambda st, s: {"kernel_out": s.T * s.H * s.out_lse}, shown="lab", display=PACKED_LABEL,
+                    notes=(PACKED_NOTE,),
                     label=lambda s: "packed" if s.overlap is None else f"packed:{s.overlap:g}")

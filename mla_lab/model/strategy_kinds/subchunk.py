@@ -34,6 +34,15 @@ def price(rank, spec, T, sum_topk, step):
     return padded_path_ops(rank, spec, T, sum_topk, chunk_ops=extra)
 
 
+def memory(spec, s) -> dict:
+    """``workspaces`` S-row workspaces, two chunks' outputs alive and (copy hand-off) the step's out + lse."""
+    S = min(spec.rows, s.rows)
+    chunks = -(-s.T // S) if s.T else 0
+    delivered = 0 if spec.views_handoff else s.T * s.H * s.out_lse
+    return {"persistent": spec.workspaces * S * s.hp * s.row, "kernel_out": min(2, chunks) * min(S, s.T) * s.hp * s.out
+            + delivered}
+
+
 KIND = StrategyKind("subchunk", 4, "vllm-flashmla", "workspace", "flashmla_pad64", price, parse=parse,
                     patterns=("subchunk:<S>", "subchunk:<S>:views", "subchunk:<S>:graph2"),
-                    label=lambda s: f"subchunk:{s.rows}" + (f":{s.handoff}" if s.views_handoff else ""))
+                    label=lambda s: f"subchunk:{s.rows}" + (f":{s.handoff}" if s.views_handoff else ""), memory=memory)
