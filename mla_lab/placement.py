@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ._validate import check_int
 from .engines import (
     ENGINE_PRESETS,
     decode_threshold,
@@ -28,9 +27,9 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "StrategyKind", "
            "resolve_strategy", "preset_of", "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY",
            "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SWEEP_STRATEGIES",
            "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
-           "BENCH_PRESET_LABELS", "strategy_route", "preset_table", "SUBCHUNK_GRAPH",
+           "BENCH_PRESET_LABELS", "strategy_route", "SUBCHUNK_GRAPH",
            "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "today_engines", "resolve_engine",
-           "engine_summary", "engine_table", "blackwell_rows", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
+           "engine_summary", "engine_table", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
            "STRATEGY_NOTES", "preset_label", "strategy_notes", "KINDS"]
 
 CONTENTS = ("zeros", "stale")
@@ -510,20 +509,6 @@ def strategy_route(strategy, model_name, topk: int, seq_lens=None, query_lens=No
     return route_for(st.rule, model_name, topk, phase, seq_lens, query_lens, num_heads).route
 
 
-def preset_table(model_name="glm", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
-    """One row per preset member: ``preset``, ``strategy``, ``placement``, ``content``, ``rule``, ``route_<L>``,
-    ``decode_route``, ``source``."""
-    rows = []
-    for preset in PRESETS:
-        for st in expand(preset):
-            row = {"preset": preset, "strategy": st.name, "placement": st.placement, "content": st.content,
-                   "rule": st.rule or ""}
-            row |= {f"route_{L}": strategy_route(st, model_name, topk, L, L) for L in prompt_lens}
-            row["decode_route"] = strategy_route(st, model_name, topk, phase="decode")
-            rows.append(row | {"source": PRESET_SOURCES[preset]})
-    return rows
-
-
 _BACKEND_LABELS = {"FLASH_ATTN_MLA_SPARSE": "FA3 sparse", "FLASH_ATTN_MLA_SPARSE_FA4": "FA4 sparse",
                    "FLASHINFER_MLA_SPARSE": "FlashInfer sparse", "FLASHMLA_SPARSE": "FlashMLA sparse",
                    "FLASHINFER_MLA_SPARSE_SM90": "FlashInfer sparse (sm90)"}
@@ -591,24 +576,3 @@ def engine_summary(engine: str, deployment) -> dict:
 def engine_table(deployment) -> list[dict]:
     """:func:`engine_summary` of every engine version for one deployment (``mla-lab engines``: PR #53878's)."""
     return [engine_summary(n, deployment) for n in ENGINE_PRESETS]
-
-
-def blackwell_rows(num_heads: int = 8, max_num_batched_tokens: int = 16384, head_size: int = 576) -> list[dict]:
-    """``b200`` rows per engine version and KV dtype: backend, padded heads, Q-concat buffer MiB (modelled from the
-    engines' sources; nothing ran on a B200). Raises ValueError: bad ints."""
-    check_int("num_heads", num_heads)
-    rows, scope = [], "modelled (engine source, not run on a B200)"
-    for name in ENGINE_PRESETS:
-        for kv in ("bf16", "fp8"):
-            row = {"preset": name, "arch": "b200", "kv_cache_dtype": kv, "backend": None, "padding": None,
-                   "padded_heads": None, "q_buffer_mib": None, "note": "", "scope": scope}
-            try:
-                b = sparse_backend(name, "sm100", kv, num_heads)
-            except ValueError as e:
-                rows.append(row | {"note": str(e)})
-                continue
-            pad = padding_for(name, b, "sm100", kv)
-            hp = -(-num_heads // pad) * pad if pad else num_heads
-            rows.append(row | {"backend": b, "padding": pad, "padded_heads": hp,
-                               "q_buffer_mib": max_num_batched_tokens * hp * head_size * 2 / 2**20})
-    return rows
