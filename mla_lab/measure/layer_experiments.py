@@ -1,15 +1,6 @@
-"""Experiments beside the layer runner (:mod:`.layer`), each a generator of ``layer_extras.csv`` rows (fp8 GEMMs:
-``layer_ops.csv`` rows) yielded as measured; :func:`run_extras` runs the five extras, each guarded on its own.
-
-- :func:`ceilings`: a device copy (``2^28`` elements, GB/s) and an ``8192^3`` matmul (TFLOP/s).
-- :func:`w_uv_slice`: does the W_UV bmm copy the ``out[:, :H]`` slice? Strided view vs contiguous copies, the
-  kernels launched (``torch.profiler``), the call's peak extra bytes.
-- :func:`peak_memory`: the attention path per strategy against :func:`mla_lab.buffers.memory_account` (GPU).
-- :func:`causal_kernel`: the sparse kernel with causal ``topk_length`` (16 x 1024; one 4096 prompt; full topk).
-- :func:`pad_values`: the sparse kernel with the padded heads zero / random / NaN.
-- :func:`fp8_gemm_rows`: ``torch._scaled_mm`` (per-tensor scales) at the model's TP8 per-rank fp8 GEMM shapes.
-
-On CPU the shapes shrink and the GPU-only parts (memory statistics, profiler, fp8) are skipped.
+"""The extras beside the layer runner (:mod:`.layer`), each a generator of ``layer_extras.csv`` rows (fp8 GEMMs:
+``layer_ops.csv`` rows); :func:`run_extras` runs the five extras, each guarded on its own. On CPU the shapes shrink
+and the GPU-only parts (memory statistics, profiler, fp8) are skipped.
 """
 
 from __future__ import annotations
@@ -26,13 +17,14 @@ from ..deployment import Deployment
 from ..model.ops import layer_ops
 from ..models import ModelConfig
 from ..workload import sum_topk_lengths
+from .attention import call_peak_bytes
 from .layer import EXTRAS_CSV, LAYER_STRATEGIES, Implementations, MeasureSettings
 
 __all__ = ["ceilings", "w_uv_slice", "peak_memory", "causal_kernel", "pad_values", "run_extras", "fp8_gemm_rows"]
 
 
 def ceilings(settings: MeasureSettings) -> Iterator[dict]:
-    """Copy and matmul ceilings: ``d2d_copy`` (``bytes`` read + written, GB/s) and ``matmul_<s>^3`` (TFLOP/s)."""
+    """Ceilings: ``d2d_copy`` of ``2^28`` elements (GB/s, read + write) and ``matmul_8192^3`` (TFLOP/s)."""
     device, dtype = settings.device, settings.dtype
     n = (1 << 28) if settings.gpu else (1 << 16)
     a = torch.randn(n, device=device, dtype=dtype)
@@ -50,8 +42,8 @@ def ceilings(settings: MeasureSettings) -> Iterator[dict]:
 
 
 def _w_uv_variants(view, W, out_view, contiguous, batch_contiguous) -> dict:
-    """The W_UV bmm five ways: on vLLM's strided ``out[:, :H]`` view into a transposed output view, into a fresh
-    output, from a contiguous copy (made beforehand), from a batch-major contiguous copy, and copying inside."""
+    """The W_UV bmm five ways: vLLM's strided ``out[:, :H]`` view into a transposed output view, into a fresh
+    output, from a contiguous copy (made beforehand), from a batch-major copy, and copying inside."""
     return {
         "bmm_view_out_view": lambda: torch.bmm(view.transpose(0, 1), W, out=out_view),
         "bmm_view": lambda: torch.bmm(view.transpose(0, 1), W),
@@ -61,72 +53,62 @@ def _w_uv_variants(view, W, out_view, contiguous, batch_contiguous) -> dict:
     }
 
 
+def _kernels_launched(fn) -> str:
+    """The CUDA kernels one call of ``fn`` launches (``torch.profiler``), ``|``-joined, or why the profiler failed."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return "|".join(sorted({e.key[:60] for e in prof.key_averages()
+                                if e.device_type.name == "CUDA" or "cuda" in str(e.device_type).lower()}))
+    except Exception as e:  # profiler optional
+        return f"profiler failed: {type(e).__name__}"
+
+
 def w_uv_slice(settings: MeasureSettings, models: list[tuple[str, ModelConfig]], arch: GPUArch,
                max_T: int) -> Iterator[dict]:
-    """W_UV: does the bmm copy the ``[:, :H]`` slice? Per model and tp (8 and 4; CPU: 2), at ``T = max_T``, five
-    variants (``bmm_view_out_view`` as vLLM, ``bmm_view``, ``bmm_contig_input``, ``bmm_batch_contig_input``,
-    ``contiguous_then_bmm``): the median ``ms``, the call's peak extra bytes (``value``, GPU) and the CUDA
-    kernels launched (``note``, GPU)."""
+    """Does the W_UV bmm copy the ``[:, :H]`` slice? Per model and tp (8 and 4; CPU: 2) at ``T = max_T``, the five
+    variants of :func:`_w_uv_variants`: median ``ms``, the call's peak extra bytes (``value``) and the CUDA kernels
+    launched (``note``; both GPU only)."""
     device, dtype = settings.device, settings.dtype
     for model_name, model in models:
         for tp in (8, 4) if settings.gpu else (2,):
-            H = model.heads_per_rank(tp)
+            H, T, d_v = model.heads_per_rank(tp), max_T, model.v_head_dim
             Hp = padded_num_heads(H, arch, "bf16")
-            T = max_T
-            d_v = model.v_head_dim
             attention = torch.randn(T, Hp, 512, device=device, dtype=dtype)
             W = torch.randn(H, 512, d_v, device=device, dtype=dtype) / math.sqrt(512)
             view = attention[:, :H]
             out = torch.empty(T, H * d_v, device=device, dtype=dtype)
-            out_view = out.view(T, H, d_v).transpose(0, 1)
-            contiguous = view.contiguous()
-            batch_contiguous = view.transpose(0, 1).contiguous()
-            variants = _w_uv_variants(view, W, out_view, contiguous, batch_contiguous)
+            variants = _w_uv_variants(view, W, out.view(T, H, d_v).transpose(0, 1), view.contiguous(),
+                                      view.transpose(0, 1).contiguous())
             for variant_name, fn in variants.items():
                 ms = settings.median_ms(fn)
-                extra_bytes = None
-                kernels = ""
-                if settings.gpu:
-                    torch.cuda.synchronize()
-                    base = torch.cuda.memory_allocated()
-                    torch.cuda.reset_peak_memory_stats()
-                    fn()
-                    torch.cuda.synchronize()
-                    extra_bytes = torch.cuda.max_memory_allocated() - base
-                    try:
-                        from torch.profiler import ProfilerActivity, profile
-
-                        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                            fn()
-                            torch.cuda.synchronize()
-                        kernels = "|".join(sorted({e.key[:60] for e in prof.key_averages()
-                                                   if e.device_type.name == "CUDA" or "cuda" in str(e.device_type).lower()}))
-                    except Exception as e:  # profiler optional
-                        kernels = f"profiler failed: {type(e).__name__}"
+                extra_bytes = call_peak_bytes(fn) if settings.gpu else None
+                kernels = _kernels_launched(fn) if settings.gpu else ""
                 yield {"experiment": "w_uv_slice", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
                        "name": variant_name, "ms": ms, "value": extra_bytes, "unit": "peak extra bytes during call",
                        "note": f"view.is_contiguous()={view.is_contiguous()}; "
                                f"transpose contiguous={view.transpose(0, 1).is_contiguous()}; kernels={kernels}"}
-            del attention, W, out, contiguous, batch_contiguous, variants
+            del attention, W, out, variants
 
 
 def peak_memory(settings: MeasureSettings, implementations: Implementations, models: list[tuple[str, ModelConfig]],
                 arch: GPUArch, max_T: int) -> Iterator[dict]:
-    """Peak memory per strategy: the attention path alone at ``T = max_T``, tp 8, persistent workspace allocated
-    inside the measured window. ``value`` the measured peak above the baseline (bytes), ``bytes`` the
-    :func:`~mla_lab.buffers.memory_account` peak; the note has what is held after the step. GPU with a kernel
-    only (else a ``note`` row saying the kernel is missing, or nothing)."""
+    """Peak memory per strategy of the attention path alone at ``T = max_T``, tp 8, the workspace allocated inside
+    the measured window: ``value`` the measured peak above the baseline, ``bytes`` the
+    :func:`~mla_lab.buffers.memory_account` peak (bytes). GPU with a kernel only (a ``note`` row without one)."""
     device, dtype = settings.device, settings.dtype
     kernel, concat = implementations.kernel, implementations.concat
     if kernel is None:
         yield {"experiment": "note", "name": "flash_mla", "note": "flash_mla not importable: kernel skipped"}
+    if not settings.gpu or kernel is None:
+        return
     for model_name, model in models:
-        tp = 8 if settings.gpu else 2
+        tp, T = 8, max_T
         H = model.heads_per_rank(tp)
         Hp = padded_num_heads(H, arch, "bf16")
-        T = max_T
-        if not settings.gpu or kernel is None:
-            continue
         for strategy in LAYER_STRATEGIES:  # per_call_zeros (a new_zeros pad per call), private_workspace
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -165,10 +147,9 @@ def peak_memory(settings: MeasureSettings, implementations: Implementations, mod
 
 def causal_kernel(settings: MeasureSettings, implementations: Implementations,
                   models: list[tuple[str, ModelConfig]], arch: GPUArch) -> Iterator[dict]:
-    """The sparse kernel with causal ``topk_length`` (first model, tp 8; CPU: tp 2): ``seed_16x1024`` (16 prompts
-    x 1024 tokens in one 16384-token step), ``one_prompt_4096``, ``full_topk_16384`` (random indices, no
-    ``topk_length``). ``flops`` = 2 sum(topk_length) H' (576 + 512); ``value`` = sum(topk_length). Nothing
-    without a kernel."""
+    """The sparse kernel with causal ``topk_length`` (first model, tp 8; CPU: 2): ``seed_16x1024`` (16 prompts of
+    1024 in one step), ``one_prompt_4096``, ``full_topk_16384`` (random indices). ``flops`` = 2 sum(topk_length) H'
+    (576 + 512); ``value`` = sum(topk_length). Nothing without a kernel."""
     device, dtype, kernel = settings.device, settings.dtype, implementations.kernel
     if kernel is None:
         return
@@ -208,9 +189,8 @@ def causal_kernel(settings: MeasureSettings, implementations: Implementations,
 def pad_values(settings: MeasureSettings, implementations: Implementations, models: list[tuple[str, ModelConfig]],
                arch: GPUArch, max_T: int) -> Iterator[dict]:
     """Does the sparse kernel's time depend on what the padded heads hold? First model, tp 8 (CPU: 2), T 4096 and
-    ``max_T`` (CPU: ``max_T``): the same random real heads with the padded heads ``stale`` (N(0, 1)), ``zeros``,
-    ``nan`` (rows before the shared vocabulary named the first two ``random`` / ``zero``).
-    Nothing without a kernel."""
+    ``max_T``: the same real heads, the padded heads ``stale`` (N(0, 1)), ``zeros``, ``nan`` (older rows: ``random``
+    / ``zero``). Nothing without a kernel."""
     device, dtype, kernel = settings.device, settings.dtype, implementations.kernel
     if kernel is None:
         return
@@ -238,10 +218,8 @@ def pad_values(settings: MeasureSettings, implementations: Implementations, mode
 def run_extras(sink, settings: MeasureSettings, implementations: Implementations,
                models: list[tuple[str, ModelConfig]], arch: GPUArch, max_T: int,
                log: Callable[[str], None] = print) -> None:
-    """The five ``layer_extras`` experiments in order (:func:`ceilings`, :func:`w_uv_slice`, :func:`peak_memory`,
-    :func:`causal_kernel`, :func:`pad_values`), rows written to ``sink``'s ``layer_extras.csv`` as they come. Each is
-    guarded on its own: one failing logs its traceback, writes an ``error`` row naming it and does not lose the
-    others."""
+    """The five extras in order, rows to ``sink``'s ``layer_extras.csv`` as they come; one failing logs its
+    traceback and writes an ``error`` row naming it, and the others run."""
     experiments = (
         ("ceilings", lambda: ceilings(settings)),
         ("w_uv_slice", lambda: w_uv_slice(settings, models, arch, max_T)),
@@ -260,11 +238,10 @@ def run_extras(sink, settings: MeasureSettings, implementations: Implementations
 
 
 def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, tokens: list[int]) -> Iterator[dict]:
-    """fp8 GEMMs (``torch._scaled_mm``, per-tensor scales, bf16 out) at the model's TP8 per-rank GEMM shapes
-    (:func:`~mla_lab.model.ops.layer_ops` with fp8 weights under expert parallelism) for each T in ``tokens``;
-    each (M, K, N) once, shapes not divisible by 16 skipped. Yields ``layer_ops.csv`` rows (op class
-    ``gemm_fp8``; a failing shape gets ``ms`` NaN and an ``error`` status). GPU only (nothing on CPU); stops at
-    the deadline."""
+    """fp8 GEMMs (``torch._scaled_mm``, per-tensor scales, bf16 out) at the model's TP8 EP per-rank shapes
+    (:func:`~mla_lab.model.ops.layer_ops`) per T of ``tokens``, each (M, K, N) once, dims not divisible by 16
+    skipped: ``layer_ops.csv`` rows (``gemm_fp8``; a failure: ``ms`` NaN, ``error`` status). GPU only; stops at the
+    deadline."""
     if not settings.gpu:
         return
     device = settings.device

@@ -1,15 +1,12 @@
-"""The layer runs: the measurement loops over :class:`mla_lab.measure.layer.Layer` (:func:`measure_ops`,
-:func:`measure_layers`, :func:`measure_layer_pairs`, :func:`run_layer_benchmark`), yielding or writing rows of
-:data:`LAYER_OUTPUTS` (through one :class:`mla_lab.measure.sink.Sink`: appended as measured, so a killed run loses
-nothing measured); every ``layer_e2e.csv`` row records its canonical ``strategy`` and the ``content`` of its padded
-heads. Also :func:`paired_timing`, :func:`moe_variants`, :func:`layer_kinds`, :func:`ops_to_time`, :func:`read_rows`.
+"""The measurement loops over :class:`mla_lab.measure.layer.Layer`: rows of :data:`LAYER_OUTPUTS` written through one
+:class:`mla_lab.measure.sink.Sink` as measured (a killed run loses nothing measured).
 """
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
@@ -32,50 +29,37 @@ from .layer import (
 )
 from .timer import interleaved, summarize
 
-__all__ = ["PairedTiming", "paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops",
+__all__ = ["paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops",
            "measure_layers", "measure_layer_pairs", "run_layer_benchmark", "LAYER_OUTPUTS", "read_rows"]
 
 #: The files one layer run writes (its :class:`~mla_lab.measure.sink.Sink`'s outputs).
 LAYER_OUTPUTS = {OPS_CSV: OPS_COLUMNS, E2E_CSV: E2E_COLUMNS, EXTRAS_CSV: EXTRAS_COLUMNS}
 
 
-class PairedTiming(NamedTuple):
-    """Medians (ms) of two callables timed alternately, and the median and IQR of their per-pair difference."""
-
-    a_ms: float
-    b_ms: float
-    difference_ms: float
-    difference_iqr_ms: float
-
-
-def paired_timing(fa: Callable[[], object], fb: Callable[[], object], pairs: int, device: str) -> PairedTiming:
-    """Time ``fa`` and ``fb`` alternately ``pairs`` times each (order flipped every pair, L2 flushed before each
-    call on CUDA: :func:`mla_lab.measure.timer.interleaved`), so that clock and thermal drift hit both alike.
-    The difference of pair ``i`` is ``a_i - b_i``."""
+def paired_timing(fa: Callable[[], object], fb: Callable[[], object], pairs: int,
+                  device: str) -> tuple[float, float, float, float]:
+    """``(a_ms, b_ms, difference_ms, difference_iqr_ms)``: medians of ``fa`` and ``fb`` timed alternately ``pairs``
+    times (:func:`mla_lab.measure.timer.interleaved`: drift hits both alike), the median and IQR of ``a_i - b_i``."""
     samples = interleaved({"a": fa, "b": fb}, repeats=pairs, device=device)
     differences = summarize([a - b for a, b in zip(samples["a"], samples["b"])])
-    return PairedTiming(summarize(samples["a"])["median"], summarize(samples["b"])["median"],
-                        differences["median"], differences["iqr"])
-
-
-# ------------------------------------------------------------------------------------------------ the loops
+    return (summarize(samples["a"])["median"], summarize(samples["b"])["median"], differences["median"],
+            differences["iqr"])
 
 
 def moe_variants(tp: int) -> list[tuple[str, int]]:
-    """MoE layouts measured at ``tp``: TP-sharded experts, and expert parallelism over the TP group (ep = tp)."""
+    """MoE layouts measured at ``tp``: TP-sharded experts, and (tp > 1) expert parallelism with ep = tp."""
     return [("tp", 1)] + ([("ep", tp)] if tp > 1 else [])
 
 
 def layer_kinds(variant: tuple[str, int]) -> tuple[str, ...]:
-    """Layer kinds measured end to end under a MoE variant: ``moe`` and ``dense`` under TP-sharded experts (the
-    dense layer has no experts, so once), ``moe`` alone under expert parallelism."""
+    """Layer kinds timed end to end under a MoE variant: ``moe`` and ``dense`` under ``tp``, ``moe`` under ``ep``."""
     return ("moe", "dense") if variant[0] == "tp" else ("moe",)
 
 
 def measured_rank(model: ModelConfig, tp: int, arch: GPUArch, variant: tuple[str, int]) -> RankView:
-    """The rank the layer runner builds (:meth:`~mla_lab.deployment.Deployment.rank_of`, the door): bf16 weights
-    (the runner's), bf16 KV cache, the MoE ``variant`` ``(moe_parallel, ep)`` (:func:`moe_variants`);
-    ``max_num_batched_tokens`` 16384 (vLLM PR #53878's ``--max-num-batched-tokens``; the layer's ops do not read it).
+    """The rank the layer runner measures (:meth:`~mla_lab.deployment.Deployment.rank_of`): bf16 weights and KV
+    cache, MoE ``variant`` ``(moe_parallel, ep)``, ``max_num_batched_tokens`` 16384 (vLLM PR #53878's
+    ``--max-num-batched-tokens``; the layer's ops do not read it).
 
     Raises:
         ValueError: as :meth:`~mla_lab.deployment.Deployment.rank_of` (a ``tp`` that does not divide the model).
@@ -88,10 +72,9 @@ def measured_rank(model: ModelConfig, tp: int, arch: GPUArch, variant: tuple[str
 
 def ops_to_time(rank: RankView, T: int, variant: tuple[str, int],
                 strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> dict:
-    """The measurable ops of ``strategies`` and both layer kinds (``moe``; ``dense`` under TP-sharded experts)
-    at ``T`` tokens: ``{(op name, concat Strategy or None): LayerOp}``, each op once (``concat`` once per
-    strategy: it writes a different buffer); communication and modelled-only ops left out. Under ``ep`` only the
-    ``moe_*`` ops (the rest is the same as under ``tp``); ``rank``: :func:`measured_rank` of the variant."""
+    """``{(op name, concat Strategy or None): LayerOp}``: the measurable ops of ``strategies`` and the variant's
+    layer kinds at ``T`` tokens, each once (``concat`` once per strategy: another buffer); no communication or
+    modelled-only ops; under ``ep`` only the ``moe_*`` ops. ``rank``: :func:`measured_rank` of the variant."""
     parallel = variant[0]
     ops = {}
     for kind in layer_kinds(variant):
@@ -109,13 +92,9 @@ def measure_ops(layer: Layer, model_name: str, T: int, variant: tuple[str, int],
                 settings: MeasureSettings, implementations: Implementations, measured: dict,
                 log: Callable[[str], None] = print,
                 strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> Iterator[dict]:
-    """Time every op of :func:`ops_to_time` once per unique shape; yield one ``layer_ops.csv`` row each (its
-    ``content``: what the padded heads held for the ops that read them, ``attn_kernel``; empty for the others).
-
-    ``measured`` (``{shape key: ms or None}``, shared by the caller across tp and T) skips shapes already timed.
-    An op that raises gets ``ms`` NaN and status ``error <type>: <message>``; the loop goes on. Stops at the
-    deadline.
-    """
+    """A ``layer_ops.csv`` row per op of :func:`ops_to_time`, each unique shape once (``measured``, ``{shape key:
+    ms or None}``, shared across tp and T, skips those timed). A raising op: ``ms`` NaN, status ``error <type>:
+    <message>``. Stops at the deadline."""
     parallel, ep = variant
     tp = layer.tp
     for (op_name, concat_strategy), op in ops_to_time(measured_rank(layer.model, tp, arch, variant), T, variant,
@@ -156,12 +135,8 @@ def measure_layers(layer: Layer, model_name: str, T: int, variant: tuple[str, in
                    settings: MeasureSettings, implementations: Implementations,
                    log: Callable[[str], None] = print,
                    strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> Iterator[dict]:
-    """Time the whole layer of ``kind`` (:meth:`Layer.e2e`) per strategy; yield ``layer_e2e.csv`` rows
-    (``strategy`` the canonical name, ``content`` :meth:`Layer.content_of`).
-
-    Modes: ``eager``, and on a GPU for ``T <= 4096`` also ``graph`` (CUDA-graph replay). A failing call gets
-    ``ms`` NaN and an ``error`` status. Stops at the deadline.
-    """
+    """``layer_e2e.csv`` rows: the layer of ``kind`` (:meth:`Layer.e2e`) per strategy, ``eager`` and (GPU, ``T <=
+    4096``) ``graph``. A failing call: ``ms`` NaN, an ``error`` status. Stops at the deadline."""
     parallel, ep = variant
     detail = f"{implementations.kernel_detail}; {implementations.concat_detail}"
     for strategy in strategies:
@@ -188,12 +163,9 @@ def measure_layers(layer: Layer, model_name: str, T: int, variant: tuple[str, in
 def measure_layer_pairs(layer: Layer, model_name: str, T: int, variant: tuple[str, int], kind: str, pairs: int,
                         settings: MeasureSettings, implementations: Implementations,
                         strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> tuple[list[dict], dict]:
-    """The layers of the first two ``strategies`` (``a``, ``b``: per-call pad then workspace by default) timed
-    alternately (:func:`paired_timing`): the difference with drift cancelled (also where ``H == H'``, where both
-    run the same code: a null control for the noise).
-
-    Returns ``(two layer_e2e.csv rows with mode "paired", one layer_extras.csv row "e2e_paired_delta")``; the
-    extras row's ``ms`` is the median of ``a - b`` and its ``value`` that difference's IQR.
+    """The layers of the first two ``strategies`` timed alternately (:func:`paired_timing`; where ``H == H'`` a
+    null control for the noise): ``(two layer_e2e.csv "paired" rows, a layer_extras.csv "e2e_paired_delta" row)``,
+    its ``ms`` the median of ``a - b``, its ``value`` the IQR.
 
     Raises:
         ValueError: fewer than two strategies.
@@ -204,17 +176,17 @@ def measure_layer_pairs(layer: Layer, model_name: str, T: int, variant: tuple[st
     parallel, ep = variant
     fa, excluded = layer.e2e(T, a, kind, variant)
     fb, _ = layer.e2e(T, b, kind, variant)
-    timing = paired_timing(fa, fb, pairs, settings.device)
+    a_ms, b_ms, difference_ms, difference_iqr_ms = paired_timing(fa, fb, pairs, settings.device)
     del fa, fb
     detail = f"{implementations.kernel_detail}; {implementations.concat_detail}"
     layer_rows = [{"model": model_name, "tp": layer.tp, "moe_parallel": parallel, "ep": ep, "T": T,
                    "layer_kind": kind, "strategy": strategy.name, "content": layer.content_of(strategy),
                    "mode": "paired", "ms": ms, "excluded_ops": ";".join(excluded), "impl_detail": detail,
                    "status": "ok"}
-                  for strategy, ms in ((a, timing.a_ms), (b, timing.b_ms))]
+                  for strategy, ms in ((a, a_ms), (b, b_ms))]
     delta_row = {"experiment": "e2e_paired_delta", "model": model_name, "tp": layer.tp, "T": T, "H": layer.H,
-                 "Hp": layer.Hp, "name": f"{kind}_{parallel}", "ms": timing.difference_ms,
-                 "value": timing.difference_iqr_ms, "unit": f"ms: median({a.name} - {b.name}); value: IQR",
+                 "Hp": layer.Hp, "name": f"{kind}_{parallel}", "ms": difference_ms,
+                 "value": difference_iqr_ms, "unit": f"ms: median({a.name} - {b.name}); value: IQR",
                  "content": layer.content_of(b), "note": f"{pairs} interleaved pairs"}
     return layer_rows, delta_row
 
@@ -223,13 +195,10 @@ def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], t
                         settings: MeasureSettings, implementations: Implementations, sink,
                         log: Callable[[str], None] = print, pairs: int = 0, skip_e2e: bool = False,
                         strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> None:
-    """Every model x TP x T: the ops (:func:`measure_ops`, each unique shape once over the whole run) and, unless
-    ``skip_e2e``, per layer kind the layer end to end (:func:`measure_layers`; under ``ep`` only at the largest
-    TP) then, with ``pairs`` > 0, its interleaved pairs of the first two ``strategies`` (:func:`measure_layer_pairs`). One :class:`Layer` per (model, tp), sized
-    for ``max(tokens)``. Rows go to ``sink`` (a :class:`~mla_lab.measure.sink.Sink` over
-    :data:`LAYER_OUTPUTS`) as they are measured. Failures are logged and skipped (a failed
-    allocation skips that (model, tp)); the deadline stops the run.
-    """
+    """Every model x TP x T: the ops (:func:`measure_ops`) and, unless ``skip_e2e``, per layer kind the layer end
+    to end (:func:`measure_layers`; ``ep`` at the largest TP only) and, ``pairs`` > 0, its pairs
+    (:func:`measure_layer_pairs`). One :class:`Layer` per (model, tp) for ``max(tokens)``; rows to ``sink`` as
+    measured; failures logged and skipped; the deadline stops the run."""
     measured: dict = {}
     for tp in tps:
         for model_name, model in models:
@@ -237,9 +206,9 @@ def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], t
                 log(f"budget reached before {model_name} tp={tp}")
                 break
             try:
-                layer = Layer(measured_rank(model, tp, arch, ("tp", 1)), settings.device, settings.dtype, max(tokens), implementations.kernel,
-                              implementations.concat, settings.interpret, moe_variants(tp), content=settings.content,
-                              disabled_kernels=settings.disabled_kernels)
+                layer = Layer(measured_rank(model, tp, arch, ("tp", 1)), settings.device, settings.dtype, max(tokens),
+                              implementations.kernel, implementations.concat, settings.interpret, moe_variants(tp),
+                              content=settings.content, disabled_kernels=settings.disabled_kernels)
             except Exception as e:  # noqa: BLE001 - a failed allocation skips this (model, tp)
                 log(f"alloc failed {model_name} tp={tp}: {type(e).__name__}: {e}")
                 _free(settings)
