@@ -2,7 +2,7 @@
 :func:`mla_lab.model.ops.layer_ops` at its real shape (:meth:`Layer.runner`) and the layer end to end
 (:meth:`Layer.e2e`); the run's state (:class:`MeasureSettings`, :class:`Implementations`) and the files it writes.
 Loops: :mod:`.layer_runs`; Triton stand-ins: :mod:`.triton_ops` (CPU runs need ``TRITON_INTERPRET=1`` set before
-import); extras: :mod:`.layer_experiments`; fit: :mod:`.validate`.
+import); extras: :mod:`.layer_runs`; fit: :mod:`.validate`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ OPS_COLUMNS = ["model", "tp", "moe_parallel", "ep", "T", "op", "op_class", "impl
 #: ``strategy`` a canonical name, ``content`` what the padded heads held (``zeros`` / ``stale``).
 E2E_COLUMNS = ["model", "tp", "moe_parallel", "ep", "T", "layer_kind", "strategy", "content", "mode", "ms",
                "excluded_ops", "impl_detail", "status"]
-#: Columns of ``layer_extras.csv``: ceilings, kernel checks and the experiments of :mod:`.layer_experiments`.
+#: Columns of ``layer_extras.csv``: ceilings, kernel checks and the extras of :mod:`.layer_runs`.
 #: ``content`` as in :data:`OPS_COLUMNS` (empty where no padded heads are read).
 EXTRAS_COLUMNS = ["experiment", "model", "tp", "T", "H", "Hp", "name", "ms", "flops", "bytes", "value", "unit",
                   "content", "note"]
@@ -393,6 +393,13 @@ class Layer:
     def _empty(self, *shape: int) -> torch.Tensor:
         return torch.empty(*shape, device=self.device, dtype=self.dtype)
 
+    def _mlp(self, x: torch.Tensor, up: str, down: str) -> torch.Tensor:
+        """``weights[down] (silu_mul(weights[up] x))`` of ``x [T, hidden]``: the dense MLP or the shared experts."""
+        g = F.linear(x, self.weights[up])
+        a = torch.empty(x.shape[0], g.shape[1] // 2, device=self.device, dtype=self.dtype)
+        silu_mul(g, a)
+        return F.linear(a, self.weights[down])
+
     def e2e(self, T: int, strategy: Strategy, kind: str, moe_var=None) -> tuple[Callable[[], torch.Tensor], list[str]]:
         """``(layer, excluded)``: a closure running the per-rank layer once (no communication) and returning its
         ``[T, hidden]`` output (``moe``: the routed experts' sum), and the ops it leaves out (``kernel`` without
@@ -472,20 +479,14 @@ class Layer:
             y_normed = torch.empty_like(y)
             rmsnorm(y, self.norm_weights[hidden], y_normed, residual=residual)
             if kind == "dense":
-                g = F.linear(y_normed, W["mlp_gate_up"])
-                a = torch.empty(T, g.shape[1] // 2, device=device, dtype=dtype)
-                silu_mul(g, a)
-                return F.linear(a, W["mlp_down"])
+                return self._mlp(y_normed, "mlp_gate_up", "mlp_down")
             F.linear(y_normed, W["router"])
             h1 = torch.bmm(expert_in, w13.transpose(1, 2))
             silu_mul(h1.view(-1, two_inter), activation)
             h2 = torch.bmm(activation.view(experts_local, rows_per_expert, -1), w2.transpose(1, 2))
             routed = h2.view(T, k_local, hidden).sum(1)
             if "shared_gate_up" in W:
-                g = F.linear(y_normed, W["shared_gate_up"])
-                a = torch.empty(T, g.shape[1] // 2, device=device, dtype=dtype)
-                silu_mul(g, a)
-                F.linear(a, W["shared_down"])
+                self._mlp(y_normed, "shared_gate_up", "shared_down")
             return routed
 
         return layer, excluded

@@ -1,20 +1,27 @@
-"""The measurement loops over :class:`mla_lab.measure.layer.Layer`: rows of :data:`LAYER_OUTPUTS` written through one
-:class:`mla_lab.measure.sink.Sink` as measured (a killed run loses nothing measured).
+"""The measurement loops over :class:`mla_lab.measure.layer.Layer` and the extras beside them, rows of
+:data:`LAYER_OUTPUTS` written through one :class:`mla_lab.measure.sink.Sink` as measured (a killed run loses nothing
+measured). :func:`run_extras` runs the five extras (``layer_extras.csv`` rows), each guarded on its own; on CPU their
+shapes shrink and the GPU-only parts (memory statistics, profiler, fp8) are skipped.
 """
 
 from __future__ import annotations
 
 import csv
+import math
+import traceback
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
 
 from ..arch import GPUArch
+from ..buffers import MIB, memory_account, padded_num_heads
 from ..deployment import Deployment, RankView
 from ..model.ops import layer_ops
 from ..models import ModelConfig
 from ..placement import Strategy
+from ..workload import sum_topk_lengths
+from .attention import call_peak_bytes
 from .layer import (
     E2E_COLUMNS,
     E2E_CSV,
@@ -29,8 +36,9 @@ from .layer import (
 )
 from .timer import interleaved, summarize
 
-__all__ = ["paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops",
-           "measure_layers", "measure_layer_pairs", "run_layer_benchmark", "LAYER_OUTPUTS", "read_rows"]
+__all__ = ["paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops", "measure_layers",
+           "measure_layer_pairs", "run_layer_benchmark", "LAYER_OUTPUTS", "read_rows", "ceilings", "w_uv_slice",
+           "peak_memory", "causal_kernel", "pad_values", "run_extras", "fp8_gemm_rows"]
 
 #: The files one layer run writes (its :class:`~mla_lab.measure.sink.Sink`'s outputs).
 LAYER_OUTPUTS = {OPS_CSV: OPS_COLUMNS, E2E_CSV: E2E_COLUMNS, EXTRAS_CSV: EXTRAS_COLUMNS}
@@ -88,6 +96,23 @@ def ops_to_time(rank: RankView, T: int, variant: tuple[str, int],
     return ops
 
 
+def _time(settings: MeasureSettings, log, what: str, build, graph: bool = False) -> tuple:
+    """``(ms, status, extra)`` of ``build() -> (fn, extra)``: ``fn`` called once, then
+    :meth:`MeasureSettings.median_ms`; ``fn`` None: ``(None, "ok", extra)``; a raise: ``ms`` NaN, status ``error
+    <type>: <message>`` (logged after ``what``), ``extra`` None."""
+    try:
+        fn, extra = build()
+        if fn is None:
+            return None, "ok", extra
+        fn()
+        return settings.median_ms(fn, graph=graph), "ok", extra
+    except Exception as e:
+        status = f"error {type(e).__name__}: {str(e)[:150]}"
+        log(f"{what}: {status}")
+        _free(settings)
+        return float("nan"), status, None
+
+
 def measure_ops(layer: Layer, model_name: str, T: int, variant: tuple[str, int], arch: GPUArch,
                 settings: MeasureSettings, implementations: Implementations, measured: dict,
                 log: Callable[[str], None] = print,
@@ -106,21 +131,12 @@ def measure_ops(layer: Layer, model_name: str, T: int, variant: tuple[str, int],
         key = (model_name, op.impl, buffer, shape, parallel if op.impl == "moe_bmm" else None)
         if key in measured:
             continue
-        status = "ok"
-        try:
-            fn = layer.runner(op, T, variant=concat_strategy or (variant if op.impl == "moe_bmm" else None))
-            if fn is None:
-                measured[key] = None
-                continue
-            fn()
-            ms = settings.median_ms(fn)
-            del fn
-        except Exception as e:
-            ms, status = float("nan"), f"error {type(e).__name__}: {str(e)[:150]}"
-            log(f"op {op_name} {model_name} tp={tp} T={T}: {status}")
-            if settings.gpu:
-                torch.cuda.empty_cache()
+        v = concat_strategy or (variant if op.impl == "moe_bmm" else None)
+        ms, status, _ = _time(settings, log, f"op {op_name} {model_name} tp={tp} T={T}",
+                              lambda op=op, v=v: (layer.runner(op, T, variant=v), None))
         measured[key] = ms
+        if ms is None:
+            continue
         detail = {"attn_concat": implementations.concat_detail,
                   "attn_kernel": implementations.kernel_detail}.get(op.op_class, "")
         if concat_strategy:
@@ -143,20 +159,11 @@ def measure_layers(layer: Layer, model_name: str, T: int, variant: tuple[str, in
         for mode in ["eager"] + (["graph"] if settings.gpu and T <= 4096 else []):
             if settings.out_of_time():
                 break
-            status = "ok"
-            try:
-                fn, excluded = layer.e2e(T, strategy, kind, variant)
-                fn()
-                ms = settings.median_ms(fn, graph=mode == "graph")
-                del fn
-            except Exception as e:
-                ms, excluded, status = float("nan"), [], f"error {type(e).__name__}: {str(e)[:150]}"
-                log(f"e2e {kind} {strategy.name} {mode} {model_name} tp={layer.tp} T={T}: {status}")
-                if settings.gpu:
-                    torch.cuda.empty_cache()
+            ms, status, excluded = _time(settings, log, f"e2e {kind} {strategy.name} {mode} {model_name} tp={layer.tp} "
+                                         f"T={T}", lambda s=strategy: layer.e2e(T, s, kind, variant), mode == "graph")
             yield {"model": model_name, "tp": layer.tp, "moe_parallel": parallel, "ep": ep, "T": T,
                    "layer_kind": kind, "strategy": strategy.name, "content": layer.content_of(strategy),
-                   "mode": mode, "ms": ms, "excluded_ops": ";".join(excluded), "impl_detail": detail,
+                   "mode": mode, "ms": ms, "excluded_ops": ";".join(excluded or []), "impl_detail": detail,
                    "status": status}
 
 
@@ -266,3 +273,256 @@ def read_rows(path: str | Path) -> list[dict]:
         return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
+
+
+def ceilings(settings: MeasureSettings) -> Iterator[dict]:
+    """Ceilings: ``d2d_copy`` of ``2^28`` elements (GB/s, read + write) and ``matmul_8192^3`` (TFLOP/s)."""
+    device, dtype = settings.device, settings.dtype
+    n = (1 << 28) if settings.gpu else (1 << 16)
+    a = torch.randn(n, device=device, dtype=dtype)
+    b = torch.empty_like(a)
+    ms = settings.median_ms(lambda: b.copy_(a))
+    nbytes = 2 * a.numel() * a.element_size()
+    yield {"experiment": "ceiling", "name": "d2d_copy", "ms": ms, "bytes": nbytes, "value": nbytes / ms / 1e6,
+           "unit": "GB/s (read+write)"}
+    s = 8192 if settings.gpu else 128
+    a = torch.randn(s, s, device=device, dtype=dtype)
+    b = torch.randn(s, s, device=device, dtype=dtype)
+    ms = settings.median_ms(lambda: a @ b)
+    yield {"experiment": "ceiling", "name": f"matmul_{s}^3", "ms": ms, "flops": 2 * s**3,
+           "value": 2 * s**3 / ms / 1e9, "unit": "TFLOP/s"}
+
+
+def _w_uv_variants(view, W, out_view, contiguous, batch_contiguous) -> dict:
+    """The W_UV bmm five ways: vLLM's strided ``out[:, :H]`` view into a transposed output view, into a fresh
+    output, from a contiguous copy (made beforehand), from a batch-major copy, and copying inside."""
+    return {
+        "bmm_view_out_view": lambda: torch.bmm(view.transpose(0, 1), W, out=out_view),
+        "bmm_view": lambda: torch.bmm(view.transpose(0, 1), W),
+        "bmm_contig_input": lambda: torch.bmm(contiguous.transpose(0, 1), W, out=out_view),
+        "bmm_batch_contig_input": lambda: torch.bmm(batch_contiguous, W, out=out_view),
+        "contiguous_then_bmm": lambda: torch.bmm(view.contiguous().transpose(0, 1), W, out=out_view),
+    }
+
+
+def _kernels_launched(fn) -> str:
+    """The CUDA kernels one call of ``fn`` launches (``torch.profiler``), ``|``-joined, or why the profiler failed."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize()
+        return "|".join(sorted({e.key[:60] for e in prof.key_averages()
+                                if e.device_type.name == "CUDA" or "cuda" in str(e.device_type).lower()}))
+    except Exception as e:  # profiler optional
+        return f"profiler failed: {type(e).__name__}"
+
+
+def w_uv_slice(settings: MeasureSettings, models: list[tuple[str, ModelConfig]], arch: GPUArch,
+               max_T: int) -> Iterator[dict]:
+    """Does the W_UV bmm copy the ``[:, :H]`` slice? Per model and tp (8 and 4; CPU: 2) at ``T = max_T``, the five
+    variants of :func:`_w_uv_variants`: median ``ms``, the call's peak extra bytes (``value``) and the CUDA kernels
+    launched (``note``; both GPU only)."""
+    device, dtype = settings.device, settings.dtype
+    for model_name, model in models:
+        for tp in (8, 4) if settings.gpu else (2,):
+            H, T, d_v = model.heads_per_rank(tp), max_T, model.v_head_dim
+            Hp = padded_num_heads(H, arch, "bf16")
+            attention = torch.randn(T, Hp, 512, device=device, dtype=dtype)
+            W = torch.randn(H, 512, d_v, device=device, dtype=dtype) / math.sqrt(512)
+            view = attention[:, :H]
+            out = torch.empty(T, H * d_v, device=device, dtype=dtype)
+            variants = _w_uv_variants(view, W, out.view(T, H, d_v).transpose(0, 1), view.contiguous(),
+                                      view.transpose(0, 1).contiguous())
+            for variant_name, fn in variants.items():
+                ms = settings.median_ms(fn)
+                extra_bytes = call_peak_bytes(fn) if settings.gpu else None
+                kernels = _kernels_launched(fn) if settings.gpu else ""
+                yield {"experiment": "w_uv_slice", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
+                       "name": variant_name, "ms": ms, "value": extra_bytes, "unit": "peak extra bytes during call",
+                       "note": f"view.is_contiguous()={view.is_contiguous()}; "
+                               f"transpose contiguous={view.transpose(0, 1).is_contiguous()}; kernels={kernels}"}
+            del attention, W, out, variants
+
+
+def peak_memory(settings: MeasureSettings, implementations: Implementations, models: list[tuple[str, ModelConfig]],
+                arch: GPUArch, max_T: int) -> Iterator[dict]:
+    """Peak memory per strategy of the attention path alone at ``T = max_T``, tp 8, the workspace allocated inside
+    the measured window: ``value`` the measured peak above the baseline, ``bytes`` the
+    :func:`~mla_lab.buffers.memory_account` peak (bytes). GPU with a kernel only (a ``note`` row without one)."""
+    device, dtype = settings.device, settings.dtype
+    kernel, concat = implementations.kernel, implementations.concat
+    if kernel is None:
+        yield {"experiment": "note", "name": "flash_mla", "note": "flash_mla not importable: kernel skipped"}
+    if not settings.gpu or kernel is None:
+        return
+    for model_name, model in models:
+        tp, T = 8, max_T
+        H = model.heads_per_rank(tp)
+        Hp = padded_num_heads(H, arch, "bf16")
+        for strategy in LAYER_STRATEGIES:  # per_call_zeros (a new_zeros pad per call), private_workspace
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            ql_nope = torch.randn(T, H, 512, device=device, dtype=dtype)
+            q_pe = torch.randn(T, H, 64, device=device, dtype=dtype)
+            kv = torch.randn(max(T, 4096), 1, 576, device=device, dtype=dtype)
+            indices = torch.randint(0, kv.shape[0], (T, 1, model.topk), device=device, dtype=torch.int32)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            if strategy.per_call_pad:
+                workspace = torch.empty(max_T, H, 576, device=device, dtype=dtype)
+                concat(ql_nope, q_pe, workspace[:T])
+                qk = workspace[:T].new_zeros((T, Hp, 576))
+                qk[:, :H] = workspace[:T]
+            else:
+                workspace = torch.empty(max_T, Hp, 576, device=device, dtype=dtype)
+                qk = workspace[:T]
+                concat(ql_nope, q_pe, qk)
+            out = kernel(qk, kv, indices, 1.0 / 16)
+            del qk
+            o = out[:, :H]  # noqa: F841  (a view: vLLM's slice)
+            torch.cuda.synchronize()
+            peak = torch.cuda.max_memory_allocated() - base
+            persistent = torch.cuda.memory_allocated() - base
+            account = memory_account(strategy.name, H, max_T, arch, "bf16", T)
+            yield {"experiment": "peak_memory", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
+                   "name": strategy.name, "content": "zeros", "value": peak, "bytes": account.peak_bytes,
+                   "unit": "bytes (measured peak above baseline; 'bytes' = memory_account peak_bytes)",
+                   "note": f"held after step {persistent} B ({persistent / MIB:.1f} MiB); "
+                           f"account persistent {account.persistent_bytes / MIB:.1f} MiB transient "
+                           f"{account.step_transient_bytes / MIB:.1f} MiB kernel_out "
+                           f"{account.kernel_out_bytes / MIB:.1f} MiB"}
+            del workspace, out, o, ql_nope, q_pe, kv, indices
+
+
+def causal_kernel(settings: MeasureSettings, implementations: Implementations,
+                  models: list[tuple[str, ModelConfig]], arch: GPUArch) -> Iterator[dict]:
+    """The sparse kernel with causal ``topk_length`` (first model, tp 8; CPU: 2): ``seed_16x1024`` (16 prompts of
+    1024 in one step), ``one_prompt_4096``, ``full_topk_16384`` (random indices). ``flops`` = 2 sum(topk_length) H'
+    (576 + 512); ``value`` = sum(topk_length). Nothing without a kernel."""
+    device, dtype, kernel = settings.device, settings.dtype, implementations.kernel
+    if kernel is None:
+        return
+    for model_name, model in models[:1]:
+        tp = 8 if settings.gpu else 2
+        H = model.heads_per_rank(tp)
+        Hp = padded_num_heads(H, arch, "bf16")
+        cases = ([("seed_16x1024", 16384, 1024), ("one_prompt_4096", 4096, 4096), ("full_topk_16384", 16384, 0)]
+                 if settings.gpu else [("tiny", 256, 64), ("tiny_full", 256, 0)])
+        for name, T, prompt_len in cases:
+            q = torch.randn(T, Hp, 576, device=device, dtype=dtype)
+            s_kv = max(T, 4096) if settings.gpu else max(T, 2 * model.topk)
+            kv = torch.randn(s_kv, 1, 576, device=device, dtype=dtype)
+            topk = model.topk
+            if prompt_len:
+                position = torch.arange(T, device=device) % prompt_len
+                topk_length = torch.clamp(position + 1, max=topk).to(torch.int32)
+                # token at position p of its prompt attends keys of its own prompt start..start+p
+                start = (torch.arange(T, device=device) // prompt_len) * prompt_len
+                offsets = torch.arange(topk, device=device)
+                indices = (start[:, None] + offsets[None, :]).to(torch.int32)
+                indices = torch.where(offsets[None, :] < topk_length[:, None], indices,
+                                      torch.full_like(indices, -1)).view(T, 1, topk)
+                sum_topk = sum(sum_topk_lengths(0, min(prompt_len, T - s), topk) for s in range(0, T, prompt_len))
+            else:
+                topk_length = None
+                indices = torch.randint(0, s_kv, (T, 1, topk), device=device, dtype=torch.int32)
+                sum_topk = T * topk
+            ms = settings.median_ms(lambda q=q, kv=kv, indices=indices, topk_length=topk_length: kernel(
+                q, kv, indices, 1.0 / 16, topk_length=topk_length))
+            yield {"experiment": "kernel_topk_length", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
+                   "name": name, "ms": ms, "flops": 2 * sum_topk * Hp * (576 + 512), "value": sum_topk,
+                   "unit": "sum(topk_length)", "content": "stale"}  # q all N(0, 1), padded heads too
+            del q, kv, indices
+
+
+def pad_values(settings: MeasureSettings, implementations: Implementations, models: list[tuple[str, ModelConfig]],
+               arch: GPUArch, max_T: int) -> Iterator[dict]:
+    """Does the sparse kernel's time depend on what the padded heads hold? First model, tp 8 (CPU: 2), T 4096 and
+    ``max_T``: the same real heads, the padded heads ``stale`` (N(0, 1)), ``zeros``, ``nan`` (older rows: ``random``
+    / ``zero``). Nothing without a kernel."""
+    device, dtype, kernel = settings.device, settings.dtype, implementations.kernel
+    if kernel is None:
+        return
+    model_name, model = models[0]
+    tp = 8 if settings.gpu else 2
+    H = model.heads_per_rank(tp)
+    Hp = padded_num_heads(H, arch, "bf16")
+    for T in ((4096, max_T) if settings.gpu else (max_T,)):
+        kv = torch.randn(max(T, 2 * model.topk), 1, 576, device=device, dtype=dtype)
+        indices = torch.randint(0, kv.shape[0], (T, 1, model.topk), device=device, dtype=torch.int32)
+        base = torch.randn(T, Hp, 576, device=device, dtype=dtype)
+        for fill in ("stale", "zeros", "nan"):
+            q = base.clone()
+            if fill == "zeros":
+                q[:, H:].zero_()
+            elif fill == "nan":
+                q[:, H:] = float("nan")
+            ms = settings.median_ms(lambda q=q, kv=kv, indices=indices: kernel(q, kv, indices, 1.0 / 16))
+            yield {"experiment": "kernel_pad_values", "model": model_name, "tp": tp, "T": T, "H": H, "Hp": Hp,
+                   "name": fill, "ms": ms, "content": fill if fill != "nan" else "",
+                   "note": "padded heads H..H'-1 filled with this (stale: N(0, 1); nan: a poison check, no "
+                           "content); real heads random"}
+
+
+def run_extras(sink, settings: MeasureSettings, implementations: Implementations,
+               models: list[tuple[str, ModelConfig]], arch: GPUArch, max_T: int,
+               log: Callable[[str], None] = print) -> None:
+    """The five extras in order, rows to ``sink``'s ``layer_extras.csv`` as they come; one failing logs its
+    traceback and writes an ``error`` row naming it, and the others run."""
+    experiments = (
+        ("ceilings", lambda: ceilings(settings)),
+        ("w_uv_slice", lambda: w_uv_slice(settings, models, arch, max_T)),
+        ("peak_memory", lambda: peak_memory(settings, implementations, models, arch, max_T)),
+        ("causal_kernel", lambda: causal_kernel(settings, implementations, models, arch)),
+        ("pad_values", lambda: pad_values(settings, implementations, models, arch, max_T)),
+    )
+    for name, experiment in experiments:
+        try:
+            for row in experiment():
+                sink.write(EXTRAS_CSV, row)
+            log(f"{name} done")
+        except Exception as e:
+            log(f"{name} failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
+            sink.write(EXTRAS_CSV, {"experiment": "error", "name": name, "note": f"{type(e).__name__}: {str(e)[:200]}"})
+
+
+def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, tokens: list[int]) -> Iterator[dict]:
+    """fp8 GEMMs (``torch._scaled_mm``, per-tensor scales, bf16 out) at the model's TP8 EP per-rank shapes
+    (:func:`~mla_lab.model.ops.layer_ops`) per T of ``tokens``, each (M, K, N) once, dims not divisible by 16
+    skipped: ``layer_ops.csv`` rows (``gemm_fp8``; a failure: ``ms`` NaN, ``error`` status). GPU only; stops at the
+    deadline."""
+    if not settings.gpu:
+        return
+    device = settings.device
+    seen = set()
+    # the seed's rank (TP8, fp8 weights, experts ep), built once at the door; the GEMM shapes do not read its limits
+    rank = Deployment.rank_of(model=model, tp=8, arch=arch, kv_cache_dtype="bf16", weight_dtype="fp8",
+                              moe_parallel="ep", max_num_batched_tokens=16384)
+    for T in tokens:
+        for op in layer_ops(rank, "private_workspace", T):
+            if op.op_class != "gemm_fp8" or settings.out_of_time():
+                continue
+            dims = op.dims
+            key = (dims["M"], dims["K"], dims["N"])
+            if key in seen or dims["N"] % 16 or dims["K"] % 16:
+                continue
+            seen.add(key)
+            try:
+                a = torch.randn(dims["M"], dims["K"], device=device).to(torch.float8_e4m3fn)
+                b = torch.randn(dims["N"], dims["K"], device=device).to(torch.float8_e4m3fn)
+                one = torch.tensor(1.0, device=device)
+
+                def fn(a=a, b=b, one=one):
+                    return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+                fn()
+                ms = settings.median_ms(fn)
+                status = "ok"
+            except Exception as e:
+                ms, status = float("nan"), f"error {type(e).__name__}: {str(e)[:100]}"
+            yield {"model": model.name, "tp": 8, "moe_parallel": "ep", "ep": 8, "T": T, "op": op.name,
+                   "op_class": "gemm_fp8", "impl": "scaled_mm", "impl_detail": "torch._scaled_mm per-tensor",
+                   "dims": op.to_dict()["dims"], "dtype": "fp8", "flops": op.flops, "bytes": op.bytes,
+                   "ms": ms, "content": "", "status": status}

@@ -1,6 +1,6 @@
 """Calibrate and validate the per-rank layer model (:mod:`mla_lab.model`) on a GPU: the library is
 :mod:`mla_lab.measure.layer` (the layer), :mod:`~mla_lab.measure.layer_runs` (the loops),
-:mod:`~mla_lab.measure.triton_ops` (its Triton kernels), :mod:`~mla_lab.measure.layer_experiments` (the extras) and
+:mod:`~mla_lab.measure.triton_ops` (its Triton kernels), :mod:`~mla_lab.measure.layer_runs` (the extras) and
 :mod:`~mla_lab.measure.validate` (the fit; ``python -m mla_lab.measure.validate --fit-only DIR --cal-out PATH``
 refits committed rows). Timing :func:`mla_lab.measure.timer.median_ms` (do_bench medians); random bf16 weights and
 inputs scaled 1/sqrt(K), never zeros.
@@ -37,8 +37,7 @@ from mla_lab.measure.layer import (
     run_kernel_checks,
     select_implementations,
 )
-from mla_lab.measure.layer_experiments import fp8_gemm_rows, run_extras
-from mla_lab.measure.layer_runs import LAYER_OUTPUTS, OPS_CSV, run_layer_benchmark
+from mla_lab.measure.layer_runs import LAYER_OUTPUTS, OPS_CSV, fp8_gemm_rows, run_extras, run_layer_benchmark
 from mla_lab.measure.sink import log
 from mla_lab.measure.validate import VALIDATION_COLUMNS, fit_and_validate
 
