@@ -46,7 +46,7 @@ DSV_ROUTES = {
 }
 
 
-def test_preset_table_every_preset():
+def test_every_preset_member_and_its_routes():
     assert set(GLM_TABLE) == set(PRESETS)
     got: dict = {}
     for preset in PRESETS:
