@@ -118,7 +118,7 @@ def _comm_ms(kind: str, nbytes: float, n: int, arch: GPUArch, cal: Calibration) 
     """:func:`comm_time_ms` unchecked."""
     if n == 1 or nbytes <= 0:
         return 0.0
-    fit = cal.comm_fit_checked(n, nbytes, kind, arch)
+    fit = cal.comm_fit(n, nbytes, kind, arch)
     if fit is not None:
         return fit.time_ms(nbytes)
     moved = {"allreduce": 2.0 * (n - 1) / n * nbytes, "allgather": (n - 1) / n * nbytes,
