@@ -70,12 +70,6 @@ class DecodeKernel:
     mape_pct: float = float("nan")
     loco_mape_pct: float = float("nan")
 
-    def splits(self, B: int, keys: int, arch: GPUArch) -> int:
-        """CTAs per token: FA3's heuristic for ``fa3_sparse``, 1 for FlashMLA."""
-        if self.family != "fa3_sparse":
-            return 1
-        return fa3_num_splits(B, arch.sm_count, max(1, math.ceil(keys / FA3_BLOCK_N)))
-
     def ms(self, B: int, keys: int, arch: GPUArch) -> float:
         """Kernel ms of ``B`` decode tokens of ``keys`` keys each. Raises ValueError: ``B`` < 1 or ``keys`` < 0."""
         if B < 1 or keys < 0:
