@@ -12,8 +12,16 @@ import pytest
 from mla_lab.model.memory import memory_tradeoff
 from mla_lab.paths import REPO_ROOT
 from mla_lab.placement import BASELINE
-from mla_lab.validation.kv_capacity import (GIB, PRED, RESULTS, SCORE, WORKLOADS, deployment_of, predicted_figures,
-                                            round_paths, score)
+from mla_lab.validation.kv_capacity import (
+    GIB,
+    PRED,
+    RESULTS,
+    SCORE,
+    deployment_of,
+    predicted_figures,
+    round_paths,
+    score,
+)
 
 ROUND_TWO = "kv_capacity_2026-12c"
 ROUNDS = ["kv_capacity_2026-12", ROUND_TWO]
