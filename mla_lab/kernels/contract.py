@@ -1,12 +1,9 @@
 """The two public ops of the sparse-MLA prefill Q path, their contract checks and backend choice.
 
-:func:`concat_mla_q` (vLLM's ``concat_mla_q``, PR #53878; backends ``triton``, ``torch``; hot path
-:func:`make_concat_launcher`), :func:`sparse_mla_prefill` (FlashMLA's ``flash_mla_sparse_fwd`` on a head-padded
-``q``, sliced to the real heads as vLLM's ``_bf16_flash_mla_kernel``; backends ``flash_mla``, ``reference``),
-:func:`last_backend`.
-
-Every check raises ``ValueError`` naming the argument, its value and what is allowed. Widths 512 / 64 / 576:
-``kv_lora_rank``, ``qk_rope_head_dim``, head_size (GLM-5 / DeepSeek-V3.2 config.json).
+:func:`concat_mla_q` (vLLM's ``concat_mla_q``, PR #53878; hot path :func:`make_concat_launcher`) and
+:func:`sparse_mla_prefill` (FlashMLA's ``flash_mla_sparse_fwd`` on a head-padded ``q``, sliced to the real heads as
+vLLM's ``_bf16_flash_mla_kernel``). Every check raises one ``ValueError`` naming the argument, its value and what is
+allowed. Widths 512 / 64 / 576: ``kv_lora_rank``, ``qk_rope_head_dim``, head_size (GLM-5 / DeepSeek-V3.2 config.json).
 """
 
 from __future__ import annotations
@@ -32,14 +29,8 @@ _TRITON_OK, _TRITON_WHY = triton_available()
 
 
 def last_backend(op: str | None = None):
-    """Backend the most recent call of ``op`` ran (process-wide, not thread-local).
-
-    Args:
-        op: ``"concat_mla_q"`` or ``"sparse_mla_prefill"``; None returns a dict of both (missing = never called).
-
-    Returns:
-        ``"triton"`` | ``"torch"`` for concat, ``"flash_mla"`` | ``"reference"`` for prefill, or None if the op has
-        not run; with ``op=None`` a copy of the dict.
+    """Backend the last call of ``op`` (``"concat_mla_q"`` | ``"sparse_mla_prefill"``) ran, process-wide: ``"triton"``
+    | ``"torch"``, ``"flash_mla"`` | ``"reference"``, or None if it has not run; ``op=None``: a dict of both.
 
     Raises:
         ValueError: unknown op.
@@ -129,30 +120,23 @@ def _concat_call(ql_nope, q_pe, out, backend: str, variant: str | None) -> tuple
 
 def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *, zero_padding: bool = False,
                  backend: str = "auto", variant: str | None = None) -> torch.Tensor:
-    """Write ``ql_nope`` and ``q_pe`` into the first ``H`` heads of ``out`` (vLLM ``concat_mla_q`` semantics).
+    """``out[:, :H, :512] = ql_nope``, ``out[:, :H, 512:] = q_pe`` (vLLM ``concat_mla_q``); returns ``out``.
 
-    ``out[:, :H, :512] = ql_nope`` and ``out[:, :H, 512:] = q_pe``. Heads ``H..H'-1`` are left untouched (vLLM leaves
-    them uninitialised: the sparse kernel computes garbage rows for them that are sliced away) unless
-    ``zero_padding=True``, which writes zeros there in the same pass.
+    Heads ``H..H'-1`` are left untouched (vLLM leaves them uninitialised; the kernel's rows for them are sliced away)
+    unless ``zero_padding=True`` zeroes them in the same pass.
 
     Args:
-        ql_nope: ``[T, H, 512]`` fp16 or bf16, last dim contiguous (token/head strides arbitrary); ``T`` may be 0.
+        ql_nope: ``[T, H, 512]`` fp16 or bf16, last dim contiguous; ``T`` may be 0.
         q_pe: ``[T, H, 64]``, same dtype/device, last dim contiguous.
-        out: ``[T, H', 576]`` with ``H' >= H`` (the padded workspace view ``workspace[:T]``), same dtype/device,
-            last dim contiguous. Written in place.
-        zero_padding: also zero heads ``H..H'-1`` (default False: vLLM behaviour).
+        out: ``[T, H', 576]``, ``H' >= H`` (the padded workspace ``workspace[:T]``), same dtype/device, last dim
+            contiguous; written in place.
         backend: ``"auto"`` (Triton for CUDA tensors when triton imports, else torch), ``"triton"`` or ``"torch"``.
-        variant: the Triton kernel variant, one of :data:`CONCAT_VARIANTS` (``v2`` rows, ``v3`` token runs, ``v4``
-            persistent spans, ``v5`` spans + TMA stores: :mod:`.triton_concat`); None = ``v2``. Ignored by torch.
-
-    Returns:
-        ``out``; :func:`last_backend` ``("concat_mla_q")`` tells which backend ran.
+        variant: one of :data:`CONCAT_VARIANTS` (:mod:`.triton_concat`); None = ``v2``; ignored by torch.
 
     Raises:
-        ValueError: a tensor not 3-D; last dims not 512/64/576; T or H mismatch; ``out.shape[0]`` != T or
-            ``out.shape[1]`` < H; dtype not fp16/bf16 or not all equal; a last dim not contiguous; tensors on
-            different devices; unknown backend; ``"triton"`` without triton or on CPU tensors outside the Triton
-            interpreter; unknown ``variant``; ``v5`` with what it cannot run (:func:`.triton_concat_persistent.v5_unsupported`).
+        ValueError: a shape, dtype, contiguity or device rule; unknown backend; ``"triton"`` without triton or on
+            CPU outside the interpreter; unknown ``variant``; what ``v5`` cannot run
+            (:func:`.triton_concat_persistent.v5_unsupported`).
     """
     which, variant = _concat_call(ql_nope, q_pe, out, backend, variant)
     if which == "triton":
@@ -167,24 +151,15 @@ def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *
 
 def make_concat_launcher(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *,
                          zero_padding: bool = False, backend: str = "auto", variant: str | None = None, **config):
-    """Check once and return a no-argument callable that performs this :func:`concat_mla_q` call again.
+    """Check once; return a no-argument callable that repeats this :func:`concat_mla_q` call (``out`` written once).
 
-    With Triton it is a :class:`.triton_concat.ConcatLauncher` (``.path``: ``"compiled"`` = the compiled kernel's
-    launcher called directly, ``"jit"`` = ``kernel[grid]`` with precomputed arguments, e.g. under the interpreter);
-    make it before ``torch.cuda.graph`` capture (it compiles and writes ``out`` once) and it can be captured. It is
-    bound to these three tensors (pointers, shapes, strides). With torch it is a closure over :func:`concat_mla_q`.
-
-    Args:
-        ql_nope, q_pe, out, zero_padding, backend, variant: as :func:`concat_mla_q`.
-        **config: Triton knobs for :func:`.triton_concat.make_concat_launcher_triton` (``block_rows``,
-            ``num_warps``, ``streaming``, ``block_t``, ``block_h``, ``head_tiles``, ``progs_per_sm``, ``order``).
-
-    Returns:
-        a callable returning ``out``; ``out`` holds the result once on return.
+    Triton: a :class:`.triton_concat.ConcatLauncher` bound to these tensors, capturable by ``torch.cuda.graph`` when
+    made before capture; torch: a closure over :func:`concat_mla_q`. ``**config``: Triton knobs
+    (:func:`.triton_concat.concat_mla_q_triton`).
 
     Raises:
-        ValueError: every rule of :func:`concat_mla_q`; config with the torch backend; an unknown knob, one the
-            variant does not read (``triton_concat.KNOBS``), not an int, or out of range.
+        ValueError: every rule of :func:`concat_mla_q`; config with the torch backend; a knob refused by
+            ``triton_concat`` (unknown, not read by the variant, not an int, out of range).
     """
     which, variant = _concat_call(ql_nope, q_pe, out, backend, variant)
     if which == "triton":
@@ -272,28 +247,22 @@ def _prefill_backend(backend: str, device: torch.device) -> str:
 def sparse_mla_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
                        topk_length: torch.Tensor | None = None, actual_num_heads: int | None = None,
                        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sparse MLA prefill attention on a (head-padded) ``q``; outputs sliced to the real heads.
-
-    Semantics: FlashMLA's ``tests/ref.py``, as :func:`.reference.sparse_mla_prefill_ref` states them (an index
-    ``< 0`` or ``>= s_kv`` skipped; a row with no valid index gives ``out = 0``, ``lse = +inf``).
+    """Sparse MLA prefill on a (head-padded) ``q`` (semantics: :func:`.reference.sparse_mla_prefill_ref`).
 
     Args:
-        q: ``[s_q, h_q, d_qk]`` bf16, last dim contiguous. ``flash_mla``: d_qk 576 or 512, h_q 64 or 128 (pad the
-            real heads to vLLM's ``prefill_padding``, :func:`mla_lab.buffers.padded_num_heads`); the reference takes
-            any h_q/d_qk and fp16/fp32 too.
+        q: ``[s_q, h_q, d_qk]`` bf16, last dim contiguous; ``flash_mla``: d_qk 576 or 512, h_q 64 or 128 (vLLM's
+            ``prefill_padding``, :func:`mla_lab.buffers.padded_num_heads`); the reference: any, fp16/fp32 too.
         kv: ``[s_kv, 1, d_qk]`` or ``[s_kv, d_qk]``, ``q``'s dtype.
-        indices: ``[s_q, 1, topk]`` or ``[s_q, topk]`` int32. ``flash_mla``: topk a multiple of 128 on sm90, 64 on
-            sm100 (kernel B_TOPK); the reference takes any topk >= 0.
-        sm_scale: softmax scale (float).
-        d_v: value width; 512 for ``flash_mla`` (sparse_fwd.h); the reference takes 1..d_qk.
-        topk_length: optional ``[s_q]`` int32; token ``i`` uses only its first ``topk_length[i]`` indices.
-        actual_num_heads: real heads ``H`` (1..h_q); outputs are views ``[:, :H]``. None = no slicing.
-        backend: ``"auto"`` (``flash_mla`` when it imports, tensors are on CUDA and the GPU is sm90/sm100, else
-            ``reference``; no fallback once ``flash_mla`` is chosen), ``"flash_mla"`` or ``"reference"``.
+        indices: ``[s_q, 1, topk]`` or ``[s_q, topk]`` int32; ``flash_mla``: topk a multiple of 128 (sm90) / 64
+            (sm100), the kernel's B_TOPK.
+        sm_scale: softmax scale; d_v: 512 for ``flash_mla`` (sparse_fwd.h), 1..d_qk for the reference.
+        topk_length: optional ``[s_q]`` int32: token ``i`` uses its first ``topk_length[i]`` indices.
+        actual_num_heads: real heads ``H`` in 1..h_q (outputs are views ``[:, :H]``); None = h_q.
+        backend: ``"auto"`` (``flash_mla`` when it imports and the tensors are on an sm90/sm100 GPU, else
+            ``reference``; no fallback once chosen), ``"flash_mla"`` or ``"reference"``.
 
     Returns:
-        ``(out [s_q, H, d_v] bf16, max_logits [s_q, H] fp32, lse [s_q, H] fp32)``, ``H = actual_num_heads or h_q``;
-        :func:`last_backend` ``("sparse_mla_prefill")`` tells which backend ran.
+        ``(out [s_q, H, d_v] bf16, max_logits [s_q, H] fp32, lse [s_q, H] fp32)``.
 
     Raises:
         ValueError: shapes/dtypes/devices as listed; for ``flash_mla`` the full contract
