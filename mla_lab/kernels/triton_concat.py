@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .reference import D_NOPE, D_PE
-from .triton_concat_persistent import _knob, _pow2, plan_v4, plan_v5
+from .triton_concat_persistent import _knobs, _pow2, plan_v4, plan_v5
 
 try:  # pragma: no cover - triton is optional on CPU machines
     import triton
@@ -82,12 +82,8 @@ def v3_config(H: int, heads_written: int, block_t: int | None = None, block_h: i
     Raises:
         ValueError: ``block_t`` / ``block_h`` / ``num_warps`` not a power of two, or ``head_tiles`` < 1.
     """
-    bt = V3_BLOCK_T if block_t is None else int(block_t)
-    bh = V3_BLOCK_H if block_h is None else int(block_h)
-    nw = V3_NUM_WARPS if num_warps is None else int(num_warps)
-    for name, v in (("block_t", bt), ("block_h", bh), ("num_warps", nw)):
-        if not _pow2(v):
-            raise ValueError(f"{name} must be a power of two >= 1; got {name}={v}")
+    bt, bh, nw = _knobs({"block_t": block_t, "block_h": block_h, "num_warps": num_warps},
+                        {"block_t": V3_BLOCK_T, "block_h": V3_BLOCK_H, "num_warps": V3_NUM_WARPS}).values()
     ht = min(V3_MAX_HEAD_TILES, -(-max(1, heads_written) // bh)) if head_tiles is None else int(head_tiles)
     if ht < 1:
         raise ValueError(f"head_tiles must be >= 1; got head_tiles={ht}")
@@ -238,7 +234,7 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, config: dict):
     strides = (ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1))
     if variant == "v3":
         return _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, config)
-    br, nw = int(_knob(config, _V2_DEFAULTS, "block_rows")), int(_knob(config, _V2_DEFAULTS, "num_warps"))
+    br, nw = _knobs(config, _V2_DEFAULTS).values()
     n_rows = T * heads_written
     grid = (triton.cdiv(n_rows, br),)
     args = (ql_nope, q_pe, out, n_rows, heads_written, H) + strides
