@@ -54,9 +54,6 @@ def _first_failure(rules) -> None:
             raise ValueError(message)
 
 
-# --------------------------------------------------------------------------------------------------- concat_mla_q
-
-
 def _concat_fast_ok(a, b, o) -> bool:
     """The common valid case with few attribute reads (this op runs once per layer per step; the detailed rules
     only run when this says no, to find the one that failed)."""
@@ -175,9 +172,6 @@ def make_concat_launcher(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.T
         launcher()
     _LAST["concat_mla_q"] = which
     return launcher
-
-
-# --------------------------------------------------------------------------------------------- sparse_mla_prefill
 
 
 def _tensor_rules(q, kv, indices):

@@ -69,9 +69,6 @@ def _sample_distinct(rows: int, n: int, N: int, gen, device) -> torch.Tensor:
     return out
 
 
-# ------------------------------------------------------------------------------------------------- overlap model
-
-
 def _expected_pairwise(m: int, topk: int, s_kv: int) -> float:
     rest = s_kv - m
     return (m + ((topk - m) ** 2 / rest if rest > 0 else 0.0)) / topk
@@ -131,9 +128,6 @@ def overlap_indices(T: int, topk: int, s_kv: int, overlap: float, g: int, seed: 
     return IndexData(keys.to(torch.int32), torch.full((T,), topk, dtype=torch.int32, device=device), s_kv)
 
 
-# --------------------------------------------------------------------------------------------------- causal (seed)
-
-
 def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.device = "cpu") -> IndexData:
     """Whole prompts, causal top-k (the seed's case): request ``r``'s keys at offset ``sum(prompt_lens[:r])``, ``s_kv =
     max(total keys, topk)`` (:func:`.engine_libs.engine_inputs`' ``seed`` layout, but an exact prefix set). Position
@@ -165,9 +159,6 @@ def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.de
     tlen = torch.clamp(visible, max=topk)
     idx = torch.where(torch.arange(topk, device=device)[None, :] < tlen[:, None], idx + base[:, None], -1)
     return IndexData(idx.to(torch.int32), tlen.to(torch.int32), max(T, topk))
-
-
-# ------------------------------------------------------------------------------------------------------ structured
 
 
 def _toeplitz_profile(n: int, smooth: int, gen, device) -> torch.Tensor:
@@ -245,9 +236,6 @@ def _positions(T, s_kv, positions, device) -> torch.Tensor:
     return positions.to(device=device, dtype=torch.int64)
 
 
-# ------------------------------------------------------------------------------------------------------ union sizes
-
-
 class UnionSizeSummary(NamedTuple):
     """Union sizes of the complete groups (all when none is complete): ``mean``, ``median``, ``p90`` in keys
     (``torch.quantile``, linear), ``ratio = mean / (g x topk)`` (packed work over padded)."""
@@ -281,9 +269,6 @@ def union_sizes(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
     mean = float(u.mean())
     return UnionSizeSummary(g, topk, u.numel(), mean, float(q[0]), float(q[1]),
                             mean / (g * topk) if topk else float("nan"))
-
-
-# ------------------------------------------------------------------------------------------- published overlaps
 
 
 def union_ratio_common_core(overlap: float, g: int) -> float:
@@ -320,8 +305,6 @@ def published_overlaps(path=None) -> list[dict]:
             raise ValueError(f"{p} entry {i} ({r.get('id', '?')}) lacks {missing}")
     return rows
 
-
-# --------------------------------------------------------------------------------------------------------- main
 
 MAIN_T = 512
 MAIN_TOPK = 256

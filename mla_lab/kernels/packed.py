@@ -266,9 +266,6 @@ def _pad_tokens(q: torch.Tensor, n: int) -> torch.Tensor:
     return buf
 
 
-# ------------------------------------------------------------------------------------------------------- dispatch
-
-
 @dataclass(frozen=True)
 class PackedCost:
     """Per-chunk time model of the paths on one GPU, in ns (measured coefficients, see ``source``).

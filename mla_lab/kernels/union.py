@@ -86,9 +86,6 @@ def _mask_dtype(g: int) -> torch.dtype:
     return torch.uint8 if g <= 8 else torch.int32
 
 
-# ------------------------------------------------------------------------------------------------------ validation
-
-
 def _validate(indices, topk_length, g, s_kv) -> None:
     """One line per rule: the argument, its value, what is allowed."""
     if not isinstance(indices, torch.Tensor):
@@ -110,9 +107,6 @@ def _validate(indices, topk_length, g, s_kv) -> None:
         raise ValueError(f"topk_length.dtype must be torch.int32; got {topk_length.dtype}")
     if topk_length.device != indices.device:
         raise ValueError(f"topk_length must be on indices' device {indices.device}; got {topk_length.device}")
-
-
-# ------------------------------------------------------------------------------------------------------ reference
 
 
 def _valid_entries(indices, topk_length, s_kv):
@@ -182,8 +176,6 @@ def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: 
     out.union_len.copy_(s_len + r_len)
     return out
 
-
-# ---------------------------------------------------------------------------------------------------- triton kernel
 
 if triton is not None:
 
