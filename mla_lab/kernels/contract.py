@@ -42,13 +42,14 @@ def last_backend(op: str | None = None):
     return _LAST.get(op)
 
 
-def _shape(t) -> tuple | str:
+def shape_of(t) -> tuple | str:
+    """``tuple(t.shape)`` of a tensor, else its type's name (what a message echoes)."""
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _first_failure(rules) -> None:
+def first_failure(rules) -> None:
     """Raise ``ValueError(message)`` for the first ``(broken, message)`` of ``rules`` (a generator: a rule is only
-    evaluated once the rules before it hold)."""
+    evaluated once the rules before it hold); the kernels' one rule runner."""
     for broken, message in rules:
         if broken:
             raise ValueError(message)
@@ -72,14 +73,14 @@ def _concat_rules(ql_nope, q_pe, out):
     named = (("ql_nope", ql_nope, D_NOPE), ("q_pe", q_pe, D_PE), ("out", out, D_QK))
     for name, t, _ in named:
         yield not isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}"
-        yield t.dim() != 3, f"{name} must be 3-D [T, heads, dim]; got {name}.shape={_shape(t)}"
+        yield t.dim() != 3, f"{name} must be 3-D [T, heads, dim]; got {name}.shape={shape_of(t)}"
     for name, t, d in named:
-        yield t.shape[-1] != d, f"{name}.shape[-1] must be {d}; got {name}.shape={_shape(t)}"
+        yield t.shape[-1] != d, f"{name}.shape[-1] must be {d}; got {name}.shape={shape_of(t)}"
     T, H = ql_nope.shape[0], ql_nope.shape[1]
     yield tuple(q_pe.shape[:2]) != (T, H), (f"q_pe.shape[:2] must equal ql_nope.shape[:2]={(T, H)}; got "
-                                            f"q_pe.shape={_shape(q_pe)}")
-    yield out.shape[0] != T, f"out.shape[0] must equal T={T} (ql_nope.shape[0]); got out.shape={_shape(out)}"
-    yield out.shape[1] < H, f"out.shape[1] (padded heads) must be >= H={H}; got out.shape={_shape(out)}"
+                                            f"q_pe.shape={shape_of(q_pe)}")
+    yield out.shape[0] != T, f"out.shape[0] must equal T={T} (ql_nope.shape[0]); got out.shape={shape_of(out)}"
+    yield out.shape[1] < H, f"out.shape[1] (padded heads) must be >= H={H}; got out.shape={shape_of(out)}"
     for name, t, _ in named:
         yield t.dtype not in CONCAT_DTYPES, f"{name}.dtype must be one of [torch.float16, torch.bfloat16]; got {t.dtype}"
     yield not (ql_nope.dtype == q_pe.dtype == out.dtype), (
@@ -108,7 +109,7 @@ def _concat_backend(backend: str, device: torch.device) -> str:
 def _concat_call(ql_nope, q_pe, out, backend: str, variant: str | None) -> tuple[str, str]:
     """The checks of one concat call: ``(backend that runs, variant)``."""
     if not _concat_fast_ok(ql_nope, q_pe, out):
-        _first_failure(_concat_rules(ql_nope, q_pe, out))
+        first_failure(_concat_rules(ql_nope, q_pe, out))
     which = _concat_backend(backend, out.device)
     if variant is not None and variant not in CONCAT_VARIANTS:
         raise ValueError(f"variant={variant!r} is not known; allowed: {list(CONCAT_VARIANTS)} or None")
@@ -177,23 +178,23 @@ def make_concat_launcher(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.T
 def _tensor_rules(q, kv, indices):
     """Shapes and dtypes of ``q``, ``kv`` and ``indices`` that hold for every backend."""
     yield not isinstance(q, torch.Tensor) or q.dim() != 3, (f"q must be a 3-D tensor [s_q, h_q, d_qk]; got "
-                                                            f"q.shape={_shape(q)}")
+                                                            f"q.shape={shape_of(q)}")
     s_q, _, d_qk = q.shape
     yield q.dtype not in _REF_PREFILL_DTYPES, (f"q.dtype must be bfloat16 (float16/float32 accepted by the "
                                                f"reference); got {q.dtype}")
     yield not isinstance(kv, torch.Tensor) or kv.dim() not in (2, 3), (f"kv must be [s_kv, 1, d_qk] or [s_kv, d_qk]; "
-                                                                       f"got kv.shape={_shape(kv)}")
-    yield kv.dim() == 3 and kv.shape[1] != 1, f"kv.shape[1] (h_kv) must be 1; got kv.shape={_shape(kv)}"
-    yield kv.shape[-1] != d_qk, f"kv.shape[-1] must equal q.shape[-1]={d_qk}; got kv.shape={_shape(kv)}"
+                                                                       f"got kv.shape={shape_of(kv)}")
+    yield kv.dim() == 3 and kv.shape[1] != 1, f"kv.shape[1] (h_kv) must be 1; got kv.shape={shape_of(kv)}"
+    yield kv.shape[-1] != d_qk, f"kv.shape[-1] must equal q.shape[-1]={d_qk}; got kv.shape={shape_of(kv)}"
     yield kv.dtype != q.dtype, f"kv.dtype must equal q.dtype={q.dtype}; got kv.dtype={kv.dtype}"
     yield kv.shape[0] < 1, (f"s_kv (kv.shape[0]) must be >= 1: there is no key to attend to; got "
-                            f"kv.shape={_shape(kv)}")
+                            f"kv.shape={shape_of(kv)}")
     yield not isinstance(indices, torch.Tensor) or indices.dim() not in (2, 3), (
-        f"indices must be [s_q, 1, topk] or [s_q, topk]; got indices.shape={_shape(indices)}")
+        f"indices must be [s_q, 1, topk] or [s_q, topk]; got indices.shape={shape_of(indices)}")
     yield indices.dim() == 3 and indices.shape[1] != 1, (f"indices.shape[1] must be 1 (h_kv); got "
-                                                         f"indices.shape={_shape(indices)}")
+                                                         f"indices.shape={shape_of(indices)}")
     yield indices.shape[0] != s_q, (f"indices.shape[0] must equal s_q={s_q} (q.shape[0]); got "
-                                    f"indices.shape={_shape(indices)}")
+                                    f"indices.shape={shape_of(indices)}")
     yield indices.dtype != torch.int32, f"indices.dtype must be torch.int32; got {indices.dtype}"
 
 
@@ -209,7 +210,7 @@ def _scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads):
                                                                                  f"sm_scale={sm_scale!r}")
     tl = topk_length
     yield tl is not None and not (isinstance(tl, torch.Tensor) and tl.dim() == 1 and tl.shape[0] == s_q), (
-        f"topk_length must be a 1-D tensor [s_q={s_q}]; got topk_length.shape={_shape(tl)}")
+        f"topk_length must be a 1-D tensor [s_q={s_q}]; got topk_length.shape={shape_of(tl)}")
     yield tl is not None and tl.dtype != torch.int32, f"topk_length.dtype must be torch.int32; got {getattr(tl, 'dtype', None)}"
     # values are checked for CPU tensors only: on a GPU the check would synchronise every layer call
     lo, hi = (int(tl.min()), int(tl.max())) if tl is not None and tl.device.type == "cpu" and tl.numel() else (0, 0)
@@ -263,9 +264,9 @@ def sparse_mla_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
             (:func:`.flashmla.validate_sparse_prefill_inputs`), including non-CUDA tensors.
         RuntimeError: ``backend="flash_mla"`` while ``flash_mla`` is unavailable (:func:`.flashmla.flash_mla_info`).
     """
-    _first_failure(_tensor_rules(q, kv, indices))
-    _first_failure(_scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads))
-    _first_failure(_device_rule(q, kv, indices, topk_length))
+    first_failure(_tensor_rules(q, kv, indices))
+    first_failure(_scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads))
+    first_failure(_device_rule(q, kv, indices, topk_length))
     which = _prefill_backend(backend, q.device)
     run = flash_mla_sparse_prefill if which == "flash_mla" else sparse_mla_prefill_ref
     out, max_logits, lse = run(q, kv, indices, float(sm_scale), d_v=d_v, topk_length=topk_length)

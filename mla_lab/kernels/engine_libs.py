@@ -15,15 +15,21 @@ The concat library (92.6 MB) is pruned to its sm_90 / sm_90a fatbin entries (:fu
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import importlib
+import importlib.util
 import json
 import lzma
 import struct
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from typing import NamedTuple
+
+import torch
 
 from . import flash_mla_info, make_concat_launcher
 
@@ -63,8 +69,6 @@ def prune_fatbin(data: bytes, keep_arch: int = 90) -> tuple[bytes, int, int]:
     Raises:
         ValueError: the file has no ``.nv_fatbin`` section.
     """
-    import tempfile
-
     with tempfile.NamedTemporaryFile(suffix=".so") as f:
         f.write(data)
         f.flush()
@@ -165,8 +169,6 @@ def _unxz(root: Path) -> None:
 
 
 def _import(what: str, module: str):
-    import importlib
-
     try:
         return importlib.import_module(module)
     except Exception as e:
@@ -176,8 +178,6 @@ def _import(what: str, module: str):
 def _concat_op(root: Path, need_concat: bool):
     """``torch.ops._C_cache_ops.concat_mla_q`` from the packed library, or None when it is not needed and not
     there."""
-    import torch
-
     lib = root / _CONCAT_FILE
     if not (need_concat or lib.exists()):
         return None
@@ -190,8 +190,6 @@ def _concat_op(root: Path, need_concat: bool):
 
 def _sglang(root: Path):
     """SGLang's Triton ``sparse_mla_prefill`` from the packed file, or None without it."""
-    import importlib.util
-
     path = root / "sglang_triton_sparse_mla_prefill.py"
     if not path.exists():
         return None
@@ -272,8 +270,6 @@ def engine_inputs(T: int, H: int, kind: str, seed: int, ctx_len: int | None = No
     """``(ql_nope [T,H,512] head-major strides, q_pe [T,H,64] strided, kv [s_kv,1,576], idx [T,topk] int32, tl [T]
     int32)`` bf16 on CUDA for ``kind`` ``seed`` (1024-token causal prompts, request r's keys at r * 1024), ``full_topk``
     (2048 random keys each) or ``decode`` (one token per request of ``ctx_len`` keys)."""
-    import torch
-
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
     ql_nope = torch.randn(H, T, KV_LORA, device=dev, dtype=torch.bfloat16, generator=g).transpose(0, 1)
@@ -308,8 +304,6 @@ class _Calls:
     ``{kernel name: (callable, h_q, num_splits, bytes or None)}`` entries (a new wrapper: one method here)."""
 
     def __init__(self, ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, q):
-        import torch
-
         T = ql_nope.shape[0]
         self.ek, self.ts_fwd, self.ql_nope, self.q_pe, self.kv, self.idx, self.tlen, self.H, self.sm = (
             ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale)
@@ -326,8 +320,6 @@ class _Calls:
     def fa3(self, num_splits) -> None:
         """vLLM's FA3 call (``flashattn_mla_sparse.py:215-259``): the latent cache as page-size-1 blocks, the top-k
         indices as the block table; ``num_splits`` 0 (the kernel's heuristic) or 1 (split-KV off)."""
-        import torch
-
         rows, q_rope, q_nope = self.kv.view(-1, D_QK), self.q[..., KV_LORA:], self.q[..., :KV_LORA]
         k_cache, v_cache = rows[:, KV_LORA:].unsqueeze(1).unsqueeze(1), rows[:, :KV_LORA].unsqueeze(1).unsqueeze(1)
         cu = torch.arange(self.T + 1, device="cuda", dtype=torch.int32)
@@ -350,8 +342,6 @@ class _Calls:
 
     def content(self, num_splits) -> None:
         """The padded FlashMLA kernels with zeros in the padded heads (the PR's never-written workspace)."""
-        import torch
-
         if self.H >= 64:
             return
         q64z = torch.zeros_like(self.q64)
@@ -362,8 +352,6 @@ class _Calls:
 
     def flashmla_ts(self, num_splits) -> None:
         """tokenspeed-flashmla (the lab's FlashMLA build) at 64 padded heads, and at 128 (two CTAs per token)."""
-        import torch
-
         if self.ts_fwd is None:
             return
         self._flashmla("flashmla_ts_pad64", self.ts_fwd, self.q64, 64, True)
@@ -379,8 +367,6 @@ class _Calls:
 
     def gather(self, num_splits) -> None:
         """The gather floor (:func:`gather_kernel`): one and two programs per token (h_q 64 and 128)."""
-        import torch
-
         gk, rows = gather_kernel(), self.kv.view(-1, D_QK)
         for reps, name in ((1, "gather_only"), (2, "gather_only_x2")):
             g_out = torch.empty(self.T * reps, D_QK, device="cuda", dtype=torch.float32)
@@ -390,8 +376,6 @@ class _Calls:
     def concat(self, num_splits, with_path: bool = False) -> None:
         """vLLM's CUDA ``concat_mla_q`` into the padded workspace and into ``[T, H, 576]``, the lab's Triton concat,
         a copy of the same bytes; ``with_path``: the PR's concat + FlashMLA pad64 (``path_pr53878``)."""
-        import torch
-
         T, H, ek, ql, pe = self.T, self.H, self.ek, self.ql_nope, self.q_pe
         ws = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)  # the PR's workspace: never written
         un = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
@@ -429,8 +413,6 @@ def engine_calls(ek: EngineKernels, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H: int
 
 def main(argv=None) -> int:
     """``python -m mla_lab.kernels.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT`` (what travels to the GPU)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.engine_libs")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="pack the engines' kernels from their wheels into a new folder")

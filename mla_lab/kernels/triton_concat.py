@@ -345,17 +345,12 @@ def make_concat_launcher_triton(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: 
                                 force_path: str | None = None, **config) -> ConcatLauncher:
     """Plan, compile and launch once; return a :class:`ConcatLauncher` that relaunches with no per-call work.
 
-    The hot path (``path == "compiled"``) calls ``CompiledKernel.run(grid0, grid1, grid2, stream, function,
-    packed_metadata, None, None, None, *args)``, the call Triton 3.3+'s ``JITFunction.run`` (``triton/runtime/jit.py``)
-    makes after its binder, every argument in signature order (Triton < 3.3 took only the runtime ones, which the
-    kernels declare first; a launcher that rejects the count falls back to ``jit``). The stream is read per call
-    (``driver.active.get_current_stream``), so a launcher made before ``torch.cuda.graph`` capture is captured; with
-    a Triton launch hook set (a profiler) the call goes through ``kernel[grid](...)``. Bound to these tensors
-    (pointers, shapes, strides) and the device current when made.
-
-    Args:
-        ql_nope, q_pe, out, zero_padding, variant, **config: as :func:`concat_mla_q_triton` (not validated here).
-        force_path: None (best available) or ``"jit"`` (the fallback, for A/B timing and tests).
+    ``path == "compiled"`` calls ``CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, None,
+    None, None, *args)`` as Triton 3.3+'s ``JITFunction.run`` (``triton/runtime/jit.py``) does (a launcher that
+    rejects it falls back to ``jit``), reading the stream per call (capturable by ``torch.cuda.graph``) and going
+    through ``kernel[grid](...)`` while a launch hook (a profiler) is set. Bound to these tensors and the current
+    device. ``force_path``: None (best available) or ``"jit"`` (for A/B timing and tests); the rest as
+    :func:`concat_mla_q_triton` (tensors not validated here).
 
     Raises:
         RuntimeError: triton did not import. ValueError: as :func:`concat_mla_q_triton`; unknown ``force_path``.

@@ -40,6 +40,7 @@ from ..union_layout import (
 from ..union_layout import check_union_group as _check_g
 from ..union_layout import union_field_bits as _field_bits
 from ..union_layout import union_scratch_words as _scratch_words
+from .contract import first_failure, shape_of
 from .triton_concat import triton_available, triton_interpreting
 
 try:  # pragma: no cover - triton is optional on CPU machines
@@ -87,26 +88,25 @@ def _mask_dtype(g: int) -> torch.dtype:
 
 
 def _validate(indices, topk_length, g, s_kv) -> None:
-    """One line per rule: the argument, its value, what is allowed."""
-    if not isinstance(indices, torch.Tensor):
-        raise ValueError(f"indices must be a torch.Tensor [T, topk] int32; got {type(indices).__name__}")
-    if indices.dim() != 2:
-        raise ValueError(f"indices must be 2-D [T, topk]; got indices.shape={tuple(indices.shape)}")
-    if indices.dtype != torch.int32:
-        raise ValueError(f"indices.dtype must be torch.int32; got {indices.dtype}")
+    """One ``ValueError`` line for the first broken rule: the argument, its value, what is allowed."""
+    first_failure(_rules(indices, topk_length, g, s_kv))
+
+
+def _rules(indices, topk_length, g, s_kv):
+    yield not isinstance(indices, torch.Tensor), (f"indices must be a torch.Tensor [T, topk] int32; got "
+                                                  f"{type(indices).__name__}")
+    yield indices.dim() != 2, f"indices must be 2-D [T, topk]; got indices.shape={tuple(indices.shape)}"
+    yield indices.dtype != torch.int32, f"indices.dtype must be torch.int32; got {indices.dtype}"
     _check_g(g)
-    if isinstance(s_kv, bool) or not isinstance(s_kv, int) or s_kv < 1:
-        raise ValueError(f"s_kv must be an int >= 1 (keys in the kv cache); got s_kv={s_kv!r}")
-    if topk_length is None:
-        return
-    T = indices.shape[0]
-    if not isinstance(topk_length, torch.Tensor) or topk_length.dim() != 1 or topk_length.shape[0] != T:
-        shape = tuple(topk_length.shape) if isinstance(topk_length, torch.Tensor) else type(topk_length).__name__
-        raise ValueError(f"topk_length must be None or a 1-D tensor [T={T}]; got topk_length.shape={shape}")
-    if topk_length.dtype != torch.int32:
-        raise ValueError(f"topk_length.dtype must be torch.int32; got {topk_length.dtype}")
-    if topk_length.device != indices.device:
-        raise ValueError(f"topk_length must be on indices' device {indices.device}; got {topk_length.device}")
+    yield (isinstance(s_kv, bool) or not isinstance(s_kv, int) or s_kv < 1,
+           f"s_kv must be an int >= 1 (keys in the kv cache); got s_kv={s_kv!r}")
+    if topk_length is not None:
+        tl_, T = topk_length, indices.shape[0]
+        yield (not isinstance(tl_, torch.Tensor) or tl_.dim() != 1 or tl_.shape[0] != T,
+               f"topk_length must be None or a 1-D tensor [T={T}]; got topk_length.shape={shape_of(tl_)}")
+        yield tl_.dtype != torch.int32, f"topk_length.dtype must be torch.int32; got {tl_.dtype}"
+        yield (tl_.device != indices.device,
+               f"topk_length must be on indices' device {indices.device}; got {tl_.device}")
 
 
 def _valid_entries(indices, topk_length, s_kv):
