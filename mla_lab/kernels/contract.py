@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .flashmla import flash_mla_info, flash_mla_sparse_prefill
+from .flashmla import flash_mla_info, flash_mla_sparse_prefill, prefill_devices
 from .reference import D_NOPE, D_PE, D_QK, concat_mla_q_torch, sparse_mla_prefill_ref
 from .triton_concat import DEFAULT_VARIANT as CONCAT_DEFAULT_VARIANT
 from .triton_concat import VARIANTS as CONCAT_VARIANTS
@@ -222,11 +222,8 @@ def _scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads):
 
 
 def _device_rule(q, kv, indices, topk_length):
-    devs = {"q": q.device, "kv": kv.device, "indices": indices.device}
-    if topk_length is not None:
-        devs["topk_length"] = topk_length.device
-    yield len(set(devs.values())) != 1, (f"q, kv, indices and topk_length must be on one device; got "
-                                         f"{ {k: str(v) for k, v in devs.items()} }")
+    devs = prefill_devices(q, kv, indices, topk_length)
+    yield len(set(devs.values())) != 1, f"q, kv, indices and topk_length must be on one device; got {devs}"
 
 
 def _prefill_backend(backend: str, device: torch.device) -> str:

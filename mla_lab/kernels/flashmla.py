@@ -101,6 +101,12 @@ def validate_sparse_prefill_inputs(
             raise ValueError(f"flash_mla_sparse_fwd contract: {rule}; got {arg}={value}")
 
 
+def prefill_devices(q, kv, indices, topk_length) -> dict[str, str]:
+    """``{"q": device, "kv": ..., "indices": ..., "topk_length": ... (when given)}`` as strings."""
+    named = {"q": q, "kv": kv, "indices": indices, "topk_length": topk_length}
+    return {k: str(t.device) for k, t in named.items() if t is not None}
+
+
 def _shape(t) -> tuple:
     return tuple(getattr(t, "shape", ()))
 
@@ -139,11 +145,8 @@ def _contract_rules(q, kv, indices, topk_length, d_v, cap):
     yield (tl is not None and not (isinstance(tl, torch.Tensor) and tl.dim() == 1 and tl.shape[0] == s_q),
            f"topk_length must be a 1-D tensor [s_q={s_q}]", "topk_length.shape", _shape(tl))
     yield tl is not None and tl.dtype != torch.int32, "topk_length must be int32", "topk_length.dtype", getattr(tl, "dtype", None)
-    devices = {"q": q.device, "kv": kv.device, "indices": indices.device}
-    if tl is not None:
-        devices["topk_length"] = tl.device
-    yield (len(set(devices.values())) != 1, "all tensors must be on one device", "devices",
-           {k: str(v) for k, v in devices.items()})
+    devices = prefill_devices(q, kv, indices, tl)
+    yield len(set(devices.values())) != 1, "all tensors must be on one device", "devices", devices
 
 
 def flash_mla_sparse_prefill(
