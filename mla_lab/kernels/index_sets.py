@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 
 from ..paths import data_dir, special_filesystem
+from .contract import shape_of
 from .union import build_union_ref
 
 __all__ = ["IndexData", "overlap_indices", "overlap_union_expected", "causal_indices", "structured_indices",
@@ -47,10 +48,9 @@ class IndexData(NamedTuple):
     s_kv: int
 
 
-def _check_int(name, v, lo, hi=None) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name} must be an int {rng}; got {name}={v!r}")
+def _check_int(name, v, lo) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}; got {name}={v!r}")
 
 
 def _gen(seed, device) -> torch.Generator:
@@ -229,8 +229,7 @@ def _positions(T, s_kv, positions, device) -> torch.Tensor:
         _check_int("s_kv", s_kv, T)
         return torch.arange(s_kv - T, s_kv, device=device)
     if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.shape[0] != T:
-        shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
-        raise ValueError(f"positions must be a 1-D tensor [T={T}]; got positions.shape={shape}")
+        raise ValueError(f"positions must be a 1-D tensor [T={T}]; got positions.shape={shape_of(positions)}")
     if int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0; got min {int(positions.min())}")
     return positions.to(device=device, dtype=torch.int64)
