@@ -48,10 +48,8 @@ _CONFIG_KEYS = sorted({"streaming", *(k for ks in KNOBS.values() for k in ks)})
 
 #: v3 defaults: a tile of 1 token x 2 heads (v2's winning per-warp tile), up to 8 tiles per program (a run of 16
 #: heads: one whole token at H <= 16), 1 warp.
-V3_BLOCK_T = 1
-V3_BLOCK_H = 2
+V3_DEFAULTS = {"block_t": 1, "block_h": 2, "num_warps": 1}
 V3_MAX_HEAD_TILES = 8
-V3_NUM_WARPS = 1
 
 
 def triton_available() -> tuple[bool, str | None]:
@@ -76,14 +74,13 @@ def triton_interpreting() -> bool:
 def v3_config(H: int, heads_written: int, block_t: int | None = None, block_h: int | None = None,
               head_tiles: int | None = None, num_warps: int | None = None) -> dict:
     """v3's ``{"block_t", "block_h", "head_tiles", "num_warps", "num_runs"}`` for ``H`` real heads and
-    ``heads_written`` (H, or H' with ``zero_padding``); None = the ``V3_*`` defaults (``head_tiles``: enough to
+    ``heads_written`` (H, or H' with ``zero_padding``); None = :data:`V3_DEFAULTS` (``head_tiles``: enough to
     cover ``heads_written``, at most :data:`V3_MAX_HEAD_TILES`); ``num_runs`` = head runs per token block.
 
     Raises:
         ValueError: ``block_t`` / ``block_h`` / ``num_warps`` not a power of two, or ``head_tiles`` < 1.
     """
-    bt, bh, nw = _knobs({"block_t": block_t, "block_h": block_h, "num_warps": num_warps},
-                        {"block_t": V3_BLOCK_T, "block_h": V3_BLOCK_H, "num_warps": V3_NUM_WARPS}).values()
+    bt, bh, nw = _knobs({"block_t": block_t, "block_h": block_h, "num_warps": num_warps}, V3_DEFAULTS).values()
     ht = min(V3_MAX_HEAD_TILES, -(-max(1, heads_written) // bh)) if head_tiles is None else int(head_tiles)
     if ht < 1:
         raise ValueError(f"head_tiles must be >= 1; got head_tiles={ht}")
