@@ -26,7 +26,7 @@ from ..model.ops import layer_ops
 from ..model.timing import op_time_ms
 from ..workload import Step as WorkStep
 from .step import DecodeToken, PrefillChunk, Step
-from .step_pricer import CostModelPricer, _eager_ms
+from .step_pricer import CostModelPricer, MemoPricer, launched
 
 __all__ = ["SpecDecodePricer", "DPAttentionPricer", "dp_attention_memory", "MOE_SIDE_OPS", "dp_share",
            "spec_verify_step", "OPTIONS_NOTES", "per_rank_deployment"]
@@ -53,7 +53,7 @@ def spec_verify_step(step: Step, k: int) -> Step:
     return Step(dec, step.prefill_chunks, step.cudagraph_mode, step.cudagraph_num_tokens)
 
 
-class SpecDecodePricer:
+class SpecDecodePricer(MemoPricer):
     """A step pricer under MTP speculative decoding (module docstring), wrapping a base pricer with a ``price``
     method (:class:`~mla_lab.serving.step_pricer.CostModelPricer` or :class:`DPAttentionPricer`).
 
@@ -66,7 +66,6 @@ class SpecDecodePricer:
     def __init__(self, base, num_layers: int, num_speculative_tokens: int, acceptance_length: float):
         self.base, self.L = base, num_layers
         self.k, self.a = num_speculative_tokens, acceptance_length
-        self._memo: dict = {}
 
     def _total(self, step: Step) -> float:
         return self.base.price(step)["total_ms"]
@@ -91,13 +90,6 @@ class SpecDecodePricer:
         return {"total_ms": total, "verify_ms": self._total(verify), "draft_ms": draft, "prefill_ms": pre,
                 "engine_step_ms": engine}
 
-    def __call__(self, step: Step) -> float:
-        key = CostModelPricer.step_key(step)
-        if key not in self._memo:
-            self._memo[key] = self.price(step)["total_ms"]
-        return self._memo[key]
-
-
 def dp_share(deployment: Deployment) -> dict:
     """One DP-attention rank's share of the run (module docstring): ``num_prompts``, ``concurrency``,
     ``max_num_batched_tokens``, ``max_num_seqs`` (each ``ceil(x / dp)``, at least 1) and ``active_ranks``
@@ -116,7 +108,7 @@ def _replicate(step: Step, n: int) -> Step:
     return Step(dec, ch, step.cudagraph_mode, step.cudagraph_num_tokens)
 
 
-class DPAttentionPricer:
+class DPAttentionPricer(MemoPricer):
     """One DP-attention rank's step (module docstring): the attention side of its own tokens on the attention
     rank (all heads of its group), the MoE side of every active rank's tokens on the TP rank.
 
@@ -133,7 +125,6 @@ class DPAttentionPricer:
         self.active = dp_share(d)["active_ranks"]
         self.L = d.model.num_hidden_layers
         self.dcal = self.attn.decode_cal
-        self._memo: dict = {}
 
     def _moe_by_op(self, step: Step) -> dict:
         glob = _replicate(step, self.active)
@@ -160,19 +151,8 @@ class DPAttentionPricer:
         attn_ms = sum(v for k, v in by.items() if k not in MOE_SIDE_OPS)
         moe_ms = sum(v for k, v in by.items() if k in MOE_SIDE_OPS)
         gpu = attn_ms + moe_ms + self.dcal.layer_fixed_us * 1e-3 * self.L
-        if step.cuda_graph:
-            total, host, launch = gpu, 0.0, "graph"
-        else:
-            total, host = _eager_ms(gpu, self.attn.n_ops, self.dcal)
-            launch = "eager"
-        return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "launch": launch, "attention_side_ms": attn_ms,
+        return {**launched(gpu, step, self.attn.n_ops, self.dcal), "attention_side_ms": attn_ms,
                 "moe_side_ms": moe_ms, "by_op": by}
-
-    def __call__(self, step: Step) -> float:
-        key = CostModelPricer.step_key(step)
-        if key not in self._memo:
-            self._memo[key] = self.price(step)["total_ms"]
-        return self._memo[key]
 
 
 def _work(step: Step):

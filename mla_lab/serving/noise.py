@@ -1,26 +1,18 @@
-"""Run-to-run noise of one ``vllm bench serve`` run: a seeded Monte-Carlo over what varies between two runs of the
-same build, and the distribution of the change between two builds (issue 20; **modelled**; docs/serving.md,
-"Run-to-run noise").
-
-One simulated run adds to its pricer's GPU time the components of :data:`COMPONENTS` (each with its default,
-source and status; the measured ones: :func:`load_cold_start`). GPU times are priced once per distinct step shape
-(:class:`CachedPricer`) and the noise applied to the cached value.
-
-Example::
-
-    res = run_noise(PR_BENCH, sched, pricer_before, pricer_pr, num_runs=400, seed=0)
-    res.band("mean_ttft_ms", "change")           # 95 % band of the change (%), PR vs before, one run each
+"""Run-to-run noise of one ``vllm bench serve`` run (issue 20; **modelled**; docs/serving.md, "Run-to-run noise"):
+a seeded Monte-Carlo over what varies between two runs of one build (:data:`COMPONENTS`: each one's default, status
+and source; the measured ones from :func:`load_cold_start`), and the change between two builds. GPU times are
+priced once per distinct step shape (:class:`CachedPricer`), the noise applied to the cached value.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from ..deployment import Deployment
 from ..model.calibration import Calibration
@@ -231,7 +223,7 @@ class NoiseConfig:
 
 
 # ------------------------------------------------------------------------------------------ pricing
-def step_key(step: Step) -> tuple:
+def _step_shape(step: Step) -> tuple:
     """What a pricer can see of a step, without request ids: launch mode, padded size, decode contexts and prefill
     chunks ``(start, num_tokens)``, in order."""
     return (step.cudagraph_mode, step.cudagraph_num_tokens, tuple(d.context_len for d in step.decode),
@@ -239,7 +231,7 @@ def step_key(step: Step) -> tuple:
 
 
 class CachedPricer:
-    """``pricer`` priced once per distinct :func:`step_key` (a pricer that depends only on what the key holds,
+    """``pricer`` priced once per distinct :func:`_step_shape` (a pricer that depends only on what the key holds,
     as :class:`~mla_lab.serving.CostModelPricer` and the pricers of :mod:`~mla_lab.serving.pricing` do).
     ``hits`` / ``misses`` count the look-ups."""
 
@@ -251,7 +243,7 @@ class CachedPricer:
         self.hits = self.misses = 0
 
     def __call__(self, step: Step) -> float:
-        k = step_key(step)
+        k = _step_shape(step)
         v = self.cache.get(k)
         if v is None:
             v = self.cache[k] = float(self.pricer(step))
@@ -343,17 +335,6 @@ class NoiseResult:
         x = check_float("value", value, low=-math.inf)
         return float(100.0 * (np.sum(v < x) + 0.5 * np.sum(v == x)) / len(v))
 
-    def table(self, metrics: Sequence[str] = METRICS) -> list[dict]:
-        """One row per metric: deterministic a / b, 2.5 / 50 / 97.5 percentiles of a, b and the change."""
-        rows = []
-        for m in metrics:
-            row = {"metric": m, "deterministic_a": self.deterministic_a[m], "deterministic_b": self.deterministic_b[m]}
-            for w in ("a", "b", "change"):
-                lo, med, hi = self.quantiles(m, w)
-                row.update({f"{w}_p2.5": lo, f"{w}_p50": med, f"{w}_p97.5": hi})
-            rows.append(row)
-        return rows
-
 
 def _rng(seed: int, build: int, run: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, build, run])))
@@ -400,99 +381,87 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
 
 
 # ------------------------------------------------------------------------------------------ H200 measurements
-#: Required columns of ``cold_start.csv`` as ``the cold_start experiment (mla-lab measure)`` writes it (one row per fresh
-#: process, case and call); see :func:`load_cold_start`.
+#: Required columns of ``cold_start.csv`` (the cold_start experiment, ``mla-lab measure``; one row per fresh process,
+#: case and call); see :func:`load_cold_start`.
 COLD_START_COLUMNS = ("process", "what", "call", "wall_ms", "gpu_ms", "steady_wall_ms", "steady_gpu_ms", "T")
 _LAYER_PARTS = ("attention_block:", "moe_block:")
 
 
-def _num(p: Path, n: int, c: str, v) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{p} line {n}: {c}={v!r} must be a number") from None
-    if not math.isfinite(x):
-        raise ValueError(f"{p} line {n}: {c}={v!r} must be finite")
-    return x
+def _numbers(p: Path, df: pd.DataFrame, cols) -> pd.DataFrame:
+    """``df`` (read as text) with ``cols`` as floats. Raises ValueError: a value that is not a finite number (one
+    line naming the file, the line and the column)."""
+    df = df.copy()
+    for c in cols:
+        x = pd.to_numeric(df[c], errors="coerce")
+        bad = ~np.isfinite(x.to_numpy(dtype=np.float64))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"{p} line {df.index[i] + 2}: {c}={df[c].iloc[i]!r} must be a finite number")
+        df[c] = x.astype(np.float64)
+    return df
 
 
 def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min_tokens: int = 8192) -> dict:
     """The cold first large step measured on the H200 from ``cold_start.csv`` (and, for contrast only, the layer
-    blocks' spreads from ``step_spread.csv`` beside it), as ``the cold_start experiment (mla-lab measure)`` writes them
+    blocks' spreads from ``step_spread.csv`` beside it), as the cold_start experiment writes them
     (``data/measured/h200/between_process/``).
 
-    ``cold_start.csv``: one row per fresh ``process``, case ``what`` and ``call`` (1, 2, 3: the first calls of that
-    shape in the process): ``wall_ms`` (host wall until the GPU finished) and ``gpu_ms`` (CUDA events) of the call,
-    ``steady_wall_ms`` / ``steady_gpu_ms`` (medians of the later calls), ``T`` (tokens); other columns (provenance)
-    are ignored. ``step_spread.csv`` (optional): ``process``, ``what``, ``sample``, ``gpu_ms`` of every steady call.
-
-    The layer is ``attention_block:*`` + ``moe_block:*`` (the TP harness's blocks, one of each) when both are
-    there, else the ``attention_path:*`` cases (attention only). Rows with ``T < min_tokens`` are left out. Per
-    process, summed over the layer's cases:
-
-    - ``cold_extra_ms``: mean over processes of ``wall(call 2) - steady_wall`` (why call 2: :data:`COMPONENTS`);
-      ``cold_call1_ms`` (the upper bound) is returned beside it, not used;
-    - ``cold_sd_ms``: sd over processes (ddof 1; >= 2 processes).
-
-    ``layer_spread`` (for contrast, not in ``values``): ``run_log_sd`` = sd over processes of ``log(steady_gpu)``,
-    ``step_rel_sd`` = median over processes of ``sd(gpu) / median(gpu)`` (with ``step_spread.csv``).
+    ``cold_start.csv``: per fresh ``process``, case ``what`` and ``call`` (1, 2, 3: the first calls of that shape):
+    ``wall_ms`` (host wall until the GPU finished), ``gpu_ms`` (CUDA events), ``steady_wall_ms`` /
+    ``steady_gpu_ms`` (medians of the later calls), ``T`` (tokens). ``step_spread.csv`` (optional): ``process``,
+    ``what``, ``sample``, ``gpu_ms`` of every steady call. The layer is ``attention_block:*`` + ``moe_block:*`` when
+    both are there, else the first ``attention_path:*`` case; rows with ``T < min_tokens`` are left out. Per process,
+    summed over the layer's cases: ``cold_extra_ms`` = mean over processes of ``wall(call 2) - steady_wall`` (why
+    call 2: :data:`COMPONENTS`; ``cold_call1_ms``, the upper bound, beside it), ``cold_sd_ms`` = their sd (ddof 1,
+    >= 2 processes). ``layer_spread`` (contrast, not in ``values``): ``run_log_sd`` = sd over processes of
+    ``log(steady_gpu)``, ``step_rel_sd`` = median over processes of ``sd(gpu) / median(gpu)``.
 
     Returns:
-        ``{"values": {"cold_extra_ms", "cold_sd_ms"}, "cold_call1_ms": float, "layer_spread": {...}, "source": str,
-        "cases": [...], "num_processes": int}``.
+        ``{"values": {"cold_extra_ms", "cold_sd_ms"}, "cold_call1_ms", "layer_spread", "source", "cases",
+        "num_processes"}``.
 
     Raises:
-        ValueError: the file is missing, a required column is missing, a value is not a finite number, or no
-            usable row is left; one line naming the file, the line and the column.
+        ValueError: the file or a required column is missing, a value is not a finite number, or no usable row is
+            left; one line naming the file (and the line and column).
     """
     p = Path(path)
     check_int("min_tokens", min_tokens)
-    rows = _cold_rows(p, min_tokens)
-    layer = _layer_cases(p, rows, min_tokens)
-    by: dict = {}
-    for r in rows:
-        if r["what"] in layer:
-            by.setdefault(r["process"], {}).setdefault(r["what"], {})[int(r["call"])] = r
-    procs = {k: v for k, v in by.items() if all(w in v and 1 in v[w] and 2 in v[w] for w in layer)}
-    if not procs:
+    if not p.is_file():
+        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
+                         f"{', '.join(COLD_START_COLUMNS)}) from the cold_start experiment (mla-lab measure)")
+    raw = pd.read_csv(p, dtype=str, keep_default_na=False)
+    missing = [c for c in COLD_START_COLUMNS if c not in raw.columns]
+    if missing:
+        raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
+    df = _numbers(p, raw, [c for c in COLD_START_COLUMNS if c != "what"])
+    df = df[df["T"] >= min_tokens]
+    layer = _layer_cases(p, sorted(set(df["what"])), min_tokens)
+    d = df[df["what"].isin(layer)].assign(call=lambda x: x["call"].astype(int))
+    d = d[d["call"].isin([1, 2])].drop_duplicates(["process", "what", "call"], keep="last")
+    d = d.groupby("process", sort=False).filter(lambda g: len(g) == 2 * len(layer))
+    if d.empty:
         raise ValueError(f"{p}: no process has calls 1 and 2 of every case of {layer}")
-    cold2 = [sum(v[w][2]["wall_ms"] - v[w][2]["steady_wall_ms"] for w in layer) for v in procs.values()]
-    cold1 = [sum(v[w][1]["wall_ms"] - v[w][1]["steady_wall_ms"] for w in layer) for v in procs.values()]
-    steady = [sum(v[w][1]["steady_gpu_ms"] for w in layer) for v in procs.values()]
+    extra = d.assign(extra=d["wall_ms"] - d["steady_wall_ms"])
+    per = {c: extra[extra["call"] == c].groupby("process", sort=False)[["extra", "steady_gpu_ms"]].sum() for c in (1, 2)}
+    cold2, n = per[2]["extra"].to_numpy(), len(per[2])
     vals: dict = {"cold_extra_ms": max(0.0, float(np.mean(cold2)))}
     layer_spread: dict = {}
-    if len(procs) >= 2:
+    if n >= 2:
         vals["cold_sd_ms"] = float(np.std(cold2, ddof=1))
-        layer_spread["run_log_sd"] = float(np.std(np.log(steady), ddof=1))
+        layer_spread["run_log_sd"] = float(np.std(np.log(per[1]["steady_gpu_ms"].to_numpy()), ddof=1))
     sp = Path(spread_path) if spread_path is not None else p.with_name("step_spread.csv")
     rel = _step_rel_sds(sp, layer) if sp.is_file() else []
     if rel:
         layer_spread["step_rel_sd"] = float(np.median(rel))
-    return {"values": vals, "cold_call1_ms": float(np.mean(cold1)), "layer_spread": layer_spread, "cases": layer,
-            "num_processes": len(procs),
+    return {"values": vals, "cold_call1_ms": float(np.mean(per[1]["extra"].to_numpy())), "layer_spread": layer_spread,
+            "cases": layer, "num_processes": n,
             "source": f"{p.name}{' + ' + sp.name if sp.is_file() else ''} (cases {' + '.join(layer)}, "
-                      f"{len(procs)} fresh process(es))"}
+                      f"{n} fresh process(es))"}
 
 
-def _cold_rows(p: Path, min_tokens: int) -> list[dict]:
-    """``cold_start.csv``'s rows with ``T >= min_tokens``, numbers parsed (:data:`COLD_START_COLUMNS`)."""
-    if not p.is_file():
-        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
-                         f"{', '.join(COLD_START_COLUMNS)}) from the cold_start experiment (mla-lab measure)")
-    with open(p, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in COLD_START_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
-        rows = [{"what": r["what"], **{c: _num(p, n, c, r[c]) for c in COLD_START_COLUMNS if c != "what"}}
-                for n, r in enumerate(reader, start=2)]
-    return [r for r in rows if r["T"] >= min_tokens]
-
-
-def _layer_cases(p: Path, rows: list[dict], min_tokens: int) -> list[str]:
+def _layer_cases(p: Path, whats: list[str], min_tokens: int) -> list[str]:
     """The layer's cases: one ``attention_block:*`` and one ``moe_block:*`` when both are there, else the first
     ``attention_path:*``."""
-    whats = sorted({r["what"] for r in rows})
     layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
              if any(w.startswith(pre) for w in whats)]
     if len(layer) < len(_LAYER_PARTS):
@@ -505,17 +474,11 @@ def _layer_cases(p: Path, rows: list[dict], min_tokens: int) -> list[str]:
 def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:
     """Per process, ``sd(gpu) / median(gpu)`` of the layer's steady samples in ``step_spread.csv`` (the cases
     summed sample by sample)."""
-    samples: dict = {}
-    with open(sp, newline="") as f:
-        for n, r in enumerate(csv.DictReader(f), start=2):
-            if r.get("what") in layer:
-                key = (_num(sp, n, "process", r.get("process")), _num(sp, n, "sample", r.get("sample")))
-                samples[key] = samples.get(key, 0.0) + _num(sp, n, "gpu_ms", r.get("gpu_ms"))
-    per: dict = {}
-    for (proc, _), v in samples.items():
-        per.setdefault(proc, []).append(v)
-    return [float(np.std(v, ddof=1) / np.median(v)) for v in per.values() if len(v) >= 2]
-
+    raw = pd.read_csv(sp, dtype=str, keep_default_na=False)
+    df = _numbers(sp, raw[raw["what"].isin(layer)], ("process", "sample", "gpu_ms"))
+    s = df.groupby(["process", "sample"], sort=False)["gpu_ms"].sum()
+    return [float(np.std(v, ddof=1) / np.median(v)) for v in
+            (g.to_numpy() for _, g in s.groupby(level="process", sort=False)) if len(v) >= 2]
 
 # ------------------------------------------------------------------------------------------ one deployment
 #: What :func:`serve_benchmark_noise` summarises per metric, and the labels :func:`format_noise` prints.

@@ -35,7 +35,8 @@ from ..workload import Step as WorkStep
 from .step import Step
 
 __all__ = ["CostModelPricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
-           "layer_decode_ms", "DECODE_CSV", "EXCLUDED_FROM_MEASURED", "OVERRIDDEN_OPS"]
+           "layer_decode_ms", "DECODE_CSV", "EXCLUDED_FROM_MEASURED", "OVERRIDDEN_OPS", "MemoPricer", "launched",
+           "step_key"]
 
 #: Ops of :func:`~mla_lab.model.ops.layer_ops` that the measured decode layer does not run (no ``impl``), plus the
 #: collectives: the fit and its validation leave them out of both sides.
@@ -127,6 +128,35 @@ def _eager_ms(gpu_ms: float, n_ops: int, dcal: DecodeCalibration) -> tuple[float
     return max(gpu_ms + n_ops * dcal.eager_gap_us * 1e-3, host), host
 
 
+def launched(gpu_ms: float, step: Step, n_ops: int, dcal: DecodeCalibration) -> dict:
+    """``{"total_ms", "gpu_ms", "host_ms", "launch"}`` (ms): a ``FULL`` CUDA-graph step costs its GPU time, any
+    other the eager launch model (module docstring)."""
+    if step.cuda_graph:
+        return {"total_ms": gpu_ms, "gpu_ms": gpu_ms, "host_ms": 0.0, "launch": "graph"}
+    total, host = _eager_ms(gpu_ms, n_ops, dcal)
+    return {"total_ms": total, "gpu_ms": gpu_ms, "host_ms": host, "launch": "eager"}
+
+
+def step_key(step: Step) -> tuple:
+    """What the pricers read of a step: the decode contexts, the prefill chunks' ``(start, num_tokens)`` in order and
+    ``cuda_graph`` (request ids are renumbered by position, the padded capture size is not priced): equal keys cost
+    the same."""
+    return (tuple(d.context_len for d in step.decode), tuple((c.start, c.num_tokens) for c in step.prefill_chunks),
+            step.cuda_graph)
+
+
+class MemoPricer:
+    """A step pricer with a ``price(step) -> {"total_ms", ...}`` method: calling it gives ``total_ms`` (ms), priced
+    once per :func:`step_key`."""
+
+    def __call__(self, step: Step) -> float:
+        memo = self.__dict__.setdefault("_memo", {})
+        key = step_key(step)
+        if key not in memo:
+            memo[key] = self.price(step)["total_ms"]
+        return memo[key]
+
+
 def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(),
                     calibration: Calibration | None = None, decode_cal: DecodeCalibration | None = None, *,
                     graph: bool = True, measured_subset: bool = True, decode_kernels: str = "engine") -> dict:
@@ -158,7 +188,7 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "n_ops": len(ops), "ops": per}
 
 
-class CostModelPricer:
+class CostModelPricer(MemoPricer):
     """A :data:`~mla_lab.serving.step.StepPricer` for :func:`mla_lab.serving.simulate`: one engine step on one rank
     (every rank runs the same step in lockstep under TP), priced by the lab's cost model (module docstring).
 
@@ -192,7 +222,6 @@ class CostModelPricer:
         idx_layers = len({i for i in self.model.indexer_layers if 0 <= i < L})
         self.counts = {"idx_logits": idx_layers, "idx_topk": idx_layers}
         self.counts.update({a: L for a in ATTN_OPS})
-        self._memo: dict = {}  # step_key -> total_ms (__call__)
 
     def __repr__(self) -> str:
         return (f"CostModelPricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
@@ -212,29 +241,6 @@ class CostModelPricer:
                 by[name] = parts.op_ms(one_layer[name]) * self.counts[name]
                 if base["content"]["scope"] == "step" and not one_layer[name].is_comm:  # stale heads over the step
                     by[name] *= base["content"]["attention_factor" if name in ATTN_OPS else "rest_factor"]
-        L = self.model.num_hidden_layers
-        gpu = sum(by.values()) + self.decode_cal.layer_fixed_us * 1e-3 * L
-        if step.cuda_graph:
-            total, host, launch = gpu, 0.0, "graph"
-        else:
-            total, host = _eager_ms(gpu, self.n_ops, self.decode_cal)
-            launch = "eager"
-        return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "launch": launch, "by_op": by,
+        gpu = sum(by.values()) + self.decode_cal.layer_fixed_us * 1e-3 * self.model.num_hidden_layers
+        return {**launched(gpu, step, self.n_ops, self.decode_cal), "by_op": by,
                 "attention_path_ms": sum(by.get(a, 0.0) for a in ATTN_OPS), "comm_ms": base["comm"]}
-
-    @staticmethod
-    def step_key(step: Step) -> tuple:
-        """What :meth:`price` reads of a step: the decode contexts, the prefill chunks' ``(start, num_tokens)`` in
-        order and ``cuda_graph`` (request ids are renumbered by position in :class:`_Parts`, and the padded
-        capture size is not priced), so two steps with equal keys cost the same."""
-        return (tuple(d.context_len for d in step.decode),
-                tuple((c.start, c.num_tokens) for c in step.prefill_chunks), step.cuda_graph)
-
-    def __call__(self, step: Step) -> float:
-        """The step's ms (:meth:`price`'s ``total_ms``), priced once per :meth:`step_key` (exact: equal keys cost
-        the same)."""
-        key = self.step_key(step)
-        ms = self._memo.get(key)
-        if ms is None:
-            ms = self._memo[key] = self.price(step)["total_ms"]
-        return ms
