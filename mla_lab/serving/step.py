@@ -23,7 +23,7 @@ __all__ = ["PrefillChunk", "DecodeToken", "Step", "StepPricer", "cudagraph_captu
 
 @dataclass(frozen=True)
 class PrefillChunk:
-    """Prompt positions ``[start, start + num_tokens)`` of request ``req_id`` computed in one step (tokens)."""
+    """Prompt positions ``[start, end)`` of request ``req_id`` computed in one step (tokens)."""
 
     req_id: int
     start: int
@@ -31,7 +31,6 @@ class PrefillChunk:
 
     @property
     def end(self) -> int:
-        """One past the last prompt position of the chunk (tokens)."""
         return self.start + self.num_tokens
 
 
@@ -45,12 +44,7 @@ class DecodeToken:
 
 @dataclass(frozen=True)
 class Step:
-    """The tokens one engine step computes (see the module docstring).
-
-    ``decode`` and ``prefill_chunks`` are tuples in scheduling order. ``kind`` is ``"decode"`` (no prefill
-    chunk), ``"prefill"`` (no decode token) or ``"mixed"``; ``cuda_graph`` is True only for ``"FULL"`` (a uniform
-    batch, every request one query token, run as one full CUDA graph, attention included).
-    """
+    """The tokens one engine step computes, in scheduling order (module docstring)."""
 
     decode: tuple[DecodeToken, ...] = ()
     prefill_chunks: tuple[PrefillChunk, ...] = ()
@@ -59,30 +53,21 @@ class Step:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens computed by the step (decode tokens + prefill chunk tokens), before any CUDA-graph padding."""
+        """Tokens computed (decode + prefill chunk tokens), before any CUDA-graph padding."""
         return len(self.decode) + sum(c.num_tokens for c in self.prefill_chunks)
 
     @property
     def num_reqs(self) -> int:
-        """Requests scheduled in the step."""
         return len(self.decode) + len(self.prefill_chunks)
 
     @property
-    def num_prefill_tokens(self) -> int:
-        """Tokens of the prefill chunks."""
-        return sum(c.num_tokens for c in self.prefill_chunks)
-
-    @property
     def kind(self) -> str:
-        """``"prefill"``, ``"decode"`` or ``"mixed"`` (an empty step is never built)."""
-        if not self.prefill_chunks:
-            return "decode"
-        return "mixed" if self.decode else "prefill"
+        """``"prefill"`` (no decode token), ``"decode"`` (no chunk) or ``"mixed"``."""
+        return ("mixed" if self.decode else "prefill") if self.prefill_chunks else "decode"
 
     @property
     def cuda_graph(self) -> bool:
-        """True when the whole step, attention included, replays a full CUDA graph (uniform batch: every request
-        has one query token)."""
+        """True when the whole step, attention included, replays one full CUDA graph (``"FULL"``)."""
         return self.cudagraph_mode == "FULL"
 
 
