@@ -1,19 +1,16 @@
-"""The deployments public runs use, priced (modelled, nothing fitted to a run that uses them; issue 37):
-MTP / EAGLE speculative decoding and SGLang's DP attention, options of a :class:`~mla_lab.deployment.Deployment`
-read by :func:`mla_lab.serving.benchmark.serve_benchmark`. docs/serving.md ("The deployments public runs use")
-states each rule.
+"""The deployment options public runs use, priced (modelled, nothing fitted to a run that uses them; issue 37;
+each rule: docs/serving.md, "The deployments public runs use").
 
 - :class:`SpecDecodePricer` (vLLM 0.33.0 ``--speculative-config`` ``mtp``): the target verifies ``k + 1`` query
   tokens per decoding request (``vllm/v1/worker/gpu_model_runner.py``, ``gpu/spec_decode/rejection_sampler.py``);
   the drafter runs ``k`` passes, the first over the step's tokens (``vllm/v1/spec_decode/llm_base_proposer.py:599``),
-  the rest at the batch size (``:688-753``), each priced as one more decoder layer; a decode step is charged
-  ``(verify + drafts) / acceptance_length`` (an input). Not modelled: the ``k`` lookahead KV slots, the token
-  budget counting ``k + 1`` per decoding request.
+  the rest at the batch size (``:688-753``), each one more decoder layer; a decode step costs ``(verify + drafts) /
+  acceptance_length`` (an input). Not modelled: the ``k`` lookahead KV slots, ``k + 1`` tokens per request counted
+  in the budget.
 - :class:`DPAttentionPricer` (SGLang ``--dp n --enable-dp-attention``): a rank holds its group's heads
-  (:attr:`Deployment.attention_rank <mla_lab.deployment.Deployment.attention_rank>`), ``1 / n`` of the requests
-  and its own KV; its step is the attention side of its tokens plus the MoE side of every active rank's tokens on
-  :attr:`Deployment.rank <mla_lab.deployment.Deployment.rank>`. :func:`dp_attention_memory`: attention weights
-  replicated over the group; SGLang's ``--mem-fraction-static`` priced with vLLM 0.33.0's rule (an assumption).
+  (``Deployment.attention_rank``), ``1 / n`` of the requests and its own KV; its step is the attention side of its
+  tokens plus the MoE side of every active rank's tokens on ``Deployment.rank``. :func:`dp_attention_memory`:
+  SGLang's ``--mem-fraction-static`` priced with vLLM 0.33.0's rule (an assumption).
 """
 
 from __future__ import annotations
@@ -54,14 +51,8 @@ def spec_verify_step(step: Step, k: int) -> Step:
 
 
 class SpecDecodePricer(MemoPricer):
-    """A step pricer under MTP speculative decoding (module docstring), wrapping a base pricer with a ``price``
-    method (:class:`~mla_lab.serving.step_pricer.CostModelPricer` or :class:`DPAttentionPricer`).
-
-    Args:
-        base: the target model's pricer (``price(step) -> {"total_ms", "gpu_ms", ...}``).
-        num_layers: the target's ``num_hidden_layers`` (a drafter pass = the mean layer).
-        num_speculative_tokens: k >= 1. acceptance_length: in [1, k + 1] (checked at the Deployment's door).
-    """
+    """A step pricer under MTP (module docstring) around ``base`` (a pricer with ``price``); a drafter pass is the
+    mean of the target's ``num_layers``; ``num_speculative_tokens`` and ``acceptance_length`` checked at the door."""
 
     def __init__(self, base, num_layers: int, num_speculative_tokens: int, acceptance_length: float):
         self.base, self.L = base, num_layers
@@ -71,7 +62,6 @@ class SpecDecodePricer(MemoPricer):
         return self.base.price(step)["total_ms"]
 
     def _pass_ms(self, step: Step) -> float:
-        """One drafter pass over ``step``'s tokens: the base's GPU ms / num_hidden_layers."""
         return self.base.price(step)["gpu_ms"] / self.L
 
     def price(self, step: Step) -> dict:
@@ -109,13 +99,8 @@ def _replicate(step: Step, n: int) -> Step:
 
 
 class DPAttentionPricer(MemoPricer):
-    """One DP-attention rank's step (module docstring): the attention side of its own tokens on the attention
-    rank (all heads of its group), the MoE side of every active rank's tokens on the TP rank.
-
-    Args:
-        deployment: a Deployment with ``dp_attention > 1`` (its door checked it). strategy: as
-            :class:`~mla_lab.serving.step_pricer.CostModelPricer`. calibration, decode_cal: as there.
-    """
+    """One DP-attention rank's step (module docstring) of a ``deployment`` with ``dp_attention > 1``; the other
+    arguments as :class:`~mla_lab.serving.step_pricer.CostModelPricer`'s."""
 
     def __init__(self, deployment: Deployment, strategy: str, calibration=None, decode_cal=None):
         d = deployment
@@ -162,18 +147,13 @@ def _work(step: Step):
 
 
 def dp_attention_memory(deployment: Deployment, strategies, *, mtp_layers: int = 0) -> dict:
-    """:func:`~mla_lab.model.memory.memory_tradeoff` of one DP-attention rank: the attention weights replicated
-    over its group (``num_hidden_layers x`` (one attention block at ``tp / dp`` minus one at ``tp``) more bytes per
-    rank), KV per rank for its own requests only (the capacity in tokens is the rank's; nothing replicated across
-    the DP ranks). The memory rule otherwise as vLLM 0.33.0's (:func:`~mla_lab.model.memory.kv_capacity_terms`):
-    the extra bytes come off the KV budget in whole blocks. Returns memory_tradeoff's dict with
-    ``kv_capacity_tokens`` the rank's and ``dp_attention`` ``{"extra_attention_weight_bytes", "tokens_before",
-    "dp"}`` added."""
+    """:func:`~mla_lab.model.memory.memory_tradeoff` of one DP-attention rank: the attention weights replicated over
+    its group (per layer, one attention block at ``tp / dp`` minus one at ``tp``) come off the KV budget in whole
+    blocks (vLLM 0.33.0's rule); ``kv_capacity_tokens`` the rank's, ``dp_attention`` ``{"dp",
+    "extra_attention_weight_bytes", "tokens_before"}`` added."""
     d = deployment
     mem = memory_tradeoff(d, strategies=strategies, mtp_layers=mtp_layers)
-    attn_dp = _layer_bytes(d.attention_rank)[0]
-    attn_tp = _layer_bytes(d.rank)[0]
-    extra = d.model.num_hidden_layers * (attn_dp - attn_tp) + mtp_layers * (attn_dp - attn_tp)
+    extra = (d.model.num_hidden_layers + mtp_layers) * (_layer_bytes(d.attention_rank)[0] - _layer_bytes(d.rank)[0])
     kv = mem["kv_capacity"]
     block = kv["block_size"] * kv["bytes_per_token"]
     available = kv["available_bytes"] - extra

@@ -1,17 +1,10 @@
-"""The lab's cost model as a step pricer: a vLLM v1 engine step -> milliseconds, decode included (issue 13;
-docs/serving.md, "The lab's cost model as the pricer", has each term, its fit and its validation).
-
-:class:`CostModelPricer` turns a serving :class:`~mla_lab.serving.step.Step` into a :class:`mla_lab.workload.Step`
-of chunks ``(req, start, n)`` (a decode token with context ``c`` is ``(req, c - 1, 1)``: ``min(c, topk)`` attention
-keys, ``c`` indexer keys), prices it with :func:`mla_lab.model.timing.step_time_ms` (every layer, the strategy's
-attention path: with a bf16 KV cache decode tokens pay the per-call pad too) and adds the decode terms fitted on
-the H200 (:class:`mla_lab.model.decode_calibration.DecodeCalibration`): graph-replay overheads of small ops, the
-bandwidth-bound decode indexer, the decode top-k, the sparse kernel at decode (:class:`KernelDecode`), a per-layer
-fixed cost, and the launch model (a ``FULL`` CUDA-graph step costs its GPU time; any other
-``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops launched, an upper bound under ``PIECEWISE``).
-
-:func:`layer_decode_ms` prices the op subset the decode measurements time (``decode_layer`` experiment: one
-per-rank MoE layer, bf16 weights, EP8; the excluded ops are :data:`EXCLUDED_FROM_MEASURED`) for the fit.
+"""The lab's cost model as a step pricer: a vLLM v1 engine step -> ms, decode included (issue 13; each term, its
+fit and validation: docs/serving.md, "The lab's cost model as the pricer"). A decode token of context ``c`` is the
+chunk ``(req, c - 1, 1)`` of a :class:`mla_lab.workload.Step`, priced by :func:`mla_lab.model.timing.step_time_ms`
+(bf16 KV: decode tokens pay the per-call pad too) plus the decode terms fitted on the H200
+(:class:`~mla_lab.model.decode_calibration.DecodeCalibration`) and the launch model: a ``FULL`` CUDA-graph step
+costs its GPU time, any other ``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops (an upper bound
+under ``PIECEWISE``). :func:`layer_decode_ms` prices the ops the ``decode_layer`` experiment timed, for the fit.
 """
 
 from __future__ import annotations
@@ -51,12 +44,8 @@ _ATTN_KERNELS = {"concat": 1, "pad": 2, "pad_copy": 1, "out_slice": 1, "chunk_ou
 
 
 class _Parts:
-    """Per-layer pricing of one step's tokens with the decode calibration (shared by the fit and the pricer).
-
-    ``rank``: the TP rank priced (:class:`~mla_lab.rank.RankView`, checked at its door); ``strategy`` a canonical
-    name; ``prefill`` chunks ``(req, start, n)``; ``decode_ctx`` the decode tokens' contexts (tokens);
-    ``cal`` / ``dcal`` resolved calibrations; ``decode_kernels``: ``engine`` or ``fit`` (below).
-    """
+    """Per-layer pricing of one step's tokens (``prefill`` chunks ``(req, start, n)``, ``decode_ctx`` contexts in
+    tokens) with the decode calibration, shared by the fit and the pricer; ``strategy`` canonical."""
 
     def __init__(self, rank: RankView, strategy: str, prefill, decode_ctx, cal: Calibration, dcal: DecodeCalibration,
                  decode_kernels: str = "engine"):
@@ -79,7 +68,6 @@ class _Parts:
         self._sub: dict = {}
 
     def sub_op(self, which: str, name: str) -> LayerOp | None:
-        """Op ``name`` of a layer over only the prefill chunks (``which="prefill"``) or only the decode tokens."""
         if which not in self._sub:
             chunks = (self.ws.chunks[len(self.decode_ctx):] if which == "prefill"
                       else self.ws.chunks[:len(self.decode_ctx)])
@@ -160,14 +148,10 @@ class MemoPricer:
 def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(),
                     calibration: Calibration | None = None, decode_cal: DecodeCalibration | None = None, *,
                     graph: bool = True, measured_subset: bool = True, decode_kernels: str = "engine") -> dict:
-    """One per-rank MoE layer of a step (``prefill`` chunks ``(req, start, n)`` + decode tokens with
-    ``decode_contexts``, tokens), priced with the decode calibration: what ``mla_lab.fits.decode`` fits and
-    validates against ``decode_layer.csv``.
-
-    ``rank``: the TP rank (:class:`~mla_lab.rank.RankView`, checked at its door; the measured decode layer ran bf16
-    weights, the ``decode_layer`` experiment). ``measured_subset``: only the ops the measured layer runs
-    (:data:`EXCLUDED_FROM_MEASURED` left out); ``graph``: CUDA-graph replay (GPU time) or eager (launch model);
-    ``decode_kernels``: ``engine`` (:mod:`mla_lab.model.decode_kernels`) or ``fit`` (:class:`KernelDecode`).
+    """One per-rank MoE layer of a step (``prefill`` chunks ``(req, start, n)``, decode tokens of
+    ``decode_contexts``) with the decode calibration, as ``mla_lab.fits.decode`` fits it on ``decode_layer.csv``:
+    ``measured_subset`` only the ops the measured layer runs; ``graph`` CUDA-graph replay or eager;
+    ``decode_kernels`` ``engine`` (:mod:`mla_lab.model.decode_kernels`) or ``fit`` (:class:`KernelDecode`).
 
     Returns ``{"total_ms", "gpu_ms", "host_ms", "n_ops", "ops": {name: ms}}`` (ms, one layer).
 
@@ -189,17 +173,9 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
 
 
 class CostModelPricer(MemoPricer):
-    """A :data:`~mla_lab.serving.step.StepPricer` for :func:`mla_lab.serving.simulate`: one engine step on one rank
-    (every rank runs the same step in lockstep under TP), priced by the lab's cost model (module docstring).
-
-    Args:
-        rank: the TP rank priced (:class:`~mla_lab.rank.RankView`, checked at its door; ``bf16`` KV: the padded
-            kernel, decode included; ``fp8``: no padding). The PR's: ``Deployment.seed().rank``.
-        strategy: a canonical strategy, alias or preset (a two-member preset gives its first member).
-        calibration: the layer model's calibration (None: the committed one).
-        decode_cal: a :class:`DecodeCalibration` (None: :func:`load_decode_calibration`).
-
-    Calling it returns the step's ms; :meth:`price` returns the breakdown.
+    """One engine step on one TP rank (``rank``: ``bf16`` KV pads the kernel, decode included) priced by the cost
+    model (module docstring); ``strategy`` a strategy, alias or preset (its first member); calibrations None: the
+    committed ones. Calling it gives the step's ms; :meth:`price` the breakdown.
 
     Raises:
         ValueError: an unknown strategy (one line, the allowed values).
@@ -215,13 +191,10 @@ class CostModelPricer(MemoPricer):
         self.calibration = resolve_calibration(calibration)
         self.decode_cal = decode_cal if decode_cal is not None else load_decode_calibration()
         self.gcal = self.decode_cal.graph_calibration(self.calibration)
-        one = WorkStep([(0, 0, 1)])
-        counted = step_ops(self.rank, self.strategy, one)
-        self.n_ops = sum(n for _, n in counted)  # launches per step (every op of every layer, once)
+        self.n_ops = sum(n for _, n in step_ops(rank, self.strategy, WorkStep([(0, 0, 1)])))  # launches per step
         L = self.model.num_hidden_layers
         idx_layers = len({i for i in self.model.indexer_layers if 0 <= i < L})
-        self.counts = {"idx_logits": idx_layers, "idx_topk": idx_layers}
-        self.counts.update({a: L for a in ATTN_OPS})
+        self.counts = {"idx_logits": idx_layers, "idx_topk": idx_layers, **dict.fromkeys(ATTN_OPS, L)}
 
     def __repr__(self) -> str:
         return (f"CostModelPricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
