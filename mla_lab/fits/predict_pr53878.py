@@ -1,14 +1,11 @@
 #!/usr/bin/env python3
-"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR), issue 20: modelled, no
-coefficient fitted to an end-to-end figure of that run. The run: ``vllm serve zai-org/GLM-5.2-FP8`` TP8 EP,
-max_num_batched_tokens 16384, FLASHMLA_SPARSE, bf16 KV, async scheduling on, 8 H200; ``vllm bench serve`` random
-1024 in / 128 out, 32 prompts, concurrency 32, rate inf, seed 12345 (the PR's description).
-
-Each step priced by :class:`mla_lab.serving.CostModelPricer` (pre-PR strategy ``per_call_empty:zeros``, ``:stale``
-beside it), KV capacity by ``serve_benchmark``, the noise components of :mod:`mla_lab.serving.noise` with the
-measured ones recomputed from ``data/measured/h200/between_process/`` (:func:`measured_noise`), ``--num-runs``
-seeded Monte-Carlo runs per build. Writes ``data/validation/pr53878_main_prediction.json`` and, beside it,
-``pr53878_noise_distribution.csv``; refuses to overwrite a file the lab did not write.
+"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR; issue 20): modelled, nothing
+fitted to an end-to-end figure of it. The run (the PR's description): ``vllm serve zai-org/GLM-5.2-FP8`` TP8 EP,
+max_num_batched_tokens 16384, FLASHMLA_SPARSE, bf16 KV, async scheduling, 8 H200; ``vllm bench serve`` random
+1024 / 128, 32 prompts, concurrency 32, rate inf, seed 12345. Steps priced by ``CostModelPricer`` (pre-PR
+``per_call_empty:zeros``), the noise of :mod:`mla_lab.serving.noise` with its measured components recomputed
+(:func:`measured_noise`), ``--num-runs`` runs per build. Writes ``data/validation/pr53878_main_prediction.json``
+and ``pr53878_noise_distribution.csv`` beside it (never over a file the lab did not write).
 
     python -m mla_lab.fits.predict_pr53878 [--num-runs 1000] [--seed 0] [--out PATH] [--no-measurements]
         [--update-docs | --docs-only]
@@ -20,6 +17,7 @@ import argparse
 import datetime as dt
 import hashlib
 import json
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -67,16 +65,12 @@ def seed_deployment() -> Deployment:
 
 
 def deployment(bench: BenchConfig = BENCH) -> dict:
-    """KV capacity per strategy from the memory model and the engine limits (SchedulerConfig per strategy);
-    ``bench`` sends the seed deployment's workload (:func:`mla_lab.serving.serve_benchmark` refuses another)."""
+    """Per strategy: KV capacity (``serve_benchmark``), its SchedulerConfig and the deterministic metrics."""
     r = serve_benchmark(seed_deployment(), [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
-    out = {}
-    for s in (BEFORE, ALT_BEFORE, PR):
-        cap = r["strategies"][s]["kv_capacity_tokens"]
-        out[s] = {"kv_capacity_tokens": cap,
-                  "sched": SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE,
-                                           async_scheduling=True),
-                  "lab_metrics": r["strategies"][s]["metrics"]}
+    caps = {s: r["strategies"][s]["kv_capacity_tokens"] for s in (BEFORE, ALT_BEFORE, PR)}
+    out = {s: {"kv_capacity_tokens": cap, "lab_metrics": r["strategies"][s]["metrics"],
+               "sched": SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE, async_scheduling=True)}
+           for s, cap in caps.items()}
     return {"strategies": out, "calibration": r["calibration"], "decode_calibration": r["decode_calibration"]}
 
 
@@ -85,10 +79,10 @@ def _log_sd(xs) -> float:
 
 
 def measured_noise(folder: Path = MEASURED) -> dict:
-    """The measured noise components from the H200 between-process rows in ``folder`` (each source in words in the
-    result's ``sources``): ``run_sigma`` (sd of log per-process median ``step_ms``, content zeros), ``step_sigma``
-    (median within-process log sd), ``cold_extra_ms`` / ``cold_sd_ms`` (``load_cold_start``); the attention path's
-    spreads as ``contrast`` (not used). Raises ValueError: a file is missing or lacks a column (names it)."""
+    """The measured noise components from the H200 between-process rows in ``folder`` (sources in words):
+    ``run_sigma`` (sd of log per-process median ``step_ms``, content zeros), ``step_sigma`` (median within-process
+    log sd), ``cold_*`` (``load_cold_start``); the attention path's spreads as ``contrast`` (not used). Raises
+    ValueError: a file is missing or lacks a column (names it)."""
     import pandas as pd
 
     for f in (folder / n for n in ("content_loop.csv", "cold_start.csv", "step_spread.csv")):
@@ -125,16 +119,6 @@ def measured_noise(folder: Path = MEASURED) -> dict:
             "num_processes": step["n_processes"],
             "source": f"{rel}/ (content_loop.csv, cold_start.csv, step_spread.csv; {step['n_processes']} fresh "
                       "processes)"}
-
-
-def noise_config(use_measurements: bool = True) -> tuple[NoiseConfig, dict | None]:
-    """The defaults of mla_lab.serving.noise with the measured components recomputed from the H200 rows
-    (:func:`measured_noise`); ``use_measurements=False``: the defaults as they stand."""
-    nc = NoiseConfig()
-    if use_measurements:
-        m = measured_noise()
-        return nc.with_measurements(m), m
-    return nc, None
 
 
 def what_moved(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseConfig) -> list[dict]:
@@ -199,8 +183,6 @@ def arrival_sensitivity(bench: BenchConfig, st: dict, pricers: dict, noise: Nois
 
 def code_commit() -> dict:
     """The last commit of the code that makes the prediction, and whether that code differs from it."""
-    import subprocess
-
     paths = ["mla_lab/serving", "mla_lab/model", "mla_lab/fits/predict_pr53878.py", "data/calibration", "data/models"]
     try:
         sha = subprocess.run(["git", "log", "-1", "--format=%H", "--", *paths], cwd=REPO_ROOT, capture_output=True,
@@ -221,10 +203,10 @@ def distribution_rows(ident, prvs) -> list[str]:
 
 def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
             distribution: list | None = None) -> dict:
-    """The prediction as a JSON-ready dict (module docstring); ``distribution``: a list that receives
-    :func:`distribution_rows` of the prediction's Monte-Carlo."""
+    """The prediction as a JSON-ready dict; ``distribution`` receives :func:`distribution_rows`."""
     dep = deployment()
-    noise, measured = noise_config(use_measurements)
+    measured = measured_noise() if use_measurements else None
+    noise = NoiseConfig() if measured is None else NoiseConfig().with_measurements(measured)
     st = dep["strategies"]
     rank = seed_deployment().rank
     pricers = {s: CachedPricer(CostModelPricer(rank, s)) for s in st}

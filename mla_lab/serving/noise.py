@@ -114,11 +114,7 @@ def _gamma(rng: np.random.Generator, mean: float, sd: float) -> float:
 
 @dataclass(frozen=True)
 class ArrivalModel:
-    """The API server's hand-off as a single-server queue (module docstring). Times in ms.
-
-    Raises:
-        ValueError: a negative or non-finite field, one line naming it.
-    """
+    """The API server's hand-off as a single-server queue (ms). Raises ValueError: a negative or non-finite field."""
 
     first_ms: float = COMPONENTS["arrival_first_ms"]["value"]
     per_request_ms: float = COMPONENTS["arrival_per_request_ms"]["value"]
@@ -129,13 +125,9 @@ class ArrivalModel:
             check_float(k, getattr(self, k), low=0.0, low_inclusive=True)
 
     def delays_s(self, arrivals_s: Sequence[float], rng: np.random.Generator | None = None) -> np.ndarray:
-        """Per request (in the order given), seconds from its arrival at the client to the engine core.
-
-        Request ``k`` (in arrival order, ties by position) leaves the server at
-        ``done_k = max(arrival_k + first, done_{k-1}) + service_k``; ``service_k`` is ``per_request_ms`` when
-        ``rng`` is None, else a gamma draw of that mean and sd ``cv * per_request_ms``. Exact when the client's
-        concurrency limit never holds a request back (send = arrival), as in the PR's benchmark.
-        """
+        """Per request (in the order given), s from its arrival at the client to the engine core: in arrival order
+        ``done_k = max(arrival_k + first, done_{k-1}) + service_k``, ``service_k`` ``per_request_ms`` (``rng`` None)
+        or a gamma draw of sd ``cv * per_request_ms``. Exact when send = arrival, as in the PR's benchmark."""
         a = np.asarray(arrivals_s, dtype=np.float64)
         order = np.argsort(a, kind="stable")
         out = np.empty_like(a)
@@ -149,16 +141,9 @@ class ArrivalModel:
 
 @dataclass(frozen=True)
 class NoiseConfig:
-    """What varies between two runs of one build, and the absolute run's components (module docstring).
-
-    Fields (defaults from :data:`COMPONENTS`): ``arrival`` (:class:`ArrivalModel`), ``cpu_step_ms`` (ms),
-    ``output_delay_ms`` (ms), ``run_sigma`` / ``step_sigma`` (log-normal sd of the per-run and per-step GPU-time
-    factors), ``cold_extra_ms`` / ``cold_sd_ms`` (ms), ``cold_min_tokens`` (tokens), ``sources`` (component ->
-    status and source, for the record; :meth:`with_measurements` updates it).
-
-    Raises:
-        ValueError: a negative or non-finite field, one line naming it.
-    """
+    """The components of one run (defaults, units and sources: :data:`COMPONENTS`; ``run_sigma`` / ``step_sigma``
+    log-normal sds of the per-run and per-step GPU-time factors); ``sources``: component -> status and source.
+    Raises ValueError: a negative or non-finite field, one line naming it."""
 
     arrival: ArrivalModel = field(default_factory=ArrivalModel)
     cpu_step_ms: float = COMPONENTS["cpu_step_ms"]["value"]
@@ -190,9 +175,8 @@ class NoiseConfig:
                    step_sigma=0.0, cold_extra_ms=0.0, cold_sd_ms=0.0)
 
     def with_measurements(self, measured: dict) -> NoiseConfig:
-        """A copy with ``measured["values"]`` (NoiseConfig field -> value, e.g. what :func:`load_cold_start`
-        returns) put in and marked measured; each one's source is ``measured["sources"][field]`` when given, else
-        ``measured["source"]``."""
+        """A copy with ``measured["values"]`` (field -> value) put in, marked measured, each one's source
+        ``measured["sources"][field]`` or ``measured["source"]``."""
         vals = dict(measured.get("values", {}))
         per = dict(measured.get("sources", {}))
         src = {k: dict(v) for k, v in self.sources.items()}
@@ -208,11 +192,7 @@ class NoiseConfig:
 
     @classmethod
     def from_record(cls, rec: dict) -> NoiseConfig:
-        """The :class:`NoiseConfig` that :meth:`record` wrote (e.g. read back from a prediction file).
-
-        Raises:
-            ValueError: not such a record, or a value out of range (as the constructor).
-        """
+        """The :class:`NoiseConfig` :meth:`record` wrote. Raises ValueError: not such a record, a value out of range."""
         if not isinstance(rec, dict) or not isinstance(rec.get("values"), dict):
             raise ValueError("rec must be a dict with a 'values' dict, as NoiseConfig.record() writes it")
         v = dict(rec["values"])
@@ -222,7 +202,6 @@ class NoiseConfig:
         return cls(arrival=ArrivalModel(**arr), sources=dict(rec.get("sources", {})), **v)
 
 
-# ------------------------------------------------------------------------------------------ pricing
 def _step_shape(step: Step) -> tuple:
     """What a pricer can see of a step, without request ids: launch mode, padded size, decode contexts and prefill
     chunks ``(start, num_tokens)``, in order."""
@@ -231,9 +210,7 @@ def _step_shape(step: Step) -> tuple:
 
 
 class CachedPricer:
-    """``pricer`` priced once per distinct :func:`_step_shape` (a pricer that depends only on what the key holds,
-    as :class:`~mla_lab.serving.CostModelPricer` and the pricers of :mod:`~mla_lab.serving.pricing` do).
-    ``hits`` / ``misses`` count the look-ups."""
+    """``pricer`` (one that reads only what :func:`_step_shape` holds) priced once per shape; ``hits`` / ``misses``."""
 
     def __init__(self, pricer: StepPricer):
         if not callable(pricer):
@@ -274,12 +251,9 @@ class _RunPricer:
 
 def simulate_once(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer, noise: NoiseConfig,
                   rng: np.random.Generator | None = None, percentiles: Sequence[float] = (99,)) -> ServingResult:
-    """One simulated run with ``noise``'s components; ``rng=None`` takes every random quantity at its mean (the
-    deterministic run). ``pricer`` gives GPU ms per step (wrap it in :class:`CachedPricer` for speed).
-
-    Raises:
-        ValueError: as :func:`~mla_lab.serving.simulate.simulate`; ``noise`` not a :class:`NoiseConfig`.
-    """
+    """One run with ``noise``'s components, ``pricer`` giving GPU ms per step; ``rng=None``: every random quantity at
+    its mean (the deterministic run). Raises ValueError: as :func:`~mla_lab.serving.simulate.simulate`; ``noise``
+    not a :class:`NoiseConfig`."""
     if not isinstance(noise, NoiseConfig):
         raise ValueError(f"noise={noise!r} must be a NoiseConfig")
     delays = noise.arrival.delays_s(arrival_times(bench), rng)
@@ -288,16 +262,11 @@ def simulate_once(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer
                     output_delay_s=noise.output_delay_ms / 1e3)
 
 
-# ------------------------------------------------------------------------------------------ the Monte-Carlo
 @dataclass(frozen=True)
 class NoiseResult:
-    """What :func:`run_noise` returns.
-
-    ``a`` / ``b``: per metric of :data:`METRICS`, a float64 array of ``num_runs`` values (one simulated run of
-    each build per draw; the two builds' runs are independent draws); ``change``: per metric, ``(b - a) / a *
-    100`` run by run (%); ``deterministic_a`` / ``deterministic_b``: the metrics of the run with every random
-    quantity at its mean; ``identical``: True when ``b`` is a second run of build A (A vs A').
-    """
+    """:func:`run_noise`'s runs: ``a`` / ``b`` per metric of :data:`METRICS` a float64 array of ``num_runs``
+    independent runs of each build, ``change`` ``(b - a) / a * 100`` run by run (%), ``deterministic_*`` the runs at
+    the means, ``identical`` True for A vs A'."""
 
     a: dict
     b: dict
@@ -319,18 +288,16 @@ class NoiseResult:
         return src[which][metric]
 
     def quantiles(self, metric: str, which: str = "change", qs: Sequence[float] = (2.5, 50, 97.5)) -> list[float]:
-        """Percentiles ``qs`` (0-100, ``np.percentile`` linear) of ``metric`` in ``which`` (a, b or change)."""
+        """Percentiles ``qs`` (``np.percentile`` linear) of ``metric`` in ``which`` (a, b or change)."""
         return [float(x) for x in np.percentile(self._values(metric, which), list(qs))]
 
     def band(self, metric: str, which: str = "change", level: float = 95.0) -> tuple[float, float]:
         """The central ``level`` % band of ``metric`` in ``which``: one run's spread."""
         check_float("level", level, low=0.0, high=100.0)
-        lo, hi = self.quantiles(metric, which, ((100 - level) / 2, (100 + level) / 2))
-        return lo, hi
+        return tuple(self.quantiles(metric, which, ((100 - level) / 2, (100 + level) / 2)))
 
     def percentile_of(self, metric: str, value: float, which: str = "change") -> float:
-        """Where ``value`` falls in the distribution of ``metric`` in ``which``: the percent of runs below it
-        (ties count half). E.g. ``percentile_of("mean_ttft_ms", -9.5)`` for the PR's -9.5 % TTFT."""
+        """The percent of runs of ``metric`` in ``which`` below ``value`` (ties count half)."""
         v = self._values(metric, which)
         x = check_float("value", value, low=-math.inf)
         return float(100.0 * (np.sum(v < x) + 0.5 * np.sum(v == x)) / len(v))
@@ -343,12 +310,9 @@ def _rng(seed: int, build: int, run: int) -> np.random.Generator:
 def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, pricer_b: StepPricer | None = None,
               *, sched_b: SchedulerConfig | None = None, num_runs: int = 200, seed: int = 0,
               noise: NoiseConfig | None = None, percentiles: Sequence[float] = (99,)) -> NoiseResult:
-    """Monte-Carlo of ``num_runs`` single ``vllm bench serve`` runs of build A (``pricer_a`` on ``sched``) and of
-    build B (``pricer_b`` on ``sched_b``; ``pricer_b=None``: a second, independent run of build A, the identical-
-    builds case A vs A'). Run ``i`` of build ``j`` draws from ``SeedSequence([seed, j, i])``: reproducible, and
-    independent of ``num_runs``. Each pricer is wrapped in one :class:`CachedPricer` for all its runs.
-    ``percentiles``: as :func:`~mla_lab.serving.simulate.simulate` (99 is always added: :data:`METRICS` keeps the
-    p99 keys).
+    """``num_runs`` single runs of build A (``pricer_a`` on ``sched``) and B (``pricer_b`` on ``sched_b``; None: A
+    again, A vs A'); run ``i`` of build ``j`` draws from ``SeedSequence([seed, j, i])``, independent of ``num_runs``;
+    each pricer in one :class:`CachedPricer`; 99 always among ``percentiles``.
 
     Raises:
         ValueError: ``num_runs`` < 2, a bad seed, ``noise`` of the wrong type, as :func:`simulate_once`.
@@ -361,23 +325,20 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
     if not isinstance(noise, NoiseConfig):
         raise ValueError(f"noise={noise!r} must be a NoiseConfig")
     percentiles = tuple(sorted(set(percentiles) | {99}))  # METRICS holds the p99 keys
-    identical = pricer_b is None
     ca = CachedPricer(pricer_a)
-    cb = ca if identical else CachedPricer(pricer_b)
-    sb = sched if sched_b is None else sched_b
-    keep = list(METRICS)
-    out = {0: {m: np.empty(num_runs) for m in keep}, 1: {m: np.empty(num_runs) for m in keep}}
-    for j, (pr, sc) in enumerate(((ca, sched), (cb, sb))):
+    cb = ca if pricer_b is None else CachedPricer(pricer_b)
+    builds = ((ca, sched), (cb, sched if sched_b is None else sched_b))
+    out = [{k: np.empty(num_runs) for k in METRICS} for _ in builds]
+    for j, (pr, sc) in enumerate(builds):
         for i in range(num_runs):
             m = simulate_once(bench, sc, pr, noise, _rng(seed, j, i), percentiles).metrics
-            for k in keep:
+            for k in METRICS:
                 out[j][k][i] = m[k]
-    det_a = simulate_once(bench, sched, ca, noise, None, percentiles).metrics
-    det_b = simulate_once(bench, sb, cb, noise, None, percentiles).metrics
-    change = {k: (out[1][k] - out[0][k]) / out[0][k] * 100.0 for k in keep}
+    det = [simulate_once(bench, sc, pr, noise, None, percentiles).metrics for pr, sc in builds]
+    change = {k: (out[1][k] - out[0][k]) / out[0][k] * 100.0 for k in METRICS}
     cache = {"a": {"hits": ca.hits, "misses": ca.misses}, "b": {"hits": cb.hits, "misses": cb.misses}}
-    return NoiseResult(out[0], out[1], change, {k: det_a[k] for k in keep}, {k: det_b[k] for k in keep},
-                       num_runs, seed, noise, identical, cache)
+    return NoiseResult(out[0], out[1], change, *({k: m[k] for k in METRICS} for m in det), num_runs, seed, noise,
+                       pricer_b is None, cache)
 
 
 # ------------------------------------------------------------------------------------------ H200 measurements
@@ -480,7 +441,7 @@ def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:
     return [float(np.std(v, ddof=1) / np.median(v)) for v in
             (g.to_numpy() for _, g in s.groupby(level="process", sort=False)) if len(v) >= 2]
 
-# ------------------------------------------------------------------------------------------ one deployment
+
 #: What :func:`serve_benchmark_noise` summarises per metric, and the labels :func:`format_noise` prints.
 NOISE_METRICS = SERVE_METRICS[1:12]
 
@@ -489,15 +450,9 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
                           num_runs: int = 200, seed: int = 0, noise: NoiseConfig | None = None,
                           block_size: int = 64, baseline: str | None = None, calibration: Calibration | None = None,
                           decode_cal: DecodeCalibration | None = None) -> dict:
-    """``num_runs`` single runs of ``vllm bench serve`` per strategy (the noise model; async scheduling on, vLLM's
-    default), each strategy with its own KV capacity as :func:`~mla_lab.serving.serve_benchmark` gives it, priced
-    by :class:`~mla_lab.serving.CostModelPricer` of ``deployment.rank``. ``deployment``, ``bench``, ``block_size``,
-    ``baseline``, ``calibration`` and ``decode_cal``: as :func:`~mla_lab.serving.serve_benchmark` (a Deployment,
-    not its rank view, for the same reason: the KV-cache budget and the workload are the deployment's; nothing is
-    defaulted or re-checked here).
-
-    Every strategy's runs use the same draws (``run_noise``'s build 0 for the baseline, build 1 for the others):
-    the baseline's runs are the same in every pair.
+    """``num_runs`` single runs per strategy (async scheduling on, vLLM's default), each with its KV capacity from
+    :func:`~mla_lab.serving.serve_benchmark` (the arguments as there), priced by ``CostModelPricer`` of
+    ``deployment.rank``; the baseline's runs (build 0) are the same in every pair.
 
     Returns:
         plain data: ``{"num_runs", "seed", "baseline", "noise" (NoiseConfig.record()), "strategies": {s: {metric:
@@ -546,8 +501,7 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
 
 
 def format_noise(runs: dict) -> str:
-    """:func:`serve_benchmark_noise`'s result as terminal lines: per strategy each metric's median and 95 % band
-    over the runs, then each strategy's change vs the baseline (median and 95 % band, %)."""
+    """:func:`serve_benchmark_noise`'s result as terminal lines (medians and 95 % bands; changes in %)."""
     lines = [f"single-run spread over {runs['num_runs']} simulated runs per strategy (seed {runs['seed']}; "
              "median [95 % band]):"]
     for s, m in runs["strategies"].items():

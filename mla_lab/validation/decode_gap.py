@@ -43,8 +43,7 @@ def _kernel_table(path=KERNEL_ROWS) -> dict:
 
 
 def _june_table(path=JUNE_ROWS) -> dict:
-    """(kernel, T, keys) -> us of the June build's H = 8 decode rows (``flashmla_vllm_path_june``, ``fa3_sparse`` at
-    ``num_splits`` 0): the median over processes of each process's median."""
+    """(kernel, T, keys) -> us of the June build's H = 8 decode rows: median over processes of their medians."""
     acc = defaultdict(lambda: defaultdict(list))
     with open(path) as f:
         for r in csv.DictReader(f):
@@ -68,8 +67,8 @@ def _mean_keys(i: int, o: int) -> float:
 
 
 def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> list[dict]:
-    """One row per PR #46189 workload at concurrency 1 and 8: ``real_us_per_layer`` and the kernel differences
-    ``pad64_us`` / ``native_us`` / ``june_path_us`` (us per layer; module docstring), ``mean_keys``."""
+    """Per PR #46189 workload at concurrency 1 and 8: ``real_us_per_layer``, ``pad64_us`` / ``native_us`` /
+    ``june_path_us`` (us per layer), ``mean_keys``."""
     results = results or json.loads(RESULTS.read_text())
     table = table or _kernel_table()
     june = _june_table()

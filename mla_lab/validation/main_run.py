@@ -1,10 +1,7 @@
-"""vLLM PR #53878's "main" run scored and its gap decomposed (issue 30); the first token explained (issue 37).
-
-The run (:data:`REAL`, the PR's description) against the lab's prediction committed before it was read
-(``data/validation/pr53878_main_prediction.json``). ``python -m mla_lab.validation.main_run --write`` writes
-``data/validation/pr53878_main_decomposition.json``: the score, the (TTFT_last, TPOT) pairs consistent with the
-run (``duration ~ TTFT_last + 127 x TPOT``), each candidate component with its status and the seconds it would
-close, and the revised run (made after reading: in-sample, not a prediction).
+"""vLLM PR #53878's "main" run (:data:`REAL`) scored against the prediction committed before it was read, its gap
+decomposed (issue 30) and the first token explained (issue 37). ``--write``: ``pr53878_main_decomposition.json``
+(the score, the (TTFT_last, TPOT) pairs with ``duration ~ TTFT_last + 127 x TPOT``, each candidate with its status
+and the seconds it would close, the revised run: in-sample, not a prediction).
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ def _deployment() -> Deployment:
 
 
 def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
-    """The lab's decode step of the run (32 tokens, 1088-key contexts) on one rank: ``total_ms`` and ``by_op`` (ms
-    over the 78 layers), :meth:`mla_lab.serving.CostModelPricer.price`."""
+    """The run's decode step (32 tokens, 1088-key contexts) on one rank, ms over the 78 layers."""
     p = CostModelPricer(_deployment().rank, strategy)
     dec = tuple(DecodeToken(i, CTX) for i in range(BATCH))
     st = Step(decode=dec, cudagraph_mode="FULL", cudagraph_num_tokens=BATCH) if graph else Step(decode=dec)
@@ -112,8 +108,8 @@ def decompose() -> dict:
 
 
 def _cross_check() -> dict:
-    """A cross-check, not a fit: vLLM PR #46189's GLM-5.1 TP8 FLASHMLA_SPARSE mean TPOT (512 / 512) at concurrency 8
-    and 64, log-linear in the batch to 32, and the last request's TTFT the PR's 9.92 s then implies."""
+    """A cross-check, not a fit: PR #46189's GLM-5.1 TP8 FLASHMLA_SPARSE mean TPOT (512 / 512) at concurrency 8 and
+    64, log-linear to 32, and the last request's TTFT the PR's 9.92 s then implies."""
     res = json.loads(BLIND_RESULTS.read_text())
     case = next(c for c in res["cases"] if c["id"] == "pr46189")
     tp = {r["workload"]["max_concurrency"]: r["metrics"]["mean_tpot_ms"] for r in case["runs"]
@@ -150,8 +146,8 @@ _MEASURED_ROWS = {
 
 
 def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
-    """Per component of :data:`_MEASURED_ROWS`: call 1's host wall time over its process's steady median (ms; median,
-    min, max over processes) and the reserved growth (MiB). Raises ValueError: a column or (what, T) row missing."""
+    """Per component of :data:`_MEASURED_ROWS`: call 1's host wall over its process's steady median (ms; median, min,
+    max over processes), the reserved growth (MiB). Raises ValueError: a column or (what, T) row missing."""
     import pandas as pd
 
     df = pd.read_csv(path)
@@ -182,9 +178,7 @@ def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
 
 
 def _with_measured(c: dict, measured: dict) -> dict:
-    """A component of :data:`FIRST_TOKEN_COMPONENTS_FILE` with its H200 measurement where the experiment has one: the
-    status becomes ``measured``, the size on the H200 is attached, the share of this run's gap (``seconds``) stays
-    what the decomposition argues (vLLM warms these up at start-up: the ``source``)."""
+    """Component ``c`` with its H200 measurement where there is one (its share of the gap stays as argued)."""
     key = next((k for k in measured if c["component"].startswith(k) or k in c["component"]), None)
     if key is None:
         return c
@@ -198,9 +192,8 @@ def _with_measured(c: dict, measured: dict) -> dict:
 
 
 def first_token(gap_s: float) -> dict:
-    """The first-token gap (``gap_s``: the implied TTFT of the last request minus the lab's) split over
-    :data:`FIRST_TOKEN_COMPONENTS_FILE`: each component's share, and the share explained by measured or cited
-    components with a stated size (the issue's target: >= 80 %)."""
+    """The first-token gap (``gap_s``, s) over :data:`FIRST_TOKEN_COMPONENTS_FILE`'s components: each one's share,
+    and the share measured or cited components with a size explain (target >= 80 %)."""
     measured, comps = first_token_measured(), json.loads(FIRST_TOKEN_COMPONENTS_FILE.read_text())["components"]
     rows = [{**c, "share_of_gap": None if c["seconds"] is None else c["seconds"] / gap_s}
             for c in (_with_measured(c, measured) for c in comps)]
