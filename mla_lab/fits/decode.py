@@ -97,8 +97,8 @@ def fit_kernel(rows, cal) -> KernelDecode:
     return best[1]
 
 
-def _roofline_us(flops, nbytes, ef, eb, fl, mode, arch=H200):
-    t = np.maximum(flops / (arch.bf16_tflops * 1e12 * ef), nbytes / (arch.hbm_gbps * 1e9 * eb)) * 1e6
+def _roofline_us(flops, nbytes, ef, eb, fl, mode):
+    t = np.maximum(flops / (H200.bf16_tflops * 1e12 * ef), nbytes / (H200.hbm_gbps * 1e9 * eb)) * 1e6
     return t + fl if mode == "add" else np.maximum(t, fl)
 
 
@@ -111,9 +111,7 @@ def fit_idx(rows) -> ClassEff:
     grid = np.round(np.arange(0.02, 1.001, 0.01), 3)
     for mode in ("add", "max"):
         for fl in np.arange(0.0, 8.01, 0.25):
-            t = np.maximum(F[:, None, None] / (H200.bf16_tflops * 1e12 * grid[None, :, None]),
-                           Bt[:, None, None] / (H200.hbm_gbps * 1e9 * grid[None, None, :])) * 1e6
-            pred = t + fl if mode == "add" else np.maximum(t, fl)
+            pred = _roofline_us(F[:, None, None], Bt[:, None, None], grid[None, :, None], grid[None, None, :], fl, mode)
             err = np.mean(np.abs(pred - meas[:, None, None]) / meas[:, None, None], axis=0)
             i = np.unravel_index(np.argmin(err), err.shape)
             if err[i] < best[0]:

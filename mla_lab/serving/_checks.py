@@ -8,7 +8,7 @@ import numbers
 
 from mla_lab._validate import check_int
 
-__all__ = ["check_int", "check_float", "check_option", "check_bool"]
+__all__ = ["check_int", "check_float", "check_option", "check_bool", "check_ms"]
 
 
 def check_float(name: str, value, *, low: float = 0.0, low_inclusive: bool = False, high: float = math.inf,
@@ -29,6 +29,17 @@ def check_float(name: str, value, *, low: float = 0.0, low_inclusive: bool = Fal
     if math.isnan(v) or math.isinf(v) or v < low or (v == low and not low_inclusive) or v > high \
             or (v == high and not high_inclusive):
         raise ValueError(f"{name}={value!r} must be a float in {allowed}")
+    return v
+
+
+def check_ms(value, who: str, where: str = "") -> float:
+    """A pricer's answer as ms when it is a finite number > 0. Raises ValueError: ``"<who> returned <value> ms
+    <where>; it must be a finite float > 0"`` (no "ms" after a non-number when the simulation gives ``where``)."""
+    number = not isinstance(value, (bool, str)) and hasattr(value, "__float__")
+    v = float(value) if number else math.nan
+    if not (math.isfinite(v) and v > 0):
+        unit = " ms" if number or not where else ""
+        raise ValueError(f"{who} returned {value!r}{unit}{where}; it must be a finite float > 0")
     return v
 
 

@@ -36,72 +36,61 @@ METRICS = ("duration", "request_throughput", "output_throughput", "total_token_t
            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms")
 
 #: Every component of the absolute run: default, unit, status (cited / assumed / measured) and source.
-COMPONENTS = {
-    "async_scheduling": dict(
-        value=True, unit="bool", status="cited",
-        source="vllm/config/scheduler.py `async_scheduling: bool | None = None`, set True by vllm/config/vllm.py "
-               "unless an incompatible option is set (the PR's server sets none); EngineCore.step_with_batch_queue "
-               "(vllm/v1/engine/core.py @ 00080ee1) schedules step N+1 right after submitting step N; vLLM PR #19970"),
-    "cpu_step_ms": dict(
-        value=2.0, unit="ms/step", status="assumed",
-        source="assumed 2 ms, bracketed by cited figures: ~4 ms GPU bubble per decode step in vLLM v0 (vLLM RFC "
-               "#6854), v0 output processing 3.4 ms per step at batch 32 on Llama-3-70B 4xH100 (RFC #6913), a whole "
-               "V1 decode step of Llama-3.2-1B at 2.73 ms TPOT (vLLM PR #17866: an upper bound on V1's CPU time at "
-               "small batch); hidden behind the GPU time under async scheduling"),
-    "output_delay_ms": dict(
-        value=1.0, unit="ms", status="assumed",
-        source="assumed: detokenisation and SSE streaming of a step's 32 tokens in the API server process (off the "
-               "engine's critical path in V1: vLLM V1 blog, 2025-01-24), plus the client's parsing"),
-    "arrival_first_ms": dict(
-        value=3.0, unit="ms", status="assumed",
-        source="assumed: HTTP, request validation, tokenisation of the first prompt and the ZMQ hand-off"),
-    "arrival_per_request_ms": dict(
-        value=1.4, unit="ms/request", status="cited",
-        source="vLLM PR #19334 (before its micro-batching): 100 concurrent /v1/completions of 10,000 tokens took "
-               "1.338 s on one tokenizer thread (ThreadPoolExecutor(max_workers=1), quoted in vLLM issue #25301): "
-               "1.34 ms per 1,000 tokens, 1.37 ms for a 1024-token prompt (a different tokenizer and host CPU). Not "
-               "measured on the PR's server, and the single-run spread depends strongly on it: how the 32 prompts "
-               "split over steps is decided by whether they all reach the engine core within the first step "
-               "(benchmarks/predict_pr53878.py's arrival_sensitivity)"),
-    "arrival_cv": dict(
-        value=0.5, unit="1", status="assumed",
-        source="assumed coefficient of variation of one request's service time in the API server"),
-    "run_sigma": dict(
-        value=0.00767, unit="1 (log sd)", status="measured",
-        source="data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a "
-               "sustained 78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py "
-               "--parts content, 5 fresh processes x 6 rounds): sd over processes of log(per-process median), the "
-               "medians from mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The "
-               "benchmark's run is whole steps, so the whole step's spread is the per-run factor; the attention path "
-               "timed alone varies more between processes (step_spread.csv gpu_ms, "
-               "attention_path:private_workspace: log sd 0.035) and less inside the sustained loop (content_loop.csv "
-               "attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
-               "included (the 8 GPUs of a server are not measured)"),
-    "step_sigma": dict(
-        value=0.00398, unit="1 (log sd)", status="measured",
-        source="data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': "
-               "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. "
-               "0.0067); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
-               "attention_block 2.3 %, moe_block 0.8 % relative sd, median over processes), which a 78-layer "
-               "step averages out"),
-    "cold_extra_ms": dict(
-        value=0.00254, unit="ms", status="measured",
-        source="data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2, "
-               "summed over attention_block:private_workspace + moe_block:grouped_mm (one layer of the TP harness), "
-               "mean over the 5 fresh processes (load_cold_start). Call 2, not call 1: the fresh process's call 1 "
-               "(attention path 1.1-1.6 s: Triton JIT compile or disk-cache load and the FlashMLA module load; "
-               "the layer's blocks after it 0.09-0.12 s + 0.18-0.27 s) is paid before the timed requests, by "
-               "vLLM's start-up profile run of max_num_batched_tokens tokens and at the latest by vllm bench "
-               "serve's ready-check request; charged once per step, not per layer"),
-    "cold_sd_ms": dict(
-        value=0.0798, unit="ms", status="measured",
-        source="data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2 "
-               "(the layer's two blocks summed, as cold_extra_ms): sd (ddof 1) over the 5 fresh processes"),
-    "cold_min_tokens": dict(
-        value=8192, unit="tokens", status="assumed",
-        source="assumed: a step this large is the first of its size since start-up (the ready check is one "
-               "1024-token request)"),
-}
+COMPONENTS = {k: dict(zip(("value", "unit", "status", "source"), v)) for k, v in {
+    "async_scheduling": (True, "bool", "cited",
+        "vllm/config/scheduler.py `async_scheduling: bool | None = None`, set True by vllm/config/vllm.py "
+        "unless an incompatible option is set (the PR's server sets none); EngineCore.step_with_batch_queue "
+        "(vllm/v1/engine/core.py @ 00080ee1) schedules step N+1 right after submitting step N; vLLM PR #19970"),
+    "cpu_step_ms": (2.0, "ms/step", "assumed",
+        "assumed 2 ms, bracketed by cited figures: ~4 ms GPU bubble per decode step in vLLM v0 (vLLM RFC "
+        "#6854), v0 output processing 3.4 ms per step at batch 32 on Llama-3-70B 4xH100 (RFC #6913), a whole "
+        "V1 decode step of Llama-3.2-1B at 2.73 ms TPOT (vLLM PR #17866: an upper bound on V1's CPU time at "
+        "small batch); hidden behind the GPU time under async scheduling"),
+    "output_delay_ms": (1.0, "ms", "assumed",
+        "assumed: detokenisation and SSE streaming of a step's 32 tokens in the API server process (off the "
+        "engine's critical path in V1: vLLM V1 blog, 2025-01-24), plus the client's parsing"),
+    "arrival_first_ms": (3.0, "ms", "assumed",
+        "assumed: HTTP, request validation, tokenisation of the first prompt and the ZMQ hand-off"),
+    "arrival_per_request_ms": (1.4, "ms/request", "cited",
+        "vLLM PR #19334 (before its micro-batching): 100 concurrent /v1/completions of 10,000 tokens took "
+        "1.338 s on one tokenizer thread (ThreadPoolExecutor(max_workers=1), quoted in vLLM issue #25301): "
+        "1.34 ms per 1,000 tokens, 1.37 ms for a 1024-token prompt (a different tokenizer and host CPU). Not "
+        "measured on the PR's server, and the single-run spread depends strongly on it: how the 32 prompts "
+        "split over steps is decided by whether they all reach the engine core within the first step "
+        "(benchmarks/predict_pr53878.py's arrival_sensitivity)"),
+    "arrival_cv": (0.5, "1", "assumed",
+        "assumed coefficient of variation of one request's service time in the API server"),
+    "run_sigma": (0.00767, "1 (log sd)", "measured",
+        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a "
+        "sustained 78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py "
+        "--parts content, 5 fresh processes x 6 rounds): sd over processes of log(per-process median), the "
+        "medians from mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The "
+        "benchmark's run is whole steps, so the whole step's spread is the per-run factor; the attention path "
+        "timed alone varies more between processes (step_spread.csv gpu_ms, "
+        "attention_path:private_workspace: log sd 0.035) and less inside the sustained loop (content_loop.csv "
+        "attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
+        "included (the 8 GPUs of a server are not measured)"),
+    "step_sigma": (0.00398, "1 (log sd)", "measured",
+        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': "
+        "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. "
+        "0.0067); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
+        "attention_block 2.3 %, moe_block 0.8 % relative sd, median over processes), which a 78-layer "
+        "step averages out"),
+    "cold_extra_ms": (0.00254, "ms", "measured",
+        "data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2, "
+        "summed over attention_block:private_workspace + moe_block:grouped_mm (one layer of the TP harness), "
+        "mean over the 5 fresh processes (load_cold_start). Call 2, not call 1: the fresh process's call 1 "
+        "(attention path 1.1-1.6 s: Triton JIT compile or disk-cache load and the FlashMLA module load; "
+        "the layer's blocks after it 0.09-0.12 s + 0.18-0.27 s) is paid before the timed requests, by "
+        "vLLM's start-up profile run of max_num_batched_tokens tokens and at the latest by vllm bench "
+        "serve's ready-check request; charged once per step, not per layer"),
+    "cold_sd_ms": (0.0798, "ms", "measured",
+        "data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2 "
+        "(the layer's two blocks summed, as cold_extra_ms): sd (ddof 1) over the 5 fresh processes"),
+    "cold_min_tokens": (8192, "tokens", "assumed",
+        "assumed: a step this large is the first of its size since start-up (the ready check is one "
+        "1024-token request)"),
+}.items()}
 
 
 def _gamma(rng: np.random.Generator, mean: float, sd: float) -> float:

@@ -8,13 +8,12 @@ are for tests; :func:`make_pricer` adapts ``fn(prefill_topk, decode_topk, cuda_g
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from ._checks import check_float, check_int
+from ._checks import check_float, check_int, check_ms
 from .step import DecodeToken, PrefillChunk, Step, StepPricer
 
 __all__ = ["StepPricer", "DEFAULT_TOPK", "prefill_topk_lengths", "decode_topk_length", "step_topk_lengths",
@@ -41,13 +40,6 @@ def step_topk_lengths(step: Step, topk: int = DEFAULT_TOPK) -> np.ndarray:
     parts = [np.array([decode_topk_length(d, topk) for d in step.decode], dtype=np.int32)]
     parts += [prefill_topk_lengths(c, topk) for c in step.prefill_chunks]
     return np.concatenate(parts).astype(np.int32)
-
-
-def _check_ms(value, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(float(value)) or float(value) <= 0:
-        raise ValueError(f"{what} returned {value!r} ms; it must be a finite float > 0")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -77,7 +69,7 @@ class LinearStepPricer:
         dec = sum(decode_topk_length(d, self.topk) for d in step.decode)
         ms = (self.per_step_ms + self.per_token_ms * step.num_tokens + self.per_prefill_ctx_ms * pre
               + self.per_decode_ctx_ms * dec + (0.0 if step.cuda_graph else self.eager_step_ms))
-        return _check_ms(ms, "LinearStepPricer")
+        return check_ms(ms, "LinearStepPricer")
 
 
 @dataclass(frozen=True)
@@ -106,7 +98,7 @@ def make_pricer(fn: Callable[[list[np.ndarray], np.ndarray, bool], float], topk:
     def pricer(step: Step) -> float:
         pre = [prefill_topk_lengths(c, topk) for c in step.prefill_chunks]
         dec = np.array([decode_topk_length(d, topk) for d in step.decode], dtype=np.int32)
-        return _check_ms(fn(pre, dec, step.cuda_graph), f"pricer fn {name}")
+        return check_ms(fn(pre, dec, step.cuda_graph), f"pricer fn {name}")
 
     pricer.__name__ = f"make_pricer({name})"
     return pricer

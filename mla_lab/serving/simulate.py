@@ -8,11 +8,10 @@ an idle engine); its tokens reach the client ``output_delay_s`` after its end. T
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ._checks import check_float
+from ._checks import check_float, check_ms
 from .client import BenchConfig, ClientRequest, make_requests
 from .metrics import RequestRecord, bench_metrics, format_metrics
 from .scheduler import Scheduler, SchedulerConfig
@@ -81,17 +80,6 @@ class _Client:
 
     def next_arrival(self) -> float | None:
         return self.pending[self.pos].arrival_s if self.pos < len(self.pending) else None
-
-
-def _check_pricer_ms(ms, index: int, step: Step) -> float:
-    if isinstance(ms, bool) or not isinstance(ms, (int, float)) and not hasattr(ms, "__float__"):
-        raise ValueError(f"pricer returned {ms!r} for step {index} (kind {step.kind}); it must be a finite float > 0 "
-                         "(ms)")
-    v = float(ms)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"pricer returned {ms!r} ms for step {index} (kind {step.kind}); it must be a finite float "
-                         "> 0")
-    return v
 
 
 def _engine_delays(engine_delay_s, reqs) -> dict[int, float]:
@@ -181,7 +169,7 @@ class _Run:
         self.t, self.prev_start = min(nxt), None
 
     def _step_ms(self, step: Step) -> float:
-        gpu_ms = _check_pricer_ms(self.pricer(step), len(self.steps), step)
+        gpu_ms = check_ms(self.pricer(step), "pricer", f" for step {len(self.steps)} (kind {step.kind})")
         if self.cpu_ms == 0.0:
             return gpu_ms
         if self.sched.async_scheduling and self.prev_start is not None:
