@@ -86,9 +86,8 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     engine limits, :class:`CostModelPricer` of ``deployment.rank`` (the options' pricers under MTP / DP attention).
 
     Returns:
-        ``{"strategies": {s: {"preset", "metrics", "change_pct" (vs baseline, % per metric), "kv_capacity_tokens",
-        "kv_tokens_lost", "extra_mib", "num_steps", "steps_by_launch", "result" (the ServingResult)}},
-        "baseline", "deployment" (the engine arguments), "bench" (dict), "calibration", "decode_calibration",
+        ``{"strategies": {s: {"preset", "metrics", "change_pct" (% vs baseline), "kv_capacity_tokens", "result",
+        ...}}, "baseline", "deployment" (engine arguments), "options", "bench", "calibration", "decode_calibration",
         "notes"}``.
 
     Raises:

@@ -352,19 +352,12 @@ def _numbers(p: Path, df: pd.DataFrame, cols) -> pd.DataFrame:
 
 
 def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min_tokens: int = 8192) -> dict:
-    """The cold first large step measured on the H200 from ``cold_start.csv`` (and, for contrast only, the layer
-    blocks' spreads from ``step_spread.csv`` beside it), as the cold_start experiment writes them
-    (``data/measured/h200/between_process/``).
-
-    ``cold_start.csv``: per fresh ``process``, case ``what`` and ``call`` (1, 2, 3: the first calls of that shape):
-    ``wall_ms`` (host wall until the GPU finished), ``gpu_ms`` (CUDA events), ``steady_wall_ms`` /
-    ``steady_gpu_ms`` (medians of the later calls), ``T`` (tokens). ``step_spread.csv`` (optional): ``process``,
-    ``what``, ``sample``, ``gpu_ms`` of every steady call. The layer is ``attention_block:*`` + ``moe_block:*`` when
-    both are there, else the first ``attention_path:*`` case; rows with ``T < min_tokens`` are left out. Per process,
-    summed over the layer's cases: ``cold_extra_ms`` = mean over processes of ``wall(call 2) - steady_wall`` (why
-    call 2: :data:`COMPONENTS`; ``cold_call1_ms``, the upper bound, beside it), ``cold_sd_ms`` = their sd (ddof 1,
-    >= 2 processes). ``layer_spread`` (contrast, not in ``values``): ``run_log_sd`` = sd over processes of
-    ``log(steady_gpu)``, ``step_rel_sd`` = median over processes of ``sd(gpu) / median(gpu)``.
+    """The cold first large step measured on the H200 (``data/measured/h200/between_process/``): per process, summed
+    over the layer's cases (``attention_block:*`` + ``moe_block:*``, else one ``attention_path:*``; ``T >=
+    min_tokens``), ``cold_extra_ms`` = mean of ``wall(call 2) - steady_wall`` (why call 2: :data:`COMPONENTS`;
+    ``cold_call1_ms`` beside it), ``cold_sd_ms`` their sd (ddof 1). ``layer_spread`` (contrast only): ``run_log_sd``
+    of ``log(steady_gpu)`` over processes, ``step_rel_sd`` the median ``sd(gpu) / median(gpu)`` of
+    ``step_spread.csv`` (beside it, optional).
 
     Returns:
         ``{"values": {"cold_extra_ms", "cold_sd_ms"}, "cold_call1_ms", "layer_spread", "source", "cases",
@@ -392,7 +385,8 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
     if d.empty:
         raise ValueError(f"{p}: no process has calls 1 and 2 of every case of {layer}")
     extra = d.assign(extra=d["wall_ms"] - d["steady_wall_ms"])
-    per = {c: extra[extra["call"] == c].groupby("process", sort=False)[["extra", "steady_gpu_ms"]].sum() for c in (1, 2)}
+    per = {c: extra[extra["call"] == c].groupby("process", sort=False)[["extra", "steady_gpu_ms"]].sum()
+           for c in (1, 2)}
     cold2, n = per[2]["extra"].to_numpy(), len(per[2])
     vals: dict = {"cold_extra_ms": max(0.0, float(np.mean(cold2)))}
     layer_spread: dict = {}
@@ -444,9 +438,8 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     ``deployment.rank``; the baseline's runs (build 0) are the same in every pair.
 
     Returns:
-        plain data: ``{"num_runs", "seed", "baseline", "noise" (NoiseConfig.record()), "strategies": {s: {metric:
-        {"median", "band95": [lo, hi]}}}, "changes": {s (not the baseline): {metric: {"median", "band95",
-        "deterministic"}}} (%, one run of each build vs the baseline), "note"}``; metrics :data:`NOISE_METRICS`.
+        ``{"num_runs", "seed", "baseline", "noise" (its record), "strategies": {s: {metric: {"median", "band95"}}},
+        "changes": {s: {metric: {"median", "band95", "deterministic"}}} (%), "note"}``, metrics :data:`NOISE_METRICS`.
 
     Raises:
         ValueError: ``num_runs`` < 2; as :func:`~mla_lab.serving.serve_benchmark` and :func:`run_noise`.

@@ -38,7 +38,7 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class ServingResult:
-    """:func:`simulate`'s inputs, records by request id, steps and metrics (:func:`~mla_lab.serving.metrics.bench_metrics`)."""
+    """:func:`simulate`'s inputs, records by request id, steps and metrics (``bench_metrics``)."""
 
     bench: BenchConfig
     sched: SchedulerConfig

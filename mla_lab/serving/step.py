@@ -1,15 +1,10 @@
-"""One engine step of a vLLM v1 serving run: which tokens it computes and how it is launched (docs/serving.md).
-
-- ``decode``: one :class:`DecodeToken` per running request past its prompt; ``context_len`` = its position + 1;
-- ``prefill_chunks``: one :class:`PrefillChunk` per request in its prompt: positions ``[start, start + num_tokens)``;
-- ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE`` (``docs/design/cuda_graphs.md`` @ 0045689b):
-  ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens == num_reqs``,
-  ``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
-  ``flashmla_sparse.py`` @ 008a0c31) up to the largest capture size, ``"PIECEWISE"`` for other batches up to it,
-  ``"NONE"`` above it or with ``enforce_eager``; ``cudagraph_num_tokens`` the capture size padded to.
-
-Capture sizes: ``VllmConfig._set_cudagraph_sizes`` (``vllm/config/vllm.py``): ``max = min(max_num_seqs * 2, 512)``;
-``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, kept ``<= max``.
+"""One engine step of a vLLM v1 serving run: its decode tokens (``context_len`` = position + 1), prefill chunks and
+launch (docs/serving.md). ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE``
+(``docs/design/cuda_graphs.md`` @ 0045689b): ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens ==
+num_reqs``, ``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
+``flashmla_sparse.py`` @ 008a0c31) up to the largest capture size, ``"PIECEWISE"`` for other batches up to it,
+``"NONE"`` above or with ``enforce_eager``. Capture sizes: ``VllmConfig._set_cudagraph_sizes``
+(``vllm/config/vllm.py``).
 """
 
 from __future__ import annotations
@@ -76,8 +71,8 @@ StepPricer = Callable[[Step], float]
 
 
 def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: int | None = None) -> tuple[int, ...]:
-    """vLLM's default CUDA-graph capture sizes (tokens) for ``max_num_seqs``; ``max_capture_size`` overrides the
-    default ``min(max_num_seqs * 2, 512)``."""
+    """``[1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16)`` up to ``top`` (tokens; default
+    ``min(max_num_seqs * 2, 512)``)."""
     top = min(max_num_seqs * 2, 512) if max_capture_size is None else max_capture_size
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
     return tuple(s for s in sizes if s <= top)
