@@ -136,12 +136,8 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
     n_buckets = int(np.ceil(end - t0)) + 1
     buckets = Counter(b for r in records for b in (int(t - t0) for t in r.token_times_s) if 0 <= b < n_buckets)
     events = sorted([(r.send_s, 1) for r in records] + [(r.send_s + r.e2el_s, -1) for r in records])
-    cur = peak = 0
-    for _, d in events:
-        cur += d
-        peak = max(peak, cur)
     out["max_output_tokens_per_s"] = float(max(buckets.values(), default=0))
-    out["max_concurrent_requests"] = peak
+    out["max_concurrent_requests"] = max(0, int(np.cumsum([d for _, d in events]).max()))
 
     _stats("ttft", [r.ttft_s for r in records], percentiles, out)
     _stats("tpot", [r.tpot_s for r in records if r.tpot_s is not None], percentiles, out)
