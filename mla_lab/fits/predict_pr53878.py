@@ -24,11 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mla_lab.deployment import Deployment
 from mla_lab.measure.spread import between_process
 from mla_lab.paths import REPO_ROOT, calibration_dir, measured_dir, models_dir
 from mla_lab.provenance import git_commit
 from mla_lab.serving import PR_BENCH, BenchConfig, CostModelPricer, SchedulerConfig, serve_benchmark
+from mla_lab.serving.benchmark import async_scheduler, pr_deployment
 from mla_lab.serving.noise import NOISE_METRICS, CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
 from .files import rel as _rel
@@ -37,9 +37,8 @@ PRODUCED_BY = "mla_lab.fits.predict_pr53878"
 #: The committed prediction's ``produced_by`` (this module's former path): a file it names is ours too.
 EARLIER_PRODUCERS = ("benchmarks/predict_pr53878.py",)
 OUT = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
-MODEL, TP, ARCH = "glm-5.2", 8, "h200"
 BEFORE, ALT_BEFORE, PR = "per_call_empty:zeros", "per_call_empty:stale", "private_workspace"
-MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, BLOCK_SIZE = 16384, 256, 64
+BLOCK_SIZE = 64
 #: the PR's client: PR_BENCH with the PR's --seed (lengths are fixed at range ratio 0, so the seed changes nothing)
 BENCH = replace(PR_BENCH, seed=12345)
 PREDICTED = {"duration": "s", "request_throughput": "req/s", "output_throughput": "tok/s",
@@ -58,19 +57,13 @@ DIST_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_th
 DIST_HEADER = "case,run," + ",".join(f"change_{k}_pct" for k in DIST_METRICS)
 
 
-def seed_deployment() -> Deployment:
-    """The PR's deployment (:meth:`Deployment.seed`: fp8 weights, EP, bf16 KV, PR_BENCH's workload) on GLM-5.2."""
-    return Deployment.seed(model=MODEL, tp=TP, arch=ARCH, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                           max_num_seqs=MAX_NUM_SEQS)
-
-
 def deployment(bench: BenchConfig = BENCH) -> dict:
     """Per strategy: KV capacity (``serve_benchmark``), its SchedulerConfig and the deterministic metrics."""
-    r = serve_benchmark(seed_deployment(), [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
+    d = pr_deployment()
+    r = serve_benchmark(d, [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
     caps = {s: r["strategies"][s]["kv_capacity_tokens"] for s in (BEFORE, ALT_BEFORE, PR)}
     out = {s: {"kv_capacity_tokens": cap, "lab_metrics": r["strategies"][s]["metrics"],
-               "sched": SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE, async_scheduling=True)}
-           for s, cap in caps.items()}
+               "sched": async_scheduler(d, cap, BLOCK_SIZE)} for s, cap in caps.items()}
     return {"strategies": out, "calibration": r["calibration"], "decode_calibration": r["decode_calibration"]}
 
 
@@ -208,7 +201,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     measured = measured_noise() if use_measurements else None
     noise = NoiseConfig() if measured is None else NoiseConfig().with_measurements(measured)
     st = dep["strategies"]
-    rank = seed_deployment().rank
+    d = pr_deployment()
+    rank = d.rank
     pricers = {s: CachedPricer(CostModelPricer(rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
@@ -240,7 +234,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         joint[name] = {"percent_of_pairs": float(100.0 * hit.mean()),
                        "corr_mean_ttft_vs_throughput": float(np.corrcoef(r.change["mean_ttft_ms"],
                                                                          r.change["total_token_throughput"])[0, 1])}
-    cal_files = sorted(calibration_dir().glob("*.csv")) + [models_dir() / MODEL / "config.json"]
+    cal_files = sorted(calibration_dir().glob("*.csv")) + [models_dir() / d.model.name / "config.json"]
     if measured is not None:
         cal_files += [CONTENT_CSV, COLD_CSV, SPREAD_CSV]
     return {
@@ -252,9 +246,9 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         "git_commit": git_commit(),
         "code_commit": code_commit(),
         "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "deployment": {"model": "zai-org/GLM-5.2-FP8 (data/models/glm-5.2)", "tp": TP, "moe_parallel": "ep",
-                       "gpu": "H200", "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                       "max_num_seqs": MAX_NUM_SEQS, "block_size": BLOCK_SIZE, "kv_cache_dtype": "bf16",
+        "deployment": {"model": "zai-org/GLM-5.2-FP8 (data/models/glm-5.2)", "tp": d.tp, "moe_parallel": "ep",
+                       "gpu": "H200", "max_num_batched_tokens": d.max_num_batched_tokens,
+                       "max_num_seqs": d.max_num_seqs, "block_size": BLOCK_SIZE, "kv_cache_dtype": "bf16",
                        "weight_dtype": "fp8", "gpu_memory_utilization": 0.9, "async_scheduling": True,
                        "strategy_before": BEFORE, "strategy_pr": PR,
                        "kv_capacity_tokens": {s: v["kv_capacity_tokens"] for s, v in st.items()}},

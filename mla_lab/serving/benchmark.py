@@ -26,7 +26,8 @@ from .scheduler import SchedulerConfig
 from .simulate import simulate
 from .step_pricer import CostModelPricer
 
-__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary"]
+__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary", "pr_deployment",
+           "async_scheduler"]
 
 #: The PR's benchmark (vLLM PR #53878): 32 prompts x 1024 in / 128 out, max concurrency 32, request rate inf.
 PR_BENCH = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
@@ -51,6 +52,18 @@ MODELLED_NOTES = (
     "priced only when the deployment sets them (num_speculative_tokens, dp_attention: mla_lab.serving."
     "deploy_options), acceptance length an input.",
 )
+
+
+def pr_deployment() -> Deployment:
+    """vLLM PR #53878's main run (its description): :meth:`Deployment.seed` (fp8 weights, EP, bf16 KV, PR_BENCH's
+    workload) on GLM-5.2, TP8 on H200, max_num_batched_tokens 16384, max_num_seqs 256."""
+    return Deployment.seed(model="glm-5.2", tp=8, arch="h200", max_num_batched_tokens=16384, max_num_seqs=256)
+
+
+def async_scheduler(d: Deployment, kv_capacity_tokens: int, block_size: int = 64) -> SchedulerConfig:
+    """``d``'s engine limits with ``kv_capacity_tokens`` and async scheduling (vLLM's default)."""
+    return SchedulerConfig(d.max_num_batched_tokens, d.max_num_seqs, kv_capacity_tokens, block_size,
+                           async_scheduling=True)
 
 
 def bench_of(deployment: Deployment, **options) -> BenchConfig:

@@ -18,7 +18,7 @@ from ..deployment import Deployment
 from ..model.calibration import Calibration
 from ..model.decode_calibration import DecodeCalibration
 from ._checks import check_float, check_int
-from .benchmark import bench_of, serve_benchmark
+from .benchmark import async_scheduler, bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
 from .metrics import SERVE_METRICS
 from .scheduler import SchedulerConfig
@@ -457,12 +457,8 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     det = serve_benchmark(deployment, strategies, bench, block_size=block_size, calibration=calibration,
                           decode_cal=decode_cal, **extra)
     base = det["baseline"]
-    d = deployment
-    scheds, pricers = {}, {}
-    for s, r in det["strategies"].items():
-        scheds[s] = SchedulerConfig(d.max_num_batched_tokens, d.max_num_seqs, r["kv_capacity_tokens"], block_size,
-                                    async_scheduling=True)
-        pricers[s] = CachedPricer(CostModelPricer(d.rank, s, calibration, decode_cal))
+    scheds = {s: async_scheduler(deployment, r["kv_capacity_tokens"], block_size) for s, r in det["strategies"].items()}
+    pricers = {s: CachedPricer(CostModelPricer(deployment.rank, s, calibration, decode_cal)) for s in scheds}
     keys = [k for k, _ in NOISE_METRICS]
     res = {s: run_noise(bench, scheds[base], pricers[base], None if s == base else pricers[s],
                         sched_b=scheds[s], num_runs=num_runs, seed=seed, noise=noise) for s in det["strategies"]}

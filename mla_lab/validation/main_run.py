@@ -12,14 +12,14 @@ import math
 import sys
 from dataclasses import replace
 
-from ..deployment import Deployment
 from ..model.calibration import resolve_calibration
 from ..model.decode_calibration import load_decode_calibration
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from ..serving import PR_BENCH, CostModelPricer, SchedulerConfig, serve_benchmark
+from ..serving import PR_BENCH, CostModelPricer, serve_benchmark
+from ..serving.benchmark import async_scheduler, pr_deployment
 from ..serving.noise import NoiseConfig, simulate_once
 from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
@@ -29,20 +29,13 @@ OUT, PREDICTION_FILE = PR53878_DECOMPOSITION, PR53878_PREDICTION
 REAL = {"duration": 9.92, "request_throughput": 3.23, "output_throughput": 413.04,
         "source": "vLLM PR #53878 description, 'main' run (vLLM main before the PR, GLM-5.2-FP8 TP8 EP, "
                   "vllm bench serve 32 x 1024 / 128, concurrency 32, rate inf)"}
-MODEL, TP, ARCH, BEFORE = "glm-5.2", 8, "h200", "per_call_empty:zeros"
+BEFORE = "per_call_empty:zeros"
 BATCH, CTX, STEPS = 32, 1024 + 64, 127  # the mid-run decode step: 32 requests, 1088-key context, 127 steps after TTFT
-MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, BLOCK_SIZE = 16384, 256, 64
-
-
-def _deployment() -> Deployment:
-    """The run's deployment: :meth:`Deployment.seed` (fp8 weights, EP, bf16 KV, PR_BENCH's workload) on GLM-5.2."""
-    return Deployment.seed(model=MODEL, tp=TP, arch=ARCH, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                           max_num_seqs=MAX_NUM_SEQS)
 
 
 def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
     """The run's decode step (32 tokens, 1088-key contexts) on one rank, ms over the 78 layers."""
-    p = CostModelPricer(_deployment().rank, strategy)
+    p = CostModelPricer(pr_deployment().rank, strategy)
     dec = tuple(DecodeToken(i, CTX) for i in range(BATCH))
     st = Step(decode=dec, cudagraph_mode="FULL", cudagraph_num_tokens=BATCH) if graph else Step(decode=dec)
     r = p.price(st)
@@ -51,12 +44,11 @@ def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
 
 
 def _revised() -> dict:
-    dep = _deployment()
-    cap = serve_benchmark(dep, [BEFORE], PR_BENCH, block_size=BLOCK_SIZE)["strategies"][BEFORE]["kv_capacity_tokens"]
+    dep = pr_deployment()
+    cap = serve_benchmark(dep, [BEFORE], PR_BENCH, block_size=64)["strategies"][BEFORE]["kv_capacity_tokens"]
     pred = json.loads(PREDICTION_FILE.read_text())
     noise = NoiseConfig.from_record(pred["noise"])
-    sched = SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE, async_scheduling=True)
-    m = simulate_once(replace(PR_BENCH, seed=12345), sched, CostModelPricer(dep.rank, BEFORE),
+    m = simulate_once(replace(PR_BENCH, seed=12345), async_scheduler(dep, cap), CostModelPricer(dep.rank, BEFORE),
                       noise.without_noise()).metrics
     return {k: float(m[k]) for k in ("duration", "request_throughput", "output_throughput", "mean_ttft_ms",
                                      "p99_ttft_ms", "mean_tpot_ms")}
@@ -210,7 +202,7 @@ def first_token(gap_s: float) -> dict:
 
 def _old_kernel_ms() -> float:
     """The decode kernel of the step under the lab's earlier fit (KernelDecode, h200_decode.csv), 78 layers."""
-    rank = _deployment().rank  # the run's rank: GLM-5.2-FP8 TP8, experts ep, bf16 KV
+    rank = pr_deployment().rank  # the run's rank: GLM-5.2-FP8 TP8, experts ep, bf16 KV
     model, arch, dcal = rank.model, rank.arch, load_decode_calibration()
     gcal = dcal.graph_calibration(resolve_calibration(None))
     ws = WorkStep([(i, CTX - 1, 1) for i in range(BATCH)])
