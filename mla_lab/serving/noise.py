@@ -482,15 +482,14 @@ def format_noise(runs: dict) -> str:
     """:func:`serve_benchmark_noise`'s result as terminal lines (medians and 95 % bands; changes in %)."""
     lines = [f"single-run spread over {runs['num_runs']} simulated runs per strategy (seed {runs['seed']}; "
              "median [95 % band]):"]
-    for s, m in runs["strategies"].items():
-        lines.append(f"  {s}{' (baseline)' if s == runs['baseline'] else ''}")
+    blocks = [(f"  {s}{' (baseline)' if s == runs['baseline'] else ''}", m, ">12,.2f", ",.2f")
+              for s, m in runs["strategies"].items()]
+    blocks += [(f"  change {s} vs {runs['baseline']}, one run of each (%):", m, ">+12.2f", "+.2f")
+               for s, m in runs["changes"].items()]
+    for head, m, f_med, f in blocks:
+        lines.append(head)
         for k, label in NOISE_METRICS:
-            v = m[k]
-            lines.append(f"    {label:<32}{v['median']:>12,.2f}  [{v['band95'][0]:,.2f}, {v['band95'][1]:,.2f}]")
-    for s, m in runs["changes"].items():
-        lines.append(f"  change {s} vs {runs['baseline']}, one run of each (%):")
-        for k, label in NOISE_METRICS:
-            v = m[k]
-            lines.append(f"    {label:<32}{v['median']:>+12.2f}  [{v['band95'][0]:+.2f}, {v['band95'][1]:+.2f}]")
+            lo, hi = m[k]["band95"]
+            lines.append(f"    {label:<32}{m[k]['median']:{f_med}}  [{lo:{f}}, {hi:{f}}]")
     lines.append(runs["note"])
     return "\n".join(lines)
