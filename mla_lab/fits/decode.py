@@ -1,8 +1,6 @@
-"""The decode calibration fit (``h200_decode.csv``) on ``data/measured/h200/round2/decode_ops.csv`` (each decode op,
-CUDA-graph replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph), over
-the committed layer calibration: op-level grids (kernel, indexer, top-k, class and attention floors), then the
-per-layer cost on graph rows, then the eager launch model; validated in sample and leave-one-model-out
-(``decode_validation.csv``).
+"""The decode calibration fit (``h200_decode.csv``) on ``data/measured/h200/round2/decode_ops.csv`` (each op, graph
+replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph): op-level grids,
+the per-layer cost on graph rows, the eager launch model; validated in sample and leave-one-model-out.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ def mape(pred, meas) -> float:
 
 @functools.cache
 def _rank(name: str) -> RankView:
-    """The rank the decode measurements ran (``mla_lab/measure/experiments/decode_layer.py``): model ``name``, TP8
-    (EP8 whole experts) on an H200, bf16 weights and KV cache (:func:`mla_lab.measure.layer_runs.measured_rank`)."""
+    """The rank the decode measurements ran: ``name`` TP8 (EP8) on an H200, bf16 weights and KV cache."""
     return _layer_rank(load_model(name), TP, H200, ("ep", EP))
 
 

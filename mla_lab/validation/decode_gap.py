@@ -1,12 +1,10 @@
-"""PR #46189's FA3-vs-FLASHMLA_SPARSE decode gap per layer beside the H200 kernel rows (issue 37; reading only,
-nothing fitted). Per GLM-5.1 run at concurrency 1 and 8 (``blind_2026-12_results.json``): mean TPOT FLASHMLA_SPARSE
-minus FLASH_ATTN_MLA_SPARSE over 78 layers (us), beside ``flashmla_vllm_pad64`` (``pad64``) and
-``flashmla_vllm_native`` (``native``) minus ``fa3_sparse`` at T = concurrency (``engine_kernels.csv``, vLLM 0.33.0's
-kernels, median over rows), each interpolated linearly in keys between 1088 and 2048 at the run's mean
-``min(context, index_topk)``. Which row matches was seen after reading: any agreement is in-sample.
-``june_path_us``: vLLM 0.24.0's FLASHMLA_SPARSE decode path (June 2026: concat, ``new_empty`` pad to 64 heads,
-its bundled FlashMLA, slice; ``flashmla_vllm_path_june``) minus ``fa3_sparse`` with ``num_splits`` 0 (vLLM's call
-passes none), both from ``engine_kernels_june.csv`` (the same 5 fresh processes; median of per-process medians).
+"""PR #46189's FA3-vs-FLASHMLA_SPARSE decode gap per layer beside the H200 kernel rows (issue 37; nothing fitted;
+which row matches was seen after reading: any agreement is in-sample). Per GLM-5.1 run at concurrency 1 and 8
+(``blind_2026-12_results.json``): mean TPOT FLASHMLA_SPARSE minus FLASH_ATTN_MLA_SPARSE over 78 layers (us), beside
+``flashmla_vllm_pad64`` / ``flashmla_vllm_native`` minus ``fa3_sparse`` at T = concurrency (``engine_kernels.csv``,
+vLLM 0.33.0's kernels) and ``june_path_us``: vLLM 0.24.0's decode path (``flashmla_vllm_path_june``: concat,
+``new_empty`` pad to 64 heads, its FlashMLA, slice) minus ``fa3_sparse`` at ``num_splits`` 0 (vLLM passes none;
+``engine_kernels_june.csv``), interpolated linearly in keys between 1088 and 2048.
 
     python -m mla_lab.validation.decode_gap
 """
