@@ -128,7 +128,7 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
         res = opts.scale(raw)
         launches = Counter(f"{rec.step.kind}:{rec.step.cudagraph_mode}" for rec in res.steps)
         out[s] = {"preset": preset_of(s), "metrics": res.metrics, "kv_capacity_tokens": int(caps[s]),
-                  "kv_tokens_lost": mem["strategies"][s]["kv_tokens_lost"], "extra_mib": mem["strategies"][s]["extra_mib"],
+                  **{k: mem["strategies"][s][k] for k in ("kv_tokens_lost", "extra_mib")},
                   "num_steps": len(res.steps), "steps_by_launch": dict(launches), "result": res,
                   "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
     for s in order:
@@ -204,21 +204,17 @@ class _Options:
     def pricer(self, strategy, cal, dcal):
         base = (DPAttentionPricer(self.deployment, strategy, cal, dcal) if self.dp > 1
                 else CostModelPricer(self.d.rank, strategy, cal, dcal))
-        if not self.k:
-            return base
-        return SpecDecodePricer(base, self.d.model.num_hidden_layers, self.k, self.d.acceptance_length)
+        return SpecDecodePricer(base, self.d.model.num_hidden_layers, self.k, self.d.acceptance_length) if self.k \
+            else base
 
     def scale(self, res):
         """Under DP attention, throughputs and token counts x the active ranks (lockstep); latencies the rank's."""
         if self.dp == 1:
             return res
-        n = self.share["active_ranks"]
-        m = dict(res.metrics)
-        for key in list(m):
-            if key.endswith("_throughput") or key in ("completed", "total_input_tokens", "total_output_tokens",
-                                                      "max_output_tokens_per_s"):
-                m[key] = m[key] * n
-        return replace(res, metrics=m)
+        n, counts = self.share["active_ranks"], ("completed", "total_input_tokens", "total_output_tokens",
+                                                 "max_output_tokens_per_s")
+        return replace(res, metrics={k: v * n if k.endswith("_throughput") or k in counts else v
+                                     for k, v in res.metrics.items()})
 
     def describe(self) -> dict:
         out = {}
