@@ -25,7 +25,6 @@ from mla_lab.measure.tp import (
     SAFE_ENV,
     TPBenchmarkConfig,
     _model,
-    _sm_scale,
     block_forward,
     compare,
     ideal_ring_calibration,
@@ -37,6 +36,7 @@ from mla_lab.measure.tp import (
     resolve_moe_impl,
     resolve_strategies,
     run_tp_benchmark,
+    sm_scale,
     summary_table,
     tiny_overrides,
 )
@@ -152,7 +152,7 @@ def test_all_reduced_attention_equals_the_unsharded_block(run):
     out = run[1]
     for name in MODELS:
         model = _model(name, tiny_overrides())
-        sm = _sm_scale(model)
+        sm = sm_scale(model)
         shards = [make_block_inputs(measured_rank(model, TP, "h200", ("ep", TP)), r, T, seed=0) for r in range(TP)]
         partial = [block_forward(make_strategy("fused", num_heads=2, max_num_batched_tokens=T), s, sm, 1)
                    for s in shards]
@@ -394,9 +394,9 @@ def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
     att = [make_block_inputs(measured_rank(model, tp, "h200", ("ep", tp)), k, T) for k in range(tp)]
     moe = [make_moe_inputs(measured_rank(model, tp, "h200", ("ep", tp)), k, T) for k in range(tp)]
     y_att = block_forward(make_strategy("fused", num_heads=8, max_num_batched_tokens=T), merge_shards("attention", att),
-                          _sm_scale(model), 1)
+                          sm_scale(model), 1)
     y_moe = moe_forward(merge_shards("moe", moe))
-    sm = _sm_scale(model)
+    sm = sm_scale(model)
     partial = {"attention": [block_forward(make_strategy("fused", num_heads=8 // tp, max_num_batched_tokens=T), a, sm,
                                            1) for a in att],
                "moe": [moe_forward(m) for m in moe]}

@@ -1,5 +1,5 @@
 """Calibrate and validate the per-rank layer model (:mod:`mla_lab.model`): the layer :mod:`mla_lab.measure.layer`,
-loops :mod:`~mla_lab.measure.layer_runs`, extras :mod:`~mla_lab.measure.layer_experiments`, fit
+loops and extras :mod:`~mla_lab.measure.layer_runs`, fit
 :mod:`~mla_lab.measure.validate`; :func:`mla_lab.measure.timer.median_ms`, random bf16 weights scaled 1/sqrt(K).
 
 1. ``layer_ops.csv``: every op of :func:`mla_lab.model.ops.layer_ops` at its per-rank shape per model x TP x T (MoE
@@ -28,8 +28,7 @@ from mla_lab.measure.layer import (
     run_kernel_checks,
     select_implementations,
 )
-from mla_lab.measure.layer_experiments import fp8_gemm_rows, run_extras
-from mla_lab.measure.layer_runs import LAYER_OUTPUTS, OPS_CSV, run_layer_benchmark
+from mla_lab.measure.layer_runs import LAYER_OUTPUTS, OPS_CSV, fp8_gemm_rows, run_extras, run_layer_benchmark
 from mla_lab.measure.sink import log
 from mla_lab.measure.validate import VALIDATION_COLUMNS, fit_and_validate
 
