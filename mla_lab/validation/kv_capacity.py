@@ -53,9 +53,8 @@ def _value(case: dict, key: str):
 
 
 def deployment_of(case: dict) -> tuple[Deployment, dict]:
-    """The case as a :class:`~mla_lab.deployment.Deployment` and the rule arguments of
-    :func:`~mla_lab.model.memory.memory_tradeoff` (``vllm_version``, ``max_model_len``, ``mtp_layers``); the workload
-    (one 1024-token prompt) does not enter the KV capacity."""
+    """The case as a Deployment (one 1024-token prompt: the workload is not in the KV capacity) and
+    ``memory_tradeoff``'s rule arguments."""
     ep = bool(_value(case, "enable_expert_parallel"))
     kv = "fp8" if "fp8" in str(case["stated"]["kv_cache_dtype"]) else "bf16"
     mns = case["stated"].get("max_num_seqs", 256)
@@ -71,9 +70,8 @@ def deployment_of(case: dict) -> tuple[Deployment, dict]:
 
 
 def predict(workloads: dict, stem: str = ROUND) -> dict:
-    """The prediction record of every case: ``gpu_kv_cache_tokens`` (vLLM's ``GPU KV cache size``) and
-    ``available_kv_gib`` (``Available KV cache memory``), with the deployment, rule arguments and every term;
-    ``stem`` names the round's files."""
+    """Per case: ``gpu_kv_cache_tokens`` (vLLM's ``GPU KV cache size``), ``available_kv_gib`` (``Available KV cache
+    memory``), the deployment, rule arguments and every term; ``stem`` names the round's files."""
     out = []
     for case in workloads["cases"]:
         d, rule = deployment_of(case)
@@ -90,15 +88,14 @@ def predict(workloads: dict, stem: str = ROUND) -> dict:
 
 
 def predicted_figures(case: dict) -> dict:
-    """A prediction record's figures a log can state: ``gpu_kv_cache_tokens``, ``available_kv_gib`` and
-    ``weights_gib`` (the weights and MTP-layer terms, GiB)."""
+    """The figures a log can state: the predicted two and ``weights_gib`` (weights + MTP layer)."""
     t = {x["term"]: x["value"] for x in case["terms"]}
     return {**case["predicted"], "weights_gib": round((t["weights"] + t["MTP layer weights"]) / GIB, 2)}
 
 
 def score(pred: dict, results: dict, stem: str = ROUND) -> dict:
-    """``error_pct = (predicted - real) / real x 100`` per case and figure the log states; ``median_abs_error_pct``
-    over the blind cases, per figure (not-blind cases are listed with ``blind: false`` and left out of it)."""
+    """``error_pct = (predicted - real) / real x 100`` per case and figure; ``median_abs_error_pct`` per figure over
+    the blind cases (not-blind cases listed with ``blind: false``)."""
     real = {r["id"]: r for r in results["cases"]}
     rows = []
     for p in pred["cases"]:
