@@ -1,11 +1,5 @@
 """The report: its data, figures, tables, the published site and the browser check.
 
-- :mod:`.data` — measured and modelled rows, validation data, failed points.
-- :mod:`.figures` — matplotlib figures (no pyplot state), published as PNG + SVG.
-- :mod:`.tables` — pandas tables and their HTML.
-- :mod:`.site` — the ``reports/`` site: per-run reports, latest copy, index.
-- :mod:`.browser` — headless Chromium check of a published page.
-
 The names below are loaded on first use (PEP 562): ``import mla_lab.report.site`` does not load pandas or
 matplotlib (the CLI's ``index`` and ``--help`` stay fast, issue 22).
 """

@@ -232,11 +232,9 @@ def _layout_problems(info: dict, width: int) -> list[str]:
 
 def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None, min_ink: float = 0.01,
                      width: int = 1280, timeout: float = 60.0, chromium: str | None = None) -> dict:
-    """Render ``html_path`` in headless Chromium and check it as a reader would see it (module docstring); the
-    screenshot goes to ``screenshot`` or ``<tmp>/mla-lab-check/<page>.screenshot.png``.
-
-    Returns ``{"ok", "problems" (list of str), "images" (list of dicts with "ink"), "errors" (list of str),
-    "screenshot" (path), "page" ({width, height, title})}``.
+    """Render ``html_path`` in headless Chromium and check it (module docstring); the screenshot goes to
+    ``screenshot`` or ``<tmp>/mla-lab-check/<page>.screenshot.png``. Returns ``{"ok", "problems", "images" (with
+    "ink"), "errors", "screenshot", "page" ({width, height, title})}``.
 
     Raises:
         RuntimeError: no Chromium found, playwright not installed, the page missing, or the browser failed.

@@ -1,22 +1,30 @@
 """Where the report's rows come from: the sweep CSV, measured rows under ``data/measured`` (re-priced with the
-current model through :func:`mla_lab.sweep.rows.reprice_measured_rows`), validation tables, failed points."""
+current model through :func:`mla_lab.sweep.rows.reprice_measured_rows`), validation tables, failed points.
+
+Which model config each measured row was measured with: the committed manifest ``config_digests.json`` (written by
+``mla_lab/report/stamp_measured.py``): per file (relative to the manifest's folder), per GPU (``device``) and FlashMLA
+provider (``flash_mla``), the SHA-256 of each model's canonical config JSON (:func:`config_digest_of_bytes`:
+re-indenting keeps the rows, any edited value detaches them).
+"""
 
 from __future__ import annotations
 
 import csv
+import functools
+import hashlib
 import json
 from pathlib import Path
 
 from ..arch import get_arch
 from ..models import load_model, model_config_path
-from ..paths import check_measured_cells, measured_dir, read_measured_csv
+from ..paths import check_measured_cells, find_manifest, measured_dir, read_measured_csv
 from ..sweep.rows import NOT_PRICED, reprice_measured_rows
-from .cache_core import cached_under, inputs_digest
-from .stamps import config_digest, find_manifest, read_manifest, stamp_for
+from .cache import cached_under, inputs_digest
 
 __all__ = ["MEASURED_NOTES", "withhold_off_route", "load_measured", "measured_sweep_frames", "check_stamped_rows",
            "load_measured_cached", "detach_stale", "unstamped_files", "measured_for", "combine", "pick",
-           "failed_points", "load_validation", "ok_rows"]
+           "failed_points", "load_validation", "ok_rows", "config_digest_of_bytes", "config_digest", "read_manifest",
+           "stamp_for"]
 
 #: The notes a measured frame carries in ``attrs`` (the provenance banner and advise print them): rows detached
 #: (another model config), files unstamped, rows withheld (:func:`withhold_off_route`).
@@ -29,6 +37,66 @@ _JSON_LIST_COLUMN = "attn_path_ms_steps"
 #: Number columns of a measured sweep row (empty allowed; anything else is named with its file and row).
 _FLOAT_COLUMNS = ("ttft_ms", "ttft_ms_max", "concat_ms", "pad_ms", "pad_copy_ms", "kernel_ms", "out_slice_ms",
                   "chunk_out_ms", "ttft_ms_ci_lo", "ttft_ms_ci_hi", "attn_path_ms_step0")
+
+
+def config_digest_of_bytes(raw: bytes) -> str:
+    """SHA-256 (64 hex) of a config.json's canonical JSON. Raises ValueError: ``raw`` is not a JSON object."""
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"config.json is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"config.json must hold a JSON object, got {type(obj).__name__}")
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_cached(path: str, mtime_ns: int, size: int) -> str:
+    return config_digest_of_bytes(Path(path).read_bytes())
+
+
+def config_digest(path: str | Path) -> str:
+    """:func:`config_digest_of_bytes` of the file at ``path``, once per (path, mtime, size). Raises ValueError: the
+    file does not exist or is not a JSON object."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        raise ValueError(f"config.json path={str(p)!r} does not exist") from None
+    return _digest_cached(str(p.resolve()), st.st_mtime_ns, st.st_size)
+
+
+def read_manifest(path: Path | None) -> tuple[dict, str]:
+    """``(files mapping, problem)``: the manifest's ``files`` (``{}`` when ``path`` is None) and ``""``, or ``{}`` and
+    one line saying why a manifest that exists cannot be read (then every row counts as unstamped)."""
+    if path is None:
+        return {}, ""
+    try:
+        doc = json.loads(path.read_text())
+        files = doc["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+        return files, ""
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return {}, f"{path} cannot be read ({' '.join(str(e).split())[:120]}): every measured row counts as unstamped"
+
+
+def _s(v) -> str:
+    """A provenance cell as text: a missing one (None, NaN) is ``""``, as the stamp script writes it."""
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
+def stamp_for(files: dict, file: str, device, flash_mla, model) -> str | None:
+    """The digest the manifest records for ``model`` in rows of ``file`` measured on ``device`` with ``flash_mla``,
+    or None when it records none (an entry whose device or provider differs is another run's stamp)."""
+    for entry in files.get(str(file), []) or []:
+        if not isinstance(entry, dict):
+            continue
+        if _s(entry.get("device")) == _s(device) and _s(entry.get("flash_mla")) == _s(flash_mla):
+            got = (entry.get("models") or {}).get(str(model))
+            if isinstance(got, str):
+                return got
+    return None
 
 
 def measured_sweep_frames(root: Path, pattern: str = "*.csv", include_archive: bool = False):
@@ -195,7 +263,7 @@ def _row_stamps(df, root):
 
 def detach_stale(df, root: str | Path | None = None):
     """Measured rows no longer measurements of the model config they name, dropped. Returns ``(kept rows, [one line
-    per detached model and TP])``. A row the manifest (:mod:`.stamps`) stamps is kept when the stamped digest equals
+    per detached model and TP])``. A row the manifest stamps is kept when the stamped digest equals
     today's ``data/models/<model>/config.json``'s; one it does not stamp when its ``num_heads`` is today's heads per
     rank; a row of a model no longer known is detached."""
     import pandas as pd

@@ -24,8 +24,7 @@ __all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note
 
 
 def _suptitle(fig, text: str, fontsize: float = 10.0) -> None:
-    """A figure title wrapped to the figure's width (about 11 characters per inch at 10 pt), so it never runs past
-    the figure's edges (the layout check of :func:`publish_figure` would refuse it)."""
+    """A figure title wrapped to the figure's width (about 11 characters per inch at 10 pt)."""
     chars = max(20, int(fig.get_figwidth() * 11 * 10.0 / fontsize))
     fig.suptitle(textwrap.fill(text, width=chars), fontsize=fontsize)
 
@@ -36,8 +35,7 @@ def _legend_columns(fig, n: int, per_inch: float = 2.6) -> int:
 
 
 def fits_mask(d):
-    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column); a row that does
-    not fit carries no number in any chart (issue 22)."""
+    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column; issue 22)."""
     import pandas as pd
 
     if "fits_in_memory" not in d.columns:
@@ -45,32 +43,36 @@ def fits_mask(d):
     return d["fits_in_memory"].map(lambda v: str(v).strip().lower() not in ("false", "0", "0.0"))
 
 
-def shown_measured(meas):
-    """The measured rows a figure may draw: ``measured_withheld`` empty (:func:`mla_lab.sweep.rows.measured_withheld`,
-    issue 39) or no such column."""
-    if "measured_withheld" not in meas.columns:
-        return meas
-    return meas[meas["measured_withheld"].fillna("").astype(str) == ""]
-
-
 def _priced(d):
-    """True where a row carries a TTFT number: status ok (not :data:`mla_lab.sweep.rows.NOT_PRICED`) and its
-    deployment fits (:func:`fits_mask`)."""
+    """True where a row carries a TTFT number: status ok and its deployment fits (:func:`fits_mask`)."""
     ok = d["status"].fillna("ok") == "ok" if "status" in d.columns else fits_mask(d)
     return ok & fits_mask(d)
 
 
 def new_figure(figsize):
-    """A :class:`matplotlib.figure.Figure` with constrained layout (no pyplot)."""
     from matplotlib.figure import Figure
 
     return Figure(figsize=figsize, layout="constrained")
 
 
-def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110, show: bool = True) -> dict:
-    """Save ``fig`` as ``<figure_dir>/<name>.png`` and ``.svg`` and (``show``) display the PNG in the notebook.
+def save_pair(png: bytes, write_svg, name: str, figure_dir, show: bool) -> dict:
+    """``png`` and ``write_svg(path)`` as ``<figure_dir>/<name>.png|.svg`` (``{"png": path, "svg": path}``; None
+    when ``figure_dir`` is None), and (``show``) the PNG displayed in the notebook."""
+    out = {"png": None, "svg": None}
+    if figure_dir is not None:
+        out = {e: Path(figure_dir) / f"{name}.{e}" for e in ("png", "svg")}
+        out["png"].parent.mkdir(parents=True, exist_ok=True)
+        out["png"].write_bytes(png)
+        write_svg(out["svg"])
+    if show:
+        from IPython.display import Image, display
 
-    Returns ``{"png": path, "svg": path}`` (paths None when ``figure_dir`` is None: display only).
+        display(Image(data=png, format="png"))
+    return out
+
+
+def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110, show: bool = True) -> dict:
+    """:func:`save_pair` of ``fig`` (PNG at ``dpi``; what nbconvert embeds in the HTML report).
 
     Raises:
         ValueError: a legend or title cut off at the figure's edge, or two labels of one axes printed over each other
@@ -81,18 +83,8 @@ def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110
         raise ValueError(f"figure {name!r}: " + "; ".join(clipped))
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
-    png = buf.getvalue()
-    out = {"png": None, "svg": None}
-    if figure_dir is not None:
-        out = {e: Path(figure_dir) / f"{name}.{e}" for e in ("png", "svg")}
-        out["png"].parent.mkdir(parents=True, exist_ok=True)
-        out["png"].write_bytes(png)
-        fig.savefig(out["svg"], format="svg")
-    if show:
-        from IPython.display import Image, display
+    return save_pair(buf.getvalue(), lambda p: fig.savefig(p, format="svg"), name, figure_dir, show)
 
-        display(Image(data=png, format="png"))
-    return out
 
 def _short(row) -> str:
     m = str(row["model"]).replace("deepseek-v3.2", "DSV3.2").replace("glm-5", "GLM-5")
@@ -116,11 +108,11 @@ def model_style(name: str, known=()) -> tuple[str, str]:
     return _SPARE[others.index(name) % len(_SPARE)]
 
 
-def _deployment_rows(df):
-    """Rows grouped per deployment (:data:`DEPLOYMENT_KEYS`), in sorted order."""
-    d = ok_rows(df)
+def _deployment_rows(d):
+    """``[(deployment dict, its rows)]`` grouped by :data:`DEPLOYMENT_KEYS`, in sorted order."""
     keys = [k for k in DEPLOYMENT_KEYS if k in d.columns]
-    return [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in d.groupby(keys, sort=True)]
+    groups = d.groupby(keys, sort=True) if len(d) else []
+    return [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in groups]
 
 
 #: gid of the DP-attention point on a frontier panel (:func:`plot_deployment` ``dp_point``).
@@ -129,9 +121,8 @@ DP_POINT = "dp_attention_point"
 
 def dp_attention_point(rows) -> dict | None:
     """The panel's deployment under SGLang's DP attention at ``dp = tp``, modelled
-    (:func:`mla_lab.serving.benchmark.options_summary`, baseline strategy): ``{"extra_persistent_mib",
-    "ttft_change_pct" (vs without it), "heads_per_rank", "padded_heads_per_rank", "kv_capacity_tokens_per_rank"}``;
-    None when the rows do not name a whole deployment or it does not fit."""
+    (:func:`mla_lab.serving.benchmark.options_summary`): its ``extra_persistent_mib``, ``ttft_change_pct`` (vs without
+    it) and heads; None when the rows do not name a whole deployment or it does not fit."""
     try:
         d = Deployment.from_point(rows.iloc[0].to_dict())
         d = d.replace(dp_attention=d.tp)
@@ -145,7 +136,6 @@ def dp_attention_point(rows) -> dict | None:
 
 
 def _draw_dp_point(ax, p: dict) -> None:
-    """The DP-attention point on a panel: a hollow black star (modelled) labelled with its heads per rank."""
     ax.scatter([p["extra_persistent_mib"]], [p["ttft_change_pct"]], marker="*", s=110, facecolors="none",
                edgecolors="black", linewidths=1.1, zorder=5, gid=DP_POINT)
     ax.annotate(f"DP attention, {p['heads_per_rank']} heads/rank (modelled)",
@@ -154,14 +144,17 @@ def _draw_dp_point(ax, p: dict) -> None:
 
 
 def _by_source(d):
-    """``(modelled rows, measured rows a figure may draw)`` of ``d`` (:func:`shown_measured`)."""
+    """``(modelled rows, measured rows a figure may draw: ``measured_withheld`` empty, issue 39)`` of ``d``."""
     if "source" not in d.columns:
         return d, d.iloc[0:0]
-    return d[d["source"] != "measured"], shown_measured(d[d["source"] == "measured"])
+    meas = d[d["source"] == "measured"]
+    if "measured_withheld" in meas.columns:
+        meas = meas[meas["measured_withheld"].fillna("").astype(str) == ""]
+    return d[d["source"] != "measured"], meas
 
 
 def _no_fit_panel(ax, rows) -> bool:
-    """A deployment whose weights or workload do not fit: its reason on ``ax`` (True), no points."""
+    """A deployment that does not fit: its reason on ``ax`` (True)."""
     if "fits_in_memory" not in rows.columns or bool(rows["fits_in_memory"].astype(bool).any()):
         return False
     reason = str(rows["fit_reason"].iloc[0]) if "fit_reason" in rows.columns else "does not fit"
@@ -173,7 +166,6 @@ def _no_fit_panel(ax, rows) -> bool:
 
 
 def _draw_subchunk_curves(ax, modelled) -> None:
-    """One curve per sub-chunk hand-off through its sizes S, each point labelled with its S."""
     handoff = modelled["strategy"].str.extract(r"^subchunk:\d+(:views|:graph2)?$", expand=False)
     for family, end in (("subchunk", ""), ("subchunk_views", ":views"), ("subchunk_graph2", ":graph2")):
         sc = modelled[modelled["strategy"].str.startswith("subchunk:") & (handoff.fillna("") == end)]
@@ -192,7 +184,7 @@ def _draw_subchunk_curves(ax, modelled) -> None:
 
 def _draw_points(ax, modelled, measured, clip) -> list:
     """Modelled points hollow, measured ones filled with their interval; returns ``(x, y, colour, filled)`` of
-    those beyond the window (drawn at its edge, no interval)."""
+    those beyond the window."""
     off = []
     for _, r in modelled.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
@@ -214,7 +206,7 @@ def _draw_points(ax, modelled, measured, clip) -> list:
 
 
 def _draw_frontier(ax, modelled, clip) -> None:
-    """The Pareto staircase over the modelled strategies that fit, kernel_native left out (modelled only)."""
+    """The Pareto staircase over the modelled strategies that fit, kernel_native left out."""
     fits = modelled[modelled["fits_in_memory"].astype(bool)] if "fits_in_memory" in modelled.columns else modelled
     fits = fits[fits["placement"] != "kernel_native"] if "placement" in fits.columns else fits
     if len(fits):
@@ -225,8 +217,7 @@ def _draw_frontier(ax, modelled, clip) -> None:
 
 
 def _draw_off_scale(ax, window, off) -> None:
-    """The window as the y range, and each point beyond it labelled at its edge, stacked inward (never
-    overlapping), on the side facing the panel's middle."""
+    """The window as the y range, each point beyond it labelled at its edge, stacked inward."""
     span = window[1] - window[0]
     ax.set_ylim(window[0] - 0.04 * span, window[1] + 0.04 * span)
     for top in (False, True):
@@ -243,11 +234,9 @@ def _draw_off_scale(ax, window, off) -> None:
 
 
 def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = None) -> int:
-    """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
-    %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured, the S
-    curves through the sub-chunk sizes and the Pareto frontier; a deployment that does not fit shows its reason.
-    ``dp_point`` (:func:`dp_attention_point`): SGLang's DP attention as a hollow star, off the frontier. Points
-    beyond :func:`y_window` are drawn at its edge with their value. Returns the number of such off-scale points."""
+    """One deployment's trade on ``ax``: each strategy at (persistent extra MiB per rank, TTFT change % vs
+    :data:`mla_lab.placement.BASELINE`), the sub-chunk S curves, the Pareto frontier and ``dp_point``
+    (:func:`dp_attention_point`); points beyond :func:`y_window` at its edge. Returns how many are off-scale."""
     ax.set_title(title or _short(rows.iloc[0]), fontsize=9)
     ax.grid(alpha=0.3)
     ax.set_axisbelow(True)
@@ -274,9 +263,8 @@ FRONTIER = "frontier"
 
 
 def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1.0):
-    """The y range of a frontier panel where a few routes dwarf the rest: ``(lo, hi)`` of the values (NaN ignored)
-    inside Tukey's far fences (``fence`` x IQR, IQR at least ``min_iqr`` %), always holding 0; None when nothing is
-    outside them or the outliers widen the range by less than ``squash`` times."""
+    """``(lo, hi)`` of the values (NaN ignored) inside Tukey's far fences (``fence`` x IQR >= ``min_iqr`` %), holding
+    0; None when nothing is outside them or the outliers widen the range by less than ``squash`` times."""
     import numpy as np
 
     v = np.asarray([x for x in values if x == x], dtype=float)
@@ -324,10 +312,8 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
     if "source" in d.columns:
         d = d[d["source"] != "measured"]
-    keys = [k for k in DEPLOYMENT_KEYS if k in d.columns]
     out = []
-    for k, rows in (d.groupby(keys, sort=True) if len(d) else []):
-        dep = dict(zip(keys, k if isinstance(k, tuple) else (k,)))
+    for dep, rows in _deployment_rows(d):
         st = rows["status"].fillna("ok") if "status" in rows.columns else pd.Series("ok", index=rows.index)
         old = "fits_in_memory" in rows.columns and not bool(fits_mask(rows).any())
         if (st == "does_not_fit").any() or old:
@@ -336,7 +322,7 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
             continue
         for _, r in rows[st == "tips_out"].drop_duplicates("strategy").iterrows():
             out.append({**dep, "strategy": r["strategy"], "status": "tips_out", "reason": str(r["reason"])})
-    return pd.DataFrame(out, columns=[*keys, "strategy", "status", "reason"])
+    return pd.DataFrame(out, columns=[*(k for k in DEPLOYMENT_KEYS if k in d.columns), "strategy", "status", "reason"])
 
 
 def _frontier_legend(fig, present, dp_attention: bool, width: float) -> None:
@@ -405,11 +391,9 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
 S_LABEL = "s_label"
 
 
-def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
+def drop_colliding_labels(fig, gid: str = S_LABEL) -> None:
     """Remove every text of ``fig`` tagged ``gid`` that would print over a tick label or a text kept before it, so
-    the figure passes :func:`mla_lab.report.layout_check.label_overlaps`; returns how many were removed (a point
-    whose S label would collide stays on its curve unlabelled)."""
-    removed = 0
+    the figure passes :func:`mla_lab.report.layout_check.label_overlaps`."""
     with drawn(fig) as renderer:
         for ax in fig.axes:
             kept = [t.get_window_extent(renderer) for axis in (ax.xaxis, ax.yaxis)
@@ -419,10 +403,8 @@ def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
                 bb = t.get_window_extent(renderer)
                 if any(min(overlap(bb, k)) > OVERLAP_PX for k in kept):
                     t.remove()
-                    removed += 1
                 else:
                     kept.append(bb)
-    return removed
 
 
 def _slice(d, kv_cache_dtype, max_num_batched_tokens=None):

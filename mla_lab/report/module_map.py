@@ -7,7 +7,6 @@ imported; ``tests/test_front_door.py`` checks README.md's block is current.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 import sys
@@ -16,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from ..paths import REPO_ROOT
-from .blocks import update_block
+from .blocks import block_main, update_block
 
 __all__ = ["BEGIN", "END", "PACKAGE", "units", "layer", "summary", "module_map", "update_readme"]
 
@@ -122,20 +121,8 @@ def update_readme(block: str, path: Path = REPO_ROOT / "README.md") -> bool:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="the module map of README.md, generated from the package")
-    ap.add_argument("--update-readme", action="store_true", help="rewrite README.md's module-map block")
-    a = ap.parse_args(argv)
-    block = module_map()
-    if not a.update_readme:
-        print(block)
-        return 0
-    try:
-        changed = update_readme(block)
-    except ValueError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    print("-> README.md" + ("" if changed else " (unchanged)"))
-    return 0
+    return block_main(argv, __spec__.name, REPO_ROOT / "README.md", BEGIN, END, module_map, "module-map",
+                      "--update-readme")
 
 
 if __name__ == "__main__":

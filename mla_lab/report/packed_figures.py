@@ -9,13 +9,12 @@ processes. ``python -m mla_lab.report.packed_figures --update-docs`` rewrites do
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import pandas as pd
 
 from ..paths import REPO_ROOT
-from .blocks import update_block
+from .blocks import block_main, update_block
 from .engine_kernel_figures import between_process_ms, experiment_rows
 
 __all__ = ["PACKED_CSV", "kernel_ms", "speedup", "targets", "shape_table", "TARGETS", "SHAPE_ORDER", "KERNELS",
@@ -153,14 +152,7 @@ def update_docs(doc=DOC, path=PACKED_CSV) -> bool:
 
 
 def main(argv=None) -> int:
-    """``python -m mla_lab.report.packed_figures [--update-docs]``: print the table (and rewrite docs/packed.md's)."""
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.packed_figures", description=main.__doc__)
-    ap.add_argument("--update-docs", action="store_true", help="rewrite the generated block of docs/packed.md")
-    a = ap.parse_args(argv)
-    print(_markdown())
-    if a.update_docs:
-        print(f"docs/packed.md {'updated' if update_docs() else 'already current'}")
-    return 0
+    return block_main(argv, __spec__.name, DOC, _BEGIN, _END, _markdown, "packed-table")
 
 
 if __name__ == "__main__":  # pragma: no cover

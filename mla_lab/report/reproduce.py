@@ -10,14 +10,13 @@ show a file at :data:`OLD_COMMIT` (a shallow clone).
 
 from __future__ import annotations
 
-import argparse
 import io
 import subprocess
 
 import pandas as pd
 
 from ..paths import REPO_ROOT
-from .blocks import update_block
+from .blocks import block_main
 
 __all__ = ["lease_pr_change", "OLD_COMMIT", "FILES", "SMALL_MS", "BEGIN", "END", "compare", "largest", "small_ops", "render_markdown", "main"]
 
@@ -164,18 +163,8 @@ def render_markdown() -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.reproduce", description=__doc__.split("\n")[0])
-    ap.add_argument("--update-docs", action="store_true", help="rewrite the block in docs/perf-notes.md")
-    a = ap.parse_args(argv)
-    block = render_markdown()
-    print(block)
-    if a.update_docs:
-        try:
-            update_block(REPO_ROOT / "docs" / "perf-notes.md", BEGIN, END, block, "reproduce")
-        except ValueError as e:
-            ap.error(str(e))
-        print("-> docs/perf-notes.md")
-    return 0
+    return block_main(argv, __spec__.name, REPO_ROOT / "docs" / "perf-notes.md", BEGIN, END, render_markdown,
+                      "reproduce")
 
 
 if __name__ == "__main__":

@@ -49,8 +49,7 @@ SERVING_TABLE_COLUMNS = ("model", "tp", "arch", "strategy", "preset", "metric", 
 
 
 def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
-    """A serve_benchmark result as a table: one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS`
-    (``change_pct`` vs the baseline, ``reported_change_pct`` the PR's figure on its strategy's rows, else NaN), or
+    """A serve_benchmark result as a table: one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS`, or
     (``wide``) one row per metric label, columns ``(strategy, "value" | "change %")`` and the PR's reported change.
 
     Raises:
@@ -102,8 +101,6 @@ def serving_display_table(result: dict) -> pd.DataFrame:
 
 #: The changes the rate curve gives a single-run band (``band_<metric>_lo/hi``).
 RATE_BAND_METRICS = ("median_ttft_ms", "p99_ttft_ms", "total_token_throughput")
-
-
 #: The changes each rate-curve row carries (``change_<metric>_pct``).
 RATE_CHANGE_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
                        "total_token_throughput")
@@ -112,13 +109,10 @@ RATE_CHANGE_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tp
 def rate_curve(deployment: Deployment, strategies, rates, *, seed: int = 0, baseline: str = BASELINE,
                num_runs: int = 20) -> pd.DataFrame:
     """:func:`~mla_lab.serving.benchmark.serve_benchmark` of ``deployment`` at each request rate of ``rates`` (req/s;
-    ``inf``: all at t = 0; the client :func:`~mla_lab.serving.benchmark.bench_of` with that rate and ``seed``).
-    One finite-rate run's change is noise-sized (issue 32), so each finite rate also runs ``num_runs`` single runs of
-    :func:`mla_lab.serving.noise.serve_benchmark_noise`: ``band_<metric>_lo`` / ``_hi`` (95 % band of the change, %)
-    for :data:`RATE_BAND_METRICS`, ``band`` saying which.
-
-    Returns one row per (strategy, rate): ``model, tp, arch, strategy, preset, request_rate``, every metric,
-    ``change_<metric>_pct`` vs ``baseline`` for :data:`RATE_CHANGE_METRICS`, the bands; ``source`` ``modelled``.
+    ``inf``: all at t = 0), each finite rate with the 95 % band (%) of ``num_runs`` single runs
+    (:func:`mla_lab.serving.noise.serve_benchmark_noise`, issue 32). One row per (strategy, rate): the deployment,
+    ``request_rate``, every metric, ``change_<metric>_pct`` (:data:`RATE_CHANGE_METRICS`), ``band_<metric>_lo/hi``
+    (:data:`RATE_BAND_METRICS`), ``band``, ``source`` ``modelled``.
 
     Raises:
         ValueError: no rates, a rate that is not > 0; as serve_benchmark.
@@ -178,9 +172,8 @@ def _fitted_legend(fig, handles) -> None:
 
 
 def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4.2)):
-    """The change vs the baseline against the request rate for the one deployment of :func:`rate_curve`'s rows:
-    TTFT p50 (solid) and p99 (dashed) and total token throughput, %, one colour per strategy, rates as evenly
-    spaced categories (``inf`` last).
+    """The change vs the baseline (%) against the request rate of one deployment's :func:`rate_curve` rows: TTFT p50
+    (solid), p99 (dashed) and total token throughput, one colour per strategy, rates as categories (``inf`` last).
 
     Raises:
         ValueError: an empty frame, missing columns, or rows of more than one deployment.
@@ -283,8 +276,8 @@ def kv_dtypes_left_out(params) -> str:
 
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
-    """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`)
-    with the sweep's workload and engine flags (request rate, max concurrency, seed, max_num_seqs).
+    """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`) with the
+    sweep's request rate, max concurrency, seed and max_num_seqs.
 
     Raises:
         ValueError: no deployment of the grid fits (the reason); as serve_benchmark.
@@ -327,9 +320,8 @@ def plotted(result: dict) -> dict:
 
 
 def plot_serving_changes(result: dict, bands: dict | None = None, title: str | None = None):
-    """Per metric of :data:`CHANGE_METRICS` (rows), each strategy's change vs the baseline (%, horizontal bars) of a
-    serve_benchmark result. ``bands``: ``{strategy: {metric: (lo, hi)}}`` 95 % bands of the change
-    (:mod:`mla_lab.serving.noise`) as error bars; without them the title says: one deterministic simulation.
+    """Per metric of :data:`CHANGE_METRICS`, each strategy's change vs the baseline (%, horizontal bars) of a
+    serve_benchmark result; ``bands`` (``{strategy: {metric: (lo, hi)}}``, 95 %) as error bars.
 
     Raises:
         ValueError: ``result`` is not a serve_benchmark result.

@@ -138,9 +138,8 @@ def _measured_change(meas, answer_rows) -> str:
            and r["against"] == BASELINE and r["measured_pct"] is not None]
     if ans:
         a = ans[0]
-        basis = (f"{a['n_processes']} fresh processes" if a.get("measured_basis") == "processes"
-                 else f"{a['rounds']} rounds of one process")
-        return f"{a['measured_pct']:+.1f}% [{a['measured_lo']:+.1f}, {a['measured_hi']:+.1f}] ({basis})"
+        return (f"{a['measured_pct']:+.1f}% [{a['measured_lo']:+.1f}, {a['measured_hi']:+.1f}] "
+                f"({a['n_processes']} fresh processes)")
     v = _median(meas, PR, "ttft_change_pct")
     return "-" if v is None else f"{v:+.1f}% ({measured_basis(meas[meas['strategy'] == PR])})"
 
