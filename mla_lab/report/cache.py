@@ -1,14 +1,15 @@
 """The digest cache of deterministic results and figures (issue 22), under :func:`mla_lab.paths.cache_dir`, keyed by
 :func:`inputs_digest` (the package's sources, the model configs, the calibration, every file under the measured
 root), the versions of :data:`VERSIONED` and Python, and the call: :func:`cached_call` keeps ``fn(*args)``;
-:func:`publish_cached` / :func:`publish_cached_many` render a figure once per (digest, name, the data it plots),
-layout-checked when first rendered, and copy it into the run's figure folder afterwards. Safe to delete; a cache that
-cannot be written or read is skipped, never an error; ``MLA_LAB_NO_CACHE=1`` turns it off.
+:func:`publish_figure` saves a layout-checked figure as PNG + SVG, :func:`publish_cached` renders it once per (digest,
+name, the data it plots) and copies it afterwards. Safe to delete; a cache that cannot be written or read is skipped,
+never an error; ``MLA_LAB_NO_CACHE=1`` turns it off.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -17,9 +18,10 @@ import tempfile
 from pathlib import Path
 
 from ..paths import REPO_ROOT, cache_dir, data_dir, find_manifest, measured_dir
+from .layout_check import figure_clipping, label_overlaps
 
-__all__ = ["inputs_digest", "cached_call", "cached_under", "publish_cached", "publish_cached_many", "plotted_rows",
-           "CACHE_KEEP", "VERSIONED"]
+__all__ = ["inputs_digest", "cached_call", "cached_under", "publish_figure", "publish_cached", "publish_cached_many",
+           "plotted_rows", "CACHE_KEEP", "VERSIONED"]
 
 #: Files kept per kind of cached result (older ones are removed when a new one is written).
 CACHE_KEEP = 32
@@ -123,6 +125,37 @@ def cached_under(root: Path | None, fn, *args, **kw):
     return out
 
 
+def save_pair(png: bytes, write_svg, name: str, figure_dir, show: bool) -> dict:
+    """``png`` and ``write_svg(path)`` as ``<figure_dir>/<name>.png|.svg`` (``{"png": path, "svg": path}``; None
+    when ``figure_dir`` is None), and (``show``) the PNG displayed in the notebook."""
+    out = {"png": None, "svg": None}
+    if figure_dir is not None:
+        out = {e: Path(figure_dir) / f"{name}.{e}" for e in ("png", "svg")}
+        out["png"].parent.mkdir(parents=True, exist_ok=True)
+        out["png"].write_bytes(png)
+        write_svg(out["svg"])
+    if show:
+        from IPython.display import Image, display
+
+        display(Image(data=png, format="png"))
+    return out
+
+
+def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110, show: bool = True) -> dict:
+    """:func:`save_pair` of ``fig`` (PNG at ``dpi``; what nbconvert embeds in the HTML report).
+
+    Raises:
+        ValueError: a legend or title cut off at the figure's edge, or two labels of one axes printed over each other
+            (:mod:`mla_lab.report.layout_check`, naming the artists); nothing is written.
+    """
+    clipped = figure_clipping(fig) + label_overlaps(fig)
+    if clipped:
+        raise ValueError(f"figure {name!r}: " + "; ".join(clipped))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return save_pair(buf.getvalue(), lambda p: fig.savefig(p, format="svg"), name, figure_dir, show)
+
+
 def plotted_rows(df):
     """``df`` without :data:`UNPLOTTED` columns: the key of a figure of sweep rows."""
     return df.drop(columns=[c for c in UNPLOTTED if c in df.columns])
@@ -149,7 +182,7 @@ def _figure_key(kind: str, name: str, key) -> str | None:
 
 
 def publish_cached(build, name: str, figure_dir, key, show: bool = True) -> dict:
-    """:func:`~mla_lab.report.figures.publish_figure` of ``build()`` (a function returning the figure), rendered
+    """:func:`publish_figure` of ``build()`` (a function returning the figure), rendered
     once per (inputs' digest, ``name``, ``key``: what the figure plots, as :func:`_canonical`) and copied from the
     cache afterwards. Returns ``{"png": path, "svg": path}`` (None when ``figure_dir`` is None). Raises as
     publish_figure (a figure that fails its layout check is never stored)."""
@@ -164,8 +197,6 @@ def publish_cached_many(build, prefix: str, figure_dir, key, show: bool = True) 
 
 def _restore(stems: list[Path], name_of, figure_dir, show: bool) -> list[dict]:
     """The cached figures ``<stem>.png|.svg`` copied to ``figure_dir`` as ``name_of(i)`` (and shown)."""
-    from .figures import save_pair
-
     if not all(s.with_suffix(e).is_file() for s in stems for e in (".png", ".svg")):
         raise OSError("a cached figure is missing")
     return [save_pair(stem.with_suffix(".png").read_bytes(), lambda p, s=stem: shutil.copyfile(s.with_suffix(".svg"), p),
@@ -173,8 +204,6 @@ def _restore(stems: list[Path], name_of, figure_dir, show: bool) -> list[dict]:
 
 
 def _publish(build, name_of, name: str, figure_dir, key, show: bool) -> list[dict]:
-    from .figures import publish_figure
-
     digest = _figure_key("figures", name, key) if _enabled() else None
     folder = cache_dir() / "figures"
     if digest is not None:

@@ -4,9 +4,7 @@ embeds in the HTML report)."""
 
 from __future__ import annotations
 
-import io
 import textwrap
-from pathlib import Path
 
 from ..deployment import Deployment
 from ..placement import BASELINE, PR_STRATEGY
@@ -14,8 +12,9 @@ from ..seed import SEED
 from ..serving.benchmark import options_summary
 from ..sweep.advise import frontier
 from ..sweep.rows import NOT_PRICED, measured_change_pct
+from .cache import publish_figure  # re-exported: the report publishes through it
 from .data import ok_rows, pick
-from .layout_check import OVERLAP_PX, drawn, figure_clipping, label_overlaps, overlap
+from .layout_check import OVERLAP_PX, drawn, overlap
 from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
 
 __all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note", "plot_deployment", "plot_tp_bars",
@@ -53,37 +52,6 @@ def new_figure(figsize):
     from matplotlib.figure import Figure
 
     return Figure(figsize=figsize, layout="constrained")
-
-
-def save_pair(png: bytes, write_svg, name: str, figure_dir, show: bool) -> dict:
-    """``png`` and ``write_svg(path)`` as ``<figure_dir>/<name>.png|.svg`` (``{"png": path, "svg": path}``; None
-    when ``figure_dir`` is None), and (``show``) the PNG displayed in the notebook."""
-    out = {"png": None, "svg": None}
-    if figure_dir is not None:
-        out = {e: Path(figure_dir) / f"{name}.{e}" for e in ("png", "svg")}
-        out["png"].parent.mkdir(parents=True, exist_ok=True)
-        out["png"].write_bytes(png)
-        write_svg(out["svg"])
-    if show:
-        from IPython.display import Image, display
-
-        display(Image(data=png, format="png"))
-    return out
-
-
-def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110, show: bool = True) -> dict:
-    """:func:`save_pair` of ``fig`` (PNG at ``dpi``; what nbconvert embeds in the HTML report).
-
-    Raises:
-        ValueError: a legend or title cut off at the figure's edge, or two labels of one axes printed over each other
-            (:mod:`mla_lab.report.layout_check`, naming the artists); nothing is written.
-    """
-    clipped = figure_clipping(fig) + label_overlaps(fig)
-    if clipped:
-        raise ValueError(f"figure {name!r}: " + "; ".join(clipped))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return save_pair(buf.getvalue(), lambda p: fig.savefig(p, format="svg"), name, figure_dir, show)
 
 
 def _short(row) -> str:

@@ -2,9 +2,8 @@
 docs/packed.md and the tests take its figures from.
 
 Source: ``data/measured/h200/between_process/packed_kernels.csv`` (:mod:`mla_lab.measure.experiments.packed_kernels`;
-one H200, 5 fresh processes x 5 interleaved rounds, graph timing; T = 16384, H = 8, topk 2048; the software in the
-file's provenance columns). Every figure: the median over processes of the per-process medians, ``[lo, hi]`` over
-processes. ``python -m mla_lab.report.packed_figures --update-docs`` rewrites docs/packed.md's tables.
+one H200, 5 fresh processes x 5 interleaved rounds, graph timing; T = 16384, H = 8, topk 2048). Every figure: the
+median over processes of the per-process medians, ``[lo, hi]`` over processes. ``--update-docs``: docs/packed.md.
 """
 
 from __future__ import annotations

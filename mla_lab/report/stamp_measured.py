@@ -2,10 +2,9 @@
 
     python -m mla_lab.report.stamp_measured [--root data/measured] [--check]
 
-Run after every GPU run that writes measured sweep rows. Per CSV (archive folders included), per (``device``,
-``flash_mla``, ``git_commit``) group and model, it records the digest (:func:`mla_lab.report.data.config_digest`) of the config at
-the rows' commit, else at the CSV's last commit, else today's (a fresh run). ``--check`` writes nothing and exits 1
-when the manifest differs; exit 2 on a bad ``--root``.
+Per CSV (archive folders included), per (``device``, ``flash_mla``, ``git_commit``) group and model: the digest
+(:func:`mla_lab.report.data.config_digest`) of the config at the rows' commit, else at the CSV's last commit, else
+today's. ``--check`` writes nothing and exits 1 when the manifest differs; exit 2 on a bad ``--root``.
 """
 
 from __future__ import annotations
