@@ -140,11 +140,8 @@ def _header(p: Path) -> list[str]:
 
 
 def _check_sweep_csv(p: Path) -> None:
-    """A measured sweep CSV read whole or not at all (:func:`_check_row` for every row).
-
-    Raises:
-        ValueError: ``<file>: row <n> ...`` (row 1 is the header), with how to restore the file.
-    """
+    """A measured sweep CSV read whole or not at all (:func:`_check_row` for every row). Raises ValueError:
+    ``<file>: row <n> ...`` (row 1 is the header), with how to restore the file."""
     fix = f"restore it (git checkout -- {p}) or move it out of {p.parent}"
     try:
         with open(p, newline="", encoding="utf-8") as f:
@@ -188,11 +185,8 @@ def _manifest_key(root, file, manifest: Path) -> str:
 
 
 def check_stamped_rows(df, root: str | Path | None) -> None:
-    """Every measured CSV holds at least the rows its stamp in the manifest counts: fewer means rows were lost.
-
-    Raises:
-        ValueError: ``<file> holds <n> measured rows; its stamp in <manifest> counts <m> ...``.
-    """
+    """Every measured CSV holds at least the rows its stamp in the manifest counts. Raises ValueError: ``<file>
+    holds <n> measured rows; its stamp in <manifest> counts <m> ...`` (rows were lost)."""
     if not len(df) or "file" not in df.columns or root is None:
         return
     manifest, files = _manifest(root)
@@ -210,10 +204,9 @@ def check_stamped_rows(df, root: str | Path | None) -> None:
 
 def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
                   moe_parallel: str | None = None):
-    """Measured sweep rows under ``root`` (default env ``MLA_LAB_MEASURED``, else ``data/measured``):
-    :func:`measured_sweep_frames` with a ``file`` column, checked against their stamps (:func:`check_stamped_rows`),
-    rows of another model config left out (:func:`detach_stale`: ``attrs["detached"]``; ``attrs["unstamped"]``:
-    :func:`unstamped_files`), TTFT re-derived around the measured attention path with the current model
+    """Measured sweep rows under ``root`` (default env ``MLA_LAB_MEASURED``, else ``data/measured``) with a ``file``
+    column, checked against their stamps (:func:`check_stamped_rows`), rows of another model config detached
+    (:func:`detach_stale`; ``attrs["detached"]``, ``attrs["unstamped"]``), TTFT re-priced with the current model
     (:func:`mla_lab.sweep.rows.reprice_measured_rows`). Empty DataFrame if none."""
     import pandas as pd
 
@@ -318,8 +311,8 @@ def unstamped_files(df, root: str | Path | None) -> list[str]:
 
 def load_measured_cached(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
                          moe_parallel: str | None = None):
-    """:func:`load_measured`, priced once per content of its inputs (:func:`_cache_inputs`, hashed afresh each call)
-    through :func:`mla_lab.report.cache.cached_under` (``mla-lab advise`` in ~1 s instead of ~3 s)."""
+    """:func:`load_measured` through :func:`mla_lab.report.cache.cached_under`, its inputs hashed afresh each call
+    (``mla-lab advise`` in ~1 s instead of ~3 s)."""
     where = Path(root) if root else measured_dir()
     inputs_digest(refresh=True, root=where)
     return cached_under(where, load_measured, root, pattern, weight_dtype, moe_parallel)

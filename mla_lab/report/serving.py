@@ -164,11 +164,12 @@ def _rate_lines(ax_t, ax_p, d: pd.DataFrame, pos: dict, s: str) -> None:
                         fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, alpha=0.8)
 
 
-def _fitted_legend(fig, handles) -> None:
-    """The legend below the axes, as many columns (at most 4) as fit the figure's width (8 pt: ~4.8 pt a character)."""
-    longest = max(len(h.get_label()) for h in handles)
+def _fitted_legend(fig, handles, cap: int = 4) -> None:
+    """The legend below the axes, as many columns (at most ``cap``) as fit the figure's width (8 pt: ~4.8 pt a
+    character)."""
+    longest = max((len(h.get_label()) for h in handles), default=1)
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=8,
-               ncols=max(1, min(len(handles), 4, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))))
+               ncols=max(1, min(len(handles), cap, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))))
 
 
 def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4.2)):
@@ -361,9 +362,7 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
     fig.suptitle(title or (f"{dep.get('model')} TP{dep.get('tp')} {dep.get('arch')}: vllm bench serve, "
                            f"{b.get('num_prompts')} x {b.get('random_input_len')} in / {b.get('random_output_len')} "
                            f"out (modelled; {note})"), fontsize=10)
-    longest = max((len(t.get_label()) for t in ax.containers), default=1)  # 8 pt: about 4.8 pt a character
-    fig.legend(loc="outside lower center", ncols=max(1, min(3, n, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))),
-               fontsize=8, frameon=False)  # columns that fit the figure's width (the long labels got cut at 3)
+    _fitted_legend(fig, [c for c in ax.containers if not c.get_label().startswith("_")], cap=3)  # 3: long labels
     return fig
 
 

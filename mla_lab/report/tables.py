@@ -145,13 +145,9 @@ def _measured_change(meas, answer_rows) -> str:
 
 
 def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
-    """The seed's setup (vLLM PR #53878's benchmark): the PR's reported numbers beside the lab's (pandas DataFrame).
-
-    Ours (modelled) from ``df`` when it holds the seed point, else priced now (:func:`mla_lab.sweep.rows.
-    modelled_rows`); ours (measured) from ``answer_rows`` (:func:`mla_lab.report.seed_answer.seed_answer`) when
-    given, else the measured sweep rows (:func:`_measured_change`). ``serving``: a serve_benchmark result of the
-    seed deployment, for the throughput row (modelled).
-    """
+    """The PR's reported numbers at its benchmark beside the lab's (DataFrame): modelled from ``df`` at the seed
+    point, else priced now; measured from ``answer_rows`` (:func:`mla_lab.report.seed_answer.seed_answer`), else the
+    measured rows; ``serving`` (a serve_benchmark result of the seed) for the throughput row."""
     import pandas as pd
 
     mod = _at_seed(df)
