@@ -13,11 +13,8 @@ __all__ = ["splice", "update_block", "block_main"]
 
 
 def splice(text: str, begin: str, end: str, block: str, where: str = "the text", what: str = "") -> str:
-    """``text`` with what lies between ``begin`` and ``end`` replaced by ``block`` (the markers stay).
-
-    Raises:
-        ValueError: the markers are not both there, in order (names ``where`` and ``what`` block; nothing written).
-    """
+    """``text`` with what lies between ``begin`` and ``end`` replaced by ``block`` (the markers stay). Raises
+    ValueError: the markers are not both there, in order (names ``where`` and ``what``)."""
     if begin not in text or end not in text or text.index(begin) > text.index(end):
         raise ValueError(f"{where} has no {what + ' ' if what else ''}markers ({begin} ... {end}); nothing written")
     return text[:text.index(begin) + len(begin)] + block + text[text.index(end):]

@@ -330,10 +330,9 @@ def _frontier_page(page, ncols: int, dp_attention: bool):
 
 def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
                        include_not_fitting: bool = False, dp_attention: bool = False) -> list:
-    """Every deployment of ``df`` that fits as a panel (:func:`plot_deployment`), ``ncols`` wide, at most
-    ``per_page`` per figure, one legend per figure. Deployments that do not fit (:func:`not_fitting`) are left out
-    unless ``include_not_fitting``, and so are other KV-cache dtypes than ``kv_cache_dtype`` (None: all; the title
-    says so). ``dp_attention``: each panel also shows :func:`dp_attention_point`. Returns the figures."""
+    """Every deployment of ``df`` that fits (or all, ``include_not_fitting``) of ``kv_cache_dtype`` (None: all) as a
+    panel (:func:`plot_deployment`), ``ncols`` wide, ``per_page`` per figure; ``dp_attention``: with
+    :func:`dp_attention_point`. Returns the figures."""
     d = ok_rows(df)
     left_out = kv_dtype_note(d, kv_cache_dtype)
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
@@ -453,10 +452,9 @@ def _tp_axes(ax_t, ax_m, a, mod, models, tps) -> None:
 
 def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int | None = None,
                  kv_cache_dtype: str = "bf16"):
-    """Per TP size, one row per arch: TTFT change vs :data:`mla_lab.placement.BASELINE` of vLLM #53878
-    (:data:`PR_STRATEGY`, solid) and kernel_native (hatched), modelled, measured values as black diamonds; and the
-    PR's extra Q workspace per rank; bars coloured by model. The slice defaults to the seed's max_num_batched_tokens
-    and prompt length (else the largest); the title names it and the KV-cache dtypes left out."""
+    """Per TP size, one row per arch: TTFT change vs :data:`mla_lab.placement.BASELINE` of vLLM #53878 (solid) and
+    kernel_native (hatched), measured as diamonds, and the PR's extra Q workspace per rank, coloured by model; at the
+    seed's max_num_batched_tokens and prompt length (else the largest)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -530,10 +528,8 @@ def _heatmap_panel(ax, mod, meas, ykeys, Ls, norm, lim):
 
 def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = PR_STRATEGY,
                  kv_cache_dtype: str = "bf16"):
-    """Heatmap of TTFT change of ``strategy`` vs the baseline (%) over heads per rank (rows, labelled with the model)
-    x prompt length (columns), one panel per arch, at one max_num_batched_tokens (default 16384, else the largest).
-    Cells show the modelled value; a measured value of the same cell is added as ``m: x%``. Rows of other KV-cache
-    dtypes are left out and the title says so (:func:`kv_dtype_note`)."""
+    """TTFT change of ``strategy`` vs the baseline (%) over heads per rank x prompt length, one panel per arch, at one
+    max_num_batched_tokens (the seed's, else the largest); modelled cells, a measured value added as ``m: x%``."""
     from matplotlib.colors import TwoSlopeNorm
 
     d, mbt, left_out = _slice(_priced_or_not(df), kv_cache_dtype, max_num_batched_tokens)
@@ -566,8 +562,7 @@ _OP_CLASS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c5
                     "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31"]
 
 def plot_validation(v):
-    """Predicted vs measured (log-log, in-sample fit): ops coloured by class (left), whole layers (right: eager,
-    CUDA graph, interleaved pairs). The diagonal is a perfect model; MAPE per group in the legend."""
+    """Predicted vs measured (log-log, in-sample fit): ops by class (left), whole layers (right); MAPE per group."""
     import numpy as np
 
     fig = new_figure((13, 5.6))

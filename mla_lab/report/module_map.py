@@ -70,10 +70,7 @@ def _graph(package: Path = PACKAGE) -> dict[str, frozenset[str]]:
 
 def layer(name: str, package: Path = PACKAGE) -> int:
     """A unit's layer in the import graph: 0 when it imports no other unit, else 1 + the highest layer of what it
-    imports (tests/test_architecture.py keeps the graph free of circles).
-
-    Raises:
-        ValueError: ``name`` is not a unit of the package, or the imports form a circle."""
+    imports. Raises ValueError: ``name`` is not a unit of the package, or the imports form a circle."""
     graph = _graph(package)
     if name not in graph:
         raise ValueError(f"name={name!r} is not a unit of {package}; allowed: {', '.join(graph)}")
@@ -115,8 +112,8 @@ def module_map(package: Path = PACKAGE) -> str:
 
 
 def update_readme(block: str, path: Path = REPO_ROOT / "README.md") -> bool:
-    """Rewrite README.md's module-map block with ``block``; True when the file changed. Raises ValueError: no
-    markers, or not in order (nothing written)."""
+    """Rewrite README.md's module-map block with ``block``; True when the file changed. Raises as
+    :func:`mla_lab.report.blocks.splice`."""
     return update_block(path, BEGIN, END, block, "module-map")
 
 

@@ -41,11 +41,8 @@ NOISE_END = "<!-- noise:end -->"
 
 def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path | None = PREDICTION_JSON) -> dict:
     """``{"results": {case: NoiseResult (only ``change`` filled)}, "prediction": dict | None, "path": Path}``.
-
-    Raises:
-        ValueError: the file missing, a column of :data:`PANELS` missing, a value not finite, or a case of
-            :data:`CASES` with fewer than 2 runs; one line naming it.
-    """
+    Raises ValueError: the file missing, a column of :data:`PANELS` missing, a value not finite, or a case of
+    :data:`CASES` with fewer than 2 runs; one line naming it."""
     import pandas as pd
 
     p = Path(path)

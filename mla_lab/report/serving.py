@@ -234,10 +234,9 @@ def _ordered(values, preferred):
 
 
 def swept_deployment(params):
-    """The deployment of the sweep grid ``params`` the serving section and the advice price, with the swept workload
-    and engine limits: the grid's point closest to the PR's (:data:`_PREFER`, each coordinate the PR's value first)
-    that fits and holds one request in its KV cache, at the grid's first KV-cache dtype. Returns ``(Deployment,
-    note)`` (the note names the dtypes left out, :func:`kv_dtypes_left_out`), or ``(None, why)``."""
+    """``(Deployment, note)`` the serving section prices: the grid's point closest to the PR's (:data:`_PREFER`) that
+    fits and holds one request in its KV cache, at the first KV-cache dtype (the note names the others,
+    :func:`kv_dtypes_left_out`); or ``(None, why)``."""
     combos = itertools.product(_ordered(params.models, _PREFER["model"]), _ordered(params.tp_sizes, _PREFER["tp"]),
                                _ordered([get_arch(a).name for a in params.archs], _PREFER["arch"]),
                                _ordered(params.max_num_batched_tokens, _PREFER["max_num_batched_tokens"]),
