@@ -26,6 +26,8 @@ __all__ = ["MEASURED_NOTES", "withhold_off_route", "load_measured", "measured_sw
            "failed_points", "load_validation", "ok_rows", "config_digest_of_bytes", "config_digest", "read_manifest",
            "stamp_for"]
 
+#: The columns naming a deployment point of the sweep rows.
+DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
 #: The notes a measured frame carries in ``attrs`` (the provenance banner and advise print them): rows detached
 #: (another model config), files unstamped, rows withheld (:func:`withhold_off_route`).
 MEASURED_NOTES = ("detached", "unstamped", "withheld")
@@ -99,15 +101,15 @@ def stamp_for(files: dict, file: str, device, flash_mla, model) -> str | None:
     return None
 
 
-def measured_sweep_frames(root: Path, pattern: str = "*.csv", include_archive: bool = False):
-    """Yield ``(path, rows)`` for every ``pattern`` file under ``root`` (recursively, sorted) that has the sweep's
+def measured_sweep_frames(root: Path, include_archive: bool = False):
+    """Yield ``(path, rows)`` for every ``*.csv`` file under ``root`` (recursively, sorted) that has the sweep's
     columns, ``rows`` its ``source == "measured"`` rows (none: skipped). Other CSVs are skipped, and so are folders
     named ``archive`` unless ``include_archive``. Raises ValueError as :func:`_check_sweep_csv`."""
     import pandas as pd
 
     manifest, files = _manifest(root) if root.is_dir() else (None, {})
     stamped = {(manifest.parent / f).resolve() for f in files} if manifest is not None else set()
-    for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
+    for p in sorted(root.rglob("*.csv")) if root.is_dir() else []:
         if not include_archive and "archive" in p.relative_to(root).parts[:-1]:
             continue  # superseded runs, kept for the record (read them by passing their folder as root)
         if p.resolve() in stamped:
@@ -202,8 +204,7 @@ def check_stamped_rows(df, root: str | Path | None) -> None:
                              "re-stamp it (python -m mla_lab.report.stamp_measured)")
 
 
-def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
-                  moe_parallel: str | None = None):
+def load_measured(root: str | Path | None = None, weight_dtype: str | None = None, moe_parallel: str | None = None):
     """Measured sweep rows under ``root`` (default env ``MLA_LAB_MEASURED``, else ``data/measured``) with a ``file``
     column, checked against their stamps (:func:`check_stamped_rows`), rows of another model config detached
     (:func:`detach_stale`; ``attrs["detached"]``, ``attrs["unstamped"]``), TTFT re-priced with the current model
@@ -211,7 +212,7 @@ def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight
     import pandas as pd
 
     root = Path(root) if root else measured_dir()
-    frames = [df.assign(file=str(p.relative_to(root))) for p, df in measured_sweep_frames(root, pattern)]
+    frames = [df.assign(file=str(p.relative_to(root))) for p, df in measured_sweep_frames(root)]
     out = pd.DataFrame()
     out.attrs["detached"], out.attrs["unstamped"] = [], []
     if frames:
@@ -231,7 +232,7 @@ def withhold_off_route(df):
         return df, []
     off = df["measured_withheld"].fillna("").astype(str) != ""
     notes = []
-    keys = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype") if c in df]
+    keys = [c for c in DEPLOYMENT_KEYS if c in df]
     for k, g in df[off].groupby(keys, dropna=False):
         where = " ".join(f"{c}={v}" for c, v in zip(keys, k if isinstance(k, tuple) else (k,)))
         why = list(dict.fromkeys(g["measured_withheld"].astype(str)))
@@ -309,13 +310,13 @@ def unstamped_files(df, root: str | Path | None) -> list[str]:
         "mla_lab/report/stamp_measured.py after a GPU run)" for f, k in n.items() if k]
 
 
-def load_measured_cached(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
+def load_measured_cached(root: str | Path | None = None, weight_dtype: str | None = None,
                          moe_parallel: str | None = None):
     """:func:`load_measured` through :func:`mla_lab.report.cache.cached_under`, its inputs hashed afresh each call
     (``mla-lab advise`` in ~1 s instead of ~3 s)."""
     where = Path(root) if root else measured_dir()
     inputs_digest(refresh=True, root=where)
-    return cached_under(where, load_measured, root, pattern, weight_dtype, moe_parallel)
+    return cached_under(where, load_measured, root, weight_dtype, moe_parallel)
 
 
 def measured_for(params, root: str | Path | None = None):
@@ -368,8 +369,7 @@ def failed_points(df):
     """Rows of points that failed (status neither ok nor :data:`mla_lab.sweep.rows.NOT_PRICED`), with their reason."""
     if "status" not in df.columns:
         return df.iloc[0:0]
-    cols = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "source",
-                        "status", "reason") if c in df.columns]
+    cols = [c for c in (*DEPLOYMENT_KEYS, "source", "status", "reason") if c in df.columns]
     st = df["status"].fillna("ok")
     return df[(st != "ok") & ~st.isin(NOT_PRICED)][cols]
 

@@ -13,7 +13,7 @@ from ..serving.benchmark import options_summary
 from ..sweep.advise import frontier
 from ..sweep.rows import NOT_PRICED, measured_change_pct
 from .cache import publish_figure  # re-exported: the report publishes through it
-from .data import ok_rows, pick
+from .data import DEPLOYMENT_KEYS, ok_rows, pick
 from .layout_check import OVERLAP_PX, drawn, overlap
 from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
 
@@ -65,7 +65,6 @@ def _short(row) -> str:
 #: Colour and marker of every model, fixed across all reports (unknown models get the rest in name order).
 MODEL_STYLE = {"glm-5": ("#d95f02", "o"), "glm-5.2": ("#e6ab02", "P"), "deepseek-v3.2": ("#7570b3", "s")}
 _SPARE = [("#1b9e77", "^"), ("#e7298a", "D"), ("#66a61e", "v")]
-DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
 
 
 def model_style(name: str, known=()) -> tuple[str, str]:
@@ -99,8 +98,7 @@ def dp_attention_point(rows) -> dict | None:
         return None
     return {"extra_persistent_mib": o["extra_persistent_mib"],
             "ttft_change_pct": 100.0 * (o["ttft_ms"] - o["ttft_ms_without"]) / o["ttft_ms_without"],
-            "heads_per_rank": o["heads_per_rank"], "padded_heads_per_rank": o["padded_heads_per_rank"],
-            "kv_capacity_tokens_per_rank": o["kv_capacity_tokens_per_rank"]}
+            "heads_per_rank": o["heads_per_rank"]}
 
 
 def _draw_dp_point(ax, p: dict) -> None:
@@ -251,6 +249,10 @@ def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1
     return lo - pad, hi + pad
 
 
+#: Why an fp8 KV cache's rows look alike (issue 32).
+FP8_KV_NOTE = "; with an fp8 KV cache no heads are padded, so the padded-Q strategies price alike"
+
+
 def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of the report and the CSV") -> str:
     """One line per KV-cache dtype of ``df`` that a view showing only ``shown`` leaves out (issue 32): its
     deployment points (modelled rows) and ``where`` they are; "" when ``shown`` is None or there is no other."""
@@ -263,9 +265,7 @@ def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of t
     for dtype, g in d.groupby("kv_cache_dtype", sort=True):
         n = len(g.drop_duplicates(keys))
         parts.append(f"{dtype} KV rows: {n} deployment point{'s' if n != 1 else ''}, not drawn here (this view "
-                     f"shows {shown} KV only); see {where}"
-                     + ("; with an fp8 KV cache no heads are padded, so the padded-Q strategies price alike"
-                        if str(dtype) == "fp8" else ""))
+                     f"shows {shown} KV only); see {where}" + (FP8_KV_NOTE if str(dtype) == "fp8" else ""))
     return ". ".join(parts) + ("." if parts else "")
 
 
@@ -427,16 +427,11 @@ def _tp_memory_bars(ax, mod, a, m, mi, nb, tps, col) -> None:
 
 def _tp_axes(ax_t, ax_m, a, mod, models, tps) -> None:
     """Ticks ``TP<n> / H=<heads per rank per model>``, grid, limits and titles of one arch's row."""
-    heads = {}
-    for m in models:
-        gg = mod[(mod["arch"] == a) & (mod["model"] == m)]
-        for t in tps:
-            h = gg[gg["tp"] == t]["num_heads"]
-            if len(h):
-                heads.setdefault(t, []).append(str(int(h.iloc[0])))
+    first = mod[mod["arch"] == a].groupby(["tp", "model"])["num_heads"].first()
+    heads = {t: "/".join(str(int(first[(t, m)])) for m in models if (t, m) in first.index) or "-" for t in tps}
     for ax in (ax_t, ax_m):
         ax.set_xlim(-0.5, len(tps) - 0.5)  # every TP's slot, with or without bars (a "does not fit" note)
-        ax.set_xticks(range(len(tps)), [f"TP{t}\nH={'/'.join(heads.get(t, ['-']))}" for t in tps], fontsize=8.5)
+        ax.set_xticks(range(len(tps)), [f"TP{t}\nH={heads[t]}" for t in tps], fontsize=8.5)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     ax_t.axhline(0, color="k", lw=0.6)
@@ -578,16 +573,11 @@ def plot_validation(v):
         ax_layer.scatter(g["measured_ms"], g["predicted_ms"], s=22, alpha=0.8,
                          label=f"{lvl} [{run}] (n={len(g)}, MAPE {g['ape_pct'].mean():.1f}%)")
     for ax, title in ((ax_op, "per op (one rank, real shapes)"), (ax_layer, "whole decoder layer (one rank)")):
-        lo, hi = ax.get_xlim()[0], ax.get_xlim()[1]
-        vals = np.array([c for c in ax.collections for c in c.get_offsets().ravel()]) if ax.collections else None
-        if vals is not None and vals.size:
-            lo, hi = max(vals[vals > 0].min() * 0.7, 1e-4), vals.max() * 1.4
+        vals = np.array([v for c in ax.collections for v in c.get_offsets().ravel()])
+        lo, hi = (max(vals[vals > 0].min() * 0.7, 1e-4), vals.max() * 1.4) if vals.size else ax.get_xlim()
         ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("measured [ms] (H200)")
-        ax.set_ylabel("predicted [ms] (TTFT model)")
-        ax.set_title(title)
+        ax.set(xscale="log", yscale="log", xlabel="measured [ms] (H200)", ylabel="predicted [ms] (TTFT model)",
+               title=title)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="upper left")
     _suptitle(fig, "TTFT model vs H200 measurements (modelled vs measured; in-sample calibration)")

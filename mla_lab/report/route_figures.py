@@ -169,12 +169,12 @@ def route_sentence(path: str | Path | None = None, model: str = "glm-5", prompt_
             f"(the padding it never computes).")
 
 
-def plot_routes(table=None, figsize=(10.0, 3.8)):
+def plot_routes(table=None):
     """Attention path per layer call vs prompt length, one panel per model, one line per route with its
     [min, max] over processes; dense MHA above top-k drawn dashed (not equivalent: a masked-MHA lower bound)."""
     t = route_table() if table is None else table
     models = list(dict.fromkeys(t["model"]))
-    fig = new_figure(figsize)
+    fig = new_figure((10.0, 3.8))
     axes = fig.subplots(1, len(models), squeeze=False)
     colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
     for ax, model in zip(axes[0], models):

@@ -19,7 +19,7 @@ from ..serving.benchmark import bench_of, serve_benchmark
 from ..serving.client import BenchConfig
 from ..serving.noise import serve_benchmark_noise
 from .cache import cached_call
-from .figures import new_figure, strategy_style
+from .figures import FP8_KV_NOTE, new_figure, strategy_style
 from .tables import html_table
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
@@ -172,7 +172,7 @@ def _fitted_legend(fig, handles, cap: int = 4) -> None:
                ncols=max(1, min(len(handles), cap, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))))
 
 
-def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4.2)):
+def plot_rate_curve(df: pd.DataFrame):
     """The change vs the baseline (%) against the request rate of one deployment's :func:`rate_curve` rows: TTFT p50
     (solid), p99 (dashed) and total token throughput, one colour per strategy, rates as categories (``inf`` last).
 
@@ -190,7 +190,7 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
         raise ValueError(f"df holds {len(deps)} deployments; plot one at a time (filter by model, tp, arch)")
     rates = sorted(df["request_rate"].unique(), key=lambda r: (math.isinf(r), r))
     pos = {r: i for i, r in enumerate(rates)}
-    fig = new_figure(figsize)
+    fig = new_figure((10.0, 4.2))
     ax_t, ax_p = fig.subplots(1, 2)
     ttft = ["change_median_ttft_ms_pct", "change_p99_ttft_ms_pct"]
     strategies = [s for s in dict.fromkeys(df["strategy"]) if df[df["strategy"] == s][ttft].abs().max().max() != 0]
@@ -207,12 +207,10 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
                                                                  if banded else ""), fontsize=9)
     ax_p.set_ylabel("total token throughput change [%]")
     ax_p.set_title("total token throughput change", fontsize=9)
-    if title is None and len(deps):
+    if len(deps):
         r0 = df.iloc[0]
-        title = (f"{r0.get('model', '')} TP{r0.get('tp', '')} {r0.get('arch', '')}: vllm bench serve vs request rate, "
-                 "change vs the baseline (modelled)")
-    if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(f"{r0.get('model', '')} TP{r0.get('tp', '')} {r0.get('arch', '')}: vllm bench serve vs request "
+                     "rate, change vs the baseline (modelled)", fontsize=10)
     handles = [Line2D([], [], color=strategy_style(s)[0], marker=strategy_style(s)[1], label=strategy_style(s)[2])
                for s in strategies]
     _fitted_legend(fig, handles + [Line2D([], [], color="0.3", ls="-", label="p50"),
@@ -271,8 +269,7 @@ def kv_dtypes_left_out(params) -> str:
         return ""
     rest = ", ".join(dtypes[1:])
     return (f"{dtypes[0]} KV only: the sweep's {rest} KV rows are not served or advised here (see the table at the "
-            "end of the report and the CSV)" + ("; with an fp8 KV cache no heads are padded, so the padded-Q "
-                                                 "strategies price alike" if "fp8" in dtypes[1:] else ""))
+            "end of the report and the CSV)" + (FP8_KV_NOTE if "fp8" in dtypes[1:] else ""))
 
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
@@ -319,13 +316,9 @@ def plotted(result: dict) -> dict:
                            for s, r in result["strategies"].items()}}
 
 
-def plot_serving_changes(result: dict, bands: dict | None = None, title: str | None = None):
+def plot_serving_changes(result: dict):
     """Per metric of :data:`CHANGE_METRICS`, each strategy's change vs the baseline (%, horizontal bars) of a
-    serve_benchmark result; ``bands`` (``{strategy: {metric: (lo, hi)}}``, 95 %) as error bars.
-
-    Raises:
-        ValueError: ``result`` is not a serve_benchmark result.
-    """
+    serve_benchmark result (one deterministic simulation). Raises ValueError: not a serve_benchmark result."""
     _check_result(result)
     base = result["baseline"]
     others = [s for s in result["strategies"] if s != base]
@@ -340,12 +333,7 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
             name = f"{preset_label(result['strategies'][s]['preset'])} ({s})"
         ys = [i + (j - (n - 1) / 2) * h for i in range(len(metrics))]
         vals = [result["strategies"][s]["change_pct"].get(k, math.nan) for k, _ in metrics]
-        err = None
-        if bands and s in bands:
-            lo = [v - bands[s].get(k, (v, v))[0] for v, (k, _) in zip(vals, metrics)]
-            hi = [bands[s].get(k, (v, v))[1] - v for v, (k, _) in zip(vals, metrics)]
-            err = [lo, hi]
-        bars = ax.barh(ys, vals, h, color=colour, xerr=err, capsize=2, label=name)
+        bars = ax.barh(ys, vals, h, color=colour, label=name)
         ax.bar_label(bars, labels=[("" if v != v else f"{v:+.1f} %") for v in vals], fontsize=7, padding=2)
     ax.set_yticks(range(len(metrics)), [lbl for _, lbl in metrics], fontsize=8.5)
     ax.invert_yaxis()
@@ -357,16 +345,15 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
     ax.grid(axis="x", alpha=0.3)
     dep = result.get("deployment", {})
     b = result.get("bench", {})
-    note = "95 % bands of the noise Monte-Carlo" if bands else "one deterministic simulation: no interval"
-    fig.suptitle(title or (f"{dep.get('model')} TP{dep.get('tp')} {dep.get('arch')}: vllm bench serve, "
-                           f"{b.get('num_prompts')} x {b.get('random_input_len')} in / {b.get('random_output_len')} "
-                           f"out (modelled; {note})"), fontsize=10)
-    _fitted_legend(fig, [c for c in ax.containers if not c.get_label().startswith("_")], cap=3)  # 3: long labels
+    fig.suptitle(f"{dep.get('model')} TP{dep.get('tp')} {dep.get('arch')}: vllm bench serve, {b.get('num_prompts')} "
+                 f"x {b.get('random_input_len')} in / {b.get('random_output_len')} out (modelled; one deterministic "
+                 "simulation: no interval)", fontsize=10)
+    _fitted_legend(fig, list(ax.containers), cap=3)  # 3: the long labels
     return fig
 
 
-def serving_details_html(result: dict, summary: str = "the full table (every metric vllm bench serve prints)") -> str:
+def serving_details_html(result: dict) -> str:
     """:func:`serving_display_table` folded in a ``<details>`` block that scrolls inside its own box."""
     table = html_table(serving_display_table(result), max_cols=None)  # folded whole: every strategy
-    return (f"<details><summary>{summary}</summary><div style='overflow-x:auto; max-width:100%'>{table}</div>"
-            "</details>")
+    return ("<details><summary>the full table (every metric vllm bench serve prints)</summary><div "
+            f"style='overflow-x:auto; max-width:100%'>{table}</div></details>")

@@ -164,24 +164,16 @@ def _fmt_val(v) -> str:
     return "-" if v is None else str(v)
 
 def _prov_cell(meta: dict) -> str:
-    e = _html.escape
-    prov = meta.get("provenance") or {}
-    src = prov.get("sources") or {}
+    src = (meta.get("provenance") or {}).get("sources") or {}
     if not src:
         return "<i>unknown</i>"
-    parts = []
-    m = src.get("measured")
-    if m:
-        parts.append(f"<b>measured</b> {m['rows']} rows on {e(', '.join(m.get('device', ['?'])))} "
-                     f"(torch {e(', '.join(m.get('torch', ['?'])))}, flash_mla {e(', '.join(m.get('flash_mla', ['?'])))}"
-                     f", commit {e(', '.join(m.get('git_commit', ['?'])))})")
-    else:
-        parts.append("<b>measured</b>: none")
-    m = src.get("modelled")
-    if m:
-        cal = ", ".join(m.get("calibration", ["?"]))
-        parts.append(f"<b>modelled</b> {m['rows']} rows (TTFT scope {e(', '.join(m.get('ttft_scope', ['?'])))}; "
-                     f"calibration {e(cal)}; commit {e(', '.join(m.get('git_commit', ['?'])))})")
+    m, d = src.get("measured"), src.get("modelled")
+    j = lambda s, k: _html.escape(", ".join(s.get(k, ["?"])))  # noqa: E731
+    parts = [f"<b>measured</b> {m['rows']} rows on {j(m, 'device')} (torch {j(m, 'torch')}, flash_mla "
+             f"{j(m, 'flash_mla')}, commit {j(m, 'git_commit')})" if m else "<b>measured</b>: none"]
+    if d:
+        parts.append(f"<b>modelled</b> {d['rows']} rows (TTFT scope {j(d, 'ttft_scope')}; calibration "
+                     f"{j(d, 'calibration')}; commit {j(d, 'git_commit')})")
     return "<br>".join(parts)
 
 #: The seed point the index's headline reads from each run's rows (the PR's setup: GLM-5 TP8 H200, 1024-token

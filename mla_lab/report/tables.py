@@ -11,7 +11,7 @@ from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..placement import BASELINE, PR_STRATEGY
 from ..seed import SEED, SEED_REPORTED, seed_point
 from ..sweep.rows import modelled_rows
-from .data import ok_rows
+from .data import DEPLOYMENT_KEYS, ok_rows
 
 __all__ = ["provenance_summary", "provenance_html", "save_provenance", "seed_setup_table", "summary_table",
            "measured_basis", "summary_html", "html_table", "validation_table"]
@@ -117,7 +117,7 @@ def _at_seed(d):
     if d is None or len(d) == 0:
         return d.iloc[0:0] if d is not None else None
     d = ok_rows(d)
-    for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts"):
+    for k in (*DEPLOYMENT_KEYS, "num_prompts"):
         if k in d.columns:
             d = d[d[k].astype(str) == str(SEED[k])]
     return d

@@ -27,14 +27,12 @@ REQUIRED = ("run", "world_size", "rank", "model", "T", "strategy")
 def _world_sizes(world_sizes) -> list[int]:
     """``world_sizes`` as a list of ints >= 2, else ValueError naming the argument, the value and what is allowed
     (``"8"`` or ``2.5`` would match no measured run and read as "not measured")."""
-    vals = [world_sizes] if isinstance(world_sizes, (int, float, str)) else world_sizes
     try:
-        vals = list(vals)
+        vals = list([world_sizes] if isinstance(world_sizes, (int, float, str)) else world_sizes)
     except TypeError:
-        vals = None
-    if vals is None or any(isinstance(n, bool) or not isinstance(n, int) and not (isinstance(n, float) and
-                                                                                    n.is_integer()) or n < 2
-                           for n in vals):
+        vals = [None]
+    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and float(n).is_integer() and n >= 2
+               for n in vals):
         raise ValueError(f"world_sizes={world_sizes!r} is not valid; allowed: a list of integer world sizes >= 2, "
                          f"e.g. {list(WORLD_SIZES)}")
     return [int(n) for n in vals]
