@@ -216,11 +216,8 @@ NOTEBOOK_PY, NOTEBOOK_IPYNB = (REPO_ROOT / "notebooks" / f"padding_sweep.{e}" fo
 
 
 def update_notebook(py: Path = NOTEBOOK_PY, ipynb: Path = NOTEBOOK_IPYNB) -> None:
-    """Write the block into the report notebook's first cell, in both paired files (the report opens as README).
-
-    Raises:
-        ValueError: a file lacks the markers in its first cell (nothing written).
-    """
+    """Write the block into the report notebook's first cell, in both paired files. Raises ValueError: a file lacks
+    the markers in its first cell (nothing written)."""
     block = answer_markdown()
     nb = json.loads(ipynb.read_text())
     lines = splice("".join(nb["cells"][0]["source"]), BEGIN, END, f"\n{block}\n", f"{ipynb}'s first cell").split("\n")
