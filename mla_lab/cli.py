@@ -1,13 +1,8 @@
 """``mla-lab`` command line: run the papermill-parameterized sweep notebook and publish it as HTML.
 
-    mla-lab sweep [-f params.yaml] [-p name value ...] [--notebook PATH] [--report-name NAME] [--timeout S]
-    mla-lab advise [--model M --tp N --arch A --max-num-batched-tokens T --prompt-len L --memory-budget-mib X]
-    mla-lab serve [--model M --tensor-parallel-size N --random-input-len L --num-prompts P ... --json]
-    mla-lab index [--report-dir DIR]
-    mla-lab check-report [HTML ...]     (headless Chromium: figures loaded and not blank, no JavaScript error)
-
+Also ``advise``, ``serve``, ``engines``, ``index``, ``check-report``, ``measure``, ``report`` (docs/cli.md has each).
 Every door refuses bad input in one line (exit 2) before anything is priced or written (:mod:`mla_lab.cli_doors`);
-imports are lazy (``mla-lab --help`` loads neither torch nor pandas). docs/cli.md has each command.
+imports are lazy (``mla-lab --help`` loads neither torch nor pandas).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""The CLI's doors: every check that can be made in O(1) before anything is priced, planned or written.
+"""The CLI's doors: every O(1) check made before anything is priced, planned or written.
 
-Each refusal is one :class:`DoorError` (a ``ValueError``) line naming the argument, the value and what is allowed;
-the CLI prints it and exits 2. Cheapest first: ranges (:data:`BOUNDS`), step counts (:data:`MAX_PRICED_STEPS`,
-:data:`MAX_SERVE_STEPS`), vLLM's ``max_num_batched_tokens >= max_num_seqs`` (``vllm/config/scheduler.py``), memory
-fit (:func:`mla_lab.model.memory.memory_tradeoff`), paths. Nothing here writes a file (:func:`plan_without_writing`).
-
-Imports of the lab's heavier modules are function-local on purpose (``mla-lab --help`` loads none of them).
+Each refusal is one :class:`DoorError` (a ``ValueError``) line naming the argument, the value and what is allowed
+(exit 2): ranges (:data:`BOUNDS`), step counts, vLLM's ``max_num_batched_tokens >= max_num_seqs``
+(``vllm/config/scheduler.py``), memory fit, paths. Nothing here writes a file; heavy imports are function-local.
 """
 
 from __future__ import annotations
@@ -16,13 +13,12 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["CLIError", "DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
-           "check_notebook", "MAX_GRID_POINTS", "MAX_REPORT_POINTS", "MAX_TP_BARS", "MAX_NOISE_STEPS",
+__all__ = ["CLIError", "DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS",
+           "MIN_NOISE_RUNS", "check_notebook", "MAX_GRID_POINTS", "MAX_REPORT_POINTS", "MAX_TP_BARS", "MAX_NOISE_STEPS",
            "VLLM_FLAGS", "arg_type", "budget_type", "check_sweep_serving", "fraction_type", "rate_type", "merge_flags",
-           "check_sweep", "rel_path",
-           "check_deployment", "check_strategies", "check_report_name", "file_in_the_way",
+           "check_sweep", "rel_path", "check_deployment", "check_strategies", "check_report_name", "file_in_the_way",
            "plan_without_writing", "GRID_KEYS", "check_sim_time", "acceptance_type", "deployment_options",
-           "overlap_type", "range_help", "check_engine", "deployment_flags"]
+           "overlap_type", "range_help", "check_engine", "deployment_flags", "number_type"]
 
 
 class CLIError(Exception):
@@ -123,68 +119,68 @@ def check_bounded_int(name: str, value, label: str | None = None) -> int:
     return value
 
 
+def _int(text) -> int:
+    return int(str(text).strip().replace("_", ""), 10)
+
+
 def arg_type(name: str):
     """An argparse ``type=`` for an integer flag bounded by :data:`BOUNDS` ``[name]``."""
     lo, hi, why = BOUNDS[name]
 
     def parse(text: str) -> int:
         try:
-            v = int(text.strip().replace("_", ""), 10)
-        except (ValueError, AttributeError):
+            v = _int(text)
+        except ValueError:
             raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: {lo}..{hi:,}") from None
         if not lo <= v <= hi:
             raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: {lo}..{hi:,} ({why})")
         return v
 
-    parse.__name__ = name
     return parse
 
 
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{_short(text)} is not a number") from None
+def number_type(ok, why: str, not_a_number: str = "is not a number"):
+    """An argparse ``type=``: a float ``v`` with ``ok(v)``; else one line ``'<text>' <why>`` (``<not_a_number>``)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{_short(text)} {not_a_number}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{_short(text)} {why}")
+        return v
+
+    return parse
 
 
 def budget_type(flag: str, integer: bool = False):
     """argparse ``type=`` for a memory budget: a finite number >= 0 (``integer``: a whole number, e.g. KV tokens)."""
+    if not integer:
+        return number_type(lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0 (omit it: no limit)")
 
-    def parse(text: str) -> float | int:
-        if integer:
-            try:
-                v = int(str(text).strip().replace("_", ""), 10)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: a whole number of "
-                                                 "tokens >= 0 (omit it: no limit)") from None
-            if v < 0:
-                raise argparse.ArgumentTypeError(f"{_short(text)} must be >= 0 tokens (omit it: no limit)")
-            return v
-        v = _float(text)
-        if not (math.isfinite(v) and v >= 0):
-            raise argparse.ArgumentTypeError(f"{_short(text)} must be a finite number >= 0 (omit it: no limit)")
+    def parse(text: str) -> int:
+        try:
+            v = _int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: a whole number of tokens "
+                                             ">= 0 (omit it: no limit)") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"{_short(text)} must be >= 0 tokens (omit it: no limit)")
         return v
 
-    parse.__name__ = flag
     return parse
 
 
-def fraction_type(text: str) -> float:
-    """argparse ``type=`` for ``--gpu-memory-utilization``: a number in (0, 1]."""
-    v = _float(text)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: a number in (0, 1]")
-    return v
-
-
-def acceptance_type(text: str) -> float:
-    """argparse ``type=`` for ``--acceptance-length``: a number >= 1 (tokens accepted per step, bonus included; the
-    upper bound ``num_speculative_tokens + 1`` is checked by :meth:`mla_lab.deployment.Deployment.of`)."""
-    v = _float(text)
-    if not 1 <= v <= BOUNDS["num_speculative_tokens"][1] + 1:
-        raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: a number in [1, "
-                                         "num_speculative_tokens + 1]")
-    return v
+#: ``--gpu-memory-utilization``, ``--acceptance-length`` (its upper bound ``num_speculative_tokens + 1`` is the
+#: Deployment's door), ``--request-rate`` (requests/s or inf), ``--packed-overlap`` (its range [0, 1] is checked by
+#: :func:`mla_lab.model.packed_kernel.packed_strategy`, whose one line the CLI prints).
+fraction_type = number_type(lambda v: 0 < v <= 1, "is out of range; allowed: a number in (0, 1]")
+acceptance_type = number_type(lambda v: 1 <= v <= BOUNDS["num_speculative_tokens"][1] + 1,
+                              "is out of range; allowed: a number in [1, num_speculative_tokens + 1]")
+rate_type = number_type(lambda v: v > 0, "must be > 0 requests/s, or inf (every request at t = 0)")
+overlap_type = number_type(lambda v: True, "", "is not a number; allowed: a number in [0, 1] (the assumed pairwise "
+                           "overlap of neighbouring tokens' top-k sets past the top-k)")
 
 
 def deployment_options(args) -> dict:
@@ -202,24 +198,6 @@ def deployment_options(args) -> dict:
                         "--num-speculative-tokens k >= 1 with it (acceptance length in [1, k + 1])")
     return {"num_speculative_tokens": k, "acceptance_length": 1.0 if a is None else a,
             "dp_attention": getattr(args, "dp_attention", 1) or 1}
-
-
-def overlap_type(text: str) -> float:
-    """argparse ``type=`` for ``--packed-overlap``: a number (its range, [0, 1], is checked where it is used:
-    :func:`mla_lab.model.packed_kernel.packed_strategy`, whose one line the CLI prints)."""
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{_short(text)} is not a number; allowed: a number in [0, 1] (the assumed "
-                                         "pairwise overlap of neighbouring tokens' top-k sets past the top-k)") from None
-
-
-def rate_type(text: str) -> float:
-    """argparse ``type=`` for ``--request-rate``: requests/s > 0, or ``inf``."""
-    v = _float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{_short(text)} must be > 0 requests/s, or inf (every request at t = 0)")
-    return v
 
 
 # ----------------------------------------------------------------------------------------------------- sweep
@@ -319,11 +297,8 @@ def _check_grid_size(checked) -> None:
 
 
 def check_sweep_serving(checked) -> None:
-    """The bounds ``mla-lab serve`` applies (:data:`MAX_SERVE_TOTAL_STEPS` request-steps per simulation, which also
-    bounds its :data:`MAX_SERVE_STEPS` engine steps: a request-step count is at least the serial step count), held
-    for every simulation the sweep's report runs: its serving section (every engine preset and the baseline) and
-    its request-rate curve (three presets and the baseline, once per rate), on the grid's costliest prompt length
-    and max_num_batched_tokens (the deployment it picks is one of the grid's).
+    """``mla-lab serve``'s bound (:data:`MAX_SERVE_TOTAL_STEPS` request-steps) for every simulation the sweep's report
+    runs (every engine preset and the baseline), on the grid's costliest prompt length and max_num_batched_tokens.
 
     Raises:
         DoorError: one line naming num_prompts, output_len and the prompt length.
@@ -494,19 +469,13 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
                      concurrency, weight_dtype, moe_parallel, gpu_memory_utilization, strategies=None,
                      output_len: int = 0, max_num_seqs: int | None = None,
                      workload_in_flight: bool = True, options: dict | None = None) -> tuple:
-    """O(1) checks of one deployment before any step is priced: :meth:`mla_lab.deployment.Deployment.of` (names,
-    dtypes, TP against every size it divides), vLLM's engine rule, the step bound, and whether the weights and the
-    workload's KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`); returns memory_tradeoff's result.
-
-    ``options``: the deployment options (:func:`deployment_options`: MTP, DP attention), passed to the door.
-    ``workload_in_flight``: the workload's ``concurrency x prompt_len`` tokens must fit the KV cache at once (advise
-    and the row builder price it so); False (serve): one request (``prompt_len + output_len``) must fit, the
-    scheduler queues the rest.
+    """O(1) checks of one deployment before any step is priced: :meth:`mla_lab.deployment.Deployment.of`, vLLM's engine
+    rule, the step bound, and whether the weights and the KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`).
+    Returns ``(deployment, memory_tradeoff's result)``. ``options``: :func:`deployment_options`.
+    ``workload_in_flight``: ``concurrency x prompt_len`` tokens must fit at once (advise); False (serve): one request.
 
     Raises:
-        DoorError / ValueError: an unknown model/arch/dtype, a TP that does not divide the heads, concurrency above
-            num_prompts, too many steps to price, vLLM's engine rule, weights that do not fit, a workload whose KV
-            tokens do not fit.
+        DoorError / ValueError: one line (names, dtypes, TP, concurrency, steps, vLLM's rule, what does not fit).
     """
     from .deployment import Deployment
     from .model.memory import memory_tradeoff

@@ -1,23 +1,14 @@
-"""``mla-lab measure`` and ``mla-lab report --measured <gpu>``: the measurement suite on the GPU that is there, and
-the report rendered from what it wrote (the command line; the work is :mod:`mla_lab.measure.experiments`).
+"""``mla-lab measure`` and ``mla-lab report --measured <gpu>`` (the work: :mod:`mla_lab.measure.experiments`).
 
-- ``mla-lab measure [--experiments a,b] [--processes N] [--out DIR] [--overwrite] [--engine-root DIR] [--dry-run]
-  [--budget-s S] [--resume RUN_DIR] [--smoke]``:
-  the chosen experiments (default: the between-process set) in N fresh processes each (default 5) into
-  ``data/measured/<gpu>/`` (``<gpu>`` from ``torch.cuda.get_device_name``: "NVIDIA H200" -> ``h200``); a file that
-  exists there is never replaced without ``--overwrite`` (the run goes to ``<out>/runs/<timestamp>/``). A run that
-  wrote ``padding_sweep.csv`` under the measured root is stamped (:mod:`mla_lab.report.stamp_measured`).
-  ``--dry-run`` lists every chosen experiment, its shapes count and its output files, and runs nothing (CPU is
-  enough). Without CUDA a real run is refused with one line (exit 2). ``--budget-s S`` starts no process after S
-  seconds (exit 3, the run folder resumable); ``--resume RUN_DIR`` finishes it (processes that exited 0 keep their
-  rows; the run's own experiments unless ``--experiments``). ``--smoke``: every chosen experiment once, tiny shapes
-  (:data:`mla_lab.measure.experiments.SMOKE_TOKENS` tokens), into a new temp folder unless ``--out`` (never
-  ``data/measured``): the quick end-to-end check of the suite on a GPU.
-- ``mla-lab report --measured GPU [--report-dir DIR]``: the report for that GPU (``reports/<gpu>/``) from
-  ``data/measured/<gpu>/``: the sweep notebook over the measured sweep's grid (the GPU's measured rows, plus the
-  B200 as modelled rows), published beside the rows it shows, then checked in the browser (``check-report``).
+- ``measure``: the chosen experiments (default the between-process set) in ``--processes`` fresh processes into
+  ``data/measured/<gpu>/`` (``torch.cuda.get_device_name``: "NVIDIA H200" -> ``h200``); an existing file is
+  replaced only with ``--overwrite`` (else ``<out>/runs/<timestamp>/``); a measured ``padding_sweep.csv`` is
+  stamped (:mod:`mla_lab.report.stamp_measured`). ``--dry-run`` lists experiments, shapes and files (CPU is
+  enough); without CUDA a real run is refused (exit 2). ``--budget-s`` starts no process after S seconds (exit 3,
+  resumable with ``--resume RUN_DIR``). ``--smoke``: tiny shapes into a temp folder, never ``data/measured``.
+- ``report --measured GPU``: the sweep notebook over the measured grid into ``reports/<gpu>/``, browser-checked.
 
-Imports of torch and of the suite are inside the functions: ``mla-lab --help`` loads neither (issue 22).
+torch and the suite are imported inside the functions (``mla-lab --help`` loads neither, issue 22).
 """
 
 from __future__ import annotations

@@ -32,12 +32,9 @@ def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num
                      kv_capacity_tokens: float = math.inf) -> tuple[int, str]:
     """An upper bound on the engine steps one serving strategy simulates, and the case it assumes (for messages).
 
-    Every request needs at most ``ceil(L / T) + 1`` prefill chunks (the first output token comes with the last
-    one) and ``output_len - 1`` decode steps, and every engine step with work advances at least one request (the
-    simulation jumps over idle time). So in every case steps <= ``P x (ceil(L / T) + output_len)`` (serial: a
-    finite ``--request-rate``, whose arrivals may not overlap). With every request at t = 0 (``--request-rate inf``)
-    ``lanes = min(concurrency, max_num_seqs, KV capacity // (L + output_len))`` requests run together, in
-    ``ceil(P / lanes)`` waves of at most ``ceil(lanes x L / T) + output_len`` steps each.
+    A request needs at most ``ceil(L / T) + output_len`` steps and every step advances one, so serial (a finite rate)
+    is ``P x (ceil(L / T) + output_len)``; at ``--request-rate inf`` ``lanes = min(concurrency, max_num_seqs, KV
+    capacity // (L + output_len))`` run together, ``ceil(P / lanes)`` waves of ``ceil(lanes x L / T) + output_len``.
     """
     serial = num_prompts * (math.ceil(prompt_len / max_num_batched_tokens) + output_len)
     if not math.isinf(request_rate):
@@ -49,16 +46,13 @@ def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num
 
 
 def check_serve(args, strategies=None):
-    """:func:`check_deployment` for ``mla-lab serve`` plus its step bounds: :func:`serve_step_bound` per strategy
-    (:data:`MAX_SERVE_STEPS`), over all strategies (:data:`MAX_SERVE_TOTAL_STEPS`) and over the noise runs
-    (:data:`MAX_NOISE_STEPS`); ``--num-runs`` 1 or at least :data:`MIN_NOISE_RUNS`. Returns the checked
-    :class:`~mla_lab.deployment.Deployment` (built once, here; the serving simulation takes it).
-
-    ``strategies``: the canonical strategies (:func:`check_strategies`), the baseline not included; default
-    ``args.strategies``.
+    """:func:`check_deployment` for ``mla-lab serve`` plus its step bounds (:data:`MAX_SERVE_STEPS` per strategy,
+    :data:`MAX_SERVE_TOTAL_STEPS` over all, :data:`MAX_NOISE_STEPS` over the noise runs; ``--num-runs`` 1 or >=
+    :data:`MIN_NOISE_RUNS`). ``strategies``: canonical, baseline excluded (default ``args.strategies``). Returns the
+    checked Deployment.
 
     Raises:
-        DoorError: one line, O(1) (nothing simulated).
+        DoorError: one line, O(1).
     """
     if 1 < args.num_runs < MIN_NOISE_RUNS:
         raise DoorError(f"--num-runs={args.num_runs} is too few for the 95 % band the noise Monte-Carlo prints (its "

@@ -147,18 +147,13 @@ def _kernel_manager_logging_to(log_path: Path):
 
 
 def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> dict:
-    """Execute ``notebook`` with papermill (kernel ``mla-lab``, this interpreter, per-cell ``timeout`` seconds) as a
-    new run, export it to HTML with inputs hidden, and publish it: the run's own files under
-    ``<report_dir>/runs/<run_id>.*``, the latest copy ``<report_dir>/<report_name>.html`` and the index.
-
-    ``params`` must have passed :func:`mla_lab.cli_doors.check_sweep` (the CLI does it first); papermill's progress
-    bar is on when stderr is a terminal; the kernel's own stderr goes to ``runs/<run_id>.kernel.log``.
-
-    Returns ``{"run_id", "run_html", "html", "index", "figures"}`` (paths).
+    """Execute ``notebook`` with papermill (kernel ``mla-lab``, ``timeout`` s per cell; the kernel's stderr to
+    ``runs/<run_id>.kernel.log``), export it to HTML with inputs hidden, and publish ``<report_dir>/runs/<run_id>.*``,
+    the latest copy ``<report_name>.html`` and the index. ``params``: checked by
+    :func:`mla_lab.cli_doors.check_sweep`. Returns ``{"run_id", "run_html", "html", "index", "figures", "csv"}``.
 
     Raises:
-        CLIError: the notebook is missing or has no cell tagged ``parameters``; a cell failed (its error is named).
-        ValueError: invalid sweep parameters (before any kernel starts).
+        CLIError: no notebook or no ``parameters`` cell; a cell failed (named). ValueError: invalid parameters.
     """
     import dataclasses
     import uuid
@@ -292,16 +287,13 @@ def _sweep_params(args) -> dict:
 def plan_outputs(params: dict, report_name: str, report_name_given: bool = False) -> tuple[dict, str, list[str]]:
     """Where a sweep writes, decided before anything runs: ``(params, report_name, notes)``.
 
-    The main report (``<report_dir>/<report_name>.html``, the newest run published under that name) and the
-    default ``data_file`` are replaced only by a sweep of the same grid (:data:`mla_lab.cli_doors.GRID_KEYS`) or with ``--overwrite``.
-    Otherwise this sweep writes a named report, ``<report_name>-<hash of its grid>`` (or the ``--report-name``
-    given), and, when ``data_file`` was not given, ``<its folder>/<that name>.csv``; each ``note`` says so in one
-    line. A ``data_file`` given with ``-p``/``-f`` is never redirected: :func:`mla_lab.sweep.run.check_output_file`
-    refuses it instead.
+    The main report and the default ``data_file`` are replaced only by a sweep of the same grid
+    (:data:`mla_lab.cli_doors.GRID_KEYS`) or with ``--overwrite``; otherwise this sweep writes
+    ``<report_name>-<grid hash>`` (or the ``--report-name`` given) and ``<that name>.csv``, each note saying so. A
+    ``data_file`` given with ``-p``/``-f`` is never redirected (:func:`mla_lab.sweep.run.check_output_file` refuses).
 
     Raises:
-        ValueError: as :func:`mla_lab.sweep.params.validate_params` and
-            :func:`~mla_lab.sweep.run.check_output_file` (of the path finally chosen).
+        ValueError: as :func:`mla_lab.sweep.params.validate_params` and ``check_output_file``.
     """
     import dataclasses
 

@@ -1,11 +1,6 @@
-"""Interactive exploration of one configuration: the logic behind ``notebooks/explore.ipynb``.
-
-:func:`explore_point` prices one :class:`~mla_lab.deployment.Deployment` (model, TP, arch, max_num_batched_tokens,
-KV-cache dtype, weight dtype, MoE layout, workload) and a strategy with the analytic model -- padded head count and workspace bytes from
-:func:`mla_lab.buffers.memory_account`, TTFT per strategy from :func:`mla_lab.sweep.rows.price` -- and picks the
-measured rows of ``data/measured`` that match the selection. :class:`Explorer` wraps it in ipywidgets controls
-whose changes re-render the outputs in place (no cell re-runs). Everything the widgets show is in the dict that
-:meth:`Explorer.update` returns, so tests drive it headless.
+"""The logic behind ``notebooks/explore.ipynb``: :func:`explore_point` prices one
+:class:`~mla_lab.deployment.Deployment` through :func:`mla_lab.sweep.rows.price` and picks the matching measured
+rows; :class:`Explorer` wraps it in ipywidgets whose changes re-render in place (tests drive it headless).
 """
 
 from __future__ import annotations
@@ -76,27 +71,18 @@ def _match_measured(measured, sel: dict):
 
 
 def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_STRATEGY, measured=None) -> dict:
-    """Price one deployment through the sweep's row builder (:func:`mla_lab.sweep.rows.price`: the same
-    numbers the sweep and the report show) and attach matching measured rows. The explorer's pricing function.
+    """Price one deployment through :func:`mla_lab.sweep.rows.price` (the sweep's and the report's numbers) and attach
+    the matching measured rows; ``strategy`` (a door name) is the one the headline numbers describe.
 
-    Args:
-        deployment: a :class:`~mla_lab.deployment.Deployment` (default: the seed, vLLM PR #53878's benchmark).
-        strategy: the strategy whose workspace the headline numbers describe (a door name: canonical, preset or
-            alias; TTFT is given for every strategy of :data:`EXPLORER_STRATEGIES`).
-        measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.data.load_measured`) or None.
-
-    Returns:
-        ``{"selection", "num_heads" (per rank), "prefill_padding", "padded_heads" (H' for bf16, H for fp8),
-        "workspace_bytes" / "workspace_mib" (``strategy``'s persistent Q workspace), "extra_bytes" / "extra_mib"
-        (vs the baseline), "kv_tokens_lost", "kv_capacity_pct_lost", "kv_capacity_tokens", "per_strategy" (one dict
-        per strategy: heads, bytes, TTFT and its change, the measured ms and change or None, fits_in_memory,
-        fit_reason), "ttft_scope", "num_steps", "fits_in_memory", "fit_reason", "measured" (matching rows or None),
-        "engines"}``. Where the deployment (or one strategy) does not fit, its memory and TTFT numbers are None and
-        ``fit_reason`` says why.
+    Returns ``{"selection", "num_heads" (per rank), "prefill_padding", "padded_heads", "workspace_bytes",
+    "workspace_mib", "extra_bytes", "extra_mib" (vs the baseline), "kv_tokens_lost", "kv_capacity_pct_lost",
+    "kv_capacity_tokens", "per_strategy" (one dict per :data:`EXPLORER_STRATEGIES`), "ttft_scope", "num_steps",
+    "fits_in_memory", "fit_reason", "measured" (matching rows or None), "engines"}``; numbers are None where the
+    deployment (or a strategy) does not fit.
 
     Raises:
-        ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` prefill steps; ``measured`` not a
-            DataFrame; an unknown strategy; anything the row builder rejects.
+        ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` prefill steps; ``measured`` not a DataFrame;
+            an unknown strategy; anything the row builder rejects.
     """
     if not isinstance(deployment, Deployment):
         raise ValueError(f"deployment={deployment!r} must be a mla_lab.deployment.Deployment (Deployment.of(...) "
@@ -285,17 +271,11 @@ def measured_html(result: dict) -> str:
 
 
 class Explorer:
-    """ipywidgets controls + outputs around :func:`explore_point`; every control change calls :meth:`update`.
+    """ipywidgets controls around :func:`explore_point`; every control change calls :meth:`update`.
 
-    Args:
-        measured: DataFrame of measured rows; default :func:`mla_lab.report.data.load_measured` (``data/measured``).
-        **initial: initial control values (:data:`DEPLOYMENT_CONTROLS`, ``strategy``, ``memory_budget_mib``).
-
-    Attributes:
-        controls: dict name -> widget; summary, measured_out: HTML widgets; chart: Image widget (PNG);
-        deployment: the last valid :class:`~mla_lab.deployment.Deployment`; result: the last :func:`explore_point`
-        dict (or None after an error); error: the last error message or "".
-        widget: the assembled VBox (displaying the Explorer displays it).
+    ``measured``: measured rows (default :func:`mla_lab.report.data.load_measured`); ``initial``: control values.
+    Attributes: ``controls`` (name -> widget), ``summary`` / ``chart`` / ``measured_out`` / ``advice_out``,
+    ``deployment`` and ``result`` (the last valid ones), ``error`` (the last message or ""), ``widget`` (the VBox).
     """
 
     def __init__(self, measured=None, **initial):

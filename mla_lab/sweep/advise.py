@@ -1,10 +1,8 @@
-"""``mla-lab advise``: for one deployment and a memory budget, the strategy (and S) with the lowest TTFT.
+"""``mla-lab advise``: for one deployment and a memory budget, the strategy with the lowest TTFT.
 
-:func:`advise` prices every candidate strategy of a checked :class:`~mla_lab.deployment.Deployment` through
-:func:`mla_lab.sweep.rows.price` (one memory account for all of them), attaches the measured change where measured
-rows exist for the deployment, drops every candidate that does not fit (weights or the workload's KV tokens: never a
-recommendation), applies the budget (persistent extra MiB per rank, or KV-cache tokens lost) and ranks the rest by
-TTFT within one engine version; the Pareto frontier over (persistent extra MiB, TTFT) is marked.
+:func:`advise` prices every candidate through :func:`mla_lab.sweep.rows.price` (one memory account), attaches
+measured changes, drops what does not fit, applies the budget (extra MiB per rank or KV tokens lost), ranks by TTFT
+within one engine version and marks the Pareto frontier over (extra MiB, TTFT).
 """
 
 from __future__ import annotations
@@ -209,37 +207,24 @@ def _mark_frontier(rows: list[Row], placed: dict, group) -> list[str]:
 
 def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, memory_budget_tokens: float | None = None,
            strategies=None, measured=None, engine: str | None = None, packed_overlap: float | None = None) -> dict:
-    """The ranked strategies for one deployment under a memory budget.
+    """The ranked strategies for one checked :class:`~mla_lab.deployment.Deployment` under a memory budget.
 
-    Args:
-        deployment: a :class:`~mla_lab.deployment.Deployment` (checked at its door).
-        memory_budget_mib (keyword): most persistent extra MiB per rank the strategy may add over the baseline
-            (None: no limit); memory_budget_tokens (keyword): most KV-cache tokens it may cost (None: no limit).
-        strategies: candidates (door names; default :func:`mla_lab.placement.advise_candidates`).
-        measured: a DataFrame of measured rows (``mla_lab.report.data.load_measured``); where one matches the
-            deployment and a strategy, its change against the same baseline and interval are attached
-            (``measured_change_pct``, ``measured_ci_lo``, ``measured_ci_hi``, ``measured_basis``).
-        engine: the engine version to answer within (default :data:`DEFAULT_ENGINE`; an engine preset such as
-            ``sglang@0.5.23``, first names such as ``vllm-53878`` map to theirs): its strategies join the
-            candidates, its summary heads the ``engines`` block, and only strategies priced as that engine version
-            (:func:`strategy_engine`, :func:`engine_group`) are ranked; the others are listed in ``other_engines``.
-        packed_overlap: the pairwise overlap past the top-k that the lab's ``packed`` strategy assumes (in [0, 1];
-            None: :data:`mla_lab.model.packed_kernel.PACKED_OVERLAP_DEFAULT`); ``packed`` joins the default
-            candidates (and a given list when this is given). Within an engine version it is listed in
-            ``lab_kernels``, not ranked; ``packed`` in the result says how its steps were priced.
+    ``memory_budget_mib`` / ``memory_budget_tokens``: most persistent extra MiB per rank over the baseline / KV-cache
+    tokens a strategy may cost (None: no limit). ``strategies``: door names (default
+    :func:`mla_lab.placement.advise_candidates`). ``measured``: measured rows (``load_measured``); matching ones attach
+    ``measured_change_pct`` / ``_ci_lo`` / ``_ci_hi`` / ``measured_basis``. ``engine``: the engine version answered
+    within (default :data:`DEFAULT_ENGINE`): only strategies priced as it (:func:`strategy_engine`,
+    :func:`engine_group`) are ranked, others go to ``other_engines``. ``packed_overlap``: the overlap past the top-k
+    ``packed`` assumes ([0, 1]; None: ``PACKED_OVERLAP_DEFAULT``); ``packed`` is listed in ``lab_kernels``, not ranked.
 
-    Returns:
-        ``{"deployment", "budget", "engine", "engine_group", "recommendation" (a summary or None), "alternatives",
-        "other_engines", "excluded" (with the reason), "modelled_only" (``kernel_native``, never ranked),
-        "lab_kernels", "packed", "frontier" (names), "engines" (:func:`engines_block`), "kv_capacity" (the
-        baseline's, term by term), "deployment_options", "arch_sm", "arch_notes", "comm_source",
-        "measured_withheld", "note"}``; a summary holds the strategy, its engine and label, preset, TTFT (ms) and
-        its change (%), persistent / extra / call MiB, KV tokens lost and % of capacity, the measured columns (or
-        None), the reason and ``on_frontier``.
+    Returns ``{"deployment", "budget", "engine", "engine_group", "recommendation" (a summary or None),
+    "alternatives", "other_engines", "excluded", "modelled_only", "lab_kernels", "packed", "frontier", "engines",
+    "kv_capacity", "deployment_options", "arch_sm", "arch_notes", "comm_source", "measured_withheld", "note"}``; a
+    summary: strategy, engine, label, preset, TTFT (ms) and change (%), persistent / extra / call MiB, KV tokens lost
+    and % of capacity, measured columns (or None), reason, ``on_frontier``.
 
     Raises:
-        ValueError: a bad deployment argument, engine, overlap or budget (one line); a deployment whose weights or
-            workload do not fit at all (the reason).
+        ValueError: a bad deployment, engine, overlap or budget (one line); a deployment that does not fit.
     """
     Deployment.require(deployment)  # the loose advise(model, tp, ...) form is gone
     d, budget = deployment, {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens}

@@ -1,14 +1,8 @@
-"""Where sweep points run: in this process (``local``, the default) or as Ray tasks (``ray``, a local instance or a
-cluster; optional: importing this module never imports ray, and ``make_executor("ray")`` without it raises an
-ImportError naming the extra).
+"""Where sweep points run: in this process (``local``) or as Ray tasks (``ray``; optional, imported only when used).
 
-The driver (:func:`mla_lab.sweep.run.run_sweep`) owns the store; an executor only runs the compute function it is
-given (``(point, mode) -> rows``, :func:`mla_lab.sweep.rows.compute_rows`) and yields each finished point back, so
-keys, per-point failures and the one-file-per-point store are the same whatever the executor. A point's own error
-comes back as ``"<ExceptionType>: <message>"``; a task Ray loses (worker killed) as the Ray error; a worker whose
-:func:`~mla_lab.sweep.store.code_version` differs from the driver's fails its point. Ray runs a measured point with
-``num_gpus`` in a fresh worker (``max_calls=1``: no CUDA state leaks into the next point), at most
-``max_in_flight`` tasks at once, results in completion order.
+An executor runs the compute function it is given (``(point, mode) -> rows``) and yields each finished point; the
+driver (:func:`mla_lab.sweep.run.run_sweep`) owns the store. A point's error comes back as ``"<Type>: <message>"``;
+a worker whose :func:`~mla_lab.sweep.store.code_version` differs from the driver's fails its point.
 """
 
 from __future__ import annotations

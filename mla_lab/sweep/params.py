@@ -29,24 +29,14 @@ DEFAULT_STRATEGIES = list(SWEEP_STRATEGIES)
 
 @dataclass
 class SweepParams:
-    """Sweep parameters (the notebook's ``parameters`` cell holds the same names; vLLM's spellings are aliases:
-    :data:`VLLM_ALIASES`).
+    """Sweep parameters (the notebook's ``parameters`` cell holds the same names; vLLM spellings: :data:`VLLM_ALIASES`).
 
-    Attributes:
-        models, archs: names under ``data/models`` / GPU names or aliases. tp_sizes: default ``[8]``, the one TP at
-            which the fp8 weights of GLM-5 and DeepSeek-V3.2 load on an H200 or a B200 (a smaller TP is listed as
-            ``does_not_fit``, never priced). max_num_batched_tokens, prompt_lens: the other grid axes (tokens).
-        kv_cache_dtype: ``bf16`` / ``fp8`` or a list of both. weight_dtype (``fp8``), moe_parallel (``ep``): the
-            PR's. num_prompts, concurrency: the workload (the PR's 32 at 32). gpu_memory_utilization: vLLM's (0.9).
-        strategies: door names (presets, engine versions, canonical names, the first version's ``unfused`` /
-            ``fused``), expanded to canonical names; the baseline is always priced.
-        num_runs: interleaved repeats of each measured strategy (>= 5 for an interval). shared_workspace_bytes: the
-            shared workspace's other users (null: the fused-MoE scratch).
-        output_len, max_num_seqs, request_rate, seed: the serving simulation's (``vllm bench serve``'s).
-        device: ``auto``, ``cpu`` (modelled only) or ``cuda`` (measured rows for archs of the running GPU's family).
-        store_dir, data_file, report_dir: point files, the CSV, charts. check_equivalence: compare fused and unfused
-            on CPU shapes. force: recompute stored points. overwrite: let ``data_file`` replace a file the lab did
-            not write. executor: ``local`` or ``ray`` (:mod:`mla_lab.sweep.executors`); ray_address: its cluster.
+    ``tp_sizes`` default ``[8]``: the one TP at which GLM-5's and DeepSeek-V3.2's fp8 weights load on an H200 or a
+    B200 (a smaller TP is listed ``does_not_fit``). ``strategies``: door names, expanded to canonical ones (the
+    baseline is always priced). ``num_runs``: interleaved repeats per measured strategy (>= 5 for an interval).
+    ``shared_workspace_bytes``: the shared workspace's other users (null: the fused-MoE scratch). ``output_len``,
+    ``max_num_seqs``, ``request_rate``, ``seed``: ``vllm bench serve``'s. ``device``: ``auto`` / ``cpu`` (modelled)
+    / ``cuda``. ``executor``: ``local`` or ``ray`` (:mod:`mla_lab.sweep.executors`).
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])

@@ -1,12 +1,8 @@
 """THE row builder: :func:`price` turns one checked :class:`~mla_lab.deployment.Deployment` and its strategies into
-typed :class:`Row` s, with one memory account for all of them (:func:`mla_lab.model.memory.memory_tradeoff`) and TTFT
-from :func:`mla_lab.model.ttft.predict_ttft`. ``advise``, the explorer, the report and the sweep all price here.
-
-Point dicts live only at the sweep's door: :func:`modelled_rows` / :func:`measured_rows` read a grid point
-(:meth:`~mla_lab.deployment.Deployment.from_point`) and write the rows flat (:meth:`Row.to_point` plus
-:func:`mla_lab.provenance.provenance`) for the store and the CSV. A measured row splices the attention path timed by
-:func:`mla_lab.measure.attention.time_attention_path` into the modelled TTFT; :func:`reprice_measured_rows`
-re-derives stored ones with today's model.
+typed :class:`Row` s (one memory account, :func:`mla_lab.model.memory.memory_tradeoff`; TTFT from
+:func:`mla_lab.model.ttft.predict_ttft`). Point dicts live only at the sweep's door (:func:`modelled_rows`,
+:func:`measured_rows` write :meth:`Row.to_point` plus provenance); :func:`reprice_measured_rows` re-derives stored
+measured rows with today's model.
 """
 
 from __future__ import annotations
@@ -158,11 +154,8 @@ def _content_note(st: Strategy, arch: GPUArch, cal) -> str:
 
 def price(deployment: Deployment, strategies, *, calibration=None, memory: dict | None = None) -> list[Row]:
     """Modelled rows of one deployment: the baseline first, then ``strategies`` (door names or
-    :class:`~mla_lab.placement.Strategy` objects, parsed once here), each with its memory account, fit and TTFT.
-
-    ``memory``: the deployment's :func:`~mla_lab.model.memory.memory_tradeoff` holding every strategy when the
-    caller already holds it (``advise``: one account per call); default computed here. ``calibration``: as
-    :func:`~mla_lab.model.ttft.predict_ttft`.
+    :class:`~mla_lab.placement.Strategy`, parsed once here), each with its memory account, fit and TTFT. ``memory``:
+    the deployment's ``memory_tradeoff`` holding every strategy, when the caller has it (default computed here).
 
     Raises:
         ValueError: an unknown strategy (one line); as the model functions.
@@ -258,14 +251,12 @@ def _measured_notes(d: Deployment, name: str, steps, per_step, rounds: dict, run
 
 
 def measured_rows(point: dict, calibration=None) -> list[dict]:
-    """Measured rows of one grid point on the running GPU (every real strategy and the baseline): the attention
-    path timed per distinct step, ``num_runs`` interleaved rounds (:func:`time_attention_path`), spliced into the
-    modelled TTFT; each round gives a TTFT, so rows carry its 95 % interval and the change's interval from the
-    rounds paired with the baseline's (``change_measurable``: that interval excludes 0).
+    """Measured rows of one grid point on the running GPU (every real strategy and the baseline): the attention path
+    timed per distinct step in ``num_runs`` interleaved rounds (:func:`time_attention_path`), spliced into the modelled
+    TTFT; rows carry the 95 % interval of TTFT and of the change paired with the baseline's rounds.
 
     Raises:
-        RuntimeError: no CUDA GPU; ValueError: the point's arch family differs from the running GPU's, or the KV
-            cache is not bf16 (only that path is measured).
+        RuntimeError: no CUDA GPU; ValueError: an arch family other than the GPU's, or a KV cache other than bf16.
     """
     d = Deployment.from_point(point)
     _check_measurable(d)

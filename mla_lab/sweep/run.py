@@ -90,16 +90,13 @@ def check_output_file(path: str | Path, overwrite: bool = False, params: SweepPa
                       device: str | None = None, create: bool = True) -> Path:
     """The absolute path of an output CSV the lab may write, checked before any point is computed.
 
-    Without ``overwrite`` the lab replaces only a CSV it wrote (its header has :data:`LAB_CSV_MARK`) that is not
-    committed to git (:func:`mla_lab.paths.is_committed`) and, when ``params`` is given, whose every row this
-    sweep writes again (:func:`grid_row_ids`; ``device`` decides whether measured rows are written:
-    :func:`may_measure`): a CSV of another grid, or of measurements this run does not make, would lose rows.
-    ``create``: make the folder (False: the dry run, which creates nothing).
+    Without ``overwrite`` only a lab CSV (header with :data:`LAB_CSV_MARK`), not committed to git, whose every row
+    this sweep writes again (:func:`grid_row_ids`; measured rows per :func:`may_measure` of ``device``) is replaced.
+    ``create``: make the folder (False: the dry run).
 
     Raises:
-        ValueError: one line naming the path and the fix: a directory or another non-regular file; a committed
-            file, a file the lab did not write, or a lab CSV holding rows this sweep would drop (without
-            ``overwrite``); a file or folder that is not writable; a folder that cannot be created.
+        ValueError: one line naming the path and the fix (not a regular file, committed, not the lab's, rows that
+            would be lost, not writable, a folder that cannot be made).
     """
     out = resolve(path)
     if out.is_dir():
@@ -271,19 +268,15 @@ def plan_sweep(params: SweepParams | dict) -> dict:
 
 def run_sweep(params: SweepParams | dict, progress: bool = True, compute_fn=None, executor=None,
               claim_wait_s: float = 3600.0):
-    """Run (or resume) the sweep; returns a pandas DataFrame of every stored row of this grid.
+    """Run (or resume) the sweep; returns a DataFrame of every stored row of this grid.
 
-    Each point is written atomically when it completes; points already stored with ``status="ok"`` for this code
-    version and these input files (model config, calibration: :func:`mla_lab.sweep.rows.point_inputs`) are skipped
-    unless ``params.force``. A point that raises is stored as ``status="failed"`` with the reason and the sweep goes
-    on; a later run retries failed points. A point another live sweep on the same store has claimed is left to it
-    and waited for (at most ``claim_wait_s``), so two sweeps on one store compute each point once. Progress goes to
-    stderr when ``progress``. ``compute_fn(point, mode) -> rows`` defaults to
-    :func:`mla_lab.sweep.rows.compute_rows`.
+    Each point is written atomically when done; points stored ``ok`` for this code and these inputs
+    (:func:`mla_lab.sweep.rows.point_inputs`) are skipped unless ``force``; a failing point is stored ``failed`` with
+    its reason (retried next run); a point another live sweep claimed is waited for (``claim_wait_s``).
+    ``compute_fn(point, mode) -> rows``: default :func:`mla_lab.sweep.rows.compute_rows`.
 
     Raises:
-        ValueError: bad parameters or an output path the lab may not write (:func:`check_output_file`), before any
-            point runs.
+        ValueError: bad parameters or an output path the lab may not write (:func:`check_output_file`).
     """
     if isinstance(params, dict):
         params = validate_params(params)

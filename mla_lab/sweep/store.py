@@ -1,15 +1,9 @@
-"""A resumable, crash-safe store of sweep results: one JSON file per completed grid point.
+"""A resumable, crash-safe store of sweep results: ``<root>/points/<key>.json``, one file per grid point.
 
-Layout: ``<root>/points/<key>.json`` where ``key`` hashes the point's parameters and the code version
-(:func:`code_version`). A point file is written to a temporary file in the same folder and moved into place with
-``os.replace`` (atomic on POSIX), so a killed sweep leaves either the whole point or nothing. A re-run skips points
-stored with ``status="ok"`` (same parameters, same code) unless ``force``; rows never duplicate because a point owns
-exactly one file. Failed points are stored too, with ``status="failed"`` and the reason, so reports can show them; a
-re-run retries them (and recomputes a point file that cannot be read), overwriting the file in place.
-
-Temporary files are named ``.<key>.<host>.<pid>.<random>.tmp``: they never match ``*.json``, so a write cut short by
-a kill is never read as a point, and :meth:`ResultStore.clean_stale_tmp` removes those left by dead processes of
-this host.
+``key`` hashes the point and the code version (:func:`code_version`). A point is written to a temporary
+``.<key>.<host>.<pid>.<random>.tmp`` (never matching ``*.json``) and moved into place with ``os.replace``, so a
+killed sweep leaves the whole point or nothing (:meth:`ResultStore.clean_stale_tmp` removes dead processes' temps).
+A re-run skips ``ok`` points unless ``force``; ``failed`` ones (with the reason) and unreadable files are retried.
 """
 
 from __future__ import annotations
