@@ -119,9 +119,8 @@ def _stamp(root) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the exit status (0 ok, 1 a run failure, 2 bad input, 130 interrupted).
-
-    Every failure is one line on stderr (``MLA_LAB_TRACEBACK=1`` re-raises unexpected errors with their traceback).
+    """Run one command; returns the exit status (0 ok, 1 a run failure, 2 bad input, 130 interrupted, 141 a closed
+    pipe). Every failure is one line on stderr (``MLA_LAB_TRACEBACK=1`` re-raises unexpected errors).
     """
     try:
         args = build_parser().parse_args(argv)

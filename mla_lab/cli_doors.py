@@ -105,11 +105,7 @@ def _short(v, n: int = 60) -> str:
 
 
 def check_bounded_int(name: str, value, label: str | None = None) -> int:
-    """``value`` as an int within :data:`BOUNDS` ``[name]``; ``label`` names it in the message (a flag).
-
-    Raises:
-        DoorError: not an int (bool refused), or outside the bounds (the reason of the upper one stated).
-    """
+    """``value`` as an int within :data:`BOUNDS` ``[name]`` (DoorError naming ``label``, else ``name``, otherwise)."""
     lo, hi, why = BOUNDS[name]
     label = label or name
     if isinstance(value, bool) or not isinstance(value, int):
@@ -184,12 +180,9 @@ overlap_type = number_type(lambda v: True, "", "is not a number; allowed: a numb
 
 
 def deployment_options(args) -> dict:
-    """The deployment options of ``advise`` / ``serve`` (``--num-speculative-tokens``, ``--acceptance-length``,
-    ``--dp-attention``) as :meth:`mla_lab.deployment.Deployment.of` arguments; the cross-check (acceptance length
-    within ``[1, k + 1]``, dp dividing tp) is the Deployment's door.
-
-    Raises:
-        DoorError: ``--acceptance-length`` given without ``--num-speculative-tokens``.
+    """``--num-speculative-tokens``, ``--acceptance-length``, ``--dp-attention`` as
+    :meth:`mla_lab.deployment.Deployment.of` arguments (their cross-checks are the Deployment's). Raises DoorError for
+    ``--acceptance-length`` without ``--num-speculative-tokens``.
     """
     k = getattr(args, "num_speculative_tokens", 0) or 0
     a = getattr(args, "acceptance_length", None)
@@ -202,13 +195,8 @@ def deployment_options(args) -> dict:
 
 # ----------------------------------------------------------------------------------------------------- sweep
 def merge_flags(params: dict, flags: dict) -> dict:
-    """``params`` (from -f / -p, any spelling) with the CLI's flags added, names normalised to the sweep's.
-
-    ``flags``: ``{sweep name: (flag, value)}``.
-
-    Raises:
-        DoorError: a flag and its -p/-f twin given with different values (``--tensor-parallel-size 8`` and
-            ``-p tp_sizes '[4]'``); a name given twice under two spellings.
+    """``params`` (-f / -p, any spelling) with the CLI's ``flags`` (``{sweep name: (flag, value)}``) added, names
+    normalised. Raises DoorError for a flag and its -p/-f twin with different values, or a name under two spellings.
     """
     from .sweep.params import normalize_names
 
@@ -226,12 +214,9 @@ def _as_list(v):
 
 
 def check_sweep(params: dict) -> None:
-    """The sweep's cheap checks on normalised parameters (names as :func:`merge_flags` returns), then the sweep's
-    own validation (:func:`mla_lab.sweep.params.validate_params`, :func:`~mla_lab.sweep.params.check_tp_sizes`).
-
-    Raises:
-        DoorError / ValueError: one line (bounds, list lengths, grid size, steps per point, vLLM's engine rule, a
-            file where a folder must be).
+    """The sweep's cheap checks on normalised parameters (bounds, list lengths, grid size, steps per point, vLLM's
+    engine rule, paths), then :func:`mla_lab.sweep.params.validate_params` and ``check_tp_sizes``; DoorError /
+    ValueError, one line.
     """
     from .sweep.params import DEFAULTS, check_tp_sizes, validate_params
 
@@ -318,11 +303,7 @@ def check_sweep_serving(checked) -> None:
 
 
 def check_sim_time(num_prompts: int, request_rate: float, label: str) -> None:
-    """The serving simulation's simulated span: ``num_prompts / request_rate`` <= :data:`MAX_SIM_SECONDS`.
-
-    Raises:
-        DoorError: one line naming ``label`` (the rate's flag or parameter), the value and the smallest rate allowed.
-    """
+    """``num_prompts / request_rate`` <= :data:`MAX_SIM_SECONDS` simulated seconds, else DoorError naming ``label``."""
     request_rate = float(request_rate)  # the sweep's parameter is 'inf' or a number
     if math.isinf(request_rate) or num_prompts / request_rate <= MAX_SIM_SECONDS:
         return
@@ -349,11 +330,8 @@ def file_in_the_way(path: str | Path) -> Path | None:
 
 
 def check_special_fs(name: str, value) -> None:
-    """A path on a special filesystem (``/proc``, ``/sys``, ``/dev``, :func:`mla_lab.paths.special_filesystem`) is
-    refused: the run would fail late, after the door and the dry run accepted it.
-
-    Raises:
-        DoorError: one line naming the argument, the value and the filesystem.
+    """Refuse (DoorError) a path on a special filesystem (``/proc``, ``/sys``, ``/dev``:
+    :func:`mla_lab.paths.special_filesystem`), where the run would fail late.
     """
     from .paths import special_filesystem
 
@@ -394,11 +372,7 @@ def _check_path(name: str, value: str, folder: bool) -> None:
 
 
 def check_report_name(name: str) -> str:
-    """``--report-name``: a file basename (letters, digits, ``.``, ``_``, ``-``), no folder.
-
-    Raises:
-        DoorError: anything else (``sub/dir``, empty, ``..``).
-    """
+    """``--report-name``: a basename of letters, digits, ``.``, ``_``, ``-``, no folder (else DoorError)."""
     if not isinstance(name, str) or not _REPORT_NAME.match(name) or name.endswith((".html", ".ipynb")):
         raise DoorError(f"--report-name={_short(name)} is not allowed; allowed: a basename of letters, digits, '.', "
                         "'_' and '-' (at most 100, no folder, no extension), e.g. padding_sweep")
@@ -406,12 +380,8 @@ def check_report_name(name: str) -> str:
 
 
 def plan_without_writing(params: dict) -> dict:
-    """:func:`mla_lab.sweep.run.plan_sweep` of ``params`` without creating a file or a folder: the output file's
-    checks are made without making its folder, and a store that does not exist yet is planned in a temporary one
-    (so ``stored`` is 0), then reported at its real path.
-
-    Raises:
-        ValueError: as :func:`mla_lab.sweep.run.check_output_file` and ``plan_sweep``.
+    """:func:`mla_lab.sweep.run.plan_sweep` of ``params`` creating nothing: a store that does not exist yet is planned
+    in a temporary one (``stored`` 0), reported at its real path. ValueError as ``check_output_file``, ``plan_sweep``.
     """
     import dataclasses
     import tempfile
@@ -447,11 +417,7 @@ GRID_KEYS = ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_le
 
 # ----------------------------------------------------------------------------------------------------- advise/serve
 def check_strategies(names) -> list[str]:
-    """Canonical names of ``names`` (presets, aliases, canonical strategies).
-
-    Raises:
-        DoorError: an unknown name (the allowed ones listed).
-    """
+    """Canonical names of ``names`` (presets, aliases, canonical strategies); DoorError for an unknown one."""
     from .placement import ALIASES, ENGINE_PRESET_MEMBERS, PRESETS, canonical_names, expand_strategies
 
     out = []
@@ -524,12 +490,8 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
 
 # ----------------------------------------------------------------------------------------------------- files
 def check_notebook(path: str) -> Path:
-    """``--notebook``: an existing ``.ipynb`` file holding notebook JSON (nbformat 4: a mapping with a ``cells``
-    list) with a cell tagged ``parameters`` (papermill injects the parameters after it). Read with :mod:`json`
-    only (no nbformat import: ``sweep --dry-run`` stays fast).
-
-    Raises:
-        DoorError: empty, missing, not a regular file, not ``.ipynb``, not notebook JSON, no ``parameters`` cell.
+    """``--notebook``: an existing ``.ipynb`` of notebook JSON with a cell tagged ``parameters``, read with :mod:`json`
+    (``sweep --dry-run`` stays fast). DoorError: empty, missing, not a file, not ``.ipynb``, not JSON, no such cell.
     """
     import json
 

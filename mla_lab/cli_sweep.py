@@ -38,12 +38,8 @@ MAX_PARAM_DEPTH = 16
 
 
 def _yaml_load(text: str, where: str):
-    """``text`` parsed as YAML without anchors or aliases (an alias bomb of 491 bytes expands to 10**8 nodes the
-    moment anything formats it, issue 39): a parameter file has no use for them.
-
-    Raises:
-        DoorError: an anchor or alias in ``text`` (``where`` names the file or the ``-p`` name); yaml.YAMLError
-        for text that is not YAML.
+    """``text`` as YAML without anchors or aliases (a 491-byte alias bomb expands to 10**8 nodes, issue 39) or nesting
+    past :data:`MAX_PARAM_DEPTH` (DoorError naming ``where``); yaml.YAMLError for text that is not YAML.
     """
     import yaml
 
@@ -84,11 +80,7 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
 
 
 def _load_param_file(f: str) -> dict:
-    """One ``-f`` file: a regular UTF-8 file of at most :data:`MAX_PARAM_BYTES` holding a YAML mapping.
-
-    Raises:
-        DoorError: one line naming the file.
-    """
+    """One ``-f`` file: a regular UTF-8 file of at most :data:`MAX_PARAM_BYTES` holding a YAML mapping (DoorError)."""
     import yaml
 
     path = Path(f)
@@ -120,11 +112,7 @@ def _resolve(p: str, cwd: Path) -> Path:
 
 
 def _require_lab_extra() -> None:
-    """One line naming the extra to install when the notebook toolchain is missing.
-
-    Raises:
-        CLIError: papermill, nbformat, nbconvert or matplotlib does not import.
-    """
+    """CLIError naming the extra to install when papermill, nbformat, nbconvert or matplotlib is missing."""
     import importlib.util
 
     missing = [m for m in ("papermill", "nbformat", "nbconvert", "matplotlib") if importlib.util.find_spec(m) is None]
@@ -333,12 +321,8 @@ def plan_outputs(params: dict, report_name: str, report_name_given: bool = False
 
 
 def _check_report_dir_files(report_dir: Path, report_name: str, overwrite: bool) -> None:
-    """The files a sweep rewrites in ``report_dir`` whatever the grid (its ``index.html``, and with ``--overwrite``
-    ``<report_name>.html``) must be the lab's: an index carrying the lab's title, a report a published run names
-    (:func:`mla_lab.report.site.list_runs`). A user's page of that name is refused, ``--overwrite`` or not (issue 39).
-
-    Raises:
-        DoorError: one line naming the file.
+    """The files a sweep rewrites in ``report_dir`` (``index.html``; with ``--overwrite`` ``<report_name>.html``) must
+    be the lab's (its index title; a report a published run names); else DoorError, ``--overwrite`` or not (issue 39).
     """
     from .report import site
 

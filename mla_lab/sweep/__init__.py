@@ -1,5 +1,7 @@
-"""The padding sweep: :mod:`.params` (schema, validation, grid), :mod:`.rows` (THE row builder, :func:`~.rows.price`),
-:mod:`.store` (the crash-safe point store), :mod:`.executors` (local or Ray), :mod:`.run` (the run loop).
+"""The padding sweep: a grid of deployments, each priced for every strategy, stored point by point.
+
+:mod:`.params` (schema, validation, grid), :mod:`.rows` (THE row builder, :func:`~.rows.price`), :mod:`.store`
+(the crash-safe point store), :mod:`.executors` (local or Ray), :mod:`.run` (the run loop).
 """
 
 from .advise import advise, format_advice

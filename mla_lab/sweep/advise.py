@@ -36,11 +36,8 @@ __all__ = ["DEFAULT_ENGINE", "strategy_engine", "strategy_label", "engine_group"
 
 
 def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
-    """:func:`mla_lab.placement.engine_summary` of ``engine`` (first, if given) and today's engine versions (:func:`mla_lab.placement.today_engines`) for the
-    deployment ``d``.
-
-    Raises:
-        ValueError: a bad engine name (one line, the allowed values).
+    """:func:`mla_lab.placement.engine_summary` for ``d`` of ``engine`` (first, if given) and of
+    :func:`mla_lab.placement.today_engines` (ValueError: a bad engine name, one line).
     """
     names = list(dict.fromkeys(([resolve_engine(engine)] if engine else []) + today_engines()))
     return [engine_summary(n, d) for n in names]

@@ -68,11 +68,7 @@ def compute_point(point: dict, mode: str, compute_fn: ComputeFn, driver_version:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``/``cuda`` as given.
-
-    Raises:
-        ValueError: ``cuda`` while torch sees no CUDA GPU (before any point runs).
-    """
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without one raises ValueError."""
     import torch
 
     if device == "auto":
@@ -279,10 +275,8 @@ def _short(e: Exception, limit: int = 2000) -> str:
 
 
 def make_executor(name: str = "local", address: str | None = None, **kwargs):
-    """An executor by name (``local`` / ``ray``; ``address`` and ``kwargs``: :class:`RayExecutor`'s).
-
-    Raises:
-        ValueError: unknown name, or ``address``/options given for ``local``. ImportError: ``ray`` not installed.
+    """An executor by name (``local`` / ``ray``; ``address`` and ``kwargs``: :class:`RayExecutor`'s). Raises ValueError
+    (unknown name; options for ``local``) or ImportError (no ``ray``).
     """
     if name == "local":
         if address is not None or kwargs:

@@ -85,11 +85,8 @@ VLLM_ALIASES = {
 
 
 def normalize_names(raw: dict) -> dict:
-    """Parameter names with vLLM's spellings (``tensor-parallel-size``, ``max_concurrency`` ...) mapped to the
-    sweep's (:data:`VLLM_ALIASES`); dashes read as underscores.
-
-    Raises:
-        ValueError: a name given twice (once under each spelling).
+    """Names with vLLM's spellings mapped to the sweep's (:data:`VLLM_ALIASES`), dashes read as underscores. Raises
+    ValueError for a name given twice (once under each spelling).
     """
     out: dict = {}
     for k, v in raw.items():
@@ -107,12 +104,9 @@ _KERNEL_NAMES = ("In", "Out", "get_ipython", "exit", "quit", "open")
 
 
 def check_notebook_names(names) -> None:
-    """Refuse a name papermill injected that the notebook does not declare (``papermill -p tp_size 8``: papermill
-    itself only warns). ``names``: the notebook's global names before its first import (the parameters cell's and
-    the injected cell's); IPython's own (``In``, ``Out``, ``_...``) are ignored.
-
-    Raises:
-        ValueError: ``unknown notebook parameter(s) [...]; allowed: [...]``.
+    """Refuse (ValueError, the allowed names listed) a name papermill injected that the notebook does not declare
+    (``papermill -p tp_size 8`` only warns). ``names``: the notebook's globals before its first import; IPython's own
+    (``In``, ``Out``, ``_...``) are ignored.
     """
     known = set(DEFAULTS) | set(NOTEBOOK_ONLY) | set(VLLM_ALIASES)
     unknown = sorted(n for n in names if not str(n).startswith("_") and n not in _KERNEL_NAMES and n not in known)
@@ -216,12 +210,8 @@ def _run_options(p: dict) -> None:
 
 
 def validate_params(raw: dict) -> SweepParams:
-    """Check names and types of sweep parameters (from YAML, ``-p`` pairs or the notebook) and build
-    :class:`SweepParams`.
-
-    Raises:
-        ValueError: an unknown key (lists the allowed ones), a wrong type, an empty list (an empty grid), or a value
-            the lab does not know (unknown model/arch/strategy/dtype/device), each naming the key and the value.
+    """:class:`SweepParams` of raw parameters (YAML, ``-p`` pairs or the notebook), names and types checked. Raises
+    ValueError naming the key and the value: unknown key (the allowed listed), wrong type, empty grid, unknown value.
     """
     raw = normalize_names(raw)
     unknown = sorted(set(raw) - set(DEFAULTS))
@@ -251,11 +241,8 @@ def _validate_executor(p: dict) -> None:
 
 
 def check_tp_sizes(params: SweepParams) -> None:
-    """Refuse a grid with a (model, TP) pair whose TP does not divide the model's heads (the CLI calls this before
-    the notebook starts; the library's :func:`mla_lab.sweep.run.run_sweep` records such points as failed instead).
-
-    Raises:
-        ValueError: the model's message (names the TP, the heads and the allowed TP sizes).
+    """Refuse (ValueError, the model's message) a (model, TP) whose TP does not divide the model's heads; the CLI calls
+    this before the notebook starts (:func:`mla_lab.sweep.run.run_sweep` records such points as failed).
     """
     for m in params.models:
         model = load_model(m)

@@ -193,11 +193,8 @@ def _point_memory(d: Deployment, point: dict, names) -> dict:
 
 
 def modelled_rows(point: dict, calibration=None) -> list[dict]:
-    """The sweep's modelled rows of one grid point (:func:`mla_lab.sweep.params.expand_grid`'s keys): the door
-    (:meth:`Deployment.from_point <mla_lab.deployment.Deployment.from_point>`), :func:`price` and the written rows.
-
-    Raises:
-        ValueError: as :meth:`~mla_lab.deployment.Deployment.from_point` and :func:`price`.
+    """The sweep's modelled rows of one grid point (:func:`mla_lab.sweep.params.expand_grid`'s keys), as written:
+    :meth:`~mla_lab.deployment.Deployment.from_point`, then :func:`price` (ValueError as both).
     """
     d = Deployment.from_point(point)
     sts = expand([BASELINE, *point["strategies"]])
@@ -306,11 +303,8 @@ def fit_status(rows: list[dict]) -> list[dict]:
 
 
 def compute_rows(point: dict, mode: str) -> list[dict]:
-    """The compute function the executors run: :func:`modelled_rows` or :func:`measured_rows`, with
-    :func:`fit_status` (rows of a deployment that does not load carry no TTFT).
-
-    Raises:
-        ValueError: unknown mode.
+    """The executors' compute function: :func:`modelled_rows` or :func:`measured_rows` (``mode``; else ValueError),
+    then :func:`fit_status`.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not known; allowed: {list(MODES)}")

@@ -166,13 +166,9 @@ def lock_path(out: Path) -> Path:
 
 @contextlib.contextmanager
 def data_file_lock(out: str | Path, token: str | None = None):
-    """Hold the data file's lock (``fcntl.flock``, exclusive, not waiting) while a sweep computes and writes it, so
-    two sweeps into one data file never interleave: the second is refused in one line. Released and removed on exit (released by
-    the operating system when a process dies; the next sweep locks the file left behind). A lock this process's parent holds (``LOCK_ENV`` names it with the token written in
-    the lock file) is taken as held. ``token``: written in the lock file for a child to show (the CLI's).
-
-    Raises:
-        ValueError: another live sweep holds it (its host and pid named).
+    """Hold the data file's lock (``fcntl.flock``, exclusive, not waiting) while a sweep writes it: a second sweep is
+    refused (ValueError naming its host and pid). Removed on exit (released by the OS when a process dies). A lock the
+    parent holds (``LOCK_ENV``: path and the ``token`` written in the lock file) is taken as held.
     """
     import fcntl
 
@@ -218,11 +214,7 @@ def data_file_lock(out: str | Path, token: str | None = None):
 
 
 def check_not_locked(out: str | Path) -> None:
-    """Refuse (the dry run's check) when another sweep holds ``out``'s lock; creates nothing.
-
-    Raises:
-        ValueError: as :func:`data_file_lock`.
-    """
+    """The dry run's check: ValueError as :func:`data_file_lock` when another sweep holds ``out``'s lock."""
     import fcntl
 
     lp = lock_path(resolve(out))

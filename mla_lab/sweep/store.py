@@ -116,12 +116,9 @@ class ResultStore:
         return self.points / f"{key}.claim"
 
     def claim(self, key: str) -> bool:
-        """Claim ``key`` for this process: exactly one of several sweeps on one store wins.
-
-        The claim file (``<key>.claim``: host and pid) is written in full to a temporary file and then hard-linked
-        into place (``os.link`` fails when the name exists), so no sweep ever sees a claim without its owner. A claim
-        left by a dead process of this host is taken over, under a store-wide lock so that two sweeps taking over
-        the same claim cannot remove each other's new one. Returns True when this process holds the claim.
+        """Claim ``key`` for this process (True when held): exactly one of several sweeps on one store wins. The claim
+        (host and pid) is written to a temp file, then hard-linked into place (``os.link`` fails when the name exists);
+        a dead process's claim of this host is taken over under a store-wide lock.
         """
         p = self.claim_path(key)
         fd, tmp = tempfile.mkstemp(dir=self.points, prefix=f".{key}.{_host()}.{os.getpid()}.", suffix=".tmp")
