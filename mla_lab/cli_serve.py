@@ -24,7 +24,7 @@ from .cli_doors import (
     rate_type,
 )
 
-__all__ = ["add_parser", "cmd_serve", "serve_step_bound", "check_serve", "serve_noise_runs", "serve_summary", "band_note", "format_serve"]
+__all__ = ["add_parser", "cmd_serve", "serve_step_bound", "check_serve", "serve_summary", "band_note", "format_serve"]
 
 
 def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num_batched_tokens: int,
@@ -60,11 +60,11 @@ def check_serve(args, strategies=None):
                         f"deterministic simulation) or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,}")
     check_sim_time(args.num_prompts, args.request_rate, "--request-rate")
     conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
+    opts = deployment_options(args)
     dep, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
-                           args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
-                           args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
-                           max_num_seqs=args.max_num_seqs, workload_in_flight=False,
-                           options=deployment_options(args))
+                                args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
+                                args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
+                                max_num_seqs=args.max_num_seqs, workload_in_flight=False, options=opts)
     steps, case = serve_step_bound(args.num_prompts, args.random_input_len, args.random_output_len,
                                    args.max_num_batched_tokens, args.max_num_seqs, conc, args.request_rate,
                                    float(mem["kv_capacity_tokens"]))
@@ -86,7 +86,6 @@ def check_serve(args, strategies=None):
                         f"{n_strat} strategies (baseline included) = {work * n_strat:,} request-steps to simulate; "
                         f"allowed: at most {MAX_SERVE_TOTAL_STEPS:,} (~14 s; fewer strategies, prompts or output "
                         "tokens)")
-    opts = deployment_options(args)
     if args.num_runs > 1 and (opts["num_speculative_tokens"] or opts["dp_attention"] > 1):
         raise DoorError(f"--num-runs={args.num_runs} with --num-speculative-tokens / --dp-attention: the noise "
                         "Monte-Carlo does not price these options; allowed: --num-runs 1 (one deterministic "
@@ -97,15 +96,6 @@ def check_serve(args, strategies=None):
                         f"simulated request-steps; allowed: at most {MAX_NOISE_STEPS:,} (~13 s; fewer runs, "
                         "strategies, prompts or output tokens)")
     return dep
-
-
-def serve_noise_runs(args, deployment, strategies, bench):
-    """``--num-runs N``: :func:`mla_lab.serving.noise.serve_benchmark_noise` of ``deployment`` (the one
-    :func:`check_serve` built; N single runs per strategy of the noise model, seeded by ``--seed``): each metric's
-    median and 95 % band, and each change's."""
-    from .serving.noise import serve_benchmark_noise
-
-    return serve_benchmark_noise(deployment, strategies, bench, num_runs=args.num_runs, seed=args.seed)
 
 
 def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
@@ -231,12 +221,13 @@ def cmd_serve(args) -> int:
                         max_concurrency=args.max_concurrency, seed=args.seed)
     res = serve_benchmark(dep, strategies, bench)
     runs = None
-    if args.num_runs > 1:
-        runs = serve_noise_runs(args, dep, strategies, bench)
+    if args.num_runs > 1:  # N single runs per strategy of the noise model: each metric's median and 95 % band
+        from .serving.noise import serve_benchmark_noise
+
+        runs = serve_benchmark_noise(dep, strategies, bench, num_runs=args.num_runs, seed=args.seed)
     out = serve_summary(res, runs, num_runs=args.num_runs)
     print(json.dumps(out, indent=1, default=str) if args.json else format_serve(out))
     return 0
-
 
 
 def add_parser(sub) -> None:

@@ -103,8 +103,8 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
     c = rows[strategy]
     return {"selection": sel, "num_heads": deployment.num_heads, "prefill_padding": deployment.arch.prefill_padding,
             "padded_heads": c.memory.q_concat_heads,
-            **_numbers(c, {"workspace_bytes": c.memory.persistent_bytes, "workspace_mib": c.memory.persistent_bytes / MIB,
-                           "extra_bytes": c.extra_persistent_bytes, "extra_mib": c.extra_persistent_mib,
+            **_numbers(c, {"workspace_bytes": c.memory.persistent_bytes, "extra_bytes": c.extra_persistent_bytes,
+                           "workspace_mib": c.memory.persistent_bytes / MIB, "extra_mib": c.extra_persistent_mib,
                            "kv_tokens_lost": c.kv_tokens_lost, "kv_capacity_pct_lost": c.kv_capacity_pct_lost,
                            "kv_capacity_tokens": c.kv_capacity_tokens}),
             "per_strategy": [_per_strategy(rows[s], changes) for s in EXPLORER_STRATEGIES],
@@ -134,15 +134,19 @@ def _numbers(row, values: dict) -> dict:
     return dict(values) if row.fits_in_memory else dict.fromkeys(values)
 
 
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
 def render_chart(result: dict, dpi: int = 90) -> bytes:
-    """PNG bytes of a two-panel chart: persistent Q workspace (MiB) and TTFT change (%) per strategy, one colour per
-    strategy; the selected strategy is outlined, measured TTFT changes (when present; each against the baseline timed
-    in the same process, ``per_strategy[i]["measured_change_pct"]``, the number the tables print) are black
-    diamonds beside the modelled bars. A deployment that does not fit gets no bars: the chart says why (no TTFT or memory number)."""
+    """PNG bytes of two panels per strategy: persistent Q workspace (MiB) and TTFT change (%), the selected strategy
+    outlined, measured changes (``per_strategy[i]["measured_change_pct"]``, as the tables print them) as black
+    diamonds. A deployment that does not fit gets no bars, only the reason."""
     from matplotlib.figure import Figure
 
     rows = result["per_strategy"]
-    chosen = result["selection"]["strategy"]
     names = [r["strategy"] for r in rows]
     if not result.get("fits_in_memory", True):
         fig = Figure(figsize=(7.6, 1.6), dpi=dpi, layout="constrained")
@@ -152,29 +156,22 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
         ax.text(0.5, 0.5, "this deployment does not fit, so it has no TTFT or memory result:\n"
                 + textwrap.fill(reason, width=70, max_lines=4, placeholder=" ..."),  # at spaces: "0.9" stays whole
                 ha="center", va="center", fontsize=9)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
-    colors = [strategy_style(n)[0] for n in names]
+        return _png(fig)
     fig = Figure(figsize=(7.6, 3.6), dpi=dpi, layout="constrained")
     ax_m, ax_t = fig.subplots(1, 2)
     x = list(range(len(rows)))
-    lw = [2.4 if n == chosen else 0.0 for n in names]
-    hatch = ["///" if n.endswith(":views") else None for n in names]
+    bar = {"color": [strategy_style(n)[0] for n in names], "edgecolor": "black", "linewidth":
+           [2.4 if n == result["selection"]["strategy"] else 0.0 for n in names],
+           "hatch": ["///" if n.endswith(":views") else None for n in names]}
     nan = float("nan")  # a strategy whose own workspace does not fit has no bar (its numbers are None)
-    mib = [nan if r["workspace_mib"] is None else r["workspace_mib"] for r in rows]
-    chg = [nan if r["ttft_change_pct"] is None else r["ttft_change_pct"] for r in rows]
-    bars = ax_m.bar(x, mib, color=colors, edgecolor="black", linewidth=lw, hatch=hatch)
-    ax_m.bar_label(bars, labels=["does not fit" if v != v else f"{v:.0f}" for v in mib], fontsize=7, padding=2,
-                   rotation=90)
-    ax_m.margins(y=0.3)
+    for ax, key, fmt, margin in ((ax_m, "workspace_mib", "{:.0f}", 0.3), (ax_t, "ttft_change_pct", "{:+.1f}%", 0.35)):
+        vals = [nan if r[key] is None else r[key] for r in rows]
+        ax.bar_label(ax.bar(x, vals, **bar), labels=["does not fit" if v != v else fmt.format(v) for v in vals],
+                     fontsize=7, padding=2, rotation=90)
+        ax.margins(y=margin)
     ax_m.set_title("persistent Q workspace per rank\n(exact bytes)", fontsize=9.5)
     ax_m.set_ylabel("MiB")
-    bars = ax_t.bar(x, chg, color=colors, edgecolor="black", linewidth=lw, hatch=hatch)
-    ax_t.bar_label(bars, labels=["does not fit" if v != v else f"{v:+.1f}%" for v in chg], fontsize=7, padding=2,
-                   rotation=90)
     ax_t.axhline(0, color="k", lw=0.6)
-    ax_t.margins(y=0.35)
     # the measured change as the table under the chart prints it (measured vs the measured baseline)
     mx = [(i, r["measured_change_pct"]) for i, r in enumerate(rows) if r.get("measured_change_pct") is not None]
     if mx:
@@ -186,9 +183,7 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
         ax.set_xticks(x, names, fontsize=7.5, rotation=35, ha="right")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return _png(fig)
 
 
 def _fmt_int(n) -> str:
@@ -284,47 +279,39 @@ class Explorer:
         if measured is None:
             measured = load_measured()
         self.measured = measured
-        models = model_names()
-        model = initial.get("model", "glm-5" if "glm-5" in models else models[0])
-        style = {"description_width": "150px"}
-        tstyle = {"button_width": "110px"}
-        lay = W.Layout(width="480px")
+        models, get = model_names(), initial.get
+        model = get("model", "glm-5" if "glm-5" in models else models[0])
+        wide = {"style": {"description_width": "150px"}, "layout": W.Layout(width="480px")}
+        narrow = {"style": wide["style"], "layout": W.Layout(width="260px")}
+        toggle = {"style": {"button_width": "110px"}}
+        n_max = CONTROL_OPTIONS["num_prompts"][1]
         self.controls = {
-            "model": W.Dropdown(options=models, value=model, description="model", style=style, layout=lay),
-            "tp": W.Dropdown(options=tp_options(model), value=initial.get("tp", 8), description="TP size",
-                             style=style, layout=lay),
-            "arch": W.Dropdown(options=sorted(ARCHS), value=get_arch(initial.get("arch", "h200")).name,
-                               description="GPU architecture", style=style, layout=lay),
+            "model": W.Dropdown(options=models, value=model, description="model", **wide),
+            "tp": W.Dropdown(options=tp_options(model), value=get("tp", 8), description="TP size", **wide),
+            "arch": W.Dropdown(options=sorted(ARCHS), value=get_arch(get("arch", "h200")).name,
+                               description="GPU architecture", **wide),
             "max_num_batched_tokens": W.SelectionSlider(
-                options=CONTROL_OPTIONS["max_num_batched_tokens"], value=initial.get("max_num_batched_tokens", 16384),
-                description="max batched tokens", continuous_update=False, style=style, layout=lay,
+                options=CONTROL_OPTIONS["max_num_batched_tokens"], value=get("max_num_batched_tokens", 16384),
+                description="max batched tokens", continuous_update=False, **wide,
                 tooltip="vLLM --max-num-batched-tokens: the chunk size and the workspace rows"),
-            "kv_cache_dtype": W.ToggleButtons(options=list(KV_CACHE_DTYPES), value=initial.get("kv_cache_dtype", "bf16"),
-                                              style=tstyle),
-            "prompt_len": W.SelectionSlider(options=CONTROL_OPTIONS["prompt_len"], value=initial.get("prompt_len", 1024),
-                                            description="prompt length", continuous_update=False, style=style,
-                                            layout=lay),
-            "num_prompts": W.BoundedIntText(value=initial.get("num_prompts", 32), min=CONTROL_OPTIONS["num_prompts"][0],
-                                            max=CONTROL_OPTIONS["num_prompts"][1], description="prompts (all at once)",
-                                            style=style, layout=W.Layout(width="260px")),
-            "concurrency": W.BoundedIntText(value=initial.get("concurrency") or initial.get("num_prompts", 32),
-                                            min=1, max=CONTROL_OPTIONS["num_prompts"][1],
-                                            description="concurrency", style=style, layout=W.Layout(width="260px")),
+            "kv_cache_dtype": W.ToggleButtons(options=list(KV_CACHE_DTYPES), value=get("kv_cache_dtype", "bf16"),
+                                              **toggle),
+            "prompt_len": W.SelectionSlider(options=CONTROL_OPTIONS["prompt_len"], value=get("prompt_len", 1024),
+                                            description="prompt length", continuous_update=False, **wide),
+            "num_prompts": W.BoundedIntText(value=get("num_prompts", 32), min=CONTROL_OPTIONS["num_prompts"][0],
+                                            max=n_max, description="prompts (all at once)", **narrow),
+            "concurrency": W.BoundedIntText(value=get("concurrency") or get("num_prompts", 32), min=1, max=n_max,
+                                            description="concurrency", **narrow),
             "weight_dtype": W.ToggleButtons(options=sorted(WEIGHT_DTYPES, reverse=True),
-                                            value=initial.get("weight_dtype", SEED_DEPLOYMENT.weight_dtype),
-                                            style=tstyle),
+                                            value=get("weight_dtype", SEED_DEPLOYMENT.weight_dtype), **toggle),
             "moe_parallel": W.ToggleButtons(options=list(MOE_PARALLEL),
-                                            value=initial.get("moe_parallel", SEED_DEPLOYMENT.moe_parallel),
-                                            style=tstyle),
-            "strategy": W.Dropdown(options=list(EXPLORER_STRATEGIES),
-                                   value=resolve_strategy(initial.get("strategy", PR_STRATEGY)),
-                                   description="strategy", style=style, layout=lay),
-            "gpu_memory_utilization": W.BoundedFloatText(value=initial.get("gpu_memory_utilization", 0.9), min=0.05,
-                                                         max=1.0, step=0.05, description="GPU memory utilization",
-                                                         style=style, layout=W.Layout(width="260px")),
-            "memory_budget_mib": W.BoundedFloatText(value=initial.get("memory_budget_mib", 300.0), min=0,
-                                                    max=1e6, step=50, description="advise: budget MiB",
-                                                    style=style, layout=W.Layout(width="260px")),
+                                            value=get("moe_parallel", SEED_DEPLOYMENT.moe_parallel), **toggle),
+            "strategy": W.Dropdown(options=list(EXPLORER_STRATEGIES), description="strategy", **wide,
+                                   value=resolve_strategy(get("strategy", PR_STRATEGY))),
+            "gpu_memory_utilization": W.BoundedFloatText(value=get("gpu_memory_utilization", 0.9), min=0.05, max=1.0,
+                                                         step=0.05, description="GPU memory utilization", **narrow),
+            "memory_budget_mib": W.BoundedFloatText(value=get("memory_budget_mib", 300.0), min=0, max=1e6, step=50,
+                                                    description="advise: budget MiB", **narrow),
         }
         self.summary = W.HTML()
         self.chart = W.Image(format="png")

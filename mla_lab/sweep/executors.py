@@ -82,27 +82,8 @@ def _result(task: PointTask, out: dict) -> PointResult:
     return PointResult(task, rows=out["rows"], error=out["error"], host=out["host"], seconds=out["seconds"])
 
 
-class LocalExecutor:
-    """Points in this process, one after the other, in the order given (the default)."""
-
-    name = "local"
-
-    def resolve_device(self, device: str) -> str:
-        """``auto`` -> ``cuda`` when torch sees a GPU here, else ``cpu``; ``cuda`` without a GPU is a ValueError."""
-        return resolve_device(device)
-
-    def detect_gpu(self) -> dict | None:
-        """:func:`mla_lab.arch.detect_arch` of this process's GPU."""
-        return detect_arch()
-
-    def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
-            ) -> Iterator[PointResult]:
-        # driver_version is not checked: this process is the driver, its code is the driver's by definition
-        for t in tasks:
-            yield _result(t, compute_point(t.point, t.mode, compute_fn))
-
-    def describe(self) -> str:
-        return "local (in-process)"
+class _Closing:
+    """A context manager calling :meth:`close` on exit."""
 
     def close(self) -> None:
         pass
@@ -114,6 +95,23 @@ class LocalExecutor:
         self.close()
 
 
+class LocalExecutor(_Closing):
+    """Points in this process, one after the other, in the order given (the default)."""
+
+    name = "local"
+    resolve_device = staticmethod(resolve_device)
+    detect_gpu = staticmethod(detect_arch)
+
+    def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
+            ) -> Iterator[PointResult]:
+        # driver_version is not checked: this process is the driver, its code is the driver's by definition
+        for t in tasks:
+            yield _result(t, compute_point(t.point, t.mode, compute_fn))
+
+    def describe(self) -> str:
+        return "local (in-process)"
+
+
 def ray_available() -> bool:
     """ray can be imported here (checked without importing it)."""
     import importlib.util
@@ -121,16 +119,7 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def _import_ray():
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError(f"executor='ray' needs the optional ray package, which is not installed here ({e}); "
-                          f"install it with {RAY_INSTALL_HINT}") from None
-    return ray
-
-
-class RayExecutor:
+class RayExecutor(_Closing):
     """Points as Ray tasks. ``address``: None starts (or reuses) a local instance, ``"auto"`` / ``"host:6379"`` /
     ``"ray://host:10001"`` joins a cluster (an instance already initialized here is reused as is); ``num_cpus``: a
     local instance's; ``gpus_per_measured``, ``cpus_per_task``: each task's resources; ``max_in_flight``: tasks
@@ -143,7 +132,12 @@ class RayExecutor:
     def __init__(self, address: str | None = None, num_cpus: int | None = None, gpus_per_measured: float = 1,
                  cpus_per_task: float = 1, max_in_flight: int | None = None, max_retries: int = 1,
                  runtime_env: dict | None = None, **init_kwargs):
-        self.ray = _import_ray()
+        try:
+            import ray
+        except ImportError as e:
+            raise ImportError(f"executor='ray' needs the optional ray package, which is not installed here ({e}); "
+                              f"install it with {RAY_INSTALL_HINT}") from None
+        self.ray = ray
         if gpus_per_measured <= 0:
             raise ValueError(f"gpus_per_measured={gpus_per_measured!r} must be > 0 (a measured point needs a GPU)")
         self.address = address
@@ -184,12 +178,6 @@ class RayExecutor:
         self._started = False
         self._fns = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def resources(self) -> dict:
         """The cluster's total resources (``CPU``, ``GPU``, ...)."""
         return dict(self._ensure_init().cluster_resources())
@@ -223,7 +211,7 @@ class RayExecutor:
         if self._local_not_started():
             return detect_arch()
         ray = self._ensure_init()
-        fn = ray.remote(num_cpus=0, num_gpus=self.gpus_per_measured, max_calls=1)(_detect_arch_task)
+        fn = ray.remote(num_cpus=0, num_gpus=self.gpus_per_measured, max_calls=1)(detect_arch)
         return ray.get(fn.remote(), timeout=timeout_s)
 
     # ------------------------------------------------------------------------------------------------ run
@@ -255,7 +243,9 @@ class RayExecutor:
                     try:
                         out = ray.get(ref)
                     except Exception as e:  # the task itself was lost (worker died, node gone, cancelled)
-                        out = {"rows": [], "error": f"{type(e).__name__}: {_short(e)}", "host": "", "seconds": 0.0}
+                        msg = str(e).strip()
+                        msg = msg if len(msg) <= 2000 else msg[:2000] + " ..."
+                        out = {"rows": [], "error": f"{type(e).__name__}: {msg}", "host": "", "seconds": 0.0}
                     yield _result(t, out)
         finally:
             for ref in pending:
@@ -263,15 +253,6 @@ class RayExecutor:
                     ray.cancel(ref, force=True)
                 except Exception:
                     pass
-
-
-def _detect_arch_task():
-    return detect_arch()
-
-
-def _short(e: Exception, limit: int = 2000) -> str:
-    s = str(e).strip()
-    return s if len(s) <= limit else s[:limit] + " ..."
 
 
 def make_executor(name: str = "local", address: str | None = None, **kwargs):
