@@ -163,50 +163,46 @@ def _grid(p: dict) -> None:
     p["strategies"] = expand_strategies(p["strategies"])
 
 
-def _positive_int(p: dict, k: str, what: str = "a positive int") -> None:
-    if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
-        raise ValueError(f"{k}={short_repr(p[k])} must be {what}")
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _workload(p: dict) -> None:
-    """The workload and serving scalars checked in place (``request_rate`` text that is a number read as one)."""
-    for k in ("num_prompts", "num_runs"):
-        _positive_int(p, k)
-    c = p["concurrency"]
-    if c is not None:
-        _positive_int(p, "concurrency", "a positive int or null")
-        if c > p["num_prompts"]:
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: The scalar parameters' checks, in the order they are made: (names, test, what the message says of a value).
+_SCALARS = (
+    (("num_prompts", "num_runs"), lambda v: _int(v) and v > 0, "must be a positive int"),
+    (("concurrency",), lambda v: v is None or (_int(v) and v > 0), "must be a positive int or null"),
+    (("gpu_memory_utilization",), lambda v: _number(v) and 0 < v <= 1, "must be a number in (0, 1]"),
+    (("output_len", "max_num_seqs"), lambda v: _int(v) and v > 0, "must be a positive int"),
+    (("seed",), lambda v: _int(v) and 0 <= v <= 2**32 - 1,
+     f"must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)"),
+    (("request_rate",), lambda v: v == "inf" or (_number(v) and v > 0),
+     "must be 'inf' or a positive number of requests per second"),
+    (("shared_workspace_bytes",), lambda v: v is None or (_int(v) and v >= 0),
+     "must be a non-negative int (bytes) or null"),
+    (("device",), lambda v: v in ("auto", "cpu", "cuda"), "is not allowed; allowed: ['auto', 'cpu', 'cuda']"),
+    (("store_dir", "data_file", "report_dir"), lambda v: isinstance(v, str) and bool(v),
+     "must be a non-empty path string"),
+    (("check_equivalence", "force", "overwrite"), lambda v: isinstance(v, bool), "must be true or false"),
+    (("weight_dtype",), lambda v: v in ("fp8", "bf16"), "is not allowed; allowed: ['fp8', 'bf16']"),
+    (("moe_parallel",), lambda v: v in ("ep", "tp"), "is not allowed; allowed: ['ep', 'tp']"),
+)
+
+
+def _scalars(p: dict) -> None:
+    """The workload, serving and run scalars checked in place (``request_rate`` text that is a number read as one)."""
+    p["request_rate"] = _rate_number(p["request_rate"])
+    for names, ok, what in _SCALARS:
+        for k in names:
+            if not ok(p[k]):
+                raise ValueError(f"{k}={short_repr(p[k])} {what}")
+        c = p["concurrency"]
+        if names == ("concurrency",) and c is not None and c > p["num_prompts"]:
             raise ValueError(f"concurrency={short_repr(c)} exceeds num_prompts={short_repr(p['num_prompts'])}; "
                              f"allowed: 1..{p['num_prompts']} or null (= num_prompts)")
-    g = p["gpu_memory_utilization"]
-    if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
-        raise ValueError(f"gpu_memory_utilization={short_repr(g)} must be a number in (0, 1]")
-    for k in ("output_len", "max_num_seqs"):
-        _positive_int(p, k)
-    sd = p["seed"]
-    if isinstance(sd, bool) or not isinstance(sd, int) or not 0 <= sd <= 2**32 - 1:
-        raise ValueError(f"seed={short_repr(sd)} must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)")
-    rate = p["request_rate"] = _rate_number(p["request_rate"])
-    if not (rate == "inf" or (not isinstance(rate, bool) and isinstance(rate, (int, float)) and rate > 0)):
-        raise ValueError(f"request_rate={short_repr(rate)} must be 'inf' or a positive number of requests per second")
-
-
-def _run_options(p: dict) -> None:
-    """Where and how the sweep runs, checked."""
-    sw = p["shared_workspace_bytes"]
-    if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int) or sw < 0):
-        raise ValueError(f"shared_workspace_bytes={short_repr(sw)} must be a non-negative int (bytes) or null")
-    if p["device"] not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device={short_repr(p['device'])} is not allowed; allowed: ['auto', 'cpu', 'cuda']")
-    for k in ("store_dir", "data_file", "report_dir"):
-        if not isinstance(p[k], str) or not p[k]:
-            raise ValueError(f"{k}={short_repr(p[k])} must be a non-empty path string")
-    for k in ("check_equivalence", "force", "overwrite"):
-        if not isinstance(p[k], bool):
-            raise ValueError(f"{k}={short_repr(p[k])} must be true or false")
-    for k, allowed in (("weight_dtype", ("fp8", "bf16")), ("moe_parallel", ("ep", "tp"))):
-        if p[k] not in allowed:
-            raise ValueError(f"{k}={short_repr(p[k])} is not allowed; allowed: {list(allowed)}")
 
 
 def validate_params(raw: dict) -> SweepParams:
@@ -219,8 +215,7 @@ def validate_params(raw: dict) -> SweepParams:
         raise ValueError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
     p = {**DEFAULTS, **raw}
     _grid(p)
-    _workload(p)
-    _run_options(p)
+    _scalars(p)
     _validate_executor(p)
     return SweepParams(**p)
 

@@ -9,7 +9,6 @@ import contextlib
 import os
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from ..placement import BASELINE
 from .executors import PointTask, make_executor
 from .params import SweepParams, expand_grid, validate_params
 from .rows import compute_rows, point_inputs
-from .store import ResultStore, code_version, inputs_digest, point_key
+from .store import ResultStore, atomic_write, code_version, inputs_digest, point_key
 
 __all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK", "grid_row_ids", "may_measure",
            "data_file_lock", "check_not_locked", "LOCK_ENV"]
@@ -190,10 +189,9 @@ def data_file_lock(out: str | Path, token: str | None = None):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            who = " ".join(f.read().split()[:2]) or "another process"
+            err = _held(out, f.read())
             f.close()
-            raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
-                             "it to finish, or another data_file") from None
+            raise err from None
         try:
             same = os.stat(lp).st_ino == os.fstat(f.fileno()).st_ino
         except FileNotFoundError:
@@ -213,6 +211,12 @@ def data_file_lock(out: str | Path, token: str | None = None):
         f.close()
 
 
+def _held(out, lock_text: str) -> ValueError:
+    who = " ".join(lock_text.split()[:2]) or "another process"
+    return ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for it to "
+                      "finish, or another data_file")
+
+
 def check_not_locked(out: str | Path) -> None:
     """The dry run's check: ValueError as :func:`data_file_lock` when another sweep holds ``out``'s lock."""
     import fcntl
@@ -224,9 +228,7 @@ def check_not_locked(out: str | Path) -> None:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            who = " ".join(f.read().split()[:2]) or "another process"
-            raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
-                             "it to finish, or another data_file") from None
+            raise _held(out, f.read()) from None
         fcntl.flock(f, fcntl.LOCK_UN)
 
 
@@ -316,22 +318,6 @@ def _claim(store, todo, skip: set, force: bool) -> tuple[list, list]:
     return mine, theirs
 
 
-def _write_csv(df, out: Path) -> None:
-    """``df`` to ``out`` atomically: a temporary file of this process's own beside it, then ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            df.to_csv(f, index=False)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600: the data file gets the mode any other file would
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s: float):
     import pandas as pd
 
@@ -359,7 +345,7 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
             store.release(t.key)
     _wait_for_claims(store, theirs, ex, compute_fn, version, progress, claim_wait_s)
     df = pd.DataFrame(store.rows([key for _, _, key in todo]))
-    _write_csv(df, out)
+    atomic_write(out, lambda f: df.to_csv(f, index=False), f".{out.name}.", newline="", chmod=True)
     return df
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT, measured_row_problem
 
-__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest", "payload_problem"]
+__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest", "payload_problem", "atomic_write"]
 
 _PKG = REPO_ROOT / "mla_lab"
 
@@ -192,18 +192,8 @@ class ResultStore:
     def write(self, key: str, point: dict, rows: list[dict], status: str = "ok", reason: str = "") -> Path:
         """Atomically store one point's rows (all strategies together)."""
         payload = {"key": key, "point": point, "status": status, "reason": reason, "rows": rows}
-        fd, tmp = tempfile.mkstemp(dir=self.points, prefix=f".{key}.{_host()}.{os.getpid()}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(payload, f, default=str)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(key))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return self.path(key)
+        return atomic_write(self.path(key), lambda f: json.dump(payload, f, default=str),
+                            f".{key}.{_host()}.{os.getpid()}.")
 
     def load(self, keys: list[str] | None = None) -> list[dict]:
         """Payloads of stored points (only ``keys`` when given); unreadable files are skipped and reported via the
@@ -235,6 +225,27 @@ class ResultStore:
                 rows.append({**payload["point"], "status": payload["status"], "reason": payload["reason"],
                              "point_key": payload["key"]})
         return rows
+
+
+def atomic_write(path: Path, write, prefix: str, newline: str | None = None, chmod: bool = False) -> Path:
+    """``write(f)`` into a temporary ``<prefix><random>.tmp`` beside ``path`` (fsync'd), then ``os.replace``: a
+    reader sees the whole new file or the old one. ``chmod``: give it the mode a new file gets (mkstemp's is 0600)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline=newline) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if chmod:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def payload_problem(payload) -> str:
