@@ -59,30 +59,21 @@ _SCALAR_BOUNDS = {"num_prompts": "num_prompts", "concurrency": "concurrency", "o
 MAX_PRICED_STEPS = 2048
 #: The most engine steps (prefill + decode) one serving strategy simulates (an upper bound, :func:`serve_step_bound`).
 MAX_SERVE_STEPS = 50_000
-#: The most request-steps (one request's prefill chunk or decode token in one engine step, at most
-#: ``num_prompts x (ceil(L / T) + output_len)`` per strategy) one ``mla-lab serve`` simulates over all its strategies
-#: (baseline included). The simulation's cost grows with request-steps, not engine steps (256 requests per step cost
-#: 256x one): measured on a 2-core machine, ~0.04-0.06 ms each plus ~1.5 s of imports (``--num-prompts 1000``, 4
-#: strategies, 516,000 request-steps: 31 s; ``--num-prompts 256``: 132,096 in 9.0 s), so 200,000 is <= ~14 s.
+#: The most request-steps (a request's prefill chunk or decode token in one step) one ``mla-lab serve`` simulates
+#: over its strategies: measured on 2 cores, ~0.04-0.06 ms each plus ~1.5 s of imports (516,000: 31 s; 132,096: 9.0 s).
 MAX_SERVE_TOTAL_STEPS = 200_000
-#: ``--num-runs``: 1 (one deterministic simulation) or at least this many (a 95 % band from N runs takes the 2.5th
-#: and 97.5th percentiles: below 20 runs they are the min and max, not a 95 % interval).
+#: ``--num-runs``: 1 or at least this many (below 20 runs the 2.5th and 97.5th percentiles are the min and max).
 MIN_NOISE_RUNS = 20
-#: The most request-steps ``mla-lab serve --num-runs N`` simulates in its noise runs (runs x strategies x
-#: request-steps; ~0.03 ms each with the noise model's cached pricer, measured: ``--num-runs 20`` default workload,
-#: 330,240 in 11.6 s; ``--num-prompts 256 --random-output-len 16``, 348,160 in 12.2 s): 350,000 is <= ~13 s.
+#: The most request-steps of serve's noise runs (runs x strategies x request-steps; ~0.03 ms each, measured:
+#: 330,240 in 11.6 s, 348,160 in 12.2 s): <= ~13 s.
 MAX_NOISE_STEPS = 350_000
-#: The most points x strategies one sweep grid may hold, and the most entries one grid list may hold.
-#: The longest benchmark a serving simulation may span (simulated seconds, num_prompts / request_rate, the arrivals'
-#: expected span): 1e8 s (~3 years). Timestamps are float64 seconds; at 1e8 s one ulp is 15 ns (2**-26 s), well
-#: below the millisecond-scale engine steps priced, so step times and ITLs stay exact; at 1e12 s (1e-12 req/s) an
-#: ulp is 0.12 ms, the size of a step's parts (and the metrics' per-second array, now sparse, asked for 8.91 TiB,
-#: issue 39).
+#: The longest simulated benchmark (num_prompts / request_rate, s): at 1e8 s a float64 ulp is 15 ns, so step times
+#: and ITLs stay exact; at 1e12 s it is 0.12 ms, a step's parts (issue 39).
 MAX_SIM_SECONDS = 1e8
+#: The most points x strategies one sweep grid may hold, and the most entries one grid list may hold.
 MAX_GRID_POINTS = 4096
 MAX_LIST_LEN = 64
-#: The most grid points (deployment x prompt length x KV dtype) one sweep's report draws: one frontier panel each,
-#: ~0.4 s apiece on a 2-core CPU (64 points: 25 s), so 256 keep the report's figures to ~2 minutes (a 3,360-point
+#: The most grid points one sweep's report draws, one frontier panel each (~0.4 s apiece on 2 cores; a 3,360-point
 #: grid took 8 minutes, then failed).
 MAX_REPORT_POINTS = 256
 #: The most (model, TP) bars one row of the report's TP bar chart holds before its labels print over each other

@@ -14,6 +14,7 @@ torch and the suite are imported inside the functions (``mla-lab --help`` loads 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -185,8 +186,6 @@ def legacy_report_files(folder: Path) -> list[str]:
     ``run_id`` that ``R.html`` contains. Then the lab's files are ``run_metadata.json``, ``R`` + each of
     :data:`REPORT_SUFFIXES` and the figures ``R/<figure>.png`` that have their ``R/<figure>.svg`` twin (and the
     reverse); anything else in the folder is not the lab's. Without the stamp: [] (nothing is the lab's)."""
-    import json
-
     try:
         meta = json.loads((folder / "run_metadata.json").read_text(encoding="utf-8"))
         name, run_id = meta["report_name"], meta["run_id"]
@@ -233,16 +232,10 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
     _check_out_folder("--report-dir", str(report_dir or dest), dest)
     tmp = Path(tempfile.mkdtemp(prefix=f"mla_lab_report_{gpu}_"))
     name = f"padding_sweep_{gpu}"
-    archs = [gpu] + ([] if gpu == "b200" else ["b200"])
-
-    def lst(xs):
-        return "[" + ", ".join(str(x) for x in xs) + "]"
-
-    argv = ["sweep", "-p", "models", lst(GRID["models"]), "-p", "tp_sizes", lst(GRID["tp_sizes"]),
-            "-p", "archs", lst(archs), "-p", "max_num_batched_tokens", lst(GRID["max_num_batched_tokens"]),
-            "-p", "prompt_lens", lst(GRID["prompt_lens"]), "-p", "device", "cpu", "-p", "store_dir",
-            str(tmp / "st"), "-p", "data_file", str(tmp / f"{name}_rows.csv"), "-p", "report_dir",
-            str(tmp / "reports"), "--report-name", name]
+    grid = dict(GRID, archs=[gpu] + ([] if gpu == "b200" else ["b200"]))
+    argv = ["sweep", *(x for k, v in grid.items() for x in ("-p", k, json.dumps(v))), "-p", "device", "cpu",
+            "-p", "store_dir", str(tmp / "st"), "-p", "data_file", str(tmp / f"{name}_rows.csv"),
+            "-p", "report_dir", str(tmp / "reports"), "--report-name", name]
 
     def finish() -> Path:
         # checked again: a file that appeared during the render is refused, never removed

@@ -6,23 +6,8 @@ from __future__ import annotations
 import json
 import math
 
-from .cli_doors import (
-    BOUNDS,
-    MAX_NOISE_STEPS,
-    MAX_SERVE_STEPS,
-    MAX_SERVE_TOTAL_STEPS,
-    MIN_NOISE_RUNS,
-    DoorError,
-    arg_type,
-    check_deployment,
-    check_engine,
-    check_sim_time,
-    check_strategies,
-    deployment_flags,
-    deployment_options,
-    range_help,
-    rate_type,
-)
+from . import cli_doors as doors
+from .cli_doors import MAX_NOISE_STEPS, MAX_SERVE_STEPS, MAX_SERVE_TOTAL_STEPS, MIN_NOISE_RUNS, DoorError
 
 __all__ = ["add_parser", "cmd_serve", "serve_step_bound", "check_serve", "serve_summary", "band_note", "format_serve"]
 
@@ -46,25 +31,23 @@ def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num
 
 
 def check_serve(args, strategies=None):
-    """:func:`check_deployment` for ``mla-lab serve`` plus its step bounds (:data:`MAX_SERVE_STEPS` per strategy,
+    """``cli_doors.check_deployment`` for ``mla-lab serve`` plus its step bounds (:data:`MAX_SERVE_STEPS` per strategy,
     :data:`MAX_SERVE_TOTAL_STEPS` over all, :data:`MAX_NOISE_STEPS` over the noise runs; ``--num-runs`` 1 or >=
     :data:`MIN_NOISE_RUNS`). ``strategies``: canonical, baseline excluded (default ``args.strategies``). Returns the
-    checked Deployment.
-
-    Raises:
-        DoorError: one line, O(1).
+    checked Deployment; DoorError (one line, O(1)) otherwise.
     """
     if 1 < args.num_runs < MIN_NOISE_RUNS:
         raise DoorError(f"--num-runs={args.num_runs} is too few for the 95 % band the noise Monte-Carlo prints (its "
                         f"2.5th and 97.5th percentiles need at least {MIN_NOISE_RUNS} runs); allowed: 1 (one "
-                        f"deterministic simulation) or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,}")
-    check_sim_time(args.num_prompts, args.request_rate, "--request-rate")
+                        f"deterministic simulation) or {MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,}")
+    doors.check_sim_time(args.num_prompts, args.request_rate, "--request-rate")
     conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
-    opts = deployment_options(args)
-    dep, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
-                                args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
-                                args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
-                                max_num_seqs=args.max_num_seqs, workload_in_flight=False, options=opts)
+    opts = doors.deployment_options(args)
+    dep, mem = doors.check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
+                                      args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc,
+                                      args.weight_dtype, args.moe_parallel, args.gpu_memory_utilization,
+                                      output_len=args.random_output_len, max_num_seqs=args.max_num_seqs,
+                                      workload_in_flight=False, options=opts)
     steps, case = serve_step_bound(args.num_prompts, args.random_input_len, args.random_output_len,
                                    args.max_num_batched_tokens, args.max_num_seqs, conc, args.request_rate,
                                    float(mem["kv_capacity_tokens"]))
@@ -106,7 +89,8 @@ def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
     strategies = {}
     base_cap = res["strategies"][res["baseline"]]["kv_capacity_tokens"]
     for s, r in res["strategies"].items():
-        strategies[s] = {"preset": r["preset"], "preset_label": preset_label(r["preset"] or ""), "metrics": {k: float(v) for k, v in r["metrics"].items()},
+        strategies[s] = {"preset": r["preset"], "preset_label": preset_label(r["preset"] or ""),
+                         "metrics": {k: float(v) for k, v in r["metrics"].items()},
                          "change_pct": {k: float(v) for k, v in r["change_pct"].items()},
                          "kv_capacity_tokens": int(r["kv_capacity_tokens"]),
                          "kv_tokens_lost": round(float(r["kv_tokens_lost"])),
@@ -205,12 +189,12 @@ def format_serve(out: dict) -> str:
 
 def cmd_serve(args) -> int:
     """``mla-lab serve``: checks, the simulation per strategy (and its noise runs), the summary printed."""
-    check_engine(args.engine)
+    doors.check_engine(args.engine)
     if args.engine is not None:
         from .placement import engine_strategies
 
         args.strategies = list(args.strategies) + engine_strategies(args.engine)
-    strategies = check_strategies(args.strategies)
+    strategies = doors.check_strategies(args.strategies)
     if args.num_runs is None:  # a finite rate: one run's change is noise-sized, so the band is the default
         args.num_runs = 1 if math.isinf(args.request_rate) else MIN_NOISE_RUNS
     dep = check_serve(args, strategies)  # the Deployment, checked once
@@ -234,10 +218,10 @@ def add_parser(sub) -> None:
     """The ``serve`` sub-command on ``sub`` (argparse sub-parsers)."""
     from .placement import SERVE_PRESETS
 
-    B, R = arg_type, range_help
+    B, R = doors.arg_type, doors.range_help
     sv = sub.add_parser("serve", help="the vllm bench serve simulation for one deployment: every metric per "
                                       "strategy and its change vs the baseline (modelled)")
-    deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"), tp_dest="tensor_parallel_size")
+    doors.deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"), tp_dest="tensor_parallel_size")
     sv.add_argument("--random-input-len", "--prompt-len", dest="random_input_len", type=B("prompt_len"),
                     default=1024, help=f"input tokens per request, {R('prompt_len')} (default 1024)")
     sv.add_argument("--random-output-len", type=B("output_len"), default=128,
@@ -246,7 +230,7 @@ def add_parser(sub) -> None:
                     help=f"requests, {R('num_prompts')} (default 32; with the step bound below)")
     sv.add_argument("--max-concurrency", type=B("concurrency"), default=None,
                     help="most requests in flight, 1..num_prompts (default unlimited)")
-    sv.add_argument("--request-rate", type=rate_type, default=float("inf"),
+    sv.add_argument("--request-rate", type=doors.rate_type, default=float("inf"),
                     help="requests/s, a number > 0 or inf (default inf: every request at t = 0, vLLM's default); a "
                          "finite rate is bounded as serial requests: num_prompts x (prefill steps + output_len) "
                          f"<= {MAX_SERVE_STEPS:,} steps per strategy")
@@ -256,7 +240,7 @@ def add_parser(sub) -> None:
                     help=f"vllm bench serve --seed (arrival times), {R('seed')} (default 0)")
     sv.add_argument("--num-runs", type=B("num_runs"), default=None,
                     help=f"noise Monte-Carlo runs per strategy (mla_lab.serving.noise): 1 = one deterministic run, "
-                         f"or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,} (a 95 %% band needs at least "
+                         f"or {MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,} (a 95 %% band needs at least "
                          f"{MIN_NOISE_RUNS} runs); default 1 at --request-rate inf, {MIN_NOISE_RUNS} at a "
                          "finite rate (one run there flips sign from seed to seed: its band is shown)")
     sv.add_argument("--strategies", nargs="+", default=list(SERVE_PRESETS),

@@ -9,25 +9,13 @@ from __future__ import annotations
 
 import math
 
+from .. import placement as pl
 from ..buffers import MIB
 from ..deployment import Deployment
 from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, PACKED_LABEL
 from ..model.memory import memory_tradeoff
 from ..model.packed_kernel import packed_strategy, packed_summary
-from ..placement import (
-    BASELINE,
-    FORCED_TODAY,
-    advise_candidates,
-    as_strategy,
-    engine_strategies,
-    engine_summary,
-    expand,
-    preset_label,
-    preset_of,
-    resolve_engine,
-    strategy_notes,
-    today_engines,
-)
+from ..placement import BASELINE
 from ..serving.benchmark import options_summary
 from .rows import Row, between_process_changes, measured_changes, measured_withheld, price
 
@@ -39,8 +27,8 @@ def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
     """:func:`mla_lab.placement.engine_summary` for ``d`` of ``engine`` (first, if given) and of
     :func:`mla_lab.placement.today_engines` (ValueError: a bad engine name, one line).
     """
-    names = list(dict.fromkeys(([resolve_engine(engine)] if engine else []) + today_engines()))
-    return [engine_summary(n, d) for n in names]
+    names = list(dict.fromkeys(([pl.resolve_engine(engine)] if engine else []) + pl.today_engines()))
+    return [pl.engine_summary(n, d) for n in names]
 
 
 #: The engine version ``advise`` answers within when ``--engine`` is not given (issue 39: one answer per engine;
@@ -65,7 +53,7 @@ def strategy_engine(strategy) -> str:
     (``vllm@0.33.0``, ``vllm@pr46189``, ``sglang@0.5.23``, ``vllm@pr53878-before`` / ``vllm@pr53878`` /
     ``vllm@56902`` for the PR-era presets and ``vllm@pr53878`` for the lab's proposals on the PR-era routes;
     ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for ``packed``, the lab's own kernel)."""
-    st = as_strategy(strategy)
+    st = pl.as_strategy(strategy)
     if st.engine:  # an engine version's own rule: its release (mla_lab.engines record)
         return st.engine_release
     if st.rule is None:
@@ -85,7 +73,7 @@ def engine_group(engine: str) -> str:
 def strategy_label(strategy) -> str:
     """The strategy as outputs print it: its name with the engine version it is priced as
     (``fa3_sparse@vllm-pr46189`` vs ``fa3_sparse@vllm-0.33.0``); a name that already says its rule stays."""
-    st = as_strategy(strategy)
+    st = pl.as_strategy(strategy)
     if "@" in st.name:
         return st.name
     if st.rule == "sglang-flashmla":  # SGLang 0.5.23 with flashmla_sparse forced, not its default
@@ -112,15 +100,16 @@ def _candidates(d: Deployment, strategies, engine: str | None, packed: str, with
     the caller's own candidates, ranked together)."""
     extra = [packed] if with_packed else []
     if engine is None and strategies is not None:  # the caller's own candidates, ranked together (Python API)
-        return expand([*strategies, *extra]), None, None
-    engine = resolve_engine(engine if engine is not None else DEFAULT_ENGINE)
+        return pl.expand([*strategies, *extra]), None, None
+    engine = pl.resolve_engine(engine if engine is not None else DEFAULT_ENGINE)
     group = engine_group(engine)
-    names = list(strategies if strategies is not None else advise_candidates(d.max_num_batched_tokens))
-    for e in (engine, *today_engines()):  # today's engines' own paths: listed beside the answer (or in it)
-        names += engine_strategies(e)
+    names = list(strategies if strategies is not None else pl.advise_candidates(d.max_num_batched_tokens))
+    for e in (engine, *pl.today_engines()):  # today's engines' own paths: listed beside the answer (or in it)
+        names += pl.engine_strategies(e)
     if group == "vllm@0.33.0":  # the engine's default and forced paths, and the lab's proposals on its routes
-        names += engine_strategies("vllm@0.33.0-flashmla") + [f"{s}@vllm-0.33.0-flashmla" for s in FORCED_TODAY]
-    return expand([*names, *extra]), engine, group
+        names += pl.engine_strategies("vllm@0.33.0-flashmla") + [f"{s}@vllm-0.33.0-flashmla"
+                                                                 for s in pl.FORCED_TODAY]
+    return pl.expand([*names, *extra]), engine, group
 
 
 def _check_fits(d: Deployment, mem: dict) -> None:
@@ -151,9 +140,9 @@ def _measured(rows: list[Row], d: Deployment, measured) -> tuple[dict, str]:
 
 
 def _summary(r: Row, reason: str, meas: dict) -> dict:
-    preset = preset_of(r.name)
+    preset = pl.preset_of(r.name)
     return {"strategy": r.name, "engine": strategy_engine(r.strategy), "label": strategy_label(r.strategy),
-            "preset": preset, "preset_label": preset_label(preset), "ttft_ms": r.ttft_ms,
+            "preset": preset, "preset_label": pl.preset_label(preset), "ttft_ms": r.ttft_ms,
             "ttft_change_pct": r.ttft_change_pct, "persistent_mib": r.memory.persistent_bytes / MIB,
             "extra_persistent_mib": r.extra_persistent_mib, "call_transient_mib": r.memory.call_transient_bytes / MIB,
             "kv_tokens_lost": round(r.kv_tokens_lost), "kv_capacity_pct_lost": r.kv_capacity_pct_lost,
@@ -274,8 +263,8 @@ _NOTE_MEASURED = ("ranked by the modelled TTFT (full_layer scope, content factor
                   "(data/measured/h200/between_process/presets.csv), elsewhere one process's 95 % interval of its "
                   "rounds (the measured sweep); memory exact (byte accounting); a negative extra = a workspace "
                   "smaller than the baseline's unpadded Q buffer")
-#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab/engines/presets/vllm_0_33_0.py``: FA4 for bf16 KV at <= 16 heads,
-#: FlashInfer for fp8 KV): the name the FA3-sparse placement takes in a label there.
+#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab/engines/presets/vllm_0_33_0.py``: FA4 for bf16 KV
+#: at <= 16 heads, FlashInfer for fp8 KV): the name the FA3-sparse placement takes in a label there.
 SM100_REAL_HEAD = {"FLASH_ATTN_MLA_SPARSE_FA4": "fa4_sparse", "FLASHINFER_MLA_SPARSE": "flashinfer_sparse"}
 
 
@@ -301,8 +290,8 @@ def _on_this_gpu(kept: list[dict], excluded: list[dict], d: Deployment, engines:
         out.append(s)
     if real:
         notes.append(f"{real}@vllm-0.33.0 = vLLM 0.33.0's {backend} on {d.arch.sm} with the real {d.num_heads} heads "
-                     "(no padding; mla_lab/engines/presets/vllm_0_33_0.py); its kernel is priced with FA3 sparse's model, "
-                     "nothing ran on a B200")
+                     "(no padding; mla_lab/engines/presets/vllm_0_33_0.py); its kernel is priced with FA3 sparse's "
+                     "model, nothing ran on a B200")
     return out, notes
 
 
@@ -415,7 +404,7 @@ def _notes(result: dict) -> list[str]:
     hopper = result.get("arch_sm", "sm90") == "sm90"
     out = [f"note: {n}" for n in result.get("arch_notes", [])]
     out += [f"note: {n if hopper else n.replace('on an H200 ', '(read for sm90) ')}"
-            for n in strategy_notes([x["strategy"] for x in listed + list(result.get("lab_kernels", []))])]
+            for n in pl.strategy_notes([x["strategy"] for x in listed + list(result.get("lab_kernels", []))])]
     out += _order_note(ranked)
     held = next((x["persistent_mib"] for x in listed if x["strategy"] == result["baseline"]
                  and x.get("persistent_mib") is not None), None)
