@@ -274,10 +274,8 @@ def _check_grid_size(checked) -> None:
 
 def check_sweep_serving(checked) -> None:
     """``mla-lab serve``'s bound (:data:`MAX_SERVE_TOTAL_STEPS` request-steps) for every simulation the sweep's report
-    runs (every engine preset and the baseline), on the grid's costliest prompt length and max_num_batched_tokens.
-
-    Raises:
-        DoorError: one line naming num_prompts, output_len and the prompt length.
+    runs (every engine preset and the baseline) on the grid's costliest prompt length and max_num_batched_tokens
+    (DoorError naming num_prompts, output_len and the prompt length).
     """
     from .placement import BASELINE, PRESETS, expand_strategies
 
@@ -427,12 +425,9 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
                      output_len: int = 0, max_num_seqs: int | None = None,
                      workload_in_flight: bool = True, options: dict | None = None) -> tuple:
     """O(1) checks of one deployment before any step is priced: :meth:`mla_lab.deployment.Deployment.of`, vLLM's engine
-    rule, the step bound, and whether the weights and the KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`).
-    Returns ``(deployment, memory_tradeoff's result)``. ``options``: :func:`deployment_options`.
-    ``workload_in_flight``: ``concurrency x prompt_len`` tokens must fit at once (advise); False (serve): one request.
-
-    Raises:
-        DoorError / ValueError: one line (names, dtypes, TP, concurrency, steps, vLLM's rule, what does not fit).
+    rule, the step bound, and whether the weights and KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`).
+    Returns ``(deployment, memory_tradeoff's result)``. ``workload_in_flight``: ``concurrency x prompt_len`` tokens
+    must fit at once (advise); False (serve): one request. DoorError / ValueError: one line.
     """
     from .deployment import Deployment
     from .model.memory import memory_tradeoff

@@ -137,11 +137,8 @@ def _kernel_manager_logging_to(log_path: Path):
 def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> dict:
     """Execute ``notebook`` with papermill (kernel ``mla-lab``, ``timeout`` s per cell; the kernel's stderr to
     ``runs/<run_id>.kernel.log``), export it to HTML with inputs hidden, and publish ``<report_dir>/runs/<run_id>.*``,
-    the latest copy ``<report_name>.html`` and the index. ``params``: checked by
-    :func:`mla_lab.cli_doors.check_sweep`. Returns ``{"run_id", "run_html", "html", "index", "figures", "csv"}``.
-
-    Raises:
-        CLIError: no notebook or no ``parameters`` cell; a cell failed (named). ValueError: invalid parameters.
+    the latest ``<report_name>.html`` and the index; returns ``{"run_id", "run_html", "html", "index", "figures",
+    "csv"}``. CLIError: no notebook / ``parameters`` cell, or a failed cell (named); ValueError: bad parameters.
     """
     import dataclasses
     import uuid
@@ -273,15 +270,10 @@ def _sweep_params(args) -> dict:
 
 
 def plan_outputs(params: dict, report_name: str, report_name_given: bool = False) -> tuple[dict, str, list[str]]:
-    """Where a sweep writes, decided before anything runs: ``(params, report_name, notes)``.
-
-    The main report and the default ``data_file`` are replaced only by a sweep of the same grid
-    (:data:`mla_lab.cli_doors.GRID_KEYS`) or with ``--overwrite``; otherwise this sweep writes
-    ``<report_name>-<grid hash>`` (or the ``--report-name`` given) and ``<that name>.csv``, each note saying so. A
-    ``data_file`` given with ``-p``/``-f`` is never redirected (:func:`mla_lab.sweep.run.check_output_file` refuses).
-
-    Raises:
-        ValueError: as :func:`mla_lab.sweep.params.validate_params` and ``check_output_file``.
+    """Where a sweep writes, decided before anything runs: ``(params, report_name, notes)``. The main report and the
+    default ``data_file`` are replaced only by a sweep of the same grid (:data:`mla_lab.cli_doors.GRID_KEYS`) or with
+    ``--overwrite``; otherwise this sweep writes ``<report_name>-<grid hash>`` (or the ``--report-name`` given) and
+    ``<that name>.csv``, a note saying so; a ``data_file`` given is never redirected. ValueError: as check_output_file.
     """
     import dataclasses
 

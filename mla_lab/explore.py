@@ -71,18 +71,13 @@ def _match_measured(measured, sel: dict):
 
 
 def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_STRATEGY, measured=None) -> dict:
-    """Price one deployment through :func:`mla_lab.sweep.rows.price` (the sweep's and the report's numbers) and attach
-    the matching measured rows; ``strategy`` (a door name) is the one the headline numbers describe.
-
-    Returns ``{"selection", "num_heads" (per rank), "prefill_padding", "padded_heads", "workspace_bytes",
-    "workspace_mib", "extra_bytes", "extra_mib" (vs the baseline), "kv_tokens_lost", "kv_capacity_pct_lost",
-    "kv_capacity_tokens", "per_strategy" (one dict per :data:`EXPLORER_STRATEGIES`), "ttft_scope", "num_steps",
-    "fits_in_memory", "fit_reason", "measured" (matching rows or None), "engines"}``; numbers are None where the
-    deployment (or a strategy) does not fit.
-
-    Raises:
-        ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` prefill steps; ``measured`` not a DataFrame;
-            an unknown strategy; anything the row builder rejects.
+    """Price one deployment through :func:`mla_lab.sweep.rows.price` (the sweep's numbers) and attach the matching
+    measured rows; ``strategy`` (a door name) is the one the headline numbers describe. Returns ``{"selection",
+    "num_heads", "prefill_padding", "padded_heads", "workspace_bytes", "workspace_mib", "extra_bytes", "extra_mib",
+    "kv_tokens_lost", "kv_capacity_pct_lost", "kv_capacity_tokens", "per_strategy" (one dict per
+    :data:`EXPLORER_STRATEGIES`), "ttft_scope", "num_steps", "fits_in_memory", "fit_reason", "measured", "engines"}``
+    (numbers None where it does not fit). ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` steps;
+    ``measured`` not a DataFrame; an unknown strategy; what the row builder rejects.
     """
     if not isinstance(deployment, Deployment):
         raise ValueError(f"deployment={deployment!r} must be a mla_lab.deployment.Deployment (Deployment.of(...) "
@@ -378,10 +373,7 @@ class Explorer:
 
     def set(self, **values) -> dict:
         """Set several controls as a user would (a model change re-offers TP sizes), then render once; returns
-        :attr:`result`.
-
-        Raises:
-            ValueError: an unknown control name, or a value its widget does not offer.
+        :attr:`result`. ValueError: an unknown control, or a value its widget does not offer.
         """
         unknown = sorted(set(values) - set(self.controls))
         if unknown:

@@ -121,11 +121,10 @@ def ray_available() -> bool:
 
 class RayExecutor(_Closing):
     """Points as Ray tasks. ``address``: None starts (or reuses) a local instance, ``"auto"`` / ``"host:6379"`` /
-    ``"ray://host:10001"`` joins a cluster (an instance already initialized here is reused as is); ``num_cpus``: a
-    local instance's; ``gpus_per_measured``, ``cpus_per_task``: each task's resources; ``max_in_flight``: tasks
-    not yet collected (None: 2 x the cluster's CPUs + GPUs, at least 4); ``max_retries``: re-runs of a task whose
-    worker died (a point's own exception is never retried); ``runtime_env`` and ``init_kwargs``: for ``ray.init``.
-    :meth:`close` shuts Ray down only if this executor started it."""
+    ``"ray://host:10001"`` joins a cluster; ``gpus_per_measured``, ``cpus_per_task``: each task's; ``max_in_flight``:
+    tasks not collected (None: 2 x CPUs + GPUs, >= 4); ``max_retries``: re-runs of a task whose worker died;
+    ``runtime_env``, ``init_kwargs``: ``ray.init``'s. :meth:`close` shuts down only a Ray this executor started.
+    """
 
     name = "ray"
 

@@ -45,12 +45,11 @@ def time_attention_path(*args, **kwargs):
 
 @dataclass
 class Row:
-    """One (deployment, strategy), priced (bytes and KV tokens per rank, ms). ``memory``: the Q path's bytes on
-    the strategy's route at this prompt length (:class:`~mla_lab.buffers.MemoryAccount`); ``extra_persistent_bytes``
-    / ``kv_tokens_lost``: over :data:`~mla_lab.placement.BASELINE`'s; ``kv_capacity_pct_lost`` nan at no capacity;
-    ``fit_reason`` says why the weights or the workload's KV tokens do not fit; ``ops_ms``: attention-path ms per op
-    (modelled rows); ``ttft_change_pct`` against the baseline's row; ``notes``: more columns (a modelled row's
-    kernel-rate source and content note, a measured row's intervals, timings and backends)."""
+    """One (deployment, strategy), priced (bytes and KV tokens per rank, ms). ``memory``: the Q path's bytes on its
+    route (:class:`~mla_lab.buffers.MemoryAccount`); ``extra_persistent_bytes`` / ``kv_tokens_lost``: over the
+    baseline's; ``kv_capacity_pct_lost`` nan at no capacity; ``fit_reason``: why it does not fit; ``ops_ms``: attention
+    ms per op; ``notes``: more columns (kernel-rate source, content note; a measured row's intervals and backends).
+    """
 
     deployment: Deployment
     strategy: Strategy
@@ -155,10 +154,7 @@ def _content_note(st: Strategy, arch: GPUArch, cal) -> str:
 def price(deployment: Deployment, strategies, *, calibration=None, memory: dict | None = None) -> list[Row]:
     """Modelled rows of one deployment: the baseline first, then ``strategies`` (door names or
     :class:`~mla_lab.placement.Strategy`, parsed once here), each with its memory account, fit and TTFT. ``memory``:
-    the deployment's ``memory_tradeoff`` holding every strategy, when the caller has it (default computed here).
-
-    Raises:
-        ValueError: an unknown strategy (one line); as the model functions.
+    the deployment's ``memory_tradeoff`` of every strategy, when the caller has it. ValueError: an unknown strategy.
     """
     d, cal = deployment, resolve_calibration(calibration)
     sts = expand(strategies)
@@ -250,10 +246,8 @@ def _measured_notes(d: Deployment, name: str, steps, per_step, rounds: dict, run
 def measured_rows(point: dict, calibration=None) -> list[dict]:
     """Measured rows of one grid point on the running GPU (every real strategy and the baseline): the attention path
     timed per distinct step in ``num_runs`` interleaved rounds (:func:`time_attention_path`), spliced into the modelled
-    TTFT; rows carry the 95 % interval of TTFT and of the change paired with the baseline's rounds.
-
-    Raises:
-        RuntimeError: no CUDA GPU; ValueError: an arch family other than the GPU's, or a KV cache other than bf16.
+    TTFT, with the 95 % intervals of TTFT and of the change paired with the baseline's rounds. Raises RuntimeError (no
+    CUDA GPU) or ValueError (an arch family other than the GPU's; a KV cache other than bf16).
     """
     d = Deployment.from_point(point)
     _check_measurable(d)
@@ -321,12 +315,11 @@ MEASURED_ROUTE = "sparse-mqa"
 
 
 def measured_withheld(d: Deployment, strategy: Strategy | str, fits: dict | None = None) -> str:
-    """Why a measured change of ``strategy`` (against :data:`mla_lab.placement.BASELINE`) must not be shown for the
-    deployment ``d``: "" when it may. A measured row timed :data:`MEASURED_ROUTE`; where the deployment's route
-    (:func:`mla_lab.model.route_ops.step_route`, every step of its schedule) is another for the strategy or the
-    baseline (e.g. DeepSeek-V3.2 at 1024-token prompts: dense MHA, vLLM #47327), the measured kernel does not run
-    there; where the deployment or the strategy does not fit (``fits``: ``{strategy name: Row}``), nothing is
-    priced at all (issue 39)."""
+    """Why a measured change of ``strategy`` must not be shown for ``d`` ("" when it may): the deployment's route
+    (:func:`mla_lab.model.route_ops.step_route`, every step) is not :data:`MEASURED_ROUTE` for it or the baseline
+    (e.g. DeepSeek-V3.2 at 1024-token prompts: dense MHA, vLLM #47327), or it does not fit (``fits``: name -> Row;
+    issue 39).
+    """
     st = as_strategy(strategy)
     order = (_BASE, st) if st.name != BASELINE else (_BASE,)  # the deployment's own reason first: one line for all
     for s in order:
@@ -435,13 +428,12 @@ def _rechange(out) -> None:
 
 
 def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
-    """Measured rows (a DataFrame) re-derived with the current model, as a new DataFrame: TTFT around the measured
-    attention path per step (``attn_path_ms_steps``; ``attn_path_ms_step0`` only where every step has one shape,
-    else ``ttft_note`` says why TTFT stays), the analytic memory columns (:data:`MEMORY_COLUMNS`) from today's
-    account, ``measured_withheld``, the change against the baseline and the between-process change where it
-    exists. ``weight_dtype`` / ``moe_parallel``: every row's layer options (default the row's, else the seed's fp8 /
-    ep). First-version rows (no ``placement``) are relabelled (``unfused`` -> ``per_call_zeros``, ``fused`` ->
-    ``private_workspace``; ``legacy_strategy`` keeps the name) and changed against ``per_call_zeros``."""
+    """Measured rows (a DataFrame) re-derived with today's model as a new DataFrame: TTFT around the measured attention
+    path per step (``attn_path_ms_steps``, or ``attn_path_ms_step0`` where every step has one shape, else ``ttft_note``
+    says why), the memory columns (:data:`MEMORY_COLUMNS`), ``measured_withheld``, the change and the between-process
+    change. ``weight_dtype`` / ``moe_parallel``: default the row's, else the seed's. First-version rows (no
+    ``placement``) are relabelled (``unfused`` -> ``per_call_zeros``, ``fused`` -> ``private_workspace``).
+    """
     out = df.copy()
     if out.empty or "source" not in out.columns:
         return out

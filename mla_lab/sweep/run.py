@@ -87,15 +87,10 @@ def _rows_not_covered(out: Path, params: SweepParams, measure: bool) -> tuple[in
 
 def check_output_file(path: str | Path, overwrite: bool = False, params: SweepParams | None = None,
                       device: str | None = None, create: bool = True) -> Path:
-    """The absolute path of an output CSV the lab may write, checked before any point is computed.
-
-    Without ``overwrite`` only a lab CSV (header with :data:`LAB_CSV_MARK`), not committed to git, whose every row
-    this sweep writes again (:func:`grid_row_ids`; measured rows per :func:`may_measure` of ``device``) is replaced.
-    ``create``: make the folder (False: the dry run).
-
-    Raises:
-        ValueError: one line naming the path and the fix (not a regular file, committed, not the lab's, rows that
-            would be lost, not writable, a folder that cannot be made).
+    """The absolute path of an output CSV the lab may write, checked before any point is computed: without ``overwrite``
+    only a lab CSV (:data:`LAB_CSV_MARK`), not committed, whose every row this sweep writes again (:func:`grid_row_ids`,
+    :func:`may_measure` of ``device``) is replaced. ``create``: make the folder (False: the dry run). ValueError: one
+    line naming the path and the fix.
     """
     out = resolve(path)
     if out.is_dir():
@@ -262,15 +257,11 @@ def plan_sweep(params: SweepParams | dict) -> dict:
 
 def run_sweep(params: SweepParams | dict, progress: bool = True, compute_fn=None, executor=None,
               claim_wait_s: float = 3600.0):
-    """Run (or resume) the sweep; returns a DataFrame of every stored row of this grid.
-
-    Each point is written atomically when done; points stored ``ok`` for this code and these inputs
-    (:func:`mla_lab.sweep.rows.point_inputs`) are skipped unless ``force``; a failing point is stored ``failed`` with
-    its reason (retried next run); a point another live sweep claimed is waited for (``claim_wait_s``).
-    ``compute_fn(point, mode) -> rows``: default :func:`mla_lab.sweep.rows.compute_rows`.
-
-    Raises:
-        ValueError: bad parameters or an output path the lab may not write (:func:`check_output_file`).
+    """Run (or resume) the sweep; returns a DataFrame of every stored row of this grid. Each point is written
+    atomically; points stored ``ok`` for this code and these inputs (:func:`mla_lab.sweep.rows.point_inputs`) are
+    skipped unless ``force``; a failing point is stored ``failed`` with its reason; a point another live sweep claimed
+    is waited for (``claim_wait_s``). ``compute_fn``: default :func:`mla_lab.sweep.rows.compute_rows`. ValueError: bad
+    parameters or an output path the lab may not write (:func:`check_output_file`), before any point runs.
     """
     if isinstance(params, dict):
         params = validate_params(params)
