@@ -106,11 +106,6 @@ def _load_param_file(f: str) -> dict:
     return data
 
 
-def _resolve(p: str, cwd: Path) -> Path:
-    path = Path(p)
-    return path if path.is_absolute() else cwd / path
-
-
 def _require_lab_extra() -> None:
     """CLIError naming the extra to install when papermill, nbformat, nbconvert or matplotlib is missing."""
     import importlib.util
@@ -158,7 +153,7 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
         resolve_device("cuda")  # (importing torch here too cost ~2-4 s of a one-point sweep, issue 22)
     token = uuid.uuid4().hex
     # the data file is this run's from the kernel's sweep to the copy under runs/ (a second sweep into it is refused)
-    with data_file_lock(_resolve(validated["data_file"], cwd), token) as lock:
+    with data_file_lock(cwd / validated["data_file"], token) as lock:
         os.environ[LOCK_ENV] = f"{lock}|{token}"  # the kernel inherits it: its sweep runs under this lock
         try:
             return _publish_locked(params, notebook, report_name, timeout, cwd, validated)
@@ -180,7 +175,7 @@ def _publish_locked(params: dict, notebook: Path, report_name: str, timeout: int
     from .sweep.store import code_version
 
     kernel = ensure_kernel()
-    report_dir = _resolve(validated["report_dir"], cwd)
+    report_dir = cwd / validated["report_dir"]
     runs_dir = report_dir / site.RUNS_DIR
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
@@ -207,27 +202,22 @@ def _publish_locked(params: dict, notebook: Path, report_name: str, timeout: int
                            f"(--timeout {timeout} s is per cell and the whole sweep runs in one cell; points "
                            f"finished so far are stored and a re-run resumes)") from None
         raise
-    duration = time.time() - t0
+    duration, rel = time.time() - t0, f"{site.RUNS_DIR}/{run_id}"
     run_html = runs_dir / f"{run_id}.html"
     run_html.write_text(site.notebook_to_html(executed, f"mla_lab {report_name} {run_id}"))
     meta = {"run_id": run_id, "report_name": report_name, "created_utc": started.isoformat(timespec="seconds"),
             "duration_s": round(duration, 1), "notebook": notebook.name, "params": validated,
             "params_hash": site.params_hash(validated), "git_commit": git_commit(), "code_version": code_version(),
-            "html": f"{site.RUNS_DIR}/{run_id}.html", "ipynb": f"{site.RUNS_DIR}/{run_id}.ipynb"}
-    data_file = _resolve(validated["data_file"], cwd)
+            "html": f"{rel}.html", "ipynb": f"{rel}.ipynb"}
+    data_file = cwd / validated["data_file"]
     if data_file.is_file():
         shutil.copyfile(data_file, runs_dir / f"{run_id}.csv")
-        meta["csv"] = f"{site.RUNS_DIR}/{run_id}.csv"
-    figures = {}
-    if figure_dir.is_dir():
-        for png in sorted(figure_dir.glob("*.png")):
-            if png.with_suffix(".svg").is_file():
-                figures[png.stem] = {"png": f"{site.RUNS_DIR}/{run_id}/{png.name}",
-                                     "svg": f"{site.RUNS_DIR}/{run_id}/{png.stem}.svg"}
-        prov = figure_dir / "provenance.json"
-        if prov.is_file():
-            meta["provenance"] = json.loads(prov.read_text())
-    meta["figures"] = figures
+        meta["csv"] = f"{rel}.csv"
+    prov = figure_dir / "provenance.json"
+    if prov.is_file():
+        meta["provenance"] = json.loads(prov.read_text())
+    meta["figures"] = {png.stem: {"png": f"{rel}/{png.name}", "svg": f"{rel}/{png.stem}.svg"}
+                       for png in sorted(figure_dir.glob("*.png")) if png.with_suffix(".svg").is_file()}
     site.write_json_atomic(runs_dir / f"{run_id}.json", meta)
     latest = site.publish_latest(report_dir, report_name, run_id)
     index = site.build_index(report_dir, report_name)
@@ -258,13 +248,11 @@ def _sweep_params(args) -> dict:
         v = getattr(args, f"vllm_{name}")
         if v is not None:
             flags[name] = (flag, _load_params([], [[name, v]])[name])
-    for attr, name, flag in (("force", "force", "--force"), ("overwrite", "overwrite", "--overwrite")):
-        if getattr(args, attr):
-            flags[name] = (flag, True)
-    for attr, name, flag in (("num_runs", "num_runs", "--num-runs"), ("executor", "executor", "--executor"),
+    for attr, name, flag in (("force", "force", "--force"), ("overwrite", "overwrite", "--overwrite"),
+                             ("num_runs", "num_runs", "--num-runs"), ("executor", "executor", "--executor"),
                              ("address", "ray_address", "--address"), ("seed", "seed", "--seed")):
         v = getattr(args, attr)
-        if v is not None:
+        if v is not None and v is not False:  # store_true flags: only when given
             flags[name] = (flag, v)
     return doors.merge_flags(params, flags)
 

@@ -185,6 +185,13 @@ def _fmt_int(n) -> str:
     return f"{int(round(n)):,}"
 
 
+_TD = "style='padding:2px 12px 2px 0'"
+
+
+def _tr(cells, tag: str = "td", style: str = "") -> str:
+    return f"<tr{style}>" + "".join(f"<{tag} {_TD}>{v}</{tag}>" for v in cells) + "</tr>"
+
+
 def summary_html(result: dict) -> str:
     """The headline numbers and the per-strategy table of :func:`explore_point` as HTML."""
     sel = result["selection"]
@@ -207,7 +214,7 @@ def summary_html(result: dict) -> str:
         ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"]) + pct_txt),
         ("chunked-prefill steps", str(result["num_steps"])),
     ]
-    td = "style='padding:2px 12px 2px 0'"
+    td = _TD
     facts_html = "".join(f"<tr><td {td}>{k}</td><td style='text-align:right'><b>{v}</b></td></tr>" for k, v in facts)
     cells = []
     for r in result["per_strategy"]:
@@ -218,30 +225,26 @@ def summary_html(result: dict) -> str:
                          f"<td {td} colspan='8'>does not fit: {e(str(r.get('fit_reason') or ''))}</td></tr>")
             continue
         style = " style='font-weight:bold;background:#eef4fb'" if r["strategy"] == sel["strategy"] else ""
-        cells.append(f"<tr{style}>" + "".join(f"<td {td}>{v}</td>" for v in (
-            e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['extra_mib']:+.1f}",
-            _fmt_int(r["kv_tokens_lost"]), "-" if r.get("kv_capacity_pct_lost") is None
-            or r["kv_capacity_pct_lost"] != r["kv_capacity_pct_lost"] else f"{r['kv_capacity_pct_lost']:.1f}",
-            f"{r['ttft_ms']:.2f}", f"{r['ttft_change_pct']:+.2f}%", meas, mchg)) + "</tr>")
+        kv = r.get("kv_capacity_pct_lost")
+        cells.append(_tr((e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['extra_mib']:+.1f}",
+                          _fmt_int(r["kv_tokens_lost"]), "-" if kv is None or kv != kv else f"{kv:.1f}",
+                          f"{r['ttft_ms']:.2f}", f"{r['ttft_change_pct']:+.2f}%", meas, mchg), style=style))
     heads = ("strategy", "workspace heads", "workspace MiB", "extra MiB", "KV tokens lost", "% of KV",
              "TTFT ms (modelled)", f"vs {BASELINE}", "TTFT ms (measured)", f"measured vs {BASELINE}")
-    table = ("<table style='border-collapse:collapse;margin-top:6px'><tr>"
-             + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
+    table = f"<table style='border-collapse:collapse;margin-top:6px'>{_tr(heads, 'th')}{''.join(cells)}</table>"
     note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.price);"
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
     if any(r["strategy"] == "kernel_native" for r in result["per_strategy"]):
         note += f"<br><small>kernel_native = {e(KERNEL_NATIVE_NOTE)}.</small>"
     if any(r["strategy"] == "packed" for r in result["per_strategy"]):
         note += f"<br><small>packed = {e(PACKED_NOTE)}.</small>"
-    eng = "".join(
-        f"<tr><td {td}>{e(x['preset'])} ({e(str(x['release_date']))})</td><td {td}>{e(str(x['backend']))}</td>"
-        f"<td {td}>{e(str(x['prefill_route']))}</td><td {td}>{x['padding'] if x['padding'] else 'none'}</td>"
-        f"<td {td}>{e(str(x['padded_path']))}</td></tr>" for x in result.get("engines", []))
+    eng = "".join(_tr((f"{e(x['preset'])} ({e(str(x['release_date']))})", e(str(x["backend"])),
+                       e(str(x["prefill_route"])), x["padding"] if x["padding"] else "none", e(str(x["padded_path"]))))
+                  for x in result.get("engines", []))
     eng_html = ("<p style='margin:8px 0 2px'><b>Engine versions today</b> (code reading of the release wheels; "
-                "<code>mla-lab engines</code>)</p><table style='border-collapse:collapse'><tr>"
-                + "".join(f"<th {td}>{h}</th>" for h in ("engine", "sparse backend", "prefill route",
-                                                          "prefill_padding", "padded path runs"))
-                + "</tr>" + eng + "</table>") if eng else ""
+                "<code>mla-lab engines</code>)</p><table style='border-collapse:collapse'>"
+                + _tr(("engine", "sparse backend", "prefill route", "prefill_padding", "padded path runs"), "th")
+                + eng + "</table>") if eng else ""
     return f"<div>{head}<table style='margin-top:6px'>{facts_html}</table>{table}{note}{eng_html}</div>"
 
 
