@@ -32,10 +32,7 @@ def _cmd_advise(args) -> int:
             raise DoorError(f"{flag}={v!r} is not used by advise: it ranks strategies by the modelled TTFT of the "
                             "prefill, which neither the output length nor the request rate changes; allowed: omit "
                             "it here, or use 'mla-lab serve' (the vllm bench serve simulation) with it")
-    dep, _ = doors.check_deployment(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
-                                    args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
-                                    args.moe_parallel, args.gpu_memory_utilization, strategies=None,
-                                    options=doors.deployment_options(args))
+    dep, _ = doors.check_deployment(args)
     from .sweep.advise import advise, format_advice
 
     doors.check_engine(args.engine)
@@ -67,7 +64,7 @@ def _add_advise(sub) -> None:
     B, R = doors.arg_type, doors.range_help
     ad = sub.add_parser("advise", help="for one deployment and a memory budget: the strategy (and S) with the "
                                        "lowest TTFT, ranked alternatives, what does not fit")
-    doors.deployment_flags(ad, tp_flags=("--tp", "--tensor-parallel-size"), tp_dest="tp")
+    doors.deployment_flags(ad, tp_flags=("--tp", "--tensor-parallel-size"))
     ad.add_argument("--prompt-len", "--random-input-len", dest="prompt_len", type=B("prompt_len"), default=1024,
                     help=f"tokens per prompt, {R('prompt_len')} (default 1024)")
     ad.add_argument("--num-prompts", type=B("num_prompts"), default=32,

@@ -420,32 +420,34 @@ def check_strategies(names) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cache_dtype, num_prompts,
-                     concurrency, weight_dtype, moe_parallel, gpu_memory_utilization, strategies=None,
-                     output_len: int = 0, max_num_seqs: int | None = None,
-                     workload_in_flight: bool = True, options: dict | None = None) -> tuple:
-    """O(1) checks of one deployment before any step is priced: :meth:`mla_lab.deployment.Deployment.of`, vLLM's engine
-    rule, the step bound, and whether the weights and KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`).
-    Returns ``(deployment, memory_tradeoff's result)``. ``workload_in_flight``: ``concurrency x prompt_len`` tokens
-    must fit at once (advise); False (serve): one request. DoorError / ValueError: one line.
+def check_deployment(args, workload_in_flight: bool = True) -> tuple:
+    """O(1) checks of the deployment of ``advise`` / ``serve``'s ``args`` (:func:`deployment_flags`, ``prompt_len``,
+    ``num_prompts``, ``concurrency``; ``output_len``, ``max_num_seqs`` where given) before any step is priced:
+    :meth:`mla_lab.deployment.Deployment.of`, vLLM's engine rule, the step bound, whether the weights and KV tokens
+    fit (:func:`mla_lab.model.memory.memory_tradeoff`). Returns ``(deployment, memory_tradeoff's result)``.
+    ``workload_in_flight``: ``concurrency x prompt_len`` tokens must fit at once (advise); False (serve): one request.
+    DoorError / ValueError: one line.
     """
     from .deployment import Deployment
     from .model.memory import memory_tradeoff
     from .placement import BASELINE
 
-    conc = concurrency if concurrency is not None else num_prompts
-    if isinstance(conc, int) and isinstance(num_prompts, int) and conc > num_prompts:
+    num_prompts, prompt_len, output_len = args.num_prompts, args.prompt_len, getattr(args, "output_len", 0)
+    conc = args.concurrency if args.concurrency is not None else num_prompts
+    if conc > num_prompts:
         raise DoorError(f"concurrency={conc} exceeds num_prompts={num_prompts}; allowed: 1..{num_prompts} or omit it "
                         "(= num_prompts)")
-    dep = Deployment.of(model=model, tp=tp, arch=arch, max_num_batched_tokens=max_num_batched_tokens,
-                        kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype, moe_parallel=moe_parallel,
-                        prompt_len=prompt_len, num_prompts=num_prompts, concurrency=conc,
-                        output_len=max(output_len, 1), gpu_memory_utilization=gpu_memory_utilization,
-                        **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),  # vLLM's rule: there
-                        **(options or {}))
-    m, a = dep.model, dep.arch
+    seqs = getattr(args, "max_num_seqs", None)
+    dep = Deployment.of(**{k: getattr(args, k) for k in ("model", "tp", "arch", "max_num_batched_tokens",
+                                                         "kv_cache_dtype", "weight_dtype", "moe_parallel",
+                                                         "gpu_memory_utilization")},
+                        prompt_len=prompt_len, num_prompts=num_prompts, concurrency=conc, output_len=max(output_len, 1),
+                        **({} if seqs is None else {"max_num_seqs": seqs}),  # vLLM's rule: there
+                        **deployment_options(args))
+    m, a, tp, weight_dtype, moe_parallel = dep.model, dep.arch, dep.tp, dep.weight_dtype, dep.moe_parallel
+    gpu_memory_utilization = dep.gpu_memory_utilization
     if workload_in_flight:
-        _check_steps(num_prompts, prompt_len, max_num_batched_tokens, "deployment")
+        _check_steps(num_prompts, prompt_len, args.max_num_batched_tokens, "deployment")
     mem = memory_tradeoff(dep, strategies=[BASELINE])
     cap = mem["kv_capacity_tokens"]
     where = f"{m.name} TP{tp} {a.name} ({weight_dtype} weights, experts {moe_parallel})"
@@ -465,9 +467,10 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
         if workload_in_flight:
             raise DoorError(f"this deployment does not fit advise's TTFT model, which holds every prompt's KV in "
                             f"flight at once: {where}: the workload needs {need:,} KV tokens in flight (concurrency "
-                            f"{conc} x {prompt_len}); KV capacity {int(cap):,} tokens; allowed: fewer tokens in flight (--concurrency, --prompt-len), a larger TP or "
-                            "a higher --gpu-memory-utilization; 'mla-lab serve' (the vllm bench serve simulation) "
-                            "queues the requests vLLM cannot hold and runs this workload")
+                            f"{conc} x {prompt_len}); KV capacity {int(cap):,} tokens; allowed: fewer tokens in flight "
+                            "(--concurrency, --prompt-len), a larger TP or a higher --gpu-memory-utilization; "
+                            "'mla-lab serve' (the vllm bench serve simulation) queues the requests vLLM cannot hold "
+                            "and runs this workload")
         raise DoorError(f"this deployment does not fit: {where}: one request needs {need:,} KV tokens "
                         f"({prompt_len} + {output_len}); KV capacity {int(cap):,} tokens; allowed: shorter requests, "
                         "a larger TP or a higher --gpu-memory-utilization")
@@ -530,13 +533,13 @@ def check_engine(engine) -> None:
         raise DoorError(str(e)) from None
 
 
-def deployment_flags(p, tp_flags, tp_dest) -> None:
+def deployment_flags(p, tp_flags) -> None:
     """The deployment flags ``advise`` and ``serve`` share, on parser ``p`` (``tp_flags``: the tensor-parallel spellings)."""
     B = arg_type
     lo, hi, _ = BOUNDS["tp"]
     p.add_argument("--model", default="glm-5", help="a model the lab knows, e.g. glm-5 or deepseek-v3.2 (default "
                                                    "glm-5; an unknown name lists them)")
-    p.add_argument(*tp_flags, dest=tp_dest, type=B("tp"), default=8,
+    p.add_argument(*tp_flags, dest="tp", metavar=tp_flags[0][2:].upper().replace("-", "_"), type=B("tp"), default=8,
                    help=f"tensor-parallel size (GPUs), {lo}..{hi:,}, dividing the model's num_heads (default 8)")
     p.add_argument("--arch", default="h200", help="GPU, e.g. h200 (sm90) or b200 (sm100) (default h200; an unknown "
                                                  "name lists them)")

@@ -41,18 +41,14 @@ def check_serve(args, strategies=None):
                         f"2.5th and 97.5th percentiles need at least {MIN_NOISE_RUNS} runs); allowed: 1 (one "
                         f"deterministic simulation) or {MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,}")
     doors.check_sim_time(args.num_prompts, args.request_rate, "--request-rate")
-    conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
+    conc = args.concurrency if args.concurrency is not None else args.num_prompts
     opts = doors.deployment_options(args)
-    dep, mem = doors.check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
-                                      args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc,
-                                      args.weight_dtype, args.moe_parallel, args.gpu_memory_utilization,
-                                      output_len=args.random_output_len, max_num_seqs=args.max_num_seqs,
-                                      workload_in_flight=False, options=opts)
-    steps, case = serve_step_bound(args.num_prompts, args.random_input_len, args.random_output_len,
+    dep, mem = doors.check_deployment(args, workload_in_flight=False)
+    steps, case = serve_step_bound(args.num_prompts, args.prompt_len, args.output_len,
                                    args.max_num_batched_tokens, args.max_num_seqs, conc, args.request_rate,
                                    float(mem["kv_capacity_tokens"]))
-    what = (f"--num-prompts {args.num_prompts} x (--random-input-len {args.random_input_len}, --random-output-len "
-            f"{args.random_output_len}) at {case} is up to {steps:,} engine steps per strategy")
+    what = (f"--num-prompts {args.num_prompts} x (--random-input-len {args.prompt_len}, --random-output-len "
+            f"{args.output_len}) at {case} is up to {steps:,} engine steps per strategy")
     if steps > MAX_SERVE_STEPS:
         raise DoorError(f"{what}; allowed: at most {MAX_SERVE_STEPS:,} (fewer prompts or output tokens, more "
                         "concurrency, --request-rate inf)")
@@ -61,11 +57,11 @@ def check_serve(args, strategies=None):
     n_strat = len(set(strategies if strategies is not None else args.strategies) | {BASELINE})
     # a prefill chunk costs ~2 decode request-steps (measured: --max-num-batched-tokens 256 --random-input-len 16384
     # --num-prompts 700 --random-output-len 1, 4 strategies x 45,500 request-steps: 20.7 s), so it counts twice
-    work = args.num_prompts * (2 * math.ceil(args.random_input_len / args.max_num_batched_tokens)
-                               + args.random_output_len)
+    work = args.num_prompts * (2 * math.ceil(args.prompt_len / args.max_num_batched_tokens)
+                               + args.output_len)
     if work * n_strat > MAX_SERVE_TOTAL_STEPS:
-        raise DoorError(f"--num-prompts {args.num_prompts} x (2 x ceil(--random-input-len {args.random_input_len} / "
-                        f"{args.max_num_batched_tokens}) + --random-output-len {args.random_output_len}) x "
+        raise DoorError(f"--num-prompts {args.num_prompts} x (2 x ceil(--random-input-len {args.prompt_len} / "
+                        f"{args.max_num_batched_tokens}) + --random-output-len {args.output_len}) x "
                         f"{n_strat} strategies (baseline included) = {work * n_strat:,} request-steps to simulate; "
                         f"allowed: at most {MAX_SERVE_TOTAL_STEPS:,} (~14 s; fewer strategies, prompts or output "
                         "tokens)")
@@ -200,9 +196,9 @@ def cmd_serve(args) -> int:
     dep = check_serve(args, strategies)  # the Deployment, checked once
     from .serving import BenchConfig, serve_benchmark
 
-    bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.random_input_len,
-                        random_output_len=args.random_output_len, request_rate=args.request_rate,
-                        max_concurrency=args.max_concurrency, seed=args.seed)
+    bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.prompt_len,
+                        random_output_len=args.output_len, request_rate=args.request_rate,
+                        max_concurrency=args.concurrency, seed=args.seed)
     res = serve_benchmark(dep, strategies, bench)
     runs = None
     if args.num_runs > 1:  # N single runs per strategy of the noise model: each metric's median and 95 % band
@@ -221,14 +217,16 @@ def add_parser(sub) -> None:
     B, R = doors.arg_type, doors.range_help
     sv = sub.add_parser("serve", help="the vllm bench serve simulation for one deployment: every metric per "
                                       "strategy and its change vs the baseline (modelled)")
-    doors.deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"), tp_dest="tensor_parallel_size")
-    sv.add_argument("--random-input-len", "--prompt-len", dest="random_input_len", type=B("prompt_len"),
-                    default=1024, help=f"input tokens per request, {R('prompt_len')} (default 1024)")
-    sv.add_argument("--random-output-len", type=B("output_len"), default=128,
+    doors.deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"))
+    sv.add_argument("--random-input-len", "--prompt-len", dest="prompt_len", metavar="RANDOM_INPUT_LEN",
+                    type=B("prompt_len"), default=1024, help=f"input tokens per request, {R('prompt_len')} (default 1024)")
+    sv.add_argument("--random-output-len", dest="output_len", metavar="RANDOM_OUTPUT_LEN", type=B("output_len"),
+                    default=128,
                     help=f"output tokens per request, {R('output_len')} (default 128)")
     sv.add_argument("--num-prompts", type=B("num_prompts"), default=32,
                     help=f"requests, {R('num_prompts')} (default 32; with the step bound below)")
-    sv.add_argument("--max-concurrency", type=B("concurrency"), default=None,
+    sv.add_argument("--max-concurrency", dest="concurrency", metavar="MAX_CONCURRENCY", type=B("concurrency"),
+                    default=None,
                     help="most requests in flight, 1..num_prompts (default unlimited)")
     sv.add_argument("--request-rate", type=doors.rate_type, default=float("inf"),
                     help="requests/s, a number > 0 or inf (default inf: every request at t = 0, vLLM's default); a "
