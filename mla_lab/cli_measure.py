@@ -22,26 +22,24 @@ import tempfile
 from pathlib import Path
 
 
-def processes_type(s: str) -> int:
-    """``--processes``: an integer 1..64 (64: more fresh processes than one GPU session holds)."""
-    try:
-        n = int(s)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 64:
-        raise argparse.ArgumentTypeError(f"--processes={s!r}: an integer 1..64 is allowed")
-    return n
+def _flag_type(flag: str, convert, ok, allowed: str):
+    """An argparse ``type=``: ``convert(text)`` where ``ok`` holds it, else ``<flag>='<text>': <allowed> is allowed``."""
+
+    def parse(s: str):
+        try:
+            v = convert(s)
+        except ValueError:
+            v = None
+        if v is None or not ok(v):
+            raise argparse.ArgumentTypeError(f"{flag}={s!r}: {allowed} is allowed")
+        return v
+
+    return parse
 
 
-def budget_type(s: str) -> float:
-    """``--budget-s``: seconds, a finite number > 0."""
-    try:
-        v = float(s)
-    except ValueError:
-        v = float("nan")
-    if not (v > 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"--budget-s={s!r}: a number of seconds > 0 is allowed")
-    return v
+#: ``--processes`` (64: more fresh processes than one GPU session holds) and ``--budget-s`` (finite seconds).
+processes_type = _flag_type("--processes", int, lambda n: 1 <= n <= 64, "an integer 1..64")
+budget_type = _flag_type("--budget-s", float, lambda v: 0 < v < float("inf"), "a number of seconds > 0")
 
 
 def add_parsers(sub) -> None:

@@ -139,18 +139,12 @@ class RayExecutor(_Closing):
         self.ray = ray
         if gpus_per_measured <= 0:
             raise ValueError(f"gpus_per_measured={gpus_per_measured!r} must be > 0 (a measured point needs a GPU)")
-        self.address = address
-        self.num_cpus = num_cpus
-        self.gpus_per_measured = gpus_per_measured
-        self.cpus_per_task = cpus_per_task
-        self.max_in_flight = max_in_flight
-        self.max_retries = max_retries
-        self.runtime_env = runtime_env
+        self.address, self.num_cpus, self.runtime_env = address, num_cpus, runtime_env
+        self.gpus_per_measured, self.cpus_per_task = gpus_per_measured, cpus_per_task
+        self.max_in_flight, self.max_retries = max_in_flight, max_retries
         self.init_kwargs = {"include_dashboard": False, "logging_level": "warning", **init_kwargs}
-        self._started = False
-        self._fns = None
+        self._started, self._fns = False, None
 
-    # ------------------------------------------------------------------------------------------------ lifecycle
     def _ensure_init(self):
         ray = self.ray
         if not ray.is_initialized():
@@ -174,8 +168,7 @@ class RayExecutor(_Closing):
     def close(self) -> None:
         if self._started and self.ray.is_initialized():
             self.ray.shutdown()
-        self._started = False
-        self._fns = None
+        self._started, self._fns = False, None
 
     def resources(self) -> dict:
         """The cluster's total resources (``CPU``, ``GPU``, ...)."""
@@ -191,7 +184,6 @@ class RayExecutor(_Closing):
         """A local Ray instance not started yet: this machine is the cluster, asked without starting it."""
         return self.address is None and not self.ray.is_initialized()
 
-    # ------------------------------------------------------------------------------------------------ devices
     def resolve_device(self, device: str) -> str:
         """``auto`` -> ``cuda`` when the cluster has GPUs, else ``cpu``; ``cuda`` on a GPU-less cluster raises. A
         local instance not started yet is this machine: asked here (:func:`resolve_device`), Ray is not started."""
@@ -213,7 +205,6 @@ class RayExecutor(_Closing):
         fn = ray.remote(num_cpus=0, num_gpus=self.gpus_per_measured, max_calls=1)(detect_arch)
         return ray.get(fn.remote(), timeout=timeout_s)
 
-    # ------------------------------------------------------------------------------------------------ run
     def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
             ) -> Iterator[PointResult]:
         """Submit the tasks (at most ``max_in_flight`` at once) and yield each result as it completes. On an
