@@ -132,6 +132,9 @@ def _options_lines(opts: dict) -> list[str]:
 def format_serve(out: dict) -> str:
     """The serving result as a terminal table: per metric the baseline's value and each strategy's change (%, two
     decimals), then each strategy's memory cost."""
+    from .placement import strategy_notes
+    from .serving.metrics import SERVE_METRICS
+
     d, b = out["deployment"], out["bench"]
     base = out["baseline"]
     others = [s for s in out["strategies"] if s != base]
@@ -148,8 +151,6 @@ def format_serve(out: dict) -> str:
     w0, w = 32, max([16] + [len(n) + 2 for n in names])  # every column as wide as its name: none truncated
     lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n:>{w}}" for n in names),
              f"{'':<{w0}}{'value':>{w}}" + "".join(f"{'change %':>{w}}" for _ in names)]
-    from .serving.metrics import SERVE_METRICS
-
     bm = out["strategies"][base]["metrics"]
     for k, label in SERVE_METRICS:
         if k not in bm:
@@ -160,24 +161,18 @@ def format_serve(out: dict) -> str:
             c = out["strategies"][s]["change_pct"].get(k, float("nan"))
             row += f"{c:>+{w}.2f}" if c == c else f"{'-':>{w}}"
         lines.append(row)
-    lines.append(f"baseline: {base}; changes are (strategy - baseline) / baseline x 100"
-                 + (f"; {out['band']} (--num-runs 20 gives it)" if out.get("band") == "one run: band unknown"
-                    else ""))
-    lines.append("")
-    lines.append("memory per rank vs the baseline (persistent workspace):")
-    names_of = dict(zip(others, names))
-    wp = max([16] + [len(n) for n in names])
-    ws = max([28] + [len(s) for s in others])
-    for s in others:
+    band = f"; {out['band']} (--num-runs 20 gives it)" if out.get("band") == "one run: band unknown" else ""
+    lines += [f"baseline: {base}; changes are (strategy - baseline) / baseline x 100{band}", "",
+              "memory per rank vs the baseline (persistent workspace):"]
+    wp, ws = max([16] + [len(n) for n in names]), max([28] + [len(s) for s in others])
+    for s, n in zip(others, names):
         r = out["strategies"][s]
-        lines.append(f"  {names_of[s]:<{wp}} {s:<{ws}} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
+        lines.append(f"  {n:<{wp}} {s:<{ws}} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
                      f"tokens lost ({r['kv_capacity_pct_lost']:.1f} % of KV capacity)")
     if out.get("noise"):
-        lines.append("")
         from .serving.noise import format_noise
 
-        lines.append(format_noise(out["noise"]))
-    from .placement import strategy_notes
+        lines += ["", format_noise(out["noise"])]
     lines += [f"note: {n}" for n in strategy_notes(out["strategies"])]
     lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")
     return "\n".join(head + lines)
