@@ -124,12 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         rc = _COMMANDS[args.cmd](args)
         sys.stdout.flush()  # a closed pipe raises here, inside the handler below, not at interpreter exit
         return rc
-    except (DoorError, ValueError) as e:
+    except (ValueError, CLIError) as e:  # bad input (DoorError is a ValueError): 2; a run failure: 1
         print(f"mla-lab: error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except CLIError as e:
-        print(f"mla-lab: error: {_one_line(e)}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(e, CLIError) else 2
     except BrokenPipeError:  # stdout closed by the reader (mla-lab advise | head): quiet, as SIGPIPE would be
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -50,10 +50,9 @@ BOUNDS = {
 }
 #: -p names holding a list of ints, and the bound each entry takes.
 _LIST_BOUNDS = {"tp_sizes": "tp", "max_num_batched_tokens": "max_num_batched_tokens", "prompt_lens": "prompt_len"}
-#: -p names holding one int.
-_SCALAR_BOUNDS = {"num_prompts": "num_prompts", "concurrency": "concurrency", "output_len": "output_len",
-                  "max_num_seqs": "max_num_seqs", "num_runs": "num_runs", "seed": "seed",
-                  "shared_workspace_bytes": "shared_workspace_bytes"}
+#: -p names holding one int (each bounded by its own entry of :data:`BOUNDS`).
+_SCALAR_BOUNDS = ("num_prompts", "concurrency", "output_len", "max_num_seqs", "num_runs", "seed",
+                  "shared_workspace_bytes")
 #: The most prefill steps one sweep point or one advise call prices (the row builder prices every step of the
 #: schedule for every strategy, ~1-2 ms each on a 2-core machine: 2048 steps ~ a minute for advise's candidates).
 MAX_PRICED_STEPS = 2048
@@ -214,9 +213,9 @@ def check_sweep(params: dict) -> None:
     unknown = sorted(set(params) - set(DEFAULTS))
     if unknown:
         raise DoorError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
-    for name, bound in _SCALAR_BOUNDS.items():
+    for name in _SCALAR_BOUNDS:
         if _is_int(params.get(name)):
-            check_bounded_int(bound, params[name], name)
+            check_bounded_int(name, params[name])
     _check_grid_lists(params)
     for k in ("store_dir", "data_file", "report_dir"):
         v = params.get(k)

@@ -246,23 +246,17 @@ def check_tp_sizes(params: SweepParams) -> None:
 
 
 def expand_grid(params: SweepParams) -> list[dict]:
-    """Every grid point as a dict (canonical names: arch resolved to its card)."""
-    pts = []
+    """Every grid point as a dict (canonical names: arch resolved to its card; two aliases of one card, one point)."""
+    out: dict = {}
     for m, tp, a, mbt, L, kv in itertools.product(params.models, params.tp_sizes, params.archs,
                                                    params.max_num_batched_tokens, params.prompt_lens,
                                                    params.kv_cache_dtype):
-        pts.append({"model": m, "tp": tp, "arch": get_arch(a).name, "max_num_batched_tokens": mbt,
-                    "prompt_len": L, "kv_cache_dtype": kv, "num_prompts": params.num_prompts,
-                    "concurrency": params.concurrency or params.num_prompts,
-                    "weight_dtype": params.weight_dtype, "moe_parallel": params.moe_parallel,
-                    "strategies": list(params.strategies), "num_runs": params.num_runs,
-                    "shared_workspace_bytes": params.shared_workspace_bytes,
-                    "gpu_memory_utilization": params.gpu_memory_utilization})
-    # de-duplicate (aliases may map two names to one card)
-    seen, out = set(), []
-    for p in pts:
-        k = point_key(p, "")
-        if k not in seen:
-            seen.add(k)
-            out.append(p)
-    return out
+        pt = {"model": m, "tp": tp, "arch": get_arch(a).name, "max_num_batched_tokens": mbt,
+              "prompt_len": L, "kv_cache_dtype": kv, "num_prompts": params.num_prompts,
+              "concurrency": params.concurrency or params.num_prompts,
+              "weight_dtype": params.weight_dtype, "moe_parallel": params.moe_parallel,
+              "strategies": list(params.strategies), "num_runs": params.num_runs,
+              "shared_workspace_bytes": params.shared_workspace_bytes,
+              "gpu_memory_utilization": params.gpu_memory_utilization}
+        out.setdefault(point_key(pt, ""), pt)
+    return list(out.values())
