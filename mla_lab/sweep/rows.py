@@ -8,7 +8,9 @@ measured rows with today's model.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import measure
 from ..arch import GPUArch, detect_arch, get_arch
@@ -492,11 +494,10 @@ BETWEEN_PROCESS_PRESETS = ("h200", "between_process", "presets.csv")
 BETWEEN_PROCESS_STRATEGIES = ("h200", "between_process", "strategies.csv")
 
 
-def _between_process_seed_ms(path=None) -> dict:
+def _between_process_seed_ms(path) -> dict:
     """``{strategy: {process: median ms}}`` of the seed attention path, ``{}`` without the file. ``path``: a path
-    or a ``(gpu, folder, file)`` tuple under ``data/measured`` (default :data:`BETWEEN_PROCESS_PRESETS`)."""
-    parts = path if isinstance(path, tuple) else BETWEEN_PROCESS_PRESETS
-    p = path if (path is not None and not isinstance(path, tuple)) else measured_dir(parts[0]).joinpath(*parts[1:])
+    or a ``(gpu, folder, file)`` tuple under ``data/measured``."""
+    p = measured_dir(path[0]).joinpath(*path[1:]) if isinstance(path, tuple) else Path(path)
     if not p.is_file():
         return {}
     d = read_measured_csv(p)  # whole or refused in one line (issue 32: a cut file moved the figure silently)
@@ -529,17 +530,15 @@ def between_process_changes(deployment: Deployment, strategies, path=None) -> di
     # a strategy whose route here is not the measured kernel's gets no measured number (issue 39)
     sts = {st.name: st for st in map(as_strategy, strategies) if not measured_withheld(d, st)}
     # each file pairs its strategies with the baseline timed in the same processes; the first file wins
-    for f in ([path] if path else [None, BETWEEN_PROCESS_STRATEGIES]):
+    for f in ([path] if path else [BETWEEN_PROCESS_PRESETS, BETWEEN_PROCESS_STRATEGIES]):
         ms = _between_process_seed_ms(f)
         if BASELINE not in ms:
             continue
         base = {k: ttft(_BASE, x) for k, x in ms[BASELINE].items()}
         for name in (n for n in sts if n not in out and n in ms):
             ch = sorted(100.0 * (ttft(sts[name], x) / base[k] - 1) for k, x in ms[name].items() if k in base)
-            n = len(ch)
-            if n >= 2:
-                mid = ch[n // 2] if n % 2 else 0.5 * (ch[n // 2 - 1] + ch[n // 2])
-                out[name] = {"median": mid, "lo": ch[0], "hi": ch[-1], "n_processes": n}
+            if len(ch) >= 2:
+                out[name] = {"median": statistics.median(ch), "lo": ch[0], "hi": ch[-1], "n_processes": len(ch)}
     return out
 
 

@@ -61,9 +61,7 @@ def grid_row_ids(params: SweepParams, may_measure: bool) -> tuple[set, set]:
 def may_measure(device: str) -> bool:
     """Whether a sweep on ``device`` may add measured rows here: ``cuda``, or ``auto`` where an NVIDIA device node
     is visible (``/dev/nvidia<N>``; checked without importing torch, so the dry run and the run agree)."""
-    if device == "cpu":
-        return False
-    return device == "cuda" or any(Path("/dev").glob("nvidia[0-9]*"))
+    return device != "cpu" and (device == "cuda" or any(Path("/dev").glob("nvidia[0-9]*")))
 
 
 def _rows_not_covered(out: Path, params: SweepParams, measure: bool) -> tuple[int, int, str]:
