@@ -179,11 +179,10 @@ REPORT_SUFFIXES = (".html", ".ipynb", ".png", ".svg", "_rows.csv")
 
 
 def legacy_report_files(folder: Path) -> list[str]:
-    """The files of a report folder written before :data:`mla_lab.paths.OUTPUT_MANIFEST` existed (the committed
-    ``reports/h200/``), recognised by the report's own stamp: ``run_metadata.json`` names a ``report_name`` R and a
-    ``run_id`` that ``R.html`` contains. Then the lab's files are ``run_metadata.json``, ``R`` + each of
-    :data:`REPORT_SUFFIXES` and the figures ``R/<figure>.png`` that have their ``R/<figure>.svg`` twin (and the
-    reverse); anything else in the folder is not the lab's. Without the stamp: [] (nothing is the lab's)."""
+    """The lab's files in a report folder written before :data:`mla_lab.paths.OUTPUT_MANIFEST` (the committed
+    ``reports/h200/``), known by its stamp (``run_metadata.json`` naming ``report_name`` R and a ``run_id`` that
+    ``R.html`` holds): it, ``R`` + :data:`REPORT_SUFFIXES`, and ``R/*.png`` / ``.svg`` pairs; [] without the stamp.
+    """
     try:
         meta = json.loads((folder / "run_metadata.json").read_text(encoding="utf-8"))
         name, run_id = meta["report_name"], meta["run_id"]

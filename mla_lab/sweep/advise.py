@@ -49,10 +49,9 @@ ENGINE_GROUP = {"vllm@0.33.0-flashmla": "vllm@0.33.0", "vllm@pr53878-before": "v
 
 
 def strategy_engine(strategy) -> str:
-    """The engine version a strategy (a canonical name or a :class:`~mla_lab.placement.Strategy`) is priced as
-    (``vllm@0.33.0``, ``vllm@pr46189``, ``sglang@0.5.23``, ``vllm@pr53878-before`` / ``vllm@pr53878`` /
-    ``vllm@56902`` for the PR-era presets and ``vllm@pr53878`` for the lab's proposals on the PR-era routes;
-    ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for ``packed``, the lab's own kernel)."""
+    """The engine version a strategy is priced as (its record's release, or by route rule: :data:`RULE_ENGINE`; the
+    PR-era presets by placement); ``modelled`` for ``kernel_native`` (no engine runs it), ``mla_lab`` for ``packed``.
+    """
     st = pl.as_strategy(strategy)
     if st.engine:  # an engine version's own rule: its release (mla_lab.engines record)
         return st.engine_release
@@ -121,10 +120,10 @@ def _check_fits(d: Deployment, mem: dict) -> None:
 
 
 def _measured(rows: list[Row], d: Deployment, measured) -> tuple[dict, str]:
-    """``({strategy: measured columns}, the baseline's withheld line)``: the sweep rows' change
-    (:func:`~mla_lab.sweep.rows.measured_changes`, one process, 95 % interval of its rounds), replaced where the
-    between-process rows measured this attention step (median, [min, max] over >= 5 fresh processes); none where
-    the route is not the measured kernel's or the row does not fit. ``measured is None`` (``--no-measured``): none."""
+    """``({strategy: measured columns}, the baseline's withheld line)``: the sweep rows' change (one process, 95 %
+    interval of its rounds), replaced by the between-process rows' (median, [min, max]) where they measured this step;
+    none where the route is not the measured kernel's, the row does not fit, or ``measured`` is None.
+    """
     if measured is None:
         return {}, ""
     by = {r.name: r for r in rows}

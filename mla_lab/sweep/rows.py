@@ -281,10 +281,9 @@ TTFT_COLUMNS = ("ttft_ms", "ttft_ms_max", "ttft_change_pct", "ttft_change_ci_lo"
 
 
 def fit_status(rows: list[dict]) -> list[dict]:
-    """The sweep rows' ``status``: where the point's baseline does not fit, every row ``does_not_fit`` (reason: the
-    fit reason); where the baseline fits and a strategy does not, that row ``tips_out`` (reason "fits without it,
-    not with it: ..."); either way its TTFT columns (:data:`TTFT_COLUMNS`) are None: a deployment that cannot load
-    is never priced. In place; returns ``rows``."""
+    """Set each row's ``status`` in place (returns ``rows``): ``does_not_fit`` for all when the baseline does not fit,
+    ``tips_out`` for a strategy that alone does not; either way its :data:`TTFT_COLUMNS` are None (never priced).
+    """
     base = next((r for r in rows if r["strategy"] == BASELINE), None)
     base_fits = base is None or bool(base.get("fits_in_memory", True))
     for r in rows:
@@ -513,11 +512,10 @@ def _is_seed_step(d: Deployment) -> bool:
 
 
 def between_process_changes(deployment: Deployment, strategies, path=None) -> dict:
-    """The TTFT change against :data:`mla_lab.placement.BASELINE` with the attention path measured in >= 5 fresh
-    processes (:func:`_is_seed_step`; the rest modelled): per process its median attention-path ms in every step,
-    the TTFT model around it, the change against that process's baseline; then the median and ``[min, max]`` over
-    processes. Returns ``{strategy name: {"median", "lo", "hi", "n_processes"}}`` (``{}`` elsewhere or without the
-    file)."""
+    """The TTFT change against the baseline with the attention path measured in >= 5 fresh processes (at the seed step,
+    :func:`_is_seed_step`; the rest modelled), per process against its own baseline, then the median and [min, max]:
+    ``{strategy: {"median", "lo", "hi", "n_processes"}}`` (``{}`` elsewhere or without the file).
+    """
     d = deployment
     if not _is_seed_step(d):
         return {}
@@ -566,11 +564,10 @@ def _median(g, c) -> float | None:
 
 
 def measured_changes(measured, deployment: Deployment, keys=MEASURED_MATCH_KEYS) -> dict:
-    """The measured rows of ``measured`` (a DataFrame, e.g. :func:`mla_lab.report.data.load_measured`) that agree
-    with ``deployment`` (its sweep point) on every ``keys`` column the frame has, ``status`` ok and changes against
-    :data:`mla_lab.placement.BASELINE`, per strategy: ``{strategy: {"change_pct": measured_change_pct(rows) (or
-    None), "ttft_ms": median ms, "ci_lo", "ci_hi": median of the rows' 95 % interval of the change (or None),
-    "n_rows"}}``. ``{}`` when nothing matches."""
+    """Per strategy, the measured rows that agree with ``deployment`` on every ``keys`` column the frame has (status ok,
+    against the baseline): ``{strategy: {"change_pct" (:func:`measured_change_pct`), "ttft_ms", "ci_lo", "ci_hi" (the
+    rows' median), "n_rows"}}``; ``{}`` when nothing matches.
+    """
     if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
         return {}
     point, d = deployment.args(), measured
