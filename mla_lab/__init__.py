@@ -18,6 +18,7 @@ The package is layered; imports flow one way (``tests/test_architecture.py`` enf
 
 from .arch import detect_arch, get_arch
 from .buffers import QConcatWorkspace, memory_account, padded_num_heads
+from .model import strategy_kinds  # noqa: F401  (registers every strategy kind: mla_lab.placement.KINDS)
 from .models import load_model
 
 __version__ = "0.1.0"

@@ -9,12 +9,12 @@ from dataclasses import asdict, dataclass
 from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
-from .placement import Strategy, as_strategy, fixed_strategies, strategy_route
+from .placement import Strategy, as_strategy, strategy_route
 from .rank import RankView, pad_heads
 
 __all__ = [
     "memory_account_of",
-    "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "STRATEGIES", "MIB",
+    "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "MIB",
     "kv_tokens_lost", "call_peak_bytes", "shared_workspace_other_bytes",
     "dense_route_transient_bytes",
 ]
@@ -22,8 +22,6 @@ __all__ = [
 MIB = 1024**2
 BF16_BYTES = 2
 FP32_BYTES = 4
-#: Every fixed canonical strategy (:func:`mla_lab.placement.fixed_strategies`); ``subchunk:<S>`` takes any positive S.
-STRATEGIES = tuple(fixed_strategies())
 
 
 def shared_workspace_other_bytes(rank: RankView) -> int:

@@ -10,7 +10,6 @@ topk)``. (a) ``mha-dense``; (b) its up-projection (vLLM ``forward_mha``; it drop
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,7 @@ from ..placement import Strategy, as_strategy, strategy_route
 from ..rank import RankView
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
-from .calibration import Calibration, fit_calibration, resolve_calibration
+from .calibration import Calibration, csv_rows, fit_calibration, resolve_calibration
 from .ops import (
     ATTN_OPS,
     WEIGHT_DTYPES,
@@ -175,10 +174,7 @@ class PaddedKernelFit:
 
 
 def _csv_rows(p: Path) -> list[dict]:
-    if not p.is_file():
-        return []
-    with open(p, newline="") as f:
-        return list(csv.DictReader(f))
+    return csv_rows(p) if p.is_file() else []
 
 
 def _content_rows(d: Path) -> list[dict]:
@@ -303,11 +299,9 @@ def route_rows(path: str | Path | None = None) -> list[dict]:
     """The committed H200 route rows ``{model, route, prompt_len, num_prompts, T, ms, n_processes}`` (median over
     processes); [] when absent."""
     p = Path(path) if path else calibration_measurements_dir("h200").joinpath(*ROUTES_CSV)  # calibration input
-    if not p.is_file():
-        return []
     per: dict = {}
     meta: dict = {}
-    for r in csv.DictReader(open(p, newline="")):
+    for r in _csv_rows(p):
         k = (r["model"], r["route"], int(r["prompt_len"]))
         per.setdefault(k, {})[r["process"]] = float(r["median_ms"])
         meta[k] = (int(r["num_prompts"]), int(r["T"]), r.get("v_padded") == "True")
