@@ -59,7 +59,8 @@ MAX_PRICED_STEPS = 2048
 #: The most engine steps (prefill + decode) one serving strategy simulates (an upper bound, :func:`serve_step_bound`).
 MAX_SERVE_STEPS = 50_000
 #: The most request-steps (a request's prefill chunk or decode token in one step) one ``mla-lab serve`` simulates
-#: over its strategies: measured on 2 cores, ~0.04-0.06 ms each plus ~1.5 s of imports (516,000: 31 s; 132,096: 9.0 s).
+#: over its strategies: measured on 2 cores, ~0.04-0.06 ms each plus ~1.5 s of imports (516,000: 31 s; 132,096:
+#: 9.0 s), so <= ~14 s.
 MAX_SERVE_TOTAL_STEPS = 200_000
 #: ``--num-runs``: 1 or at least this many (below 20 runs the 2.5th and 97.5th percentiles are the min and max).
 MIN_NOISE_RUNS = 20
