@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def _flag_type(flag: str, convert, ok, allowed: str):
-    """An argparse ``type=``: ``convert(text)`` where ``ok`` holds it, else ``<flag>='<text>': <allowed> is allowed``."""
+    """An argparse ``type=``: ``convert(text)`` where ``ok`` holds, else ``<flag>='<text>': <allowed> is allowed``."""
 
     def parse(s: str):
         try:
