@@ -1,8 +1,5 @@
-"""One deployment, validated once: model geometry, GPU, TP, engine limits, dtypes, MoE layout and the workload.
-
-Fields are what ``vllm serve`` + ``vllm bench serve`` fix for one run, in vLLM's spellings (``dp_attention``:
-SGLang ``--dp <n> --enable-dp-attention``; ``num_speculative_tokens`` / ``acceptance_length``: MTP). Validated once
-in :meth:`Deployment.of`; below the door, the object or :attr:`Deployment.rank` is trusted.
+"""One deployment, validated once in :meth:`Deployment.of`: what ``vllm serve`` + ``vllm bench serve`` fix for one run,
+in vLLM's spellings (``dp_attention``: SGLang ``--dp <n> --enable-dp-attention``; MTP: ``num_speculative_tokens``).
 
 The seed is vLLM PR #53878's benchmark (merged 2026-08-26): ``vllm serve zai-org/GLM-5.2-FP8
 --tensor-parallel-size 8 -ep --max-num-batched-tokens 16384 --attention-backend FLASHMLA_SPARSE
@@ -33,7 +30,7 @@ MOE_PARALLEL = ("ep", "tp")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 #: ``vllm bench serve``'s default ``--random-output-len``.
 DEFAULT_OUTPUT_LEN = 128
-#: ``--max-num-seqs`` when none is given: 256, the figure ``mla-lab serve`` and its door have always used.
+#: ``--max-num-seqs`` when none is given (``mla-lab serve``'s figure).
 DEFAULT_MAX_NUM_SEQS = 256
 #: vLLM's engine rule, checked by :meth:`Deployment.of`.
 VLLM_MBT_RULE = "vLLM requires max_num_batched_tokens >= max_num_seqs (vllm/config/scheduler.py)"
@@ -153,14 +150,14 @@ class Deployment:
     def seed(cls, **overrides) -> Deployment:
         """:data:`SEED_ARGS` with ``overrides`` (a smaller ``num_prompts`` caps concurrency, as ``vllm bench serve``).
         Raises ValueError: an unknown override, or as :meth:`of`."""
-        allowed = set(SEED_ARGS) | {"max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention"}  # the PR's command leaves --max-num-seqs at its default
+        # the PR's command leaves --max-num-seqs at its default
+        allowed = set(SEED_ARGS) | {"max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention"}
         unknown = sorted(set(overrides) - allowed)
         if unknown:
             raise ValueError(f"Deployment.seed() got unknown argument(s) {unknown}; allowed: {sorted(allowed)}")
         args = {**SEED_ARGS, **overrides}
-        n, c = args.get("num_prompts"), SEED_ARGS.get("concurrency")
-        if "concurrency" not in overrides and isinstance(c, int) and isinstance(n, int) and not isinstance(n, bool) \
-                and 0 < n < c:
+        n = args["num_prompts"]
+        if "concurrency" not in overrides and type(n) is int and 0 < n < SEED_ARGS["concurrency"]:
             args["concurrency"] = n
         return cls.of(**args)
 
@@ -189,12 +186,9 @@ class Deployment:
         missing = [k for k in need if point.get(k) is None]
         if missing:
             raise ValueError(f"point lacks {missing}; allowed: a point with {list(need)}")
-        kw = {k: point[k] for k in need}
-        for k in ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization", "max_num_seqs",
-                  "num_speculative_tokens", "acceptance_length", "dp_attention"):
-            if point.get(k) is not None:
-                kw[k] = point[k]
-        return cls.of(**kw)
+        optional = ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization", "max_num_seqs",
+                    "num_speculative_tokens", "acceptance_length", "dp_attention")
+        return cls.of(**{k: point[k] for k in need + optional if point.get(k) is not None})
 
     def replace(self, **changes) -> Deployment:
         """A copy with some :meth:`of` arguments changed, validated again. Raises ValueError as :meth:`of`."""
@@ -213,10 +207,8 @@ class Deployment:
 
     def to_point(self, **extra) -> dict:
         """A flat sweep point, ``extra`` added (``output_len``, ``max_num_seqs`` and the options left out)."""
-        p = {k: v for k, v in self.args().items()
-             if k not in ("output_len", "max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention")}
-        p.update(extra)
-        return p
+        left_out = ("output_len", "max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention")
+        return {k: v for k, v in self.args().items() if k not in left_out} | extra
 
     @cached_property
     def rank(self) -> RankView:

@@ -86,19 +86,9 @@ def schedule(workload: Workload, max_num_batched_tokens: int) -> list[Step]:
 
 def sum_topk_lengths(start: int, n: int, topk: int) -> int:
     """Sum over positions ``p in [start, start + n)`` of ``min(p + 1, topk)``: keys attended by a causal chunk."""
-    if n <= 0:
-        return 0
-    end = start + n  # positions start..end-1, counts p+1 in start+1..end
-    lo, hi = start + 1, end
-    # part below or at topk: sum of lo..min(hi, topk)
-    s = 0
-    a_hi = min(hi, topk)
-    if a_hi >= lo:
-        s += (lo + a_hi) * (a_hi - lo + 1) // 2
-    b_lo = max(lo, topk + 1)
-    if hi >= b_lo:
-        s += topk * (hi - b_lo + 1)
-    return s
+    lo, hi = start + 1, start + n  # the counts p + 1
+    a = min(hi, topk)  # lo..a count themselves, the rest count topk each
+    return (lo + a) * (a - lo + 1) // 2 * (a >= lo) + topk * max(0, hi - max(lo, topk + 1) + 1)
 
 
 def steps_to_first_token(prompt_len: int, max_num_batched_tokens: int) -> int:

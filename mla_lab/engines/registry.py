@@ -63,11 +63,9 @@ def first_names() -> dict[str, str]:
 
 def resolve_engine(name: str) -> str:
     """The preset name of a preset or first name. Raises ValueError naming ``--engine`` and the allowed."""
-    if isinstance(name, str):
-        if name in ENGINE_PRESETS:
-            return name
-        if name in first_names():
-            return first_names()[name]
+    names = {**first_names(), **{n: n for n in ENGINE_PRESETS}}
+    if isinstance(name, str) and name in names:
+        return names[name]
     raise ValueError(f"--engine={name!r} is not valid; allowed: {engine_names()} (or the first names "
                      f"{list(first_names())})")
 
@@ -105,33 +103,27 @@ def version_facts(ev: EngineVersion):
     """``(preset, Fact, Source)``: the PR-era :data:`LAB_CLAIMS` (release wheels only), then each checkable source
     of ``ev``'s presets once."""
     for f in LAB_CLAIMS.get(ev.engine, ()) if ev.wheel else ():
-        for s in f.sources:
-            yield "lab (PR-era)", f, s
+        yield from (("lab (PR-era)", f, s) for s in f.sources)
     seen = set()
-    for p in (p for p in ENGINE_PRESETS.values() if p.engine_version == ev):
-        for f in p.facts:
-            for s in f.sources:
-                k = (f.key, s.path, s.scope, s.code)
-                if s.checkable and k not in seen:
-                    seen.add(k)
-                    yield p.name, f, s
+    for p, f in ((q, f) for q in ENGINE_PRESETS.values() if q.engine_version == ev for f in q.facts):
+        for s in f.sources:
+            k = (f.key, s.path, s.scope, s.code)
+            if s.checkable and k not in seen:
+                seen.add(k)
+                yield p.name, f, s
 
 
 def _sm_key(sm) -> str:
-    s = str(sm).lower().replace("sm", "")
-    if s in ("90", "9"):
-        return "sm90"
-    if s in ("100", "10"):
-        return "sm100"
-    raise ValueError(f"sm={sm!r} is not valid; allowed: ['sm90', 'sm100']")
+    key = {"90": "sm90", "9": "sm90", "100": "sm100", "10": "sm100"}.get(str(sm).lower().replace("sm", ""))
+    if key is None:
+        raise ValueError(f"sm={sm!r} is not valid; allowed: ['sm90', 'sm100']")
+    return key
 
 
 def _kv_key(kv_cache_dtype: str) -> str:
     k = str(kv_cache_dtype).lower()
-    if k in ("bf16", "bfloat16", "auto"):
-        return "bf16"
-    if k.startswith("fp8"):
-        return "fp8"
+    if k in ("bf16", "bfloat16", "auto") or k.startswith("fp8"):
+        return k[:3] if k.startswith("fp8") else "bf16"
     raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not valid; allowed: bf16 (auto, bfloat16), fp8 "
                      "(fp8_ds_mla, fp8_e4m3)")
 

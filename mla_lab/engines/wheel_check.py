@@ -65,33 +65,26 @@ def _matches(want, node) -> bool:
     return False
 
 
+def _targets(node) -> list:
+    """The targets of an assignment (``=`` or annotated), else []."""
+    return node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+
+
 def _scope(tree: ast.Module, scope: str):
-    """The node ``scope`` names, or None."""
-    if not scope:
-        return tree
-    parts = scope.split(".")
+    """The node ``scope`` names (``Cls.method``, a function, a module variable's assignment), or None."""
     node = tree
-    for i, part in enumerate(parts):
-        nxt = None
-        for child in ast.walk(node):
-            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == part:
-                nxt = child
-                break
-        if nxt is None and i == 0:
-            for child in tree.body:
-                targets = (child.targets if isinstance(child, ast.Assign)
-                           else [child.target] if isinstance(child, ast.AnnAssign) else [])
-                if any(isinstance(t, ast.Name) and t.id == part for t in targets) and child.value is not None:
-                    nxt = child.value
-                    break
-        if nxt is None:
+    for i, part in enumerate(scope.split(".") if scope else []):
+        node = next((c for c in ast.walk(node) if isinstance(c, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                     and c.name == part), None)
+        if node is None and i == 0:
+            node = next((c for c in tree.body if any(isinstance(t, ast.Name) and t.id == part for t in _targets(c))
+                         and c.value is not None), None)
+        if node is None:
             return None
-        node = nxt
     return node
 
 
-def _lines(node) -> str:
-    a, b = node.lineno, getattr(node, "end_lineno", node.lineno) or node.lineno
+def _span(a: int, b: int) -> str:
     return f"{a}" if a == b else f"{a}-{b}"
 
 
@@ -101,9 +94,8 @@ def _entry_lines(want, node) -> str:
         keys = {_dump(k) for k in want.keys}
         hit = [(k, v) for k, v in zip(node.keys, node.values) if k is not None and _dump(k) in keys]
         if hit:
-            return f"{hit[0][0].lineno}" if hit[0][0].lineno == hit[-1][1].end_lineno else \
-                f"{hit[0][0].lineno}-{hit[-1][1].end_lineno}"
-    return _lines(node)
+            return _span(hit[0][0].lineno, hit[-1][1].end_lineno)
+    return _span(node.lineno, getattr(node, "end_lineno", None) or node.lineno)
 
 
 def _overlap(recorded: str, found: str) -> bool:
@@ -126,14 +118,9 @@ def check_source(text: str | None, src: Source) -> tuple[str, list, list, str]:
         return "missing", [], [], f"scope {src.scope!r} not found in {src.path}"
     found = [_entry_lines(want, n) for n in ast.walk(scope) if hasattr(n, "lineno") and _matches(want, n)]
     if not found:
-        instead = []
-        if isinstance(want, (ast.Assign, ast.AnnAssign)):
-            tw = [_dump(t) for t in (want.targets if isinstance(want, ast.Assign) else [want.target])]
-            for n in ast.walk(scope):
-                if isinstance(n, (ast.Assign, ast.AnnAssign)):
-                    tn = [_dump(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
-                    if tn == tw:
-                        instead.append(f"{src.path}:{_lines(n)}: {ast.unparse(n)}")
+        tw = [_dump(t) for t in _targets(want)]
+        instead = [f"{src.path}:{_entry_lines(n, n)}: {ast.unparse(n)}" for n in ast.walk(scope)
+                   if tw and [_dump(t) for t in _targets(n)] == tw]
         return "fails", [], instead, f"no node matching {src.code!r} in {src.scope or 'the module'}"
     if src.line and src.line != "-" and not any(_overlap(src.line, f) for f in found):
         return "moved", found, [], f"recorded line {src.line}, found at {', '.join(found)}"
