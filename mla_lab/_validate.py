@@ -30,6 +30,11 @@ def check_int(name: str, value, allow_zero: bool = False) -> int:
     return int(value)
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` (the values a tp or ep size may take), ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def read_csv_checked(path, need, writer: str):
     """``pandas.read_csv(path)`` that names the file in one ``ValueError`` line when it is not a readable CSV or
     lacks a column of ``need`` (``writer``: what writes such files, for the "allowed" part of the message)."""

@@ -13,7 +13,7 @@ import numbers
 from dataclasses import dataclass
 from functools import cached_property
 
-from ._validate import check_int
+from ._validate import check_int, divisors
 from .arch import GPUArch, arch_names, get_arch
 from .models import ModelConfig, load_model, normalize_kv_cache_dtype
 from .rank import RankView
@@ -49,10 +49,6 @@ def _choice(name: str, value, allowed) -> str:
     return value
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _check_options(num_speculative_tokens, acceptance_length, dp_attention, tp: int) -> tuple[int, float, int]:
     """The deployment options (speculative decoding, DP attention) checked: ``(k, acceptance_length, dp)``."""
     k = check_int("num_speculative_tokens", num_speculative_tokens, allow_zero=True)
@@ -62,7 +58,7 @@ def _check_options(num_speculative_tokens, acceptance_length, dp_attention, tp: 
                          f"+ 1] = [1, {k + 1}] (mean tokens accepted per step, the bonus token included)")
     dp = check_int("dp_attention", dp_attention)
     if tp % dp:
-        raise ValueError(f"dp_attention={dp} does not divide tp={tp}; allowed: {_divisors(tp)}")
+        raise ValueError(f"dp_attention={dp} does not divide tp={tp}; allowed: {divisors(tp)}")
     return k, float(a), dp
 
 
@@ -73,7 +69,7 @@ def _check_tp(model: ModelConfig, tp, moe_parallel: str) -> int:
              ("moe_intermediate_size", model.moe_intermediate_size), ("vocab_size", model.vocab_size)]
     if moe_parallel == "ep":
         sizes.append(("n_routed_experts", model.n_routed_experts))
-    ok = [d for d in _divisors(model.num_attention_heads) if all(s % d == 0 for _, s in sizes)]
+    ok = [d for d in divisors(model.num_attention_heads) if all(s % d == 0 for _, s in sizes)]
     for field_name, size in sizes:
         if size % tp:
             raise ValueError(f"tp={tp} does not divide {field_name}={size} of model {model.name!r}"

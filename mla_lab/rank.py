@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from ._validate import check_int
+from ._validate import check_int, divisors
 from .arch import GPUArch
 from .models import ModelConfig
 from .placement import resolve_engine
@@ -78,7 +78,7 @@ class RankView:
         E = self.model.n_routed_experts
         if E % ep:
             raise ValueError(f"ep_size={ep} does not divide n_routed_experts={E}; allowed: "
-                             f"{[d for d in range(1, E + 1) if E % d == 0]}")
+                             f"{divisors(E)}")
         return replace(self, ep_size=ep, experts_per_rank=E // ep)
 
     def with_engine(self, engine: str | None) -> RankView:
