@@ -13,7 +13,7 @@ from .placement import Strategy, as_strategy, fixed_strategies, strategy_route
 from .rank import RankView, pad_heads
 
 __all__ = ["memory_account_of", "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account",
-           "STRATEGIES", "MIB", "kv_tokens_lost", "call_peak_bytes", "shared_workspace_other_bytes",
+           "STRATEGIES", "MIB", "call_peak_bytes", "shared_workspace_other_bytes",
            "dense_route_transient_bytes"]
 
 MIB = 1024**2
@@ -46,12 +46,6 @@ def padded_num_heads(num_heads: int, arch: str | GPUArch | int = "hopper", kv_ca
     (64 / 128); fp8 KV does not pad. Raises ValueError: bad num_heads, arch or kv_cache_dtype."""
     check_int("num_heads", num_heads)
     return pad_heads(num_heads, _padding_of(arch), normalize_kv_cache_dtype(kv_cache_dtype))
-
-
-def kv_tokens_lost(extra_bytes: int, model: ModelConfig, kv_cache_dtype: str = "bf16",
-                   include_indexer: bool = True) -> float:
-    """``extra_bytes`` of workspace expressed as KV-cache tokens that no longer fit on one rank."""
-    return extra_bytes / model.kv_cache_bytes_per_token(kv_cache_dtype, include_indexer)
 
 
 @dataclass(frozen=True)

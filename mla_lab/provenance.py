@@ -74,6 +74,7 @@ def _versions(measured: bool) -> dict:
 
 
 def _nvml_driver() -> str:
+    """The driver version NVML reports, or ``none``."""
     try:
         import pynvml
 
@@ -85,15 +86,8 @@ def _nvml_driver() -> str:
 
 
 def provenance(source: str) -> dict:
-    """The provenance columns for a row produced now.
-
-    Args:
-        source: ``"measured"`` (timed/allocated on ``device``) or ``"modelled"`` (computed from a formula; the
-            device fields then say where the model ran, the CPU, not what it models).
-
-    Raises:
-        ValueError: source not one of ``measured``/``modelled``.
-    """
+    """The provenance columns for a row produced now: ``source`` ``"measured"`` (timed on ``device``) or
+    ``"modelled"`` (a formula; the device fields say where the model ran, the CPU). Raises ValueError: another source."""
     if source not in SOURCES:
         raise ValueError(f"source={source!r} must be one of {list(SOURCES)}")
     return {"source": source, **_versions(source == "measured"),

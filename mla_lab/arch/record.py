@@ -61,8 +61,3 @@ class GPUArch:
         if self.torch_total_status not in TORCH_STATUS or not self.torch_total_source:
             raise ValueError(f"GPU {self.name!r}: torch_total_status={self.torch_total_status!r} needs a source; "
                              f"allowed: {TORCH_STATUS}")
-
-    @property
-    def hbm_gib(self) -> float:
-        """HBM capacity in GiB (2**30 bytes)."""
-        return self.hbm_gb * 1e9 / GIB

@@ -13,7 +13,7 @@ from .presets._pr_era import LAB_CLAIMS
 from .record import EnginePreset, EngineVersion, Fact
 
 __all__ = ["ENGINE_PRESETS", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS", "register", "engine_names",
-           "resolve_engine", "engine_preset", "engine_versions", "engine_version", "fact", "version_facts",
+           "resolve_engine", "engine_preset", "engine_version", "fact", "version_facts",
            "sparse_backend", "padding_for", "decode_threshold", "fp8_reserved_bytes", "first_names", "preset_of_rule"]
 
 #: name -> :class:`EnginePreset`, in ``order`` (live: :func:`register` adds to it).
@@ -82,14 +82,9 @@ def preset_of_rule(rule: str) -> EnginePreset | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def engine_versions() -> dict[str, EngineVersion]:
-    """``engine@version`` -> :class:`EngineVersion`, once each."""
-    return {p.engine_version.name: p.engine_version for p in ENGINE_PRESETS.values()}
-
-
 def engine_version(engine: str, version: str) -> EngineVersion:
     """The :class:`EngineVersion` ``engine@version``. Raises ValueError naming those the lab describes."""
-    key, known = f"{engine}@{version}", engine_versions()
+    key, known = f"{engine}@{version}", {p.engine_version.name: p.engine_version for p in ENGINE_PRESETS.values()}
     if key not in known:
         raise ValueError(f"engine version={key!r} is not described by the lab; allowed: {list(known)}")
     return known[key]
