@@ -122,53 +122,42 @@ def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: in
              shared_other_bytes: int, model: ModelConfig | None, prompt_len: int | None,
              union_bytes: int | None = None) -> MemoryAccount:
     padded = hp != H and kvd == "bf16"
-    row = head_size * BF16_BYTES
-    out_per_token = d_v * BF16_BYTES + 2 * FP32_BYTES
-    unpadded = max_num_batched_tokens * H * row
-    kernel_heads, q_heads, transient = hp, H, 0
-    kernel_out = T * hp * out_per_token
+    row, out_tok = head_size * BF16_BYTES, d_v * BF16_BYTES + 2 * FP32_BYTES  # Q row; out + lse + max_logits
+    mbt, unpadded = max_num_batched_tokens, max_num_batched_tokens * H * head_size * BF16_BYTES
+    out_real = T * H * (d_v * BF16_BYTES + FP32_BYTES)  # out + lse at the real heads
+    kernel_heads, q_heads, transient, kernel_out = hp, hp, 0, T * hp * out_tok
     if st.per_call_pad:
-        persistent = unpadded
-        transient = T * hp * row if padded else 0
+        q_heads, persistent, transient = H, unpadded, T * hp * row if padded else 0
     elif st.placement == "private_workspace":
-        q_heads, persistent = hp, max_num_batched_tokens * hp * row
+        persistent = mbt * hp * row
     elif st.placement == "shared_workspace":
         # vLLM #56902: the padded view at offset 0 of the shared workspace; only what it adds beyond the others
-        q_heads = hp
-        persistent = max(0, max_num_batched_tokens * hp * row - shared_other_bytes)
+        persistent = max(0, mbt * hp * row - shared_other_bytes)
     elif st.placement == "subchunk":
-        # an S-row workspace, two chunks' outputs alive, and (copy hand-off) the step's [T, H, d_v] + lse
-        q_heads = hp
-        S = min(st.rows, max_num_batched_tokens)
-        persistent = st.workspaces * S * hp * row  # graph2: two S-row workspaces (chunk i on stream i % 2)
-        n_chunks = -(-T // S) if T else 0
-        delivered = 0 if st.views_handoff else T * H * (d_v * BF16_BYTES + FP32_BYTES)
-        kernel_out = min(2, n_chunks) * min(S, T) * hp * out_per_token + delivered
+        # S-row workspaces (graph2: two, chunk i on stream i % 2), two chunks' outputs alive, and (copy hand-off)
+        # the step's [T, H, d_v] + lse
+        S = min(st.rows, mbt)
+        persistent = st.workspaces * S * hp * row
+        kernel_out = min(2, -(-T // S)) * min(S, T) * hp * out_tok + (0 if st.views_handoff else out_real)
     elif st.placement == "fa3_sparse":
-        kernel_heads = H
-        persistent = 0
-        kernel_out = T * H * (d_v * BF16_BYTES + FP32_BYTES)
+        q_heads, kernel_heads, persistent, kernel_out = H, H, 0, out_real
     elif st.placement == "packed":
         if union_bytes is None:
             raise ValueError("strategy='packed' needs union_bytes (its union buffers and scratch); allowed: the "
                              "account of mla_lab.model.memory.memory_tradeoff / buffers.memory_account_of(..., "
                              "union_bytes=mla_lab.model.packed_kernel.packed_union_bytes(rank, prompt_len))")
-        kernel_heads = H
-        persistent = unpadded + union_bytes
-        kernel_out = T * H * (d_v * BF16_BYTES + FP32_BYTES)
+        q_heads, kernel_heads, persistent, kernel_out = H, H, unpadded + union_bytes, out_real
     else:  # kernel_native
-        kernel_heads = H
-        persistent = unpadded
-        kernel_out = T * H * out_per_token
+        q_heads, kernel_heads, persistent, kernel_out = H, H, unpadded, T * H * out_tok
     route = "sparse-mqa"
     if model is not None and prompt_len is not None and T:
-        route = strategy_route(st, model, model.topk, [prompt_len], [min(prompt_len, max_num_batched_tokens)])
+        route = strategy_route(st, model, model.topk, [prompt_len], [min(prompt_len, mbt)])
         if route in ("mha-dense", "mha-masked"):
             transient, kernel_heads = 0, H
             kernel_out = dense_route_transient_bytes(model, H, T, T)
     return MemoryAccount(
         strategy=st.name, num_heads=H, q_concat_heads=q_heads if padded else H, kernel_heads=kernel_heads,
-        max_num_batched_tokens=max_num_batched_tokens, num_tokens=T, head_size=head_size, d_v=d_v,
+        max_num_batched_tokens=mbt, num_tokens=T, head_size=head_size, d_v=d_v,
         persistent_bytes=persistent, step_transient_bytes=transient, kernel_out_bytes=kernel_out, route=route,
     )
 
