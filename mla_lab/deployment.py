@@ -126,10 +126,7 @@ class Deployment:
            acceptance_length: float = 1.0, dp_attention: int = 1) -> Deployment:
         """Validate and build a deployment. ``tp`` divides every size a rank splits; ``concurrency`` None =
         ``num_prompts``; ``max_num_seqs <= max_num_batched_tokens`` (:data:`VLLM_MBT_RULE`).
-
-        Raises:
-            ValueError: one line naming the first bad argument, its value and what is allowed.
-        """
+        Raises ValueError: one line naming the first bad argument, its value and what is allowed."""
         model, arch, tp, mbt, mns, kv, weight_dtype, moe_parallel = _check_rank_args(
             model, tp, arch, max_num_batched_tokens, kv_cache_dtype, weight_dtype, moe_parallel, max_num_seqs)
         g = gpu_memory_utilization

@@ -207,10 +207,7 @@ def _steps_problem(steps, m: float | None) -> str | None:
 
 def check_measured_cells(p: Path, head: list[str], row: list[str], n: int, fix: str) -> None:
     """One CSV row's measured cells (:data:`MEASURED_RANGES`, :data:`MEASURED_REQUIRED`, :func:`measured_row_problem`).
-
-    Raises:
-        ValueError: ``<file>: row <n>: <column>=<value> ...`` (row 1 is the header).
-    """
+    Raises ValueError: ``<file>: row <n>: <column>=<value> ...`` (row 1 is the header)."""
     required = MEASURED_REQUIRED.get(p.name, ())
     rec = dict(zip(head, row))
     rec.setdefault("source", "measured")  # a file under data/measured without the column holds measurements
@@ -227,10 +224,7 @@ def check_measured_cells(p: Path, head: list[str], row: list[str], n: int, fix: 
 def _check_measured_spread(p: Path, df, fix: str) -> None:
     """Repeats of one measurement (:data:`MEASURED_GROUPS`) within :data:`SPREAD_FACTOR` of their median, and
     ``median_ms`` the median of its process's ``ms`` (a derived column agrees with what it is derived from).
-
-    Raises:
-        ValueError: ``<file>: row <n>: ...`` naming the column and the group's median.
-    """
+    Raises ValueError: ``<file>: row <n>: ...`` naming the column and the group's median."""
     if "ms" not in df.columns or not len(df) or p.name not in MEASURED_GROUPS:
         return
     d = df[df["source"] == "measured"] if "source" in df.columns else df

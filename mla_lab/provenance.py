@@ -87,7 +87,8 @@ def _nvml_driver() -> str:
 
 def provenance(source: str) -> dict:
     """The provenance columns for a row produced now: ``source`` ``"measured"`` (timed on ``device``) or
-    ``"modelled"`` (a formula; the device fields say where the model ran, the CPU). Raises ValueError: another source."""
+    ``"modelled"`` (a formula; the device fields say where the model ran: the CPU).
+    Raises ValueError: another source."""
     if source not in SOURCES:
         raise ValueError(f"source={source!r} must be one of {list(SOURCES)}")
     return {"source": source, **_versions(source == "measured"),

@@ -32,9 +32,7 @@ class GPUArch:
             (vLLM 0.33.0 ``vllm/v1/worker/utils.py:724-726``), with its status and source.
         sparse_prefill_tflops: FlashMLA README's rate here (None: calibrated); aliases: other names accepted.
 
-    Raises:
-        ValueError: ``sm`` not matching ``capability``; an unknown ``torch_total_status``.
-    """
+    Raises ValueError: ``sm`` not matching ``capability``; an unknown ``torch_total_status``."""
 
     name: str
     product: str
