@@ -1,8 +1,6 @@
 """mla_lab: should a serving engine pre-pad the sparse-MLA prefill Q workspace? Memory vs TTFT, measured or modelled.
-
 A layered package, imports flowing one way (foundations -> kernels -> strategies -> model -> measure -> sweep ->
-report -> cli): ``docs/design.md`` draws it, ``tests/test_architecture.py`` enforces it.
-"""
+report -> cli): ``docs/design.md`` draws it, ``tests/test_architecture.py`` enforces it."""
 
 from .arch import detect_arch, get_arch
 from .buffers import QConcatWorkspace, memory_account, padded_num_heads

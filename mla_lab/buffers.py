@@ -1,6 +1,5 @@
 """The padded Q-concat workspace (vLLM PR #53878, ``flashmla_sparse.py``) and its byte accounting. Bytes; Q bf16,
-``head_size`` 576 (kv_lora_rank 512 + rope 64), output ``d_v`` 512 bf16, lse and max_logits fp32.
-"""
+``head_size`` 576 (kv_lora_rank 512 + rope 64), output ``d_v`` 512 bf16, lse and max_logits fp32."""
 
 from __future__ import annotations
 

@@ -4,8 +4,7 @@ in vLLM's spellings (``dp_attention``: SGLang ``--dp <n> --enable-dp-attention``
 The seed is vLLM PR #53878's benchmark (merged 2026-08-26): ``vllm serve zai-org/GLM-5.2-FP8
 --tensor-parallel-size 8 -ep --max-num-batched-tokens 16384 --attention-backend FLASHMLA_SPARSE
 --no-enable-prefix-caching --max-model-len 131072`` (bf16 KV) on Hopper, ``vllm bench serve`` random dataset,
-1024 in / 128 out, 32 prompts at concurrency 32; priced with GLM-5's geometry on an H200 unless told otherwise.
-"""
+1024 in / 128 out, 32 prompts at concurrency 32; priced with GLM-5's geometry on an H200 unless told otherwise."""
 
 from __future__ import annotations
 

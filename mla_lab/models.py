@@ -1,10 +1,8 @@
 """MLA model geometry read from Hugging Face ``config.json`` files under ``data/models/<name>/``.
-
 KV-cache bytes per token, layer and rank (the latent cache is replicated on every TP rank): bf16 ``head_size * 2``
 = 1152 B; fp8 (``fp8_ds_mla``) 656 B = 512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE (FlashMLA README "FP8 KV
 cache"); plus the indexer key, ``index_head_dim`` fp8 + an fp32 scale per 128 = 132 B (vLLM
-``DeepseekV32IndexerCache``).
-"""
+``DeepseekV32IndexerCache``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Where the lab's files live, the checks on the measured files it reads and on the output folders it writes.
-
 Environment overrides, read on every call: ``MLA_LAB_DATA`` (``data/``), ``MLA_LAB_MEASURED`` (the measured rows the
-views show; never a modelled number: :func:`calibration_measurements_dir`), ``MLA_LAB_CACHE`` (derived data).
-"""
+views show; never a modelled number: :func:`calibration_measurements_dir`), ``MLA_LAB_CACHE`` (derived data)."""
 
 from __future__ import annotations
 
@@ -158,15 +156,12 @@ def measured_row_problem(row: dict) -> str | None:
     (``attn_path_ms_steps``) within :data:`SPREAD_FACTOR` of step 0's (sparse attention reads topk keys each step)."""
     if row.get("source") != "measured":
         return None
-    vals = {}
-    for c in MEASURED_RANGES:
-        v = row.get(c)
-        if v is None or (isinstance(v, str) and not v.strip()):
-            continue  # not measured in this row (an empty cell)
+    vals = {c: row[c] for c in MEASURED_RANGES if row.get(c) is not None and str(row[c]).strip()}  # empty: unmeasured
+    for c, v in vals.items():
         why = _range_problem(c, str(v).strip())
         if why:
             return why
-        vals[c] = float(v)
+    vals = {c: float(v) for c, v in vals.items()}
     return _interval_problem(row, vals) or _steps_problem(row.get("attn_path_ms_steps"), vals.get("attn_path_ms_step0"))
 
 
@@ -174,14 +169,11 @@ def _interval_problem(row: dict, vals: dict) -> str | None:
     """A measured row's TTFT outside its own interval, or its attention-path median outside its own quartiles or
     those quartiles over :data:`SPREAD_FACTOR` apart; None when they agree (or are not all there)."""
     t, lo, hi = (_num(row.get(c)) for c in ("ttft_ms", "ttft_ms_ci_lo", "ttft_ms_ci_hi"))
-    if None not in (t, lo, hi) and not lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9):
-        return f"ttft_ms={t:g} lies outside its own interval [{lo:g}, {hi:g}] (an edited cell)"
     m, q1, q3 = (vals.get(c) for c in ("attn_path_ms_step0", "attn_path_q1_step0", "attn_path_q3_step0"))
-    if None in (m, q1, q3):
-        return None
-    if not q1 * (1 - 1e-9) <= m <= q3 * (1 + 1e-9):
-        return f"attn_path_ms_step0={m:g} lies outside its own quartiles [{q1:g}, {q3:g}] (an edited cell)"
-    if q3 > SPREAD_FACTOR * q1:
+    for col, v, a, b, what in (("ttft_ms", t, lo, hi, "interval"), ("attn_path_ms_step0", m, q1, q3, "quartiles")):
+        if None not in (v, a, b) and not a * (1 - 1e-9) <= v <= b * (1 + 1e-9):
+            return f"{col}={v:g} lies outside its own {what} [{a:g}, {b:g}] (an edited cell)"
+    if None not in (m, q1, q3) and q3 > SPREAD_FACTOR * q1:
         return f"attn_path_q3_step0={q3:g} is over {SPREAD_FACTOR:g}x attn_path_q1_step0={q1:g} (an edited cell)"
     return None
 
@@ -208,12 +200,10 @@ def _steps_problem(steps, m: float | None) -> str | None:
 def check_measured_cells(p: Path, head: list[str], row: list[str], n: int, fix: str) -> None:
     """One CSV row's measured cells (:data:`MEASURED_RANGES`, :data:`MEASURED_REQUIRED`, :func:`measured_row_problem`).
     Raises ValueError: ``<file>: row <n>: <column>=<value> ...`` (row 1 is the header)."""
-    required = MEASURED_REQUIRED.get(p.name, ())
-    rec = dict(zip(head, row))
-    rec.setdefault("source", "measured")  # a file under data/measured without the column holds measurements
+    rec = {"source": "measured", **dict(zip(head, row))}  # a file under data/measured without the column: measured
     if rec["source"] != "measured":
         return
-    for c in required:
+    for c in MEASURED_REQUIRED.get(p.name, ()):
         if c in rec and not rec[c].strip():
             raise ValueError(f"{p}: row {n}: {c} is empty (every row of {p.name} holds a measurement); {fix}")
     why = measured_row_problem(rec)

@@ -1,10 +1,8 @@
 """Provenance of every row the lab writes: measured (on which GPU and software) or modelled (from which model).
-
 Columns (:data:`PROVENANCE_COLUMNS`, all strings; ``"none"`` when absent): ``source`` (``measured`` |
 ``modelled``), ``device`` (GPU name or ``cpu``), ``sm``, ``driver``, ``cuda``, ``torch``, ``triton``, ``flash_mla``
 (``distribution==version`` or ``none``), ``git_commit`` (short hash, ``+dirty`` when tracked files differ),
-``timestamp`` (UTC ISO-8601). Committed round-2 files spell ``device`` / ``timestamp`` as ``gpu`` / ``date_utc``.
-"""
+``timestamp`` (UTC ISO-8601). Committed round-2 files spell ``device`` / ``timestamp`` as ``gpu`` / ``date_utc``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """What one tensor-parallel rank of a deployment holds, derived once: :class:`RankView`.
-
-Below the door everything takes it instead of loose ``(model, tp, ...)`` scalars. The constructor does not validate.
-"""
+Below the door everything takes it instead of loose ``(model, tp, ...)`` scalars. The constructor does not validate."""
 
 from __future__ import annotations
 

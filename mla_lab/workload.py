@@ -1,8 +1,6 @@
 """Prefill workloads and chunked-prefill scheduling (which prompt tokens run in which engine step).
-
 Rule (vLLM v1 chunked prefill, prompts arriving together, FCFS): each step takes up to ``max_num_batched_tokens``
-prompt tokens, oldest prompt first, at most ``concurrency`` in flight. Token ``p`` attends ``min(p + 1, topk)`` keys.
-"""
+prompt tokens, oldest prompt first, at most ``concurrency`` in flight. Token ``p`` attends ``min(p + 1, topk)`` keys."""
 
 from __future__ import annotations
 

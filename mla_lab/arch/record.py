@@ -1,8 +1,6 @@
 """One GPU as one record (:class:`GPUArch`); each GPU is one module of :mod:`mla_lab.arch` defining ``GPU``.
-
 Units: HBM capacity in decimal GB as the datasheet prints it, bandwidths in GB/s (1e9 B/s; NVLink both directions
-together), dense bf16 rate in TFLOP/s (no sparsity), device memory as torch reports it in bytes.
-"""
+together), dense bf16 rate in TFLOP/s (no sparsity), device memory as torch reports it in bytes."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
 """Engine versions as an axis (a foundation package: stdlib only, imported by `mla_lab.routes`).
-
 One record (:class:`~mla_lab.engines.record.EnginePreset`) per module of :mod:`mla_lab.engines.presets`."""
 
 from .record import EnginePreset, EngineRule, EngineVersion, Fact, Source, rule_name

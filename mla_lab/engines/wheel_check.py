@@ -1,9 +1,7 @@
 """Check the engine records' facts against a release wheel by reading its Python sources with ``ast``.
-
 The wheel is read as a zip, never installed or imported. A source's ``scope`` must hold a node matching its
 ``code`` (equal, a ``Call`` with those arguments among more, a ``Dict`` / ``Set`` holding its entries) at its
-recorded line. Statuses: ``holds``, ``moved``, ``fails`` (nothing matches), ``missing`` (file or scope absent).
-"""
+recorded line. Statuses: ``holds``, ``moved``, ``fails`` (nothing matches), ``missing`` (file or scope absent)."""
 
 from __future__ import annotations
 
