@@ -1,15 +1,12 @@
-"""The lab's measurement suite: one registry of experiments (:data:`EXPERIMENTS`), the options every experiment
-gets (:class:`Options`) (the one fresh-process entry: :mod:`.entry`) and the table of calibration files fitted on
-their rows (:data:`CALIBRATION`).
+"""The measurement suite: the registry :data:`EXPERIMENTS`, their :class:`Options` (one fresh-process entry:
+:mod:`.entry`) and the calibration files fitted on their rows (:data:`CALIBRATION`).
 
-An experiment is a module of this package with ``OUTPUTS`` (file name -> row columns, before the provenance
-columns), ``SHAPES`` (what it measures at its defaults, one tuple each) and ``run(rank, sink, options)``: ``rank`` a
-:class:`~mla_lab.rank.RankView` (the seed, ``Deployment.seed().rank``, unless ``--model/--tp/--arch``; ``--smoke``
-gives it ``max_num_batched_tokens`` :data:`SMOKE_TOKENS`), ``sink`` a :class:`~mla_lab.measure.sink.Sink` over
-``OUTPUTS``, ``options`` an :class:`Options`. ``mla-lab measure`` (:mod:`.runner`) runs each chosen experiment as a
-fresh ``python -m mla_lab.measure.experiments NAME ...`` (:meth:`Experiment.command`, :mod:`.entry`): a between-process one once per
-process (``--processes N``, default 5: :mod:`mla_lab.measure.spread`), the others once, into
-``data/measured/<gpu>/``. The registry imports a module only when asked: ``mla-lab --help`` loads no torch.
+An experiment is a module with ``OUTPUTS`` (file -> row columns, before the provenance columns), ``SHAPES`` (what it
+measures at its defaults) and ``run(rank, sink, options)``: a :class:`~mla_lab.rank.RankView` (the seed unless
+``--model/--tp/--arch``; ``--smoke``: :data:`SMOKE_TOKENS` tokens), a :class:`~mla_lab.measure.sink.Sink`, an
+:class:`Options`. ``mla-lab measure`` (:mod:`.runner`) runs each as ``python -m mla_lab.measure.experiments NAME``,
+a between-process one once per fresh process (``--processes``, default 5), into ``data/measured/<gpu>/``. Modules are
+imported only when asked (``mla-lab --help`` loads no torch).
 """
 
 from __future__ import annotations
@@ -18,17 +15,15 @@ import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-#: ``max_num_batched_tokens`` of the rank under ``--smoke`` (two 1024-token prompts: every experiment end to end in
-#: seconds; rows never reported).
+#: ``max_num_batched_tokens`` under ``--smoke`` (two 1024-token prompts; rows never reported).
 SMOKE_TOKENS = 2048
 
 
 @dataclass(frozen=True)
 class Options:
-    """What one process of an experiment is told beside its rank: ``out`` (its folder), ``process`` (1..N),
-    ``smoke`` (tiny shapes, few repeats), ``repeats`` (interleaved rounds per measured set; :attr:`reps` is 3 under
-    smoke), ``engine_root`` (the packed engine kernels, :mod:`mla_lab.kernels.engine_libs`), ``params`` (the
-    experiment's own settings: the registry's, then ``--param key=value``; read with :meth:`param`)."""
+    """One process's settings: ``out`` folder, ``process`` (1..N), ``smoke``, ``repeats`` (interleaved rounds;
+    :attr:`reps` 3 under smoke), ``engine_root`` (:mod:`mla_lab.kernels.engine_libs`), ``params`` (the registry's,
+    then ``--param key=value``: :meth:`param`)."""
 
     out: Path
     process: int = 1
@@ -42,12 +37,8 @@ class Options:
         return 3 if self.smoke else self.repeats
 
     def param(self, name: str, default):
-        """``params[name]`` converted to the type of ``default`` (a tuple default: comma-separated values of its
-        first element's type), else ``default``.
-
-        Raises:
-            ValueError: a value that does not convert (names the parameter, the value and the type allowed).
-        """
+        """``params[name]`` as the type of ``default`` (a tuple: comma-separated values of its first element's
+        type), else ``default``. Raises ValueError (the parameter, value and type allowed) when it does not convert."""
         if name not in self.params:
             return default
         v = self.params[name]
@@ -64,12 +55,10 @@ class Options:
 
 @dataclass(frozen=True)
 class Experiment:
-    """One experiment of the suite: ``module`` (its ``OUTPUTS`` / ``SHAPES`` / ``run``), ``folder`` (under
-    ``data/measured/<gpu>/``; "" = the GPU's folder), ``between_process`` (once per fresh process, rows carry
-    ``process``), ``default`` (run without ``--experiments``), ``timeout_s`` (per process), ``needs`` (beyond torch +
-    triton; said by ``--dry-run``), ``params`` (its own settings, :meth:`Options.param`), ``files`` (the outputs
-    this run writes; default all), ``argv`` (only an experiment above this layer, which brings its own command line:
-    ``padding_sweep``; placeholders ``{out}``; ``smoke_argv`` its smoke command line)."""
+    """One experiment: ``module``, ``folder`` (under ``data/measured/<gpu>/``), ``between_process`` (once per fresh
+    process), ``default`` (run without ``--experiments``), ``timeout_s`` (per process), ``needs`` (beyond torch +
+    triton), ``params`` (:meth:`Options.param`), ``files`` (outputs written; default all), ``argv`` / ``smoke_argv``
+    (an experiment above this layer with its own command line, ``{out}`` replaced: ``padding_sweep``)."""
 
     name: str
     module: str
@@ -85,16 +74,13 @@ class Experiment:
     smoke_argv: tuple[str, ...] = ()
 
     def module_obj(self):
-        """The experiment's module (imported now: torch and the package's kernels load)."""
         return importlib.import_module(self.module)
 
     def outputs(self) -> dict[str, list[str]]:
-        """File name -> row columns (``process`` and the provenance columns come with every row)."""
         out = dict(self.module_obj().OUTPUTS)
         return {f: out[f] for f in self.files} if self.files else out
 
     def shapes(self) -> list:
-        """The shapes it measures at its defaults (one tuple each)."""
         return list(self.module_obj().SHAPES)
 
     def command(self, out, process: int, engine_root: str = ".engine", smoke: bool = False) -> list[str]:
@@ -154,8 +140,6 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                False, timeout_s=600),
     Experiment("concat_sweep", _E + "concat_sweep", "the concat into the padded workspace over T x H, tuning", "",
                False, timeout_s=420, needs=""),
-    Experiment("routes_sweep", _E + "routes_sweep", "route ops beside the lab's model of them", "", False,
-               timeout_s=300),
     Experiment("engines", _E + "engines", "content factor, engine presets, sub-chunking, NaN check", "round2",
                False, timeout_s=480),
     Experiment("decode_layer", _E + "decode_layer", "per-rank decode / mixed layer, attention path, per op",
@@ -167,9 +151,8 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
 
 @dataclass(frozen=True)
 class Fit:
-    """How one calibration file is produced: ``inputs`` (committed measured files, relative to ``data/measured``,
-    or a description), ``experiments`` (the registry's names that measure them), ``function`` (``module:function``
-    that writes it; run as ``python -m <module>``)."""
+    """How a calibration file is made: ``inputs`` (under ``data/measured``, or a description), ``experiments``
+    (registry names), ``function`` (``module:function`` that writes it)."""
 
     inputs: tuple[str, ...]
     experiments: tuple[str, ...]
@@ -206,8 +189,8 @@ CALIBRATION: dict[str, Fit] = {
 
 
 def resolve(names: str | None) -> list[Experiment]:
-    """The experiments named in ``names`` (comma separated; None or "" = the defaults), in registry order.
-    Raises ValueError naming the unknown ones and the allowed names."""
+    """The experiments of ``names`` (comma separated; None or "": the defaults) in registry order. Raises ValueError
+    naming the unknown ones and the allowed names."""
     if not names:
         return [e for e in EXPERIMENTS.values() if e.default]
     asked = [n.strip() for n in names.split(",") if n.strip()]

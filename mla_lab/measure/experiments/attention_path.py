@@ -1,10 +1,8 @@
-"""The sparse-MLA prefill attention path per strategy of :data:`mla_lab.measure.attention.MEASURED_STRATEGIES`, over
-models x TP x T (parameters ``models`` glm-5, deepseek-v3.2; ``tps`` 1, 2, 4, 8; ``tokens`` 1024, 4096, 16384), one
-prompt of T tokens per step, causal (``topk_length``) and full top-k: interleaved median and quartiles, and the
-call's peak extra memory against the analytic accounting (:func:`mla_lab.buffers.call_peak_bytes`). Then the
-NaN-padding leak check per model (:func:`~mla_lab.measure.attention.nan_padding_check`). Rows:
-``attention_path.csv`` (``concat_ms`` .. ``out_slice_ms``: the per-op split of the committed rows, empty in new
-ones), ``nan_padding_check.csv``."""
+"""The sparse-MLA prefill attention path per :data:`mla_lab.measure.attention.MEASURED_STRATEGIES` over models x TP
+x T (``models``, ``tps``, ``tokens``), one prompt per step, causal and full top-k: interleaved median and quartiles,
+the call's peak extra memory against :func:`mla_lab.buffers.call_peak_bytes`; then the NaN-padding leak check
+(:func:`~mla_lab.measure.attention.nan_padding_check`). Rows: ``attention_path.csv`` (``concat_ms`` ..
+``out_slice_ms`` empty in new rows), ``nan_padding_check.csv``."""
 
 from __future__ import annotations
 

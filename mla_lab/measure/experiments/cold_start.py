@@ -1,11 +1,9 @@
-"""The first calls in a fresh process (issue 20): calls 1, 2, 3 of the rank's attention path (vLLM PR #53878's
-private workspace and the pre-PR ``new_empty`` pad), of one layer's attention block and of its MoE block, host wall
-and CUDA-event time, against the steady-state median of 20 calls; and every steady call's time (the within-process
-spread of a step). Rows: ``cold_start.csv``, ``step_spread.csv`` (ms)."""
+"""The first calls in a fresh process (issue 20): calls 1-3 of the rank's attention path (PR #53878's private
+workspace, the pre-PR ``new_empty`` pad), of one layer's attention block and of its MoE block, host wall and
+CUDA-event time, against the steady median of 20 calls; every steady call's time (the within-process spread of a
+step). Rows: ``cold_start.csv``, ``step_spread.csv`` (ms)."""
 
 from __future__ import annotations
-
-import statistics
 
 import torch
 
@@ -13,7 +11,7 @@ from mla_lab.measure.attention import make_step_inputs, padded_path
 from mla_lab.measure.sink import log
 from mla_lab.measure.tp import block_forward, make_block_inputs, make_moe_inputs, moe_forward
 
-from ._common import PROMPT, seed_step, sm_scale_of, wall_and_gpu
+from ._common import PROMPT, first_calls, seed_step, sm_scale_of
 
 OUTPUTS = {"cold_start.csv": ["what", "call", "wall_ms", "gpu_ms", "steady_wall_ms", "steady_gpu_ms", "steady_n",
                               "T", "num_heads"],
@@ -39,9 +37,7 @@ def _cases(rank) -> list:
 def run(rank, sink, options) -> None:
     steady_n = 5 if options.smoke else 20
     for what, fn in _cases(rank):
-        firsts = [wall_and_gpu(fn) for _ in range(3)]
-        steady = [wall_and_gpu(fn) for _ in range(steady_n)]
-        med_w, med_g = statistics.median(w for w, _ in steady), statistics.median(g for _, g in steady)
+        firsts, steady, med_w, med_g = first_calls(fn, steady_n)
         for i, (w, g) in enumerate(firsts, 1):
             sink.write("cold_start.csv", {"what": what, "call": i, "wall_ms": round(w, 4), "gpu_ms": round(g, 4),
                                           "steady_wall_ms": round(med_w, 4), "steady_gpu_ms": round(med_g, 4),

@@ -1,14 +1,10 @@
-"""The Q concat into a head-padded workspace over T x H (vLLM PR #53878's ``concat_mla_q`` step), H' = the rank's
-padding rule on H (:func:`mla_lab.rank.pad_heads`), :func:`mla_lab.measure.timer.median_ms` (do_bench median, L2
-cleared) ``eager`` (the call as a program makes it: host launch cost included when the host is slower) and
-``graph`` (one call per CUDA-graph replay: device time). Methods (:func:`_methods`): the lab's kernel into the
-padded workspace, into an unpadded buffer (the gapped-write cost), zeroing the padding; ``torch.cat`` (vLLM before
-the PR); two ``copy_``; both again on inputs strided as vLLM hands them; a device copy of the same bytes (the
-ceiling). Each Triton method is checked bitwise first. Bytes ``2 T H 576 2`` (``bytes_moved`` adds zeroed padding);
-``pct_of_copy`` = the copy's time / the method's. Rows: ``concat_bench.csv`` (also a 4 GiB copy's GB/s and the host
-cost per call at T 16, ``timing`` = ``host_per_call``); parameter ``tune``: ``concat_bench_tune.csv``
-(:data:`TUNE_CONFIGS`, graph timing). Parameters ``tokens``, ``heads``, ``warmup`` / ``rep`` (do_bench ms).
-"""
+"""The Q concat into a head-padded workspace over T x H (vLLM PR #53878's ``concat_mla_q``), H' by the rank's
+padding rule (:func:`mla_lab.rank.pad_heads`), :func:`mla_lab.measure.timer.median_ms` ``eager`` and ``graph``.
+Methods (:func:`_methods`, Triton ones checked bitwise first): the kernel into the padded / an unpadded buffer /
+zeroing the padding, ``torch.cat``, two ``copy_``, both on vLLM-strided inputs, a device copy (the ceiling).
+``pct_of_copy`` = copy time / method time. Rows: ``concat_bench.csv`` (also a 4 GiB copy's GB/s and the host cost
+per call at T 16); parameter ``tune``: ``concat_bench_tune.csv`` (:data:`TUNE_CONFIGS`). Parameters ``tokens``,
+``heads``, ``warmup`` / ``rep`` (ms)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
-"""The Q concat into the padded [T, H', 576] workspace (issue 23, rounds 3-4): kernel variants, the layout's own
-cost, cache hints, the host launch cost. Parameter ``set`` picks the methods and the file (:data:`FILES`, one per
-set; :func:`methods`): ``round3`` (v2, v3, :data:`TUNE`), ``round4`` (the persistent v4 and the TMA-store v5,
-:data:`TUNE4`; v2 with streaming hints; ``memcpy2d``: ``cudaMemcpy2DAsync`` into the same gapped layout),
-``ceiling`` (the layout's cost with the kernel held fixed, :mod:`mla_lab.measure.bandwidth`: one-source copies and
-zero fills into the padded and an unpadded buffer, ``memset``), ``hints`` / ``hints_clean`` (v2 with the cache
-hints of :data:`HINTS`; ``hints_clean`` without evict_last, whose protected L2 lines survive the timer's flush).
-Every set also times ``*_unpadded`` (the kernel into ``[T, H, 576]``: the gapped-write cost) and ``copy`` (the same
-bytes, the ceiling); every method writing the workspace is first checked bitwise (:func:`check_concat`).
-
-Bytes ``2 T H 576 2`` (read + write; write-only rows one way); ``pct_of_copy`` = copy time / method time in the same
-round and timer. Timers (device time): ``graph`` (:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2
-flushed: issue 23's figures) and ``cudagraph`` (``triton.testing.do_bench_cudagraph``: back to back, no flush).
-Host launch (T 16, back to back): :func:`host_launch`. Rows in us.
+"""The Q concat into the padded [T, H', 576] workspace (issue 23, rounds 3-4). Parameter ``set`` picks the methods
+(:func:`methods`) and the file (:data:`FILES`): ``round3`` (v2, v3, :data:`TUNE`), ``round4`` (v4, v5 and
+:data:`TUNE4`; ``memcpy2d``: ``cudaMemcpy2DAsync``), ``ceiling`` (one-source copies and fills,
+:mod:`mla_lab.measure.bandwidth`), ``hints`` / ``hints_clean`` (:data:`HINTS`; clean: no evict_last). Every set also
+times ``*_unpadded`` (into ``[T, H, 576]``) and ``copy`` (the same bytes); methods writing the workspace are checked
+bitwise first (:func:`check_concat`). Bytes ``2 T H 576 2``; ``pct_of_copy`` = copy time / method time. Timers:
+``graph`` (:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2 flushed) and ``cudagraph``
+(``do_bench_cudagraph``, no flush); host launch at T 16: :func:`host_launch`. Rows in us.
 """
 
 from __future__ import annotations
@@ -27,35 +21,22 @@ from mla_lab.kernels import concat_mla_q, make_concat_launcher
 from mla_lab.kernels.triton_concat import _plan, concat_mla_q_triton, v3_config
 from mla_lab.measure.bandwidth import gapped_write
 from mla_lab.measure.sink import log
-from mla_lab.measure.timer import median_ms
+from mla_lab.measure.timer import graphed, median_ms
 
 #: Extra configurations into the padded workspace (name -> (variant, knobs)); v3: tile tokens x heads, tiles per
 #: program, warps.
-TUNE = {
-    "v2:4x1": ("v2", {"block_rows": 4, "num_warps": 1}),
-    "v3:1x2x4w1": ("v3", {"block_t": 1, "block_h": 2, "head_tiles": 4, "num_warps": 1}),
-    "v3:1x2x1w1": ("v3", {"block_t": 1, "block_h": 2, "head_tiles": 1, "num_warps": 1}),
-    "v3:1x4x2w1": ("v3", {"block_t": 1, "block_h": 4, "head_tiles": 2, "num_warps": 1}),
-    "v3:1x4x4w2": ("v3", {"block_t": 1, "block_h": 4, "head_tiles": 4, "num_warps": 2}),
-    "v3:1x8x1w2": ("v3", {"block_t": 1, "block_h": 8, "head_tiles": 1, "num_warps": 2}),
-    "v3:1x8x2w4": ("v3", {"block_t": 1, "block_h": 8, "head_tiles": 2, "num_warps": 4}),
-    "v3:2x8x1w4": ("v3", {"block_t": 2, "block_h": 8, "head_tiles": 1, "num_warps": 4}),
-}
-#: Round 4 (docs/perf-notes.md "Round 4"): v4 names rows per chunk, warps, programs per SM; v5 tokens per tile,
-#: warps, programs per SM.
-TUNE4 = {
-    "v2:stream": ("v2", {"streaming": True}), "v4": ("v4", {}), "v4:stride": ("v4", {"order": "stride"}),
-    "v4:2r1w32": ("v4", {"block_rows": 2, "num_warps": 1, "progs_per_sm": 32}),
-    "v4:4r1w8": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 8}),
-    "v4:4r1w16": ("v4", {"block_rows": 4, "num_warps": 1, "progs_per_sm": 16}),
-    "v4:8r2w8": ("v4", {"block_rows": 8, "num_warps": 2, "progs_per_sm": 8}),
-    "v4:16r4w4": ("v4", {"block_rows": 16, "num_warps": 4, "progs_per_sm": 4}),
-    "v4:stream": ("v4", {"streaming": True}), "v5": ("v5", {}),
-    "v5:1t1w16": ("v5", {"block_t": 1, "num_warps": 1, "progs_per_sm": 16}),
-    "v5:1t4w4": ("v5", {"block_t": 1, "num_warps": 4, "progs_per_sm": 4}),
-    "v5:1t2w4": ("v5", {"block_t": 1, "num_warps": 2, "progs_per_sm": 4}),
-    "v5:2t4w4": ("v5", {"block_t": 2, "num_warps": 4, "progs_per_sm": 4}),
-}
+TUNE = {"v2:4x1": ("v2", {"block_rows": 4, "num_warps": 1}), **{
+    f"v3:{t}x{h}x{n}w{w}": ("v3", {"block_t": t, "block_h": h, "head_tiles": n, "num_warps": w})
+    for t, h, n, w in ((1, 2, 4, 1), (1, 2, 1, 1), (1, 4, 2, 1), (1, 4, 4, 2), (1, 8, 1, 2), (1, 8, 2, 4),
+                       (2, 8, 1, 4))}}
+#: Round 4 (docs/perf-notes.md "Round 4"): v4 rows per chunk, warps, programs per SM; v5 tokens per tile, warps,
+#: programs per SM.
+TUNE4 = {"v2:stream": ("v2", {"streaming": True}), "v4": ("v4", {}), "v4:stride": ("v4", {"order": "stride"}),
+         **{f"v4:{r}r{w}w{p}": ("v4", {"block_rows": r, "num_warps": w, "progs_per_sm": p})
+            for r, w, p in ((2, 1, 32), (4, 1, 8), (4, 1, 16), (8, 2, 8), (16, 4, 4))},
+         "v4:stream": ("v4", {"streaming": True}), "v5": ("v5", {}),
+         **{f"v5:{t}t{w}w{p}": ("v5", {"block_t": t, "num_warps": w, "progs_per_sm": p})
+            for t, w, p in ((1, 1, 16), (1, 4, 4), (1, 2, 4), (2, 4, 4))}}
 #: v2 cache hints (name -> (load eviction_policy, store cache_modifier)): the last lever on the kernel side, since a
 #: one-source copy into this layout loses ~5 % only when its reads and writes mix.
 HINTS = {
@@ -281,21 +262,14 @@ def host_us(fn, calls: int, repeats: int = 5) -> float:
     return statistics.median(per)
 
 
-def _graph_ok(launch, t, H) -> bool:
-    """The launcher captured in a CUDA graph (after a warm-up on a side stream), replayed after its inputs changed,
-    writes the new result bitwise."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        launch()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        launch()
+def _graph_ok(launch, t) -> bool:
+    """The launcher's CUDA graph (:func:`mla_lab.measure.timer.graphed`), replayed after its inputs changed, writes
+    the new result bitwise."""
+    replay = graphed(launch)
     t.a.copy_(torch.randn_like(t.a))
     t.b.copy_(torch.randn_like(t.b))
     try:
-        check_concat(t.a, t.b, t.out, g.replay)
+        check_concat(t.a, t.b, t.out, replay)
         return True
     except RuntimeError:
         return False
@@ -320,7 +294,7 @@ def host_launch(s, sink) -> None:
     us = {n: host_us(fn, s.host_calls, 1 if s.smoke else 5) for n, fn in fns.items()}
     for name in fns:
         L = launchers.get(name)
-        ok = _graph_ok(L, t, H) if L is not None and "jit" not in name else ""
+        ok = _graph_ok(L, t) if L is not None and "jit" not in name else ""
         sink.write(FILES[s.which], {"T": 16, "H": H, "Hp": s.Hp, "dtype": "bfloat16", "method": name,
                                     "timer": "host_per_call", "us": us[name], "launcher_path": L.path if L else "",
                                     "graph_capture_ok": ok})

@@ -1,9 +1,7 @@
-"""Padded-head content over the whole step (issue 21): a sustained 78-layer loop at the seed shape, each layer
-= the attention block (PR path: concat, FlashMLA, W_UV bmm, o_proj) + q/kv projections + the MoE block (TP-8 / EP-8
-rank share, grouped GEMMs), with the padded heads zero (``private_workspace``) or stale (N(0,1):
-``shared_workspace:none``), steps interleaved; per step: total, attention-kernel sum and the rest (CUDA events per
-layer), SM clock and power sampled by NVML during the step. Rows: ``content_loop.csv`` (ms, MHz, W; fitted by
-``python -m mla_lab.fits content_step``)."""
+"""Padded-head content over the whole step (issue 21): a 78-layer loop at the seed shape (q/kv projections, the
+PR's attention path, W_UV bmm + o_proj, the rank's MoE share), padded heads zero (``private_workspace``) or stale
+(``shared_workspace:none``), steps interleaved; per step the total and its parts (CUDA events per layer), SM clock
+and power (NVML). Rows: ``content_loop.csv`` (ms, MHz, W; ``python -m mla_lab.fits content_step``)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations

@@ -1,15 +1,9 @@
 """The decode experiment: one per-rank MoE decode layer (and mixed prefill + decode steps), its attention path and
-every op alone, the bf16 sparse kernel reading the padded Q workspace (vLLM sends every token of a bf16-KV step
-down the sparse path, decode included: vLLM ``mla_attention.py``). Weights: :class:`mla_lab.measure.layer.Layer`
-(TP attention, EP experts; no communication, KV-cache write and RoPE). The ops in order: :meth:`Step.ops`; the
-attention path per strategy: :data:`STRATEGIES` (``per_call_zeros``: concat into [B, H, 576], ``new_zeros`` pad,
-copy; ``private_workspace``: concat into the zeroed padded workspace), then the kernel (topk_length min(c, topk)).
-
-Rows (ms): ``decode_layer.csv`` per (B, c, strategy, mode), ``eager`` and ``graph`` (CUDA-graph replay, as vLLM's
-full decode graphs); mixed steps (a P-token chunk of one new prompt + decode tokens) eager only (vLLM runs them
-piecewise). ``decode_attn.csv``: the attention path alone. ``decode_ops.csv``: each op alone (graph replay of
-``op_inner`` calls, ms per call) per B and, for the c-dependent ops, per c. Strategies interleaved, order flipped
-every repeat.
+every op alone; the bf16 sparse kernel reads the padded Q workspace (vLLM sends every token of a bf16-KV step down
+the sparse path: vLLM ``mla_attention.py``). Weights: :class:`mla_lab.measure.layer.Layer` (TP attention, EP
+experts; no communication, KV-cache write or RoPE). Rows (ms): ``decode_layer.csv`` per (B, c, strategy, mode:
+``eager`` / ``graph`` replay as vLLM's full decode graphs; mixed steps eager only), ``decode_attn.csv`` the attention
+path alone, ``decode_ops.csv`` each op alone (graph replay of ``op_inner`` calls, per B and, c-dependent, per c).
 """
 
 from __future__ import annotations
@@ -77,8 +71,8 @@ def _decode_logits_kernel():
 
 
 def decode_logits(q, kc, w, out):
-    """The indexer's decode logits ``out[b, s] = sum_h w[b, h] relu(q[b, h] . kc[b, s])`` (Triton; no causal mask):
-    q [B, NH, D] bf16, kc [B, C, D] bf16 (each request's cached indexer keys), w [B, NH] fp32 -> out [B, C] fp32."""
+    """``out[b, s] = sum_h w[b, h] relu(q[b, h] . kc[b, s])`` (Triton): q [B, NH, D] bf16, kc [B, C, D] bf16 (cached
+    indexer keys), w [B, NH] fp32 -> out [B, C] fp32."""
     triton, kernel = _decode_logits_kernel()
     B, NH, D = q.shape
     kernel[(B, triton.cdiv(kc.shape[1], 64))](
@@ -88,8 +82,7 @@ def decode_logits(q, kc, w, out):
 
 
 def check_decode_logits(dev="cuda", dtype=torch.bfloat16) -> None:
-    """:func:`decode_logits` against fp64 torch on fresh inputs (poisoned output). Raises RuntimeError when the
-    relative error is 2e-2 or more (nothing is timed then)."""
+    """:func:`decode_logits` against fp64 torch (NaN-poisoned output). Raises RuntimeError at relative error >= 2e-2."""
     g = torch.Generator(device=dev).manual_seed(11)
     for NH in (4, 32, 64):
         q = torch.randn(3, NH, 128, device=dev, dtype=dtype, generator=g)
@@ -103,8 +96,7 @@ def check_decode_logits(dev="cuda", dtype=torch.bfloat16) -> None:
 
 
 def active_experts(tokens: int, model, ep: int) -> tuple[int, int, int]:
-    """(expected distinct local experts hit by ``tokens * num_experts_per_tok`` routed pairs under uniform routing,
-    tokens per active expert, routed pairs on this rank) with ``n_routed_experts / ep`` experts per rank."""
+    """(expected local experts hit under uniform routing, tokens per active expert, routed pairs on this rank)."""
     E, k = model.n_routed_experts, model.num_experts_per_tok
     local = E // ep
     pairs = max(1, round(tokens * k / ep))
@@ -113,15 +105,12 @@ def active_experts(tokens: int, model, ep: int) -> tuple[int, int, int]:
 
 
 class DecodeLayer:
-    """Weights (:class:`~mla_lab.measure.layer.Layer`, EP experts, the private workspace's padded heads zero) and the
-    KV and indexer-key caches of one rank, ``max_rows`` cached tokens (bf16 on CUDA; CPU tests: Triton's
-    interpreter, fp32)."""
+    """One rank's weights (EP experts, zero padded heads) and KV / indexer-key caches of ``max_rows`` tokens."""
 
     def __init__(self, rank, max_T, max_rows, dev="cuda", dtype=torch.bfloat16):
         self.rank, self.m, self.dev, self.dtype, self.k = rank, rank.model, dev, dtype, Kernels(dev)
         self.ep = rank.ep_size or rank.tp
-        self.L = Layer(rank, dev, dtype, max_T, None, None, False, [("ep", self.ep)],
-                       content="zeros")
+        self.L = Layer(rank, dev, dtype, max_T, None, None, False, [("ep", self.ep)], content="zeros")
         self.H, self.Hp = self.L.H, self.L.Hp
         self.g = torch.Generator(device=dev).manual_seed(5)
         self.kv_all = torch.randn(max_rows, 1, D_QK, device=dev, dtype=dtype, generator=self.g)
@@ -129,9 +118,8 @@ class DecodeLayer:
 
 
 class Step:
-    """Inputs, buffers and ops of one step: P prefill tokens of one new prompt (kv rows 0..P-1) and Bd decode tokens
-    of context c (request b's cached rows P + b c ..). Each op is a method reading and writing these attributes;
-    :meth:`ops` lists them in layer order."""
+    """One step: P prefill tokens of one new prompt (kv rows 0..P-1) and Bd decode tokens of context c (request b's
+    rows P + b c ..); each op a method on these attributes, :meth:`ops` in layer order."""
 
     def __init__(self, D: DecodeLayer, Bd, c, P=0):
         m, L, dev, dt = D.m, D.L, D.dev, D.dtype
@@ -155,8 +143,7 @@ class Step:
             self.sh_a = torch.empty(T, L.weights["shared_gate_up"].shape[0] // 2, device=dev, dtype=dt)
 
     def _indices(self):
-        """The kernel's fixed indices: the prompt's causal window (the last min(p + 1, topk) keys) and, per decode
-        token, k_dec random distinct keys of its own context (what a top-k over random logits gives)."""
+        """Fixed indices: the prompt's causal window, per decode token k_dec random distinct keys of its context."""
         D, m, P, Bd, c, dev = self.D, self.m, self.P, self.Bd, self.c, self.D.dev
         width = m.topk if P else self.k_dec
         parts_i, parts_l = [], []
@@ -176,9 +163,8 @@ class Step:
         self.topk_length = torch.cat(parts_l, 0).contiguous()
 
     def ops(self, strategy: str, topk_indices: bool = True) -> list[tuple[str, object, bool]]:
-        """``[(name, fn, c_dependent)]`` of the layer under ``strategy`` (:data:`STRATEGIES`); running them in order
-        is the layer. ``topk_indices``: a pure decode step's kernel reads the indexer's top-k (else the fixed
-        indices of the same pattern, as mixed steps and the attention path alone do)."""
+        """``[(name, fn, c_dependent)]`` of the layer under ``strategy``; ``topk_indices``: a pure decode step's
+        kernel reads the indexer's top-k (else the fixed indices of the same pattern)."""
         names = list(_HEAD)
         names += ["idx_logits_prefill", "idx_topk_prefill"] if self.P else []
         names += ["idx_logits_decode", "idx_topk_decode", "idx_to_global"] if self.Bd else []
@@ -302,8 +288,7 @@ def as_fn(ops):
 
 
 def _paths(S: Step, graph: bool) -> dict:
-    """``{(strategy, kind, mode): fn}``: the layer and the attention path alone per strategy, eager and (``graph``)
-    their CUDA-graph replays; one layer call first populates the step's state."""
+    """``{(strategy, kind, mode): fn}``: layer and attention path per strategy, eager and (``graph``) replayed."""
     fns = {}
     for strat in STRATEGIES:
         lay = as_fn(S.ops(strat))
@@ -317,8 +302,7 @@ def _paths(S: Step, graph: bool) -> dict:
 
 
 def time_step(ctx, S: Step, cfg: dict, mixed: bool) -> None:
-    """The layer and the attention path of step ``S`` per strategy and mode, ``ctx.repeats`` interleaved repeats
-    (order flipped every other), one row each into ``decode_layer.csv`` / ``decode_attn.csv``."""
+    """Layer and attention path of ``S`` per strategy and mode, ``ctx.repeats`` repeats (order flipped every other)."""
     fns = _paths(S, graph=not mixed)
     if not mixed:  # the two paths' attention outputs (same inputs) differ by rounding at most
         fns[(STRATEGIES[0], "attn", "eager")]()
@@ -340,8 +324,7 @@ def time_step(ctx, S: Step, cfg: dict, mixed: bool) -> None:
 
 
 def time_ops(ctx, S: Step, base: dict, done: set) -> None:
-    """Each op of the layer alone (graph replay of ``ctx.op_inner`` calls), ``ctx.op_repeats`` rows each into
-    ``decode_ops.csv``; an op already timed at this B (and c, when it depends on it) is skipped."""
+    """Each op alone (graph replay of ``ctx.op_inner`` calls), ``ctx.op_repeats`` rows; once per B (and c)."""
     for strat in STRATEGIES:
         for name, f, dep in S.ops(strat):
             shared = name not in ("concat_unfused", "pad_new_zeros_copy", "concat_fused")
@@ -366,8 +349,7 @@ def _config(D: DecodeLayer, S: Step, base: dict) -> dict:
 
 
 def _settings(options) -> dict:
-    """The experiment's parameters (``--param``): shapes cut to :data:`SMOKE_SHAPES` / :data:`SMOKE_MIXED` under
-    smoke; ``repeats`` 5 (2 under smoke), ``window_ms`` 15, ``op_inner`` 10, ``op_repeats`` 5, ``ops`` True."""
+    """The ``--param`` settings (smoke: :data:`SMOKE_SHAPES` / :data:`SMOKE_MIXED`, 2 repeats)."""
     smoke = options.smoke
     batches = options.param("batches", tuple(sorted({B for B, _ in SHAPES})))
     contexts = options.param("contexts", tuple(sorted({c for _, c in SHAPES})))
@@ -381,43 +363,37 @@ def _settings(options) -> dict:
 
 
 def plan(rank, options) -> list[dict]:
-    """What :func:`run` measures per model: one entry per decode shape and mixed step."""
+    """One entry per decode shape and mixed step (per model)."""
     s = _settings(options)
     return ([{"what": "decode", "batch": B, "context": c} for B, c in s["shapes"]]
             + [{"what": "mixed", "prefill_tokens": P, "batch": s["mixed_decode"], "context": s["mixed_context"]}
                for P in s["mixed"]])
 
 
+_MIXED_NOTE = ("one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
+               "indices; indexer top-k computed, not used")
+
+
 def measure_rank(ctx, rank) -> None:
-    """Every decode shape (layer, attention path, ops) and every mixed step of ``ctx`` on ``rank`` (its model, TP,
-    EP size, heads and padded heads)."""
-    shapes, mixed, md, mc = ctx.shapes, ctx.mixed, ctx.mixed_decode, ctx.mixed_context
-    D = DecodeLayer(rank, max([B for B, _ in shapes] + [P + md for P in mixed]),
-                    max([B * c for B, c in shapes] + [P + md * mc for P in mixed]))
+    """Every decode shape (layer, attention path, ops) and mixed step of ``ctx`` on ``rank``."""
+    steps = ([(B, c, 0, False) for B, c in ctx.shapes]
+             + [(ctx.mixed_decode, ctx.mixed_context, P, True) for P in ctx.mixed])
+    D = DecodeLayer(rank, max(P + B for B, c, P, _ in steps), max(P + B * c for B, c, P, _ in steps))
     base = {"model": rank.model.name, "tp": rank.tp, "ep": D.ep, "H": D.H, "Hp": D.Hp}
     done: set = set()
-    for B, c in shapes:
-        S = Step(D, B, c)
-        time_step(ctx, S, _config(D, S, base), mixed=False)
-        if ctx.ops:
+    for B, c, P, mixed in steps:
+        S = Step(D, B, c, P=P)
+        cfg = _config(D, S, base)
+        time_step(ctx, S, {**cfg, "notes": _MIXED_NOTE} if mixed else cfg, mixed=mixed)
+        if ctx.ops and not mixed:
             time_ops(ctx, S, base, done)
-        log(f"{rank.model.name} B={B} c={c}: done")
-        del S
-        torch.cuda.empty_cache()
-    for P in mixed:
-        S = Step(D, md, mc, P=P)
-        time_step(ctx, S, {**_config(D, S, base), "notes": (
-            "one new prompt of P tokens (causal, topk_length min(p+1,2048)) + decode tokens; kernel reads fixed "
-            "indices; indexer top-k computed, not used")}, mixed=True)
-        log(f"{rank.model.name} mixed P={P}+{md}x{mc}: done")
+        log(f"{rank.model.name} {f'mixed P={P}+{B}x{c}' if mixed else f'B={B} c={c}'}: done")
         del S
         torch.cuda.empty_cache()
 
 
 def run(rank, sink, options) -> None:
-    """:func:`measure_rank` for each of parameter ``models`` (``glm-5,deepseek-v3.2``; smoke: the rank's model) at
-    the rank's TP and GPU, rows into :data:`OUTPUTS`. Raises RuntimeError when the decode logits kernel is wrong
-    (nothing is timed then)."""
+    """:func:`measure_rank` per ``models`` (smoke: the rank's). Raises RuntimeError: the decode logits kernel wrong."""
     check_decode_logits()
     ranks = [rank] if options.smoke else ranks_of(rank, options.param("models", MODELS))
     with NvmlSampler(0.02) as sampler:

@@ -1,18 +1,11 @@
-"""The engines' own sparse-MLA kernels side by side on one GPU (issue 29): prefill, decode sizes, gather vs MMA,
-vLLM's ``concat_mla_q``; the calls: :func:`mla_lab.kernels.engine_libs.engine_calls` (one ``_Calls`` method per
-kernel family names its ``kernel`` rows). Graph timing: each call captured in a CUDA graph, replays timed
-round-robin, order rotated, L2 flushed (:func:`~mla_lab.measure.timer.interleaved`). Before timing, every attention
-kernel is checked against the fp32 reference (``check`` rows: max abs error over the real heads).
-
-``H`` = the model's heads per rank at TP 8, 4, 2, 1 (GLM-5: 8, 16, 32, 64); prefill at the rank's
-``max_num_batched_tokens`` (seed 16384: ``seed`` causal 1024-token prompts, ``full_topk``), decode at B x ctx_len.
-Parameters ``parts`` (``check,prefill,decode``; ``content``: the padded FlashMLA kernels with zero vs stale padded
-heads, rows in ``engine_kernels_content.csv``) and ``rounds`` (5) interleaved rounds.
-"""
+"""The engines' own sparse-MLA kernels on one GPU (issue 29): prefill, decode sizes, gather vs MMA, vLLM's
+``concat_mla_q`` (calls: :func:`mla_lab.kernels.engine_libs.engine_calls`). Graph timing, round-robin, L2 flushed
+(:func:`~mla_lab.measure.timer.interleaved`); each attention kernel first checked against the fp32 reference
+(``check`` rows). ``H`` = the model's heads at TP 8, 4, 2, 1; prefill at the rank's step (``seed``, ``full_topk``),
+decode at B x ctx_len. Parameters ``parts`` (``check,prefill,decode``; ``content``: zero vs stale padded heads into
+``engine_kernels_content.csv``), ``rounds`` (5)."""
 
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -20,6 +13,8 @@ from mla_lab.kernels.engine_libs import TOPK, backend_names, engine_calls, engin
 from mla_lab.kernels.reference import sparse_mla_prefill_ref
 from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
+
+from ._common import sm_scale_of
 
 PREFILL_H = (8, 16, 32, 64)
 DECODE_B = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -47,7 +42,7 @@ class _Run:
             ts_fwd = None
         self.ts_fwd = ts_fwd
         m = rank.model
-        self.sm_scale = 1.0 / math.sqrt(m.qk_nope_head_dim + m.qk_rope_head_dim)
+        self.sm_scale = sm_scale_of(m)
         self.T = rank.max_num_batched_tokens
         self.heads = sorted({m.num_attention_heads // t for t in (8, 4, 2, 1)})
         self.file = "engine_kernels.csv"
@@ -129,12 +124,9 @@ _PARTS = {"check": lambda x, heads: x.check(), "content": _content, "prefill": _
 
 
 def run(rank, sink, options) -> None:
-    """The parts of ``options.param("parts")`` in this process (smoke: H 8, decode B 1 and 16, one context).
-
-    Raises:
-        FileNotFoundError / RuntimeError: the packed engine kernels missing or failing to load
-            (:func:`mla_lab.kernels.engine_libs.load`); ValueError: an unknown part.
-    """
+    """The parts of ``parts`` (smoke: H 8, decode B 1 and 16, one context). Raises FileNotFoundError /
+    RuntimeError: the packed engine kernels missing or failing (:func:`mla_lab.kernels.engine_libs.load`);
+    ValueError: an unknown part."""
     parts = options.param("parts", ("check", "prefill", "decode"))
     bad = set(parts) - set(_PARTS)
     if bad:

@@ -1,7 +1,5 @@
-"""The attention pieces of the round-2 experiments (:mod:`.engines`, :mod:`.decode_layer`): the causal-window and
-full-topk index patterns, and the engine presets' attention paths
-(:class:`Presets`, labels :data:`mla_lab.placement.BENCH_PRESET_LABELS`). head_size 576 = 512 + 64, d_v 512.
-"""
+"""The round-2 experiments' attention pieces: index patterns and the engine presets' paths (:class:`Presets`,
+labels :data:`mla_lab.placement.BENCH_PRESET_LABELS`). head_size 576 = 512 + 64, d_v 512."""
 
 from __future__ import annotations
 
@@ -37,9 +35,8 @@ PRESET_DOC = {
 
 
 def causal_indices(T, L, topk, dev):
-    """T / L prompts of L tokens (the last one shorter when L does not divide T); the token at position p of its
-    prompt reads the last min(p + 1, topk) keys of its prompt (kv row = token index). Returns (indices [T, 1, topk]
-    int32, -1 past topk_length; topk_length [T] int32; the sum of topk_length)."""
+    """T / L prompts of L tokens; position p reads the last min(p + 1, topk) keys of its prompt (kv row = token).
+    Returns (indices [T, 1, topk] int32, -1 past topk_length; topk_length [T] int32; their sum)."""
     g = torch.arange(T, device=dev)
     start = (g // L) * L
     tl = torch.clamp(g - start + 1, max=topk)
@@ -50,8 +47,8 @@ def causal_indices(T, L, topk, dev):
 
 
 def make_pattern(pattern, T, dev, gen, topk, s_kv_full=32768):
-    """``causal_<L>`` (:func:`causal_indices`, prompt length min(L, T), s_kv = T) or ``full_<k>`` (topk random keys
-    of ``s_kv_full``, no topk_length) -> (s_kv, indices, topk_length or None, sum of topk, prompt length)."""
+    """``causal_<L>`` (:func:`causal_indices`, s_kv = T) or ``full_<k>`` (topk random keys of ``s_kv_full``) ->
+    (s_kv, indices, topk_length or None, sum of topk, prompt length)."""
     if pattern.startswith("causal_"):
         L = min(int(pattern.split("_")[1]), T)
         idx, tl, st = causal_indices(T, L, topk, dev)
@@ -61,20 +58,18 @@ def make_pattern(pattern, T, dev, gen, topk, s_kv_full=32768):
 
 
 def content_of(label, strategy):
-    """What the padded heads hold in a preset row: the allocator block's content for ``per_call_empty_*`` (set by
-    the prep), the strategy's otherwise (``subchunk_2stream``: zeroed workspaces)."""
+    """The padded heads' content of a preset row: the prepped block's (``per_call_empty_*``), else the strategy's."""
     if label in ("per_call_empty_zeros", "per_call_empty_stale"):
         return label.rsplit("_", 1)[1]
     return strategy.content if strategy is not None else "zeros"
 
 
 def as_tensor(res):
-    """A preset call's output as one tensor (a list of chunk views concatenated)."""
     return torch.cat(res, 0) if isinstance(res, list) else res
 
 
 def call_peak(fn) -> int | str:
-    """Bytes allocated during one call above what was allocated before it (CUDA; "" on CPU)."""
+    """Bytes one call allocates above what was allocated before it ("" on CPU)."""
     if not torch.cuda.is_available():
         return ""
     torch.cuda.synchronize()
@@ -87,15 +82,11 @@ def call_peak(fn) -> int | str:
 
 
 class Presets:
-    """One layer call's attention path per preset label on ``rank`` (its heads, padded heads and GPU), T tokens of
-    ``pattern``: the label's strategy through :func:`mla_lab.measure.attention.padded_path`, or ``subchunk_2stream``.
-
-    :meth:`build` gives ``(fn, prep, persistent_bytes, S, n_chunks, strategy)``; ``fn(check)`` runs the call once and
-    returns the real heads' output (with a dict ``check``: also the largest |value| in the padded heads of the first
-    q the kernel read, ``pad_absmax``). ``prep`` runs before each window: ``per_call_empty_*`` frees a same-size block
-    holding zeros or N(0, 1) (what vLLM before PR #53878 gets from the caching allocator: its pad is ``new_empty``'s);
-    the shared workspace's padded heads are scribbled with N(0, 1) (the fused-MoE scratch).
-    """
+    """One layer call's attention path per preset on ``rank``, T tokens of ``pattern`` (the label's strategy through
+    :func:`mla_lab.measure.attention.padded_path`, or ``subchunk_2stream``). :meth:`build`: ``(fn, prep,
+    persistent_bytes, S, n_chunks, strategy)``; ``fn(check)`` returns the real heads' output (``check["pad_absmax"]``:
+    the largest |value| in the first kernel q's padded heads). ``prep`` before each window: ``per_call_empty_*``
+    frees a block of zeros or N(0, 1) (pre-PR #53878's ``new_empty`` pad); the shared workspace scribbled N(0, 1)."""
 
     def __init__(self, rank, dev, dtype, T, pattern, gen, topk, skv_full):
         self.rank, self.dev, self.dtype, self.H, self.Hp, self.T, self.gen = (
@@ -108,11 +99,7 @@ class Presets:
         self.out_full = torch.empty(T, self.H, D_V, device=dev, dtype=dtype)
 
     def build(self, name, S=None):
-        """The call of preset ``name`` (:data:`PRESET_DOC`; ``subchunk*`` take the chunk rows ``S``).
-
-        Raises:
-            ValueError: an unknown name (the allowed ones).
-        """
+        """The call of preset ``name`` (:data:`PRESET_DOC`; ``subchunk*``: ``S`` rows). Raises ValueError: unknown."""
         if name == "subchunk_2stream":
             return self._two_stream(S)
         if name in ("subchunk", "subchunk_views"):
@@ -157,8 +144,7 @@ class Presets:
         return fn
 
     def _prep(self, name, path, strategy):
-        """What runs before each window: the freed allocator block of ``per_call_empty_*``, the scribbled shared
-        workspace of a strategy whose concat zeroes the padding; None otherwise."""
+        """What runs before each window (None: nothing)."""
         if name in ("per_call_empty_zeros", "per_call_empty_stale"):
             def prep():
                 if self.dev == "cuda":
@@ -198,8 +184,8 @@ class Presets:
 
 
 class _Streams:
-    """``subchunk_2stream``'s order: chunk i's concat on a side stream once kernel i - 2 has read its workspace,
-    kernel i on the current stream once concat i is done; on CPU everything runs in program order."""
+    """``subchunk_2stream``: concat i on a side stream after kernel i - 2 read its workspace, kernel i after concat
+    i; on CPU in program order."""
 
     def __init__(self, n, cuda):
         self.cuda = cuda

@@ -1,19 +1,14 @@
-"""Round 2, engines: the padded-head content factor, the engines' attention-path presets and sub-chunking, the NaN
-check; the FlashMLA sparse kernel (:class:`mla_lab.kernels.device.Kernels`), head_size 576, d_v 512, bf16, sm_scale
-576**-0.5, the rank's padded heads H'. Parameter ``parts`` (``nan,presets,content``), one file each:
+"""Round 2, engines: FlashMLA's sparse kernel (:class:`mla_lab.kernels.device.Kernels`, head_size 576, d_v 512,
+bf16, sm_scale 576**-0.5) on the rank's padded heads H'. Parameter ``parts`` (``nan,presets,content``), one file each:
 
-1. ``content.csv``: the kernel alone with the padded heads H..H'-1 holding zeros vs stale (N(0, 1), the real heads'
-   and kv's distribution: activations a shared workspace held before), H = the rank's heads x 1, 2, 4, T = the
-   step, a quarter and a sixteenth of it, patterns ``causal_1024`` / ``causal_<T/2>`` (prompts of that length:
-   :func:`~.engine_presets.causal_indices`; one shape when the prompt covers T) and ``full_<topk>`` (random topk
-   over 2 T keys). Modes ``alone`` (calls back to back) and ``interleaved`` (each call followed by a bf16 GEMM
-   [T, 6144] x [6144, 4096], untimed). Repeats alternate zeros / stale (order flipped every repeat); a row per
-   window: per-call median, mean, p10, p90 (CUDA events around each call) and the NVML medians over the window.
-2. ``presets.csv``: one layer call's attention path per preset (:class:`~.engine_presets.Presets`) per model
-   (parameter ``models``: ``glm-5,deepseek-v3.2`` at the rank's TP), at the step of 1024-token causal prompts and at
-   full topk, repeats interleaved across presets; the call's peak memory above its baseline, the persistent bytes,
-   what the padded heads held, the real heads' max abs difference against the private zeroed workspace's call.
-3. ``nan.csv``: padded heads NaN / inf, per model: are the real heads identical to the zero-padded call's?
+1. ``content.csv``: the kernel alone, padded heads zeros vs stale (N(0, 1)), H = the rank's heads x 1, 2, 4, T = the
+   step / 4 / 16, patterns ``causal_1024``, ``causal_<T/2>`` (:func:`~.engine_presets.causal_indices`) and
+   ``full_<topk>`` (random topk over 2 T keys); modes ``alone`` and ``interleaved`` (an untimed bf16 GEMM [T, 6144] x
+   [6144, 4096] after each call); repeats alternate zeros / stale; a row per window (CUDA events per call, NVML).
+2. ``presets.csv``: one layer call's attention path per preset (:class:`~.engine_presets.Presets`) per model at the
+   seed and full-topk shapes, repeats interleaved: peak memory, persistent bytes, the padded heads' content, the real
+   heads' max abs difference against the private zeroed workspace's.
+3. ``nan.csv``: padded heads NaN / inf: are the real heads identical to the zero-padded call's?
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ _SM = D_QK ** -0.5
 
 
 def content_shapes(rank, smoke=False):
-    """(T, H, pattern) of the content factor (smoke: the step's T and the rank's H only); a causal pattern whose
-    prompt covers T is measured once."""
+    """(T, H, pattern) of the content factor (smoke: the step's T, the rank's H); a prompt covering T once."""
     T_max, H, topk = rank.max_num_batched_tokens, rank.num_heads, rank.model.topk
     seen = set()
     for T in (T_max,) if smoke else (T_max, T_max // 4, T_max // 16):
@@ -66,8 +60,7 @@ def content_shapes(rank, smoke=False):
 
 
 def _inputs(rank, T, H, pat, gen):
-    """The kernel's inputs at one shape (kv, indices, topk_length, q [T, H', 576] with zero padded heads) and the
-    pattern's facts."""
+    """(kv, indices, topk_length, q [T, H', 576] with zero padded heads, the pattern's facts) at one shape."""
     s_kv, idx, tl, st, plen = make_pattern(pat, T, "cuda", gen, rank.model.topk, 2 * rank.max_num_batched_tokens)
     kv = torch.randn(s_kv, 1, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
     q = torch.randn(T, rank.padded_num_heads, D_QK, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -76,7 +69,7 @@ def _inputs(rank, T, H, pat, gen):
 
 
 def _content_calls(ctx, rank, T, H, pat, gen):
-    """The zeros and stale calls at one shape, the pattern's facts and whether their real heads agree."""
+    """The zeros and stale calls at one shape and the facts (``out_equal``: their real heads agree)."""
     kv, idx, tl, qz, facts = _inputs(rank, T, H, pat, gen)
     qs = qz.clone()
     qs[:, H:].normal_(generator=gen)  # the stale fill: an independent N(0, 1) draw
@@ -86,7 +79,7 @@ def _content_calls(ctx, rank, T, H, pat, gen):
 
 
 def _gemm(T, gen, k=6144, n=4096):
-    """The untimed bf16 GEMM [T, k] x [k, n] run after each call in ``interleaved`` mode, and its shape."""
+    """The untimed bf16 GEMM [T, k] x [k, n] of ``interleaved`` mode, and its shape."""
     a = torch.randn(T, k, device="cuda", dtype=torch.bfloat16, generator=gen) / k ** 0.5
     b, c = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, generator=gen), torch.empty(
         T, n, device="cuda", dtype=torch.bfloat16)
@@ -123,7 +116,7 @@ def part_content(ctx, rank) -> None:
 
 
 def _built(ctx, P, name, S, ref) -> dict:
-    """One preset built, checked against the reference, its call peak and window size."""
+    """One preset built and checked against ``ref``: its call, prep, window size and row."""
     fn, prep, pers, _, nch, strategy = P.build(name, S)
     if prep:
         prep()
@@ -148,8 +141,8 @@ def _built(ctx, P, name, S, ref) -> dict:
 
 
 def preset_names(T, smoke=False) -> list[tuple]:
-    """(preset, S) timed at T tokens: the six fixed presets, then sub-chunks of T / 16 .. T rows (smoke: T / 2, T),
-    views, and the two-stream variant at T / 8 and T / 4."""
+    """(preset, S) at T tokens: six fixed presets, sub-chunks of T / 16 .. T rows (smoke: T / 2, T), views, two
+    streams at T / 8 and T / 4."""
     sub_S = [T // 2, T] if smoke else [T // 16, T // 8, T // 4, T // 2, T]
     return [(n, None) for n in list(PRESET_DOC)[:6]] + [("subchunk", S) for S in sub_S] + [
         ("subchunk_views", S) for S in sub_S] + [("subchunk_2stream", S) for S in sub_S[1:3]]
@@ -208,9 +201,8 @@ PER_MODEL = ("nan", "presets")
 
 
 def run(rank, sink, options) -> None:
-    """Parameters: ``parts``, ``models``; ``repeats`` (content, 5), ``preset_repeats`` (7), ``window_ms`` (120) and
-    ``preset_window_ms`` (50) per timed window, ``min_calls`` / ``max_calls`` (5 / 300); smoke: 2 repeats, 5 ms
-    windows. Raises ValueError on an unknown part."""
+    """Parameters ``parts``, ``models``, ``repeats`` (5), ``preset_repeats`` (7), ``window_ms`` (120),
+    ``preset_window_ms`` (50), ``min_calls`` / ``max_calls`` (5 / 300). Raises ValueError on an unknown part."""
     parts = options.param("parts", tuple(PARTS))
     if set(parts) - set(PARTS):
         raise ValueError(f"--param parts={','.join(parts)}; allowed: {', '.join(PARTS)}")

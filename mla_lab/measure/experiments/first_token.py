@@ -1,30 +1,20 @@
-"""What the first requests of a bench run pay that the steady state does not (issue 37, "the first token"), for the
-parts the H200 can measure without vLLM:
+"""What the first requests of a bench run pay that the steady state does not (issue 37), where no vLLM is needed:
+calls 1-3 (host wall, CUDA-event ms) against the steady median of
 
-- **cold Triton JIT at a new shape**: the lab's Triton ``concat_mla_q`` kernel (:func:`mla_lab.kernels.concat_mla_q`,
-  ``backend="triton"``) called first at the ready-check shape (one 1024-token prompt: vllm bench serve's initial
-  test request), then at shapes the process has not seen: the seed step (16384 tokens), a token count Triton
-  specialises differently (16383: not divisible by 16, so a new compiled variant) and a larger step (32768). Each
-  shape: calls 1-3 (host wall and CUDA-event time) and the steady median. ``triton_cache`` says whether the on-disk
-  cache was a fresh empty folder (``cold``: compile from source, what a new kernel version costs) or the default
-  one (``warm``: the in-memory cache of a fresh process is empty, the disk cache may hold the binary);
-- **allocator growth**: from an empty caching allocator (``torch.cuda.empty_cache()``) to the step's peak: the
-  first call of the seed step's query workspace fill plus one layer's routed-expert block (GLM-5 TP-8 rank share,
-  :func:`mla_lab.measure.tp.moe_forward`), with the reserved bytes before and after, against the same calls once
-  the allocator holds the blocks.
+- ``triton_jit:concat_mla_q``: the lab's Triton concat (:func:`mla_lab.kernels.concat_mla_q`) first at the
+  ready-check shape (one 1024-token prompt: vllm bench serve's test request), then at shapes the process has not
+  seen: the step, one token fewer (not divisible by 16: a new compiled variant) and twice the step; ``triton_cache``
+  ``cold`` (a fresh empty ``TRITON_CACHE_DIR``: compile from source) or ``warm`` (the default cache);
+- ``alloc_growth:workspace+moe_block``: from an empty caching allocator to the step's peak (the query workspace
+  fill plus one layer's routed experts, :func:`mla_lab.measure.tp.moe_forward`), reserved MiB before and after.
 
-Rows: ``first_token.csv`` (ms; MiB for the reserved columns). Parameters: ``steady`` (20 calls per shape, median),
-``triton_cache`` (``cold``: a fresh empty ``TRITON_CACHE_DIR``, compile from source; ``warm``: the default cache).
-``--dry-run`` prints the plan without CUDA.
-
-Not measurable here (no vLLM): DeepGEMM JIT of the engine's indexer kernels, CUDA-graph capture and replay misses,
-the API server and tokenizer; ``docs/serving.md`` ("The first token, explained") cites public figures for them.
+Rows: ``first_token.csv``. Parameters ``steady`` (20), ``triton_cache`` (``cold``). Not measurable here: DeepGEMM
+JIT, CUDA-graph capture, the API server (``docs/serving.md``, "The first token, explained").
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 
 import torch
@@ -33,7 +23,7 @@ from mla_lab.kernels import concat_mla_q
 from mla_lab.measure.sink import log
 from mla_lab.measure.tp import make_moe_inputs, moe_forward
 
-from ._common import PROMPT, wall_and_gpu
+from ._common import PROMPT, first_calls
 
 OUTPUTS = {"first_token.csv": ["what", "T", "call", "wall_ms", "gpu_ms", "steady_wall_ms", "steady_gpu_ms",
                                "steady_n", "triton_cache", "reserved_before_mib", "reserved_after_mib"]}
@@ -58,9 +48,7 @@ def plan(rank, options) -> list[dict]:
 
 
 def _measure(sink, what, T, fn, steady_n, cache="", before=None):
-    firsts = [wall_and_gpu(fn) for _ in range(3)]
-    steady = [wall_and_gpu(fn) for _ in range(steady_n)]
-    med_w, med_g = statistics.median(w for w, _ in steady), statistics.median(g for _, g in steady)
+    firsts, _, med_w, med_g = first_calls(fn, steady_n)
     after = None if before is None else torch.cuda.memory_reserved()
     for i, (w, g) in enumerate(firsts, 1):
         sink.write("first_token.csv", {

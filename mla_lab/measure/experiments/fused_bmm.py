@@ -1,19 +1,10 @@
-"""Is the concat's pass needed at all? The W_UK bmm writing ql_nope straight into the padded workspace (issue 23).
-
-The absorbed-MLA prefill computes ``ql_nope = bmm(q_nope^T [H, T, d_nope], W_UK [H, d_nope, 512])``, then
-``concat_mla_q`` copies ``ql_nope`` and ``q_pe`` into the first H heads of the padded ``[T, H', 576]`` workspace
-(vLLM PR #53878). Per T (the rank's step and a quarter of it), graph timing (:func:`mla_lab.measure.timer.median_ms`
-``graph=True``: one call per replay, L2 flushed), rounds rotated:
-
-- ``pr``: the bmm into a contiguous ``[H, T, 512]`` buffer, then the concat (the launcher, v2) into the workspace;
-- ``fused``: the bmm with ``out=`` the workspace view ``ws[:, :H, :512].transpose(0, 1)`` (a strided-batched GEMM
-  output), then ``q_pe`` alone into ``ws[:, :H, 512:]``;
-- ``bmm``: the bmm alone (what the concat adds is ``pr - bmm``).
-
-H, d_nope = qk_nope_head_dim and H' per model (parameter ``models``) at the rank's TP (GLM-5 TP8: 8, 192, 64;
-DeepSeek-V3.2: 16, 128, 64). Before timing, ``fused``'s real heads are compared with ``pr``'s (``max_abs_diff``:
-cuBLAS may pick another algorithm for the strided output) and its padded heads must stay NaN. Rows:
-``fused_bmm.csv`` (us). Parameters ``rounds`` (5), ``rep`` (do_bench ms, 50).
+"""Is the concat's pass needed at all (issue 23)? Per T (the step and a quarter), graph timing
+(:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2 flushed), rounds rotated: ``pr`` (the W_UK bmm
+``[H, T, d_nope] x [H, d_nope, 512]`` into a contiguous buffer, then the v2 concat into the padded workspace, vLLM PR
+#53878), ``fused`` (the bmm with ``out=`` the workspace view ``ws[:, :H, :512].transpose(0, 1)``, then ``q_pe``
+alone) and ``bmm`` (the bmm alone). ``max_abs_diff``: fused vs pr real heads (cuBLAS may pick another algorithm);
+fused's padded heads must stay NaN. Rows: ``fused_bmm.csv`` (us). Parameters ``models``, ``rounds`` (5), ``rep``
+(50 ms).
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
-"""Calibrate and validate the per-rank layer model (:mod:`mla_lab.model`) on a GPU: the library is
-:mod:`mla_lab.measure.layer` (the layer), :mod:`~mla_lab.measure.layer_runs` (the loops),
-:mod:`~mla_lab.measure.triton_ops` (its Triton kernels), :mod:`~mla_lab.measure.layer_experiments` (the extras) and
-:mod:`~mla_lab.measure.validate` (the fit; ``python -m mla_lab.measure.validate --fit-only DIR --cal-out PATH``
-refits committed rows). Timing :func:`mla_lab.measure.timer.median_ms` (do_bench medians); random bf16 weights and
-inputs scaled 1/sqrt(K), never zeros.
+"""Calibrate and validate the per-rank layer model (:mod:`mla_lab.model`): the layer :mod:`mla_lab.measure.layer`,
+loops :mod:`~mla_lab.measure.layer_runs`, extras :mod:`~mla_lab.measure.layer_experiments`, fit
+:mod:`~mla_lab.measure.validate`; :func:`mla_lab.measure.timer.median_ms`, random bf16 weights scaled 1/sqrt(K).
 
-1. ``layer_ops.csv``: every op of :func:`mla_lab.model.ops.layer_ops` with an ``impl``, at its per-rank shape, per
-   model x TP x T (and the MoE ops under expert parallelism, ep = tp), each unique shape once; fp8 GEMMs
-   (``torch._scaled_mm``) at the first model's shapes.
-2. ``layer_e2e.csv``: the per-rank layer end to end per strategy (parameter ``strategies``, default
-   ``per_call_zeros,private_workspace``: the first version's ``unfused`` / ``fused``), MoE and dense layer, modes
-   ``eager``, ``graph`` (T <= 4096) and ``paired`` (parameter ``pairs`` N: the first two strategies alternately, the
-   median difference to ``layer_extras.csv``). The private workspace's padded heads hold ``workspace_content``
-   (``zeros``; the first H200 run had ``stale``). No communication (one GPU).
-3. ``layer_extras.csv``: the Triton kernels' checks, copy / matmul ceilings, the W_UV slice, peak memory against
-   :func:`mla_lab.buffers.memory_account`, the kernel with causal ``topk_length``, padded heads zeros / stale / NaN.
-4. ``h200_ops.csv`` and ``layer_validation.csv``: :func:`mla_lab.measure.validate.fit_and_validate` over the rows.
+1. ``layer_ops.csv``: every op of :func:`mla_lab.model.ops.layer_ops` at its per-rank shape per model x TP x T (MoE
+   also under ep = tp), fp8 GEMMs at the first model's shapes.
+2. ``layer_e2e.csv``: the layer end to end per strategy (``strategies``, default ``per_call_zeros,
+   private_workspace``), modes ``eager``, ``graph`` (T <= 4096), ``paired`` (``pairs`` N); no communication.
+3. ``layer_extras.csv``: kernel checks, ceilings, the W_UV slice, peak memory, causal ``topk_length``, padded heads.
+4. ``h200_ops.csv`` and ``layer_validation.csv``: :func:`mla_lab.measure.validate.fit_and_validate`.
 
-Parameters also ``models``, ``tps``, ``tokens``, ``budget_s`` (400: no new measurement after it; the fit still
-runs), ``warmup_ms``, ``rep_ms``, ``skip_e2e``, ``flash_mla``. The CPU check of the logic is
-``tests/test_measure_layer.py`` (tiny model, Triton interpreter).
+Parameters also ``models``, ``tps``, ``tokens``, ``budget_s`` (400), ``warmup_ms``, ``rep_ms``, ``skip_e2e``,
+``flash_mla``, ``workspace_content`` (``zeros``).
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
-"""The packed kernel (g tokens x H heads per H'-row tile) beside every engine's sparse-MLA prefill kernel (issue 36).
-
-Graph timing: each callable captured in a CUDA graph, the replays timed round-robin, order rotated, L2 flushed
-(:func:`mla_lab.measure.timer.interleaved`), parameter ``rounds`` (5). Inputs: fresh random bf16 q and kv, the rank's
-T = max_num_batched_tokens query tokens and H heads, g = H' / H tokens per tile, topk (``index_topk``, config.json),
-index sets from :mod:`mla_lab.kernels.index_sets` (synthetic, modelled overlap). Seed rank: T 16384, H 8, g 8.
-
-Shapes (``shape`` column; parameter ``shapes``): ``seed`` (1024-token causal prompts: every token's set is its
-prefix), ``o<x>`` (the common-core model at pairwise overlap x, s_kv 4 T), ``ctx<n>`` (each token topk random keys
-of an n-key context: the union cannot exceed n), ``structured`` (window + Toeplitz + content keys, 2 T context).
-
-Kernels (``kernel`` column): ``packed`` (the union build + the packed kernel: FlashMLA over the shared keys, the
-lab's Triton kernel over the rest with the per-row mask), ``packed_kernel`` (sets built beforehand), ``union_build``
-(``builder`` column: ``cuda`` / ``triton``), ``packed_triton`` (the Triton masked kernel over the whole union),
-``flashmla_bound`` (FlashMLA with s_q = T / g, h_q = H', topk = U, no mask: the upper bound),
-``flashmla_ts_pad64`` (tokenspeed-flashmla on Q padded to H' heads, padded heads stale; ``_zeros``: zero, the
-dispatch's fallback), ``flashmla_vllm_pad64`` (vLLM 0.33.0's bundled FlashMLA, FLASHMLA_SPARSE), ``fa3_sparse``
-(vLLM 0.33.0's FA3 sparse on the real heads, vLLM's sm90 default), ``sglang_triton`` (SGLang 0.5.23's 16-row tile;
-``_union4``: its ``union=4`` option with its own union build), ``dispatched`` (the sampled union build, every 16th
-group, + the path :func:`mla_lab.kernels.packed.choose_path` picks: ``path`` column).
-
-``U`` / ``S``: the mean union and shared sizes per group over topk; ``max_abs_err``: the ``check`` rows (packed vs
-the fp32 reference).
+"""The packed kernel (g = H' / H tokens x H heads per tile) beside every engine's sparse-MLA prefill kernel (issue
+36): graph timing, round-robin, L2 flushed (:func:`mla_lab.measure.timer.interleaved`), parameter ``rounds`` (5);
+random bf16 q / kv at the rank's T and H, topk (``index_topk``, config.json), index sets from
+:mod:`mla_lab.kernels.index_sets`. Shapes (``shapes``): ``seed`` (1024-token causal prompts), ``o<x>`` (pairwise
+overlap x, s_kv 4 T), ``ctx<n>`` (topk random keys of n), ``structured`` (window + Toeplitz + content, 2 T).
+Kernels: ``packed`` (union build + kernel), ``packed_kernel`` (sets built before), ``union_build`` (``builder``),
+``packed_triton``, ``flashmla_bound`` (FlashMLA on T / g rows of H' heads, topk = U: the bound), the engines'
+(``flashmla_ts_pad64[_zeros]``, ``flashmla_vllm_pad64``, ``fa3_sparse``, ``sglang_triton[_union4]``: vLLM 0.33.0,
+SGLang 0.5.23, tokenspeed-flashmla) and ``dispatched`` (:func:`mla_lab.kernels.packed.choose_path`, ``path``).
+``U`` / ``S``: mean union / shared size per group over topk; ``max_abs_err``: ``check`` rows vs the fp32 reference.
 """
 
 from __future__ import annotations
@@ -62,8 +49,8 @@ def _index_data(shape: str, T: int, topk: int, g: int, seed: int):
 
 
 def _builder(topk, g):
-    """``(name, build)``: the CUDA shared-memory builder where it compiles and matches the reference on a small
-    case, else the Triton one (said in the log and the ``builder`` column)."""
+    """``(name, build)``: the CUDA builder where it compiles and matches the reference on a small case, else
+    Triton's."""
     try:
         d = ix.overlap_indices(1024, topk, 65536, 0.8, g, seed=5, device="cuda")
         bad = union_mismatch(build_union_cuda(d.indices, d.topk_length, g, d.s_kv),
@@ -78,8 +65,8 @@ def _builder(topk, g):
 
 
 def _check(build, sm_scale, Hp) -> list[dict]:
-    """The packed kernel (both modes) against the fp32 reference on small cases with request boundaries inside
-    groups, a partial last group and tokens with no valid key."""
+    """The packed kernel (both modes) against the fp32 reference: request boundaries inside groups, a partial last
+    group, tokens with no valid key."""
     rows = []
     for H in (8, 16, 32):
         d = ix.causal_indices([37, 300, 5, 700], 256, seed=H, device="cuda")
@@ -148,12 +135,8 @@ def _packed_calls(ts_fwd, build, d, q, kv, sm_scale, Hp) -> tuple[dict, float, f
 
 
 def run(rank, sink, options) -> None:
-    """Every shape (parameter ``shapes``, default all; smoke: seed and o0.8, 2 rounds) in this process.
-
-    Raises:
-        ImportError / RuntimeError / FileNotFoundError: no flash_mla, or the packed engine kernels missing or failing
-            to load (:func:`mla_lab.kernels.engine_libs.load`); ValueError: an unknown shape.
-    """
+    """Every shape of ``shapes`` (smoke: seed and o0.8, 2 rounds). Raises ImportError / RuntimeError /
+    FileNotFoundError: no flash_mla, the packed engine kernels missing or failing; ValueError: an unknown shape."""
     from flash_mla import flash_mla_sparse_fwd as ts_fwd
 
     shapes = options.param("shapes", ("seed", "o0.8") if options.smoke else tuple(s for s, _ in SHAPES))

@@ -1,10 +1,8 @@
 """The attention path per route at prompt lengths 512..8192 in a 16384-token step (issue 25): padded sparse MQA
-(W_UK bmm + concat + [pad] + FlashMLA + W_UV bmm; the PR's path and the pre-PR pad) against dense causal MHA with the
-real heads (kv_b_proj up-projection of the step's latent K/V, K assembly with the shared RoPE key, torch SDPA with
-the FLASH or cuDNN backend; V padded to the qk head dim where a backend needs equal head dims, recorded). GLM-5 TP8
-(8 heads, qk 256 / v 256) and DeepSeek-V3.2 TP8 (16 heads, qk 192 / v 128). Plus one accuracy check at 1024 tokens:
-the MHA route's output equals the MQA route's (top-k = every earlier token). Rows: ``routes.csv`` (ms),
-``routes_check.csv`` (relative error)."""
+(W_UK bmm + concat + [pad] + FlashMLA + W_UV bmm) against dense causal MHA on the real heads (kv_b_proj
+up-projection, K with the shared RoPE key, SDPA FLASH or cuDNN; V padded where a backend needs equal head dims).
+Plus at 1024 tokens the MHA route's output against the MQA route's (top-k = every earlier token). Rows:
+``routes.csv`` (ms), ``routes_check.csv`` (relative error)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations
@@ -22,6 +20,7 @@ from mla_lab.measure.timer import interleaved
 from mla_lab.workload import Step
 
 from ._common import ranks_of, sm_scale_of
+from .engine_presets import causal_indices
 
 OUTPUTS = {"routes.csv": ["model", "num_heads", "prompt_len", "num_prompts", "T", "route", "round", "ms", "median_ms",
                           "sdpa_backend", "v_padded", "exact_topk", "qk_head_dim", "v_head_dim", "repeats"],
@@ -101,18 +100,6 @@ def _working_backends(m, H):
     return ok, errs
 
 
-def exact_inputs(m, H, B, L, g):
-    """MQA inputs for B prompts of L <= topk tokens where top-k = every earlier token (indices = the prompt's keys
-    0..p, topk_length p + 1): the case where sparse attention equals dense causal attention."""
-    T, topk = B * L, m.topk
-    pos = torch.arange(L, device="cuda").repeat(B)
-    base = torch.arange(B, device="cuda").repeat_interleave(L) * L
-    j = torch.arange(topk, device="cuda")
-    idx = torch.where(j[None, :] <= pos[:, None], base[:, None] + j[None, :], torch.full_like(j[None, :], -1))
-    tl = (pos + 1).clamp(max=topk).to(torch.int32)
-    return idx.to(torch.int32).view(T, 1, topk), tl
-
-
 def _mqa_calls(rank, L: int, g) -> dict:
     """The padded sparse MQA route's calls for B = T // L prompts of L tokens: W_UK bmm + path + W_UV bmm per
     placement, and the path alone."""
@@ -120,8 +107,8 @@ def _mqa_calls(rank, L: int, g) -> dict:
     B = rank.max_num_batched_tokens // L
     T, dn, dv = B * L, m.qk_nope_head_dim, m.v_head_dim
     ql, qpe, kv, idx, tl = make_step_inputs(rank, Step([(j, 0, L) for j in range(B)]), L, seed=L)
-    if L <= m.topk:
-        idx, tl = exact_inputs(m, H, B, L, g)
+    if L <= m.topk:  # top-k = every earlier token: sparse attention equals dense causal attention
+        idx, tl, _ = causal_indices(T, L, m.topk, "cuda")
     sm = sm_scale_of(m)
     q_nope = torch.randn(H, T, dn, device="cuda", dtype=torch.bfloat16, generator=g)
     w_uk = (torch.randn(H, dn, m.kv_lora_rank, device="cuda", generator=g) / math.sqrt(dn)).to(torch.bfloat16)
@@ -206,7 +193,7 @@ def _route_check(sink, rank, L, backend, g):
     q_nope, q_pe = r.q[..., :dn], r.q[..., dn:]
     ql = torch.einsum("thd,hdc->thc", q_nope.float(), w_uk.float()).to(torch.bfloat16)
     kv = torch.cat([r.kv_c, r.k_pe[:, 0]], dim=-1).view(T, 1, m.kv_lora_rank + dr)
-    idx, tl = exact_inputs(m, H, B, L, g)
+    idx, tl, _ = causal_indices(T, L, m.topk, "cuda")
     p = padded_path(rank, "private_workspace", T)
     o_lat, _ = p(ql, q_pe, kv, idx, r.sm, tl)
     o_mqa = torch.einsum("thc,hvc->thv", o_lat.float(), w_uv.float())

@@ -1,10 +1,8 @@
-"""``mla-lab measure``: run the chosen experiments of :data:`~mla_lab.measure.experiments.EXPERIMENTS` in fresh
-processes (:meth:`~mla_lab.measure.experiments.Experiment.command`) on the GPU that is there. A between-process
-experiment runs ``processes`` times (default 5), each process into ``<run>/.processes/<name>/p<k>/``, its files then
-merged with ``process`` = k first (:func:`merge_processes`); the others run once. Every run writes
-``provenance.json`` (the provenance, the experiments, their command lines and exit codes; rewritten after every
-process, so ``--resume`` can finish a cut run). Where: ``--out`` (default ``data/measured/<gpu>``); a file there is
-never replaced without ``overwrite``: the run then goes to ``<out>/runs/<UTC timestamp>/`` and says so.
+"""``mla-lab measure``: the chosen experiments in fresh processes (:meth:`.Experiment.command`) on this GPU. A
+between-process one runs ``processes`` times into ``<run>/.processes/<name>/p<k>/``, merged with ``process`` = k
+first (:func:`merge_processes`); the others once. ``provenance.json`` (provenance, command lines, exit codes) is
+rewritten after every process (``--resume`` finishes a cut run). A file under ``--out`` (default
+``data/measured/<gpu>``) is never replaced without ``overwrite``: the run goes to ``<out>/runs/<UTC timestamp>/``.
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ DEFAULT_PROCESSES = 5
 
 
 def gpu_slug(name: str) -> str:
-    """The folder name of a GPU: its model word from ``torch.cuda.get_device_name`` ("NVIDIA H200" -> ``h200``,
-    "NVIDIA B200" -> ``b200``, "NVIDIA H100 80GB HBM3" -> ``h100``), else the name lower-cased with non-alphanumerics
-    as ``-``. Raises ValueError on an empty name."""
+    """A GPU's folder: the model word of ``torch.cuda.get_device_name`` ("NVIDIA H100 80GB HBM3" -> ``h100``), else
+    the name lower-cased, non-alphanumerics as ``-``. Raises ValueError on an empty name."""
     s = (name or "").strip()
     if not s:
         raise ValueError("gpu name: '' (torch.cuda.get_device_name gave nothing)")
@@ -38,34 +35,22 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
 
 
-def plan(experiments: list[Experiment], processes: int) -> list[dict]:
-    """One entry per experiment: name, module, processes it gets, shapes count, output files (folder-relative),
-    what it needs. Imports each experiment's module (CPU is enough)."""
-    rows = []
-    for e in experiments:
-        folder = f"{e.folder}/" if e.folder else ""
-        entry = e.module if e.argv else f"{__package__} {e.name}"  # what `python -m` runs
-        rows.append({"name": e.name, "module": entry, "processes": processes if e.between_process else 1,
-                     "shapes": len(e.shapes()), "files": [folder + f for f in e.outputs()], "needs": e.needs,
-                     "summary": e.summary, "default": e.default})
-    return rows
-
-
 def dry_run_lines(experiments: list[Experiment], processes: int, out: str) -> list[str]:
-    """What ``--dry-run`` prints: one line per experiment, then its files."""
+    """What ``--dry-run`` prints: per experiment its processes, ``python -m`` entry, shapes, needs, then its files
+    (imports the modules; CPU)."""
     lines = [f"mla-lab measure --dry-run: {len(experiments)} experiments, {processes} processes each for the "
              f"between-process ones, into {out}/ (nothing is run; * = run without --experiments)"]
-    for p in plan(experiments, processes):
-        lines.append(f"{p['name']:<22}{'*' if p['default'] else ' '}{p['processes']} x python -m {p['module']}  ({p['shapes']} shapes; "
-                     f"{p['summary']}{'; needs ' + p['needs'] if p['needs'] else ''})")
-        lines += [f"    -> {f}" for f in p["files"]]
+    for e in experiments:
+        entry = e.module if e.argv else f"{__package__} {e.name}"  # what `python -m` runs
+        lines.append(f"{e.name:<22}{'*' if e.default else ' '}{processes if e.between_process else 1} x python -m "
+                     f"{entry}  ({len(e.shapes())} shapes; {e.summary}{'; needs ' + e.needs if e.needs else ''})")
+        lines += [f"    -> {e.folder + '/' if e.folder else ''}{f}" for f in e.outputs()]
     return lines
 
 
 def merge_processes(parts: list[tuple[int, Path]], dest: Path) -> int:
-    """Concatenate the per-process CSVs ``parts`` ((k, path), any order) into ``dest`` with ``process`` = k as the
-    first column (replacing a ``process`` column the rows carry). Columns: the union in first-seen order. Returns
-    the row count. Raises FileExistsError when ``dest`` exists (the caller decides about overwriting)."""
+    """The per-process CSVs ``parts`` ((k, path)) into ``dest``, ``process`` = k first, the columns' union in
+    first-seen order; returns the row count. Raises FileExistsError when ``dest`` exists."""
     if dest.exists():
         raise FileExistsError(f"{dest} exists")
     cols, rows = ["process"], []
@@ -85,8 +70,8 @@ def merge_processes(parts: list[tuple[int, Path]], dest: Path) -> int:
 
 
 def run_dir(out: Path, experiments: list[Experiment], overwrite: bool) -> tuple[Path, list[Path]]:
-    """Where this run writes: ``out`` itself, or ``out/runs/<UTC timestamp>/`` when a file it would write exists
-    there and ``overwrite`` is False. Returns (folder, the existing files that moved it)."""
+    """(``out``, or ``out/runs/<UTC timestamp>/`` when a file it would write exists and not ``overwrite``; those
+    files)."""
     clash = [out / (f"{e.folder}/" if e.folder else "") / f for e in experiments for f in e.outputs()]
     clash = [p for p in clash if p.exists()]
     if clash and not overwrite:
@@ -95,11 +80,8 @@ def run_dir(out: Path, experiments: list[Experiment], overwrite: bool) -> tuple[
 
 
 def read_record(run_folder: Path, processes: int) -> dict:
-    """The record (``provenance.json``) of a run to resume, started with ``processes`` processes.
-
-    Raises:
-        ValueError: one line: not a folder, no ``provenance.json``, or another process count.
-    """
+    """The ``provenance.json`` of a run to resume. Raises ValueError (one line): not a folder, no record, or
+    another process count."""
     if not run_folder.is_dir():
         raise ValueError(f"--resume={str(run_folder)!r} is not a folder; allowed: a run folder mla-lab measure wrote")
     if not (run_folder / "provenance.json").is_file():
@@ -113,13 +95,9 @@ def read_record(run_folder: Path, processes: int) -> dict:
 
 
 def _checked_record(path: Path) -> dict:
-    """A run's ``provenance.json`` (hand-editable) read and checked before anything uses it: a UTF-8 JSON object
-    with ``processes`` (an int >= 1) and ``experiments`` (an object of experiment name -> object whose ``commands``
-    is a list of strings, ``exit`` a list of ints or nulls and ``merged`` a bool, each optional).
-
-    Raises:
-        ValueError: one line naming the file, the key and what is allowed.
-    """
+    """A run's (hand-editable) ``provenance.json``, checked: a JSON object, ``processes`` an int >= 1,
+    ``experiments`` name -> {``commands``: strings, ``exit``: ints or nulls, ``merged``: bool}. Raises ValueError
+    (one line: the file, the key, what is allowed)."""
     fix = "allowed: the provenance.json mla-lab measure wrote (restore it, or start a new run without --resume)"
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
@@ -152,8 +130,7 @@ def _checked_record(path: Path) -> dict:
 
 
 def resume_lines(record: dict, experiments: list[Experiment], processes: int) -> str:
-    """What ``--resume`` would run for a run's ``record`` (its ``provenance.json``): per experiment, merged (kept)
-    or the processes left."""
+    """What ``--resume`` would run for ``record``: per experiment, merged (kept) or the processes left."""
     lines, left_total = ["--resume: what this run still needs"], 0
     for e in experiments:
         entry = record.get("experiments", {}).get(e.name, {})
@@ -167,13 +144,12 @@ def resume_lines(record: dict, experiments: list[Experiment], processes: int) ->
 
 
 def _done(entry: dict, k: int) -> bool:
-    """Process ``k`` of an experiment's record exited 0 (a resumed run keeps its rows)."""
     ex = entry.get("exit", [])
     return len(ex) >= k and ex[k - 1] == 0
 
 
 def _start(experiments, processes, out, overwrite, resume, log) -> tuple[Path, dict]:
-    """The run folder and its record: a resumed run's (``provenance.json``, its resumption noted) or a new one."""
+    """The run folder and its record (a resumed run's, the resumption noted, or a new one)."""
     if resume is not None:
         dest = Path(resume)
         record = read_record(dest, processes)
@@ -190,8 +166,7 @@ def _start(experiments, processes, out, overwrite, resume, log) -> tuple[Path, d
 
 
 def _kept(e, entry: dict, folder: Path, log) -> bool:
-    """An experiment merged in the run being resumed whose files are all there is kept; one whose files are gone
-    runs again (its record cleared)."""
+    """Merged in the resumed run with its files there: kept; its files gone: its record cleared, run again."""
     if not entry.get("merged"):
         return False
     missing = [f for f in e.outputs() if not (folder / f).is_file()]
@@ -204,7 +179,7 @@ def _kept(e, entry: dict, folder: Path, log) -> bool:
 
 
 class _Run:
-    """One call of :func:`run`: the run folder, its record (saved after every process), the budget."""
+    """One call of :func:`run`: folder, record (saved after every process), budget."""
 
     def __init__(self, dest: Path, record: dict, opts: dict, log):
         self.dest, self.record, self.opts, self.log = dest, record, opts, log
@@ -214,7 +189,7 @@ class _Run:
         (self.dest / "provenance.json").write_text(json.dumps(self.record, indent=1, default=str) + "\n")
 
     def process(self, e, entry: dict, k: int, n: int, pdir: Path) -> None:
-        """Process ``k`` of ``n`` of ``e`` into ``pdir``, unless it ran (exit 0) before or the budget is spent."""
+        """Process ``k`` of ``e`` into ``pdir``, unless it ran (exit 0) before or the budget is spent."""
         budget = self.opts["budget_s"]
         if _done(entry, k):
             return
@@ -242,7 +217,7 @@ class _Run:
         self.save()
 
     def experiment(self, e, processes: int) -> None:
-        """Every process of ``e``, then (between-process, all ran) the merge of their rows, ``process`` first."""
+        """Every process of ``e``, then (between-process, all ran) the merge."""
         folder = self.dest / e.folder if e.folder else self.dest
         n = processes if e.between_process else 1
         entry = self.record["experiments"].setdefault(e.name, {"module": e.module, "processes": n, "commands": [],
@@ -271,15 +246,9 @@ class _Run:
 def run(experiments: list[Experiment], processes: int, out: Path, overwrite: bool = False,
         engine_root: str = ".engine", python: str = sys.executable, log=print, resume: Path | None = None,
         budget_s: float | None = None, smoke: bool = False) -> int:
-    """Run ``experiments`` (module docstring); returns 0 when every process exited 0, 3 when ``budget_s`` ran out
-    before every process had run (the run folder is left resumable), else 1 (the rows of the others are kept).
-    Needs CUDA (the caller checks).
-
-    ``resume``: a run folder a cut or budgeted run left (its ``provenance.json`` is rewritten after every process):
-    processes that exited 0 there keep their rows and are not run again; the rest run, then the merge. An experiment
-    recorded as merged whose merged files are gone runs again, every process. ``budget_s``: no new process starts
-    once this many seconds have passed; ``--resume`` finishes them. ``smoke``: every process with ``--smoke``.
-    """
+    """Run ``experiments``: 0 when every process exited 0, 3 when ``budget_s`` ran out first (resumable), else 1.
+    ``resume``: a cut run's folder (processes that exited 0 keep their rows; a merged experiment whose files are gone
+    runs again). ``budget_s``: no process starts after it. ``smoke``: every process with ``--smoke``. Needs CUDA."""
     dest, record = _start(experiments, processes, out, overwrite, resume, log)
     r = _Run(dest, record, {"python": python, "engine_root": engine_root, "budget_s": budget_s, "smoke": smoke,
                             "overwrite": overwrite, "resumed": resume is not None}, log)
@@ -293,5 +262,4 @@ def run(experiments: list[Experiment], processes: int, out: Path, overwrite: boo
 
 
 def default_out(gpu: str) -> Path:
-    """``data/measured/<gpu>`` (env ``MLA_LAB_MEASURED`` moves the root)."""
     return measured_dir(gpu)

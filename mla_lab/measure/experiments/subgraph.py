@@ -1,7 +1,7 @@
-"""Sub-chunking without the per-chunk cost (issue 23): for S in 2048 / 4096 the chunk loop eager (``views``),
-captured in ONE CUDA graph (``graph``: the chunk count depends only on T and S), and spread over two streams with two
-S-row workspaces (``2stream``); beside the PR's private workspace, eager and graphed. Seed and full-topk shapes,
-GLM-5 TP 8, interleaved rounds. Rows: ``subgraph.csv`` (ms; fitted by ``python -m mla_lab.fits subchunk_graph``)."""
+"""Sub-chunking without the per-chunk cost (issue 23): per S the chunk loop eager (``views``), captured in one CUDA
+graph (``graph``), over two streams and two S-row workspaces (``2stream``), beside the PR's private workspace eager
+and graphed; seed and full-topk shapes, interleaved rounds. Rows: ``subgraph.csv`` (ms; ``mla_lab.fits
+subchunk_graph``)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations
@@ -15,7 +15,7 @@ from mla_lab.measure.attention import make_step_inputs, padded_path
 from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
 
-from ._common import PROMPT, full_step, seed_step, sm_scale_of
+from ._common import seed_shapes, sm_scale_of
 
 OUTPUTS = {"subgraph.csv": ["shape", "variant", "round", "ms", "median_ms", "workspace_bytes", "repeats"]}
 VARIANTS = ["pr:eager", "pr:graph"] + [f"subchunk:{S}:{k}" for S in (2048, 4096)
@@ -23,15 +23,14 @@ VARIANTS = ["pr:eager", "pr:graph"] + [f"subchunk:{S}:{k}" for S in (2048, 4096)
 #: (shape, T, variant)
 SHAPES = [(s, 16384, v) for s in ("seed", "full") for v in VARIANTS]
 
+
 class ChunkLoop:
-    """The sub-chunked attention path on ``n_ws`` workspaces of ``S`` rows (zeroed once), chunk i on stream
-    i % n_ws (n_ws = 1: the current stream), views hand-off (the consumer, the W_UV bmm, is timed by the layer
-    model; here the chunk's outputs are dropped, as ``time_attention_path`` does for ``:views``)."""
+    """The sub-chunked attention path on ``n_ws`` zeroed workspaces of ``S`` rows, chunk i on stream i % n_ws (one:
+    the current stream); the chunks' outputs dropped (views hand-off, as ``time_attention_path``)."""
 
     def __init__(self, H, Hp, S, n_ws, T):
         self.H, self.S, self.T = H, S, T
         self.ws = [torch.zeros(S, Hp, 576, dtype=torch.bfloat16, device="cuda") for _ in range(n_ws)]
-        # one workspace: the caller's (capturing) stream; two: side streams forked from it and joined back
         self.streams = [] if n_ws == 1 else [torch.cuda.Stream() for _ in range(n_ws)]
         self.bounds = [(s, min(s + S, T)) for s in range(0, T, S)]
 
@@ -71,10 +70,9 @@ def _calls(rank, inputs, sizes) -> dict:
 
 
 def run(rank, sink, options) -> None:
-    """Sizes S 2048 and 4096 (512 and 1024 under smoke); ``options.reps`` interleaved rounds."""
     T, Hp = rank.max_num_batched_tokens, rank.padded_num_heads
     sizes = (512, 1024) if options.smoke else (2048, 4096)
-    for shape, step, plen, full in (("seed", seed_step(rank), PROMPT, False), ("full", full_step(rank), 2 * T, True)):
+    for shape, step, plen, full in seed_shapes(rank):
         inputs = make_step_inputs(rank, step, plen, seed=0, full_topk=full)
         samples = interleaved(_calls(rank, inputs, sizes), repeats=options.reps, device="cuda")
         for name, xs in samples.items():

@@ -1,16 +1,13 @@
-"""The sparse-MLA attention block and the MoE block (EP = TP) really sharded over ``--tp`` GPUs (NCCL, one process
-per GPU, rank r on GPU r) against the lab's one-GPU simulation of one rank's share and the all-reduce model term,
-plus the all-reduce alone per rank (at [T, hidden] and over a bytes sweep, for the comm-model fit). Logic, shapes
-and columns: :mod:`mla_lab.measure.tp`. NVLink multicast stays off (:data:`~mla_lab.measure.tp.SAFE_ENV`).
+"""The sparse-MLA attention block and the MoE block (EP = TP) sharded over ``--tp`` GPUs (NCCL, rank r on GPU r)
+against the one-GPU simulation of one rank's share and the all-reduce model term, plus the all-reduce alone (for the
+comm fit). Logic, shapes, columns: :mod:`mla_lab.measure.tp`; NVLink multicast off
+(:data:`~mla_lab.measure.tp.SAFE_ENV`).
 
-Two doors: the registry's ``run`` (``mla-lab measure --experiments tp_block``: the rank's TP share on one GPU,
-parameter ``runs`` ``sim``; ``tp,sim`` on a machine with the rank's TP GPUs) and :func:`main`, the multi-GPU command
-line. :func:`main` writes ``data/measured/<arch>x<tp>/tp_block.csv`` and ``allreduce.csv`` (``--runs tp``), or
-``data/measured/<arch>/tp<N>_sim_block.csv`` (``--runs sim`` alone); ``--out DIR`` puts the same names in DIR.
-Rows go per model to ``<file>.partial``; the files are replaced when every model is done (a failure keeps both the
-earlier file and this run's rows so far). A file there without this experiment's header was not written by it and
-is never replaced; a ``--cpu-dry-run`` (gloo, tiny shapes) never writes under ``data/measured``. Every refusal is
-one line on stderr, exit 2. Usage::
+Two doors: ``run`` (the registry's; parameter ``runs``: ``sim`` on one GPU, ``tp,sim`` on the rank's TP GPUs) and
+:func:`main`, writing ``data/measured/<arch>x<tp>/tp_block.csv`` + ``allreduce.csv`` or, ``--runs sim``,
+``data/measured/<arch>/tp<N>_sim_block.csv`` (``--out DIR``: the same names there), per model into ``<file>.partial``,
+replaced when every model is done. A file without this experiment's header is never replaced; ``--cpu-dry-run``
+(gloo, tiny shapes) never writes under ``data/measured``. Refusals: one line on stderr, exit 2. Usage::
 
     python -m mla_lab.measure.experiments.tp_block --tp 8                      # 8 GPUs, flash_mla installed
     python -m mla_lab.measure.experiments.tp_block --tp 8 --runs sim           # the TP-8 share on one GPU
@@ -43,9 +40,8 @@ from mla_lab.measure.tp import (
 from mla_lab.paths import measured_dir
 from mla_lab.provenance import PROVENANCE_COLUMNS
 
-#: The default attention strategies: the members of the engine presets that run on tensors (vLLM before PR
-#: #53878 with zero and stale pads, #53878, #56902 without and with its per-call zeroing, SGLang), ``unfused`` and
-#: ``fused`` by their alias names as in the TP=2 file (they are per_call_empty:zeros and private_workspace).
+#: The engine presets' members that run on tensors (pre-#53878 zero / stale pads, #53878, #56902 without / with
+#: per-call zeroing, SGLang); ``unfused`` / ``fused`` by their alias names as in the TP=2 file.
 DEFAULT_STRATEGIES = ["unfused", "per_call_empty:stale", "fused", "shared_workspace:none",
                       "shared_workspace:zero_per_call", "per_call_zeros"]
 
@@ -53,6 +49,13 @@ DEFAULT_STRATEGIES = ["unfused", "per_call_empty:stale", "fused", "shared_worksp
 def _header(path: Path):
     with open(path, newline="") as f:
         return next(csv.reader(f), None)
+
+
+def _files(runs, tp: int) -> dict:
+    """``{file: columns}`` a run writes: ``tp<N>_sim_block.csv`` (sim alone) or ``tp_block.csv`` + allreduce."""
+    sim_only = list(runs) == ["sim"]
+    return ({f"tp{tp}_sim_block.csv": _BLOCK} if sim_only
+            else {"tp_block.csv": _BLOCK, "allreduce.csv": ALLREDUCE_COLUMNS})
 
 
 def _blank(v):
@@ -95,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _dry_config(a, common: dict) -> TPBenchmarkConfig:
-    """The CPU dry run's tiny config; the sizes asked for are still checked (never silently ignored)."""
+    """The CPU dry run's tiny config; the sizes asked for still checked."""
     asked = TPBenchmarkConfig(models=a.models, tokens=a.tokens, device="cpu", warmup=a.warmup, iters=a.iters,
                               allreduce_tokens=a.allreduce_tokens, allreduce_mib=a.allreduce_mib,
                               model_overrides=tiny_overrides(), **common)
@@ -109,7 +112,7 @@ def _dry_config(a, common: dict) -> TPBenchmarkConfig:
 
 
 def _gpu_config(a, common: dict) -> tuple[TPBenchmarkConfig, str]:
-    """The GPU run's config and arch name (refused: too few GPUs, or no flash_mla for the attention block)."""
+    """The GPU run's config and arch (refused: too few GPUs, no flash_mla for the attention block)."""
     import torch
 
     n, need = torch.cuda.device_count(), a.tp if "tp" in a.runs else 1
@@ -130,8 +133,8 @@ def _gpu_config(a, common: dict) -> tuple[TPBenchmarkConfig, str]:
 
 
 def _outputs(a, arch: str) -> tuple[Path, dict]:
-    """The output folder and ``{file name: columns}`` it writes, checked: not a file, not under data/measured for a
-    dry run, no file there that another writer made, creatable."""
+    """The output folder and ``{file: columns}``, checked (a folder, not data/measured for a dry run, no foreign
+    file, creatable)."""
     sim_only = a.runs == ["sim"]
     measured_root = measured_dir().resolve()
     if a.out:
@@ -145,9 +148,7 @@ def _outputs(a, arch: str) -> tuple[Path, dict]:
     else:
         out = Path("/tmp/tp_block_cpu_dry_run") if a.cpu_dry_run else measured_dir(arch if sim_only
                                                                                    else f"{arch}x{a.tp}")
-    files = {f"tp{a.tp}_sim_block.csv" if sim_only else "tp_block.csv": _BLOCK}
-    if not sim_only:
-        files["allreduce.csv"] = ALLREDUCE_COLUMNS
+    files = _files(a.runs, a.tp)
     for name, cols in files.items():
         header = cols + list(PROVENANCE_COLUMNS)
         if (out / name).is_dir():
@@ -163,9 +164,8 @@ def _outputs(a, arch: str) -> tuple[Path, dict]:
 
 
 def _measure(cfg: TPBenchmarkConfig, files: dict[str, list], make_sink, suffix: str = "") -> tuple[list, list]:
-    """One spawn per model (its rows on disk before the next runs; the bytes sweep once): block rows to the first
-    of ``files``, all-reduce rows to the second (if any), each name + ``suffix``, through ``make_sink(provenance of
-    the first rows)``. Returns the block and all-reduce DataFrames."""
+    """One spawn per model (rows on disk before the next; the bytes sweep once): block rows to the first of
+    ``files``, all-reduce rows to the second, each + ``suffix``, via ``make_sink(provenance)``. Returns the frames."""
     names = list(files)
     sink, blocks, ars = None, [], []
     for i, name in enumerate(cfg.models):
@@ -203,7 +203,7 @@ def _print_summary(blocks: list, ars: list, tp: int) -> None:
 
 
 def main(argv=None) -> int:
-    """The multi-GPU command line (module docstring). Exit 2 with one line on a refusal."""
+    """The multi-GPU command line (module docstring)."""
     a = _parser().parse_args(argv)
     common = dict(tp=a.tp, blocks=a.blocks, strategies=a.strategies, runs=a.runs)
     try:
@@ -230,8 +230,7 @@ def main(argv=None) -> int:
 
 
 def run(rank, sink, options) -> None:
-    """The registry's door: the rank's TP share (parameter ``runs``: ``sim`` one GPU, default; ``tp,sim`` the
-    rank's TP GPUs), both blocks, :data:`DEFAULT_STRATEGIES`; smoke: T 1024, 3 iterations, the rank's model."""
+    """The registry's door: both blocks, :data:`DEFAULT_STRATEGIES`; smoke: T 1024, 3 iterations, the rank's model."""
     runs = list(options.param("runs", ("sim",)))
     smoke = options.smoke
     cfg = TPBenchmarkConfig(models=[rank.model.name] if smoke else ["glm-5", "deepseek-v3.2"],
@@ -239,10 +238,7 @@ def run(rank, sink, options) -> None:
                             strategies=DEFAULT_STRATEGIES, arch=rank.arch.name, iters=3 if smoke else 20,
                             runs=runs, allreduce_mib=[1] if smoke else [1, 4, 16, 64, 256])
     check_config(cfg)
-    files = {f"tp{rank.tp}_sim_block.csv" if runs == ["sim"] else "tp_block.csv": _BLOCK}
-    if runs != ["sim"]:
-        files["allreduce.csv"] = ALLREDUCE_COLUMNS
-    _measure(cfg, files, lambda prov: sink)
+    _measure(cfg, _files(runs, rank.tp), lambda prov: sink)
 
 
 if __name__ == "__main__":
