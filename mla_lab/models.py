@@ -139,9 +139,9 @@ def model_config_path(name: str) -> Path:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"model={name!r} must be a non-empty str; allowed: {model_names()}")
     key = name.strip().lower()
-    for known in model_names():
-        if known.lower() == key:
-            return models_dir() / known / "config.json"
+    known = next((k for k in model_names() if k.lower() == key), None)
+    if known:
+        return models_dir() / known / "config.json"
     raise ValueError(f"model={name!r} is not known (no {models_dir() / key / 'config.json'}); allowed: "
                      f"{model_names()}")
 

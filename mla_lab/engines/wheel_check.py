@@ -46,13 +46,11 @@ def _set_elts(node):
 def _matches(want, node) -> bool:
     if _dump(want) == _dump(node):
         return True
-    if isinstance(want, ast.Call) and isinstance(node, ast.Call):
-        if _dump(want.func) != _dump(node.func) or len(want.args) > len(node.args):
-            return False
-        if any(_dump(a) != _dump(b) for a, b in zip(want.args, node.args)):
-            return False
+    if isinstance(want, ast.Call) and isinstance(node, ast.Call):  # those arguments among more
         have = {k.arg: _dump(k.value) for k in node.keywords}
-        return all(have.get(k.arg) == _dump(k.value) for k in want.keywords)
+        return (_dump(want.func) == _dump(node.func) and len(want.args) <= len(node.args)
+                and all(_dump(a) == _dump(b) for a, b in zip(want.args, node.args))
+                and all(have.get(k.arg) == _dump(k.value) for k in want.keywords))
     if isinstance(want, ast.Dict) and isinstance(node, ast.Dict):
         have = {_dump(k): _dump(v) for k, v in zip(node.keys, node.values) if k is not None}
         return all(have.get(_dump(k)) == _dump(v) for k, v in zip(want.keys, want.values))
@@ -149,17 +147,13 @@ def check_wheel(wheel: str | Path) -> dict:
     except zipfile.BadZipFile:
         raise ValueError(f"wheel={str(wheel)!r} is not a zip file (a wheel is one)") from None
     with zf:
-        names = set(zf.namelist())
-        built = max(i.date_time for i in zf.infolist())
-        cache: dict[str, str | None] = {}
-        results = []
-        for preset, fact, src in version_facts(ev):
-            if src.path not in cache:
-                cache[src.path] = zf.read(src.path).decode() if src.path in names else None
-            status, found, instead, detail = check_source(cache[src.path], src)
-            results.append(dict(preset=preset, key=fact.key, text=fact.text, path=src.path, line=src.line,
-                                scope=src.scope, code=src.code, status=status, found=found, instead=instead,
-                                detail=detail))
+        names, built = set(zf.namelist()), max(i.date_time for i in zf.infolist())
+        texts = {s.path: zf.read(s.path).decode() if s.path in names else None for _, _, s in version_facts(ev)}
+    results = []
+    for preset, fact, src in version_facts(ev):
+        status, found, instead, detail = check_source(texts[src.path], src)
+        results.append(dict(preset=preset, key=fact.key, text=fact.text, path=src.path, line=src.line,
+                            scope=src.scope, code=src.code, status=status, found=found, instead=instead, detail=detail))
     lab = [r for r in results if r["preset"] == "lab (PR-era)"]
     results = [r for r in results if r["preset"] != "lab (PR-era)"]
     counts = {s: sum(r["status"] == s for r in results) for s in STATUSES}
