@@ -17,9 +17,7 @@ __all__ = ["RankView", "pad_heads"]
 def pad_heads(num_heads: int, prefill_padding: int, kv_cache_dtype: str) -> int:
     """vLLM's padding rule (``flashmla_sparse.py``, PR #53878): ``ceil(num_heads / prefill_padding) *
     prefill_padding`` heads for a bf16 KV cache, ``num_heads`` for fp8. Unchecked."""
-    if kv_cache_dtype == "fp8":
-        return num_heads
-    return math.ceil(num_heads / prefill_padding) * prefill_padding
+    return num_heads if kv_cache_dtype == "fp8" else math.ceil(num_heads / prefill_padding) * prefill_padding
 
 
 @dataclass(frozen=True)

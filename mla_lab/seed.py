@@ -25,6 +25,4 @@ SEED_REPORTED = {
 
 def seed_point(**overrides) -> dict:
     """The seed setup as a sweep point (``strategies`` added by the caller), with ``overrides`` applied."""
-    p = SEED_DEPLOYMENT.to_point()
-    p.update(overrides)
-    return p
+    return SEED_DEPLOYMENT.to_point(**overrides)
