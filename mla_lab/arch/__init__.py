@@ -1,5 +1,8 @@
-"""GPU records and detection of the running GPU. To add a GPU: add ``mla_lab/arch/<name>.py`` with ``GPU =
-GPUArch(name="<name>", ...)``; nothing else names it. Datasheet figures are leads, not measurements."""
+"""GPU records and detection of the running GPU: one module per GPU in this package, each defining ``GPU`` (a
+:class:`~mla_lab.arch.record.GPUArch`); :data:`ARCHS` holds every module found here at import.
+
+To add a GPU: add ``mla_lab/arch/<name>.py`` with ``GPU = GPUArch(name="<name>", ...)``; nothing else names it.
+Datasheet figures are leads, not measurements."""
 
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .._validate import check_int
 from . import presets as _presets
 from .presets._pr_era import LAB_CLAIMS
 from .record import EnginePreset, EngineVersion, Fact
@@ -173,8 +172,10 @@ def fp8_reserved_bytes(num_heads: int, max_num_batched_tokens: int, max_model_le
     (``flashmla_sparse.py:810,822-829``; factor ``vllm/config/vllm.py:1872-1874``): Q-concat ``(T, H, 576)``, gather
     ``(factor x max_model_len, 576)`` (factor 5 up to 256 Ki, else 2), padded Q / output at ``round_up(H, 64)``,
     output ``(T, H, 512)``. Raises ValueError: a size not a positive int."""
-    H, T, L = (check_int(n, v) for n, v in zip(("num_heads", "max_num_batched_tokens", "max_model_len"),
-                                               (num_heads, max_num_batched_tokens, max_model_len)))
+    H, T, L = num_heads, max_num_batched_tokens, max_model_len
+    for name, v in (("num_heads", H), ("max_num_batched_tokens", T), ("max_model_len", L)):  # (no _validate
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:  # import: engines stays at layer 0)
+            raise ValueError(f"{name}={v!r} must be a positive int")
     Hp, factor = -(-H // 64) * 64, 5 if L <= 256 * 1024 else 2
     out = {"q_concat": T * H * head_size * 2, "prefill_gather": factor * L * head_size * 2,
            "padded_q": T * Hp * head_size * 2, "padded_out": T * Hp * kv_lora_rank * 2,
