@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One batched session on an 8-GPU H200 machine (nvidia-h200-x8): the TP harness's GPU tests with
-# MLA_LAB_REQUIRE_GPU=1 (no skip passes), then mla_lab/measure/experiments/tp_block.py at TP=8, TP=4 (GPUs 0-3) and TP=2 (GPUs 0-1),
+# MLA_LAB_REQUIRE_GPU=1 (no skip passes), then the tp_block experiment (python -m mla_lab.measure.experiments tp_block) at TP=8, TP=4 (GPUs 0-3) and TP=2 (GPUs 0-1),
 # both blocks (attention, moe under EP = TP), each with its sim run and the all-reduce rows. Everything lands under
 # $OUT (tpN/tp_block.csv, tpN/allreduce.csv, a log per run); copy the CSVs into data/measured/h200x<N>/ afterwards.
 # Expects the FlashMLA provider's wheel in .whl/ (carry it), MLA_LAB_COMMIT set by the caller, and $OUT.
@@ -20,6 +20,6 @@ TPS="${*:-8 4 2}"
 [ "${SKIP_TESTS:-0}" = 1 ] || MLA_LAB_REQUIRE_GPU=1 timeout 120 python3 -m pytest -q -rs -p no:cacheprovider tests/test_measure_tp.py 2>&1 | tail -25 | tee "$OUT/tp_tests.log"
 for tp in $TPS; do
   mkdir -p "$OUT/tp$tp"
-  timeout 450 python -m mla_lab.measure.experiments.tp_block --tp "$tp" --out "$OUT/tp$tp" 2>&1 | tee "$OUT/tp$tp/tp_block.log" | tail -40
+  timeout 450 python -m mla_lab.measure.experiments tp_block --tp "$tp" --param runs=tp,sim --out "$OUT/tp$tp" 2>&1 | tee "$OUT/tp$tp/tp_block.log" | tail -40
 done
 ls -laR "$OUT"

@@ -4,6 +4,7 @@ report -> cli): ``docs/design.md`` draws it, ``tests/test_architecture.py`` enfo
 
 from .arch import detect_arch, get_arch
 from .buffers import QConcatWorkspace, memory_account, padded_num_heads
+from .model import strategy_kinds  # noqa: F401  (registers every strategy kind: mla_lab.placement.KINDS)
 from .models import load_model
 
 __version__ = "0.1.0"

@@ -8,18 +8,15 @@ from dataclasses import asdict, dataclass
 from ._validate import check_int
 from .arch import GPUArch, get_arch
 from .models import ModelConfig, normalize_kv_cache_dtype
-from .placement import Strategy, as_strategy, fixed_strategies, strategy_route
+from .placement import Strategy, as_strategy, strategy_route
 from .rank import RankView, pad_heads
 
-__all__ = ["memory_account_of", "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account",
-           "STRATEGIES", "MIB", "call_peak_bytes", "shared_workspace_other_bytes",
-           "dense_route_transient_bytes"]
+__all__ = ["memory_account_of", "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "MIB",
+           "call_peak_bytes", "shared_workspace_other_bytes", "dense_route_transient_bytes"]
 
 MIB = 1024**2
 BF16_BYTES = 2
 FP32_BYTES = 4
-#: Every fixed canonical strategy (:func:`mla_lab.placement.fixed_strategies`); ``subchunk:<S>`` takes any positive S.
-STRATEGIES = tuple(fixed_strategies())
 
 
 def shared_workspace_other_bytes(rank: RankView) -> int:
@@ -108,56 +105,69 @@ def memory_account(strategy: Strategy | str, num_heads: int, max_num_batched_tok
 
 
 def memory_account_of(rank: RankView, strategy: Strategy | str, shared_other_bytes: int,
-                      prompt_len: int | None, union_bytes: int | None = None) -> MemoryAccount:
-    """:func:`memory_account` of a checked rank at its full budget, unchecked (``union_bytes``: ``packed`` only,
-    :func:`mla_lab.model.packed_kernel.packed_union_bytes`). Raises ValueError: ``packed`` without it."""
-    m = rank.model
-    return _account(as_strategy(strategy), rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype,
-                    rank.max_num_batched_tokens, rank.max_num_batched_tokens, m.head_size, m.d_v, shared_other_bytes,
-                    m, prompt_len, union_bytes)
+                      prompt_len: int | None) -> MemoryAccount:
+    """:func:`memory_account` of a checked rank at its full budget, unchecked, with the kind's ``extra_bytes``."""
+    m, st = rank.model, as_strategy(strategy)
+    extra = st.kind.extra_bytes(rank, prompt_len) if st.kind.extra_bytes else 0
+    return _account(st, rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype, rank.max_num_batched_tokens,
+                    rank.max_num_batched_tokens, m.head_size, m.d_v, shared_other_bytes, m, prompt_len, extra)
+
+
+@dataclass(frozen=True)
+class QShape:
+    """What a :class:`~mla_lab.placement.StrategyKind`'s ``memory`` hook reads: ``H`` real heads, ``hp`` the padded
+    kernel's heads, ``rows`` max_num_batched_tokens, ``T`` the call's tokens, ``padded`` (hp != H on bf16 KV),
+    ``shared_other_bytes``; ``row`` Q bytes per head (bf16), ``out`` out + lse + max_logits bytes per head,
+    ``out_lse`` out + lse (real-head kernels), ``unpadded`` the ``[rows, H, head_size]`` Q buffer."""
+
+    H: int
+    hp: int
+    rows: int
+    T: int
+    head_size: int
+    d_v: int
+    padded: bool
+    shared_other_bytes: int
+
+    row = property(lambda s: s.head_size * BF16_BYTES)
+    out = property(lambda s: s.d_v * BF16_BYTES + 2 * FP32_BYTES)
+    out_lse = property(lambda s: s.d_v * BF16_BYTES + FP32_BYTES)
+    unpadded = property(lambda s: s.rows * s.H * s.row)
+
+
+def _layout_bytes(layout: str, s: QShape) -> dict:
+    """The account of a layout (``persistent``, ``transient``, ``q_heads``, ``kernel_heads``, ``kernel_out``)."""
+    if layout == "per_call":  # the [rows, H] Q buffer and a [T, hp] pad tensor per call
+        return dict(persistent=s.unpadded, transient=s.T * s.hp * s.row if s.padded else 0, q_heads=s.H,
+                    kernel_heads=s.hp, kernel_out=s.T * s.hp * s.out)
+    if layout == "workspace":  # a [rows, hp] padded workspace
+        return dict(persistent=s.rows * s.hp * s.row, transient=0, q_heads=s.hp, kernel_heads=s.hp,
+                    kernel_out=s.T * s.hp * s.out)
+    return dict(persistent=s.unpadded, transient=0, q_heads=s.H, kernel_heads=s.H, kernel_out=s.T * s.H * s.out)
 
 
 def _account(st: Strategy, H: int, hp: int, kvd: str, max_num_batched_tokens: int, T: int, head_size: int, d_v: int,
              shared_other_bytes: int, model: ModelConfig | None, prompt_len: int | None,
-             union_bytes: int | None = None) -> MemoryAccount:
+             extra: int | None = None) -> MemoryAccount:
+    """The layout's account, the kind's ``memory`` over it, plus its ``extra_bytes``; a dense route pads nothing.
+    Raises ValueError: a kind with ``extra_bytes`` and ``extra`` None (no rank to compute it from)."""
+    if extra is None and st.kind.extra_bytes:
+        raise ValueError(f"strategy={st.name!r} needs union_bytes (its kind's extra_bytes: union buffers and "
+                         "scratch); allowed: the accounts of mla_lab.model.memory.memory_tradeoff or "
+                         "buffers.memory_account_of(rank, ...)")
     padded = hp != H and kvd == "bf16"
-    row, out_tok = head_size * BF16_BYTES, d_v * BF16_BYTES + 2 * FP32_BYTES  # Q row; out + lse + max_logits
-    mbt, unpadded = max_num_batched_tokens, max_num_batched_tokens * H * head_size * BF16_BYTES
-    out_real = T * H * (d_v * BF16_BYTES + FP32_BYTES)  # out + lse at the real heads
-    kernel_heads, q_heads, transient, kernel_out = hp, hp, 0, T * hp * out_tok
-    if st.per_call_pad:
-        q_heads, persistent, transient = H, unpadded, T * hp * row if padded else 0
-    elif st.placement == "private_workspace":
-        persistent = mbt * hp * row
-    elif st.placement == "shared_workspace":
-        # vLLM #56902: the padded view at offset 0 of the shared workspace; only what it adds beyond the others
-        persistent = max(0, mbt * hp * row - shared_other_bytes)
-    elif st.placement == "subchunk":
-        # S-row workspaces (graph2: two, chunk i on stream i % 2), two chunks' outputs alive, and (copy hand-off)
-        # the step's [T, H, d_v] + lse
-        S = min(st.rows, mbt)
-        persistent = st.workspaces * S * hp * row
-        kernel_out = min(2, -(-T // S)) * min(S, T) * hp * out_tok + (0 if st.views_handoff else out_real)
-    elif st.placement == "fa3_sparse":
-        q_heads, kernel_heads, persistent, kernel_out = H, H, 0, out_real
-    elif st.placement == "packed":
-        if union_bytes is None:
-            raise ValueError("strategy='packed' needs union_bytes (its union buffers and scratch); allowed: the "
-                             "account of mla_lab.model.memory.memory_tradeoff / buffers.memory_account_of(..., "
-                             "union_bytes=mla_lab.model.packed_kernel.packed_union_bytes(rank, prompt_len))")
-        q_heads, kernel_heads, persistent, kernel_out = H, H, unpadded + union_bytes, out_real
-    else:  # kernel_native
-        q_heads, kernel_heads, persistent, kernel_out = H, H, unpadded, T * H * out_tok
+    s = QShape(H, hp, max_num_batched_tokens, T, head_size, d_v, padded, shared_other_bytes)
+    b = _layout_bytes(st.kind.layout, s) | (st.kind.memory(st, s) if st.kind.memory else {})
     route = "sparse-mqa"
     if model is not None and prompt_len is not None and T:
-        route = strategy_route(st, model, model.topk, [prompt_len], [min(prompt_len, mbt)])
+        route = strategy_route(st, model, model.topk, [prompt_len], [min(prompt_len, max_num_batched_tokens)])
         if route in ("mha-dense", "mha-masked"):
-            transient, kernel_heads = 0, H
-            kernel_out = dense_route_transient_bytes(model, H, T, T)
+            b |= dict(transient=0, kernel_heads=H, kernel_out=dense_route_transient_bytes(model, H, T, T))
     return MemoryAccount(
-        strategy=st.name, num_heads=H, q_concat_heads=q_heads if padded else H, kernel_heads=kernel_heads,
-        max_num_batched_tokens=mbt, num_tokens=T, head_size=head_size, d_v=d_v,
-        persistent_bytes=persistent, step_transient_bytes=transient, kernel_out_bytes=kernel_out, route=route,
+        strategy=st.name, num_heads=H, q_concat_heads=b["q_heads"] if padded else H, kernel_heads=b["kernel_heads"],
+        max_num_batched_tokens=max_num_batched_tokens, num_tokens=T, head_size=head_size, d_v=d_v,
+        persistent_bytes=b["persistent"] + (extra or 0), step_transient_bytes=b["transient"],
+        kernel_out_bytes=b["kernel_out"], route=route,
     )
 
 

@@ -1,15 +1,15 @@
-"""Strategies: where the padded Q lives (placement, :data:`KINDS`) x what its padded heads hold (content) x the
-route rule it runs under. A :class:`Strategy` is one typed value, parsed once at the door (:func:`expand`);
-``docs/glossary.md`` describes each placement. Canonical names: :func:`canonical_names`, each optionally
-``@<rule>``; door names: :data:`PRESETS`, :data:`ALIASES`, engine versions.
+"""Strategies: where the padded Q lives (placement: a :class:`StrategyKind` of :data:`KINDS`, one module of
+:mod:`mla_lab.model.strategy_kinds` each) x what its padded heads hold (content) x the route rule it runs under. A
+:class:`Strategy` is one typed value, parsed once at the door (:func:`expand`); ``docs/glossary.md`` describes each
+placement. Canonical names: :func:`canonical_names`, each optionally ``@<rule>``; door names: :data:`PRESETS`,
+:data:`ALIASES`, engine versions.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
-from ._validate import check_int
 from .engines import (
     ENGINE_PRESETS,
     decode_threshold,
@@ -19,36 +19,24 @@ from .engines import (
     resolve_engine,
     sparse_backend,
 )
-from .labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, PACKED_NOTE, SGLANG_DENSE_LABEL, SGLANG_DENSE_NOTE
+from .labels import KERNEL_NATIVE_LABEL, SGLANG_DENSE_LABEL, SGLANG_DENSE_NOTE
 from .routes import RULE_ALIASES, model_family, route_for, rules
 
-__all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "PLACEMENTS", "CONTENTS", "ZERO_POLICIES", "PRESETS",
-           "ALIASES", "PRESET_SOURCES", "parse_strategy", "as_strategy", "expand", "expand_strategies",
+__all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "StrategyKind", "register_kind", "LAYOUTS", "CONTENTS",
+           "PRESETS", "ALIASES", "PRESET_SOURCES", "parse_strategy", "as_strategy", "expand", "expand_strategies",
            "resolve_strategy", "preset_of", "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY",
-           "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SEED_STRATEGIES", "SWEEP_STRATEGIES",
-           "EXPLORER_STRATEGIES", "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
-           "BENCH_PRESET_LABELS", "DEFAULT_RULES", "strategy_route", "preset_table", "SUBCHUNK_GRAPH",
+           "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SWEEP_STRATEGIES",
+           "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
+           "BENCH_PRESET_LABELS", "strategy_route", "SUBCHUNK_GRAPH",
            "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "today_engines", "resolve_engine",
-           "engine_summary", "engine_table", "blackwell_rows", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
-           "STRATEGY_NOTES", "preset_label", "strategy_notes", "FA3_DECODE_PLACEMENTS", "KINDS"]
+           "engine_summary", "engine_table", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
+           "STRATEGY_NOTES", "preset_label", "strategy_notes", "KINDS"]
 
-#: placement -> ``(default route rule, Q layout, decode on FA3 sparse)`` (adding a strategy adds a row here and its
-#: pricing in :mod:`mla_lab.model`). Layout: ``per_call`` (pad + copy per call), ``workspace`` (a padded workspace the
-#: concat writes), ``real`` (no padded Q). ``kernel_native``: no rule, always ``sparse-mqa``.
-KINDS = {"per_call_empty": ("vllm-flashmla", "per_call", False),
-         "per_call_zeros": ("sglang-flashmla", "per_call", False),
-         "private_workspace": ("vllm-flashmla", "workspace", False),
-         "shared_workspace": ("vllm-flashmla", "workspace", False), "subchunk": ("vllm-flashmla", "workspace", False),
-         "kernel_native": (None, "real", False), "fa3_sparse": ("vllm-fa3", "real", True),
-         "packed": ("mla_lab-packed", "real", True)}
-PLACEMENTS = tuple(KINDS)
-DEFAULT_RULES = {p: k[0] for p, k in KINDS.items()}
-FA3_DECODE_PLACEMENTS = tuple(p for p, k in KINDS.items() if k[2])
 CONTENTS = ("zeros", "stale")
-ZERO_POLICIES = ("zero_once", "zero_per_call", "none")
 #: Sub-chunk sizes the sweep prices by default (rows of the padded workspace).
 SUBCHUNK_ROWS = (1024, 2048, 4096, 8192)
-_HANDOFFS = ("copy", "views", "graph2")
+#: Q layouts: ``per_call`` (pad + copy per call), ``workspace`` (a padded workspace the concat writes), ``real``.
+LAYOUTS = ("per_call", "workspace", "real")
 
 
 @dataclass(frozen=True)
@@ -56,8 +44,8 @@ class Strategy:
     """One way to feed the kernel its padded heads (a value: two equal values price the same).
 
     Attributes:
-        placement: :data:`PLACEMENTS`; content: what the padded heads hold (:data:`CONTENTS`).
-        zero_policy: pre-padded workspaces only (:data:`ZERO_POLICIES`); rows: ``subchunk``'s ``S``.
+        placement: a name of :data:`KINDS`; content: what the padded heads hold (:data:`CONTENTS`).
+        zero_policy: pre-padded workspaces only (``zero_once``, ``zero_per_call``, ``none``); rows: ``subchunk``'s S.
         handoff: ``subchunk``: ``copy``, ``views`` (the consumer runs per chunk) or ``graph2`` (two S-row workspaces on
             two streams in one CUDA graph).
         route_rule: a generic rule other than the placement's default; engine: the engine version whose rule it runs
@@ -74,11 +62,15 @@ class Strategy:
     engine: str | None = None
 
     @property
+    def kind(self) -> StrategyKind:
+        return KINDS[self.placement]
+
+    @property
     def rule(self) -> str | None:
         """The route rule in force (None: always ``sparse-mqa``)."""
         if self.engine:
             return engine_preset(self.engine).rule.name
-        return self.route_rule or DEFAULT_RULES[self.placement]
+        return self.route_rule or self.kind.rule
 
     @property
     def engine_release(self) -> str | None:
@@ -88,7 +80,7 @@ class Strategy:
     @property
     def padded(self) -> bool:
         """FlashMLA gets a head-padded Q (layout not ``real``)."""
-        return KINDS[self.placement][1] != "real"
+        return self.kind.layout != "real"
 
     @property
     def views_handoff(self) -> bool:
@@ -106,12 +98,12 @@ class Strategy:
     @property
     def pre_padded(self) -> bool:
         """The padded Q is a workspace the concat writes into (no per-call pad)."""
-        return KINDS[self.placement][1] == "workspace"
+        return self.kind.layout == "workspace"
 
     @property
     def per_call_pad(self) -> bool:
         """A pad tensor is allocated and the real heads copied in on every layer call."""
-        return KINDS[self.placement][1] == "per_call"
+        return self.kind.layout == "per_call"
 
     @property
     def concat_zeroes_padding(self) -> bool:
@@ -120,29 +112,76 @@ class Strategy:
     @property
     def name(self) -> str:
         """The canonical name (:func:`parse_strategy` round-trips it)."""
-        base = {"per_call_empty": f"per_call_empty:{self.content}",
-                "shared_workspace": f"shared_workspace:{self.zero_policy}",
-                "subchunk": f"subchunk:{self.rows}" + (f":{self.handoff}" if self.views_handoff else "")}.get(
-            self.placement, self.placement)
-        if self.placement == "packed" and self.overlap is not None:
-            base = f"packed:{self.overlap:g}"
+        base = self.kind.label(self) if self.kind.label else self.placement
         return base + (f"@{self.rule}" if self.engine or self.route_rule else "")
 
     def __str__(self) -> str:
         return self.name
 
 
-_FIXED = {
-    "per_call_empty:zeros": Strategy("per_call_empty", "zeros"),
-    "per_call_empty:stale": Strategy("per_call_empty", "stale"),
-    "per_call_zeros": Strategy("per_call_zeros", "zeros"),
-    "private_workspace": Strategy("private_workspace", "zeros", "zero_once"),
-    "shared_workspace:none": Strategy("shared_workspace", "stale", "none"),
-    "shared_workspace:zero_per_call": Strategy("shared_workspace", "zeros", "zero_per_call"),
-    "kernel_native": Strategy("kernel_native", "zeros"),
-    "fa3_sparse": Strategy("fa3_sparse", "zeros"),
-    "packed": Strategy("packed", "zeros"),
-}
+@dataclass(frozen=True)
+class StrategyKind:
+    """A placement, declared beside its pricing by one module of :mod:`mla_lab.model.strategy_kinds` (``KIND``).
+
+    Attributes:
+        order: its place in :data:`KINDS`; rule: default route rule (None: always ``sparse-mqa``); layout:
+            :data:`LAYOUTS`; decode: its decode rows' kernel family (:data:`mla_lab.model.decode_kernels.FAMILIES`).
+        price: ``(rank, strategy, T, sum_topk, step) -> list[LayerOp]``, one layer's attention-path ops.
+        fixed: its values without a parameter; parse: ``<placement>:<params>`` -> Strategy (raises ValueError);
+            patterns: the names :func:`canonical_names` lists for it; label: a value's name before ``@`` (None: the
+            placement); extra_bytes: ``(rank, prompt_len) -> int`` persistent bytes beside the Q buffer.
+        memory: ``(strategy, shape: mla_lab.buffers.QShape) -> dict``, bytes that differ from its layout's account
+            (keys ``persistent``, ``transient``, ``q_heads``, ``kernel_heads``, ``kernel_out``; None: the layout's).
+        shown: ``advise``'s section for it (None: ranked; ``lab``: beside an engine's answer; ``modelled_only``:
+            shown, never ranked); display: the label outputs print; notes: the line printed beside it (where it
+            was measured, then elsewhere: :func:`strategy_notes` prints the first).
+    """
+
+    placement: str
+    order: int
+    rule: str | None
+    layout: str
+    decode: str
+    price: Callable
+    fixed: tuple[Strategy, ...] = ()
+    parse: Callable[[str], Strategy] | None = None
+    patterns: tuple[str, ...] = ()
+    label: Callable[[Strategy], str] | None = None
+    extra_bytes: Callable | None = None
+    memory: Callable | None = None
+    shown: str | None = None
+    display: str | None = None
+    notes: tuple[str, ...] = ()
+
+
+#: placement -> :class:`StrategyKind`, in ``order`` (filled by :mod:`mla_lab.model.strategy_kinds` on
+#: ``import mla_lab``; live: :func:`register_kind` adds to it).
+KINDS: dict[str, StrategyKind] = {}
+
+
+def register_kind(kind: StrategyKind) -> StrategyKind:
+    """Add one strategy kind; returns it. Raises ValueError: a placement or fixed name already held (or a fixed
+    value of another placement), a layout not in :data:`LAYOUTS`, an unknown rule."""
+    if not isinstance(kind, StrategyKind) or kind.layout not in LAYOUTS:
+        raise ValueError(f"kind={kind!r} must be a StrategyKind with layout in {list(LAYOUTS)}")
+    if kind.rule is not None and kind.rule not in rules():
+        raise ValueError(f"strategy kind {kind.placement!r}: rule {kind.rule!r} is not known; allowed: "
+                         f"{list(rules())}")
+    names = {kind.label(st) if kind.label else kind.placement for st in kind.fixed}
+    clash = sorted(({kind.placement} & set(KINDS)) | (names & set(_fixed())))
+    if clash or any(st.placement != kind.placement for st in kind.fixed):
+        raise ValueError(f"strategy kind {kind.placement!r}: {clash or 'a fixed value of another placement'} "
+                         "already taken")
+    items = sorted([*KINDS.values(), kind], key=lambda k: (k.order, k.placement))
+    KINDS.clear()
+    KINDS.update((k.placement, k) for k in items)
+    return kind
+
+
+def _fixed() -> dict[str, Strategy]:
+    """Every kind's fixed values by canonical name."""
+    return {st.name: st for k in KINDS.values() for st in k.fixed}
+
 
 #: Strategy presets -> canonical strategies (two names: the range the engine can be in); the PR-era door names.
 PRESETS = {
@@ -191,9 +230,9 @@ PRESET_SOURCES = {
 }
 #: How outputs label a preset whose name alone would mislead (:mod:`mla_lab.labels`).
 PRESET_LABELS = {"sglang-dense": SGLANG_DENSE_LABEL, "kernel-native": KERNEL_NATIVE_LABEL}
-#: The line an output prints under a table holding these strategies (:func:`strategy_notes`).
-STRATEGY_NOTES = {"kernel_native": KERNEL_NATIVE_NOTE, "per_call_zeros@sglang-dense": SGLANG_DENSE_NOTE,
-                  "packed": PACKED_NOTE}
+#: The line an output prints under a table holding these strategies (:func:`strategy_notes`; a kind's own: its
+#: ``notes``).
+STRATEGY_NOTES = {"per_call_zeros@sglang-dense": SGLANG_DENSE_NOTE}
 
 
 def preset_label(preset: str) -> str:
@@ -204,10 +243,12 @@ def preset_label(preset: str) -> str:
 
 
 def strategy_notes(strategies) -> list[str]:
-    """:data:`STRATEGY_NOTES` of the ``strategies`` present (``packed:<overlap>`` has ``packed``'s), once each."""
+    """The kinds' first ``notes`` (``packed:<overlap>`` has ``packed``'s), then :data:`STRATEGY_NOTES`, of the
+    ``strategies`` present, once each."""
     names = {str(s) for s in strategies}
-    names |= {n.partition(":")[0] for n in names if n.startswith("packed:")}
-    return [note for s, note in STRATEGY_NOTES.items() if s in names]
+    kinds = {n.partition(":")[0] for n in names}
+    return [k.notes[0] for k in KINDS.values() if k.notes and k.placement in kinds] + [
+        note for s, note in STRATEGY_NOTES.items() if s in names]
 
 
 _MEMBERS: dict = {}  # preset name -> (its record, its members as values): each record's names parsed once
@@ -219,7 +260,7 @@ def engine_members(engine: str) -> list[Strategy]:
     if _MEMBERS.get(p.name, (None,))[0] is not p:
         owner = preset_of_rule(p.rule.name) is p
         sts = [_parse(base) for base in p.members]
-        _MEMBERS[p.name] = p, [st if p.rule.name == DEFAULT_RULES[st.placement] else
+        _MEMBERS[p.name] = p, [st if p.rule.name == st.kind.rule else
                                replace(st, engine=p.name) if owner else replace(st, route_rule=p.rule.name)
                                for st in sts]
     return list(_MEMBERS[p.name][1])
@@ -270,35 +311,9 @@ def measured_as(name: str) -> str:
 BASELINE = "per_call_empty:zeros"
 
 
-def _subchunk(name: str) -> Strategy:
-    parts = name.split(":")
-    try:
-        rows = int(parts[1])
-    except ValueError:
-        raise ValueError(f"strategy={name!r}: subchunk rows {parts[1]!r} must be a positive int "
-                         "(e.g. subchunk:4096 or subchunk:4096:views)") from None
-    check_int("subchunk rows", rows)
-    if len(parts) > 3 or (len(parts) == 3 and parts[2] not in _HANDOFFS):
-        raise ValueError(f"strategy={name!r}: the subchunk hand-off must be 'copy' (default), 'views' or "
-                         "'graph2' (e.g. subchunk:4096:views, subchunk:2048:graph2)")
-    return Strategy("subchunk", "zeros", "zero_once", rows, parts[2] if len(parts) == 3 else "copy")
-
-
-def _packed(name: str) -> Strategy:
-    raw = name.partition(":")[2]
-    try:
-        o = float(raw)
-    except ValueError:
-        o = float("nan")
-    if not 0.0 <= o <= 1.0:
-        raise ValueError(f"strategy={name!r}: the packed overlap {raw!r} must be a number in [0, 1] "
-                         "(e.g. packed:0.44; plain 'packed' takes the default)")
-    return Strategy("packed", "zeros", overlap=o)
-
-
 def _with_rule(st: Strategy, rule: str, name: str) -> Strategy:
     rule = RULE_ALIASES.get(rule, rule)
-    if rule == DEFAULT_RULES[st.placement]:
+    if rule == st.kind.rule:
         return st
     owner = preset_of_rule(rule)
     if owner is not None:
@@ -310,12 +325,12 @@ def _with_rule(st: Strategy, rule: str, name: str) -> Strategy:
 
 def _parse(name: str) -> Strategy:
     base, _, rule = name.partition("@")
-    if base in _FIXED:
-        st = _FIXED[base]
-    elif base.startswith("subchunk:"):
-        st = _subchunk(base)
-    elif base.startswith("packed:"):
-        st = _packed(base)
+    head, colon, _ = base.partition(":")
+    fixed, kind = _fixed(), KINDS.get(head)
+    if base in fixed:
+        st = fixed[base]
+    elif colon and kind and kind.parse:
+        st = kind.parse(base)
     elif name in PRESETS or name in ALIASES or name == "kernel-native" or name in ENGINE_PRESETS:
         raise ValueError(f"strategy={name!r} is a preset or alias, read only at the door (parameters, CLI, legacy "
                          f"rows: mla_lab.placement.expand / resolve_strategy); allowed here: {canonical_names()}")
@@ -327,7 +342,7 @@ def _parse(name: str) -> Strategy:
 
 def parse_strategy(name: str) -> Strategy:
     """A canonical name -> :class:`Strategy` (a Strategy as it is; presets and aliases: :func:`expand`).
-    Raises ValueError: an unknown name, a bad ``subchunk:<S>`` / ``packed:<overlap>``, an unknown ``@<rule>``."""
+    Raises ValueError: an unknown name, a bad parameter (``subchunk:<S>``, ``packed:<overlap>``), an unknown rule."""
     if isinstance(name, Strategy):
         return name
     if not isinstance(name, str):
@@ -342,8 +357,7 @@ def as_strategy(strategy) -> Strategy:
 
 def canonical_names() -> list[str]:
     """Every fixed canonical name plus the patterns."""
-    return list(_FIXED) + ["subchunk:<S>", "subchunk:<S>:views", "subchunk:<S>:graph2", "packed:<overlap>",
-                           "<name>@<rule>"]
+    return [*_fixed(), *(p for k in KINDS.values() for p in k.patterns), "<name>@<rule>"]
 
 
 _PRESET_VALUES: dict = {}
@@ -399,23 +413,17 @@ PR_STRATEGY = "private_workspace"
 
 def fixed_strategies() -> list[str]:
     """Every fixed canonical name (``subchunk:<S>`` takes any positive S and is not listed)."""
-    return list(_FIXED)
+    return list(_fixed())
 
 
 #: The sub-chunk strategy measured fastest (H200, 5 fresh processes, ``subgraph.csv``; issue 23).
 SUBCHUNK_GRAPH = "subchunk:2048:graph2"
-
-#: What the seed's model comparison prices (:func:`mla_lab.model.ttft.compare_strategies` default).
-SEED_STRATEGIES = tuple(expand_strategies(list(PRESETS) + ["shared_workspace:zero_per_call"]
-                                          + [f"subchunk:{s}" for s in SUBCHUNK_ROWS] + [SUBCHUNK_GRAPH]))
 
 #: The sweep's default ``strategies`` parameter (door names).
 SWEEP_STRATEGIES = (*PRESETS, "shared_workspace:zero_per_call", *(f"subchunk:{s}" for s in SUBCHUNK_ROWS),
                     *(f"subchunk:{s}:views" for s in SUBCHUNK_ROWS), *(f"subchunk:{s}:graph2" for s in SUBCHUNK_ROWS),
                     "packed")
 
-#: The strategies the explorer prices.
-EXPLORER_STRATEGIES = (*_FIXED, "subchunk:4096", "subchunk:4096:views")
 #: Measured by default on a GPU (:mod:`mla_lab.measure.attention`).
 MEASURED_STRATEGIES = ("per_call_empty:zeros", "per_call_empty:stale", "private_workspace", "shared_workspace:none",
                        "shared_workspace:zero_per_call", "per_call_zeros", "subchunk:4096")
@@ -424,6 +432,18 @@ TIMED_STRATEGIES = ("per_call_empty:zeros", "private_workspace", "subchunk:2048:
                     "subchunk:2048:views")
 #: ``mla-lab serve``'s default presets: vLLM before PR #53878, at it, after PR #56902.
 SERVE_PRESETS = ("vllm-pre-53878", "vllm-53878", "vllm-56902")
+
+
+def __getattr__(name: str) -> tuple:
+    """Names read from :data:`KINDS` when asked (it fills after this module): ``SEED_STRATEGIES``, what the seed's
+    model comparison prices (:func:`mla_lab.model.ttft.compare_strategies`); ``EXPLORER_STRATEGIES``, what the
+    explorer prices. Raises AttributeError: any other name."""
+    if name == "SEED_STRATEGIES":
+        return tuple(expand_strategies([*PRESETS, "shared_workspace:zero_per_call",
+                                        *(f"subchunk:{s}" for s in SUBCHUNK_ROWS), SUBCHUNK_GRAPH]))
+    if name == "EXPLORER_STRATEGIES":
+        return (*_fixed(), "subchunk:4096", "subchunk:4096:views")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def real_strategies(subchunk_rows=(1, 5, 64)) -> list[str]:
@@ -489,20 +509,6 @@ def strategy_route(strategy, model_name, topk: int, seq_lens=None, query_lens=No
     return route_for(st.rule, model_name, topk, phase, seq_lens, query_lens, num_heads).route
 
 
-def preset_table(model_name="glm", topk: int = 2048, prompt_lens=(512, 1024, 2048, 4096, 8192)) -> list:
-    """One row per preset member: ``preset``, ``strategy``, ``placement``, ``content``, ``rule``, ``route_<L>``,
-    ``decode_route``, ``source``."""
-    rows = []
-    for preset in PRESETS:
-        for st in expand(preset):
-            row = {"preset": preset, "strategy": st.name, "placement": st.placement, "content": st.content,
-                   "rule": st.rule or ""}
-            row |= {f"route_{L}": strategy_route(st, model_name, topk, L, L) for L in prompt_lens}
-            row["decode_route"] = strategy_route(st, model_name, topk, phase="decode")
-            rows.append(row | {"source": PRESET_SOURCES[preset]})
-    return rows
-
-
 _BACKEND_LABELS = {"FLASH_ATTN_MLA_SPARSE": "FA3 sparse", "FLASH_ATTN_MLA_SPARSE_FA4": "FA4 sparse",
                    "FLASHINFER_MLA_SPARSE": "FlashInfer sparse", "FLASHMLA_SPARSE": "FlashMLA sparse",
                    "FLASHINFER_MLA_SPARSE_SM90": "FlashInfer sparse (sm90)"}
@@ -532,25 +538,15 @@ def _decode(p, backend: str, sm: str, kv: str, num_heads: int) -> tuple[str, int
 
 
 def engine_summary(engine: str, deployment) -> dict:
-    """What one engine version does for one deployment, from its record (a code reading, not a measurement).
-
-    Args:
-        engine: an engine preset (``vllm@0.33.0``) or a first name (``vllm-53878``).
-        deployment: a checked :class:`~mla_lab.deployment.Deployment` (its model and ``index_topk``, heads per rank,
-            GPU's sm, KV dtype; the first step holds ``min(num_prompts x prompt_len, budget)`` tokens of fresh
-            prompts, the budget ``max_num_batched_tokens`` capped by the rule's prefill-graph size: SGLang's H200
-            ``chunked_prefill_size``, 8192).
-
-    Returns:
-        ``{preset, engine, version, release_date, backend, padding (0: real heads), prefill_route, prefill_reason,
-        decode_route, decode_threshold, uniform_decodes, padded_path, models, supported, sources, scope, note}``.
-
-    Raises:
-        ValueError: a bad engine name (one line, the allowed values).
-    """
+    """What engine version ``engine`` (a preset or first name) does for a checked ``deployment``, from its record
+    (a code reading): the first step holds ``min(num_prompts x prompt_len, budget)`` fresh-prompt tokens, the budget
+    ``max_num_batched_tokens`` capped by the rule's prefill-graph size (SGLang's H200 ``chunked_prefill_size``).
+    Returns ``{preset, engine, version, release_date, backend, padding (0: real heads), prefill_route,
+    prefill_reason, decode_route, decode_threshold, uniform_decodes, padded_path, models, supported, sources, scope,
+    note}``. Raises ValueError: a bad engine name (one line, the allowed values)."""
     d = deployment
-    model, topk, num_heads, sm, kv_cache_dtype = d.model, d.model.topk, d.num_heads, d.arch.sm, d.kv_cache_dtype
-    prompt_len, max_num_batched_tokens, num_prompts = d.prompt_len, d.max_num_batched_tokens, d.num_prompts
+    model, num_heads, sm, kv_cache_dtype = d.model, d.num_heads, d.arch.sm, d.kv_cache_dtype
+    prompt_len, max_num_batched_tokens = d.prompt_len, d.max_num_batched_tokens
     p = engine_preset(engine)
     ev, fam = p.engine_version, model_family(model)
     out = {"preset": p.name, "engine": ev.engine, "version": ev.version, "release_date": ev.release_date,
@@ -563,8 +559,8 @@ def engine_summary(engine: str, deployment) -> dict:
                 "decode_route": None, "decode_threshold": None, "uniform_decodes": None, "padded_path": "-"}
     pad = padding_for(p.name, backend, sm, kv_cache_dtype)
     budget = min(max_num_batched_tokens, p.rule.prefill_graph_max_tokens or max_num_batched_tokens)
-    n_req = max(1, min(num_prompts, budget // prompt_len)) if prompt_len <= budget else 1
-    choice = route_for(p.rule, model, topk, "prefill", [prompt_len] * n_req, [min(prompt_len, budget)] * n_req,
+    n_req = max(1, min(d.num_prompts, budget // prompt_len)) if prompt_len <= budget else 1
+    choice = route_for(p.rule, model, model.topk, "prefill", [prompt_len] * n_req, [min(prompt_len, budget)] * n_req,
                        num_heads)
     prefill = choice.route if choice.route == "mha-dense" else ("sparse-mqa" if pad else "fa3-sparse")
     decode, thr, uniform = _decode(p, backend, sm, kv_cache_dtype, num_heads)
@@ -580,24 +576,3 @@ def engine_summary(engine: str, deployment) -> dict:
 def engine_table(deployment) -> list[dict]:
     """:func:`engine_summary` of every engine version for one deployment (``mla-lab engines``: PR #53878's)."""
     return [engine_summary(n, deployment) for n in ENGINE_PRESETS]
-
-
-def blackwell_rows(num_heads: int = 8, max_num_batched_tokens: int = 16384, head_size: int = 576) -> list[dict]:
-    """``b200`` rows per engine version and KV dtype: backend, padded heads, Q-concat buffer MiB (modelled from the
-    engines' sources; nothing ran on a B200). Raises ValueError: bad ints."""
-    check_int("num_heads", num_heads)
-    rows, scope = [], "modelled (engine source, not run on a B200)"
-    for name in ENGINE_PRESETS:
-        for kv in ("bf16", "fp8"):
-            row = {"preset": name, "arch": "b200", "kv_cache_dtype": kv, "backend": None, "padding": None,
-                   "padded_heads": None, "q_buffer_mib": None, "note": "", "scope": scope}
-            try:
-                b = sparse_backend(name, "sm100", kv, num_heads)
-            except ValueError as e:
-                rows.append(row | {"note": str(e)})
-                continue
-            pad = padding_for(name, b, "sm100", kv)
-            hp = -(-num_heads // pad) * pad if pad else num_heads
-            rows.append(row | {"backend": b, "padding": pad, "padded_heads": hp,
-                               "q_buffer_mib": max_num_batched_tokens * hp * head_size * 2 / 2**20})
-    return rows

@@ -13,7 +13,7 @@ import torch
 
 from .buffers import QConcatWorkspace, padded_num_heads
 from .kernels import concat_mla_q, sparse_mla_prefill
-from .placement import Strategy, as_strategy, parse_strategy, real_strategies, resolve_strategy
+from .placement import Strategy, as_strategy, real_strategies, resolve_strategy
 
 __all__ = ["PaddedQPath", "make_strategy", "stale_fill", "equivalence_check", "REAL_STRATEGIES",
            "real_strategies"]
@@ -32,14 +32,9 @@ def stale_fill(t: torch.Tensor, seed: int = 1234) -> torch.Tensor:
 
 class PaddedQPath:
     """The attention path of one strategy: Q concat, padding as the strategy does it, sparse kernel, real heads out.
-
-    Args:
-        reuse_pad_block: ``per_call_empty``: one pad block filled once (as the caching allocator hands it back).
-        capture_graph: ``subchunk:<S>:graph2`` on CUDA: capture the chunk loop (default) or run it eagerly.
-
-    Raises:
-        ValueError: a strategy with no padded Q (modelled only); as the workspace.
-    """
+    ``reuse_pad_block``: ``per_call_empty`` fills one pad block once (as the caching allocator hands it back);
+    ``capture_graph``: ``subchunk:<S>:graph2`` on CUDA captures the chunk loop (default) or runs it eagerly.
+    Raises ValueError: a strategy with no padded Q (modelled only); as the workspace."""
 
     def __init__(self, strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch="hopper",
                  kv_cache_dtype: str = "bf16", head_size: int = 576, device="cpu", dtype=None,
@@ -91,20 +86,11 @@ class PaddedQPath:
         return out, lse
 
     def __call__(self, ql_nope, q_pe, kv, indices, sm_scale: float, topk_length=None, consumer=None):
-        """Run the attention path of one layer call.
-
-        Args:
-            ql_nope: ``[T, H, 512]`` bf16; q_pe: ``[T, H, 64]`` bf16; kv: ``[s_kv, 1, 576]`` bf16; indices:
-                ``[T, 1, topk]`` int32 (-1 invalid); topk_length: ``[T]`` int32.
-            consumer: ``subchunk`` views: ``consumer(start, out_view, lse_view)`` per chunk (under ``graph2`` only
-                its GPU work replays).
-
-        Returns:
-            ``(out [T, H, 512] bf16, lse [T, H] fp32)`` of the real heads (``graph2``: the graph's static buffers).
-
-        Raises:
-            ValueError: inputs without ``num_heads`` heads; T over the workspace; as :mod:`mla_lab.kernels`.
-        """
+        """One layer call: ql_nope ``[T, H, 512]``, q_pe ``[T, H, 64]``, kv ``[s_kv, 1, 576]`` bf16; indices
+        ``[T, 1, topk]`` int32 (-1 invalid); topk_length ``[T]`` int32; consumer (``subchunk`` views):
+        ``consumer(start, out_view, lse_view)`` per chunk. Returns ``(out [T, H, 512] bf16, lse [T, H] fp32)`` of the
+        real heads (``graph2``: the graph's static buffers). Raises ValueError: inputs without ``num_heads`` heads; T
+        over the workspace; as :mod:`mla_lab.kernels`."""
         self._check_heads(ql_nope, q_pe)
         T = ql_nope.shape[0]
         H, hp, p = self.num_heads, self.padded_heads, self.spec.placement
@@ -183,11 +169,7 @@ def make_strategy(name: str, **kwargs) -> PaddedQPath:
     """A :class:`PaddedQPath` for a door name (``zero_padding=True``: the concat zeroes the padded heads per call).
     Raises ValueError: unknown name; no padded Q; zero_padding with a per-call placement."""
     zero_padding = kwargs.pop("zero_padding", False)
-    canonical = resolve_strategy(name)  # the door: presets and the first version's aliases are read here
-    if not parse_strategy(canonical).padded:
-        raise ValueError(f"strategy={name!r} cannot be run on tensors; allowed: {list(REAL_STRATEGIES)} "
-                         "('kernel_native' and 'fa3_sparse' are modelled only)")
-    path = PaddedQPath(canonical, **kwargs)
+    path = PaddedQPath(resolve_strategy(name), **kwargs)  # the door: presets and aliases are read here
     if zero_padding:
         if not path.spec.pre_padded:
             raise ValueError(f"zero_padding=True applies only to pre-padded workspaces, not strategy={name!r}")

@@ -252,24 +252,6 @@ def test_measured_root_that_is_a_file_is_refused(tmp_path):
     assert measured_allreduce_rows("h200", tmp_path / "absent") == ([], [])
 
 
-def test_write_never_overwrites_a_file_the_lab_did_not_write(tmp_path):
-    from mla_lab.model.comm import write_comm_model
-
-    m = fit_comm(_rows(2, 20.0, 300.0))
-    foreign = tmp_path / "notes.csv"
-    foreign.write_text("hello\n")
-    with pytest.raises(ValueError, match="exists and is not an all-reduce fit file"):
-        write_comm_model(m, foreign, {})
-    assert foreign.read_text() == "hello\n"
-    with pytest.raises(ValueError, match="is a folder"):
-        write_comm_model(m, tmp_path, {})
-    new = tmp_path / "new" / "sub" / COMM_CSV  # a missing folder is created
-    write_comm_model(m, new, {"source": "measured"})
-    write_comm_model(m, new, {"source": "measured"})  # its own file: replaced
-    assert load_comm_model(new).fits[2].bw_gbps == pytest.approx(300.0)
-    assert sorted(p.name for p in new.parent.iterdir()) == [COMM_CSV]  # no temporary file left
-
-
 def test_an_h200_fit_never_prices_another_gpu():
     """The TP=2 fit was measured on H200s: a B200 (NVLink 5) all-reduce stays priced by the assumption and says so."""
     cal = default_calibration()

@@ -12,7 +12,6 @@ from mla_lab.deployment import Deployment
 from mla_lab.engines import ENGINE_PRESETS, decode_threshold, engine_preset, first_names, padding_for, sparse_backend
 from mla_lab.placement import (
     PRESETS,
-    blackwell_rows,
     engine_strategies,
     engine_summary,
     expand_strategies,
@@ -100,10 +99,12 @@ def test_old_names_map_to_the_new_ones():
     ("sglang@0.5.23", "bf16", "FLASHMLA_SPARSE", 128, 128, 2304.0),  # new_zeros to 128 on sm100
 ])
 def test_blackwell_rows_per_engine_version(preset, kv, backend, padding, heads, mib):
-    row = next(r for r in blackwell_rows() if r["preset"] == preset and r["kv_cache_dtype"] == kv)
-    assert (row["backend"], row["padding"], row["padded_heads"]) == (backend, padding, heads)
-    assert row["q_buffer_mib"] == pytest.approx(mib)
-    assert row["scope"].startswith("modelled")
+    """GLM-5 TP8 (8 heads) on sm100: each version's sparse backend, its padding and the 16384-row Q buffer."""
+    b = sparse_backend(preset, "sm100", kv, 8)
+    pad = padding_for(preset, b, "sm100", kv)
+    hp = -(-8 // pad) * pad if pad else 8
+    assert (b, pad, hp) == (backend, padding, heads)
+    assert 16384 * hp * 576 * 2 / 2**20 == pytest.approx(mib)
 
 
 def test_blackwell_backend_switches_above_16_heads():

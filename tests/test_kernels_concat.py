@@ -384,8 +384,7 @@ def _ptx_global_ops(variant, T, H, Hp, zero_padding=False, **cfg):
 
     a, b = torch.empty(T, H, 512, dtype=torch.bfloat16), torch.empty(T, H, 64, dtype=torch.bfloat16)
     out = torch.empty(T, Hp, 576, dtype=torch.bfloat16)
-    kernel, _grid, args, cx, nw = _plan(a, b, out, zero_padding, variant, cfg.get("block_rows"), cfg.get("num_warps"),
-                                        False, cfg.get("block_t"), cfg.get("block_h"), cfg.get("head_tiles"))
+    kernel, _grid, args, cx, nw = _plan(a, b, out, zero_padding, variant, cfg)
     names = kernel.arg_names
     sig, attrs = {}, {}
     for i, (n, v) in enumerate(zip(names, list(args) + list(cx.values()))):

@@ -1,15 +1,30 @@
-"""Issue 37's KV-capacity validation against public vLLM startup logs: the order of the commits (workloads, then
-predictions, then results), each prediction consistent with its own terms, and the score recomputed from the
-committed files."""
+"""Issue 37's KV-capacity validation against public vLLM startup logs, rounds one (kv_capacity_2026-12) and two
+(kv_capacity_2026-12c): the order of the commits (workloads, then predictions, then results, then score), each
+prediction consistent with its own terms, and the score recomputed from the committed files."""
 
+import copy
 import json
 import math
 import subprocess
 
 import pytest
 
+from mla_lab.model.memory import memory_tradeoff
 from mla_lab.paths import REPO_ROOT
-from mla_lab.validation.kv_capacity import PRED, RESULTS, SCORE, WORKLOADS, predicted_figures, score
+from mla_lab.placement import BASELINE
+from mla_lab.validation.kv_capacity import (
+    GIB,
+    PRED,
+    RESULTS,
+    SCORE,
+    deployment_of,
+    predicted_figures,
+    round_paths,
+    score,
+)
+
+ROUND_TWO = "kv_capacity_2026-12c"
+ROUNDS = ["kv_capacity_2026-12", ROUND_TWO]
 
 
 def _added_in(path):
@@ -25,18 +40,27 @@ def _is_ancestor(a, b):
     return subprocess.run(["git", "merge-base", "--is-ancestor", a, b], cwd=REPO_ROOT).returncode == 0
 
 
-def test_workloads_then_predictions_then_results_each_in_its_own_commit():
-    w, p, r = _added_in(WORKLOADS), _added_in(PRED), _added_in(RESULTS)
+@pytest.mark.parametrize("stem", ROUNDS)
+def test_workloads_then_predictions_then_results_each_in_its_own_commit(stem):
+    workloads, pred_path, results, _ = round_paths(stem)
+    w, p, r = _added_in(workloads), _added_in(pred_path), _added_in(results)
     assert len({w, p, r}) == 3
     assert _is_ancestor(w, p) and _is_ancestor(p, r)
-    pred = json.loads(PRED.read_text())
+    pred = json.loads(pred_path.read_text())
     # the model commit the predictions name is the prediction commit's parent line (code committed first)
     assert _is_ancestor(pred["model_commit"], p)
-    assert {c["id"] for c in pred["cases"]} == {c["id"] for c in json.loads(WORKLOADS.read_text())["cases"]}
+    assert {c["id"] for c in pred["cases"]} == {c["id"] for c in json.loads(workloads.read_text())["cases"]}
 
 
-def test_each_prediction_is_its_own_terms_in_whole_blocks():
-    for case in json.loads(PRED.read_text())["cases"]:
+def test_round_two_score_committed_after_its_results():
+    _, _, results, score_path = round_paths(ROUND_TWO)
+    r, s = _added_in(results), _added_in(score_path)
+    assert r != s and _is_ancestor(r, s)
+
+
+@pytest.mark.parametrize("stem", ROUNDS)
+def test_each_prediction_is_its_own_terms_in_whole_blocks(stem):
+    for case in json.loads(round_paths(stem)[1].read_text())["cases"]:
         t = {x["term"]: x["value"] for x in case["terms"]}
         subtract = [k for k in t if k not in ("total memory (torch)", "gpu_memory_utilization",
                                               "requested = ceil(total x utilization)", "available KV memory",
@@ -62,3 +86,43 @@ def test_score_is_recomputed_from_the_committed_files():
     want = (predicted_figures(pred["recipes-893"])["weights_gib"] / real["recipes-893"]["weights_gib"] - 1) * 100
     assert rows[("recipes-893", "weights_gib")]["error_pct"] == pytest.approx(want)
     assert "vllm-46367" in got["not_scored"]
+
+
+def test_round_two_score_is_recomputed_from_the_committed_files():
+    _, pred_path, results_path, score_path = round_paths(ROUND_TWO)
+    pred, results = json.loads(pred_path.read_text()), json.loads(results_path.read_text())
+    got = score(pred, results, ROUND_TWO)
+    assert got == json.loads(score_path.read_text())
+    # three blind predictions, none of whose own launch figures could be read: nothing scored, each listed with why
+    assert all(c["blind"] for c in pred["cases"]) and len(pred["cases"]) == 3
+    assert got["rows"] == [] and got["summary"] == {}
+    assert set(got["not_scored"]) == {c["id"] for c in pred["cases"]} and all(got["not_scored"].values())
+
+
+def _harness_one_million_launch():
+    """The lab's available KV memory (GiB) for the other launch kept apart in round two's results (harness-51's
+    deployment at max_model_len 1,000,000, bf16 KV), and the figure the repository states for it."""
+    _, _, results_path, _ = round_paths(ROUND_TWO)
+    other = {c["id"]: c for c in json.loads(results_path.read_text())["cases"]}["harness-51"]["other_launch"]
+    case = {c["id"]: c for c in json.loads(round_paths(ROUND_TWO)[0].read_text())["cases"]}["harness-51"]
+    case = copy.deepcopy(case)
+    case["stated"].update(kv_cache_dtype=other["kv_cache_dtype"], max_model_len=other["max_model_len"],
+                          gpu_memory_utilization=other["gpu_memory_utilization"])
+    d, rule = deployment_of(case)
+    assert d.kv_cache_dtype == "bf16" and rule["max_model_len"] == 1_000_000
+    kv = memory_tradeoff(d, strategies=[BASELINE], **rule)["kv_capacity"]
+    return kv["available_bytes"] / GIB, other["available_kv_gib"]
+
+
+def test_docs_state_round_two_and_its_post_hoc_figure():
+    """docs/ttft-model.md's round-two paragraph: the three predictions, n = 0 scored, and the post-hoc comparison
+    with the 1M-context launch, recomputed here."""
+    text = " ".join((REPO_ROOT / "docs" / "ttft-model.md").read_text().split())
+    pred = {c["id"]: c["predicted"] for c in json.loads(round_paths(ROUND_TWO)[1].read_text())["cases"]}
+    for p in pred.values():
+        assert f"{p['gpu_kv_cache_tokens']:,}" in text and f"{p['available_kv_gib']:.2f} GiB" in text
+    lab, stated = _harness_one_million_launch()
+    assert f"{lab:.2f} GiB" in text and f"{stated} GiB" in text
+    assert f"{(lab / stated - 1) * 100:+.1f} %" in text and f"{lab - stated:.2f} GiB (this launch)" in text
+    r1 = {x["id"]: x for x in json.loads(SCORE.read_text())["rows"] if x["figure"] == "available_kv_gib"}
+    assert f"{r1['recipes-893']['predicted'] - r1['recipes-893']['real']:.2f} GiB per rank (recipes-893)" in text

@@ -3,7 +3,8 @@ the reference kernel, plus the one-process simulation of rank 0's share. Timings
 checked is the sharding (the all-reduced attention and MoE outputs equal the unsharded blocks), every rank's rows,
 the all-reduce rows and their columns, the comparison formulas, the memory columns (None on CPU) and the
 NVLink-multicast-off environment; bad configs are refused before anything is spawned. The GPU run:
-mla_lab/measure/experiments/tp_block.py (benchmarks/h200x8_run.sh on 8 H200s); the GPU tests at the end need CUDA."""
+``python -m mla_lab.measure.experiments tp_block`` (benchmarks/h200x8_run.sh on 8 H200s); the GPU tests at the end
+need CUDA."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from mla_lab.measure.tp import (
     SAFE_ENV,
     TPBenchmarkConfig,
     _model,
-    _sm_scale,
     block_forward,
     compare,
     ideal_ring_calibration,
@@ -37,6 +37,7 @@ from mla_lab.measure.tp import (
     resolve_moe_impl,
     resolve_strategies,
     run_tp_benchmark,
+    sm_scale,
     summary_table,
     tiny_overrides,
 )
@@ -152,7 +153,7 @@ def test_all_reduced_attention_equals_the_unsharded_block(run):
     out = run[1]
     for name in MODELS:
         model = _model(name, tiny_overrides())
-        sm = _sm_scale(model)
+        sm = sm_scale(model)
         shards = [make_block_inputs(measured_rank(model, TP, "h200", ("ep", TP)), r, T, seed=0) for r in range(TP)]
         partial = [block_forward(make_strategy("fused", num_heads=2, max_num_batched_tokens=T), s, sm, 1)
                    for s in shards]
@@ -394,9 +395,9 @@ def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
     att = [make_block_inputs(measured_rank(model, tp, "h200", ("ep", tp)), k, T) for k in range(tp)]
     moe = [make_moe_inputs(measured_rank(model, tp, "h200", ("ep", tp)), k, T) for k in range(tp)]
     y_att = block_forward(make_strategy("fused", num_heads=8, max_num_batched_tokens=T), merge_shards("attention", att),
-                          _sm_scale(model), 1)
+                          sm_scale(model), 1)
     y_moe = moe_forward(merge_shards("moe", moe))
-    sm = _sm_scale(model)
+    sm = sm_scale(model)
     partial = {"attention": [block_forward(make_strategy("fused", num_heads=8 // tp, max_num_batched_tokens=T), a, sm,
                                            1) for a in att],
                "moe": [moe_forward(m) for m in moe]}
@@ -407,13 +408,14 @@ def test_gpu_tp_run_equals_the_unsharded_blocks(tmp_path):
             torch.testing.assert_close(y.float(), ref.float(), rtol=0, atol=atol)
 
 
-# ------------------------------------------------------------------------------- mla_lab/measure/experiments/tp_block.py bad input
+# ------------------------------------------------------------ python -m mla_lab.measure.experiments tp_block: bad input
 
 
-def _tp_block_main():
-    from mla_lab.measure.experiments import tp_block
+def _tp_block(*args) -> int:
+    """The suite's one entry for tp_block: a CPU dry run (``cpu_dry_run=1``) of both runs at TP 4, then ``args``."""
+    from mla_lab.measure.experiments.entry import main
 
-    return tp_block.main
+    return main(["tp_block", "--param", "cpu_dry_run=1", "--param", "runs=tp,sim", "--tp", "4", *args])
 
 
 @pytest.fixture
@@ -428,19 +430,20 @@ def no_spawn(monkeypatch):
 
 
 @pytest.mark.parametrize("extra,match", [
-    (["--tokens", "0"], "tokens / allreduce_tokens hold 0"),
-    (["--tokens", "-5"], "hold -5"),
-    (["--iters", "0"], "iters=0 must be an int >= 1"),
-    (["--warmup", "-1"], "warmup=-1"),
-    (["--allreduce-mib", "-1"], "allreduce_mib holds -1.0"),
-    (["--allreduce-tokens", "0"], "hold 0"),
-    (["--tp", "3"], r"tp=3 does not divide .*--cpu-dry-run: the tiny models"),
+    (["--param", "tokens=0"], "tokens / allreduce_tokens hold 0"),
+    (["--param", "tokens=-5"], "hold -5"),
+    (["--param", "iters=0"], "iters=0 must be an int >= 1"),
+    (["--param", "warmup=-1"], "warmup=-1"),
+    (["--param", "allreduce_mib=-1"], "allreduce_mib holds -1.0"),
+    (["--param", "allreduce_tokens=0"], "hold 0"),
+    (["--tp", "16"], r"tp=16 does not divide .*cpu_dry_run=1: the tiny models"),
+    (["--tp", "3"], r"^tp=3 does not divide num_attention_heads=64 of model 'glm-5'"),
 ])
 def test_tp_block_dry_run_checks_the_flags_it_replaces(no_spawn, capsys, extra, match):
-    """--tokens 0 / --iters 0 ... used to be accepted silently by a dry run (it swaps in tiny sizes)."""
-    assert _tp_block_main()(["--cpu-dry-run", "--tp", "4", "--out", "/tmp/unused_tp_block_out", *extra]) == 2
+    """tokens=0 / iters=0 ... used to be accepted silently by a dry run (it swaps in tiny sizes)."""
+    assert _tp_block("--out", "/tmp/unused_tp_block_out", *extra) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("tp_block: "), err
+    assert len(err.splitlines()) == 1 and (err.startswith("tp_block: ") or extra == ["--tp", "3"]), err
     assert __import__("re").search(match, err), err
 
 
@@ -449,21 +452,20 @@ def test_tp_block_refuses_an_out_that_is_a_file_or_under_data_measured(no_spawn,
 
     f = tmp_path / "foreign.csv"
     f.write_text("foreign\n")
-    main = _tp_block_main()
-    assert main(["--cpu-dry-run", "--tp", "4", "--out", str(f)]) == 2  # was FileExistsError from mkdir
+    assert _tp_block("--out", str(f)) == 2  # was FileExistsError from mkdir
     assert "is an existing file" in capsys.readouterr().err and f.read_text() == "foreign\n"
     for out in (measured_dir(), measured_dir() / "h200x4"):  # a dry run's rows would replace GPU evidence
-        assert main(["--cpu-dry-run", "--tp", "4", "--out", str(out)]) == 2
+        assert _tp_block("--out", str(out)) == 2
         assert "never writes there" in capsys.readouterr().err
     assert not (measured_dir() / "h200x4").exists() or (measured_dir() / "h200x4" / "tp_block.csv").is_file()
     (tmp_path / "ro").write_text("")
-    assert main(["--cpu-dry-run", "--tp", "4", "--out", str(tmp_path / "ro" / "sub")]) == 2
+    assert _tp_block("--out", str(tmp_path / "ro" / "sub")) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cannot be created" in err, err
     d = tmp_path / "d"
     d.mkdir()
     (d / "tp_block.csv").write_text("a,b\n")
-    assert main(["--cpu-dry-run", "--tp", "4", "--out", str(d)]) == 2
+    assert _tp_block("--out", str(d)) == 2
     assert "was not written by tp_block.py" in capsys.readouterr().err and (d / "tp_block.csv").read_text() == "a,b\n"
 
 
@@ -513,16 +515,19 @@ def test_tp_block_failure_keeps_the_earlier_file_and_the_rows_so_far(monkeypatch
         return TPBenchmarkResult(pd.DataFrame([row], columns=cols),
                                  pd.DataFrame(columns=ALLREDUCE_COLUMNS + list(PROVENANCE_COLUMNS)))
 
-    main = _tp_block_main()
+    import mla_lab.strategies as strategies_mod
+
+    monkeypatch.setattr(strategies_mod, "stale_fill", strategies_mod.stale_fill)  # the entry swaps it: restored after
     out = tmp_path / "o"
     monkeypatch.setattr(tp_mod, "run_tp_benchmark", fake)
-    assert main(["--cpu-dry-run", "--tp", "4", "--out", str(out)]) == 0
+    assert _tp_block("--out", str(out)) == 0
     first = (out / "tp_block.csv").read_bytes()
     assert not list(out.glob("*.partial"))
     monkeypatch.setattr(tp_mod, "run_tp_benchmark", lambda cfg, out_dir=None: fake(cfg, fail_on="deepseek-v3.2"))
-    with pytest.raises(RuntimeError, match="a worker failed"):
-        main(["--cpu-dry-run", "--tp", "4", "--out", str(out)])
+    capsys.readouterr()
+    assert _tp_block("--out", str(out)) == 1
+    said = capsys.readouterr()
+    assert "FAILED: RuntimeError: a worker failed" in said.out and "rows so far kept in" in said.err
     assert (out / "tp_block.csv").read_bytes() == first
     kept = pd.read_csv(out / "tp_block.csv.partial")
     assert list(kept["model"]) == ["glm-5"]
-    assert "rows so far kept in" in capsys.readouterr().err

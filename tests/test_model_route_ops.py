@@ -8,22 +8,21 @@ from pathlib import Path
 import pytest
 
 from mla_lab.arch import get_arch
+from mla_lab.buffers import dense_route_transient_bytes, memory_account
 from mla_lab.deployment import Deployment
 from mla_lab.model.route_ops import (
     DROPPED_BY_DENSE,
     default_padded_kernel_fit,
-    fa3_sparse_terms,
     fit_padded_kernel,
     mha_attention_op,
     mha_dense_ops,
-    mha_transient_bytes,
     padded_kernel_rows,
     padded_kernel_terms,
     route_layer_ops,
     route_stats,
     up_projection_ops,
 )
-from mla_lab.model.route_timing import mha_pricing_source, route_layer_time_ms, route_op_time_ms
+from mla_lab.model.route_timing import route_layer_time_ms, route_op_time_ms
 from mla_lab.models import load_model
 from mla_lab.workload import Step
 
@@ -50,9 +49,8 @@ def test_hand_counts_one_prompt_of_1024_glm5_tp8():
     assert proj.weight_bytes == 512 * 3584 * 2 == 3_670_016
     assert proj.act_bytes == (1024 * 512 + 1024 * 3584) * 2 == 8_388_608
     assert cat.act_bytes == (1024 * (8 * 192 + 64) + 1024 * 8 * 256) * 2 == 7_471_104
-    tr = mha_transient_bytes(SEED, 1024)
-    assert tr["kv_up"] == 1024 * 8 * 448 * 2 == 7_340_032 and tr["k"] == 4_194_304
-    assert tr["budgeted"] is False
+    # dense-route transients: kv_up 1024*8*448*2 + k 1024*8*256*2 + out 1024*8*256*2 + lse 1024*8*4
+    assert dense_route_transient_bytes(GLM, 8, 1024, 1024) == 7_340_032 + 4_194_304 + 4_194_304 + 32_768
 
 
 def test_hand_counts_padded_and_fa3_at_the_seed():
@@ -64,10 +62,6 @@ def test_hand_counts_padded_and_fa3_at_the_seed():
     assert t["out_bytes"] == 16384 * 64 * (1024 + 8) == 1_082_130_432  # out [T,64,512] bf16 + lse, max_logits fp32
     assert t["tok_bytes"] == 16384 * 64 * 2184
     assert t["gather_bytes"] == 8_396_800 * 1152
-    f = fa3_sparse_terms(SEED, 16384, rs.K_s)
-    assert f["flops"] == 2 * 8_396_800 * 8 * 1088 == 146_171_494_400  # real heads only
-    assert f["out_bytes"] == 16384 * 8 * (1024 + 4) and f["q_bytes"] == 16384 * 8 * 1152
-    assert f["padded_bytes"] == 0 and f["tile_heads"] == 64
 
 
 def test_fa3_sparse_layer_has_no_padded_bytes_and_no_padded_writes():
@@ -136,7 +130,6 @@ def test_route_layer_times_order_at_the_seed():
     assert all(v["total"] > 0 and v["attention"] > 0 for v in t.values())
     assert t["mha-dense"]["attention"] < 0.3 * t["sparse-mqa"]["attention"]
     assert t["fa3-sparse"]["attention"] < t["sparse-mqa"]["attention"]
-    assert "assumption" in mha_pricing_source() or "measured" in mha_pricing_source()
     with pytest.raises(ValueError, match="route='dense' is not valid"):
         route_layer_ops(SEED, "dense", SEED_STEP)
     with pytest.raises(ValueError, match="kernel_model='x' is not valid"):
@@ -164,14 +157,10 @@ def test_masked_mha_crossover_is_bracketed_and_grows_with_tp():
 
 
 def test_route_transient_bytes():
-    from mla_lab.model.route_ops import route_transient_bytes
-
-    fa3 = route_transient_bytes(SEED, "fa3-sparse", SEED_STEP)
-    assert fa3["total"] == 16384 * 8 * (512 * 2 + 4)  # real heads only: no [T, 64, 512] padded output
-    dense = route_transient_bytes(SEED, "mha-dense", SEED_STEP)
-    assert dense["total"] == 16384 * 8 * (448 * 2 + 256 * 2 + 256 * 2 + 4) and dense["budgeted"] is False
-    with pytest.raises(ValueError, match="route='sparse-mqa' is not valid here"):
-        route_transient_bytes(SEED, "sparse-mqa", SEED_STEP)
+    fa3 = memory_account("fa3_sparse", 8, 16384, "h200")
+    assert fa3.kernel_out_bytes == 16384 * 8 * (512 * 2 + 4)  # real heads only: no [T, 64, 512] padded output
+    dense = dense_route_transient_bytes(GLM, 8, 16384, 16384)
+    assert dense == 16384 * 8 * (448 * 2 + 256 * 2 + 256 * 2 + 4)
 
 
 def test_roofline_out_of_sample_on_the_h200_route_rows():
@@ -212,6 +201,5 @@ def test_mha_class_fitted_on_the_h200_route_rows():
     measured = next(r["ms"] for r in rows if r["model"] == "glm-5" and r["route"] == "mha:sdpa:cudnn"
                     and r["prompt_len"] == 1024)
     assert abs(modelled / measured - 1) < 0.25
-    assert mha_pricing_source().startswith("measured")
     with pytest.raises(ValueError, match="backend='fa3' has no mha:sdpa rows"):
         fit_route_classes(rows, backend="fa3")

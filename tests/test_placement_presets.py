@@ -11,7 +11,7 @@ from mla_lab.deployment import Deployment
 from mla_lab.model.ops import layer_ops
 from mla_lab.model.timing import step_time_ms
 from mla_lab.models import load_model
-from mla_lab.placement import PRESET_SOURCES, PRESETS, parse_strategy, preset_of, preset_table, strategy_route
+from mla_lab.placement import PRESET_SOURCES, PRESETS, expand, parse_strategy, preset_of, strategy_route
 from mla_lab.workload import Step
 
 GLM = load_model("glm-5")
@@ -46,16 +46,17 @@ DSV_ROUTES = {
 }
 
 
-def test_preset_table_every_preset():
+def test_every_preset_member_and_its_routes():
     assert set(GLM_TABLE) == set(PRESETS)
     got: dict = {}
-    for r in preset_table(load_model("glm-5"), 2048, LENS):
-        got.setdefault(r["preset"], []).append(
-            (r["strategy"], r["placement"], r["content"], [r[f"route_{L}"] for L in LENS], r["decode_route"]))
+    for preset in PRESETS:
+        for st in expand(preset):
+            got.setdefault(preset, []).append((st.name, st.placement, st.content, [
+                strategy_route(st, "glm", 2048, L, L) for L in LENS], strategy_route(st, "glm", 2048, phase="decode")))
+            if st.name in DSV_ROUTES:
+                dsv = [strategy_route(st, load_model("deepseek-v3.2"), 2048, L, L) for L in LENS]
+                assert dsv == DSV_ROUTES[st.name], st.name
     assert got == GLM_TABLE
-    for r in preset_table(load_model("deepseek-v3.2"), 2048, LENS):
-        if r["strategy"] in DSV_ROUTES:
-            assert [r[f"route_{L}"] for L in LENS] == DSV_ROUTES[r["strategy"]], r["strategy"]
     for preset, members in PRESETS.items():
         assert all(preset_of(n) == preset for n in members)
 

@@ -1,8 +1,6 @@
-"""The decode calibration fit (``h200_decode.csv``) on ``data/measured/h200/round2/decode_ops.csv`` (each decode op,
-CUDA-graph replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph), over
-the committed layer calibration: op-level grids (kernel, indexer, top-k, class and attention floors), then the
-per-layer cost on graph rows, then the eager launch model; validated in sample and leave-one-model-out
-(``decode_validation.csv``).
+"""The decode calibration fit (``h200_decode.csv``) on ``data/measured/h200/round2/decode_ops.csv`` (each op, graph
+replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph): op-level grids,
+the per-layer cost on graph rows, the eager launch model; validated in sample and leave-one-model-out.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ def mape(pred, meas) -> float:
 
 @functools.cache
 def _rank(name: str) -> RankView:
-    """The rank the decode measurements ran (``mla_lab/measure/experiments/decode_layer.py``): model ``name``, TP8
-    (EP8 whole experts) on an H200, bf16 weights and KV cache (:func:`mla_lab.measure.layer_runs.measured_rank`)."""
+    """The rank the decode measurements ran: ``name`` TP8 (EP8) on an H200, bf16 weights and KV cache."""
     return _layer_rank(load_model(name), TP, H200, ("ep", EP))
 
 
@@ -97,8 +94,8 @@ def fit_kernel(rows, cal) -> KernelDecode:
     return best[1]
 
 
-def _roofline_us(flops, nbytes, ef, eb, fl, mode, arch=H200):
-    t = np.maximum(flops / (arch.bf16_tflops * 1e12 * ef), nbytes / (arch.hbm_gbps * 1e9 * eb)) * 1e6
+def _roofline_us(flops, nbytes, ef, eb, fl, mode):
+    t = np.maximum(flops / (H200.bf16_tflops * 1e12 * ef), nbytes / (H200.hbm_gbps * 1e9 * eb)) * 1e6
     return t + fl if mode == "add" else np.maximum(t, fl)
 
 
@@ -111,9 +108,7 @@ def fit_idx(rows) -> ClassEff:
     grid = np.round(np.arange(0.02, 1.001, 0.01), 3)
     for mode in ("add", "max"):
         for fl in np.arange(0.0, 8.01, 0.25):
-            t = np.maximum(F[:, None, None] / (H200.bf16_tflops * 1e12 * grid[None, :, None]),
-                           Bt[:, None, None] / (H200.hbm_gbps * 1e9 * grid[None, None, :])) * 1e6
-            pred = t + fl if mode == "add" else np.maximum(t, fl)
+            pred = _roofline_us(F[:, None, None], Bt[:, None, None], grid[None, :, None], grid[None, None, :], fl, mode)
             err = np.mean(np.abs(pred - meas[:, None, None]) / meas[:, None, None], axis=0)
             i = np.unravel_index(np.argmin(err), err.shape)
             if err[i] < best[0]:

@@ -1,14 +1,11 @@
 #!/usr/bin/env python3
-"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR), issue 20: modelled, no
-coefficient fitted to an end-to-end figure of that run. The run: ``vllm serve zai-org/GLM-5.2-FP8`` TP8 EP,
-max_num_batched_tokens 16384, FLASHMLA_SPARSE, bf16 KV, async scheduling on, 8 H200; ``vllm bench serve`` random
-1024 in / 128 out, 32 prompts, concurrency 32, rate inf, seed 12345 (the PR's description).
-
-Each step priced by :class:`mla_lab.serving.CostModelPricer` (pre-PR strategy ``per_call_empty:zeros``, ``:stale``
-beside it), KV capacity by ``serve_benchmark``, the noise components of :mod:`mla_lab.serving.noise` with the
-measured ones recomputed from ``data/measured/h200/between_process/`` (:func:`measured_noise`), ``--num-runs``
-seeded Monte-Carlo runs per build. Writes ``data/validation/pr53878_main_prediction.json`` and, beside it,
-``pr53878_noise_distribution.csv``; refuses to overwrite a file the lab did not write.
+"""The lab's written prediction of vLLM PR #53878's "main" run (vLLM before the PR; issue 20): modelled, nothing
+fitted to an end-to-end figure of it. The run (the PR's description): ``vllm serve zai-org/GLM-5.2-FP8`` TP8 EP,
+max_num_batched_tokens 16384, FLASHMLA_SPARSE, bf16 KV, async scheduling, 8 H200; ``vllm bench serve`` random
+1024 / 128, 32 prompts, concurrency 32, rate inf, seed 12345. Steps priced by ``CostModelPricer`` (pre-PR
+``per_call_empty:zeros``), the noise of :mod:`mla_lab.serving.noise` with its measured components recomputed
+(:func:`measured_noise`), ``--num-runs`` runs per build. Writes ``data/validation/pr53878_main_prediction.json``
+and ``pr53878_noise_distribution.csv`` beside it (never over a file the lab did not write).
 
     python -m mla_lab.fits.predict_pr53878 [--num-runs 1000] [--seed 0] [--out PATH] [--no-measurements]
         [--update-docs | --docs-only]
@@ -20,17 +17,18 @@ import argparse
 import datetime as dt
 import hashlib
 import json
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from mla_lab.deployment import Deployment
 from mla_lab.measure.spread import between_process
 from mla_lab.paths import REPO_ROOT, calibration_dir, measured_dir, models_dir
 from mla_lab.provenance import git_commit
 from mla_lab.serving import PR_BENCH, BenchConfig, CostModelPricer, SchedulerConfig, serve_benchmark
+from mla_lab.serving.benchmark import async_scheduler, pr_deployment
 from mla_lab.serving.noise import NOISE_METRICS, CachedPricer, NoiseConfig, load_cold_start, run_noise, simulate_once
 
 from .files import rel as _rel
@@ -39,9 +37,8 @@ PRODUCED_BY = "mla_lab.fits.predict_pr53878"
 #: The committed prediction's ``produced_by`` (this module's former path): a file it names is ours too.
 EARLIER_PRODUCERS = ("benchmarks/predict_pr53878.py",)
 OUT = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"
-MODEL, TP, ARCH = "glm-5.2", 8, "h200"
 BEFORE, ALT_BEFORE, PR = "per_call_empty:zeros", "per_call_empty:stale", "private_workspace"
-MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, BLOCK_SIZE = 16384, 256, 64
+BLOCK_SIZE = 64
 #: the PR's client: PR_BENCH with the PR's --seed (lengths are fixed at range ratio 0, so the seed changes nothing)
 BENCH = replace(PR_BENCH, seed=12345)
 PREDICTED = {"duration": "s", "request_throughput": "req/s", "output_throughput": "tok/s",
@@ -60,23 +57,13 @@ DIST_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_th
 DIST_HEADER = "case,run," + ",".join(f"change_{k}_pct" for k in DIST_METRICS)
 
 
-def seed_deployment() -> Deployment:
-    """The PR's deployment (:meth:`Deployment.seed`: fp8 weights, EP, bf16 KV, PR_BENCH's workload) on GLM-5.2."""
-    return Deployment.seed(model=MODEL, tp=TP, arch=ARCH, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                           max_num_seqs=MAX_NUM_SEQS)
-
-
 def deployment(bench: BenchConfig = BENCH) -> dict:
-    """KV capacity per strategy from the memory model and the engine limits (SchedulerConfig per strategy);
-    ``bench`` sends the seed deployment's workload (:func:`mla_lab.serving.serve_benchmark` refuses another)."""
-    r = serve_benchmark(seed_deployment(), [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
-    out = {}
-    for s in (BEFORE, ALT_BEFORE, PR):
-        cap = r["strategies"][s]["kv_capacity_tokens"]
-        out[s] = {"kv_capacity_tokens": cap,
-                  "sched": SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE,
-                                           async_scheduling=True),
-                  "lab_metrics": r["strategies"][s]["metrics"]}
+    """Per strategy: KV capacity (``serve_benchmark``), its SchedulerConfig and the deterministic metrics."""
+    d = pr_deployment()
+    r = serve_benchmark(d, [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
+    caps = {s: r["strategies"][s]["kv_capacity_tokens"] for s in (BEFORE, ALT_BEFORE, PR)}
+    out = {s: {"kv_capacity_tokens": cap, "lab_metrics": r["strategies"][s]["metrics"],
+               "sched": async_scheduler(d, cap, BLOCK_SIZE)} for s, cap in caps.items()}
     return {"strategies": out, "calibration": r["calibration"], "decode_calibration": r["decode_calibration"]}
 
 
@@ -85,10 +72,10 @@ def _log_sd(xs) -> float:
 
 
 def measured_noise(folder: Path = MEASURED) -> dict:
-    """The measured noise components from the H200 between-process rows in ``folder`` (each source in words in the
-    result's ``sources``): ``run_sigma`` (sd of log per-process median ``step_ms``, content zeros), ``step_sigma``
-    (median within-process log sd), ``cold_extra_ms`` / ``cold_sd_ms`` (``load_cold_start``); the attention path's
-    spreads as ``contrast`` (not used). Raises ValueError: a file is missing or lacks a column (names it)."""
+    """The measured noise components from the H200 between-process rows in ``folder`` (sources in words):
+    ``run_sigma`` (sd of log per-process median ``step_ms``, content zeros), ``step_sigma`` (median within-process
+    log sd), ``cold_*`` (``load_cold_start``); the attention path's spreads as ``contrast`` (not used). Raises
+    ValueError: a file is missing or lacks a column (names it)."""
     import pandas as pd
 
     for f in (folder / n for n in ("content_loop.csv", "cold_start.csv", "step_spread.csv")):
@@ -125,16 +112,6 @@ def measured_noise(folder: Path = MEASURED) -> dict:
             "num_processes": step["n_processes"],
             "source": f"{rel}/ (content_loop.csv, cold_start.csv, step_spread.csv; {step['n_processes']} fresh "
                       "processes)"}
-
-
-def noise_config(use_measurements: bool = True) -> tuple[NoiseConfig, dict | None]:
-    """The defaults of mla_lab.serving.noise with the measured components recomputed from the H200 rows
-    (:func:`measured_noise`); ``use_measurements=False``: the defaults as they stand."""
-    nc = NoiseConfig()
-    if use_measurements:
-        m = measured_noise()
-        return nc.with_measurements(m), m
-    return nc, None
 
 
 def what_moved(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseConfig) -> list[dict]:
@@ -199,8 +176,6 @@ def arrival_sensitivity(bench: BenchConfig, st: dict, pricers: dict, noise: Nois
 
 def code_commit() -> dict:
     """The last commit of the code that makes the prediction, and whether that code differs from it."""
-    import subprocess
-
     paths = ["mla_lab/serving", "mla_lab/model", "mla_lab/fits/predict_pr53878.py", "data/calibration", "data/models"]
     try:
         sha = subprocess.run(["git", "log", "-1", "--format=%H", "--", *paths], cwd=REPO_ROOT, capture_output=True,
@@ -221,12 +196,13 @@ def distribution_rows(ident, prvs) -> list[str]:
 
 def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
             distribution: list | None = None) -> dict:
-    """The prediction as a JSON-ready dict (module docstring); ``distribution``: a list that receives
-    :func:`distribution_rows` of the prediction's Monte-Carlo."""
+    """The prediction as a JSON-ready dict; ``distribution`` receives :func:`distribution_rows`."""
     dep = deployment()
-    noise, measured = noise_config(use_measurements)
+    measured = measured_noise() if use_measurements else None
+    noise = NoiseConfig() if measured is None else NoiseConfig().with_measurements(measured)
     st = dep["strategies"]
-    rank = seed_deployment().rank
+    d = pr_deployment()
+    rank = d.rank
     pricers = {s: CachedPricer(CostModelPricer(rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
@@ -258,7 +234,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         joint[name] = {"percent_of_pairs": float(100.0 * hit.mean()),
                        "corr_mean_ttft_vs_throughput": float(np.corrcoef(r.change["mean_ttft_ms"],
                                                                          r.change["total_token_throughput"])[0, 1])}
-    cal_files = sorted(calibration_dir().glob("*.csv")) + [models_dir() / MODEL / "config.json"]
+    cal_files = sorted(calibration_dir().glob("*.csv")) + [models_dir() / d.model.name / "config.json"]
     if measured is not None:
         cal_files += [CONTENT_CSV, COLD_CSV, SPREAD_CSV]
     return {
@@ -270,9 +246,9 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         "git_commit": git_commit(),
         "code_commit": code_commit(),
         "timestamp": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "deployment": {"model": "zai-org/GLM-5.2-FP8 (data/models/glm-5.2)", "tp": TP, "moe_parallel": "ep",
-                       "gpu": "H200", "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                       "max_num_seqs": MAX_NUM_SEQS, "block_size": BLOCK_SIZE, "kv_cache_dtype": "bf16",
+        "deployment": {"model": "zai-org/GLM-5.2-FP8 (data/models/glm-5.2)", "tp": d.tp, "moe_parallel": "ep",
+                       "gpu": "H200", "max_num_batched_tokens": d.max_num_batched_tokens,
+                       "max_num_seqs": d.max_num_seqs, "block_size": BLOCK_SIZE, "kv_cache_dtype": "bf16",
                        "weight_dtype": "fp8", "gpu_memory_utilization": 0.9, "async_scheduling": True,
                        "strategy_before": BEFORE, "strategy_pr": PR,
                        "kv_capacity_tokens": {s: v["kv_capacity_tokens"] for s, v in st.items()}},

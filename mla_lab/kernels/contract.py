@@ -1,19 +1,16 @@
 """The two public ops of the sparse-MLA prefill Q path, their contract checks and backend choice.
 
-:func:`concat_mla_q` (vLLM's ``concat_mla_q``, PR #53878; backends ``triton``, ``torch``; hot path
-:func:`make_concat_launcher`), :func:`sparse_mla_prefill` (FlashMLA's ``flash_mla_sparse_fwd`` on a head-padded
-``q``, sliced to the real heads as vLLM's ``_bf16_flash_mla_kernel``; backends ``flash_mla``, ``reference``),
-:func:`last_backend`.
-
-Every check raises ``ValueError`` naming the argument, its value and what is allowed. Widths 512 / 64 / 576:
-``kv_lora_rank``, ``qk_rope_head_dim``, head_size (GLM-5 / DeepSeek-V3.2 config.json).
+:func:`concat_mla_q` (vLLM's ``concat_mla_q``, PR #53878; hot path :func:`make_concat_launcher`) and
+:func:`sparse_mla_prefill` (FlashMLA's ``flash_mla_sparse_fwd`` on a head-padded ``q``, sliced to the real heads as
+vLLM's ``_bf16_flash_mla_kernel``). Every check raises one ``ValueError`` naming the argument, its value and what is
+allowed. Widths 512 / 64 / 576: ``kv_lora_rank``, ``qk_rope_head_dim``, head_size (GLM-5 / DeepSeek-V3.2 config.json).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .flashmla import flash_mla_info, flash_mla_sparse_prefill
+from .flashmla import flash_mla_info, flash_mla_sparse_prefill, prefill_devices
 from .reference import D_NOPE, D_PE, D_QK, concat_mla_q_torch, sparse_mla_prefill_ref
 from .triton_concat import DEFAULT_VARIANT as CONCAT_DEFAULT_VARIANT
 from .triton_concat import VARIANTS as CONCAT_VARIANTS
@@ -32,14 +29,8 @@ _TRITON_OK, _TRITON_WHY = triton_available()
 
 
 def last_backend(op: str | None = None):
-    """Backend the most recent call of ``op`` ran (process-wide, not thread-local).
-
-    Args:
-        op: ``"concat_mla_q"`` or ``"sparse_mla_prefill"``; None returns a dict of both (missing = never called).
-
-    Returns:
-        ``"triton"`` | ``"torch"`` for concat, ``"flash_mla"`` | ``"reference"`` for prefill, or None if the op has
-        not run; with ``op=None`` a copy of the dict.
+    """Backend the last call of ``op`` (``"concat_mla_q"`` | ``"sparse_mla_prefill"``) ran, process-wide: ``"triton"``
+    | ``"torch"``, ``"flash_mla"`` | ``"reference"``, or None if it has not run; ``op=None``: a dict of both.
 
     Raises:
         ValueError: unknown op.
@@ -51,19 +42,17 @@ def last_backend(op: str | None = None):
     return _LAST.get(op)
 
 
-def _shape(t) -> tuple | str:
+def shape_of(t) -> tuple | str:
+    """``tuple(t.shape)`` of a tensor, else its type's name (what a message echoes)."""
     return tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _first_failure(rules) -> None:
+def first_failure(rules) -> None:
     """Raise ``ValueError(message)`` for the first ``(broken, message)`` of ``rules`` (a generator: a rule is only
-    evaluated once the rules before it hold)."""
+    evaluated once the rules before it hold); the kernels' one rule runner."""
     for broken, message in rules:
         if broken:
             raise ValueError(message)
-
-
-# --------------------------------------------------------------------------------------------------- concat_mla_q
 
 
 def _concat_fast_ok(a, b, o) -> bool:
@@ -84,14 +73,14 @@ def _concat_rules(ql_nope, q_pe, out):
     named = (("ql_nope", ql_nope, D_NOPE), ("q_pe", q_pe, D_PE), ("out", out, D_QK))
     for name, t, _ in named:
         yield not isinstance(t, torch.Tensor), f"{name} must be a torch.Tensor, got {type(t).__name__}"
-        yield t.dim() != 3, f"{name} must be 3-D [T, heads, dim]; got {name}.shape={_shape(t)}"
+        yield t.dim() != 3, f"{name} must be 3-D [T, heads, dim]; got {name}.shape={shape_of(t)}"
     for name, t, d in named:
-        yield t.shape[-1] != d, f"{name}.shape[-1] must be {d}; got {name}.shape={_shape(t)}"
+        yield t.shape[-1] != d, f"{name}.shape[-1] must be {d}; got {name}.shape={shape_of(t)}"
     T, H = ql_nope.shape[0], ql_nope.shape[1]
     yield tuple(q_pe.shape[:2]) != (T, H), (f"q_pe.shape[:2] must equal ql_nope.shape[:2]={(T, H)}; got "
-                                            f"q_pe.shape={_shape(q_pe)}")
-    yield out.shape[0] != T, f"out.shape[0] must equal T={T} (ql_nope.shape[0]); got out.shape={_shape(out)}"
-    yield out.shape[1] < H, f"out.shape[1] (padded heads) must be >= H={H}; got out.shape={_shape(out)}"
+                                            f"q_pe.shape={shape_of(q_pe)}")
+    yield out.shape[0] != T, f"out.shape[0] must equal T={T} (ql_nope.shape[0]); got out.shape={shape_of(out)}"
+    yield out.shape[1] < H, f"out.shape[1] (padded heads) must be >= H={H}; got out.shape={shape_of(out)}"
     for name, t, _ in named:
         yield t.dtype not in CONCAT_DTYPES, f"{name}.dtype must be one of [torch.float16, torch.bfloat16]; got {t.dtype}"
     yield not (ql_nope.dtype == q_pe.dtype == out.dtype), (
@@ -120,7 +109,7 @@ def _concat_backend(backend: str, device: torch.device) -> str:
 def _concat_call(ql_nope, q_pe, out, backend: str, variant: str | None) -> tuple[str, str]:
     """The checks of one concat call: ``(backend that runs, variant)``."""
     if not _concat_fast_ok(ql_nope, q_pe, out):
-        _first_failure(_concat_rules(ql_nope, q_pe, out))
+        first_failure(_concat_rules(ql_nope, q_pe, out))
     which = _concat_backend(backend, out.device)
     if variant is not None and variant not in CONCAT_VARIANTS:
         raise ValueError(f"variant={variant!r} is not known; allowed: {list(CONCAT_VARIANTS)} or None")
@@ -129,30 +118,23 @@ def _concat_call(ql_nope, q_pe, out, backend: str, variant: str | None) -> tuple
 
 def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *, zero_padding: bool = False,
                  backend: str = "auto", variant: str | None = None) -> torch.Tensor:
-    """Write ``ql_nope`` and ``q_pe`` into the first ``H`` heads of ``out`` (vLLM ``concat_mla_q`` semantics).
+    """``out[:, :H, :512] = ql_nope``, ``out[:, :H, 512:] = q_pe`` (vLLM ``concat_mla_q``); returns ``out``.
 
-    ``out[:, :H, :512] = ql_nope`` and ``out[:, :H, 512:] = q_pe``. Heads ``H..H'-1`` are left untouched (vLLM leaves
-    them uninitialised: the sparse kernel computes garbage rows for them that are sliced away) unless
-    ``zero_padding=True``, which writes zeros there in the same pass.
+    Heads ``H..H'-1`` are left untouched (vLLM leaves them uninitialised; the kernel's rows for them are sliced away)
+    unless ``zero_padding=True`` zeroes them in the same pass.
 
     Args:
-        ql_nope: ``[T, H, 512]`` fp16 or bf16, last dim contiguous (token/head strides arbitrary); ``T`` may be 0.
+        ql_nope: ``[T, H, 512]`` fp16 or bf16, last dim contiguous; ``T`` may be 0.
         q_pe: ``[T, H, 64]``, same dtype/device, last dim contiguous.
-        out: ``[T, H', 576]`` with ``H' >= H`` (the padded workspace view ``workspace[:T]``), same dtype/device,
-            last dim contiguous. Written in place.
-        zero_padding: also zero heads ``H..H'-1`` (default False: vLLM behaviour).
+        out: ``[T, H', 576]``, ``H' >= H`` (the padded workspace ``workspace[:T]``), same dtype/device, last dim
+            contiguous; written in place.
         backend: ``"auto"`` (Triton for CUDA tensors when triton imports, else torch), ``"triton"`` or ``"torch"``.
-        variant: the Triton kernel variant, one of :data:`CONCAT_VARIANTS` (``v2`` rows, ``v3`` token runs, ``v4``
-            persistent spans, ``v5`` spans + TMA stores: :mod:`.triton_concat`); None = ``v2``. Ignored by torch.
-
-    Returns:
-        ``out``; :func:`last_backend` ``("concat_mla_q")`` tells which backend ran.
+        variant: one of :data:`CONCAT_VARIANTS` (:mod:`.triton_concat`); None = ``v2``; ignored by torch.
 
     Raises:
-        ValueError: a tensor not 3-D; last dims not 512/64/576; T or H mismatch; ``out.shape[0]`` != T or
-            ``out.shape[1]`` < H; dtype not fp16/bf16 or not all equal; a last dim not contiguous; tensors on
-            different devices; unknown backend; ``"triton"`` without triton or on CPU tensors outside the Triton
-            interpreter; unknown ``variant``; ``v5`` with what it cannot run (:func:`.triton_concat_persistent.v5_unsupported`).
+        ValueError: a shape, dtype, contiguity or device rule; unknown backend; ``"triton"`` without triton or on
+            CPU outside the interpreter; unknown ``variant``; what ``v5`` cannot run
+            (:func:`.triton_concat_persistent.v5_unsupported`).
     """
     which, variant = _concat_call(ql_nope, q_pe, out, backend, variant)
     if which == "triton":
@@ -167,24 +149,15 @@ def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *
 
 def make_concat_launcher(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *,
                          zero_padding: bool = False, backend: str = "auto", variant: str | None = None, **config):
-    """Check once and return a no-argument callable that performs this :func:`concat_mla_q` call again.
+    """Check once; return a no-argument callable that repeats this :func:`concat_mla_q` call (``out`` written once).
 
-    With Triton it is a :class:`.triton_concat.ConcatLauncher` (``.path``: ``"compiled"`` = the compiled kernel's
-    launcher called directly, ``"jit"`` = ``kernel[grid]`` with precomputed arguments, e.g. under the interpreter);
-    make it before ``torch.cuda.graph`` capture (it compiles and writes ``out`` once) and it can be captured. It is
-    bound to these three tensors (pointers, shapes, strides). With torch it is a closure over :func:`concat_mla_q`.
-
-    Args:
-        ql_nope, q_pe, out, zero_padding, backend, variant: as :func:`concat_mla_q`.
-        **config: Triton knobs for :func:`.triton_concat.make_concat_launcher_triton` (``block_rows``,
-            ``num_warps``, ``streaming``, ``block_t``, ``block_h``, ``head_tiles``, ``progs_per_sm``, ``order``).
-
-    Returns:
-        a callable returning ``out``; ``out`` holds the result once on return.
+    Triton: a :class:`.triton_concat.ConcatLauncher` bound to these tensors, capturable by ``torch.cuda.graph`` when
+    made before capture; torch: a closure over :func:`concat_mla_q`. ``**config``: Triton knobs
+    (:func:`.triton_concat.concat_mla_q_triton`).
 
     Raises:
-        ValueError: every rule of :func:`concat_mla_q`; config with the torch backend; an unknown knob, one the
-            variant does not read (``triton_concat.KNOBS``), not an int, or out of range.
+        ValueError: every rule of :func:`concat_mla_q`; config with the torch backend; a knob refused by
+            ``triton_concat`` (unknown, not read by the variant, not an int, out of range).
     """
     which, variant = _concat_call(ql_nope, q_pe, out, backend, variant)
     if which == "triton":
@@ -202,29 +175,26 @@ def make_concat_launcher(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.T
     return launcher
 
 
-# --------------------------------------------------------------------------------------------- sparse_mla_prefill
-
-
 def _tensor_rules(q, kv, indices):
     """Shapes and dtypes of ``q``, ``kv`` and ``indices`` that hold for every backend."""
     yield not isinstance(q, torch.Tensor) or q.dim() != 3, (f"q must be a 3-D tensor [s_q, h_q, d_qk]; got "
-                                                            f"q.shape={_shape(q)}")
+                                                            f"q.shape={shape_of(q)}")
     s_q, _, d_qk = q.shape
     yield q.dtype not in _REF_PREFILL_DTYPES, (f"q.dtype must be bfloat16 (float16/float32 accepted by the "
                                                f"reference); got {q.dtype}")
     yield not isinstance(kv, torch.Tensor) or kv.dim() not in (2, 3), (f"kv must be [s_kv, 1, d_qk] or [s_kv, d_qk]; "
-                                                                       f"got kv.shape={_shape(kv)}")
-    yield kv.dim() == 3 and kv.shape[1] != 1, f"kv.shape[1] (h_kv) must be 1; got kv.shape={_shape(kv)}"
-    yield kv.shape[-1] != d_qk, f"kv.shape[-1] must equal q.shape[-1]={d_qk}; got kv.shape={_shape(kv)}"
+                                                                       f"got kv.shape={shape_of(kv)}")
+    yield kv.dim() == 3 and kv.shape[1] != 1, f"kv.shape[1] (h_kv) must be 1; got kv.shape={shape_of(kv)}"
+    yield kv.shape[-1] != d_qk, f"kv.shape[-1] must equal q.shape[-1]={d_qk}; got kv.shape={shape_of(kv)}"
     yield kv.dtype != q.dtype, f"kv.dtype must equal q.dtype={q.dtype}; got kv.dtype={kv.dtype}"
     yield kv.shape[0] < 1, (f"s_kv (kv.shape[0]) must be >= 1: there is no key to attend to; got "
-                            f"kv.shape={_shape(kv)}")
+                            f"kv.shape={shape_of(kv)}")
     yield not isinstance(indices, torch.Tensor) or indices.dim() not in (2, 3), (
-        f"indices must be [s_q, 1, topk] or [s_q, topk]; got indices.shape={_shape(indices)}")
+        f"indices must be [s_q, 1, topk] or [s_q, topk]; got indices.shape={shape_of(indices)}")
     yield indices.dim() == 3 and indices.shape[1] != 1, (f"indices.shape[1] must be 1 (h_kv); got "
-                                                         f"indices.shape={_shape(indices)}")
+                                                         f"indices.shape={shape_of(indices)}")
     yield indices.shape[0] != s_q, (f"indices.shape[0] must equal s_q={s_q} (q.shape[0]); got "
-                                    f"indices.shape={_shape(indices)}")
+                                    f"indices.shape={shape_of(indices)}")
     yield indices.dtype != torch.int32, f"indices.dtype must be torch.int32; got {indices.dtype}"
 
 
@@ -240,7 +210,7 @@ def _scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads):
                                                                                  f"sm_scale={sm_scale!r}")
     tl = topk_length
     yield tl is not None and not (isinstance(tl, torch.Tensor) and tl.dim() == 1 and tl.shape[0] == s_q), (
-        f"topk_length must be a 1-D tensor [s_q={s_q}]; got topk_length.shape={_shape(tl)}")
+        f"topk_length must be a 1-D tensor [s_q={s_q}]; got topk_length.shape={shape_of(tl)}")
     yield tl is not None and tl.dtype != torch.int32, f"topk_length.dtype must be torch.int32; got {getattr(tl, 'dtype', None)}"
     # values are checked for CPU tensors only: on a GPU the check would synchronise every layer call
     lo, hi = (int(tl.min()), int(tl.max())) if tl is not None and tl.device.type == "cpu" and tl.numel() else (0, 0)
@@ -252,11 +222,8 @@ def _scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads):
 
 
 def _device_rule(q, kv, indices, topk_length):
-    devs = {"q": q.device, "kv": kv.device, "indices": indices.device}
-    if topk_length is not None:
-        devs["topk_length"] = topk_length.device
-    yield len(set(devs.values())) != 1, (f"q, kv, indices and topk_length must be on one device; got "
-                                         f"{ {k: str(v) for k, v in devs.items()} }")
+    devs = prefill_devices(q, kv, indices, topk_length)
+    yield len(set(devs.values())) != 1, f"q, kv, indices and topk_length must be on one device; got {devs}"
 
 
 def _prefill_backend(backend: str, device: torch.device) -> str:
@@ -272,37 +239,31 @@ def _prefill_backend(backend: str, device: torch.device) -> str:
 def sparse_mla_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
                        topk_length: torch.Tensor | None = None, actual_num_heads: int | None = None,
                        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sparse MLA prefill attention on a (head-padded) ``q``; outputs sliced to the real heads.
-
-    Semantics: FlashMLA's ``tests/ref.py``, as :func:`.reference.sparse_mla_prefill_ref` states them (an index
-    ``< 0`` or ``>= s_kv`` skipped; a row with no valid index gives ``out = 0``, ``lse = +inf``).
+    """Sparse MLA prefill on a (head-padded) ``q`` (semantics: :func:`.reference.sparse_mla_prefill_ref`).
 
     Args:
-        q: ``[s_q, h_q, d_qk]`` bf16, last dim contiguous. ``flash_mla``: d_qk 576 or 512, h_q 64 or 128 (pad the
-            real heads to vLLM's ``prefill_padding``, :func:`mla_lab.buffers.padded_num_heads`); the reference takes
-            any h_q/d_qk and fp16/fp32 too.
+        q: ``[s_q, h_q, d_qk]`` bf16, last dim contiguous; ``flash_mla``: d_qk 576 or 512, h_q 64 or 128 (vLLM's
+            ``prefill_padding``, :func:`mla_lab.buffers.padded_num_heads`); the reference: any, fp16/fp32 too.
         kv: ``[s_kv, 1, d_qk]`` or ``[s_kv, d_qk]``, ``q``'s dtype.
-        indices: ``[s_q, 1, topk]`` or ``[s_q, topk]`` int32. ``flash_mla``: topk a multiple of 128 on sm90, 64 on
-            sm100 (kernel B_TOPK); the reference takes any topk >= 0.
-        sm_scale: softmax scale (float).
-        d_v: value width; 512 for ``flash_mla`` (sparse_fwd.h); the reference takes 1..d_qk.
-        topk_length: optional ``[s_q]`` int32; token ``i`` uses only its first ``topk_length[i]`` indices.
-        actual_num_heads: real heads ``H`` (1..h_q); outputs are views ``[:, :H]``. None = no slicing.
-        backend: ``"auto"`` (``flash_mla`` when it imports, tensors are on CUDA and the GPU is sm90/sm100, else
-            ``reference``; no fallback once ``flash_mla`` is chosen), ``"flash_mla"`` or ``"reference"``.
+        indices: ``[s_q, 1, topk]`` or ``[s_q, topk]`` int32; ``flash_mla``: topk a multiple of 128 (sm90) / 64
+            (sm100), the kernel's B_TOPK.
+        sm_scale: softmax scale; d_v: 512 for ``flash_mla`` (sparse_fwd.h), 1..d_qk for the reference.
+        topk_length: optional ``[s_q]`` int32: token ``i`` uses its first ``topk_length[i]`` indices.
+        actual_num_heads: real heads ``H`` in 1..h_q (outputs are views ``[:, :H]``); None = h_q.
+        backend: ``"auto"`` (``flash_mla`` when it imports and the tensors are on an sm90/sm100 GPU, else
+            ``reference``; no fallback once chosen), ``"flash_mla"`` or ``"reference"``.
 
     Returns:
-        ``(out [s_q, H, d_v] bf16, max_logits [s_q, H] fp32, lse [s_q, H] fp32)``, ``H = actual_num_heads or h_q``;
-        :func:`last_backend` ``("sparse_mla_prefill")`` tells which backend ran.
+        ``(out [s_q, H, d_v] bf16, max_logits [s_q, H] fp32, lse [s_q, H] fp32)``.
 
     Raises:
         ValueError: shapes/dtypes/devices as listed; for ``flash_mla`` the full contract
             (:func:`.flashmla.validate_sparse_prefill_inputs`), including non-CUDA tensors.
         RuntimeError: ``backend="flash_mla"`` while ``flash_mla`` is unavailable (:func:`.flashmla.flash_mla_info`).
     """
-    _first_failure(_tensor_rules(q, kv, indices))
-    _first_failure(_scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads))
-    _first_failure(_device_rule(q, kv, indices, topk_length))
+    first_failure(_tensor_rules(q, kv, indices))
+    first_failure(_scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads))
+    first_failure(_device_rule(q, kv, indices, topk_length))
     which = _prefill_backend(backend, q.device)
     run = flash_mla_sparse_prefill if which == "flash_mla" else sparse_mla_prefill_ref
     out, max_logits, lse = run(q, kv, indices, float(sm_scale), d_v=d_v, topk_length=topk_length)

@@ -14,9 +14,8 @@ D_V = 512
 
 class Kernels:
     """``concat`` (the lab's ``concat_mla_q``: Triton on CUDA, torch on CPU) and ``kernel`` (FlashMLA's
-    ``flash_mla_sparse_fwd`` called directly on CUDA, as vLLM does; the lab's fp32 reference on CPU) on ``device``.
-
-    Attributes: ``concat_impl`` / ``kernel_impl`` (what runs, for rows), ``info`` (:func:`flash_mla_info`).
+    ``flash_mla_sparse_fwd`` called directly on CUDA, as vLLM does; the fp32 reference on CPU) on ``device``;
+    ``concat_impl`` / ``kernel_impl`` name what runs (for rows), ``info`` is :func:`flash_mla_info`.
 
     Raises:
         ImportError: ``device="cuda"`` without an importable ``flash_mla`` (no silent fallback).

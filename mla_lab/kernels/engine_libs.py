@@ -1,33 +1,35 @@
-"""The engines' own compiled kernels, packed from their release wheels (:func:`pack`) into a folder that travels to
-a GPU machine and loaded there through a minimal ``vllm`` package stub (:func:`load`); their calls as vLLM makes
-them (:func:`engine_calls`, one :class:`_Calls` method per kernel family: a new wrapper is one method there).
-vLLM 0.33.0 pins torch 2.14 but its libraries use only torch's stable ABI, so they load on another torch (the lent
-H200's 2.11.0+cu130).
+"""The engines' own compiled kernels: packed from their release wheels (:func:`pack`) into a folder that travels to
+a GPU machine, loaded there through a minimal ``vllm`` stub (:func:`load`; vLLM 0.33.0's libraries use only torch's
+stable ABI, so they load on the lent H200's torch 2.11.0+cu130), called as vLLM calls them (:func:`engine_calls`:
+a new wrapper is one :class:`_Calls` method).
 
-Packed from ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl`` (built 2026-11-01): ``vllm_flash_attn/
-_vllm_fa3_C.abi3.so`` + ``flash_attn_interface.py`` (FA3, vLLM's Hopper default sparse-MLA backend
-``FLASH_ATTN_MLA_SPARSE``: ``flash_attn_varlen_func``), ``_C_stable_libtorch.abi3.so`` (``torch.ops._C_cache_ops.
-concat_mla_q``, the CUDA concat PR #53878 changed), ``_flashmla_C.abi3.so`` + ``third_party/flashmla/
-flash_mla_interface.py`` (vLLM's bundled FlashMLA, ``flash_mla_sparse_fwd``: "SM90 supports 8, 16, 32, 64 or 128
-heads"); from ``sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl`` (2026-10-30) the self-contained Triton
-``sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py`` (heads padded to a 16-row tile).
-
-Pruning: ``_C_stable_libtorch.abi3.so`` is 92.6 MB (64 MB xz), over what a device call carries;
-:func:`prune_fatbin` drops the fatbin entries of archs other than sm_90 / sm_90a (kept entries move to the front of
-their fatbin, ``fatSize`` shrinks): the sm_90 code of every kernel, ``ConcatMLAQKernel<bf16, 512>`` among them, is
-byte-identical to the wheel's. ``SOURCES.json`` records each original file's sha256 and the wheels'.
+From ``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl`` (2026-11-01): ``vllm_flash_attn/_vllm_fa3_C.abi3.so`` +
+``flash_attn_interface.py`` (FA3 ``flash_attn_varlen_func``, the Hopper default ``FLASH_ATTN_MLA_SPARSE``),
+``_C_stable_libtorch.abi3.so`` (``torch.ops._C_cache_ops.concat_mla_q``, the CUDA concat of PR #53878),
+``_flashmla_C.abi3.so`` + ``third_party/flashmla/flash_mla_interface.py`` (bundled FlashMLA ``flash_mla_sparse_fwd``:
+"SM90 supports 8, 16, 32, 64 or 128 heads"); from ``sglang-0.5.23-cp312-cp312-manylinux_2_34_x86_64.whl``
+(2026-10-30) ``sglang/kernels/ops/attention/dsa/triton_sparse_mla_prefill.py`` (heads padded to a 16-row tile).
+The concat library (92.6 MB) is pruned to its sm_90 / sm_90a fatbin entries (:func:`prune_fatbin`; the kept code,
+``ConcatMLAQKernel<bf16, 512>`` among it, byte-identical to the wheel's); ``SOURCES.json`` records the sha256s.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
+import importlib
+import importlib.util
 import json
 import lzma
 import struct
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
+from typing import NamedTuple
+
+import torch
 
 from . import flash_mla_info, make_concat_launcher
 
@@ -60,20 +62,13 @@ def _sha256(data: bytes) -> str:
 
 
 def prune_fatbin(data: bytes, keep_arch: int = 90) -> tuple[bytes, int, int]:
-    """Drop the fatbin entries of every arch but ``keep_arch`` (90: sm_90 and sm_90a) from an ELF shared library.
-
-    Args:
-        data: the library's bytes.
-        keep_arch: the ``arch`` field of the entries kept (``90`` for Hopper).
-
-    Returns:
-        ``(new bytes, entries kept, entries dropped)``; same length as ``data``.
+    """Drop the fatbin entries of every arch but ``keep_arch`` (90: sm_90 and sm_90a) from an ELF shared library's
+    bytes (kept entries move to the front of their fatbin, ``fatSize`` shrinks): ``(new bytes of the same length,
+    entries kept, entries dropped)``.
 
     Raises:
         ValueError: the file has no ``.nv_fatbin`` section.
     """
-    import tempfile
-
     with tempfile.NamedTemporaryFile(suffix=".so") as f:
         f.write(data)
         f.flush()
@@ -112,10 +107,8 @@ def prune_fatbin(data: bytes, keep_arch: int = 90) -> tuple[bytes, int, int]:
 
 
 def pack(vllm_wheel: str | Path, sglang_wheel: str | Path, out: str | Path) -> dict:
-    """Pack the engines' kernels from their release wheels into ``out`` (created; must not exist).
-
-    Returns:
-        the ``SOURCES.json`` dict (wheel names and sha256, each file's original sha256, what was pruned).
+    """Pack the engines' kernels from their release wheels into a new folder ``out``; returns the ``SOURCES.json``
+    dict (wheel names and sha256s, each file's original sha256, what was pruned).
 
     Raises:
         FileExistsError: ``out`` exists; KeyError: a file is missing from a wheel.
@@ -153,26 +146,19 @@ def pack(vllm_wheel: str | Path, sglang_wheel: str | Path, out: str | Path) -> d
     return src
 
 
-class EngineKernels:
-    """Handles to the loaded engine kernels (see :func:`load`).
+class EngineKernels(NamedTuple):
+    """Handles to the loaded engine kernels (:func:`load`): ``fa3_varlen`` (``flash_attn_varlen_func``, called with
+    ``fa_version=3``), ``concat_mla_q`` (``(ql_nope [T,H,512], q_pe [T,H,64], q_out [T,H,576])``; None when not
+    loaded), ``flashmla_sparse_fwd`` (``(q, kv, indices, sm_scale, d_v, attn_sink, topk_length, out)`` -> ``(out
+    [s_q,h_q,512] bf16, max_logits, lse)``), ``sglang_sparse_mla_prefill`` (``(q, kv, indices, sm_scale, d_v, *,
+    topk_length=None, out=None)`` or None), ``sources`` (``SOURCES.json``), ``versions``."""
 
-    Attributes:
-        fa3_varlen: vLLM's ``flash_attn_varlen_func`` (call with ``fa_version=3``).
-        concat_mla_q: ``torch.ops._C_cache_ops.concat_mla_q(ql_nope [T,H,512], q_pe [T,H,64], q_out [T,H,576])``.
-        flashmla_sparse_fwd: vLLM's bundled ``flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v, attn_sink,
-            topk_length, out)`` -> ``(out [s_q,h_q,512] bf16, max_logits, lse)``.
-        sglang_sparse_mla_prefill: SGLang's Triton ``sparse_mla_prefill(q, kv, indices, sm_scale, d_v, *,
-            topk_length=None, out=None)`` or None if triton is missing.
-        versions: ``{"vllm": "0.33.0", "sglang": "0.5.23"}``; sources: the ``SOURCES.json`` dict.
-    """
-
-    def __init__(self, fa3_varlen, concat_mla_q, flashmla_sparse_fwd, sglang_sparse_mla_prefill, sources):
-        self.fa3_varlen = fa3_varlen
-        self.concat_mla_q = concat_mla_q
-        self.flashmla_sparse_fwd = flashmla_sparse_fwd
-        self.sglang_sparse_mla_prefill = sglang_sparse_mla_prefill
-        self.sources = sources
-        self.versions = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}
+    fa3_varlen: object
+    concat_mla_q: object
+    flashmla_sparse_fwd: object
+    sglang_sparse_mla_prefill: object
+    sources: dict
+    versions: dict = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}
 
 
 def _unxz(root: Path) -> None:
@@ -183,8 +169,6 @@ def _unxz(root: Path) -> None:
 
 
 def _import(what: str, module: str):
-    import importlib
-
     try:
         return importlib.import_module(module)
     except Exception as e:
@@ -194,8 +178,6 @@ def _import(what: str, module: str):
 def _concat_op(root: Path, need_concat: bool):
     """``torch.ops._C_cache_ops.concat_mla_q`` from the packed library, or None when it is not needed and not
     there."""
-    import torch
-
     lib = root / _CONCAT_FILE
     if not (need_concat or lib.exists()):
         return None
@@ -208,8 +190,6 @@ def _concat_op(root: Path, need_concat: bool):
 
 def _sglang(root: Path):
     """SGLang's Triton ``sparse_mla_prefill`` from the packed file, or None without it."""
-    import importlib.util
-
     path = root / "sglang_triton_sparse_mla_prefill.py"
     if not path.exists():
         return None
@@ -220,10 +200,9 @@ def _sglang(root: Path):
 
 
 def load(root: str | Path, need_concat: bool = True) -> EngineKernels:
-    """Load the packed kernels of ``root`` (a :func:`pack` folder): unpack ``*.xz`` beside themselves, put ``root``
-    first on ``sys.path`` so ``import vllm`` finds the stub, import the FA3 interface, load the concat library and
-    vLLM's FlashMLA, import SGLang's Triton file. ``need_concat=False``: a folder without the concat library (16 MB
-    of the 29 MB a device call carries) loads with ``concat_mla_q = None``.
+    """Load the packed kernels of ``root`` (a :func:`pack` folder; ``*.xz`` unpacked beside themselves, ``root`` first
+    on ``sys.path`` for the ``vllm`` stub). ``need_concat=False``: a folder without the concat library (16 of the 29
+    MB a device call carries) loads with ``concat_mla_q = None``.
 
     Raises:
         FileNotFoundError: ``root`` lacks a packed file; RuntimeError: a library failed to load (its name and why).
@@ -288,12 +267,9 @@ def gather_kernel():
 
 
 def engine_inputs(T: int, H: int, kind: str, seed: int, ctx_len: int | None = None):
-    """``(ql_nope [T,H,512] head-major strides, q_pe [T,H,64] strided, kv [s_kv,1,576], idx [T,topk] int32,
-    tl [T] int32)`` bf16 on CUDA. ``kind``: ``seed`` (causal prompts of 1024 tokens, request r's keys at r * 1024,
-    ``topk_length = min(pos + 1, 2048)``), ``full_topk`` (2048 random keys each) or ``decode`` (one token per
-    request, each request ``ctx_len`` keys long)."""
-    import torch
-
+    """``(ql_nope [T,H,512] head-major strides, q_pe [T,H,64] strided, kv [s_kv,1,576], idx [T,topk] int32, tl [T]
+    int32)`` bf16 on CUDA for ``kind`` ``seed`` (1024-token causal prompts, request r's keys at r * 1024), ``full_topk``
+    (2048 random keys each) or ``decode`` (one token per request of ``ctx_len`` keys)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
     ql_nope = torch.randn(H, T, KV_LORA, device=dev, dtype=torch.bfloat16, generator=g).transpose(0, 1)
@@ -328,8 +304,6 @@ class _Calls:
     ``{kernel name: (callable, h_q, num_splits, bytes or None)}`` entries (a new wrapper: one method here)."""
 
     def __init__(self, ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, q):
-        import torch
-
         T = ql_nope.shape[0]
         self.ek, self.ts_fwd, self.ql_nope, self.q_pe, self.kv, self.idx, self.tlen, self.H, self.sm = (
             ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale)
@@ -346,8 +320,6 @@ class _Calls:
     def fa3(self, num_splits) -> None:
         """vLLM's FA3 call (``flashattn_mla_sparse.py:215-259``): the latent cache as page-size-1 blocks, the top-k
         indices as the block table; ``num_splits`` 0 (the kernel's heuristic) or 1 (split-KV off)."""
-        import torch
-
         rows, q_rope, q_nope = self.kv.view(-1, D_QK), self.q[..., KV_LORA:], self.q[..., :KV_LORA]
         k_cache, v_cache = rows[:, KV_LORA:].unsqueeze(1).unsqueeze(1), rows[:, :KV_LORA].unsqueeze(1).unsqueeze(1)
         cu = torch.arange(self.T + 1, device="cuda", dtype=torch.int32)
@@ -370,8 +342,6 @@ class _Calls:
 
     def content(self, num_splits) -> None:
         """The padded FlashMLA kernels with zeros in the padded heads (the PR's never-written workspace)."""
-        import torch
-
         if self.H >= 64:
             return
         q64z = torch.zeros_like(self.q64)
@@ -382,8 +352,6 @@ class _Calls:
 
     def flashmla_ts(self, num_splits) -> None:
         """tokenspeed-flashmla (the lab's FlashMLA build) at 64 padded heads, and at 128 (two CTAs per token)."""
-        import torch
-
         if self.ts_fwd is None:
             return
         self._flashmla("flashmla_ts_pad64", self.ts_fwd, self.q64, 64, True)
@@ -399,8 +367,6 @@ class _Calls:
 
     def gather(self, num_splits) -> None:
         """The gather floor (:func:`gather_kernel`): one and two programs per token (h_q 64 and 128)."""
-        import torch
-
         gk, rows = gather_kernel(), self.kv.view(-1, D_QK)
         for reps, name in ((1, "gather_only"), (2, "gather_only_x2")):
             g_out = torch.empty(self.T * reps, D_QK, device="cuda", dtype=torch.float32)
@@ -410,8 +376,6 @@ class _Calls:
     def concat(self, num_splits, with_path: bool = False) -> None:
         """vLLM's CUDA ``concat_mla_q`` into the padded workspace and into ``[T, H, 576]``, the lab's Triton concat,
         a copy of the same bytes; ``with_path``: the PR's concat + FlashMLA pad64 (``path_pr53878``)."""
-        import torch
-
         T, H, ek, ql, pe = self.T, self.H, self.ek, self.ql_nope, self.q_pe
         ws = torch.zeros(T, 64, D_QK, device="cuda", dtype=torch.bfloat16)  # the PR's workspace: never written
         un = torch.empty(T, H, D_QK, device="cuda", dtype=torch.bfloat16)
@@ -449,8 +413,6 @@ def engine_calls(ek: EngineKernels, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H: int
 
 def main(argv=None) -> int:
     """``python -m mla_lab.kernels.engine_libs pack VLLM_WHEEL SGLANG_WHEEL OUT`` (what travels to the GPU)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.engine_libs")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="pack the engines' kernels from their wheels into a new folder")

@@ -1,16 +1,10 @@
 """FlashMLA sparse prefill (``flash_mla.flash_mla_sparse_fwd``): provider detection, contract check, call.
 
-The ``flash_mla`` module comes from one of several distributions (FlashMLA README; the distributions' PyPI pages):
-
-- ``tokenspeed-flashmla`` (cp312 wheels built against specific torch versions; sm90a + sm100f kernels),
-- ``sgl-flash-mla`` 1.0.0 (abi3; current kernels on sm100, the sm90 kernel only through ``use_legacy=True``),
-- a source build of deepseek-ai/FlashMLA (no distribution metadata, or ``flash-mla``).
-
-The contract enforced by :func:`validate_sparse_prefill_inputs` is FlashMLA's ``csrc/api/sparse_fwd.h``
-(``sparse_attn_prefill_interface``: ndim, dtype, shape, d_qk, d_v, h_q, device, last-dim-contiguous checks) plus the
-kernels' ``topk % B_TOPK == 0`` check (B_TOPK 128 for the sm90 kernel, 64 for the sm100 head-64 kernel), so that a
-violation raises a ``ValueError`` that names the rule, the argument and the value instead of a ``RuntimeError`` (or
-a device fault) from inside the extension.
+Providers of the ``flash_mla`` module (FlashMLA README; the distributions' PyPI pages): ``tokenspeed-flashmla``
+(cp312 wheels per torch version; sm90a + sm100f), ``sgl-flash-mla`` 1.0.0 (abi3; the sm90 kernel only through
+``use_legacy=True``), a source build of deepseek-ai/FlashMLA. The contract: FlashMLA's ``csrc/api/sparse_fwd.h``
+(``sparse_attn_prefill_interface``) plus the kernels' ``topk % B_TOPK == 0``, raised as one ``ValueError`` instead
+of a ``RuntimeError`` or a device fault from inside the extension.
 """
 
 from __future__ import annotations
@@ -40,23 +34,12 @@ def _provider_of_module() -> tuple[str, str]:
 
     import flash_mla
 
-    dists: list[str] = []
-    try:
-        dists = list(metadata.packages_distributions().get("flash_mla", []))
-    except Exception:  # pragma: no cover - very old importlib.metadata
-        dists = []
-    # Prefer a known provider name; packages_distributions may return the dist's own spelling.
+    # a known provider first; packages_distributions may return the dist's own spelling
+    dists = list(metadata.packages_distributions().get("flash_mla", []))
     norm = {d.lower().replace("_", "-"): d for d in dists}
-    for name in KNOWN_PROVIDERS:
-        key = name.replace("_", "-")
-        if key in norm:
-            try:
-                return key, metadata.version(norm[key])
-            except metadata.PackageNotFoundError:  # pragma: no cover
-                pass
-    if dists:
+    for key in [n.replace("_", "-") for n in KNOWN_PROVIDERS if n.replace("_", "-") in norm] + dists[:1]:
         try:
-            return dists[0], metadata.version(dists[0])
+            return key, metadata.version(norm.get(key, key))
         except metadata.PackageNotFoundError:  # pragma: no cover
             pass
     return "source", str(getattr(flash_mla, "__version__", "unknown"))
@@ -64,14 +47,10 @@ def _provider_of_module() -> tuple[str, str]:
 
 @functools.lru_cache(maxsize=1)
 def flash_mla_info() -> dict:
-    """What ``flash_mla`` provides here (cached; importing it loads a large CUDA extension).
-
-    Returns:
-        dict with ``available`` (bool: ``flash_mla`` imported and has ``flash_mla_sparse_fwd``), ``provider``
-        (``tokenspeed-flashmla`` | ``sgl-flash-mla`` | ``flash-mla`` | ``source`` | None), ``version`` (str or None),
-        ``has_sparse_fwd``, ``takes_topk_length``, ``takes_use_legacy`` (bools, from the function's signature),
-        ``signature`` (str or None), ``reason`` (why unavailable, else None).
-    """
+    """What ``flash_mla`` provides here (cached: importing it loads a large CUDA extension): ``available``,
+    ``provider`` (``tokenspeed-flashmla`` | ``sgl-flash-mla`` | ``flash-mla`` | ``source`` | None), ``version``,
+    ``has_sparse_fwd``, ``takes_topk_length`` / ``takes_use_legacy`` (from the signature), ``signature``, ``reason``
+    (why unavailable, else None)."""
     info = {"available": False, "provider": None, "version": None, "has_sparse_fwd": False,
             "takes_topk_length": False, "takes_use_legacy": False, "signature": None, "reason": None}
     try:
@@ -107,30 +86,25 @@ def validate_sparse_prefill_inputs(
     d_v: int,
     arch_capability: tuple[int, int],
 ) -> None:
-    """Check FlashMLA's sparse-prefill contract; raise ``ValueError`` naming the rule, the argument and the value.
-
-    Rules (FlashMLA ``csrc/api/sparse_fwd.h`` and the sparse prefill kernels):
-
-    - architecture: capability major 9 (sm90a) or 10 (sm100f);
-    - ``q``: 3-D ``[s_q, h_q, d_qk]``, bf16, last dim contiguous; ``d_qk`` in (576, 512); ``h_q`` 64 or 128
-      (on sm90 the kernel runs ``h_q / 64`` head groups; the dispatcher accepts 64 and 128 only);
-    - ``kv``: ``[s_kv, 1, d_qk]`` (or ``[s_kv, d_qk]``, viewed as such), bf16, ``h_kv == 1``, same ``d_qk``;
-    - ``indices``: ``[s_q, 1, topk]`` (or ``[s_q, topk]``), int32, ``s_q`` matching ``q``; ``topk`` a positive
-      multiple of 128 on sm90, of 64 on sm100;
-    - ``topk_length``: None or ``[s_q]`` int32;
-    - ``d_v`` == 512;
-    - all tensors on one device.
-
-    Args:
-        arch_capability: ``(major, minor)`` of the GPU that will run the kernel (``torch.cuda.get_device_capability``).
+    """Check FlashMLA's sparse-prefill contract (``csrc/api/sparse_fwd.h`` and the kernels' B_TOPK) for the GPU of
+    ``arch_capability`` (``torch.cuda.get_device_capability``): sm90 / sm100; ``q [s_q, h_q, d_qk]`` bf16, d_qk 576
+    or 512, h_q 64 or 128; ``kv [s_kv, 1, d_qk]`` (or 2-D) bf16; ``indices [s_q, 1, topk]`` (or 2-D) int32, topk a
+    positive multiple of 128 (sm90) / 64 (sm100); ``topk_length`` None or ``[s_q]`` int32; ``d_v`` 512; last dims
+    contiguous; one device.
 
     Raises:
-        ValueError: the first violated rule.
+        ValueError: the first violated rule, naming the rule, the argument and the value.
     """
     cap = tuple(arch_capability)
     for broken, rule, arg, value in _contract_rules(q, kv, indices, topk_length, d_v, cap):
         if broken:
             raise ValueError(f"flash_mla_sparse_fwd contract: {rule}; got {arg}={value}")
+
+
+def prefill_devices(q, kv, indices, topk_length) -> dict[str, str]:
+    """``{"q": device, "kv": ..., "indices": ..., "topk_length": ... (when given)}`` as strings."""
+    named = {"q": q, "kv": kv, "indices": indices, "topk_length": topk_length}
+    return {k: str(t.device) for k, t in named.items() if t is not None}
 
 
 def _shape(t) -> tuple:
@@ -171,11 +145,8 @@ def _contract_rules(q, kv, indices, topk_length, d_v, cap):
     yield (tl is not None and not (isinstance(tl, torch.Tensor) and tl.dim() == 1 and tl.shape[0] == s_q),
            f"topk_length must be a 1-D tensor [s_q={s_q}]", "topk_length.shape", _shape(tl))
     yield tl is not None and tl.dtype != torch.int32, "topk_length must be int32", "topk_length.dtype", getattr(tl, "dtype", None)
-    devices = {"q": q.device, "kv": kv.device, "indices": indices.device}
-    if tl is not None:
-        devices["topk_length"] = tl.device
-    yield (len(set(devices.values())) != 1, "all tensors must be on one device", "devices",
-           {k: str(v) for k, v in devices.items()})
+    devices = prefill_devices(q, kv, indices, tl)
+    yield len(set(devices.values())) != 1, "all tensors must be on one device", "devices", devices
 
 
 def flash_mla_sparse_prefill(
@@ -187,9 +158,8 @@ def flash_mla_sparse_prefill(
     topk_length: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate, then call ``flash_mla_sparse_fwd(q, kv.view(-1, 1, d_qk), indices.view(s_q, 1, -1), sm_scale,
-    d_v=d_v, topk_length=topk_length)`` as vLLM's ``_bf16_flash_mla_kernel`` does.
-
-    On sm90 with a provider whose function takes ``use_legacy`` (sgl-flash-mla 1.0.0), passes ``use_legacy=True``.
+    d_v=d_v, topk_length=topk_length)`` as vLLM's ``_bf16_flash_mla_kernel`` does (``use_legacy=True`` on sm90 when
+    the provider takes it: sgl-flash-mla 1.0.0).
 
     Returns:
         ``(out [s_q, h_q, 512] bf16, max_logits [s_q, h_q] fp32, lse [s_q, h_q] fp32)``.
@@ -218,5 +188,4 @@ def flash_mla_sparse_prefill(
     if info["takes_use_legacy"] and cap[0] == 9:
         kwargs["use_legacy"] = True
     res = flash_mla.flash_mla_sparse_fwd(q, kv.view(-1, 1, d_qk), indices.view(s_q, 1, -1), sm_scale, **kwargs)
-    out, max_logits, lse = res[0], res[1], res[2]
-    return out, max_logits, lse
+    return res[0], res[1], res[2]

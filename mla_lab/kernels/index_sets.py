@@ -1,36 +1,33 @@
-"""Top-k index data with known overlap between neighbouring query tokens, for the packed prefill kernel's union.
+"""Synthetic (modelled) top-k index data with known overlap between neighbouring tokens, for the packed kernel's union
+(docs/packed.md): seeded, torch, CPU or CUDA; every generator returns :class:`IndexData`.
 
-Synthetic (modelled) data, torch only, seeded, on CPU or CUDA. Every generator returns :class:`IndexData`
-(``indices [T, topk]`` int32, ``-1`` padded; ``topk_length [T]`` int32; ``s_kv``), the inputs of
-:func:`.union.build_union` and of FlashMLA's sparse prefill.
+**The common-core model** (:func:`overlap_indices`): every token of a group holds the same ``m`` core keys (uniform
+without replacement from ``[0, s_kv)``) plus ``topk - m`` private keys (uniform without replacement from the other
+``s_kv - m``, per token). By linearity of expectation (a non-core key is private to a token with probability ``(topk
+- m) / (s_kv - m)``)::
 
-Generators: :func:`overlap_indices` (the common-core model below), :func:`causal_indices` (the seed's requests laid
-out one after another), :func:`structured_indices` (window + Toeplitz + content keys); :func:`union_sizes` and
-:func:`published_overlaps` (``data/overlap/published.json``) summarise (docs/packed.md).
-
-**The common-core overlap model.** In each group every token holds the same ``m`` core keys (drawn uniformly without
-replacement from ``[0, s_kv)``) plus ``topk - m`` private keys drawn uniformly without replacement from the other
-``s_kv - m`` keys, independently per token. For tokens A, B of one group::
-
-    E|A n B| = m + (topk - m)^2 / (s_kv - m)                      (the core, plus private collisions)
+    E|A n B| = m + (topk - m)^2 / (s_kv - m)
     E|U_g|   = m + (s_kv - m) * (1 - (1 - (topk - m) / (s_kv - m))^g)
 
-(linearity of expectation: a non-core key is in one token's private part with probability ``(topk - m) / (s_kv -
-m)``, independently across tokens). ``overlap`` is the requested ``E|A n B| / topk``; ``m`` is the integer whose
-expected overlap is nearest (the expression increases with ``m``, from the random baseline ``topk / s_kv`` at
-``m = 0`` to 1 at ``m = topk``). For ``s_kv >> g x topk``: ``m ~ overlap x topk`` and ``U ~ topk x (1 + (g - 1) x (1 -
-overlap))``, e.g. 2.4 x topk at g 8, overlap 0.8 (issue 36's "80 % pairwise overlap, about 2.4 x top-k").
+``m`` is the integer whose ``E|A n B| / topk`` (increasing in ``m``, from ``topk / s_kv`` to 1) is nearest the
+requested ``overlap``. For ``s_kv >> g x topk``: ``U ~ topk x (1 + (g - 1) x (1 - overlap))``, 2.4 x topk at g 8,
+overlap 0.8 (issue 36).
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
 import json
 import math
+import sys
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
 from ..paths import data_dir, special_filesystem
+from .contract import shape_of
 from .union import build_union_ref
 
 __all__ = ["IndexData", "overlap_indices", "overlap_union_expected", "causal_indices", "structured_indices",
@@ -51,10 +48,9 @@ class IndexData(NamedTuple):
     s_kv: int
 
 
-def _check_int(name, v, lo, hi=None) -> None:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise ValueError(f"{name} must be an int {rng}; got {name}={v!r}")
+def _check_int(name, v, lo) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise ValueError(f"{name} must be an int >= {lo}; got {name}={v!r}")
 
 
 def _gen(seed, device) -> torch.Generator:
@@ -73,20 +69,14 @@ def _sample_distinct(rows: int, n: int, N: int, gen, device) -> torch.Tensor:
     return out
 
 
-# ------------------------------------------------------------------------------------------------- overlap model
-
-
 def _expected_pairwise(m: int, topk: int, s_kv: int) -> float:
     rest = s_kv - m
     return (m + ((topk - m) ** 2 / rest if rest > 0 else 0.0)) / topk
 
 
 def overlap_union_expected(topk: int, s_kv: int, overlap: float, g: int) -> dict:
-    """The common-core model's numbers for a requested pairwise ``overlap`` (module docstring).
-
-    Returns:
-        ``{"m": core keys, "pairwise": expected |A n B| / topk at that m, "union": expected union size of g tokens,
-        "union_ratio": union / (g x topk), "min_overlap": topk / s_kv (the random baseline, m = 0)}``.
+    """The common-core model's ``{"m", "pairwise" (E|A n B| / topk at m), "union" (E|U_g|), "union_ratio" (union / (g
+    x topk)), "min_overlap" (topk / s_kv, m = 0)}`` for a requested pairwise ``overlap`` (module docstring).
 
     Raises:
         ValueError: topk < 1, s_kv < topk, g < 1, overlap not in [topk / s_kv, 1].
@@ -112,19 +102,12 @@ def overlap_union_expected(topk: int, s_kv: int, overlap: float, g: int) -> dict
 
 def overlap_indices(T: int, topk: int, s_kv: int, overlap: float, g: int, seed: int = 0,
                     device: str | torch.device = "cpu") -> IndexData:
-    """Groups of ``g`` consecutive tokens with expected pairwise overlap ``overlap`` (the common-core model).
-
-    Each group draws its core (``m`` keys, :func:`overlap_union_expected`); each token adds ``topk - m`` private
-    keys from the rest of ``[0, s_kv)``; each token's list is then shuffled. No duplicates within a token, every
-    key ``< s_kv``, ``topk_length = topk``. The last group may be partial (``T`` not a multiple of ``g``).
+    """Groups of ``g`` consecutive tokens with expected pairwise overlap ``overlap`` (the common-core model), each
+    token's list shuffled; no duplicates, ``topk_length = topk``, the last group may be partial.
 
     Args:
-        T: tokens (>= 0); topk: keys per token (>= 1); s_kv: keys in the cache (>= topk); overlap: requested
-            expected ``|A n B| / topk`` in ``[topk / s_kv, 1]``; g: tokens per group (>= 1); seed: int >= 0;
-            device: where to build (the same seed gives the same data on one device type).
-
-    Returns:
-        :class:`IndexData`.
+        T: tokens (>= 0); topk: >= 1; s_kv: >= topk; overlap: in ``[topk / s_kv, 1]``; g: >= 1; seed: int >= 0;
+            device (one seed gives the same data on one device type).
 
     Raises:
         ValueError: an argument out of its range (one line naming it).
@@ -145,26 +128,11 @@ def overlap_indices(T: int, topk: int, s_kv: int, overlap: float, g: int, seed: 
     return IndexData(keys.to(torch.int32), torch.full((T,), topk, dtype=torch.int32, device=device), s_kv)
 
 
-# --------------------------------------------------------------------------------------------------- causal (seed)
-
-
 def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.device = "cpu") -> IndexData:
-    """Prefill of whole prompts, causal top-k: the seed's case.
-
-    Request ``r``'s keys sit at offset ``sum(prompt_lens[:r])`` in the kv cache, one after another (the layout of
-    ``mla_lab/kernels/engine_libs.py`` ``engine_inputs`` for shape ``seed``: request ``r`` of length L at ``r * L``;
-    ``s_kv = max(total keys, topk)`` as there). Token at position ``p`` sees ``p + 1`` keys: when ``p + 1 <= topk``
-    it selects its whole causal prefix (``topk_length = p + 1``, the rest ``-1``); otherwise ``topk`` distinct keys
-    drawn uniformly from the prefix (``topk_length = topk``).
-
-    (``engine_libs.engine_inputs`` draws its first ``p + 1`` entries with replacement, a timing input; here the set is
-    exactly the prefix.)
-
-    Args:
-        prompt_lens: sequence of ints >= 1 (tokens per request); topk: >= 1; seed: int >= 0; device.
-
-    Returns:
-        :class:`IndexData` with ``T = sum(prompt_lens)``.
+    """Whole prompts, causal top-k (the seed's case): request ``r``'s keys at offset ``sum(prompt_lens[:r])``, ``s_kv =
+    max(total keys, topk)`` (:func:`.engine_libs.engine_inputs`' ``seed`` layout, but an exact prefix set). Position
+    ``p`` selects its whole prefix when ``p + 1 <= topk`` (``topk_length = p + 1``, the rest ``-1``), else ``topk``
+    distinct keys uniform from it. ``prompt_lens``: ints >= 1; ``T = sum(prompt_lens)``.
 
     Raises:
         ValueError: empty prompt_lens, a length < 1, topk < 1.
@@ -193,9 +161,6 @@ def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.de
     return IndexData(idx.to(torch.int32), tlen.to(torch.int32), max(T, topk))
 
 
-# ------------------------------------------------------------------------------------------------------ structured
-
-
 def _toeplitz_profile(n: int, smooth: int, gen, device) -> torch.Tensor:
     """``[n]`` unit-variance random profile over distance, smoothed by a moving average of ``smooth`` keys (so the
     selected offsets come in runs, as a RoPE-driven score would)."""
@@ -208,28 +173,16 @@ def _toeplitz_profile(n: int, smooth: int, gen, device) -> torch.Tensor:
 def structured_indices(T: int, topk: int, s_kv: int | None = None, positions: torch.Tensor | None = None,
                        window: int = 128, toeplitz_fraction: float = 0.5, content_keys: int = 64,
                        smooth: int = 32, seed: int = 0, device: str | torch.device = "cpu") -> IndexData:
-    """One sequence's chunk of ``T`` query tokens, top-k by a structured score; causal (key ``k <= position``).
-
-    Key ``k`` is the token at position ``k`` (one request; ``s_kv`` keys). Score of key ``k`` for the query at
-    position ``p`` (``d = p - k >= 0``):
-
-    - the local window: ``d < window`` -> forced in (score +inf);
-    - content keys: ``content_keys`` keys fixed for the whole chunk (key 0, the attention sink, then keys drawn
-      uniformly once from ``1 ..`` the chunk's smallest position, so every query sees them; fewer when that range is
-      short) -> forced in (+inf): every token of the chunk selects them;
-    - the rest: ``sqrt(f) * toe[d] + sqrt(1 - f) * noise[p, k]`` with ``f = toeplitz_fraction``: ``toe`` a
-      smoothed random profile over distance (shift-invariant: the Toeplitz structure NVIDIA TensorRT-LLM tech blog
-      21 / arXiv 2604.22312 describes for indexer scores under RoPE), ``noise`` iid N(0, 1) per (query, key).
-
-    A token with at most ``topk`` visible keys takes them all. Ties among forced keys go to the window first.
+    """One request's chunk of ``T`` query tokens, causal top-k by a structured score of key ``k`` for the query at
+    position ``p`` (``d = p - k >= 0``): forced in, the window ``d < window`` (first) and ``content_keys`` keys fixed
+    for the chunk (key 0, the sink, then keys uniform from ``1 ..`` the smallest position); else ``sqrt(f) * toe[d] +
+    sqrt(1 - f) * N(0, 1)``, ``f = toeplitz_fraction``, ``toe`` a smoothed random profile over distance (the Toeplitz
+    structure of indexer scores under RoPE: NVIDIA TensorRT-LLM tech blog 21 / arXiv 2604.22312).
 
     Args:
-        T: query tokens (>= 1); topk (>= 1); s_kv: keys, the chunk being the last T positions ``s_kv - T ..
-            s_kv - 1``; or positions: ``[T]`` int positions (then ``s_kv = max + 1``); exactly one of the two.
-        window (>= 0), toeplitz_fraction in [0, 1], content_keys (>= 0), smooth (>= 1, keys), seed, device.
-
-    Returns:
-        :class:`IndexData`.
+        T: query tokens (>= 1); topk (>= 1); exactly one of s_kv (the chunk is positions ``s_kv - T .. s_kv - 1``)
+            or positions (``[T]`` ints, ``s_kv = max + 1``); window (>= 0), toeplitz_fraction in [0, 1],
+            content_keys (>= 0), smooth (>= 1 keys), seed, device.
 
     Raises:
         ValueError: an argument out of range, both or neither of s_kv / positions, positions not 1-D, negative, or
@@ -276,21 +229,15 @@ def _positions(T, s_kv, positions, device) -> torch.Tensor:
         _check_int("s_kv", s_kv, T)
         return torch.arange(s_kv - T, s_kv, device=device)
     if not isinstance(positions, torch.Tensor) or positions.dim() != 1 or positions.shape[0] != T:
-        shape = tuple(positions.shape) if isinstance(positions, torch.Tensor) else type(positions).__name__
-        raise ValueError(f"positions must be a 1-D tensor [T={T}]; got positions.shape={shape}")
+        raise ValueError(f"positions must be a 1-D tensor [T={T}]; got positions.shape={shape_of(positions)}")
     if int(positions.min()) < 0:
         raise ValueError(f"positions must be >= 0; got min {int(positions.min())}")
     return positions.to(device=device, dtype=torch.int64)
 
 
-# ------------------------------------------------------------------------------------------------------ union sizes
-
-
 class UnionSizeSummary(NamedTuple):
-    """Union sizes of the complete groups (the partial last group left out; all groups when none is complete).
-
-    ``mean``, ``median``, ``p90`` in keys (median and p90 by ``torch.quantile``, linear interpolation); ``ratio`` =
-    ``mean / (g x topk)``, the packed kernel's work relative to the padded kernel's."""
+    """Union sizes of the complete groups (all when none is complete): ``mean``, ``median``, ``p90`` in keys
+    (``torch.quantile``, linear), ``ratio = mean / (g x topk)`` (packed work over padded)."""
 
     g: int
     topk: int
@@ -303,11 +250,7 @@ class UnionSizeSummary(NamedTuple):
 
 def union_sizes(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
                 s_kv: int | None = None) -> UnionSizeSummary:
-    """Per-group union size summary (the union as :func:`.union.build_union_ref` defines it).
-
-    Args:
-        indices: ``[T, topk]`` int32; topk_length: ``[T]`` int32 or None; g: one of
-            :data:`.union.UNION_GROUP_SIZES`; s_kv: keys in the cache (None: ``max(indices) + 1``).
+    """:class:`UnionSizeSummary` of :func:`.union.build_union_ref`'s unions (``s_kv`` None: ``max(indices) + 1``).
 
     Raises:
         ValueError: as :func:`.union.build_union_ref`; T = 0 (no group to summarise).
@@ -327,9 +270,6 @@ def union_sizes(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int,
                             mean / (g * topk) if topk else float("nan"))
 
 
-# ------------------------------------------------------------------------------------------- published overlaps
-
-
 def union_ratio_common_core(overlap: float, g: int) -> float:
     """``U / (g x topk)`` for g tokens whose neighbours share a fraction ``overlap`` of their top-k.
 
@@ -345,19 +285,13 @@ _PUBLISHED_FIELDS = ("id", "figure", "source", "model", "layers", "context", "me
 
 
 def published_overlaps(path=None) -> list[dict]:
-    """The published overlap figures on the union-size axis, from ``data/overlap/published.json``.
-
-    Each entry: ``id``, ``figure`` (as published), ``source`` (URL / identifier), ``model``, ``layers``,
-    ``context``, ``measures``, ``overlap_low`` / ``overlap_high`` (neighbour overlap fraction ``|A n B| / topk``,
-    null where the source gives no number or it was not found), ``mapping`` (how the figure became an overlap and a
-    ratio), ``ratio_g8_low`` / ``ratio_g8_high`` (``U / (8 x topk)`` by :func:`union_ratio_common_core`: the low
-    overlap gives the high ratio) and ``note``.
+    """The published overlap figures of ``data/overlap/published.json``, each with :data:`_PUBLISHED_FIELDS`:
+    ``overlap_low`` / ``_high`` (``|A n B| / topk``, null where the source gives none), ``ratio_g8_low`` / ``_high``
+    (``U / (8 x topk)`` by :func:`union_ratio_common_core`), ``source`` (URL / identifier), ``mapping``, ``note``.
 
     Raises:
         ValueError: the file is missing, not a JSON list, or an entry lacks a field.
     """
-    from pathlib import Path
-
     p = Path(path) if path is not None else data_dir() / PUBLISHED_FILE
     if not p.is_file():
         raise ValueError(f"published overlap file {p} does not exist (the repository ships {PUBLISHED_FILE})")
@@ -370,8 +304,6 @@ def published_overlaps(path=None) -> list[dict]:
             raise ValueError(f"{p} entry {i} ({r.get('id', '?')}) lacks {missing}")
     return rows
 
-
-# --------------------------------------------------------------------------------------------------------- main
 
 MAIN_T = 512
 MAIN_TOPK = 256
@@ -414,23 +346,23 @@ def union_size_rows() -> list[dict]:
 
 
 def _refuse(message: str):
-    """Print ``message`` as one line on stderr and exit 2 (argparse's ``error`` hook, and the door's own checks)."""
-    import sys
-
+    """``message`` as one line on stderr, exit 2 (argparse's ``error`` hook and the door's own checks)."""
     print(f"python -m mla_lab.kernels.index_sets: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
+def _out_path(args) -> Path:
+    return Path(args.out) if args.out is not None else data_dir() / "overlap" / "union_sizes.csv"
+
+
 def _out_problem(args) -> str | None:
     """What is wrong with ``--write`` / ``--out`` / ``--overwrite`` before the rows are computed, or None."""
-    from pathlib import Path
-
     if not args.write and (args.overwrite or args.out is not None):
         flag = "--overwrite" if args.overwrite else f"--out={args.out!r}"
         return f"{flag} is given without --write; allowed: with --write (nothing is written without it)"
     if args.out is not None and not args.out.strip():
         return "--out='' is empty; allowed: a CSV file path (default data/overlap/union_sizes.csv)"
-    out = Path(args.out) if args.out is not None else data_dir() / "overlap" / "union_sizes.csv"
+    out = _out_path(args)
     fs = special_filesystem(out)
     if fs:
         return f"--out={str(out)!r} is on the {fs} filesystem; allowed: a CSV file path on an ordinary disk"
@@ -448,21 +380,15 @@ def main(argv=None) -> int:
     """``python -m mla_lab.kernels.index_sets [--write [--overwrite]]``: union sizes per g for the generators on a
     small CPU grid, and the published figures on the U axis; ``--write`` saves ``data/overlap/union_sizes.csv``
     (refused when it exists, unless ``--overwrite``)."""
-    import argparse
-    import csv
-
     ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.index_sets", description=main.__doc__)
     ap.add_argument("--write", action="store_true", help="write data/overlap/union_sizes.csv")
     ap.add_argument("--overwrite", action="store_true", help="replace an existing CSV")
     ap.add_argument("--out", default=None, help="CSV path (default data/overlap/union_sizes.csv)")
     ap.error = _refuse  # one line, exit 2, before anything is computed
     args = ap.parse_args(argv)
-    from pathlib import Path
-
     problem = _out_problem(args)
     if problem:
         _refuse(problem)
-    out = Path(args.out) if args.out is not None else data_dir() / "overlap" / "union_sizes.csv"
     rows = union_size_rows()
     print(f"union sizes (T={MAIN_T}, topk={MAIN_TOPK}; {DATA_KIND})")
     print(f"{'generator':<11} {'params':<62} {'g':>2} {'mean U':>8} {'p90 U':>8} {'U/(g k)':>8} {'expected':>9}")
@@ -477,6 +403,7 @@ def main(argv=None) -> int:
         print(f"  {p['id']:<28} overlap {p['overlap_low']:.3g}-{p['overlap_high']:.3g}  U/(8 topk) "
               f"{p['ratio_g8_low']:.3f}-{p['ratio_g8_high']:.3f}  ({p['source']})")
     if args.write:
+        out = _out_path(args)
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -1,22 +1,12 @@
-"""Packed sparse-MLA prefill: g consecutive tokens x H real heads fill one 64-row tile (pack tokens, not heads).
+"""Packed sparse-MLA prefill (docs/packed.md): ``g = 64 // H`` consecutive tokens x H real heads fill one 64-row
+FlashMLA tile (row ``r`` = token ``r // H`` of the group, head ``r % H``), which gathers the union of the g tokens'
+top-k sets once, each row masked to its own token's set: exact attention, work scaling with the union size.
 
-FlashMLA's sm90 sparse prefill kernel runs one 64-row tile per query token (``h_q`` a multiple of 64: FlashMLA
-``csrc/api/sparse_fwd.h``), so at H = 8 heads per rank 56 of its 64 rows are padding. Here the tile holds
-``g = 64 // H`` consecutive tokens x H heads (row ``r`` = token ``r // H`` of the group, head ``r % H``), the tile
-gathers the UNION of the g tokens' top-k key sets once, and each row is masked to its own token's set. The work then
-scales with the union size U instead of ``g x topk``, and Q stays at the real heads' size: no padded workspace.
-
-The union is split by :func:`mla_lab.kernels.union.build_union` into *shared* keys (every present token selects them:
-FlashMLA itself, ``s_q = G``, ``h_q = 64``) and *rest* keys with a g-bit mask (the Triton :func:`_packed_kernel`,
-which continues FlashMLA's online softmax from its output and LSE in place); ``mode="triton"`` runs the Triton
-kernel over both lists. The result is each token's exact attention over its own top-k set (docs/packed.md).
-
-Tensors, shapes and dtypes: :func:`packed_sparse_prefill` (``lse`` natural log, FlashMLA's convention in
-``csrc/sm90/prefill/sparse``; no valid key: ``out = 0``, ``lse = +inf``, FlashMLA ``tests/ref.py``).
-
-Constants: 512 = kv_lora_rank and 64 = qk_rope_head_dim (GLM-5 / DeepSeek-V3.2 config.json), 576 = head_size;
-64 rows = FlashMLA's sm90 tile (``h_q`` multiple of 64); 128 rows on sm100 (Blackwell: g = 16 at 8 heads, modelled
-only: the lab has no Blackwell to run on).
+The union (:func:`.union.build_union`) splits into *shared* keys (FlashMLA itself, ``s_q = G``, ``h_q = 64``) and
+*rest* keys with a g-bit mask (the Triton :func:`_packed_kernel`, continuing FlashMLA's online softmax from its
+output and LSE in place); ``mode="triton"`` runs the Triton kernel over both. Constants: 512 = kv_lora_rank, 64 =
+qk_rope_head_dim (GLM-5 / DeepSeek-V3.2 config.json), 576 = head_size; 64 rows = FlashMLA's sm90 tile
+(``csrc/api/sparse_fwd.h``), 128 on sm100 (modelled only: the lab has no Blackwell).
 """
 
 from __future__ import annotations
@@ -165,11 +155,8 @@ def _rest_kernel():
 
 
 def full_union(sets):
-    """The whole union of each group as one masked list: ``(idx [G, cap] int32, mask [G, cap] uint8, len [G])``.
-
-    The shared keys get the mask of the group's present tokens. For ``packed_mode="triton"`` and the FlashMLA upper
-    bound (s_q = G, h_q = 64, topk = U, no mask); a torch build (not timed as part of the kernel).
-    """
+    """Each group's whole union as one masked list, the shared keys with the present tokens' mask: ``(idx [G, cap]
+    int32, mask [G, cap] uint8, len [G])``, for FlashMLA's unmasked upper bound (a torch build, not timed)."""
     G, cap_s = sets.shared_idx.shape
     cap = sets.rest_idx.shape[1] + cap_s
     cap = -(-cap // 128) * 128
@@ -230,16 +217,14 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
         kv: ``[s_kv, 1, 576]`` bf16, contiguous.
         sets: :class:`mla_lab.kernels.union.UnionSets` for the same tokens with ``g = 64 // H``.
         sm_scale: softmax scale (GLM-5: 1 / sqrt(192 + 64), qk_nope_head_dim + qk_rope_head_dim, config.json).
-        mode: ``"hybrid"`` (FlashMLA over the shared keys, Triton over the rest) or ``"triton"`` (the Triton kernel
-            over the rest, then over the shared keys on top: no FlashMLA call).
-        flash_fwd: FlashMLA's ``flash_mla_sparse_fwd`` (the ``flash_mla`` module's by default); hybrid only.
-        config: ``(BLOCK_N, num_warps, num_stages)`` of the Triton kernel.
+        mode: :data:`PACKED_MODES`; flash_fwd: ``flash_mla_sparse_fwd`` (the ``flash_mla`` module's by default);
+            config: ``(BLOCK_N, num_warps, num_stages)`` of the Triton kernel.
 
     Returns:
-        ``(out [T, H, 512] bf16, lse [T, H] fp32)``, natural-log LSE; no valid key: out 0, lse +inf.
+        ``(out [T, H, 512] bf16, lse [T, H] fp32)``, natural-log LSE (FlashMLA's); no valid key: out 0, lse +inf.
 
     Raises:
-        ValueError: a tensor of the wrong shape/dtype, ``sets`` built for another g or T, an unknown mode (one line).
+        ValueError: a tensor of the wrong shape/dtype, ``sets`` built for another g or T, an unknown mode.
         RuntimeError: hybrid mode without a FlashMLA provider.
     """
     _check(q, kv, sets, sm_scale, mode)
@@ -279,9 +264,6 @@ def _pad_tokens(q: torch.Tensor, n: int) -> torch.Tensor:
     buf = torch.zeros(n, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
     buf[: q.shape[0]] = q
     return buf
-
-
-# ------------------------------------------------------------------------------------------------------- dispatch
 
 
 @dataclass(frozen=True)
@@ -326,10 +308,8 @@ DISPATCH_MARGIN = 0.98
 
 
 def sample_sets(indices: torch.Tensor, topk_length, g: int, s_kv: int, stride: int = 16, builder=None):
-    """Union sets of every ``stride``-th group only (a cheap estimate of the chunk's union sizes for the dispatch).
-
-    Returns ``(sets of the sampled groups, stride)``; ``builder`` defaults to :func:`mla_lab.kernels.union.build_union`.
-    """
+    """``(union sets of every stride-th group, stride)``: the dispatch's cheap estimate of the chunk's union sizes
+    (``builder``: :func:`.union.build_union` by default)."""
     T, K = indices.shape
     G = T // g
     if G < 1:
@@ -343,12 +323,8 @@ def sample_sets(indices: torch.Tensor, topk_length, g: int, s_kv: int, stride: i
 def choose_path(sets, stride: int, T: int, topk: int, sum_topk_length: float,
                 cost: PackedCost = H200_PACKED_COST) -> tuple[str, dict]:
     """``(path, {path: predicted ms})`` for one chunk from (sampled) union sets: ``"packed"`` (hybrid),
-    ``"packed_triton"`` (Triton only: better where few keys are shared, the FlashMLA pass then costing more than it
-    saves) or ``"padded"``.
-
-    A packed path only when predicted below :data:`DISPATCH_MARGIN` x the padded path's time (host-side: reads the
-    sampled lengths; an engine would take them from the previous step of the same layer).
-    """
+    ``"packed_triton"`` (Triton only) or ``"padded"``; a packed path only when predicted below
+    :data:`DISPATCH_MARGIN` x the padded time (host-side; an engine would take the lengths from the previous step)."""
     sl = sets.shared_len.double().sum().item() * stride
     rl = sets.rest_len.double().sum().item() * stride
     ms = {k: v / 1e6 for k, v in cost.paths_ns(sl, rl, -(-T // sets.g), T * topk, sum_topk_length, T).items()}

@@ -1,8 +1,5 @@
-"""Plain-torch reference kernels (run on CPU and GPU): the semantics every fast kernel is checked against.
-
-:func:`concat_mla_q_torch` (vLLM's ``concat_mla_q``), :func:`sparse_mla_prefill_ref` (FlashMLA ``tests/ref.py``
-``ref_sparse_attn_fwd``, fp32, token chunks), :func:`mha_causal_varlen_ref` (dense causal varlen attention, the
-``mha-dense`` route; fp32). No argument checks beyond running: :mod:`mla_lab.kernels.contract` checks the contract.
+"""Plain-torch reference kernels (CPU and GPU), the semantics every fast kernel is checked against; unchecked
+(:mod:`.contract` checks): :func:`concat_mla_q_torch`, :func:`sparse_mla_prefill_ref`, :func:`mha_causal_varlen_ref`.
 """
 
 from __future__ import annotations
@@ -34,11 +31,8 @@ def concat_mla_q_torch(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Ten
 
 
 def default_chunk_tokens(h_q: int, topk: int, d_qk: int, budget_bytes: int = _CHUNK_BYTES) -> int:
-    """Query tokens per chunk so that the fp32 temporaries of one chunk stay under ``budget_bytes`` (256 MiB).
-
-    Per token the reference holds the gathered kv rows (``topk * d_qk * 4`` bytes) and the logits/probabilities
-    (``h_q * topk * 4`` bytes, twice: P and exp(P - lse)); the larger of the two sets the chunk.
-    """
+    """Query tokens per chunk keeping one chunk's fp32 temporaries under ``budget_bytes``: per token the larger of the
+    gathered kv rows (``topk * d_qk * 4`` B) and the logits P and exp(P - lse) (``2 * h_q * topk * 4`` B)."""
     per_token = max(topk * d_qk * 4, 2 * h_q * topk * 4, 1)
     return max(1, budget_bytes // per_token)
 
@@ -54,33 +48,21 @@ def sparse_mla_prefill_ref(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse MLA prefill attention, FlashMLA ``tests/ref.py`` (``ref_sparse_attn_fwd``) math, in fp32.
 
-    For query token ``i`` and head ``h``, over the ``topk`` entries ``j`` of ``indices[i]``:
-
-    - entry ``j`` is *invalid* if ``indices[i, j] < 0`` or ``>= s_kv``, or (with ``topk_length``)
-      ``j >= topk_length[i]``;
-    - ``P[i, h, j] = (q[i, h] . kv[indices[i, j]]) * sm_scale`` (fp32), ``-inf`` at invalid entries;
-    - ``max_logits[i, h] = max_j P`` (``-inf`` when no entry is valid);
-    - ``lse[i, h] = logsumexp_j P`` (natural log; ``+inf`` when no entry is valid, as FlashMLA returns);
-    - ``out[i, h] = softmax_j(P) @ kv[indices[i, j], :d_v]``, cast to bf16; ``0`` when no entry is valid.
-
-    One deliberate difference from ``tests/ref.py``: kv rows of invalid entries are never read (their gathered
-    rows are zeroed), so a NaN in some kv row that only invalid entries point at cannot leak into ``out``
-    (``tests/ref.py`` gathers row 0 for them and multiplies it by a zero weight, which gives NaN for NaN rows).
-
-    NaN/inf inputs: the math propagates them. A NaN in ``q[i, h]`` or in a kv row that a *valid* entry of token
-    ``i`` references makes ``P`` NaN, hence ``lse``/``max_logits`` (``max`` propagates NaN) and ``out[i, h]``
-    NaN; an ``inf`` logit gives ``lse = inf`` and ``exp(inf - inf) = NaN`` in ``out``.
+    Per token ``i`` and head ``h``: entry ``j`` is invalid if ``indices[i, j] < 0``, ``>= s_kv`` or ``j >=
+    topk_length[i]``; ``P = q[i, h] . kv[indices[i, j]] * sm_scale`` (``-inf`` where invalid); ``max_logits = max_j
+    P``; ``lse = logsumexp_j P`` (natural log, ``+inf`` with no valid entry, as FlashMLA); ``out = softmax_j(P) @
+    kv[indices[i, j], :d_v]`` in bf16 (0 with no valid entry). Unlike ``tests/ref.py`` the kv rows of invalid entries
+    are never read, so a NaN row only they point at cannot leak into ``out``; NaN/inf in what valid entries read
+    propagates.
 
     Args:
-        q: ``[s_q, h_q, d_qk]``, bf16 (fp16/fp32 also computed, in fp32), last dim contiguous or not.
-        kv: ``[s_kv, 1, d_qk]`` or ``[s_kv, d_qk]``, same dtype as ``q``.
-        indices: ``[s_q, 1, topk]`` or ``[s_q, topk]``, int32 (int64 also works).
-        sm_scale: softmax scale applied to ``q . k`` (vLLM passes ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)``
-            of the un-absorbed model).
+        q: ``[s_q, h_q, d_qk]`` bf16 (fp16/fp32 too, computed in fp32).
+        kv: ``[s_kv, 1, d_qk]`` or ``[s_kv, d_qk]``, ``q``'s dtype.
+        indices: ``[s_q, 1, topk]`` or ``[s_q, topk]`` int32 (int64 works).
+        sm_scale: softmax scale (vLLM: ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)`` of the un-absorbed model).
         d_v: value width, the first ``d_v`` columns of ``kv`` (512 for absorbed MLA).
-        topk_length: optional ``[s_q]`` int; token ``i`` uses only ``indices[i, :topk_length[i]]``.
-        chunk_tokens: query tokens per chunk; default :func:`default_chunk_tokens` (fp32 temporaries under
-            ~256 MiB). Results do not depend on it (each token is computed independently).
+        topk_length: optional ``[s_q]`` int.
+        chunk_tokens: query tokens per chunk (default :func:`default_chunk_tokens`); results do not depend on it.
 
     Returns:
         ``(out [s_q, h_q, d_v] bf16, max_logits [s_q, h_q] fp32, lse [s_q, h_q] fp32)`` on ``q``'s device.
@@ -134,23 +116,17 @@ def sparse_mla_prefill_ref(
 
 def mha_causal_varlen_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q, cu_seqlens_k,
                           sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Dense causal MHA over packed variable-length sequences, in fp32 (FlashAttention varlen semantics).
-
-    Sequence ``b`` has queries ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` (``n_b`` of them) and keys/values
-    ``k, v[cu_seqlens_k[b]:cu_seqlens_k[b+1]]`` (``s_b >= n_b``: a context of ``s_b - n_b`` earlier tokens plus the
-    queries' own). Query ``i`` of the sequence sits at position ``s_b - n_b + i`` and attends keys ``0..s_b - n_b +
-    i`` (causal, aligned bottom-right as ``flash_attn_varlen_func(causal=True)``):
-    ``P = q . k^T * sm_scale``; ``lse = logsumexp(P)`` (natural log); ``out = softmax(P) @ v``.
+    """Dense causal MHA over packed variable-length sequences in fp32 (the ``mha-dense`` route;
+    ``flash_attn_varlen_func(causal=True)`` semantics, aligned bottom-right): query ``i`` of sequence ``b`` (``n_b``
+    queries, ``s_b >= n_b`` keys) attends keys ``0 .. s_b - n_b + i``; ``lse`` natural log.
 
     Args:
-        q: ``[T, H, d_qk]``; k: ``[Tk, H, d_qk]``; v: ``[Tk, H, d_v]`` (any float dtype; computed in fp32).
-        cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int offsets (lists or tensors), starting at 0, non-decreasing.
-        sm_scale: softmax scale (``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)`` in vLLM's MLA).
+        q: ``[T, H, d_qk]``; k: ``[Tk, H, d_qk]``; v: ``[Tk, H, d_v]``, any float dtype.
+        cu_seqlens_q, cu_seqlens_k: ``[B + 1]`` int offsets from 0, non-decreasing (lists or tensors).
+        sm_scale: softmax scale.
 
     Returns:
-        ``(out [T, H, d_v] fp32, lse [T, H] fp32)``; a sequence with no query contributes nothing.
-
-    No validation here (shapes must agree; ``n_b <= s_b``).
+        ``(out [T, H, d_v] fp32, lse [T, H] fp32)``.
     """
     cq = [int(x) for x in cu_seqlens_q]
     ck = [int(x) for x in cu_seqlens_k]

@@ -1,27 +1,20 @@
 """Triton kernels for vLLM's ``concat_mla_q``: ``[T,H,512]`` + ``[T,H,64]`` -> first ``H`` heads of ``[T,H',576]``.
 
-Four variants (``variant=``): v2 and v3 here, v4 (persistent spans) and v5 (spans + TMA stores) in
-:mod:`.triton_concat_persistent`. On the H200 v2 stays the fastest into the padded workspace (round 4:
-93.7-94.4 % of a contiguous copy of the same bytes; ``data/measured/h200/between_process/concat_round4.csv``); the
-design and every round's numbers are in docs/perf-notes.md ("Round 3: concat", "Round 4").
-
-- **v2** (default, "rows"): the ``T*H`` (token, head) pairs flattened into rows; one program copies ``BLOCK_R``
-  rows (default 2 x 1 warp) as two power-of-two tiles ``[BLOCK_R, 512]`` + ``[BLOCK_R, 64]``, both loaded before
-  either is stored; only a per-row mask (tail, padded heads); row indices int32 unless ``T * H'`` nears 2**31.
-- **v3** ("token runs"): one program owns a token block and a run of consecutive heads (``HEAD_TILES`` tiles of
-  ``BLOCK_H`` heads x ``BLOCK_T`` tokens), tile ``i + 1`` loaded before tile ``i`` is stored.
-
-``zero_padding=True`` writes zeros into heads ``H..H'-1`` in the same launch. :func:`make_concat_launcher_triton`
-plans and compiles once, then calls the compiled kernel's launcher directly (``CompiledKernel.run`` with the
-arguments Triton 3.3+'s ``JITFunction.run`` passes), CUDA-graph capturable; under the interpreter it falls back to
-``kernel[grid](...)`` (``launcher.path`` says which). Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors.
+Variants: **v2** (default, "rows": ``BLOCK_R`` (token, head) rows per program, tiles ``[BLOCK_R, 512]`` +
+``[BLOCK_R, 64]`` both loaded before either is stored), **v3** ("token runs": a token block x ``HEAD_TILES`` tiles
+of ``BLOCK_H`` heads, tile ``i + 1`` loaded before tile ``i`` is stored); v4 / v5 in
+:mod:`.triton_concat_persistent`. v2 stays the fastest into the padded workspace on the H200 (93.7-94.4 % of a
+same-byte copy: ``data/measured/h200/between_process/concat_round4.csv``; docs/perf-notes.md "Round 3: concat",
+"Round 4"). :func:`make_concat_launcher_triton` compiles once and calls the compiled launcher directly (CUDA-graph
+capturable). Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .triton_concat_persistent import plan_v4, plan_v5
+from .reference import D_NOPE, D_PE
+from .triton_concat_persistent import _knobs, _pow2, plan_v4, plan_v5
 
 try:  # pragma: no cover - triton is optional on CPU machines
     import triton
@@ -37,11 +30,7 @@ __all__ = ["triton_available", "triton_interpreting", "concat_mla_q_triton", "ma
            "ConcatLauncher", "VARIANTS", "DEFAULT_VARIANT", "DEFAULT_BLOCK_ROWS", "DEFAULT_NUM_WARPS",
            "v3_config"]
 
-D_NOPE = 512
-D_PE = 64
-
-#: Kernel variants (see the module docstring). v2 is the default: no other variant beat it on the H200 (rounds 3-4,
-#: docs/perf-notes.md).
+#: Kernel variants; v2 the default: no other beat it on the H200 (rounds 3-4, docs/perf-notes.md).
 VARIANTS = ("v2", "v3", "v4", "v5")
 DEFAULT_VARIANT = "v2"
 
@@ -49,18 +38,18 @@ DEFAULT_VARIANT = "v2"
 #: with T >= 4096 (data/measured/h200/concat_bench_tune.csv; docs/perf-notes.md).
 DEFAULT_BLOCK_ROWS = 2
 DEFAULT_NUM_WARPS = 1
+_V2_DEFAULTS = {"block_rows": DEFAULT_BLOCK_ROWS, "num_warps": DEFAULT_NUM_WARPS}
 
-#: The knobs each variant reads (``streaming`` applies to all: v5 uses only its evict_first loads); any other knob
-#: given is refused, so nothing is silently ignored.
+#: The knobs each variant reads (``streaming``, loads ``evict_first`` and stores ``.cs``, applies to all); any other
+#: knob given is refused, so nothing is silently ignored.
 KNOBS = {"v2": ("block_rows", "num_warps"), "v3": ("block_t", "block_h", "head_tiles", "num_warps"),
          "v4": ("block_rows", "num_warps", "progs_per_sm", "order"), "v5": ("block_t", "num_warps", "progs_per_sm")}
+_CONFIG_KEYS = sorted({"streaming", *(k for ks in KNOBS.values() for k in ks)})
 
-#: v3 defaults: a tile of 1 token x 2 heads (the per-warp tile size that won v2's sweep: 2 rows per warp), up to
-#: 8 tiles per program (a run of up to 16 heads: one whole token at H <= 16), 1 warp.
-V3_BLOCK_T = 1
-V3_BLOCK_H = 2
+#: v3 defaults: a tile of 1 token x 2 heads (v2's winning per-warp tile), up to 8 tiles per program (a run of 16
+#: heads: one whole token at H <= 16), 1 warp.
+V3_DEFAULTS = {"block_t": 1, "block_h": 2, "num_warps": 1}
 V3_MAX_HEAD_TILES = 8
-V3_NUM_WARPS = 1
 
 
 def triton_available() -> tuple[bool, str | None]:
@@ -82,30 +71,16 @@ def triton_interpreting() -> bool:
         return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _pow2(n: int) -> bool:
-    return n >= 1 and (n & (n - 1)) == 0
-
-
 def v3_config(H: int, heads_written: int, block_t: int | None = None, block_h: int | None = None,
               head_tiles: int | None = None, num_warps: int | None = None) -> dict:
-    """v3 launch configuration for ``H`` real heads and ``heads_written`` (H, or H' with ``zero_padding``).
-
-    None fields take the defaults (:data:`V3_BLOCK_T`, :data:`V3_BLOCK_H`, ``head_tiles`` = enough tiles to cover
-    ``heads_written`` capped at :data:`V3_MAX_HEAD_TILES`, :data:`V3_NUM_WARPS`).
-
-    Returns:
-        ``{"block_t", "block_h", "head_tiles", "num_warps", "num_runs"}``; ``num_runs`` = head runs per token
-        block (``ceil(heads_written / (block_h * head_tiles))``).
+    """v3's ``{"block_t", "block_h", "head_tiles", "num_warps", "num_runs"}`` for ``H`` real heads and
+    ``heads_written`` (H, or H' with ``zero_padding``); None = :data:`V3_DEFAULTS` (``head_tiles``: enough to
+    cover ``heads_written``, at most :data:`V3_MAX_HEAD_TILES`); ``num_runs`` = head runs per token block.
 
     Raises:
-        ValueError: ``block_t``/``block_h``/``num_warps`` not a power of two, or ``head_tiles`` < 1.
+        ValueError: ``block_t`` / ``block_h`` / ``num_warps`` not a power of two, or ``head_tiles`` < 1.
     """
-    bt = V3_BLOCK_T if block_t is None else int(block_t)
-    bh = V3_BLOCK_H if block_h is None else int(block_h)
-    nw = V3_NUM_WARPS if num_warps is None else int(num_warps)
-    for name, v in (("block_t", bt), ("block_h", bh), ("num_warps", nw)):
-        if not _pow2(v):
-            raise ValueError(f"{name} must be a power of two >= 1; got {name}={v}")
+    bt, bh, nw = _knobs({"block_t": block_t, "block_h": block_h, "num_warps": num_warps}, V3_DEFAULTS).values()
     ht = min(V3_MAX_HEAD_TILES, -(-max(1, heads_written) // bh)) if head_tiles is None else int(head_tiles)
     if ht < 1:
         raise ValueError(f"head_tiles must be >= 1; got head_tiles={ht}")
@@ -235,65 +210,61 @@ if triton is not None:
             _v3_st(out_ptr, tok, hl, T, heads_written, out_st, out_sh, vp, D_NOPE_C, D_PE_C, USE_MASK, STORE_CACHE)
 
 
-def _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
-          head_tiles, progs_per_sm=None, order=None):
+def _plan(ql_nope, q_pe, out, zero_padding, variant, config: dict):
     """``(kernel, grid, args, constexprs, num_warps)`` for one call, or None when there is nothing to write.
 
-    ``args`` are the runtime arguments in signature order; ``constexprs`` a dict in signature order (the kernels
-    declare every constexpr after every runtime argument; :func:`make_concat_launcher_triton` relies on it)."""
+    ``args``: the runtime arguments in signature order; ``constexprs``: a dict in signature order (every kernel
+    declares its constexprs after its runtime arguments; :func:`make_concat_launcher_triton` relies on it)."""
     if triton is None:
         raise RuntimeError(f"triton is not available: {_TRITON_IMPORT_ERROR}")
-    _check_knobs(variant, {"block_rows": block_rows, "num_warps": num_warps, "block_t": block_t, "block_h": block_h,
-                           "head_tiles": head_tiles, "progs_per_sm": progs_per_sm}, order)
+    _check_knobs(variant, config)
     T, H, _ = ql_nope.shape
     Hp = out.shape[1]
     zp = bool(zero_padding) and Hp > H
     heads_written = Hp if zp else H
     if T * heads_written == 0:
         return None
-    strides = (ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1))
+    streaming = bool(config.get("streaming", False))
     hints = {"LOAD_EVICT": "evict_first" if streaming else "", "STORE_CACHE": ".cs" if streaming else ""}
-    if variant == "v4":
-        return plan_v4(ql_nope, q_pe, out, zero_padding, hints,
-                       {"block_rows": block_rows, "num_warps": num_warps, "progs_per_sm": progs_per_sm,
-                        "order": order})
-    if variant == "v5":
-        return plan_v5(ql_nope, q_pe, out, zero_padding, hints,
-                       {"block_t": block_t, "num_warps": num_warps, "progs_per_sm": progs_per_sm})
-    if variant == "v2":
-        br = DEFAULT_BLOCK_ROWS if block_rows is None else int(block_rows)
-        nw = DEFAULT_NUM_WARPS if num_warps is None else int(num_warps)
-        n_rows = T * heads_written
-        grid = (triton.cdiv(n_rows, br),)
-        args = (ql_nope, q_pe, out, n_rows, heads_written, H) + strides
-        cx = {"D_NOPE_C": D_NOPE, "D_PE_C": D_PE, "BLOCK_R": br, "ZERO_PAD": zp, "EVEN_ROWS": n_rows % br == 0,
-              "ROWS_I64": n_rows + br >= 2**31, **hints}
-        return _concat_mla_q_kernel, grid, args, cx, nw
-    return _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, (block_t, block_h, head_tiles, num_warps))
+    if variant in ("v4", "v5"):
+        return (plan_v4 if variant == "v4" else plan_v5)(ql_nope, q_pe, out, zero_padding, hints, config)
+    strides = (ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1))
+    if variant == "v3":
+        return _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, config)
+    br, nw = _knobs(config, _V2_DEFAULTS).values()
+    n_rows = T * heads_written
+    grid = (triton.cdiv(n_rows, br),)
+    args = (ql_nope, q_pe, out, n_rows, heads_written, H) + strides
+    cx = {"D_NOPE_C": D_NOPE, "D_PE_C": D_PE, "BLOCK_R": br, "ZERO_PAD": zp, "EVEN_ROWS": n_rows % br == 0,
+          "ROWS_I64": n_rows + br >= 2**31, **hints}
+    return _concat_mla_q_kernel, grid, args, cx, nw
 
 
-def _check_knobs(variant: str, knobs: dict, order) -> None:
-    """Each knob given is one ``variant`` reads (:data:`KNOBS`) and an int; ``order`` only for v4.
+def _check_knobs(variant: str, config: dict) -> None:
+    """Each knob given is known, one ``variant`` reads (:data:`KNOBS`) and an int (``order``: v4's string).
 
     Raises:
-        ValueError: an unknown variant, or the first knob that breaks a rule (named with its value).
+        ValueError: an unknown variant or knob, or the first knob that breaks a rule (named with its value).
     """
     if variant not in VARIANTS:
         raise ValueError(f"variant={variant!r} is not known; allowed: {list(VARIANTS)}")
-    for name, v in knobs.items():
-        if v is not None and name not in KNOBS[variant]:
+    bad = sorted(set(config) - set(_CONFIG_KEYS))
+    if bad:
+        raise ValueError(f"config key(s) {bad} not known; allowed: {_CONFIG_KEYS}")
+    for name, v in config.items():
+        if v is None or name == "streaming":
+            continue
+        if name not in KNOBS[variant]:
             users = [k for k, ks in KNOBS.items() if name in ks]
             raise ValueError(f"{name} applies to variant {' / '.join(map(repr, users))} only; got variant={variant!r}")
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+        if name != "order" and (isinstance(v, bool) or not isinstance(v, int)):
             raise ValueError(f"{name} must be an int; got {name}={v!r}")
-    if order is not None and "order" not in KNOBS[variant]:
-        raise ValueError(f"order applies to variant 'v4' only; got variant={variant!r}")
 
 
-def _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, knobs):
-    """:func:`_plan` for v3 (token runs); ``knobs``: ``(block_t, block_h, head_tiles, num_warps)``."""
+def _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, config):
+    """:func:`_plan` for v3 (token runs)."""
     T, H, _ = ql_nope.shape
-    cfg = v3_config(H, heads_written, *knobs)
+    cfg = v3_config(H, heads_written, *(config.get(k) for k in ("block_t", "block_h", "head_tiles", "num_warps")))
     bt, bh, ht, runs = cfg["block_t"], cfg["block_h"], cfg["head_tiles"], cfg["num_runs"]
     n_prog = triton.cdiv(T, bt) * runs
     if n_prog >= 2**31:  # pragma: no cover - T >= 2**31 / runs tokens
@@ -305,46 +276,22 @@ def _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, knobs):
     return _concat_mla_q_v3_kernel, (n_prog,), args, cx, cfg["num_warps"]
 
 
-def concat_mla_q_triton(
-    ql_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    out: torch.Tensor,
-    zero_padding: bool = False,
-    block_rows: int | None = None,
-    num_warps: int | None = None,
-    streaming: bool = False,
-    variant: str = DEFAULT_VARIANT,
-    block_t: int | None = None,
-    block_h: int | None = None,
-    head_tiles: int | None = None,
-    progs_per_sm: int | None = None,
-    order: str | None = None,
-) -> torch.Tensor:
-    """Launch one variant of the kernel (no validation: :func:`mla_lab.kernels.concat_mla_q` validates).
+def concat_mla_q_triton(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, zero_padding: bool = False,
+                        variant: str = DEFAULT_VARIANT, **config) -> torch.Tensor:
+    """Launch one variant, unchecked (:func:`mla_lab.kernels.concat_mla_q` checks the tensors); returns ``out``.
 
     Args:
-        ql_nope, q_pe, out, zero_padding: as :func:`mla_lab.kernels.concat_mla_q`.
-        block_rows: v2 only: (token, head) rows per program, a power of two (default :data:`DEFAULT_BLOCK_ROWS`).
-        num_warps: warps per program (default :data:`DEFAULT_NUM_WARPS` for v2, :data:`V3_NUM_WARPS` for v3).
-        streaming: cache hints for data touched once (loads ``evict_first``, stores ``.cs``); off by default.
-        variant: ``"v2"`` (rows), ``"v3"`` (token runs), ``"v4"`` (persistent spans) or ``"v5"`` (spans + TMA
-            stores; refuses ``zero_padding`` and H not a power of two <= 32 with ValueError); see the module
-            docstring.
-        block_t, block_h, head_tiles: v3 only: tokens and heads per tile (powers of two) and tiles per program
-            (see :func:`v3_config`; None = defaults); ``block_t`` is also v5's tokens per tile.
-        progs_per_sm, order: v4/v5 only: programs per multiprocessor of the persistent grid, and v4's chunk order
-            (``"span"`` | ``"stride"``) (:mod:`.triton_concat_persistent`).
-
-    Returns:
-        ``out``. ``T == 0`` launches nothing.
+        ql_nope, q_pe, out, zero_padding: as :func:`mla_lab.kernels.concat_mla_q`; variant: one of :data:`VARIANTS`.
+        **config: the variant's knobs (:data:`KNOBS`; None = default): ``block_rows`` (v2/v4: rows per program),
+            ``num_warps``, ``block_t`` / ``block_h`` / ``head_tiles`` (v3: :func:`v3_config`; ``block_t`` also v5's
+            tokens per tile), ``progs_per_sm`` / ``order`` (v4/v5: :mod:`.triton_concat_persistent`), ``streaming``.
 
     Raises:
         RuntimeError: triton did not import.
-        ValueError: unknown ``variant``; a knob the variant does not read (:data:`KNOBS`) or not an int; a block
-            size not a power of two; what v5 cannot run.
+        ValueError: unknown ``variant`` or knob; a knob the variant does not read or not an int; a block size not a
+            power of two; what v5 cannot run.
     """
-    plan = _plan(ql_nope, q_pe, out, zero_padding, variant, block_rows, num_warps, streaming, block_t, block_h,
-                 head_tiles, progs_per_sm, order)
+    plan = _plan(ql_nope, q_pe, out, zero_padding, variant, config)
     if plan is not None:
         kernel, grid, args, cx, nw = plan
         kernel[grid](*args, **cx, num_warps=nw)
@@ -355,11 +302,9 @@ class ConcatLauncher:
     """A planned concat launch bound to three tensors; calling it relaunches the kernel (returns ``out``).
 
     Attributes:
-        path: ``"compiled"`` (calls the compiled kernel's launcher directly), ``"jit"`` (``kernel[grid](...)``
-            with the precomputed arguments: the interpreter, or a Triton whose compiled handle is not usable here),
-            or ``"noop"`` (nothing to write: ``T == 0``).
-        variant, grid, num_warps, constexprs: what it launches.
-        out: the output tensor it writes.
+        path: ``"compiled"`` (the compiled kernel's launcher), ``"jit"`` (``kernel[grid](...)``: the interpreter, or
+            a Triton whose compiled handle is not usable) or ``"noop"`` (``T == 0``).
+        variant, grid, num_warps, constexprs: what it launches; out: the tensor it writes.
     """
 
     __slots__ = ("path", "variant", "grid", "num_warps", "constexprs", "out", "_call")
@@ -392,52 +337,24 @@ def _hook_active(h) -> bool:
     return h is not None and bool(getattr(h, "calls", True))
 
 
-def make_concat_launcher_triton(
-    ql_nope: torch.Tensor,
-    q_pe: torch.Tensor,
-    out: torch.Tensor,
-    zero_padding: bool = False,
-    variant: str = DEFAULT_VARIANT,
-    force_path: str | None = None,
-    **config,
-) -> ConcatLauncher:
+def make_concat_launcher_triton(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor,
+                                zero_padding: bool = False, variant: str = DEFAULT_VARIANT,
+                                force_path: str | None = None, **config) -> ConcatLauncher:
     """Plan, compile and launch once; return a :class:`ConcatLauncher` that relaunches with no per-call work.
 
-    The hot path (``path == "compiled"``) calls ``CompiledKernel.run(grid0, grid1, grid2, stream, function,
-    packed_metadata, None, None, None, *args)``: the call Triton 3.3+'s ``JITFunction.run``
-    (``triton/runtime/jit.py``) makes after its binder and cache lookup, with every kernel argument in signature
-    order (Triton < 3.3 passed only the runtime arguments; the kernels declare their constexprs last, so those
-    versions bind the same runtime arguments; a launcher that rejects the argument count falls back to ``jit``).
-    The stream is read on every call (``triton.runtime.driver.active.get_current_stream``), so a launcher made
-    before ``torch.cuda.graph`` capture is captured on the capture stream. If a Triton launch hook is set
-    (e.g. a profiler) the call goes through ``kernel[grid](...)`` so the hook sees it.
-
-    Call it on the device that was current when it was made. It is bound to these tensors (their data pointers,
-    shapes and strides): make a new one for other tensors.
-
-    Args:
-        ql_nope, q_pe, out, zero_padding: as :func:`concat_mla_q_triton` (not validated here).
-        variant: one of :data:`VARIANTS`.
-        force_path: None (best available), or ``"jit"`` to force the fallback (for A/B timing and tests).
-        **config: the variant's knobs (``block_rows``, ``num_warps``, ``streaming``, ``block_t``, ``block_h``,
-            ``head_tiles``, ``progs_per_sm``, ``order``).
-
-    Returns:
-        a :class:`ConcatLauncher`; ``out`` has already been written once.
+    ``path == "compiled"`` calls ``CompiledKernel.run(grid0, grid1, grid2, stream, function, packed_metadata, None,
+    None, None, *args)`` as Triton 3.3+'s ``JITFunction.run`` (``triton/runtime/jit.py``) does (a launcher that
+    rejects it falls back to ``jit``), reading the stream per call (capturable by ``torch.cuda.graph``) and going
+    through ``kernel[grid](...)`` while a launch hook (a profiler) is set. Bound to these tensors and the current
+    device. ``force_path``: None (best available) or ``"jit"`` (for A/B timing and tests); the rest as
+    :func:`concat_mla_q_triton` (tensors not validated here).
 
     Raises:
-        RuntimeError: triton did not import.
-        ValueError: unknown ``variant``, config key or ``force_path``.
+        RuntimeError: triton did not import. ValueError: as :func:`concat_mla_q_triton`; unknown ``force_path``.
     """
-    allowed = {"block_rows", "num_warps", "streaming", "block_t", "block_h", "head_tiles", "progs_per_sm", "order"}
-    bad = sorted(set(config) - allowed)
-    if bad:
-        raise ValueError(f"config key(s) {bad} not known; allowed: {sorted(allowed)}")
     if force_path not in (None, "jit"):
         raise ValueError(f"force_path={force_path!r} is not known; allowed: [None, 'jit']")
-    plan = _plan(ql_nope, q_pe, out, zero_padding, variant, config.get("block_rows"), config.get("num_warps"),
-                 bool(config.get("streaming", False)), config.get("block_t"), config.get("block_h"),
-                 config.get("head_tiles"), config.get("progs_per_sm"), config.get("order"))
+    plan = _plan(ql_nope, q_pe, out, zero_padding, variant, config)
     if plan is None:
         return ConcatLauncher("noop", variant, (0,), 0, {}, out, lambda: None)
     kernel, grid, args, cx, nw = plan

@@ -1,16 +1,10 @@
-"""Persistent Triton kernels for ``concat_mla_q``: v4 (spans) and v5 (spans + TMA stores); same op and bytes as
-:mod:`.triton_concat`, a different order of writes (docs/perf-notes.md "Round 4" has the hypothesis and results).
-
-- **v4**: a persistent grid of ``progs_per_sm x`` (SM count) programs; program ``p`` walks the contiguous row chunks
-  ``[p * n, (p + 1) * n)`` in order, loading chunk ``i + 1`` before storing chunk ``i``. ``order="stride"`` walks
-  ``p, p + grid, ...`` instead (v2's address pattern, persistent: the control).
-- **v5**: v4's spans in chunks of ``BLOCK_T`` whole tokens, stores through the Hopper TMA engine (host
-  ``triton.tools.tensor_descriptor.TensorDescriptor`` over ``out`` as ``[T, H', 576]``, boxes ``[BLOCK_T, H, 256]``
-  x 2 and ``[BLOCK_T, H, 64]``, each dim <= 256: ``cuTensorMapEncodeTiled``). Needs ``H`` a power of two, ``out``
-  16-byte aligned with 16-byte-multiple strides, Triton with host tensor descriptors (3.4+), sm90+, no
-  ``zero_padding`` (:func:`v5_unsupported`).
-
-Under ``TRITON_INTERPRET=1`` both run on CPU with a fixed 4-"SM" grid (:data:`INTERPRET_SMS`).
+"""Persistent Triton kernels for ``concat_mla_q`` (docs/perf-notes.md "Round 4"): same op and bytes as
+:mod:`.triton_concat`, another order of writes. **v4**: ``progs_per_sm x`` SMs programs, program ``p`` walking the
+row chunks ``[p * n, (p + 1) * n)`` in order, chunk ``i + 1`` loaded before chunk ``i`` is stored (``order="stride"``:
+``p, p + grid, ...``, v2's address pattern, the control). **v5**: v4's spans in chunks of ``BLOCK_T`` whole tokens,
+stored by the Hopper TMA engine (host ``TensorDescriptor`` over ``out [T, H', 576]``, boxes ``[BLOCK_T, H, 256]`` x 2
++ ``[BLOCK_T, H, 64]``, each dim <= 256: ``cuTensorMapEncodeTiled``; what it needs: :func:`v5_unsupported`). Under
+``TRITON_INTERPRET=1`` both run on CPU with :data:`INTERPRET_SMS` "SMs".
 """
 
 from __future__ import annotations
@@ -56,9 +50,18 @@ def _pow2(n: int) -> bool:
     return n >= 1 and (n & (n - 1)) == 0
 
 
-def _knob(cfg, defaults, name):
-    v = cfg.get(name)
-    return defaults[name] if v is None else v
+def _knobs(cfg: dict, defaults: dict) -> dict:
+    """``defaults`` overridden by ``cfg``'s non-None values, as ints (``order`` as is); raises ``ValueError`` for the
+    first not a power of two (``progs_per_sm``: < 1)."""
+    k = {n: d if cfg.get(n) is None else cfg[n] for n, d in defaults.items()}
+    for n, v in k.items():
+        if n != "order":
+            k[n] = v = int(v)
+        if n == "progs_per_sm" and v < 1:
+            raise ValueError(f"progs_per_sm must be >= 1; got progs_per_sm={v}")
+        if n not in ("progs_per_sm", "order") and not _pow2(v):
+            raise ValueError(f"{n} must be a power of two >= 1; got {n}={v}")
+    return k
 
 
 if triton is not None:
@@ -167,21 +170,14 @@ if triton is not None:
 
 
 def plan_v4(ql_nope, q_pe, out, zero_padding: bool, hints: dict, cfg: dict):
-    """``(kernel, grid, args, constexprs, num_warps)`` for v4 (module docstring), or None when ``T * H == 0``.
-
-    ``cfg`` keys (None = :data:`V4_DEFAULTS`): ``block_rows`` (power of two), ``num_warps`` (power of two),
-    ``progs_per_sm`` (>= 1), ``order`` (``"span"`` | ``"stride"``).
+    """``(kernel, grid, args, constexprs, num_warps)`` for v4, or None when ``T * H == 0``; ``cfg``: the knobs of
+    :data:`V4_DEFAULTS` (None = default).
 
     Raises:
         ValueError: a knob out of range (names the knob, its value and what is allowed).
     """
-    br, nw = int(_knob(cfg, V4_DEFAULTS, "block_rows")), int(_knob(cfg, V4_DEFAULTS, "num_warps"))
-    pps, order = int(_knob(cfg, V4_DEFAULTS, "progs_per_sm")), _knob(cfg, V4_DEFAULTS, "order")
-    for name, v in (("block_rows", br), ("num_warps", nw)):
-        if not _pow2(v):
-            raise ValueError(f"{name} must be a power of two >= 1; got {name}={v}")
-    if pps < 1:
-        raise ValueError(f"progs_per_sm must be >= 1; got progs_per_sm={pps}")
+    k = _knobs(cfg, V4_DEFAULTS)
+    br, nw, pps, order = k["block_rows"], k["num_warps"], k["progs_per_sm"], k["order"]
     if order not in ORDERS:
         raise ValueError(f"order must be one of {list(ORDERS)}; got order={order!r}")
     T, H, _ = ql_nope.shape
@@ -225,10 +221,8 @@ def v5_unsupported(ql_nope, q_pe, out, zero_padding: bool) -> str | None:
 
 
 def plan_v5(ql_nope, q_pe, out, zero_padding: bool, hints: dict, cfg: dict):
-    """``(kernel, grid, args, constexprs, num_warps)`` for v5 (module docstring), or None when ``T == 0``.
-
-    ``cfg`` keys (None = :data:`V5_DEFAULTS`): ``block_t`` (power of two, tokens per tile), ``num_warps``
-    (power of two), ``progs_per_sm`` (>= 1). ``hints``' store cache modifier is not used (the copy engine stores).
+    """``(kernel, grid, args, constexprs, num_warps)`` for v5, or None when ``T == 0``; ``cfg``: the knobs of
+    :data:`V5_DEFAULTS` (None = default); ``hints``' store modifier unused (the copy engine stores).
 
     Raises:
         ValueError: :func:`v5_unsupported` says why these tensors cannot run; a knob out of range.
@@ -238,13 +232,8 @@ def plan_v5(ql_nope, q_pe, out, zero_padding: bool, hints: dict, cfg: dict):
         raise ValueError(f"variant='v5': {why}")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    bt, nw = int(_knob(cfg, V5_DEFAULTS, "block_t")), int(_knob(cfg, V5_DEFAULTS, "num_warps"))
-    pps = int(_knob(cfg, V5_DEFAULTS, "progs_per_sm"))
-    for name, v in (("block_t", bt), ("num_warps", nw)):
-        if not _pow2(v):
-            raise ValueError(f"{name} must be a power of two >= 1; got {name}={v}")
-    if pps < 1:
-        raise ValueError(f"progs_per_sm must be >= 1; got progs_per_sm={pps}")
+    k = _knobs(cfg, V5_DEFAULTS)
+    bt, nw, pps = k["block_t"], k["num_warps"], k["progs_per_sm"]
     T, H, _ = ql_nope.shape
     if bt > 256:  # a TMA box dimension is at most 256 elements (CUDA driver API, cuTensorMapEncodeTiled)
         raise ValueError(f"block_t must be <= 256 (a TMA box dimension); got block_t={bt}")

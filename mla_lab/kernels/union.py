@@ -1,54 +1,27 @@
-"""Union builder for the packed sparse-MLA prefill kernel: per group of ``g`` consecutive query tokens, the union of
-their top-k key sets, split into the keys every present token selects (``shared``) and the rest with a ``g``-bit
-membership mask per key.
+"""Union builders for the packed sparse-MLA prefill kernel (docs/packed.md "Union builder and index data"): per group
+of ``g`` consecutive query tokens, the union of their top-k key sets as ``shared`` keys (every present token selects
+them: FlashMLA runs them unmasked) and ``rest`` keys with a ``g``-bit membership mask (the masked Triton kernel).
 
-The packed kernel fills FlashMLA's 64-row tile with ``g = 64 / H`` tokens x ``H`` real heads (H in {8, 16, 32}:
-g = 8, 4, 2; Blackwell's 128-row tile at 8 heads: g = 16). It runs the ``shared`` list through FlashMLA unmasked
-(``s_q`` = number of groups, ``h_q = 64``; the sm90 kernel needs ``topk`` a multiple of 128: FlashMLA
-``csrc/api/sparse_fwd.h``) and the ``rest`` list through a masked Triton kernel that keeps row ``j * H + h`` on key
-``k`` iff bit ``j`` of ``rest_mask[k]`` is set.
+Definitions (:func:`build_union_ref` and :func:`build_union` give the same sets):
 
-Definitions (both builders, :func:`build_union_ref` and :func:`build_union`, give the same sets):
+- entry ``indices[t, i]`` is valid iff ``0 <= indices[t, i] < s_kv`` and ``i < topk_length[t]`` (FlashMLA's rule);
+  duplicates in one token's list count once.
+- group ``q`` holds tokens ``q*g .. q*g+g-1``; tokens ``>= T`` are absent; ``G = ceil(T / g)``.
+- a key is *shared* iff every present token of the group selects it and no present token has zero valid keys
+  (else ``shared`` is empty); every other union key is in ``rest``, bit ``j`` of its mask set iff token ``q*g+j``
+  selects it. Order inside a list: sorted (ref), first selection (Triton); consumers must not rely on either.
+- ``-1`` (mask 0) padding from each length to the next multiple of 64 (the consumers' key block); past that,
+  unspecified. Consumers use the lengths.
 
-- entry ``indices[t, i]`` is valid iff ``0 <= indices[t, i] < s_kv`` and ``i < topk_length[t]`` (FlashMLA's rule:
-  ``-1`` or ``>= s_kv`` is invalid, and so is every entry past ``topk_length``). Duplicates in one token's list count
-  once.
-- group ``q`` holds tokens ``q*g .. q*g+g-1``; tokens ``>= T`` are absent (the last group of a chunk may be partial);
-  ``G = ceil(T / g)``. Groups may cross request boundaries: nothing special, the sets just differ.
-- a key is *shared* iff every PRESENT token of the group selects it and no present token of the group has zero valid
-  keys (then ``shared`` is empty and every key goes to ``rest``: FlashMLA would otherwise give that token's rows the
-  shared keys). Every other key of the union is in ``rest`` with bit ``j`` of its mask set iff token ``q*g+j``
-  selects it.
-
-Order inside a list: sorted by key (:func:`build_union_ref`), first-selection order (:func:`build_union`); consumers
-must not rely on either.
-
-Padding: ``-1`` (mask 0) is written from each length up to the next multiple of 64 past it (the 64-key block of the
-consumers); entries past that are unspecified (stale when ``out=`` buffers are reused). Consumers use the lengths.
-
-**The GPU kernel** (:func:`build_union`, Triton): a persistent grid of ``P`` programs (default 2 x the SM count),
-each owning a zeroed slice of ``scratch [P, W]`` int32 holding one field per key: ``g`` membership bits plus one
-claim bit (bit ``g``), in 8-bit fields for g <= 4 (4 keys per word), 16-bit for g = 8 (2 per word), 32-bit for
-g = 16 (1 per word); ``W = ceil(s_kv / keys per word)``. Per group:
-
-1. ``atomic_or(field[key], 1 << j)`` for every valid entry of token ``j``; valid-key counts per token; barrier.
-2. re-read each entry's field with an L1-bypassing load (``.cg``); an entry is a candidate iff ``j`` is the lowest
-   membership bit (an earlier token owns the key otherwise); candidates ``atomic_or`` the claim bit and keep the
-   entry iff it was clear (this drops duplicates within one token's list); classify shared (mask == all present
-   tokens and no present token empty) vs rest, compact with ``tl.cumsum`` into the outputs; write lengths and
-   ``-1`` padding; barrier.
-3. store 0 to the word of every union key (read back from the lists just written); barrier.
-
-The scratch is left zeroed, so one allocation serves every call (:func:`union_scratch` caches it per device and
-shape). Its bytes and the outputs' are :func:`union_buffer_bytes` (for the lab's memory account; the engine would
-allocate the outputs once at ``max_num_batched_tokens`` and pass them as ``out=``).
-
-The atomics and ``.cg`` loads go to L2 at random addresses, so L2 round trips set the time, not DRAM bandwidth:
-0.98 ms at T 16384 x topk 2048 on the H200 (``H200_PACKED_COST`` in :mod:`.packed`; docs/perf-notes.md "Packed
-kernel"). :mod:`.union_cuda` is the on-chip CUDA C++ builder (same contract); the ``union_build`` experiment of
-``mla-lab measure --experiments packed_kernels`` times the builders.
-
-Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (the lab's CPU tests).
+**The Triton kernel** (:func:`build_union`): a persistent grid of ``P`` programs (2 x the SM count), each owning a
+zeroed slice of ``scratch [P, W]`` int32, one field per key: ``g`` membership bits plus a claim bit (bit ``g``), in
+8-bit fields for g <= 4, 16-bit for g = 8, 32-bit for g = 16. Per group: (1) ``atomic_or`` bit ``j`` for every valid
+entry of token ``j``; (2) re-read each field (``.cg``, L1-bypassing); an entry whose token is the lowest membership
+bit claims the key (``atomic_or`` of the claim bit; kept iff it was clear, which drops duplicates), is classified
+shared / rest and compacted by ``tl.cumsum``; lengths and padding written; (3) the words of every union key stored
+back to 0. The scratch is left zeroed, so one cached allocation serves every call (:func:`union_scratch`; bytes:
+:func:`union_buffer_bytes`). L2 round trips set its time: 0.98 ms at T 16384 x topk 2048 on the H200
+(docs/perf-notes.md "Packed kernel"). :mod:`.union_cuda` is the shared-memory CUDA builder (same contract).
 """
 
 from __future__ import annotations
@@ -67,6 +40,7 @@ from ..union_layout import (
 from ..union_layout import check_union_group as _check_g
 from ..union_layout import union_field_bits as _field_bits
 from ..union_layout import union_scratch_words as _scratch_words
+from .contract import first_failure, shape_of
 from .triton_concat import triton_available, triton_interpreting
 
 try:  # pragma: no cover - triton is optional on CPU machines
@@ -79,8 +53,7 @@ except Exception:  # pragma: no cover
 __all__ = ["UnionSets", "build_union_ref", "build_union", "union_buffer_bytes", "union_scratch", "union_caps",
            "UNION_GROUP_SIZES", "SHARED_CAP_MULTIPLE", "REST_CAP_MULTIPLE", "PAD_MULTIPLE"]
 
-# UNION_GROUP_SIZES, the caps' multiples and union_buffer_bytes live in mla_lab.union_layout (the memory account
-# prices them without loading torch) and are re-exported here.
+# the layout lives in mla_lab.union_layout (the memory account prices it without torch), re-exported here
 #: ``-1`` padding is written up to the next multiple of this past each length.
 PAD_MULTIPLE = 64
 #: Programs per SM of the persistent grid (the brief's suggestion; to be swept on the GPU).
@@ -91,18 +64,10 @@ INTERPRETER_PROGRAMS = 3
 
 @dataclass(frozen=True)
 class UnionSets:
-    """Per-group union lists (see the module docstring for the definitions).
-
-    Fields (``G = ceil(T / g)`` groups; all on the device of the indices):
-        shared_idx: ``[G, cap_s]`` int32, keys every present token selects; ``cap_s`` a multiple of 128, ``>= topk``.
-        shared_len: ``[G]`` int32.
-        rest_idx: ``[G, cap_r]`` int32, the other union keys; ``cap_r`` a multiple of 64, ``>= g * topk``.
-        rest_mask: ``[G, cap_r]``, bit ``j`` set iff token ``q*g+j`` selects the key; uint8 for g <= 8, int32 for
-            g = 16 (bits 0..15).
-        rest_len: ``[G]`` int32.
-        union_len: ``[G]`` int32, ``shared_len + rest_len``.
-        g: tokens per group; T: tokens.
-    """
+    """Per-group union lists (module docstring), ``G = ceil(T / g)``, on the indices' device: ``shared_idx [G,
+    cap_s]`` int32 (``cap_s`` a multiple of 128, >= topk), ``rest_idx [G, cap_r]`` int32 (``cap_r`` a multiple of 64,
+    >= g x topk), ``rest_mask [G, cap_r]`` (bit ``j``: token ``q*g+j``; uint8 for g <= 8, int32 for g = 16),
+    ``shared_len`` / ``rest_len`` / ``union_len [G]`` int32 (``union = shared + rest``), ``g``, ``T``."""
 
     shared_idx: torch.Tensor
     shared_len: torch.Tensor
@@ -122,33 +87,26 @@ def _mask_dtype(g: int) -> torch.dtype:
     return torch.uint8 if g <= 8 else torch.int32
 
 
-# ------------------------------------------------------------------------------------------------------ validation
-
-
 def _validate(indices, topk_length, g, s_kv) -> None:
-    """One line per rule: the argument, its value, what is allowed."""
-    if not isinstance(indices, torch.Tensor):
-        raise ValueError(f"indices must be a torch.Tensor [T, topk] int32; got {type(indices).__name__}")
-    if indices.dim() != 2:
-        raise ValueError(f"indices must be 2-D [T, topk]; got indices.shape={tuple(indices.shape)}")
-    if indices.dtype != torch.int32:
-        raise ValueError(f"indices.dtype must be torch.int32; got {indices.dtype}")
+    """One ``ValueError`` line for the first broken rule: the argument, its value, what is allowed."""
+    first_failure(_rules(indices, topk_length, g, s_kv))
+
+
+def _rules(indices, topk_length, g, s_kv):
+    yield not isinstance(indices, torch.Tensor), (f"indices must be a torch.Tensor [T, topk] int32; got "
+                                                  f"{type(indices).__name__}")
+    yield indices.dim() != 2, f"indices must be 2-D [T, topk]; got indices.shape={tuple(indices.shape)}"
+    yield indices.dtype != torch.int32, f"indices.dtype must be torch.int32; got {indices.dtype}"
     _check_g(g)
-    if isinstance(s_kv, bool) or not isinstance(s_kv, int) or s_kv < 1:
-        raise ValueError(f"s_kv must be an int >= 1 (keys in the kv cache); got s_kv={s_kv!r}")
-    if topk_length is None:
-        return
-    T = indices.shape[0]
-    if not isinstance(topk_length, torch.Tensor) or topk_length.dim() != 1 or topk_length.shape[0] != T:
-        shape = tuple(topk_length.shape) if isinstance(topk_length, torch.Tensor) else type(topk_length).__name__
-        raise ValueError(f"topk_length must be None or a 1-D tensor [T={T}]; got topk_length.shape={shape}")
-    if topk_length.dtype != torch.int32:
-        raise ValueError(f"topk_length.dtype must be torch.int32; got {topk_length.dtype}")
-    if topk_length.device != indices.device:
-        raise ValueError(f"topk_length must be on indices' device {indices.device}; got {topk_length.device}")
-
-
-# ------------------------------------------------------------------------------------------------------ reference
+    yield (isinstance(s_kv, bool) or not isinstance(s_kv, int) or s_kv < 1,
+           f"s_kv must be an int >= 1 (keys in the kv cache); got s_kv={s_kv!r}")
+    if topk_length is not None:
+        tl_, T = topk_length, indices.shape[0]
+        yield (not isinstance(tl_, torch.Tensor) or tl_.dim() != 1 or tl_.shape[0] != T,
+               f"topk_length must be None or a 1-D tensor [T={T}]; got topk_length.shape={shape_of(tl_)}")
+        yield tl_.dtype != torch.int32, f"topk_length.dtype must be torch.int32; got {tl_.dtype}"
+        yield (tl_.device != indices.device,
+               f"topk_length must be on indices' device {indices.device}; got {tl_.device}")
 
 
 def _valid_entries(indices, topk_length, s_kv):
@@ -178,21 +136,12 @@ def _scatter_list(dst, dst_mask, grp, key, mask, G):
 
 
 def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int) -> UnionSets:
-    """The union lists by torch sort-and-scatter (any device; each list sorted by key; ``-1`` padded to the width).
-
-    Steps: codes ``(group * s_kv + key) * g + j`` of the valid entries, ``torch.unique`` (sorts, drops duplicates
-    within a token), the mask of each ``(group, key)`` as the sum of its distinct ``1 << j``, the shared test, and a
-    scatter into the padded lists.
+    """The union lists by torch sort-and-scatter of codes ``(group * s_kv + key) * g + j`` (any device; each list
+    sorted by key; ``-1`` padded to the width).
 
     Args:
-        indices: ``[T, topk]`` int32 key rows into the kv cache (invalid: ``< 0``, ``>= s_kv``, or past
-            ``topk_length``).
-        topk_length: ``[T]`` int32 or None (all ``topk`` entries considered).
-        g: tokens per group, one of :data:`UNION_GROUP_SIZES`.
-        s_kv: keys in the kv cache (int >= 1).
-
-    Returns:
-        :class:`UnionSets`.
+        indices: ``[T, topk]`` int32 key rows into the kv cache; topk_length: ``[T]`` int32 or None; g: one of
+            :data:`UNION_GROUP_SIZES`; s_kv: keys in the kv cache (int >= 1).
 
     Raises:
         ValueError: indices not a 2-D int32 tensor; g not allowed; s_kv not an int >= 1; topk_length not None or a
@@ -227,8 +176,6 @@ def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: 
     out.union_len.copy_(s_len + r_len)
     return out
 
-
-# ---------------------------------------------------------------------------------------------------- triton kernel
 
 if triton is not None:
 
@@ -333,9 +280,8 @@ _SCRATCH: dict = {}
 
 
 def union_scratch(device, num_programs: int, s_kv: int, g: int) -> torch.Tensor:
-    """The zeroed ``[num_programs, W]`` int32 scratch of :func:`build_union`, allocated once per ``(device,
-    num_programs, W)`` and cached (the kernel leaves it zeroed). W = ceil(s_kv / 4) for g <= 4, ceil(s_kv / 2) for
-    g = 8, s_kv for g = 16; a cached buffer with at least W words per program is reused."""
+    """The zeroed ``[num_programs, W]`` int32 scratch of :func:`build_union`, cached per ``(device, num_programs)``
+    and reused while it has ``W`` words (``mla_lab.union_layout.union_scratch_words``)."""
     words = _scratch_words(s_kv, g)
     d = torch.device(device)
     if d.type == "cuda" and d.index is None:
@@ -370,12 +316,8 @@ def _check_out(out, G, cap_s, cap_r, g, T, device) -> None:
 
 
 def output_sets(indices: torch.Tensor, g: int, out: UnionSets | None = None) -> UnionSets:
-    """The builders' output: ``out`` checked against ``indices`` and ``g`` (same T, g, caps, device), or a new
-    ``-1``-filled :class:`UnionSets` (shared by the Triton and the CUDA builder).
-
-    Raises:
-        ValueError: ``out`` not built for these indices (one line).
-    """
+    """The builders' output: ``out`` checked against ``indices`` and ``g`` (same T, g, caps, device; else one
+    ``ValueError`` line), or a new ``-1``-filled :class:`UnionSets`."""
     T, topk = indices.shape
     G = -(-T // g)
     cap_s, cap_r = union_caps(topk, g)
@@ -388,21 +330,19 @@ def output_sets(indices: torch.Tensor, g: int, out: UnionSets | None = None) -> 
 def build_union(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int, *,
                 out: UnionSets | None = None, num_programs: int | None = None, scratch: torch.Tensor | None = None,
                 block: int = 1024, num_warps: int = 4) -> UnionSets:
-    """The union lists by the Triton kernel (see the module docstring); same sets as :func:`build_union_ref`.
+    """The union lists by the Triton kernel (module docstring); same sets as :func:`build_union_ref`.
 
     Args:
-        indices, topk_length, g, s_kv: as :func:`build_union_ref`; ``indices`` rows contiguous (stride 1 along
-            topk), CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1``).
-        out: a :class:`UnionSets` to write into (same ``T``, ``g``, topk, device; e.g. allocated once at
-            ``max_num_batched_tokens`` and sliced); None allocates one (``-1``-filled).
+        indices, topk_length, g, s_kv: as :func:`build_union_ref`; ``indices`` contiguous along topk, on CUDA (CPU
+            under ``TRITON_INTERPRET=1``).
+        out: a :class:`UnionSets` to write into (same T, g, topk, device); None allocates one (:func:`output_sets`).
         num_programs: persistent programs (default :data:`DEFAULT_PROGRAMS_PER_SM` x SMs; 3 in the interpreter).
-        scratch: ``[num_programs, >= W]`` int32, all zero (the kernel leaves it zero); None uses
-            :func:`union_scratch`'s cached buffer.
+        scratch: ``[num_programs, >= W]`` int32, all zero; None: :func:`union_scratch`'s cached buffer.
         block: entries per vector step (power of two >= 64); num_warps: warps per program.
 
     Returns:
-        :class:`UnionSets` (``out`` when given). With ``out`` and ``scratch`` given (or the scratch cached by an
-        earlier call) the call allocates nothing and does not synchronise: one kernel launch, CUDA-graph capturable.
+        :class:`UnionSets` (``out`` when given); with ``out`` and a cached or given scratch, one launch that
+        allocates nothing and does not synchronise (CUDA-graph capturable).
 
     Raises:
         ValueError: every rule of :func:`build_union_ref`; indices not contiguous along topk; triton missing; CPU

@@ -1,37 +1,22 @@
-"""Union builder as a CUDA C++ kernel with the membership table in shared memory: the same contract and the same
-sets as :func:`.union.build_union_ref` / :func:`.union.build_union` (definitions, caps, padding: :mod:`.union`).
+"""Union builder as a CUDA C++ kernel with the membership table in shared memory: the contract and sets of
+:func:`.union.build_union_ref` (:mod:`.union`), lists in warp order.
 
-**The kernel** (``CUDA_SOURCE``, compiled on first use by ``torch.utils.cpp_extension.load_inline``): a persistent
-grid (SMs x resident CTAs of :data:`THREADS` threads) over *super-groups* of 8 consecutive tokens (``8 / g`` groups;
-g = 8: one group), one at a time per CTA. A super-group's ``8 x topk`` entries are held in registers (``int4``
-loads, 32 entries per thread when ``8 x topk <= 16384``, i.e. topk <= 2048; the next super-group's entries are
-loaded, unchecked, while this one is processed, and the ``topk_length`` of the one after that goes through a ring in
-shared memory, so no load waits on another); a larger topk is processed in chunks re-read from global memory per
-phase. Entries past ``topk_length``, ``< 0`` or ``>= s_kv`` become ``-1`` before use (``int4`` loads wholly past
-``topk_length`` are not issued). The table in shared memory holds one byte per key, bit ``j`` = token ``j`` of the
-super-group (group ``s`` owns bits ``s g .. s g + g - 1``), over a window of ``window`` keys (default ``min(s_kv,
-196608)``: 192 KiB). When ``s_kv > window`` the super-group's min and max key are reduced first and the range is
-processed window by window (each window re-scans the entries in registers). Per window:
+**The kernel** (``CUDA_SOURCE``, built on first use by ``torch.utils.cpp_extension.load_inline``): a persistent grid
+(SMs x resident CTAs of :data:`THREADS` threads) over *super-groups* of 8 tokens (``8 / g`` groups), one at a time
+per CTA. The ``8 x topk`` entries sit in registers (``int4`` loads, 32 per thread when topk <= 2048; the next
+super-group's are prefetched unchecked and ``topk_length`` two ahead goes through a shared-memory ring); a larger
+topk is processed in chunks re-read per phase. Invalid entries become ``-1``. The table holds one byte per key (bit
+``j`` = token ``j``; group ``s`` owns bits ``s g .. s g + g - 1``) over ``window`` keys (default ``min(s_kv,
+196608)``: 192 KiB); when ``s_kv > window`` the super-group's key range is processed window by window. Per window:
+(1) ``atomicOr`` bit ``j`` per valid entry; barrier. (2) an entry whose token is its group's lowest set bit clears
+the group's bits with ``atomicAnd`` and keeps the key iff they were non-zero (one keeper per key; duplicates drop);
+the old bits are the mask (shared iff all present tokens and none empty); positions from a warp prefix sum and one
+shared ``atomicAdd`` per warp and slot; the table is left zeroed. Then lengths and ``-1`` padding to a multiple of 64.
 
-1. ``atomicOr`` bit ``j`` into the key's byte for every valid entry of token ``j``; barrier.
-2. every valid entry reads its group's bits ``m`` of the byte; if its token is the lowest set bit of ``m`` it clears
-   them with ``atomicAnd`` and keeps the key iff they were non-zero (so exactly one entry of the group's lowest token
-   keeps each key: a duplicate within that token's list finds the bits cleared; an entry that reads 0 drops the key,
-   its lowest token has claimed it). The old bits are the key's mask: shared iff they equal the group's present
-   tokens and no present token of the group has zero valid keys, else rest. Positions come from a warp prefix sum
-   and one shared-memory ``atomicAdd`` per warp and register slot (a warp's slot holds one token's entries: rows are
-   multiples of 128 entries). Phase 2 leaves the table zeroed: no clean-up pass. Barrier.
-
-Then each group's lengths and ``-1`` padding up to the next multiple of 64 are written. Order inside a list is
-arbitrary (warp order); consumers use the lengths (the contract of :mod:`.union`).
-
-``g = 16`` (two bytes per key) is refused with one line: use :func:`.union.build_union` (Triton). Indices whose rows
-are not 16-byte aligned rows of a multiple of 128 entries (``topk % 128``, row stride % 4, data pointer % 16) are
-first copied into a ``-1`` padded ``[T, ceil(topk / 128) * 128]`` tensor (one extra copy; topk 2048 needs none).
-
-Build: ``nvcc -O3 -gencode=arch=compute_90a,code=sm_90a`` (plus torch's default flags for the visible GPU), name
-:data:`EXTENSION_NAME`, cached under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``) across
-processes; the first call in a fresh cache compiles (tens of seconds: the pybind wrapper includes torch's headers).
+``g = 16`` is refused (use :func:`.union.build_union`). Rows not 16-byte aligned with a multiple of 128 entries are
+first copied into a ``-1`` padded ``[T, ceil(topk / 128) * 128]`` tensor (topk 2048 needs none). Build: ``nvcc -O3
+-gencode=arch=compute_90a,code=sm_90a``, :data:`EXTENSION_NAME`, cached under ``TORCH_EXTENSIONS_DIR``; a fresh
+cache compiles for tens of seconds.
 """
 
 from __future__ import annotations
@@ -353,19 +338,13 @@ def _check_cuda_args(indices, g, s_kv, window) -> int:
 
 def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g: int, s_kv: int, *,
                      out: UnionSets | None = None, window: int | None = None) -> UnionSets:
-    """The union lists by the CUDA shared-memory kernel (module docstring); the same sets as
-    :func:`.union.build_union_ref`, lists in arbitrary order.
+    """The union lists by the CUDA shared-memory kernel (module docstring), lists in arbitrary order.
 
     Args:
-        indices: ``[T, topk]`` int32 CUDA tensor (any strides; see the module docstring for the copy).
-        topk_length: ``[T]`` int32 on the same device, or None.
-        g: tokens per group, 1, 2, 4 or 8. s_kv: keys in the kv cache (int >= 1).
-        out: a :class:`.union.UnionSets` to write into (as :func:`.union.build_union`); None allocates one.
-        window: keys of the shared-memory table, a multiple of 16 in ``[16, MAX_WINDOW]`` (default
-            ``min(MAX_WINDOW, s_kv rounded up to 16)``); a smaller one forces the windowed path (tests).
-
-    Returns:
-        :class:`.union.UnionSets` (``out`` when given).
+        indices: ``[T, topk]`` int32 CUDA tensor, any strides; topk_length: ``[T]`` int32 or None; g: 1, 2, 4 or 8;
+            s_kv: keys in the kv cache (int >= 1); out: as :func:`.union.build_union`.
+        window: keys of the table, a multiple of 16 in ``[16, MAX_WINDOW]`` (default ``min(MAX_WINDOW, s_kv rounded
+            up to 16)``); a smaller one forces the windowed path (tests).
 
     Raises:
         ValueError: every rule of :func:`.union.build_union_ref`; g = 16; CPU tensors; a GPU other than sm90;
@@ -395,9 +374,8 @@ def build_union_cuda(indices: torch.Tensor, topk_length: torch.Tensor | None, g:
 
 
 def union_mismatch(got: UnionSets, ref: UnionSets) -> str | None:
-    """None when ``got`` and ``ref`` hold the same sets (lengths equal; per group, each list equal as a sorted list;
-    ``rest`` masks equal per key; ``got``'s ``-1`` / mask-0 padding up to the next multiple of 64), else one line
-    saying what differs first. Lists are compared sorted, so the order inside a list is free."""
+    """None when ``got`` and ``ref`` hold the same sets (lengths; each list sorted, with its masks; ``got``'s ``-1`` /
+    mask-0 padding to the next multiple of 64), else one line saying what differs first."""
     for name in ("shared_len", "rest_len", "union_len"):
         a, b = getattr(got, name), getattr(ref, name)
         if not torch.equal(a.cpu(), b.cpu()):

@@ -1,15 +1,12 @@
-"""GPU measurement: the one timer, the attention path, the layer runner, the TP harness, validation helpers.
-
-Submodules load on first use (PEP 562): ``from mla_lab import measure`` costs nothing and ``measure.attention``
-imports torch only when a measured point first needs it, so the sweep's row builder (and with it ``mla-lab
-advise`` and ``mla-lab sweep --dry-run``) starts without torch (issue 22).
+"""GPU measurement: the timer, the attention path, the layer runner, the TP harness, validation. Submodules load on
+first use (PEP 562), so the row builder (``mla-lab advise``, ``sweep --dry-run``) starts without torch (issue 22).
 """
 
 from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("attention", "bandwidth", "layer", "layer_experiments", "layer_runs", "sink", "spread", "timer", "tp",
+_SUBMODULES = ("attention", "bandwidth", "layer", "layer_runs", "sink", "spread", "timer", "tp",
                "tp_blocks", "triton_ops", "validate")
 
 

@@ -1,11 +1,6 @@
-"""The sparse-MLA prefill attention path of a rank per strategy, timed on a GPU, and each call's peak memory.
-
-Inputs (:func:`make_step_inputs`) are fresh random bf16 tensors (never zeros) shaped as vLLM hands them over:
-``ql_nope`` the transposed W_UK bmm output (``[H, T, 512]`` viewed ``[T, H, 512]``), ``q_pe`` a slice of the q_b
-output; causal prompts: the token at position p sees ``min(p + 1, topk)`` keys of its own prompt
-(``topk_length``), indices random among them. Peak memory: ``max_memory_allocated`` after
-``reset_peak_memory_stats`` minus the bytes allocated before the call (what one call adds on top of its inputs and
-persistent workspace). Timings only; sweep rows are built by :mod:`mla_lab.sweep.rows`.
+"""A rank's sparse-MLA prefill attention path per strategy, timed on a GPU, and each call's peak memory (bytes one
+call allocates on top of its inputs and workspace). Inputs: :func:`make_step_inputs`. Sweep rows:
+:mod:`mla_lab.sweep.rows`.
 """
 
 from __future__ import annotations
@@ -20,7 +15,8 @@ from ..strategies import PaddedQPath
 from ..workload import Step
 from .timer import interleaved, summarize
 
-__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check", "padded_path", "MEASURED_STRATEGIES"]
+__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check", "padded_path", "sm_scale", "call_peak_bytes",
+           "MEASURED_STRATEGIES"]
 
 
 def _require_cuda(device: str) -> None:
@@ -28,15 +24,16 @@ def _require_cuda(device: str) -> None:
         raise RuntimeError("measurement needs a CUDA GPU; torch sees none (use device='cpu' for modelled rows)")
 
 
-def _sm_scale(model) -> float:
+def sm_scale(model) -> float:
+    """The softmax scale the lab passes, ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)`` (no rope-scaling factor:
+    the value does not change the work)."""
     return 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
 
 
 def padded_path(rank, strategy, max_num_batched_tokens: int | None = None, device: str = "cuda",
                 **kw) -> PaddedQPath:
-    """The rank's attention path under ``strategy``: :class:`~mla_lab.strategies.PaddedQPath` with the rank's
-    heads, GPU and KV dtype, its step buffers ``max_num_batched_tokens`` rows (default the rank's); ``kw`` as
-    PaddedQPath's (``reuse_pad_block``, ``dtype``, ...)."""
+    """:class:`~mla_lab.strategies.PaddedQPath` of ``strategy`` with the rank's heads, GPU and KV dtype, buffers of
+    ``max_num_batched_tokens`` rows (default the rank's); ``kw`` as PaddedQPath's."""
     T = rank.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
     return PaddedQPath(strategy, num_heads=rank.num_heads, max_num_batched_tokens=T, arch=rank.arch.name,
                        kv_cache_dtype=rank.kv_cache_dtype, device=device, **kw)
@@ -44,9 +41,10 @@ def padded_path(rank, strategy, max_num_batched_tokens: int | None = None, devic
 
 def make_step_inputs(rank, step: Step, prompt_len: int, seed: int = 0, full_topk: bool = False,
                      device: str = "cuda"):
-    """Random bf16 inputs for one step of the rank: ``ql_nope [T,H,512]``, ``q_pe [T,H,64]`` (strided like vLLM),
-    ``kv [s_kv,1,576]`` (one region of ``prompt_len`` keys per prompt in the step), ``indices [T,1,topk]`` int32 and
-    ``topk_length [T]`` int32 (``None`` when ``full_topk``: every token uses all topk random keys).
+    """Random bf16 inputs of one step (never zeros): ``ql_nope [T,H,512]``, ``q_pe [T,H,64]`` (strided like vLLM),
+    ``kv [s_kv,1,576]`` (``prompt_len`` keys per prompt), causal ``indices [T,1,topk]`` int32 and ``topk_length
+    [T]`` int32 (the token at position p sees ``min(p + 1, topk)`` keys of its prompt; ``full_topk``: all topk
+    random keys, ``None``).
 
     Raises:
         RuntimeError: ``device="cuda"`` without a GPU."""
@@ -72,35 +70,34 @@ def make_step_inputs(rank, step: Step, prompt_len: int, seed: int = 0, full_topk
 
 
 def _consumer(path):
-    """``subchunk:<S>:views`` hands each chunk's view to the consumer (the W_UV bmm, timed by the layer model): the
-    attention path ends there, without gathering the chunks."""
+    """``subchunk:<S>:views`` ends at the consumer (the W_UV bmm, timed by the layer model): no gather."""
     return (lambda s, o, lse: None) if path.spec.views_handoff else None
 
 
-def _call_peak(rank, name, T, inputs, sm_scale, device) -> int:
-    """Bytes one call of ``name`` allocates above what was allocated before it (a fresh ``new_empty`` pad per call,
-    as the engine allocates it), after one warm-up call."""
-    path = padded_path(rank, name, T, device)
-    path(*inputs[:4], sm_scale, inputs[4], consumer=_consumer(path))
+def call_peak_bytes(fn) -> int:
+    """Bytes one call of ``fn`` allocates above what was allocated before it (``max_memory_allocated`` after
+    ``reset_peak_memory_stats``; its result held until the call is done). CUDA only."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    out = path(*inputs[:4], sm_scale, inputs[4], consumer=_consumer(path))
+    out = fn()
     torch.cuda.synchronize()
     del out
     return torch.cuda.max_memory_allocated() - before
 
 
+def _call_peak(rank, name, T, inputs, sm_scale, device) -> int:
+    """:func:`call_peak_bytes` of ``name`` (a fresh ``new_empty`` pad, as the engine's), after a warm-up call."""
+    path = padded_path(rank, name, T, device)
+    path(*inputs[:4], sm_scale, inputs[4], consumer=_consumer(path))
+    return call_peak_bytes(lambda: path(*inputs[:4], sm_scale, inputs[4], consumer=_consumer(path)))
+
+
 def time_attention_path(rank, step: Step, prompt_len: int, strategies=MEASURED_STRATEGIES, full_topk: bool = False,
                         seed: int = 0, device: str = "cuda", repeats: int = 7) -> dict:
-    """The attention path of one layer call of the rank per strategy, timed interleaved, and each strategy's call
-    peak.
-
-    Every strategy runs as :func:`padded_path` (buffers of the step's tokens) on the same inputs
-    (:func:`make_step_inputs`). ``repeats`` rounds of :func:`mla_lab.measure.timer.interleaved` (order rotated each
-    round, L2 flushed before each sample); ``per_call_empty`` takes its pad from a block filled once with its
-    content (what the caching allocator hands back, no GPU work). The call peak comes from one further call with a
-    fresh ``new_empty`` pad (:func:`_call_peak`).
+    """Each strategy's attention path (:func:`padded_path`, buffers of the step's tokens) on the same inputs,
+    ``repeats`` rounds of :func:`mla_lab.measure.timer.interleaved` (``per_call_empty``'s pad from a block filled
+    once: what the caching allocator hands back), then each call's peak (:func:`_call_peak`).
 
     Returns:
         ``{name: {"total": median ms, "samples": [ms, ...], "q1", "q3", "ci_lo", "ci_hi", "peak_bytes",
@@ -114,7 +111,7 @@ def time_attention_path(rank, step: Step, prompt_len: int, strategies=MEASURED_S
     T = step.num_tokens
     inputs = make_step_inputs(rank, step, prompt_len, seed, full_topk, device)
     ql_nope, q_pe, kv, idx, tl = inputs
-    sm = _sm_scale(rank.model)
+    sm = sm_scale(rank.model)
     paths = {name: padded_path(rank, name, T, device, reuse_pad_block=True) for name in strategies}
     samples = interleaved({n: (lambda p=p: p(ql_nope, q_pe, kv, idx, sm, tl, consumer=_consumer(p)))
                            for n, p in paths.items()}, repeats=repeats, device=device)
@@ -136,12 +133,9 @@ def time_attention_path(rank, step: Step, prompt_len: int, strategies=MEASURED_S
 
 
 def nan_padding_check(rank, T: int = 4096) -> dict:
-    """Does garbage in the private workspace's padded heads reach the real heads' output?
-
-    Runs the rank's ``private_workspace`` path on one ``T``-token prompt with the padded heads filled with NaN, inf,
-    then zeros, and compares the real heads' outputs (``nan_in_real_heads``, ``nan_max_abs_diff``, ``inf_...``).
-    vLLM leaves those heads uninitialized; some vLLM variants zero them because the kernel reduces across the head
-    group.
+    """Does garbage in the private workspace's padded heads (vLLM leaves them uninitialized) reach the real heads?
+    ``private_workspace`` on one ``T``-token prompt, padded heads NaN, inf, then zeros: ``nan_in_real_heads``,
+    ``nan_max_abs_diff``, ``inf_...`` against zeros.
 
     Raises:
         RuntimeError: no GPU.
@@ -153,7 +147,7 @@ def nan_padding_check(rank, T: int = 4096) -> dict:
     for fill in ("nan", "zero", "inf"):
         s = padded_path(rank, "private_workspace", T)
         s.workspace.buffer.fill_({"nan": float("nan"), "zero": 0.0, "inf": float("inf")}[fill])
-        o, lse = s(ql_nope, q_pe, kv, idx, _sm_scale(rank.model), tl)
+        o, lse = s(ql_nope, q_pe, kv, idx, sm_scale(rank.model), tl)
         outs[fill] = o.float().clone()
     res = {"model": rank.model.name, "tp": rank.tp, "num_heads": rank.num_heads, "T": T}
     for fill in ("nan", "inf"):

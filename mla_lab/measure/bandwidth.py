@@ -1,8 +1,7 @@
 """A bandwidth probe for the padded Q workspace (issue 23: is the concat's gap to a contiguous copy the kernel's or
-the layout's?): one Triton kernel with the concat's v2 tiling (:mod:`mla_lab.kernels.triton_concat`).
-:func:`gapped_write` ``(out, H)`` writes zeros into the first ``H`` heads of ``out [T, H', 576]`` (write only);
-with ``src=[T, H, 576]`` it copies one source there (the concat without its second input). On an unpadded ``out``
-the same code writes contiguously: the ratio is the layout's cost (docs/perf-notes.md "Round 4").
+the layout's?): :func:`gapped_write`, one Triton kernel with the concat's v2 tiling
+(:mod:`mla_lab.kernels.triton_concat`); on an unpadded ``out`` it writes contiguously, and the ratio is the layout's
+cost (docs/perf-notes.md "Round 4").
 """
 
 from __future__ import annotations
@@ -18,11 +17,7 @@ except Exception:  # pragma: no cover
     triton = None
     tl = None
 
-__all__ = ["gapped_write", "BLOCK_ROWS", "NUM_WARPS"]
-
-#: v2's defaults, imported so they cannot drift.
-BLOCK_ROWS = DEFAULT_BLOCK_ROWS
-NUM_WARPS = DEFAULT_NUM_WARPS
+__all__ = ["gapped_write"]
 
 if triton is not None:
 
@@ -48,13 +43,8 @@ if triton is not None:
 
 
 def gapped_write(out: torch.Tensor, H: int, src: torch.Tensor | None = None) -> torch.Tensor:
-    """Write zeros (``src=None``) or ``src`` into ``out[:, :H, :]`` with v2's tiling; returns ``out``.
-
-    Args:
-        out: ``[T, H', 576]``, H' >= H, fp16/bf16, last dim contiguous (the padded workspace, or an unpadded buffer
-            with H' = H for the contiguous reference).
-        H: real heads written (1 <= H <= H').
-        src: None, or ``[T, H, 576]`` of ``out``'s dtype and device, last dim contiguous.
+    """Write zeros (``src=None``) or ``src [T, H, 576]`` (``out``'s dtype and device) into ``out[:, :H]`` of ``out
+    [T, H', 576]`` (fp16/bf16, H' >= H; last dims contiguous) with v2's tiling; returns ``out``.
 
     Raises:
         RuntimeError: triton did not import.
@@ -78,7 +68,7 @@ def gapped_write(out: torch.Tensor, H: int, src: torch.Tensor | None = None) -> 
     if n_rows == 0:
         return out
     s = out if src is None else src
-    _gapped_rows_kernel[(triton.cdiv(n_rows, BLOCK_ROWS),)](
+    _gapped_rows_kernel[(triton.cdiv(n_rows, DEFAULT_BLOCK_ROWS),)](  # v2's defaults: they cannot drift
         s, out, n_rows, s.stride(0), s.stride(1), out.stride(0), out.stride(1),
-        ROWS_PER_TOKEN=H, BLOCK_R=BLOCK_ROWS, FILL=src is None, num_warps=NUM_WARPS)
+        ROWS_PER_TOKEN=H, BLOCK_R=DEFAULT_BLOCK_ROWS, FILL=src is None, num_warps=DEFAULT_NUM_WARPS)
     return out

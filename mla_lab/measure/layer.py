@@ -1,18 +1,8 @@
-"""The per-rank layer: every op of :func:`mla_lab.model.ops.layer_ops` at its real shape, and the layer end to end,
-on one GPU (or on CPU through the Triton interpreter, to check the logic). The loops over it: :mod:`.layer_runs`;
-its Triton stand-ins: :mod:`.triton_ops`; the extras: :mod:`.layer_experiments`; the fit: :mod:`.validate`.
-
-- :class:`Layer`: random bf16 weights (``1/sqrt(K)``, never zeros) and buffers of one per-rank layer;
-  :meth:`Layer.runner` (one op on prepared inputs, a builder per op ``impl``) and :meth:`Layer.e2e` (the layer per
-  :class:`~mla_lab.placement.Strategy`: ``per_call_zeros`` concat into the H-head buffer then ``new_zeros`` + copy;
-  ``per_call_empty`` the pad from one block filled once with its content (vLLM before PR #53878);
-  ``private_workspace`` concat into the padded workspace, its padded heads holding :attr:`MeasureSettings.content`).
-- :class:`MeasureSettings` and :class:`Implementations` (the kernel and concat in use, with the text rows record):
-  the run's state, passed explicitly; :func:`select_implementations`, :func:`run_kernel_checks`, :func:`tiny_model`.
-- The files and columns a run writes (:data:`OPS_COLUMNS`, :data:`E2E_COLUMNS`, :data:`EXTRAS_COLUMNS`).
-
-CPU runs need ``TRITON_INTERPRET=1`` set before this module is imported (:mod:`.triton_ops`). Timing:
-:func:`mla_lab.measure.timer.median_ms`.
+"""The per-rank layer on one GPU (or on CPU through the Triton interpreter, to check the logic): every op of
+:func:`mla_lab.model.ops.layer_ops` at its real shape (:meth:`Layer.runner`) and the layer end to end
+(:meth:`Layer.e2e`); the run's state (:class:`MeasureSettings`, :class:`Implementations`) and the files it writes.
+Loops: :mod:`.layer_runs`; Triton stand-ins: :mod:`.triton_ops` (CPU runs need ``TRITON_INTERPRET=1`` set before
+import); extras: :mod:`.layer_runs`; fit: :mod:`.validate`.
 """
 
 from __future__ import annotations
@@ -32,23 +22,13 @@ from ..kernels.reference import concat_mla_q_torch, sparse_mla_prefill_ref
 from ..model.ops import LayerOp
 from ..models import ModelConfig
 from ..placement import CONTENTS, Strategy, expand_strategies, parse_strategy
+from .attention import sm_scale
 from .timer import median_ms
-from .triton_ops import (
-    KernelCheck,
-    KernelCheckError,
-    check_kernels,
-    mqa_logits,
-    rmsnorm,
-    silu_mul,
-    triton_kernels,
-)
+from .triton_ops import KernelCheck, KernelCheckError, check_kernels, mqa_logits, rmsnorm, silu_mul
 
-__all__ = [
-    "OPS_CSV", "E2E_CSV", "EXTRAS_CSV", "VALIDATION_CSV", "CALIBRATION_CSV", "OPS_COLUMNS", "E2E_COLUMNS",
-    "EXTRAS_COLUMNS", "LAYER_PLACEMENTS", "LAYER_STRATEGIES", "triton_kernels", "rmsnorm", "silu_mul",
-    "mqa_logits", "KernelCheck", "check_kernels", "KernelCheckError", "run_kernel_checks", "tiny_model",
-    "MeasureSettings", "Implementations", "select_implementations", "Layer", "layer_strategies",
-]
+__all__ = ["OPS_CSV", "E2E_CSV", "EXTRAS_CSV", "VALIDATION_CSV", "CALIBRATION_CSV", "OPS_COLUMNS", "E2E_COLUMNS",
+           "EXTRAS_COLUMNS", "LAYER_PLACEMENTS", "LAYER_STRATEGIES", "run_kernel_checks", "tiny_model",
+           "MeasureSettings", "Implementations", "select_implementations", "Layer", "layer_strategies"]
 
 #: Files one run writes into its output folder (and :mod:`.validate` reads back).
 OPS_CSV, E2E_CSV, EXTRAS_CSV, VALIDATION_CSV, CALIBRATION_CSV = (
@@ -62,19 +42,16 @@ OPS_COLUMNS = ["model", "tp", "moe_parallel", "ep", "T", "op", "op_class", "impl
 #: ``strategy`` a canonical name, ``content`` what the padded heads held (``zeros`` / ``stale``).
 E2E_COLUMNS = ["model", "tp", "moe_parallel", "ep", "T", "layer_kind", "strategy", "content", "mode", "ms",
                "excluded_ops", "impl_detail", "status"]
-#: Columns of ``layer_extras.csv``: ceilings, kernel checks and the experiments of :mod:`.layer_experiments`.
+#: Columns of ``layer_extras.csv``: ceilings, kernel checks and the extras of :mod:`.layer_runs`.
 #: ``content`` as in :data:`OPS_COLUMNS` (empty where no padded heads are read).
 EXTRAS_COLUMNS = ["experiment", "model", "tp", "T", "H", "Hp", "name", "ms", "flops", "bytes", "value", "unit",
                   "content", "note"]
 
-#: Placements :meth:`Layer.e2e` runs (module docstring).
+#: Placements :meth:`Layer.e2e` runs.
 LAYER_PLACEMENTS = ("per_call_zeros", "per_call_empty", "private_workspace")
 #: The strategies a layer run times by default: what the first version timed as ``unfused`` and ``fused``
 #: (:data:`mla_lab.placement.LEGACY_MEASURED`), so new rows stay comparable with the committed H200 run.
 LAYER_STRATEGIES = (parse_strategy("per_call_zeros"), parse_strategy("private_workspace"))
-
-
-# ------------------------------------------------------------------------------------------- settings
 
 
 def _check_content(content: str) -> None:
@@ -83,9 +60,8 @@ def _check_content(content: str) -> None:
 
 
 def layer_strategies(names) -> tuple[Strategy, ...]:
-    """Strategy names given at a door -> the :class:`Strategy` s the layer runs (order kept, duplicates dropped).
-    Names as :func:`mla_lab.placement.expand_strategies` (canonical names, presets, the aliases: ``unfused`` is
-    vLLM before PR #53878, ``per_call_empty:zeros`` and ``:stale``, as at every other door); Strategy objects kept.
+    """Strategy names (as :func:`mla_lab.placement.expand_strategies` reads them) or objects -> the
+    :class:`Strategy` s the layer runs, order kept, duplicates dropped.
 
     Raises:
         ValueError: an unknown name, or a placement :meth:`Layer.e2e` does not run (names the allowed ones).
@@ -100,8 +76,7 @@ def layer_strategies(names) -> tuple[Strategy, ...]:
 
 
 def tiny_model() -> ModelConfig:
-    """A GLM-5-shaped model small enough for CPU dry runs: 16 heads, hidden 256, 16 experts of 64, topk 128,
-    indexer 4 x 32, the absorbed head size 576 (= 512 + 64) the kernels require."""
+    """A GLM-5-shaped model for CPU dry runs: 16 heads, hidden 256, 16 experts of 64, topk 128, head size 576."""
     return ModelConfig(name="tiny", num_attention_heads=16, num_hidden_layers=4, hidden_size=256, q_lora_rank=128,
                        kv_lora_rank=512, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64, index_topk=128,
                        index_n_heads=4, index_head_dim=32, first_k_dense_replace=1, n_routed_experts=16,
@@ -110,20 +85,11 @@ def tiny_model() -> ModelConfig:
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """How a layer run measures (passed to every measuring function; nothing lives in module globals).
-
-    Attributes:
-        device: ``cuda`` or ``cpu`` (a dry run of the logic).
-        dtype: of weights and activations (bf16 on a GPU, fp32 on CPU).
-        interpret: the Triton kernels run through Triton's interpreter (small ``mqa_logits`` blocks).
-        warmup_ms, rep_ms: do_bench's warm-up and repetition budgets (ms).
-        cpu_calls: timed calls per median on CPU (after one warm-up call).
-        deadline: ``time.time()`` after which nothing new is started (``inf``: none).
-        content: what the private workspace's padded heads hold while timed (:data:`mla_lab.placement.CONTENTS`):
-            ``zeros`` (what a fresh cudaMalloc segment most likely gives vLLM at PR #53878) or ``stale`` (N(0, 1)
-            values, as the first H200 run left them).
-        disabled_kernels: Triton kernels that failed their check (:func:`run_kernel_checks`): their ops are not
-            timed and the end-to-end layer leaves them out (``excluded_ops``).
+    """How a layer run measures: ``device`` (``cuda``, or ``cpu``: a dry run), ``dtype`` (bf16 on a GPU, fp32 on
+    CPU), ``interpret`` (Triton's interpreter), ``warmup_ms`` / ``rep_ms`` (do_bench budgets, ms), ``cpu_calls``,
+    ``deadline`` (``time.time()`` after which nothing starts), ``content`` (the private workspace's padded heads:
+    ``zeros``, what a fresh cudaMalloc segment most likely gives vLLM at PR #53878, or ``stale`` N(0, 1), as the
+    first H200 run left them), ``disabled_kernels`` (failed :func:`run_kernel_checks`: not timed, ``excluded_ops``).
     """
 
     device: str = "cuda"
@@ -154,15 +120,9 @@ class MeasureSettings:
 
 @dataclass(frozen=True)
 class Implementations:
-    """The attention-path implementations a run times, and the text its rows record.
-
-    Attributes:
-        kernel: ``(q [T, H', 576], kv [s_kv, 1, 576], indices [T, 1, topk] int32, sm_scale, topk_length=None) ->
-            out [T, H', 512]`` (the sparse prefill), or None (no kernel: its op is skipped and the end-to-end layer
-            runs without it, ``excluded_ops`` ``kernel``).
-        kernel_detail: e.g. ``flash_mla.flash_mla_sparse_fwd (<version>)``.
-        concat: ``(ql_nope [T, H, 512], q_pe [T, H, 64], out [T, H', 576])``, writing the first H heads of ``out``.
-        concat_detail: e.g. ``mla_lab.kernels.concat_mla_q triton``.
+    """The attention path a run times and the text its rows record: ``kernel`` ``(q [T, H', 576], kv [s_kv, 1,
+    576], indices [T, 1, topk] int32, sm_scale, topk_length=None) -> [T, H', 512]`` or None (skipped, ``excluded_ops``
+    ``kernel``); ``concat`` ``(ql_nope [T, H, 512], q_pe [T, H, 64], out [T, H', 576])`` writing out's first H heads.
     """
 
     kernel: Callable | None
@@ -173,10 +133,9 @@ class Implementations:
 
 def select_implementations(settings: MeasureSettings, use_flash_mla: bool = True, flash_mla_version: str = "",
                            log: Callable[[str], None] = print) -> Implementations:
-    """On a GPU: ``flash_mla.flash_mla_sparse_fwd`` (unless ``use_flash_mla`` is False or it does not import) and
-    the lab's Triton ``concat_mla_q`` (if it imports and passes a NaN-poisoned check; else two ``copy_``). On CPU:
-    the reference kernel (:func:`mla_lab.kernels.reference.sparse_mla_prefill_ref`) and two ``copy_``. What it
-    falls back on, and why, goes to ``log``."""
+    """GPU: ``flash_mla.flash_mla_sparse_fwd`` (unless ``use_flash_mla`` is False or it fails to import) and the
+    lab's Triton ``concat_mla_q`` if it passes a NaN-poisoned check, else two ``copy_``. CPU: the reference kernel
+    and two ``copy_``. Fallbacks are logged."""
     kernel, kernel_detail = None, "none"
     if settings.gpu and not use_flash_mla:
         log("--no-flash-mla: the sparse kernel op is skipped")
@@ -213,9 +172,8 @@ def select_implementations(settings: MeasureSettings, use_flash_mla: bool = True
 
 
 def run_kernel_checks(settings: MeasureSettings, sink, log: Callable[[str], None] = print) -> frozenset:
-    """:func:`check_kernels`, one ``correctness`` row per kernel into ``sink``'s ``layer_extras.csv`` (tolerance 2e-2 in bf16, 1e-4
-    otherwise). Returns the kernels to leave out: ``{"mqa_logits"}`` when that kernel raised or is wrong, else
-    empty.
+    """:func:`check_kernels`, a ``correctness`` row per kernel into ``layer_extras.csv`` (tolerance 2e-2 in bf16,
+    1e-4 otherwise). Returns the kernels to leave out: ``{"mqa_logits"}`` when it raised or is wrong.
 
     Raises:
         KernelCheckError: rmsnorm or silu_mul raised or is wrong (the layer cannot be timed without them).
@@ -244,31 +202,18 @@ def run_kernel_checks(settings: MeasureSettings, sink, log: Callable[[str], None
     return frozenset(disabled)
 
 
-# ------------------------------------------------------------------------------------------------ the layer
-
-
 class Layer:
-    """Weights and buffers of one per-rank layer (model, tp, MoE variants), and runners for each op.
+    """Random weights (``N(0, 1) / sqrt(fan_in)``, never zeros) and buffers of one per-rank layer, and its runners.
 
     Args:
-        model: the model (:class:`~mla_lab.models.ModelConfig`).
-        tp: TP size; the rank holds ``H = num_attention_heads / tp`` heads, ``Hp = padded_num_heads(H, arch)``
-            in the private workspace and the per-call pad tensor.
-        rank: the :class:`~mla_lab.rank.RankView` measured (its model, ``tp``, heads; its GPU's padding rule).
-        device, dtype: where and in what the weights and activations live.
-        max_T: rows of both Q workspaces (``[max_T, H, 576]`` for per-call pads, ``[max_T, Hp, 576]`` the private
-            workspace) and the KV cache size ``s_kv = max(max_T, 2 topk)``.
-        kernel_fn, concat_fn: :attr:`Implementations.kernel` / :attr:`Implementations.concat`.
-        interpret: the Triton kernels run through the interpreter (see :func:`mqa_logits`).
-        moe_variants: ``[("tp", 1)]`` (experts TP-sharded) and/or ``[("ep", ep)]`` (``E / ep`` whole experts per
-            rank); one expert weight pair is allocated per variant (:func:`mla_lab.measure.layer_runs.moe_variants`).
-        content: ``zeros`` or ``stale``: the private workspace's padded heads (:attr:`MeasureSettings.content`).
+        rank: the :class:`~mla_lab.deployment.RankView` measured: ``H`` heads, ``Hp`` its GPU's padded heads.
+        max_T: rows of the Q workspaces (``workspace_unfused [max_T, H, 576]`` for per-call pads,
+            ``workspace_fused [max_T, Hp, 576]`` the private one); KV cache ``kv [max(max_T, 2 topk), 1, 576]``.
+        kernel_fn, concat_fn: :attr:`Implementations.kernel` / ``.concat``; interpret: Triton's interpreter.
+        moe_variants: ``("tp", 1)`` (experts TP-sharded) and/or ``("ep", ep)`` (``E / ep`` whole experts), one
+            expert weight pair each (``moe_weights``: ``w13 [E_loc, 2 I_loc, hidden]``, ``w2 [E_loc, hidden, I_loc]``).
+        content: the private workspace's padded heads (:attr:`MeasureSettings.content`).
         disabled_kernels: Triton kernels not to run (``{"mqa_logits"}`` after a failed check).
-
-    Attributes: ``model, tp, device, dtype, interpret, H, Hp, weights`` (``{name: [N, K]}`` of the GEMMs),
-    ``W_UK [H, qk_nope, kv_lora]``, ``W_UV [H, kv_lora, v_head_dim]``, ``norm_weights`` (``{N: [N]}``),
-    ``moe_weights`` (``{variant: (w13 [E_loc, 2 I_loc, hidden], w2 [E_loc, hidden, I_loc])}``),
-    ``workspace_unfused``, ``workspace_fused``, ``kv [s_kv, 1, 576]``, ``s_kv``, ``sm_scale``.
     """
 
     def __init__(self, rank, device: str, dtype: torch.dtype,
@@ -323,16 +268,14 @@ class Layer:
         self._pad_blocks: dict = {}
         self.s_kv = max(max_T, 2 * model.topk)
         self.kv = torch.randn(self.s_kv, 1, 576, device=device, dtype=dtype)
-        self.sm_scale = 1.0 / math.sqrt(d_nope + d_rope)
+        self.sm_scale = sm_scale(model)
 
     def content_of(self, strategy: Strategy) -> str:
-        """What the padded heads hold under ``strategy`` here: the private workspace's :attr:`content`, the
-        strategy's own otherwise (``per_call_zeros``: zeros)."""
+        """What the padded heads hold under ``strategy``: :attr:`content` for the private workspace, else its own."""
         return self.content if strategy.placement == "private_workspace" else strategy.content
 
     def pad_block(self, content: str) -> torch.Tensor:
-        """One ``[max_T, Hp, 576]`` block filled once with ``content`` (zeros or N(0, 1)): the pad ``per_call_empty``
-        takes from the caching allocator, allocated on first use."""
+        """``[max_T, Hp, 576]`` filled once with ``content`` (zeros or N(0, 1)): ``per_call_empty``'s pad."""
         if content not in self._pad_blocks:
             block = torch.empty(self.max_T, self.Hp, 576, device=self.device, dtype=self.dtype)
             # its own generator: building a pad block leaves the inputs' random stream alone
@@ -352,11 +295,9 @@ class Layer:
 
     # ---- op runners: a zero-arg closure that runs the op once on prepared inputs (None: not run here)
     def runner(self, op: LayerOp, T: int, variant=None) -> Callable[[], object] | None:
-        """A closure running ``op`` once at its shape (``op.dims``) on fresh random inputs, or None when the op is
-        not run here (``lm_head``; ``idx_logits`` with ``mqa_logits`` disabled; the kernel without one; an unknown
-        ``impl``). ``variant``: a :class:`~mla_lab.placement.Strategy` for ``attn_concat`` (the H-head buffer for
-        per-call pads, the padded workspace otherwise); the MoE variant (``("tp", 1)`` / ``("ep", ep)``) for
-        ``moe_bmm``. The kernel's padded heads hold :attr:`content`."""
+        """A closure running ``op`` once at ``op.dims`` on fresh random inputs, or None (not run here: ``lm_head``,
+        a disabled kernel, no sparse kernel, an unknown ``impl``). ``variant``: the concat's Strategy, or the MoE
+        variant for ``moe_bmm``."""
         build = getattr(self, f"_op_{op.impl}", None)
         return None if build is None else build(op, op.dims, T, variant)
 
@@ -452,18 +393,21 @@ class Layer:
     def _empty(self, *shape: int) -> torch.Tensor:
         return torch.empty(*shape, device=self.device, dtype=self.dtype)
 
-    def e2e(self, T: int, strategy: Strategy, kind: str, moe_var=None) -> tuple[Callable[[], torch.Tensor], list[str]]:
-        """A closure running the whole per-rank layer once (no communication), and the ops it leaves out.
+    def _mlp(self, x: torch.Tensor, up: str, down: str) -> torch.Tensor:
+        """``weights[down] (silu_mul(weights[up] x))`` of ``x [T, hidden]``: the dense MLP or the shared experts."""
+        g = F.linear(x, self.weights[up])
+        a = torch.empty(x.shape[0], g.shape[1] // 2, device=self.device, dtype=self.dtype)
+        silu_mul(g, a)
+        return F.linear(a, self.weights[down])
 
-        ``strategy`` (a :class:`~mla_lab.placement.Strategy` of :data:`LAYER_PLACEMENTS`): ``per_call_zeros``
-        concat into the H-head buffer, then (when ``Hp > H``) a ``new_zeros`` pad tensor and a copy;
-        ``per_call_empty`` the same with the pad from :meth:`pad_block` (the strategy's content);
-        ``private_workspace`` concat into the padded workspace. Then the kernel and ``out[:, :H]`` (a view, as
-        vLLM). ``kind`` ``moe`` (router, routed experts over balanced random tokens of
-        variant ``moe_var``, shared experts) or ``dense`` (MLP). The closure returns the layer's ``[T, hidden]``
-        output (for ``moe``: the routed experts' sum). Left out (second item): ``kernel`` without a kernel,
-        ``idx_logits`` with ``mqa_logits`` disabled. The residual ``[T, hidden]`` is updated in place on every
-        call, as in a real forward.
+    def e2e(self, T: int, strategy: Strategy, kind: str, moe_var=None) -> tuple[Callable[[], torch.Tensor], list[str]]:
+        """``(layer, excluded)``: a closure running the per-rank layer once (no communication) and returning its
+        ``[T, hidden]`` output (``moe``: the routed experts' sum), and the ops it leaves out (``kernel`` without
+        one, ``idx_logits`` with ``mqa_logits`` disabled). ``strategy``: ``per_call_zeros`` concat into the H-head
+        buffer, then (``Hp > H``) a ``new_zeros`` pad and a copy; ``per_call_empty`` the pad from :meth:`pad_block`;
+        ``private_workspace`` concat into the padded workspace; then the kernel and the ``out[:, :H]`` view.
+        ``kind``: ``moe`` (router, routed experts of variant ``moe_var`` over balanced tokens, shared experts) or
+        ``dense``. The residual is updated in place on every call.
 
         Raises:
             ValueError: ``strategy`` is not a Strategy of :data:`LAYER_PLACEMENTS`.
@@ -535,20 +479,14 @@ class Layer:
             y_normed = torch.empty_like(y)
             rmsnorm(y, self.norm_weights[hidden], y_normed, residual=residual)
             if kind == "dense":
-                g = F.linear(y_normed, W["mlp_gate_up"])
-                a = torch.empty(T, g.shape[1] // 2, device=device, dtype=dtype)
-                silu_mul(g, a)
-                return F.linear(a, W["mlp_down"])
+                return self._mlp(y_normed, "mlp_gate_up", "mlp_down")
             F.linear(y_normed, W["router"])
             h1 = torch.bmm(expert_in, w13.transpose(1, 2))
             silu_mul(h1.view(-1, two_inter), activation)
             h2 = torch.bmm(activation.view(experts_local, rows_per_expert, -1), w2.transpose(1, 2))
             routed = h2.view(T, k_local, hidden).sum(1)
             if "shared_gate_up" in W:
-                g = F.linear(y_normed, W["shared_gate_up"])
-                a = torch.empty(T, g.shape[1] // 2, device=device, dtype=dtype)
-                silu_mul(g, a)
-                F.linear(a, W["shared_down"])
+                self._mlp(y_normed, "shared_gate_up", "shared_down")
             return routed
 
         return layer, excluded

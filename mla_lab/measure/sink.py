@@ -1,6 +1,5 @@
-"""What every measured row carries, and where it goes: the one CSV :class:`Sink`, the one :class:`NvmlSampler`,
-the one :func:`log`. Provenance: :func:`mla_lab.provenance.provenance` (columns
-:data:`mla_lab.provenance.PROVENANCE_COLUMNS`)."""
+"""Where measured rows go: the one CSV :class:`Sink` (with :func:`mla_lab.provenance.provenance` columns), the one
+:class:`NvmlSampler`, the one :func:`log`."""
 
 from __future__ import annotations
 
@@ -13,10 +12,7 @@ from pathlib import Path
 
 from ..provenance import PROVENANCE_COLUMNS, provenance
 
-__all__ = ["Sink", "NvmlSampler", "log", "NVML_COLUMNS"]
-
-#: Keys of :meth:`NvmlSampler.window` (medians over a timed window; empty without NVML).
-NVML_COLUMNS = ("sm_clock_mhz", "power_w", "temp_c", "n_samples", "clock_event_reasons")
+__all__ = ["Sink", "NvmlSampler", "log"]
 
 
 def log(*parts) -> None:
@@ -25,16 +21,9 @@ def log(*parts) -> None:
 
 
 class Sink:
-    """Rows appended to ``out/<file>`` as they are measured (a kill keeps what was measured).
-
-    Columns of ``file``: ``process`` first (when given: a between-process run), the experiment's ``outputs[file]``,
-    then :data:`~mla_lab.provenance.PROVENANCE_COLUMNS`; a column a row leaves out is written empty. The header is
-    written when the file is created; a file that exists must have that header (rows are appended).
-
-    Args:
-        out: the folder (created). outputs: file name -> row columns (an experiment's ``OUTPUTS``).
-        process: this fresh process's index (1..N) or None. prov: the provenance values (default
-            ``provenance("measured")``, taken once).
+    """Rows appended to ``out/<file>`` as measured (a kill keeps them). Columns: ``process`` (this fresh process's
+    index, when given), ``outputs[file]``, then :data:`~mla_lab.provenance.PROVENANCE_COLUMNS` (``prov``, default
+    ``provenance("measured")`` taken once); missing cells empty; an existing file must have that header.
 
     Raises:
         ValueError: (``write``) a file not in ``outputs``, a row column not in its header, or an existing file with
@@ -82,11 +71,10 @@ class Sink:
 
 
 class NvmlSampler:
-    """SM clock (MHz), board power (W), temperature (C) and clock-event reasons of the first visible GPU, read every
+    """SM clock (MHz), power (W), temperature (C) and clock-event reasons of the first visible GPU, read every
     ``period`` s by a daemon thread; :meth:`window` gives medians between two ``time.perf_counter`` times. Without
-    NVML (``pynvml`` missing, no driver) ``ok`` is False, ``why`` says why, and windows are empty. Power:
-    ``NVML_FI_DEV_POWER_INSTANT`` where the driver has it, else ``nvmlDeviceGetPowerUsage`` (may be a ~1 s
-    average); ``power_kind`` says which. Use as a context manager or call :meth:`stop`."""
+    NVML ``ok`` is False and ``why`` says why. Power: ``NVML_FI_DEV_POWER_INSTANT`` where the driver has it, else
+    ``nvmlDeviceGetPowerUsage`` (may be a ~1 s average): ``power_kind``. A context manager."""
 
     def __init__(self, period: float = 0.02):
         self.ok, self.samples, self.power_kind, self.why = False, [], "none", ""
@@ -131,8 +119,8 @@ class NvmlSampler:
             self._stop.wait(self.period)
 
     def window(self, t0: float, t1: float, reasons: bool = True) -> dict:
-        """Medians of the samples between ``t0`` and ``t1``: ``sm_clock_mhz``, ``power_w``, ``temp_c``,
-        ``n_samples`` and (``reasons``) the most frequent ``clock_event_reasons`` (hex); "" where none."""
+        """Medians between ``t0`` and ``t1``: ``sm_clock_mhz``, ``power_w``, ``temp_c``, ``n_samples``, (``reasons``)
+        the most frequent ``clock_event_reasons`` (hex); "" where none."""
         s = [x for x in self.samples[-4000:] if t0 <= x[0] <= t1]
         out = {"sm_clock_mhz": "", "power_w": "", "temp_c": "", "n_samples": len(s)}
         if s:

@@ -1,27 +1,17 @@
-"""Run-to-run spread: measured figures and changes across fresh processes, not only within one.
+"""Run-to-run spread: every measured figure is stated from ``n >= 5`` fresh processes (a ``process`` column on every
+row), because one process's within-process interval (:func:`mla_lab.measure.timer.summarize`) does not cover a
+second fresh process (vLLM PR #53878's seed path, four processes: -0.9 .. -1.7 % where one claimed [-1.90, -1.56] %).
 
-A measurement taken in one Python process (one CUDA context, one caching allocator, one clock/power history) has a
-within-process interval (:func:`mla_lab.measure.timer.summarize`: order statistics of its interleaved rounds) that
-does not cover a second fresh process of the same code on the same card (vLLM PR #53878's seed attention path, four
-fresh processes: -0.9 .. -1.7 % where one process claimed [-1.90, -1.56] %). So the lab states every measured
-figure from ``n >= 5`` fresh processes (``benchmarks/h200_between_process.sh``: a ``process`` column on every row):
-
-- per process: the median of its rounds (``process_medians``);
-- the figure: the median over processes of those medians; its **between-process interval** is ``[min, max]`` over
-  the ``n`` process medians. For the median of the process-level distribution that interval has coverage
-  ``1 - 2 / 2**n`` (distribution-free: the probability that all ``n`` draws fall on one side of the median is
-  ``2 / 2**n``): 93.8 % for n = 5, 96.9 % for n = 6, 98.4 % for n = 7 (:func:`coverage`);
-- a change A vs B (``paired_change``): per process ``median_A / median_B - 1`` (A and B interleaved in the same
-  rounds of the same process, so clock drift hits both alike), then the same median and ``[min, max]`` over
-  processes.
-
-Functions take a pandas DataFrame of rows with a ``process`` column and a value column (ms) and return plain
-dicts; nothing here touches a GPU.
+The figure is the median over processes of each process's median (:func:`process_medians`); its between-process
+interval is ``[min, max]`` over them, with distribution-free coverage ``1 - 2 / 2**n`` of the process-level median
+(:func:`coverage`: 93.8 % for n = 5). A change A vs B (:func:`paired_change`, A and B interleaved in the same
+process): per process ``median_A / median_B - 1``, then the same summary. Inputs: DataFrames; outputs: dicts.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 __all__ = ["coverage", "process_medians", "between_process", "paired_change", "MIN_PROCESSES"]
 
@@ -30,7 +20,7 @@ MIN_PROCESSES = 5
 
 
 def coverage(n: int) -> float:
-    """Coverage of ``[min, max]`` of ``n`` independent draws for the distribution's median: ``1 - 2 / 2**n``.
+    """Coverage of ``[min, max]`` of ``n`` independent draws for the median: ``1 - 2 / 2**n``.
 
     Raises:
         ValueError: ``n`` not an int >= 2.
@@ -62,14 +52,13 @@ def _summary(xs) -> dict:
     n = len(xs)
     if n == 0:
         raise ValueError("no process has a value")
-    mid = xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-    return {"median": mid, "lo": xs[0], "hi": xs[-1], "n_processes": n,
+    return {"median": statistics.median(xs), "lo": xs[0], "hi": xs[-1], "n_processes": n,
             "coverage": coverage(n) if n >= 2 else float("nan"), "per_process": xs}
 
 
 def between_process(df, keys, value: str = "ms") -> dict:
-    """``{key tuple: {"median", "lo", "hi", "n_processes", "coverage", "per_process"}}``: the median over
-    processes of each process's median of ``value``, and ``[lo, hi]`` = min and max over processes.
+    """``{key tuple: {"median", "lo", "hi", "n_processes", "coverage", "per_process"}}`` over the process medians
+    of ``value``.
 
     Raises:
         ValueError: a column is missing.
@@ -82,8 +71,8 @@ def between_process(df, keys, value: str = "ms") -> dict:
 
 
 def paired_change(df, keys, column: str, a: str, b: str, value: str = "ms") -> dict:
-    """Percent change of ``column == a`` against ``column == b`` per process (same ``keys`` values), summarised
-    over processes: ``{key tuple: {"median", "lo", "hi", "n_processes", "coverage", "per_process"}}`` in %.
+    """Percent change of ``column == a`` against ``column == b`` per process (same ``keys``), summarised over
+    processes as :func:`between_process` (%).
 
     Raises:
         ValueError: a column is missing, or ``a`` / ``b`` has no rows.

@@ -1,8 +1,8 @@
-"""The lab's one timer: :func:`median_ms` (``triton.testing.do_bench`` medians on CUDA: CUDA events, warm-up, L2
-flushed; wall clock on CPU, dry runs only), :func:`graphed` (CUDA-graph replay), :func:`interleaved` (round-robin
-repeats, order rotated, L2 flushed: drift hits all alike), :func:`summarize` (median, IQR, distribution-free 95 %
-interval of the median), :func:`timed_window` (back-to-back calls each timed on its own, with the NVML readings of
-the window), :func:`est_ms` (a rough figure to size a window) and :func:`quantile`. ms throughout.
+"""The lab's one timer, ms throughout: :func:`median_ms` (``triton.testing.do_bench`` medians on CUDA: CUDA events,
+warm-up, L2 flushed; wall clock on CPU, dry runs only), :func:`call_ms` (one call), :func:`graphed` (CUDA-graph
+replay), :func:`interleaved` (round-robin, order rotated, L2 flushed: drift hits all alike), :func:`summarize`,
+:func:`timed_window` (back-to-back calls each timed, with the window's NVML readings), :func:`est_ms` (a rough
+figure to size a window) and :func:`quantile`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-__all__ = ["median_ms", "graphed", "interleaved", "summarize", "cuda_ms", "timed_window", "est_ms", "quantile",
+__all__ = ["median_ms", "graphed", "interleaved", "summarize", "call_ms", "timed_window", "est_ms", "quantile",
            "WINDOW_COLUMNS"]
 
 #: Keys of a :func:`timed_window` result (``clock_event_reasons`` only with ``reasons=True``).
@@ -20,55 +20,13 @@ WINDOW_COLUMNS = ["n_calls", "ms_median", "ms_mean", "ms_p10", "ms_p90", "window
                   "temp_c", "n_samples", "clock_event_reasons"]
 
 
-def median_ms(fn: Callable[[], object], device: str = "cuda", warmup: int = 25, rep: int = 100, n_cpu: int = 3,
-              graph: bool = False) -> float:
-    """Median time (ms) of ``fn``.
-
-    Args:
-        fn: the call to time (no arguments).
-        device: ``cuda`` (do_bench) or ``cpu`` (wall clock, ``n_cpu`` calls after one warm-up call).
-        warmup, rep: do_bench's warm-up and repetition budgets (ms).
-        graph: time the CUDA-graph replay of ``fn`` instead (CUDA only).
-    """
+def call_ms(fn: Callable[[], object], device: str = "cuda", flush=None) -> float:
+    """One call of ``fn`` (ms): CUDA events on ``cuda`` (``flush``, a tensor, zeroed first to evict L2), wall clock
+    otherwise."""
     if device != "cuda":
+        t0 = time.perf_counter()
         fn()
-        ts = []
-        for _ in range(n_cpu):
-            t0 = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(ts)
-    from triton.testing import do_bench
-
-    f = graphed(fn) if graph else fn
-    return float(do_bench(f, warmup=warmup, rep=rep, return_mode="median"))
-
-
-def graphed(fn: Callable[[], object], inner: int = 1) -> Callable[[], None]:
-    """Capture ``inner`` back-to-back calls of ``fn`` in one CUDA graph after two warm-up calls on a side stream;
-    returns the replay callable (the graph object is kept alive by the closure and exposed as ``replay.graph``)."""
-    import torch
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            fn()
-
-    def replay():
-        g.replay()
-
-    replay.graph = g
-    return replay
-
-
-def cuda_ms(fn: Callable[[], object], flush=None) -> float:
-    """One call of ``fn`` timed with CUDA events (ms); ``flush`` (a tensor) is zeroed first to evict L2."""
+        return (time.perf_counter() - t0) * 1e3
     import torch
 
     if flush is not None:
@@ -81,18 +39,40 @@ def cuda_ms(fn: Callable[[], object], flush=None) -> float:
     return a.elapsed_time(b)
 
 
+def median_ms(fn: Callable[[], object], device: str = "cuda", warmup: int = 25, rep: int = 100, n_cpu: int = 3,
+              graph: bool = False) -> float:
+    """Median ms of ``fn``: do_bench (``warmup`` / ``rep``: its budgets, ms; ``graph``: the CUDA-graph replay) on
+    ``cuda``, else ``n_cpu`` wall-clock calls after one warm-up call."""
+    if device != "cuda":
+        fn()
+        return statistics.median(call_ms(fn, "cpu") for _ in range(n_cpu))
+    from triton.testing import do_bench
+
+    return float(do_bench(graphed(fn) if graph else fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def graphed(fn: Callable[[], object], inner: int = 1) -> Callable[[], None]:
+    """Capture ``inner`` back-to-back calls of ``fn`` in one CUDA graph after two warm-up calls on a side stream;
+    returns the replay callable (its bound graph stays alive with it)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(inner):
+            fn()
+    return g.replay
+
+
 def interleaved(fns: dict, repeats: int = 7, device: str = "cuda", inner: int = 1) -> dict:
-    """Time each callable of ``fns`` ``repeats`` times, round-robin with the order rotated every round.
-
-    Args:
-        fns: ``{name: callable}``.
-        repeats: rounds (>= 1); each round times every callable once (``inner`` calls averaged per sample).
-        device: ``cuda`` (CUDA events, L2 flushed before each sample) or ``cpu`` (wall clock).
-        inner: calls per sample (the sample is their mean), for calls much shorter than the event resolution.
-
-    Returns:
-        ``{name: [ms, ...]}`` in round order.
-    """
+    """``{name: [ms, ...]}``: each callable of ``fns`` (``{name: callable}``) timed once per round (:func:`call_ms`,
+    L2 flushed on CUDA), ``repeats`` rounds after one warm-up call each, the order rotated every round; a sample is
+    the mean of ``inner`` back-to-back calls (for calls much shorter than the event resolution)."""
     names = list(fns)
     flush = None
     if device == "cuda":
@@ -105,33 +85,29 @@ def interleaved(fns: dict, repeats: int = 7, device: str = "cuda", inner: int = 
     for r in range(repeats):
         k = r % len(names)
         for n in names[k:] + names[:k]:
-            f = fns[n]
-            if device == "cuda":
-                def many(f=f):
-                    for _ in range(inner):
-                        f()
-                out[n].append(cuda_ms(many, flush) / inner)
-            else:
-                t0 = time.perf_counter()
+            def many(f=fns[n]):
                 for _ in range(inner):
                     f()
-                out[n].append((time.perf_counter() - t0) * 1e3 / inner)
+            out[n].append(call_ms(many, device, flush) / inner)
     return out
 
 
 def summarize(samples: Sequence[float]) -> dict:
     """``{"median", "q1", "q3", "iqr", "ci_lo", "ci_hi", "n"}`` of samples (ms). The 95 % interval of the median is
-    distribution-free: the order statistics ``n/2 -+ 1.96 sqrt(n)/2`` (clamped to the sample range)."""
+    distribution-free: the order statistics ``n/2 -+ 1.96 sqrt(n)/2`` (clamped to the sample range).
+
+    Raises:
+        ValueError: no samples.
+    """
     xs = sorted(float(x) for x in samples)
     n = len(xs)
     if n == 0:
         raise ValueError("samples=[] must hold at least one value")
-    med = statistics.median(xs)
-    q1, q3 = (statistics.quantiles(xs, n=4)[0], statistics.quantiles(xs, n=4)[2]) if n >= 2 else (xs[0], xs[0])
+    q1, _, q3 = statistics.quantiles(xs, n=4) if n >= 2 else (xs[0],) * 3
     half = 1.96 * math.sqrt(n) / 2
     lo = xs[max(0, int(math.floor(n / 2 - half)))]
     hi = xs[min(n - 1, int(math.ceil(n / 2 + half)) - 1)] if n > 1 else xs[0]
-    return {"median": med, "q1": q1, "q3": q3, "iqr": q3 - q1, "ci_lo": lo, "ci_hi": hi, "n": n}
+    return {"median": statistics.median(xs), "q1": q1, "q3": q3, "iqr": q3 - q1, "ci_lo": lo, "ci_hi": hi, "n": n}
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
@@ -140,95 +116,76 @@ def quantile(xs: Sequence[float], q: float) -> float:
     Raises:
         ValueError: ``xs`` is empty.
     """
-    s = sorted(float(x) for x in xs)
-    if not s:
+    import numpy as np
+
+    if len(xs) == 0:
         raise ValueError("xs=[] must hold at least one value")
-    pos = q * (len(s) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        import torch
-
-        torch.cuda.synchronize()
+    return float(np.quantile(np.asarray(xs, dtype=float), q))
 
 
 def est_ms(fn: Callable[[], object], device: str = "cuda", k: int = 3) -> float:
-    """Mean time (ms) of ``k`` back-to-back calls of ``fn`` after one warm-up call: CUDA events around all ``k`` on
-    CUDA, wall clock on CPU. A rough figure to size a :func:`timed_window`, not a measurement to report."""
+    """Mean ms of ``k`` back-to-back calls of ``fn`` (one :func:`call_ms` around all ``k``) after one warm-up call:
+    a rough figure to size a :func:`timed_window`, not a measurement to report."""
     fn()
-    _sync(device)
     if device == "cuda":
         import torch
 
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        torch.cuda.synchronize()
+
+    def calls():
         for _ in range(k):
             fn()
-        end.record()
-        torch.cuda.synchronize()
-        return start.elapsed_time(end) / k
+    return call_ms(calls, device) / k
+
+
+def _event_times(fn, n: int, after) -> tuple[float, float, list[float]]:
+    """``n`` calls back to back, each between two CUDA events, all read after one synchronize at the end: the
+    window's wall-clock start and end (s) and the per-call ms."""
+    import torch
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    torch.cuda.synchronize()
     t0 = time.perf_counter()
-    for _ in range(k):
-        fn()
-    return (time.perf_counter() - t0) * 1e3 / k
+    result = None
+    for start, end in events:
+        result = None  # noqa: F841  (drop the previous output before the next call allocates)
+        start.record()
+        result = fn()
+        end.record()
+        if after is not None:
+            after()
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    del result
+    return t0, t1, [start.elapsed_time(end) for start, end in events]
 
 
 def timed_window(fn: Callable[[], object], n: int, device: str = "cuda", sampler=None,
                  after: Callable[[], object] | None = None, per: int = 1, reasons: bool = True) -> dict:
-    """``n`` calls of ``fn``, each timed on its own: CUDA events around ``fn`` alone on CUDA (all events read after
-    one synchronize at the end, so the calls run back to back), wall clock on CPU (a dry run of the logic).
-
-    Args:
-        fn: the call (its previous result is dropped before the next call allocates, so a window holds one output).
-        n: calls (>= 1).
-        device: ``cuda`` or ``cpu``.
-        sampler: an :class:`mla_lab.measure.sink.NvmlSampler` (or None): its medians over the window are added.
-        after: run untimed after each call (e.g. a GEMM interleaved between kernel calls).
-        per: ``fn`` runs the op ``per`` times: per-call times are divided by it.
-        reasons: include ``clock_event_reasons`` (the most frequent NVML clock-event bitmask, hex).
+    """``n`` calls of ``fn``, each timed on its own (CUDA: events read after one synchronize at the end, so the calls
+    run back to back; CPU: wall clock, a dry run). ``sampler``: an :class:`mla_lab.measure.sink.NvmlSampler` or None;
+    ``after``: run untimed after each call; ``per``: ``fn`` runs the op ``per`` times (times divided by it);
+    ``reasons``: add the most frequent NVML clock-event bitmask (hex).
 
     Returns:
-        ``{"n_calls", "ms_median", "ms_mean", "ms_p10", "ms_p90" (ms per call), "window_s" (wall s), "sm_clock_mhz",
-        "power_w", "temp_c", "n_samples"[, "clock_event_reasons"]}`` (:data:`WINDOW_COLUMNS`; NVML fields empty
-        strings and ``n_samples`` 0 without a working sampler).
+        :data:`WINDOW_COLUMNS`: ms per call (median, mean, p10, p90), ``window_s`` (wall s) and the sampler's
+        medians (empty strings and ``n_samples`` 0 without a working sampler).
 
     Raises:
         ValueError: ``n`` or ``per`` below 1.
     """
     if not isinstance(n, int) or n < 1 or not isinstance(per, int) or per < 1:
         raise ValueError(f"n={n!r}, per={per!r}: both must be ints >= 1")
-    ts = []
     if device == "cuda":
-        import torch
-
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        result = None
-        for start, end in events:
-            result = None  # noqa: F841  (drop the previous output before the next call allocates)
-            start.record()
-            result = fn()
-            end.record()
-            if after is not None:
-                after()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        del result
-        ts = [start.elapsed_time(end) / per for start, end in events]
+        t0, t1, ts = _event_times(fn, n, after)
     else:
-        t0 = time.perf_counter()
+        t0, ts = time.perf_counter(), []
         for _ in range(n):
-            a = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - a) * 1e3 / per)
+            ts.append(call_ms(fn, "cpu"))
             if after is not None:
                 after()
         t1 = time.perf_counter()
+    ts = [t / per for t in ts]
     out = {"n_calls": n, "ms_median": statistics.median(ts), "ms_mean": statistics.fmean(ts),
            "ms_p10": quantile(ts, 0.1), "ms_p90": quantile(ts, 0.9), "window_s": round(t1 - t0, 4)}
     if sampler is not None and getattr(sampler, "ok", False):

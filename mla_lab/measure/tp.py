@@ -1,30 +1,12 @@
-"""The TP harness: the attention block and the MoE block (expert parallelism) really sharded over ``tp``
-processes (rank ``r`` on GPU ``r``), against the lab's one-GPU simulation of one rank's share and the cost model's
-all-reduce; plus the all-reduce alone, per rank, at the block sizes and over a bytes sweep.
+"""The TP harness: the attention and MoE blocks (:data:`BLOCKS`, per rank: :mod:`.tp_blocks`) sharded over ``tp``
+processes (rank ``r`` on GPU ``r``; NCCL, gloo on CPU: a dry run) against the one-GPU simulation of one rank's share
+(:data:`RUNS` ``sim``, no all-reduce) and the cost model's all-reduce; plus the all-reduce alone, per rank.
 
-- Blocks (:data:`BLOCKS`; inputs and per-rank forward: :mod:`.tp_blocks`): ``attention`` (rank r's heads through a
-  :class:`~mla_lab.placement.Strategy`'s attention path, ``W_UV``, the row-parallel ``o_proj``, one all-reduce of
-  ``[T, hidden]`` bf16) and ``moe`` (vLLM TP + EP, DP = 1: replicated router, this rank's whole experts and shared
-  shard, one all-reduce). Strategies are named at the door (:func:`resolve_strategies`).
-- Runs (:data:`RUNS`): ``tp`` (``world_size = tp``; NCCL on GPUs, gloo on CPU) and ``sim`` (one process, rank 0's
-  share on one GPU, no all-reduce: what the lab's one-GPU measurements do).
-- Timing: ``warmup`` calls, then ``iters`` calls each after a barrier of all ranks, each timed on its own (CUDA
-  events; wall clock on CPU, a dry run of the logic). ms.
-- Block rows (:data:`BLOCK_COLUMNS`): ``attn_ms`` (attention path alone), ``compute_ms`` (block without the
-  all-reduce), ``block_ms`` (median, ``_min`` / ``_max``), ``allreduce_ms`` (the all-reduce alone, this rank),
-  ``allreduce_model_ms`` (:func:`mla_lab.model.timing.comm_time_ms` with :func:`ideal_ring_calibration`: a lower
-  bound), ``routed_pairs``; memory (CUDA only): ``allocated_bytes`` before the call, ``peak_extra_bytes`` on top,
-  ``device_used_bytes`` (cudaMemGetInfo), ``torch_reserved_bytes``, ``nccl_bytes`` (the growth of ``used -
-  reserved`` over ``init_process_group`` and the first collectives: NCCL's own memory; ~0 on the sim run) and
-  ``untracked_growth_bytes`` (the same growth up to the row's measurement).
-- All-reduce rows (:data:`ALLREDUCE_COLUMNS`, tp run only): a bf16 all-reduce of ``[T, hidden]`` per T and model,
-  and of ``MiB x 2^20`` bytes per ``allreduce_mib``; median, min, max, p25, p75 of ``iters`` calls (the comm fit's
-  input, :mod:`mla_lab.model.comm`).
-- :func:`compare` joins each tp row with its sim row (:data:`COMPARE_COLUMNS`: errors in %); :func:`summary_table`
-  the min / median / max over ranks per case.
-
-NVLink multicast stays off (:data:`SAFE_ENV`, set in the parent and in each worker). The logic runs on CPU (gloo,
-reference kernel, :func:`tiny_overrides`): ``tests/test_measure_tp.py``; the GPU run:
+Each case: ``warmup`` calls, then ``iters`` calls each after a barrier of all ranks, each timed on its own (ms).
+Rows: :data:`BLOCK_COLUMNS` (memory columns CUDA only; ``nccl_bytes``: growth of ``used - reserved`` over
+``init_process_group`` and the first collectives), :data:`ALLREDUCE_COLUMNS` (the comm fit's input,
+:mod:`mla_lab.model.comm`), :data:`COMPARE_COLUMNS` (:func:`compare`, %); :func:`summary_table` per case over ranks.
+NVLink multicast stays off (:data:`SAFE_ENV`). CPU run: ``tests/test_measure_tp.py``; GPU run:
 ``mla_lab/measure/experiments/tp_block.py``.
 """
 
@@ -35,11 +17,11 @@ import os
 import socket
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from ..arch import get_arch
 from ..buffers import padded_num_heads
@@ -49,8 +31,9 @@ from ..model.timing import comm_time_ms
 from ..placement import Strategy, expand
 from ..provenance import PROVENANCE_COLUMNS, provenance
 from ..strategies import PaddedQPath
+from .attention import call_peak_bytes, sm_scale
 from .layer_runs import measured_rank
-from .timer import cuda_ms, quantile
+from .timer import call_ms, quantile
 from .tp_blocks import (
     BF16_BYTES,
     BLOCKS,
@@ -58,7 +41,6 @@ from .tp_blocks import (
     MOE_OPS,
     _check_moe_split,
     _model,
-    _sm_scale,
     block_forward,
     make_block_inputs,
     make_moe_inputs,
@@ -72,7 +54,7 @@ from .tp_blocks import (
 __all__ = ["SAFE_ENV", "BLOCKS", "RUNS", "MOE_OPS", "BLOCK_COLUMNS", "ALLREDUCE_COLUMNS", "COMPARE_COLUMNS",
            "TPBenchmarkConfig", "TPBenchmarkResult", "make_block_inputs", "make_moe_inputs", "merge_shards",
            "block_forward", "moe_forward", "moe_routing", "ideal_ring_calibration", "resolve_strategies", "MOE_IMPLS",
-           "resolve_moe_impl",
+           "resolve_moe_impl", "sm_scale",
            "check_config", "run_tp_benchmark", "compare", "summary_table", "tiny_overrides"]
 
 #: NVLink multicast off (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS): shared machines.
@@ -106,16 +88,13 @@ ALLREDUCE_COLUMNS = ["world_size", "rank", "nbytes", "T", "hidden_size", "ms", "
 
 @dataclass
 class TPBenchmarkConfig:
-    """What to run: ``models`` (names, ``data/models``), ``tokens`` (block step sizes T: one causal prompt of T
-    tokens), ``tp`` (processes of the real run, ranks on GPUs ``0..tp-1``, and the share the sim run simulates;
-    ``ep = tp`` for moe), ``blocks`` (:data:`BLOCKS`), ``strategies`` (attention, door names:
-    :func:`resolve_strategies`), ``arch`` (padding rule and all-reduce model; None: h200), ``device`` (``cuda``:
-    NCCL; ``cpu``: gloo, a dry run), ``warmup`` / ``iters`` (calls before timing / timed), ``kernel_backend`` /
-    ``concat_backend`` (passed to the strategies), ``moe_impl`` (:data:`MOE_IMPLS`: ``grouped_mm`` two
-    ``torch._grouped_mm`` launches, CUDA sm90+; ``loop`` a GEMM pair per expert; ``auto``), ``seed``,
-    ``model_overrides`` (tiny CPU shapes, :func:`tiny_overrides`), ``save_outputs`` (each rank's block output as
-    ``.pt``, for the CPU correctness test), ``runs`` (:data:`RUNS`), ``allreduce_tokens`` (T of the ``[T, hidden]``
-    all-reduce rows, with ``tokens``) and ``allreduce_mib`` (the bytes sweep, MiB; ``[]``: none)."""
+    """What to run. ``models``: names (``data/models``); ``tokens``: block step sizes T (one causal prompt);
+    ``tp``: processes of the tp run and the share the sim run simulates (``ep = tp`` for moe); ``blocks``,
+    ``runs``: of :data:`BLOCKS`, :data:`RUNS`; ``strategies``: :func:`resolve_strategies` names; ``arch``: None
+    is h200; ``device``: ``cuda`` (NCCL) or ``cpu`` (gloo, a dry run); ``moe_impl``: :data:`MOE_IMPLS`;
+    ``model_overrides``: :func:`tiny_overrides` for CPU; ``save_outputs``: each rank's block output as ``.pt``;
+    ``allreduce_tokens`` (with ``tokens``) / ``allreduce_mib``: the ``[T, hidden]`` and bytes (MiB) all-reduce
+    rows."""
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
     tokens: list = field(default_factory=lambda: [4096, 16384])
@@ -139,29 +118,23 @@ class TPBenchmarkConfig:
 
 @dataclass
 class TPBenchmarkResult:
-    """What :func:`run_tp_benchmark` returns: ``blocks`` (DataFrame, :data:`BLOCK_COLUMNS` +
-    :data:`COMPARE_COLUMNS` + provenance, one row per rank) and ``allreduce`` (DataFrame, :data:`ALLREDUCE_COLUMNS`
-    + provenance; empty without a tp run)."""
+    """DataFrames: ``blocks`` (:data:`BLOCK_COLUMNS` + :data:`COMPARE_COLUMNS` + provenance, a row per rank) and
+    ``allreduce`` (:data:`ALLREDUCE_COLUMNS` + provenance; empty without a tp run)."""
 
     blocks: object
     allreduce: object
 
 
-
 def ideal_ring_calibration() -> Calibration:
-    """The committed calibration with the ideal ring: ``comm_efficiency`` 1, ``comm_latency_us`` 0. With it
-    :func:`mla_lab.model.timing.comm_time_ms` ``("allreduce", T x hidden x 2, tp, arch, ...)`` is ``2 (tp-1)/tp x
-    T x hidden x 2`` bytes over ``nvlink_gbps / 2`` GB/s (0 for ``tp == 1``): a lower bound, what the
-    ``allreduce_model_ms`` column has always held."""
+    """The committed calibration with the ideal ring (``comm_efficiency`` 1, ``comm_latency_us`` 0): the
+    ``allreduce_model_ms`` column, ``2 (tp-1)/tp x T x hidden x 2`` bytes over ``nvlink_gbps / 2`` GB/s, a lower
+    bound."""
     return default_calibration().with_comm(comm_efficiency=1.0, comm_latency_us=0.0)
 
 
 def resolve_strategies(names) -> list[Strategy]:
-    """The door for the attention strategies: canonical names, presets of :data:`mla_lab.placement.PRESETS` but
-    ``kernel-native`` (expanded into their members), ``subchunk:<S>`` (any positive S), the aliases (``unfused`` =
-    vLLM before PR #53878, ``per_call_empty:zeros`` and ``:stale``; ``fused`` = ``private_workspace``) or
-    :class:`~mla_lab.placement.Strategy` objects -> Strategy objects, as :func:`mla_lab.placement.expand` reads them
-    (duplicates dropped, order kept).
+    """Strategy names (as :func:`mla_lab.placement.expand` reads them: names, presets, aliases) or objects ->
+    the padded :class:`~mla_lab.placement.Strategy` s to run, duplicates dropped, order kept.
 
     Raises:
         ValueError: ``kernel_native`` / ``kernel-native`` (modelled only) or an unknown name (says what is allowed).
@@ -177,8 +150,6 @@ def resolve_strategies(names) -> list[Strategy]:
     return list(dict.fromkeys(out))
 
 
-# ---------------------------------------------------------------------------------------------------- workers
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -187,33 +158,25 @@ def _free_port() -> int:
 
 def _sync(device: str, world_size: int) -> None:
     if world_size > 1:
-        import torch.distributed as dist
-
         dist.barrier()
     if device == "cuda":
         torch.cuda.synchronize()
 
 
 def _barrier_times_ms(fn, device: str, world_size: int, warmup: int, iters: int) -> list[float]:
-    """``iters`` times (ms) after ``warmup`` calls; every call starts after a barrier of all ranks and is timed on
-    its own (:func:`mla_lab.measure.timer.cuda_ms` on CUDA; wall clock on CPU, a dry run of the logic)."""
+    """``iters`` ms after ``warmup`` calls, each call after a barrier of all ranks (:func:`.timer.call_ms`)."""
     for _ in range(warmup):
         fn()
     _sync(device, world_size)
     times = []
     for _ in range(iters):
         _sync(device, world_size)
-        if device == "cuda":
-            times.append(cuda_ms(fn))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
+        times.append(call_ms(fn, device))
     return times
 
 
 def _untracked(device: str):
-    """Device used bytes not held by torch's caching allocator: ``total - free - memory_reserved`` (CUDA), or None."""
+    """``total - free - memory_reserved`` bytes (CUDA), or None."""
     if device != "cuda":
         return None
     torch.cuda.synchronize()
@@ -222,11 +185,10 @@ def _untracked(device: str):
 
 
 def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_dir: str, port: int) -> None:
-    """One process: rank ``rank`` of ``world_size`` (``run="tp"``) or the one-process simulation (``run="sim"``);
-    rank ``r`` on GPU ``r``."""
+    """One process: rank ``rank`` of ``world_size`` (``run="tp"``) or the simulation (``run="sim"``), on GPU
+    ``rank``."""
     os.environ.update(SAFE_ENV)  # before any process group / NCCL communicator exists
-    device = cfg.device
-    dev = device
+    device = dev = cfg.device
     base = None
     if device == "cuda":
         torch.cuda.set_device(rank)
@@ -235,8 +197,6 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_di
         base = _untracked(device)
     backend = None
     if world_size > 1:
-        import torch.distributed as dist
-
         backend = "nccl" if device == "cuda" else "gloo"
         kw = {"device_id": torch.device(dev)} if device == "cuda" else {}
         dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",
@@ -258,13 +218,9 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_di
     try:
         ar_ms = _worker_allreduce(cfg, ctx, ar_rows) if world_size > 1 else {}
         _worker_cases(cfg, ctx, out_dir, ar_ms, rows)
-    except BaseException:
-        dump()  # no barrier here: the other ranks may sit in a collective; mp.spawn ends them when this one exits
-        raise
-    dump()
+    finally:  # no barrier before: on a failure the other ranks may sit in a collective (mp.spawn ends them)
+        dump()
     if world_size > 1:
-        import torch.distributed as dist
-
         dist.barrier()
         dist.destroy_process_group()
 
@@ -277,10 +233,7 @@ def _allreduce_row(ctx, cfg, nbytes, T, hidden, times) -> dict:
 
 
 def _worker_allreduce(cfg, ctx, ar_rows) -> dict:
-    """The all-reduce alone: the bytes sweep, then ``[T, hidden]`` for every T and model hidden size. Returns
-    ``{(T, hidden): median ms}`` for the block rows."""
-    import torch.distributed as dist
-
+    """The all-reduce alone: the bytes sweep, then ``[T, hidden]`` per T and hidden size; ``{(T, hidden): ms}``."""
     device, dev, ws = ctx["device"], ctx["dev"], ctx["world_size"]
 
     def timed(numel):
@@ -303,7 +256,7 @@ def _worker_allreduce(cfg, ctx, ar_rows) -> dict:
 
 
 def _worker_cases(cfg, ctx, out_dir, ar_ms, rows) -> None:
-    """Every (model, T, block, strategy) of ``cfg`` on this rank; rows appended to ``rows`` as they complete."""
+    """Every (model, T, block, strategy) of ``cfg`` on this rank, appended to ``rows``."""
     device, dev, rank, ws = ctx["device"], ctx["dev"], ctx["rank"], ctx["world_size"]
     strategies = resolve_strategies(cfg.strategies)
     for name in cfg.models:
@@ -338,7 +291,7 @@ def _measure_case(block, strategy: Strategy | None, model, name, T, inp, cfg, ct
                 **{k: os.environ.get(k, "") for k in SAFE_ENV}})
     if block == "attention":
         H = inp["num_heads"]
-        sm = _sm_scale(model)
+        sm = sm_scale(model)
         strat = PaddedQPath(strategy, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
                             kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend,
                             reuse_pad_block=True)  # a pad block filled once, as mla_lab.measure.attention times it
@@ -379,35 +332,28 @@ def _measure_case(block, strategy: Strategy | None, model, name, T, inp, cfg, ct
 
 
 def _memory(device: str, world_size: int, fn, base) -> dict:
-    """Allocated bytes before the call, the call's peak on top, device used / torch reserved bytes after it and the
-    growth of the bytes torch does not hold (CUDA only; None on CPU)."""
+    """Allocated bytes before a call, its peak on top (:func:`.attention.call_peak_bytes`), used / reserved bytes
+    after it, the growth of what torch does not hold (CUDA; None on CPU)."""
+    keys = ("allocated_bytes", "peak_extra_bytes", "device_used_bytes", "torch_reserved_bytes",
+            "untracked_growth_bytes")
     if device != "cuda":
-        return {"allocated_bytes": None, "peak_extra_bytes": None, "device_used_bytes": None,
-                "torch_reserved_bytes": None, "untracked_growth_bytes": None}
+        return dict.fromkeys(keys)
     _sync(device, world_size)
-    torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    y = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
+    peak = call_peak_bytes(fn)
     free, total = torch.cuda.mem_get_info()
     reserved = torch.cuda.memory_reserved()
-    del y
-    return {"allocated_bytes": before, "peak_extra_bytes": peak, "device_used_bytes": total - free,
-            "torch_reserved_bytes": reserved,
-            "untracked_growth_bytes": None if base is None else total - free - reserved - base}
+    growth = None if base is None else total - free - reserved - base
+    return dict(zip(keys, (before, peak, total - free, reserved, growth)))
 
-
-# ---------------------------------------------------------------------------------------------------- driver
 
 def check_config(cfg: TPBenchmarkConfig) -> None:
     """Refuse a config before any process is spawned.
 
     Raises:
-        ValueError: unknown block / run / device / strategy; ``tp`` not a positive int, below 2 with a tp run, or
-            not dividing a model's heads (attention) or routed experts / shared intermediate size (moe); bad
-            warmup / iters / tokens / all-reduce sizes.
-        RuntimeError: ``device="cuda"`` with fewer than ``tp`` GPUs when ``runs`` holds ``tp``, or no GPU at all.
+        ValueError: an unknown name; ``tp`` not a positive int, below 2 with a tp run or not dividing the model;
+            bad warmup / iters / tokens / all-reduce sizes.
+        RuntimeError: ``device="cuda"`` with fewer than ``tp`` GPUs for a tp run, or none.
     """
     _check_names(cfg)
     _check_sizes(cfg)
@@ -465,16 +411,11 @@ def _check_sizes(cfg: TPBenchmarkConfig) -> None:
 
 
 def run_tp_benchmark(cfg: TPBenchmarkConfig, out_dir: str | Path | None = None) -> TPBenchmarkResult:
-    """Spawn the tp run (``cfg.tp`` processes, rank ``r`` on GPU ``r``) and/or the sim run (1 process, GPU 0);
-    returns a :class:`TPBenchmarkResult`: every rank's block rows (with :func:`mla_lab.provenance.provenance`
-    ``("measured")`` columns and the :func:`compare` columns) and the all-reduce rows.
-
-    Args:
-        out_dir: where the workers leave their rows (and outputs with ``save_outputs``); a temp dir by default.
+    """Spawn the tp run (``cfg.tp`` processes) and/or the sim run (one, GPU 0); ``out_dir``: where workers leave
+    their rows (default a temp dir). Rows get ``provenance("measured")`` and the :func:`compare` columns.
 
     Raises:
-        ValueError, RuntimeError: as :func:`check_config` (before anything is spawned); a worker failed (its
-            exception, through ``torch.multiprocessing.spawn``).
+        ValueError, RuntimeError: as :func:`check_config`, or a worker's exception (``mp.spawn``).
     """
     import pandas as pd
     import torch.multiprocessing as mp
@@ -488,11 +429,8 @@ def run_tp_benchmark(cfg: TPBenchmarkConfig, out_dir: str | Path | None = None) 
             mp.spawn(_worker, args=(cfg.tp, "tp", cfg, str(work), _free_port()), nprocs=cfg.tp, join=True)
         if "sim" in cfg.runs:
             mp.spawn(_worker, args=(1, "sim", cfg, str(work), _free_port()), nprocs=1, join=True)
-        rows, ar_rows = [], []
-        for f in sorted(work.glob("rows_*.json")):
-            rows.extend(json.loads(f.read_text()))
-        for f in sorted(work.glob("allreduce_*.json")):
-            ar_rows.extend(json.loads(f.read_text()))
+        rows, ar_rows = ([r for f in sorted(work.glob(pattern)) for r in json.loads(f.read_text())]
+                         for pattern in ("rows_*.json", "allreduce_*.json"))
     prov = provenance("measured")
     if cfg.device == "cpu":  # a dry run of the logic: say where it ran
         prov.update(device="cpu", sm="none", driver="none", cuda="none")
@@ -510,11 +448,9 @@ def run_tp_benchmark(cfg: TPBenchmarkConfig, out_dir: str | Path | None = None) 
 
 
 def compare(df):
-    """Add :data:`COMPARE_COLUMNS` to the tp-run rows (sim rows get NaN), every rank's row kept: ``sim_compute_ms``,
-    ``sim_peak_extra_bytes``, ``sim_device_used_bytes`` (the sim row of the same tp, model, T, block, strategy;
-    key columns missing from ``df``, as in the TP=2 file written before blocks existed, are left out of the key),
-    ``time_error_pct``, ``compute_error_pct``, ``allreduce_model_error_pct``, ``mem_error_pct`` (%),
-    ``device_used_diff_bytes`` (tp - sim: NCCL's buffers and the rest of what the allocator does not see)."""
+    """``df`` with :data:`COMPARE_COLUMNS` on its tp rows (sim rows NaN), every rank kept: the sim row of the same
+    (tp, model, T, block, strategy; keys ``df`` lacks, as the TP=2 file written before blocks, left out), errors
+    in %, ``device_used_diff_bytes`` tp - sim (NCCL's buffers and what the allocator does not see)."""
     import numpy as np
     import pandas as pd
 
@@ -544,11 +480,9 @@ def compare(df):
 
 
 def summary_table(df):
-    """One line per (world_size, model, T, block, strategy) of the tp run: over the ranks, the min / median / max
-    of ``block_ms`` and ``compute_ms``, the median / max of ``allreduce_ms``, the slowest rank (by ``block_ms``);
-    the sim's compute, the modelled all-reduce, their sum and its error against the slowest rank (%), the compute
-    error against the slowest rank's compute (%), peak memory (MiB: max over ranks vs sim), NCCL's bytes (MiB, max
-    over ranks) and the routed pairs per rank (moe: min / max). ms, MiB, %; empty without tp rows."""
+    """A line per (world_size, model, T, block, strategy) of the tp run, over ranks: block / compute / all-reduce
+    ms, the slowest rank, sim + modelled all-reduce and its error against the slowest rank, peak and NCCL MiB,
+    routed pairs (moe). ms, MiB, %; empty without tp rows."""
     import pandas as pd
 
     if "block" not in df:
@@ -563,22 +497,12 @@ def summary_table(df):
         tp[c] = pd.to_numeric(tp[c], errors="coerce") if c in tp else float("nan")
     keys = ["world_size", "model", "T", "block", "strategy"]
     g = tp.groupby(keys, sort=False, dropna=False)
-    t = pd.DataFrame({
-        "ranks": g["rank"].nunique(),
-        "heads/rank": g["num_heads"].first(),
-        "experts/rank": g["experts_per_rank"].first(),
-        "block_ms_min": g["block_ms"].min(),
-        "block_ms_median": g["block_ms"].median(),
-        "block_ms_max": g["block_ms"].max(),
-        "slowest_rank": tp.loc[g["block_ms"].idxmax(), keys + ["rank"]].set_index(keys)["rank"],
-        "compute_ms_min": g["compute_ms"].min(),
-        "compute_ms_median": g["compute_ms"].median(),
-        "compute_ms_max": g["compute_ms"].max(),
-        "allreduce_ms_median": g["allreduce_ms"].median(),
-        "allreduce_ms_max": g["allreduce_ms"].max(),
-        "sim_compute_ms": g["sim_compute_ms"].first(),
-        "model_allreduce_ms": g["allreduce_model_ms"].first(),
-    })
+    t = g.agg(ranks=("rank", "nunique"), **{"heads/rank": ("num_heads", "first"),
+                                            "experts/rank": ("experts_per_rank", "first")},
+              **{f"{c}_{f}": (c, f) for c in ("block_ms", "compute_ms") for f in ("min", "median", "max")},
+              allreduce_ms_median=("allreduce_ms", "median"), allreduce_ms_max=("allreduce_ms", "max"),
+              sim_compute_ms=("sim_compute_ms", "first"), model_allreduce_ms=("allreduce_model_ms", "first"))
+    t.insert(6, "slowest_rank", tp.loc[g["block_ms"].idxmax(), keys + ["rank"]].set_index(keys)["rank"])
     t["sim+model_ms"] = t["sim_compute_ms"] + t["model_allreduce_ms"]
     t["time_err_%"] = 100 * (t["sim+model_ms"] - t["block_ms_max"]) / t["block_ms_max"]
     t["compute_err_%"] = 100 * (t["sim_compute_ms"] - t["compute_ms_max"]) / t["compute_ms_max"]

@@ -1,19 +1,13 @@
-"""The blocks of the TP harness (:mod:`mla_lab.measure.tp`), per rank, for one causal prompt of ``T`` tokens: one
-rank's inputs and weights, the forward, and the merge of the shards (the correctness check).
+"""The TP harness's blocks (:mod:`.tp`) per rank, for one causal prompt of ``T`` tokens: inputs, forward, and the
+merge of the shards (the check that the sum over ranks equals the unsharded block: ``tests/test_measure_tp.py``).
 
-- ``attention``: rank ``r`` holds heads ``[r H, (r+1) H)``, ``H = num_attention_heads / tp`` (their ``ql_nope`` /
-  ``q_pe``, ``W_UV`` slice and ``o_proj`` input columns); KV cache, indices and ``topk_length`` replicated (same
-  seed). The strategy's attention path (:class:`mla_lab.strategies.PaddedQPath`, ``reuse_pad_block=True`` as in
-  :mod:`mla_lab.measure.attention`), ``W_UV`` bmm, row-parallel ``o_proj``, one all-reduce of ``[T, hidden]`` bf16
-  (vLLM's ``RowParallelLinear``).
-- ``moe``: vLLM TP + EP, DP = 1 (``ep = tp``): all ``T`` tokens on every rank; the replicated router scored with a
-  sigmoid in fp32, top-``num_experts_per_tok`` renormalised (``config.json`` ``scoring_func: sigmoid``,
-  ``norm_topk_prob: true``; grouped top-k and ``routed_scaling_factor`` left out: neither changes the work). Rank
-  ``r`` holds whole experts ``[r E/ep, (r+1) E/ep)`` and computes the pairs routed to them (gate_up, SiLU * mul,
-  down, weighted, summed per token); shared experts TP-sharded over the intermediate dim; one all-reduce. The ops
-  are :data:`MOE_OPS` (what :func:`mla_lab.model.ops.layer_ops` prices under ``moe_parallel="ep"``); the sum over
-  ranks equals the unsharded MoE (``tests/test_measure_tp.py``). Routed GEMMs: :data:`MOE_IMPLS` (torch, not vLLM's
-  Triton ``fused_moe``); bf16 weights (the checkpoints' fp8 experts are not needed to check the sharding).
+- ``attention``: rank ``r`` holds heads ``[r H, (r+1) H)``; KV cache and indices replicated. The strategy's
+  attention path (:class:`mla_lab.strategies.PaddedQPath`), ``W_UV`` bmm, row-parallel ``o_proj``, one all-reduce
+  of ``[T, hidden]`` bf16 (vLLM's ``RowParallelLinear``).
+- ``moe``: vLLM TP + EP, DP = 1 (``ep = tp``): the replicated router (sigmoid in fp32, top-k renormalised:
+  ``config.json`` ``scoring_func: sigmoid``, ``norm_topk_prob: true``; grouped top-k and ``routed_scaling_factor``
+  left out: neither changes the work), rank ``r``'s whole experts and its shard of the shared experts, one
+  all-reduce. Ops: :data:`MOE_OPS`; routed GEMMs :data:`MOE_IMPLS` (torch, not vLLM's Triton ``fused_moe``); bf16.
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ import dataclasses
 import math
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from ..models import load_model
@@ -40,9 +35,8 @@ MOE_IMPLS = ("auto", "grouped_mm", "loop")
 
 
 def tiny_overrides() -> dict:
-    """ModelConfig fields for a CPU dry run: 8 heads (2 per rank at TP=4, 4 at TP=2), hidden 64, v_head_dim 16,
-    topk 32 (the absorbed head size stays 576 = 512 + 64, as the kernels require); MoE: 8 routed experts (2 per rank
-    at EP=4), 2 per token, moe_intermediate_size 32, one shared expert (8 of its 32 per rank at TP=4)."""
+    """ModelConfig fields for a CPU dry run: 8 heads, hidden 64, v_head_dim 16, topk 32 (head size stays 576);
+    8 routed experts, 2 per token, moe_intermediate_size 32, one shared expert."""
     return {"num_attention_heads": 8, "hidden_size": 64, "v_head_dim": 16, "index_topk": 32,
             "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "n_shared_experts": 1}
 
@@ -50,10 +44,6 @@ def tiny_overrides() -> dict:
 def _model(name: str, overrides: dict):
     model = load_model(name)
     return dataclasses.replace(model, **overrides) if overrides else model
-
-
-def _sm_scale(model) -> float:
-    return 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
 
 
 def _generators(seed: int, rank: int, device: str):
@@ -68,19 +58,12 @@ def _randn(*shape, fan_in: int, generator, device) -> torch.Tensor:
 
 
 def make_block_inputs(view, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
-    """Inputs and weights of TP rank ``rank``'s share of one attention block (all bf16 but the int32 indices);
-    ``view``: the :class:`~mla_lab.rank.RankView` of one rank (its model, ``tp`` and ``num_heads``).
+    """Rank ``rank``'s share of one attention block (``view``: its :class:`~mla_lab.rank.RankView`), bf16.
 
-    Replicated on every rank (generator seeded with ``seed``): ``kv [s_kv, 1, 576]`` (``s_kv = max(T, topk)``),
-    ``indices [T, 1, topk]`` (causal: token ``i`` draws among keys ``0..i``) and ``topk_length [T]``. Sharded
-    (generator seeded with ``seed``, ``rank``): ``ql_nope [T, H, 512]`` (head-major strides, like the transposed
-    W_UK bmm output in vLLM), ``q_pe [T, H, 64]`` (a slice of a ``[T, H, qk_nope + 64]`` tensor), ``w_uv [H, 512,
-    v_head_dim]`` and ``w_o [hidden, H v_head_dim]`` (``o_proj``'s input columns of these heads).
-    Concatenating the shards of ranks ``0..tp-1`` along heads gives the unsharded block's inputs
-    (:func:`merge_shards`).
-
-    Raises:
-        ValueError: ``tp`` does not divide ``num_attention_heads``.
+    Replicated (seeded ``seed``): ``kv [max(T, topk), 1, 576]``, causal ``indices [T, 1, topk]`` int32 (token
+    ``i`` draws among keys ``0..i``), ``topk_length [T]`` int32. Sharded (seeded ``seed``, ``rank``): ``ql_nope
+    [T, H, 512]`` (head-major strides, as vLLM's transposed W_UK bmm output), ``q_pe [T, H, 64]`` (a slice),
+    ``w_uv [H, 512, v_head_dim]``, ``w_o [hidden, H v_head_dim]``.
     """
     model, H = view.model, view.num_heads
     topk = model.topk
@@ -118,14 +101,12 @@ def _check_moe_split(model, tp: int) -> None:
 
 
 def make_moe_inputs(view, rank: int, T: int, seed: int = 0, device: str = "cpu") -> dict:
-    """Inputs and weights of rank ``rank``'s share of one MoE block under EP = TP = ``tp`` (all bf16).
+    """Rank ``rank``'s share of one MoE block under EP = TP = ``tp``, bf16, weights ``N(0, 1) / sqrt(fan_in)``.
 
-    Replicated (generator seeded with ``seed``): ``x [T, hidden]`` (N(0, 1): the normalised hidden state) and the
-    router ``w_router [n_routed_experts, hidden]``. Sharded (generator seeded with ``seed``, ``rank``): the local
-    experts ``w13 [E/tp, 2 I, hidden]`` (gate rows ``[:I]``, up rows ``[I:]``) and ``w2 [E/tp, hidden, I]``
-    (``I = moe_intermediate_size``), and the shared experts' shard ``w_sh13 [2 I_s, hidden]`` (gate ``[:I_s]``, up
-    ``[I_s:]``) and ``w_sh2 [hidden, I_s]`` with ``I_s = n_shared_experts I / tp``. Weights are ``N(0, 1) /
-    sqrt(fan_in)``. Also ``expert_start = rank E/tp``, ``num_local_experts``, ``top_k`` (``num_experts_per_tok``).
+    Replicated (seeded ``seed``): ``x [T, hidden]``, ``w_router [E, hidden]``. Sharded (seeded ``seed``,
+    ``rank``): ``w13 [E/tp, 2 I, hidden]`` (gate rows first), ``w2 [E/tp, hidden, I]``, the shared shard
+    ``w_sh13 [2 I_s, hidden]``, ``w_sh2 [hidden, I_s]`` (``I_s = n_shared_experts I / tp``); ``expert_start``,
+    ``num_local_experts``, ``top_k``.
 
     Raises:
         ValueError: ``tp`` does not divide ``n_routed_experts`` or the shared intermediate size.
@@ -150,13 +131,8 @@ def make_moe_inputs(view, rank: int, T: int, seed: int = 0, device: str = "cpu")
 
 
 def merge_shards(block: str, shards: list) -> dict:
-    """The unsharded block's inputs from the shards of ranks ``0..tp-1`` (in rank order), for checking that the
-    sum over ranks equals the unsharded block.
-
-    ``attention``: ``ql_nope`` / ``q_pe`` / ``w_o`` concatenated along heads (dim 1), ``w_uv`` along dim 0; the
-    replicated ``kv`` / ``indices`` / ``topk_length`` of rank 0. ``moe``: ``w13`` / ``w2`` concatenated along the
-    expert dim, the shared gate and up halves each concatenated, ``w_sh2`` along its input dim; ``x`` and the router
-    of rank 0; ``expert_start`` 0.
+    """The unsharded block's inputs from the shards of ranks ``0..tp-1`` (rank order): the sharded tensors
+    concatenated along heads / experts (the shared gate and up halves each), the replicated ones of rank 0.
 
     Raises:
         ValueError: unknown block.
@@ -180,17 +156,9 @@ def merge_shards(block: str, shards: list) -> dict:
 
 
 def block_forward(strategy, inp: dict, sm_scale: float, world_size: int = 1, parts: str = "block"):
-    """One rank's attention block: strategy (attention path) -> W_UV bmm -> row-parallel o_proj -> all-reduce.
-
-    Args:
-        strategy: a :class:`mla_lab.strategies.PaddedQPath` built for ``inp["num_heads"]`` heads.
-        inp: :func:`make_block_inputs`.
-        world_size: > 1: sum the ``[T, hidden]`` output over the default process group (in place).
-        parts: ``"attn"`` (attention path only), ``"compute"`` (no all-reduce) or ``"block"`` (everything).
-
-    Returns:
-        ``[T, H, 512]`` for ``"attn"``, else ``[T, hidden]`` bf16.
-    """
+    """One rank's attention block: ``strategy`` (a :class:`mla_lab.strategies.PaddedQPath`) on ``inp``
+    (:func:`make_block_inputs`) -> W_UV bmm -> o_proj -> (``world_size > 1``) in-place all-reduce. ``parts``:
+    ``attn`` (returns ``[T, H, 512]``), ``compute`` (no all-reduce) or ``block``; else ``[T, hidden]`` bf16."""
     o, _ = strategy(inp["ql_nope"], inp["q_pe"], inp["kv"], inp["indices"], sm_scale, inp["topk_length"])
     if parts == "attn":
         return o
@@ -199,19 +167,14 @@ def block_forward(strategy, inp: dict, sm_scale: float, world_size: int = 1, par
     x = x.transpose(0, 1).reshape(T, H * inp["w_uv"].shape[-1])
     y = F.linear(x, inp["w_o"])  # [T, hidden]: this rank's partial sum
     if parts == "block" and world_size > 1:
-        import torch.distributed as dist
-
         dist.all_reduce(y)
     return y
 
 
 def moe_routing(inp: dict, as_tensor: bool = False):
-    """Router and top-k of the moe block (:data:`MOE_OPS` ``router``, ``router_topk``) restricted to this rank's
-    experts: returns ``(tokens [P] int64, local_expert [P] int64, weight [P] fp32, counts)`` for the ``P``
-    token-expert pairs routed to experts ``[expert_start, expert_start + num_local_experts)``, sorted by local
-    expert, and ``counts`` (pairs per local expert: a list, a host sync; ``as_tensor``: an int64 ``[n]`` tensor on
-    the device). Scores: ``sigmoid(x @ w_router^T)`` in fp32, top
-    ``top_k``, renormalised over the selected ``top_k``."""
+    """Router and top-k (fp32 ``sigmoid(x @ w_router^T)``, renormalised) of this rank's experts: ``(tokens [P]
+    int64, local_expert [P] int64, weight [P] fp32, counts)`` for the ``P`` pairs routed here, sorted by expert;
+    ``counts`` per local expert, a list (a host sync) or, ``as_tensor``, an int64 tensor on the device."""
     logits = F.linear(inp["x"], inp["w_router"])  # [T, E] bf16
     scores = logits.float().sigmoid()
     top_w, top_i = torch.topk(scores, inp["top_k"], dim=-1)
@@ -227,8 +190,7 @@ def moe_routing(inp: dict, as_tensor: bool = False):
 
 
 def resolve_moe_impl(impl: str, device) -> str:
-    """``auto`` -> ``grouped_mm`` on a CUDA device of compute capability >= 9.0 whose torch has
-    ``torch._grouped_mm``, else ``loop``; ``grouped_mm`` / ``loop`` as given.
+    """``auto`` -> ``grouped_mm`` on a CUDA sm90+ device whose torch has ``torch._grouped_mm``, else ``loop``.
 
     Raises:
         ValueError: ``impl`` not in :data:`MOE_IMPLS`; ``grouped_mm`` where it is not available.
@@ -257,9 +219,8 @@ def _routed_loop(xs, w13, w2, counts):
 
 
 def _routed_grouped(xs, w13, w2, counts):
-    """All local experts in two ``torch._grouped_mm`` calls over the pairs sorted by expert (``offs``: the end row
-    of each expert's group, int32 on the device): ``[P, hidden] x [E, hidden, 2 I] -> [P, 2 I]``, SiLU*mul, ``[P, I]
-    x [E, I, hidden] -> [P, hidden]``. The weights' transposes are column-major views, as the op requires."""
+    """Two ``torch._grouped_mm`` over the pairs sorted by expert (``offs``: each group's end row, int32):
+    ``[P, hidden] -> [P, 2 I]``, SiLU*mul, ``-> [P, hidden]``; the weights' transposes are column-major views."""
     inter = w2.shape[-1]
     offs = torch.cumsum(counts, 0).to(torch.int32)
     g = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)  # moe_gate_up
@@ -268,20 +229,10 @@ def _routed_grouped(xs, w13, w2, counts):
 
 
 def moe_forward(inp: dict, world_size: int = 1, parts: str = "block", impl: str = "loop") -> torch.Tensor:
-    """One rank's MoE block under EP (ops :data:`MOE_OPS`): routing (:func:`moe_routing`), per local expert
-    ``gate_up = x_e @ w13[e]^T`` ``[n_e, 2 I]``, ``a = silu(gate) * up`` ``[n_e, I]``, ``down = a @ w2[e]^T``
-    ``[n_e, hidden]`` times the router weight, summed per token in fp32; the shared shard ``silu(x W_g^T) * (x
-    W_u^T) @ w_sh2^T`` added; cast to bf16; then (``parts="block"``, ``world_size > 1``) one all-reduce (sum) over
-    the default process group, in place.
-
-    Args:
-        inp: :func:`make_moe_inputs` (or :func:`merge_shards` ``("moe", ...)``: the unsharded block).
-        parts: ``"compute"`` (no all-reduce) or ``"block"``.
-        impl: the routed experts' GEMMs, :func:`resolve_moe_impl` (``loop``: one GEMM pair per expert;
-            ``grouped_mm``: two grouped GEMMs, as vLLM's fused_moe does in one kernel per GEMM; bf16 either way).
-
-    Returns:
-        ``[T, hidden]`` bf16.
+    """One rank's MoE block (:data:`MOE_OPS`) on ``inp`` (:func:`make_moe_inputs` or :func:`merge_shards`): routing,
+    the local experts' gate_up / SiLU*mul / down times the router weight (``impl``: :func:`resolve_moe_impl`),
+    summed per token in fp32, plus the shared shard; bf16 ``[T, hidden]``, then (``parts="block"``, ``world_size >
+    1``) an in-place all-reduce.
 
     Raises:
         ValueError: as :func:`resolve_moe_impl`.
@@ -303,7 +254,5 @@ def moe_forward(inp: dict, world_size: int = 1, parts: str = "block", impl: str 
         y += F.linear(a, inp["w_sh2"]).float()  # shared_down
     y = y.to(torch.bfloat16)
     if parts == "block" and world_size > 1:
-        import torch.distributed as dist
-
         dist.all_reduce(y)  # moe_allreduce
     return y

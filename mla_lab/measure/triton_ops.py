@@ -1,8 +1,6 @@
-"""Triton stand-ins for the layer ops torch has no single kernel for, and their check against torch:
-``rmsnorm`` (optionally fused with the residual add, vLLM's ``fused_add_rms_norm``), ``silu_mul`` (``SiluAndMul``)
-and ``mqa_logits`` (the DSA indexer's weighted-ReLU MQA logits over one causal prompt); :func:`check_kernels`
-compares them with torch in fp32 on NaN-poisoned outputs. CPU runs need ``TRITON_INTERPRET=1`` set before this
-module is imported (``tests/test_measure_layer.py`` runs them in a subprocess that sets it).
+"""Triton stand-ins for the layer ops torch has no single kernel for: ``rmsnorm`` (with the residual add: vLLM's
+``fused_add_rms_norm``), ``silu_mul`` (``SiluAndMul``), ``mqa_logits`` (the DSA indexer's logits over one causal
+prompt); :func:`check_kernels` against torch. CPU runs need ``TRITON_INTERPRET=1`` set before import.
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ __all__ = ["triton_kernels", "rmsnorm", "silu_mul", "mqa_logits", "KernelCheck",
 
 @functools.cache
 def triton_kernels():
-    """The three Triton kernels, decorated on the first call (interpreted when ``TRITON_INTERPRET=1`` was set before
-    triton was imported: see the module docstring). Returns a namespace with ``rmsnorm``, ``silu_mul``,
-    ``mqa_logits`` (``triton.jit`` functions; launch them through the wrappers below).
+    """The three ``triton.jit`` kernels (``rmsnorm``, ``silu_mul``, ``mqa_logits``), decorated on the first call;
+    launch them through the wrappers below.
 
     Raises:
         ImportError: triton is not installed.
@@ -85,16 +82,9 @@ def triton_kernels():
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, residual: torch.Tensor | None = None,
             eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm per row, in fp32: ``out = s / sqrt(mean(s^2) + eps) * weight`` with ``s = x`` or, with
-    ``residual``, ``s = x + residual`` (and ``residual`` overwritten with ``s``, vLLM's fused add).
-
-    Args:
-        x: ``[M, N]``, last dim contiguous (row stride free: a column slice works).
-        weight: ``[N]``; out: ``[M, N]``; residual: ``[M, N]`` or None. One dtype (bf16/fp16/fp32), one device.
-
-    Returns:
-        ``out``.
-    """
+    """``out [M, N] = s / sqrt(mean(s^2) + eps) * weight [N]`` per row in fp32, ``s = x [M, N]`` (last dim
+    contiguous; a column slice works) or ``x + residual`` (``residual`` overwritten with ``s``). One dtype
+    (bf16/fp16/fp32). Returns ``out``."""
     import triton
 
     M, N = x.shape
@@ -121,17 +111,10 @@ def silu_mul(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 def mqa_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, out: torch.Tensor,
                interpret: bool = False) -> torch.Tensor:
-    """The DSA indexer's logits over one causal prompt: ``out[t, s] = sum_h weights[t, h] relu(q[t, h] . k[s])``
-    for ``s <= t``; above the diagonal ``-inf`` inside computed blocks, untouched in blocks wholly above it.
-
-    Args:
-        q: ``[T, NH, D]`` (bf16/fp32; D a power of two >= 16); k: ``[S, D]``; weights: ``[T, NH]`` fp32;
-            out: ``[T, S]`` fp32. Last dims contiguous.
-        interpret: smaller blocks (16 x 16) and no launch options, for Triton's interpreter.
-
-    Returns:
-        ``out``.
-    """
+    """``out[t, s] = sum_h weights[t, h] relu(q[t, h] . k[s])`` for ``s <= t`` (``-inf`` above the diagonal in
+    computed blocks, untouched in blocks wholly above it). ``q [T, NH, D]`` (D a power of two >= 16), ``k [S, D]``,
+    ``weights [T, NH]`` fp32, ``out [T, S]`` fp32, last dims contiguous; ``interpret``: 16 x 16 blocks for Triton's
+    interpreter. Returns ``out``."""
     import triton
 
     T, NH, D = q.shape
@@ -145,9 +128,8 @@ def mqa_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, out: tor
 
 
 class KernelCheck(NamedTuple):
-    """One kernel against torch: ``error`` the relative L2 error of the output; ``aux_error`` the residual's error
-    (``rmsnorm_add``), 1.0 when ``mqa_logits`` left NaN in the causal part or wrote finite values above it, else
-    0.0."""
+    """``error``: the output's relative L2 error against torch; ``aux_error``: the residual's (``rmsnorm_add``), 1.0
+    when ``mqa_logits``'s mask is wrong, else 0.0."""
 
     name: str
     error: float
@@ -156,12 +138,8 @@ class KernelCheck(NamedTuple):
 
 def check_kernels(device: str, dtype: torch.dtype, interpret: bool, with_mqa: bool = True,
                   seed: int | None = None) -> list[KernelCheck]:
-    """Run the Triton kernels on fresh random inputs (NaN-poisoned outputs) and compare with torch in fp32.
-
-    Shapes are odd on purpose (37 x 300, 19 x 2*70; mqa 40 tokens, 4 heads, dim 32). ``seed`` None: a new seed
-    each run (``time.time()``), so a run never re-checks the same inputs. Returns ``[rmsnorm_add, silu_mul,
-    mqa_logits]`` (the last left out when ``with_mqa`` is False).
-    """
+    """The kernels on random odd-shaped inputs (NaN-poisoned outputs) against torch in fp32: ``[rmsnorm_add,
+    silu_mul, mqa_logits]`` (the last only ``with_mqa``). ``seed`` None: a new seed each run (``time.time()``)."""
     generator = torch.Generator(device=device).manual_seed(int(time.time()) % 10000 if seed is None else seed)
     checks = []
     x = torch.randn(37, 300, device=device, dtype=dtype, generator=generator)

@@ -1,29 +1,19 @@
-"""Fit the cost model's efficiencies on measured op rows and validate it: per op, per layer, per fused-vs-unfused
-difference, in sample and leave one model out.
+"""Fit the cost model's efficiencies on a layer run's op rows (``layer_ops.csv``, ``layer_e2e.csv``,
+``layer_extras.csv`` of ``mla_lab/measure/experiments/layer_calibration.py``) and validate it, in sample and leave
+one model out. Writes the calibration CSV (:func:`mla_lab.model.calibration.fit_calibration` over the ``ok`` op rows,
+with the measurements' provenance and ``fit_commit``) and ``layer_validation.csv`` (:data:`VALIDATION_COLUMNS`,
+``source`` ``modelled``) at levels:
 
-Inputs are the three CSVs one run of ``mla_lab/measure/experiments/layer_calibration.py`` writes (:mod:`.layer`: ``layer_ops.csv``,
-``layer_e2e.csv``, ``layer_extras.csv``). Outputs:
+- ``op``: each op row against :func:`mla_lab.model.timing.predict_measured_op_ms` (``in_sample``; with more than one
+  model also ``leave_model_out``);
+- ``layer`` / ``layer_<mode>``: each end-to-end layer against the sum of its ops' predictions (one GPU, no comm:
+  ``lm_head``, communication and ``excluded_ops`` left out);
+- ``layer_delta`` / ``layer_<mode>_delta``: ``per_call_zeros`` minus ``private_workspace`` per layer (the first
+  version's ``unfused`` / ``fused``: :func:`mla_lab.placement.measured_as`; APE relative to the measured difference);
+- ``extra``: the sparse kernel with causal ``topk_length`` against FLOPs at the fitted kernel efficiency.
 
-- the calibration CSV (``h200_ops.csv``): :func:`mla_lab.model.calibration.fit_calibration` over the ``ok`` op rows,
-  written by :func:`mla_lab.model.calibration.write_calibration_csv` with the measurements' provenance (and the
-  commit that fitted them, ``fit_commit``);
-- ``layer_validation.csv`` (:func:`validation_rows`, columns :data:`VALIDATION_COLUMNS` + provenance with
-  ``source`` ``modelled``): measured vs predicted ms and the absolute percentage error, at levels
-
-  - ``op``: every op row against :func:`mla_lab.model.timing.predict_measured_op_ms`; split ``in_sample`` (the fit
-    over all rows) and, with more than one model, ``leave_model_out`` (the fit over the other models' rows);
-  - ``layer`` / ``layer_<mode>`` (``graph``, ``paired``): each end-to-end layer against the sum of its measured
-    ops' predictions (:func:`mla_lab.model.ops.layer_ops` with ``out_slice_copy=False``, the layer's
-    ``excluded_ops``, ``lm_head`` and communication left out: one GPU, no comm);
-  - ``layer_delta`` / ``layer_<mode>_delta``: the ``per_call_zeros``-minus-``private_workspace`` difference per
-    layer (the first version's rows label them ``unfused`` / ``fused``: :func:`mla_lab.placement.measured_as`;
-    ``ape_pct`` relative to the measured difference; NaN when it is 0);
-  - ``extra``: the sparse kernel with causal ``topk_length`` (``kernel_topk_length`` rows) against FLOPs at the
-    fitted kernel efficiency.
-
-:func:`mape_summary` gives the per-(level, split, class) MAPE table the run prints. The refit door:
-``python -m mla_lab.measure.validate --fit-only DIR --cal-out PATH [--validation-out PATH] [--overwrite]``
-(:func:`main`; the folder read is never written).
+Refit door: ``python -m mla_lab.measure.validate --fit-only DIR --cal-out PATH [--validation-out PATH]
+[--overwrite]`` (the folder read is never written).
 """
 
 from __future__ import annotations
@@ -72,14 +62,9 @@ def _row(level, split, source, measured_ms, predicted_ms, name, op_class) -> dic
 def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list[dict], arch: GPUArch,
                     models_by_name: dict[str, ModelConfig], calibration: Calibration,
                     held_out: dict[str, Calibration] | None = None) -> list[dict]:
-    """Measured vs predicted rows at every level of the module docstring (columns :data:`VALIDATION_COLUMNS`).
-
-    Args:
-        op_rows, e2e_rows: ``layer_ops.csv`` / ``layer_e2e.csv`` rows with status ``ok`` (strings, as read).
-        extras_rows: ``layer_extras.csv`` rows (only ``kernel_topk_length`` ones with an ``ms`` are used).
-        models_by_name: configs of the models the e2e rows name (rows of other models are skipped).
-        calibration: the in-sample fit; held_out: :func:`leave_one_model_out` (``leave_model_out`` rows).
-    """
+    """Measured vs predicted rows (:data:`VALIDATION_COLUMNS`) at every level of the module docstring, from the
+    ``ok`` op / e2e rows and the extras (strings, as read); e2e rows of models not in ``models_by_name`` skipped;
+    ``held_out``: :func:`leave_one_model_out`."""
     held_out = held_out or {}
     rows = [_row("op", "in_sample", r, float(r["ms"]), predict_measured_op_ms(r, arch, calibration), r["op"],
                  r["op_class"]) for r in op_rows]
@@ -98,9 +83,8 @@ def validation_rows(op_rows: list[dict], e2e_rows: list[dict], extras_rows: list
 
 
 def _layer_rows(e2e_rows, arch, models_by_name, calibration, held_out, by_layer: dict) -> list[dict]:
-    """Per layer: the sum of its measured ops' predictions vs the end-to-end measurement (the strategy label read
-    at the door: the first version's unfused / fused rows, :func:`~mla_lab.placement.measured_as`); the in-sample
-    rows also go to ``by_layer`` for :func:`_delta_rows`."""
+    """Per layer: the sum of its ops' predictions vs the end-to-end measurement; in-sample rows also into
+    ``by_layer`` (for :func:`_delta_rows`)."""
     rows, ranks = [], {}
     for r in e2e_rows:
         model = models_by_name.get(r["model"])
@@ -155,21 +139,11 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
                      calibration_path: str | Path | None = None,
                      log: Callable[[str], None] = print,
                      validation_path: str | Path | None = None) -> Calibration | None:
-    """Fit efficiencies from ``out_dir/layer_ops.csv``, write the calibration CSV (``calibration_path``, default
-    ``out_dir/h200_ops.csv``) and the validation CSV (``validation_path``, default ``out_dir/layer_validation.csv``);
-    log the MAPE table and the fitted efficiencies. Nothing else is written.
-
-    Args:
-        out_dir: folder holding a run's ``layer_ops.csv``, ``layer_e2e.csv``, ``layer_extras.csv``.
-        arch: the GPU the rows were measured on (its datasheet peaks).
-        fit_provenance: provenance columns of the calibration rows (the measurements'; ``fit_commit`` added by
-            the caller); the validation rows get them with ``source`` ``modelled``.
-        models_by_name: configs of the models the rows name.
-
-    Returns:
-        The in-sample :class:`~mla_lab.model.calibration.Calibration`, or None (nothing written) when there is no
-        ``ok`` op row.
-    """
+    """Fit on ``out_dir``'s run, write the calibration CSV (default ``out_dir/h200_ops.csv``) and the validation CSV
+    (default ``out_dir/layer_validation.csv``) and log the MAPE table and the fitted efficiencies. ``arch``: the GPU
+    measured; ``fit_provenance``: the calibration rows' provenance (the validation rows': with ``source``
+    ``modelled``). Returns the in-sample :class:`~mla_lab.model.calibration.Calibration`, or None (nothing
+    written) without an ``ok`` op row."""
     out_dir = Path(out_dir)
     op_rows = [r for r in read_rows(out_dir / OPS_CSV) if r.get("status") == "ok"]
     e2e_rows = [r for r in read_rows(out_dir / E2E_CSV) if r.get("status") == "ok"]
@@ -200,9 +174,8 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
 
 
 def _outputs(ap, a) -> tuple[Path, Path]:
-    """``--cal-out`` (required: the folder read is never written) and ``--validation-out`` (default
-    ``layer_validation.csv`` beside it), checked before anything is fitted: a committed file (tracked by git) is
-    replaced only with ``--overwrite``; a folder or an unwritable path never."""
+    """``--cal-out`` (required) and ``--validation-out`` (default beside it), checked before anything is fitted: a
+    committed file is replaced only with ``--overwrite``; a folder or an unwritable path never."""
     if not a.cal_out:
         ap.error(f"--fit-only {a.fit_only} needs --cal-out PATH (the calibration CSV to write; nothing is written "
                  "into the folder read), e.g. --cal-out /tmp/h200_ops.csv")
@@ -225,9 +198,9 @@ def _outputs(ap, a) -> tuple[Path, Path]:
 
 
 def main(argv=None) -> int:
-    """Refit the calibration from a measured folder's CSVs (module docstring); the fitted efficiencies inherit the
-    provenance of the measurements, ``fit_commit`` the commit that fitted them. Exit 2 (argparse) on bad paths."""
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.measure.validate", description=__doc__.split("\n")[0])
+    """The refit door (module docstring); exit 2 (argparse) on bad paths."""
+    ap = argparse.ArgumentParser(prog="python -m mla_lab.measure.validate",
+                                 description="Refit the calibration and its validation from a layer run's CSVs.")
     ap.add_argument("--fit-only", required=True, metavar="DIR", help="refit from the CSVs in DIR (read only)")
     ap.add_argument("--cal-out", default=None, help="the calibration CSV to write (required)")
     ap.add_argument("--validation-out", default=None, help="the validation CSV (default beside --cal-out)")

@@ -109,12 +109,7 @@ class Calibration:
     def comm_fit(self, world_size: int, nbytes: float, kind: str = "allreduce", arch=None):
         """The measured fit pricing this collective, or None (the assumption prices it): an all-reduce on the GPU the
         fit was measured on (``arch``, default :attr:`arch`), ``nbytes`` within its measured range widened by
-        :data:`COMM_FIT_RANGE_FACTOR`. Raises ValueError: world_size not a positive int; unknown arch."""
-        check_int("world_size", world_size)
-        return self.comm_fit_checked(world_size, nbytes, kind, arch)
-
-    def comm_fit_checked(self, world_size: int, nbytes: float, kind: str = "allreduce", arch=None):
-        """:meth:`comm_fit` below the door (``world_size`` already checked with the deployment)."""
+        :data:`COMM_FIT_RANGE_FACTOR`; ``world_size`` a checked positive int. Raises ValueError: unknown arch."""
         fit = self._fit_for(world_size, kind, arch)
         if fit is None:
             return None

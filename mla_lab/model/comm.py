@@ -8,7 +8,6 @@ from __future__ import annotations
 import csv
 import math
 import numbers
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from .._validate import read_csv_checked
 from ..paths import REPO_ROOT, calibration_dir, measured_dir
 
 __all__ = ["CommFit", "CommModel", "COMM_CSV", "fit_comm", "ring_allreduce_ms", "load_comm_model",
-           "write_comm_model", "check_comm_out", "measured_allreduce_rows", "extrapolated"]
+           "measured_allreduce_rows", "extrapolated"]
 
 COMM_CSV = "h200_comm.csv"
 FIT_COLUMNS = ["world_size", "latency_us", "bw_gbps", "n", "n_sizes", "min_bytes", "max_bytes", "mape_pct",
@@ -237,46 +236,6 @@ def _shown(p: Path) -> str:
     """``p`` relative to the repository when inside it, else absolute."""
     p = p.resolve()
     return str(p.relative_to(REPO_ROOT)) if REPO_ROOT in p.parents else str(p)
-
-
-def check_comm_out(path: str | Path) -> Path:
-    """``path`` if :func:`write_comm_model` may write it. Raises ValueError: a folder, or a file whose header is
-    not :data:`FIT_COLUMNS`."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"out={str(p)!r} is a folder; allowed: a CSV file path (e.g. data/calibration/{COMM_CSV})")
-    if p.exists():
-        try:
-            with open(p, newline="") as f:
-                head = next(csv.reader(f), [])
-        except (OSError, UnicodeDecodeError, csv.Error):
-            head = []
-        if head[:len(FIT_COLUMNS)] != FIT_COLUMNS:
-            raise ValueError(f"out={str(p)!r} exists and is not an all-reduce fit file (its header is not "
-                             f"{FIT_COLUMNS[:3]}...); refusing to overwrite it; allowed: a new path or a fit file")
-    return p
-
-
-def write_comm_model(model: CommModel, path: str | Path, provenance_cols: dict) -> None:
-    """Write one row per world size plus ``provenance_cols`` atomically (temp file renamed over ``path``).
-    Raises ValueError: refused by :func:`check_comm_out`; the folder cannot be created."""
-    p = check_comm_out(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"out={str(p)!r}: its folder cannot be created ({e.strerror}); allowed: a writable path") from None
-    cols = FIT_COLUMNS + [c for c in provenance_cols if c not in FIT_COLUMNS]
-    tmp = p.with_name(f".{p.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            for _n, fit in sorted(model.fits.items()):
-                w.writerow({**{c: getattr(fit, c) for c in FIT_COLUMNS}, **provenance_cols})
-        os.replace(tmp, p)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _num(v):

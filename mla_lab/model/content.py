@@ -15,9 +15,9 @@ from statistics import median
 
 from ..paths import calibration_dir
 
-__all__ = ["ContentModel", "content_factor", "fit_content_factor", "load_content_model", "write_content_model",
-           "CONTENT_CSV", "StepContentModel", "fit_step_content", "load_step_content_model",
-           "write_step_content_model", "STEP_CONTENT_CSV", "STEP_CONTENT_PER_PROCESS_CSV", "CONTENT_SCOPES"]
+__all__ = ["ContentModel", "content_factor", "fit_content_factor", "load_content_model", "CONTENT_CSV",
+           "StepContentModel", "fit_step_content", "load_step_content_model", "STEP_CONTENT_CSV",
+           "STEP_CONTENT_PER_PROCESS_CSV", "CONTENT_SCOPES"]
 
 CONTENT_CSV = "h200_content.csv"
 
@@ -89,18 +89,6 @@ def fit_content_factor(rows: list[dict], name: str = "fit") -> tuple[ContentMode
                     "stale_ms_loso": p_out, "ape_loso_pct": loso[-1]})
     model = ContentModel(a, b, c, len(rows), err, sum(loso) / len(loso), name)
     return model, per
-
-
-def write_content_model(model: ContentModel, path: str | Path, provenance_cols: dict) -> None:
-    """One-row CSV of the fit with provenance columns."""
-    _write_row(model, ("a", "b", "c_ms", "n", "mape_pct", "loso_mape_pct"), path, provenance_cols)
-
-
-def _write_row(model, fields, path, extra: dict) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(fields) + list(extra))
-        w.writeheader()
-        w.writerow({**{k: getattr(model, k) for k in fields}, **extra})
 
 
 def _read_row(path, default: str, kind: str, build):
@@ -215,15 +203,6 @@ def fit_step_content(rows: list[dict], num_heads: int, padded_heads: int,
                              sum(r["ape_pct"] for r in per) / len(per),
                              sum(r["lopo_ape_pct"] for r in per) / len(per), name)
     return model, per
-
-
-_STEP_FIELDS = ("uniform_per_share", "attention_excess", "fit_share", "padded_fraction", "n_processes",
-                "mape_step_pct", "lopo_mape_step_pct")
-
-
-def write_step_content_model(model: StepContentModel, path: str | Path, extra_cols: dict) -> None:
-    """One-row CSV of the step-level fit plus ``extra_cols`` (provenance, method, checks)."""
-    _write_row(model, _STEP_FIELDS, path, extra_cols)
 
 
 def load_step_content_model(path: str | Path | None = None) -> StepContentModel | None:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..arch import GPUArch, get_arch
 from ..paths import REPO_ROOT, calibration_dir
-from ..placement import FA3_DECODE_PLACEMENTS
+from ..placement import KINDS
 
 __all__ = ["FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
            "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV"]
@@ -70,12 +70,6 @@ class DecodeKernel:
     mape_pct: float = float("nan")
     loco_mape_pct: float = float("nan")
 
-    def splits(self, B: int, keys: int, arch: GPUArch) -> int:
-        """CTAs per token: FA3's heuristic for ``fa3_sparse``, 1 for FlashMLA."""
-        if self.family != "fa3_sparse":
-            return 1
-        return fa3_num_splits(B, arch.sm_count, max(1, math.ceil(keys / FA3_BLOCK_N)))
-
     def ms(self, B: int, keys: int, arch: GPUArch) -> float:
         """Kernel ms of ``B`` decode tokens of ``keys`` keys each. Raises ValueError: ``B`` < 1 or ``keys`` < 0."""
         if B < 1 or keys < 0:
@@ -99,8 +93,8 @@ def _model(B, n, a, k, eff, p, family, arch) -> np.ndarray:
 
 
 def decode_family(placement: str) -> str:
-    """``fa3_sparse`` for :data:`~mla_lab.placement.FA3_DECODE_PLACEMENTS`, else ``flashmla_pad64``."""
-    return "fa3_sparse" if placement in FA3_DECODE_PLACEMENTS else "flashmla_pad64"
+    """The family a placement's decode rows are priced as (its :class:`~mla_lab.placement.StrategyKind` ``decode``)."""
+    return KINDS[placement].decode
 
 
 def _rows(path: Path) -> list[tuple[str, int, int, int, float]]:

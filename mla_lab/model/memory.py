@@ -1,29 +1,9 @@
-"""Memory per rank: weights, the profile-run activation estimate, and the KV-cache budget they leave.
-
-vLLM sizes the KV cache after a profile run. The lab follows vLLM 0.33.0's rule (read in the release wheel
-``vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl``), one term per line of :data:`KV_RULE_SOURCES`:
-
-- total memory as torch reports it (:attr:`mla_lab.arch.GPUArch.torch_total_bytes`) times
-  ``gpu_memory_utilization``, rounded up (``vllm/v1/worker/utils.py:724-726``);
-- minus what the profile run leaves consumed plus its transient peak (``vllm/utils/mem_utils.py:312-321``:
-  ``non_kv_cache_memory = total_consumed + transient_peak_headroom``): the weights as loaded
-  (:func:`weights_bytes_per_rank`, the MTP layer when speculative decoding loads it), the persistent buffers
-  (the sparse indexer's top-k buffer, the lab's baseline Q workspace, what the sparse prefill workspaces add to
-  the shared workspace at ``max_model_len``), the profile-run activation peak at ``max_num_batched_tokens``
-  (:func:`activation_peak_bytes`) with the indexer's dummy logits tensor, and the non-torch memory allocated
-  after the snapshot;
-- minus the CUDA-graph memory estimate (``vllm/v1/worker/gpu_worker.py:707-757``; on by default since v0.21.0,
-  ``vllm/envs.py:2219-2221``);
-- NCCL buffers and the cuBLAS handles are allocated *before* the snapshot (``gpu_worker.py:499-535``) and cost
-  the budget nothing;
-- tokens = whole blocks: ``num_blocks = available // (block_size x bytes per token)`` over every layer's MLA
-  cache and indexer cache in one group (``vllm/v1/core/kv_cache_planning.py:681``,
-  ``vllm/v1/kv_cache_interface.py:1319-1320``), reported as ``int(num_blocks / cdiv(max_model_len, block_size)
-  x max_model_len)`` (``vllm/v1/core/kv_cache_utils.py:1061-1127``).
-
-:func:`memory_tradeoff` is the one function that computes the KV capacity; its ``kv_capacity`` entry lists every
-term with its value, unit, status (cited / estimate / assumed) and source. The Q path's own bytes per strategy
-come from :func:`mla_lab.buffers.memory_account`.
+"""Memory per rank: weights, the profile-run activation estimate, and the KV-cache budget they leave, by vLLM
+0.33.0's rule (read in the release wheel): total memory as torch reports it x ``gpu_memory_utilization``, minus
+the profile run's consumption and transient peak (weights, persistent buffers, activation peak, non-torch memory),
+minus the CUDA-graph estimate, in whole blocks of every layer's MLA and indexer cache. One term per entry of
+:data:`KV_RULE_SOURCES` (file:line each); :func:`memory_tradeoff` is the one function that computes the capacity.
+The Q path's own bytes per strategy: :func:`mla_lab.buffers.memory_account`.
 """
 
 from __future__ import annotations
@@ -32,12 +12,11 @@ import math
 import re
 
 from .._validate import check_int
-from ..buffers import MIB, STRATEGIES, memory_account_of, shared_workspace_other_bytes
+from ..buffers import MIB, memory_account_of, shared_workspace_other_bytes
 from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
-from ..placement import BASELINE, expand
+from ..placement import BASELINE, expand, fixed_strategies
 from ..rank import RankView
 from .ops import BF16, FP32, WEIGHT_DTYPES
-from .packed_kernel import packed_union_bytes
 
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
            "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",
@@ -102,16 +81,10 @@ CUDAGRAPH_ESTIMATE_BYTES = 2**30
 KV_BLOCK_SIZE = 64
 
 def weights_bytes_per_rank(rank: RankView) -> int:
-    """Estimated weight bytes one rank holds (vLLM layout), of a :class:`~mla_lab.rank.RankView`
-    (``Deployment.rank``: checked at the Deployment's door, nothing re-checked here).
-
-    Counted from the config: per layer q_a, q_b (1/tp), kv_a, kv_b (1/tp; plus vLLM's bf16 W_UK/W_UV copies),
-    o_proj (1/tp), the indexer (wq_b, wk, weights_proj; replicated), norms; dense MLP (1/tp) or router + experts
-    (1/tp each under TP; ``E/ep`` whole experts under EP) + shared experts (1/tp); embedding and LM head (1/tp each).
-    Linears in the rank's ``weight_dtype`` (fp8: 1 B + fp32 scale per 128x128 block); norms, router, embedding, LM
-    head, ``idx_weights_proj`` and the W_UK/W_UV copies bf16. The MTP layer is not counted here (vLLM loads it only
-    for speculative decoding: :func:`mtp_weights_bytes`).
-    """
+    """Estimated weight bytes one rank holds (vLLM layout), from the config: attention (q_b, kv_b, o_proj 1/tp;
+    plus bf16 W_UK/W_UV copies), the indexer (replicated), dense MLP or router + experts (1/tp under TP, ``E/ep``
+    whole experts under EP) + shared experts, embedding and LM head (1/tp). Linears at ``weight_dtype`` (fp8: 1 B +
+    an fp32 scale per 128x128 block), the rest bf16. No MTP layer (:func:`mtp_weights_bytes`)."""
     model = rank.model
     attn, dense, moe, emb = _layer_bytes(rank)
     n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
@@ -143,23 +116,16 @@ def _layer_bytes(rank: RankView) -> tuple[int, int, int, int]:
 
 
 def mtp_weights_bytes(rank: RankView) -> int:
-    """Bytes one rank holds of one MTP (next-token prediction) layer, loaded only with speculative decoding
-    (``--speculative-config '{"method": "mtp", ...}'``): a decoder layer (attention + MoE, as counted by
-    :func:`weights_bytes_per_rank`), ``eh_proj`` ``[2h, h]`` bf16 (an unquantized ``nn.Linear``, replicated) and
-    two norms; the embedding and LM head are shared with the target model (vLLM 0.33.0
-    ``vllm/model_executor/models/deepseek_mtp.py:87``, ``vllm/v1/spec_decode/llm_base_proposer.py:1418-1457``).
-    ``rank``: a :class:`~mla_lab.rank.RankView`, not re-checked."""
+    """Bytes one rank holds of one MTP layer (speculative decoding only): a decoder layer (attention + MoE),
+    ``eh_proj`` ``[2h, h]`` bf16 and two norms; embedding and head shared (:data:`KV_RULE_SOURCES` ``mtp``)."""
     attn, _, moe, _ = _layer_bytes(rank)
     h = rank.model.hidden_size
     return int(attn + moe + 2 * h * h * BF16 + 2 * h * BF16)
 
 
 def activation_peak_bytes(rank: RankView) -> int:
-    """Rough peak of transient activations in a profile run at the rank's ``max_num_batched_tokens`` (what vLLM's
-    memory profiling subtracts before sizing the KV cache), taken as the fused-MoE intermediate caches
-    ``T x k x (2 I_loc + I_loc + h)`` bf16 plus four ``T x h`` bf16 hidden/residual buffers. An estimate, not a
-    measurement; the attention-path buffers of each strategy are accounted separately (buffers.memory_account).
-    ``rank``: a :class:`~mla_lab.rank.RankView` (``Deployment.rank``), nothing re-checked."""
+    """Profile-run activation peak at ``max_num_batched_tokens`` (an estimate): the fused-MoE intermediates
+    ``T x k x (3 I_loc + h)`` plus four ``T x h`` buffers, bf16 bytes."""
     model, tp, moe_parallel, T = rank.model, rank.tp, rank.moe_parallel, rank.max_num_batched_tokens
     k, h = model.num_experts_per_tok, model.hidden_size
     i_loc = model.moe_intermediate_size // tp if moe_parallel == "tp" else model.moe_intermediate_size
@@ -176,10 +142,8 @@ INDEXER_LOGITS_RESERVE_BYTES = 512 * 2**20
 
 
 def sparse_workspace_extra_bytes(rank: RankView, max_model_len: int | None, moe_scratch: int) -> int:
-    """Bytes the sparse-attention prefill workspaces add to the shared workspace beyond ``moe_scratch`` (the
-    fused-MoE scratch, :func:`mla_lab.buffers.shared_workspace_other_bytes`): ``max(0, max(indexer K gather,
-    FlashMLA prefill workspace) - moe_scratch)``, sizes as vLLM 0.33.0 reserves them (:data:`KV_RULE_SOURCES`
-    ``sparse_workspace``); 0 when ``max_model_len`` is None."""
+    """``max(0, max(indexer K gather, FlashMLA prefill workspace) - moe_scratch)`` bytes at ``max_model_len`` (0
+    when None), as vLLM 0.33.0 reserves them (:data:`KV_RULE_SOURCES` ``sparse_workspace``)."""
     if max_model_len is None:
         return 0
     factor = 5 if max_model_len <= 256 * 1024 else 2
@@ -198,23 +162,12 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 
 def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int, per_tok: int, *,
                       vllm_version: str = "0.33.0", max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
-    """vLLM's KV-cache capacity of one rank, term by term (module docstring; sources :data:`KV_RULE_SOURCES`).
-
-    Args:
-        deployment: a checked :class:`~mla_lab.deployment.Deployment` (its rank, the GPU's memory as torch reports
-            it, ``gpu_memory_utilization``; nothing re-checked).
-        persistent: ``{term key: bytes}`` of persistent buffers the lab counts (``q_workspace`` ...).
-        activation: the profile-run activation peak, bytes. per_tok: KV bytes per token, all layers (MTP excluded).
-        vllm_version: ``"X.Y.Z"``; the CUDA-graph estimate is subtracted from 0.21.0 on.
-        max_model_len: tokens (None: the capacity is whole blocks x block size).
-        mtp_layers: MTP layers loaded (0, or 1 with ``--speculative-config`` method mtp): their weights and one
-            more layer of KV cache per token.
-
-    Returns:
-        ``{"tokens", "available_bytes", "requested_bytes", "non_kv_bytes", "bytes_per_token", "num_blocks",
-        "block_size", "vllm_version", "terms": [{term, value, unit, status, source}]}`` (bytes; ``tokens`` an int,
-        0 when nothing is left).
-    """
+    """vLLM's KV-cache capacity of one rank of a checked ``deployment``, term by term (:data:`KV_RULE_SOURCES`).
+    ``persistent``: ``{term key: bytes}``; ``activation``, ``per_tok`` (all layers, no MTP): bytes; the CUDA-graph
+    estimate counts from vLLM 0.21.0; ``max_model_len`` None: whole blocks x block size; ``mtp_layers`` 0 or 1 (its
+    weights and one more KV layer per token). Returns ``{"tokens" (int, 0 when nothing is left), "available_bytes",
+    "requested_bytes", "non_kv_bytes", "bytes_per_token", "num_blocks", "block_size", "vllm_version", "max_model_len",
+    "terms": [{term, value, unit, status, source}]}``."""
     rank, total, gpu_memory_utilization = deployment.rank, deployment.arch.torch_total_bytes, \
         deployment.gpu_memory_utilization
     requested = math.ceil(total * gpu_memory_utilization)
@@ -264,10 +217,9 @@ def _check_rule_args(vllm_version, max_model_len, mtp_layers) -> None:
 def _accounts(d: Deployment, rank: RankView, strategies, shared: int) -> dict:
     """``{name: MemoryAccount}`` of the baseline and ``strategies`` at the deployment's prompt length (a strategy
     whose route is dense MHA there pads nothing: :func:`mla_lab.buffers.memory_account`)."""
-    sts = expand(strategies if strategies is not None else STRATEGIES)
+    sts = expand(strategies if strategies is not None else fixed_strategies())
     sts = sts if any(st.name == BASELINE for st in sts) else [*expand(BASELINE), *sts]
-    return {st.name: memory_account_of(rank, st, shared, d.prompt_len, union_bytes=packed_union_bytes(
-        rank, d.prompt_len) if st.placement == "packed" else None) for st in sts}
+    return {st.name: memory_account_of(rank, st, shared, d.prompt_len) for st in sts}
 
 
 def _costs(accounts: dict, per_tok: int, capacity: float) -> dict:
@@ -285,13 +237,8 @@ def _costs(accounts: dict, per_tok: int, capacity: float) -> dict:
 
 def memory_tradeoff(deployment: Deployment, *, strategies=None, shared_workspace_bytes: int | None = None,
                     vllm_version: str = "0.33.0", max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
-    """The persistent Q-workspace bytes of each strategy as KV-cache tokens lost per rank and % of KV capacity.
-
-    KV capacity per rank as vLLM computes it (:func:`kv_capacity_terms`, module docstring), in whole blocks of
-    :meth:`~mla_lab.models.ModelConfig.kv_cache_bytes_per_token` (latent cache + indexer keys, all layers). The
-    workspace is one per rank, shared by all layers. Only persistent bytes reduce the KV cache: vLLM sizes it after
-    a profile run at ``max_num_batched_tokens`` that does not run the sparse kernel, so the per-call pad is not
-    counted.
+    """The persistent Q-workspace bytes of each strategy as KV-cache tokens lost per rank and % of KV capacity
+    (:func:`kv_capacity_terms`); only persistent bytes count (vLLM's profile run skips the sparse kernel).
 
     Args:
         deployment: a :class:`~mla_lab.deployment.Deployment` (checked at its door; nothing re-checked).

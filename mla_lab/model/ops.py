@@ -16,11 +16,10 @@ from ..models import ModelConfig
 from ..placement import Strategy, as_strategy
 from ..rank import RankView
 from ..workload import Step, sum_topk_lengths
-from .packed_kernel import packed_plan
 
 __all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
-           "layer_kinds", "step_level_ops", "ATTN_OPS", "COMM_CLASSES", "WEIGHT_DTYPES", "EP_COMM",
-           "LAYER_KINDS", "FP8_PEAK_FACTOR"]
+           "layer_kinds", "step_level_ops", "path_op", "padded_path_ops", "ATTN_OPS", "COMM_CLASSES", "WEIGHT_DTYPES",
+           "EP_COMM", "LAYER_KINDS", "FP8_PEAK_FACTOR"]
 
 BF16 = 2
 FP32 = 4
@@ -125,31 +124,14 @@ def _check_options(ep_comm: str, indexer_dtype: str, layer_kind: str | None = No
         raise _err("indexer_dtype", indexer_dtype, ["bf16", "fp8"])
 
 
-def layer_ops(
-    rank: RankView,
-    strategy: Strategy | str,
-    step: Step | int,
-    layer_kind: str = "moe",
-    *,
-    ep_comm: str = "all_reduce",
-    out_slice_copy: bool = False,
-    causal: bool = True,
-    context: int | None = None,
-    indexer_dtype: str = "bf16",
-    with_indexer: bool = True,
-) -> list[LayerOp]:
-    """Every op of one decoder layer on one rank for one step.
-
-    Args:
-        layer_kind: ``moe`` or ``dense`` (the first ``first_k_dense_replace`` layers).
-        ep_comm: ``all_reduce`` (vLLM TP+EP) or ``all_to_all`` (``moe_parallel="ep"``).
-        out_slice_copy: price the ``out[:, :H]`` copy (default False: vLLM hands the view to the W_UV bmm;
-            ``data/measured/h200/layer_extras.csv``).
-        indexer_dtype: ``bf16`` / ``fp8``; with_indexer: False for IndexShare layers.
-
-    Raises:
-        ValueError: ``strategy``, ``step``, ``context`` or an option outside its allowed values.
-    """
+def layer_ops(rank: RankView, strategy: Strategy | str, step: Step | int, layer_kind: str = "moe", *,
+              ep_comm: str = "all_reduce", out_slice_copy: bool = False, causal: bool = True,
+              context: int | None = None, indexer_dtype: str = "bf16", with_indexer: bool = True) -> list[LayerOp]:
+    """Every op of one decoder layer on one rank for one step. ``layer_kind``: ``moe`` / ``dense`` (the first
+    ``first_k_dense_replace`` layers); ``ep_comm``: ``all_reduce`` (vLLM TP+EP) / ``all_to_all``; ``out_slice_copy``:
+    price the ``out[:, :H]`` copy (vLLM hands the view to the W_UV bmm: ``data/measured/h200/layer_extras.csv``);
+    ``with_indexer``: False for IndexShare layers. Raises ValueError: ``strategy``, ``step``, ``context`` or an
+    option outside its allowed values."""
     strategy = as_strategy(strategy)
     _check_options(ep_comm, indexer_dtype, layer_kind)
     return _layer_ops(rank, strategy, step, layer_kind, ep_comm=ep_comm, out_slice_copy=out_slice_copy,
@@ -347,71 +329,34 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
     return _attention_path_ops(rank, spec, num_tokens, num_tokens * model.topk if sum_topk is None else sum_topk)
 
 
-def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step: Step | int | None = None) -> list[LayerOp]:
-    """:func:`attention_path_ops` unchecked (``step``: the chunks ``packed`` prices its unions from)."""
-    if spec.placement == "packed":
-        return _packed_ops(rank, spec, T, st, step)
-    model, H, Hp, kvd = rank.model, rank.num_heads, rank.padded_num_heads, rank.kv_cache_dtype
-    padded = Hp > H and kvd == "bf16"
-    dims = {"T": T, "H": H, "Hp": Hp, "sum_topk": st}
+def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step=None) -> list[LayerOp]:
+    """:func:`attention_path_ops` unchecked: its kind's ``price`` (``step``: the chunks ``packed`` prices its unions
+    from)."""
+    return spec.kind.price(rank, spec, T, st, step)
 
-    def op(name, kind, work_of=None, **extra):
-        w = attention_op_work(work_of or name, T, H, Hp, st, model.head_size, model.d_v)
-        return LayerOp(name, f"attn_{name}", flops=w if kind == "flops" else 0.0,
-                       act_bytes=w if kind == "bytes" else 0.0, dims={**dims, **extra}, impl=f"attn_{name}")
 
+def path_op(rank: RankView, name: str, T: int, st: int, work_of: str | None = None, **dims) -> LayerOp:
+    """One op of :data:`ATTN_OPS` at the rank's heads: bytes, or FLOPs for ``kernel``, from :func:`attention_op_work`
+    (of ``work_of``, default ``name``); ``dims`` added to ``T, H, Hp, sum_topk``."""
+    m, H, Hp = rank.model, rank.num_heads, rank.padded_num_heads
+    w = attention_op_work(work_of or name, T, H, Hp, st, m.head_size, m.d_v)
+    flops = name == "kernel"
+    return LayerOp(name, f"attn_{name}", flops=w if flops else 0.0, act_bytes=0.0 if flops else w,
+                   dims={"T": T, "H": H, "Hp": Hp, "sum_topk": st, **dims}, impl=f"attn_{name}")
+
+
+def padded_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step=None, *, pad: str | None = None,
+                    native: bool = False, chunk_ops=()) -> list[LayerOp]:
+    """A FlashMLA path (a kind's ``price``; ``step`` unread): concat, the per-call ``pad`` op (a padded bf16 Q
+    only), the kernel (``native``: padded inside it, real heads in and out), ``chunk_ops``, ``out_slice`` (padded
+    heads, not ``native``)."""
+    m, H, Hp = rank.model, rank.num_heads, rank.padded_num_heads
+    padded = Hp > H and rank.kv_cache_dtype == "bf16"
+    ops = [path_op(rank, "concat", T, st, "concat_zero_padding" if padded and spec.concat_zeroes_padding else None)]
+    if pad and padded:
+        ops.append(path_op(rank, pad, T, st))
     # per-token bytes: Q read, out [T, h, 512] bf16 + lse, max_logits fp32 written, for each head the kernel runs
-    tok = model.head_size * 2 + model.d_v * 2 + 2 * 4
-    if spec.placement == "fa3_sparse":
-        # FLASH_ATTN_MLA_SPARSE: no concat, no padded Q; MMAs issue at ceil(H / 64) * 64 rows (64-row wgmma tile)
-        tile = -(-H // 64) * 64
-        real = 2.0 * st * H * (model.head_size + model.d_v)
-        return [LayerOp("kernel", "attn_kernel", flops=2.0 * st * tile * (model.head_size + model.d_v),
-                        act_bytes=T * H * (model.head_size * 2 + model.d_v * 2 + 4),
-                        dims={**dims, "Hp": tile, "content": "zeros", "native": 1, "real_flops": real,
-                              "gather_bytes": st * model.head_size * 2},
-                        impl="attn_fa3_sparse")]
-    zero_pad = padded and spec.concat_zeroes_padding
-    ops = [op("concat", "bytes", "concat_zero_padding" if zero_pad else None)]
-    if padded and spec.placement == "per_call_zeros":
-        ops.append(op("pad", "bytes"))
-    if padded and spec.placement == "per_call_empty":
-        ops.append(op("pad_copy", "bytes"))
-    # kernel_native pads inside the kernel (64-row wgmma tile per token): the padded kernel's time
-    native = spec.placement == "kernel_native"
-    kern = op("kernel", "flops", content=spec.content if padded else "zeros", native=int(native))
-    ops.append(replace(kern, act_bytes=T * (H if native else Hp) * tok))
-    if spec.placement == "subchunk":
-        chunks = -(-T // spec.rows) if T else 0
-        if not spec.views_handoff:
-            ops.append(op("chunk_out", "bytes"))
-        ops.append(LayerOp("chunk_overhead", "attn_chunk_overhead",
-                           dims={**dims, "chunks": max(0, chunks - 1), "graphed": int(spec.graphed),
-                                 "consumer_launches": max(0, chunks - 1) if spec.handoff == "views" else 0},
-                           impl="attn_chunk_overhead"))
-    if spec.placement != "kernel_native" and Hp > H:
-        ops.append(op("out_slice", "bytes"))
-    return ops
-
-
-_FA3 = as_strategy("fa3_sparse")
-
-
-def _packed_ops(rank: RankView, spec: Strategy, T: int, st: int, step: Step | int | None) -> list[LayerOp]:
-    """``packed``: the real-head concat and one ``kernel`` op carrying the plan's ms (H200 rates); FA3 sparse's ops
-    where the dispatch falls back (``dims["packed_path"]``)."""
-    model, H = rank.model, rank.num_heads
-    plan = packed_plan(rank, step if step is not None else Step([(0, model.topk - 1, T)] if T else []), spec.overlap)
-    info = {"packed_path": plan.path, "packed_reason": plan.reason, "packed_source": plan.source}
-    if plan.path == "fallback":
-        return [replace(o, dims={**o.dims, **info}) for o in _attention_path_ops(rank, _FA3, T, st)]
-    s = plan.stats
-    dims = {"T": T, "H": H, "Hp": H, "sum_topk": st, "content": "zeros", "native": 1, "packed_ms": plan.packed_ms,
-            "padded_ms": plan.padded_ms, "packed_mode": plan.mode, "tile_rows": plan.tile_rows, "g": s.g, "overlap": s.overlap,
-            "shared": s.shared, "rest": s.rest, "groups_with_rest": s.groups_with_rest, **info}
-    concat = attention_op_work("concat", T, H, H, st, model.head_size, model.d_v)
-    tok = model.head_size * 2 + model.d_v * 2 + 4
-    return [LayerOp("concat", "attn_concat", act_bytes=concat, dims={"T": T, "H": H, "Hp": H, "sum_topk": st},
-                    impl="attn_concat"),
-            LayerOp("kernel", "attn_kernel", flops=2.0 * s.union * plan.tile_rows * (model.head_size + model.d_v),
-                    act_bytes=T * H * tok, dims=dims, impl="attn_packed")]
+    tok = m.head_size * 2 + m.d_v * 2 + 2 * 4
+    kern = path_op(rank, "kernel", T, st, content=spec.content if padded else "zeros", native=int(native))
+    ops += [replace(kern, act_bytes=T * (H if native else Hp) * tok), *chunk_ops]
+    return ops + ([path_op(rank, "out_slice", T, st)] if not native and Hp > H else [])

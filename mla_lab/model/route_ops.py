@@ -10,14 +10,12 @@ topk)``. (a) ``mha-dense``; (b) its up-projection (vLLM ``forward_mha``; it drop
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
-from ..buffers import dense_route_transient_bytes
 from ..deployment import Deployment
 from ..models import ModelConfig
 from ..paths import calibration_dir, calibration_measurements_dir
@@ -25,7 +23,7 @@ from ..placement import Strategy, as_strategy, strategy_route
 from ..rank import RankView
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
-from .calibration import Calibration, fit_calibration, resolve_calibration
+from .calibration import Calibration, csv_rows, fit_calibration, resolve_calibration
 from .ops import (
     ATTN_OPS,
     WEIGHT_DTYPES,
@@ -37,10 +35,10 @@ from .ops import (
 )
 
 __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
-           "masked_mha_ops", "mha_transient_bytes", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
-           "fit_padded_kernel", "default_padded_kernel_fit", "fa3_sparse_terms", "route_rows", "fit_route_classes",
+           "masked_mha_ops", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
+           "fit_padded_kernel", "default_padded_kernel_fit", "route_rows", "fit_route_classes",
            "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS", "route_layer_ops", "step_route",
-           "route_step_ops", "prompt_len_step", "route_transient_bytes", "route_calibration_rows", "DROPPED_BY_DENSE",
+           "route_step_ops", "prompt_len_step", "route_calibration_rows", "DROPPED_BY_DENSE",
            "ROUTE_ATTN_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
 
 BF16 = 2
@@ -123,19 +121,6 @@ def masked_mha_ops(rank: RankView, step: Step | int) -> list[LayerOp]:
     return up_projection_ops(rank, rs) + [mha_attention_op(rank, rs), mask_op(rs)]
 
 
-def mha_transient_bytes(rank: RankView, step: Step | int) -> dict:
-    """Dense-route transient bytes of one layer call: ``kv_up``, ``k``, ``out``, ``total``; ``budgeted`` False
-    (vLLM's ``profile_run`` runs no attention)."""
-    model, H = rank.model, rank.num_heads
-    rs = route_stats(model, step)
-    dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
-    d = {"kv_up": rs.Tk * H * (dn + dv) * BF16, "k": rs.Tk * H * (dn + dr) * BF16,
-         "out": rs.T * H * dv * BF16 + rs.T * H * FP32}
-    d["total"] = dense_route_transient_bytes(model, H, rs.T, rs.Tk)  # the one formula (mla_lab.buffers)
-    d["budgeted"] = False
-    return d
-
-
 def padded_kernel_terms(T: int, Hp: int, sum_topk: int, H_out: int | None = None) -> dict:
     """(e): ``flops`` ``2 K_s H' (576+512)``, ``gather_bytes`` ``K_s ceil(H'/64) 1152``, ``q_bytes`` / ``out_bytes``
     / ``tok_bytes`` at ``H_out`` heads (default ``Hp``)."""
@@ -175,10 +160,7 @@ class PaddedKernelFit:
 
 
 def _csv_rows(p: Path) -> list[dict]:
-    if not p.is_file():
-        return []
-    with open(p, newline="") as f:
-        return list(csv.DictReader(f))
+    return csv_rows(p) if p.is_file() else []
 
 
 def _content_rows(d: Path) -> list[dict]:
@@ -282,16 +264,6 @@ def default_padded_kernel_fit() -> PaddedKernelFit:
     return _FIT_CACHE[key]
 
 
-def fa3_sparse_terms(rank: RankView, T: int, sum_topk: int) -> dict:
-    """(d): FA3 sparse's work at the real heads (``tile_heads``: the wgmma M, a 64-row tile)."""
-    H = rank.num_heads
-    return {"flops": 2.0 * sum_topk * H * (D_QK_ABSORBED + D_V_ABSORBED),
-            "gather_bytes": float(sum_topk) * D_QK_ABSORBED * BF16,
-            "q_bytes": float(T) * H * D_QK_ABSORBED * BF16,
-            "out_bytes": float(T) * H * (D_V_ABSORBED * BF16 + FP32),
-            "padded_bytes": 0.0, "tile_heads": math.ceil(H / 64) * 64}
-
-
 #: Where the H200 route rows live (``mla_lab/measure/experiments/routes_step.py``, 5 fresh processes).
 ROUTES_CSV = ("between_process", "routes.csv")
 #: SDPA backend whose rows fit ``mha_attn``: cuDNN (Hopper wgmma, nearest to the FA3 varlen kernel engines call).
@@ -303,11 +275,9 @@ def route_rows(path: str | Path | None = None) -> list[dict]:
     """The committed H200 route rows ``{model, route, prompt_len, num_prompts, T, ms, n_processes}`` (median over
     processes); [] when absent."""
     p = Path(path) if path else calibration_measurements_dir("h200").joinpath(*ROUTES_CSV)  # calibration input
-    if not p.is_file():
-        return []
     per: dict = {}
     meta: dict = {}
-    for r in csv.DictReader(open(p, newline="")):
+    for r in _csv_rows(p):
         k = (r["model"], r["route"], int(r["prompt_len"]))
         per.setdefault(k, {})[r["process"]] = float(r["median_ms"])
         meta[k] = (int(r["num_prompts"]), int(r["T"]), r.get("v_padded") == "True")
@@ -407,23 +377,6 @@ def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Ste
     if L <= B:
         return Step([(i, 0, L) for i in range(B // L)])
     return Step([(0, L - B, B)])
-
-
-def route_transient_bytes(rank: RankView, route: str, step: Step | int) -> dict:
-    """Unbudgeted transient bytes of one layer call on the MHA routes or ``fa3-sparse``.
-    Raises ValueError: ``sparse-mqa`` (see :func:`mla_lab.buffers.memory_account`) or an unknown route."""
-    if route == "fa3-sparse":
-        rs = route_stats(rank.model, step)
-        out = rs.T * rank.num_heads * (D_V_ABSORBED * BF16 + FP32)
-        return {"out": out, "total": out, "budgeted": False}
-    if route in ("mha-dense", "mha-masked"):
-        d = mha_transient_bytes(rank, step)
-        if route == "mha-masked":
-            d["mask"] = math.ceil(route_stats(rank.model, step).mask_bits / 8)
-            d["total"] += d["mask"]
-        return d
-    raise ValueError(f"route={route!r} is not valid here; allowed: ['fa3-sparse', 'mha-dense', 'mha-masked'] "
-                     "(sparse-mqa: mla_lab.buffers.memory_account of its strategy)")
 
 
 def route_calibration_rows() -> list[dict]:

@@ -17,7 +17,6 @@ from ..workload import Step
 from .calibration import Calibration, resolve_calibration
 from .ops import ATTN_OPS, LayerOp, layer_ops
 from .route_ops import (
-    MHA_CLASS,
     ROUTE_ATTN_OPS,
     PaddedKernelFit,
     default_padded_kernel_fit,
@@ -27,18 +26,7 @@ from .route_ops import (
 )
 from .timing import apply_step_content, op_time_ms
 
-__all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "crossover_prompt_len", "validate_routes", "mha_pricing_source"]
-
-
-def mha_pricing_source(calibration: Calibration | None = None) -> str:
-    """What prices the dense MHA kernel: the calibrated ``mha_attn`` class or the assumption, in words."""
-    cal = resolve_calibration(calibration)
-    if MHA_CLASS in cal.classes:
-        e = cal.classes[MHA_CLASS]
-        return (f"measured: class {MHA_CLASS} fitted on the H200 route rows (eff_flops {e.eff_flops:.3f}, eff_bytes "
-                f"{e.eff_bytes:.3f}, {e.floor_us:g} us {e.mode}; {cal.name})")
-    return (f"assumption: FlashAttention-class dense kernel at the sparse kernel's calibrated "
-            f"{cal.attention_eff('kernel'):.3f} of bf16 peak, gemm byte efficiency and overhead ({cal.name})")
+__all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "crossover_prompt_len", "validate_routes"]
 
 
 KERNEL_MODELS = ("roofline", "calibrated")

@@ -118,7 +118,7 @@ def _comm_ms(kind: str, nbytes: float, n: int, arch: GPUArch, cal: Calibration) 
     """:func:`comm_time_ms` unchecked."""
     if n == 1 or nbytes <= 0:
         return 0.0
-    fit = cal.comm_fit_checked(n, nbytes, kind, arch)
+    fit = cal.comm_fit(n, nbytes, kind, arch)
     if fit is not None:
         return fit.time_ms(nbytes)
     moved = {"allreduce": 2.0 * (n - 1) / n * nbytes, "allgather": (n - 1) / n * nbytes,
@@ -143,39 +143,29 @@ def layer_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
                   calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ``{op: ms}`` of one layer on the strategy's route, plus ``total``, ``attention_path``, ``comm``,
     ``route``, ``content`` (:func:`apply_step_content`). Keywords as :func:`~mla_lab.model.ops.layer_ops`."""
-    cal = resolve_calibration(calibration)
-    out: dict = {}
     route = step_route(rank.model, strategy, step)
-    ops = list(route_layer_ops(rank, route, step, strategy, **kw))
-    for op in ops:
-        out[op.name] = _op_ms(op, rank.arch, cal, rank.tp)  # tp checked at the rank's door
-    content = apply_step_content(out, ops, cal)
-    comm = sum(out[op.name] for op in ops if op.is_comm)
-    total = sum(out.values())
-    out["attention_path"] = sum(out.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)
-    out["route"] = route
-    out["comm"] = comm
-    out["content"] = content
-    out["total"] = total
-    return out
+    r = _priced(rank, [(op, 1) for op in route_layer_ops(rank, route, step, strategy, **kw)], calibration)
+    return {**r.pop("by_op"), **r, "route": route}
 
 
 def step_time_ms(rank: RankView, strategy: Strategy | str, step: Step | int,
                  calibration: Calibration | None = None, **kw) -> dict:
     """Modelled ms of one engine step, all layers: ``total``, ``by_op``, ``attention_path``, ``comm``, ``route``,
     ``content``. Keywords as :func:`~mla_lab.model.ops.layer_ops`."""
-    cal = resolve_calibration(calibration)
-    by: dict = {}
     route = step_route(rank.model, strategy, step)
-    pairs = route_step_ops(rank, route, strategy, step, **kw)
-    arch, tp = rank.arch, rank.tp
+    return {**_priced(rank, route_step_ops(rank, route, strategy, step, **kw), calibration), "route": route}
+
+
+def _priced(rank: RankView, pairs, calibration) -> dict:
+    """``{total, by_op, attention_path, comm, content}`` of ``(op, count)`` pairs on the rank (tp checked at its
+    door), stale padded heads applied (:func:`apply_step_content`)."""
+    cal, by = resolve_calibration(calibration), {}
     for op, count in pairs:
-        by[op.name] = by.get(op.name, 0.0) + _op_ms(op, arch, cal, tp) * count  # tp checked at the rank's door
+        by[op.name] = by.get(op.name, 0.0) + _op_ms(op, rank.arch, cal, rank.tp) * count
     content = apply_step_content(by, [op for op, _ in pairs], cal)
     comm = sum(by[name] for name in {op.name for op, _ in pairs if op.is_comm})
     attn = sum(by.get(a, 0.0) for a in ATTN_OPS + ROUTE_ATTN_OPS)
-    return {"total": sum(by.values()), "by_op": by, "attention_path": attn, "comm": comm, "route": route,
-            "content": content}
+    return {"total": sum(by.values()), "by_op": by, "attention_path": attn, "comm": comm, "content": content}
 
 
 def apply_step_content(times: dict, ops, cal: Calibration) -> dict:

@@ -6,14 +6,15 @@ last token. Not modelled: CPU scheduling and launch gaps, sampling, interleaved 
 
 from __future__ import annotations
 
+from .. import placement
 from ..deployment import Deployment
-from ..placement import BASELINE, SEED_STRATEGIES, Strategy, as_strategy, expand
+from ..placement import BASELINE, Strategy, as_strategy, expand
 from ..workload import schedule
 from .calibration import Calibration, resolve_calibration
 from .ops import ATTN_OPS
 from .timing import attention_path_ms, step_time_ms
 
-__all__ = ["predict_ttft", "compare_strategies", "SCOPES", "SEED_STRATEGIES", "LAYER_OPTIONS"]
+__all__ = ["predict_ttft", "compare_strategies", "SCOPES", "LAYER_OPTIONS"]
 
 SCOPES = ("full_layer", "attention_path")
 #: ``full_layer`` options beyond the deployment (:func:`mla_lab.model.ops.layer_ops`, the comm terms).
@@ -28,28 +29,14 @@ def _check_deployment(deployment) -> Deployment:
     return deployment
 
 
-def predict_ttft(
-    deployment: Deployment,
-    strategy: Strategy | str,
-    calibration: Calibration | None = None,
-    scope: str = "full_layer",
-    attention_override_ms: list[float] | None = None,
-    **layer_kw,
-) -> dict:
-    """Modelled TTFT (ms) of ``deployment``'s workload on one rank.
-
-    Args:
-        scope: ``full_layer`` (every op) or ``attention_path`` (``num_hidden_layers x`` the path: a lower bound).
-        attention_override_ms: a measured attention path per layer, one per step, replacing the modelled one.
-        **layer_kw: :data:`LAYER_OPTIONS` (``full_layer`` only).
-
-    Returns:
-        ``ttft_ms_mean``, ``ttft_ms_max``, ``ttft_ms_list``, ``num_steps``, ``step_ms``, ``ops_ms``, ``step_ops_ms``,
-        ``attention_path_ms``, ``comm_ms``, ``scope``, ``strategy``, ``calibration``, ``comm_source``, ``source``.
-
-    Raises:
-        ValueError: not a Deployment; unknown scope or strategy; a bad layer option; as the cost functions.
-    """
+def predict_ttft(deployment: Deployment, strategy: Strategy | str, calibration: Calibration | None = None,
+                 scope: str = "full_layer", attention_override_ms: list[float] | None = None, **layer_kw) -> dict:
+    """Modelled TTFT (ms) of ``deployment``'s workload on one rank. ``scope``: ``full_layer`` (every op) or
+    ``attention_path`` (``num_hidden_layers x`` the path: a lower bound); ``attention_override_ms``: a measured
+    attention path per layer, one per step; ``layer_kw``: :data:`LAYER_OPTIONS` (``full_layer`` only).
+    Returns ``{ttft_ms_mean, ttft_ms_max, ttft_ms_list, num_steps, step_ms, ops_ms, step_ops_ms, attention_path_ms,
+    comm_ms, scope, strategy, calibration, comm_source, source}``. Raises ValueError: not a Deployment; unknown scope
+    or strategy; a bad layer option; as the cost functions."""
     d = _check_deployment(deployment)
     if scope not in SCOPES:
         raise ValueError(f"scope={scope!r} is not known; allowed: {list(SCOPES)}")
@@ -120,12 +107,13 @@ def _price_step(rank, strategy: Strategy, st, cal: Calibration, scope: str, laye
     return r["total"], r["by_op"], r["attention_path"], r["comm"]
 
 
-def compare_strategies(deployment: Deployment, strategies=SEED_STRATEGIES, baseline=BASELINE,
+def compare_strategies(deployment: Deployment, strategies=None, baseline=BASELINE,
                        calibration: Calibration | None = None, scope: str = "full_layer", **layer_kw) -> dict:
     """``{results, delta_pct, delta_ms, baseline}``: :func:`predict_ttft` per strategy (door names expanded) and
-    its mean-TTFT change vs ``baseline``. Raises ValueError: an unknown strategy; as :func:`predict_ttft`."""
+    its mean-TTFT change vs ``baseline`` (default strategies :data:`mla_lab.placement.SEED_STRATEGIES`). Raises
+    ValueError: an unknown strategy; as :func:`predict_ttft`."""
     d = _check_deployment(deployment)
-    names = expand(strategies)
+    names = expand(placement.SEED_STRATEGIES if strategies is None else strategies)
     base = expand(baseline)[0]
     res = {s.name: predict_ttft(d, s, calibration, scope, **layer_kw) for s in dict.fromkeys([base] + names)}
     b = res[base.name]["ttft_ms_mean"]

@@ -93,7 +93,7 @@ def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path
         d = runs[(runs["run"] == "tp") & (runs["world_size"] == n)] if len(runs) else runs
         sim_only = (Path(root) if root else measured_dir()) / gpu / f"tp{n}_sim_block.csv"
         if not len(d):
-            note = f"not measured: needs {n} GPUs of one host (mla_lab/measure/experiments/tp_block.py --tp {n})"
+            note = f"not measured: needs {n} GPUs of one host (python -m mla_lab.measure.experiments tp_block --tp {n})"
             if sim_only.is_file():
                 note += f"; the one-GPU simulation of its share is measured ({gpu}/{sim_only.name})"
             out.append({"TP": n, "measured": "no", "files": "-", "ranks": 0, "configurations": 0, "blocks": "-",

@@ -1,5 +1,5 @@
 """Argument checks of the serving simulation: one-line ``ValueError`` messages naming the argument, the value and
-what is allowed (the same format as :func:`mla_lab._validate.check_int`, which the integer checks reuse)."""
+what is allowed (the format of :func:`mla_lab._validate.check_int`, which the integer checks reuse)."""
 
 from __future__ import annotations
 
@@ -8,71 +8,58 @@ import numbers
 
 from mla_lab._validate import check_int
 
-__all__ = ["check_int", "check_float", "check_option", "check_bool"]
+__all__ = ["check_int", "check_float", "check_option", "check_bool", "check_ms"]
 
 
 def check_float(name: str, value, *, low: float = 0.0, low_inclusive: bool = False, high: float = math.inf,
                 high_inclusive: bool = False, allow_inf: bool = False) -> float:
-    """Return ``value`` as a float if it is a real number (not bool, not NaN) in the interval described.
-
-    ``allow_inf`` admits ``+inf`` on top of the interval (``high`` is then ignored for inf itself).
+    """``value`` as a float if it is a real number (not bool, not NaN) in the interval; ``allow_inf`` admits +inf.
 
     Raises:
         ValueError: ``"<name>=<value> must be a float in <interval>[ or inf]"``.
     """
-    lo = "[" if low_inclusive else "("
-    hi = "]" if high_inclusive else ")"
-    hi_txt = "inf" if math.isinf(high) else f"{high:g}"
-    allowed = f"{lo}{low:g}, {hi_txt}{hi}" + (" or inf" if allow_inf and not math.isinf(high) else "")
+    lo, hi = "[" if low_inclusive else "(", "]" if high_inclusive else ")"
     if allow_inf and math.isinf(high):
         allowed = f"{lo}{low:g}, inf]"
-    msg = f"{name}={value!r} must be a float in {allowed}"
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(msg)
-    v = float(value)
-    if math.isnan(v):
-        raise ValueError(msg)
-    if math.isinf(v):
-        if v > 0 and allow_inf:
-            return v
-        raise ValueError(msg)
-    if v < low or (v == low and not low_inclusive) or v > high or (v == high and not high_inclusive):
-        raise ValueError(msg)
+    else:
+        allowed = f"{lo}{low:g}, {'inf' if math.isinf(high) else f'{high:g}'}{hi}" + (" or inf" if allow_inf else "")
+    v = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
+    if v == math.inf and allow_inf:
+        return v
+    if math.isnan(v) or math.isinf(v) or v < low or (v == low and not low_inclusive) or v > high \
+            or (v == high and not high_inclusive):
+        raise ValueError(f"{name}={value!r} must be a float in {allowed}")
+    return v
+
+
+def check_ms(value, who: str, where: str = "") -> float:
+    """A pricer's answer as ms when it is a finite number > 0. Raises ValueError: ``"<who> returned <value> ms
+    <where>; it must be a finite float > 0"`` (no "ms" after a non-number when the simulation gives ``where``)."""
+    number = not isinstance(value, (bool, str)) and hasattr(value, "__float__")
+    v = float(value) if number else math.nan
+    if not (math.isfinite(v) and v > 0):
+        unit = " ms" if number or not where else ""
+        raise ValueError(f"{who} returned {value!r}{unit}{where}; it must be a finite float > 0")
     return v
 
 
 def check_option(name: str, value, allowed) -> object:
-    """Return ``value`` if it is one of ``allowed``.
-
-    Raises:
-        ValueError: ``"<name>=<value> must be one of [...]"``.
-    """
+    """``value`` if it is one of ``allowed``. Raises ValueError: ``"<name>=<value> must be one of [...]"``."""
     if isinstance(value, bool) or value not in allowed:
         raise ValueError(f"{name}={value!r} must be one of {list(allowed)}")
     return value
 
 
 def check_bool(name: str, value) -> bool:
-    """Return ``value`` if it is a bool.
-
-    Raises:
-        ValueError: ``"<name>=<value> must be a bool"``.
-    """
+    """``value`` if it is a bool. Raises ValueError: ``"<name>=<value> must be a bool"``."""
     if not isinstance(value, bool):
         raise ValueError(f"{name}={value!r} must be a bool")
     return value
 
 
 def check_int_or_none(name: str, value, *, allow_zero: bool = False) -> int | None:
-    """``None`` or :func:`check_int`; the message says None is allowed.
-
-    Raises:
-        ValueError: ``"<name>=<value> must be a positive int or None"``.
-    """
-    if value is None:
-        return None
+    """None or :func:`check_int`. Raises ValueError: ``"<name>=<value> must be a positive int or None"``."""
     try:
-        return check_int(name, value, allow_zero=allow_zero)
+        return None if value is None else check_int(name, value, allow_zero=allow_zero)
     except ValueError as e:
         raise ValueError(f"{e} or None") from None
-

@@ -1,10 +1,5 @@
-"""``vllm bench serve`` priced by the lab's cost model: one deployment, once per strategy (issue 13).
-
-:func:`serve_benchmark` runs :func:`mla_lab.serving.simulate` for one :class:`~mla_lab.deployment.Deployment`
-(:func:`bench_of` its workload, or a client run of it) once per strategy with that strategy's own KV-cache
-capacity (:func:`mla_lab.model.memory.memory_tradeoff`) and :class:`~mla_lab.serving.step_pricer.CostModelPricer`
-as the step pricer, and compares every metric with a baseline. :data:`PR_BENCH` is the benchmark of vLLM PR #53878;
-:data:`MODELLED_NOTES` says what is modelled.
+"""``vllm bench serve`` priced by the lab's cost model: one deployment, once per strategy, each with its own KV
+capacity, compared with a baseline (issue 13). :data:`MODELLED_NOTES` says what is modelled.
 """
 
 from __future__ import annotations
@@ -31,7 +26,8 @@ from .scheduler import SchedulerConfig
 from .simulate import simulate
 from .step_pricer import CostModelPricer
 
-__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary"]
+__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary", "pr_deployment",
+           "async_scheduler"]
 
 #: The PR's benchmark (vLLM PR #53878): 32 prompts x 1024 in / 128 out, max concurrency 32, request rate inf.
 PR_BENCH = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
@@ -58,12 +54,21 @@ MODELLED_NOTES = (
 )
 
 
+def pr_deployment() -> Deployment:
+    """vLLM PR #53878's main run (its description): :meth:`Deployment.seed` (fp8 weights, EP, bf16 KV, PR_BENCH's
+    workload) on GLM-5.2, TP8 on H200, max_num_batched_tokens 16384, max_num_seqs 256."""
+    return Deployment.seed(model="glm-5.2", tp=8, arch="h200", max_num_batched_tokens=16384, max_num_seqs=256)
+
+
+def async_scheduler(d: Deployment, kv_capacity_tokens: int, block_size: int = 64) -> SchedulerConfig:
+    """``d``'s engine limits with ``kv_capacity_tokens`` and async scheduling (vLLM's default)."""
+    return SchedulerConfig(d.max_num_batched_tokens, d.max_num_seqs, kv_capacity_tokens, block_size,
+                           async_scheduling=True)
+
+
 def bench_of(deployment: Deployment, **options) -> BenchConfig:
-    """``vllm bench serve`` for ``deployment``'s workload: ``--num-prompts``, ``--random-input-len`` (its
-    ``prompt_len``), ``--random-output-len`` (its ``output_len``) and ``--max-concurrency`` (its ``concurrency``),
-    with the client's other flags (``request_rate``, ``burstiness``, ``random_range_ratio``, ``seed``, ...:
-    :class:`~mla_lab.serving.client.BenchConfig` fields) from ``options`` or vLLM's defaults. The seed's is
-    :data:`PR_BENCH`.
+    """``vllm bench serve`` of ``deployment``'s workload (``num_prompts``, ``prompt_len``, ``output_len``,
+    ``concurrency``), the client's other :class:`~mla_lab.serving.client.BenchConfig` flags from ``options``.
 
     Raises:
         ValueError: an unknown option, or as :class:`~mla_lab.serving.client.BenchConfig`.
@@ -88,29 +93,20 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                     calibration: Calibration | None = None, decode_cal: DecodeCalibration | None = None,
                     baseline: str = BASELINE, kv_admission: str = "reserve", enforce_eager: bool = False,
                     percentiles=(99,)) -> dict:
-    """``vllm bench serve`` (``bench``) against one deployment, once per strategy, each with its own KV capacity.
-
-    ``deployment``: a checked :class:`~mla_lab.deployment.Deployment` (not its rank view: the KV-cache budget and the
-    workload are the deployment's). ``bench``: the client's run (:class:`~mla_lab.serving.client.BenchConfig`); None:
-    :func:`bench_of` the deployment; a ``bench`` given must send the deployment's workload.
-
-    Per strategy (presets and aliases expanded; ``baseline`` added): KV capacity = ``memory_tradeoff``'s
-    ``kv_capacity_tokens`` minus the strategy's ``kv_tokens_lost``; :class:`~mla_lab.serving.scheduler.SchedulerConfig`
-    with the deployment's engine limits; pricer :class:`CostModelPricer` of ``deployment.rank``.
+    """``vllm bench serve`` (``bench``, None: :func:`bench_of`; it must send the deployment's workload) against a
+    :class:`~mla_lab.deployment.Deployment` (its KV budget and workload), once per strategy (presets expanded,
+    ``baseline`` added): KV capacity ``memory_tradeoff``'s minus the strategy's ``kv_tokens_lost``, the deployment's
+    engine limits, :class:`CostModelPricer` of ``deployment.rank`` (the options' pricers under MTP / DP attention).
 
     Returns:
-        ``{"strategies": {s: {"preset", "metrics", "change_pct" (vs baseline, % per metric), "kv_capacity_tokens",
-        "kv_tokens_lost", "extra_mib", "num_steps", "steps_by_launch", "result" (the ServingResult)}},
-        "baseline", "deployment" (the engine arguments), "bench" (dict), "calibration", "decode_calibration",
+        ``{"strategies": {s: {"preset", "metrics", "change_pct" (% vs baseline), "kv_capacity_tokens", "result",
+        ...}}, "baseline", "deployment" (engine arguments), "options", "bench", "calibration", "decode_calibration",
         "notes"}``.
 
     Raises:
-        ValueError: a ``bench`` that is not a BenchConfig or sends another workload than the deployment's; a
-            deployment whose weights and activations leave no KV cache (one line naming the deployment and
-            :func:`~mla_lab.model.memory.memory_tradeoff`'s ``fit_reason``, raised before any strategy is priced),
-            or a strategy whose persistent workspace extra takes the whole KV capacity (names the strategy, the
-            deployment and its extra MiB); never a negative capacity. As ``SchedulerConfig``, :func:`simulate` and
-            the cost model.
+        ValueError: a ``bench`` that is not a BenchConfig or sends another workload; a deployment that leaves no KV
+            cache, or a strategy whose workspace extra takes all of it (one line naming them, before any strategy is
+            priced); as ``SchedulerConfig``, :func:`simulate` and the cost model.
     """
     Deployment.require(deployment)
     d = deployment
@@ -132,7 +128,7 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
         res = opts.scale(raw)
         launches = Counter(f"{rec.step.kind}:{rec.step.cudagraph_mode}" for rec in res.steps)
         out[s] = {"preset": preset_of(s), "metrics": res.metrics, "kv_capacity_tokens": int(caps[s]),
-                  "kv_tokens_lost": mem["strategies"][s]["kv_tokens_lost"], "extra_mib": mem["strategies"][s]["extra_mib"],
+                  **{k: mem["strategies"][s][k] for k in ("kv_tokens_lost", "extra_mib")},
                   "num_steps": len(res.steps), "steps_by_launch": dict(launches), "result": res,
                   "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
     for s in order:
@@ -144,11 +140,7 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
 
 
 def _checked_bench(d: Deployment, bench) -> BenchConfig:
-    """``bench`` when it is a BenchConfig sending ``d``'s workload (one truth for it).
-
-    Raises:
-        ValueError: not a BenchConfig, or another workload (names both).
-    """
+    """``bench`` when it is a BenchConfig sending ``d``'s workload. Raises ValueError: else (names both)."""
     if not isinstance(bench, BenchConfig):
         raise ValueError(f"bench={bench!r} must be a mla_lab.serving.BenchConfig")
     if _workload_of(bench) != (d.num_prompts, d.prompt_len, d.output_len, d.concurrency):
@@ -160,12 +152,7 @@ def _checked_bench(d: Deployment, bench) -> BenchConfig:
 
 
 def _kv_capacities(d: Deployment, mem: dict, order) -> dict:
-    """KV-cache tokens per strategy: ``mem``'s capacity minus the strategy's ``kv_tokens_lost``.
-
-    Raises:
-        ValueError: the deployment leaves no KV cache, or a strategy's workspace extra takes all of it (one line
-            naming the deployment, and the strategy with its extra MiB; never a negative capacity).
-    """
+    """KV-cache tokens per strategy: ``mem``'s capacity minus its ``kv_tokens_lost`` (ValueError: none left)."""
     where = (f"{d.model.name} TP{d.tp} on {d.arch.name} (weight_dtype={d.weight_dtype!r}, "
              f"max_num_batched_tokens={d.max_num_batched_tokens}, gpu_memory_utilization={d.gpu_memory_utilization})")
     if not mem["fits"] or not mem["kv_capacity_tokens"] > 0:
@@ -186,18 +173,17 @@ def _kv_capacities(d: Deployment, mem: dict, order) -> dict:
 def _deployment_summary(d: Deployment, engine_args: dict) -> dict:
     """The engine arguments of the run (``serve_benchmark``'s ``deployment`` key)."""
     return {"model": d.model.name, "tp": d.tp, "arch": d.arch.name,
-            "max_num_batched_tokens": d.max_num_batched_tokens, "max_num_seqs": d.max_num_seqs,
-            "gpu_memory_utilization": d.gpu_memory_utilization, "kv_cache_dtype": d.kv_cache_dtype,
+            **{k: getattr(d, k) for k in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization",
+                                          "kv_cache_dtype")},
             "block_size": engine_args["block_size"], "weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel,
             "kv_admission": engine_args["kv_admission"], "enforce_eager": engine_args["enforce_eager"],
             "model_family": d.model.family, "model_family_note": d.model.family_note,
-            "num_speculative_tokens": d.num_speculative_tokens, "acceptance_length": d.acceptance_length,
-            "dp_attention": d.dp_attention}
+            **{k: getattr(d, k) for k in ("num_speculative_tokens", "acceptance_length", "dp_attention")}}
 
 
 class _Options:
-    """The deployment options of one serving run (:mod:`mla_lab.serving.deploy_options`): the deployment and
-    bench simulated (one DP rank's share under DP attention), its memory, its pricer and the metric scaling."""
+    """The deployment options of one run (:mod:`mla_lab.serving.deploy_options`): what is simulated (one DP rank's
+    share under DP attention), its memory, pricer and metric scaling."""
 
     def __init__(self, d: Deployment, bench: BenchConfig):
         self.d, self.k, self.dp = d, d.num_speculative_tokens, d.dp_attention
@@ -218,22 +204,17 @@ class _Options:
     def pricer(self, strategy, cal, dcal):
         base = (DPAttentionPricer(self.deployment, strategy, cal, dcal) if self.dp > 1
                 else CostModelPricer(self.d.rank, strategy, cal, dcal))
-        if not self.k:
-            return base
-        return SpecDecodePricer(base, self.d.model.num_hidden_layers, self.k, self.d.acceptance_length)
+        return SpecDecodePricer(base, self.d.model.num_hidden_layers, self.k, self.d.acceptance_length) if self.k \
+            else base
 
     def scale(self, res):
-        """Under DP attention, the run's throughputs and token counts are the simulated rank's x the active
-        ranks (every rank runs the same share in lockstep); latencies are the rank's."""
+        """Under DP attention, throughputs and token counts x the active ranks (lockstep); latencies the rank's."""
         if self.dp == 1:
             return res
-        n = self.share["active_ranks"]
-        m = dict(res.metrics)
-        for key in list(m):
-            if key.endswith("_throughput") or key in ("completed", "total_input_tokens", "total_output_tokens",
-                                                      "max_output_tokens_per_s"):
-                m[key] = m[key] * n
-        return replace(res, metrics=m)
+        n, counts = self.share["active_ranks"], ("completed", "total_input_tokens", "total_output_tokens",
+                                                 "max_output_tokens_per_s")
+        return replace(res, metrics={k: v * n if k.endswith("_throughput") or k in counts else v
+                                     for k, v in res.metrics.items()})
 
     def describe(self) -> dict:
         out = {}
@@ -242,10 +223,10 @@ class _Options:
                                   "acceptance_length": self.d.acceptance_length, "acceptance_length_status": "input",
                                   "status": "modelled"}
         if self.dp > 1:
+            ar = self.deployment.attention_rank
             out["dp_attention"] = {"dp": self.dp, **self.share, "rank_bench": asdict(self.bench),
-                                   "heads_per_rank": self.deployment.attention_rank
-                                   .num_heads, "padded_heads_per_rank": self.deployment.attention_rank
-                                   .padded_num_heads, "status": "modelled"}
+                                   "heads_per_rank": ar.num_heads, "padded_heads_per_rank": ar.padded_num_heads,
+                                   "status": "modelled"}
         return out
 
     def notes(self) -> list:
@@ -253,12 +234,10 @@ class _Options:
 
 
 def options_summary(deployment: Deployment, strategy: str) -> dict:
-    """What the deployment options change, for ``mla-lab advise`` and the report's frontier (modelled): ``{}``
-    without options; else ``{"speculative": {...}, "dp_attention": {...}}`` with the KV capacity per rank under the
-    option and, for DP attention, the no-padding point: heads and padded heads per rank, the extra persistent Q
-    workspace (0 MiB: nothing padded when the rank holds a full tile) and the workload's mean TTFT (ms, the
-    ``vllm bench serve`` simulation at ``output_len`` 1: every prompt's prefill, queueing included) with and
-    without DP attention, priced the same way (:func:`mla_lab.serving.benchmark.serve_benchmark`)."""
+    """What the deployment options change (modelled; ``mla-lab advise``, the report's frontier): ``{}`` without
+    options, else ``{"speculative", "dp_attention"}`` with the KV capacity per rank and, for DP attention, heads and
+    padded heads per rank, the extra persistent Q workspace (0 MiB: a full tile pads nothing) and the workload's
+    mean TTFT (ms; :func:`serve_benchmark` at ``output_len`` 1) with and without it."""
     d, out = deployment, {}
     if d.num_speculative_tokens:
         mem = memory_tradeoff(d, strategies=[strategy], mtp_layers=1)

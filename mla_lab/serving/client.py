@@ -1,16 +1,11 @@
-"""The benchmark client as ``vllm bench serve`` drives it with the random dataset: request lengths, arrival times,
-``--max-concurrency`` (the rules and their sources: docs/serving.md, "Client").
-
-- Lengths: ``RandomDataset.get_sampling_params`` (``vllm/benchmarks/datasets/random.py`` @ 237145ea), drawn from
-  ``np.random.default_rng(seed)``; ``random_range_ratio`` in ``[0, 1)``.
-- Arrivals: ``get_request`` (``vllm/benchmarks/serve.py`` @ 009e6d4a): gamma delays from
-  ``np.random.RandomState(seed)`` (``serve.py`` seeds numpy's global generator), rescaled so the last arrival is
-  ``num_prompts / request_rate``; ``normalize_arrivals=False``: the older ``benchmark_serving.py`` @ 139d41fa.
-- ``max_concurrency``: the client's ``asyncio.Semaphore``; the TTFT clock starts after it
-  (``endpoint_request_func.py`` @ 02cfb534). A value above ``num_prompts`` is refused as a likely mistake.
-
-Defaults are vLLM's (``vllm/benchmarks/datasets/arg_utils.py`` @ 237145ea: ``--seed 0``, ``--num-prompts 1000``,
-1024 / 128 tokens, range ratio 0.0; ``serve.py``: ``--request-rate inf``, ``--burstiness 1.0``).
+"""The benchmark client as ``vllm bench serve`` drives it with the random dataset (rules: docs/serving.md,
+"Client"). Lengths: ``RandomDataset.get_sampling_params`` (``vllm/benchmarks/datasets/random.py`` @ 237145ea),
+``np.random.default_rng(seed)``. Arrivals: ``get_request`` (``vllm/benchmarks/serve.py`` @ 009e6d4a), gamma delays
+from ``np.random.RandomState(seed)`` rescaled so the last arrival is ``num_prompts / request_rate``
+(``normalize_arrivals=False``: the older ``benchmark_serving.py`` @ 139d41fa). ``max_concurrency``: the client's
+``asyncio.Semaphore``, the TTFT clock starting after it (``endpoint_request_func.py`` @ 02cfb534). Defaults are
+vLLM's (``vllm/benchmarks/datasets/arg_utils.py`` @ 237145ea; ``serve.py``: ``--request-rate inf``,
+``--burstiness 1.0``).
 """
 
 from __future__ import annotations
@@ -30,18 +25,14 @@ _MAX_SEED = 2**32 - 1  # np.random.RandomState / np.random.seed accept [0, 2**32
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """The ``vllm bench serve`` arguments the simulation uses (random dataset, ``--ignore-eos``).
-
-    Fields are spelled as vLLM spells them: ``num_prompts``, ``random_input_len`` / ``random_output_len``
-    (tokens), ``random_range_ratio`` (in [0, 1)), ``request_rate`` (requests/s, ``float('inf')`` = all at
-    t = 0), ``burstiness`` (gamma shape, > 0, inf allowed), ``max_concurrency`` (client-side limit, None =
-    unlimited), ``seed``. Two extras: ``num_special_tokens`` (what the tokenizer's
-    ``num_special_tokens_to_add()`` returns; vLLM subtracts it from the input length) and ``normalize_arrivals``
-    (see the module docstring).
+    """The ``vllm bench serve`` arguments simulated (random dataset, ``--ignore-eos``), spelled as vLLM spells them
+    (lengths in tokens, ``request_rate`` req/s with inf = all at t = 0, ``max_concurrency`` None = unlimited); extras:
+    ``num_special_tokens`` (the tokenizer's ``num_special_tokens_to_add()``, taken off the input length) and
+    ``normalize_arrivals`` (module docstring).
 
     Raises:
-        ValueError: one line naming the field, its value and what is allowed, for any invalid field, including
-            ``max_concurrency > num_prompts`` and an input length range whose minimum is below 1 token.
+        ValueError: one line naming the field, its value and what is allowed (also ``max_concurrency >
+            num_prompts``, a likely mistake, and an input range whose minimum is below 1 token).
     """
 
     num_prompts: int = 1000
@@ -80,8 +71,7 @@ class BenchConfig:
 
 @dataclass(frozen=True)
 class ClientRequest:
-    """One request of the benchmark: ``arrival_s`` is when ``get_request`` yields it (seconds from the
-    benchmark start), ``input_len`` / ``output_len`` its prompt and output lengths (tokens)."""
+    """One request: ``arrival_s`` when ``get_request`` yields it (s from the start), lengths in tokens."""
 
     req_id: int
     arrival_s: float
@@ -115,12 +105,8 @@ def sample_lengths(bench: BenchConfig) -> tuple[np.ndarray, np.ndarray]:
 
 
 def sample_intervals(bench: BenchConfig) -> np.ndarray:
-    """The raw per-request delays (seconds, float64 array of ``num_prompts``) before summing and rescaling.
-
-    Zeros for ``request_rate = inf``; ``1 / request_rate`` each for ``burstiness = inf``; otherwise one
-    ``gamma(shape=burstiness, scale=1 / (request_rate * burstiness))`` draw per request, in request order, from
-    ``np.random.RandomState(seed)``: mean ``1 / request_rate``, variance ``1 / (request_rate**2 * burstiness)``.
-    """
+    """The raw per-request delays (s, float64 of ``num_prompts``): zeros at rate inf, ``1 / request_rate`` at
+    burstiness inf, else ``gamma(burstiness, 1 / (request_rate * burstiness))`` draws from ``RandomState(seed)``."""
     n, rate, b = bench.num_prompts, float(bench.request_rate), float(bench.burstiness)
     if math.isinf(rate):
         return np.zeros(n)
@@ -132,14 +118,9 @@ def sample_intervals(bench: BenchConfig) -> np.ndarray:
 
 
 def arrival_times(bench: BenchConfig) -> np.ndarray:
-    """When each request arrives at the client (seconds from the benchmark start, float64, non-decreasing).
-
-    With ``normalize_arrivals`` (default): cumulative :func:`sample_intervals` rescaled so the last arrival is
-    ``num_prompts / request_rate``, as ``serve.py``'s ``get_request`` does. Without: ``0`` then the cumulative
-    delays of all but the last request (the older ``benchmark_serving.py`` generator).
-    """
-    d = sample_intervals(bench)
-    t = np.cumsum(d)
+    """When each request arrives at the client (s, float64, non-decreasing): the cumulative delays, rescaled as
+    ``get_request`` does; without ``normalize_arrivals``, 0 then all but the last (``benchmark_serving.py``)."""
+    t = np.cumsum(sample_intervals(bench))
     if not bench.normalize_arrivals:
         return np.concatenate([[0.0], t[:-1]])
     if not math.isinf(bench.request_rate) and t[-1] != 0:

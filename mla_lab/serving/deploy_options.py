@@ -1,19 +1,16 @@
-"""The deployments public runs use, priced (modelled, nothing fitted to a run that uses them; issue 37):
-MTP / EAGLE speculative decoding and SGLang's DP attention, options of a :class:`~mla_lab.deployment.Deployment`
-read by :func:`mla_lab.serving.benchmark.serve_benchmark`. docs/serving.md ("The deployments public runs use")
-states each rule.
+"""The deployment options public runs use, priced (modelled, nothing fitted to a run that uses them; issue 37;
+each rule: docs/serving.md, "The deployments public runs use").
 
 - :class:`SpecDecodePricer` (vLLM 0.33.0 ``--speculative-config`` ``mtp``): the target verifies ``k + 1`` query
   tokens per decoding request (``vllm/v1/worker/gpu_model_runner.py``, ``gpu/spec_decode/rejection_sampler.py``);
   the drafter runs ``k`` passes, the first over the step's tokens (``vllm/v1/spec_decode/llm_base_proposer.py:599``),
-  the rest at the batch size (``:688-753``), each priced as one more decoder layer; a decode step is charged
-  ``(verify + drafts) / acceptance_length`` (an input). Not modelled: the ``k`` lookahead KV slots, the token
-  budget counting ``k + 1`` per decoding request.
+  the rest at the batch size (``:688-753``), each one more decoder layer; a decode step costs ``(verify + drafts) /
+  acceptance_length`` (an input). Not modelled: the ``k`` lookahead KV slots, ``k + 1`` tokens per request counted
+  in the budget.
 - :class:`DPAttentionPricer` (SGLang ``--dp n --enable-dp-attention``): a rank holds its group's heads
-  (:attr:`Deployment.attention_rank <mla_lab.deployment.Deployment.attention_rank>`), ``1 / n`` of the requests
-  and its own KV; its step is the attention side of its tokens plus the MoE side of every active rank's tokens on
-  :attr:`Deployment.rank <mla_lab.deployment.Deployment.rank>`. :func:`dp_attention_memory`: attention weights
-  replicated over the group; SGLang's ``--mem-fraction-static`` priced with vLLM 0.33.0's rule (an assumption).
+  (``Deployment.attention_rank``), ``1 / n`` of the requests and its own KV; its step is the attention side of its
+  tokens plus the MoE side of every active rank's tokens on ``Deployment.rank``. :func:`dp_attention_memory`:
+  SGLang's ``--mem-fraction-static`` priced with vLLM 0.33.0's rule (an assumption).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from ..model.ops import layer_ops
 from ..model.timing import op_time_ms
 from ..workload import Step as WorkStep
 from .step import DecodeToken, PrefillChunk, Step
-from .step_pricer import CostModelPricer, _eager_ms
+from .step_pricer import CostModelPricer, MemoPricer, launched
 
 __all__ = ["SpecDecodePricer", "DPAttentionPricer", "dp_attention_memory", "MOE_SIDE_OPS", "dp_share",
            "spec_verify_step", "OPTIONS_NOTES", "per_rank_deployment"]
@@ -53,26 +50,18 @@ def spec_verify_step(step: Step, k: int) -> Step:
     return Step(dec, step.prefill_chunks, step.cudagraph_mode, step.cudagraph_num_tokens)
 
 
-class SpecDecodePricer:
-    """A step pricer under MTP speculative decoding (module docstring), wrapping a base pricer with a ``price``
-    method (:class:`~mla_lab.serving.step_pricer.CostModelPricer` or :class:`DPAttentionPricer`).
-
-    Args:
-        base: the target model's pricer (``price(step) -> {"total_ms", "gpu_ms", ...}``).
-        num_layers: the target's ``num_hidden_layers`` (a drafter pass = the mean layer).
-        num_speculative_tokens: k >= 1. acceptance_length: in [1, k + 1] (checked at the Deployment's door).
-    """
+class SpecDecodePricer(MemoPricer):
+    """A step pricer under MTP (module docstring) around ``base`` (a pricer with ``price``); a drafter pass is the
+    mean of the target's ``num_layers``; ``num_speculative_tokens`` and ``acceptance_length`` checked at the door."""
 
     def __init__(self, base, num_layers: int, num_speculative_tokens: int, acceptance_length: float):
         self.base, self.L = base, num_layers
         self.k, self.a = num_speculative_tokens, acceptance_length
-        self._memo: dict = {}
 
     def _total(self, step: Step) -> float:
         return self.base.price(step)["total_ms"]
 
     def _pass_ms(self, step: Step) -> float:
-        """One drafter pass over ``step``'s tokens: the base's GPU ms / num_hidden_layers."""
         return self.base.price(step)["gpu_ms"] / self.L
 
     def price(self, step: Step) -> dict:
@@ -90,13 +79,6 @@ class SpecDecodePricer:
         total = pre + (engine - pre) / self.a if prefill_only else engine / self.a
         return {"total_ms": total, "verify_ms": self._total(verify), "draft_ms": draft, "prefill_ms": pre,
                 "engine_step_ms": engine}
-
-    def __call__(self, step: Step) -> float:
-        key = CostModelPricer.step_key(step)
-        if key not in self._memo:
-            self._memo[key] = self.price(step)["total_ms"]
-        return self._memo[key]
-
 
 def dp_share(deployment: Deployment) -> dict:
     """One DP-attention rank's share of the run (module docstring): ``num_prompts``, ``concurrency``,
@@ -116,14 +98,9 @@ def _replicate(step: Step, n: int) -> Step:
     return Step(dec, ch, step.cudagraph_mode, step.cudagraph_num_tokens)
 
 
-class DPAttentionPricer:
-    """One DP-attention rank's step (module docstring): the attention side of its own tokens on the attention
-    rank (all heads of its group), the MoE side of every active rank's tokens on the TP rank.
-
-    Args:
-        deployment: a Deployment with ``dp_attention > 1`` (its door checked it). strategy: as
-            :class:`~mla_lab.serving.step_pricer.CostModelPricer`. calibration, decode_cal: as there.
-    """
+class DPAttentionPricer(MemoPricer):
+    """One DP-attention rank's step (module docstring) of a ``deployment`` with ``dp_attention > 1``; the other
+    arguments as :class:`~mla_lab.serving.step_pricer.CostModelPricer`'s."""
 
     def __init__(self, deployment: Deployment, strategy: str, calibration=None, decode_cal=None):
         d = deployment
@@ -133,7 +110,6 @@ class DPAttentionPricer:
         self.active = dp_share(d)["active_ranks"]
         self.L = d.model.num_hidden_layers
         self.dcal = self.attn.decode_cal
-        self._memo: dict = {}
 
     def _moe_by_op(self, step: Step) -> dict:
         glob = _replicate(step, self.active)
@@ -160,19 +136,8 @@ class DPAttentionPricer:
         attn_ms = sum(v for k, v in by.items() if k not in MOE_SIDE_OPS)
         moe_ms = sum(v for k, v in by.items() if k in MOE_SIDE_OPS)
         gpu = attn_ms + moe_ms + self.dcal.layer_fixed_us * 1e-3 * self.L
-        if step.cuda_graph:
-            total, host, launch = gpu, 0.0, "graph"
-        else:
-            total, host = _eager_ms(gpu, self.attn.n_ops, self.dcal)
-            launch = "eager"
-        return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "launch": launch, "attention_side_ms": attn_ms,
+        return {**launched(gpu, step, self.attn.n_ops, self.dcal), "attention_side_ms": attn_ms,
                 "moe_side_ms": moe_ms, "by_op": by}
-
-    def __call__(self, step: Step) -> float:
-        key = CostModelPricer.step_key(step)
-        if key not in self._memo:
-            self._memo[key] = self.price(step)["total_ms"]
-        return self._memo[key]
 
 
 def _work(step: Step):
@@ -182,18 +147,13 @@ def _work(step: Step):
 
 
 def dp_attention_memory(deployment: Deployment, strategies, *, mtp_layers: int = 0) -> dict:
-    """:func:`~mla_lab.model.memory.memory_tradeoff` of one DP-attention rank: the attention weights replicated
-    over its group (``num_hidden_layers x`` (one attention block at ``tp / dp`` minus one at ``tp``) more bytes per
-    rank), KV per rank for its own requests only (the capacity in tokens is the rank's; nothing replicated across
-    the DP ranks). The memory rule otherwise as vLLM 0.33.0's (:func:`~mla_lab.model.memory.kv_capacity_terms`):
-    the extra bytes come off the KV budget in whole blocks. Returns memory_tradeoff's dict with
-    ``kv_capacity_tokens`` the rank's and ``dp_attention`` ``{"extra_attention_weight_bytes", "tokens_before",
-    "dp"}`` added."""
+    """:func:`~mla_lab.model.memory.memory_tradeoff` of one DP-attention rank: the attention weights replicated over
+    its group (per layer, one attention block at ``tp / dp`` minus one at ``tp``) come off the KV budget in whole
+    blocks (vLLM 0.33.0's rule); ``kv_capacity_tokens`` the rank's, ``dp_attention`` ``{"dp",
+    "extra_attention_weight_bytes", "tokens_before"}`` added."""
     d = deployment
     mem = memory_tradeoff(d, strategies=strategies, mtp_layers=mtp_layers)
-    attn_dp = _layer_bytes(d.attention_rank)[0]
-    attn_tp = _layer_bytes(d.rank)[0]
-    extra = d.model.num_hidden_layers * (attn_dp - attn_tp) + mtp_layers * (attn_dp - attn_tp)
+    extra = (d.model.num_hidden_layers + mtp_layers) * (_layer_bytes(d.attention_rank)[0] - _layer_bytes(d.rank)[0])
     kv = mem["kv_capacity"]
     block = kv["block_size"] * kv["bytes_per_token"]
     available = kv["available_bytes"] - extra

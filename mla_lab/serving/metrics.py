@@ -32,15 +32,9 @@ SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark d
 
 @dataclass(frozen=True)
 class RequestRecord:
-    """One finished request: lengths in tokens, times in seconds from the benchmark start.
-
-    ``arrival_s``: when the client got it; ``send_s``: when it was sent (semaphore acquired);
-    ``token_times_s``: when each output token reached the client (non-decreasing, ``output_len`` of them).
-
-    Raises:
-        ValueError: no tokens, token count != ``output_len``, decreasing times, a token before ``send_s`` or a send
-            before ``arrival_s``.
-    """
+    """One finished request: lengths in tokens, times in s from the start (``send_s``: the semaphore acquired;
+    ``token_times_s``: each output token at the client). Raises ValueError: ``output_len`` tokens missing,
+    decreasing times, a token before ``send_s``, a send before ``arrival_s``."""
 
     req_id: int
     input_len: int
@@ -63,28 +57,25 @@ class RequestRecord:
 
     @property
     def ttft_s(self) -> float:
-        """Time to first token (s), from the send."""
         return self.token_times_s[0] - self.send_s
 
     @property
     def e2el_s(self) -> float:
-        """End-to-end latency (s): last token - send (vLLM's ``latency``)."""
+        """Last token - send (vLLM's ``latency``), s."""
         return self.token_times_s[-1] - self.send_s
 
     @property
     def itl_s(self) -> tuple[float, ...]:
-        """Inter-token latencies (s): one per gap, ``output_len - 1`` of them."""
         ts = self.token_times_s
         return tuple(b - a for a, b in zip(ts, ts[1:]))
 
     @property
     def tpot_s(self) -> float | None:
-        """Time per output token excluding the first (s); None for ``output_len == 1``."""
+        """Time per output token but the first (s); None for ``output_len == 1``."""
         return (self.e2el_s - self.ttft_s) / (self.output_len - 1) if self.output_len > 1 else None
 
     @property
     def client_queue_s(self) -> float:
-        """Client-side wait for the concurrency semaphore (s): send - arrival."""
         return self.send_s - self.arrival_s
 
 
@@ -104,10 +95,8 @@ def _stats(name: str, values_s: list[float], percentiles: Sequence[float], out: 
 def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = None,
                   percentiles: Sequence[float] = (99,), max_concurrency: int | None = None,
                   request_rate: float = math.inf) -> dict[str, float]:
-    """The result dict of ``vllm bench serve`` (its key names) for finished ``records``.
-
-    ``duration_s`` defaults to the last token time (the benchmark starts at t = 0). Units: ``duration`` s,
-    ``*_throughput`` req/s or tok/s, ``*_ms`` ms, token counts in tokens.
+    """The result dict of ``vllm bench serve`` (its keys; ``duration`` s, default the last token, throughputs req/s
+    or tok/s, ``*_ms`` ms) for finished ``records``.
 
     Raises:
         ValueError: no records, a record that is not a :class:`RequestRecord`, ``duration_s`` <= 0 or before the
@@ -147,12 +136,8 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
     n_buckets = int(np.ceil(end - t0)) + 1
     buckets = Counter(b for r in records for b in (int(t - t0) for t in r.token_times_s) if 0 <= b < n_buckets)
     events = sorted([(r.send_s, 1) for r in records] + [(r.send_s + r.e2el_s, -1) for r in records])
-    cur = peak = 0
-    for _, d in events:
-        cur += d
-        peak = max(peak, cur)
     out["max_output_tokens_per_s"] = float(max(buckets.values(), default=0))
-    out["max_concurrent_requests"] = peak
+    out["max_concurrent_requests"] = max(0, int(np.cumsum([d for _, d in events]).max()))
 
     _stats("ttft", [r.ttft_s for r in records], percentiles, out)
     _stats("tpot", [r.tpot_s for r in records if r.tpot_s is not None], percentiles, out)
@@ -174,14 +159,8 @@ def _as_metrics(x) -> Mapping[str, float]:
 
 
 def compare(a, b) -> dict[str, float]:
-    """Percent change of every numeric metric from ``a`` (baseline) to ``b``: ``(b - a) / a * 100``.
-
-    ``a`` and ``b`` are metrics dicts or objects with a ``.metrics`` dict (a ``ServingResult``). A key whose
-    baseline is 0 gives 0.0 when ``b`` is 0 too, else ``nan``. Keys present in only one side are left out.
-
-    Raises:
-        ValueError: an argument that is neither.
-    """
+    """``(b - a) / a * 100`` per numeric metric in both (metrics dicts or ``ServingResult``); a 0 baseline gives 0.0
+    when ``b`` is 0 too, else nan. Raises ValueError: an argument that is neither."""
     ma, mb = _as_metrics(a), _as_metrics(b)
     out: dict[str, float] = {}
     for k, va in ma.items():

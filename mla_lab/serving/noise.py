@@ -1,32 +1,24 @@
-"""Run-to-run noise of one ``vllm bench serve`` run: a seeded Monte-Carlo over what varies between two runs of the
-same build, and the distribution of the change between two builds (issue 20; **modelled**; docs/serving.md,
-"Run-to-run noise").
-
-One simulated run adds to its pricer's GPU time the components of :data:`COMPONENTS` (each with its default,
-source and status; the measured ones: :func:`load_cold_start`). GPU times are priced once per distinct step shape
-(:class:`CachedPricer`) and the noise applied to the cached value.
-
-Example::
-
-    res = run_noise(PR_BENCH, sched, pricer_before, pricer_pr, num_runs=400, seed=0)
-    res.band("mean_ttft_ms", "change")           # 95 % band of the change (%), PR vs before, one run each
+"""Run-to-run noise of one ``vllm bench serve`` run (issue 20; **modelled**; docs/serving.md, "Run-to-run noise"):
+a seeded Monte-Carlo over what varies between two runs of one build (:data:`COMPONENTS`: each one's default, status
+and source; the measured ones from :func:`load_cold_start`), and the change between two builds. GPU times are
+priced once per distinct step shape (:class:`CachedPricer`), the noise applied to the cached value.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from ..deployment import Deployment
 from ..model.calibration import Calibration
 from ..model.decode_calibration import DecodeCalibration
 from ._checks import check_float, check_int
-from .benchmark import bench_of, serve_benchmark
+from .benchmark import async_scheduler, bench_of, serve_benchmark
 from .client import BenchConfig, arrival_times
 from .metrics import SERVE_METRICS
 from .scheduler import SchedulerConfig
@@ -44,72 +36,61 @@ METRICS = ("duration", "request_throughput", "output_throughput", "total_token_t
            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms")
 
 #: Every component of the absolute run: default, unit, status (cited / assumed / measured) and source.
-COMPONENTS = {
-    "async_scheduling": dict(
-        value=True, unit="bool", status="cited",
-        source="vllm/config/scheduler.py `async_scheduling: bool | None = None`, set True by vllm/config/vllm.py "
-               "unless an incompatible option is set (the PR's server sets none); EngineCore.step_with_batch_queue "
-               "(vllm/v1/engine/core.py @ 00080ee1) schedules step N+1 right after submitting step N; vLLM PR #19970"),
-    "cpu_step_ms": dict(
-        value=2.0, unit="ms/step", status="assumed",
-        source="assumed 2 ms, bracketed by cited figures: ~4 ms GPU bubble per decode step in vLLM v0 (vLLM RFC "
-               "#6854), v0 output processing 3.4 ms per step at batch 32 on Llama-3-70B 4xH100 (RFC #6913), a whole "
-               "V1 decode step of Llama-3.2-1B at 2.73 ms TPOT (vLLM PR #17866: an upper bound on V1's CPU time at "
-               "small batch); hidden behind the GPU time under async scheduling"),
-    "output_delay_ms": dict(
-        value=1.0, unit="ms", status="assumed",
-        source="assumed: detokenisation and SSE streaming of a step's 32 tokens in the API server process (off the "
-               "engine's critical path in V1: vLLM V1 blog, 2025-01-24), plus the client's parsing"),
-    "arrival_first_ms": dict(
-        value=3.0, unit="ms", status="assumed",
-        source="assumed: HTTP, request validation, tokenisation of the first prompt and the ZMQ hand-off"),
-    "arrival_per_request_ms": dict(
-        value=1.4, unit="ms/request", status="cited",
-        source="vLLM PR #19334 (before its micro-batching): 100 concurrent /v1/completions of 10,000 tokens took "
-               "1.338 s on one tokenizer thread (ThreadPoolExecutor(max_workers=1), quoted in vLLM issue #25301): "
-               "1.34 ms per 1,000 tokens, 1.37 ms for a 1024-token prompt (a different tokenizer and host CPU). Not "
-               "measured on the PR's server, and the single-run spread depends strongly on it: how the 32 prompts "
-               "split over steps is decided by whether they all reach the engine core within the first step "
-               "(benchmarks/predict_pr53878.py's arrival_sensitivity)"),
-    "arrival_cv": dict(
-        value=0.5, unit="1", status="assumed",
-        source="assumed coefficient of variation of one request's service time in the API server"),
-    "run_sigma": dict(
-        value=0.00767, unit="1 (log sd)", status="measured",
-        source="data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a "
-               "sustained 78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py "
-               "--parts content, 5 fresh processes x 6 rounds): sd over processes of log(per-process median), the "
-               "medians from mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The "
-               "benchmark's run is whole steps, so the whole step's spread is the per-run factor; the attention path "
-               "timed alone varies more between processes (step_spread.csv gpu_ms, "
-               "attention_path:private_workspace: log sd 0.035) and less inside the sustained loop (content_loop.csv "
-               "attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
-               "included (the 8 GPUs of a server are not measured)"),
-    "step_sigma": dict(
-        value=0.00398, unit="1 (log sd)", status="measured",
-        source="data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': "
-               "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. "
-               "0.0067); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
-               "attention_block 2.3 %, moe_block 0.8 % relative sd, median over processes), which a 78-layer "
-               "step averages out"),
-    "cold_extra_ms": dict(
-        value=0.00254, unit="ms", status="measured",
-        source="data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2, "
-               "summed over attention_block:private_workspace + moe_block:grouped_mm (one layer of the TP harness), "
-               "mean over the 5 fresh processes (load_cold_start). Call 2, not call 1: the fresh process's call 1 "
-               "(attention path 1.1-1.6 s: Triton JIT compile or disk-cache load and the FlashMLA module load; "
-               "the layer's blocks after it 0.09-0.12 s + 0.18-0.27 s) is paid before the timed requests, by "
-               "vLLM's start-up profile run of max_num_batched_tokens tokens and at the latest by vllm bench "
-               "serve's ready-check request; charged once per step, not per layer"),
-    "cold_sd_ms": dict(
-        value=0.0798, unit="ms", status="measured",
-        source="data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2 "
-               "(the layer's two blocks summed, as cold_extra_ms): sd (ddof 1) over the 5 fresh processes"),
-    "cold_min_tokens": dict(
-        value=8192, unit="tokens", status="assumed",
-        source="assumed: a step this large is the first of its size since start-up (the ready check is one "
-               "1024-token request)"),
-}
+COMPONENTS = {k: dict(zip(("value", "unit", "status", "source"), v)) for k, v in {
+    "async_scheduling": (True, "bool", "cited",
+        "vllm/config/scheduler.py `async_scheduling: bool | None = None`, set True by vllm/config/vllm.py "
+        "unless an incompatible option is set (the PR's server sets none); EngineCore.step_with_batch_queue "
+        "(vllm/v1/engine/core.py @ 00080ee1) schedules step N+1 right after submitting step N; vLLM PR #19970"),
+    "cpu_step_ms": (2.0, "ms/step", "assumed",
+        "assumed 2 ms, bracketed by cited figures: ~4 ms GPU bubble per decode step in vLLM v0 (vLLM RFC "
+        "#6854), v0 output processing 3.4 ms per step at batch 32 on Llama-3-70B 4xH100 (RFC #6913), a whole "
+        "V1 decode step of Llama-3.2-1B at 2.73 ms TPOT (vLLM PR #17866: an upper bound on V1's CPU time at "
+        "small batch); hidden behind the GPU time under async scheduling"),
+    "output_delay_ms": (1.0, "ms", "assumed",
+        "assumed: detokenisation and SSE streaming of a step's 32 tokens in the API server process (off the "
+        "engine's critical path in V1: vLLM V1 blog, 2025-01-24), plus the client's parsing"),
+    "arrival_first_ms": (3.0, "ms", "assumed",
+        "assumed: HTTP, request validation, tokenisation of the first prompt and the ZMQ hand-off"),
+    "arrival_per_request_ms": (1.4, "ms/request", "cited",
+        "vLLM PR #19334 (before its micro-batching): 100 concurrent /v1/completions of 10,000 tokens took "
+        "1.338 s on one tokenizer thread (ThreadPoolExecutor(max_workers=1), quoted in vLLM issue #25301): "
+        "1.34 ms per 1,000 tokens, 1.37 ms for a 1024-token prompt (a different tokenizer and host CPU). Not "
+        "measured on the PR's server, and the single-run spread depends strongly on it: how the 32 prompts "
+        "split over steps is decided by whether they all reach the engine core within the first step "
+        "(benchmarks/predict_pr53878.py's arrival_sensitivity)"),
+    "arrival_cv": (0.5, "1", "assumed",
+        "assumed coefficient of variation of one request's service time in the API server"),
+    "run_sigma": (0.00767, "1 (log sd)", "measured",
+        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a "
+        "sustained 78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py "
+        "--parts content, 5 fresh processes x 6 rounds): sd over processes of log(per-process median), the "
+        "medians from mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The "
+        "benchmark's run is whole steps, so the whole step's spread is the per-run factor; the attention path "
+        "timed alone varies more between processes (step_spread.csv gpu_ms, "
+        "attention_path:private_workspace: log sd 0.035) and less inside the sustained loop (content_loop.csv "
+        "attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
+        "included (the 8 GPUs of a server are not measured)"),
+    "step_sigma": (0.00398, "1 (log sd)", "measured",
+        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': "
+        "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. "
+        "0.0067); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
+        "attention_block 2.3 %, moe_block 0.8 % relative sd, median over processes), which a 78-layer "
+        "step averages out"),
+    "cold_extra_ms": (0.00254, "ms", "measured",
+        "data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2, "
+        "summed over attention_block:private_workspace + moe_block:grouped_mm (one layer of the TP harness), "
+        "mean over the 5 fresh processes (load_cold_start). Call 2, not call 1: the fresh process's call 1 "
+        "(attention path 1.1-1.6 s: Triton JIT compile or disk-cache load and the FlashMLA module load; "
+        "the layer's blocks after it 0.09-0.12 s + 0.18-0.27 s) is paid before the timed requests, by "
+        "vLLM's start-up profile run of max_num_batched_tokens tokens and at the latest by vllm bench "
+        "serve's ready-check request; charged once per step, not per layer"),
+    "cold_sd_ms": (0.0798, "ms", "measured",
+        "data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2 "
+        "(the layer's two blocks summed, as cold_extra_ms): sd (ddof 1) over the 5 fresh processes"),
+    "cold_min_tokens": (8192, "tokens", "assumed",
+        "assumed: a step this large is the first of its size since start-up (the ready check is one "
+        "1024-token request)"),
+}.items()}
 
 
 def _gamma(rng: np.random.Generator, mean: float, sd: float) -> float:
@@ -122,11 +103,7 @@ def _gamma(rng: np.random.Generator, mean: float, sd: float) -> float:
 
 @dataclass(frozen=True)
 class ArrivalModel:
-    """The API server's hand-off as a single-server queue (module docstring). Times in ms.
-
-    Raises:
-        ValueError: a negative or non-finite field, one line naming it.
-    """
+    """The API server's hand-off as a single-server queue (ms). Raises ValueError: a negative or non-finite field."""
 
     first_ms: float = COMPONENTS["arrival_first_ms"]["value"]
     per_request_ms: float = COMPONENTS["arrival_per_request_ms"]["value"]
@@ -137,13 +114,9 @@ class ArrivalModel:
             check_float(k, getattr(self, k), low=0.0, low_inclusive=True)
 
     def delays_s(self, arrivals_s: Sequence[float], rng: np.random.Generator | None = None) -> np.ndarray:
-        """Per request (in the order given), seconds from its arrival at the client to the engine core.
-
-        Request ``k`` (in arrival order, ties by position) leaves the server at
-        ``done_k = max(arrival_k + first, done_{k-1}) + service_k``; ``service_k`` is ``per_request_ms`` when
-        ``rng`` is None, else a gamma draw of that mean and sd ``cv * per_request_ms``. Exact when the client's
-        concurrency limit never holds a request back (send = arrival), as in the PR's benchmark.
-        """
+        """Per request (in the order given), s from its arrival at the client to the engine core: in arrival order
+        ``done_k = max(arrival_k + first, done_{k-1}) + service_k``, ``service_k`` ``per_request_ms`` (``rng`` None)
+        or a gamma draw of sd ``cv * per_request_ms``. Exact when send = arrival, as in the PR's benchmark."""
         a = np.asarray(arrivals_s, dtype=np.float64)
         order = np.argsort(a, kind="stable")
         out = np.empty_like(a)
@@ -157,16 +130,9 @@ class ArrivalModel:
 
 @dataclass(frozen=True)
 class NoiseConfig:
-    """What varies between two runs of one build, and the absolute run's components (module docstring).
-
-    Fields (defaults from :data:`COMPONENTS`): ``arrival`` (:class:`ArrivalModel`), ``cpu_step_ms`` (ms),
-    ``output_delay_ms`` (ms), ``run_sigma`` / ``step_sigma`` (log-normal sd of the per-run and per-step GPU-time
-    factors), ``cold_extra_ms`` / ``cold_sd_ms`` (ms), ``cold_min_tokens`` (tokens), ``sources`` (component ->
-    status and source, for the record; :meth:`with_measurements` updates it).
-
-    Raises:
-        ValueError: a negative or non-finite field, one line naming it.
-    """
+    """The components of one run (defaults, units and sources: :data:`COMPONENTS`; ``run_sigma`` / ``step_sigma``
+    log-normal sds of the per-run and per-step GPU-time factors); ``sources``: component -> status and source.
+    Raises ValueError: a negative or non-finite field, one line naming it."""
 
     arrival: ArrivalModel = field(default_factory=ArrivalModel)
     cpu_step_ms: float = COMPONENTS["cpu_step_ms"]["value"]
@@ -198,9 +164,8 @@ class NoiseConfig:
                    step_sigma=0.0, cold_extra_ms=0.0, cold_sd_ms=0.0)
 
     def with_measurements(self, measured: dict) -> NoiseConfig:
-        """A copy with ``measured["values"]`` (NoiseConfig field -> value, e.g. what :func:`load_cold_start`
-        returns) put in and marked measured; each one's source is ``measured["sources"][field]`` when given, else
-        ``measured["source"]``."""
+        """A copy with ``measured["values"]`` (field -> value) put in, marked measured, each one's source
+        ``measured["sources"][field]`` or ``measured["source"]``."""
         vals = dict(measured.get("values", {}))
         per = dict(measured.get("sources", {}))
         src = {k: dict(v) for k, v in self.sources.items()}
@@ -216,11 +181,7 @@ class NoiseConfig:
 
     @classmethod
     def from_record(cls, rec: dict) -> NoiseConfig:
-        """The :class:`NoiseConfig` that :meth:`record` wrote (e.g. read back from a prediction file).
-
-        Raises:
-            ValueError: not such a record, or a value out of range (as the constructor).
-        """
+        """The :class:`NoiseConfig` :meth:`record` wrote. Raises ValueError: not such a record, a value out of range."""
         if not isinstance(rec, dict) or not isinstance(rec.get("values"), dict):
             raise ValueError("rec must be a dict with a 'values' dict, as NoiseConfig.record() writes it")
         v = dict(rec["values"])
@@ -230,8 +191,7 @@ class NoiseConfig:
         return cls(arrival=ArrivalModel(**arr), sources=dict(rec.get("sources", {})), **v)
 
 
-# ------------------------------------------------------------------------------------------ pricing
-def step_key(step: Step) -> tuple:
+def _step_shape(step: Step) -> tuple:
     """What a pricer can see of a step, without request ids: launch mode, padded size, decode contexts and prefill
     chunks ``(start, num_tokens)``, in order."""
     return (step.cudagraph_mode, step.cudagraph_num_tokens, tuple(d.context_len for d in step.decode),
@@ -239,9 +199,7 @@ def step_key(step: Step) -> tuple:
 
 
 class CachedPricer:
-    """``pricer`` priced once per distinct :func:`step_key` (a pricer that depends only on what the key holds,
-    as :class:`~mla_lab.serving.CostModelPricer` and the pricers of :mod:`~mla_lab.serving.pricing` do).
-    ``hits`` / ``misses`` count the look-ups."""
+    """``pricer`` (one that reads only what :func:`_step_shape` holds) priced once per shape; ``hits`` / ``misses``."""
 
     def __init__(self, pricer: StepPricer):
         if not callable(pricer):
@@ -251,7 +209,7 @@ class CachedPricer:
         self.hits = self.misses = 0
 
     def __call__(self, step: Step) -> float:
-        k = step_key(step)
+        k = _step_shape(step)
         v = self.cache.get(k)
         if v is None:
             v = self.cache[k] = float(self.pricer(step))
@@ -282,12 +240,9 @@ class _RunPricer:
 
 def simulate_once(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer, noise: NoiseConfig,
                   rng: np.random.Generator | None = None, percentiles: Sequence[float] = (99,)) -> ServingResult:
-    """One simulated run with ``noise``'s components; ``rng=None`` takes every random quantity at its mean (the
-    deterministic run). ``pricer`` gives GPU ms per step (wrap it in :class:`CachedPricer` for speed).
-
-    Raises:
-        ValueError: as :func:`~mla_lab.serving.simulate.simulate`; ``noise`` not a :class:`NoiseConfig`.
-    """
+    """One run with ``noise``'s components, ``pricer`` giving GPU ms per step; ``rng=None``: every random quantity at
+    its mean (the deterministic run). Raises ValueError: as :func:`~mla_lab.serving.simulate.simulate`; ``noise``
+    not a :class:`NoiseConfig`."""
     if not isinstance(noise, NoiseConfig):
         raise ValueError(f"noise={noise!r} must be a NoiseConfig")
     delays = noise.arrival.delays_s(arrival_times(bench), rng)
@@ -296,16 +251,11 @@ def simulate_once(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer
                     output_delay_s=noise.output_delay_ms / 1e3)
 
 
-# ------------------------------------------------------------------------------------------ the Monte-Carlo
 @dataclass(frozen=True)
 class NoiseResult:
-    """What :func:`run_noise` returns.
-
-    ``a`` / ``b``: per metric of :data:`METRICS`, a float64 array of ``num_runs`` values (one simulated run of
-    each build per draw; the two builds' runs are independent draws); ``change``: per metric, ``(b - a) / a *
-    100`` run by run (%); ``deterministic_a`` / ``deterministic_b``: the metrics of the run with every random
-    quantity at its mean; ``identical``: True when ``b`` is a second run of build A (A vs A').
-    """
+    """:func:`run_noise`'s runs: ``a`` / ``b`` per metric of :data:`METRICS` a float64 array of ``num_runs``
+    independent runs of each build, ``change`` ``(b - a) / a * 100`` run by run (%), ``deterministic_*`` the runs at
+    the means, ``identical`` True for A vs A'."""
 
     a: dict
     b: dict
@@ -327,32 +277,19 @@ class NoiseResult:
         return src[which][metric]
 
     def quantiles(self, metric: str, which: str = "change", qs: Sequence[float] = (2.5, 50, 97.5)) -> list[float]:
-        """Percentiles ``qs`` (0-100, ``np.percentile`` linear) of ``metric`` in ``which`` (a, b or change)."""
+        """Percentiles ``qs`` (``np.percentile`` linear) of ``metric`` in ``which`` (a, b or change)."""
         return [float(x) for x in np.percentile(self._values(metric, which), list(qs))]
 
     def band(self, metric: str, which: str = "change", level: float = 95.0) -> tuple[float, float]:
         """The central ``level`` % band of ``metric`` in ``which``: one run's spread."""
         check_float("level", level, low=0.0, high=100.0)
-        lo, hi = self.quantiles(metric, which, ((100 - level) / 2, (100 + level) / 2))
-        return lo, hi
+        return tuple(self.quantiles(metric, which, ((100 - level) / 2, (100 + level) / 2)))
 
     def percentile_of(self, metric: str, value: float, which: str = "change") -> float:
-        """Where ``value`` falls in the distribution of ``metric`` in ``which``: the percent of runs below it
-        (ties count half). E.g. ``percentile_of("mean_ttft_ms", -9.5)`` for the PR's -9.5 % TTFT."""
+        """The percent of runs of ``metric`` in ``which`` below ``value`` (ties count half)."""
         v = self._values(metric, which)
         x = check_float("value", value, low=-math.inf)
         return float(100.0 * (np.sum(v < x) + 0.5 * np.sum(v == x)) / len(v))
-
-    def table(self, metrics: Sequence[str] = METRICS) -> list[dict]:
-        """One row per metric: deterministic a / b, 2.5 / 50 / 97.5 percentiles of a, b and the change."""
-        rows = []
-        for m in metrics:
-            row = {"metric": m, "deterministic_a": self.deterministic_a[m], "deterministic_b": self.deterministic_b[m]}
-            for w in ("a", "b", "change"):
-                lo, med, hi = self.quantiles(m, w)
-                row.update({f"{w}_p2.5": lo, f"{w}_p50": med, f"{w}_p97.5": hi})
-            rows.append(row)
-        return rows
 
 
 def _rng(seed: int, build: int, run: int) -> np.random.Generator:
@@ -362,12 +299,9 @@ def _rng(seed: int, build: int, run: int) -> np.random.Generator:
 def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, pricer_b: StepPricer | None = None,
               *, sched_b: SchedulerConfig | None = None, num_runs: int = 200, seed: int = 0,
               noise: NoiseConfig | None = None, percentiles: Sequence[float] = (99,)) -> NoiseResult:
-    """Monte-Carlo of ``num_runs`` single ``vllm bench serve`` runs of build A (``pricer_a`` on ``sched``) and of
-    build B (``pricer_b`` on ``sched_b``; ``pricer_b=None``: a second, independent run of build A, the identical-
-    builds case A vs A'). Run ``i`` of build ``j`` draws from ``SeedSequence([seed, j, i])``: reproducible, and
-    independent of ``num_runs``. Each pricer is wrapped in one :class:`CachedPricer` for all its runs.
-    ``percentiles``: as :func:`~mla_lab.serving.simulate.simulate` (99 is always added: :data:`METRICS` keeps the
-    p99 keys).
+    """``num_runs`` single runs of build A (``pricer_a`` on ``sched``) and B (``pricer_b`` on ``sched_b``; None: A
+    again, A vs A'); run ``i`` of build ``j`` draws from ``SeedSequence([seed, j, i])``, independent of ``num_runs``;
+    each pricer in one :class:`CachedPricer`; 99 always among ``percentiles``.
 
     Raises:
         ValueError: ``num_runs`` < 2, a bad seed, ``noise`` of the wrong type, as :func:`simulate_once`.
@@ -380,119 +314,98 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
     if not isinstance(noise, NoiseConfig):
         raise ValueError(f"noise={noise!r} must be a NoiseConfig")
     percentiles = tuple(sorted(set(percentiles) | {99}))  # METRICS holds the p99 keys
-    identical = pricer_b is None
     ca = CachedPricer(pricer_a)
-    cb = ca if identical else CachedPricer(pricer_b)
-    sb = sched if sched_b is None else sched_b
-    keep = list(METRICS)
-    out = {0: {m: np.empty(num_runs) for m in keep}, 1: {m: np.empty(num_runs) for m in keep}}
-    for j, (pr, sc) in enumerate(((ca, sched), (cb, sb))):
+    cb = ca if pricer_b is None else CachedPricer(pricer_b)
+    builds = ((ca, sched), (cb, sched if sched_b is None else sched_b))
+    out = [{k: np.empty(num_runs) for k in METRICS} for _ in builds]
+    for j, (pr, sc) in enumerate(builds):
         for i in range(num_runs):
             m = simulate_once(bench, sc, pr, noise, _rng(seed, j, i), percentiles).metrics
-            for k in keep:
+            for k in METRICS:
                 out[j][k][i] = m[k]
-    det_a = simulate_once(bench, sched, ca, noise, None, percentiles).metrics
-    det_b = simulate_once(bench, sb, cb, noise, None, percentiles).metrics
-    change = {k: (out[1][k] - out[0][k]) / out[0][k] * 100.0 for k in keep}
+    det = [simulate_once(bench, sc, pr, noise, None, percentiles).metrics for pr, sc in builds]
+    change = {k: (out[1][k] - out[0][k]) / out[0][k] * 100.0 for k in METRICS}
     cache = {"a": {"hits": ca.hits, "misses": ca.misses}, "b": {"hits": cb.hits, "misses": cb.misses}}
-    return NoiseResult(out[0], out[1], change, {k: det_a[k] for k in keep}, {k: det_b[k] for k in keep},
-                       num_runs, seed, noise, identical, cache)
+    return NoiseResult(out[0], out[1], change, *({k: m[k] for k in METRICS} for m in det), num_runs, seed, noise,
+                       pricer_b is None, cache)
 
 
 # ------------------------------------------------------------------------------------------ H200 measurements
-#: Required columns of ``cold_start.csv`` as ``the cold_start experiment (mla-lab measure)`` writes it (one row per fresh
-#: process, case and call); see :func:`load_cold_start`.
+#: Required columns of ``cold_start.csv`` (the cold_start experiment, ``mla-lab measure``; one row per fresh process,
+#: case and call); see :func:`load_cold_start`.
 COLD_START_COLUMNS = ("process", "what", "call", "wall_ms", "gpu_ms", "steady_wall_ms", "steady_gpu_ms", "T")
 _LAYER_PARTS = ("attention_block:", "moe_block:")
 
 
-def _num(p: Path, n: int, c: str, v) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ValueError(f"{p} line {n}: {c}={v!r} must be a number") from None
-    if not math.isfinite(x):
-        raise ValueError(f"{p} line {n}: {c}={v!r} must be finite")
-    return x
+def _numbers(p: Path, df: pd.DataFrame, cols) -> pd.DataFrame:
+    """``df`` (read as text) with ``cols`` as floats. Raises ValueError: a value that is not a finite number (one
+    line naming the file, the line and the column)."""
+    df = df.copy()
+    for c in cols:
+        x = pd.to_numeric(df[c], errors="coerce")
+        bad = ~np.isfinite(x.to_numpy(dtype=np.float64))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"{p} line {df.index[i] + 2}: {c}={df[c].iloc[i]!r} must be a finite number")
+        df[c] = x.astype(np.float64)
+    return df
 
 
 def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min_tokens: int = 8192) -> dict:
-    """The cold first large step measured on the H200 from ``cold_start.csv`` (and, for contrast only, the layer
-    blocks' spreads from ``step_spread.csv`` beside it), as ``the cold_start experiment (mla-lab measure)`` writes them
-    (``data/measured/h200/between_process/``).
-
-    ``cold_start.csv``: one row per fresh ``process``, case ``what`` and ``call`` (1, 2, 3: the first calls of that
-    shape in the process): ``wall_ms`` (host wall until the GPU finished) and ``gpu_ms`` (CUDA events) of the call,
-    ``steady_wall_ms`` / ``steady_gpu_ms`` (medians of the later calls), ``T`` (tokens); other columns (provenance)
-    are ignored. ``step_spread.csv`` (optional): ``process``, ``what``, ``sample``, ``gpu_ms`` of every steady call.
-
-    The layer is ``attention_block:*`` + ``moe_block:*`` (the TP harness's blocks, one of each) when both are
-    there, else the ``attention_path:*`` cases (attention only). Rows with ``T < min_tokens`` are left out. Per
-    process, summed over the layer's cases:
-
-    - ``cold_extra_ms``: mean over processes of ``wall(call 2) - steady_wall`` (why call 2: :data:`COMPONENTS`);
-      ``cold_call1_ms`` (the upper bound) is returned beside it, not used;
-    - ``cold_sd_ms``: sd over processes (ddof 1; >= 2 processes).
-
-    ``layer_spread`` (for contrast, not in ``values``): ``run_log_sd`` = sd over processes of ``log(steady_gpu)``,
-    ``step_rel_sd`` = median over processes of ``sd(gpu) / median(gpu)`` (with ``step_spread.csv``).
+    """The cold first large step measured on the H200 (``data/measured/h200/between_process/``): per process, summed
+    over the layer's cases (``attention_block:*`` + ``moe_block:*``, else one ``attention_path:*``; ``T >=
+    min_tokens``), ``cold_extra_ms`` = mean of ``wall(call 2) - steady_wall`` (why call 2: :data:`COMPONENTS`;
+    ``cold_call1_ms`` beside it), ``cold_sd_ms`` their sd (ddof 1). ``layer_spread`` (contrast only): ``run_log_sd``
+    of ``log(steady_gpu)`` over processes, ``step_rel_sd`` the median ``sd(gpu) / median(gpu)`` of
+    ``step_spread.csv`` (beside it, optional).
 
     Returns:
-        ``{"values": {"cold_extra_ms", "cold_sd_ms"}, "cold_call1_ms": float, "layer_spread": {...}, "source": str,
-        "cases": [...], "num_processes": int}``.
+        ``{"values": {"cold_extra_ms", "cold_sd_ms"}, "cold_call1_ms", "layer_spread", "source", "cases",
+        "num_processes"}``.
 
     Raises:
-        ValueError: the file is missing, a required column is missing, a value is not a finite number, or no
-            usable row is left; one line naming the file, the line and the column.
+        ValueError: the file or a required column is missing, a value is not a finite number, or no usable row is
+            left; one line naming the file (and the line and column).
     """
     p = Path(path)
     check_int("min_tokens", min_tokens)
-    rows = _cold_rows(p, min_tokens)
-    layer = _layer_cases(p, rows, min_tokens)
-    by: dict = {}
-    for r in rows:
-        if r["what"] in layer:
-            by.setdefault(r["process"], {}).setdefault(r["what"], {})[int(r["call"])] = r
-    procs = {k: v for k, v in by.items() if all(w in v and 1 in v[w] and 2 in v[w] for w in layer)}
-    if not procs:
+    if not p.is_file():
+        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
+                         f"{', '.join(COLD_START_COLUMNS)}) from the cold_start experiment (mla-lab measure)")
+    raw = pd.read_csv(p, dtype=str, keep_default_na=False)
+    missing = [c for c in COLD_START_COLUMNS if c not in raw.columns]
+    if missing:
+        raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
+    df = _numbers(p, raw, [c for c in COLD_START_COLUMNS if c != "what"])
+    df = df[df["T"] >= min_tokens]
+    layer = _layer_cases(p, sorted(set(df["what"])), min_tokens)
+    d = df[df["what"].isin(layer)].assign(call=lambda x: x["call"].astype(int))
+    d = d[d["call"].isin([1, 2])].drop_duplicates(["process", "what", "call"], keep="last")
+    d = d.groupby("process", sort=False).filter(lambda g: len(g) == 2 * len(layer))
+    if d.empty:
         raise ValueError(f"{p}: no process has calls 1 and 2 of every case of {layer}")
-    cold2 = [sum(v[w][2]["wall_ms"] - v[w][2]["steady_wall_ms"] for w in layer) for v in procs.values()]
-    cold1 = [sum(v[w][1]["wall_ms"] - v[w][1]["steady_wall_ms"] for w in layer) for v in procs.values()]
-    steady = [sum(v[w][1]["steady_gpu_ms"] for w in layer) for v in procs.values()]
+    extra = d.assign(extra=d["wall_ms"] - d["steady_wall_ms"])
+    per = {c: extra[extra["call"] == c].groupby("process", sort=False)[["extra", "steady_gpu_ms"]].sum()
+           for c in (1, 2)}
+    cold2, n = per[2]["extra"].to_numpy(), len(per[2])
     vals: dict = {"cold_extra_ms": max(0.0, float(np.mean(cold2)))}
     layer_spread: dict = {}
-    if len(procs) >= 2:
+    if n >= 2:
         vals["cold_sd_ms"] = float(np.std(cold2, ddof=1))
-        layer_spread["run_log_sd"] = float(np.std(np.log(steady), ddof=1))
+        layer_spread["run_log_sd"] = float(np.std(np.log(per[1]["steady_gpu_ms"].to_numpy()), ddof=1))
     sp = Path(spread_path) if spread_path is not None else p.with_name("step_spread.csv")
     rel = _step_rel_sds(sp, layer) if sp.is_file() else []
     if rel:
         layer_spread["step_rel_sd"] = float(np.median(rel))
-    return {"values": vals, "cold_call1_ms": float(np.mean(cold1)), "layer_spread": layer_spread, "cases": layer,
-            "num_processes": len(procs),
+    return {"values": vals, "cold_call1_ms": float(np.mean(per[1]["extra"].to_numpy())), "layer_spread": layer_spread,
+            "cases": layer, "num_processes": n,
             "source": f"{p.name}{' + ' + sp.name if sp.is_file() else ''} (cases {' + '.join(layer)}, "
-                      f"{len(procs)} fresh process(es))"}
+                      f"{n} fresh process(es))"}
 
 
-def _cold_rows(p: Path, min_tokens: int) -> list[dict]:
-    """``cold_start.csv``'s rows with ``T >= min_tokens``, numbers parsed (:data:`COLD_START_COLUMNS`)."""
-    if not p.is_file():
-        raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
-                         f"{', '.join(COLD_START_COLUMNS)}) from the cold_start experiment (mla-lab measure)")
-    with open(p, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in COLD_START_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
-        rows = [{"what": r["what"], **{c: _num(p, n, c, r[c]) for c in COLD_START_COLUMNS if c != "what"}}
-                for n, r in enumerate(reader, start=2)]
-    return [r for r in rows if r["T"] >= min_tokens]
-
-
-def _layer_cases(p: Path, rows: list[dict], min_tokens: int) -> list[str]:
+def _layer_cases(p: Path, whats: list[str], min_tokens: int) -> list[str]:
     """The layer's cases: one ``attention_block:*`` and one ``moe_block:*`` when both are there, else the first
     ``attention_path:*``."""
-    whats = sorted({r["what"] for r in rows})
     layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
              if any(w.startswith(pre) for w in whats)]
     if len(layer) < len(_LAYER_PARTS):
@@ -505,19 +418,13 @@ def _layer_cases(p: Path, rows: list[dict], min_tokens: int) -> list[str]:
 def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:
     """Per process, ``sd(gpu) / median(gpu)`` of the layer's steady samples in ``step_spread.csv`` (the cases
     summed sample by sample)."""
-    samples: dict = {}
-    with open(sp, newline="") as f:
-        for n, r in enumerate(csv.DictReader(f), start=2):
-            if r.get("what") in layer:
-                key = (_num(sp, n, "process", r.get("process")), _num(sp, n, "sample", r.get("sample")))
-                samples[key] = samples.get(key, 0.0) + _num(sp, n, "gpu_ms", r.get("gpu_ms"))
-    per: dict = {}
-    for (proc, _), v in samples.items():
-        per.setdefault(proc, []).append(v)
-    return [float(np.std(v, ddof=1) / np.median(v)) for v in per.values() if len(v) >= 2]
+    raw = pd.read_csv(sp, dtype=str, keep_default_na=False)
+    df = _numbers(sp, raw[raw["what"].isin(layer)], ("process", "sample", "gpu_ms"))
+    s = df.groupby(["process", "sample"], sort=False)["gpu_ms"].sum()
+    return [float(np.std(v, ddof=1) / np.median(v)) for v in
+            (g.to_numpy() for _, g in s.groupby(level="process", sort=False)) if len(v) >= 2]
 
 
-# ------------------------------------------------------------------------------------------ one deployment
 #: What :func:`serve_benchmark_noise` summarises per metric, and the labels :func:`format_noise` prints.
 NOISE_METRICS = SERVE_METRICS[1:12]
 
@@ -526,20 +433,13 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
                           num_runs: int = 200, seed: int = 0, noise: NoiseConfig | None = None,
                           block_size: int = 64, baseline: str | None = None, calibration: Calibration | None = None,
                           decode_cal: DecodeCalibration | None = None) -> dict:
-    """``num_runs`` single runs of ``vllm bench serve`` per strategy (the noise model; async scheduling on, vLLM's
-    default), each strategy with its own KV capacity as :func:`~mla_lab.serving.serve_benchmark` gives it, priced
-    by :class:`~mla_lab.serving.CostModelPricer` of ``deployment.rank``. ``deployment``, ``bench``, ``block_size``,
-    ``baseline``, ``calibration`` and ``decode_cal``: as :func:`~mla_lab.serving.serve_benchmark` (a Deployment,
-    not its rank view, for the same reason: the KV-cache budget and the workload are the deployment's; nothing is
-    defaulted or re-checked here).
-
-    Every strategy's runs use the same draws (``run_noise``'s build 0 for the baseline, build 1 for the others):
-    the baseline's runs are the same in every pair.
+    """``num_runs`` single runs per strategy (async scheduling on, vLLM's default), each with its KV capacity from
+    :func:`~mla_lab.serving.serve_benchmark` (the arguments as there), priced by ``CostModelPricer`` of
+    ``deployment.rank``; the baseline's runs (build 0) are the same in every pair.
 
     Returns:
-        plain data: ``{"num_runs", "seed", "baseline", "noise" (NoiseConfig.record()), "strategies": {s: {metric:
-        {"median", "band95": [lo, hi]}}}, "changes": {s (not the baseline): {metric: {"median", "band95",
-        "deterministic"}}} (%, one run of each build vs the baseline), "note"}``; metrics :data:`NOISE_METRICS`.
+        ``{"num_runs", "seed", "baseline", "noise" (its record), "strategies": {s: {metric: {"median", "band95"}}},
+        "changes": {s: {metric: {"median", "band95", "deterministic"}}} (%), "note"}``, metrics :data:`NOISE_METRICS`.
 
     Raises:
         ValueError: ``num_runs`` < 2; as :func:`~mla_lab.serving.serve_benchmark` and :func:`run_noise`.
@@ -557,12 +457,8 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     det = serve_benchmark(deployment, strategies, bench, block_size=block_size, calibration=calibration,
                           decode_cal=decode_cal, **extra)
     base = det["baseline"]
-    d = deployment
-    scheds, pricers = {}, {}
-    for s, r in det["strategies"].items():
-        scheds[s] = SchedulerConfig(d.max_num_batched_tokens, d.max_num_seqs, r["kv_capacity_tokens"], block_size,
-                                    async_scheduling=True)
-        pricers[s] = CachedPricer(CostModelPricer(d.rank, s, calibration, decode_cal))
+    scheds = {s: async_scheduler(deployment, r["kv_capacity_tokens"], block_size) for s, r in det["strategies"].items()}
+    pricers = {s: CachedPricer(CostModelPricer(deployment.rank, s, calibration, decode_cal)) for s in scheds}
     keys = [k for k, _ in NOISE_METRICS]
     res = {s: run_noise(bench, scheds[base], pricers[base], None if s == base else pricers[s],
                         sched_b=scheds[s], num_runs=num_runs, seed=seed, noise=noise) for s in det["strategies"]}
@@ -583,19 +479,17 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
 
 
 def format_noise(runs: dict) -> str:
-    """:func:`serve_benchmark_noise`'s result as terminal lines: per strategy each metric's median and 95 % band
-    over the runs, then each strategy's change vs the baseline (median and 95 % band, %)."""
+    """:func:`serve_benchmark_noise`'s result as terminal lines (medians and 95 % bands; changes in %)."""
     lines = [f"single-run spread over {runs['num_runs']} simulated runs per strategy (seed {runs['seed']}; "
              "median [95 % band]):"]
-    for s, m in runs["strategies"].items():
-        lines.append(f"  {s}{' (baseline)' if s == runs['baseline'] else ''}")
+    blocks = [(f"  {s}{' (baseline)' if s == runs['baseline'] else ''}", m, ">12,.2f", ",.2f")
+              for s, m in runs["strategies"].items()]
+    blocks += [(f"  change {s} vs {runs['baseline']}, one run of each (%):", m, ">+12.2f", "+.2f")
+               for s, m in runs["changes"].items()]
+    for head, m, f_med, f in blocks:
+        lines.append(head)
         for k, label in NOISE_METRICS:
-            v = m[k]
-            lines.append(f"    {label:<32}{v['median']:>12,.2f}  [{v['band95'][0]:,.2f}, {v['band95'][1]:,.2f}]")
-    for s, m in runs["changes"].items():
-        lines.append(f"  change {s} vs {runs['baseline']}, one run of each (%):")
-        for k, label in NOISE_METRICS:
-            v = m[k]
-            lines.append(f"    {label:<32}{v['median']:>+12.2f}  [{v['band95'][0]:+.2f}, {v['band95'][1]:+.2f}]")
+            lo, hi = m[k]["band95"]
+            lines.append(f"    {label:<32}{m[k]['median']:{f_med}}  [{lo:{f}}, {hi:{f}}]")
     lines.append(runs["note"])
     return "\n".join(lines)

@@ -1,16 +1,12 @@
-"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off), read in
-``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` @ 00024d31) and ``vllm/v1/core/kv_cache_manager.py``
-(``allocate_slots`` @ 003df296); the rules are in docs/serving.md ("Engine").
-
-Each step: running requests first (decode token, or the rest of the prompt capped by
-``long_prefill_token_threshold`` and the budget), then waiting requests in arrival order while budget, a
-``max_num_seqs`` slot and KV blocks last (FCFS ``break``). A request holds ``ceil(num_computed / block_size)``
-blocks and peaks at ``prompt_len + output_len - 1`` tokens. No preemption: ``kv_admission="reserve"`` (default)
-admits a request only when its whole footprint fits; ``"lazy"`` admits as vLLM and raises
-:class:`PreemptionRequired` where vLLM would preempt. ``async_scheduling`` (vLLM v1's default,
-``vllm/config/scheduler.py``; batch queue ``EngineCore.step_with_batch_queue`` @ 00080ee1) builds the same steps;
-its timing lives in :func:`mla_lab.serving.simulate.simulate`. ``block_size`` defaults to 16
-(``CacheConfig.DEFAULT_BLOCK_SIZE``, ``vllm/config/cache.py`` @ 002f10e0); FlashMLA sparse supports only 64.
+"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off; rules in
+docs/serving.md, "Engine"), read in ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` @ 00024d31) and
+``vllm/v1/core/kv_cache_manager.py`` (``allocate_slots`` @ 003df296). Each step: running requests first, then
+waiting ones in arrival order while budget, a ``max_num_seqs`` slot and KV blocks last (FCFS ``break``). No
+preemption: ``kv_admission="reserve"`` admits a request only when its whole footprint fits; ``"lazy"`` admits as
+vLLM and raises :class:`PreemptionRequired` where vLLM would preempt. ``async_scheduling`` (vLLM v1's default,
+``vllm/config/scheduler.py``; ``EngineCore.step_with_batch_queue`` @ 00080ee1) builds the same steps; its timing
+is :func:`mla_lab.serving.simulate.simulate`'s. ``block_size`` 16 is ``CacheConfig.DEFAULT_BLOCK_SIZE``
+(``vllm/config/cache.py`` @ 002f10e0); FlashMLA sparse supports only 64.
 """
 
 from __future__ import annotations
@@ -36,23 +32,14 @@ class PreemptionRequired(RuntimeError):
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Engine limits (tokens unless noted).
-
-    - ``max_num_batched_tokens``: token budget of one step (``--max-num-batched-tokens``);
-    - ``max_num_seqs``: most running requests (``--max-num-seqs``);
-    - ``kv_capacity_tokens``: KV-cache capacity in tokens (from the memory model); ``// block_size`` blocks;
-    - ``block_size``: tokens per KV block (vLLM default 16; FlashMLA sparse needs 64);
-    - ``long_prefill_token_threshold``: cap on one request's prefill tokens per step, 0 = off (vLLM's meaning);
-    - ``kv_admission``: ``"reserve"`` or ``"lazy"`` (module docstring);
-    - ``enforce_eager``: no CUDA graphs (``--enforce-eager``);
-    - ``max_cudagraph_capture_size``: largest capture size, None = vLLM's ``min(2 * max_num_seqs, 512)``;
-    - ``async_scheduling``: vLLM's ``--async-scheduling`` (module docstring). vLLM's default is on; the default
-      here is off so that runs with arrivals spread over time (finite ``request_rate``) keep the lab's earlier
-      numbers; with every request at t = 0 the two give the same run.
+    """Engine limits, vLLM's flags (tokens): ``kv_capacity_tokens`` from the memory model, ``// block_size`` blocks;
+    ``long_prefill_token_threshold`` 0 = off; ``max_cudagraph_capture_size`` None = ``min(2 * max_num_seqs, 512)``;
+    ``async_scheduling`` off by default (vLLM's is on) so that runs with spread arrivals keep the lab's earlier
+    numbers (with every request at t = 0 both give the same run).
 
     Raises:
-        ValueError: one line naming the field, its value and what is allowed (also for
-            ``kv_capacity_tokens < block_size``: not even one block).
+        ValueError: one line naming the field, its value and what is allowed (also ``kv_capacity_tokens <
+            block_size``: not one block).
     """
 
     max_num_batched_tokens: int
@@ -81,7 +68,6 @@ class SchedulerConfig:
 
     @property
     def num_blocks(self) -> int:
-        """KV blocks available (``kv_capacity_tokens // block_size``)."""
         return self.kv_capacity_tokens // self.block_size
 
     def footprint_blocks(self, prompt_len: int, output_len: int) -> int:
@@ -115,12 +101,9 @@ class _Req:
 
 @dataclass
 class Scheduler:
-    """Stateful scheduler: :meth:`add_request`, then alternately :meth:`schedule` and :meth:`update_from_step`.
-
-    Raises (from the methods): ``ValueError`` for a request that can never fit the KV cache or a duplicate id;
-    ``RuntimeError`` when ``schedule`` is called twice without ``update_from_step``; :class:`PreemptionRequired`
-    in ``"lazy"`` mode where vLLM would preempt.
-    """
+    """:meth:`add_request`, then alternately :meth:`schedule` and :meth:`update_from_step`. Raises ValueError (a
+    request that never fits the KV cache, a duplicate id), RuntimeError (``schedule`` twice without
+    ``update_from_step``), :class:`PreemptionRequired` (``"lazy"``, where vLLM would preempt)."""
 
     config: SchedulerConfig
     waiting: deque = field(default_factory=deque, init=False)
@@ -138,7 +121,6 @@ class Scheduler:
         c = self.config
         self._capture = cudagraph_capture_sizes(c.max_num_seqs, c.max_cudagraph_capture_size)
 
-    # ----------------------------------------------------------------------------------------------- requests
     def check_fits(self, req_id: int, prompt_len: int, output_len: int) -> None:
         """Raise ``ValueError`` if the request's peak footprint exceeds the whole KV cache."""
         c = self.config
@@ -150,11 +132,8 @@ class Scheduler:
                              "run (raise kv_capacity_tokens or shorten the request)")
 
     def add_request(self, req_id: int, prompt_len: int, output_len: int) -> None:
-        """Append a request to the waiting queue (FCFS). Lengths in tokens, both >= 1.
-
-        Raises:
-            ValueError: bad lengths, duplicate ``req_id``, or a request that can never fit the KV cache.
-        """
+        """Append a request to the waiting queue (FCFS; lengths in tokens >= 1). Raises ValueError: bad lengths, a
+        duplicate ``req_id``, a request that can never fit the KV cache."""
         check_int("req_id", req_id, allow_zero=True)
         check_int("prompt_len", prompt_len)
         check_int("output_len", output_len)
@@ -166,10 +145,8 @@ class Scheduler:
 
     @property
     def has_unfinished(self) -> bool:
-        """True while a request is waiting or running."""
         return bool(self.waiting or self.running)
 
-    # ----------------------------------------------------------------------------------------------- one step
     def _chunk_cap(self, n: int) -> int:
         t = self.config.long_prefill_token_threshold
         return t if 0 < t < n else n
@@ -234,11 +211,8 @@ class Scheduler:
             budget -= n
 
     def schedule(self) -> Step | None:
-        """Build the next step (module docstring) and advance the scheduled requests' computed tokens.
-
-        Returns None when nothing can run (no request waiting or running). Sets :attr:`last_kv_wait` when the
-        head of the waiting queue had budget and a free slot but waited for KV blocks.
-        """
+        """The next step (None: nothing can run); advances the scheduled requests' computed tokens. Sets
+        :attr:`last_kv_wait` when the queue's head had budget and a slot but waited for KV blocks."""
         if self._pending is not None:
             raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
         budget = self.config.max_num_batched_tokens
@@ -255,13 +229,8 @@ class Scheduler:
         return step
 
     def update_from_step(self, step: Step) -> list[TokenEvent]:
-        """Apply a scheduled step: sample tokens, finish requests, free their KV blocks.
-
-        Returns the tokens sampled at the end of the step, in scheduling order (decode first, then chunks).
-
-        Raises:
-            RuntimeError: ``step`` is not the step :meth:`schedule` returned last.
-        """
+        """Sample the step's tokens, finish requests, free their KV blocks; the tokens in scheduling order. Raises
+        RuntimeError: ``step`` is not the one :meth:`schedule` returned last."""
         if step is not self._pending:
             raise RuntimeError("update_from_step() must get the step schedule() returned last")
         self._pending = None

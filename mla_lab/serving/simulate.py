@@ -1,22 +1,17 @@
-"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine (docs/serving.md, "Time").
-
-The client sends request ``i`` at ``send_s = max(arrival_s, a max_concurrency slot freed)`` (TTFT and E2EL run
-from it); it reaches the engine core ``engine_delay_s[req_id]`` later. Steps run back to back; without async
-scheduling a step is built when the previous one ends, with ``sched.async_scheduling`` when it starts (a request
-arriving while step N runs joins step N+2; if that leaves nothing, the step is built when step N ends); idle time
-jumps to the next arrival. A step lasts ``pricer(step)`` ms of GPU time plus ``cpu_step_ms`` (``max`` of the two
-under async scheduling, except after an idle engine); its tokens reach the client ``output_delay_s`` after its end.
-The benchmark starts at t = 0 and its duration ends with the last token.
+"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine (the rules: docs/serving.md,
+"Time"). Request ``i`` is sent at ``max(arrival_s, a max_concurrency slot freed)`` and reaches the engine core
+``engine_delay_s[req_id]`` later; a step is built when the previous one ends (with ``async_scheduling``: when it
+starts) and lasts ``pricer(step)`` ms of GPU time plus ``cpu_step_ms`` (their max under async scheduling, but after
+an idle engine); its tokens reach the client ``output_delay_s`` after its end. Times in s from t = 0.
 """
 
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ._checks import check_float
+from ._checks import check_float, check_ms
 from .client import BenchConfig, ClientRequest, make_requests
 from .metrics import RequestRecord, bench_metrics, format_metrics
 from .scheduler import Scheduler, SchedulerConfig
@@ -26,9 +21,8 @@ __all__ = ["StepPricer", "StepRecord", "ServingResult", "simulate"]
 
 @dataclass(frozen=True)
 class StepRecord:
-    """One executed step: ``start_s`` / ``end_s`` (s from the benchmark start), ``duration_ms`` (ms: the pricer's
-    GPU time, plus ``cpu_step_ms`` as :func:`simulate` charges it), the :class:`Step`, and the engine state after scheduling it: ``kv_used_blocks`` (of
-    ``kv_num_blocks``), ``num_running``, ``num_waiting`` and ``kv_wait`` (the queue's head waited for KV blocks)."""
+    """One executed step (s from the start; ``duration_ms`` GPU + CPU time as charged) and the engine state after
+    scheduling it (``kv_wait``: the queue's head waited for KV blocks)."""
 
     index: int
     start_s: float
@@ -44,9 +38,7 @@ class StepRecord:
 
 @dataclass(frozen=True)
 class ServingResult:
-    """What :func:`simulate` returns: the inputs, per-request records (by request id), the steps and the metrics
-    (``vllm bench serve`` names and units: see :func:`mla_lab.serving.metrics.bench_metrics`), and when each
-    request reached the engine core."""
+    """:func:`simulate`'s inputs, records by request id, steps and metrics (``bench_metrics``)."""
 
     bench: BenchConfig
     sched: SchedulerConfig
@@ -56,7 +48,6 @@ class ServingResult:
     engine_arrival_s: dict = field(default_factory=dict)  #: req_id -> when it reached the engine core (s)
 
     def summary(self, title: str = " Serving Benchmark Result ") -> str:
-        """The metrics laid out as ``vllm bench serve`` prints them."""
         return format_metrics(self.metrics, title)
 
 
@@ -70,7 +61,6 @@ class _Client:
         self.free_slots: list[float] = [0.0] * (max_concurrency or 0)  # times slots became free (min-heap)
 
     def release(self, now: float) -> list[tuple[ClientRequest, float]]:
-        """Requests sent by time ``now``, with their send times."""
         out = []
         while self.pos < len(self.pending) and self.pending[self.pos].arrival_s <= now:
             r = self.pending[self.pos]
@@ -90,17 +80,6 @@ class _Client:
 
     def next_arrival(self) -> float | None:
         return self.pending[self.pos].arrival_s if self.pos < len(self.pending) else None
-
-
-def _check_pricer_ms(ms, index: int, step: Step) -> float:
-    if isinstance(ms, bool) or not isinstance(ms, (int, float)) and not hasattr(ms, "__float__"):
-        raise ValueError(f"pricer returned {ms!r} for step {index} (kind {step.kind}); it must be a finite float > 0 "
-                         "(ms)")
-    v = float(ms)
-    if not math.isfinite(v) or v <= 0:
-        raise ValueError(f"pricer returned {ms!r} ms for step {index} (kind {step.kind}); it must be a finite float "
-                         "> 0")
-    return v
 
 
 def _engine_delays(engine_delay_s, reqs) -> dict[int, float]:
@@ -123,7 +102,6 @@ def _engine_delays(engine_delay_s, reqs) -> dict[int, float]:
 
 
 def _checked_requests(bench, sched, pricer, requests) -> list[ClientRequest]:
-    """:func:`simulate`'s argument checks; the requests to run (``requests``, or those ``bench`` draws)."""
     if not isinstance(bench, BenchConfig):
         raise ValueError(f"bench={bench!r} must be a BenchConfig")
     if not isinstance(sched, SchedulerConfig):
@@ -145,8 +123,7 @@ def _checked_requests(bench, sched, pricer, requests) -> list[ClientRequest]:
 
 
 class _Run:
-    """The state of one :func:`simulate` run: the engine (scheduler), the client, requests on their way to the
-    engine core, the steps run and the tokens seen (module docstring)."""
+    """One :func:`simulate` run: the engine, the client, requests on their way to the core, steps and tokens."""
 
     def __init__(self, bench, sched, pricer, reqs, delays, cpu_ms, out_s):
         self.sched, self.pricer, self.cpu_ms, self.out_s, self.delays = sched, pricer, cpu_ms, out_s, delays
@@ -171,7 +148,6 @@ class _Run:
             self.engine.add_request(rid, r.input_len, r.output_len)
 
     def _next_step(self) -> Step | None:
-        """Send what the client releases by now, admit what reached the engine core, build the next step."""
         for r, s in self.client.release(self.t):
             self.send_s[r.req_id] = s
             self.at_engine[r.req_id] = s + self.delays[r.req_id]
@@ -185,7 +161,6 @@ class _Run:
         return step
 
     def _idle(self) -> None:
-        """Nothing runnable: jump to the next arrival (at the client or at the engine core)."""
         nxt = [x for x in (self.inbound[0][0] if self.inbound else None, self.client.next_arrival())
                if x is not None and x > self.t]
         if not nxt:  # pragma: no cover - guarded by the scheduler's invariants
@@ -194,7 +169,7 @@ class _Run:
         self.t, self.prev_start = min(nxt), None
 
     def _step_ms(self, step: Step) -> float:
-        gpu_ms = _check_pricer_ms(self.pricer(step), len(self.steps), step)
+        gpu_ms = check_ms(self.pricer(step), "pricer", f" for step {len(self.steps)} (kind {step.kind})")
         if self.cpu_ms == 0.0:
             return gpu_ms
         if self.sched.async_scheduling and self.prev_start is not None:
@@ -216,7 +191,6 @@ class _Run:
         self.prev_start, self.t = self.t, end
 
     def run(self) -> tuple[RequestRecord, ...]:
-        """Steps until every request finished; the per-request records, by request id."""
         while self.finished < len(self.by_id):
             step = self._next_step()
             if step is None:
@@ -233,15 +207,9 @@ def simulate(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer, *,
              engine_delay_s: Mapping[int, float] | Sequence[float] | None = None, cpu_step_ms: float = 0.0,
              output_delay_s: float = 0.0) -> ServingResult:
     """Simulate ``vllm bench serve`` (``bench``) against an engine (``sched``) whose steps cost ``pricer(step)``
-    ms of GPU time; see the module docstring for the semantics.
-
-    ``requests`` replaces the requests :func:`~mla_lab.serving.client.make_requests` would draw from ``bench``
-    (a trace); ``bench.max_concurrency`` and ``bench.request_rate`` still apply to the client and the metrics.
-    ``percentiles``: the ``p<P>_*_ms`` keys computed (vLLM default 99). ``engine_delay_s``: per request, the time
-    from its send to the engine core (s; a mapping by req_id or a sequence in req_id order; None = 0).
-    ``cpu_step_ms``: the engine core's CPU time per step (ms, >= 0). ``output_delay_s``: from a step's end to its
-    tokens reaching the client (s, >= 0). With all three 0 and ``sched.async_scheduling`` False the run is the
-    lab's original one (every request at the engine when sent, steps of GPU time only, tokens at the step's end).
+    ms of GPU time (module docstring). ``requests``: a trace instead of what ``bench`` draws; ``percentiles``: the
+    ``p<P>_*_ms`` keys; ``engine_delay_s``: per request, send to engine core (s; by req_id, or a sequence in
+    req_id order; None = 0); ``cpu_step_ms`` (ms) and ``output_delay_s`` (s) >= 0.
 
     Raises:
         ValueError: ``bench`` / ``sched`` of the wrong type, ``pricer`` not callable, an empty ``requests``,

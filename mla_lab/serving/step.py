@@ -1,15 +1,10 @@
-"""One engine step of a vLLM v1 serving run: which tokens it computes and how it is launched (docs/serving.md).
-
-- ``decode``: one :class:`DecodeToken` per running request past its prompt; ``context_len`` = its position + 1;
-- ``prefill_chunks``: one :class:`PrefillChunk` per request in its prompt: positions ``[start, start + num_tokens)``;
-- ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE`` (``docs/design/cuda_graphs.md`` @ 0045689b):
-  ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens == num_reqs``,
-  ``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
-  ``flashmla_sparse.py`` @ 008a0c31) up to the largest capture size, ``"PIECEWISE"`` for other batches up to it,
-  ``"NONE"`` above it or with ``enforce_eager``; ``cudagraph_num_tokens`` the capture size padded to.
-
-Capture sizes: ``VllmConfig._set_cudagraph_sizes`` (``vllm/config/vllm.py``): ``max = min(max_num_seqs * 2, 512)``;
-``[1, 2, 4] + range(8, 256, 8) + range(256, max + 1, 16)``, kept ``<= max``.
+"""One engine step of a vLLM v1 serving run: its decode tokens (``context_len`` = position + 1), prefill chunks and
+launch (docs/serving.md). ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE``
+(``docs/design/cuda_graphs.md`` @ 0045689b): ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens ==
+num_reqs``, ``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
+``flashmla_sparse.py`` @ 008a0c31) up to the largest capture size, ``"PIECEWISE"`` for other batches up to it,
+``"NONE"`` above or with ``enforce_eager``. Capture sizes: ``VllmConfig._set_cudagraph_sizes``
+(``vllm/config/vllm.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ __all__ = ["PrefillChunk", "DecodeToken", "Step", "StepPricer", "cudagraph_captu
 
 @dataclass(frozen=True)
 class PrefillChunk:
-    """Prompt positions ``[start, start + num_tokens)`` of request ``req_id`` computed in one step (tokens)."""
+    """Prompt positions ``[start, end)`` of request ``req_id`` computed in one step (tokens)."""
 
     req_id: int
     start: int
@@ -31,7 +26,6 @@ class PrefillChunk:
 
     @property
     def end(self) -> int:
-        """One past the last prompt position of the chunk (tokens)."""
         return self.start + self.num_tokens
 
 
@@ -45,12 +39,7 @@ class DecodeToken:
 
 @dataclass(frozen=True)
 class Step:
-    """The tokens one engine step computes (see the module docstring).
-
-    ``decode`` and ``prefill_chunks`` are tuples in scheduling order. ``kind`` is ``"decode"`` (no prefill
-    chunk), ``"prefill"`` (no decode token) or ``"mixed"``; ``cuda_graph`` is True only for ``"FULL"`` (a uniform
-    batch, every request one query token, run as one full CUDA graph, attention included).
-    """
+    """The tokens one engine step computes, in scheduling order (module docstring)."""
 
     decode: tuple[DecodeToken, ...] = ()
     prefill_chunks: tuple[PrefillChunk, ...] = ()
@@ -59,30 +48,21 @@ class Step:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens computed by the step (decode tokens + prefill chunk tokens), before any CUDA-graph padding."""
+        """Tokens computed (decode + prefill chunk tokens), before any CUDA-graph padding."""
         return len(self.decode) + sum(c.num_tokens for c in self.prefill_chunks)
 
     @property
     def num_reqs(self) -> int:
-        """Requests scheduled in the step."""
         return len(self.decode) + len(self.prefill_chunks)
 
     @property
-    def num_prefill_tokens(self) -> int:
-        """Tokens of the prefill chunks."""
-        return sum(c.num_tokens for c in self.prefill_chunks)
-
-    @property
     def kind(self) -> str:
-        """``"prefill"``, ``"decode"`` or ``"mixed"`` (an empty step is never built)."""
-        if not self.prefill_chunks:
-            return "decode"
-        return "mixed" if self.decode else "prefill"
+        """``"prefill"`` (no decode token), ``"decode"`` (no chunk) or ``"mixed"``."""
+        return ("mixed" if self.decode else "prefill") if self.prefill_chunks else "decode"
 
     @property
     def cuda_graph(self) -> bool:
-        """True when the whole step, attention included, replays a full CUDA graph (uniform batch: every request
-        has one query token)."""
+        """True when the whole step, attention included, replays one full CUDA graph (``"FULL"``)."""
         return self.cudagraph_mode == "FULL"
 
 
@@ -91,8 +71,8 @@ StepPricer = Callable[[Step], float]
 
 
 def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: int | None = None) -> tuple[int, ...]:
-    """vLLM's default CUDA-graph capture sizes (tokens) for ``max_num_seqs``; ``max_capture_size`` overrides the
-    default ``min(max_num_seqs * 2, 512)``."""
+    """``[1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16)`` up to ``top`` (tokens; default
+    ``min(max_num_seqs * 2, 512)``)."""
     top = min(max_num_seqs * 2, 512) if max_capture_size is None else max_capture_size
     sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
     return tuple(s for s in sizes if s <= top)

@@ -1,17 +1,10 @@
-"""The lab's cost model as a step pricer: a vLLM v1 engine step -> milliseconds, decode included (issue 13;
-docs/serving.md, "The lab's cost model as the pricer", has each term, its fit and its validation).
-
-:class:`CostModelPricer` turns a serving :class:`~mla_lab.serving.step.Step` into a :class:`mla_lab.workload.Step`
-of chunks ``(req, start, n)`` (a decode token with context ``c`` is ``(req, c - 1, 1)``: ``min(c, topk)`` attention
-keys, ``c`` indexer keys), prices it with :func:`mla_lab.model.timing.step_time_ms` (every layer, the strategy's
-attention path: with a bf16 KV cache decode tokens pay the per-call pad too) and adds the decode terms fitted on
-the H200 (:class:`mla_lab.model.decode_calibration.DecodeCalibration`): graph-replay overheads of small ops, the
-bandwidth-bound decode indexer, the decode top-k, the sparse kernel at decode (:class:`KernelDecode`), a per-layer
-fixed cost, and the launch model (a ``FULL`` CUDA-graph step costs its GPU time; any other
-``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops launched, an upper bound under ``PIECEWISE``).
-
-:func:`layer_decode_ms` prices the op subset the decode measurements time (``decode_layer`` experiment: one
-per-rank MoE layer, bf16 weights, EP8; the excluded ops are :data:`EXCLUDED_FROM_MEASURED`) for the fit.
+"""The lab's cost model as a step pricer: a vLLM v1 engine step -> ms, decode included (issue 13; each term, its
+fit and validation: docs/serving.md, "The lab's cost model as the pricer"). A decode token of context ``c`` is the
+chunk ``(req, c - 1, 1)`` of a :class:`mla_lab.workload.Step`, priced by :func:`mla_lab.model.timing.step_time_ms`
+(bf16 KV: decode tokens pay the per-call pad too) plus the decode terms fitted on the H200
+(:class:`~mla_lab.model.decode_calibration.DecodeCalibration`) and the launch model: a ``FULL`` CUDA-graph step
+costs its GPU time, any other ``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops (an upper bound
+under ``PIECEWISE``). :func:`layer_decode_ms` prices the ops the ``decode_layer`` experiment timed, for the fit.
 """
 
 from __future__ import annotations
@@ -35,7 +28,8 @@ from ..workload import Step as WorkStep
 from .step import Step
 
 __all__ = ["CostModelPricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
-           "layer_decode_ms", "DECODE_CSV", "EXCLUDED_FROM_MEASURED", "OVERRIDDEN_OPS"]
+           "layer_decode_ms", "DECODE_CSV", "EXCLUDED_FROM_MEASURED", "OVERRIDDEN_OPS", "MemoPricer", "launched",
+           "step_key"]
 
 #: Ops of :func:`~mla_lab.model.ops.layer_ops` that the measured decode layer does not run (no ``impl``), plus the
 #: collectives: the fit and its validation leave them out of both sides.
@@ -50,12 +44,8 @@ _ATTN_KERNELS = {"concat": 1, "pad": 2, "pad_copy": 1, "out_slice": 1, "chunk_ou
 
 
 class _Parts:
-    """Per-layer pricing of one step's tokens with the decode calibration (shared by the fit and the pricer).
-
-    ``rank``: the TP rank priced (:class:`~mla_lab.rank.RankView`, checked at its door); ``strategy`` a canonical
-    name; ``prefill`` chunks ``(req, start, n)``; ``decode_ctx`` the decode tokens' contexts (tokens);
-    ``cal`` / ``dcal`` resolved calibrations; ``decode_kernels``: ``engine`` or ``fit`` (below).
-    """
+    """Per-layer pricing of one step's tokens (``prefill`` chunks ``(req, start, n)``, ``decode_ctx`` contexts in
+    tokens) with the decode calibration, shared by the fit and the pricer; ``strategy`` canonical."""
 
     def __init__(self, rank: RankView, strategy: str, prefill, decode_ctx, cal: Calibration, dcal: DecodeCalibration,
                  decode_kernels: str = "engine"):
@@ -78,7 +68,6 @@ class _Parts:
         self._sub: dict = {}
 
     def sub_op(self, which: str, name: str) -> LayerOp | None:
-        """Op ``name`` of a layer over only the prefill chunks (``which="prefill"``) or only the decode tokens."""
         if which not in self._sub:
             chunks = (self.ws.chunks[len(self.decode_ctx):] if which == "prefill"
                       else self.ws.chunks[:len(self.decode_ctx)])
@@ -127,17 +116,42 @@ def _eager_ms(gpu_ms: float, n_ops: int, dcal: DecodeCalibration) -> tuple[float
     return max(gpu_ms + n_ops * dcal.eager_gap_us * 1e-3, host), host
 
 
+def launched(gpu_ms: float, step: Step, n_ops: int, dcal: DecodeCalibration) -> dict:
+    """``{"total_ms", "gpu_ms", "host_ms", "launch"}`` (ms): a ``FULL`` CUDA-graph step costs its GPU time, any
+    other the eager launch model (module docstring)."""
+    if step.cuda_graph:
+        return {"total_ms": gpu_ms, "gpu_ms": gpu_ms, "host_ms": 0.0, "launch": "graph"}
+    total, host = _eager_ms(gpu_ms, n_ops, dcal)
+    return {"total_ms": total, "gpu_ms": gpu_ms, "host_ms": host, "launch": "eager"}
+
+
+def step_key(step: Step) -> tuple:
+    """What the pricers read of a step: the decode contexts, the prefill chunks' ``(start, num_tokens)`` in order and
+    ``cuda_graph`` (request ids are renumbered by position, the padded capture size is not priced): equal keys cost
+    the same."""
+    return (tuple(d.context_len for d in step.decode), tuple((c.start, c.num_tokens) for c in step.prefill_chunks),
+            step.cuda_graph)
+
+
+class MemoPricer:
+    """A step pricer with a ``price(step) -> {"total_ms", ...}`` method: calling it gives ``total_ms`` (ms), priced
+    once per :func:`step_key`."""
+
+    def __call__(self, step: Step) -> float:
+        memo = self.__dict__.setdefault("_memo", {})
+        key = step_key(step)
+        if key not in memo:
+            memo[key] = self.price(step)["total_ms"]
+        return memo[key]
+
+
 def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(),
                     calibration: Calibration | None = None, decode_cal: DecodeCalibration | None = None, *,
                     graph: bool = True, measured_subset: bool = True, decode_kernels: str = "engine") -> dict:
-    """One per-rank MoE layer of a step (``prefill`` chunks ``(req, start, n)`` + decode tokens with
-    ``decode_contexts``, tokens), priced with the decode calibration: what ``mla_lab.fits.decode`` fits and
-    validates against ``decode_layer.csv``.
-
-    ``rank``: the TP rank (:class:`~mla_lab.rank.RankView`, checked at its door; the measured decode layer ran bf16
-    weights, the ``decode_layer`` experiment). ``measured_subset``: only the ops the measured layer runs
-    (:data:`EXCLUDED_FROM_MEASURED` left out); ``graph``: CUDA-graph replay (GPU time) or eager (launch model);
-    ``decode_kernels``: ``engine`` (:mod:`mla_lab.model.decode_kernels`) or ``fit`` (:class:`KernelDecode`).
+    """One per-rank MoE layer of a step (``prefill`` chunks ``(req, start, n)``, decode tokens of
+    ``decode_contexts``) with the decode calibration, as ``mla_lab.fits.decode`` fits it on ``decode_layer.csv``:
+    ``measured_subset`` only the ops the measured layer runs; ``graph`` CUDA-graph replay or eager;
+    ``decode_kernels`` ``engine`` (:mod:`mla_lab.model.decode_kernels`) or ``fit`` (:class:`KernelDecode`).
 
     Returns ``{"total_ms", "gpu_ms", "host_ms", "n_ops", "ops": {name: ms}}`` (ms, one layer).
 
@@ -158,18 +172,10 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "n_ops": len(ops), "ops": per}
 
 
-class CostModelPricer:
-    """A :data:`~mla_lab.serving.step.StepPricer` for :func:`mla_lab.serving.simulate`: one engine step on one rank
-    (every rank runs the same step in lockstep under TP), priced by the lab's cost model (module docstring).
-
-    Args:
-        rank: the TP rank priced (:class:`~mla_lab.rank.RankView`, checked at its door; ``bf16`` KV: the padded
-            kernel, decode included; ``fp8``: no padding). The PR's: ``Deployment.seed().rank``.
-        strategy: a canonical strategy, alias or preset (a two-member preset gives its first member).
-        calibration: the layer model's calibration (None: the committed one).
-        decode_cal: a :class:`DecodeCalibration` (None: :func:`load_decode_calibration`).
-
-    Calling it returns the step's ms; :meth:`price` returns the breakdown.
+class CostModelPricer(MemoPricer):
+    """One engine step on one TP rank (``rank``: ``bf16`` KV pads the kernel, decode included) priced by the cost
+    model (module docstring); ``strategy`` a strategy, alias or preset (its first member); calibrations None: the
+    committed ones. Calling it gives the step's ms; :meth:`price` the breakdown.
 
     Raises:
         ValueError: an unknown strategy (one line, the allowed values).
@@ -185,14 +191,10 @@ class CostModelPricer:
         self.calibration = resolve_calibration(calibration)
         self.decode_cal = decode_cal if decode_cal is not None else load_decode_calibration()
         self.gcal = self.decode_cal.graph_calibration(self.calibration)
-        one = WorkStep([(0, 0, 1)])
-        counted = step_ops(self.rank, self.strategy, one)
-        self.n_ops = sum(n for _, n in counted)  # launches per step (every op of every layer, once)
+        self.n_ops = sum(n for _, n in step_ops(rank, self.strategy, WorkStep([(0, 0, 1)])))  # launches per step
         L = self.model.num_hidden_layers
         idx_layers = len({i for i in self.model.indexer_layers if 0 <= i < L})
-        self.counts = {"idx_logits": idx_layers, "idx_topk": idx_layers}
-        self.counts.update({a: L for a in ATTN_OPS})
-        self._memo: dict = {}  # step_key -> total_ms (__call__)
+        self.counts = {"idx_logits": idx_layers, "idx_topk": idx_layers, **dict.fromkeys(ATTN_OPS, L)}
 
     def __repr__(self) -> str:
         return (f"CostModelPricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
@@ -212,29 +214,6 @@ class CostModelPricer:
                 by[name] = parts.op_ms(one_layer[name]) * self.counts[name]
                 if base["content"]["scope"] == "step" and not one_layer[name].is_comm:  # stale heads over the step
                     by[name] *= base["content"]["attention_factor" if name in ATTN_OPS else "rest_factor"]
-        L = self.model.num_hidden_layers
-        gpu = sum(by.values()) + self.decode_cal.layer_fixed_us * 1e-3 * L
-        if step.cuda_graph:
-            total, host, launch = gpu, 0.0, "graph"
-        else:
-            total, host = _eager_ms(gpu, self.n_ops, self.decode_cal)
-            launch = "eager"
-        return {"total_ms": total, "gpu_ms": gpu, "host_ms": host, "launch": launch, "by_op": by,
+        gpu = sum(by.values()) + self.decode_cal.layer_fixed_us * 1e-3 * self.model.num_hidden_layers
+        return {**launched(gpu, step, self.n_ops, self.decode_cal), "by_op": by,
                 "attention_path_ms": sum(by.get(a, 0.0) for a in ATTN_OPS), "comm_ms": base["comm"]}
-
-    @staticmethod
-    def step_key(step: Step) -> tuple:
-        """What :meth:`price` reads of a step: the decode contexts, the prefill chunks' ``(start, num_tokens)`` in
-        order and ``cuda_graph`` (request ids are renumbered by position in :class:`_Parts`, and the padded
-        capture size is not priced), so two steps with equal keys cost the same."""
-        return (tuple(d.context_len for d in step.decode),
-                tuple((c.start, c.num_tokens) for c in step.prefill_chunks), step.cuda_graph)
-
-    def __call__(self, step: Step) -> float:
-        """The step's ms (:meth:`price`'s ``total_ms``), priced once per :meth:`step_key` (exact: equal keys cost
-        the same)."""
-        key = self.step_key(step)
-        ms = self._memo.get(key)
-        if ms is None:
-            ms = self._memo[key] = self.price(step)["total_ms"]
-        return ms

@@ -13,7 +13,7 @@ import math
 
 from ..buffers import MIB
 from ..deployment import Deployment
-from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE, PACKED_LABEL
+from ..labels import PACKED_LABEL
 from ..model.memory import memory_tradeoff
 from ..model.packed_kernel import packed_strategy, packed_summary
 from ..placement import (
@@ -179,14 +179,15 @@ def _over_budget(r: Row, mib: float | None, tokens: float | None) -> str:
 
 def _place(rows: list[Row], d: Deployment, group, budget: dict, meas: dict) -> dict:
     """The rows' summaries by section: ``kept`` (within the budget, by TTFT), ``excluded`` (with the reason),
-    ``modelled_only`` (``kernel_native``: no engine runs it) and ``lab`` (``packed`` beside an engine's answer)."""
+    ``modelled_only`` and ``lab`` (beside an engine's answer): the kind's ``shown``, ``display`` and ``notes``."""
     out: dict = {"kept": [], "excluded": [], "modelled_only": [], "lab": []}
     for r in rows:
-        if r.strategy.placement == "packed" and group is not None:  # the lab's kernel: beside the engine's answer
-            out["lab"].append(_summary(r, r.fit_reason, meas) | {"label": PACKED_LABEL})
-        elif r.strategy.placement == "kernel_native":  # no engine's backend runs it: beside the ranking, never in it
-            note = KERNEL_NATIVE_NOTE if d.arch.sm == "sm90" else KERNEL_NATIVE_SHORT
-            out["modelled_only"].append(_summary(r, note, meas) | {"label": KERNEL_NATIVE_LABEL})
+        k = r.strategy.kind
+        if k.shown == "lab" and group is not None:
+            out["lab"].append(_summary(r, r.fit_reason, meas) | {"label": k.display})
+        elif k.shown == "modelled_only":  # no engine's backend runs it: beside the ranking, never in it
+            note = k.notes[0] if d.arch.sm == "sm90" else k.notes[-1]
+            out["modelled_only"].append(_summary(r, note, meas) | {"label": k.display})
         else:
             reason = _over_budget(r, budget["memory_budget_mib"], budget["memory_budget_tokens"])
             out["excluded" if reason else "kept"].append(_summary(r, reason, meas))
@@ -196,7 +197,7 @@ def _place(rows: list[Row], d: Deployment, group, budget: dict, meas: dict) -> d
 def _mark_frontier(rows: list[Row], placed: dict, group) -> list[str]:
     """Mark ``on_frontier`` on every summary (``packed`` beside an engine's answer: would it be on the answer's
     frontier?); returns the frontier's strategy names."""
-    fits = [r for r in rows if r.fits_in_memory and r.strategy.placement != "kernel_native"
+    fits = [r for r in rows if r.fits_in_memory and r.strategy.kind.shown != "modelled_only"
             and group in (None, engine_group(strategy_engine(r.strategy)))]
     pts = [(r.extra_persistent_mib, r.ttft_ms) for r in fits]
     front = [r.name for r, f in zip(fits, frontier(pts)) if f]
@@ -277,10 +278,6 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
 
 _DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts",
                     "concurrency", "weight_dtype", "moe_parallel", "gpu_memory_utilization")
-#: The kernel_native line on a GPU where nothing was measured (the H200 kernel timings are not its evidence).
-KERNEL_NATIVE_SHORT = (f"{KERNEL_NATIVE_LABEL}: a FlashMLA-style kernel taking the real head count, which no engine's "
-                       "backend runs; priced as the padded kernel's time without the padded heads' Q reads and output "
-                       "writes, always on the sparse route, so it is shown, not ranked")
 #: advise's closing note on a GPU the lab never measured.
 _NOTE_MODELLED = ("ranked by the modelled TTFT (full_layer scope, content factor included; modelled: the arch card's "
                   "datasheet rates, the H200's calibrated efficiencies); memory exact (byte accounting); a negative "

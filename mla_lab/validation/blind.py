@@ -48,12 +48,8 @@ def _wl_tuple(w: dict) -> tuple:
 
 
 def cases_of(round_: str) -> list[dict]:
-    """The cases of ``round_`` (a key of :data:`ROUNDS`) from its committed file, workloads as ``(input, output,
-    concurrency, num_prompts, rate)`` tuples.
-
-    Raises:
-        ValueError: an unknown round; FileNotFoundError: its workloads file is missing.
-    """
+    """The cases of ``round_`` (a key of :data:`ROUNDS`), workloads as ``(input, output, concurrency, num_prompts,
+    rate)``. Raises ValueError: an unknown round; FileNotFoundError: its file is missing."""
     if round_ not in ROUNDS:
         raise ValueError(f"round={round_!r} is not a blind round; allowed: {sorted(ROUNDS)}")
     doc = json.loads(Path(ROUNDS[round_][1]).read_text())
@@ -91,9 +87,7 @@ def _setup(case: dict, wl: tuple, seed: int | None = None, options: dict | None 
 
 
 def deterministic(case: dict, wl: tuple, options: dict | None = None, strategy: str | None = None) -> dict:
-    """One deterministic run (no noise model) of ``strategy`` (default the case's first) on workload ``wl``
-    ``(input, output, concurrency, num_prompts, rate)`` with deployment ``options``: ``{"metrics",
-    "kv_capacity_tokens", "options"}``."""
+    """One deterministic run of ``strategy`` (default the case's first) on ``wl`` with deployment ``options``."""
     dep, bench = _setup(case, wl, options=options)
     strat = strategy or next(iter(case["strategies"].values()))
     r = serve_benchmark(dep, [strat], bench, baseline=strat)
@@ -136,13 +130,8 @@ def _run(case: dict, wl: tuple, seed: int, log) -> dict:
 
 def predict(out: Path | None = None, seed: int = 0, only: str | None = None, log=print,
             round_: str = "2026-12") -> dict:
-    """Run every case of ``round_`` (or the one ``only`` names) and write ``out`` (default: the round's file in
-    :data:`ROUNDS`; a new file, or one this function wrote).
-
-    Raises:
-        FileExistsError: ``out`` exists and was not written by :data:`PRODUCED_BY`; ValueError: unknown ``only`` or
-        ``round_``.
-    """
+    """Run every case of ``round_`` (or ``only``) and write ``out`` (default the round's file) after each case.
+    Raises FileExistsError: ``out`` was not written by :data:`PRODUCED_BY`; ValueError: unknown ``only`` / round."""
     all_cases = cases_of(round_)
     out = Path(ROUNDS[round_][0] if out is None else out)
     if out.exists():

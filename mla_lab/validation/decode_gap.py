@@ -1,12 +1,10 @@
-"""PR #46189's FA3-vs-FLASHMLA_SPARSE decode gap per layer beside the H200 kernel rows (issue 37; reading only,
-nothing fitted). Per GLM-5.1 run at concurrency 1 and 8 (``blind_2026-12_results.json``): mean TPOT FLASHMLA_SPARSE
-minus FLASH_ATTN_MLA_SPARSE over 78 layers (us), beside ``flashmla_vllm_pad64`` (``pad64``) and
-``flashmla_vllm_native`` (``native``) minus ``fa3_sparse`` at T = concurrency (``engine_kernels.csv``, vLLM 0.33.0's
-kernels, median over rows), each interpolated linearly in keys between 1088 and 2048 at the run's mean
-``min(context, index_topk)``. Which row matches was seen after reading: any agreement is in-sample.
-``june_path_us``: vLLM 0.24.0's FLASHMLA_SPARSE decode path (June 2026: concat, ``new_empty`` pad to 64 heads,
-its bundled FlashMLA, slice; ``flashmla_vllm_path_june``) minus ``fa3_sparse`` with ``num_splits`` 0 (vLLM's call
-passes none), both from ``engine_kernels_june.csv`` (the same 5 fresh processes; median of per-process medians).
+"""PR #46189's FA3-vs-FLASHMLA_SPARSE decode gap per layer beside the H200 kernel rows (issue 37; nothing fitted;
+which row matches was seen after reading: any agreement is in-sample). Per GLM-5.1 run at concurrency 1 and 8
+(``blind_2026-12_results.json``): mean TPOT FLASHMLA_SPARSE minus FLASH_ATTN_MLA_SPARSE over 78 layers (us), beside
+``flashmla_vllm_pad64`` / ``flashmla_vllm_native`` minus ``fa3_sparse`` at T = concurrency (``engine_kernels.csv``,
+vLLM 0.33.0's kernels) and ``june_path_us``: vLLM 0.24.0's decode path (``flashmla_vllm_path_june``: concat,
+``new_empty`` pad to 64 heads, its FlashMLA, slice) minus ``fa3_sparse`` at ``num_splits`` 0 (vLLM passes none;
+``engine_kernels_june.csv``), interpolated linearly in keys between 1088 and 2048.
 
     python -m mla_lab.validation.decode_gap
 """
@@ -43,8 +41,7 @@ def _kernel_table(path=KERNEL_ROWS) -> dict:
 
 
 def _june_table(path=JUNE_ROWS) -> dict:
-    """(kernel, T, keys) -> us of the June build's H = 8 decode rows (``flashmla_vllm_path_june``, ``fa3_sparse`` at
-    ``num_splits`` 0): the median over processes of each process's median."""
+    """(kernel, T, keys) -> us of the June build's H = 8 decode rows: median over processes of their medians."""
     acc = defaultdict(lambda: defaultdict(list))
     with open(path) as f:
         for r in csv.DictReader(f):
@@ -68,8 +65,8 @@ def _mean_keys(i: int, o: int) -> float:
 
 
 def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> list[dict]:
-    """One row per PR #46189 workload at concurrency 1 and 8: ``real_us_per_layer`` and the kernel differences
-    ``pad64_us`` / ``native_us`` / ``june_path_us`` (us per layer; module docstring), ``mean_keys``."""
+    """Per PR #46189 workload at concurrency 1 and 8: ``real_us_per_layer``, ``pad64_us`` / ``native_us`` /
+    ``june_path_us`` (us per layer), ``mean_keys``."""
     results = results or json.loads(RESULTS.read_text())
     table = table or _kernel_table()
     june = _june_table()

@@ -2,7 +2,7 @@
 memory`` (:func:`mla_lab.model.memory.memory_tradeoff`), predicted before the logs' numbers were read, then scored
 (:data:`PROTOCOL`; files ``data/validation/kv_capacity_2026-12*.json``).
 
-    python -m mla_lab.validation.kv_capacity {predict,score} [--overwrite]
+    python -m mla_lab.validation.kv_capacity {predict,score} [--round STEM] [--overwrite]
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import statistics
 import sys
 
@@ -21,10 +22,17 @@ from ..provenance import git_commit
 from . import DIR as _DIR
 from . import write_record
 
-WORKLOADS = _DIR / "kv_capacity_2026-12_workloads.json"
-PRED = _DIR / "kv_capacity_2026-12.json"
-RESULTS = _DIR / "kv_capacity_2026-12_results.json"
-SCORE = _DIR / "kv_capacity_2026-12_score.json"
+ROUND = "kv_capacity_2026-12"
+
+
+def round_paths(stem: str = ROUND) -> tuple:
+    """The committed files of the round named ``stem`` (``data/validation/<stem>*.json``): workloads, predictions,
+    results, score."""
+    return (_DIR / f"{stem}_workloads.json", _DIR / f"{stem}.json", _DIR / f"{stem}_results.json",
+            _DIR / f"{stem}_score.json")
+
+
+WORKLOADS, PRED, RESULTS, SCORE = round_paths()
 GIB = 2**30
 PROTOCOL = ("Each case's configuration was recorded first (kv_capacity_2026-12_workloads.json, its own commit). "
             "These predictions are computed from it by mla_lab.model.memory.memory_tradeoff at the code commit "
@@ -45,9 +53,8 @@ def _value(case: dict, key: str):
 
 
 def deployment_of(case: dict) -> tuple[Deployment, dict]:
-    """The case as a :class:`~mla_lab.deployment.Deployment` and the rule arguments of
-    :func:`~mla_lab.model.memory.memory_tradeoff` (``vllm_version``, ``max_model_len``, ``mtp_layers``); the workload
-    (one 1024-token prompt) does not enter the KV capacity."""
+    """The case as a Deployment (one 1024-token prompt: the workload is not in the KV capacity) and
+    ``memory_tradeoff``'s rule arguments."""
     ep = bool(_value(case, "enable_expert_parallel"))
     kv = "fp8" if "fp8" in str(case["stated"]["kv_cache_dtype"]) else "bf16"
     mns = case["stated"].get("max_num_seqs", 256)
@@ -62,9 +69,9 @@ def deployment_of(case: dict) -> tuple[Deployment, dict]:
     return d, rule
 
 
-def predict(workloads: dict) -> dict:
-    """The prediction record of every case: ``gpu_kv_cache_tokens`` (vLLM's ``GPU KV cache size``) and
-    ``available_kv_gib`` (``Available KV cache memory``), with the deployment, rule arguments and every term."""
+def predict(workloads: dict, stem: str = ROUND) -> dict:
+    """Per case: ``gpu_kv_cache_tokens`` (vLLM's ``GPU KV cache size``), ``available_kv_gib`` (``Available KV cache
+    memory``), the deployment, rule arguments and every term; ``stem`` names the round's files."""
     out = []
     for case in workloads["cases"]:
         d, rule = deployment_of(case)
@@ -74,21 +81,21 @@ def predict(workloads: dict) -> dict:
                                   "available_kv_gib": round(kv["available_bytes"] / GIB, 2)},
                     "terms": kv["terms"]})
     return {"what": "the lab's KV-capacity predictions for public vLLM startup logs (issue 37)",
-            "protocol": PROTOCOL, "produced_by": "python -m mla_lab.validation.kv_capacity predict",
+            "protocol": PROTOCOL.replace(f"{ROUND}_", f"{stem}_"),
+            "produced_by": f"python -m mla_lab.validation.kv_capacity predict --round {stem}",
             "model_commit": git_commit(), "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-            "workloads": str(WORKLOADS.relative_to(REPO_ROOT)), "cases": out}
+            "workloads": str(round_paths(stem)[0].relative_to(REPO_ROOT)), "cases": out}
 
 
 def predicted_figures(case: dict) -> dict:
-    """A prediction record's figures a log can state: ``gpu_kv_cache_tokens``, ``available_kv_gib`` and
-    ``weights_gib`` (the weights and MTP-layer terms, GiB)."""
+    """The figures a log can state: the predicted two and ``weights_gib`` (weights + MTP layer)."""
     t = {x["term"]: x["value"] for x in case["terms"]}
     return {**case["predicted"], "weights_gib": round((t["weights"] + t["MTP layer weights"]) / GIB, 2)}
 
 
-def score(pred: dict, results: dict) -> dict:
-    """``error_pct = (predicted - real) / real x 100`` per case and figure the log states; ``median_abs_error_pct``
-    over the blind cases, per figure (not-blind cases are listed with ``blind: false`` and left out of it)."""
+def score(pred: dict, results: dict, stem: str = ROUND) -> dict:
+    """``error_pct = (predicted - real) / real x 100`` per case and figure; ``median_abs_error_pct`` per figure over
+    the blind cases (not-blind cases listed with ``blind: false``)."""
     real = {r["id"]: r for r in results["cases"]}
     rows = []
     for p in pred["cases"]:
@@ -108,7 +115,8 @@ def score(pred: dict, results: dict) -> dict:
                                                                                 "available_kv_gib", "weights_gib"))]
     return {"what": "KV-capacity predictions scored against the logs (issue 37); target |error| <= 5 %",
             "not_scored": {i: real[i].get("note", "") for i in unread},
-            "predictions": str(PRED.relative_to(REPO_ROOT)), "results": str(RESULTS.relative_to(REPO_ROOT)),
+            "predictions": str(round_paths(stem)[1].relative_to(REPO_ROOT)),
+            "results": str(round_paths(stem)[2].relative_to(REPO_ROOT)),
             "rows": rows, "summary": summary}
 
 
@@ -116,13 +124,18 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.kv_capacity")
     ap.add_argument("step", choices=["predict", "score"], help="predict: write the prediction file; score: the errors")
     ap.add_argument("--overwrite", action="store_true", help="replace a committed file")
+    ap.add_argument("--round", default=ROUND, help=f"the round's file stem in data/validation (default {ROUND})")
     a = ap.parse_args(argv)
+    workloads, pred, results, score_path = round_paths(a.round)
+    if not re.fullmatch(r"kv_capacity_[\w.-]+", a.round) or not workloads.exists():
+        ap.error(f"--round={a.round!r}: allowed: a stem 'kv_capacity_...' whose <stem>_workloads.json is in {_DIR}")
     if a.step == "predict":
-        write_record(PRED, predict(json.loads(WORKLOADS.read_text())), a.overwrite, ap)
+        write_record(pred, predict(json.loads(workloads.read_text()), a.round), a.overwrite, ap)
     else:
-        if not RESULTS.exists():
-            ap.error(f"{RESULTS} is missing: commit the logs' numbers first")
-        write_record(SCORE, score(json.loads(PRED.read_text()), json.loads(RESULTS.read_text())), a.overwrite, ap)
+        if not results.exists():
+            ap.error(f"{results} is missing: commit the logs' numbers first")
+        write_record(score_path, score(json.loads(pred.read_text()), json.loads(results.read_text()), a.round),
+                     a.overwrite, ap)
     return 0
 
 

@@ -1,10 +1,7 @@
-"""vLLM PR #53878's "main" run scored and its gap decomposed (issue 30); the first token explained (issue 37).
-
-The run (:data:`REAL`, the PR's description) against the lab's prediction committed before it was read
-(``data/validation/pr53878_main_prediction.json``). ``python -m mla_lab.validation.main_run --write`` writes
-``data/validation/pr53878_main_decomposition.json``: the score, the (TTFT_last, TPOT) pairs consistent with the
-run (``duration ~ TTFT_last + 127 x TPOT``), each candidate component with its status and the seconds it would
-close, and the revised run (made after reading: in-sample, not a prediction).
+"""vLLM PR #53878's "main" run (:data:`REAL`) scored against the prediction committed before it was read, its gap
+decomposed (issue 30) and the first token explained (issue 37). ``--write``: ``pr53878_main_decomposition.json``
+(the score, the (TTFT_last, TPOT) pairs with ``duration ~ TTFT_last + 127 x TPOT``, each candidate with its status
+and the seconds it would close, the revised run: in-sample, not a prediction).
 """
 
 from __future__ import annotations
@@ -15,14 +12,14 @@ import math
 import sys
 from dataclasses import replace
 
-from ..deployment import Deployment
 from ..model.calibration import resolve_calibration
 from ..model.decode_calibration import load_decode_calibration
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms
 from ..paths import REPO_ROOT
 from ..provenance import git_commit
-from ..serving import PR_BENCH, CostModelPricer, SchedulerConfig, serve_benchmark
+from ..serving import PR_BENCH, CostModelPricer, serve_benchmark
+from ..serving.benchmark import async_scheduler, pr_deployment
 from ..serving.noise import NoiseConfig, simulate_once
 from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
@@ -32,21 +29,13 @@ OUT, PREDICTION_FILE = PR53878_DECOMPOSITION, PR53878_PREDICTION
 REAL = {"duration": 9.92, "request_throughput": 3.23, "output_throughput": 413.04,
         "source": "vLLM PR #53878 description, 'main' run (vLLM main before the PR, GLM-5.2-FP8 TP8 EP, "
                   "vllm bench serve 32 x 1024 / 128, concurrency 32, rate inf)"}
-MODEL, TP, ARCH, BEFORE = "glm-5.2", 8, "h200", "per_call_empty:zeros"
+BEFORE = "per_call_empty:zeros"
 BATCH, CTX, STEPS = 32, 1024 + 64, 127  # the mid-run decode step: 32 requests, 1088-key context, 127 steps after TTFT
-MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, BLOCK_SIZE = 16384, 256, 64
-
-
-def _deployment() -> Deployment:
-    """The run's deployment: :meth:`Deployment.seed` (fp8 weights, EP, bf16 KV, PR_BENCH's workload) on GLM-5.2."""
-    return Deployment.seed(model=MODEL, tp=TP, arch=ARCH, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                           max_num_seqs=MAX_NUM_SEQS)
 
 
 def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
-    """The lab's decode step of the run (32 tokens, 1088-key contexts) on one rank: ``total_ms`` and ``by_op`` (ms
-    over the 78 layers), :meth:`mla_lab.serving.CostModelPricer.price`."""
-    p = CostModelPricer(_deployment().rank, strategy)
+    """The run's decode step (32 tokens, 1088-key contexts) on one rank, ms over the 78 layers."""
+    p = CostModelPricer(pr_deployment().rank, strategy)
     dec = tuple(DecodeToken(i, CTX) for i in range(BATCH))
     st = Step(decode=dec, cudagraph_mode="FULL", cudagraph_num_tokens=BATCH) if graph else Step(decode=dec)
     r = p.price(st)
@@ -55,12 +44,11 @@ def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
 
 
 def _revised() -> dict:
-    dep = _deployment()
-    cap = serve_benchmark(dep, [BEFORE], PR_BENCH, block_size=BLOCK_SIZE)["strategies"][BEFORE]["kv_capacity_tokens"]
+    dep = pr_deployment()
+    cap = serve_benchmark(dep, [BEFORE], PR_BENCH, block_size=64)["strategies"][BEFORE]["kv_capacity_tokens"]
     pred = json.loads(PREDICTION_FILE.read_text())
     noise = NoiseConfig.from_record(pred["noise"])
-    sched = SchedulerConfig(MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, cap, BLOCK_SIZE, async_scheduling=True)
-    m = simulate_once(replace(PR_BENCH, seed=12345), sched, CostModelPricer(dep.rank, BEFORE),
+    m = simulate_once(replace(PR_BENCH, seed=12345), async_scheduler(dep, cap), CostModelPricer(dep.rank, BEFORE),
                       noise.without_noise()).metrics
     return {k: float(m[k]) for k in ("duration", "request_throughput", "output_throughput", "mean_ttft_ms",
                                      "p99_ttft_ms", "mean_tpot_ms")}
@@ -112,8 +100,8 @@ def decompose() -> dict:
 
 
 def _cross_check() -> dict:
-    """A cross-check, not a fit: vLLM PR #46189's GLM-5.1 TP8 FLASHMLA_SPARSE mean TPOT (512 / 512) at concurrency 8
-    and 64, log-linear in the batch to 32, and the last request's TTFT the PR's 9.92 s then implies."""
+    """A cross-check, not a fit: PR #46189's GLM-5.1 TP8 FLASHMLA_SPARSE mean TPOT (512 / 512) at concurrency 8 and
+    64, log-linear to 32, and the last request's TTFT the PR's 9.92 s then implies."""
     res = json.loads(BLIND_RESULTS.read_text())
     case = next(c for c in res["cases"] if c["id"] == "pr46189")
     tp = {r["workload"]["max_concurrency"]: r["metrics"]["mean_tpot_ms"] for r in case["runs"]
@@ -150,8 +138,8 @@ _MEASURED_ROWS = {
 
 
 def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
-    """Per component of :data:`_MEASURED_ROWS`: call 1's host wall time over its process's steady median (ms; median,
-    min, max over processes) and the reserved growth (MiB). Raises ValueError: a column or (what, T) row missing."""
+    """Per component of :data:`_MEASURED_ROWS`: call 1's host wall over its process's steady median (ms; median, min,
+    max over processes), the reserved growth (MiB). Raises ValueError: a column or (what, T) row missing."""
     import pandas as pd
 
     df = pd.read_csv(path)
@@ -182,9 +170,7 @@ def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
 
 
 def _with_measured(c: dict, measured: dict) -> dict:
-    """A component of :data:`FIRST_TOKEN_COMPONENTS_FILE` with its H200 measurement where the experiment has one: the
-    status becomes ``measured``, the size on the H200 is attached, the share of this run's gap (``seconds``) stays
-    what the decomposition argues (vLLM warms these up at start-up: the ``source``)."""
+    """Component ``c`` with its H200 measurement where there is one (its share of the gap stays as argued)."""
     key = next((k for k in measured if c["component"].startswith(k) or k in c["component"]), None)
     if key is None:
         return c
@@ -198,9 +184,8 @@ def _with_measured(c: dict, measured: dict) -> dict:
 
 
 def first_token(gap_s: float) -> dict:
-    """The first-token gap (``gap_s``: the implied TTFT of the last request minus the lab's) split over
-    :data:`FIRST_TOKEN_COMPONENTS_FILE`: each component's share, and the share explained by measured or cited
-    components with a stated size (the issue's target: >= 80 %)."""
+    """The first-token gap (``gap_s``, s) over :data:`FIRST_TOKEN_COMPONENTS_FILE`'s components: each one's share,
+    and the share measured or cited components with a size explain (target >= 80 %)."""
     measured, comps = first_token_measured(), json.loads(FIRST_TOKEN_COMPONENTS_FILE.read_text())["components"]
     rows = [{**c, "share_of_gap": None if c["seconds"] is None else c["seconds"] / gap_s}
             for c in (_with_measured(c, measured) for c in comps)]
@@ -217,7 +202,7 @@ def first_token(gap_s: float) -> dict:
 
 def _old_kernel_ms() -> float:
     """The decode kernel of the step under the lab's earlier fit (KernelDecode, h200_decode.csv), 78 layers."""
-    rank = _deployment().rank  # the run's rank: GLM-5.2-FP8 TP8, experts ep, bf16 KV
+    rank = pr_deployment().rank  # the run's rank: GLM-5.2-FP8 TP8, experts ep, bf16 KV
     model, arch, dcal = rank.model, rank.arch, load_decode_calibration()
     gcal = dcal.graph_calibration(resolve_calibration(None))
     ws = WorkStep([(i, CTX - 1, 1) for i in range(BATCH)])

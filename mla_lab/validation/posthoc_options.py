@@ -29,8 +29,7 @@ WITHOUT_MAX_REQUEST_STEPS = 1_500_000
 
 
 def options_of(case: dict) -> dict:
-    """The :meth:`Deployment.of` options a round-two case states (``{}``: none): ``num_speculative_tokens``,
-    ``acceptance_length``, ``dp_attention``. Raises ValueError: ``speculative_eagle_topk`` other than 1."""
+    """The Deployment options a round-two case states. Raises ValueError: ``speculative_eagle_topk`` not 1."""
     out: dict = {}
     spec = case.get("speculative")
     if spec:
@@ -65,9 +64,8 @@ def _real(results: dict) -> dict:
 
 
 def posthoc_options(only: str | None = None, log=print) -> dict:
-    """Every round-two case with a speculative config or DP attention, re-run deterministically with and without
-    its options (module docstring); rows per (case, workload, metric) with the three errors, and the median
-    |error| per metric class over the rows that have all three."""
+    """Every round-two case with MTP or DP attention re-run with and without its options: rows per (case, workload,
+    metric) with the three errors, and :func:`summarise`."""
     blind, real = _blind_errors(), _real(json.loads(RESULTS_B.read_text()))
     rows, runs = [], []
     for case in cases_of("2026-12b"):
@@ -118,8 +116,8 @@ def _med(xs: list) -> float | None:
 
 
 def summarise(rows: list[dict]) -> dict:
-    """Median |error| (%) per metric class and over all rows: with the options, without them, and blind, over the
-    rows that have all three (``n``); and with the options over every row (``n_all``)."""
+    """Median |error| (%) per metric class and over all: with the options, without, blind, over the rows with all
+    three (``n``); with the options over every row (``n_all``)."""
     out = {}
     classes = sorted({r["class"] for r in rows}) + ["all"]
     for cl in classes:
@@ -133,8 +131,7 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def posthoc_sentence(doc: dict) -> str:
-    """One line for docs/serving.md from the committed file's summary (the median |error| per metric class with the
-    options, without them and blind, over the cells that have all three)."""
+    """One line for docs/serving.md from the committed file's summary."""
     sm = doc["summary"]
     parts = []
     for cl in ("TTFT", "TPOT", "throughput"):

@@ -35,8 +35,8 @@ def _key(w: dict) -> tuple:
 
 
 def repeat_spreads(results: dict, lab_noise: dict | None = None) -> list[dict]:
-    """Per published set of repeated runs and metric: the values, their spread ``(max - min) / median`` (%) and the
-    largest pairwise change between two of them (%), beside the lab's A vs A' 95 % band for the same metric."""
+    """Per published set of repeated runs and metric: the values, ``(max - min) / median`` and the largest change
+    between two (%), beside the lab's A vs A' 95 % band."""
     lab = (lab_noise or json.loads(LAB_NOISE.read_text()))["change_distribution"]
     out = []
     for rep in results.get("repeats", []):
@@ -53,7 +53,7 @@ def repeat_spreads(results: dict, lab_noise: dict | None = None) -> list[dict]:
 
 
 def _pair_runs(rc: dict, pruns: dict, rows: list, not_predicted: list) -> set:
-    """Append one row per published figure of case ``rc`` that has a prediction; returns the workloads seen."""
+    """Rows of case ``rc``'s published figures that have a prediction; the workloads seen."""
     seen = set()
     for rr in rc.get("runs", []):
         k = _key(rr["workload"])
@@ -134,8 +134,8 @@ def score(pred: dict, results: dict) -> dict:
 
 
 def round_medians(rows: list[dict]) -> dict:
-    """Median |error| (%) per :data:`GROUPS` entry over the comparable ``rows`` of :func:`score`: per run (case,
-    workload, backend), each metric tuple contributes its first metric the run states."""
+    """Median |error| (%) per :data:`GROUPS` entry over the comparable ``rows``: per run, each tuple's first metric
+    the run states."""
     by_run: dict = {}
     for r in rows:
         if r["comparable"]:
@@ -155,8 +155,7 @@ def round_medians(rows: list[dict]) -> dict:
 
 
 def score_round_two(pred: dict, results: dict, round_one: dict) -> dict:
-    """Round two scored as :func:`score` does round one, with the medians (:func:`round_medians`) of round one
-    (``round_one``: its committed score), round two and both together."""
+    """Round two scored as :func:`score`, with :func:`round_medians` of round one (its committed score), two, both."""
     s = score(pred, results)
     m1, m2 = round_medians(round_one["rows"]), round_medians(s["rows"])
     both = round_medians(round_one["rows"] + s["rows"])

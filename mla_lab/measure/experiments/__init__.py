@@ -4,7 +4,8 @@
 An experiment is a module with ``OUTPUTS`` (file -> row columns, before the provenance columns), ``SHAPES`` (what it
 measures at its defaults) and ``run(rank, sink, options)``: a :class:`~mla_lab.rank.RankView` (the seed unless
 ``--model/--tp/--arch``; ``--smoke``: :data:`SMOKE_TOKENS` tokens), a :class:`~mla_lab.measure.sink.Sink`, an
-:class:`Options`. ``mla-lab measure`` (:mod:`.runner`) runs each as ``python -m mla_lab.measure.experiments NAME``,
+:class:`Options`; optionally ``check(rank, options)`` (refusals, ValueError, before anything runs; default: a CUDA
+GPU). ``mla-lab measure`` (:mod:`.runner`) runs each as ``python -m mla_lab.measure.experiments NAME``,
 a between-process one once per fresh process (``--processes``, default 5), into ``data/measured/<gpu>/``. Modules are
 imported only when asked (``mla-lab --help`` loads no torch).
 """

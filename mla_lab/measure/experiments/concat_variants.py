@@ -150,7 +150,7 @@ def _memcpy2d(dst, src, H):
 
 
 def _hinted(t, ld, st):
-    kernel, grid, args, cx, nw = _plan(t.a, t.b, t.out, False, "v2", None, None, False, None, None, None)
+    kernel, grid, args, cx, nw = _plan(t.a, t.b, t.out, False, "v2", {})
     cx = {**cx, "LOAD_EVICT": ld, "STORE_CACHE": st}
     return lambda: kernel[grid](*args, **cx, num_warps=nw)
 

@@ -40,7 +40,7 @@ LAYER_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", 
 OPS_COLS = ["experiment", "model", "tp", "ep", "H", "Hp", "batch", "context", "op", "strategy", "content",
             "c_dependent", "repeat", "inner", "ms", "status"]
 OUTPUTS = {"decode_layer.csv": LAYER_COLS, "decode_attn.csv": LAYER_COLS, "decode_ops.csv": OPS_COLS}
-#: The models measured (parameter ``models``), each at the rank's TP and GPU.
+#: The models measured, each at the rank's TP and GPU.
 MODELS = ("glm-5", "deepseek-v3.2")
 #: (B, c) of a full run per model; the mixed steps (P prefill tokens + 32 decode tokens at c 4096) follow them.
 SHAPES = [(B, c) for B in (1, 4, 16, 64, 128, 256) for c in (1024, 4096, 8192)]
@@ -348,23 +348,16 @@ def _config(D: DecodeLayer, S: Step, base: dict) -> dict:
             "concat_impl": D.k.concat_impl, "kernel_impl": D.k.kernel_impl}
 
 
-def _settings(options) -> dict:
-    """The ``--param`` settings (smoke: :data:`SMOKE_SHAPES` / :data:`SMOKE_MIXED`, 2 repeats)."""
-    smoke = options.smoke
-    batches = options.param("batches", tuple(sorted({B for B, _ in SHAPES})))
-    contexts = options.param("contexts", tuple(sorted({c for _, c in SHAPES})))
-    return {"shapes": SMOKE_SHAPES if smoke else [(B, c) for B in batches for c in contexts],
-            "mixed": SMOKE_MIXED if smoke else options.param("mixed_prefill", MIXED),
-            "mixed_decode": 4 if smoke else options.param("mixed_decode", 32),
-            "mixed_context": 128 if smoke else options.param("mixed_context", 4096),
-            "repeats": 2 if smoke else options.param("repeats", 5), "window_ms": options.param("window_ms", 15.0),
-            "op_inner": options.param("op_inner", 10), "op_repeats": 2 if smoke else options.param("op_repeats", 5),
-            "ops": options.param("ops", True)}
+def _settings(smoke: bool) -> dict:
+    """Shapes, mixed steps, repeats, window (ms), op graph size (smoke: :data:`SMOKE_SHAPES` / :data:`SMOKE_MIXED`)."""
+    return {"shapes": SMOKE_SHAPES if smoke else SHAPES, "mixed": SMOKE_MIXED if smoke else MIXED,
+            "mixed_decode": 4 if smoke else 32, "mixed_context": 128 if smoke else 4096, "repeats": 2 if smoke else 5,
+            "window_ms": 15.0, "op_inner": 10, "op_repeats": 2 if smoke else 5}
 
 
 def plan(rank, options) -> list[dict]:
     """One entry per decode shape and mixed step (per model)."""
-    s = _settings(options)
+    s = _settings(options.smoke)
     return ([{"what": "decode", "batch": B, "context": c} for B, c in s["shapes"]]
             + [{"what": "mixed", "prefill_tokens": P, "batch": s["mixed_decode"], "context": s["mixed_context"]}
                for P in s["mixed"]])
@@ -385,7 +378,7 @@ def measure_rank(ctx, rank) -> None:
         S = Step(D, B, c, P=P)
         cfg = _config(D, S, base)
         time_step(ctx, S, {**cfg, "notes": _MIXED_NOTE} if mixed else cfg, mixed=mixed)
-        if ctx.ops and not mixed:
+        if not mixed:
             time_ops(ctx, S, base, done)
         log(f"{rank.model.name} {f'mixed P={P}+{B}x{c}' if mixed else f'B={B} c={c}'}: done")
         del S
@@ -395,9 +388,9 @@ def measure_rank(ctx, rank) -> None:
 def run(rank, sink, options) -> None:
     """:func:`measure_rank` per ``models`` (smoke: the rank's). Raises RuntimeError: the decode logits kernel wrong."""
     check_decode_logits()
-    ranks = [rank] if options.smoke else ranks_of(rank, options.param("models", MODELS))
+    ranks = [rank] if options.smoke else ranks_of(rank, MODELS)
     with NvmlSampler(0.02) as sampler:
-        ctx = SimpleNamespace(sink=sink, sampler=sampler, **_settings(options))
+        ctx = SimpleNamespace(sink=sink, sampler=sampler, **_settings(options.smoke))
         for r in ranks:
             measure_rank(ctx, r)
             torch.cuda.empty_cache()

@@ -1,5 +1,5 @@
 """Round 2, engines: FlashMLA's sparse kernel (:class:`mla_lab.kernels.device.Kernels`, head_size 576, d_v 512,
-bf16, sm_scale 576**-0.5) on the rank's padded heads H'. Parameter ``parts`` (``nan,presets,content``), one file each:
+bf16, sm_scale 576**-0.5) on the rank's padded heads H'. Three parts (:data:`PARTS`), one file each:
 
 1. ``content.csv``: the kernel alone, padded heads zeros vs stale (N(0, 1)), H = the rank's heads x 1, 2, 4, T = the
    step / 4 / 16, patterns ``causal_1024``, ``causal_<T/2>`` (:func:`~.engine_presets.causal_indices`) and
@@ -196,27 +196,20 @@ def part_nan(ctx, rank) -> None:
 
 
 PARTS = {"nan": part_nan, "presets": part_presets, "content": part_content}
-#: The parts run once per model (parameter ``models``); the content factor sweeps H on the rank's padding.
+#: The parts run once per model (GLM-5, DeepSeek-V3.2); the content factor sweeps H on the rank's padding.
 PER_MODEL = ("nan", "presets")
 
 
 def run(rank, sink, options) -> None:
-    """Parameters ``parts``, ``models``, ``repeats`` (5), ``preset_repeats`` (7), ``window_ms`` (120),
-    ``preset_window_ms`` (50), ``min_calls`` / ``max_calls`` (5 / 300). Raises ValueError on an unknown part."""
-    parts = options.param("parts", tuple(PARTS))
-    if set(parts) - set(PARTS):
-        raise ValueError(f"--param parts={','.join(parts)}; allowed: {', '.join(PARTS)}")
+    """Every part of :data:`PARTS` in order; parameters ``repeats`` (5), ``window_ms`` (120)."""
     smoke = options.smoke
     with NvmlSampler(0.02) as sampler:
-        ctx = SimpleNamespace(
-            sink=sink, k=Kernels("cuda"), sampler=sampler, smoke=smoke,
-            repeats=2 if smoke else options.param("repeats", 5),
-            preset_repeats=2 if smoke else options.param("preset_repeats", 7),
-            window_ms=5.0 if smoke else options.param("window_ms", 120.0),
-            preset_window_ms=5.0 if smoke else options.param("preset_window_ms", 50.0),
-            min_calls=options.param("min_calls", 5), max_calls=options.param("max_calls", 300))
-        ranks = [rank] if smoke else ranks_of(rank, options.param("models", ("glm-5", "deepseek-v3.2")))
-        for part in parts:
+        ctx = SimpleNamespace(sink=sink, k=Kernels("cuda"), sampler=sampler, smoke=smoke, min_calls=5, max_calls=300,
+                              repeats=2 if smoke else options.param("repeats", 5), preset_repeats=2 if smoke else 7,
+                              window_ms=5.0 if smoke else options.param("window_ms", 120.0),
+                              preset_window_ms=5.0 if smoke else 50.0)
+        ranks = [rank] if smoke else ranks_of(rank, ("glm-5", "deepseek-v3.2"))
+        for part, fn in PARTS.items():
             for r in ranks if part in PER_MODEL else [rank]:
-                PARTS[part](ctx, r)
+                fn(ctx, r)
             log(f"engines: {part} done")

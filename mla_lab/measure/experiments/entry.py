@@ -56,10 +56,19 @@ def rank_of(model: str | None = None, tp: int | None = None, arch: str | None = 
     return Deployment.seed(**changes).rank
 
 
+def needs_cuda(rank, options) -> None:
+    """An experiment's ``check`` unless it has its own: a CUDA GPU. Raises ValueError (one line) without one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("this experiment needs a CUDA GPU (torch.cuda.is_available() is False)")
+
+
 def main(argv=None) -> int:
     """``python -m mla_lab.measure.experiments NAME --out DIR [--process K] [--smoke] [--param k=v] ...``: one
-    fresh process of one experiment. Exit 2 (one line on stderr) on a bad argument or without CUDA; 1 when the
-    experiment raised (the rows written before stay); 0 otherwise."""
+    fresh process of one experiment. Exit 2 (one line on stderr) on a bad argument or when the experiment's
+    ``check(rank, options)`` (default :func:`needs_cuda`) refuses; 1 when the experiment raised (the rows written
+    before stay); 0 otherwise."""
     a = _parser().parse_args(argv)
     try:
         if a.name not in EXPERIMENTS or EXPERIMENTS[a.name].argv:
@@ -67,10 +76,12 @@ def main(argv=None) -> int:
         if a.out is None and not a.dry_run:
             raise ValueError("--out: missing; allowed: a folder for the rows (a run needs one)")
         options, rank = _options(a), rank_of(a.model, a.tp, a.arch, a.smoke)
+        mod = EXPERIMENTS[a.name].module_obj()
+        if not a.dry_run:
+            getattr(mod, "check", needs_cuda)(rank, options)
     except ValueError as err:
         print(err, file=sys.stderr)
         return 2
-    mod = EXPERIMENTS[a.name].module_obj()
     if a.dry_run:
         plan = mod.plan(rank, options) if hasattr(mod, "plan") else []
         print(json.dumps({"outputs": mod.OUTPUTS, "shapes": mod.SHAPES, "plan": plan}, default=str))
@@ -79,11 +90,6 @@ def main(argv=None) -> int:
 
 
 def _run(mod, rank, options: Options, between_process: bool) -> int:
-    import torch
-
-    if not torch.cuda.is_available():
-        print("this experiment needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
-        return 2
     stale_fill_on_gpu()
     sink = Sink(options.out, mod.OUTPUTS, options.process if between_process else None)
     t0 = time.perf_counter()

@@ -1,16 +1,16 @@
 """Calibrate and validate the per-rank layer model (:mod:`mla_lab.model`): the layer :mod:`mla_lab.measure.layer`,
-loops :mod:`~mla_lab.measure.layer_runs`, extras :mod:`~mla_lab.measure.layer_experiments`, fit
+loops and extras :mod:`~mla_lab.measure.layer_runs`, fit
 :mod:`~mla_lab.measure.validate`; :func:`mla_lab.measure.timer.median_ms`, random bf16 weights scaled 1/sqrt(K).
 
 1. ``layer_ops.csv``: every op of :func:`mla_lab.model.ops.layer_ops` at its per-rank shape per model x TP x T (MoE
    also under ep = tp), fp8 GEMMs at the first model's shapes.
-2. ``layer_e2e.csv``: the layer end to end per strategy (``strategies``, default ``per_call_zeros,
-   private_workspace``), modes ``eager``, ``graph`` (T <= 4096), ``paired`` (``pairs`` N); no communication.
+2. ``layer_e2e.csv``: the layer end to end per strategy (:data:`mla_lab.measure.layer.LAYER_STRATEGIES`:
+   ``per_call_zeros``, ``private_workspace``), modes ``eager``, ``graph`` (T <= 4096), ``paired`` (``pairs`` N); no communication.
 3. ``layer_extras.csv``: kernel checks, ceilings, the W_UV slice, peak memory, causal ``topk_length``, padded heads.
 4. ``h200_ops.csv`` and ``layer_validation.csv``: :func:`mla_lab.measure.validate.fit_and_validate`.
 
-Parameters also ``models``, ``tps``, ``tokens``, ``budget_s`` (400), ``warmup_ms``, ``rep_ms``, ``skip_e2e``,
-``flash_mla``, ``workspace_content`` (``zeros``).
+Parameters also ``budget_s`` (400 s; smoke 60). Grid: GLM-5 and DeepSeek-V3.2 at TP 8, 4, 2, 1, T 1024, 4096, 16384
+(smoke: the rank's model and TP, T 1024); do_bench budgets and workspace content: :class:`MeasureSettings`'s.
 """
 
 from __future__ import annotations
@@ -21,15 +21,8 @@ import traceback
 
 import torch
 
-from mla_lab.measure.layer import (
-    LAYER_STRATEGIES,
-    MeasureSettings,
-    layer_strategies,
-    run_kernel_checks,
-    select_implementations,
-)
-from mla_lab.measure.layer_experiments import fp8_gemm_rows, run_extras
-from mla_lab.measure.layer_runs import LAYER_OUTPUTS, OPS_CSV, run_layer_benchmark
+from mla_lab.measure.layer import MeasureSettings, run_kernel_checks, select_implementations
+from mla_lab.measure.layer_runs import LAYER_OUTPUTS, OPS_CSV, fp8_gemm_rows, run_extras, run_layer_benchmark
 from mla_lab.measure.sink import log
 from mla_lab.measure.validate import VALIDATION_COLUMNS, fit_and_validate
 
@@ -40,32 +33,21 @@ OUTPUTS = {**LAYER_OUTPUTS, "layer_validation.csv": VALIDATION_COLUMNS}
 SHAPES = [(m, tp, T) for m in ("glm-5", "deepseek-v3.2") for tp in (1, 2, 4, 8) for T in (1024, 4096, 16384)]
 
 
-def _settings(options) -> MeasureSettings:
-    return MeasureSettings(device="cuda", dtype=torch.bfloat16, warmup_ms=options.param("warmup_ms", 20.0),
-                           rep_ms=options.param("rep_ms", 60.0),
-                           deadline=time.time() + options.param("budget_s", 60.0 if options.smoke else 400.0),
-                           content=options.param("workspace_content", "zeros"))
-
-
-def _grid(rank, options) -> tuple[list, list, list]:
+def _grid(rank, smoke: bool) -> tuple[list, list, list]:
     """(models as (name, config), TP sizes, token counts): the defaults, or the rank's model, TP and 1024 tokens
     under smoke."""
-    smoke = options.smoke
-    names = options.param("models", (rank.model.name,) if smoke else ("glm-5", "deepseek-v3.2"))
+    names = (rank.model.name,) if smoke else ("glm-5", "deepseek-v3.2")
     models = [(r.model.name, r.model) for r in ranks_of(rank, names)]
-    tps = list(options.param("tps", (rank.tp,) if smoke else (8, 4, 2, 1)))
-    tokens = list(options.param("tokens", (1024,) if smoke else (1024, 4096, 16384)))
-    return models, tps, tokens
+    return models, [rank.tp] if smoke else [8, 4, 2, 1], [1024] if smoke else [1024, 4096, 16384]
 
 
 def run(rank, sink, options) -> None:
-    settings = _settings(options)
-    strategies = layer_strategies(options.param("strategies", tuple(s.name for s in LAYER_STRATEGIES)))
-    implementations = select_implementations(settings, use_flash_mla=options.param("flash_mla", True),
-                                             flash_mla_version=sink.prov["flash_mla"], log=log)
+    settings = MeasureSettings(device="cuda", dtype=torch.bfloat16,
+                               deadline=time.time() + options.param("budget_s", 60.0 if options.smoke else 400.0))
+    implementations = select_implementations(settings, flash_mla_version=sink.prov["flash_mla"], log=log)
     log(f"kernel: {implementations.kernel_detail}; concat: {implementations.concat_detail}")
     settings = dataclasses.replace(settings, disabled_kernels=run_kernel_checks(settings, sink, log))
-    models, tps, tokens = _grid(rank, options)
+    models, tps, tokens = _grid(rank, options.smoke)
     try:
         run_extras(sink, settings, implementations, models, rank.arch, max(tokens), log)
         for row in fp8_gemm_rows(settings, models[0][1], rank.arch, [tokens[0], tokens[-1]]):
@@ -73,7 +55,6 @@ def run(rank, sink, options) -> None:
     except Exception as e:  # noqa: BLE001 - the extras are extra: the layer rows still come
         log(f"extras / fp8 gemms failed: {type(e).__name__}: {e}\n{traceback.format_exc()}")
     run_layer_benchmark(models, tps, tokens, rank.arch, settings, implementations, sink, log,
-                        pairs=options.param("pairs", 0), skip_e2e=options.param("skip_e2e", False),
-                        strategies=strategies)
+                        pairs=options.param("pairs", 0))
     fit_and_validate(options.out, rank.arch, {**sink.prov, "fit_commit": sink.prov["git_commit"]}, dict(models),
                      log=log)
