@@ -110,28 +110,13 @@ def _int(text) -> int:
     return int(str(text).strip().replace("_", ""), 10)
 
 
-def arg_type(name: str):
-    """An argparse ``type=`` for an integer flag bounded by :data:`BOUNDS` ``[name]``."""
-    lo, hi, why = BOUNDS[name]
+def number_type(ok, why: str, not_a_number: str = "is not a number", convert=float):
+    """An argparse ``type=``: ``v = convert(text)`` with ``ok(v)``; else one line ``'<text>' <why>`` (``<not_a_number>``
+    when ``convert`` raises)."""
 
-    def parse(text: str) -> int:
+    def parse(text: str):
         try:
-            v = _int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: {lo}..{hi:,}") from None
-        if not lo <= v <= hi:
-            raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: {lo}..{hi:,} ({why})")
-        return v
-
-    return parse
-
-
-def number_type(ok, why: str, not_a_number: str = "is not a number"):
-    """An argparse ``type=``: a float ``v`` with ``ok(v)``; else one line ``'<text>' <why>`` (``<not_a_number>``)."""
-
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
+            v = convert(text)
         except (TypeError, ValueError):
             raise argparse.ArgumentTypeError(f"{_short(text)} {not_a_number}") from None
         if not ok(v):
@@ -141,22 +126,19 @@ def number_type(ok, why: str, not_a_number: str = "is not a number"):
     return parse
 
 
+def arg_type(name: str):
+    """An argparse ``type=`` for an integer flag bounded by :data:`BOUNDS` ``[name]``."""
+    lo, hi, why = BOUNDS[name]
+    return number_type(lambda v: lo <= v <= hi, f"is out of range; allowed: {lo}..{hi:,} ({why})",
+                       f"is not an integer; allowed: {lo}..{hi:,}", convert=_int)
+
+
 def budget_type(flag: str, integer: bool = False):
     """argparse ``type=`` for a memory budget: a finite number >= 0 (``integer``: a whole number, e.g. KV tokens)."""
-    if not integer:
-        return number_type(lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0 (omit it: no limit)")
-
-    def parse(text: str) -> int:
-        try:
-            v = _int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: a whole number of tokens "
-                                             ">= 0 (omit it: no limit)") from None
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{_short(text)} must be >= 0 tokens (omit it: no limit)")
-        return v
-
-    return parse
+    if integer:
+        return number_type(lambda v: v >= 0, "must be >= 0 tokens (omit it: no limit)", "is not an integer; allowed: "
+                           "a whole number of tokens >= 0 (omit it: no limit)", convert=_int)
+    return number_type(lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0 (omit it: no limit)")
 
 
 #: ``--gpu-memory-utilization``, ``--acceptance-length`` (its upper bound ``num_speculative_tokens + 1`` is the
@@ -444,24 +426,20 @@ def check_deployment(args, workload_in_flight: bool = True) -> tuple:
                         prompt_len=prompt_len, num_prompts=num_prompts, concurrency=conc, output_len=max(output_len, 1),
                         **({} if seqs is None else {"max_num_seqs": seqs}),  # vLLM's rule: there
                         **deployment_options(args))
-    m, a, tp, weight_dtype, moe_parallel = dep.model, dep.arch, dep.tp, dep.weight_dtype, dep.moe_parallel
-    gpu_memory_utilization = dep.gpu_memory_utilization
     if workload_in_flight:
         _check_steps(num_prompts, prompt_len, args.max_num_batched_tokens, "deployment")
     mem = memory_tradeoff(dep, strategies=[BASELINE])
     cap = mem["kv_capacity_tokens"]
-    where = f"{m.name} TP{tp} {a.name} ({weight_dtype} weights, experts {moe_parallel})"
+    where = f"{dep.model.name} TP{dep.tp} {dep.arch.name} ({dep.weight_dtype} weights, experts {dep.moe_parallel})"
     if not cap > 0:
-        ways = ["a larger TP"]
-        if weight_dtype != "fp8":
-            ways.append("fp8 weights")
         total = float(mem.get("total_memory_bytes") or 0)
-        if gpu_memory_utilization < 1 and mem["weights_bytes"] < total:  # more of the GPU can help only then
-            ways.append("a higher --gpu-memory-utilization")
+        ways = ["a larger TP", *(["fp8 weights"] if dep.weight_dtype != "fp8" else []),
+                *(["a higher --gpu-memory-utilization"]  # more of the GPU can help only then
+                  if dep.gpu_memory_utilization < 1 and mem["weights_bytes"] < total else [])]
         raise DoorError(f"this deployment does not fit: {where}: weights "
                         f"({mem['weights_bytes'] / 2**30:.1f} GiB per rank; the GPU has {total / 2**30:.1f} GiB) and "
-                        f"activations leave no KV cache at gpu_memory_utilization {gpu_memory_utilization}; allowed: "
-                        f"a deployment whose weights fit ({', '.join(ways)})")
+                        f"activations leave no KV cache at gpu_memory_utilization {dep.gpu_memory_utilization}; "
+                        f"allowed: a deployment whose weights fit ({', '.join(ways)})")
     need = conc * prompt_len if workload_in_flight else prompt_len + output_len
     if need > cap:
         if workload_in_flight:
@@ -488,12 +466,10 @@ def check_notebook(path: str) -> Path:
     if not isinstance(path, str) or not path.strip():
         raise DoorError(f"--notebook={_short(path)} is empty; {allowed}")
     p = Path(path).expanduser()
-    if not p.exists():
-        raise DoorError(f"--notebook={path!r}: no such file; {allowed}")
-    if not p.is_file():
-        raise DoorError(f"--notebook={path!r} is not a regular file; {allowed}")
-    if p.suffix != ".ipynb":
-        raise DoorError(f"--notebook={path!r} is not a .ipynb file; {allowed}")
+    for bad, what in ((not p.exists(), ": no such file"), (not p.is_file(), " is not a regular file"),
+                      (p.suffix != ".ipynb", " is not a .ipynb file")):
+        if bad:
+            raise DoorError(f"--notebook={path!r}{what}; {allowed}")
     try:
         nb = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

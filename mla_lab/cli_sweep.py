@@ -16,19 +16,10 @@ from pathlib import Path
 from . import cli_doors as doors
 from .cli_doors import CLIError, DoorError, range_help, rel_path
 
-__all__ = ["CLI_PARAMETERS", "DEFAULT_REPORT_NAME", "add_parser", "cmd_sweep", "publish", "plan_outputs"]
+__all__ = ["DEFAULT_REPORT_NAME", "add_parser", "cmd_sweep", "publish", "plan_outputs"]
 
-LAB_EXTRA_HINT = "pip install -e '.[lab]' (papermill, nbconvert, matplotlib, ipykernel)"
-# Injected by the CLI, not sweep parameters (a user passing them gets the unknown-parameter error).
-CLI_PARAMETERS = ("figure_dir", "run_id")
 #: The main report's basename (``make report``): replaced only by a sweep of its grid or with --overwrite.
 DEFAULT_REPORT_NAME = "padding_sweep"
-
-
-def _default_notebook() -> Path:
-    from .paths import notebooks_dir
-
-    return notebooks_dir() / "padding_sweep.ipynb"
 
 
 #: The largest ``-f`` file and ``-p`` value read (bytes): the default grid's YAML is ~0.5 KB, a full one a few KB.
@@ -112,7 +103,8 @@ def _require_lab_extra() -> None:
 
     missing = [m for m in ("papermill", "nbformat", "nbconvert", "matplotlib") if importlib.util.find_spec(m) is None]
     if missing:
-        raise CLIError(f"mla-lab sweep needs the 'lab' extra ({', '.join(missing)} not installed): {LAB_EXTRA_HINT}")
+        raise CLIError(f"mla-lab sweep needs the 'lab' extra ({', '.join(missing)} not installed): pip install -e "
+                       "'.[lab]' (papermill, nbconvert, matplotlib, ipykernel)")
 
 
 def _kernel_manager_logging_to(log_path: Path):
@@ -282,7 +274,7 @@ def plan_outputs(params: dict, report_name: str, report_name_given: bool = False
     if latest.is_file() and not report_name_given:  # (a --report-name given is replaced as asked)
         runs = [m for m in site.list_runs(report_dir) if m.get("report_name") == report_name]
         last = (runs[0].get("params") or {}) if runs else {}
-        if not runs or any(last.get(k) != v for k, v in _jsonable(grid).items()):
+        if not runs or any(last.get(k) != v for k, v in json.loads(json.dumps(grid, default=str)).items()):
             notes.append(f"{rel_path(latest)} is another sweep's report: kept; this run writes "
                          f"{rel_path(report_dir / named)}.html (--overwrite replaces the main one)")
     if "data_file" not in params:
@@ -321,16 +313,12 @@ def _check_report_dir_files(report_dir: Path, report_name: str, overwrite: bool)
                         "names; the lab replaces only its own reports; allowed: another --report-name or report_dir")
 
 
-def _jsonable(d: dict) -> dict:
-    import json
-
-    return json.loads(json.dumps(d, default=str))
-
-
 def cmd_sweep(args) -> int:
     """``mla-lab sweep``: checks, plan, then the run (or the plan as JSON with ``--dry-run``); returns the exit status."""
     if args.notebook is None:
-        args.notebook = str(_default_notebook())
+        from .paths import notebooks_dir
+
+        args.notebook = str(notebooks_dir() / "padding_sweep.ipynb")
     given = args.report_name is not None
     report_name = doors.check_report_name(args.report_name if given else DEFAULT_REPORT_NAME)
     doors.check_notebook(args.notebook)  # the dry run refuses what the real run would (--timeout: argparse)
@@ -363,8 +351,8 @@ def add_parser(sub) -> None:
     """The ``sweep`` sub-command on ``sub`` (argparse sub-parsers)."""
     B, R = doors.arg_type, range_help
     sw = sub.add_parser("sweep", help="run the padding sweep notebook through papermill and publish HTML")
-    sw.add_argument("-f", "--params-file", action="append", default=[], help="YAML file mapping sweep parameter names to values (repeatable; "
-                                                                 "later files win)")
+    sw.add_argument("-f", "--params-file", action="append", default=[],
+                    help="YAML file mapping sweep parameter names to values (repeatable; later files win)")
     sw.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
                     help="one sweep parameter as a YAML value (-p tp_sizes '[4, 8]'; every name with its type: papermill "
                          "--help-notebook notebooks/padding_sweep.ipynb)")

@@ -5,6 +5,7 @@ rows; :class:`Explorer` wraps it in ipywidgets whose changes re-render in place 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import io
@@ -12,6 +13,7 @@ import textwrap
 
 from .arch import ARCHS, get_arch
 from .buffers import MIB
+from .cli_doors import MAX_PRICED_STEPS
 from .deployment import MOE_PARALLEL, WEIGHT_DTYPES, Deployment
 from .labels import KERNEL_NATIVE_NOTE, PACKED_NOTE
 from .models import KV_CACHE_DTYPES, load_model, model_names
@@ -20,7 +22,7 @@ from .report.data import load_measured, withhold_off_route
 from .report.figures import strategy_style
 from .seed import SEED_DEPLOYMENT
 from .sweep.advise import advise, engines_block, format_advice
-from .sweep.rows import MEASURED_MATCH_KEYS, measured_changes, price
+from .sweep.rows import MEASURED_MATCH_KEYS, measured_changes, measured_matching, price
 
 #: The controls that make the deployment (:meth:`mla_lab.deployment.Deployment.of` arguments).
 DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
@@ -29,18 +31,13 @@ DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cach
 __all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS",
            "CONTROL_OPTIONS", "DEPLOYMENT_CONTROLS"]
 
-# Columns a measured row must agree on to be shown beside the modelled numbers of a selection (the sweep's).
+#: Columns a measured row must agree on to be shown beside the modelled numbers of a selection (the sweep's).
 MATCH_KEYS = MEASURED_MATCH_KEYS
 CONTROL_OPTIONS = {
     "max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536],
     "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
     "num_prompts": (1, 256),
 }
-
-
-#: The most prefill steps one explored point prices per strategy: the bound ``mla-lab advise`` applies
-#: (:data:`mla_lab.cli_doors.MAX_PRICED_STEPS`, ~1-2 ms per step per strategy; a test keeps the two equal).
-MAX_PRICED_STEPS = 2048
 
 
 def tp_options(model: str) -> list[int]:
@@ -54,20 +51,6 @@ def _rows(deployment: Deployment) -> dict:
     """The sweep's own rows for one deployment by strategy (:func:`mla_lab.sweep.rows.price`; cached: the controls
     revisit selections)."""
     return {r.name: r for r in price(deployment, EXPLORER_STRATEGIES)}
-
-
-def _match_measured(measured, sel: dict):
-    """Rows of ``measured`` agreeing with ``sel`` on every :data:`MATCH_KEYS` column the frame has."""
-    if measured is None or len(measured) == 0:
-        return None
-    d = measured
-    if "status" in d.columns:
-        d = d[d["status"].fillna("ok") == "ok"]
-    for k in MATCH_KEYS:
-        if k in d.columns:
-            d = d[d[k].astype(str) == str(sel[k])]
-    d, _ = withhold_off_route(d)  # measured only where the measured kernel runs and the deployment fits (issue 39)
-    return d.reset_index(drop=True) if len(d) else None
 
 
 def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_STRATEGY, measured=None) -> dict:
@@ -93,7 +76,10 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
     strategy = resolve_strategy(strategy)
     rows, args = _rows(deployment), deployment.args()
     sel = {k: args[k] for k in MATCH_KEYS} | {"strategy": strategy}
-    meas = _match_measured(measured, sel)
+    meas = None  # measured only where the measured kernel runs and the deployment fits (issue 39)
+    if measured is not None and len(measured):
+        meas, _ = withhold_off_route(measured_matching(measured, deployment))
+        meas = meas.reset_index(drop=True) if len(meas) else None
     changes = measured_changes(meas, deployment) if meas is not None else {}  # the one measured-change function
     c = rows[strategy]
     return {"selection": sel, "num_heads": deployment.num_heads, "prefill_padding": deployment.arch.prefill_padding,
@@ -205,15 +191,13 @@ def summary_html(result: dict) -> str:
                 "It has no TTFT or memory result; change TP, the weight dtype or gpu_memory_utilization.</p></div>")
     pct = result.get("kv_capacity_pct_lost")
     pct_txt = "" if pct is None or pct != pct else f" ({pct:.1f} % of KV capacity)"
-    facts = [
-        ("heads per rank → padded heads", f"{result['num_heads']} → {result['padded_heads']}"),
-        (f"Q workspace ({e(sel['strategy'])})",
-         f"{_fmt_int(result['workspace_bytes'])} B = {result['workspace_mib']:.1f} MiB"),
-        (f"extra vs {BASELINE}", f"{_fmt_int(result['extra_bytes'])} B = {result['extra_mib']:.1f} MiB = "
-                                  f"{_fmt_int(result['kv_tokens_lost'])} KV tokens{pct_txt}"),
-        ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"]) + pct_txt),
-        ("chunked-prefill steps", str(result["num_steps"])),
-    ]
+    facts = [("heads per rank → padded heads", f"{result['num_heads']} → {result['padded_heads']}"),
+             (f"Q workspace ({e(sel['strategy'])})",
+              f"{_fmt_int(result['workspace_bytes'])} B = {result['workspace_mib']:.1f} MiB"),
+             (f"extra vs {BASELINE}", f"{_fmt_int(result['extra_bytes'])} B = {result['extra_mib']:.1f} MiB = "
+                                       f"{_fmt_int(result['kv_tokens_lost'])} KV tokens{pct_txt}"),
+             ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"]) + pct_txt),
+             ("chunked-prefill steps", str(result["num_steps"]))]
     td = _TD
     facts_html = "".join(f"<tr><td {td}>{k}</td><td style='text-align:right'><b>{v}</b></td></tr>" for k, v in facts)
     cells = []
@@ -234,10 +218,9 @@ def summary_html(result: dict) -> str:
     table = f"<table style='border-collapse:collapse;margin-top:6px'>{_tr(heads, 'th')}{''.join(cells)}</table>"
     note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.price);"
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
-    if any(r["strategy"] == "kernel_native" for r in result["per_strategy"]):
-        note += f"<br><small>kernel_native = {e(KERNEL_NATIVE_NOTE)}.</small>"
-    if any(r["strategy"] == "packed" for r in result["per_strategy"]):
-        note += f"<br><small>packed = {e(PACKED_NOTE)}.</small>"
+    shown = {r["strategy"] for r in result["per_strategy"]}
+    note += "".join(f"<br><small>{n} = {e(t)}.</small>" for n, t in (("kernel_native", KERNEL_NATIVE_NOTE),
+                                                                      ("packed", PACKED_NOTE)) if n in shown)
     eng = "".join(_tr((f"{e(x['preset'])} ({e(str(x['release_date']))})", e(str(x["backend"])),
                        e(str(x["prefill_route"])), x["padding"] if x["padding"] else "none", e(str(x["padded_path"]))))
                   for x in result.get("engines", []))
@@ -311,15 +294,9 @@ class Explorer:
             "memory_budget_mib": W.BoundedFloatText(value=get("memory_budget_mib", 300.0), min=0, max=1e6, step=50,
                                                     description="advise: budget MiB", **narrow),
         }
-        self.summary = W.HTML()
-        self.chart = W.Image(format="png")
-        self.measured_out = W.HTML()
-        self.advice_out = W.HTML()
-        self.advice: dict | None = None
-        self.deployment: Deployment | None = None
-        self.result: dict | None = None
-        self.error = ""
-        self._hold = False
+        self.summary, self.chart, self.measured_out, self.advice_out = W.HTML(), W.Image(format="png"), W.HTML(), W.HTML()
+        self.advice = self.deployment = self.result = None
+        self.error, self._hold = "", False
         self.controls["concurrency"].max = self.controls["num_prompts"].value
         self.controls["num_prompts"].observe(self._on_num_prompts, names="value")
         self.controls["model"].observe(self._on_model, names="value")
@@ -339,6 +316,15 @@ class Explorer:
         """The current control values (:data:`DEPLOYMENT_CONTROLS`, ``strategy`` and ``memory_budget_mib``)."""
         return {k: c.value for k, c in self.controls.items()}
 
+    @contextlib.contextmanager
+    def _holding(self):
+        """Control changes inside do not re-render (their observers skip :meth:`update`); yields the hold before."""
+        outer, self._hold = self._hold, True
+        try:
+            yield outer
+        finally:
+            self._hold = outer
+
     def _on_model(self, change):
         tp = self.controls["tp"]
         try:
@@ -346,29 +332,18 @@ class Explorer:
         except ValueError as e:  # a broken config.json: say so instead of keeping the last model's numbers
             self._show_error(str(e))
             return
-        outer = self._hold
-        self._hold = True
-        try:
-            keep = tp.value if tp.value in opts else (8 if 8 in opts else opts[-1])
-            tp.options = opts
-            tp.value = keep
-        finally:
-            self._hold = outer
+        with self._holding() as outer:
+            tp.options, tp.value = opts, tp.value if tp.value in opts else (8 if 8 in opts else opts[-1])
         if not outer:
             self.update()
 
     def _on_num_prompts(self, change):
-        # concurrency never exceeds the prompts (vllm bench serve's limit); the widget clamps its value
-        outer = self._hold
-        self._hold = True
-        try:
+        with self._holding():  # concurrency never exceeds the prompts (vllm bench serve's limit); the widget clamps it
             c = self.controls["concurrency"]
             was_all = c.value == change["old"]
             c.max = change["new"]
             if was_all:
                 c.value = change["new"]
-        finally:
-            self._hold = outer
 
     def _on_change(self, change):
         if not self._hold:
@@ -381,21 +356,19 @@ class Explorer:
         unknown = sorted(set(values) - set(self.controls))
         if unknown:
             raise ValueError(f"unknown control(s) {unknown}; allowed: {list(self.controls)}")
-        self._hold = True
         try:
-            if "model" in values:
-                self.controls["model"].value = values.pop("model")  # its observer re-offers the TP sizes
-            for k, v in values.items():
-                opts = getattr(self.controls[k], "options", None)
-                if opts is not None and v not in opts:
-                    raise ValueError(f"{k}={v!r} is not offered; allowed: {list(opts)}")
-                self.controls[k].value = v
+            with self._holding():
+                if "model" in values:
+                    self.controls["model"].value = values.pop("model")  # its observer re-offers the TP sizes
+                for k, v in values.items():
+                    opts = getattr(self.controls[k], "options", None)
+                    if opts is not None and v not in opts:
+                        raise ValueError(f"{k}={v!r} is not offered; allowed: {list(opts)}")
+                    self.controls[k].value = v
+        except ValueError:
+            raise
         except Exception as e:  # traitlets raises TraitError for out-of-range values
-            if isinstance(e, ValueError):
-                raise
             raise ValueError(f"cannot set {values}: {e}") from None
-        finally:
-            self._hold = False
         self.update()
         return self.result
 

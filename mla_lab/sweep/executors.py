@@ -33,17 +33,13 @@ class PointTask:
 
 @dataclass
 class PointResult:
-    """What came back for one task: ``rows`` (``status == "ok"``) or ``error`` (``status == "failed"``)."""
+    """What came back for one task: ``rows`` (the point is ok) or ``error`` (``"<Type>: <message>"``: it failed)."""
 
     task: PointTask
     rows: list = field(default_factory=list)
     error: str | None = None
     host: str = ""
     seconds: float = 0.0
-
-    @property
-    def status(self) -> str:
-        return "failed" if self.error is not None else "ok"
 
 
 ComputeFn = Callable[[dict, str], list]

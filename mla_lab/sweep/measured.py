@@ -20,25 +20,18 @@ GRID = dict(models=["glm-5", "deepseek-v3.2"], tp_sizes=[4, 8], archs=["h200"],
             max_num_batched_tokens=[8192, 16384], prompt_lens=[1024, 8192])
 
 #: The file and its row columns (the sweep's rows, measured and modelled; provenance columns after them).
-OUTPUTS = {"padding_sweep.csv": ["model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype",
-                                   "num_prompts", "concurrency", "weight_dtype", "moe_parallel", "num_runs",
-                                   "shared_workspace_bytes", "gpu_memory_utilization", "strategy", "preset",
-                                   "placement", "content", "zero_policy", "subchunk_rows", "family",
-                                   "prefill_padding", "num_heads", "q_concat_heads", "kernel_heads",
-                                   "persistent_bytes", "persistent_mib", "step_transient_bytes", "kernel_out_bytes",
-                                   "call_transient_bytes", "call_transient_mib", "peak_bytes",
-                                   "extra_persistent_bytes", "extra_persistent_mib", "kv_tokens_lost", "model_arch",
-                                   "status", "reason", "ttft_ms", "ttft_ms_max", "num_steps", "ttft_scope",
-                                   "concat_ms", "pad_ms", "pad_copy_ms", "kernel_ms", "out_slice_ms",
-                                   "chunk_out_ms", "chunk_overhead_ms", "calibration", "kernel_rate_source",
-                                   "content_note", "kv_capacity_tokens", "kv_capacity_pct_lost",
-                                   "weights_bytes_per_rank", "fits_in_memory", "fit_reason", "ttft_change_pct",
-                                   "baseline", "point_key", "code_version", "ttft_ms_ci_lo", "ttft_ms_ci_hi",
-                                   "ttft_change_ci_lo", "ttft_change_ci_hi", "change_measurable",
-                                   "attn_path_ms_step0", "attn_path_q1_step0", "attn_path_q3_step0",
-                                   "attn_path_ms_steps", "attn_path_samples_step0", "measured_peak_extra_bytes",
-                                   "analytic_peak_extra_bytes", "kernel_backend", "concat_backend"]}
-PROVENANCE = ("source", "device", "sm", "driver", "cuda", "torch", "triton", "flash_mla", "git_commit", "timestamp")
+OUTPUTS = {"padding_sweep.csv": (
+    "model tp arch max_num_batched_tokens prompt_len kv_cache_dtype num_prompts concurrency weight_dtype "
+    "moe_parallel num_runs shared_workspace_bytes gpu_memory_utilization strategy preset placement content "
+    "zero_policy subchunk_rows family prefill_padding num_heads q_concat_heads kernel_heads persistent_bytes "
+    "persistent_mib step_transient_bytes kernel_out_bytes call_transient_bytes call_transient_mib peak_bytes "
+    "extra_persistent_bytes extra_persistent_mib kv_tokens_lost model_arch status reason ttft_ms ttft_ms_max "
+    "num_steps ttft_scope concat_ms pad_ms pad_copy_ms kernel_ms out_slice_ms chunk_out_ms chunk_overhead_ms "
+    "calibration kernel_rate_source content_note kv_capacity_tokens kv_capacity_pct_lost "
+    "weights_bytes_per_rank fits_in_memory fit_reason ttft_change_pct baseline point_key code_version "
+    "ttft_ms_ci_lo ttft_ms_ci_hi ttft_change_ci_lo ttft_change_ci_hi change_measurable attn_path_ms_step0 "
+    "attn_path_q1_step0 attn_path_q3_step0 attn_path_ms_steps attn_path_samples_step0 "
+    "measured_peak_extra_bytes analytic_peak_extra_bytes kernel_backend concat_backend").split()}
 #: (model, tp, max_num_batched_tokens, prompt_len): the grid's points
 SHAPES = [(m, tp, n, L) for m in GRID["models"] for tp in GRID["tp_sizes"] for n in GRID["max_num_batched_tokens"]
           for L in GRID["prompt_lens"]]

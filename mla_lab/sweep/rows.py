@@ -32,17 +32,11 @@ from ..workload import schedule
 __all__ = ["Row", "price", "modelled_rows", "measured_rows", "compute_rows", "fit_status", "point_inputs", "MODES",
            "NOT_PRICED", "TTFT_COLUMNS", "MEMORY_COLUMNS", "MEASURED_ROUTE", "measured_withheld",
            "ttft_with_attention", "reprice_measured_rows", "ONE_PROCESS_COLUMNS", "between_process_changes",
-           "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes"]
+           "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "measured_matching"]
 
 MODES = ("modelled", "measured")
 NAN = float("nan")
 _BASE = parse_strategy(BASELINE)
-
-
-def time_attention_path(*args, **kwargs):
-    """:func:`mla_lab.measure.attention.time_attention_path`; torch is imported on the first measured point, not
-    with this module (``mla-lab advise`` and ``sweep --dry-run`` start without it, issue 22)."""
-    return measure.attention.time_attention_path(*args, **kwargs)
 
 
 @dataclass
@@ -221,12 +215,13 @@ def _check_measurable(d: Deployment) -> None:
 
 
 def _time_steps(d: Deployment, steps, names: list[str], runs: int) -> list[dict]:
-    """The attention path timed per step (identical steps once)."""
+    """The attention path timed per step (identical steps once; :func:`mla_lab.measure.attention.time_attention_path`,
+    torch imported on the first measured point: ``mla-lab advise`` and ``sweep --dry-run`` start without it)."""
     cache: dict = {}
     for st in steps:
         sig = tuple((s, n) for _, s, n in st.chunks)
         if sig not in cache:
-            cache[sig] = time_attention_path(d.rank, st, d.prompt_len, strategies=names, repeats=runs)
+            cache[sig] = measure.attention.time_attention_path(d.rank, st, d.prompt_len, strategies=names, repeats=runs)
     return [cache[tuple((s, n) for _, s, n in st.chunks)] for st in steps]
 
 
@@ -247,7 +242,7 @@ def _measured_notes(d: Deployment, name: str, steps, per_step, rounds: dict, run
 
 def measured_rows(point: dict, calibration=None) -> list[dict]:
     """Measured rows of one grid point on the running GPU (every real strategy and the baseline): the attention path
-    timed per distinct step in ``num_runs`` interleaved rounds (:func:`time_attention_path`), spliced into the modelled
+    timed per distinct step in ``num_runs`` interleaved rounds (:func:`_time_steps`), spliced into the modelled
     TTFT, with the 95 % intervals of TTFT and of the change paired with the baseline's rounds. Raises RuntimeError (no
     CUDA GPU) or ValueError (an arch family other than the GPU's; a KV cache other than bf16).
     """
@@ -563,18 +558,23 @@ def _median(g, c) -> float | None:
     return float(g[c].median()) if c in g.columns and g[c].notna().any() else None
 
 
-def measured_changes(measured, deployment: Deployment, keys=MEASURED_MATCH_KEYS) -> dict:
-    """Per strategy, the measured rows that agree with ``deployment`` on every ``keys`` column the frame has (status ok,
-    against the baseline): ``{strategy: {"change_pct" (:func:`measured_change_pct`), "ttft_ms", "ci_lo", "ci_hi" (the
-    rows' median), "n_rows"}}``; ``{}`` when nothing matches.
-    """
-    if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
-        return {}
+def measured_matching(measured, deployment: Deployment, keys=MEASURED_MATCH_KEYS):
+    """The rows of ``measured`` (a DataFrame) with status ok that agree with ``deployment`` on every ``keys`` column."""
     point, d = deployment.args(), measured
     if "status" in d.columns:
         d = d[d["status"].fillna("ok") == "ok"]
     for k in (k for k in keys if k in d.columns and k in point):
         d = d[d[k].astype(str) == str(point[k])]
+    return d
+
+
+def measured_changes(measured, deployment: Deployment, keys=MEASURED_MATCH_KEYS) -> dict:
+    """Per strategy, :func:`measured_matching` rows against the baseline: ``{strategy: {"change_pct"
+    (:func:`measured_change_pct`), "ttft_ms", "ci_lo", "ci_hi" (the rows' median), "n_rows"}}``; ``{}`` for none.
+    """
+    if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
+        return {}
+    d = measured_matching(measured, deployment, keys)
     if "baseline" in d.columns:
         d = d[d["baseline"].fillna(BASELINE) == BASELINE]  # changes against the same baseline only
     base = d[d["strategy"] == BASELINE]

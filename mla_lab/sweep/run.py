@@ -151,11 +151,6 @@ def _check_folder(out: Path, path, create: bool) -> None:
 LOCK_ENV = "MLA_LAB_DATA_FILE_LOCK"
 
 
-def lock_path(out: Path) -> Path:
-    """The lock file of data file ``out``: ``.<name>.lock`` beside it."""
-    return out.with_name(f".{out.name}.lock")
-
-
 @contextlib.contextmanager
 def data_file_lock(out: str | Path, token: str | None = None):
     """Hold the data file's lock (``fcntl.flock``, exclusive, not waiting) while a sweep writes it: a second sweep is
@@ -165,7 +160,7 @@ def data_file_lock(out: str | Path, token: str | None = None):
     import fcntl
 
     out = resolve(out)
-    lp = lock_path(out)
+    lp = out.with_name(f".{out.name}.lock")  # the lock file: .<name>.lock beside the data file
     handed = os.environ.get(LOCK_ENV, "")
     if handed and handed.rsplit("|", 1)[0] == str(lp):
         try:
@@ -214,7 +209,7 @@ def check_not_locked(out: str | Path) -> None:
     """The dry run's check: ValueError as :func:`data_file_lock` when another sweep holds ``out``'s lock."""
     import fcntl
 
-    lp = lock_path(resolve(out))
+    lp = resolve(out).with_name(f".{resolve(out).name}.lock")
     if not lp.is_file():
         return
     with open(lp) as f:

@@ -71,21 +71,13 @@ class ResultStore:
     def status(self, key: str) -> str | None:
         """``"ok"`` / ``"failed"`` (the stored point's status), or None when no readable, complete point file exists
         (:func:`payload_problem`: a sweep computes that point again and replaces the file)."""
-        try:
-            payload = json.loads(self.path(key).read_text())
-        except (OSError, ValueError):
-            return None
-        return None if payload_problem(payload) else payload["status"]
+        payload, problem = _read(self.path(key))
+        return None if problem else payload["status"]
 
     def broken(self, key: str) -> str | None:
         """One line naming ``key``'s point file and what is wrong with it, or None (absent, or a whole point)."""
         p = self.path(key)
-        if not p.is_file():
-            return None
-        try:
-            problem = payload_problem(json.loads(p.read_text()))
-        except (OSError, ValueError) as e:
-            problem = f"not readable JSON ({type(e).__name__})"
+        problem = _read(p)[1] if p.is_file() else ""
         return f"point file {p} is {problem}" if problem else None
 
     def completed(self, key: str) -> bool:
@@ -124,7 +116,7 @@ class ResultStore:
         fd, tmp = tempfile.mkstemp(dir=self.points, prefix=f".{key}.{_host()}.{os.getpid()}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:
-                f.write(_claim_text())
+                f.write(f"{_host()} {os.getpid()}\n")
             for _ in range(2):
                 try:
                     os.link(tmp, p)
@@ -204,15 +196,11 @@ class ResultStore:
         for p in paths:
             if not p.is_file():
                 continue
-            try:
-                payload = json.loads(p.read_text())
-            except (json.JSONDecodeError, OSError, UnicodeDecodeError):
+            payload, problem = _read(p)
+            if problem:
                 self.corrupt.append(str(p))
-                continue
-            if payload_problem(payload):
-                self.corrupt.append(str(p))
-                continue
-            out.append(payload)
+            else:
+                out.append(payload)
         return out
 
     def rows(self, keys: list[str] | None = None) -> list[dict]:
@@ -248,6 +236,15 @@ def atomic_write(path: Path, write, prefix: str, newline: str | None = None, chm
     return path
 
 
+def _read(p: Path) -> tuple:
+    """``(payload, problem)`` of a point file: its JSON and :func:`payload_problem` (or why it cannot be read)."""
+    try:
+        payload = json.loads(p.read_text())
+    except (OSError, ValueError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return None, f"not readable JSON ({type(e).__name__})"
+    return payload, payload_problem(payload)
+
+
 def payload_problem(payload) -> str:
     """What makes ``payload`` not a whole point (``""`` when it is one): a JSON object with ``key`` (str),
     ``point`` (object), ``status`` (``ok`` / ``failed``), ``reason`` (str) and ``rows`` (a list of objects), as :meth:`ResultStore.write` writes it."""
@@ -265,10 +262,6 @@ def payload_problem(payload) -> str:
         if why:
             return f"holding an implausible measured value in rows[{i}]: {why}"
     return ""
-
-
-def _claim_text() -> str:
-    return f"{_host()} {os.getpid()}\n"
 
 
 def _claim_owner(text: str) -> tuple[str, int] | None:
