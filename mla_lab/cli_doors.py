@@ -300,33 +300,24 @@ def file_in_the_way(path: str | Path) -> Path | None:
     return None
 
 
-def check_special_fs(name: str, value) -> None:
-    """Refuse (DoorError) a path on a special filesystem (``/proc``, ``/sys``, ``/dev``:
-    :func:`mla_lab.paths.special_filesystem`), where the run would fail late.
-    """
-    from .paths import special_filesystem
-
-    fs = special_filesystem(value)
-    if fs:
-        raise DoorError(f"{name}={_short(str(value))} is on the {fs} filesystem (kernel or device files, not a place "
-                        "for results); allowed: a path on an ordinary disk")
-
-
 def _check_path(name: str, value: str, folder: bool) -> None:
     p = Path(value)
     if "\x00" in value:
         raise DoorError(f"{name}={_short(value)} holds a NUL byte; allowed: a path")
-    check_special_fs(name, value)
-    from .paths import committed_data_folder
+    from .paths import committed_data_folder, special_filesystem
 
-    if committed_data_folder(p if folder else p.parent, direct=not folder):
+    fs = special_filesystem(value)  # /proc, /sys, /dev: the run would fail late
+    if fs:
+        raise DoorError(f"{name}={_short(str(value))} is on the {fs} filesystem (kernel or device files, not a place "
+                        "for results); allowed: a path on an ordinary disk")
+    home = p if folder else p.parent
+    if committed_data_folder(home, direct=not folder):
         raise DoorError(f"{name}={_short(value)} is in a committed data folder (git tracks the files there); the lab "
                         "never writes its outputs there, --overwrite or not; allowed: a path outside it, e.g. the "
                         "default")
-    blocker = file_in_the_way(p if folder else p.parent)
+    blocker = file_in_the_way(home)
     if blocker is not None:
-        where = "is a file" if blocker == Path(p if folder else p.parent).expanduser().absolute() else \
-            f"lies under {blocker}, a file"
+        where = "is a file" if blocker == home.expanduser().absolute() else f"lies under {blocker}, a file"
         raise DoorError(f"{name}={value!r} {where}; allowed: a folder (created when the run starts)"
                         if folder else f"{name}={value!r}: its folder {where}; allowed: a path in a folder")
     target = p.expanduser().absolute()
@@ -512,11 +503,10 @@ def check_engine(engine) -> None:
 def deployment_flags(p, tp_flags) -> None:
     """The deployment flags ``advise`` and ``serve`` share, on parser ``p`` (``tp_flags``: the tensor-parallel spellings)."""
     B = arg_type
-    lo, hi, _ = BOUNDS["tp"]
     p.add_argument("--model", default="glm-5", help="a model the lab knows, e.g. glm-5 or deepseek-v3.2 (default "
                                                    "glm-5; an unknown name lists them)")
     p.add_argument(*tp_flags, dest="tp", metavar=tp_flags[0][2:].upper().replace("-", "_"), type=B("tp"), default=8,
-                   help=f"tensor-parallel size (GPUs), {lo}..{hi:,}, dividing the model's num_heads (default 8)")
+                   help=f"tensor-parallel size (GPUs), {range_help('tp')}, dividing the model's num_heads (default 8)")
     p.add_argument("--arch", default="h200", help="GPU, e.g. h200 (sm90) or b200 (sm100) (default h200; an unknown "
                                                  "name lists them)")
     p.add_argument("--max-num-batched-tokens", type=B("max_num_batched_tokens"), default=16384,

@@ -14,6 +14,7 @@ torch and the suite are imported inside the functions (``mla-lab --help`` loads 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -204,28 +205,22 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
     """The ``mla-lab sweep`` argument list that renders the report of ``gpu`` into a temporary folder, and the
     function that moves it to ``report_dir`` (default ``reports/<gpu>``) once rendered. Raises ValueError for a GPU
     without measured rows or unknown to the lab."""
+    from mla_lab import paths
     from mla_lab.arch import get_arch
-    from mla_lab.paths import (
-        OUTPUT_MANIFEST,
-        REPO_ROOT,
-        measured_dir,
-        remove_lab_files,
-        replaceable_files,
-        write_output_manifest,
-    )
     from mla_lab.sweep.measured import GRID
 
-    folder = measured_dir(gpu)
+    folder = paths.measured_dir(gpu)
     if not (folder / "padding_sweep.csv").is_file():
-        have = sorted(p.parent.name for p in measured_dir().glob("*/padding_sweep.csv"))
+        have = sorted(p.parent.name for p in paths.measured_dir().glob("*/padding_sweep.csv"))
         raise ValueError(f"--measured={gpu!r}: no {folder}/padding_sweep.csv (run mla-lab measure --experiments "
                         f"padding_sweep on that GPU); GPUs with measured rows: {', '.join(have) or 'none'}")
     try:
         get_arch(gpu)
     except (KeyError, ValueError) as e:
         raise ValueError(f"--measured={gpu!r}: not a GPU the lab models ({e})") from None
-    dest = Path(report_dir) if report_dir else REPO_ROOT / "reports" / gpu
-    replaceable_files(dest, "--report-dir", overwrite, legacy=legacy_report_files)  # before the render: one line
+    dest = Path(report_dir) if report_dir else paths.REPO_ROOT / "reports" / gpu
+    lab_files = functools.partial(paths.replaceable_files, dest, "--report-dir", overwrite, legacy=legacy_report_files)
+    lab_files()  # before the render: one line
     _check_out_folder("--report-dir", str(report_dir or dest), dest)
     tmp = Path(tempfile.mkdtemp(prefix=f"mla_lab_report_{gpu}_"))
     name = f"padding_sweep_{gpu}"
@@ -236,7 +231,7 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
 
     def finish() -> Path:
         # checked again: a file that appeared during the render is refused, never removed
-        remove_lab_files(dest, replaceable_files(dest, "--report-dir", overwrite, legacy=legacy_report_files))
+        paths.remove_lab_files(dest, lab_files())
         dest.mkdir(parents=True, exist_ok=True)
         shutil.copytree(tmp / "reports" / name, dest / name, dirs_exist_ok=True)
         for ext in ("html", "ipynb", "png", "svg"):
@@ -247,8 +242,8 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
         runs = sorted((tmp / "reports" / "runs").glob("*.json"))
         if runs:
             shutil.copy2(runs[-1], dest / "run_metadata.json")
-        written = [p for p in dest.rglob("*") if p.is_file() and p.name != OUTPUT_MANIFEST]
-        write_output_manifest(dest, written, "mla-lab report --measured " + gpu)
+        written = [p for p in dest.rglob("*") if p.is_file() and p.name != paths.OUTPUT_MANIFEST]
+        paths.write_output_manifest(dest, written, "mla-lab report --measured " + gpu)
         shutil.rmtree(tmp, ignore_errors=True)
         return dest / f"{name}.html"
 

@@ -93,14 +93,10 @@ def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
                          "kv_capacity_pct_lost": 100.0 * float(r["kv_tokens_lost"]) / base_cap
                          if base_cap > 0 else float("nan"),
                          "extra_mib": float(r["extra_mib"]), "num_steps": int(r["num_steps"])}
-    out = {"deployment": res["deployment"], "bench": res["bench"], "baseline": res["baseline"],
-           "strategies": strategies, "source": "modelled", "options": res.get("options", {}),
-           "notes": list(res.get("notes", [])) + strategy_notes(strategies)}
-    if runs is not None:
-        out["noise"] = runs
-    out["num_runs"] = num_runs
-    out["band"] = band_note(res["bench"]["request_rate"], num_runs)
-    return out
+    return {"deployment": res["deployment"], "bench": res["bench"], "baseline": res["baseline"],
+            "strategies": strategies, "source": "modelled", "options": res.get("options", {}),
+            "notes": list(res.get("notes", [])) + strategy_notes(strategies),
+            **({} if runs is None else {"noise": runs}), "num_runs": num_runs, "band": band_note(res["bench"]["request_rate"], num_runs)}
 
 
 def band_note(request_rate: float, num_runs: int) -> str:

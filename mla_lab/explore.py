@@ -28,11 +28,9 @@ from .sweep.rows import MEASURED_MATCH_KEYS, measured_changes, measured_matching
 DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cache_dtype", "prompt_len",
                        "num_prompts", "concurrency", "weight_dtype", "moe_parallel", "gpu_memory_utilization")
 
-__all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart", "MATCH_KEYS",
+__all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart",
            "CONTROL_OPTIONS", "DEPLOYMENT_CONTROLS"]
 
-#: Columns a measured row must agree on to be shown beside the modelled numbers of a selection (the sweep's).
-MATCH_KEYS = MEASURED_MATCH_KEYS
 CONTROL_OPTIONS = {
     "max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536],
     "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
@@ -75,7 +73,7 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
                          "mla_lab.report.data.load_measured() or None")
     strategy = resolve_strategy(strategy)
     rows, args = _rows(deployment), deployment.args()
-    sel = {k: args[k] for k in MATCH_KEYS} | {"strategy": strategy}
+    sel = {k: args[k] for k in MEASURED_MATCH_KEYS} | {"strategy": strategy}
     meas = None  # measured only where the measured kernel runs and the deployment fits (issue 39)
     if measured is not None and len(measured):
         meas, _ = withhold_off_route(measured_matching(measured, deployment))
@@ -294,7 +292,8 @@ class Explorer:
             "memory_budget_mib": W.BoundedFloatText(value=get("memory_budget_mib", 300.0), min=0, max=1e6, step=50,
                                                     description="advise: budget MiB", **narrow),
         }
-        self.summary, self.chart, self.measured_out, self.advice_out = W.HTML(), W.Image(format="png"), W.HTML(), W.HTML()
+        self.summary, self.measured_out, self.advice_out = W.HTML(), W.HTML(), W.HTML()
+        self.chart = W.Image(format="png")
         self.advice = self.deployment = self.result = None
         self.error, self._hold = "", False
         self.controls["concurrency"].max = self.controls["num_prompts"].value
@@ -302,7 +301,7 @@ class Explorer:
         self.controls["model"].observe(self._on_model, names="value")
         for name, c in self.controls.items():
             if name != "model":
-                c.observe(self._on_change, names="value")
+                c.observe(lambda _: None if self._hold else self.update(), names="value")
         def labelled(text, w):  # ToggleButtons' own description wraps above the buttons; a fixed label does not
             return W.HBox([W.HTML(f"<div style='width:150px;text-align:right;padding-right:8px'>{text}</div>"), w])
 
@@ -345,10 +344,6 @@ class Explorer:
             if was_all:
                 c.value = change["new"]
 
-    def _on_change(self, change):
-        if not self._hold:
-            self.update()
-
     def set(self, **values) -> dict:
         """Set several controls as a user would (a model change re-offers TP sizes), then render once; returns
         :attr:`result`. ValueError: an unknown control, or a value its widget does not offer.
@@ -376,7 +371,7 @@ class Explorer:
         """Recompute from the controls and re-render the outputs in place. A rejected selection is shown as an error
         message (``error``) instead of raising."""
         try:
-            self.deployment = self._deployment()
+            self.deployment = Deployment.of(**{k: self.controls[k].value for k in DEPLOYMENT_CONTROLS})  # the door
             self.result = explore_point(self.deployment, self.controls["strategy"].value, measured=self.measured)
             self.error = ""
         except ValueError as e:
@@ -387,11 +382,6 @@ class Explorer:
         self.measured_out.value = measured_html(self.result)
         self.advice_out.value = self._advise()
         return self.result
-
-    def _deployment(self) -> Deployment:
-        """The controls' deployment (the door: :meth:`mla_lab.deployment.Deployment.of`)."""
-        v = self.values()
-        return Deployment.of(**{k: v[k] for k in DEPLOYMENT_CONTROLS})
 
     def _advise(self) -> str:
         """The advice panel: :func:`mla_lab.sweep.advise.advise` for the selected deployment and budget."""
@@ -407,9 +397,7 @@ class Explorer:
     def _show_error(self, message: str) -> None:
         self.result, self.error = None, message
         self.summary.value = f"<b style='color:#b00'>Cannot price this selection:</b> {html.escape(message)}"
-        self.chart.value = b""
-        self.measured_out.value = ""
-        self.advice_out.value = ""
+        self.chart.value, self.measured_out.value, self.advice_out.value = b"", "", ""
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)

@@ -88,12 +88,6 @@ def frontier(points: list[tuple[float, float]]) -> list[bool]:
                     for j, (m2, t2) in enumerate(points) if j != i) for i, (m, t) in enumerate(points)]
 
 
-def _check_budgets(**budgets) -> None:
-    for name, v in budgets.items():
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or math.isnan(v)):
-            raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
-
-
 def _candidates(d: Deployment, strategies, engine: str | None, packed: str, with_packed: bool):
     """``(candidates, engine, group)``: the strategies advise weighs and the engine version it answers within (None:
     the caller's own candidates, ranked together)."""
@@ -109,14 +103,6 @@ def _candidates(d: Deployment, strategies, engine: str | None, packed: str, with
         names += pl.engine_strategies("vllm@0.33.0-flashmla") + [f"{s}@vllm-0.33.0-flashmla"
                                                                  for s in pl.FORCED_TODAY]
     return pl.expand([*names, *extra]), engine, group
-
-
-def _check_fits(d: Deployment, mem: dict) -> None:
-    """Refuse a deployment whose one request cannot be held, before anything is priced."""
-    cap, need = mem["kv_capacity_tokens"], d.prompt_len + d.output_len
-    if not cap > 0 or need > cap:
-        raise ValueError(f"this deployment does not fit: one request needs {need:,} KV tokens ({d.prompt_len} + "
-                         f"{d.output_len}); KV capacity {max(int(cap), 0):,} tokens; no strategy can be recommended")
 
 
 def _measured(rows: list[Row], d: Deployment, measured) -> tuple[dict, str]:
@@ -217,8 +203,13 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
     packed = packed_strategy(packed_overlap)  # checks the overlap (one line) before anything is priced
     cands, engine, group = _candidates(d, strategies, engine, packed, strategies is None or packed_overlap is not None)
     mem = memory_tradeoff(d, strategies=cands)  # the one memory account of this advice (the baseline's included)
-    _check_fits(d, mem)  # a request that cannot be held is refused before pricing (a billion-token prompt: minutes)
-    _check_budgets(**budget)
+    cap, need = mem["kv_capacity_tokens"], d.prompt_len + d.output_len
+    if not cap > 0 or need > cap:  # refused before pricing (a billion-token prompt: minutes)
+        raise ValueError(f"this deployment does not fit: one request needs {need:,} KV tokens ({d.prompt_len} + "
+                         f"{d.output_len}); KV capacity {max(int(cap), 0):,} tokens; no strategy can be recommended")
+    for name, v in budget.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or math.isnan(v)):
+            raise ValueError(f"{name}={v!r} must be a non-negative number (or omitted: no limit)")
     rows = price(d, cands, memory=mem)
     if not rows[0].fits_in_memory:
         raise ValueError(f"this deployment does not fit: {rows[0].fit_reason}; no strategy can be recommended")

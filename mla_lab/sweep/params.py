@@ -6,6 +6,7 @@ checked here before any point runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 from dataclasses import dataclass, field
@@ -71,7 +72,6 @@ DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses
             for f in dataclasses.fields(SweepParams)}
 
 _LIST_INT = ("tp_sizes", "max_num_batched_tokens", "prompt_lens")
-
 _LIST_STR = ("models", "archs", "strategies")
 
 #: vLLM's names (``vllm serve`` / ``vllm bench serve``) -> the sweep's.
@@ -112,17 +112,6 @@ def check_notebook_names(names) -> None:
     unknown = sorted(n for n in names if not str(n).startswith("_") and n not in _KERNEL_NAMES and n not in known)
     if unknown:
         raise ValueError(f"unknown notebook parameter(s) {unknown}; allowed: {sorted(set(DEFAULTS) | set(NOTEBOOK_ONLY))}")
-
-
-def _rate_number(rate):
-    """``request_rate`` text that is a number as that number (YAML 1.1 reads ``4e-7``, without a dot, as text);
-    anything else unchanged (``'inf'``, or what the check then refuses)."""
-    if isinstance(rate, str) and rate != "inf":
-        try:
-            return float(rate)
-        except ValueError:
-            return rate
-    return rate
 
 
 def _grid_list(k: str, v) -> list:
@@ -194,7 +183,9 @@ _SCALARS = (
 
 def _scalars(p: dict) -> None:
     """The workload, serving and run scalars checked in place (``request_rate`` text that is a number read as one)."""
-    p["request_rate"] = _rate_number(p["request_rate"])
+    if isinstance(p["request_rate"], str) and p["request_rate"] != "inf":  # YAML 1.1 reads 4e-7 (no dot) as text
+        with contextlib.suppress(ValueError):
+            p["request_rate"] = float(p["request_rate"])
     for names, ok, what in _SCALARS:
         for k in names:
             if not ok(p[k]):

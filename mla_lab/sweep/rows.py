@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .. import measure
 from ..arch import GPUArch, detect_arch, get_arch
@@ -481,17 +480,16 @@ def _attach_between_process(out) -> None:
             out.loc[i, "measured_basis"] = f"{v['n_processes']} fresh processes, [min, max]"
 
 
-#: The committed between-process rows of the seed attention path (``mla_lab/measure/experiments/presets.py``:
-#: GLM-5 TP8 geometry, 16 x 1024-token causal prompts in one 16384-token step, H200, bf16 KV cache).
-BETWEEN_PROCESS_PRESETS = ("h200", "between_process", "presets.csv")
-#: The same for the strategies timed later through the package (part ``strategies``: the graph2 sub-chunks).
-BETWEEN_PROCESS_STRATEGIES = ("h200", "between_process", "strategies.csv")
+#: The committed between-process rows of the seed attention path, ``data/measured/<gpu>/between_process/<file>``:
+#: ``presets.csv`` (``mla_lab/measure/experiments/presets.py``: GLM-5 TP8 geometry, 16 x 1024-token causal prompts in
+#: one 16384-token step, H200, bf16 KV cache), then the strategies timed later through the package (``strategies.csv``:
+#: the graph2 sub-chunks).
+BETWEEN_PROCESS_GPU, BETWEEN_PROCESS_FILES = "h200", ("presets.csv", "strategies.csv")
 
 
-def _between_process_seed_ms(path) -> dict:
-    """``{strategy: {process: median ms}}`` of the seed attention path, ``{}`` without the file. ``path``: a path
-    or a ``(gpu, folder, file)`` tuple under ``data/measured``."""
-    p = measured_dir(path[0]).joinpath(*path[1:]) if isinstance(path, tuple) else Path(path)
+def _between_process_seed_ms(name: str) -> dict:
+    """``{strategy: {process: median ms}}`` of the seed attention path in file ``name``, ``{}`` without the file."""
+    p = measured_dir(BETWEEN_PROCESS_GPU) / "between_process" / name
     if not p.is_file():
         return {}
     d = read_measured_csv(p)  # whole or refused in one line (issue 32: a cut file moved the figure silently)
@@ -499,21 +497,15 @@ def _between_process_seed_ms(path) -> dict:
     return {s: dict(g.droplevel(0).items()) for s, g in med.groupby(level=0)}
 
 
-def _is_seed_step(d: Deployment) -> bool:
-    """The deployment's attention step is the one the between-process rows measured."""
-    m = d.model
-    return (d.num_heads == 8 and m.head_size == 576 and m.topk == 2048 and d.max_num_batched_tokens == 16384
-            and d.prompt_len == 1024 and d.arch.name == BETWEEN_PROCESS_PRESETS[0] and d.kv_cache_dtype == "bf16")
-
-
-def between_process_changes(deployment: Deployment, strategies, path=None) -> dict:
-    """The TTFT change against the baseline with the attention path measured in >= 5 fresh processes (at the seed step,
-    :func:`_is_seed_step`; the rest modelled), per process against its own baseline, then the median and [min, max]:
+def between_process_changes(deployment: Deployment, strategies) -> dict:
+    """The TTFT change against the baseline with the attention path measured in >= 5 fresh processes (at the seed step;
+    the rest modelled), per process against its own baseline, then the median and [min, max]:
     ``{strategy: {"median", "lo", "hi", "n_processes"}}`` (``{}`` elsewhere or without the file).
     """
-    d = deployment
-    if not _is_seed_step(d):
-        return {}
+    d, m = deployment, deployment.model
+    if not (d.num_heads == 8 and m.head_size == 576 and m.topk == 2048 and d.max_num_batched_tokens == 16384
+            and d.prompt_len == 1024 and d.arch.name == BETWEEN_PROCESS_GPU and d.kv_cache_dtype == "bf16"):
+        return {}  # not the attention step the between-process rows measured
     n_steps = len(schedule(d.workload, d.max_num_batched_tokens))
 
     def ttft(st, x):
@@ -523,7 +515,7 @@ def between_process_changes(deployment: Deployment, strategies, path=None) -> di
     # a strategy whose route here is not the measured kernel's gets no measured number (issue 39)
     sts = {st.name: st for st in map(as_strategy, strategies) if not measured_withheld(d, st)}
     # each file pairs its strategies with the baseline timed in the same processes; the first file wins
-    for f in ([path] if path else [BETWEEN_PROCESS_PRESETS, BETWEEN_PROCESS_STRATEGIES]):
+    for f in BETWEEN_PROCESS_FILES:
         ms = _between_process_seed_ms(f)
         if BASELINE not in ms:
             continue

@@ -52,9 +52,7 @@ def grid_row_ids(params: SweepParams, may_measure: bool) -> tuple[set, set]:
     for pt in expand_grid(params):
         pid = tuple(_id_cell(pt[c]) for c in ROW_ID_COLUMNS)
         points.add(pid)
-        for s in dict.fromkeys([BASELINE, *pt["strategies"]]):
-            for src in sources:
-                rows.add((*pid, s, src))
+        rows |= {(*pid, s, src) for s in [BASELINE, *pt["strategies"]] for src in sources}
     return points, rows
 
 

@@ -150,12 +150,7 @@ class ResultStore:
             owner = _claim_owner(self.claim_path(key).read_text())
         except OSError:
             return False
-        if owner is None:
-            return False
-        host, pid = owner
-        if host != _host():
-            return True
-        return pid == os.getpid() or _pid_alive(pid)
+        return owner is not None and (owner[0] != _host() or owner[1] == os.getpid() or _pid_alive(owner[1]))
 
     def release(self, key: str) -> None:
         """Drop this process's claim on ``key`` (no error if absent; a claim another process holds is kept)."""
