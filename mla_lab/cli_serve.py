@@ -9,6 +9,7 @@ import math
 from . import cli_doors as doors
 from .cli_doors import MAX_NOISE_STEPS, MAX_SERVE_STEPS, MAX_SERVE_TOTAL_STEPS, MIN_NOISE_RUNS, DoorError
 
+NAN = float("nan")
 __all__ = ["add_parser", "cmd_serve", "serve_step_bound", "check_serve", "serve_summary", "band_note", "format_serve"]
 
 
@@ -57,8 +58,7 @@ def check_serve(args, strategies=None):
     n_strat = len(set(strategies if strategies is not None else args.strategies) | {BASELINE})
     # a prefill chunk costs ~2 decode request-steps (measured: --max-num-batched-tokens 256 --random-input-len 16384
     # --num-prompts 700 --random-output-len 1, 4 strategies x 45,500 request-steps: 20.7 s), so it counts twice
-    work = args.num_prompts * (2 * math.ceil(args.prompt_len / args.max_num_batched_tokens)
-                               + args.output_len)
+    work = args.num_prompts * (2 * math.ceil(args.prompt_len / args.max_num_batched_tokens) + args.output_len)
     if work * n_strat > MAX_SERVE_TOTAL_STEPS:
         raise DoorError(f"--num-prompts {args.num_prompts} x (2 x ceil(--random-input-len {args.prompt_len} / "
                         f"{args.max_num_batched_tokens}) + --random-output-len {args.output_len}) x "
@@ -82,21 +82,21 @@ def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
     the KV capacity, KV tokens lost and % of capacity beside the extra MiB (``runs``: the noise Monte-Carlo's
     result, attached as given)."""
     from .placement import preset_label, strategy_notes
-    strategies = {}
+
     base_cap = res["strategies"][res["baseline"]]["kv_capacity_tokens"]
-    for s, r in res["strategies"].items():
-        strategies[s] = {"preset": r["preset"], "preset_label": preset_label(r["preset"] or ""),
-                         "metrics": {k: float(v) for k, v in r["metrics"].items()},
-                         "change_pct": {k: float(v) for k, v in r["change_pct"].items()},
-                         "kv_capacity_tokens": int(r["kv_capacity_tokens"]),
-                         "kv_tokens_lost": round(float(r["kv_tokens_lost"])),
-                         "kv_capacity_pct_lost": 100.0 * float(r["kv_tokens_lost"]) / base_cap
-                         if base_cap > 0 else float("nan"),
-                         "extra_mib": float(r["extra_mib"]), "num_steps": int(r["num_steps"])}
+    strategies = {s: {"preset": r["preset"], "preset_label": preset_label(r["preset"] or ""),
+                      "metrics": {k: float(v) for k, v in r["metrics"].items()},
+                      "change_pct": {k: float(v) for k, v in r["change_pct"].items()},
+                      "kv_capacity_tokens": int(r["kv_capacity_tokens"]),
+                      "kv_tokens_lost": round(float(r["kv_tokens_lost"])),
+                      "kv_capacity_pct_lost": 100.0 * float(r["kv_tokens_lost"]) / base_cap if base_cap > 0 else NAN,
+                      "extra_mib": float(r["extra_mib"]), "num_steps": int(r["num_steps"])}
+                  for s, r in res["strategies"].items()}
     return {"deployment": res["deployment"], "bench": res["bench"], "baseline": res["baseline"],
             "strategies": strategies, "source": "modelled", "options": res.get("options", {}),
             "notes": list(res.get("notes", [])) + strategy_notes(strategies),
-            **({} if runs is None else {"noise": runs}), "num_runs": num_runs, "band": band_note(res["bench"]["request_rate"], num_runs)}
+            **({} if runs is None else {"noise": runs}), "num_runs": num_runs,
+            "band": band_note(res["bench"]["request_rate"], num_runs)}
 
 
 def band_note(request_rate: float, num_runs: int) -> str:
@@ -212,13 +212,11 @@ def add_parser(sub) -> None:
     sv.add_argument("--random-input-len", "--prompt-len", dest="prompt_len", metavar="RANDOM_INPUT_LEN",
                     type=B("prompt_len"), default=1024, help=f"input tokens per request, {R('prompt_len')} (default 1024)")
     sv.add_argument("--random-output-len", dest="output_len", metavar="RANDOM_OUTPUT_LEN", type=B("output_len"),
-                    default=128,
-                    help=f"output tokens per request, {R('output_len')} (default 128)")
+                    default=128, help=f"output tokens per request, {R('output_len')} (default 128)")
     sv.add_argument("--num-prompts", type=B("num_prompts"), default=32,
                     help=f"requests, {R('num_prompts')} (default 32; with the step bound below)")
     sv.add_argument("--max-concurrency", dest="concurrency", metavar="MAX_CONCURRENCY", type=B("concurrency"),
-                    default=None,
-                    help="most requests in flight, 1..num_prompts (default unlimited)")
+                    default=None, help="most requests in flight, 1..num_prompts (default unlimited)")
     sv.add_argument("--request-rate", type=doors.rate_type, default=float("inf"),
                     help="requests/s, a number > 0 or inf (default inf: every request at t = 0, vLLM's default); a "
                          "finite rate is bounded as serial requests: num_prompts x (prefill steps + output_len) "
