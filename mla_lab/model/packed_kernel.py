@@ -22,14 +22,14 @@ from ..union_layout import union_buffer_bytes
 from ..workload import Step, schedule, sum_topk_lengths
 
 __all__ = ["ROWS_CSV", "PACKED_CSV", "PACKED_OVERLAP_DEFAULT", "PACKED_OVERLAP_SOURCE", "DISPATCH_MARGIN", "PackedFit",
-           "HAND_FIT", "fit_packed", "write_packed_csv", "read_packed_csv", "load_packed_fit", "causal_group_union",
+           "HAND_FIT", "fit_packed", "fit_packed_file", "read_packed_csv", "load_packed_fit", "causal_group_union",
            "step_union", "UnionStats", "packed_plan", "PackedPlan", "packed_union_bytes", "union_key_space",
-           "packed_group_size", "packed_strategy", "packed_summary", "main"]
+           "packed_group_size", "packed_strategy", "packed_summary"]
 
 #: The GPU the fit's rows ran on, and the rows (``mla-lab measure --experiments packed_kernels``).
 FIT_GPU = "h200"
 ROWS_CSV = f"data/measured/{FIT_GPU}/between_process/packed_kernels.csv"
-#: The calibration file :func:`write_packed_csv` writes (``data/calibration``).
+#: The calibration file :func:`fit_packed_file` makes (``data/calibration``).
 PACKED_CSV = "h200_packed.csv"
 #: The assumed pairwise overlap of neighbouring tokens' top-k sets past the top-k (strategy ``packed``).
 PACKED_OVERLAP_DEFAULT = 0.44
@@ -208,27 +208,18 @@ CSV_COLUMNS = ["kind", "name", "block", "shape", "value", "unit", "U", "S", "mea
                "in_sample_pct", "loso_ms", "loso_pct", "meaning", "source", "source_commit"]
 
 
-def write_packed_csv(fit: PackedFit, path: str | Path, overwrite: bool = False) -> Path:
-    """Write the coefficients and per-shape errors (:data:`CSV_COLUMNS`). Raises FileExistsError: ``path`` exists
-    without ``overwrite``."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists: pass --overwrite to replace it")
-    rows = [{"kind": "coefficient", "name": n, "value": getattr(fit, n), "unit": "ns", "meaning": m,
-             "source": fit.source, "source_commit": fit.source_commit} for n, m in TERMS.items()]
-    rows += [{"kind": "error", "name": e["block"], **{k: e[k] for k in e if k != "block"}, "block": e["block"],
-              "source": fit.source, "source_commit": fit.source_commit} for e in fit.errors]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, CSV_COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in CSV_COLUMNS})
-    return path
+def fit_packed_file(measured: Path) -> dict:
+    """``{PACKED_CSV: rows}`` (:data:`CSV_COLUMNS`): :func:`fit_packed` of ``measured``'s packed_kernels rows, the
+    coefficients then the per-shape errors (the ``mla_lab.fits`` entry ``packed``). Raises ValueError: as the fit."""
+    fit = fit_packed(measured / FIT_GPU / "between_process" / "packed_kernels.csv")
+    rows = [{"kind": "coefficient", "name": n, "value": getattr(fit, n), "unit": "ns", "meaning": m}
+            for n, m in TERMS.items()] + [{"kind": "error", "name": e["block"], **e} for e in fit.errors]
+    prov = {"source": fit.source, "source_commit": fit.source_commit}
+    return {PACKED_CSV: [{k: "" if r.get(k) is None else r.get(k, "") for k in CSV_COLUMNS} | prov for r in rows]}
 
 
 def read_packed_csv(path: str | Path) -> PackedFit:
-    """The :class:`PackedFit` of a file :func:`write_packed_csv` wrote."""
+    """The :class:`PackedFit` of a file :func:`fit_packed_file` made."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     c = {r["name"]: float(r["value"]) for r in rows if r["kind"] == "coefficient"}
@@ -461,54 +452,3 @@ def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
     progs = PROGRAMS_PER_SM * rank.arch.sm_count
     b = union_buffer_bytes(rank.max_num_batched_tokens, rank.model.topk, g, union_key_space(rank, prompt_len), progs)
     return b["outputs"] if g in CUDA_BUILDER_GROUPS else b["total"]
-
-
-def _refuse(message: str):
-    """Print ``message`` as one line on stderr and exit 2."""
-    import sys
-
-    print(f"python -m mla_lab.model.packed_kernel: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _main_fit(a) -> PackedFit:
-    """The fit :func:`main` prints, its flags checked first."""
-    if a.overwrite and not a.write:
-        _refuse("--overwrite is given without --write; allowed: with --write (nothing is written without it)")
-    if a.write and (calibration_dir() / PACKED_CSV).exists() and not a.overwrite:
-        _refuse(f"{calibration_dir() / PACKED_CSV} exists: pass --overwrite to replace it")
-    if not Path(a.rows).is_file():
-        _refuse(f"--rows={a.rows} is not a file; run mla-lab measure --experiments packed_kernels first")
-    try:
-        return fit_packed(a.rows)
-    except (ValueError, KeyError, OSError) as e:  # not a packed_kernels rows file (UnicodeDecodeError included)
-        why = " ".join(str(e).split()).removeprefix(f"{a.rows}: ")
-        _refuse(f"--rows={a.rows} cannot be fitted: {why}" + ("" if "allowed:" in why else "; allowed: the rows "
-                "mla-lab measure --experiments packed_kernels writes (between_process/packed_kernels.csv)"))
-
-
-def main(argv=None) -> int:
-    """``python -m mla_lab.model.packed_kernel [--rows CSV] [--write [--overwrite]]``: fit, print, write."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.model.packed_kernel")
-    ap.add_argument("--rows", default=str(REPO_ROOT / ROWS_CSV), help="the packed_kernels rows (default: committed)")
-    ap.add_argument("--write", action="store_true")
-    ap.add_argument("--overwrite", action="store_true")
-    ap.error = _refuse  # one line, exit 2
-    a = ap.parse_args(argv)
-    fit = _main_fit(a)
-    for n in TERMS:
-        print(f"{n:13s} {getattr(fit, n):10.4f} ns  ({TERMS[n]})")
-    for e in fit.errors:
-        lo = "" if e["loso_pct"] is None else f", leave-one-shape-out {e['loso_pct']:+.1f} %"
-        print(f"{e['block']:10s} {e['shape']:12s} measured {e['measured_ms']:.3f} ms, fitted "
-              f"{e['fitted_ms']:.3f} ms ({e['in_sample_pct']:+.1f} %{lo})")
-    if a.write:
-        path = calibration_dir() / PACKED_CSV
-        print(f"wrote {write_packed_csv(fit, path, overwrite=a.overwrite)}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
