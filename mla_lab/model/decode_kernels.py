@@ -146,15 +146,10 @@ def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArc
     rows = _rows(Path(rows_csv))
     out = {}
     for fam in FAMILIES:
-        rs = [r for r in rows if r[0] == fam]
-        B, n, ctx, y = [r[1] for r in rs], [r[2] for r in rs], [r[3] for r in rs], [r[4] * 1e3 for r in rs]
+        B, n, ctx, y = (np.array(c) for c in zip(*[(b, x, c, ms * 1e3) for f, b, x, c, ms in rows if f == fam]))
         params = _fit(B, n, y, fam, arch)
-        loco = []
-        for c in sorted(set(ctx)):
-            tr = [i for i, x in enumerate(ctx) if x != c]
-            te = [i for i, x in enumerate(ctx) if x == c]
-            pp = _fit([B[i] for i in tr], [n[i] for i in tr], [y[i] for i in tr], fam, arch)
-            loco.append(_mape([B[i] for i in te], [n[i] for i in te], [y[i] for i in te], pp, fam, arch))
+        loco = [_mape(B[ctx == c], n[ctx == c], y[ctx == c], _fit(B[ctx != c], n[ctx != c], y[ctx != c], fam, arch),
+                      fam, arch) for c in sorted(set(ctx))]
         out[fam] = DecodeKernel(fam, *params, mape_pct=_mape(B, n, y, params, fam, arch),
                                 loco_mape_pct=float(np.mean(loco)))
     return out
@@ -166,8 +161,9 @@ def fit_decode_kernels_file(measured: Path) -> dict:
     fits = fit_decode_kernels(measured / FIT_GPU / "between_process" / "engine_kernels.csv")
     return {DECODE_KERNELS_CSV: [
         {"family": fam, "a_us": round(k.a_us, 4), "us_per_key": round(k.us_per_key, 6),
-         "eff_bytes": round(k.eff_bytes, 4), "p": k.p, "mape_pct": round(k.mape_pct, 2), "loco_mape_pct": round(k.loco_mape_pct, 2),
-         "source": "measured-fit (NVIDIA H200)", "data_file": ROWS_CSV} for fam, k in fits.items()]}
+         "eff_bytes": round(k.eff_bytes, 4), "p": k.p, "mape_pct": round(k.mape_pct, 2),
+         "loco_mape_pct": round(k.loco_mape_pct, 2), "source": "measured-fit (NVIDIA H200)", "data_file": ROWS_CSV}
+        for fam, k in fits.items()]}
 
 
 def load_decode_kernels(path: str | Path | None = None) -> dict:

@@ -315,13 +315,6 @@ def step_union(chunks, topk: int, g: int, overlap: float) -> UnionStats:
                       float(T * topk))
 
 
-def _step_chunks(step: Step | int) -> list:
-    """A :class:`~mla_lab.workload.Step`'s chunks; an int T: one fresh prompt of T tokens."""
-    if isinstance(step, Step):
-        return list(step.chunks)
-    return [(0, 0, step)] if step else []
-
-
 @dataclass(frozen=True)
 class PackedPlan:
     """What a step runs under ``packed``: ``path`` ``packed`` / ``fallback`` (FA3 sparse), ``mode`` (None: heads not
@@ -348,9 +341,10 @@ def _predict(rank: RankView, stats: UnionStats, fit: PackedFit, rows: int) -> tu
 
 def packed_plan(rank: RankView, step: Step | int, overlap: float | None = None,
                 fit: PackedFit | None = None) -> PackedPlan:
-    """The dispatch for one step on one rank (None: the default overlap; :func:`load_packed_fit`, cached)."""
+    """The dispatch for one step on one rank (an int T: one fresh prompt of T tokens; None: the default overlap;
+    :func:`load_packed_fit`, cached)."""
     o = PACKED_OVERLAP_DEFAULT if overlap is None else overlap
-    chunks = tuple(tuple(c) for c in _step_chunks(step))
+    chunks = tuple(tuple(c) for c in step.chunks) if isinstance(step, Step) else ((0, 0, step),) if step else ()
     return _plan_cached(rank, chunks, o) if fit is None else _plan(rank, chunks, o, fit)
 
 
