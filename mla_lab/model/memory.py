@@ -51,7 +51,7 @@ KV_RULE_SOURCES = {
                         "2 above 256K tokens (vllm/config/vllm.py:1866-1874); 0 without max_model_len",
     "q_workspace": "the lab's baseline Q workspace (mla_lab.placement.BASELINE; mla_lab.buffers.memory_account)",
     "activation": "the profile run's transient peak (mla_lab.model.memory.activation_peak_bytes; vLLM: "
-                  "transient_peak_headroom, " + _W + "vllm/utils/mem_utils.py:333-335): the larger of the forward's "
+                  "transient_peak_headroom, " + _W + "vllm/utils/mem_utils.py:318-320): the larger of the forward's "
                   "4 T x h bf16 (estimate) and the dummy sampler's, B = min(T, max_num_seqs) rows "
                   "(vllm/v1/worker/gpu_model_runner.py:5545, 6132-6139): logits B x V bf16 (5881) + an fp32 copy "
                   "(vllm/v1/sample/sampler.py:158) + probs fp32 (vllm/v1/sample/ops/topk_topp_sampler.py:309) + "
@@ -183,8 +183,8 @@ def sparse_workspace_extra_bytes(rank: RankView, max_model_len: int | None, moe_
 
 
 def _persistent_status(key: str, rank: RankView) -> str:
-    """A persistent term's status; the fused-MoE workspace is cited for the Triton path (TP) only."""
-    if key == "moe_workspace" and rank.moe_parallel != "tp":
+    """A persistent term's status; the fused-MoE workspace is cited for the Triton path (TP on Hopper) only."""
+    if key == "moe_workspace" and (rank.moe_parallel != "tp" or rank.arch.family != "hopper"):
         return "estimate"
     return _PERSISTENT_STATUS.get(key, "estimate")
 
