@@ -1,13 +1,8 @@
 """``mla-lab`` command line: run the papermill-parameterized sweep notebook and publish it as HTML.
 
-    mla-lab sweep [-f params.yaml] [-p name value ...] [--notebook PATH] [--report-name NAME] [--timeout S]
-    mla-lab advise [--model M --tp N --arch A --max-num-batched-tokens T --prompt-len L --memory-budget-mib X]
-    mla-lab serve [--model M --tensor-parallel-size N --random-input-len L --num-prompts P ... --json]
-    mla-lab index [--report-dir DIR]
-    mla-lab check-report [HTML ...]     (headless Chromium: figures loaded and not blank, no JavaScript error)
-
+Also ``advise``, ``serve``, ``engines``, ``index``, ``check-report``, ``measure``, ``report`` (docs/cli.md has each).
 Every door refuses bad input in one line (exit 2) before anything is priced or written (:mod:`mla_lab.cli_doors`);
-imports are lazy (``mla-lab --help`` loads neither torch nor pandas). docs/cli.md has each command.
+imports are lazy (``mla-lab --help`` loads neither torch nor pandas).
 """
 
 from __future__ import annotations
@@ -37,10 +32,7 @@ def _cmd_advise(args) -> int:
             raise DoorError(f"{flag}={v!r} is not used by advise: it ranks strategies by the modelled TTFT of the "
                             "prefill, which neither the output length nor the request rate changes; allowed: omit "
                             "it here, or use 'mla-lab serve' (the vllm bench serve simulation) with it")
-    dep, _ = doors.check_deployment(args.model, args.tp, args.arch, args.max_num_batched_tokens, args.prompt_len,
-                                    args.kv_cache_dtype, args.num_prompts, args.concurrency, args.weight_dtype,
-                                    args.moe_parallel, args.gpu_memory_utilization, strategies=None,
-                                    options=doors.deployment_options(args))
+    dep, _ = doors.check_deployment(args)
     from .sweep.advise import advise, format_advice
 
     doors.check_engine(args.engine)
@@ -72,7 +64,7 @@ def _add_advise(sub) -> None:
     B, R = doors.arg_type, doors.range_help
     ad = sub.add_parser("advise", help="for one deployment and a memory budget: the strategy (and S) with the "
                                        "lowest TTFT, ranked alternatives, what does not fit")
-    doors.deployment_flags(ad, tp_flags=("--tp", "--tensor-parallel-size"), tp_dest="tp")
+    doors.deployment_flags(ad, tp_flags=("--tp", "--tensor-parallel-size"))
     ad.add_argument("--prompt-len", "--random-input-len", dest="prompt_len", type=B("prompt_len"), default=1024,
                     help=f"tokens per prompt, {R('prompt_len')} (default 1024)")
     ad.add_argument("--num-prompts", type=B("num_prompts"), default=32,
@@ -124,21 +116,17 @@ def _stamp(root) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the exit status (0 ok, 1 a run failure, 2 bad input, 130 interrupted).
-
-    Every failure is one line on stderr (``MLA_LAB_TRACEBACK=1`` re-raises unexpected errors with their traceback).
+    """Run one command; returns the exit status (0 ok, 1 a run failure, 2 bad input, 130 interrupted, 141 a closed
+    pipe). Every failure is one line on stderr (``MLA_LAB_TRACEBACK=1`` re-raises unexpected errors).
     """
     try:
         args = build_parser().parse_args(argv)
         rc = _COMMANDS[args.cmd](args)
         sys.stdout.flush()  # a closed pipe raises here, inside the handler below, not at interpreter exit
         return rc
-    except (DoorError, ValueError) as e:
+    except (ValueError, CLIError) as e:  # bad input (DoorError is a ValueError): 2; a run failure: 1
         print(f"mla-lab: error: {_one_line(e)}", file=sys.stderr)
-        return 2
-    except CLIError as e:
-        print(f"mla-lab: error: {_one_line(e)}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(e, CLIError) else 2
     except BrokenPipeError:  # stdout closed by the reader (mla-lab advise | head): quiet, as SIGPIPE would be
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

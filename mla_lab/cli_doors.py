@@ -1,11 +1,8 @@
-"""The CLI's doors: every check that can be made in O(1) before anything is priced, planned or written.
+"""The CLI's doors: every O(1) check made before anything is priced, planned or written.
 
-Each refusal is one :class:`DoorError` (a ``ValueError``) line naming the argument, the value and what is allowed;
-the CLI prints it and exits 2. Cheapest first: ranges (:data:`BOUNDS`), step counts (:data:`MAX_PRICED_STEPS`,
-:data:`MAX_SERVE_STEPS`), vLLM's ``max_num_batched_tokens >= max_num_seqs`` (``vllm/config/scheduler.py``), memory
-fit (:func:`mla_lab.model.memory.memory_tradeoff`), paths. Nothing here writes a file (:func:`plan_without_writing`).
-
-Imports of the lab's heavier modules are function-local on purpose (``mla-lab --help`` loads none of them).
+Each refusal is one :class:`DoorError` (a ``ValueError``) line naming the argument, the value and what is allowed
+(exit 2): ranges (:data:`BOUNDS`), step counts, vLLM's ``max_num_batched_tokens >= max_num_seqs``
+(``vllm/config/scheduler.py``), memory fit, paths. Nothing here writes a file; heavy imports are function-local.
 """
 
 from __future__ import annotations
@@ -16,13 +13,12 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["CLIError", "DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS", "MIN_NOISE_RUNS",
-           "check_notebook", "MAX_GRID_POINTS", "MAX_REPORT_POINTS", "MAX_TP_BARS", "MAX_NOISE_STEPS",
+__all__ = ["CLIError", "DoorError", "BOUNDS", "MAX_PRICED_STEPS", "MAX_SERVE_STEPS", "MAX_SERVE_TOTAL_STEPS",
+           "MIN_NOISE_RUNS", "check_notebook", "MAX_GRID_POINTS", "MAX_REPORT_POINTS", "MAX_TP_BARS", "MAX_NOISE_STEPS",
            "VLLM_FLAGS", "arg_type", "budget_type", "check_sweep_serving", "fraction_type", "rate_type", "merge_flags",
-           "check_sweep", "rel_path",
-           "check_deployment", "check_strategies", "check_report_name", "file_in_the_way",
+           "check_sweep", "rel_path", "check_deployment", "check_strategies", "check_report_name", "file_in_the_way",
            "plan_without_writing", "GRID_KEYS", "check_sim_time", "acceptance_type", "deployment_options",
-           "overlap_type", "range_help", "check_engine", "deployment_flags"]
+           "overlap_type", "range_help", "check_engine", "deployment_flags", "number_type"]
 
 
 class CLIError(Exception):
@@ -54,39 +50,30 @@ BOUNDS = {
 }
 #: -p names holding a list of ints, and the bound each entry takes.
 _LIST_BOUNDS = {"tp_sizes": "tp", "max_num_batched_tokens": "max_num_batched_tokens", "prompt_lens": "prompt_len"}
-#: -p names holding one int.
-_SCALAR_BOUNDS = {"num_prompts": "num_prompts", "concurrency": "concurrency", "output_len": "output_len",
-                  "max_num_seqs": "max_num_seqs", "num_runs": "num_runs", "seed": "seed",
-                  "shared_workspace_bytes": "shared_workspace_bytes"}
+#: -p names holding one int (each bounded by its own entry of :data:`BOUNDS`).
+_SCALAR_BOUNDS = ("num_prompts", "concurrency", "output_len", "max_num_seqs", "num_runs", "seed",
+                  "shared_workspace_bytes")
 #: The most prefill steps one sweep point or one advise call prices (the row builder prices every step of the
 #: schedule for every strategy, ~1-2 ms each on a 2-core machine: 2048 steps ~ a minute for advise's candidates).
 MAX_PRICED_STEPS = 2048
 #: The most engine steps (prefill + decode) one serving strategy simulates (an upper bound, :func:`serve_step_bound`).
 MAX_SERVE_STEPS = 50_000
-#: The most request-steps (one request's prefill chunk or decode token in one engine step, at most
-#: ``num_prompts x (ceil(L / T) + output_len)`` per strategy) one ``mla-lab serve`` simulates over all its strategies
-#: (baseline included). The simulation's cost grows with request-steps, not engine steps (256 requests per step cost
-#: 256x one): measured on a 2-core machine, ~0.04-0.06 ms each plus ~1.5 s of imports (``--num-prompts 1000``, 4
-#: strategies, 516,000 request-steps: 31 s; ``--num-prompts 256``: 132,096 in 9.0 s), so 200,000 is <= ~14 s.
+#: The most request-steps (a request's prefill chunk or decode token in one step) one ``mla-lab serve`` simulates
+#: over its strategies: measured on 2 cores, ~0.04-0.06 ms each plus ~1.5 s of imports (516,000: 31 s; 132,096:
+#: 9.0 s), so <= ~14 s.
 MAX_SERVE_TOTAL_STEPS = 200_000
-#: ``--num-runs``: 1 (one deterministic simulation) or at least this many (a 95 % band from N runs takes the 2.5th
-#: and 97.5th percentiles: below 20 runs they are the min and max, not a 95 % interval).
+#: ``--num-runs``: 1 or at least this many (below 20 runs the 2.5th and 97.5th percentiles are the min and max).
 MIN_NOISE_RUNS = 20
-#: The most request-steps ``mla-lab serve --num-runs N`` simulates in its noise runs (runs x strategies x
-#: request-steps; ~0.03 ms each with the noise model's cached pricer, measured: ``--num-runs 20`` default workload,
-#: 330,240 in 11.6 s; ``--num-prompts 256 --random-output-len 16``, 348,160 in 12.2 s): 350,000 is <= ~13 s.
+#: The most request-steps of serve's noise runs (runs x strategies x request-steps; ~0.03 ms each, measured:
+#: 330,240 in 11.6 s, 348,160 in 12.2 s): <= ~13 s.
 MAX_NOISE_STEPS = 350_000
-#: The most points x strategies one sweep grid may hold, and the most entries one grid list may hold.
-#: The longest benchmark a serving simulation may span (simulated seconds, num_prompts / request_rate, the arrivals'
-#: expected span): 1e8 s (~3 years). Timestamps are float64 seconds; at 1e8 s one ulp is 15 ns (2**-26 s), well
-#: below the millisecond-scale engine steps priced, so step times and ITLs stay exact; at 1e12 s (1e-12 req/s) an
-#: ulp is 0.12 ms, the size of a step's parts (and the metrics' per-second array, now sparse, asked for 8.91 TiB,
-#: issue 39).
+#: The longest simulated benchmark (num_prompts / request_rate, s): at 1e8 s a float64 ulp is 15 ns, so step times
+#: and ITLs stay exact; at 1e12 s it is 0.12 ms, a step's parts (issue 39).
 MAX_SIM_SECONDS = 1e8
+#: The most points x strategies one sweep grid may hold, and the most entries one grid list may hold.
 MAX_GRID_POINTS = 4096
 MAX_LIST_LEN = 64
-#: The most grid points (deployment x prompt length x KV dtype) one sweep's report draws: one frontier panel each,
-#: ~0.4 s apiece on a 2-core CPU (64 points: 25 s), so 256 keep the report's figures to ~2 minutes (a 3,360-point
+#: The most grid points one sweep's report draws, one frontier panel each (~0.4 s apiece on 2 cores; a 3,360-point
 #: grid took 8 minutes, then failed).
 MAX_REPORT_POINTS = 256
 #: The most (model, TP) bars one row of the report's TP bar chart holds before its labels print over each other
@@ -109,11 +96,7 @@ def _short(v, n: int = 60) -> str:
 
 
 def check_bounded_int(name: str, value, label: str | None = None) -> int:
-    """``value`` as an int within :data:`BOUNDS` ``[name]``; ``label`` names it in the message (a flag).
-
-    Raises:
-        DoorError: not an int (bool refused), or outside the bounds (the reason of the upper one stated).
-    """
+    """``value`` as an int within :data:`BOUNDS` ``[name]`` (DoorError naming ``label``, else ``name``, otherwise)."""
     lo, hi, why = BOUNDS[name]
     label = label or name
     if isinstance(value, bool) or not isinstance(value, int):
@@ -123,77 +106,74 @@ def check_bounded_int(name: str, value, label: str | None = None) -> int:
     return value
 
 
+def _int(text) -> int:
+    return int(str(text).strip().replace("_", ""), 10)
+
+
 def arg_type(name: str):
     """An argparse ``type=`` for an integer flag bounded by :data:`BOUNDS` ``[name]``."""
     lo, hi, why = BOUNDS[name]
 
     def parse(text: str) -> int:
         try:
-            v = int(text.strip().replace("_", ""), 10)
-        except (ValueError, AttributeError):
+            v = _int(text)
+        except ValueError:
             raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: {lo}..{hi:,}") from None
         if not lo <= v <= hi:
             raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: {lo}..{hi:,} ({why})")
         return v
 
-    parse.__name__ = name
     return parse
 
 
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{_short(text)} is not a number") from None
+def number_type(ok, why: str, not_a_number: str = "is not a number"):
+    """An argparse ``type=``: a float ``v`` with ``ok(v)``; else one line ``'<text>' <why>`` (``<not_a_number>``)."""
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{_short(text)} {not_a_number}") from None
+        if not ok(v):
+            raise argparse.ArgumentTypeError(f"{_short(text)} {why}")
+        return v
+
+    return parse
 
 
 def budget_type(flag: str, integer: bool = False):
     """argparse ``type=`` for a memory budget: a finite number >= 0 (``integer``: a whole number, e.g. KV tokens)."""
+    if not integer:
+        return number_type(lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0 (omit it: no limit)")
 
-    def parse(text: str) -> float | int:
-        if integer:
-            try:
-                v = int(str(text).strip().replace("_", ""), 10)
-            except ValueError:
-                raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: a whole number of "
-                                                 "tokens >= 0 (omit it: no limit)") from None
-            if v < 0:
-                raise argparse.ArgumentTypeError(f"{_short(text)} must be >= 0 tokens (omit it: no limit)")
-            return v
-        v = _float(text)
-        if not (math.isfinite(v) and v >= 0):
-            raise argparse.ArgumentTypeError(f"{_short(text)} must be a finite number >= 0 (omit it: no limit)")
+    def parse(text: str) -> int:
+        try:
+            v = _int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{_short(text)} is not an integer; allowed: a whole number of tokens "
+                                             ">= 0 (omit it: no limit)") from None
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"{_short(text)} must be >= 0 tokens (omit it: no limit)")
         return v
 
-    parse.__name__ = flag
     return parse
 
 
-def fraction_type(text: str) -> float:
-    """argparse ``type=`` for ``--gpu-memory-utilization``: a number in (0, 1]."""
-    v = _float(text)
-    if not 0 < v <= 1:
-        raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: a number in (0, 1]")
-    return v
-
-
-def acceptance_type(text: str) -> float:
-    """argparse ``type=`` for ``--acceptance-length``: a number >= 1 (tokens accepted per step, bonus included; the
-    upper bound ``num_speculative_tokens + 1`` is checked by :meth:`mla_lab.deployment.Deployment.of`)."""
-    v = _float(text)
-    if not 1 <= v <= BOUNDS["num_speculative_tokens"][1] + 1:
-        raise argparse.ArgumentTypeError(f"{_short(text)} is out of range; allowed: a number in [1, "
-                                         "num_speculative_tokens + 1]")
-    return v
+#: ``--gpu-memory-utilization``, ``--acceptance-length`` (its upper bound ``num_speculative_tokens + 1`` is the
+#: Deployment's door), ``--request-rate`` (requests/s or inf), ``--packed-overlap`` (its range [0, 1] is checked by
+#: :func:`mla_lab.model.packed_kernel.packed_strategy`, whose one line the CLI prints).
+fraction_type = number_type(lambda v: 0 < v <= 1, "is out of range; allowed: a number in (0, 1]")
+acceptance_type = number_type(lambda v: 1 <= v <= BOUNDS["num_speculative_tokens"][1] + 1,
+                              "is out of range; allowed: a number in [1, num_speculative_tokens + 1]")
+rate_type = number_type(lambda v: v > 0, "must be > 0 requests/s, or inf (every request at t = 0)")
+overlap_type = number_type(lambda v: True, "", "is not a number; allowed: a number in [0, 1] (the assumed pairwise "
+                           "overlap of neighbouring tokens' top-k sets past the top-k)")
 
 
 def deployment_options(args) -> dict:
-    """The deployment options of ``advise`` / ``serve`` (``--num-speculative-tokens``, ``--acceptance-length``,
-    ``--dp-attention``) as :meth:`mla_lab.deployment.Deployment.of` arguments; the cross-check (acceptance length
-    within ``[1, k + 1]``, dp dividing tp) is the Deployment's door.
-
-    Raises:
-        DoorError: ``--acceptance-length`` given without ``--num-speculative-tokens``.
+    """``--num-speculative-tokens``, ``--acceptance-length``, ``--dp-attention`` as
+    :meth:`mla_lab.deployment.Deployment.of` arguments (their cross-checks are the Deployment's). Raises DoorError for
+    ``--acceptance-length`` without ``--num-speculative-tokens``.
     """
     k = getattr(args, "num_speculative_tokens", 0) or 0
     a = getattr(args, "acceptance_length", None)
@@ -204,33 +184,10 @@ def deployment_options(args) -> dict:
             "dp_attention": getattr(args, "dp_attention", 1) or 1}
 
 
-def overlap_type(text: str) -> float:
-    """argparse ``type=`` for ``--packed-overlap``: a number (its range, [0, 1], is checked where it is used:
-    :func:`mla_lab.model.packed_kernel.packed_strategy`, whose one line the CLI prints)."""
-    try:
-        return float(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{_short(text)} is not a number; allowed: a number in [0, 1] (the assumed "
-                                         "pairwise overlap of neighbouring tokens' top-k sets past the top-k)") from None
-
-
-def rate_type(text: str) -> float:
-    """argparse ``type=`` for ``--request-rate``: requests/s > 0, or ``inf``."""
-    v = _float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"{_short(text)} must be > 0 requests/s, or inf (every request at t = 0)")
-    return v
-
-
 # ----------------------------------------------------------------------------------------------------- sweep
 def merge_flags(params: dict, flags: dict) -> dict:
-    """``params`` (from -f / -p, any spelling) with the CLI's flags added, names normalised to the sweep's.
-
-    ``flags``: ``{sweep name: (flag, value)}``.
-
-    Raises:
-        DoorError: a flag and its -p/-f twin given with different values (``--tensor-parallel-size 8`` and
-            ``-p tp_sizes '[4]'``); a name given twice under two spellings.
+    """``params`` (-f / -p, any spelling) with the CLI's ``flags`` (``{sweep name: (flag, value)}``) added, names
+    normalised. Raises DoorError for a flag and its -p/-f twin with different values, or a name under two spellings.
     """
     from .sweep.params import normalize_names
 
@@ -248,21 +205,18 @@ def _as_list(v):
 
 
 def check_sweep(params: dict) -> None:
-    """The sweep's cheap checks on normalised parameters (names as :func:`merge_flags` returns), then the sweep's
-    own validation (:func:`mla_lab.sweep.params.validate_params`, :func:`~mla_lab.sweep.params.check_tp_sizes`).
-
-    Raises:
-        DoorError / ValueError: one line (bounds, list lengths, grid size, steps per point, vLLM's engine rule, a
-            file where a folder must be).
+    """The sweep's cheap checks on normalised parameters (bounds, list lengths, grid size, steps per point, vLLM's
+    engine rule, paths), then :func:`mla_lab.sweep.params.validate_params` and ``check_tp_sizes``; DoorError /
+    ValueError, one line.
     """
     from .sweep.params import DEFAULTS, check_tp_sizes, validate_params
 
     unknown = sorted(set(params) - set(DEFAULTS))
     if unknown:
         raise DoorError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
-    for name, bound in _SCALAR_BOUNDS.items():
+    for name in _SCALAR_BOUNDS:
         if _is_int(params.get(name)):
-            check_bounded_int(bound, params[name], name)
+            check_bounded_int(name, params[name])
     _check_grid_lists(params)
     for k in ("store_dir", "data_file", "report_dir"):
         v = params.get(k)
@@ -319,14 +273,9 @@ def _check_grid_size(checked) -> None:
 
 
 def check_sweep_serving(checked) -> None:
-    """The bounds ``mla-lab serve`` applies (:data:`MAX_SERVE_TOTAL_STEPS` request-steps per simulation, which also
-    bounds its :data:`MAX_SERVE_STEPS` engine steps: a request-step count is at least the serial step count), held
-    for every simulation the sweep's report runs: its serving section (every engine preset and the baseline) and
-    its request-rate curve (three presets and the baseline, once per rate), on the grid's costliest prompt length
-    and max_num_batched_tokens (the deployment it picks is one of the grid's).
-
-    Raises:
-        DoorError: one line naming num_prompts, output_len and the prompt length.
+    """``mla-lab serve``'s bound (:data:`MAX_SERVE_TOTAL_STEPS` request-steps) for every simulation the sweep's report
+    runs (every engine preset and the baseline) on the grid's costliest prompt length and max_num_batched_tokens
+    (DoorError naming num_prompts, output_len and the prompt length).
     """
     from .placement import BASELINE, PRESETS, expand_strategies
 
@@ -343,11 +292,7 @@ def check_sweep_serving(checked) -> None:
 
 
 def check_sim_time(num_prompts: int, request_rate: float, label: str) -> None:
-    """The serving simulation's simulated span: ``num_prompts / request_rate`` <= :data:`MAX_SIM_SECONDS`.
-
-    Raises:
-        DoorError: one line naming ``label`` (the rate's flag or parameter), the value and the smallest rate allowed.
-    """
+    """``num_prompts / request_rate`` <= :data:`MAX_SIM_SECONDS` simulated seconds, else DoorError naming ``label``."""
     request_rate = float(request_rate)  # the sweep's parameter is 'inf' or a number
     if math.isinf(request_rate) or num_prompts / request_rate <= MAX_SIM_SECONDS:
         return
@@ -374,11 +319,8 @@ def file_in_the_way(path: str | Path) -> Path | None:
 
 
 def check_special_fs(name: str, value) -> None:
-    """A path on a special filesystem (``/proc``, ``/sys``, ``/dev``, :func:`mla_lab.paths.special_filesystem`) is
-    refused: the run would fail late, after the door and the dry run accepted it.
-
-    Raises:
-        DoorError: one line naming the argument, the value and the filesystem.
+    """Refuse (DoorError) a path on a special filesystem (``/proc``, ``/sys``, ``/dev``:
+    :func:`mla_lab.paths.special_filesystem`), where the run would fail late.
     """
     from .paths import special_filesystem
 
@@ -419,11 +361,7 @@ def _check_path(name: str, value: str, folder: bool) -> None:
 
 
 def check_report_name(name: str) -> str:
-    """``--report-name``: a file basename (letters, digits, ``.``, ``_``, ``-``), no folder.
-
-    Raises:
-        DoorError: anything else (``sub/dir``, empty, ``..``).
-    """
+    """``--report-name``: a basename of letters, digits, ``.``, ``_``, ``-``, no folder (else DoorError)."""
     if not isinstance(name, str) or not _REPORT_NAME.match(name) or name.endswith((".html", ".ipynb")):
         raise DoorError(f"--report-name={_short(name)} is not allowed; allowed: a basename of letters, digits, '.', "
                         "'_' and '-' (at most 100, no folder, no extension), e.g. padding_sweep")
@@ -431,12 +369,8 @@ def check_report_name(name: str) -> str:
 
 
 def plan_without_writing(params: dict) -> dict:
-    """:func:`mla_lab.sweep.run.plan_sweep` of ``params`` without creating a file or a folder: the output file's
-    checks are made without making its folder, and a store that does not exist yet is planned in a temporary one
-    (so ``stored`` is 0), then reported at its real path.
-
-    Raises:
-        ValueError: as :func:`mla_lab.sweep.run.check_output_file` and ``plan_sweep``.
+    """:func:`mla_lab.sweep.run.plan_sweep` of ``params`` creating nothing: a store that does not exist yet is planned
+    in a temporary one (``stored`` 0), reported at its real path. ValueError as ``check_output_file``, ``plan_sweep``.
     """
     import dataclasses
     import tempfile
@@ -472,11 +406,7 @@ GRID_KEYS = ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_le
 
 # ----------------------------------------------------------------------------------------------------- advise/serve
 def check_strategies(names) -> list[str]:
-    """Canonical names of ``names`` (presets, aliases, canonical strategies).
-
-    Raises:
-        DoorError: an unknown name (the allowed ones listed).
-    """
+    """Canonical names of ``names`` (presets, aliases, canonical strategies); DoorError for an unknown one."""
     from .placement import ALIASES, ENGINE_PRESET_MEMBERS, PRESETS, canonical_names, expand_strategies
 
     out = []
@@ -490,41 +420,34 @@ def check_strategies(names) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cache_dtype, num_prompts,
-                     concurrency, weight_dtype, moe_parallel, gpu_memory_utilization, strategies=None,
-                     output_len: int = 0, max_num_seqs: int | None = None,
-                     workload_in_flight: bool = True, options: dict | None = None) -> tuple:
-    """O(1) checks of one deployment before any step is priced: :meth:`mla_lab.deployment.Deployment.of` (names,
-    dtypes, TP against every size it divides), vLLM's engine rule, the step bound, and whether the weights and the
-    workload's KV tokens fit (:func:`mla_lab.model.memory.memory_tradeoff`); returns memory_tradeoff's result.
-
-    ``options``: the deployment options (:func:`deployment_options`: MTP, DP attention), passed to the door.
-    ``workload_in_flight``: the workload's ``concurrency x prompt_len`` tokens must fit the KV cache at once (advise
-    and the row builder price it so); False (serve): one request (``prompt_len + output_len``) must fit, the
-    scheduler queues the rest.
-
-    Raises:
-        DoorError / ValueError: an unknown model/arch/dtype, a TP that does not divide the heads, concurrency above
-            num_prompts, too many steps to price, vLLM's engine rule, weights that do not fit, a workload whose KV
-            tokens do not fit.
+def check_deployment(args, workload_in_flight: bool = True) -> tuple:
+    """O(1) checks of the deployment of ``advise`` / ``serve``'s ``args`` (:func:`deployment_flags`, ``prompt_len``,
+    ``num_prompts``, ``concurrency``; ``output_len``, ``max_num_seqs`` where given) before any step is priced:
+    :meth:`mla_lab.deployment.Deployment.of`, vLLM's engine rule, the step bound, whether the weights and KV tokens
+    fit (:func:`mla_lab.model.memory.memory_tradeoff`). Returns ``(deployment, memory_tradeoff's result)``.
+    ``workload_in_flight``: ``concurrency x prompt_len`` tokens must fit at once (advise); False (serve): one request.
+    DoorError / ValueError: one line.
     """
     from .deployment import Deployment
     from .model.memory import memory_tradeoff
     from .placement import BASELINE
 
-    conc = concurrency if concurrency is not None else num_prompts
-    if isinstance(conc, int) and isinstance(num_prompts, int) and conc > num_prompts:
+    num_prompts, prompt_len, output_len = args.num_prompts, args.prompt_len, getattr(args, "output_len", 0)
+    conc = args.concurrency if args.concurrency is not None else num_prompts
+    if conc > num_prompts:
         raise DoorError(f"concurrency={conc} exceeds num_prompts={num_prompts}; allowed: 1..{num_prompts} or omit it "
                         "(= num_prompts)")
-    dep = Deployment.of(model=model, tp=tp, arch=arch, max_num_batched_tokens=max_num_batched_tokens,
-                        kv_cache_dtype=kv_cache_dtype, weight_dtype=weight_dtype, moe_parallel=moe_parallel,
-                        prompt_len=prompt_len, num_prompts=num_prompts, concurrency=conc,
-                        output_len=max(output_len, 1), gpu_memory_utilization=gpu_memory_utilization,
-                        **({} if max_num_seqs is None else {"max_num_seqs": max_num_seqs}),  # vLLM's rule: there
-                        **(options or {}))
-    m, a = dep.model, dep.arch
+    seqs = getattr(args, "max_num_seqs", None)
+    dep = Deployment.of(**{k: getattr(args, k) for k in ("model", "tp", "arch", "max_num_batched_tokens",
+                                                         "kv_cache_dtype", "weight_dtype", "moe_parallel",
+                                                         "gpu_memory_utilization")},
+                        prompt_len=prompt_len, num_prompts=num_prompts, concurrency=conc, output_len=max(output_len, 1),
+                        **({} if seqs is None else {"max_num_seqs": seqs}),  # vLLM's rule: there
+                        **deployment_options(args))
+    m, a, tp, weight_dtype, moe_parallel = dep.model, dep.arch, dep.tp, dep.weight_dtype, dep.moe_parallel
+    gpu_memory_utilization = dep.gpu_memory_utilization
     if workload_in_flight:
-        _check_steps(num_prompts, prompt_len, max_num_batched_tokens, "deployment")
+        _check_steps(num_prompts, prompt_len, args.max_num_batched_tokens, "deployment")
     mem = memory_tradeoff(dep, strategies=[BASELINE])
     cap = mem["kv_capacity_tokens"]
     where = f"{m.name} TP{tp} {a.name} ({weight_dtype} weights, experts {moe_parallel})"
@@ -544,9 +467,10 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
         if workload_in_flight:
             raise DoorError(f"this deployment does not fit advise's TTFT model, which holds every prompt's KV in "
                             f"flight at once: {where}: the workload needs {need:,} KV tokens in flight (concurrency "
-                            f"{conc} x {prompt_len}); KV capacity {int(cap):,} tokens; allowed: fewer tokens in flight (--concurrency, --prompt-len), a larger TP or "
-                            "a higher --gpu-memory-utilization; 'mla-lab serve' (the vllm bench serve simulation) "
-                            "queues the requests vLLM cannot hold and runs this workload")
+                            f"{conc} x {prompt_len}); KV capacity {int(cap):,} tokens; allowed: fewer tokens in flight "
+                            "(--concurrency, --prompt-len), a larger TP or a higher --gpu-memory-utilization; "
+                            "'mla-lab serve' (the vllm bench serve simulation) queues the requests vLLM cannot hold "
+                            "and runs this workload")
         raise DoorError(f"this deployment does not fit: {where}: one request needs {need:,} KV tokens "
                         f"({prompt_len} + {output_len}); KV capacity {int(cap):,} tokens; allowed: shorter requests, "
                         "a larger TP or a higher --gpu-memory-utilization")
@@ -555,12 +479,8 @@ def check_deployment(model, tp, arch, max_num_batched_tokens, prompt_len, kv_cac
 
 # ----------------------------------------------------------------------------------------------------- files
 def check_notebook(path: str) -> Path:
-    """``--notebook``: an existing ``.ipynb`` file holding notebook JSON (nbformat 4: a mapping with a ``cells``
-    list) with a cell tagged ``parameters`` (papermill injects the parameters after it). Read with :mod:`json`
-    only (no nbformat import: ``sweep --dry-run`` stays fast).
-
-    Raises:
-        DoorError: empty, missing, not a regular file, not ``.ipynb``, not notebook JSON, no ``parameters`` cell.
+    """``--notebook``: an existing ``.ipynb`` of notebook JSON with a cell tagged ``parameters``, read with :mod:`json`
+    (``sweep --dry-run`` stays fast). DoorError: empty, missing, not a file, not ``.ipynb``, not JSON, no such cell.
     """
     import json
 
@@ -613,13 +533,13 @@ def check_engine(engine) -> None:
         raise DoorError(str(e)) from None
 
 
-def deployment_flags(p, tp_flags, tp_dest) -> None:
+def deployment_flags(p, tp_flags) -> None:
     """The deployment flags ``advise`` and ``serve`` share, on parser ``p`` (``tp_flags``: the tensor-parallel spellings)."""
     B = arg_type
     lo, hi, _ = BOUNDS["tp"]
     p.add_argument("--model", default="glm-5", help="a model the lab knows, e.g. glm-5 or deepseek-v3.2 (default "
                                                    "glm-5; an unknown name lists them)")
-    p.add_argument(*tp_flags, dest=tp_dest, type=B("tp"), default=8,
+    p.add_argument(*tp_flags, dest="tp", metavar=tp_flags[0][2:].upper().replace("-", "_"), type=B("tp"), default=8,
                    help=f"tensor-parallel size (GPUs), {lo}..{hi:,}, dividing the model's num_heads (default 8)")
     p.add_argument("--arch", default="h200", help="GPU, e.g. h200 (sm90) or b200 (sm100) (default h200; an unknown "
                                                  "name lists them)")

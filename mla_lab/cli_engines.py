@@ -58,11 +58,7 @@ ENGINE_SMS = ("sm90", "sm100")
 
 
 def _engines_arch(name):
-    """The GPU card of ``--arch`` (one whose sm the engine facts cover: :data:`ENGINE_SMS`).
-
-    Raises:
-        DoorError: one line naming ``--arch``, the value and the allowed ones.
-    """
+    """The GPU card of ``--arch`` whose sm the engine facts cover (:data:`ENGINE_SMS`); else DoorError."""
     from .arch import ARCHS, get_arch
 
     allowed = [a for a in ARCHS if get_arch(a).sm in ENGINE_SMS]
@@ -106,11 +102,8 @@ def _check_wheels(args) -> int:
 
 
 def _write_checked(wheel: str, rep: dict, overwrite: bool) -> None:
-    """``--write``: the wheel check's report into ``data/engines`` when every fact held or moved; a failed check
-    writes nothing (the committed facts stay as they are, issue 39) and says so on stderr.
-
-    Raises:
-        DoorError: a report file exists and ``overwrite`` is False.
+    """``--write``: the wheel check's report into ``data/engines`` when every fact held or moved; a failed check writes
+    nothing (issue 39) and says so on stderr. DoorError: a report file exists without ``overwrite``.
     """
     from .engines.wheel_check import write_report
     from .paths import data_dir

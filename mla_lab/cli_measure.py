@@ -1,28 +1,20 @@
-"""``mla-lab measure`` and ``mla-lab report --measured <gpu>``: the measurement suite on the GPU that is there, and
-the report rendered from what it wrote (the command line; the work is :mod:`mla_lab.measure.experiments`).
+"""``mla-lab measure`` and ``mla-lab report --measured <gpu>`` (the work: :mod:`mla_lab.measure.experiments`).
 
-- ``mla-lab measure [--experiments a,b] [--processes N] [--out DIR] [--overwrite] [--engine-root DIR] [--dry-run]
-  [--budget-s S] [--resume RUN_DIR] [--smoke]``:
-  the chosen experiments (default: the between-process set) in N fresh processes each (default 5) into
-  ``data/measured/<gpu>/`` (``<gpu>`` from ``torch.cuda.get_device_name``: "NVIDIA H200" -> ``h200``); a file that
-  exists there is never replaced without ``--overwrite`` (the run goes to ``<out>/runs/<timestamp>/``). A run that
-  wrote ``padding_sweep.csv`` under the measured root is stamped (:mod:`mla_lab.report.stamp_measured`).
-  ``--dry-run`` lists every chosen experiment, its shapes count and its output files, and runs nothing (CPU is
-  enough). Without CUDA a real run is refused with one line (exit 2). ``--budget-s S`` starts no process after S
-  seconds (exit 3, the run folder resumable); ``--resume RUN_DIR`` finishes it (processes that exited 0 keep their
-  rows; the run's own experiments unless ``--experiments``). ``--smoke``: every chosen experiment once, tiny shapes
-  (:data:`mla_lab.measure.experiments.SMOKE_TOKENS` tokens), into a new temp folder unless ``--out`` (never
-  ``data/measured``): the quick end-to-end check of the suite on a GPU.
-- ``mla-lab report --measured GPU [--report-dir DIR]``: the report for that GPU (``reports/<gpu>/``) from
-  ``data/measured/<gpu>/``: the sweep notebook over the measured sweep's grid (the GPU's measured rows, plus the
-  B200 as modelled rows), published beside the rows it shows, then checked in the browser (``check-report``).
+- ``measure``: the chosen experiments (default the between-process set) in ``--processes`` fresh processes into
+  ``data/measured/<gpu>/`` (``torch.cuda.get_device_name``: "NVIDIA H200" -> ``h200``); an existing file is
+  replaced only with ``--overwrite`` (else ``<out>/runs/<timestamp>/``); a measured ``padding_sweep.csv`` is
+  stamped (:mod:`mla_lab.report.stamp_measured`). ``--dry-run`` lists experiments, shapes and files (CPU is
+  enough); without CUDA a real run is refused (exit 2). ``--budget-s`` starts no process after S seconds (exit 3,
+  resumable with ``--resume RUN_DIR``). ``--smoke``: tiny shapes into a temp folder, never ``data/measured``.
+- ``report --measured GPU``: the sweep notebook over the measured grid into ``reports/<gpu>/``, browser-checked.
 
-Imports of torch and of the suite are inside the functions: ``mla-lab --help`` loads neither (issue 22).
+torch and the suite are imported inside the functions (``mla-lab --help`` loads neither, issue 22).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -30,26 +22,24 @@ import tempfile
 from pathlib import Path
 
 
-def processes_type(s: str) -> int:
-    """``--processes``: an integer 1..64 (64: more fresh processes than one GPU session holds)."""
-    try:
-        n = int(s)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= 64:
-        raise argparse.ArgumentTypeError(f"--processes={s!r}: an integer 1..64 is allowed")
-    return n
+def _flag_type(flag: str, convert, ok, allowed: str):
+    """An argparse ``type=``: ``convert(text)`` where ``ok`` holds, else ``<flag>='<text>': <allowed> is allowed``."""
+
+    def parse(s: str):
+        try:
+            v = convert(s)
+        except ValueError:
+            v = None
+        if v is None or not ok(v):
+            raise argparse.ArgumentTypeError(f"{flag}={s!r}: {allowed} is allowed")
+        return v
+
+    return parse
 
 
-def budget_type(s: str) -> float:
-    """``--budget-s``: seconds, a finite number > 0."""
-    try:
-        v = float(s)
-    except ValueError:
-        v = float("nan")
-    if not (v > 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"--budget-s={s!r}: a number of seconds > 0 is allowed")
-    return v
+#: ``--processes`` (64: more fresh processes than one GPU session holds) and ``--budget-s`` (finite seconds).
+processes_type = _flag_type("--processes", int, lambda n: 1 <= n <= 64, "an integer 1..64")
+budget_type = _flag_type("--budget-s", float, lambda v: 0 < v < float("inf"), "a number of seconds > 0")
 
 
 def add_parsers(sub) -> None:
@@ -189,13 +179,10 @@ REPORT_SUFFIXES = (".html", ".ipynb", ".png", ".svg", "_rows.csv")
 
 
 def legacy_report_files(folder: Path) -> list[str]:
-    """The files of a report folder written before :data:`mla_lab.paths.OUTPUT_MANIFEST` existed (the committed
-    ``reports/h200/``), recognised by the report's own stamp: ``run_metadata.json`` names a ``report_name`` R and a
-    ``run_id`` that ``R.html`` contains. Then the lab's files are ``run_metadata.json``, ``R`` + each of
-    :data:`REPORT_SUFFIXES` and the figures ``R/<figure>.png`` that have their ``R/<figure>.svg`` twin (and the
-    reverse); anything else in the folder is not the lab's. Without the stamp: [] (nothing is the lab's)."""
-    import json
-
+    """The lab's files in a report folder written before :data:`mla_lab.paths.OUTPUT_MANIFEST` (the committed
+    ``reports/h200/``), known by its stamp (``run_metadata.json`` naming ``report_name`` R and a ``run_id`` that
+    ``R.html`` holds): it, ``R`` + :data:`REPORT_SUFFIXES`, and ``R/*.png`` / ``.svg`` pairs; [] without the stamp.
+    """
     try:
         meta = json.loads((folder / "run_metadata.json").read_text(encoding="utf-8"))
         name, run_id = meta["report_name"], meta["run_id"]
@@ -242,16 +229,10 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
     _check_out_folder("--report-dir", str(report_dir or dest), dest)
     tmp = Path(tempfile.mkdtemp(prefix=f"mla_lab_report_{gpu}_"))
     name = f"padding_sweep_{gpu}"
-    archs = [gpu] + ([] if gpu == "b200" else ["b200"])
-
-    def lst(xs):
-        return "[" + ", ".join(str(x) for x in xs) + "]"
-
-    argv = ["sweep", "-p", "models", lst(GRID["models"]), "-p", "tp_sizes", lst(GRID["tp_sizes"]),
-            "-p", "archs", lst(archs), "-p", "max_num_batched_tokens", lst(GRID["max_num_batched_tokens"]),
-            "-p", "prompt_lens", lst(GRID["prompt_lens"]), "-p", "device", "cpu", "-p", "store_dir",
-            str(tmp / "st"), "-p", "data_file", str(tmp / f"{name}_rows.csv"), "-p", "report_dir",
-            str(tmp / "reports"), "--report-name", name]
+    grid = dict(GRID, archs=[gpu] + ([] if gpu == "b200" else ["b200"]))
+    argv = ["sweep", *(x for k, v in grid.items() for x in ("-p", k, json.dumps(v))), "-p", "device", "cpu",
+            "-p", "store_dir", str(tmp / "st"), "-p", "data_file", str(tmp / f"{name}_rows.csv"),
+            "-p", "report_dir", str(tmp / "reports"), "--report-name", name]
 
     def finish() -> Path:
         # checked again: a file that appeared during the render is refused, never removed

@@ -12,11 +12,8 @@ __all__ = ["add_parsers", "cmd_index", "cmd_check_report"]
 
 
 def _check_report_dir(report_dir: str) -> Path:
-    """``mla-lab index --report-dir``: an existing folder holding at least one report the lab published
-    (``runs/<run_id>.json`` with its ``.html``, :func:`mla_lab.report.site.list_runs`); nothing is created.
-
-    Raises:
-        DoorError: empty, missing, a file (or under one), or no published run in it.
+    """``--report-dir``: an existing folder holding a report the lab published (:func:`mla_lab.report.site.list_runs`);
+    nothing is created. DoorError: empty, missing, a file (or under one), no published run.
     """
     from .report.site import RUNS_DIR, list_runs
 

@@ -6,25 +6,10 @@ from __future__ import annotations
 import json
 import math
 
-from .cli_doors import (
-    BOUNDS,
-    MAX_NOISE_STEPS,
-    MAX_SERVE_STEPS,
-    MAX_SERVE_TOTAL_STEPS,
-    MIN_NOISE_RUNS,
-    DoorError,
-    arg_type,
-    check_deployment,
-    check_engine,
-    check_sim_time,
-    check_strategies,
-    deployment_flags,
-    deployment_options,
-    range_help,
-    rate_type,
-)
+from . import cli_doors as doors
+from .cli_doors import MAX_NOISE_STEPS, MAX_SERVE_STEPS, MAX_SERVE_TOTAL_STEPS, MIN_NOISE_RUNS, DoorError
 
-__all__ = ["add_parser", "cmd_serve", "serve_step_bound", "check_serve", "serve_noise_runs", "serve_summary", "band_note", "format_serve"]
+__all__ = ["add_parser", "cmd_serve", "serve_step_bound", "check_serve", "serve_summary", "band_note", "format_serve"]
 
 
 def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num_batched_tokens: int,
@@ -32,12 +17,9 @@ def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num
                      kv_capacity_tokens: float = math.inf) -> tuple[int, str]:
     """An upper bound on the engine steps one serving strategy simulates, and the case it assumes (for messages).
 
-    Every request needs at most ``ceil(L / T) + 1`` prefill chunks (the first output token comes with the last
-    one) and ``output_len - 1`` decode steps, and every engine step with work advances at least one request (the
-    simulation jumps over idle time). So in every case steps <= ``P x (ceil(L / T) + output_len)`` (serial: a
-    finite ``--request-rate``, whose arrivals may not overlap). With every request at t = 0 (``--request-rate inf``)
-    ``lanes = min(concurrency, max_num_seqs, KV capacity // (L + output_len))`` requests run together, in
-    ``ceil(P / lanes)`` waves of at most ``ceil(lanes x L / T) + output_len`` steps each.
+    A request needs at most ``ceil(L / T) + output_len`` steps and every step advances one, so serial (a finite rate)
+    is ``P x (ceil(L / T) + output_len)``; at ``--request-rate inf`` ``lanes = min(concurrency, max_num_seqs, KV
+    capacity // (L + output_len))`` run together, ``ceil(P / lanes)`` waves of ``ceil(lanes x L / T) + output_len``.
     """
     serial = num_prompts * (math.ceil(prompt_len / max_num_batched_tokens) + output_len)
     if not math.isinf(request_rate):
@@ -49,33 +31,24 @@ def serve_step_bound(num_prompts: int, prompt_len: int, output_len: int, max_num
 
 
 def check_serve(args, strategies=None):
-    """:func:`check_deployment` for ``mla-lab serve`` plus its step bounds: :func:`serve_step_bound` per strategy
-    (:data:`MAX_SERVE_STEPS`), over all strategies (:data:`MAX_SERVE_TOTAL_STEPS`) and over the noise runs
-    (:data:`MAX_NOISE_STEPS`); ``--num-runs`` 1 or at least :data:`MIN_NOISE_RUNS`. Returns the checked
-    :class:`~mla_lab.deployment.Deployment` (built once, here; the serving simulation takes it).
-
-    ``strategies``: the canonical strategies (:func:`check_strategies`), the baseline not included; default
-    ``args.strategies``.
-
-    Raises:
-        DoorError: one line, O(1) (nothing simulated).
+    """``cli_doors.check_deployment`` for ``mla-lab serve`` plus its step bounds (:data:`MAX_SERVE_STEPS` per strategy,
+    :data:`MAX_SERVE_TOTAL_STEPS` over all, :data:`MAX_NOISE_STEPS` over the noise runs; ``--num-runs`` 1 or >=
+    :data:`MIN_NOISE_RUNS`). ``strategies``: canonical, baseline excluded (default ``args.strategies``). Returns the
+    checked Deployment; DoorError (one line, O(1)) otherwise.
     """
     if 1 < args.num_runs < MIN_NOISE_RUNS:
         raise DoorError(f"--num-runs={args.num_runs} is too few for the 95 % band the noise Monte-Carlo prints (its "
                         f"2.5th and 97.5th percentiles need at least {MIN_NOISE_RUNS} runs); allowed: 1 (one "
-                        f"deterministic simulation) or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,}")
-    check_sim_time(args.num_prompts, args.request_rate, "--request-rate")
-    conc = args.max_concurrency if args.max_concurrency is not None else args.num_prompts
-    dep, mem = check_deployment(args.model, args.tensor_parallel_size, args.arch, args.max_num_batched_tokens,
-                           args.random_input_len, args.kv_cache_dtype, args.num_prompts, conc, args.weight_dtype,
-                           args.moe_parallel, args.gpu_memory_utilization, output_len=args.random_output_len,
-                           max_num_seqs=args.max_num_seqs, workload_in_flight=False,
-                           options=deployment_options(args))
-    steps, case = serve_step_bound(args.num_prompts, args.random_input_len, args.random_output_len,
+                        f"deterministic simulation) or {MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,}")
+    doors.check_sim_time(args.num_prompts, args.request_rate, "--request-rate")
+    conc = args.concurrency if args.concurrency is not None else args.num_prompts
+    opts = doors.deployment_options(args)
+    dep, mem = doors.check_deployment(args, workload_in_flight=False)
+    steps, case = serve_step_bound(args.num_prompts, args.prompt_len, args.output_len,
                                    args.max_num_batched_tokens, args.max_num_seqs, conc, args.request_rate,
                                    float(mem["kv_capacity_tokens"]))
-    what = (f"--num-prompts {args.num_prompts} x (--random-input-len {args.random_input_len}, --random-output-len "
-            f"{args.random_output_len}) at {case} is up to {steps:,} engine steps per strategy")
+    what = (f"--num-prompts {args.num_prompts} x (--random-input-len {args.prompt_len}, --random-output-len "
+            f"{args.output_len}) at {case} is up to {steps:,} engine steps per strategy")
     if steps > MAX_SERVE_STEPS:
         raise DoorError(f"{what}; allowed: at most {MAX_SERVE_STEPS:,} (fewer prompts or output tokens, more "
                         "concurrency, --request-rate inf)")
@@ -84,15 +57,14 @@ def check_serve(args, strategies=None):
     n_strat = len(set(strategies if strategies is not None else args.strategies) | {BASELINE})
     # a prefill chunk costs ~2 decode request-steps (measured: --max-num-batched-tokens 256 --random-input-len 16384
     # --num-prompts 700 --random-output-len 1, 4 strategies x 45,500 request-steps: 20.7 s), so it counts twice
-    work = args.num_prompts * (2 * math.ceil(args.random_input_len / args.max_num_batched_tokens)
-                               + args.random_output_len)
+    work = args.num_prompts * (2 * math.ceil(args.prompt_len / args.max_num_batched_tokens)
+                               + args.output_len)
     if work * n_strat > MAX_SERVE_TOTAL_STEPS:
-        raise DoorError(f"--num-prompts {args.num_prompts} x (2 x ceil(--random-input-len {args.random_input_len} / "
-                        f"{args.max_num_batched_tokens}) + --random-output-len {args.random_output_len}) x "
+        raise DoorError(f"--num-prompts {args.num_prompts} x (2 x ceil(--random-input-len {args.prompt_len} / "
+                        f"{args.max_num_batched_tokens}) + --random-output-len {args.output_len}) x "
                         f"{n_strat} strategies (baseline included) = {work * n_strat:,} request-steps to simulate; "
                         f"allowed: at most {MAX_SERVE_TOTAL_STEPS:,} (~14 s; fewer strategies, prompts or output "
                         "tokens)")
-    opts = deployment_options(args)
     if args.num_runs > 1 and (opts["num_speculative_tokens"] or opts["dp_attention"] > 1):
         raise DoorError(f"--num-runs={args.num_runs} with --num-speculative-tokens / --dp-attention: the noise "
                         "Monte-Carlo does not price these options; allowed: --num-runs 1 (one deterministic "
@@ -105,15 +77,6 @@ def check_serve(args, strategies=None):
     return dep
 
 
-def serve_noise_runs(args, deployment, strategies, bench):
-    """``--num-runs N``: :func:`mla_lab.serving.noise.serve_benchmark_noise` of ``deployment`` (the one
-    :func:`check_serve` built; N single runs per strategy of the noise model, seeded by ``--seed``): each metric's
-    median and 95 % band, and each change's."""
-    from .serving.noise import serve_benchmark_noise
-
-    return serve_benchmark_noise(deployment, strategies, bench, num_runs=args.num_runs, seed=args.seed)
-
-
 def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
     """A JSON-able view of a ``serve_benchmark`` result: per strategy every metric, its change vs the baseline,
     the KV capacity, KV tokens lost and % of capacity beside the extra MiB (``runs``: the noise Monte-Carlo's
@@ -122,7 +85,8 @@ def serve_summary(res: dict, runs=None, num_runs: int = 1) -> dict:
     strategies = {}
     base_cap = res["strategies"][res["baseline"]]["kv_capacity_tokens"]
     for s, r in res["strategies"].items():
-        strategies[s] = {"preset": r["preset"], "preset_label": preset_label(r["preset"] or ""), "metrics": {k: float(v) for k, v in r["metrics"].items()},
+        strategies[s] = {"preset": r["preset"], "preset_label": preset_label(r["preset"] or ""),
+                         "metrics": {k: float(v) for k, v in r["metrics"].items()},
                          "change_pct": {k: float(v) for k, v in r["change_pct"].items()},
                          "kv_capacity_tokens": int(r["kv_capacity_tokens"]),
                          "kv_tokens_lost": round(float(r["kv_tokens_lost"])),
@@ -168,6 +132,9 @@ def _options_lines(opts: dict) -> list[str]:
 def format_serve(out: dict) -> str:
     """The serving result as a terminal table: per metric the baseline's value and each strategy's change (%, two
     decimals), then each strategy's memory cost."""
+    from .placement import strategy_notes
+    from .serving.metrics import SERVE_METRICS
+
     d, b = out["deployment"], out["bench"]
     base = out["baseline"]
     others = [s for s in out["strategies"] if s != base]
@@ -184,8 +151,6 @@ def format_serve(out: dict) -> str:
     w0, w = 32, max([16] + [len(n) + 2 for n in names])  # every column as wide as its name: none truncated
     lines = [f"{'metric':<{w0}}{'baseline':>{w}}" + "".join(f"{n:>{w}}" for n in names),
              f"{'':<{w0}}{'value':>{w}}" + "".join(f"{'change %':>{w}}" for _ in names)]
-    from .serving.metrics import SERVE_METRICS
-
     bm = out["strategies"][base]["metrics"]
     for k, label in SERVE_METRICS:
         if k not in bm:
@@ -196,24 +161,18 @@ def format_serve(out: dict) -> str:
             c = out["strategies"][s]["change_pct"].get(k, float("nan"))
             row += f"{c:>+{w}.2f}" if c == c else f"{'-':>{w}}"
         lines.append(row)
-    lines.append(f"baseline: {base}; changes are (strategy - baseline) / baseline x 100"
-                 + (f"; {out['band']} (--num-runs 20 gives it)" if out.get("band") == "one run: band unknown"
-                    else ""))
-    lines.append("")
-    lines.append("memory per rank vs the baseline (persistent workspace):")
-    names_of = dict(zip(others, names))
-    wp = max([16] + [len(n) for n in names])
-    ws = max([28] + [len(s) for s in others])
-    for s in others:
+    band = f"; {out['band']} (--num-runs 20 gives it)" if out.get("band") == "one run: band unknown" else ""
+    lines += [f"baseline: {base}; changes are (strategy - baseline) / baseline x 100{band}", "",
+              "memory per rank vs the baseline (persistent workspace):"]
+    wp, ws = max([16] + [len(n) for n in names]), max([28] + [len(s) for s in others])
+    for s, n in zip(others, names):
         r = out["strategies"][s]
-        lines.append(f"  {names_of[s]:<{wp}} {s:<{ws}} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
+        lines.append(f"  {n:<{wp}} {s:<{ws}} {r['extra_mib']:+8.1f} MiB = {r['kv_tokens_lost']:,} KV "
                      f"tokens lost ({r['kv_capacity_pct_lost']:.1f} % of KV capacity)")
     if out.get("noise"):
-        lines.append("")
         from .serving.noise import format_noise
 
-        lines.append(format_noise(out["noise"]))
-    from .placement import strategy_notes
+        lines += ["", format_noise(out["noise"])]
     lines += [f"note: {n}" for n in strategy_notes(out["strategies"])]
     lines.append("every number is modelled (a step-level simulation of vllm bench serve; docs/serving.md)")
     return "\n".join(head + lines)
@@ -221,47 +180,50 @@ def format_serve(out: dict) -> str:
 
 def cmd_serve(args) -> int:
     """``mla-lab serve``: checks, the simulation per strategy (and its noise runs), the summary printed."""
-    check_engine(args.engine)
+    doors.check_engine(args.engine)
     if args.engine is not None:
         from .placement import engine_strategies
 
         args.strategies = list(args.strategies) + engine_strategies(args.engine)
-    strategies = check_strategies(args.strategies)
+    strategies = doors.check_strategies(args.strategies)
     if args.num_runs is None:  # a finite rate: one run's change is noise-sized, so the band is the default
         args.num_runs = 1 if math.isinf(args.request_rate) else MIN_NOISE_RUNS
     dep = check_serve(args, strategies)  # the Deployment, checked once
     from .serving import BenchConfig, serve_benchmark
 
-    bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.random_input_len,
-                        random_output_len=args.random_output_len, request_rate=args.request_rate,
-                        max_concurrency=args.max_concurrency, seed=args.seed)
+    bench = BenchConfig(num_prompts=args.num_prompts, random_input_len=args.prompt_len,
+                        random_output_len=args.output_len, request_rate=args.request_rate,
+                        max_concurrency=args.concurrency, seed=args.seed)
     res = serve_benchmark(dep, strategies, bench)
     runs = None
-    if args.num_runs > 1:
-        runs = serve_noise_runs(args, dep, strategies, bench)
+    if args.num_runs > 1:  # N single runs per strategy of the noise model: each metric's median and 95 % band
+        from .serving.noise import serve_benchmark_noise
+
+        runs = serve_benchmark_noise(dep, strategies, bench, num_runs=args.num_runs, seed=args.seed)
     out = serve_summary(res, runs, num_runs=args.num_runs)
     print(json.dumps(out, indent=1, default=str) if args.json else format_serve(out))
     return 0
-
 
 
 def add_parser(sub) -> None:
     """The ``serve`` sub-command on ``sub`` (argparse sub-parsers)."""
     from .placement import SERVE_PRESETS
 
-    B, R = arg_type, range_help
+    B, R = doors.arg_type, doors.range_help
     sv = sub.add_parser("serve", help="the vllm bench serve simulation for one deployment: every metric per "
                                       "strategy and its change vs the baseline (modelled)")
-    deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"), tp_dest="tensor_parallel_size")
-    sv.add_argument("--random-input-len", "--prompt-len", dest="random_input_len", type=B("prompt_len"),
-                    default=1024, help=f"input tokens per request, {R('prompt_len')} (default 1024)")
-    sv.add_argument("--random-output-len", type=B("output_len"), default=128,
+    doors.deployment_flags(sv, tp_flags=("--tensor-parallel-size", "--tp"))
+    sv.add_argument("--random-input-len", "--prompt-len", dest="prompt_len", metavar="RANDOM_INPUT_LEN",
+                    type=B("prompt_len"), default=1024, help=f"input tokens per request, {R('prompt_len')} (default 1024)")
+    sv.add_argument("--random-output-len", dest="output_len", metavar="RANDOM_OUTPUT_LEN", type=B("output_len"),
+                    default=128,
                     help=f"output tokens per request, {R('output_len')} (default 128)")
     sv.add_argument("--num-prompts", type=B("num_prompts"), default=32,
                     help=f"requests, {R('num_prompts')} (default 32; with the step bound below)")
-    sv.add_argument("--max-concurrency", type=B("concurrency"), default=None,
+    sv.add_argument("--max-concurrency", dest="concurrency", metavar="MAX_CONCURRENCY", type=B("concurrency"),
+                    default=None,
                     help="most requests in flight, 1..num_prompts (default unlimited)")
-    sv.add_argument("--request-rate", type=rate_type, default=float("inf"),
+    sv.add_argument("--request-rate", type=doors.rate_type, default=float("inf"),
                     help="requests/s, a number > 0 or inf (default inf: every request at t = 0, vLLM's default); a "
                          "finite rate is bounded as serial requests: num_prompts x (prefill steps + output_len) "
                          f"<= {MAX_SERVE_STEPS:,} steps per strategy")
@@ -271,7 +233,7 @@ def add_parser(sub) -> None:
                     help=f"vllm bench serve --seed (arrival times), {R('seed')} (default 0)")
     sv.add_argument("--num-runs", type=B("num_runs"), default=None,
                     help=f"noise Monte-Carlo runs per strategy (mla_lab.serving.noise): 1 = one deterministic run, "
-                         f"or {MIN_NOISE_RUNS}..{BOUNDS['num_runs'][1]:,} (a 95 %% band needs at least "
+                         f"or {MIN_NOISE_RUNS}..{doors.BOUNDS['num_runs'][1]:,} (a 95 %% band needs at least "
                          f"{MIN_NOISE_RUNS} runs); default 1 at --request-rate inf, {MIN_NOISE_RUNS} at a "
                          "finite rate (one run there flips sign from seed to seed: its band is shown)")
     sv.add_argument("--strategies", nargs="+", default=list(SERVE_PRESETS),

@@ -38,12 +38,8 @@ MAX_PARAM_DEPTH = 16
 
 
 def _yaml_load(text: str, where: str):
-    """``text`` parsed as YAML without anchors or aliases (an alias bomb of 491 bytes expands to 10**8 nodes the
-    moment anything formats it, issue 39): a parameter file has no use for them.
-
-    Raises:
-        DoorError: an anchor or alias in ``text`` (``where`` names the file or the ``-p`` name); yaml.YAMLError
-        for text that is not YAML.
+    """``text`` as YAML without anchors or aliases (a 491-byte alias bomb expands to 10**8 nodes, issue 39) or nesting
+    past :data:`MAX_PARAM_DEPTH` (DoorError naming ``where``); yaml.YAMLError for text that is not YAML.
     """
     import yaml
 
@@ -84,11 +80,7 @@ def _load_params(files: list[str], pairs: list[list[str]]) -> dict:
 
 
 def _load_param_file(f: str) -> dict:
-    """One ``-f`` file: a regular UTF-8 file of at most :data:`MAX_PARAM_BYTES` holding a YAML mapping.
-
-    Raises:
-        DoorError: one line naming the file.
-    """
+    """One ``-f`` file: a regular UTF-8 file of at most :data:`MAX_PARAM_BYTES` holding a YAML mapping (DoorError)."""
     import yaml
 
     path = Path(f)
@@ -114,17 +106,8 @@ def _load_param_file(f: str) -> dict:
     return data
 
 
-def _resolve(p: str, cwd: Path) -> Path:
-    path = Path(p)
-    return path if path.is_absolute() else cwd / path
-
-
 def _require_lab_extra() -> None:
-    """One line naming the extra to install when the notebook toolchain is missing.
-
-    Raises:
-        CLIError: papermill, nbformat, nbconvert or matplotlib does not import.
-    """
+    """CLIError naming the extra to install when papermill, nbformat, nbconvert or matplotlib is missing."""
     import importlib.util
 
     missing = [m for m in ("papermill", "nbformat", "nbconvert", "matplotlib") if importlib.util.find_spec(m) is None]
@@ -147,18 +130,10 @@ def _kernel_manager_logging_to(log_path: Path):
 
 
 def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: Path) -> dict:
-    """Execute ``notebook`` with papermill (kernel ``mla-lab``, this interpreter, per-cell ``timeout`` seconds) as a
-    new run, export it to HTML with inputs hidden, and publish it: the run's own files under
-    ``<report_dir>/runs/<run_id>.*``, the latest copy ``<report_dir>/<report_name>.html`` and the index.
-
-    ``params`` must have passed :func:`mla_lab.cli_doors.check_sweep` (the CLI does it first); papermill's progress
-    bar is on when stderr is a terminal; the kernel's own stderr goes to ``runs/<run_id>.kernel.log``.
-
-    Returns ``{"run_id", "run_html", "html", "index", "figures"}`` (paths).
-
-    Raises:
-        CLIError: the notebook is missing or has no cell tagged ``parameters``; a cell failed (its error is named).
-        ValueError: invalid sweep parameters (before any kernel starts).
+    """Execute ``notebook`` with papermill (kernel ``mla-lab``, ``timeout`` s per cell; the kernel's stderr to
+    ``runs/<run_id>.kernel.log``), export it to HTML with inputs hidden, and publish ``<report_dir>/runs/<run_id>.*``,
+    the latest ``<report_name>.html`` and the index; returns ``{"run_id", "run_html", "html", "index", "figures",
+    "csv"}``. CLIError: no notebook / ``parameters`` cell, or a failed cell (named); ValueError: bad parameters.
     """
     import dataclasses
     import uuid
@@ -178,7 +153,7 @@ def publish(params: dict, notebook: Path, report_name: str, timeout: int, cwd: P
         resolve_device("cuda")  # (importing torch here too cost ~2-4 s of a one-point sweep, issue 22)
     token = uuid.uuid4().hex
     # the data file is this run's from the kernel's sweep to the copy under runs/ (a second sweep into it is refused)
-    with data_file_lock(_resolve(validated["data_file"], cwd), token) as lock:
+    with data_file_lock(cwd / validated["data_file"], token) as lock:
         os.environ[LOCK_ENV] = f"{lock}|{token}"  # the kernel inherits it: its sweep runs under this lock
         try:
             return _publish_locked(params, notebook, report_name, timeout, cwd, validated)
@@ -200,7 +175,7 @@ def _publish_locked(params: dict, notebook: Path, report_name: str, timeout: int
     from .sweep.store import code_version
 
     kernel = ensure_kernel()
-    report_dir = _resolve(validated["report_dir"], cwd)
+    report_dir = cwd / validated["report_dir"]
     runs_dir = report_dir / site.RUNS_DIR
     try:
         runs_dir.mkdir(parents=True, exist_ok=True)
@@ -227,27 +202,22 @@ def _publish_locked(params: dict, notebook: Path, report_name: str, timeout: int
                            f"(--timeout {timeout} s is per cell and the whole sweep runs in one cell; points "
                            f"finished so far are stored and a re-run resumes)") from None
         raise
-    duration = time.time() - t0
+    duration, rel = time.time() - t0, f"{site.RUNS_DIR}/{run_id}"
     run_html = runs_dir / f"{run_id}.html"
     run_html.write_text(site.notebook_to_html(executed, f"mla_lab {report_name} {run_id}"))
     meta = {"run_id": run_id, "report_name": report_name, "created_utc": started.isoformat(timespec="seconds"),
             "duration_s": round(duration, 1), "notebook": notebook.name, "params": validated,
             "params_hash": site.params_hash(validated), "git_commit": git_commit(), "code_version": code_version(),
-            "html": f"{site.RUNS_DIR}/{run_id}.html", "ipynb": f"{site.RUNS_DIR}/{run_id}.ipynb"}
-    data_file = _resolve(validated["data_file"], cwd)
+            "html": f"{rel}.html", "ipynb": f"{rel}.ipynb"}
+    data_file = cwd / validated["data_file"]
     if data_file.is_file():
         shutil.copyfile(data_file, runs_dir / f"{run_id}.csv")
-        meta["csv"] = f"{site.RUNS_DIR}/{run_id}.csv"
-    figures = {}
-    if figure_dir.is_dir():
-        for png in sorted(figure_dir.glob("*.png")):
-            if png.with_suffix(".svg").is_file():
-                figures[png.stem] = {"png": f"{site.RUNS_DIR}/{run_id}/{png.name}",
-                                     "svg": f"{site.RUNS_DIR}/{run_id}/{png.stem}.svg"}
-        prov = figure_dir / "provenance.json"
-        if prov.is_file():
-            meta["provenance"] = json.loads(prov.read_text())
-    meta["figures"] = figures
+        meta["csv"] = f"{rel}.csv"
+    prov = figure_dir / "provenance.json"
+    if prov.is_file():
+        meta["provenance"] = json.loads(prov.read_text())
+    meta["figures"] = {png.stem: {"png": f"{rel}/{png.name}", "svg": f"{rel}/{png.stem}.svg"}
+                       for png in sorted(figure_dir.glob("*.png")) if png.with_suffix(".svg").is_file()}
     site.write_json_atomic(runs_dir / f"{run_id}.json", meta)
     latest = site.publish_latest(report_dir, report_name, run_id)
     index = site.build_index(report_dir, report_name)
@@ -278,30 +248,20 @@ def _sweep_params(args) -> dict:
         v = getattr(args, f"vllm_{name}")
         if v is not None:
             flags[name] = (flag, _load_params([], [[name, v]])[name])
-    for attr, name, flag in (("force", "force", "--force"), ("overwrite", "overwrite", "--overwrite")):
-        if getattr(args, attr):
-            flags[name] = (flag, True)
-    for attr, name, flag in (("num_runs", "num_runs", "--num-runs"), ("executor", "executor", "--executor"),
+    for attr, name, flag in (("force", "force", "--force"), ("overwrite", "overwrite", "--overwrite"),
+                             ("num_runs", "num_runs", "--num-runs"), ("executor", "executor", "--executor"),
                              ("address", "ray_address", "--address"), ("seed", "seed", "--seed")):
         v = getattr(args, attr)
-        if v is not None:
+        if v is not None and v is not False:  # store_true flags: only when given
             flags[name] = (flag, v)
     return doors.merge_flags(params, flags)
 
 
 def plan_outputs(params: dict, report_name: str, report_name_given: bool = False) -> tuple[dict, str, list[str]]:
-    """Where a sweep writes, decided before anything runs: ``(params, report_name, notes)``.
-
-    The main report (``<report_dir>/<report_name>.html``, the newest run published under that name) and the
-    default ``data_file`` are replaced only by a sweep of the same grid (:data:`mla_lab.cli_doors.GRID_KEYS`) or with ``--overwrite``.
-    Otherwise this sweep writes a named report, ``<report_name>-<hash of its grid>`` (or the ``--report-name``
-    given), and, when ``data_file`` was not given, ``<its folder>/<that name>.csv``; each ``note`` says so in one
-    line. A ``data_file`` given with ``-p``/``-f`` is never redirected: :func:`mla_lab.sweep.run.check_output_file`
-    refuses it instead.
-
-    Raises:
-        ValueError: as :func:`mla_lab.sweep.params.validate_params` and
-            :func:`~mla_lab.sweep.run.check_output_file` (of the path finally chosen).
+    """Where a sweep writes, decided before anything runs: ``(params, report_name, notes)``. The main report and the
+    default ``data_file`` are replaced only by a sweep of the same grid (:data:`mla_lab.cli_doors.GRID_KEYS`) or with
+    ``--overwrite``; otherwise this sweep writes ``<report_name>-<grid hash>`` (or the ``--report-name`` given) and
+    ``<that name>.csv``, a note saying so; a ``data_file`` given is never redirected. ValueError: as check_output_file.
     """
     import dataclasses
 
@@ -341,12 +301,8 @@ def plan_outputs(params: dict, report_name: str, report_name_given: bool = False
 
 
 def _check_report_dir_files(report_dir: Path, report_name: str, overwrite: bool) -> None:
-    """The files a sweep rewrites in ``report_dir`` whatever the grid (its ``index.html``, and with ``--overwrite``
-    ``<report_name>.html``) must be the lab's: an index carrying the lab's title, a report a published run names
-    (:func:`mla_lab.report.site.list_runs`). A user's page of that name is refused, ``--overwrite`` or not (issue 39).
-
-    Raises:
-        DoorError: one line naming the file.
+    """The files a sweep rewrites in ``report_dir`` (``index.html``; with ``--overwrite`` ``<report_name>.html``) must
+    be the lab's (its index title; a report a published run names); else DoorError, ``--overwrite`` or not (issue 39).
     """
     from .report import site
 

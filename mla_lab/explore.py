@@ -1,11 +1,6 @@
-"""Interactive exploration of one configuration: the logic behind ``notebooks/explore.ipynb``.
-
-:func:`explore_point` prices one :class:`~mla_lab.deployment.Deployment` (model, TP, arch, max_num_batched_tokens,
-KV-cache dtype, weight dtype, MoE layout, workload) and a strategy with the analytic model -- padded head count and workspace bytes from
-:func:`mla_lab.buffers.memory_account`, TTFT per strategy from :func:`mla_lab.sweep.rows.price` -- and picks the
-measured rows of ``data/measured`` that match the selection. :class:`Explorer` wraps it in ipywidgets controls
-whose changes re-render the outputs in place (no cell re-runs). Everything the widgets show is in the dict that
-:meth:`Explorer.update` returns, so tests drive it headless.
+"""The logic behind ``notebooks/explore.ipynb``: :func:`explore_point` prices one
+:class:`~mla_lab.deployment.Deployment` through :func:`mla_lab.sweep.rows.price` and picks the matching measured
+rows; :class:`Explorer` wraps it in ipywidgets whose changes re-render in place (tests drive it headless).
 """
 
 from __future__ import annotations
@@ -76,27 +71,13 @@ def _match_measured(measured, sel: dict):
 
 
 def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_STRATEGY, measured=None) -> dict:
-    """Price one deployment through the sweep's row builder (:func:`mla_lab.sweep.rows.price`: the same
-    numbers the sweep and the report show) and attach matching measured rows. The explorer's pricing function.
-
-    Args:
-        deployment: a :class:`~mla_lab.deployment.Deployment` (default: the seed, vLLM PR #53878's benchmark).
-        strategy: the strategy whose workspace the headline numbers describe (a door name: canonical, preset or
-            alias; TTFT is given for every strategy of :data:`EXPLORER_STRATEGIES`).
-        measured: a DataFrame of measured sweep rows (e.g. :func:`mla_lab.report.data.load_measured`) or None.
-
-    Returns:
-        ``{"selection", "num_heads" (per rank), "prefill_padding", "padded_heads" (H' for bf16, H for fp8),
-        "workspace_bytes" / "workspace_mib" (``strategy``'s persistent Q workspace), "extra_bytes" / "extra_mib"
-        (vs the baseline), "kv_tokens_lost", "kv_capacity_pct_lost", "kv_capacity_tokens", "per_strategy" (one dict
-        per strategy: heads, bytes, TTFT and its change, the measured ms and change or None, fits_in_memory,
-        fit_reason), "ttft_scope", "num_steps", "fits_in_memory", "fit_reason", "measured" (matching rows or None),
-        "engines"}``. Where the deployment (or one strategy) does not fit, its memory and TTFT numbers are None and
-        ``fit_reason`` says why.
-
-    Raises:
-        ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` prefill steps; ``measured`` not a
-            DataFrame; an unknown strategy; anything the row builder rejects.
+    """Price one deployment through :func:`mla_lab.sweep.rows.price` (the sweep's numbers) and attach the matching
+    measured rows; ``strategy`` (a door name) is the one the headline numbers describe. Returns ``{"selection",
+    "num_heads", "prefill_padding", "padded_heads", "workspace_bytes", "workspace_mib", "extra_bytes", "extra_mib",
+    "kv_tokens_lost", "kv_capacity_pct_lost", "kv_capacity_tokens", "per_strategy" (one dict per
+    :data:`EXPLORER_STRATEGIES`), "ttft_scope", "num_steps", "fits_in_memory", "fit_reason", "measured", "engines"}``
+    (numbers None where it does not fit). ValueError: not a Deployment; more than :data:`MAX_PRICED_STEPS` steps;
+    ``measured`` not a DataFrame; an unknown strategy; what the row builder rejects.
     """
     if not isinstance(deployment, Deployment):
         raise ValueError(f"deployment={deployment!r} must be a mla_lab.deployment.Deployment (Deployment.of(...) "
@@ -117,8 +98,8 @@ def explore_point(deployment: Deployment = SEED_DEPLOYMENT, strategy: str = PR_S
     c = rows[strategy]
     return {"selection": sel, "num_heads": deployment.num_heads, "prefill_padding": deployment.arch.prefill_padding,
             "padded_heads": c.memory.q_concat_heads,
-            **_numbers(c, {"workspace_bytes": c.memory.persistent_bytes, "workspace_mib": c.memory.persistent_bytes / MIB,
-                           "extra_bytes": c.extra_persistent_bytes, "extra_mib": c.extra_persistent_mib,
+            **_numbers(c, {"workspace_bytes": c.memory.persistent_bytes, "extra_bytes": c.extra_persistent_bytes,
+                           "workspace_mib": c.memory.persistent_bytes / MIB, "extra_mib": c.extra_persistent_mib,
                            "kv_tokens_lost": c.kv_tokens_lost, "kv_capacity_pct_lost": c.kv_capacity_pct_lost,
                            "kv_capacity_tokens": c.kv_capacity_tokens}),
             "per_strategy": [_per_strategy(rows[s], changes) for s in EXPLORER_STRATEGIES],
@@ -148,15 +129,19 @@ def _numbers(row, values: dict) -> dict:
     return dict(values) if row.fits_in_memory else dict.fromkeys(values)
 
 
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
 def render_chart(result: dict, dpi: int = 90) -> bytes:
-    """PNG bytes of a two-panel chart: persistent Q workspace (MiB) and TTFT change (%) per strategy, one colour per
-    strategy; the selected strategy is outlined, measured TTFT changes (when present; each against the baseline timed
-    in the same process, ``per_strategy[i]["measured_change_pct"]``, the number the tables print) are black
-    diamonds beside the modelled bars. A deployment that does not fit gets no bars: the chart says why (no TTFT or memory number)."""
+    """PNG bytes of two panels per strategy: persistent Q workspace (MiB) and TTFT change (%), the selected strategy
+    outlined, measured changes (``per_strategy[i]["measured_change_pct"]``, as the tables print them) as black
+    diamonds. A deployment that does not fit gets no bars, only the reason."""
     from matplotlib.figure import Figure
 
     rows = result["per_strategy"]
-    chosen = result["selection"]["strategy"]
     names = [r["strategy"] for r in rows]
     if not result.get("fits_in_memory", True):
         fig = Figure(figsize=(7.6, 1.6), dpi=dpi, layout="constrained")
@@ -166,29 +151,22 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
         ax.text(0.5, 0.5, "this deployment does not fit, so it has no TTFT or memory result:\n"
                 + textwrap.fill(reason, width=70, max_lines=4, placeholder=" ..."),  # at spaces: "0.9" stays whole
                 ha="center", va="center", fontsize=9)
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        return buf.getvalue()
-    colors = [strategy_style(n)[0] for n in names]
+        return _png(fig)
     fig = Figure(figsize=(7.6, 3.6), dpi=dpi, layout="constrained")
     ax_m, ax_t = fig.subplots(1, 2)
     x = list(range(len(rows)))
-    lw = [2.4 if n == chosen else 0.0 for n in names]
-    hatch = ["///" if n.endswith(":views") else None for n in names]
+    bar = {"color": [strategy_style(n)[0] for n in names], "edgecolor": "black", "linewidth":
+           [2.4 if n == result["selection"]["strategy"] else 0.0 for n in names],
+           "hatch": ["///" if n.endswith(":views") else None for n in names]}
     nan = float("nan")  # a strategy whose own workspace does not fit has no bar (its numbers are None)
-    mib = [nan if r["workspace_mib"] is None else r["workspace_mib"] for r in rows]
-    chg = [nan if r["ttft_change_pct"] is None else r["ttft_change_pct"] for r in rows]
-    bars = ax_m.bar(x, mib, color=colors, edgecolor="black", linewidth=lw, hatch=hatch)
-    ax_m.bar_label(bars, labels=["does not fit" if v != v else f"{v:.0f}" for v in mib], fontsize=7, padding=2,
-                   rotation=90)
-    ax_m.margins(y=0.3)
+    for ax, key, fmt, margin in ((ax_m, "workspace_mib", "{:.0f}", 0.3), (ax_t, "ttft_change_pct", "{:+.1f}%", 0.35)):
+        vals = [nan if r[key] is None else r[key] for r in rows]
+        ax.bar_label(ax.bar(x, vals, **bar), labels=["does not fit" if v != v else fmt.format(v) for v in vals],
+                     fontsize=7, padding=2, rotation=90)
+        ax.margins(y=margin)
     ax_m.set_title("persistent Q workspace per rank\n(exact bytes)", fontsize=9.5)
     ax_m.set_ylabel("MiB")
-    bars = ax_t.bar(x, chg, color=colors, edgecolor="black", linewidth=lw, hatch=hatch)
-    ax_t.bar_label(bars, labels=["does not fit" if v != v else f"{v:+.1f}%" for v in chg], fontsize=7, padding=2,
-                   rotation=90)
     ax_t.axhline(0, color="k", lw=0.6)
-    ax_t.margins(y=0.35)
     # the measured change as the table under the chart prints it (measured vs the measured baseline)
     mx = [(i, r["measured_change_pct"]) for i, r in enumerate(rows) if r.get("measured_change_pct") is not None]
     if mx:
@@ -200,13 +178,18 @@ def render_chart(result: dict, dpi: int = 90) -> bytes:
         ax.set_xticks(x, names, fontsize=7.5, rotation=35, ha="right")
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return _png(fig)
 
 
 def _fmt_int(n) -> str:
     return f"{int(round(n)):,}"
+
+
+_TD = "style='padding:2px 12px 2px 0'"
+
+
+def _tr(cells, tag: str = "td", style: str = "") -> str:
+    return f"<tr{style}>" + "".join(f"<{tag} {_TD}>{v}</{tag}>" for v in cells) + "</tr>"
 
 
 def summary_html(result: dict) -> str:
@@ -231,7 +214,7 @@ def summary_html(result: dict) -> str:
         ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"]) + pct_txt),
         ("chunked-prefill steps", str(result["num_steps"])),
     ]
-    td = "style='padding:2px 12px 2px 0'"
+    td = _TD
     facts_html = "".join(f"<tr><td {td}>{k}</td><td style='text-align:right'><b>{v}</b></td></tr>" for k, v in facts)
     cells = []
     for r in result["per_strategy"]:
@@ -242,30 +225,26 @@ def summary_html(result: dict) -> str:
                          f"<td {td} colspan='8'>does not fit: {e(str(r.get('fit_reason') or ''))}</td></tr>")
             continue
         style = " style='font-weight:bold;background:#eef4fb'" if r["strategy"] == sel["strategy"] else ""
-        cells.append(f"<tr{style}>" + "".join(f"<td {td}>{v}</td>" for v in (
-            e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['extra_mib']:+.1f}",
-            _fmt_int(r["kv_tokens_lost"]), "-" if r.get("kv_capacity_pct_lost") is None
-            or r["kv_capacity_pct_lost"] != r["kv_capacity_pct_lost"] else f"{r['kv_capacity_pct_lost']:.1f}",
-            f"{r['ttft_ms']:.2f}", f"{r['ttft_change_pct']:+.2f}%", meas, mchg)) + "</tr>")
+        kv = r.get("kv_capacity_pct_lost")
+        cells.append(_tr((e(r["strategy"]), r["q_concat_heads"], f"{r['workspace_mib']:.1f}", f"{r['extra_mib']:+.1f}",
+                          _fmt_int(r["kv_tokens_lost"]), "-" if kv is None or kv != kv else f"{kv:.1f}",
+                          f"{r['ttft_ms']:.2f}", f"{r['ttft_change_pct']:+.2f}%", meas, mchg), style=style))
     heads = ("strategy", "workspace heads", "workspace MiB", "extra MiB", "KV tokens lost", "% of KV",
              "TTFT ms (modelled)", f"vs {BASELINE}", "TTFT ms (measured)", f"measured vs {BASELINE}")
-    table = ("<table style='border-collapse:collapse;margin-top:6px'><tr>"
-             + "".join(f"<th {td}>{h}</th>" for h in heads) + "</tr>" + "".join(cells) + "</table>")
+    table = f"<table style='border-collapse:collapse;margin-top:6px'>{_tr(heads, 'th')}{''.join(cells)}</table>"
     note = (f"<small>TTFT: modelled, scope <code>{e(str(result['ttft_scope']))}</code> (mla_lab.sweep.rows.price);"
             " memory: exact bytes (mla_lab.buffers.memory_account).</small>")
     if any(r["strategy"] == "kernel_native" for r in result["per_strategy"]):
         note += f"<br><small>kernel_native = {e(KERNEL_NATIVE_NOTE)}.</small>"
     if any(r["strategy"] == "packed" for r in result["per_strategy"]):
         note += f"<br><small>packed = {e(PACKED_NOTE)}.</small>"
-    eng = "".join(
-        f"<tr><td {td}>{e(x['preset'])} ({e(str(x['release_date']))})</td><td {td}>{e(str(x['backend']))}</td>"
-        f"<td {td}>{e(str(x['prefill_route']))}</td><td {td}>{x['padding'] if x['padding'] else 'none'}</td>"
-        f"<td {td}>{e(str(x['padded_path']))}</td></tr>" for x in result.get("engines", []))
+    eng = "".join(_tr((f"{e(x['preset'])} ({e(str(x['release_date']))})", e(str(x["backend"])),
+                       e(str(x["prefill_route"])), x["padding"] if x["padding"] else "none", e(str(x["padded_path"]))))
+                  for x in result.get("engines", []))
     eng_html = ("<p style='margin:8px 0 2px'><b>Engine versions today</b> (code reading of the release wheels; "
-                "<code>mla-lab engines</code>)</p><table style='border-collapse:collapse'><tr>"
-                + "".join(f"<th {td}>{h}</th>" for h in ("engine", "sparse backend", "prefill route",
-                                                          "prefill_padding", "padded path runs"))
-                + "</tr>" + eng + "</table>") if eng else ""
+                "<code>mla-lab engines</code>)</p><table style='border-collapse:collapse'>"
+                + _tr(("engine", "sparse backend", "prefill route", "prefill_padding", "padded path runs"), "th")
+                + eng + "</table>") if eng else ""
     return f"<div>{head}<table style='margin-top:6px'>{facts_html}</table>{table}{note}{eng_html}</div>"
 
 
@@ -285,17 +264,11 @@ def measured_html(result: dict) -> str:
 
 
 class Explorer:
-    """ipywidgets controls + outputs around :func:`explore_point`; every control change calls :meth:`update`.
+    """ipywidgets controls around :func:`explore_point`; every control change calls :meth:`update`.
 
-    Args:
-        measured: DataFrame of measured rows; default :func:`mla_lab.report.data.load_measured` (``data/measured``).
-        **initial: initial control values (:data:`DEPLOYMENT_CONTROLS`, ``strategy``, ``memory_budget_mib``).
-
-    Attributes:
-        controls: dict name -> widget; summary, measured_out: HTML widgets; chart: Image widget (PNG);
-        deployment: the last valid :class:`~mla_lab.deployment.Deployment`; result: the last :func:`explore_point`
-        dict (or None after an error); error: the last error message or "".
-        widget: the assembled VBox (displaying the Explorer displays it).
+    ``measured``: measured rows (default :func:`mla_lab.report.data.load_measured`); ``initial``: control values.
+    Attributes: ``controls`` (name -> widget), ``summary`` / ``chart`` / ``measured_out`` / ``advice_out``,
+    ``deployment`` and ``result`` (the last valid ones), ``error`` (the last message or ""), ``widget`` (the VBox).
     """
 
     def __init__(self, measured=None, **initial):
@@ -304,47 +277,39 @@ class Explorer:
         if measured is None:
             measured = load_measured()
         self.measured = measured
-        models = model_names()
-        model = initial.get("model", "glm-5" if "glm-5" in models else models[0])
-        style = {"description_width": "150px"}
-        tstyle = {"button_width": "110px"}
-        lay = W.Layout(width="480px")
+        models, get = model_names(), initial.get
+        model = get("model", "glm-5" if "glm-5" in models else models[0])
+        wide = {"style": {"description_width": "150px"}, "layout": W.Layout(width="480px")}
+        narrow = {"style": wide["style"], "layout": W.Layout(width="260px")}
+        toggle = {"style": {"button_width": "110px"}}
+        n_max = CONTROL_OPTIONS["num_prompts"][1]
         self.controls = {
-            "model": W.Dropdown(options=models, value=model, description="model", style=style, layout=lay),
-            "tp": W.Dropdown(options=tp_options(model), value=initial.get("tp", 8), description="TP size",
-                             style=style, layout=lay),
-            "arch": W.Dropdown(options=sorted(ARCHS), value=get_arch(initial.get("arch", "h200")).name,
-                               description="GPU architecture", style=style, layout=lay),
+            "model": W.Dropdown(options=models, value=model, description="model", **wide),
+            "tp": W.Dropdown(options=tp_options(model), value=get("tp", 8), description="TP size", **wide),
+            "arch": W.Dropdown(options=sorted(ARCHS), value=get_arch(get("arch", "h200")).name,
+                               description="GPU architecture", **wide),
             "max_num_batched_tokens": W.SelectionSlider(
-                options=CONTROL_OPTIONS["max_num_batched_tokens"], value=initial.get("max_num_batched_tokens", 16384),
-                description="max batched tokens", continuous_update=False, style=style, layout=lay,
+                options=CONTROL_OPTIONS["max_num_batched_tokens"], value=get("max_num_batched_tokens", 16384),
+                description="max batched tokens", continuous_update=False, **wide,
                 tooltip="vLLM --max-num-batched-tokens: the chunk size and the workspace rows"),
-            "kv_cache_dtype": W.ToggleButtons(options=list(KV_CACHE_DTYPES), value=initial.get("kv_cache_dtype", "bf16"),
-                                              style=tstyle),
-            "prompt_len": W.SelectionSlider(options=CONTROL_OPTIONS["prompt_len"], value=initial.get("prompt_len", 1024),
-                                            description="prompt length", continuous_update=False, style=style,
-                                            layout=lay),
-            "num_prompts": W.BoundedIntText(value=initial.get("num_prompts", 32), min=CONTROL_OPTIONS["num_prompts"][0],
-                                            max=CONTROL_OPTIONS["num_prompts"][1], description="prompts (all at once)",
-                                            style=style, layout=W.Layout(width="260px")),
-            "concurrency": W.BoundedIntText(value=initial.get("concurrency") or initial.get("num_prompts", 32),
-                                            min=1, max=CONTROL_OPTIONS["num_prompts"][1],
-                                            description="concurrency", style=style, layout=W.Layout(width="260px")),
+            "kv_cache_dtype": W.ToggleButtons(options=list(KV_CACHE_DTYPES), value=get("kv_cache_dtype", "bf16"),
+                                              **toggle),
+            "prompt_len": W.SelectionSlider(options=CONTROL_OPTIONS["prompt_len"], value=get("prompt_len", 1024),
+                                            description="prompt length", continuous_update=False, **wide),
+            "num_prompts": W.BoundedIntText(value=get("num_prompts", 32), min=CONTROL_OPTIONS["num_prompts"][0],
+                                            max=n_max, description="prompts (all at once)", **narrow),
+            "concurrency": W.BoundedIntText(value=get("concurrency") or get("num_prompts", 32), min=1, max=n_max,
+                                            description="concurrency", **narrow),
             "weight_dtype": W.ToggleButtons(options=sorted(WEIGHT_DTYPES, reverse=True),
-                                            value=initial.get("weight_dtype", SEED_DEPLOYMENT.weight_dtype),
-                                            style=tstyle),
+                                            value=get("weight_dtype", SEED_DEPLOYMENT.weight_dtype), **toggle),
             "moe_parallel": W.ToggleButtons(options=list(MOE_PARALLEL),
-                                            value=initial.get("moe_parallel", SEED_DEPLOYMENT.moe_parallel),
-                                            style=tstyle),
-            "strategy": W.Dropdown(options=list(EXPLORER_STRATEGIES),
-                                   value=resolve_strategy(initial.get("strategy", PR_STRATEGY)),
-                                   description="strategy", style=style, layout=lay),
-            "gpu_memory_utilization": W.BoundedFloatText(value=initial.get("gpu_memory_utilization", 0.9), min=0.05,
-                                                         max=1.0, step=0.05, description="GPU memory utilization",
-                                                         style=style, layout=W.Layout(width="260px")),
-            "memory_budget_mib": W.BoundedFloatText(value=initial.get("memory_budget_mib", 300.0), min=0,
-                                                    max=1e6, step=50, description="advise: budget MiB",
-                                                    style=style, layout=W.Layout(width="260px")),
+                                            value=get("moe_parallel", SEED_DEPLOYMENT.moe_parallel), **toggle),
+            "strategy": W.Dropdown(options=list(EXPLORER_STRATEGIES), description="strategy", **wide,
+                                   value=resolve_strategy(get("strategy", PR_STRATEGY))),
+            "gpu_memory_utilization": W.BoundedFloatText(value=get("gpu_memory_utilization", 0.9), min=0.05, max=1.0,
+                                                         step=0.05, description="GPU memory utilization", **narrow),
+            "memory_budget_mib": W.BoundedFloatText(value=get("memory_budget_mib", 300.0), min=0, max=1e6, step=50,
+                                                    description="advise: budget MiB", **narrow),
         }
         self.summary = W.HTML()
         self.chart = W.Image(format="png")
@@ -411,10 +376,7 @@ class Explorer:
 
     def set(self, **values) -> dict:
         """Set several controls as a user would (a model change re-offers TP sizes), then render once; returns
-        :attr:`result`.
-
-        Raises:
-            ValueError: an unknown control name, or a value its widget does not offer.
+        :attr:`result`. ValueError: an unknown control, or a value its widget does not offer.
         """
         unknown = sorted(set(values) - set(self.controls))
         if unknown:

@@ -10,9 +10,8 @@ import sys
 import pytest
 
 from mla_lab import cli
-from mla_lab.paths import data_dir, measured_dir
-from mla_lab.report.data import combine, load_measured
-from mla_lab.report.stamps import MANIFEST_NAME, config_digest
+from mla_lab.paths import MANIFEST_NAME, data_dir, measured_dir
+from mla_lab.report.data import combine, config_digest, load_measured
 from mla_lab.report.tables import provenance_html, provenance_summary
 
 STAMP = ["-m", "mla_lab.report.stamp_measured"]

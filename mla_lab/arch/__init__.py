@@ -2,8 +2,7 @@
 :class:`~mla_lab.arch.record.GPUArch`); :data:`ARCHS` holds every module found here at import.
 
 To add a GPU: add ``mla_lab/arch/<name>.py`` with ``GPU = GPUArch(name="<name>", ...)``; nothing else names it.
-Datasheet figures are leads, not measurements (the lab's measured ceilings are rows in ``data/``).
-"""
+Datasheet figures are leads, not measurements."""
 
 from __future__ import annotations
 
@@ -22,10 +21,7 @@ _ALIASES: dict[str, str] = {}
 
 def _load() -> None:
     """Fill :data:`ARCHS` and the aliases from this package's modules (``record`` and ``_``-names excepted).
-
-    Raises:
-        ValueError: a module without ``GPU``, a record named unlike its module, an alias taken twice.
-    """
+    Raises ValueError: a module without ``GPU``, a record named unlike its module, an alias taken twice."""
     for m in pkgutil.iter_modules(__path__):
         if m.name == "record" or m.name.startswith("_"):
             continue
@@ -49,10 +45,7 @@ def arch_names() -> list[str]:
 
 def get_arch(name: str | GPUArch) -> GPUArch:
     """The record named ``name`` (a record name or alias, case-insensitive), or ``name`` itself if a record.
-
-    Raises:
-        ValueError: not a known record or alias (one line listing the allowed names).
-    """
+    Raises ValueError: not a known record or alias (one line listing the allowed names)."""
     if isinstance(name, GPUArch):
         return name
     if not isinstance(name, str):
@@ -66,10 +59,8 @@ def get_arch(name: str | GPUArch) -> GPUArch:
 
 def _match_product(device_name: str) -> GPUArch | None:
     """The record whose name is a word of ``device_name``, longest name first (``H200`` is not ``H20``)."""
-    for arch in sorted(ARCHS.values(), key=lambda a: -len(a.name)):
-        if re.search(rf"\b{arch.name}\b", device_name, flags=re.IGNORECASE):
-            return arch
-    return None
+    return next((a for a in sorted(ARCHS.values(), key=lambda a: -len(a.name))
+                 if re.search(rf"\b{a.name}\b", device_name, flags=re.IGNORECASE)), None)
 
 
 def _family_padding(cap: tuple[int, int]) -> int | None:

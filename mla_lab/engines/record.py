@@ -26,14 +26,13 @@ class Source:
         return f"{self.path}:{self.line}"
 
 
-def src(path, line, code, scope="") -> Source:
-    """A checkable :class:`Source` in a release wheel."""
-    return Source(path, line, code, scope)
+#: A checkable :class:`Source` in a release wheel: ``src(path, line, code, scope="")``.
+src = Source
 
 
-def pr_src(path, line, code, scope="") -> Source:
-    """A PR-era :class:`Source` (no release wheel: cited, not checked)."""
-    return Source(path, line, code, scope, checkable=False)
+def pr_src(path: str, code: str = "pass", scope: str = "") -> Source:
+    """A PR-era :class:`Source` (no release wheel, no line: cited, not checked)."""
+    return Source(path, "-", code, scope, checkable=False)
 
 
 @dataclass(frozen=True)

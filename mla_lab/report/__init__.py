@@ -1,11 +1,5 @@
 """The report: its data, figures, tables, the published site and the browser check.
 
-- :mod:`.data` — measured and modelled rows, validation data, failed points.
-- :mod:`.figures` — matplotlib figures (no pyplot state), published as PNG + SVG.
-- :mod:`.tables` — pandas tables and their HTML.
-- :mod:`.site` — the ``reports/`` site: per-run reports, latest copy, index.
-- :mod:`.browser` — headless Chromium check of a published page.
-
 The names below are loaded on first use (PEP 562): ``import mla_lab.report.site`` does not load pandas or
 matplotlib (the CLI's ``index`` and ``--help`` stay fast, issue 22).
 """
@@ -19,7 +13,8 @@ _WHERE = {
     **dict.fromkeys(("combine", "failed_points", "load_measured", "load_measured_cached", "load_validation",
                      "measured_for", "ok_rows", "pick"), "data"),
     **dict.fromkeys(("kv_dtype_note", "not_fitting", "plot_deployment", "plot_frontier_grid", "plot_heatmap", "plot_tp_bars",
-                     "plot_validation", "publish_figure"), "figures"),
+                     "plot_validation"), "figures"),
+    "publish_figure": "cache",
     # ``seed_answer`` (the function) is not listed: ``mla_lab.report.seed_answer`` is its module, and a submodule
     # import rebinds the package attribute, so the function would depend on import order; import it from there
     **dict.fromkeys(("seed_answer_table", "seed_comm_sensitivity", "seed_sentences"), "seed_answer"),

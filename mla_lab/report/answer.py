@@ -17,6 +17,7 @@ from ..paths import REPO_ROOT
 from ..placement import PR_TRADE_BY_ENGINE, SEED_COMPARISONS
 from ..serving import PR_BENCH, serve_benchmark
 from ..sweep.advise import advise
+from ..validation.posthoc_options import posthoc_sentence
 from . import packed_figures as pk
 from .blocks import splice, update_block
 from .engine_kernel_figures import decode_table, gather_share, kernel_ms
@@ -30,6 +31,7 @@ END = "<!-- answer:end -->"
 DECOMPOSITION = REPO_ROOT / "data" / "validation" / "pr53878_main_decomposition.json"
 BLIND_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12_score.json"
 BLIND2_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12b_score.json"
+BLIND2_POSTHOC = REPO_ROOT / "data" / "validation" / "blind_2026-12b_posthoc.json"
 KV_SCORE = REPO_ROOT / "data" / "validation" / "kv_capacity_2026-12_score.json"
 #: prompt lengths the packed paragraph prices (GLM-5 TP8 H200, the seed's other settings)
 PACKED_PROMPTS = (1024, 4096, 8192)
@@ -99,6 +101,7 @@ def answer_figures() -> dict:
         "blind": blind, "kv_tokens_lost_glm5": lost, "dense_glm52_pct": dense["glm-5.2"],
         "dense_glm5_pct": dense["glm-5"], "lease_pr": lease_pr_change(),
         "blind2_sentence": json.loads(BLIND2_SCORE.read_text())["medians_sentence"],
+        "posthoc_sentence": posthoc_sentence(json.loads(BLIND2_POSTHOC.read_text())),
         "kv_nonblind_pct": next(r["error_pct"] for r in json.loads(KV_SCORE.read_text())["rows"]
                                 if r["figure"] == "available_kv_gib"),
         "packed": packed_figures(),
@@ -156,7 +159,7 @@ def answer_markdown() -> str:
         "**Can -9.5 % be told from one run's noise?** Not by this lab. Its model predicted the PR's own 'main' run, "
         f"blind, at {f['pred_duration_s']:.2f} s; the run took {f['real_duration_s']:.2f} s (ratio "
         f"{f['duration_ratio']:.2f}), so its single-run noise band is not validated and it does not rule noise "
-        f"out. {_blind_sentence(f['blind'])} {f['blind2_sentence']}. KV capacity is now taken as vLLM 0.33.0 "
+        f"out. {_blind_sentence(f['blind'])} {f['blind2_sentence']}. {f['posthoc_sentence']} KV capacity is now taken as vLLM 0.33.0 "
         f"computes it from the memory torch reports (GLM-5 TP8 H200: {p['steps'][1024]['kv_tokens']:,} tokens per "
         "rank, each term with its source in `mla-lab advise --json`); its check against public startup logs scored "
         f"no blind case (one log read before predicting: available KV memory {p_kv}).",
@@ -216,11 +219,8 @@ NOTEBOOK_PY, NOTEBOOK_IPYNB = (REPO_ROOT / "notebooks" / f"padding_sweep.{e}" fo
 
 
 def update_notebook(py: Path = NOTEBOOK_PY, ipynb: Path = NOTEBOOK_IPYNB) -> None:
-    """Write the block into the report notebook's first cell, in both paired files (the report opens as README).
-
-    Raises:
-        ValueError: a file lacks the markers in its first cell (nothing written).
-    """
+    """Write the block into the report notebook's first cell, in both paired files. Raises ValueError: a file lacks
+    the markers in its first cell (nothing written)."""
     block = answer_markdown()
     nb = json.loads(ipynb.read_text())
     lines = splice("".join(nb["cells"][0]["source"]), BEGIN, END, f"\n{block}\n", f"{ipynb}'s first cell").split("\n")

@@ -121,34 +121,27 @@ def _import_playwright():
     return Error, sync_playwright
 
 
-class _Listener:
-    """The page's console errors, page errors and failed requests, as lines."""
+def _listen(page):
+    """Block ``page``'s network and collect its console errors, page errors and failed requests; returns a function
+    giving them as lines (a console's "Failed to load resource" of a failed request is that request's line)."""
+    errors, failed, console = [], set(), []
 
-    def __init__(self):
-        self.errors: list[str] = []
-        self.failed_urls: set[str] = set()
-        self.console: list[tuple[str, str]] = []
-
-    def attach(self, page) -> None:
-        page.on("console", self.on_console)
-        page.on("pageerror", lambda exc: self.errors.append(f"JS exception: {exc}"))
-        page.on("requestfailed", self.on_request_failed)
-        for pattern in ("http://**/*", "https://**/*", "ws://**/*", "wss://**/*"):
-            page.route(pattern, lambda route: route.abort("blockedbyclient"))
-
-    def on_console(self, msg) -> None:
+    def on_console(msg) -> None:
         if msg.type in ("error", "assert"):
-            self.console.append((msg.text, (msg.location or {}).get("url", "")))
+            console.append((msg.text, (msg.location or {}).get("url", "")))
 
-    def on_request_failed(self, req) -> None:
-        self.failed_urls.add(req.url)
-        self.errors.append(f"request failed: {req.url} ({req.failure or 'unknown error'})")
+    def on_request_failed(req) -> None:
+        failed.add(req.url)
+        errors.append(f"request failed: {req.url} ({req.failure or 'unknown error'})")
 
-    def lines(self) -> list[str]:
-        """Every error; a console's "Failed to load resource" of a failed request is that request's line."""
-        return self.errors + [f"console.error: {text}" + (f" ({loc})" if loc and loc not in text else "")
-                              for text, loc in self.console
-                              if not (text.startswith("Failed to load resource") and loc in self.failed_urls)]
+    page.on("console", on_console)
+    page.on("pageerror", lambda exc: errors.append(f"JS exception: {exc}"))
+    page.on("requestfailed", on_request_failed)
+    for pattern in ("http://**/*", "https://**/*", "ws://**/*", "wss://**/*"):
+        page.route(pattern, lambda route: route.abort("blockedbyclient"))
+    return lambda: errors + [f"console.error: {text}" + (f" ({loc})" if loc and loc not in text else "")
+                             for text, loc in console
+                             if not (text.startswith("Failed to load resource") and loc in failed)]
 
 
 def _shoot(page, uri: str, width: int) -> tuple[dict, bytes]:
@@ -164,21 +157,20 @@ def _shoot(page, uri: str, width: int) -> tuple[dict, bytes]:
 def _render(binary: str, uri: str, width: int, timeout: float) -> tuple[dict, bytes, list[str]]:
     """Open ``uri`` in headless Chromium; returns (page info with images, full-page PNG, errors seen)."""
     PlaywrightError, sync_playwright = _import_playwright()
-    seen = _Listener()
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=binary, args=list(CHROMIUM_ARGS), timeout=timeout * 1000)
             try:
                 page = browser.new_page(viewport={"width": width, "height": 900}, device_scale_factor=1)
                 page.set_default_timeout(timeout * 1000)
-                seen.attach(page)
+                lines = _listen(page)
                 info, png = _shoot(page, uri, width)
             finally:
                 browser.close()
     except PlaywrightError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeError(f"chromium ({binary}) via playwright: {first}") from None
-    return info, png, seen.lines()
+    return info, png, lines()
 
 
 def _render_anywhere(binary: str, uri: str, width: int, timeout: float):
@@ -232,11 +224,9 @@ def _layout_problems(info: dict, width: int) -> list[str]:
 
 def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None, min_ink: float = 0.01,
                      width: int = 1280, timeout: float = 60.0, chromium: str | None = None) -> dict:
-    """Render ``html_path`` in headless Chromium and check it as a reader would see it (module docstring); the
-    screenshot goes to ``screenshot`` or ``<tmp>/mla-lab-check/<page>.screenshot.png``.
-
-    Returns ``{"ok", "problems" (list of str), "images" (list of dicts with "ink"), "errors" (list of str),
-    "screenshot" (path), "page" ({width, height, title})}``.
+    """Render ``html_path`` in headless Chromium and check it (module docstring); the screenshot goes to
+    ``screenshot`` or ``<tmp>/mla-lab-check/<page>.screenshot.png``. Returns ``{"ok", "problems", "images" (with
+    "ink"), "errors", "screenshot", "page" ({width, height, title})}``.
 
     Raises:
         RuntimeError: no Chromium found, playwright not installed, the page missing, or the browser failed.

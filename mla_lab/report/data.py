@@ -1,23 +1,33 @@
 """Where the report's rows come from: the sweep CSV, measured rows under ``data/measured`` (re-priced with the
-current model through :func:`mla_lab.sweep.rows.reprice_measured_rows`), validation tables, failed points."""
+current model through :func:`mla_lab.sweep.rows.reprice_measured_rows`), validation tables, failed points.
+
+Which model config each measured row was measured with: the committed manifest ``config_digests.json`` (written by
+``mla_lab/report/stamp_measured.py``): per file (relative to the manifest's folder), per GPU (``device``) and FlashMLA
+provider (``flash_mla``), the SHA-256 of each model's canonical config JSON (:func:`config_digest_of_bytes`:
+re-indenting keeps the rows, any edited value detaches them).
+"""
 
 from __future__ import annotations
 
 import csv
+import functools
+import hashlib
 import json
 from pathlib import Path
 
 from ..arch import get_arch
 from ..models import load_model, model_config_path
-from ..paths import check_measured_cells, measured_dir, read_measured_csv
+from ..paths import check_measured_cells, find_manifest, measured_dir, read_measured_csv
 from ..sweep.rows import NOT_PRICED, reprice_measured_rows
-from .cache_core import cached_under, inputs_digest
-from .stamps import config_digest, find_manifest, read_manifest, stamp_for
+from .cache import cached_under, inputs_digest
 
 __all__ = ["MEASURED_NOTES", "withhold_off_route", "load_measured", "measured_sweep_frames", "check_stamped_rows",
            "load_measured_cached", "detach_stale", "unstamped_files", "measured_for", "combine", "pick",
-           "failed_points", "load_validation", "ok_rows"]
+           "failed_points", "load_validation", "ok_rows", "config_digest_of_bytes", "config_digest", "read_manifest",
+           "stamp_for"]
 
+#: The columns naming a deployment point of the sweep rows.
+DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
 #: The notes a measured frame carries in ``attrs`` (the provenance banner and advise print them): rows detached
 #: (another model config), files unstamped, rows withheld (:func:`withhold_off_route`).
 MEASURED_NOTES = ("detached", "unstamped", "withheld")
@@ -31,15 +41,75 @@ _FLOAT_COLUMNS = ("ttft_ms", "ttft_ms_max", "concat_ms", "pad_ms", "pad_copy_ms"
                   "chunk_out_ms", "ttft_ms_ci_lo", "ttft_ms_ci_hi", "attn_path_ms_step0")
 
 
-def measured_sweep_frames(root: Path, pattern: str = "*.csv", include_archive: bool = False):
-    """Yield ``(path, rows)`` for every ``pattern`` file under ``root`` (recursively, sorted) that has the sweep's
+def config_digest_of_bytes(raw: bytes) -> str:
+    """SHA-256 (64 hex) of a config.json's canonical JSON. Raises ValueError: ``raw`` is not a JSON object."""
+    try:
+        obj = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"config.json is not valid JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"config.json must hold a JSON object, got {type(obj).__name__}")
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _digest_cached(path: str, mtime_ns: int, size: int) -> str:
+    return config_digest_of_bytes(Path(path).read_bytes())
+
+
+def config_digest(path: str | Path) -> str:
+    """:func:`config_digest_of_bytes` of the file at ``path``, once per (path, mtime, size). Raises ValueError: the
+    file does not exist or is not a JSON object."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError:
+        raise ValueError(f"config.json path={str(p)!r} does not exist") from None
+    return _digest_cached(str(p.resolve()), st.st_mtime_ns, st.st_size)
+
+
+def read_manifest(path: Path | None) -> tuple[dict, str]:
+    """``(files mapping, problem)``: the manifest's ``files`` (``{}`` when ``path`` is None) and ``""``, or ``{}`` and
+    one line saying why a manifest that exists cannot be read (then every row counts as unstamped)."""
+    if path is None:
+        return {}, ""
+    try:
+        doc = json.loads(path.read_text())
+        files = doc["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not an object")
+        return files, ""
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return {}, f"{path} cannot be read ({' '.join(str(e).split())[:120]}): every measured row counts as unstamped"
+
+
+def _s(v) -> str:
+    """A provenance cell as text: a missing one (None, NaN) is ``""``, as the stamp script writes it."""
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
+def stamp_for(files: dict, file: str, device, flash_mla, model) -> str | None:
+    """The digest the manifest records for ``model`` in rows of ``file`` measured on ``device`` with ``flash_mla``,
+    or None when it records none (an entry whose device or provider differs is another run's stamp)."""
+    for entry in files.get(str(file), []) or []:
+        if not isinstance(entry, dict):
+            continue
+        if _s(entry.get("device")) == _s(device) and _s(entry.get("flash_mla")) == _s(flash_mla):
+            got = (entry.get("models") or {}).get(str(model))
+            if isinstance(got, str):
+                return got
+    return None
+
+
+def measured_sweep_frames(root: Path, include_archive: bool = False):
+    """Yield ``(path, rows)`` for every ``*.csv`` file under ``root`` (recursively, sorted) that has the sweep's
     columns, ``rows`` its ``source == "measured"`` rows (none: skipped). Other CSVs are skipped, and so are folders
     named ``archive`` unless ``include_archive``. Raises ValueError as :func:`_check_sweep_csv`."""
     import pandas as pd
 
     manifest, files = _manifest(root) if root.is_dir() else (None, {})
     stamped = {(manifest.parent / f).resolve() for f in files} if manifest is not None else set()
-    for p in sorted(root.rglob(pattern)) if root.is_dir() else []:
+    for p in sorted(root.rglob("*.csv")) if root.is_dir() else []:
         if not include_archive and "archive" in p.relative_to(root).parts[:-1]:
             continue  # superseded runs, kept for the record (read them by passing their folder as root)
         if p.resolve() in stamped:
@@ -72,11 +142,8 @@ def _header(p: Path) -> list[str]:
 
 
 def _check_sweep_csv(p: Path) -> None:
-    """A measured sweep CSV read whole or not at all (:func:`_check_row` for every row).
-
-    Raises:
-        ValueError: ``<file>: row <n> ...`` (row 1 is the header), with how to restore the file.
-    """
+    """A measured sweep CSV read whole or not at all (:func:`_check_row` for every row). Raises ValueError:
+    ``<file>: row <n> ...`` (row 1 is the header), with how to restore the file."""
     fix = f"restore it (git checkout -- {p}) or move it out of {p.parent}"
     try:
         with open(p, newline="", encoding="utf-8") as f:
@@ -120,11 +187,8 @@ def _manifest_key(root, file, manifest: Path) -> str:
 
 
 def check_stamped_rows(df, root: str | Path | None) -> None:
-    """Every measured CSV holds at least the rows its stamp in the manifest counts: fewer means rows were lost.
-
-    Raises:
-        ValueError: ``<file> holds <n> measured rows; its stamp in <manifest> counts <m> ...``.
-    """
+    """Every measured CSV holds at least the rows its stamp in the manifest counts. Raises ValueError: ``<file>
+    holds <n> measured rows; its stamp in <manifest> counts <m> ...`` (rows were lost)."""
     if not len(df) or "file" not in df.columns or root is None:
         return
     manifest, files = _manifest(root)
@@ -140,17 +204,15 @@ def check_stamped_rows(df, root: str | Path | None) -> None:
                              "re-stamp it (python -m mla_lab.report.stamp_measured)")
 
 
-def load_measured(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
-                  moe_parallel: str | None = None):
-    """Measured sweep rows under ``root`` (default env ``MLA_LAB_MEASURED``, else ``data/measured``):
-    :func:`measured_sweep_frames` with a ``file`` column, checked against their stamps (:func:`check_stamped_rows`),
-    rows of another model config left out (:func:`detach_stale`: ``attrs["detached"]``; ``attrs["unstamped"]``:
-    :func:`unstamped_files`), TTFT re-derived around the measured attention path with the current model
+def load_measured(root: str | Path | None = None, weight_dtype: str | None = None, moe_parallel: str | None = None):
+    """Measured sweep rows under ``root`` (default env ``MLA_LAB_MEASURED``, else ``data/measured``) with a ``file``
+    column, checked against their stamps (:func:`check_stamped_rows`), rows of another model config detached
+    (:func:`detach_stale`; ``attrs["detached"]``, ``attrs["unstamped"]``), TTFT re-priced with the current model
     (:func:`mla_lab.sweep.rows.reprice_measured_rows`). Empty DataFrame if none."""
     import pandas as pd
 
     root = Path(root) if root else measured_dir()
-    frames = [df.assign(file=str(p.relative_to(root))) for p, df in measured_sweep_frames(root, pattern)]
+    frames = [df.assign(file=str(p.relative_to(root))) for p, df in measured_sweep_frames(root)]
     out = pd.DataFrame()
     out.attrs["detached"], out.attrs["unstamped"] = [], []
     if frames:
@@ -170,7 +232,7 @@ def withhold_off_route(df):
         return df, []
     off = df["measured_withheld"].fillna("").astype(str) != ""
     notes = []
-    keys = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype") if c in df]
+    keys = [c for c in DEPLOYMENT_KEYS if c in df]
     for k, g in df[off].groupby(keys, dropna=False):
         where = " ".join(f"{c}={v}" for c, v in zip(keys, k if isinstance(k, tuple) else (k,)))
         why = list(dict.fromkeys(g["measured_withheld"].astype(str)))
@@ -195,7 +257,7 @@ def _row_stamps(df, root):
 
 def detach_stale(df, root: str | Path | None = None):
     """Measured rows no longer measurements of the model config they name, dropped. Returns ``(kept rows, [one line
-    per detached model and TP])``. A row the manifest (:mod:`.stamps`) stamps is kept when the stamped digest equals
+    per detached model and TP])``. A row the manifest stamps is kept when the stamped digest equals
     today's ``data/models/<model>/config.json``'s; one it does not stamp when its ``num_heads`` is today's heads per
     rank; a row of a model no longer known is detached."""
     import pandas as pd
@@ -248,13 +310,13 @@ def unstamped_files(df, root: str | Path | None) -> list[str]:
         "mla_lab/report/stamp_measured.py after a GPU run)" for f, k in n.items() if k]
 
 
-def load_measured_cached(root: str | Path | None = None, pattern: str = "*.csv", weight_dtype: str | None = None,
+def load_measured_cached(root: str | Path | None = None, weight_dtype: str | None = None,
                          moe_parallel: str | None = None):
-    """:func:`load_measured`, priced once per content of its inputs (:func:`_cache_inputs`, hashed afresh each call)
-    through :func:`mla_lab.report.cache.cached_under` (``mla-lab advise`` in ~1 s instead of ~3 s)."""
+    """:func:`load_measured` through :func:`mla_lab.report.cache.cached_under`, its inputs hashed afresh each call
+    (``mla-lab advise`` in ~1 s instead of ~3 s)."""
     where = Path(root) if root else measured_dir()
     inputs_digest(refresh=True, root=where)
-    return cached_under(where, load_measured, root, pattern, weight_dtype, moe_parallel)
+    return cached_under(where, load_measured, root, weight_dtype, moe_parallel)
 
 
 def measured_for(params, root: str | Path | None = None):
@@ -307,8 +369,7 @@ def failed_points(df):
     """Rows of points that failed (status neither ok nor :data:`mla_lab.sweep.rows.NOT_PRICED`), with their reason."""
     if "status" not in df.columns:
         return df.iloc[0:0]
-    cols = [c for c in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "source",
-                        "status", "reason") if c in df.columns]
+    cols = [c for c in (*DEPLOYMENT_KEYS, "source", "status", "reason") if c in df.columns]
     st = df["status"].fillna("ok")
     return df[(st != "ok") & ~st.isin(NOT_PRICED)][cols]
 

@@ -6,14 +6,13 @@ version's route rule and decode kernel, GLM-5 TP8 H200 (its FA3 decode validated
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from ..deployment import Deployment
 from ..paths import REPO_ROOT
 from ..placement import engine_strategies
 from ..serving import serve_benchmark
-from .blocks import update_block
+from .blocks import block_main
 
 __all__ = ["tpot_by_engine", "table_markdown", "CONCURRENCIES", "ENGINES"]
 
@@ -47,15 +46,7 @@ def table_markdown(t: dict | None = None) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.engine_serving")
-    ap.add_argument("--update-docs", action="store_true", help="rewrite the block of docs/engines.md")
-    md = table_markdown()
-    if ap.parse_args(argv).update_docs:
-        update_block(DOCS, BEGIN, END, md, "engine-tpot")
-        print(f"-> {DOCS}")
-    else:
-        print(md)
-    return 0
+    return block_main(argv, __spec__.name, DOCS, BEGIN, END, table_markdown, "engine-tpot")
 
 
 if __name__ == "__main__":  # pragma: no cover

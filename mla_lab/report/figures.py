@@ -4,9 +4,7 @@ embeds in the HTML report)."""
 
 from __future__ import annotations
 
-import io
 import textwrap
-from pathlib import Path
 
 from ..deployment import Deployment
 from ..placement import BASELINE, PR_STRATEGY
@@ -14,8 +12,9 @@ from ..seed import SEED
 from ..serving.benchmark import options_summary
 from ..sweep.advise import frontier
 from ..sweep.rows import NOT_PRICED, measured_change_pct
-from .data import ok_rows, pick
-from .layout_check import OVERLAP_PX, drawn, figure_clipping, label_overlaps, overlap
+from .cache import publish_figure  # re-exported: the report publishes through it
+from .data import DEPLOYMENT_KEYS, ok_rows, pick
+from .layout_check import OVERLAP_PX, drawn, overlap
 from .styles import STRATEGY_COLORS, STRATEGY_STYLE, strategy_style  # the one style table
 
 __all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note", "plot_deployment", "plot_tp_bars",
@@ -24,8 +23,7 @@ __all__ = ["publish_figure", "plot_frontier_grid", "not_fitting", "kv_dtype_note
 
 
 def _suptitle(fig, text: str, fontsize: float = 10.0) -> None:
-    """A figure title wrapped to the figure's width (about 11 characters per inch at 10 pt), so it never runs past
-    the figure's edges (the layout check of :func:`publish_figure` would refuse it)."""
+    """A figure title wrapped to the figure's width (about 11 characters per inch at 10 pt)."""
     chars = max(20, int(fig.get_figwidth() * 11 * 10.0 / fontsize))
     fig.suptitle(textwrap.fill(text, width=chars), fontsize=fontsize)
 
@@ -36,8 +34,7 @@ def _legend_columns(fig, n: int, per_inch: float = 2.6) -> int:
 
 
 def fits_mask(d):
-    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column); a row that does
-    not fit carries no number in any chart (issue 22)."""
+    """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column; issue 22)."""
     import pandas as pd
 
     if "fits_in_memory" not in d.columns:
@@ -45,54 +42,17 @@ def fits_mask(d):
     return d["fits_in_memory"].map(lambda v: str(v).strip().lower() not in ("false", "0", "0.0"))
 
 
-def shown_measured(meas):
-    """The measured rows a figure may draw: ``measured_withheld`` empty (:func:`mla_lab.sweep.rows.measured_withheld`,
-    issue 39) or no such column."""
-    if "measured_withheld" not in meas.columns:
-        return meas
-    return meas[meas["measured_withheld"].fillna("").astype(str) == ""]
-
-
 def _priced(d):
-    """True where a row carries a TTFT number: status ok (not :data:`mla_lab.sweep.rows.NOT_PRICED`) and its
-    deployment fits (:func:`fits_mask`)."""
+    """True where a row carries a TTFT number: status ok and its deployment fits (:func:`fits_mask`)."""
     ok = d["status"].fillna("ok") == "ok" if "status" in d.columns else fits_mask(d)
     return ok & fits_mask(d)
 
 
 def new_figure(figsize):
-    """A :class:`matplotlib.figure.Figure` with constrained layout (no pyplot)."""
     from matplotlib.figure import Figure
 
     return Figure(figsize=figsize, layout="constrained")
 
-
-def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110, show: bool = True) -> dict:
-    """Save ``fig`` as ``<figure_dir>/<name>.png`` and ``.svg`` and (``show``) display the PNG in the notebook.
-
-    Returns ``{"png": path, "svg": path}`` (paths None when ``figure_dir`` is None: display only).
-
-    Raises:
-        ValueError: a legend or title cut off at the figure's edge, or two labels of one axes printed over each other
-            (:mod:`mla_lab.report.layout_check`, naming the artists); nothing is written.
-    """
-    clipped = figure_clipping(fig) + label_overlaps(fig)
-    if clipped:
-        raise ValueError(f"figure {name!r}: " + "; ".join(clipped))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    png = buf.getvalue()
-    out = {"png": None, "svg": None}
-    if figure_dir is not None:
-        out = {e: Path(figure_dir) / f"{name}.{e}" for e in ("png", "svg")}
-        out["png"].parent.mkdir(parents=True, exist_ok=True)
-        out["png"].write_bytes(png)
-        fig.savefig(out["svg"], format="svg")
-    if show:
-        from IPython.display import Image, display
-
-        display(Image(data=png, format="png"))
-    return out
 
 def _short(row) -> str:
     m = str(row["model"]).replace("deepseek-v3.2", "DSV3.2").replace("glm-5", "GLM-5")
@@ -105,7 +65,6 @@ def _short(row) -> str:
 #: Colour and marker of every model, fixed across all reports (unknown models get the rest in name order).
 MODEL_STYLE = {"glm-5": ("#d95f02", "o"), "glm-5.2": ("#e6ab02", "P"), "deepseek-v3.2": ("#7570b3", "s")}
 _SPARE = [("#1b9e77", "^"), ("#e7298a", "D"), ("#66a61e", "v")]
-DEPLOYMENT_KEYS = ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype")
 
 
 def model_style(name: str, known=()) -> tuple[str, str]:
@@ -116,11 +75,11 @@ def model_style(name: str, known=()) -> tuple[str, str]:
     return _SPARE[others.index(name) % len(_SPARE)]
 
 
-def _deployment_rows(df):
-    """Rows grouped per deployment (:data:`DEPLOYMENT_KEYS`), in sorted order."""
-    d = ok_rows(df)
+def _deployment_rows(d):
+    """``[(deployment dict, its rows)]`` grouped by :data:`DEPLOYMENT_KEYS`, in sorted order."""
     keys = [k for k in DEPLOYMENT_KEYS if k in d.columns]
-    return [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in d.groupby(keys, sort=True)]
+    groups = d.groupby(keys, sort=True) if len(d) else []
+    return [(dict(zip(keys, k if isinstance(k, tuple) else (k,))), g) for k, g in groups]
 
 
 #: gid of the DP-attention point on a frontier panel (:func:`plot_deployment` ``dp_point``).
@@ -129,9 +88,8 @@ DP_POINT = "dp_attention_point"
 
 def dp_attention_point(rows) -> dict | None:
     """The panel's deployment under SGLang's DP attention at ``dp = tp``, modelled
-    (:func:`mla_lab.serving.benchmark.options_summary`, baseline strategy): ``{"extra_persistent_mib",
-    "ttft_change_pct" (vs without it), "heads_per_rank", "padded_heads_per_rank", "kv_capacity_tokens_per_rank"}``;
-    None when the rows do not name a whole deployment or it does not fit."""
+    (:func:`mla_lab.serving.benchmark.options_summary`): its ``extra_persistent_mib``, ``ttft_change_pct`` (vs without
+    it) and heads; None when the rows do not name a whole deployment or it does not fit."""
     try:
         d = Deployment.from_point(rows.iloc[0].to_dict())
         d = d.replace(dp_attention=d.tp)
@@ -140,12 +98,10 @@ def dp_attention_point(rows) -> dict | None:
         return None
     return {"extra_persistent_mib": o["extra_persistent_mib"],
             "ttft_change_pct": 100.0 * (o["ttft_ms"] - o["ttft_ms_without"]) / o["ttft_ms_without"],
-            "heads_per_rank": o["heads_per_rank"], "padded_heads_per_rank": o["padded_heads_per_rank"],
-            "kv_capacity_tokens_per_rank": o["kv_capacity_tokens_per_rank"]}
+            "heads_per_rank": o["heads_per_rank"]}
 
 
 def _draw_dp_point(ax, p: dict) -> None:
-    """The DP-attention point on a panel: a hollow black star (modelled) labelled with its heads per rank."""
     ax.scatter([p["extra_persistent_mib"]], [p["ttft_change_pct"]], marker="*", s=110, facecolors="none",
                edgecolors="black", linewidths=1.1, zorder=5, gid=DP_POINT)
     ax.annotate(f"DP attention, {p['heads_per_rank']} heads/rank (modelled)",
@@ -154,14 +110,17 @@ def _draw_dp_point(ax, p: dict) -> None:
 
 
 def _by_source(d):
-    """``(modelled rows, measured rows a figure may draw)`` of ``d`` (:func:`shown_measured`)."""
+    """``(modelled rows, measured rows a figure may draw: ``measured_withheld`` empty, issue 39)`` of ``d``."""
     if "source" not in d.columns:
         return d, d.iloc[0:0]
-    return d[d["source"] != "measured"], shown_measured(d[d["source"] == "measured"])
+    meas = d[d["source"] == "measured"]
+    if "measured_withheld" in meas.columns:
+        meas = meas[meas["measured_withheld"].fillna("").astype(str) == ""]
+    return d[d["source"] != "measured"], meas
 
 
 def _no_fit_panel(ax, rows) -> bool:
-    """A deployment whose weights or workload do not fit: its reason on ``ax`` (True), no points."""
+    """A deployment that does not fit: its reason on ``ax`` (True)."""
     if "fits_in_memory" not in rows.columns or bool(rows["fits_in_memory"].astype(bool).any()):
         return False
     reason = str(rows["fit_reason"].iloc[0]) if "fit_reason" in rows.columns else "does not fit"
@@ -173,7 +132,6 @@ def _no_fit_panel(ax, rows) -> bool:
 
 
 def _draw_subchunk_curves(ax, modelled) -> None:
-    """One curve per sub-chunk hand-off through its sizes S, each point labelled with its S."""
     handoff = modelled["strategy"].str.extract(r"^subchunk:\d+(:views|:graph2)?$", expand=False)
     for family, end in (("subchunk", ""), ("subchunk_views", ":views"), ("subchunk_graph2", ":graph2")):
         sc = modelled[modelled["strategy"].str.startswith("subchunk:") & (handoff.fillna("") == end)]
@@ -192,7 +150,7 @@ def _draw_subchunk_curves(ax, modelled) -> None:
 
 def _draw_points(ax, modelled, measured, clip) -> list:
     """Modelled points hollow, measured ones filled with their interval; returns ``(x, y, colour, filled)`` of
-    those beyond the window (drawn at its edge, no interval)."""
+    those beyond the window."""
     off = []
     for _, r in modelled.iterrows():
         col, mk, _ = strategy_style(r["strategy"])
@@ -214,7 +172,7 @@ def _draw_points(ax, modelled, measured, clip) -> list:
 
 
 def _draw_frontier(ax, modelled, clip) -> None:
-    """The Pareto staircase over the modelled strategies that fit, kernel_native left out (modelled only)."""
+    """The Pareto staircase over the modelled strategies that fit, kernel_native left out."""
     fits = modelled[modelled["fits_in_memory"].astype(bool)] if "fits_in_memory" in modelled.columns else modelled
     fits = fits[fits["placement"] != "kernel_native"] if "placement" in fits.columns else fits
     if len(fits):
@@ -225,8 +183,7 @@ def _draw_frontier(ax, modelled, clip) -> None:
 
 
 def _draw_off_scale(ax, window, off) -> None:
-    """The window as the y range, and each point beyond it labelled at its edge, stacked inward (never
-    overlapping), on the side facing the panel's middle."""
+    """The window as the y range, each point beyond it labelled at its edge, stacked inward."""
     span = window[1] - window[0]
     ax.set_ylim(window[0] - 0.04 * span, window[1] + 0.04 * span)
     for top in (False, True):
@@ -243,11 +200,9 @@ def _draw_off_scale(ax, window, off) -> None:
 
 
 def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = None) -> int:
-    """One deployment's trade on ``ax``: every strategy as a point in (persistent extra MiB per rank, TTFT change
-    %) against :data:`mla_lab.placement.BASELINE`, hollow = modelled, filled with error bars = measured, the S
-    curves through the sub-chunk sizes and the Pareto frontier; a deployment that does not fit shows its reason.
-    ``dp_point`` (:func:`dp_attention_point`): SGLang's DP attention as a hollow star, off the frontier. Points
-    beyond :func:`y_window` are drawn at its edge with their value. Returns the number of such off-scale points."""
+    """One deployment's trade on ``ax``: each strategy at (persistent extra MiB per rank, TTFT change % vs
+    :data:`mla_lab.placement.BASELINE`), the sub-chunk S curves, the Pareto frontier and ``dp_point``
+    (:func:`dp_attention_point`); points beyond :func:`y_window` at its edge. Returns how many are off-scale."""
     ax.set_title(title or _short(rows.iloc[0]), fontsize=9)
     ax.grid(alpha=0.3)
     ax.set_axisbelow(True)
@@ -274,9 +229,8 @@ FRONTIER = "frontier"
 
 
 def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1.0):
-    """The y range of a frontier panel where a few routes dwarf the rest: ``(lo, hi)`` of the values (NaN ignored)
-    inside Tukey's far fences (``fence`` x IQR, IQR at least ``min_iqr`` %), always holding 0; None when nothing is
-    outside them or the outliers widen the range by less than ``squash`` times."""
+    """``(lo, hi)`` of the values (NaN ignored) inside Tukey's far fences (``fence`` x IQR >= ``min_iqr`` %), holding
+    0; None when nothing is outside them or the outliers widen the range by less than ``squash`` times."""
     import numpy as np
 
     v = np.asarray([x for x in values if x == x], dtype=float)
@@ -295,6 +249,10 @@ def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1
     return lo - pad, hi + pad
 
 
+#: Why an fp8 KV cache's rows look alike (issue 32).
+FP8_KV_NOTE = "; with an fp8 KV cache no heads are padded, so the padded-Q strategies price alike"
+
+
 def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of the report and the CSV") -> str:
     """One line per KV-cache dtype of ``df`` that a view showing only ``shown`` leaves out (issue 32): its
     deployment points (modelled rows) and ``where`` they are; "" when ``shown`` is None or there is no other."""
@@ -307,9 +265,7 @@ def kv_dtype_note(df, shown: str | None, where: str = "the table at the end of t
     for dtype, g in d.groupby("kv_cache_dtype", sort=True):
         n = len(g.drop_duplicates(keys))
         parts.append(f"{dtype} KV rows: {n} deployment point{'s' if n != 1 else ''}, not drawn here (this view "
-                     f"shows {shown} KV only); see {where}"
-                     + ("; with an fp8 KV cache no heads are padded, so the padded-Q strategies price alike"
-                        if str(dtype) == "fp8" else ""))
+                     f"shows {shown} KV only); see {where}" + (FP8_KV_NOTE if str(dtype) == "fp8" else ""))
     return ". ".join(parts) + ("." if parts else "")
 
 
@@ -324,10 +280,8 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
     if "source" in d.columns:
         d = d[d["source"] != "measured"]
-    keys = [k for k in DEPLOYMENT_KEYS if k in d.columns]
     out = []
-    for k, rows in (d.groupby(keys, sort=True) if len(d) else []):
-        dep = dict(zip(keys, k if isinstance(k, tuple) else (k,)))
+    for dep, rows in _deployment_rows(d):
         st = rows["status"].fillna("ok") if "status" in rows.columns else pd.Series("ok", index=rows.index)
         old = "fits_in_memory" in rows.columns and not bool(fits_mask(rows).any())
         if (st == "does_not_fit").any() or old:
@@ -336,7 +290,7 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
             continue
         for _, r in rows[st == "tips_out"].drop_duplicates("strategy").iterrows():
             out.append({**dep, "strategy": r["strategy"], "status": "tips_out", "reason": str(r["reason"])})
-    return pd.DataFrame(out, columns=[*keys, "strategy", "status", "reason"])
+    return pd.DataFrame(out, columns=[*(k for k in DEPLOYMENT_KEYS if k in d.columns), "strategy", "status", "reason"])
 
 
 def _frontier_legend(fig, present, dp_attention: bool, width: float) -> None:
@@ -376,10 +330,9 @@ def _frontier_page(page, ncols: int, dp_attention: bool):
 
 def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: str | None = "bf16",
                        include_not_fitting: bool = False, dp_attention: bool = False) -> list:
-    """Every deployment of ``df`` that fits as a panel (:func:`plot_deployment`), ``ncols`` wide, at most
-    ``per_page`` per figure, one legend per figure. Deployments that do not fit (:func:`not_fitting`) are left out
-    unless ``include_not_fitting``, and so are other KV-cache dtypes than ``kv_cache_dtype`` (None: all; the title
-    says so). ``dp_attention``: each panel also shows :func:`dp_attention_point`. Returns the figures."""
+    """Every deployment of ``df`` that fits (or all, ``include_not_fitting``) of ``kv_cache_dtype`` (None: all) as a
+    panel (:func:`plot_deployment`), ``ncols`` wide, ``per_page`` per figure; ``dp_attention``: with
+    :func:`dp_attention_point`. Returns the figures."""
     d = ok_rows(df)
     left_out = kv_dtype_note(d, kv_cache_dtype)
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
@@ -405,11 +358,9 @@ def plot_frontier_grid(df, ncols: int = 3, per_page: int = 9, kv_cache_dtype: st
 S_LABEL = "s_label"
 
 
-def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
+def drop_colliding_labels(fig, gid: str = S_LABEL) -> None:
     """Remove every text of ``fig`` tagged ``gid`` that would print over a tick label or a text kept before it, so
-    the figure passes :func:`mla_lab.report.layout_check.label_overlaps`; returns how many were removed (a point
-    whose S label would collide stays on its curve unlabelled)."""
-    removed = 0
+    the figure passes :func:`mla_lab.report.layout_check.label_overlaps`."""
     with drawn(fig) as renderer:
         for ax in fig.axes:
             kept = [t.get_window_extent(renderer) for axis in (ax.xaxis, ax.yaxis)
@@ -419,10 +370,8 @@ def drop_colliding_labels(fig, gid: str = S_LABEL) -> int:
                 bb = t.get_window_extent(renderer)
                 if any(min(overlap(bb, k)) > OVERLAP_PX for k in kept):
                     t.remove()
-                    removed += 1
                 else:
                     kept.append(bb)
-    return removed
 
 
 def _slice(d, kv_cache_dtype, max_num_batched_tokens=None):
@@ -478,16 +427,11 @@ def _tp_memory_bars(ax, mod, a, m, mi, nb, tps, col) -> None:
 
 def _tp_axes(ax_t, ax_m, a, mod, models, tps) -> None:
     """Ticks ``TP<n> / H=<heads per rank per model>``, grid, limits and titles of one arch's row."""
-    heads = {}
-    for m in models:
-        gg = mod[(mod["arch"] == a) & (mod["model"] == m)]
-        for t in tps:
-            h = gg[gg["tp"] == t]["num_heads"]
-            if len(h):
-                heads.setdefault(t, []).append(str(int(h.iloc[0])))
+    first = mod[mod["arch"] == a].groupby(["tp", "model"])["num_heads"].first()
+    heads = {t: "/".join(str(int(first[(t, m)])) for m in models if (t, m) in first.index) or "-" for t in tps}
     for ax in (ax_t, ax_m):
         ax.set_xlim(-0.5, len(tps) - 0.5)  # every TP's slot, with or without bars (a "does not fit" note)
-        ax.set_xticks(range(len(tps)), [f"TP{t}\nH={'/'.join(heads.get(t, ['-']))}" for t in tps], fontsize=8.5)
+        ax.set_xticks(range(len(tps)), [f"TP{t}\nH={heads[t]}" for t in tps], fontsize=8.5)
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
     ax_t.axhline(0, color="k", lw=0.6)
@@ -503,10 +447,9 @@ def _tp_axes(ax_t, ax_m, a, mod, models, tps) -> None:
 
 def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int | None = None,
                  kv_cache_dtype: str = "bf16"):
-    """Per TP size, one row per arch: TTFT change vs :data:`mla_lab.placement.BASELINE` of vLLM #53878
-    (:data:`PR_STRATEGY`, solid) and kernel_native (hatched), modelled, measured values as black diamonds; and the
-    PR's extra Q workspace per rank; bars coloured by model. The slice defaults to the seed's max_num_batched_tokens
-    and prompt length (else the largest); the title names it and the KV-cache dtypes left out."""
+    """Per TP size, one row per arch: TTFT change vs :data:`mla_lab.placement.BASELINE` of vLLM #53878 (solid) and
+    kernel_native (hatched), measured as diamonds, and the PR's extra Q workspace per rank, coloured by model; at the
+    seed's max_num_batched_tokens and prompt length (else the largest)."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
@@ -580,10 +523,8 @@ def _heatmap_panel(ax, mod, meas, ykeys, Ls, norm, lim):
 
 def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = PR_STRATEGY,
                  kv_cache_dtype: str = "bf16"):
-    """Heatmap of TTFT change of ``strategy`` vs the baseline (%) over heads per rank (rows, labelled with the model)
-    x prompt length (columns), one panel per arch, at one max_num_batched_tokens (default 16384, else the largest).
-    Cells show the modelled value; a measured value of the same cell is added as ``m: x%``. Rows of other KV-cache
-    dtypes are left out and the title says so (:func:`kv_dtype_note`)."""
+    """TTFT change of ``strategy`` vs the baseline (%) over heads per rank x prompt length, one panel per arch, at one
+    max_num_batched_tokens (the seed's, else the largest); modelled cells, a measured value added as ``m: x%``."""
     from matplotlib.colors import TwoSlopeNorm
 
     d, mbt, left_out = _slice(_priced_or_not(df), kv_cache_dtype, max_num_batched_tokens)
@@ -616,8 +557,7 @@ _OP_CLASS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c5
                     "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31"]
 
 def plot_validation(v):
-    """Predicted vs measured (log-log, in-sample fit): ops coloured by class (left), whole layers (right: eager,
-    CUDA graph, interleaved pairs). The diagonal is a perfect model; MAPE per group in the legend."""
+    """Predicted vs measured (log-log, in-sample fit): ops by class (left), whole layers (right); MAPE per group."""
     import numpy as np
 
     fig = new_figure((13, 5.6))
@@ -633,16 +573,11 @@ def plot_validation(v):
         ax_layer.scatter(g["measured_ms"], g["predicted_ms"], s=22, alpha=0.8,
                          label=f"{lvl} [{run}] (n={len(g)}, MAPE {g['ape_pct'].mean():.1f}%)")
     for ax, title in ((ax_op, "per op (one rank, real shapes)"), (ax_layer, "whole decoder layer (one rank)")):
-        lo, hi = ax.get_xlim()[0], ax.get_xlim()[1]
-        vals = np.array([c for c in ax.collections for c in c.get_offsets().ravel()]) if ax.collections else None
-        if vals is not None and vals.size:
-            lo, hi = max(vals[vals > 0].min() * 0.7, 1e-4), vals.max() * 1.4
+        vals = np.array([v for c in ax.collections for v in c.get_offsets().ravel()])
+        lo, hi = (max(vals[vals > 0].min() * 0.7, 1e-4), vals.max() * 1.4) if vals.size else ax.get_xlim()
         ax.plot([lo, hi], [lo, hi], color="k", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("measured [ms] (H200)")
-        ax.set_ylabel("predicted [ms] (TTFT model)")
-        ax.set_title(title)
+        ax.set(xscale="log", yscale="log", xlabel="measured [ms] (H200)", ylabel="predicted [ms] (TTFT model)",
+               title=title)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="upper left")
     _suptitle(fig, "TTFT model vs H200 measurements (modelled vs measured; in-sample calibration)")

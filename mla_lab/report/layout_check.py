@@ -1,5 +1,5 @@
 """Is anything a reader needs cut off at the figure's edge, or printed over another label? Checked on the drawn
-Figure (a PNG no longer knows where its legend was); :func:`mla_lab.report.figures.publish_figure` refuses a figure
+Figure (a PNG no longer knows where its legend was); :func:`mla_lab.report.cache.publish_figure` refuses a figure
 with either."""
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ imported; ``tests/test_front_door.py`` checks README.md's block is current.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 import sys
@@ -16,7 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from ..paths import REPO_ROOT
-from .blocks import update_block
+from .blocks import block_main, update_block
 
 __all__ = ["BEGIN", "END", "PACKAGE", "units", "layer", "summary", "module_map", "update_readme"]
 
@@ -71,10 +70,7 @@ def _graph(package: Path = PACKAGE) -> dict[str, frozenset[str]]:
 
 def layer(name: str, package: Path = PACKAGE) -> int:
     """A unit's layer in the import graph: 0 when it imports no other unit, else 1 + the highest layer of what it
-    imports (tests/test_architecture.py keeps the graph free of circles).
-
-    Raises:
-        ValueError: ``name`` is not a unit of the package, or the imports form a circle."""
+    imports. Raises ValueError: ``name`` is not a unit of the package, or the imports form a circle."""
     graph = _graph(package)
     if name not in graph:
         raise ValueError(f"name={name!r} is not a unit of {package}; allowed: {', '.join(graph)}")
@@ -116,26 +112,14 @@ def module_map(package: Path = PACKAGE) -> str:
 
 
 def update_readme(block: str, path: Path = REPO_ROOT / "README.md") -> bool:
-    """Rewrite README.md's module-map block with ``block``; True when the file changed. Raises ValueError: no
-    markers, or not in order (nothing written)."""
+    """Rewrite README.md's module-map block with ``block``; True when the file changed. Raises as
+    :func:`mla_lab.report.blocks.splice`."""
     return update_block(path, BEGIN, END, block, "module-map")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="the module map of README.md, generated from the package")
-    ap.add_argument("--update-readme", action="store_true", help="rewrite README.md's module-map block")
-    a = ap.parse_args(argv)
-    block = module_map()
-    if not a.update_readme:
-        print(block)
-        return 0
-    try:
-        changed = update_readme(block)
-    except ValueError as e:
-        print(str(e), file=sys.stderr)
-        return 2
-    print("-> README.md" + ("" if changed else " (unchanged)"))
-    return 0
+    return block_main(argv, __spec__.name, REPO_ROOT / "README.md", BEGIN, END, module_map, "module-map",
+                      "--update-readme")
 
 
 if __name__ == "__main__":

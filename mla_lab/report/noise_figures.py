@@ -1,9 +1,7 @@
 """Is vLLM PR #53878's -9.5 % TTFT one run's noise? The single-run distribution of the change (issue 20), modelled:
-the runs are :mod:`mla_lab.serving.noise`'s Monte-Carlo, committed by ``mla_lab/fits/predict_pr53878.py`` in
-:data:`DIST_CSV` (one row per ``case`` and ``run``, ``change_<metric>_pct``) beside its prediction file; nothing is
-re-simulated here. Percentiles: :meth:`mla_lab.serving.noise.NoiseResult.percentile_of` (ties half). The PR's
-figures (its description, one ``vllm bench serve`` run per build): TTFT -9.5 % (statistic unnamed: mean, median and
-P99 each tested) and total token throughput +6 %.
+:mod:`mla_lab.serving.noise`'s Monte-Carlo as committed by ``mla_lab/fits/predict_pr53878.py`` in :data:`DIST_CSV`
+(one row per ``case`` and ``run``), not re-simulated. The PR's figures (its description, one ``vllm bench serve`` run
+per build): TTFT -9.5 % (statistic unnamed: mean, median and P99 each tested), total token throughput +6 %.
 
     python -m mla_lab.report.noise_figures [--figure-dir docs/figures] [--update-findings]
 """
@@ -43,11 +41,8 @@ NOISE_END = "<!-- noise:end -->"
 
 def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path | None = PREDICTION_JSON) -> dict:
     """``{"results": {case: NoiseResult (only ``change`` filled)}, "prediction": dict | None, "path": Path}``.
-
-    Raises:
-        ValueError: the file missing, a column of :data:`PANELS` missing, a value not finite, or a case of
-            :data:`CASES` with fewer than 2 runs; one line naming it.
-    """
+    Raises ValueError: the file missing, a column of :data:`PANELS` missing, a value not finite, or a case of
+    :data:`CASES` with fewer than 2 runs; one line naming it."""
     import pandas as pd
 
     p = Path(path)
@@ -182,8 +177,8 @@ def plot_noise(dist: dict):
 
 
 def findings_section(dist: dict, figure: str | None = f"figures/{FIGURE_NAME}.png") -> str:
-    """The block of docs/findings.md (``figure``: the image path relative to that page): a table of the 95 % bands and the reported figures' percentiles per statistic, the
-    figure, the sentences of :func:`noise_sentences` and where every number comes from."""
+    """The block of docs/findings.md: the 95 % bands and the reported figures' percentiles per statistic, the
+    ``figure`` (relative to that page), :func:`noise_sentences` and where every number comes from."""
     res, pred = dist["results"], dist["prediction"]
     rel = dist["path"].resolve().relative_to(REPO_ROOT) if dist["path"].is_absolute() else dist["path"]
     n = res["identical_builds"].num_runs

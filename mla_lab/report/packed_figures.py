@@ -2,20 +2,18 @@
 docs/packed.md and the tests take its figures from.
 
 Source: ``data/measured/h200/between_process/packed_kernels.csv`` (:mod:`mla_lab.measure.experiments.packed_kernels`;
-one H200, 5 fresh processes x 5 interleaved rounds, graph timing; T = 16384, H = 8, topk 2048; the software in the
-file's provenance columns). Every figure: the median over processes of the per-process medians, ``[lo, hi]`` over
-processes. ``python -m mla_lab.report.packed_figures --update-docs`` rewrites docs/packed.md's tables.
+one H200, 5 fresh processes x 5 interleaved rounds, graph timing; T = 16384, H = 8, topk 2048). Every figure: the
+median over processes of the per-process medians, ``[lo, hi]`` over processes. ``--update-docs``: docs/packed.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import pandas as pd
 
 from ..paths import REPO_ROOT
-from .blocks import update_block
+from .blocks import block_main, update_block
 from .engine_kernel_figures import between_process_ms, experiment_rows
 
 __all__ = ["PACKED_CSV", "kernel_ms", "speedup", "targets", "shape_table", "TARGETS", "SHAPE_ORDER", "KERNELS",
@@ -153,14 +151,7 @@ def update_docs(doc=DOC, path=PACKED_CSV) -> bool:
 
 
 def main(argv=None) -> int:
-    """``python -m mla_lab.report.packed_figures [--update-docs]``: print the table (and rewrite docs/packed.md's)."""
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.packed_figures", description=main.__doc__)
-    ap.add_argument("--update-docs", action="store_true", help="rewrite the generated block of docs/packed.md")
-    a = ap.parse_args(argv)
-    print(_markdown())
-    if a.update_docs:
-        print(f"docs/packed.md {'updated' if update_docs() else 'already current'}")
-    return 0
+    return block_main(argv, __spec__.name, DOC, _BEGIN, _END, _markdown, "packed-table")
 
 
 if __name__ == "__main__":  # pragma: no cover

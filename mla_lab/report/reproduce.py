@@ -1,23 +1,20 @@
 """One H200 run against the rows committed before it: how far a re-measurement moves the between-process figures.
 
 The 2026-12-02 ``mla-lab measure`` run (``data/measured/h200/runs/2026-12-02T0834_measure/``) replaced the rows under
-:data:`BETWEEN`; :func:`compare` reads the previous ones with ``git show <OLD_COMMIT>:<path>`` and gives per file,
-over the keys both runs measured (a key: one value of the file's key columns in :data:`FILES`), the % change of the
-median over processes of the per-process medians. ``python -m mla_lab.report.reproduce --update-docs`` writes the
-block of docs/perf-notes.md (tests/test_reproduce.py checks it). Raises ``RuntimeError`` (one line) when git cannot
-show a file at :data:`OLD_COMMIT` (a shallow clone).
+:data:`BETWEEN`; :func:`compare` reads the previous ones (``git show <OLD_COMMIT>:<path>``; RuntimeError in a shallow
+clone) and gives per file of :data:`FILES`, over the keys both runs measured, the % change of the median over
+processes of the per-process medians. ``--update-docs`` writes the block of docs/perf-notes.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import subprocess
 
 import pandas as pd
 
 from ..paths import REPO_ROOT
-from .blocks import update_block
+from .blocks import block_main
 
 __all__ = ["lease_pr_change", "OLD_COMMIT", "FILES", "SMALL_MS", "BEGIN", "END", "compare", "largest", "small_ops", "render_markdown", "main"]
 
@@ -57,9 +54,8 @@ FIRST_LEASE_STRATEGIES = "data/measured/h200/runs/2026-12-02T0834_measure/betwee
 
 def lease_pr_change() -> dict:
     """The PR's attention path (``private_workspace``) against the pre-PR pad (``per_call_empty:zeros``) at the
-    seed, measured on two machine leases the same day (5 fresh processes each): ``{"first", "second"}`` in %
-    (median over processes of the per-process medians, ms; files :data:`FIRST_LEASE_STRATEGIES` and the committed
-    ``between_process/strategies.csv``)."""
+    seed on two leases the same day: ``{"first", "second"}`` in % (median over 5 processes of the per-process
+    medians; :data:`FIRST_LEASE_STRATEGIES` and the committed ``between_process/strategies.csv``)."""
     out = {}
     for name, path in (("first", FIRST_LEASE_STRATEGIES), ("second", BETWEEN + "strategies.csv")):
         d = pd.read_csv(REPO_ROOT / path)
@@ -164,18 +160,8 @@ def render_markdown() -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.reproduce", description=__doc__.split("\n")[0])
-    ap.add_argument("--update-docs", action="store_true", help="rewrite the block in docs/perf-notes.md")
-    a = ap.parse_args(argv)
-    block = render_markdown()
-    print(block)
-    if a.update_docs:
-        try:
-            update_block(REPO_ROOT / "docs" / "perf-notes.md", BEGIN, END, block, "reproduce")
-        except ValueError as e:
-            ap.error(str(e))
-        print("-> docs/perf-notes.md")
-    return 0
+    return block_main(argv, __spec__.name, REPO_ROOT / "docs" / "perf-notes.md", BEGIN, END, render_markdown,
+                      "reproduce")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 """The route beats the copy: measured attention-path time per route and prompt length (H200, fresh processes).
 
-Rows: ``data/measured/h200/between_process/routes.csv`` (``mla_lab/measure/experiments/routes_step.py``): one
-16384-token prefill step per layer call, GLM-5 TP8 and DeepSeek-V3.2 TP8, on the padded sparse MQA route (FlashMLA at
-h_q 64, with or without the pre-PR pad) and the dense MHA route with the real heads (up-projection + torch SDPA;
-above top-k only a lower bound of masked MHA, labelled so). Each figure: the median over >= 5 fresh processes of the
-per-process medians, ``[min, max]`` over processes (:mod:`mla_lab.measure.spread`).
+Rows: ``data/measured/h200/between_process/routes.csv`` (``mla_lab/measure/experiments/routes_step.py``): a
+16384-token prefill step per layer call, GLM-5 and DeepSeek-V3.2 TP8, padded sparse MQA (FlashMLA at h_q 64) and dense
+MHA on the real heads (above top-k a lower bound of masked MHA). Each figure: the median over >= 5 fresh processes of
+the per-process medians, ``[min, max]`` over processes (:mod:`mla_lab.measure.spread`).
 """
 
 from __future__ import annotations
@@ -129,14 +128,10 @@ def crossover(path: str | Path | None = None, model: str = "glm-5",
               dense: str = "dense MHA, real heads (SDPA cuDNN)",
               sparse: str = "sparse MQA, vLLM #53878 (pre-padded workspace)", topk: int = 2048,
               max_len: int = 1 << 20) -> dict:
-    """Prompt length where the padded sparse MQA path would start to beat dense causal MHA, per process: each
-    route's time per layer call fitted (least squares) as ``a + b mean_keys(L)``, the crossing the smallest ``L``
-    (doubling, then bisection, up to ``max_len``) where dense >= sparse. An extrapolation beyond the longest prompt.
-
-    Returns:
-        ``{"median", "lo", "hi", "n_processes", "per_process", "measured_max", "beyond_measured"}`` (lengths in
-        tokens; None where no crossing below ``max_len``).
-    """
+    """Prompt length (tokens) where padded sparse MQA would start to beat dense causal MHA, per process: each route
+    fitted (least squares) as ``a + b mean_keys(L)``, the crossing the smallest ``L <= max_len`` where dense >=
+    sparse (an extrapolation). Returns ``{"median", "lo", "hi", "n_processes", "per_process", "measured_max",
+    "beyond_measured"}`` (None where no crossing)."""
     df = _rows(path)
     df = df[df["model"] == model]
     med = df.groupby(["prompt_len", "route", "process"])["ms"].median().reset_index()
@@ -174,12 +169,12 @@ def route_sentence(path: str | Path | None = None, model: str = "glm-5", prompt_
             f"(the padding it never computes).")
 
 
-def plot_routes(table=None, figsize=(10.0, 3.8)):
+def plot_routes(table=None):
     """Attention path per layer call vs prompt length, one panel per model, one line per route with its
     [min, max] over processes; dense MHA above top-k drawn dashed (not equivalent: a masked-MHA lower bound)."""
     t = route_table() if table is None else table
     models = list(dict.fromkeys(t["model"]))
-    fig = new_figure(figsize)
+    fig = new_figure((10.0, 3.8))
     axes = fig.subplots(1, len(models), squeeze=False)
     colors = ["#d62728", "#1f77b4", "#2ca02c", "#9467bd"]
     for ax, model in zip(axes[0], models):

@@ -7,18 +7,15 @@ modelled: ``data/measured/h200/between_process/presets.csv``): the median over p
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 from ..buffers import MIB, memory_account, shared_workspace_other_bytes
 from ..deployment import Deployment
-from ..measure.timer import summarize
 from ..model.calibration import resolve_calibration
 from ..model.comm import extrapolated
 from ..model.ttft import predict_ttft
 from ..paths import measured_dir, read_measured_csv
 from ..placement import (
     BASELINE,
-    BENCH_PRESET_LABELS,
     CONTENTS,
     PR_STRATEGY,
     PR_TRADE_BY_ENGINE,
@@ -30,35 +27,21 @@ from ..seed import SEED_REPORTED
 from ..sweep.rows import ttft_with_attention
 from ..workload import schedule
 
-__all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sensitivity", "COMPARISONS",
-           "PRESET_FILE_NAMES", "pr_trade_by_engine"]
+__all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sensitivity", "COMPARISONS", "pr_trade_by_engine"]
 
 #: (label, strategy, against) of the seed answer (:data:`mla_lab.placement.SEED_COMPARISONS`).
 COMPARISONS = SEED_COMPARISONS
-#: ``preset`` labels of the round-2 presets file -> canonical strategies (:data:`mla_lab.placement.BENCH_PRESET_LABELS`).
-PRESET_FILE_NAMES = BENCH_PRESET_LABELS
-#: The committed between-process rows of the seed attention path (mla_lab/measure/experiments/presets.py).
-BETWEEN_PROCESS_PRESETS = ("between_process", "presets.csv")
 
 
-def _measured_seed_samples(path: Path | None) -> tuple[dict, str]:
-    """``({strategy: {process: median attention-path ms at the seed}}, "processes")``; a file without a ``process``
-    column (round 2, one process): ``({strategy: {round: ms}}, "rounds")``; ``({}, "")`` without a file."""
-    p = Path(path) if path else measured_dir("h200").joinpath(*BETWEEN_PROCESS_PRESETS)
+def _measured_seed_samples() -> dict:
+    """``{strategy: {process: median attention-path ms at the seed}}`` of the committed between-process rows
+    ``data/measured/h200/between_process/presets.csv`` (mla_lab/measure/experiments/presets.py); ``{}`` without it."""
+    p = measured_dir("h200") / "between_process" / "presets.csv"
     if not p.is_file():
-        return {}, ""
+        return {}
     d = read_measured_csv(p)  # whole or refused in one line (a truncated file would move the figure silently)
-    if "process" in d.columns:
-        d = d[d["shape"] == "seed"]
-        med = d.groupby(["strategy", "process"])["ms"].median()
-        return {s: dict(g.droplevel(0).items()) for s, g in med.groupby(level=0)}, "processes"
-    d = d[(d["status"] == "ok") & (d["model"] == "glm-5") & (d["pattern"] == "seed") & (d["tp"] == 8)]
-    out = {}
-    for name, g in d.groupby("preset"):
-        canonical = PRESET_FILE_NAMES.get(name)
-        if canonical:
-            out[canonical] = dict(enumerate(g.sort_values("repeat")["ms_median"]))
-    return out, "rounds"
+    med = d[d["shape"] == "seed"].groupby(["strategy", "process"])["ms"].median()
+    return {s: dict(g.droplevel(0).items()) for s, g in med.groupby(level=0)}
 
 
 def _memory(d: Deployment, names) -> tuple[dict, int]:
@@ -72,29 +55,25 @@ def _memory(d: Deployment, names) -> tuple[dict, int]:
     return mem, base
 
 
-def _measured_change(ttft: dict, s: str, ref: str, basis: str) -> dict:
-    """The row's measured columns from per-process (or per-round) TTFTs of ``s`` and ``ref``: the median change
-    with ``[min, max]`` over processes (:mod:`mla_lab.measure.spread`'s convention), or the rounds' 95 % interval."""
+def _measured_change(ttft: dict, s: str, ref: str) -> dict:
+    """The row's measured columns from per-process TTFTs of ``s`` and ``ref``: the median change with ``[min, max]``
+    over processes (:mod:`mla_lab.measure.spread`'s convention)."""
     if s not in ttft or ref not in ttft:
         return {}
     keys = sorted(set(ttft[s]) & set(ttft[ref]))
     ch = [100.0 * (ttft[s][k] / ttft[ref][k] - 1) for k in keys]
-    if basis == "processes":
-        return {"measured_pct": statistics.median(ch), "measured_lo": min(ch), "measured_hi": max(ch),
-                "rounds": len(keys), "n_processes": len(keys), "measured_basis": "processes"}
-    ci = summarize(ch)
-    return {"measured_pct": ci["median"], "measured_lo": ci["ci_lo"], "measured_hi": ci["ci_hi"], "rounds": len(keys),
-            "measured_basis": "rounds"}
+    return {"measured_pct": statistics.median(ch), "measured_lo": min(ch), "measured_hi": max(ch),
+            "rounds": len(keys), "n_processes": len(keys), "measured_basis": "processes"}
 
 
-def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = None, calibration=None) -> list[dict]:
+def seed_answer(models=("glm-5", "glm-5.2"), calibration=None) -> list[dict]:
     """One dict per (model geometry, comparison of :data:`COMPARISONS`), priced with ``calibration`` (None: the
     committed one): ``modelled_pct``; ``modelled_pct_kernel_content`` (stale padded heads priced on the kernel only;
     ``content_scope`` says which scope ``modelled_pct`` used); ``ttft_ms`` / ``against_ttft_ms`` (mean, ms),
     ``against_run_ms`` (the last prompt's TTFT), ``comm_ms`` / ``comm_source`` (its all-reduces, one rank);
     ``measured_pct`` / ``_lo`` / ``_hi`` (None without measurements), ``measured_basis``, ``n_processes``,
     ``rounds``; ``extra_persistent_mib`` and ``call_transient_mib`` of the strategy and of ``against``."""
-    samples, basis = _measured_seed_samples(Path(presets_csv) if presets_csv else None)
+    samples = _measured_seed_samples()
     names = {s for _, a, b in COMPARISONS for s in (a, b)}
     out = []
     for name in models:
@@ -108,7 +87,7 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
         mem, base = _memory(d, names)
         ttft = {s: {k: ttft_with_attention(modelled[s], steps, d.prompt_len, d.model.num_hidden_layers,
                                            [x] * len(steps)) for k, x in samples[s].items()}
-                for s in names if s in samples}  # strategy -> {process (or round): mean TTFT, ms}
+                for s in names if s in samples}  # strategy -> {process: mean TTFT, ms}
         for label, s, ref in COMPARISONS:
             stale = any(parse_strategy(x).content == "stale" for x in (s, ref))
             out.append({
@@ -125,7 +104,7 @@ def seed_answer(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = No
                 "against_extra_persistent_mib": (mem[ref].persistent_bytes - base) / MIB,
                 "call_transient_mib": mem[s].call_transient_bytes / MIB,
                 "against_call_transient_mib": mem[ref].call_transient_bytes / MIB,
-                **_measured_change(ttft, s, ref, basis)})
+                **_measured_change(ttft, s, ref)})
     return out
 
 
@@ -169,10 +148,9 @@ def seed_sentences(rows=None) -> list[str]:
                                                                r["measured_lo"] <= target)]
     for r in pr:
         if parse_strategy(r["against"]).placement == "per_call_empty":
-            basis = ("; the attention path measured in {} fresh processes, median [min, max]".format(r["n_processes"])
-                     if r.get("measured_basis") == "processes" else "; the attention path measured")
-            m = "" if r["measured_pct"] is None else (f", {r['measured_pct']:+.1f} % [{r['measured_lo']:+.1f}, "
-                                                      f"{r['measured_hi']:+.1f}]{basis}")
+            m = "" if r["measured_pct"] is None else (
+                f", {r['measured_pct']:+.1f} % [{r['measured_lo']:+.1f}, {r['measured_hi']:+.1f}]; the attention "
+                f"path measured in {r['n_processes']} fresh processes, median [min, max]")
             out.append(f"{r['model']}: the PR's change against vLLM before it ({r['against']}) is "
                        f"{r['modelled_pct']:+.1f} % modelled{m}, against the reported {target:+.1f} %.")
     if reach:
@@ -219,13 +197,11 @@ def seed_sentences(rows=None) -> list[str]:
     return out
 
 
-def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path | None = None):
+def seed_comm_sensitivity(models=("glm-5", "glm-5.2")):
     """The seed answer under each all-reduce term the lab can defend at the PR's TP (DataFrame, one row per (model,
-    comm term)): the committed calibration's, the largest measured world size's fit extrapolated to the PR's TP
-    (while that TP is unmeasured; :func:`mla_lab.model.comm.extrapolated`) and the ideal ring (a lower bound).
-    Columns: ``model``, ``comm term``, ``priced by``, ``all-reduce ms`` and ``share of run %`` (vLLM before the PR,
-    one rank, whole run), ``TTFT before the PR ms``, and the PR's change against vLLM before it with zero and stale
-    padded heads, modelled and attention measured (%; the column names the measurement's basis)."""
+    comm term)): the committed calibration's, the largest measured world size's fit extrapolated
+    (:func:`mla_lab.model.comm.extrapolated`) and the ideal ring (a lower bound); the all-reduce ms and share of the
+    run before the PR, and the PR's change against vLLM before it (zero and stale heads, modelled and measured, %)."""
     import pandas as pd
 
     base = resolve_calibration(None)
@@ -237,7 +213,7 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
     terms.append(("ideal ring (lower bound)", base.with_comm(comm_efficiency=1.0, comm_latency_us=0.0)))
     out = []
     for label, cal in terms:
-        rows = seed_answer(models, presets_csv, calibration=cal)
+        rows = seed_answer(models, calibration=cal)
         # the measured columns name their basis, as the seed answer's table does (one figure, one label)
         n = {r["n_processes"] for r in rows if r.get("measured_basis") == "processes"}
         meas = f"attention measured ({n.pop()} fresh processes)" if len(n) == 1 else "attention measured"
@@ -258,18 +234,11 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2"), presets_csv: str | Path |
 
 
 def pr_trade_by_engine(models=("glm-5",), calibration=None) -> list[dict]:
-    """The PR's trade stated three ways (:data:`mla_lab.placement.PR_TRADE_BY_ENGINE`) on the PR's benchmark: as it
-    was, in vLLM 0.33.0 with FLASHMLA_SPARSE forced, and with vLLM 0.33.0's default FA3 sparse. Modelled.
-
-    Returns:
-        One dict per (model, row): ``model``, ``label``, ``engine``, ``strategy``, ``against``, ``modelled_pct``
-        (mean TTFT change, %), ``ttft_ms`` / ``against_ttft_ms``, ``extra_persistent_mib`` /
-        ``against_extra_persistent_mib`` (over the pre-PR baseline's), ``prefill_route``, ``padded_path``,
-        ``source`` (``modelled``).
-
-    Raises:
-        ValueError: an unknown model.
-    """
+    """The PR's trade on its benchmark per row of :data:`mla_lab.placement.PR_TRADE_BY_ENGINE` (as it was, vLLM
+    0.33.0 with FLASHMLA_SPARSE forced, vLLM 0.33.0's FA3 sparse), modelled: one dict per (model, row) with
+    ``label``, ``engine``, ``strategy``, ``against``, ``modelled_pct`` (mean TTFT change, %), ``ttft_ms`` /
+    ``against_ttft_ms``, ``extra_persistent_mib`` / ``against_extra_persistent_mib`` (over the pre-PR baseline's),
+    ``prefill_route``, ``padded_path``, ``source``. Raises ValueError: an unknown model."""
     names = {x for _, a, b, _ in PR_TRADE_BY_ENGINE for x in (a, b)}
     out = []
     for name in models:

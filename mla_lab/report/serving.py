@@ -19,7 +19,7 @@ from ..serving.benchmark import bench_of, serve_benchmark
 from ..serving.client import BenchConfig
 from ..serving.noise import serve_benchmark_noise
 from .cache import cached_call
-from .figures import new_figure, strategy_style
+from .figures import FP8_KV_NOTE, new_figure, strategy_style
 from .tables import html_table
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
@@ -49,8 +49,7 @@ SERVING_TABLE_COLUMNS = ("model", "tp", "arch", "strategy", "preset", "metric", 
 
 
 def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
-    """A serve_benchmark result as a table: one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS`
-    (``change_pct`` vs the baseline, ``reported_change_pct`` the PR's figure on its strategy's rows, else NaN), or
+    """A serve_benchmark result as a table: one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS`, or
     (``wide``) one row per metric label, columns ``(strategy, "value" | "change %")`` and the PR's reported change.
 
     Raises:
@@ -102,8 +101,6 @@ def serving_display_table(result: dict) -> pd.DataFrame:
 
 #: The changes the rate curve gives a single-run band (``band_<metric>_lo/hi``).
 RATE_BAND_METRICS = ("median_ttft_ms", "p99_ttft_ms", "total_token_throughput")
-
-
 #: The changes each rate-curve row carries (``change_<metric>_pct``).
 RATE_CHANGE_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "mean_itl_ms",
                        "total_token_throughput")
@@ -112,13 +109,10 @@ RATE_CHANGE_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tp
 def rate_curve(deployment: Deployment, strategies, rates, *, seed: int = 0, baseline: str = BASELINE,
                num_runs: int = 20) -> pd.DataFrame:
     """:func:`~mla_lab.serving.benchmark.serve_benchmark` of ``deployment`` at each request rate of ``rates`` (req/s;
-    ``inf``: all at t = 0; the client :func:`~mla_lab.serving.benchmark.bench_of` with that rate and ``seed``).
-    One finite-rate run's change is noise-sized (issue 32), so each finite rate also runs ``num_runs`` single runs of
-    :func:`mla_lab.serving.noise.serve_benchmark_noise`: ``band_<metric>_lo`` / ``_hi`` (95 % band of the change, %)
-    for :data:`RATE_BAND_METRICS`, ``band`` saying which.
-
-    Returns one row per (strategy, rate): ``model, tp, arch, strategy, preset, request_rate``, every metric,
-    ``change_<metric>_pct`` vs ``baseline`` for :data:`RATE_CHANGE_METRICS`, the bands; ``source`` ``modelled``.
+    ``inf``: all at t = 0), each finite rate with the 95 % band (%) of ``num_runs`` single runs
+    (:func:`mla_lab.serving.noise.serve_benchmark_noise`, issue 32). One row per (strategy, rate): the deployment,
+    ``request_rate``, every metric, ``change_<metric>_pct`` (:data:`RATE_CHANGE_METRICS`), ``band_<metric>_lo/hi``
+    (:data:`RATE_BAND_METRICS`), ``band``, ``source`` ``modelled``.
 
     Raises:
         ValueError: no rates, a rate that is not > 0; as serve_benchmark.
@@ -170,17 +164,17 @@ def _rate_lines(ax_t, ax_p, d: pd.DataFrame, pos: dict, s: str) -> None:
                         fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, alpha=0.8)
 
 
-def _fitted_legend(fig, handles) -> None:
-    """The legend below the axes, as many columns (at most 4) as fit the figure's width (8 pt: ~4.8 pt a character)."""
-    longest = max(len(h.get_label()) for h in handles)
+def _fitted_legend(fig, handles, cap: int = 4) -> None:
+    """The legend below the axes, as many columns (at most ``cap``) as fit the figure's width (8 pt: ~4.8 pt a
+    character)."""
+    longest = max((len(h.get_label()) for h in handles), default=1)
     fig.legend(handles=handles, loc="outside lower center", frameon=False, fontsize=8,
-               ncols=max(1, min(len(handles), 4, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))))
+               ncols=max(1, min(len(handles), cap, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))))
 
 
-def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4.2)):
-    """The change vs the baseline against the request rate for the one deployment of :func:`rate_curve`'s rows:
-    TTFT p50 (solid) and p99 (dashed) and total token throughput, %, one colour per strategy, rates as evenly
-    spaced categories (``inf`` last).
+def plot_rate_curve(df: pd.DataFrame):
+    """The change vs the baseline (%) against the request rate of one deployment's :func:`rate_curve` rows: TTFT p50
+    (solid), p99 (dashed) and total token throughput, one colour per strategy, rates as categories (``inf`` last).
 
     Raises:
         ValueError: an empty frame, missing columns, or rows of more than one deployment.
@@ -196,7 +190,7 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
         raise ValueError(f"df holds {len(deps)} deployments; plot one at a time (filter by model, tp, arch)")
     rates = sorted(df["request_rate"].unique(), key=lambda r: (math.isinf(r), r))
     pos = {r: i for i, r in enumerate(rates)}
-    fig = new_figure(figsize)
+    fig = new_figure((10.0, 4.2))
     ax_t, ax_p = fig.subplots(1, 2)
     ttft = ["change_median_ttft_ms_pct", "change_p99_ttft_ms_pct"]
     strategies = [s for s in dict.fromkeys(df["strategy"]) if df[df["strategy"] == s][ttft].abs().max().max() != 0]
@@ -213,12 +207,10 @@ def plot_rate_curve(df: pd.DataFrame, title: str | None = None, figsize=(10.0, 4
                                                                  if banded else ""), fontsize=9)
     ax_p.set_ylabel("total token throughput change [%]")
     ax_p.set_title("total token throughput change", fontsize=9)
-    if title is None and len(deps):
+    if len(deps):
         r0 = df.iloc[0]
-        title = (f"{r0.get('model', '')} TP{r0.get('tp', '')} {r0.get('arch', '')}: vllm bench serve vs request rate, "
-                 "change vs the baseline (modelled)")
-    if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(f"{r0.get('model', '')} TP{r0.get('tp', '')} {r0.get('arch', '')}: vllm bench serve vs request "
+                     "rate, change vs the baseline (modelled)", fontsize=10)
     handles = [Line2D([], [], color=strategy_style(s)[0], marker=strategy_style(s)[1], label=strategy_style(s)[2])
                for s in strategies]
     _fitted_legend(fig, handles + [Line2D([], [], color="0.3", ls="-", label="p50"),
@@ -240,10 +232,9 @@ def _ordered(values, preferred):
 
 
 def swept_deployment(params):
-    """The deployment of the sweep grid ``params`` the serving section and the advice price, with the swept workload
-    and engine limits: the grid's point closest to the PR's (:data:`_PREFER`, each coordinate the PR's value first)
-    that fits and holds one request in its KV cache, at the grid's first KV-cache dtype. Returns ``(Deployment,
-    note)`` (the note names the dtypes left out, :func:`kv_dtypes_left_out`), or ``(None, why)``."""
+    """``(Deployment, note)`` the serving section prices: the grid's point closest to the PR's (:data:`_PREFER`) that
+    fits and holds one request in its KV cache, at the first KV-cache dtype (the note names the others,
+    :func:`kv_dtypes_left_out`); or ``(None, why)``."""
     combos = itertools.product(_ordered(params.models, _PREFER["model"]), _ordered(params.tp_sizes, _PREFER["tp"]),
                                _ordered([get_arch(a).name for a in params.archs], _PREFER["arch"]),
                                _ordered(params.max_num_batched_tokens, _PREFER["max_num_batched_tokens"]),
@@ -278,13 +269,12 @@ def kv_dtypes_left_out(params) -> str:
         return ""
     rest = ", ".join(dtypes[1:])
     return (f"{dtypes[0]} KV only: the sweep's {rest} KV rows are not served or advised here (see the table at the "
-            "end of the report and the CSV)" + ("; with an fp8 KV cache no heads are padded, so the padded-Q "
-                                                 "strategies price alike" if "fp8" in dtypes[1:] else ""))
+            "end of the report and the CSV)" + (FP8_KV_NOTE if "fp8" in dtypes[1:] else ""))
 
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
-    """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`)
-    with the sweep's workload and engine flags (request rate, max concurrency, seed, max_num_seqs).
+    """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`) with the
+    sweep's request rate, max concurrency, seed and max_num_seqs.
 
     Raises:
         ValueError: no deployment of the grid fits (the reason); as serve_benchmark.
@@ -326,14 +316,9 @@ def plotted(result: dict) -> dict:
                            for s, r in result["strategies"].items()}}
 
 
-def plot_serving_changes(result: dict, bands: dict | None = None, title: str | None = None):
-    """Per metric of :data:`CHANGE_METRICS` (rows), each strategy's change vs the baseline (%, horizontal bars) of a
-    serve_benchmark result. ``bands``: ``{strategy: {metric: (lo, hi)}}`` 95 % bands of the change
-    (:mod:`mla_lab.serving.noise`) as error bars; without them the title says: one deterministic simulation.
-
-    Raises:
-        ValueError: ``result`` is not a serve_benchmark result.
-    """
+def plot_serving_changes(result: dict):
+    """Per metric of :data:`CHANGE_METRICS`, each strategy's change vs the baseline (%, horizontal bars) of a
+    serve_benchmark result (one deterministic simulation). Raises ValueError: not a serve_benchmark result."""
     _check_result(result)
     base = result["baseline"]
     others = [s for s in result["strategies"] if s != base]
@@ -348,12 +333,7 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
             name = f"{preset_label(result['strategies'][s]['preset'])} ({s})"
         ys = [i + (j - (n - 1) / 2) * h for i in range(len(metrics))]
         vals = [result["strategies"][s]["change_pct"].get(k, math.nan) for k, _ in metrics]
-        err = None
-        if bands and s in bands:
-            lo = [v - bands[s].get(k, (v, v))[0] for v, (k, _) in zip(vals, metrics)]
-            hi = [bands[s].get(k, (v, v))[1] - v for v, (k, _) in zip(vals, metrics)]
-            err = [lo, hi]
-        bars = ax.barh(ys, vals, h, color=colour, xerr=err, capsize=2, label=name)
+        bars = ax.barh(ys, vals, h, color=colour, label=name)
         ax.bar_label(bars, labels=[("" if v != v else f"{v:+.1f} %") for v in vals], fontsize=7, padding=2)
     ax.set_yticks(range(len(metrics)), [lbl for _, lbl in metrics], fontsize=8.5)
     ax.invert_yaxis()
@@ -365,18 +345,15 @@ def plot_serving_changes(result: dict, bands: dict | None = None, title: str | N
     ax.grid(axis="x", alpha=0.3)
     dep = result.get("deployment", {})
     b = result.get("bench", {})
-    note = "95 % bands of the noise Monte-Carlo" if bands else "one deterministic simulation: no interval"
-    fig.suptitle(title or (f"{dep.get('model')} TP{dep.get('tp')} {dep.get('arch')}: vllm bench serve, "
-                           f"{b.get('num_prompts')} x {b.get('random_input_len')} in / {b.get('random_output_len')} "
-                           f"out (modelled; {note})"), fontsize=10)
-    longest = max((len(t.get_label()) for t in ax.containers), default=1)  # 8 pt: about 4.8 pt a character
-    fig.legend(loc="outside lower center", ncols=max(1, min(3, n, int(fig.get_figwidth() * 72 / (4.8 * longest + 40)))),
-               fontsize=8, frameon=False)  # columns that fit the figure's width (the long labels got cut at 3)
+    fig.suptitle(f"{dep.get('model')} TP{dep.get('tp')} {dep.get('arch')}: vllm bench serve, {b.get('num_prompts')} "
+                 f"x {b.get('random_input_len')} in / {b.get('random_output_len')} out (modelled; one deterministic "
+                 "simulation: no interval)", fontsize=10)
+    _fitted_legend(fig, list(ax.containers), cap=3)  # 3: the long labels
     return fig
 
 
-def serving_details_html(result: dict, summary: str = "the full table (every metric vllm bench serve prints)") -> str:
+def serving_details_html(result: dict) -> str:
     """:func:`serving_display_table` folded in a ``<details>`` block that scrolls inside its own box."""
     table = html_table(serving_display_table(result), max_cols=None)  # folded whole: every strategy
-    return (f"<details><summary>{summary}</summary><div style='overflow-x:auto; max-width:100%'>{table}</div>"
-            "</details>")
+    return ("<details><summary>the full table (every metric vllm bench serve prints)</summary><div "
+            f"style='overflow-x:auto; max-width:100%'>{table}</div></details>")

@@ -46,8 +46,8 @@ def params_hash(params: dict) -> str:
     return hashlib.sha1(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 def new_run_id(runs_dir: str | Path, params: dict, now: _dt.datetime | None = None) -> str:
-    """A run id not yet used in ``runs_dir``: ``<UTC yyyymmdd-HHMMSS>-<params_hash>`` (+ ``-N`` if taken), claimed by
-    creating its figure folder ``runs_dir/<id>`` (exclusive), so concurrent runs never share an id."""
+    """A run id not yet used in ``runs_dir`` (``-N`` appended if taken), claimed by creating its figure folder
+    ``runs_dir/<id>`` (exclusive: concurrent runs never share an id)."""
     now = now or _dt.datetime.now(_dt.timezone.utc)
     base = f"{now:%Y%m%d-%H%M%S}-{params_hash(params)}"
     runs = Path(runs_dir)
@@ -75,9 +75,8 @@ def write_json_atomic(path: Path, data) -> None:
 
 
 def notebook_to_html(executed: str | Path, title: str) -> str:
-    """HTML of an executed notebook with inputs and prompts hidden, figures embedded, no CDN scripts. Outputs of
-    cells tagged ``remove-output`` (the sweep's progress log) and cells tagged ``remove-cell`` are left out; the
-    executed notebook keeps them."""
+    """HTML of an executed notebook, inputs and prompts hidden, figures embedded, no CDN scripts; outputs of cells
+    tagged ``remove-output`` and cells tagged ``remove-cell`` left out."""
     import nbformat
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
@@ -140,9 +139,9 @@ def _meta_problem(meta) -> str | None:
 
 
 def list_runs(report_dir: str | Path, skipped: list | None = None) -> list[dict]:
-    """Metadata of every published run under ``<report_dir>/runs`` (newest first). A file that is not UTF-8 JSON
-    of a run's metadata (:func:`_meta_problem`) is skipped, and named with why in ``skipped`` (``[(path,
-    reason)]``) when given; a run whose ``.html`` is gone is skipped silently."""
+    """Metadata of every published run under ``<report_dir>/runs`` (newest first); a file that is not a run's
+    metadata (:func:`_meta_problem`) is skipped and named in ``skipped`` (``[(path, reason)]``), a run whose
+    ``.html`` is gone skipped silently."""
     runs = Path(report_dir) / RUNS_DIR
     out = []
     for p in sorted(runs.glob("*.json")) if runs.is_dir() else []:
@@ -165,24 +164,16 @@ def _fmt_val(v) -> str:
     return "-" if v is None else str(v)
 
 def _prov_cell(meta: dict) -> str:
-    e = _html.escape
-    prov = meta.get("provenance") or {}
-    src = prov.get("sources") or {}
+    src = (meta.get("provenance") or {}).get("sources") or {}
     if not src:
         return "<i>unknown</i>"
-    parts = []
-    m = src.get("measured")
-    if m:
-        parts.append(f"<b>measured</b> {m['rows']} rows on {e(', '.join(m.get('device', ['?'])))} "
-                     f"(torch {e(', '.join(m.get('torch', ['?'])))}, flash_mla {e(', '.join(m.get('flash_mla', ['?'])))}"
-                     f", commit {e(', '.join(m.get('git_commit', ['?'])))})")
-    else:
-        parts.append("<b>measured</b>: none")
-    m = src.get("modelled")
-    if m:
-        cal = ", ".join(m.get("calibration", ["?"]))
-        parts.append(f"<b>modelled</b> {m['rows']} rows (TTFT scope {e(', '.join(m.get('ttft_scope', ['?'])))}; "
-                     f"calibration {e(cal)}; commit {e(', '.join(m.get('git_commit', ['?'])))})")
+    m, d = src.get("measured"), src.get("modelled")
+    j = lambda s, k: _html.escape(", ".join(s.get(k, ["?"])))  # noqa: E731
+    parts = [f"<b>measured</b> {m['rows']} rows on {j(m, 'device')} (torch {j(m, 'torch')}, flash_mla "
+             f"{j(m, 'flash_mla')}, commit {j(m, 'git_commit')})" if m else "<b>measured</b>: none"]
+    if d:
+        parts.append(f"<b>modelled</b> {d['rows']} rows (TTFT scope {j(d, 'ttft_scope')}; calibration "
+                     f"{j(d, 'calibration')}; commit {j(d, 'git_commit')})")
     return "<br>".join(parts)
 
 #: The seed point the index's headline reads from each run's rows (the PR's setup: GLM-5 TP8 H200, 1024-token
@@ -238,9 +229,8 @@ here{% endif %}</p>
 
 
 def run_headline(report_dir: str | Path, meta: dict) -> str:
-    """One sentence of a run's result at the seed point (:data:`HEADLINE_POINT`): the PR's strategy's TTFT change
-    (measured where the run has measured rows, else modelled, and says which) and its extra persistent MiB, KV tokens
-    lost and % of KV capacity; or why there is none (the grid lacks the point, or it does not fit)."""
+    """One sentence of a run's result at :data:`HEADLINE_POINT`: the PR's TTFT change (measured where the run has
+    measured rows, else modelled, and says which), extra persistent MiB and KV lost; or why there is none."""
     import csv
 
     path = Path(report_dir) / meta["csv"] if meta.get("csv") else None
@@ -279,8 +269,7 @@ def run_headline(report_dir: str | Path, meta: dict) -> str:
 
 def build_index(report_dir: str | Path, latest_name: str = "padding_sweep", skipped: list | None = None) -> Path:
     """Write ``<report_dir>/index.html`` (:data:`_INDEX_TEMPLATE`): every published run, newest first, with its
-    headline (:func:`run_headline`), thumbnail, provenance, links and parameters; the latest and the committed H200
-    report linked at the top. ``skipped``: as :func:`list_runs`. Returns its path."""
+    headline, thumbnail, provenance, links and parameters. ``skipped``: as :func:`list_runs`. Returns its path."""
     import jinja2
 
     report_dir = Path(report_dir)

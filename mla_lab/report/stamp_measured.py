@@ -2,10 +2,9 @@
 
     python -m mla_lab.report.stamp_measured [--root data/measured] [--check]
 
-Run after every GPU run that writes measured sweep rows. Per CSV (archive folders included), per (``device``,
-``flash_mla``, ``git_commit``) group and model, it records the digest (:mod:`mla_lab.report.stamps`) of the config at
-the rows' commit, else at the CSV's last commit, else today's (a fresh run). ``--check`` writes nothing and exits 1
-when the manifest differs; exit 2 on a bad ``--root``.
+Per CSV (archive folders included), per (``device``, ``flash_mla``, ``git_commit``) group and model: the digest
+(:func:`mla_lab.report.data.config_digest`) of the config at the rows' commit, else at the CSV's last commit, else
+today's. ``--check`` writes nothing and exits 1 when the manifest differs; exit 2 on a bad ``--root``.
 """
 
 from __future__ import annotations
@@ -16,9 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mla_lab.paths import REPO_ROOT, measured_dir, models_dir
-from mla_lab.report.data import measured_sweep_frames
-from mla_lab.report.stamps import MANIFEST_NAME, config_digest, config_digest_of_bytes
+from mla_lab.paths import MANIFEST_NAME, REPO_ROOT, measured_dir, models_dir
+from mla_lab.report.data import config_digest, config_digest_of_bytes, measured_sweep_frames
 
 
 def _git(*args) -> str | None:

@@ -11,7 +11,7 @@ from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..placement import BASELINE, PR_STRATEGY
 from ..seed import SEED, SEED_REPORTED, seed_point
 from ..sweep.rows import modelled_rows
-from .data import ok_rows
+from .data import DEPLOYMENT_KEYS, ok_rows
 
 __all__ = ["provenance_summary", "provenance_html", "save_provenance", "seed_setup_table", "summary_table",
            "measured_basis", "summary_html", "html_table", "validation_table"]
@@ -117,7 +117,7 @@ def _at_seed(d):
     if d is None or len(d) == 0:
         return d.iloc[0:0] if d is not None else None
     d = ok_rows(d)
-    for k in ("model", "tp", "arch", "max_num_batched_tokens", "prompt_len", "kv_cache_dtype", "num_prompts"):
+    for k in (*DEPLOYMENT_KEYS, "num_prompts"):
         if k in d.columns:
             d = d[d[k].astype(str) == str(SEED[k])]
     return d
@@ -138,21 +138,16 @@ def _measured_change(meas, answer_rows) -> str:
            and r["against"] == BASELINE and r["measured_pct"] is not None]
     if ans:
         a = ans[0]
-        basis = (f"{a['n_processes']} fresh processes" if a.get("measured_basis") == "processes"
-                 else f"{a['rounds']} rounds of one process")
-        return f"{a['measured_pct']:+.1f}% [{a['measured_lo']:+.1f}, {a['measured_hi']:+.1f}] ({basis})"
+        return (f"{a['measured_pct']:+.1f}% [{a['measured_lo']:+.1f}, {a['measured_hi']:+.1f}] "
+                f"({a['n_processes']} fresh processes)")
     v = _median(meas, PR, "ttft_change_pct")
     return "-" if v is None else f"{v:+.1f}% ({measured_basis(meas[meas['strategy'] == PR])})"
 
 
 def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
-    """The seed's setup (vLLM PR #53878's benchmark): the PR's reported numbers beside the lab's (pandas DataFrame).
-
-    Ours (modelled) from ``df`` when it holds the seed point, else priced now (:func:`mla_lab.sweep.rows.
-    modelled_rows`); ours (measured) from ``answer_rows`` (:func:`mla_lab.report.seed_answer.seed_answer`) when
-    given, else the measured sweep rows (:func:`_measured_change`). ``serving``: a serve_benchmark result of the
-    seed deployment, for the throughput row (modelled).
-    """
+    """The PR's reported numbers at its benchmark beside the lab's (DataFrame): modelled from ``df`` at the seed
+    point, else priced now; measured from ``answer_rows`` (:func:`mla_lab.report.seed_answer.seed_answer`), else the
+    measured rows; ``serving`` (a serve_benchmark result of the seed) for the throughput row."""
     import pandas as pd
 
     mod = _at_seed(df)

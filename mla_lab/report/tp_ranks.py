@@ -1,10 +1,7 @@
-"""Real TP ranks against the lab's one-GPU simulation, and the all-reduce term, at TP 2, 4 and 8: per world size
-what was measured (:func:`tp_status_table`), every real rank beside the simulation plus the modelled all-reduce
-(:func:`tp_rank_table`), and the all-reduce fit or assumption (:func:`comm_fit_table`).
-
-Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``mla_lab/measure/experiments/tp_block.py``), the older
-``h200x2/tp2_attention.csv`` (attention block only), and the one-GPU simulation alone,
-``data/measured/<gpu>/tp<N>_sim_block.csv``.
+"""Real TP ranks against the lab's one-GPU simulation, and the all-reduce term, at TP 2, 4 and 8: what was measured
+(:func:`tp_status_table`), every rank beside the simulation (:func:`tp_rank_table`), the all-reduce fit
+(:func:`comm_fit_table`). Data: ``data/measured/<gpu>x<n>/tp_block.csv`` (``mla_lab/measure/experiments/tp_block.py``),
+the older ``h200x2/tp2_attention.csv`` (attention only), the simulation alone ``<gpu>/tp<N>_sim_block.csv``.
 """
 
 from __future__ import annotations
@@ -24,22 +21,18 @@ __all__ = ["WORLD_SIZES", "load_tp_runs", "tp_status_table", "tp_rank_table", "c
 WORLD_SIZES = (2, 4, 8)
 FILES = ("tp_block.csv", "tp2_attention.csv")
 MIB = 2**20
-
-
 REQUIRED = ("run", "world_size", "rank", "model", "T", "strategy")
 
 
 def _world_sizes(world_sizes) -> list[int]:
     """``world_sizes`` as a list of ints >= 2, else ValueError naming the argument, the value and what is allowed
     (``"8"`` or ``2.5`` would match no measured run and read as "not measured")."""
-    vals = [world_sizes] if isinstance(world_sizes, (int, float, str)) else world_sizes
     try:
-        vals = list(vals)
+        vals = list([world_sizes] if isinstance(world_sizes, (int, float, str)) else world_sizes)
     except TypeError:
-        vals = None
-    if vals is None or any(isinstance(n, bool) or not isinstance(n, int) and not (isinstance(n, float) and
-                                                                                    n.is_integer()) or n < 2
-                           for n in vals):
+        vals = [None]
+    if not all(isinstance(n, (int, float)) and not isinstance(n, bool) and float(n).is_integer() and n >= 2
+               for n in vals):
         raise ValueError(f"world_sizes={world_sizes!r} is not valid; allowed: a list of integer world sizes >= 2, "
                          f"e.g. {list(WORLD_SIZES)}")
     return [int(n) for n in vals]
@@ -61,12 +54,8 @@ def _files(n: int, gpu: str, root: Path | None) -> list[Path]:
 
 def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
     """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (default
-    ``attention``); empty when nothing was measured.
-
-    Raises:
-        ValueError: ``world_sizes`` not integers >= 2, ``gpu`` not a lab GPU, a run file unreadable or lacking a
-            column of :data:`REQUIRED` (names the file).
-    """
+    ``attention``); empty when nothing was measured. Raises ValueError: ``world_sizes`` not integers >= 2, ``gpu``
+    not a lab GPU, a run file unreadable or lacking a column of :data:`REQUIRED` (names the file)."""
     import pandas as pd
 
     world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
@@ -108,14 +97,10 @@ def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path
 
 
 def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None, calibration=None):
-    """One row per real rank: ``TP``, ``model``, ``T``, ``block``, ``strategy``, ``rank``, ``heads/rank``; measured
-    ``block_ms``, ``compute_ms``, ``allreduce_ms``, ``sim_compute_ms`` (the one-GPU simulation), ``peak_MiB`` /
-    ``sim_peak_MiB``, ``nccl_MiB``; modelled ``model_allreduce_ms`` (priced by ``comm_source``); the errors
-    ``compute_err_%``, ``block_err_%`` (sim compute + modelled all-reduce vs the block), ``allreduce_err_%``; ``file``.
-
-    Raises:
-        ValueError: as :func:`load_tp_runs`.
-    """
+    """One row per real rank: measured ``block_ms``, ``compute_ms``, ``allreduce_ms``, ``sim_compute_ms`` (the
+    one-GPU simulation), ``peak_MiB`` / ``sim_peak_MiB``, ``nccl_MiB``; modelled ``model_allreduce_ms``
+    (``comm_source``); the errors ``compute_err_%``, ``block_err_%`` (sim compute + modelled all-reduce vs the block),
+    ``allreduce_err_%``. Raises ValueError: as :func:`load_tp_runs`."""
     import pandas as pd
 
     runs = load_tp_runs(world_sizes, gpu, root)
@@ -153,12 +138,8 @@ def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path |
 
 def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200", root: str | Path | None = None):
     """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` / ``sizes``
-    / ``MAPE %`` / ``leave-one-size-out MAPE %`` where measured, and the assumption's mean error against the
-    measured rows (``assumption error %``, blank when none).
-
-    Raises:
-        ValueError: as :func:`load_tp_runs`; a malformed measured all-reduce file.
-    """
+    / MAPEs where measured, and the assumption's mean error against the measured rows (``assumption error %``).
+    Raises ValueError: as :func:`load_tp_runs`; a malformed measured all-reduce file."""
     import pandas as pd
 
     world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)

@@ -1,10 +1,7 @@
 """The padding sweep: a grid of deployments, each priced for every strategy, stored point by point.
 
-- :mod:`.params` — the parameter schema, validation and the grid.
-- :mod:`.rows` — THE row builder: :func:`~.rows.price` (a Deployment -> typed rows) and the sweep's writers.
-- :mod:`.store` — the resumable, crash-safe point store (one JSON file per point, per-point claims).
-- :mod:`.executors` — where points run (local or Ray), given a compute function.
-- :mod:`.run` — the run loop (resume, claims, CSV).
+:mod:`.params` (schema, validation, grid), :mod:`.rows` (THE row builder, :func:`~.rows.price`), :mod:`.store`
+(the crash-safe point store), :mod:`.executors` (local or Ray), :mod:`.run` (the run loop).
 """
 
 from .advise import advise, format_advice

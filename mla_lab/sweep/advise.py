@@ -1,35 +1,21 @@
-"""``mla-lab advise``: for one deployment and a memory budget, the strategy (and S) with the lowest TTFT.
+"""``mla-lab advise``: for one deployment and a memory budget, the strategy with the lowest TTFT.
 
-:func:`advise` prices every candidate strategy of a checked :class:`~mla_lab.deployment.Deployment` through
-:func:`mla_lab.sweep.rows.price` (one memory account for all of them), attaches the measured change where measured
-rows exist for the deployment, drops every candidate that does not fit (weights or the workload's KV tokens: never a
-recommendation), applies the budget (persistent extra MiB per rank, or KV-cache tokens lost) and ranks the rest by
-TTFT within one engine version; the Pareto frontier over (persistent extra MiB, TTFT) is marked.
+:func:`advise` prices every candidate through :func:`mla_lab.sweep.rows.price` (one memory account), attaches
+measured changes, drops what does not fit, applies the budget (extra MiB per rank or KV tokens lost), ranks by TTFT
+within one engine version and marks the Pareto frontier over (extra MiB, TTFT).
 """
 
 from __future__ import annotations
 
 import math
 
+from .. import placement as pl
 from ..buffers import MIB
 from ..deployment import Deployment
 from ..labels import PACKED_LABEL
 from ..model.memory import memory_tradeoff
 from ..model.packed_kernel import packed_strategy, packed_summary
-from ..placement import (
-    BASELINE,
-    FORCED_TODAY,
-    advise_candidates,
-    as_strategy,
-    engine_strategies,
-    engine_summary,
-    expand,
-    preset_label,
-    preset_of,
-    resolve_engine,
-    strategy_notes,
-    today_engines,
-)
+from ..placement import BASELINE
 from ..serving.benchmark import options_summary
 from .rows import Row, between_process_changes, measured_changes, measured_withheld, price
 
@@ -38,14 +24,11 @@ __all__ = ["DEFAULT_ENGINE", "strategy_engine", "strategy_label", "engine_group"
 
 
 def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
-    """:func:`mla_lab.placement.engine_summary` of ``engine`` (first, if given) and today's engine versions (:func:`mla_lab.placement.today_engines`) for the
-    deployment ``d``.
-
-    Raises:
-        ValueError: a bad engine name (one line, the allowed values).
+    """:func:`mla_lab.placement.engine_summary` for ``d`` of ``engine`` (first, if given) and of
+    :func:`mla_lab.placement.today_engines` (ValueError: a bad engine name, one line).
     """
-    names = list(dict.fromkeys(([resolve_engine(engine)] if engine else []) + today_engines()))
-    return [engine_summary(n, d) for n in names]
+    names = list(dict.fromkeys(([pl.resolve_engine(engine)] if engine else []) + pl.today_engines()))
+    return [pl.engine_summary(n, d) for n in names]
 
 
 #: The engine version ``advise`` answers within when ``--engine`` is not given (issue 39: one answer per engine;
@@ -66,11 +49,10 @@ ENGINE_GROUP = {"vllm@0.33.0-flashmla": "vllm@0.33.0", "vllm@pr53878-before": "v
 
 
 def strategy_engine(strategy) -> str:
-    """The engine version a strategy (a canonical name or a :class:`~mla_lab.placement.Strategy`) is priced as
-    (``vllm@0.33.0``, ``vllm@pr46189``, ``sglang@0.5.23``, ``vllm@pr53878-before`` / ``vllm@pr53878`` /
-    ``vllm@56902`` for the PR-era presets and ``vllm@pr53878`` for the lab's proposals on the PR-era routes;
-    ``modelled`` for ``kernel_native``, which no engine runs; ``mla_lab`` for ``packed``, the lab's own kernel)."""
-    st = as_strategy(strategy)
+    """The engine version a strategy is priced as (its record's release, or by route rule: :data:`RULE_ENGINE`; the
+    PR-era presets by placement); ``modelled`` for ``kernel_native`` (no engine runs it), ``mla_lab`` for ``packed``.
+    """
+    st = pl.as_strategy(strategy)
     if st.engine:  # an engine version's own rule: its release (mla_lab.engines record)
         return st.engine_release
     if st.rule is None:
@@ -90,7 +72,7 @@ def engine_group(engine: str) -> str:
 def strategy_label(strategy) -> str:
     """The strategy as outputs print it: its name with the engine version it is priced as
     (``fa3_sparse@vllm-pr46189`` vs ``fa3_sparse@vllm-0.33.0``); a name that already says its rule stays."""
-    st = as_strategy(strategy)
+    st = pl.as_strategy(strategy)
     if "@" in st.name:
         return st.name
     if st.rule == "sglang-flashmla":  # SGLang 0.5.23 with flashmla_sparse forced, not its default
@@ -117,15 +99,16 @@ def _candidates(d: Deployment, strategies, engine: str | None, packed: str, with
     the caller's own candidates, ranked together)."""
     extra = [packed] if with_packed else []
     if engine is None and strategies is not None:  # the caller's own candidates, ranked together (Python API)
-        return expand([*strategies, *extra]), None, None
-    engine = resolve_engine(engine if engine is not None else DEFAULT_ENGINE)
+        return pl.expand([*strategies, *extra]), None, None
+    engine = pl.resolve_engine(engine if engine is not None else DEFAULT_ENGINE)
     group = engine_group(engine)
-    names = list(strategies if strategies is not None else advise_candidates(d.max_num_batched_tokens))
-    for e in (engine, *today_engines()):  # today's engines' own paths: listed beside the answer (or in it)
-        names += engine_strategies(e)
+    names = list(strategies if strategies is not None else pl.advise_candidates(d.max_num_batched_tokens))
+    for e in (engine, *pl.today_engines()):  # today's engines' own paths: listed beside the answer (or in it)
+        names += pl.engine_strategies(e)
     if group == "vllm@0.33.0":  # the engine's default and forced paths, and the lab's proposals on its routes
-        names += engine_strategies("vllm@0.33.0-flashmla") + [f"{s}@vllm-0.33.0-flashmla" for s in FORCED_TODAY]
-    return expand([*names, *extra]), engine, group
+        names += pl.engine_strategies("vllm@0.33.0-flashmla") + [f"{s}@vllm-0.33.0-flashmla"
+                                                                 for s in pl.FORCED_TODAY]
+    return pl.expand([*names, *extra]), engine, group
 
 
 def _check_fits(d: Deployment, mem: dict) -> None:
@@ -137,10 +120,10 @@ def _check_fits(d: Deployment, mem: dict) -> None:
 
 
 def _measured(rows: list[Row], d: Deployment, measured) -> tuple[dict, str]:
-    """``({strategy: measured columns}, the baseline's withheld line)``: the sweep rows' change
-    (:func:`~mla_lab.sweep.rows.measured_changes`, one process, 95 % interval of its rounds), replaced where the
-    between-process rows measured this attention step (median, [min, max] over >= 5 fresh processes); none where
-    the route is not the measured kernel's or the row does not fit. ``measured is None`` (``--no-measured``): none."""
+    """``({strategy: measured columns}, the baseline's withheld line)``: the sweep rows' change (one process, 95 %
+    interval of its rounds), replaced by the between-process rows' (median, [min, max]) where they measured this step;
+    none where the route is not the measured kernel's, the row does not fit, or ``measured`` is None.
+    """
     if measured is None:
         return {}, ""
     by = {r.name: r for r in rows}
@@ -156,9 +139,9 @@ def _measured(rows: list[Row], d: Deployment, measured) -> tuple[dict, str]:
 
 
 def _summary(r: Row, reason: str, meas: dict) -> dict:
-    preset = preset_of(r.name)
+    preset = pl.preset_of(r.name)
     return {"strategy": r.name, "engine": strategy_engine(r.strategy), "label": strategy_label(r.strategy),
-            "preset": preset, "preset_label": preset_label(preset), "ttft_ms": r.ttft_ms,
+            "preset": preset, "preset_label": pl.preset_label(preset), "ttft_ms": r.ttft_ms,
             "ttft_change_pct": r.ttft_change_pct, "persistent_mib": r.memory.persistent_bytes / MIB,
             "extra_persistent_mib": r.extra_persistent_mib, "call_transient_mib": r.memory.call_transient_bytes / MIB,
             "kv_tokens_lost": round(r.kv_tokens_lost), "kv_capacity_pct_lost": r.kv_capacity_pct_lost,
@@ -210,37 +193,24 @@ def _mark_frontier(rows: list[Row], placed: dict, group) -> list[str]:
 
 def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, memory_budget_tokens: float | None = None,
            strategies=None, measured=None, engine: str | None = None, packed_overlap: float | None = None) -> dict:
-    """The ranked strategies for one deployment under a memory budget.
+    """The ranked strategies for one checked :class:`~mla_lab.deployment.Deployment` under a memory budget.
 
-    Args:
-        deployment: a :class:`~mla_lab.deployment.Deployment` (checked at its door).
-        memory_budget_mib (keyword): most persistent extra MiB per rank the strategy may add over the baseline
-            (None: no limit); memory_budget_tokens (keyword): most KV-cache tokens it may cost (None: no limit).
-        strategies: candidates (door names; default :func:`mla_lab.placement.advise_candidates`).
-        measured: a DataFrame of measured rows (``mla_lab.report.data.load_measured``); where one matches the
-            deployment and a strategy, its change against the same baseline and interval are attached
-            (``measured_change_pct``, ``measured_ci_lo``, ``measured_ci_hi``, ``measured_basis``).
-        engine: the engine version to answer within (default :data:`DEFAULT_ENGINE`; an engine preset such as
-            ``sglang@0.5.23``, first names such as ``vllm-53878`` map to theirs): its strategies join the
-            candidates, its summary heads the ``engines`` block, and only strategies priced as that engine version
-            (:func:`strategy_engine`, :func:`engine_group`) are ranked; the others are listed in ``other_engines``.
-        packed_overlap: the pairwise overlap past the top-k that the lab's ``packed`` strategy assumes (in [0, 1];
-            None: :data:`mla_lab.model.packed_kernel.PACKED_OVERLAP_DEFAULT`); ``packed`` joins the default
-            candidates (and a given list when this is given). Within an engine version it is listed in
-            ``lab_kernels``, not ranked; ``packed`` in the result says how its steps were priced.
+    ``memory_budget_mib`` / ``memory_budget_tokens``: most persistent extra MiB per rank over the baseline / KV-cache
+    tokens a strategy may cost (None: no limit). ``strategies``: door names (default
+    :func:`mla_lab.placement.advise_candidates`). ``measured``: measured rows (``load_measured``); matching ones attach
+    ``measured_change_pct`` / ``_ci_lo`` / ``_ci_hi`` / ``measured_basis``. ``engine``: the engine version answered
+    within (default :data:`DEFAULT_ENGINE`): only strategies priced as it (:func:`strategy_engine`,
+    :func:`engine_group`) are ranked, others go to ``other_engines``. ``packed_overlap``: the overlap past the top-k
+    ``packed`` assumes ([0, 1]; None: ``PACKED_OVERLAP_DEFAULT``); ``packed`` is listed in ``lab_kernels``, not ranked.
 
-    Returns:
-        ``{"deployment", "budget", "engine", "engine_group", "recommendation" (a summary or None), "alternatives",
-        "other_engines", "excluded" (with the reason), "modelled_only" (``kernel_native``, never ranked),
-        "lab_kernels", "packed", "frontier" (names), "engines" (:func:`engines_block`), "kv_capacity" (the
-        baseline's, term by term), "deployment_options", "arch_sm", "arch_notes", "comm_source",
-        "measured_withheld", "note"}``; a summary holds the strategy, its engine and label, preset, TTFT (ms) and
-        its change (%), persistent / extra / call MiB, KV tokens lost and % of capacity, the measured columns (or
-        None), the reason and ``on_frontier``.
+    Returns ``{"deployment", "budget", "engine", "engine_group", "recommendation" (a summary or None),
+    "alternatives", "other_engines", "excluded", "modelled_only", "lab_kernels", "packed", "frontier", "engines",
+    "kv_capacity", "deployment_options", "arch_sm", "arch_notes", "comm_source", "measured_withheld", "note"}``; a
+    summary: strategy, engine, label, preset, TTFT (ms) and change (%), persistent / extra / call MiB, KV tokens lost
+    and % of capacity, measured columns (or None), reason, ``on_frontier``.
 
     Raises:
-        ValueError: a bad deployment argument, engine, overlap or budget (one line); a deployment whose weights or
-            workload do not fit at all (the reason).
+        ValueError: a bad deployment, engine, overlap or budget (one line); a deployment that does not fit.
     """
     Deployment.require(deployment)  # the loose advise(model, tp, ...) form is gone
     d, budget = deployment, {"memory_budget_mib": memory_budget_mib, "memory_budget_tokens": memory_budget_tokens}
@@ -289,8 +259,8 @@ _NOTE_MEASURED = ("ranked by the modelled TTFT (full_layer scope, content factor
                   "(data/measured/h200/between_process/presets.csv), elsewhere one process's 95 % interval of its "
                   "rounds (the measured sweep); memory exact (byte accounting); a negative extra = a workspace "
                   "smaller than the baseline's unpadded Q buffer")
-#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab/engines/presets/vllm_0_33_0.py``: FA4 for bf16 KV at <= 16 heads,
-#: FlashInfer for fp8 KV): the name the FA3-sparse placement takes in a label there.
+#: vLLM 0.33.0's real-head sparse backends on sm100 (``mla_lab/engines/presets/vllm_0_33_0.py``: FA4 for bf16 KV
+#: at <= 16 heads, FlashInfer for fp8 KV): the name the FA3-sparse placement takes in a label there.
 SM100_REAL_HEAD = {"FLASH_ATTN_MLA_SPARSE_FA4": "fa4_sparse", "FLASHINFER_MLA_SPARSE": "flashinfer_sparse"}
 
 
@@ -316,8 +286,8 @@ def _on_this_gpu(kept: list[dict], excluded: list[dict], d: Deployment, engines:
         out.append(s)
     if real:
         notes.append(f"{real}@vllm-0.33.0 = vLLM 0.33.0's {backend} on {d.arch.sm} with the real {d.num_heads} heads "
-                     "(no padding; mla_lab/engines/presets/vllm_0_33_0.py); its kernel is priced with FA3 sparse's model, "
-                     "nothing ran on a B200")
+                     "(no padding; mla_lab/engines/presets/vllm_0_33_0.py); its kernel is priced with FA3 sparse's "
+                     "model, nothing ran on a B200")
     return out, notes
 
 
@@ -430,7 +400,7 @@ def _notes(result: dict) -> list[str]:
     hopper = result.get("arch_sm", "sm90") == "sm90"
     out = [f"note: {n}" for n in result.get("arch_notes", [])]
     out += [f"note: {n if hopper else n.replace('on an H200 ', '(read for sm90) ')}"
-            for n in strategy_notes([x["strategy"] for x in listed + list(result.get("lab_kernels", []))])]
+            for n in pl.strategy_notes([x["strategy"] for x in listed + list(result.get("lab_kernels", []))])]
     out += _order_note(ranked)
     held = next((x["persistent_mib"] for x in listed if x["strategy"] == result["baseline"]
                  and x.get("persistent_mib") is not None), None)

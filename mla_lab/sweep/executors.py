@@ -1,14 +1,8 @@
-"""Where sweep points run: in this process (``local``, the default) or as Ray tasks (``ray``, a local instance or a
-cluster; optional: importing this module never imports ray, and ``make_executor("ray")`` without it raises an
-ImportError naming the extra).
+"""Where sweep points run: in this process (``local``) or as Ray tasks (``ray``; optional, imported only when used).
 
-The driver (:func:`mla_lab.sweep.run.run_sweep`) owns the store; an executor only runs the compute function it is
-given (``(point, mode) -> rows``, :func:`mla_lab.sweep.rows.compute_rows`) and yields each finished point back, so
-keys, per-point failures and the one-file-per-point store are the same whatever the executor. A point's own error
-comes back as ``"<ExceptionType>: <message>"``; a task Ray loses (worker killed) as the Ray error; a worker whose
-:func:`~mla_lab.sweep.store.code_version` differs from the driver's fails its point. Ray runs a measured point with
-``num_gpus`` in a fresh worker (``max_calls=1``: no CUDA state leaks into the next point), at most
-``max_in_flight`` tasks at once, results in completion order.
+An executor runs the compute function it is given (``(point, mode) -> rows``) and yields each finished point; the
+driver (:func:`mla_lab.sweep.run.run_sweep`) owns the store. A point's error comes back as ``"<Type>: <message>"``;
+a worker whose :func:`~mla_lab.sweep.store.code_version` differs from the driver's fails its point.
 """
 
 from __future__ import annotations
@@ -74,11 +68,7 @@ def compute_point(point: dict, mode: str, compute_fn: ComputeFn, driver_version:
 
 
 def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``/``cuda`` as given.
-
-    Raises:
-        ValueError: ``cuda`` while torch sees no CUDA GPU (before any point runs).
-    """
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without one raises ValueError."""
     import torch
 
     if device == "auto":
@@ -92,27 +82,8 @@ def _result(task: PointTask, out: dict) -> PointResult:
     return PointResult(task, rows=out["rows"], error=out["error"], host=out["host"], seconds=out["seconds"])
 
 
-class LocalExecutor:
-    """Points in this process, one after the other, in the order given (the default)."""
-
-    name = "local"
-
-    def resolve_device(self, device: str) -> str:
-        """``auto`` -> ``cuda`` when torch sees a GPU here, else ``cpu``; ``cuda`` without a GPU is a ValueError."""
-        return resolve_device(device)
-
-    def detect_gpu(self) -> dict | None:
-        """:func:`mla_lab.arch.detect_arch` of this process's GPU."""
-        return detect_arch()
-
-    def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
-            ) -> Iterator[PointResult]:
-        # driver_version is not checked: this process is the driver, its code is the driver's by definition
-        for t in tasks:
-            yield _result(t, compute_point(t.point, t.mode, compute_fn))
-
-    def describe(self) -> str:
-        return "local (in-process)"
+class _Closing:
+    """A context manager calling :meth:`close` on exit."""
 
     def close(self) -> None:
         pass
@@ -124,6 +95,23 @@ class LocalExecutor:
         self.close()
 
 
+class LocalExecutor(_Closing):
+    """Points in this process, one after the other, in the order given (the default)."""
+
+    name = "local"
+    resolve_device = staticmethod(resolve_device)
+    detect_gpu = staticmethod(detect_arch)
+
+    def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
+            ) -> Iterator[PointResult]:
+        # driver_version is not checked: this process is the driver, its code is the driver's by definition
+        for t in tasks:
+            yield _result(t, compute_point(t.point, t.mode, compute_fn))
+
+    def describe(self) -> str:
+        return "local (in-process)"
+
+
 def ray_available() -> bool:
     """ray can be imported here (checked without importing it)."""
     import importlib.util
@@ -131,43 +119,32 @@ def ray_available() -> bool:
     return importlib.util.find_spec("ray") is not None
 
 
-def _import_ray():
-    try:
-        import ray
-    except ImportError as e:
-        raise ImportError(f"executor='ray' needs the optional ray package, which is not installed here ({e}); "
-                          f"install it with {RAY_INSTALL_HINT}") from None
-    return ray
-
-
-class RayExecutor:
+class RayExecutor(_Closing):
     """Points as Ray tasks. ``address``: None starts (or reuses) a local instance, ``"auto"`` / ``"host:6379"`` /
-    ``"ray://host:10001"`` joins a cluster (an instance already initialized here is reused as is); ``num_cpus``: a
-    local instance's; ``gpus_per_measured``, ``cpus_per_task``: each task's resources; ``max_in_flight``: tasks
-    not yet collected (None: 2 x the cluster's CPUs + GPUs, at least 4); ``max_retries``: re-runs of a task whose
-    worker died (a point's own exception is never retried); ``runtime_env`` and ``init_kwargs``: for ``ray.init``.
-    :meth:`close` shuts Ray down only if this executor started it."""
+    ``"ray://host:10001"`` joins a cluster; ``gpus_per_measured``, ``cpus_per_task``: each task's; ``max_in_flight``:
+    tasks not collected (None: 2 x CPUs + GPUs, >= 4); ``max_retries``: re-runs of a task whose worker died;
+    ``runtime_env``, ``init_kwargs``: ``ray.init``'s. :meth:`close` shuts down only a Ray this executor started.
+    """
 
     name = "ray"
 
     def __init__(self, address: str | None = None, num_cpus: int | None = None, gpus_per_measured: float = 1,
                  cpus_per_task: float = 1, max_in_flight: int | None = None, max_retries: int = 1,
                  runtime_env: dict | None = None, **init_kwargs):
-        self.ray = _import_ray()
+        try:
+            import ray
+        except ImportError as e:
+            raise ImportError(f"executor='ray' needs the optional ray package, which is not installed here ({e}); "
+                              f"install it with {RAY_INSTALL_HINT}") from None
+        self.ray = ray
         if gpus_per_measured <= 0:
             raise ValueError(f"gpus_per_measured={gpus_per_measured!r} must be > 0 (a measured point needs a GPU)")
-        self.address = address
-        self.num_cpus = num_cpus
-        self.gpus_per_measured = gpus_per_measured
-        self.cpus_per_task = cpus_per_task
-        self.max_in_flight = max_in_flight
-        self.max_retries = max_retries
-        self.runtime_env = runtime_env
+        self.address, self.num_cpus, self.runtime_env = address, num_cpus, runtime_env
+        self.gpus_per_measured, self.cpus_per_task = gpus_per_measured, cpus_per_task
+        self.max_in_flight, self.max_retries = max_in_flight, max_retries
         self.init_kwargs = {"include_dashboard": False, "logging_level": "warning", **init_kwargs}
-        self._started = False
-        self._fns = None
+        self._started, self._fns = False, None
 
-    # ------------------------------------------------------------------------------------------------ lifecycle
     def _ensure_init(self):
         ray = self.ray
         if not ray.is_initialized():
@@ -191,14 +168,7 @@ class RayExecutor:
     def close(self) -> None:
         if self._started and self.ray.is_initialized():
             self.ray.shutdown()
-        self._started = False
-        self._fns = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        self._started, self._fns = False, None
 
     def resources(self) -> dict:
         """The cluster's total resources (``CPU``, ``GPU``, ...)."""
@@ -214,7 +184,6 @@ class RayExecutor:
         """A local Ray instance not started yet: this machine is the cluster, asked without starting it."""
         return self.address is None and not self.ray.is_initialized()
 
-    # ------------------------------------------------------------------------------------------------ devices
     def resolve_device(self, device: str) -> str:
         """``auto`` -> ``cuda`` when the cluster has GPUs, else ``cpu``; ``cuda`` on a GPU-less cluster raises. A
         local instance not started yet is this machine: asked here (:func:`resolve_device`), Ray is not started."""
@@ -233,10 +202,9 @@ class RayExecutor:
         if self._local_not_started():
             return detect_arch()
         ray = self._ensure_init()
-        fn = ray.remote(num_cpus=0, num_gpus=self.gpus_per_measured, max_calls=1)(_detect_arch_task)
+        fn = ray.remote(num_cpus=0, num_gpus=self.gpus_per_measured, max_calls=1)(detect_arch)
         return ray.get(fn.remote(), timeout=timeout_s)
 
-    # ------------------------------------------------------------------------------------------------ run
     def run(self, tasks: Iterable[PointTask], compute_fn: ComputeFn, driver_version: str | None = None
             ) -> Iterator[PointResult]:
         """Submit the tasks (at most ``max_in_flight`` at once) and yield each result as it completes. On an
@@ -265,7 +233,9 @@ class RayExecutor:
                     try:
                         out = ray.get(ref)
                     except Exception as e:  # the task itself was lost (worker died, node gone, cancelled)
-                        out = {"rows": [], "error": f"{type(e).__name__}: {_short(e)}", "host": "", "seconds": 0.0}
+                        msg = str(e).strip()
+                        msg = msg if len(msg) <= 2000 else msg[:2000] + " ..."
+                        out = {"rows": [], "error": f"{type(e).__name__}: {msg}", "host": "", "seconds": 0.0}
                     yield _result(t, out)
         finally:
             for ref in pending:
@@ -275,20 +245,9 @@ class RayExecutor:
                     pass
 
 
-def _detect_arch_task():
-    return detect_arch()
-
-
-def _short(e: Exception, limit: int = 2000) -> str:
-    s = str(e).strip()
-    return s if len(s) <= limit else s[:limit] + " ..."
-
-
 def make_executor(name: str = "local", address: str | None = None, **kwargs):
-    """An executor by name (``local`` / ``ray``; ``address`` and ``kwargs``: :class:`RayExecutor`'s).
-
-    Raises:
-        ValueError: unknown name, or ``address``/options given for ``local``. ImportError: ``ray`` not installed.
+    """An executor by name (``local`` / ``ray``; ``address`` and ``kwargs``: :class:`RayExecutor`'s). Raises ValueError
+    (unknown name; options for ``local``) or ImportError (no ``ray``).
     """
     if name == "local":
         if address is not None or kwargs:

@@ -2,13 +2,9 @@
 
     python -m mla_lab.sweep.measured --out data/measured/h200/padding_sweep.csv [--quick]
 
-Every grid point gets modelled rows for every arch of the grid and, for the archs of the running GPU's family,
-measured rows: every real strategy's attention path timed per distinct step in ``--num-runs`` interleaved rounds
-(:func:`mla_lab.measure.attention.time_attention_path`), the rest of the step modelled
-(:func:`mla_lab.sweep.rows.measured_rows`). The report is rendered from the CSV afterwards (``make report`` with
-``MLA_LAB_MEASURED`` or the committed ``data/measured``), which needs no GPU. An ``--out`` under the measured root
-is stamped afterwards (``mla_lab/report/stamp_measured.py``: the model config digests the rows were measured with);
-elsewhere, copy it there and run that script.
+Modelled rows for every arch, and measured rows for the archs of the running GPU's family (the attention path
+timed per distinct step, :func:`mla_lab.sweep.rows.measured_rows`). An ``--out`` outside the measured root is
+stamped by ``python -m mla_lab.report.stamp_measured`` once copied there.
 """
 
 from __future__ import annotations

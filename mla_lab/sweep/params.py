@@ -29,24 +29,14 @@ DEFAULT_STRATEGIES = list(SWEEP_STRATEGIES)
 
 @dataclass
 class SweepParams:
-    """Sweep parameters (the notebook's ``parameters`` cell holds the same names; vLLM's spellings are aliases:
-    :data:`VLLM_ALIASES`).
+    """Sweep parameters (the notebook's ``parameters`` cell holds the same names; vLLM spellings: :data:`VLLM_ALIASES`).
 
-    Attributes:
-        models, archs: names under ``data/models`` / GPU names or aliases. tp_sizes: default ``[8]``, the one TP at
-            which the fp8 weights of GLM-5 and DeepSeek-V3.2 load on an H200 or a B200 (a smaller TP is listed as
-            ``does_not_fit``, never priced). max_num_batched_tokens, prompt_lens: the other grid axes (tokens).
-        kv_cache_dtype: ``bf16`` / ``fp8`` or a list of both. weight_dtype (``fp8``), moe_parallel (``ep``): the
-            PR's. num_prompts, concurrency: the workload (the PR's 32 at 32). gpu_memory_utilization: vLLM's (0.9).
-        strategies: door names (presets, engine versions, canonical names, the first version's ``unfused`` /
-            ``fused``), expanded to canonical names; the baseline is always priced.
-        num_runs: interleaved repeats of each measured strategy (>= 5 for an interval). shared_workspace_bytes: the
-            shared workspace's other users (null: the fused-MoE scratch).
-        output_len, max_num_seqs, request_rate, seed: the serving simulation's (``vllm bench serve``'s).
-        device: ``auto``, ``cpu`` (modelled only) or ``cuda`` (measured rows for archs of the running GPU's family).
-        store_dir, data_file, report_dir: point files, the CSV, charts. check_equivalence: compare fused and unfused
-            on CPU shapes. force: recompute stored points. overwrite: let ``data_file`` replace a file the lab did
-            not write. executor: ``local`` or ``ray`` (:mod:`mla_lab.sweep.executors`); ray_address: its cluster.
+    ``tp_sizes`` default ``[8]``: the one TP at which GLM-5's and DeepSeek-V3.2's fp8 weights load on an H200 or a
+    B200 (a smaller TP is listed ``does_not_fit``). ``strategies``: door names, expanded to canonical ones (the
+    baseline is always priced). ``num_runs``: interleaved repeats per measured strategy (>= 5 for an interval).
+    ``shared_workspace_bytes``: the shared workspace's other users (null: the fused-MoE scratch). ``output_len``,
+    ``max_num_seqs``, ``request_rate``, ``seed``: ``vllm bench serve``'s. ``device``: ``auto`` / ``cpu`` (modelled)
+    / ``cuda``. ``executor``: ``local`` or ``ray`` (:mod:`mla_lab.sweep.executors`).
     """
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
@@ -95,11 +85,8 @@ VLLM_ALIASES = {
 
 
 def normalize_names(raw: dict) -> dict:
-    """Parameter names with vLLM's spellings (``tensor-parallel-size``, ``max_concurrency`` ...) mapped to the
-    sweep's (:data:`VLLM_ALIASES`); dashes read as underscores.
-
-    Raises:
-        ValueError: a name given twice (once under each spelling).
+    """Names with vLLM's spellings mapped to the sweep's (:data:`VLLM_ALIASES`), dashes read as underscores. Raises
+    ValueError for a name given twice (once under each spelling).
     """
     out: dict = {}
     for k, v in raw.items():
@@ -117,12 +104,9 @@ _KERNEL_NAMES = ("In", "Out", "get_ipython", "exit", "quit", "open")
 
 
 def check_notebook_names(names) -> None:
-    """Refuse a name papermill injected that the notebook does not declare (``papermill -p tp_size 8``: papermill
-    itself only warns). ``names``: the notebook's global names before its first import (the parameters cell's and
-    the injected cell's); IPython's own (``In``, ``Out``, ``_...``) are ignored.
-
-    Raises:
-        ValueError: ``unknown notebook parameter(s) [...]; allowed: [...]``.
+    """Refuse (ValueError, the allowed names listed) a name papermill injected that the notebook does not declare
+    (``papermill -p tp_size 8`` only warns). ``names``: the notebook's globals before its first import; IPython's own
+    (``In``, ``Out``, ``_...``) are ignored.
     """
     known = set(DEFAULTS) | set(NOTEBOOK_ONLY) | set(VLLM_ALIASES)
     unknown = sorted(n for n in names if not str(n).startswith("_") and n not in _KERNEL_NAMES and n not in known)
@@ -179,59 +163,51 @@ def _grid(p: dict) -> None:
     p["strategies"] = expand_strategies(p["strategies"])
 
 
-def _positive_int(p: dict, k: str, what: str = "a positive int") -> None:
-    if isinstance(p[k], bool) or not isinstance(p[k], int) or p[k] <= 0:
-        raise ValueError(f"{k}={short_repr(p[k])} must be {what}")
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _workload(p: dict) -> None:
-    """The workload and serving scalars checked in place (``request_rate`` text that is a number read as one)."""
-    for k in ("num_prompts", "num_runs"):
-        _positive_int(p, k)
-    c = p["concurrency"]
-    if c is not None:
-        _positive_int(p, "concurrency", "a positive int or null")
-        if c > p["num_prompts"]:
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: The scalar parameters' checks, in the order they are made: (names, test, what the message says of a value).
+_SCALARS = (
+    (("num_prompts", "num_runs"), lambda v: _int(v) and v > 0, "must be a positive int"),
+    (("concurrency",), lambda v: v is None or (_int(v) and v > 0), "must be a positive int or null"),
+    (("gpu_memory_utilization",), lambda v: _number(v) and 0 < v <= 1, "must be a number in (0, 1]"),
+    (("output_len", "max_num_seqs"), lambda v: _int(v) and v > 0, "must be a positive int"),
+    (("seed",), lambda v: _int(v) and 0 <= v <= 2**32 - 1,
+     f"must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)"),
+    (("request_rate",), lambda v: v == "inf" or (_number(v) and v > 0),
+     "must be 'inf' or a positive number of requests per second"),
+    (("shared_workspace_bytes",), lambda v: v is None or (_int(v) and v >= 0),
+     "must be a non-negative int (bytes) or null"),
+    (("device",), lambda v: v in ("auto", "cpu", "cuda"), "is not allowed; allowed: ['auto', 'cpu', 'cuda']"),
+    (("store_dir", "data_file", "report_dir"), lambda v: isinstance(v, str) and bool(v),
+     "must be a non-empty path string"),
+    (("check_equivalence", "force", "overwrite"), lambda v: isinstance(v, bool), "must be true or false"),
+    (("weight_dtype",), lambda v: v in ("fp8", "bf16"), "is not allowed; allowed: ['fp8', 'bf16']"),
+    (("moe_parallel",), lambda v: v in ("ep", "tp"), "is not allowed; allowed: ['ep', 'tp']"),
+)
+
+
+def _scalars(p: dict) -> None:
+    """The workload, serving and run scalars checked in place (``request_rate`` text that is a number read as one)."""
+    p["request_rate"] = _rate_number(p["request_rate"])
+    for names, ok, what in _SCALARS:
+        for k in names:
+            if not ok(p[k]):
+                raise ValueError(f"{k}={short_repr(p[k])} {what}")
+        c = p["concurrency"]
+        if names == ("concurrency",) and c is not None and c > p["num_prompts"]:
             raise ValueError(f"concurrency={short_repr(c)} exceeds num_prompts={short_repr(p['num_prompts'])}; "
                              f"allowed: 1..{p['num_prompts']} or null (= num_prompts)")
-    g = p["gpu_memory_utilization"]
-    if isinstance(g, bool) or not isinstance(g, (int, float)) or not 0 < g <= 1:
-        raise ValueError(f"gpu_memory_utilization={short_repr(g)} must be a number in (0, 1]")
-    for k in ("output_len", "max_num_seqs"):
-        _positive_int(p, k)
-    sd = p["seed"]
-    if isinstance(sd, bool) or not isinstance(sd, int) or not 0 <= sd <= 2**32 - 1:
-        raise ValueError(f"seed={short_repr(sd)} must be an int in [0, {2**32 - 1}] (numpy's RandomState seeds)")
-    rate = p["request_rate"] = _rate_number(p["request_rate"])
-    if not (rate == "inf" or (not isinstance(rate, bool) and isinstance(rate, (int, float)) and rate > 0)):
-        raise ValueError(f"request_rate={short_repr(rate)} must be 'inf' or a positive number of requests per second")
-
-
-def _run_options(p: dict) -> None:
-    """Where and how the sweep runs, checked."""
-    sw = p["shared_workspace_bytes"]
-    if sw is not None and (isinstance(sw, bool) or not isinstance(sw, int) or sw < 0):
-        raise ValueError(f"shared_workspace_bytes={short_repr(sw)} must be a non-negative int (bytes) or null")
-    if p["device"] not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device={short_repr(p['device'])} is not allowed; allowed: ['auto', 'cpu', 'cuda']")
-    for k in ("store_dir", "data_file", "report_dir"):
-        if not isinstance(p[k], str) or not p[k]:
-            raise ValueError(f"{k}={short_repr(p[k])} must be a non-empty path string")
-    for k in ("check_equivalence", "force", "overwrite"):
-        if not isinstance(p[k], bool):
-            raise ValueError(f"{k}={short_repr(p[k])} must be true or false")
-    for k, allowed in (("weight_dtype", ("fp8", "bf16")), ("moe_parallel", ("ep", "tp"))):
-        if p[k] not in allowed:
-            raise ValueError(f"{k}={short_repr(p[k])} is not allowed; allowed: {list(allowed)}")
 
 
 def validate_params(raw: dict) -> SweepParams:
-    """Check names and types of sweep parameters (from YAML, ``-p`` pairs or the notebook) and build
-    :class:`SweepParams`.
-
-    Raises:
-        ValueError: an unknown key (lists the allowed ones), a wrong type, an empty list (an empty grid), or a value
-            the lab does not know (unknown model/arch/strategy/dtype/device), each naming the key and the value.
+    """:class:`SweepParams` of raw parameters (YAML, ``-p`` pairs or the notebook), names and types checked. Raises
+    ValueError naming the key and the value: unknown key (the allowed listed), wrong type, empty grid, unknown value.
     """
     raw = normalize_names(raw)
     unknown = sorted(set(raw) - set(DEFAULTS))
@@ -239,8 +215,7 @@ def validate_params(raw: dict) -> SweepParams:
         raise ValueError(f"unknown sweep parameter(s) {unknown}; allowed: {sorted(DEFAULTS)}")
     p = {**DEFAULTS, **raw}
     _grid(p)
-    _workload(p)
-    _run_options(p)
+    _scalars(p)
     _validate_executor(p)
     return SweepParams(**p)
 
@@ -261,11 +236,8 @@ def _validate_executor(p: dict) -> None:
 
 
 def check_tp_sizes(params: SweepParams) -> None:
-    """Refuse a grid with a (model, TP) pair whose TP does not divide the model's heads (the CLI calls this before
-    the notebook starts; the library's :func:`mla_lab.sweep.run.run_sweep` records such points as failed instead).
-
-    Raises:
-        ValueError: the model's message (names the TP, the heads and the allowed TP sizes).
+    """Refuse (ValueError, the model's message) a (model, TP) whose TP does not divide the model's heads; the CLI calls
+    this before the notebook starts (:func:`mla_lab.sweep.run.run_sweep` records such points as failed).
     """
     for m in params.models:
         model = load_model(m)
@@ -274,23 +246,17 @@ def check_tp_sizes(params: SweepParams) -> None:
 
 
 def expand_grid(params: SweepParams) -> list[dict]:
-    """Every grid point as a dict (canonical names: arch resolved to its card)."""
-    pts = []
+    """Every grid point as a dict (canonical names: arch resolved to its card; two aliases of one card, one point)."""
+    out: dict = {}
     for m, tp, a, mbt, L, kv in itertools.product(params.models, params.tp_sizes, params.archs,
                                                    params.max_num_batched_tokens, params.prompt_lens,
                                                    params.kv_cache_dtype):
-        pts.append({"model": m, "tp": tp, "arch": get_arch(a).name, "max_num_batched_tokens": mbt,
-                    "prompt_len": L, "kv_cache_dtype": kv, "num_prompts": params.num_prompts,
-                    "concurrency": params.concurrency or params.num_prompts,
-                    "weight_dtype": params.weight_dtype, "moe_parallel": params.moe_parallel,
-                    "strategies": list(params.strategies), "num_runs": params.num_runs,
-                    "shared_workspace_bytes": params.shared_workspace_bytes,
-                    "gpu_memory_utilization": params.gpu_memory_utilization})
-    # de-duplicate (aliases may map two names to one card)
-    seen, out = set(), []
-    for p in pts:
-        k = point_key(p, "")
-        if k not in seen:
-            seen.add(k)
-            out.append(p)
-    return out
+        pt = {"model": m, "tp": tp, "arch": get_arch(a).name, "max_num_batched_tokens": mbt,
+              "prompt_len": L, "kv_cache_dtype": kv, "num_prompts": params.num_prompts,
+              "concurrency": params.concurrency or params.num_prompts,
+              "weight_dtype": params.weight_dtype, "moe_parallel": params.moe_parallel,
+              "strategies": list(params.strategies), "num_runs": params.num_runs,
+              "shared_workspace_bytes": params.shared_workspace_bytes,
+              "gpu_memory_utilization": params.gpu_memory_utilization}
+        out.setdefault(point_key(pt, ""), pt)
+    return list(out.values())

@@ -1,18 +1,16 @@
 """THE row builder: :func:`price` turns one checked :class:`~mla_lab.deployment.Deployment` and its strategies into
-typed :class:`Row` s, with one memory account for all of them (:func:`mla_lab.model.memory.memory_tradeoff`) and TTFT
-from :func:`mla_lab.model.ttft.predict_ttft`. ``advise``, the explorer, the report and the sweep all price here.
-
-Point dicts live only at the sweep's door: :func:`modelled_rows` / :func:`measured_rows` read a grid point
-(:meth:`~mla_lab.deployment.Deployment.from_point`) and write the rows flat (:meth:`Row.to_point` plus
-:func:`mla_lab.provenance.provenance`) for the store and the CSV. A measured row splices the attention path timed by
-:func:`mla_lab.measure.attention.time_attention_path` into the modelled TTFT; :func:`reprice_measured_rows`
-re-derives stored ones with today's model.
+typed :class:`Row` s (one memory account, :func:`mla_lab.model.memory.memory_tradeoff`; TTFT from
+:func:`mla_lab.model.ttft.predict_ttft`). Point dicts live only at the sweep's door (:func:`modelled_rows`,
+:func:`measured_rows` write :meth:`Row.to_point` plus provenance); :func:`reprice_measured_rows` re-derives stored
+measured rows with today's model.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import measure
 from ..arch import GPUArch, detect_arch, get_arch
@@ -49,12 +47,11 @@ def time_attention_path(*args, **kwargs):
 
 @dataclass
 class Row:
-    """One (deployment, strategy), priced (bytes and KV tokens per rank, ms). ``memory``: the Q path's bytes on
-    the strategy's route at this prompt length (:class:`~mla_lab.buffers.MemoryAccount`); ``extra_persistent_bytes``
-    / ``kv_tokens_lost``: over :data:`~mla_lab.placement.BASELINE`'s; ``kv_capacity_pct_lost`` nan at no capacity;
-    ``fit_reason`` says why the weights or the workload's KV tokens do not fit; ``ops_ms``: attention-path ms per op
-    (modelled rows); ``ttft_change_pct`` against the baseline's row; ``notes``: more columns (a modelled row's
-    kernel-rate source and content note, a measured row's intervals, timings and backends)."""
+    """One (deployment, strategy), priced (bytes and KV tokens per rank, ms). ``memory``: the Q path's bytes on its
+    route (:class:`~mla_lab.buffers.MemoryAccount`); ``extra_persistent_bytes`` / ``kv_tokens_lost``: over the
+    baseline's; ``kv_capacity_pct_lost`` nan at no capacity; ``fit_reason``: why it does not fit; ``ops_ms``: attention
+    ms per op; ``notes``: more columns (kernel-rate source, content note; a measured row's intervals and backends).
+    """
 
     deployment: Deployment
     strategy: Strategy
@@ -158,14 +155,8 @@ def _content_note(st: Strategy, arch: GPUArch, cal) -> str:
 
 def price(deployment: Deployment, strategies, *, calibration=None, memory: dict | None = None) -> list[Row]:
     """Modelled rows of one deployment: the baseline first, then ``strategies`` (door names or
-    :class:`~mla_lab.placement.Strategy` objects, parsed once here), each with its memory account, fit and TTFT.
-
-    ``memory``: the deployment's :func:`~mla_lab.model.memory.memory_tradeoff` holding every strategy when the
-    caller already holds it (``advise``: one account per call); default computed here. ``calibration``: as
-    :func:`~mla_lab.model.ttft.predict_ttft`.
-
-    Raises:
-        ValueError: an unknown strategy (one line); as the model functions.
+    :class:`~mla_lab.placement.Strategy`, parsed once here), each with its memory account, fit and TTFT. ``memory``:
+    the deployment's ``memory_tradeoff`` of every strategy, when the caller has it. ValueError: an unknown strategy.
     """
     d, cal = deployment, resolve_calibration(calibration)
     sts = expand(strategies)
@@ -200,11 +191,8 @@ def _point_memory(d: Deployment, point: dict, names) -> dict:
 
 
 def modelled_rows(point: dict, calibration=None) -> list[dict]:
-    """The sweep's modelled rows of one grid point (:func:`mla_lab.sweep.params.expand_grid`'s keys): the door
-    (:meth:`Deployment.from_point <mla_lab.deployment.Deployment.from_point>`), :func:`price` and the written rows.
-
-    Raises:
-        ValueError: as :meth:`~mla_lab.deployment.Deployment.from_point` and :func:`price`.
+    """The sweep's modelled rows of one grid point (:func:`mla_lab.sweep.params.expand_grid`'s keys), as written:
+    :meth:`~mla_lab.deployment.Deployment.from_point`, then :func:`price` (ValueError as both).
     """
     d = Deployment.from_point(point)
     sts = expand([BASELINE, *point["strategies"]])
@@ -258,14 +246,10 @@ def _measured_notes(d: Deployment, name: str, steps, per_step, rounds: dict, run
 
 
 def measured_rows(point: dict, calibration=None) -> list[dict]:
-    """Measured rows of one grid point on the running GPU (every real strategy and the baseline): the attention
-    path timed per distinct step, ``num_runs`` interleaved rounds (:func:`time_attention_path`), spliced into the
-    modelled TTFT; each round gives a TTFT, so rows carry its 95 % interval and the change's interval from the
-    rounds paired with the baseline's (``change_measurable``: that interval excludes 0).
-
-    Raises:
-        RuntimeError: no CUDA GPU; ValueError: the point's arch family differs from the running GPU's, or the KV
-            cache is not bf16 (only that path is measured).
+    """Measured rows of one grid point on the running GPU (every real strategy and the baseline): the attention path
+    timed per distinct step in ``num_runs`` interleaved rounds (:func:`time_attention_path`), spliced into the modelled
+    TTFT, with the 95 % intervals of TTFT and of the change paired with the baseline's rounds. Raises RuntimeError (no
+    CUDA GPU) or ValueError (an arch family other than the GPU's; a KV cache other than bf16).
     """
     d = Deployment.from_point(point)
     _check_measurable(d)
@@ -297,10 +281,9 @@ TTFT_COLUMNS = ("ttft_ms", "ttft_ms_max", "ttft_change_pct", "ttft_change_ci_lo"
 
 
 def fit_status(rows: list[dict]) -> list[dict]:
-    """The sweep rows' ``status``: where the point's baseline does not fit, every row ``does_not_fit`` (reason: the
-    fit reason); where the baseline fits and a strategy does not, that row ``tips_out`` (reason "fits without it,
-    not with it: ..."); either way its TTFT columns (:data:`TTFT_COLUMNS`) are None: a deployment that cannot load
-    is never priced. In place; returns ``rows``."""
+    """Set each row's ``status`` in place (returns ``rows``): ``does_not_fit`` for all when the baseline does not fit,
+    ``tips_out`` for a strategy that alone does not; either way its :data:`TTFT_COLUMNS` are None (never priced).
+    """
     base = next((r for r in rows if r["strategy"] == BASELINE), None)
     base_fits = base is None or bool(base.get("fits_in_memory", True))
     for r in rows:
@@ -315,11 +298,8 @@ def fit_status(rows: list[dict]) -> list[dict]:
 
 
 def compute_rows(point: dict, mode: str) -> list[dict]:
-    """The compute function the executors run: :func:`modelled_rows` or :func:`measured_rows`, with
-    :func:`fit_status` (rows of a deployment that does not load carry no TTFT).
-
-    Raises:
-        ValueError: unknown mode.
+    """The executors' compute function: :func:`modelled_rows` or :func:`measured_rows` (``mode``; else ValueError),
+    then :func:`fit_status`.
     """
     if mode not in MODES:
         raise ValueError(f"mode={mode!r} is not known; allowed: {list(MODES)}")
@@ -336,12 +316,11 @@ MEASURED_ROUTE = "sparse-mqa"
 
 
 def measured_withheld(d: Deployment, strategy: Strategy | str, fits: dict | None = None) -> str:
-    """Why a measured change of ``strategy`` (against :data:`mla_lab.placement.BASELINE`) must not be shown for the
-    deployment ``d``: "" when it may. A measured row timed :data:`MEASURED_ROUTE`; where the deployment's route
-    (:func:`mla_lab.model.route_ops.step_route`, every step of its schedule) is another for the strategy or the
-    baseline (e.g. DeepSeek-V3.2 at 1024-token prompts: dense MHA, vLLM #47327), the measured kernel does not run
-    there; where the deployment or the strategy does not fit (``fits``: ``{strategy name: Row}``), nothing is
-    priced at all (issue 39)."""
+    """Why a measured change of ``strategy`` must not be shown for ``d`` ("" when it may): the deployment's route
+    (:func:`mla_lab.model.route_ops.step_route`, every step) is not :data:`MEASURED_ROUTE` for it or the baseline
+    (e.g. DeepSeek-V3.2 at 1024-token prompts: dense MHA, vLLM #47327), or it does not fit (``fits``: name -> Row;
+    issue 39).
+    """
     st = as_strategy(strategy)
     order = (_BASE, st) if st.name != BASELINE else (_BASE,)  # the deployment's own reason first: one line for all
     for s in order:
@@ -450,13 +429,12 @@ def _rechange(out) -> None:
 
 
 def reprice_measured_rows(df, weight_dtype: str | None = None, moe_parallel: str | None = None):
-    """Measured rows (a DataFrame) re-derived with the current model, as a new DataFrame: TTFT around the measured
-    attention path per step (``attn_path_ms_steps``; ``attn_path_ms_step0`` only where every step has one shape,
-    else ``ttft_note`` says why TTFT stays), the analytic memory columns (:data:`MEMORY_COLUMNS`) from today's
-    account, ``measured_withheld``, the change against the baseline and the between-process change where it
-    exists. ``weight_dtype`` / ``moe_parallel``: every row's layer options (default the row's, else the seed's fp8 /
-    ep). First-version rows (no ``placement``) are relabelled (``unfused`` -> ``per_call_zeros``, ``fused`` ->
-    ``private_workspace``; ``legacy_strategy`` keeps the name) and changed against ``per_call_zeros``."""
+    """Measured rows (a DataFrame) re-derived with today's model as a new DataFrame: TTFT around the measured attention
+    path per step (``attn_path_ms_steps``, or ``attn_path_ms_step0`` where every step has one shape, else ``ttft_note``
+    says why), the memory columns (:data:`MEMORY_COLUMNS`), ``measured_withheld``, the change and the between-process
+    change. ``weight_dtype`` / ``moe_parallel``: default the row's, else the seed's. First-version rows (no
+    ``placement``) are relabelled (``unfused`` -> ``per_call_zeros``, ``fused`` -> ``private_workspace``).
+    """
     out = df.copy()
     if out.empty or "source" not in out.columns:
         return out
@@ -515,11 +493,10 @@ BETWEEN_PROCESS_PRESETS = ("h200", "between_process", "presets.csv")
 BETWEEN_PROCESS_STRATEGIES = ("h200", "between_process", "strategies.csv")
 
 
-def _between_process_seed_ms(path=None) -> dict:
+def _between_process_seed_ms(path) -> dict:
     """``{strategy: {process: median ms}}`` of the seed attention path, ``{}`` without the file. ``path``: a path
-    or a ``(gpu, folder, file)`` tuple under ``data/measured`` (default :data:`BETWEEN_PROCESS_PRESETS`)."""
-    parts = path if isinstance(path, tuple) else BETWEEN_PROCESS_PRESETS
-    p = path if (path is not None and not isinstance(path, tuple)) else measured_dir(parts[0]).joinpath(*parts[1:])
+    or a ``(gpu, folder, file)`` tuple under ``data/measured``."""
+    p = measured_dir(path[0]).joinpath(*path[1:]) if isinstance(path, tuple) else Path(path)
     if not p.is_file():
         return {}
     d = read_measured_csv(p)  # whole or refused in one line (issue 32: a cut file moved the figure silently)
@@ -535,11 +512,10 @@ def _is_seed_step(d: Deployment) -> bool:
 
 
 def between_process_changes(deployment: Deployment, strategies, path=None) -> dict:
-    """The TTFT change against :data:`mla_lab.placement.BASELINE` with the attention path measured in >= 5 fresh
-    processes (:func:`_is_seed_step`; the rest modelled): per process its median attention-path ms in every step,
-    the TTFT model around it, the change against that process's baseline; then the median and ``[min, max]`` over
-    processes. Returns ``{strategy name: {"median", "lo", "hi", "n_processes"}}`` (``{}`` elsewhere or without the
-    file)."""
+    """The TTFT change against the baseline with the attention path measured in >= 5 fresh processes (at the seed step,
+    :func:`_is_seed_step`; the rest modelled), per process against its own baseline, then the median and [min, max]:
+    ``{strategy: {"median", "lo", "hi", "n_processes"}}`` (``{}`` elsewhere or without the file).
+    """
     d = deployment
     if not _is_seed_step(d):
         return {}
@@ -552,17 +528,15 @@ def between_process_changes(deployment: Deployment, strategies, path=None) -> di
     # a strategy whose route here is not the measured kernel's gets no measured number (issue 39)
     sts = {st.name: st for st in map(as_strategy, strategies) if not measured_withheld(d, st)}
     # each file pairs its strategies with the baseline timed in the same processes; the first file wins
-    for f in ([path] if path else [None, BETWEEN_PROCESS_STRATEGIES]):
+    for f in ([path] if path else [BETWEEN_PROCESS_PRESETS, BETWEEN_PROCESS_STRATEGIES]):
         ms = _between_process_seed_ms(f)
         if BASELINE not in ms:
             continue
         base = {k: ttft(_BASE, x) for k, x in ms[BASELINE].items()}
         for name in (n for n in sts if n not in out and n in ms):
             ch = sorted(100.0 * (ttft(sts[name], x) / base[k] - 1) for k, x in ms[name].items() if k in base)
-            n = len(ch)
-            if n >= 2:
-                mid = ch[n // 2] if n % 2 else 0.5 * (ch[n // 2 - 1] + ch[n // 2])
-                out[name] = {"median": mid, "lo": ch[0], "hi": ch[-1], "n_processes": n}
+            if len(ch) >= 2:
+                out[name] = {"median": statistics.median(ch), "lo": ch[0], "hi": ch[-1], "n_processes": len(ch)}
     return out
 
 
@@ -590,11 +564,10 @@ def _median(g, c) -> float | None:
 
 
 def measured_changes(measured, deployment: Deployment, keys=MEASURED_MATCH_KEYS) -> dict:
-    """The measured rows of ``measured`` (a DataFrame, e.g. :func:`mla_lab.report.data.load_measured`) that agree
-    with ``deployment`` (its sweep point) on every ``keys`` column the frame has, ``status`` ok and changes against
-    :data:`mla_lab.placement.BASELINE`, per strategy: ``{strategy: {"change_pct": measured_change_pct(rows) (or
-    None), "ttft_ms": median ms, "ci_lo", "ci_hi": median of the rows' 95 % interval of the change (or None),
-    "n_rows"}}``. ``{}`` when nothing matches."""
+    """Per strategy, the measured rows that agree with ``deployment`` on every ``keys`` column the frame has (status ok,
+    against the baseline): ``{strategy: {"change_pct" (:func:`measured_change_pct`), "ttft_ms", "ci_lo", "ci_hi" (the
+    rows' median), "n_rows"}}``; ``{}`` when nothing matches.
+    """
     if measured is None or len(measured) == 0 or "strategy" not in measured.columns:
         return {}
     point, d = deployment.args(), measured

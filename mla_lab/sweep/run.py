@@ -9,7 +9,6 @@ import contextlib
 import os
 import socket
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from ..placement import BASELINE
 from .executors import PointTask, make_executor
 from .params import SweepParams, expand_grid, validate_params
 from .rows import compute_rows, point_inputs
-from .store import ResultStore, code_version, inputs_digest, point_key
+from .store import ResultStore, atomic_write, code_version, inputs_digest, point_key
 
 __all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK", "grid_row_ids", "may_measure",
            "data_file_lock", "check_not_locked", "LOCK_ENV"]
@@ -62,9 +61,7 @@ def grid_row_ids(params: SweepParams, may_measure: bool) -> tuple[set, set]:
 def may_measure(device: str) -> bool:
     """Whether a sweep on ``device`` may add measured rows here: ``cuda``, or ``auto`` where an NVIDIA device node
     is visible (``/dev/nvidia<N>``; checked without importing torch, so the dry run and the run agree)."""
-    if device == "cpu":
-        return False
-    return device == "cuda" or any(Path("/dev").glob("nvidia[0-9]*"))
+    return device != "cpu" and (device == "cuda" or any(Path("/dev").glob("nvidia[0-9]*")))
 
 
 def _rows_not_covered(out: Path, params: SweepParams, measure: bool) -> tuple[int, int, str]:
@@ -88,18 +85,10 @@ def _rows_not_covered(out: Path, params: SweepParams, measure: bool) -> tuple[in
 
 def check_output_file(path: str | Path, overwrite: bool = False, params: SweepParams | None = None,
                       device: str | None = None, create: bool = True) -> Path:
-    """The absolute path of an output CSV the lab may write, checked before any point is computed.
-
-    Without ``overwrite`` the lab replaces only a CSV it wrote (its header has :data:`LAB_CSV_MARK`) that is not
-    committed to git (:func:`mla_lab.paths.is_committed`) and, when ``params`` is given, whose every row this
-    sweep writes again (:func:`grid_row_ids`; ``device`` decides whether measured rows are written:
-    :func:`may_measure`): a CSV of another grid, or of measurements this run does not make, would lose rows.
-    ``create``: make the folder (False: the dry run, which creates nothing).
-
-    Raises:
-        ValueError: one line naming the path and the fix: a directory or another non-regular file; a committed
-            file, a file the lab did not write, or a lab CSV holding rows this sweep would drop (without
-            ``overwrite``); a file or folder that is not writable; a folder that cannot be created.
+    """The absolute path of an output CSV the lab may write, checked before any point is computed: without ``overwrite``
+    only a lab CSV (:data:`LAB_CSV_MARK`), not committed, whose every row this sweep writes again (:func:`grid_row_ids`,
+    :func:`may_measure` of ``device``) is replaced. ``create``: make the folder (False: the dry run). ValueError: one
+    line naming the path and the fix.
     """
     out = resolve(path)
     if out.is_dir():
@@ -169,13 +158,9 @@ def lock_path(out: Path) -> Path:
 
 @contextlib.contextmanager
 def data_file_lock(out: str | Path, token: str | None = None):
-    """Hold the data file's lock (``fcntl.flock``, exclusive, not waiting) while a sweep computes and writes it, so
-    two sweeps into one data file never interleave: the second is refused in one line. Released and removed on exit (released by
-    the operating system when a process dies; the next sweep locks the file left behind). A lock this process's parent holds (``LOCK_ENV`` names it with the token written in
-    the lock file) is taken as held. ``token``: written in the lock file for a child to show (the CLI's).
-
-    Raises:
-        ValueError: another live sweep holds it (its host and pid named).
+    """Hold the data file's lock (``fcntl.flock``, exclusive, not waiting) while a sweep writes it: a second sweep is
+    refused (ValueError naming its host and pid). Removed on exit (released by the OS when a process dies). A lock the
+    parent holds (``LOCK_ENV``: path and the ``token`` written in the lock file) is taken as held.
     """
     import fcntl
 
@@ -197,10 +182,9 @@ def data_file_lock(out: str | Path, token: str | None = None):
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            who = " ".join(f.read().split()[:2]) or "another process"
+            err = _held(out, f.read())
             f.close()
-            raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
-                             "it to finish, or another data_file") from None
+            raise err from None
         try:
             same = os.stat(lp).st_ino == os.fstat(f.fileno()).st_ino
         except FileNotFoundError:
@@ -220,12 +204,14 @@ def data_file_lock(out: str | Path, token: str | None = None):
         f.close()
 
 
-def check_not_locked(out: str | Path) -> None:
-    """Refuse (the dry run's check) when another sweep holds ``out``'s lock; creates nothing.
+def _held(out, lock_text: str) -> ValueError:
+    who = " ".join(lock_text.split()[:2]) or "another process"
+    return ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for it to "
+                      "finish, or another data_file")
 
-    Raises:
-        ValueError: as :func:`data_file_lock`.
-    """
+
+def check_not_locked(out: str | Path) -> None:
+    """The dry run's check: ValueError as :func:`data_file_lock` when another sweep holds ``out``'s lock."""
     import fcntl
 
     lp = lock_path(resolve(out))
@@ -235,9 +221,7 @@ def check_not_locked(out: str | Path) -> None:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            who = " ".join(f.read().split()[:2]) or "another process"
-            raise ValueError(f"data_file={str(out)!r} is being written by another sweep ({who}); allowed: wait for "
-                             "it to finish, or another data_file") from None
+            raise _held(out, f.read()) from None
         fcntl.flock(f, fcntl.LOCK_UN)
 
 
@@ -271,19 +255,11 @@ def plan_sweep(params: SweepParams | dict) -> dict:
 
 def run_sweep(params: SweepParams | dict, progress: bool = True, compute_fn=None, executor=None,
               claim_wait_s: float = 3600.0):
-    """Run (or resume) the sweep; returns a pandas DataFrame of every stored row of this grid.
-
-    Each point is written atomically when it completes; points already stored with ``status="ok"`` for this code
-    version and these input files (model config, calibration: :func:`mla_lab.sweep.rows.point_inputs`) are skipped
-    unless ``params.force``. A point that raises is stored as ``status="failed"`` with the reason and the sweep goes
-    on; a later run retries failed points. A point another live sweep on the same store has claimed is left to it
-    and waited for (at most ``claim_wait_s``), so two sweeps on one store compute each point once. Progress goes to
-    stderr when ``progress``. ``compute_fn(point, mode) -> rows`` defaults to
-    :func:`mla_lab.sweep.rows.compute_rows`.
-
-    Raises:
-        ValueError: bad parameters or an output path the lab may not write (:func:`check_output_file`), before any
-            point runs.
+    """Run (or resume) the sweep; returns a DataFrame of every stored row of this grid. Each point is written
+    atomically; points stored ``ok`` for this code and these inputs (:func:`mla_lab.sweep.rows.point_inputs`) are
+    skipped unless ``force``; a failing point is stored ``failed`` with its reason; a point another live sweep claimed
+    is waited for (``claim_wait_s``). ``compute_fn``: default :func:`mla_lab.sweep.rows.compute_rows`. ValueError: bad
+    parameters or an output path the lab may not write (:func:`check_output_file`), before any point runs.
     """
     if isinstance(params, dict):
         params = validate_params(params)
@@ -331,22 +307,6 @@ def _claim(store, todo, skip: set, force: bool) -> tuple[list, list]:
     return mine, theirs
 
 
-def _write_csv(df, out: Path) -> None:
-    """``df`` to ``out`` atomically: a temporary file of this process's own beside it, then ``os.replace``."""
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            df.to_csv(f, index=False)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600: the data file gets the mode any other file would
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s: float):
     import pandas as pd
 
@@ -374,7 +334,7 @@ def _run_points(params, store, ex, progress, compute_fn, out: Path, claim_wait_s
             store.release(t.key)
     _wait_for_claims(store, theirs, ex, compute_fn, version, progress, claim_wait_s)
     df = pd.DataFrame(store.rows([key for _, _, key in todo]))
-    _write_csv(df, out)
+    atomic_write(out, lambda f: df.to_csv(f, index=False), f".{out.name}.", newline="", chmod=True)
     return df
 
 

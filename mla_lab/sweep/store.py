@@ -1,15 +1,9 @@
-"""A resumable, crash-safe store of sweep results: one JSON file per completed grid point.
+"""A resumable, crash-safe store of sweep results: ``<root>/points/<key>.json``, one file per grid point.
 
-Layout: ``<root>/points/<key>.json`` where ``key`` hashes the point's parameters and the code version
-(:func:`code_version`). A point file is written to a temporary file in the same folder and moved into place with
-``os.replace`` (atomic on POSIX), so a killed sweep leaves either the whole point or nothing. A re-run skips points
-stored with ``status="ok"`` (same parameters, same code) unless ``force``; rows never duplicate because a point owns
-exactly one file. Failed points are stored too, with ``status="failed"`` and the reason, so reports can show them; a
-re-run retries them (and recomputes a point file that cannot be read), overwriting the file in place.
-
-Temporary files are named ``.<key>.<host>.<pid>.<random>.tmp``: they never match ``*.json``, so a write cut short by
-a kill is never read as a point, and :meth:`ResultStore.clean_stale_tmp` removes those left by dead processes of
-this host.
+``key`` hashes the point and the code version (:func:`code_version`). A point is written to a temporary
+``.<key>.<host>.<pid>.<random>.tmp`` (never matching ``*.json``) and moved into place with ``os.replace``, so a
+killed sweep leaves the whole point or nothing (:meth:`ResultStore.clean_stale_tmp` removes dead processes' temps).
+A re-run skips ``ok`` points unless ``force``; ``failed`` ones (with the reason) and unreadable files are retried.
 """
 
 from __future__ import annotations
@@ -25,7 +19,7 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT, measured_row_problem
 
-__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest", "payload_problem"]
+__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest", "payload_problem", "atomic_write"]
 
 _PKG = REPO_ROOT / "mla_lab"
 
@@ -122,12 +116,9 @@ class ResultStore:
         return self.points / f"{key}.claim"
 
     def claim(self, key: str) -> bool:
-        """Claim ``key`` for this process: exactly one of several sweeps on one store wins.
-
-        The claim file (``<key>.claim``: host and pid) is written in full to a temporary file and then hard-linked
-        into place (``os.link`` fails when the name exists), so no sweep ever sees a claim without its owner. A claim
-        left by a dead process of this host is taken over, under a store-wide lock so that two sweeps taking over
-        the same claim cannot remove each other's new one. Returns True when this process holds the claim.
+        """Claim ``key`` for this process (True when held): exactly one of several sweeps on one store wins. The claim
+        (host and pid) is written to a temp file, then hard-linked into place (``os.link`` fails when the name exists);
+        a dead process's claim of this host is taken over under a store-wide lock.
         """
         p = self.claim_path(key)
         fd, tmp = tempfile.mkstemp(dir=self.points, prefix=f".{key}.{_host()}.{os.getpid()}.", suffix=".tmp")
@@ -201,18 +192,8 @@ class ResultStore:
     def write(self, key: str, point: dict, rows: list[dict], status: str = "ok", reason: str = "") -> Path:
         """Atomically store one point's rows (all strategies together)."""
         payload = {"key": key, "point": point, "status": status, "reason": reason, "rows": rows}
-        fd, tmp = tempfile.mkstemp(dir=self.points, prefix=f".{key}.{_host()}.{os.getpid()}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(payload, f, default=str)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(key))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        return self.path(key)
+        return atomic_write(self.path(key), lambda f: json.dump(payload, f, default=str),
+                            f".{key}.{_host()}.{os.getpid()}.")
 
     def load(self, keys: list[str] | None = None) -> list[dict]:
         """Payloads of stored points (only ``keys`` when given); unreadable files are skipped and reported via the
@@ -244,6 +225,27 @@ class ResultStore:
                 rows.append({**payload["point"], "status": payload["status"], "reason": payload["reason"],
                              "point_key": payload["key"]})
         return rows
+
+
+def atomic_write(path: Path, write, prefix: str, newline: str | None = None, chmod: bool = False) -> Path:
+    """``write(f)`` into a temporary ``<prefix><random>.tmp`` beside ``path`` (fsync'd), then ``os.replace``: a
+    reader sees the whole new file or the old one. ``chmod``: give it the mode a new file gets (mkstemp's is 0600)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline=newline) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if chmod:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def payload_problem(payload) -> str:
