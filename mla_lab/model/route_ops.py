@@ -30,9 +30,9 @@ from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _check_options, _gemm, _layer
 
 __all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mha_dense_ops", "PaddedKernelFit",
            "padded_kernel_terms", "padded_kernel_rows", "fit_padded_kernel", "default_padded_kernel_fit", "route_rows",
-           "fit_route_classes", "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS", "route_layer_ops",
-           "step_route", "route_step_ops", "prompt_len_step", "route_calibration_rows", "DROPPED_BY_DENSE",
-           "ROUTE_ATTN_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
+           "fit_route_classes", "route_rows_rank", "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS",
+           "route_layer_ops", "step_route", "route_step_ops", "prompt_len_step", "route_calibration_rows",
+           "DROPPED_BY_DENSE", "ROUTE_ATTN_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
 
 BF16 = 2
 FP32 = 4
@@ -251,6 +251,13 @@ MHA_FIT_BACKEND = "cudnn"
 K_CONCAT_CLASS = "k_concat"
 
 
+@functools.cache
+def route_rows_rank(model: str) -> RankView:
+    """The TP8 H200 rank the route rows of ``model`` ran on (bf16 weights and KV, experts TP, 16384 tokens), once."""
+    return Deployment.rank_of(model=model, tp=8, arch="h200", kv_cache_dtype="bf16", weight_dtype="bf16",
+                              moe_parallel="tp", max_num_batched_tokens=16384)
+
+
 def route_rows(path: str | Path | None = None) -> list[dict]:
     """The committed H200 route rows ``{model, route, prompt_len, num_prompts, T, ms, n_processes}`` (median over
     processes); [] when absent."""
@@ -271,17 +278,12 @@ def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BAC
     Raises ValueError: no rows for ``backend``; an unknown model."""
     rows = route_rows() if rows is None else rows
     fit_in = []
-    ranks: dict = {}  # model name -> its TP8 H200 rank (bf16 weights: the rows ran bf16), built once at this door
     for r in rows:
         is_mha = r["route"] == f"mha:sdpa:{backend}"
         is_cat = r["route"] == "mha:assemble" and not r.get("v_padded")
         if not (is_mha or is_cat):
             continue
-        if r["model"] not in ranks:
-            ranks[r["model"]] = Deployment.rank_of(model=r["model"], tp=8, arch="h200", kv_cache_dtype="bf16",
-                                                   weight_dtype="bf16", moe_parallel="tp",
-                                                   max_num_batched_tokens=16384)
-        rank = ranks[r["model"]]
+        rank = route_rows_rank(r["model"])
         rs = route_stats(rank.model, prompt_len_step(r["prompt_len"], r["T"]))
         op = mha_attention_op(rank, rs) if is_mha else up_projection_ops(rank, rs)[1]
         fit_in.append({"op_class": MHA_CLASS if is_mha else K_CONCAT_CLASS, "flops": op.flops, "bytes": op.bytes,
