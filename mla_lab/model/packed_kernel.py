@@ -51,8 +51,8 @@ KERNEL_ROWS = {"kernel": "packed_kernel", "triton": "packed_triton", "build": "u
 #: Coefficients (ns) and what each multiplies.
 TERMS = {"flash_tile": "hybrid: shared key-tiles", "rest_tile": "hybrid: rest key-tiles",
          "rest_group": "hybrid: groups with rest keys", "triton_tile": "Triton only: union key-tiles",
-         "triton_group": "Triton only: groups",
-         "build_read": "union build: [T, topk] entries read", "build_entry": "union build: valid entries, sum(topk_length)",
+         "triton_group": "Triton only: groups", "build_read": "union build: [T, topk] entries read",
+         "build_entry": "union build: valid entries, sum(topk_length)",
          "build_key": "union build: union keys written, sum(U)", "padded_tile": "padded kernel: sum(topk_length)",
          "padded_token": "padded kernel: tokens"}
 
@@ -176,11 +176,7 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
         X = np.array([[t[s][c] for c in cols] for s in shapes])
         y = np.array([med[(s, kernel)] * 1e6 for s in shapes])
         coef[block], fitted, loso = _fit_block(X, y)
-        for s, yi, fi, li in zip(shapes, y, fitted, loso):
-            errors.append({"block": block, "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": yi / 1e6,
-                           "fitted_ms": fi / 1e6, "in_sample_pct": 100.0 * (fi - yi) / yi,
-                           "loso_ms": None if li is None else li / 1e6,
-                           "loso_pct": None if li is None else 100.0 * (li - yi) / yi})
+        errors += [_error(block, s, *geo[s][2:], yi, fi, li, 1e6) for s, yi, fi, li in zip(shapes, y, fitted, loso)]
     src = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
     fit = PackedFit(*coef["kernel"], *coef["triton"], *coef["build"], *coef["padded"], source=src,
                     source_commit=source_commit if source_commit is not None else _commit_of(path))
@@ -189,9 +185,17 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
             y = med[(s, KERNEL_ROWS["path"])]
             f = (fit.kernel_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"], t[s]["groups"])[1]
                  + fit.build_ns(t[s]["read"], t[s]["entries"], t[s]["union_keys"])) / 1e6
-            errors.append({"block": "path_check", "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": y,
-                           "fitted_ms": f, "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None, "loso_pct": None})
+            errors.append(_error("path_check", s, *geo[s][2:], y, f))
     return PackedFit(**{**fit.__dict__, "errors": tuple(errors)})
+
+
+def _error(block: str, shape: str, U: float, S: float, y: float, f: float, lo: float | None = None,
+           per_ms: float = 1.0) -> dict:
+    """One error row: measured ``y``, fitted ``f``, leave-one-shape-out ``lo`` (None: not fitted) in ``1 / per_ms``
+    ms."""
+    return {"block": block, "shape": shape, "U": U, "S": S, "measured_ms": y / per_ms, "fitted_ms": f / per_ms,
+            "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None if lo is None else lo / per_ms,
+            "loso_pct": None if lo is None else 100.0 * (lo - y) / y}
 
 
 def _commit_of(path: Path) -> str:
