@@ -7,6 +7,7 @@ a worker whose :func:`~mla_lab.sweep.store.code_version` differs from the driver
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from dataclasses import dataclass, field
@@ -78,14 +79,11 @@ def _result(task: PointTask, out: dict) -> PointResult:
     return PointResult(task, rows=out["rows"], error=out["error"], host=out["host"], seconds=out["seconds"])
 
 
-class _Closing:
-    """A context manager calling :meth:`close` on exit."""
+class _Closing(contextlib.AbstractContextManager):
+    """A context manager (``with`` gives the executor) calling :meth:`close` on exit."""
 
     def close(self) -> None:
         pass
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         self.close()
