@@ -38,24 +38,15 @@ from .tp_blocks import (
     BF16_BYTES,
     BLOCKS,
     MOE_IMPLS,
-    MOE_OPS,
     _check_moe_split,
     _model,
     block_forward,
     make_block_inputs,
     make_moe_inputs,
-    merge_shards,
     moe_forward,
     moe_routing,
     resolve_moe_impl,
-    tiny_overrides,
 )
-
-__all__ = ["SAFE_ENV", "BLOCKS", "RUNS", "MOE_OPS", "BLOCK_COLUMNS", "ALLREDUCE_COLUMNS", "COMPARE_COLUMNS",
-           "TPBenchmarkConfig", "TPBenchmarkResult", "make_block_inputs", "make_moe_inputs", "merge_shards",
-           "block_forward", "moe_forward", "moe_routing", "ideal_ring_calibration", "resolve_strategies", "MOE_IMPLS",
-           "resolve_moe_impl", "sm_scale",
-           "check_config", "run_tp_benchmark", "compare", "summary_table", "tiny_overrides"]
 
 #: NVLink multicast off (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS): shared machines.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
