@@ -15,9 +15,6 @@ from ..strategies import PaddedQPath
 from ..workload import Step
 from .timer import interleaved, summarize
 
-__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check", "padded_path", "sm_scale", "call_peak_bytes",
-           "MEASURED_STRATEGIES"]
-
 
 def _require_cuda(device: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():

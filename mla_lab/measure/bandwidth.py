@@ -17,8 +17,6 @@ except Exception:  # pragma: no cover
     triton = None
     tl = None
 
-__all__ = ["gapped_write"]
-
 if triton is not None:
 
     @triton.jit

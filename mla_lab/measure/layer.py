@@ -26,10 +26,6 @@ from .attention import sm_scale
 from .timer import median_ms
 from .triton_ops import KernelCheck, KernelCheckError, check_kernels, mqa_logits, rmsnorm, silu_mul
 
-__all__ = ["OPS_CSV", "E2E_CSV", "EXTRAS_CSV", "VALIDATION_CSV", "CALIBRATION_CSV", "OPS_COLUMNS", "E2E_COLUMNS",
-           "EXTRAS_COLUMNS", "LAYER_PLACEMENTS", "LAYER_STRATEGIES", "run_kernel_checks", "tiny_model",
-           "MeasureSettings", "Implementations", "select_implementations", "Layer", "layer_strategies"]
-
 #: Files one run writes into its output folder (and :mod:`.validate` reads back).
 OPS_CSV, E2E_CSV, EXTRAS_CSV, VALIDATION_CSV, CALIBRATION_CSV = (
     "layer_ops.csv", "layer_e2e.csv", "layer_extras.csv", "layer_validation.csv", "h200_ops.csv")

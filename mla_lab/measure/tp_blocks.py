@@ -21,9 +21,6 @@ import torch.nn.functional as F
 
 from ..models import load_model
 
-__all__ = ["BLOCKS", "MOE_OPS", "MOE_IMPLS", "BF16_BYTES", "tiny_overrides", "make_block_inputs", "make_moe_inputs",
-           "merge_shards", "block_forward", "moe_routing", "resolve_moe_impl", "moe_forward"]
-
 BF16_BYTES = 2
 BLOCKS = ("attention", "moe")
 #: The per-rank ops of the moe block, in order: those :func:`mla_lab.model.ops.layer_ops` lists for a MoE layer

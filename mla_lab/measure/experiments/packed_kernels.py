@@ -22,10 +22,11 @@ from mla_lab.kernels.packed import choose_path, full_union, packed_sparse_prefil
 from mla_lab.kernels.reference import sparse_mla_prefill_ref
 from mla_lab.kernels.union import build_union, build_union_ref
 from mla_lab.kernels.union_cuda import build_union_cuda, union_mismatch
+from mla_lab.measure.attention import sm_scale as scale_of
 from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
 
-from ._common import PROMPT, sm_scale_of
+from ._common import PROMPT
 
 OVERLAPS = (1.0, 0.9, 0.8, 0.6, 0.4, 0.2, 0.0)
 CONTEXTS = (4096, 8192, 32768, 131072)
@@ -142,7 +143,7 @@ def run(rank, sink, options) -> None:
     shapes = ("seed", "o0.8") if options.smoke else tuple(s for s, _ in SHAPES)
     rounds = 2 if options.smoke else options.param("rounds", 5)
     T, H, Hp, topk, sm_scale = (rank.max_num_batched_tokens, rank.num_heads, rank.padded_num_heads, rank.model.topk,
-                                sm_scale_of(rank.model))
+                                scale_of(rank.model))
     ek = load(options.engine_root, need_concat=False)
     names, (bname, build) = backend_names(ek), _builder(topk, Hp // H)
     names.update(sglang_union4=names["sglang"] + " union=4", packed=f"mla_lab packed (triton rest + "
