@@ -472,9 +472,8 @@ def run_extras(sink, settings: MeasureSettings, implementations: Implementations
 
 def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, tokens: list[int]) -> Iterator[dict]:
     """fp8 GEMMs (``torch._scaled_mm``, per-tensor scales, bf16 out) at the model's TP8 EP per-rank shapes
-    (:func:`~mla_lab.model.ops.layer_ops`) per T of ``tokens``, each (M, K, N) once, dims not divisible by 16
-    skipped: ``layer_ops.csv`` rows (``gemm_fp8``; a failure: ``ms`` NaN, ``error`` status). GPU only; stops at the
-    deadline."""
+    (:func:`~mla_lab.model.ops.layer_ops`) per T of ``tokens``, each (M, K, N) once, dims not divisible by 16 skipped:
+    ``layer_ops.csv`` rows (``gemm_fp8``; a failure: ``ms`` NaN, ``error`` status). GPU only; stops at the deadline."""
     if not settings.gpu:
         return
     device = settings.device

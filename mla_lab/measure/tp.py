@@ -79,13 +79,12 @@ ALLREDUCE_COLUMNS = ["world_size", "rank", "nbytes", "T", "hidden_size", "ms", "
 
 @dataclass
 class TPBenchmarkConfig:
-    """What to run. ``models``: names (``data/models``); ``tokens``: block step sizes T (one causal prompt);
-    ``tp``: processes of the tp run and the share the sim run simulates (``ep = tp`` for moe); ``blocks``,
-    ``runs``: of :data:`BLOCKS`, :data:`RUNS`; ``strategies``: :func:`resolve_strategies` names; ``arch``: None
-    is h200; ``device``: ``cuda`` (NCCL) or ``cpu`` (gloo, a dry run); ``moe_impl``: :data:`MOE_IMPLS`;
-    ``model_overrides``: :func:`tiny_overrides` for CPU; ``save_outputs``: each rank's block output as ``.pt``;
-    ``allreduce_tokens`` (with ``tokens``) / ``allreduce_mib``: the ``[T, hidden]`` and bytes (MiB) all-reduce
-    rows."""
+    """What to run. ``models``: names (``data/models``); ``tokens``: block step sizes T (one causal prompt); ``tp``:
+    processes of the tp run and the share the sim run simulates (``ep = tp`` for moe); ``blocks``, ``runs``: of
+    :data:`BLOCKS`, :data:`RUNS`; ``strategies``: :func:`resolve_strategies` names; ``arch``: None is h200; ``device``:
+    ``cuda`` (NCCL) or ``cpu`` (gloo, a dry run); ``moe_impl``: :data:`MOE_IMPLS`; ``model_overrides``:
+    :func:`tiny_overrides` for CPU; ``save_outputs``: each rank's block output as ``.pt``; ``allreduce_tokens`` (with
+    ``tokens``) / ``allreduce_mib``: the ``[T, hidden]`` and bytes (MiB) all-reduce rows."""
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
     tokens: list = field(default_factory=lambda: [4096, 16384])
@@ -190,8 +189,7 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_di
     if world_size > 1:
         backend = "nccl" if device == "cuda" else "gloo"
         kw = {"device_id": torch.device(dev)} if device == "cuda" else {}
-        dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",
-                                **kw)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}", **kw)
         dist.barrier()
         dist.all_reduce(torch.zeros(MIB // BF16_BYTES, device=dev, dtype=torch.bfloat16))  # the first collectives
         _sync(device, world_size)

@@ -195,8 +195,7 @@ def resolve_moe_impl(impl: str, device) -> str:
     if impl not in MOE_IMPLS:
         raise ValueError(f"moe_impl={impl!r}; allowed: {list(MOE_IMPLS)}")
     dev = torch.device(device)
-    ok = (dev.type == "cuda" and hasattr(torch, "_grouped_mm")
-          and torch.cuda.get_device_capability(dev) >= (9, 0))
+    ok = (dev.type == "cuda" and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(dev) >= (9, 0))
     if impl == "grouped_mm" and not ok:
         raise ValueError(f"moe_impl='grouped_mm' needs torch._grouped_mm on a CUDA sm90+ device; device={device!s}")
     return impl if impl != "auto" else ("grouped_mm" if ok else "loop")

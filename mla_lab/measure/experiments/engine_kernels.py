@@ -123,9 +123,8 @@ _PARTS = {"check": lambda x, heads: x.check(), "content": _content, "prefill": _
 
 
 def run(rank, sink, options) -> None:
-    """The parts of ``parts`` (smoke: H 8, decode B 1 and 16, one context). Raises FileNotFoundError /
-    RuntimeError: the packed engine kernels missing or failing (:func:`mla_lab.kernels.engine_libs.load`);
-    ValueError: an unknown part."""
+    """The parts of ``parts`` (smoke: H 8, decode B 1 and 16, one context). Raises FileNotFoundError / RuntimeError: the
+    packed engine kernels missing or failing (:func:`mla_lab.kernels.engine_libs.load`); ValueError: an unknown part."""
     parts = options.param("parts", ("check", "prefill", "decode"))
     bad = set(parts) - set(_PARTS)
     if bad:

@@ -120,8 +120,7 @@ def _packed_calls(ts_fwd, build, d, q, kv, sm_scale, Hp) -> tuple[dict, float, f
         if path == "padded":
             return padded()
         s = build(idx, tlen, g, s_kv, out=sets)
-        return hybrid(s) if path == "packed" else packed_sparse_prefill(q, kv, s, sm_scale, mode="triton",
-                                                                        config=cfg_t)
+        return hybrid(s) if path == "packed" else packed_sparse_prefill(q, kv, s, sm_scale, mode="triton", config=cfg_t)
 
     out = {"packed": (lambda: hybrid(build(idx, tlen, g, s_kv, out=sets)), "packed"),
            "packed_kernel": (lambda: hybrid(sets), "packed"),

@@ -1,7 +1,6 @@
 """Sub-chunking without the per-chunk cost (issue 23): per S the chunk loop eager (``views``), captured in one CUDA
-graph (``graph``), over two streams and two S-row workspaces (``2stream``), beside the PR's private workspace eager
-and graphed; seed and full-topk shapes, interleaved rounds. Rows: ``subgraph.csv`` (ms; ``mla_lab.fits
-subchunk_graph``)."""
+graph (``graph``), over two streams and two S-row workspaces (``2stream``), beside the PR's private workspace eager and
+graphed; seed and full-topk shapes, interleaved rounds. Rows: ``subgraph.csv`` (ms; ``mla_lab.fits subchunk_graph``)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations
