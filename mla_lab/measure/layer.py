@@ -252,10 +252,8 @@ class Layer:
             self.moe_weights[variant] = (rand(experts_local, 2 * inter_local, hidden),
                                          rand(experts_local, hidden, inter_local))
         self.max_T = max_T
-        self.workspace_unfused = torch.empty(max_T, H, 576, device=device, dtype=dtype)
-        self.workspace_fused = torch.empty(max_T, self.Hp, 576, device=device, dtype=dtype)
-        self.workspace_unfused.normal_()
-        self.workspace_fused.normal_()
+        self.workspace_unfused = torch.empty(max_T, H, 576, device=device, dtype=dtype).normal_()
+        self.workspace_fused = torch.empty(max_T, self.Hp, 576, device=device, dtype=dtype).normal_()
         # vLLM never writes heads H..H'-1 of the private workspace: they keep what the fresh allocation held (zeros
         # from a new cudaMalloc segment, most likely). The first H200 run left them N(0, 1) ("stale"; see
         # docs/ttft-model.md: the kernel runs faster on zero operands).

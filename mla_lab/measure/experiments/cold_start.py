@@ -9,7 +9,7 @@ import torch
 
 from mla_lab.measure.attention import make_step_inputs, padded_path, sm_scale
 from mla_lab.measure.sink import log
-from mla_lab.measure.tp import block_forward, make_block_inputs, make_moe_inputs, moe_forward
+from mla_lab.measure.tp_blocks import block_forward, make_block_inputs, make_moe_inputs, moe_forward
 
 from ._common import PROMPT, first_calls, seed_step
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from mla_lab.measure.attention import make_step_inputs, padded_path, sm_scale
 from mla_lab.measure.sink import NvmlSampler, log
-from mla_lab.measure.tp import make_block_inputs, make_moe_inputs, moe_forward
+from mla_lab.measure.tp_blocks import make_block_inputs, make_moe_inputs, moe_forward
 
 from ._common import PROMPT, seed_step
 
