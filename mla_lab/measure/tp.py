@@ -253,12 +253,8 @@ def _worker_cases(cfg, ctx, out_dir, ar_ms, rows) -> None:
         view = measured_rank(model, cfg.tp, cfg.arch or "h200", ("ep", cfg.tp))  # experts split EP = TP
         for T in cfg.tokens:
             for block in cfg.blocks:
-                if block == "attention":
-                    inp = make_block_inputs(view, rank, T, cfg.seed, dev)
-                    cases = strategies
-                else:
-                    inp = make_moe_inputs(view, rank, T, cfg.seed, dev)
-                    cases = [None]
+                make, cases = (make_block_inputs, strategies) if block == "attention" else (make_moe_inputs, [None])
+                inp = make(view, rank, T, cfg.seed, dev)
                 for s in cases:
                     row = _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir)
                     row["allreduce_ms"] = ar_ms.get((T, model.hidden_size))
