@@ -216,27 +216,13 @@ class Deployment:
         return RankView.derive(self.model, self.arch, self.tp // self.dp_attention, self.kv_cache_dtype,
                                self.weight_dtype, self.moe_parallel, self.max_num_batched_tokens, self.max_num_seqs)
 
-    @property
-    def prompt_len(self) -> int:
-        return self.workload.prompt_len
-
-    @property
-    def num_prompts(self) -> int:
-        return self.workload.num_prompts
-
-    @property
-    def concurrency(self) -> int:
-        return self.workload.concurrency
-
-    @property
-    def num_heads(self) -> int:
-        """Attention heads per rank: ``num_attention_heads // tp``."""
-        return self.model.num_attention_heads // self.tp
-
-    @property
-    def ep_size(self) -> int | None:
-        """Expert-parallel size (``tp`` under ``ep``, None under ``tp``)."""
-        return self.tp if self.moe_parallel == "ep" else None
+    prompt_len = property(lambda self: self.workload.prompt_len)
+    num_prompts = property(lambda self: self.workload.num_prompts)
+    concurrency = property(lambda self: self.workload.concurrency)
+    #: Attention heads per rank: ``num_attention_heads // tp``.
+    num_heads = property(lambda self: self.model.num_attention_heads // self.tp)
+    #: Expert-parallel size (``tp`` under ``ep``, None under ``tp``).
+    ep_size = property(lambda self: self.tp if self.moe_parallel == "ep" else None)
 
     def describe(self) -> str:
         """One line: ``glm-5 TP8 h200, max_num_batched_tokens 16384, ...``."""

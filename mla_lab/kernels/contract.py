@@ -161,8 +161,7 @@ def make_concat_launcher(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.T
     """
     which, variant = _concat_call(ql_nope, q_pe, out, backend, variant)
     if which == "triton":
-        launcher = make_concat_launcher_triton(ql_nope, q_pe, out, zero_padding=zero_padding, variant=variant,
-                                               **config)
+        launcher = make_concat_launcher_triton(ql_nope, q_pe, out, zero_padding=zero_padding, variant=variant, **config)
     else:
         if config:
             raise ValueError(f"config {sorted(config)} applies to the triton backend only; got backend={which!r}")

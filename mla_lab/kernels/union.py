@@ -78,9 +78,7 @@ class UnionSets:
     g: int
     T: int
 
-    @property
-    def num_groups(self) -> int:
-        return self.shared_len.shape[0]
+    num_groups = property(lambda self: self.shared_len.shape[0])
 
 
 def _mask_dtype(g: int) -> torch.dtype:
