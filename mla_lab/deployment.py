@@ -188,14 +188,10 @@ class Deployment:
 
     def args(self) -> dict:
         """The :meth:`of` arguments that rebuild this deployment (model and arch as their names)."""
-        wl = self.workload
-        return {"model": self.model.name, "tp": self.tp, "arch": self.arch.name,
-                "max_num_batched_tokens": self.max_num_batched_tokens, "kv_cache_dtype": self.kv_cache_dtype,
-                "weight_dtype": self.weight_dtype, "moe_parallel": self.moe_parallel,
-                "gpu_memory_utilization": self.gpu_memory_utilization, "prompt_len": wl.prompt_len,
-                "output_len": self.output_len, "num_prompts": wl.num_prompts, "concurrency": wl.concurrency,
-                "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
-                "acceptance_length": self.acceptance_length, "dp_attention": self.dp_attention}
+        rest = ("max_num_batched_tokens", "kv_cache_dtype", "weight_dtype", "moe_parallel", "gpu_memory_utilization",
+                "prompt_len", "output_len", "num_prompts", "concurrency", "max_num_seqs", "num_speculative_tokens",
+                "acceptance_length", "dp_attention")
+        return {"model": self.model.name, "tp": self.tp, "arch": self.arch.name} | {k: getattr(self, k) for k in rest}
 
     def to_point(self, **extra) -> dict:
         """A flat sweep point, ``extra`` added (``output_len``, ``max_num_seqs`` and the options left out)."""
