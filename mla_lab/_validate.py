@@ -19,15 +19,16 @@ def short_repr(value) -> str:
 
 
 def check_int(name: str, value, allow_zero: bool = False) -> int:
-    """Return ``value`` as an ``int`` if it is an integer (Python or numpy, not bool) > 0 (>= 0 with
-    ``allow_zero``).
-
-    Raises:
-        ValueError: ``"<name>=<value> must be a positive int"`` (``non-negative`` with ``allow_zero``).
-    """
+    """``value`` as an ``int`` if an integer (Python or numpy, not bool) > 0 (>= 0 with ``allow_zero``).
+    Raises ValueError: ``"<name>=<value> must be a positive int"`` (``non-negative`` with ``allow_zero``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < (0 if allow_zero else 1):
         raise ValueError(f"{name}={value!r} must be a {'non-negative' if allow_zero else 'positive'} int")
     return int(value)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` (the values a tp or ep size may take), ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def read_csv_checked(path, need, writer: str):

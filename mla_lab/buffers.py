@@ -1,6 +1,5 @@
 """The padded Q-concat workspace (vLLM PR #53878, ``flashmla_sparse.py``) and its byte accounting. Bytes; Q bf16,
-``head_size`` 576 (kv_lora_rank 512 + rope 64), output ``d_v`` 512 bf16, lse and max_logits fp32.
-"""
+``head_size`` 576 (kv_lora_rank 512 + rope 64), output ``d_v`` 512 bf16, lse and max_logits fp32."""
 
 from __future__ import annotations
 
@@ -12,12 +11,8 @@ from .models import ModelConfig, normalize_kv_cache_dtype
 from .placement import Strategy, as_strategy, strategy_route
 from .rank import RankView, pad_heads
 
-__all__ = [
-    "memory_account_of",
-    "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "MIB",
-    "kv_tokens_lost", "call_peak_bytes", "shared_workspace_other_bytes",
-    "dense_route_transient_bytes",
-]
+__all__ = ["memory_account_of", "padded_num_heads", "QConcatWorkspace", "MemoryAccount", "memory_account", "MIB",
+           "call_peak_bytes", "shared_workspace_other_bytes", "dense_route_transient_bytes"]
 
 MIB = 1024**2
 BF16_BYTES = 2
@@ -49,12 +44,6 @@ def padded_num_heads(num_heads: int, arch: str | GPUArch | int = "hopper", kv_ca
     return pad_heads(num_heads, _padding_of(arch), normalize_kv_cache_dtype(kv_cache_dtype))
 
 
-def kv_tokens_lost(extra_bytes: int, model: ModelConfig, kv_cache_dtype: str = "bf16",
-                   include_indexer: bool = True) -> float:
-    """``extra_bytes`` of workspace expressed as KV-cache tokens that no longer fit on one rank."""
-    return extra_bytes / model.kv_cache_bytes_per_token(kv_cache_dtype, include_indexer)
-
-
 @dataclass(frozen=True)
 class MemoryAccount:
     """Bytes one rank spends on the sparse-prefill Q path for one strategy (one workspace per rank).
@@ -80,41 +69,23 @@ class MemoryAccount:
     kernel_out_bytes: int
     route: str = "sparse-mqa"
 
-    @property
-    def call_transient_bytes(self) -> int:
-        return self.step_transient_bytes + self.kernel_out_bytes
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.persistent_bytes + self.call_transient_bytes
+    call_transient_bytes = property(lambda self: self.step_transient_bytes + self.kernel_out_bytes)
+    peak_bytes = property(lambda self: self.persistent_bytes + self.call_transient_bytes)
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["peak_bytes"] = self.peak_bytes
-        d["call_transient_bytes"] = self.call_transient_bytes
-        return d
+        return asdict(self) | {"peak_bytes": self.peak_bytes, "call_transient_bytes": self.call_transient_bytes}
 
 
-def memory_account(
-    strategy: Strategy | str,
-    num_heads: int,
-    max_num_batched_tokens: int,
-    arch: str | GPUArch | int = "hopper",
-    kv_cache_dtype: str = "bf16",
-    num_tokens: int | None = None,
-    head_size: int = 576,
-    d_v: int = 512,
-    shared_other_bytes: int = 0,
-    model: ModelConfig | None = None,
-    prompt_len: int | None = None,
-) -> MemoryAccount:
+def memory_account(strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int,
+                   arch: str | GPUArch | int = "hopper", kv_cache_dtype: str = "bf16", num_tokens: int | None = None,
+                   head_size: int = 576, d_v: int = 512, shared_other_bytes: int = 0, model: ModelConfig | None = None,
+                   prompt_len: int | None = None) -> MemoryAccount:
     """Exact byte accounting for one strategy, allocating nothing. ``num_tokens`` T (default all rows);
     ``shared_other_bytes``: see :func:`shared_workspace_other_bytes`; with ``model`` and ``prompt_len`` a dense MHA
     route pads nothing. Raises ValueError: unknown strategy; bad sizes; num_tokens out of range."""
     st = as_strategy(strategy)
-    check_int("max_num_batched_tokens", max_num_batched_tokens)
-    check_int("head_size", head_size)
-    check_int("d_v", d_v)
+    for name, v in (("max_num_batched_tokens", max_num_batched_tokens), ("head_size", head_size), ("d_v", d_v)):
+        check_int(name, v)
     check_int("shared_other_bytes", shared_other_bytes, allow_zero=True)
     T = max_num_batched_tokens if num_tokens is None else num_tokens
     check_int("num_tokens", T, allow_zero=True)
@@ -227,19 +198,15 @@ class QConcatWorkspace:
         alloc = torch.zeros if zero_init else torch.empty
         self.buffer = alloc((max_num_batched_tokens, self.q_concat_heads, head_size), dtype=dtype, device=device)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: ``max_num_batched_tokens * q_concat_heads * head_size * element_size``."""
-        return self.buffer.numel() * self.buffer.element_size()
+    #: Bytes held: ``max_num_batched_tokens * q_concat_heads * head_size * element_size``.
+    nbytes = property(lambda self: self.buffer.numel() * self.buffer.element_size())
 
     def view(self, num_tokens: int):
         """``[:num_tokens]``, a view. Raises ValueError: not an int in 0..max_num_batched_tokens."""
         check_int("num_tokens", num_tokens, allow_zero=True)
         if num_tokens > self.max_num_batched_tokens:
-            raise ValueError(
-                f"num_tokens={num_tokens} exceeds the workspace's max_num_batched_tokens={self.max_num_batched_tokens}; "
-                f"allowed: 0..{self.max_num_batched_tokens}"
-            )
+            raise ValueError(f"num_tokens={num_tokens} exceeds the workspace's max_num_batched_tokens="
+                             f"{self.max_num_batched_tokens}; allowed: 0..{self.max_num_batched_tokens}")
         return self.buffer[:num_tokens]
 
     def __repr__(self) -> str:
@@ -248,10 +215,9 @@ class QConcatWorkspace:
                 f"device={self.buffer.device}, {self.nbytes / MIB:.1f} MiB)")
 
 
-def call_peak_bytes(strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch: str | GPUArch, num_tokens: int,
-                    model: ModelConfig) -> int:
+def call_peak_bytes(strategy: Strategy | str, num_heads: int, max_num_batched_tokens: int, arch: str | GPUArch,
+                    num_tokens: int, model: ModelConfig) -> int:
     """Bytes ``torch.cuda.max_memory_allocated`` should add above inputs and workspace for one attention-path call
     (:attr:`MemoryAccount.call_transient_bytes`)."""
-    acc = memory_account(strategy, num_heads, max_num_batched_tokens, arch, "bf16", num_tokens=num_tokens,
-                         head_size=model.head_size, d_v=model.d_v)
-    return acc.call_transient_bytes
+    return memory_account(strategy, num_heads, max_num_batched_tokens, arch, "bf16", num_tokens=num_tokens,
+                          head_size=model.head_size, d_v=model.d_v).call_transient_bytes

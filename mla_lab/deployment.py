@@ -1,14 +1,10 @@
-"""One deployment, validated once: model geometry, GPU, TP, engine limits, dtypes, MoE layout and the workload.
-
-Fields are what ``vllm serve`` + ``vllm bench serve`` fix for one run, in vLLM's spellings (``dp_attention``:
-SGLang ``--dp <n> --enable-dp-attention``; ``num_speculative_tokens`` / ``acceptance_length``: MTP). Validated once
-in :meth:`Deployment.of`; below the door, the object or :attr:`Deployment.rank` is trusted.
+"""One deployment, validated once in :meth:`Deployment.of`: what ``vllm serve`` + ``vllm bench serve`` fix for one run,
+in vLLM's spellings (``dp_attention``: SGLang ``--dp <n> --enable-dp-attention``; MTP: ``num_speculative_tokens``).
 
 The seed is vLLM PR #53878's benchmark (merged 2026-08-26): ``vllm serve zai-org/GLM-5.2-FP8
 --tensor-parallel-size 8 -ep --max-num-batched-tokens 16384 --attention-backend FLASHMLA_SPARSE
 --no-enable-prefix-caching --max-model-len 131072`` (bf16 KV) on Hopper, ``vllm bench serve`` random dataset,
-1024 in / 128 out, 32 prompts at concurrency 32; priced with GLM-5's geometry on an H200 unless told otherwise.
-"""
+1024 in / 128 out, 32 prompts at concurrency 32; priced with GLM-5's geometry on an H200 unless told otherwise."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ import numbers
 from dataclasses import dataclass
 from functools import cached_property
 
-from ._validate import check_int
+from ._validate import check_int, divisors
 from .arch import GPUArch, arch_names, get_arch
 from .models import ModelConfig, load_model, normalize_kv_cache_dtype
 from .rank import RankView
@@ -33,7 +29,7 @@ MOE_PARALLEL = ("ep", "tp")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 #: ``vllm bench serve``'s default ``--random-output-len``.
 DEFAULT_OUTPUT_LEN = 128
-#: ``--max-num-seqs`` when none is given: 256, the figure ``mla-lab serve`` and its door have always used.
+#: ``--max-num-seqs`` when none is given (``mla-lab serve``'s figure).
 DEFAULT_MAX_NUM_SEQS = 256
 #: vLLM's engine rule, checked by :meth:`Deployment.of`.
 VLLM_MBT_RULE = "vLLM requires max_num_batched_tokens >= max_num_seqs (vllm/config/scheduler.py)"
@@ -52,10 +48,6 @@ def _choice(name: str, value, allowed) -> str:
     return value
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _check_options(num_speculative_tokens, acceptance_length, dp_attention, tp: int) -> tuple[int, float, int]:
     """The deployment options (speculative decoding, DP attention) checked: ``(k, acceptance_length, dp)``."""
     k = check_int("num_speculative_tokens", num_speculative_tokens, allow_zero=True)
@@ -65,7 +57,7 @@ def _check_options(num_speculative_tokens, acceptance_length, dp_attention, tp: 
                          f"+ 1] = [1, {k + 1}] (mean tokens accepted per step, the bonus token included)")
     dp = check_int("dp_attention", dp_attention)
     if tp % dp:
-        raise ValueError(f"dp_attention={dp} does not divide tp={tp}; allowed: {_divisors(tp)}")
+        raise ValueError(f"dp_attention={dp} does not divide tp={tp}; allowed: {divisors(tp)}")
     return k, float(a), dp
 
 
@@ -76,7 +68,7 @@ def _check_tp(model: ModelConfig, tp, moe_parallel: str) -> int:
              ("moe_intermediate_size", model.moe_intermediate_size), ("vocab_size", model.vocab_size)]
     if moe_parallel == "ep":
         sizes.append(("n_routed_experts", model.n_routed_experts))
-    ok = [d for d in _divisors(model.num_attention_heads) if all(s % d == 0 for _, s in sizes)]
+    ok = [d for d in divisors(model.num_attention_heads) if all(s % d == 0 for _, s in sizes)]
     for field_name, size in sizes:
         if size % tp:
             raise ValueError(f"tp={tp} does not divide {field_name}={size} of model {model.name!r}"
@@ -133,10 +125,7 @@ class Deployment:
            acceptance_length: float = 1.0, dp_attention: int = 1) -> Deployment:
         """Validate and build a deployment. ``tp`` divides every size a rank splits; ``concurrency`` None =
         ``num_prompts``; ``max_num_seqs <= max_num_batched_tokens`` (:data:`VLLM_MBT_RULE`).
-
-        Raises:
-            ValueError: one line naming the first bad argument, its value and what is allowed.
-        """
+        Raises ValueError: one line naming the first bad argument, its value and what is allowed."""
         model, arch, tp, mbt, mns, kv, weight_dtype, moe_parallel = _check_rank_args(
             model, tp, arch, max_num_batched_tokens, kv_cache_dtype, weight_dtype, moe_parallel, max_num_seqs)
         g = gpu_memory_utilization
@@ -153,14 +142,14 @@ class Deployment:
     def seed(cls, **overrides) -> Deployment:
         """:data:`SEED_ARGS` with ``overrides`` (a smaller ``num_prompts`` caps concurrency, as ``vllm bench serve``).
         Raises ValueError: an unknown override, or as :meth:`of`."""
-        allowed = set(SEED_ARGS) | {"max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention"}  # the PR's command leaves --max-num-seqs at its default
+        # the PR's command leaves --max-num-seqs at its default
+        allowed = set(SEED_ARGS) | {"max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention"}
         unknown = sorted(set(overrides) - allowed)
         if unknown:
             raise ValueError(f"Deployment.seed() got unknown argument(s) {unknown}; allowed: {sorted(allowed)}")
         args = {**SEED_ARGS, **overrides}
-        n, c = args.get("num_prompts"), SEED_ARGS.get("concurrency")
-        if "concurrency" not in overrides and isinstance(c, int) and isinstance(n, int) and not isinstance(n, bool) \
-                and 0 < n < c:
+        n = args["num_prompts"]
+        if "concurrency" not in overrides and type(n) is int and 0 < n < SEED_ARGS["concurrency"]:
             args["concurrency"] = n
         return cls.of(**args)
 
@@ -189,12 +178,9 @@ class Deployment:
         missing = [k for k in need if point.get(k) is None]
         if missing:
             raise ValueError(f"point lacks {missing}; allowed: a point with {list(need)}")
-        kw = {k: point[k] for k in need}
-        for k in ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization", "max_num_seqs",
-                  "num_speculative_tokens", "acceptance_length", "dp_attention"):
-            if point.get(k) is not None:
-                kw[k] = point[k]
-        return cls.of(**kw)
+        optional = ("num_prompts", "concurrency", "output_len", "gpu_memory_utilization", "max_num_seqs",
+                    "num_speculative_tokens", "acceptance_length", "dp_attention")
+        return cls.of(**{k: point[k] for k in need + optional if point.get(k) is not None})
 
     def replace(self, **changes) -> Deployment:
         """A copy with some :meth:`of` arguments changed, validated again. Raises ValueError as :meth:`of`."""
@@ -202,21 +188,15 @@ class Deployment:
 
     def args(self) -> dict:
         """The :meth:`of` arguments that rebuild this deployment (model and arch as their names)."""
-        wl = self.workload
-        return {"model": self.model.name, "tp": self.tp, "arch": self.arch.name,
-                "max_num_batched_tokens": self.max_num_batched_tokens, "kv_cache_dtype": self.kv_cache_dtype,
-                "weight_dtype": self.weight_dtype, "moe_parallel": self.moe_parallel,
-                "gpu_memory_utilization": self.gpu_memory_utilization, "prompt_len": wl.prompt_len,
-                "output_len": self.output_len, "num_prompts": wl.num_prompts, "concurrency": wl.concurrency,
-                "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
-                "acceptance_length": self.acceptance_length, "dp_attention": self.dp_attention}
+        rest = ("max_num_batched_tokens", "kv_cache_dtype", "weight_dtype", "moe_parallel", "gpu_memory_utilization",
+                "prompt_len", "output_len", "num_prompts", "concurrency", "max_num_seqs", "num_speculative_tokens",
+                "acceptance_length", "dp_attention")
+        return {"model": self.model.name, "tp": self.tp, "arch": self.arch.name} | {k: getattr(self, k) for k in rest}
 
     def to_point(self, **extra) -> dict:
         """A flat sweep point, ``extra`` added (``output_len``, ``max_num_seqs`` and the options left out)."""
-        p = {k: v for k, v in self.args().items()
-             if k not in ("output_len", "max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention")}
-        p.update(extra)
-        return p
+        left_out = ("output_len", "max_num_seqs", "num_speculative_tokens", "acceptance_length", "dp_attention")
+        return {k: v for k, v in self.args().items() if k not in left_out} | extra
 
     @cached_property
     def rank(self) -> RankView:
@@ -232,27 +212,13 @@ class Deployment:
         return RankView.derive(self.model, self.arch, self.tp // self.dp_attention, self.kv_cache_dtype,
                                self.weight_dtype, self.moe_parallel, self.max_num_batched_tokens, self.max_num_seqs)
 
-    @property
-    def prompt_len(self) -> int:
-        return self.workload.prompt_len
-
-    @property
-    def num_prompts(self) -> int:
-        return self.workload.num_prompts
-
-    @property
-    def concurrency(self) -> int:
-        return self.workload.concurrency
-
-    @property
-    def num_heads(self) -> int:
-        """Attention heads per rank: ``num_attention_heads // tp``."""
-        return self.model.num_attention_heads // self.tp
-
-    @property
-    def ep_size(self) -> int | None:
-        """Expert-parallel size (``tp`` under ``ep``, None under ``tp``)."""
-        return self.tp if self.moe_parallel == "ep" else None
+    prompt_len = property(lambda self: self.workload.prompt_len)
+    num_prompts = property(lambda self: self.workload.num_prompts)
+    concurrency = property(lambda self: self.workload.concurrency)
+    #: Attention heads per rank: ``num_attention_heads // tp``.
+    num_heads = property(lambda self: self.model.num_attention_heads // self.tp)
+    #: Expert-parallel size (``tp`` under ``ep``, None under ``tp``).
+    ep_size = property(lambda self: self.tp if self.moe_parallel == "ep" else None)
 
     def describe(self) -> str:
         """One line: ``glm-5 TP8 h200, max_num_batched_tokens 16384, ...``."""

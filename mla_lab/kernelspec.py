@@ -1,7 +1,5 @@
 """The Jupyter kernel the lab's notebooks run on: ``mla-lab``, installed into this interpreter's prefix.
-
-A fixed name keeps papermill off other environments' ``python3`` kernelspecs; ``make venv`` installs it.
-"""
+A fixed name keeps papermill off other environments' ``python3`` kernelspecs; ``make venv`` installs it."""
 
 from __future__ import annotations
 

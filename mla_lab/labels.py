@@ -1,6 +1,5 @@
 """How every output names the strategies whose canonical name alone would mislead, and the line it prints beside
-them (through :func:`mla_lab.placement.preset_label` / :func:`mla_lab.placement.strategy_notes`). Plain strings.
-"""
+them (through :func:`mla_lab.placement.preset_label` / :func:`mla_lab.placement.strategy_notes`). Plain strings."""
 
 from __future__ import annotations
 

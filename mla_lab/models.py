@@ -1,10 +1,8 @@
 """MLA model geometry read from Hugging Face ``config.json`` files under ``data/models/<name>/``.
-
 KV-cache bytes per token, layer and rank (the latent cache is replicated on every TP rank): bf16 ``head_size * 2``
 = 1152 B; fp8 (``fp8_ds_mla``) 656 B = 512 fp8 NoPE + 4 fp32 scales + 64 bf16 RoPE (FlashMLA README "FP8 KV
 cache"); plus the indexer key, ``index_head_dim`` fp8 + an fp32 scale per 128 = 132 B (vLLM
-``DeepseekV32IndexerCache``).
-"""
+``DeepseekV32IndexerCache``)."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import math
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
-from ._validate import check_int
+from ._validate import check_int, divisors
 from .paths import models_dir
 from .routes import config_family
 
@@ -60,15 +58,10 @@ class ModelConfig:
     architectures: tuple[str, ...] = ()
     model_type: str = ""
 
-    @property
-    def family(self) -> str:
-        """``deepseek``, ``glm`` or ``other`` (:func:`mla_lab.routes.config_family`)."""
-        return config_family(self.architectures, self.model_type)[0]
-
-    @property
-    def family_note(self) -> str:
-        """"" for a known family, else the assumption the model is priced under."""
-        return config_family(self.architectures, self.model_type)[1]
+    #: ``deepseek``, ``glm`` or ``other`` (:func:`mla_lab.routes.config_family`).
+    family = property(lambda self: config_family(self.architectures, self.model_type)[0])
+    #: "" for a known family, else the assumption the model is priced under.
+    family_note = property(lambda self: config_family(self.architectures, self.model_type)[1])
 
     @property
     def indexer_layers(self) -> tuple[int, ...]:
@@ -77,54 +70,36 @@ class ModelConfig:
         f = self.index_topk_freq
         return tuple(i for i in range(self.num_hidden_layers) if f == 1 or max(i - 2, 0) % f == 0)
 
-    @property
-    def head_size(self) -> int:
-        """Absorbed-MLA q/k head size seen by the sparse kernel: kv_lora_rank + qk_rope_head_dim (576)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def d_v(self) -> int:
-        """Value / output head dim seen by the sparse kernel: kv_lora_rank (512)."""
-        return self.kv_lora_rank
-
-    @property
-    def topk(self) -> int:
-        """Sparse attention keys per query token (``index_topk``)."""
-        return self.index_topk
+    #: Absorbed-MLA q/k head size seen by the sparse kernel: kv_lora_rank + qk_rope_head_dim (576).
+    head_size = property(lambda self: self.kv_lora_rank + self.qk_rope_head_dim)
+    #: Value / output head dim seen by the sparse kernel: kv_lora_rank (512).
+    d_v = property(lambda self: self.kv_lora_rank)
+    #: Sparse attention keys per query token (``index_topk``).
+    topk = property(lambda self: self.index_topk)
 
     def heads_per_rank(self, tp: int) -> int:
         """``num_attention_heads // tp``. Raises ValueError: ``tp`` does not divide it."""
         tp = check_int("tp", tp)
         if self.num_attention_heads % tp:
-            divisors = [d for d in range(1, self.num_attention_heads + 1) if self.num_attention_heads % d == 0]
-            raise ValueError(
-                f"tp={tp} does not divide num_attention_heads={self.num_attention_heads} of model {self.name!r}; "
-                f"allowed tp: {divisors}"
-            )
+            raise ValueError(f"tp={tp} does not divide num_attention_heads={self.num_attention_heads} of model "
+                             f"{self.name!r}; allowed tp: {divisors(self.num_attention_heads)}")
         return self.num_attention_heads // tp
 
     def kv_cache_bytes_per_token_layer(self, kv_cache_dtype: str = "bf16", include_indexer: bool = True) -> int:
         """KV-cache bytes per token per layer on one rank (layout in the module docstring)."""
-        dt = normalize_kv_cache_dtype(kv_cache_dtype)
-        if dt == "bf16":
-            b = self.head_size * 2
-        else:
-            b = self.kv_lora_rank + 4 * 4 + self.qk_rope_head_dim * 2
-        if include_indexer:
-            b += self.index_head_dim + 4 * math.ceil(self.index_head_dim / 128)
-        return b
+        bf16 = normalize_kv_cache_dtype(kv_cache_dtype) == "bf16"
+        b = self.head_size * 2 if bf16 else self.kv_lora_rank + 4 * 4 + self.qk_rope_head_dim * 2
+        return b + (self.index_head_dim + 4 * math.ceil(self.index_head_dim / 128) if include_indexer else 0)
 
     def kv_cache_bytes_per_token(self, kv_cache_dtype: str = "bf16", include_indexer: bool = True) -> int:
         """KV-cache bytes per token on one rank, all layers (indexer keys on :attr:`indexer_layers` only)."""
         latent = self.kv_cache_bytes_per_token_layer(kv_cache_dtype, include_indexer=False)
         full = self.kv_cache_bytes_per_token_layer(kv_cache_dtype, include_indexer)
-        n_idx = len(self.indexer_layers)
-        return self.num_hidden_layers * latent + n_idx * (full - latent)
+        return self.num_hidden_layers * latent + len(self.indexer_layers) * (full - latent)
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in fields(self)}
-        d.update(head_size=self.head_size, d_v=self.d_v, family=self.family)
-        return d
+        extra = {"head_size": self.head_size, "d_v": self.d_v, "family": self.family}
+        return {f.name: getattr(self, f.name) for f in fields(self)} | extra
 
 
 #: config.json fields a model needs, and those read when present (defaults: ``n_shared_experts`` 1,
@@ -151,11 +126,10 @@ def model_config_path(name: str) -> Path:
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"model={name!r} must be a non-empty str; allowed: {model_names()}")
     key = name.strip().lower()
-    for known in model_names():
-        if known.lower() == key:
-            return models_dir() / known / "config.json"
-    raise ValueError(f"model={name!r} is not known (no {models_dir() / key / 'config.json'}); allowed: "
-                     f"{model_names()}")
+    known = next((k for k in model_names() if k.lower() == key), None)
+    if known:
+        return models_dir() / known / "config.json"
+    raise ValueError(f"model={name!r} is not known (no {models_dir() / key / 'config.json'}); allowed: {model_names()}")
 
 
 def _read_config(path: Path) -> dict:

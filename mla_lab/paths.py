@@ -1,27 +1,21 @@
-"""Where the lab's files live: the repository root and its ``data/`` folders, resolved once.
-
-Environment overrides (read on every call, so tests and CI can point elsewhere):
-
-- ``MLA_LAB_DATA``: the ``data/`` folder (model configs under ``models/``, ``calibration/``, ``measured/``).
-- ``MLA_LAB_MEASURED``: the measured-data folder only (default ``<data>/measured``): the measured rows the views
-  show beside the modelled numbers. It never moves a modelled number: the committed measurement files the model's
-  fits read (the padded-kernel roofline, the route classes) are part of its calibration and come from
-  :func:`calibration_measurements_dir` (the repository's ``data/measured``, which no variable moves).
-- ``MLA_LAB_CACHE``: where the lab caches derived data keyed by the digest of its inputs (default
-  ``<data>/sweeps/.cache``, an output folder the lab owns; git ignores ``data/sweeps/``).
-"""
+"""Where the lab's files live, the checks on the measured files it reads and on the output folders it writes.
+Environment overrides, read on every call: ``MLA_LAB_DATA`` (``data/``), ``MLA_LAB_MEASURED`` (the measured rows the
+views show; never a modelled number: :func:`calibration_measurements_dir`), ``MLA_LAB_CACHE`` (derived data)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
+import subprocess
 from pathlib import Path
 
 __all__ = ["REPO_ROOT", "data_dir", "models_dir", "calibration_dir", "measured_dir", "calibration_measurements_dir",
-           "notebooks_dir", "cache_dir", "resolve", "is_committed", "MANIFEST_NAME", "find_manifest", "read_measured_csv",
-           "OUTPUT_MANIFEST", "special_filesystem", "committed_data_folder", "sha256_file", "write_output_manifest",
-           "lab_files", "replaceable_files", "remove_lab_files", "MEASURED_RANGES", "SPREAD_FACTOR",
-           "measured_row_problem", "check_measured_cells"]
+           "notebooks_dir", "cache_dir", "resolve", "is_committed", "MANIFEST_NAME", "find_manifest",
+           "read_measured_csv", "OUTPUT_MANIFEST", "special_filesystem", "committed_data_folder", "sha256_file",
+           "write_output_manifest", "lab_files", "replaceable_files", "remove_lab_files", "MEASURED_RANGES",
+           "SPREAD_FACTOR", "measured_row_problem", "check_measured_cells", "command_output"]
 
 #: The repository this package sits in (``mla_lab/..``).
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -51,19 +45,15 @@ def measured_dir(gpu: str | None = None) -> Path:
 
 
 def calibration_measurements_dir(gpu: str | None = None) -> Path:
-    """The repository's ``data/measured`` (or its ``gpu`` subfolder) as the model's calibration reads it: the
-    committed measurement files the modelled numbers are fitted on (:func:`mla_lab.model.route_ops.padded_kernel_rows`,
-    :func:`mla_lab.model.route_ops.route_rows`). No environment variable moves it: ``MLA_LAB_MEASURED`` chooses the
-    measured rows the views show, never a modelled number (issue 32: an empty measured folder moved the modelled
-    ``fa3_sparse`` from -9.08 % to -2.89 %), and a copy of ``data/`` under ``MLA_LAB_DATA`` without ``measured/``
-    must not re-fit the kernel model either."""
+    """The repository's ``data/measured`` (or its ``gpu`` subfolder): the committed files the model is fitted on
+    (:func:`mla_lab.model.route_ops.padded_kernel_rows`, :func:`mla_lab.model.route_ops.route_rows`). No variable
+    moves it (issue 32: an empty measured folder moved the modelled ``fa3_sparse`` from -9.08 % to -2.89 %)."""
     base = REPO_ROOT / "data" / "measured"
     return base / gpu if gpu else base
 
 
 def cache_dir() -> Path:
-    """``<data>/sweeps/.cache`` (env ``MLA_LAB_CACHE`` overrides): derived data, each file named by the digest of
-    what it was derived from (safe to delete: it is rebuilt on the next use)."""
+    """``<data>/sweeps/.cache`` (env ``MLA_LAB_CACHE``): derived data named by its inputs' digest (safe to delete)."""
     root = os.environ.get("MLA_LAB_CACHE")
     return Path(root) if root else data_dir() / "sweeps" / ".cache"
 
@@ -79,21 +69,21 @@ def resolve(p: str | Path) -> Path:
     return path if path.is_absolute() else Path.cwd() / path
 
 
-def is_committed(p: str | Path) -> bool:
-    """True when ``p`` is an existing file tracked by the git repository it lies in (``git ls-files
-    --error-unmatch``): a committed file, which no lab command replaces without ``--overwrite``. False outside a
-    repository, for an untracked or ignored file, or where git is not installed."""
-    import subprocess
-
-    path = Path(p).expanduser().absolute()
-    if not path.is_file():
-        return False
+def command_output(*cmd: str, cwd=None) -> str | None:
+    """stdout of a command, stripped, or None when it fails, is missing or runs over 30 s."""
     try:
-        r = subprocess.run(["git", "-C", str(path.parent), "ls-files", "--error-unmatch", "--", path.name],
-                           capture_output=True, timeout=30)
+        r = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, errors="replace", timeout=30)
     except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def is_committed(p: str | Path) -> bool:
+    """True when ``p`` is a file git tracks (``git ls-files --error-unmatch``), which no lab command replaces without
+    ``--overwrite``; False outside a repository, untracked or ignored, or without git."""
+    path = Path(p).expanduser().absolute()
+    return path.is_file() and command_output("git", "-C", str(path.parent), "ls-files", "--error-unmatch", "--",
+                                             path.name) is not None
 
 
 #: The measured root's manifest (written by ``python -m mla_lab.report.stamp_measured``): config digests of the
@@ -104,14 +94,10 @@ MANIFEST_NAME = "config_digests.json"
 def find_manifest(root: str | Path) -> Path | None:
     """The nearest ``config_digests.json`` in ``root`` or a folder above it, or None."""
     r = Path(root).resolve()
-    for d in (r, *r.parents):
-        p = d / MANIFEST_NAME
-        if p.is_file():
-            return p
-    return None
+    return next((d / MANIFEST_NAME for d in (r, *r.parents) if (d / MANIFEST_NAME).is_file()), None)
 
 
-# ------------------------------------------------------------------------ measured values: range and provenance (issue 39)
+# ---------------------------------------------------------------- measured values: range and provenance (issue 39)
 _MS_WHY = ("a GPU time in ms: > 0 and under a minute (the longest call the suite times, one layer step, is ~10 ms on "
            "an H200; data/measured/h200 spans 0.017-20.9 ms)")
 #: Plausible range of every measured column the lab reads: ``column: (low, high, low excluded, why)``. Bounds come
@@ -129,11 +115,9 @@ MEASURED_RANGES = {
 }
 #: Columns that must hold a number in every row of a file (by file name): a repeated timing has no empty cell.
 MEASURED_REQUIRED = {"strategies.csv": ("ms", "median_ms"), "presets.csv": ("ms", "median_ms")}
-#: How far one repeat of a measurement may lie from its group's median (the same shape, strategy and kernel over
-#: processes and rounds), as a factor either way: 5. The committed files' widest spread is 3.1x (one 21 us kernel
-#: call of data/measured/h200/runs/2026-12-02T0719_measure/between_process/engine_kernels.csv, where launch jitter
-#: is a large part of the time; presets.csv 1.24x, strategies.csv 1.10x, a sweep row's q3/q1 1.18x, its per-step
-#: list 1.00x of step 0): 5x leaves ~1.6x margin over it, and a cell off by 10x is refused.
+#: How far one repeat may lie from its group's median, either way. The committed files' widest spread is 3.1x (a 21 us
+#: kernel of data/measured/h200/runs/2026-12-02T0719_measure/between_process/engine_kernels.csv; presets.csv 1.24x,
+#: strategies.csv 1.10x, a sweep row's q3/q1 1.18x): 5x leaves ~1.6x margin, and a cell off by 10x is refused.
 SPREAD_FACTOR = 5.0
 #: Files of repeated timings (by name) and the columns that name one measured quantity in them; ``median_ms`` is
 #: checked against its process's ``ms`` cells where the file has both.
@@ -144,25 +128,20 @@ MEASURED_GROUPS = {"strategies.csv": ("shape", "strategy"), "presets.csv": ("sha
 
 def _range_problem(col: str, text: str) -> str | None:
     """Why a measured cell ``text`` of ``col`` is not plausible (:data:`MEASURED_RANGES`), or None."""
-    import math
-
     try:
         v = float(text)
     except ValueError:
         return f"{col}={text[:40]!r} is not a number"
     if not math.isfinite(v):
         return f"{col}={text[:40]!r} is not a finite number"
-    if col in MEASURED_RANGES:
-        lo, hi, open_lo, why = MEASURED_RANGES[col]
-        if v > hi or v < lo or (open_lo and v == lo):
-            return f"{col}={v:g} is outside its plausible range ({why})"
+    lo, hi, open_lo, why = MEASURED_RANGES[col]
+    if v > hi or v < lo or (open_lo and v == lo):
+        return f"{col}={v:g} is outside its plausible range ({why})"
     return None
 
 
 def _num(v) -> float | None:
     """A cell as a finite float, or None (empty, None, text, NaN)."""
-    import math
-
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -171,23 +150,18 @@ def _num(v) -> float | None:
 
 
 def measured_row_problem(row: dict) -> str | None:
-    """Why a measured row (a CSV row as text, or a stored point's row) is not plausible, or None: every column of
-    :data:`MEASURED_RANGES` it holds is a finite number in range (an empty cell or None is "not measured"); its
-    TTFT lies within its own interval (``ttft_ms_ci_lo`` .. ``ttft_ms_ci_hi``, as in all 224 committed measured sweep
-    rows), its attention-path median within its own quartiles, q3/q1 <= :data:`SPREAD_FACTOR`, and every per-step value
-    (``attn_path_ms_steps``, a JSON list) is a finite number within :data:`SPREAD_FACTOR` of step 0's (sparse
-    attention reads the same topk per token at every step). Rows whose ``source`` is not ``measured`` pass."""
+    """Why a ``source == "measured"`` row (CSV text or a stored point's) is not plausible, or None: each column of
+    :data:`MEASURED_RANGES` it holds in range (empty: not measured); TTFT within its own interval (as in all 224
+    committed measured sweep rows), the attention-path median within its quartiles, q3/q1 and every per-step value
+    (``attn_path_ms_steps``) within :data:`SPREAD_FACTOR` of step 0's (sparse attention reads topk keys each step)."""
     if row.get("source") != "measured":
         return None
-    vals = {}
-    for c in MEASURED_RANGES:
-        v = row.get(c)
-        if v is None or (isinstance(v, str) and not v.strip()):
-            continue  # not measured in this row (an empty cell)
+    vals = {c: row[c] for c in MEASURED_RANGES if row.get(c) is not None and str(row[c]).strip()}  # empty: unmeasured
+    for c, v in vals.items():
         why = _range_problem(c, str(v).strip())
         if why:
             return why
-        vals[c] = float(v)
+    vals = {c: float(v) for c, v in vals.items()}
     return _interval_problem(row, vals) or _steps_problem(row.get("attn_path_ms_steps"), vals.get("attn_path_ms_step0"))
 
 
@@ -195,14 +169,11 @@ def _interval_problem(row: dict, vals: dict) -> str | None:
     """A measured row's TTFT outside its own interval, or its attention-path median outside its own quartiles or
     those quartiles over :data:`SPREAD_FACTOR` apart; None when they agree (or are not all there)."""
     t, lo, hi = (_num(row.get(c)) for c in ("ttft_ms", "ttft_ms_ci_lo", "ttft_ms_ci_hi"))
-    if None not in (t, lo, hi) and not lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9):
-        return f"ttft_ms={t:g} lies outside its own interval [{lo:g}, {hi:g}] (an edited cell)"
     m, q1, q3 = (vals.get(c) for c in ("attn_path_ms_step0", "attn_path_q1_step0", "attn_path_q3_step0"))
-    if None in (m, q1, q3):
-        return None
-    if not q1 * (1 - 1e-9) <= m <= q3 * (1 + 1e-9):
-        return f"attn_path_ms_step0={m:g} lies outside its own quartiles [{q1:g}, {q3:g}] (an edited cell)"
-    if q3 > SPREAD_FACTOR * q1:
+    for col, v, a, b, what in (("ttft_ms", t, lo, hi, "interval"), ("attn_path_ms_step0", m, q1, q3, "quartiles")):
+        if None not in (v, a, b) and not a * (1 - 1e-9) <= v <= b * (1 + 1e-9):
+            return f"{col}={v:g} lies outside its own {what} [{a:g}, {b:g}] (an edited cell)"
+    if None not in (m, q1, q3) and q3 > SPREAD_FACTOR * q1:
         return f"attn_path_q3_step0={q3:g} is over {SPREAD_FACTOR:g}x attn_path_q1_step0={q1:g} (an edited cell)"
     return None
 
@@ -210,8 +181,6 @@ def _interval_problem(row: dict, vals: dict) -> str | None:
 def _steps_problem(steps, m: float | None) -> str | None:
     """``attn_path_ms_steps`` (a JSON list, as text or parsed) not a list of finite times > 0, or one over
     :data:`SPREAD_FACTOR` away from step 0's ``m``; None when it is fine or absent."""
-    import math
-
     if isinstance(steps, str) and steps.strip():
         try:
             steps = json.loads(steps)
@@ -230,16 +199,11 @@ def _steps_problem(steps, m: float | None) -> str | None:
 
 def check_measured_cells(p: Path, head: list[str], row: list[str], n: int, fix: str) -> None:
     """One CSV row's measured cells (:data:`MEASURED_RANGES`, :data:`MEASURED_REQUIRED`, :func:`measured_row_problem`).
-
-    Raises:
-        ValueError: ``<file>: row <n>: <column>=<value> ...`` (row 1 is the header).
-    """
-    required = MEASURED_REQUIRED.get(p.name, ())
-    rec = dict(zip(head, row))
-    rec.setdefault("source", "measured")  # a file under data/measured without the column holds measurements
+    Raises ValueError: ``<file>: row <n>: <column>=<value> ...`` (row 1 is the header)."""
+    rec = {"source": "measured", **dict(zip(head, row))}  # a file under data/measured without the column: measured
     if rec["source"] != "measured":
         return
-    for c in required:
+    for c in MEASURED_REQUIRED.get(p.name, ()):
         if c in rec and not rec[c].strip():
             raise ValueError(f"{p}: row {n}: {c} is empty (every row of {p.name} holds a measurement); {fix}")
     why = measured_row_problem(rec)
@@ -250,10 +214,7 @@ def check_measured_cells(p: Path, head: list[str], row: list[str], n: int, fix: 
 def _check_measured_spread(p: Path, df, fix: str) -> None:
     """Repeats of one measurement (:data:`MEASURED_GROUPS`) within :data:`SPREAD_FACTOR` of their median, and
     ``median_ms`` the median of its process's ``ms`` (a derived column agrees with what it is derived from).
-
-    Raises:
-        ValueError: ``<file>: row <n>: ...`` naming the column and the group's median.
-    """
+    Raises ValueError: ``<file>: row <n>: ...`` naming the column and the group's median."""
     if "ms" not in df.columns or not len(df) or p.name not in MEASURED_GROUPS:
         return
     d = df[df["source"] == "measured"] if "source" in df.columns else df
@@ -276,19 +237,36 @@ def _check_measured_spread(p: Path, df, fix: str) -> None:
                              f"its process's ms cells (an edited cell); {fix}")
 
 
-def read_measured_csv(p: str | Path):
-    """A measured CSV read whole, or refused in one line naming the file: every row has the header's number of
-    fields, and when the manifest (``config_digests.json`` in the file's folder or above) counts the file's rows
-    (``csv_rows``, written by ``python -m mla_lab.report.stamp_measured``), the file holds at least that many. A
-    manifest that exists but cannot be read is refused too (it would hide lost rows).
+def _check_stamp(p: Path, n: int, fix: str) -> None:
+    """``p``'s ``n`` rows against the count its manifest (:func:`find_manifest`, ``csv_rows``) stamps, if any.
+    Raises ValueError: fewer rows, or a manifest that cannot be read (it would hide lost rows)."""
+    manifest = find_manifest(p.parent)
+    if manifest is None:
+        return
+    try:
+        counts = json.loads(manifest.read_text()).get("csv_rows", {})
+    except (OSError, ValueError, AttributeError) as e:
+        raise ValueError(f"{manifest} cannot be read ({' '.join(str(e).split())[:80]}): it guards the measured "
+                         f"rows against loss; restore it (git checkout -- {manifest})") from None
+    try:
+        key = p.resolve().relative_to(manifest.parent.resolve()).as_posix()
+    except ValueError:
+        return
+    want = counts.get(key) if isinstance(counts, dict) else None
+    if isinstance(want, int) and n < want:
+        raise ValueError(f"{p} holds {n} rows; its stamp in {manifest} counts {want} (rows were lost: a truncated "
+                         f"or cut file); {fix}")
 
-    Returns:
-        the DataFrame (pandas).
+
+def read_measured_csv(p: str | Path):
+    """A measured CSV as a pandas DataFrame, every row checked (fields, :func:`check_measured_cells`, the stamped
+    row count of ``python -m mla_lab.report.stamp_measured``, the spread of repeats).
 
     Raises:
-        ValueError: ``<file>: ...`` (a short row, fewer rows than stamped, not a CSV) or ``<manifest> cannot be read``.
+        ValueError: ``<file>: ...`` (a short row, a bad cell, fewer rows than stamped, not a CSV) or ``<manifest>
+            cannot be read``.
     """
-    import csv as _csv
+    import csv
 
     import pandas as pd
 
@@ -296,7 +274,7 @@ def read_measured_csv(p: str | Path):
     fix = f"restore it (git checkout -- {p}) or re-stamp the folder (python -m mla_lab.report.stamp_measured)"
     try:
         with open(p, newline="", encoding="utf-8") as f:
-            reader = _csv.reader(f, strict=True)
+            reader = csv.reader(f, strict=True)
             head = next(reader, None)
             if not head:
                 raise ValueError(f"{p}: empty (no header); {fix}")
@@ -306,28 +284,12 @@ def read_measured_csv(p: str | Path):
                     raise ValueError(f"{p}: row {n + 1} has {len(row)} fields, the header {len(head)} (a truncated "
                                      f"or edited file); {fix}")
                 check_measured_cells(p, head, row, n + 1, fix)
-    except (UnicodeDecodeError, _csv.Error) as e:
+    except (UnicodeDecodeError, csv.Error) as e:
         raise ValueError(f"{p}: not a readable CSV ({' '.join(str(e).split())[:80]}); {fix}") from None
-    manifest = find_manifest(p.parent)
-    if manifest is not None:
-        try:
-            counts = json.loads(manifest.read_text()).get("csv_rows", {})
-        except (OSError, ValueError, AttributeError) as e:
-            raise ValueError(f"{manifest} cannot be read ({' '.join(str(e).split())[:80]}): it guards the measured "
-                             f"rows against loss; restore it (git checkout -- {manifest})") from None
-        try:
-            key = p.resolve().relative_to(manifest.parent.resolve()).as_posix()
-        except ValueError:
-            key = None
-        want = counts.get(key) if isinstance(counts, dict) and key else None
-        if isinstance(want, int) and n < want:
-            raise ValueError(f"{p} holds {n} rows; its stamp in {manifest} counts {want} (rows were lost: a truncated "
-                             f"or cut file); {fix}")
+    _check_stamp(p, n, fix)
     df = pd.read_csv(p)
     _check_measured_spread(p, df, fix)
     return df
-
-
 
 
 # ------------------------------------------------------------------------------------------ output folders (issue 39)
@@ -343,49 +305,35 @@ _SPECIAL_ROOTS = ("/proc", "/sys", "/dev")
 
 
 def special_filesystem(p: str | Path) -> str | None:
-    """The special filesystem ``p`` lies on (``proc``, ``sysfs``, ``devtmpfs`` ...: :data:`SPECIAL_FS`, from the
-    longest mount point above it in ``/proc/self/mounts``; ``/proc``, ``/sys`` and ``/dev`` by name where that file
-    cannot be read), or None for an ordinary path. The path need not exist."""
-    q = Path(os.path.abspath(Path(p).expanduser()))
-    q = Path(os.path.realpath(q))
-    s = q.as_posix()
-    best, fs, read = "", None, False
+    """The special filesystem (:data:`SPECIAL_FS`) ``p`` lies on, from the longest mount point above it in
+    ``/proc/self/mounts`` (``/proc``, ``/sys``, ``/dev`` by name where that file says nothing), or None. ``p`` need
+    not exist."""
+    s = os.path.realpath(Path(p).expanduser())
+
+    def under(root: str) -> bool:
+        return s == root or s.startswith(root.rstrip("/") + "/")
+
     try:
         with open("/proc/self/mounts", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) < 3:
-                    continue
-                mnt = parts[1].replace("\\040", " ")
-                if (s == mnt or s.startswith(mnt.rstrip("/") + "/")) and len(mnt) > len(best):
-                    best, fs = mnt, parts[2]
-            read = True
+            mounts = [(m.replace("\\040", " "), fs) for m, fs in (r.split()[1:3] for r in f if len(r.split()) > 2)]
     except OSError:
-        pass
-    if fs in SPECIAL_FS:
-        return fs
-    for root in () if read and fs else _SPECIAL_ROOTS:  # by name only where the mount table says nothing
-        if s == root or s.startswith(root + "/"):
-            return root.strip("/")
-    return None
+        mounts = []
+    hits = [(m, fs) for m, fs in mounts if under(m)]
+    fs = max(hits, key=lambda h: len(h[0]))[1] if hits else None
+    if fs:
+        return fs if fs in SPECIAL_FS else None
+    return next((root.strip("/") for root in _SPECIAL_ROOTS if under(root)), None)
 
 
 def committed_data_folder(p: str | Path, direct: bool = False) -> Path | None:
-    """``p`` (resolved) when it is a folder under the repository's ``data/`` (or ``data/`` itself) in which git
-    tracks a file (``direct``: a file directly in it, not in a subfolder): a committed data folder
-    (``data/measured/h200``, ``data/calibration`` ...), which no lab command takes as an output folder. None
-    otherwise (outside ``data/``, nothing tracked, or git unavailable)."""
-    import subprocess
-
+    """``p`` (resolved) when it is ``data/`` or a folder under it in which git tracks a file (``direct``: directly in
+    it), which no lab command takes as an output folder; None otherwise (or without git)."""
     q = Path(os.path.realpath(Path(p).expanduser().absolute()))
     data = Path(os.path.realpath(REPO_ROOT / "data"))
-    if not (q == data or q.is_relative_to(data)) or not q.is_dir():
+    if not q.is_relative_to(data) or not q.is_dir():
         return None
-    try:
-        r = subprocess.run(["git", "-C", str(REPO_ROOT), "ls-files", "--", str(q)], capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    tracked = [Path(x) for x in r.stdout.decode(errors="replace").splitlines() if x] if r.returncode == 0 else []
+    out = command_output("git", "-C", str(REPO_ROOT), "ls-files", "--", str(q)) or ""
+    tracked = [Path(x) for x in out.splitlines() if x]
     if direct:
         tracked = [t for t in tracked if Path(os.path.realpath(REPO_ROOT / t)).parent == q]
     return q if tracked else None
@@ -393,13 +341,8 @@ def committed_data_folder(p: str | Path, direct: bool = False) -> Path | None:
 
 def sha256_file(p: str | Path) -> str:
     """The hex sha256 of a file's bytes."""
-    import hashlib
-
-    h = hashlib.sha256()
     with open(p, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write_output_manifest(folder: str | Path, files, writer: str) -> Path:
@@ -423,15 +366,9 @@ def _files_under(folder: Path) -> list[Path]:
 
 
 def lab_files(folder: str | Path, legacy=None) -> tuple[dict[str, str | None], str]:
-    """The files of ``folder`` the lab wrote: {relative path: sha256 recorded, or None}, and how they are known.
-
-    From :data:`OUTPUT_MANIFEST` when the folder holds one; else from ``legacy(folder)`` (a function returning the
-    relative paths a writer recognises as its own by a stamp in them, for folders written before manifests
-    existed); else none.
-
-    Raises:
-        ValueError: a manifest that cannot be read (one line naming it).
-    """
+    """The files of ``folder`` the lab wrote, ``{relative path: sha256 or None}``, and how they are known: from
+    :data:`OUTPUT_MANIFEST`, else ``legacy(folder)`` (the relative paths a writer knows by its stamp), else none.
+    Raises ValueError: a manifest that cannot be read (one line naming it)."""
     folder = Path(folder)
     m = folder / OUTPUT_MANIFEST
     if m.is_file():
@@ -442,7 +379,7 @@ def lab_files(folder: str | Path, legacy=None) -> tuple[dict[str, str | None], s
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"{m}: not a manifest the lab wrote ({' '.join(str(e).split())[:80]}); allowed: remove "
                              "the folder's files by hand, or another folder") from None
-        return {k: v for k, v in files.items()}, f"its {OUTPUT_MANIFEST}"
+        return dict(files), f"its {OUTPUT_MANIFEST}"
     found = legacy(folder) if legacy is not None else []
     if found:
         return {k: None for k in found}, "its own stamp (no manifest yet)"
@@ -450,14 +387,12 @@ def lab_files(folder: str | Path, legacy=None) -> tuple[dict[str, str | None], s
 
 
 def replaceable_files(folder: str | Path, flag: str, overwrite: bool, legacy=None) -> list[Path]:
-    """The files ``--overwrite`` may remove from output folder ``folder`` before the lab writes it again: those the
-    lab wrote there (:func:`lab_files`), unchanged since. An empty or missing folder gives [].
+    """The files ``--overwrite`` may remove from output folder ``folder``: those the lab wrote there
+    (:func:`lab_files`), unchanged since; [] for an empty or missing folder.
 
     Raises:
-        ValueError: one line naming ``flag``, the folder and what is allowed: a special filesystem
-            (:func:`special_filesystem`), a committed data folder (:func:`committed_data_folder`), a folder holding a
-            file the lab did not write (the first one named) or one changed since the lab wrote it, or a folder of
-            the lab's files without ``overwrite``.
+        ValueError: one line naming ``flag``, the folder and what is allowed: a special filesystem, a committed data
+            folder, a file the lab did not write (named) or one changed since, or the lab's files without ``overwrite``.
     """
     folder = Path(folder)
     fs = special_filesystem(folder)
@@ -466,10 +401,9 @@ def replaceable_files(folder: str | Path, flag: str, overwrite: bool, legacy=Non
                          "for results); allowed: a folder on an ordinary disk")
     if committed_data_folder(folder):
         raise ValueError(f"{flag}={str(folder)!r} is a committed data folder (git tracks files under it); the lab "
-                         "never writes its outputs there, --overwrite or not; allowed: another folder, e.g. reports/<gpu>")
-    if not folder.is_dir():
-        return []
-    present = _files_under(folder)
+                         "never writes its outputs there, --overwrite or not; allowed: another folder, e.g. "
+                         "reports/<gpu>")
+    present = _files_under(folder)  # [] for a missing folder
     if not present:
         return []
     known, how = lab_files(folder, legacy)
@@ -477,13 +411,12 @@ def replaceable_files(folder: str | Path, flag: str, overwrite: bool, legacy=Non
     for p in present:
         rel = p.relative_to(folder).as_posix()
         if rel == OUTPUT_MANIFEST and how.startswith("its"):
-            ours.append(p)
-            continue
-        if rel not in known or p.is_symlink() or not p.is_file():
+            pass
+        elif rel not in known or p.is_symlink() or not p.is_file():
             raise ValueError(f"{flag}={str(folder)!r} holds {rel}, a file the lab did not write there (the lab's "
-                             f"files known by {how}); the lab replaces only its own files; allowed: an empty or new folder, or one "
-                             "the lab wrote")
-        if known[rel] is not None and sha256_file(p) != known[rel]:
+                             f"files known by {how}); the lab replaces only its own files; allowed: an empty or new "
+                             "folder, or one the lab wrote")
+        elif known[rel] is not None and sha256_file(p) != known[rel]:
             raise ValueError(f"{flag}={str(folder)!r}: {rel} changed since the lab wrote it (sha256 differs from "
                              f"{OUTPUT_MANIFEST}); allowed: restore or move it, or another folder")
         ours.append(p)

@@ -1,20 +1,17 @@
 """Provenance of every row the lab writes: measured (on which GPU and software) or modelled (from which model).
-
 Columns (:data:`PROVENANCE_COLUMNS`, all strings; ``"none"`` when absent): ``source`` (``measured`` |
 ``modelled``), ``device`` (GPU name or ``cpu``), ``sm``, ``driver``, ``cuda``, ``torch``, ``triton``, ``flash_mla``
 (``distribution==version`` or ``none``), ``git_commit`` (short hash, ``+dirty`` when tracked files differ),
-``timestamp`` (UTC ISO-8601). Committed round-2 files spell ``device`` / ``timestamp`` as ``gpu`` / ``date_utc``.
-"""
+``timestamp`` (UTC ISO-8601). Committed round-2 files spell ``device`` / ``timestamp`` as ``gpu`` / ``date_utc``."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import functools
 import os
-import subprocess
 from importlib import metadata
 
-from .paths import REPO_ROOT
+from .paths import REPO_ROOT, command_output
 
 __all__ = ["provenance", "git_commit", "PROVENANCE_COLUMNS"]
 
@@ -25,34 +22,26 @@ SOURCES = ("measured", "modelled")
 FLASH_MLA_DISTS = ("tokenspeed-flashmla", "sgl-flash-mla", "flash-mla", "flash_mla")
 
 
-def _run(*cmd: str, cwd=None) -> str | None:
-    """stdout of a command, stripped, or None when it fails."""
-    try:
-        r = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, timeout=20)
-        return r.stdout.strip() if r.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str:
     """Short commit of the repository holding this package, ``+dirty`` if tracked files differ; ``unknown`` outside
     git (env ``MLA_LAB_COMMIT`` overrides, for copies of the tree without ``.git``)."""
     if os.environ.get("MLA_LAB_COMMIT"):
         return os.environ["MLA_LAB_COMMIT"]
-    sha = _run("git", "rev-parse", "--short=12", "HEAD", cwd=REPO_ROOT)
+    sha = command_output("git", "rev-parse", "--short=12", "HEAD", cwd=REPO_ROOT)
     if not sha:
         return "unknown"
-    return sha + ("+dirty" if _run("git", "status", "--porcelain", "--untracked-files=no", cwd=REPO_ROOT) else "")
+    dirty = command_output("git", "status", "--porcelain", "--untracked-files=no", cwd=REPO_ROOT)
+    return sha + ("+dirty" if dirty else "")
 
 
-def _dist(*dists: str) -> str | None:
+def _dist(*dists: str) -> tuple[str, str] | None:
     """``(name, version)`` of the first installed distribution, from its metadata (no import)."""
     for d in dists:
         try:
             return d, metadata.version(d)
         except metadata.PackageNotFoundError:
-            continue
+            pass
     return None
 
 
@@ -76,13 +65,14 @@ def _versions(measured: bool) -> dict:
     else:  # a build without distribution metadata says its own version
         out["flash_mla"] = out["flash_mla"] if fm else f"flash_mla=={getattr(flash_mla, '__version__', 'unknown')}"
     if torch.cuda.is_available():
-        smi = _run("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+        smi = command_output("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
         out.update(device=torch.cuda.get_device_name(), sm="sm%d%d" % torch.cuda.get_device_capability(),
                    driver=smi.splitlines()[0] if smi else _nvml_driver(), cuda=str(torch.version.cuda))
     return {**out, "torch": torch.__version__}
 
 
 def _nvml_driver() -> str:
+    """The driver version NVML reports, or ``none``."""
     try:
         import pynvml
 
@@ -94,15 +84,9 @@ def _nvml_driver() -> str:
 
 
 def provenance(source: str) -> dict:
-    """The provenance columns for a row produced now.
-
-    Args:
-        source: ``"measured"`` (timed/allocated on ``device``) or ``"modelled"`` (computed from a formula; the
-            device fields then say where the model ran, the CPU, not what it models).
-
-    Raises:
-        ValueError: source not one of ``measured``/``modelled``.
-    """
+    """The provenance columns for a row produced now: ``source`` ``"measured"`` (timed on ``device``) or
+    ``"modelled"`` (a formula; the device fields say where the model ran: the CPU).
+    Raises ValueError: another source."""
     if source not in SOURCES:
         raise ValueError(f"source={source!r} must be one of {list(SOURCES)}")
     return {"source": source, **_versions(source == "measured"),

@@ -1,14 +1,12 @@
 """What one tensor-parallel rank of a deployment holds, derived once: :class:`RankView`.
-
-Below the door everything takes it instead of loose ``(model, tp, ...)`` scalars. The constructor does not validate.
-"""
+Below the door everything takes it instead of loose ``(model, tp, ...)`` scalars. The constructor does not validate."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
 
-from ._validate import check_int
+from ._validate import check_int, divisors
 from .arch import GPUArch
 from .models import ModelConfig
 from .placement import resolve_engine
@@ -19,9 +17,7 @@ __all__ = ["RankView", "pad_heads"]
 def pad_heads(num_heads: int, prefill_padding: int, kv_cache_dtype: str) -> int:
     """vLLM's padding rule (``flashmla_sparse.py``, PR #53878): ``ceil(num_heads / prefill_padding) *
     prefill_padding`` heads for a bf16 KV cache, ``num_heads`` for fp8. Unchecked."""
-    if kv_cache_dtype == "fp8":
-        return num_heads
-    return math.ceil(num_heads / prefill_padding) * prefill_padding
+    return num_heads if kv_cache_dtype == "fp8" else math.ceil(num_heads / prefill_padding) * prefill_padding
 
 
 @dataclass(frozen=True)
@@ -77,8 +73,7 @@ class RankView:
         ep = check_int("ep_size", ep_size)
         E = self.model.n_routed_experts
         if E % ep:
-            raise ValueError(f"ep_size={ep} does not divide n_routed_experts={E}; allowed: "
-                             f"{[d for d in range(1, E + 1) if E % d == 0]}")
+            raise ValueError(f"ep_size={ep} does not divide n_routed_experts={E}; allowed: {divisors(E)}")
         return replace(self, ep_size=ep, experts_per_rank=E // ep)
 
     def with_engine(self, engine: str | None) -> RankView:

@@ -1,8 +1,6 @@
 """vLLM PR #53878's benchmark — the lab's seed setup — as :meth:`mla_lab.deployment.Deployment.seed` builds it.
-
 Source: vLLM PR #53878 "[Perf][GLM5.2] Fuse sparse MLA Q concatenation with head padding" (merged 2026-08-26; the
-command: :mod:`mla_lab.deployment`). Written once, in :data:`mla_lab.deployment.SEED_ARGS`.
-"""
+command: :mod:`mla_lab.deployment`). Written once, in :data:`mla_lab.deployment.SEED_ARGS`."""
 
 from __future__ import annotations
 
@@ -27,6 +25,4 @@ SEED_REPORTED = {
 
 def seed_point(**overrides) -> dict:
     """The seed setup as a sweep point (``strategies`` added by the caller), with ``overrides`` applied."""
-    p = SEED_DEPLOYMENT.to_point()
-    p.update(overrides)
-    return p
+    return SEED_DEPLOYMENT.to_point(**overrides)

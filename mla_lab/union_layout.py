@@ -1,6 +1,5 @@
 """The union builder's buffer layout and byte count (torch-free): shared by :mod:`mla_lab.kernels.union` and the
-memory account. Bytes; indices int32; the membership mask uint8 for g <= 8, int32 for g = 16.
-"""
+memory account. Bytes; indices int32; the membership mask uint8 for g <= 8, int32 for g = 16."""
 
 from __future__ import annotations
 

@@ -1,17 +1,14 @@
 """Prefill workloads and chunked-prefill scheduling (which prompt tokens run in which engine step).
-
 Rule (vLLM v1 chunked prefill, prompts arriving together, FCFS): each step takes up to ``max_num_batched_tokens``
-prompt tokens, oldest prompt first, at most ``concurrency`` in flight. Token ``p`` attends ``min(p + 1, topk)`` keys.
-"""
+prompt tokens, oldest prompt first, at most ``concurrency`` in flight. Token ``p`` attends ``min(p + 1, topk)`` keys."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from ._validate import check_int
 
-__all__ = ["Workload", "Step", "schedule", "sum_topk_lengths", "steps_to_first_token"]
+__all__ = ["Workload", "Step", "schedule", "sum_topk_lengths"]
 
 #: an alias: tests/test_checks_once.py counts check_int calls by module attribute, and these are not door checks
 _pos_int = check_int
@@ -40,9 +37,7 @@ class Step:
 
     chunks: list = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(c[2] for c in self.chunks)
+    num_tokens = property(lambda self: sum(c[2] for c in self.chunks))
 
     def finished_prompts(self, prompt_len: int) -> list[int]:
         """Prompts whose last token is in this step."""
@@ -55,54 +50,28 @@ def schedule(workload: Workload, max_num_batched_tokens: int) -> list[Step]:
         raise ValueError(f"workload={workload!r} must be a Workload(prompt_len, num_prompts, concurrency), "
                          f"got {type(workload).__name__}")
     _pos_int("max_num_batched_tokens", max_num_batched_tokens)
-    conc = workload.concurrency or workload.num_prompts
-    L = workload.prompt_len
-    done_pos = [0] * workload.num_prompts
-    next_new = 0
-    active: list[int] = []
-    steps: list[Step] = []
-    while True:
-        budget = max_num_batched_tokens
-        step = Step()
-        # continue in-flight prompts first (oldest first), then admit new ones
-        while budget > 0:
-            pid = next((p for p in active if done_pos[p] < L and not any(c[0] == p for c in step.chunks)), None)
-            if pid is None:
-                if next_new < workload.num_prompts and len(active) < conc:
-                    active.append(next_new)
-                    next_new += 1
-                    continue
-                break
-            n = min(budget, L - done_pos[pid])
-            step.chunks.append((pid, done_pos[pid], n))
-            done_pos[pid] += n
+    N, L = workload.num_prompts, workload.prompt_len
+    conc = workload.concurrency or N
+    done, active, admitted, steps = [0] * N, [], 0, []
+    while active or admitted < N:
+        step, budget = Step(), max_num_batched_tokens
+        # in-flight prompts first (oldest first), then new ones while concurrency allows
+        while budget > 0 and (len(step.chunks) < len(active) or (admitted < N and len(active) < conc)):
+            if len(step.chunks) == len(active):
+                active.append(admitted)
+                admitted += 1
+            pid = active[len(step.chunks)]
+            n = min(budget, L - done[pid])
+            step.chunks.append((pid, done[pid], n))
+            done[pid] += n
             budget -= n
-        if not step.chunks:
-            break
         steps.append(step)
-        active = [p for p in active if done_pos[p] < L]
+        active = [p for p in active if done[p] < L]
     return steps
 
 
 def sum_topk_lengths(start: int, n: int, topk: int) -> int:
     """Sum over positions ``p in [start, start + n)`` of ``min(p + 1, topk)``: keys attended by a causal chunk."""
-    if n <= 0:
-        return 0
-    end = start + n  # positions start..end-1, counts p+1 in start+1..end
-    lo, hi = start + 1, end
-    # part below or at topk: sum of lo..min(hi, topk)
-    s = 0
-    a_hi = min(hi, topk)
-    if a_hi >= lo:
-        s += (lo + a_hi) * (a_hi - lo + 1) // 2
-    b_lo = max(lo, topk + 1)
-    if hi >= b_lo:
-        s += topk * (hi - b_lo + 1)
-    return s
-
-
-def steps_to_first_token(prompt_len: int, max_num_batched_tokens: int) -> int:
-    """Steps a lone prompt needs before its first token: ``ceil(prompt_len / max_num_batched_tokens)``."""
-    _pos_int("prompt_len", prompt_len)
-    _pos_int("max_num_batched_tokens", max_num_batched_tokens)
-    return math.ceil(prompt_len / max_num_batched_tokens)
+    lo, hi = start + 1, start + n  # the counts p + 1
+    a = min(hi, topk)  # lo..a count themselves, the rest count topk each
+    return (lo + a) * (a - lo + 1) // 2 * (a >= lo) + topk * max(0, hi - max(lo, topk + 1) + 1)

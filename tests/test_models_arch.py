@@ -63,7 +63,6 @@ def test_arch_table_and_aliases():
     assert get_arch("h200").sm == "sm90" and get_arch("b200").sm == "sm100"
     for a in ARCHS.values():
         assert a.source and a.hbm_gbps > 0 and a.bf16_tflops > 0 and a.nvlink_gbps > 0
-    assert abs(get_arch("h200").hbm_gib - 141e9 / 2**30) < 1e-9
     with pytest.raises(ValueError, match=r"arch='mi300' is not a known GPU architecture"):
         get_arch("mi300")
 

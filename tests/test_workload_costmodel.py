@@ -7,7 +7,7 @@ from mla_lab.deployment import Deployment
 from mla_lab.model.calibration import uncalibrated
 from mla_lab.model.ops import attention_path_ops
 from mla_lab.model.timing import attention_path_ms
-from mla_lab.workload import Workload, schedule, steps_to_first_token, sum_topk_lengths
+from mla_lab.workload import Workload, schedule, sum_topk_lengths
 
 H200 = get_arch("h200")
 
@@ -29,7 +29,6 @@ def test_schedule_long_prompt_chunks_and_concurrency():
     assert [s.num_tokens for s in steps] == [3000, 3000, 2192, 3000, 3000, 2192]
     steps = schedule(Workload(8192, 2, 2), 3000)
     assert [s.num_tokens for s in steps] == [3000, 3000, 3000, 3000, 3000, 1384]
-    assert steps_to_first_token(8192, 3000) == 3
     with pytest.raises(ValueError, match=r"max_num_batched_tokens=0 must be a positive int"):
         schedule(Workload(8, 1), 0)
     with pytest.raises(ValueError, match=r"prompt_len=0 must be a positive int"):

@@ -2,8 +2,7 @@
 :class:`~mla_lab.arch.record.GPUArch`); :data:`ARCHS` holds every module found here at import.
 
 To add a GPU: add ``mla_lab/arch/<name>.py`` with ``GPU = GPUArch(name="<name>", ...)``; nothing else names it.
-Datasheet figures are leads, not measurements (the lab's measured ceilings are rows in ``data/``).
-"""
+Datasheet figures are leads, not measurements."""
 
 from __future__ import annotations
 
@@ -22,10 +21,7 @@ _ALIASES: dict[str, str] = {}
 
 def _load() -> None:
     """Fill :data:`ARCHS` and the aliases from this package's modules (``record`` and ``_``-names excepted).
-
-    Raises:
-        ValueError: a module without ``GPU``, a record named unlike its module, an alias taken twice.
-    """
+    Raises ValueError: a module without ``GPU``, a record named unlike its module, an alias taken twice."""
     for m in pkgutil.iter_modules(__path__):
         if m.name == "record" or m.name.startswith("_"):
             continue
@@ -49,10 +45,7 @@ def arch_names() -> list[str]:
 
 def get_arch(name: str | GPUArch) -> GPUArch:
     """The record named ``name`` (a record name or alias, case-insensitive), or ``name`` itself if a record.
-
-    Raises:
-        ValueError: not a known record or alias (one line listing the allowed names).
-    """
+    Raises ValueError: not a known record or alias (one line listing the allowed names)."""
     if isinstance(name, GPUArch):
         return name
     if not isinstance(name, str):
@@ -66,16 +59,8 @@ def get_arch(name: str | GPUArch) -> GPUArch:
 
 def _match_product(device_name: str) -> GPUArch | None:
     """The record whose name is a word of ``device_name``, longest name first (``H200`` is not ``H20``)."""
-    for arch in sorted(ARCHS.values(), key=lambda a: -len(a.name)):
-        if re.search(rf"\b{arch.name}\b", device_name, flags=re.IGNORECASE):
-            return arch
-    return None
-
-
-def _family_padding(cap: tuple[int, int]) -> int | None:
-    """``prefill_padding`` of the records of ``cap``'s family (capability major) when they agree, else None."""
-    pads = {a.prefill_padding for a in ARCHS.values() if a.capability[0] == cap[0]}
-    return pads.pop() if len(pads) == 1 else None
+    return next((a for a in sorted(ARCHS.values(), key=lambda a: -len(a.name))
+                 if re.search(rf"\b{a.name}\b", device_name, flags=re.IGNORECASE)), None)
 
 
 def detect_arch() -> dict:
@@ -89,6 +74,7 @@ def detect_arch() -> dict:
     name = torch.cuda.get_device_name()
     cap = tuple(torch.cuda.get_device_capability())
     arch = _match_product(name)
+    family_pads = {a.prefill_padding for a in ARCHS.values() if a.capability[0] == cap[0]}  # used when they agree
     return {"device": name, "capability": cap, "arch": arch.name if arch else None,
             "sm": arch.sm if arch else f"sm{cap[0]}0",
-            "prefill_padding": arch.prefill_padding if arch else _family_padding(cap)}
+            "prefill_padding": arch.prefill_padding if arch else (family_pads.pop() if len(family_pads) == 1 else None)}

@@ -1,8 +1,6 @@
 """One GPU as one record (:class:`GPUArch`); each GPU is one module of :mod:`mla_lab.arch` defining ``GPU``.
-
 Units: HBM capacity in decimal GB as the datasheet prints it, bandwidths in GB/s (1e9 B/s; NVLink both directions
-together), dense bf16 rate in TFLOP/s (no sparsity), device memory as torch reports it in bytes.
-"""
+together), dense bf16 rate in TFLOP/s (no sparsity), device memory as torch reports it in bytes."""
 
 from __future__ import annotations
 
@@ -32,9 +30,7 @@ class GPUArch:
             (vLLM 0.33.0 ``vllm/v1/worker/utils.py:724-726``), with its status and source.
         sparse_prefill_tflops: FlashMLA README's rate here (None: calibrated); aliases: other names accepted.
 
-    Raises:
-        ValueError: ``sm`` not matching ``capability``; an unknown ``torch_total_status``.
-    """
+    Raises ValueError: ``sm`` not matching ``capability``; an unknown ``torch_total_status``."""
 
     name: str
     product: str
@@ -61,8 +57,3 @@ class GPUArch:
         if self.torch_total_status not in TORCH_STATUS or not self.torch_total_source:
             raise ValueError(f"GPU {self.name!r}: torch_total_status={self.torch_total_status!r} needs a source; "
                              f"allowed: {TORCH_STATUS}")
-
-    @property
-    def hbm_gib(self) -> float:
-        """HBM capacity in GiB (2**30 bytes)."""
-        return self.hbm_gb * 1e9 / GIB

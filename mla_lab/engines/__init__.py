@@ -1,5 +1,4 @@
 """Engine versions as an axis (a foundation package: stdlib only, imported by `mla_lab.routes`).
-
 One record (:class:`~mla_lab.engines.record.EnginePreset`) per module of :mod:`mla_lab.engines.presets`."""
 
 from .record import EnginePreset, EngineRule, EngineVersion, Fact, Source, rule_name
@@ -12,7 +11,6 @@ from .registry import (
     engine_names,
     engine_preset,
     engine_version,
-    engine_versions,
     fact,
     first_names,
     fp8_reserved_bytes,
@@ -26,5 +24,5 @@ from .registry import (
 
 __all__ = ["BACKENDS", "ENGINE_PRESETS", "LAB_CLAIMS", "UNPADDED_BACKENDS", "EnginePreset", "EngineRule",
            "EngineVersion", "Fact", "Source", "decode_threshold", "engine_names", "engine_preset", "engine_version",
-           "engine_versions", "fact", "first_names", "fp8_reserved_bytes", "padding_for", "preset_of_rule",
+           "fact", "first_names", "fp8_reserved_bytes", "padding_for", "preset_of_rule",
            "register", "resolve_engine", "rule_name", "sparse_backend", "version_facts"]

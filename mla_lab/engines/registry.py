@@ -12,7 +12,7 @@ from .presets._pr_era import LAB_CLAIMS
 from .record import EnginePreset, EngineVersion, Fact
 
 __all__ = ["ENGINE_PRESETS", "BACKENDS", "UNPADDED_BACKENDS", "LAB_CLAIMS", "register", "engine_names",
-           "resolve_engine", "engine_preset", "engine_versions", "engine_version", "fact", "version_facts",
+           "resolve_engine", "engine_preset", "engine_version", "fact", "version_facts",
            "sparse_backend", "padding_for", "decode_threshold", "fp8_reserved_bytes", "first_names", "preset_of_rule"]
 
 #: name -> :class:`EnginePreset`, in ``order`` (live: :func:`register` adds to it).
@@ -63,11 +63,9 @@ def first_names() -> dict[str, str]:
 
 def resolve_engine(name: str) -> str:
     """The preset name of a preset or first name. Raises ValueError naming ``--engine`` and the allowed."""
-    if isinstance(name, str):
-        if name in ENGINE_PRESETS:
-            return name
-        if name in first_names():
-            return first_names()[name]
+    names = {**first_names(), **{n: n for n in ENGINE_PRESETS}}
+    if isinstance(name, str) and name in names:
+        return names[name]
     raise ValueError(f"--engine={name!r} is not valid; allowed: {engine_names()} (or the first names "
                      f"{list(first_names())})")
 
@@ -83,14 +81,9 @@ def preset_of_rule(rule: str) -> EnginePreset | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def engine_versions() -> dict[str, EngineVersion]:
-    """``engine@version`` -> :class:`EngineVersion`, once each."""
-    return {p.engine_version.name: p.engine_version for p in ENGINE_PRESETS.values()}
-
-
 def engine_version(engine: str, version: str) -> EngineVersion:
     """The :class:`EngineVersion` ``engine@version``. Raises ValueError naming those the lab describes."""
-    key, known = f"{engine}@{version}", engine_versions()
+    key, known = f"{engine}@{version}", {p.engine_version.name: p.engine_version for p in ENGINE_PRESETS.values()}
     if key not in known:
         raise ValueError(f"engine version={key!r} is not described by the lab; allowed: {list(known)}")
     return known[key]
@@ -105,33 +98,27 @@ def version_facts(ev: EngineVersion):
     """``(preset, Fact, Source)``: the PR-era :data:`LAB_CLAIMS` (release wheels only), then each checkable source
     of ``ev``'s presets once."""
     for f in LAB_CLAIMS.get(ev.engine, ()) if ev.wheel else ():
-        for s in f.sources:
-            yield "lab (PR-era)", f, s
+        yield from (("lab (PR-era)", f, s) for s in f.sources)
     seen = set()
-    for p in (p for p in ENGINE_PRESETS.values() if p.engine_version == ev):
-        for f in p.facts:
-            for s in f.sources:
-                k = (f.key, s.path, s.scope, s.code)
-                if s.checkable and k not in seen:
-                    seen.add(k)
-                    yield p.name, f, s
+    for p, f in ((q, f) for q in ENGINE_PRESETS.values() if q.engine_version == ev for f in q.facts):
+        for s in f.sources:
+            k = (f.key, s.path, s.scope, s.code)
+            if s.checkable and k not in seen:
+                seen.add(k)
+                yield p.name, f, s
 
 
 def _sm_key(sm) -> str:
-    s = str(sm).lower().replace("sm", "")
-    if s in ("90", "9"):
-        return "sm90"
-    if s in ("100", "10"):
-        return "sm100"
-    raise ValueError(f"sm={sm!r} is not valid; allowed: ['sm90', 'sm100']")
+    key = {"90": "sm90", "9": "sm90", "100": "sm100", "10": "sm100"}.get(str(sm).lower().replace("sm", ""))
+    if key is None:
+        raise ValueError(f"sm={sm!r} is not valid; allowed: ['sm90', 'sm100']")
+    return key
 
 
 def _kv_key(kv_cache_dtype: str) -> str:
     k = str(kv_cache_dtype).lower()
-    if k in ("bf16", "bfloat16", "auto"):
-        return "bf16"
-    if k.startswith("fp8"):
-        return "fp8"
+    if k in ("bf16", "bfloat16", "auto") or k.startswith("fp8"):
+        return k[:3] if k.startswith("fp8") else "bf16"
     raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is not valid; allowed: bf16 (auto, bfloat16), fp8 "
                      "(fp8_ds_mla, fp8_e4m3)")
 
@@ -185,13 +172,12 @@ def fp8_reserved_bytes(num_heads: int, max_num_batched_tokens: int, max_model_le
     (``flashmla_sparse.py:810,822-829``; factor ``vllm/config/vllm.py:1872-1874``): Q-concat ``(T, H, 576)``, gather
     ``(factor x max_model_len, 576)`` (factor 5 up to 256 Ki, else 2), padded Q / output at ``round_up(H, 64)``,
     output ``(T, H, 512)``. Raises ValueError: a size not a positive int."""
-    for name, v in (("num_heads", num_heads), ("max_num_batched_tokens", max_num_batched_tokens),
-                    ("max_model_len", max_model_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+    H, T, L = num_heads, max_num_batched_tokens, max_model_len
+    for name, v in (("num_heads", H), ("max_num_batched_tokens", T), ("max_model_len", L)):  # (no _validate
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:  # import: engines stays at layer 0)
             raise ValueError(f"{name}={v!r} must be a positive int")
-    T, H, Hp = max_num_batched_tokens, num_heads, -(-num_heads // 64) * 64
-    factor = 5 if max_model_len <= 256 * 1024 else 2
-    out = {"q_concat": T * H * head_size * 2, "prefill_gather": factor * max_model_len * head_size * 2,
+    Hp, factor = -(-H // 64) * 64, 5 if L <= 256 * 1024 else 2
+    out = {"q_concat": T * H * head_size * 2, "prefill_gather": factor * L * head_size * 2,
            "padded_q": T * Hp * head_size * 2, "padded_out": T * Hp * kv_lora_rank * 2,
            "out": T * H * kv_lora_rank * 2}
     out["total"] = sum(out.values())

@@ -1,9 +1,7 @@
 """Check the engine records' facts against a release wheel by reading its Python sources with ``ast``.
-
 The wheel is read as a zip, never installed or imported. A source's ``scope`` must hold a node matching its
 ``code`` (equal, a ``Call`` with those arguments among more, a ``Dict`` / ``Set`` holding its entries) at its
-recorded line. Statuses: ``holds``, ``moved``, ``fails`` (nothing matches), ``missing`` (file or scope absent).
-"""
+recorded line. Statuses: ``holds``, ``moved``, ``fails`` (nothing matches), ``missing`` (file or scope absent)."""
 
 from __future__ import annotations
 
@@ -48,13 +46,11 @@ def _set_elts(node):
 def _matches(want, node) -> bool:
     if _dump(want) == _dump(node):
         return True
-    if isinstance(want, ast.Call) and isinstance(node, ast.Call):
-        if _dump(want.func) != _dump(node.func) or len(want.args) > len(node.args):
-            return False
-        if any(_dump(a) != _dump(b) for a, b in zip(want.args, node.args)):
-            return False
+    if isinstance(want, ast.Call) and isinstance(node, ast.Call):  # those arguments among more
         have = {k.arg: _dump(k.value) for k in node.keywords}
-        return all(have.get(k.arg) == _dump(k.value) for k in want.keywords)
+        return (_dump(want.func) == _dump(node.func) and len(want.args) <= len(node.args)
+                and all(_dump(a) == _dump(b) for a, b in zip(want.args, node.args))
+                and all(have.get(k.arg) == _dump(k.value) for k in want.keywords))
     if isinstance(want, ast.Dict) and isinstance(node, ast.Dict):
         have = {_dump(k): _dump(v) for k, v in zip(node.keys, node.values) if k is not None}
         return all(have.get(_dump(k)) == _dump(v) for k, v in zip(want.keys, want.values))
@@ -65,33 +61,26 @@ def _matches(want, node) -> bool:
     return False
 
 
+def _targets(node) -> list:
+    """The targets of an assignment (``=`` or annotated), else []."""
+    return node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+
+
 def _scope(tree: ast.Module, scope: str):
-    """The node ``scope`` names, or None."""
-    if not scope:
-        return tree
-    parts = scope.split(".")
+    """The node ``scope`` names (``Cls.method``, a function, a module variable's assignment), or None."""
     node = tree
-    for i, part in enumerate(parts):
-        nxt = None
-        for child in ast.walk(node):
-            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and child.name == part:
-                nxt = child
-                break
-        if nxt is None and i == 0:
-            for child in tree.body:
-                targets = (child.targets if isinstance(child, ast.Assign)
-                           else [child.target] if isinstance(child, ast.AnnAssign) else [])
-                if any(isinstance(t, ast.Name) and t.id == part for t in targets) and child.value is not None:
-                    nxt = child.value
-                    break
-        if nxt is None:
+    for i, part in enumerate(scope.split(".") if scope else []):
+        node = next((c for c in ast.walk(node) if isinstance(c, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                     and c.name == part), None)
+        if node is None and i == 0:
+            node = next((c for c in tree.body if any(isinstance(t, ast.Name) and t.id == part for t in _targets(c))
+                         and c.value is not None), None)
+        if node is None:
             return None
-        node = nxt
     return node
 
 
-def _lines(node) -> str:
-    a, b = node.lineno, getattr(node, "end_lineno", node.lineno) or node.lineno
+def _span(a: int, b: int) -> str:
     return f"{a}" if a == b else f"{a}-{b}"
 
 
@@ -101,9 +90,8 @@ def _entry_lines(want, node) -> str:
         keys = {_dump(k) for k in want.keys}
         hit = [(k, v) for k, v in zip(node.keys, node.values) if k is not None and _dump(k) in keys]
         if hit:
-            return f"{hit[0][0].lineno}" if hit[0][0].lineno == hit[-1][1].end_lineno else \
-                f"{hit[0][0].lineno}-{hit[-1][1].end_lineno}"
-    return _lines(node)
+            return _span(hit[0][0].lineno, hit[-1][1].end_lineno)
+    return _span(node.lineno, getattr(node, "end_lineno", None) or node.lineno)
 
 
 def _overlap(recorded: str, found: str) -> bool:
@@ -126,14 +114,9 @@ def check_source(text: str | None, src: Source) -> tuple[str, list, list, str]:
         return "missing", [], [], f"scope {src.scope!r} not found in {src.path}"
     found = [_entry_lines(want, n) for n in ast.walk(scope) if hasattr(n, "lineno") and _matches(want, n)]
     if not found:
-        instead = []
-        if isinstance(want, (ast.Assign, ast.AnnAssign)):
-            tw = [_dump(t) for t in (want.targets if isinstance(want, ast.Assign) else [want.target])]
-            for n in ast.walk(scope):
-                if isinstance(n, (ast.Assign, ast.AnnAssign)):
-                    tn = [_dump(t) for t in (n.targets if isinstance(n, ast.Assign) else [n.target])]
-                    if tn == tw:
-                        instead.append(f"{src.path}:{_lines(n)}: {ast.unparse(n)}")
+        tw = [_dump(t) for t in _targets(want)]
+        instead = [f"{src.path}:{_entry_lines(n, n)}: {ast.unparse(n)}" for n in ast.walk(scope)
+                   if tw and [_dump(t) for t in _targets(n)] == tw]
         return "fails", [], instead, f"no node matching {src.code!r} in {src.scope or 'the module'}"
     if src.line and src.line != "-" and not any(_overlap(src.line, f) for f in found):
         return "moved", found, [], f"recorded line {src.line}, found at {', '.join(found)}"
@@ -164,17 +147,13 @@ def check_wheel(wheel: str | Path) -> dict:
     except zipfile.BadZipFile:
         raise ValueError(f"wheel={str(wheel)!r} is not a zip file (a wheel is one)") from None
     with zf:
-        names = set(zf.namelist())
-        built = max(i.date_time for i in zf.infolist())
-        cache: dict[str, str | None] = {}
-        results = []
-        for preset, fact, src in version_facts(ev):
-            if src.path not in cache:
-                cache[src.path] = zf.read(src.path).decode() if src.path in names else None
-            status, found, instead, detail = check_source(cache[src.path], src)
-            results.append(dict(preset=preset, key=fact.key, text=fact.text, path=src.path, line=src.line,
-                                scope=src.scope, code=src.code, status=status, found=found, instead=instead,
-                                detail=detail))
+        names, built = set(zf.namelist()), max(i.date_time for i in zf.infolist())
+        texts = {s.path: zf.read(s.path).decode() if s.path in names else None for _, _, s in version_facts(ev)}
+    results = []
+    for preset, fact, src in version_facts(ev):
+        status, found, instead, detail = check_source(texts[src.path], src)
+        results.append(dict(preset=preset, key=fact.key, text=fact.text, path=src.path, line=src.line,
+                            scope=src.scope, code=src.code, status=status, found=found, instead=instead, detail=detail))
     lab = [r for r in results if r["preset"] == "lab (PR-era)"]
     results = [r for r in results if r["preset"] != "lab (PR-era)"]
     counts = {s: sum(r["status"] == s for r in results) for s in STATUSES}

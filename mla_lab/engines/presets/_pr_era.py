@@ -4,33 +4,33 @@ every release wheel as ``lab (PR-era)`` rows)."""
 
 from __future__ import annotations
 
-from ..record import EngineRule, EngineVersion, Fact, pr_src, src
+from ..record import EnginePreset, EngineRule, EngineVersion, Fact, pr_src, src
 from ._common import BLD, CG_UNIFORM, CUDA, FA, FM, FORCED, IMPL, REG
 
 PRE_SRC = "vllm/v1/attention/backends/mla/flashmla_sparse.py (PR #53878's merge-base)"
 _PR_ERA_PADDING = Fact("prefill_padding", {"sm90": 64, "sm100": 128},
                        "the bf16 sparse prefill pads heads to 64 on Hopper, 128 on Blackwell (capability family 100)",
-                       (pr_src(PRE_SRC, "-", "self.prefill_padding = 128 if "
+                       (pr_src(PRE_SRC, "self.prefill_padding = 128 if "
                             "current_platform.is_device_capability_family(100) else 64", IMPL),))
 _PR_ERA_ROUTE = Fact("prefill_route", {"deepseek": "dense-if-every-prefill<=topk", "glm": "sparse-mqa"},
                      "DeepSeek-V3.2 prefills go dense MHA when every prefill has seq_len <= topk (vLLM #47327); "
                      "GLM-5/5.2 run through the MQA-only DeepseekV32Attention wrapper (vLLM #52512)",
-                     (pr_src("vllm/models/deepseek_v32/attention.py (PR #52512)", "-", "pass"),))
+                     (pr_src("vllm/models/deepseek_v32/attention.py (PR #52512)"),))
 _PR_ERA_DECODE = Fact("decode_threshold", {"FLASHMLA_SPARSE": {"sm90": ((), 1), "sm100": ((), 1)},
                                            "FLASH_ATTN_MLA_SPARSE": {"sm90": ((), 1024)}},
                       "query tokens per request still handled as a decode: 1 for FLASHMLA_SPARSE (vLLM's default), "
                       "1024 for FLASH_ATTN_MLA_SPARSE (flashattn_mla_sparse.py at 0299fca7)",
-                      (pr_src(FA + " (0299fca7)", "-", "self._init_reorder_batch_threshold(1024, "
+                      (pr_src(FA + " (0299fca7)", "self._init_reorder_batch_threshold(1024, "
                            "supports_spec_as_decode=True)"),))
 _PR_ERA_BACKENDS = Fact("backend_priority", {"sm90": {"bf16": ("FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE"),
                                                       "fp8": ("FLASHMLA_SPARSE",)},
                                              "sm100": {"bf16": ("FLASHMLA_SPARSE",), "fp8": ("FLASHMLA_SPARSE",)}},
                         "sm90 sparse priority FA3 sparse before FLASHMLA_SPARSE (vLLM issue #56564, 0.28.x)",
-                        (pr_src(CUDA + " (0.28.x, vLLM issue #56564)", "-", "pass"),))
+                        (pr_src(CUDA + " (0.28.x, vLLM issue #56564)"),))
 _PR_ERA_CG = Fact("cuda_graph", CG_UNIFORM, "FlashMLA sparse declares AttentionCGSupport.UNIFORM_BATCH",
-                  (pr_src(PRE_SRC, "-", "pass"),))
+                  (pr_src(PRE_SRC),))
 _PR_ERA_INDEXER = Fact("indexer_skip", "never", "the indexer runs on every DSA layer's step (GLM-5.2: the layers "
-                       "carrying one, index_topk_freq 4)", (pr_src(PRE_SRC, "-", "pass"),))
+                       "carrying one, index_topk_freq 4)", (pr_src(PRE_SRC),))
 
 #: Why GLM-5/5.2 take the backend route on vLLM's PR-era rules.
 GLM_MQA_ONLY = (("glm", "MQA-only attention wrapper (vLLM #52512)"),)
@@ -46,9 +46,14 @@ RULE = EngineRule(
 FACTS = (_PR_ERA_PADDING, _PR_ERA_ROUTE, _PR_ERA_DECODE, _PR_ERA_BACKENDS, _PR_ERA_CG, _PR_ERA_INDEXER, FORCED)
 
 
-def version(tag: str, note: str, date: str = "2026-08-27") -> EngineVersion:
-    """A PR-era vLLM build (no release wheel)."""
-    return EngineVersion("vllm", tag, date, None, ("deepseek", "glm"), note)
+def preset(tag: str, date: str, note: str, summary: str, pad_call: tuple, members: tuple, order: int,
+           first_name: str) -> EnginePreset:
+    """A PR-era vLLM build (no release wheel) on :data:`RULE` and :data:`FACTS`, plus its fact ``pad_call``
+    ``(value, text, cited file)``."""
+    pad = Fact("pad_call", pad_call[0], pad_call[1], (pr_src(pad_call[2]),))
+    return EnginePreset(f"vllm@{tag}", EngineVersion("vllm", tag, date, None, ("deepseek", "glm"), note), summary,
+                        RULE, "FLASHMLA_SPARSE", FACTS + (pad,), members=members, order=order,
+                        first_names=(first_name,))
 
 
 #: What the lab's first (PR-era) presets relied on, as the code that would say it in a release wheel (keyed by
