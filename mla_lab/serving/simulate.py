@@ -98,12 +98,11 @@ def _engine_delays(engine_delay_s, reqs) -> dict[int, float]:
 
 
 def _checked_requests(bench, sched, pricer, requests) -> list[ClientRequest]:
-    if not isinstance(bench, BenchConfig):
-        raise ValueError(f"bench={bench!r} must be a BenchConfig")
-    if not isinstance(sched, SchedulerConfig):
-        raise ValueError(f"sched={sched!r} must be a SchedulerConfig")
-    if not callable(pricer):
-        raise ValueError(f"pricer={pricer!r} must be callable as pricer(step) -> ms")
+    for name, v, ok, want in (("bench", bench, isinstance(bench, BenchConfig), "be a BenchConfig"),
+                              ("sched", sched, isinstance(sched, SchedulerConfig), "be a SchedulerConfig"),
+                              ("pricer", pricer, callable(pricer), "be callable as pricer(step) -> ms")):
+        if not ok:
+            raise ValueError(f"{name}={v!r} must {want}")
     reqs = make_requests(bench) if requests is None else list(requests)
     if not reqs:
         raise ValueError("requests=[] must hold at least one ClientRequest")

@@ -130,10 +130,8 @@ def predict(out: Path | None = None, seed: int = 0, only: str | None = None, log
     Raises FileExistsError: ``out`` was not written by :data:`PRODUCED_BY`; ValueError: unknown ``only`` / round."""
     all_cases = cases_of(round_)
     out = Path(ROUNDS[round_][0] if out is None else out)
-    if out.exists():
-        prev = json.loads(out.read_text())
-        if prev.get("produced_by") != PRODUCED_BY:
-            raise FileExistsError(f"out={out} exists and was not written by {PRODUCED_BY}: refusing to replace it")
+    if out.exists() and json.loads(out.read_text()).get("produced_by") != PRODUCED_BY:
+        raise FileExistsError(f"out={out} exists and was not written by {PRODUCED_BY}: refusing to replace it")
     cases = [c for c in all_cases if only in (None, c["id"])]
     if not cases:
         raise ValueError(f"only={only!r} is not a case; allowed: {[c['id'] for c in all_cases]}")
