@@ -138,8 +138,7 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
     if max_concurrency is not None:
         _stats("client_queue_time", [r.client_queue_s for r in records], percentiles, out)
         if not math.isinf(request_rate):
-            _stats("e2el_including_client_queue", [r.e2el_s + r.client_queue_s for r in records], percentiles,
-                   out)
+            _stats("e2el_including_client_queue", [r.e2el_s + r.client_queue_s for r in records], percentiles, out)
     return out
 
 
