@@ -129,8 +129,10 @@ def number_type(ok, why: str, not_a_number: str = "is not a number", convert=flo
 def arg_type(name: str):
     """An argparse ``type=`` for an integer flag bounded by :data:`BOUNDS` ``[name]``."""
     lo, hi, why = BOUNDS[name]
-    return number_type(lambda v: lo <= v <= hi, f"is out of range; allowed: {lo}..{hi:,} ({why})",
-                       f"is not an integer; allowed: {lo}..{hi:,}", convert=_int)
+    parse = number_type(lambda v: lo <= v <= hi, f"is out of range; allowed: {lo}..{hi:,} ({why})",
+                        f"is not an integer; allowed: {lo}..{hi:,}", convert=_int)
+    parse.bound = name  # which BOUNDS row it checks (the help-line test reads it)
+    return parse
 
 
 def budget_type(flag: str, integer: bool = False):

@@ -167,16 +167,20 @@ def test_closed_stdout_exits_quietly():
 # ----------------------------------------------------------------------------------------------------- 7 help
 def test_every_option_of_every_command_has_a_help_line_with_its_range():
     sub = next(a for a in cli.build_parser()._actions if a.dest == "cmd")
+    bounded = set()
     for cmd, p in sub.choices.items():
         for a in p._actions:
             if not a.option_strings or a.help == "==SUPPRESS==":
                 continue
             assert a.help and a.help.strip(), (cmd, a.option_strings)
-            name = getattr(a.type, "__name__", "")
+            name = getattr(a.type, "bound", "")
             if name in doors.BOUNDS:  # integer flags state their allowed range
                 lo, hi, _ = doors.BOUNDS[name]
                 tighter = name == "concurrency" and "1..num_prompts" in a.help  # bounded by --num-prompts
                 assert tighter or f"..{hi:,}" in a.help, (cmd, a.option_strings, a.help)
+                bounded.add((cmd, a.dest))
+    # the range branch ran: advise's and serve's bounded integer flags were all seen
+    assert {("advise", "tp"), ("advise", "max_num_batched_tokens"), ("serve", "tp")} <= bounded, sorted(bounded)
 
 
 # ----------------------------------------------------------------------------------------------------- 8 advise
