@@ -163,8 +163,7 @@ def plot_noise(dist: dict):
         bins = np.linspace(lo, hi, 80)
         for (c, clabel), v in zip(CASES, vals):
             pct = res[c].percentile_of(k, rep)
-            ax.hist(v, bins=bins, color=colors[c], alpha=0.55,
-                    label=f"{clabel}: {rep:+.1f} % at percentile {pct:.1f}")
+            ax.hist(v, bins=bins, color=colors[c], alpha=0.55, label=f"{clabel}: {rep:+.1f} % at percentile {pct:.1f}")
         ax.axvline(rep, color="#d62728", lw=1.6, label=f"reported by the PR: {rep:+.1f} %")
         ax.set_title(f"{label}: change of one run (%)", fontsize=9)
         ax.set_xlabel("change, %", fontsize=8)

@@ -178,8 +178,7 @@ def _prov_cell(meta: dict) -> str:
 
 #: The seed point the index's headline reads from each run's rows (the PR's setup: GLM-5 TP8 H200, 1024-token
 #: prompts, max_num_batched_tokens 16384; vLLM PR #53878's benchmark) and the PR's strategy.
-HEADLINE_POINT = {"model": "glm-5", "tp": "8", "arch": "h200", "max_num_batched_tokens": "16384",
-                  "prompt_len": "1024"}
+HEADLINE_POINT = {"model": "glm-5", "tp": "8", "arch": "h200", "max_num_batched_tokens": "16384", "prompt_len": "1024"}
 HEADLINE_STRATEGY = "private_workspace"
 #: The committed H200 report (measured on a lent H200), linked from every index.
 H200_REPORT = "h200/padding_sweep_h200.html"

@@ -90,8 +90,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     root = Path(args.root) if args.root else measured_dir()
     if not root.is_dir():
-        print(f"--root={str(root)!r} is not a folder; allowed: the measured root (e.g. data/measured)",
-              file=sys.stderr)
+        print(f"--root={str(root)!r} is not a folder; allowed: the measured root (e.g. data/measured)", file=sys.stderr)
         return 2
     doc = stamp(root)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
