@@ -361,9 +361,7 @@ def ok_rows(df):
 def pick(values, preferred):
     """``preferred`` if it is among ``values``, else the largest value (used to choose the slice a chart shows)."""
     vals = sorted({v for v in values if v == v})
-    if not vals:
-        return None
-    return preferred if preferred in vals else vals[-1]
+    return preferred if preferred in vals else (vals[-1] if vals else None)
 
 def failed_points(df):
     """Rows of points that failed (status neither ok nor :data:`mla_lab.sweep.rows.NOT_PRICED`), with their reason."""
@@ -379,9 +377,6 @@ def load_validation(root: str | Path | None = None):
     import pandas as pd
 
     root = Path(root) if root else measured_dir()
-    frames = []
-    for p in sorted(root.rglob("layer_validation.csv")) if root.is_dir() else []:
-        v = pd.read_csv(p)
-        v["run"] = str(p.parent.relative_to(root)) if p.parent != root else "."
-        frames.append(v)
+    frames = [pd.read_csv(p).assign(run=str(p.parent.relative_to(root)) if p.parent != root else ".")
+              for p in (sorted(root.rglob("layer_validation.csv")) if root.is_dir() else [])]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -118,19 +118,16 @@ def noise_sentences(dist: dict) -> list[str]:
          f"{n} simulated pairs); with the PR's modelled effect"
          + (f" ({det:+.1f} %)" if det is not None else "")
          + f" one run of each build gives {plo:+.1f} % to {phi:+.1f} %."]
-    if max(pct_p, worst) < 2.5:
-        s.append("The PR's -9.5 % mean TTFT lies "
-                 + _at(pct_p, n, "PR vs before", f"; identical builds: percentile {pct_i:.1f}; median and P99 TTFT: "
-                       f"at most percentile {worst:.1f}")
-                 + ": inside this noise model, one unlucky pair of runs does not turn the modelled effect into -9.5 %. "
-                 "The model is not validated for that claim (issue 30): it missed the PR's own main run by a third "
-                 "(data/validation/pr53878_main_decomposition.json), and runs of one vLLM configuration published "
-                 "by gpustack differ by up to a third in mean TTFT (data/validation/blind_2026-12_score.json), so "
-                 "the lab does not rule noise out.")
-    else:
-        s.append("The PR's -9.5 % mean TTFT lies "
-                 + _at(pct_p, n, "PR vs before", f"; identical builds: percentile {pct_i:.1f}")
-                 + ", inside the spread of one run per build: the lab cannot rule out that it is noise.")
+    far = max(pct_p, worst) < 2.5  # beyond the noise: say how far, and why that still rules nothing out
+    where = f"; identical builds: percentile {pct_i:.1f}" + (f"; median and P99 TTFT: at most percentile {worst:.1f}"
+                                                             if far else "")
+    s.append("The PR's -9.5 % mean TTFT lies " + _at(pct_p, n, "PR vs before", where)
+             + (": inside this noise model, one unlucky pair of runs does not turn the modelled effect into -9.5 %. "
+                "The model is not validated for that claim (issue 30): it missed the PR's own main run by a third "
+                "(data/validation/pr53878_main_decomposition.json), and runs of one vLLM configuration published "
+                "by gpustack differ by up to a third in mean TTFT (data/validation/blind_2026-12_score.json), so "
+                "the lab does not rule noise out." if far else
+                ", inside the spread of one run per build: the lab cannot rule out that it is noise."))
     s.append(f"The PR's +6 % total token throughput lies {_at(tput, n, 'PR vs before')}.")
     worst_arrival = _worst_arrival(pred)
     s.append("What the lab cannot rule out is a source the model lacks: the API server's service time per request "

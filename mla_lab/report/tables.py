@@ -112,15 +112,15 @@ def measured_basis(rows) -> str:
     return "one process" + (f", {int(n[0])} interleaved runs" if len(n) == 1 else "")
 
 
-def _at_seed(d):
-    """Rows of ``d`` (ok) at the seed's point; None stays None."""
+def _at_seed(d, measured: bool):
+    """Rows of ``d`` (ok) at the seed's point, measured or not (``source``); None stays None."""
     if d is None or len(d) == 0:
         return d.iloc[0:0] if d is not None else None
     d = ok_rows(d)
     for k in (*DEPLOYMENT_KEYS, "num_prompts"):
         if k in d.columns:
             d = d[d[k].astype(str) == str(SEED[k])]
-    return d
+    return d[(d["source"] == "measured") == measured] if "source" in d.columns else d
 
 
 def _median(d, s, col) -> float | None:
@@ -150,14 +150,10 @@ def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
     measured rows; ``serving`` (a serve_benchmark result of the seed) for the throughput row."""
     import pandas as pd
 
-    mod = _at_seed(df)
-    if mod is not None and "source" in mod.columns:
-        mod = mod[mod["source"] != "measured"]
+    mod = _at_seed(df, measured=False)
     if mod is None or len(mod) == 0 or not {PR, BASELINE} <= set(mod["strategy"]):
         mod = pd.DataFrame(modelled_rows(seed_point(strategies=[BASELINE, PR, "kernel_native"])))
-    meas = _at_seed(measured)
-    if meas is not None and "source" in meas.columns:
-        meas = meas[meas["source"] == "measured"]
+    meas = _at_seed(measured, measured=True)
 
     def f(v, fmt):
         return "-" if v is None else fmt.format(v)
@@ -209,10 +205,8 @@ def summary_table(df, tp=None, max_num_batched_tokens=None, compact: bool = Fals
     MiB, KV tokens lost, heads. ``compact`` drops the columns holding one value; ``label_basis``: a measured row's
     source says what it rests on (:func:`measured_basis`)."""
     d = ok_rows(df)
-    if tp is not None:
-        d = d[d["tp"] == tp]
-    if max_num_batched_tokens is not None:
-        d = d[d["max_num_batched_tokens"] == max_num_batched_tokens]
+    for k, v in (("tp", tp), ("max_num_batched_tokens", max_num_batched_tokens)):
+        d = d if v is None else d[d[k] == v]
     if label_basis and "source" in d.columns:
         d = d.copy()
         m = d["source"] == "measured"
