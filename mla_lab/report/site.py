@@ -18,8 +18,10 @@ network: nbconvert's CDN scripts (require.js, MathJax, mermaid) are left out.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
+import itertools
 import html as _html
 import json
 import os
@@ -52,16 +54,12 @@ def new_run_id(runs_dir: str | Path, params: dict, now: _dt.datetime | None = No
     base = f"{now:%Y%m%d-%H%M%S}-{params_hash(params)}"
     runs = Path(runs_dir)
     runs.mkdir(parents=True, exist_ok=True)
-    rid, n = base, 1
-    while True:
+    for n in itertools.count(1):
+        rid = base if n == 1 else f"{base}-{n}"
         if not any(runs.glob(f"{rid}.*")):
-            try:
+            with contextlib.suppress(FileExistsError):
                 (runs / rid).mkdir()  # atomic claim: two runs started in the same second get different ids
                 return rid
-            except FileExistsError:
-                pass
-        n += 1
-        rid = f"{base}-{n}"
 
 def _replace(dst: Path, write) -> None:
     """``write(tmp)`` then rename it to ``dst``: a reader never sees a half-written file."""
@@ -159,9 +157,7 @@ def list_runs(report_dir: str | Path, skipped: list | None = None) -> list[dict]
     return sorted(out, key=lambda m: (m.get("created_utc") or "", m["run_id"]), reverse=True)
 
 def _fmt_val(v) -> str:
-    if isinstance(v, list):
-        return ", ".join(map(str, v))
-    return "-" if v is None else str(v)
+    return ", ".join(map(str, v)) if isinstance(v, list) else "-" if v is None else str(v)
 
 def _prov_cell(meta: dict) -> str:
     src = (meta.get("provenance") or {}).get("sources") or {}

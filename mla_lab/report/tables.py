@@ -155,11 +155,9 @@ def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
         mod = pd.DataFrame(modelled_rows(seed_point(strategies=[BASELINE, PR, "kernel_native"])))
     meas = _at_seed(measured, measured=True)
 
-    def f(v, fmt):
-        return "-" if v is None else fmt.format(v)
-
     scope = ", ".join(map(str, mod["ttft_scope"].dropna().unique())) if "ttft_scope" in mod.columns else "?"
-    t_f, t_k = _median(mod, PR, "ttft_change_pct"), _median(mod, "kernel_native", "ttft_change_pct")
+    t_f, t_k = ("-" if v is None else f"{v:+.1f}%"
+                for v in (_median(mod, s, "ttft_change_pct") for s in (PR, "kernel_native")))
     x_b = _median(mod, PR, "extra_persistent_bytes")
     tr_u, tr_f = _median(mod, BASELINE, "call_transient_bytes"), _median(mod, PR, "call_transient_bytes")
     rep = SEED_REPORTED
@@ -176,11 +174,11 @@ def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
         ("heads per rank -> workspace heads", "8 -> 64", f"{int(mod['num_heads'].iloc[0])} -> "
          f"{int(mod[mod['strategy'] == PR]['q_concat_heads'].iloc[0])}", "-", "vLLM's padding rule"),
         ("TTFT change, vLLM #53878 vs vLLM before it (zero padded heads)", f"{rep['ttft_change_pct']:+.1f}%",
-         f(t_f, "{:+.1f}%"), measured_change,
+         t_f, measured_change,
          f"modelled: TTFT scope '{scope}'" + (" (attention path only: a lower bound on TTFT, so it overstates the "
                                               "relative change)" if scope == "attention_path" else "")
          + "; measured: the attention path timed on the GPU per step, the rest of the layer from the same model"),
-        (f"TTFT change, kernel_native ({KERNEL_NATIVE_LABEL})", "-", f(t_k, "{:+.1f}%"), "-", KERNEL_NATIVE_NOTE),
+        (f"TTFT change, kernel_native ({KERNEL_NATIVE_LABEL})", "-", t_k, "-", KERNEL_NATIVE_NOTE),
         ("extra memory per GPU", f"+{rep['extra_peak_mib']} MiB peak ({rep['peak_mib_before']} -> "
                                  f"{rep['peak_mib_after']} MiB)",
          "-" if x_b is None else f"+{x_b / 2**20:.0f} MiB persistent ({int(x_b):,} B)",
