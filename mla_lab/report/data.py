@@ -91,14 +91,9 @@ def _s(v) -> str:
 def stamp_for(files: dict, file: str, device, flash_mla, model) -> str | None:
     """The digest the manifest records for ``model`` in rows of ``file`` measured on ``device`` with ``flash_mla``,
     or None when it records none (an entry whose device or provider differs is another run's stamp)."""
-    for entry in files.get(str(file), []) or []:
-        if not isinstance(entry, dict):
-            continue
-        if _s(entry.get("device")) == _s(device) and _s(entry.get("flash_mla")) == _s(flash_mla):
-            got = (entry.get("models") or {}).get(str(model))
-            if isinstance(got, str):
-                return got
-    return None
+    got = [(e.get("models") or {}).get(str(model)) for e in files.get(str(file), []) or []
+           if isinstance(e, dict) and _s(e.get("device")) == _s(device) and _s(e.get("flash_mla")) == _s(flash_mla)]
+    return next((g for g in got if isinstance(g, str)), None)
 
 
 def measured_sweep_frames(root: Path, include_archive: bool = False):

@@ -530,8 +530,7 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     archs = sorted(d["arch"].unique()) or ["-"]
     Ls = sorted(d["prompt_len"].unique())
     ykeys = sorted({(int(h), m) for h, m in zip(mod["num_heads"], mod["model"])})
-    priced = _priced(mod)
-    vals = mod[priced]["ttft_change_pct"].abs()
+    vals = mod[_priced(mod)]["ttft_change_pct"].abs()
     lim = float(vals.max()) if len(vals) and vals.max() > 0 else 1.0
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
     fig = new_figure((max(4.8, 1.35 * len(Ls) + 2.6) * len(archs), 0.55 * max(1, len(ykeys)) + 1.9))

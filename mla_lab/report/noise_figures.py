@@ -53,9 +53,7 @@ def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path 
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise ValueError(f"{p}: column {missing[0]!r} is missing; it has {list(df.columns)}")
-    pred = None
-    if prediction is not None and Path(prediction).is_file():
-        pred = json.loads(Path(prediction).read_text())
+    pred = json.loads(Path(prediction).read_text()) if prediction is not None and Path(prediction).is_file() else None
     noise = NoiseConfig.from_record(pred["noise"]) if pred and "noise" in pred else NoiseConfig()
     out = {}
     for case, _ in CASES:

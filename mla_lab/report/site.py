@@ -21,8 +21,8 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
-import itertools
 import html as _html
+import itertools
 import json
 import os
 import shutil
