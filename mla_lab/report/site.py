@@ -254,8 +254,7 @@ def run_headline(report_dir: str | Path, meta: dict) -> str:
         except (TypeError, ValueError):
             return float("nan")
 
-    ch, mib, lost, pct = num("ttft_change_pct"), num("extra_persistent_mib"), num("kv_tokens_lost"), \
-        num("kv_capacity_pct_lost")
+    ch, mib, lost, pct = map(num, ("ttft_change_pct", "extra_persistent_mib", "kv_tokens_lost", "kv_capacity_pct_lost"))
     src = best.get("source") or "modelled"
     ttft = f"TTFT {ch:+.1f} % ({src})" if ch == ch else "TTFT not priced"
     mem = f"+{mib:,.0f} MiB extra per rank = {lost:,.0f} KV tokens lost ({pct:.1f} % of KV capacity)" if mib == mib else ""
