@@ -350,9 +350,8 @@ def parse_strategy(name: str) -> Strategy:
     return _parse(name)
 
 
-def as_strategy(strategy) -> Strategy:
-    """A :class:`Strategy` as it is; a canonical name through :func:`parse_strategy`."""
-    return strategy if isinstance(strategy, Strategy) else parse_strategy(strategy)
+#: A :class:`Strategy` as it is; a canonical name parsed (:func:`parse_strategy` itself).
+as_strategy = parse_strategy
 
 
 def canonical_names() -> list[str]:

@@ -63,15 +63,22 @@ def test_seed_capacity_recomputed_from_its_terms():
     topk = 16384 * 2048 * 4
     q_ws = 16384 * 8 * 576 * 2  # the baseline's private unpadded Q buffer
     act = activation_peak_bytes(d.rank)
+    # at max_num_seqs 256 the forward's 4 T x h bf16 outweighs the dummy sampler's 256 x 154,880 x 14 B + hidden rows
+    assert act == 4 * 16384 * 6144 * 2 > 256 * 154_880 * 14 + 2 * 6144 * (16384 + 2 * 256)
     logits = 512 * MiB  # VLLM_SPARSE_INDEXER_MAX_LOGITS_MB
-    available = (requested - weights - topk - q_ws - logits - act - NON_TORCH_AFTER_SNAPSHOT_BYTES
-                 - CUDAGRAPH_ESTIMATE_BYTES)
+    moe_ws = 16384 * 8 * (6144 + 6144) * 2  # TritonExperts workspace13 + workspace2, bf16
+    sampler_buf = 132 * 154_880 * 4  # the Triton top-k/top-p buffer: 132 SMs x vocab fp32
+    available = (requested - weights - topk - q_ws - logits - moe_ws - sampler_buf - act
+                 - NON_TORCH_AFTER_SNAPSHOT_BYTES - CUDAGRAPH_ESTIMATE_BYTES)
     per_tok = 78 * (1152 + 132)  # GLM-5 config.json: 78 layers, bf16 MLA 576 x 2 B + indexer 128 + 4 B
     assert t["requested = ceil(total x utilization)"]["value"] == requested
     assert t["indexer top-k buffer"]["value"] == topk and t["baseline Q-concat workspace"]["value"] == q_ws
     assert kv["available_bytes"] == available and kv["bytes_per_token"] == per_tok == 100_152
-    assert kv["tokens"] == available // (KV_BLOCK_SIZE * per_tok) * KV_BLOCK_SIZE == 330_688
-    assert mem["kv_capacity_tokens"] == 330_688  # 271,663 before issue 37 (141e9 B, no non-torch / graph term)
+    assert t["fused-MoE workspace (workspace manager)"]["value"] == moe_ws
+    assert t["sampler top-k/top-p buffer"]["value"] == sampler_buf
+    assert kv["tokens"] == available // (KV_BLOCK_SIZE * per_tok) * KV_BLOCK_SIZE == 329_280
+    # 271,663 before issue 37 (141e9 B, no non-torch / graph term); 330,688 before the post-hoc read of the wheels
+    assert mem["kv_capacity_tokens"] == 329_280
     assert t["sparse prefill workspaces beyond the MoE scratch"]["value"] == 0  # no max_model_len given
     for term in kv["terms"]:
         assert {"term", "value", "unit", "status", "source"} <= set(term) and term["source"]
@@ -99,6 +106,29 @@ def test_graph_term_by_version_and_mtp_and_max_model_len():
     assert got["sparse prefill workspaces beyond the MoE scratch"]["value"] == 2**20 * 2 * 1152 - moe
 
 
+def test_dummy_sampler_sets_the_transient_peak_at_h200_max_num_seqs():
+    """vLLM's profile run samples min(T, max_num_seqs) rows over the whole vocab: at 1024 rows (its H200 default)
+    the logits (bf16), their fp32 copy, probs and exponential noise (fp32) outweigh the forward's 4 T x h."""
+    d = Deployment.seed(model="glm-5.2", tp=8, arch="h200", max_num_batched_tokens=8192, kv_cache_dtype="fp8",
+                        weight_dtype="fp8", moe_parallel="tp", max_num_seqs=1024)
+    assert activation_peak_bytes(d.rank) == 1024 * 154_880 * (2 + 3 * 4) + 2 * 6144 * (8192 + 2 * 1024)
+    assert activation_peak_bytes(d.replace(max_num_seqs=256).rank) == max(
+        4 * 8192 * 6144 * 2, 256 * 154_880 * 14 + 2 * 6144 * (8192 + 512))
+    t = _by_term(memory_tradeoff(d, strategies=[BASELINE])["kv_capacity"])
+    assert t["profile-run activation peak"]["status"] == "cited"
+    assert t["fused-MoE workspace (workspace manager)"]["value"] == 8192 * 8 * (6144 + 6144) * 2
+
+
+def test_indexer_weights_only_on_indexer_layers():
+    """GLM-5.2 (index_topk_freq 4) builds an indexer on 21 of 78 layers: its weights are wq_b (2048 x 4096 fp8 + a
+    16 x 32 fp32 block scale), wk_weights_proj (6144 x (128 + 32) bf16) and k_norm (2 x 128 fp32), replicated."""
+    kw = dict(tp=8, arch="h200", kv_cache_dtype="fp8", weight_dtype="fp8", moe_parallel="tp")
+    every, shared = Deployment.seed(model="glm-5", **kw).rank, Deployment.seed(model="glm-5.2", **kw).rank
+    assert len(shared.model.indexer_layers) == 21
+    one = 2048 * 4096 + 16 * 32 * 4 + 6144 * 160 * 2 + 2 * 128 * 4
+    assert weights_bytes_per_rank(every) - weights_bytes_per_rank(shared) == (78 - 21) * one
+
+
 @pytest.mark.parametrize("kw, match", [({"vllm_version": "latest"}, "vllm_version='latest'"),
                                        ({"mtp_layers": 2}, "mtp_layers=2"),
                                        ({"max_model_len": 0}, "max_model_len")])
@@ -111,7 +141,7 @@ def test_advise_json_reports_the_terms():
     out = subprocess.run([sys.executable, "-m", "mla_lab.cli", "advise", "--json", "--no-measured"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
     kv = json.loads(out)["kv_capacity"]
-    assert kv["tokens"] == 330_688 and kv["vllm_version"] == "0.33.0"
+    assert kv["tokens"] == 329_280 and kv["vllm_version"] == "0.33.0"
     t = _by_term(kv)
     assert t["total memory (torch)"]["value"] == 150_109_880_320 and t["total memory (torch)"]["unit"] == "bytes"
     assert "vllm/utils/mem_utils.py" in t["total memory (torch)"]["source"]

@@ -2,22 +2,22 @@
 (kv_capacity_2026-12c): the order of the commits (workloads, then predictions, then results, then score), each
 prediction consistent with its own terms, and the score recomputed from the committed files."""
 
-import copy
 import json
 import math
 import subprocess
 
 import pytest
 
-from mla_lab.model.memory import memory_tradeoff
 from mla_lab.paths import REPO_ROOT
-from mla_lab.placement import BASELINE
 from mla_lab.validation.kv_capacity import (
     GIB,
+    HARNESS_1M_BEFORE_GIB,
+    POSTHOC,
     PRED,
     RESULTS,
     SCORE,
-    deployment_of,
+    harness_one_million_case,
+    posthoc,
     predicted_figures,
     round_paths,
     score,
@@ -99,30 +99,63 @@ def test_round_two_score_is_recomputed_from_the_committed_files():
     assert set(got["not_scored"]) == {c["id"] for c in pred["cases"]} and all(got["not_scored"].values())
 
 
-def _harness_one_million_launch():
-    """The lab's available KV memory (GiB) for the other launch kept apart in round two's results (harness-51's
-    deployment at max_model_len 1,000,000, bf16 KV), and the figure the repository states for it."""
-    _, _, results_path, _ = round_paths(ROUND_TWO)
-    other = {c["id"]: c for c in json.loads(results_path.read_text())["cases"]}["harness-51"]["other_launch"]
-    case = {c["id"]: c for c in json.loads(round_paths(ROUND_TWO)[0].read_text())["cases"]}["harness-51"]
-    case = copy.deepcopy(case)
-    case["stated"].update(kv_cache_dtype=other["kv_cache_dtype"], max_model_len=other["max_model_len"],
-                          gpu_memory_utilization=other["gpu_memory_utilization"])
-    d, rule = deployment_of(case)
-    assert d.kv_cache_dtype == "bf16" and rule["max_model_len"] == 1_000_000
-    kv = memory_tradeoff(d, strategies=[BASELINE], **rule)["kv_capacity"]
-    return kv["available_bytes"] / GIB, other["available_kv_gib"]
-
-
 def test_docs_state_round_two_and_its_post_hoc_figure():
     """docs/ttft-model.md's round-two paragraph: the three predictions, n = 0 scored, and the post-hoc comparison
-    with the 1M-context launch, recomputed here."""
+    with the 1M-context launch as the lab stood then (HARNESS_1M_BEFORE_GIB; recomputed now by the post-hoc test)."""
     text = " ".join((REPO_ROOT / "docs" / "ttft-model.md").read_text().split())
     pred = {c["id"]: c["predicted"] for c in json.loads(round_paths(ROUND_TWO)[1].read_text())["cases"]}
     for p in pred.values():
         assert f"{p['gpu_kv_cache_tokens']:,}" in text and f"{p['available_kv_gib']:.2f} GiB" in text
-    lab, stated = _harness_one_million_launch()
+    _, stated = harness_one_million_case()
+    lab = HARNESS_1M_BEFORE_GIB
     assert f"{lab:.2f} GiB" in text and f"{stated} GiB" in text
     assert f"{(lab / stated - 1) * 100:+.1f} %" in text and f"{lab - stated:.2f} GiB (this launch)" in text
     r1 = {x["id"]: x for x in json.loads(SCORE.read_text())["rows"] if x["figure"] == "available_kv_gib"}
     assert f"{r1['recipes-893']['predicted'] - r1['recipes-893']['real']:.2f} GiB per rank (recipes-893)" in text
+
+
+def test_posthoc_file_is_recomputed_and_labelled():
+    """data/validation/kv_capacity_2026-12_posthoc.json: recomputed by today's model (only the commit differs), its
+    'before' figures the committed ones, the blind files untouched, every error from its own figures, and the docs
+    paragraph stating them."""
+    got, committed = posthoc(), json.loads(POSTHOC.read_text())
+    assert {k: v for k, v in got.items() if k != "model_commit"} == \
+        {k: v for k, v in committed.items() if k != "model_commit"}
+    assert committed["what"].startswith("POST HOC")
+    rows = {(r["id"], r["figure"]): r for r in committed["rows"]}
+    first = {c["id"]: c for c in json.loads(PRED.read_text())["cases"]}["recipes-893"]
+    assert rows[("recipes-893", "available_kv_gib")]["before"] == first["predicted"]["available_kv_gib"] == 36.31
+    assert rows[("recipes-893", "weights_gib")]["before"] == predicted_figures(first)["weights_gib"] == 88.96
+    _, stated = harness_one_million_case()
+    assert rows[("harness-51 (1M launch)", "available_kv_gib")]["stated"] == stated == 26.5
+    text = " ".join((REPO_ROOT / "docs" / "ttft-model.md").read_text().split())
+    for r in committed["rows"]:
+        for k in ("before", "after", "after_h200_max_num_seqs"):
+            assert r[f"error_pct_{k}"] == pytest.approx((r[k] - r["stated"]) / r["stated"] * 100)
+            assert f"{r[k]:.2f}" in text and f"{r[f'error_pct_{k}']:+.1f} %" in text
+    diag = committed["diagnostic_recipes_893_with_stated_weights"]
+    a, w = rows[("recipes-893", "available_kv_gib")], rows[("recipes-893", "weights_gib")]
+    assert diag["available_kv_gib"] == round(a["after_h200_max_num_seqs"] + w["after_h200_max_num_seqs"] - 94.46, 2)
+    assert f"{diag['available_kv_gib']:.2f} GiB ({diag['error_pct']:+.1f} %)" in text
+    assert f"about {diag['available_kv_gib'] - a['stated']:.1f} GiB per rank is left" in text
+
+
+def test_posthoc_committed_after_the_blind_predictions():
+    assert _is_ancestor(_added_in(PRED), _added_in(POSTHOC))
+    assert _is_ancestor(_added_in(round_paths(ROUND_TWO)[1]), _added_in(POSTHOC))
+
+
+def test_docs_state_each_fix_in_gib():
+    """The post-hoc paragraph's per-term changes at GLM-5.2 FP8 TP8 H200, T = 8192, recomputed from the config:
+    57 layers without an indexer, the fused-MoE workspace against the old T k (3 I_loc + h), and the dummy
+    sampler (plus its 132 x V fp32 buffer) against the old 4 T h, at 256 and 1024 sequences."""
+    text = " ".join((REPO_ROOT / "docs" / "ttft-model.md").read_text().split())
+    T, h, V, k, i_loc = 8192, 6144, 154_880, 8, 256
+    indexer = (78 - 21) * (2048 * 4096 + 16 * 32 * 4 + h * 160 * 2 + 2 * 128 * 4)
+    moe = T * k * (2 * h - (3 * i_loc + h)) * 2
+
+    def sampler(b):
+        return max(4 * T * h * 2, b * V * 14 + 2 * h * (T + 2 * b)) - 4 * T * h * 2 + 132 * V * 4
+
+    assert f"(-{indexer / GIB:.2f} GiB;" in text and f"(+{moe / GIB:.2f} GiB at TP8, T = 8192)" in text
+    assert f"+{sampler(256) / GIB:.2f} GiB at 256 sequences, +{sampler(1024) / GIB:.2f} GiB" in text

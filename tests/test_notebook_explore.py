@@ -167,7 +167,7 @@ def test_measured_rows_for_the_selection_are_shown_beside_the_model():
     assert ">362.00</td>" in ex.summary.value
     ex.controls["max_num_batched_tokens"].value = 8192  # another selection that fits: no row of it
     assert ex.result["fits_in_memory"] and ex.result["measured"] is None and "No measured rows" in ex.measured_out.value
-    # 32 x 16384 tokens in flight exceed the KV cache (330,688 tokens per rank with the H200's memory as torch
+    # 32 x 16384 tokens in flight exceed the KV cache (329,280 tokens per rank with the H200's memory as torch
     # reports it): no number
     ex.set(max_num_batched_tokens=16384, prompt_len=16384)
     assert not ex.result["fits_in_memory"] and ex.result["measured"] is None

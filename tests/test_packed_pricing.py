@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mla_lab.deployment import Deployment
+from mla_lab.fits import render
 from mla_lab.model import packed_kernel as pk
 from mla_lab.model.memory import memory_tradeoff
 from mla_lab.model.ops import step_ops
@@ -91,12 +92,14 @@ def test_fit_on_the_fixture_is_least_squares_with_honest_errors(tmp_path):
     e = next(e for e in fit.errors if e["block"] == "kernel" and e["shape"] == "o0.8")
     assert e["loso_pct"] == pytest.approx(100 * (X[i] @ c - y[i]) / y[i], rel=1e-6)
     assert e["in_sample_pct"] == pytest.approx(100 * (X[i] @ ref - y[i]) / y[i], rel=1e-6)
-    path = pk.write_packed_csv(fit, tmp_path / "h200_packed.csv")
+    rows_csv = tmp_path / "h200" / "between_process" / "packed_kernels.csv"
+    rows_csv.parent.mkdir(parents=True)
+    rows_csv.write_text(render(_fixture_rows()))
+    path = tmp_path / pk.PACKED_CSV
+    path.write_text(render(pk.fit_packed_file(tmp_path)[pk.PACKED_CSV]))
     back = pk.read_packed_csv(path)
     assert all(getattr(back, n) == getattr(fit, n) for n in pk.TERMS)
-    assert back.source_commit == "fixture" and len(back.errors) == len(fit.errors)
-    with pytest.raises(FileExistsError, match="--overwrite"):
-        pk.write_packed_csv(fit, path)
+    assert back.source_commit == "uncommitted" and len(back.errors) == len(fit.errors)
     with open(path, newline="") as f:
         kinds = {r["kind"] for r in csv.DictReader(f)}
     assert kinds == {"coefficient", "error"}
@@ -109,14 +112,14 @@ def test_fit_refuses_too_few_shapes():
 
 
 def test_committed_calibration_is_the_fit_of_the_committed_rows():
-    """Once the rows are committed the calibration must be their fit (python -m mla_lab.model.packed_kernel --write);
+    """Once the rows are committed the calibration must be their fit (python -m mla_lab.fits packed);
     until then there is no calibration file and the cost model says it runs on the dispatch's hand fit."""
     rows, cal = REPO_ROOT / pk.ROWS_CSV, calibration_dir() / pk.PACKED_CSV
     if not rows.is_file():
         assert not cal.exists(), f"{cal} without its rows {rows}"
         assert pk.load_packed_fit() is pk.HAND_FIT and "rows not committed" in pk.HAND_FIT.source
         return
-    assert cal.is_file(), "rows committed: write the fit (python -m mla_lab.model.packed_kernel --write)"
+    assert cal.is_file(), "rows committed: write the fit (python -m mla_lab.fits packed)"
     committed, refit = pk.read_packed_csv(cal), pk.fit_packed(rows)
     for n in pk.TERMS:
         assert getattr(committed, n) == pytest.approx(getattr(refit, n), rel=1e-9), n
@@ -356,23 +359,24 @@ def test_fit_figures_of_the_doc():
         abs(float(ctx["in_sample_pct"])))  # the path's worst shape is the 128K context
 
 
-@pytest.mark.parametrize("argv, names", [
-    (["--rows", "README.md"], "--rows=README.md cannot be fitted: 0 shapes have packed_kernel rows"),
-    (["--rows", "{tmp}/binary.csv"], "cannot be fitted: 'utf-8' codec can't decode"),
-    (["--rows", "{tmp}"], "is not a file"),
-    (["--overwrite"], "--overwrite is given without --write"),
-    (["--write", "--rows", "README.md"], "h200_packed.csv exists: pass --overwrite"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
+@pytest.mark.parametrize("rows, names", [
+    (b"# a README\n", "0 shapes have packed_kernel rows"),
+    (b"shape,variant\n\xd0\xff\xfe\n", "'utf-8' codec can't decode"),
+    (None, "h200_packed.csv exists; pass --overwrite"),
 ])
-def test_packed_kernel_main_refuses_in_one_line(argv, names, tmp_path, capsys):
-    """``python -m mla_lab.model.packed_kernel``: a rows file that is not the packed_kernels rows used to end in a
-    ValueError traceback; each refusal is one line on stderr, exit 2, nothing printed on stdout (no fit ran)."""
-    (tmp_path / "binary.csv").write_bytes(b"shape,variant\n\xd0\xff\xfe\n")
+def test_packed_refit_refuses_in_one_line(rows, names, tmp_path, capsys):
+    """``python -m mla_lab.fits packed``: a rows file that is not the packed_kernels rows, or a committed file without
+    --overwrite: one line on stderr, exit 2, nothing printed on stdout, nothing written."""
+    from mla_lab.fits import main
+
+    measured = tmp_path if rows is not None else REPO_ROOT / "data" / "measured"
+    if rows is not None:
+        (tmp_path / pk.FIT_GPU / "between_process").mkdir(parents=True)
+        (tmp_path / pk.FIT_GPU / "between_process" / "packed_kernels.csv").write_bytes(rows)
     committed = (calibration_dir() / pk.PACKED_CSV).read_bytes()
-    with pytest.raises(SystemExit) as e:
-        pk.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert main(["packed", "--measured-dir", str(measured)]) == 2
     out, err = capsys.readouterr()
-    assert e.value.code == 2 and names in err and len(err.strip().splitlines()) == 1 and out == ""
+    assert names in err and len(err.strip().splitlines()) == 1 and out == ""
     assert (calibration_dir() / pk.PACKED_CSV).read_bytes() == committed
 
 

@@ -23,6 +23,8 @@ from ..model.calibration import load_calibration, load_subchunk_graph_overhead, 
 from ..model.comm import load_comm_model
 from ..model.content import load_content_model, load_step_content_model
 from ..model.decode_calibration import load_decode_calibration, load_moe_decode_fit
+from ..model.decode_kernels import fit_decode_kernels_file, load_decode_kernels
+from ..model.packed_kernel import fit_packed_file, load_packed_fit
 from ..paths import calibration_dir, measured_dir
 from . import decode, files
 
@@ -41,9 +43,9 @@ class Fit:
 
 
 _H = "h200/between_process/"
-#: name -> the fit of one calibration file. Elsewhere: ``h200_ops.csv`` (``mla_lab.measure.validate.fit_and_validate``),
-#: ``h200_decode_kernels.csv`` / ``h200_packed.csv`` (``main --write`` of their model modules); not fitted:
-#: ``h200_reference.csv`` (do_bench medians, read by :func:`~mla_lab.model.calibration.attention_from_reference`).
+#: name -> the fit of one calibration file. Elsewhere: ``h200_ops.csv`` (``mla_lab.measure.validate.fit_and_validate``);
+#: not fitted: ``h200_reference.csv`` (do_bench medians, read by
+#: :func:`~mla_lab.model.calibration.attention_from_reference`).
 FITS: dict[str, Fit] = {
     "comm": Fit("h200_comm.csv", ("h200x<n>/allreduce.csv", "h200x2/tp2_attention.csv"), files.fit_comm_file,
                 load_comm_model),
@@ -53,6 +55,9 @@ FITS: dict[str, Fit] = {
                           load_subchunk_graph_overhead),
     "content_step": Fit("h200_content_step.csv", (_H + "content_loop.csv",), files.fit_content_step_file,
                         load_step_content_model),
+    "decode_kernels": Fit("h200_decode_kernels.csv", (_H + "engine_kernels.csv",), fit_decode_kernels_file,
+                          load_decode_kernels, ()),
+    "packed": Fit("h200_packed.csv", (_H + "packed_kernels.csv",), fit_packed_file, load_packed_fit, ()),
     "moe_decode": Fit("h200_moe_decode.csv", (_H + "moe_decode.csv",), files.fit_moe_decode_file, load_moe_decode_fit),
     "routes": Fit("h200_routes.csv", ("h200/round2/content.csv", "h200/layer_ops.csv", "h200/attention_path.csv",
                                       _H + "routes.csv"), files.fit_routes_file, load_calibration),

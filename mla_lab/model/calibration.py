@@ -88,9 +88,8 @@ class Calibration:
         return self.content_step if self.content_scope == "step" else None
 
     def with_content_scope(self, scope: str) -> "Calibration":
-        """A copy pricing stale padded heads over the ``step`` or the ``kernel`` only. Raises ValueError: unknown."""
-        if scope not in CONTENT_SCOPES:
-            raise ValueError(f"scope={scope!r} is not valid; allowed: {list(CONTENT_SCOPES)}")
+        """A copy pricing stale padded heads over the ``step`` or the ``kernel`` only. Raises ValueError: unknown
+        (:meth:`__post_init__`)."""
         return replace(self, content_scope=scope, name=self.name if scope == "step" else
                        f"{self.name}; content kernel-only")
 
@@ -344,9 +343,8 @@ def fit_subchunk_overhead(rows: list[dict]) -> tuple[float, float]:
     return c * 1e3, resid * 1e3
 
 
-def default_calibration() -> Calibration:
-    """The committed calibration (:func:`load_calibration` with no path)."""
-    return load_calibration()
+#: The committed calibration (:func:`load_calibration` with no path).
+default_calibration = load_calibration
 
 
 def resolve_calibration(calibration) -> Calibration:

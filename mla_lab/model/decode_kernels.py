@@ -22,7 +22,7 @@ from ..paths import REPO_ROOT, calibration_dir
 from ..placement import KINDS
 
 __all__ = ["FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
-           "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV"]
+           "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV", "fit_decode_kernels_file"]
 
 FAMILIES = ("flashmla_pad64", "fa3_sparse")
 DECODE_KERNELS_CSV = "h200_decode_kernels.csv"
@@ -146,32 +146,24 @@ def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArc
     rows = _rows(Path(rows_csv))
     out = {}
     for fam in FAMILIES:
-        rs = [r for r in rows if r[0] == fam]
-        B, n, ctx, y = [r[1] for r in rs], [r[2] for r in rs], [r[3] for r in rs], [r[4] * 1e3 for r in rs]
+        B, n, ctx, y = (np.array(c) for c in zip(*[(b, x, c, ms * 1e3) for f, b, x, c, ms in rows if f == fam]))
         params = _fit(B, n, y, fam, arch)
-        loco = []
-        for c in sorted(set(ctx)):
-            tr = [i for i, x in enumerate(ctx) if x != c]
-            te = [i for i, x in enumerate(ctx) if x == c]
-            pp = _fit([B[i] for i in tr], [n[i] for i in tr], [y[i] for i in tr], fam, arch)
-            loco.append(_mape([B[i] for i in te], [n[i] for i in te], [y[i] for i in te], pp, fam, arch))
+        loco = [_mape(B[ctx == c], n[ctx == c], y[ctx == c], _fit(B[ctx != c], n[ctx != c], y[ctx != c], fam, arch),
+                      fam, arch) for c in sorted(set(ctx))]
         out[fam] = DecodeKernel(fam, *params, mape_pct=_mape(B, n, y, params, fam, arch),
                                 loco_mape_pct=float(np.mean(loco)))
     return out
 
 
-_FIELDS = ("family", "a_us", "us_per_key", "eff_bytes", "p", "mape_pct", "loco_mape_pct", "source", "data_file")
-
-
-def write_decode_kernels(fits: dict, path: Path) -> None:
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=_FIELDS)
-        w.writeheader()
-        for fam, k in fits.items():
-            w.writerow({"family": fam, "a_us": round(k.a_us, 4), "us_per_key": round(k.us_per_key, 6),
-                        "eff_bytes": round(k.eff_bytes, 4), "p": k.p, "mape_pct": round(k.mape_pct, 2),
-                        "loco_mape_pct": round(k.loco_mape_pct, 2), "source": "measured-fit (NVIDIA H200)",
-                        "data_file": ROWS_CSV})
+def fit_decode_kernels_file(measured: Path) -> dict:
+    """``{DECODE_KERNELS_CSV: rows}``: :func:`fit_decode_kernels` of ``measured``'s engine_kernels rows, rounded (the
+    ``mla_lab.fits`` entry ``decode_kernels``). Raises ValueError: no decode rows."""
+    fits = fit_decode_kernels(measured / FIT_GPU / "between_process" / "engine_kernels.csv")
+    return {DECODE_KERNELS_CSV: [
+        {"family": fam, "a_us": round(k.a_us, 4), "us_per_key": round(k.us_per_key, 6),
+         "eff_bytes": round(k.eff_bytes, 4), "p": k.p, "mape_pct": round(k.mape_pct, 2),
+         "loco_mape_pct": round(k.loco_mape_pct, 2), "source": "measured-fit (NVIDIA H200)", "data_file": ROWS_CSV}
+        for fam, k in fits.items()]}
 
 
 def load_decode_kernels(path: str | Path | None = None) -> dict:
@@ -191,28 +183,3 @@ def load_decode_kernels(path: str | Path | None = None) -> dict:
     if missing:
         raise ValueError(f"{path} lacks the families {sorted(missing)}")
     return out
-
-
-def main(argv=None) -> int:
-    """``python -m mla_lab.model.decode_kernels [--write [--overwrite]]``: fit, print, write."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.model.decode_kernels")
-    ap.add_argument("--write", action="store_true")
-    ap.add_argument("--overwrite", action="store_true")
-    a = ap.parse_args(argv)
-    fits = fit_decode_kernels()
-    for fam, k in fits.items():
-        print(f"{fam}: a {k.a_us:.2f} us, {k.us_per_key:.5f} us/key, eff_bytes {k.eff_bytes:.3f}, p {k.p:g}; "
-              f"MAPE {k.mape_pct:.1f} % in sample, {k.loco_mape_pct:.1f} % leave-one-context-out")
-    if a.write:
-        path = calibration_dir() / DECODE_KERNELS_CSV
-        if path.exists() and not a.overwrite:
-            ap.error(f"{path} exists: pass --overwrite to replace it")
-        write_decode_kernels(fits, path)
-        print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

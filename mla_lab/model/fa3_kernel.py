@@ -31,12 +31,8 @@ class Fa3Ratio:
 
     def _at_h(self, shape: str, H: int) -> float:
         hs = self.heads
-        if H <= hs[0]:
-            return self.table[(shape, hs[0])]["median"]
-        if H >= hs[-1]:
-            return self.table[(shape, hs[-1])]["median"]
-        lo = max(h for h in hs if h <= H)
-        hi = min(h for h in hs if h >= H)
+        H = min(max(H, hs[0]), hs[-1])  # held constant outside the measured heads
+        lo, hi = max(h for h in hs if h <= H), min(h for h in hs if h >= H)
         a, b = self.table[(shape, lo)]["median"], self.table[(shape, hi)]["median"]
         return a if hi == lo else a + (b - a) * (H - lo) / (hi - lo)
 

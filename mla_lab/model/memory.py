@@ -21,7 +21,7 @@ from .ops import BF16, FP32, WEIGHT_DTYPES
 __all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
            "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",
            "NON_TORCH_AFTER_SNAPSHOT_BYTES", "CUDAGRAPH_ESTIMATE_BYTES", "KV_BLOCK_SIZE",
-           "INDEXER_LOGITS_RESERVE_BYTES", "sparse_workspace_extra_bytes"]
+           "INDEXER_LOGITS_RESERVE_BYTES", "sparse_workspace_extra_bytes", "sampler_buffer_bytes"]
 
 _W = "vllm-0.33.0 wheel: "
 #: Where each term of vLLM's KV budget is written (vLLM 0.33.0 release wheel; file:line).
@@ -33,7 +33,9 @@ KV_RULE_SOURCES = {
     "non_kv": _W + "vllm/utils/mem_utils.py:312-321 non_kv_cache_memory = total_consumed (free memory before the "
               "engine - after the profile run) + transient_peak_headroom (torch peak - allocated)",
     "weights": "config count at weight_dtype (mla_lab.model.memory.weights_bytes_per_rank); vLLM passes "
-               "model_memory_usage to memory_profiling: " + _W + "vllm/v1/worker/gpu_worker.py:686-689",
+               "model_memory_usage to memory_profiling: " + _W + "vllm/v1/worker/gpu_worker.py:686-689; the indexer "
+               "only on its layers (vllm/models/deepseek_v32/attention.py:166-174, 190), wq_b at weight_dtype, "
+               "wk_weights_proj [index_head_dim + index_n_heads, h] bf16 (quant_config=None), k_norm fp32 (71-87)",
     "mtp": "one MTP layer (a decoder layer with its MoE, eh_proj 2h x h bf16 nn.Linear, two norms; embedding and "
            "head shared with the target): " + _W + "vllm/model_executor/models/deepseek_mtp.py:87, "
            "vllm/v1/spec_decode/llm_base_proposer.py:1418-1457",
@@ -48,8 +50,21 @@ KV_RULE_SOURCES = {
                         "and FlashMLA's (max_model_len x factor x 576 x 2 B: flashmla_sparse.py:337-344); factor 5, "
                         "2 above 256K tokens (vllm/config/vllm.py:1866-1874); 0 without max_model_len",
     "q_workspace": "the lab's baseline Q workspace (mla_lab.placement.BASELINE; mla_lab.buffers.memory_account)",
-    "activation": "estimate (mla_lab.model.memory.activation_peak_bytes): fused-MoE intermediates + 4 T x h bf16 "
-                  "at max_num_batched_tokens; vLLM's profile run: " + _W + "vllm/v1/worker/gpu_worker.py:685-700",
+    "activation": "the profile run's transient peak (mla_lab.model.memory.activation_peak_bytes; vLLM: "
+                  "transient_peak_headroom, " + _W + "vllm/utils/mem_utils.py:318-320): the larger of the forward's "
+                  "4 T x h bf16 (estimate) and the dummy sampler's, B = min(T, max_num_seqs) rows "
+                  "(vllm/v1/worker/gpu_model_runner.py:5545, 6132-6139): logits B x V bf16 (5881) + an fp32 copy "
+                  "(vllm/v1/sample/sampler.py:158) + probs fp32 (vllm/v1/sample/ops/topk_topp_sampler.py:309) + "
+                  "exponential noise fp32 (616) in the second, forward_native call (gpu_model_runner.py:5918-5926, "
+                  "topk_topp_sampler.py:326-333), + the T x h hidden states and 2 B x h rows; same path in the "
+                  "vllm-0.24.0 wheel (gpu_model_runner.py:6045-6104)",
+    "moe_workspace": _W + "the fused-MoE scratch the workspace manager keeps (mla_lab.buffers.shared_workspace_other_"
+                     "bytes): TritonExperts (Hopper block-fp8 under TP: vllm/model_executor/layers/fused_moe/oracle/"
+                     "fp8.py:122-132) workspace_shapes (M x topk x max(N/2, K)) + (M x topk x max(N, K)) bf16 "
+                     "(fused_moe/experts/triton_moe.py:240-255), one get_simultaneous buffer (fused_moe/"
+                     "modular_kernel.py:1188, 1207-1210)",
+    "sampler_buffer": _W + "the Triton top-k/top-p buffer the profile's sampler caches: min(next_pow2(min(SMs, B)), "
+                      "SMs) x V fp32 (vllm/v1/sample/ops/topk_topp_triton.py:1688-1695)",
     "non_torch": "assumed 0.5 GiB: CUDA modules and library handles loaded during load/profile, after the "
                  "snapshot (" + _W + "vllm/utils/mem_utils.py:160 non_torch_memory = cuda_memory - "
                  "torch_memory, counted in total_consumed); not measured",
@@ -82,18 +97,20 @@ KV_BLOCK_SIZE = 64
 
 def weights_bytes_per_rank(rank: RankView) -> int:
     """Estimated weight bytes one rank holds (vLLM layout), from the config: attention (q_b, kv_b, o_proj 1/tp;
-    plus bf16 W_UK/W_UV copies), the indexer (replicated), dense MLP or router + experts (1/tp under TP, ``E/ep``
-    whole experts under EP) + shared experts, embedding and LM head (1/tp). Linears at ``weight_dtype`` (fp8: 1 B +
-    an fp32 scale per 128x128 block), the rest bf16. No MTP layer (:func:`mtp_weights_bytes`)."""
+    plus bf16 W_UK/W_UV copies), the indexer (replicated, on ``model.indexer_layers`` only), dense MLP or router +
+    experts (1/tp under TP, ``E/ep`` whole experts under EP) + shared experts, embedding and LM head (1/tp). Linears
+    at ``weight_dtype`` (fp8: 1 B + an fp32 scale per 128x128 block), the rest bf16. No MTP layer
+    (:func:`mtp_weights_bytes`)."""
     model = rank.model
-    attn, dense, moe, emb = _layer_bytes(rank)
+    attn, idx, dense, moe, emb = _layer_bytes(rank)
     n_dense = min(model.first_k_dense_replace, model.num_hidden_layers)
     n_moe = model.num_hidden_layers - n_dense
-    return int(model.num_hidden_layers * attn + n_dense * dense + n_moe * moe + emb)
+    return int(model.num_hidden_layers * attn + len(model.indexer_layers) * idx + n_dense * dense + n_moe * moe + emb)
 
 
-def _layer_bytes(rank: RankView) -> tuple[int, int, int, int]:
-    """Bytes one rank holds of (one attention block, one dense MLP, one MoE block, embedding + LM head)."""
+def _layer_bytes(rank: RankView) -> tuple[int, int, int, int, int]:
+    """Bytes one rank holds of (one attention block without its indexer, one indexer, one dense MLP, one MoE block,
+    embedding + LM head)."""
     model, tp, H, weight_dtype, moe_parallel = rank.model, rank.tp, rank.num_heads, rank.weight_dtype, rank.moe_parallel
     ep = rank.ep_size
     wb = WEIGHT_DTYPES[weight_dtype]
@@ -105,38 +122,51 @@ def _layer_bytes(rank: RankView) -> tuple[int, int, int, int]:
     dn, dr, dv = model.qk_nope_head_dim, model.qk_rope_head_dim, model.v_head_dim
     attn = (lin(h, qr) + lin(qr, H * (dn + dr)) + lin(h, kr + dr) + lin(kr, H * (dn + dv)) + lin(H * dv, h)
             + H * kr * (dn + dv) * BF16  # W_UK_T / W_UV bf16 copies
-            + lin(qr, model.index_n_heads * model.index_head_dim) + lin(h, model.index_head_dim)
-            + h * model.index_n_heads * BF16 + (2 * h + qr + kr + 2 * model.index_head_dim) * BF16)
+            + (2 * h + qr + kr) * BF16)
+    nh, hd = model.index_n_heads, model.index_head_dim  # wq_b; wk_weights_proj bf16; k_norm fp32 (KV_RULE_SOURCES)
+    idx = lin(qr, nh * hd) + h * (hd + nh) * BF16 + 2 * hd * FP32
     dense = 3 * lin(h, model.intermediate_size // tp)
     E, im = model.n_routed_experts, model.moe_intermediate_size
     experts = E * 3 * lin(h, im // tp) if moe_parallel == "tp" else (E // ep) * 3 * lin(h, im)
     moe = h * E * BF16 + E * FP32 + experts + model.n_shared_experts * 3 * lin(h, im // tp)
     emb = 2 * (model.vocab_size // tp) * h * BF16 + h * BF16
-    return attn, dense, moe, emb
+    return attn, idx, dense, moe, emb
 
 
 def mtp_weights_bytes(rank: RankView) -> int:
     """Bytes one rank holds of one MTP layer (speculative decoding only): a decoder layer (attention + MoE),
     ``eh_proj`` ``[2h, h]`` bf16 and two norms; embedding and head shared (:data:`KV_RULE_SOURCES` ``mtp``)."""
-    attn, _, moe, _ = _layer_bytes(rank)
+    attn, idx, _, moe, _ = _layer_bytes(rank)  # the MTP layer has its own indexer (attention.py:190)
     h = rank.model.hidden_size
-    return int(attn + moe + 2 * h * h * BF16 + 2 * h * BF16)
+    return int(attn + idx + moe + 2 * h * h * BF16 + 2 * h * BF16)
 
 
 def activation_peak_bytes(rank: RankView) -> int:
-    """Profile-run activation peak at ``max_num_batched_tokens`` (an estimate): the fused-MoE intermediates
-    ``T x k x (3 I_loc + h)`` plus four ``T x h`` buffers, bf16 bytes."""
-    model, tp, moe_parallel, T = rank.model, rank.tp, rank.moe_parallel, rank.max_num_batched_tokens
-    k, h = model.num_experts_per_tok, model.hidden_size
-    i_loc = model.moe_intermediate_size // tp if moe_parallel == "tp" else model.moe_intermediate_size
-    return int(T * k * (3 * i_loc + h) * BF16 + 4 * T * h * BF16)
+    """The profile run's transient peak over what it leaves allocated, bytes (:data:`KV_RULE_SOURCES`
+    ``activation``): ``max(4 T h x 2, B V (2 + 3 x 4) + 2 h (T + 2 B))``, ``T = max_num_batched_tokens``,
+    ``B = min(T, max_num_seqs)``, ``V = vocab_size``; the first is an estimate, the second the dummy sampler's
+    tensors. The fused-MoE scratch is persistent (:func:`mla_lab.buffers.shared_workspace_other_bytes`)."""
+    T, h = rank.max_num_batched_tokens, rank.model.hidden_size
+    B = min(T, rank.max_num_seqs)
+    sampler = B * rank.model.vocab_size * (BF16 + 3 * FP32) + BF16 * h * (T + 2 * B)
+    return int(max(4 * T * h * BF16, sampler))
+
+
+def sampler_buffer_bytes(rank: RankView) -> int:
+    """The Triton top-k/top-p buffer vLLM's sampler caches in the profile run, bytes: ``rows x vocab_size`` fp32,
+    ``rows = min(next_pow2(min(SMs, B)), SMs)`` (:data:`KV_RULE_SOURCES` ``sampler_buffer``)."""
+    sms = rank.arch.sm_count
+    rows = min(1 << (min(sms, rank.max_num_batched_tokens, rank.max_num_seqs) - 1).bit_length(), sms)
+    return rows * rank.model.vocab_size * FP32
 
 
 _PERSISTENT_NAMES = {"topk_buffer": "indexer top-k buffer", "q_workspace": "baseline Q-concat workspace",
                      "logits_reserve": "indexer logits reserve (profile run)",
-                     "sparse_workspace": "sparse prefill workspaces beyond the MoE scratch"}
+                     "moe_workspace": "fused-MoE workspace (workspace manager)",
+                     "sparse_workspace": "sparse prefill workspaces beyond the MoE scratch",
+                     "sampler_buffer": "sampler top-k/top-p buffer"}
 _PERSISTENT_STATUS = {"topk_buffer": "cited", "logits_reserve": "cited", "q_workspace": "exact",
-                      "sparse_workspace": "estimate"}
+                      "moe_workspace": "cited", "sparse_workspace": "estimate", "sampler_buffer": "cited"}
 #: The profile run's dummy indexer logits tensor, bytes (KV_RULE_SOURCES logits_reserve).
 INDEXER_LOGITS_RESERVE_BYTES = 512 * 2**20
 
@@ -150,6 +180,13 @@ def sparse_workspace_extra_bytes(rank: RankView, max_model_len: int | None, moe_
     idx = max_model_len * (576 * 2 // 132) * factor * (rank.model.index_head_dim + 4)
     fm = max_model_len * factor * rank.model.head_size * BF16
     return max(0, max(idx, fm) - moe_scratch)
+
+
+def _persistent_status(key: str, rank: RankView) -> str:
+    """A persistent term's status; the fused-MoE workspace is cited for the Triton path (TP on Hopper) only."""
+    if key == "moe_workspace" and (rank.moe_parallel != "tp" or rank.arch.family != "hopper"):
+        return "estimate"
+    return _PERSISTENT_STATUS.get(key, "estimate")
 
 
 def _term(name: str, value: float, status: str, key: str, unit: str = "bytes") -> dict:
@@ -181,9 +218,10 @@ def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int,
              _term("requested = ceil(total x utilization)", requested, "cited", "requested"),
              _term("weights", weights, "estimate", "weights"),
              _term("MTP layer weights", mtp, "estimate", "mtp"),
-             *[_term(_PERSISTENT_NAMES.get(k, k), v, _PERSISTENT_STATUS.get(k, "estimate"), k)
-               for k, v in persistent.items()],
-             _term("profile-run activation peak", activation, "estimate", "activation"),
+             *[_term(_PERSISTENT_NAMES.get(k, k), v, _persistent_status(k, rank), k) for k, v in persistent.items()],
+             _term("profile-run activation peak", activation,
+                   "estimate" if activation == 4 * rank.max_num_batched_tokens * rank.model.hidden_size * BF16
+                   else "cited", "activation"),
              _term("non-torch memory after the snapshot", NON_TORCH_AFTER_SNAPSHOT_BYTES, "assumed", "non_torch"),
              _term("NCCL buffers", 0, "cited", "nccl"),
              _term("CUDA-graph estimate", cg, "assumed" if cg else "cited", "cudagraph")]
@@ -268,7 +306,8 @@ def memory_tradeoff(deployment: Deployment, *, strategies=None, shared_workspace
     weights, act = weights_bytes_per_rank(rank), activation_peak_bytes(rank)
     persistent = {"topk_buffer": rank.max_num_batched_tokens * d.model.index_topk * 4,  # int32 (KV_RULE_SOURCES)
                   "q_workspace": accounts[BASELINE].persistent_bytes, "logits_reserve": INDEXER_LOGITS_RESERVE_BYTES,
-                  "sparse_workspace": sparse_workspace_extra_bytes(rank, max_model_len, shared)}
+                  "moe_workspace": shared, "sparse_workspace": sparse_workspace_extra_bytes(rank, max_model_len, shared),
+                  "sampler_buffer": sampler_buffer_bytes(rank)}
     kv = kv_capacity_terms(d, persistent, act, per_tok, vllm_version=vllm_version, max_model_len=max_model_len,
                            mtp_layers=mtp_layers)
     capacity, fits = float(kv["tokens"]), kv["available_bytes"] > 0 and kv["tokens"] > 0

@@ -124,18 +124,15 @@ def _check_options(ep_comm: str, indexer_dtype: str, layer_kind: str | None = No
         raise _err("indexer_dtype", indexer_dtype, ["bf16", "fp8"])
 
 
-def layer_ops(rank: RankView, strategy: Strategy | str, step: Step | int, layer_kind: str = "moe", *,
-              ep_comm: str = "all_reduce", out_slice_copy: bool = False, causal: bool = True,
-              context: int | None = None, indexer_dtype: str = "bf16", with_indexer: bool = True) -> list[LayerOp]:
-    """Every op of one decoder layer on one rank for one step. ``layer_kind``: ``moe`` / ``dense`` (the first
-    ``first_k_dense_replace`` layers); ``ep_comm``: ``all_reduce`` (vLLM TP+EP) / ``all_to_all``; ``out_slice_copy``:
-    price the ``out[:, :H]`` copy (vLLM hands the view to the W_UV bmm: ``data/measured/h200/layer_extras.csv``);
-    ``with_indexer``: False for IndexShare layers. Raises ValueError: ``strategy``, ``step``, ``context`` or an
-    option outside its allowed values."""
-    strategy = as_strategy(strategy)
-    _check_options(ep_comm, indexer_dtype, layer_kind)
-    return _layer_ops(rank, strategy, step, layer_kind, ep_comm=ep_comm, out_slice_copy=out_slice_copy,
-                      causal=causal, context=context, indexer_dtype=indexer_dtype, with_indexer=with_indexer)
+def layer_ops(rank: RankView, strategy: Strategy | str, step: Step | int, layer_kind: str = "moe",
+              **kw) -> list[LayerOp]:
+    """Every op of one decoder layer on one rank for one step (keywords of :func:`_layer_ops`). ``layer_kind``:
+    ``moe`` / ``dense`` (the first ``first_k_dense_replace`` layers); ``ep_comm``: ``all_reduce`` (vLLM TP+EP) /
+    ``all_to_all``; ``out_slice_copy``: price the ``out[:, :H]`` copy (vLLM hands the view to the W_UV bmm:
+    ``data/measured/h200/layer_extras.csv``); ``with_indexer``: False for IndexShare layers. Raises ValueError:
+    ``strategy``, ``step``, ``context`` or an option outside its allowed values."""
+    _check_options(kw.get("ep_comm", "all_reduce"), kw.get("indexer_dtype", "bf16"), layer_kind)
+    return _layer_ops(rank, as_strategy(strategy), step, layer_kind, **kw)
 
 
 def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind: str = "moe", *,
@@ -164,8 +161,8 @@ def _layer_ops(rank: RankView, strategy: Strategy, step: Step | int, layer_kind:
     ]
     if with_indexer:
         ops += _indexer_ops(model, ss, wb, wd, indexer_dtype)
-    ops += [op for op in _attention_path_ops(rank, strategy, T, ss.sum_topk, step)
-            if op.name != "out_slice" or out_slice_copy]  # the rank's heads, T and sum_topk: nothing re-checked
+    ops += [op for op in strategy.kind.price(rank, strategy, T, ss.sum_topk, step)  # its kind's price, unchecked
+            if op.name != "out_slice" or out_slice_copy]
     ops += [
         LayerOp("w_uv_bmm", "bmm", flops=2.0 * H * T * kr * dv, weight_bytes=H * kr * dv * BF16,
                 act_bytes=(T * H * kr + T * H * dv) * BF16, dims={"B": H, "M": T, "K": kr, "N": dv}, impl="bmm_uv"),
@@ -298,20 +295,13 @@ ATTN_OPS = ("concat", "pad", "pad_copy", "kernel", "out_slice", "chunk_out", "ch
 def attention_op_work(op: str, T: int, H: int, Hp: int, sum_topk: int, head_size: int = 576, d_v: int = 512) -> float:
     """Bytes, or FLOPs for ``kernel`` (``2 sum_topk H' (576+512)``, FlashMLA README), of one attention-path op.
     Raises ValueError: unknown op."""
-    row = head_size * 2
-    if op == "concat":
-        return 2 * T * H * row
-    if op == "concat_zero_padding":  # the concat also writes zeros into the padded heads (zero_padding=True)
-        return 2 * T * H * row + T * (Hp - H) * row
-    if op == "pad":
-        return T * Hp * row + 2 * T * H * row
-    if op == "pad_copy":
-        return 2 * T * H * row
-    if op in ("out_slice", "chunk_out"):
-        return 2 * T * H * d_v * 2
-    if op == "kernel":
-        return 2 * sum_topk * Hp * (head_size + d_v)
-    raise ValueError(f"op={op!r} is not known; allowed: {list(ATTN_OPS) + ['concat_zero_padding']}")
+    row, concat, out = head_size * 2, 2 * T * H * head_size * 2, 2 * T * H * d_v * 2
+    work = {"concat": concat, "pad": T * Hp * row + concat, "pad_copy": concat, "out_slice": out, "chunk_out": out,
+            "kernel": 2 * sum_topk * Hp * (head_size + d_v),
+            "concat_zero_padding": concat + T * (Hp - H) * row}  # the concat also zeroes the padded heads
+    if op not in work:
+        raise ValueError(f"op={op!r} is not known; allowed: {list(ATTN_OPS) + ['concat_zero_padding']}")
+    return work[op]
 
 
 def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int,
@@ -326,13 +316,7 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
         check_int("sum_topk", sum_topk, allow_zero=True)
         if sum_topk > num_tokens * model.topk:
             raise ValueError(f"sum_topk={sum_topk} exceeds num_tokens * index_topk = {num_tokens * model.topk}")
-    return _attention_path_ops(rank, spec, num_tokens, num_tokens * model.topk if sum_topk is None else sum_topk)
-
-
-def _attention_path_ops(rank: RankView, spec: Strategy, T: int, st: int, step=None) -> list[LayerOp]:
-    """:func:`attention_path_ops` unchecked: its kind's ``price`` (``step``: the chunks ``packed`` prices its unions
-    from)."""
-    return spec.kind.price(rank, spec, T, st, step)
+    return spec.kind.price(rank, spec, num_tokens, num_tokens * model.topk if sum_topk is None else sum_topk, None)
 
 
 def path_op(rank: RankView, name: str, T: int, st: int, work_of: str | None = None, **dims) -> LayerOp:

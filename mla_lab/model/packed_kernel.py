@@ -22,14 +22,14 @@ from ..union_layout import union_buffer_bytes
 from ..workload import Step, schedule, sum_topk_lengths
 
 __all__ = ["ROWS_CSV", "PACKED_CSV", "PACKED_OVERLAP_DEFAULT", "PACKED_OVERLAP_SOURCE", "DISPATCH_MARGIN", "PackedFit",
-           "HAND_FIT", "fit_packed", "write_packed_csv", "read_packed_csv", "load_packed_fit", "causal_group_union",
+           "HAND_FIT", "fit_packed", "fit_packed_file", "read_packed_csv", "load_packed_fit", "causal_group_union",
            "step_union", "UnionStats", "packed_plan", "PackedPlan", "packed_union_bytes", "union_key_space",
-           "packed_group_size", "packed_strategy", "packed_summary", "main"]
+           "packed_group_size", "packed_strategy", "packed_summary"]
 
 #: The GPU the fit's rows ran on, and the rows (``mla-lab measure --experiments packed_kernels``).
 FIT_GPU = "h200"
 ROWS_CSV = f"data/measured/{FIT_GPU}/between_process/packed_kernels.csv"
-#: The calibration file :func:`write_packed_csv` writes (``data/calibration``).
+#: The calibration file :func:`fit_packed_file` makes (``data/calibration``).
 PACKED_CSV = "h200_packed.csv"
 #: The assumed pairwise overlap of neighbouring tokens' top-k sets past the top-k (strategy ``packed``).
 PACKED_OVERLAP_DEFAULT = 0.44
@@ -51,8 +51,8 @@ KERNEL_ROWS = {"kernel": "packed_kernel", "triton": "packed_triton", "build": "u
 #: Coefficients (ns) and what each multiplies.
 TERMS = {"flash_tile": "hybrid: shared key-tiles", "rest_tile": "hybrid: rest key-tiles",
          "rest_group": "hybrid: groups with rest keys", "triton_tile": "Triton only: union key-tiles",
-         "triton_group": "Triton only: groups",
-         "build_read": "union build: [T, topk] entries read", "build_entry": "union build: valid entries, sum(topk_length)",
+         "triton_group": "Triton only: groups", "build_read": "union build: [T, topk] entries read",
+         "build_entry": "union build: valid entries, sum(topk_length)",
          "build_key": "union build: union keys written, sum(U)", "padded_tile": "padded kernel: sum(topk_length)",
          "padded_token": "padded kernel: tokens"}
 
@@ -176,11 +176,7 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
         X = np.array([[t[s][c] for c in cols] for s in shapes])
         y = np.array([med[(s, kernel)] * 1e6 for s in shapes])
         coef[block], fitted, loso = _fit_block(X, y)
-        for s, yi, fi, li in zip(shapes, y, fitted, loso):
-            errors.append({"block": block, "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": yi / 1e6,
-                           "fitted_ms": fi / 1e6, "in_sample_pct": 100.0 * (fi - yi) / yi,
-                           "loso_ms": None if li is None else li / 1e6,
-                           "loso_pct": None if li is None else 100.0 * (li - yi) / yi})
+        errors += [_error(block, s, *geo[s][2:], yi, fi, li, 1e6) for s, yi, fi, li in zip(shapes, y, fitted, loso)]
     src = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
     fit = PackedFit(*coef["kernel"], *coef["triton"], *coef["build"], *coef["padded"], source=src,
                     source_commit=source_commit if source_commit is not None else _commit_of(path))
@@ -189,9 +185,17 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
             y = med[(s, KERNEL_ROWS["path"])]
             f = (fit.kernel_ns(t[s]["shared"], t[s]["rest"], t[s]["groups_with_rest"], t[s]["groups"])[1]
                  + fit.build_ns(t[s]["read"], t[s]["entries"], t[s]["union_keys"])) / 1e6
-            errors.append({"block": "path_check", "shape": s, "U": geo[s][2], "S": geo[s][3], "measured_ms": y,
-                           "fitted_ms": f, "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None, "loso_pct": None})
+            errors.append(_error("path_check", s, *geo[s][2:], y, f))
     return PackedFit(**{**fit.__dict__, "errors": tuple(errors)})
+
+
+def _error(block: str, shape: str, U: float, S: float, y: float, f: float, lo: float | None = None,
+           per_ms: float = 1.0) -> dict:
+    """One error row: measured ``y``, fitted ``f``, leave-one-shape-out ``lo`` (None: not fitted) in ``1 / per_ms``
+    ms."""
+    return {"block": block, "shape": shape, "U": U, "S": S, "measured_ms": y / per_ms, "fitted_ms": f / per_ms,
+            "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None if lo is None else lo / per_ms,
+            "loso_pct": None if lo is None else 100.0 * (lo - y) / y}
 
 
 def _commit_of(path: Path) -> str:
@@ -208,27 +212,18 @@ CSV_COLUMNS = ["kind", "name", "block", "shape", "value", "unit", "U", "S", "mea
                "in_sample_pct", "loso_ms", "loso_pct", "meaning", "source", "source_commit"]
 
 
-def write_packed_csv(fit: PackedFit, path: str | Path, overwrite: bool = False) -> Path:
-    """Write the coefficients and per-shape errors (:data:`CSV_COLUMNS`). Raises FileExistsError: ``path`` exists
-    without ``overwrite``."""
-    path = Path(path)
-    if path.exists() and not overwrite:
-        raise FileExistsError(f"{path} exists: pass --overwrite to replace it")
-    rows = [{"kind": "coefficient", "name": n, "value": getattr(fit, n), "unit": "ns", "meaning": m,
-             "source": fit.source, "source_commit": fit.source_commit} for n, m in TERMS.items()]
-    rows += [{"kind": "error", "name": e["block"], **{k: e[k] for k in e if k != "block"}, "block": e["block"],
-              "source": fit.source, "source_commit": fit.source_commit} for e in fit.errors]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, CSV_COLUMNS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if r.get(k) is None else r.get(k, "")) for k in CSV_COLUMNS})
-    return path
+def fit_packed_file(measured: Path) -> dict:
+    """``{PACKED_CSV: rows}`` (:data:`CSV_COLUMNS`): :func:`fit_packed` of ``measured``'s packed_kernels rows, the
+    coefficients then the per-shape errors (the ``mla_lab.fits`` entry ``packed``). Raises ValueError: as the fit."""
+    fit = fit_packed(measured / FIT_GPU / "between_process" / "packed_kernels.csv")
+    rows = [{"kind": "coefficient", "name": n, "value": getattr(fit, n), "unit": "ns", "meaning": m}
+            for n, m in TERMS.items()] + [{"kind": "error", "name": e["block"], **e} for e in fit.errors]
+    prov = {"source": fit.source, "source_commit": fit.source_commit}
+    return {PACKED_CSV: [{k: "" if r.get(k) is None else r.get(k, "") for k in CSV_COLUMNS} | prov for r in rows]}
 
 
 def read_packed_csv(path: str | Path) -> PackedFit:
-    """The :class:`PackedFit` of a file :func:`write_packed_csv` wrote."""
+    """The :class:`PackedFit` of a file :func:`fit_packed_file` made."""
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     c = {r["name"]: float(r["value"]) for r in rows if r["kind"] == "coefficient"}
@@ -324,13 +319,6 @@ def step_union(chunks, topk: int, g: int, overlap: float) -> UnionStats:
                       float(T * topk))
 
 
-def _step_chunks(step: Step | int) -> list:
-    """A :class:`~mla_lab.workload.Step`'s chunks; an int T: one fresh prompt of T tokens."""
-    if isinstance(step, Step):
-        return list(step.chunks)
-    return [(0, 0, step)] if step else []
-
-
 @dataclass(frozen=True)
 class PackedPlan:
     """What a step runs under ``packed``: ``path`` ``packed`` / ``fallback`` (FA3 sparse), ``mode`` (None: heads not
@@ -357,9 +345,10 @@ def _predict(rank: RankView, stats: UnionStats, fit: PackedFit, rows: int) -> tu
 
 def packed_plan(rank: RankView, step: Step | int, overlap: float | None = None,
                 fit: PackedFit | None = None) -> PackedPlan:
-    """The dispatch for one step on one rank (None: the default overlap; :func:`load_packed_fit`, cached)."""
+    """The dispatch for one step on one rank (an int T: one fresh prompt of T tokens; None: the default overlap;
+    :func:`load_packed_fit`, cached)."""
     o = PACKED_OVERLAP_DEFAULT if overlap is None else overlap
-    chunks = tuple(tuple(c) for c in _step_chunks(step))
+    chunks = tuple(tuple(c) for c in step.chunks) if isinstance(step, Step) else ((0, 0, step),) if step else ()
     return _plan_cached(rank, chunks, o) if fit is None else _plan(rank, chunks, o, fit)
 
 
@@ -461,54 +450,3 @@ def packed_union_bytes(rank: RankView, prompt_len: int | None) -> int:
     progs = PROGRAMS_PER_SM * rank.arch.sm_count
     b = union_buffer_bytes(rank.max_num_batched_tokens, rank.model.topk, g, union_key_space(rank, prompt_len), progs)
     return b["outputs"] if g in CUDA_BUILDER_GROUPS else b["total"]
-
-
-def _refuse(message: str):
-    """Print ``message`` as one line on stderr and exit 2."""
-    import sys
-
-    print(f"python -m mla_lab.model.packed_kernel: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _main_fit(a) -> PackedFit:
-    """The fit :func:`main` prints, its flags checked first."""
-    if a.overwrite and not a.write:
-        _refuse("--overwrite is given without --write; allowed: with --write (nothing is written without it)")
-    if a.write and (calibration_dir() / PACKED_CSV).exists() and not a.overwrite:
-        _refuse(f"{calibration_dir() / PACKED_CSV} exists: pass --overwrite to replace it")
-    if not Path(a.rows).is_file():
-        _refuse(f"--rows={a.rows} is not a file; run mla-lab measure --experiments packed_kernels first")
-    try:
-        return fit_packed(a.rows)
-    except (ValueError, KeyError, OSError) as e:  # not a packed_kernels rows file (UnicodeDecodeError included)
-        why = " ".join(str(e).split()).removeprefix(f"{a.rows}: ")
-        _refuse(f"--rows={a.rows} cannot be fitted: {why}" + ("" if "allowed:" in why else "; allowed: the rows "
-                "mla-lab measure --experiments packed_kernels writes (between_process/packed_kernels.csv)"))
-
-
-def main(argv=None) -> int:
-    """``python -m mla_lab.model.packed_kernel [--rows CSV] [--write [--overwrite]]``: fit, print, write."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.model.packed_kernel")
-    ap.add_argument("--rows", default=str(REPO_ROOT / ROWS_CSV), help="the packed_kernels rows (default: committed)")
-    ap.add_argument("--write", action="store_true")
-    ap.add_argument("--overwrite", action="store_true")
-    ap.error = _refuse  # one line, exit 2
-    a = ap.parse_args(argv)
-    fit = _main_fit(a)
-    for n in TERMS:
-        print(f"{n:13s} {getattr(fit, n):10.4f} ns  ({TERMS[n]})")
-    for e in fit.errors:
-        lo = "" if e["loso_pct"] is None else f", leave-one-shape-out {e['loso_pct']:+.1f} %"
-        print(f"{e['block']:10s} {e['shape']:12s} measured {e['measured_ms']:.3f} ms, fitted "
-              f"{e['fitted_ms']:.3f} ms ({e['in_sample_pct']:+.1f} %{lo})")
-    if a.write:
-        path = calibration_dir() / PACKED_CSV
-        print(f"wrote {write_packed_csv(fit, path, overwrite=a.overwrite)}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -10,7 +10,9 @@ topk)``. (a) ``mha-dense``; (b) its up-projection (vLLM ``forward_mha``; it drop
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -24,22 +26,13 @@ from ..rank import RankView
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
 from .calibration import Calibration, csv_rows, fit_calibration, resolve_calibration
-from .ops import (
-    ATTN_OPS,
-    WEIGHT_DTYPES,
-    LayerOp,
-    _check_options,
-    _gemm,
-    _layer_ops,
-    _step_pairs,
-)
+from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _check_options, _gemm, _layer_ops, _step_pairs
 
-__all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mask_op", "mha_dense_ops",
-           "masked_mha_ops", "PaddedKernelFit", "padded_kernel_terms", "padded_kernel_rows",
-           "fit_padded_kernel", "default_padded_kernel_fit", "route_rows", "fit_route_classes",
-           "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS", "route_layer_ops", "step_route",
-           "route_step_ops", "prompt_len_step", "route_calibration_rows", "DROPPED_BY_DENSE",
-           "ROUTE_ATTN_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
+__all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mha_dense_ops", "PaddedKernelFit",
+           "padded_kernel_terms", "padded_kernel_rows", "fit_padded_kernel", "default_padded_kernel_fit", "route_rows",
+           "fit_route_classes", "route_rows_rank", "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS",
+           "route_layer_ops", "step_route", "route_step_ops", "prompt_len_step", "route_calibration_rows",
+           "DROPPED_BY_DENSE", "ROUTE_ATTN_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
 
 BF16 = 2
 FP32 = 4
@@ -101,24 +94,12 @@ def up_projection_ops(rank: RankView, rs: RouteStats) -> list[LayerOp]:
     return [proj, cat]
 
 
-def mask_op(rs: RouteStats) -> LayerOp:
-    """(c): a ``[n, start + n]`` bit mask per chunk, written and read once (assumed)."""
-    return LayerOp("mask", "elementwise", act_bytes=2 * math.ceil(rs.mask_bits / 8),
-                   dims={"bits": rs.mask_bits}, impl=None)
-
-
 def mha_dense_ops(rank: RankView, step: Step | int) -> list[LayerOp]:
     """``kv_b_proj``, ``k_concat``, ``mha_attn``. Raises ValueError: a chunk with ``start + n > topk``."""
     model = rank.model
     rs = route_stats(model, step)
     check_route("mha-dense", model.name, max(rs.max_seq_len, 1), model.topk)
     return up_projection_ops(rank, rs) + [mha_attention_op(rank, rs)]
-
-
-def masked_mha_ops(rank: RankView, step: Step | int) -> list[LayerOp]:
-    """The ops the ``mha-masked`` route adds: the dense route's plus ``mask`` (modelled; no kernel run)."""
-    rs = route_stats(rank.model, step)
-    return up_projection_ops(rank, rs) + [mha_attention_op(rank, rs), mask_op(rs)]
 
 
 def padded_kernel_terms(T: int, Hp: int, sum_topk: int, H_out: int | None = None) -> dict:
@@ -252,16 +233,15 @@ def fit_padded_kernel(rows: list[dict], arch: str = "h200", calibration: Calibra
                    oos={k: float(v) for k, v in oos.items()}, flop_only_mape_pct=float(100 * sum(fo) / len(fo)))
 
 
-_FIT_CACHE: dict = {}
-
-
 def default_padded_kernel_fit() -> PaddedKernelFit:
-    """The fit on the committed H200 rows (:func:`padded_kernel_rows`), cached."""
-    key = ("h200", str(calibration_measurements_dir("h200")))
-    if key not in _FIT_CACHE:
-        _FIT_CACHE[key] = fit_padded_kernel(padded_kernel_rows(), "h200",
-                                            name="padded-kernel roofline fitted on the committed H200 rows")
-    return _FIT_CACHE[key]
+    """The fit on the committed H200 rows (:func:`padded_kernel_rows`), cached per rows folder."""
+    return _padded_fit(str(calibration_measurements_dir("h200")))
+
+
+@functools.cache
+def _padded_fit(root: str) -> PaddedKernelFit:
+    return fit_padded_kernel(padded_kernel_rows(), "h200",
+                             name="padded-kernel roofline fitted on the committed H200 rows")
 
 
 #: Where the H200 route rows live (``mla_lab/measure/experiments/routes_step.py``, 5 fresh processes).
@@ -269,6 +249,13 @@ ROUTES_CSV = ("between_process", "routes.csv")
 #: SDPA backend whose rows fit ``mha_attn``: cuDNN (Hopper wgmma, nearest to the FA3 varlen kernel engines call).
 MHA_FIT_BACKEND = "cudnn"
 K_CONCAT_CLASS = "k_concat"
+
+
+@functools.cache
+def route_rows_rank(model: str) -> RankView:
+    """The TP8 H200 rank the route rows of ``model`` ran on (bf16 weights and KV, experts TP, 16384 tokens), once."""
+    return Deployment.rank_of(model=model, tp=8, arch="h200", kv_cache_dtype="bf16", weight_dtype="bf16",
+                              moe_parallel="tp", max_num_batched_tokens=16384)
 
 
 def route_rows(path: str | Path | None = None) -> list[dict]:
@@ -281,14 +268,9 @@ def route_rows(path: str | Path | None = None) -> list[dict]:
         k = (r["model"], r["route"], int(r["prompt_len"]))
         per.setdefault(k, {})[r["process"]] = float(r["median_ms"])
         meta[k] = (int(r["num_prompts"]), int(r["T"]), r.get("v_padded") == "True")
-    out = []
-    for k in sorted(per):
-        v = sorted(per[k].values())
-        n = len(v)
-        out.append({"model": k[0], "route": k[1], "prompt_len": k[2], "num_prompts": meta[k][0], "T": meta[k][1],
-                    "v_padded": meta[k][2], "ms": v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2]),
-                    "n_processes": n})
-    return out
+    return [{"model": k[0], "route": k[1], "prompt_len": k[2], "num_prompts": meta[k][0], "T": meta[k][1],
+             "v_padded": meta[k][2], "ms": statistics.median(per[k].values()), "n_processes": len(per[k])}
+            for k in sorted(per)]
 
 
 def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BACKEND):
@@ -296,17 +278,12 @@ def fit_route_classes(rows: list[dict] | None = None, backend: str = MHA_FIT_BAC
     Raises ValueError: no rows for ``backend``; an unknown model."""
     rows = route_rows() if rows is None else rows
     fit_in = []
-    ranks: dict = {}  # model name -> its TP8 H200 rank (bf16 weights: the rows ran bf16), built once at this door
     for r in rows:
         is_mha = r["route"] == f"mha:sdpa:{backend}"
         is_cat = r["route"] == "mha:assemble" and not r.get("v_padded")
         if not (is_mha or is_cat):
             continue
-        if r["model"] not in ranks:
-            ranks[r["model"]] = Deployment.rank_of(model=r["model"], tp=8, arch="h200", kv_cache_dtype="bf16",
-                                                   weight_dtype="bf16", moe_parallel="tp",
-                                                   max_num_batched_tokens=16384)
-        rank = ranks[r["model"]]
+        rank = route_rows_rank(r["model"])
         rs = route_stats(rank.model, prompt_len_step(r["prompt_len"], r["T"]))
         op = mha_attention_op(rank, rs) if is_mha else up_projection_ops(rank, rs)[1]
         fit_in.append({"op_class": MHA_CLASS if is_mha else K_CONCAT_CLASS, "flops": op.flops, "bytes": op.bytes,
@@ -337,7 +314,12 @@ def _route_layer_ops(rank: RankView, route: str, step: Step | int, strategy: Str
     ops = _layer_ops(rank, strategy, step, **kw)
     if route in ("sparse-mqa", "fa3-sparse"):
         return ops
-    add = mha_dense_ops(rank, step) if route == "mha-dense" else masked_mha_ops(rank, step)
+    if route == "mha-dense":
+        add = mha_dense_ops(rank, step)
+    else:  # (c) mha-masked: the dense route's ops plus a [n, start + n] bit mask per chunk written and read once
+        rs = route_stats(rank.model, step)  # (assumed; modelled, no kernel run)
+        mask = LayerOp("mask", "elementwise", act_bytes=2 * math.ceil(rs.mask_bits / 8), dims={"bits": rs.mask_bits})
+        add = up_projection_ops(rank, rs) + [mha_attention_op(rank, rs), mask]
     drop = set(DROPPED_BY_DENSE) - ({"idx_topk", "idx_logits"} if route == "mha-masked" else set())
     i = next(k for k, op in enumerate(ops) if op.name == "w_uk_bmm")
     kept = [op for op in ops if op.name not in drop]

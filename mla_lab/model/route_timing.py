@@ -10,7 +10,6 @@ from dataclasses import replace
 
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
-from ..deployment import Deployment
 from ..rank import RankView
 from ..routes import ROUTES
 from ..workload import Step
@@ -23,6 +22,7 @@ from .route_ops import (
     prompt_len_step,
     route_layer_ops,
     route_rows,
+    route_rows_rank,
 )
 from .timing import apply_step_content, op_time_ms
 
@@ -112,15 +112,11 @@ def validate_routes(rows: list[dict] | None = None, kernel_fit: PaddedKernelFit 
     meas = {(r["model"], r["route"], r["prompt_len"]): r["ms"] for r in rows}
     arch = get_arch("h200")
     out = []
-    ranks: dict = {}  # model name -> its TP8 H200 rank
     for (mn, route, L), ms in sorted(meas.items()):
         if route != "mqa_kernel_only:private_workspace":
             continue
-        if mn not in ranks:
-            ranks[mn] = Deployment.rank_of(model=mn, tp=8, arch=arch, kv_cache_dtype="bf16", weight_dtype="bf16",
-                                           moe_parallel="tp", max_num_batched_tokens=16384)
         step = prompt_len_step(L, next(r["T"] for r in rows if r["model"] == mn and r["prompt_len"] == L))
-        ops = {o.name: o for o in layer_ops(ranks[mn], "private_workspace", step)}
+        ops = {o.name: o for o in layer_ops(route_rows_rank(mn), "private_workspace", step)}
         t = {km: route_op_time_ms(ops["concat"], arch) + route_op_time_ms(ops["kernel"], arch, None, 8, kernel_fit, km)
              for km in KERNEL_MODELS}
         bmm = route_op_time_ms(ops["w_uk_bmm"], arch) + route_op_time_ms(ops["w_uv_bmm"], arch)

@@ -15,7 +15,7 @@ from ..workload import Step
 from .calibration import COMM_CLASSES, Calibration, ClassEff, resolve_calibration
 from .fa3_kernel import GPU as FA3_RATIO_GPU
 from .fa3_kernel import load_fa3_ratio
-from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, _attention_path_ops, step_stats
+from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, step_stats
 from .packed_kernel import FIT_GPU as PACKED_FIT_GPU
 from .route_ops import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
@@ -132,9 +132,8 @@ def attention_path_ms(rank: RankView, strategy: Strategy | str, step: Step | int
                       calibration: Calibration | None = None, causal: bool = True) -> dict:
     """Modelled ms per attention-path op and ``total`` for one layer, one rank, one step (an int: full topk)."""
     ss = step_stats(rank.model, step, causal)
-    cal = resolve_calibration(calibration)
-    out = {op.name: _op_ms(op, rank.arch, cal, 1)
-           for op in _attention_path_ops(rank, as_strategy(strategy), ss.num_tokens, ss.sum_topk, step)}
+    cal, st = resolve_calibration(calibration), as_strategy(strategy)
+    out = {op.name: _op_ms(op, rank.arch, cal, 1) for op in st.kind.price(rank, st, ss.num_tokens, ss.sum_topk, step)}
     out["total"] = sum(out.values())
     return out
 

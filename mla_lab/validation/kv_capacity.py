@@ -3,11 +3,13 @@ memory`` (:func:`mla_lab.model.memory.memory_tradeoff`), predicted before the lo
 (:data:`PROTOCOL`; files ``data/validation/kv_capacity_2026-12*.json``).
 
     python -m mla_lab.validation.kv_capacity {predict,score} [--round STEM] [--overwrite]
+    python -m mla_lab.validation.kv_capacity posthoc [--overwrite]   # -> kv_capacity_2026-12_posthoc.json
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import re
@@ -33,7 +35,14 @@ def round_paths(stem: str = ROUND) -> tuple:
 
 
 WORKLOADS, PRED, RESULTS, SCORE = round_paths()
+POSTHOC = _DIR / f"{ROUND}_posthoc.json"
 GIB = 2**30
+#: ``--max-num-seqs`` vLLM takes on an H200 when none is given (the committed cases left it to the lab's 256).
+H200_DEFAULT_MAX_NUM_SEQS = (1024, "vLLM's OpenAI-server default on H100/H200-class GPUs: vllm-0.33.0 wheel "
+                                   "vllm/engine/arg_utils.py:2983-2992, vllm-0.24.0 wheel :2412")
+#: The lab's available KV memory for harness-51's 1M-context launch before the post-hoc fixes, GiB (computed at
+#: commit 52f4e9f and stated in docs/ttft-model.md's round-two paragraph there).
+HARNESS_1M_BEFORE_GIB = 39.86
 PROTOCOL = ("Each case's configuration was recorded first (kv_capacity_2026-12_workloads.json, its own commit). "
             "These predictions are computed from it by mla_lab.model.memory.memory_tradeoff at the code commit "
             "named here and committed on their own, before the logs' KV numbers are read; the numbers go into "
@@ -120,13 +129,78 @@ def score(pred: dict, results: dict, stem: str = ROUND) -> dict:
             "rows": rows, "summary": summary}
 
 
+def harness_one_million_case() -> tuple[dict, float]:
+    """Round two's harness-51 case set to its other launch (max_model_len 1,000,000, bf16 KV, its utilization),
+    read after the predictions, and the available KV memory (GiB) its serve doc states."""
+    _, _, results_path, _ = round_paths("kv_capacity_2026-12c")
+    other = {c["id"]: c for c in json.loads(results_path.read_text())["cases"]}["harness-51"]["other_launch"]
+    case = copy.deepcopy({c["id"]: c for c in json.loads(round_paths("kv_capacity_2026-12c")[0].read_text())[
+        "cases"]}["harness-51"])
+    case["stated"].update(kv_cache_dtype=other["kv_cache_dtype"], max_model_len=other["max_model_len"],
+                          gpu_memory_utilization=other["gpu_memory_utilization"])
+    return case, other["available_kv_gib"]
+
+
+def _figures(case: dict, max_num_seqs: int | None = None) -> dict:
+    """The lab's ``available_kv_gib`` and ``weights_gib`` for ``case`` now (``max_num_seqs`` set when given)."""
+    if max_num_seqs is not None:
+        case = copy.deepcopy(case)
+        case["stated"]["max_num_seqs"] = max_num_seqs
+    d, rule = deployment_of(case)
+    kv = memory_tradeoff(d, strategies=[BASELINE], **rule)["kv_capacity"]
+    return predicted_figures({"predicted": {"available_kv_gib": round(kv["available_bytes"] / GIB, 2)},
+                              "terms": kv["terms"]})
+
+
+def posthoc() -> dict:
+    """POST HOC, not blind: the two GLM-5.x figures read before or outside a blind prediction, recomputed with the
+    model as it is now (before: the committed figures), as committed and with vLLM's H200 ``max_num_seqs``
+    default; ``error_pct = (lab - stated) / stated x 100``. Nothing fitted to them."""
+    recipes = {c["id"]: c for c in json.loads(WORKLOADS.read_text())["cases"]}["recipes-893"]
+    stated = {c["id"]: c for c in json.loads(RESULTS.read_text())["cases"]}["recipes-893"]
+    before = predicted_figures({c["id"]: c for c in json.loads(PRED.read_text())["cases"]}["recipes-893"])
+    harness, harness_real = harness_one_million_case()
+    mns = H200_DEFAULT_MAX_NUM_SEQS[0]
+    rows = []
+    for cid, case, fig, b, real in (("recipes-893", recipes, "available_kv_gib", before["available_kv_gib"],
+                                     stated["available_kv_gib"]),
+                                    ("recipes-893", recipes, "weights_gib", before["weights_gib"], stated["weights_gib"]),
+                                    ("harness-51 (1M launch)", harness, "available_kv_gib", HARNESS_1M_BEFORE_GIB,
+                                     harness_real)):
+        now, now_h200 = _figures(case)[fig], _figures(case, mns)[fig]
+        rows.append({"id": cid, "figure": fig, "stated": real, "before": b, "after": now,
+                     "after_h200_max_num_seqs": now_h200,
+                     **{f"error_pct_{k}": (v - real) / real * 100 for k, v in
+                        (("before", b), ("after", now), ("after_h200_max_num_seqs", now_h200))}})
+    r = rows[0]
+    with_stated_weights = r["after_h200_max_num_seqs"] + rows[1]["after_h200_max_num_seqs"] - rows[1]["stated"]
+    return {"what": "POST HOC (not blind, in-sample figures: both were read before this change): the non-blind "
+                    "GLM-5.x KV figures on 8xH200 before and after the fixes of the KV budget read in vLLM's wheels "
+                    "(indexer weights on indexer layers only, fused-MoE workspace as vLLM shapes it, the dummy "
+                    "sampler's peak and buffer); nothing fitted to these figures",
+            "blind_files_untouched": [str(p.relative_to(REPO_ROOT)) for p in (PRED, round_paths(
+                "kv_capacity_2026-12c")[1])],
+            "max_num_seqs": {"committed_cases": 256, "h200_default": mns, "source": H200_DEFAULT_MAX_NUM_SEQS[1]},
+            "produced_by": "python -m mla_lab.validation.kv_capacity posthoc", "model_commit": git_commit(),
+            "rows": rows,
+            "diagnostic_recipes_893_with_stated_weights": {
+                "what": "in-sample: the lab's available KV memory (H200 max_num_seqs) with the log's 94.46 GiB "
+                        "weights in place of the lab's, i.e. the error left to the non-weight terms",
+                "available_kv_gib": round(with_stated_weights, 2),
+                "error_pct": (round(with_stated_weights, 2) - r["stated"]) / r["stated"] * 100}}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.kv_capacity")
-    ap.add_argument("step", choices=["predict", "score"], help="predict: write the prediction file; score: the errors")
+    ap.add_argument("step", choices=["predict", "score", "posthoc"],
+                    help="predict: write the prediction file; score: the errors; posthoc: the post-hoc file")
     ap.add_argument("--overwrite", action="store_true", help="replace a committed file")
     ap.add_argument("--round", default=ROUND, help=f"the round's file stem in data/validation (default {ROUND})")
     a = ap.parse_args(argv)
     workloads, pred, results, score_path = round_paths(a.round)
+    if a.step == "posthoc":
+        write_record(POSTHOC, posthoc(), a.overwrite, ap)
+        return 0
     if not re.fullmatch(r"kv_capacity_[\w.-]+", a.round) or not workloads.exists():
         ap.error(f"--round={a.round!r}: allowed: a stem 'kv_capacity_...' whose <stem>_workloads.json is in {_DIR}")
     if a.step == "predict":

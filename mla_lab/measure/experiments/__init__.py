@@ -183,9 +183,9 @@ CALIBRATION: dict[str, Fit] = {
                            "mla_lab.fits.files:fit_routes_file"),
     "h200_subchunk_graph.csv": Fit((_H + "subgraph.csv",), ("subgraph",), "mla_lab.fits.files:fit_subchunk_graph_file"),
     "h200_decode_kernels.csv": Fit((_H + "engine_kernels.csv",), ("engine_kernels",),
-                                   "mla_lab.model.decode_kernels:main (--write)"),
+                                   "mla_lab.model.decode_kernels:fit_decode_kernels_file"),
     "h200_packed.csv": Fit((_H + "packed_kernels.csv",), ("packed_kernels",),
-                           "mla_lab.model.packed_kernel:main (--write)"),
+                           "mla_lab.model.packed_kernel:fit_packed_file"),
 }
 
 
