@@ -69,13 +69,8 @@ class MemoryAccount:
     kernel_out_bytes: int
     route: str = "sparse-mqa"
 
-    @property
-    def call_transient_bytes(self) -> int:
-        return self.step_transient_bytes + self.kernel_out_bytes
-
-    @property
-    def peak_bytes(self) -> int:
-        return self.persistent_bytes + self.call_transient_bytes
+    call_transient_bytes = property(lambda self: self.step_transient_bytes + self.kernel_out_bytes)
+    peak_bytes = property(lambda self: self.persistent_bytes + self.call_transient_bytes)
 
     def to_dict(self) -> dict:
         return asdict(self) | {"peak_bytes": self.peak_bytes, "call_transient_bytes": self.call_transient_bytes}
@@ -203,10 +198,8 @@ class QConcatWorkspace:
         alloc = torch.zeros if zero_init else torch.empty
         self.buffer = alloc((max_num_batched_tokens, self.q_concat_heads, head_size), dtype=dtype, device=device)
 
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: ``max_num_batched_tokens * q_concat_heads * head_size * element_size``."""
-        return self.buffer.numel() * self.buffer.element_size()
+    #: Bytes held: ``max_num_batched_tokens * q_concat_heads * head_size * element_size``.
+    nbytes = property(lambda self: self.buffer.numel() * self.buffer.element_size())
 
     def view(self, num_tokens: int):
         """``[:num_tokens]``, a view. Raises ValueError: not an int in 0..max_num_batched_tokens."""

@@ -61,8 +61,8 @@ def add_parsers(sub) -> None:
     ms.add_argument("--budget-s", type=budget_type, default=None, metavar="S",
                     help="start no new process after S seconds (a lent machine's per-call limit); exit 3 and "
                          "--resume when processes are left")
-    ms.add_argument("--smoke", action="store_true", help="tiny shapes, one process per experiment, into a temp "
-                                                         "folder: every experiment end to end in a few minutes")
+    ms.add_argument("--smoke", action="store_true", help="tiny shapes, one process per chosen experiment (default "
+                                                         "set: the * ones of --dry-run), into a temp folder")
     rp = sub.add_parser("report", help="render the report for one GPU from data/measured/<gpu>/")
     rp.add_argument("--measured", required=True, help="a GPU folder under data/measured, e.g. h200")
     rp.add_argument("--report-dir", default=None, help="where the report goes (default reports/<gpu>)")
@@ -140,11 +140,14 @@ def _engine_root_refusal(args, experiments) -> str:
 
 def _dry_run(args, experiments, record, root_msg: str) -> int:
     """``--dry-run``: every experiment (without ``--experiments``; the default set marked) or the chosen ones."""
-    from mla_lab.measure.experiments import EXPERIMENTS, runner
+    from mla_lab.measure.experiments import EXPERIMENTS, SMOKE_TOKENS, runner
 
-    out = args.resume or args.out or "data/measured/<gpu>"
+    temp = f"{tempfile.gettempdir()}/mla_lab_smoke_<gpu>_*"  # what _run makes under --smoke
+    out = args.resume or args.out or (temp if args.smoke else "data/measured/<gpu>")
     listed = list(EXPERIMENTS.values()) if not args.experiments else experiments
-    print("\n".join(runner.dry_run_lines(listed, args.processes, out)))
+    print("\n".join(runner.dry_run_lines(listed, 1 if args.smoke else args.processes, out)))
+    if args.smoke:
+        print(f"--smoke: the * experiments (or --experiments), tiny shapes ({SMOKE_TOKENS} tokens), one process each")
     if record is not None:
         print(runner.resume_lines(record, experiments, args.processes))
     if root_msg:

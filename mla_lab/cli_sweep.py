@@ -381,7 +381,7 @@ def add_parser(sub) -> None:
     sw.add_argument("--address", default=None, help="Ray cluster address with --executor ray (= -p ray_address)")
     for flag, name in doors.VLLM_FLAGS:
         sw.add_argument(flag, dest=f"vllm_{name}", default=None, metavar="VALUE",
-                        help=f"vLLM spelling of -p {name} (a YAML value: 8 or [4, 8])")
+                        help=f"vLLM spelling of -p {name} (a YAML value, as -p {name} takes it)")
     sw.add_argument("--num-runs", type=B("num_runs"), default=None,
                     help=f"interleaved repeats of each measured strategy on a GPU, {R('num_runs')} (= -p num_runs; "
                          "default 7)")

@@ -188,14 +188,10 @@ class Deployment:
 
     def args(self) -> dict:
         """The :meth:`of` arguments that rebuild this deployment (model and arch as their names)."""
-        wl = self.workload
-        return {"model": self.model.name, "tp": self.tp, "arch": self.arch.name,
-                "max_num_batched_tokens": self.max_num_batched_tokens, "kv_cache_dtype": self.kv_cache_dtype,
-                "weight_dtype": self.weight_dtype, "moe_parallel": self.moe_parallel,
-                "gpu_memory_utilization": self.gpu_memory_utilization, "prompt_len": wl.prompt_len,
-                "output_len": self.output_len, "num_prompts": wl.num_prompts, "concurrency": wl.concurrency,
-                "max_num_seqs": self.max_num_seqs, "num_speculative_tokens": self.num_speculative_tokens,
-                "acceptance_length": self.acceptance_length, "dp_attention": self.dp_attention}
+        rest = ("max_num_batched_tokens", "kv_cache_dtype", "weight_dtype", "moe_parallel", "gpu_memory_utilization",
+                "prompt_len", "output_len", "num_prompts", "concurrency", "max_num_seqs", "num_speculative_tokens",
+                "acceptance_length", "dp_attention")
+        return {"model": self.model.name, "tp": self.tp, "arch": self.arch.name} | {k: getattr(self, k) for k in rest}
 
     def to_point(self, **extra) -> dict:
         """A flat sweep point, ``extra`` added (``output_len``, ``max_num_seqs`` and the options left out)."""
@@ -216,27 +212,13 @@ class Deployment:
         return RankView.derive(self.model, self.arch, self.tp // self.dp_attention, self.kv_cache_dtype,
                                self.weight_dtype, self.moe_parallel, self.max_num_batched_tokens, self.max_num_seqs)
 
-    @property
-    def prompt_len(self) -> int:
-        return self.workload.prompt_len
-
-    @property
-    def num_prompts(self) -> int:
-        return self.workload.num_prompts
-
-    @property
-    def concurrency(self) -> int:
-        return self.workload.concurrency
-
-    @property
-    def num_heads(self) -> int:
-        """Attention heads per rank: ``num_attention_heads // tp``."""
-        return self.model.num_attention_heads // self.tp
-
-    @property
-    def ep_size(self) -> int | None:
-        """Expert-parallel size (``tp`` under ``ep``, None under ``tp``)."""
-        return self.tp if self.moe_parallel == "ep" else None
+    prompt_len = property(lambda self: self.workload.prompt_len)
+    num_prompts = property(lambda self: self.workload.num_prompts)
+    concurrency = property(lambda self: self.workload.concurrency)
+    #: Attention heads per rank: ``num_attention_heads // tp``.
+    num_heads = property(lambda self: self.model.num_attention_heads // self.tp)
+    #: Expert-parallel size (``tp`` under ``ep``, None under ``tp``).
+    ep_size = property(lambda self: self.tp if self.moe_parallel == "ep" else None)
 
     def describe(self) -> str:
         """One line: ``glm-5 TP8 h200, max_num_batched_tokens 16384, ...``."""

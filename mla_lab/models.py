@@ -58,15 +58,10 @@ class ModelConfig:
     architectures: tuple[str, ...] = ()
     model_type: str = ""
 
-    @property
-    def family(self) -> str:
-        """``deepseek``, ``glm`` or ``other`` (:func:`mla_lab.routes.config_family`)."""
-        return config_family(self.architectures, self.model_type)[0]
-
-    @property
-    def family_note(self) -> str:
-        """"" for a known family, else the assumption the model is priced under."""
-        return config_family(self.architectures, self.model_type)[1]
+    #: ``deepseek``, ``glm`` or ``other`` (:func:`mla_lab.routes.config_family`).
+    family = property(lambda self: config_family(self.architectures, self.model_type)[0])
+    #: "" for a known family, else the assumption the model is priced under.
+    family_note = property(lambda self: config_family(self.architectures, self.model_type)[1])
 
     @property
     def indexer_layers(self) -> tuple[int, ...]:
@@ -75,20 +70,12 @@ class ModelConfig:
         f = self.index_topk_freq
         return tuple(i for i in range(self.num_hidden_layers) if f == 1 or max(i - 2, 0) % f == 0)
 
-    @property
-    def head_size(self) -> int:
-        """Absorbed-MLA q/k head size seen by the sparse kernel: kv_lora_rank + qk_rope_head_dim (576)."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def d_v(self) -> int:
-        """Value / output head dim seen by the sparse kernel: kv_lora_rank (512)."""
-        return self.kv_lora_rank
-
-    @property
-    def topk(self) -> int:
-        """Sparse attention keys per query token (``index_topk``)."""
-        return self.index_topk
+    #: Absorbed-MLA q/k head size seen by the sparse kernel: kv_lora_rank + qk_rope_head_dim (576).
+    head_size = property(lambda self: self.kv_lora_rank + self.qk_rope_head_dim)
+    #: Value / output head dim seen by the sparse kernel: kv_lora_rank (512).
+    d_v = property(lambda self: self.kv_lora_rank)
+    #: Sparse attention keys per query token (``index_topk``).
+    topk = property(lambda self: self.index_topk)
 
     def heads_per_rank(self, tp: int) -> int:
         """``num_attention_heads // tp``. Raises ValueError: ``tp`` does not divide it."""
@@ -142,8 +129,7 @@ def model_config_path(name: str) -> Path:
     known = next((k for k in model_names() if k.lower() == key), None)
     if known:
         return models_dir() / known / "config.json"
-    raise ValueError(f"model={name!r} is not known (no {models_dir() / key / 'config.json'}); allowed: "
-                     f"{model_names()}")
+    raise ValueError(f"model={name!r} is not known (no {models_dir() / key / 'config.json'}); allowed: {model_names()}")
 
 
 def _read_config(path: Path) -> dict:

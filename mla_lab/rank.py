@@ -73,8 +73,7 @@ class RankView:
         ep = check_int("ep_size", ep_size)
         E = self.model.n_routed_experts
         if E % ep:
-            raise ValueError(f"ep_size={ep} does not divide n_routed_experts={E}; allowed: "
-                             f"{divisors(E)}")
+            raise ValueError(f"ep_size={ep} does not divide n_routed_experts={E}; allowed: {divisors(E)}")
         return replace(self, ep_size=ep, experts_per_rank=E // ep)
 
     def with_engine(self, engine: str | None) -> RankView:

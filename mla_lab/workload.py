@@ -37,9 +37,7 @@ class Step:
 
     chunks: list = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(c[2] for c in self.chunks)
+    num_tokens = property(lambda self: sum(c[2] for c in self.chunks))
 
     def finished_prompts(self, prompt_len: int) -> list[int]:
         """Prompts whose last token is in this step."""

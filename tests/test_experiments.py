@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mla_lab.measure.experiments import CALIBRATION, EXPERIMENTS, resolve
+from mla_lab.measure.experiments import CALIBRATION, EXPERIMENTS, SMOKE_TOKENS, resolve
 from mla_lab.measure.experiments.runner import dry_run_lines, gpu_slug, merge_processes, run_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -112,6 +112,18 @@ def test_measure_dry_run_lists_every_experiment_and_its_files():
         for f in e.outputs():
             assert f"    -> {e.folder + '/' if e.folder else ''}{f}" in r.stdout
     assert r.stdout.count("*") == sum(e.default for e in EXPERIMENTS.values()) + 1  # + the legend's
+
+
+def test_measure_smoke_dry_run_states_the_smoke_plan(tmp_path):
+    """--smoke --dry-run prints what --smoke runs (one process each, a temp folder, never data/measured), not the
+    full run's plan; and creates nothing."""
+    r = _cli("measure", "--dry-run", "--smoke", "--processes", "6")
+    assert r.returncode == 0, r.stderr
+    assert "1 processes each" in r.stdout.splitlines()[0] and "mla_lab_smoke_<gpu>_*/" in r.stdout.splitlines()[0]
+    assert "data/measured" not in r.stdout and " 6 x python" not in r.stdout
+    assert f"tiny shapes ({SMOKE_TOKENS} tokens)" in r.stdout
+    r = _cli("measure", "--dry-run", "--smoke", "--experiments", "presets", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0 and f"into {tmp_path / 'o'}/" in r.stdout and not (tmp_path / "o").exists()
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="the refusal is for a machine without CUDA")

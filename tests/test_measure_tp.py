@@ -17,28 +17,30 @@ import torch
 
 from mla_lab.arch import get_arch
 from mla_lab.deployment import Deployment
+from mla_lab.measure.attention import sm_scale
 from mla_lab.measure.layer_runs import measured_rank
 from mla_lab.measure.tp import (
     ALLREDUCE_COLUMNS,
     BLOCK_COLUMNS,
     COMPARE_COLUMNS,
-    MOE_OPS,
     SAFE_ENV,
     TPBenchmarkConfig,
-    _model,
-    block_forward,
     compare,
     ideal_ring_calibration,
+    resolve_strategies,
+    run_tp_benchmark,
+    summary_table,
+)
+from mla_lab.measure.tp_blocks import (
+    MOE_OPS,
+    _model,
+    block_forward,
     make_block_inputs,
     make_moe_inputs,
     merge_shards,
     moe_forward,
     moe_routing,
     resolve_moe_impl,
-    resolve_strategies,
-    run_tp_benchmark,
-    sm_scale,
-    summary_table,
     tiny_overrides,
 )
 from mla_lab.model.ops import layer_ops

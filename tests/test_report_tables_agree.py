@@ -518,3 +518,16 @@ def test_displayed_precision_decides_agreement():
     b = Figure(("k",), "5 fresh processes", -1.6, 1, "-1.6", "b")
     assert not conflicts([b, Figure(("k",), "one process", -1.0, 1, "-1.0", "c")])  # labelled apart
     assert conflicts([b, Figure(("k",), None, -1.0, 1, "-1.0", "c")])  # basis unstated: compared
+
+
+def test_report_answer_is_readme_answer():
+    """The committed report states README's answer word for word (both come from ``mla_lab.report.answer``): a
+    README block updated without re-rendering ``reports/h200`` (mla-lab report --measured h200 --overwrite) fails."""
+    def bare(text: str) -> str:  # markdown's markers and all white space out: the words and figures stay
+        return re.sub(r"\s+|\*\*|`", "", text)
+
+    soup = bs4.BeautifulSoup(REPORT.read_text(), "html.parser")
+    report = bare(report_answer_text(soup))
+    readme = bare(readme_answer_text())
+    assert readme and readme in report, "reports/h200's answer is not README's: re-render it (mla-lab report " \
+                                        "--measured h200 --overwrite)"

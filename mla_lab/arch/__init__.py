@@ -63,12 +63,6 @@ def _match_product(device_name: str) -> GPUArch | None:
                  if re.search(rf"\b{a.name}\b", device_name, flags=re.IGNORECASE)), None)
 
 
-def _family_padding(cap: tuple[int, int]) -> int | None:
-    """``prefill_padding`` of the records of ``cap``'s family (capability major) when they agree, else None."""
-    pads = {a.prefill_padding for a in ARCHS.values() if a.capability[0] == cap[0]}
-    return pads.pop() if len(pads) == 1 else None
-
-
 def detect_arch() -> dict:
     """The GPU this process would run on: ``device`` (``"cpu"`` without CUDA, else the device name), ``capability``
     (None or ``(major, minor)``), ``arch`` (the matching record's name, None for a GPU without a record), ``sm`` and
@@ -80,6 +74,7 @@ def detect_arch() -> dict:
     name = torch.cuda.get_device_name()
     cap = tuple(torch.cuda.get_device_capability())
     arch = _match_product(name)
+    family_pads = {a.prefill_padding for a in ARCHS.values() if a.capability[0] == cap[0]}  # used when they agree
     return {"device": name, "capability": cap, "arch": arch.name if arch else None,
             "sm": arch.sm if arch else f"sm{cap[0]}0",
-            "prefill_padding": arch.prefill_padding if arch else _family_padding(cap)}
+            "prefill_padding": arch.prefill_padding if arch else (family_pads.pop() if len(family_pads) == 1 else None)}

@@ -60,9 +60,7 @@ class EngineVersion:
     models: tuple = ("deepseek", "glm")
     note: str = ""
 
-    @property
-    def name(self) -> str:
-        return f"{self.engine}@{self.version}"
+    name = property(lambda self: f"{self.engine}@{self.version}")
 
 
 @dataclass(frozen=True)
@@ -137,20 +135,16 @@ class EnginePreset:
     def has(self, key: str) -> bool:
         return any(f.key == key for f in self.facts)
 
-    @property
-    def padding(self) -> dict:
-        """``prefill_padding`` per sm (``{"sm90": 64, "sm100": 128}``)."""
-        return self.fact("prefill_padding").value
+    #: ``prefill_padding`` per sm (``{"sm90": 64, "sm100": 128}``).
+    padding = property(lambda self: self.fact("prefill_padding").value)
 
     @property
     def decode_thresholds(self) -> dict:
         """``{backend: {sm: (((num_heads, n), ...), default)}}`` (fact ``decode_threshold``; {} without one)."""
         return self.fact("decode_threshold").value if self.has("decode_threshold") else {}
 
-    @property
-    def sources(self) -> list[str]:
-        """Every file the facts cite, in order, once."""
-        return list(dict.fromkeys(s.path for f in self.facts for s in f.sources))
+    #: Every file the facts cite, in order, once.
+    sources = property(lambda self: list(dict.fromkeys(s.path for f in self.facts for s in f.sources)))
 
 
 def rule_name(preset: str) -> str:

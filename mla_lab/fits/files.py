@@ -88,8 +88,7 @@ def fit_content_file(measured: Path) -> dict:
     """``content.csv`` -> :func:`~mla_lab.model.content.fit_content_factor`, and ``content_fit.csv`` per shape."""
     model, per = fit_content_factor(_shape_medians(_read(measured / "h200/round2/content.csv")), name=CONTENT_CSV)
     row = {k: getattr(model, k) for k in ("a", "b", "c_ms", "n", "mape_pct", "loso_mape_pct")}
-    return {CONTENT_CSV: [{**row, **_round2_provenance(measured)}],
-            "h200/round2/content_fit.csv": pd.DataFrame(per)}
+    return {CONTENT_CSV: [{**row, **_round2_provenance(measured)}], "h200/round2/content_fit.csv": pd.DataFrame(per)}
 
 
 # ------------------------------------------------------------------------------ sub-chunk cost per extra chunk

@@ -61,9 +61,9 @@ def deployment(bench: BenchConfig = BENCH) -> dict:
     """Per strategy: KV capacity (``serve_benchmark``), its SchedulerConfig and the deterministic metrics."""
     d = pr_deployment()
     r = serve_benchmark(d, [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
-    caps = {s: r["strategies"][s]["kv_capacity_tokens"] for s in (BEFORE, ALT_BEFORE, PR)}
-    out = {s: {"kv_capacity_tokens": cap, "lab_metrics": r["strategies"][s]["metrics"],
-               "sched": async_scheduler(d, cap, BLOCK_SIZE)} for s, cap in caps.items()}
+    out = {s: {"kv_capacity_tokens": (cap := r["strategies"][s]["kv_capacity_tokens"]),
+               "lab_metrics": r["strategies"][s]["metrics"], "sched": async_scheduler(d, cap, BLOCK_SIZE)}
+           for s in (BEFORE, ALT_BEFORE, PR)}
     return {"strategies": out, "calibration": r["calibration"], "decode_calibration": r["decode_calibration"]}
 
 
@@ -200,10 +200,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     dep = deployment()
     measured = measured_noise() if use_measurements else None
     noise = NoiseConfig() if measured is None else NoiseConfig().with_measurements(measured)
-    st = dep["strategies"]
-    d = pr_deployment()
-    rank = d.rank
-    pricers = {s: CachedPricer(CostModelPricer(rank, s)) for s in st}
+    st, d = dep["strategies"], pr_deployment()
+    pricers = {s: CachedPricer(CostModelPricer(d.rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
                      num_runs=num_runs, seed=seed, noise=noise)
@@ -222,10 +220,9 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
                                 "deterministic": (prvs.deterministic_b[k] - prvs.deterministic_a[k])
                                 / prvs.deterministic_a[k] * 100}}
         if k in REPORTED:
-            v = REPORTED[k]
-            row["reported_by_pr"] = v
-            row["identical_builds"]["percentile_of_reported"] = ident.percentile_of(k, v)
-            row["pr_vs_before"]["percentile_of_reported"] = prvs.percentile_of(k, v)
+            row["reported_by_pr"] = v = REPORTED[k]
+            for case, r in (("identical_builds", ident), ("pr_vs_before", prvs)):
+                row[case]["percentile_of_reported"] = r.percentile_of(k, v)
         changes[k] = row
     joint = {}
     for name, r in (("identical_builds", ident), ("pr_vs_before", prvs)):
@@ -332,8 +329,7 @@ def render_markdown(d: dict) -> str:
             "| noise | mean TTFT | median TTFT | P99 TTFT | total token throughput |", "|---|---|---|---|---|"]
     for r in d["band_sensitivity"]:
         out.append(f"| {r['noise']} | " + " | ".join(f"[{r[k][0]:+.2f}, {r[k][1]:+.2f}]" for k in
-                                                   ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-                                                    "total_token_throughput")) + " |")
+                                                   TTFT_STATS + ("total_token_throughput",)) + " |")
     if d.get("arrival_sensitivity"):
         out += ["", "How much the API server's speed matters (not measured on the PR's server; the model's largest "
                 "unknown):", "",
@@ -350,10 +346,8 @@ def render_markdown(d: dict) -> str:
         out.append(f"| {r['per_request_ms']:g} | {r['mean_ttft_ms']:.1f} | {r['p99_ttft_ms']:.1f} | "
                    f"{r['pr_change_mean_ttft_pct']:+.2f} | [{b[0]:+.2f}, {b[1]:+.2f}] | {fb} | "
                    f"{r['distinct_steps_priced']} |")
-    m = C["mean_ttft_ms"]
-    i, q = m["identical_builds"], m["pr_vs_before"]
-    t = C["total_token_throughput"]
-    n = d["num_runs"]
+    i, q = C["mean_ttft_ms"]["identical_builds"], C["mean_ttft_ms"]["pr_vs_before"]
+    t, n = C["total_token_throughput"], d["num_runs"]
     out += ["", "What the lab can and cannot say, with these figures:", "",
             f"- Two runs of the *same* build differ in mean TTFT by {i['band95'][0]:+.1f} % to {i['band95'][1]:+.1f} % "
             f"(95 % of pairs). The PR's -9.5 % lies {_at(i['percentile_of_reported'], n)} of that: "

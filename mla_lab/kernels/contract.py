@@ -161,8 +161,7 @@ def make_concat_launcher(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.T
     """
     which, variant = _concat_call(ql_nope, q_pe, out, backend, variant)
     if which == "triton":
-        launcher = make_concat_launcher_triton(ql_nope, q_pe, out, zero_padding=zero_padding, variant=variant,
-                                               **config)
+        launcher = make_concat_launcher_triton(ql_nope, q_pe, out, zero_padding=zero_padding, variant=variant, **config)
     else:
         if config:
             raise ValueError(f"config {sorted(config)} applies to the triton backend only; got backend={which!r}")
@@ -202,7 +201,7 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads):
+def _scalar_rules(q, kv, indices, sm_scale, d_v, topk_length, actual_num_heads):
     """``d_v``, ``sm_scale``, ``topk_length``, ``actual_num_heads`` and the tensors' one device."""
     s_q, h_q, d_qk = q.shape
     yield not (_is_int(d_v) and 0 < d_v <= d_qk), f"d_v must be an int in [1, d_qk={d_qk}] (FlashMLA: 512); got d_v={d_v!r}"
@@ -219,9 +218,6 @@ def _scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads):
     n = actual_num_heads
     yield n is not None and not (_is_int(n) and 1 <= n <= h_q), (f"actual_num_heads must be an int in [1, h_q={h_q}]; "
                                                                  f"got {n!r}")
-
-
-def _device_rule(q, kv, indices, topk_length):
     devs = prefill_devices(q, kv, indices, topk_length)
     yield len(set(devs.values())) != 1, f"q, kv, indices and topk_length must be on one device; got {devs}"
 
@@ -262,8 +258,7 @@ def sparse_mla_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
         RuntimeError: ``backend="flash_mla"`` while ``flash_mla`` is unavailable (:func:`.flashmla.flash_mla_info`).
     """
     first_failure(_tensor_rules(q, kv, indices))
-    first_failure(_scalar_rules(q, indices, sm_scale, d_v, topk_length, actual_num_heads))
-    first_failure(_device_rule(q, kv, indices, topk_length))
+    first_failure(_scalar_rules(q, kv, indices, sm_scale, d_v, topk_length, actual_num_heads))
     which = _prefill_backend(backend, q.device)
     run = flash_mla_sparse_prefill if which == "flash_mla" else sparse_mla_prefill_ref
     out, max_logits, lse = run(q, kv, indices, float(sm_scale), d_v=d_v, topk_length=topk_length)

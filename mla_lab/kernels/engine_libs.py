@@ -130,13 +130,9 @@ def pack(vllm_wheel: str | Path, sglang_wheel: str | Path, out: str | Path) -> d
                 data, kept, dropped = prune_fatbin(data)
                 rec.update(pruned_to="sm_90/sm_90a", fatbin_entries_kept=kept, fatbin_entries_dropped=dropped,
                            pruned_sha256=_sha256(data))
-            dst = out / name
+            dst = out / (name + ".xz" if compress else name)
             dst.parent.mkdir(parents=True, exist_ok=True)
-            if compress:
-                dst = dst.with_name(dst.name + ".xz")
-                dst.write_bytes(lzma.compress(data, preset=6))
-            else:
-                dst.write_bytes(data)
+            dst.write_bytes(lzma.compress(data, preset=6) if compress else data)
             src["files"][name] = rec
     with zipfile.ZipFile(sglang_wheel) as z:
         data = z.read(SGLANG_FILE)
@@ -161,13 +157,6 @@ class EngineKernels(NamedTuple):
     versions: dict = {"vllm": VLLM_VERSION, "sglang": SGLANG_VERSION}
 
 
-def _unxz(root: Path) -> None:
-    for xz in root.rglob("*.xz"):
-        target = xz.with_suffix("")
-        if not target.exists():
-            target.write_bytes(lzma.decompress(xz.read_bytes()))
-
-
 def _import(what: str, module: str):
     try:
         return importlib.import_module(module)
@@ -188,17 +177,6 @@ def _concat_op(root: Path, need_concat: bool):
         raise RuntimeError(f"vLLM _C_stable_libtorch (concat_mla_q) failed to load: {type(e).__name__}: {e}") from e
 
 
-def _sglang(root: Path):
-    """SGLang's Triton ``sparse_mla_prefill`` from the packed file, or None without it."""
-    path = root / "sglang_triton_sparse_mla_prefill.py"
-    if not path.exists():
-        return None
-    spec = importlib.util.spec_from_file_location("sglang_triton_sparse_mla_prefill", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.sparse_mla_prefill
-
-
 def load(root: str | Path, need_concat: bool = True) -> EngineKernels:
     """Load the packed kernels of ``root`` (a :func:`pack` folder; ``*.xz`` unpacked beside themselves, ``root`` first
     on ``sys.path`` for the ``vllm`` stub). ``need_concat=False``: a folder without the concat library (16 of the 29
@@ -212,7 +190,9 @@ def load(root: str | Path, need_concat: bool = True) -> EngineKernels:
         if (need_concat or name != _CONCAT_FILE) and not (root / (name + (".xz" if compress else ""))).exists() \
                 and not (root / name).exists():
             raise FileNotFoundError(f"root={root} lacks {name}: pack it with mla_lab.kernels.engine_libs.pack")
-    _unxz(root)
+    for xz in root.rglob("*.xz"):
+        if not xz.with_suffix("").exists():
+            xz.with_suffix("").write_bytes(lzma.decompress(xz.read_bytes()))
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     for mod in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
@@ -223,7 +203,12 @@ def load(root: str | Path, need_concat: bool = True) -> EngineKernels:
     concat = _concat_op(root, need_concat)
     fm = _import("vLLM _flashmla_C", "vllm.third_party.flashmla.flash_mla_interface")
     sources = json.loads((root / "SOURCES.json").read_text()) if (root / "SOURCES.json").exists() else {}
-    return EngineKernels(fa.flash_attn_varlen_func, concat, fm.flash_mla_sparse_fwd, _sglang(root), sources)
+    sg, path = None, root / "sglang_triton_sparse_mla_prefill.py"  # SGLang's Triton sparse_mla_prefill, if packed
+    if path.exists():
+        spec = importlib.util.spec_from_file_location("sglang_triton_sparse_mla_prefill", path)
+        spec.loader.exec_module(mod := importlib.util.module_from_spec(spec))
+        sg = mod.sparse_mla_prefill
+    return EngineKernels(fa.flash_attn_varlen_func, concat, fm.flash_mla_sparse_fwd, sg, sources)
 
 
 def backend_names(ek: EngineKernels) -> dict:
@@ -403,11 +388,8 @@ def engine_calls(ek: EngineKernels, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H: int
     (callable, h_q, num_splits, bytes or None)}, q [T,H,576])`` for the families in ``which`` (:data:`FAMILIES`;
     ``ts_fwd``: tokenspeed's ``flash_mla_sparse_fwd`` or None); ``q`` given: used as it is (no concat)."""
     calls = _Calls(ek, ts_fwd, ql_nope, q_pe, kv, idx, tlen, H, sm_scale, q)
-    for family in FAMILIES:
-        if family == "concat" and "concat" in which:
-            calls.concat(num_splits, with_path="flashmla_vllm" in which)
-        elif family in which:
-            getattr(calls, family)(num_splits)
+    for family in (f for f in FAMILIES if f in which):
+        getattr(calls, family)(num_splits, **({"with_path": "flashmla_vllm" in which} if family == "concat" else {}))
     return calls.out, calls.q
 
 
@@ -416,9 +398,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.engine_libs")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("pack", help="pack the engines' kernels from their wheels into a new folder")
-    p.add_argument("vllm_wheel")
-    p.add_argument("sglang_wheel")
-    p.add_argument("out")
+    for name in ("vllm_wheel", "sglang_wheel", "out"):
+        p.add_argument(name)
     a = ap.parse_args(argv)
     for arg in ("vllm_wheel", "sglang_wheel"):
         if not Path(getattr(a, arg)).is_file():

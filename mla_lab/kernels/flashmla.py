@@ -78,14 +78,9 @@ def flash_mla_info() -> dict:
     return info
 
 
-def validate_sparse_prefill_inputs(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    topk_length: torch.Tensor | None,
-    d_v: int,
-    arch_capability: tuple[int, int],
-) -> None:
+def validate_sparse_prefill_inputs(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor,
+                                   topk_length: torch.Tensor | None, d_v: int,
+                                   arch_capability: tuple[int, int]) -> None:
     """Check FlashMLA's sparse-prefill contract (``csrc/api/sparse_fwd.h`` and the kernels' B_TOPK) for the GPU of
     ``arch_capability`` (``torch.cuda.get_device_capability``): sm90 / sm100; ``q [s_q, h_q, d_qk]`` bf16, d_qk 576
     or 512, h_q 64 or 128; ``kv [s_kv, 1, d_qk]`` (or 2-D) bf16; ``indices [s_q, 1, topk]`` (or 2-D) int32, topk a
@@ -149,14 +144,9 @@ def _contract_rules(q, kv, indices, topk_length, d_v, cap):
     yield len(set(devices.values())) != 1, "all tensors must be on one device", "devices", devices
 
 
-def flash_mla_sparse_prefill(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sm_scale: float,
-    d_v: int = 512,
-    topk_length: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def flash_mla_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
+                             topk_length: torch.Tensor | None = None
+                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Validate, then call ``flash_mla_sparse_fwd(q, kv.view(-1, 1, d_qk), indices.view(s_q, 1, -1), sm_scale,
     d_v=d_v, topk_length=topk_length)`` as vLLM's ``_bf16_flash_mla_kernel`` does (``use_legacy=True`` on sm90 when
     the provider takes it: sgl-flash-mla 1.0.0).

@@ -21,6 +21,7 @@ import csv
 import json
 import math
 import sys
+from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
@@ -88,11 +89,10 @@ def overlap_union_expected(topk: int, s_kv: int, overlap: float, g: int) -> dict
     if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or not (lo - 1e-12 <= overlap <= 1.0):
         raise ValueError(f"overlap must be a number in [topk/s_kv = {lo:.4g}, 1] (below it is less than random "
                          f"top-k); got overlap={overlap!r}")
-    a, b = 0, topk  # _expected_pairwise increases with m: the nearest integer by bisection
-    while b - a > 1:
-        mid = (a + b) // 2
-        a, b = (mid, b) if _expected_pairwise(mid, topk, s_kv) <= overlap else (a, mid)
-    m = min((a, b), key=lambda x: abs(_expected_pairwise(x, topk, s_kv) - overlap))
+    # _expected_pairwise increases with m: the nearest integer by bisection
+    a = min(max(bisect_right(range(topk + 1), overlap, key=lambda x: _expected_pairwise(x, topk, s_kv)) - 1, 0),
+            topk - 1)
+    m = min((a, a + 1), key=lambda x: abs(_expected_pairwise(x, topk, s_kv) - overlap))
     rest = s_kv - m
     p = (topk - m) / rest if rest > 0 else 0.0
     union = m + rest * (1.0 - (1.0 - p) ** g)
@@ -161,15 +161,6 @@ def causal_indices(prompt_lens, topk: int, seed: int = 0, device: str | torch.de
     return IndexData(idx.to(torch.int32), tlen.to(torch.int32), max(T, topk))
 
 
-def _toeplitz_profile(n: int, smooth: int, gen, device) -> torch.Tensor:
-    """``[n]`` unit-variance random profile over distance, smoothed by a moving average of ``smooth`` keys (so the
-    selected offsets come in runs, as a RoPE-driven score would)."""
-    x = torch.randn(n + smooth, generator=gen, device=device)
-    c = torch.cumsum(torch.cat([torch.zeros(1, device=device), x]), 0)
-    prof = (c[smooth:] - c[:-smooth])[:n] / math.sqrt(smooth)
-    return prof
-
-
 def structured_indices(T: int, topk: int, s_kv: int | None = None, positions: torch.Tensor | None = None,
                        window: int = 128, toeplitz_fraction: float = 0.5, content_keys: int = 64,
                        smooth: int = 32, seed: int = 0, device: str | torch.device = "cpu") -> IndexData:
@@ -197,7 +188,10 @@ def structured_indices(T: int, topk: int, s_kv: int | None = None, positions: to
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 <= f <= 1.0:
         raise ValueError(f"toeplitz_fraction must be a number in [0, 1]; got toeplitz_fraction={f!r}")
     gen = _gen(seed, device)
-    toe = _toeplitz_profile(s, smooth, gen, device)
+    # [s] unit-variance random profile over distance, a moving average of `smooth` keys (offsets come in runs)
+    x = torch.randn(s + smooth, generator=gen, device=device)
+    c = torch.cumsum(torch.cat([torch.zeros(1, device=device), x]), 0)
+    toe = (c[smooth:] - c[:-smooth])[:s] / math.sqrt(smooth)
     content = torch.zeros(s, dtype=torch.bool, device=device)
     if content_keys:  # key 0, then keys every query of the chunk sees (1 .. the smallest position)
         content[0] = True

@@ -148,12 +148,6 @@ def rest_config(mean_rest_len: float) -> tuple[int, int, int]:
     return REST_CONFIG_SHORT if mean_rest_len < SHORT_REST else REST_CONFIG
 
 
-def _rest_kernel():
-    if triton is None:
-        raise RuntimeError("the packed kernel needs Triton (pip install triton)")
-    return _packed_kernel
-
-
 def full_union(sets):
     """Each group's whole union as one masked list, the shared keys with the present tokens' mask: ``(idx [G, cap]
     int32, mask [G, cap] uint8, len [G])``, for FlashMLA's unmasked upper bound (a torch build, not timed)."""
@@ -232,7 +226,9 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
     g = sets.g
     G = -(-T // g)
     bn, warps, stages = config
-    kern = _rest_kernel()
+    if triton is None:
+        raise RuntimeError("the packed kernel needs Triton (pip install triton)")
+    kern = _packed_kernel
     q_strides = (q.stride(0), q.stride(1))
     if mode == "triton":
         # two passes of the one-list kernel: the rest (masked) from scratch, then the shared keys on top of it
@@ -248,7 +244,10 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
             from flash_mla import flash_mla_sparse_fwd as flash_fwd
         except Exception as e:  # the provider is optional on CPU machines
             raise RuntimeError(f"packed hybrid mode needs FlashMLA (flash_mla module): {e}") from e
-    qg = q if (T % g == 0 and q.is_contiguous()) else _pad_tokens(q, G * g)
+    qg = q
+    if T % g or not q.is_contiguous():  # copied into a contiguous [G * g, H, 576] buffer, zero tail
+        qg = torch.zeros(G * g, H, _D_QK, dtype=q.dtype, device=q.device)
+        qg[:T] = q
     out_g, _, lse_g = flash_fwd(qg.view(G, g * H, _D_QK), kv.view(-1, 1, _D_QK),
                                 sets.shared_idx.view(G, 1, -1), sm_scale, _D_V, topk_length=sets.shared_len)
     out = out_g.view(G * g, H, _D_V)
@@ -257,13 +256,6 @@ def packed_sparse_prefill(q: torch.Tensor, kv: torch.Tensor, sets, sm_scale: flo
                sm_scale * _LOG2E, H=H, G=g, HAS_INIT=1, ALL_PRESENT=0, BLOCK_N=bn, num_warps=warps,
                num_stages=stages)
     return out[:T], lse[:T]
-
-
-def _pad_tokens(q: torch.Tensor, n: int) -> torch.Tensor:
-    """``q`` copied into a contiguous ``[n, H, 576]`` buffer (zero tail): only when T is not a multiple of g."""
-    buf = torch.zeros(n, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
-    buf[: q.shape[0]] = q
-    return buf
 
 
 @dataclass(frozen=True)

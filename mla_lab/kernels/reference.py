@@ -37,15 +37,9 @@ def default_chunk_tokens(h_q: int, topk: int, d_qk: int, budget_bytes: int = _CH
     return max(1, budget_bytes // per_token)
 
 
-def sparse_mla_prefill_ref(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    indices: torch.Tensor,
-    sm_scale: float,
-    d_v: int = 512,
-    topk_length: torch.Tensor | None = None,
-    chunk_tokens: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sparse_mla_prefill_ref(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tensor, sm_scale: float, d_v: int = 512,
+                           topk_length: torch.Tensor | None = None,
+                           chunk_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Sparse MLA prefill attention, FlashMLA ``tests/ref.py`` (``ref_sparse_attn_fwd``) math, in fp32.
 
     Per token ``i`` and head ``h``: entry ``j`` is invalid if ``indices[i, j] < 0``, ``>= s_kv`` or ``j >=
@@ -100,10 +94,7 @@ def sparse_mla_prefill_ref(
         P.masked_fill_(invalid.unsqueeze(1), float("-inf"))
 
         row_lse = torch.logsumexp(P, dim=-1)  # [n, h_q]; -inf on rows with no valid entry
-        if topk > 0:
-            max_logits[start:stop] = P.amax(dim=-1)
-        else:
-            max_logits[start:stop] = float("-inf")
+        max_logits[start:stop] = P.amax(dim=-1) if topk > 0 else float("-inf")
         # Empty rows: subtract +inf so every weight is exp(-inf) = 0 and the row's output is 0.
         empty = row_lse == float("-inf")
         lse_for_o = row_lse.masked_fill(empty, float("inf"))

@@ -226,11 +226,10 @@ def _plan(ql_nope, q_pe, out, zero_padding, variant, config: dict):
         return None
     streaming = bool(config.get("streaming", False))
     hints = {"LOAD_EVICT": "evict_first" if streaming else "", "STORE_CACHE": ".cs" if streaming else ""}
-    if variant in ("v4", "v5"):
-        return (plan_v4 if variant == "v4" else plan_v5)(ql_nope, q_pe, out, zero_padding, hints, config)
     strides = (ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1))
-    if variant == "v3":
-        return _plan_v3(ql_nope, q_pe, out, zp, heads_written, strides, hints, config)
+    if variant != "v2":
+        plan = {"v3": _plan_v3, "v4": plan_v4, "v5": plan_v5}[variant]
+        return plan(ql_nope, q_pe, out, zp, heads_written, strides, hints, config)
     br, nw = _knobs(config, _V2_DEFAULTS).values()
     n_rows = T * heads_written
     grid = (triton.cdiv(n_rows, br),)

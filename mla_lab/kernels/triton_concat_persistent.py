@@ -169,30 +169,22 @@ if triton is not None:
         _v5_st(out_nope_desc, out_pe_desc, t0, lo, hi, pe, HALF)
 
 
-def plan_v4(ql_nope, q_pe, out, zero_padding: bool, hints: dict, cfg: dict):
-    """``(kernel, grid, args, constexprs, num_warps)`` for v4, or None when ``T * H == 0``; ``cfg``: the knobs of
-    :data:`V4_DEFAULTS` (None = default).
+def plan_v4(ql_nope, q_pe, out, zp: bool, rows_per_token: int, strides: tuple, hints: dict, cfg: dict):
+    """``(kernel, grid, args, constexprs, num_warps)`` for v4 (``T * rows_per_token > 0``, planned by
+    :func:`.triton_concat._plan`); ``cfg``: the knobs of :data:`V4_DEFAULTS` (None = default).
 
     Raises:
         ValueError: a knob out of range (names the knob, its value and what is allowed).
     """
-    k = _knobs(cfg, V4_DEFAULTS)
-    br, nw, pps, order = k["block_rows"], k["num_warps"], k["progs_per_sm"], k["order"]
+    br, nw, pps, order = _knobs(cfg, V4_DEFAULTS).values()
     if order not in ORDERS:
         raise ValueError(f"order must be one of {list(ORDERS)}; got order={order!r}")
-    T, H, _ = ql_nope.shape
-    Hp = out.shape[1]
-    zp = bool(zero_padding) and Hp > H
-    rpt = Hp if zp else H
-    n_rows = T * rpt
-    if n_rows == 0:
-        return None
+    n_rows = ql_nope.shape[0] * rows_per_token
     n_chunks = -(-n_rows // br)
     grid = min(n_chunks, pps * num_sms(out.device))
     cpp = -(-n_chunks // grid)
-    strides = (ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1))
-    args = (ql_nope, q_pe, out, n_rows, cpp, H) + strides
-    cx = {"D_NOPE_C": 512, "D_PE_C": 64, "BLOCK_R": br, "ROWS_PER_TOKEN": rpt, "ZERO_PAD": zp,
+    args = (ql_nope, q_pe, out, n_rows, cpp, ql_nope.shape[1]) + strides
+    cx = {"D_NOPE_C": 512, "D_PE_C": 64, "BLOCK_R": br, "ROWS_PER_TOKEN": rows_per_token, "ZERO_PAD": zp,
           "SPAN": order == "span", "ROWS_I64": (grid * cpp + 1) * br >= 2**31, **hints}
     return _concat_mla_q_v4_kernel, (grid,), args, cx, nw
 
@@ -220,35 +212,32 @@ def v5_unsupported(ql_nope, q_pe, out, zero_padding: bool) -> str | None:
     return None
 
 
-def plan_v5(ql_nope, q_pe, out, zero_padding: bool, hints: dict, cfg: dict):
-    """``(kernel, grid, args, constexprs, num_warps)`` for v5, or None when ``T == 0``; ``cfg``: the knobs of
-    :data:`V5_DEFAULTS` (None = default); ``hints``' store modifier unused (the copy engine stores).
+def plan_v5(ql_nope, q_pe, out, zp: bool, rows_per_token: int, strides: tuple, hints: dict, cfg: dict):
+    """``(kernel, grid, args, constexprs, num_warps)`` for v5 (``T > 0``, planned by :func:`.triton_concat._plan`);
+    ``cfg``: the knobs of :data:`V5_DEFAULTS` (None = default); ``hints``' store modifier unused (the copy engine
+    stores).
 
     Raises:
         ValueError: :func:`v5_unsupported` says why these tensors cannot run; a knob out of range.
     """
-    why = v5_unsupported(ql_nope, q_pe, out, zero_padding)
+    why = v5_unsupported(ql_nope, q_pe, out, zp)
     if why is not None:
         raise ValueError(f"variant='v5': {why}")
     from triton.tools.tensor_descriptor import TensorDescriptor
 
-    k = _knobs(cfg, V5_DEFAULTS)
-    bt, nw, pps = k["block_t"], k["num_warps"], k["progs_per_sm"]
+    bt, nw, pps = _knobs(cfg, V5_DEFAULTS).values()
     T, H, _ = ql_nope.shape
     if bt > 256:  # a TMA box dimension is at most 256 elements (CUDA driver API, cuTensorMapEncodeTiled)
         raise ValueError(f"block_t must be <= 256 (a TMA box dimension); got block_t={bt}")
     if bt * H > V5_MAX_ROWS:
         raise ValueError(f"block_t * H must be <= {V5_MAX_ROWS} (the tile's shared memory, {V5_MAX_ROWS} x 1152 B "
                          f"x 2 stages, fits the 227 KiB a block may use on sm90); got block_t={bt}, H={H}")
-    if T == 0:
-        return None
     half = 256  # TMA box dims are <= 256 elements: the 512-wide part as two boxes
     n_chunks = -(-T // bt)
     grid = min(n_chunks, pps * num_sms(out.device))
     cpp = -(-n_chunks // grid)
     d_nope = TensorDescriptor(out, list(out.shape), list(out.stride()), [bt, H, half])
     d_pe = TensorDescriptor(out, list(out.shape), list(out.stride()), [bt, H, 64])
-    args = (ql_nope, q_pe, d_nope, d_pe, T, cpp, ql_nope.stride(0), ql_nope.stride(1), q_pe.stride(0),
-            q_pe.stride(1))
+    args = (ql_nope, q_pe, d_nope, d_pe, T, cpp, *strides[:4])
     cx = {"BLOCK_T": bt, "H": H, "HALF": half, "D_PE_C": 64, "LOAD_EVICT": hints.get("LOAD_EVICT", "")}
     return _concat_mla_q_v5_kernel, (grid,), args, cx, nw

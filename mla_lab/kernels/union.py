@@ -78,9 +78,7 @@ class UnionSets:
     g: int
     T: int
 
-    @property
-    def num_groups(self) -> int:
-        return self.shared_len.shape[0]
+    num_groups = property(lambda self: self.shared_len.shape[0])
 
 
 def _mask_dtype(g: int) -> torch.dtype:
@@ -300,7 +298,13 @@ def _default_programs(device) -> int:
     return DEFAULT_PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _check_out(out, G, cap_s, cap_r, g, T, device) -> None:
+def output_sets(indices: torch.Tensor, g: int, out: UnionSets | None = None) -> UnionSets:
+    """The builders' output: ``out`` checked against ``indices`` and ``g`` (same T, g, caps, device; else one
+    ``ValueError`` line), or a new ``-1``-filled :class:`UnionSets`."""
+    T, topk = indices.shape
+    G, (cap_s, cap_r), device = -(-T // g), union_caps(topk, g), indices.device
+    if out is None:
+        return _empty_sets(G, cap_s, cap_r, g, T, device)
     want = {"shared_idx": ((G, cap_s), torch.int32), "shared_len": ((G,), torch.int32),
             "rest_idx": ((G, cap_r), torch.int32), "rest_mask": ((G, cap_r), _mask_dtype(g)),
             "rest_len": ((G,), torch.int32), "union_len": ((G,), torch.int32)}
@@ -313,17 +317,6 @@ def _check_out(out, G, cap_s, cap_r, g, T, device) -> None:
                              f"{t.dtype} {tuple(t.shape)} on {t.device}")
     if out.g != g or out.T != T:
         raise ValueError(f"out must be built for g={g}, T={T}; got out.g={out.g}, out.T={out.T}")
-
-
-def output_sets(indices: torch.Tensor, g: int, out: UnionSets | None = None) -> UnionSets:
-    """The builders' output: ``out`` checked against ``indices`` and ``g`` (same T, g, caps, device; else one
-    ``ValueError`` line), or a new ``-1``-filled :class:`UnionSets`."""
-    T, topk = indices.shape
-    G = -(-T // g)
-    cap_s, cap_r = union_caps(topk, g)
-    if out is None:
-        return _empty_sets(G, cap_s, cap_r, g, T, indices.device)
-    _check_out(out, G, cap_s, cap_r, g, T, indices.device)
     return out
 
 

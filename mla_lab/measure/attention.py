@@ -1,6 +1,5 @@
-"""A rank's sparse-MLA prefill attention path per strategy, timed on a GPU, and each call's peak memory (bytes one
-call allocates on top of its inputs and workspace). Inputs: :func:`make_step_inputs`. Sweep rows:
-:mod:`mla_lab.sweep.rows`.
+"""A rank's sparse-MLA prefill attention path per strategy, timed on a GPU, and each call's peak memory (bytes one call
+allocates on top of its inputs and workspace). Inputs: :func:`make_step_inputs`. Sweep rows: :mod:`mla_lab.sweep.rows`.
 """
 
 from __future__ import annotations
@@ -15,9 +14,6 @@ from ..strategies import PaddedQPath
 from ..workload import Step
 from .timer import interleaved, summarize
 
-__all__ = ["make_step_inputs", "time_attention_path", "nan_padding_check", "padded_path", "sm_scale", "call_peak_bytes",
-           "MEASURED_STRATEGIES"]
-
 
 def _require_cuda(device: str) -> None:
     if device == "cuda" and not torch.cuda.is_available():
@@ -30,8 +26,7 @@ def sm_scale(model) -> float:
     return 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
 
 
-def padded_path(rank, strategy, max_num_batched_tokens: int | None = None, device: str = "cuda",
-                **kw) -> PaddedQPath:
+def padded_path(rank, strategy, max_num_batched_tokens: int | None = None, device: str = "cuda", **kw) -> PaddedQPath:
     """:class:`~mla_lab.strategies.PaddedQPath` of ``strategy`` with the rank's heads, GPU and KV dtype, buffers of
     ``max_num_batched_tokens`` rows (default the rank's); ``kw`` as PaddedQPath's."""
     T = rank.max_num_batched_tokens if max_num_batched_tokens is None else max_num_batched_tokens
@@ -39,8 +34,7 @@ def padded_path(rank, strategy, max_num_batched_tokens: int | None = None, devic
                        kv_cache_dtype=rank.kv_cache_dtype, device=device, **kw)
 
 
-def make_step_inputs(rank, step: Step, prompt_len: int, seed: int = 0, full_topk: bool = False,
-                     device: str = "cuda"):
+def make_step_inputs(rank, step: Step, prompt_len: int, seed: int = 0, full_topk: bool = False, device: str = "cuda"):
     """Random bf16 inputs of one step (never zeros): ``ql_nope [T,H,512]``, ``q_pe [T,H,64]`` (strided like vLLM),
     ``kv [s_kv,1,576]`` (``prompt_len`` keys per prompt), causal ``indices [T,1,topk]`` int32 and ``topk_length
     [T]`` int32 (the token at position p sees ``min(p + 1, topk)`` keys of its prompt; ``full_topk``: all topk
@@ -52,8 +46,7 @@ def make_step_inputs(rank, step: Step, prompt_len: int, seed: int = 0, full_topk
     m, g, dev = rank.model, torch.Generator(device=device).manual_seed(seed), device
     H, T, topk = rank.num_heads, step.num_tokens, m.topk
     ql_nope = torch.randn(H, T, m.kv_lora_rank, device=dev, dtype=torch.bfloat16, generator=g).transpose(0, 1)
-    q_full = torch.randn(T, H, m.qk_nope_head_dim + m.qk_rope_head_dim, device=dev, dtype=torch.bfloat16,
-                         generator=g)
+    q_full = torch.randn(T, H, m.qk_nope_head_dim + m.qk_rope_head_dim, device=dev, dtype=torch.bfloat16, generator=g)
     q_pe = q_full[..., m.qk_nope_head_dim:]
     s_kv = max(len(step.chunks) * prompt_len, topk)
     kv = torch.randn(s_kv, 1, m.head_size, device=dev, dtype=torch.bfloat16, generator=g)

@@ -1,7 +1,6 @@
-"""A bandwidth probe for the padded Q workspace (issue 23: is the concat's gap to a contiguous copy the kernel's or
-the layout's?): :func:`gapped_write`, one Triton kernel with the concat's v2 tiling
-(:mod:`mla_lab.kernels.triton_concat`); on an unpadded ``out`` it writes contiguously, and the ratio is the layout's
-cost (docs/perf-notes.md "Round 4").
+"""A bandwidth probe for the padded Q workspace (issue 23: is the concat's gap to a contiguous copy the kernel's or the
+layout's?): :func:`gapped_write`, one Triton kernel with the concat's v2 tiling (:mod:`mla_lab.kernels.triton_concat`);
+on an unpadded ``out`` it writes contiguously, and the ratio is the layout's cost (docs/perf-notes.md "Round 4").
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ try:  # pragma: no cover - triton is optional on CPU machines
 except Exception:  # pragma: no cover
     triton = None
     tl = None
-
-__all__ = ["gapped_write"]
 
 if triton is not None:
 

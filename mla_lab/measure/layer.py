@@ -26,10 +26,6 @@ from .attention import sm_scale
 from .timer import median_ms
 from .triton_ops import KernelCheck, KernelCheckError, check_kernels, mqa_logits, rmsnorm, silu_mul
 
-__all__ = ["OPS_CSV", "E2E_CSV", "EXTRAS_CSV", "VALIDATION_CSV", "CALIBRATION_CSV", "OPS_COLUMNS", "E2E_COLUMNS",
-           "EXTRAS_COLUMNS", "LAYER_PLACEMENTS", "LAYER_STRATEGIES", "run_kernel_checks", "tiny_model",
-           "MeasureSettings", "Implementations", "select_implementations", "Layer", "layer_strategies"]
-
 #: Files one run writes into its output folder (and :mod:`.validate` reads back).
 OPS_CSV, E2E_CSV, EXTRAS_CSV, VALIDATION_CSV, CALIBRATION_CSV = (
     "layer_ops.csv", "layer_e2e.csv", "layer_extras.csv", "layer_validation.csv", "h200_ops.csv")
@@ -256,10 +252,8 @@ class Layer:
             self.moe_weights[variant] = (rand(experts_local, 2 * inter_local, hidden),
                                          rand(experts_local, hidden, inter_local))
         self.max_T = max_T
-        self.workspace_unfused = torch.empty(max_T, H, 576, device=device, dtype=dtype)
-        self.workspace_fused = torch.empty(max_T, self.Hp, 576, device=device, dtype=dtype)
-        self.workspace_unfused.normal_()
-        self.workspace_fused.normal_()
+        self.workspace_unfused = torch.empty(max_T, H, 576, device=device, dtype=dtype).normal_()
+        self.workspace_fused = torch.empty(max_T, self.Hp, 576, device=device, dtype=dtype).normal_()
         # vLLM never writes heads H..H'-1 of the private workspace: they keep what the fresh allocation held (zeros
         # from a new cudaMalloc segment, most likely). The first H200 run left them N(0, 1) ("stale"; see
         # docs/ttft-model.md: the kernel runs faster on zero operands).

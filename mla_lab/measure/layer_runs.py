@@ -36,10 +36,6 @@ from .layer import (
 )
 from .timer import interleaved, summarize
 
-__all__ = ["paired_timing", "moe_variants", "layer_kinds", "ops_to_time", "measure_ops", "measure_layers",
-           "measure_layer_pairs", "run_layer_benchmark", "LAYER_OUTPUTS", "read_rows", "ceilings", "w_uv_slice",
-           "peak_memory", "causal_kernel", "pad_values", "run_extras", "fp8_gemm_rows"]
-
 #: The files one layer run writes (its :class:`~mla_lab.measure.sink.Sink`'s outputs).
 LAYER_OUTPUTS = {OPS_CSV: OPS_COLUMNS, E2E_CSV: E2E_COLUMNS, EXTRAS_CSV: EXTRAS_COLUMNS}
 
@@ -153,18 +149,21 @@ def measure_layers(layer: Layer, model_name: str, T: int, variant: tuple[str, in
                    strategies: Sequence[Strategy] = LAYER_STRATEGIES) -> Iterator[dict]:
     """``layer_e2e.csv`` rows: the layer of ``kind`` (:meth:`Layer.e2e`) per strategy, ``eager`` and (GPU, ``T <=
     4096``) ``graph``. A failing call: ``ms`` NaN, an ``error`` status. Stops at the deadline."""
-    parallel, ep = variant
-    detail = f"{implementations.kernel_detail}; {implementations.concat_detail}"
     for strategy in strategies:
         for mode in ["eager"] + (["graph"] if settings.gpu and T <= 4096 else []):
             if settings.out_of_time():
                 break
             ms, status, excluded = _time(settings, log, f"e2e {kind} {strategy.name} {mode} {model_name} tp={layer.tp} "
                                          f"T={T}", lambda s=strategy: layer.e2e(T, s, kind, variant), mode == "graph")
-            yield {"model": model_name, "tp": layer.tp, "moe_parallel": parallel, "ep": ep, "T": T,
-                   "layer_kind": kind, "strategy": strategy.name, "content": layer.content_of(strategy),
-                   "mode": mode, "ms": ms, "excluded_ops": ";".join(excluded or []), "impl_detail": detail,
-                   "status": status}
+            yield _e2e_row(layer, model_name, T, variant, kind, strategy, mode, ms, excluded, implementations, status)
+
+
+def _e2e_row(layer, model_name, T, variant, kind, strategy, mode, ms, excluded, implementations, status) -> dict:
+    """One ``layer_e2e.csv`` row."""
+    return {"model": model_name, "tp": layer.tp, "moe_parallel": variant[0], "ep": variant[1], "T": T,
+            "layer_kind": kind, "strategy": strategy.name, "content": layer.content_of(strategy), "mode": mode,
+            "ms": ms, "excluded_ops": ";".join(excluded or []),
+            "impl_detail": f"{implementations.kernel_detail}; {implementations.concat_detail}", "status": status}
 
 
 def measure_layer_pairs(layer: Layer, model_name: str, T: int, variant: tuple[str, int], kind: str, pairs: int,
@@ -180,19 +179,14 @@ def measure_layer_pairs(layer: Layer, model_name: str, T: int, variant: tuple[st
     if len(strategies) < 2:
         raise ValueError(f"strategies={[s.name for s in strategies]}: pairs need two")
     a, b = strategies[:2]
-    parallel, ep = variant
     fa, excluded = layer.e2e(T, a, kind, variant)
     fb, _ = layer.e2e(T, b, kind, variant)
     a_ms, b_ms, difference_ms, difference_iqr_ms = paired_timing(fa, fb, pairs, settings.device)
     del fa, fb
-    detail = f"{implementations.kernel_detail}; {implementations.concat_detail}"
-    layer_rows = [{"model": model_name, "tp": layer.tp, "moe_parallel": parallel, "ep": ep, "T": T,
-                   "layer_kind": kind, "strategy": strategy.name, "content": layer.content_of(strategy),
-                   "mode": "paired", "ms": ms, "excluded_ops": ";".join(excluded), "impl_detail": detail,
-                   "status": "ok"}
-                  for strategy, ms in ((a, a_ms), (b, b_ms))]
+    layer_rows = [_e2e_row(layer, model_name, T, variant, kind, s, "paired", ms, excluded, implementations, "ok")
+                  for s, ms in ((a, a_ms), (b, b_ms))]
     delta_row = {"experiment": "e2e_paired_delta", "model": model_name, "tp": layer.tp, "T": T, "H": layer.H,
-                 "Hp": layer.Hp, "name": f"{kind}_{parallel}", "ms": difference_ms,
+                 "Hp": layer.Hp, "name": f"{kind}_{variant[0]}", "ms": difference_ms,
                  "value": difference_iqr_ms, "unit": f"ms: median({a.name} - {b.name}); value: IQR",
                  "content": layer.content_of(b), "note": f"{pairs} interleaved pairs"}
     return layer_rows, delta_row
@@ -220,13 +214,14 @@ def run_layer_benchmark(models: list[tuple[str, ModelConfig]], tps: list[int], t
                 log(f"alloc failed {model_name} tp={tp}: {type(e).__name__}: {e}")
                 _free(settings)
                 continue
-            run = _LayerRun(layer, model_name, arch, settings, implementations, sink, log, strategies, measured)
             for T in tokens:
                 for variant in moe_variants(tp):
-                    run.point(T, variant, e2e=not skip_e2e and (variant[0] != "ep" or tp == max(tps)), pairs=pairs)
+                    e2e = not skip_e2e and (variant[0] != "ep" or tp == max(tps))
+                    _point(sink, layer, model_name, T, variant, arch, settings, implementations, log, strategies,
+                           measured, e2e, pairs)
                 log(f"{model_name} tp={tp} T={T}: {sink.rows.get(OPS_CSV, 0)} op rows, {sink.rows.get(E2E_CSV, 0)} "
                     "e2e rows")
-            del layer, run
+            del layer
             _free(settings)
 
 
@@ -235,36 +230,25 @@ def _free(settings: MeasureSettings) -> None:
         torch.cuda.empty_cache()
 
 
-class _LayerRun:
-    """One :class:`Layer`'s points: its ops, its layers end to end and their pairs, rows to the sink."""
-
-    def __init__(self, layer, model_name, arch, settings, implementations, sink, log, strategies, measured):
-        self.layer, self.name, self.arch, self.settings = layer, model_name, arch, settings
-        self.impl, self.sink, self.log, self.strategies, self.measured = implementations, sink, log, strategies, \
-            measured
-
-    def point(self, T: int, variant: tuple[str, int], e2e: bool, pairs: int) -> None:
-        for row in measure_ops(self.layer, self.name, T, variant, self.arch, self.settings, self.impl, self.measured,
-                               self.log, self.strategies):
-            self.sink.write(OPS_CSV, row)
-        for kind in layer_kinds(variant) if e2e else ():
-            for row in measure_layers(self.layer, self.name, T, variant, kind, self.settings, self.impl, self.log,
-                                      self.strategies):
-                self.sink.write(E2E_CSV, row)
-            if pairs and len(self.strategies) >= 2 and not self.settings.out_of_time():
-                self.pairs(T, variant, kind, pairs)
-
-    def pairs(self, T: int, variant: tuple[str, int], kind: str, pairs: int) -> None:
+def _point(sink, layer, name, T, variant, arch, settings, impl, log, strategies, measured, e2e, pairs) -> None:
+    """One (T, variant) of a :class:`Layer`: its ops, its layers end to end and their pairs, rows to the sink."""
+    for row in measure_ops(layer, name, T, variant, arch, settings, impl, measured, log, strategies):
+        sink.write(OPS_CSV, row)
+    for kind in layer_kinds(variant) if e2e else ():
+        for row in measure_layers(layer, name, T, variant, kind, settings, impl, log, strategies):
+            sink.write(E2E_CSV, row)
+        if not pairs or len(strategies) < 2 or settings.out_of_time():
+            continue
         try:
-            layer_rows, delta_row = measure_layer_pairs(self.layer, self.name, T, variant, kind, pairs, self.settings,
-                                                        self.impl, self.strategies)
+            layer_rows, delta_row = measure_layer_pairs(layer, name, T, variant, kind, pairs, settings, impl,
+                                                        strategies)
         except Exception as e:  # noqa: BLE001 - logged; the run goes on
-            self.log(f"paired {kind} {self.name} tp={self.layer.tp} T={T}: {type(e).__name__}: {e}")
-            _free(self.settings)
-            return
+            log(f"paired {kind} {name} tp={layer.tp} T={T}: {type(e).__name__}: {e}")
+            _free(settings)
+            continue
         for row in layer_rows:
-            self.sink.write(E2E_CSV, row)
-        self.sink.write(EXTRAS_CSV, delta_row)
+            sink.write(E2E_CSV, row)
+        sink.write(EXTRAS_CSV, delta_row)
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -359,8 +343,7 @@ def peak_memory(settings: MeasureSettings, implementations: Implementations, mod
         return
     for model_name, model in models:
         tp, T = 8, max_T
-        H = model.heads_per_rank(tp)
-        Hp = padded_num_heads(H, arch, "bf16")
+        H, Hp = model.heads_per_rank(tp), padded_num_heads(model.heads_per_rank(tp), arch, "bf16")
         for strategy in LAYER_STRATEGIES:  # per_call_zeros (a new_zeros pad per call), private_workspace
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -407,8 +390,7 @@ def causal_kernel(settings: MeasureSettings, implementations: Implementations,
         return
     for model_name, model in models[:1]:
         tp = 8 if settings.gpu else 2
-        H = model.heads_per_rank(tp)
-        Hp = padded_num_heads(H, arch, "bf16")
+        H, Hp = model.heads_per_rank(tp), padded_num_heads(model.heads_per_rank(tp), arch, "bf16")
         cases = ([("seed_16x1024", 16384, 1024), ("one_prompt_4096", 4096, 4096), ("full_topk_16384", 16384, 0)]
                  if settings.gpu else [("tiny", 256, 64), ("tiny_full", 256, 0)])
         for name, T, prompt_len in cases:
@@ -448,8 +430,7 @@ def pad_values(settings: MeasureSettings, implementations: Implementations, mode
         return
     model_name, model = models[0]
     tp = 8 if settings.gpu else 2
-    H = model.heads_per_rank(tp)
-    Hp = padded_num_heads(H, arch, "bf16")
+    H, Hp = model.heads_per_rank(tp), padded_num_heads(model.heads_per_rank(tp), arch, "bf16")
     for T in ((4096, max_T) if settings.gpu else (max_T,)):
         kv = torch.randn(max(T, 2 * model.topk), 1, 576, device=device, dtype=dtype)
         indices = torch.randint(0, kv.shape[0], (T, 1, model.topk), device=device, dtype=torch.int32)
@@ -491,9 +472,8 @@ def run_extras(sink, settings: MeasureSettings, implementations: Implementations
 
 def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, tokens: list[int]) -> Iterator[dict]:
     """fp8 GEMMs (``torch._scaled_mm``, per-tensor scales, bf16 out) at the model's TP8 EP per-rank shapes
-    (:func:`~mla_lab.model.ops.layer_ops`) per T of ``tokens``, each (M, K, N) once, dims not divisible by 16
-    skipped: ``layer_ops.csv`` rows (``gemm_fp8``; a failure: ``ms`` NaN, ``error`` status). GPU only; stops at the
-    deadline."""
+    (:func:`~mla_lab.model.ops.layer_ops`) per T of ``tokens``, each (M, K, N) once, dims not divisible by 16 skipped:
+    ``layer_ops.csv`` rows (``gemm_fp8``; a failure: ``ms`` NaN, ``error`` status). GPU only; stops at the deadline."""
     if not settings.gpu:
         return
     device = settings.device

@@ -12,8 +12,6 @@ from pathlib import Path
 
 from ..provenance import PROVENANCE_COLUMNS, provenance
 
-__all__ = ["Sink", "NvmlSampler", "log"]
-
 
 def log(*parts) -> None:
     """One progress line on stdout, ``[measure HH:MM:SS] ...``, flushed (a killed process keeps what it said)."""

@@ -13,8 +13,6 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["coverage", "process_medians", "between_process", "paired_change", "MIN_PROCESSES"]
-
 #: Fewest fresh processes a between-process figure is stated from (issue: ">= 5 fresh processes").
 MIN_PROCESSES = 5
 

@@ -12,9 +12,6 @@ import statistics
 import time
 from typing import Callable, Sequence
 
-__all__ = ["median_ms", "graphed", "interleaved", "summarize", "call_ms", "timed_window", "est_ms", "quantile",
-           "WINDOW_COLUMNS"]
-
 #: Keys of a :func:`timed_window` result (``clock_event_reasons`` only with ``reasons=True``).
 WINDOW_COLUMNS = ["n_calls", "ms_median", "ms_mean", "ms_p10", "ms_p90", "window_s", "sm_clock_mhz", "power_w",
                   "temp_c", "n_samples", "clock_event_reasons"]

@@ -38,24 +38,15 @@ from .tp_blocks import (
     BF16_BYTES,
     BLOCKS,
     MOE_IMPLS,
-    MOE_OPS,
     _check_moe_split,
     _model,
     block_forward,
     make_block_inputs,
     make_moe_inputs,
-    merge_shards,
     moe_forward,
     moe_routing,
     resolve_moe_impl,
-    tiny_overrides,
 )
-
-__all__ = ["SAFE_ENV", "BLOCKS", "RUNS", "MOE_OPS", "BLOCK_COLUMNS", "ALLREDUCE_COLUMNS", "COMPARE_COLUMNS",
-           "TPBenchmarkConfig", "TPBenchmarkResult", "make_block_inputs", "make_moe_inputs", "merge_shards",
-           "block_forward", "moe_forward", "moe_routing", "ideal_ring_calibration", "resolve_strategies", "MOE_IMPLS",
-           "resolve_moe_impl", "sm_scale",
-           "check_config", "run_tp_benchmark", "compare", "summary_table", "tiny_overrides"]
 
 #: NVLink multicast off (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS): shared machines.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -88,13 +79,12 @@ ALLREDUCE_COLUMNS = ["world_size", "rank", "nbytes", "T", "hidden_size", "ms", "
 
 @dataclass
 class TPBenchmarkConfig:
-    """What to run. ``models``: names (``data/models``); ``tokens``: block step sizes T (one causal prompt);
-    ``tp``: processes of the tp run and the share the sim run simulates (``ep = tp`` for moe); ``blocks``,
-    ``runs``: of :data:`BLOCKS`, :data:`RUNS`; ``strategies``: :func:`resolve_strategies` names; ``arch``: None
-    is h200; ``device``: ``cuda`` (NCCL) or ``cpu`` (gloo, a dry run); ``moe_impl``: :data:`MOE_IMPLS`;
-    ``model_overrides``: :func:`tiny_overrides` for CPU; ``save_outputs``: each rank's block output as ``.pt``;
-    ``allreduce_tokens`` (with ``tokens``) / ``allreduce_mib``: the ``[T, hidden]`` and bytes (MiB) all-reduce
-    rows."""
+    """What to run. ``models``: names (``data/models``); ``tokens``: block step sizes T (one causal prompt); ``tp``:
+    processes of the tp run and the share the sim run simulates (``ep = tp`` for moe); ``blocks``, ``runs``: of
+    :data:`BLOCKS`, :data:`RUNS`; ``strategies``: :func:`resolve_strategies` names; ``arch``: None is h200; ``device``:
+    ``cuda`` (NCCL) or ``cpu`` (gloo, a dry run); ``moe_impl``: :data:`MOE_IMPLS`; ``model_overrides``:
+    :func:`tiny_overrides` for CPU; ``save_outputs``: each rank's block output as ``.pt``; ``allreduce_tokens`` (with
+    ``tokens``) / ``allreduce_mib``: the ``[T, hidden]`` and bytes (MiB) all-reduce rows."""
 
     models: list = field(default_factory=lambda: ["glm-5", "deepseek-v3.2"])
     tokens: list = field(default_factory=lambda: [4096, 16384])
@@ -199,8 +189,7 @@ def _worker(rank: int, world_size: int, run: str, cfg: TPBenchmarkConfig, out_di
     if world_size > 1:
         backend = "nccl" if device == "cuda" else "gloo"
         kw = {"device_id": torch.device(dev)} if device == "cuda" else {}
-        dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}",
-                                **kw)
+        dist.init_process_group(backend, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}", **kw)
         dist.barrier()
         dist.all_reduce(torch.zeros(MIB // BF16_BYTES, device=dev, dtype=torch.bfloat16))  # the first collectives
         _sync(device, world_size)
@@ -264,12 +253,8 @@ def _worker_cases(cfg, ctx, out_dir, ar_ms, rows) -> None:
         view = measured_rank(model, cfg.tp, cfg.arch or "h200", ("ep", cfg.tp))  # experts split EP = TP
         for T in cfg.tokens:
             for block in cfg.blocks:
-                if block == "attention":
-                    inp = make_block_inputs(view, rank, T, cfg.seed, dev)
-                    cases = strategies
-                else:
-                    inp = make_moe_inputs(view, rank, T, cfg.seed, dev)
-                    cases = [None]
+                make, cases = (make_block_inputs, strategies) if block == "attention" else (make_moe_inputs, [None])
+                inp = make(view, rank, T, cfg.seed, dev)
                 for s in cases:
                     row = _measure_case(block, s, model, name, T, inp, cfg, ctx, out_dir)
                     row["allreduce_ms"] = ar_ms.get((T, model.hidden_size))

@@ -21,9 +21,6 @@ import torch.nn.functional as F
 
 from ..models import load_model
 
-__all__ = ["BLOCKS", "MOE_OPS", "MOE_IMPLS", "BF16_BYTES", "tiny_overrides", "make_block_inputs", "make_moe_inputs",
-           "merge_shards", "block_forward", "moe_routing", "resolve_moe_impl", "moe_forward"]
-
 BF16_BYTES = 2
 BLOCKS = ("attention", "moe")
 #: The per-rank ops of the moe block, in order: those :func:`mla_lab.model.ops.layer_ops` lists for a MoE layer
@@ -198,8 +195,7 @@ def resolve_moe_impl(impl: str, device) -> str:
     if impl not in MOE_IMPLS:
         raise ValueError(f"moe_impl={impl!r}; allowed: {list(MOE_IMPLS)}")
     dev = torch.device(device)
-    ok = (dev.type == "cuda" and hasattr(torch, "_grouped_mm")
-          and torch.cuda.get_device_capability(dev) >= (9, 0))
+    ok = (dev.type == "cuda" and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(dev) >= (9, 0))
     if impl == "grouped_mm" and not ok:
         raise ValueError(f"moe_impl='grouped_mm' needs torch._grouped_mm on a CUDA sm90+ device; device={device!s}")
     return impl if impl != "auto" else ("grouped_mm" if ok else "loop")

@@ -12,8 +12,6 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["triton_kernels", "rmsnorm", "silu_mul", "mqa_logits", "KernelCheck", "check_kernels", "KernelCheckError"]
-
 
 @functools.cache
 def triton_kernels():

@@ -36,8 +36,6 @@ from ..provenance import PROVENANCE_COLUMNS, provenance
 from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV
 from .layer_runs import measured_rank, read_rows
 
-__all__ = ["VALIDATION_COLUMNS", "leave_one_model_out", "validation_rows", "mape_summary", "fit_and_validate", "main"]
-
 #: Columns of ``layer_validation.csv`` before the provenance columns.
 VALIDATION_COLUMNS = ["level", "split", "model", "tp", "moe_parallel", "T", "name", "op_class", "measured_ms",
                       "predicted_ms", "ape_pct"]

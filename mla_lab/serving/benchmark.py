@@ -84,11 +84,6 @@ def bench_of(deployment: Deployment, **options) -> BenchConfig:
     return BenchConfig(**wl, **options)
 
 
-def _workload_of(bench: BenchConfig) -> tuple:
-    return (bench.num_prompts, bench.random_input_len, bench.random_output_len,
-            bench.num_prompts if bench.max_concurrency is None else bench.max_concurrency)
-
-
 def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | None = None, *, block_size: int = 64,
                     calibration: Calibration | None = None, decode_cal: DecodeCalibration | None = None,
                     baseline: str = BASELINE, kv_admission: str = "reserve", enforce_eager: bool = False,
@@ -121,9 +116,8 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     caps = _kv_capacities(d, mem, order)
     out: dict = {}
     for s in order:  # every strategy checked (caps) before the first is simulated
-        sched = SchedulerConfig(max_num_batched_tokens=opts.deployment.max_num_batched_tokens,
-                                max_num_seqs=opts.deployment.max_num_seqs, kv_capacity_tokens=int(caps[s]),
-                                block_size=block_size, kv_admission=kv_admission, enforce_eager=enforce_eager)
+        sched = SchedulerConfig(opts.deployment.max_num_batched_tokens, opts.deployment.max_num_seqs, int(caps[s]),
+                                block_size, kv_admission=kv_admission, enforce_eager=enforce_eager)
         raw = simulate(opts.bench, sched, opts.pricer(s, cal, dcal), percentiles=percentiles)
         res = opts.scale(raw)
         launches = Counter(f"{rec.step.kind}:{rec.step.cudagraph_mode}" for rec in res.steps)
@@ -133,8 +127,16 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                   "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
     for s in order:
         out[s]["change_pct"] = compare(out[base]["metrics"], out[s]["metrics"])
-    engine_args = {"block_size": block_size, "kv_admission": kv_admission, "enforce_eager": enforce_eager}
-    return {"strategies": out, "baseline": base, "deployment": _deployment_summary(d, engine_args),
+    def attrs(*ks: str) -> dict:
+        return {k: getattr(d, k) for k in ks}
+
+    deployment_args = {
+        "model": d.model.name, "tp": d.tp, "arch": d.arch.name,
+        **attrs("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_dtype"),
+        "block_size": block_size, **attrs("weight_dtype", "moe_parallel"), "kv_admission": kv_admission,
+        "enforce_eager": enforce_eager, "model_family": d.model.family, "model_family_note": d.model.family_note,
+        **attrs("num_speculative_tokens", "acceptance_length", "dp_attention")}
+    return {"strategies": out, "baseline": base, "deployment": deployment_args,
             "options": opts.describe(), "bench": asdict(client_bench), "calibration": cal.name,
             "decode_calibration": dcal.name, "notes": list(MODELLED_NOTES) + opts.notes()}
 
@@ -143,7 +145,9 @@ def _checked_bench(d: Deployment, bench) -> BenchConfig:
     """``bench`` when it is a BenchConfig sending ``d``'s workload. Raises ValueError: else (names both)."""
     if not isinstance(bench, BenchConfig):
         raise ValueError(f"bench={bench!r} must be a mla_lab.serving.BenchConfig")
-    if _workload_of(bench) != (d.num_prompts, d.prompt_len, d.output_len, d.concurrency):
+    conc = bench.num_prompts if bench.max_concurrency is None else bench.max_concurrency
+    if (bench.num_prompts, bench.random_input_len, bench.random_output_len, conc) != (
+            d.num_prompts, d.prompt_len, d.output_len, d.concurrency):
         raise ValueError(f"bench sends {bench.num_prompts} x {bench.random_input_len}-token prompts "
                          f"({bench.random_output_len} out) at max_concurrency {bench.max_concurrency}, the deployment "
                          f"{d.num_prompts} x {d.prompt_len} ({d.output_len} out) at concurrency {d.concurrency}; "
@@ -168,17 +172,6 @@ def _kv_capacities(d: Deployment, mem: dict, order) -> dict:
                 f"{mem['kv_capacity_tokens']:.0f} tokens of KV capacity, KV capacity 0; allowed: a strategy whose "
                 "extra bytes fit, a larger tp or a higher gpu_memory_utilization")
     return caps
-
-
-def _deployment_summary(d: Deployment, engine_args: dict) -> dict:
-    """The engine arguments of the run (``serve_benchmark``'s ``deployment`` key)."""
-    return {"model": d.model.name, "tp": d.tp, "arch": d.arch.name,
-            **{k: getattr(d, k) for k in ("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization",
-                                          "kv_cache_dtype")},
-            "block_size": engine_args["block_size"], "weight_dtype": d.weight_dtype, "moe_parallel": d.moe_parallel,
-            "kv_admission": engine_args["kv_admission"], "enforce_eager": engine_args["enforce_eager"],
-            "model_family": d.model.family, "model_family_note": d.model.family_note,
-            **{k: getattr(d, k) for k in ("num_speculative_tokens", "acceptance_length", "dp_attention")}}
 
 
 class _Options:
@@ -248,9 +241,8 @@ def options_summary(deployment: Deployment, strategy: str) -> dict:
                                   "kv_capacity_tokens"], "status": "modelled"}
     if d.dp_attention > 1:
         first = d.replace(output_len=1, num_speculative_tokens=0, acceptance_length=1.0)
-        ttft = serve_benchmark(first, [strategy], baseline=strategy)["strategies"][strategy]["metrics"]
-        ttft_tp = serve_benchmark(first.replace(dp_attention=1), [strategy], baseline=strategy)[
-            "strategies"][strategy]["metrics"]
+        ttft, ttft_tp = (serve_benchmark(x, [strategy], baseline=strategy)["strategies"][strategy]["metrics"]
+                         for x in (first, first.replace(dp_attention=1)))
         ar = d.attention_rank
         mem = dp_attention_memory(per_rank_deployment(d), [strategy], mtp_layers=1 if d.num_speculative_tokens else 0)
         out["dp_attention"] = {"dp": d.dp_attention, "heads_per_rank": ar.num_heads,

@@ -47,9 +47,8 @@ class BenchConfig:
     normalize_arrivals: bool = True
 
     def __post_init__(self) -> None:
-        check_int("num_prompts", self.num_prompts)
-        check_int("random_input_len", self.random_input_len)
-        check_int("random_output_len", self.random_output_len)
+        for k in ("num_prompts", "random_input_len", "random_output_len"):
+            check_int(k, getattr(self, k))
         check_float("random_range_ratio", self.random_range_ratio, low=0.0, low_inclusive=True, high=1.0)
         check_float("request_rate", self.request_rate, low=0.0, allow_inf=True)
         check_float("burstiness", self.burstiness, low=0.0, allow_inf=True)
@@ -97,11 +96,9 @@ def length_bounds(bench: BenchConfig) -> tuple[tuple[int, int], tuple[int, int]]
 
 def sample_lengths(bench: BenchConfig) -> tuple[np.ndarray, np.ndarray]:
     """Input and output lengths (int64 arrays of ``num_prompts``, tokens), drawn as ``RandomDataset`` draws them."""
-    (in_lo, in_hi), (out_lo, out_hi) = length_bounds(bench)
-    rng = np.random.default_rng(bench.seed)
-    input_lens = rng.integers(in_lo, in_hi + 1, size=bench.num_prompts)
-    output_lens = rng.integers(out_lo, out_hi + 1, size=bench.num_prompts)
-    return input_lens.astype(np.int64), output_lens.astype(np.int64)
+    rng = np.random.default_rng(bench.seed)  # the input lengths drawn first, then the output lengths
+    ins, outs = (rng.integers(lo, hi + 1, size=bench.num_prompts).astype(np.int64) for lo, hi in length_bounds(bench))
+    return ins, outs
 
 
 def sample_intervals(bench: BenchConfig) -> np.ndarray:

@@ -85,9 +85,8 @@ def _p_word(p: float) -> str:
 
 def _stats(name: str, values_s: list[float], percentiles: Sequence[float], out: dict) -> None:
     v = values_s or 0  # vLLM: np.mean(x or 0)
-    out[f"mean_{name}_ms"] = float(np.mean(v)) * 1000
-    out[f"median_{name}_ms"] = float(np.median(v)) * 1000
-    out[f"std_{name}_ms"] = float(np.std(v)) * 1000
+    for stat, f in (("mean", np.mean), ("median", np.median), ("std", np.std)):
+        out[f"{stat}_{name}_ms"] = float(f(v)) * 1000
     for p in percentiles:
         out[f"p{_p_word(p)}_{name}_ms"] = float(np.percentile(v, p)) * 1000
 
@@ -108,8 +107,7 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
         if not isinstance(r, RequestRecord):
             raise ValueError(f"records must hold RequestRecord objects, got {type(r).__name__}")
     last = max(r.token_times_s[-1] for r in records)
-    if duration_s is None:
-        duration_s = last
+    duration_s = last if duration_s is None else duration_s
     check_float("duration_s", duration_s, low=0.0)
     if duration_s < last:
         raise ValueError(f"duration_s={duration_s!r} must be >= the last token time {last}")
@@ -119,16 +117,10 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
 
     total_in = sum(r.input_len for r in records)
     total_out = sum(r.output_len for r in records)
-    out: dict[str, float] = {
-        "duration": float(duration_s),
-        "completed": len(records),
-        "failed": 0,
-        "total_input_tokens": total_in,
-        "total_output_tokens": total_out,
-        "request_throughput": len(records) / duration_s,
-        "output_throughput": total_out / duration_s,
-        "total_token_throughput": (total_in + total_out) / duration_s,
-    }
+    out: dict[str, float] = {"duration": float(duration_s), "completed": len(records), "failed": 0,
+                             "total_input_tokens": total_in, "total_output_tokens": total_out,
+                             "request_throughput": len(records) / duration_s, "output_throughput": total_out / duration_s,
+                             "total_token_throughput": (total_in + total_out) / duration_s}
     # peak output tokens in one-second buckets and peak concurrency (serve.py calculate_metrics)
     t0 = min(r.send_s for r in records)
     end = max(r.send_s + r.e2el_s for r in records)
@@ -146,8 +138,7 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
     if max_concurrency is not None:
         _stats("client_queue_time", [r.client_queue_s for r in records], percentiles, out)
         if not math.isinf(request_rate):
-            _stats("e2el_including_client_queue", [r.e2el_s + r.client_queue_s for r in records], percentiles,
-                   out)
+            _stats("e2el_including_client_queue", [r.e2el_s + r.client_queue_s for r in records], percentiles, out)
     return out
 
 

@@ -166,11 +166,9 @@ class NoiseConfig:
     def with_measurements(self, measured: dict) -> NoiseConfig:
         """A copy with ``measured["values"]`` (field -> value) put in, marked measured, each one's source
         ``measured["sources"][field]`` or ``measured["source"]``."""
-        vals = dict(measured.get("values", {}))
-        per = dict(measured.get("sources", {}))
-        src = {k: dict(v) for k, v in self.sources.items()}
-        for k in vals:
-            src[k] = {"status": "measured", "source": per.get(k, measured.get("source", "cold_start.csv"))}
+        vals, per = measured.get("values", {}), measured.get("sources", {})
+        src = {k: dict(v) for k, v in self.sources.items()} | {
+            k: {"status": "measured", "source": per.get(k, measured.get("source", "cold_start.csv"))} for k in vals}
         return replace(self, sources=src, **vals)
 
     def record(self) -> dict:
@@ -210,13 +208,9 @@ class CachedPricer:
 
     def __call__(self, step: Step) -> float:
         k = _step_shape(step)
-        v = self.cache.get(k)
-        if v is None:
-            v = self.cache[k] = float(self.pricer(step))
-            self.misses += 1
-        else:
-            self.hits += 1
-        return v
+        hit = k in self.cache
+        self.hits, self.misses = self.hits + hit, self.misses + (not hit)
+        return self.cache[k] if hit else self.cache.setdefault(k, float(self.pricer(step)))
 
 
 class _RunPricer:
@@ -269,12 +263,11 @@ class NoiseResult:
     cache: dict
 
     def _values(self, metric: str, which: str) -> np.ndarray:
-        src = {"a": self.a, "b": self.b, "change": self.change}
-        if which not in src:
+        if which not in ("a", "b", "change"):
             raise ValueError(f"which={which!r} must be one of ['a', 'b', 'change']")
-        if metric not in src[which]:
+        if metric not in getattr(self, which):
             raise ValueError(f"metric={metric!r} must be one of {list(METRICS)}")
-        return src[which][metric]
+        return getattr(self, which)[metric]
 
     def quantiles(self, metric: str, which: str = "change", qs: Sequence[float] = (2.5, 50, 97.5)) -> list[float]:
         """Percentiles ``qs`` (``np.percentile`` linear) of ``metric`` in ``which`` (a, b or change)."""
@@ -317,12 +310,9 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
     ca = CachedPricer(pricer_a)
     cb = ca if pricer_b is None else CachedPricer(pricer_b)
     builds = ((ca, sched), (cb, sched if sched_b is None else sched_b))
-    out = [{k: np.empty(num_runs) for k in METRICS} for _ in builds]
-    for j, (pr, sc) in enumerate(builds):
-        for i in range(num_runs):
-            m = simulate_once(bench, sc, pr, noise, _rng(seed, j, i), percentiles).metrics
-            for k in METRICS:
-                out[j][k][i] = m[k]
+    runs = [[simulate_once(bench, sc, pr, noise, _rng(seed, j, i), percentiles).metrics for i in range(num_runs)]
+            for j, (pr, sc) in enumerate(builds)]
+    out = [{k: np.array([m[k] for m in ms], dtype=np.float64) for k in METRICS} for ms in runs]
     det = [simulate_once(bench, sc, pr, noise, None, percentiles).metrics for pr, sc in builds]
     change = {k: (out[1][k] - out[0][k]) / out[0][k] * 100.0 for k in METRICS}
     cache = {"a": {"hits": ca.hits, "misses": ca.misses}, "b": {"hits": cb.hits, "misses": cb.misses}}
@@ -448,14 +438,13 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     check_int("num_runs", num_runs)
     if num_runs < 2:
         raise ValueError(f"num_runs={num_runs!r} must be an int >= 2 (1 is the deterministic serve_benchmark)")
-    extra = {} if baseline is None else {"baseline": baseline}
     if deployment.num_speculative_tokens or deployment.dp_attention > 1:
         raise ValueError(f"deployment with num_speculative_tokens={deployment.num_speculative_tokens}, dp_attention="
                          f"{deployment.dp_attention}: the noise model does not price these options; allowed: "
                          "serve_benchmark (deterministic) for them, or num_speculative_tokens=0 and dp_attention=1")
     bench = bench_of(deployment) if bench is None else bench
     det = serve_benchmark(deployment, strategies, bench, block_size=block_size, calibration=calibration,
-                          decode_cal=decode_cal, **extra)
+                          decode_cal=decode_cal, **({} if baseline is None else {"baseline": baseline}))
     base = det["baseline"]
     scheds = {s: async_scheduler(deployment, r["kv_capacity_tokens"], block_size) for s, r in det["strategies"].items()}
     pricers = {s: CachedPricer(CostModelPricer(deployment.rank, s, calibration, decode_cal)) for s in scheds}
@@ -463,19 +452,19 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     res = {s: run_noise(bench, scheds[base], pricers[base], None if s == base else pricers[s],
                         sched_b=scheds[s], num_runs=num_runs, seed=seed, noise=noise) for s in det["strategies"]}
 
-    def summ(r: NoiseResult, which: str) -> dict:
-        return {k: {"median": r.quantiles(k, which)[1], "band95": list(r.band(k, which))} for k in keys}
+    def summ(r: NoiseResult, which: str, k: str) -> dict:
+        return {"median": r.quantiles(k, which)[1], "band95": list(r.band(k, which))}
 
-    out = {"num_runs": num_runs, "seed": seed, "baseline": base, "noise": res[base].noise.record(),
-           "strategies": {s: summ(r, "a" if s == base else "b") for s, r in res.items()}, "changes": {},
-           "note": "modelled: single runs of the noise model (mla_lab.serving.noise: API-server arrival queue, async "
-                   "scheduling, per-step CPU time, token delivery, measured step-time spreads and cold first "
-                   "step); the deterministic table has none of these components"}
-    for s, r in res.items():
-        if s != base:
-            out["changes"][s] = {k: {**summ(r, "change")[k], "deterministic": (r.deterministic_b[k] - r.deterministic_a[
-                k]) / r.deterministic_a[k] * 100.0} for k in keys}
-    return out
+    def det_pct(r: NoiseResult, k: str) -> float:
+        return (r.deterministic_b[k] - r.deterministic_a[k]) / r.deterministic_a[k] * 100.0
+
+    return {"num_runs": num_runs, "seed": seed, "baseline": base, "noise": res[base].noise.record(),
+            "strategies": {s: {k: summ(r, "a" if s == base else "b", k) for k in keys} for s, r in res.items()},
+            "changes": {s: {k: {**summ(r, "change", k), "deterministic": det_pct(r, k)} for k in keys}
+                        for s, r in res.items() if s != base},
+            "note": "modelled: single runs of the noise model (mla_lab.serving.noise: API-server arrival queue, async "
+                    "scheduling, per-step CPU time, token delivery, measured step-time spreads and cold first "
+                    "step); the deterministic table has none of these components"}
 
 
 def format_noise(runs: dict) -> str:

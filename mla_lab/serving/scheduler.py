@@ -53,10 +53,8 @@ class SchedulerConfig:
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
-        check_int("max_num_batched_tokens", self.max_num_batched_tokens)
-        check_int("max_num_seqs", self.max_num_seqs)
-        check_int("kv_capacity_tokens", self.kv_capacity_tokens)
-        check_int("block_size", self.block_size)
+        for k in ("max_num_batched_tokens", "max_num_seqs", "kv_capacity_tokens", "block_size"):
+            check_int(k, getattr(self, k))
         if self.kv_capacity_tokens < self.block_size:
             raise ValueError(f"kv_capacity_tokens={self.kv_capacity_tokens!r} must be >= block_size="
                              f"{self.block_size} (at least one KV block)")
@@ -118,8 +116,7 @@ class Scheduler:
     def __post_init__(self) -> None:
         if not isinstance(self.config, SchedulerConfig):
             raise ValueError(f"config={self.config!r} must be a SchedulerConfig")
-        c = self.config
-        self._capture = cudagraph_capture_sizes(c.max_num_seqs, c.max_cudagraph_capture_size)
+        self._capture = cudagraph_capture_sizes(self.config.max_num_seqs, self.config.max_cudagraph_capture_size)
 
     def check_fits(self, req_id: int, prompt_len: int, output_len: int) -> None:
         """Raise ``ValueError`` if the request's peak footprint exceeds the whole KV cache."""
@@ -215,18 +212,15 @@ class Scheduler:
         :attr:`last_kv_wait` when the queue's head had budget and a slot but waited for KV blocks."""
         if self._pending is not None:
             raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
-        budget = self.config.max_num_batched_tokens
         decode: list[DecodeToken] = []
         chunks: list[PrefillChunk] = []
         self.last_kv_wait = False
-        budget = self._schedule_running(budget, decode, chunks)
-        self._schedule_waiting(budget, chunks)
+        self._schedule_waiting(self._schedule_running(self.config.max_num_batched_tokens, decode, chunks), chunks)
         if not decode and not chunks:
             return None
-        mode, padded = launch_mode(tuple(decode), tuple(chunks), self._capture, self.config.enforce_eager)
-        step = Step(tuple(decode), tuple(chunks), mode, padded)
-        self._pending = step
-        return step
+        dec, ch = tuple(decode), tuple(chunks)
+        self._pending = Step(dec, ch, *launch_mode(dec, ch, self._capture, self.config.enforce_eager))
+        return self._pending
 
     def update_from_step(self, step: Step) -> list[TokenEvent]:
         """Sample the step's tokens, finish requests, free their KV blocks; the tokens in scheduling order. Raises
@@ -236,8 +230,7 @@ class Scheduler:
         self._pending = None
         by_id = {r.req_id: r for r in self.running}
         events: list[TokenEvent] = []
-        ids = [d.req_id for d in step.decode] + [ch.req_id for ch in step.prefill_chunks]
-        for rid in ids:
+        for rid in [d.req_id for d in step.decode] + [ch.req_id for ch in step.prefill_chunks]:
             req = by_id[rid]
             if req.num_computed < req.num_tokens:  # a prompt chunk that does not reach the prompt's end
                 continue
@@ -248,7 +241,5 @@ class Scheduler:
                 self.used_blocks -= req.blocks
                 self.reserved_blocks -= req.reserved
                 req.blocks = req.reserved = 0
-        finished = {e.req_id for e in events if e.finished}
-        if finished:
-            self.running = [r for r in self.running if r.req_id not in finished]
+        self.running = [r for r in self.running if r.num_output < r.output_len]
         return events

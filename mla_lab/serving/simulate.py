@@ -64,13 +64,9 @@ class _Client:
         out = []
         while self.pos < len(self.pending) and self.pending[self.pos].arrival_s <= now:
             r = self.pending[self.pos]
-            if self.limited:
-                if not self.free_slots:
-                    break
-                send = max(r.arrival_s, heapq.heappop(self.free_slots))
-            else:
-                send = r.arrival_s
-            out.append((r, send))
+            if self.limited and not self.free_slots:
+                break
+            out.append((r, max(r.arrival_s, heapq.heappop(self.free_slots)) if self.limited else r.arrival_s))
             self.pos += 1
         return out
 
@@ -102,12 +98,11 @@ def _engine_delays(engine_delay_s, reqs) -> dict[int, float]:
 
 
 def _checked_requests(bench, sched, pricer, requests) -> list[ClientRequest]:
-    if not isinstance(bench, BenchConfig):
-        raise ValueError(f"bench={bench!r} must be a BenchConfig")
-    if not isinstance(sched, SchedulerConfig):
-        raise ValueError(f"sched={sched!r} must be a SchedulerConfig")
-    if not callable(pricer):
-        raise ValueError(f"pricer={pricer!r} must be callable as pricer(step) -> ms")
+    for name, v, ok, want in (("bench", bench, isinstance(bench, BenchConfig), "be a BenchConfig"),
+                              ("sched", sched, isinstance(sched, SchedulerConfig), "be a SchedulerConfig"),
+                              ("pricer", pricer, callable(pricer), "be callable as pricer(step) -> ms")):
+        if not ok:
+            raise ValueError(f"{name}={v!r} must {want}")
     reqs = make_requests(bench) if requests is None else list(requests)
     if not reqs:
         raise ValueError("requests=[] must hold at least one ClientRequest")
@@ -170,8 +165,6 @@ class _Run:
 
     def _step_ms(self, step: Step) -> float:
         gpu_ms = check_ms(self.pricer(step), "pricer", f" for step {len(self.steps)} (kind {step.kind})")
-        if self.cpu_ms == 0.0:
-            return gpu_ms
         if self.sched.async_scheduling and self.prev_start is not None:
             return max(gpu_ms, self.cpu_ms)
         return gpu_ms + self.cpu_ms

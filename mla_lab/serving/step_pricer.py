@@ -105,8 +105,7 @@ class _Parts:
             return max(flop, t)
         if op.op_class.startswith("attn_") and op.name in _ATTN_KERNELS:
             t = op_time_ms(op, arch, self.gcal)
-            return t + (_ATTN_KERNELS[op.name] * self.dcal.attn_floor_us.get(op.name, 0.0) * 1e-3 if op.bytes
-                        else 0.0)
+            return t + (_ATTN_KERNELS[op.name] * self.dcal.attn_floor_us.get(op.name, 0.0) * 1e-3 if op.bytes else 0.0)
         return op_time_ms(op, arch, self.gcal, self.tp)
 
 

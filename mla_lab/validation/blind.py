@@ -98,8 +98,7 @@ def deterministic(case: dict, wl: tuple, options: dict | None = None, strategy: 
 def _run(case: dict, wl: tuple, seed: int, log) -> dict:
     i, o, c, n, rate = wl
     strategies = list(case["strategies"].values())
-    steps = request_steps(case, wl) * len(strategies)
-    runs = NUM_RUNS if steps <= HEAVY_REQUEST_STEPS else NUM_RUNS_HEAVY
+    runs = NUM_RUNS if request_steps(case, wl) * len(strategies) <= HEAVY_REQUEST_STEPS else NUM_RUNS_HEAVY
     t0 = time.time()
     wl_rec = {"random_input_len": i, "random_output_len": o, "max_concurrency": c, "num_prompts": n,
               "request_rate": "inf" if math.isinf(rate) else rate}
@@ -113,15 +112,12 @@ def _run(case: dict, wl: tuple, seed: int, log) -> dict:
         log(f"  {case['id']} {wl_rec}: not priced ({type(e).__name__}: {e})")
         return {"workload": wl_rec, "not_priced": f"{type(e).__name__}: {e}"}
     by_name = {v: k for k, v in case["strategies"].items()}
-    out = {"workload": wl_rec, "num_runs": runs, "seconds": round(time.time() - t0, 1), "backends": {},
-           "changes_pct": {}}
-    for s, m in r["strategies"].items():
-        out["backends"][by_name.get(s, s)] = {"strategy": s, "metrics": {
+    out = {"workload": wl_rec, "num_runs": runs, "seconds": round(time.time() - t0, 1), "backends": {
+        by_name.get(s, s): {"strategy": s, "metrics": {
             k: {"median": round(v["median"], 4), "band95": [round(x, 4) for x in v["band95"]]} for k, v in m.items()}}
-    for s, m in r["changes"].items():
-        out["changes_pct"][by_name.get(s, s)] = {
+        for s, m in r["strategies"].items()}, "changes_pct": {by_name.get(s, s): {
             k: {"median": round(v["median"], 3), "band95": [round(x, 3) for x in v["band95"]],
-                "deterministic": round(v["deterministic"], 3)} for k, v in m.items()}
+                "deterministic": round(v["deterministic"], 3)} for k, v in m.items()} for s, m in r["changes"].items()}}
     log(f"  {case['id']} {wl_rec}: {runs} runs, {out['seconds']} s; " + ", ".join(
         f"{b}: TPOT {x['metrics']['mean_tpot_ms']['median']:.1f} ms, TTFT {x['metrics']['mean_ttft_ms']['median']:.0f} ms"
         for b, x in out["backends"].items()))
@@ -134,10 +130,8 @@ def predict(out: Path | None = None, seed: int = 0, only: str | None = None, log
     Raises FileExistsError: ``out`` was not written by :data:`PRODUCED_BY`; ValueError: unknown ``only`` / round."""
     all_cases = cases_of(round_)
     out = Path(ROUNDS[round_][0] if out is None else out)
-    if out.exists():
-        prev = json.loads(out.read_text())
-        if prev.get("produced_by") != PRODUCED_BY:
-            raise FileExistsError(f"out={out} exists and was not written by {PRODUCED_BY}: refusing to replace it")
+    if out.exists() and json.loads(out.read_text()).get("produced_by") != PRODUCED_BY:
+        raise FileExistsError(f"out={out} exists and was not written by {PRODUCED_BY}: refusing to replace it")
     cases = [c for c in all_cases if only in (None, c["id"])]
     if not cases:
         raise ValueError(f"only={only!r} is not a case; allowed: {[c['id'] for c in all_cases]}")

@@ -60,12 +60,8 @@ def validation_markdown(dec: dict | None = None, score: dict | None = None) -> s
             "No candidate the lab can price closes the gap; a decode step launched eagerly would close most of it, "
             "but the engine's code says decode ran as one CUDA graph, so the gap stays unexplained and is "
             "published as a miss.", ""]
-    out += _first_token_lines(dec)
-    out += ["### The blind set", "", score["sentence"] + ".", ""]
-    out += _round_two_lines()
-    out += [
-            "| run | workload (in / out) | backend | metric | lab (median) [95 % band] | real | error |",
-            "|---|---|---|---|---|---|---|"]
+    out += _first_token_lines(dec) + ["### The blind set", "", score["sentence"] + ".", ""] + _round_two_lines() + [
+        "| run | workload (in / out) | backend | metric | lab (median) [95 % band] | real | error |", "|---|---|---|---|---|---|---|"]
     for row in [x for x in score["rows"] if x["comparable"]]:
         lo, hi = row["band95"]
         out.append(f"| {row['case']} | {_wl(row['workload'])} | {row['backend']} | {_NAMES.get(row['metric'], row['metric'])} "

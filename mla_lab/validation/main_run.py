@@ -37,8 +37,7 @@ def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
     """The run's decode step (32 tokens, 1088-key contexts) on one rank, ms over the 78 layers."""
     p = CostModelPricer(pr_deployment().rank, strategy)
     dec = tuple(DecodeToken(i, CTX) for i in range(BATCH))
-    st = Step(decode=dec, cudagraph_mode="FULL", cudagraph_num_tokens=BATCH) if graph else Step(decode=dec)
-    r = p.price(st)
+    r = p.price(Step(dec, (), "FULL", BATCH) if graph else Step(dec))
     return {"total_ms": float(r["total_ms"]), "gpu_ms": float(r["gpu_ms"]), "host_ms": float(r["host_ms"]),
             "by_op": {k: float(v) for k, v in r["by_op"].items()}, "n_ops": p.n_ops}
 
@@ -46,8 +45,7 @@ def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
 def _revised() -> dict:
     dep = pr_deployment()
     cap = serve_benchmark(dep, [BEFORE], PR_BENCH, block_size=64)["strategies"][BEFORE]["kv_capacity_tokens"]
-    pred = json.loads(PREDICTION_FILE.read_text())
-    noise = NoiseConfig.from_record(pred["noise"])
+    noise = NoiseConfig.from_record(json.loads(PREDICTION_FILE.read_text())["noise"])
     m = simulate_once(replace(PR_BENCH, seed=12345), async_scheduler(dep, cap), CostModelPricer(dep.rank, BEFORE),
                       noise.without_noise()).metrics
     return {k: float(m[k]) for k in ("duration", "request_throughput", "output_throughput", "mean_ttft_ms",
@@ -66,8 +64,7 @@ def decompose() -> dict:
     gap_s = REAL["duration"] - pred["duration"]["deterministic"]
     pairs = [{"ttft_last_s": round(t, 3), "tpot_ms": round((REAL["duration"] - t) / STEPS * 1e3, 2)}
              for t in (lab_ttft_last_s, 2.0, 3.0, REAL["duration"] - STEPS * lab_tpot / 1e3)]
-    g = decode_step_parts(graph=True)
-    e = decode_step_parts(graph=False)
+    g, e = (decode_step_parts(graph=x) for x in (True, False))
     by = g["by_op"]
     moe = by.get("moe_gate_up", 0) + by.get("moe_down", 0)
     comm = sum(v for k, v in by.items() if k.endswith("allreduce"))
@@ -82,19 +79,18 @@ def decompose() -> dict:
                (g["total_ms"], e["total_ms"], (e["total_ms"] - g["total_ms"]) * STEPS / 1e3),
                (0.0, 2.0, 2.0 * (STEPS + 2) / 1e3), (None, None, 0.00012), (1.0, None, None)]
     comps = [{"component": c["component"], "status": c["status"], "lab_ms_per_step": lab,
-              "alternative_ms_per_step": alt, "alternative": c["alternative"].format(**fill), "closes_s": closes}
+              "alternative_ms_per_step": alt, "alternative": c["alternative"].format(**fill), "closes_s": closes,
+              "share_of_gap": None if closes is None else closes / gap_s}
              for c, (lab, alt, closes) in zip(json.loads(COMPONENTS_FILE.read_text())["components"], numbers,
                                                  strict=True)]
-    for c in comps:
-        c["share_of_gap"] = None if c["closes_s"] is None else c["closes_s"] / gap_s
     cross = _cross_check()
-    first = first_token(cross["implied_ttft_last_s"] - lab_ttft_last_s)
     return {"what": "vLLM PR #53878's main run scored against the lab's blind prediction, and the gap decomposed",
             "produced_by": "python -m mla_lab.validation.main_run --write", "git_commit": git_commit(),
             "real": REAL, "prediction_file": str(PREDICTION_FILE.relative_to(REPO_ROOT)), "score": score,
             "gap_s": gap_s, "lab_ttft_last_s": lab_ttft_last_s, "lab_tpot_ms": lab_tpot,
             "consistent_pairs": pairs, "decode_step_graph_ms": g["total_ms"], "decode_step_eager_ms": e["total_ms"],
-            "components": comps, "cross_check": cross, "first_token": first,
+            "components": comps, "cross_check": cross,
+            "first_token": first_token(cross["implied_ttft_last_s"] - lab_ttft_last_s),
             "revised": {**_revised(), "note": "the lab's deterministic run today (decode kernels from the engines' "
                         "own kernels); made after the run was read: in-sample for this run, not a prediction"}}
 
@@ -156,12 +152,11 @@ def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
             if first.empty:
                 raise ValueError(f"{path} has no call-1 row for what={what!r}, T={T}")
             extra = first["wall_ms"] - first["steady_wall_ms"]
-            row = {"what": what, "T": T, "shape": name, "call1_over_steady_ms": float(extra.median()),
-                   "min_ms": float(extra.min()), "max_ms": float(extra.max()), "processes": int(first["process"].nunique())}
             grow = first["reserved_after_mib"] - first["reserved_before_mib"]
-            if grow.notna().any():
-                row["reserved_growth_mib"] = float(grow.median())
-            rows.append(row)
+            rows.append({"what": what, "T": T, "shape": name, "call1_over_steady_ms": float(extra.median()),
+                         "min_ms": float(extra.min()), "max_ms": float(extra.max()),
+                         "processes": int(first["process"].nunique()),
+                         **({"reserved_growth_mib": float(grow.median())} if grow.notna().any() else {})})
         out[comp] = {"rows": rows, "source": f"{path.relative_to(REPO_ROOT) if hasattr(path, 'relative_to') else path}"
                      f" (commit {df['git_commit'].iloc[0][:7]}, {df['device'].iloc[0]}, median over "
                      f"{df['process'].nunique()} fresh processes; host wall ms of call 1 over the process's steady "

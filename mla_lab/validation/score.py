@@ -157,8 +157,7 @@ def round_medians(rows: list[dict]) -> dict:
 def score_round_two(pred: dict, results: dict, round_one: dict) -> dict:
     """Round two scored as :func:`score`, with :func:`round_medians` of round one (its committed score), two, both."""
     s = score(pred, results)
-    m1, m2 = round_medians(round_one["rows"]), round_medians(s["rows"])
-    both = round_medians(round_one["rows"] + s["rows"])
+    m1, m2, both = (round_medians(r) for r in (round_one["rows"], s["rows"], round_one["rows"] + s["rows"]))
     n_runs = len({(r["case"], json.dumps(r["workload"], sort_keys=True)) for r in s["rows"] if r["comparable"]})
 
     def fmt(m):
@@ -187,33 +186,22 @@ def _changes_sentence(rows: list[dict]) -> str:
             "right, the size about a third")
 
 
-def _main_round_two(a, ap) -> int:
-    for p in (ROUND_TWO_PRED, ROUND_TWO_RESULTS, SCORE):
-        if not p.exists():
-            ap.error(f"{p} does not exist")
-    s = score_round_two(json.loads(ROUND_TWO_PRED.read_text()), json.loads(ROUND_TWO_RESULTS.read_text()),
-                        json.loads(SCORE.read_text()))
-    print(s["medians_sentence"])
-    if a.write:
-        write_record(ROUND_TWO_SCORE, s, a.overwrite, ap)
-    return 0
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.score")
     ap.add_argument("--write", action="store_true")
     ap.add_argument("--overwrite", action="store_true")
     ap.add_argument("--round", dest="round_", choices=("2026-12", "2026-12b"), default="2026-12")
     a = ap.parse_args(argv)
-    if a.round_ == "2026-12b":
-        return _main_round_two(a, ap)
-    for p in (PRED, RESULTS):
+    two = a.round_ == "2026-12b"
+    need = (ROUND_TWO_PRED, ROUND_TWO_RESULTS, SCORE) if two else (PRED, RESULTS)
+    for p in need:
         if not p.exists():
             ap.error(f"{p} does not exist")
-    s = score(json.loads(PRED.read_text()), json.loads(RESULTS.read_text()))
-    print(s["sentence"], s["changes_sentence"], sep="\n")
+    pred, results = (json.loads(p.read_text()) for p in need[:2])
+    s = score_round_two(pred, results, json.loads(SCORE.read_text())) if two else score(pred, results)
+    print(*([s["medians_sentence"]] if two else [s["sentence"], s["changes_sentence"]]), sep="\n")
     if a.write:
-        write_record(SCORE, s, a.overwrite, ap)
+        write_record(ROUND_TWO_SCORE if two else SCORE, s, a.overwrite, ap)
     return 0
 
 

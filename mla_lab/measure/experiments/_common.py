@@ -1,4 +1,4 @@
-"""What several experiments share: the rank's step shapes, the softmax scale, one call's wall and GPU time, the
+"""What several experiments share: the rank's step shapes, one call's wall and GPU time, the
 stale fill drawn on the GPU, the attention path timed at the two seed shapes. Times in ms.
 
 The seed step is vLLM PR #53878's benchmark step: ``max_num_batched_tokens`` 16384 = 16 prompts of 1024 tokens
@@ -7,7 +7,6 @@ The seed step is vLLM PR #53878's benchmark step: ``max_num_batched_tokens`` 163
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
@@ -31,11 +30,6 @@ def seed_shapes(rank) -> tuple:
     step's tokens, every token topk random keys over twice as many)."""
     T = rank.max_num_batched_tokens
     return ("seed", seed_step(rank), PROMPT, False), ("full", Step([(0, 0, T)]), 2 * T, True)
-
-
-def sm_scale_of(model) -> float:
-    """The softmax scale ``1 / sqrt(qk_nope_head_dim + qk_rope_head_dim)`` of the model's attention."""
-    return 1.0 / math.sqrt(model.qk_nope_head_dim + model.qk_rope_head_dim)
 
 
 def wall_and_gpu(fn) -> tuple[float, float]:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from mla_lab.measure.attention import make_step_inputs, padded_path
+from mla_lab.measure.attention import make_step_inputs, padded_path, sm_scale
 from mla_lab.measure.sink import log
-from mla_lab.measure.tp import block_forward, make_block_inputs, make_moe_inputs, moe_forward
+from mla_lab.measure.tp_blocks import block_forward, make_block_inputs, make_moe_inputs, moe_forward
 
-from ._common import PROMPT, first_calls, seed_step, sm_scale_of
+from ._common import PROMPT, first_calls, seed_step
 
 OUTPUTS = {"cold_start.csv": ["what", "call", "wall_ms", "gpu_ms", "steady_wall_ms", "steady_gpu_ms", "steady_n",
                               "T", "num_heads"],
@@ -23,7 +23,7 @@ SHAPES = [(w, 16384, 8) for w in ("attention_path:private_workspace", "attention
 
 def _cases(rank) -> list:
     """(what, call) of the four timed calls at the rank's step."""
-    T, sm = rank.max_num_batched_tokens, sm_scale_of(rank.model)
+    T, sm = rank.max_num_batched_tokens, sm_scale(rank.model)
     ql, qpe, kv, idx, tl = make_step_inputs(rank, seed_step(rank), PROMPT, seed=0)
     blk = make_block_inputs(rank, 0, T, seed=0, device="cuda")
     moe = make_moe_inputs(rank, 0, T, seed=0, device="cuda")

@@ -12,11 +12,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mla_lab.measure.attention import make_step_inputs, padded_path
+from mla_lab.measure.attention import make_step_inputs, padded_path, sm_scale
 from mla_lab.measure.sink import NvmlSampler, log
-from mla_lab.measure.tp import make_block_inputs, make_moe_inputs, moe_forward
+from mla_lab.measure.tp_blocks import make_block_inputs, make_moe_inputs, moe_forward
 
-from ._common import PROMPT, seed_step, sm_scale_of
+from ._common import PROMPT, seed_step
 
 OUTPUTS = {"content_loop.csv": ["content", "round", "layers", "T", "num_heads", "step_ms", "proj_ms", "attn_path_ms",
                                 "post_ms", "moe_ms", "sm_clock_mhz", "power_w", "nvml_samples"]}
@@ -29,7 +29,7 @@ def _layer_loop(rank, layers: int):
     """``run_step(content) -> (total ms, {proj_ms, attn_path_ms, post_ms, moe_ms})``: ``layers`` layers of the
     rank, CUDA events per part."""
     m, T = rank.model, rank.max_num_batched_tokens
-    sm = sm_scale_of(m)
+    sm = sm_scale(m)
     ql, qpe, kv, idx, tl = make_step_inputs(rank, seed_step(rank), PROMPT, seed=0)
     blk = make_block_inputs(rank, 0, T, seed=0, device="cuda")
     moe = make_moe_inputs(rank, 0, T, seed=0, device="cuda")

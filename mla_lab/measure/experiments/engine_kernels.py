@@ -11,10 +11,9 @@ import torch
 
 from mla_lab.kernels.engine_libs import TOPK, backend_names, engine_calls, engine_inputs, load
 from mla_lab.kernels.reference import sparse_mla_prefill_ref
+from mla_lab.measure.attention import sm_scale
 from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
-
-from ._common import sm_scale_of
 
 PREFILL_H = (8, 16, 32, 64)
 DECODE_B = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -42,7 +41,7 @@ class _Run:
             ts_fwd = None
         self.ts_fwd = ts_fwd
         m = rank.model
-        self.sm_scale = sm_scale_of(m)
+        self.sm_scale = sm_scale(m)
         self.T = rank.max_num_batched_tokens
         self.heads = sorted({m.num_attention_heads // t for t in (8, 4, 2, 1)})
         self.file = "engine_kernels.csv"
@@ -124,9 +123,8 @@ _PARTS = {"check": lambda x, heads: x.check(), "content": _content, "prefill": _
 
 
 def run(rank, sink, options) -> None:
-    """The parts of ``parts`` (smoke: H 8, decode B 1 and 16, one context). Raises FileNotFoundError /
-    RuntimeError: the packed engine kernels missing or failing (:func:`mla_lab.kernels.engine_libs.load`);
-    ValueError: an unknown part."""
+    """The parts of ``parts`` (smoke: H 8, decode B 1 and 16, one context). Raises FileNotFoundError / RuntimeError: the
+    packed engine kernels missing or failing (:func:`mla_lab.kernels.engine_libs.load`); ValueError: an unknown part."""
     parts = options.param("parts", ("check", "prefill", "decode"))
     bad = set(parts) - set(_PARTS)
     if bad:

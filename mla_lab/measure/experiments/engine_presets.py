@@ -68,19 +68,6 @@ def as_tensor(res):
     return torch.cat(res, 0) if isinstance(res, list) else res
 
 
-def call_peak(fn) -> int | str:
-    """Bytes one call allocates above what was allocated before it ("" on CPU)."""
-    if not torch.cuda.is_available():
-        return ""
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    r = fn()
-    torch.cuda.synchronize()
-    del r
-    return torch.cuda.max_memory_allocated() - base
-
-
 class Presets:
     """One layer call's attention path per preset on ``rank``, T tokens of ``pattern`` (the label's strategy through
     :func:`mla_lab.measure.attention.padded_path`, or ``subchunk_2stream``). :meth:`build`: ``(fn, prep,

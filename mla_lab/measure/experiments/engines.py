@@ -19,11 +19,12 @@ import torch
 
 from mla_lab.kernels import last_backend
 from mla_lab.kernels.device import Kernels
+from mla_lab.measure.attention import call_peak_bytes
 from mla_lab.measure.sink import NvmlSampler, log
 from mla_lab.measure.timer import est_ms, timed_window
 
 from ._common import PROMPT, ranks_of
-from .engine_presets import D_QK, D_V, PRESET_DOC, Presets, as_tensor, call_peak, content_of, make_pattern
+from .engine_presets import D_QK, D_V, PRESET_DOC, Presets, as_tensor, content_of, make_pattern
 
 CONTENT_COLS = ["experiment", "shape_id", "H", "Hp", "T", "pattern", "prompt_len", "s_kv", "topk", "sum_topk",
                 "content", "content_fill", "mode", "repeat", "order_in_pair", "n_calls", "ms_median", "ms_mean",
@@ -127,7 +128,7 @@ def _built(ctx, P, name, S, ref) -> dict:
     del r
     if prep:
         prep()
-    peak = call_peak(fn)
+    peak = call_peak_bytes(fn) if torch.cuda.is_available() else ""
     n = max(3, min(60, int(round(ctx.preset_window_ms / max(est_ms(fn, k=2), 1e-3)))))
     impls = ((ctx.k.concat_impl, ctx.k.kernel_impl) if strategy is None else
              (f"mla_lab.kernels.concat_mla_q({last_backend('concat_mla_q')})",

@@ -6,7 +6,7 @@ calls 1-3 (host wall, CUDA-event ms) against the steady median of
   seen: the step, one token fewer (not divisible by 16: a new compiled variant) and twice the step; ``triton_cache``
   ``cold`` (a fresh empty ``TRITON_CACHE_DIR``: compile from source) or ``warm`` (the default cache);
 - ``alloc_growth:workspace+moe_block``: from an empty caching allocator to the step's peak (the query workspace
-  fill plus one layer's routed experts, :func:`mla_lab.measure.tp.moe_forward`), reserved MiB before and after.
+  fill plus one layer's routed experts, :func:`mla_lab.measure.tp_blocks.moe_forward`), reserved MiB before and after.
 
 Rows: ``first_token.csv``. Parameters ``steady`` (20), ``triton_cache`` (``cold``). Not measurable here: DeepGEMM
 JIT, CUDA-graph capture, the API server (``docs/serving.md``, "The first token, explained").
@@ -21,7 +21,7 @@ import torch
 
 from mla_lab.kernels import concat_mla_q
 from mla_lab.measure.sink import log
-from mla_lab.measure.tp import make_moe_inputs, moe_forward
+from mla_lab.measure.tp_blocks import make_moe_inputs, moe_forward
 
 from ._common import PROMPT, first_calls
 

@@ -1,10 +1,9 @@
 """Is the concat's pass needed at all (issue 23)? Per T (the step and a quarter), graph timing
-(:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2 flushed), rounds rotated: ``pr`` (the W_UK bmm
-``[H, T, d_nope] x [H, d_nope, 512]`` into a contiguous buffer, then the v2 concat into the padded workspace, vLLM PR
-#53878), ``fused`` (the bmm with ``out=`` the workspace view ``ws[:, :H, :512].transpose(0, 1)``, then ``q_pe``
-alone) and ``bmm`` (the bmm alone). ``max_abs_diff``: fused vs pr real heads (cuBLAS may pick another algorithm);
-fused's padded heads must stay NaN. Rows: ``fused_bmm.csv`` (us). Parameters ``models``, ``rounds`` (5), ``rep``
-(50 ms).
+(:func:`mla_lab.measure.timer.median_ms` ``graph=True``, L2 flushed), rounds rotated: ``pr`` (the W_UK bmm ``[H, T,
+d_nope] x [H, d_nope, 512]`` into a contiguous buffer, then the v2 concat into the padded workspace, vLLM PR #53878),
+``fused`` (the bmm with ``out=`` the workspace view ``ws[:, :H, :512].transpose(0, 1)``, then ``q_pe`` alone) and
+``bmm`` (the bmm alone). ``max_abs_diff``: fused vs pr real heads (cuBLAS may pick another algorithm); fused's padded
+heads must stay NaN. Rows: ``fused_bmm.csv`` (us). Parameters ``models``, ``rounds`` (5), ``rep`` (50 ms).
 """
 
 from __future__ import annotations

@@ -22,10 +22,11 @@ from mla_lab.kernels.packed import choose_path, full_union, packed_sparse_prefil
 from mla_lab.kernels.reference import sparse_mla_prefill_ref
 from mla_lab.kernels.union import build_union, build_union_ref
 from mla_lab.kernels.union_cuda import build_union_cuda, union_mismatch
+from mla_lab.measure.attention import sm_scale as scale_of
 from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
 
-from ._common import PROMPT, sm_scale_of
+from ._common import PROMPT
 
 OVERLAPS = (1.0, 0.9, 0.8, 0.6, 0.4, 0.2, 0.0)
 CONTEXTS = (4096, 8192, 32768, 131072)
@@ -119,8 +120,7 @@ def _packed_calls(ts_fwd, build, d, q, kv, sm_scale, Hp) -> tuple[dict, float, f
         if path == "padded":
             return padded()
         s = build(idx, tlen, g, s_kv, out=sets)
-        return hybrid(s) if path == "packed" else packed_sparse_prefill(q, kv, s, sm_scale, mode="triton",
-                                                                        config=cfg_t)
+        return hybrid(s) if path == "packed" else packed_sparse_prefill(q, kv, s, sm_scale, mode="triton", config=cfg_t)
 
     out = {"packed": (lambda: hybrid(build(idx, tlen, g, s_kv, out=sets)), "packed"),
            "packed_kernel": (lambda: hybrid(sets), "packed"),
@@ -142,7 +142,7 @@ def run(rank, sink, options) -> None:
     shapes = ("seed", "o0.8") if options.smoke else tuple(s for s, _ in SHAPES)
     rounds = 2 if options.smoke else options.param("rounds", 5)
     T, H, Hp, topk, sm_scale = (rank.max_num_batched_tokens, rank.num_heads, rank.padded_num_heads, rank.model.topk,
-                                sm_scale_of(rank.model))
+                                scale_of(rank.model))
     ek = load(options.engine_root, need_concat=False)
     names, (bname, build) = backend_names(ek), _builder(topk, Hp // H)
     names.update(sglang_union4=names["sglang"] + " union=4", packed=f"mla_lab packed (triton rest + "

@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 
 from mla_lab.kernels import last_backend
-from mla_lab.measure.attention import make_step_inputs, padded_path
+from mla_lab.measure.attention import make_step_inputs, padded_path, sm_scale
 from mla_lab.measure.sink import log
 from mla_lab.measure.timer import interleaved
 from mla_lab.workload import Step
 
-from ._common import ranks_of, sm_scale_of
+from ._common import ranks_of
 from .engine_presets import causal_indices
 
 OUTPUTS = {"routes.csv": ["model", "num_heads", "prompt_len", "num_prompts", "T", "route", "round", "ms", "median_ms",
@@ -109,7 +109,7 @@ def _mqa_calls(rank, L: int, g) -> dict:
     ql, qpe, kv, idx, tl = make_step_inputs(rank, Step([(j, 0, L) for j in range(B)]), L, seed=L)
     if L <= m.topk:  # top-k = every earlier token: sparse attention equals dense causal attention
         idx, tl, _ = causal_indices(T, L, m.topk, "cuda")
-    sm = sm_scale_of(m)
+    sm = sm_scale(m)
     q_nope = torch.randn(H, T, dn, device="cuda", dtype=torch.bfloat16, generator=g)
     w_uk = (torch.randn(H, dn, m.kv_lora_rank, device="cuda", generator=g) / math.sqrt(dn)).to(torch.bfloat16)
     w_uv = (torch.randn(H, m.kv_lora_rank, dv, device="cuda", generator=g) / math.sqrt(m.kv_lora_rank)).to(

@@ -1,7 +1,6 @@
 """Sub-chunking without the per-chunk cost (issue 23): per S the chunk loop eager (``views``), captured in one CUDA
-graph (``graph``), over two streams and two S-row workspaces (``2stream``), beside the PR's private workspace eager
-and graphed; seed and full-topk shapes, interleaved rounds. Rows: ``subgraph.csv`` (ms; ``mla_lab.fits
-subchunk_graph``)."""
+graph (``graph``), over two streams and two S-row workspaces (``2stream``), beside the PR's private workspace eager and
+graphed; seed and full-topk shapes, interleaved rounds. Rows: ``subgraph.csv`` (ms; ``mla_lab.fits subchunk_graph``)."""
 
 # ruff: noqa: B023  (the closures are timed inside the loop iteration that defines them)
 from __future__ import annotations
@@ -11,11 +10,11 @@ import statistics
 import torch
 
 from mla_lab.kernels import concat_mla_q, sparse_mla_prefill
-from mla_lab.measure.attention import make_step_inputs, padded_path
+from mla_lab.measure.attention import make_step_inputs, padded_path, sm_scale
 from mla_lab.measure.sink import log
 from mla_lab.measure.timer import graphed, interleaved
 
-from ._common import seed_shapes, sm_scale_of
+from ._common import seed_shapes
 
 OUTPUTS = {"subgraph.csv": ["shape", "variant", "round", "ms", "median_ms", "workspace_bytes", "repeats"]}
 VARIANTS = ["pr:eager", "pr:graph"] + [f"subchunk:{S}:{k}" for S in (2048, 4096)
@@ -57,7 +56,7 @@ class ChunkLoop:
 def _calls(rank, inputs, sizes) -> dict:
     """Variant name -> the call (eager or its graph replay) on ``inputs``."""
     ql, qpe, kv, idx, tl = inputs
-    H, Hp, T, sm = rank.num_heads, rank.padded_num_heads, rank.max_num_batched_tokens, sm_scale_of(rank.model)
+    H, Hp, T, sm = rank.num_heads, rank.padded_num_heads, rank.max_num_batched_tokens, sm_scale(rank.model)
     pr = padded_path(rank, "private_workspace")
     fns = {"pr:eager": lambda: pr(ql, qpe, kv, idx, sm, tl), "pr:graph": graphed(lambda: pr(ql, qpe, kv, idx, sm, tl))}
     for S in sizes:

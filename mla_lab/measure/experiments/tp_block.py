@@ -36,8 +36,8 @@ from mla_lab.measure.tp import (
     TPBenchmarkConfig,
     check_config,
     summary_table,
-    tiny_overrides,
 )
+from mla_lab.measure.tp_blocks import tiny_overrides
 from mla_lab.paths import measured_dir
 from mla_lab.provenance import PROVENANCE_COLUMNS
 
