@@ -6,7 +6,6 @@ lab's model and saying whether it is measured, modelled or a code reading; writt
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from functools import lru_cache
@@ -19,7 +18,7 @@ from ..serving import PR_BENCH, serve_benchmark
 from ..sweep.advise import advise
 from ..validation.posthoc_options import posthoc_sentence
 from . import packed_figures as pk
-from .blocks import splice, update_block
+from .blocks import block_main, splice, update_block
 from .engine_kernel_figures import decode_table, gather_share, kernel_ms
 from .reproduce import lease_pr_change
 from .seed_answer import pr_trade_by_engine, seed_answer
@@ -28,6 +27,7 @@ __all__ = ["answer_figures", "answer_markdown", "update_readme", "BEGIN", "END"]
 
 BEGIN = "<!-- answer:begin (python -m mla_lab.report.answer --update) -->"
 END = "<!-- answer:end -->"
+README = REPO_ROOT / "README.md"
 DECOMPOSITION = REPO_ROOT / "data" / "validation" / "pr53878_main_decomposition.json"
 BLIND_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12_score.json"
 BLIND2_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12b_score.json"
@@ -218,9 +218,9 @@ def answer_markdown() -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: Path = REPO_ROOT / "README.md") -> None:
-    """Rewrite the block of ``path``. Raises ValueError: no markers (nothing written)."""
-    update_block(path, BEGIN, END, answer_markdown(), "answer")
+def update_readme(path: Path = README) -> bool:
+    """Rewrite the block of ``path``; True when it changed. Raises ValueError: no markers (nothing written)."""
+    return update_block(path, BEGIN, END, answer_markdown(), "answer")
 
 
 NOTEBOOK_PY, NOTEBOOK_IPYNB = (REPO_ROOT / "notebooks" / f"padding_sweep.{e}" for e in ("py", "ipynb"))
@@ -240,19 +240,9 @@ def update_notebook(py: Path = NOTEBOOK_PY, ipynb: Path = NOTEBOOK_IPYNB) -> Non
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.report.answer")
-    ap.add_argument("--update", action="store_true", help="rewrite the answer block of README.md and the report")
-    a = ap.parse_args(argv)
-    if not a.update:
-        print(answer_markdown())
-        return 0
-    try:
-        update_readme()
-        update_notebook()
-    except ValueError as e:
-        ap.error(str(e))
-    print("-> README.md, notebooks/padding_sweep.py, notebooks/padding_sweep.ipynb")
-    return 0
+    """``--update``: README.md's block and the report notebook's (:func:`update_notebook`)."""
+    return block_main(argv, "mla_lab.report.answer", README, BEGIN, END, answer_markdown, "answer", "--update",
+                      write=lambda _: (update_readme(), update_notebook())[0])
 
 
 if __name__ == "__main__":  # pragma: no cover

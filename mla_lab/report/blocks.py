@@ -29,9 +29,11 @@ def update_block(path: Path, begin: str, end: str, block: str, what: str = "") -
     return new != text
 
 
-def block_main(argv, module: str, path: Path, begin: str, end: str, render, what: str, flag: str = "--update-docs"):
-    """``python -m <module> [flag]``: print ``render()``; with ``flag``, rewrite ``path``'s block with it (exit 2
-    naming the file when its markers are missing, nothing written). Returns the exit code."""
+def block_main(argv, module: str, path: Path, begin: str, end: str, render, what: str, flag: str = "--update-docs",
+               write=None):
+    """``python -m <module> [flag]``: print ``render()``; with ``flag``, rewrite ``path``'s block with it (or call
+    ``write(block) -> changed``; exit 2 naming the file when its markers are missing, nothing written). Returns the
+    exit code."""
     ap = argparse.ArgumentParser(prog=f"python -m {module}")
     ap.add_argument(flag, action="store_true", help=f"rewrite the {what} block of {path.name}")
     a = ap.parse_args(argv)
@@ -39,7 +41,7 @@ def block_main(argv, module: str, path: Path, begin: str, end: str, render, what
     print(block)
     if getattr(a, flag[2:].replace("-", "_")):
         try:
-            changed = update_block(path, begin, end, block, what)
+            changed = write(block) if write else update_block(path, begin, end, block, what)
         except ValueError as e:
             ap.error(str(e))
         print(f"-> {path.relative_to(REPO_ROOT)}" + ("" if changed else " (unchanged)"))

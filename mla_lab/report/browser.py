@@ -79,14 +79,8 @@ _IMAGES_JS = """async () => {
 
 def find_chromium() -> str | None:
     """Path of a Chromium/Chrome binary (env ``CHROMIUM`` first, then the usual names on PATH), or None."""
-    env = os.environ.get("CHROMIUM")
-    if env and shutil.which(env):
-        return shutil.which(env)
-    for name in CHROMIUM_NAMES:
-        p = shutil.which(name)
-        if p:
-            return p
-    return None
+    names = [n for n in (os.environ.get("CHROMIUM"), *CHROMIUM_NAMES) if n]
+    return next(filter(None, map(shutil.which, names)), None)
 
 
 def _ink_fraction(img) -> float:

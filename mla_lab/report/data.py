@@ -91,14 +91,9 @@ def _s(v) -> str:
 def stamp_for(files: dict, file: str, device, flash_mla, model) -> str | None:
     """The digest the manifest records for ``model`` in rows of ``file`` measured on ``device`` with ``flash_mla``,
     or None when it records none (an entry whose device or provider differs is another run's stamp)."""
-    for entry in files.get(str(file), []) or []:
-        if not isinstance(entry, dict):
-            continue
-        if _s(entry.get("device")) == _s(device) and _s(entry.get("flash_mla")) == _s(flash_mla):
-            got = (entry.get("models") or {}).get(str(model))
-            if isinstance(got, str):
-                return got
-    return None
+    got = [(e.get("models") or {}).get(str(model)) for e in files.get(str(file), []) or []
+           if isinstance(e, dict) and _s(e.get("device")) == _s(device) and _s(e.get("flash_mla")) == _s(flash_mla)]
+    return next((g for g in got if isinstance(g, str)), None)
 
 
 def measured_sweep_frames(root: Path, include_archive: bool = False):
@@ -361,9 +356,7 @@ def ok_rows(df):
 def pick(values, preferred):
     """``preferred`` if it is among ``values``, else the largest value (used to choose the slice a chart shows)."""
     vals = sorted({v for v in values if v == v})
-    if not vals:
-        return None
-    return preferred if preferred in vals else vals[-1]
+    return preferred if preferred in vals else (vals[-1] if vals else None)
 
 def failed_points(df):
     """Rows of points that failed (status neither ok nor :data:`mla_lab.sweep.rows.NOT_PRICED`), with their reason."""
@@ -379,9 +372,6 @@ def load_validation(root: str | Path | None = None):
     import pandas as pd
 
     root = Path(root) if root else measured_dir()
-    frames = []
-    for p in sorted(root.rglob("layer_validation.csv")) if root.is_dir() else []:
-        v = pd.read_csv(p)
-        v["run"] = str(p.parent.relative_to(root)) if p.parent != root else "."
-        frames.append(v)
+    frames = [pd.read_csv(p).assign(run=str(p.parent.relative_to(root)) if p.parent != root else ".")
+              for p in (sorted(root.rglob("layer_validation.csv")) if root.is_dir() else [])]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

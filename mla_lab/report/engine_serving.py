@@ -39,8 +39,7 @@ def table_markdown(t: dict | None = None) -> str:
     t = t or tpot_by_engine()
     cs = list(next(iter(t.values())))
     lines = ["| engine version | " + " | ".join(f"conc {c}" for c in cs) + " |", "|---" * (len(cs) + 1) + "|"]
-    for e, row in t.items():
-        lines.append(f"| {e} | " + " | ".join(f"{row[c]:.1f}" for c in cs) + " |")
+    lines += [f"| {e} | " + " | ".join(f"{row[c]:.1f}" for c in cs) + " |" for e, row in t.items()]
     return ("Mean TPOT (ms), modelled: GLM-5 TP8, H200, bf16 KV, fp8 weights (EP), 1024 in / 128 out, 2 x concurrency "
             "prompts (`mla_lab.report.engine_serving`).\n\n" + "\n".join(lines))
 

@@ -28,11 +28,6 @@ def _suptitle(fig, text: str, fontsize: float = 10.0) -> None:
     fig.suptitle(textwrap.fill(text, width=chars), fontsize=fontsize)
 
 
-def _legend_columns(fig, n: int, per_inch: float = 2.6) -> int:
-    """Legend columns that fit the figure's width (about ``per_inch`` inches per entry)."""
-    return max(1, min(n, int(fig.get_figwidth() / per_inch)))
-
-
 def fits_mask(d):
     """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column; issue 22)."""
     import pandas as pd
@@ -296,18 +291,16 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
 def _frontier_legend(fig, present, dp_attention: bool, width: float) -> None:
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], ls="", marker=mk, markerfacecolor="none", markeredgecolor=col, markersize=7,
-                      label=label)
-               for key, (col, mk, label) in STRATEGY_STYLE.items()
-               if any(strategy_style(s)[2] == label for s in present)]
+    labels = {strategy_style(s)[2] for s in present}
+    handles = [Line2D([], [], ls="", marker=mk, markerfacecolor="none", markeredgecolor=col, markersize=7, label=label)
+               for col, mk, label in STRATEGY_STYLE.values() if label in labels]
     handles += [Line2D([], [], ls="", marker="o", markerfacecolor="#999", markeredgecolor="black",
                        label="measured (interval)"),
                 Line2D([], [], color="#d62728", lw=1.2, label="this deployment's Pareto frontier")]
-    if dp_attention:
-        handles.append(Line2D([], [], ls="", marker="*", markerfacecolor="none", markeredgecolor="black",
-                              markersize=9, label="SGLang DP attention, dp = tp (modelled)"))
-    fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))),
-               fontsize=7.5, frameon=False)
+    handles += [Line2D([], [], ls="", marker="*", markerfacecolor="none", markeredgecolor="black", markersize=9,
+                       label="SGLang DP attention, dp = tp (modelled)")] if dp_attention else []
+    fig.legend(handles=handles, loc="outside lower center", ncol=max(1, min(4, int(width / 3.2))), fontsize=7.5,
+               frameon=False)
 
 
 def _frontier_page(page, ncols: int, dp_attention: bool):
@@ -394,19 +387,23 @@ def _fitting(g, col, tps):
     return [g[col].get(t, float("nan")) if bool(fit.get(t, True)) else float("nan") for t in tps], fit
 
 
+def _of(d, a, m, s):
+    """The rows of ``d`` of arch ``a``, model ``m`` and strategy ``s``."""
+    return d[(d["arch"] == a) & (d["model"] == m) & (d["strategy"] == s)]
+
+
 def _tp_ttft_bars(ax, mod, meas, a, m, mi, nb, tps, col) -> None:
     """One model's TTFT-change bars (the PR's solid, kernel_native hatched) and its measured diamonds."""
     w = 0.8 / (2 * nb)
     for si, s in enumerate((PR_STRATEGY, "kernel_native")):
-        g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == s)].set_index("tp")
+        g = _of(mod, a, m, s).set_index("tp")
         xs = [i + (mi * 2 + si - nb + 0.5) * w for i, _ in enumerate(tps)]
         vals, fit = _fitting(g, "ttft_change_pct", tps)
         bars = ax.bar(xs, vals, w, color=col if s == PR_STRATEGY else "white", edgecolor=col,
                       hatch=None if s == PR_STRATEGY else "///", linewidth=1.0)
         ax.bar_label(bars, labels=[("" if v != v else f"{v:+.1f}") for v in vals], fontsize=7, padding=2)
         _no_fit_notes(ax, xs, tps, g, fit)
-        gm = meas[(meas["arch"] == a) & (meas["model"] == m) & (meas["strategy"] == s)]
-        for t, gt in gm.groupby("tp"):
+        for t, gt in _of(meas, a, m, s).groupby("tp"):
             if t in g.index and bool(fit.get(t, True)):  # a measured share of a deployment that does not fit: none
                 ax.plot(xs[tps.index(t)], measured_change_pct(gt), "D", markerfacecolor=col, markeredgecolor="black",
                         ms=6, zorder=4)
@@ -414,7 +411,7 @@ def _tp_ttft_bars(ax, mod, meas, a, m, mi, nb, tps, col) -> None:
 
 def _tp_memory_bars(ax, mod, a, m, mi, nb, tps, col) -> None:
     """One model's extra Q workspace of the PR per TP, labelled with MiB and % of KV capacity lost."""
-    g = mod[(mod["arch"] == a) & (mod["model"] == m) & (mod["strategy"] == PR_STRATEGY)].set_index("tp")
+    g = _of(mod, a, m, PR_STRATEGY).set_index("tp")
     xs = [i + (mi - (nb - 1) / 2) * (0.8 / nb) for i, _ in enumerate(tps)]
     vals, fit = _fitting(g, "extra_persistent_mib", tps)
     bars = ax.bar(xs, vals, 0.8 / nb, color=col)
@@ -474,8 +471,8 @@ def plot_tp_bars(df, max_num_batched_tokens: int | None = None, prompt_len: int 
                 Patch(facecolor="white", edgecolor="#555", hatch="///", label="kernel_native: real-head FlashMLA (modelled)"),
                 Line2D([], [], ls="", marker="D", markerfacecolor="#999", markeredgecolor="black",
                        label="measured (model colour)")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=_legend_columns(fig, len(handles)), fontsize=8.5,
-               frameon=False)
+    ncol = max(1, min(len(handles), int(fig.get_figwidth() / 2.6)))  # about 2.6 inches per entry
+    fig.legend(handles=handles, loc="outside lower center", ncol=ncol, fontsize=8.5, frameon=False)
     _suptitle(fig, f"Per TP size, {kv_cache_dtype} KV cache, max_num_batched_tokens {mbt}, "
                  f"{int(d['num_prompts'].iloc[0]) if len(d) and 'num_prompts' in d.columns else '?'} x {L}-token "
                  "prompts (H = heads per rank per model)" + (f" | {left_out}" if left_out else ""))
@@ -533,8 +530,7 @@ def plot_heatmap(df, max_num_batched_tokens: int | None = None, strategy: str = 
     archs = sorted(d["arch"].unique()) or ["-"]
     Ls = sorted(d["prompt_len"].unique())
     ykeys = sorted({(int(h), m) for h, m in zip(mod["num_heads"], mod["model"])})
-    priced = _priced(mod)
-    vals = mod[priced]["ttft_change_pct"].abs()
+    vals = mod[_priced(mod)]["ttft_change_pct"].abs()
     lim = float(vals.max()) if len(vals) and vals.max() > 0 else 1.0
     norm = TwoSlopeNorm(vcenter=0.0, vmin=-lim, vmax=lim)
     fig = new_figure((max(4.8, 1.35 * len(Ls) + 2.6) * len(archs), 0.55 * max(1, len(ykeys)) + 1.9))

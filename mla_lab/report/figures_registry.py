@@ -181,9 +181,8 @@ def pages(cli: bool = True) -> dict[str, str]:
     """``{name: text}`` of every page a figure may be stated on: README.md, docs/*.md, the report notebook's text
     (``notebooks/padding_sweep.py``: the answer block, the sections' words and the tables' captions) and, with
     ``cli``, the CLI's own text (:func:`_cli_texts`). Markdown line breaks are kept (patterns use ``\\s``)."""
-    out = {"README.md": (REPO_ROOT / "README.md").read_text()}
-    for p in sorted((REPO_ROOT / "docs").glob("*.md")):
-        out[f"docs/{p.name}"] = p.read_text()
+    out = {"README.md": (REPO_ROOT / "README.md").read_text(),
+           **{f"docs/{p.name}": p.read_text() for p in sorted((REPO_ROOT / "docs").glob("*.md"))}}
     nb = REPO_ROOT / "notebooks" / "padding_sweep.py"
     out["notebooks/padding_sweep.py"] = "\n".join(ln[2:] if ln.startswith("# ") else ln
                                                   for ln in nb.read_text().split("\n"))
@@ -200,13 +199,8 @@ def _flat(text: str) -> str:
 
 def statements(q: Quantity, texts: dict[str, str]) -> list[tuple[str, str]]:
     """``[(page, printed number)]``: every statement of ``q`` the patterns find on ``texts``."""
-    out = []
-    for name, text in texts.items():
-        flat = text if name.startswith("cli:") else _flat(text)  # a terminal's lines are its layout
-        for pat in q.patterns:
-            for m in re.finditer(pat, flat):
-                out.append((name, m.group("v")))
-    return out
+    flat = {n: t if n.startswith("cli:") else _flat(t) for n, t in texts.items()}  # a terminal's lines: its layout
+    return [(n, m.group("v")) for n, t in flat.items() for pat in q.patterns for m in re.finditer(pat, t)]
 
 
 def agrees(printed: str, value: float) -> bool:

@@ -67,12 +67,10 @@ def _artists(fig, axis_labels: bool = False):
         out += [(f"{what} {t.get_text()!r}", t) for what, t in (("supxlabel", getattr(fig, "_supxlabel", None)),
                                                                ("supylabel", getattr(fig, "_supylabel", None)))
                 if _text_ok(t)]
-    seen, uniq = set(), []  # axes of sub-figures are listed in fig.axes too
+    uniq = {}  # axes of sub-figures are listed in fig.axes too
     for label, a in sorted(out, key=lambda x: -x[0].count("subfigure")):
-        if id(a) not in seen:
-            seen.add(id(a))
-            uniq.append((label, a))
-    return uniq
+        uniq.setdefault(id(a), (label, a))
+    return list(uniq.values())
 
 
 def figure_clipping(fig, tol_px: float = TOLERANCE_PX, axis_labels: bool = False) -> list[str]:

@@ -53,9 +53,7 @@ def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path 
     missing = [c for c in need if c not in df.columns]
     if missing:
         raise ValueError(f"{p}: column {missing[0]!r} is missing; it has {list(df.columns)}")
-    pred = None
-    if prediction is not None and Path(prediction).is_file():
-        pred = json.loads(Path(prediction).read_text())
+    pred = json.loads(Path(prediction).read_text()) if prediction is not None and Path(prediction).is_file() else None
     noise = NoiseConfig.from_record(pred["noise"]) if pred and "noise" in pred else NoiseConfig()
     out = {}
     for case, _ in CASES:
@@ -118,19 +116,16 @@ def noise_sentences(dist: dict) -> list[str]:
          f"{n} simulated pairs); with the PR's modelled effect"
          + (f" ({det:+.1f} %)" if det is not None else "")
          + f" one run of each build gives {plo:+.1f} % to {phi:+.1f} %."]
-    if max(pct_p, worst) < 2.5:
-        s.append("The PR's -9.5 % mean TTFT lies "
-                 + _at(pct_p, n, "PR vs before", f"; identical builds: percentile {pct_i:.1f}; median and P99 TTFT: "
-                       f"at most percentile {worst:.1f}")
-                 + ": inside this noise model, one unlucky pair of runs does not turn the modelled effect into -9.5 %. "
-                 "The model is not validated for that claim (issue 30): it missed the PR's own main run by a third "
-                 "(data/validation/pr53878_main_decomposition.json), and runs of one vLLM configuration published "
-                 "by gpustack differ by up to a third in mean TTFT (data/validation/blind_2026-12_score.json), so "
-                 "the lab does not rule noise out.")
-    else:
-        s.append("The PR's -9.5 % mean TTFT lies "
-                 + _at(pct_p, n, "PR vs before", f"; identical builds: percentile {pct_i:.1f}")
-                 + ", inside the spread of one run per build: the lab cannot rule out that it is noise.")
+    far = max(pct_p, worst) < 2.5  # beyond the noise: say how far, and why that still rules nothing out
+    where = f"; identical builds: percentile {pct_i:.1f}" + (f"; median and P99 TTFT: at most percentile {worst:.1f}"
+                                                             if far else "")
+    s.append("The PR's -9.5 % mean TTFT lies " + _at(pct_p, n, "PR vs before", where)
+             + (": inside this noise model, one unlucky pair of runs does not turn the modelled effect into -9.5 %. "
+                "The model is not validated for that claim (issue 30): it missed the PR's own main run by a third "
+                "(data/validation/pr53878_main_decomposition.json), and runs of one vLLM configuration published "
+                "by gpustack differ by up to a third in mean TTFT (data/validation/blind_2026-12_score.json), so "
+                "the lab does not rule noise out." if far else
+                ", inside the spread of one run per build: the lab cannot rule out that it is noise."))
     s.append(f"The PR's +6 % total token throughput lies {_at(tput, n, 'PR vs before')}.")
     worst_arrival = _worst_arrival(pred)
     s.append("What the lab cannot rule out is a source the model lacks: the API server's service time per request "
@@ -163,8 +158,7 @@ def plot_noise(dist: dict):
         bins = np.linspace(lo, hi, 80)
         for (c, clabel), v in zip(CASES, vals):
             pct = res[c].percentile_of(k, rep)
-            ax.hist(v, bins=bins, color=colors[c], alpha=0.55,
-                    label=f"{clabel}: {rep:+.1f} % at percentile {pct:.1f}")
+            ax.hist(v, bins=bins, color=colors[c], alpha=0.55, label=f"{clabel}: {rep:+.1f} % at percentile {pct:.1f}")
         ax.axvline(rep, color="#d62728", lw=1.6, label=f"reported by the PR: {rep:+.1f} %")
         ax.set_title(f"{label}: change of one run (%)", fontsize=9)
         ax.set_xlabel("change, %", fontsize=8)

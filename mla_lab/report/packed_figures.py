@@ -130,14 +130,12 @@ def _markdown(path=PACKED_CSV) -> str:
             "fa3_sparse", "sglang_triton", "sglang_triton_union4"]
     lines = ["| shape | U / topk | S / topk | padded ms [min, max] | " + " | ".join(cols) + " | dispatch | "
              "kernel / bound |", "|" + "---|" * (len(cols) + 6)]
-    for r in shape_table(path):
-        lines.append(f"| {r['shape']} | {r['U']:.2f} | {r['S']:.2f} | {r['padded_ms']:.2f} [{r['padded_lo']:.2f}, "
-                     f"{r['padded_hi']:.2f}] | " + " | ".join(f"{r[c]:.2f}x" for c in cols)
-                     + f" | {r['path']} | {r['efficiency']:.2f} |")
+    lines += [f"| {r['shape']} | {r['U']:.2f} | {r['S']:.2f} | {r['padded_ms']:.2f} [{r['padded_lo']:.2f}, "
+              f"{r['padded_hi']:.2f}] | " + " | ".join(f"{r[c]:.2f}x" for c in cols) + f" | {r['path']} | "
+              f"{r['efficiency']:.2f} |" for r in shape_table(path)]
     lines += ["", "| target (issue 36) | value | worst at | bar | met |", "|---|---|---|---|---|"]
-    for t in targets(path):
-        lines.append(f"| {t['target']} | {t['value']:.3f} | {t['worst_shape']} | {t['bar']} | "
-                     f"{'yes' if t['met'] else 'no'} |")
+    lines += [f"| {t['target']} | {t['value']:.3f} | {t['worst_shape']} | {t['bar']} | {'yes' if t['met'] else 'no'} |"
+              for t in targets(path)]
     return "\n".join(lines)
 
 

@@ -24,6 +24,8 @@ ROUTE_LABELS = {
     "dense MHA, real heads (SDPA cuDNN)": ("mha:upproj", "mha:assemble", "mha:sdpa:cudnn"),
     "dense MHA, real heads (SDPA FLASH)": ("mha:total",),
 }
+#: The routes :func:`route_sentence` names (before the PR, the PR's, dense cuDNN) and :func:`crossover` fits.
+_PRE, _SPARSE, _DENSE = list(ROUTE_LABELS)[:3]
 
 
 def routes_available(path: str | Path | None = None) -> bool:
@@ -124,10 +126,7 @@ def _first_crossing(fd, fs, start, topk, max_len):
     return hi
 
 
-def crossover(path: str | Path | None = None, model: str = "glm-5",
-              dense: str = "dense MHA, real heads (SDPA cuDNN)",
-              sparse: str = "sparse MQA, vLLM #53878 (pre-padded workspace)", topk: int = 2048,
-              max_len: int = 1 << 20) -> dict:
+def crossover(path: str | Path | None = None, model: str = "glm-5", topk: int = 2048, max_len: int = 1 << 20) -> dict:
     """Prompt length (tokens) where padded sparse MQA would start to beat dense causal MHA, per process: each route
     fitted (least squares) as ``a + b mean_keys(L)``, the crossing the smallest ``L <= max_len`` where dense >=
     sparse (an extrapolation). Returns ``{"median", "lo", "hi", "n_processes", "per_process", "measured_max",
@@ -138,7 +137,7 @@ def crossover(path: str | Path | None = None, model: str = "glm-5",
     lens = sorted(int(x) for x in med["prompt_len"].unique())
     xs = []
     for _, g in med.groupby("process"):
-        d, s = _totals(g, lens, dense), _totals(g, lens, sparse)
+        d, s = _totals(g, lens, _DENSE), _totals(g, lens, _SPARSE)
         if None in d or None in s:
             continue
         fd = _fit([mean_keys(L, None) for L in lens], d)
@@ -161,11 +160,9 @@ def route_sentence(path: str | Path | None = None, model: str = "glm-5", prompt_
         r = t.loc[label]
         return f"{r.median_ms:.2f} ms [{r.lo_ms:.2f}, {r.hi_ms:.2f}]"
 
-    pre, pr = list(ROUTE_LABELS)[0], list(ROUTE_LABELS)[1]
-    dense = list(ROUTE_LABELS)[2]
     return (f"{model}, {prompt_len}-token prompts in a {int(t['T'].iloc[0])}-token step, one H200 (measured, "
-            f"{int(t['n_processes'].min())} fresh processes): attention path per layer call {f(pre)} before the PR, "
-            f"{f(pr)} with it (the copy it removes), {f(dense)} on the dense MHA route with the real heads "
+            f"{int(t['n_processes'].min())} fresh processes): attention path per layer call {f(_PRE)} before the PR, "
+            f"{f(_SPARSE)} with it (the copy it removes), {f(_DENSE)} on the dense MHA route with the real heads "
             f"(the padding it never computes).")
 
 

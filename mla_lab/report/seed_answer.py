@@ -59,7 +59,8 @@ def _measured_change(ttft: dict, s: str, ref: str) -> dict:
     """The row's measured columns from per-process TTFTs of ``s`` and ``ref``: the median change with ``[min, max]``
     over processes (:mod:`mla_lab.measure.spread`'s convention)."""
     if s not in ttft or ref not in ttft:
-        return {}
+        return {"measured_pct": None, "measured_lo": None, "measured_hi": None, "rounds": 0, "measured_basis": None,
+                "n_processes": 0}
     keys = sorted(set(ttft[s]) & set(ttft[ref]))
     ch = [100.0 * (ttft[s][k] / ttft[ref][k] - 1) for k in keys]
     return {"measured_pct": statistics.median(ch), "measured_lo": min(ch), "measured_hi": max(ch),
@@ -98,9 +99,7 @@ def seed_answer(models=("glm-5", "glm-5.2"), calibration=None) -> list[dict]:
                 "content_scope": ("step" if cal.step_content() is not None else "kernel") if stale else "none",
                 "ttft_ms": modelled[s]["ttft_ms_mean"], "against_ttft_ms": modelled[ref]["ttft_ms_mean"],
                 "comm_ms": modelled[ref]["comm_ms"], "against_run_ms": modelled[ref]["ttft_ms_max"],
-                "comm_source": modelled[ref]["comm_source"], "measured_pct": None, "measured_lo": None,
-                "measured_hi": None, "rounds": 0, "measured_basis": None, "n_processes": 0,
-                "extra_persistent_mib": (mem[s].persistent_bytes - base) / MIB,
+                "comm_source": modelled[ref]["comm_source"], "extra_persistent_mib": (mem[s].persistent_bytes - base) / MIB,
                 "against_extra_persistent_mib": (mem[ref].persistent_bytes - base) / MIB,
                 "call_transient_mib": mem[s].call_transient_bytes / MIB,
                 "against_call_transient_mib": mem[ref].call_transient_bytes / MIB,

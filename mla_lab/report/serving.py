@@ -58,19 +58,13 @@ def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
     _check_result(result)
     dep = result.get("deployment", {})
     base = result["strategies"][result["baseline"]]["metrics"]
-    rows = []
-    for s, r in result["strategies"].items():
-        m = r["metrics"]
-        for key, label in PRINTED_METRICS:
-            if key not in m:
-                continue
-            b = base.get(key)
-            ch = r["change_pct"].get(key, math.nan)
-            rep = REPORTED_CHANGE.get(key, math.nan) if s == PR_STRATEGY else math.nan
-            rows.append({"model": dep.get("model"), "tp": dep.get("tp"), "arch": dep.get("arch"), "strategy": s,
-                         "preset": preset_label(r.get("preset") or preset_of(s)), "metric": key, "label": label,
-                         "value": float(m[key]), "baseline": float(b) if b is not None else math.nan,
-                         "change_pct": ch, "reported_change_pct": rep, "source": "modelled"})
+    rows = [{"model": dep.get("model"), "tp": dep.get("tp"), "arch": dep.get("arch"), "strategy": s,
+             "preset": preset_label(r.get("preset") or preset_of(s)), "metric": key, "label": label,
+             "value": float(r["metrics"][key]), "baseline": math.nan if base.get(key) is None else float(base[key]),
+             "change_pct": r["change_pct"].get(key, math.nan),
+             "reported_change_pct": REPORTED_CHANGE.get(key, math.nan) if s == PR_STRATEGY else math.nan,
+             "source": "modelled"}
+            for s, r in result["strategies"].items() for key, label in PRINTED_METRICS if key in r["metrics"]]
     df = pd.DataFrame(rows, columns=list(SERVING_TABLE_COLUMNS))
     return _wide(df, list(result["strategies"])) if wide else df
 
@@ -141,8 +135,7 @@ def _rate_rows(deployment, strategies, rate: float, seed: int, baseline: str, nu
                "preset": preset_label(r["preset"]), "request_rate": rate, **r["metrics"],
                **{f"change_{k}_pct": r["change_pct"].get(k, math.nan) for k in RATE_CHANGE_METRICS}}
         for k in RATE_BAND_METRICS:
-            row[f"band_{k}_lo"], row[f"band_{k}_hi"] = (bands.get(s, {}).get(k) or {}).get("band95",
-                                                                                          (math.nan, math.nan))
+            row[f"band_{k}_lo"], row[f"band_{k}_hi"] = (bands.get(s, {}).get(k) or {}).get("band95", (math.nan,) * 2)
         rows.append({**row, "band": band, "source": "modelled"})
     return rows
 

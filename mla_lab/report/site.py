@@ -18,9 +18,11 @@ network: nbconvert's CDN scripts (require.js, MathJax, mermaid) are left out.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import html as _html
+import itertools
 import json
 import os
 import shutil
@@ -52,16 +54,12 @@ def new_run_id(runs_dir: str | Path, params: dict, now: _dt.datetime | None = No
     base = f"{now:%Y%m%d-%H%M%S}-{params_hash(params)}"
     runs = Path(runs_dir)
     runs.mkdir(parents=True, exist_ok=True)
-    rid, n = base, 1
-    while True:
+    for n in itertools.count(1):
+        rid = base if n == 1 else f"{base}-{n}"
         if not any(runs.glob(f"{rid}.*")):
-            try:
+            with contextlib.suppress(FileExistsError):
                 (runs / rid).mkdir()  # atomic claim: two runs started in the same second get different ids
                 return rid
-            except FileExistsError:
-                pass
-        n += 1
-        rid = f"{base}-{n}"
 
 def _replace(dst: Path, write) -> None:
     """``write(tmp)`` then rename it to ``dst``: a reader never sees a half-written file."""
@@ -159,9 +157,7 @@ def list_runs(report_dir: str | Path, skipped: list | None = None) -> list[dict]
     return sorted(out, key=lambda m: (m.get("created_utc") or "", m["run_id"]), reverse=True)
 
 def _fmt_val(v) -> str:
-    if isinstance(v, list):
-        return ", ".join(map(str, v))
-    return "-" if v is None else str(v)
+    return ", ".join(map(str, v)) if isinstance(v, list) else "-" if v is None else str(v)
 
 def _prov_cell(meta: dict) -> str:
     src = (meta.get("provenance") or {}).get("sources") or {}
@@ -178,8 +174,7 @@ def _prov_cell(meta: dict) -> str:
 
 #: The seed point the index's headline reads from each run's rows (the PR's setup: GLM-5 TP8 H200, 1024-token
 #: prompts, max_num_batched_tokens 16384; vLLM PR #53878's benchmark) and the PR's strategy.
-HEADLINE_POINT = {"model": "glm-5", "tp": "8", "arch": "h200", "max_num_batched_tokens": "16384",
-                  "prompt_len": "1024"}
+HEADLINE_POINT = {"model": "glm-5", "tp": "8", "arch": "h200", "max_num_batched_tokens": "16384", "prompt_len": "1024"}
 HEADLINE_STRATEGY = "private_workspace"
 #: The committed H200 report (measured on a lent H200), linked from every index.
 H200_REPORT = "h200/padding_sweep_h200.html"
@@ -259,8 +254,7 @@ def run_headline(report_dir: str | Path, meta: dict) -> str:
         except (TypeError, ValueError):
             return float("nan")
 
-    ch, mib, lost, pct = num("ttft_change_pct"), num("extra_persistent_mib"), num("kv_tokens_lost"), \
-        num("kv_capacity_pct_lost")
+    ch, mib, lost, pct = map(num, ("ttft_change_pct", "extra_persistent_mib", "kv_tokens_lost", "kv_capacity_pct_lost"))
     src = best.get("source") or "modelled"
     ttft = f"TTFT {ch:+.1f} % ({src})" if ch == ch else "TTFT not priced"
     mem = f"+{mib:,.0f} MiB extra per rank = {lost:,.0f} KV tokens lost ({pct:.1f} % of KV capacity)" if mib == mib else ""

@@ -42,6 +42,18 @@ def _config_at(commit: str, model: str) -> str | None:
         return None
 
 
+def _stamped(model: str, commit: str, csv_commit: str) -> tuple[str, str]:
+    """``(config digest, where it was read)`` of ``model``: at the rows' commit, else the CSV's, else today's."""
+    clean = commit.split("+")[0]
+    got = _config_at(clean, model) if clean else None
+    if got is not None:
+        return got, f"config at the rows' git_commit {commit}"
+    got = _config_at(csv_commit, model) if csv_commit else None
+    if got is not None:
+        return got, f"config at the CSV's commit {csv_commit[:12]}"
+    return config_digest(models_dir() / model / "config.json"), "today's config (a fresh run)"
+
+
 def stamp(root: Path) -> dict:
     """The manifest for every measured sweep CSV under ``root``."""
     files: dict = {}
@@ -53,29 +65,19 @@ def stamp(root: Path) -> dict:
             csv_commit = (_git("log", "-1", "--format=%H", "--", str(p.resolve().relative_to(REPO_ROOT))) or "").strip()
         except ValueError:
             csv_commit = ""
-        entries = []
+        files[rel] = []
         for (dev, prov, commit), g in df.groupby(keys):
-            models, verified = {}, {}
-            for m in sorted(g["model"].astype(str).unique()):
-                clean = str(commit).split("+")[0]
-                got = _config_at(clean, m) if clean else None
-                how = f"config at the rows' git_commit {commit}" if got else None
-                if got is None and csv_commit:
-                    got, how = _config_at(csv_commit, m), f"config at the CSV's commit {csv_commit[:12]}"
-                if got is None:
-                    got, how = config_digest(models_dir() / m / "config.json"), "today's config (a fresh run)"
-                models[m] = got
-                verified[m] = how
-            entries.append({"device": dev, "flash_mla": prov, "git_commit": commit, "rows": int(len(g)),
-                            "models": models, "verified": verified})
-        files[rel] = entries
+            got = {m: _stamped(m, str(commit), csv_commit) for m in sorted(g["model"].astype(str).unique())}
+            files[rel].append({"device": dev, "flash_mla": prov, "git_commit": commit, "rows": int(len(g)),
+                               "models": {m: d for m, (d, _) in got.items()},
+                               "verified": {m: how for m, (_, how) in got.items()}})
     csv_rows = {}
     for p in sorted(root.rglob("*.csv")):
         if "runs" in p.relative_to(root).parts:
             continue  # a measure run's own folder (its provenance.json beside it)
         with open(p, newline="", encoding="utf-8", errors="replace") as f:
             csv_rows[p.relative_to(root).as_posix()] = max(0, sum(1 for _ in f) - 1)
-    return {"csv_rows": csv_rows,"about": "SHA-256 of each model's data/models/<model>/config.json the measured rows of each CSV were "
+    return {"csv_rows": csv_rows, "about": "SHA-256 of each model's data/models/<model>/config.json the measured rows of each CSV were "
                      "measured with, per GPU (device) and FlashMLA provider (flash_mla); written by "
                      "mla_lab/report/stamp_measured.py, read by mla_lab.report.data.load_measured (a changed config "
                      "detaches the rows)",
@@ -90,8 +92,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     root = Path(args.root) if args.root else measured_dir()
     if not root.is_dir():
-        print(f"--root={str(root)!r} is not a folder; allowed: the measured root (e.g. data/measured)",
-              file=sys.stderr)
+        print(f"--root={str(root)!r} is not a folder; allowed: the measured root (e.g. data/measured)", file=sys.stderr)
         return 2
     doc = stamp(root)
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"

@@ -112,15 +112,15 @@ def measured_basis(rows) -> str:
     return "one process" + (f", {int(n[0])} interleaved runs" if len(n) == 1 else "")
 
 
-def _at_seed(d):
-    """Rows of ``d`` (ok) at the seed's point; None stays None."""
+def _at_seed(d, measured: bool):
+    """Rows of ``d`` (ok) at the seed's point, measured or not (``source``); None stays None."""
     if d is None or len(d) == 0:
         return d.iloc[0:0] if d is not None else None
     d = ok_rows(d)
     for k in (*DEPLOYMENT_KEYS, "num_prompts"):
         if k in d.columns:
             d = d[d[k].astype(str) == str(SEED[k])]
-    return d
+    return d[(d["source"] == "measured") == measured] if "source" in d.columns else d
 
 
 def _median(d, s, col) -> float | None:
@@ -150,20 +150,14 @@ def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
     measured rows; ``serving`` (a serve_benchmark result of the seed) for the throughput row."""
     import pandas as pd
 
-    mod = _at_seed(df)
-    if mod is not None and "source" in mod.columns:
-        mod = mod[mod["source"] != "measured"]
+    mod = _at_seed(df, measured=False)
     if mod is None or len(mod) == 0 or not {PR, BASELINE} <= set(mod["strategy"]):
         mod = pd.DataFrame(modelled_rows(seed_point(strategies=[BASELINE, PR, "kernel_native"])))
-    meas = _at_seed(measured)
-    if meas is not None and "source" in meas.columns:
-        meas = meas[meas["source"] == "measured"]
-
-    def f(v, fmt):
-        return "-" if v is None else fmt.format(v)
+    meas = _at_seed(measured, measured=True)
 
     scope = ", ".join(map(str, mod["ttft_scope"].dropna().unique())) if "ttft_scope" in mod.columns else "?"
-    t_f, t_k = _median(mod, PR, "ttft_change_pct"), _median(mod, "kernel_native", "ttft_change_pct")
+    t_f, t_k = ("-" if v is None else f"{v:+.1f}%"
+                for v in (_median(mod, s, "ttft_change_pct") for s in (PR, "kernel_native")))
     x_b = _median(mod, PR, "extra_persistent_bytes")
     tr_u, tr_f = _median(mod, BASELINE, "call_transient_bytes"), _median(mod, PR, "call_transient_bytes")
     rep = SEED_REPORTED
@@ -180,11 +174,11 @@ def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
         ("heads per rank -> workspace heads", "8 -> 64", f"{int(mod['num_heads'].iloc[0])} -> "
          f"{int(mod[mod['strategy'] == PR]['q_concat_heads'].iloc[0])}", "-", "vLLM's padding rule"),
         ("TTFT change, vLLM #53878 vs vLLM before it (zero padded heads)", f"{rep['ttft_change_pct']:+.1f}%",
-         f(t_f, "{:+.1f}%"), measured_change,
+         t_f, measured_change,
          f"modelled: TTFT scope '{scope}'" + (" (attention path only: a lower bound on TTFT, so it overstates the "
                                               "relative change)" if scope == "attention_path" else "")
          + "; measured: the attention path timed on the GPU per step, the rest of the layer from the same model"),
-        (f"TTFT change, kernel_native ({KERNEL_NATIVE_LABEL})", "-", f(t_k, "{:+.1f}%"), "-", KERNEL_NATIVE_NOTE),
+        (f"TTFT change, kernel_native ({KERNEL_NATIVE_LABEL})", "-", t_k, "-", KERNEL_NATIVE_NOTE),
         ("extra memory per GPU", f"+{rep['extra_peak_mib']} MiB peak ({rep['peak_mib_before']} -> "
                                  f"{rep['peak_mib_after']} MiB)",
          "-" if x_b is None else f"+{x_b / 2**20:.0f} MiB persistent ({int(x_b):,} B)",
@@ -209,10 +203,8 @@ def summary_table(df, tp=None, max_num_batched_tokens=None, compact: bool = Fals
     MiB, KV tokens lost, heads. ``compact`` drops the columns holding one value; ``label_basis``: a measured row's
     source says what it rests on (:func:`measured_basis`)."""
     d = ok_rows(df)
-    if tp is not None:
-        d = d[d["tp"] == tp]
-    if max_num_batched_tokens is not None:
-        d = d[d["max_num_batched_tokens"] == max_num_batched_tokens]
+    for k, v in (("tp", tp), ("max_num_batched_tokens", max_num_batched_tokens)):
+        d = d if v is None else d[d[k] == v]
     if label_basis and "source" in d.columns:
         d = d.copy()
         m = d["source"] == "measured"

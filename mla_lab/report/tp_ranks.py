@@ -47,11 +47,6 @@ def _gpu(gpu) -> str:
     return name
 
 
-def _files(n: int, gpu: str, root: Path | None) -> list[Path]:
-    d = (root or measured_dir()) / f"{gpu}x{n}"
-    return [d / f for f in FILES if (d / f).is_file()]
-
-
 def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
     """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (default
     ``attention``); empty when nothing was measured. Raises ValueError: ``world_sizes`` not integers >= 2, ``gpu``
@@ -61,7 +56,8 @@ def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | 
     world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
     parts = []
     for n in world_sizes:
-        for f in _files(n, gpu, Path(root) if root else None):
+        folder = (Path(root) if root else measured_dir()) / f"{gpu}x{n}"
+        for f in (folder / name for name in FILES if (folder / name).is_file()):
             d = read_csv_checked(f, REQUIRED, "mla_lab/measure/experiments/tp_block.py")
             if "block" not in d.columns:
                 d["block"] = "attention"
