@@ -24,7 +24,7 @@ PKG = Path(__file__).resolve().parents[1] / "mla_lab"
 #: (model, tp, ...) functions below the door
 ISSUE_MAX_LINES, ISSUE_MAX_LOOSE = 29_000, 3
 #: ceilings at what the round reached (issue 38's targets above are missed: docs/design.md "Budgets")
-MAX_LINES, MAX_COMPLEX, MAX_FUNC_LINES, MAX_LOOSE = 33_800, 25, 100, 4
+MAX_LINES, MAX_COMPLEX, MAX_FUNC_LINES, MAX_LOOSE = 30_600, 25, 100, 3
 #: the door: argument parsing and the notebooks' helpers turn flags into a Deployment, and the Deployment / RankView
 #: constructors check the loose values once (mla_lab/deployment.py, mla_lab/rank.py); below them, none
 DOORS = ("cli", "cli_", "explore", "deployment", "rank")
