@@ -118,7 +118,7 @@ def test_measure_point_rows_with_stubbed_timings(monkeypatch):
 
     monkeypatch.setattr(rows_module, "detect_arch",
                         lambda: {"device": "stub H200", "prefill_padding": 64, "capability": (9, 0)})
-    monkeypatch.setattr(rows_module, "time_attention_path", fake_time)
+    monkeypatch.setattr(rows_module.measure.attention, "time_attention_path", fake_time)  # what rows calls
     pt = expand_grid(validate_params(dict(models=["glm-5"], tp_sizes=[8], archs=["h200"],
                                           max_num_batched_tokens=[16384], prompt_lens=[1024], device="cpu",
                                           strategies=["fused"], num_runs=runs)))[0]
