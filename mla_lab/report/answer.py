@@ -16,6 +16,7 @@ from ..paths import REPO_ROOT
 from ..placement import PR_TRADE_BY_ENGINE, SEED_COMPARISONS
 from ..serving import PR_BENCH, serve_benchmark
 from ..sweep.advise import advise
+from ..validation import kv_capacity
 from ..validation.posthoc_options import posthoc_sentence
 from . import packed_figures as pk
 from .blocks import block_main, splice, update_block
@@ -32,8 +33,8 @@ DECOMPOSITION = REPO_ROOT / "data" / "validation" / "pr53878_main_decomposition.
 BLIND_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12_score.json"
 BLIND2_SCORE = REPO_ROOT / "data" / "validation" / "blind_2026-12b_score.json"
 BLIND2_POSTHOC = REPO_ROOT / "data" / "validation" / "blind_2026-12b_posthoc.json"
-KV_POSTHOC = REPO_ROOT / "data" / "validation" / "kv_capacity_2026-12_posthoc.json"
-KV_ROUNDS = ("kv_capacity_2026-12", "kv_capacity_2026-12c")
+#: the KV-capacity rounds the answer counts (kv_capacity.round_paths names their files)
+KV_ROUNDS = (kv_capacity.ROUND, "kv_capacity_2026-12c")
 #: prompt lengths the packed paragraph prices (GLM-5 TP8 H200, the seed's other settings)
 PACKED_PROMPTS = (1024, 4096, 8192)
 #: today's pair (the per-call pad, the PR's workspace as a shared view) and vLLM 0.33.0's default, FLASHMLA forced
@@ -103,9 +104,9 @@ def answer_figures() -> dict:
         "dense_glm5_pct": dense["glm-5"], "lease_pr": lease_pr_change(),
         "blind2_sentence": json.loads(BLIND2_SCORE.read_text())["medians_sentence"],
         "posthoc_sentence": posthoc_sentence(json.loads(BLIND2_POSTHOC.read_text())),
-        "kv_posthoc": [r for r in json.loads(KV_POSTHOC.read_text())["rows"] if r["figure"] == "available_kv_gib"],
-        "kv_blind_predicted": sum(sum(c["blind"] for c in json.loads((REPO_ROOT / "data" / "validation" / f"{r}.json")
-                                                                     .read_text())["cases"]) for r in KV_ROUNDS),
+        "kv_posthoc": [r for r in json.loads(kv_capacity.POSTHOC.read_text())["rows"] if r["figure"] == "available_kv_gib"],
+        "kv_blind_predicted": sum(c["blind"] for r in KV_ROUNDS
+                                  for c in json.loads(kv_capacity.round_paths(r)[1].read_text())["cases"]),
         "packed": packed_figures(),
     }
 
