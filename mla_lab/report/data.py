@@ -321,8 +321,7 @@ def measured_for(params, root: str | Path | None = None):
     notes = {k: list(m.attrs.get(k, [])) for k in MEASURED_NOTES}
     if len(m) == 0:
         return m
-    keep = {"model": set(params.models), "tp": set(params.tp_sizes),
-            "arch": {get_arch(a).name for a in params.archs},
+    keep = {"model": set(params.models), "tp": set(params.tp_sizes), "arch": {get_arch(a).name for a in params.archs},
             "max_num_batched_tokens": set(params.max_num_batched_tokens), "prompt_len": set(params.prompt_lens),
             "kv_cache_dtype": set(params.kv_cache_dtype)}
     for k, allowed in keep.items():

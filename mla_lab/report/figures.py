@@ -187,11 +187,10 @@ def _draw_off_scale(ax, window, off) -> None:
         arrow = "\u25b2" if top else "\u25bc"
         for rank, (x, y, col, filled) in enumerate(side):
             right = x > (x0 + x1) / 2
-            ax.annotate(f"{arrow} {y:+.1f} %", (x, window[1] if top else window[0]),
-                        textcoords="offset points",
+            ax.annotate(f"{arrow} {y:+.1f} %", (x, window[1] if top else window[0]), textcoords="offset points",
                         xytext=(-6 if right else 6, (-4 - 9 * rank) if top else (2 + 9 * rank)),
-                        ha="right" if right else "left", va="top" if top else "bottom",
-                        fontsize=6.5, color=col, gid=OFF_SCALE, fontweight="bold" if filled else "normal")
+                        ha="right" if right else "left", va="top" if top else "bottom", fontsize=6.5, color=col,
+                        gid=OFF_SCALE, fontweight="bold" if filled else "normal")
 
 
 def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = None) -> int:

@@ -28,7 +28,7 @@ from ..sweep.run import plan_sweep
 from .answer import answer_figures
 from .data import load_measured
 from .reproduce import lease_pr_change
-from .seed_answer import pr_trade_by_engine, seed_answer
+from .seed_answer import seed_answer
 
 __all__ = ["Quantity", "QUANTITIES", "pages", "statements", "agrees"]
 
@@ -77,24 +77,8 @@ def _pad_copy_modelled_ms() -> float:
     return row["pad_copy_ms"] / row["num_steps"] / d.model.num_hidden_layers
 
 
-def _lease(which: str) -> Callable[[], float]:
-    return lambda: lease_pr_change()[which]
-
-
 def _answer(key: str) -> Callable[[], float]:
     return lambda: float(answer_figures()[key])
-
-
-def _default_grid_points() -> float:
-    return float(plan_sweep(validate_params({}))["points"])
-
-
-def _forced_today_mib() -> float:
-    """vLLM 0.33.0 with FLASHMLA_SPARSE forced: the PR's workspace as the per-call view of the shared workspace,
-    extra persistent MiB per rank over the pre-PR unpadded buffer (GLM-5.2 TP8, 16384 tokens;
-    :func:`mla_lab.report.seed_answer.pr_trade_by_engine`, byte accounting :func:`mla_lab.buffers.memory_account`)."""
-    r = {x["engine"]: x for x in pr_trade_by_engine(("glm-5.2",))}
-    return float(r["vllm@0.33.0-flashmla"]["extra_persistent_mib"])
 
 
 _PCT = r"(?P<v>[-+\u2212]\d+\.\d+) ?%"
@@ -136,11 +120,11 @@ QUANTITIES: tuple[Quantity, ...] = (
              (r"ms measured, attention path " + _PCT + r" \[[-+]\d\.\d, [-+]\d\.\d\]",)),
     Quantity("attention_path_lease1_pct", "the same, ratio of medians, the 0834 lease's strategies run: "
              "data/measured/h200/runs/2026-12-02T0834_measure/between_process/strategies.csv "
-             "(mla_lab.report.reproduce.lease_pr_change)", _lease("first"),
+             "(mla_lab.report.reproduce.lease_pr_change)", lambda: lease_pr_change()["first"],
              (r"pre-PR pad, measured " + _PCT + r" and", r"pre-PR pad: " + _PCT + r" and",
               r"at the seed: " + _PCT + r" at 0834")),
     Quantity("attention_path_lease2_pct", "the same on a second lease (0900): between_process/strategies.csv "
-             "(mla_lab.report.reproduce.lease_pr_change)", _lease("second"),
+             "(mla_lab.report.reproduce.lease_pr_change)", lambda: lease_pr_change()["second"],
              (r"pre-PR pad, measured [-+]\d\.\d % and " + _PCT, r"pre-PR pad: [-+]\d\.\d % and " + _PCT,
               r"at 0834, " + _PCT + r" at 0900")),
     Quantity("dense_route_glm52_pct", "dense MHA vs the PR's path at the seed, GLM-5.2, modelled: "
@@ -160,11 +144,11 @@ QUANTITIES: tuple[Quantity, ...] = (
               r"\nprivate_workspace@vllm-pr53878 +[\d.]+ +\S+ +\d+ +(?P<v>[-+]\d+) ",
               r"\| \+1032 MiB peak \| \+(?P<v>\d+) MiB \(")),
     Quantity("forced_today_mib", "vLLM 0.33.0, FLASHMLA_SPARSE forced: extra MiB per rank "
-             "(mla_lab.report.seed_answer.pr_trade_by_engine)", _forced_today_mib,
+             "(mla_lab.report.seed_answer.pr_trade_by_engine)", _answer("forced_today_mib"),
              (r"vLLM 0\.33\.0 forced, (?:it|the shared view) (?:prices|costs) (?P<v>[-+]\d+) MiB",
               r"\nshared_workspace:none@vllm-0\.33\.0-flashmla +[\d.]+ +\S+ +\d+ +(?P<v>[-+]\d+) ")),
     Quantity("default_grid_points", "the sweep's default grid: mla_lab.sweep.run.plan_sweep(DEFAULTS)",
-             _default_grid_points,
+             lambda: float(plan_sweep(validate_params({}))["points"]),
              (r"(?<!earlier )default grid (?:is )?\(?(?P<v>\d+) points", r'"points": (?P<v>\d+),\n "stored"')),
 )
 

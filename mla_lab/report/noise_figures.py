@@ -21,9 +21,8 @@ from ..serving.noise import NoiseConfig, NoiseResult
 from .blocks import update_block
 from .layout_check import figure_clipping, label_overlaps
 
-__all__ = ["DIST_CSV", "PREDICTION_JSON", "REPORTED", "PANELS", "CASES", "load_noise_distribution",
-           "noise_sentences", "plot_noise", "findings_section", "FIGURE_NAME",
-           "NOISE_BEGIN", "NOISE_END", "FINDINGS"]
+__all__ = ["DIST_CSV", "PREDICTION_JSON", "REPORTED", "PANELS", "CASES", "load_noise_distribution", "noise_sentences",
+           "plot_noise", "findings_section", "FIGURE_NAME", "NOISE_BEGIN", "NOISE_END", "FINDINGS"]
 
 DIST_CSV = REPO_ROOT / "data" / "validation" / "pr53878_noise_distribution.csv"
 PREDICTION_JSON = REPO_ROOT / "data" / "validation" / "pr53878_main_prediction.json"

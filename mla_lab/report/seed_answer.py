@@ -27,10 +27,7 @@ from ..seed import SEED_REPORTED
 from ..sweep.rows import ttft_with_attention
 from ..workload import schedule
 
-__all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sensitivity", "COMPARISONS", "pr_trade_by_engine"]
-
-#: (label, strategy, against) of the seed answer (:data:`mla_lab.placement.SEED_COMPARISONS`).
-COMPARISONS = SEED_COMPARISONS
+__all__ = ["seed_answer", "seed_answer_table", "seed_sentences", "seed_comm_sensitivity", "pr_trade_by_engine"]
 
 
 def _measured_seed_samples() -> dict:
@@ -68,14 +65,15 @@ def _measured_change(ttft: dict, s: str, ref: str) -> dict:
 
 
 def seed_answer(models=("glm-5", "glm-5.2"), calibration=None) -> list[dict]:
-    """One dict per (model geometry, comparison of :data:`COMPARISONS`), priced with ``calibration`` (None: the
-    committed one): ``modelled_pct``; ``modelled_pct_kernel_content`` (stale padded heads priced on the kernel only;
-    ``content_scope`` says which scope ``modelled_pct`` used); ``ttft_ms`` / ``against_ttft_ms`` (mean, ms),
-    ``against_run_ms`` (the last prompt's TTFT), ``comm_ms`` / ``comm_source`` (its all-reduces, one rank);
-    ``measured_pct`` / ``_lo`` / ``_hi`` (None without measurements), ``measured_basis``, ``n_processes``,
-    ``rounds``; ``extra_persistent_mib`` and ``call_transient_mib`` of the strategy and of ``against``."""
+    """One dict per (model geometry, comparison of :data:`mla_lab.placement.SEED_COMPARISONS`), priced with
+    ``calibration`` (None: the committed one): ``modelled_pct``; ``modelled_pct_kernel_content`` (stale padded heads
+    priced on the kernel only; ``content_scope`` says which scope ``modelled_pct`` used); ``ttft_ms`` /
+    ``against_ttft_ms`` (mean, ms), ``against_run_ms`` (the last prompt's TTFT), ``comm_ms`` / ``comm_source`` (its
+    all-reduces, one rank); ``measured_pct`` / ``_lo`` / ``_hi`` (None without measurements), ``measured_basis``,
+    ``n_processes``, ``rounds``; ``extra_persistent_mib`` and ``call_transient_mib`` of the strategy and of
+    ``against``."""
     samples = _measured_seed_samples()
-    names = {s for _, a, b in COMPARISONS for s in (a, b)}
+    names = {s for _, a, b in SEED_COMPARISONS for s in (a, b)}
     out = []
     for name in models:
         d = Deployment.seed(model=name)
@@ -89,7 +87,7 @@ def seed_answer(models=("glm-5", "glm-5.2"), calibration=None) -> list[dict]:
         ttft = {s: {k: ttft_with_attention(modelled[s], steps, d.prompt_len, d.model.num_hidden_layers,
                                            [x] * len(steps)) for k, x in samples[s].items()}
                 for s in names if s in samples}  # strategy -> {process: mean TTFT, ms}
-        for label, s, ref in COMPARISONS:
+        for label, s, ref in SEED_COMPARISONS:
             stale = any(parse_strategy(x).content == "stale" for x in (s, ref))
             out.append({
                 "model": name, "comparison": label, "strategy": s, "against": ref,
@@ -249,8 +247,7 @@ def pr_trade_by_engine(models=("glm-5",), calibration=None) -> list[dict]:
             e = engine_summary(engine, d)
             out.append({"model": name, "label": label, "engine": engine, "strategy": s, "against": ref,
                         "modelled_pct": 100.0 * (ttft[s] / ttft[ref] - 1), "ttft_ms": ttft[s],
-                        "against_ttft_ms": ttft[ref],
-                        "extra_persistent_mib": (mem[s].persistent_bytes - base) / MIB,
+                        "against_ttft_ms": ttft[ref], "extra_persistent_mib": (mem[s].persistent_bytes - base) / MIB,
                         "against_extra_persistent_mib": (mem[ref].persistent_bytes - base) / MIB,
                         "prefill_route": e["prefill_route"], "padded_path": e["padded_path"], "source": "modelled"})
     return out

@@ -23,9 +23,8 @@ from .figures import FP8_KV_NOTE, new_figure, strategy_style
 from .tables import html_table
 
 __all__ = ["serving_display_table", "serving_table", "rate_curve", "plot_rate_curve", "PRINTED_METRICS", "PR_STRATEGY",
-           "REPORTED_CHANGE", "SERVING_TABLE_COLUMNS", "swept_deployment", "serve_swept",
-           "plot_serving_changes", "serving_details_html", "CHANGE_METRICS", "serve_swept_cached", "plotted",
-           "kv_dtypes_left_out"]
+           "REPORTED_CHANGE", "SERVING_TABLE_COLUMNS", "swept_deployment", "serve_swept", "plot_serving_changes",
+           "serving_details_html", "CHANGE_METRICS", "serve_swept_cached", "plotted", "kv_dtypes_left_out"]
 
 #: What ``vllm bench serve`` prints, in its order and with its labels (``vllm/benchmarks/serve.py``; the latency
 #: blocks for its default ``--percentile-metrics ttft,tpot,itl`` and ``--metric-percentiles 99``).
@@ -280,9 +279,8 @@ def serve_swept(params, strategies, deployment: Deployment | None = None) -> dic
     rate = math.inf if params.request_rate == "inf" else float(params.request_rate)
     if dep.max_num_seqs != params.max_num_seqs:
         dep = dep.replace(max_num_seqs=params.max_num_seqs)
-    bench = BenchConfig(num_prompts=dep.num_prompts, random_input_len=dep.prompt_len,
-                        random_output_len=dep.output_len, request_rate=rate,
-                        max_concurrency=params.concurrency, seed=params.seed)
+    bench = BenchConfig(num_prompts=dep.num_prompts, random_input_len=dep.prompt_len, random_output_len=dep.output_len,
+                        request_rate=rate, max_concurrency=params.concurrency, seed=params.seed)
     return serve_benchmark(dep, strategies, bench)
 
 

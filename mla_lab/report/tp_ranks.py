@@ -154,6 +154,5 @@ def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200",
                     "bw_gbps": fit.bw_gbps if fit else arch.nvlink_gbps / 2 * cal.comm_efficiency,
                     "sizes": f"{fit.n_sizes} ({fit.min_bytes / MIB:.0f}-{fit.max_bytes / MIB:.0f} MiB)" if fit else "-",
                     "rank rows": len(mine), "MAPE %": fit.mape_pct if fit else None,
-                    "leave-one-size-out MAPE %": fit.loo_mape_pct if fit else None,
-                    "assumption error %": err})
+                    "leave-one-size-out MAPE %": fit.loo_mape_pct if fit else None, "assumption error %": err})
     return pd.DataFrame(out)
