@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pandas as pd
+
 from ..paths import REPO_ROOT, cache_dir, data_dir, find_manifest, measured_dir
 from .layout_check import figure_clipping, label_overlaps
 
@@ -163,8 +165,6 @@ def plotted_rows(df):
 
 def _canonical(key):
     """``key`` with every DataFrame as its CSV text and dtypes (what it holds, not its memory layout), recursively."""
-    import pandas as pd
-
     if isinstance(key, pd.DataFrame):
         return ("DataFrame", [str(c) for c in key.columns], [str(t) for t in key.dtypes], key.to_csv())
     if isinstance(key, (list, tuple)):

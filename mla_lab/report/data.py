@@ -15,6 +15,8 @@ import hashlib
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from ..arch import get_arch
 from ..models import load_model, model_config_path
 from ..paths import check_measured_cells, find_manifest, measured_dir, read_measured_csv
@@ -100,8 +102,6 @@ def measured_sweep_frames(root: Path, include_archive: bool = False):
     """Yield ``(path, rows)`` for every ``*.csv`` file under ``root`` (recursively, sorted) that has the sweep's
     columns, ``rows`` its ``source == "measured"`` rows (none: skipped). Other CSVs are skipped, and so are folders
     named ``archive`` unless ``include_archive``. Raises ValueError as :func:`_check_sweep_csv`."""
-    import pandas as pd
-
     manifest, files = _manifest(root) if root.is_dir() else (None, {})
     stamped = {(manifest.parent / f).resolve() for f in files} if manifest is not None else set()
     for p in sorted(root.rglob("*.csv")) if root.is_dir() else []:
@@ -204,8 +204,6 @@ def load_measured(root: str | Path | None = None, weight_dtype: str | None = Non
     column, checked against their stamps (:func:`check_stamped_rows`), rows of another model config detached
     (:func:`detach_stale`; ``attrs["detached"]``, ``attrs["unstamped"]``), TTFT re-priced with the current model
     (:func:`mla_lab.sweep.rows.reprice_measured_rows`). Empty DataFrame if none."""
-    import pandas as pd
-
     root = Path(root) if root else measured_dir()
     frames = [df.assign(file=str(p.relative_to(root))) for p, df in measured_sweep_frames(root)]
     out = pd.DataFrame()
@@ -240,8 +238,6 @@ def withhold_off_route(df):
 
 def _row_stamps(df, root):
     """Per row of ``df``: ``(manifest key of its file, the config digest the manifest stamps for it or None)``."""
-    import pandas as pd
-
     manifest = find_manifest(root) if root is not None and "file" in df.columns else None
     files, _ = read_manifest(manifest)
     keys = [_manifest_key(root, f, manifest) if manifest is not None else None for f in df.get("file", df.index)]
@@ -255,8 +251,6 @@ def detach_stale(df, root: str | Path | None = None):
     per detached model and TP])``. A row the manifest stamps is kept when the stamped digest equals
     today's ``data/models/<model>/config.json``'s; one it does not stamp when its ``num_heads`` is today's heads per
     rank; a row of a model no longer known is detached."""
-    import pandas as pd
-
     if not len(df):
         return df, []
     keys, stamps = _row_stamps(df, root)
@@ -335,8 +329,6 @@ def measured_for(params, root: str | Path | None = None):
 def combine(modelled, measured=None):
     """The sweep's rows and measured rows (None or empty allowed) in one frame, a row both hold (same point_key,
     strategy, source and timestamp) once, the measured frame's notes (:data:`MEASURED_NOTES`) carried over."""
-    import pandas as pd
-
     notes = {k: list(measured.attrs.get(k, [])) for k in MEASURED_NOTES} if measured is not None else {}
     if measured is None or len(measured) == 0:
         out = modelled.copy()
@@ -368,8 +360,6 @@ def failed_points(df):
 def load_validation(root: str | Path | None = None):
     """The TTFT model's predicted-vs-measured rows: every ``layer_validation.csv`` under ``root`` (default the measured
     root), a ``run`` column naming its folder; empty DataFrame if none."""
-    import pandas as pd
-
     root = Path(root) if root else measured_dir()
     frames = [pd.read_csv(p).assign(run=str(p.parent.relative_to(root)) if p.parent != root else ".")
               for p in (sorted(root.rglob("layer_validation.csv")) if root.is_dir() else [])]

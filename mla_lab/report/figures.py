@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import textwrap
 
+import numpy as np
+import pandas as pd
+
 from ..deployment import Deployment
 from ..placement import BASELINE, PR_STRATEGY
 from ..seed import SEED
@@ -30,8 +33,6 @@ def _suptitle(fig, text: str, fontsize: float = 10.0) -> None:
 
 def fits_mask(d):
     """True where a row's deployment fits in memory (``fits_in_memory`` True, or no such column; issue 22)."""
-    import pandas as pd
-
     if "fits_in_memory" not in d.columns:
         return pd.Series(True, index=d.index)
     return d["fits_in_memory"].map(lambda v: str(v).strip().lower() not in ("false", "0", "0.0"))
@@ -225,8 +226,6 @@ FRONTIER = "frontier"
 def y_window(values, fence: float = 3.0, squash: float = 2.0, min_iqr: float = 1.0):
     """``(lo, hi)`` of the values (NaN ignored) inside Tukey's far fences (``fence`` x IQR >= ``min_iqr`` %), holding
     0; None when nothing is outside them or the outliers widen the range by less than ``squash`` times."""
-    import numpy as np
-
     v = np.asarray([x for x in values if x == x], dtype=float)
     if v.size < 4:
         return None
@@ -267,8 +266,6 @@ def not_fitting(df, kv_cache_dtype: str | None = "bf16"):
     """What ``df`` does not price (DataFrame: the deployment's columns, ``strategy``, ``status``, ``reason``): a
     deployment that does not fit (``does_not_fit``, ``strategy`` empty; older rows with ``fits_in_memory`` False
     too) and a strategy that tips a fitting one out of fitting (``tips_out``)."""
-    import pandas as pd
-
     d = _priced_or_not(df)
     if kv_cache_dtype and "kv_cache_dtype" in d.columns:
         d = d[d["kv_cache_dtype"] == kv_cache_dtype]
@@ -485,8 +482,6 @@ def _priced_or_not(df):
 
 def _heatmap_cells(mod, ykeys, Ls):
     """``(grid of the mean priced change, cells that do not fit, cells the strategy tips out of fitting)``."""
-    import numpy as np
-
     grid = np.full((len(ykeys), len(Ls)), np.nan)
     nofit, tips = set(), set()
     for (h, m, L), g in mod.groupby(["num_heads", "model", "prompt_len"]):
@@ -553,8 +548,6 @@ _OP_CLASS_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c5
 
 def plot_validation(v):
     """Predicted vs measured (log-log, in-sample fit): ops by class (left), whole layers (right); MAPE per group."""
-    import numpy as np
-
     fig = new_figure((13, 5.6))
     ax_op, ax_layer = fig.subplots(1, 2)
     ins = v[v["split"] == "in_sample"]

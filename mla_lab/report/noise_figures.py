@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from ..paths import REPO_ROOT
 from ..serving.noise import NoiseConfig, NoiseResult
@@ -42,8 +43,6 @@ def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path 
     """``{"results": {case: NoiseResult (only ``change`` filled)}, "prediction": dict | None, "path": Path}``.
     Raises ValueError: the file missing, a column of :data:`PANELS` missing, a value not finite, or a case of
     :data:`CASES` with fewer than 2 runs; one line naming it."""
-    import pandas as pd
-
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"path={str(p)!r} does not exist; it is written by mla_lab/fits/predict_pr53878.py")

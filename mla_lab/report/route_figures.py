@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from ..measure.spread import between_process
 from ..paths import measured_dir
 from .figures import new_figure
@@ -53,8 +55,6 @@ def route_summary(path: str | Path | None = None, model: str = "glm-5") -> list[
 
 
 def _rows(path):
-    import pandas as pd
-
     p = Path(path) if path else measured_dir("h200") / ROUTES_CSV
     if not p.exists():
         raise FileNotFoundError(f"routes rows {p} not found (benchmarks/h200_between_process.sh writes them)")
@@ -64,8 +64,6 @@ def _rows(path):
 def route_table(path: str | Path | None = None):
     """One row per (model, prompt_len, route): ``median_ms``, ``lo_ms``, ``hi_ms`` (over processes), ``n_processes``,
     ``equivalent`` (False: dense MHA above top-k), ``num_heads``, ``T``. Raises FileNotFoundError: no rows."""
-    import pandas as pd
-
     df = _rows(path)
     med = df.groupby(["model", "prompt_len", "route", "process"])["ms"].median().reset_index()
     meta = df.groupby("model")[["num_heads", "T"]].first()

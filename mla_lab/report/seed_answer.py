@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import statistics
 
+import pandas as pd
+
 from ..buffers import MIB, memory_account, shared_workspace_other_bytes
 from ..deployment import Deployment
 from ..model.calibration import resolve_calibration
@@ -107,8 +109,6 @@ def seed_answer(models=("glm-5", "glm-5.2"), calibration=None) -> list[dict]:
 
 def seed_answer_table(rows=None):
     """:func:`seed_answer` as a table beside the PR's reported numbers (pandas DataFrame)."""
-    import pandas as pd
-
     rows = seed_answer() if rows is None else rows
 
     def measured(r):
@@ -170,8 +170,6 @@ def seed_sentences(rows=None) -> list[str]:
             ". The PR's benchmark forced FLASHMLA_SPARSE on both builds, so none of these is in its comparison.")
     fit = measured_dir("h200") / "round2" / "content_fit.csv"
     if fit.is_file():
-        import pandas as pd
-
         f = pd.read_csv(fit)
         f = f[(f["num_heads"] <= 16) & (f["T"] >= 4096)]
         if len(f):
@@ -199,8 +197,6 @@ def seed_comm_sensitivity(models=("glm-5", "glm-5.2")):
     comm term)): the committed calibration's, the largest measured world size's fit extrapolated
     (:func:`mla_lab.model.comm.extrapolated`) and the ideal ring (a lower bound); the all-reduce ms and share of the
     run before the PR, and the PR's change against vLLM before it (zero and stale heads, modelled and measured, %)."""
-    import pandas as pd
-
     base = resolve_calibration(None)
     tp = Deployment.seed().tp
     terms = [("committed calibration", base)]

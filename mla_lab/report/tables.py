@@ -7,6 +7,8 @@ import html as _html
 import json
 from pathlib import Path
 
+import pandas as pd
+
 from ..labels import KERNEL_NATIVE_LABEL, KERNEL_NATIVE_NOTE
 from ..placement import BASELINE, PR_STRATEGY
 from ..seed import SEED, SEED_REPORTED, seed_point
@@ -148,8 +150,6 @@ def seed_setup_table(df=None, measured=None, serving=None, answer_rows=None):
     """The PR's reported numbers at its benchmark beside the lab's (DataFrame): modelled from ``df`` at the seed
     point, else priced now; measured from ``answer_rows`` (:func:`mla_lab.report.seed_answer.seed_answer`), else the
     measured rows; ``serving`` (a serve_benchmark result of the seed) for the throughput row."""
-    import pandas as pd
-
     mod = _at_seed(df, measured=False)
     if mod is None or len(mod) == 0 or not {PR, BASELINE} <= set(mod["strategy"]):
         mod = pd.DataFrame(modelled_rows(seed_point(strategies=[BASELINE, PR, "kernel_native"])))

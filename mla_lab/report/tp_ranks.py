@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from .._validate import read_csv_checked
 from ..arch import get_arch
 from ..model.calibration import resolve_calibration
@@ -51,8 +53,6 @@ def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | 
     """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (default
     ``attention``); empty when nothing was measured. Raises ValueError: ``world_sizes`` not integers >= 2, ``gpu``
     not a lab GPU, a run file unreadable or lacking a column of :data:`REQUIRED` (names the file)."""
-    import pandas as pd
-
     world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
     parts = []
     for n in world_sizes:
@@ -69,8 +69,6 @@ def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | 
 def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
     """One row per world size: ``measured`` (yes/no), ``files``, ``ranks``, ``configurations``, ``blocks``,
     ``device``, ``git_commit``, or the reason nothing is there. Raises ValueError: as :func:`load_tp_runs`."""
-    import pandas as pd
-
     world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
     runs = load_tp_runs(world_sizes, gpu, root)
     out = []
@@ -97,8 +95,6 @@ def tp_rank_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path |
     one-GPU simulation), ``peak_MiB`` / ``sim_peak_MiB``, ``nccl_MiB``; modelled ``model_allreduce_ms``
     (``comm_source``); the errors ``compute_err_%``, ``block_err_%`` (sim compute + modelled all-reduce vs the block),
     ``allreduce_err_%``. Raises ValueError: as :func:`load_tp_runs`."""
-    import pandas as pd
-
     runs = load_tp_runs(world_sizes, gpu, root)
     if not len(runs):
         return pd.DataFrame()
@@ -136,8 +132,6 @@ def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200",
     """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` / ``sizes``
     / MAPEs where measured, and the assumption's mean error against the measured rows (``assumption error %``).
     Raises ValueError: as :func:`load_tp_runs`; a malformed measured all-reduce file."""
-    import pandas as pd
-
     world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
     cal = resolve_calibration(calibration)
     arch = get_arch(gpu)
