@@ -107,14 +107,6 @@ def _screenshot_path(html_path: Path, screenshot) -> Path:
     return out
 
 
-def _import_playwright():
-    try:
-        from playwright.sync_api import Error, sync_playwright
-    except ImportError:
-        raise RuntimeError(f"the browser check needs playwright, which is not installed: {PLAYWRIGHT_HINT}") from None
-    return Error, sync_playwright
-
-
 def _listen(page):
     """Block ``page``'s network and collect its console errors, page errors and failed requests; returns a function
     giving them as lines (a console's "Failed to load resource" of a failed request is that request's line)."""
@@ -150,7 +142,11 @@ def _shoot(page, uri: str, width: int) -> tuple[dict, bytes]:
 
 def _render(binary: str, uri: str, width: int, timeout: float) -> tuple[dict, bytes, list[str]]:
     """Open ``uri`` in headless Chromium; returns (page info with images, full-page PNG, errors seen)."""
-    PlaywrightError, sync_playwright = _import_playwright()
+    try:
+        from playwright.sync_api import Error as PlaywrightError
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        raise RuntimeError(f"the browser check needs playwright, which is not installed: {PLAYWRIGHT_HINT}") from None
     try:
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=binary, args=list(CHROMIUM_ARGS), timeout=timeout * 1000)

@@ -175,15 +175,11 @@ def pages(cli: bool = True) -> dict[str, str]:
     return out
 
 
-def _flat(text: str) -> str:
-    """Runs of spaces and single line breaks inside a paragraph read as one space (layout, not content); table
-    rows and paragraph breaks stay."""
-    return re.sub(r"(?<![\n|])\n(?![\n|#-])", " ", text)
-
-
 def statements(q: Quantity, texts: dict[str, str]) -> list[tuple[str, str]]:
     """``[(page, printed number)]``: every statement of ``q`` the patterns find on ``texts``."""
-    flat = {n: t if n.startswith("cli:") else _flat(t) for n, t in texts.items()}  # a terminal's lines: its layout
+    # single line breaks inside a paragraph read as one space (layout); table rows, paragraph breaks and a terminal's
+    # lines stay
+    flat = {n: t if n.startswith("cli:") else re.sub(r"(?<![\n|])\n(?![\n|#-])", " ", t) for n, t in texts.items()}
     return [(n, m.group("v")) for n, t in flat.items() for pat in q.patterns for m in re.finditer(pat, t)]
 
 

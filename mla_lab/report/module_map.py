@@ -47,14 +47,11 @@ def _imported_units(path: Path, package: Path) -> set[str]:
         for node in ast.walk(ast.parse(f.read_text(), str(f))):
             if isinstance(node, ast.Import):
                 mods = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                if node.level == 0:
-                    mods = [node.module or ""]
-                elif node.level - 1 == depth_in_pkg:  # relative to the package root: ``from ..x import``
-                    mods = [f"mla_lab.{node.module}" if node.module else f"mla_lab.{a.name}" for a in node.names]
-                else:  # inside its own unit
-                    continue
-            else:
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                mods = [node.module or ""]
+            elif isinstance(node, ast.ImportFrom) and node.level - 1 == depth_in_pkg:  # ``from ..x import``
+                mods = [f"mla_lab.{node.module}" if node.module else f"mla_lab.{a.name}" for a in node.names]
+            else:  # not an import, or one inside its own unit
                 continue
             for m in mods:
                 parts = m.split(".")

@@ -58,13 +58,10 @@ def load_noise_distribution(path: str | Path = DIST_CSV, prediction: str | Path 
         sub = df[df["case"] == case].sort_values("run")
         if len(sub) < 2:
             raise ValueError(f"{p}: case {case!r} has {len(sub)} rows; it needs >= 2 runs")
-        change = {}
-        for c in df.columns:
-            if c.startswith("change_") and c.endswith("_pct"):
-                v = sub[c].to_numpy(dtype=np.float64)
-                if not np.all(np.isfinite(v)):
-                    raise ValueError(f"{p}: column {c!r} of case {case!r} holds a value that is not finite")
-                change[c[len("change_"):-len("_pct")]] = v
+        cols = [c for c in df.columns if c.startswith("change_") and c.endswith("_pct")]
+        for c in (c for c in cols if not np.all(np.isfinite(sub[c].to_numpy(dtype=np.float64)))):
+            raise ValueError(f"{p}: column {c!r} of case {case!r} holds a value that is not finite")
+        change = {c[len("change_"):-len("_pct")]: sub[c].to_numpy(dtype=np.float64) for c in cols}
         out[case] = NoiseResult({}, {}, change, {}, {}, len(sub), int(pred["seed"]) if pred else 0, noise,
                                 case == "identical_builds", {})
     return {"results": out, "prediction": pred, "path": p}

@@ -53,13 +53,6 @@ def kernel_ms(kernel: str, shape: str, path=PACKED_CSV) -> dict:
     return between_process_ms(path, "packed_kernels", kernel=kernel, shape=shape)
 
 
-def union_size(shape: str, path=PACKED_CSV) -> tuple[float, float]:
-    """``(U, S)``: the shape's mean union and shared keys per group, over topk."""
-    d = _rows(path)
-    r = d[d["shape"] == shape].iloc[0]
-    return float(r["U"]), float(r["S"])
-
-
 def dispatch_path(shape: str, path=PACKED_CSV) -> str:
     """The path the dispatch chose at ``shape`` (``packed``, ``packed_triton`` or ``padded``)."""
     d = _rows(path)
@@ -111,11 +104,11 @@ def targets(path=PACKED_CSV) -> list[dict]:
 def shape_table(path=PACKED_CSV) -> list[dict]:
     """One row per shape: U, S, the padded time, each kernel's speedup against it, the dispatch's choice, the packed
     kernel's efficiency against the FlashMLA bound (bound / packed kernel)."""
-    rows = []
+    rows, d = [], _rows(path)
     for s in SHAPE_ORDER:
-        u, sh = union_size(s, path)
+        u = d[d["shape"] == s].iloc[0]  # the shape's mean union and shared keys per group, over topk
         pad = kernel_ms(PADDED, s, path)
-        r = {"shape": s, "U": u, "S": sh, "padded_ms": pad["median"], "padded_lo": pad["lo"], "padded_hi": pad["hi"],
+        r = {"shape": s, "U": float(u["U"]), "S": float(u["S"]), "padded_ms": pad["median"], "padded_lo": pad["lo"], "padded_hi": pad["hi"],
              "path": dispatch_path(s, path),
              "efficiency": kernel_ms("flashmla_bound", s, path)["median"] / kernel_ms("packed_kernel", s, path)["median"]}
         for k in KERNELS:

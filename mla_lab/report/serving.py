@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from collections import namedtuple
 
 import pandas as pd
 
@@ -284,14 +284,8 @@ def serve_swept(params, strategies, deployment: Deployment | None = None) -> dic
     return serve_benchmark(dep, strategies, bench)
 
 
-@dataclass(frozen=True)
-class _Workload:
-    """What :func:`serve_swept` reads of the sweep's parameters (the cache key of :func:`serve_swept_cached`)."""
-
-    request_rate: str
-    concurrency: int | None
-    seed: int
-    max_num_seqs: int
+#: What :func:`serve_swept` reads of the sweep's parameters (the cache key of :func:`serve_swept_cached`).
+_Workload = namedtuple("_Workload", "request_rate concurrency seed max_num_seqs")
 
 
 def serve_swept_cached(params, strategies, deployment: Deployment) -> dict:
