@@ -214,13 +214,10 @@ def _layout_problems(info: dict, width: int) -> list[str]:
 
 def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None, min_ink: float = 0.01,
                      width: int = 1280, timeout: float = 60.0, chromium: str | None = None) -> dict:
-    """Render ``html_path`` in headless Chromium and check it (module docstring); the screenshot goes to
-    ``screenshot`` or ``<tmp>/mla-lab-check/<page>.screenshot.png``. Returns ``{"ok", "problems", "images" (with
-    "ink"), "errors", "screenshot", "page" ({width, height, title})}``.
-
-    Raises:
-        RuntimeError: no Chromium found, playwright not installed, the page missing, or the browser failed.
-    """
+    """Render ``html_path`` in headless Chromium and check it (module docstring); the screenshot goes to ``screenshot``
+    or ``<tmp>/mla-lab-check/<page>.screenshot.png``. Returns ``{"ok", "problems", "images" (with "ink"), "errors",
+    "screenshot", "page" ({width, height, title})}``. Raises RuntimeError: no Chromium found, playwright not installed,
+    the page missing, or the browser failed."""
     from PIL import Image
 
     binary = chromium or find_chromium()

@@ -144,12 +144,9 @@ def save_pair(png: bytes, write_svg, name: str, figure_dir, show: bool) -> dict:
 
 
 def publish_figure(fig, name: str, figure_dir: str | Path | None, dpi: int = 110, show: bool = True) -> dict:
-    """:func:`save_pair` of ``fig`` (PNG at ``dpi``; what nbconvert embeds in the HTML report).
-
-    Raises:
-        ValueError: a legend or title cut off at the figure's edge, or two labels of one axes printed over each other
-            (:mod:`mla_lab.report.layout_check`, naming the artists); nothing is written.
-    """
+    """:func:`save_pair` of ``fig`` (PNG at ``dpi``; what nbconvert embeds in the HTML report). Raises ValueError: a
+    legend or title cut off at the figure's edge, or two labels of one axes printed over each other
+    (:mod:`mla_lab.report.layout_check`, naming the artists); nothing is written."""
     clipped = figure_clipping(fig) + label_overlaps(fig)
     if clipped:
         raise ValueError(f"figure {name!r}: " + "; ".join(clipped))

@@ -9,6 +9,7 @@ the per-process medians, ``[min, max]`` over processes (:mod:`mla_lab.measure.sp
 from __future__ import annotations
 
 from pathlib import Path
+from statistics import linear_regression
 
 import pandas as pd
 
@@ -92,26 +93,16 @@ def mean_keys(L: int, topk: int | None) -> float:
     return (topk * (topk + 1) / 2 + (L - topk) * topk) / L
 
 
-def _fit(xs, ys):
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
-
-
 def _totals(g, lens, label):
     parts = ROUTE_LABELS[label]
-    out = []
-    for L in lens:
-        s = g[(g["prompt_len"] == L) & g["route"].isin(parts)]
-        out.append(float(s["ms"].sum()) if s["route"].nunique() == len(parts) else None)
-    return out
+    sel = [g[(g["prompt_len"] == L) & g["route"].isin(parts)] for L in lens]
+    return [float(s["ms"].sum()) if s["route"].nunique() == len(parts) else None for s in sel]
 
 
 def _first_crossing(fd, fs, start, topk, max_len):
     """Smallest L >= start where the dense fit ``fd`` reaches the sparse fit ``fs`` (None below ``max_len``)."""
     def gap(L):
-        return (fd[0] + fd[1] * mean_keys(L, None)) - (fs[0] + fs[1] * mean_keys(L, topk))
+        return (fd.intercept + fd.slope * mean_keys(L, None)) - (fs.intercept + fs.slope * mean_keys(L, topk))
 
     lo, hi = start, start
     while hi <= max_len and gap(hi) < 0:
@@ -138,8 +129,8 @@ def crossover(path: str | Path | None = None, model: str = "glm-5", topk: int = 
         d, s = _totals(g, lens, _DENSE), _totals(g, lens, _SPARSE)
         if None in d or None in s:
             continue
-        fd = _fit([mean_keys(L, None) for L in lens], d)
-        fs = _fit([mean_keys(L, topk) for L in lens], s)
+        fd = linear_regression([mean_keys(L, None) for L in lens], d)
+        fs = linear_regression([mean_keys(L, topk) for L in lens], s)
         xs.append(_first_crossing(fd, fs, lens[0], topk, max_len))
     found = sorted(x for x in xs if x is not None)
     mid = found[len(found) // 2] if len(found) == len(xs) and xs else None

@@ -50,10 +50,7 @@ SERVING_TABLE_COLUMNS = ("model", "tp", "arch", "strategy", "preset", "metric", 
 def serving_table(result: dict, wide: bool = False) -> pd.DataFrame:
     """A serve_benchmark result as a table: one row per (strategy, metric) with :data:`SERVING_TABLE_COLUMNS`, or
     (``wide``) one row per metric label, columns ``(strategy, "value" | "change %")`` and the PR's reported change.
-
-    Raises:
-        ValueError: ``result`` is not a serve_benchmark result.
-    """
+    Raises ValueError: ``result`` is not a serve_benchmark result."""
     _check_result(result)
     dep = result.get("deployment", {})
     base = result["strategies"][result["baseline"]]["metrics"]
@@ -105,11 +102,8 @@ def rate_curve(deployment: Deployment, strategies, rates, *, seed: int = 0, base
     ``inf``: all at t = 0), each finite rate with the 95 % band (%) of ``num_runs`` single runs
     (:func:`mla_lab.serving.noise.serve_benchmark_noise`, issue 32). One row per (strategy, rate): the deployment,
     ``request_rate``, every metric, ``change_<metric>_pct`` (:data:`RATE_CHANGE_METRICS`), ``band_<metric>_lo/hi``
-    (:data:`RATE_BAND_METRICS`), ``band``, ``source`` ``modelled``.
-
-    Raises:
-        ValueError: no rates, a rate that is not > 0; as serve_benchmark.
-    """
+    (:data:`RATE_BAND_METRICS`), ``band``, ``source`` ``modelled``. Raises ValueError: no rates, a rate that is not > 0;
+    as serve_benchmark."""
     rates = list(rates)
     if not rates:
         raise ValueError("rates=[] must hold at least one request rate (req/s, > 0; inf allowed)")
@@ -167,10 +161,7 @@ def _fitted_legend(fig, handles, cap: int = 4) -> None:
 def plot_rate_curve(df: pd.DataFrame):
     """The change vs the baseline (%) against the request rate of one deployment's :func:`rate_curve` rows: TTFT p50
     (solid), p99 (dashed) and total token throughput, one colour per strategy, rates as categories (``inf`` last).
-
-    Raises:
-        ValueError: an empty frame, missing columns, or rows of more than one deployment.
-    """
+    Raises ValueError: an empty frame, missing columns, or rows of more than one deployment."""
     from matplotlib.lines import Line2D
 
     need = {"strategy", "request_rate", "change_median_ttft_ms_pct", "change_p99_ttft_ms_pct",
@@ -265,12 +256,9 @@ def kv_dtypes_left_out(params) -> str:
 
 
 def serve_swept(params, strategies, deployment: Deployment | None = None) -> dict:
-    """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`) with the
-    sweep's request rate, max concurrency, seed and max_num_seqs.
-
-    Raises:
-        ValueError: no deployment of the grid fits (the reason); as serve_benchmark.
-    """
+    """:func:`~mla_lab.serving.serve_benchmark` for ``deployment`` (default :func:`swept_deployment`) with the sweep's
+    request rate, max concurrency, seed and max_num_seqs. Raises ValueError: no deployment of the grid fits (the
+    reason); as serve_benchmark."""
     dep = deployment
     if dep is None:
         dep, why = swept_deployment(params)
