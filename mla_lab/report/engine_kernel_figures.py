@@ -74,15 +74,11 @@ def prefill_table(shape: str = "seed", H: int = 8) -> list[dict]:
 def decode_table(H: int = 8, ctx_len: int = 8192) -> list[dict]:
     """Decode kernels per batch size ``B``: FlashMLA padded (vLLM build), FA3 sparse with its split-KV heuristic
     (``num_splits`` 0, vLLM's call) and with split-KV off (1)."""
-    out = []
     d = experiment_rows(str(ENGINE_KERNELS_CSV), "engine_kernels")
-    for B in sorted(d[(d["shape"] == "decode")]["T"].unique()):
-        row = {"B": int(B)}
-        for name, k, ns in (("flashmla_pad64", "flashmla_vllm_pad64", None), ("fa3_split", "fa3_sparse", 0),
-                            ("fa3_nosplit", "fa3_sparse", 1)):
-            row[name] = kernel_ms(k, "decode", H, int(B), ctx_len, ns)["median"]
-        out.append(row)
-    return out
+    cols = (("flashmla_pad64", "flashmla_vllm_pad64", None), ("fa3_split", "fa3_sparse", 0),
+            ("fa3_nosplit", "fa3_sparse", 1))
+    return [{"B": int(B), **{c: kernel_ms(k, "decode", H, int(B), ctx_len, ns)["median"] for c, k, ns in cols}}
+            for B in sorted(d[d["shape"] == "decode"]["T"].unique())]
 
 
 def gather_share(shape: str = "seed", H: int = 8) -> dict:
