@@ -12,6 +12,7 @@ import io
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..paths import REPO_ROOT
@@ -163,20 +164,6 @@ def _render(binary: str, uri: str, width: int, timeout: float) -> tuple[dict, by
     return info, png, lines()
 
 
-def _render_anywhere(binary: str, uri: str, width: int, timeout: float):
-    """:func:`_render`, in a thread inside a running event loop (a Jupyter kernel: playwright's sync API refuses)."""
-    import asyncio
-
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _render(binary, uri, width, timeout)
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(_render, binary, uri, width, timeout).result()
-
-
 def _image_problems(info: dict, page, min_ink: float) -> tuple[list[str], list[dict]]:
     """``(problems, images with their "ink")``: each ``<img>`` loaded, visible and not blank on screen."""
     problems, images = [], []
@@ -228,7 +215,8 @@ def check_in_browser(html_path: str | Path, screenshot: str | Path | None = None
     if not html_path.is_file():
         raise RuntimeError(f"{html_path}: no such file")
     shot_path = _screenshot_path(html_path, screenshot)
-    info, png, errors = _render_anywhere(binary, html_path.as_uri(), width, timeout)
+    with ThreadPoolExecutor(1) as pool:  # a thread: playwright's sync API refuses a running event loop (Jupyter)
+        info, png, errors = pool.submit(_render, binary, html_path.as_uri(), width, timeout).result()
     shot_path.parent.mkdir(parents=True, exist_ok=True)
     shot_path.write_bytes(png)
     problems, images = _image_problems(info, Image.open(io.BytesIO(png)), min_ink)

@@ -19,6 +19,7 @@ network: nbconvert's CDN scripts (require.js, MathJax, mermaid) are left out.
 from __future__ import annotations
 
 import contextlib
+import csv
 import datetime as _dt
 import hashlib
 import html as _html
@@ -226,22 +227,16 @@ here{% endif %}</p>
 def run_headline(report_dir: str | Path, meta: dict) -> str:
     """One sentence of a run's result at :data:`HEADLINE_POINT`: the PR's TTFT change (measured where the run has
     measured rows, else modelled, and says which), extra persistent MiB and KV lost; or why there is none."""
-    import csv
-
     path = Path(report_dir) / meta["csv"] if meta.get("csv") else None
     if path is None or not path.is_file():
         return "no rows published with this run"
-    best = None
     try:
         with open(path, newline="") as f:
-            for row in csv.DictReader(f):
-                if row.get("strategy") != HEADLINE_STRATEGY or any(str(row.get(k)) != v
-                                                                  for k, v in HEADLINE_POINT.items()):
-                    continue
-                if best is None or (row.get("source") == "measured" and best.get("source") != "measured"):
-                    best = row
+            rows = [r for r in csv.DictReader(f) if r.get("strategy") == HEADLINE_STRATEGY
+                    and all(str(r.get(k)) == v for k, v in HEADLINE_POINT.items())]
     except (OSError, csv.Error, UnicodeDecodeError):
         return "the run's rows cannot be read"
+    best = next((r for r in rows if r.get("source") == "measured"), rows[0] if rows else None)  # measured first
     where = "GLM-5 TP8 H200, 32 x 1024-token prompts, max_num_batched_tokens 16384"
     if best is None:
         return f"the grid of this run does not hold the PR's point ({where})"

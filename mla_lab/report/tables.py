@@ -30,13 +30,11 @@ def _uniq(g, col) -> list[str]:
 
 
 def _source_summary(src, g) -> dict:
-    keys = _PROV_KEYS + (_MODELLED_KEYS if src == "modelled" else ())
-    s = {"rows": int(len(g)), **{k: _uniq(g, k) for k in _PROV_KEYS if _uniq(g, k)}}
     ts = _uniq(g, "timestamp")
-    if ts:
-        s["time_range"] = [ts[0], ts[-1]]
-    s.update({k: _uniq(g, k) for k in keys[len(_PROV_KEYS):] if _uniq(g, k)})
-    return {**s, "archs": _uniq(g, "arch"), "models": _uniq(g, "model")}
+    return {"rows": int(len(g)), **{k: _uniq(g, k) for k in _PROV_KEYS if _uniq(g, k)},
+            **({"time_range": [ts[0], ts[-1]]} if ts else {}),
+            **{k: _uniq(g, k) for k in (_MODELLED_KEYS if src == "modelled" else ()) if _uniq(g, k)},
+            "archs": _uniq(g, "arch"), "models": _uniq(g, "model")}
 
 
 def provenance_summary(df) -> dict:
