@@ -8,6 +8,7 @@ never an error; ``MLA_LAB_NO_CACHE=1`` turns it off.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -114,16 +115,12 @@ def cached_under(root: Path | None, fn, *args, **kw):
     folder = cache_dir() / "results"
     path = folder / f"{key}.pkl"
     if path.is_file():
-        try:
+        with contextlib.suppress(Exception):  # a truncated or foreign file: recompute below and replace it
             return pickle.loads(path.read_bytes())
-        except Exception:  # a truncated or foreign file: recompute below and replace it
-            pass
     out = fn(*args, **kw)
-    try:
+    with contextlib.suppress(OSError, pickle.PicklingError, TypeError, AttributeError):
         _write_atomic(folder, path.name, pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
         _prune(folder, "*.pkl")
-    except (OSError, pickle.PicklingError, TypeError, AttributeError):
-        pass
     return out
 
 
@@ -204,22 +201,18 @@ def _publish(build, name_of, name: str, figure_dir, key, show: bool) -> list[dic
     digest = _figure_key("figures", name, key) if _enabled() else None
     folder = cache_dir() / "figures"
     if digest is not None:
-        try:
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             n = int(json.loads((folder / f"{digest}.json").read_text())["figures"])
             return _restore([folder / f"{digest}-{i}" for i in range(n)], name_of, figure_dir, show)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
     tmp = Path(tempfile.mkdtemp(prefix="mla-lab-fig-")) if figure_dir is None and digest is not None else None
     outs = [publish_figure(fig, name_of(i), figure_dir or tmp, show=show) for i, fig in enumerate(build())]
     if digest is not None:
-        try:
+        with contextlib.suppress(OSError):
             for i, out in enumerate(outs):
                 for e in ("png", "svg"):
                     _write_atomic(folder, f"{digest}-{i}.{e}", Path(out[e]).read_bytes())
             _write_atomic(folder, f"{digest}.json", json.dumps({"figures": len(outs)}).encode())
             _prune(folder, "*.png", "*.svg", "*.json")
-        except OSError:
-            pass
     if tmp is not None:
         shutil.rmtree(tmp, ignore_errors=True)
         outs = [{"png": None, "svg": None} for _ in outs]
