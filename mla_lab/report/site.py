@@ -106,10 +106,8 @@ def publish_latest(report_dir: Path, report_name: str, run_id: str) -> dict:
         for p in figs_src.iterdir():
             if p.suffix in (".png", ".svg"):
                 shutil.copyfile(p, figs_dst / p.name)
-        for ext in ("png", "svg"):  # the headline chart beside the latest HTML
-            p = figs_src / f"frontier_1.{ext}"
-            if p.is_file():
-                shutil.copyfile(p, report_dir / f"{report_name}.{ext}")
+                if p.stem == "frontier_1":  # the headline chart beside the latest HTML
+                    shutil.copyfile(p, report_dir / f"{report_name}{p.suffix}")
         out["figures"] = figs_dst
     return out
 
@@ -265,26 +263,19 @@ def build_index(report_dir: str | Path, latest_name: str = "padding_sweep", skip
     report_dir.mkdir(parents=True, exist_ok=True)
     runs = []
     for m in list_runs(report_dir, skipped):
-        p = m.get("params") or {}
-        figs = m.get("figures") or {}
-        created = m.get("created_utc", "?").replace("T", " ").replace("+00:00", " UTC")
-        runs.append({
-            "run_id": m["run_id"], "html": m["html"], "created": created,
-            "duration": f"{m['duration_s']:.0f} s" if isinstance(m.get("duration_s"), (int, float)) else "",
-            "report_name": m.get("report_name", ""), "commit": str(m.get("git_commit", "?")),
-            "headline": run_headline(report_dir, m),
-            "thumb": figs.get("frontier_1", {}).get("png"),
-            "provenance": _prov_cell(m),
-            "figures": sorted(figs.items()),
-            "data": [(m[k], lbl) for k, lbl in (("csv", "rows (CSV)"), ("ipynb", "notebook")) if m.get(k)],
-            "params": [(k, "= num_prompts" if k == "concurrency" and p[k] is None else _fmt_val(p[k]))
-                       for k in _GRID_KEYS if k in p],
-        })
+        p, figs = m.get("params") or {}, m.get("figures") or {}
+        runs.append({"run_id": m["run_id"], "html": m["html"],
+                     "created": m.get("created_utc", "?").replace("T", " ").replace("+00:00", " UTC"),
+                     "duration": f"{m['duration_s']:.0f} s" if isinstance(m.get("duration_s"), (int, float)) else "",
+                     "report_name": m.get("report_name", ""), "commit": str(m.get("git_commit", "?")),
+                     "headline": run_headline(report_dir, m), "thumb": figs.get("frontier_1", {}).get("png"),
+                     "provenance": _prov_cell(m), "figures": sorted(figs.items()),
+                     "data": [(m[k], lbl) for k, lbl in (("csv", "rows (CSV)"), ("ipynb", "notebook")) if m.get(k)],
+                     "params": [(k, "= num_prompts" if k == "concurrency" and p[k] is None else _fmt_val(p[k]))
+                                for k in _GRID_KEYS if k in p]})
     latest = report_dir / f"{latest_name}.html"
-    h200 = report_dir / H200_REPORT
     env = jinja2.Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-    page = env.from_string(_INDEX_TEMPLATE).render(
-        runs=runs, latest=latest.name if latest.is_file() else "", h200=H200_REPORT if h200.is_file() else "")
-    out = report_dir / "index.html"
-    _replace(out, lambda tmp: tmp.write_text(page))
-    return out
+    page = env.from_string(_INDEX_TEMPLATE).render(runs=runs, latest=latest.name if latest.is_file() else "",
+                                                   h200=H200_REPORT if (report_dir / H200_REPORT).is_file() else "")
+    _replace(report_dir / "index.html", lambda tmp: tmp.write_text(page))
+    return report_dir / "index.html"
