@@ -26,9 +26,10 @@ MIB = 2**20
 REQUIRED = ("run", "world_size", "rank", "model", "T", "strategy")
 
 
-def _world_sizes(world_sizes) -> list[int]:
-    """``world_sizes`` as a list of ints >= 2, else ValueError naming the argument, the value and what is allowed
-    (``"8"`` or ``2.5`` would match no measured run and read as "not measured")."""
+def _checked(world_sizes, gpu) -> tuple[list[int], str]:
+    """``world_sizes`` as a list of ints >= 2 (``"8"`` or ``2.5`` would match no measured run and read as "not
+    measured") and the folder prefix of ``gpu`` (a lab arch name, :func:`mla_lab.arch.get_arch`); else ValueError
+    naming the argument, the value and what is allowed."""
     try:
         vals = list([world_sizes] if isinstance(world_sizes, (int, float, str)) else world_sizes)
     except TypeError:
@@ -37,39 +38,32 @@ def _world_sizes(world_sizes) -> list[int]:
                for n in vals):
         raise ValueError(f"world_sizes={world_sizes!r} is not valid; allowed: a list of integer world sizes >= 2, "
                          f"e.g. {list(WORLD_SIZES)}")
-    return [int(n) for n in vals]
-
-
-def _gpu(gpu) -> str:
-    """The folder prefix of ``gpu`` (a lab arch name, :func:`mla_lab.arch.get_arch`), else ValueError."""
     name = get_arch(gpu).name.lower()
     if str(gpu).strip().lower() != name:
         raise ValueError(f"gpu={gpu!r} is not valid; allowed: a GPU name as the measured folders spell it, e.g. "
                          f"{name!r}")
-    return name
+    return [int(n) for n in vals], name
 
 
 def load_tp_runs(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
     """Every row (``run`` ``tp`` and ``sim``) of the committed TP runs, with ``file`` and ``block`` (default
     ``attention``); empty when nothing was measured. Raises ValueError: ``world_sizes`` not integers >= 2, ``gpu``
     not a lab GPU, a run file unreadable or lacking a column of :data:`REQUIRED` (names the file)."""
-    world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
+    world_sizes, gpu = _checked(world_sizes, gpu)
     parts = []
     for n in world_sizes:
         folder = (Path(root) if root else measured_dir()) / f"{gpu}x{n}"
         for f in (folder / name for name in FILES if (folder / name).is_file()):
             d = read_csv_checked(f, REQUIRED, "mla_lab/measure/experiments/tp_block.py")
-            if "block" not in d.columns:
-                d["block"] = "attention"
-            d["file"] = f"{f.parent.name}/{f.name}"
-            parts.append(d)
+            parts.append(d.assign(**({} if "block" in d.columns else {"block": "attention"}),
+                                  file=f"{f.parent.name}/{f.name}"))
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
 def tp_status_table(world_sizes=WORLD_SIZES, gpu: str = "h200", root: str | Path | None = None):
     """One row per world size: ``measured`` (yes/no), ``files``, ``ranks``, ``configurations``, ``blocks``,
     ``device``, ``git_commit``, or the reason nothing is there. Raises ValueError: as :func:`load_tp_runs`."""
-    world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
+    world_sizes, gpu = _checked(world_sizes, gpu)
     runs = load_tp_runs(world_sizes, gpu, root)
     out = []
     for n in world_sizes:
@@ -132,7 +126,7 @@ def comm_fit_table(world_sizes=WORLD_SIZES, calibration=None, gpu: str = "h200",
     """Per world size: what prices its all-reduce (``priced by``), the fit's ``latency_us`` / ``bw_gbps`` / ``sizes``
     / MAPEs where measured, and the assumption's mean error against the measured rows (``assumption error %``).
     Raises ValueError: as :func:`load_tp_runs`; a malformed measured all-reduce file."""
-    world_sizes, gpu = _world_sizes(world_sizes), _gpu(gpu)
+    world_sizes, gpu = _checked(world_sizes, gpu)
     cal = resolve_calibration(calibration)
     arch = get_arch(gpu)
     assumed = cal.with_comm(cal.comm_efficiency, cal.comm_latency_us)
