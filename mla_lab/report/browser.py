@@ -96,10 +96,8 @@ def _ink_fraction(img) -> float:
 
 
 def _screenshot_path(html_path: Path, screenshot) -> Path:
-    if screenshot is None:
-        d = Path(tempfile.gettempdir()) / "mla-lab-check"
-        d.mkdir(parents=True, exist_ok=True)
-        return d / f"{html_path.stem}.screenshot.png"
+    if screenshot is None:  # its folder is made where the screenshot is written
+        return Path(tempfile.gettempdir()) / "mla-lab-check" / f"{html_path.stem}.screenshot.png"
     out = Path(screenshot).resolve()
     for p in PROTECTED_DIRS:
         if out.is_relative_to(p.resolve()):

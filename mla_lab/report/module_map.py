@@ -87,10 +87,8 @@ def summary(path: Path) -> str:
     doc = ast.get_docstring(ast.parse(f.read_text(), str(f)))
     if not doc:
         return "(no docstring)"
-    first = " ".join(doc.split("\n\n")[0].split())
-    first = _SENTENCE_END.split(first)[0]
-    first = _ROLE.sub(lambda m: f"`{m.group(1)}`", first).replace("``", "`")
-    return first.replace("|", "\\|")
+    first = _SENTENCE_END.split(" ".join(doc.split("\n\n")[0].split()))[0]
+    return _ROLE.sub(lambda m: f"`{m.group(1)}`", first).replace("``", "`").replace("|", "\\|")
 
 
 def module_map(package: Path = PACKAGE) -> str:

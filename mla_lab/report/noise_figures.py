@@ -20,6 +20,7 @@ import pandas as pd
 from ..paths import REPO_ROOT
 from ..serving.noise import NoiseConfig, NoiseResult
 from .blocks import update_block
+from .figures import new_figure
 from .layout_check import figure_clipping, label_overlaps
 
 __all__ = ["DIST_CSV", "PREDICTION_JSON", "REPORTED", "PANELS", "CASES", "load_noise_distribution", "noise_sentences",
@@ -138,11 +139,9 @@ def plot_noise(dist: dict):
     """A :class:`matplotlib.figure.Figure` (2 x 2): per statistic of :data:`PANELS`, the histogram of the single-run
     change (%) for identical builds and for PR vs before, the PR's reported figure as a vertical line and its
     percentile in each case in the legend. Axes span both the runs and the reported figure."""
-    from matplotlib.figure import Figure
-
     res = dist["results"]
     n = res["identical_builds"].num_runs
-    fig = Figure(figsize=(10.0, 6.6), layout="constrained")
+    fig = new_figure((10.0, 6.6))
     axes = fig.subplots(2, 2)
     colors = {"identical_builds": "#7f7f7f", "pr_vs_before": "#1f77b4"}
     for ax, (k, label) in zip(axes.flat, PANELS):
