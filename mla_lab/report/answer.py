@@ -24,7 +24,7 @@ from .engine_kernel_figures import decode_table, gather_share, kernel_ms
 from .reproduce import lease_pr_change
 from .seed_answer import pr_trade_by_engine, seed_answer
 
-__all__ = ["answer_figures", "answer_markdown", "update_readme", "BEGIN", "END"]
+__all__ = ["answer_figures", "answer_markdown", "update_notebook", "BEGIN", "END"]
 
 BEGIN = "<!-- answer:begin (python -m mla_lab.report.answer --update) -->"
 END = "<!-- answer:end -->"
@@ -219,31 +219,24 @@ def answer_markdown() -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: Path = README) -> bool:
-    """Rewrite the block of ``path``; True when it changed. Raises ValueError: no markers (nothing written)."""
-    return update_block(path, BEGIN, END, answer_markdown(), "answer")
-
-
 NOTEBOOK_PY, NOTEBOOK_IPYNB = (REPO_ROOT / "notebooks" / f"padding_sweep.{e}" for e in ("py", "ipynb"))
 
 
-def update_notebook(py: Path = NOTEBOOK_PY, ipynb: Path = NOTEBOOK_IPYNB) -> None:
-    """Write the block into the report notebook's first cell, in both paired files. Raises ValueError: a file lacks
+def update_notebook(block: str, py: Path = NOTEBOOK_PY, ipynb: Path = NOTEBOOK_IPYNB) -> None:
+    """Write ``block`` into the report notebook's first cell, in both paired files. Raises ValueError: a file lacks
     the markers in its first cell (nothing written)."""
-    block = answer_markdown()
     nb = json.loads(ipynb.read_text())
     lines = splice("".join(nb["cells"][0]["source"]), BEGIN, END, f"\n{block}\n", f"{ipynb}'s first cell").split("\n")
     nb["cells"][0]["source"] = [ln + "\n" for ln in lines[:-1]] + [lines[-1]]
     commented = "\n".join(("# " + ln) if ln else "#" for ln in block.split("\n"))
-    text = splice(py.read_text(), BEGIN, END, f"\n{commented}\n# ", str(py))
-    py.write_text(text)
+    py.write_text(splice(py.read_text(), BEGIN, END, f"\n{commented}\n# ", str(py)))
     ipynb.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 
 def main(argv=None) -> int:
     """``--update``: README.md's block and the report notebook's (:func:`update_notebook`)."""
     return block_main(argv, "mla_lab.report.answer", README, BEGIN, END, answer_markdown, "answer", "--update",
-                      write=lambda _: (update_readme(), update_notebook())[0])
+                      write=lambda b: (update_block(README, BEGIN, END, b, "answer"), update_notebook(b))[0])
 
 
 if __name__ == "__main__":  # pragma: no cover
