@@ -76,14 +76,9 @@ TARGETS = (
 )
 
 
-def _quantity(q: str, kernel: str, shape: str, path) -> float:
-    if q == "speedup":
-        return speedup(kernel, shape, path=path)
-    if q == "slowdown_vs_zeros":
-        return kernel_ms(kernel, shape, path)["median"] / kernel_ms("flashmla_ts_pad64_zeros", shape, path)["median"]
-    if q == "build_share":
-        return kernel_ms("union_build", shape, path)["median"] / kernel_ms("packed_kernel", shape, path)["median"]
-    raise ValueError(f"quantity={q!r} is not known")
+#: quantity of :data:`TARGETS` -> the kernels of its time ratio ``time(a) / time(b)`` (None: the target's kernel)
+_RATIOS = {"speedup": (PADDED, None), "slowdown_vs_zeros": (None, "flashmla_ts_pad64_zeros"),
+           "build_share": ("union_build", "packed_kernel")}
 
 
 def targets(path=PACKED_CSV) -> list[dict]:
@@ -93,7 +88,8 @@ def targets(path=PACKED_CSV) -> list[dict]:
     for name, kernel, shapes, q, bar, kind in TARGETS:
         if q == "build_share":
             shapes = tuple(s for s in shapes if dispatch_path(s, path) != "padded")
-        vals = {s: _quantity(q, kernel, s, path) for s in shapes}
+        a, b = (k or kernel for k in _RATIOS[q])
+        vals = {s: kernel_ms(a, s, path)["median"] / kernel_ms(b, s, path)["median"] for s in shapes}
         worst = (min if kind == "min" else max)(vals, key=vals.get)
         v = vals[worst]
         out.append({"target": name, "value": v, "worst_shape": worst, "bar": bar,
