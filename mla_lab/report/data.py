@@ -1,11 +1,9 @@
 """Where the report's rows come from: the sweep CSV, measured rows under ``data/measured`` (re-priced with the
 current model through :func:`mla_lab.sweep.rows.reprice_measured_rows`), validation tables, failed points.
 
-Which model config each measured row was measured with: the committed manifest ``config_digests.json`` (written by
-``mla_lab/report/stamp_measured.py``): per file (relative to the manifest's folder), per GPU (``device``) and FlashMLA
-provider (``flash_mla``), the SHA-256 of each model's canonical config JSON (:func:`config_digest_of_bytes`:
-re-indenting keeps the rows, any edited value detaches them).
-"""
+Which model config each measured row was measured with: the manifest ``config_digests.json`` (docs/cli.md; per file
+relative to its folder, GPU and provider, the SHA-256 of each model's canonical config JSON,
+:func:`config_digest_of_bytes`: re-indenting keeps the rows, any edited value detaches them)."""
 
 from __future__ import annotations
 
@@ -76,8 +74,7 @@ def read_manifest(path: Path | None) -> tuple[dict, str]:
     if path is None:
         return {}, ""
     try:
-        doc = json.loads(path.read_text())
-        files = doc["files"]
+        files = json.loads(path.read_text())["files"]
         if not isinstance(files, dict):
             raise TypeError("'files' is not an object")
         return files, ""
