@@ -52,8 +52,7 @@ def new_figure(figsize):
 
 def _short(row) -> str:
     m = str(row["model"]).replace("deepseek-v3.2", "DSV3.2").replace("glm-5", "GLM-5")
-    L = int(row["prompt_len"])
-    mbt = int(row["max_num_batched_tokens"])
+    L, mbt = int(row["prompt_len"]), int(row["max_num_batched_tokens"])
     k = lambda v: f"{v // 1024}k" if v % 1024 == 0 else str(v)  # noqa: E731
     return f"{m} TP{int(row['tp'])} {row['arch']} L{k(L)} B{k(mbt)} {row.get('kv_cache_dtype', '')}"
 

@@ -134,10 +134,9 @@ def _median(d, s, col) -> float | None:
 def _measured_change(meas, answer_rows) -> str:
     """The PR's measured TTFT change at the seed: the seed answer's (fresh processes) when given, else the measured
     sweep rows' median with their basis."""
-    ans = [r for r in (answer_rows or []) if r["model"] == SEED["model"] and r["strategy"] == PR
-           and r["against"] == BASELINE and r["measured_pct"] is not None]
-    if ans:
-        a = ans[0]
+    a = next((r for r in (answer_rows or []) if r["model"] == SEED["model"] and r["strategy"] == PR
+              and r["against"] == BASELINE and r["measured_pct"] is not None), None)
+    if a is not None:
         return (f"{a['measured_pct']:+.1f}% [{a['measured_lo']:+.1f}, {a['measured_hi']:+.1f}] "
                 f"({a['n_processes']} fresh processes)")
     v = _median(meas, PR, "ttft_change_pct")
