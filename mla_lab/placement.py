@@ -7,7 +7,7 @@ placement. Canonical names: :func:`canonical_names`, each optionally ``@<rule>``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .engines import (
@@ -28,7 +28,7 @@ __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "StrategyKind", "
            "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SWEEP_STRATEGIES",
            "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
            "BENCH_PRESET_LABELS", "strategy_route", "SUBCHUNK_GRAPH",
-           "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "today_engines", "resolve_engine",
+           "engine_members", "engine_strategies", "today_engines", "resolve_engine",
            "engine_summary", "engine_table", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
            "STRATEGY_NOTES", "preset_label", "strategy_notes", "KINDS"]
 
@@ -165,8 +165,7 @@ def register_kind(kind: StrategyKind) -> StrategyKind:
     if not isinstance(kind, StrategyKind) or kind.layout not in LAYOUTS:
         raise ValueError(f"kind={kind!r} must be a StrategyKind with layout in {list(LAYOUTS)}")
     if kind.rule is not None and kind.rule not in rules():
-        raise ValueError(f"strategy kind {kind.placement!r}: rule {kind.rule!r} is not known; allowed: "
-                         f"{list(rules())}")
+        raise ValueError(f"strategy kind {kind.placement!r}: rule {kind.rule!r} is not known; allowed: {list(rules())}")
     names = {kind.label(st) if kind.label else kind.placement for st in kind.fixed}
     clash = sorted(({kind.placement} & set(KINDS)) | (names & set(_fixed())))
     if clash or any(st.placement != kind.placement for st in kind.fixed):
@@ -269,25 +268,6 @@ def engine_members(engine: str) -> list[Strategy]:
 def engine_strategies(engine: str) -> list[str]:
     """:func:`engine_members` as canonical names."""
     return [s.name for s in engine_members(engine)]
-
-
-class _MembersView(Mapping):
-    """Engine preset name -> its members' canonical names (live over :data:`mla_lab.engines.ENGINE_PRESETS`)."""
-
-    def __getitem__(self, name):
-        if name not in ENGINE_PRESETS:
-            raise KeyError(name)
-        return tuple(engine_strategies(name))
-
-    def __iter__(self):
-        return iter(list(ENGINE_PRESETS))
-
-    def __len__(self):
-        return len(ENGINE_PRESETS)
-
-
-#: Engine preset -> the canonical strategies of its sm90 bf16-KV default (a view of the records).
-ENGINE_PRESET_MEMBERS = _MembersView()
 
 
 def today_engines() -> list[str]:
@@ -403,7 +383,7 @@ def preset_of(name: str) -> str:
     for preset, members in PRESETS.items():
         if name in members:
             return preset
-    return next((p for p in ENGINE_PRESETS if name in ENGINE_PRESET_MEMBERS[p]), "")
+    return next((p for p in ENGINE_PRESETS if name in engine_strategies(p)), "")
 
 
 #: vLLM PR #53878's strategy: the pre-padded private workspace.
