@@ -61,9 +61,8 @@ class Strategy:
     overlap: float | None = None
     engine: str | None = None
 
-    @property
-    def kind(self) -> StrategyKind:
-        return KINDS[self.placement]
+    #: Its :class:`StrategyKind` (:data:`KINDS`).
+    kind = property(lambda self: KINDS[self.placement])
 
     @property
     def rule(self) -> str | None:
@@ -72,42 +71,19 @@ class Strategy:
             return engine_preset(self.engine).rule.name
         return self.route_rule or self.kind.rule
 
-    @property
-    def engine_release(self) -> str | None:
-        """The release of :attr:`engine` (``vllm@0.33.0-flashmla`` -> ``vllm@0.33.0``), else None."""
-        return engine_preset(self.engine).engine_version.name if self.engine else None
-
-    @property
-    def padded(self) -> bool:
-        """FlashMLA gets a head-padded Q (layout not ``real``)."""
-        return self.kind.layout != "real"
-
-    @property
-    def views_handoff(self) -> bool:
-        return self.handoff in ("views", "graph2")
-
-    @property
-    def workspaces(self) -> int:
-        """Q-concat workspaces held (2 for ``subchunk:<S>:graph2``)."""
-        return 2 if self.handoff == "graph2" else 1
-
-    @property
-    def graphed(self) -> bool:
-        return self.handoff == "graph2"
-
-    @property
-    def pre_padded(self) -> bool:
-        """The padded Q is a workspace the concat writes into (no per-call pad)."""
-        return self.kind.layout == "workspace"
-
-    @property
-    def per_call_pad(self) -> bool:
-        """A pad tensor is allocated and the real heads copied in on every layer call."""
-        return self.kind.layout == "per_call"
-
-    @property
-    def concat_zeroes_padding(self) -> bool:
-        return self.zero_policy == "zero_per_call"
+    #: The release of :attr:`engine` (``vllm@0.33.0-flashmla`` -> ``vllm@0.33.0``), else None.
+    engine_release = property(lambda self: engine_preset(self.engine).engine_version.name if self.engine else None)
+    #: FlashMLA gets a head-padded Q (layout not ``real``).
+    padded = property(lambda self: self.kind.layout != "real")
+    views_handoff = property(lambda self: self.handoff in ("views", "graph2"))
+    #: Q-concat workspaces held (2 for ``subchunk:<S>:graph2``).
+    workspaces = property(lambda self: 2 if self.handoff == "graph2" else 1)
+    graphed = property(lambda self: self.handoff == "graph2")
+    #: The padded Q is a workspace the concat writes into (no per-call pad).
+    pre_padded = property(lambda self: self.kind.layout == "workspace")
+    #: A pad tensor is allocated and the real heads copied in on every layer call.
+    per_call_pad = property(lambda self: self.kind.layout == "per_call")
+    concat_zeroes_padding = property(lambda self: self.zero_policy == "zero_per_call")
 
     @property
     def name(self) -> str:

@@ -67,9 +67,7 @@ class PaddedQPath:
             block.zero_() if self.spec.content == "zeros" else self.fill_stale(block)
             self._pad_block = block
 
-    @property
-    def padded_heads(self) -> int:
-        return padded_num_heads(self.num_heads, self.arch, self.kv_cache_dtype)
+    padded_heads = property(lambda self: padded_num_heads(self.num_heads, self.arch, self.kv_cache_dtype))
 
     def _check_heads(self, ql_nope, q_pe):
         for name, t in (("ql_nope", ql_nope), ("q_pe", q_pe)):
