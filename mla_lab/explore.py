@@ -31,11 +31,8 @@ DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cach
 __all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart",
            "CONTROL_OPTIONS", "DEPLOYMENT_CONTROLS"]
 
-CONTROL_OPTIONS = {
-    "max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536],
-    "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
-    "num_prompts": (1, 256),
-}
+CONTROL_OPTIONS = {"max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536], "num_prompts": (1, 256),
+                   "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]}
 
 
 def tp_options(model: str) -> list[int]:

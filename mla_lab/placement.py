@@ -25,12 +25,11 @@ from .routes import RULE_ALIASES, model_family, route_for, rules
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "StrategyKind", "register_kind", "LAYOUTS", "CONTENTS",
            "PRESETS", "ALIASES", "PRESET_SOURCES", "parse_strategy", "as_strategy", "expand", "expand_strategies",
            "resolve_strategy", "preset_of", "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY",
-           "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SWEEP_STRATEGIES",
-           "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
-           "BENCH_PRESET_LABELS", "strategy_route", "SUBCHUNK_GRAPH",
-           "engine_members", "engine_strategies", "today_engines", "resolve_engine",
-           "engine_summary", "engine_table", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
-           "STRATEGY_NOTES", "preset_label", "strategy_notes", "KINDS"]
+           "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SWEEP_STRATEGIES", "TIMED_STRATEGIES",
+           "real_strategies", "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "strategy_route",
+           "SUBCHUNK_GRAPH", "engine_members", "engine_strategies", "today_engines", "resolve_engine", "engine_summary",
+           "engine_table", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label",
+           "strategy_notes", "KINDS"]
 
 CONTENTS = ("zeros", "stale")
 #: Sub-chunk sizes the sweep prices by default (rows of the padded workspace).
