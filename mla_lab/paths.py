@@ -354,12 +354,7 @@ def write_output_manifest(folder: str | Path, files, writer: str) -> Path:
 
 def _files_under(folder: Path) -> list[Path]:
     """Every entry under ``folder`` that is not a folder (files, links, pipes ...), sorted; links not followed."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        d = Path(dirpath)
-        out += [d / n for n in filenames]
-        out += [d / n for n in dirnames if (d / n).is_symlink()]
-    return sorted(out)
+    return sorted(p for p in folder.rglob("*") if p.is_symlink() or not p.is_dir())
 
 
 def lab_files(folder: str | Path, legacy=None) -> tuple[dict[str, str | None], str]:
