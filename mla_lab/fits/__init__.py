@@ -79,10 +79,6 @@ def render(rows) -> str:
     return buf.getvalue()
 
 
-def _target(file: str, measured: Path, out_dir: Path) -> Path:
-    return measured / file if "/" in file else out_dir / file
-
-
 def _refuse_target(path: Path, text: str, overwrite: bool) -> str | None:
     """Why ``path`` may not be replaced by ``text`` (None: it may)."""
     if path.is_dir():
@@ -110,7 +106,7 @@ def refit(name: str, measured: Path | None = None, out_dir: Path | None = None, 
     out_dir = Path(out_dir) if out_dir is not None else calibration_dir()
     if not measured.is_dir():
         raise ValueError(f"--measured-dir {str(measured)!r} is not an existing folder")
-    texts = {_target(f, measured, out_dir): render(rows) for f, rows in FITS[name].fit(measured).items()}
+    texts = {(measured if "/" in f else out_dir) / f: render(rows) for f, rows in FITS[name].fit(measured).items()}
     bad = [why for p, t in texts.items() if (why := _refuse_target(p, t, overwrite))]
     if bad:
         raise ValueError(f"{bad[0]}; nothing written")

@@ -68,16 +68,6 @@ def fit_comm_file(measured: Path) -> dict:
 
 
 # ------------------------------------------------- padded-head content, kernel only (round 2 interleaved rows)
-def _shape_medians(df: pd.DataFrame) -> list[dict]:
-    """Per (shape, mode): median kernel ms with zeros and with stale padded heads (``ms_median`` of each repeat)."""
-    d = df[(df["experiment"] == "content_factor") & (df["status"] == "ok")]
-    keys = ["shape_id", "H", "Hp", "T", "pattern", "prompt_len", "mode"]
-    g = d.groupby(keys + ["content"])["ms_median"].median().unstack("content").reset_index()
-    return [{"shape": f"{r.shape_id}:{r.mode}", "num_heads": int(r.H), "padded_heads": int(r.Hp), "T": int(r.T),
-             "pattern": r.pattern, "mode": r.mode, "zeros_ms": float(r.zeros), "stale_ms": float(r.stale)}
-            for r in g.itertuples()]
-
-
 def _round2_provenance(measured: Path) -> dict:
     path = measured / "h200/round2/content.csv"
     prov = provenance(_read(path), _ROUND2_PROV)
@@ -85,15 +75,26 @@ def _round2_provenance(measured: Path) -> dict:
 
 
 def fit_content_file(measured: Path) -> dict:
-    """``content.csv`` -> :func:`~mla_lab.model.content.fit_content_factor`, and ``content_fit.csv`` per shape."""
-    model, per = fit_content_factor(_shape_medians(_read(measured / "h200/round2/content.csv")), name=CONTENT_CSV)
+    """``content.csv`` -> :func:`~mla_lab.model.content.fit_content_factor` on the per (shape, mode) medians of
+    ``ms_median`` with zeros and stale padded heads, and ``content_fit.csv`` per shape."""
+    df = _read(measured / "h200/round2/content.csv")
+    d = df[(df["experiment"] == "content_factor") & (df["status"] == "ok")]
+    keys = ["shape_id", "H", "Hp", "T", "pattern", "prompt_len", "mode"]
+    g = d.groupby(keys + ["content"])["ms_median"].median().unstack("content").reset_index()
+    shapes = [{"shape": f"{r.shape_id}:{r.mode}", "num_heads": int(r.H), "padded_heads": int(r.Hp), "T": int(r.T),
+               "pattern": r.pattern, "mode": r.mode, "zeros_ms": float(r.zeros), "stale_ms": float(r.stale)}
+              for r in g.itertuples()]
+    model, per = fit_content_factor(shapes, name=CONTENT_CSV)
     row = {k: getattr(model, k) for k in ("a", "b", "c_ms", "n", "mape_pct", "loso_mape_pct")}
     return {CONTENT_CSV: [{**row, **_round2_provenance(measured)}], "h200/round2/content_fit.csv": pd.DataFrame(per)}
 
 
 # ------------------------------------------------------------------------------ sub-chunk cost per extra chunk
-def _subchunk_rows(presets: pd.DataFrame) -> list[dict]:
-    """Per (model, pattern, hand-off): median ms at each chunk count minus the one-chunk median."""
+def fit_subchunk_file(measured: Path) -> dict:
+    """``presets.csv`` (S = 1024 .. 16384) -> :func:`~mla_lab.model.calibration.fit_subchunk_overhead` on the
+    per (model, pattern, hand-off) median ms at each chunk count minus the one-chunk median."""
+    path = measured / "h200/round2/presets.csv"
+    presets = _read(path)
     d = presets[(presets["status"] == "ok") & presets["preset"].isin(["subchunk", "subchunk_views"])]
     g = d.groupby(["model", "pattern", "preset", "n_chunks"])["ms_median"].median().reset_index()
     rows = []
@@ -101,13 +102,6 @@ def _subchunk_rows(presets: pd.DataFrame) -> list[dict]:
         one = part[part["n_chunks"] == 1]["ms_median"]
         rows += [{"extra_chunks": int(r.n_chunks) - 1, "extra_ms": float(r.ms_median) - float(one.iloc[0])}
                  for r in part[part["n_chunks"] > 1].itertuples() if not one.empty]
-    return rows
-
-
-def fit_subchunk_file(measured: Path) -> dict:
-    """``presets.csv`` (S = 1024 .. 16384) -> :func:`~mla_lab.model.calibration.fit_subchunk_overhead`."""
-    path = measured / "h200/round2/presets.csv"
-    rows = _subchunk_rows(_read(path))
     us, resid = fit_subchunk_overhead(rows)
     return {"h200_subchunk.csv": [{"chunk_overhead_us": us, "mean_abs_residual_us": resid, "n": len(rows),
                                    **_round2_provenance(measured), "data_file": rel(path)}]}

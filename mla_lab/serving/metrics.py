@@ -79,16 +79,12 @@ class RequestRecord:
         return self.send_s - self.arrival_s
 
 
-def _p_word(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
-
-
 def _stats(name: str, values_s: list[float], percentiles: Sequence[float], out: dict) -> None:
     v = values_s or 0  # vLLM: np.mean(x or 0)
     for stat, f in (("mean", np.mean), ("median", np.median), ("std", np.std)):
         out[f"{stat}_{name}_ms"] = float(f(v)) * 1000
     for p in percentiles:
-        out[f"p{_p_word(p)}_{name}_ms"] = float(np.percentile(v, p)) * 1000
+        out[f"p{int(p) if int(p) == p else p}_{name}_ms"] = float(np.percentile(v, p)) * 1000
 
 
 def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = None,

@@ -24,7 +24,7 @@ from .metrics import SERVE_METRICS
 from .scheduler import SchedulerConfig
 from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
-from .step_pricer import CostModelPricer
+from .step_pricer import CostModelPricer, step_key
 
 __all__ = ["ArrivalModel", "NoiseConfig", "CachedPricer", "NoiseResult", "run_noise", "simulate_once",
            "load_cold_start", "COMPONENTS", "METRICS", "COLD_START_COLUMNS", "serve_benchmark_noise", "format_noise",
@@ -119,8 +119,7 @@ class ArrivalModel:
         or a gamma draw of sd ``cv * per_request_ms``. Exact when send = arrival, as in the PR's benchmark."""
         a = np.asarray(arrivals_s, dtype=np.float64)
         order = np.argsort(a, kind="stable")
-        out = np.empty_like(a)
-        done = -math.inf
+        out, done = np.empty_like(a), -math.inf
         first, mean, sd = self.first_ms / 1e3, self.per_request_ms / 1e3, self.cv * self.per_request_ms / 1e3
         for i in order:
             done = max(a[i] + first, done) + _gamma(rng, mean, sd)
@@ -173,9 +172,7 @@ class NoiseConfig:
 
     def record(self) -> dict:
         """Every field as plain data, with each component's status and source (:meth:`from_record` inverts it)."""
-        d = asdict(self)
-        d.pop("sources")
-        return {"values": d, "sources": self.sources}
+        return {"values": {k: v for k, v in asdict(self).items() if k != "sources"}, "sources": self.sources}
 
     @classmethod
     def from_record(cls, rec: dict) -> NoiseConfig:
@@ -189,15 +186,9 @@ class NoiseConfig:
         return cls(arrival=ArrivalModel(**arr), sources=dict(rec.get("sources", {})), **v)
 
 
-def _step_shape(step: Step) -> tuple:
-    """What a pricer can see of a step, without request ids: launch mode, padded size, decode contexts and prefill
-    chunks ``(start, num_tokens)``, in order."""
-    return (step.cudagraph_mode, step.cudagraph_num_tokens, tuple(d.context_len for d in step.decode),
-            tuple((c.start, c.num_tokens) for c in step.prefill_chunks))
-
-
 class CachedPricer:
-    """``pricer`` (one that reads only what :func:`_step_shape` holds) priced once per shape; ``hits`` / ``misses``."""
+    """``pricer`` (one that reads only what :func:`~mla_lab.serving.step_pricer.step_key` holds) priced once per key;
+    ``hits`` / ``misses``."""
 
     def __init__(self, pricer: StepPricer):
         if not callable(pricer):
@@ -207,7 +198,7 @@ class CachedPricer:
         self.hits = self.misses = 0
 
     def __call__(self, step: Step) -> float:
-        k = _step_shape(step)
+        k = step_key(step)
         hit = k in self.cache
         self.hits, self.misses = self.hits + hit, self.misses + (not hit)
         return self.cache[k] if hit else self.cache.setdefault(k, float(self.pricer(step)))
@@ -285,10 +276,6 @@ class NoiseResult:
         return float(100.0 * (np.sum(v < x) + 0.5 * np.sum(v == x)) / len(v))
 
 
-def _rng(seed: int, build: int, run: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, build, run])))
-
-
 def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, pricer_b: StepPricer | None = None,
               *, sched_b: SchedulerConfig | None = None, num_runs: int = 200, seed: int = 0,
               noise: NoiseConfig | None = None, percentiles: Sequence[float] = (99,)) -> NoiseResult:
@@ -310,8 +297,8 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
     ca = CachedPricer(pricer_a)
     cb = ca if pricer_b is None else CachedPricer(pricer_b)
     builds = ((ca, sched), (cb, sched if sched_b is None else sched_b))
-    runs = [[simulate_once(bench, sc, pr, noise, _rng(seed, j, i), percentiles).metrics for i in range(num_runs)]
-            for j, (pr, sc) in enumerate(builds)]
+    runs = [[simulate_once(bench, sc, pr, noise, np.random.default_rng([seed, j, i]), percentiles).metrics
+             for i in range(num_runs)] for j, (pr, sc) in enumerate(builds)]
     out = [{k: np.array([m[k] for m in ms], dtype=np.float64) for k in METRICS} for ms in runs]
     det = [simulate_once(bench, sc, pr, noise, None, percentiles).metrics for pr, sc in builds]
     change = {k: (out[1][k] - out[0][k]) / out[0][k] * 100.0 for k in METRICS}

@@ -78,25 +78,6 @@ class _Client:
         return self.pending[self.pos].arrival_s if self.pos < len(self.pending) else None
 
 
-def _engine_delays(engine_delay_s, reqs) -> dict[int, float]:
-    ids = [r.req_id for r in reqs]
-    if engine_delay_s is None:
-        return dict.fromkeys(ids, 0.0)
-    if isinstance(engine_delay_s, Mapping):
-        missing = [i for i in ids if i not in engine_delay_s]
-        if missing:
-            raise ValueError(f"engine_delay_s has no entry for req_id {missing[0]}; it must map every request id "
-                             "to a delay in s >= 0")
-        vals = {i: engine_delay_s[i] for i in ids}
-    else:
-        seq = list(engine_delay_s)
-        if len(seq) != len(ids):
-            raise ValueError(f"engine_delay_s has {len(seq)} entries; it must have one per request ({len(ids)}), "
-                             "in req_id order, or be a mapping req_id -> s")
-        vals = dict(zip(sorted(ids), seq))
-    return {i: check_float(f"engine_delay_s[{i}]", v, low=0.0, low_inclusive=True) for i, v in vals.items()}
-
-
 def _checked_requests(bench, sched, pricer, requests) -> list[ClientRequest]:
     for name, v, ok, want in (("bench", bench, isinstance(bench, BenchConfig), "be a BenchConfig"),
                               ("sched", sched, isinstance(sched, SchedulerConfig), "be a SchedulerConfig"),
@@ -214,7 +195,23 @@ def simulate(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer, *,
     reqs = _checked_requests(bench, sched, pricer, requests)
     cpu_ms = check_float("cpu_step_ms", cpu_step_ms, low=0.0, low_inclusive=True)
     out_s = check_float("output_delay_s", output_delay_s, low=0.0, low_inclusive=True)
-    run = _Run(bench, sched, pricer, reqs, _engine_delays(engine_delay_s, reqs), cpu_ms, out_s)
+    ids = [r.req_id for r in reqs]
+    if engine_delay_s is None:
+        delays = dict.fromkeys(ids, 0.0)
+    elif isinstance(engine_delay_s, Mapping):
+        missing = [i for i in ids if i not in engine_delay_s]
+        if missing:
+            raise ValueError(f"engine_delay_s has no entry for req_id {missing[0]}; it must map every request id "
+                             "to a delay in s >= 0")
+        delays = {i: engine_delay_s[i] for i in ids}
+    else:
+        seq = list(engine_delay_s)
+        if len(seq) != len(ids):
+            raise ValueError(f"engine_delay_s has {len(seq)} entries; it must have one per request ({len(ids)}), "
+                             "in req_id order, or be a mapping req_id -> s")
+        delays = dict(zip(sorted(ids), seq))
+    delays = {i: check_float(f"engine_delay_s[{i}]", v, low=0.0, low_inclusive=True) for i, v in delays.items()}
+    run = _Run(bench, sched, pricer, reqs, delays, cpu_ms, out_s)
     records = run.run()
     metrics = bench_metrics(records, percentiles=percentiles, max_concurrency=bench.max_concurrency,
                             request_rate=bench.request_rate)

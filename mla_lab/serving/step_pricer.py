@@ -12,13 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..model.calibration import Calibration, resolve_calibration
-from ..model.decode_calibration import (
-    DECODE_CSV,
-    DecodeCalibration,
-    KernelDecode,
-    load_decode_calibration,
-    write_decode_calibration,
-)
+from ..model.decode_calibration import DecodeCalibration, load_decode_calibration
 from ..model.decode_kernels import decode_family, load_decode_kernels
 from ..model.ops import ATTN_OPS, LayerOp, layer_ops, step_ops
 from ..model.timing import op_time_ms, step_time_ms
@@ -27,14 +21,8 @@ from ..rank import RankView
 from ..workload import Step as WorkStep
 from .step import Step
 
-__all__ = ["CostModelPricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
-           "layer_decode_ms", "DECODE_CSV", "EXCLUDED_FROM_MEASURED", "OVERRIDDEN_OPS", "MemoPricer", "launched",
+__all__ = ["CostModelPricer", "load_decode_calibration", "layer_decode_ms", "OVERRIDDEN_OPS", "MemoPricer", "launched",
            "step_key"]
-
-#: Ops of :func:`~mla_lab.model.ops.layer_ops` that the measured decode layer does not run (no ``impl``), plus the
-#: collectives: the fit and its validation leave them out of both sides.
-EXCLUDED_FROM_MEASURED = ("rope_cache", "idx_prep", "router_topk", "attn_allreduce", "mlp_allreduce",
-                          "moe_allreduce", "moe_dispatch", "moe_combine_a2a", "moe_allgather", "shared_allreduce")
 
 #: Ops whose decode-token part is priced by the decode calibration instead of the layer model's roofline.
 OVERRIDDEN_OPS = ("idx_logits", "idx_topk", "kernel")

@@ -60,10 +60,6 @@ def _kernel_us(table: dict, kernel: str, T: int, keys: float) -> float:
     return a + (b - a) * (keys - 1088) / (TOPK - 1088)
 
 
-def _mean_keys(i: int, o: int) -> float:
-    return sum(min(c, TOPK) for c in range(i + 1, i + o + 1)) / o
-
-
 def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> list[dict]:
     """Per PR #46189 workload at concurrency 1 and 8: ``real_us_per_layer``, ``pad64_us`` / ``native_us`` /
     ``june_path_us`` (us per layer), ``mean_keys``."""
@@ -77,7 +73,7 @@ def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> l
     for (i, o, c, b) in sorted(tpot):
         if b != "FLASHMLA_SPARSE" or c not in (1, 8):
             continue
-        keys = _mean_keys(i, o)
+        keys = sum(min(c, TOPK) for c in range(i + 1, i + o + 1)) / o
         fa3 = _kernel_us(table, "fa3_sparse", c, keys)
         rows.append({"workload": {"random_input_len": i, "random_output_len": o, "max_concurrency": c},
                      "mean_keys": keys,

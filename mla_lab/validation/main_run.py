@@ -25,7 +25,6 @@ from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
 from . import BLIND_RESULTS, DIR, PR53878_DECOMPOSITION, PR53878_PREDICTION, write_record
 
-OUT, PREDICTION_FILE = PR53878_DECOMPOSITION, PR53878_PREDICTION
 REAL = {"duration": 9.92, "request_throughput": 3.23, "output_throughput": 413.04,
         "source": "vLLM PR #53878 description, 'main' run (vLLM main before the PR, GLM-5.2-FP8 TP8 EP, "
                   "vllm bench serve 32 x 1024 / 128, concurrency 32, rate inf)"}
@@ -45,7 +44,7 @@ def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
 def _revised() -> dict:
     dep = pr_deployment()
     cap = serve_benchmark(dep, [BEFORE], PR_BENCH, block_size=64)["strategies"][BEFORE]["kv_capacity_tokens"]
-    noise = NoiseConfig.from_record(json.loads(PREDICTION_FILE.read_text())["noise"])
+    noise = NoiseConfig.from_record(json.loads(PR53878_PREDICTION.read_text())["noise"])
     m = simulate_once(replace(PR_BENCH, seed=12345), async_scheduler(dep, cap), CostModelPricer(dep.rank, BEFORE),
                       noise.without_noise()).metrics
     return {k: float(m[k]) for k in ("duration", "request_throughput", "output_throughput", "mean_ttft_ms",
@@ -54,7 +53,7 @@ def _revised() -> dict:
 
 def decompose() -> dict:
     """Everything the decomposition file holds (module docstring)."""
-    pred = json.loads(PREDICTION_FILE.read_text())["prediction"]
+    pred = json.loads(PR53878_PREDICTION.read_text())["prediction"]
     score = [{"metric": k, "predicted": p["deterministic"], "band95": p["band95"], "real": REAL[k],
               "ratio_predicted_over_real": p["deterministic"] / REAL[k],
               "inside_band": p["band95"][0] <= REAL[k] <= p["band95"][1]}
@@ -86,7 +85,7 @@ def decompose() -> dict:
     cross = _cross_check()
     return {"what": "vLLM PR #53878's main run scored against the lab's blind prediction, and the gap decomposed",
             "produced_by": "python -m mla_lab.validation.main_run --write", "git_commit": git_commit(),
-            "real": REAL, "prediction_file": str(PREDICTION_FILE.relative_to(REPO_ROOT)), "score": score,
+            "real": REAL, "prediction_file": str(PR53878_PREDICTION.relative_to(REPO_ROOT)), "score": score,
             "gap_s": gap_s, "lab_ttft_last_s": lab_ttft_last_s, "lab_tpot_ms": lab_tpot,
             "consistent_pairs": pairs, "decode_step_graph_ms": g["total_ms"], "decode_step_eager_ms": e["total_ms"],
             "components": comps, "cross_check": cross,
@@ -209,13 +208,13 @@ def _old_kernel_ms() -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.main_run")
-    ap.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(REPO_ROOT)}")
+    ap.add_argument("--write", action="store_true", help=f"write {PR53878_DECOMPOSITION.relative_to(REPO_ROOT)}")
     ap.add_argument("--overwrite", action="store_true")
     a = ap.parse_args(argv)
     d = decompose()
     print(f"gap {d['gap_s']:.2f} s; revised (in-sample): {d['revised']}")
     if a.write:
-        write_record(OUT, d, a.overwrite, ap)
+        write_record(PR53878_DECOMPOSITION, d, a.overwrite, ap)
     return 0
 
 

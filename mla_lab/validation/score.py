@@ -11,22 +11,18 @@ import json
 import statistics
 import sys
 
+from ..serving.noise import NOISE_METRICS
 from . import BLIND, BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_RESULTS, BLIND_SCORE, write_record
 from . import PR53878_PREDICTION as LAB_NOISE
-
-PRED, RESULTS, SCORE = BLIND, BLIND_RESULTS, BLIND_SCORE
-ROUND_TWO_PRED, ROUND_TWO_RESULTS, ROUND_TWO_SCORE = BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE
 
 #: the four figures the issue asks the median |error| of; TTFT and TPOT take the mean where the run states it,
 #: else the median (the SGLang cookbook states P50 only): one figure per run and backend
 GROUPS = {"duration": (("duration",),), "throughput": (("request_throughput",), ("output_throughput",),
                                                        ("total_token_throughput",)),
           "TTFT": (("mean_ttft_ms", "median_ttft_ms"),), "TPOT": (("mean_tpot_ms", "median_tpot_ms"),)}
-#: metric -> class the summary groups by
-METRIC_CLASS = {"duration": "throughput", "request_throughput": "throughput", "output_throughput": "throughput",
-                "total_token_throughput": "throughput", "mean_ttft_ms": "TTFT", "median_ttft_ms": "TTFT",
-                "p99_ttft_ms": "TTFT", "mean_tpot_ms": "TPOT", "median_tpot_ms": "TPOT", "p99_tpot_ms": "TPOT",
-                "mean_itl_ms": "TPOT"}
+#: metric (of NOISE_METRICS) -> class the summary groups by: TTFT, TPOT (ITL too), else throughput (duration too)
+METRIC_CLASS = {k: "TTFT" if "ttft" in k else "TPOT" if "tpot" in k or "itl" in k else "throughput"
+                for k, _ in NOISE_METRICS}
 
 
 def _key(w: dict) -> tuple:
@@ -113,7 +109,7 @@ def score(pred: dict, results: dict) -> dict:
     for rc in results["cases"]:
         pc = by_case.get(rc["id"])
         if pc is None:
-            raise ValueError(f"results case {rc['id']!r} has no prediction in {PRED.name}")
+            raise ValueError(f"results case {rc['id']!r} has no prediction in {BLIND.name}")
         pruns = {_key(r["workload"]): r for r in pc["runs"] if "backends" in r}
         seen = _pair_runs(rc, pruns, rows, not_predicted)
         change_rows += _pair_changes(rc, pruns)
@@ -193,15 +189,15 @@ def main(argv=None) -> int:
     ap.add_argument("--round", dest="round_", choices=("2026-12", "2026-12b"), default="2026-12")
     a = ap.parse_args(argv)
     two = a.round_ == "2026-12b"
-    need = (ROUND_TWO_PRED, ROUND_TWO_RESULTS, SCORE) if two else (PRED, RESULTS)
+    need = (BLIND_B, BLIND_B_RESULTS, BLIND_SCORE) if two else (BLIND, BLIND_RESULTS)
     for p in need:
         if not p.exists():
             ap.error(f"{p} does not exist")
     pred, results = (json.loads(p.read_text()) for p in need[:2])
-    s = score_round_two(pred, results, json.loads(SCORE.read_text())) if two else score(pred, results)
+    s = score_round_two(pred, results, json.loads(BLIND_SCORE.read_text())) if two else score(pred, results)
     print(*([s["medians_sentence"]] if two else [s["sentence"], s["changes_sentence"]]), sep="\n")
     if a.write:
-        write_record(ROUND_TWO_SCORE if two else SCORE, s, a.overwrite, ap)
+        write_record(BLIND_B_SCORE if two else BLIND_SCORE, s, a.overwrite, ap)
     return 0
 
 
