@@ -71,9 +71,8 @@ def render(rows) -> str:
     """The CSV text of ``rows``: a list of dicts via :class:`csv.DictWriter`, a DataFrame via ``to_csv`` (no index)."""
     if isinstance(rows, pd.DataFrame):
         return rows.to_csv(index=False)
-    cols = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols)
+    w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()

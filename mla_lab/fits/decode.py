@@ -59,9 +59,8 @@ def op_rows(ops_df) -> list[dict]:
     d = ops_df[ops_df["status"] == "ok"].copy()
     d["context"] = d["context"].fillna(4096).astype(int)
     d["strategy"] = d["strategy"].fillna("")
-    g = d.groupby(["model", "batch", "context", "op", "strategy"])["ms"].median().reset_index()
     rows = []
-    for r in g.itertuples():
+    for r in d.groupby(["model", "batch", "context", "op", "strategy"])["ms"].median().reset_index().itertuples():
         if r.op in NOT_IN_MODEL:
             continue
         strat = measured_as(r.strategy or "fused")
@@ -80,8 +79,7 @@ def fit_kernel(rows, cal) -> KernelDecode:
     flop = np.array([op_time_ms(replace(r["obj"], dims={**r["obj"].dims, "content": "zeros"}), H200, cal) * 1e3
                      for r in k])
     keys = np.array([min(r["c"], 2048) for r in k], float)
-    B = np.array([r["B"] for r in k], float)
-    kvb = B * keys * 1152 / (H200.hbm_gbps * 1e9) * 1e6
+    kvb = np.array([r["B"] for r in k], float) * keys * 1152 / (H200.hbm_gbps * 1e9) * 1e6
     best = (np.inf, None)
     for p in (1.5, 2.0, 3.0, 4.0, 6.0):
         for e in np.arange(0.50, 1.001, 0.02):
@@ -120,11 +118,10 @@ def fit_idx(rows) -> ClassEff:
 def fit_topk(rows) -> tuple:
     k = [r for r in rows if r["op"] == "idx_topk"]
     meas = np.array([r["us"] for r in k])
-    X = np.array([[1.0, r["c"], r["B"] * r["c"]] for r in k])
     w = 1.0 / meas  # least squares on relative error
+    X = np.array([[1.0, r["c"], r["B"] * r["c"]] for r in k])
     coef, *_ = np.linalg.lstsq(X * w[:, None], meas * w, rcond=None)
-    coef = np.maximum(coef, 0.0)
-    return tuple(round(float(x), 9) for x in coef)
+    return tuple(round(float(x), 9) for x in np.maximum(coef, 0.0))
 
 
 def fit_class_floors(rows, cal) -> dict:
@@ -149,19 +146,15 @@ def fit_attn_floors(rows, cal) -> dict:
         k = [r for r in rows if r["op"] == op]
         meas = np.array([r["us"] for r in k])
         base = np.array([op_time_ms(r["obj"], H200, cal) * 1e3 for r in k])
-        errs = [(mape(base + kernels * fl, meas), fl) for fl in FLOORS]
-        out[op] = float(min(errs)[1])
+        out[op] = float(min((mape(base + kernels * fl, meas), fl) for fl in FLOORS)[1])
     # one copy kernel (new_empty + copy; out[:, :H] copies): the per-kernel cost of the measured pad
-    for op in ("pad_copy", "out_slice", "chunk_out"):
-        out[op] = out["pad"]
-    return out
+    return out | dict.fromkeys(("pad_copy", "out_slice", "chunk_out"), out["pad"])
 
 
 # ------------------------------------------------------------------------------------------ layer-level fits
 def layer_configs(layer_df) -> list[dict]:
-    d = layer_df[layer_df["status"] == "ok"]
     keys = ["experiment", "model", "strategy", "mode", "batch", "context", "prefill_tokens"]
-    g = d.groupby(keys)["ms_median"]
+    g = layer_df[layer_df["status"] == "ok"].groupby(keys)["ms_median"]
     q25, q75, n = g.quantile(0.25), g.quantile(0.75), g.size()
     return [{**dict(zip(keys, k)), "measured_ms": float(v), "measured_q25_ms": float(q25[k]),
              "measured_q75_ms": float(q75[k]), "n_repeats": int(n[k])} for k, v in g.median().items()]
@@ -244,6 +237,5 @@ def fit_decode_file(measured: Path) -> dict:
     prov.update(device=prov.get("gpu", "?"), data_file=f"{rel(ddir / 'decode_layer.csv')};{rel(ddir / 'decode_ops.csv')}",
                 calibration=cal.name, fit_commit=git_commit())
     fit = {**dcal.fit, **{k.replace(":", "_") + "_mape_pct": v for k, v in summarize(rows).items()}}
-    table = pd.DataFrame(rows).assign(**prov)
     return {DECODE_CSV: decode_calibration_rows(replace(dcal, fit=fit), prov),
-            "h200/round2/decode_validation.csv": table}
+            "h200/round2/decode_validation.csv": pd.DataFrame(rows).assign(**prov)}

@@ -86,8 +86,7 @@ def measured_noise(folder: Path = MEASURED) -> dict:
     step = between_process(zeros, ["content"], "step_ms")[("zeros",)]
     attn_loop = between_process(zeros, ["content"], "attn_path_ms")[("zeros",)]
     within = zeros.groupby("process")["step_ms"].apply(lambda v: float(np.std(np.log(v.to_numpy()), ddof=1)))
-    spread = pd.read_csv(folder / "step_spread.csv")
-    alone = between_process(spread, ["what"], "gpu_ms")
+    alone = between_process(pd.read_csv(folder / "step_spread.csv"), ["what"], "gpu_ms")
     cold = load_cold_start(folder / "cold_start.csv", folder / "step_spread.csv")
     cs = pd.read_csv(folder / "cold_start.csv")
     first = cs[(cs["call"] == 1) & (cs["what"] == "attention_path:private_workspace")]
@@ -212,8 +211,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     for k in TTFT_STATS + ("duration", "total_token_throughput", "output_throughput", "mean_tpot_ms"):
         row = {"identical_builds": {"band95": list(ident.band(k)), "median": ident.quantiles(k)[1]},
                "pr_vs_before": {"band95": list(prvs.band(k)), "median": prvs.quantiles(k)[1],
-                                "deterministic": (prvs.deterministic_b[k] - prvs.deterministic_a[k])
-                                / prvs.deterministic_a[k] * 100}}
+                                "deterministic": prvs.deterministic_change(k)}}
         if k in REPORTED:
             row["reported_by_pr"] = v = REPORTED[k]
             for case, r in (("identical_builds", ident), ("pr_vs_before", prvs)):
@@ -287,9 +285,8 @@ def _f(x: float, unit: str = "") -> str:
 def render_markdown(d: dict) -> str:
     """The prediction's tables and the plain sentences of docs/serving.md, from the prediction file ``d``."""
     P, C = d["prediction"], d["change_distribution"]
-    src = d["noise"]["sources"]
     by: dict = {}
-    for k, v in src.items():
+    for k, v in d["noise"]["sources"].items():
         by.setdefault(v["status"], []).append(k)
     status = "; ".join(f"{st}: {', '.join(f'`{k}`' for k in ks)}" for st, ks in sorted(by.items()))
     out = [f"Prediction file: commit `{d['git_commit']}` (code `{d['code_commit']['commit'][:12]}`), "
@@ -382,8 +379,7 @@ def _at(pct: float, n: int) -> str:
 def _spread_sentence(d: dict) -> str:
     """Which figures carry the spread, and their status (from the prediction file)."""
     v, src = d["noise"]["values"], d["noise"]["sources"]
-    band = {r["noise"]: r["mean_ttft_ms"] for r in d["band_sensitivity"]}
-    run = band.get("per-run GPU-time factor only")
+    run = {r["noise"]: r["mean_ttft_ms"] for r in d["band_sensitivity"]}.get("per-run GPU-time factor only")
     return ("- The spread of one run is mostly the per-run GPU-time factor, log sd "
             f"{v['run_sigma']:.4f} ({src['run_sigma']['status']}: the between-process spread of a whole sustained "
             "step on one H200, 5 fresh processes)"

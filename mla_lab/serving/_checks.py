@@ -8,8 +8,6 @@ import numbers
 
 from mla_lab._validate import check_int
 
-__all__ = ["check_int", "check_float", "check_option", "check_bool", "check_ms"]
-
 
 def check_float(name: str, value, *, low: float = 0.0, low_inclusive: bool = False, high: float = math.inf,
                 high_inclusive: bool = False, allow_inf: bool = False) -> float:

@@ -26,9 +26,6 @@ from .scheduler import SchedulerConfig
 from .simulate import simulate
 from .step_pricer import CostModelPricer
 
-__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary", "pr_deployment",
-           "async_scheduler"]
-
 #: The PR's benchmark (vLLM PR #53878): 32 prompts x 1024 in / 128 out, max concurrency 32, request rate inf.
 PR_BENCH = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
 

@@ -17,9 +17,6 @@ import numpy as np
 
 from ._checks import check_bool, check_float, check_int, check_int_or_none
 
-__all__ = ["BenchConfig", "ClientRequest", "length_bounds", "sample_lengths", "sample_intervals", "arrival_times",
-           "make_requests"]
-
 _MAX_SEED = 2**32 - 1  # np.random.RandomState / np.random.seed accept [0, 2**32 - 1]
 
 
@@ -110,8 +107,7 @@ def sample_intervals(bench: BenchConfig) -> np.ndarray:
     if math.isinf(b):
         return np.full(n, 1.0 / rate)
     rs = np.random.RandomState(bench.seed)
-    theta = 1.0 / (rate * b)
-    return np.array([rs.gamma(shape=b, scale=theta) for _ in range(n)], dtype=np.float64)
+    return np.array([rs.gamma(shape=b, scale=1.0 / (rate * b)) for _ in range(n)], dtype=np.float64)
 
 
 def arrival_times(bench: BenchConfig) -> np.ndarray:

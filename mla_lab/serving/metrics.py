@@ -17,8 +17,6 @@ import numpy as np
 
 from ._checks import check_float, check_int, check_int_or_none
 
-__all__ = ["RequestRecord", "bench_metrics", "compare", "format_metrics", "SERVE_METRICS"]
-
 #: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.
 SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
                  ("request_throughput", "Request throughput (req/s)"),
@@ -119,9 +117,8 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
                              "total_token_throughput": (total_in + total_out) / duration_s}
     # peak output tokens in one-second buckets and peak concurrency (serve.py calculate_metrics)
     t0 = min(r.send_s for r in records)
-    end = max(r.send_s + r.e2el_s for r in records)
     # sparse buckets (issue 39): a dense array of one float per simulated second asked 8.91 TiB at 1e-12 req/s
-    n_buckets = int(np.ceil(end - t0)) + 1
+    n_buckets = int(np.ceil(max(r.send_s + r.e2el_s for r in records) - t0)) + 1
     buckets = Counter(b for r in records for b in (int(t - t0) for t in r.token_times_s) if 0 <= b < n_buckets)
     events = sorted([(r.send_s, 1) for r in records] + [(r.send_s + r.e2el_s, -1) for r in records])
     out["max_output_tokens_per_s"] = float(max(buckets.values(), default=0))

@@ -26,10 +26,6 @@ from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
 from .step_pricer import CostModelPricer, step_key
 
-__all__ = ["ArrivalModel", "NoiseConfig", "CachedPricer", "NoiseResult", "run_noise", "simulate_once",
-           "load_cold_start", "COMPONENTS", "METRICS", "COLD_START_COLUMNS", "serve_benchmark_noise", "format_noise",
-           "NOISE_METRICS"]
-
 #: The metrics ``vllm bench serve`` prints (its result-dict names) that the Monte-Carlo keeps.
 METRICS = ("duration", "request_throughput", "output_throughput", "total_token_throughput",
            "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
@@ -118,10 +114,9 @@ class ArrivalModel:
         ``done_k = max(arrival_k + first, done_{k-1}) + service_k``, ``service_k`` ``per_request_ms`` (``rng`` None)
         or a gamma draw of sd ``cv * per_request_ms``. Exact when send = arrival, as in the PR's benchmark."""
         a = np.asarray(arrivals_s, dtype=np.float64)
-        order = np.argsort(a, kind="stable")
         out, done = np.empty_like(a), -math.inf
         first, mean, sd = self.first_ms / 1e3, self.per_request_ms / 1e3, self.cv * self.per_request_ms / 1e3
-        for i in order:
+        for i in np.argsort(a, kind="stable"):
             done = max(a[i] + first, done) + _gamma(rng, mean, sd)
             out[i] = done - a[i]
         return out
@@ -268,6 +263,10 @@ class NoiseResult:
         """The central ``level`` % band of ``metric`` in ``which``: one run's spread."""
         check_float("level", level, low=0.0, high=100.0)
         return tuple(self.quantiles(metric, which, ((100 - level) / 2, (100 + level) / 2)))
+
+    def deterministic_change(self, metric: str) -> float:
+        """``(b - a) / a * 100`` of ``metric`` between the two deterministic runs (%)."""
+        return (self.deterministic_b[metric] - self.deterministic_a[metric]) / self.deterministic_a[metric] * 100.0
 
     def percentile_of(self, metric: str, value: float, which: str = "change") -> float:
         """The percent of runs of ``metric`` in ``which`` below ``value`` (ties count half)."""
@@ -442,12 +441,9 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     def summ(r: NoiseResult, which: str, k: str) -> dict:
         return {"median": r.quantiles(k, which)[1], "band95": list(r.band(k, which))}
 
-    def det_pct(r: NoiseResult, k: str) -> float:
-        return (r.deterministic_b[k] - r.deterministic_a[k]) / r.deterministic_a[k] * 100.0
-
     return {"num_runs": num_runs, "seed": seed, "baseline": base, "noise": res[base].noise.record(),
             "strategies": {s: {k: summ(r, "a" if s == base else "b", k) for k in keys} for s, r in res.items()},
-            "changes": {s: {k: {**summ(r, "change", k), "deterministic": det_pct(r, k)} for k in keys}
+            "changes": {s: {k: {**summ(r, "change", k), "deterministic": r.deterministic_change(k)} for k in keys}
                         for s, r in res.items() if s != base},
             "note": "modelled: single runs of the noise model (mla_lab.serving.noise: API-server arrival queue, async "
                     "scheduling, per-step CPU time, token delivery, measured step-time spreads and cold first "

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from ._checks import check_bool, check_int, check_int_or_none, check_option
 from .step import DecodeToken, PrefillChunk, Step, cudagraph_capture_sizes, launch_mode
 
-__all__ = ["SchedulerConfig", "Scheduler", "TokenEvent", "PreemptionRequired", "KV_ADMISSIONS"]
-
 KV_ADMISSIONS = ("reserve", "lazy")
 
 
@@ -154,10 +152,7 @@ class Scheduler:
         for req in self.running:
             if budget <= 0:
                 break
-            n = req.num_tokens - req.num_computed
-            if n <= 0:  # cannot happen without PP / async scheduling; kept for safety
-                continue
-            n = min(self._chunk_cap(n), budget)
+            n = min(self._chunk_cap(req.num_tokens - req.num_computed), budget)  # >= 1: finished requests left
             need = _cdiv(req.num_computed + n, c.block_size) - req.blocks
             if need > c.num_blocks - self.used_blocks:
                 raise PreemptionRequired(

@@ -17,7 +17,6 @@ from .metrics import RequestRecord, bench_metrics, format_metrics
 from .scheduler import Scheduler, SchedulerConfig
 from .step import Step, StepPricer
 
-__all__ = ["StepPricer", "StepRecord", "ServingResult", "simulate"]
 
 @dataclass(frozen=True)
 class StepRecord:

@@ -13,8 +13,6 @@ import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["PrefillChunk", "DecodeToken", "Step", "StepPricer", "cudagraph_capture_sizes"]
-
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -74,8 +72,7 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: int | None = No
     """``[1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16)`` up to ``top`` (tokens; default
     ``min(max_num_seqs * 2, 512)``)."""
     top = min(max_num_seqs * 2, 512) if max_capture_size is None else max_capture_size
-    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
-    return tuple(s for s in sizes if s <= top)
+    return tuple(s for s in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16)) if s <= top)
 
 
 def launch_mode(decode: tuple[DecodeToken, ...], prefill_chunks: tuple[PrefillChunk, ...],
@@ -84,6 +81,5 @@ def launch_mode(decode: tuple[DecodeToken, ...], prefill_chunks: tuple[PrefillCh
     n = len(decode) + sum(c.num_tokens for c in prefill_chunks)
     if enforce_eager or not capture_sizes or n > capture_sizes[-1]:
         return "NONE", None
-    padded = capture_sizes[bisect.bisect_left(capture_sizes, n)]
     uniform = all(c.num_tokens == 1 for c in prefill_chunks)  # max_query_len == 1 and num_tokens == num_reqs
-    return ("FULL" if uniform else "PIECEWISE"), padded
+    return ("FULL" if uniform else "PIECEWISE"), capture_sizes[bisect.bisect_left(capture_sizes, n)]

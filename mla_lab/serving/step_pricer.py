@@ -21,9 +21,6 @@ from ..rank import RankView
 from ..workload import Step as WorkStep
 from .step import Step
 
-__all__ = ["CostModelPricer", "load_decode_calibration", "layer_decode_ms", "OVERRIDDEN_OPS", "MemoPricer", "launched",
-           "step_key"]
-
 #: Ops whose decode-token part is priced by the decode calibration instead of the layer model's roofline.
 OVERRIDDEN_OPS = ("idx_logits", "idx_topk", "kernel")
 
@@ -38,16 +35,13 @@ class _Parts:
     def __init__(self, rank: RankView, strategy: str, prefill, decode_ctx, cal: Calibration, dcal: DecodeCalibration,
                  decode_kernels: str = "engine"):
         self.rank, self.strategy = rank, strategy
-        self.model, self.tp, self.arch = rank.model, rank.tp, rank.arch
-        self.cal, self.dcal = cal, dcal
+        self.model, self.tp, self.arch, self.cal, self.dcal = rank.model, rank.tp, rank.arch, cal, dcal
         self.gcal = dcal.graph_calibration(cal)
         self.icl = replace(self.gcal, classes={**self.gcal.classes, "indexer_logits": dcal.idx_decode})
-        self.prefill = [tuple(c) for c in prefill]
         self.decode_ctx = [int(c) for c in decode_ctx]
         self.ws = WorkStep([(i, c - 1, 1) for i, c in enumerate(self.decode_ctx)]
-                           + [(10**9 + i, s, n) for i, (_, s, n) in enumerate(self.prefill)])
-        topk = rank.model.topk
-        self.dec_keys = [min(c, topk) for c in self.decode_ctx]
+                           + [(10**9 + i, s, n) for i, (_, s, n) in enumerate(prefill)])
+        self.dec_keys = [min(c, rank.model.topk) for c in self.decode_ctx]
         # "engine": the engines' own decode kernels priced by their parallelism (mla_lab.model.decode_kernels);
         # "fit": the decode calibration's KernelDecode (what h200_decode.csv was fitted with, to reproduce that fit)
         if decode_kernels not in ("engine", "fit"):
@@ -147,9 +141,8 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     """
     RankView.require(rank)
     strategy = resolve_strategy(strategy)
-    cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
-    parts = _Parts(rank, strategy, prefill, decode_contexts, cal, dcal, decode_kernels)
+    parts = _Parts(rank, strategy, prefill, decode_contexts, resolve_calibration(calibration), dcal, decode_kernels)
     ops = layer_ops(rank, strategy, parts.ws, layer_kind="moe")
     if measured_subset:
         ops = [op for op in ops if op.impl and not op.is_comm]
@@ -171,10 +164,8 @@ class CostModelPricer(MemoPricer):
     def __init__(self, rank: RankView, strategy: str, calibration: Calibration | None = None,
                  decode_cal: DecodeCalibration | None = None):
         RankView.require(rank)
-        self.rank = rank
-        self.model, self.tp, self.arch = rank.model, rank.tp, rank.arch
+        self.rank, self.model, self.tp, self.arch = rank, rank.model, rank.tp, rank.arch
         self.strategy = resolve_strategy(strategy)
-        self.kv_cache_dtype = rank.kv_cache_dtype
         self.calibration = resolve_calibration(calibration)
         self.decode_cal = decode_cal if decode_cal is not None else load_decode_calibration()
         self.gcal = self.decode_cal.graph_calibration(self.calibration)
@@ -185,14 +176,13 @@ class CostModelPricer(MemoPricer):
 
     def __repr__(self) -> str:
         return (f"CostModelPricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
-                f"strategy={self.strategy!r}, kv_cache_dtype={self.kv_cache_dtype!r})")
+                f"strategy={self.strategy!r}, kv_cache_dtype={self.rank.kv_cache_dtype!r})")
 
     def price(self, step: Step) -> dict:
         """The step's time and its parts: ``total_ms``, ``gpu_ms``, ``host_ms`` (eager steps), ``launch``
         (``graph`` or ``eager``), ``by_op`` (ms over all layers), ``attention_path_ms``, ``comm_ms``."""
-        prefill = [(c.req_id, c.start, c.num_tokens) for c in step.prefill_chunks]
-        parts = _Parts(self.rank, self.strategy, prefill, [d.context_len for d in step.decode], self.calibration,
-                       self.decode_cal)
+        parts = _Parts(self.rank, self.strategy, [(c.req_id, c.start, c.num_tokens) for c in step.prefill_chunks],
+                       [d.context_len for d in step.decode], self.calibration, self.decode_cal)
         base = step_time_ms(self.rank, self.strategy, parts.ws, self.gcal)
         by = dict(base["by_op"])
         one_layer = {op.name: op for op in layer_ops(self.rank, self.strategy, parts.ws, layer_kind="moe")}

@@ -180,8 +180,7 @@ def update_docs(path: Path = DOCS) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.docs_tables")
     ap.add_argument("--update-docs", action="store_true")
-    a = ap.parse_args(argv)
-    if a.update_docs:
+    if ap.parse_args(argv).update_docs:
         update_docs()
         print(f"-> {DOCS}")
     else:

@@ -56,9 +56,7 @@ _GPU = {"8x NVIDIA B200": "b200", "8x NVIDIA H200": "h200"}
 
 def _value(case: dict, key: str):
     """A stated field, else the assumed one (``[value, reason]``)."""
-    if key in case["assumed"]:
-        return case["assumed"][key][0]
-    return case["stated"][key]
+    return case["assumed"][key][0] if key in case["assumed"] else case["stated"][key]
 
 
 def deployment_of(case: dict) -> tuple[Deployment, dict]:
@@ -66,12 +64,11 @@ def deployment_of(case: dict) -> tuple[Deployment, dict]:
     ``memory_tradeoff``'s rule arguments."""
     ep = bool(_value(case, "enable_expert_parallel"))
     kv = "fp8" if "fp8" in str(case["stated"]["kv_cache_dtype"]) else "bf16"
-    mns = case["stated"].get("max_num_seqs", 256)
     d = Deployment.of(model=case["assumed"]["model_geometry"][0], tp=case["stated"]["tensor_parallel_size"],
                       arch=_GPU[case["stated"]["gpu"]], max_num_batched_tokens=_value(case, "max_num_batched_tokens"),
                       kv_cache_dtype=kv, weight_dtype="fp8", moe_parallel="ep" if ep else "tp",
                       gpu_memory_utilization=_value(case, "gpu_memory_utilization"), prompt_len=1024, num_prompts=1,
-                      max_num_seqs=mns)
+                      max_num_seqs=case["stated"].get("max_num_seqs", 256))
     mml = _value(case, "max_model_len")
     rule = {"vllm_version": case["assumed"]["vllm_rule_version"][0], "max_model_len": int(mml),
             "mtp_layers": int(case["assumed"].get("mtp_layers", [0])[0])}

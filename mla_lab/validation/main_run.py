@@ -97,8 +97,7 @@ def decompose() -> dict:
 def _cross_check() -> dict:
     """A cross-check, not a fit: PR #46189's GLM-5.1 TP8 FLASHMLA_SPARSE mean TPOT (512 / 512) at concurrency 8 and
     64, log-linear to 32, and the last request's TTFT the PR's 9.92 s then implies."""
-    res = json.loads(BLIND_RESULTS.read_text())
-    case = next(c for c in res["cases"] if c["id"] == "pr46189")
+    case = next(c for c in json.loads(BLIND_RESULTS.read_text())["cases"] if c["id"] == "pr46189")
     tp = {r["workload"]["max_concurrency"]: r["metrics"]["mean_tpot_ms"] for r in case["runs"]
           if r["backend"] == "FLASHMLA_SPARSE" and r["workload"]["random_input_len"] == 512
           and r["workload"]["random_output_len"] == 512}

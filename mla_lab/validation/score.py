@@ -36,8 +36,7 @@ def repeat_spreads(results: dict, lab_noise: dict | None = None) -> list[dict]:
     lab = (lab_noise or json.loads(LAB_NOISE.read_text()))["change_distribution"]
     out = []
     for rep in results.get("repeats", []):
-        metrics = sorted({m for r in rep["runs"].values() for m in r})
-        for m in metrics:
+        for m in sorted({m for r in rep["runs"].values() for m in r}):
             xs = [r[m] for r in rep["runs"].values() if m in r]
             med = statistics.median(xs)
             pair = max(abs(a / b - 1) * 100 for a in xs for b in xs)
