@@ -57,21 +57,19 @@ COMPONENTS = {k: dict(zip(("value", "unit", "status", "source"), v)) for k, v in
     "arrival_cv": (0.5, "1", "assumed",
         "assumed coefficient of variation of one request's service time in the API server"),
     "run_sigma": (0.00767, "1 (log sd)", "measured",
-        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a "
-        "sustained 78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py "
-        "--parts content, 5 fresh processes x 6 rounds): sd over processes of log(per-process median), the "
-        "medians from mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The "
-        "benchmark's run is whole steps, so the whole step's spread is the per-run factor; the attention path "
-        "timed alone varies more between processes (step_spread.csv gpu_ms, "
-        "attention_path:private_workspace: log sd 0.035) and less inside the sustained loop (content_loop.csv "
-        "attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
-        "included (the 8 GPUs of a server are not measured)"),
+        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a sustained "
+        "78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py --parts content, 5 "
+        "fresh processes x 6 rounds): sd over processes of log(per-process median), the medians from "
+        "mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The benchmark's run is whole "
+        "steps, so the whole step's spread is the per-run factor; the attention path timed alone varies more between "
+        "processes (step_spread.csv gpu_ms, attention_path:private_workspace: log sd 0.035) and less inside the "
+        "sustained loop (content_loop.csv attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' "
+        "steps, decode steps included (the 8 GPUs of a server are not measured)"),
     "step_sigma": (0.00398, "1 (log sd)", "measured",
-        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': "
-        "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. "
-        "0.0067); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
-        "attention_block 2.3 %, moe_block 0.8 % relative sd, median over processes), which a 78-layer "
-        "step averages out"),
+        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': median over "
+        "the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. 0.0067); the layer blocks "
+        "timed alone spread more per call (step_spread.csv gpu_ms: attention_block 2.3 %, moe_block 0.8 % relative "
+        "sd, median over processes), which a 78-layer step averages out"),
     "cold_extra_ms": (0.00254, "ms", "measured",
         "data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2, "
         "summed over attention_block:private_workspace + moe_block:grouped_mm (one layer of the TP harness), "

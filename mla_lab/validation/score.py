@@ -164,9 +164,8 @@ def score_round_two(pred: dict, results: dict, round_one: dict) -> dict:
               "medians": {"round_one": m1, "round_two": m2, "both": both},
               "medians_sentence": f"Blind round two (issue 37: {n_runs} public SGLang runs in "
                                   f"{len({r['case'] for r in s['rows']})} deployments on H200 and B200, all with MTP "
-                                  "or DP attention, which the lab did not model when it predicted them and priced at "
-                                  "the nearest vLLM TP8 "
-                                  "configuration) gave median |error| " + fmt(m2)
+                                  "or DP attention, which the lab did not model when it predicted them and "
+                                  "priced at the nearest vLLM TP8 configuration) gave median |error| " + fmt(m2)
                                   + "; round one " + fmt(m1) + "; both " + fmt(both)})
     return s
 
