@@ -144,27 +144,6 @@ STEP_METHOD = ("per process: median over rounds of step_ms and attn_path_ms for 
                "a; u + v = median_p(step change / s), u = median_p(r / s); errors in sample and leaving one process out")
 
 
-def _per_process_rows(df: pd.DataFrame) -> list[dict]:
-    """Per process: medians over rounds of the step and the attention path, zeros and stale (ms)."""
-    step = process_medians(df, ["content"], "step_ms")
-    attn = process_medians(df, ["content"], "attn_path_ms")
-    return [{"process": int(p), "step_zeros_ms": float(step[("zeros", p)]), "step_stale_ms": float(step[("stale", p)]),
-             "attn_zeros_ms": float(attn[("zeros", p)]), "attn_stale_ms": float(attn[("stale", p)])}
-            for p in sorted(df["process"].unique())]
-
-
-def _block_checks(model, kernel_model) -> dict:
-    """Issue 21's block figures against the step model; the kernel's share ``s`` of each block backed out of the
-    kernel-only figure (``s = figure / (factor - 1)``, the factor at the seed kernel's zero-content time)."""
-    k = kernel_model.factor(8, PADDED_HEADS, BLOCK_KERNEL_ZEROS_MS) - 1.0
-    out = {}
-    for n, measured, kernel_only in BLOCKS:
-        s = kernel_only / 100 / k
-        out.update({f"block{n}_share": s, f"block{n}_measured_pct": measured, f"block{n}_kernel_only_pct": kernel_only,
-                    f"block{n}_step_model_pct": 100 * model.step_change(s, 8, PADDED_HEADS)})
-    return out
-
-
 def fit_content_step_file(measured: Path) -> dict:
     """``content_loop.csv`` (>= 5 fresh processes) -> :func:`~mla_lab.model.content.fit_step_content`, the changes
     it is fitted to, the block check and the per-process table."""
@@ -173,12 +152,24 @@ def fit_content_step_file(measured: Path) -> dict:
     if df["num_heads"].nunique() != 1 or df["process"].nunique() < MIN_PROCESSES:
         raise ValueError(f"{path}: needs one num_heads and >= {MIN_PROCESSES} processes")
     H = int(df["num_heads"].iloc[0])
-    rows = _per_process_rows(df)
+    # per process: medians over rounds of the step and the attention path, zeros and stale (ms)
+    step, attn = (process_medians(df, ["content"], c) for c in ("step_ms", "attn_path_ms"))
+    rows = [{"process": int(p), "step_zeros_ms": float(step[("zeros", p)]), "step_stale_ms": float(step[("stale", p)]),
+             "attn_zeros_ms": float(attn[("zeros", p)]), "attn_stale_ms": float(attn[("stale", p)])}
+            for p in sorted(df["process"].unique())]
     model, per = fit_step_content(rows, H, PADDED_HEADS, name=STEP_CONTENT_CSV)
     df = df.assign(rest_ms=df["step_ms"] - df["attn_path_ms"])
     ch = {c: paired_change(df, [], "content", "stale", "zeros", value=c)[()]
           for c in ("step_ms", "attn_path_ms", "rest_ms", "sm_clock_mhz")}
     kernel_model = load_content_model()
+    # issue 21's block figures against the step model; the kernel's share s of each block backed out of the
+    # kernel-only figure (s = figure / (factor - 1), the factor at the seed kernel's zero-content time)
+    k, blocks = kernel_model.factor(8, PADDED_HEADS, BLOCK_KERNEL_ZEROS_MS) - 1.0, {}
+    for n, measured_pct, kernel_only_pct in BLOCKS:
+        s = kernel_only_pct / 100 / k
+        blocks.update({f"block{n}_share": s, f"block{n}_measured_pct": measured_pct,
+                       f"block{n}_kernel_only_pct": kernel_only_pct,
+                       f"block{n}_step_model_pct": 100 * model.step_change(s, 8, PADDED_HEADS)})
     layers = int(df["layers"].iloc[0])
     # the kernel-only factor on the loop, applied to the whole attention path (an upper bound: the concat is in it)
     kernel_only = sorted(100 * r["attn_zeros_ms"] / r["step_zeros_ms"]
@@ -187,7 +178,7 @@ def fit_content_step_file(measured: Path) -> dict:
              **{f"measured_{c}_change_{k}": ch[c][q] for k, q in (("pct", "median"), ("lo", "lo"), ("hi", "hi"))
                 for c in ch},
              "lopo_max_step_err_pts": max(abs(r["lopo_step_err_pts"]) for r in per),
-             "kernel_only_loop_step_pct": kernel_only[len(kernel_only) // 2], **_block_checks(model, kernel_model),
+             "kernel_only_loop_step_pct": kernel_only[len(kernel_only) // 2], **blocks,
              "method": STEP_METHOD, "source": "measured", "data_file": rel(path),
              **provenance(df, (*_PROV, "timestamp"))}
     fitted = {k: getattr(model, k) for k in ("uniform_per_share", "attention_excess", "fit_share", "padded_fraction",

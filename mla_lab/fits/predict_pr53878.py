@@ -56,16 +56,6 @@ DIST_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_th
 DIST_HEADER = "case,run," + ",".join(f"change_{k}_pct" for k in DIST_METRICS)
 
 
-def deployment(bench: BenchConfig = BENCH) -> dict:
-    """Per strategy: KV capacity (``serve_benchmark``), its SchedulerConfig and the deterministic metrics."""
-    d = pr_deployment()
-    r = serve_benchmark(d, [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
-    out = {s: {"kv_capacity_tokens": (cap := r["strategies"][s]["kv_capacity_tokens"]),
-               "lab_metrics": r["strategies"][s]["metrics"], "sched": async_scheduler(d, cap, BLOCK_SIZE)}
-           for s in (BEFORE, ALT_BEFORE, PR)}
-    return {"strategies": out, "calibration": r["calibration"], "decode_calibration": r["decode_calibration"]}
-
-
 def _log_sd(xs) -> float:
     return float(np.std(np.log(np.asarray(xs, dtype=np.float64)), ddof=1))
 
@@ -191,10 +181,13 @@ def distribution_rows(ident, prvs) -> list[str]:
 def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
             distribution: list | None = None) -> dict:
     """The prediction as a JSON-ready dict; ``distribution`` receives :func:`distribution_rows`."""
-    dep = deployment()
+    d = pr_deployment()  # per strategy: KV capacity, its SchedulerConfig and the deterministic metrics
+    det = serve_benchmark(d, [BEFORE, ALT_BEFORE, PR], BENCH, block_size=BLOCK_SIZE)
+    st = {s: {"kv_capacity_tokens": (cap := det["strategies"][s]["kv_capacity_tokens"]),
+              "lab_metrics": det["strategies"][s]["metrics"], "sched": async_scheduler(d, cap, BLOCK_SIZE)}
+          for s in (BEFORE, ALT_BEFORE, PR)}
     measured = measured_noise() if use_measurements else None
     noise = NoiseConfig() if measured is None else NoiseConfig().with_measurements(measured)
-    st, d = dep["strategies"], pr_deployment()
     pricers = {s: CachedPricer(CostModelPricer(d.rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
@@ -224,9 +217,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         joint[name] = {"percent_of_pairs": float(100.0 * hit.mean()),
                        "corr_mean_ttft_vs_throughput": float(np.corrcoef(r.change["mean_ttft_ms"],
                                                                          r.change["total_token_throughput"])[0, 1])}
-    cal_files = sorted(calibration_dir().glob("*.csv")) + [models_dir() / d.model.name / "config.json"]
-    if measured is not None:
-        cal_files += [CONTENT_CSV, COLD_CSV, SPREAD_CSV]
+    cal_files = (sorted(calibration_dir().glob("*.csv")) + [models_dir() / d.model.name / "config.json"]
+                 + ([] if measured is None else [CONTENT_CSV, COLD_CSV, SPREAD_CSV]))
     return {
         "what": "prediction of vLLM PR #53878's 'main' run (vLLM before the PR), modelled; fitted to no end-to-end "
                 "figure of that run",
@@ -245,7 +237,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         "bench": {"num_prompts": BENCH.num_prompts, "random_input_len": BENCH.random_input_len,
                   "random_output_len": BENCH.random_output_len, "max_concurrency": BENCH.max_concurrency,
                   "request_rate": "inf", "ignore_eos": True, "seed": BENCH.seed},
-        "calibration": {"layer": dep["calibration"], "decode": dep["decode_calibration"]},
+        "calibration": {"layer": det["calibration"], "decode": det["decode_calibration"]},
         "calibration_files": [{"path": _rel(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
                               for p in cal_files if p.is_file()],
         "measurements_used": None if measured is None else {k: v for k, v in measured.items()},

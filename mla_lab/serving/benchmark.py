@@ -125,11 +125,10 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                                 block_size, kv_admission=kv_admission, enforce_eager=enforce_eager)
         raw = simulate(opts.bench, sched, opts.pricer(s, cal, dcal), percentiles=percentiles)
         res = opts.scale(raw)
-        launches = Counter(f"{rec.step.kind}:{rec.step.cudagraph_mode}" for rec in res.steps)
         out[s] = {"preset": preset_of(s), "metrics": res.metrics, "kv_capacity_tokens": int(caps[s]),
-                  **{k: mem["strategies"][s][k] for k in ("kv_tokens_lost", "extra_mib")},
-                  "num_steps": len(res.steps), "steps_by_launch": dict(launches), "result": res,
-                  "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
+                  **{k: mem["strategies"][s][k] for k in ("kv_tokens_lost", "extra_mib")}, "num_steps": len(res.steps),
+                  "steps_by_launch": dict(Counter(f"{r.step.kind}:{r.step.cudagraph_mode}" for r in res.steps)),
+                  "result": res, "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
     for s in order:
         out[s]["change_pct"] = compare(out[base]["metrics"], out[s]["metrics"])
     args = {"model": d.model.name, "tp": d.tp, "arch": d.arch.name, "max_num_batched_tokens": d.max_num_batched_tokens,

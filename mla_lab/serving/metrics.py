@@ -22,10 +22,8 @@ SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark d
                  ("request_throughput", "Request throughput (req/s)"),
                  ("output_throughput", "Output token throughput (tok/s)"),
                  ("total_token_throughput", "Total token throughput (tok/s)"),
-                 ("mean_ttft_ms", "Mean TTFT (ms)"), ("median_ttft_ms", "Median TTFT (ms)"),
-                 ("p99_ttft_ms", "P99 TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
-                 ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
-                 ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"))
+                 *((f"{s}_{m}_ms", f"{s.capitalize()} {m.upper()} (ms)")  # e.g. "P99 TTFT (ms)"
+                   for m in ("ttft", "tpot", "itl") for s in ("mean", "median", "p99")))
 
 
 @dataclass(frozen=True)

@@ -352,7 +352,13 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
         raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
     df = _numbers(p, raw, [c for c in COLD_START_COLUMNS if c != "what"])
     df = df[df["T"] >= min_tokens]
-    layer = _layer_cases(p, sorted(set(df["what"])), min_tokens)
+    whats = sorted(set(df["what"]))  # the layer: one attention_block:* and one moe_block:*, else one attention_path:*
+    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
+             if any(w.startswith(pre) for w in whats)]
+    if len(layer) < len(_LAYER_PARTS):
+        layer = [w for w in whats if w.startswith("attention_path:")][:1]
+    if not layer:
+        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
     d = df[df["what"].isin(layer)].assign(call=lambda x: x["call"].astype(int))
     d = d[d["call"].isin([1, 2])].drop_duplicates(["process", "what", "call"], keep="last")
     d = d.groupby("process", sort=False).filter(lambda g: len(g) == 2 * len(layer))
@@ -375,18 +381,6 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
             "cases": layer, "num_processes": n,
             "source": f"{p.name}{' + ' + sp.name if sp.is_file() else ''} (cases {' + '.join(layer)}, "
                       f"{n} fresh process(es))"}
-
-
-def _layer_cases(p: Path, whats: list[str], min_tokens: int) -> list[str]:
-    """The layer's cases: one ``attention_block:*`` and one ``moe_block:*`` when both are there, else the first
-    ``attention_path:*``."""
-    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
-             if any(w.startswith(pre) for w in whats)]
-    if len(layer) < len(_LAYER_PARTS):
-        layer = [w for w in whats if w.startswith("attention_path:")][:1]
-    if not layer:
-        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
-    return layer
 
 
 def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:

@@ -75,14 +75,13 @@ def request_steps(case: dict, wl: tuple, dp: int = 1) -> int:
     return math.ceil(n / dp) * (2 * math.ceil(i / max(mbt // dp, 1)) + o)
 
 
-def _setup(case: dict, wl: tuple, seed: int | None = None, options: dict | None = None) -> tuple:
+def _setup(case: dict, wl: tuple, seed: int = 0, options: dict | None = None) -> tuple:
     """``case``'s deployment (its own fields over round one's) and the client of workload ``wl``."""
     i, o, c, n, rate = wl
     d = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {}), **(options or {})}
     dep = Deployment.of(model=case["model"], prompt_len=i, output_len=o, num_prompts=n, concurrency=c, **d)
-    bench = BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c, request_rate=rate,
-                        **({} if seed is None else {"seed": seed}))
-    return dep, bench
+    return dep, BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c,
+                            request_rate=rate, seed=seed)
 
 
 def deterministic(case: dict, wl: tuple, options: dict | None = None, strategy: str | None = None) -> dict:
