@@ -103,24 +103,19 @@ def score(pred: dict, results: dict, stem: str = ROUND) -> dict:
     """``error_pct = (predicted - real) / real x 100`` per case and figure; ``median_abs_error_pct`` per figure over
     the blind cases (not-blind cases listed with ``blind: false``)."""
     real = {r["id"]: r for r in results["cases"]}
-    rows = []
-    for p in pred["cases"]:
-        r = real.get(p["id"])
-        if r is None:
-            continue
-        for fig, v in predicted_figures(p).items():
-            if r.get(fig) is not None:
-                rows.append({"id": p["id"], "blind": p["blind"], "figure": fig, "predicted": v, "real": r[fig],
-                             "error_pct": (v - r[fig]) / r[fig] * 100})
+    rows = [{"id": p["id"], "blind": p["blind"], "figure": fig, "predicted": v, "real": r[fig],
+             "error_pct": (v - r[fig]) / r[fig] * 100}
+            for p in pred["cases"] if (r := real.get(p["id"])) is not None
+            for fig, v in predicted_figures(p).items() if r.get(fig) is not None]
     summary = {}
     for fig in sorted({x["figure"] for x in rows}):
         errs = [abs(x["error_pct"]) for x in rows if x["figure"] == fig and x["blind"]]
         summary[fig] = {"blind_cases": len(errs), "median_abs_error_pct": statistics.median(errs) if errs else None,
                         "within_5pct": sum(e <= 5 for e in errs)}
-    unread = [r["id"] for r in results["cases"] if all(r.get(f) is None for f in ("gpu_kv_cache_tokens",
-                                                                                "available_kv_gib", "weights_gib"))]
+    figures = ("gpu_kv_cache_tokens", "available_kv_gib", "weights_gib")
     return {"what": "KV-capacity predictions scored against the logs (issue 37); target |error| <= 5 %",
-            "not_scored": {i: real[i].get("note", "") for i in unread},
+            "not_scored": {r["id"]: r.get("note", "") for r in results["cases"]
+                           if all(r.get(f) is None for f in figures)},
             "predictions": str(round_paths(stem)[1].relative_to(REPO_ROOT)),
             "results": str(round_paths(stem)[2].relative_to(REPO_ROOT)),
             "rows": rows, "summary": summary}
@@ -129,10 +124,9 @@ def score(pred: dict, results: dict, stem: str = ROUND) -> dict:
 def harness_one_million_case() -> tuple[dict, float]:
     """Round two's harness-51 case set to its other launch (max_model_len 1,000,000, bf16 KV, its utilization),
     read after the predictions, and the available KV memory (GiB) its serve doc states."""
-    _, _, results_path, _ = round_paths("kv_capacity_2026-12c")
+    workloads, _, results_path, _ = round_paths("kv_capacity_2026-12c")
     other = {c["id"]: c for c in json.loads(results_path.read_text())["cases"]}["harness-51"]["other_launch"]
-    case = copy.deepcopy({c["id"]: c for c in json.loads(round_paths("kv_capacity_2026-12c")[0].read_text())[
-        "cases"]}["harness-51"])
+    case = copy.deepcopy({c["id"]: c for c in json.loads(workloads.read_text())["cases"]}["harness-51"])
     case["stated"].update(kv_cache_dtype=other["kv_cache_dtype"], max_model_len=other["max_model_len"],
                           gpu_memory_utilization=other["gpu_memory_utilization"])
     return case, other["available_kv_gib"]
@@ -159,16 +153,13 @@ def posthoc() -> dict:
     harness, harness_real = harness_one_million_case()
     mns = H200_DEFAULT_MAX_NUM_SEQS[0]
     rows = []
-    for cid, case, fig, b, real in (("recipes-893", recipes, "available_kv_gib", before["available_kv_gib"],
-                                     stated["available_kv_gib"]),
-                                    ("recipes-893", recipes, "weights_gib", before["weights_gib"], stated["weights_gib"]),
-                                    ("harness-51 (1M launch)", harness, "available_kv_gib", HARNESS_1M_BEFORE_GIB,
-                                     harness_real)):
-        now, now_h200 = _figures(case)[fig], _figures(case, mns)[fig]
-        rows.append({"id": cid, "figure": fig, "stated": real, "before": b, "after": now,
-                     "after_h200_max_num_seqs": now_h200,
-                     **{f"error_pct_{k}": (v - real) / real * 100 for k, v in
-                        (("before", b), ("after", now), ("after_h200_max_num_seqs", now_h200))}})
+    for cid, case, fig, b, real in (
+            ("recipes-893", recipes, "available_kv_gib", before["available_kv_gib"], stated["available_kv_gib"]),
+            ("recipes-893", recipes, "weights_gib", before["weights_gib"], stated["weights_gib"]),
+            ("harness-51 (1M launch)", harness, "available_kv_gib", HARNESS_1M_BEFORE_GIB, harness_real)):
+        figs = {"before": b, "after": _figures(case)[fig], "after_h200_max_num_seqs": _figures(case, mns)[fig]}
+        rows.append({"id": cid, "figure": fig, "stated": real, **figs,
+                     **{f"error_pct_{k}": (v - real) / real * 100 for k, v in figs.items()}})
     r = rows[0]
     with_stated_weights = r["after_h200_max_num_seqs"] + rows[1]["after_h200_max_num_seqs"] - rows[1]["stated"]
     return {"what": "POST HOC (not blind, in-sample figures: both were read before this change): the non-blind "

@@ -114,14 +114,13 @@ def score(pred: dict, results: dict) -> dict:
         change_rows += _pair_changes(rc, pruns)
         no_result += [{"case": rc["id"], "workload": pr["workload"]} for k, pr in pruns.items() if k not in seen]
     scored = [r for r in rows if r["comparable"]]
-    allerr = [abs(r["error_pct"]) for r in scored]
-    n_in = sum(r["inside_band"] for r in scored)
     cases_scored = sorted({r["case"] for r in scored})
     sentence = (f"Blind predictions of four public runs were committed before reading them; {len(scored)} published "
                 f"figures of {len(cases_scored)} of them matched the workload the lab assumed ({', '.join(cases_scored)})"
-                f": median |error| {statistics.median(allerr):.0f} %, {n_in} of {len(scored)} inside the lab's "
-                f"single-run band; the other {len(rows) - len(scored)} figures came from other workloads or GPUs "
-                "than assumed and are published unscored" if scored else "No published figure matched the workload.")
+                f": median |error| {statistics.median(abs(r['error_pct']) for r in scored):.0f} %, "
+                f"{sum(r['inside_band'] for r in scored)} of {len(scored)} inside the lab's single-run band; the other "
+                f"{len(rows) - len(scored)} figures came from other workloads or GPUs than assumed and are published "
+                "unscored" if scored else "No published figure matched the workload.")
     return {"what": "the blind set scored: predictions vs published figures (issue 30)",
             "produced_by": "python -m mla_lab.validation.score --write", "rows": rows, "changes": change_rows,
             "summary": _summary(scored), "not_predicted": not_predicted, "no_result": no_result,
