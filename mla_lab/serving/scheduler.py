@@ -173,16 +173,12 @@ class Scheduler:
         """Whether the KV cache admits ``req`` now (reserving its whole footprint under ``kv_admission="reserve"``);
         sets :attr:`last_kv_wait` when it does not."""
         c = self.config
-        if c.kv_admission == "reserve":
-            promise = c.footprint_blocks(req.prompt_len, req.output_len)
-            if self.reserved_blocks + promise > c.num_blocks:
-                self.last_kv_wait = True
-                return False
-            req.reserved = promise
-            self.reserved_blocks += promise
-        elif need > c.num_blocks - self.used_blocks:
+        reserve = c.kv_admission == "reserve"
+        promise = c.footprint_blocks(req.prompt_len, req.output_len) if reserve else 0
+        if (self.reserved_blocks + promise > c.num_blocks) if reserve else (need > c.num_blocks - self.used_blocks):
             self.last_kv_wait = True
             return False
+        req.reserved, self.reserved_blocks = promise, self.reserved_blocks + promise
         return True
 
     def _schedule_waiting(self, budget: int, chunks: list) -> None:
@@ -194,8 +190,7 @@ class Scheduler:
             need = _cdiv(n, c.block_size)
             if not self._kv_admits(req, need):
                 break
-            self.waiting.popleft()
-            self.running.append(req)
+            self.running.append(self.waiting.popleft())
             req.blocks = need
             self.used_blocks += need
             chunks.append(PrefillChunk(req.req_id, 0, n))
@@ -207,8 +202,7 @@ class Scheduler:
         :attr:`last_kv_wait` when the queue's head had budget and a slot but waited for KV blocks."""
         if self._pending is not None:
             raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
-        decode: list[DecodeToken] = []
-        chunks: list[PrefillChunk] = []
+        decode, chunks = [], []
         self.last_kv_wait = False
         self._schedule_waiting(self._schedule_running(self.config.max_num_batched_tokens, decode, chunks), chunks)
         if not decode and not chunks:

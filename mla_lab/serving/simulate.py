@@ -107,13 +107,9 @@ class _Run:
             self.engine.check_fits(r.req_id, r.input_len, r.output_len)
         self.client = _Client(reqs, bench.max_concurrency)
         self.by_id = {r.req_id: r for r in reqs}
-        self.send_s: dict[int, float] = {}
-        self.at_engine: dict[int, float] = {}
+        self.send_s, self.at_engine, self.steps, self.finished, self.t = {}, {}, [], 0, 0.0  # times in s by req_id
         self.inbound: list[tuple[float, int]] = []  # (engine arrival, req_id): sent, not yet seen by the engine core
         self.tokens: dict[int, list[float]] = {r.req_id: [] for r in reqs}
-        self.steps: list[StepRecord] = []
-        self.finished = 0
-        self.t = 0.0
         self.prev_start: float | None = None  # start of the step running when the next is built (async); None: idle
 
     def _admit(self, cutoff: float) -> None:
@@ -143,14 +139,10 @@ class _Run:
                                "requests unfinished")
         self.t, self.prev_start = min(nxt), None
 
-    def _step_ms(self, step: Step) -> float:
-        gpu_ms = check_ms(self.pricer(step), "pricer", f" for step {len(self.steps)} (kind {step.kind})")
-        if self.sched.async_scheduling and self.prev_start is not None:
-            return max(gpu_ms, self.cpu_ms)
-        return gpu_ms + self.cpu_ms
-
     def _run_step(self, step: Step) -> None:
-        ms = self._step_ms(step)
+        gpu_ms = check_ms(self.pricer(step), "pricer", f" for step {len(self.steps)} (kind {step.kind})")
+        overlap = self.sched.async_scheduling and self.prev_start is not None  # CPU time hidden behind the GPU's
+        ms = max(gpu_ms, self.cpu_ms) if overlap else gpu_ms + self.cpu_ms
         end = self.t + ms / 1000.0
         e = self.engine
         self.steps.append(StepRecord(len(self.steps), self.t, end, ms, step, e.used_blocks, self.sched.num_blocks,
@@ -165,8 +157,7 @@ class _Run:
 
     def run(self) -> tuple[RequestRecord, ...]:
         while self.finished < len(self.by_id):
-            step = self._next_step()
-            if step is None:
+            if (step := self._next_step()) is None:
                 self._idle()
             else:
                 self._run_step(step)
