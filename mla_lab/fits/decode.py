@@ -195,28 +195,21 @@ def fit_all(ops, cfgs, cal, models, form=None) -> DecodeCalibration:
 
 
 def validate(cfgs, cal, dcal, fit_name) -> list[dict]:
-    out = []
-    for r in cfgs:
-        p = predict(r, cal, dcal)
-        kind = "mixed" if r["prefill_tokens"] else f"decode_{r['mode']}"
-        out.append({"fit": fit_name, "kind": kind, **{k: r[k] for k in ("experiment", "model", "strategy", "mode",
-                                                                         "batch", "context", "prefill_tokens")},
-                    "strategy_modelled": measured_as(r["strategy"]), "measured_ms": r["measured_ms"],
-                    "measured_q25_ms": r["measured_q25_ms"], "measured_q75_ms": r["measured_q75_ms"],
-                    "n_repeats": r["n_repeats"], "predicted_ms": p["total_ms"], "predicted_gpu_ms": p["gpu_ms"],
-                    "predicted_host_ms": p["host_ms"], "n_ops": p["n_ops"],
-                    "ape_pct": abs(p["total_ms"] - r["measured_ms"]) / r["measured_ms"] * 100})
-    return out
+    return [{"fit": fit_name, "kind": "mixed" if r["prefill_tokens"] else f"decode_{r['mode']}",
+             **{k: r[k] for k in ("experiment", "model", "strategy", "mode", "batch", "context", "prefill_tokens")},
+             "strategy_modelled": measured_as(r["strategy"]), "measured_ms": r["measured_ms"],
+             "measured_q25_ms": r["measured_q25_ms"], "measured_q75_ms": r["measured_q75_ms"],
+             "n_repeats": r["n_repeats"], "predicted_ms": p["total_ms"], "predicted_gpu_ms": p["gpu_ms"],
+             "predicted_host_ms": p["host_ms"], "n_ops": p["n_ops"],
+             "ape_pct": abs(p["total_ms"] - r["measured_ms"]) / r["measured_ms"] * 100}
+            for r in cfgs for p in [predict(r, cal, dcal)]]
 
 
 def summarize(rows) -> dict:
-    out = {}
-    for fit in sorted({r["fit"] for r in rows}):
-        for kind in ("decode_graph", "decode_eager", "mixed", "all"):
-            a = [r["ape_pct"] for r in rows if r["fit"] == fit and (kind == "all" or r["kind"] == kind)]
-            if a:
-                out[f"{fit}:{kind}"] = float(np.mean(a))
-    return out
+    """Mean APE (%) per ``fit:kind`` (kinds decode_graph, decode_eager, mixed, all) that has rows."""
+    return {f"{fit}:{kind}": float(np.mean(a)) for fit in sorted({r["fit"] for r in rows})
+            for kind in ("decode_graph", "decode_eager", "mixed", "all")
+            if (a := [r["ape_pct"] for r in rows if r["fit"] == fit and (kind == "all" or r["kind"] == kind)])}
 
 
 def fit_decode_file(measured: Path) -> dict:

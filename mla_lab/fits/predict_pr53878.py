@@ -71,15 +71,13 @@ def measured_noise(folder: Path = MEASURED) -> dict:
         if not f.is_file():
             raise ValueError(f"{f} does not exist; the measured noise needs content_loop.csv, cold_start.csv and "
                              "step_spread.csv (mla-lab measure)")
-    loop = pd.read_csv(folder / "content_loop.csv")
-    zeros = loop[loop["content"] == "zeros"]
+    zeros = pd.read_csv(folder / "content_loop.csv").query("content == 'zeros'")
     step = between_process(zeros, ["content"], "step_ms")[("zeros",)]
     attn_loop = between_process(zeros, ["content"], "attn_path_ms")[("zeros",)]
     within = zeros.groupby("process")["step_ms"].apply(lambda v: float(np.std(np.log(v.to_numpy()), ddof=1)))
     alone = between_process(pd.read_csv(folder / "step_spread.csv"), ["what"], "gpu_ms")
     cold = load_cold_start(folder / "cold_start.csv", folder / "step_spread.csv")
-    cs = pd.read_csv(folder / "cold_start.csv")
-    first = cs[(cs["call"] == 1) & (cs["what"] == "attention_path:private_workspace")]
+    first = pd.read_csv(folder / "cold_start.csv").query("call == 1 and what == 'attention_path:private_workspace'")
     first_ms = (first["wall_ms"] - first["steady_wall_ms"]).to_numpy()
     rel = _rel(folder)
     vals = {"run_sigma": _log_sd(step["per_process"]), "step_sigma": float(within.median()), **cold["values"]}
@@ -93,8 +91,7 @@ def measured_noise(folder: Path = MEASURED) -> dict:
         "cold_sd_ms": f"{rel}/cold_start.csv: sd over {cold['num_processes']} processes of the call-2 extra"}
     contrast = {"timed_alone_run_log_sd": {w[0]: _log_sd(v["per_process"]) for w, v in alone.items()},
                 "attention_path_in_loop_run_log_sd": _log_sd(attn_loop["per_process"]),
-                "step_ms_per_process_medians": step["per_process"],
-                "layer_blocks": cold["layer_spread"]}
+                "step_ms_per_process_medians": step["per_process"], "layer_blocks": cold["layer_spread"]}
     return {"values": vals, "sources": sources, "contrast": contrast, "cold_call1_ms": cold["cold_call1_ms"],
             "attention_path_call1_ms": [float(first_ms.min()), float(first_ms.max())],
             "num_processes": step["n_processes"],

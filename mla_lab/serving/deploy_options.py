@@ -52,8 +52,7 @@ class SpecDecodePricer(MemoPricer):
     mean of the target's ``num_layers``; ``num_speculative_tokens`` and ``acceptance_length`` checked at the door."""
 
     def __init__(self, base, num_layers: int, num_speculative_tokens: int, acceptance_length: float):
-        self.base, self.L = base, num_layers
-        self.k, self.a = num_speculative_tokens, acceptance_length
+        self.base, self.L, self.k, self.a = base, num_layers, num_speculative_tokens, acceptance_length
 
     def _total(self, step: Step) -> float:
         return self.base.price(step)["total_ms"]
@@ -103,10 +102,8 @@ class DPAttentionPricer(MemoPricer):
         d = deployment
         self.attn = CostModelPricer(d.attention_rank, strategy, calibration, decode_cal)
         self.moe = CostModelPricer(d.rank, strategy, calibration, decode_cal)
-        self.moe_a2a = d.moe_parallel == "ep"
-        self.active = dp_share(d)["active_ranks"]
-        self.L = d.model.num_hidden_layers
-        self.dcal = self.attn.decode_cal
+        self.moe_a2a, self.active = d.moe_parallel == "ep", dp_share(d)["active_ranks"]
+        self.L, self.dcal = d.model.num_hidden_layers, self.attn.decode_cal
 
     def _moe_by_op(self, step: Step) -> dict:
         glob = _replicate(step, self.active)
@@ -114,8 +111,7 @@ class DPAttentionPricer(MemoPricer):
             return self.moe.price(glob)["by_op"]
         # DeepEP dispatch / combine: the rank's own T/ep share goes out and comes back (ops.py ep_comm="all_to_all"
         # with ep = the active ranks' tokens); no all-gather (attention is data-parallel, nothing to replicate)
-        by = dict(self.moe.price(glob)["by_op"])
-        by.pop("moe_allreduce", None)
+        by = {k: v for k, v in self.moe.price(glob)["by_op"].items() if k != "moe_allreduce"}
         n_moe = self.L - min(self.moe.model.first_k_dense_replace, self.L)
         ops = {op.name: op for op in layer_ops(self.moe.rank, self.moe.strategy, _work(glob), "moe",
                                                ep_comm="all_to_all")}

@@ -78,8 +78,7 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
                 p = float(with_opts["metrics"][m])
                 q = None if without is None else float(without["metrics"][m])
                 rows.append({"case": case["id"], "workload": w, "metric": m, "class": METRIC_CLASS.get(m, "other"),
-                             "real": truth, "posthoc": p, "error_pct": (p - truth) / truth * 100,
-                             "without_options": q,
+                             "real": truth, "posthoc": p, "error_pct": (p - truth) / truth * 100, "without_options": q,
                              "error_pct_without_options": None if q is None else (q - truth) / truth * 100,
                              "blind_predicted": b.get("predicted"), "blind_error_pct": b.get("error_pct")})
             log(f"{case['id']} {w}: {runs[-1]['seconds']} s; " + ", ".join(
