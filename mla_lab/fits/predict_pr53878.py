@@ -108,12 +108,9 @@ def what_moved(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseC
              ("+ per-step CPU time", cpu, True),
              ("+ token delivery delay", replace(cpu, output_delay_ms=noise.output_delay_ms), True),
              ("+ cold first large step (mean) = the prediction's deterministic run", noise.without_noise(), True)]
-    rows = []
-    for label, nc, asy in steps:
-        m = simulate_once(bench, replace(sched, async_scheduling=asy), pricer, nc, None).metrics
-        rows.append({"step": label, **{k: m[k] for k in ("duration", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-                                                          "mean_tpot_ms", "output_throughput")}})
-    return rows
+    keys = ("duration", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "output_throughput")
+    return [{"step": label, **{k: m[k] for k in keys}} for label, nc, asy in steps
+            for m in [simulate_once(bench, replace(sched, async_scheduling=asy), pricer, nc, None).metrics]]
 
 
 def sensitivity(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseConfig, num_runs: int,
@@ -192,11 +189,9 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     if distribution is not None:
         distribution.extend(distribution_rows(ident, prvs))
     alt = simulate_once(BENCH, st[ALT_BEFORE]["sched"], pricers[ALT_BEFORE], noise.without_noise()).metrics
-    prediction = {}
-    for k, unit in PREDICTED.items():
-        lo, med, hi = ident.quantiles(k, "a")
-        prediction[k] = {"deterministic": ident.deterministic_a[k], "median": med, "band95": [lo, hi], "unit": unit,
-                         "alt_before_stale_deterministic": alt[k], "lab_earlier_model": st[BEFORE]["lab_metrics"][k]}
+    prediction = {k: {"deterministic": ident.deterministic_a[k], "median": q[1], "band95": [q[0], q[2]], "unit": unit,
+                      "alt_before_stale_deterministic": alt[k], "lab_earlier_model": st[BEFORE]["lab_metrics"][k]}
+                  for k, unit in PREDICTED.items() for q in [ident.quantiles(k, "a")]}
     changes = {}
     for k in TTFT_STATS + ("duration", "total_token_throughput", "output_throughput", "mean_tpot_ms"):
         row = {"identical_builds": {"band95": list(ident.band(k)), "median": ident.quantiles(k)[1]},

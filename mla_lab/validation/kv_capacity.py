@@ -78,14 +78,11 @@ def deployment_of(case: dict) -> tuple[Deployment, dict]:
 def predict(workloads: dict, stem: str = ROUND) -> dict:
     """Per case: ``gpu_kv_cache_tokens`` (vLLM's ``GPU KV cache size``), ``available_kv_gib`` (``Available KV cache
     memory``), the deployment, rule arguments and every term; ``stem`` names the round's files."""
-    out = []
-    for case in workloads["cases"]:
-        d, rule = deployment_of(case)
-        kv = memory_tradeoff(d, strategies=[BASELINE], **rule)["kv_capacity"]
-        out.append({"id": case["id"], "blind": case["blind"], "deployment": d.describe(), "rule": rule,
-                    "predicted": {"gpu_kv_cache_tokens": kv["tokens"],
-                                  "available_kv_gib": round(kv["available_bytes"] / GIB, 2)},
-                    "terms": kv["terms"]})
+    out = [{"id": case["id"], "blind": case["blind"], "deployment": d.describe(), "rule": rule, "predicted": {
+                "gpu_kv_cache_tokens": kv["tokens"], "available_kv_gib": round(kv["available_bytes"] / GIB, 2)},
+            "terms": kv["terms"]}
+           for case in workloads["cases"] for d, rule in [deployment_of(case)]
+           for kv in [memory_tradeoff(d, strategies=[BASELINE], **rule)["kv_capacity"]]]
     return {"what": "the lab's KV-capacity predictions for public vLLM startup logs (issue 37)",
             "protocol": PROTOCOL.replace(f"{ROUND}_", f"{stem}_"),
             "produced_by": f"python -m mla_lab.validation.kv_capacity predict --round {stem}",
@@ -107,11 +104,9 @@ def score(pred: dict, results: dict, stem: str = ROUND) -> dict:
              "error_pct": (v - r[fig]) / r[fig] * 100}
             for p in pred["cases"] if (r := real.get(p["id"])) is not None
             for fig, v in predicted_figures(p).items() if r.get(fig) is not None]
-    summary = {}
-    for fig in sorted({x["figure"] for x in rows}):
-        errs = [abs(x["error_pct"]) for x in rows if x["figure"] == fig and x["blind"]]
-        summary[fig] = {"blind_cases": len(errs), "median_abs_error_pct": statistics.median(errs) if errs else None,
-                        "within_5pct": sum(e <= 5 for e in errs)}
+    summary = {fig: {"blind_cases": len(errs), "median_abs_error_pct": statistics.median(errs) if errs else None,
+                     "within_5pct": sum(e <= 5 for e in errs)} for fig in sorted({x["figure"] for x in rows})
+               for errs in [[abs(x["error_pct"]) for x in rows if x["figure"] == fig and x["blind"]]]}
     figures = ("gpu_kv_cache_tokens", "available_kv_gib", "weights_gib")
     return {"what": "KV-capacity predictions scored against the logs (issue 37); target |error| <= 5 %",
             "not_scored": {r["id"]: r.get("note", "") for r in results["cases"]

@@ -116,14 +116,10 @@ def summarise(rows: list[dict]) -> dict:
 
 def posthoc_sentence(doc: dict) -> str:
     """One line for docs/serving.md from the committed file's summary."""
-    sm = doc["summary"]
-    parts = []
-    for cl in ("TTFT", "TPOT", "throughput"):
-        if cl in sm and sm[cl]["n"]:
-            x = sm[cl]
-            parts.append(f"{cl} {x['median_abs_error_pct']:.0f} % (without the options "
-                         f"{x['median_abs_error_pct_without_options']:.0f} %, blind {x['median_abs_blind_error_pct']:.0f}"
-                         f" %, {x['n']} rows)")
+    parts = [f"{cl} {x['median_abs_error_pct']:.0f} % (without the options "
+             f"{x['median_abs_error_pct_without_options']:.0f} %, blind {x['median_abs_blind_error_pct']:.0f} %, "
+             f"{x['n']} rows)"
+             for cl in ("TTFT", "TPOT", "throughput") if (x := doc["summary"].get(cl)) and x["n"]]
     return ("Post hoc (not blind; data/validation/blind_2026-12b_posthoc.json), the round-two cells with MTP or DP "
             "attention re-predicted with the options, median |error|: " + "; ".join(parts) + ".")
 
