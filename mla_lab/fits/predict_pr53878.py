@@ -269,10 +269,9 @@ def _f(x: float, unit: str = "") -> str:
 def render_markdown(d: dict) -> str:
     """The prediction's tables and the plain sentences of docs/serving.md, from the prediction file ``d``."""
     P, C = d["prediction"], d["change_distribution"]
-    by: dict = {}
-    for k, v in d["noise"]["sources"].items():
-        by.setdefault(v["status"], []).append(k)
-    status = "; ".join(f"{st}: {', '.join(f'`{k}`' for k in ks)}" for st, ks in sorted(by.items()))
+    src = d["noise"]["sources"]
+    status = "; ".join(f"{st}: {', '.join(f'`{k}`' for k, v in src.items() if v['status'] == st)}"
+                       for st in sorted({v["status"] for v in src.values()}))
     out = [f"Prediction file: commit `{d['git_commit']}` (code `{d['code_commit']['commit'][:12]}`), "
            f"{d['num_runs']} runs per build, seed {d['seed']}. Components {status}"
            + ("" if d["measurements_used"] is None else f" (measured: {d['measurements_used']['source']})") + ".",
@@ -287,9 +286,9 @@ def render_markdown(d: dict) -> str:
     out += ["", "What moved it (deterministic runs, one component added at a time):", "",
             "| | duration (s) | mean TTFT | median TTFT | P99 TTFT | mean TPOT (ms) | output tok/s |",
             "|---|---|---|---|---|---|---|"]
-    for r in d["what_moved_it"]:
-        out.append(f"| {r['step']} | {r['duration']:.3f} | {r['mean_ttft_ms']:.1f} | {r['median_ttft_ms']:.1f} | "
-                   f"{r['p99_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} | {r['output_throughput']:.1f} |")
+    out += [f"| {r['step']} | {r['duration']:.3f} | {r['mean_ttft_ms']:.1f} | {r['median_ttft_ms']:.1f} | "
+            f"{r['p99_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} | {r['output_throughput']:.1f} |"
+            for r in d["what_moved_it"]]
     out += ["", "#### Is the PR's -9.5 % inside one run's noise?", "",
             "The change between two single runs (%; each build's run an independent draw):", "",
             "| statistic | A vs A': 95 % band | PR vs before: deterministic | PR vs before: 95 % band | "
@@ -303,9 +302,8 @@ def render_markdown(d: dict) -> str:
                    f"[{q['band95'][0]:+.2f}, {q['band95'][1]:+.2f}] | {rep} |")
     out += ["", "Where the spread comes from (identical builds, 95 % band of the change, %, one source at a time):", "",
             "| noise | mean TTFT | median TTFT | P99 TTFT | total token throughput |", "|---|---|---|---|---|"]
-    for r in d["band_sensitivity"]:
-        out.append(f"| {r['noise']} | " + " | ".join(f"[{r[k][0]:+.2f}, {r[k][1]:+.2f}]" for k in
-                                                   TTFT_STATS + ("total_token_throughput",)) + " |")
+    out += ["| " + " | ".join([r["noise"]] + [f"[{r[k][0]:+.2f}, {r[k][1]:+.2f}]" for k in TTFT_STATS
+                                               + ("total_token_throughput",)]) + " |" for r in d["band_sensitivity"]]
     if d.get("arrival_sensitivity"):
         out += ["", "How much the API server's speed matters (not measured on the PR's server; the model's largest "
                 "unknown):", "",

@@ -38,10 +38,10 @@ def repeat_spreads(results: dict, lab_noise: dict | None = None) -> list[dict]:
     for rep in results.get("repeats", []):
         for m in sorted({m for r in rep["runs"].values() for m in r}):
             xs = [r[m] for r in rep["runs"].values() if m in r]
-            med = statistics.median(xs)
             pair = max(abs(a / b - 1) * 100 for a in xs for b in xs)
             band = lab.get(m, {}).get("identical_builds", {}).get("band95")
-            out.append({"source": rep.get("config", rep["source"]), "metric": m, "values": xs, "spread_pct": (max(xs) - min(xs)) / med * 100,
+            out.append({"source": rep.get("config", rep["source"]), "metric": m, "values": xs,
+                        "spread_pct": (max(xs) - min(xs)) / statistics.median(xs) * 100,
                         "max_pairwise_change_pct": pair, "lab_band95_pct": band,
                         "wider_than_lab": band is not None and pair > max(abs(band[0]), abs(band[1]))})
     return out
