@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ._checks import check_bool, check_int, check_int_or_none, check_option
+from ._checks import check_bool, check_int, check_int_or_none
 from .step import DecodeToken, PrefillChunk, Step, cudagraph_capture_sizes, launch_mode
 
 KV_ADMISSIONS = ("reserve", "lazy")
@@ -57,7 +57,8 @@ class SchedulerConfig:
             raise ValueError(f"kv_capacity_tokens={self.kv_capacity_tokens!r} must be >= block_size="
                              f"{self.block_size} (at least one KV block)")
         check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, allow_zero=True)
-        check_option("kv_admission", self.kv_admission, KV_ADMISSIONS)
+        if isinstance(self.kv_admission, bool) or self.kv_admission not in KV_ADMISSIONS:
+            raise ValueError(f"kv_admission={self.kv_admission!r} must be one of {list(KV_ADMISSIONS)}")
         check_bool("enforce_eager", self.enforce_eager)
         check_int_or_none("max_cudagraph_capture_size", self.max_cudagraph_capture_size)
         check_bool("async_scheduling", self.async_scheduling)
