@@ -80,16 +80,12 @@ def fit_kernel(rows, cal) -> KernelDecode:
                      for r in k])
     keys = np.array([min(r["c"], 2048) for r in k], float)
     kvb = np.array([r["B"] for r in k], float) * keys * 1152 / (H200.hbm_gbps * 1e9) * 1e6
-    best = (np.inf, None)
-    for p in (1.5, 2.0, 3.0, 4.0, 6.0):
-        for e in np.arange(0.50, 1.001, 0.02):
-            for b in np.arange(0.020, 0.0301, 0.00025):
-                core = ((b * keys) ** p + flop ** p + (kvb / e) ** p) ** (1 / p)
-                for a in np.arange(0.0, 8.01, 0.25):
-                    err = np.mean(np.abs(a + core - meas) / meas)
-                    if err < best[0]:
-                        best = (err, KernelDecode(round(float(a), 4), round(float(b), 6), round(float(e), 4), float(p)))
-    return best[1]
+    # grid search, the first of equal errors wins
+    _, a, b, e, p = min(((np.mean(np.abs(a + core - meas) / meas), a, b, e, p) for p in (1.5, 2.0, 3.0, 4.0, 6.0)
+                         for e in np.arange(0.50, 1.001, 0.02) for b in np.arange(0.020, 0.0301, 0.00025)
+                         for core in [((b * keys) ** p + flop ** p + (kvb / e) ** p) ** (1 / p)]
+                         for a in np.arange(0.0, 8.01, 0.25)), key=lambda t: t[0])
+    return KernelDecode(round(float(a), 4), round(float(b), 6), round(float(e), 4), float(p))
 
 
 def _roofline_us(flops, nbytes, ef, eb, fl, mode):
@@ -127,8 +123,7 @@ def fit_topk(rows) -> tuple:
 def fit_class_floors(rows, cal) -> dict:
     out = {}
     for cls in CLASSES:
-        k = [r for r in rows if r["cls"] == cls]
-        if not k:
+        if not (k := [r for r in rows if r["cls"] == cls]):
             continue
         e = cal.eff(cls)
         meas = np.array([r["us"] for r in k])

@@ -27,9 +27,7 @@ from .step import Step, StepPricer
 from .step_pricer import CostModelPricer, step_key
 
 #: The metrics ``vllm bench serve`` prints (its result-dict names) that the Monte-Carlo keeps.
-METRICS = ("duration", "request_throughput", "output_throughput", "total_token_throughput",
-           "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-           "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms")
+METRICS = (*(k for k, _ in SERVE_METRICS[1:]), "mean_e2el_ms")
 
 #: Every component of the absolute run: default, unit, status (cited / assumed / measured) and source.
 COMPONENTS = {k: dict(zip(("value", "unit", "status", "source"), v)) for k, v in {

@@ -119,8 +119,7 @@ class MemoPricer:
     once per :func:`step_key`."""
 
     def __call__(self, step: Step) -> float:
-        memo = self.__dict__.setdefault("_memo", {})
-        key = step_key(step)
+        memo, key = self.__dict__.setdefault("_memo", {}), step_key(step)
         if key not in memo:
             memo[key] = self.price(step)["total_ms"]
         return memo[key]
