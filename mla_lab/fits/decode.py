@@ -1,7 +1,6 @@
 """The decode calibration fit (``h200_decode.csv``) on ``data/measured/h200/round2/decode_ops.csv`` (each op, graph
-replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph): op-level grids,
-the per-layer cost on graph rows, the eager launch model; validated in sample and leave-one-model-out.
-"""
+replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph): op-level grids, the
+per-layer cost on graph rows, the eager launch model; validated in sample and leave-one-model-out."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """``vllm bench serve`` priced by the lab's cost model: one deployment, once per strategy, each with its own KV
-capacity, compared with a baseline (issue 13). :data:`MODELLED_NOTES` says what is modelled.
-"""
+capacity, compared with a baseline (issue 13). :data:`MODELLED_NOTES` says what is modelled."""
 
 from __future__ import annotations
 

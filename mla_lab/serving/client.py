@@ -1,12 +1,10 @@
-"""The benchmark client as ``vllm bench serve`` drives it with the random dataset (rules: docs/serving.md,
-"Client"). Lengths: ``RandomDataset.get_sampling_params`` (``vllm/benchmarks/datasets/random.py`` @ 237145ea),
-``np.random.default_rng(seed)``. Arrivals: ``get_request`` (``vllm/benchmarks/serve.py`` @ 009e6d4a), gamma delays
-from ``np.random.RandomState(seed)`` rescaled so the last arrival is ``num_prompts / request_rate``
+"""The benchmark client as ``vllm bench serve`` drives it with the random dataset (rules: docs/serving.md, "Client").
+Lengths: ``RandomDataset.get_sampling_params`` (``vllm/benchmarks/datasets/random.py`` @ 237145ea),
+``np.random.default_rng(seed)``. Arrivals: ``get_request`` (``vllm/benchmarks/serve.py`` @ 009e6d4a), gamma delays from
+``np.random.RandomState(seed)`` rescaled so the last arrival is ``num_prompts / request_rate``
 (``normalize_arrivals=False``: the older ``benchmark_serving.py`` @ 139d41fa). ``max_concurrency``: the client's
-``asyncio.Semaphore``, the TTFT clock starting after it (``endpoint_request_func.py`` @ 02cfb534). Defaults are
-vLLM's (``vllm/benchmarks/datasets/arg_utils.py`` @ 237145ea; ``serve.py``: ``--request-rate inf``,
-``--burstiness 1.0``).
-"""
+``asyncio.Semaphore``, the TTFT clock starting after it (``endpoint_request_func.py`` @ 02cfb534). Defaults are vLLM's
+(``vllm/benchmarks/datasets/arg_utils.py`` @ 237145ea; ``serve.py``: ``--request-rate inf``, ``--burstiness 1.0``)."""
 
 from __future__ import annotations
 

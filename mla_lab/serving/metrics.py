@@ -1,10 +1,9 @@
 """The metrics ``vllm bench serve`` prints, computed from per-request timestamps, with vLLM's names and units
 (``calculate_metrics`` in ``vllm/benchmarks/serve.py`` @ 009e6d4a, ``endpoint_request_func.py`` @ 02cfb534; each
-definition in docs/serving.md, "Metrics"): ``ttft`` / ``itl`` / ``e2el`` from the send (after the client's
-semaphore), ``tpot = (latency - ttft) / (output_len - 1)``; ``mean_/median_/std_/p<P>_*_ms`` (``np.std``
-population, ``np.percentile`` linear; an empty list gives 0); throughputs per ``duration`` (s, from t = 0 to the
-last token). Every simulated request succeeds (``failed`` = 0).
-"""
+definition in docs/serving.md, "Metrics"): ``ttft`` / ``itl`` / ``e2el`` from the send (after the client's semaphore),
+``tpot = (latency - ttft) / (output_len - 1)``; ``mean_/median_/std_/p<P>_*_ms`` (``np.std`` population,
+``np.percentile`` linear; an empty list gives 0); throughputs per ``duration`` (s, from t = 0 to the last token). Every
+simulated request succeeds (``failed`` = 0)."""
 
 from __future__ import annotations
 

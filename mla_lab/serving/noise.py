@@ -1,8 +1,7 @@
-"""Run-to-run noise of one ``vllm bench serve`` run (issue 20; **modelled**; docs/serving.md, "Run-to-run noise"):
-a seeded Monte-Carlo over what varies between two runs of one build (:data:`COMPONENTS`: each one's default, status
-and source; the measured ones from :func:`load_cold_start`), and the change between two builds. GPU times are
-priced once per distinct step shape (:class:`CachedPricer`), the noise applied to the cached value.
-"""
+"""Run-to-run noise of one ``vllm bench serve`` run (issue 20; **modelled**; docs/serving.md, "Run-to-run noise"): a
+seeded Monte-Carlo over what varies between two runs of one build (:data:`COMPONENTS`: each one's default, status and
+source; the measured ones from :func:`load_cold_start`), and the change between two builds. GPU times are priced once
+per distinct step shape (:class:`CachedPricer`), the noise applied to the cached value."""
 
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""Step pricers: a :class:`~mla_lab.serving.step.Step` -> ms (finite, > 0; docs/serving.md, "How the pricer plugs
-in"). A prompt token at position ``p`` sees ``min(p + 1, topk)`` keys, a decode token of context ``c``
-``min(c, topk)`` (``index_topk`` of config.json: 2048 for GLM-5 and DeepSeek-V3.2); :func:`step_topk_lengths` is
-the padded ``flash_mla_sparse_fwd`` call's ``topk_length`` (decodes first, as vLLM reorders the batch; bf16 KV sends
-every token down the sparse path, vLLM ``mla_attention.py``). :class:`LinearStepPricer` and :class:`ConstantPricer`
-are for tests; :func:`make_pricer` adapts ``fn(prefill_topk, decode_topk, cuda_graph)``.
-"""
+"""Step pricers: a :class:`~mla_lab.serving.step.Step` -> ms (finite, > 0; docs/serving.md, "How the pricer plugs in").
+A prompt token at position ``p`` sees ``min(p + 1, topk)`` keys, a decode token of context ``c`` ``min(c, topk)``
+(``index_topk`` of config.json: 2048 for GLM-5 and DeepSeek-V3.2); :func:`step_topk_lengths` is the padded
+``flash_mla_sparse_fwd`` call's ``topk_length`` (decodes first, as vLLM reorders the batch; bf16 KV sends every token
+down the sparse path, vLLM ``mla_attention.py``). :class:`LinearStepPricer` and :class:`ConstantPricer` are for tests;
+:func:`make_pricer` adapts ``fn(prefill_topk, decode_topk, cuda_graph)``."""
 
 from __future__ import annotations
 

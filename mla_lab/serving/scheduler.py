@@ -1,13 +1,12 @@
-"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off; rules in
-docs/serving.md, "Engine"), read in ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` @ 00024d31) and
-``vllm/v1/core/kv_cache_manager.py`` (``allocate_slots`` @ 003df296). Each step: running requests first, then
-waiting ones in arrival order while budget, a ``max_num_seqs`` slot and KV blocks last (FCFS ``break``). No
-preemption: ``kv_admission="reserve"`` admits a request only when its whole footprint fits; ``"lazy"`` admits as
-vLLM and raises :class:`PreemptionRequired` where vLLM would preempt. ``async_scheduling`` (vLLM v1's default,
-``vllm/config/scheduler.py``; ``EngineCore.step_with_batch_queue`` @ 00080ee1) builds the same steps; its timing
-is :func:`mla_lab.serving.simulate.simulate`'s. ``block_size`` 16 is ``CacheConfig.DEFAULT_BLOCK_SIZE``
-(``vllm/config/cache.py`` @ 002f10e0); FlashMLA sparse supports only 64.
-"""
+"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off; rules in docs/serving.md,
+"Engine"), read in ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` @ 00024d31) and
+``vllm/v1/core/kv_cache_manager.py`` (``allocate_slots`` @ 003df296). Each step: running requests first, then waiting
+ones in arrival order while budget, a ``max_num_seqs`` slot and KV blocks last (FCFS ``break``). No preemption:
+``kv_admission="reserve"`` admits a request only when its whole footprint fits; ``"lazy"`` admits as vLLM and raises
+:class:`PreemptionRequired` where vLLM would preempt. ``async_scheduling`` (vLLM v1's default,
+``vllm/config/scheduler.py``; ``EngineCore.step_with_batch_queue`` @ 00080ee1) builds the same steps; its timing is
+:func:`mla_lab.serving.simulate.simulate`'s. ``block_size`` 16 is ``CacheConfig.DEFAULT_BLOCK_SIZE``
+(``vllm/config/cache.py`` @ 002f10e0); FlashMLA sparse supports only 64."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
-"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine (the rules: docs/serving.md,
-"Time"). Request ``i`` is sent at ``max(arrival_s, a max_concurrency slot freed)`` and reaches the engine core
-``engine_delay_s[req_id]`` later; a step is built when the previous one ends (with ``async_scheduling``: when it
-starts) and lasts ``pricer(step)`` ms of GPU time plus ``cpu_step_ms`` (their max under async scheduling, but after
-an idle engine); its tokens reach the client ``output_delay_s`` after its end. Times in s from t = 0.
-"""
+"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine (the rules: docs/serving.md, "Time").
+Request ``i`` is sent at ``max(arrival_s, a max_concurrency slot freed)`` and reaches the engine core
+``engine_delay_s[req_id]`` later; a step is built when the previous one ends (with ``async_scheduling``: when it starts)
+and lasts ``pricer(step)`` ms of GPU time plus ``cpu_step_ms`` (their max under async scheduling, but after an idle
+engine); its tokens reach the client ``output_delay_s`` after its end. Times in s from t = 0."""
 
 from __future__ import annotations
 

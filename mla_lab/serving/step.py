@@ -1,11 +1,10 @@
 """One engine step of a vLLM v1 serving run: its decode tokens (``context_len`` = position + 1), prefill chunks and
-launch (docs/serving.md). ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE``
-(``docs/design/cuda_graphs.md`` @ 0045689b): ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens ==
-num_reqs``, ``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
+launch (docs/serving.md). ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE`` (``docs/design/cuda_graphs.md``
+@ 0045689b): ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens == num_reqs``,
+``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
 ``flashmla_sparse.py`` @ 008a0c31) up to the largest capture size, ``"PIECEWISE"`` for other batches up to it,
 ``"NONE"`` above or with ``enforce_eager``. Capture sizes: ``VllmConfig._set_cudagraph_sizes``
-(``vllm/config/vllm.py``).
-"""
+(``vllm/config/vllm.py``)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""The lab's cost model as a step pricer: a vLLM v1 engine step -> ms, decode included (issue 13; each term, its
-fit and validation: docs/serving.md, "The lab's cost model as the pricer"). A decode token of context ``c`` is the
-chunk ``(req, c - 1, 1)`` of a :class:`mla_lab.workload.Step`, priced by :func:`mla_lab.model.timing.step_time_ms`
-(bf16 KV: decode tokens pay the per-call pad too) plus the decode terms fitted on the H200
-(:class:`~mla_lab.model.decode_calibration.DecodeCalibration`) and the launch model: a ``FULL`` CUDA-graph step
-costs its GPU time, any other ``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops (an upper bound
-under ``PIECEWISE``). :func:`layer_decode_ms` prices the ops the ``decode_layer`` experiment timed, for the fit.
-"""
+"""The lab's cost model as a step pricer: a vLLM v1 engine step -> ms, decode included (issue 13; each term, its fit and
+validation: docs/serving.md, "The lab's cost model as the pricer"). A decode token of context ``c`` is the chunk ``(req,
+c - 1, 1)`` of a :class:`mla_lab.workload.Step`, priced by :func:`mla_lab.model.timing.step_time_ms` (bf16 KV: decode
+tokens pay the per-call pad too) plus the decode terms fitted on the H200
+(:class:`~mla_lab.model.decode_calibration.DecodeCalibration`) and the launch model: a ``FULL`` CUDA-graph step costs
+its GPU time, any other ``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops (an upper bound under
+``PIECEWISE``). :func:`layer_decode_ms` prices the ops the ``decode_layer`` experiment timed, for the fit."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """vLLM PR #53878's "main" run (:data:`REAL`) scored against the prediction committed before it was read, its gap
-decomposed (issue 30) and the first token explained (issue 37). ``--write``: ``pr53878_main_decomposition.json``
-(the score, the (TTFT_last, TPOT) pairs with ``duration ~ TTFT_last + 127 x TPOT``, each candidate with its status
-and the seconds it would close, the revised run: in-sample, not a prediction).
-"""
+decomposed (issue 30) and the first token explained (issue 37). ``--write``: ``pr53878_main_decomposition.json`` (the
+score, the (TTFT_last, TPOT) pairs with ``duration ~ TTFT_last + 127 x TPOT``, each candidate with its status and the
+seconds it would close, the revised run: in-sample, not a prediction)."""
 
 from __future__ import annotations
 
