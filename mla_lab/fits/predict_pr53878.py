@@ -443,21 +443,18 @@ def main(argv=None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
-    if a.docs_only:
-        update_docs(json.loads(out.read_text()))
-        print(f"-> {DOCS}")
-        return 0
-    rows: list = []
-    res = predict(a.num_runs, a.seed, not a.no_measurements, distribution=rows)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = "\n".join(rows) + "\n"
-    dist = out.with_name(DIST_NAME)
-    res["distribution_file"].update(path=_rel(dist), sha256=hashlib.sha256(text.encode()).hexdigest())
-    dist.write_text(text)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"-> {out}\n-> {dist}")
-    if a.update_docs:
-        update_docs(res)
+    if not a.docs_only:
+        rows: list = []
+        res = predict(a.num_runs, a.seed, not a.no_measurements, distribution=rows)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        text = "\n".join(rows) + "\n"
+        dist = out.with_name(DIST_NAME)
+        res["distribution_file"].update(path=_rel(dist), sha256=hashlib.sha256(text.encode()).hexdigest())
+        dist.write_text(text)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"-> {out}\n-> {dist}")
+    if a.docs_only or a.update_docs:
+        update_docs(json.loads(out.read_text()) if a.docs_only else res)
         print(f"-> {DOCS}")
     return 0
 

@@ -49,10 +49,6 @@ class Step:
         return len(self.decode) + sum(c.num_tokens for c in self.prefill_chunks)
 
     @property
-    def num_reqs(self) -> int:
-        return len(self.decode) + len(self.prefill_chunks)
-
-    @property
     def kind(self) -> str:
         """``"prefill"`` (no decode token), ``"decode"`` (no chunk) or ``"mixed"``."""
         return ("mixed" if self.decode else "prefill") if self.prefill_chunks else "decode"
