@@ -92,8 +92,7 @@ def length_bounds(bench: BenchConfig) -> tuple[tuple[int, int], tuple[int, int]]
 def sample_lengths(bench: BenchConfig) -> tuple[np.ndarray, np.ndarray]:
     """Input and output lengths (int64 arrays of ``num_prompts``, tokens), drawn as ``RandomDataset`` draws them."""
     rng = np.random.default_rng(bench.seed)  # the input lengths drawn first, then the output lengths
-    ins, outs = (rng.integers(lo, hi + 1, size=bench.num_prompts).astype(np.int64) for lo, hi in length_bounds(bench))
-    return ins, outs
+    return tuple(rng.integers(lo, hi + 1, size=bench.num_prompts).astype(np.int64) for lo, hi in length_bounds(bench))
 
 
 def sample_intervals(bench: BenchConfig) -> np.ndarray:
@@ -121,6 +120,5 @@ def arrival_times(bench: BenchConfig) -> np.ndarray:
 
 def make_requests(bench: BenchConfig) -> list[ClientRequest]:
     """The benchmark's requests in arrival order: ids ``0..num_prompts-1``, lengths and arrival times."""
-    ins, outs = sample_lengths(bench)
-    ts = arrival_times(bench)
+    (ins, outs), ts = sample_lengths(bench), arrival_times(bench)
     return [ClientRequest(i, float(ts[i]), int(ins[i]), int(outs[i])) for i in range(bench.num_prompts)]

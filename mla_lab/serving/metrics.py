@@ -143,13 +143,8 @@ def compare(a, b) -> dict[str, float]:
     """``(b - a) / a * 100`` per numeric metric in both (metrics dicts or ``ServingResult``); a 0 baseline gives 0.0
     when ``b`` is 0 too, else nan. Raises ValueError: an argument that is neither."""
     ma, mb = _as_metrics(a), _as_metrics(b)
-    out: dict[str, float] = {}
-    for k, va in ma.items():
-        vb = mb.get(k)
-        if vb is None or isinstance(va, bool) or not isinstance(va, (int, float)) or not isinstance(vb, (int, float)):
-            continue
-        out[k] = (0.0 if vb == 0 else math.nan) if va == 0 else (vb - va) / va * 100.0
-    return out
+    return {k: (0.0 if vb == 0 else math.nan) if va == 0 else (vb - va) / va * 100.0 for k, va in ma.items()
+            if not isinstance(va, bool) and isinstance(va, (int, float)) and isinstance(vb := mb.get(k), (int, float))}
 
 
 _LABELS = [("completed", "Successful requests:", "d"), ("failed", "Failed requests:", "d"),

@@ -183,9 +183,7 @@ class CachedPricer:
     def __init__(self, pricer: StepPricer):
         if not callable(pricer):
             raise ValueError(f"pricer={pricer!r} must be callable as pricer(step) -> ms")
-        self.pricer = pricer
-        self.cache: dict = {}
-        self.hits = self.misses = 0
+        self.pricer, self.cache, self.hits, self.misses = pricer, {}, 0, 0
 
     def __call__(self, step: Step) -> float:
         k = step_key(step)
@@ -200,8 +198,7 @@ class _RunPricer:
     def __init__(self, base: StepPricer, noise: NoiseConfig, rng: np.random.Generator | None):
         self.base, self.noise, self.rng = base, noise, rng
         self.run_factor = math.exp(rng.normal(0.0, noise.run_sigma)) if rng is not None and noise.run_sigma else 1.0
-        self.cold_ms = _gamma(rng, noise.cold_extra_ms, noise.cold_sd_ms)
-        self.cold_done = False
+        self.cold_ms, self.cold_done = _gamma(rng, noise.cold_extra_ms, noise.cold_sd_ms), False
 
     def __call__(self, step: Step) -> float:
         ms = self.base(step) * self.run_factor

@@ -54,8 +54,7 @@ class _Client:
 
     def __init__(self, reqs: Sequence[ClientRequest], max_concurrency: int | None):
         self.pending = sorted(reqs, key=lambda r: (r.arrival_s, r.req_id))
-        self.pos = 0
-        self.limited = max_concurrency is not None
+        self.pos, self.limited = 0, max_concurrency is not None
         self.free_slots: list[float] = [0.0] * (max_concurrency or 0)  # times slots became free (min-heap)
 
     def release(self, now: float) -> list[tuple[ClientRequest, float]]:
