@@ -341,8 +341,7 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
         raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
                          f"{', '.join(COLD_START_COLUMNS)}) from the cold_start experiment (mla-lab measure)")
     raw = pd.read_csv(p, dtype=str, keep_default_na=False)
-    missing = [c for c in COLD_START_COLUMNS if c not in raw.columns]
-    if missing:
+    if missing := [c for c in COLD_START_COLUMNS if c not in raw.columns]:
         raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
     df = _numbers(p, raw, [c for c in COLD_START_COLUMNS if c != "what"])
     df = df[df["T"] >= min_tokens]
@@ -368,8 +367,7 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
         vals["cold_sd_ms"] = float(np.std(cold2, ddof=1))
         layer_spread["run_log_sd"] = float(np.std(np.log(per[1]["steady_gpu_ms"].to_numpy()), ddof=1))
     sp = Path(spread_path) if spread_path is not None else p.with_name("step_spread.csv")
-    rel = _step_rel_sds(sp, layer) if sp.is_file() else []
-    if rel:
+    if rel := (_step_rel_sds(sp, layer) if sp.is_file() else []):
         layer_spread["step_rel_sd"] = float(np.median(rel))
     return {"values": vals, "cold_call1_ms": float(np.mean(per[1]["extra"].to_numpy())), "layer_spread": layer_spread,
             "cases": layer, "num_processes": n,

@@ -62,17 +62,15 @@ def _value(case: dict, key: str):
 def deployment_of(case: dict) -> tuple[Deployment, dict]:
     """The case as a Deployment (one 1024-token prompt: the workload is not in the KV capacity) and
     ``memory_tradeoff``'s rule arguments."""
-    ep = bool(_value(case, "enable_expert_parallel"))
-    kv = "fp8" if "fp8" in str(case["stated"]["kv_cache_dtype"]) else "bf16"
     d = Deployment.of(model=case["assumed"]["model_geometry"][0], tp=case["stated"]["tensor_parallel_size"],
                       arch=_GPU[case["stated"]["gpu"]], max_num_batched_tokens=_value(case, "max_num_batched_tokens"),
-                      kv_cache_dtype=kv, weight_dtype="fp8", moe_parallel="ep" if ep else "tp",
+                      kv_cache_dtype="fp8" if "fp8" in str(case["stated"]["kv_cache_dtype"]) else "bf16",
+                      weight_dtype="fp8", moe_parallel="ep" if _value(case, "enable_expert_parallel") else "tp",
                       gpu_memory_utilization=_value(case, "gpu_memory_utilization"), prompt_len=1024, num_prompts=1,
                       max_num_seqs=case["stated"].get("max_num_seqs", 256))
-    mml = _value(case, "max_model_len")
-    rule = {"vllm_version": case["assumed"]["vllm_rule_version"][0], "max_model_len": int(mml),
-            "mtp_layers": int(case["assumed"].get("mtp_layers", [0])[0])}
-    return d, rule
+    return d, {"vllm_version": case["assumed"]["vllm_rule_version"][0],
+               "max_model_len": int(_value(case, "max_model_len")),
+               "mtp_layers": int(case["assumed"].get("mtp_layers", [0])[0])}
 
 
 def predict(workloads: dict, stem: str = ROUND) -> dict:
