@@ -14,9 +14,6 @@ from pathlib import Path
 from .._validate import read_csv_checked
 from ..paths import REPO_ROOT, calibration_dir, measured_dir
 
-__all__ = ["CommFit", "CommModel", "COMM_CSV", "fit_comm", "ring_allreduce_ms", "load_comm_model",
-           "measured_allreduce_rows", "extrapolated"]
-
 COMM_CSV = "h200_comm.csv"
 FIT_COLUMNS = ["world_size", "latency_us", "bw_gbps", "n", "n_sizes", "min_bytes", "max_bytes", "mape_pct",
                "loo_mape_pct", "max_ape_pct"]

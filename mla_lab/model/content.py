@@ -15,10 +15,6 @@ from statistics import median
 
 from ..paths import calibration_dir
 
-__all__ = ["ContentModel", "content_factor", "fit_content_factor", "load_content_model", "CONTENT_CSV",
-           "StepContentModel", "fit_step_content", "load_step_content_model", "STEP_CONTENT_CSV",
-           "STEP_CONTENT_PER_PROCESS_CSV", "CONTENT_SCOPES"]
-
 CONTENT_CSV = "h200_content.csv"
 
 

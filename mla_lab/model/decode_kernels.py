@@ -21,9 +21,6 @@ from ..arch import GPUArch, get_arch
 from ..paths import REPO_ROOT, calibration_dir
 from ..placement import KINDS
 
-__all__ = ["FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
-           "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV", "fit_decode_kernels_file"]
-
 FAMILIES = ("flashmla_pad64", "fa3_sparse")
 DECODE_KERNELS_CSV = "h200_decode_kernels.csv"
 #: The GPU the fitted rows ran on, and the rows.

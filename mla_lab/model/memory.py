@@ -13,15 +13,10 @@ import re
 
 from .._validate import check_int
 from ..buffers import MIB, memory_account_of, shared_workspace_other_bytes
-from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
+from ..deployment import Deployment
 from ..placement import BASELINE, expand, fixed_strategies
 from ..rank import RankView
 from .ops import BF16, FP32, WEIGHT_DTYPES
-
-__all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
-           "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",
-           "NON_TORCH_AFTER_SNAPSHOT_BYTES", "CUDAGRAPH_ESTIMATE_BYTES", "KV_BLOCK_SIZE",
-           "INDEXER_LOGITS_RESERVE_BYTES", "sparse_workspace_extra_bytes", "sampler_buffer_bytes"]
 
 _W = "vllm-0.33.0 wheel: "
 #: Where each term of vLLM's KV budget is written (vLLM 0.33.0 release wheel; file:line).

@@ -17,10 +17,6 @@ from ..placement import Strategy, as_strategy
 from ..rank import RankView
 from ..workload import Step, sum_topk_lengths
 
-__all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
-           "layer_kinds", "step_level_ops", "path_op", "padded_path_ops", "ATTN_OPS", "COMM_CLASSES", "WEIGHT_DTYPES",
-           "EP_COMM", "LAYER_KINDS", "FP8_PEAK_FACTOR"]
-
 BF16 = 2
 FP32 = 4
 

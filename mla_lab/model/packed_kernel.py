@@ -21,11 +21,6 @@ from ..rank import RankView
 from ..union_layout import union_buffer_bytes
 from ..workload import Step, schedule, sum_topk_lengths
 
-__all__ = ["ROWS_CSV", "PACKED_CSV", "PACKED_OVERLAP_DEFAULT", "PACKED_OVERLAP_SOURCE", "DISPATCH_MARGIN", "PackedFit",
-           "HAND_FIT", "fit_packed", "fit_packed_file", "read_packed_csv", "load_packed_fit", "causal_group_union",
-           "step_union", "UnionStats", "packed_plan", "PackedPlan", "packed_union_bytes", "union_key_space",
-           "packed_group_size", "packed_strategy", "packed_summary"]
-
 #: The GPU the fit's rows ran on, and the rows (``mla-lab measure --experiments packed_kernels``).
 FIT_GPU = "h200"
 ROWS_CSV = f"data/measured/{FIT_GPU}/between_process/packed_kernels.csv"

@@ -28,12 +28,6 @@ from ..workload import Step, sum_topk_lengths
 from .calibration import Calibration, csv_rows, fit_calibration, resolve_calibration
 from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _check_options, _gemm, _layer_ops, _step_pairs
 
-__all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mha_dense_ops", "PaddedKernelFit",
-           "padded_kernel_terms", "padded_kernel_rows", "fit_padded_kernel", "default_padded_kernel_fit", "route_rows",
-           "fit_route_classes", "route_rows_rank", "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS",
-           "route_layer_ops", "step_route", "route_step_ops", "prompt_len_step", "route_calibration_rows",
-           "DROPPED_BY_DENSE", "ROUTE_ATTN_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
-
 BF16 = 2
 FP32 = 4
 #: Absorbed-MLA widths the sparse kernels see: head_size 576 (kv_lora_rank 512 + rope 64) and d_v 512.

@@ -26,9 +26,6 @@ from .route_ops import (
 )
 from .timing import apply_step_content, op_time_ms
 
-__all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "crossover_prompt_len", "validate_routes"]
-
-
 KERNEL_MODELS = ("roofline", "calibrated")
 
 

@@ -14,8 +14,6 @@ from .calibration import Calibration, resolve_calibration
 from .ops import ATTN_OPS
 from .timing import attention_path_ms, step_time_ms
 
-__all__ = ["predict_ttft", "compare_strategies", "SCOPES", "LAYER_OPTIONS"]
-
 SCOPES = ("full_layer", "attention_path")
 #: ``full_layer`` options beyond the deployment (:func:`mla_lab.model.ops.layer_ops`, the comm terms).
 LAYER_OPTIONS = ("ep_size", "ep_comm", "out_slice_copy", "indexer_dtype", "context", "comm_efficiency",

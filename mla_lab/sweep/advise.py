@@ -19,9 +19,6 @@ from ..placement import BASELINE
 from ..serving.benchmark import options_summary
 from .rows import Row, between_process_changes, measured_changes, measured_withheld, price
 
-__all__ = ["DEFAULT_ENGINE", "strategy_engine", "strategy_label", "engine_group", "advise", "frontier",
-           "format_advice", "engines_block"]
-
 
 def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
     """:func:`mla_lab.placement.engine_summary` for ``d`` of ``engine`` (first, if given) and of

@@ -16,9 +16,6 @@ from typing import Callable, Iterable, Iterator
 from ..arch import detect_arch
 from .store import code_version
 
-__all__ = ["EXECUTORS", "PointTask", "PointResult", "compute_point", "LocalExecutor", "RayExecutor",
-           "make_executor", "ray_available", "RAY_INSTALL_HINT"]
-
 EXECUTORS = ("local", "ray")
 RAY_INSTALL_HINT = "pip install 'mla_lab[ray]' (or: pip install 'ray>=2.9')"
 

@@ -19,9 +19,6 @@ from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
 
-__all__ = ["SweepParams", "DEFAULTS", "validate_params", "check_notebook_names", "NOTEBOOK_ONLY", "expand_grid", "check_tp_sizes", "DEFAULT_STRATEGIES", "VLLM_ALIASES",
-           "normalize_names"]
-
 #: The sweep's default strategies (:data:`mla_lab.placement.SWEEP_STRATEGIES`): every engine preset, the shared
 #: workspace with the concat zeroing its padded heads, and the sub-chunked workspace at
 #: :data:`~mla_lab.placement.SUBCHUNK_ROWS`.

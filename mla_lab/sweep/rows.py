@@ -28,11 +28,6 @@ from ..placement import BASELINE, LEGACY_MEASURED, Strategy, as_strategy, expand
 from ..provenance import provenance
 from ..workload import schedule
 
-__all__ = ["Row", "price", "modelled_rows", "measured_rows", "compute_rows", "fit_status", "point_inputs", "MODES",
-           "NOT_PRICED", "TTFT_COLUMNS", "MEMORY_COLUMNS", "MEASURED_ROUTE", "measured_withheld",
-           "ttft_with_attention", "reprice_measured_rows", "ONE_PROCESS_COLUMNS", "between_process_changes",
-           "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "measured_matching"]
-
 MODES = ("modelled", "measured")
 NAN = float("nan")
 _BASE = parse_strategy(BASELINE)

@@ -20,9 +20,6 @@ from .params import SweepParams, expand_grid, validate_params
 from .rows import compute_rows, point_inputs
 from .store import ResultStore, atomic_write, code_version, inputs_digest, point_key
 
-__all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK", "grid_row_ids", "may_measure",
-           "data_file_lock", "check_not_locked", "LOCK_ENV"]
-
 #: Columns whose presence in a CSV's header says the lab wrote it (so it may be replaced).
 LAB_CSV_MARK = ("point_key", "strategy", "code_version")
 

@@ -19,8 +19,6 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT, measured_row_problem
 
-__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest", "payload_problem", "atomic_write"]
-
 _PKG = REPO_ROOT / "mla_lab"
 
 
