@@ -6,10 +6,8 @@ shapes shrink and the GPU-only parts (memory statistics, profiler, fp8) are skip
 
 from __future__ import annotations
 
-import csv
 import math
 import traceback
-from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -249,14 +247,6 @@ def _point(sink, layer, name, T, variant, arch, settings, impl, log, strategies,
         for row in layer_rows:
             sink.write(E2E_CSV, row)
         sink.write(EXTRAS_CSV, delta_row)
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a CSV as dicts of strings; ``[]`` when the file does not exist."""
-    if not Path(path).exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def ceilings(settings: MeasureSettings) -> Iterator[dict]:

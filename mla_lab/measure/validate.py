@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..arch import GPUArch, get_arch
-from ..model.calibration import Calibration, fit_calibration, write_calibration_csv
+from ..model.calibration import Calibration, csv_rows, fit_calibration, write_calibration_csv
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms, predict_measured_op_ms
 from ..models import ModelConfig, load_model
@@ -34,7 +34,7 @@ from ..paths import is_committed
 from ..placement import measured_as
 from ..provenance import PROVENANCE_COLUMNS, provenance
 from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV
-from .layer_runs import measured_rank, read_rows
+from .layer_runs import measured_rank
 
 #: Columns of ``layer_validation.csv`` before the provenance columns.
 VALIDATION_COLUMNS = ["level", "split", "model", "tp", "moe_parallel", "T", "name", "op_class", "measured_ms",
@@ -143,9 +143,9 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
     ``modelled``). Returns the in-sample :class:`~mla_lab.model.calibration.Calibration`, or None (nothing
     written) without an ``ok`` op row."""
     out_dir = Path(out_dir)
-    op_rows = [r for r in read_rows(out_dir / OPS_CSV) if r.get("status") == "ok"]
-    e2e_rows = [r for r in read_rows(out_dir / E2E_CSV) if r.get("status") == "ok"]
-    extras_rows = read_rows(out_dir / EXTRAS_CSV)
+    op_rows = [r for r in csv_rows(out_dir / OPS_CSV) if r.get("status") == "ok"]
+    e2e_rows = [r for r in csv_rows(out_dir / E2E_CSV) if r.get("status") == "ok"]
+    extras_rows = csv_rows(out_dir / EXTRAS_CSV)
     if not op_rows:
         log("no op rows to fit")
         return None
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="let the outputs replace a committed file")
     a = ap.parse_args(argv)
     cal, val = _outputs(ap, a)
-    ops = read_rows(Path(a.fit_only) / OPS_CSV)
+    ops = csv_rows(Path(a.fit_only) / OPS_CSV)
     prov = {k: ops[0][k] for k in PROVENANCE_COLUMNS if k in ops[0]} if ops else provenance("modelled")
     prov["fit_commit"] = provenance("modelled")["git_commit"]
     models = {n: load_model(n) for n in ("glm-5", "deepseek-v3.2")}

@@ -209,8 +209,10 @@ def load_file(reader: Callable[[Path], object], name: str, path: str | Path | No
     return _cached(reader, str(p.resolve()), p.stat().st_mtime_ns)
 
 
-def csv_rows(path: Path) -> list[dict]:
-    """The rows of a CSV file (dicts of str)."""
+def csv_rows(path: str | Path) -> list[dict]:
+    """The rows of a CSV file (dicts of str); ``[]`` when the file does not exist."""
+    if not Path(path).is_file():
+        return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 

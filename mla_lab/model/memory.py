@@ -188,10 +188,6 @@ def _term(name: str, value: float, status: str, key: str, unit: str = "bytes") -
     return {"term": name, "value": value, "unit": unit, "status": status, "source": KV_RULE_SOURCES[key]}
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split(".")[:3])
-
-
 def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int, per_tok: int, *,
                       vllm_version: str = "0.33.0", max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
     """vLLM's KV-cache capacity of one rank of a checked ``deployment``, term by term (:data:`KV_RULE_SOURCES`).
@@ -207,7 +203,7 @@ def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int,
     mtp = mtp_layers * mtp_weights_bytes(rank)
     layer = rank.model.kv_cache_bytes_per_token_layer(rank.kv_cache_dtype)
     bpt = per_tok + mtp_layers * layer
-    cg = CUDAGRAPH_ESTIMATE_BYTES if _version_tuple(vllm_version) >= (0, 21, 0) else 0
+    cg = CUDAGRAPH_ESTIMATE_BYTES if tuple(int(x) for x in vllm_version.split(".")[:3]) >= (0, 21, 0) else 0
     terms = [_term("total memory (torch)", int(total), rank.arch.torch_total_status or "given", "total"),
              _term("gpu_memory_utilization", gpu_memory_utilization, "given", "requested", unit="fraction"),
              _term("requested = ceil(total x utilization)", requested, "cited", "requested"),

@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -16,7 +15,7 @@ import numpy as np
 
 from ..arch import GPUArch, get_arch
 from ..engines import BACKENDS
-from ..paths import REPO_ROOT, calibration_dir
+from ..paths import REPO_ROOT, calibration_dir, command_output
 from ..rank import RankView
 from ..union_layout import union_buffer_bytes
 from ..workload import Step, schedule, sum_topk_lengths
@@ -174,7 +173,8 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
         errors += [_error(block, s, *geo[s][2:], yi, fi, li, 1e6) for s, yi, fi, li in zip(shapes, y, fitted, loso)]
     src = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
     fit = PackedFit(*coef["kernel"], *coef["triton"], *coef["build"], *coef["padded"], source=src,
-                    source_commit=source_commit if source_commit is not None else _commit_of(path))
+                    source_commit=source_commit if source_commit is not None else (command_output(
+                        "git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", str(path)) or "uncommitted"))
     for s in sorted(geo):  # the packed rows (build + kernel in one graph): not fitted, a check of the sum
         if (s, KERNEL_ROWS["path"]) in med:
             y = med[(s, KERNEL_ROWS["path"])]
@@ -191,16 +191,6 @@ def _error(block: str, shape: str, U: float, S: float, y: float, f: float, lo: f
     return {"block": block, "shape": shape, "U": U, "S": S, "measured_ms": y / per_ms, "fitted_ms": f / per_ms,
             "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None if lo is None else lo / per_ms,
             "loso_pct": None if lo is None else 100.0 * (lo - y) / y}
-
-
-def _commit_of(path: Path) -> str:
-    """The last commit touching ``path`` ("uncommitted" when git has none)."""
-    try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", str(path)],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    return out or "uncommitted"
 
 
 CSV_COLUMNS = ["kind", "name", "block", "shape", "value", "unit", "U", "S", "measured_ms", "fitted_ms",

@@ -134,14 +134,10 @@ class PaddedKernelFit:
         return nbytes / (get_arch(arch or self.arch).hbm_gbps * 1e9 * self.eff_bytes) * 1e3
 
 
-def _csv_rows(p: Path) -> list[dict]:
-    return csv_rows(p) if p.is_file() else []
-
-
 def _content_rows(d: Path) -> list[dict]:
     """``round2/content.csv`` zeros / alone rows: the median of the repeats per shape."""
     groups: dict = {}
-    for r in _csv_rows(d / "round2" / "content.csv"):
+    for r in csv_rows(d / "round2" / "content.csv"):
         if r.get("content") == "zeros" and r.get("mode") == "alone" and r.get("status") == "ok":
             k = (int(r["T"]), int(r["H"]), int(r["Hp"]), int(r["sum_topk"]))
             groups.setdefault(k, []).append(float(r["ms_median"]))
@@ -151,7 +147,7 @@ def _content_rows(d: Path) -> list[dict]:
 
 def _layer_ops_rows(d: Path) -> list[dict]:
     out = []
-    for r in _csv_rows(d / "layer_ops.csv"):
+    for r in csv_rows(d / "layer_ops.csv"):
         if r.get("op") == "kernel" and r.get("status", "ok") == "ok":
             dims = dict(x.split("=") for x in r["dims"].split(";"))
             out.append({"T": int(dims["T"]), "H": int(dims["H"]), "Hp": int(dims["Hp"]),
@@ -161,7 +157,7 @@ def _layer_ops_rows(d: Path) -> list[dict]:
 
 def _attention_path_rows(d: Path) -> list[dict]:
     out = []
-    for r in _csv_rows(d / "attention_path.csv"):
+    for r in csv_rows(d / "attention_path.csv"):
         if r.get("strategy") == "fused":
             T = int(r["T"])
             S = sum_topk_lengths(0, T, 2048) if r["topk_mode"] == "causal" else T * 2048
@@ -170,18 +166,15 @@ def _attention_path_rows(d: Path) -> list[dict]:
     return out
 
 
-def _reference_rows() -> list[dict]:
-    return [{"T": int(r["T"]), "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]),
-             "sum_topk": int(r["T"]) * int(r["topk"]), "ms": float(r["ms"]), "source": "h200_reference.csv"}
-            for r in _csv_rows(calibration_dir() / "h200_reference.csv") if r["op"] == "kernel"]
-
-
 def padded_kernel_rows(root: str | Path | None = None) -> list[dict]:
     """The committed H200 FlashMLA kernel rows, zero padded heads, ``{T, H, Hp, sum_topk, ms, source}``: content.csv,
     layer_ops.csv, attention_path.csv and (without ``root``) ``data/calibration/h200_reference.csv``."""
     d = Path(root) if root else calibration_measurements_dir("h200")  # calibration input, not the measured column
-    return (_content_rows(d) + _layer_ops_rows(d) + _attention_path_rows(d)
-            + (_reference_rows() if root is None else []))
+    reference = [] if root is not None else [
+        {"T": int(r["T"]), "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]),
+         "sum_topk": int(r["T"]) * int(r["topk"]), "ms": float(r["ms"]), "source": "h200_reference.csv"}
+        for r in csv_rows(calibration_dir() / "h200_reference.csv") if r["op"] == "kernel"]
+    return _content_rows(d) + _layer_ops_rows(d) + _attention_path_rows(d) + reference
 
 
 def _lstsq2(rows, arch: GPUArch):
@@ -258,7 +251,7 @@ def route_rows(path: str | Path | None = None) -> list[dict]:
     p = Path(path) if path else calibration_measurements_dir("h200").joinpath(*ROUTES_CSV)  # calibration input
     per: dict = {}
     meta: dict = {}
-    for r in _csv_rows(p):
+    for r in csv_rows(p):
         k = (r["model"], r["route"], int(r["prompt_len"]))
         per.setdefault(k, {})[r["process"]] = float(r["median_ms"])
         meta[k] = (int(r["num_prompts"]), int(r["T"]), r.get("v_padded") == "True")
