@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..arch import get_arch
-from ..buffers import padded_num_heads
+from ..buffers import MIB, padded_num_heads
 from ..kernels import last_backend
 from ..model.calibration import Calibration, default_calibration
 from ..model.timing import comm_time_ms
@@ -50,7 +50,6 @@ from .tp_blocks import (
 
 #: NVLink multicast off (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS): shared machines.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-MIB = 2**20
 RUNS = ("tp", "sim")
 
 #: Columns of a block row (then :data:`COMPARE_COLUMNS`, then :data:`mla_lab.provenance.PROVENANCE_COLUMNS`).

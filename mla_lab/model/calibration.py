@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
+from ..buffers import MIB
 from ..paths import calibration_dir
 from .comm import CommModel, load_comm_model
 from .content import CONTENT_SCOPES, ContentModel, StepContentModel, load_content_model, load_step_content_model
@@ -23,7 +24,6 @@ from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 OVERHEAD_MODES = ("max", "add")
 #: A measured all-reduce fit prices sizes within [min_bytes / F, max_bytes x F] of what was measured (F = 2).
 COMM_FIT_RANGE_FACTOR = 2.0
-MIB = 2**20
 
 
 def _priced_range(fit) -> tuple[float, float]:
@@ -363,9 +363,7 @@ def _grid_fit(flops, nbytes, ms, peak_f, peak_b, with_floor=True):
     ``(eff_flops, eff_bytes, overhead_us, mape_pct, mode)``."""
     import numpy as np
 
-    F = np.asarray(flops, float)[:, None, None]
-    B = np.asarray(nbytes, float)[:, None, None]
-    M = np.asarray(ms, float)[:, None, None]
+    F, B, M = (np.asarray(v, float)[:, None, None] for v in (flops, nbytes, ms))
     g = np.geomspace(0.01, 1.5, 91)
     floors = [0.0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50] if with_floor else [0.0]
     tmax = np.maximum(F / (peak_f * g[None, :, None]) * 1e3, B / (peak_b * g[None, None, :]) * 1e3)

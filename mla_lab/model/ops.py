@@ -17,8 +17,7 @@ from ..placement import Strategy, as_strategy
 from ..rank import RankView
 from ..workload import Step, sum_topk_lengths
 
-BF16 = 2
-FP32 = 4
+BF16, FP32 = 2, 4
 
 WEIGHT_DTYPES = {"bf16": 2, "fp8": 1}
 COMM_CLASSES = ("allreduce", "all_to_all", "allgather")

@@ -26,13 +26,10 @@ from ..rank import RankView
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
 from .calibration import Calibration, csv_rows, fit_calibration, resolve_calibration
-from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _check_options, _gemm, _layer_ops, _step_pairs
+from .ops import ATTN_OPS, BF16, FP32, WEIGHT_DTYPES, LayerOp, _check_options, _gemm, _layer_ops, _step_pairs
 
-BF16 = 2
-FP32 = 4
 #: Absorbed-MLA widths the sparse kernels see: head_size 576 (kv_lora_rank 512 + rope 64) and d_v 512.
-D_QK_ABSORBED = 576
-D_V_ABSORBED = 512
+D_QK_ABSORBED, D_V_ABSORBED = 576, 512
 #: Layer ops the dense MHA routes replace or skip (see the module docstring).
 DROPPED_BY_DENSE = ("w_uk_bmm", "w_uv_bmm", "idx_logits", "idx_topk") + ATTN_OPS
 MHA_CLASS = "mha_attn"

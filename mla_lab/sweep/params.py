@@ -65,8 +65,7 @@ class SweepParams:
     request_rate: object = "inf"
     seed: int = 0
 
-DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-            for f in dataclasses.fields(SweepParams)}
+DEFAULTS = dataclasses.asdict(SweepParams())
 
 _LIST_INT = ("tp_sizes", "max_num_batched_tokens", "prompt_lens")
 _LIST_STR = ("models", "archs", "strategies")
