@@ -42,8 +42,7 @@ def fa3_num_splits(total_mblocks: int, num_sms: int, n_blocks: int, max_splits: 
             raise ValueError(f"{name}={v} must be >= 1")
     if total_mblocks >= 0.8 * num_sms:
         return 1
-    top = min(max_splits, num_sms, n_blocks)
-    eff = []
+    top, eff = min(max_splits, num_sms, n_blocks), []
     for s in range(1, top + 1):
         waves = total_mblocks * s / num_sms
         eff.append(waves / math.ceil(waves))
@@ -139,8 +138,7 @@ def _mape(B, n, y_us, params, family, arch) -> float:
 
 def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArch | None = None) -> dict:
     """``{family: DecodeKernel}`` fitted on the decode rows of ``rows_csv``. Raises ValueError: no decode rows."""
-    arch = arch or get_arch(FIT_GPU)
-    rows = _rows(Path(rows_csv))
+    arch, rows = arch or get_arch(FIT_GPU), _rows(Path(rows_csv))
     out = {}
     for fam in FAMILIES:
         B, n, ctx, y = (np.array(c) for c in zip(*[(b, x, c, ms * 1e3) for f, b, x, c, ms in rows if f == fam]))

@@ -304,8 +304,7 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
     """The attention-path ops (:data:`ATTN_OPS`, absent ones omitted) of one layer for ``strategy``, ``num_tokens``
     T and ``sum_topk`` keys (default ``T * index_topk``).
     Raises ValueError: unknown strategy; negative counts; ``sum_topk > T * index_topk``."""
-    spec = as_strategy(strategy)
-    model = rank.model
+    spec, model = as_strategy(strategy), rank.model
     check_int("num_tokens", num_tokens, allow_zero=True)
     if sum_topk is not None:
         check_int("sum_topk", sum_topk, allow_zero=True)
