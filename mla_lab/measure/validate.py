@@ -19,7 +19,6 @@ Refit door: ``python -m mla_lab.measure.validate --fit-only DIR --cal-out PATH [
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 from pathlib import Path
@@ -154,12 +153,8 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
                           fit_provenance)
     rows = validation_rows(op_rows, e2e_rows, extras_rows, arch, models_by_name, calibration,
                            leave_one_model_out(op_rows, arch))
-    validation_provenance = {**fit_provenance, "source": "modelled"}
-    with open(Path(validation_path) if validation_path else out_dir / VALIDATION_CSV, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) + list(validation_provenance))
-        writer.writeheader()
-        for v in rows:
-            writer.writerow({**v, **validation_provenance})
+    write_calibration_csv(rows, Path(validation_path) if validation_path else out_dir / VALIDATION_CSV,
+                          {**fit_provenance, "source": "modelled"}, columns=list(rows[0]))
     log("MAPE per op class (level, split, class: n, MAPE %, max APE %):")
     for (level, split, op_class), (n, mape, worst) in mape_summary(rows).items():
         log(f"  {level:5s} {split:15s} {op_class:16s} n={n:3d} MAPE={mape:6.1f}% max={worst:6.1f}%")

@@ -420,11 +420,10 @@ def fit_calibration(rows: list[dict], arch: str | GPUArch = "h200", name: str = 
     cal = Calibration(classes, attn, name, arch.name)
     return cal, report
 
-def write_calibration_csv(report: list[dict], path: str | Path, provenance_cols: dict) -> None:
-    """Write the fit report with provenance columns (one row per class / attention op)."""
-    cols = CALIBRATION_COLUMNS + list(provenance_cols)
+def write_calibration_csv(report: list[dict], path: str | Path, provenance_cols: dict,
+                          columns=CALIBRATION_COLUMNS) -> None:
+    """Write rows (the fit report: one per class / attention op) as ``columns``, then the provenance columns."""
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
+        w = csv.DictWriter(f, fieldnames=[*columns, *provenance_cols])
         w.writeheader()
-        for r in report:
-            w.writerow({**r, **provenance_cols})
+        w.writerows({**r, **provenance_cols} for r in report)
