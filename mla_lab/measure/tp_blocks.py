@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from .._validate import divisors
 from ..models import load_model
 
 BF16_BYTES = 2
@@ -89,9 +90,8 @@ def _check_moe_split(model, tp: int) -> None:
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         raise ValueError(f"tp={tp!r} must be a positive int")
     if E % tp:
-        divs = [d for d in range(1, E + 1) if E % d == 0]
         raise ValueError(f"tp={tp} (ep = tp) does not divide n_routed_experts={E} of model {model.name!r}; "
-                         f"allowed tp: {divs}")
+                         f"allowed tp: {divisors(E)}")
     if inter % tp:
         raise ValueError(f"tp={tp} does not divide the shared experts' intermediate size {inter} "
                          f"(n_shared_experts x moe_intermediate_size) of model {model.name!r}")
