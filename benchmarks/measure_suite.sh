@@ -9,7 +9,7 @@ set -uo pipefail
 : "${OUT:?OUT must be set}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-EXPERIMENTS="${EXPERIMENTS:-cold_start,presets,subgraph,routes,moe_decode,content_step,attention_strategies,concat_ceiling,concat,fused_bmm,engine_kernels}"
+EXPERIMENTS="${EXPERIMENTS:-cold_start,presets,subgraph,routes,moe_decode,content_step,attention_strategies,engine_kernels}"
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv; } > "$OUT/env.txt" 2>&1
 if [ -n "${RESUME:-}" ]; then
   python3 -m mla_lab.cli measure --resume "$RESUME" --processes 5 --engine-root .engine --budget-s "${BUDGET:-480}" \

@@ -43,7 +43,6 @@ SLOW = (
     "tests/test_report.py::test_report_module_leaves_the_matplotlib_backend_alone",  # a python subprocess (2.5 s)
     "tests/test_report.py::test_figures_have_no_clipped_legend_or_title",  # every report figure drawn (5.8 s)
     "tests/test_kernels_triton_interp.py",  # Triton interpreter (6 s first compile)
-    "tests/test_measure_bandwidth.py::test_probes_write_the_first_heads_only",  # Triton interpreter subprocess (7 s)
     "tests/test_fault_injection.py",  # a 2000-point sweep killed and resumed
     "tests/test_store_claims.py",  # two sweep processes on one store
     "tests/test_bad_input.py::test_bad_input[cli_",  # the CLI in a subprocess (2-3 s each)

@@ -6,8 +6,6 @@ padded element is caught; comparisons are bitwise (a copy must be exact).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -184,16 +182,7 @@ def test_last_backend_errors():
         last_backend("nope")
 
 
-# ------------------------------------------------------------------------ variants and the launcher (API level)
-
-def test_concat_unknown_variant():
-    with pytest.raises(ValueError, match=r"variant='v9' is not known; allowed: \['v2', 'v3', 'v4', 'v5'\] or None"):
-        concat_mla_q(*_ok(), variant="v9")
-    from mla_lab.kernels import make_concat_launcher
-
-    with pytest.raises(ValueError, match=r"variant='v1' is not known"):
-        make_concat_launcher(*_ok(), variant="v1")
-
+# ---------------------------------------------------------------------------------- the launcher (API level)
 
 @pytest.mark.parametrize("name,mutate,fragments", ERROR_CASES[:6] + ERROR_CASES[10:12],
                          ids=[c[0] for c in ERROR_CASES[:6] + ERROR_CASES[10:12]])
@@ -226,97 +215,14 @@ def test_make_concat_launcher_torch_backend_relaunches(zero_padding):
     _check(a, b, out, before, zero_padding)
 
 
-def test_make_concat_launcher_config_errors():
-    from mla_lab.kernels import make_concat_launcher
-
-    with pytest.raises(ValueError, match=r"config \['block_rows'\] applies to the triton backend only"):
-        make_concat_launcher(*_ok(), backend="torch", block_rows=4)
-
-
-def test_v3_config_defaults_and_errors():
-    from mla_lab.kernels.triton_concat import v3_config
-
-    # default run = the token's real heads up to 16 (8 tiles of 2): H = 8 -> one run of 4 tiles per token
-    assert v3_config(8, 8) == {"block_t": 1, "block_h": 2, "head_tiles": 4, "num_warps": 1, "num_runs": 1}
-    assert v3_config(16, 16)["head_tiles"] == 8 and v3_config(16, 16)["num_runs"] == 1
-    assert v3_config(128, 128)["num_runs"] == 8  # 16 heads per run
-    assert v3_config(5, 5)["head_tiles"] == 3  # runs past H are masked
-    assert v3_config(8, 64)["num_runs"] == 4  # zero_padding writes H' = 64 heads
-    with pytest.raises(ValueError, match="block_h must be a power of two >= 1; got block_h=3"):
-        v3_config(8, 8, block_h=3)
-    with pytest.raises(ValueError, match="head_tiles must be >= 1; got head_tiles=0"):
-        v3_config(8, 8, head_tiles=0)
-
-
-def test_triton_launcher_rejects_unknown_knobs():
-    from mla_lab.kernels.triton_concat import make_concat_launcher_triton, triton_available
+def test_triton_block_rows_must_be_a_power_of_two():
+    from mla_lab.kernels.triton_concat import concat_mla_q_triton, triton_available
 
     if not triton_available()[0]:
         pytest.skip("triton not importable here")
-    with pytest.raises(ValueError, match=r"config key\(s\) \['blocks'\] not known"):
-        make_concat_launcher_triton(*_ok(), blocks=2)
-    with pytest.raises(ValueError, match=r"force_path='fast' is not known"):
-        make_concat_launcher_triton(*_ok(), force_path="fast")
-
-
-# -------------------------------------------------------------------------- mla_lab/measure/experiments/concat_variants
-
-def _concat_plan(**params):
-    from mla_lab.deployment import Deployment
-    from mla_lab.measure.experiments import Options
-    from mla_lab.measure.experiments.concat_variants import plan
-
-    return plan(Deployment.seed().rank, Options(Path("."), params={k: str(v) for k, v in params.items()}))
-
-
-def test_concat_variants_plan_on_the_seed_rank():
-    p = _concat_plan()
-    first = p[0]
-    assert first["methods"][:2] == ["v2", "v3"] and first["methods"][-1] == "copy"
-    assert first["file"] == "concat_round3.csv"
-    # the byte count and the floor at 4256 GB/s: 2 * 4096 * 8 * 576 * 2 B = 75.5 MB -> 17.7 us
-    assert (first["T"], first["H"], first["Hp"], first["mb_moved"], first["floor_us_at_copy_gbps"]) == (
-        4096, 8, 64, 75.5, 17.7)
-    assert first["timers"] == ["graph", "cudagraph"] and p[-1]["host_launch"].startswith("T=16 H=8->64")
-
-
-@pytest.mark.parametrize("which,methods,csv", [
-    ("round4", ["v2", "v2:stream", "v4", "v4:stride"], "concat_round4.csv"),
-    ("ceiling", ["v2", "v2_unpadded", "copy1_padded", "copy1_unpadded", "fill_padded", "fill_unpadded", "memset",
-                 "copy"], "concat_layout_ceiling.csv"),
-    ("hints", ["v2", "v2:ld_first", "v2:ld_last", "v2:st_cs"], "concat_hints.csv"),
-])
-def test_concat_variants_sets(which, methods, csv):
-    """Each method set names its methods and its own file (a set never writes another set's rows); round4 and the
-    others default to the graph timer (issue 23's), round3 to both timers."""
-    first = _concat_plan(set=which)[0]
-    assert first["methods"][:len(methods)] == methods and first["file"] == csv and first["timers"] == ["graph"]
-
-
-@pytest.mark.parametrize("params,fragment", [
-    ({"set": "round5"}, "--param set='round5'; allowed: round3"),
-    ({"set": "hints", "tune": "true"}, "tune=true applies to set round3 only"),
-    ({"heads": "8,128"}, "--param heads=128: allowed: integers >= 1, heads <= the padded heads 64"),
-    ({"heads": "8", "padded_heads": "4"}, "--param heads=8: allowed: integers >= 1, heads <= the padded heads 4"),
-    ({"tokens": "0"}, "--param tokens=0: allowed"),
-    ({"rounds": "0"}, "--param rounds=0: allowed"),
-    ({"set": "round4", "heads": "12"}, "set round4 runs v5 (TMA stores)"),
-])
-def test_concat_variants_bad_params(params, fragment):
-    import re
-
-    with pytest.raises(ValueError, match=re.escape(fragment)):
-        _concat_plan(**params)
-
-
-def test_concat_variants_never_overwrite_a_foreign_file(tmp_path):
-    from mla_lab.measure.experiments.concat_variants import OUTPUTS
-    from mla_lab.measure.sink import Sink
-
-    (tmp_path / "concat_round3.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(ValueError, match="exists with another header"):
-        Sink(tmp_path, OUTPUTS, process=1, prov={}).write("concat_round3.csv", {"T": 16})
-    assert (tmp_path / "concat_round3.csv").read_text() == "a,b\n1,2\n"
+    for bad in (3, 0, 2.0, True):
+        with pytest.raises(ValueError, match=f"block_rows must be a power of two >= 1; got block_rows={bad!r}"):
+            concat_mla_q_triton(*_ok(), block_rows=bad)
 
 
 # ------------------------------------------------------------------------------------------------------ GPU
@@ -324,33 +230,25 @@ def test_concat_variants_never_overwrite_a_foreign_file(tmp_path):
 _CUDA = torch.cuda.is_available()
 
 
-@pytest.mark.parametrize("variant", ["v2", "v3", "v4", "v5"])
 @pytest.mark.parametrize("T,H,Hp,zp", [(1, 8, 64, False), (37, 8, 64, False), (37, 8, 64, True), (300, 16, 64, False),
                                        (64, 128, 128, False), (5, 5, 8, True), (4099, 8, 64, False),
                                        (16385, 16, 64, False)])
 @pytest.mark.gpu
 @pytest.mark.skipif(not _CUDA, reason="torch.cuda.is_available() is False: no CUDA GPU")
-def test_gpu_variants_and_launcher(variant, T, H, Hp, zp):
-    """On the GPU: every variant through the API, and the launcher's compiled path, eager and captured in a CUDA
-    graph replayed after the inputs changed, bitwise against torch.cat with poisoned padded heads. v5 (TMA stores)
-    refuses what it cannot run (zero_padding, H not a power of two, H > 32) in one line naming the variant."""
+def test_gpu_kernel_and_launcher(T, H, Hp, zp):
+    """On the GPU: the kernel through the API, and the launcher's compiled path, eager and captured in a CUDA graph
+    replayed after the inputs changed, bitwise against torch.cat with poisoned padded heads."""
     from mla_lab.kernels import make_concat_launcher
-    from mla_lab.kernels.triton_concat_persistent import v5_unsupported
 
     dt = torch.bfloat16
     a = torch.randn(H, T, 512, device="cuda").to(dt).transpose(0, 1)  # vLLM's bmm-then-transpose layout
     b = torch.randn(T, H, 192, device="cuda").to(dt)[..., 128:]  # a split of q
     out = _poisoned((T, Hp, 576), dt, "cuda")
     before = out.clone()
-    if variant == "v5" and v5_unsupported(a, b, out, zp):
-        with pytest.raises(ValueError, match=r"^variant='v5': "):
-            concat_mla_q(a, b, out, zero_padding=zp, backend="triton", variant=variant)
-        assert torch.equal(out.view(torch.int16), before.view(torch.int16))  # nothing written
-        return
-    concat_mla_q(a, b, out, zero_padding=zp, backend="triton", variant=variant)
+    concat_mla_q(a, b, out, zero_padding=zp, backend="triton")
     _check(a.cpu(), b.cpu(), out.cpu(), before.cpu(), zp)
     out.fill_(float("nan"))
-    launch = make_concat_launcher(a, b, out, zero_padding=zp, backend="triton", variant=variant)
+    launch = make_concat_launcher(a, b, out, zero_padding=zp, backend="triton")
     assert launch.path == "compiled", launch
     out.fill_(float("nan"))
     a.neg_()
@@ -369,9 +267,9 @@ def test_gpu_variants_and_launcher(variant, T, H, Hp, zp):
 
 # ------------------------------------------------------------------------------ PTX for sm90, compiled on CPU
 
-def _ptx_global_ops(variant, T, H, Hp, zero_padding=False, **cfg):
-    """Compile the variant's kernel for sm90 exactly as ``concat_mla_q_triton`` would launch it (same constexprs
-    from ``_plan``; strides and pointers specialised as Triton does for 16-divisible values) and count the global
+def _ptx_global_ops(T, H, Hp, zero_padding=False):
+    """Compile the kernel for sm90 exactly as ``concat_mla_q_triton`` would launch it (same constexprs from
+    ``_plan``; strides and pointers specialised as Triton does for 16-divisible values) and count the global
     load/store instructions in the PTX, by vector width."""
     import re
     from collections import Counter
@@ -384,7 +282,7 @@ def _ptx_global_ops(variant, T, H, Hp, zero_padding=False, **cfg):
 
     a, b = torch.empty(T, H, 512, dtype=torch.bfloat16), torch.empty(T, H, 64, dtype=torch.bfloat16)
     out = torch.empty(T, Hp, 576, dtype=torch.bfloat16)
-    kernel, _grid, args, cx, nw = _plan(a, b, out, zero_padding, variant, cfg)
+    kernel, _grid, args, cx, nw = _plan(a, b, out, zero_padding)
     names = kernel.arg_names
     sig, attrs = {}, {}
     for i, (n, v) in enumerate(zip(names, list(args) + list(cx.values()))):
@@ -403,17 +301,13 @@ def _ptx_global_ops(variant, T, H, Hp, zero_padding=False, **cfg):
 
 @pytest.mark.slow
 def test_ptx_vector_widths_sm90():
-    """v3 at its defaults moves every byte with 16-byte vectors (v4.b32); v2 2 x 1 uses them for the 512-wide part
-    and 8-byte ones (v2.b32) for the [2, 64] tile (8 B per thread). 18 = (8 rows x 1152 B) / (32 threads x 16 B)."""
+    """v2 2 x 1 uses 16-byte vectors (v4.b32) for the 512-wide part and 8-byte ones (v2.b32) for the [2, 64] tile
+    (8 B per thread)."""
     from mla_lab.kernels.triton_concat import triton_available, triton_interpreting
 
     if not triton_available()[0]:
         pytest.skip("triton not importable here")
     if triton_interpreting():
         pytest.skip("TRITON_INTERPRET=1 in this process: kernels are interpreted, not compiled")
-    v3 = _ptx_global_ops("v3", 4096, 8, 64)
-    assert v3 == {("ld", "v4"): 18, ("st", "v4"): 18}, v3
-    v3_16 = _ptx_global_ops("v3", 4096, 16, 64)
-    assert v3_16 == {("ld", "v4"): 36, ("st", "v4"): 36}, v3_16
-    v2 = _ptx_global_ops("v2", 4096, 8, 64)
+    v2 = _ptx_global_ops(4096, 8, 64)
     assert v2 == {("ld", "v4"): 4, ("st", "v4"): 4, ("ld", "v2"): 1, ("st", "v2"): 1}, v2

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from mla_lab.deployment import Deployment
-from mla_lab.measure.experiments import Options, concat_variants, decode_layer, engines, packed_kernels, presets
+from mla_lab.measure.experiments import Options, decode_layer, engines, packed_kernels, presets
 from mla_lab.measure.experiments._common import ranks_of
 
 H200 = Path(__file__).resolve().parent.parent / "data" / "measured" / "h200"
@@ -45,12 +45,7 @@ def test_engines_grids(seed):
     assert set(rows["model"]) == {"glm-5", "deepseek-v3.2"} and set(rows["T"]) == {seed.max_num_batched_tokens}
 
 
-def test_concat_and_presets_grids(seed):
-    r4 = pd.read_csv(H200 / "between_process" / "concat_round4.csv")
-    plan = concat_variants.plan(seed, Options(Path("."), params={"set": "round4"}))[:-1]
-    timed = r4[(r4["series"] == "main") & (r4["timer"] != "host_per_call")]
-    assert _keys(timed, ["T", "H", "Hp"]) == {(e["T"], e["H"], e["Hp"]) for e in plan}
-    assert set(timed["method"]) == set(plan[0]["methods"])
+def test_presets_grid():
     bp = pd.read_csv(H200 / "between_process" / "presets.csv")
     assert set(bp["strategy"]) == set(presets.PRESET_STRATEGIES)
 

@@ -1,9 +1,9 @@
 """Kernels of the sparse-MLA prefill Q path: Q concat into a head-padded workspace, and sparse prefill attention.
 
 :mod:`.contract` (the two ops), :mod:`.flashmla` (FlashMLA's contract), :mod:`.reference` (torch semantics),
-:mod:`.triton_concat` / :mod:`.triton_concat_persistent` (concat variants), :mod:`.packed` with :mod:`.union` /
-:mod:`.union_cuda` (per-group unions), :mod:`.index_sets` (index data with known overlap), :mod:`.device`,
-:mod:`.engine_libs` (the engines' kernels from their wheels).
+:mod:`.triton_concat` (the concat's Triton kernel), :mod:`.packed` with :mod:`.union` / :mod:`.union_cuda` (per-group
+unions), :mod:`.index_sets` (index data with known overlap), :mod:`.device`, :mod:`.engine_libs` (the engines' kernels
+from their wheels).
 """
 
 from __future__ import annotations

@@ -12,12 +12,10 @@ import torch
 
 from .flashmla import flash_mla_info, flash_mla_sparse_prefill, prefill_devices
 from .reference import D_NOPE, D_PE, D_QK, concat_mla_q_torch, sparse_mla_prefill_ref
-from .triton_concat import DEFAULT_VARIANT as CONCAT_DEFAULT_VARIANT
-from .triton_concat import VARIANTS as CONCAT_VARIANTS
 from .triton_concat import concat_mla_q_triton, make_concat_launcher_triton, triton_available, triton_interpreting
 
 __all__ = ["concat_mla_q", "make_concat_launcher", "sparse_mla_prefill", "last_backend", "CONCAT_BACKENDS",
-           "PREFILL_BACKENDS", "CONCAT_DTYPES", "CONCAT_VARIANTS", "CONCAT_DEFAULT_VARIANT"]
+           "PREFILL_BACKENDS", "CONCAT_DTYPES"]
 
 CONCAT_BACKENDS = ("auto", "torch", "triton")
 PREFILL_BACKENDS = ("auto", "flash_mla", "reference")
@@ -106,18 +104,15 @@ def _concat_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _concat_call(ql_nope, q_pe, out, backend: str, variant: str | None) -> tuple[str, str]:
-    """The checks of one concat call: ``(backend that runs, variant)``."""
+def _concat_call(ql_nope, q_pe, out, backend: str) -> str:
+    """The checks of one concat call: the backend that runs."""
     if not _concat_fast_ok(ql_nope, q_pe, out):
         first_failure(_concat_rules(ql_nope, q_pe, out))
-    which = _concat_backend(backend, out.device)
-    if variant is not None and variant not in CONCAT_VARIANTS:
-        raise ValueError(f"variant={variant!r} is not known; allowed: {list(CONCAT_VARIANTS)} or None")
-    return which, CONCAT_DEFAULT_VARIANT if variant is None else variant
+    return _concat_backend(backend, out.device)
 
 
 def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *, zero_padding: bool = False,
-                 backend: str = "auto", variant: str | None = None) -> torch.Tensor:
+                 backend: str = "auto") -> torch.Tensor:
     """``out[:, :H, :512] = ql_nope``, ``out[:, :H, 512:] = q_pe`` (vLLM ``concat_mla_q``); returns ``out``.
 
     Heads ``H..H'-1`` are left untouched (vLLM leaves them uninitialised; the kernel's rows for them are sliced away)
@@ -129,16 +124,14 @@ def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *
         out: ``[T, H', 576]``, ``H' >= H`` (the padded workspace ``workspace[:T]``), same dtype/device, last dim
             contiguous; written in place.
         backend: ``"auto"`` (Triton for CUDA tensors when triton imports, else torch), ``"triton"`` or ``"torch"``.
-        variant: one of :data:`CONCAT_VARIANTS` (:mod:`.triton_concat`); None = ``v2``; ignored by torch.
 
     Raises:
         ValueError: a shape, dtype, contiguity or device rule; unknown backend; ``"triton"`` without triton or on
-            CPU outside the interpreter; unknown ``variant``; what ``v5`` cannot run
-            (:func:`.triton_concat_persistent.v5_unsupported`).
+            CPU outside the interpreter.
     """
-    which, variant = _concat_call(ql_nope, q_pe, out, backend, variant)
+    which = _concat_call(ql_nope, q_pe, out, backend)
     if which == "triton":
-        concat_mla_q_triton(ql_nope, q_pe, out, zero_padding=zero_padding, variant=variant)
+        concat_mla_q_triton(ql_nope, q_pe, out, zero_padding=zero_padding)
     else:
         concat_mla_q_torch(ql_nope, q_pe, out)
         if zero_padding and out.shape[1] > ql_nope.shape[1] and out.shape[0] > 0:
@@ -148,24 +141,19 @@ def concat_mla_q(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *
 
 
 def make_concat_launcher(ql_nope: torch.Tensor, q_pe: torch.Tensor, out: torch.Tensor, *,
-                         zero_padding: bool = False, backend: str = "auto", variant: str | None = None, **config):
+                         zero_padding: bool = False, backend: str = "auto"):
     """Check once; return a no-argument callable that repeats this :func:`concat_mla_q` call (``out`` written once).
 
     Triton: a :class:`.triton_concat.ConcatLauncher` bound to these tensors, capturable by ``torch.cuda.graph`` when
-    made before capture; torch: a closure over :func:`concat_mla_q`. ``**config``: Triton knobs
-    (:func:`.triton_concat.concat_mla_q_triton`).
+    made before capture; torch: a closure over :func:`concat_mla_q`.
 
     Raises:
-        ValueError: every rule of :func:`concat_mla_q`; config with the torch backend; a knob refused by
-            ``triton_concat`` (unknown, not read by the variant, not an int, out of range).
+        ValueError: every rule of :func:`concat_mla_q`.
     """
-    which, variant = _concat_call(ql_nope, q_pe, out, backend, variant)
+    which = _concat_call(ql_nope, q_pe, out, backend)
     if which == "triton":
-        launcher = make_concat_launcher_triton(ql_nope, q_pe, out, zero_padding=zero_padding, variant=variant, **config)
+        launcher = make_concat_launcher_triton(ql_nope, q_pe, out, zero_padding=zero_padding)
     else:
-        if config:
-            raise ValueError(f"config {sorted(config)} applies to the triton backend only; got backend={which!r}")
-
         def launcher():
             return concat_mla_q(ql_nope, q_pe, out, zero_padding=zero_padding, backend="torch")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 
-_SUBMODULES = ("attention", "bandwidth", "layer", "layer_runs", "sink", "spread", "timer", "tp",
+_SUBMODULES = ("attention", "layer", "layer_runs", "sink", "spread", "timer", "tp",
                "tp_blocks", "triton_ops", "validate")
 
 

@@ -58,8 +58,8 @@ class Options:
 class Experiment:
     """One experiment: ``module``, ``folder`` (under ``data/measured/<gpu>/``), ``between_process`` (once per fresh
     process), ``default`` (run without ``--experiments``), ``timeout_s`` (per process), ``needs`` (beyond torch +
-    triton), ``params`` (:meth:`Options.param`), ``files`` (outputs written; default all), ``argv`` / ``smoke_argv``
-    (an experiment above this layer with its own command line, ``{out}`` replaced: ``padding_sweep``)."""
+    triton), ``params`` (:meth:`Options.param`), ``argv`` / ``smoke_argv`` (an experiment above this layer with its
+    own command line, ``{out}`` replaced: ``padding_sweep``)."""
 
     name: str
     module: str
@@ -70,7 +70,6 @@ class Experiment:
     timeout_s: int = 300
     needs: str = "flash_mla"
     params: tuple[tuple[str, str], ...] = ()
-    files: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
     smoke_argv: tuple[str, ...] = ()
 
@@ -78,8 +77,7 @@ class Experiment:
         return importlib.import_module(self.module)
 
     def outputs(self) -> dict[str, list[str]]:
-        out = dict(self.module_obj().OUTPUTS)
-        return {f: out[f] for f in self.files} if self.files else out
+        return dict(self.module_obj().OUTPUTS)
 
     def shapes(self) -> list:
         return list(self.module_obj().SHAPES)
@@ -113,14 +111,6 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                _BP, True, default=True, timeout_s=300),
     Experiment("attention_strategies", _E + "attention_strategies", "named strategies' attention path", _BP, True,
                timeout_s=200),
-    Experiment("concat_ceiling", _E + "concat_ceiling", "concat vs contiguous / strided copy of the same bytes",
-               _BP, True, timeout_s=150, needs=""),
-    Experiment("concat", _E + "concat_variants", "concat kernel variants, cache hints, host launch (set round4)",
-               _BP, True, default=True, timeout_s=150, needs="",
-               params=(("set", "round4"), ("rounds", "5"), ("rep", "50"), ("host_calls", "1000")),
-               files=("concat_round4.csv",)),
-    Experiment("fused_bmm", _E + "fused_bmm", "W_UK bmm writing into the padded workspace vs bmm + concat", _BP,
-               True, default=True, timeout_s=90, needs=""),
     Experiment("first_token", _E + "first_token", "first calls at new shapes (cold Triton JIT) and allocator growth "
                "from an empty cache to the step's peak (issue 37)", _BP, True, timeout_s=200, needs=""),
     Experiment("engine_kernels", _E + "engine_kernels",
@@ -139,8 +129,6 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("layer_calibration", _E + "layer_calibration",
                "every op of the layer model at its per-rank shape, the layer end to end, the fit (h200_ops.csv)", "",
                False, timeout_s=600),
-    Experiment("concat_sweep", _E + "concat_sweep", "the concat into the padded workspace over T x H, tuning", "",
-               False, timeout_s=420, needs=""),
     Experiment("engines", _E + "engines", "content factor, engine presets, sub-chunking, NaN check", "round2",
                False, timeout_s=480),
     Experiment("decode_layer", _E + "decode_layer", "per-rank decode / mixed layer, attention path, per op",
