@@ -204,9 +204,7 @@ def load_file(reader: Callable[[Path], object], name: str, path: str | Path | No
     """What ``reader`` makes of the calibration file ``path`` (default ``data/calibration/<name>``; None: no file),
     read once per (reader, path, mtime): the lab's one calibration cache. Raises ValueError: as ``reader``."""
     p = Path(path) if path is not None else calibration_dir() / name
-    if not p.is_file():
-        return None
-    return _cached(reader, str(p.resolve()), p.stat().st_mtime_ns)
+    return _cached(reader, str(p.resolve()), p.stat().st_mtime_ns) if p.is_file() else None
 
 
 def csv_rows(path: str | Path) -> list[dict]:

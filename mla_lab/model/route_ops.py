@@ -336,9 +336,7 @@ def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Ste
     non-positive ints."""
     L = check_int("prompt_len", prompt_len)
     B = check_int("max_num_batched_tokens", max_num_batched_tokens)
-    if L <= B:
-        return Step([(i, 0, L) for i in range(B // L)])
-    return Step([(0, L - B, B)])
+    return Step([(i, 0, L) for i in range(B // L)]) if L <= B else Step([(0, L - B, B)])
 
 
 def route_calibration_rows() -> list[dict]:

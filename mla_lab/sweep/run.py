@@ -330,8 +330,7 @@ def _store_result(store, res, version, progress) -> None:
         if res.error is not None:
             raise _PointError(res.error)
         for r in res.rows:
-            r["point_key"] = key
-            r["code_version"] = version
+            r.update(point_key=key, code_version=version)
         store.write(key, {**pt, "mode": mode}, res.rows)
     except Exception as e:  # recorded, not fatal: the sweep goes on
         reason = str(e) if isinstance(e, _PointError) else f"{type(e).__name__}: {e}"
