@@ -42,15 +42,9 @@ def fa3_num_splits(total_mblocks: int, num_sms: int, n_blocks: int, max_splits: 
             raise ValueError(f"{name}={v} must be >= 1")
     if total_mblocks >= 0.8 * num_sms:
         return 1
-    top, eff = min(max_splits, num_sms, n_blocks), []
-    for s in range(1, top + 1):
-        waves = total_mblocks * s / num_sms
-        eff.append(waves / math.ceil(waves))
-    best = max(eff)
-    for s, e in enumerate(eff, start=1):
-        if e >= 0.85 * best:
-            return s
-    return 1  # pragma: no cover - the loop always returns
+    waves = [total_mblocks * s / num_sms for s in range(1, min(max_splits, num_sms, n_blocks) + 1)]
+    eff = [w / math.ceil(w) for w in waves]
+    return next(s for s, e in enumerate(eff, start=1) if e >= 0.85 * max(eff))  # the best one qualifies
 
 
 @dataclass(frozen=True)

@@ -65,15 +65,13 @@ def predict_ttft(deployment: Deployment, strategy: Strategy | str, calibration: 
         elapsed += t
         step_ms.append(t)
         ttfts.extend([elapsed] * len(st.finished_prompts(d.prompt_len)))
-    return {
-        "ttft_ms_mean": sum(ttfts) / len(ttfts), "ttft_ms_max": max(ttfts), "num_steps": len(steps),
-        "step_ms": step_ms, "ops_ms": ops_ms,
-        "scope": scope + (" (attention path measured)" if attention_override_ms is not None else ""),
-        "ttft_ms_list": ttfts, "step_ops_ms": step_ops_ms,
-        "strategy": strategy.name, "attention_path_ms": attn_total, "comm_ms": comm_total, "calibration": cal.name,
-        "comm_source": cal.comm_source_checked(d.tp, arch=d.arch) if scope == "full_layer" else "none",
-        "source": "modelled",
-    }
+    return {"ttft_ms_mean": sum(ttfts) / len(ttfts), "ttft_ms_max": max(ttfts), "num_steps": len(steps),
+            "step_ms": step_ms, "ops_ms": ops_ms,
+            "scope": scope + (" (attention path measured)" if attention_override_ms is not None else ""),
+            "ttft_ms_list": ttfts, "step_ops_ms": step_ops_ms, "strategy": strategy.name,
+            "attention_path_ms": attn_total, "comm_ms": comm_total, "calibration": cal.name,
+            "comm_source": cal.comm_source_checked(d.tp, arch=d.arch) if scope == "full_layer" else "none",
+            "source": "modelled"}
 
 
 def _check_ttft_args(scope: str, layer_kw: dict, steps, override, cal: Calibration) -> tuple[Calibration, dict]:

@@ -74,8 +74,7 @@ class Row:
     def columns(self) -> dict:
         """The row's own columns (the deployment's are :meth:`to_point`'s)."""
         d, st, m = self.deployment, self.strategy, self.memory
-        return {
-            "model_family": d.model.family, "model_family_note": d.model.family_note, "strategy": st.name,
+        return {"model_family": d.model.family, "model_family_note": d.model.family_note, "strategy": st.name,
             "preset": preset_of(st.name), "placement": st.placement, "content": st.content,
             "zero_policy": st.zero_policy or "", "subchunk_rows": st.rows or 0, "family": d.arch.family,
             "sm": d.arch.sm, "prefill_padding": d.arch.prefill_padding, "num_heads": d.num_heads,
@@ -91,8 +90,7 @@ class Row:
             "calibration": self.calibration, "comm_source": self.comm_source, **self.notes,
             **{k: getattr(self, k) for k in ("kv_capacity_tokens", "kv_capacity_pct_lost", "weights_bytes_per_rank",
                                              "fits_in_memory", "fit_reason", "ttft_change_pct")},
-            "baseline": BASELINE,
-        }
+            "baseline": BASELINE}
 
     def to_point(self, **extra) -> dict:
         """The row as one flat record, as the store and the CSV hold it: the deployment's sweep point
