@@ -116,10 +116,8 @@ def time_attention_path(rank, step: Step, prompt_len: int, strategies=MEASURED_S
         for name in strategies:
             if not parse_strategy(name).graphed:  # graph2: a replay allocates nothing (its memory: the graph's pool)
                 res[name]["peak_bytes"] = _call_peak(rank, name, T, inputs, sm, device)
-    res["kernel_backend"] = str(last_backend("sparse_mla_prefill"))
-    res["concat_backend"] = str(last_backend("concat_mla_q"))
-    res["repeats"] = repeats
-    return res
+    return res | {"kernel_backend": str(last_backend("sparse_mla_prefill")),
+                  "concat_backend": str(last_backend("concat_mla_q")), "repeats": repeats}
 
 
 def nan_padding_check(rank, T: int = 4096) -> dict:
