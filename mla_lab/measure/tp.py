@@ -489,10 +489,8 @@ def summary_table(df):
     t["time_err_%"] = 100 * (t["sim+model_ms"] - t["block_ms_max"]) / t["block_ms_max"]
     t["compute_err_%"] = 100 * (t["sim_compute_ms"] - t["compute_ms_max"]) / t["compute_ms_max"]
     peak, sim_peak = g["peak_extra_bytes"].max(), g["sim_peak_extra_bytes"].first()
-    t["tp_peak_MiB"] = peak / MIB
-    t["sim_peak_MiB"] = sim_peak / MIB
+    t["tp_peak_MiB"], t["sim_peak_MiB"] = peak / MIB, sim_peak / MIB
     t["mem_err_%"] = 100 * (sim_peak - peak) / peak
     t["nccl_MiB"] = g["nccl_bytes"].max() / MIB
-    t["routed_pairs_min"] = g["routed_pairs"].min()
-    t["routed_pairs_max"] = g["routed_pairs"].max()
+    t["routed_pairs_min"], t["routed_pairs_max"] = g["routed_pairs"].min(), g["routed_pairs"].max()
     return t.reset_index()
