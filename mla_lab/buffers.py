@@ -29,19 +29,14 @@ def shared_workspace_other_bytes(rank: RankView) -> int:
     return m * (max(n // 2, k) + max(n, k)) * BF16_BYTES
 
 
-def _padding_of(arch: str | GPUArch | int) -> int:
-    if isinstance(arch, int) and not isinstance(arch, bool):
-        if arch not in (64, 128):
-            raise ValueError(f"prefill_padding={arch!r} must be 64 or 128")
-        return arch
-    return get_arch(arch).prefill_padding
-
-
 def padded_num_heads(num_heads: int, arch: str | GPUArch | int = "hopper", kv_cache_dtype: str = "bf16") -> int:
     """``q_concat_heads``: :func:`mla_lab.rank.pad_heads` for an arch, a :class:`GPUArch` or a ``prefill_padding``
     (64 / 128); fp8 KV does not pad. Raises ValueError: bad num_heads, arch or kv_cache_dtype."""
     check_int("num_heads", num_heads)
-    return pad_heads(num_heads, _padding_of(arch), normalize_kv_cache_dtype(kv_cache_dtype))
+    if isinstance(arch, int) and not isinstance(arch, bool) and arch not in (64, 128):
+        raise ValueError(f"prefill_padding={arch!r} must be 64 or 128")
+    pad = arch if isinstance(arch, int) and not isinstance(arch, bool) else get_arch(arch).prefill_padding
+    return pad_heads(num_heads, pad, normalize_kv_cache_dtype(kv_cache_dtype))
 
 
 @dataclass(frozen=True)

@@ -382,7 +382,7 @@ GRID_KEYS = ("models", "tp_sizes", "archs", "max_num_batched_tokens", "prompt_le
 # ----------------------------------------------------------------------------------------------------- advise/serve
 def check_strategies(names) -> list[str]:
     """Canonical names of ``names`` (presets, aliases, canonical strategies); DoorError for an unknown one."""
-    from .placement import ALIASES, ENGINE_PRESET_MEMBERS, PRESETS, canonical_names, expand_strategies
+    from .placement import ALIASES, ENGINE_PRESETS, PRESETS, canonical_names, expand_strategies
 
     out = []
     for n in names:
@@ -390,7 +390,7 @@ def check_strategies(names) -> list[str]:
             out += expand_strategies([n])
         except ValueError:
             raise DoorError(f"--strategies holds {_short(n)}; allowed: presets {list(PRESETS)}, engine presets "
-                            f"{list(ENGINE_PRESET_MEMBERS)}, aliases {list(ALIASES)} or canonical strategies "
+                            f"{list(ENGINE_PRESETS)}, aliases {list(ALIASES)} or canonical strategies "
                             f"{canonical_names()}") from None
     return list(dict.fromkeys(out))
 

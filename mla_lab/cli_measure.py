@@ -250,10 +250,7 @@ def report_plan(gpu: str, report_dir: str | None, overwrite: bool = False):
         shutil.rmtree(tmp, ignore_errors=True)
         return dest / f"{name}.html"
 
-    def cleanup() -> None:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-    return argv, finish, cleanup
+    return argv, finish, functools.partial(shutil.rmtree, tmp, ignore_errors=True)
 
 
 def cmd_report(args, run_cli) -> int:

@@ -131,8 +131,7 @@ def format_serve(out: dict) -> str:
     from .placement import strategy_notes
     from .serving.metrics import SERVE_METRICS
 
-    d, b = out["deployment"], out["bench"]
-    base = out["baseline"]
+    d, b, base = out["deployment"], out["bench"], out["baseline"]
     others = [s for s in out["strategies"] if s != base]
     rate = b["request_rate"]
     head = [f"vllm bench serve (modelled): {d['model']} TP{d['tp']} {d['arch']}, max_num_batched_tokens "

@@ -35,11 +35,9 @@ DEFAULT_MAX_NUM_SEQS = 256
 VLLM_MBT_RULE = "vLLM requires max_num_batched_tokens >= max_num_seqs (vllm/config/scheduler.py)"
 
 #: vLLM PR #53878's benchmark as :meth:`Deployment.of` arguments (the module docstring gives the command).
-SEED_ARGS = {
-    "model": "glm-5", "tp": 8, "arch": "h200", "max_num_batched_tokens": 16384, "kv_cache_dtype": "bf16",
-    "weight_dtype": "fp8", "moe_parallel": "ep", "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
-    "prompt_len": 1024, "output_len": 128, "num_prompts": 32, "concurrency": 32,
-}
+SEED_ARGS = {"model": "glm-5", "tp": 8, "arch": "h200", "max_num_batched_tokens": 16384, "kv_cache_dtype": "bf16",
+             "weight_dtype": "fp8", "moe_parallel": "ep", "gpu_memory_utilization": DEFAULT_GPU_MEMORY_UTILIZATION,
+             "prompt_len": 1024, "output_len": 128, "num_prompts": 32, "concurrency": 32}
 
 
 def _choice(name: str, value, allowed) -> str:

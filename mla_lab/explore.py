@@ -31,11 +31,8 @@ DEPLOYMENT_CONTROLS = ("model", "tp", "arch", "max_num_batched_tokens", "kv_cach
 __all__ = ["EXPLORER_STRATEGIES", "explore_point", "Explorer", "tp_options", "render_chart",
            "CONTROL_OPTIONS", "DEPLOYMENT_CONTROLS"]
 
-CONTROL_OPTIONS = {
-    "max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536],
-    "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
-    "num_prompts": (1, 256),
-}
+CONTROL_OPTIONS = {"max_num_batched_tokens": [2048, 4096, 8192, 16384, 32768, 65536], "num_prompts": (1, 256),
+                   "prompt_len": [256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]}
 
 
 def tp_options(model: str) -> list[int]:
@@ -196,15 +193,14 @@ def summary_html(result: dict) -> str:
                                        f"{_fmt_int(result['kv_tokens_lost'])} KV tokens{pct_txt}"),
              ("KV-cache tokens lost per rank", _fmt_int(result["kv_tokens_lost"]) + pct_txt),
              ("chunked-prefill steps", str(result["num_steps"]))]
-    td = _TD
-    facts_html = "".join(f"<tr><td {td}>{k}</td><td style='text-align:right'><b>{v}</b></td></tr>" for k, v in facts)
+    facts_html = "".join(f"<tr><td {_TD}>{k}</td><td style='text-align:right'><b>{v}</b></td></tr>" for k, v in facts)
     cells = []
     for r in result["per_strategy"]:
         meas = "-" if r["measured_ttft_ms"] is None else f"{r['measured_ttft_ms']:.2f}"
         mchg = "-" if r.get("measured_change_pct") is None else f"{r['measured_change_pct']:+.2f}%"
         if r.get("fits_in_memory") is False:  # this strategy's own workspace does not fit: no number
-            cells.append(f"<tr><td {td}>{e(r['strategy'])}</td><td {td}>{r['q_concat_heads']}</td>"
-                         f"<td {td} colspan='8'>does not fit: {e(str(r.get('fit_reason') or ''))}</td></tr>")
+            cells.append(f"<tr><td {_TD}>{e(r['strategy'])}</td><td {_TD}>{r['q_concat_heads']}</td>"
+                         f"<td {_TD} colspan='8'>does not fit: {e(str(r.get('fit_reason') or ''))}</td></tr>")
             continue
         style = " style='font-weight:bold;background:#eef4fb'" if r["strategy"] == sel["strategy"] else ""
         kv = r.get("kv_capacity_pct_lost")

@@ -23,8 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 def data_dir() -> Path:
     """``data/`` of the repository, or env ``MLA_LAB_DATA``."""
-    root = os.environ.get("MLA_LAB_DATA")
-    return Path(root) if root else REPO_ROOT / "data"
+    return Path(os.environ.get("MLA_LAB_DATA") or REPO_ROOT / "data")
 
 
 def models_dir() -> Path:
@@ -39,8 +38,7 @@ def calibration_dir() -> Path:
 
 def measured_dir(gpu: str | None = None) -> Path:
     """``<data>/measured`` (env ``MLA_LAB_MEASURED`` overrides), or its ``gpu`` subfolder."""
-    root = os.environ.get("MLA_LAB_MEASURED")
-    base = Path(root) if root else data_dir() / "measured"
+    base = Path(os.environ.get("MLA_LAB_MEASURED") or data_dir() / "measured")
     return base / gpu if gpu else base
 
 
@@ -54,8 +52,7 @@ def calibration_measurements_dir(gpu: str | None = None) -> Path:
 
 def cache_dir() -> Path:
     """``<data>/sweeps/.cache`` (env ``MLA_LAB_CACHE``): derived data named by its inputs' digest (safe to delete)."""
-    root = os.environ.get("MLA_LAB_CACHE")
-    return Path(root) if root else data_dir() / "sweeps" / ".cache"
+    return Path(os.environ.get("MLA_LAB_CACHE") or data_dir() / "sweeps" / ".cache")
 
 
 def notebooks_dir() -> Path:
@@ -357,12 +354,7 @@ def write_output_manifest(folder: str | Path, files, writer: str) -> Path:
 
 def _files_under(folder: Path) -> list[Path]:
     """Every entry under ``folder`` that is not a folder (files, links, pipes ...), sorted; links not followed."""
-    out = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        d = Path(dirpath)
-        out += [d / n for n in filenames]
-        out += [d / n for n in dirnames if (d / n).is_symlink()]
-    return sorted(out)
+    return sorted(p for p in folder.rglob("*") if p.is_symlink() or not p.is_dir())
 
 
 def lab_files(folder: str | Path, legacy=None) -> tuple[dict[str, str | None], str]:

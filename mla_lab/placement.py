@@ -7,7 +7,7 @@ placement. Canonical names: :func:`canonical_names`, each optionally ``@<rule>``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .engines import (
@@ -25,12 +25,11 @@ from .routes import RULE_ALIASES, model_family, route_for, rules
 __all__ = ["MEASURED_STRATEGIES", "SERVE_PRESETS", "Strategy", "StrategyKind", "register_kind", "LAYOUTS", "CONTENTS",
            "PRESETS", "ALIASES", "PRESET_SOURCES", "parse_strategy", "as_strategy", "expand", "expand_strategies",
            "resolve_strategy", "preset_of", "LEGACY_MEASURED", "measured_as", "BASELINE", "PR_STRATEGY",
-           "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SWEEP_STRATEGIES",
-           "TIMED_STRATEGIES", "real_strategies", "advise_candidates", "SEED_COMPARISONS",
-           "BENCH_PRESET_LABELS", "strategy_route", "SUBCHUNK_GRAPH",
-           "ENGINE_PRESET_MEMBERS", "engine_members", "engine_strategies", "today_engines", "resolve_engine",
-           "engine_summary", "engine_table", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS",
-           "STRATEGY_NOTES", "preset_label", "strategy_notes", "KINDS"]
+           "SUBCHUNK_ROWS", "canonical_names", "fixed_strategies", "SWEEP_STRATEGIES", "TIMED_STRATEGIES",
+           "real_strategies", "advise_candidates", "SEED_COMPARISONS", "BENCH_PRESET_LABELS", "strategy_route",
+           "SUBCHUNK_GRAPH", "engine_members", "engine_strategies", "today_engines", "resolve_engine", "engine_summary",
+           "engine_table", "PR_TRADE_BY_ENGINE", "FORCED_TODAY", "PRESET_LABELS", "STRATEGY_NOTES", "preset_label",
+           "strategy_notes", "KINDS"]
 
 CONTENTS = ("zeros", "stale")
 #: Sub-chunk sizes the sweep prices by default (rows of the padded workspace).
@@ -61,9 +60,8 @@ class Strategy:
     overlap: float | None = None
     engine: str | None = None
 
-    @property
-    def kind(self) -> StrategyKind:
-        return KINDS[self.placement]
+    #: Its :class:`StrategyKind` (:data:`KINDS`).
+    kind = property(lambda self: KINDS[self.placement])
 
     @property
     def rule(self) -> str | None:
@@ -72,42 +70,19 @@ class Strategy:
             return engine_preset(self.engine).rule.name
         return self.route_rule or self.kind.rule
 
-    @property
-    def engine_release(self) -> str | None:
-        """The release of :attr:`engine` (``vllm@0.33.0-flashmla`` -> ``vllm@0.33.0``), else None."""
-        return engine_preset(self.engine).engine_version.name if self.engine else None
-
-    @property
-    def padded(self) -> bool:
-        """FlashMLA gets a head-padded Q (layout not ``real``)."""
-        return self.kind.layout != "real"
-
-    @property
-    def views_handoff(self) -> bool:
-        return self.handoff in ("views", "graph2")
-
-    @property
-    def workspaces(self) -> int:
-        """Q-concat workspaces held (2 for ``subchunk:<S>:graph2``)."""
-        return 2 if self.handoff == "graph2" else 1
-
-    @property
-    def graphed(self) -> bool:
-        return self.handoff == "graph2"
-
-    @property
-    def pre_padded(self) -> bool:
-        """The padded Q is a workspace the concat writes into (no per-call pad)."""
-        return self.kind.layout == "workspace"
-
-    @property
-    def per_call_pad(self) -> bool:
-        """A pad tensor is allocated and the real heads copied in on every layer call."""
-        return self.kind.layout == "per_call"
-
-    @property
-    def concat_zeroes_padding(self) -> bool:
-        return self.zero_policy == "zero_per_call"
+    #: The release of :attr:`engine` (``vllm@0.33.0-flashmla`` -> ``vllm@0.33.0``), else None.
+    engine_release = property(lambda self: engine_preset(self.engine).engine_version.name if self.engine else None)
+    #: FlashMLA gets a head-padded Q (layout not ``real``).
+    padded = property(lambda self: self.kind.layout != "real")
+    views_handoff = property(lambda self: self.handoff in ("views", "graph2"))
+    #: Q-concat workspaces held (2 for ``subchunk:<S>:graph2``).
+    workspaces = property(lambda self: 2 if self.handoff == "graph2" else 1)
+    graphed = property(lambda self: self.handoff == "graph2")
+    #: The padded Q is a workspace the concat writes into (no per-call pad).
+    pre_padded = property(lambda self: self.kind.layout == "workspace")
+    #: A pad tensor is allocated and the real heads copied in on every layer call.
+    per_call_pad = property(lambda self: self.kind.layout == "per_call")
+    concat_zeroes_padding = property(lambda self: self.zero_policy == "zero_per_call")
 
     @property
     def name(self) -> str:
@@ -165,8 +140,7 @@ def register_kind(kind: StrategyKind) -> StrategyKind:
     if not isinstance(kind, StrategyKind) or kind.layout not in LAYOUTS:
         raise ValueError(f"kind={kind!r} must be a StrategyKind with layout in {list(LAYOUTS)}")
     if kind.rule is not None and kind.rule not in rules():
-        raise ValueError(f"strategy kind {kind.placement!r}: rule {kind.rule!r} is not known; allowed: "
-                         f"{list(rules())}")
+        raise ValueError(f"strategy kind {kind.placement!r}: rule {kind.rule!r} is not known; allowed: {list(rules())}")
     names = {kind.label(st) if kind.label else kind.placement for st in kind.fixed}
     clash = sorted(({kind.placement} & set(KINDS)) | (names & set(_fixed())))
     if clash or any(st.placement != kind.placement for st in kind.fixed):
@@ -269,25 +243,6 @@ def engine_members(engine: str) -> list[Strategy]:
 def engine_strategies(engine: str) -> list[str]:
     """:func:`engine_members` as canonical names."""
     return [s.name for s in engine_members(engine)]
-
-
-class _MembersView(Mapping):
-    """Engine preset name -> its members' canonical names (live over :data:`mla_lab.engines.ENGINE_PRESETS`)."""
-
-    def __getitem__(self, name):
-        if name not in ENGINE_PRESETS:
-            raise KeyError(name)
-        return tuple(engine_strategies(name))
-
-    def __iter__(self):
-        return iter(list(ENGINE_PRESETS))
-
-    def __len__(self):
-        return len(ENGINE_PRESETS)
-
-
-#: Engine preset -> the canonical strategies of its sm90 bf16-KV default (a view of the records).
-ENGINE_PRESET_MEMBERS = _MembersView()
 
 
 def today_engines() -> list[str]:
@@ -403,7 +358,7 @@ def preset_of(name: str) -> str:
     for preset, members in PRESETS.items():
         if name in members:
             return preset
-    return next((p for p in ENGINE_PRESETS if name in ENGINE_PRESET_MEMBERS[p]), "")
+    return next((p for p in ENGINE_PRESETS if name in engine_strategies(p)), "")
 
 
 #: vLLM PR #53878's strategy: the pre-padded private workspace.

@@ -15,8 +15,7 @@ from .buffers import QConcatWorkspace, padded_num_heads
 from .kernels import concat_mla_q, sparse_mla_prefill
 from .placement import Strategy, as_strategy, real_strategies, resolve_strategy
 
-__all__ = ["PaddedQPath", "make_strategy", "stale_fill", "equivalence_check", "REAL_STRATEGIES",
-           "real_strategies"]
+__all__ = ["PaddedQPath", "make_strategy", "stale_fill", "equivalence_check", "REAL_STRATEGIES", "real_strategies"]
 
 
 #: The real strategies of the default equivalence check.
@@ -52,12 +51,10 @@ class PaddedQPath:
         self.fill_stale = fill_stale or stale_fill
         rows = min(self.spec.rows, max_num_batched_tokens) if self.spec.placement == "subchunk" else \
             max_num_batched_tokens
-        self.workspace = QConcatWorkspace(rows, num_heads, arch, kv_cache_dtype, head_size, device, dtype,
-                                          pad=self.spec.pre_padded, zero_init=True)
-        # subchunk:<S>:graph2 holds a second S-row workspace (chunk i uses workspace i % 2)
-        self.workspaces = [self.workspace] + [
-            QConcatWorkspace(rows, num_heads, arch, kv_cache_dtype, head_size, device, dtype, pad=True, zero_init=True)
-            for _ in range(self.spec.workspaces - 1)]
+        pads = (self.spec.pre_padded, True)[:self.spec.workspaces]  # graph2: a second S-row workspace (chunk i: i % 2)
+        self.workspaces = [QConcatWorkspace(rows, num_heads, arch, kv_cache_dtype, head_size, device, dtype, pad=p,
+                                            zero_init=True) for p in pads]
+        self.workspace = self.workspaces[0]
         self.capture_graph = capture_graph
         self._streams = None  # graph2 on CUDA: the two side streams
         self._graph = None  # graph2 on CUDA: (key, CUDAGraph, static outputs) of the last capture
@@ -70,9 +67,7 @@ class PaddedQPath:
             block.zero_() if self.spec.content == "zeros" else self.fill_stale(block)
             self._pad_block = block
 
-    @property
-    def padded_heads(self) -> int:
-        return padded_num_heads(self.num_heads, self.arch, self.kv_cache_dtype)
+    padded_heads = property(lambda self: padded_num_heads(self.num_heads, self.arch, self.kv_cache_dtype))
 
     def _check_heads(self, ql_nope, q_pe):
         for name, t in (("ql_nope", ql_nope), ("q_pe", q_pe)):

@@ -1,10 +1,9 @@
 """Index data with known overlap (:mod:`mla_lab.kernels.index_sets`): each generator's stated properties, the
-closed forms against samples (tolerances from the sample size), union_sizes against brute force, the published
-figures' mapping, and the committed union-size CSV recomputed."""
+closed forms against samples (tolerances from the sample size), union_sizes against brute force, and the published
+figures' mapping."""
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 
@@ -14,18 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mla_lab.kernels.index_sets import (
-    DATA_KIND,
     causal_indices,
-    main,
     overlap_indices,
     overlap_union_expected,
     published_overlaps,
     structured_indices,
     union_ratio_common_core,
-    union_size_rows,
     union_sizes,
 )
-from mla_lab.paths import REPO_ROOT
 
 # ---------------------------------------------------------------------------------------------------- grid constants
 #: (topk, s_kv, overlap or None for the random baseline topk / s_kv)
@@ -33,7 +28,6 @@ OVERLAP_GRID = [(64, 256, None), (64, 256, 0.5), (64, 1024, 0.3), (64, 1024, 0.8
 OVERLAP_T = 2048
 GS = (1, 2, 4, 8)
 Z = 5.0  # standard errors of tolerance
-CSV = REPO_ROOT / "data" / "overlap" / "union_sizes.csv"
 
 
 def _sets(data):
@@ -271,60 +265,3 @@ def test_published_file_errors(tmp_path):
     p.write_text(json.dumps([{"id": "x"}]))
     with pytest.raises(ValueError, match=r"entry 0 \(x\) lacks"):
         published_overlaps(p)
-
-
-# --------------------------------------------------------------------------------------------------- the CSV
-
-
-@pytest.mark.slow  # every generator on the CPU grid: 0.7 s idle, 10-14 s seen on the loaded 2-core machine
-def test_committed_csv_is_recomputed():
-    with CSV.open() as fh:
-        committed = list(csv.DictReader(fh))
-    rows = union_size_rows()
-    assert len(committed) == len(rows)
-    for c, r in zip(committed, rows):
-        assert c == {k: str(v) for k, v in r.items()}
-        assert c["data_kind"] == DATA_KIND and c["data_kind"].startswith("synthetic")
-
-
-def test_main_refuses_to_replace_without_overwrite(tmp_path, capsys, monkeypatch):
-    import mla_lab.kernels.index_sets as mod
-
-    row = {"generator": "overlap", "params": "p", "T": 1, "topk": 1, "s_kv": 1, "g": 1, "groups": 1, "mean_U": 1,
-           "median_U": 1, "p90_U": 1, "U_over_g_topk": 1, "expected_U": 1, "data_kind": DATA_KIND}
-    monkeypatch.setattr(mod, "union_size_rows", lambda: [row])  # the real rows: test_committed_csv_is_recomputed
-    out = tmp_path / "u.csv"
-    out.write_text("mine\n")
-    with pytest.raises(SystemExit) as e:
-        main(["--write", "--out", str(out)])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and out.read_text() == "mine\n" and "--overwrite" in err and len(err.splitlines()) == 1
-    assert main(["--write", "--overwrite", "--out", str(out)]) == 0
-    assert out.read_text().startswith("generator,params,T,topk,s_kv,g,")
-
-
-@pytest.mark.parametrize("argv, names", [
-    (["--overwrite"], "--overwrite is given without --write"),
-    (["--out", "x.csv"], "--out='x.csv' is given without --write"),
-    (["--write", "--out", ""], "--out='' is empty"),
-    (["--write", "--out", "/proc/union_sizes.csv"], "is on the proc filesystem"),
-    (["--write", "--out", "{tmp}"], "is a folder"),
-    (["--write", "--out", "{tmp}/file/u.csv"], "which is a file"),
-    (["--bogus"], "unrecognized arguments: --bogus"),
-])
-def test_main_refuses_bad_out_in_one_line_before_computing(argv, names, tmp_path, capsys, monkeypatch):
-    """Each bad ``--write`` / ``--out`` / ``--overwrite`` is one line on stderr, exit 2, before the rows are
-    computed (they took 10-20 s; ``/proc`` used to end in a traceback after them) and nothing is written."""
-    import mla_lab.kernels.index_sets as mod
-
-    def never():
-        raise AssertionError("computed before the refusal")
-
-    monkeypatch.setattr(mod, "union_size_rows", never)
-    (tmp_path / "file").write_text("mine\n")
-    before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(SystemExit) as e:
-        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and names in err and len(err.strip().splitlines()) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == before and (tmp_path / "file").read_text() == "mine\n"

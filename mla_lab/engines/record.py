@@ -138,10 +138,9 @@ class EnginePreset:
     #: ``prefill_padding`` per sm (``{"sm90": 64, "sm100": 128}``).
     padding = property(lambda self: self.fact("prefill_padding").value)
 
-    @property
-    def decode_thresholds(self) -> dict:
-        """``{backend: {sm: (((num_heads, n), ...), default)}}`` (fact ``decode_threshold``; {} without one)."""
-        return self.fact("decode_threshold").value if self.has("decode_threshold") else {}
+    #: ``{backend: {sm: (((num_heads, n), ...), default)}}`` (fact ``decode_threshold``; {} without one).
+    decode_thresholds = property(
+        lambda self: self.fact("decode_threshold").value if self.has("decode_threshold") else {})
 
     #: Every file the facts cite, in order, once.
     sources = property(lambda self: list(dict.fromkeys(s.path for f in self.facts for s in f.sources)))

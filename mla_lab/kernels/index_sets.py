@@ -16,24 +16,20 @@ overlap 0.8 (issue 36).
 
 from __future__ import annotations
 
-import argparse
-import csv
 import json
 import math
-import sys
 from bisect import bisect_right
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
-from ..paths import data_dir, special_filesystem
+from ..paths import data_dir
 from .contract import shape_of
 from .union import build_union_ref
 
 __all__ = ["IndexData", "overlap_indices", "overlap_union_expected", "causal_indices", "structured_indices",
-           "union_sizes", "UnionSizeSummary", "published_overlaps", "PUBLISHED_FILE", "union_ratio_common_core",
-           "main"]
+           "union_sizes", "UnionSizeSummary", "published_overlaps", "PUBLISHED_FILE", "union_ratio_common_core"]
 
 #: Where :func:`published_overlaps` reads (relative to the data folder, ``mla_lab.paths.data_dir``).
 PUBLISHED_FILE = "overlap/published.json"
@@ -297,115 +293,3 @@ def published_overlaps(path=None) -> list[dict]:
         if missing:
             raise ValueError(f"{p} entry {i} ({r.get('id', '?')}) lacks {missing}")
     return rows
-
-
-MAIN_T = 512
-MAIN_TOPK = 256
-MAIN_GS = (1, 2, 4, 8)
-DATA_KIND = ("synthetic: modelled index data generated on CPU by mla_lab.kernels.index_sets (seeded); "
-             "not measured on any model")
-
-
-def _main_cases():
-    T, k = MAIN_T, MAIN_TOPK
-    cases = []
-    for s_kv in (4 * k, 16 * k):
-        for o in (None, 0.5, 0.8, 0.95, 1.0):
-            ov = k / s_kv if o is None else o
-            cases.append(("overlap", f"s_kv={s_kv} overlap={ov:.4g}",
-                          lambda g, s=s_kv, ov=ov: overlap_indices(T, k, s, ov, g, seed=0),
-                          lambda g, s=s_kv, ov=ov: overlap_union_expected(k, s, ov, g)["union"]))
-    for f in (0.0, 0.5, 1.0):
-        cases.append(("structured", f"s_kv={16 * k} window={k // 8} toeplitz_fraction={f} content_keys={k // 8}",
-                      lambda g, f=f: structured_indices(T, k, s_kv=16 * k, window=k // 8,
-                                                                 toeplitz_fraction=f, content_keys=k // 8, seed=0),
-                      None))
-    cases.append(("causal", f"prompt_lens=[{T // 2}]*2 (<= topk: whole prefix)",
-                  lambda g: causal_indices([T // 2] * 2, k, seed=0), None))
-    return cases
-
-
-def union_size_rows() -> list[dict]:
-    """The rows of ``data/overlap/union_sizes.csv``: every case of the CPU grid x g in :data:`MAIN_GS`."""
-    rows = []
-    for gen, params, build, expect in _main_cases():
-        data = build(8)  # one data set per case (overlap groups of 8 nest groups of 1, 2, 4)
-        for g in MAIN_GS:
-            s = union_sizes(data.indices, data.topk_length, g, data.s_kv)
-            rows.append({"generator": gen, "params": params, "T": MAIN_T, "topk": MAIN_TOPK, "s_kv": data.s_kv,
-                         "g": g, "groups": s.groups, "mean_U": round(s.mean, 2), "median_U": s.median,
-                         "p90_U": round(s.p90, 2), "U_over_g_topk": round(s.ratio, 4),
-                         "expected_U": "" if expect is None else round(expect(g), 2), "data_kind": DATA_KIND})
-    return rows
-
-
-def _refuse(message: str):
-    """``message`` as one line on stderr, exit 2 (argparse's ``error`` hook and the door's own checks)."""
-    print(f"python -m mla_lab.kernels.index_sets: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _out_path(args) -> Path:
-    return Path(args.out) if args.out is not None else data_dir() / "overlap" / "union_sizes.csv"
-
-
-def _out_problem(args) -> str | None:
-    """What is wrong with ``--write`` / ``--out`` / ``--overwrite`` before the rows are computed, or None."""
-    if not args.write and (args.overwrite or args.out is not None):
-        flag = "--overwrite" if args.overwrite else f"--out={args.out!r}"
-        return f"{flag} is given without --write; allowed: with --write (nothing is written without it)"
-    if args.out is not None and not args.out.strip():
-        return "--out='' is empty; allowed: a CSV file path (default data/overlap/union_sizes.csv)"
-    out = _out_path(args)
-    fs = special_filesystem(out)
-    if fs:
-        return f"--out={str(out)!r} is on the {fs} filesystem; allowed: a CSV file path on an ordinary disk"
-    if out.is_dir():
-        return f"--out={str(out)!r} is a folder; allowed: a CSV file path"
-    parent = next((q for q in out.parents if q.exists()), None)
-    if parent is not None and not parent.is_dir():
-        return f"--out={str(out)!r} lies under {str(parent)!r}, which is a file; allowed: a CSV file path"
-    if args.write and out.exists() and not args.overwrite:
-        return f"--out={str(out)!r} exists; allowed: another path, or --overwrite to replace it"
-    return None
-
-
-def main(argv=None) -> int:
-    """``python -m mla_lab.kernels.index_sets [--write [--overwrite]]``: union sizes per g for the generators on a
-    small CPU grid, and the published figures on the U axis; ``--write`` saves ``data/overlap/union_sizes.csv``
-    (refused when it exists, unless ``--overwrite``)."""
-    ap = argparse.ArgumentParser(prog="python -m mla_lab.kernels.index_sets", description=main.__doc__)
-    ap.add_argument("--write", action="store_true", help="write data/overlap/union_sizes.csv")
-    ap.add_argument("--overwrite", action="store_true", help="replace an existing CSV")
-    ap.add_argument("--out", default=None, help="CSV path (default data/overlap/union_sizes.csv)")
-    ap.error = _refuse  # one line, exit 2, before anything is computed
-    args = ap.parse_args(argv)
-    problem = _out_problem(args)
-    if problem:
-        _refuse(problem)
-    rows = union_size_rows()
-    print(f"union sizes (T={MAIN_T}, topk={MAIN_TOPK}; {DATA_KIND})")
-    print(f"{'generator':<11} {'params':<62} {'g':>2} {'mean U':>8} {'p90 U':>8} {'U/(g k)':>8} {'expected':>9}")
-    for r in rows:
-        print(f"{r['generator']:<11} {r['params']:<62} {r['g']:>2} {r['mean_U']:>8} {r['p90_U']:>8} "
-              f"{r['U_over_g_topk']:>8} {r['expected_U']!s:>9}")
-    print("\npublished overlap figures on the U axis (g = 8; U/(8 topk) <= (1 + 7 (1 - overlap)) / 8):")
-    for p in published_overlaps():
-        if p["overlap_low"] is None:
-            print(f"  {p['id']:<28} no overlap number ({p['mapping'][:60]}...)  ({p['source']})")
-            continue
-        print(f"  {p['id']:<28} overlap {p['overlap_low']:.3g}-{p['overlap_high']:.3g}  U/(8 topk) "
-              f"{p['ratio_g8_low']:.3f}-{p['ratio_g8_high']:.3f}  ({p['source']})")
-    if args.write:
-        out = _out_path(args)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {out}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

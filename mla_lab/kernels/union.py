@@ -107,14 +107,6 @@ def _rules(indices, topk_length, g, s_kv):
                f"topk_length must be on indices' device {indices.device}; got {tl_.device}")
 
 
-def _valid_entries(indices, topk_length, s_kv):
-    T, topk = indices.shape
-    valid = (indices >= 0) & (indices < s_kv)
-    if topk_length is not None:
-        valid &= torch.arange(topk, device=indices.device)[None, :] < topk_length[:, None].long()
-    return valid
-
-
 def _empty_sets(G, cap_s, cap_r, g, T, device) -> UnionSets:
     i32 = dict(dtype=torch.int32, device=device)
     zeros = torch.zeros(G, **i32)
@@ -153,7 +145,9 @@ def build_union_ref(indices: torch.Tensor, topk_length: torch.Tensor | None, g: 
     out = _empty_sets(G, cap_s, cap_r, g, T, dev)
     if G == 0:
         return out
-    valid = _valid_entries(indices, topk_length, s_kv)
+    valid = (indices >= 0) & (indices < s_kv)
+    if topk_length is not None:
+        valid &= torch.arange(topk, device=dev)[None, :] < topk_length[:, None].long()
     t = torch.arange(T, device=dev)
     per_tok = valid.sum(1)
     n_present = torch.bincount(t // g, minlength=G)

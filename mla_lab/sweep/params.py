@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .._validate import short_repr
 from ..arch import get_arch
 from ..models import load_model, normalize_kv_cache_dtype
-from ..placement import ALIASES, ENGINE_PRESET_MEMBERS, PRESETS, SWEEP_STRATEGIES, canonical_names, expand_strategies
+from ..placement import ALIASES, ENGINE_PRESETS, PRESETS, SWEEP_STRATEGIES, canonical_names, expand_strategies
 from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
@@ -143,7 +143,7 @@ def _grid(p: dict) -> None:
             expand_strategies([name])
         except ValueError:
             raise ValueError(f"strategies holds {short_repr(name)}; allowed: canonical strategies {canonical_names()}, "
-                             f"presets {list(PRESETS)}, engine presets {list(ENGINE_PRESET_MEMBERS)} or aliases "
+                             f"presets {list(PRESETS)}, engine presets {list(ENGINE_PRESETS)} or aliases "
                              f"{list(ALIASES)}") from None
     p["strategies"] = expand_strategies(p["strategies"])
 
