@@ -180,21 +180,16 @@ def test_posthoc_file_recomputes_from_its_inputs():
     import json
 
     from mla_lab.paths import REPO_ROOT
+    from mla_lab.validation import BLIND_B_POSTHOC as OUT
+    from mla_lab.validation import BLIND_B_RESULTS, BLIND_B_SCORE
     from mla_lab.validation.blind import cases_of
-    from mla_lab.validation.posthoc_options import (
-        OUT,
-        RESULTS_B,
-        SCORE_B,
-        options_of,
-        posthoc_sentence,
-        summarise,
-    )
+    from mla_lab.validation.posthoc_options import options_of, posthoc_sentence, summarise
 
     doc = json.loads(OUT.read_text())
     assert doc["posthoc"] is True and "POST HOC" in doc["what"]
-    results = json.loads(RESULTS_B.read_text())
+    results = json.loads(BLIND_B_RESULTS.read_text())
     score = {(r["case"], json.dumps(r["workload"], sort_keys=True), r["metric"]): r
-             for r in json.loads(SCORE_B.read_text())["rows"]}
+             for r in json.loads(BLIND_B_SCORE.read_text())["rows"]}
     real = {(c["id"], r["workload"]["random_input_len"], r["workload"]["random_output_len"],
              r["workload"]["max_concurrency"], m): v for c in results["cases"] for r in c["runs"]
             for m, v in (r.get("metrics") or {}).items()}
@@ -227,7 +222,8 @@ def test_posthoc_cell_is_reproduced():
     equal."""
     import json
 
-    from mla_lab.validation.posthoc_options import OUT, posthoc_options
+    from mla_lab.validation import BLIND_B_POSTHOC as OUT
+    from mla_lab.validation.posthoc_options import posthoc_options
 
     doc = json.loads(OUT.read_text())
     fresh = posthoc_options(only="sglang_glm52_h200_fp8_low-latency", log=lambda *a: None)

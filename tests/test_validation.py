@@ -7,15 +7,14 @@ import subprocess
 import pytest
 
 from mla_lab.paths import REPO_ROOT
-from mla_lab.validation import main_run
+from mla_lab.validation import BLIND, main_run
 from mla_lab.validation.blind import CASES
-from mla_lab.validation.blind import OUT as BLIND
 
-DEC = json.loads(main_run.OUT.read_text())
+DEC = json.loads(main_run.PR53878_DECOMPOSITION.read_text())
 
 
 def test_main_run_score_is_recomputed_from_the_prediction_and_the_run():
-    pred = json.loads(main_run.PREDICTION_FILE.read_text())["prediction"]
+    pred = json.loads(main_run.PR53878_PREDICTION.read_text())["prediction"]
     for s in DEC["score"]:
         assert s["predicted"] == pred[s["metric"]]["deterministic"]
         assert s["real"] == main_run.REAL[s["metric"]]
@@ -73,10 +72,11 @@ def test_blind_predictions_were_committed_before_their_results():
 
 
 def test_blind_score_is_recomputed_from_the_committed_files():
-    from mla_lab.validation.score import PRED, RESULTS, SCORE, score
+    from mla_lab.validation import BLIND_RESULTS, BLIND_SCORE
+    from mla_lab.validation.score import score
 
-    fresh = score(json.loads(PRED.read_text()), json.loads(RESULTS.read_text()))
-    committed = json.loads(SCORE.read_text())
+    fresh = score(json.loads(BLIND.read_text()), json.loads(BLIND_RESULTS.read_text()))
+    committed = json.loads(BLIND_SCORE.read_text())
     assert fresh["sentence"] == committed["sentence"]
     assert fresh["changes_sentence"] == committed["changes_sentence"]
     assert len(fresh["rows"]) == len(committed["rows"])
@@ -116,12 +116,12 @@ def _first_commit(path):
 
 def test_round_two_workloads_then_predictions_then_results():
     """git history: the workloads file, then the predictions (a commit of their own), then the results."""
-    from mla_lab.validation.blind import OUT_B, WORKLOADS_B, cases_of
-    from mla_lab.validation.score import ROUND_TWO_RESULTS
+    from mla_lab.validation import BLIND_B, BLIND_B_RESULTS, BLIND_B_WORKLOADS
+    from mla_lab.validation.blind import cases_of
 
-    pred = json.loads(OUT_B.read_text())
+    pred = json.loads(BLIND_B.read_text())
     assert pred["round"] == "2026-12b" and {c["id"] for c in pred["cases"]} == {c["id"] for c in cases_of("2026-12b")}
-    w, p, r = _first_commit(WORKLOADS_B), _first_commit(OUT_B), _first_commit(ROUND_TWO_RESULTS)
+    w, p, r = _first_commit(BLIND_B_WORKLOADS), _first_commit(BLIND_B), _first_commit(BLIND_B_RESULTS)
     assert w[1] <= p[1] <= r[1]
     assert len({w[0], p[0], r[0]}) == 3  # three commits
     changed = subprocess.run(["git", "show", "--name-only", "--format=", p[0]], cwd=REPO_ROOT, capture_output=True,
@@ -139,23 +139,18 @@ def test_round_two_workloads_then_predictions_then_results():
             for v in x:
                 yield from keys(v)
 
-    assert not set(keys(json.loads(WORKLOADS_B.read_text()))) & set(METRICS)
+    assert not set(keys(json.loads(BLIND_B_WORKLOADS.read_text()))) & set(METRICS)
 
 
 def test_round_two_score_is_recomputed_and_its_medians_are_the_published_ones():
     """The committed round-two score is what the scoring code gives from the committed files, and its medians are
     the ones docs/serving.md states (pinned here)."""
-    from mla_lab.validation.score import (
-        ROUND_TWO_PRED,
-        ROUND_TWO_RESULTS,
-        ROUND_TWO_SCORE,
-        SCORE,
-        score_round_two,
-    )
+    from mla_lab.validation import BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_SCORE
+    from mla_lab.validation.score import score_round_two
 
-    committed = json.loads(ROUND_TWO_SCORE.read_text())
-    fresh = score_round_two(json.loads(ROUND_TWO_PRED.read_text()), json.loads(ROUND_TWO_RESULTS.read_text()),
-                            json.loads(SCORE.read_text()))
+    committed = json.loads(BLIND_B_SCORE.read_text())
+    fresh = score_round_two(json.loads(BLIND_B.read_text()), json.loads(BLIND_B_RESULTS.read_text()),
+                            json.loads(BLIND_SCORE.read_text()))
     assert fresh["medians_sentence"] == committed["medians_sentence"]
     pinned = {"round_one": {"duration": 58, "throughput": 137, "TTFT": 50, "TPOT": 14},
               "round_two": {"duration": 74, "throughput": 44, "TTFT": 60, "TPOT": 98},

@@ -71,16 +71,11 @@ def render(rows) -> str:
     """The CSV text of ``rows``: a list of dicts via :class:`csv.DictWriter`, a DataFrame via ``to_csv`` (no index)."""
     if isinstance(rows, pd.DataFrame):
         return rows.to_csv(index=False)
-    cols = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=cols)
+    w = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
     w.writeheader()
     w.writerows(rows)
     return buf.getvalue()
-
-
-def _target(file: str, measured: Path, out_dir: Path) -> Path:
-    return measured / file if "/" in file else out_dir / file
 
 
 def _refuse_target(path: Path, text: str, overwrite: bool) -> str | None:
@@ -110,7 +105,7 @@ def refit(name: str, measured: Path | None = None, out_dir: Path | None = None, 
     out_dir = Path(out_dir) if out_dir is not None else calibration_dir()
     if not measured.is_dir():
         raise ValueError(f"--measured-dir {str(measured)!r} is not an existing folder")
-    texts = {_target(f, measured, out_dir): render(rows) for f, rows in FITS[name].fit(measured).items()}
+    texts = {(measured if "/" in f else out_dir) / f: render(rows) for f, rows in FITS[name].fit(measured).items()}
     bad = [why for p, t in texts.items() if (why := _refuse_target(p, t, overwrite))]
     if bad:
         raise ValueError(f"{bad[0]}; nothing written")

@@ -1,7 +1,6 @@
 """The decode calibration fit (``h200_decode.csv``) on ``data/measured/h200/round2/decode_ops.csv`` (each op, graph
-replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph): op-level grids,
-the per-layer cost on graph rows, the eager launch model; validated in sample and leave-one-model-out.
-"""
+replay) and ``decode_layer.csv`` (the per-rank layer, B = 1..256, contexts 1k-8k, eager and graph): op-level grids, the
+per-layer cost on graph rows, the eager launch model; validated in sample and leave-one-model-out."""
 
 from __future__ import annotations
 
@@ -59,9 +58,8 @@ def op_rows(ops_df) -> list[dict]:
     d = ops_df[ops_df["status"] == "ok"].copy()
     d["context"] = d["context"].fillna(4096).astype(int)
     d["strategy"] = d["strategy"].fillna("")
-    g = d.groupby(["model", "batch", "context", "op", "strategy"])["ms"].median().reset_index()
     rows = []
-    for r in g.itertuples():
+    for r in d.groupby(["model", "batch", "context", "op", "strategy"])["ms"].median().reset_index().itertuples():
         if r.op in NOT_IN_MODEL:
             continue
         strat = measured_as(r.strategy or "fused")
@@ -80,18 +78,13 @@ def fit_kernel(rows, cal) -> KernelDecode:
     flop = np.array([op_time_ms(replace(r["obj"], dims={**r["obj"].dims, "content": "zeros"}), H200, cal) * 1e3
                      for r in k])
     keys = np.array([min(r["c"], 2048) for r in k], float)
-    B = np.array([r["B"] for r in k], float)
-    kvb = B * keys * 1152 / (H200.hbm_gbps * 1e9) * 1e6
-    best = (np.inf, None)
-    for p in (1.5, 2.0, 3.0, 4.0, 6.0):
-        for e in np.arange(0.50, 1.001, 0.02):
-            for b in np.arange(0.020, 0.0301, 0.00025):
-                core = ((b * keys) ** p + flop ** p + (kvb / e) ** p) ** (1 / p)
-                for a in np.arange(0.0, 8.01, 0.25):
-                    err = np.mean(np.abs(a + core - meas) / meas)
-                    if err < best[0]:
-                        best = (err, KernelDecode(round(float(a), 4), round(float(b), 6), round(float(e), 4), float(p)))
-    return best[1]
+    kvb = np.array([r["B"] for r in k], float) * keys * 1152 / (H200.hbm_gbps * 1e9) * 1e6
+    # grid search, the first of equal errors wins
+    _, a, b, e, p = min(((np.mean(np.abs(a + core - meas) / meas), a, b, e, p) for p in (1.5, 2.0, 3.0, 4.0, 6.0)
+                         for e in np.arange(0.50, 1.001, 0.02) for b in np.arange(0.020, 0.0301, 0.00025)
+                         for core in [((b * keys) ** p + flop ** p + (kvb / e) ** p) ** (1 / p)]
+                         for a in np.arange(0.0, 8.01, 0.25)), key=lambda t: t[0])
+    return KernelDecode(round(float(a), 4), round(float(b), 6), round(float(e), 4), float(p))
 
 
 def _roofline_us(flops, nbytes, ef, eb, fl, mode):
@@ -120,18 +113,16 @@ def fit_idx(rows) -> ClassEff:
 def fit_topk(rows) -> tuple:
     k = [r for r in rows if r["op"] == "idx_topk"]
     meas = np.array([r["us"] for r in k])
-    X = np.array([[1.0, r["c"], r["B"] * r["c"]] for r in k])
     w = 1.0 / meas  # least squares on relative error
+    X = np.array([[1.0, r["c"], r["B"] * r["c"]] for r in k])
     coef, *_ = np.linalg.lstsq(X * w[:, None], meas * w, rcond=None)
-    coef = np.maximum(coef, 0.0)
-    return tuple(round(float(x), 9) for x in coef)
+    return tuple(round(float(x), 9) for x in np.maximum(coef, 0.0))
 
 
 def fit_class_floors(rows, cal) -> dict:
     out = {}
     for cls in CLASSES:
-        k = [r for r in rows if r["cls"] == cls]
-        if not k:
+        if not (k := [r for r in rows if r["cls"] == cls]):
             continue
         e = cal.eff(cls)
         meas = np.array([r["us"] for r in k])
@@ -149,19 +140,15 @@ def fit_attn_floors(rows, cal) -> dict:
         k = [r for r in rows if r["op"] == op]
         meas = np.array([r["us"] for r in k])
         base = np.array([op_time_ms(r["obj"], H200, cal) * 1e3 for r in k])
-        errs = [(mape(base + kernels * fl, meas), fl) for fl in FLOORS]
-        out[op] = float(min(errs)[1])
+        out[op] = float(min((mape(base + kernels * fl, meas), fl) for fl in FLOORS)[1])
     # one copy kernel (new_empty + copy; out[:, :H] copies): the per-kernel cost of the measured pad
-    for op in ("pad_copy", "out_slice", "chunk_out"):
-        out[op] = out["pad"]
-    return out
+    return out | dict.fromkeys(("pad_copy", "out_slice", "chunk_out"), out["pad"])
 
 
 # ------------------------------------------------------------------------------------------ layer-level fits
 def layer_configs(layer_df) -> list[dict]:
-    d = layer_df[layer_df["status"] == "ok"]
     keys = ["experiment", "model", "strategy", "mode", "batch", "context", "prefill_tokens"]
-    g = d.groupby(keys)["ms_median"]
+    g = layer_df[layer_df["status"] == "ok"].groupby(keys)["ms_median"]
     q25, q75, n = g.quantile(0.25), g.quantile(0.75), g.size()
     return [{**dict(zip(keys, k)), "measured_ms": float(v), "measured_q25_ms": float(q25[k]),
              "measured_q75_ms": float(q75[k]), "n_repeats": int(n[k])} for k, v in g.median().items()]
@@ -202,28 +189,21 @@ def fit_all(ops, cfgs, cal, models, form=None) -> DecodeCalibration:
 
 
 def validate(cfgs, cal, dcal, fit_name) -> list[dict]:
-    out = []
-    for r in cfgs:
-        p = predict(r, cal, dcal)
-        kind = "mixed" if r["prefill_tokens"] else f"decode_{r['mode']}"
-        out.append({"fit": fit_name, "kind": kind, **{k: r[k] for k in ("experiment", "model", "strategy", "mode",
-                                                                         "batch", "context", "prefill_tokens")},
-                    "strategy_modelled": measured_as(r["strategy"]), "measured_ms": r["measured_ms"],
-                    "measured_q25_ms": r["measured_q25_ms"], "measured_q75_ms": r["measured_q75_ms"],
-                    "n_repeats": r["n_repeats"], "predicted_ms": p["total_ms"], "predicted_gpu_ms": p["gpu_ms"],
-                    "predicted_host_ms": p["host_ms"], "n_ops": p["n_ops"],
-                    "ape_pct": abs(p["total_ms"] - r["measured_ms"]) / r["measured_ms"] * 100})
-    return out
+    return [{"fit": fit_name, "kind": "mixed" if r["prefill_tokens"] else f"decode_{r['mode']}",
+             **{k: r[k] for k in ("experiment", "model", "strategy", "mode", "batch", "context", "prefill_tokens")},
+             "strategy_modelled": measured_as(r["strategy"]), "measured_ms": r["measured_ms"],
+             "measured_q25_ms": r["measured_q25_ms"], "measured_q75_ms": r["measured_q75_ms"],
+             "n_repeats": r["n_repeats"], "predicted_ms": p["total_ms"], "predicted_gpu_ms": p["gpu_ms"],
+             "predicted_host_ms": p["host_ms"], "n_ops": p["n_ops"],
+             "ape_pct": abs(p["total_ms"] - r["measured_ms"]) / r["measured_ms"] * 100}
+            for r in cfgs for p in [predict(r, cal, dcal)]]
 
 
 def summarize(rows) -> dict:
-    out = {}
-    for fit in sorted({r["fit"] for r in rows}):
-        for kind in ("decode_graph", "decode_eager", "mixed", "all"):
-            a = [r["ape_pct"] for r in rows if r["fit"] == fit and (kind == "all" or r["kind"] == kind)]
-            if a:
-                out[f"{fit}:{kind}"] = float(np.mean(a))
-    return out
+    """Mean APE (%) per ``fit:kind`` (kinds decode_graph, decode_eager, mixed, all) that has rows."""
+    return {f"{fit}:{kind}": float(np.mean(a)) for fit in sorted({r["fit"] for r in rows})
+            for kind in ("decode_graph", "decode_eager", "mixed", "all")
+            if (a := [r["ape_pct"] for r in rows if r["fit"] == fit and (kind == "all" or r["kind"] == kind)])}
 
 
 def fit_decode_file(measured: Path) -> dict:
@@ -244,6 +224,5 @@ def fit_decode_file(measured: Path) -> dict:
     prov.update(device=prov.get("gpu", "?"), data_file=f"{rel(ddir / 'decode_layer.csv')};{rel(ddir / 'decode_ops.csv')}",
                 calibration=cal.name, fit_commit=git_commit())
     fit = {**dcal.fit, **{k.replace(":", "_") + "_mape_pct": v for k, v in summarize(rows).items()}}
-    table = pd.DataFrame(rows).assign(**prov)
     return {DECODE_CSV: decode_calibration_rows(replace(dcal, fit=fit), prov),
-            "h200/round2/decode_validation.csv": table}
+            "h200/round2/decode_validation.csv": pd.DataFrame(rows).assign(**prov)}

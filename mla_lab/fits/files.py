@@ -68,16 +68,6 @@ def fit_comm_file(measured: Path) -> dict:
 
 
 # ------------------------------------------------- padded-head content, kernel only (round 2 interleaved rows)
-def _shape_medians(df: pd.DataFrame) -> list[dict]:
-    """Per (shape, mode): median kernel ms with zeros and with stale padded heads (``ms_median`` of each repeat)."""
-    d = df[(df["experiment"] == "content_factor") & (df["status"] == "ok")]
-    keys = ["shape_id", "H", "Hp", "T", "pattern", "prompt_len", "mode"]
-    g = d.groupby(keys + ["content"])["ms_median"].median().unstack("content").reset_index()
-    return [{"shape": f"{r.shape_id}:{r.mode}", "num_heads": int(r.H), "padded_heads": int(r.Hp), "T": int(r.T),
-             "pattern": r.pattern, "mode": r.mode, "zeros_ms": float(r.zeros), "stale_ms": float(r.stale)}
-            for r in g.itertuples()]
-
-
 def _round2_provenance(measured: Path) -> dict:
     path = measured / "h200/round2/content.csv"
     prov = provenance(_read(path), _ROUND2_PROV)
@@ -85,15 +75,26 @@ def _round2_provenance(measured: Path) -> dict:
 
 
 def fit_content_file(measured: Path) -> dict:
-    """``content.csv`` -> :func:`~mla_lab.model.content.fit_content_factor`, and ``content_fit.csv`` per shape."""
-    model, per = fit_content_factor(_shape_medians(_read(measured / "h200/round2/content.csv")), name=CONTENT_CSV)
+    """``content.csv`` -> :func:`~mla_lab.model.content.fit_content_factor` on the per (shape, mode) medians of
+    ``ms_median`` with zeros and stale padded heads, and ``content_fit.csv`` per shape."""
+    df = _read(measured / "h200/round2/content.csv")
+    d = df[(df["experiment"] == "content_factor") & (df["status"] == "ok")]
+    keys = ["shape_id", "H", "Hp", "T", "pattern", "prompt_len", "mode"]
+    g = d.groupby(keys + ["content"])["ms_median"].median().unstack("content").reset_index()
+    shapes = [{"shape": f"{r.shape_id}:{r.mode}", "num_heads": int(r.H), "padded_heads": int(r.Hp), "T": int(r.T),
+               "pattern": r.pattern, "mode": r.mode, "zeros_ms": float(r.zeros), "stale_ms": float(r.stale)}
+              for r in g.itertuples()]
+    model, per = fit_content_factor(shapes, name=CONTENT_CSV)
     row = {k: getattr(model, k) for k in ("a", "b", "c_ms", "n", "mape_pct", "loso_mape_pct")}
     return {CONTENT_CSV: [{**row, **_round2_provenance(measured)}], "h200/round2/content_fit.csv": pd.DataFrame(per)}
 
 
 # ------------------------------------------------------------------------------ sub-chunk cost per extra chunk
-def _subchunk_rows(presets: pd.DataFrame) -> list[dict]:
-    """Per (model, pattern, hand-off): median ms at each chunk count minus the one-chunk median."""
+def fit_subchunk_file(measured: Path) -> dict:
+    """``presets.csv`` (S = 1024 .. 16384) -> :func:`~mla_lab.model.calibration.fit_subchunk_overhead` on the
+    per (model, pattern, hand-off) median ms at each chunk count minus the one-chunk median."""
+    path = measured / "h200/round2/presets.csv"
+    presets = _read(path)
     d = presets[(presets["status"] == "ok") & presets["preset"].isin(["subchunk", "subchunk_views"])]
     g = d.groupby(["model", "pattern", "preset", "n_chunks"])["ms_median"].median().reset_index()
     rows = []
@@ -101,13 +102,6 @@ def _subchunk_rows(presets: pd.DataFrame) -> list[dict]:
         one = part[part["n_chunks"] == 1]["ms_median"]
         rows += [{"extra_chunks": int(r.n_chunks) - 1, "extra_ms": float(r.ms_median) - float(one.iloc[0])}
                  for r in part[part["n_chunks"] > 1].itertuples() if not one.empty]
-    return rows
-
-
-def fit_subchunk_file(measured: Path) -> dict:
-    """``presets.csv`` (S = 1024 .. 16384) -> :func:`~mla_lab.model.calibration.fit_subchunk_overhead`."""
-    path = measured / "h200/round2/presets.csv"
-    rows = _subchunk_rows(_read(path))
     us, resid = fit_subchunk_overhead(rows)
     return {"h200_subchunk.csv": [{"chunk_overhead_us": us, "mean_abs_residual_us": resid, "n": len(rows),
                                    **_round2_provenance(measured), "data_file": rel(path)}]}
@@ -150,27 +144,6 @@ STEP_METHOD = ("per process: median over rounds of step_ms and attn_path_ms for 
                "a; u + v = median_p(step change / s), u = median_p(r / s); errors in sample and leaving one process out")
 
 
-def _per_process_rows(df: pd.DataFrame) -> list[dict]:
-    """Per process: medians over rounds of the step and the attention path, zeros and stale (ms)."""
-    step = process_medians(df, ["content"], "step_ms")
-    attn = process_medians(df, ["content"], "attn_path_ms")
-    return [{"process": int(p), "step_zeros_ms": float(step[("zeros", p)]), "step_stale_ms": float(step[("stale", p)]),
-             "attn_zeros_ms": float(attn[("zeros", p)]), "attn_stale_ms": float(attn[("stale", p)])}
-            for p in sorted(df["process"].unique())]
-
-
-def _block_checks(model, kernel_model) -> dict:
-    """Issue 21's block figures against the step model; the kernel's share ``s`` of each block backed out of the
-    kernel-only figure (``s = figure / (factor - 1)``, the factor at the seed kernel's zero-content time)."""
-    k = kernel_model.factor(8, PADDED_HEADS, BLOCK_KERNEL_ZEROS_MS) - 1.0
-    out = {}
-    for n, measured, kernel_only in BLOCKS:
-        s = kernel_only / 100 / k
-        out.update({f"block{n}_share": s, f"block{n}_measured_pct": measured, f"block{n}_kernel_only_pct": kernel_only,
-                    f"block{n}_step_model_pct": 100 * model.step_change(s, 8, PADDED_HEADS)})
-    return out
-
-
 def fit_content_step_file(measured: Path) -> dict:
     """``content_loop.csv`` (>= 5 fresh processes) -> :func:`~mla_lab.model.content.fit_step_content`, the changes
     it is fitted to, the block check and the per-process table."""
@@ -179,12 +152,24 @@ def fit_content_step_file(measured: Path) -> dict:
     if df["num_heads"].nunique() != 1 or df["process"].nunique() < MIN_PROCESSES:
         raise ValueError(f"{path}: needs one num_heads and >= {MIN_PROCESSES} processes")
     H = int(df["num_heads"].iloc[0])
-    rows = _per_process_rows(df)
+    # per process: medians over rounds of the step and the attention path, zeros and stale (ms)
+    step, attn = (process_medians(df, ["content"], c) for c in ("step_ms", "attn_path_ms"))
+    rows = [{"process": int(p), "step_zeros_ms": float(step[("zeros", p)]), "step_stale_ms": float(step[("stale", p)]),
+             "attn_zeros_ms": float(attn[("zeros", p)]), "attn_stale_ms": float(attn[("stale", p)])}
+            for p in sorted(df["process"].unique())]
     model, per = fit_step_content(rows, H, PADDED_HEADS, name=STEP_CONTENT_CSV)
     df = df.assign(rest_ms=df["step_ms"] - df["attn_path_ms"])
     ch = {c: paired_change(df, [], "content", "stale", "zeros", value=c)[()]
           for c in ("step_ms", "attn_path_ms", "rest_ms", "sm_clock_mhz")}
     kernel_model = load_content_model()
+    # issue 21's block figures against the step model; the kernel's share s of each block backed out of the
+    # kernel-only figure (s = figure / (factor - 1), the factor at the seed kernel's zero-content time)
+    k, blocks = kernel_model.factor(8, PADDED_HEADS, BLOCK_KERNEL_ZEROS_MS) - 1.0, {}
+    for n, measured_pct, kernel_only_pct in BLOCKS:
+        s = kernel_only_pct / 100 / k
+        blocks.update({f"block{n}_share": s, f"block{n}_measured_pct": measured_pct,
+                       f"block{n}_kernel_only_pct": kernel_only_pct,
+                       f"block{n}_step_model_pct": 100 * model.step_change(s, 8, PADDED_HEADS)})
     layers = int(df["layers"].iloc[0])
     # the kernel-only factor on the loop, applied to the whole attention path (an upper bound: the concat is in it)
     kernel_only = sorted(100 * r["attn_zeros_ms"] / r["step_zeros_ms"]
@@ -193,7 +178,7 @@ def fit_content_step_file(measured: Path) -> dict:
              **{f"measured_{c}_change_{k}": ch[c][q] for k, q in (("pct", "median"), ("lo", "lo"), ("hi", "hi"))
                 for c in ch},
              "lopo_max_step_err_pts": max(abs(r["lopo_step_err_pts"]) for r in per),
-             "kernel_only_loop_step_pct": kernel_only[len(kernel_only) // 2], **_block_checks(model, kernel_model),
+             "kernel_only_loop_step_pct": kernel_only[len(kernel_only) // 2], **blocks,
              "method": STEP_METHOD, "source": "measured", "data_file": rel(path),
              **provenance(df, (*_PROV, "timestamp"))}
     fitted = {k: getattr(model, k) for k in ("uniform_per_share", "attention_excess", "fit_share", "padded_fraction",

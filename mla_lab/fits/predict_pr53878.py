@@ -41,9 +41,8 @@ BEFORE, ALT_BEFORE, PR = "per_call_empty:zeros", "per_call_empty:stale", "privat
 BLOCK_SIZE = 64
 #: the PR's client: PR_BENCH with the PR's --seed (lengths are fixed at range ratio 0, so the seed changes nothing)
 BENCH = replace(PR_BENCH, seed=12345)
-PREDICTED = {"duration": "s", "request_throughput": "req/s", "output_throughput": "tok/s",
-             "total_token_throughput": "tok/s", "mean_ttft_ms": "ms", "median_ttft_ms": "ms", "p99_ttft_ms": "ms",
-             "mean_tpot_ms": "ms", "median_tpot_ms": "ms", "p99_tpot_ms": "ms", "mean_itl_ms": "ms"}
+#: metric -> unit (NOISE_METRICS' label's, e.g. "Benchmark duration (s)" -> "s")
+PREDICTED = {k: label.rsplit(" (", 1)[1][:-1] for k, label in NOISE_METRICS}
 TTFT_STATS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms")
 REPORTED = {"mean_ttft_ms": -9.5, "median_ttft_ms": -9.5, "p99_ttft_ms": -9.5, "total_token_throughput": 6.0,
             "output_throughput": 6.0}
@@ -55,16 +54,6 @@ DIST_NAME = "pr53878_noise_distribution.csv"
 DIST_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "total_token_throughput", "output_throughput",
                 "duration")
 DIST_HEADER = "case,run," + ",".join(f"change_{k}_pct" for k in DIST_METRICS)
-
-
-def deployment(bench: BenchConfig = BENCH) -> dict:
-    """Per strategy: KV capacity (``serve_benchmark``), its SchedulerConfig and the deterministic metrics."""
-    d = pr_deployment()
-    r = serve_benchmark(d, [BEFORE, ALT_BEFORE, PR], bench, block_size=BLOCK_SIZE)
-    out = {s: {"kv_capacity_tokens": (cap := r["strategies"][s]["kv_capacity_tokens"]),
-               "lab_metrics": r["strategies"][s]["metrics"], "sched": async_scheduler(d, cap, BLOCK_SIZE)}
-           for s in (BEFORE, ALT_BEFORE, PR)}
-    return {"strategies": out, "calibration": r["calibration"], "decode_calibration": r["decode_calibration"]}
 
 
 def _log_sd(xs) -> float:
@@ -82,16 +71,13 @@ def measured_noise(folder: Path = MEASURED) -> dict:
         if not f.is_file():
             raise ValueError(f"{f} does not exist; the measured noise needs content_loop.csv, cold_start.csv and "
                              "step_spread.csv (mla-lab measure)")
-    loop = pd.read_csv(folder / "content_loop.csv")
-    zeros = loop[loop["content"] == "zeros"]
+    zeros = pd.read_csv(folder / "content_loop.csv").query("content == 'zeros'")
     step = between_process(zeros, ["content"], "step_ms")[("zeros",)]
     attn_loop = between_process(zeros, ["content"], "attn_path_ms")[("zeros",)]
     within = zeros.groupby("process")["step_ms"].apply(lambda v: float(np.std(np.log(v.to_numpy()), ddof=1)))
-    spread = pd.read_csv(folder / "step_spread.csv")
-    alone = between_process(spread, ["what"], "gpu_ms")
+    alone = between_process(pd.read_csv(folder / "step_spread.csv"), ["what"], "gpu_ms")
     cold = load_cold_start(folder / "cold_start.csv", folder / "step_spread.csv")
-    cs = pd.read_csv(folder / "cold_start.csv")
-    first = cs[(cs["call"] == 1) & (cs["what"] == "attention_path:private_workspace")]
+    first = pd.read_csv(folder / "cold_start.csv").query("call == 1 and what == 'attention_path:private_workspace'")
     first_ms = (first["wall_ms"] - first["steady_wall_ms"]).to_numpy()
     rel = _rel(folder)
     vals = {"run_sigma": _log_sd(step["per_process"]), "step_sigma": float(within.median()), **cold["values"]}
@@ -105,8 +91,7 @@ def measured_noise(folder: Path = MEASURED) -> dict:
         "cold_sd_ms": f"{rel}/cold_start.csv: sd over {cold['num_processes']} processes of the call-2 extra"}
     contrast = {"timed_alone_run_log_sd": {w[0]: _log_sd(v["per_process"]) for w, v in alone.items()},
                 "attention_path_in_loop_run_log_sd": _log_sd(attn_loop["per_process"]),
-                "step_ms_per_process_medians": step["per_process"],
-                "layer_blocks": cold["layer_spread"]}
+                "step_ms_per_process_medians": step["per_process"], "layer_blocks": cold["layer_spread"]}
     return {"values": vals, "sources": sources, "contrast": contrast, "cold_call1_ms": cold["cold_call1_ms"],
             "attention_path_call1_ms": [float(first_ms.min()), float(first_ms.max())],
             "num_processes": step["n_processes"],
@@ -123,12 +108,9 @@ def what_moved(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseC
              ("+ per-step CPU time", cpu, True),
              ("+ token delivery delay", replace(cpu, output_delay_ms=noise.output_delay_ms), True),
              ("+ cold first large step (mean) = the prediction's deterministic run", noise.without_noise(), True)]
-    rows = []
-    for label, nc, asy in steps:
-        m = simulate_once(bench, replace(sched, async_scheduling=asy), pricer, nc, None).metrics
-        rows.append({"step": label, **{k: m[k] for k in ("duration", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-                                                          "mean_tpot_ms", "output_throughput")}})
-    return rows
+    keys = ("duration", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "output_throughput")
+    return [{"step": label, **{k: m[k] for k in keys}} for label, nc, asy in steps
+            for m in [simulate_once(bench, replace(sched, async_scheduling=asy), pricer, nc, None).metrics]]
 
 
 def sensitivity(bench: BenchConfig, sched: SchedulerConfig, pricer, noise: NoiseConfig, num_runs: int,
@@ -152,24 +134,20 @@ def arrival_sensitivity(bench: BenchConfig, st: dict, pricers: dict, noise: Nois
     for per in (0.1, noise.arrival.per_request_ms, 3.0, 10.0):
         am = replace(noise.arrival, per_request_ms=per)
         quiet = replace(noise.without_noise(), arrival=replace(am, cv=0.0))
-        a = simulate_once(bench, st[BEFORE]["sched"], pricers[BEFORE], quiet).metrics
-        b = simulate_once(bench, st[PR]["sched"], pricers[PR], quiet).metrics
+        a, b = (simulate_once(bench, st[s]["sched"], pricers[s], quiet).metrics for s in (BEFORE, PR))
         r = run_noise(bench, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed,
                       noise=replace(quiet, arrival=am))
-        full = replace(noise, arrival=am)
         ab = run_noise(bench, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
-                       num_runs=num_runs, seed=seed, noise=full)
-        rows.append({"per_request_ms": per, "mean_ttft_ms": a["mean_ttft_ms"], "p99_ttft_ms": a["p99_ttft_ms"],
-                     "duration": a["duration"],
+                       num_runs=num_runs, seed=seed, noise=replace(noise, arrival=am))
+        tt = "total_token_throughput"
+        rows.append({"per_request_ms": per, **{k: a[k] for k in ("mean_ttft_ms", "p99_ttft_ms", "duration")},
                      "pr_change_mean_ttft_pct": (b["mean_ttft_ms"] - a["mean_ttft_ms"]) / a["mean_ttft_ms"] * 100,
                      "identical_builds_band95_mean_ttft_jitter_only": list(r.band("mean_ttft_ms")),
                      "pr_vs_before_all_noise": {
                          "band95_mean_ttft": list(ab.band("mean_ttft_ms")),
-                         "percentile_of_reported_mean_ttft": ab.percentile_of("mean_ttft_ms",
-                                                                              REPORTED["mean_ttft_ms"]),
-                         "band95_total_token_throughput": list(ab.band("total_token_throughput")),
-                         "percentile_of_reported_throughput": ab.percentile_of(
-                             "total_token_throughput", REPORTED["total_token_throughput"])},
+                         "percentile_of_reported_mean_ttft": ab.percentile_of("mean_ttft_ms", REPORTED["mean_ttft_ms"]),
+                         "band95_total_token_throughput": list(ab.band(tt)),
+                         "percentile_of_reported_throughput": ab.percentile_of(tt, REPORTED[tt])},
                      "distinct_steps_priced": r.cache["a"]["misses"]})
     return rows
 
@@ -197,10 +175,13 @@ def distribution_rows(ident, prvs) -> list[str]:
 def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
             distribution: list | None = None) -> dict:
     """The prediction as a JSON-ready dict; ``distribution`` receives :func:`distribution_rows`."""
-    dep = deployment()
+    d = pr_deployment()  # per strategy: KV capacity, its SchedulerConfig and the deterministic metrics
+    det = serve_benchmark(d, [BEFORE, ALT_BEFORE, PR], BENCH, block_size=BLOCK_SIZE)
+    st = {s: {"kv_capacity_tokens": (cap := det["strategies"][s]["kv_capacity_tokens"]),
+              "lab_metrics": det["strategies"][s]["metrics"], "sched": async_scheduler(d, cap, BLOCK_SIZE)}
+          for s in (BEFORE, ALT_BEFORE, PR)}
     measured = measured_noise() if use_measurements else None
     noise = NoiseConfig() if measured is None else NoiseConfig().with_measurements(measured)
-    st, d = dep["strategies"], pr_deployment()
     pricers = {s: CachedPricer(CostModelPricer(d.rank, s)) for s in st}
     ident = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], num_runs=num_runs, seed=seed, noise=noise)
     prvs = run_noise(BENCH, st[BEFORE]["sched"], pricers[BEFORE], pricers[PR], sched_b=st[PR]["sched"],
@@ -208,17 +189,14 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
     if distribution is not None:
         distribution.extend(distribution_rows(ident, prvs))
     alt = simulate_once(BENCH, st[ALT_BEFORE]["sched"], pricers[ALT_BEFORE], noise.without_noise()).metrics
-    prediction = {}
-    for k, unit in PREDICTED.items():
-        lo, med, hi = ident.quantiles(k, "a")
-        prediction[k] = {"deterministic": ident.deterministic_a[k], "median": med, "band95": [lo, hi], "unit": unit,
-                         "alt_before_stale_deterministic": alt[k], "lab_earlier_model": st[BEFORE]["lab_metrics"][k]}
+    prediction = {k: {"deterministic": ident.deterministic_a[k], "median": q[1], "band95": [q[0], q[2]], "unit": unit,
+                      "alt_before_stale_deterministic": alt[k], "lab_earlier_model": st[BEFORE]["lab_metrics"][k]}
+                  for k, unit in PREDICTED.items() for q in [ident.quantiles(k, "a")]}
     changes = {}
     for k in TTFT_STATS + ("duration", "total_token_throughput", "output_throughput", "mean_tpot_ms"):
         row = {"identical_builds": {"band95": list(ident.band(k)), "median": ident.quantiles(k)[1]},
                "pr_vs_before": {"band95": list(prvs.band(k)), "median": prvs.quantiles(k)[1],
-                                "deterministic": (prvs.deterministic_b[k] - prvs.deterministic_a[k])
-                                / prvs.deterministic_a[k] * 100}}
+                                "deterministic": prvs.deterministic_change(k)}}
         if k in REPORTED:
             row["reported_by_pr"] = v = REPORTED[k]
             for case, r in (("identical_builds", ident), ("pr_vs_before", prvs)):
@@ -231,9 +209,8 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         joint[name] = {"percent_of_pairs": float(100.0 * hit.mean()),
                        "corr_mean_ttft_vs_throughput": float(np.corrcoef(r.change["mean_ttft_ms"],
                                                                          r.change["total_token_throughput"])[0, 1])}
-    cal_files = sorted(calibration_dir().glob("*.csv")) + [models_dir() / d.model.name / "config.json"]
-    if measured is not None:
-        cal_files += [CONTENT_CSV, COLD_CSV, SPREAD_CSV]
+    cal_files = (sorted(calibration_dir().glob("*.csv")) + [models_dir() / d.model.name / "config.json"]
+                 + ([] if measured is None else [CONTENT_CSV, COLD_CSV, SPREAD_CSV]))
     return {
         "what": "prediction of vLLM PR #53878's 'main' run (vLLM before the PR), modelled; fitted to no end-to-end "
                 "figure of that run",
@@ -252,7 +229,7 @@ def predict(num_runs: int = 1000, seed: int = 0, use_measurements: bool = True,
         "bench": {"num_prompts": BENCH.num_prompts, "random_input_len": BENCH.random_input_len,
                   "random_output_len": BENCH.random_output_len, "max_concurrency": BENCH.max_concurrency,
                   "request_rate": "inf", "ignore_eos": True, "seed": BENCH.seed},
-        "calibration": {"layer": dep["calibration"], "decode": dep["decode_calibration"]},
+        "calibration": {"layer": det["calibration"], "decode": det["decode_calibration"]},
         "calibration_files": [{"path": _rel(p), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
                               for p in cal_files if p.is_file()],
         "measurements_used": None if measured is None else {k: v for k, v in measured.items()},
@@ -293,10 +270,8 @@ def render_markdown(d: dict) -> str:
     """The prediction's tables and the plain sentences of docs/serving.md, from the prediction file ``d``."""
     P, C = d["prediction"], d["change_distribution"]
     src = d["noise"]["sources"]
-    by: dict = {}
-    for k, v in src.items():
-        by.setdefault(v["status"], []).append(k)
-    status = "; ".join(f"{st}: {', '.join(f'`{k}`' for k in ks)}" for st, ks in sorted(by.items()))
+    status = "; ".join(f"{st}: {', '.join(f'`{k}`' for k, v in src.items() if v['status'] == st)}"
+                       for st in sorted({v["status"] for v in src.values()}))
     out = [f"Prediction file: commit `{d['git_commit']}` (code `{d['code_commit']['commit'][:12]}`), "
            f"{d['num_runs']} runs per build, seed {d['seed']}. Components {status}"
            + ("" if d["measurements_used"] is None else f" (measured: {d['measurements_used']['source']})") + ".",
@@ -311,9 +286,9 @@ def render_markdown(d: dict) -> str:
     out += ["", "What moved it (deterministic runs, one component added at a time):", "",
             "| | duration (s) | mean TTFT | median TTFT | P99 TTFT | mean TPOT (ms) | output tok/s |",
             "|---|---|---|---|---|---|---|"]
-    for r in d["what_moved_it"]:
-        out.append(f"| {r['step']} | {r['duration']:.3f} | {r['mean_ttft_ms']:.1f} | {r['median_ttft_ms']:.1f} | "
-                   f"{r['p99_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} | {r['output_throughput']:.1f} |")
+    out += [f"| {r['step']} | {r['duration']:.3f} | {r['mean_ttft_ms']:.1f} | {r['median_ttft_ms']:.1f} | "
+            f"{r['p99_ttft_ms']:.1f} | {r['mean_tpot_ms']:.2f} | {r['output_throughput']:.1f} |"
+            for r in d["what_moved_it"]]
     out += ["", "#### Is the PR's -9.5 % inside one run's noise?", "",
             "The change between two single runs (%; each build's run an independent draw):", "",
             "| statistic | A vs A': 95 % band | PR vs before: deterministic | PR vs before: 95 % band | "
@@ -327,9 +302,8 @@ def render_markdown(d: dict) -> str:
                    f"[{q['band95'][0]:+.2f}, {q['band95'][1]:+.2f}] | {rep} |")
     out += ["", "Where the spread comes from (identical builds, 95 % band of the change, %, one source at a time):", "",
             "| noise | mean TTFT | median TTFT | P99 TTFT | total token throughput |", "|---|---|---|---|---|"]
-    for r in d["band_sensitivity"]:
-        out.append(f"| {r['noise']} | " + " | ".join(f"[{r[k][0]:+.2f}, {r[k][1]:+.2f}]" for k in
-                                                   TTFT_STATS + ("total_token_throughput",)) + " |")
+    out += ["| " + " | ".join([r["noise"]] + [f"[{r[k][0]:+.2f}, {r[k][1]:+.2f}]" for k in TTFT_STATS
+                                               + ("total_token_throughput",)]) + " |" for r in d["band_sensitivity"]]
     if d.get("arrival_sensitivity"):
         out += ["", "How much the API server's speed matters (not measured on the PR's server; the model's largest "
                 "unknown):", "",
@@ -387,8 +361,7 @@ def _at(pct: float, n: int) -> str:
 def _spread_sentence(d: dict) -> str:
     """Which figures carry the spread, and their status (from the prediction file)."""
     v, src = d["noise"]["values"], d["noise"]["sources"]
-    band = {r["noise"]: r["mean_ttft_ms"] for r in d["band_sensitivity"]}
-    run = band.get("per-run GPU-time factor only")
+    run = {r["noise"]: r["mean_ttft_ms"] for r in d["band_sensitivity"]}.get("per-run GPU-time factor only")
     return ("- The spread of one run is mostly the per-run GPU-time factor, log sd "
             f"{v['run_sigma']:.4f} ({src['run_sigma']['status']}: the between-process spread of a whole sustained "
             "step on one H200, 5 fresh processes)"
@@ -470,21 +443,18 @@ def main(argv=None) -> int:
     if why:
         print(why, file=sys.stderr)
         return 2
-    if a.docs_only:
-        update_docs(json.loads(out.read_text()))
-        print(f"-> {DOCS}")
-        return 0
-    rows: list = []
-    res = predict(a.num_runs, a.seed, not a.no_measurements, distribution=rows)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    text = "\n".join(rows) + "\n"
-    dist = out.with_name(DIST_NAME)
-    res["distribution_file"].update(path=_rel(dist), sha256=hashlib.sha256(text.encode()).hexdigest())
-    dist.write_text(text)
-    out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"-> {out}\n-> {dist}")
-    if a.update_docs:
-        update_docs(res)
+    if not a.docs_only:
+        rows: list = []
+        res = predict(a.num_runs, a.seed, not a.no_measurements, distribution=rows)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        text = "\n".join(rows) + "\n"
+        dist = out.with_name(DIST_NAME)
+        res["distribution_file"].update(path=_rel(dist), sha256=hashlib.sha256(text.encode()).hexdigest())
+        dist.write_text(text)
+        out.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"-> {out}\n-> {dist}")
+    if a.docs_only or a.update_docs:
+        update_docs(json.loads(out.read_text()) if a.docs_only else res)
         print(f"-> {DOCS}")
     return 0
 

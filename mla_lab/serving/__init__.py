@@ -1,6 +1,5 @@
-"""Step-level simulation of a ``vllm bench serve`` run against a vLLM v1 engine (docs/serving.md has an example):
-one concept per module (client, step, scheduler, simulate, metrics, pricing, step_pricer, benchmark, noise).
-"""
+"""Step-level simulation of a ``vllm bench serve`` run against a vLLM v1 engine (docs/serving.md has an example): one
+concept per module (client, step, scheduler, simulate, metrics, pricing, step_pricer, benchmark, noise)."""
 
 from __future__ import annotations
 

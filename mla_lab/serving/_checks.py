@@ -8,8 +8,6 @@ import numbers
 
 from mla_lab._validate import check_int
 
-__all__ = ["check_int", "check_float", "check_option", "check_bool", "check_ms"]
-
 
 def check_float(name: str, value, *, low: float = 0.0, low_inclusive: bool = False, high: float = math.inf,
                 high_inclusive: bool = False, allow_inf: bool = False) -> float:
@@ -26,8 +24,7 @@ def check_float(name: str, value, *, low: float = 0.0, low_inclusive: bool = Fal
     v = float(value) if isinstance(value, numbers.Real) and not isinstance(value, bool) else math.nan
     if v == math.inf and allow_inf:
         return v
-    if math.isnan(v) or math.isinf(v) or v < low or (v == low and not low_inclusive) or v > high \
-            or (v == high and not high_inclusive):
+    if not math.isfinite(v) or (v < low if low_inclusive else v <= low) or (v > high if high_inclusive else v >= high):
         raise ValueError(f"{name}={value!r} must be a float in {allowed}")
     return v
 
@@ -41,13 +38,6 @@ def check_ms(value, who: str, where: str = "") -> float:
         unit = " ms" if number or not where else ""
         raise ValueError(f"{who} returned {value!r}{unit}{where}; it must be a finite float > 0")
     return v
-
-
-def check_option(name: str, value, allowed) -> object:
-    """``value`` if it is one of ``allowed``. Raises ValueError: ``"<name>=<value> must be one of [...]"``."""
-    if isinstance(value, bool) or value not in allowed:
-        raise ValueError(f"{name}={value!r} must be one of {list(allowed)}")
-    return value
 
 
 def check_bool(name: str, value) -> bool:

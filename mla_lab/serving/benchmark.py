@@ -1,6 +1,5 @@
 """``vllm bench serve`` priced by the lab's cost model: one deployment, once per strategy, each with its own KV
-capacity, compared with a baseline (issue 13). :data:`MODELLED_NOTES` says what is modelled.
-"""
+capacity, compared with a baseline (issue 13). :data:`MODELLED_NOTES` says what is modelled."""
 
 from __future__ import annotations
 
@@ -25,9 +24,6 @@ from .metrics import compare
 from .scheduler import SchedulerConfig
 from .simulate import simulate
 from .step_pricer import CostModelPricer
-
-__all__ = ["PR_BENCH", "MODELLED_NOTES", "serve_benchmark", "bench_of", "options_summary", "pr_deployment",
-           "async_scheduler"]
 
 #: The PR's benchmark (vLLM PR #53878): 32 prompts x 1024 in / 128 out, max concurrency 32, request rate inf.
 PR_BENCH = BenchConfig(num_prompts=32, random_input_len=1024, random_output_len=128, max_concurrency=32)
@@ -105,13 +101,21 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
     """
     Deployment.require(deployment)
     d = deployment
-    client_bench = _checked_bench(d, bench_of(d) if bench is None else bench)
+    b = bench_of(d) if bench is None else bench
+    if not isinstance(b, BenchConfig):
+        raise ValueError(f"bench={b!r} must be a mla_lab.serving.BenchConfig")
+    if (b.num_prompts, b.random_input_len, b.random_output_len, b.max_concurrency or b.num_prompts) != (
+            d.num_prompts, d.prompt_len, d.output_len, d.concurrency):
+        raise ValueError(f"bench sends {b.num_prompts} x {b.random_input_len}-token prompts ({b.random_output_len} "
+                         f"out) at max_concurrency {b.max_concurrency}, the deployment {d.num_prompts} x "
+                         f"{d.prompt_len} ({d.output_len} out) at concurrency {d.concurrency}; allowed: bench=None "
+                         "or bench_of(deployment, ...) (Deployment.replace changes the workload)")
     base = resolve_strategy(baseline)
     order = list(dict.fromkeys([base] + expand_strategies([strategies] if isinstance(strategies, str)
                                                           else list(strategies))))
     cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
-    opts = _Options(d, client_bench)
+    opts = _Options(d, b)
     mem = opts.memory(order)
     caps = _kv_capacities(d, mem, order)
     out: dict = {}
@@ -120,39 +124,21 @@ def serve_benchmark(deployment: Deployment, strategies, bench: BenchConfig | Non
                                 block_size, kv_admission=kv_admission, enforce_eager=enforce_eager)
         raw = simulate(opts.bench, sched, opts.pricer(s, cal, dcal), percentiles=percentiles)
         res = opts.scale(raw)
-        launches = Counter(f"{rec.step.kind}:{rec.step.cudagraph_mode}" for rec in res.steps)
         out[s] = {"preset": preset_of(s), "metrics": res.metrics, "kv_capacity_tokens": int(caps[s]),
-                  **{k: mem["strategies"][s][k] for k in ("kv_tokens_lost", "extra_mib")},
-                  "num_steps": len(res.steps), "steps_by_launch": dict(launches), "result": res,
-                  "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
+                  **{k: mem["strategies"][s][k] for k in ("kv_tokens_lost", "extra_mib")}, "num_steps": len(res.steps),
+                  "steps_by_launch": dict(Counter(f"{r.step.kind}:{r.step.cudagraph_mode}" for r in res.steps)),
+                  "result": res, "rank_metrics": raw.metrics if d.dp_attention > 1 else None}
     for s in order:
         out[s]["change_pct"] = compare(out[base]["metrics"], out[s]["metrics"])
-    def attrs(*ks: str) -> dict:
-        return {k: getattr(d, k) for k in ks}
-
-    deployment_args = {
-        "model": d.model.name, "tp": d.tp, "arch": d.arch.name,
-        **attrs("max_num_batched_tokens", "max_num_seqs", "gpu_memory_utilization", "kv_cache_dtype"),
-        "block_size": block_size, **attrs("weight_dtype", "moe_parallel"), "kv_admission": kv_admission,
-        "enforce_eager": enforce_eager, "model_family": d.model.family, "model_family_note": d.model.family_note,
-        **attrs("num_speculative_tokens", "acceptance_length", "dp_attention")}
-    return {"strategies": out, "baseline": base, "deployment": deployment_args,
-            "options": opts.describe(), "bench": asdict(client_bench), "calibration": cal.name,
-            "decode_calibration": dcal.name, "notes": list(MODELLED_NOTES) + opts.notes()}
-
-
-def _checked_bench(d: Deployment, bench) -> BenchConfig:
-    """``bench`` when it is a BenchConfig sending ``d``'s workload. Raises ValueError: else (names both)."""
-    if not isinstance(bench, BenchConfig):
-        raise ValueError(f"bench={bench!r} must be a mla_lab.serving.BenchConfig")
-    conc = bench.num_prompts if bench.max_concurrency is None else bench.max_concurrency
-    if (bench.num_prompts, bench.random_input_len, bench.random_output_len, conc) != (
-            d.num_prompts, d.prompt_len, d.output_len, d.concurrency):
-        raise ValueError(f"bench sends {bench.num_prompts} x {bench.random_input_len}-token prompts "
-                         f"({bench.random_output_len} out) at max_concurrency {bench.max_concurrency}, the deployment "
-                         f"{d.num_prompts} x {d.prompt_len} ({d.output_len} out) at concurrency {d.concurrency}; "
-                         "allowed: bench=None or bench_of(deployment, ...) (Deployment.replace changes the workload)")
-    return bench
+    args = {"model": d.model.name, "tp": d.tp, "arch": d.arch.name, "max_num_batched_tokens": d.max_num_batched_tokens,
+            "max_num_seqs": d.max_num_seqs, "gpu_memory_utilization": d.gpu_memory_utilization,
+            "kv_cache_dtype": d.kv_cache_dtype, "block_size": block_size, "weight_dtype": d.weight_dtype,
+            "moe_parallel": d.moe_parallel, "kv_admission": kv_admission, "enforce_eager": enforce_eager,
+            "model_family": d.model.family, "model_family_note": d.model.family_note,
+            "num_speculative_tokens": d.num_speculative_tokens, "acceptance_length": d.acceptance_length,
+            "dp_attention": d.dp_attention}
+    return {"strategies": out, "baseline": base, "deployment": args, "options": opts.describe(), "bench": asdict(b),
+            "calibration": cal.name, "decode_calibration": dcal.name, "notes": list(MODELLED_NOTES) + opts.notes()}
 
 
 def _kv_capacities(d: Deployment, mem: dict, order) -> dict:

@@ -1,12 +1,10 @@
-"""The benchmark client as ``vllm bench serve`` drives it with the random dataset (rules: docs/serving.md,
-"Client"). Lengths: ``RandomDataset.get_sampling_params`` (``vllm/benchmarks/datasets/random.py`` @ 237145ea),
-``np.random.default_rng(seed)``. Arrivals: ``get_request`` (``vllm/benchmarks/serve.py`` @ 009e6d4a), gamma delays
-from ``np.random.RandomState(seed)`` rescaled so the last arrival is ``num_prompts / request_rate``
+"""The benchmark client as ``vllm bench serve`` drives it with the random dataset (rules: docs/serving.md, "Client").
+Lengths: ``RandomDataset.get_sampling_params`` (``vllm/benchmarks/datasets/random.py`` @ 237145ea),
+``np.random.default_rng(seed)``. Arrivals: ``get_request`` (``vllm/benchmarks/serve.py`` @ 009e6d4a), gamma delays from
+``np.random.RandomState(seed)`` rescaled so the last arrival is ``num_prompts / request_rate``
 (``normalize_arrivals=False``: the older ``benchmark_serving.py`` @ 139d41fa). ``max_concurrency``: the client's
-``asyncio.Semaphore``, the TTFT clock starting after it (``endpoint_request_func.py`` @ 02cfb534). Defaults are
-vLLM's (``vllm/benchmarks/datasets/arg_utils.py`` @ 237145ea; ``serve.py``: ``--request-rate inf``,
-``--burstiness 1.0``).
-"""
+``asyncio.Semaphore``, the TTFT clock starting after it (``endpoint_request_func.py`` @ 02cfb534). Defaults are vLLM's
+(``vllm/benchmarks/datasets/arg_utils.py`` @ 237145ea; ``serve.py``: ``--request-rate inf``, ``--burstiness 1.0``)."""
 
 from __future__ import annotations
 
@@ -16,9 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from ._checks import check_bool, check_float, check_int, check_int_or_none
-
-__all__ = ["BenchConfig", "ClientRequest", "length_bounds", "sample_lengths", "sample_intervals", "arrival_times",
-           "make_requests"]
 
 _MAX_SEED = 2**32 - 1  # np.random.RandomState / np.random.seed accept [0, 2**32 - 1]
 
@@ -97,8 +92,7 @@ def length_bounds(bench: BenchConfig) -> tuple[tuple[int, int], tuple[int, int]]
 def sample_lengths(bench: BenchConfig) -> tuple[np.ndarray, np.ndarray]:
     """Input and output lengths (int64 arrays of ``num_prompts``, tokens), drawn as ``RandomDataset`` draws them."""
     rng = np.random.default_rng(bench.seed)  # the input lengths drawn first, then the output lengths
-    ins, outs = (rng.integers(lo, hi + 1, size=bench.num_prompts).astype(np.int64) for lo, hi in length_bounds(bench))
-    return ins, outs
+    return tuple(rng.integers(lo, hi + 1, size=bench.num_prompts).astype(np.int64) for lo, hi in length_bounds(bench))
 
 
 def sample_intervals(bench: BenchConfig) -> np.ndarray:
@@ -110,8 +104,7 @@ def sample_intervals(bench: BenchConfig) -> np.ndarray:
     if math.isinf(b):
         return np.full(n, 1.0 / rate)
     rs = np.random.RandomState(bench.seed)
-    theta = 1.0 / (rate * b)
-    return np.array([rs.gamma(shape=b, scale=theta) for _ in range(n)], dtype=np.float64)
+    return np.array([rs.gamma(shape=b, scale=1.0 / (rate * b)) for _ in range(n)], dtype=np.float64)
 
 
 def arrival_times(bench: BenchConfig) -> np.ndarray:
@@ -127,6 +120,5 @@ def arrival_times(bench: BenchConfig) -> np.ndarray:
 
 def make_requests(bench: BenchConfig) -> list[ClientRequest]:
     """The benchmark's requests in arrival order: ids ``0..num_prompts-1``, lengths and arrival times."""
-    ins, outs = sample_lengths(bench)
-    ts = arrival_times(bench)
+    (ins, outs), ts = sample_lengths(bench), arrival_times(bench)
     return [ClientRequest(i, float(ts[i]), int(ins[i]), int(outs[i])) for i in range(bench.num_prompts)]

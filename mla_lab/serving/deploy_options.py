@@ -25,9 +25,6 @@ from ..workload import Step as WorkStep
 from .step import DecodeToken, PrefillChunk, Step
 from .step_pricer import CostModelPricer, MemoPricer, launched
 
-__all__ = ["SpecDecodePricer", "DPAttentionPricer", "dp_attention_memory", "MOE_SIDE_OPS", "dp_share",
-           "spec_verify_step", "OPTIONS_NOTES", "per_rank_deployment"]
-
 #: Ops of :func:`mla_lab.model.ops.layer_ops` on the MoE / MLP side of a layer (run over every rank's tokens under
 #: DP attention); every other op (attention, indexer, norms, embedding, LM head) is the rank's own.
 MOE_SIDE_OPS = ("mlp_gate_up", "mlp_act", "mlp_down", "mlp_allreduce", "router", "router_topk", "moe_gate_up",
@@ -55,8 +52,7 @@ class SpecDecodePricer(MemoPricer):
     mean of the target's ``num_layers``; ``num_speculative_tokens`` and ``acceptance_length`` checked at the door."""
 
     def __init__(self, base, num_layers: int, num_speculative_tokens: int, acceptance_length: float):
-        self.base, self.L = base, num_layers
-        self.k, self.a = num_speculative_tokens, acceptance_length
+        self.base, self.L, self.k, self.a = base, num_layers, num_speculative_tokens, acceptance_length
 
     def _total(self, step: Step) -> float:
         return self.base.price(step)["total_ms"]
@@ -106,10 +102,8 @@ class DPAttentionPricer(MemoPricer):
         d = deployment
         self.attn = CostModelPricer(d.attention_rank, strategy, calibration, decode_cal)
         self.moe = CostModelPricer(d.rank, strategy, calibration, decode_cal)
-        self.moe_a2a = d.moe_parallel == "ep"
-        self.active = dp_share(d)["active_ranks"]
-        self.L = d.model.num_hidden_layers
-        self.dcal = self.attn.decode_cal
+        self.moe_a2a, self.active = d.moe_parallel == "ep", dp_share(d)["active_ranks"]
+        self.L, self.dcal = d.model.num_hidden_layers, self.attn.decode_cal
 
     def _moe_by_op(self, step: Step) -> dict:
         glob = _replicate(step, self.active)
@@ -117,8 +111,7 @@ class DPAttentionPricer(MemoPricer):
             return self.moe.price(glob)["by_op"]
         # DeepEP dispatch / combine: the rank's own T/ep share goes out and comes back (ops.py ep_comm="all_to_all"
         # with ep = the active ranks' tokens); no all-gather (attention is data-parallel, nothing to replicate)
-        by = dict(self.moe.price(glob)["by_op"])
-        by.pop("moe_allreduce", None)
+        by = {k: v for k, v in self.moe.price(glob)["by_op"].items() if k != "moe_allreduce"}
         n_moe = self.L - min(self.moe.model.first_k_dense_replace, self.L)
         ops = {op.name: op for op in layer_ops(self.moe.rank, self.moe.strategy, _work(glob), "moe",
                                                ep_comm="all_to_all")}
@@ -129,15 +122,12 @@ class DPAttentionPricer(MemoPricer):
 
     def price(self, step: Step) -> dict:
         """``{"total_ms", "gpu_ms", "host_ms", "launch", "attention_side_ms", "moe_side_ms", "by_op"}`` (ms)."""
-        a = self.attn.price(step)["by_op"]
-        m = self._moe_by_op(step)
-        by = {k: v for k, v in a.items() if k not in MOE_SIDE_OPS}
-        by.update({k: v for k, v in m.items() if k in MOE_SIDE_OPS})
-        attn_ms = sum(v for k, v in by.items() if k not in MOE_SIDE_OPS)
-        moe_ms = sum(v for k, v in by.items() if k in MOE_SIDE_OPS)
+        attn = {k: v for k, v in self.attn.price(step)["by_op"].items() if k not in MOE_SIDE_OPS}
+        moe = {k: v for k, v in self._moe_by_op(step).items() if k in MOE_SIDE_OPS}
+        attn_ms, moe_ms = sum(attn.values()), sum(moe.values())
         gpu = attn_ms + moe_ms + self.dcal.layer_fixed_us * 1e-3 * self.L
         return {**launched(gpu, step, self.attn.n_ops, self.dcal), "attention_side_ms": attn_ms,
-                "moe_side_ms": moe_ms, "by_op": by}
+                "moe_side_ms": moe_ms, "by_op": attn | moe}
 
 
 def _work(step: Step):
@@ -155,21 +145,17 @@ def dp_attention_memory(deployment: Deployment, strategies, *, mtp_layers: int =
     mem = memory_tradeoff(d, strategies=strategies, mtp_layers=mtp_layers)
     extra = (d.model.num_hidden_layers + mtp_layers) * (_layer_bytes(d.attention_rank)[0] - _layer_bytes(d.rank)[0])
     kv = mem["kv_capacity"]
-    block = kv["block_size"] * kv["bytes_per_token"]
     available = kv["available_bytes"] - extra
-    blocks = max(int(available // block), 0)
+    blocks = max(int(available // (kv["block_size"] * kv["bytes_per_token"])), 0)
     tokens = blocks * kv["block_size"]
-    out = dict(mem)
-    out["kv_capacity"] = {**kv, "available_bytes": available, "num_blocks": blocks, "tokens": tokens,
-                          "terms": kv["terms"] + [
-                              {"term": "DP attention: attention weights replicated over the group", "value": extra,
-                               "unit": "bytes", "status": "estimate",
-                               "source": "mla_lab.model.memory._layer_bytes at tp / dp minus at tp, x layers"},
-                              {"term": "KV capacity per DP rank (its own requests)", "value": tokens,
-                               "unit": "tokens", "status": "computed", "source": "mla_lab.serving.deploy_options"}]}
-    out["kv_capacity_tokens"] = float(tokens)
-    out["kv_budget_bytes"] = available
-    out["fits"] = available > 0 and tokens > 0
+    terms = kv["terms"] + [{"term": "DP attention: attention weights replicated over the group", "value": extra,
+                            "unit": "bytes", "status": "estimate",
+                            "source": "mla_lab.model.memory._layer_bytes at tp / dp minus at tp, x layers"},
+                           {"term": "KV capacity per DP rank (its own requests)", "value": tokens, "unit": "tokens",
+                            "status": "computed", "source": "mla_lab.serving.deploy_options"}]
+    out = {**mem, "kv_capacity": {**kv, "available_bytes": available, "num_blocks": blocks, "tokens": tokens,
+                                  "terms": terms},
+           "kv_capacity_tokens": float(tokens), "kv_budget_bytes": available, "fits": available > 0 and tokens > 0}
     if not out["fits"]:
         out["fit_reason"] = (f"DP attention's replicated attention weights ({extra / 2**30:.1f} GiB per rank) leave "
                              "no KV cache")

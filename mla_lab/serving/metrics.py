@@ -1,10 +1,9 @@
 """The metrics ``vllm bench serve`` prints, computed from per-request timestamps, with vLLM's names and units
 (``calculate_metrics`` in ``vllm/benchmarks/serve.py`` @ 009e6d4a, ``endpoint_request_func.py`` @ 02cfb534; each
-definition in docs/serving.md, "Metrics"): ``ttft`` / ``itl`` / ``e2el`` from the send (after the client's
-semaphore), ``tpot = (latency - ttft) / (output_len - 1)``; ``mean_/median_/std_/p<P>_*_ms`` (``np.std``
-population, ``np.percentile`` linear; an empty list gives 0); throughputs per ``duration`` (s, from t = 0 to the
-last token). Every simulated request succeeds (``failed`` = 0).
-"""
+definition in docs/serving.md, "Metrics"): ``ttft`` / ``itl`` / ``e2el`` from the send (after the client's semaphore),
+``tpot = (latency - ttft) / (output_len - 1)``; ``mean_/median_/std_/p<P>_*_ms`` (``np.std`` population,
+``np.percentile`` linear; an empty list gives 0); throughputs per ``duration`` (s, from t = 0 to the last token). Every
+simulated request succeeds (``failed`` = 0)."""
 
 from __future__ import annotations
 
@@ -17,17 +16,13 @@ import numpy as np
 
 from ._checks import check_float, check_int, check_int_or_none
 
-__all__ = ["RequestRecord", "bench_metrics", "compare", "format_metrics", "SERVE_METRICS"]
-
 #: The metrics ``mla-lab serve`` prints (``vllm bench serve``'s labels), in its order.
 SERVE_METRICS = (("completed", "Successful requests"), ("duration", "Benchmark duration (s)"),
                  ("request_throughput", "Request throughput (req/s)"),
                  ("output_throughput", "Output token throughput (tok/s)"),
                  ("total_token_throughput", "Total token throughput (tok/s)"),
-                 ("mean_ttft_ms", "Mean TTFT (ms)"), ("median_ttft_ms", "Median TTFT (ms)"),
-                 ("p99_ttft_ms", "P99 TTFT (ms)"), ("mean_tpot_ms", "Mean TPOT (ms)"),
-                 ("median_tpot_ms", "Median TPOT (ms)"), ("p99_tpot_ms", "P99 TPOT (ms)"),
-                 ("mean_itl_ms", "Mean ITL (ms)"), ("median_itl_ms", "Median ITL (ms)"), ("p99_itl_ms", "P99 ITL (ms)"))
+                 *((f"{s}_{m}_ms", f"{s.capitalize()} {m.upper()} (ms)")  # e.g. "P99 TTFT (ms)"
+                   for m in ("ttft", "tpot", "itl") for s in ("mean", "median", "p99")))
 
 
 @dataclass(frozen=True)
@@ -79,16 +74,12 @@ class RequestRecord:
         return self.send_s - self.arrival_s
 
 
-def _p_word(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
-
-
 def _stats(name: str, values_s: list[float], percentiles: Sequence[float], out: dict) -> None:
     v = values_s or 0  # vLLM: np.mean(x or 0)
     for stat, f in (("mean", np.mean), ("median", np.median), ("std", np.std)):
         out[f"{stat}_{name}_ms"] = float(f(v)) * 1000
     for p in percentiles:
-        out[f"p{_p_word(p)}_{name}_ms"] = float(np.percentile(v, p)) * 1000
+        out[f"p{int(p) if int(p) == p else p}_{name}_ms"] = float(np.percentile(v, p)) * 1000
 
 
 def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = None,
@@ -123,9 +114,8 @@ def bench_metrics(records: Sequence[RequestRecord], duration_s: float | None = N
                              "total_token_throughput": (total_in + total_out) / duration_s}
     # peak output tokens in one-second buckets and peak concurrency (serve.py calculate_metrics)
     t0 = min(r.send_s for r in records)
-    end = max(r.send_s + r.e2el_s for r in records)
     # sparse buckets (issue 39): a dense array of one float per simulated second asked 8.91 TiB at 1e-12 req/s
-    n_buckets = int(np.ceil(end - t0)) + 1
+    n_buckets = int(np.ceil(max(r.send_s + r.e2el_s for r in records) - t0)) + 1
     buckets = Counter(b for r in records for b in (int(t - t0) for t in r.token_times_s) if 0 <= b < n_buckets)
     events = sorted([(r.send_s, 1) for r in records] + [(r.send_s + r.e2el_s, -1) for r in records])
     out["max_output_tokens_per_s"] = float(max(buckets.values(), default=0))
@@ -153,13 +143,8 @@ def compare(a, b) -> dict[str, float]:
     """``(b - a) / a * 100`` per numeric metric in both (metrics dicts or ``ServingResult``); a 0 baseline gives 0.0
     when ``b`` is 0 too, else nan. Raises ValueError: an argument that is neither."""
     ma, mb = _as_metrics(a), _as_metrics(b)
-    out: dict[str, float] = {}
-    for k, va in ma.items():
-        vb = mb.get(k)
-        if vb is None or isinstance(va, bool) or not isinstance(va, (int, float)) or not isinstance(vb, (int, float)):
-            continue
-        out[k] = (0.0 if vb == 0 else math.nan) if va == 0 else (vb - va) / va * 100.0
-    return out
+    return {k: (0.0 if vb == 0 else math.nan) if va == 0 else (vb - va) / va * 100.0 for k, va in ma.items()
+            if not isinstance(va, bool) and isinstance(va, (int, float)) and isinstance(vb := mb.get(k), (int, float))}
 
 
 _LABELS = [("completed", "Successful requests:", "d"), ("failed", "Failed requests:", "d"),

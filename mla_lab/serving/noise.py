@@ -1,8 +1,7 @@
-"""Run-to-run noise of one ``vllm bench serve`` run (issue 20; **modelled**; docs/serving.md, "Run-to-run noise"):
-a seeded Monte-Carlo over what varies between two runs of one build (:data:`COMPONENTS`: each one's default, status
-and source; the measured ones from :func:`load_cold_start`), and the change between two builds. GPU times are
-priced once per distinct step shape (:class:`CachedPricer`), the noise applied to the cached value.
-"""
+"""Run-to-run noise of one ``vllm bench serve`` run (issue 20; **modelled**; docs/serving.md, "Run-to-run noise"): a
+seeded Monte-Carlo over what varies between two runs of one build (:data:`COMPONENTS`: each one's default, status and
+source; the measured ones from :func:`load_cold_start`), and the change between two builds. GPU times are priced once
+per distinct step shape (:class:`CachedPricer`), the noise applied to the cached value."""
 
 from __future__ import annotations
 
@@ -24,16 +23,10 @@ from .metrics import SERVE_METRICS
 from .scheduler import SchedulerConfig
 from .simulate import ServingResult, simulate
 from .step import Step, StepPricer
-from .step_pricer import CostModelPricer
-
-__all__ = ["ArrivalModel", "NoiseConfig", "CachedPricer", "NoiseResult", "run_noise", "simulate_once",
-           "load_cold_start", "COMPONENTS", "METRICS", "COLD_START_COLUMNS", "serve_benchmark_noise", "format_noise",
-           "NOISE_METRICS"]
+from .step_pricer import CostModelPricer, step_key
 
 #: The metrics ``vllm bench serve`` prints (its result-dict names) that the Monte-Carlo keeps.
-METRICS = ("duration", "request_throughput", "output_throughput", "total_token_throughput",
-           "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
-           "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms")
+METRICS = (*(k for k, _ in SERVE_METRICS[1:]), "mean_e2el_ms")
 
 #: Every component of the absolute run: default, unit, status (cited / assumed / measured) and source.
 COMPONENTS = {k: dict(zip(("value", "unit", "status", "source"), v)) for k, v in {
@@ -61,21 +54,19 @@ COMPONENTS = {k: dict(zip(("value", "unit", "status", "source"), v)) for k, v in
     "arrival_cv": (0.5, "1", "assumed",
         "assumed coefficient of variation of one request's service time in the API server"),
     "run_sigma": (0.00767, "1 (log sd)", "measured",
-        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a "
-        "sustained 78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py "
-        "--parts content, 5 fresh processes x 6 rounds): sd over processes of log(per-process median), the "
-        "medians from mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The "
-        "benchmark's run is whole steps, so the whole step's spread is the per-run factor; the attention path "
-        "timed alone varies more between processes (step_spread.csv gpu_ms, "
-        "attention_path:private_workspace: log sd 0.035) and less inside the sustained loop (content_loop.csv "
-        "attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' steps, decode steps "
-        "included (the 8 GPUs of a server are not measured)"),
+        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros' (a sustained "
+        "78-layer loop of the seed step on one H200, the PR's workspace; benchmarks/round3.py --parts content, 5 "
+        "fresh processes x 6 rounds): sd over processes of log(per-process median), the medians from "
+        "mla_lab.measure.spread.between_process (779.9 .. 794.3 ms, median 790.3 ms). The benchmark's run is whole "
+        "steps, so the whole step's spread is the per-run factor; the attention path timed alone varies more between "
+        "processes (step_spread.csv gpu_ms, attention_path:private_workspace: log sd 0.035) and less inside the "
+        "sustained loop (content_loop.csv attn_path_ms: 0.007); not used. One GPU's figure applied to all 8 ranks' "
+        "steps, decode steps included (the 8 GPUs of a server are not measured)"),
     "step_sigma": (0.00398, "1 (log sd)", "measured",
-        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': "
-        "median over the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. "
-        "0.0067); the layer blocks timed alone spread more per call (step_spread.csv gpu_ms: "
-        "attention_block 2.3 %, moe_block 0.8 % relative sd, median over processes), which a 78-layer "
-        "step averages out"),
+        "data/measured/h200/between_process/content_loop.csv, column step_ms, rows content == 'zeros': median over "
+        "the 5 processes of the sd of log(step_ms) over the process's 6 rounds (0.0016 .. 0.0067); the layer blocks "
+        "timed alone spread more per call (step_spread.csv gpu_ms: attention_block 2.3 %, moe_block 0.8 % relative "
+        "sd, median over processes), which a 78-layer step averages out"),
     "cold_extra_ms": (0.00254, "ms", "measured",
         "data/measured/h200/between_process/cold_start.csv, columns wall_ms - steady_wall_ms at call == 2, "
         "summed over attention_block:private_workspace + moe_block:grouped_mm (one layer of the TP harness), "
@@ -118,11 +109,9 @@ class ArrivalModel:
         ``done_k = max(arrival_k + first, done_{k-1}) + service_k``, ``service_k`` ``per_request_ms`` (``rng`` None)
         or a gamma draw of sd ``cv * per_request_ms``. Exact when send = arrival, as in the PR's benchmark."""
         a = np.asarray(arrivals_s, dtype=np.float64)
-        order = np.argsort(a, kind="stable")
-        out = np.empty_like(a)
-        done = -math.inf
+        out, done = np.empty_like(a), -math.inf
         first, mean, sd = self.first_ms / 1e3, self.per_request_ms / 1e3, self.cv * self.per_request_ms / 1e3
-        for i in order:
+        for i in np.argsort(a, kind="stable"):
             done = max(a[i] + first, done) + _gamma(rng, mean, sd)
             out[i] = done - a[i]
         return out
@@ -173,9 +162,7 @@ class NoiseConfig:
 
     def record(self) -> dict:
         """Every field as plain data, with each component's status and source (:meth:`from_record` inverts it)."""
-        d = asdict(self)
-        d.pop("sources")
-        return {"values": d, "sources": self.sources}
+        return {"values": {k: v for k, v in asdict(self).items() if k != "sources"}, "sources": self.sources}
 
     @classmethod
     def from_record(cls, rec: dict) -> NoiseConfig:
@@ -189,25 +176,17 @@ class NoiseConfig:
         return cls(arrival=ArrivalModel(**arr), sources=dict(rec.get("sources", {})), **v)
 
 
-def _step_shape(step: Step) -> tuple:
-    """What a pricer can see of a step, without request ids: launch mode, padded size, decode contexts and prefill
-    chunks ``(start, num_tokens)``, in order."""
-    return (step.cudagraph_mode, step.cudagraph_num_tokens, tuple(d.context_len for d in step.decode),
-            tuple((c.start, c.num_tokens) for c in step.prefill_chunks))
-
-
 class CachedPricer:
-    """``pricer`` (one that reads only what :func:`_step_shape` holds) priced once per shape; ``hits`` / ``misses``."""
+    """``pricer`` (one that reads only what :func:`~mla_lab.serving.step_pricer.step_key` holds) priced once per key;
+    ``hits`` / ``misses``."""
 
     def __init__(self, pricer: StepPricer):
         if not callable(pricer):
             raise ValueError(f"pricer={pricer!r} must be callable as pricer(step) -> ms")
-        self.pricer = pricer
-        self.cache: dict = {}
-        self.hits = self.misses = 0
+        self.pricer, self.cache, self.hits, self.misses = pricer, {}, 0, 0
 
     def __call__(self, step: Step) -> float:
-        k = _step_shape(step)
+        k = step_key(step)
         hit = k in self.cache
         self.hits, self.misses = self.hits + hit, self.misses + (not hit)
         return self.cache[k] if hit else self.cache.setdefault(k, float(self.pricer(step)))
@@ -219,8 +198,7 @@ class _RunPricer:
     def __init__(self, base: StepPricer, noise: NoiseConfig, rng: np.random.Generator | None):
         self.base, self.noise, self.rng = base, noise, rng
         self.run_factor = math.exp(rng.normal(0.0, noise.run_sigma)) if rng is not None and noise.run_sigma else 1.0
-        self.cold_ms = _gamma(rng, noise.cold_extra_ms, noise.cold_sd_ms)
-        self.cold_done = False
+        self.cold_ms, self.cold_done = _gamma(rng, noise.cold_extra_ms, noise.cold_sd_ms), False
 
     def __call__(self, step: Step) -> float:
         ms = self.base(step) * self.run_factor
@@ -278,15 +256,15 @@ class NoiseResult:
         check_float("level", level, low=0.0, high=100.0)
         return tuple(self.quantiles(metric, which, ((100 - level) / 2, (100 + level) / 2)))
 
+    def deterministic_change(self, metric: str) -> float:
+        """``(b - a) / a * 100`` of ``metric`` between the two deterministic runs (%)."""
+        return (self.deterministic_b[metric] - self.deterministic_a[metric]) / self.deterministic_a[metric] * 100.0
+
     def percentile_of(self, metric: str, value: float, which: str = "change") -> float:
         """The percent of runs of ``metric`` in ``which`` below ``value`` (ties count half)."""
         v = self._values(metric, which)
         x = check_float("value", value, low=-math.inf)
         return float(100.0 * (np.sum(v < x) + 0.5 * np.sum(v == x)) / len(v))
-
-
-def _rng(seed: int, build: int, run: int) -> np.random.Generator:
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, build, run])))
 
 
 def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, pricer_b: StepPricer | None = None,
@@ -310,8 +288,8 @@ def run_noise(bench: BenchConfig, sched: SchedulerConfig, pricer_a: StepPricer, 
     ca = CachedPricer(pricer_a)
     cb = ca if pricer_b is None else CachedPricer(pricer_b)
     builds = ((ca, sched), (cb, sched if sched_b is None else sched_b))
-    runs = [[simulate_once(bench, sc, pr, noise, _rng(seed, j, i), percentiles).metrics for i in range(num_runs)]
-            for j, (pr, sc) in enumerate(builds)]
+    runs = [[simulate_once(bench, sc, pr, noise, np.random.default_rng([seed, j, i]), percentiles).metrics
+             for i in range(num_runs)] for j, (pr, sc) in enumerate(builds)]
     out = [{k: np.array([m[k] for m in ms], dtype=np.float64) for k in METRICS} for ms in runs]
     det = [simulate_once(bench, sc, pr, noise, None, percentiles).metrics for pr, sc in builds]
     change = {k: (out[1][k] - out[0][k]) / out[0][k] * 100.0 for k in METRICS}
@@ -363,12 +341,17 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
         raise ValueError(f"path={str(p)!r} does not exist; it must be a cold_start.csv (columns "
                          f"{', '.join(COLD_START_COLUMNS)}) from the cold_start experiment (mla-lab measure)")
     raw = pd.read_csv(p, dtype=str, keep_default_na=False)
-    missing = [c for c in COLD_START_COLUMNS if c not in raw.columns]
-    if missing:
+    if missing := [c for c in COLD_START_COLUMNS if c not in raw.columns]:
         raise ValueError(f"{p}: column {missing[0]!r} is missing; required: {', '.join(COLD_START_COLUMNS)}")
     df = _numbers(p, raw, [c for c in COLD_START_COLUMNS if c != "what"])
     df = df[df["T"] >= min_tokens]
-    layer = _layer_cases(p, sorted(set(df["what"])), min_tokens)
+    whats = sorted(set(df["what"]))  # the layer: one attention_block:* and one moe_block:*, else one attention_path:*
+    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
+             if any(w.startswith(pre) for w in whats)]
+    if len(layer) < len(_LAYER_PARTS):
+        layer = [w for w in whats if w.startswith("attention_path:")][:1]
+    if not layer:
+        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
     d = df[df["what"].isin(layer)].assign(call=lambda x: x["call"].astype(int))
     d = d[d["call"].isin([1, 2])].drop_duplicates(["process", "what", "call"], keep="last")
     d = d.groupby("process", sort=False).filter(lambda g: len(g) == 2 * len(layer))
@@ -384,25 +367,12 @@ def load_cold_start(path: str | Path, spread_path: str | Path | None = None, min
         vals["cold_sd_ms"] = float(np.std(cold2, ddof=1))
         layer_spread["run_log_sd"] = float(np.std(np.log(per[1]["steady_gpu_ms"].to_numpy()), ddof=1))
     sp = Path(spread_path) if spread_path is not None else p.with_name("step_spread.csv")
-    rel = _step_rel_sds(sp, layer) if sp.is_file() else []
-    if rel:
+    if rel := (_step_rel_sds(sp, layer) if sp.is_file() else []):
         layer_spread["step_rel_sd"] = float(np.median(rel))
     return {"values": vals, "cold_call1_ms": float(np.mean(per[1]["extra"].to_numpy())), "layer_spread": layer_spread,
             "cases": layer, "num_processes": n,
             "source": f"{p.name}{' + ' + sp.name if sp.is_file() else ''} (cases {' + '.join(layer)}, "
                       f"{n} fresh process(es))"}
-
-
-def _layer_cases(p: Path, whats: list[str], min_tokens: int) -> list[str]:
-    """The layer's cases: one ``attention_block:*`` and one ``moe_block:*`` when both are there, else the first
-    ``attention_path:*``."""
-    layer = [next(w for w in whats if w.startswith(pre)) for pre in _LAYER_PARTS
-             if any(w.startswith(pre) for w in whats)]
-    if len(layer) < len(_LAYER_PARTS):
-        layer = [w for w in whats if w.startswith("attention_path:")][:1]
-    if not layer:
-        raise ValueError(f"{p}: no attention_block/moe_block or attention_path rows with T >= {min_tokens}")
-    return layer
 
 
 def _step_rel_sds(sp: Path, layer: list[str]) -> list[float]:
@@ -455,12 +425,9 @@ def serve_benchmark_noise(deployment: Deployment, strategies, bench: BenchConfig
     def summ(r: NoiseResult, which: str, k: str) -> dict:
         return {"median": r.quantiles(k, which)[1], "band95": list(r.band(k, which))}
 
-    def det_pct(r: NoiseResult, k: str) -> float:
-        return (r.deterministic_b[k] - r.deterministic_a[k]) / r.deterministic_a[k] * 100.0
-
     return {"num_runs": num_runs, "seed": seed, "baseline": base, "noise": res[base].noise.record(),
             "strategies": {s: {k: summ(r, "a" if s == base else "b", k) for k in keys} for s, r in res.items()},
-            "changes": {s: {k: {**summ(r, "change", k), "deterministic": det_pct(r, k)} for k in keys}
+            "changes": {s: {k: {**summ(r, "change", k), "deterministic": r.deterministic_change(k)} for k in keys}
                         for s, r in res.items() if s != base},
             "note": "modelled: single runs of the noise model (mla_lab.serving.noise: API-server arrival queue, async "
                     "scheduling, per-step CPU time, token delivery, measured step-time spreads and cold first "

@@ -1,10 +1,9 @@
-"""Step pricers: a :class:`~mla_lab.serving.step.Step` -> ms (finite, > 0; docs/serving.md, "How the pricer plugs
-in"). A prompt token at position ``p`` sees ``min(p + 1, topk)`` keys, a decode token of context ``c``
-``min(c, topk)`` (``index_topk`` of config.json: 2048 for GLM-5 and DeepSeek-V3.2); :func:`step_topk_lengths` is
-the padded ``flash_mla_sparse_fwd`` call's ``topk_length`` (decodes first, as vLLM reorders the batch; bf16 KV sends
-every token down the sparse path, vLLM ``mla_attention.py``). :class:`LinearStepPricer` and :class:`ConstantPricer`
-are for tests; :func:`make_pricer` adapts ``fn(prefill_topk, decode_topk, cuda_graph)``.
-"""
+"""Step pricers: a :class:`~mla_lab.serving.step.Step` -> ms (finite, > 0; docs/serving.md, "How the pricer plugs in").
+A prompt token at position ``p`` sees ``min(p + 1, topk)`` keys, a decode token of context ``c`` ``min(c, topk)``
+(``index_topk`` of config.json: 2048 for GLM-5 and DeepSeek-V3.2); :func:`step_topk_lengths` is the padded
+``flash_mla_sparse_fwd`` call's ``topk_length`` (decodes first, as vLLM reorders the batch; bf16 KV sends every token
+down the sparse path, vLLM ``mla_attention.py``). :class:`LinearStepPricer` and :class:`ConstantPricer` are for tests;
+:func:`make_pricer` adapts ``fn(prefill_topk, decode_topk, cuda_graph)``."""
 
 from __future__ import annotations
 
@@ -16,17 +15,13 @@ import numpy as np
 from ._checks import check_float, check_int, check_ms
 from .step import DecodeToken, PrefillChunk, Step, StepPricer
 
-__all__ = ["StepPricer", "DEFAULT_TOPK", "prefill_topk_lengths", "decode_topk_length", "step_topk_lengths",
-           "LinearStepPricer", "make_pricer", "ConstantPricer"]
-
 DEFAULT_TOPK = 2048
 
 
 def prefill_topk_lengths(chunk: PrefillChunk, topk: int = DEFAULT_TOPK) -> np.ndarray:
     """Per-token ``topk_length`` of a prefill chunk (int32, ``chunk.num_tokens``). Raises ValueError: a bad topk."""
     check_int("topk", topk)
-    pos = np.arange(chunk.start, chunk.end, dtype=np.int64)
-    return np.minimum(pos + 1, topk).astype(np.int32)
+    return np.minimum(np.arange(chunk.start, chunk.end, dtype=np.int64) + 1, topk).astype(np.int32)
 
 
 def decode_topk_length(token: DecodeToken, topk: int = DEFAULT_TOPK) -> int:
@@ -59,8 +54,8 @@ class LinearStepPricer:
         for name in ("per_token_ms", "per_step_ms", "per_decode_ctx_ms", "per_prefill_ctx_ms", "eager_step_ms"):
             check_float(name, getattr(self, name), low=0.0, low_inclusive=True)
         check_int("topk", self.topk)
-        if self.per_step_ms == 0 and self.per_token_ms == 0 and self.eager_step_ms == 0 \
-                and self.per_prefill_ctx_ms == 0 and self.per_decode_ctx_ms == 0:
+        if not any(getattr(self, name) for name in ("per_token_ms", "per_step_ms", "per_decode_ctx_ms",
+                                                    "per_prefill_ctx_ms", "eager_step_ms")):
             raise ValueError("LinearStepPricer() with every coefficient 0 prices steps at 0 ms; set per_step_ms or "
                              "per_token_ms > 0")
 

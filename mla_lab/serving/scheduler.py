@@ -1,23 +1,20 @@
-"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off; rules in
-docs/serving.md, "Engine"), read in ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` @ 00024d31) and
-``vllm/v1/core/kv_cache_manager.py`` (``allocate_slots`` @ 003df296). Each step: running requests first, then
-waiting ones in arrival order while budget, a ``max_num_seqs`` slot and KV blocks last (FCFS ``break``). No
-preemption: ``kv_admission="reserve"`` admits a request only when its whole footprint fits; ``"lazy"`` admits as
-vLLM and raises :class:`PreemptionRequired` where vLLM would preempt. ``async_scheduling`` (vLLM v1's default,
-``vllm/config/scheduler.py``; ``EngineCore.step_with_batch_queue`` @ 00080ee1) builds the same steps; its timing
-is :func:`mla_lab.serving.simulate.simulate`'s. ``block_size`` 16 is ``CacheConfig.DEFAULT_BLOCK_SIZE``
-(``vllm/config/cache.py`` @ 002f10e0); FlashMLA sparse supports only 64.
-"""
+"""A deterministic model of vLLM v1's scheduler (FCFS, chunked prefill, prefix caching off; rules in docs/serving.md,
+"Engine"), read in ``vllm/v1/core/sched/scheduler.py`` (``Scheduler.schedule`` @ 00024d31) and
+``vllm/v1/core/kv_cache_manager.py`` (``allocate_slots`` @ 003df296). Each step: running requests first, then waiting
+ones in arrival order while budget, a ``max_num_seqs`` slot and KV blocks last (FCFS ``break``). No preemption:
+``kv_admission="reserve"`` admits a request only when its whole footprint fits; ``"lazy"`` admits as vLLM and raises
+:class:`PreemptionRequired` where vLLM would preempt. ``async_scheduling`` (vLLM v1's default,
+``vllm/config/scheduler.py``; ``EngineCore.step_with_batch_queue`` @ 00080ee1) builds the same steps; its timing is
+:func:`mla_lab.serving.simulate.simulate`'s. ``block_size`` 16 is ``CacheConfig.DEFAULT_BLOCK_SIZE``
+(``vllm/config/cache.py`` @ 002f10e0); FlashMLA sparse supports only 64."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
 
-from ._checks import check_bool, check_int, check_int_or_none, check_option
+from ._checks import check_bool, check_int, check_int_or_none
 from .step import DecodeToken, PrefillChunk, Step, cudagraph_capture_sizes, launch_mode
-
-__all__ = ["SchedulerConfig", "Scheduler", "TokenEvent", "PreemptionRequired", "KV_ADMISSIONS"]
 
 KV_ADMISSIONS = ("reserve", "lazy")
 
@@ -59,7 +56,8 @@ class SchedulerConfig:
             raise ValueError(f"kv_capacity_tokens={self.kv_capacity_tokens!r} must be >= block_size="
                              f"{self.block_size} (at least one KV block)")
         check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, allow_zero=True)
-        check_option("kv_admission", self.kv_admission, KV_ADMISSIONS)
+        if isinstance(self.kv_admission, bool) or self.kv_admission not in KV_ADMISSIONS:
+            raise ValueError(f"kv_admission={self.kv_admission!r} must be one of {list(KV_ADMISSIONS)}")
         check_bool("enforce_eager", self.enforce_eager)
         check_int_or_none("max_cudagraph_capture_size", self.max_cudagraph_capture_size)
         check_bool("async_scheduling", self.async_scheduling)
@@ -154,10 +152,7 @@ class Scheduler:
         for req in self.running:
             if budget <= 0:
                 break
-            n = req.num_tokens - req.num_computed
-            if n <= 0:  # cannot happen without PP / async scheduling; kept for safety
-                continue
-            n = min(self._chunk_cap(n), budget)
+            n = min(self._chunk_cap(req.num_tokens - req.num_computed), budget)  # >= 1: finished requests left
             need = _cdiv(req.num_computed + n, c.block_size) - req.blocks
             if need > c.num_blocks - self.used_blocks:
                 raise PreemptionRequired(
@@ -178,16 +173,12 @@ class Scheduler:
         """Whether the KV cache admits ``req`` now (reserving its whole footprint under ``kv_admission="reserve"``);
         sets :attr:`last_kv_wait` when it does not."""
         c = self.config
-        if c.kv_admission == "reserve":
-            promise = c.footprint_blocks(req.prompt_len, req.output_len)
-            if self.reserved_blocks + promise > c.num_blocks:
-                self.last_kv_wait = True
-                return False
-            req.reserved = promise
-            self.reserved_blocks += promise
-        elif need > c.num_blocks - self.used_blocks:
+        reserve = c.kv_admission == "reserve"
+        promise = c.footprint_blocks(req.prompt_len, req.output_len) if reserve else 0
+        if (self.reserved_blocks + promise > c.num_blocks) if reserve else (need > c.num_blocks - self.used_blocks):
             self.last_kv_wait = True
             return False
+        req.reserved, self.reserved_blocks = promise, self.reserved_blocks + promise
         return True
 
     def _schedule_waiting(self, budget: int, chunks: list) -> None:
@@ -199,8 +190,7 @@ class Scheduler:
             need = _cdiv(n, c.block_size)
             if not self._kv_admits(req, need):
                 break
-            self.waiting.popleft()
-            self.running.append(req)
+            self.running.append(self.waiting.popleft())
             req.blocks = need
             self.used_blocks += need
             chunks.append(PrefillChunk(req.req_id, 0, n))
@@ -212,8 +202,7 @@ class Scheduler:
         :attr:`last_kv_wait` when the queue's head had budget and a slot but waited for KV blocks."""
         if self._pending is not None:
             raise RuntimeError("schedule() called twice without update_from_step(); apply the previous step first")
-        decode: list[DecodeToken] = []
-        chunks: list[PrefillChunk] = []
+        decode, chunks = [], []
         self.last_kv_wait = False
         self._schedule_waiting(self._schedule_running(self.config.max_num_batched_tokens, decode, chunks), chunks)
         if not decode and not chunks:

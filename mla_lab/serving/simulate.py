@@ -1,9 +1,8 @@
-"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine (the rules: docs/serving.md,
-"Time"). Request ``i`` is sent at ``max(arrival_s, a max_concurrency slot freed)`` and reaches the engine core
-``engine_delay_s[req_id]`` later; a step is built when the previous one ends (with ``async_scheduling``: when it
-starts) and lasts ``pricer(step)`` ms of GPU time plus ``cpu_step_ms`` (their max under async scheduling, but after
-an idle engine); its tokens reach the client ``output_delay_s`` after its end. Times in s from t = 0.
-"""
+"""Event loop of a simulated ``vllm bench serve`` run against one vLLM v1 engine (the rules: docs/serving.md, "Time").
+Request ``i`` is sent at ``max(arrival_s, a max_concurrency slot freed)`` and reaches the engine core
+``engine_delay_s[req_id]`` later; a step is built when the previous one ends (with ``async_scheduling``: when it starts)
+and lasts ``pricer(step)`` ms of GPU time plus ``cpu_step_ms`` (their max under async scheduling, but after an idle
+engine); its tokens reach the client ``output_delay_s`` after its end. Times in s from t = 0."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ from .metrics import RequestRecord, bench_metrics, format_metrics
 from .scheduler import Scheduler, SchedulerConfig
 from .step import Step, StepPricer
 
-__all__ = ["StepPricer", "StepRecord", "ServingResult", "simulate"]
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -56,8 +54,7 @@ class _Client:
 
     def __init__(self, reqs: Sequence[ClientRequest], max_concurrency: int | None):
         self.pending = sorted(reqs, key=lambda r: (r.arrival_s, r.req_id))
-        self.pos = 0
-        self.limited = max_concurrency is not None
+        self.pos, self.limited = 0, max_concurrency is not None
         self.free_slots: list[float] = [0.0] * (max_concurrency or 0)  # times slots became free (min-heap)
 
     def release(self, now: float) -> list[tuple[ClientRequest, float]]:
@@ -76,25 +73,6 @@ class _Client:
 
     def next_arrival(self) -> float | None:
         return self.pending[self.pos].arrival_s if self.pos < len(self.pending) else None
-
-
-def _engine_delays(engine_delay_s, reqs) -> dict[int, float]:
-    ids = [r.req_id for r in reqs]
-    if engine_delay_s is None:
-        return dict.fromkeys(ids, 0.0)
-    if isinstance(engine_delay_s, Mapping):
-        missing = [i for i in ids if i not in engine_delay_s]
-        if missing:
-            raise ValueError(f"engine_delay_s has no entry for req_id {missing[0]}; it must map every request id "
-                             "to a delay in s >= 0")
-        vals = {i: engine_delay_s[i] for i in ids}
-    else:
-        seq = list(engine_delay_s)
-        if len(seq) != len(ids):
-            raise ValueError(f"engine_delay_s has {len(seq)} entries; it must have one per request ({len(ids)}), "
-                             "in req_id order, or be a mapping req_id -> s")
-        vals = dict(zip(sorted(ids), seq))
-    return {i: check_float(f"engine_delay_s[{i}]", v, low=0.0, low_inclusive=True) for i, v in vals.items()}
 
 
 def _checked_requests(bench, sched, pricer, requests) -> list[ClientRequest]:
@@ -127,13 +105,9 @@ class _Run:
             self.engine.check_fits(r.req_id, r.input_len, r.output_len)
         self.client = _Client(reqs, bench.max_concurrency)
         self.by_id = {r.req_id: r for r in reqs}
-        self.send_s: dict[int, float] = {}
-        self.at_engine: dict[int, float] = {}
+        self.send_s, self.at_engine, self.steps, self.finished, self.t = {}, {}, [], 0, 0.0  # times in s by req_id
         self.inbound: list[tuple[float, int]] = []  # (engine arrival, req_id): sent, not yet seen by the engine core
         self.tokens: dict[int, list[float]] = {r.req_id: [] for r in reqs}
-        self.steps: list[StepRecord] = []
-        self.finished = 0
-        self.t = 0.0
         self.prev_start: float | None = None  # start of the step running when the next is built (async); None: idle
 
     def _admit(self, cutoff: float) -> None:
@@ -163,14 +137,10 @@ class _Run:
                                "requests unfinished")
         self.t, self.prev_start = min(nxt), None
 
-    def _step_ms(self, step: Step) -> float:
-        gpu_ms = check_ms(self.pricer(step), "pricer", f" for step {len(self.steps)} (kind {step.kind})")
-        if self.sched.async_scheduling and self.prev_start is not None:
-            return max(gpu_ms, self.cpu_ms)
-        return gpu_ms + self.cpu_ms
-
     def _run_step(self, step: Step) -> None:
-        ms = self._step_ms(step)
+        gpu_ms = check_ms(self.pricer(step), "pricer", f" for step {len(self.steps)} (kind {step.kind})")
+        overlap = self.sched.async_scheduling and self.prev_start is not None  # CPU time hidden behind the GPU's
+        ms = max(gpu_ms, self.cpu_ms) if overlap else gpu_ms + self.cpu_ms
         end = self.t + ms / 1000.0
         e = self.engine
         self.steps.append(StepRecord(len(self.steps), self.t, end, ms, step, e.used_blocks, self.sched.num_blocks,
@@ -185,8 +155,7 @@ class _Run:
 
     def run(self) -> tuple[RequestRecord, ...]:
         while self.finished < len(self.by_id):
-            step = self._next_step()
-            if step is None:
+            if (step := self._next_step()) is None:
                 self._idle()
             else:
                 self._run_step(step)
@@ -214,7 +183,23 @@ def simulate(bench: BenchConfig, sched: SchedulerConfig, pricer: StepPricer, *,
     reqs = _checked_requests(bench, sched, pricer, requests)
     cpu_ms = check_float("cpu_step_ms", cpu_step_ms, low=0.0, low_inclusive=True)
     out_s = check_float("output_delay_s", output_delay_s, low=0.0, low_inclusive=True)
-    run = _Run(bench, sched, pricer, reqs, _engine_delays(engine_delay_s, reqs), cpu_ms, out_s)
+    ids = [r.req_id for r in reqs]
+    if engine_delay_s is None:
+        delays = dict.fromkeys(ids, 0.0)
+    elif isinstance(engine_delay_s, Mapping):
+        missing = [i for i in ids if i not in engine_delay_s]
+        if missing:
+            raise ValueError(f"engine_delay_s has no entry for req_id {missing[0]}; it must map every request id "
+                             "to a delay in s >= 0")
+        delays = {i: engine_delay_s[i] for i in ids}
+    else:
+        seq = list(engine_delay_s)
+        if len(seq) != len(ids):
+            raise ValueError(f"engine_delay_s has {len(seq)} entries; it must have one per request ({len(ids)}), "
+                             "in req_id order, or be a mapping req_id -> s")
+        delays = dict(zip(sorted(ids), seq))
+    delays = {i: check_float(f"engine_delay_s[{i}]", v, low=0.0, low_inclusive=True) for i, v in delays.items()}
+    run = _Run(bench, sched, pricer, reqs, delays, cpu_ms, out_s)
     records = run.run()
     metrics = bench_metrics(records, percentiles=percentiles, max_concurrency=bench.max_concurrency,
                             request_rate=bench.request_rate)

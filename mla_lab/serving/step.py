@@ -1,19 +1,16 @@
 """One engine step of a vLLM v1 serving run: its decode tokens (``context_len`` = position + 1), prefill chunks and
-launch (docs/serving.md). ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE``
-(``docs/design/cuda_graphs.md`` @ 0045689b): ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens ==
-num_reqs``, ``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
+launch (docs/serving.md). ``cudagraph_mode`` under vLLM's default ``FULL_AND_PIECEWISE`` (``docs/design/cuda_graphs.md``
+@ 0045689b): ``"FULL"`` for a uniform batch (``max_query_len == 1 and num_tokens == num_reqs``,
+``vllm/v1/worker/gpu_model_runner.py``; FlashMLA sparse declares ``AttentionCGSupport.UNIFORM_BATCH``,
 ``flashmla_sparse.py`` @ 008a0c31) up to the largest capture size, ``"PIECEWISE"`` for other batches up to it,
 ``"NONE"`` above or with ``enforce_eager``. Capture sizes: ``VllmConfig._set_cudagraph_sizes``
-(``vllm/config/vllm.py``).
-"""
+(``vllm/config/vllm.py``)."""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
-
-__all__ = ["PrefillChunk", "DecodeToken", "Step", "StepPricer", "cudagraph_capture_sizes"]
 
 
 @dataclass(frozen=True)
@@ -52,10 +49,6 @@ class Step:
         return len(self.decode) + sum(c.num_tokens for c in self.prefill_chunks)
 
     @property
-    def num_reqs(self) -> int:
-        return len(self.decode) + len(self.prefill_chunks)
-
-    @property
     def kind(self) -> str:
         """``"prefill"`` (no decode token), ``"decode"`` (no chunk) or ``"mixed"``."""
         return ("mixed" if self.decode else "prefill") if self.prefill_chunks else "decode"
@@ -74,8 +67,7 @@ def cudagraph_capture_sizes(max_num_seqs: int, max_capture_size: int | None = No
     """``[1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16)`` up to ``top`` (tokens; default
     ``min(max_num_seqs * 2, 512)``)."""
     top = min(max_num_seqs * 2, 512) if max_capture_size is None else max_capture_size
-    sizes = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16))
-    return tuple(s for s in sizes if s <= top)
+    return tuple(s for s in [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, top + 1, 16)) if s <= top)
 
 
 def launch_mode(decode: tuple[DecodeToken, ...], prefill_chunks: tuple[PrefillChunk, ...],
@@ -84,6 +76,5 @@ def launch_mode(decode: tuple[DecodeToken, ...], prefill_chunks: tuple[PrefillCh
     n = len(decode) + sum(c.num_tokens for c in prefill_chunks)
     if enforce_eager or not capture_sizes or n > capture_sizes[-1]:
         return "NONE", None
-    padded = capture_sizes[bisect.bisect_left(capture_sizes, n)]
     uniform = all(c.num_tokens == 1 for c in prefill_chunks)  # max_query_len == 1 and num_tokens == num_reqs
-    return ("FULL" if uniform else "PIECEWISE"), padded
+    return ("FULL" if uniform else "PIECEWISE"), capture_sizes[bisect.bisect_left(capture_sizes, n)]

@@ -1,24 +1,17 @@
-"""The lab's cost model as a step pricer: a vLLM v1 engine step -> ms, decode included (issue 13; each term, its
-fit and validation: docs/serving.md, "The lab's cost model as the pricer"). A decode token of context ``c`` is the
-chunk ``(req, c - 1, 1)`` of a :class:`mla_lab.workload.Step`, priced by :func:`mla_lab.model.timing.step_time_ms`
-(bf16 KV: decode tokens pay the per-call pad too) plus the decode terms fitted on the H200
-(:class:`~mla_lab.model.decode_calibration.DecodeCalibration`) and the launch model: a ``FULL`` CUDA-graph step
-costs its GPU time, any other ``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops (an upper bound
-under ``PIECEWISE``). :func:`layer_decode_ms` prices the ops the ``decode_layer`` experiment timed, for the fit.
-"""
+"""The lab's cost model as a step pricer: a vLLM v1 engine step -> ms, decode included (issue 13; each term, its fit and
+validation: docs/serving.md, "The lab's cost model as the pricer"). A decode token of context ``c`` is the chunk ``(req,
+c - 1, 1)`` of a :class:`mla_lab.workload.Step`, priced by :func:`mla_lab.model.timing.step_time_ms` (bf16 KV: decode
+tokens pay the per-call pad too) plus the decode terms fitted on the H200
+(:class:`~mla_lab.model.decode_calibration.DecodeCalibration`) and the launch model: a ``FULL`` CUDA-graph step costs
+its GPU time, any other ``max(GPU + n x eager_gap_us, n x host_us_per_op)`` for ``n`` ops (an upper bound under
+``PIECEWISE``). :func:`layer_decode_ms` prices the ops the ``decode_layer`` experiment timed, for the fit."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
 from ..model.calibration import Calibration, resolve_calibration
-from ..model.decode_calibration import (
-    DECODE_CSV,
-    DecodeCalibration,
-    KernelDecode,
-    load_decode_calibration,
-    write_decode_calibration,
-)
+from ..model.decode_calibration import DecodeCalibration, load_decode_calibration
 from ..model.decode_kernels import decode_family, load_decode_kernels
 from ..model.ops import ATTN_OPS, LayerOp, layer_ops, step_ops
 from ..model.timing import op_time_ms, step_time_ms
@@ -26,15 +19,6 @@ from ..placement import parse_strategy, resolve_strategy
 from ..rank import RankView
 from ..workload import Step as WorkStep
 from .step import Step
-
-__all__ = ["CostModelPricer", "DecodeCalibration", "KernelDecode", "load_decode_calibration", "write_decode_calibration",
-           "layer_decode_ms", "DECODE_CSV", "EXCLUDED_FROM_MEASURED", "OVERRIDDEN_OPS", "MemoPricer", "launched",
-           "step_key"]
-
-#: Ops of :func:`~mla_lab.model.ops.layer_ops` that the measured decode layer does not run (no ``impl``), plus the
-#: collectives: the fit and its validation leave them out of both sides.
-EXCLUDED_FROM_MEASURED = ("rope_cache", "idx_prep", "router_topk", "attn_allreduce", "mlp_allreduce",
-                          "moe_allreduce", "moe_dispatch", "moe_combine_a2a", "moe_allgather", "shared_allreduce")
 
 #: Ops whose decode-token part is priced by the decode calibration instead of the layer model's roofline.
 OVERRIDDEN_OPS = ("idx_logits", "idx_topk", "kernel")
@@ -50,16 +34,13 @@ class _Parts:
     def __init__(self, rank: RankView, strategy: str, prefill, decode_ctx, cal: Calibration, dcal: DecodeCalibration,
                  decode_kernels: str = "engine"):
         self.rank, self.strategy = rank, strategy
-        self.model, self.tp, self.arch = rank.model, rank.tp, rank.arch
-        self.cal, self.dcal = cal, dcal
+        self.model, self.tp, self.arch, self.cal, self.dcal = rank.model, rank.tp, rank.arch, cal, dcal
         self.gcal = dcal.graph_calibration(cal)
         self.icl = replace(self.gcal, classes={**self.gcal.classes, "indexer_logits": dcal.idx_decode})
-        self.prefill = [tuple(c) for c in prefill]
         self.decode_ctx = [int(c) for c in decode_ctx]
         self.ws = WorkStep([(i, c - 1, 1) for i, c in enumerate(self.decode_ctx)]
-                           + [(10**9 + i, s, n) for i, (_, s, n) in enumerate(self.prefill)])
-        topk = rank.model.topk
-        self.dec_keys = [min(c, topk) for c in self.decode_ctx]
+                           + [(10**9 + i, s, n) for i, (_, s, n) in enumerate(prefill)])
+        self.dec_keys = [min(c, rank.model.topk) for c in self.decode_ctx]
         # "engine": the engines' own decode kernels priced by their parallelism (mla_lab.model.decode_kernels);
         # "fit": the decode calibration's KernelDecode (what h200_decode.csv was fitted with, to reproduce that fit)
         if decode_kernels not in ("engine", "fit"):
@@ -137,8 +118,7 @@ class MemoPricer:
     once per :func:`step_key`."""
 
     def __call__(self, step: Step) -> float:
-        memo = self.__dict__.setdefault("_memo", {})
-        key = step_key(step)
+        memo, key = self.__dict__.setdefault("_memo", {}), step_key(step)
         if key not in memo:
             memo[key] = self.price(step)["total_ms"]
         return memo[key]
@@ -159,9 +139,8 @@ def layer_decode_ms(rank: RankView, strategy: str, prefill=(), decode_contexts=(
     """
     RankView.require(rank)
     strategy = resolve_strategy(strategy)
-    cal = resolve_calibration(calibration)
     dcal = decode_cal if decode_cal is not None else load_decode_calibration()
-    parts = _Parts(rank, strategy, prefill, decode_contexts, cal, dcal, decode_kernels)
+    parts = _Parts(rank, strategy, prefill, decode_contexts, resolve_calibration(calibration), dcal, decode_kernels)
     ops = layer_ops(rank, strategy, parts.ws, layer_kind="moe")
     if measured_subset:
         ops = [op for op in ops if op.impl and not op.is_comm]
@@ -183,10 +162,8 @@ class CostModelPricer(MemoPricer):
     def __init__(self, rank: RankView, strategy: str, calibration: Calibration | None = None,
                  decode_cal: DecodeCalibration | None = None):
         RankView.require(rank)
-        self.rank = rank
-        self.model, self.tp, self.arch = rank.model, rank.tp, rank.arch
+        self.rank, self.model, self.tp, self.arch = rank, rank.model, rank.tp, rank.arch
         self.strategy = resolve_strategy(strategy)
-        self.kv_cache_dtype = rank.kv_cache_dtype
         self.calibration = resolve_calibration(calibration)
         self.decode_cal = decode_cal if decode_cal is not None else load_decode_calibration()
         self.gcal = self.decode_cal.graph_calibration(self.calibration)
@@ -197,14 +174,13 @@ class CostModelPricer(MemoPricer):
 
     def __repr__(self) -> str:
         return (f"CostModelPricer({self.model.name!r}, tp={self.tp}, arch={self.arch.name!r}, "
-                f"strategy={self.strategy!r}, kv_cache_dtype={self.kv_cache_dtype!r})")
+                f"strategy={self.strategy!r}, kv_cache_dtype={self.rank.kv_cache_dtype!r})")
 
     def price(self, step: Step) -> dict:
         """The step's time and its parts: ``total_ms``, ``gpu_ms``, ``host_ms`` (eager steps), ``launch``
         (``graph`` or ``eager``), ``by_op`` (ms over all layers), ``attention_path_ms``, ``comm_ms``."""
-        prefill = [(c.req_id, c.start, c.num_tokens) for c in step.prefill_chunks]
-        parts = _Parts(self.rank, self.strategy, prefill, [d.context_len for d in step.decode], self.calibration,
-                       self.decode_cal)
+        parts = _Parts(self.rank, self.strategy, [(c.req_id, c.start, c.num_tokens) for c in step.prefill_chunks],
+                       [d.context_len for d in step.decode], self.calibration, self.decode_cal)
         base = step_time_ms(self.rank, self.strategy, parts.ws, self.gcal)
         by = dict(base["by_op"])
         one_layer = {op.name: op for op in layer_ops(self.rank, self.strategy, parts.ws, layer_kind="moe")}

@@ -24,7 +24,6 @@ from ..serving import BenchConfig, serve_benchmark
 from ..serving.noise import NOISE_METRICS, serve_benchmark_noise
 from . import BLIND, BLIND_B, BLIND_B_WORKLOADS, BLIND_CASES
 
-OUT, OUT_B, WORKLOADS_B, CASES_FILE = BLIND, BLIND_B, BLIND_B_WORKLOADS, BLIND_CASES
 PRODUCED_BY = "python -m mla_lab.validation.blind predict"
 #: request-steps above which a run gets fewer Monte-Carlo runs (the simulation costs ~70 us per request-step here)
 HEAVY_REQUEST_STEPS = 150_000
@@ -33,7 +32,7 @@ NUM_RUNS, NUM_RUNS_HEAVY = 10, 3
 #: vllm serve defaults on an H200 (vllm/engine/arg_utils.py, 0.13.0 and 0.24.0, OPENAI_API_SERVER, >= 70 GiB)
 SERVE_DEFAULTS = {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
 #: round name -> (prediction file, the committed file its cases come from)
-ROUNDS = {"2026-12": (OUT, CASES_FILE), "2026-12b": (OUT_B, WORKLOADS_B)}
+ROUNDS = {"2026-12": (BLIND, BLIND_CASES), "2026-12b": (BLIND_B, BLIND_B_WORKLOADS)}
 #: Deployment.of arguments a case may set (round two: ``deployment``); the rest are round one's fixed values
 _DEPLOYMENT_DEFAULTS = {"tp": 8, "arch": "h200", "max_num_batched_tokens": SERVE_DEFAULTS["max_num_batched_tokens"],
                         "max_num_seqs": SERVE_DEFAULTS["max_num_seqs"], "kv_cache_dtype": "bf16",
@@ -76,14 +75,13 @@ def request_steps(case: dict, wl: tuple, dp: int = 1) -> int:
     return math.ceil(n / dp) * (2 * math.ceil(i / max(mbt // dp, 1)) + o)
 
 
-def _setup(case: dict, wl: tuple, seed: int | None = None, options: dict | None = None) -> tuple:
+def _setup(case: dict, wl: tuple, seed: int = 0, options: dict | None = None) -> tuple:
     """``case``'s deployment (its own fields over round one's) and the client of workload ``wl``."""
     i, o, c, n, rate = wl
     d = {**_DEPLOYMENT_DEFAULTS, **case.get("deployment", {}), **(options or {})}
     dep = Deployment.of(model=case["model"], prompt_len=i, output_len=o, num_prompts=n, concurrency=c, **d)
-    bench = BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c, request_rate=rate,
-                        **({} if seed is None else {"seed": seed}))
-    return dep, bench
+    return dep, BenchConfig(num_prompts=n, random_input_len=i, random_output_len=o, max_concurrency=c,
+                            request_rate=rate, seed=seed)
 
 
 def deterministic(case: dict, wl: tuple, options: dict | None = None, strategy: str | None = None) -> dict:
@@ -144,7 +142,7 @@ def predict(out: Path | None = None, seed: int = 0, only: str | None = None, log
                     "(data/calibration/h200_decode_kernels.csv), single-run 95 % bands of the noise model; band = "
                     "the 2.5-97.5 % of num_runs simulated single runs)",
            "metrics": [k for k, _ in NOISE_METRICS],
-           "assumed_everywhere": json.loads(CASES_FILE.read_text())["assumed_everywhere"],
+           "assumed_everywhere": json.loads(BLIND_CASES.read_text())["assumed_everywhere"],
            "serve_defaults": SERVE_DEFAULTS, "seed": seed, "cases": []}
     for case in cases:
         log(f"{case['id']}: {len(case['workloads'])} workloads")

@@ -11,11 +11,10 @@ vLLM 0.33.0's kernels) and ``june_path_us``: vLLM 0.24.0's decode path (``flashm
 
 from __future__ import annotations
 
-import csv
 import json
-import statistics
 import sys
-from collections import defaultdict
+
+import pandas as pd
 
 from ..paths import REPO_ROOT
 from . import BLIND_RESULTS as RESULTS
@@ -29,39 +28,31 @@ _KEYS_AT_CTX = {1088: 1088, 8192: TOPK}
 
 def _kernel_table(path=KERNEL_ROWS) -> dict:
     """(kernel, T, keys) -> median us of the H = 8 rows (module docstring)."""
-    acc = defaultdict(list)
-    with open(path) as f:
-        for r in csv.DictReader(f):
-            if r["experiment"] != "engine_kernels" or r["H"] != "8" or not r["ms"] or not r["ctx_len"]:
-                continue
-            keys = _KEYS_AT_CTX.get(int(r["ctx_len"]))
-            if keys is not None:
-                acc[(r["kernel"], int(r["T"]), keys)].append(float(r["ms"]) * 1e3)
-    return {k: statistics.median(v) for k, v in acc.items()}
+    d = pd.read_csv(path, dtype=str, keep_default_na=False)
+    d = d[(d["experiment"] == "engine_kernels") & (d["H"] == "8") & (d["ms"] != "") & (d["ctx_len"] != "")]
+    return _us(d, d["ctx_len"].astype(int)).groupby(["kernel", "T", "keys"])["us"].median().to_dict()
 
 
 def _june_table(path=JUNE_ROWS) -> dict:
     """(kernel, T, keys) -> us of the June build's H = 8 decode rows: median over processes of their medians."""
-    acc = defaultdict(lambda: defaultdict(list))
-    with open(path) as f:
-        for r in csv.DictReader(f):
-            june = r["kernel"] == "flashmla_vllm_path_june" and "0.24.0" in r["kernel_backend"]
-            fa3 = r["kernel"] == "fa3_sparse" and r["num_splits"] in ("0", "0.0") and "0.24.0" in r["engine_sources"]
-            if r["shape"] != "decode" or r["H"] != "8" or not (june or fa3):
-                continue
-            keys = _KEYS_AT_CTX.get(int(float(r["ctx_len"])))
-            if keys is not None:
-                acc[(r["kernel"], int(r["T"]), keys)][r["process"]].append(float(r["ms"]) * 1e3)
-    return {k: statistics.median(statistics.median(v) for v in per.values()) for k, per in acc.items()}
+    d = pd.read_csv(path, dtype=str, keep_default_na=False)
+    june = (d["kernel"] == "flashmla_vllm_path_june") & d["kernel_backend"].str.contains("0.24.0", regex=False)
+    fa3 = ((d["kernel"] == "fa3_sparse") & d["num_splits"].isin(["0", "0.0"])
+           & d["engine_sources"].str.contains("0.24.0", regex=False))
+    d = d[(d["shape"] == "decode") & (d["H"] == "8") & (june | fa3)]
+    per = _us(d, d["ctx_len"].astype(float).astype(int)).groupby(["kernel", "T", "keys", "process"])["us"].median()
+    return per.groupby(level=[0, 1, 2]).median().to_dict()
+
+
+def _us(d: pd.DataFrame, ctx: pd.Series) -> pd.DataFrame:
+    """Rows ``d`` at a context of :data:`_KEYS_AT_CTX`, with ``keys``, ``T`` (int) and ``us``."""
+    d = d.assign(keys=ctx.map(_KEYS_AT_CTX), T=d["T"].astype(int), us=d["ms"].astype(float) * 1e3)
+    return d.dropna(subset=["keys"]).astype({"keys": int})
 
 
 def _kernel_us(table: dict, kernel: str, T: int, keys: float) -> float:
     a, b = table[(kernel, T, 1088)], table[(kernel, T, TOPK)]
     return a + (b - a) * (keys - 1088) / (TOPK - 1088)
-
-
-def _mean_keys(i: int, o: int) -> float:
-    return sum(min(c, TOPK) for c in range(i + 1, i + o + 1)) / o
 
 
 def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> list[dict]:
@@ -77,7 +68,7 @@ def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> l
     for (i, o, c, b) in sorted(tpot):
         if b != "FLASHMLA_SPARSE" or c not in (1, 8):
             continue
-        keys = _mean_keys(i, o)
+        keys = sum(min(c, TOPK) for c in range(i + 1, i + o + 1)) / o
         fa3 = _kernel_us(table, "fa3_sparse", c, keys)
         rows.append({"workload": {"random_input_len": i, "random_output_len": o, "max_concurrency": c},
                      "mean_keys": keys,

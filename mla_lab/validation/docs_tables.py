@@ -128,8 +128,7 @@ def _first_token_lines(dec: dict) -> list[str]:
         sec = "not known" if c["seconds"] is None else f"{c['seconds']:.3f}"
         share = "-" if c["share_of_gap"] is None else f"{100 * c['share_of_gap']:.0f} %"
         status = c["status"] + (f": {c['measured_summary']}" if c.get("measured_summary") else "")
-        out.append(f"| {c['component']} | {status} | {sec} | {c['range_s'][0]:g} - {c['range_s'][1]:g} | "
-                   f"{share} |")
+        out.append(f"| {c['component']} | {status} | {sec} | {c['range_s'][0]:g} - {c['range_s'][1]:g} | {share} |")
     measured = sorted({c["measured_source"] for c in ft["components"] if c.get("measured_source")})
     out += ["", "Sources: " + " ".join(f"({i}) {c['source']}." for i, c in enumerate(ft["components"], 1))
             + "".join(f" Measured: {m}." for m in measured), "",
@@ -180,8 +179,7 @@ def update_docs(path: Path = DOCS) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.docs_tables")
     ap.add_argument("--update-docs", action="store_true")
-    a = ap.parse_args(argv)
-    if a.update_docs:
+    if ap.parse_args(argv).update_docs:
         update_docs()
         print(f"-> {DOCS}")
     else:

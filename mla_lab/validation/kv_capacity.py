@@ -56,39 +56,31 @@ _GPU = {"8x NVIDIA B200": "b200", "8x NVIDIA H200": "h200"}
 
 def _value(case: dict, key: str):
     """A stated field, else the assumed one (``[value, reason]``)."""
-    if key in case["assumed"]:
-        return case["assumed"][key][0]
-    return case["stated"][key]
+    return case["assumed"][key][0] if key in case["assumed"] else case["stated"][key]
 
 
 def deployment_of(case: dict) -> tuple[Deployment, dict]:
     """The case as a Deployment (one 1024-token prompt: the workload is not in the KV capacity) and
     ``memory_tradeoff``'s rule arguments."""
-    ep = bool(_value(case, "enable_expert_parallel"))
-    kv = "fp8" if "fp8" in str(case["stated"]["kv_cache_dtype"]) else "bf16"
-    mns = case["stated"].get("max_num_seqs", 256)
     d = Deployment.of(model=case["assumed"]["model_geometry"][0], tp=case["stated"]["tensor_parallel_size"],
                       arch=_GPU[case["stated"]["gpu"]], max_num_batched_tokens=_value(case, "max_num_batched_tokens"),
-                      kv_cache_dtype=kv, weight_dtype="fp8", moe_parallel="ep" if ep else "tp",
+                      kv_cache_dtype="fp8" if "fp8" in str(case["stated"]["kv_cache_dtype"]) else "bf16",
+                      weight_dtype="fp8", moe_parallel="ep" if _value(case, "enable_expert_parallel") else "tp",
                       gpu_memory_utilization=_value(case, "gpu_memory_utilization"), prompt_len=1024, num_prompts=1,
-                      max_num_seqs=mns)
-    mml = _value(case, "max_model_len")
-    rule = {"vllm_version": case["assumed"]["vllm_rule_version"][0], "max_model_len": int(mml),
-            "mtp_layers": int(case["assumed"].get("mtp_layers", [0])[0])}
-    return d, rule
+                      max_num_seqs=case["stated"].get("max_num_seqs", 256))
+    return d, {"vllm_version": case["assumed"]["vllm_rule_version"][0],
+               "max_model_len": int(_value(case, "max_model_len")),
+               "mtp_layers": int(case["assumed"].get("mtp_layers", [0])[0])}
 
 
 def predict(workloads: dict, stem: str = ROUND) -> dict:
     """Per case: ``gpu_kv_cache_tokens`` (vLLM's ``GPU KV cache size``), ``available_kv_gib`` (``Available KV cache
     memory``), the deployment, rule arguments and every term; ``stem`` names the round's files."""
-    out = []
-    for case in workloads["cases"]:
-        d, rule = deployment_of(case)
-        kv = memory_tradeoff(d, strategies=[BASELINE], **rule)["kv_capacity"]
-        out.append({"id": case["id"], "blind": case["blind"], "deployment": d.describe(), "rule": rule,
-                    "predicted": {"gpu_kv_cache_tokens": kv["tokens"],
-                                  "available_kv_gib": round(kv["available_bytes"] / GIB, 2)},
-                    "terms": kv["terms"]})
+    out = [{"id": case["id"], "blind": case["blind"], "deployment": d.describe(), "rule": rule, "predicted": {
+                "gpu_kv_cache_tokens": kv["tokens"], "available_kv_gib": round(kv["available_bytes"] / GIB, 2)},
+            "terms": kv["terms"]}
+           for case in workloads["cases"] for d, rule in [deployment_of(case)]
+           for kv in [memory_tradeoff(d, strategies=[BASELINE], **rule)["kv_capacity"]]]
     return {"what": "the lab's KV-capacity predictions for public vLLM startup logs (issue 37)",
             "protocol": PROTOCOL.replace(f"{ROUND}_", f"{stem}_"),
             "produced_by": f"python -m mla_lab.validation.kv_capacity predict --round {stem}",
@@ -106,24 +98,17 @@ def score(pred: dict, results: dict, stem: str = ROUND) -> dict:
     """``error_pct = (predicted - real) / real x 100`` per case and figure; ``median_abs_error_pct`` per figure over
     the blind cases (not-blind cases listed with ``blind: false``)."""
     real = {r["id"]: r for r in results["cases"]}
-    rows = []
-    for p in pred["cases"]:
-        r = real.get(p["id"])
-        if r is None:
-            continue
-        for fig, v in predicted_figures(p).items():
-            if r.get(fig) is not None:
-                rows.append({"id": p["id"], "blind": p["blind"], "figure": fig, "predicted": v, "real": r[fig],
-                             "error_pct": (v - r[fig]) / r[fig] * 100})
-    summary = {}
-    for fig in sorted({x["figure"] for x in rows}):
-        errs = [abs(x["error_pct"]) for x in rows if x["figure"] == fig and x["blind"]]
-        summary[fig] = {"blind_cases": len(errs), "median_abs_error_pct": statistics.median(errs) if errs else None,
-                        "within_5pct": sum(e <= 5 for e in errs)}
-    unread = [r["id"] for r in results["cases"] if all(r.get(f) is None for f in ("gpu_kv_cache_tokens",
-                                                                                "available_kv_gib", "weights_gib"))]
+    rows = [{"id": p["id"], "blind": p["blind"], "figure": fig, "predicted": v, "real": r[fig],
+             "error_pct": (v - r[fig]) / r[fig] * 100}
+            for p in pred["cases"] if (r := real.get(p["id"])) is not None
+            for fig, v in predicted_figures(p).items() if r.get(fig) is not None]
+    summary = {fig: {"blind_cases": len(errs), "median_abs_error_pct": statistics.median(errs) if errs else None,
+                     "within_5pct": sum(e <= 5 for e in errs)} for fig in sorted({x["figure"] for x in rows})
+               for errs in [[abs(x["error_pct"]) for x in rows if x["figure"] == fig and x["blind"]]]}
+    figures = ("gpu_kv_cache_tokens", "available_kv_gib", "weights_gib")
     return {"what": "KV-capacity predictions scored against the logs (issue 37); target |error| <= 5 %",
-            "not_scored": {i: real[i].get("note", "") for i in unread},
+            "not_scored": {r["id"]: r.get("note", "") for r in results["cases"]
+                           if all(r.get(f) is None for f in figures)},
             "predictions": str(round_paths(stem)[1].relative_to(REPO_ROOT)),
             "results": str(round_paths(stem)[2].relative_to(REPO_ROOT)),
             "rows": rows, "summary": summary}
@@ -132,10 +117,9 @@ def score(pred: dict, results: dict, stem: str = ROUND) -> dict:
 def harness_one_million_case() -> tuple[dict, float]:
     """Round two's harness-51 case set to its other launch (max_model_len 1,000,000, bf16 KV, its utilization),
     read after the predictions, and the available KV memory (GiB) its serve doc states."""
-    _, _, results_path, _ = round_paths("kv_capacity_2026-12c")
+    workloads, _, results_path, _ = round_paths("kv_capacity_2026-12c")
     other = {c["id"]: c for c in json.loads(results_path.read_text())["cases"]}["harness-51"]["other_launch"]
-    case = copy.deepcopy({c["id"]: c for c in json.loads(round_paths("kv_capacity_2026-12c")[0].read_text())[
-        "cases"]}["harness-51"])
+    case = copy.deepcopy({c["id"]: c for c in json.loads(workloads.read_text())["cases"]}["harness-51"])
     case["stated"].update(kv_cache_dtype=other["kv_cache_dtype"], max_model_len=other["max_model_len"],
                           gpu_memory_utilization=other["gpu_memory_utilization"])
     return case, other["available_kv_gib"]
@@ -162,16 +146,13 @@ def posthoc() -> dict:
     harness, harness_real = harness_one_million_case()
     mns = H200_DEFAULT_MAX_NUM_SEQS[0]
     rows = []
-    for cid, case, fig, b, real in (("recipes-893", recipes, "available_kv_gib", before["available_kv_gib"],
-                                     stated["available_kv_gib"]),
-                                    ("recipes-893", recipes, "weights_gib", before["weights_gib"], stated["weights_gib"]),
-                                    ("harness-51 (1M launch)", harness, "available_kv_gib", HARNESS_1M_BEFORE_GIB,
-                                     harness_real)):
-        now, now_h200 = _figures(case)[fig], _figures(case, mns)[fig]
-        rows.append({"id": cid, "figure": fig, "stated": real, "before": b, "after": now,
-                     "after_h200_max_num_seqs": now_h200,
-                     **{f"error_pct_{k}": (v - real) / real * 100 for k, v in
-                        (("before", b), ("after", now), ("after_h200_max_num_seqs", now_h200))}})
+    for cid, case, fig, b, real in (
+            ("recipes-893", recipes, "available_kv_gib", before["available_kv_gib"], stated["available_kv_gib"]),
+            ("recipes-893", recipes, "weights_gib", before["weights_gib"], stated["weights_gib"]),
+            ("harness-51 (1M launch)", harness, "available_kv_gib", HARNESS_1M_BEFORE_GIB, harness_real)):
+        figs = {"before": b, "after": _figures(case)[fig], "after_h200_max_num_seqs": _figures(case, mns)[fig]}
+        rows.append({"id": cid, "figure": fig, "stated": real, **figs,
+                     **{f"error_pct_{k}": (v - real) / real * 100 for k, v in figs.items()}})
     r = rows[0]
     with_stated_weights = r["after_h200_max_num_seqs"] + rows[1]["after_h200_max_num_seqs"] - rows[1]["stated"]
     return {"what": "POST HOC (not blind, in-sample figures: both were read before this change): the non-blind "

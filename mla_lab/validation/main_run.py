@@ -1,8 +1,7 @@
 """vLLM PR #53878's "main" run (:data:`REAL`) scored against the prediction committed before it was read, its gap
-decomposed (issue 30) and the first token explained (issue 37). ``--write``: ``pr53878_main_decomposition.json``
-(the score, the (TTFT_last, TPOT) pairs with ``duration ~ TTFT_last + 127 x TPOT``, each candidate with its status
-and the seconds it would close, the revised run: in-sample, not a prediction).
-"""
+decomposed (issue 30) and the first token explained (issue 37). ``--write``: ``pr53878_main_decomposition.json`` (the
+score, the (TTFT_last, TPOT) pairs with ``duration ~ TTFT_last + 127 x TPOT``, each candidate with its status and the
+seconds it would close, the revised run: in-sample, not a prediction)."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ from ..serving.step import DecodeToken, Step
 from ..workload import Step as WorkStep
 from . import BLIND_RESULTS, DIR, PR53878_DECOMPOSITION, PR53878_PREDICTION, write_record
 
-OUT, PREDICTION_FILE = PR53878_DECOMPOSITION, PR53878_PREDICTION
 REAL = {"duration": 9.92, "request_throughput": 3.23, "output_throughput": 413.04,
         "source": "vLLM PR #53878 description, 'main' run (vLLM main before the PR, GLM-5.2-FP8 TP8 EP, "
                   "vllm bench serve 32 x 1024 / 128, concurrency 32, rate inf)"}
@@ -45,7 +43,7 @@ def decode_step_parts(strategy: str = BEFORE, graph: bool = True) -> dict:
 def _revised() -> dict:
     dep = pr_deployment()
     cap = serve_benchmark(dep, [BEFORE], PR_BENCH, block_size=64)["strategies"][BEFORE]["kv_capacity_tokens"]
-    noise = NoiseConfig.from_record(json.loads(PREDICTION_FILE.read_text())["noise"])
+    noise = NoiseConfig.from_record(json.loads(PR53878_PREDICTION.read_text())["noise"])
     m = simulate_once(replace(PR_BENCH, seed=12345), async_scheduler(dep, cap), CostModelPricer(dep.rank, BEFORE),
                       noise.without_noise()).metrics
     return {k: float(m[k]) for k in ("duration", "request_throughput", "output_throughput", "mean_ttft_ms",
@@ -54,7 +52,7 @@ def _revised() -> dict:
 
 def decompose() -> dict:
     """Everything the decomposition file holds (module docstring)."""
-    pred = json.loads(PREDICTION_FILE.read_text())["prediction"]
+    pred = json.loads(PR53878_PREDICTION.read_text())["prediction"]
     score = [{"metric": k, "predicted": p["deterministic"], "band95": p["band95"], "real": REAL[k],
               "ratio_predicted_over_real": p["deterministic"] / REAL[k],
               "inside_band": p["band95"][0] <= REAL[k] <= p["band95"][1]}
@@ -86,7 +84,7 @@ def decompose() -> dict:
     cross = _cross_check()
     return {"what": "vLLM PR #53878's main run scored against the lab's blind prediction, and the gap decomposed",
             "produced_by": "python -m mla_lab.validation.main_run --write", "git_commit": git_commit(),
-            "real": REAL, "prediction_file": str(PREDICTION_FILE.relative_to(REPO_ROOT)), "score": score,
+            "real": REAL, "prediction_file": str(PR53878_PREDICTION.relative_to(REPO_ROOT)), "score": score,
             "gap_s": gap_s, "lab_ttft_last_s": lab_ttft_last_s, "lab_tpot_ms": lab_tpot,
             "consistent_pairs": pairs, "decode_step_graph_ms": g["total_ms"], "decode_step_eager_ms": e["total_ms"],
             "components": comps, "cross_check": cross,
@@ -98,8 +96,7 @@ def decompose() -> dict:
 def _cross_check() -> dict:
     """A cross-check, not a fit: PR #46189's GLM-5.1 TP8 FLASHMLA_SPARSE mean TPOT (512 / 512) at concurrency 8 and
     64, log-linear to 32, and the last request's TTFT the PR's 9.92 s then implies."""
-    res = json.loads(BLIND_RESULTS.read_text())
-    case = next(c for c in res["cases"] if c["id"] == "pr46189")
+    case = next(c for c in json.loads(BLIND_RESULTS.read_text())["cases"] if c["id"] == "pr46189")
     tp = {r["workload"]["max_concurrency"]: r["metrics"]["mean_tpot_ms"] for r in case["runs"]
           if r["backend"] == "FLASHMLA_SPARSE" and r["workload"]["random_input_len"] == 512
           and r["workload"]["random_output_len"] == 512}
@@ -164,28 +161,22 @@ def first_token_measured(path=FIRST_TOKEN_CSV) -> dict:
     return out
 
 
-def _with_measured(c: dict, measured: dict) -> dict:
-    """Component ``c`` with its H200 measurement where there is one (its share of the gap stays as argued)."""
-    key = next((k for k in measured if c["component"].startswith(k) or k in c["component"]), None)
-    if key is None:
-        return c
-    m = measured[key]
-    sizes = "; ".join(f"{r['shape']}: +{r['call1_over_steady_ms']:.1f} ms [{r['min_ms']:.1f}, {r['max_ms']:.1f}]"
-                      + (f", reserved +{r['reserved_growth_mib']:.0f} MiB" if "reserved_growth_mib" in r else "")
-                      for r in m["rows"])
-    return {**c, "status": "measured (its size on the H200; its share of this run's gap as argued: vLLM warms up "
-                           "at start-up)", "measured": m["rows"], "measured_source": m["source"],
-            "measured_summary": sizes}
-
-
 def first_token(gap_s: float) -> dict:
     """The first-token gap (``gap_s``, s) over :data:`FIRST_TOKEN_COMPONENTS_FILE`'s components: each one's share,
     and the share measured or cited components with a size explain (target >= 80 %)."""
-    measured, comps = first_token_measured(), json.loads(FIRST_TOKEN_COMPONENTS_FILE.read_text())["components"]
-    rows = [{**c, "share_of_gap": None if c["seconds"] is None else c["seconds"] / gap_s}
-            for c in (_with_measured(c, measured) for c in comps)]
-    sized = [r for r in rows if r["seconds"] is not None and not r["status"].startswith("assumed")]
-    explained = sum(r["seconds"] for r in sized)
+    measured, rows = first_token_measured(), []
+    for c in json.loads(FIRST_TOKEN_COMPONENTS_FILE.read_text())["components"]:
+        key = next((k for k in measured if c["component"].startswith(k) or k in c["component"]), None)
+        if key is not None:  # its H200 measurement (its share of the gap stays as argued)
+            m = measured[key]
+            sizes = "; ".join(f"{r['shape']}: +{r['call1_over_steady_ms']:.1f} ms [{r['min_ms']:.1f}, "
+                              f"{r['max_ms']:.1f}]" + (f", reserved +{r['reserved_growth_mib']:.0f} MiB"
+                                                       if "reserved_growth_mib" in r else "") for r in m["rows"])
+            c = {**c, "status": "measured (its size on the H200; its share of this run's gap as argued: vLLM warms "
+                                "up at start-up)", "measured": m["rows"], "measured_source": m["source"],
+                 "measured_summary": sizes}
+        rows.append({**c, "share_of_gap": None if c["seconds"] is None else c["seconds"] / gap_s})
+    explained = sum(r["seconds"] for r in rows if r["seconds"] is not None and not r["status"].startswith("assumed"))
     return {"gap_s": gap_s, "components": rows, "explained_s": explained, "explained_share": explained / gap_s,
             "target_share": 0.8, "target_met": explained / gap_s >= 0.8,
             "note": "the two cited mechanisms that reach seconds (DeepGEMM JIT of unwarmed kernels, Triton JIT at "
@@ -209,13 +200,13 @@ def _old_kernel_ms() -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.main_run")
-    ap.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(REPO_ROOT)}")
+    ap.add_argument("--write", action="store_true", help=f"write {PR53878_DECOMPOSITION.relative_to(REPO_ROOT)}")
     ap.add_argument("--overwrite", action="store_true")
     a = ap.parse_args(argv)
     d = decompose()
     print(f"gap {d['gap_s']:.2f} s; revised (in-sample): {d['revised']}")
     if a.write:
-        write_record(OUT, d, a.overwrite, ap)
+        write_record(PR53878_DECOMPOSITION, d, a.overwrite, ap)
     return 0
 
 

@@ -19,11 +19,9 @@ from .score import METRIC_CLASS
 
 def posthoc(log=print) -> dict:
     """Deterministic runs (no noise model) of every published run the lab can price, as the source states it."""
-    res = json.loads(BLIND_RESULTS.read_text())
-    cases = {c["id"]: c for c in CASES}
     rows = []
-    for rc in res["cases"]:
-        case = cases[rc["id"]]
+    for rc in json.loads(BLIND_RESULTS.read_text())["cases"]:
+        case = next(c for c in CASES if c["id"] == rc["id"])
         for rr in rc["runs"]:
             a, w = rr.get("as_run", {}), rr["workload"]
             if a.get("gpu", "H200") != "H200":

@@ -21,7 +21,6 @@ from . import BLIND_B, BLIND_B_POSTHOC, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_B_
 from .blind import cases_of, deterministic, request_steps
 from .score import METRIC_CLASS
 
-OUT, RESULTS_B, SCORE_B = BLIND_B_POSTHOC, BLIND_B_RESULTS, BLIND_B_SCORE
 PRODUCED_BY = "python -m mla_lab.validation.posthoc_options --write"
 #: the run without the options is skipped above this many request-steps (the TP8 simulation of 5120+ prompts x 1025
 #: steps, ~7 min each on a 2-core machine: why the blind round left those cells unpriced)
@@ -48,25 +47,13 @@ def _key(case_id: str, w: dict, metric: str) -> tuple:
     return (case_id, w["random_input_len"], w["random_output_len"], w.get("max_concurrency"), metric)
 
 
-def _blind_errors() -> dict:
-    score = json.loads(SCORE_B.read_text())
-    return {_key(r["case"], r["workload"], r["metric"]): r for r in score["rows"]}
-
-
-def _real(results: dict) -> dict:
-    out = {}
-    for c in results["cases"]:
-        for r in c["runs"]:
-            for m, v in (r.get("metrics") or {}).items():
-                if v and (r.get("comparable") or {}).get(m, True):
-                    out[_key(c["id"], r["workload"], m)] = float(v)
-    return out
-
-
 def posthoc_options(only: str | None = None, log=print) -> dict:
     """Every round-two case with MTP or DP attention re-run with and without its options: rows per (case, workload,
     metric) with the three errors, and :func:`summarise`."""
-    blind, real = _blind_errors(), _real(json.loads(RESULTS_B.read_text()))
+    blind = {_key(r["case"], r["workload"], r["metric"]): r for r in json.loads(BLIND_B_SCORE.read_text())["rows"]}
+    real = {_key(c["id"], r["workload"], m): float(v) for c in json.loads(BLIND_B_RESULTS.read_text())["cases"]
+            for r in c["runs"] for m, v in (r.get("metrics") or {}).items()
+            if v and (r.get("comparable") or {}).get(m, True)}
     rows, runs = [], []
     for case in cases_of("2026-12b"):
         opts = options_of(case)
@@ -87,15 +74,13 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
                          "seconds": round(time.time() - t0, 1)})
             for m in sorted({k[4] for k in real if k[:4] == _key(case["id"], w, "")[:4]}):
                 truth = real[_key(case["id"], w, m)]
-                b = blind.get(_key(case["id"], w, m))
+                b = blind.get(_key(case["id"], w, m), {})
                 p = float(with_opts["metrics"][m])
                 q = None if without is None else float(without["metrics"][m])
                 rows.append({"case": case["id"], "workload": w, "metric": m, "class": METRIC_CLASS.get(m, "other"),
-                             "real": truth, "posthoc": p, "error_pct": (p - truth) / truth * 100,
-                             "without_options": q,
+                             "real": truth, "posthoc": p, "error_pct": (p - truth) / truth * 100, "without_options": q,
                              "error_pct_without_options": None if q is None else (q - truth) / truth * 100,
-                             "blind_predicted": None if b is None else b.get("predicted"),
-                             "blind_error_pct": None if b is None else b.get("error_pct")})
+                             "blind_predicted": b.get("predicted"), "blind_error_pct": b.get("error_pct")})
             log(f"{case['id']} {w}: {runs[-1]['seconds']} s; " + ", ".join(
                 f"{r['metric']} {r['error_pct']:+.0f} % (blind {r['blind_error_pct'] or float('nan'):+.0f} %)"
                 for r in rows if r["case"] == case["id"] and r["workload"] == w))
@@ -104,7 +89,7 @@ def posthoc_options(only: str | None = None, log=print) -> dict:
                     "lengths as the cells state them; the blind scores stay in blind_2026-12b_score.json",
             "produced_by": PRODUCED_BY, "git_commit": git_commit(), "posthoc": True,
             "inputs": {k: str(v.relative_to(REPO_ROOT)) for k, v in (("workloads", BLIND_B_WORKLOADS),
-                       ("predictions", BLIND_B), ("results", RESULTS_B), ("score", SCORE_B))},
+                       ("predictions", BLIND_B), ("results", BLIND_B_RESULTS), ("score", BLIND_B_SCORE))},
             "model": "deterministic mla_lab.serving.serve_benchmark (no noise model) with the deployment options "
                      "(mla_lab.serving.deploy_options); 'without_options' the same run at the blind round's nearest "
                      "configuration; 'blind_error_pct' the blind round's noise-model median error",
@@ -119,8 +104,7 @@ def summarise(rows: list[dict]) -> dict:
     """Median |error| (%) per metric class and over all: with the options, without, blind, over the rows with all
     three (``n``); with the options over every row (``n_all``)."""
     out = {}
-    classes = sorted({r["class"] for r in rows}) + ["all"]
-    for cl in classes:
+    for cl in sorted({r["class"] for r in rows}) + ["all"]:
         rs = [r for r in rows if cl in ("all", r["class"])]
         full = [r for r in rs if r["error_pct_without_options"] is not None and r["blind_error_pct"] is not None]
         out[cl] = {"n": len(full), "median_abs_error_pct": _med([r["error_pct"] for r in full]),
@@ -132,21 +116,17 @@ def summarise(rows: list[dict]) -> dict:
 
 def posthoc_sentence(doc: dict) -> str:
     """One line for docs/serving.md from the committed file's summary."""
-    sm = doc["summary"]
-    parts = []
-    for cl in ("TTFT", "TPOT", "throughput"):
-        if cl in sm and sm[cl]["n"]:
-            x = sm[cl]
-            parts.append(f"{cl} {x['median_abs_error_pct']:.0f} % (without the options "
-                         f"{x['median_abs_error_pct_without_options']:.0f} %, blind {x['median_abs_blind_error_pct']:.0f}"
-                         f" %, {x['n']} rows)")
+    parts = [f"{cl} {x['median_abs_error_pct']:.0f} % (without the options "
+             f"{x['median_abs_error_pct_without_options']:.0f} %, blind {x['median_abs_blind_error_pct']:.0f} %, "
+             f"{x['n']} rows)"
+             for cl in ("TTFT", "TPOT", "throughput") if (x := doc["summary"].get(cl)) and x["n"]]
     return ("Post hoc (not blind; data/validation/blind_2026-12b_posthoc.json), the round-two cells with MTP or DP "
             "attention re-predicted with the options, median |error|: " + "; ".join(parts) + ".")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mla_lab.validation.posthoc_options")
-    ap.add_argument("--write", action="store_true", help=f"write {OUT.relative_to(REPO_ROOT)}")
+    ap.add_argument("--write", action="store_true", help=f"write {BLIND_B_POSTHOC.relative_to(REPO_ROOT)}")
     ap.add_argument("--overwrite", action="store_true", help="replace the committed file")
     ap.add_argument("--only", default=None, help="one case id (a dry look; not for --write)")
     a = ap.parse_args(argv)
@@ -154,7 +134,7 @@ def main(argv=None) -> int:
         ap.error("--only=... with --write would commit part of the round; allowed: one of them")
     d = posthoc_options(a.only)
     if a.write:
-        write_record(OUT, d, a.overwrite, ap)
+        write_record(BLIND_B_POSTHOC, d, a.overwrite, ap)
     return 0
 
 

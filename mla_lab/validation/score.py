@@ -11,22 +11,18 @@ import json
 import statistics
 import sys
 
+from ..serving.noise import NOISE_METRICS
 from . import BLIND, BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE, BLIND_RESULTS, BLIND_SCORE, write_record
 from . import PR53878_PREDICTION as LAB_NOISE
-
-PRED, RESULTS, SCORE = BLIND, BLIND_RESULTS, BLIND_SCORE
-ROUND_TWO_PRED, ROUND_TWO_RESULTS, ROUND_TWO_SCORE = BLIND_B, BLIND_B_RESULTS, BLIND_B_SCORE
 
 #: the four figures the issue asks the median |error| of; TTFT and TPOT take the mean where the run states it,
 #: else the median (the SGLang cookbook states P50 only): one figure per run and backend
 GROUPS = {"duration": (("duration",),), "throughput": (("request_throughput",), ("output_throughput",),
                                                        ("total_token_throughput",)),
           "TTFT": (("mean_ttft_ms", "median_ttft_ms"),), "TPOT": (("mean_tpot_ms", "median_tpot_ms"),)}
-#: metric -> class the summary groups by
-METRIC_CLASS = {"duration": "throughput", "request_throughput": "throughput", "output_throughput": "throughput",
-                "total_token_throughput": "throughput", "mean_ttft_ms": "TTFT", "median_ttft_ms": "TTFT",
-                "p99_ttft_ms": "TTFT", "mean_tpot_ms": "TPOT", "median_tpot_ms": "TPOT", "p99_tpot_ms": "TPOT",
-                "mean_itl_ms": "TPOT"}
+#: metric (of NOISE_METRICS) -> class the summary groups by: TTFT, TPOT (ITL too), else throughput (duration too)
+METRIC_CLASS = {k: "TTFT" if "ttft" in k else "TPOT" if "tpot" in k or "itl" in k else "throughput"
+                for k, _ in NOISE_METRICS}
 
 
 def _key(w: dict) -> tuple:
@@ -40,13 +36,12 @@ def repeat_spreads(results: dict, lab_noise: dict | None = None) -> list[dict]:
     lab = (lab_noise or json.loads(LAB_NOISE.read_text()))["change_distribution"]
     out = []
     for rep in results.get("repeats", []):
-        metrics = sorted({m for r in rep["runs"].values() for m in r})
-        for m in metrics:
+        for m in sorted({m for r in rep["runs"].values() for m in r}):
             xs = [r[m] for r in rep["runs"].values() if m in r]
-            med = statistics.median(xs)
             pair = max(abs(a / b - 1) * 100 for a in xs for b in xs)
             band = lab.get(m, {}).get("identical_builds", {}).get("band95")
-            out.append({"source": rep.get("config", rep["source"]), "metric": m, "values": xs, "spread_pct": (max(xs) - min(xs)) / med * 100,
+            out.append({"source": rep.get("config", rep["source"]), "metric": m, "values": xs,
+                        "spread_pct": (max(xs) - min(xs)) / statistics.median(xs) * 100,
                         "max_pairwise_change_pct": pair, "lab_band95_pct": band,
                         "wider_than_lab": band is not None and pair > max(abs(band[0]), abs(band[1]))})
     return out
@@ -113,20 +108,19 @@ def score(pred: dict, results: dict) -> dict:
     for rc in results["cases"]:
         pc = by_case.get(rc["id"])
         if pc is None:
-            raise ValueError(f"results case {rc['id']!r} has no prediction in {PRED.name}")
+            raise ValueError(f"results case {rc['id']!r} has no prediction in {BLIND.name}")
         pruns = {_key(r["workload"]): r for r in pc["runs"] if "backends" in r}
         seen = _pair_runs(rc, pruns, rows, not_predicted)
         change_rows += _pair_changes(rc, pruns)
         no_result += [{"case": rc["id"], "workload": pr["workload"]} for k, pr in pruns.items() if k not in seen]
     scored = [r for r in rows if r["comparable"]]
-    allerr = [abs(r["error_pct"]) for r in scored]
-    n_in = sum(r["inside_band"] for r in scored)
     cases_scored = sorted({r["case"] for r in scored})
     sentence = (f"Blind predictions of four public runs were committed before reading them; {len(scored)} published "
                 f"figures of {len(cases_scored)} of them matched the workload the lab assumed ({', '.join(cases_scored)})"
-                f": median |error| {statistics.median(allerr):.0f} %, {n_in} of {len(scored)} inside the lab's "
-                f"single-run band; the other {len(rows) - len(scored)} figures came from other workloads or GPUs "
-                "than assumed and are published unscored" if scored else "No published figure matched the workload.")
+                f": median |error| {statistics.median(abs(r['error_pct']) for r in scored):.0f} %, "
+                f"{sum(r['inside_band'] for r in scored)} of {len(scored)} inside the lab's single-run band; the other "
+                f"{len(rows) - len(scored)} figures came from other workloads or GPUs than assumed and are published "
+                "unscored" if scored else "No published figure matched the workload.")
     return {"what": "the blind set scored: predictions vs published figures (issue 30)",
             "produced_by": "python -m mla_lab.validation.score --write", "rows": rows, "changes": change_rows,
             "summary": _summary(scored), "not_predicted": not_predicted, "no_result": no_result,
@@ -169,9 +163,8 @@ def score_round_two(pred: dict, results: dict, round_one: dict) -> dict:
               "medians": {"round_one": m1, "round_two": m2, "both": both},
               "medians_sentence": f"Blind round two (issue 37: {n_runs} public SGLang runs in "
                                   f"{len({r['case'] for r in s['rows']})} deployments on H200 and B200, all with MTP "
-                                  "or DP attention, which the lab did not model when it predicted them and priced at "
-                                  "the nearest vLLM TP8 "
-                                  "configuration) gave median |error| " + fmt(m2)
+                                  "or DP attention, which the lab did not model when it predicted them and "
+                                  "priced at the nearest vLLM TP8 configuration) gave median |error| " + fmt(m2)
                                   + "; round one " + fmt(m1) + "; both " + fmt(both)})
     return s
 
@@ -193,15 +186,15 @@ def main(argv=None) -> int:
     ap.add_argument("--round", dest="round_", choices=("2026-12", "2026-12b"), default="2026-12")
     a = ap.parse_args(argv)
     two = a.round_ == "2026-12b"
-    need = (ROUND_TWO_PRED, ROUND_TWO_RESULTS, SCORE) if two else (PRED, RESULTS)
+    need = (BLIND_B, BLIND_B_RESULTS, BLIND_SCORE) if two else (BLIND, BLIND_RESULTS)
     for p in need:
         if not p.exists():
             ap.error(f"{p} does not exist")
     pred, results = (json.loads(p.read_text()) for p in need[:2])
-    s = score_round_two(pred, results, json.loads(SCORE.read_text())) if two else score(pred, results)
+    s = score_round_two(pred, results, json.loads(BLIND_SCORE.read_text())) if two else score(pred, results)
     print(*([s["medians_sentence"]] if two else [s["sentence"], s["changes_sentence"]]), sep="\n")
     if a.write:
-        write_record(ROUND_TWO_SCORE if two else SCORE, s, a.overwrite, ap)
+        write_record(BLIND_B_SCORE if two else BLIND_SCORE, s, a.overwrite, ap)
     return 0
 
 
