@@ -6,10 +6,8 @@ shapes shrink and the GPU-only parts (memory statistics, profiler, fp8) are skip
 
 from __future__ import annotations
 
-import csv
 import math
 import traceback
-from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -79,8 +77,7 @@ def ops_to_time(rank: RankView, T: int, variant: tuple[str, int],
     """``{(op name, concat Strategy or None): LayerOp}``: the measurable ops of ``strategies`` and the variant's
     layer kinds at ``T`` tokens, each once (``concat`` once per strategy: another buffer); no communication or
     modelled-only ops; under ``ep`` only the ``moe_*`` ops. ``rank``: :func:`measured_rank` of the variant."""
-    parallel = variant[0]
-    ops = {}
+    parallel, ops = variant[0], {}
     for kind in layer_kinds(variant):
         for strategy in strategies:
             for op in layer_ops(rank, strategy, T, layer_kind=kind):
@@ -249,14 +246,6 @@ def _point(sink, layer, name, T, variant, arch, settings, impl, log, strategies,
         for row in layer_rows:
             sink.write(E2E_CSV, row)
         sink.write(EXTRAS_CSV, delta_row)
-
-
-def read_rows(path: str | Path) -> list[dict]:
-    """The rows of a CSV as dicts of strings; ``[]`` when the file does not exist."""
-    if not Path(path).exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def ceilings(settings: MeasureSettings) -> Iterator[dict]:
@@ -476,8 +465,7 @@ def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, 
     ``layer_ops.csv`` rows (``gemm_fp8``; a failure: ``ms`` NaN, ``error`` status). GPU only; stops at the deadline."""
     if not settings.gpu:
         return
-    device = settings.device
-    seen = set()
+    device, seen = settings.device, set()
     # the seed's rank (TP8, fp8 weights, experts ep), built once at the door; the GEMM shapes do not read its limits
     rank = Deployment.rank_of(model=model, tp=8, arch=arch, kv_cache_dtype="bf16", weight_dtype="fp8",
                               moe_parallel="ep", max_num_batched_tokens=16384)
@@ -498,8 +486,7 @@ def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, 
                 def fn(a=a, b=b, one=one):
                     return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
                 fn()
-                ms = settings.median_ms(fn)
-                status = "ok"
+                ms, status = settings.median_ms(fn), "ok"
             except Exception as e:
                 ms, status = float("nan"), f"error {type(e).__name__}: {str(e)[:100]}"
             yield {"model": model.name, "tp": 8, "moe_parallel": "ep", "ep": 8, "T": T, "op": op.name,

@@ -70,8 +70,7 @@ def interleaved(fns: dict, repeats: int = 7, device: str = "cuda", inner: int = 
     """``{name: [ms, ...]}``: each callable of ``fns`` (``{name: callable}``) timed once per round (:func:`call_ms`,
     L2 flushed on CUDA), ``repeats`` rounds after one warm-up call each, the order rotated every round; a sample is
     the mean of ``inner`` back-to-back calls (for calls much shorter than the event resolution)."""
-    names = list(fns)
-    flush = None
+    names, flush = list(fns), None
     if device == "cuda":
         import torch
 
@@ -142,8 +141,7 @@ def _event_times(fn, n: int, after) -> tuple[float, float, list[float]]:
 
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    result = None
+    t0, result = time.perf_counter(), None
     for start, end in events:
         result = None  # noqa: F841  (drop the previous output before the next call allocates)
         start.record()

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from ..arch import get_arch
-from ..buffers import padded_num_heads
+from ..buffers import MIB, padded_num_heads
 from ..kernels import last_backend
 from ..model.calibration import Calibration, default_calibration
 from ..model.timing import comm_time_ms
@@ -50,7 +50,6 @@ from .tp_blocks import (
 
 #: NVLink multicast off (NCCL NVLS, torch symmetric-memory multicast, NVSHMEM NVLS): shared machines.
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-MIB = 2**20
 RUNS = ("tp", "sim")
 
 #: Columns of a block row (then :data:`COMPARE_COLUMNS`, then :data:`mla_lab.provenance.PROVENANCE_COLUMNS`).
@@ -275,8 +274,7 @@ def _measure_case(block, strategy: Strategy | None, model, name, T, inp, cfg, ct
                 "warmup": cfg.warmup, "iters": cfg.iters, "nccl_bytes": ctx["nccl_bytes"],
                 **{k: os.environ.get(k, "") for k in SAFE_ENV}})
     if block == "attention":
-        H = inp["num_heads"]
-        sm = sm_scale(model)
+        H, sm = inp["num_heads"], sm_scale(model)
         strat = PaddedQPath(strategy, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
                             kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend,
                             reuse_pad_block=True)  # a pad block filled once, as mla_lab.measure.attention times it
@@ -324,8 +322,7 @@ def _memory(device: str, world_size: int, fn, base) -> dict:
     if device != "cuda":
         return dict.fromkeys(keys)
     _sync(device, world_size)
-    before = torch.cuda.memory_allocated()
-    peak = call_peak_bytes(fn)
+    before, peak = torch.cuda.memory_allocated(), call_peak_bytes(fn)
     free, total = torch.cuda.mem_get_info()
     reserved = torch.cuda.memory_reserved()
     growth = None if base is None else total - free - reserved - base
@@ -492,10 +489,8 @@ def summary_table(df):
     t["time_err_%"] = 100 * (t["sim+model_ms"] - t["block_ms_max"]) / t["block_ms_max"]
     t["compute_err_%"] = 100 * (t["sim_compute_ms"] - t["compute_ms_max"]) / t["compute_ms_max"]
     peak, sim_peak = g["peak_extra_bytes"].max(), g["sim_peak_extra_bytes"].first()
-    t["tp_peak_MiB"] = peak / MIB
-    t["sim_peak_MiB"] = sim_peak / MIB
+    t["tp_peak_MiB"], t["sim_peak_MiB"] = peak / MIB, sim_peak / MIB
     t["mem_err_%"] = 100 * (sim_peak - peak) / peak
     t["nccl_MiB"] = g["nccl_bytes"].max() / MIB
-    t["routed_pairs_min"] = g["routed_pairs"].min()
-    t["routed_pairs_max"] = g["routed_pairs"].max()
+    t["routed_pairs_min"], t["routed_pairs_max"] = g["routed_pairs"].min(), g["routed_pairs"].max()
     return t.reset_index()

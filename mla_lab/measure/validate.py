@@ -19,14 +19,13 @@ Refit door: ``python -m mla_lab.measure.validate --fit-only DIR --cal-out PATH [
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 from pathlib import Path
 from typing import Callable
 
 from ..arch import GPUArch, get_arch
-from ..model.calibration import Calibration, fit_calibration, write_calibration_csv
+from ..model.calibration import Calibration, csv_rows, fit_calibration, write_calibration_csv
 from ..model.ops import layer_ops
 from ..model.timing import op_time_ms, predict_measured_op_ms
 from ..models import ModelConfig, load_model
@@ -34,7 +33,7 @@ from ..paths import is_committed
 from ..placement import measured_as
 from ..provenance import PROVENANCE_COLUMNS, provenance
 from .layer import CALIBRATION_CSV, E2E_CSV, EXTRAS_CSV, OPS_CSV, VALIDATION_CSV
-from .layer_runs import measured_rank, read_rows
+from .layer_runs import measured_rank
 
 #: Columns of ``layer_validation.csv`` before the provenance columns.
 VALIDATION_COLUMNS = ["level", "split", "model", "tp", "moe_parallel", "T", "name", "op_class", "measured_ms",
@@ -88,8 +87,7 @@ def _layer_rows(e2e_rows, arch, models_by_name, calibration, held_out, by_layer:
         model = models_by_name.get(r["model"])
         if model is None:
             continue
-        excluded = (r.get("excluded_ops") or "").split(";")
-        strategy = measured_as(r["strategy"])
+        excluded, strategy = (r.get("excluded_ops") or "").split(";"), measured_as(r["strategy"])
         key = (r["model"], int(r["tp"]), r["moe_parallel"], int(r["ep"]))
         if key not in ranks:  # one view per measured point, at the door (bf16 weights: the runner's)
             ranks[key] = measured_rank(model, key[1], arch, (key[2], key[3]))
@@ -143,9 +141,9 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
     ``modelled``). Returns the in-sample :class:`~mla_lab.model.calibration.Calibration`, or None (nothing
     written) without an ``ok`` op row."""
     out_dir = Path(out_dir)
-    op_rows = [r for r in read_rows(out_dir / OPS_CSV) if r.get("status") == "ok"]
-    e2e_rows = [r for r in read_rows(out_dir / E2E_CSV) if r.get("status") == "ok"]
-    extras_rows = read_rows(out_dir / EXTRAS_CSV)
+    op_rows = [r for r in csv_rows(out_dir / OPS_CSV) if r.get("status") == "ok"]
+    e2e_rows = [r for r in csv_rows(out_dir / E2E_CSV) if r.get("status") == "ok"]
+    extras_rows = csv_rows(out_dir / EXTRAS_CSV)
     if not op_rows:
         log("no op rows to fit")
         return None
@@ -155,12 +153,8 @@ def fit_and_validate(out_dir: str | Path, arch: GPUArch, fit_provenance: dict, m
                           fit_provenance)
     rows = validation_rows(op_rows, e2e_rows, extras_rows, arch, models_by_name, calibration,
                            leave_one_model_out(op_rows, arch))
-    validation_provenance = {**fit_provenance, "source": "modelled"}
-    with open(Path(validation_path) if validation_path else out_dir / VALIDATION_CSV, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) + list(validation_provenance))
-        writer.writeheader()
-        for v in rows:
-            writer.writerow({**v, **validation_provenance})
+    write_calibration_csv(rows, Path(validation_path) if validation_path else out_dir / VALIDATION_CSV,
+                          {**fit_provenance, "source": "modelled"}, columns=list(rows[0]))
     log("MAPE per op class (level, split, class: n, MAPE %, max APE %):")
     for (level, split, op_class), (n, mape, worst) in mape_summary(rows).items():
         log(f"  {level:5s} {split:15s} {op_class:16s} n={n:3d} MAPE={mape:6.1f}% max={worst:6.1f}%")
@@ -205,7 +199,7 @@ def main(argv=None) -> int:
     ap.add_argument("--overwrite", action="store_true", help="let the outputs replace a committed file")
     a = ap.parse_args(argv)
     cal, val = _outputs(ap, a)
-    ops = read_rows(Path(a.fit_only) / OPS_CSV)
+    ops = csv_rows(Path(a.fit_only) / OPS_CSV)
     prov = {k: ops[0][k] for k in PROVENANCE_COLUMNS if k in ops[0]} if ops else provenance("modelled")
     prov["fit_commit"] = provenance("modelled")["git_commit"]
     models = {n: load_model(n) for n in ("glm-5", "deepseek-v3.2")}

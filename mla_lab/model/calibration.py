@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .._validate import check_int
 from ..arch import GPUArch, get_arch
+from ..buffers import MIB
 from ..paths import calibration_dir
 from .comm import CommModel, load_comm_model
 from .content import CONTENT_SCOPES, ContentModel, StepContentModel, load_content_model, load_step_content_model
@@ -23,7 +24,6 @@ from .ops import COMM_CLASSES, FP8_PEAK_FACTOR, attention_op_work
 OVERHEAD_MODES = ("max", "add")
 #: A measured all-reduce fit prices sizes within [min_bytes / F, max_bytes x F] of what was measured (F = 2).
 COMM_FIT_RANGE_FACTOR = 2.0
-MIB = 2**20
 
 
 def _priced_range(fit) -> tuple[float, float]:
@@ -204,13 +204,13 @@ def load_file(reader: Callable[[Path], object], name: str, path: str | Path | No
     """What ``reader`` makes of the calibration file ``path`` (default ``data/calibration/<name>``; None: no file),
     read once per (reader, path, mtime): the lab's one calibration cache. Raises ValueError: as ``reader``."""
     p = Path(path) if path is not None else calibration_dir() / name
-    if not p.is_file():
-        return None
-    return _cached(reader, str(p.resolve()), p.stat().st_mtime_ns)
+    return _cached(reader, str(p.resolve()), p.stat().st_mtime_ns) if p.is_file() else None
 
 
-def csv_rows(path: Path) -> list[dict]:
-    """The rows of a CSV file (dicts of str)."""
+def csv_rows(path: str | Path) -> list[dict]:
+    """The rows of a CSV file (dicts of str); ``[]`` when the file does not exist."""
+    if not Path(path).is_file():
+        return []
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
@@ -333,8 +333,7 @@ def load_subchunk_graph_overhead(path: str | Path | None = None) -> float | None
 def fit_subchunk_overhead(rows: list[dict]) -> tuple[float, float]:
     """Least-squares cost per extra chunk through 0 from rows ``{"extra_chunks": n - 1, "extra_ms": t(n) - t(1)}``.
     Returns ``(us, mean abs residual us)``. Raises ValueError: no row with extra chunks."""
-    xs = [float(r["extra_chunks"]) for r in rows]
-    ys = [float(r["extra_ms"]) for r in rows]
+    xs, ys = [float(r["extra_chunks"]) for r in rows], [float(r["extra_ms"]) for r in rows]
     den = sum(x * x for x in xs)
     if den == 0:
         raise ValueError("rows hold no sub-chunked run with more than one chunk")
@@ -361,9 +360,7 @@ def _grid_fit(flops, nbytes, ms, peak_f, peak_b, with_floor=True):
     ``(eff_flops, eff_bytes, overhead_us, mape_pct, mode)``."""
     import numpy as np
 
-    F = np.asarray(flops, float)[:, None, None]
-    B = np.asarray(nbytes, float)[:, None, None]
-    M = np.asarray(ms, float)[:, None, None]
+    F, B, M = (np.asarray(v, float)[:, None, None] for v in (flops, nbytes, ms))
     g = np.geomspace(0.01, 1.5, 91)
     floors = [0.0, 1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50] if with_floor else [0.0]
     tmax = np.maximum(F / (peak_f * g[None, :, None]) * 1e3, B / (peak_b * g[None, None, :]) * 1e3)
@@ -421,11 +418,10 @@ def fit_calibration(rows: list[dict], arch: str | GPUArch = "h200", name: str = 
     cal = Calibration(classes, attn, name, arch.name)
     return cal, report
 
-def write_calibration_csv(report: list[dict], path: str | Path, provenance_cols: dict) -> None:
-    """Write the fit report with provenance columns (one row per class / attention op)."""
-    cols = CALIBRATION_COLUMNS + list(provenance_cols)
+def write_calibration_csv(report: list[dict], path: str | Path, provenance_cols: dict,
+                          columns=CALIBRATION_COLUMNS) -> None:
+    """Write rows (the fit report: one per class / attention op) as ``columns``, then the provenance columns."""
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
+        w = csv.DictWriter(f, fieldnames=[*columns, *provenance_cols])
         w.writeheader()
-        for r in report:
-            w.writerow({**r, **provenance_cols})
+        w.writerows({**r, **provenance_cols} for r in report)

@@ -14,9 +14,6 @@ from pathlib import Path
 from .._validate import read_csv_checked
 from ..paths import REPO_ROOT, calibration_dir, measured_dir
 
-__all__ = ["CommFit", "CommModel", "COMM_CSV", "fit_comm", "ring_allreduce_ms", "load_comm_model",
-           "measured_allreduce_rows", "extrapolated"]
-
 COMM_CSV = "h200_comm.csv"
 FIT_COLUMNS = ["world_size", "latency_us", "bw_gbps", "n", "n_sizes", "min_bytes", "max_bytes", "mape_pct",
                "loo_mape_pct", "max_ape_pct"]
@@ -49,8 +46,7 @@ def _positive(v, name: str) -> float:
 def ring_allreduce_ms(nbytes: float, world_size: int, bw_gbps: float, latency_us: float) -> float:
     """``latency_us x 1e-3 + 2 (n-1)/n x nbytes / (bw_gbps x 1e9) x 1e3`` ms (0 for one rank or no bytes).
     Raises ValueError: ``world_size`` < 1; ``bw_gbps`` not finite > 0; ``latency_us`` not finite >= 0."""
-    world_size = _world_size(world_size, "world_size", lo=1)
-    bw_gbps = _positive(bw_gbps, "bw_gbps")
+    world_size, bw_gbps = _world_size(world_size, "world_size", lo=1), _positive(bw_gbps, "bw_gbps")
     if not _real(latency_us) >= 0 or not math.isfinite(_real(latency_us)):
         raise ValueError(f"latency_us={latency_us!r} is not valid; allowed: a finite number >= 0")
     if world_size <= 1 or nbytes <= 0:
@@ -161,8 +157,7 @@ def fit_comm(rows: list[dict], name: str = "") -> CommModel:
             by.setdefault(n, []).append((2.0 * (n - 1) / n * nb, ms, nb))
     fits = {}
     for n, rs in sorted(by.items()):
-        sizes = sorted({nb for _, _, nb in rs})
-        pts = [(x, y) for x, y, _ in rs]
+        sizes, pts = sorted({nb for _, _, nb in rs}), [(x, y) for x, y, _ in rs]
         lat, bw = _solve(pts) if len(sizes) > 1 else (0.0, _solve(pts)[1])
         apes = [abs(ring_allreduce_ms(nb, n, bw, lat) - y) / y * 100 for _, y, nb in rs]
         loo = None

@@ -15,10 +15,6 @@ from statistics import median
 
 from ..paths import calibration_dir
 
-__all__ = ["ContentModel", "content_factor", "fit_content_factor", "load_content_model", "CONTENT_CSV",
-           "StepContentModel", "fit_step_content", "load_step_content_model", "STEP_CONTENT_CSV",
-           "STEP_CONTENT_PER_PROCESS_CSV", "CONTENT_SCOPES"]
-
 CONTENT_CSV = "h200_content.csv"
 
 
@@ -81,8 +77,7 @@ def fit_content_factor(rows: list[dict], name: str = "fit") -> tuple[ContentMode
     for i, r in enumerate(rows):
         rest = rows[:i] + rows[i + 1:]
         _, a_i, b_i, c_i = _grid(rest)
-        p_in = _predict([r], a, b, c)[0]
-        p_out = _predict([r], a_i, b_i, c_i)[0]
+        p_in, p_out = _predict([r], a, b, c)[0], _predict([r], a_i, b_i, c_i)[0]
         loso.append(abs(p_out - r["stale_ms"]) / r["stale_ms"] * 100)
         per.append({**r, "ratio_measured": r["stale_ms"] / r["zeros_ms"], "ratio_fit": p_in / r["zeros_ms"],
                     "stale_ms_fit": p_in, "ape_pct": abs(p_in - r["stale_ms"]) / r["stale_ms"] * 100,
@@ -160,12 +155,6 @@ def _step_params(rows) -> tuple[float, float, float]:
     return u, slope - u, median(s)
 
 
-def _step_pred(r, u, v) -> dict:
-    s = r["attn_zeros_ms"] / r["step_zeros_ms"]
-    return {"share": s, "step_stale_ms": r["step_zeros_ms"] * (1 + (u + v) * s),
-            "attn_change_pct": 100 * (u * s + v), "rest_change_pct": 100 * u * s, "step_change_pct": 100 * (u + v) * s}
-
-
 def fit_step_content(rows: list[dict], num_heads: int, padded_heads: int,
                      name: str = "fit") -> tuple[StepContentModel, list[dict]]:
     """``(model, per_process)``: ``u``, ``v`` fitted to per-process medians (ms) ``step_zeros_ms``,
@@ -188,14 +177,13 @@ def fit_step_content(rows: list[dict], num_heads: int, padded_heads: int,
                 "attn_change_pct": 100 * (r["attn_stale_ms"] / r["attn_zeros_ms"] - 1),
                 "rest_change_pct": 100 * ((r["step_stale_ms"] - r["attn_stale_ms"])
                                           / (r["step_zeros_ms"] - r["attn_zeros_ms"]) - 1)}
-        row = {**r, **meas}
+        row = {**r, **meas, "share": r["attn_zeros_ms"] / r["step_zeros_ms"]}
         for tag, (uu, vv) in (("fit", (u, v)), ("lopo", (u_i, v_i))):
-            p = _step_pred(r, uu, vv)
-            row["share"] = p["share"]
-            row[f"{tag}_step_stale_ms"] = p["step_stale_ms"]
-            for k in ("step", "attn", "rest"):
-                row[f"{tag}_{k}_change_pct"] = p[f"{k}_change_pct"]
-                row[f"{tag}_{k}_err_pts"] = p[f"{k}_change_pct"] - meas[f"{k}_change_pct"]
+            sh = row["share"]
+            row[f"{tag}_step_stale_ms"] = r["step_zeros_ms"] * (1 + (uu + vv) * sh)
+            for k, p in (("step", 100 * (uu + vv) * sh), ("attn", 100 * (uu * sh + vv)), ("rest", 100 * uu * sh)):
+                row[f"{tag}_{k}_change_pct"] = p
+                row[f"{tag}_{k}_err_pts"] = p - meas[f"{k}_change_pct"]
         row["ape_pct"] = 100 * abs(row["fit_step_stale_ms"] / r["step_stale_ms"] - 1)
         row["lopo_ape_pct"] = 100 * abs(row["lopo_step_stale_ms"] / r["step_stale_ms"] - 1)
         per.append(row)

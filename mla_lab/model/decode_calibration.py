@@ -7,14 +7,13 @@ latency (:data:`DECODE_ALLREDUCE_LATENCY_US`).
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..arch import GPUArch
 from ..paths import calibration_dir
-from .calibration import Calibration, ClassEff, csv_rows, load_file
+from .calibration import Calibration, ClassEff, csv_rows, load_file, write_calibration_csv
 
 #: The decode calibration's and the fp8 MoE decode fit's file names (in :func:`mla_lab.paths.calibration_dir`).
 DECODE_CSV, MOE_DECODE_CSV = "h200_decode.csv", "h200_moe_decode.csv"
@@ -140,10 +139,7 @@ def write_decode_calibration(dcal: DecodeCalibration, path: str | Path, provenan
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = decode_calibration_rows(dcal, provenance)
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_calibration_csv(rows, path, {}, columns=list(rows[0]))
     return path
 
 

@@ -21,9 +21,6 @@ from ..arch import GPUArch, get_arch
 from ..paths import REPO_ROOT, calibration_dir
 from ..placement import KINDS
 
-__all__ = ["FAMILIES", "fa3_num_splits", "DecodeKernel", "load_decode_kernels", "fit_decode_kernels",
-           "decode_family", "DECODE_KERNELS_CSV", "ROWS_CSV", "fit_decode_kernels_file"]
-
 FAMILIES = ("flashmla_pad64", "fa3_sparse")
 DECODE_KERNELS_CSV = "h200_decode_kernels.csv"
 #: The GPU the fitted rows ran on, and the rows.
@@ -45,16 +42,9 @@ def fa3_num_splits(total_mblocks: int, num_sms: int, n_blocks: int, max_splits: 
             raise ValueError(f"{name}={v} must be >= 1")
     if total_mblocks >= 0.8 * num_sms:
         return 1
-    top = min(max_splits, num_sms, n_blocks)
-    eff = []
-    for s in range(1, top + 1):
-        waves = total_mblocks * s / num_sms
-        eff.append(waves / math.ceil(waves))
-    best = max(eff)
-    for s, e in enumerate(eff, start=1):
-        if e >= 0.85 * best:
-            return s
-    return 1  # pragma: no cover - the loop always returns
+    waves = [total_mblocks * s / num_sms for s in range(1, min(max_splits, num_sms, n_blocks) + 1)]
+    eff = [w / math.ceil(w) for w in waves]
+    return next(s for s, e in enumerate(eff, start=1) if e >= 0.85 * max(eff))  # the best one qualifies
 
 
 @dataclass(frozen=True)
@@ -142,8 +132,7 @@ def _mape(B, n, y_us, params, family, arch) -> float:
 
 def fit_decode_kernels(rows_csv: str | Path = REPO_ROOT / ROWS_CSV, arch: GPUArch | None = None) -> dict:
     """``{family: DecodeKernel}`` fitted on the decode rows of ``rows_csv``. Raises ValueError: no decode rows."""
-    arch = arch or get_arch(FIT_GPU)
-    rows = _rows(Path(rows_csv))
+    arch, rows = arch or get_arch(FIT_GPU), _rows(Path(rows_csv))
     out = {}
     for fam in FAMILIES:
         B, n, ctx, y = (np.array(c) for c in zip(*[(b, x, c, ms * 1e3) for f, b, x, c, ms in rows if f == fam]))

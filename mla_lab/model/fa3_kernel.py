@@ -12,8 +12,6 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT
 
-__all__ = ["Fa3Ratio", "fit_fa3_ratio", "load_fa3_ratio", "GPU", "ROWS_CSV", "MEAN_KEYS"]
-
 #: The GPU the paired rows ran on (the only GPU the ratio prices: :func:`mla_lab.model.timing`).
 GPU = "h200"
 ROWS_CSV = f"data/measured/{GPU}/between_process/engine_kernels_content.csv"

@@ -13,15 +13,10 @@ import re
 
 from .._validate import check_int
 from ..buffers import MIB, memory_account_of, shared_workspace_other_bytes
-from ..deployment import DEFAULT_GPU_MEMORY_UTILIZATION, Deployment
+from ..deployment import Deployment
 from ..placement import BASELINE, expand, fixed_strategies
 from ..rank import RankView
 from .ops import BF16, FP32, WEIGHT_DTYPES
-
-__all__ = ["weights_bytes_per_rank", "activation_peak_bytes", "memory_tradeoff", "DEFAULT_GPU_MEMORY_UTILIZATION",
-           "mtp_weights_bytes", "kv_capacity_terms", "KV_RULE_SOURCES", "VLLM_MEMORY_VERSIONS",
-           "NON_TORCH_AFTER_SNAPSHOT_BYTES", "CUDAGRAPH_ESTIMATE_BYTES", "KV_BLOCK_SIZE",
-           "INDEXER_LOGITS_RESERVE_BYTES", "sparse_workspace_extra_bytes", "sampler_buffer_bytes"]
 
 _W = "vllm-0.33.0 wheel: "
 #: Where each term of vLLM's KV budget is written (vLLM 0.33.0 release wheel; file:line).
@@ -112,8 +107,7 @@ def _layer_bytes(rank: RankView) -> tuple[int, int, int, int, int]:
     """Bytes one rank holds of (one attention block without its indexer, one indexer, one dense MLP, one MoE block,
     embedding + LM head)."""
     model, tp, H, weight_dtype, moe_parallel = rank.model, rank.tp, rank.num_heads, rank.weight_dtype, rank.moe_parallel
-    ep = rank.ep_size
-    wb = WEIGHT_DTYPES[weight_dtype]
+    ep, wb = rank.ep_size, WEIGHT_DTYPES[weight_dtype]
 
     def lin(K, N):
         return K * N * wb + (math.ceil(K / 128) * math.ceil(N / 128) * FP32 if wb == 1 else 0)
@@ -193,10 +187,6 @@ def _term(name: str, value: float, status: str, key: str, unit: str = "bytes") -
     return {"term": name, "value": value, "unit": unit, "status": status, "source": KV_RULE_SOURCES[key]}
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in version.split(".")[:3])
-
-
 def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int, per_tok: int, *,
                       vllm_version: str = "0.33.0", max_model_len: int | None = None, mtp_layers: int = 0) -> dict:
     """vLLM's KV-cache capacity of one rank of a checked ``deployment``, term by term (:data:`KV_RULE_SOURCES`).
@@ -207,12 +197,11 @@ def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int,
     "terms": [{term, value, unit, status, source}]}``."""
     rank, total, gpu_memory_utilization = deployment.rank, deployment.arch.torch_total_bytes, \
         deployment.gpu_memory_utilization
-    requested = math.ceil(total * gpu_memory_utilization)
-    weights = weights_bytes_per_rank(rank)
+    requested, weights = math.ceil(total * gpu_memory_utilization), weights_bytes_per_rank(rank)
     mtp = mtp_layers * mtp_weights_bytes(rank)
     layer = rank.model.kv_cache_bytes_per_token_layer(rank.kv_cache_dtype)
     bpt = per_tok + mtp_layers * layer
-    cg = CUDAGRAPH_ESTIMATE_BYTES if _version_tuple(vllm_version) >= (0, 21, 0) else 0
+    cg = CUDAGRAPH_ESTIMATE_BYTES if tuple(int(x) for x in vllm_version.split(".")[:3]) >= (0, 21, 0) else 0
     terms = [_term("total memory (torch)", int(total), rank.arch.torch_total_status or "given", "total"),
              _term("gpu_memory_utilization", gpu_memory_utilization, "given", "requested", unit="fraction"),
              _term("requested = ceil(total x utilization)", requested, "cited", "requested"),
@@ -262,8 +251,7 @@ def _accounts(d: Deployment, rank: RankView, strategies, shared: int) -> dict:
 
 def _costs(accounts: dict, per_tok: int, capacity: float) -> dict:
     """Each strategy's persistent bytes over the baseline's, as KV tokens and % of the KV capacity."""
-    base = accounts[BASELINE].persistent_bytes
-    out = {}
+    base, out = accounts[BASELINE].persistent_bytes, {}
     for s, a in accounts.items():
         extra = a.persistent_bytes - base
         lost = extra / per_tok

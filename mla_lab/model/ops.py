@@ -17,12 +17,7 @@ from ..placement import Strategy, as_strategy
 from ..rank import RankView
 from ..workload import Step, sum_topk_lengths
 
-__all__ = ["LayerOp", "StepStats", "step_stats", "layer_ops", "step_ops", "attention_path_ops", "attention_op_work",
-           "layer_kinds", "step_level_ops", "path_op", "padded_path_ops", "ATTN_OPS", "COMM_CLASSES", "WEIGHT_DTYPES",
-           "EP_COMM", "LAYER_KINDS", "FP8_PEAK_FACTOR"]
-
-BF16 = 2
-FP32 = 4
+BF16, FP32 = 2, 4
 
 WEIGHT_DTYPES = {"bf16": 2, "fp8": 1}
 COMM_CLASSES = ("allreduce", "all_to_all", "allgather")
@@ -309,8 +304,7 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
     """The attention-path ops (:data:`ATTN_OPS`, absent ones omitted) of one layer for ``strategy``, ``num_tokens``
     T and ``sum_topk`` keys (default ``T * index_topk``).
     Raises ValueError: unknown strategy; negative counts; ``sum_topk > T * index_topk``."""
-    spec = as_strategy(strategy)
-    model = rank.model
+    spec, model = as_strategy(strategy), rank.model
     check_int("num_tokens", num_tokens, allow_zero=True)
     if sum_topk is not None:
         check_int("sum_topk", sum_topk, allow_zero=True)

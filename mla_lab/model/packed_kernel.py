@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import csv
-import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -16,15 +15,10 @@ import numpy as np
 
 from ..arch import GPUArch, get_arch
 from ..engines import BACKENDS
-from ..paths import REPO_ROOT, calibration_dir
+from ..paths import REPO_ROOT, calibration_dir, command_output
 from ..rank import RankView
 from ..union_layout import union_buffer_bytes
 from ..workload import Step, schedule, sum_topk_lengths
-
-__all__ = ["ROWS_CSV", "PACKED_CSV", "PACKED_OVERLAP_DEFAULT", "PACKED_OVERLAP_SOURCE", "DISPATCH_MARGIN", "PackedFit",
-           "HAND_FIT", "fit_packed", "fit_packed_file", "read_packed_csv", "load_packed_fit", "causal_group_union",
-           "step_union", "UnionStats", "packed_plan", "PackedPlan", "packed_union_bytes", "union_key_space",
-           "packed_group_size", "packed_strategy", "packed_summary"]
 
 #: The GPU the fit's rows ran on, and the rows (``mla-lab measure --experiments packed_kernels``).
 FIT_GPU = "h200"
@@ -43,8 +37,7 @@ DISPATCH_MARGIN = 0.98
 #: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
 PROGRAMS_PER_SM = 2
 #: The measured shapes' seed prompt length and tokens per group (8 heads, 64-row tile; the packed_kernels rows).
-SEED_PROMPT_LEN = 1024
-MEASURED_G = 8
+SEED_PROMPT_LEN, MEASURED_G = 1024, 8
 #: Row kernels the fit reads.
 KERNEL_ROWS = {"kernel": "packed_kernel", "triton": "packed_triton", "build": "union_build",
                "padded": "flashmla_ts_pad64_zeros", "padded_stale": "flashmla_ts_pad64", "path": "packed"}
@@ -112,8 +105,7 @@ def _shape_terms(shape: str, T: int, topk: int, U: float, S: float) -> dict:
     """The fit's regressors of one measured shape (U, S: mean per group over topk)."""
     G = -(-T // MEASURED_G)
     st = (T // SEED_PROMPT_LEN) * sum_topk_lengths(0, SEED_PROMPT_LEN, topk) if shape == "seed" else T * topk
-    rest = max(0.0, U - S)
-    keys = G * U * topk
+    rest, keys = max(0.0, U - S), G * U * topk
     return {"shared": G * S * topk, "rest": G * rest * topk, "groups_with_rest": float(G) if rest > 0 else 0.0,
             "union": G * U * topk, "groups": float(G),
             "read": float(T * topk), "entries": float(st), "union_keys": keys, "sum_topk": float(st), "T": float(T)}
@@ -179,7 +171,8 @@ def fit_packed(rows_csv: str | Path | None = None, rows=None, source_commit: str
         errors += [_error(block, s, *geo[s][2:], yi, fi, li, 1e6) for s, yi, fi, li in zip(shapes, y, fitted, loso)]
     src = str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
     fit = PackedFit(*coef["kernel"], *coef["triton"], *coef["build"], *coef["padded"], source=src,
-                    source_commit=source_commit if source_commit is not None else _commit_of(path))
+                    source_commit=source_commit if source_commit is not None else (command_output(
+                        "git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", str(path)) or "uncommitted"))
     for s in sorted(geo):  # the packed rows (build + kernel in one graph): not fitted, a check of the sum
         if (s, KERNEL_ROWS["path"]) in med:
             y = med[(s, KERNEL_ROWS["path"])]
@@ -196,16 +189,6 @@ def _error(block: str, shape: str, U: float, S: float, y: float, f: float, lo: f
     return {"block": block, "shape": shape, "U": U, "S": S, "measured_ms": y / per_ms, "fitted_ms": f / per_ms,
             "in_sample_pct": 100.0 * (f - y) / y, "loso_ms": None if lo is None else lo / per_ms,
             "loso_pct": None if lo is None else 100.0 * (lo - y) / y}
-
-
-def _commit_of(path: Path) -> str:
-    """The last commit touching ``path`` ("uncommitted" when git has none)."""
-    try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "log", "-1", "--format=%H", "--", str(path)],
-                             capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    return out or "uncommitted"
 
 
 CSV_COLUMNS = ["kind", "name", "block", "shape", "value", "unit", "U", "S", "measured_ms", "fitted_ms",
@@ -247,15 +230,13 @@ def causal_group_union(first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray,
 
 def _overlap_union(last: np.ndarray, n: np.ndarray, topk: int, overlap: float) -> tuple[np.ndarray, np.ndarray]:
     """``(S, U)`` in the common-core model of groups of ``n`` tokens selecting ``topk`` of ``c = last + 1`` keys."""
-    c = np.asarray(last, dtype=float) + 1.0
-    k = float(topk)
+    c, k = np.asarray(last, dtype=float) + 1.0, float(topk)
     o = np.maximum(overlap, k / c)
     m = np.where(c > k, k * (o * c - k) / np.maximum(c - 2 * k + o * k, 1e-12), c)
     m = np.clip(m, 0.0, np.minimum(k, c))
     rest = c - m
     p = np.where(rest > 0, (k - m) / np.where(rest > 0, rest, 1.0), 0.0)
-    U = m + rest * (1.0 - (1.0 - p) ** n)
-    S = m + rest * p ** n
+    U, S = m + rest * (1.0 - (1.0 - p) ** n), m + rest * p ** n
     return S, U
 
 
@@ -313,8 +294,7 @@ def step_union(chunks, topk: int, g: int, overlap: float) -> UnionStats:
             seg = P[q][R[q] == r]
             tot += float(_segment_union(seg[:1], seg[-1:], np.array([len(seg)]), topk, overlap)[1][0])
         U[q] = tot
-    rest = U - S
-    st = float(np.minimum(pos + 1, topk).sum())
+    rest, st = U - S, float(np.minimum(pos + 1, topk).sum())
     return UnionStats(T, G, float(S.sum()), float(rest.sum()), float((rest > 0.5).sum()), st, st, g, overlap,
                       float(T * topk))
 

@@ -26,19 +26,10 @@ from ..rank import RankView
 from ..routes import ROUTES, check_route
 from ..workload import Step, sum_topk_lengths
 from .calibration import Calibration, csv_rows, fit_calibration, resolve_calibration
-from .ops import ATTN_OPS, WEIGHT_DTYPES, LayerOp, _check_options, _gemm, _layer_ops, _step_pairs
+from .ops import ATTN_OPS, BF16, FP32, WEIGHT_DTYPES, LayerOp, _check_options, _gemm, _layer_ops, _step_pairs
 
-__all__ = ["RouteStats", "route_stats", "mha_attention_op", "up_projection_ops", "mha_dense_ops", "PaddedKernelFit",
-           "padded_kernel_terms", "padded_kernel_rows", "fit_padded_kernel", "default_padded_kernel_fit", "route_rows",
-           "fit_route_classes", "route_rows_rank", "ROUTES_CSV", "MHA_FIT_BACKEND", "MHA_CLASS", "K_CONCAT_CLASS",
-           "route_layer_ops", "step_route", "route_step_ops", "prompt_len_step", "route_calibration_rows",
-           "DROPPED_BY_DENSE", "ROUTE_ATTN_OPS", "D_QK_ABSORBED", "D_V_ABSORBED"]
-
-BF16 = 2
-FP32 = 4
 #: Absorbed-MLA widths the sparse kernels see: head_size 576 (kv_lora_rank 512 + rope 64) and d_v 512.
-D_QK_ABSORBED = 576
-D_V_ABSORBED = 512
+D_QK_ABSORBED, D_V_ABSORBED = 576, 512
 #: Layer ops the dense MHA routes replace or skip (see the module docstring).
 DROPPED_BY_DENSE = ("w_uk_bmm", "w_uv_bmm", "idx_logits", "idx_topk") + ATTN_OPS
 MHA_CLASS = "mha_attn"
@@ -63,8 +54,7 @@ def route_stats(model: ModelConfig, step: Step | int) -> RouteStats:
     if not isinstance(step, Step):
         T = check_int("step", step)
         step = Step([(0, 0, T)])
-    big = 1 << 62
-    chunks = step.chunks
+    big, chunks = 1 << 62, step.chunks
     return RouteStats(
         T=sum(n for _, _, n in chunks), Tk=sum(s + n for _, s, n in chunks),
         K_c=sum(sum_topk_lengths(s, n, big) for _, s, n in chunks),
@@ -130,8 +120,7 @@ class PaddedKernelFit:
 
     def time_ms(self, T: int, Hp: int, sum_topk: int, H_out: int | None = None, arch=None) -> float:
         """Modelled kernel ms (``H_out`` < ``Hp``: Q and output at ``H_out`` heads only)."""
-        a = get_arch(arch or self.arch)
-        t = padded_kernel_terms(T, Hp, sum_topk, H_out)
+        a, t = get_arch(arch or self.arch), padded_kernel_terms(T, Hp, sum_topk, H_out)
         return float((t["flops"] / (a.bf16_tflops * 1e12 * self.eff_flops)
                       + t["tok_bytes"] / (a.hbm_gbps * 1e9 * self.eff_bytes)) * 1e3)
 
@@ -140,14 +129,10 @@ class PaddedKernelFit:
         return nbytes / (get_arch(arch or self.arch).hbm_gbps * 1e9 * self.eff_bytes) * 1e3
 
 
-def _csv_rows(p: Path) -> list[dict]:
-    return csv_rows(p) if p.is_file() else []
-
-
 def _content_rows(d: Path) -> list[dict]:
     """``round2/content.csv`` zeros / alone rows: the median of the repeats per shape."""
     groups: dict = {}
-    for r in _csv_rows(d / "round2" / "content.csv"):
+    for r in csv_rows(d / "round2" / "content.csv"):
         if r.get("content") == "zeros" and r.get("mode") == "alone" and r.get("status") == "ok":
             k = (int(r["T"]), int(r["H"]), int(r["Hp"]), int(r["sum_topk"]))
             groups.setdefault(k, []).append(float(r["ms_median"]))
@@ -157,7 +142,7 @@ def _content_rows(d: Path) -> list[dict]:
 
 def _layer_ops_rows(d: Path) -> list[dict]:
     out = []
-    for r in _csv_rows(d / "layer_ops.csv"):
+    for r in csv_rows(d / "layer_ops.csv"):
         if r.get("op") == "kernel" and r.get("status", "ok") == "ok":
             dims = dict(x.split("=") for x in r["dims"].split(";"))
             out.append({"T": int(dims["T"]), "H": int(dims["H"]), "Hp": int(dims["Hp"]),
@@ -167,7 +152,7 @@ def _layer_ops_rows(d: Path) -> list[dict]:
 
 def _attention_path_rows(d: Path) -> list[dict]:
     out = []
-    for r in _csv_rows(d / "attention_path.csv"):
+    for r in csv_rows(d / "attention_path.csv"):
         if r.get("strategy") == "fused":
             T = int(r["T"])
             S = sum_topk_lengths(0, T, 2048) if r["topk_mode"] == "causal" else T * 2048
@@ -176,18 +161,15 @@ def _attention_path_rows(d: Path) -> list[dict]:
     return out
 
 
-def _reference_rows() -> list[dict]:
-    return [{"T": int(r["T"]), "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]),
-             "sum_topk": int(r["T"]) * int(r["topk"]), "ms": float(r["ms"]), "source": "h200_reference.csv"}
-            for r in _csv_rows(calibration_dir() / "h200_reference.csv") if r["op"] == "kernel"]
-
-
 def padded_kernel_rows(root: str | Path | None = None) -> list[dict]:
     """The committed H200 FlashMLA kernel rows, zero padded heads, ``{T, H, Hp, sum_topk, ms, source}``: content.csv,
     layer_ops.csv, attention_path.csv and (without ``root``) ``data/calibration/h200_reference.csv``."""
     d = Path(root) if root else calibration_measurements_dir("h200")  # calibration input, not the measured column
-    return (_content_rows(d) + _layer_ops_rows(d) + _attention_path_rows(d)
-            + (_reference_rows() if root is None else []))
+    reference = [] if root is not None else [
+        {"T": int(r["T"]), "H": int(r["num_heads"]), "Hp": int(r["padded_heads"]),
+         "sum_topk": int(r["T"]) * int(r["topk"]), "ms": float(r["ms"]), "source": "h200_reference.csv"}
+        for r in csv_rows(calibration_dir() / "h200_reference.csv") if r["op"] == "kernel"]
+    return _content_rows(d) + _layer_ops_rows(d) + _attention_path_rows(d) + reference
 
 
 def _lstsq2(rows, arch: GPUArch):
@@ -210,8 +192,7 @@ def fit_padded_kernel(rows: list[dict], arch: str = "h200", calibration: Calibra
     Raises ValueError: fewer than 3 rows; a non-positive coefficient."""
     if len(rows) < 3:
         raise ValueError(f"rows has {len(rows)} kernel rows; allowed: at least 3")
-    a = get_arch(arch)
-    cal = resolve_calibration(calibration)
+    a, cal = get_arch(arch), resolve_calibration(calibration)
     ef, eb = _lstsq2(rows, a)
     fit = PaddedKernelFit(ef, eb, a.name, len(rows), 0.0, 0.0, {}, 0.0, name)
     errs = [abs(fit.time_ms(r["T"], r["Hp"], r["sum_topk"]) - r["ms"]) / r["ms"] for r in rows]
@@ -264,7 +245,7 @@ def route_rows(path: str | Path | None = None) -> list[dict]:
     p = Path(path) if path else calibration_measurements_dir("h200").joinpath(*ROUTES_CSV)  # calibration input
     per: dict = {}
     meta: dict = {}
-    for r in _csv_rows(p):
+    for r in csv_rows(p):
         k = (r["model"], r["route"], int(r["prompt_len"]))
         per.setdefault(k, {})[r["process"]] = float(r["median_ms"])
         meta[k] = (int(r["num_prompts"]), int(r["T"]), r.get("v_padded") == "True")
@@ -332,8 +313,7 @@ def step_route(model: ModelConfig, strategy: Strategy | str, step: Step | int) -
     if isinstance(step, Step):
         if not step.chunks:
             return "sparse-mqa"
-        seq = [s + n for _, s, n in step.chunks]
-        q = [n for _, _, n in step.chunks]
+        seq, q = [s + n for _, s, n in step.chunks], [n for _, _, n in step.chunks]
     else:
         T = check_int("step", step, allow_zero=True)
         if T == 0:
@@ -356,9 +336,7 @@ def prompt_len_step(prompt_len: int, max_num_batched_tokens: int = 16384) -> Ste
     non-positive ints."""
     L = check_int("prompt_len", prompt_len)
     B = check_int("max_num_batched_tokens", max_num_batched_tokens)
-    if L <= B:
-        return Step([(i, 0, L) for i in range(B // L)])
-    return Step([(0, L - B, B)])
+    return Step([(i, 0, L) for i in range(B // L)]) if L <= B else Step([(0, L - B, B)])
 
 
 def route_calibration_rows() -> list[dict]:

@@ -26,9 +26,6 @@ from .route_ops import (
 )
 from .timing import apply_step_content, op_time_ms
 
-__all__ = ["KERNEL_MODELS", "route_op_time_ms", "route_layer_time_ms", "crossover_prompt_len", "validate_routes"]
-
-
 KERNEL_MODELS = ("roofline", "calibrated")
 
 
@@ -110,8 +107,7 @@ def validate_routes(rows: list[dict] | None = None, kernel_fit: PaddedKernelFit 
     rows = route_rows() if rows is None else rows
     kernel_fit = kernel_fit or default_padded_kernel_fit()
     meas = {(r["model"], r["route"], r["prompt_len"]): r["ms"] for r in rows}
-    arch = get_arch("h200")
-    out = []
+    arch, out = get_arch("h200"), []
     for (mn, route, L), ms in sorted(meas.items()):
         if route != "mqa_kernel_only:private_workspace":
             continue

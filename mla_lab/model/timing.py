@@ -19,9 +19,6 @@ from .ops import ATTN_OPS, FP8_PEAK_FACTOR, LayerOp, step_stats
 from .packed_kernel import FIT_GPU as PACKED_FIT_GPU
 from .route_ops import ROUTE_ATTN_OPS, default_padded_kernel_fit, route_layer_ops, route_step_ops, step_route
 
-__all__ = ["op_time_ms", "comm_time_ms", "kernel_rate_tflops", "layer_time_ms", "step_time_ms", "attention_path_ms",
-           "predict_measured_op_ms", "apply_step_content"]
-
 
 def op_time_ms(op: LayerOp, arch: GPUArch, calibration: Calibration | None = None, tp: int = 1) -> float:
     """Modelled ms of one op (comm ops: :func:`comm_time_ms` over ``tp``)."""

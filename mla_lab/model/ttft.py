@@ -14,8 +14,6 @@ from .calibration import Calibration, resolve_calibration
 from .ops import ATTN_OPS
 from .timing import attention_path_ms, step_time_ms
 
-__all__ = ["predict_ttft", "compare_strategies", "SCOPES", "LAYER_OPTIONS"]
-
 SCOPES = ("full_layer", "attention_path")
 #: ``full_layer`` options beyond the deployment (:func:`mla_lab.model.ops.layer_ops`, the comm terms).
 LAYER_OPTIONS = ("ep_size", "ep_comm", "out_slice_copy", "indexer_dtype", "context", "comm_efficiency",
@@ -67,15 +65,13 @@ def predict_ttft(deployment: Deployment, strategy: Strategy | str, calibration: 
         elapsed += t
         step_ms.append(t)
         ttfts.extend([elapsed] * len(st.finished_prompts(d.prompt_len)))
-    return {
-        "ttft_ms_mean": sum(ttfts) / len(ttfts), "ttft_ms_max": max(ttfts), "num_steps": len(steps),
-        "step_ms": step_ms, "ops_ms": ops_ms,
-        "scope": scope + (" (attention path measured)" if attention_override_ms is not None else ""),
-        "ttft_ms_list": ttfts, "step_ops_ms": step_ops_ms,
-        "strategy": strategy.name, "attention_path_ms": attn_total, "comm_ms": comm_total, "calibration": cal.name,
-        "comm_source": cal.comm_source_checked(d.tp, arch=d.arch) if scope == "full_layer" else "none",
-        "source": "modelled",
-    }
+    return {"ttft_ms_mean": sum(ttfts) / len(ttfts), "ttft_ms_max": max(ttfts), "num_steps": len(steps),
+            "step_ms": step_ms, "ops_ms": ops_ms,
+            "scope": scope + (" (attention path measured)" if attention_override_ms is not None else ""),
+            "ttft_ms_list": ttfts, "step_ops_ms": step_ops_ms, "strategy": strategy.name,
+            "attention_path_ms": attn_total, "comm_ms": comm_total, "calibration": cal.name,
+            "comm_source": cal.comm_source_checked(d.tp, arch=d.arch) if scope == "full_layer" else "none",
+            "source": "modelled"}
 
 
 def _check_ttft_args(scope: str, layer_kw: dict, steps, override, cal: Calibration) -> tuple[Calibration, dict]:
@@ -99,8 +95,7 @@ def _check_ttft_args(scope: str, layer_kw: dict, steps, override, cal: Calibrati
 def _price_step(rank, strategy: Strategy, st, cal: Calibration, scope: str, layer_kw: dict) -> tuple:
     """``(total ms, ms per op, attention-path ms, comm ms)`` of one step at ``scope``."""
     if scope == "attention_path":
-        L = rank.model.num_hidden_layers
-        per = attention_path_ms(rank, strategy, st, cal)
+        L, per = rank.model.num_hidden_layers, attention_path_ms(rank, strategy, st, cal)
         t = per["total"] * L
         return t, {k: v * L for k, v in per.items() if k != "total"}, t, 0.0
     r = step_time_ms(rank, strategy, st, cal, **layer_kw)

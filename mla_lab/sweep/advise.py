@@ -19,9 +19,6 @@ from ..placement import BASELINE
 from ..serving.benchmark import options_summary
 from .rows import Row, between_process_changes, measured_changes, measured_withheld, price
 
-__all__ = ["DEFAULT_ENGINE", "strategy_engine", "strategy_label", "engine_group", "advise", "frontier",
-           "format_advice", "engines_block"]
-
 
 def engines_block(d: Deployment, engine: str | None = None) -> list[dict]:
     """:func:`mla_lab.placement.engine_summary` for ``d`` of ``engine`` (first, if given) and of
@@ -112,8 +109,7 @@ def _measured(rows: list[Row], d: Deployment, measured) -> tuple[dict, str]:
     """
     if measured is None:
         return {}, ""
-    by = {r.name: r for r in rows}
-    ch = measured_changes(measured, d)
+    by, ch = {r.name: r for r in rows}, measured_changes(measured, d)
     out = {n: (v["change_pct"], v["ci_lo"], v["ci_hi"], "one process, 95 % interval of its rounds")
            for n, v in ch.items() if BASELINE in ch and v["change_pct"] is not None}
     for n, v in between_process_changes(d, [r.strategy for r in rows]).items():
@@ -215,8 +211,7 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         raise ValueError(f"this deployment does not fit: {rows[0].fit_reason}; no strategy can be recommended")
     meas, withheld = _measured(rows, d, measured)
     placed = _place(rows, d, group, budget, meas)
-    front = _mark_frontier(rows, placed, group)
-    engines = engines_block(d, engine)
+    front, engines = _mark_frontier(rows, placed, group), engines_block(d, engine)
     kept, arch_notes = _on_this_gpu(sorted(placed["kept"], key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"])),
                                     placed["excluded"], d, engines, {r.name: r.strategy for r in rows})
     ranked = [s for s in kept if group in (None, engine_group(s["engine"]))]

@@ -16,9 +16,6 @@ from typing import Callable, Iterable, Iterator
 from ..arch import detect_arch
 from .store import code_version
 
-__all__ = ["EXECUTORS", "PointTask", "PointResult", "compute_point", "LocalExecutor", "RayExecutor",
-           "make_executor", "ray_available", "RAY_INSTALL_HINT"]
-
 EXECUTORS = ("local", "ray")
 RAY_INSTALL_HINT = "pip install 'mla_lab[ray]' (or: pip install 'ray>=2.9')"
 
@@ -50,8 +47,7 @@ def compute_point(point: dict, mode: str, compute_fn: ComputeFn, driver_version:
     """Compute one point's rows where this runs (``compute_fn`` picklable for Ray); a ``driver_version`` other
     than this code's fails the point. Never raises for a point's own error: returns ``{"rows", "error", "host",
     "seconds", "code_version"}`` (``error``: ``"<ExceptionType>: <message>"`` or None)."""
-    t0 = time.perf_counter()
-    version = code_version()
+    t0, version = time.perf_counter(), code_version()
     out = {"rows": [], "error": None, "host": socket.gethostname(), "code_version": version}
     try:
         if driver_version is not None and version != driver_version:
@@ -206,8 +202,7 @@ class RayExecutor(_Closing):
         queue = list(tasks)
         if not queue:
             return
-        ray = self._ensure_init()
-        limit = self.max_in_flight
+        ray, limit = self._ensure_init(), self.max_in_flight
         if limit is None:
             r = ray.cluster_resources()
             limit = max(4, int(2 * (r.get("CPU", 0) + r.get("GPU", 0))))

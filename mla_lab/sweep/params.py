@@ -19,9 +19,6 @@ from . import executors
 from .executors import EXECUTORS, RAY_INSTALL_HINT
 from .store import point_key
 
-__all__ = ["SweepParams", "DEFAULTS", "validate_params", "check_notebook_names", "NOTEBOOK_ONLY", "expand_grid", "check_tp_sizes", "DEFAULT_STRATEGIES", "VLLM_ALIASES",
-           "normalize_names"]
-
 #: The sweep's default strategies (:data:`mla_lab.placement.SWEEP_STRATEGIES`): every engine preset, the shared
 #: workspace with the concat zeroing its padded heads, and the sub-chunked workspace at
 #: :data:`~mla_lab.placement.SUBCHUNK_ROWS`.
@@ -68,8 +65,7 @@ class SweepParams:
     request_rate: object = "inf"
     seed: int = 0
 
-DEFAULTS = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
-            for f in dataclasses.fields(SweepParams)}
+DEFAULTS = dataclasses.asdict(SweepParams())
 
 _LIST_INT = ("tp_sizes", "max_num_batched_tokens", "prompt_lens")
 _LIST_STR = ("models", "archs", "strategies")

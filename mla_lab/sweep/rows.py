@@ -28,14 +28,8 @@ from ..placement import BASELINE, LEGACY_MEASURED, Strategy, as_strategy, expand
 from ..provenance import provenance
 from ..workload import schedule
 
-__all__ = ["Row", "price", "modelled_rows", "measured_rows", "compute_rows", "fit_status", "point_inputs", "MODES",
-           "NOT_PRICED", "TTFT_COLUMNS", "MEMORY_COLUMNS", "MEASURED_ROUTE", "measured_withheld",
-           "ttft_with_attention", "reprice_measured_rows", "ONE_PROCESS_COLUMNS", "between_process_changes",
-           "MEASURED_MATCH_KEYS", "measured_change_pct", "measured_changes", "measured_matching"]
-
 MODES = ("modelled", "measured")
-NAN = float("nan")
-_BASE = parse_strategy(BASELINE)
+NAN, _BASE = float("nan"), parse_strategy(BASELINE)
 
 
 @dataclass
@@ -80,8 +74,7 @@ class Row:
     def columns(self) -> dict:
         """The row's own columns (the deployment's are :meth:`to_point`'s)."""
         d, st, m = self.deployment, self.strategy, self.memory
-        return {
-            "model_family": d.model.family, "model_family_note": d.model.family_note, "strategy": st.name,
+        return {"model_family": d.model.family, "model_family_note": d.model.family_note, "strategy": st.name,
             "preset": preset_of(st.name), "placement": st.placement, "content": st.content,
             "zero_policy": st.zero_policy or "", "subchunk_rows": st.rows or 0, "family": d.arch.family,
             "sm": d.arch.sm, "prefill_padding": d.arch.prefill_padding, "num_heads": d.num_heads,
@@ -97,8 +90,7 @@ class Row:
             "calibration": self.calibration, "comm_source": self.comm_source, **self.notes,
             **{k: getattr(self, k) for k in ("kv_capacity_tokens", "kv_capacity_pct_lost", "weights_bytes_per_rank",
                                              "fits_in_memory", "fit_reason", "ttft_change_pct")},
-            "baseline": BASELINE,
-        }
+            "baseline": BASELINE}
 
     def to_point(self, **extra) -> dict:
         """The row as one flat record, as the store and the CSV hold it: the deployment's sweep point
@@ -187,8 +179,7 @@ def modelled_rows(point: dict, calibration=None) -> list[dict]:
     """The sweep's modelled rows of one grid point (:func:`mla_lab.sweep.params.expand_grid`'s keys), as written:
     :meth:`~mla_lab.deployment.Deployment.from_point`, then :func:`price` (ValueError as both).
     """
-    d = Deployment.from_point(point)
-    sts = expand([BASELINE, *point["strategies"]])
+    d, sts = Deployment.from_point(point), expand([BASELINE, *point["strategies"]])
     rows = price(d, sts, calibration=calibration, memory=_point_memory(d, point, sts))
     return _write(rows, "modelled", **{k: point[k] for k in ("num_runs",) if k in point})
 
@@ -250,10 +241,8 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     sts = [s for s in expand([BASELINE, *point["strategies"]]) if s.padded]  # runs on tensors (PaddedQPath)
     names, runs = [s.name for s in sts], int(point.get("num_runs") or 7)
     steps = schedule(d.workload, d.max_num_batched_tokens)
-    per_step = _time_steps(d, steps, names, runs)
-    mem = _point_memory(d, point, sts)
-    cal = resolve_calibration(calibration)
-    layers = d.model.num_hidden_layers
+    per_step, mem = _time_steps(d, steps, names, runs), _point_memory(d, point, sts)
+    cal, layers = resolve_calibration(calibration), d.model.num_hidden_layers
     modelled = {n: predict_ttft(d, n, cal) for n in names}
     rounds = {n: [ttft_with_attention(modelled[n], steps, d.prompt_len, layers, [m[n]["samples"][r] for m in per_step])
                   for r in range(runs)] for n in names}

@@ -20,9 +20,6 @@ from .params import SweepParams, expand_grid, validate_params
 from .rows import compute_rows, point_inputs
 from .store import ResultStore, atomic_write, code_version, inputs_digest, point_key
 
-__all__ = ["run_sweep", "plan_sweep", "check_output_file", "LAB_CSV_MARK", "grid_row_ids", "may_measure",
-           "data_file_lock", "check_not_locked", "LOCK_ENV"]
-
 #: Columns whose presence in a CSV's header says the lab wrote it (so it may be replaced).
 LAB_CSV_MARK = ("point_key", "strategy", "code_version")
 
@@ -219,11 +216,9 @@ def check_not_locked(out: str | Path) -> None:
 
 
 def _tasks(params: SweepParams, gpu: dict | None) -> list[tuple[dict, str, str]]:
-    version = code_version()
-    out = []
+    version, out = code_version(), []
     for pt in expand_grid(params):
-        digest = inputs_digest(point_inputs(pt))
-        modes = ["modelled"]
+        digest, modes = inputs_digest(point_inputs(pt)), ["modelled"]
         if gpu and gpu["arch"] and get_arch(pt["arch"]).family == get_arch(gpu["arch"]).family:
             modes.append("measured")
         for mode in modes:
@@ -236,8 +231,7 @@ def plan_sweep(params: SweepParams | dict) -> dict:
     already stored for this code and these inputs, and where outputs go."""
     if isinstance(params, dict):
         params = validate_params(params)
-    store = ResultStore(resolve(params.store_dir))
-    todo = _tasks(params, None)
+    store, todo = ResultStore(resolve(params.store_dir)), _tasks(params, None)
     stored = sum(1 for _, _, k in todo if store.completed(k))
     return {"points": len(todo), "stored": stored, "to_compute": len(todo) - stored,
             "grid": {k: getattr(params, k) for k in ("models", "tp_sizes", "archs", "max_num_batched_tokens",
@@ -258,8 +252,7 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, compute_fn=None
         params = validate_params(params)
     out = check_output_file(params.data_file, params.overwrite, params)
     with data_file_lock(out):  # one sweep at a time writes a data file: the second is refused, never mixed in
-        store = ResultStore(resolve(params.store_dir))
-        own = executor is None
+        store, own = ResultStore(resolve(params.store_dir)), executor is None
         ex = make_executor(params.executor, address=params.ray_address) if own else executor
         try:
             return _run_points(params, store, ex, progress, compute_fn or compute_rows, out, claim_wait_s)
@@ -337,8 +330,7 @@ def _store_result(store, res, version, progress) -> None:
         if res.error is not None:
             raise _PointError(res.error)
         for r in res.rows:
-            r["point_key"] = key
-            r["code_version"] = version
+            r.update(point_key=key, code_version=version)
         store.write(key, {**pt, "mode": mode}, res.rows)
     except Exception as e:  # recorded, not fatal: the sweep goes on
         reason = str(e) if isinstance(e, _PointError) else f"{type(e).__name__}: {e}"
@@ -349,8 +341,7 @@ def _store_result(store, res, version, progress) -> None:
 
 def _wait_for_claims(store, tasks, ex, compute_fn, version, progress, wait_s) -> None:
     """Wait until points claimed by other sweeps are stored; compute those whose claimer died."""
-    deadline = time.time() + wait_s
-    left = list(tasks)
+    deadline, left = time.time() + wait_s, list(tasks)
     while left and time.time() < deadline:
         orphans = []
         for t in left:

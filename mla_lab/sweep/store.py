@@ -19,8 +19,6 @@ from pathlib import Path
 
 from ..paths import REPO_ROOT, measured_row_problem
 
-__all__ = ["ResultStore", "code_version", "point_key", "inputs_digest", "payload_problem", "atomic_write"]
-
 _PKG = REPO_ROOT / "mla_lab"
 
 
@@ -91,8 +89,7 @@ class ResultStore:
     def clean_stale_tmp(self) -> list[Path]:
         """Remove temporary files left by processes of this host that no longer run (a killed sweep); files of live
         processes and of other hosts are kept. Returns the removed paths."""
-        host = _host()
-        removed = []
+        host, removed = _host(), []
         for p in self.tmp_files():
             m = re.match(r"^\.[0-9a-f]+\.(?P<host>[^.]+)\.(?P<pid>\d+)\.", p.name)
             if not m or m["host"] != host or _pid_alive(int(m["pid"])):

@@ -28,11 +28,8 @@ OUTPUTS = {"routes.csv": ["model", "num_heads", "prompt_len", "num_prompts", "T"
 #: (model, prompt_len, T)
 SHAPES = [(m, L, 16384) for m in ("glm-5", "deepseek-v3.2") for L in (512, 1024, 2048, 4096, 8192)]
 
-def _sdpa_backends():
-    from torch.nn.attention import SDPBackend
-
-    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+#: SDPA backend name -> its torch.nn.attention.SDPBackend member.
+_SDPA = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
 
 
 class MHARoute:
@@ -69,13 +66,13 @@ class MHARoute:
         return k, v
 
     def attend(self, k, v):
-        from torch.nn.attention import sdpa_kernel
+        from torch.nn.attention import SDPBackend, sdpa_kernel
 
         B, L, H = self.B, self.L, self.H
         q = self.q.view(B, L, H, self.dq).transpose(1, 2)
         kk = k.view(B, L, H, self.dq).transpose(1, 2)
         vv = v.reshape(B, L, H, v.shape[-1]).transpose(1, 2)
-        with sdpa_kernel(_sdpa_backends()[self.backend]):
+        with sdpa_kernel(getattr(SDPBackend, _SDPA[self.backend])):
             o = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=self.sm)
         return o[..., : self.m.v_head_dim] if self.pad_v else o
 

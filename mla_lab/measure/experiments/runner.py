@@ -30,9 +30,7 @@ def gpu_slug(name: str) -> str:
     if not s:
         raise ValueError("gpu name: '' (torch.cuda.get_device_name gave nothing)")
     m = re.search(r"\b([A-Z]{1,3}\d{2,4}[A-Z]?)\b", s.upper())
-    if m:
-        return m.group(1).lower()
-    return re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
+    return m.group(1).lower() if m else re.sub(r"[^a-z0-9]+", "-", s.lower()).strip("-")
 
 
 def dry_run_lines(experiments: list[Experiment], processes: int, out: str) -> list[str]:
