@@ -47,14 +47,16 @@ def make_step_inputs(rank, step: Step, prompt_len: int, seed: int = 0, full_topk
     H, T, topk = rank.num_heads, step.num_tokens, m.topk
     ql_nope = torch.randn(H, T, m.kv_lora_rank, device=dev, dtype=torch.bfloat16, generator=g).transpose(0, 1)
     q_full = torch.randn(T, H, m.qk_nope_head_dim + m.qk_rope_head_dim, device=dev, dtype=torch.bfloat16, generator=g)
-    q_pe, s_kv = q_full[..., m.qk_nope_head_dim:], max(len(step.chunks) * prompt_len, topk)
+    q_pe = q_full[..., m.qk_nope_head_dim:]
+    s_kv = max(len(step.chunks) * prompt_len, topk)
     kv = torch.randn(s_kv, 1, m.head_size, device=dev, dtype=torch.bfloat16, generator=g)
     pos = torch.cat([torch.arange(s, s + n, device=dev) for _, s, n in step.chunks])
     base = torch.cat([torch.full((n,), j * prompt_len, device=dev) for j, (_, s, n) in enumerate(step.chunks)])
     if full_topk:
         idx, tl = torch.randint(0, s_kv, (T, topk), device=dev, generator=g), None
     else:
-        visible, r = pos + 1, torch.rand(T, topk, device=dev, generator=g)
+        visible = pos + 1
+        r = torch.rand(T, topk, device=dev, generator=g)
         idx = base[:, None] + (r * visible[:, None]).long()
         tl = torch.clamp(visible, max=topk).to(torch.int32)
     return ql_nope, q_pe, kv, idx.to(torch.int32).view(T, 1, topk), tl
@@ -70,7 +72,8 @@ def call_peak_bytes(fn) -> int:
     ``reset_peak_memory_stats``; its result held until the call is done). CUDA only."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    before, out = torch.cuda.memory_allocated(), fn()
+    before = torch.cuda.memory_allocated()
+    out = fn()
     torch.cuda.synchronize()
     del out
     return torch.cuda.max_memory_allocated() - before

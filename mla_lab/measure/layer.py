@@ -415,8 +415,10 @@ class Layer:
         hidden, q_rank, kv_rank = model.hidden_size, model.q_lora_rank, model.kv_lora_rank
         d_nope, d_v = model.qk_nope_head_dim, model.v_head_dim
         index_heads, index_dim = model.index_n_heads, model.index_head_dim
-        W, x = self.weights, rand(T, hidden, k=1)
-        residual, indices = rand(T, hidden, k=1), self.indices(T)
+        W = self.weights
+        x = rand(T, hidden, k=1)
+        residual = rand(T, hidden, k=1)
+        indices = self.indices(T)
         logits = torch.full((T, T), float("-inf"), device=device, dtype=torch.float32)
         k_top = min(model.topk, T)
         attention_out = torch.empty(T, H * d_v, device=device, dtype=dtype)

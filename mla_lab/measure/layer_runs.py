@@ -77,7 +77,8 @@ def ops_to_time(rank: RankView, T: int, variant: tuple[str, int],
     """``{(op name, concat Strategy or None): LayerOp}``: the measurable ops of ``strategies`` and the variant's
     layer kinds at ``T`` tokens, each once (``concat`` once per strategy: another buffer); no communication or
     modelled-only ops; under ``ep`` only the ``moe_*`` ops. ``rank``: :func:`measured_rank` of the variant."""
-    parallel, ops = variant[0], {}
+    parallel = variant[0]
+    ops = {}
     for kind in layer_kinds(variant):
         for strategy in strategies:
             for op in layer_ops(rank, strategy, T, layer_kind=kind):
@@ -465,7 +466,8 @@ def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, 
     ``layer_ops.csv`` rows (``gemm_fp8``; a failure: ``ms`` NaN, ``error`` status). GPU only; stops at the deadline."""
     if not settings.gpu:
         return
-    device, seen = settings.device, set()
+    device = settings.device
+    seen = set()
     # the seed's rank (TP8, fp8 weights, experts ep), built once at the door; the GEMM shapes do not read its limits
     rank = Deployment.rank_of(model=model, tp=8, arch=arch, kv_cache_dtype="bf16", weight_dtype="fp8",
                               moe_parallel="ep", max_num_batched_tokens=16384)
@@ -486,7 +488,8 @@ def fp8_gemm_rows(settings: MeasureSettings, model: ModelConfig, arch: GPUArch, 
                 def fn(a=a, b=b, one=one):
                     return torch._scaled_mm(a, b.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
                 fn()
-                ms, status = settings.median_ms(fn), "ok"
+                ms = settings.median_ms(fn)
+                status = "ok"
             except Exception as e:
                 ms, status = float("nan"), f"error {type(e).__name__}: {str(e)[:100]}"
             yield {"model": model.name, "tp": 8, "moe_parallel": "ep", "ep": 8, "T": T, "op": op.name,

@@ -61,7 +61,8 @@ def between_process(df, keys, value: str = "ms") -> dict:
     Raises:
         ValueError: a column is missing.
     """
-    s, out = process_medians(df, keys, value), {}
+    s = process_medians(df, keys, value)
+    out = {}
     for key, grp in s.groupby(level=list(range(len(list(keys))))):
         out[key if isinstance(key, tuple) else (key,)] = _summary(grp.values)
     return out

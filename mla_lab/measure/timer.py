@@ -70,7 +70,8 @@ def interleaved(fns: dict, repeats: int = 7, device: str = "cuda", inner: int = 
     """``{name: [ms, ...]}``: each callable of ``fns`` (``{name: callable}``) timed once per round (:func:`call_ms`,
     L2 flushed on CUDA), ``repeats`` rounds after one warm-up call each, the order rotated every round; a sample is
     the mean of ``inner`` back-to-back calls (for calls much shorter than the event resolution)."""
-    names, flush = list(fns), None
+    names = list(fns)
+    flush = None
     if device == "cuda":
         import torch
 
@@ -141,7 +142,8 @@ def _event_times(fn, n: int, after) -> tuple[float, float, list[float]]:
 
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
     torch.cuda.synchronize()
-    t0, result = time.perf_counter(), None
+    t0 = time.perf_counter()
+    result = None
     for start, end in events:
         result = None  # noqa: F841  (drop the previous output before the next call allocates)
         start.record()

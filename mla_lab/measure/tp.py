@@ -274,7 +274,8 @@ def _measure_case(block, strategy: Strategy | None, model, name, T, inp, cfg, ct
                 "warmup": cfg.warmup, "iters": cfg.iters, "nccl_bytes": ctx["nccl_bytes"],
                 **{k: os.environ.get(k, "") for k in SAFE_ENV}})
     if block == "attention":
-        H, sm = inp["num_heads"], sm_scale(model)
+        H = inp["num_heads"]
+        sm = sm_scale(model)
         strat = PaddedQPath(strategy, num_heads=H, max_num_batched_tokens=T, arch=arch.name, device=dev,
                             kernel_backend=cfg.kernel_backend, concat_backend=cfg.concat_backend,
                             reuse_pad_block=True)  # a pad block filled once, as mla_lab.measure.attention times it
@@ -322,7 +323,8 @@ def _memory(device: str, world_size: int, fn, base) -> dict:
     if device != "cuda":
         return dict.fromkeys(keys)
     _sync(device, world_size)
-    before, peak = torch.cuda.memory_allocated(), call_peak_bytes(fn)
+    before = torch.cuda.memory_allocated()
+    peak = call_peak_bytes(fn)
     free, total = torch.cuda.mem_get_info()
     reserved = torch.cuda.memory_reserved()
     growth = None if base is None else total - free - reserved - base

@@ -111,7 +111,8 @@ def make_moe_inputs(view, rank: int, T: int, seed: int = 0, device: str = "cpu")
     model, tp = view.model, view.tp
     _check_moe_split(model, tp)
     E, k, inter, h = model.n_routed_experts, model.num_experts_per_tok, model.moe_intermediate_size, model.hidden_size
-    e_loc, i_s = E // tp, model.n_shared_experts * inter // tp
+    e_loc = E // tp
+    i_s = model.n_shared_experts * inter // tp
     gs, gr = _generators(seed, rank, device)
     x = torch.randn(T, h, device=device, dtype=torch.bfloat16, generator=gs)
     w_router = _randn(E, h, fan_in=h, generator=gs, device=device)
@@ -216,7 +217,8 @@ def _routed_loop(xs, w13, w2, counts):
 def _routed_grouped(xs, w13, w2, counts):
     """Two ``torch._grouped_mm`` over the pairs sorted by expert (``offs``: each group's end row, int32):
     ``[P, hidden] -> [P, 2 I]``, SiLU*mul, ``-> [P, hidden]``; the weights' transposes are column-major views."""
-    inter, offs = w2.shape[-1], torch.cumsum(counts, 0).to(torch.int32)
+    inter = w2.shape[-1]
+    offs = torch.cumsum(counts, 0).to(torch.int32)
     g = torch._grouped_mm(xs, w13.transpose(1, 2), offs=offs)  # moe_gate_up
     a = (F.silu(g[:, :inter]) * g[:, inter:]).contiguous()  # moe_act
     return torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)  # moe_down

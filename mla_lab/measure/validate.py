@@ -87,7 +87,8 @@ def _layer_rows(e2e_rows, arch, models_by_name, calibration, held_out, by_layer:
         model = models_by_name.get(r["model"])
         if model is None:
             continue
-        excluded, strategy = (r.get("excluded_ops") or "").split(";"), measured_as(r["strategy"])
+        excluded = (r.get("excluded_ops") or "").split(";")
+        strategy = measured_as(r["strategy"])
         key = (r["model"], int(r["tp"]), r["moe_parallel"], int(r["ep"]))
         if key not in ranks:  # one view per measured point, at the door (bf16 weights: the runner's)
             ranks[key] = measured_rank(model, key[1], arch, (key[2], key[3]))

@@ -333,7 +333,8 @@ def load_subchunk_graph_overhead(path: str | Path | None = None) -> float | None
 def fit_subchunk_overhead(rows: list[dict]) -> tuple[float, float]:
     """Least-squares cost per extra chunk through 0 from rows ``{"extra_chunks": n - 1, "extra_ms": t(n) - t(1)}``.
     Returns ``(us, mean abs residual us)``. Raises ValueError: no row with extra chunks."""
-    xs, ys = [float(r["extra_chunks"]) for r in rows], [float(r["extra_ms"]) for r in rows]
+    xs = [float(r["extra_chunks"]) for r in rows]
+    ys = [float(r["extra_ms"]) for r in rows]
     den = sum(x * x for x in xs)
     if den == 0:
         raise ValueError("rows hold no sub-chunked run with more than one chunk")

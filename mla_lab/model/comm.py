@@ -46,7 +46,8 @@ def _positive(v, name: str) -> float:
 def ring_allreduce_ms(nbytes: float, world_size: int, bw_gbps: float, latency_us: float) -> float:
     """``latency_us x 1e-3 + 2 (n-1)/n x nbytes / (bw_gbps x 1e9) x 1e3`` ms (0 for one rank or no bytes).
     Raises ValueError: ``world_size`` < 1; ``bw_gbps`` not finite > 0; ``latency_us`` not finite >= 0."""
-    world_size, bw_gbps = _world_size(world_size, "world_size", lo=1), _positive(bw_gbps, "bw_gbps")
+    world_size = _world_size(world_size, "world_size", lo=1)
+    bw_gbps = _positive(bw_gbps, "bw_gbps")
     if not _real(latency_us) >= 0 or not math.isfinite(_real(latency_us)):
         raise ValueError(f"latency_us={latency_us!r} is not valid; allowed: a finite number >= 0")
     if world_size <= 1 or nbytes <= 0:
@@ -157,7 +158,8 @@ def fit_comm(rows: list[dict], name: str = "") -> CommModel:
             by.setdefault(n, []).append((2.0 * (n - 1) / n * nb, ms, nb))
     fits = {}
     for n, rs in sorted(by.items()):
-        sizes, pts = sorted({nb for _, _, nb in rs}), [(x, y) for x, y, _ in rs]
+        sizes = sorted({nb for _, _, nb in rs})
+        pts = [(x, y) for x, y, _ in rs]
         lat, bw = _solve(pts) if len(sizes) > 1 else (0.0, _solve(pts)[1])
         apes = [abs(ring_allreduce_ms(nb, n, bw, lat) - y) / y * 100 for _, y, nb in rs]
         loo = None

@@ -77,7 +77,8 @@ def fit_content_factor(rows: list[dict], name: str = "fit") -> tuple[ContentMode
     for i, r in enumerate(rows):
         rest = rows[:i] + rows[i + 1:]
         _, a_i, b_i, c_i = _grid(rest)
-        p_in, p_out = _predict([r], a, b, c)[0], _predict([r], a_i, b_i, c_i)[0]
+        p_in = _predict([r], a, b, c)[0]
+        p_out = _predict([r], a_i, b_i, c_i)[0]
         loso.append(abs(p_out - r["stale_ms"]) / r["stale_ms"] * 100)
         per.append({**r, "ratio_measured": r["stale_ms"] / r["zeros_ms"], "ratio_fit": p_in / r["zeros_ms"],
                     "stale_ms_fit": p_in, "ape_pct": abs(p_in - r["stale_ms"]) / r["stale_ms"] * 100,

@@ -107,7 +107,8 @@ def _layer_bytes(rank: RankView) -> tuple[int, int, int, int, int]:
     """Bytes one rank holds of (one attention block without its indexer, one indexer, one dense MLP, one MoE block,
     embedding + LM head)."""
     model, tp, H, weight_dtype, moe_parallel = rank.model, rank.tp, rank.num_heads, rank.weight_dtype, rank.moe_parallel
-    ep, wb = rank.ep_size, WEIGHT_DTYPES[weight_dtype]
+    ep = rank.ep_size
+    wb = WEIGHT_DTYPES[weight_dtype]
 
     def lin(K, N):
         return K * N * wb + (math.ceil(K / 128) * math.ceil(N / 128) * FP32 if wb == 1 else 0)
@@ -197,7 +198,8 @@ def kv_capacity_terms(deployment: Deployment, persistent: dict, activation: int,
     "terms": [{term, value, unit, status, source}]}``."""
     rank, total, gpu_memory_utilization = deployment.rank, deployment.arch.torch_total_bytes, \
         deployment.gpu_memory_utilization
-    requested, weights = math.ceil(total * gpu_memory_utilization), weights_bytes_per_rank(rank)
+    requested = math.ceil(total * gpu_memory_utilization)
+    weights = weights_bytes_per_rank(rank)
     mtp = mtp_layers * mtp_weights_bytes(rank)
     layer = rank.model.kv_cache_bytes_per_token_layer(rank.kv_cache_dtype)
     bpt = per_tok + mtp_layers * layer
@@ -251,7 +253,8 @@ def _accounts(d: Deployment, rank: RankView, strategies, shared: int) -> dict:
 
 def _costs(accounts: dict, per_tok: int, capacity: float) -> dict:
     """Each strategy's persistent bytes over the baseline's, as KV tokens and % of the KV capacity."""
-    base, out = accounts[BASELINE].persistent_bytes, {}
+    base = accounts[BASELINE].persistent_bytes
+    out = {}
     for s, a in accounts.items():
         extra = a.persistent_bytes - base
         lost = extra / per_tok

@@ -304,7 +304,8 @@ def attention_path_ops(rank: RankView, strategy: Strategy | str, num_tokens: int
     """The attention-path ops (:data:`ATTN_OPS`, absent ones omitted) of one layer for ``strategy``, ``num_tokens``
     T and ``sum_topk`` keys (default ``T * index_topk``).
     Raises ValueError: unknown strategy; negative counts; ``sum_topk > T * index_topk``."""
-    spec, model = as_strategy(strategy), rank.model
+    spec = as_strategy(strategy)
+    model = rank.model
     check_int("num_tokens", num_tokens, allow_zero=True)
     if sum_topk is not None:
         check_int("sum_topk", sum_topk, allow_zero=True)

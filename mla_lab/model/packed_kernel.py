@@ -37,7 +37,8 @@ DISPATCH_MARGIN = 0.98
 #: Union builder programs per SM (:data:`mla_lab.kernels.union.DEFAULT_PROGRAMS_PER_SM`).
 PROGRAMS_PER_SM = 2
 #: The measured shapes' seed prompt length and tokens per group (8 heads, 64-row tile; the packed_kernels rows).
-SEED_PROMPT_LEN, MEASURED_G = 1024, 8
+SEED_PROMPT_LEN = 1024
+MEASURED_G = 8
 #: Row kernels the fit reads.
 KERNEL_ROWS = {"kernel": "packed_kernel", "triton": "packed_triton", "build": "union_build",
                "padded": "flashmla_ts_pad64_zeros", "padded_stale": "flashmla_ts_pad64", "path": "packed"}
@@ -105,7 +106,8 @@ def _shape_terms(shape: str, T: int, topk: int, U: float, S: float) -> dict:
     """The fit's regressors of one measured shape (U, S: mean per group over topk)."""
     G = -(-T // MEASURED_G)
     st = (T // SEED_PROMPT_LEN) * sum_topk_lengths(0, SEED_PROMPT_LEN, topk) if shape == "seed" else T * topk
-    rest, keys = max(0.0, U - S), G * U * topk
+    rest = max(0.0, U - S)
+    keys = G * U * topk
     return {"shared": G * S * topk, "rest": G * rest * topk, "groups_with_rest": float(G) if rest > 0 else 0.0,
             "union": G * U * topk, "groups": float(G),
             "read": float(T * topk), "entries": float(st), "union_keys": keys, "sum_topk": float(st), "T": float(T)}
@@ -230,13 +232,15 @@ def causal_group_union(first: np.ndarray, last: np.ndarray) -> tuple[np.ndarray,
 
 def _overlap_union(last: np.ndarray, n: np.ndarray, topk: int, overlap: float) -> tuple[np.ndarray, np.ndarray]:
     """``(S, U)`` in the common-core model of groups of ``n`` tokens selecting ``topk`` of ``c = last + 1`` keys."""
-    c, k = np.asarray(last, dtype=float) + 1.0, float(topk)
+    c = np.asarray(last, dtype=float) + 1.0
+    k = float(topk)
     o = np.maximum(overlap, k / c)
     m = np.where(c > k, k * (o * c - k) / np.maximum(c - 2 * k + o * k, 1e-12), c)
     m = np.clip(m, 0.0, np.minimum(k, c))
     rest = c - m
     p = np.where(rest > 0, (k - m) / np.where(rest > 0, rest, 1.0), 0.0)
-    U, S = m + rest * (1.0 - (1.0 - p) ** n), m + rest * p ** n
+    U = m + rest * (1.0 - (1.0 - p) ** n)
+    S = m + rest * p ** n
     return S, U
 
 
@@ -294,7 +298,8 @@ def step_union(chunks, topk: int, g: int, overlap: float) -> UnionStats:
             seg = P[q][R[q] == r]
             tot += float(_segment_union(seg[:1], seg[-1:], np.array([len(seg)]), topk, overlap)[1][0])
         U[q] = tot
-    rest, st = U - S, float(np.minimum(pos + 1, topk).sum())
+    rest = U - S
+    st = float(np.minimum(pos + 1, topk).sum())
     return UnionStats(T, G, float(S.sum()), float(rest.sum()), float((rest > 0.5).sum()), st, st, g, overlap,
                       float(T * topk))
 

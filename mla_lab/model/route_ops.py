@@ -54,7 +54,8 @@ def route_stats(model: ModelConfig, step: Step | int) -> RouteStats:
     if not isinstance(step, Step):
         T = check_int("step", step)
         step = Step([(0, 0, T)])
-    big, chunks = 1 << 62, step.chunks
+    big = 1 << 62
+    chunks = step.chunks
     return RouteStats(
         T=sum(n for _, _, n in chunks), Tk=sum(s + n for _, s, n in chunks),
         K_c=sum(sum_topk_lengths(s, n, big) for _, s, n in chunks),
@@ -120,7 +121,8 @@ class PaddedKernelFit:
 
     def time_ms(self, T: int, Hp: int, sum_topk: int, H_out: int | None = None, arch=None) -> float:
         """Modelled kernel ms (``H_out`` < ``Hp``: Q and output at ``H_out`` heads only)."""
-        a, t = get_arch(arch or self.arch), padded_kernel_terms(T, Hp, sum_topk, H_out)
+        a = get_arch(arch or self.arch)
+        t = padded_kernel_terms(T, Hp, sum_topk, H_out)
         return float((t["flops"] / (a.bf16_tflops * 1e12 * self.eff_flops)
                       + t["tok_bytes"] / (a.hbm_gbps * 1e9 * self.eff_bytes)) * 1e3)
 
@@ -192,7 +194,8 @@ def fit_padded_kernel(rows: list[dict], arch: str = "h200", calibration: Calibra
     Raises ValueError: fewer than 3 rows; a non-positive coefficient."""
     if len(rows) < 3:
         raise ValueError(f"rows has {len(rows)} kernel rows; allowed: at least 3")
-    a, cal = get_arch(arch), resolve_calibration(calibration)
+    a = get_arch(arch)
+    cal = resolve_calibration(calibration)
     ef, eb = _lstsq2(rows, a)
     fit = PaddedKernelFit(ef, eb, a.name, len(rows), 0.0, 0.0, {}, 0.0, name)
     errs = [abs(fit.time_ms(r["T"], r["Hp"], r["sum_topk"]) - r["ms"]) / r["ms"] for r in rows]
@@ -313,7 +316,8 @@ def step_route(model: ModelConfig, strategy: Strategy | str, step: Step | int) -
     if isinstance(step, Step):
         if not step.chunks:
             return "sparse-mqa"
-        seq, q = [s + n for _, s, n in step.chunks], [n for _, _, n in step.chunks]
+        seq = [s + n for _, s, n in step.chunks]
+        q = [n for _, _, n in step.chunks]
     else:
         T = check_int("step", step, allow_zero=True)
         if T == 0:

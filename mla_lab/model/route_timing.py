@@ -107,7 +107,8 @@ def validate_routes(rows: list[dict] | None = None, kernel_fit: PaddedKernelFit 
     rows = route_rows() if rows is None else rows
     kernel_fit = kernel_fit or default_padded_kernel_fit()
     meas = {(r["model"], r["route"], r["prompt_len"]): r["ms"] for r in rows}
-    arch, out = get_arch("h200"), []
+    arch = get_arch("h200")
+    out = []
     for (mn, route, L), ms in sorted(meas.items()):
         if route != "mqa_kernel_only:private_workspace":
             continue

@@ -95,7 +95,8 @@ def _check_ttft_args(scope: str, layer_kw: dict, steps, override, cal: Calibrati
 def _price_step(rank, strategy: Strategy, st, cal: Calibration, scope: str, layer_kw: dict) -> tuple:
     """``(total ms, ms per op, attention-path ms, comm ms)`` of one step at ``scope``."""
     if scope == "attention_path":
-        L, per = rank.model.num_hidden_layers, attention_path_ms(rank, strategy, st, cal)
+        L = rank.model.num_hidden_layers
+        per = attention_path_ms(rank, strategy, st, cal)
         t = per["total"] * L
         return t, {k: v * L for k, v in per.items() if k != "total"}, t, 0.0
     r = step_time_ms(rank, strategy, st, cal, **layer_kw)

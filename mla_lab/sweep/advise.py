@@ -109,7 +109,8 @@ def _measured(rows: list[Row], d: Deployment, measured) -> tuple[dict, str]:
     """
     if measured is None:
         return {}, ""
-    by, ch = {r.name: r for r in rows}, measured_changes(measured, d)
+    by = {r.name: r for r in rows}
+    ch = measured_changes(measured, d)
     out = {n: (v["change_pct"], v["ci_lo"], v["ci_hi"], "one process, 95 % interval of its rounds")
            for n, v in ch.items() if BASELINE in ch and v["change_pct"] is not None}
     for n, v in between_process_changes(d, [r.strategy for r in rows]).items():
@@ -211,7 +212,8 @@ def advise(deployment: Deployment, *, memory_budget_mib: float | None = None, me
         raise ValueError(f"this deployment does not fit: {rows[0].fit_reason}; no strategy can be recommended")
     meas, withheld = _measured(rows, d, measured)
     placed = _place(rows, d, group, budget, meas)
-    front, engines = _mark_frontier(rows, placed, group), engines_block(d, engine)
+    front = _mark_frontier(rows, placed, group)
+    engines = engines_block(d, engine)
     kept, arch_notes = _on_this_gpu(sorted(placed["kept"], key=lambda s: (s["ttft_ms"], s["extra_persistent_mib"])),
                                     placed["excluded"], d, engines, {r.name: r.strategy for r in rows})
     ranked = [s for s in kept if group in (None, engine_group(s["engine"]))]

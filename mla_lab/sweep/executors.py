@@ -47,7 +47,8 @@ def compute_point(point: dict, mode: str, compute_fn: ComputeFn, driver_version:
     """Compute one point's rows where this runs (``compute_fn`` picklable for Ray); a ``driver_version`` other
     than this code's fails the point. Never raises for a point's own error: returns ``{"rows", "error", "host",
     "seconds", "code_version"}`` (``error``: ``"<ExceptionType>: <message>"`` or None)."""
-    t0, version = time.perf_counter(), code_version()
+    t0 = time.perf_counter()
+    version = code_version()
     out = {"rows": [], "error": None, "host": socket.gethostname(), "code_version": version}
     try:
         if driver_version is not None and version != driver_version:
@@ -202,7 +203,8 @@ class RayExecutor(_Closing):
         queue = list(tasks)
         if not queue:
             return
-        ray, limit = self._ensure_init(), self.max_in_flight
+        ray = self._ensure_init()
+        limit = self.max_in_flight
         if limit is None:
             r = ray.cluster_resources()
             limit = max(4, int(2 * (r.get("CPU", 0) + r.get("GPU", 0))))

@@ -48,7 +48,8 @@ def main(argv=None) -> int:
         if args.quick else GRID
     params = dict(grid, device="cuda", store_dir=args.store, data_file=args.out, num_runs=args.num_runs,
                   check_equivalence=False, overwrite=True)
-    t0, df = time.time(), run_sweep(params)
+    t0 = time.time()
+    df = run_sweep(params)
     meas = df[df["source"] == "measured"]
     print(f"{len(df)} rows ({len(meas)} measured, {int((df['status'] != 'ok').sum())} failed) in "
           f"{time.time() - t0:.0f} s -> {args.out}")

@@ -29,7 +29,8 @@ from ..provenance import provenance
 from ..workload import schedule
 
 MODES = ("modelled", "measured")
-NAN, _BASE = float("nan"), parse_strategy(BASELINE)
+NAN = float("nan")
+_BASE = parse_strategy(BASELINE)
 
 
 @dataclass
@@ -179,7 +180,8 @@ def modelled_rows(point: dict, calibration=None) -> list[dict]:
     """The sweep's modelled rows of one grid point (:func:`mla_lab.sweep.params.expand_grid`'s keys), as written:
     :meth:`~mla_lab.deployment.Deployment.from_point`, then :func:`price` (ValueError as both).
     """
-    d, sts = Deployment.from_point(point), expand([BASELINE, *point["strategies"]])
+    d = Deployment.from_point(point)
+    sts = expand([BASELINE, *point["strategies"]])
     rows = price(d, sts, calibration=calibration, memory=_point_memory(d, point, sts))
     return _write(rows, "modelled", **{k: point[k] for k in ("num_runs",) if k in point})
 
@@ -241,8 +243,10 @@ def measured_rows(point: dict, calibration=None) -> list[dict]:
     sts = [s for s in expand([BASELINE, *point["strategies"]]) if s.padded]  # runs on tensors (PaddedQPath)
     names, runs = [s.name for s in sts], int(point.get("num_runs") or 7)
     steps = schedule(d.workload, d.max_num_batched_tokens)
-    per_step, mem = _time_steps(d, steps, names, runs), _point_memory(d, point, sts)
-    cal, layers = resolve_calibration(calibration), d.model.num_hidden_layers
+    per_step = _time_steps(d, steps, names, runs)
+    mem = _point_memory(d, point, sts)
+    cal = resolve_calibration(calibration)
+    layers = d.model.num_hidden_layers
     modelled = {n: predict_ttft(d, n, cal) for n in names}
     rounds = {n: [ttft_with_attention(modelled[n], steps, d.prompt_len, layers, [m[n]["samples"][r] for m in per_step])
                   for r in range(runs)] for n in names}

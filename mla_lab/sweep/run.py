@@ -216,9 +216,11 @@ def check_not_locked(out: str | Path) -> None:
 
 
 def _tasks(params: SweepParams, gpu: dict | None) -> list[tuple[dict, str, str]]:
-    version, out = code_version(), []
+    version = code_version()
+    out = []
     for pt in expand_grid(params):
-        digest, modes = inputs_digest(point_inputs(pt)), ["modelled"]
+        digest = inputs_digest(point_inputs(pt))
+        modes = ["modelled"]
         if gpu and gpu["arch"] and get_arch(pt["arch"]).family == get_arch(gpu["arch"]).family:
             modes.append("measured")
         for mode in modes:
@@ -231,7 +233,8 @@ def plan_sweep(params: SweepParams | dict) -> dict:
     already stored for this code and these inputs, and where outputs go."""
     if isinstance(params, dict):
         params = validate_params(params)
-    store, todo = ResultStore(resolve(params.store_dir)), _tasks(params, None)
+    store = ResultStore(resolve(params.store_dir))
+    todo = _tasks(params, None)
     stored = sum(1 for _, _, k in todo if store.completed(k))
     return {"points": len(todo), "stored": stored, "to_compute": len(todo) - stored,
             "grid": {k: getattr(params, k) for k in ("models", "tp_sizes", "archs", "max_num_batched_tokens",
@@ -252,7 +255,8 @@ def run_sweep(params: SweepParams | dict, progress: bool = True, compute_fn=None
         params = validate_params(params)
     out = check_output_file(params.data_file, params.overwrite, params)
     with data_file_lock(out):  # one sweep at a time writes a data file: the second is refused, never mixed in
-        store, own = ResultStore(resolve(params.store_dir)), executor is None
+        store = ResultStore(resolve(params.store_dir))
+        own = executor is None
         ex = make_executor(params.executor, address=params.ray_address) if own else executor
         try:
             return _run_points(params, store, ex, progress, compute_fn or compute_rows, out, claim_wait_s)
@@ -341,7 +345,8 @@ def _store_result(store, res, version, progress) -> None:
 
 def _wait_for_claims(store, tasks, ex, compute_fn, version, progress, wait_s) -> None:
     """Wait until points claimed by other sweeps are stored; compute those whose claimer died."""
-    deadline, left = time.time() + wait_s, list(tasks)
+    deadline = time.time() + wait_s
+    left = list(tasks)
     while left and time.time() < deadline:
         orphans = []
         for t in left:

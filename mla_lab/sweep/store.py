@@ -89,7 +89,8 @@ class ResultStore:
     def clean_stale_tmp(self) -> list[Path]:
         """Remove temporary files left by processes of this host that no longer run (a killed sweep); files of live
         processes and of other hosts are kept. Returns the removed paths."""
-        host, removed = _host(), []
+        host = _host()
+        removed = []
         for p in self.tmp_files():
             m = re.match(r"^\.[0-9a-f]+\.(?P<host>[^.]+)\.(?P<pid>\d+)\.", p.name)
             if not m or m["host"] != host or _pid_alive(int(m["pid"])):

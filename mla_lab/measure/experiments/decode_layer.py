@@ -98,7 +98,8 @@ def check_decode_logits(dev="cuda", dtype=torch.bfloat16) -> None:
 def active_experts(tokens: int, model, ep: int) -> tuple[int, int, int]:
     """(expected local experts hit under uniform routing, tokens per active expert, routed pairs on this rank)."""
     E, k = model.n_routed_experts, model.num_experts_per_tok
-    local, pairs = E // ep, max(1, round(tokens * k / ep))
+    local = E // ep
+    pairs = max(1, round(tokens * k / ep))
     active = max(1, min(local, int(round(local * (1 - (1 - 1 / E) ** (tokens * k))))))
     return active, math.ceil(pairs / active), pairs
 

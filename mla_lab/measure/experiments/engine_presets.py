@@ -39,7 +39,8 @@ def causal_indices(T, L, topk, dev):
     Returns (indices [T, 1, topk] int32, -1 past topk_length; topk_length [T] int32; their sum)."""
     g = torch.arange(T, device=dev)
     start = (g // L) * L
-    tl, ar = torch.clamp(g - start + 1, max=topk), torch.arange(topk, device=dev)
+    tl = torch.clamp(g - start + 1, max=topk)
+    ar = torch.arange(topk, device=dev)
     idx = (g + 1 - tl)[:, None] + ar[None, :]
     idx = torch.where(ar[None, :] < tl[:, None], idx, torch.full_like(idx, -1))
     return idx.to(torch.int32).view(T, 1, topk).contiguous(), tl.to(torch.int32).contiguous(), int(tl.sum())

@@ -178,7 +178,8 @@ def part_presets(ctx, rank) -> None:
 
 def part_nan(ctx, rank) -> None:
     T, H, Hp = rank.max_num_batched_tokens, rank.num_heads, rank.padded_num_heads
-    gen, pat = torch.Generator(device="cuda").manual_seed(7), f"causal_{PROMPT}"
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    pat = f"causal_{PROMPT}"
     kv, idx, tl, q, _ = _inputs(rank, T, H, pat, gen)
     call = lambda: ctx.k.kernel(q, kv, idx, _SM, tl)  # noqa: E731
     ref, ms_zeros = call()[:, :H].clone(), est_ms(call)

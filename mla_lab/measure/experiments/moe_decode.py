@@ -62,7 +62,8 @@ def _routing(rank, T, g):
     top = torch.stack([torch.randperm(m.n_routed_experts, device="cuda", generator=g)[:m.num_experts_per_tok]
                        for _ in range(T)])
     counts = torch.bincount(top[top < e_loc].flatten(), minlength=e_loc)  # experts 0..e_loc-1 are this rank's
-    P, pad = int(counts.sum()), counts.clone()
+    P = int(counts.sum())
+    pad = counts.clone()
     pad[0] += P == 0
     xs = torch.randn(max(P, 1), m.hidden_size, device="cuda", dtype=torch.bfloat16, generator=g)
     return P, int((counts > 0).sum()), torch.cumsum(pad, 0).to(torch.int32), xs
