@@ -1,6 +1,6 @@
 """Validation against real runs: blind predictions (:mod:`.blind`), their scores (:mod:`.score`), post-hoc runs
 (:mod:`.posthoc`, :mod:`.posthoc_options`), the PR's main run decomposed (:mod:`.main_run`), KV capacity against
-startup logs (:mod:`.kv_capacity`) and the docs' block (:mod:`.tables`). The committed records, one name each:"""
+startup logs (:mod:`.kv_capacity`) and the docs' block (:mod:`.docs_tables`). The committed records, one name each:"""
 
 from __future__ import annotations
 
