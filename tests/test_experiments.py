@@ -81,6 +81,8 @@ def test_resolve_defaults_and_refusal():
     assert [e.name for e in resolve("moe_decode,presets")] == ["presets", "moe_decode"]
     with pytest.raises(ValueError, match="unknown \\['nope'\\]; allowed: cold_start"):
         resolve("presets,nope")
+    with pytest.raises(ValueError, match="unknown \\['concat'\\]; allowed: .* \\(retired ones: docs/retired.md\\)$"):
+        resolve("concat")  # a producer retired in issue 38 round four: the refusal points at where it went
 
 
 def test_gpu_slug():
@@ -134,6 +136,13 @@ def test_measure_bad_arguments_are_one_line():
     assert r.returncode == 2 and "--processes='0': an integer 1..64" in r.stderr
     r = _cli("report", "--measured", "h100")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "GPUs with measured rows: h200" in r.stderr
+
+
+def test_one_process_entry_refuses_a_retired_experiment_in_one_line():
+    r = subprocess.run([sys.executable, "-m", "mla_lab.measure.experiments", "fused_bmm", "--dry-run"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("name='fused_bmm'; allowed: cold_start") and "docs/retired.md" in r.stderr
 
 
 def test_merge_processes_puts_process_first_and_never_overwrites(tmp_path):

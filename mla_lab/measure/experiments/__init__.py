@@ -185,6 +185,7 @@ def resolve(names: str | None) -> list[Experiment]:
     asked = [n.strip() for n in names.split(",") if n.strip()]
     bad = [n for n in asked if n not in EXPERIMENTS]
     if bad or not asked:
-        raise ValueError(f"--experiments={names!r}: unknown {bad or names!r}; allowed: {', '.join(EXPERIMENTS)}")
+        raise ValueError(f"--experiments={names!r}: unknown {bad or names!r}; allowed: {', '.join(EXPERIMENTS)} "
+                         "(retired ones: docs/retired.md)")
     return [e for e in EXPERIMENTS.values() if e.name in asked]
 

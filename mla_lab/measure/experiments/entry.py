@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     try:
         if a.name not in EXPERIMENTS or EXPERIMENTS[a.name].argv:
-            raise ValueError(f"name={a.name!r}; allowed: {', '.join(n for n, e in EXPERIMENTS.items() if not e.argv)}")
+            allowed = ", ".join(n for n, e in EXPERIMENTS.items() if not e.argv)
+            raise ValueError(f"name={a.name!r}; allowed: {allowed} (retired ones: docs/retired.md)")
         if a.out is None and not a.dry_run:
             raise ValueError("--out: missing; allowed: a folder for the rows (a run needs one)")
         options, rank = _options(a), rank_of(a.model, a.tp, a.arch, a.smoke)
