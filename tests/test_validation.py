@@ -198,6 +198,20 @@ def test_decode_gap_per_layer_beside_the_kernel_rows():
     assert by[(512, 512, 1)]["real_us_per_layer"] == pytest.approx(58, abs=1)
 
 
+def test_decode_gap_command_answers_help_and_refuses_an_argument(capsys):
+    """``python -m mla_lab.validation.decode_gap`` (docs/serving.md) prints its usage on --help instead of running,
+    and refuses an argument it does not take (exit 2) before computing anything."""
+    from mla_lab.validation.decode_gap import main
+
+    for argv, code in ((["--help"], 0), (["--bogus"], 2)):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == code
+    out = capsys.readouterr()
+    assert "usage: python -m mla_lab.validation.decode_gap" in out.out and "--bogus" in out.err
+    assert "conc 1:" not in out.out
+
+
 def test_june_decode_path_explains_a_quarter_to_a_third_of_the_gap():
     """vLLM 0.24.0's FLASHMLA_SPARSE decode path minus FA3, measured on the H200 (engine_kernels_june.csv, 5 fresh
     processes): 24-35 % of PR #46189's per-layer gap at every concurrency-1/8 run (docs/serving.md, 'The June-2026

@@ -11,6 +11,7 @@ vLLM 0.33.0's kernels) and ``june_path_us``: vLLM 0.24.0's decode path (``flashm
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -81,6 +82,8 @@ def decode_gap_rows(results: dict | None = None, table: dict | None = None) -> l
 
 
 def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m mla_lab.validation.decode_gap", description="print PR #46189's decode "
+                            "gap per layer beside the H200 kernel rows; writes nothing").parse_args(argv)
     for r in decode_gap_rows():
         w = r["workload"]
         print(f"{w['random_input_len']}/{w['random_output_len']} conc {w['max_concurrency']}: keys "
