@@ -162,3 +162,16 @@ def test_index_without_runs_says_so(tmp_path):
     (tmp_path / "runs" / "broken.json").write_text("{not json")
     (tmp_path / "runs" / "orphan.json").write_text(json.dumps({"run_id": "orphan"}))  # its HTML is missing
     assert site.list_runs(tmp_path) == []
+
+
+def test_printed_text_wraps_between_words_not_inside_them(tmp_path):
+    """The lab theme sets ``word-break: break-all`` on printed output (the advice block broke 'which' into 'w' /
+    'hich'); the report's own rule comes after it and sets ``normal``, so a long line wraps at its spaces."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("print('x')", outputs=[
+        nbformat.v4.new_output("stream", name="stdout", text="which " * 300)])])
+    nbformat.write(nb, tmp_path / "n.ipynb")
+    html = site.notebook_to_html(tmp_path / "n.ipynb", "t")
+    theme, ours = html.find("word-break: break-all"), html.find(".jp-OutputArea-output pre { word-break: normal; }")
+    assert 0 <= theme < ours, (theme, ours)

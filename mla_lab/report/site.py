@@ -34,8 +34,10 @@ __all__ = ["params_hash", "new_run_id", "write_json_atomic", "notebook_to_html",
 
 RUNS_DIR = "runs"
 
-# nbconvert's lab template, minus everything it would fetch from a CDN: the reports are read offline.
+# nbconvert's lab template, minus everything it would fetch from a CDN: the reports are read offline; printed text
+# wraps between words (the lab theme's ``word-break: break-all`` split words mid-way in the advice block).
 _OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_css -%}<style>.jp-OutputArea-output pre { word-break: normal; }</style>{%- endblock html_head_css -%}
 {%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
 {%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
