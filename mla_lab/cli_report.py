@@ -37,11 +37,14 @@ def _check_report_dir(report_dir: str) -> Path:
 def cmd_index(args) -> int:
     from .report import site
 
-    doors.check_report_name(args.report_name)
+    name = doors.check_report_name("padding_sweep" if args.report_name is None else args.report_name)
     rd = _check_report_dir(args.report_dir)  # exists, a folder, holds a published run: nothing is created
+    if args.report_name is not None and not (rd / f"{name}.html").is_file():  # a typo would drop the index's latest link
+        have = sorted(p.stem for p in rd.glob("*.html") if p.name != "index.html")
+        raise DoorError(f"--report-name={name!r}: no {name}.html in {args.report_dir}; allowed: {have}")
     skipped: list = []
     try:
-        out = site.build_index(rd, args.report_name, skipped)
+        out = site.build_index(rd, name, skipped)
     except (OSError, ValueError) as e:
         what = getattr(e, "strerror", None) or str(e)
         raise DoorError(f"--report-dir {args.report_dir}: {what}; give the folder the reports are in") from None
@@ -81,7 +84,7 @@ def add_parsers(sub) -> None:
     ix = sub.add_parser("index", help="rebuild <report-dir>/index.html from the published runs")
     ix.add_argument("--report-dir", default="reports",
                     help="an existing folder 'mla-lab sweep' published reports into (default reports)")
-    ix.add_argument("--report-name", default="padding_sweep", help="basename of the latest report (linked)")
+    ix.add_argument("--report-name", help="basename of the latest report there (linked; default padding_sweep)")
     ck = sub.add_parser("check-report", help="render reports in headless Chromium: every figure loaded and not "
                                              "blank, no JavaScript error, nothing wider than the window")
     ck.add_argument("html", nargs="*", default=["reports/padding_sweep.html", "reports/index.html"],

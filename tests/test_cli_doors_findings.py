@@ -88,6 +88,21 @@ def test_index_refuses_a_missing_empty_or_foreign_report_dir(tmp_path, monkeypat
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["foreign", "notes.txt"]  # nothing created
 
 
+def test_index_refuses_a_report_name_with_no_report_and_keeps_the_index(tmp_path, monkeypatch):
+    """A mistyped --report-name rebuilt the index without its latest-report link (exit 0); now it is refused in one
+    line naming the reports there, and the index is left as it was. Left out, the name keeps its default."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "r1.json").write_text(json.dumps({"run_id": "r1", "html": "runs/r1.html"}))
+    for name in ("runs/r1.html", "padding_sweep.html", "index.html"):
+        (tmp_path / name).write_text("<html></html>")
+    _refused(["index", "--report-dir", ".", "--report-name", "padding_swep"],
+             r"--report-name='padding_swep': no padding_swep\.html in \.; allowed: \['padding_sweep'\]")
+    assert (tmp_path / "index.html").read_text() == "<html></html>"
+    rc, _, err = _run(["index", "--report-dir", "."])
+    assert rc == 0 and 'href="padding_sweep.html"' in (tmp_path / "index.html").read_text(), err
+
+
 def test_check_report_missing_file_is_bad_input(tmp_path):
     _refused(["check-report", str(tmp_path / "nope.html")], r"check-report .*/nope\.html: no such file")
     (tmp_path / "x.txt").write_text("x")
