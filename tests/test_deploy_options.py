@@ -158,17 +158,22 @@ def test_frontier_shows_dp_attention_as_its_own_modelled_point():
     from mla_lab.sweep.rows import modelled_rows
 
     d = Deployment.seed()
-    rows = pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, "private_workspace"])))
     o = options_summary(d.replace(dp_attention=8), BASELINE)["dp_attention"]
     want = 100.0 * (o["ttft_ms"] - o["ttft_ms_without"]) / o["ttft_ms_without"]
     assert o["heads_per_rank"] == o["padded_heads_per_rank"] == 64
-    fig = plot_frontier_grid(rows, dp_attention=True)[0]
-    stars = [c for ax in fig.axes for c in ax.collections if c.get_gid() == DP_POINT]
-    assert len(stars) == 1
-    (x, y), = stars[0].get_offsets()
-    w = y_window(list(rows["ttft_change_pct"]) + [want])  # a point far off is drawn at the window's edge
-    shown = want if w is None else min(max(want, w[0]), w[1])
-    assert x == 0.0 and y == pytest.approx(shown, rel=1e-9)
+    # two strategies: no y window, the star at its value; four: the window clips it to the edge (the report's case)
+    for extra in ([], ["shared_workspace:none", "subchunk:4096"]):
+        rows = pd.DataFrame(modelled_rows(d.to_point(strategies=[BASELINE, "private_workspace", *extra])))
+        fig = plot_frontier_grid(rows, dp_attention=True)[0]
+        stars = [c for ax in fig.axes for c in ax.collections if c.get_gid() == DP_POINT]
+        assert len(stars) == 1
+        (x, y), = stars[0].get_offsets()
+        w = y_window(list(rows["ttft_change_pct"]) + [want])  # a point far off is drawn at the window's edge
+        shown = want if w is None else min(max(want, w[0]), w[1])
+        assert x == 0.0 and y == pytest.approx(shown, rel=1e-9) and (shown == want) == (not extra)
+        label, = [a.get_text() for ax in fig.axes for a in ax.texts if a.get_gid() == DP_POINT]
+        # at the edge its real change is written beside it, as every off-scale point's is
+        assert label == "DP attention, 64 heads/rank (modelled)" + (f": \u25bc {want:+.1f} %" if extra else "")
     off = plot_frontier_grid(rows)[0]
     assert not [c for ax in off.axes for c in ax.collections if c.get_gid() == DP_POINT]
 
