@@ -259,3 +259,20 @@ def test_serve_json_carries_the_options_and_the_noise_path_refuses_them(capsys):
     assert "the noise Monte-Carlo does not price these options" in capsys.readouterr().err
     with pytest.raises(ValueError, match="the noise model does not price these options"):
         serve_benchmark_noise(Deployment.seed(dp_attention=8), [S], num_runs=20)
+
+
+def test_report_frontier_dp_labels_carry_their_value_and_overlap_nothing():
+    """The committed H200 report's rows (reports/h200/padding_sweep_h200_rows.csv), drawn as the report draws them:
+    every DP-attention star beyond its panel's y range says its TTFT change, stacked past the panel's other
+    off-scale labels so that the report's own overlap check (which refused a render of the first fix) passes."""
+    import pandas as pd
+
+    from mla_lab.paths import REPO_ROOT
+    from mla_lab.report.figures import DP_POINT, plot_frontier_grid
+    from mla_lab.report.layout_check import label_overlaps
+
+    rows = pd.read_csv(REPO_ROOT / "reports" / "h200" / "padding_sweep_h200_rows.csv")
+    figs = plot_frontier_grid(rows, dp_attention=True)
+    labels = [a.get_text() for f in figs for ax in f.axes for a in ax.texts if a.get_gid() == DP_POINT]
+    assert len(labels) == 16 and all(" %" in s and "\u25bc -" in s for s in labels), labels  # -37 .. -72 %: off-scale
+    assert [p for f in figs for p in label_overlaps(f)] == []

@@ -96,15 +96,16 @@ def dp_attention_point(rows) -> dict | None:
             "heads_per_rank": o["heads_per_rank"]}
 
 
-def _draw_dp_point(ax, p: dict, clip) -> None:
+def _draw_dp_point(ax, p: dict, clip, stacked: int = 0) -> None:
     """The star at ``clip(ttft_change_pct)``; beyond the window its value is written (as the other off-scale points')
-    and the label sits inside the panel, not across its edge."""
+    inside the panel, past the ``stacked`` off-scale labels of that edge (:func:`_draw_off_scale`)."""
     x, real = p["extra_persistent_mib"], p["ttft_change_pct"]
     y = clip(real)
     ax.scatter([x], [y], marker="*", s=110, facecolors="none", edgecolors="black", linewidths=1.1, zorder=5, gid=DP_POINT)
     value = "" if y == real else f": {chr(0x25BC) if real < y else chr(0x25B2)} {real:+.1f} %"
+    dy = -9 if y == real else 2 + 9 * stacked if real < y else -13 - 9 * stacked
     ax.annotate(f"DP attention, {p['heads_per_rank']} heads/rank (modelled){value}", (x, y), textcoords="offset points",
-                xytext=(5, 3 if real < y else -9), fontsize=6.5, gid=DP_POINT)
+                xytext=(5, dy), va="baseline" if y == real else "bottom", fontsize=6.5, gid=DP_POINT)
 
 
 def _by_source(d):
@@ -212,7 +213,8 @@ def plot_deployment(ax, rows, title: str | None = None, dp_point: dict | None = 
     off = _draw_points(ax, modelled, measured, clip)
     _draw_frontier(ax, modelled, clip)
     if dp_point is not None:
-        _draw_dp_point(ax, dp_point, clip)
+        low = dp_point["ttft_change_pct"] < clip(dp_point["ttft_change_pct"])
+        _draw_dp_point(ax, dp_point, clip, sum((o[1] < window[0]) == low for o in off))
     ax.axhline(0, color="k", lw=0.6)
     if window is not None:
         _draw_off_scale(ax, window, off)
