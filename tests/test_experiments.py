@@ -292,6 +292,30 @@ def test_resume_runs_again_a_merged_experiment_whose_files_are_gone(tmp_path):
     assert _rows(tmp_path / "between_process/fake.csv") == [(1, 10), (2, 20)]
 
 
+def test_a_param_the_experiment_never_reads_is_refused_in_one_line(tmp_path, capsys):
+    """A typo in ``--param`` would run a GPU lease with the default: refused before anything runs (exit 2, one
+    line naming the key, its value and the keys that experiment reads); a key it reads passes."""
+    from mla_lab.measure.experiments.entry import main, param_names
+
+    assert main(["tp_block", "--param", "tpx=4", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("--param tpx='4': tp_block reads no such parameter; allowed: ")
+    assert "runs" in err and "cpu_dry_run" in err
+    assert main(["presets", "--param", "rounds=3", "--out", str(tmp_path / "never")]) == 2
+    assert "presets reads no such parameter; allowed: none" in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+    assert main(["routes", "--param", "models=glm-5", "--dry-run"]) == 0
+    assert param_names(EXPERIMENTS["engines"].module_obj()) == ["repeats", "window_ms"]
+
+
+def test_every_registry_param_is_one_its_experiment_reads():
+    from mla_lab.measure.experiments.entry import param_names
+
+    for name, e in EXPERIMENTS.items():
+        if not e.argv:
+            assert {k for k, _ in e.params} <= set(param_names(e.module_obj())), name
+
+
 def test_first_token_dry_run_prints_its_plan_on_cpu():
     """issue 37: the first-token experiment's plan (new shapes after the ready-check shape; allocator growth at the
     seed step) prints without CUDA; a real run without CUDA or without --out is refused in one line."""

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import re
 import sys
 import time
 import traceback
@@ -47,6 +49,22 @@ def _options(a) -> Options:
     return Options(Path(a.out or "."), a.process, a.smoke, a.repeats, a.engine_root, params)
 
 
+def param_names(mod) -> list[str]:
+    """The ``--param`` keys an experiment module reads: each ``options.param("KEY", ...)`` in its source, and the
+    keys of its ``PARAMS`` (``tp_block`` reads those in a loop)."""
+    read = re.findall(r"""\.param\(\s*["'](\w+)["']""", inspect.getsource(mod))
+    return sorted({*read, *getattr(mod, "PARAMS", {})})
+
+
+def check_params(name: str, mod, params: dict) -> None:
+    """Raises ValueError (one line: the key, its value, the keys allowed) for a ``--param`` key ``mod`` never reads."""
+    allowed = param_names(mod)
+    for key, value in params.items():
+        if key not in allowed:
+            raise ValueError(f"--param {key}={value!r}: {name} reads no such parameter; allowed: "
+                             f"{', '.join(allowed) or 'none'}")
+
+
 def rank_of(model: str | None = None, tp: int | None = None, arch: str | None = None, smoke: bool = False):
     """The rank an experiment measures: the seed (:meth:`mla_lab.deployment.Deployment.seed`) with the given
     changes, ``max_num_batched_tokens`` :data:`SMOKE_TOKENS` under smoke. Raises ValueError as the Deployment."""
@@ -78,6 +96,7 @@ def main(argv=None) -> int:
             raise ValueError("--out: missing; allowed: a folder for the rows (a run needs one)")
         options, rank = _options(a), rank_of(a.model, a.tp, a.arch, a.smoke)
         mod = EXPERIMENTS[a.name].module_obj()
+        check_params(a.name, mod, options.params)
         if not a.dry_run:
             getattr(mod, "check", needs_cuda)(rank, options)
     except ValueError as err:
